@@ -1,0 +1,305 @@
+/* config: see config.h. The table is read-only; every function walks it linearly (tables hold a
+ * few dozen options at most). Parsing is strict: trailing garbage, out-of-range numbers and
+ * unknown names are errors with a message naming the option and where the value came from. */
+#include "config.h"
+#include "err.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Names compare with '-' and '_' treated alike, case-insensitively, so DFLASH_MIN_READY,
+ * min_ready and min-ready all find "min-ready". */
+static bool name_eq(const char *a, const char *b)
+{
+    for (;; a++, b++) {
+        char ca = *a == '_' ? '-' : (char)tolower((unsigned char)*a);
+        char cb = *b == '_' ? '-' : (char)tolower((unsigned char)*b);
+        if (ca != cb) return false;
+        if (!ca) return true;
+    }
+}
+
+const cfg_option *config_find(const cfg_table *t, const char *name)
+{
+    for (size_t i = 0; i < t->n_options; i++)
+        if (name_eq(t->options[i].name, name)) return &t->options[i];
+    return NULL;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+    static const char *const yes[] = {"true", "1", "yes", "on"};
+    static const char *const no[] = {"false", "0", "no", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0) return *out = true, 0;
+        if (strcasecmp(s, no[i]) == 0) return *out = false, 0;
+    }
+    return DFLASH_EINVAL;
+}
+
+static int set_value(const cfg_option *o, void *cfg, const char *value, char *err, size_t len)
+{
+    char *member = (char *)cfg + o->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (o->type) {
+    case CFG_INT: {
+        long long v = strtoll(value, &end, 0);
+        if (errno || end == value || *end) {
+            if (err) snprintf(err, len, "%s: '%s' is not an integer", o->name, value);
+            return DFLASH_EINVAL;
+        }
+        if (o->min <= o->max && ((double)v < o->min || (double)v > o->max)) {
+            if (err)
+                snprintf(err, len, "%s: %lld is outside [%.17g, %.17g]", o->name, v, o->min,
+                         o->max);
+            return DFLASH_ERANGE;
+        }
+        *(int64_t *)member = v;
+        return 0;
+    }
+    case CFG_DOUBLE: {
+        double v = strtod(value, &end);
+        if (errno || end == value || *end || !isfinite(v)) {
+            if (err) snprintf(err, len, "%s: '%s' is not a number", o->name, value);
+            return DFLASH_EINVAL;
+        }
+        if (o->min <= o->max && (v < o->min || v > o->max)) {
+            if (err)
+                snprintf(err, len, "%s: %g is outside [%.17g, %.17g]", o->name, v, o->min, o->max);
+            return DFLASH_ERANGE;
+        }
+        *(double *)member = v;
+        return 0;
+    }
+    case CFG_BOOL: {
+        bool b;
+        if (parse_bool(value, &b)) {
+            if (err) snprintf(err, len, "%s: '%s' is not true or false", o->name, value);
+            return DFLASH_EINVAL;
+        }
+        *(bool *)member = b;
+        return 0;
+    }
+    case CFG_STRING:
+        if (strlen(value) >= o->size) {
+            if (err) snprintf(err, len, "%s: value longer than %zu bytes", o->name, o->size - 1);
+            return DFLASH_ERANGE;
+        }
+        memcpy(member, value, strlen(value) + 1);
+        return 0;
+    }
+    return DFLASH_EINVAL;
+}
+
+int config_set(const cfg_table *t, void *cfg, const char *name, const char *value, bool live_only,
+               char *err_msg, size_t err_len)
+{
+    const cfg_option *o = config_find(t, name);
+    if (!o) {
+        if (err_msg) snprintf(err_msg, err_len, "unknown option '%s'", name);
+        return DFLASH_ENOTFOUND;
+    }
+    if (live_only && !o->live) {
+        if (err_msg) snprintf(err_msg, err_len, "%s cannot change while running", o->name);
+        return DFLASH_EDENIED;
+    }
+    return set_value(o, cfg, value, err_msg, err_len);
+}
+
+int config_get(const cfg_table *t, const void *cfg, const char *name, char *out, size_t len)
+{
+    const cfg_option *o = config_find(t, name);
+    if (!o) return DFLASH_ENOTFOUND;
+    const char *member = (const char *)cfg + o->offset;
+    switch (o->type) {
+    case CFG_INT:
+        snprintf(out, len, "%lld", (long long)*(const int64_t *)member);
+        break;
+    case CFG_DOUBLE:
+        snprintf(out, len, "%.17g", *(const double *)member);
+        break;
+    case CFG_BOOL:
+        snprintf(out, len, "%s", *(const bool *)member ? "true" : "false");
+        break;
+    case CFG_STRING:
+        snprintf(out, len, "%s", member);
+        break;
+    }
+    return 0;
+}
+
+static int load_file(const cfg_table *t, void *cfg, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "%s: cannot open config file %s: %s\n", t->program, path,
+                strerror(errno));
+        return DFLASH_EIO;
+    }
+    char line[1024];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char *key = line;
+        while (isspace((unsigned char)*key)) key++;
+        if (!*key) continue;
+        char *val = key;
+        while (*val && !isspace((unsigned char)*val)) val++;
+        if (*val) *val++ = 0;
+        while (isspace((unsigned char)*val)) val++;
+        char *end = val + strlen(val);
+        while (end > val && isspace((unsigned char)end[-1])) *--end = 0;
+        char err[256];
+        int r = config_set(t, cfg, key, val, false, err, sizeof err);
+        if (r) {
+            fprintf(stderr, "%s: %s:%d: %s\n", t->program, path, lineno, err);
+            rc = r;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+static int load_env(const cfg_table *t, void *cfg)
+{
+    for (size_t i = 0; i < t->n_options; i++) {
+        const cfg_option *o = &t->options[i];
+        char var[128] = "DFLASH_";
+        size_t n = strlen(var);
+        for (const char *p = o->name; *p && n + 1 < sizeof var; p++)
+            var[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+        var[n] = 0;
+        const char *v = getenv(var);
+        if (!v) continue;
+        char err[256];
+        int r = set_value(o, cfg, v, err, sizeof err);
+        if (r) {
+            fprintf(stderr, "%s: environment %s: %s\n", t->program, var, err);
+            return r;
+        }
+    }
+    return 0;
+}
+
+static void set_defaults(const cfg_table *t, void *cfg)
+{
+    for (size_t i = 0; i < t->n_options; i++) {
+        char err[256];
+        int r = set_value(&t->options[i], cfg, t->options[i].def, err, sizeof err);
+        /* A default outside its own range is a bug in the table. */
+        if (r) {
+            fprintf(stderr, "%s: bad default in option table: %s\n", t->program, err);
+            abort();
+        }
+    }
+}
+
+int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
+                int max_positional, int *n_positional)
+{
+    set_defaults(t, cfg);
+    if (n_positional) *n_positional = 0;
+
+    /* The config file comes first whatever its place on the command line. */
+    const char *file = getenv("DFLASH_CONFIG");
+    bool help = false, dump = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) file = argv[++i];
+        else if (strncmp(argv[i], "--config=", 9) == 0) file = argv[i] + 9;
+        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) help = true;
+        else if (strcmp(argv[i], "--dump-config") == 0) dump = true;
+    }
+    if (help) {
+        config_print_help(t, stdout);
+        return 1;
+    }
+    int rc;
+    if (file && *file && (rc = load_file(t, cfg, file))) return rc;
+    if ((rc = load_env(t, cfg))) return rc;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--config=", 9) == 0 || strcmp(a, "--dump-config") == 0) continue;
+        if (strncmp(a, "--", 2) != 0 || a[2] == 0) {
+            if (strcmp(a, "--") == 0) continue;
+            if (!positional || !n_positional || *n_positional >= max_positional) {
+                fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", t->program, a);
+                return DFLASH_EINVAL;
+            }
+            positional[(*n_positional)++] = argv[i];
+            continue;
+        }
+        char name[128];
+        const char *value = NULL;
+        const char *eq = strchr(a + 2, '=');
+        size_t nl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (nl >= sizeof name) nl = sizeof name - 1;
+        memcpy(name, a + 2, nl);
+        name[nl] = 0;
+        const cfg_option *o = config_find(t, name);
+        bool negated = false;
+        if (!o && strncmp(name, "no-", 3) == 0) {
+            o = config_find(t, name + 3);
+            negated = o && o->type == CFG_BOOL;
+            if (!negated) o = NULL;
+        }
+        if (!o) {
+            fprintf(stderr, "%s: unknown option --%s (see --help)\n", t->program, name);
+            return DFLASH_EINVAL;
+        }
+        if (eq) value = eq + 1;
+        else if (o->type == CFG_BOOL) value = negated ? "false" : "true";
+        else if (i + 1 < argc) value = argv[++i];
+        else {
+            fprintf(stderr, "%s: --%s needs a value\n", t->program, o->name);
+            return DFLASH_EINVAL;
+        }
+        char err[256];
+        if ((rc = set_value(o, cfg, value, err, sizeof err))) {
+            fprintf(stderr, "%s: --%s\n", t->program, err);
+            return rc;
+        }
+    }
+    if (dump) {
+        config_dump(t, cfg, stdout);
+        return 1;
+    }
+    return 0;
+}
+
+void config_dump(const cfg_table *t, const void *cfg, FILE *out)
+{
+    for (size_t i = 0; i < t->n_options; i++) {
+        char v[512];
+        config_get(t, cfg, t->options[i].name, v, sizeof v);
+        fprintf(out, "%s %s\n", t->options[i].name, v);
+    }
+}
+
+void config_print_help(const cfg_table *t, FILE *out)
+{
+    fprintf(out, "usage: %s %s\n%s\n\noptions (flag, DFLASH_* variable or config-file key):\n",
+            t->program, t->usage ? t->usage : "[options]", t->summary ? t->summary : "");
+    for (size_t i = 0; i < t->n_options; i++) {
+        const cfg_option *o = &t->options[i];
+        static const char *const types[] = {"INT", "NUM", "BOOL", "STR"};
+        char flag[96];
+        snprintf(flag, sizeof flag, "--%s %s", o->name, types[o->type]);
+        fprintf(out, "  %-34s %s (default: %s%s%s)\n", flag, o->help, *o->def ? o->def : "\"\"",
+                o->live ? ", live" : "", "");
+    }
+    fprintf(out, "  %-34s %s\n", "--config FILE", "read `key value` lines from FILE first");
+    fprintf(out, "  %-34s %s\n", "--dump-config", "print the effective configuration and exit");
+    fprintf(out, "  %-34s %s\n", "--help", "print this help and exit");
+}

@@ -1,0 +1,71 @@
+/* config: one table per program drives flags, DFLASH_* variables, config files, --help and the
+ * dump of the effective configuration.
+ *
+ * A program declares a plain struct of settings and a cfg_option table describing each member:
+ * name, type, default, range, whether it may change live, help line and offsetof() into the
+ * struct. Defaults live only in that table. Precedence, lowest first:
+ *   table default < config file (`--config FILE` or DFLASH_CONFIG) < DFLASH_<NAME> < --name VALUE
+ * Option "min-ready" is flag --min-ready, variable DFLASH_MIN_READY, file key min-ready or
+ * min_ready. Config files hold `key value` lines; '#' starts a comment.
+ *
+ * Strings are fixed char arrays inside the struct (size given in the table), so the struct can be
+ * copied and needs no cleanup. Not thread-safe: a daemon owns its config on its loop thread.
+ */
+#ifndef DFLASH_CONFIG_H
+#define DFLASH_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+    CFG_INT,    /* int64_t member */
+    CFG_DOUBLE, /* double member */
+    CFG_BOOL,   /* bool member; values true/false/1/0/yes/no/on/off */
+    CFG_STRING, /* char[size] member */
+} cfg_type;
+
+typedef struct cfg_option {
+    const char *name; /* lower-case, words joined by '-' */
+    cfg_type type;
+    const char *def;  /* default, as text */
+    double min, max;  /* inclusive range for CFG_INT / CFG_DOUBLE; ignored when min > max */
+    bool live;        /* may change while running (dflash-ctl set) */
+    const char *help; /* one line */
+    size_t offset;    /* offsetof(struct, member) */
+    size_t size;      /* CFG_STRING: sizeof the char array */
+} cfg_option;
+
+typedef struct cfg_table {
+    const char *program; /* e.g. "dflash-queue" */
+    const char *summary; /* one line under the usage line of --help */
+    const char *usage;   /* e.g. "[options]" or "[options] COMMAND" */
+    const cfg_option *options;
+    size_t n_options;
+} cfg_table;
+
+/* Fills cfg from defaults, then the config file, the environment, then argv.
+ * Returns 0 when the program should run, 1 when it printed --help or --dump-config and should
+ * exit 0, or a negative code after printing the problem (unknown flag, bad value, range) to
+ * stderr. Arguments that are not flags are left, in order, in positional[0..*n_positional)
+ * (pointers into argv); pass NULL to refuse positionals. */
+int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
+                int max_positional, int *n_positional);
+
+/* Sets one option from text. Refuses (DFLASH_EDENIED) an option that is not live when
+ * live_only. Returns DFLASH_ENOTFOUND, DFLASH_EINVAL, DFLASH_ERANGE with a message in
+ * err_msg (may be NULL). */
+int config_set(const cfg_table *t, void *cfg, const char *name, const char *value, bool live_only,
+               char *err_msg, size_t err_len);
+
+/* Writes the current value of option name as text. Returns 0 or DFLASH_ENOTFOUND. */
+int config_get(const cfg_table *t, const void *cfg, const char *name, char *out, size_t len);
+
+const cfg_option *config_find(const cfg_table *t, const char *name);
+
+/* `key value` lines of the effective config, loadable again as a config file. */
+void config_dump(const cfg_table *t, const void *cfg, FILE *out);
+void config_print_help(const cfg_table *t, FILE *out);
+
+#endif

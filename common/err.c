@@ -1,0 +1,26 @@
+/* err: messages and names for the error table in err.h. */
+#include "err.h"
+
+const char *err_str(int code)
+{
+    switch (code) {
+#define DFLASH_ERR_STR(name, num, msg)                                                             \
+    case -(num):                                                                                   \
+        return msg;
+        DFLASH_ERRORS(DFLASH_ERR_STR)
+#undef DFLASH_ERR_STR
+    }
+    return "unknown error";
+}
+
+const char *err_name(int code)
+{
+    switch (code) {
+#define DFLASH_ERR_NAME(name, num, msg)                                                            \
+    case -(num):                                                                                   \
+        return #name;
+        DFLASH_ERRORS(DFLASH_ERR_NAME)
+#undef DFLASH_ERR_NAME
+    }
+    return "UNKNOWN";
+}

@@ -1,0 +1,36 @@
+/* log: leveled logging to stderr with a timestamp, the program name and file:line.
+ *
+ * One process-wide level and program tag, set once at start-up (log_init) before threads start;
+ * log_write itself is thread-safe (one fprintf per line). FATAL logs and exits with status 1,
+ * which is what "an environment that cannot work" gets (CONVENTIONS.md): compose restarts us.
+ */
+#ifndef DFLASH_LOG_H
+#define DFLASH_LOG_H
+
+#include <stdbool.h>
+
+typedef enum { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_FATAL } log_level;
+
+/* Sets the program tag printed on every line and the minimum level. Not thread-safe. */
+void log_init(const char *program, log_level level);
+/* Parses "debug", "info", "warn", "error". Returns 0 or DFLASH_EINVAL. */
+int log_level_parse(const char *s, log_level *out);
+void log_set_level(log_level level);
+bool log_enabled(log_level level);
+
+void log_write(log_level level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+_Noreturn void log_fatal(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define LOG_DEBUG(...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_DEBUG)) log_write(LOG_DEBUG, __FILE__, __LINE__, __VA_ARGS__);         \
+    } while (0)
+#define LOG_INFO(...) log_write(LOG_INFO, __FILE__, __LINE__, __VA_ARGS__)
+#define LOG_WARN(...) log_write(LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
+#define LOG_ERROR(...) log_write(LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__)
+/* Logs "fatal: ..." with file:line and exits(1). Use for environments that cannot work. */
+#define LOG_FATAL(...) log_fatal(__FILE__, __LINE__, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,156 @@
+/* ops: the small set of neural-network operations every model in the project is written against.
+ *
+ * One model definition per architecture (target forward, DFlash drafter forward/backward) calls
+ * these through an nn_ops table; two backends implement the table:
+ *   cpu  (ops_cpu.c): fp32 everywhere, OpenBLAS sgemm for linear layers. The reference.
+ *   cuda (ops_cuda.cu, later): bf16 activations and weights, fp32 accumulation, fp32 master
+ *        weights, gradients and AdamW moments.
+ * A "buffer" (nn_buf) is backend memory holding `act` elements (cpu: float; cuda: bf16). Buffers
+ * typed `float *` are fp32 on every backend (weight gradients, master weights, optimizer moments,
+ * softmax statistics, loss sums). Index arrays (`const int32_t *`) are backend memory too.
+ * Host<->backend transfers go through upload/download only.
+ *
+ * Shapes use named dimensions: T packed tokens, D hidden, H query heads, Hk kv heads, d head dim,
+ * F intermediate, V vocabulary, Q query rows (drafter blocks * B), B block size, R rows.
+ * Matrices are row-major; a linear weight is [N_out, K_in] like PyTorch.
+ *
+ * Conventions: forward functions overwrite their output. Backward functions ACCUMULATE (+=)
+ * into weight gradients (dw, db, dgamma) and OVERWRITE input gradients (dx) unless the name
+ * says _acc. Every function runs on the context's stream (cpu: synchronously on the caller's
+ * thread, possibly with internal threads). No function allocates; scratch comes from the caller.
+ */
+#ifndef DFLASH_NN_OPS_H
+#define DFLASH_NN_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef void nn_buf; /* backend memory of the backend's activation type */
+
+typedef struct nn_ctx nn_ctx; /* backend state: threads (cpu), stream + handles (cuda) */
+
+/* RoPE frequency table for one head_dim: inv_freq[d/2], with Llama-3 scaling already applied.
+ * Built on the host by rope_inv_freq() (rope.c) and uploaded. */
+
+/* One DFlash training/eval block: the B query rows q0..q0+B-1 attend to context keys
+ * [ctx_begin, ctx_end) and to their own block keys [blk_begin, blk_begin + B). keep == 0 means
+ * the block is padding: its outputs and gradients are zero. All indices are rows of the K/V
+ * buffers. */
+typedef struct nn_block_span {
+    int32_t ctx_begin, ctx_end;
+    int32_t blk_begin;
+    int32_t keep;
+} nn_block_span;
+
+typedef struct nn_ops {
+    const char *name; /* "cpu" or "cuda" */
+    size_t act_bytes; /* sizeof one nn_buf element: 4 (cpu) or 2 (cuda) */
+
+    /* ---- memory ---- */
+    void *(*alloc)(nn_ctx *c, size_t bytes);        /* zeroed; NULL on failure */
+    void (*free)(nn_ctx *c, void *p);               /* accepts NULL */
+    void (*upload)(nn_ctx *c, nn_buf *dst, const float *src, size_t n);   /* fp32 host -> act */
+    void (*download)(nn_ctx *c, float *dst, const nn_buf *src, size_t n); /* act -> fp32 host */
+    void (*upload_raw)(nn_ctx *c, void *dst, const void *src, size_t bytes);  /* bytes as is */
+    void (*download_raw)(nn_ctx *c, void *dst, const void *src, size_t bytes);
+    void (*copy)(nn_ctx *c, void *dst, const void *src, size_t bytes);        /* device-device */
+    void (*zero)(nn_ctx *c, void *p, size_t bytes);
+    void (*sync)(nn_ctx *c); /* waits for all queued work (cpu: no-op) */
+
+    /* ---- forward ---- */
+    /* out[T,D] = table[ids[t], :]; ids in [0, V). */
+    void (*embedding_fwd)(nn_ctx *c, nn_buf *out, const int32_t *ids, const nn_buf *table, int T,
+                          int D);
+    /* out[R,C] = x / sqrt(mean(x^2) + eps) * w. rstd[R] (fp32, may be NULL) saves 1/rms for
+     * backward. The normalisation is computed in fp32 and cast back before the weight multiply
+     * (HF Qwen3RMSNorm). Per-head q/k norm is this with R = T*heads, C = d. out may equal x. */
+    void (*rmsnorm_fwd)(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x, const nn_buf *w,
+                        int R, int C, float eps);
+    /* y[M,N] = x[M,K] . w[N,K]^T (+ b[N] if b). */
+    void (*linear_fwd)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b,
+                       int M, int K, int N);
+    /* In place on x[T, nh, d] (row stride ld elements between tokens, ld >= nh*d): rotate_half
+     * RoPE at positions pos[T] with inv_freq[d/2] (fp32). */
+    void (*rope_fwd)(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
+                     int nh, int d, int ld);
+    /* Causal GQA attention over packed sequences: tokens [seq_off[s], seq_off[s+1]) form
+     * sequence s. q[T,H,d], k,v[T,Hk,d] -> out[T,H,d]. scale = 1/sqrt(d). */
+    void (*attention_causal_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,
+                                 const nn_buf *v, const int32_t *seq_off, int n_seqs, int T,
+                                 int H, int Hk, int d);
+    /* DFlash block attention: q[Q,H,d] with Q = n_blocks*B, k,v[Tk,Hk,d]. Query rows of block j
+     * see the key rows given by spans[j]. lse[H,Q] (fp32) saves log-sum-exp for backward
+     * (may be NULL at inference). Fully masked rows give zero output. */
+    void (*attention_block_fwd)(nn_ctx *c, nn_buf *out, float *lse, const nn_buf *q,
+                                const nn_buf *k, const nn_buf *v, const nn_block_span *spans,
+                                int n_blocks, int B, int Tk, int H, int Hk, int d);
+    /* out[R,F] = silu(gate[R,F]) * up[R,F]. */
+    void (*swiglu_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *gate, const nn_buf *up, int R,
+                       int F);
+    /* y[n] += x[n]. */
+    void (*add_inplace)(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n);
+
+    /* ---- backward ---- */
+    /* dx[R,C] = d/dx, dw[C] += d/dw, given dy, x, w and saved rstd. dx may equal dy. */
+    void (*rmsnorm_bwd)(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
+                        const nn_buf *w, const float *rstd, int R, int C);
+    /* dx[M,K] = dy . w (overwrite; skipped if dx NULL), dw[N,K] += dy^T . x,
+     * db[N] += sum_rows(dy) (skipped if NULL). */
+    void (*linear_bwd)(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                       const nn_buf *x, const nn_buf *w, int M, int K, int N);
+    /* Same as linear_bwd but dx += (accumulates). */
+    void (*linear_bwd_acc)(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                           const nn_buf *x, const nn_buf *w, int M, int K, int N);
+    /* In place: the transpose rotation of rope_fwd (rotation by -angle). */
+    void (*rope_bwd)(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
+                     int nh, int d, int ld);
+    /* dgate, dup [R,F] from dout, gate, up. */
+    void (*swiglu_bwd)(nn_ctx *c, nn_buf *dgate, nn_buf *dup, const nn_buf *dout,
+                       const nn_buf *gate, const nn_buf *up, int R, int F);
+    /* Backward of attention_block_fwd. dq overwritten; dk, dv overwritten (every key row either
+     * receives gradient or is set to zero). out and lse are the forward's. */
+    void (*attention_block_bwd)(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,
+                                const nn_buf *dout, const nn_buf *q, const nn_buf *k,
+                                const nn_buf *v, const nn_buf *out, const float *lse,
+                                const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                                int Hk, int d);
+
+    /* ---- loss ---- */
+    /* Chunked lm_head + weighted cross-entropy, forward and backward at once; full logits
+     * [Q,V] are never materialised (chunks of `chunk` rows, scratch logits[chunk,V] act).
+     * For rows r with weight[r] > 0: loss_sum += weight[r] * CE(h[r] . W^T, label[r]);
+     * dh[r] = weight[r] * inv_norm * (softmax - onehot) . W (overwrite; rows with weight 0 get
+     * 0). correct[r] (int32, may be NULL) = argmax == label. out_sums (fp32[2], device) receives
+     * {loss_sum, weight_sum} (overwrite). */
+    void (*lm_head_xent)(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *correct,
+                         const nn_buf *h, const nn_buf *W, const int32_t *labels,
+                         const float *weights, float inv_norm, nn_buf *scratch, int Q, int D,
+                         int V, int chunk);
+    /* Greedy argmax of h[Q,D] . W[V,D]^T per row, chunked like above. */
+    void (*lm_head_argmax)(nn_ctx *c, int32_t *out, const nn_buf *h, const nn_buf *W,
+                           nn_buf *scratch, int Q, int D, int V, int chunk);
+
+    /* ---- optimizer (fp32) ---- */
+    /* out[0] = sum(g[i]^2) over n (overwrite). */
+    void (*sumsq)(nn_ctx *c, float *out, const float *g, size_t n);
+    /* AdamW on fp32 master p with moments m, v: grad scaled by grad_scale (clipping) first;
+     * decoupled weight decay wd; bias correction with step t (1-based). Writes the act-typed
+     * copy p_act (may be NULL on cpu where p is the weight itself). */
+    void (*adamw)(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                  size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                  float grad_scale, int t);
+    /* dst act[n] <- fp32 src[n] (weights to act copies). */
+    void (*f32_to_act)(nn_ctx *c, nn_buf *dst, const float *src, size_t n);
+} nn_ops;
+
+/* The cpu backend. nn_cpu_new(threads) returns a context (threads <= 0: all cores). */
+const nn_ops *nn_cpu_ops(void);
+nn_ctx *nn_cpu_new(int threads);
+void nn_cpu_destroy(nn_ctx **c);
+
+/* Host helper (rope.c): inv_freq[d/2] for theta, with Llama-3 scaling when scaling->enabled. */
+struct rope_llama3_scaling;
+void rope_inv_freq(float *inv_freq, int d, double theta, const struct rope_llama3_scaling *scaling);
+
+#endif

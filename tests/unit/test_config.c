@@ -1,0 +1,82 @@
+/* test_config: the config table gives flags, DFLASH_* variables, config files, precedence,
+ * range checks, live-only sets and the dump; err_str covers the table. */
+#include "check.h"
+#include "config.h"
+#include "err.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct demo_cfg {
+    int64_t min_ready;
+    double ratio;
+    bool verbose;
+    char endpoint[64];
+} demo_cfg;
+
+static const cfg_option demo_options[] = {
+    {"min-ready", CFG_INT, "4", 0, 1000, true, "reservoir", offsetof(demo_cfg, min_ready), 0},
+    {"ratio", CFG_DOUBLE, "0.5", 0, 1, false, "a ratio", offsetof(demo_cfg, ratio), 0},
+    {"verbose", CFG_BOOL, "false", 1, 0, true, "chatty", offsetof(demo_cfg, verbose), 0},
+    {"endpoint", CFG_STRING, "ipc:///tmp/x", 1, 0, false, "where",
+     offsetof(demo_cfg, endpoint), sizeof(((demo_cfg *)0)->endpoint)},
+};
+static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4};
+
+int main(void)
+{
+    demo_cfg c;
+    char *argv0[] = {"demo", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK_EQ_INT(c.min_ready, 4);
+    CHECK_NEAR(c.ratio, 0.5, 0);
+    CHECK(!c.verbose);
+    CHECK(strcmp(c.endpoint, "ipc:///tmp/x") == 0);
+
+    /* file < env < flag */
+    char path[] = "/tmp/dflash-test-config-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    const char *text = "# comment\nmin_ready 7\nratio 0.25  # trailing\nendpoint tcp://a:1\n";
+    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    setenv("DFLASH_RATIO", "0.75", 1);
+    char *argv1[] = {"demo", "--config", path, "--min-ready=9", "--verbose", "pos", NULL};
+    char *pos[2];
+    int npos = 0;
+    CHECK_EQ_INT(config_load(&demo, &c, 6, argv1, pos, 2, &npos), 0);
+    CHECK_EQ_INT(c.min_ready, 9);
+    CHECK_NEAR(c.ratio, 0.75, 0);
+    CHECK(c.verbose);
+    CHECK(strcmp(c.endpoint, "tcp://a:1") == 0);
+    CHECK_EQ_INT(npos, 1);
+    CHECK(npos == 1 && strcmp(pos[0], "pos") == 0);
+    unsetenv("DFLASH_RATIO");
+    unlink(path);
+
+    /* errors */
+    char *argv2[] = {"demo", "--min-ready", "5000", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 3, argv2, NULL, 0, NULL), DFLASH_ERANGE);
+    char *argv3[] = {"demo", "--bogus", "1", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 3, argv3, NULL, 0, NULL), DFLASH_EINVAL);
+    char *argv4[] = {"demo", "--ratio", "abc", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 3, argv4, NULL, 0, NULL), DFLASH_EINVAL);
+    char *argv5[] = {"demo", "stray", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 2, argv5, NULL, 0, NULL), DFLASH_EINVAL);
+
+    /* live sets */
+    char err[128];
+    CHECK_EQ_INT(config_set(&demo, &c, "min_ready", "11", true, err, sizeof err), 0);
+    CHECK_EQ_INT(c.min_ready, 11);
+    CHECK_EQ_INT(config_set(&demo, &c, "ratio", "0.1", true, err, sizeof err), DFLASH_EDENIED);
+    CHECK_EQ_INT(config_set(&demo, &c, "nope", "1", true, err, sizeof err), DFLASH_ENOTFOUND);
+    char v[64];
+    CHECK_EQ_INT(config_get(&demo, &c, "min-ready", v, sizeof v), 0);
+    CHECK(strcmp(v, "11") == 0);
+
+    CHECK(strcmp(err_str(DFLASH_EINVAL), "invalid argument") == 0);
+    CHECK(strcmp(err_name(DFLASH_ETIMEOUT), "TIMEOUT") == 0);
+    CHECK(strcmp(err_str(-9999), "unknown error") == 0);
+    CHECK_DONE();
+}

@@ -1,0 +1,142 @@
+/* ledger: the training ledger of DESIGN.md section 5, persisted in a journal (journal.h).
+ *
+ * Every batch has a deterministic identity batch_id {epoch, bucket, index}; the plan (how many
+ * batches each bucket has per epoch, the same every epoch) comes from the target at registration.
+ * Each batch is in one state:
+ *
+ *   from \ to     TODO  IN_FLIGHT  TRAINED  COMMITTED  QUARANTINED
+ *   TODO           -      hand-out   ack(*)     -          -
+ *   IN_FLIGHT    requeue    -        ack        -       quarantine
+ *   TRAINED      rewind     -         -       commit        -
+ *   COMMITTED       -       -         -         -           -
+ *   QUARANTINED  rewind(**) -        ack        -           -
+ *   (*) a late ack of a batch that was requeued (its target died after the drafter copied it):
+ *       the batch was trained, so it is recorded trained and not handed out again.
+ *   (**) ledger_release_quarantine() only.
+ * Acking a TRAINED or COMMITTED batch is rejected (DFLASH_EEXISTS) and counted: nothing is
+ * recorded as trained twice. Batches of an epoch are handed out only from the *open epoch*: the
+ * lowest epoch that still has TODO batches (a rewind can reopen an older one); a new epoch opens
+ * when no epoch has TODO left, up to max_epochs (0 = unlimited).
+ *
+ * Replay: the journal is replayed at ledger_new. IN_FLIGHT batches come back *orphaned*: the
+ * broker restarted and does not know whether a target still holds them or a drafter is training
+ * them; they are not handed out, a re-registering target may adopt them (ledger_adopt), a late
+ * ack trains them, and ledger_requeue_orphans() (called by the broker once peers had a grace
+ * period, e.g. two lease timeouts) returns the rest to TODO.
+ *
+ * Journal records: PLAN, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE,
+ * COMMIT(step) and REWIND(step) (fsynced), SNAPSHOT (compaction). Replay reapplies them in order.
+ *
+ * Thread: single-threaded (the broker's loop thread). Callers: broker.c; tests; bench.
+ */
+#ifndef DFLASH_QUEUE_LEDGER_H
+#define DFLASH_QUEUE_LEDGER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define LEDGER_MAX_BUCKETS 32
+
+/* A batch's identity; also the broker's "work unit". */
+typedef struct {
+    uint32_t epoch;  /* 0-based */
+    uint32_t bucket; /* < n_buckets of the plan */
+    uint32_t index;  /* < batches of that bucket per epoch */
+} batch_id;
+
+typedef enum {
+    BATCH_TODO = 0,
+    BATCH_IN_FLIGHT,
+    BATCH_TRAINED,
+    BATCH_COMMITTED,
+    BATCH_QUARANTINED,
+} batch_state;
+
+typedef struct ledger ledger;
+
+typedef struct {
+    const char *journal_path; /* NULL: in memory only (tests, bench) */
+    uint32_t max_epochs;      /* 0 = unlimited */
+    bool fsync;               /* fsync COMMIT and REWIND records (true in production) */
+    uint64_t compact_bytes;   /* rewrite the journal as a snapshot past this size; 0 = never */
+} ledger_params;
+
+typedef struct {
+    uint32_t n_buckets;
+    uint32_t batches_per_bucket[LEDGER_MAX_BUCKETS];
+    uint32_t open_epoch;            /* epoch handed out now (== epochs opened - 1, or rewound) */
+    uint32_t epochs_opened;
+    uint32_t epochs_committed;      /* epochs whose every batch is COMMITTED */
+    uint64_t todo, in_flight, orphaned, trained, committed, quarantined; /* all opened epochs */
+    uint64_t double_acks;           /* rejected acks of already trained batches */
+    uint64_t stale_acks;            /* acks of batches outside the plan */
+    uint64_t last_commit_step;
+    uint64_t journal_bytes;
+    uint64_t replayed_records;
+} ledger_stats;
+
+/* Opens the ledger, replaying params->journal_path if it exists. Returns NULL with *err
+ * (optional) set on failure (journal unreadable/corrupt: DFLASH_EIO/ECORRUPT/EFORMAT). */
+ledger *ledger_new(const ledger_params *params, int *err);
+/* Frees; accepts NULL and NULLs *l. */
+void ledger_destroy(ledger **l);
+
+/* Sets the batch plan (target registration). The first call fixes it (journaled); later calls
+ * with the same plan return 0, with a different one DFLASH_EMISMATCH (another dataset).
+ * DFLASH_EINVAL for n_buckets 0 or > LEDGER_MAX_BUCKETS or a bucket with 0 batches. */
+int ledger_set_plan(ledger *l, uint32_t n_buckets, const uint32_t *batches_per_bucket);
+bool ledger_has_plan(const ledger *l);
+
+/* Bit b set when bucket b has a TODO batch in the open epoch, opening the next epoch first if
+ * the current one has no TODO left (and max_epochs allows). 0: nothing to hand out now. */
+uint32_t ledger_todo_mask(ledger *l);
+
+/* Hands out the lowest-index TODO batch of bucket in the open epoch: TODO -> IN_FLIGHT.
+ * Returns 0 with *out, DFLASH_ENOTFOUND (bucket has nothing to do now), DFLASH_ESTATE (no plan),
+ * DFLASH_EINVAL (bucket out of range). */
+int ledger_next_todo(ledger *l, uint32_t bucket, batch_id *out);
+
+/* A re-registering target reports a filled slot with batch b: TODO or orphaned IN_FLIGHT ->
+ * IN_FLIGHT. DFLASH_EEXISTS (already handed out elsewhere: drop the slot), DFLASH_ESTALE
+ * (already trained/committed: drop the slot), DFLASH_EQUARANTINED, DFLASH_ERANGE (not in plan). */
+int ledger_adopt(ledger *l, const batch_id *b);
+
+/* IN_FLIGHT -> TODO (its target died, its slot was dropped). DFLASH_ESTATE in other states
+ * (harmless: e.g. already acked), DFLASH_ERANGE outside the plan. */
+int ledger_requeue(ledger *l, const batch_id *b);
+
+/* Orphaned IN_FLIGHT (from replay) -> TODO. Returns how many. */
+uint64_t ledger_requeue_orphans(ledger *l);
+
+/* A drafter trained b at optimizer step: IN_FLIGHT/TODO/QUARANTINED -> TRAINED(step).
+ * DFLASH_EEXISTS for TRAINED/COMMITTED (counted in double_acks), DFLASH_ERANGE outside the plan
+ * or an epoch not opened (counted in stale_acks). */
+int ledger_ack(ledger *l, const batch_id *b, uint64_t step);
+
+/* IN_FLIGHT -> QUARANTINED (redelivered too often). DFLASH_ESTATE otherwise. */
+int ledger_quarantine(ledger *l, const batch_id *b);
+/* QUARANTINED -> TODO (an operator lets it through again). DFLASH_ESTATE otherwise. */
+int ledger_release_quarantine(ledger *l, const batch_id *b);
+
+/* A durable checkpoint at step exists: every TRAINED batch with step <= step -> COMMITTED.
+ * Journaled with fsync. Returns the number committed (>= 0) or a negative code (DFLASH_EIO). */
+int64_t ledger_commit(ledger *l, uint64_t step);
+
+/* A drafter resumed from checkpoint step: every TRAINED batch with step > step -> TODO.
+ * Journaled with fsync. Returns the number rewound (>= 0) or a negative code. */
+int64_t ledger_rewind(ledger *l, uint64_t step);
+
+/* State (and training step, 0 unless TRAINED/COMMITTED) of b; either out pointer may be NULL.
+ * A batch of an epoch not opened yet is TODO. DFLASH_ERANGE outside the plan (or no plan). */
+int ledger_get(const ledger *l, const batch_id *b, batch_state *state, uint64_t *step);
+/* True when every batch of epoch is COMMITTED. */
+bool ledger_epoch_committed(const ledger *l, uint32_t epoch);
+
+/* Rewrites the journal as one snapshot (also done automatically past compact_bytes).
+ * Returns 0 or a code; a no-op for an in-memory ledger. */
+int ledger_compact(ledger *l);
+
+void ledger_get_stats(const ledger *l, ledger_stats *out);
+const char *batch_state_name(batch_state s);
+
+#endif

@@ -1,0 +1,117 @@
+/* client: the one library that speaks the broker protocol; used by dflash-target, dflash-drafter
+ * and dflash-ctl alike.
+ *
+ * A client owns one ZeroMQ DEALER socket connected to the broker's ROUTER, with a stable routing
+ * id ("<role>-<name>-<incarnation>") so that a reconnect keeps the peer's identity. Every call is
+ * a blocking request/reply with a timeout (client_set_timeout, default 2000 ms): the request
+ * carries a fresh request id, replies with other ids (late answers to timed-out requests) are
+ * dropped. On a timeout the socket is closed and reopened (Lazy/Paranoid Pirate: queued stale
+ * requests must not reach a broker later), and the call returns DFLASH_ETIMEOUT.
+ *
+ * Heartbeats: the broker counts any request as a heartbeat and expires a peer (its leases return
+ * to READY) after it has been silent for liveness x heartbeat_ms (the broker says heartbeat_ms in
+ * its Hello reply). A daemon busy for longer than heartbeat_ms calls client_poll() periodically;
+ * client_poll sends a Heartbeat only when one is due, so calling it often is cheap.
+ *
+ * Broker restarts: every reply carries the broker's incarnation. When it differs from the one seen
+ * at client_hello, the call returns DFLASH_ESTALE (whatever the reply was) and
+ * client_broker_restarted() is true until the next successful client_hello. The daemon then
+ * re-registers: client_hello (drafter: with the units it holds), client_register_pool (target),
+ * and goes on. A broker that lost the peer (expired it) also answers DFLASH_ESTALE.
+ *
+ * Thread rules: all calls on one client are serialised by an internal mutex, so a heartbeat
+ * thread may call client_poll while the main thread is between calls; a call blocks other
+ * threads for at most its timeout. Never share the underlying socket otherwise. Different clients
+ * are independent.
+ *
+ * Return codes of every call: 0, DFLASH_ETIMEOUT (no reply in time; socket reset), DFLASH_ESTALE
+ * (broker restarted or forgot us: re-register), DFLASH_EZMQ, or the code of the broker's ERROR
+ * reply (client_last_error gives its message); per-call extras are listed below.
+ */
+#ifndef DFLASH_CLIENT_H
+#define DFLASH_CLIENT_H
+
+#include "wire.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct client client;
+
+/* Creates a client for endpoint ("ipc:///run/dflash/queue.sock", "tcp://host:port") in `role`
+ * with a short human `name` (shown in broker stats). Connects lazily; never blocks. Returns NULL
+ * on bad arguments or when ZeroMQ cannot create the socket. */
+client *client_new(const char *endpoint, wire_role role, const char *name);
+/* Closes the socket (linger 0) and frees; accepts NULL and NULLs *c. */
+void client_destroy(client **c);
+
+/* Per-call reply timeout in ms (>= 1). Default 2000. */
+void client_set_timeout(client *c, int timeout_ms);
+/* This process's incarnation (random, fixed for the client's life). */
+uint64_t client_incarnation(const client *c);
+/* Broker incarnation seen at the last successful hello (0 before). */
+uint64_t client_broker_incarnation(const client *c);
+/* True after a reply from a different broker incarnation, until the next client_hello. */
+bool client_broker_restarted(const client *c);
+/* Heartbeat interval and lease timeout the broker announced (0 before hello). */
+uint32_t client_heartbeat_ms(const client *c);
+uint32_t client_lease_timeout_ms(const client *c);
+/* The broker's PUB endpoint from its hello reply ("" before hello). */
+const char *client_pub_endpoint(const client *c);
+/* Message of the last ERROR reply ("" if none). Valid until the next call. */
+const char *client_last_error(const client *c);
+
+/* Introduces this peer; records the broker incarnation and clears client_broker_restarted.
+ * A restarting drafter passes the units it copied but has not acked (held may be NULL). */
+int client_hello(client *c, const wire_unit *held, uint32_t n_held);
+
+/* Target: registers (or re-registers) its slot pool. The broker drops every slot of an older
+ * pool incarnation and returns its batches to to-do. Extra: DFLASH_EINVAL/ERANGE (bad pool). */
+int client_register_pool(client *c, const wire_pool *pool);
+
+/* Target: asks for the next batch to materialise and the slot to write it to. Extra:
+ * DFLASH_EAGAIN (nothing to do now: paused, or all epochs handed out), DFLASH_EFULL (max_depth
+ * reached: wait and retry), DFLASH_ESHUTDOWN (draining: finish and exit). */
+int client_request_work(client *c, uint64_t pool_incarnation, wire_work_unit *out);
+
+/* Target: the slot named in a work unit is written (its event recorded). */
+int client_slot_ready(client *c, const wire_slot_ready *ready);
+
+/* Drafter: claims a ready slot. Extra: DFLASH_EAGAIN (nothing eligible now, e.g. fewer than
+ * min_ready ready), DFLASH_ESHUTDOWN (drained and empty). On 0 *out holds the lease. */
+int client_claim(client *c, wire_grant *out);
+/* Drafter: the slot is copied; gives it back. Extra: DFLASH_ESTALE (lease expired meanwhile:
+ * the batch was redelivered; drop the copy). */
+int client_release(client *c, uint64_t lease_id);
+/* Drafter: the batch is trained in optimizer step `step`. */
+int client_ack(client *c, const wire_unit *unit, uint64_t step);
+/* Drafter: a durable checkpoint of step `step` exists; commits everything trained up to it. */
+int client_checkpoint_committed(client *c, uint64_t step);
+/* Drafter: restarted from checkpoint `step`; everything trained after it returns to to-do. */
+int client_resume_from(client *c, uint64_t step);
+
+/* Sends a Heartbeat and waits for the echo. */
+int client_heartbeat(client *c);
+/* Sends a Heartbeat only if none was sent for heartbeat_ms/2; otherwise returns 0 at once. */
+int client_poll(client *c);
+
+/* Any role: full broker statistics. */
+int client_status(client *c, wire_status *out);
+/* Any role: changes live settings (key=value), all or nothing; *applied (may be NULL) gets the
+ * effective values. Extra: DFLASH_ENOTFOUND/EINVAL/ERANGE/EDENIED (not live) for a bad key. */
+int client_set(client *c, const wire_settings *set, wire_settings *applied);
+int client_pause(client *c);
+int client_resume(client *c);
+int client_drain(client *c);
+
+/* Subscriber to the broker's PUB socket (dflash-ctl watch). Topics: "ready" (SLOT_READY body),
+ * "config" (SET_CONFIG_REPLY body), "stats" (STATUS_REPLY body, every stats interval). */
+typedef struct client_sub client_sub;
+/* Subscribes to topic prefix `topic` ("" for all). NULL on error. */
+client_sub *client_sub_new(const char *pub_endpoint, const char *topic);
+void client_sub_destroy(client_sub **s);
+/* Waits up to timeout_ms for one announcement: 0 and *msg filled (wire_msg_clear it),
+ * DFLASH_ETIMEOUT, or DFLASH_EPROTO for a malformed one (skipped). topic gets the topic. */
+int client_sub_recv(client_sub *s, char *topic, size_t topic_len, wire_msg *msg, int timeout_ms);
+
+#endif

@@ -1,0 +1,236 @@
+/* wire: the one place that packs, unpacks and range-checks protocol messages.
+ *
+ * Every message on the control plane is one protobuf-c Envelope (proto/dflash.proto) holding a
+ * protocol version, the sender's role and incarnation, a request id and one body. This module
+ * turns it into the plain C struct wire_msg below and back; generated protobuf-c names never
+ * leave wire.c. wire_unpack bounds the input size before unpacking (WIRE_MAX_MSG) and checks
+ * every field's range afterwards, so callers can trust a wire_msg they got from it: strings are
+ * NUL-terminated and within their arrays, counts are within the WIRE_MAX_* bounds, enums are
+ * known values, bucket shares are finite and in [0,1].
+ *
+ * Ownership: a wire_msg is a plain value except for pool.event_handles, which wire_unpack
+ * allocates (wire_msg_clear frees it) and which pack only borrows. Thread: pure functions,
+ * callable from any thread. Callers: client.c, services/queue/broker.c, tests.
+ */
+#ifndef DFLASH_WIRE_H
+#define DFLASH_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Protocol version. A peer speaking another major version gets ERROR VERSION (docs/protocol.md). */
+#define WIRE_VERSION 1u
+#define WIRE_MAX_MSG (1u << 20)   /* bytes; ZMQ_MAXMSGSIZE and the pre-unpack check use it */
+#define WIRE_MAX_NAME 64          /* names, shm names, incl. NUL */
+#define WIRE_MAX_BUCKETS 16
+#define WIRE_MAX_SLOTS 4096
+#define WIRE_HANDLE_BYTES 64      /* cudaIpcMemHandle_t / cudaIpcEventHandle_t */
+#define WIRE_MAX_SETTINGS 32
+#define WIRE_MAX_KEY 64
+#define WIRE_MAX_VALUE 128
+#define WIRE_MAX_TEXT 256         /* error messages */
+#define WIRE_MAX_HELD 256         /* units a drafter may re-register */
+
+typedef enum {
+    WIRE_ROLE_NONE = 0,
+    WIRE_ROLE_TARGET = 1,
+    WIRE_ROLE_DRAFTER = 2,
+    WIRE_ROLE_CTL = 3,
+    WIRE_ROLE_BROKER = 4,
+} wire_role;
+
+typedef enum { WIRE_BACKEND_NONE = 0, WIRE_BACKEND_HOST = 1, WIRE_BACKEND_CUDA = 2 } wire_backend;
+
+typedef enum {
+    WIRE_NONE = 0,
+    WIRE_HELLO,
+    WIRE_POOL_REGISTER,
+    WIRE_WORK_REQUEST,
+    WIRE_WORK_UNIT,
+    WIRE_SLOT_READY,
+    WIRE_CLAIM,
+    WIRE_GRANT,
+    WIRE_SLOT_RELEASE,
+    WIRE_ACK,
+    WIRE_CHECKPOINT_COMMITTED,
+    WIRE_RESUME_FROM,
+    WIRE_HEARTBEAT,
+    WIRE_STATUS_REQUEST,
+    WIRE_STATUS_REPLY,
+    WIRE_SET_CONFIG,
+    WIRE_SET_CONFIG_REPLY,
+    WIRE_PAUSE,
+    WIRE_RESUME,
+    WIRE_DRAIN,
+    WIRE_ERROR,
+    WIRE_OK,
+    WIRE_TYPE_COUNT
+} wire_type;
+
+/* Identity of one batch. */
+typedef struct wire_unit {
+    uint32_t epoch;
+    uint32_t bucket; /* < WIRE_MAX_BUCKETS */
+    uint64_t index;
+} wire_unit;
+
+typedef struct wire_hello {
+    char name[WIRE_MAX_NAME];
+    uint32_t heartbeat_ms;     /* broker's reply: its heartbeat interval */
+    uint32_t lease_timeout_ms; /* broker's reply: lease length */
+    uint32_t n_held;           /* drafter re-registration: units in training, not acked */
+    wire_unit held[WIRE_MAX_HELD];
+    char pub_endpoint[WIRE_MAX_TEXT]; /* broker's reply: its PUB endpoint */
+} wire_hello;
+
+typedef struct wire_pool {
+    uint64_t pool_incarnation; /* non-zero */
+    wire_backend backend;
+    uint8_t mem_handle[WIRE_HANDLE_BYTES];          /* cuda */
+    const uint8_t (*event_handles)[WIRE_HANDLE_BYTES]; /* cuda: n_events == slot_count */
+    uint32_t n_events;
+    int32_t device;
+    char shm_name[WIRE_MAX_NAME];                   /* host */
+    uint32_t slot_count;                            /* 1..WIRE_MAX_SLOTS */
+    uint64_t slot_size;                             /* > 0 */
+    uint32_t layout_version;
+    uint32_t token_budget;
+    uint32_t n_buckets;                             /* 1..WIRE_MAX_BUCKETS */
+    uint32_t bucket_upper[WIRE_MAX_BUCKETS];        /* strictly ascending */
+    double bucket_share[WIRE_MAX_BUCKETS];          /* in [0,1], sum within 1e-3 of 1 */
+    uint64_t bucket_batches[WIRE_MAX_BUCKETS];
+    uint32_t epochs;                                /* >= 1 */
+} wire_pool;
+
+typedef struct wire_work_unit {
+    wire_unit unit;
+    uint32_t slot;
+} wire_work_unit;
+
+typedef struct wire_slot_ready {
+    uint64_t pool_incarnation;
+    uint32_t slot;
+    wire_unit unit;
+    uint32_t n_tokens;
+    uint32_t n_seqs;
+} wire_slot_ready;
+
+typedef struct wire_grant {
+    uint64_t lease_id;
+    uint64_t deadline_ms; /* lease length from receipt, ms */
+    uint64_t pool_incarnation;
+    uint32_t slot;
+    uint64_t offset;
+    uint64_t size;
+    uint32_t layout_version;
+    wire_unit unit;
+    uint32_t n_tokens;
+    uint32_t n_seqs;
+    wire_backend backend;
+    uint8_t mem_handle[WIRE_HANDLE_BYTES];
+    uint8_t event_handle[WIRE_HANDLE_BYTES];
+    int32_t device;
+    char shm_name[WIRE_MAX_NAME];
+} wire_grant;
+
+typedef struct wire_ack {
+    wire_unit unit;
+    uint64_t step;
+} wire_ack;
+
+typedef struct wire_bucket_stat {
+    uint32_t upper;
+    double share;
+    uint32_t ready, leased, filling;
+    double deficit;
+    uint64_t produced, consumed;
+    uint64_t produced_tokens, consumed_tokens;
+} wire_bucket_stat;
+
+typedef enum { WIRE_STATE_RUNNING = 0, WIRE_STATE_PAUSED = 1, WIRE_STATE_DRAINING = 2 } wire_run_state;
+
+typedef struct wire_status {
+    uint64_t uptime_ms;
+    uint32_t state; /* wire_run_state */
+    uint32_t min_ready, max_depth, lease_timeout_ms;
+    uint32_t n_buckets;
+    wire_bucket_stat buckets[WIRE_MAX_BUCKETS];
+    double tv_distance, claims_per_s;
+    uint64_t grants, releases, lease_expiries, redeliveries, quarantined, malformed, acks;
+    uint64_t batches_todo, batches_inflight, batches_trained, batches_committed, batches_total;
+    uint64_t committed_step;
+    uint32_t peers, epoch, slot_count;
+    uint64_t pool_incarnation;
+} wire_status;
+
+typedef struct wire_kv {
+    char key[WIRE_MAX_KEY];
+    char value[WIRE_MAX_VALUE];
+} wire_kv;
+
+typedef struct wire_settings {
+    uint32_t n;
+    wire_kv kv[WIRE_MAX_SETTINGS];
+} wire_settings;
+
+typedef struct wire_error {
+    int32_t code; /* negative DFLASH_E* code */
+    char message[WIRE_MAX_TEXT];
+} wire_error;
+
+/* One envelope. Only the member of `u` named by `type` is meaningful. */
+typedef struct wire_msg {
+    uint32_t version;
+    wire_role role;
+    uint64_t incarnation;
+    uint64_t request_id;
+    wire_type type;
+    union {
+        wire_hello hello;
+        wire_pool pool;
+        uint64_t pool_incarnation; /* WORK_REQUEST */
+        wire_work_unit work;
+        wire_slot_ready ready;
+        wire_grant grant;
+        uint64_t lease_id; /* SLOT_RELEASE */
+        wire_ack ack;
+        uint64_t step;      /* CHECKPOINT_COMMITTED, RESUME_FROM */
+        uint64_t sent_ms;   /* HEARTBEAT */
+        wire_status status; /* STATUS_REPLY */
+        wire_settings settings; /* SET_CONFIG, SET_CONFIG_REPLY */
+        wire_error error;
+        uint64_t value; /* OK */
+    } u;
+    void *owned_; /* wire.c's allocation (pool.event_handles after unpack) */
+} wire_msg;
+
+/* Starts msg as an envelope of `type` from (role, incarnation) with request id `rid`; zeroes
+ * the body. Always succeeds. */
+void wire_msg_init(wire_msg *msg, wire_type type, wire_role role, uint64_t incarnation,
+                   uint64_t rid);
+/* Frees what wire_unpack allocated inside msg (safe on an init'ed or cleared msg). */
+void wire_msg_clear(wire_msg *msg);
+
+/* Range-checks msg as wire_unpack would. Returns 0, DFLASH_EPROTO/ERANGE/EVERSION and a reason
+ * in why (may be NULL). */
+int wire_check(const wire_msg *msg, char *why, size_t why_len);
+
+/* Packs msg (after wire_check) into buf. Returns the packed length (> 0), or DFLASH_EINVAL /
+ * DFLASH_ERANGE when msg fails wire_check, DFLASH_EFULL when cap is too small. */
+int wire_pack(const wire_msg *msg, uint8_t *buf, size_t cap);
+
+/* Unpacks and range-checks len bytes. On success returns 0 and fills *msg (call wire_msg_clear
+ * later). On failure returns DFLASH_EPROTO (not a valid envelope, too big, empty),
+ * DFLASH_EVERSION or DFLASH_ERANGE with a reason in why (may be NULL); *msg then holds whatever
+ * header fields could be read (request_id for the ERROR reply) and needs no clear. */
+int wire_unpack(const uint8_t *buf, size_t len, wire_msg *msg, char *why, size_t why_len);
+
+/* "hello", "grant", ... ; "unknown" for out-of-range values. */
+const char *wire_type_name(wire_type t);
+const char *wire_role_name(wire_role r);
+
+/* A random non-zero 64-bit incarnation id (from getrandom, falling back to time ^ pid). */
+uint64_t wire_new_incarnation(void);
+
+#endif

@@ -1,0 +1,763 @@
+/* ops_cpu: the cpu backend of the ops interface (ops.h). fp32 everywhere; the reference every
+ * other backend is checked against.
+ *
+ * Memory: an nn_buf is a plain float array in host memory (64-byte aligned, zeroed by alloc);
+ * upload/download/copy are memcpy. Linear layers and the chunked lm_head use OpenBLAS
+ * cblas_sgemm; everything else is plain C loops written for clarity first.
+ *
+ * Threads: ops run synchronously on the caller's thread. nn_cpu_new(threads) sets OpenBLAS's
+ * thread count and keeps `threads` for our own loops: the attention ops split their rows (or, in
+ * the block-attention backward, their kv heads, so that dk/dv rows have one writer) over
+ * short-lived pthreads that grab chunks of work from an atomic counter. No op allocates memory:
+ * attention uses an online (streaming) softmax over tiles of ATT_TILE keys whose scores live on
+ * the stack, so no [T, T] or [Tk] score buffer exists; the lm_head logits live in the caller's
+ * scratch.
+ *
+ * Choices where ops.h leaves room (the cuda backend should match them):
+ *   - attention_block_fwd: a query row with no visible key (keep == 0 or an empty key set) gets
+ *     out = 0 and lse = +INFINITY (so exp(s - lse) = 0 in any backward, as in FlashAttention-2).
+ *     If a block's context range overlaps its own block range the union is used (each key once).
+ *   - lm_head_xent: weights <= 0 count as 0 (no loss, no weight_sum, dh = 0). correct[] is written
+ *     for every row, whatever its weight; dh may be NULL (loss and metrics only).
+ *   - linear_bwd: dw may be NULL as well (frozen weight: only dx wanted).
+ *   - rmsnorm_bwd: rstd may be NULL (recomputed from x; eps is then unknown, so the saved rstd is
+ *     what callers should pass; NULL uses eps = 1e-6).
+ *   - RoPE: the angle is formed in fp32 as (float)pos * inv_freq[i] (as Hugging Face does), its
+ *     cos/sin evaluated in double and rounded to float.
+ */
+#include "ops.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct nn_ctx {
+    int threads; /* our own worker count for attention loops, >= 1 */
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* parallel loop: fn(arg, begin, end) over [0, n) in chunks of `grain`, on up to c->threads
+ * threads (the caller is one of them). Threads are created per call: only worth it for big
+ * loops, which is all the attention ops are. */
+
+typedef void (*cpu_range_fn)(void *arg, int begin, int end);
+
+typedef struct cpu_par {
+    cpu_range_fn fn;
+    void *arg;
+    int n, grain;
+    atomic_int next;
+} cpu_par;
+
+static void *cpu_par_worker(void *p_)
+{
+    cpu_par *p = p_;
+    for (;;) {
+        int b = atomic_fetch_add(&p->next, p->grain);
+        if (b >= p->n) break;
+        int e = b + p->grain < p->n ? b + p->grain : p->n;
+        p->fn(p->arg, b, e);
+    }
+    return NULL;
+}
+
+#define CPU_MAX_THREADS 64
+
+static void cpu_parallel_for(nn_ctx *c, int n, int grain, cpu_range_fn fn, void *arg)
+{
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    int nt = c ? c->threads : 1;
+    int chunks = (n + grain - 1) / grain;
+    if (nt > chunks) nt = chunks;
+    if (nt > CPU_MAX_THREADS) nt = CPU_MAX_THREADS;
+    if (nt <= 1) {
+        fn(arg, 0, n);
+        return;
+    }
+    cpu_par p = {.fn = fn, .arg = arg, .n = n, .grain = grain};
+    atomic_init(&p.next, 0);
+    pthread_t tid[CPU_MAX_THREADS];
+    int started = 0;
+    for (int i = 0; i < nt - 1; i++) {
+        if (pthread_create(&tid[started], NULL, cpu_par_worker, &p) != 0) break;
+        started++;
+    }
+    cpu_par_worker(&p); /* the caller works too; it finishes everything if no thread started */
+    for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* memory */
+
+static void *cpu_alloc(nn_ctx *c, size_t bytes)
+{
+    (void)c;
+    size_t n = (bytes + 63) / 64 * 64;
+    if (n == 0) n = 64;
+    void *p = aligned_alloc(64, n);
+    if (p) memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(nn_ctx *c, void *p)
+{
+    (void)c;
+    free(p);
+}
+
+static void cpu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
+{
+    (void)c;
+    if (n && dst != src) memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n)
+{
+    (void)c;
+    if (n && dst != src) memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_memcpy(nn_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    (void)c;
+    if (bytes && dst != src) memmove(dst, src, bytes);
+}
+
+static void cpu_zero(nn_ctx *c, void *p, size_t bytes)
+{
+    (void)c;
+    if (bytes) memset(p, 0, bytes);
+}
+
+static void cpu_sync(nn_ctx *c)
+{
+    (void)c;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* embedding: out[T,D] = table[ids[t], :] (no backward: the embedding is frozen) */
+
+static void cpu_embedding_fwd(nn_ctx *c, nn_buf *out_, const int32_t *ids, const nn_buf *table_,
+                              int T, int D)
+{
+    (void)c;
+    float *out = out_;
+    const float *table = table_;
+    for (int t = 0; t < T; t++) {
+        assert(ids[t] >= 0);
+        memcpy(out + (size_t)t * D, table + (size_t)ids[t] * D, (size_t)D * sizeof(float));
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* rmsnorm: out[R,C] = x * rstd[r] * w[C], rstd[r] = 1 / sqrt(mean_c(x^2) + eps) */
+
+static void cpu_rmsnorm_fwd(nn_ctx *c, nn_buf *out_, float *rstd, const nn_buf *x_,
+                            const nn_buf *w_, int R, int C, float eps)
+{
+    (void)c;
+    float *out = out_;
+    const float *x = x_, *w = w_;
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * C;
+        float *orow = out + (size_t)r * C;
+        double ss = 0.0;
+        for (int i = 0; i < C; i++) ss += (double)xr[i] * xr[i];
+        float rs = (float)(1.0 / sqrt(ss / C + (double)eps));
+        if (rstd) rstd[r] = rs;
+        for (int i = 0; i < C; i++) orow[i] = (xr[i] * rs) * w[i];
+    }
+}
+
+/* dx[R,C] = rstd * (dy*w - xhat * mean_c(dy*w*xhat)), xhat = x*rstd; dw[C] += sum_r dy*xhat.
+ * dx may equal dy: each element of dy is read before the same element of dx is written. */
+static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_,
+                            const nn_buf *x_, const nn_buf *w_, const float *rstd, int R, int C)
+{
+    (void)c;
+    float *dx = dx_;
+    const float *dy = dy_, *x = x_, *w = w_;
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
+        float *dxr = dx + (size_t)r * C;
+        float rs;
+        if (rstd) rs = rstd[r];
+        else {
+            double ss = 0.0;
+            for (int i = 0; i < C; i++) ss += (double)xr[i] * xr[i];
+            rs = (float)(1.0 / sqrt(ss / C + 1e-6));
+        }
+        double dot = 0.0; /* sum_c dy*w*xhat */
+        for (int i = 0; i < C; i++) {
+            float xhat = xr[i] * rs;
+            dot += (double)dyr[i] * w[i] * xhat;
+            if (dw) dw[i] += dyr[i] * xhat;
+        }
+        float mean = (float)(dot / C);
+        for (int i = 0; i < C; i++) dxr[i] = rs * (dyr[i] * w[i] - xr[i] * rs * mean);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* linear: y[M,N] = x[M,K] . w[N,K]^T (+ b[N]) */
+
+static void cpu_linear_fwd(nn_ctx *c, nn_buf *y_, const nn_buf *x_, const nn_buf *w_,
+                           const nn_buf *b_, int M, int K, int N)
+{
+    (void)c;
+    float *y = y_;
+    const float *x = x_, *w = w_, *b = b_;
+    if (M <= 0 || N <= 0) return;
+    float beta = 0.0f;
+    if (b) {
+        for (int m = 0; m < M; m++) memcpy(y + (size_t)m * N, b, (size_t)N * sizeof(float));
+        beta = 1.0f;
+    }
+    if (K <= 0) {
+        if (!b) memset(y, 0, (size_t)M * N * sizeof(float));
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, beta, y, N);
+}
+
+/* dx[M,K] (=|+=) dy[M,N] . w[N,K]; dw[N,K] += dy^T . x[M,K]; db[N] += sum_m dy */
+static void linear_bwd_impl(nn_buf *dx_, float *dw, float *db, const nn_buf *dy_,
+                            const nn_buf *x_, const nn_buf *w_, int M, int K, int N, float beta)
+{
+    float *dx = dx_;
+    const float *dy = dy_, *x = x_, *w = w_;
+    if (M <= 0 || K <= 0) return;
+    if (N <= 0) {
+        if (dx && beta == 0.0f) memset(dx, 0, (size_t)M * K * sizeof(float));
+        return;
+    }
+    if (dx)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy, N, w, K, beta,
+                    dx, K);
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw,
+                    K);
+    if (db)
+        for (int m = 0; m < M; m++) {
+            const float *r = dy + (size_t)m * N;
+            for (int n = 0; n < N; n++) db[n] += r[n];
+        }
+}
+
+static void cpu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                           const nn_buf *x, const nn_buf *w, int M, int K, int N)
+{
+    (void)c;
+    linear_bwd_impl(dx, dw, db, dy, x, w, M, K, N, 0.0f);
+}
+
+static void cpu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                               const nn_buf *x, const nn_buf *w, int M, int K, int N)
+{
+    (void)c;
+    linear_bwd_impl(dx, dw, db, dy, x, w, M, K, N, 1.0f);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* rope: in place on x[T, nh, d] (token stride ld). For i < d/2, angle a = pos[t] * inv_freq[i]:
+ *   fwd: (x_i, x_{i+d/2}) <- (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a)
+ *   bwd: the same with -a (the transpose, which is also the inverse). */
+
+static void rope_rotate(float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int d,
+                        int ld, float sign)
+{
+    int half = d / 2;
+    for (int t = 0; t < T; t++) {
+        float *xt = x + (size_t)t * ld;
+        float p = (float)pos[t];
+        for (int i = 0; i < half; i++) {
+            float a = p * inv_freq[i];
+            float cs = (float)cos((double)a), sn = sign * (float)sin((double)a);
+            for (int h = 0; h < nh; h++) {
+                float *xh = xt + (size_t)h * d;
+                float x1 = xh[i], x2 = xh[i + half];
+                xh[i] = x1 * cs - x2 * sn;
+                xh[i + half] = x2 * cs + x1 * sn;
+            }
+        }
+    }
+}
+
+static void cpu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
+                         int nh, int d, int ld)
+{
+    (void)c;
+    assert(d % 2 == 0 && ld >= nh * d);
+    rope_rotate(x, pos, inv_freq, T, nh, d, ld, 1.0f);
+}
+
+static void cpu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
+                         int nh, int d, int ld)
+{
+    (void)c;
+    assert(d % 2 == 0 && ld >= nh * d);
+    rope_rotate(dx, pos, inv_freq, T, nh, d, ld, -1.0f);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* swiglu: out[R,F] = silu(g) * u, silu(g) = g * sigmoid(g);
+ * dgate = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))), dup = dout * silu(g) */
+
+static void cpu_swiglu_fwd(nn_ctx *c, nn_buf *out_, const nn_buf *gate_, const nn_buf *up_, int R,
+                           int F)
+{
+    (void)c;
+    float *out = out_;
+    const float *g = gate_, *u = up_;
+    size_t n = (size_t)R * F;
+    for (size_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-g[i]));
+        out[i] = g[i] * s * u[i];
+    }
+}
+
+static void cpu_swiglu_bwd(nn_ctx *c, nn_buf *dgate_, nn_buf *dup_, const nn_buf *dout_,
+                           const nn_buf *gate_, const nn_buf *up_, int R, int F)
+{
+    (void)c;
+    float *dg = dgate_, *du = dup_;
+    const float *dout = dout_, *g = gate_, *u = up_;
+    size_t n = (size_t)R * F;
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i], ui = u[i], dy = dout[i];
+        float s = 1.0f / (1.0f + expf(-gi));
+        float silu = gi * s;
+        dg[i] = dy * ui * s * (1.0f + gi * (1.0f - s));
+        du[i] = dy * silu;
+    }
+}
+
+static void cpu_add_inplace(nn_ctx *c, nn_buf *y_, const nn_buf *x_, size_t n)
+{
+    (void)c;
+    float *y = y_;
+    const float *x = x_;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* attention. One query row-head attends to up to two key ranges [r0,r1) ∪ [r2,r3) of one kv head
+ * with a streaming softmax: scores of ATT_TILE keys at a time on the stack, a running max m and
+ * sum l, the output accumulated in place and rescaled when m grows. */
+
+#define ATT_TILE 64
+
+static inline float dotf(const float *a, const float *b, int d)
+{
+    float s = 0.0f;
+    for (int i = 0; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpyf(float *y, float a, const float *x, int d)
+{
+    for (int i = 0; i < d; i++) y[i] += a * x[i];
+}
+
+/* o[d] = softmax(q . K[keys]^T * scale) . V[keys]; returns lse (+INFINITY when no keys).
+ * k, v point at kv head 0 of key row 0 plus the head offset; kstride = Hk * d. */
+static float attend_row(float *o, const float *q, const float *k, const float *v, size_t kstride,
+                        const int32_t *ranges, int n_ranges, int d, float scale)
+{
+    float m = -INFINITY, l = 0.0f;
+    float s[ATT_TILE];
+    memset(o, 0, (size_t)d * sizeof(float));
+    for (int r = 0; r < n_ranges; r++) {
+        for (int kb = ranges[2 * r]; kb < ranges[2 * r + 1]; kb += ATT_TILE) {
+            int n = ranges[2 * r + 1] - kb < ATT_TILE ? ranges[2 * r + 1] - kb : ATT_TILE;
+            float tmax = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                s[j] = dotf(q, k + (size_t)(kb + j) * kstride, d) * scale;
+                if (s[j] > tmax) tmax = s[j];
+            }
+            if (tmax > m) {
+                float corr = expf(m - tmax); /* 0 when m = -inf */
+                l *= corr;
+                for (int i = 0; i < d; i++) o[i] *= corr;
+                m = tmax;
+            }
+            for (int j = 0; j < n; j++) {
+                float p = expf(s[j] - m);
+                l += p;
+                axpyf(o, p, v + (size_t)(kb + j) * kstride, d);
+            }
+        }
+    }
+    if (!(l > 0.0f)) {
+        memset(o, 0, (size_t)d * sizeof(float));
+        return INFINITY;
+    }
+    float inv = 1.0f / l;
+    for (int i = 0; i < d; i++) o[i] *= inv;
+    return m + logf(l);
+}
+
+
+/* ---- causal: row t of sequence s sees keys [seq_off[s], t] ---- */
+
+typedef struct causal_job {
+    float *out;
+    const float *q, *k, *v;
+    const int32_t *seq_off;
+    int n_seqs, base, H, Hk, d;
+} causal_job;
+
+/* seq_off[s] of the last s with seq_off[s] <= t (binary search; seq_off is non-decreasing) */
+static int seq_start_of(const int32_t *seq_off, int n_seqs, int t)
+{
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (seq_off[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return seq_off[lo];
+}
+
+static void causal_rows(void *arg, int begin, int end)
+{
+    const causal_job *j = arg;
+    int H = j->H, d = j->d, group = j->H / j->Hk;
+    size_t kstride = (size_t)j->Hk * d;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int it = j->base + begin; it < j->base + end; it++) {
+        int t = it / H, h = it % H;
+        int32_t rng[2] = {seq_start_of(j->seq_off, j->n_seqs, t), t + 1};
+        size_t hk_off = (size_t)(h / group) * d;
+        attend_row(j->out + ((size_t)t * H + h) * d, j->q + ((size_t)t * H + h) * d,
+                   j->k + hk_off, j->v + hk_off, kstride, rng, 1, d, scale);
+    }
+}
+
+/* q[T,H,d], k,v[T,Hk,d] -> out[T,H,d]. Tokens outside [seq_off[0], seq_off[n_seqs]) get 0. */
+static void cpu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,
+                                     const nn_buf *v, const int32_t *seq_off, int n_seqs, int T,
+                                     int H, int Hk, int d)
+{
+    assert(Hk > 0 && H % Hk == 0);
+    if (T <= 0) return;
+    if (n_seqs <= 0) {
+        memset(out, 0, (size_t)T * H * d * sizeof(float));
+        return;
+    }
+    int t0 = seq_off[0], t1 = seq_off[n_seqs];
+    assert(t0 >= 0 && t1 <= T && t0 <= t1);
+    size_t row = (size_t)H * d;
+    if (t0 > 0) memset(out, 0, (size_t)t0 * row * sizeof(float));
+    if (t1 < T) memset((float *)out + (size_t)t1 * row, 0, (size_t)(T - t1) * row * sizeof(float));
+    causal_job job = {.out = out, .q = q, .k = k, .v = v, .seq_off = seq_off, .n_seqs = n_seqs,
+                      .base = t0 * H, .H = H, .Hk = Hk, .d = d};
+    cpu_parallel_for(c, (t1 - t0) * H, 16, causal_rows, &job);
+}
+
+/* ---- DFlash block attention: block j's rows see [ctx_begin, ctx_end) ∪ [blk, blk + B) ---- */
+
+/* The key ranges of one span as up to two disjoint [begin, end) pairs; returns how many. */
+static int block_key_ranges(const nn_block_span *sp, int B, int Tk, int32_t r[4])
+{
+    (void)Tk;
+    if (!sp->keep) return 0;
+    int32_t c0 = sp->ctx_begin, c1 = sp->ctx_end, b0 = sp->blk_begin, b1 = sp->blk_begin + B;
+    assert(c0 >= 0 && b0 >= 0 && b1 <= Tk && (c1 <= c0 || c1 <= Tk));
+    int n = 0;
+    if (c1 <= c0) { /* no context */
+        r[0] = b0, r[1] = b1;
+        return B > 0 ? 1 : 0;
+    }
+    if (b1 <= b0) {
+        r[0] = c0, r[1] = c1;
+        return 1;
+    }
+    if (c1 < b0 || b1 < c0) { /* disjoint: context first, then the block (ascending order) */
+        if (c0 < b0) r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
+        else r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
+        n = 2;
+    } else { /* overlapping or touching: one merged range */
+        r[0] = c0 < b0 ? c0 : b0;
+        r[1] = c1 > b1 ? c1 : b1;
+        n = 1;
+    }
+    return n;
+}
+
+typedef struct block_job {
+    float *out, *lse;
+    const float *q, *k, *v;
+    /* backward only */
+    float *dq, *dk, *dv;
+    const float *dout, *fout, *flse;
+    const nn_block_span *spans;
+    int n_blocks, B, Tk, H, Hk, d;
+} block_job;
+
+static void block_fwd_rows(void *arg, int begin, int end)
+{
+    const block_job *j = arg;
+    int H = j->H, d = j->d, B = j->B, Q = j->n_blocks * j->B, group = j->H / j->Hk;
+    size_t kstride = (size_t)j->Hk * d;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int it = begin; it < end; it++) { /* it = row * H + h */
+        int row = it / H, h = it % H;
+        int32_t rng[4];
+        int nr = block_key_ranges(&j->spans[row / B], B, j->Tk, rng);
+        size_t hk_off = (size_t)(h / group) * d;
+        float l = attend_row(j->out + ((size_t)row * H + h) * d, j->q + ((size_t)row * H + h) * d,
+                             j->k + hk_off, j->v + hk_off, kstride, rng, nr, d, scale);
+        if (j->lse) j->lse[(size_t)h * Q + row] = l;
+    }
+}
+
+/* q[Q,H,d], k,v[Tk,Hk,d] -> out[Q,H,d], lse[H,Q] */
+static void cpu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn_buf *q,
+                                    const nn_buf *k, const nn_buf *v, const nn_block_span *spans,
+                                    int n_blocks, int B, int Tk, int H, int Hk, int d)
+{
+    assert(Hk > 0 && H % Hk == 0);
+    block_job job = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .spans = spans,
+                     .n_blocks = n_blocks, .B = B, .Tk = Tk, .H = H, .Hk = Hk, .d = d};
+    cpu_parallel_for(c, n_blocks * B * H, 16, block_fwd_rows, &job);
+}
+
+/* Backward, one kv head per work item (its dk/dv rows have no other writer):
+ *   P = exp(q.k*scale - lse), D = rowsum(dout * out),
+ *   dv[key] += P * dout, dS = P * (dout.v - D), dq += dS*scale * k, dk[key] += dS*scale * q. */
+static void block_bwd_kvheads(void *arg, int begin, int end)
+{
+    const block_job *j = arg;
+    int H = j->H, Hk = j->Hk, d = j->d, B = j->B, Q = j->n_blocks * j->B, group = H / Hk;
+    size_t kstride = (size_t)Hk * d;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int hk = begin; hk < end; hk++) {
+        const float *k = j->k + (size_t)hk * d, *v = j->v + (size_t)hk * d;
+        float *dk = j->dk + (size_t)hk * d, *dv = j->dv + (size_t)hk * d;
+        for (int t = 0; t < j->Tk; t++) {
+            memset(dk + (size_t)t * kstride, 0, (size_t)d * sizeof(float));
+            memset(dv + (size_t)t * kstride, 0, (size_t)d * sizeof(float));
+        }
+        for (int h = hk * group; h < (hk + 1) * group; h++) {
+            for (int row = 0; row < Q; row++) {
+                size_t qo = ((size_t)row * H + h) * d;
+                float *dq = j->dq + qo;
+                const float *q = j->q + qo, *dout = j->dout + qo;
+                memset(dq, 0, (size_t)d * sizeof(float));
+                int32_t rng[4];
+                int nr = block_key_ranges(&j->spans[row / B], B, j->Tk, rng);
+                float lse = j->flse[(size_t)h * Q + row];
+                if (nr == 0 || !isfinite(lse)) continue;
+                float D = dotf(dout, j->fout + qo, d);
+                for (int r = 0; r < nr; r++)
+                    for (int t = rng[2 * r]; t < rng[2 * r + 1]; t++) {
+                        const float *kt = k + (size_t)t * kstride, *vt = v + (size_t)t * kstride;
+                        float p = expf(dotf(q, kt, d) * scale - lse);
+                        float ds = p * (dotf(dout, vt, d) - D) * scale;
+                        axpyf(dv + (size_t)t * kstride, p, dout, d);
+                        axpyf(dq, ds, kt, d);
+                        axpyf(dk + (size_t)t * kstride, ds, q, d);
+                    }
+            }
+        }
+    }
+}
+
+static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,
+                                    const nn_buf *dout, const nn_buf *q, const nn_buf *k,
+                                    const nn_buf *v, const nn_buf *out, const float *lse,
+                                    const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                                    int Hk, int d)
+{
+    assert(Hk > 0 && H % Hk == 0 && lse);
+    block_job job = {.q = q, .k = k, .v = v, .dq = dq, .dk = dk, .dv = dv, .dout = dout,
+                     .fout = out, .flse = lse, .spans = spans, .n_blocks = n_blocks, .B = B,
+                     .Tk = Tk, .H = H, .Hk = Hk, .d = d};
+    cpu_parallel_for(c, Hk, 1, block_bwd_kvheads, &job);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* lm_head + weighted cross-entropy, chunk rows at a time:
+ *   logits[n,V] = h[n,D] . W[V,D]^T                       (sgemm into scratch)
+ *   per row: lse, CE = lse - logit[label], argmax
+ *   dlogits = w * inv_norm * (softmax - onehot)           (in place in scratch; 0 if w == 0)
+ *   dh[n,D] = dlogits . W                                 (sgemm) */
+
+static int row_argmax(const float *x, int V)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void cpu_lm_head_xent(nn_ctx *c, nn_buf *dh_, float *out_sums, int32_t *correct,
+                             const nn_buf *h_, const nn_buf *W_, const int32_t *labels,
+                             const float *weights, float inv_norm, nn_buf *scratch, int Q, int D,
+                             int V, int chunk)
+{
+    (void)c;
+    float *dh = dh_, *logits = scratch;
+    const float *h = h_, *W = W_;
+    double loss = 0.0, wsum = 0.0;
+    assert(chunk > 0 && V > 0);
+    for (int r0 = 0; r0 < Q; r0 += chunk) {
+        int n = Q - r0 < chunk ? Q - r0 : chunk;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, D, 1.0f, h + (size_t)r0 * D, D,
+                    W, D, 0.0f, logits, V);
+        int any = 0;
+        for (int i = 0; i < n; i++) {
+            int r = r0 + i;
+            float *L = logits + (size_t)i * V;
+            int am = row_argmax(L, V);
+            int lab = labels[r];
+            if (correct) correct[r] = am == lab;
+            float w = weights[r];
+            if (!(w > 0.0f)) {
+                memset(L, 0, (size_t)V * sizeof(float));
+                continue;
+            }
+            assert(lab >= 0 && lab < V);
+            float mx = L[am];
+            double se = 0.0;
+            for (int vi = 0; vi < V; vi++) se += exp((double)(L[vi] - mx));
+            float lse = mx + (float)log(se);
+            loss += (double)w * ((double)lse - (double)L[lab]);
+            wsum += w;
+            float g = w * inv_norm;
+            for (int vi = 0; vi < V; vi++) L[vi] = g * expf(L[vi] - lse);
+            L[lab] -= g;
+            any = 1;
+        }
+        if (!dh) continue;
+        float *dhc = dh + (size_t)r0 * D;
+        if (any)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, V, 1.0f, logits, V, W, D,
+                        0.0f, dhc, D);
+        else
+            memset(dhc, 0, (size_t)n * D * sizeof(float));
+    }
+    out_sums[0] = (float)loss;
+    out_sums[1] = (float)wsum;
+}
+
+static void cpu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h_, const nn_buf *W_,
+                               nn_buf *scratch, int Q, int D, int V, int chunk)
+{
+    (void)c;
+    float *logits = scratch;
+    const float *h = h_, *W = W_;
+    assert(chunk > 0 && V > 0);
+    for (int r0 = 0; r0 < Q; r0 += chunk) {
+        int n = Q - r0 < chunk ? Q - r0 : chunk;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, D, 1.0f, h + (size_t)r0 * D, D,
+                    W, D, 0.0f, logits, V);
+        for (int i = 0; i < n; i++) out[r0 + i] = row_argmax(logits + (size_t)i * V, V);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* optimizer */
+
+static void cpu_sumsq(nn_ctx *c, float *out, const float *g, size_t n)
+{
+    (void)c;
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    out[0] = (float)s;
+}
+
+/* torch.optim.AdamW: p *= 1 - lr*wd; g' = g*grad_scale; m = b1 m + (1-b1) g';
+ * v = b2 v + (1-b2) g'^2; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
+static void cpu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                      float grad_scale, int t)
+{
+    (void)c;
+    assert(t >= 1);
+    float bc1 = (float)(1.0 - pow((double)beta1, t));
+    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
+    float step = lr / bc1, decay = 1.0f - lr * wd;
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+    if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float));
+}
+
+static void cpu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
+{
+    (void)c;
+    if (n && dst != src) memmove(dst, src, n * sizeof(float));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static const nn_ops cpu_ops = {
+    .name = "cpu",
+    .act_bytes = sizeof(float),
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .upload_raw = cpu_memcpy,
+    .download_raw = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .embedding_fwd = cpu_embedding_fwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .linear_fwd = cpu_linear_fwd,
+    .rope_fwd = cpu_rope_fwd,
+    .attention_causal_fwd = cpu_attention_causal_fwd,
+    .attention_block_fwd = cpu_attention_block_fwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .add_inplace = cpu_add_inplace,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .linear_bwd = cpu_linear_bwd,
+    .linear_bwd_acc = cpu_linear_bwd_acc,
+    .rope_bwd = cpu_rope_bwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .attention_block_bwd = cpu_attention_block_bwd,
+    .lm_head_xent = cpu_lm_head_xent,
+    .lm_head_argmax = cpu_lm_head_argmax,
+    .sumsq = cpu_sumsq,
+    .adamw = cpu_adamw,
+    .f32_to_act = cpu_f32_to_act,
+};
+
+const nn_ops *nn_cpu_ops(void)
+{
+    return &cpu_ops;
+}
+
+nn_ctx *nn_cpu_new(int threads)
+{
+    nn_ctx *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    if (threads > 0) openblas_set_num_threads(threads);
+    else {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    c->threads = threads > CPU_MAX_THREADS ? CPU_MAX_THREADS : threads;
+    return c;
+}
+
+void nn_cpu_destroy(nn_ctx **c)
+{
+    if (!c || !*c) return;
+    free(*c);
+    *c = NULL;
+}

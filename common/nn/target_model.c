@@ -1,0 +1,628 @@
+/* target_model: one forward definition for the Qwen3 / Qwen2 / Llama targets (see the header for
+ * the maths).
+ *
+ * Data structures:
+ *   params   one backend allocation; a size table (param_entry, built by plan_params) names every
+ *            tensor with its HF name and shape and points into it. Only the decoder layers the
+ *            model runs are loaded (n_loaded = deepest captured + 1, or all with all_layers).
+ *   acts     one backend allocation planned for T_max tokens: the residual stream h, the
+ *            scratch x, q, k, v, att, gate, up, mid, the index buffers used by the _host entry
+ *            points, and (with max_logit_rows) the head rows and their logits.
+ *   host     small host scratch for target_generate (packed ids, positions, offsets, logits).
+ * Invariants: capture_col[k] is the output column of layer k or -1; n_run = deepest id + 1 <=
+ * n_loaded. Every forward reuses the same buffers, so one forward at a time per model.
+ */
+#include "target_model.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN_BYTES 256
+
+typedef struct target_layer {
+    nn_buf *in_norm;          /* [D] */
+    nn_buf *wq, *bq;          /* [H*d, D], [H*d] (Qwen2) */
+    nn_buf *wk, *bk;          /* [Hk*d, D], [Hk*d] (Qwen2) */
+    nn_buf *wv, *bv;          /* [Hk*d, D], [Hk*d] (Qwen2) */
+    nn_buf *q_norm, *k_norm;  /* [d] (Qwen3) */
+    nn_buf *wo;               /* [D, H*d] */
+    nn_buf *post_norm;        /* [D] */
+    nn_buf *w_gate, *w_up;    /* [F, D] */
+    nn_buf *w_down;           /* [D, F] */
+} target_layer;
+
+typedef struct param_entry {
+    char name[96];
+    int64_t shape[2];
+    int ndim;
+    nn_buf **ptr;
+    size_t offset; /* bytes into params */
+} param_entry;
+
+struct target_model {
+    model_config cfg;
+    const nn_ops *ops;
+    nn_ctx *ctx;
+
+    int layer_ids[TARGET_MAX_CAPTURE];
+    int n_capture;
+    int *capture_col; /* [L] */
+    int n_run, n_loaded;
+    int T_max, S_max, R_max;
+
+    void *params;
+    nn_buf *embed, *final_norm, *lm_head;
+    target_layer *layers; /* [n_loaded] */
+
+    void *acts;
+    float *inv_freq;                 /* [d/2] fp32, backend */
+    nn_buf *h, *x;                   /* [T, D] */
+    nn_buf *q, *att;                 /* [T, H*d] */
+    nn_buf *k, *v;                   /* [T, Hk*d] */
+    nn_buf *gate, *up, *mid;         /* [T, F] */
+    int32_t *d_ids, *d_pos, *d_off;  /* [T], [T], [S+1] backend */
+    nn_buf *head_x;                  /* [R, D] */
+    nn_buf *logits;                  /* [R, V] */
+
+    /* host scratch of target_generate */
+    int32_t *g_ids, *g_pos, *g_off, *g_rows, *g_seq; /* [T], [T], [S+1], [R], [R] */
+    float *g_logits;                                 /* [R, V] */
+};
+
+static char *at(void *base, size_t byte_off)
+{
+    return (char *)base + byte_off;
+}
+
+static size_t align_up(size_t n)
+{
+    return (n + ALIGN_BYTES - 1) / ALIGN_BYTES * ALIGN_BYTES;
+}
+
+int target_default_layer_ids(int L, int n, int *ids)
+{
+    if (n < 1 || n > TARGET_MAX_CAPTURE || L < 1) return DFLASH_EINVAL;
+    if (n == 1) {
+        ids[0] = L / 2;
+    } else {
+        int start = 1, end = L - 3, span = end - start;
+        for (int i = 0; i < n; i++) {
+            /* Python: round(start + i * span / (n - 1)); nearbyint rounds half to even too. */
+            ids[i] = (int)nearbyint((double)start + (double)(i * span) / (double)(n - 1));
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= L) return DFLASH_EINVAL;
+        for (int j = 0; j < i; j++)
+            if (ids[i] == ids[j]) return DFLASH_EINVAL;
+    }
+    return 0;
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+static int add_param(param_entry *t, int *n, nn_buf **ptr, int64_t d0, int64_t d1, int ndim,
+                     const char *fmt, int layer)
+{
+    param_entry *e = &t[(*n)++];
+    snprintf(e->name, sizeof e->name, fmt, layer);
+    e->shape[0] = d0;
+    e->shape[1] = d1;
+    e->ndim = ndim;
+    e->ptr = ptr;
+    return 0;
+}
+
+/* The size table: every tensor the model reads, with its HF name and shape, in load order. */
+static int plan_params(target_model *m, param_entry *t)
+{
+    const model_config *c = &m->cfg;
+    int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t Qd = (int64_t)c->num_heads * c->head_dim, Kd = (int64_t)c->num_kv_heads * c->head_dim;
+    int n = 0;
+    add_param(t, &n, &m->embed, V, D, 2, "model.embed_tokens.weight", 0);
+    add_param(t, &n, &m->final_norm, D, 0, 1, "model.norm.weight", 0);
+    if (!c->tie_word_embeddings) add_param(t, &n, &m->lm_head, V, D, 2, "lm_head.weight", 0);
+    for (int l = 0; l < m->n_loaded; l++) {
+        target_layer *w = &m->layers[l];
+        add_param(t, &n, &w->in_norm, D, 0, 1, "model.layers.%d.input_layernorm.weight", l);
+        add_param(t, &n, &w->wq, Qd, D, 2, "model.layers.%d.self_attn.q_proj.weight", l);
+        add_param(t, &n, &w->wk, Kd, D, 2, "model.layers.%d.self_attn.k_proj.weight", l);
+        add_param(t, &n, &w->wv, Kd, D, 2, "model.layers.%d.self_attn.v_proj.weight", l);
+        if (c->qkv_bias) {
+            add_param(t, &n, &w->bq, Qd, 0, 1, "model.layers.%d.self_attn.q_proj.bias", l);
+            add_param(t, &n, &w->bk, Kd, 0, 1, "model.layers.%d.self_attn.k_proj.bias", l);
+            add_param(t, &n, &w->bv, Kd, 0, 1, "model.layers.%d.self_attn.v_proj.bias", l);
+        }
+        if (c->qk_norm) {
+            add_param(t, &n, &w->q_norm, c->head_dim, 0, 1,
+                      "model.layers.%d.self_attn.q_norm.weight", l);
+            add_param(t, &n, &w->k_norm, c->head_dim, 0, 1,
+                      "model.layers.%d.self_attn.k_norm.weight", l);
+        }
+        add_param(t, &n, &w->wo, D, Qd, 2, "model.layers.%d.self_attn.o_proj.weight", l);
+        add_param(t, &n, &w->post_norm, D, 0, 1,
+                  "model.layers.%d.post_attention_layernorm.weight", l);
+        add_param(t, &n, &w->w_gate, F, D, 2, "model.layers.%d.mlp.gate_proj.weight", l);
+        add_param(t, &n, &w->w_up, F, D, 2, "model.layers.%d.mlp.up_proj.weight", l);
+        add_param(t, &n, &w->w_down, D, F, 2, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    return n;
+}
+
+static int64_t numel(const param_entry *e)
+{
+    return e->ndim == 1 ? e->shape[0] : e->shape[0] * e->shape[1];
+}
+
+static int check_config(const model_config *c)
+{
+    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 ||
+        c->num_layers < 1 || c->num_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
+        c->head_dim % 2 != 0 || c->num_heads % c->num_kv_heads != 0 || !(c->rms_norm_eps > 0) ||
+        !(c->rope_theta > 0)) {
+        LOG_ERROR("target model: inconsistent config (vocab %d hidden %d intermediate %d layers "
+                  "%d heads %d kv_heads %d head_dim %d eps %g theta %g)",
+                  c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers,
+                  c->num_heads, c->num_kv_heads, c->head_dim, c->rms_norm_eps, c->rope_theta);
+        return DFLASH_ECONFIG;
+    }
+    return 0;
+}
+
+static int pick_layers(target_model *m, const target_model_opts *o)
+{
+    int L = m->cfg.num_layers;
+    if (o->layer_ids) {
+        if (o->n_layer_ids < 1 || o->n_layer_ids > TARGET_MAX_CAPTURE) {
+            LOG_ERROR("target model: %d captured layers given, need 1..%d", o->n_layer_ids,
+                      TARGET_MAX_CAPTURE);
+            return DFLASH_EINVAL;
+        }
+        m->n_capture = o->n_layer_ids;
+        for (int i = 0; i < m->n_capture; i++) {
+            m->layer_ids[i] = o->layer_ids[i];
+            if (o->layer_ids[i] < 0 || o->layer_ids[i] >= L) {
+                LOG_ERROR("target model: captured layer id %d outside [0, %d) (ids are 0-based "
+                          "decoder layer outputs)",
+                          o->layer_ids[i], L);
+                return DFLASH_EINVAL;
+            }
+            for (int j = 0; j < i; j++)
+                if (o->layer_ids[j] == o->layer_ids[i]) {
+                    LOG_ERROR("target model: captured layer id %d given twice", o->layer_ids[i]);
+                    return DFLASH_EINVAL;
+                }
+        }
+    } else {
+        int rc = target_default_layer_ids(L, o->drafter_layers, m->layer_ids);
+        if (rc) {
+            LOG_ERROR("target model: DFlash's default rule gives no valid distinct layer ids for "
+                      "a %d-layer target and %d features; give the ids explicitly",
+                      L, o->drafter_layers);
+            return rc;
+        }
+        m->n_capture = o->drafter_layers;
+    }
+    m->n_run = 0;
+    for (int i = 0; i < m->n_capture; i++)
+        if (m->layer_ids[i] + 1 > m->n_run) m->n_run = m->layer_ids[i] + 1;
+    m->n_loaded = o->all_layers ? L : m->n_run;
+    return 0;
+}
+
+/* Activation plan: byte offsets of every buffer in one allocation. Returns the total size. */
+static size_t plan_acts(target_model *m, size_t *off)
+{
+    const model_config *c = &m->cfg;
+    size_t ab = m->ops->act_bytes, T = (size_t)m->T_max, R = (size_t)m->R_max;
+    size_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    size_t Qd = (size_t)c->num_heads * c->head_dim, Kd = (size_t)c->num_kv_heads * c->head_dim;
+    size_t sizes[] = {
+        sizeof(float) * (size_t)(c->head_dim / 2), /* inv_freq */
+        ab * T * D,  ab * T * D,                    /* h, x */
+        ab * T * Qd, ab * T * Qd,                   /* q, att */
+        ab * T * Kd, ab * T * Kd,                   /* k, v */
+        ab * T * F,  ab * T * F, ab * T * F,        /* gate, up, mid */
+        sizeof(int32_t) * T, sizeof(int32_t) * T,   /* ids, pos */
+        sizeof(int32_t) * ((size_t)m->S_max + 1),   /* seq_off */
+        ab * R * D,  ab * R * V,                    /* head_x, logits */
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        off[i] = total;
+        total += align_up(sizes[i]);
+    }
+    return total;
+}
+
+static void destroy_host(target_model *m)
+{
+    free(m->g_ids);
+    free(m->g_pos);
+    free(m->g_off);
+    free(m->g_rows);
+    free(m->g_seq);
+    free(m->g_logits);
+}
+
+target_model *target_model_new(const model_config *cfg, const target_model_opts *o,
+                               const nn_ops *ops, nn_ctx *ctx, target_tensor_fn fetch,
+                               void *user)
+{
+    if (!cfg || !o || !ops || !fetch) return NULL;
+    if (check_config(cfg)) return NULL;
+    if (o->max_tokens < 1 || o->max_seqs < 0 || o->max_logit_rows < 0) {
+        LOG_ERROR("target model: max_tokens %d, max_seqs %d, max_logit_rows %d: need "
+                  "max_tokens >= 1 and the others >= 0",
+                  o->max_tokens, o->max_seqs, o->max_logit_rows);
+        return NULL;
+    }
+    target_model *m = calloc(1, sizeof *m);
+    param_entry *table = NULL;
+    float *staging = NULL;
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    m->ops = ops;
+    m->ctx = ctx;
+    m->T_max = o->max_tokens;
+    m->S_max = o->max_seqs ? o->max_seqs : o->max_tokens;
+    m->R_max = o->max_logit_rows;
+    if (pick_layers(m, o)) goto fail;
+    m->capture_col = malloc(sizeof(int) * (size_t)cfg->num_layers);
+    m->layers = calloc((size_t)m->n_loaded, sizeof *m->layers);
+    table = calloc(3 + 14 * (size_t)m->n_loaded, sizeof *table);
+    if (!m->capture_col || !m->layers || !table) goto fail_nomem;
+    for (int l = 0; l < cfg->num_layers; l++) m->capture_col[l] = -1;
+    for (int j = 0; j < m->n_capture; j++) m->capture_col[m->layer_ids[j]] = j;
+
+    /* parameters: size table -> one allocation -> fetch + upload tensor by tensor */
+    int n_params = plan_params(m, table);
+    size_t total = 0;
+    int64_t biggest = 0;
+    for (int i = 0; i < n_params; i++) {
+        table[i].offset = total;
+        total += align_up((size_t)numel(&table[i]) * ops->act_bytes);
+        if (numel(&table[i]) > biggest) biggest = numel(&table[i]);
+    }
+    m->params = ops->alloc(ctx, total);
+    staging = malloc(sizeof(float) * (size_t)biggest);
+    if (!m->params || !staging) {
+        LOG_ERROR("target model: cannot allocate %zu bytes of parameters", total);
+        goto fail;
+    }
+    for (int i = 0; i < n_params; i++) {
+        param_entry *e = &table[i];
+        *e->ptr = at(m->params, e->offset);
+        int rc = fetch(user, e->name, e->shape, e->ndim, staging);
+        if (rc) {
+            LOG_ERROR("target model: cannot load tensor %s: %s", e->name, err_str(rc));
+            goto fail;
+        }
+        ops->upload(ctx, *e->ptr, staging, (size_t)numel(e));
+    }
+    if (cfg->tie_word_embeddings) m->lm_head = m->embed;
+    free(staging);
+    staging = NULL;
+    free(table);
+    table = NULL;
+
+    /* activations */
+    size_t off[16];
+    size_t acts_bytes = plan_acts(m, off);
+    m->acts = ops->alloc(ctx, acts_bytes);
+    if (!m->acts) {
+        LOG_ERROR("target model: cannot allocate %zu bytes of activations for %d tokens",
+                  acts_bytes, m->T_max);
+        goto fail;
+    }
+    m->inv_freq = (float *)at(m->acts, off[0]);
+    m->h = at(m->acts, off[1]);
+    m->x = at(m->acts, off[2]);
+    m->q = at(m->acts, off[3]);
+    m->att = at(m->acts, off[4]);
+    m->k = at(m->acts, off[5]);
+    m->v = at(m->acts, off[6]);
+    m->gate = at(m->acts, off[7]);
+    m->up = at(m->acts, off[8]);
+    m->mid = at(m->acts, off[9]);
+    m->d_ids = (int32_t *)at(m->acts, off[10]);
+    m->d_pos = (int32_t *)at(m->acts, off[11]);
+    m->d_off = (int32_t *)at(m->acts, off[12]);
+    m->head_x = at(m->acts, off[13]);
+    m->logits = at(m->acts, off[14]);
+
+    float inv_freq[512];
+    if (cfg->head_dim / 2 > (int)(sizeof inv_freq / sizeof inv_freq[0])) {
+        LOG_ERROR("target model: head_dim %d too large", cfg->head_dim);
+        goto fail;
+    }
+    rope_inv_freq(inv_freq, cfg->head_dim, cfg->rope_theta, &cfg->rope_scaling);
+    ops->upload_raw(ctx, m->inv_freq, inv_freq, sizeof(float) * (size_t)(cfg->head_dim / 2));
+
+    if (m->R_max > 0) {
+        size_t T = (size_t)m->T_max, R = (size_t)m->R_max;
+        m->g_ids = malloc(sizeof(int32_t) * T);
+        m->g_pos = malloc(sizeof(int32_t) * T);
+        m->g_off = malloc(sizeof(int32_t) * (R + 1));
+        m->g_rows = malloc(sizeof(int32_t) * R);
+        m->g_seq = malloc(sizeof(int32_t) * R);
+        m->g_logits = malloc(sizeof(float) * R * (size_t)cfg->vocab_size);
+        if (!m->g_ids || !m->g_pos || !m->g_off || !m->g_rows || !m->g_seq || !m->g_logits)
+            goto fail_nomem;
+    }
+    LOG_DEBUG("target model: %d of %d layers loaded, runs %d, captures %d, %zu bytes of "
+              "activations for %d tokens",
+              m->n_loaded, cfg->num_layers, m->n_run, m->n_capture, acts_bytes, m->T_max);
+    return m;
+
+fail_nomem:
+    LOG_ERROR("target model: out of memory");
+fail:
+    free(staging);
+    free(table);
+    target_model_destroy(&m);
+    return NULL;
+}
+
+void target_model_destroy(target_model **pm)
+{
+    if (!pm || !*pm) return;
+    target_model *m = *pm;
+    if (m->ops) {
+        m->ops->free(m->ctx, m->params);
+        m->ops->free(m->ctx, m->acts);
+    }
+    destroy_host(m);
+    free(m->layers);
+    free(m->capture_col);
+    free(m);
+    *pm = NULL;
+}
+
+const model_config *target_model_config(const target_model *m)
+{
+    return &m->cfg;
+}
+
+const int *target_model_layer_ids(const target_model *m, int *n)
+{
+    if (n) *n = m->n_capture;
+    return m->layer_ids;
+}
+
+int target_model_max_tokens(const target_model *m)
+{
+    return m->T_max;
+}
+
+const nn_buf *target_model_embed_tokens(const target_model *m)
+{
+    return m->embed;
+}
+
+const nn_buf *target_model_lm_head(const target_model *m)
+{
+    return m->lm_head;
+}
+
+const nn_buf *target_model_final_norm(const target_model *m)
+{
+    return m->final_norm;
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+/* One decoder layer in place on the residual stream m->h[T, D]. */
+static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos,
+                      const int32_t *seq_off, int n_seqs, int T)
+{
+    const nn_ops *ops = m->ops;
+    nn_ctx *c = m->ctx;
+    const model_config *cf = &m->cfg;
+    int D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_heads;
+    int Hk = cf->num_kv_heads, d = cf->head_dim;
+    float eps = (float)cf->rms_norm_eps;
+
+    /* attention block */
+    ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->in_norm, T, D, eps);     /* x[T,D] */
+    ops->linear_fwd(c, m->q, m->x, w->wq, w->bq, T, D, H * d);         /* q[T,H,d] */
+    ops->linear_fwd(c, m->k, m->x, w->wk, w->bk, T, D, Hk * d);        /* k[T,Hk,d] */
+    ops->linear_fwd(c, m->v, m->x, w->wv, w->bv, T, D, Hk * d);        /* v[T,Hk,d] */
+    if (cf->qk_norm) {
+        ops->rmsnorm_fwd(c, m->q, NULL, m->q, w->q_norm, T * H, d, eps);
+        ops->rmsnorm_fwd(c, m->k, NULL, m->k, w->k_norm, T * Hk, d, eps);
+    }
+    ops->rope_fwd(c, m->q, pos, m->inv_freq, T, H, d, H * d);
+    ops->rope_fwd(c, m->k, pos, m->inv_freq, T, Hk, d, Hk * d);
+    ops->attention_causal_fwd(c, m->att, m->q, m->k, m->v, seq_off, n_seqs, T, H, Hk, d);
+    ops->linear_fwd(c, m->x, m->att, w->wo, NULL, T, H * d, D);        /* x[T,D] */
+    ops->add_inplace(c, m->h, m->x, (size_t)T * D);
+
+    /* MLP block */
+    ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->post_norm, T, D, eps);
+    ops->linear_fwd(c, m->gate, m->x, w->w_gate, NULL, T, D, F);       /* gate[T,F] */
+    ops->linear_fwd(c, m->up, m->x, w->w_up, NULL, T, D, F);           /* up[T,F] */
+    ops->swiglu_fwd(c, m->mid, m->gate, m->up, T, F);                  /* mid[T,F] */
+    ops->linear_fwd(c, m->x, m->mid, w->w_down, NULL, T, F, D);        /* x[T,D] */
+    ops->add_inplace(c, m->h, m->x, (size_t)T * D);
+}
+
+/* h[T, D] -> out[t * ld + col * D], row by row (the slot's rows interleave the captured
+ * layers, so the destination is strided). */
+static void capture(target_model *m, nn_buf *out, size_t ld, int col, int T)
+{
+    size_t ab = m->ops->act_bytes, D = (size_t)m->cfg.hidden_size;
+    char *dst = (char *)out + (size_t)col * D * ab;
+    const char *src = (const char *)m->h;
+    if (ld == D) {
+        m->ops->copy(m->ctx, dst, src, (size_t)T * D * ab);
+        return;
+    }
+    for (int t = 0; t < T; t++) m->ops->copy(m->ctx, dst + (size_t)t * ld * ab, src + t * D * ab, D * ab);
+}
+
+/* Embedding and layers [0, n_layers), capturing into out (when not NULL). */
+static void run(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
+                int n_seqs, int T, int n_layers, nn_buf *out, size_t out_ld)
+{
+    m->ops->embedding_fwd(m->ctx, m->h, ids, m->embed, T, m->cfg.hidden_size);
+    for (int l = 0; l < n_layers; l++) {
+        layer_fwd(m, &m->layers[l], pos, seq_off, n_seqs, T);
+        if (out && m->capture_col[l] >= 0) capture(m, out, out_ld, m->capture_col[l], T);
+    }
+}
+
+int target_forward(target_model *m, const int32_t *ids, const int32_t *pos,
+                   const int32_t *seq_off, int n_seqs, int T, nn_buf *out_hidden, size_t out_ld)
+{
+    if (!m || T < 1 || T > m->T_max || n_seqs < 1 || n_seqs > T || !out_hidden ||
+        out_ld < (size_t)m->n_capture * (size_t)m->cfg.hidden_size)
+        return DFLASH_EINVAL;
+    run(m, ids, pos, seq_off, n_seqs, T, m->n_run, out_hidden, out_ld);
+    return 0;
+}
+
+/* Validates host index arrays and uploads them into the model's own buffers. */
+static int upload_host(target_model *m, const int32_t *ids, const int32_t *pos,
+                       const int32_t *seq_off, int n_seqs, int T)
+{
+    if (T < 1 || T > m->T_max || n_seqs < 1 || n_seqs > m->S_max || n_seqs > T) {
+        LOG_ERROR("target model: batch of %d tokens in %d sequences exceeds the plan (%d tokens, "
+                  "%d sequences)",
+                  T, n_seqs, m->T_max, m->S_max);
+        return DFLASH_EINVAL;
+    }
+    if (seq_off[0] != 0 || seq_off[n_seqs] != T) return DFLASH_EINVAL;
+    for (int s = 0; s < n_seqs; s++)
+        if (seq_off[s + 1] <= seq_off[s]) return DFLASH_EINVAL;
+    for (int t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= m->cfg.vocab_size) {
+            LOG_ERROR("target model: token id %d at %d outside the vocabulary [0, %d)", ids[t], t,
+                      m->cfg.vocab_size);
+            return DFLASH_ERANGE;
+        }
+        if (pos[t] < 0) return DFLASH_EINVAL;
+    }
+    m->ops->upload_raw(m->ctx, m->d_ids, ids, sizeof(int32_t) * (size_t)T);
+    m->ops->upload_raw(m->ctx, m->d_pos, pos, sizeof(int32_t) * (size_t)T);
+    m->ops->upload_raw(m->ctx, m->d_off, seq_off, sizeof(int32_t) * (size_t)(n_seqs + 1));
+    return 0;
+}
+
+int target_forward_host(target_model *m, const int32_t *ids, const int32_t *pos,
+                        const int32_t *seq_off, int n_seqs, int T, nn_buf *out_hidden,
+                        size_t out_ld)
+{
+    if (!m) return DFLASH_EINVAL;
+    int rc = upload_host(m, ids, pos, seq_off, n_seqs, T);
+    if (rc) return rc;
+    return target_forward(m, m->d_ids, m->d_pos, m->d_off, n_seqs, T, out_hidden, out_ld);
+}
+
+int target_logits(target_model *m, const int32_t *ids, const int32_t *pos,
+                  const int32_t *seq_off, int n_seqs, int T, const int32_t *rows, int n_rows,
+                  float *logits)
+{
+    if (!m || n_rows < 1 || n_rows > m->R_max || m->n_loaded < m->cfg.num_layers) {
+        if (m) LOG_ERROR("target model: logits need all_layers and n_rows (%d) in [1, %d]",
+                         n_rows, m->R_max);
+        return DFLASH_EINVAL;
+    }
+    int rc = upload_host(m, ids, pos, seq_off, n_seqs, T);
+    if (rc) return rc;
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r] < 0 || rows[r] >= T) return DFLASH_EINVAL;
+    const nn_ops *ops = m->ops;
+    size_t ab = ops->act_bytes, D = (size_t)m->cfg.hidden_size;
+    run(m, m->d_ids, m->d_pos, m->d_off, n_seqs, T, m->cfg.num_layers, NULL, 0);
+    for (int r = 0; r < n_rows; r++)
+        ops->copy(m->ctx, (char *)m->head_x + r * D * ab, (char *)m->h + (size_t)rows[r] * D * ab,
+                  D * ab);
+    ops->rmsnorm_fwd(m->ctx, m->head_x, NULL, m->head_x, m->final_norm, n_rows, (int)D,
+                     (float)m->cfg.rms_norm_eps);
+    ops->linear_fwd(m->ctx, m->logits, m->head_x, m->lm_head, NULL, n_rows, (int)D,
+                    m->cfg.vocab_size);
+    ops->download(m->ctx, logits, m->logits, (size_t)n_rows * (size_t)m->cfg.vocab_size);
+    ops->sync(m->ctx);
+    return 0;
+}
+
+/* ---- generation -------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int32_t pick_token(const float *logits, int V, float temperature, uint64_t *rng)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0) return best;
+    double mx = logits[best], sum = 0;
+    for (int i = 0; i < V; i++) sum += exp(((double)logits[i] - mx) / temperature);
+    double u = (double)(splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    for (int i = 0; i < V; i++) {
+        acc += exp(((double)logits[i] - mx) / temperature);
+        if (u < acc) return i;
+    }
+    return best;
+}
+
+int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
+                    int max_new, int eos_id, float temperature, uint64_t *rng)
+{
+    if (!m || n_seqs < 1 || n_seqs > m->R_max || n_seqs > m->S_max || max_new < 0 ||
+        (temperature > 0 && !rng))
+        return DFLASH_EINVAL;
+    int V = m->cfg.vocab_size;
+    int added[n_seqs];
+    bool done[n_seqs];
+    for (int s = 0; s < n_seqs; s++) {
+        if (len[s] < 1 || len[s] > cap[s]) return DFLASH_EINVAL;
+        added[s] = 0;
+        done[s] = max_new == 0 || len[s] >= cap[s];
+    }
+    for (;;) {
+        /* pack the unfinished sequences */
+        int n = 0, T = 0;
+        m->g_off[0] = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            if (done[s]) continue;
+            if (T + len[s] > m->T_max) {
+                LOG_ERROR("target generate: %d tokens exceed the model's plan of %d",
+                          T + len[s], m->T_max);
+                return DFLASH_EFULL;
+            }
+            for (int i = 0; i < len[s]; i++) {
+                m->g_ids[T + i] = seqs[s][i];
+                m->g_pos[T + i] = i;
+            }
+            T += len[s];
+            m->g_rows[n] = T - 1;
+            m->g_seq[n] = s;
+            m->g_off[++n] = T;
+        }
+        if (n == 0) return 0;
+        int rc = target_logits(m, m->g_ids, m->g_pos, m->g_off, n, T, m->g_rows, n, m->g_logits);
+        if (rc) return rc;
+        for (int r = 0; r < n; r++) {
+            int s = m->g_seq[r];
+            int32_t tok = pick_token(m->g_logits + (size_t)r * V, V, temperature, rng);
+            seqs[s][len[s]++] = tok;
+            added[s]++;
+            if (added[s] >= max_new || len[s] >= cap[s] || (eos_id >= 0 && tok == eos_id))
+                done[s] = true;
+        }
+    }
+}

@@ -1,32 +1,728 @@
-/* ledger: batch states persisted in the journal (see ledger.h). STUB: bodies follow. */
+/* ledger: batch states of DESIGN.md section 5, persisted in an append-only journal.
+ *
+ * Structure: the plan (n_buckets, batches per bucket per epoch) and a growing array of opened
+ * epochs. An epoch holds, per bucket, one entry per batch {state, orphan flag, step} plus counters
+ * (batches per state, TODO per bucket, a lower bound on the first TODO index per bucket) so that
+ * hand-out and stats do not scan. Epochs open lazily: the open epoch is the lowest one with TODO
+ * batches; when none has any, the next one is allocated (up to max_epochs).
+ *
+ * Transitions (assert()ed in set_state; the table with its triggers is in ledger.h):
+ *   TODO -> IN_FLIGHT | TRAINED;  IN_FLIGHT -> TODO | TRAINED | QUARANTINED;
+ *   TRAINED -> TODO | COMMITTED;  QUARANTINED -> TODO | TRAINED;  COMMITTED is final.
+ *
+ * Durability: every public mutation first changes memory then appends one journal record (a
+ * record describes the operation, e.g. COMMIT(step), not its effects); replay at open runs the
+ * same apply_* functions, so memory after replay equals memory before the crash minus at most the
+ * torn final record. Each open appends a BOOT record, which on replay orphans what was in flight
+ * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND and PLAN are fsynced: a
+ * power loss can forget recent hand-outs (a target's re-registration adopts them) and acks after
+ * the last checkpoint (those batches are not committed and a drafter resuming from that
+ * checkpoint retrains them anyway).
+ *
+ * Thread: the broker's loop thread only. Callers: broker.c, tests, bench.
+ */
 #include "ledger.h"
 
-#include <stddef.h>
+#include <assert.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "err.h"
+#include "journal.h"
+#include "log.h"
+
+enum {
+    REC_PLAN = 1,
+    REC_HANDOUT = 2,
+    REC_ADOPT = 3,
+    REC_REQUEUE = 4,
+    REC_ACK = 5,
+    REC_QUARANTINE = 6,
+    REC_UNQUARANTINE = 7,
+    REC_COMMIT = 8,
+    REC_REWIND = 9,
+    REC_SNAP_META = 10,  /* compaction: counters */
+    REC_SNAP_CHUNK = 11, /* compaction: states of a run of batches of one (epoch, bucket) */
+    REC_ORPHANS = 12,    /* requeue_orphans */
+    REC_BOOT = 13,       /* a ledger_new: everything in flight became orphaned */
+};
+#define SNAP_ORPHAN 0x80 /* state byte flag in snapshot chunks */
+
+#define N_STATES 5
+#define SNAP_CHUNK 65536u /* batches per snapshot record: 9 bytes each, < JOURNAL_MAX_PAYLOAD */
+
+typedef struct {
+    uint64_t step;
+    uint8_t state; /* batch_state */
+    uint8_t orphan;
+} entry;
+
+typedef struct {
+    entry *e[LEDGER_MAX_BUCKETS];
+    uint32_t todo[LEDGER_MAX_BUCKETS];
+    uint32_t first_todo[LEDGER_MAX_BUCKETS]; /* no TODO below this index */
+    uint64_t count[N_STATES];
+    uint64_t orphans;
+} epoch_rec;
+
+struct ledger {
+    ledger_params params;
+    journal *j;
+    bool replaying;
+    uint32_t n_buckets;
+    uint32_t per[LEDGER_MAX_BUCKETS];
+    uint64_t batches_per_epoch;
+    epoch_rec *ep;
+    uint32_t n_epochs, cap_epochs;
+    uint64_t double_acks, stale_acks, last_commit_step, replayed;
+    uint64_t compact_at;
+};
+
+const char *batch_state_name(batch_state s)
+{
+    static const char *names[] = {"todo", "in_flight", "trained", "committed", "quarantined"};
+    return (unsigned)s < N_STATES ? names[s] : "?";
+}
+
+/* --- little-endian payload helpers ------------------------------------------------------------ */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+/* --- state ---------------------------------------------------------------------------------- */
+
+static bool legal(batch_state from, batch_state to)
+{
+    switch (from) {
+    case BATCH_TODO: return to == BATCH_IN_FLIGHT || to == BATCH_TRAINED;
+    case BATCH_IN_FLIGHT:
+        return to == BATCH_TODO || to == BATCH_TRAINED || to == BATCH_QUARANTINED;
+    case BATCH_TRAINED: return to == BATCH_TODO || to == BATCH_COMMITTED;
+    case BATCH_QUARANTINED: return to == BATCH_TODO || to == BATCH_TRAINED;
+    case BATCH_COMMITTED: return false;
+    }
+    return false;
+}
+
+static void set_state(epoch_rec *E, uint32_t bucket, uint32_t index, batch_state to)
+{
+    entry *x = &E->e[bucket][index];
+    batch_state from = (batch_state)x->state;
+    assert(legal(from, to));
+    E->count[from]--;
+    E->count[to]++;
+    if (from == BATCH_TODO) E->todo[bucket]--;
+    if (to == BATCH_TODO) {
+        E->todo[bucket]++;
+        if (index < E->first_todo[bucket]) E->first_todo[bucket] = index;
+    }
+    if (x->orphan) {
+        x->orphan = 0;
+        E->orphans--;
+    }
+    if (to != BATCH_TRAINED && to != BATCH_COMMITTED) x->step = 0;
+    x->state = (uint8_t)to;
+}
+
+static int ensure_epoch(ledger *l, uint32_t epoch)
+{
+    if (l->n_buckets == 0) return DFLASH_ESTATE;
+    if (l->params.max_epochs && epoch >= l->params.max_epochs) return DFLASH_ERANGE;
+    while (l->n_epochs <= epoch) {
+        if (l->n_epochs == l->cap_epochs) {
+            uint32_t cap = l->cap_epochs ? 2 * l->cap_epochs : 4;
+            epoch_rec *ep = realloc(l->ep, cap * sizeof *ep);
+            if (!ep) return DFLASH_ENOMEM;
+            l->ep = ep;
+            l->cap_epochs = cap;
+        }
+        epoch_rec *E = &l->ep[l->n_epochs];
+        memset(E, 0, sizeof *E);
+        for (uint32_t b = 0; b < l->n_buckets; b++) {
+            E->e[b] = calloc(l->per[b], sizeof(entry)); /* all TODO (0) */
+            if (!E->e[b]) {
+                for (uint32_t k = 0; k < b; k++) free(E->e[k]);
+                return DFLASH_ENOMEM;
+            }
+            E->todo[b] = l->per[b];
+        }
+        E->count[BATCH_TODO] = l->batches_per_epoch;
+        l->n_epochs++;
+    }
+    return 0;
+}
+
+/* Entry of b, or NULL when outside the plan or in an epoch not opened. */
+static entry *find(const ledger *l, const batch_id *b, epoch_rec **E)
+{
+    if (l->n_buckets == 0 || b->bucket >= l->n_buckets || b->index >= l->per[b->bucket] ||
+        b->epoch >= l->n_epochs)
+        return NULL;
+    *E = &l->ep[b->epoch];
+    return &(*E)->e[b->bucket][b->index];
+}
+
+/* Lowest epoch with TODO batches, opening a new one if none has any. -1 if none can open. */
+static int64_t open_epoch(ledger *l)
+{
+    if (l->n_buckets == 0) return -1;
+    for (uint32_t e = 0; e < l->n_epochs; e++)
+        if (l->ep[e].count[BATCH_TODO]) return e;
+    if (ensure_epoch(l, l->n_epochs) != 0) return -1;
+    return (int64_t)l->n_epochs - 1;
+}
+
+static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, bool sync);
+
+static void pack_batch(uint8_t *p, const batch_id *b)
+{
+    put32(p, b->epoch);
+    put32(p + 4, b->bucket);
+    put32(p + 8, b->index);
+}
+
+static void log_batch(ledger *l, uint16_t type, const batch_id *b)
+{
+    uint8_t p[12];
+    pack_batch(p, b);
+    journal_rec(l, type, p, sizeof p, false);
+}
+
+/* --- operations (apply = memory only; the public wrappers journal) ----------------------------- */
+
+static int apply_plan(ledger *l, uint32_t n, const uint32_t *per)
+{
+    if (n == 0 || n > LEDGER_MAX_BUCKETS || !per) return DFLASH_EINVAL;
+    for (uint32_t b = 0; b < n; b++)
+        if (per[b] == 0) return DFLASH_EINVAL;
+    if (l->n_buckets) {
+        if (l->n_buckets != n) return DFLASH_EMISMATCH;
+        for (uint32_t b = 0; b < n; b++)
+            if (l->per[b] != per[b]) return DFLASH_EMISMATCH;
+        return 1; /* same plan again */
+    }
+    l->n_buckets = n;
+    l->batches_per_epoch = 0;
+    for (uint32_t b = 0; b < n; b++) {
+        l->per[b] = per[b];
+        l->batches_per_epoch += per[b];
+    }
+    return 0;
+}
+
+static int apply_handout(ledger *l, uint32_t bucket, batch_id *out)
+{
+    if (l->n_buckets == 0) return DFLASH_ESTATE;
+    if (bucket >= l->n_buckets) return DFLASH_EINVAL;
+    int64_t e = open_epoch(l);
+    if (e < 0) return DFLASH_ENOTFOUND;
+    epoch_rec *E = &l->ep[e];
+    if (E->todo[bucket] == 0) return DFLASH_ENOTFOUND;
+    uint32_t i = E->first_todo[bucket];
+    while (E->e[bucket][i].state != BATCH_TODO) i++; /* todo > 0 guarantees one */
+    E->first_todo[bucket] = i + 1;
+    set_state(E, bucket, i, BATCH_IN_FLIGHT);
+    *out = (batch_id){(uint32_t)e, bucket, i};
+    return 0;
+}
+
+/* Replay of a HANDOUT: the exact batch recorded, not a recomputed choice. */
+static int apply_handout_exact(ledger *l, const batch_id *b)
+{
+    if (b->bucket >= l->n_buckets || b->index >= l->per[b->bucket]) return DFLASH_ERANGE;
+    int rc = ensure_epoch(l, b->epoch);
+    if (rc) return rc;
+    epoch_rec *E;
+    entry *x = find(l, b, &E);
+    if (x->state != BATCH_TODO) return DFLASH_ESTATE;
+    set_state(E, b->bucket, b->index, BATCH_IN_FLIGHT);
+    return 0;
+}
+
+static int apply_adopt(ledger *l, const batch_id *b)
+{
+    if (l->n_buckets == 0 || b->bucket >= l->n_buckets || b->index >= l->per[b->bucket])
+        return DFLASH_ERANGE;
+    int rc = ensure_epoch(l, b->epoch);
+    if (rc) return rc == DFLASH_ERANGE ? DFLASH_ERANGE : rc;
+    epoch_rec *E;
+    entry *x = find(l, b, &E);
+    switch ((batch_state)x->state) {
+    case BATCH_TODO: set_state(E, b->bucket, b->index, BATCH_IN_FLIGHT); return 0;
+    case BATCH_IN_FLIGHT:
+        if (!x->orphan) return DFLASH_EEXISTS;
+        x->orphan = 0;
+        E->orphans--;
+        return 0;
+    case BATCH_TRAINED:
+    case BATCH_COMMITTED: return DFLASH_ESTALE;
+    case BATCH_QUARANTINED: return DFLASH_EQUARANTINED;
+    }
+    return DFLASH_EINTERNAL;
+}
+
+static int apply_simple(ledger *l, const batch_id *b, batch_state from, batch_state to)
+{
+    epoch_rec *E;
+    entry *x = find(l, b, &E);
+    if (!x) return DFLASH_ERANGE;
+    if (x->state != from) return DFLASH_ESTATE;
+    set_state(E, b->bucket, b->index, to);
+    return 0;
+}
+
+static int apply_ack(ledger *l, const batch_id *b, uint64_t step)
+{
+    epoch_rec *E;
+    entry *x = find(l, b, &E);
+    if (!x) {
+        l->stale_acks++;
+        return DFLASH_ERANGE;
+    }
+    if (x->state == BATCH_TRAINED || x->state == BATCH_COMMITTED) {
+        l->double_acks++;
+        return DFLASH_EEXISTS;
+    }
+    set_state(E, b->bucket, b->index, BATCH_TRAINED);
+    x->step = step;
+    return 0;
+}
+
+/* Moves every batch in state from that satisfies pred(step) to state to. */
+static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t step, bool above)
+{
+    int64_t n = 0;
+    for (uint32_t e = 0; e < l->n_epochs; e++) {
+        epoch_rec *E = &l->ep[e];
+        if (E->count[from] == 0) continue;
+        for (uint32_t b = 0; b < l->n_buckets; b++)
+            for (uint32_t i = 0; i < l->per[b]; i++) {
+                entry *x = &E->e[b][i];
+                if (x->state != from) continue;
+                if (above ? x->step <= step : x->step > step) continue;
+                set_state(E, b, i, to);
+                n++;
+            }
+    }
+    return n;
+}
+
+static void apply_boot(ledger *l)
+{
+    for (uint32_t e = 0; e < l->n_epochs; e++)
+        for (uint32_t b = 0; b < l->n_buckets; b++)
+            for (uint32_t i = 0; i < l->per[b]; i++) {
+                entry *x = &l->ep[e].e[b][i];
+                if (x->state == BATCH_IN_FLIGHT && !x->orphan) {
+                    x->orphan = 1;
+                    l->ep[e].orphans++;
+                }
+            }
+}
+
+static uint64_t apply_orphans(ledger *l)
+{
+    uint64_t n = 0;
+    for (uint32_t e = 0; e < l->n_epochs; e++) {
+        epoch_rec *E = &l->ep[e];
+        if (!E->orphans) continue;
+        for (uint32_t b = 0; b < l->n_buckets; b++)
+            for (uint32_t i = 0; i < l->per[b]; i++)
+                if (E->e[b][i].orphan) {
+                    set_state(E, b, i, BATCH_TODO);
+                    n++;
+                }
+    }
+    return n;
+}
+
+/* --- journal glue --------------------------------------------------------------------------- */
+
+
+static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, bool sync)
+{
+    if (!l->j || l->replaying) return;
+    int rc = journal_append(l->j, type, p, len, sync && l->params.fsync);
+    if (rc) {
+        /* Memory stays authoritative for this run; a restart would lose this operation. */
+        LOG_ERROR("ledger: journal append failed (%s); state since is not durable", err_str(rc));
+        return;
+    }
+    if (l->compact_at && journal_size(l->j) > l->compact_at) (void)ledger_compact(l);
+}
+
+static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t len)
+{
+    ledger *l = ctx;
+    const uint8_t *p = payload;
+    batch_id b = {0, 0, 0};
+    if (len >= 12) b = (batch_id){get32(p), get32(p + 4), get32(p + 8)};
+    int rc = 0;
+    l->replayed++;
+    switch (type) {
+    case REC_PLAN: {
+        if (len < 4 || get32(p) > LEDGER_MAX_BUCKETS || len != 4 + 4 * get32(p))
+            return DFLASH_ECORRUPT;
+        uint32_t n = get32(p), per[LEDGER_MAX_BUCKETS];
+        for (uint32_t i = 0; i < n; i++) per[i] = get32(p + 4 + 4 * i);
+        rc = apply_plan(l, n, per);
+        if (rc == 1) rc = 0;
+        break;
+    }
+    case REC_HANDOUT:
+        if (len != 12) return DFLASH_ECORRUPT;
+        rc = apply_handout_exact(l, &b);
+        break;
+    case REC_ADOPT:
+        if (len != 12) return DFLASH_ECORRUPT;
+        rc = apply_adopt(l, &b);
+        break;
+    case REC_REQUEUE:
+        if (len != 12) return DFLASH_ECORRUPT;
+        rc = apply_simple(l, &b, BATCH_IN_FLIGHT, BATCH_TODO);
+        break;
+    case REC_ACK:
+        if (len != 20) return DFLASH_ECORRUPT;
+        rc = apply_ack(l, &b, get64(p + 12));
+        break;
+    case REC_QUARANTINE:
+        if (len != 12) return DFLASH_ECORRUPT;
+        rc = apply_simple(l, &b, BATCH_IN_FLIGHT, BATCH_QUARANTINED);
+        break;
+    case REC_UNQUARANTINE:
+        if (len != 12) return DFLASH_ECORRUPT;
+        rc = apply_simple(l, &b, BATCH_QUARANTINED, BATCH_TODO);
+        break;
+    case REC_COMMIT:
+        if (len != 8) return DFLASH_ECORRUPT;
+        apply_bulk(l, BATCH_TRAINED, BATCH_COMMITTED, get64(p), false);
+        l->last_commit_step = get64(p);
+        break;
+    case REC_REWIND:
+        if (len != 8) return DFLASH_ECORRUPT;
+        apply_bulk(l, BATCH_TRAINED, BATCH_TODO, get64(p), true);
+        break;
+    case REC_ORPHANS:
+        if (len != 0) return DFLASH_ECORRUPT;
+        apply_orphans(l);
+        break;
+    case REC_BOOT:
+        if (len != 0) return DFLASH_ECORRUPT;
+        apply_boot(l);
+        break;
+    case REC_SNAP_META:
+        if (len != 28) return DFLASH_ECORRUPT;
+        l->last_commit_step = get64(p);
+        l->double_acks = get64(p + 8);
+        l->stale_acks = get64(p + 16);
+        if (get32(p + 24) && l->n_buckets) rc = ensure_epoch(l, get32(p + 24) - 1);
+        if (rc) return DFLASH_ECORRUPT;
+        break;
+    case REC_SNAP_CHUNK: {
+        if (len < 16) return DFLASH_ECORRUPT;
+        uint32_t count = get32(p + 12);
+        if (len != 16 + 9ull * count) return DFLASH_ECORRUPT;
+        if (b.bucket >= l->n_buckets || (uint64_t)b.index + count > l->per[b.bucket])
+            return DFLASH_ECORRUPT;
+        rc = ensure_epoch(l, b.epoch);
+        if (rc) return DFLASH_ECORRUPT;
+        epoch_rec *E = &l->ep[b.epoch];
+        for (uint32_t k = 0; k < count; k++) {
+            const uint8_t *q = p + 16 + 9ull * k;
+            uint32_t i = b.index + k;
+            batch_state to = (batch_state)(q[0] & ~SNAP_ORPHAN);
+            bool orphan = q[0] & SNAP_ORPHAN;
+            if (to >= N_STATES || (orphan && to != BATCH_IN_FLIGHT)) return DFLASH_ECORRUPT;
+            entry *x = &E->e[b.bucket][i];
+            /* Fresh epoch entries are TODO: set counters directly (a snapshot is not a
+             * transition). A chunk over non-fresh entries is a corrupt journal. */
+            if (x->state != BATCH_TODO || x->orphan) return DFLASH_ECORRUPT;
+            if (orphan) {
+                x->orphan = 1;
+                E->orphans++;
+            }
+            E->count[BATCH_TODO]--;
+            E->todo[b.bucket]--;
+            E->count[to]++;
+            if (to == BATCH_TODO) E->todo[b.bucket]++;
+            x->state = (uint8_t)to;
+            x->step = get64(q + 1);
+        }
+        for (uint32_t i = 0; i < l->per[b.bucket]; i++)
+            if (E->e[b.bucket][i].state == BATCH_TODO) {
+                E->first_todo[b.bucket] = i;
+                break;
+            }
+        break;
+    }
+    default:
+        LOG_ERROR("ledger: unknown journal record type %u", type);
+        return DFLASH_ECORRUPT;
+    }
+    if (rc < 0 && rc != DFLASH_EEXISTS)
+        LOG_WARN("ledger: journal record type %u did not apply (%s); continuing", type,
+                 err_str(rc));
+    return 0;
+}
+
+/* --- public --------------------------------------------------------------------------------- */
 
 ledger *ledger_new(const ledger_params *params, int *err)
 {
-    (void)params;
-    if (err) *err = DFLASH_EUNSUPPORTED;
-    return NULL;
+    ledger *l = calloc(1, sizeof *l);
+    if (!l) {
+        if (err) *err = DFLASH_ENOMEM;
+        return NULL;
+    }
+    l->params = *params;
+    l->params.journal_path = NULL; /* not kept: the journal owns its copy */
+    if (params->journal_path) {
+        int rc = 0;
+        l->replaying = true;
+        l->j = journal_open(params->journal_path, replay_one, l, &rc);
+        l->replaying = false;
+        if (!l->j) {
+            ledger_destroy(&l);
+            if (err) *err = rc;
+            return NULL;
+        }
+        /* Whatever was in flight when the broker died is now orphaned (see ledger.h). */
+        apply_boot(l);
+        journal_rec(l, REC_BOOT, NULL, 0, false);
+        if (params->compact_bytes) l->compact_at = params->compact_bytes;
+        if (l->compact_at && journal_size(l->j) > l->compact_at) (void)ledger_compact(l);
+    }
+    if (err) *err = 0;
+    return l;
 }
-void ledger_destroy(ledger **l) { if (l) *l = NULL; }
-int ledger_set_plan(ledger *l, uint32_t n, const uint32_t *b) { (void)l, (void)n, (void)b; return DFLASH_EUNSUPPORTED; }
-bool ledger_has_plan(const ledger *l) { (void)l; return false; }
-uint32_t ledger_todo_mask(ledger *l) { (void)l; return 0; }
-int ledger_next_todo(ledger *l, uint32_t bucket, batch_id *out) { (void)l, (void)bucket, (void)out; return DFLASH_EUNSUPPORTED; }
-int ledger_adopt(ledger *l, const batch_id *b) { (void)l, (void)b; return DFLASH_EUNSUPPORTED; }
-int ledger_requeue(ledger *l, const batch_id *b) { (void)l, (void)b; return DFLASH_EUNSUPPORTED; }
-uint64_t ledger_requeue_orphans(ledger *l) { (void)l; return 0; }
-int ledger_ack(ledger *l, const batch_id *b, uint64_t step) { (void)l, (void)b, (void)step; return DFLASH_EUNSUPPORTED; }
-int ledger_quarantine(ledger *l, const batch_id *b) { (void)l, (void)b; return DFLASH_EUNSUPPORTED; }
-int ledger_release_quarantine(ledger *l, const batch_id *b) { (void)l, (void)b; return DFLASH_EUNSUPPORTED; }
-int64_t ledger_commit(ledger *l, uint64_t step) { (void)l, (void)step; return DFLASH_EUNSUPPORTED; }
-int64_t ledger_rewind(ledger *l, uint64_t step) { (void)l, (void)step; return DFLASH_EUNSUPPORTED; }
-int ledger_get(const ledger *l, const batch_id *b, batch_state *s, uint64_t *step) { (void)l, (void)b, (void)s, (void)step; return DFLASH_EUNSUPPORTED; }
-bool ledger_epoch_committed(const ledger *l, uint32_t e) { (void)l, (void)e; return false; }
-int ledger_compact(ledger *l) { (void)l; return DFLASH_EUNSUPPORTED; }
-void ledger_get_stats(const ledger *l, ledger_stats *out) { (void)l; memset(out, 0, sizeof *out); }
-const char *batch_state_name(batch_state s) { (void)s; return "?"; }
+
+void ledger_destroy(ledger **lp)
+{
+    if (!lp || !*lp) return;
+    ledger *l = *lp;
+    for (uint32_t e = 0; e < l->n_epochs; e++)
+        for (uint32_t b = 0; b < l->n_buckets; b++) free(l->ep[e].e[b]);
+    free(l->ep);
+    journal_destroy(&l->j);
+    free(l);
+    *lp = NULL;
+}
+
+int ledger_set_plan(ledger *l, uint32_t n, const uint32_t *per)
+{
+    int rc = apply_plan(l, n, per);
+    if (rc == 1) return 0;
+    if (rc) return rc;
+    uint8_t p[4 + 4 * LEDGER_MAX_BUCKETS];
+    put32(p, n);
+    for (uint32_t b = 0; b < n; b++) put32(p + 4 + 4 * b, per[b]);
+    journal_rec(l, REC_PLAN, p, 4 + 4 * n, true);
+    return 0;
+}
+
+bool ledger_has_plan(const ledger *l) { return l->n_buckets > 0; }
+
+uint32_t ledger_todo_mask(ledger *l)
+{
+    int64_t e = open_epoch(l);
+    if (e < 0) return 0;
+    uint32_t mask = 0;
+    for (uint32_t b = 0; b < l->n_buckets; b++)
+        if (l->ep[e].todo[b]) mask |= 1u << b;
+    return mask;
+}
+
+int ledger_next_todo(ledger *l, uint32_t bucket, batch_id *out)
+{
+    int rc = apply_handout(l, bucket, out);
+    if (rc == 0) log_batch(l, REC_HANDOUT, out);
+    return rc;
+}
+
+int ledger_adopt(ledger *l, const batch_id *b)
+{
+    int rc = apply_adopt(l, b);
+    if (rc == 0) log_batch(l, REC_ADOPT, b);
+    return rc;
+}
+
+int ledger_requeue(ledger *l, const batch_id *b)
+{
+    int rc = apply_simple(l, b, BATCH_IN_FLIGHT, BATCH_TODO);
+    if (rc == 0) log_batch(l, REC_REQUEUE, b);
+    return rc;
+}
+
+uint64_t ledger_requeue_orphans(ledger *l)
+{
+    uint64_t n = apply_orphans(l);
+    if (n) journal_rec(l, REC_ORPHANS, NULL, 0, false);
+    return n;
+}
+
+int ledger_ack(ledger *l, const batch_id *b, uint64_t step)
+{
+    int rc = apply_ack(l, b, step);
+    if (rc == 0) {
+        uint8_t p[20];
+        pack_batch(p, b);
+        put64(p + 12, step);
+        journal_rec(l, REC_ACK, p, sizeof p, false);
+    }
+    return rc;
+}
+
+int ledger_quarantine(ledger *l, const batch_id *b)
+{
+    int rc = apply_simple(l, b, BATCH_IN_FLIGHT, BATCH_QUARANTINED);
+    if (rc == 0) log_batch(l, REC_QUARANTINE, b);
+    return rc;
+}
+
+int ledger_release_quarantine(ledger *l, const batch_id *b)
+{
+    int rc = apply_simple(l, b, BATCH_QUARANTINED, BATCH_TODO);
+    if (rc == 0) log_batch(l, REC_UNQUARANTINE, b);
+    return rc;
+}
+
+int64_t ledger_commit(ledger *l, uint64_t step)
+{
+    int64_t n = apply_bulk(l, BATCH_TRAINED, BATCH_COMMITTED, step, false);
+    if (step > l->last_commit_step) l->last_commit_step = step;
+    uint8_t p[8];
+    put64(p, step);
+    if (l->j && journal_append(l->j, REC_COMMIT, p, 8, l->params.fsync) != 0) return DFLASH_EIO;
+    return n;
+}
+
+int64_t ledger_rewind(ledger *l, uint64_t step)
+{
+    int64_t n = apply_bulk(l, BATCH_TRAINED, BATCH_TODO, step, true);
+    uint8_t p[8];
+    put64(p, step);
+    if (l->j && journal_append(l->j, REC_REWIND, p, 8, l->params.fsync) != 0) return DFLASH_EIO;
+    return n;
+}
+
+int ledger_get(const ledger *l, const batch_id *b, batch_state *state, uint64_t *step)
+{
+    if (l->n_buckets == 0 || b->bucket >= l->n_buckets || b->index >= l->per[b->bucket] ||
+        (l->params.max_epochs && b->epoch >= l->params.max_epochs))
+        return DFLASH_ERANGE;
+    batch_state s = BATCH_TODO;
+    uint64_t st = 0;
+    if (b->epoch < l->n_epochs) {
+        const entry *x = &l->ep[b->epoch].e[b->bucket][b->index];
+        s = (batch_state)x->state;
+        st = x->step;
+    }
+    if (state) *state = s;
+    if (step) *step = st;
+    return 0;
+}
+
+bool ledger_epoch_committed(const ledger *l, uint32_t epoch)
+{
+    return l->n_buckets && epoch < l->n_epochs &&
+           l->ep[epoch].count[BATCH_COMMITTED] == l->batches_per_epoch;
+}
+
+static int emit_snapshot(void *ctx, journal *t)
+{
+    ledger *l = ctx;
+    int rc;
+    if (l->n_buckets) {
+        uint8_t p[4 + 4 * LEDGER_MAX_BUCKETS];
+        put32(p, l->n_buckets);
+        for (uint32_t b = 0; b < l->n_buckets; b++) put32(p + 4 + 4 * b, l->per[b]);
+        if ((rc = journal_append(t, REC_PLAN, p, 4 + 4 * l->n_buckets, false))) return rc;
+    }
+    uint8_t meta[28];
+    put64(meta, l->last_commit_step);
+    put64(meta + 8, l->double_acks);
+    put64(meta + 16, l->stale_acks);
+    put32(meta + 24, l->n_epochs);
+    if ((rc = journal_append(t, REC_SNAP_META, meta, sizeof meta, false))) return rc;
+    uint8_t *buf = malloc(16 + 9ull * SNAP_CHUNK);
+    if (!buf) return DFLASH_ENOMEM;
+    for (uint32_t e = 0; e < l->n_epochs && !rc; e++)
+        for (uint32_t b = 0; b < l->n_buckets && !rc; b++)
+            for (uint32_t i0 = 0; i0 < l->per[b] && !rc; i0 += SNAP_CHUNK) {
+                uint32_t n = l->per[b] - i0 < SNAP_CHUNK ? l->per[b] - i0 : SNAP_CHUNK;
+                bool all_todo = true;
+                for (uint32_t k = 0; k < n; k++) {
+                    const entry *x = &l->ep[e].e[b][i0 + k];
+                    /* An orphan stays IN_FLIGHT in the snapshot: replay re-orphans it. */
+                    buf[16 + 9 * k] = (uint8_t)(x->state | (x->orphan ? SNAP_ORPHAN : 0));
+                    put64(buf + 16 + 9 * k + 1, x->step);
+                    if (x->state != BATCH_TODO) all_todo = false;
+                }
+                if (all_todo) continue;
+                put32(buf, e);
+                put32(buf + 4, b);
+                put32(buf + 8, i0);
+                put32(buf + 12, n);
+                rc = journal_append(t, REC_SNAP_CHUNK, buf, 16 + 9 * n, false);
+            }
+    free(buf);
+    return rc;
+}
+
+int ledger_compact(ledger *l)
+{
+    if (!l->j) return 0;
+    int rc = journal_rewrite(l->j, emit_snapshot, l);
+    if (rc) {
+        LOG_WARN("ledger: journal compaction failed (%s); keeping the long journal",
+                 err_str(rc));
+        l->compact_at = l->compact_at ? 2 * l->compact_at : 0;
+        return rc;
+    }
+    /* Compact again only once the journal doubled past its compacted size (no thrashing). */
+    if (l->params.compact_bytes) {
+        uint64_t twice = 2 * journal_size(l->j);
+        l->compact_at = twice > l->params.compact_bytes ? twice : l->params.compact_bytes;
+    }
+    return 0;
+}
+
+void ledger_get_stats(const ledger *l, ledger_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->n_buckets = l->n_buckets;
+    for (uint32_t b = 0; b < l->n_buckets; b++) out->batches_per_bucket[b] = l->per[b];
+    out->epochs_opened = l->n_epochs;
+    out->open_epoch = l->n_epochs ? l->n_epochs - 1 : 0;
+    bool found = false;
+    for (uint32_t e = 0; e < l->n_epochs; e++) {
+        const epoch_rec *E = &l->ep[e];
+        if (!found && E->count[BATCH_TODO]) {
+            out->open_epoch = e;
+            found = true;
+        }
+        out->todo += E->count[BATCH_TODO];
+        out->in_flight += E->count[BATCH_IN_FLIGHT];
+        out->orphaned += E->orphans;
+        out->trained += E->count[BATCH_TRAINED];
+        out->committed += E->count[BATCH_COMMITTED];
+        out->quarantined += E->count[BATCH_QUARANTINED];
+        if (E->count[BATCH_COMMITTED] == l->batches_per_epoch) out->epochs_committed++;
+    }
+    out->double_acks = l->double_acks;
+    out->stale_acks = l->stale_acks;
+    out->last_commit_step = l->last_commit_step;
+    out->journal_bytes = l->j ? journal_size(l->j) : 0;
+    out->replayed_records = l->replayed;
+}

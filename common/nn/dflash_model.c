@@ -1,0 +1,604 @@
+/* dflash_model: DFlash drafter weights, activations, forward and backward (see dflash_model.h).
+ *
+ * The file reads top to bottom: configuration helpers, the parameter size table, the activation
+ * plan, creation, then forward and backward side by side for each piece (context fusion,
+ * attention with KV injection, MLP, final norm + loss). Shapes use the names of ops.h:
+ * Tc context rows, Q = nb*B query rows, Tk = Tc + Q key rows, D, H, Hk, d, F, V, nF.
+ */
+#include "dflash_model.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * configuration */
+
+void dflash_default_layer_ids(int L, int n, int *ids)
+{
+    if (n == 1) {
+        ids[0] = L / 2;
+        return;
+    }
+    double start = 1.0, end = (double)(L - 3), span = end - start;
+    for (int i = 0; i < n; i++) ids[i] = (int)nearbyint(start + (double)i * span / (n - 1));
+}
+
+void dflash_config_default(dflash_config *c, const model_config *t, int num_layers,
+                           int block_size, int mask_token_id)
+{
+    memset(c, 0, sizeof *c);
+    c->hidden_size = t->hidden_size;
+    c->num_layers = num_layers;
+    c->num_heads = t->num_heads;
+    c->num_kv_heads = t->num_kv_heads;
+    c->head_dim = t->head_dim;
+    c->intermediate_size = t->intermediate_size;
+    c->block_size = block_size;
+    c->n_feat = num_layers < DFLASH_MAX_FEAT ? num_layers : DFLASH_MAX_FEAT;
+    c->num_target_layers = t->num_layers;
+    dflash_default_layer_ids(t->num_layers, c->n_feat, c->target_layer_ids);
+    c->mask_token_id = mask_token_id;
+    c->vocab_size = t->vocab_size;
+    c->max_position_embeddings = t->max_position_embeddings;
+    c->rms_norm_eps = t->rms_norm_eps;
+    c->rope_theta = t->rope_theta;
+    c->tie_word_embeddings = t->tie_word_embeddings;
+    c->bos_token_id = t->bos_token_id;
+    c->eos_token_id = t->eos_token_id;
+}
+
+int dflash_config_validate(const dflash_config *c, char *msg, size_t msglen)
+{
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        if (msg) snprintf(msg, msglen, __VA_ARGS__);                                               \
+        return DFLASH_ECONFIG;                                                                     \
+    } while (0)
+    if (c->hidden_size < 1) BAD("hidden_size %d must be >= 1", c->hidden_size);
+    if (c->num_layers < 1 || c->num_layers > DFLASH_MAX_LAYERS)
+        BAD("num_hidden_layers %d must be in [1, %d]", c->num_layers, DFLASH_MAX_LAYERS);
+    if (c->num_heads < 1 || c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads)
+        BAD("num_attention_heads %d must be a multiple of num_key_value_heads %d", c->num_heads,
+            c->num_kv_heads);
+    if (c->head_dim < 2 || c->head_dim % 2) BAD("head_dim %d must be even", c->head_dim);
+    if (c->intermediate_size < 1) BAD("intermediate_size %d must be >= 1", c->intermediate_size);
+    if (c->block_size < 2) BAD("block_size %d must be >= 2", c->block_size);
+    if (c->n_feat < 1 || c->n_feat > DFLASH_MAX_FEAT)
+        BAD("%d target layers; must be in [1, %d]", c->n_feat, DFLASH_MAX_FEAT);
+    if (c->vocab_size < 2) BAD("vocab_size %d must be >= 2", c->vocab_size);
+    if (c->mask_token_id < 0 || c->mask_token_id >= c->vocab_size)
+        BAD("mask_token_id %d outside the vocabulary [0, %d)", c->mask_token_id, c->vocab_size);
+    for (int i = 0; i < c->n_feat; i++)
+        if (c->target_layer_ids[i] < 0 || c->target_layer_ids[i] >= c->num_target_layers)
+            BAD("target_layer_ids[%d] = %d outside the target's %d layers", i,
+                c->target_layer_ids[i], c->num_target_layers);
+    if (!(c->rms_norm_eps > 0)) BAD("rms_norm_eps %g must be > 0", c->rms_norm_eps);
+    if (!(c->rope_theta > 0)) BAD("rope_theta %g must be > 0", c->rope_theta);
+    return 0;
+#undef BAD
+}
+
+int dflash_config_check_target(const dflash_config *c, const model_config *t, const int *ids,
+                               int n_ids, char *msg, size_t msglen)
+{
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        if (msg) snprintf(msg, msglen, __VA_ARGS__);                                               \
+        return DFLASH_EMISMATCH;                                                                   \
+    } while (0)
+    if (c->hidden_size != t->hidden_size)
+        BAD("drafter hidden_size %d does not match target hidden_size %d", c->hidden_size,
+            t->hidden_size);
+    if (c->vocab_size != t->vocab_size)
+        BAD("drafter vocab_size %d does not match target vocab_size %d", c->vocab_size,
+            t->vocab_size);
+    if (c->num_target_layers != t->num_layers)
+        BAD("drafter num_target_layers %d does not match target num_hidden_layers %d",
+            c->num_target_layers, t->num_layers);
+    if (ids && c->n_feat != n_ids)
+        BAD("drafter uses %d target layers but the target captures %d", c->n_feat, n_ids);
+    for (int i = 0; ids && i < n_ids; i++)
+        if (c->target_layer_ids[i] != ids[i])
+            BAD("drafter target_layer_ids[%d] %d does not match target captured layer %d", i,
+                c->target_layer_ids[i], ids[i]);
+    for (int i = 0; i < c->n_feat; i++)
+        if (c->target_layer_ids[i] >= t->num_layers)
+            BAD("drafter target_layer_ids[%d] %d is beyond the target's %d layers", i,
+                c->target_layer_ids[i], t->num_layers);
+    if (c->mask_token_id < 0 || c->mask_token_id >= t->vocab_size)
+        BAD("drafter mask_token_id %d is outside target vocab_size %d", c->mask_token_id,
+            t->vocab_size);
+    return 0;
+#undef BAD
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the parameter size table */
+
+static const char *layer_names[DFL_N_LAYER_TENSORS] = {
+    [DFL_Q] = "self_attn.q_proj.weight",
+    [DFL_K] = "self_attn.k_proj.weight",
+    [DFL_V] = "self_attn.v_proj.weight",
+    [DFL_O] = "self_attn.o_proj.weight",
+    [DFL_GATE] = "mlp.gate_proj.weight",
+    [DFL_UP] = "mlp.up_proj.weight",
+    [DFL_DOWN] = "mlp.down_proj.weight",
+    [DFL_IN_LN] = "input_layernorm.weight",
+    [DFL_POST_LN] = "post_attention_layernorm.weight",
+    [DFL_Q_NORM] = "self_attn.q_norm.weight",
+    [DFL_K_NORM] = "self_attn.k_norm.weight",
+};
+
+static int add_tensor(dflash_model *m, const char *name, int ndim, int s0, int s1, size_t *off)
+{
+    dflash_tensor *t = &m->tensors[m->n_tensors];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    t->shape[0] = s0;
+    t->shape[1] = ndim == 2 ? s1 : 1;
+    t->numel = (size_t)s0 * (size_t)t->shape[1];
+    t->offset = *off;
+    t->decay = ndim == 2;
+    *off += (t->numel + 63) & ~(size_t)63; /* 256-byte aligned tensors */
+    return m->n_tensors++;
+}
+
+/* Matrices first, then vectors, so AdamW runs twice (with and without decay) over two ranges. */
+static void plan_params(dflash_model *m)
+{
+    const dflash_config *c = &m->cfg;
+    int D = c->hidden_size, Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
+    int F = c->intermediate_size, L = c->num_layers;
+    size_t off = 0;
+    char name[64];
+    m->n_tensors = 0;
+    m->t_fc = add_tensor(m, "fc.weight", 2, D, c->n_feat * D, &off);
+    for (int l = 0; l < L; l++) {
+        int shp[DFL_DOWN + 1][2] = {
+            [DFL_Q] = {Hd, D},   [DFL_K] = {Hkd, D}, [DFL_V] = {Hkd, D},   [DFL_O] = {D, Hd},
+            [DFL_GATE] = {F, D}, [DFL_UP] = {F, D},  [DFL_DOWN] = {D, F},
+        };
+        for (int k = DFL_Q; k <= DFL_DOWN; k++) {
+            snprintf(name, sizeof name, "layers.%d.%s", l, layer_names[k]);
+            m->t_layer[l][k] = add_tensor(m, name, 2, shp[k][0], shp[k][1], &off);
+        }
+    }
+    m->n_decay = off;
+    m->t_hidden_norm = add_tensor(m, "hidden_norm.weight", 1, D, 0, &off);
+    m->t_norm = add_tensor(m, "norm.weight", 1, D, 0, &off);
+    for (int l = 0; l < L; l++) {
+        int n[DFL_N_LAYER_TENSORS] = {[DFL_IN_LN] = D, [DFL_POST_LN] = D,
+                                      [DFL_Q_NORM] = c->head_dim, [DFL_K_NORM] = c->head_dim};
+        for (int k = DFL_IN_LN; k < DFL_N_LAYER_TENSORS; k++) {
+            snprintf(name, sizeof name, "layers.%d.%s", l, layer_names[k]);
+            m->t_layer[l][k] = add_tensor(m, name, 1, n[k], 0, &off);
+        }
+    }
+    m->n_params = off;
+}
+
+int dflash_model_find(const dflash_model *m, const char *name)
+{
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name)) return i;
+    return -1;
+}
+
+nn_buf *dflash_model_weight(const dflash_model *m, int i)
+{
+    return (char *)m->params + m->tensors[i].offset * m->ops->act_bytes;
+}
+float *dflash_model_master(const dflash_model *m, int i)
+{
+    return m->master + m->tensors[i].offset;
+}
+float *dflash_model_grad(const dflash_model *m, int i)
+{
+    return m->grads + m->tensors[i].offset;
+}
+
+void dflash_model_sync_params(dflash_model *m)
+{
+    if ((void *)m->params != (void *)m->master)
+        m->ops->f32_to_act(m->ctx, m->params, m->master, m->n_params);
+}
+
+/* Short names for the act-typed weights and fp32 grads used below. */
+#define LW(m, l, k) dflash_model_weight(m, (m)->t_layer[l][k])
+#define LG(m, l, k) dflash_model_grad(m, (m)->t_layer[l][k])
+
+/* ---------------------------------------------------------------------------------------------
+ * the activation plan: one allocation, regions 256-byte aligned, planned for the max shapes */
+
+typedef struct plan {
+    char *base; /* NULL while sizing */
+    size_t off;
+} plan;
+
+static void *take(plan *p, size_t bytes)
+{
+    void *r = p->base ? p->base + p->off : NULL;
+    p->off += (bytes + 255) & ~(size_t)255;
+    return r;
+}
+
+static void plan_acts(dflash_model *m, plan *p)
+{
+    const dflash_config *c = &m->cfg;
+    size_t ab = m->ops->act_bytes;
+    size_t D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
+    size_t F = c->intermediate_size, V = c->vocab_size;
+    size_t Tc = m->max_tokens, Q = (size_t)m->max_blocks * c->block_size, Tk = Tc + Q;
+    for (int l = 0; l <= c->num_layers; l++) m->resid[l] = take(p, Q * D * ab);
+    for (int l = 0; l < c->num_layers; l++) {
+        dflash_layer_acts *a = &m->la[l];
+        a->xln = take(p, Q * D * ab);
+        a->rstd_in = take(p, Q * 4);
+        a->qraw = take(p, Q * H * d * ab);
+        a->q = take(p, Q * H * d * ab);
+        a->rstd_q = take(p, Q * H * 4);
+        a->kraw = take(p, Tk * Hk * d * ab);
+        a->k = take(p, Tk * Hk * d * ab);
+        a->rstd_k = take(p, Tk * Hk * 4);
+        a->v = take(p, Tk * Hk * d * ab);
+        a->att = take(p, Q * H * d * ab);
+        a->lse = take(p, H * Q * 4);
+        a->hmid = take(p, Q * D * ab);
+        a->yln = take(p, Q * D * ab);
+        a->rstd_post = take(p, Q * 4);
+        a->gate = take(p, Q * F * ab);
+        a->up = take(p, Q * F * ab);
+        a->act = take(p, Q * F * ab);
+    }
+    m->Z = take(p, Tc * D * ab);
+    m->Ht = take(p, Tc * D * ab);
+    m->rstd_h = take(p, Tc * 4);
+    m->out = take(p, Q * D * ab);
+    m->rstd_out = take(p, Q * 4);
+    m->dh = take(p, Q * D * ab);
+    m->dtmp = take(p, Q * D * ab);
+    m->dxln = take(p, Q * D * ab);
+    m->datt = take(p, Q * H * d * ab);
+    m->dq = take(p, Q * H * d * ab);
+    m->dqraw = take(p, Q * H * d * ab);
+    m->dk = take(p, Tk * Hk * d * ab);
+    m->dkraw = take(p, Tk * Hk * d * ab);
+    m->dv = take(p, Tk * Hk * d * ab);
+    m->dact = take(p, Q * F * ab);
+    m->dgate = take(p, Q * F * ab);
+    m->dup = take(p, Q * F * ab);
+    m->dHt = take(p, Tc * D * ab);
+    m->dZ = take(p, Tc * D * ab);
+    m->lm_scratch = take(p, (size_t)m->lm_chunk * V * ab);
+    m->in_ids = take(p, Q * 4);
+    m->in_pos = take(p, Tk * 4);
+    m->in_spans = take(p, (size_t)m->max_blocks * sizeof(nn_block_span));
+    m->in_labels = take(p, Q * 4);
+    m->in_weights = take(p, Q * 4);
+    m->out_correct = take(p, Q * 4);
+    m->out_argmax = take(p, Q * 4);
+    m->out_sums = take(p, 2 * 4);
+    m->out_sumsq = take(p, 4);
+    m->inv_freq = take(p, d / 2 * 4);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * creation */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s)
+{
+    return ((double)(splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_ctx *ctx,
+                               const nn_buf *embed, const nn_buf *lm_head, int max_tokens,
+                               int max_blocks, uint64_t init_seed)
+{
+    char msg[256];
+    if (dflash_config_validate(cfg, msg, sizeof msg)) {
+        LOG_ERROR("drafter config: %s", msg);
+        return NULL;
+    }
+    if (max_tokens < 1 || max_blocks < 1 || !embed || !lm_head) {
+        LOG_ERROR("drafter: max_tokens %d and max_blocks %d must be >= 1, embed and lm_head set",
+                  max_tokens, max_blocks);
+        return NULL;
+    }
+    dflash_model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    m->ops = ops;
+    m->ctx = ctx;
+    m->embed = embed;
+    m->lm_head = lm_head;
+    m->max_tokens = max_tokens;
+    m->max_blocks = max_blocks;
+    int Qmax = max_blocks * cfg->block_size;
+    m->lm_chunk = Qmax < 2048 ? Qmax : 2048;
+    int L = cfg->num_layers;
+    m->tensors = calloc((size_t)(3 + L * DFL_N_LAYER_TENSORS), sizeof *m->tensors);
+    m->resid = calloc((size_t)L + 1, sizeof *m->resid);
+    m->la = calloc((size_t)L, sizeof *m->la);
+    float *host = NULL;
+    if (!m->tensors || !m->resid || !m->la) goto fail;
+    plan_params(m);
+
+    size_t pbytes = m->n_params * sizeof(float);
+    m->master = ops->alloc(ctx, pbytes);
+    m->grads = ops->alloc(ctx, pbytes);
+    m->adam_m = ops->alloc(ctx, pbytes);
+    m->adam_v = ops->alloc(ctx, pbytes);
+    if (ops->act_bytes == sizeof(float)) m->params = m->master;
+    else m->params = ops->alloc(ctx, m->n_params * ops->act_bytes);
+    plan p = {0};
+    plan_acts(m, &p);
+    m->acts_mem = ops->alloc(ctx, p.off);
+    if (!m->master || !m->grads || !m->adam_m || !m->adam_v || !m->params || !m->acts_mem) {
+        LOG_ERROR("drafter: out of memory (%zu parameters, %zu activation bytes)", m->n_params,
+                  p.off);
+        goto fail;
+    }
+    p = (plan){.base = m->acts_mem};
+    plan_acts(m, &p);
+
+    /* fresh weights (HF post_init): linear ~ N(0, 0.02), norms 1; generated on the host */
+    host = calloc(m->n_params, sizeof(float));
+    if (!host) goto fail;
+    uint64_t s = init_seed ^ 0x6466666c61736864ull;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        float *w = host + t->offset;
+        for (size_t j = 0; j < t->numel; j++) {
+            if (t->ndim == 1) {
+                w[j] = 1.0f;
+            } else {
+                double u1 = uniform01(&s), u2 = uniform01(&s);
+                w[j] = (float)(0.02 * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+            }
+        }
+    }
+    ops->upload_raw(ctx, m->master, host, pbytes);
+    dflash_model_sync_params(m);
+    float *inv = host; /* reuse for the rope table */
+    rope_inv_freq(inv, cfg->head_dim, cfg->rope_theta, NULL);
+    ops->upload_raw(ctx, m->inv_freq, inv, (size_t)cfg->head_dim / 2 * sizeof(float));
+    free(host);
+    LOG_INFO("drafter: %d layers, D %d, %zu trainable parameters, %.1f MiB activations",
+             L, cfg->hidden_size, m->n_params, (double)p.off / (1 << 20));
+    return m;
+fail:
+    free(host);
+    dflash_model_destroy(&m);
+    return NULL;
+}
+
+void dflash_model_destroy(dflash_model **pm)
+{
+    if (!pm || !*pm) return;
+    dflash_model *m = *pm;
+    if ((void *)m->params != (void *)m->master) m->ops->free(m->ctx, m->params);
+    m->ops->free(m->ctx, m->master);
+    m->ops->free(m->ctx, m->grads);
+    m->ops->free(m->ctx, m->adam_m);
+    m->ops->free(m->ctx, m->adam_v);
+    m->ops->free(m->ctx, m->acts_mem);
+    free(m->tensors);
+    free(m->resid);
+    free(m->la);
+    free(m);
+    *pm = NULL;
+}
+
+int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *noise_ids,
+                            const int32_t *pos, const nn_block_span *spans,
+                            const int32_t *labels, const float *weights)
+{
+    if (Tc < 1 || Tc > m->max_tokens || nb < 1 || nb > m->max_blocks) return DFLASH_EINVAL;
+    size_t Q = (size_t)nb * m->cfg.block_size;
+    const nn_ops *o = m->ops;
+    o->upload_raw(m->ctx, m->in_ids, noise_ids, Q * sizeof(int32_t));
+    o->upload_raw(m->ctx, m->in_pos, pos, ((size_t)Tc + Q) * sizeof(int32_t));
+    o->upload_raw(m->ctx, m->in_spans, spans, (size_t)nb * sizeof(nn_block_span));
+    if (labels) o->upload_raw(m->ctx, m->in_labels, labels, Q * sizeof(int32_t));
+    if (weights) o->upload_raw(m->ctx, m->in_weights, weights, Q * sizeof(float));
+    m->cur_tc = Tc;
+    m->cur_nb = nb;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * forward and backward */
+
+/* Row r of an act-typed [*, cols] buffer. */
+static nn_buf *row(const dflash_model *m, const nn_buf *b, size_t r, size_t cols)
+{
+    return (char *)b + r * cols * m->ops->act_bytes;
+}
+
+/* Context fusion. Forward: Z[Tc,D] = X[Tc,nF*D] Wfc^T; Ht = rmsnorm(Z, hidden_norm).
+ * Backward: dZ = rmsnorm_bwd(dHt); dWfc += dZ^T X (no dX: the target features are frozen). */
+static void context_fwd(dflash_model *m, const nn_buf *X)
+{
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    int Tc = m->cur_tc, D = c->hidden_size;
+    o->linear_fwd(m->ctx, m->Z, X, dflash_model_weight(m, m->t_fc), NULL, Tc, c->n_feat * D, D);
+    o->rmsnorm_fwd(m->ctx, m->Ht, m->rstd_h, m->Z, dflash_model_weight(m, m->t_hidden_norm), Tc,
+                   D, (float)c->rms_norm_eps);
+}
+
+static void context_bwd(dflash_model *m, const nn_buf *X)
+{
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    int Tc = m->cur_tc, D = c->hidden_size;
+    o->rmsnorm_bwd(m->ctx, m->dZ, dflash_model_grad(m, m->t_hidden_norm), m->dHt, m->Z,
+                   dflash_model_weight(m, m->t_hidden_norm), m->rstd_h, Tc, D);
+    o->linear_bwd(m->ctx, NULL, dflash_model_grad(m, m->t_fc), NULL, m->dZ, X,
+                  dflash_model_weight(m, m->t_fc), Tc, c->n_feat * D, D);
+}
+
+/* Attention with KV injection, layer l. Input resid[l] [Q,D], output hmid [Q,D].
+ *   xln = rmsnorm(h); qraw = xln Wq^T; q = rope(rmsnorm_head(qraw))
+ *   kraw = [Ht Wk^T ; xln Wk^T]; k = rope(rmsnorm_head(kraw)) at [ctx pos ; blk pos]
+ *   v = [Ht Wv^T ; xln Wv^T]; att = blockattn(q, k, v); hmid = h + att Wo^T */
+static void attn_fwd(dflash_model *m, int l)
+{
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    dflash_layer_acts *a = &m->la[l];
+    int Tc = m->cur_tc, nb = m->cur_nb, B = c->block_size, Q = nb * B, Tk = Tc + Q;
+    int D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
+    float eps = (float)c->rms_norm_eps;
+    const nn_buf *h = m->resid[l];
+    o->rmsnorm_fwd(m->ctx, a->xln, a->rstd_in, h, LW(m, l, DFL_IN_LN), Q, D, eps);
+    o->linear_fwd(m->ctx, a->qraw, a->xln, LW(m, l, DFL_Q), NULL, Q, D, H * d);
+    o->linear_fwd(m->ctx, a->kraw, m->Ht, LW(m, l, DFL_K), NULL, Tc, D, Hk * d);
+    o->linear_fwd(m->ctx, row(m, a->kraw, Tc, Hk * d), a->xln, LW(m, l, DFL_K), NULL, Q, D,
+                  Hk * d);
+    o->linear_fwd(m->ctx, a->v, m->Ht, LW(m, l, DFL_V), NULL, Tc, D, Hk * d);
+    o->linear_fwd(m->ctx, row(m, a->v, Tc, Hk * d), a->xln, LW(m, l, DFL_V), NULL, Q, D, Hk * d);
+    o->rmsnorm_fwd(m->ctx, a->q, a->rstd_q, a->qraw, LW(m, l, DFL_Q_NORM), Q * H, d, eps);
+    o->rmsnorm_fwd(m->ctx, a->k, a->rstd_k, a->kraw, LW(m, l, DFL_K_NORM), Tk * Hk, d, eps);
+    o->rope_fwd(m->ctx, a->q, m->in_pos + Tc, m->inv_freq, Q, H, d, H * d);
+    o->rope_fwd(m->ctx, a->k, m->in_pos, m->inv_freq, Tk, Hk, d, Hk * d);
+    o->attention_block_fwd(m->ctx, a->att, a->lse, a->q, a->k, a->v, m->in_spans, nb, B, Tk, H,
+                           Hk, d);
+    o->linear_fwd(m->ctx, a->hmid, a->att, LW(m, l, DFL_O), NULL, Q, H * d, D);
+    o->add_inplace(m->ctx, a->hmid, h, (size_t)Q * D);
+}
+
+/* Backward of attn_fwd: dh [Q,D] holds d/d hmid on entry and d/d resid[l] on exit; dHt
+ * accumulates the context branch (k and v of the context rows). */
+static void attn_bwd(dflash_model *m, int l)
+{
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    dflash_layer_acts *a = &m->la[l];
+    int Tc = m->cur_tc, nb = m->cur_nb, B = c->block_size, Q = nb * B, Tk = Tc + Q;
+    int D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
+    /* hmid = h + att Wo^T */
+    o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q,
+                  H * d, D);
+    o->attention_block_bwd(m->ctx, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
+                           m->in_spans, nb, B, Tk, H, Hk, d);
+    /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
+    o->rope_bwd(m->ctx, m->dq, m->in_pos + Tc, m->inv_freq, Q, H, d, H * d);
+    o->rope_bwd(m->ctx, m->dk, m->in_pos, m->inv_freq, Tk, Hk, d, Hk * d);
+    o->rmsnorm_bwd(m->ctx, m->dqraw, LG(m, l, DFL_Q_NORM), m->dq, a->qraw, LW(m, l, DFL_Q_NORM),
+                   a->rstd_q, Q * H, d);
+    o->rmsnorm_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw, LW(m, l, DFL_K_NORM),
+                   a->rstd_k, Tk * Hk, d);
+    /* block rows: dxln from q, k, v projections */
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,
+                  H * d);
+    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hk * d),
+                      a->xln, LW(m, l, DFL_K), Q, D, Hk * d);
+    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hk * d), a->xln,
+                      LW(m, l, DFL_V), Q, D, Hk * d);
+    /* context rows: dHt accumulates over layers */
+    o->linear_bwd_acc(m->ctx, m->dHt, LG(m, l, DFL_K), NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc,
+                      D, Hk * d);
+    o->linear_bwd_acc(m->ctx, m->dHt, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D,
+                      Hk * d);
+    /* xln = rmsnorm(h); the residual adds dh itself */
+    o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l],
+                   LW(m, l, DFL_IN_LN), a->rstd_in, Q, D);
+    o->add_inplace(m->ctx, m->dh, m->dtmp, (size_t)Q * D);
+}
+
+/* MLP, layer l: yln = rmsnorm(hmid); resid[l+1] = hmid + (silu(yln Wg^T) * yln Wu^T) Wd^T. */
+static void mlp_fwd(dflash_model *m, int l)
+{
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    dflash_layer_acts *a = &m->la[l];
+    int Q = m->cur_nb * c->block_size, D = c->hidden_size, F = c->intermediate_size;
+    o->rmsnorm_fwd(m->ctx, a->yln, a->rstd_post, a->hmid, LW(m, l, DFL_POST_LN), Q, D,
+                   (float)c->rms_norm_eps);
+    o->linear_fwd(m->ctx, a->gate, a->yln, LW(m, l, DFL_GATE), NULL, Q, D, F);
+    o->linear_fwd(m->ctx, a->up, a->yln, LW(m, l, DFL_UP), NULL, Q, D, F);
+    o->swiglu_fwd(m->ctx, a->act, a->gate, a->up, Q, F);
+    o->linear_fwd(m->ctx, m->resid[l + 1], a->act, LW(m, l, DFL_DOWN), NULL, Q, F, D);
+    o->add_inplace(m->ctx, m->resid[l + 1], a->hmid, (size_t)Q * D);
+}
+
+/* Backward of mlp_fwd: dh holds d/d resid[l+1] on entry, d/d hmid on exit. */
+static void mlp_bwd(dflash_model *m, int l)
+{
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    dflash_layer_acts *a = &m->la[l];
+    int Q = m->cur_nb * c->block_size, D = c->hidden_size, F = c->intermediate_size;
+    o->linear_bwd(m->ctx, m->dact, LG(m, l, DFL_DOWN), NULL, m->dh, a->act, LW(m, l, DFL_DOWN), Q,
+                  F, D);
+    o->swiglu_bwd(m->ctx, m->dgate, m->dup, m->dact, a->gate, a->up, Q, F);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_GATE), NULL, m->dgate, a->yln,
+                  LW(m, l, DFL_GATE), Q, D, F);
+    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_UP), NULL, m->dup, a->yln, LW(m, l, DFL_UP),
+                      Q, D, F);
+    o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_POST_LN), m->dxln, a->hmid,
+                   LW(m, l, DFL_POST_LN), a->rstd_post, Q, D);
+    o->add_inplace(m->ctx, m->dh, m->dtmp, (size_t)Q * D);
+}
+
+void dflash_model_forward(dflash_model *m, const nn_buf *X)
+{
+    const dflash_config *c = &m->cfg;
+    int Q = m->cur_nb * c->block_size, D = c->hidden_size;
+    context_fwd(m, X);
+    m->ops->embedding_fwd(m->ctx, m->resid[0], m->in_ids, m->embed, Q, D);
+    for (int l = 0; l < c->num_layers; l++) {
+        attn_fwd(m, l);
+        mlp_fwd(m, l);
+    }
+    m->ops->rmsnorm_fwd(m->ctx, m->out, m->rstd_out, m->resid[c->num_layers],
+                        dflash_model_weight(m, m->t_norm), Q, D, (float)c->rms_norm_eps);
+}
+
+/* Final norm + lm_head + weighted CE: out = rmsnorm(h, norm); dh = d loss / d out. */
+void dflash_model_loss(dflash_model *m, float inv_norm)
+{
+    const dflash_config *c = &m->cfg;
+    int Q = m->cur_nb * c->block_size;
+    m->ops->lm_head_xent(m->ctx, m->dh, m->out_sums, m->out_correct, m->out, m->lm_head,
+                         m->in_labels, m->in_weights, inv_norm, m->lm_scratch, Q,
+                         c->hidden_size, c->vocab_size, m->lm_chunk);
+}
+
+void dflash_model_backward(dflash_model *m, const nn_buf *X)
+{
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    int Q = m->cur_nb * c->block_size, D = c->hidden_size, L = c->num_layers;
+    /* out = rmsnorm(resid[L], norm): dh <- d/d resid[L] (dx may equal dy) */
+    o->rmsnorm_bwd(m->ctx, m->dh, dflash_model_grad(m, m->t_norm), m->dh, m->resid[L],
+                   dflash_model_weight(m, m->t_norm), m->rstd_out, Q, D);
+    o->zero(m->ctx, m->dHt, (size_t)m->cur_tc * D * o->act_bytes);
+    for (int l = L - 1; l >= 0; l--) {
+        mlp_bwd(m, l);
+        attn_bwd(m, l);
+    }
+    /* resid[0] is the frozen embedding: no gradient */
+    context_bwd(m, X);
+}
+
+void dflash_model_predict(dflash_model *m)
+{
+    const dflash_config *c = &m->cfg;
+    m->ops->lm_head_argmax(m->ctx, m->out_argmax, m->out, m->lm_head, m->lm_scratch,
+                           m->cur_nb * c->block_size, c->hidden_size, c->vocab_size, m->lm_chunk);
+}

@@ -1,0 +1,207 @@
+/* dflash_model: the DFlash block-diffusion drafter (reference/dflash.md 1.4, 1.5, 3.3), forward
+ * and backward, written once against the ops table (ops.h) so the cuda backend runs the same code.
+ *
+ * What it computes for one packed batch (Tc context rows, nb blocks of B rows, Q = nb*B):
+ *   Z   = X Wfc^T                    X [Tc, nF*D] target features, Z [Tc, D]
+ *   Ht  = rmsnorm(Z, hidden_norm)    context features, [Tc, D]
+ *   h   = embed[noise_ids]           [Q, D]  (frozen target embedding; MASK row included)
+ *   per layer l:
+ *     x  = rmsnorm(h, input_layernorm)
+ *     q  = rope(rmsnorm_head(x Wq^T, q_norm), block pos)            [Q, H, d]
+ *     K  = rope(rmsnorm_head([Ht Wk^T ; x Wk^T], k_norm), [ctx pos ; block pos])   [Tk, Hk, d]
+ *     V  = [Ht Wv^T ; x Wv^T]                                       [Tk, Hk, d], Tk = Tc + Q
+ *     h += Wo blockattn(q, K, V, spans)                              (mask from nn_block_span)
+ *     h += Wdown(silu(Wgate y) * Wup y),  y = rmsnorm(h, post_attention_layernorm)
+ *   out = rmsnorm(h, norm); loss through the frozen lm_head with the chunked lm_head_xent op.
+ * The K/V buffers are [context rows of all sequences | block rows of all blocks]; the span of
+ * block j names its sequence's context rows strictly before the anchor and its own B rows.
+ *
+ * Memory (llm.c style): four large allocations, each pointed into from a size table planned once
+ * at creation for (max_tokens, max_blocks):
+ *   master  fp32 parameters (trainable only), one flat array; the tensor table gives offsets.
+ *           Order: all matrices first (weight decay applies), then all norm vectors (none).
+ *   params  act-typed copy used by the ops (cpu: the same memory as master).
+ *   grads, adam_m, adam_v   fp32, same layout as master.
+ *   acts    activations and backward scratch (act type), stats (fp32), inputs (int32/spans).
+ * Nothing is allocated after dflash_model_new.
+ *
+ * Threads: one thread (the nn_ctx's thread / stream) uses a model at a time. The embed and
+ * lm_head buffers are borrowed from the target and never written.
+ * Callers: dflash_train (training step), dflash_eval (offline tau), dflash_ckpt, the tests.
+ */
+#ifndef DFLASH_NN_DFLASH_MODEL_H
+#define DFLASH_NN_DFLASH_MODEL_H
+
+#include "model_config.h"
+#include "ops.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DFLASH_MAX_FEAT 64
+#define DFLASH_MAX_LAYERS 64
+
+/* The drafter's architecture: what config.json (dflash.md 2.1) holds. Plain data. */
+typedef struct dflash_config {
+    int hidden_size;       /* D, must equal the target's */
+    int num_layers;        /* L_d */
+    int num_heads;         /* H */
+    int num_kv_heads;      /* Hk, H % Hk == 0 */
+    int head_dim;          /* d, even */
+    int intermediate_size; /* F */
+    int block_size;        /* B: 1 anchor + B-1 predicted tokens */
+    int n_feat;            /* nF = len(target_layer_ids) */
+    int target_layer_ids[DFLASH_MAX_FEAT]; /* output of target decoder layer k, 0-based */
+    int num_target_layers; /* target depth */
+    int mask_token_id;     /* row of the target embedding used for MASK */
+    int vocab_size;        /* V, the target's */
+    int max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;
+    bool tie_word_embeddings; /* the target's (informational, written to config.json) */
+    int bos_token_id, eos_token_id; /* -1 when unknown */
+} dflash_config;
+
+/* Fills c for a drafter of num_layers layers and block block_size over target t: D, H, Hk, d, F,
+ * V, eps, theta, positions from the target; target_layer_ids by z-lab's rule with n_feat =
+ * num_layers (n_feat may be changed afterwards together with the ids); mask_token_id as given. */
+void dflash_config_default(dflash_config *c, const model_config *t, int num_layers,
+                           int block_size, int mask_token_id);
+/* z-lab build_target_layer_ids: n == 1 -> [L/2]; else round(1 + i*(L-4)/(n-1)) (half to even).
+ * Writes n ids. */
+void dflash_default_layer_ids(int L, int n, int *ids);
+/* Checks the config on its own. Returns 0 or DFLASH_ECONFIG with the reason in msg. */
+int dflash_config_validate(const dflash_config *c, char *msg, size_t msglen);
+/* Checks that a drafter fits a target whose captured layers are ids[0..n_ids): hidden size,
+ * vocabulary, layer ids (count and values), ids below the target depth, mask token inside the
+ * vocabulary. Returns 0 or DFLASH_EMISMATCH with a message naming both values, e.g.
+ * "drafter hidden_size 64 does not match target hidden_size 128". */
+int dflash_config_check_target(const dflash_config *c, const model_config *t, const int *ids,
+                               int n_ids, char *msg, size_t msglen);
+
+/* One trainable tensor of the flat parameter arrays. */
+typedef struct dflash_tensor {
+    char name[64]; /* checkpoint name (dflash.md 2.2), e.g. "layers.0.self_attn.q_proj.weight" */
+    int ndim;      /* 1 or 2 */
+    int shape[2];  /* [out, in] for linear weights, [n] for norms */
+    size_t offset; /* elements from the start of master / grads / moments / params */
+    size_t numel;
+    bool decay;    /* weight decay applies (matrices) */
+} dflash_tensor;
+
+/* Per-layer tensor kinds, index into dflash_model.t_layer[l][]. */
+enum {
+    DFL_Q, DFL_K, DFL_V, DFL_O, DFL_GATE, DFL_UP, DFL_DOWN,  /* matrices */
+    DFL_IN_LN, DFL_POST_LN, DFL_Q_NORM, DFL_K_NORM,          /* vectors */
+    DFL_N_LAYER_TENSORS
+};
+
+/* Saved activations of one layer (pointers into the acts allocation). */
+typedef struct dflash_layer_acts {
+    nn_buf *xln;      /* [Q, D] input_layernorm output */
+    float *rstd_in;   /* [Q] */
+    nn_buf *qraw;     /* [Q, H*d] before q_norm */
+    nn_buf *q;        /* [Q, H*d] after q_norm and rope */
+    float *rstd_q;    /* [Q*H] */
+    nn_buf *kraw;     /* [Tk, Hk*d] before k_norm (context rows then block rows) */
+    nn_buf *k;        /* [Tk, Hk*d] after k_norm and rope */
+    float *rstd_k;    /* [Tk*Hk] */
+    nn_buf *v;        /* [Tk, Hk*d] */
+    nn_buf *att;      /* [Q, H*d] attention output */
+    float *lse;       /* [H, Q] */
+    nn_buf *hmid;     /* [Q, D] residual after attention */
+    nn_buf *yln;      /* [Q, D] post_attention_layernorm output */
+    float *rstd_post; /* [Q] */
+    nn_buf *gate, *up, *act; /* [Q, F] */
+} dflash_layer_acts;
+
+typedef struct dflash_model {
+    dflash_config cfg;
+    const nn_ops *ops;
+    nn_ctx *ctx;
+    const nn_buf *embed;   /* [V, D] borrowed, frozen */
+    const nn_buf *lm_head; /* [V, D] borrowed, frozen */
+    int max_tokens;        /* Tc_max: context rows per batch */
+    int max_blocks;        /* nb_max: blocks (anchors) per batch */
+    int lm_chunk;          /* rows per lm_head chunk */
+
+    /* parameters: the size table and the flat arrays */
+    int n_tensors;
+    dflash_tensor *tensors;
+    int t_fc, t_hidden_norm, t_norm;
+    int t_layer[DFLASH_MAX_LAYERS][DFL_N_LAYER_TENSORS];
+    size_t n_params, n_decay; /* all; the first n_decay take weight decay */
+    float *master;   /* fp32 [n_params] backend memory */
+    nn_buf *params;  /* act [n_params]; == master when act_bytes == 4 */
+    float *grads;    /* fp32 [n_params] */
+    float *adam_m, *adam_v;
+    long step;       /* optimizer steps taken */
+
+    /* activations (planned for max shapes) */
+    void *acts_mem;
+    nn_buf **resid;  /* [L+1] of [Q, D]: resid[l] is layer l's input */
+    dflash_layer_acts *la; /* [L] */
+    nn_buf *Z, *Ht;  /* [Tc, D] */
+    float *rstd_h;   /* [Tc] */
+    nn_buf *out;     /* [Q, D] final norm output */
+    float *rstd_out; /* [Q] */
+    /* backward scratch */
+    nn_buf *dh, *dtmp, *dxln;     /* [Q, D] */
+    nn_buf *datt, *dq, *dqraw;    /* [Q, H*d] */
+    nn_buf *dk, *dkraw, *dv;      /* [Tk, Hk*d] */
+    nn_buf *dact, *dgate, *dup;   /* [Q, F] */
+    nn_buf *dHt, *dZ;             /* [Tc, D] */
+    nn_buf *lm_scratch;           /* [lm_chunk, V] */
+    /* inputs (backend memory), filled by dflash_model_set_inputs */
+    int32_t *in_ids;      /* [Q] noise ids */
+    int32_t *in_pos;      /* [Tk] context positions then block positions */
+    nn_block_span *in_spans; /* [nb] */
+    int32_t *in_labels;   /* [Q] */
+    float *in_weights;    /* [Q] */
+    int32_t *out_correct; /* [Q] */
+    int32_t *out_argmax;  /* [Q] */
+    float *out_sums;      /* [2] loss_sum, weight_sum */
+    float *out_sumsq;     /* [1] */
+    float *inv_freq;      /* [d/2] */
+    int cur_tc, cur_nb;   /* shape of the inputs set last */
+} dflash_model;
+
+/* Creates a drafter with fresh weights (linear ~ N(0, 0.02) from init_seed, norms 1), grads and
+ * moments zero, planned for batches of up to max_tokens context rows and max_blocks blocks.
+ * embed and lm_head are the target's [V, D] act-typed buffers, borrowed for the model's life.
+ * Returns NULL after logging why (bad config, out of memory). */
+dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_ctx *ctx,
+                               const nn_buf *embed, const nn_buf *lm_head, int max_tokens,
+                               int max_blocks, uint64_t init_seed);
+void dflash_model_destroy(dflash_model **m);
+
+/* Tensor lookup by checkpoint name; -1 when absent. */
+int dflash_model_find(const dflash_model *m, const char *name);
+/* Act-typed weight, fp32 master and gradient of tensor i (backend memory). */
+nn_buf *dflash_model_weight(const dflash_model *m, int i);
+float *dflash_model_master(const dflash_model *m, int i);
+float *dflash_model_grad(const dflash_model *m, int i);
+/* Refreshes the act copies from the masters (after writing masters directly, e.g. a load). */
+void dflash_model_sync_params(dflash_model *m);
+
+/* Uploads one batch's host arrays into the model's input buffers: noise_ids[nb*B],
+ * pos[Tc + nb*B] (context positions then block positions), spans[nb], and optionally
+ * labels[nb*B] and weights[nb*B] (NULL at inference). Returns 0 or DFLASH_EINVAL when Tc or nb
+ * exceed the planned maxima. */
+int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *noise_ids,
+                            const int32_t *pos, const nn_block_span *spans,
+                            const int32_t *labels, const float *weights);
+/* Forward over the inputs set last; X is [Tc, nF*D] act-typed target features (backend memory,
+ * rows contiguous). Leaves out [Q, D] and all saved activations. */
+void dflash_model_forward(dflash_model *m, const nn_buf *X);
+/* Chunked lm_head cross-entropy over out with the labels/weights set last; writes dh and
+ * out_sums {sum w*CE, sum w}, out_correct. inv_norm scales the gradient (1 / sum w). */
+void dflash_model_loss(dflash_model *m, float inv_norm);
+/* Backward from dh (set by dflash_model_loss): ACCUMULATES every trainable gradient into grads.
+ * X must be the forward's. */
+void dflash_model_backward(dflash_model *m, const nn_buf *X);
+/* Greedy lm_head argmax of every query row into out_argmax [Q] (backend memory). */
+void dflash_model_predict(dflash_model *m);
+
+#endif

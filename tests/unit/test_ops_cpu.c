@@ -1,0 +1,555 @@
+/* test_ops_cpu: the cpu backend of ops.h against finite differences, a dense masked-attention
+ * reference written here in double, and hand-computed values.
+ *
+ * Every backward is checked by central differences of a scalar loss L = sum(out * R) with a
+ * fixed random R (so dout = R): analytic gradient vs (L(x+e) - L(x-e)) / 2e for every input
+ * element, error measured relative to the largest gradient. Properties a model author relies on
+ * are checked directly: rope_bwd undoes rope_fwd, packed causal attention equals per-sequence
+ * attention, the DFlash block mask (context range + own block, keep = 0 gives zeros), zero-weight
+ * rows of the loss give no gradient, AdamW matches torch's formula worked by hand.
+ */
+#include "check.h"
+#include "ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const nn_ops *ops;
+static nn_ctx *ctx;
+
+/* ---- helpers ---- */
+
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) /* uniform [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+static float *rnd(size_t n, float scale)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    return p;
+}
+static float *zeros(size_t n)
+{
+    return calloc(n, sizeof(float));
+}
+static double dot_d(const float *a, const float *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+static double max_abs(const float *a, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m = fabs(a[i]) > m ? fabs(a[i]) : m;
+    return m;
+}
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m = fabs(a[i] - b[i]) > m ? fabs(a[i] - b[i]) : m;
+    return m;
+}
+
+/* Central-difference check of grad[n] = dL/dx for the loss computed by f(arg) (which reads x).
+ * Returns max |fd - grad| / max(max|grad|, 1e-3). */
+typedef double (*loss_fn)(void *arg);
+static double fd_error(const char *what, float *x, const float *grad, size_t n, loss_fn f,
+                       void *arg, float eps)
+{
+    double worst = 0.0, gmax = max_abs(grad, n);
+    if (gmax < 1e-3) gmax = 1e-3;
+    for (size_t i = 0; i < n; i++) {
+        float x0 = x[i];
+        x[i] = x0 + eps;
+        double lp = f(arg);
+        x[i] = x0 - eps;
+        double lm = f(arg);
+        x[i] = x0;
+        double fd = (lp - lm) / (2.0 * eps);
+        double e = fabs(fd - grad[i]) / gmax;
+        if (e > worst) worst = e;
+    }
+    printf("  fd %-28s max rel err %.2e (max |grad| %.3g)\n", what, worst, gmax);
+    return worst;
+}
+
+#define FD_TOL 2e-2
+
+/* ---- rmsnorm ---- */
+
+typedef struct {
+    float *out, *rstd, *x, *w, *R;
+    int Rn, C;
+} norm_t;
+static double norm_loss(void *a_)
+{
+    norm_t *a = a_;
+    ops->rmsnorm_fwd(ctx, a->out, a->rstd, a->x, a->w, a->Rn, a->C, 1e-6f);
+    return dot_d(a->out, a->R, (size_t)a->Rn * a->C);
+}
+
+static void test_rmsnorm(void)
+{
+    int Rn = 5, C = 16;
+    size_t n = (size_t)Rn * C;
+    norm_t a = {zeros(n), zeros(Rn), rnd(n, 2.0f), rnd(C, 1.0f), rnd(n, 1.0f), Rn, C};
+    norm_loss(&a);
+    /* forward against the formula */
+    double ss = 0.0;
+    for (int i = 0; i < C; i++) ss += (double)a.x[C + i] * a.x[C + i];
+    double r = 1.0 / sqrt(ss / C + 1e-6);
+    CHECK_NEAR(a.out[C + 3], a.x[C + 3] * r * a.w[3], 1e-5);
+    CHECK_NEAR(a.rstd[1], r, 1e-5);
+
+    float *dx = zeros(n), *dw = rnd(C, 1.0f), *dw0 = malloc(C * sizeof(float));
+    memcpy(dw0, dw, C * sizeof(float));
+    ops->rmsnorm_bwd(ctx, dx, dw, a.R, a.x, a.w, a.rstd, Rn, C);
+    for (int i = 0; i < C; i++) dw[i] -= dw0[i]; /* accumulates: subtract the prefill */
+    CHECK(fd_error("rmsnorm dx", a.x, dx, n, norm_loss, &a, 1e-2f) < FD_TOL);
+    CHECK(fd_error("rmsnorm dw", a.w, dw, C, norm_loss, &a, 1e-2f) < FD_TOL);
+
+    /* dx may equal dy */
+    float *dy = malloc(n * sizeof(float));
+    memcpy(dy, a.R, n * sizeof(float));
+    norm_loss(&a);
+    ops->rmsnorm_bwd(ctx, dy, NULL, dy, a.x, a.w, a.rstd, Rn, C);
+    CHECK(max_diff(dy, dx, n) < 1e-6);
+    /* out may equal x */
+    float *xc = malloc(n * sizeof(float));
+    memcpy(xc, a.x, n * sizeof(float));
+    ops->rmsnorm_fwd(ctx, xc, NULL, xc, a.w, Rn, C, 1e-6f);
+    CHECK(max_diff(xc, a.out, n) < 1e-6);
+    free(a.out), free(a.rstd), free(a.x), free(a.w), free(a.R), free(dx), free(dw), free(dw0);
+    free(dy), free(xc);
+}
+
+/* ---- linear ---- */
+
+typedef struct {
+    float *y, *x, *w, *b, *R;
+    int M, K, N;
+} lin_t;
+static double lin_loss(void *a_)
+{
+    lin_t *a = a_;
+    ops->linear_fwd(ctx, a->y, a->x, a->w, a->b, a->M, a->K, a->N);
+    return dot_d(a->y, a->R, (size_t)a->M * a->N);
+}
+
+static void test_linear(void)
+{
+    int M = 6, K = 7, N = 5;
+    lin_t a = {zeros((size_t)M * N), rnd((size_t)M * K, 1), rnd((size_t)N * K, 1), rnd(N, 1),
+               rnd((size_t)M * N, 1), M, K, N};
+    lin_loss(&a);
+    /* forward against a naive loop */
+    double y23 = a.b[3];
+    for (int k = 0; k < K; k++) y23 += (double)a.x[2 * K + k] * a.w[3 * K + k];
+    CHECK_NEAR(a.y[2 * N + 3], y23, 1e-5);
+
+    float *dx = rnd((size_t)M * K, 5), *dw = zeros((size_t)N * K), *db = zeros(N);
+    ops->linear_bwd(ctx, dx, dw, db, a.R, a.x, a.w, M, K, N); /* dx overwritten, not added */
+    CHECK(fd_error("linear dx", a.x, dx, (size_t)M * K, lin_loss, &a, 1e-2f) < FD_TOL);
+    CHECK(fd_error("linear dw", a.w, dw, (size_t)N * K, lin_loss, &a, 1e-2f) < FD_TOL);
+    CHECK(fd_error("linear db", a.b, db, N, lin_loss, &a, 1e-2f) < FD_TOL);
+
+    /* a second backward accumulates dw, db; _acc accumulates dx too */
+    float *dx2 = malloc((size_t)M * K * sizeof(float)), *dw2 = malloc((size_t)N * K * 4),
+          *db2 = malloc(N * 4);
+    memcpy(dx2, dx, (size_t)M * K * 4), memcpy(dw2, dw, (size_t)N * K * 4), memcpy(db2, db, N * 4);
+    ops->linear_bwd_acc(ctx, dx2, dw2, db2, a.R, a.x, a.w, M, K, N);
+    int ok = 1;
+    for (int i = 0; i < M * K; i++) ok &= fabsf(dx2[i] - 2 * dx[i]) < 1e-5f;
+    for (int i = 0; i < N * K; i++) ok &= fabsf(dw2[i] - 2 * dw[i]) < 1e-5f;
+    for (int i = 0; i < N; i++) ok &= fabsf(db2[i] - 2 * db[i]) < 1e-5f;
+    CHECK(ok);
+    /* NULL dx and db are skipped */
+    ops->linear_bwd(ctx, NULL, dw2, NULL, a.R, a.x, a.w, M, K, N);
+    CHECK_NEAR(dw2[4], 3 * dw[4], 1e-5);
+    free(a.y), free(a.x), free(a.w), free(a.b), free(a.R), free(dx), free(dw), free(db);
+    free(dx2), free(dw2), free(db2);
+}
+
+/* ---- rope ---- */
+
+typedef struct {
+    float *x, *work, *R, *inv;
+    int32_t *pos;
+    int T, nh, d, ld;
+} rope_t;
+static double rope_loss(void *a_)
+{
+    rope_t *a = a_;
+    memcpy(a->work, a->x, (size_t)a->T * a->ld * sizeof(float));
+    ops->rope_fwd(ctx, a->work, a->pos, a->inv, a->T, a->nh, a->d, a->ld);
+    return dot_d(a->work, a->R, (size_t)a->T * a->ld);
+}
+
+static void test_rope(void)
+{
+    int T = 4, nh = 3, d = 8, ld = nh * d + 5; /* a padded row: the tail is not touched */
+    size_t n = (size_t)T * ld;
+    rope_t a = {rnd(n, 1), zeros(n), rnd(n, 1), zeros(d / 2), malloc(T * 4), T, nh, d, ld};
+    rope_inv_freq(a.inv, d, 10000.0, NULL);
+    int32_t pos[4] = {0, 7, 300, 3071};
+    memcpy(a.pos, pos, sizeof(pos));
+    rope_loss(&a);
+    CHECK(max_diff(a.work, a.x, (size_t)nh * d) == 0.0);              /* position 0: identity */
+    CHECK(max_diff(a.work + ld - 5, a.x + ld - 5, 5) == 0.0);         /* padding untouched */
+    /* dimension i pairs with i + d/2 at angle pos * inv_freq[i] */
+    float ang = 7.0f * a.inv[1], x1 = a.x[ld + 1], x2 = a.x[ld + 1 + d / 2];
+    CHECK_NEAR(a.work[ld + 1], x1 * cos(ang) - x2 * sin(ang), 1e-5);
+    CHECK_NEAR(a.work[ld + 1 + d / 2], x2 * cos(ang) + x1 * sin(ang), 1e-5);
+
+    /* rope_bwd is the inverse of rope_fwd */
+    ops->rope_bwd(ctx, a.work, a.pos, a.inv, T, nh, d, ld);
+    CHECK(max_diff(a.work, a.x, n) < 1e-5);
+    /* and the gradient: dx = rope_bwd(dout) */
+    float *g = malloc(n * sizeof(float));
+    memcpy(g, a.R, n * sizeof(float));
+    ops->rope_bwd(ctx, g, a.pos, a.inv, T, nh, d, ld);
+    CHECK(fd_error("rope dx", a.x, g, n, rope_loss, &a, 1e-2f) < FD_TOL);
+    free(a.x), free(a.work), free(a.R), free(a.inv), free(a.pos), free(g);
+}
+
+/* ---- swiglu ---- */
+
+typedef struct {
+    float *out, *g, *u, *R;
+    int Rn, F;
+} swi_t;
+static double swi_loss(void *a_)
+{
+    swi_t *a = a_;
+    ops->swiglu_fwd(ctx, a->out, a->g, a->u, a->Rn, a->F);
+    return dot_d(a->out, a->R, (size_t)a->Rn * a->F);
+}
+
+static void test_swiglu(void)
+{
+    int Rn = 3, F = 10;
+    size_t n = (size_t)Rn * F;
+    swi_t a = {zeros(n), rnd(n, 4), rnd(n, 2), rnd(n, 1), Rn, F};
+    swi_loss(&a);
+    CHECK_NEAR(a.out[7], a.g[7] / (1.0 + exp(-a.g[7])) * a.u[7], 1e-6);
+    float *dg = zeros(n), *du = zeros(n);
+    ops->swiglu_bwd(ctx, dg, du, a.R, a.g, a.u, Rn, F);
+    CHECK(fd_error("swiglu dgate", a.g, dg, n, swi_loss, &a, 1e-2f) < FD_TOL);
+    CHECK(fd_error("swiglu dup", a.u, du, n, swi_loss, &a, 1e-2f) < FD_TOL);
+    free(a.out), free(a.g), free(a.u), free(a.R), free(dg), free(du);
+}
+
+/* ---- attention ---- */
+
+/* Dense reference in double: out[Q,H,d] = softmax(q k^T / sqrt(d) + mask) v, GQA; rows without
+ * a visible key give 0. mask[Q*Tk] is 1 where key is visible. */
+static void ref_attention(float *out, const float *q, const float *k, const float *v,
+                          const unsigned char *mask, int Q, int Tk, int H, int Hk, int d)
+{
+    double *s = malloc((size_t)Tk * sizeof(double));
+    for (int r = 0; r < Q; r++)
+        for (int h = 0; h < H; h++) {
+            int hk = h / (H / Hk);
+            const float *qr = q + ((size_t)r * H + h) * d;
+            double mx = -INFINITY;
+            for (int t = 0; t < Tk; t++) {
+                if (!mask[(size_t)r * Tk + t]) continue;
+                s[t] = dot_d(qr, k + ((size_t)t * Hk + hk) * d, d) / sqrt((double)d);
+                if (s[t] > mx) mx = s[t];
+            }
+            double l = 0.0;
+            for (int i = 0; i < d; i++) out[((size_t)r * H + h) * d + i] = 0.0f;
+            double *acc = calloc(d, sizeof(double));
+            for (int t = 0; t < Tk; t++) {
+                if (!mask[(size_t)r * Tk + t]) continue;
+                double p = exp(s[t] - mx);
+                l += p;
+                for (int i = 0; i < d; i++) acc[i] += p * v[((size_t)t * Hk + hk) * d + i];
+            }
+            if (l > 0)
+                for (int i = 0; i < d; i++) out[((size_t)r * H + h) * d + i] = (float)(acc[i] / l);
+            free(acc);
+        }
+    free(s);
+}
+
+static void test_attention_causal(void)
+{
+    enum { NS = 3 };
+    int H = 4, Hk = 2, d = 8;
+    int32_t off[NS + 1] = {0, 5, 8, 15};
+    int T = off[NS];
+    float *q = rnd((size_t)T * H * d, 1.5f), *k = rnd((size_t)T * Hk * d, 1.5f),
+          *v = rnd((size_t)T * Hk * d, 1);
+    float *out = rnd((size_t)T * H * d, 9), *ref = zeros((size_t)T * H * d);
+    ops->attention_causal_fwd(ctx, out, q, k, v, off, NS, T, H, Hk, d);
+
+    /* against the dense masked reference: key t visible to row r iff same sequence and t <= r */
+    unsigned char *mask = calloc((size_t)T * T, 1);
+    for (int s = 0; s < NS; s++)
+        for (int r = off[s]; r < off[s + 1]; r++)
+            for (int t = off[s]; t <= r; t++) mask[(size_t)r * T + t] = 1;
+    ref_attention(ref, q, k, v, mask, T, T, H, Hk, d);
+    double e = max_diff(out, ref, (size_t)T * H * d);
+    printf("  causal packed vs dense reference: max abs err %.2e\n", e);
+    CHECK(e < 1e-5);
+
+    /* a packed batch equals each sequence run alone */
+    int ok = 1;
+    for (int s = 0; s < NS; s++) {
+        int L = off[s + 1] - off[s];
+        int32_t one[2] = {0, L};
+        float *o1 = zeros((size_t)L * H * d);
+        ops->attention_causal_fwd(ctx, o1, q + (size_t)off[s] * H * d,
+                                  k + (size_t)off[s] * Hk * d, v + (size_t)off[s] * Hk * d, one, 1,
+                                  L, H, Hk, d);
+        ok &= max_diff(o1, out + (size_t)off[s] * H * d, (size_t)L * H * d) < 1e-6;
+        free(o1);
+    }
+    CHECK(ok);
+    /* the first token of a sequence sees only itself: out = its v (of the right kv head) */
+    CHECK(max_diff(out + ((size_t)5 * H + 3) * d, v + ((size_t)5 * Hk + 1) * d, d) < 1e-6);
+
+    /* threads: a 1-thread context gives bit-identical results */
+    nn_ctx *c1 = nn_cpu_new(1);
+    float *o1 = zeros((size_t)T * H * d);
+    ops->attention_causal_fwd(c1, o1, q, k, v, off, NS, T, H, Hk, d);
+    CHECK(max_diff(o1, out, (size_t)T * H * d) == 0.0);
+    nn_cpu_destroy(&c1);
+    CHECK(c1 == NULL);
+    free(q), free(k), free(v), free(out), free(ref), free(mask), free(o1);
+}
+
+/* Block attention fixture: S context keys then n_blocks blocks of B keys. */
+enum { BLK_NB = 3, BLK_B = 4, BLK_S = 6, BLK_H = 4, BLK_HK = 2, BLK_D = 8 };
+#define BLK_Q (BLK_NB * BLK_B)
+#define BLK_TK (BLK_S + BLK_Q)
+
+typedef struct {
+    float *out, *lse, *q, *k, *v, *R;
+    nn_block_span spans[BLK_NB];
+} blk_t;
+static double blk_loss(void *a_)
+{
+    blk_t *a = a_;
+    ops->attention_block_fwd(ctx, a->out, a->lse, a->q, a->k, a->v, a->spans, BLK_NB, BLK_B,
+                             BLK_TK, BLK_H, BLK_HK, BLK_D);
+    return dot_d(a->out, a->R, (size_t)BLK_Q * BLK_H * BLK_D);
+}
+
+static void test_attention_block(void)
+{
+    size_t nq = (size_t)BLK_Q * BLK_H * BLK_D, nk = (size_t)BLK_TK * BLK_HK * BLK_D;
+    blk_t a = {zeros(nq), zeros((size_t)BLK_H * BLK_Q), rnd(nq, 1.5f), rnd(nk, 1.5f),
+               rnd(nk, 1), rnd(nq, 1), {{0}}};
+    /* block 0: anchor 3 sees ctx [0,3); block 1: keep = 0; block 2: anchor 0 sees no context */
+    a.spans[0] = (nn_block_span){0, 3, BLK_S + 0 * BLK_B, 1};
+    a.spans[1] = (nn_block_span){0, 5, BLK_S + 1 * BLK_B, 0};
+    a.spans[2] = (nn_block_span){0, 0, BLK_S + 2 * BLK_B, 1};
+    blk_loss(&a);
+
+    unsigned char mask[BLK_Q * BLK_TK] = {0};
+    for (int j = 0; j < BLK_NB; j++)
+        for (int i = 0; i < BLK_B; i++) {
+            const nn_block_span *s = &a.spans[j];
+            if (!s->keep) continue;
+            unsigned char *m = mask + (size_t)(j * BLK_B + i) * BLK_TK;
+            for (int t = s->ctx_begin; t < s->ctx_end; t++) m[t] = 1;
+            for (int t = s->blk_begin; t < s->blk_begin + BLK_B; t++) m[t] = 1;
+        }
+    float *ref = zeros(nq);
+    ref_attention(ref, a.q, a.k, a.v, mask, BLK_Q, BLK_TK, BLK_H, BLK_HK, BLK_D);
+    double e = max_diff(a.out, ref, nq);
+    printf("  block attention vs dense masked reference: max abs err %.2e\n", e);
+    CHECK(e < 1e-5);
+    /* keep = 0 rows are zero, with lse = +inf */
+    CHECK(max_abs(a.out + (size_t)BLK_B * BLK_H * BLK_D, (size_t)BLK_B * BLK_H * BLK_D) == 0.0);
+    CHECK(isinf(a.lse[BLK_B]) && a.lse[BLK_B] > 0);
+    /* lse is the log-sum-exp of the visible scores: check row 0, head 0 */
+    double se = 0.0;
+    for (int t = 0; t < BLK_TK; t++)
+        if (mask[t]) se += exp(dot_d(a.q, a.k + (size_t)t * BLK_HK * BLK_D, BLK_D) / sqrt(BLK_D));
+    CHECK_NEAR(a.lse[0], log(se), 1e-5);
+
+    /* keys outside a block's span do not change its output: perturb context key 4 (invisible to
+     * block 0, whose anchor is 3) and block 1's keys */
+    float *o0 = malloc(nq * sizeof(float));
+    memcpy(o0, a.out, nq * sizeof(float));
+    for (int i = 0; i < BLK_HK * BLK_D; i++) {
+        a.k[(size_t)4 * BLK_HK * BLK_D + i] += 1.0f;
+        a.v[(size_t)(BLK_S + BLK_B) * BLK_HK * BLK_D + i] += 1.0f;
+    }
+    blk_loss(&a);
+    CHECK(max_diff(a.out, o0, (size_t)BLK_B * BLK_H * BLK_D) == 0.0);            /* block 0 */
+    CHECK(max_diff(a.out + 2 * (size_t)BLK_B * BLK_H * BLK_D, o0 + 2 * (size_t)BLK_B * BLK_H * BLK_D,
+                   (size_t)BLK_B * BLK_H * BLK_D) == 0.0);                         /* block 2 */
+
+    /* backward: dq, dk, dv by finite differences; dk, dv are overwritten for every key row */
+    blk_loss(&a);
+    float *dq = rnd(nq, 7), *dk = rnd(nk, 7), *dv = rnd(nk, 7);
+    ops->attention_block_bwd(ctx, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, BLK_NB,
+                             BLK_B, BLK_TK, BLK_H, BLK_HK, BLK_D);
+    CHECK(fd_error("attention_block dq", a.q, dq, nq, blk_loss, &a, 1e-2f) < FD_TOL);
+    CHECK(fd_error("attention_block dk", a.k, dk, nk, blk_loss, &a, 1e-2f) < FD_TOL);
+    CHECK(fd_error("attention_block dv", a.v, dv, nk, blk_loss, &a, 1e-2f) < FD_TOL);
+    /* keys nobody sees (ctx 3..5, block 1's keys) get exactly zero; keep = 0 rows get dq = 0 */
+    CHECK(max_abs(dk + (size_t)3 * BLK_HK * BLK_D, (size_t)3 * BLK_HK * BLK_D) == 0.0);
+    CHECK(max_abs(dv + (size_t)(BLK_S + BLK_B) * BLK_HK * BLK_D, (size_t)BLK_B * BLK_HK * BLK_D) ==
+          0.0);
+    CHECK(max_abs(dq + (size_t)BLK_B * BLK_H * BLK_D, (size_t)BLK_B * BLK_H * BLK_D) == 0.0);
+
+    /* a 1-thread context gives bit-identical gradients (the fd loop left out/lse perturbed) */
+    blk_loss(&a);
+    ops->attention_block_bwd(ctx, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, BLK_NB,
+                             BLK_B, BLK_TK, BLK_H, BLK_HK, BLK_D);
+    nn_ctx *c1 = nn_cpu_new(1);
+    float *dq1 = zeros(nq), *dk1 = zeros(nk), *dv1 = zeros(nk);
+    ops->attention_block_bwd(c1, dq1, dk1, dv1, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, BLK_NB,
+                             BLK_B, BLK_TK, BLK_H, BLK_HK, BLK_D);
+    CHECK(max_diff(dq1, dq, nq) == 0.0 && max_diff(dk1, dk, nk) == 0.0 &&
+          max_diff(dv1, dv, nk) == 0.0);
+    nn_cpu_destroy(&c1);
+    free(a.out), free(a.lse), free(a.q), free(a.k), free(a.v), free(a.R), free(ref), free(o0);
+    free(dq), free(dk), free(dv), free(dq1), free(dk1), free(dv1);
+}
+
+/* ---- lm_head + cross-entropy ---- */
+
+typedef struct {
+    float *dh, *h, *W, *wts, *scratch;
+    int32_t *labels, *correct;
+    float sums[2];
+    int Q, D, V, chunk;
+    float inv_norm;
+} xent_t;
+static double xent_loss(void *a_)
+{
+    xent_t *a = a_;
+    ops->lm_head_xent(ctx, NULL, a->sums, NULL, a->h, a->W, a->labels, a->wts, a->inv_norm,
+                      a->scratch, a->Q, a->D, a->V, a->chunk);
+    return (double)a->sums[0] * a->inv_norm;
+}
+
+static void test_lm_head_xent(void)
+{
+    int Q = 7, D = 6, V = 11, chunk = 3;
+    xent_t a = {zeros((size_t)Q * D), rnd((size_t)Q * D, 1), rnd((size_t)V * D, 1), zeros(Q),
+                zeros((size_t)chunk * V), malloc(Q * 4), malloc(Q * 4), {0, 0}, Q, D, V, chunk,
+                0.37f};
+    for (int r = 0; r < Q; r++) {
+        a.labels[r] = (r * 5) % V;
+        a.wts[r] = (r == 2 || r == 5) ? 0.0f : 0.5f + 0.1f * r;
+    }
+    ops->lm_head_xent(ctx, a.dh, a.sums, a.correct, a.h, a.W, a.labels, a.wts, a.inv_norm,
+                      a.scratch, Q, D, V, chunk);
+    /* the loss and weight sum against a double computation */
+    double loss = 0.0, wsum = 0.0;
+    int ok_correct = 1;
+    for (int r = 0; r < Q; r++) {
+        double lg[64], mx = -INFINITY;
+        int am = 0;
+        for (int v = 0; v < V; v++) {
+            lg[v] = dot_d(a.h + (size_t)r * D, a.W + (size_t)v * D, D);
+            if (lg[v] > mx) mx = lg[v], am = v;
+        }
+        ok_correct &= a.correct[r] == (am == a.labels[r]);
+        if (a.wts[r] <= 0) continue;
+        double se = 0.0;
+        for (int v = 0; v < V; v++) se += exp(lg[v] - mx);
+        loss += a.wts[r] * (mx + log(se) - lg[a.labels[r]]);
+        wsum += a.wts[r];
+    }
+    CHECK_NEAR(a.sums[0], loss, 1e-4 * loss);
+    CHECK_NEAR(a.sums[1], wsum, 1e-5);
+    CHECK(ok_correct);
+    /* rows with weight 0 get dh = 0 (overwritten) */
+    CHECK(max_abs(a.dh + 2 * D, D) == 0.0 && max_abs(a.dh + 5 * D, D) == 0.0);
+    CHECK(max_abs(a.dh, D) > 0.0);
+    /* dh is d(inv_norm * loss_sum)/dh */
+    CHECK(fd_error("lm_head_xent dh", a.h, a.dh, (size_t)Q * D, xent_loss, &a, 1e-2f) < FD_TOL);
+
+    /* the chunk size does not change the result */
+    xent_loss(&a); /* the fd loop left sums from a perturbed h */
+    float *dh2 = rnd((size_t)Q * D, 3), *scr2 = zeros((size_t)Q * V), sums2[2];
+    ops->lm_head_xent(ctx, dh2, sums2, NULL, a.h, a.W, a.labels, a.wts, a.inv_norm, scr2, Q, D, V,
+                      Q);
+    CHECK(max_diff(dh2, a.dh, (size_t)Q * D) < 1e-6);
+    CHECK_NEAR(sums2[0], a.sums[0], 1e-5);
+
+    /* greedy argmax agrees with the correct flags: label := argmax makes every row correct */
+    int32_t am[7];
+    ops->lm_head_argmax(ctx, am, a.h, a.W, a.scratch, Q, D, V, chunk);
+    ops->lm_head_xent(ctx, NULL, sums2, a.correct, a.h, a.W, am, a.wts, 1.0f, a.scratch, Q, D, V,
+                      chunk);
+    int all = 1;
+    for (int r = 0; r < Q; r++) all &= a.correct[r] == 1;
+    CHECK(all);
+    free(a.dh), free(a.h), free(a.W), free(a.wts), free(a.scratch), free(a.labels), free(a.correct);
+    free(dh2), free(scr2);
+}
+
+/* ---- optimizer and small ops ---- */
+
+static void test_adamw(void)
+{
+    /* p = 1, g = 0.5 scaled by 2 -> 1; lr 0.1, wd 0.01, betas (0.9, 0.999):
+     * step 1: m = 0.1, v = 0.001, mhat = vhat = 1: p = 1 * (1 - 0.001) - 0.1 * 1 / (1 + eps)
+     * step 2: m = 0.19, v = 0.001999, mhat = vhat = 1: p = 0.899 * 0.999 - 0.1 */
+    float p[2] = {1.0f, -2.0f}, act[2] = {0, 0}, g[2] = {0.5f, 0.0f}, m[2] = {0, 0}, v[2] = {0, 0};
+    ops->adamw(ctx, p, act, g, m, v, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2.0f, 1);
+    CHECK_NEAR(p[0], 0.899, 1e-6);
+    CHECK_NEAR(m[0], 0.1, 1e-7);
+    CHECK_NEAR(v[0], 0.001, 2e-8); /* 1 - 0.999f is 0.00099998713 */
+    CHECK_NEAR(p[1], -2.0 * 0.999, 1e-6); /* zero gradient: only the decay */
+    CHECK(act[0] == p[0] && act[1] == p[1]);
+    ops->adamw(ctx, p, NULL, g, m, v, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2.0f, 2);
+    CHECK_NEAR(p[0], 0.899 * 0.999 - 0.1, 1e-6);
+
+    float s;
+    ops->sumsq(ctx, &s, (float[]){3, -4, 12}, 3);
+    CHECK_NEAR(s, 169.0, 1e-6);
+}
+
+static void test_embedding_and_memory(void)
+{
+    float table[3 * 2] = {1, 2, 3, 4, 5, 6}, out[4 * 2];
+    int32_t ids[4] = {2, 0, 2, 1};
+    ops->embedding_fwd(ctx, out, ids, table, 4, 2);
+    CHECK(out[0] == 5 && out[1] == 6 && out[2] == 1 && out[7] == 4);
+
+    float *b = ops->alloc(ctx, 10 * sizeof(float));
+    CHECK(b != NULL && max_abs(b, 10) == 0.0);
+    ops->upload(ctx, b, table, 6);
+    float back[6];
+    ops->download(ctx, back, b, 6);
+    CHECK(memcmp(back, table, sizeof(back)) == 0);
+    ops->add_inplace(ctx, b, table, 6);
+    CHECK(b[5] == 12.0f);
+    ops->zero(ctx, b, 10 * sizeof(float));
+    CHECK(max_abs(b, 10) == 0.0);
+    ops->free(ctx, b);
+    ops->free(ctx, NULL);
+    CHECK(ops->act_bytes == sizeof(float) && strcmp(ops->name, "cpu") == 0);
+}
+
+int main(void)
+{
+    ops = nn_cpu_ops();
+    ctx = nn_cpu_new(2);
+    CHECK(ctx != NULL);
+    test_rmsnorm();
+    test_linear();
+    test_rope();
+    test_swiglu();
+    test_attention_causal();
+    test_attention_block();
+    test_lm_head_xent();
+    test_adamw();
+    test_embedding_and_memory();
+    nn_cpu_destroy(&ctx);
+    CHECK_DONE();
+}

@@ -1,18 +1,771 @@
-/* wire: see wire.h. STUB until the implementation lands. */
+/* wire: see wire.h. Conversion between protobuf-c's generated structs and the plain wire_msg.
+ *
+ * pack: builds the generated structs on the stack pointing into the caller's wire_msg (nothing
+ * is allocated; repeated sub-messages use fixed pointer arrays sized by the WIRE_MAX_* bounds),
+ * then packs into the caller's buffer. unpack: size bound, protobuf-c unpack, copy into wire_msg
+ * with per-string/bytes length checks, free the generated tree, then wire_check for semantics.
+ * Thread: pure; any thread.
+ */
 #include "wire.h"
 #include "err.h"
 
+#include "dflash.pb-c.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const type_names[WIRE_TYPE_COUNT] = {
+    "none", "hello", "pool_register", "work_request", "work_unit", "slot_ready", "claim", "grant",
+    "slot_release", "ack", "checkpoint_committed", "resume_from", "heartbeat", "status_request",
+    "status_reply", "set_config", "set_config_reply", "pause", "resume", "drain", "error", "ok",
+};
+
+/* wire_type <-> body case; index is wire_type. */
+static const Dflash__Envelope__BodyCase body_cases[WIRE_TYPE_COUNT] = {
+    DFLASH__ENVELOPE__BODY__NOT_SET,
+    DFLASH__ENVELOPE__BODY_HELLO,
+    DFLASH__ENVELOPE__BODY_POOL_REGISTER,
+    DFLASH__ENVELOPE__BODY_WORK_REQUEST,
+    DFLASH__ENVELOPE__BODY_WORK_UNIT,
+    DFLASH__ENVELOPE__BODY_SLOT_READY,
+    DFLASH__ENVELOPE__BODY_CLAIM,
+    DFLASH__ENVELOPE__BODY_GRANT,
+    DFLASH__ENVELOPE__BODY_SLOT_RELEASE,
+    DFLASH__ENVELOPE__BODY_ACK,
+    DFLASH__ENVELOPE__BODY_CHECKPOINT_COMMITTED,
+    DFLASH__ENVELOPE__BODY_RESUME_FROM,
+    DFLASH__ENVELOPE__BODY_HEARTBEAT,
+    DFLASH__ENVELOPE__BODY_STATUS_REQUEST,
+    DFLASH__ENVELOPE__BODY_STATUS_REPLY,
+    DFLASH__ENVELOPE__BODY_SET_CONFIG,
+    DFLASH__ENVELOPE__BODY_SET_CONFIG_REPLY,
+    DFLASH__ENVELOPE__BODY_PAUSE,
+    DFLASH__ENVELOPE__BODY_RESUME,
+    DFLASH__ENVELOPE__BODY_DRAIN,
+    DFLASH__ENVELOPE__BODY_ERROR,
+    DFLASH__ENVELOPE__BODY_OK,
+};
+
+const char *wire_type_name(wire_type t)
+{
+    return (unsigned)t < WIRE_TYPE_COUNT ? type_names[t] : "unknown";
+}
+
+const char *wire_role_name(wire_role r)
+{
+    static const char *const n[] = {"none", "target", "drafter", "ctl", "broker"};
+    return (unsigned)r < 5 ? n[r] : "unknown";
+}
+
+uint64_t wire_new_incarnation(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+    }
+    return v ? v : 1;
+}
 
 void wire_msg_init(wire_msg *m, wire_type t, wire_role r, uint64_t inc, uint64_t rid)
 {
     memset(m, 0, sizeof *m);
-    m->version = WIRE_VERSION, m->type = t, m->role = r, m->incarnation = inc, m->request_id = rid;
+    m->version = WIRE_VERSION;
+    m->type = t;
+    m->role = r;
+    m->incarnation = inc;
+    m->request_id = rid;
 }
-void wire_msg_clear(wire_msg *m) { (void)m; }
-int wire_check(const wire_msg *m, char *w, size_t l) { (void)m, (void)w, (void)l; return 0; }
-int wire_pack(const wire_msg *m, uint8_t *b, size_t c) { (void)m, (void)b, (void)c; return DFLASH_EUNSUPPORTED; }
-int wire_unpack(const uint8_t *b, size_t n, wire_msg *m, char *w, size_t l) { (void)b, (void)n, (void)m, (void)w, (void)l; return DFLASH_EUNSUPPORTED; }
-const char *wire_type_name(wire_type t) { (void)t; return "unknown"; }
-const char *wire_role_name(wire_role r) { (void)r; return "unknown"; }
-uint64_t wire_new_incarnation(void) { return 1; }
+
+void wire_msg_clear(wire_msg *m)
+{
+    if (!m) return;
+    free(m->owned_);
+    m->owned_ = NULL;
+    if (m->type == WIRE_POOL_REGISTER) {
+        m->u.pool.event_handles = NULL;
+        m->u.pool.n_events = 0;
+    }
+}
+
+static int fail(char *why, size_t len, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *why, size_t len, int code, const char *fmt, ...)
+{
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* --- semantic checks ------------------------------------------------------------------------ */
+
+static int check_unit(const wire_unit *u, char *why, size_t len)
+{
+    if (u->bucket >= WIRE_MAX_BUCKETS)
+        return fail(why, len, DFLASH_ERANGE, "unit bucket %u >= %u", u->bucket, WIRE_MAX_BUCKETS);
+    if (u->index > UINT32_MAX)
+        return fail(why, len, DFLASH_ERANGE, "unit index %llu too large",
+                    (unsigned long long)u->index);
+    return 0;
+}
+
+static bool terminated(const char *s, size_t cap) { return memchr(s, 0, cap) != NULL; }
+
+static int check_pool(const wire_pool *p, char *why, size_t len)
+{
+    if (!p->pool_incarnation) return fail(why, len, DFLASH_ERANGE, "pool incarnation 0");
+    if (p->slot_count < 1 || p->slot_count > WIRE_MAX_SLOTS)
+        return fail(why, len, DFLASH_ERANGE, "slot count %u outside [1, %u]", p->slot_count,
+                    WIRE_MAX_SLOTS);
+    if (!p->slot_size || p->slot_size > (1ull << 40))
+        return fail(why, len, DFLASH_ERANGE, "slot size %llu", (unsigned long long)p->slot_size);
+    if (p->backend == WIRE_BACKEND_CUDA) {
+        if (p->n_events != p->slot_count)
+            return fail(why, len, DFLASH_ERANGE, "%u event handles for %u slots", p->n_events,
+                        p->slot_count);
+        if (p->device < 0 || p->device > 1024)
+            return fail(why, len, DFLASH_ERANGE, "device %d", p->device);
+    } else if (p->backend == WIRE_BACKEND_HOST) {
+        if (!terminated(p->shm_name, sizeof p->shm_name) || p->shm_name[0] != '/')
+            return fail(why, len, DFLASH_ERANGE, "host pool needs an shm name starting with /");
+        if (p->n_events) return fail(why, len, DFLASH_ERANGE, "host pool with event handles");
+    } else {
+        return fail(why, len, DFLASH_ERANGE, "unknown backend %d", (int)p->backend);
+    }
+    if (p->n_buckets < 1 || p->n_buckets > WIRE_MAX_BUCKETS)
+        return fail(why, len, DFLASH_ERANGE, "%u buckets outside [1, %u]", p->n_buckets,
+                    WIRE_MAX_BUCKETS);
+    double sum = 0;
+    for (uint32_t b = 0; b < p->n_buckets; b++) {
+        if (!p->bucket_upper[b] || (b && p->bucket_upper[b] <= p->bucket_upper[b - 1]))
+            return fail(why, len, DFLASH_ERANGE, "bucket bounds must be positive and ascending");
+        double s = p->bucket_share[b];
+        if (!isfinite(s) || s < 0 || s > 1)
+            return fail(why, len, DFLASH_ERANGE, "bucket %u share %g outside [0, 1]", b, s);
+        sum += s;
+        if (!p->bucket_batches[b] || p->bucket_batches[b] > UINT32_MAX)
+            return fail(why, len, DFLASH_ERANGE, "bucket %u batch count %llu", b,
+                        (unsigned long long)p->bucket_batches[b]);
+    }
+    if (fabs(sum - 1.0) > 1e-3) return fail(why, len, DFLASH_ERANGE, "shares sum to %g", sum);
+    if (p->epochs < 1) return fail(why, len, DFLASH_ERANGE, "epochs must be >= 1");
+    return 0;
+}
+
+int wire_check(const wire_msg *m, char *why, size_t len)
+{
+    if (m->version != WIRE_VERSION)
+        return fail(why, len, DFLASH_EVERSION, "protocol version %u, this peer speaks %u",
+                    m->version, WIRE_VERSION);
+    if ((unsigned)m->role > WIRE_ROLE_BROKER || m->role == WIRE_ROLE_NONE)
+        return fail(why, len, DFLASH_ERANGE, "role %d", (int)m->role);
+    if (!m->incarnation) return fail(why, len, DFLASH_ERANGE, "incarnation 0");
+    if (m->type <= WIRE_NONE || m->type >= WIRE_TYPE_COUNT)
+        return fail(why, len, DFLASH_EPROTO, "no body");
+    int rc;
+    switch (m->type) {
+    case WIRE_HELLO:
+        if (!terminated(m->u.hello.name, sizeof m->u.hello.name) ||
+            !terminated(m->u.hello.pub_endpoint, sizeof m->u.hello.pub_endpoint))
+            return fail(why, len, DFLASH_ERANGE, "hello name too long");
+        if (m->u.hello.n_held > WIRE_MAX_HELD)
+            return fail(why, len, DFLASH_ERANGE, "%u held units > %u", m->u.hello.n_held,
+                        WIRE_MAX_HELD);
+        for (uint32_t i = 0; i < m->u.hello.n_held; i++)
+            if ((rc = check_unit(&m->u.hello.held[i], why, len))) return rc;
+        return 0;
+    case WIRE_POOL_REGISTER: return check_pool(&m->u.pool, why, len);
+    case WIRE_WORK_UNIT:
+        if (m->u.work.slot >= WIRE_MAX_SLOTS)
+            return fail(why, len, DFLASH_ERANGE, "slot %u", m->u.work.slot);
+        return check_unit(&m->u.work.unit, why, len);
+    case WIRE_SLOT_READY:
+        if (!m->u.ready.pool_incarnation) return fail(why, len, DFLASH_ERANGE, "incarnation 0");
+        if (m->u.ready.slot >= WIRE_MAX_SLOTS)
+            return fail(why, len, DFLASH_ERANGE, "slot %u", m->u.ready.slot);
+        if (!m->u.ready.n_tokens || !m->u.ready.n_seqs || m->u.ready.n_seqs > m->u.ready.n_tokens)
+            return fail(why, len, DFLASH_ERANGE, "n_tokens %u n_seqs %u", m->u.ready.n_tokens,
+                        m->u.ready.n_seqs);
+        return check_unit(&m->u.ready.unit, why, len);
+    case WIRE_GRANT: {
+        const wire_grant *g = &m->u.grant;
+        if (!g->lease_id || g->slot >= WIRE_MAX_SLOTS || !g->size)
+            return fail(why, len, DFLASH_ERANGE, "grant lease/slot/size");
+        if (g->backend != WIRE_BACKEND_HOST && g->backend != WIRE_BACKEND_CUDA)
+            return fail(why, len, DFLASH_ERANGE, "grant backend %d", (int)g->backend);
+        if (!terminated(g->shm_name, sizeof g->shm_name))
+            return fail(why, len, DFLASH_ERANGE, "shm name");
+        return check_unit(&g->unit, why, len);
+    }
+    case WIRE_SLOT_RELEASE:
+        if (!m->u.lease_id) return fail(why, len, DFLASH_ERANGE, "lease id 0");
+        return 0;
+    case WIRE_ACK: return check_unit(&m->u.ack.unit, why, len);
+    case WIRE_STATUS_REPLY:
+        if (m->u.status.n_buckets > WIRE_MAX_BUCKETS)
+            return fail(why, len, DFLASH_ERANGE, "%u buckets", m->u.status.n_buckets);
+        return 0;
+    case WIRE_SET_CONFIG:
+    case WIRE_SET_CONFIG_REPLY:
+        if (m->u.settings.n > WIRE_MAX_SETTINGS)
+            return fail(why, len, DFLASH_ERANGE, "%u settings > %u", m->u.settings.n,
+                        WIRE_MAX_SETTINGS);
+        for (uint32_t i = 0; i < m->u.settings.n; i++) {
+            const wire_kv *kv = &m->u.settings.kv[i];
+            if (!terminated(kv->key, sizeof kv->key) || !terminated(kv->value, sizeof kv->value) ||
+                !kv->key[0])
+                return fail(why, len, DFLASH_ERANGE, "setting %u: empty or too long", i);
+        }
+        return 0;
+    case WIRE_ERROR:
+        if (m->u.error.code > 0 || m->u.error.code < -1000 ||
+            !terminated(m->u.error.message, sizeof m->u.error.message))
+            return fail(why, len, DFLASH_ERANGE, "error code %d", m->u.error.code);
+        return 0;
+    default: return 0;
+    }
+}
+
+/* --- pack ----------------------------------------------------------------------------------- */
+
+static void unit_to_pb(Dflash__Unit *pb, const wire_unit *u)
+{
+    dflash__unit__init(pb);
+    pb->has_epoch = pb->has_bucket = pb->has_index = 1;
+    pb->epoch = u->epoch;
+    pb->bucket = u->bucket;
+    pb->index = u->index;
+}
+
+static ProtobufCBinaryData bin(const uint8_t *p, size_t n)
+{
+    ProtobufCBinaryData b = {n, (uint8_t *)p};
+    return b;
+}
+
+int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
+{
+    char why[128];
+    int rc = wire_check(m, why, sizeof why);
+    if (rc) return rc == DFLASH_EVERSION ? DFLASH_EINVAL : rc;
+
+    Dflash__Envelope env;
+    dflash__envelope__init(&env);
+    env.has_version = env.has_role = env.has_incarnation = env.has_request_id = 1;
+    env.version = m->version;
+    env.role = (Dflash__Role)m->role;
+    env.incarnation = m->incarnation;
+    env.request_id = m->request_id;
+    env.body_case = body_cases[m->type];
+
+    /* Every body lives on this stack frame; only the one in use is touched. */
+    Dflash__Hello hello;
+    Dflash__Unit held_pb[WIRE_MAX_HELD];
+    Dflash__Unit *held_ptr[WIRE_MAX_HELD];
+    Dflash__PoolRegister pool;
+    ProtobufCBinaryData *events = NULL;
+    uint64_t batches[WIRE_MAX_BUCKETS];
+    Dflash__WorkRequest wreq;
+    Dflash__WorkUnit work;
+    Dflash__SlotReady ready;
+    Dflash__Claim claim;
+    Dflash__Grant grant;
+    Dflash__SlotRelease rel;
+    Dflash__Ack ack;
+    Dflash__CheckpointCommitted ckpt;
+    Dflash__ResumeFrom resume_from;
+    Dflash__Heartbeat hb;
+    Dflash__StatusRequest sreq;
+    Dflash__StatusReply st;
+    Dflash__BucketStat bs_pb[WIRE_MAX_BUCKETS];
+    Dflash__BucketStat *bs_ptr[WIRE_MAX_BUCKETS];
+    Dflash__SetConfig setc;
+    Dflash__SetConfigReply setr;
+    Dflash__KeyValue kv_pb[WIRE_MAX_SETTINGS];
+    Dflash__KeyValue *kv_ptr[WIRE_MAX_SETTINGS];
+    Dflash__Pause pause;
+    Dflash__Resume resume;
+    Dflash__Drain drain;
+    Dflash__Error error;
+    Dflash__Ok ok;
+    Dflash__Unit unit_pb;
+    (void)batches;
+
+    switch (m->type) {
+    case WIRE_HELLO: {
+        const wire_hello *h = &m->u.hello;
+        dflash__hello__init(&hello);
+        hello.name = (char *)h->name;
+        if (h->heartbeat_ms) hello.has_heartbeat_ms = 1, hello.heartbeat_ms = h->heartbeat_ms;
+        if (h->lease_timeout_ms)
+            hello.has_lease_timeout_ms = 1, hello.lease_timeout_ms = h->lease_timeout_ms;
+        for (uint32_t i = 0; i < h->n_held; i++) {
+            unit_to_pb(&held_pb[i], &h->held[i]);
+            held_ptr[i] = &held_pb[i];
+        }
+        hello.n_held = h->n_held;
+        hello.held = held_ptr;
+        if (h->pub_endpoint[0]) hello.pub_endpoint = (char *)h->pub_endpoint;
+        env.hello = &hello;
+        break;
+    }
+    case WIRE_POOL_REGISTER: {
+        const wire_pool *p = &m->u.pool;
+        dflash__pool_register__init(&pool);
+        pool.has_pool_incarnation = pool.has_backend = pool.has_slot_count = 1;
+        pool.pool_incarnation = p->pool_incarnation;
+        pool.backend = (Dflash__Backend)p->backend;
+        pool.slot_count = p->slot_count;
+        pool.has_slot_size = pool.has_layout_version = pool.has_token_budget = 1;
+        pool.slot_size = p->slot_size;
+        pool.layout_version = p->layout_version;
+        pool.token_budget = p->token_budget;
+        pool.has_epochs = 1;
+        pool.epochs = p->epochs;
+        if (p->backend == WIRE_BACKEND_CUDA) {
+            pool.has_mem_handle = pool.has_device = 1;
+            pool.mem_handle = bin(p->mem_handle, WIRE_HANDLE_BYTES);
+            pool.device = p->device;
+            events = malloc(sizeof *events * (p->n_events ? p->n_events : 1));
+            if (!events) return DFLASH_ENOMEM;
+            for (uint32_t i = 0; i < p->n_events; i++)
+                events[i] = bin(p->event_handles[i], WIRE_HANDLE_BYTES);
+            pool.n_event_handles = p->n_events;
+            pool.event_handles = events;
+        } else {
+            pool.shm_name = (char *)p->shm_name;
+        }
+        pool.n_bucket_upper = pool.n_bucket_share = pool.n_bucket_batches = p->n_buckets;
+        pool.bucket_upper = (uint32_t *)p->bucket_upper;
+        pool.bucket_share = (double *)p->bucket_share;
+        pool.bucket_batches = (uint64_t *)p->bucket_batches;
+        env.pool_register = &pool;
+        break;
+    }
+    case WIRE_WORK_REQUEST:
+        dflash__work_request__init(&wreq);
+        wreq.has_pool_incarnation = 1;
+        wreq.pool_incarnation = m->u.pool_incarnation;
+        env.work_request = &wreq;
+        break;
+    case WIRE_WORK_UNIT:
+        dflash__work_unit__init(&work);
+        unit_to_pb(&unit_pb, &m->u.work.unit);
+        work.unit = &unit_pb;
+        work.has_slot = 1;
+        work.slot = m->u.work.slot;
+        env.work_unit = &work;
+        break;
+    case WIRE_SLOT_READY: {
+        const wire_slot_ready *r = &m->u.ready;
+        dflash__slot_ready__init(&ready);
+        ready.has_pool_incarnation = ready.has_slot = ready.has_n_tokens = ready.has_n_seqs = 1;
+        ready.pool_incarnation = r->pool_incarnation;
+        ready.slot = r->slot;
+        ready.n_tokens = r->n_tokens;
+        ready.n_seqs = r->n_seqs;
+        unit_to_pb(&unit_pb, &r->unit);
+        ready.unit = &unit_pb;
+        env.slot_ready = &ready;
+        break;
+    }
+    case WIRE_CLAIM:
+        dflash__claim__init(&claim);
+        env.claim = &claim;
+        break;
+    case WIRE_GRANT: {
+        const wire_grant *g = &m->u.grant;
+        dflash__grant__init(&grant);
+        grant.has_lease_id = grant.has_deadline_ms = grant.has_pool_incarnation = 1;
+        grant.lease_id = g->lease_id;
+        grant.deadline_ms = g->deadline_ms;
+        grant.pool_incarnation = g->pool_incarnation;
+        grant.has_slot = grant.has_offset = grant.has_size = grant.has_layout_version = 1;
+        grant.slot = g->slot;
+        grant.offset = g->offset;
+        grant.size = g->size;
+        grant.layout_version = g->layout_version;
+        unit_to_pb(&unit_pb, &g->unit);
+        grant.unit = &unit_pb;
+        grant.has_n_tokens = grant.has_n_seqs = grant.has_backend = 1;
+        grant.n_tokens = g->n_tokens;
+        grant.n_seqs = g->n_seqs;
+        grant.backend = (Dflash__Backend)g->backend;
+        if (g->backend == WIRE_BACKEND_CUDA) {
+            grant.has_mem_handle = grant.has_event_handle = grant.has_device = 1;
+            grant.mem_handle = bin(g->mem_handle, WIRE_HANDLE_BYTES);
+            grant.event_handle = bin(g->event_handle, WIRE_HANDLE_BYTES);
+            grant.device = g->device;
+        } else {
+            grant.shm_name = (char *)g->shm_name;
+        }
+        env.grant = &grant;
+        break;
+    }
+    case WIRE_SLOT_RELEASE:
+        dflash__slot_release__init(&rel);
+        rel.has_lease_id = 1;
+        rel.lease_id = m->u.lease_id;
+        env.slot_release = &rel;
+        break;
+    case WIRE_ACK:
+        dflash__ack__init(&ack);
+        unit_to_pb(&unit_pb, &m->u.ack.unit);
+        ack.unit = &unit_pb;
+        ack.has_step = 1;
+        ack.step = m->u.ack.step;
+        env.ack = &ack;
+        break;
+    case WIRE_CHECKPOINT_COMMITTED:
+        dflash__checkpoint_committed__init(&ckpt);
+        ckpt.has_step = 1;
+        ckpt.step = m->u.step;
+        env.checkpoint_committed = &ckpt;
+        break;
+    case WIRE_RESUME_FROM:
+        dflash__resume_from__init(&resume_from);
+        resume_from.has_step = 1;
+        resume_from.step = m->u.step;
+        env.resume_from = &resume_from;
+        break;
+    case WIRE_HEARTBEAT:
+        dflash__heartbeat__init(&hb);
+        hb.has_sent_ms = 1;
+        hb.sent_ms = m->u.sent_ms;
+        env.heartbeat = &hb;
+        break;
+    case WIRE_STATUS_REQUEST:
+        dflash__status_request__init(&sreq);
+        env.status_request = &sreq;
+        break;
+    case WIRE_STATUS_REPLY: {
+        const wire_status *s = &m->u.status;
+        dflash__status_reply__init(&st);
+#define ST(f) st.has_##f = 1, st.f = s->f
+        ST(uptime_ms), ST(state), ST(min_ready), ST(max_depth), ST(lease_timeout_ms);
+        ST(tv_distance), ST(claims_per_s), ST(grants), ST(releases), ST(lease_expiries);
+        ST(redeliveries), ST(quarantined), ST(malformed), ST(acks), ST(batches_todo);
+        ST(batches_inflight), ST(batches_trained), ST(batches_committed), ST(committed_step);
+        ST(peers), ST(epoch), ST(pool_incarnation), ST(slot_count), ST(batches_total);
+#undef ST
+        for (uint32_t i = 0; i < s->n_buckets; i++) {
+            const wire_bucket_stat *b = &s->buckets[i];
+            Dflash__BucketStat *o = &bs_pb[i];
+            dflash__bucket_stat__init(o);
+#define BS(f) o->has_##f = 1, o->f = b->f
+            BS(upper), BS(share), BS(ready), BS(leased), BS(filling), BS(deficit), BS(produced);
+            BS(consumed), BS(produced_tokens), BS(consumed_tokens);
+#undef BS
+            bs_ptr[i] = o;
+        }
+        st.n_buckets = s->n_buckets;
+        st.buckets = bs_ptr;
+        env.status_reply = &st;
+        break;
+    }
+    case WIRE_SET_CONFIG:
+    case WIRE_SET_CONFIG_REPLY:
+        for (uint32_t i = 0; i < m->u.settings.n; i++) {
+            dflash__key_value__init(&kv_pb[i]);
+            kv_pb[i].key = (char *)m->u.settings.kv[i].key;
+            kv_pb[i].value = (char *)m->u.settings.kv[i].value;
+            kv_ptr[i] = &kv_pb[i];
+        }
+        if (m->type == WIRE_SET_CONFIG) {
+            dflash__set_config__init(&setc);
+            setc.n_settings = m->u.settings.n;
+            setc.settings = kv_ptr;
+            env.set_config = &setc;
+        } else {
+            dflash__set_config_reply__init(&setr);
+            setr.n_settings = m->u.settings.n;
+            setr.settings = kv_ptr;
+            env.set_config_reply = &setr;
+        }
+        break;
+    case WIRE_PAUSE:
+        dflash__pause__init(&pause);
+        env.pause = &pause;
+        break;
+    case WIRE_RESUME:
+        dflash__resume__init(&resume);
+        env.resume = &resume;
+        break;
+    case WIRE_DRAIN:
+        dflash__drain__init(&drain);
+        env.drain = &drain;
+        break;
+    case WIRE_ERROR:
+        dflash__error__init(&error);
+        error.has_code = 1;
+        error.code = m->u.error.code;
+        error.message = (char *)m->u.error.message;
+        env.error = &error;
+        break;
+    case WIRE_OK:
+        dflash__ok__init(&ok);
+        ok.has_value = 1;
+        ok.value = m->u.value;
+        env.ok = &ok;
+        break;
+    default: return DFLASH_EINVAL;
+    }
+    size_t need = dflash__envelope__get_packed_size(&env);
+    if (need > cap || need > WIRE_MAX_MSG) {
+        free(events);
+        return DFLASH_EFULL;
+    }
+    size_t n = dflash__envelope__pack(&env, buf);
+    free(events);
+    return (int)n;
+}
+
+/* --- unpack --------------------------------------------------------------------------------- */
+
+static int copy_str(char *dst, size_t cap, const char *src)
+{
+    if (!src) {
+        dst[0] = 0;
+        return 0;
+    }
+    size_t n = strlen(src);
+    if (n >= cap) return DFLASH_ERANGE;
+    memcpy(dst, src, n + 1);
+    return 0;
+}
+
+static int copy_handle(uint8_t dst[WIRE_HANDLE_BYTES], protobuf_c_boolean has,
+                       ProtobufCBinaryData b)
+{
+    if (!has) return 0;
+    if (b.len != WIRE_HANDLE_BYTES) return DFLASH_ERANGE;
+    memcpy(dst, b.data, WIRE_HANDLE_BYTES);
+    return 0;
+}
+
+static int unit_from_pb(wire_unit *u, const Dflash__Unit *pb)
+{
+    if (!pb) return DFLASH_EPROTO; /* a unit is mandatory where it appears */
+    u->epoch = pb->epoch;
+    u->bucket = pb->bucket;
+    u->index = pb->index;
+    return 0;
+}
+
+/* Copies the body of env into m. Returns 0 or a code with a reason. */
+static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t len)
+{
+    int rc = 0;
+    switch (env->body_case) {
+    case DFLASH__ENVELOPE__BODY_HELLO: {
+        const Dflash__Hello *h = env->hello;
+        m->type = WIRE_HELLO;
+        if (copy_str(m->u.hello.name, WIRE_MAX_NAME, h->name) ||
+            copy_str(m->u.hello.pub_endpoint, WIRE_MAX_TEXT, h->pub_endpoint))
+            return fail(why, len, DFLASH_ERANGE, "hello: string too long");
+        m->u.hello.heartbeat_ms = h->heartbeat_ms;
+        m->u.hello.lease_timeout_ms = h->lease_timeout_ms;
+        if (h->n_held > WIRE_MAX_HELD)
+            return fail(why, len, DFLASH_ERANGE, "hello: %zu held units", h->n_held);
+        m->u.hello.n_held = (uint32_t)h->n_held;
+        for (size_t i = 0; i < h->n_held; i++)
+            if ((rc = unit_from_pb(&m->u.hello.held[i], h->held[i]))) break;
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_POOL_REGISTER: {
+        const Dflash__PoolRegister *p = env->pool_register;
+        wire_pool *w = &m->u.pool;
+        m->type = WIRE_POOL_REGISTER;
+        w->pool_incarnation = p->pool_incarnation;
+        w->backend = (wire_backend)p->backend;
+        w->device = p->device;
+        w->slot_count = p->slot_count;
+        w->slot_size = p->slot_size;
+        w->layout_version = p->layout_version;
+        w->token_budget = p->token_budget;
+        w->epochs = p->epochs;
+        if (copy_str(w->shm_name, WIRE_MAX_NAME, p->shm_name) ||
+            copy_handle(w->mem_handle, p->has_mem_handle, p->mem_handle))
+            return fail(why, len, DFLASH_ERANGE, "pool: shm name or memory handle size");
+        if (p->n_bucket_upper != p->n_bucket_share || p->n_bucket_upper != p->n_bucket_batches ||
+            p->n_bucket_upper > WIRE_MAX_BUCKETS)
+            return fail(why, len, DFLASH_ERANGE, "pool: bucket arrays of %zu/%zu/%zu entries",
+                        p->n_bucket_upper, p->n_bucket_share, p->n_bucket_batches);
+        w->n_buckets = (uint32_t)p->n_bucket_upper;
+        for (uint32_t b = 0; b < w->n_buckets; b++) {
+            w->bucket_upper[b] = p->bucket_upper[b];
+            w->bucket_share[b] = p->bucket_share[b];
+            w->bucket_batches[b] = p->bucket_batches[b];
+        }
+        if (p->n_event_handles > WIRE_MAX_SLOTS)
+            return fail(why, len, DFLASH_ERANGE, "pool: %zu event handles", p->n_event_handles);
+        if (p->n_event_handles) {
+            uint8_t(*ev)[WIRE_HANDLE_BYTES] = malloc(p->n_event_handles * WIRE_HANDLE_BYTES);
+            if (!ev) return fail(why, len, DFLASH_ENOMEM, "pool: no memory");
+            m->owned_ = ev;
+            for (size_t i = 0; i < p->n_event_handles; i++)
+                if (copy_handle(ev[i], 1, p->event_handles[i]))
+                    return fail(why, len, DFLASH_ERANGE, "pool: event handle %zu size", i);
+            w->event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])ev;
+            w->n_events = (uint32_t)p->n_event_handles;
+        }
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_WORK_REQUEST:
+        m->type = WIRE_WORK_REQUEST;
+        m->u.pool_incarnation = env->work_request->pool_incarnation;
+        break;
+    case DFLASH__ENVELOPE__BODY_WORK_UNIT:
+        m->type = WIRE_WORK_UNIT;
+        m->u.work.slot = env->work_unit->slot;
+        rc = unit_from_pb(&m->u.work.unit, env->work_unit->unit);
+        break;
+    case DFLASH__ENVELOPE__BODY_SLOT_READY: {
+        const Dflash__SlotReady *r = env->slot_ready;
+        m->type = WIRE_SLOT_READY;
+        m->u.ready.pool_incarnation = r->pool_incarnation;
+        m->u.ready.slot = r->slot;
+        m->u.ready.n_tokens = r->n_tokens;
+        m->u.ready.n_seqs = r->n_seqs;
+        rc = unit_from_pb(&m->u.ready.unit, r->unit);
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_CLAIM: m->type = WIRE_CLAIM; break;
+    case DFLASH__ENVELOPE__BODY_GRANT: {
+        const Dflash__Grant *g = env->grant;
+        wire_grant *w = &m->u.grant;
+        m->type = WIRE_GRANT;
+        w->lease_id = g->lease_id;
+        w->deadline_ms = g->deadline_ms;
+        w->pool_incarnation = g->pool_incarnation;
+        w->slot = g->slot;
+        w->offset = g->offset;
+        w->size = g->size;
+        w->layout_version = g->layout_version;
+        w->n_tokens = g->n_tokens;
+        w->n_seqs = g->n_seqs;
+        w->backend = (wire_backend)g->backend;
+        w->device = g->device;
+        if (copy_str(w->shm_name, WIRE_MAX_NAME, g->shm_name) ||
+            copy_handle(w->mem_handle, g->has_mem_handle, g->mem_handle) ||
+            copy_handle(w->event_handle, g->has_event_handle, g->event_handle))
+            return fail(why, len, DFLASH_ERANGE, "grant: name or handle size");
+        rc = unit_from_pb(&w->unit, g->unit);
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_SLOT_RELEASE:
+        m->type = WIRE_SLOT_RELEASE;
+        m->u.lease_id = env->slot_release->lease_id;
+        break;
+    case DFLASH__ENVELOPE__BODY_ACK:
+        m->type = WIRE_ACK;
+        m->u.ack.step = env->ack->step;
+        rc = unit_from_pb(&m->u.ack.unit, env->ack->unit);
+        break;
+    case DFLASH__ENVELOPE__BODY_CHECKPOINT_COMMITTED:
+        m->type = WIRE_CHECKPOINT_COMMITTED;
+        m->u.step = env->checkpoint_committed->step;
+        break;
+    case DFLASH__ENVELOPE__BODY_RESUME_FROM:
+        m->type = WIRE_RESUME_FROM;
+        m->u.step = env->resume_from->step;
+        break;
+    case DFLASH__ENVELOPE__BODY_HEARTBEAT:
+        m->type = WIRE_HEARTBEAT;
+        m->u.sent_ms = env->heartbeat->sent_ms;
+        break;
+    case DFLASH__ENVELOPE__BODY_STATUS_REQUEST: m->type = WIRE_STATUS_REQUEST; break;
+    case DFLASH__ENVELOPE__BODY_STATUS_REPLY: {
+        const Dflash__StatusReply *s = env->status_reply;
+        wire_status *w = &m->u.status;
+        m->type = WIRE_STATUS_REPLY;
+#define ST(f) w->f = s->f
+        ST(uptime_ms), ST(state), ST(min_ready), ST(max_depth), ST(lease_timeout_ms);
+        ST(tv_distance), ST(claims_per_s), ST(grants), ST(releases), ST(lease_expiries);
+        ST(redeliveries), ST(quarantined), ST(malformed), ST(acks), ST(batches_todo);
+        ST(batches_inflight), ST(batches_trained), ST(batches_committed), ST(committed_step);
+        ST(peers), ST(epoch), ST(pool_incarnation), ST(slot_count), ST(batches_total);
+#undef ST
+        if (s->n_buckets > WIRE_MAX_BUCKETS)
+            return fail(why, len, DFLASH_ERANGE, "status: %zu buckets", s->n_buckets);
+        w->n_buckets = (uint32_t)s->n_buckets;
+        for (size_t i = 0; i < s->n_buckets; i++) {
+            const Dflash__BucketStat *b = s->buckets[i];
+            wire_bucket_stat *o = &w->buckets[i];
+#define BS(f) o->f = b->f
+            BS(upper), BS(share), BS(ready), BS(leased), BS(filling), BS(deficit), BS(produced);
+            BS(consumed), BS(produced_tokens), BS(consumed_tokens);
+#undef BS
+        }
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_SET_CONFIG:
+    case DFLASH__ENVELOPE__BODY_SET_CONFIG_REPLY: {
+        bool is_set = env->body_case == DFLASH__ENVELOPE__BODY_SET_CONFIG;
+        size_t n = is_set ? env->set_config->n_settings : env->set_config_reply->n_settings;
+        Dflash__KeyValue **kv = is_set ? env->set_config->settings
+                                       : env->set_config_reply->settings;
+        m->type = is_set ? WIRE_SET_CONFIG : WIRE_SET_CONFIG_REPLY;
+        if (n > WIRE_MAX_SETTINGS) return fail(why, len, DFLASH_ERANGE, "%zu settings", n);
+        m->u.settings.n = (uint32_t)n;
+        for (size_t i = 0; i < n; i++)
+            if (copy_str(m->u.settings.kv[i].key, WIRE_MAX_KEY, kv[i]->key) ||
+                copy_str(m->u.settings.kv[i].value, WIRE_MAX_VALUE, kv[i]->value))
+                return fail(why, len, DFLASH_ERANGE, "setting %zu too long", i);
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_PAUSE: m->type = WIRE_PAUSE; break;
+    case DFLASH__ENVELOPE__BODY_RESUME: m->type = WIRE_RESUME; break;
+    case DFLASH__ENVELOPE__BODY_DRAIN: m->type = WIRE_DRAIN; break;
+    case DFLASH__ENVELOPE__BODY_ERROR:
+        m->type = WIRE_ERROR;
+        m->u.error.code = env->error->code;
+        if (copy_str(m->u.error.message, WIRE_MAX_TEXT, env->error->message)) {
+            /* a long error text is truncated, not rejected */
+            snprintf(m->u.error.message, WIRE_MAX_TEXT, "%.*s", WIRE_MAX_TEXT - 1,
+                     env->error->message);
+        }
+        break;
+    case DFLASH__ENVELOPE__BODY_OK:
+        m->type = WIRE_OK;
+        m->u.value = env->ok->value;
+        break;
+    default: return fail(why, len, DFLASH_EPROTO, "envelope without a known body");
+    }
+    if (rc) return fail(why, len, rc, "%s: missing unit", wire_type_name(m->type));
+    return 0;
+}
+
+int wire_unpack(const uint8_t *buf, size_t len, wire_msg *m, char *why, size_t why_len)
+{
+    memset(m, 0, sizeof *m);
+    if (!buf || !len) return fail(why, why_len, DFLASH_EPROTO, "empty message");
+    if (len > WIRE_MAX_MSG)
+        return fail(why, why_len, DFLASH_EPROTO, "message of %zu bytes > %u", len, WIRE_MAX_MSG);
+    Dflash__Envelope *env = dflash__envelope__unpack(NULL, len, buf);
+    if (!env) return fail(why, why_len, DFLASH_EPROTO, "not a valid envelope");
+    m->version = env->version;
+    m->role = (wire_role)env->role;
+    m->incarnation = env->incarnation;
+    m->request_id = env->request_id;
+    int rc = from_pb(env, m, why, why_len);
+    dflash__envelope__free_unpacked(env, NULL);
+    if (!rc) rc = wire_check(m, why, why_len);
+    if (rc) {
+        free(m->owned_);
+        m->owned_ = NULL;
+        if (m->type == WIRE_POOL_REGISTER) m->u.pool.event_handles = NULL, m->u.pool.n_events = 0;
+    }
+    return rc;
+}

@@ -1,0 +1,239 @@
+/* test_wire: every message type survives pack/unpack unchanged, and what a broken or hostile
+ * peer could send (truncation, garbage, oversize, wrong version, out-of-range fields, bad handle
+ * sizes) is rejected with the right code instead of reaching the broker's logic. */
+#include "check.h"
+#include "err.h"
+#include "wire.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint8_t buf[WIRE_MAX_MSG];
+
+static wire_msg *roundtrip(const wire_msg *in, wire_msg *out)
+{
+    int n = wire_pack(in, buf, sizeof buf);
+    CHECK(n > 0);
+    if (n <= 0) return NULL;
+    char why[128] = "";
+    int rc = wire_unpack(buf, (size_t)n, out, why, sizeof why);
+    if (rc) fprintf(stderr, "unpack %s: %s (%s)\n", wire_type_name(in->type), err_name(rc), why);
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(out->type, in->type);
+    CHECK_EQ_INT(out->request_id, in->request_id);
+    CHECK(out->incarnation == in->incarnation);
+    CHECK_EQ_INT(out->role, in->role);
+    return rc ? NULL : out;
+}
+
+static void host_pool(wire_msg *m)
+{
+    wire_msg_init(m, WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, 77, 5);
+    wire_pool *p = &m->u.pool;
+    p->pool_incarnation = 0xfeedull;
+    p->backend = WIRE_BACKEND_HOST;
+    strcpy(p->shm_name, "/dflash-test");
+    p->slot_count = 8;
+    p->slot_size = 1 << 20;
+    p->layout_version = 1;
+    p->token_budget = 4096;
+    p->n_buckets = 3;
+    uint32_t up[] = {512, 1024, 2048};
+    double sh[] = {0.2, 0.3, 0.5};
+    for (int b = 0; b < 3; b++) {
+        p->bucket_upper[b] = up[b];
+        p->bucket_share[b] = sh[b];
+        p->bucket_batches[b] = 10 + (uint64_t)b;
+    }
+    p->epochs = 2;
+}
+
+int main(void)
+{
+    wire_msg in, out;
+
+    /* hello with held units and a pub endpoint */
+    wire_msg_init(&in, WIRE_HELLO, WIRE_ROLE_DRAFTER, 0x1234567890abcdefull, 42);
+    strcpy(in.u.hello.name, "drafter-0");
+    in.u.hello.n_held = 2;
+    in.u.hello.held[1] = (wire_unit){3, 2, 99};
+    strcpy(in.u.hello.pub_endpoint, "ipc:///tmp/x/pub.sock");
+    if (roundtrip(&in, &out)) {
+        CHECK(strcmp(out.u.hello.name, "drafter-0") == 0);
+        CHECK_EQ_INT(out.u.hello.n_held, 2);
+        CHECK_EQ_INT(out.u.hello.held[1].index, 99);
+        CHECK_EQ_INT(out.u.hello.held[1].epoch, 3);
+        CHECK(strcmp(out.u.hello.pub_endpoint, "ipc:///tmp/x/pub.sock") == 0);
+    }
+
+    /* host pool */
+    host_pool(&in);
+    if (roundtrip(&in, &out)) {
+        CHECK_EQ_INT(out.u.pool.n_buckets, 3);
+        CHECK_NEAR(out.u.pool.bucket_share[2], 0.5, 0);
+        CHECK_EQ_INT(out.u.pool.bucket_batches[1], 11);
+        CHECK(strcmp(out.u.pool.shm_name, "/dflash-test") == 0);
+        wire_msg_clear(&out);
+    }
+
+    /* cuda pool with event handles */
+    host_pool(&in);
+    in.u.pool.backend = WIRE_BACKEND_CUDA;
+    in.u.pool.shm_name[0] = 0;
+    in.u.pool.slot_count = 3;
+    uint8_t ev[3][WIRE_HANDLE_BYTES];
+    for (int i = 0; i < 3; i++) memset(ev[i], 0xa0 + i, WIRE_HANDLE_BYTES);
+    in.u.pool.event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])ev;
+    in.u.pool.n_events = 3;
+    memset(in.u.pool.mem_handle, 0x5a, WIRE_HANDLE_BYTES);
+    if (roundtrip(&in, &out)) {
+        CHECK_EQ_INT(out.u.pool.n_events, 3);
+        CHECK(out.u.pool.event_handles && out.u.pool.event_handles[2][63] == 0xa2);
+        CHECK_EQ_INT(out.u.pool.mem_handle[10], 0x5a);
+        wire_msg_clear(&out);
+        CHECK(out.u.pool.event_handles == NULL);
+    }
+    /* event handle count must match slot count */
+    in.u.pool.n_events = 2;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+
+    /* grant */
+    wire_msg_init(&in, WIRE_GRANT, WIRE_ROLE_BROKER, 9, 7);
+    wire_grant *g = &in.u.grant;
+    g->lease_id = 123;
+    g->deadline_ms = 5000;
+    g->pool_incarnation = 0xfeed;
+    g->slot = 4;
+    g->offset = 4 << 20;
+    g->size = 1 << 20;
+    g->unit = (wire_unit){1, 2, 3};
+    g->n_tokens = 4000;
+    g->n_seqs = 7;
+    g->backend = WIRE_BACKEND_HOST;
+    strcpy(g->shm_name, "/dflash-test");
+    if (roundtrip(&in, &out)) {
+        CHECK_EQ_INT(out.u.grant.lease_id, 123);
+        CHECK_EQ_INT(out.u.grant.offset, 4 << 20);
+        CHECK_EQ_INT(out.u.grant.unit.index, 3);
+        CHECK_EQ_INT(out.u.grant.n_seqs, 7);
+    }
+
+    /* status with buckets */
+    wire_msg_init(&in, WIRE_STATUS_REPLY, WIRE_ROLE_BROKER, 9, 8);
+    in.u.status.n_buckets = 2;
+    in.u.status.buckets[1].consumed_tokens = 1ull << 40;
+    in.u.status.tv_distance = 0.125;
+    in.u.status.malformed = 17;
+    if (roundtrip(&in, &out)) {
+        CHECK_EQ_INT(out.u.status.n_buckets, 2);
+        CHECK(out.u.status.buckets[1].consumed_tokens == 1ull << 40);
+        CHECK_NEAR(out.u.status.tv_distance, 0.125, 0);
+        CHECK_EQ_INT(out.u.status.malformed, 17);
+    }
+
+    /* settings */
+    wire_msg_init(&in, WIRE_SET_CONFIG, WIRE_ROLE_CTL, 9, 9);
+    in.u.settings.n = 2;
+    strcpy(in.u.settings.kv[0].key, "min_ready");
+    strcpy(in.u.settings.kv[0].value, "30");
+    strcpy(in.u.settings.kv[1].key, "max_depth");
+    strcpy(in.u.settings.kv[1].value, "90");
+    if (roundtrip(&in, &out)) {
+        CHECK_EQ_INT(out.u.settings.n, 2);
+        CHECK(strcmp(out.u.settings.kv[1].value, "90") == 0);
+    }
+
+    /* every simple type round-trips */
+    wire_type simple[] = {WIRE_WORK_REQUEST, WIRE_CLAIM, WIRE_CHECKPOINT_COMMITTED,
+                          WIRE_RESUME_FROM, WIRE_HEARTBEAT, WIRE_STATUS_REQUEST, WIRE_PAUSE,
+                          WIRE_RESUME, WIRE_DRAIN, WIRE_OK};
+    for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
+        wire_msg_init(&in, simple[i], WIRE_ROLE_CTL, 3, 100 + i);
+        in.u.step = 55;
+        bool carries = simple[i] == WIRE_WORK_REQUEST || simple[i] == WIRE_CHECKPOINT_COMMITTED ||
+                       simple[i] == WIRE_RESUME_FROM || simple[i] == WIRE_HEARTBEAT ||
+                       simple[i] == WIRE_OK;
+        if (roundtrip(&in, &out) && carries) CHECK_EQ_INT(out.u.step, 55);
+    }
+    wire_msg_init(&in, WIRE_ERROR, WIRE_ROLE_BROKER, 3, 1);
+    in.u.error.code = DFLASH_ESTALE;
+    strcpy(in.u.error.message, "stale lease");
+    if (roundtrip(&in, &out)) {
+        CHECK_EQ_INT(out.u.error.code, DFLASH_ESTALE);
+        CHECK(strcmp(out.u.error.message, "stale lease") == 0);
+    }
+    wire_msg_init(&in, WIRE_SLOT_READY, WIRE_ROLE_TARGET, 3, 1);
+    in.u.ready = (wire_slot_ready){0xfeed, 5, {0, 1, 2}, 100, 3};
+    if (roundtrip(&in, &out)) CHECK_EQ_INT(out.u.ready.n_tokens, 100);
+    wire_msg_init(&in, WIRE_ACK, WIRE_ROLE_DRAFTER, 3, 1);
+    in.u.ack = (wire_ack){{0, 1, 2}, 1000};
+    if (roundtrip(&in, &out)) CHECK_EQ_INT(out.u.ack.step, 1000);
+
+    /* --- rejections --- */
+    char why[128];
+    /* empty, garbage, oversize */
+    CHECK_EQ_INT(wire_unpack(buf, 0, &out, why, sizeof why), DFLASH_EPROTO);
+    uint8_t garbage[64];
+    memset(garbage, 0xff, sizeof garbage);
+    CHECK_EQ_INT(wire_unpack(garbage, sizeof garbage, &out, why, sizeof why), DFLASH_EPROTO);
+    CHECK_EQ_INT(wire_unpack(buf, WIRE_MAX_MSG + 1, &out, why, sizeof why), DFLASH_EPROTO);
+    /* truncation of a valid pool registration never yields a success with wrong content */
+    host_pool(&in);
+    int n = wire_pack(&in, buf, sizeof buf);
+    CHECK(n > 20);
+    int truncated_ok = 0;
+    for (int cut = 1; cut < n; cut++) {
+        int rc = wire_unpack(buf, (size_t)cut, &out, why, sizeof why);
+        if (rc == 0) {
+            truncated_ok++;
+            wire_msg_clear(&out);
+        }
+    }
+    CHECK_EQ_INT(truncated_ok, 0);
+    /* a message without a body */
+    wire_msg_init(&in, WIRE_HEARTBEAT, WIRE_ROLE_CTL, 3, 1);
+    CHECK(wire_pack(&in, buf, 4) == DFLASH_EFULL); /* too small buffer */
+    /* version mismatch survives packing only via a crafted envelope: pack refuses it */
+    in.version = 2;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_EINVAL);
+    in.version = WIRE_VERSION;
+    in.incarnation = 0;
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE);
+    /* out-of-range fields */
+    host_pool(&in);
+    in.u.pool.bucket_share[0] = 0.9; /* sum 1.7 */
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE);
+    host_pool(&in);
+    in.u.pool.bucket_upper[1] = 100; /* not ascending */
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE);
+    host_pool(&in);
+    in.u.pool.slot_count = WIRE_MAX_SLOTS + 1;
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE);
+    host_pool(&in);
+    in.u.pool.shm_name[0] = 0;
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE);
+    wire_msg_init(&in, WIRE_SLOT_READY, WIRE_ROLE_TARGET, 3, 1);
+    in.u.ready = (wire_slot_ready){0xfeed, 5, {0, WIRE_MAX_BUCKETS, 2}, 100, 3};
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE);
+    in.u.ready = (wire_slot_ready){0xfeed, 5, {0, 1, 2}, 10, 30}; /* more seqs than tokens */
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE);
+    wire_msg_init(&in, WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, 3, 1);
+    CHECK_EQ_INT(wire_check(&in, why, sizeof why), DFLASH_ERANGE); /* lease 0 */
+
+    /* A hand-made envelope with version 2 (field 1 = 2, role = 1, incarnation = 1, heartbeat
+     * body field 21 empty) is refused with VERSION so the peer learns why. */
+    const uint8_t v2[] = {0x08, 0x02, 0x10, 0x01, 0x18, 0x01, 0xaa, 0x01, 0x00};
+    CHECK_EQ_INT(wire_unpack(v2, sizeof v2, &out, why, sizeof why), DFLASH_EVERSION);
+    const uint8_t v1[] = {0x08, 0x01, 0x10, 0x01, 0x18, 0x01, 0xaa, 0x01, 0x00};
+    CHECK_EQ_INT(wire_unpack(v1, sizeof v1, &out, why, sizeof why), 0);
+    CHECK_EQ_INT(out.type, WIRE_HEARTBEAT);
+    /* unknown role value */
+    const uint8_t badrole[] = {0x08, 0x01, 0x10, 0x09, 0x18, 0x01, 0xaa, 0x01, 0x00};
+    CHECK(wire_unpack(badrole, sizeof badrole, &out, why, sizeof why) < 0);
+    uint64_t a = wire_new_incarnation(), b = wire_new_incarnation();
+    CHECK(a && b && a != b);
+    CHECK(strcmp(wire_type_name(WIRE_GRANT), "grant") == 0);
+    CHECK(strcmp(wire_type_name((wire_type)999), "unknown") == 0);
+    CHECK_DONE();
+}

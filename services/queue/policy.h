@@ -15,8 +15,10 @@
  * leased) exact. Ready slots of each bucket sit in a FIFO (oldest first).
  *
  * Rules: max_depth caps filling+ready+leased (work requests get DFLASH_EFULL at the cap). A work
- * request goes to the bucket with the largest ready deficit share(b)*min_ready - (ready(b) +
- * filling(b)) (filling counts: it will be ready soon; ties to the lower bucket). A claim is served
+ * request goes to the bucket with the largest ready deficit share(b)*T - (ready(b) + filling(b)),
+ * T = max(min_ready, ready+filling+1): below min_ready this is DESIGN's share*min_ready - ready
+ * (filling counts: it will be ready soon); above it the buffer deepens in proportion to the
+ * shares (ties to the lower bucket; stats report deficit with T = min_ready). A claim is served
  * only while ready >= min_ready, except when draining or flushing (epoch end: nothing more can be
  * produced); it takes, among buckets with a ready slot, the one whose consumed-token share lags its
  * dataset share most (lag = share(b)*consumed_total - consumed(b), counted since the shares were
@@ -25,8 +27,9 @@
  * redelivery of its batch; past max_redeliveries the batch is quarantined: the slot goes FREE and
  * the sink is told (the broker tells the ledger and returns the slot to its target).
  *
- * Mode: RUNNING <-> PAUSED (no work units, no grants), RUNNING|PAUSED -> DRAINING (no work units;
- * claims served regardless of min_ready), DRAINING -> RUNNING (resume) or PAUSED.
+ * Mode: RUNNING (normal), PAUSED (no work units, no grants; leases run on), DRAINING (no work
+ * units; claims served regardless of min_ready). Every mode may follow every other: pause, resume
+ * and drain are legal from anywhere.
  *
  * Thread: single-threaded, the broker's loop thread. Callers: broker.c, tests, bench/mix.
  */
@@ -192,7 +195,7 @@ int policy_set_min_ready(policy *p, uint32_t min_ready);          /* any value; 
 int policy_set_max_depth(policy *p, uint32_t max_depth);          /* >= 1 (lowering never evicts) */
 int policy_set_lease_timeout(policy *p, uint32_t lease_timeout_ms); /* >= 1; new grants/heartbeats */
 int policy_set_max_redeliveries(policy *p, uint32_t n);
-/* Mode transitions as in the header; DFLASH_ESTATE for an illegal one (same mode is a no-op). */
+/* Sets the mode (pause/resume/drain). DFLASH_EINVAL for an unknown mode value. */
 int policy_set_mode(policy *p, policy_mode mode);
 policy_mode policy_get_mode(const policy *p);
 /* Epoch end / nothing more can be produced: serve claims below min_ready. */

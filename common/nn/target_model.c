@@ -15,7 +15,9 @@
 #include "target_model.h"
 
 #include "err.h"
+#include "hf_config.h"
 #include "log.h"
+#include "safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -414,6 +416,42 @@ const nn_buf *target_model_lm_head(const target_model *m)
 const nn_buf *target_model_final_norm(const target_model *m)
 {
     return m->final_norm;
+}
+
+/* ---- loading from a Hugging Face directory ---------------------------------------------- */
+
+static int fetch_safetensors(void *user, const char *name, const int64_t *shape, int ndim,
+                             float *dst)
+{
+    char err[512];
+    int rc = safetensors_load_f32((const safetensors *)user, name, ndim, shape, dst, err,
+                                  sizeof err);
+    if (rc) LOG_ERROR("%s", err);
+    return rc;
+}
+
+target_model *target_model_load(const char *dir, const target_model_opts *opts,
+                                const nn_ops *ops, nn_ctx *ctx)
+{
+    char err[512];
+    model_config cfg;
+    int rc = hf_config_load(dir, &cfg, err, sizeof err);
+    if (rc) {
+        LOG_ERROR("target model: %s", err);
+        return NULL;
+    }
+    safetensors *st = safetensors_open(dir, err, sizeof err);
+    if (!st) {
+        LOG_ERROR("target model: %s", err);
+        return NULL;
+    }
+    target_model *m = target_model_new(&cfg, opts, ops, ctx, fetch_safetensors, st);
+    safetensors_close(&st);
+    if (m)
+        LOG_INFO("target model: %s %s, %d layers (running %d), hidden %d, captures %d layers",
+                 hf_config_family_name(cfg.family), dir, cfg.num_layers, m->n_run,
+                 cfg.hidden_size, m->n_capture);
+    return m;
 }
 
 /* ---- forward ----------------------------------------------------------------------------- */

@@ -1,0 +1,1020 @@
+/* safetensors: mmap reader with full header validation, and an atomic streaming writer.
+ *
+ * Reader data structures: st_file per mapped file (path, base, size, data section start, parsed
+ * __metadata__ as cJSON); one array of safetensors_tensor over all files, sorted by name after
+ * loading so safetensors_find is a binary search. Invariant after open: every tensor lies inside
+ * its file's data section, the tensors of a file tile its data section exactly, names are unique.
+ *
+ * Writer data structures: the declared tensor list (name, dtype, shape, bytes, borrowed data),
+ * a cursor (tensor index, bytes written into it) for streaming, the temporary file descriptor.
+ *
+ * Called from the target loader and tools at start-up; not on any hot path.
+ */
+#include "safetensors.h"
+
+#include "err.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtype_table[] = {
+    [SAFETENSORS_BF16] = {"BF16", 2}, [SAFETENSORS_F16] = {"F16", 2},
+    [SAFETENSORS_F32] = {"F32", 4},   [SAFETENSORS_I32] = {"I32", 4},
+    [SAFETENSORS_I64] = {"I64", 8},
+};
+#define N_DTYPES (sizeof dtype_table / sizeof dtype_table[0])
+
+size_t safetensors_dtype_size(safetensors_dtype dt)
+{
+    return (unsigned)dt < N_DTYPES ? dtype_table[dt].size : 0;
+}
+
+const char *safetensors_dtype_name(safetensors_dtype dt)
+{
+    return (unsigned)dt < N_DTYPES ? dtype_table[dt].name : "?";
+}
+
+int safetensors_dtype_parse(const char *s, safetensors_dtype *out)
+{
+    static const struct {
+        const char *alias;
+        safetensors_dtype dt;
+    } aliases[] = {{"bf16", SAFETENSORS_BF16},     {"bfloat16", SAFETENSORS_BF16},
+                   {"f16", SAFETENSORS_F16},       {"fp16", SAFETENSORS_F16},
+                   {"float16", SAFETENSORS_F16},   {"f32", SAFETENSORS_F32},
+                   {"fp32", SAFETENSORS_F32},      {"float32", SAFETENSORS_F32},
+                   {"i32", SAFETENSORS_I32},       {"i64", SAFETENSORS_I64}};
+    if (!s) return DFLASH_EINVAL;
+    for (size_t i = 0; i < N_DTYPES; i++)
+        if (strcmp(s, dtype_table[i].name) == 0) {
+            *out = (safetensors_dtype)i;
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strcasecmp(s, aliases[i].alias) == 0) {
+            *out = aliases[i].dt;
+            return 0;
+        }
+    return DFLASH_EINVAL;
+}
+
+/* ---- scalar conversions ---- */
+
+float safetensors_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t safetensors_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float safetensors_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (man == 0) u = sign;
+        else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400u));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t safetensors_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;   /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u;  /* rounds to inf */
+    if (a < 0x33000001u) return sign;             /* below half the smallest subnormal */
+    int exp = (int)(a >> 23) - 127;
+    uint32_t man = (a & 0x7fffffu) | 0x800000u;
+    int shift = exp < -14 ? (-14 - exp) + 13 : 13; /* bits dropped from the 24-bit mantissa */
+    uint32_t keep = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (keep & 1u))) keep++;
+    if (exp < -14) return sign | (uint16_t)keep; /* subnormal (may round up into the normals) */
+    /* keep has the implicit bit at 1<<10; a carry to 1<<11 bumps the exponent correctly */
+    return sign | (uint16_t)((((uint32_t)(exp + 15)) << 10) + (keep - 0x400u));
+}
+
+/* ---- reader ---- */
+
+typedef struct st_file {
+    char *path;
+    unsigned char *base; /* mapping of the whole file, or NULL for an empty data section */
+    size_t size;
+    size_t data_start; /* 8 + header length */
+    cJSON *meta;       /* the "__metadata__" object, detached; may be NULL */
+} st_file;
+
+struct safetensors {
+    char *path;
+    st_file *files;
+    size_t n_files;
+    safetensors_tensor *tensors; /* sorted by name */
+    size_t n_tensors, cap_tensors;
+};
+
+static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp(((const safetensors_tensor *)a)->name, ((const safetensors_tensor *)b)->name);
+}
+
+static int cmp_tensor_ptr(const void *a, const void *b)
+{
+    const safetensors_tensor *x = *(const safetensors_tensor *const *)a;
+    const safetensors_tensor *y = *(const safetensors_tensor *const *)b;
+    uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
+    if (px != py) return px < py ? -1 : 1;
+    return x->bytes < y->bytes ? -1 : x->bytes > y->bytes;
+}
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = malloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, len - o, "[");
+    for (int i = 0; i < ndim && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+/* Reads a JSON number that must be a non-negative integer fitting int64. */
+static bool json_u64(const cJSON *j, uint64_t *out)
+{
+    if (!cJSON_IsNumber(j)) return false;
+    double d = j->valuedouble;
+    if (!(d >= 0) || d > 9007199254740992.0 || d != (double)(uint64_t)d) return false;
+    *out = (uint64_t)d;
+    return true;
+}
+
+/* Maps one file, parses and validates its header and appends its tensors.
+ * only: when non-NULL, the file must contain at least the names listed (checked by the caller). */
+static int load_file(safetensors *st, const char *path, char *err, size_t errlen)
+{
+    int rc = DFLASH_EFORMAT, fd = -1;
+    cJSON *root = NULL;
+    st_file f = {0};
+    size_t first = st->n_tensors;
+
+    f.path = dup_str(path);
+    if (!f.path) return DFLASH_ENOMEM;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        rc = errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
+        goto fail;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        errf(err, errlen, "%s: not a regular file", path);
+        rc = DFLASH_EIO;
+        goto fail;
+    }
+    f.size = (size_t)sb.st_size;
+    if (f.size < 8) {
+        errf(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path,
+             f.size);
+        goto fail;
+    }
+    f.base = mmap(NULL, f.size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (f.base == MAP_FAILED) {
+        f.base = NULL;
+        errf(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        rc = DFLASH_EIO;
+        goto fail;
+    }
+    close(fd);
+    fd = -1;
+
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f.base[i];
+    if (hlen > f.size - 8 || hlen > ST_MAX_HEADER) {
+        errf(err, errlen,
+             "%s: header length %llu exceeds the file (%zu bytes) or the 100 MiB limit: truncated "
+             "or not a safetensors file",
+             path, (unsigned long long)hlen, f.size);
+        goto fail;
+    }
+    if (hlen < 2) {
+        errf(err, errlen, "%s: header length %llu is too small for JSON", path,
+             (unsigned long long)hlen);
+        goto fail;
+    }
+    f.data_start = 8 + (size_t)hlen;
+    size_t data_len = f.size - f.data_start;
+    const char *parse_end = NULL;
+    root = cJSON_ParseWithLengthOpts((const char *)f.base + 8, (size_t)hlen, &parse_end, false);
+    if (!root) {
+        size_t at = parse_end ? (size_t)(parse_end - (const char *)f.base - 8) : 0;
+        errf(err, errlen, "%s: header is not valid JSON (near byte %zu of %llu)", path, at,
+             (unsigned long long)hlen);
+        goto fail;
+    }
+    if (!cJSON_IsObject(root)) {
+        errf(err, errlen, "%s: header is not a JSON object", path);
+        goto fail;
+    }
+    /* trailing bytes after the JSON may only be spaces (padding) */
+    for (const char *p = parse_end; p && p < (const char *)f.base + f.data_start; p++)
+        if (*p != ' ' && *p != '\n' && *p != '\t' && *p != '\r' && *p != '\0') {
+            errf(err, errlen, "%s: garbage after the header JSON at byte %zu", path,
+                 (size_t)(p - (const char *)f.base));
+            goto fail;
+        }
+
+    for (cJSON *e = root->child; e; e = e->next) {
+        const char *name = e->string;
+        if (!name) continue;
+        if (strcmp(name, "__metadata__") == 0) {
+            if (!cJSON_IsObject(e)) {
+                errf(err, errlen, "%s: __metadata__ is not an object", path);
+                goto fail;
+            }
+            continue;
+        }
+        if (!cJSON_IsObject(e)) {
+            errf(err, errlen, "%s: tensor %s: entry is not an object", path, name);
+            goto fail;
+        }
+        cJSON *jdt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+        cJSON *jshape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+        cJSON *joff = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+        safetensors_tensor t = {0};
+        if (!cJSON_IsString(jdt)) {
+            errf(err, errlen, "%s: tensor %s: missing dtype", path, name);
+            goto fail;
+        }
+        bool known = false;
+        for (size_t i = 0; i < N_DTYPES; i++)
+            if (strcmp(jdt->valuestring, dtype_table[i].name) == 0) {
+                t.dtype = (safetensors_dtype)i;
+                known = true;
+            }
+        if (!known) {
+            errf(err, errlen, "%s: tensor %s: unsupported dtype \"%s\" (BF16, F16, F32, I32, I64)",
+                 path, name, jdt->valuestring);
+            rc = DFLASH_EUNSUPPORTED;
+            goto fail;
+        }
+        if (!cJSON_IsArray(jshape)) {
+            errf(err, errlen, "%s: tensor %s: missing shape", path, name);
+            goto fail;
+        }
+        int nd = cJSON_GetArraySize(jshape);
+        if (nd > SAFETENSORS_MAX_DIMS) {
+            errf(err, errlen, "%s: tensor %s: %d dimensions, at most %d supported", path, name, nd,
+                 SAFETENSORS_MAX_DIMS);
+            goto fail;
+        }
+        t.ndim = nd;
+        /* numel in 128 bits to catch overflow */
+        unsigned __int128 numel = 1;
+        int d = 0;
+        for (cJSON *s = jshape->child; s; s = s->next, d++) {
+            uint64_t v;
+            if (!json_u64(s, &v)) {
+                errf(err, errlen, "%s: tensor %s: shape entry %d is not a non-negative integer",
+                     path, name, d);
+                goto fail;
+            }
+            t.shape[d] = (int64_t)v;
+            numel *= v;
+            if (numel > ((unsigned __int128)1 << 62)) {
+                errf(err, errlen, "%s: tensor %s: shape is absurdly large", path, name);
+                goto fail;
+            }
+        }
+        t.numel = (int64_t)numel;
+        uint64_t b, end;
+        if (!cJSON_IsArray(joff) || cJSON_GetArraySize(joff) != 2 ||
+            !json_u64(cJSON_GetArrayItem(joff, 0), &b) ||
+            !json_u64(cJSON_GetArrayItem(joff, 1), &end)) {
+            errf(err, errlen, "%s: tensor %s: data_offsets must be [begin, end] integers", path,
+                 name);
+            goto fail;
+        }
+        if (end < b) {
+            errf(err, errlen, "%s: tensor %s: data_offsets end %llu before begin %llu", path, name,
+                 (unsigned long long)end, (unsigned long long)b);
+            goto fail;
+        }
+        uint64_t want = (uint64_t)t.numel * dtype_table[t.dtype].size;
+        if (end - b != want) {
+            char sh[128];
+            shape_str(sh, sizeof sh, t.ndim, t.shape);
+            errf(err, errlen,
+                 "%s: tensor %s: data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %llu",
+                 path, name, (unsigned long long)b, (unsigned long long)end,
+                 (unsigned long long)(end - b), jdt->valuestring, sh, (unsigned long long)want);
+            goto fail;
+        }
+        if (end > data_len) {
+            errf(err, errlen,
+                 "%s: tensor %s: data_offsets end %llu is past the data section (%zu bytes): "
+                 "truncated file",
+                 path, name, (unsigned long long)end, data_len);
+            goto fail;
+        }
+        t.bytes = (size_t)want;
+        t.data = f.base + f.data_start + b;
+        t.name = dup_str(name);
+        if (!t.name) {
+            rc = DFLASH_ENOMEM;
+            goto fail;
+        }
+        if (st->n_tensors == st->cap_tensors) {
+            size_t nc = st->cap_tensors ? st->cap_tensors * 2 : 64;
+            safetensors_tensor *nt = realloc(st->tensors, nc * sizeof *nt);
+            if (!nt) {
+                free((char *)t.name);
+                rc = DFLASH_ENOMEM;
+                goto fail;
+            }
+            st->tensors = nt;
+            st->cap_tensors = nc;
+        }
+        st->tensors[st->n_tensors++] = t;
+    }
+
+    /* coverage: sorted by begin, the tensors must tile [0, data_len) */
+    size_t n = st->n_tensors - first;
+    const safetensors_tensor **by_off = malloc((n ? n : 1) * sizeof *by_off);
+    if (!by_off) {
+        rc = DFLASH_ENOMEM;
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) by_off[i] = &st->tensors[first + i];
+    qsort(by_off, n, sizeof *by_off, cmp_tensor_ptr);
+    const unsigned char *expect = f.base + f.data_start;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *p = by_off[i]->data;
+        size_t at = (size_t)(p - (f.base + f.data_start));
+        if (p < expect) {
+            errf(err, errlen, "%s: tensor %s: data at offset %zu overlaps tensor %s", path,
+                 by_off[i]->name, at, by_off[i - 1]->name);
+            free(by_off);
+            goto fail;
+        }
+        if (p > expect) {
+            errf(err, errlen, "%s: tensor %s: gap of %zu bytes before its data at offset %zu",
+                 path, by_off[i]->name, (size_t)(p - expect), at);
+            free(by_off);
+            goto fail;
+        }
+        expect = p + by_off[i]->bytes;
+    }
+    free(by_off);
+    size_t covered = (size_t)(expect - (f.base + f.data_start));
+    if (covered != data_len) {
+        errf(err, errlen, "%s: %zu bytes after the last tensor (data section %zu, tensors %zu)",
+             path, data_len - covered, data_len, covered);
+        goto fail;
+    }
+    for (size_t i = first; i < st->n_tensors; i++) st->tensors[i].file = f.path;
+
+    cJSON *meta = cJSON_DetachItemFromObjectCaseSensitive(root, "__metadata__");
+    f.meta = meta;
+    cJSON_Delete(root);
+    st_file *nf = realloc(st->files, (st->n_files + 1) * sizeof *nf);
+    if (!nf) {
+        cJSON_Delete(meta);
+        root = NULL;
+        f.meta = NULL;
+        rc = DFLASH_ENOMEM;
+        goto fail_after_root;
+    }
+    st->files = nf;
+    st->files[st->n_files++] = f;
+    return 0;
+
+fail:
+    cJSON_Delete(root);
+fail_after_root:
+    for (size_t i = first; i < st->n_tensors; i++) free((char *)st->tensors[i].name);
+    st->n_tensors = first;
+    if (fd >= 0) close(fd);
+    if (f.base) munmap(f.base, f.size);
+    free(f.path);
+    return rc;
+}
+
+void safetensors_close(safetensors **pst)
+{
+    if (!pst || !*pst) return;
+    safetensors *st = *pst;
+    for (size_t i = 0; i < st->n_tensors; i++) free((char *)st->tensors[i].name);
+    for (size_t i = 0; i < st->n_files; i++) {
+        if (st->files[i].base) munmap(st->files[i].base, st->files[i].size);
+        cJSON_Delete(st->files[i].meta);
+        free(st->files[i].path);
+    }
+    free(st->files);
+    free(st->tensors);
+    free(st->path);
+    free(st);
+    *pst = NULL;
+}
+
+static char *read_text(const char *path, size_t max, char *err, size_t errlen, int *rc)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        *rc = errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(fp);
+                *rc = DFLASH_ENOMEM;
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + len, 1, 4096, fp);
+        len += got;
+        if (got == 0) break;
+        if (len > max) {
+            errf(err, errlen, "%s: larger than %zu bytes", path, max);
+            free(buf);
+            fclose(fp);
+            *rc = DFLASH_EFORMAT;
+            return NULL;
+        }
+    }
+    bool bad = ferror(fp);
+    fclose(fp);
+    if (bad) {
+        errf(err, errlen, "%s: read error", path);
+        free(buf);
+        *rc = DFLASH_EIO;
+        return NULL;
+    }
+    buf[len] = 0;
+    return buf;
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* After sorting by name: refuses a name defined twice (in one file or in two shards). */
+static int check_dups(const safetensors *st, const char *where, char *err, size_t errlen)
+{
+    for (size_t i = 1; i < st->n_tensors; i++)
+        if (strcmp(st->tensors[i].name, st->tensors[i - 1].name) == 0) {
+            errf(err, errlen, "%s: tensor %s: defined twice (in %s and %s)", where,
+                 st->tensors[i].name, st->tensors[i - 1].file, st->tensors[i].file);
+            return DFLASH_EFORMAT;
+        }
+    return 0;
+}
+
+/* Opens every shard named in the index's weight_map, then checks that every mapped name is in
+ * the shard the index says. */
+static int load_index(safetensors *st, const char *index_path, char *err, size_t errlen)
+{
+    int rc = 0;
+    char *text = read_text(index_path, 64u << 20, err, errlen, &rc);
+    if (!text) return rc;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) {
+        errf(err, errlen, "%s: not valid JSON", index_path);
+        return DFLASH_EFORMAT;
+    }
+    cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(wm) || !wm->child) {
+        errf(err, errlen, "%s: no weight_map object", index_path);
+        cJSON_Delete(root);
+        return DFLASH_EFORMAT;
+    }
+    /* directory of the index */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", index_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[1] = 0;
+    else dir[0] = 0;
+
+    size_t n = (size_t)cJSON_GetArraySize(wm);
+    const char **files = malloc(n * sizeof *files);
+    if (!files) {
+        cJSON_Delete(root);
+        return DFLASH_ENOMEM;
+    }
+    size_t i = 0;
+    for (cJSON *e = wm->child; e; e = e->next, i++) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !e->valuestring[0]) {
+            errf(err, errlen, "%s: weight_map entry %s is not a plain file name", index_path,
+                 e->string ? e->string : "?");
+            rc = DFLASH_EFORMAT;
+            goto out;
+        }
+        files[i] = e->valuestring;
+    }
+    qsort(files, n, sizeof *files, cmp_cstr);
+    for (i = 0; i < n; i++) {
+        if (i && strcmp(files[i], files[i - 1]) == 0) continue;
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s%s", dir, files[i]);
+        rc = load_file(st, path, err, errlen);
+        if (rc) {
+            size_t used = err ? strlen(err) : 0;
+            if (err && used + 1 < errlen)
+                snprintf(err + used, errlen - used, " (listed in %s)", index_path);
+            goto out;
+        }
+    }
+    qsort(st->tensors, st->n_tensors, sizeof *st->tensors, cmp_tensor_name);
+    if ((rc = check_dups(st, index_path, err, errlen))) goto out;
+    for (cJSON *e = wm->child; e; e = e->next) {
+        const safetensors_tensor *t = safetensors_find(st, e->string);
+        const char *base = NULL;
+        if (t) {
+            base = strrchr(t->file, '/');
+            base = base ? base + 1 : t->file;
+        }
+        if (!t || strcmp(base, e->valuestring) != 0) {
+            errf(err, errlen, "%s: tensor %s: the index maps it to %s%s, which does not hold it",
+                 index_path, e->string, dir, e->valuestring);
+            rc = DFLASH_EFORMAT;
+            goto out;
+        }
+    }
+out:
+    free(files);
+    cJSON_Delete(root);
+    return rc;
+}
+
+safetensors *safetensors_open(const char *path, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!path) {
+        errf(err, errlen, "safetensors_open: no path");
+        return NULL;
+    }
+    safetensors *st = calloc(1, sizeof *st);
+    if (!st || !(st->path = dup_str(path))) {
+        free(st);
+        errf(err, errlen, "%s: out of memory", path);
+        return NULL;
+    }
+    int rc;
+    struct stat sb;
+    size_t plen = strlen(path);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
+        if (access(p, F_OK) == 0) rc = load_index(st, p, err, errlen);
+        else {
+            snprintf(p, sizeof p, "%s/model.safetensors", path);
+            rc = load_file(st, p, err, errlen);
+        }
+    } else if (plen >= 5 && strcmp(path + plen - 5, ".json") == 0) {
+        rc = load_index(st, path, err, errlen);
+    } else {
+        rc = load_file(st, path, err, errlen);
+    }
+    if (rc) goto fail;
+    qsort(st->tensors, st->n_tensors, sizeof *st->tensors, cmp_tensor_name);
+    if (check_dups(st, path, err, errlen)) goto fail;
+    return st;
+fail:
+    safetensors_close(&st);
+    return NULL;
+}
+
+size_t safetensors_count(const safetensors *st) { return st ? st->n_tensors : 0; }
+
+const safetensors_tensor *safetensors_at(const safetensors *st, size_t i)
+{
+    return st && i < st->n_tensors ? &st->tensors[i] : NULL;
+}
+
+const char *safetensors_path(const safetensors *st) { return st ? st->path : ""; }
+
+const safetensors_tensor *safetensors_find(const safetensors *st, const char *name)
+{
+    if (!st || !name) return NULL;
+    size_t lo = 0, hi = st->n_tensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->tensors[mid].name, name);
+        if (c == 0) return &st->tensors[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+const char *safetensors_metadata(const safetensors *st, const char *key)
+{
+    if (!st) return NULL;
+    for (size_t i = 0; i < st->n_files; i++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(st->files[i].meta, key);
+        if (cJSON_IsString(v)) return v->valuestring;
+    }
+    return NULL;
+}
+
+int safetensors_expect(const safetensors *st, const char *name, int ndim, const int64_t *shape,
+                       const safetensors_tensor **out, char *err, size_t errlen)
+{
+    const safetensors_tensor *t = safetensors_find(st, name);
+    if (out) *out = NULL;
+    if (!t) {
+        errf(err, errlen, "%s: tensor %s not found", safetensors_path(st), name ? name : "(null)");
+        return DFLASH_ENOTFOUND;
+    }
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char have[128], want[128];
+        shape_str(have, sizeof have, t->ndim, t->shape);
+        shape_str(want, sizeof want, ndim, shape);
+        errf(err, errlen, "%s: tensor %s has shape %s, expected %s", t->file, name, have, want);
+        return DFLASH_EMISMATCH;
+    }
+    if (out) *out = t;
+    return 0;
+}
+
+int safetensors_to_f32(const safetensors_tensor *t, float *dst)
+{
+    const unsigned char *p = t->data;
+    int64_t n = t->numel;
+    uint16_t h;
+    switch (t->dtype) {
+    case SAFETENSORS_F32: memcpy(dst, p, (size_t)n * 4); return 0;
+    case SAFETENSORS_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = safetensors_bf16_to_f32(h);
+        }
+        return 0;
+    case SAFETENSORS_F16:
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = safetensors_f16_to_f32(h);
+        }
+        return 0;
+    default: return DFLASH_EUNSUPPORTED;
+    }
+}
+
+int safetensors_load_f32(const safetensors *st, const char *name, int ndim, const int64_t *shape,
+                         float *dst, char *err, size_t errlen)
+{
+    const safetensors_tensor *t;
+    int rc = safetensors_expect(st, name, ndim, shape, &t, err, errlen);
+    if (rc) return rc;
+    rc = safetensors_to_f32(t, dst);
+    if (rc) errf(err, errlen, "%s: tensor %s has dtype %s, not a float type", t->file, name,
+                 safetensors_dtype_name(t->dtype));
+    return rc;
+}
+
+/* ---- writer ---- */
+
+typedef struct wr_tensor {
+    char *name;
+    safetensors_dtype dtype;
+    int ndim;
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    size_t bytes;
+    const void *data;
+} wr_tensor;
+
+struct safetensors_writer {
+    char *path;
+    char tmp[PATH_MAX];
+    int fd;
+    bool begun, committed, failed;
+    cJSON *meta;
+    wr_tensor *t;
+    size_t n, cap;
+    size_t cur, cur_done; /* streaming cursor: tensor index, bytes of it written */
+};
+
+safetensors_writer *safetensors_writer_new(const char *path)
+{
+    safetensors_writer *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->fd = -1;
+    w->path = dup_str(path);
+    w->meta = cJSON_CreateObject();
+    if (!w->path || !w->meta) {
+        safetensors_writer_destroy(&w);
+        return NULL;
+    }
+    return w;
+}
+
+void safetensors_writer_destroy(safetensors_writer **pw)
+{
+    if (!pw || !*pw) return;
+    safetensors_writer *w = *pw;
+    if (w->fd >= 0) close(w->fd);
+    if (w->begun && !w->committed) unlink(w->tmp);
+    for (size_t i = 0; i < w->n; i++) free(w->t[i].name);
+    free(w->t);
+    cJSON_Delete(w->meta);
+    free(w->path);
+    free(w);
+    *pw = NULL;
+}
+
+int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *value)
+{
+    if (!w || w->begun || !key || !value || strcmp(key, "__metadata__") == 0) return DFLASH_EINVAL;
+    cJSON_DeleteItemFromObjectCaseSensitive(w->meta, key);
+    return cJSON_AddStringToObject(w->meta, key, value) ? 0 : DFLASH_ENOMEM;
+}
+
+int safetensors_writer_add(safetensors_writer *w, const char *name, safetensors_dtype dtype,
+                           int ndim, const int64_t *shape, const void *data)
+{
+    if (!w || w->begun || !name || !name[0] || strcmp(name, "__metadata__") == 0 ||
+        (unsigned)dtype >= N_DTYPES || ndim < 0 || ndim > SAFETENSORS_MAX_DIMS ||
+        (ndim && !shape))
+        return DFLASH_EINVAL;
+    for (size_t i = 0; i < w->n; i++)
+        if (strcmp(w->t[i].name, name) == 0) return DFLASH_EEXISTS;
+    wr_tensor t = {0};
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return DFLASH_EINVAL;
+        t.shape[i] = shape[i];
+        numel *= (size_t)shape[i];
+    }
+    t.dtype = dtype;
+    t.ndim = ndim;
+    t.bytes = numel * dtype_table[dtype].size;
+    t.data = data;
+    if (!(t.name = dup_str(name))) return DFLASH_ENOMEM;
+    if (w->n == w->cap) {
+        size_t nc = w->cap ? w->cap * 2 : 32;
+        wr_tensor *nt = realloc(w->t, nc * sizeof *nt);
+        if (!nt) {
+            free(t.name);
+            return DFLASH_ENOMEM;
+        }
+        w->t = nt;
+        w->cap = nc;
+    }
+    w->t[w->n++] = t;
+    return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t k = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return DFLASH_EIO;
+        }
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Writes text to path atomically: tmp file, fsync, rename, fsync of the directory. */
+static int write_atomic(const char *path, const void *buf, size_t len);
+
+static int fsync_dir_of(const char *path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        if (slash == dir) slash[1] = 0;
+        else *slash = 0;
+    } else snprintf(dir, sizeof dir, ".");
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return DFLASH_EIO;
+    int rc = fsync(dfd) == 0 || errno == EINVAL ? 0 : DFLASH_EIO;
+    close(dfd);
+    return rc;
+}
+
+int safetensors_writer_begin(safetensors_writer *w)
+{
+    if (!w || w->begun) return DFLASH_ESTATE;
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return DFLASH_ENOMEM;
+    if (!cJSON_GetObjectItemCaseSensitive(w->meta, "format"))
+        cJSON_AddStringToObject(w->meta, "format", "pt");
+    cJSON_AddItemToObject(root, "__metadata__", cJSON_Duplicate(w->meta, true));
+    uint64_t off = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToObject(root, w->t[i].name, e);
+        cJSON_AddStringToObject(e, "dtype", dtype_table[w->t[i].dtype].name);
+        cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < w->t[i].ndim; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)w->t[i].shape[d]));
+        cJSON *of = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
+        off += w->t[i].bytes;
+        cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
+    }
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!json) return DFLASH_ENOMEM;
+    size_t jl = strlen(json), padded = (jl + 7) & ~(size_t)7;
+    unsigned char *hdr = malloc(8 + padded);
+    if (!hdr) {
+        free(json);
+        return DFLASH_ENOMEM;
+    }
+    for (int i = 0; i < 8; i++) hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    memcpy(hdr + 8, json, jl);
+    memset(hdr + 8 + jl, ' ', padded - jl);
+    free(json);
+
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", w->path, (long)getpid());
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        free(hdr);
+        return DFLASH_EIO;
+    }
+    w->begun = true;
+    int rc = write_all(w->fd, hdr, 8 + padded);
+    free(hdr);
+    if (rc) w->failed = true;
+    return rc;
+}
+
+int safetensors_writer_write(safetensors_writer *w, const void *data, size_t bytes)
+{
+    if (!w || !w->begun || w->committed || w->failed) return DFLASH_ESTATE;
+    size_t left = 0;
+    for (size_t i = w->cur; i < w->n; i++) left += w->t[i].bytes;
+    left -= w->cur_done;
+    if (bytes > left) return DFLASH_ERANGE;
+    int rc = write_all(w->fd, data, bytes);
+    if (rc) {
+        w->failed = true;
+        return rc;
+    }
+    w->cur_done += bytes;
+    while (w->cur < w->n && w->cur_done >= w->t[w->cur].bytes) {
+        w->cur_done -= w->t[w->cur].bytes;
+        w->cur++;
+    }
+    return 0;
+}
+
+int safetensors_writer_commit(safetensors_writer *w)
+{
+    int rc;
+    if (!w || w->committed) return DFLASH_ESTATE;
+    if (!w->begun && (rc = safetensors_writer_begin(w))) goto fail;
+    if (w->failed) {
+        rc = DFLASH_EIO;
+        goto fail;
+    }
+    while (w->cur < w->n) {
+        const wr_tensor *t = &w->t[w->cur];
+        if (t->bytes == 0) {
+            w->cur++;
+            continue;
+        }
+        if (!t->data) {
+            rc = DFLASH_ESTATE;
+            goto fail;
+        }
+        size_t done = w->cur_done;
+        if ((rc = safetensors_writer_write(w, (const char *)t->data + done, t->bytes - done)))
+            goto fail;
+    }
+    if (fsync(w->fd) != 0) {
+        rc = DFLASH_EIO;
+        goto fail;
+    }
+    if (close(w->fd) != 0) {
+        w->fd = -1;
+        rc = DFLASH_EIO;
+        goto fail;
+    }
+    w->fd = -1;
+    if (rename(w->tmp, w->path) != 0) {
+        rc = DFLASH_EIO;
+        goto fail;
+    }
+    w->committed = true;
+    return fsync_dir_of(w->path);
+fail:
+    if (w->fd >= 0) close(w->fd);
+    w->fd = -1;
+    if (w->begun) unlink(w->tmp);
+    w->failed = true;
+    w->committed = false;
+    w->begun = true; /* nothing more may be written */
+    return rc;
+}
+
+static int write_atomic(const char *path, const void *buf, size_t len)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return DFLASH_EIO;
+    int rc = write_all(fd, buf, len);
+    if (!rc && fsync(fd) != 0) rc = DFLASH_EIO;
+    if (close(fd) != 0 && !rc) rc = DFLASH_EIO;
+    if (!rc && rename(tmp, path) != 0) rc = DFLASH_EIO;
+    if (rc) {
+        unlink(tmp);
+        return rc;
+    }
+    return fsync_dir_of(path);
+}
+
+int safetensors_write_index(const char *dir, const char *const *names, const char *const *files,
+                            size_t n, uint64_t total_size)
+{
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return DFLASH_ENOMEM;
+    cJSON *meta = cJSON_AddObjectToObject(root, "metadata");
+    cJSON_AddNumberToObject(meta, "total_size", (double)total_size);
+    cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
+    for (size_t i = 0; i < n; i++) cJSON_AddStringToObject(wm, names[i], files[i]);
+    char *json = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!json) return DFLASH_ENOMEM;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    size_t jl = strlen(json);
+    json[jl] = '\n'; /* replace the terminator: written length is exact */
+    int rc = write_atomic(path, json, jl + 1);
+    free(json);
+    return rc;
+}

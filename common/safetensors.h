@@ -1,0 +1,128 @@
+/* safetensors: read (mmap) and write Hugging Face safetensors checkpoints.
+ *
+ * File format: 8-byte little-endian header length N, N bytes of JSON
+ *   {"__metadata__": {...}, "name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [begin, end]}}
+ * then the data section; offsets are relative to the data section start (8 + N).
+ *
+ * Reader: safetensors_open() takes a .safetensors file, a model.safetensors.index.json (its
+ * weight_map names the shard files, all opened and mmapped read-only) or a directory (index if
+ * present, else model.safetensors). Every header is validated at open: length bounded by the file
+ * size, JSON syntax, known dtype, shape product * dtype size == end - begin, offsets inside the
+ * data section, tensors covering the data section contiguously with no overlap or gap, no
+ * duplicate names (across shards too), index entries present in the shard they name. Errors name
+ * the file, the tensor and what is wrong. Tensors are kept sorted by name; lookup is a binary
+ * search. The object is immutable after open: lookups are thread-safe.
+ *
+ * Writer: declare tensors (name, dtype, shape, optionally data), then either commit (writes all
+ * data pointers given) or begin + write chunks in declaration order (streaming, for checkpoints
+ * larger than memory) + commit. The file is written to PATH.tmp.<pid>, fsync'd, renamed onto
+ * PATH and the directory fsync'd, so readers see the old file or the complete new one.
+ *
+ * Callers: the target loader (weights), dflash-mkmodel, the drafter checkpoint writer, tests.
+ */
+#ifndef DFLASH_SAFETENSORS_H
+#define DFLASH_SAFETENSORS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    SAFETENSORS_BF16 = 0,
+    SAFETENSORS_F16,
+    SAFETENSORS_F32,
+    SAFETENSORS_I32,
+    SAFETENSORS_I64,
+} safetensors_dtype;
+
+#define SAFETENSORS_MAX_DIMS 8
+
+typedef struct safetensors_tensor {
+    const char *name;          /* owned by the safetensors object */
+    safetensors_dtype dtype;
+    int ndim;                  /* 0 for a scalar */
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    int64_t numel;             /* product of shape (1 for a scalar) */
+    const void *data;          /* into the read-only mapping; may be unaligned for BF16/F16 */
+    size_t bytes;              /* numel * dtype size */
+    const char *file;          /* path of the file holding it */
+} safetensors_tensor;
+
+typedef struct safetensors safetensors;
+typedef struct safetensors_writer safetensors_writer;
+
+/* Bytes per element (2, 2, 4, 4, 8). */
+size_t safetensors_dtype_size(safetensors_dtype dt);
+/* "BF16", "F16", "F32", "I32", "I64". */
+const char *safetensors_dtype_name(safetensors_dtype dt);
+/* Parses the header spelling (also accepts lower case "bf16", "f16", "f32", "fp16", "fp32").
+ * Returns 0 or DFLASH_EINVAL. */
+int safetensors_dtype_parse(const char *s, safetensors_dtype *out);
+
+/* Scalar conversions: bf16/f16 bits <-> float. The to-half ones round to nearest even. */
+float safetensors_bf16_to_f32(uint16_t h);
+uint16_t safetensors_f32_to_bf16(float f);
+float safetensors_f16_to_f32(uint16_t h);
+uint16_t safetensors_f32_to_f16(float f);
+
+/* --- reader --- */
+
+/* Opens and validates a file, an index json or a directory (see top). Returns the object or NULL
+ * with the reason ("PATH: tensor NAME: ...") in err (may be NULL). */
+safetensors *safetensors_open(const char *path, char *err, size_t errlen);
+/* Unmaps everything; accepts NULL and *st == NULL; sets *st = NULL. Tensor pointers die. */
+void safetensors_close(safetensors **st);
+
+/* Number of tensors over all shards, and the i-th in name order. */
+size_t safetensors_count(const safetensors *st);
+const safetensors_tensor *safetensors_at(const safetensors *st, size_t i);
+/* The tensor called name, or NULL. */
+const safetensors_tensor *safetensors_find(const safetensors *st, const char *name);
+/* The path given to safetensors_open (for messages). */
+const char *safetensors_path(const safetensors *st);
+/* Value of key in a file's "__metadata__" (the first file that has it), or NULL. */
+const char *safetensors_metadata(const safetensors *st, const char *key);
+
+/* Finds name and checks its shape is [shape[0..ndim)]. Returns 0 with *out set, DFLASH_ENOTFOUND
+ * ("PATH: tensor NAME not found") or DFLASH_EMISMATCH ("FILE: tensor NAME has shape [a,b],
+ * expected [c,d]") with the message in err. out may be NULL. */
+int safetensors_expect(const safetensors *st, const char *name, int ndim, const int64_t *shape,
+                       const safetensors_tensor **out, char *err, size_t errlen);
+
+/* Converts a float tensor (BF16, F16, F32) to fp32 into dst[0..t->numel). Returns 0, or
+ * DFLASH_EUNSUPPORTED for integer dtypes. */
+int safetensors_to_f32(const safetensors_tensor *t, float *dst);
+
+/* safetensors_expect + safetensors_to_f32 into dst (numel floats). */
+int safetensors_load_f32(const safetensors *st, const char *name, int ndim, const int64_t *shape,
+                         float *dst, char *err, size_t errlen);
+
+/* --- writer --- */
+
+/* A writer for path (nothing is created until begin/commit). NULL on out of memory. */
+safetensors_writer *safetensors_writer_new(const char *path);
+/* Adds a "__metadata__" string entry (default: {"format": "pt"}). Before begin. 0 or negative. */
+int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *value);
+/* Declares the next tensor. data (numel * dtype size bytes) is borrowed until commit, or NULL
+ * when the bytes will be streamed with safetensors_writer_write. Refuses duplicate names,
+ * ndim > SAFETENSORS_MAX_DIMS, negative dims (DFLASH_EINVAL). Before begin. */
+int safetensors_writer_add(safetensors_writer *w, const char *name, safetensors_dtype dtype,
+                           int ndim, const int64_t *shape, const void *data);
+/* Creates the temporary file and writes the header. Optional: commit calls it. */
+int safetensors_writer_begin(safetensors_writer *w);
+/* Streams the next bytes of data, in declaration order, across tensor boundaries as needed.
+ * DFLASH_ERANGE if more bytes than declared. After begin. */
+int safetensors_writer_write(safetensors_writer *w, const void *data, size_t bytes);
+/* Writes the data of remaining tensors that were given a pointer (DFLASH_ESTATE if one without
+ * data remains unwritten), fsyncs, renames onto path, fsyncs the directory. 0 or negative;
+ * on failure the temporary file is removed. */
+int safetensors_writer_commit(safetensors_writer *w);
+/* Frees the writer; removes the temporary file when not committed. Accepts NULL. */
+void safetensors_writer_destroy(safetensors_writer **w);
+
+/* Writes model.safetensors.index.json into dir: metadata.total_size and weight_map from the
+ * names[i] -> files[i] pairs (files are base names). Atomic like the writer. */
+int safetensors_write_index(const char *dir, const char *const *names, const char *const *files,
+                            size_t n, uint64_t total_size);
+
+#endif

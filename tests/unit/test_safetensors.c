@@ -1,0 +1,388 @@
+/* test_safetensors: round trips through the writer and reader (plain, streamed, sharded), the
+ * half-precision conversions, and that corrupt, truncated or inconsistent files are refused with
+ * messages that name the file, the tensor and the problem. */
+#include "check.h"
+#include "err.h"
+#include "safetensors.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static void path_of(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", dir, name);
+}
+
+/* Writes an 8-byte length + header (padded with spaces to pad bytes if pad > strlen) + data. */
+static void write_raw(const char *path, const char *header, size_t data_len, long hlen_override)
+{
+    FILE *fp = fopen(path, "wb");
+    uint64_t hl = hlen_override >= 0 ? (uint64_t)hlen_override : strlen(header);
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(hl >> (8 * i));
+    fwrite(b, 1, 8, fp);
+    fwrite(header, 1, strlen(header), fp);
+    for (size_t i = 0; i < data_len; i++) fputc((int)(i & 0xff), fp);
+    fclose(fp);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    *len = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *b = malloc(*len ? *len : 1);
+    if (fread(b, 1, *len, fp) != *len) *len = 0;
+    fclose(fp);
+    return b;
+}
+
+static void spill(const char *path, const char *b, size_t len)
+{
+    FILE *fp = fopen(path, "wb");
+    fwrite(b, 1, len, fp);
+    fclose(fp);
+}
+
+/* Opening must fail and the message must contain every needle (NULL-terminated list). */
+static void expect_bad(const char *path, const char *n1, const char *n2)
+{
+    char err[512] = "";
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    CHECK(st == NULL);
+    if (st) fprintf(stderr, "  unexpectedly opened %s\n", path);
+    safetensors_close(&st);
+    CHECK(strstr(err, path) != NULL);
+    if (n1) CHECK(strstr(err, n1) != NULL);
+    if (n2) CHECK(strstr(err, n2) != NULL);
+    if ((n1 && !strstr(err, n1)) || (n2 && !strstr(err, n2)) || !strstr(err, path))
+        fprintf(stderr, "  message was: %s\n", err);
+}
+
+static void test_conversions(void)
+{
+    CHECK_EQ_INT(safetensors_f32_to_f16(1.0f), 0x3c00);
+    CHECK_EQ_INT(safetensors_f32_to_f16(65504.0f), 0x7bff);
+    CHECK_EQ_INT(safetensors_f32_to_f16(1e6f), 0x7c00);
+    CHECK_EQ_INT(safetensors_f32_to_f16(-2.0f), 0xc000);
+    CHECK_EQ_INT(safetensors_f32_to_bf16(1.0f), 0x3f80);
+    CHECK_EQ_INT(safetensors_f32_to_bf16(0.1f), 0x3dcd); /* rounds up */
+    CHECK_NEAR(safetensors_bf16_to_f32(0xc040), -3.0, 0);
+    /* every finite f16 survives f16 -> f32 -> f16 exactly */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00) continue;
+        if (safetensors_f32_to_f16(safetensors_f16_to_f32((uint16_t)h)) != h) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+    /* round to nearest even between two f16 neighbours: 1 + 2^-11 is a tie -> 1.0 */
+    CHECK_EQ_INT(safetensors_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);
+    CHECK_EQ_INT(safetensors_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);
+    /* smallest subnormal */
+    CHECK_EQ_INT(safetensors_f32_to_f16(5.9604645e-8f), 0x0001);
+    safetensors_dtype dt;
+    CHECK_EQ_INT(safetensors_dtype_parse("bf16", &dt), 0);
+    CHECK_EQ_INT(dt, SAFETENSORS_BF16);
+    CHECK_EQ_INT(safetensors_dtype_parse("F32", &dt), 0);
+    CHECK_EQ_INT(dt, SAFETENSORS_F32);
+    CHECK_EQ_INT(safetensors_dtype_parse("F8_E4M3", &dt), DFLASH_EINVAL);
+}
+
+static void test_round_trip(void)
+{
+    char path[300], err[512];
+    path_of(path, sizeof path, "rt.safetensors");
+    float a[6] = {1, -2, 3.5f, 0.25f, -0.125f, 100};
+    uint16_t b[4], c[4];
+    float bv[4] = {1.5f, -2, 0.25f, 3}, cv[4] = {-1, 0.5f, 1024, -0.0009765625f};
+    for (int i = 0; i < 4; i++) {
+        b[i] = safetensors_f32_to_bf16(bv[i]);
+        c[i] = safetensors_f32_to_f16(cv[i]);
+    }
+    int32_t ids[3] = {7, -1, 1 << 30};
+    safetensors_writer *w = safetensors_writer_new(path);
+    CHECK(w != NULL);
+    CHECK_EQ_INT(safetensors_writer_meta(w, "note", "hello"), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "x.a", SAFETENSORS_F32, 2, (int64_t[]){2, 3}, a), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "x.b", SAFETENSORS_BF16, 1, (int64_t[]){4}, b), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "x.c", SAFETENSORS_F16, 2, (int64_t[]){2, 2}, c), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "ids", SAFETENSORS_I32, 1, (int64_t[]){3}, ids), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "x.a", SAFETENSORS_F32, 1, (int64_t[]){1}, a),
+                 DFLASH_EEXISTS);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+    CHECK(w == NULL);
+
+    /* the header is padded to a multiple of 8 */
+    size_t len;
+    char *raw = slurp(path, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (unsigned char)raw[i];
+    CHECK_EQ_INT(hl % 8, 0);
+    CHECK_EQ_INT(len, 8 + hl + 24 + 8 + 8 + 12);
+    free(raw);
+
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL);
+    if (!st) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    CHECK_EQ_INT(safetensors_count(st), 4);
+    CHECK(strcmp(safetensors_at(st, 0)->name, "ids") == 0); /* name order */
+    CHECK(safetensors_metadata(st, "note") && strcmp(safetensors_metadata(st, "note"), "hello") == 0);
+    CHECK(safetensors_metadata(st, "format") &&
+          strcmp(safetensors_metadata(st, "format"), "pt") == 0);
+    const safetensors_tensor *t = safetensors_find(st, "x.a");
+    CHECK(t && t->dtype == SAFETENSORS_F32 && t->ndim == 2 && t->shape[0] == 2 &&
+          t->shape[1] == 3 && t->numel == 6 && t->bytes == 24);
+    float out[6];
+    CHECK_EQ_INT(safetensors_load_f32(st, "x.a", 2, (int64_t[]){2, 3}, out, err, sizeof err), 0);
+    CHECK(memcmp(out, a, sizeof a) == 0);
+    CHECK_EQ_INT(safetensors_load_f32(st, "x.b", 1, (int64_t[]){4}, out, err, sizeof err), 0);
+    for (int i = 0; i < 4; i++) CHECK_NEAR(out[i], bv[i], 0);
+    CHECK_EQ_INT(safetensors_load_f32(st, "x.c", 2, (int64_t[]){2, 2}, out, err, sizeof err), 0);
+    for (int i = 0; i < 4; i++) CHECK_NEAR(out[i], cv[i], 0);
+    t = safetensors_find(st, "ids");
+    CHECK(t && t->dtype == SAFETENSORS_I32 && memcmp(t->data, ids, 12) == 0);
+    CHECK_EQ_INT(safetensors_load_f32(st, "ids", 1, (int64_t[]){3}, out, err, sizeof err),
+                 DFLASH_EUNSUPPORTED);
+
+    /* shape expectations: message names the file, tensor and both shapes */
+    CHECK_EQ_INT(safetensors_expect(st, "x.a", 2, (int64_t[]){3, 2}, NULL, err, sizeof err),
+                 DFLASH_EMISMATCH);
+    char want[400];
+    snprintf(want, sizeof want, "%s: tensor x.a has shape [2,3], expected [3,2]", path);
+    CHECK(strcmp(err, want) == 0);
+    CHECK_EQ_INT(safetensors_expect(st, "x.a", 1, (int64_t[]){6}, NULL, err, sizeof err),
+                 DFLASH_EMISMATCH);
+    CHECK_EQ_INT(safetensors_expect(st, "nope", 1, (int64_t[]){6}, NULL, err, sizeof err),
+                 DFLASH_ENOTFOUND);
+    CHECK(strstr(err, "tensor nope not found") != NULL);
+    CHECK(safetensors_find(st, "x") == NULL);
+    safetensors_close(&st);
+    CHECK(st == NULL);
+    safetensors_close(&st); /* NULL is fine */
+}
+
+static void test_streaming(void)
+{
+    char path[300], err[512];
+    path_of(path, sizeof path, "stream.safetensors");
+    enum { N = 1000 };
+    static float big[N];
+    for (int i = 0; i < N; i++) big[i] = (float)i * 0.5f;
+    safetensors_writer *w = safetensors_writer_new(path);
+    CHECK_EQ_INT(safetensors_writer_add(w, "p", SAFETENSORS_F32, 1, (int64_t[]){N}, NULL), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "q", SAFETENSORS_F32, 2, (int64_t[]){10, 10}, NULL), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "empty", SAFETENSORS_F32, 2, (int64_t[]){0, 4}, NULL),
+                 0);
+    CHECK_EQ_INT(safetensors_writer_begin(w), 0);
+    /* chunks of 333 bytes cross the tensor boundary */
+    const char *src = (const char *)big;
+    size_t total = N * 4, off = 0;
+    while (off < total) {
+        size_t k = total - off < 333 ? total - off : 333;
+        CHECK_EQ_INT(safetensors_writer_write(w, src + off, k), 0);
+        off += k;
+    }
+    CHECK_EQ_INT(safetensors_writer_write(w, big, 400), 0);
+    CHECK_EQ_INT(safetensors_writer_write(w, big, 1), DFLASH_ERANGE);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL);
+    const safetensors_tensor *p = safetensors_find(st, "p"), *q = safetensors_find(st, "q");
+    CHECK(p && memcmp(p->data, big, N * 4) == 0);
+    CHECK(q && memcmp(q->data, big, 400) == 0);
+    CHECK(safetensors_find(st, "empty") && safetensors_find(st, "empty")->bytes == 0);
+    safetensors_close(&st);
+
+    /* a commit with streamed data missing leaves no file behind (and the old one intact) */
+    w = safetensors_writer_new(path);
+    safetensors_writer_add(w, "p", SAFETENSORS_F32, 1, (int64_t[]){N}, NULL);
+    CHECK(safetensors_writer_commit(w) < 0);
+    safetensors_writer_destroy(&w);
+    st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL && safetensors_count(st) == 3);
+    safetensors_close(&st);
+    /* an abandoned writer removes its temporary file */
+    w = safetensors_writer_new(path);
+    safetensors_writer_add(w, "p", SAFETENSORS_F32, 1, (int64_t[]){N}, NULL);
+    CHECK_EQ_INT(safetensors_writer_begin(w), 0);
+    safetensors_writer_destroy(&w);
+    char tmp[400];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    CHECK(access(tmp, F_OK) != 0);
+}
+
+static void test_corrupt(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "bad.safetensors");
+
+    /* a good baseline the raw writer produces */
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, -1);
+    char err[512];
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL);
+    if (!st) fprintf(stderr, "  baseline: %s\n", err);
+    safetensors_close(&st);
+
+    write_raw(path, "{}", 0, 1000);
+    expect_bad(path, "header length 1000", NULL);
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, -1);
+    expect_bad(path, "not valid JSON", NULL);
+    write_raw(path, "{\"a\":{\"dtype\":\"F8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, -1);
+    expect_bad(path, "tensor a", "unsupported dtype");
+    write_raw(path, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, -1);
+    expect_bad(path, "tensor a", "needs 4");
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,-1],\"data_offsets\":[0,8]}}", 8, -1);
+    expect_bad(path, "tensor a", "shape entry 1");
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, -1);
+    expect_bad(path, "tensor a", "truncated");
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, -1);
+    expect_bad(path, "tensor a", "before begin");
+    write_raw(path,
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+              "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+              12, -1);
+    expect_bad(path, "overlaps tensor", NULL);
+    write_raw(path,
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+              "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+              12, -1);
+    expect_bad(path, "tensor b", "gap of 4 bytes");
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 12, -1);
+    expect_bad(path, "8 bytes after the last tensor", NULL);
+    write_raw(path,
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+              "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+              8, -1);
+    expect_bad(path, "tensor a", "defined twice");
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, -1);
+    expect_bad(path, "tensor a", "data_offsets");
+    write_raw(path, "[1,2]", 0, -1);
+    expect_bad(path, "not a JSON object", NULL);
+    write_raw(path, "{\"__metadata__\":3}", 0, -1);
+    expect_bad(path, "__metadata__", NULL);
+    spill(path, "abc", 3);
+    expect_bad(path, "truncated", NULL);
+    expect_bad("/nonexistent/x.safetensors", "cannot open", NULL);
+
+    /* truncating a real file anywhere is caught */
+    char good[300];
+    path_of(good, sizeof good, "rt.safetensors");
+    size_t len;
+    char *raw = slurp(good, &len);
+    size_t cuts[] = {0, 4, 8, 9, 20, len / 2, len - 12, len - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        spill(path, raw, cuts[i]);
+        expect_bad(path, NULL, NULL);
+    }
+    /* flipping any header byte never crashes and never yields a tensor outside the file */
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (unsigned char)raw[i];
+    int opened = 0, refused = 0;
+    for (size_t i = 0; i < 8 + hl; i++) {
+        char saved = raw[i];
+        raw[i] = (char)(raw[i] ^ 0x5a);
+        spill(path, raw, len);
+        raw[i] = saved;
+        st = safetensors_open(path, err, sizeof err);
+        if (!st) {
+            refused++;
+            CHECK(strstr(err, path) != NULL);
+            continue;
+        }
+        opened++;
+        size_t sum = 0;
+        for (size_t k = 0; k < safetensors_count(st); k++) sum += safetensors_at(st, k)->bytes;
+        CHECK(sum == len - 8 - hl);
+        safetensors_close(&st);
+    }
+    CHECK(refused > (int)hl / 2); /* most flips break the JSON or the sizes */
+    (void)opened;
+    free(raw);
+}
+
+static void test_sharded(void)
+{
+    char p1[300], p2[300], err[512];
+    path_of(p1, sizeof p1, "model-00001-of-00002.safetensors");
+    path_of(p2, sizeof p2, "model-00002-of-00002.safetensors");
+    float v1[3] = {1, 2, 3}, v2[2] = {4, 5};
+    safetensors_writer *w = safetensors_writer_new(p1);
+    safetensors_writer_add(w, "model.a", SAFETENSORS_F32, 1, (int64_t[]){3}, v1);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+    w = safetensors_writer_new(p2);
+    safetensors_writer_add(w, "model.b", SAFETENSORS_F32, 1, (int64_t[]){2}, v2);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+    const char *names[] = {"model.a", "model.b"};
+    const char *files[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    CHECK_EQ_INT(safetensors_write_index(dir, names, files, 2, 20), 0);
+
+    /* the directory prefers the index */
+    safetensors *st = safetensors_open(dir, err, sizeof err);
+    CHECK(st != NULL);
+    if (!st) fprintf(stderr, "  %s\n", err);
+    CHECK_EQ_INT(safetensors_count(st), 2);
+    float out[3];
+    CHECK_EQ_INT(safetensors_load_f32(st, "model.b", 1, (int64_t[]){2}, out, err, sizeof err), 0);
+    CHECK_NEAR(out[1], 5, 0);
+    CHECK(safetensors_find(st, "model.a") && strcmp(safetensors_find(st, "model.a")->file, p1) == 0);
+    safetensors_close(&st);
+
+    /* index pointing a tensor at the wrong shard */
+    const char *wrong[] = {"model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    CHECK_EQ_INT(safetensors_write_index(dir, names, wrong, 2, 20), 0);
+    char idx[300];
+    path_of(idx, sizeof idx, "model.safetensors.index.json");
+    expect_bad(idx, "tensor model.a", "does not hold it");
+    /* index naming a missing shard */
+    const char *missing[] = {"model-00001-of-00002.safetensors", "gone.safetensors"};
+    CHECK_EQ_INT(safetensors_write_index(dir, names, missing, 2, 20), 0);
+    char gone[300];
+    path_of(gone, sizeof gone, "gone.safetensors");
+    expect_bad(idx, gone, "cannot open");
+    /* the same name in two shards */
+    w = safetensors_writer_new(p2);
+    safetensors_writer_add(w, "model.a", SAFETENSORS_F32, 1, (int64_t[]){2}, v2);
+    safetensors_writer_commit(w);
+    safetensors_writer_destroy(&w);
+    const char *both[] = {"model-00001-of-00002.safetensors"};
+    const char *onlya[] = {"model.a"};
+    (void)both;
+    (void)onlya;
+    const char *dup_files[] = {"model-00001-of-00002.safetensors",
+                               "model-00002-of-00002.safetensors"};
+    const char *dup_names[] = {"model.a", "model.x"};
+    CHECK_EQ_INT(safetensors_write_index(dir, dup_names, dup_files, 2, 20), 0);
+    expect_bad(idx, "model.a", "defined twice");
+    unlink(idx);
+    unlink(p1);
+    unlink(p2);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/dflash-test-st-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    test_conversions();
+    test_round_trip();
+    test_streaming();
+    test_corrupt();
+    test_sharded();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    CHECK_DONE();
+}

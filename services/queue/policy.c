@@ -11,6 +11,10 @@
  * the choice rule), lifetime produced/consumed counters, and a ring of the last mix_window claims
  * (bucket, tokens) with per-bucket token sums for the TV metric.
  *
+ * Leases of a dropped pool become *detached* (detached[]): the worker may have copied the batch
+ * before the target died, so its release just ends the lease; if it expires instead (or the
+ * worker dies) the batch is requeued through the sink.
+ *
  * Thread: the broker's loop thread only. Callers: broker.c, tests, bench/mix.
  */
 #include "policy.h"
@@ -50,6 +54,13 @@ typedef struct {
     uint32_t tokens;
 } window_entry;
 
+/* A lease whose pool was dropped while it was held: the worker may still have copied the batch,
+ * so the batch is requeued only if the lease ends without a release. */
+typedef struct {
+    uint64_t lease_id, worker_id, deadline_ms;
+    policy_slot_ref where;
+} detached_lease;
+
 struct policy {
     policy_params prm;
     policy_sink sink;
@@ -60,6 +71,8 @@ struct policy {
     uint32_t n_pools, cap_pools;
     slot **leased;
     uint32_t n_leased, cap_leased;
+    detached_lease *detached;
+    uint32_t n_detached, cap_detached;
     slot *ready_head[POLICY_MAX_BUCKETS], *ready_tail[POLICY_MAX_BUCKETS];
     uint32_t ready[POLICY_MAX_BUCKETS], leased_n[POLICY_MAX_BUCKETS],
         filling[POLICY_MAX_BUCKETS];
@@ -285,6 +298,7 @@ void policy_destroy(policy **pp)
     for (uint32_t i = 0; i < p->n_pools; i++) free_pool(p->pools[i]);
     free(p->pools);
     free(p->leased);
+    free(p->detached);
     free(p->win);
     free(p);
     *pp = NULL;
@@ -301,8 +315,24 @@ int policy_pool_drop(policy *p, uint32_t pool_id)
         slot *s = &pl->slots[i];
         if (s->state == SLOT_FREE) continue;
         batch_id b = s->batch;
+        bool keep = false;
+        if (s->state == SLOT_LEASED) {
+            if (p->n_detached == p->cap_detached) {
+                uint32_t cap = p->cap_detached ? 2 * p->cap_detached : 16;
+                detached_lease *a = realloc(p->detached, cap * sizeof *a);
+                if (a) {
+                    p->detached = a;
+                    p->cap_detached = cap;
+                }
+            }
+            if (p->n_detached < p->cap_detached) {
+                p->detached[p->n_detached++] =
+                    (detached_lease){s->lease_id, s->worker_id, s->deadline_ms, ref_of(s)};
+                keep = true;
+            }
+        }
         (void)set_state(p, s, SLOT_FREE, false); /* never allocates */
-        if (p->sink.requeue) p->sink.requeue(p->sink.ctx, &b);
+        if (!keep && p->sink.requeue) p->sink.requeue(p->sink.ctx, &b);
     }
     p->pools[pos] = p->pools[--p->n_pools];
     free_pool(pl);
@@ -534,6 +564,13 @@ int policy_release(policy *p, uint64_t lease_id, policy_slot_ref *where)
 {
     slot *s = find_lease(p, lease_id);
     if (!s) {
+        for (uint32_t i = 0; i < p->n_detached; i++)
+            if (p->detached[i].lease_id == lease_id) {
+                if (where) *where = p->detached[i].where;
+                p->detached[i] = p->detached[--p->n_detached];
+                p->releases++;
+                return 0;
+            }
         p->stale++;
         return DFLASH_ESTALE;
     }
@@ -548,7 +585,19 @@ int policy_heartbeat(policy *p, uint64_t worker_id, uint64_t now_ms)
     for (uint32_t i = 0; i < p->n_leased; i++)
         if (p->leased[i]->worker_id == worker_id)
             p->leased[i]->deadline_ms = now_ms + p->prm.lease_timeout_ms;
+    for (uint32_t i = 0; i < p->n_detached; i++)
+        if (p->detached[i].worker_id == worker_id)
+            p->detached[i].deadline_ms = now_ms + p->prm.lease_timeout_ms;
     return 0;
+}
+
+/* A detached lease ended without a release: its batch goes back to to-do. */
+static void expire_detached(policy *p, uint32_t i)
+{
+    batch_id b = p->detached[i].where.batch;
+    p->detached[i] = p->detached[--p->n_detached];
+    p->expiries++;
+    if (p->sink.requeue) p->sink.requeue(p->sink.ctx, &b);
 }
 
 /* A lease ended without a release: READY again at the head of its FIFO, or quarantined. */
@@ -575,6 +624,8 @@ int policy_drop_worker(policy *p, uint64_t worker_id)
 {
     for (uint32_t i = p->n_leased; i-- > 0;)
         if (i < p->n_leased && p->leased[i]->worker_id == worker_id) expire(p, p->leased[i]);
+    for (uint32_t i = p->n_detached; i-- > 0;)
+        if (p->detached[i].worker_id == worker_id) expire_detached(p, i);
     return 0;
 }
 
@@ -583,6 +634,8 @@ int policy_tick(policy *p, uint64_t now_ms)
     /* Backwards: expire() swap-removes, which only moves entries from the end. */
     for (uint32_t i = p->n_leased; i-- > 0;)
         if (i < p->n_leased && p->leased[i]->deadline_ms <= now_ms) expire(p, p->leased[i]);
+    for (uint32_t i = p->n_detached; i-- > 0;)
+        if (p->detached[i].deadline_ms <= now_ms) expire_detached(p, i);
     return 0;
 }
 
@@ -591,6 +644,8 @@ uint64_t policy_next_deadline(const policy *p)
     uint64_t d = UINT64_MAX;
     for (uint32_t i = 0; i < p->n_leased; i++)
         if (p->leased[i]->deadline_ms < d) d = p->leased[i]->deadline_ms;
+    for (uint32_t i = 0; i < p->n_detached; i++)
+        if (p->detached[i].deadline_ms < d) d = p->detached[i].deadline_ms;
     return d;
 }
 
@@ -687,6 +742,7 @@ void policy_get_stats(const policy *p, policy_stats *o)
     o->redeliveries = p->redeliveries;
     o->quarantined = p->quarantined;
     o->stale_releases = p->stale;
+    o->detached_leases = p->n_detached;
     for (uint32_t b = 0; b < p->prm.n_buckets; b++) {
         policy_bucket_stats *s = &o->bucket[b];
         s->share = p->share[b];

@@ -66,7 +66,8 @@ typedef struct {
  * into the policy. Any callback may be NULL. */
 typedef struct {
     void *ctx;
-    /* A batch lost its slot (pool dropped while FILLING/READY/LEASED): back to to-do. */
+    /* A batch lost its slot (pool dropped while FILLING/READY, or a detached lease expired):
+     * back to to-do. */
     void (*requeue)(void *ctx, const batch_id *b);
     /* A batch was redelivered more than max_redeliveries times: quarantine it. Its slot
      * (pool_id, incarnation, slot) is FREE now and must be handed back to its target. */
@@ -110,7 +111,8 @@ typedef struct {
     double mix_tv;                   /* TV(consumed mix over the window, dataset mix); 0 if empty */
     uint32_t window_claims;          /* claims in the window (<= mix_window) */
     uint64_t claims, releases, work_units, lease_expiries, redeliveries, quarantined;
-    uint64_t stale_releases;         /* release/heartbeat of unknown or expired leases */
+    uint64_t stale_releases;         /* releases of unknown or expired leases */
+    uint32_t detached_leases;        /* leases outliving their dropped pool */
     policy_bucket_stats bucket[POLICY_MAX_BUCKETS];
 } policy_stats;
 
@@ -132,8 +134,10 @@ void policy_destroy(policy **p);
  * n_slots 0 or > 1<<20, DFLASH_ENOMEM. */
 int policy_pool_add(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_t n_slots,
                     uint64_t slot_bytes);
-/* Drops a pool (its target died or restarted): every FILLING/READY/LEASED batch is reported via
- * sink->requeue, its leases end (later releases are stale). DFLASH_ENOTFOUND unknown pool. */
+/* Drops a pool (its target died or restarted): every FILLING/READY batch is reported via
+ * sink->requeue at once. A LEASED one becomes a detached lease: its worker may have copied it, so
+ * a release ends it normally (where->incarnation is the old one: do not hand the slot to the new
+ * target); expiry or drop_worker requeues its batch. DFLASH_ENOTFOUND unknown pool. */
 int policy_pool_drop(policy *p, uint32_t pool_id);
 /* Incarnation of a registered pool, 0 if unknown. */
 uint64_t policy_pool_incarnation(const policy *p, uint32_t pool_id);

@@ -1,0 +1,659 @@
+/* pool: the exporter and importer sides of slot pools, host (POSIX shm) and cuda (IPC) backends.
+ * See pool.h for the contract.
+ *
+ * Data structures:
+ *   pool           the exporter's arena: base pointer, per-slot events (cuda), the descriptor.
+ *                  Every live pool is also linked into a process-local registry (mutex-guarded)
+ *                  so an importer in the same process uses raw pointers instead of opening its
+ *                  own IPC handle, which CUDA refuses (infra.md 2.1).
+ *   pool_importer  up to IMPORT_MAX mappings, each keyed by (incarnation, arena): the mapped base
+ *                  and lazily opened per-slot events. Invariant: at most one mapping per pool
+ *                  name; attaching a new incarnation of a name closes the old one first.
+ *                  One copy in flight at a time (in_flight), tracked by done_event (cuda).
+ * The descriptor's wire form is little-endian and fixed-order (pool_desc_encode).
+ */
+#include "pool.h"
+#include "err.h"
+#include "log.h"
+#include "pool_cuda.h"
+
+#include <assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define IMPORT_MAX 8
+#define SHM_PREFIX "dflash."
+#define DESC_MAGIC "DFLPOOL1"
+#define DESC_VERSION 1u
+#define DESC_FIXED_BYTES (56u + POOL_NAME_MAX + POOL_SHM_NAME_MAX + POOL_HANDLE_BYTES)
+
+struct pool {
+    pool_desc desc;
+    void *base;                   /* host: mmap of the shm object; cuda: the cudaMalloc arena */
+    void *events[POOL_MAX_SLOTS]; /* cuda: interprocess events, one per slot */
+    struct pool *next;            /* registry link */
+};
+
+typedef struct pool_mapping {
+    bool used;
+    bool local; /* raw pointers into a pool of this process */
+    uint64_t incarnation;
+    char name[POOL_NAME_MAX];
+    uint32_t n_slots;
+    uint64_t slot_bytes, arena_bytes;
+    int device; /* exporter's device (local cuda pools) */
+    void *base;
+    void *events[POOL_MAX_SLOTS]; /* cuda: opened lazily; for local pools borrowed */
+    uint8_t ev_handles[POOL_MAX_SLOTS][POOL_HANDLE_BYTES]; /* cuda: from the descriptor */
+} pool_mapping;
+
+struct pool_importer {
+    pool_backend backend;
+    int device;
+    void *stream;     /* cuda copy stream */
+    void *done_event; /* cuda: recorded after each copy */
+    bool in_flight;
+    pool_mapping maps[IMPORT_MAX];
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static pool *registry;
+
+const char *pool_backend_name(pool_backend b)
+{
+    return b == POOL_HOST ? "host" : b == POOL_CUDA ? "cuda" : "?";
+}
+
+int pool_backend_parse(const char *s, pool_backend *out)
+{
+    if (strcmp(s, "host") == 0 || strcmp(s, "cpu") == 0) *out = POOL_HOST;
+    else if (strcmp(s, "cuda") == 0) *out = POOL_CUDA;
+    else return DFLASH_EINVAL;
+    return 0;
+}
+
+bool pool_cuda_available(void)
+{
+    return pool_cuda_device_count() > 0;
+}
+
+static bool name_valid(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n >= POOL_NAME_MAX) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static uint64_t random_incarnation(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 16);
+    }
+    return v ? v : 1;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* ---------------------------------------------------------------- exporter */
+
+static void registry_add(pool *p)
+{
+    pthread_mutex_lock(&registry_lock);
+    p->next = registry;
+    registry = p;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void registry_remove(pool *p)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (pool **pp = &registry; *pp; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* Copies what an importer needs from a pool of this process; false if none has incarnation. */
+static bool registry_find(uint64_t incarnation, pool_mapping *m)
+{
+    bool found = false;
+    pthread_mutex_lock(&registry_lock);
+    for (pool *p = registry; p; p = p->next) {
+        if (p->desc.incarnation == incarnation) {
+            m->base = p->base;
+            m->device = p->desc.device;
+            memcpy(m->events, p->events, sizeof m->events);
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return found;
+}
+
+static int host_create(pool *p)
+{
+    pool_desc *d = &p->desc;
+    snprintf(d->shm_name, sizeof d->shm_name, "/" SHM_PREFIX "%s.%d.%016" PRIx64, d->name,
+             (int)getpid(), d->incarnation);
+    int fd = shm_open(d->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        LOG_ERROR("shm_open %s: %s (is /dev/shm mounted and writable?)", d->shm_name,
+                  strerror(errno));
+        return DFLASH_EIO;
+    }
+    int rc = 0;
+    if (ftruncate(fd, (off_t)d->arena_bytes) != 0) {
+        LOG_ERROR("ftruncate %s to %" PRIu64 " bytes: %s", d->shm_name, d->arena_bytes,
+                  strerror(errno));
+        rc = DFLASH_EIO;
+        goto fail_unlink;
+    }
+    p->base = mmap(NULL, d->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p->base == MAP_FAILED) {
+        p->base = NULL;
+        LOG_ERROR("mmap %s: %s", d->shm_name, strerror(errno));
+        rc = DFLASH_EIO;
+        goto fail_unlink;
+    }
+    close(fd);
+    return 0;
+fail_unlink:
+    shm_unlink(d->shm_name);
+    close(fd);
+    return rc;
+}
+
+static int cuda_create(pool *p)
+{
+    pool_desc *d = &p->desc;
+    int rc = pool_cuda_alloc(d->device, d->arena_bytes, &p->base, d->mem_handle);
+    if (rc < 0) return rc;
+    for (uint32_t i = 0; i < d->n_slots; i++) {
+        rc = pool_cuda_event_new(d->device, &p->events[i], d->event_handles[i]);
+        if (rc < 0) return rc; /* pool_destroy frees what exists */
+    }
+    return 0;
+}
+
+pool *pool_new(const pool_config *cfg, int *err)
+{
+    int rc = DFLASH_EINVAL;
+    if (!cfg || !name_valid(cfg->name) || cfg->n_slots == 0 || cfg->n_slots > POOL_MAX_SLOTS ||
+        cfg->slot_bytes == 0 || cfg->slot_bytes > (1ull << 40) ||
+        (cfg->backend != POOL_HOST && cfg->backend != POOL_CUDA))
+        goto fail;
+    pool *p = calloc(1, sizeof *p);
+    if (!p) {
+        rc = DFLASH_ENOMEM;
+        goto fail;
+    }
+    pool_desc *d = &p->desc;
+    d->backend = cfg->backend;
+    d->n_slots = cfg->n_slots;
+    d->incarnation = cfg->incarnation ? cfg->incarnation : random_incarnation();
+    d->slot_bytes = round_up(cfg->slot_bytes, 256);
+    d->arena_bytes = round_up(d->slot_bytes * d->n_slots, POOL_ARENA_ALIGN);
+    d->device = cfg->backend == POOL_CUDA ? cfg->device : -1;
+    d->owner_pid = (int32_t)getpid();
+    snprintf(d->name, sizeof d->name, "%s", cfg->name);
+    if (cfg->backend == POOL_HOST) {
+        pool_sweep_stale(d->name);
+        rc = host_create(p);
+    } else {
+        rc = cuda_create(p);
+    }
+    if (rc < 0) {
+        pool_destroy(&p);
+        goto fail;
+    }
+    registry_add(p);
+    if (err) *err = 0;
+    return p;
+fail:
+    if (err) *err = rc;
+    return NULL;
+}
+
+void pool_destroy(pool **pp)
+{
+    if (!pp || !*pp) return;
+    pool *p = *pp;
+    registry_remove(p);
+    if (p->desc.backend == POOL_HOST) {
+        if (p->base) {
+            munmap(p->base, p->desc.arena_bytes);
+            shm_unlink(p->desc.shm_name);
+        }
+    } else {
+        for (uint32_t i = 0; i < p->desc.n_slots; i++) {
+            if (p->events[i]) {
+                pool_cuda_event_sync(p->events[i]);
+                pool_cuda_event_destroy(p->events[i]);
+            }
+        }
+        pool_cuda_free(p->desc.device, p->base);
+    }
+    free(p);
+    *pp = NULL;
+}
+
+const pool_desc *pool_descriptor(const pool *p)
+{
+    return &p->desc;
+}
+
+uint64_t pool_slot_offset(const pool *p, uint32_t slot)
+{
+    assert(slot < p->desc.n_slots);
+    return (uint64_t)slot * p->desc.slot_bytes;
+}
+
+void *pool_slot_ptr(pool *p, uint32_t slot)
+{
+    return (char *)p->base + pool_slot_offset(p, slot);
+}
+
+int pool_slot_publish(pool *p, uint32_t slot, void *stream)
+{
+    if (slot >= p->desc.n_slots) return DFLASH_ERANGE;
+    if (p->desc.backend == POOL_HOST) {
+        atomic_thread_fence(memory_order_release);
+        return 0;
+    }
+    return pool_cuda_event_record(p->events[slot], stream);
+}
+
+int pool_slot_sync(pool *p, uint32_t slot)
+{
+    if (slot >= p->desc.n_slots) return DFLASH_ERANGE;
+    if (p->desc.backend == POOL_HOST) return 0;
+    return pool_cuda_event_sync(p->events[slot]);
+}
+
+/* Parses "dflash.<name>.<pid>.<hex>"; returns the pid or -1, and copies the name. */
+static int parse_shm_entry(const char *entry, char *name, size_t name_len)
+{
+    if (strncmp(entry, SHM_PREFIX, strlen(SHM_PREFIX)) != 0) return -1;
+    const char *s = entry + strlen(SHM_PREFIX);
+    const char *last = strrchr(s, '.');
+    if (!last || last == s) return -1;
+    const char *mid = last - 1;
+    while (mid > s && *mid != '.') mid--;
+    if (mid == s || (size_t)(mid - s) >= name_len) return -1;
+    char *end;
+    long pid = strtol(mid + 1, &end, 10);
+    if (end != last || pid <= 0) return -1;
+    memcpy(name, s, (size_t)(mid - s));
+    name[mid - s] = '\0';
+    return (int)pid;
+}
+
+int pool_sweep_stale(const char *name)
+{
+    DIR *dir = opendir("/dev/shm");
+    if (!dir) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        char owner[POOL_NAME_MAX];
+        int pid = parse_shm_entry(e->d_name, owner, sizeof owner);
+        if (pid < 0 || (name && strcmp(owner, name) != 0)) continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to judge) */
+        char path[POOL_SHM_NAME_MAX + 8];
+        snprintf(path, sizeof path, "/%s", e->d_name);
+        if (shm_unlink(path) == 0) {
+            LOG_INFO("removed stale shared memory %s of dead process %d", path, pid);
+            removed++;
+        }
+    }
+    closedir(dir);
+    return removed;
+}
+
+/* ---------------------------------------------------------------- descriptor wire form */
+
+static void put32(uint8_t **p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) *(*p)++ = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t **p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) *(*p)++ = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t **p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)(*(*p)++) << (8 * i);
+    return v;
+}
+static uint64_t get64(const uint8_t **p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)(*(*p)++) << (8 * i);
+    return v;
+}
+
+int pool_desc_encode(const pool_desc *d, uint8_t *buf, size_t cap)
+{
+    uint32_t n_ev = d->backend == POOL_CUDA ? d->n_slots : 0;
+    size_t len = DESC_FIXED_BYTES + (size_t)n_ev * POOL_HANDLE_BYTES;
+    if (len > cap || d->n_slots > POOL_MAX_SLOTS) return DFLASH_ERANGE;
+    uint8_t *p = buf;
+    memcpy(p, DESC_MAGIC, 8);
+    p += 8;
+    put32(&p, DESC_VERSION);
+    put32(&p, (uint32_t)d->backend);
+    put32(&p, d->n_slots);
+    put32(&p, (uint32_t)d->device);
+    put32(&p, (uint32_t)d->owner_pid);
+    put32(&p, 0);
+    put64(&p, d->incarnation);
+    put64(&p, d->slot_bytes);
+    put64(&p, d->arena_bytes);
+    memcpy(p, d->name, POOL_NAME_MAX);
+    p += POOL_NAME_MAX;
+    memcpy(p, d->shm_name, POOL_SHM_NAME_MAX);
+    p += POOL_SHM_NAME_MAX;
+    memcpy(p, d->mem_handle, POOL_HANDLE_BYTES);
+    p += POOL_HANDLE_BYTES;
+    for (uint32_t i = 0; i < n_ev; i++) {
+        memcpy(p, d->event_handles[i], POOL_HANDLE_BYTES);
+        p += POOL_HANDLE_BYTES;
+    }
+    assert((size_t)(p - buf) == len);
+    return (int)len;
+}
+
+int pool_desc_decode(const uint8_t *buf, size_t len, pool_desc *out)
+{
+    if (len < DESC_FIXED_BYTES || memcmp(buf, DESC_MAGIC, 8) != 0) return DFLASH_EFORMAT;
+    const uint8_t *p = buf + 8;
+    if (get32(&p) != DESC_VERSION) return DFLASH_EVERSION;
+    pool_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = (pool_backend)get32(&p);
+    d.n_slots = get32(&p);
+    d.device = (int32_t)get32(&p);
+    d.owner_pid = (int32_t)get32(&p);
+    (void)get32(&p);
+    d.incarnation = get64(&p);
+    d.slot_bytes = get64(&p);
+    d.arena_bytes = get64(&p);
+    memcpy(d.name, p, POOL_NAME_MAX);
+    p += POOL_NAME_MAX;
+    memcpy(d.shm_name, p, POOL_SHM_NAME_MAX);
+    p += POOL_SHM_NAME_MAX;
+    memcpy(d.mem_handle, p, POOL_HANDLE_BYTES);
+    p += POOL_HANDLE_BYTES;
+    if (d.backend != POOL_HOST && d.backend != POOL_CUDA) return DFLASH_ERANGE;
+    if (d.n_slots == 0 || d.n_slots > POOL_MAX_SLOTS || d.incarnation == 0) return DFLASH_ERANGE;
+    if (d.slot_bytes == 0 || d.slot_bytes % 256 || d.slot_bytes > (1ull << 40)) return DFLASH_ERANGE;
+    if (d.arena_bytes % POOL_ARENA_ALIGN || d.arena_bytes < d.slot_bytes * d.n_slots)
+        return DFLASH_ERANGE;
+    if (memchr(d.name, 0, POOL_NAME_MAX) == NULL || !name_valid(d.name)) return DFLASH_ERANGE;
+    if (memchr(d.shm_name, 0, POOL_SHM_NAME_MAX) == NULL) return DFLASH_ERANGE;
+    if (d.backend == POOL_HOST && strncmp(d.shm_name, "/" SHM_PREFIX, strlen(SHM_PREFIX) + 1))
+        return DFLASH_ERANGE;
+    uint32_t n_ev = d.backend == POOL_CUDA ? d.n_slots : 0;
+    if (len != DESC_FIXED_BYTES + (size_t)n_ev * POOL_HANDLE_BYTES) return DFLASH_EFORMAT;
+    for (uint32_t i = 0; i < n_ev; i++) {
+        memcpy(d.event_handles[i], p, POOL_HANDLE_BYTES);
+        p += POOL_HANDLE_BYTES;
+    }
+    *out = d;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- importer */
+
+pool_importer *pool_importer_new(pool_backend backend, int device, int *err)
+{
+    int rc = DFLASH_EINVAL;
+    if (backend != POOL_HOST && backend != POOL_CUDA) goto fail;
+    pool_importer *imp = calloc(1, sizeof *imp);
+    if (!imp) {
+        rc = DFLASH_ENOMEM;
+        goto fail;
+    }
+    imp->backend = backend;
+    imp->device = backend == POOL_CUDA ? device : -1;
+    if (backend == POOL_CUDA) {
+        rc = pool_cuda_stream_new(device, &imp->stream);
+        if (rc == 0) rc = pool_cuda_event_new_local(device, &imp->done_event);
+        if (rc < 0) {
+            pool_importer_destroy(&imp);
+            goto fail;
+        }
+    }
+    if (err) *err = 0;
+    return imp;
+fail:
+    if (err) *err = rc;
+    return NULL;
+}
+
+static void mapping_close(pool_importer *imp, pool_mapping *m)
+{
+    if (!m->used) return;
+    if (!m->local) {
+        if (imp->backend == POOL_HOST) {
+            munmap(m->base, m->arena_bytes);
+        } else {
+            for (uint32_t i = 0; i < m->n_slots; i++)
+                if (m->events[i]) pool_cuda_event_destroy(m->events[i]);
+            pool_cuda_close_mem(imp->device, m->base);
+        }
+    }
+    memset(m, 0, sizeof *m);
+}
+
+void pool_importer_destroy(pool_importer **pimp)
+{
+    if (!pimp || !*pimp) return;
+    pool_importer *imp = *pimp;
+    if (imp->in_flight) pool_copy_wait(imp);
+    for (int i = 0; i < IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
+    pool_cuda_event_destroy(imp->done_event);
+    pool_cuda_stream_destroy(imp->stream);
+    free(imp);
+    *pimp = NULL;
+}
+
+static pool_mapping *mapping_find(pool_importer *imp, uint64_t incarnation)
+{
+    for (int i = 0; i < IMPORT_MAX; i++)
+        if (imp->maps[i].used && imp->maps[i].incarnation == incarnation) return &imp->maps[i];
+    return NULL;
+}
+
+static int host_map(pool_mapping *m, const pool_desc *d)
+{
+    int fd = shm_open(d->shm_name, O_RDWR, 0600);
+    if (fd < 0) {
+        int e = errno;
+        LOG_WARN("shm_open %s: %s", d->shm_name, strerror(e));
+        return e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < d->arena_bytes) {
+        LOG_WARN("shm %s is smaller than its descriptor says", d->shm_name);
+        close(fd);
+        return DFLASH_EMISMATCH;
+    }
+    void *b = mmap(NULL, d->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (b == MAP_FAILED) {
+        LOG_WARN("mmap %s: %s", d->shm_name, strerror(errno));
+        return DFLASH_EIO;
+    }
+    m->base = b;
+    return 0;
+}
+
+int pool_importer_attach(pool_importer *imp, const pool_desc *d)
+{
+    if (d->backend != imp->backend) return DFLASH_EMISMATCH;
+    if (mapping_find(imp, d->incarnation)) return 0;
+    assert(!imp->in_flight);
+    pool_mapping *slot = NULL;
+    for (int i = 0; i < IMPORT_MAX; i++) {
+        pool_mapping *m = &imp->maps[i];
+        if (m->used && strcmp(m->name, d->name) == 0) mapping_close(imp, m); /* old incarnation */
+        if (!m->used && !slot) slot = m;
+    }
+    if (!slot) return DFLASH_EFULL;
+    pool_mapping m;
+    memset(&m, 0, sizeof m);
+    m.incarnation = d->incarnation;
+    snprintf(m.name, sizeof m.name, "%s", d->name);
+    m.n_slots = d->n_slots;
+    m.slot_bytes = d->slot_bytes;
+    m.arena_bytes = d->arena_bytes;
+    m.device = d->device;
+    if (d->backend == POOL_CUDA) memcpy(m.ev_handles, d->event_handles, sizeof m.ev_handles);
+    int rc = 0;
+    if (d->owner_pid == (int32_t)getpid() && registry_find(d->incarnation, &m)) {
+        m.local = true;
+    } else if (d->backend == POOL_HOST) {
+        rc = host_map(&m, d);
+    } else {
+        rc = pool_cuda_open_mem(imp->device, d->mem_handle, &m.base);
+    }
+    if (rc < 0) return rc;
+    m.used = true;
+    *slot = m;
+    return 0;
+}
+
+void pool_importer_forget(pool_importer *imp, uint64_t incarnation)
+{
+    pool_mapping *m = mapping_find(imp, incarnation);
+    if (!m) return;
+    if (imp->in_flight) pool_copy_wait(imp);
+    mapping_close(imp, m);
+}
+
+void pool_importer_forget_all(pool_importer *imp)
+{
+    if (imp->in_flight) pool_copy_wait(imp);
+    for (int i = 0; i < IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
+}
+
+int pool_importer_mappings(const pool_importer *imp)
+{
+    int n = 0;
+    for (int i = 0; i < IMPORT_MAX; i++) n += imp->maps[i].used;
+    return n;
+}
+
+void *pool_importer_stream(pool_importer *imp)
+{
+    return imp->stream;
+}
+
+int pool_copy_start(pool_importer *imp, uint64_t incarnation, uint32_t slot, uint64_t offset,
+                    uint64_t bytes, void *dst)
+{
+    if (imp->in_flight) return DFLASH_ESTATE;
+    pool_mapping *m = mapping_find(imp, incarnation);
+    if (!m) return DFLASH_ESTALE;
+    if (slot >= m->n_slots || offset != (uint64_t)slot * m->slot_bytes || bytes == 0 ||
+        bytes > m->slot_bytes)
+        return DFLASH_ERANGE;
+    const char *src = (const char *)m->base + offset;
+    if (imp->backend == POOL_HOST) {
+        atomic_thread_fence(memory_order_acquire);
+        memcpy(dst, src, bytes);
+        return 0;
+    }
+    if (!m->events[slot]) {
+        assert(!m->local); /* local pools borrow every event */
+        int orc = pool_cuda_open_event(imp->device, m->ev_handles[slot], &m->events[slot]);
+        if (orc < 0) return orc;
+    }
+    int rc = pool_cuda_copy_async(dst, src, bytes, m->events[slot], imp->stream, imp->done_event);
+    if (rc < 0) return rc;
+    imp->in_flight = true;
+    return 0;
+}
+
+int pool_copy_poll(pool_importer *imp)
+{
+    if (!imp->in_flight) return 1;
+    int rc = pool_cuda_event_query(imp->done_event);
+    if (rc != 0) imp->in_flight = false;
+    return rc;
+}
+
+int pool_copy_wait(pool_importer *imp)
+{
+    if (!imp->in_flight) return 0;
+    imp->in_flight = false;
+    return pool_cuda_event_sync(imp->done_event);
+}
+
+/* ---------------------------------------------------------------- staging */
+
+void *pool_staging_alloc(pool_backend backend, int device, size_t bytes)
+{
+    if (bytes == 0) return NULL;
+    if (backend == POOL_HOST) return aligned_alloc(256, round_up(bytes, 256));
+    void *p = NULL;
+    if (backend == POOL_CUDA && pool_cuda_alloc(device, bytes, &p, NULL) == 0) return p;
+    return NULL;
+}
+
+void pool_staging_free(pool_backend backend, int device, void **buf)
+{
+    if (!buf || !*buf) return;
+    if (backend == POOL_HOST) free(*buf);
+    else pool_cuda_free(device, *buf);
+    *buf = NULL;
+}
+
+int pool_staging_read(pool_backend backend, void *dst, const void *src, size_t n)
+{
+    if (backend == POOL_HOST) {
+        memcpy(dst, src, n);
+        return 0;
+    }
+    return pool_cuda_memcpy(dst, src, n, 0);
+}
+
+int pool_staging_write(pool_backend backend, void *dst, const void *src, size_t n)
+{
+    if (backend == POOL_HOST) {
+        memcpy(dst, src, n);
+        return 0;
+    }
+    return pool_cuda_memcpy(dst, src, n, 1);
+}

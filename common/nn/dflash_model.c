@@ -334,6 +334,20 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->la = calloc((size_t)L, sizeof *m->la);
     float *host = NULL;
     if (!m->tensors || !m->resid || !m->la) goto fail;
+    size_t Q = (size_t)Qmax, Tk = (size_t)max_tokens + Q;
+    m->h_ids = malloc(Q * 4);
+    m->h_labels = malloc(Q * 4);
+    m->h_correct = malloc(Q * 4);
+    m->h_argmax = malloc(Q * 4);
+    m->h_weights = malloc(Q * 4);
+    m->h_pos = malloc(Tk * 4);
+    m->h_spans = malloc((size_t)max_blocks * sizeof *m->h_spans);
+    m->h_blk_seq = malloc((size_t)max_blocks * 4);
+    m->h_blk_anchor = malloc((size_t)max_blocks * 4);
+    m->h_cand = malloc((size_t)max_tokens * 4);
+    if (!m->h_ids || !m->h_labels || !m->h_correct || !m->h_argmax || !m->h_weights ||
+        !m->h_pos || !m->h_spans || !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand)
+        goto fail;
     plan_params(m);
 
     size_t pbytes = m->n_params * sizeof(float);
@@ -395,6 +409,16 @@ void dflash_model_destroy(dflash_model **pm)
     m->ops->free(m->ctx, m->adam_m);
     m->ops->free(m->ctx, m->adam_v);
     m->ops->free(m->ctx, m->acts_mem);
+    free(m->h_ids);
+    free(m->h_labels);
+    free(m->h_correct);
+    free(m->h_argmax);
+    free(m->h_weights);
+    free(m->h_pos);
+    free(m->h_spans);
+    free(m->h_blk_seq);
+    free(m->h_blk_anchor);
+    free(m->h_cand);
     free(m->tensors);
     free(m->resid);
     free(m->la);

@@ -165,6 +165,14 @@ typedef struct dflash_model {
     float *out_sumsq;     /* [1] */
     float *inv_freq;      /* [d/2] */
     int cur_tc, cur_nb;   /* shape of the inputs set last */
+
+    /* host staging of one batch (plain malloc), filled by dflash_train and dflash_eval:
+     * [Qmax] ids, labels, weights, correct, argmax; [Tc_max + Qmax] pos; [nb_max] spans and
+     * per-block sequence / anchor; [Tc_max] candidate scratch */
+    int32_t *h_ids, *h_pos, *h_labels, *h_correct, *h_argmax;
+    float *h_weights;
+    nn_block_span *h_spans;
+    int32_t *h_blk_seq, *h_blk_anchor, *h_cand;
 } dflash_model;
 
 /* Creates a drafter with fresh weights (linear ~ N(0, 0.02) from init_seed, norms 1), grads and

@@ -1,0 +1,279 @@
+/* dflash_train: anchors, blocks, loss and the AdamW step of the DFlash drafter (see
+ * dflash_train.h). Host-side sample construction writes into the model's host staging arrays,
+ * which dflash_model_set_inputs uploads; everything after that runs through the ops table.
+ */
+#include "dflash_train.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dflash_train_cfg_default(dflash_train_cfg *tc)
+{
+    *tc = (dflash_train_cfg){
+        .n_anchors = 512,
+        .gamma = 0.0,
+        .lr = 6e-4,
+        .warmup_ratio = 0.04,
+        .total_steps = 0,
+        .min_lr_ratio = 0.0,
+        .clip = 1.0,
+        .beta1 = 0.9,
+        .beta2 = 0.999,
+        .eps = 1e-8,
+        .weight_decay = 0.0,
+        .seed = 0,
+    };
+}
+
+double dflash_train_gamma(const dflash_train_cfg *tc, int B)
+{
+    if (tc->gamma > 0) return tc->gamma;
+    if (B == 16) return 7.0;
+    if (B == 10) return 5.0;
+    if (B == 8) return 4.0;
+    return 7.0 * B / 16.0;
+}
+
+double dflash_train_lr(const dflash_train_cfg *tc, long step)
+{
+    long W = (long)ceil(tc->warmup_ratio * (double)tc->total_steps);
+    if (step < W) return tc->lr * (double)(step + 1) / (double)W;
+    if (tc->total_steps <= 0) return tc->lr;
+    long span = tc->total_steps - W;
+    double p = span > 0 ? (double)(step - W) / (double)span : 1.0;
+    if (p > 1.0) p = 1.0;
+    double floor = tc->min_lr_ratio;
+    return tc->lr * (floor + (1.0 - floor) * 0.5 * (1.0 + cos(M_PI * p)));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * anchors */
+
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int view_check(const dflash_model *m, const dflash_batch_view *b)
+{
+    const dflash_config *c = &m->cfg;
+    if (b->n_seqs < 1 || !b->seq_off || !b->ids || !b->loss_mask || !b->hidden) {
+        LOG_ERROR("drafter batch: %d sequences or missing arrays", b->n_seqs);
+        return DFLASH_EINVAL;
+    }
+    if (b->seq_off[0] != 0) return DFLASH_EINVAL;
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->seq_off[s + 1] <= b->seq_off[s]) {
+            LOG_ERROR("drafter batch: sequence %d is empty or offsets decrease", s);
+            return DFLASH_EINVAL;
+        }
+    int T = b->seq_off[b->n_seqs];
+    if (T > m->max_tokens) {
+        LOG_ERROR("drafter batch: %d tokens exceed the planned %d", T, m->max_tokens);
+        return DFLASH_ERANGE;
+    }
+    if (b->ld != (size_t)c->n_feat * c->hidden_size) {
+        LOG_ERROR("drafter batch: hidden row stride %zu, expected %d target layers x %d = %d",
+                  b->ld, c->n_feat, c->hidden_size, c->n_feat * c->hidden_size);
+        return DFLASH_EMISMATCH;
+    }
+    return 0;
+}
+
+int dflash_train_sample_anchors(dflash_model *m, const dflash_train_cfg *tc,
+                                const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key)
+{
+    int rc = view_check(m, b);
+    if (rc) return rc;
+    int nb = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int start = b->seq_off[s], S = b->seq_off[s + 1] - start;
+        const uint8_t *lm = b->loss_mask + start;
+        int32_t *cand = m->h_cand;
+        int nc = 0;
+        for (int p = 0; p + 1 < S; p++)
+            if (lm[p] && lm[p + 1]) cand[nc++] = p;
+        int k = nc < tc->n_anchors ? nc : tc->n_anchors;
+        if (nb + k > m->max_blocks) {
+            LOG_ERROR("drafter batch: %d anchors exceed the planned %d blocks", nb + k,
+                      m->max_blocks);
+            return DFLASH_ERANGE;
+        }
+        uint64_t st = mix64(mix64(mix64(tc->seed ^ 0x616e63686f72ull) ^ epoch) ^ batch_key);
+        st = mix64(st ^ (uint64_t)s);
+        for (int i = 0; i < k; i++) { /* partial Fisher-Yates: a uniform k-subset */
+            st = mix64(st);
+            int j = i + (int)(st % (uint64_t)(nc - i));
+            int32_t t = cand[i];
+            cand[i] = cand[j];
+            cand[j] = t;
+        }
+        qsort(cand, (size_t)k, sizeof *cand, cmp_i32);
+        for (int i = 0; i < k; i++) {
+            m->h_blk_seq[nb] = s;
+            m->h_blk_anchor[nb] = cand[i];
+            nb++;
+        }
+    }
+    return nb;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * blocks */
+
+int dflash_train_build(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                       int nb, const int32_t *blk_seq, const int32_t *blk_anchor, double *wsum)
+{
+    const dflash_config *c = &m->cfg;
+    int rc = view_check(m, b);
+    if (rc) return rc;
+    if (nb < 1 || nb > m->max_blocks) return DFLASH_EINVAL;
+    int B = c->block_size, V = c->vocab_size, Tc = b->seq_off[b->n_seqs];
+    double gamma = dflash_train_gamma(tc, B), sum = 0.0;
+    /* context positions: the slot's, or 0..S-1 per sequence */
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->seq_off[s]; t < b->seq_off[s + 1]; t++)
+            m->h_pos[t] = b->positions ? b->positions[t] : t - b->seq_off[s];
+    for (int j = 0; j < nb; j++) {
+        int s = blk_seq[j], a = blk_anchor[j];
+        if (s < 0 || s >= b->n_seqs) return DFLASH_EINVAL;
+        int start = b->seq_off[s], S = b->seq_off[s + 1] - start;
+        if (a < 0 || a >= S) return DFLASH_EINVAL;
+        m->h_spans[j] = (nn_block_span){
+            .ctx_begin = start, .ctx_end = start + a, .blk_begin = Tc + j * B, .keep = 1};
+        for (int o = 0; o < B; o++) {
+            int r = j * B + o, t = a + o < S ? a + o : S - 1;
+            int32_t lab = b->ids[start + t];
+            if (lab < 0 || lab >= V) {
+                LOG_ERROR("drafter batch: token id %d outside the vocabulary %d", lab, V);
+                return DFLASH_ERANGE;
+            }
+            m->h_ids[r] = o == 0 ? b->ids[start + a] : c->mask_token_id;
+            m->h_pos[Tc + r] = m->h_pos[start + a] + o;
+            m->h_labels[r] = lab;
+            float w = 0.0f;
+            if (o >= 1 && a + o < S && b->loss_mask[start + a + o])
+                w = (float)exp(-(double)(o - 1) / gamma);
+            m->h_weights[r] = w;
+            sum += w;
+        }
+    }
+    if (wsum) *wsum = sum;
+    return dflash_model_set_inputs(m, Tc, nb, m->h_ids, m->h_pos, m->h_spans, m->h_labels,
+                                   m->h_weights);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the step */
+
+/* Accuracy, per-offset accuracy and acceptance length from the correct flags of the last loss. */
+static void block_metrics(dflash_model *m, int nb, dflash_metrics *met)
+{
+    int B = m->cfg.block_size, Q = nb * B;
+    m->ops->download_raw(m->ctx, m->h_correct, m->out_correct, (size_t)Q * sizeof(int32_t));
+    long right = 0, total = 0;
+    double acc_len = 0.0;
+    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) met->pos_acc[o] = 0.0, met->pos_count[o] = 0;
+    for (int j = 0; j < nb; j++) {
+        int run = 0, live = 1;
+        for (int o = 1; o < B; o++) {
+            int r = j * B + o;
+            bool ok = m->h_weights[r] > 0.0f && m->h_correct[r];
+            if (m->h_weights[r] > 0.0f) {
+                total++;
+                right += ok;
+                if (o < DFLASH_MAX_BLOCK) met->pos_count[o]++, met->pos_acc[o] += ok;
+            }
+            if (live && ok) run++;
+            else live = 0;
+        }
+        acc_len += 1 + run;
+    }
+    for (int o = 0; o < DFLASH_MAX_BLOCK; o++)
+        if (met->pos_count[o]) met->pos_acc[o] /= met->pos_count[o];
+    met->n_weighted = (int)total;
+    met->accuracy = total ? (double)right / (double)total : 0.0;
+    met->accept_len = nb ? acc_len / nb : 0.0;
+}
+
+int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                       int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
+                       dflash_metrics *met)
+{
+    const nn_ops *o = m->ops;
+    memset(met, 0, sizeof *met);
+    met->step = m->step;
+    met->n_blocks = nb;
+    if (nb == 0) {
+        met->skipped = true;
+        return 0;
+    }
+    double wsum = 0.0;
+    int rc = dflash_train_build(m, tc, b, nb, blk_seq, blk_anchor, &wsum);
+    if (rc) return rc;
+    met->n_ctx_tokens = m->cur_tc;
+    met->weight_sum = wsum;
+    o->zero(m->ctx, m->grads, m->n_params * sizeof(float));
+    dflash_model_forward(m, b->hidden);
+    dflash_model_loss(m, wsum > 0 ? (float)(1.0 / wsum) : 0.0f);
+    float sums[2];
+    o->download_raw(m->ctx, sums, m->out_sums, sizeof sums);
+    met->loss = wsum > 0 ? sums[0] / wsum : 0.0;
+    block_metrics(m, nb, met);
+    if (!(wsum > 0)) {
+        met->skipped = true;
+        return 0;
+    }
+    dflash_model_backward(m, b->hidden);
+    return 0;
+}
+
+void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met)
+{
+    const nn_ops *o = m->ops;
+    float sq;
+    o->sumsq(m->ctx, m->out_sumsq, m->grads, m->n_params);
+    o->download_raw(m->ctx, &sq, m->out_sumsq, sizeof sq);
+    double norm = sqrt((double)sq);
+    double scale = 1.0;
+    if (tc->clip > 0 && norm > tc->clip) scale = tc->clip / (norm + 1e-6);
+    double lr = dflash_train_lr(tc, m->step);
+    int t = (int)(m->step + 1);
+    bool alias = (void *)m->params == (void *)m->master;
+    size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
+    o->adamw(m->ctx, m->master, alias ? NULL : m->params, m->grads, m->adam_m, m->adam_v, nd,
+             (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps,
+             (float)tc->weight_decay, (float)scale, t);
+    o->adamw(m->ctx, m->master + nd,
+             alias ? NULL : (nn_buf *)((char *)m->params + nd * o->act_bytes), m->grads + nd,
+             m->adam_m + nd, m->adam_v + nd, nr, (float)lr, (float)tc->beta1, (float)tc->beta2,
+             (float)tc->eps, 0.0f, (float)scale, t);
+    m->step++;
+    met->lr = lr;
+    met->grad_norm = norm;
+    met->step = m->step;
+}
+
+int dflash_train_step(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                      uint64_t epoch, uint64_t batch_key, dflash_metrics *met)
+{
+    int nb = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
+    if (nb < 0) return nb;
+    int rc = dflash_train_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, met);
+    if (rc || met->skipped) return rc;
+    dflash_train_apply(m, tc, met);
+    return 0;
+}

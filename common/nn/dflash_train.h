@@ -1,0 +1,104 @@
+/* dflash_train: DFlash training samples and the training step (reference/dflash.md 3.1, 3.2).
+ *
+ * One step over one slot's batch (several packed sequences):
+ *   1. anchors: per sequence, candidates p in [0, S-2] with loss_mask[p] and loss_mask[p+1];
+ *      min(n_anchors, #candidates) drawn uniformly without replacement from a splitmix64 stream
+ *      seeded by (seed, epoch, batch key, sequence index), sorted ascending. Deterministic: the
+ *      same batch in the same epoch gets the same anchors after a restart.
+ *   2. blocks: block j of sequence s with anchor a: noise ids [ids[a], MASK x (B-1)], positions
+ *      pos[a] + o, labels ids[a+o] (clamped inside the sequence), weights
+ *      w = [a+o < S] * [o >= 1] * loss_mask[a+o] * exp(-(o-1)/gamma); its span sees the
+ *      sequence's context rows [start, start + a) and its own B rows.
+ *      Only kept blocks are packed (no padding blocks), so keep is 1 for every block.
+ *   3. forward, loss = sum w*CE / sum w over the whole batch, backward (dflash_model).
+ *   4. grad norm over all trainable tensors, clipping to `clip`, AdamW (fp32 master and moments;
+ *      weight decay on matrices only), learning rate from the warmup + cosine schedule.
+ * Metrics (host, after the step; the cpu backend is synchronous): loss, accuracy over w > 0
+ * (undecayed), per-offset accuracy, acceptance length of the training blocks (1 + leading correct
+ * offsets, an offset with w == 0 ends the run), learning rate, gradient norm.
+ *
+ * Threads: the model's thread. No allocation in the step: host staging lives in the model.
+ * Callers: the drafter daemon's trainer (services/drafter), the tests, dflash_eval.
+ */
+#ifndef DFLASH_NN_DFLASH_TRAIN_H
+#define DFLASH_NN_DFLASH_TRAIN_H
+
+#include "dflash_model.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define DFLASH_MAX_BLOCK 64
+
+/* Training hyper-parameters; defaults (dflash_train_cfg_default) from dflash.md 3.1. */
+typedef struct dflash_train_cfg {
+    int n_anchors;       /* anchors per sequence (512) */
+    double gamma;        /* loss decay; <= 0: 7 for B 16, 5 for B 10, 4 for B 8, else 7*B/16 */
+    double lr;           /* peak learning rate (6e-4) */
+    double warmup_ratio; /* fraction of total_steps warming up linearly (0.04) */
+    long total_steps;    /* schedule length; 0: constant lr after warmup (no cosine) */
+    double min_lr_ratio; /* cosine floor as a fraction of lr (0) */
+    double clip;         /* global gradient-norm clip (1.0); <= 0: none */
+    double beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8) */
+    double weight_decay; /* decoupled, matrices only (0.0, SpecForge's default) */
+    uint64_t seed;       /* anchor sampling seed (0) */
+} dflash_train_cfg;
+
+/* One slot's batch, as the slot holds it. Host memory except hidden. */
+typedef struct dflash_batch_view {
+    int n_seqs;
+    const int32_t *seq_off;   /* [n_seqs + 1], seq_off[0] = 0, T = seq_off[n_seqs] */
+    const int32_t *ids;       /* [T] token ids */
+    const int32_t *positions; /* [T] position of each token in its sequence; NULL: 0..S-1 */
+    const uint8_t *loss_mask; /* [T] 0/1 */
+    const nn_buf *hidden;     /* backend memory [T, ld] act type; features in the first nF*D */
+    size_t ld;                /* row stride in elements; must equal nF*D */
+} dflash_batch_view;
+
+typedef struct dflash_metrics {
+    bool skipped;       /* no weighted position in the batch: no update was made */
+    double loss;        /* sum w*CE / sum w */
+    double weight_sum;  /* sum w */
+    double accuracy;    /* argmax == label over positions with w > 0 */
+    double accept_len;  /* mean over blocks of 1 + leading correct offsets */
+    double pos_acc[DFLASH_MAX_BLOCK]; /* per offset o (o >= 1) accuracy; pos_count[o] positions */
+    int pos_count[DFLASH_MAX_BLOCK];
+    int n_blocks, n_ctx_tokens, n_weighted;
+    double lr;          /* learning rate used by this step */
+    double grad_norm;   /* before clipping */
+    long step;          /* optimizer steps taken after this one */
+} dflash_metrics;
+
+void dflash_train_cfg_default(dflash_train_cfg *tc);
+/* The decay gamma actually used for block size B. */
+double dflash_train_gamma(const dflash_train_cfg *tc, int B);
+/* Learning rate of optimizer step `step` (0-based): linear warmup (step+1)/W over
+ * W = ceil(warmup_ratio * total_steps) steps, then cosine from lr to min_lr_ratio*lr at
+ * total_steps. */
+double dflash_train_lr(const dflash_train_cfg *tc, long step);
+
+/* Draws the anchors of a batch (step 1) into m->h_blk_seq / m->h_blk_anchor; returns the block
+ * count (>= 0), or DFLASH_ERANGE when they exceed m->max_blocks, DFLASH_EINVAL on a bad view. */
+int dflash_train_sample_anchors(dflash_model *m, const dflash_train_cfg *tc,
+                                const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key);
+
+/* Builds the blocks for nb anchors (blk_seq[j] sequence, blk_anchor[j] index within it) and
+ * uploads them (step 2). *wsum receives sum w. Returns 0 or a negative code. */
+int dflash_train_build(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                       int nb, const int32_t *blk_seq, const int32_t *blk_anchor, double *wsum);
+
+/* Loss and gradients for the given anchors (steps 2-3): zeroes grads, then forward, loss,
+ * backward. Fills the loss and accuracy metrics. Returns 0 or a negative code. */
+int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                       int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
+                       dflash_metrics *met);
+/* Clip, schedule and AdamW over the gradients (step 4); increments m->step. */
+void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met);
+
+/* The whole step on a slot's batch: anchors from (tc->seed, epoch, batch_key), grads, apply.
+ * batch_key identifies the batch within the epoch (e.g. bucket << 40 | batch index). A batch
+ * without any weighted position is not applied (met->skipped). Returns 0 or a negative code. */
+int dflash_train_step(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                      uint64_t epoch, uint64_t batch_key, dflash_metrics *met);
+
+#endif

@@ -1,0 +1,327 @@
+/* test_dflash_model: the DFlash drafter on the cpu backend, on a tiny drafter (D 16, 2 layers,
+ * B 4) over a two-sequence packed batch.
+ *   - whole-step gradients against finite differences, for every trainable tensor
+ *   - the block mask: context strictly before the anchor, other sequences and blocks invisible,
+ *     packing many blocks gives the same outputs as one block at a time
+ *   - anchor sampling: candidate rule, count, order, determinism by (seed, epoch, batch)
+ *   - loss weights: decay, the anchor offset and positions past the sequence end never trained
+ *   - AdamW steps reduce the loss on a fixed batch
+ *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2)
+ *   - a drafter that does not fit the target is refused with both values named
+ */
+#include "check.h"
+#include "dflash_model.h"
+#include "dflash_train.h"
+#include "err.h"
+#include "ops.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* a tiny world: target embed / lm_head, one packed batch of two sequences */
+enum { D = 16, NF = 2, V = 11, T0 = 9, T1 = 7, T = T0 + T1 };
+
+typedef struct world {
+    const nn_ops *ops;
+    nn_ctx *ctx;
+    dflash_config cfg;
+    float embed[V * D], lm_head[V * D];
+    float hidden[T * NF * D];
+    int32_t seq_off[3], ids[T];
+    uint8_t loss_mask[T];
+    dflash_batch_view view;
+    dflash_train_cfg tc;
+} world;
+
+static uint64_t rng_state = 12345;
+static double urand(void) /* [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) / 4503599627370496.0 - 1.0;
+}
+
+static void world_init(world *w)
+{
+    memset(w, 0, sizeof *w);
+    w->ops = nn_cpu_ops();
+    w->ctx = nn_cpu_new(1);
+    dflash_config *c = &w->cfg;
+    c->hidden_size = D;
+    c->num_layers = 2;
+    c->num_heads = 2;
+    c->num_kv_heads = 1;
+    c->head_dim = 8;
+    c->intermediate_size = 24;
+    c->block_size = 4;
+    c->n_feat = NF;
+    c->target_layer_ids[0] = 1;
+    c->target_layer_ids[1] = 3;
+    c->num_target_layers = 6;
+    c->mask_token_id = V - 1;
+    c->vocab_size = V;
+    c->max_position_embeddings = 128;
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = 10000.0;
+    c->bos_token_id = c->eos_token_id = -1;
+    for (int i = 0; i < V * D; i++) w->embed[i] = (float)(0.7 * urand());
+    for (int i = 0; i < V * D; i++) w->lm_head[i] = (float)(0.7 * urand());
+    for (int i = 0; i < T * NF * D; i++) w->hidden[i] = (float)urand();
+    w->seq_off[0] = 0, w->seq_off[1] = T0, w->seq_off[2] = T;
+    for (int t = 0; t < T; t++) w->ids[t] = (int32_t)((t * 7 + 3) % (V - 1));
+    /* sequence 0: prompt of 2 then response; sequence 1: prompt 1, response, one masked hole */
+    for (int t = 0; t < T; t++) w->loss_mask[t] = 1;
+    w->loss_mask[0] = w->loss_mask[1] = 0;
+    w->loss_mask[T0] = 0;
+    w->loss_mask[T0 + 4] = 0;
+    w->view = (dflash_batch_view){.n_seqs = 2, .seq_off = w->seq_off, .ids = w->ids,
+                                  .positions = NULL, .loss_mask = w->loss_mask,
+                                  .hidden = w->hidden, .ld = NF * D};
+    dflash_train_cfg_default(&w->tc);
+    w->tc.n_anchors = 3;
+}
+
+/* Randomises every parameter (norm weights around 1) so each nonlinearity matters. */
+static void randomise(dflash_model *m)
+{
+    for (int i = 0; i < m->n_tensors; i++) {
+        float *p = dflash_model_master(m, i);
+        for (size_t j = 0; j < m->tensors[i].numel; j++)
+            p[j] = m->tensors[i].ndim == 1 ? (float)(1.0 + 0.2 * urand()) : (float)(0.4 * urand());
+    }
+    dflash_model_sync_params(m);
+}
+
+static double loss_only(dflash_model *m, const world *w, double wsum)
+{
+    dflash_model_forward(m, w->view.hidden);
+    dflash_model_loss(m, (float)(1.0 / wsum));
+    return m->out_sums[0] / wsum;
+}
+
+static void test_gradients(world *w)
+{
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 1);
+    CHECK(m != NULL);
+    if (!m) return;
+    randomise(m);
+    int nb = dflash_train_sample_anchors(m, &w->tc, &w->view, 0, 0);
+    CHECK_EQ_INT(nb, 6);
+    int32_t bs[8], ba[8];
+    memcpy(bs, m->h_blk_seq, sizeof bs);
+    memcpy(ba, m->h_blk_anchor, sizeof ba);
+    dflash_metrics met;
+    CHECK_EQ_INT(dflash_train_grads(m, &w->tc, &w->view, nb, bs, ba, &met), 0);
+    CHECK(met.loss > 0.5 && met.loss < 10);
+    float *g = malloc(m->n_params * sizeof(float));
+    memcpy(g, m->grads, m->n_params * sizeof(float));
+    double wsum = met.weight_sum;
+    /* directional derivative per tensor: sum g*r against (L(p + h r) - L(p - h r)) / 2h */
+    int bad = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        float *p = dflash_model_master(m, i);
+        float *r = malloc(t->numel * sizeof(float)), *p0 = malloc(t->numel * sizeof(float));
+        memcpy(p0, p, t->numel * sizeof(float));
+        double an = 0.0;
+        for (size_t j = 0; j < t->numel; j++) {
+            r[j] = (float)urand();
+            an += (double)g[t->offset + j] * r[j];
+        }
+        /* central differences at three steps; the best must agree (a real bug disagrees at
+         * every step, while fp32 rounding or curvature spoils only one end of the range) */
+        double best = 1e30, fd = 0;
+        for (double h = 3e-2; h > 2e-3; h /= 3) {
+            for (size_t j = 0; j < t->numel; j++) p[j] = p0[j] + (float)h * r[j];
+            double lp = loss_only(m, w, wsum);
+            for (size_t j = 0; j < t->numel; j++) p[j] = p0[j] - (float)h * r[j];
+            double lm = loss_only(m, w, wsum);
+            double f = (lp - lm) / (2 * h);
+            if (fabs(f - an) < best) best = fabs(f - an), fd = f;
+        }
+        memcpy(p, p0, t->numel * sizeof(float));
+        if (best > 1e-2 * fabs(an) + 2e-5) {
+            fprintf(stderr, "grad %s: analytic %.6g finite difference %.6g\n", t->name, an, fd);
+            bad++;
+        }
+        free(r);
+        free(p0);
+    }
+    CHECK_EQ_INT(bad, 0);
+    free(g);
+    dflash_model_destroy(&m);
+}
+
+/* Outputs of block j must not depend on context rows at/after its anchor, nor on the other
+ * sequence, nor on which other blocks are packed with it. */
+static void test_mask(world *w)
+{
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 1);
+    if (!m) return;
+    randomise(m);
+    int B = w->cfg.block_size;
+    int32_t bs[4] = {0, 0, 1, 1}, ba[4] = {3, 5, 2, 4};
+    double ws;
+    CHECK_EQ_INT(dflash_train_build(m, &w->tc, &w->view, 4, bs, ba, &ws), 0);
+    dflash_model_forward(m, w->view.hidden);
+    float all[4 * 4 * D];
+    memcpy(all, m->out, sizeof all);
+    /* each block alone */
+    double maxdiff = 0;
+    for (int j = 0; j < 4; j++) {
+        dflash_train_build(m, &w->tc, &w->view, 1, bs + j, ba + j, &ws);
+        dflash_model_forward(m, w->view.hidden);
+        for (int i = 0; i < B * D; i++)
+            maxdiff = fmax(maxdiff, fabs(((float *)m->out)[i] - all[j * B * D + i]));
+    }
+    CHECK(maxdiff < 1e-5);
+    /* block 1 (seq 0, anchor 5): rows 5.. and sequence 1 invisible, row 4 visible */
+    float saved[T * NF * D];
+    memcpy(saved, w->hidden, sizeof saved);
+    for (int t = 5; t < T; t++)
+        for (int k = 0; k < NF * D; k++) w->hidden[t * NF * D + k] += 1.0f;
+    dflash_train_build(m, &w->tc, &w->view, 1, bs + 1, ba + 1, &ws);
+    dflash_model_forward(m, w->view.hidden);
+    maxdiff = 0;
+    for (int i = 0; i < B * D; i++)
+        maxdiff = fmax(maxdiff, fabs(((float *)m->out)[i] - all[1 * B * D + i]));
+    CHECK(maxdiff < 1e-5);
+    for (int k = 0; k < NF * D; k++) w->hidden[4 * NF * D + k] += 1.0f;
+    dflash_model_forward(m, w->view.hidden);
+    maxdiff = 0;
+    for (int i = 0; i < B * D; i++)
+        maxdiff = fmax(maxdiff, fabs(((float *)m->out)[i] - all[1 * B * D + i]));
+    CHECK(maxdiff > 1e-3);
+    memcpy(w->hidden, saved, sizeof saved);
+    dflash_model_destroy(&m);
+}
+
+static void test_anchors_and_weights(world *w)
+{
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 32, 1);
+    if (!m) return;
+    dflash_train_cfg tc = w->tc;
+    tc.n_anchors = 100; /* more than the candidates: all of them */
+    int nb = dflash_train_sample_anchors(m, &tc, &w->view, 0, 0);
+    /* seq 0: mask 0 0 1 1 1 1 1 1 1 -> candidates 2..7 (6); seq 1: 0 1 1 1 0 1 1 -> 1,2,5 (3) */
+    CHECK_EQ_INT(nb, 9);
+    int expect_a[9] = {2, 3, 4, 5, 6, 7, 1, 2, 5}, expect_s[9] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
+    for (int j = 0; j < 9 && j < nb; j++) {
+        CHECK_EQ_INT(m->h_blk_anchor[j], expect_a[j]);
+        CHECK_EQ_INT(m->h_blk_seq[j], expect_s[j]);
+    }
+    /* 3 per sequence: ascending, valid, deterministic per (seed, epoch, batch) */
+    int32_t a1[6], a2[6];
+    nb = dflash_train_sample_anchors(m, &w->tc, &w->view, 4, 17);
+    CHECK_EQ_INT(nb, 6);
+    memcpy(a1, m->h_blk_anchor, sizeof a1);
+    for (int j = 0; j < 6; j++) {
+        int s = m->h_blk_seq[j], st = w->seq_off[s];
+        CHECK(w->loss_mask[st + a1[j]] && w->loss_mask[st + a1[j] + 1]);
+        if (j % 3) CHECK(a1[j] > a1[j - 1]);
+    }
+    dflash_train_sample_anchors(m, &w->tc, &w->view, 4, 17);
+    memcpy(a2, m->h_blk_anchor, sizeof a2);
+    CHECK(!memcmp(a1, a2, sizeof a1));
+    int differs = 0;
+    for (int e = 5; e < 15; e++) {
+        dflash_train_sample_anchors(m, &w->tc, &w->view, (uint64_t)e, 17);
+        differs += memcmp(a1, m->h_blk_anchor, sizeof a1) != 0;
+    }
+    CHECK(differs >= 5);
+    /* weights of block (seq 1, anchor 2): offsets 1 (t=3), 2 (t=4 masked), 3 (t=5) */
+    int32_t bs = 1, ba = 2;
+    double ws;
+    dflash_train_build(m, &w->tc, &w->view, 1, &bs, &ba, &ws);
+    double g = dflash_train_gamma(&w->tc, 4);
+    CHECK_NEAR(g, 1.75, 0); /* 7*B/16 for B 4 */
+    CHECK_NEAR(m->h_weights[0], 0.0, 0);
+    CHECK_NEAR(m->h_weights[1], 1.0, 1e-7);
+    CHECK_NEAR(m->h_weights[2], 0.0, 0);
+    CHECK_NEAR(m->h_weights[3], exp(-2.0 / g), 1e-7);
+    CHECK_EQ_INT(m->h_ids[0], w->ids[T0 + 2]);
+    CHECK_EQ_INT(m->h_ids[1], w->cfg.mask_token_id);
+    CHECK_EQ_INT(m->h_pos[T + 3], 5);
+    CHECK_EQ_INT(m->h_spans[0].ctx_begin, T0);
+    CHECK_EQ_INT(m->h_spans[0].ctx_end, T0 + 2);
+    /* block (seq 1, anchor 5): offset 2 is past the end of the sequence (S = 7) */
+    ba = 5;
+    dflash_train_build(m, &w->tc, &w->view, 1, &bs, &ba, &ws);
+    CHECK_NEAR(m->h_weights[1], 1.0, 1e-7);
+    CHECK_NEAR(m->h_weights[2], 0.0, 0);
+    CHECK_NEAR(m->h_weights[3], 0.0, 0);
+    CHECK_NEAR(ws, 1.0, 1e-7);
+    dflash_model_destroy(&m);
+}
+
+static void test_training_reduces_loss(world *w)
+{
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 3);
+    if (!m) return;
+    dflash_train_cfg tc = w->tc;
+    tc.lr = 1e-2;
+    tc.total_steps = 40;
+    dflash_metrics met;
+    double first = 0, last = 0;
+    for (int s = 0; s < 40; s++) {
+        CHECK_EQ_INT(dflash_train_step(m, &tc, &w->view, 0, 0, &met), 0);
+        if (s == 0) first = met.loss;
+        last = met.loss;
+    }
+    printf("training: loss %.4f -> %.4f, accuracy %.3f, accept length %.3f, step %ld\n", first,
+           last, met.accuracy, met.accept_len, met.step);
+    CHECK(last < 0.5 * first);
+    CHECK_EQ_INT(met.step, 40);
+    CHECK(met.accept_len >= 1.0 && met.accept_len <= 4.0);
+    /* schedule: warmup ceil(0.04*40)=2 steps, then cosine to 0 at step 40 */
+    CHECK_NEAR(dflash_train_lr(&tc, 0), 0.5e-2, 1e-12);
+    CHECK_NEAR(dflash_train_lr(&tc, 1), 1e-2, 1e-12);
+    CHECK_NEAR(dflash_train_lr(&tc, 21), 0.5e-2, 1e-9);
+    CHECK_NEAR(dflash_train_lr(&tc, 40), 0.0, 1e-12);
+    dflash_model_destroy(&m);
+}
+
+static void test_mismatch(world *w)
+{
+    model_config t = {0};
+    t.hidden_size = D;
+    t.vocab_size = V;
+    t.num_layers = 6;
+    char msg[256];
+    int ids[2] = {1, 3};
+    CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg), 0);
+    t.hidden_size = 32;
+    CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg),
+                 DFLASH_EMISMATCH);
+    CHECK(strstr(msg, "16") && strstr(msg, "32") && strstr(msg, "hidden_size"));
+    t.hidden_size = D;
+    ids[1] = 4;
+    CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg),
+                 DFLASH_EMISMATCH);
+    CHECK(strstr(msg, "3") && strstr(msg, "4") && strstr(msg, "layer"));
+    ids[1] = 3;
+    t.vocab_size = 50;
+    CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg),
+                 DFLASH_EMISMATCH);
+    CHECK(strstr(msg, "11") && strstr(msg, "50") && strstr(msg, "vocab"));
+    int L = 36, z[5];
+    dflash_default_layer_ids(L, 5, z);
+    CHECK(z[0] == 1 && z[1] == 9 && z[2] == 17 && z[3] == 25 && z[4] == 33);
+}
+
+int main(void)
+{
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    world *w = malloc(sizeof *w);
+    world_init(w);
+    test_gradients(w);
+    test_mask(w);
+    test_anchors_and_weights(w);
+    test_training_reduces_loss(w);
+    test_mismatch(w);
+    nn_cpu_destroy(&w->ctx);
+    free(w);
+    CHECK_DONE();
+}

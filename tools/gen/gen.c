@@ -19,7 +19,8 @@
  *
  * Compute: the cpu backend; --batch prompts are packed into one forward (target_generate
  * recomputes the whole prefix each step, fine for the small targets this tool is for).
- * Single-threaded apart from the backend's own threads; the only global is none.
+ * One thread apart from the backend's own; no globals. A prompt that already reaches the
+ * model's max_position_embeddings has no room for a response and is left out (counted).
  */
 #include "config.h"
 #include "err.h"
@@ -113,6 +114,7 @@ typedef struct gen_ctx {
     prompt_set prompts;
     FILE *out;
     char tmp_path[1100];
+    int written; /* samples in the output */
 } gen_ctx;
 
 static uint64_t splitmix64(uint64_t *s)
@@ -254,20 +256,28 @@ static int write_sample(FILE *out, const int32_t *ids, int prompt_len, int len)
     fputs("{\"input_ids\":[", out);
     for (int t = 0; t < len; t++) fprintf(out, t ? ",%d" : "%d", ids[t]);
     fputs("],\"loss_mask\":[", out);
-    for (int t = 0; t < len; t++) fputs(t ? (t < prompt_len ? ",0" : ",1") : (t < prompt_len ? "0" : "1"), out);
+    for (int t = 0; t < len; t++) {
+        if (t) fputc(',', out);
+        fputc(t < prompt_len ? '0' : '1', out);
+    }
     fputs("]}\n", out);
     return ferror(out) ? DFLASH_EIO : 0;
 }
 
-static void progress(int done, int total, long tokens, double t0, bool final)
+/* The progress line on stderr: rewritten in place every 0.2 s on a tty, a plain line every 10 s
+ * otherwise; the final call always prints. */
+typedef struct gen_progress {
+    double t0, last;
+    bool tty;
+} gen_progress;
+
+static void progress(gen_progress *p, int done, int total, long tokens, bool final)
 {
-    static double last;
-    static int tty = -1;
-    if (tty < 0) tty = isatty(STDERR_FILENO);
+    bool tty = p->tty;
     double now = now_mono();
-    if (!final && now - last < (tty ? 0.2 : 10.0)) return;
-    last = now;
-    double el = now - t0, rate = el > 0 ? (double)tokens / el : 0;
+    if (!final && p->last > 0 && now - p->last < (tty ? 0.2 : 10.0)) return;
+    p->last = now;
+    double el = now - p->t0, rate = el > 0 ? (double)tokens / el : 0;
     double eta = done > 0 ? el * (double)(total - done) / done : 0;
     fprintf(stderr, "%sgen %d/%d samples, %ld new tokens, %.0f tok/s, ETA %.0fs%s", tty ? "\r" : "",
             done, total, tokens, rate, eta, tty ? (final ? "\033[K\n" : "\033[K") : "\n");
@@ -285,8 +295,9 @@ static int gen_run(gen_ctx *g)
     int *len = calloc((size_t)B, sizeof *len), *cap = calloc((size_t)B, sizeof *cap);
     int rc = (seqs && len && cap) ? 0 : DFLASH_ENOMEM;
     long new_tokens = 0;
-    int at_eos = 0;
+    int at_eos = 0, no_room = 0, written = 0;
     double t0 = now_mono();
+    gen_progress prog = {.t0 = t0, .tty = isatty(STDERR_FILENO)};
     for (int first = 0; !rc && first < N; first += B) {
         int nb = N - first < B ? N - first : B;
         for (int s = 0; s < nb; s++) {
@@ -313,19 +324,28 @@ static int gen_run(gen_ctx *g)
         }
         for (int s = 0; s < nb && !rc; s++) {
             int plen = g->prompts.p[first + s].len;
+            if (len[s] == plen) { /* prompt already at max_position_embeddings */
+                no_room++;
+                continue;
+            }
             new_tokens += len[s] - plen;
-            if (eos >= 0 && len[s] > plen && seqs[s][len[s] - 1] == eos) at_eos++;
+            if (eos >= 0 && seqs[s][len[s] - 1] == eos) at_eos++;
             rc = write_sample(g->out, seqs[s], plen, len[s]);
+            written++;
         }
-        progress(first + nb, N, new_tokens, t0, first + nb >= N);
+        progress(&prog, first + nb, N, new_tokens, first + nb >= N);
     }
     for (int s = 0; seqs && s < B; s++) free(seqs[s]);
     free(seqs);
     free(len);
     free(cap);
+    if (no_room)
+        LOG_WARN("%d prompts left no room below max_position_embeddings %d: not written",
+                 no_room, g->mc.max_position_embeddings);
     if (!rc)
-        LOG_INFO("generated %ld tokens for %d samples in %.1f s (%d ended at eos)", new_tokens, N,
-                 now_mono() - t0, at_eos);
+        LOG_INFO("generated %ld tokens for %d samples in %.1f s (%d ended at eos)", new_tokens,
+                 written, now_mono() - t0, at_eos);
+    g->written = written;
     return rc;
 }
 
@@ -416,7 +436,7 @@ int main(int argc, char **argv)
         rc = DFLASH_EIO;
     }
     if (rc) unlink(g.tmp_path);
-    else LOG_INFO("wrote %d samples to %s", g.prompts.n, c->out);
+    else LOG_INFO("wrote %d samples to %s", g.written, c->out);
 
     target_model_destroy(&g.model);
     nn_cpu_destroy(&g.nn);

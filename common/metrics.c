@@ -360,6 +360,7 @@ fail:
 int metrics_write(metrics *m, const metrics_step *s)
 {
     if (!m || !s || s->n_pos < 0 || s->n_extra < 0 || (s->n_pos && !s->pos_acc) ||
+        s->pos_first < 0 ||
         (s->n_extra && !s->extra))
         return DFLASH_EINVAL;
     double now = now_mono();
@@ -382,7 +383,8 @@ int metrics_write(metrics *m, const metrics_step *s)
         value_set(m, i++, "train/grad_norm", s->grad_norm);
         value_set(m, i++, "perf/tokens_per_s", s->tokens_per_s);
         value_set(m, i++, "perf/samples_per_s", s->samples_per_s);
-        for (int k = 0; k < s->n_pos; k++) value_set(m, i++, m->pos_tags[k], s->pos_acc[k]);
+        for (int k = s->pos_first; k < s->n_pos; k++)
+            value_set(m, i++, m->pos_tags[k], s->pos_acc[k]);
         for (int k = 0; k < s->n_extra; k++)
             value_set(m, i++, s->extra[k].name, s->extra[k].value);
         r = event_write_values(m, s->step, i);
@@ -404,7 +406,7 @@ int metrics_write(metrics *m, const metrics_step *s)
         if (s->n_pos) {
             cJSON *a = cJSON_AddArrayToObject(o, "pos_acc");
             for (int k = 0; a && k < s->n_pos; k++)
-                cJSON_AddItemToArray(a, isfinite(s->pos_acc[k])
+                cJSON_AddItemToArray(a, k >= s->pos_first && isfinite(s->pos_acc[k])
                                             ? cJSON_CreateNumber(s->pos_acc[k])
                                             : cJSON_CreateNull());
         }

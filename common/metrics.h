@@ -42,6 +42,8 @@ typedef struct metrics_step {
     double accuracy;          /* top-1 accuracy over all predicted block positions */
     const double *pos_acc;    /* [n_pos] accuracy per block offset (offset 0 = the anchor) */
     int n_pos;                /* block size, 0 when not measured */
+    int pos_first;            /* first offset reported (1 leaves out the anchor, which is given,
+                                 not predicted); earlier entries are null in JSON, absent in TB */
     double acceptance_length; /* tau of the training blocks (mean leading run + 1) */
     double lr;
     double grad_norm; /* before clipping */

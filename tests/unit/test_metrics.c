@@ -83,6 +83,7 @@ static void fill_step(metrics_step *st, int s, double *pos, metrics_scalar *extr
                          .accuracy = 0.1 * s,
                          .pos_acc = pos,
                          .n_pos = BLOCK,
+                         .pos_first = 1, /* the anchor is not predicted */
                          .acceptance_length = 1.0 + 0.3 * s,
                          .lr = 6e-4 * s / N_STEPS,
                          .grad_norm = 2.5,
@@ -120,7 +121,7 @@ static void python_check(const char *events, const char *jsonl)
     CHECK(p != NULL);
     if (!p) return;
     char line[512];
-    int n_lines = 0, seen_loss = 0, seen_pos = 0, seen_extra = 0, seen_eval = 0;
+    int n_lines = 0, seen_loss = 0, seen_pos = 0, seen_extra = 0, seen_eval = 0, seen_pos0 = 0;
     while (fgets(line, sizeof line, p)) {
         long long step;
         char tag[128];
@@ -133,6 +134,8 @@ static void python_check(const char *events, const char *jsonl)
         } else if (strcmp(tag, "train/pos_acc/03") == 0) {
             seen_pos++;
             CHECK(v == (double)(float)(0.5 / 3 + 0.01 * (double)step));
+        } else if (strcmp(tag, "train/pos_acc/00") == 0) {
+            seen_pos0++;
         } else if (strcmp(tag, "train/anchors") == 0) {
             seen_extra++;
             CHECK(v == 512.0 + (double)step);
@@ -148,7 +151,8 @@ static void python_check(const char *events, const char *jsonl)
     CHECK_EQ_INT(seen_pos, N_STEPS);
     CHECK_EQ_INT(seen_extra, N_STEPS);
     CHECK_EQ_INT(seen_eval, 1);
-    CHECK_EQ_INT(n_lines, N_STEPS * (7 + BLOCK + 2) + 1);
+    CHECK_EQ_INT(seen_pos0, 0); /* pos_first = 1: the anchor offset is left out */
+    CHECK_EQ_INT(n_lines, N_STEPS * (7 + BLOCK - 1 + 2) + 1);
 }
 
 static void test_write_and_read_back(void)
@@ -220,6 +224,8 @@ static void test_write_and_read_back(void)
                        1.0 + 0.3 * step, 1e-12);
             cJSON *pa = cJSON_GetObjectItem(j, "pos_acc");
             CHECK(cJSON_IsArray(pa) && cJSON_GetArraySize(pa) == BLOCK);
+            CHECK(cJSON_IsNull(cJSON_GetArrayItem(pa, 0)));
+            CHECK_NEAR(cJSON_GetArrayItem(pa, 2)->valuedouble, 0.25 + 0.01 * step, 1e-12);
             CHECK(cJSON_GetObjectItem(j, "grad_norm") && cJSON_GetObjectItem(j, "lr") &&
                   cJSON_GetObjectItem(j, "tokens_per_s") &&
                   cJSON_GetObjectItem(j, "samples_per_s") && cJSON_GetObjectItem(j, "time"));

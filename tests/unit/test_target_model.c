@@ -1,0 +1,364 @@
+/* test_target_model: the target forward's contract on a tiny random Qwen3 (cpu backend).
+ *
+ * What a user would notice if it broke:
+ *   - default captured layers differ from DFlash's (Qwen3-8B must give [1, 9, 17, 25, 33]; Python
+ *     rounds halves to even);
+ *   - packing leaks between sequences (a sequence's hidden states change with its neighbours);
+ *   - captured columns land in the wrong place of a slot row, or the padding of a wider row is
+ *     overwritten;
+ *   - the forward runs (and loads) layers deeper than the deepest captured one;
+ *   - a checkpoint with a wrong shape or a missing tensor loads anyway;
+ *   - a loaded checkpoint computes something else than the same weights given directly;
+ *   - bad token ids or oversize batches are accepted;
+ *   - greedy generation disagrees with the logits, or sampling is not reproducible from its seed.
+ * Correctness against PyTorch is tests/reference/test_target_ref.c.
+ */
+#include "check.h"
+
+#include "err.h"
+#include "hf_config.h"
+#include "log.h"
+#include "ops.h"
+#include "safetensors.h"
+#include "target_model.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- deterministic random weights, by tensor name ---- */
+
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void fill(const char *name, const int64_t *shape, int ndim, float *dst)
+{
+    uint64_t s = 1469598103934665603ull;
+    for (const char *p = name; *p; p++) s = (s ^ (uint8_t)*p) * 1099511628211ull;
+    int64_t n = ndim == 1 ? shape[0] : shape[0] * shape[1];
+    bool norm = strstr(name, "norm") != NULL, embed = strstr(name, "embed") != NULL;
+    double scale = embed ? 1.0 : (norm ? 0.1 : 1.7 / sqrt((double)shape[ndim - 1]));
+    for (int64_t i = 0; i < n; i++) {
+        double u = (double)(mix(&s) >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+        dst[i] = (float)((norm ? 1.0 : 0.0) + scale * u);
+    }
+}
+
+typedef struct fetch_log {
+    int calls;
+    int deepest_layer; /* deepest model.layers.N requested */
+} fetch_log;
+
+static int fetch_random(void *user, const char *name, const int64_t *shape, int ndim, float *dst)
+{
+    fetch_log *fl = user;
+    if (fl) {
+        fl->calls++;
+        int layer;
+        if (sscanf(name, "model.layers.%d.", &layer) == 1 && layer > fl->deepest_layer)
+            fl->deepest_layer = layer;
+    }
+    fill(name, shape, ndim, dst);
+    return 0;
+}
+
+static model_config tiny_config(void)
+{
+    model_config c;
+    hf_config_defaults(&c, MODEL_QWEN3);
+    c.vocab_size = 50;
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_layers = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.max_position_embeddings = 128;
+    c.tie_word_embeddings = true;
+    c.eos_token_id = 7;
+    return c;
+}
+
+/* ---- tests ---- */
+
+static void test_default_ids(void)
+{
+    int ids[8];
+    CHECK_EQ_INT(target_default_layer_ids(36, 5, ids), 0);
+    CHECK(ids[0] == 1 && ids[1] == 9 && ids[2] == 17 && ids[3] == 25 && ids[4] == 33);
+    /* L = 30: 1 + i*26/4 = 1, 7.5, 14, 20.5, 27 -> Python round() gives 8 and 20 */
+    CHECK_EQ_INT(target_default_layer_ids(30, 5, ids), 0);
+    CHECK(ids[0] == 1 && ids[1] == 8 && ids[2] == 14 && ids[3] == 20 && ids[4] == 27);
+    CHECK_EQ_INT(target_default_layer_ids(36, 1, ids), 0);
+    CHECK_EQ_INT(ids[0], 18);
+    /* too shallow for distinct ids, or nonsense */
+    CHECK_EQ_INT(target_default_layer_ids(4, 2, ids), DFLASH_EINVAL);
+    CHECK_EQ_INT(target_default_layer_ids(36, 0, ids), DFLASH_EINVAL);
+    /* agrees with the config module's copy of the rule */
+    for (int L = 6; L <= 80; L++)
+        for (int n = 1; n <= 5; n++) {
+            int a[8], b[8];
+            if (target_default_layer_ids(L, n, a) != 0) continue;
+            CHECK_EQ_INT(hf_config_dflash_layers(L, n, b), 0);
+            CHECK(memcmp(a, b, sizeof(int) * (size_t)n) == 0);
+        }
+}
+
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+        if (fabs((double)b[i]) > r) r = fabs((double)b[i]);
+    }
+    return r > 0 ? d / r : d;
+}
+
+static void test_capture(const nn_ops *ops, nn_ctx *ctx)
+{
+    model_config c = tiny_config();
+    int D = c.hidden_size;
+    enum { T = 23, S = 3, PAD = 5 };
+    int32_t ids[T], pos[T], off[S + 1] = {0, 9, 10, T};
+    for (int t = 0; t < T; t++) ids[t] = (t * 7 + 3) % c.vocab_size;
+    for (int s = 0; s < S; s++)
+        for (int t = off[s]; t < off[s + 1]; t++) pos[t] = t - off[s];
+
+    /* capture [2, 0] of 4 layers into rows of 2*D + PAD: only layers 0..2 are ever loaded */
+    fetch_log fl = {0, -1};
+    int cap[2] = {2, 0};
+    target_model_opts o = {.layer_ids = cap, .n_layer_ids = 2, .max_tokens = 32};
+    target_model *m = target_model_new(&c, &o, ops, ctx, fetch_random, &fl);
+    CHECK(m != NULL);
+    if (!m) return;
+    CHECK_EQ_INT(fl.deepest_layer, 2);
+    size_t ld = 2 * (size_t)D + PAD;
+    float *out = ops->alloc(ctx, sizeof(float) * T * ld);
+    for (size_t i = 0; i < T * ld; i++) out[i] = 12345.0f;
+    CHECK_EQ_INT(target_forward_host(m, ids, pos, off, S, T, out, ld), 0);
+    bool pad_ok = true;
+    for (int t = 0; t < T; t++)
+        for (int i = 2 * D; i < (int)ld; i++) pad_ok &= out[t * ld + i] == 12345.0f;
+    CHECK(pad_ok);
+
+    /* same model, capturing [0] and [2] separately with contiguous rows: the columns of the
+     * strided run are exactly these, in list order */
+    int only0 = 0, only2 = 2;
+    fetch_log fl0 = {0, -1};
+    target_model_opts o0 = {.layer_ids = &only0, .n_layer_ids = 1, .max_tokens = 32};
+    target_model *m0 = target_model_new(&c, &o0, ops, ctx, fetch_random, &fl0);
+    target_model_opts o2 = {.layer_ids = &only2, .n_layer_ids = 1, .max_tokens = 32};
+    target_model *m2 = target_model_new(&c, &o2, ops, ctx, fetch_random, NULL);
+    CHECK(m0 && m2);
+    if (!m0 || !m2) goto out;
+    CHECK_EQ_INT(fl0.deepest_layer, 0);
+    float h0[T * 32], h2[T * 32];
+    CHECK_EQ_INT(target_forward_host(m0, ids, pos, off, S, T, h0, D), 0);
+    CHECK_EQ_INT(target_forward_host(m2, ids, pos, off, S, T, h2, D), 0);
+    bool cols_ok = true;
+    for (int t = 0; t < T; t++) {
+        cols_ok &= memcmp(out + t * ld, h2 + t * D, sizeof(float) * D) == 0;
+        cols_ok &= memcmp(out + t * ld + D, h0 + t * D, sizeof(float) * D) == 0;
+    }
+    CHECK(cols_ok);
+    /* layer 2 differs from layer 0 (the test would be blind otherwise) */
+    CHECK(max_rel(h0, h2, T * D) > 1e-2);
+
+    /* packing: each sequence alone gives the same rows as inside the packed batch */
+    for (int s = 0; s < S; s++) {
+        int n = off[s + 1] - off[s];
+        int32_t one_off[2] = {0, n};
+        float alone[T * 32];
+        CHECK_EQ_INT(target_forward_host(m2, ids + off[s], pos + off[s], one_off, 1, n, alone, D),
+                     0);
+        double e = max_rel(alone, h2 + off[s] * D, (size_t)n * D);
+        if (e > 1e-5) fprintf(stderr, "sequence %d alone vs packed: rel error %g\n", s, e);
+        CHECK(e <= 1e-5);
+    }
+    /* and a sequence does see its own past: changing its first token changes its last row */
+    int32_t ids_b[T];
+    memcpy(ids_b, ids, sizeof ids);
+    ids_b[off[2]] = (ids_b[off[2]] + 1) % c.vocab_size;
+    float hb[T * 32];
+    CHECK_EQ_INT(target_forward_host(m2, ids_b, pos, off, S, T, hb, D), 0);
+    CHECK(max_rel(hb + (T - 1) * D, h2 + (T - 1) * D, D) > 1e-4);
+    CHECK(memcmp(hb, h2, sizeof(float) * off[2] * D) == 0); /* earlier sequences untouched */
+
+    /* bad input is refused (the model logs why; silenced here) */
+    log_set_level(LOG_FATAL);
+    int32_t bad[T];
+    memcpy(bad, ids, sizeof ids);
+    bad[4] = c.vocab_size;
+    CHECK_EQ_INT(target_forward_host(m2, bad, pos, off, S, T, h2, D), DFLASH_ERANGE);
+    CHECK_EQ_INT(target_forward_host(m2, ids, pos, off, S, 33, h2, D), DFLASH_EINVAL);
+    int32_t bad_off[S + 1] = {0, 9, 9, T};
+    CHECK_EQ_INT(target_forward_host(m2, ids, pos, bad_off, S, T, h2, D), DFLASH_EINVAL);
+    CHECK_EQ_INT(target_forward_host(m2, ids, pos, off, S, T, h2, D - 1), DFLASH_EINVAL);
+    /* logits need every layer */
+    int32_t row = 0;
+    float lg[64];
+    CHECK(target_logits(m2, ids, pos, off, S, T, &row, 1, lg) != 0);
+    log_set_level(LOG_WARN);
+out:
+    ops->free(ctx, out);
+    target_model_destroy(&m);
+    target_model_destroy(&m0);
+    target_model_destroy(&m2);
+    CHECK(m == NULL);
+}
+
+/* Writes c's checkpoint with fill() weights; shape_of overrides nothing. */
+static int write_checkpoint(const char *dir, const model_config *c)
+{
+    int rc = hf_config_write(dir, c, "float32");
+    if (rc) return rc;
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t n = hf_weight_count(c);
+    float **data = calloc(n, sizeof *data);
+    safetensors_writer *w = safetensors_writer_new(path);
+    for (size_t i = 0; i < n && !rc; i++) {
+        hf_weight_desc d;
+        hf_weight_nth(c, i, &d);
+        size_t ne = (size_t)(d.ndim == 1 ? d.shape[0] : d.shape[0] * d.shape[1]);
+        data[i] = malloc(sizeof(float) * ne);
+        fill(d.name, d.shape, d.ndim, data[i]);
+        rc = safetensors_writer_add(w, d.name, SAFETENSORS_F32, d.ndim, d.shape, data[i]);
+    }
+    if (!rc) rc = safetensors_writer_commit(w);
+    safetensors_writer_destroy(&w);
+    for (size_t i = 0; i < n; i++) free(data[i]);
+    free(data);
+    return rc;
+}
+
+static void test_load(const nn_ops *ops, nn_ctx *ctx)
+{
+    char dir[] = "/tmp/test_target_model.XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    model_config c = tiny_config();
+    c.tie_word_embeddings = false; /* lm_head from the file */
+    CHECK_EQ_INT(write_checkpoint(dir, &c), 0);
+
+    enum { T = 11 };
+    int32_t ids[T], pos[T], off[2] = {0, T};
+    for (int t = 0; t < T; t++) ids[t] = (5 * t + 1) % c.vocab_size, pos[t] = t;
+    int cap[2] = {1, 3};
+    target_model_opts o = {.layer_ids = cap, .n_layer_ids = 2, .max_tokens = 16,
+                           .max_logit_rows = 2, .all_layers = true};
+    target_model *file = target_model_load(dir, &o, ops, ctx);
+    target_model *direct = target_model_new(&c, &o, ops, ctx, fetch_random, NULL);
+    CHECK(file && direct);
+    if (file && direct) {
+        float a[T * 64], b[T * 64], la[2 * 50], lb[2 * 50];
+        int32_t rows[2] = {3, T - 1};
+        CHECK_EQ_INT(target_forward_host(file, ids, pos, off, 1, T, a, 64), 0);
+        CHECK_EQ_INT(target_forward_host(direct, ids, pos, off, 1, T, b, 64), 0);
+        CHECK(memcmp(a, b, sizeof a) == 0);
+        CHECK_EQ_INT(target_logits(file, ids, pos, off, 1, T, rows, 2, la), 0);
+        CHECK_EQ_INT(target_logits(direct, ids, pos, off, 1, T, rows, 2, lb), 0);
+        CHECK(memcmp(la, lb, sizeof la) == 0);
+        CHECK(target_model_lm_head(file) != target_model_embed_tokens(file));
+    }
+    target_model_destroy(&file);
+    target_model_destroy(&direct);
+
+    /* the same tensors under a config that expects another intermediate size: refused */
+    model_config wrong = c;
+    wrong.intermediate_size = 40;
+    CHECK_EQ_INT(hf_config_write(dir, &wrong, "float32"), 0);
+    log_set_level(LOG_FATAL); /* the expected error lines would only clutter the output */
+    CHECK(target_model_load(dir, &o, ops, ctx) == NULL);
+    /* a Qwen2 config needs q/k/v biases the file lacks: refused */
+    model_config q2 = c;
+    q2.family = MODEL_QWEN2;
+    q2.qk_norm = false;
+    q2.qkv_bias = true;
+    q2.head_dim = q2.hidden_size / q2.num_heads;
+    CHECK_EQ_INT(hf_config_write(dir, &q2, "float32"), 0);
+    CHECK(target_model_load(dir, &o, ops, ctx) == NULL);
+    log_set_level(LOG_WARN);
+
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+static void test_generate(const nn_ops *ops, nn_ctx *ctx)
+{
+    model_config c = tiny_config();
+    int cap1 = 1;
+    target_model_opts o = {.layer_ids = &cap1, .n_layer_ids = 1, .max_tokens = 64,
+                           .max_logit_rows = 3, .all_layers = true};
+    target_model *m = target_model_new(&c, &o, ops, ctx, fetch_random, NULL);
+    CHECK(m != NULL);
+    if (!m) return;
+    int32_t a[20] = {3, 14, 15}, b[20] = {9}, c2[20] = {3, 14, 15};
+    int32_t *seqs[3] = {a, b, c2};
+    int len[3] = {3, 1, 3}, cap[3] = {20, 20, 5};
+    CHECK_EQ_INT(target_generate(m, seqs, len, cap, 3, 6, -1, 0.0f, NULL), 0);
+    CHECK_EQ_INT(len[0], 9);
+    CHECK_EQ_INT(len[1], 7);
+    CHECK_EQ_INT(len[2], 5); /* stopped by its capacity */
+    CHECK(memcmp(a, c2, sizeof(int32_t) * 5) == 0); /* same prompt, same greedy tokens */
+
+    /* greedy token k is the argmax of the logits of the prefix before it */
+    bool greedy_ok = true;
+    for (int k = 3; k < 9; k++) {
+        int32_t pos[20], off[2] = {0, k}, row = k - 1;
+        for (int i = 0; i < k; i++) pos[i] = i;
+        float lg[50];
+        CHECK_EQ_INT(target_logits(m, a, pos, off, 1, k, &row, 1, lg), 0);
+        int best = 0;
+        for (int v = 1; v < c.vocab_size; v++)
+            if (lg[v] > lg[best]) best = v;
+        greedy_ok &= best == a[k];
+    }
+    CHECK(greedy_ok);
+
+    /* sampling: reproducible from the seed, ids in range, eos stops and is kept */
+    int32_t s1[40] = {1, 2}, s2[40] = {1, 2};
+    int32_t *p1 = s1, *p2 = s2;
+    int l1 = 2, l2 = 2, cp = 40;
+    uint64_t r1 = 99, r2 = 99;
+    CHECK_EQ_INT(target_generate(m, &p1, &l1, &cp, 1, 30, -1, 1.5f, &r1), 0);
+    CHECK_EQ_INT(target_generate(m, &p2, &l2, &cp, 1, 30, -1, 1.5f, &r2), 0);
+    CHECK_EQ_INT(l1, 32);
+    CHECK(l1 == l2 && memcmp(s1, s2, sizeof s1) == 0);
+    bool range_ok = true;
+    for (int i = 0; i < l1; i++) range_ok &= s1[i] >= 0 && s1[i] < c.vocab_size;
+    CHECK(range_ok);
+    int first_eos = -1;
+    for (int i = 2; i < l1 && first_eos < 0; i++)
+        if (s1[i] == s1[5]) first_eos = i;
+    /* replay with eos = the token sampled at index 5: stops right after its first occurrence */
+    int32_t s3[40] = {1, 2};
+    int32_t *p3 = s3;
+    int l3 = 2;
+    uint64_t r3 = 99;
+    CHECK_EQ_INT(target_generate(m, &p3, &l3, &cp, 1, 30, s1[5], 1.5f, &r3), 0);
+    CHECK_EQ_INT(l3, first_eos + 1);
+    target_model_destroy(&m);
+}
+
+int main(void)
+{
+    log_init("test_target_model", LOG_WARN);
+    const nn_ops *ops = nn_cpu_ops();
+    nn_ctx *ctx = nn_cpu_new(1);
+    test_default_ids();
+    test_capture(ops, ctx);
+    test_load(ops, ctx);
+    test_generate(ops, ctx);
+    nn_cpu_destroy(&ctx);
+    CHECK_DONE();
+}

@@ -211,6 +211,11 @@ pool *pool_new(const pool_config *cfg, int *err)
         cfg->slot_bytes == 0 || cfg->slot_bytes > (1ull << 40) ||
         (cfg->backend != POOL_HOST && cfg->backend != POOL_CUDA))
         goto fail;
+    if (cfg->backend == POOL_CUDA && !pool_cuda_available()) {
+        LOG_ERROR("cuda pool requested but no CUDA runtime or device is available");
+        rc = DFLASH_EUNSUPPORTED;
+        goto fail;
+    }
     pool *p = calloc(1, sizeof *p);
     if (!p) {
         rc = DFLASH_ENOMEM;
@@ -439,6 +444,10 @@ pool_importer *pool_importer_new(pool_backend backend, int device, int *err)
 {
     int rc = DFLASH_EINVAL;
     if (backend != POOL_HOST && backend != POOL_CUDA) goto fail;
+    if (backend == POOL_CUDA && !pool_cuda_available()) {
+        rc = DFLASH_EUNSUPPORTED;
+        goto fail;
+    }
     pool_importer *imp = calloc(1, sizeof *imp);
     if (!imp) {
         rc = DFLASH_ENOMEM;

@@ -126,7 +126,7 @@ int synthetic_fill(void *base, const slot_layout *l, const slot_work_unit *wu,
     uint64_t seed = wu_seed(wu);
     uint32_t n_seqs, n_tokens;
     synthetic_shape(l, wu, sp, &n_seqs, &n_tokens);
-    memset((char *)base + l->off_seq_offsets, 0, l->off_hidden - l->off_seq_offsets);
+    memset(base, 0, l->off_hidden); /* header padding and unused array tails too */
     gen_arrays(base, l, seed, sp, n_seqs, n_tokens);
     char *hidden = slot_hidden(base, l);
     for (uint32_t t = 0; t < n_tokens; t++) gen_row(seed, l, t, hidden + (size_t)t * l->row_bytes);

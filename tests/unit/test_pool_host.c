@@ -1,0 +1,227 @@
+/* test_pool_host: the host (POSIX shm) pool between real processes. A producer fills slots with
+ * synthetic batches and a forked consumer, knowing only the encoded descriptor sent over a pipe,
+ * maps the pool by name, copies every slot and verifies it byte for byte (it was forked before
+ * the producer wrote anything, so it sees the batches only through the shared object). Also: single-process mode, a new incarnation
+ * replaces the old mapping, a SIGKILLed exporter's segment is swept, descriptors are
+ * range-checked, and destroying the pool leaves nothing in /dev/shm. */
+#include "check.h"
+#include "err.h"
+#include "pool.h"
+#include "synthetic.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define N_SLOTS 4
+
+static bool shm_exists(const char *shm_name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/dev/shm%s", shm_name);
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static const synthetic_params sp = {.vocab_size = 32000, .min_seq_len = 16, .max_seq_len = 100};
+
+static bool read_full(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r <= 0) return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+/* The consumer process: returns the number of failures as its exit status. */
+static int consumer(int rfd, const slot_layout *l)
+{
+    uint32_t len;
+    uint8_t buf[POOL_DESC_MAX_BYTES];
+    if (!read_full(rfd, &len, 4) || len > sizeof buf || !read_full(rfd, buf, len)) return 100;
+    pool_desc d;
+    if (pool_desc_decode(buf, len, &d) != 0) return 101;
+    int err = 0;
+    pool_importer *imp = pool_importer_new(POOL_HOST, 0, &err);
+    if (!imp) return 102;
+    if (pool_importer_attach(imp, &d) != 0) return 103;
+    void *stage = pool_staging_alloc(POOL_HOST, 0, l->slot_bytes);
+    int failures = 0;
+    for (uint32_t i = 0; i < N_SLOTS; i++) {
+        slot_work_unit wu = {.epoch = 1, .bucket = i % 2, .batch = 10 + i};
+        if (pool_copy_start(imp, d.incarnation, i, i * d.slot_bytes, l->slot_bytes, stage) != 0)
+            failures++;
+        if (pool_copy_wait(imp) != 0) failures++;
+        char err_msg[256];
+        if (synthetic_verify(stage, l, &wu, &sp, NULL, err_msg, sizeof err_msg) != 0) {
+            fprintf(stderr, "consumer: slot %u: %s\n", i, err_msg);
+            failures++;
+        }
+    }
+    /* out-of-slot ranges and unknown incarnations are refused */
+    if (pool_copy_start(imp, d.incarnation, 1, 0, 16, stage) != DFLASH_ERANGE) failures++;
+    if (pool_copy_start(imp, d.incarnation + 1, 0, 0, 16, stage) != DFLASH_ESTALE) failures++;
+    pool_staging_free(POOL_HOST, 0, &stage);
+    pool_importer_destroy(&imp);
+    return failures;
+}
+
+int main(void)
+{
+    char name[32];
+    snprintf(name, sizeof name, "utest%d", (int)getpid());
+    slot_layout l;
+    CHECK_EQ_INT(slot_layout_compute(256, 8, 32, 2, SLOT_DTYPE_F32, &l), 0);
+    pool_config cfg = {.backend = POOL_HOST, .name = name, .n_slots = N_SLOTS,
+                       .slot_bytes = l.slot_bytes};
+    int err = 0;
+    pool *p = pool_new(&cfg, &err);
+    CHECK(p != NULL);
+    if (!p) CHECK_DONE();
+    const pool_desc *d = pool_descriptor(p);
+    CHECK(d->incarnation != 0);
+    CHECK_EQ_INT(d->arena_bytes % POOL_ARENA_ALIGN, 0);
+    CHECK(shm_exists(d->shm_name));
+    struct stat st;
+    char path[256];
+    snprintf(path, sizeof path, "/dev/shm%s", d->shm_name);
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+    /* the consumer is forked before anything is written: it can only see the batches through
+     * the shared object it maps by name */
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        close(fds[1]);
+        _exit(consumer(fds[0], &l));
+    }
+    close(fds[0]);
+    for (uint32_t i = 0; i < N_SLOTS; i++) {
+        slot_work_unit wu = {.epoch = 1, .bucket = i % 2, .batch = 10 + i};
+        CHECK(synthetic_fill(pool_slot_ptr(p, i), &l, &wu, &sp, d->incarnation) > 0);
+        CHECK_EQ_INT(pool_slot_publish(p, i, NULL), 0);
+    }
+
+    /* descriptor round trip */
+    uint8_t buf[POOL_DESC_MAX_BYTES];
+    int len = pool_desc_encode(d, buf, sizeof buf);
+    CHECK(len > 0);
+    pool_desc back;
+    CHECK_EQ_INT(pool_desc_decode(buf, (size_t)len, &back), 0);
+    CHECK(back.incarnation == d->incarnation && strcmp(back.shm_name, d->shm_name) == 0 &&
+          back.slot_bytes == d->slot_bytes && back.n_slots == N_SLOTS);
+    CHECK_EQ_INT(pool_desc_decode(buf, (size_t)len - 1, &back), DFLASH_EFORMAT);
+    uint8_t bad[POOL_DESC_MAX_BYTES];
+    memcpy(bad, buf, (size_t)len);
+    bad[0] = 'X';
+    CHECK_EQ_INT(pool_desc_decode(bad, (size_t)len, &back), DFLASH_EFORMAT);
+    memcpy(bad, buf, (size_t)len);
+    bad[16] = 0xFF; /* n_slots low byte -> 255+: still valid count but arena too small */
+    bad[17] = 0x01;
+    CHECK_EQ_INT(pool_desc_decode(bad, (size_t)len, &back), DFLASH_ERANGE);
+
+    /* hand the consumer the descriptor bytes, as the broker would */
+    uint32_t ulen = (uint32_t)len;
+    CHECK(write(fds[1], &ulen, 4) == 4 && write(fds[1], buf, ulen) == (ssize_t)ulen);
+    close(fds[1]);
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ_INT(WEXITSTATUS(status), 0);
+
+    /* single-process mode: the same process imports its own pool through raw pointers */
+    pool_importer *imp = pool_importer_new(POOL_HOST, 0, &err);
+    CHECK(imp != NULL);
+    CHECK_EQ_INT(pool_importer_attach(imp, d), 0);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 1);
+    void *stage = pool_staging_alloc(POOL_HOST, 0, l.slot_bytes);
+    CHECK_EQ_INT(pool_copy_start(imp, d->incarnation, 2, 2 * d->slot_bytes, l.slot_bytes, stage), 0);
+    CHECK_EQ_INT(pool_copy_poll(imp), 1);
+    slot_work_unit wu2 = {.epoch = 1, .bucket = 0, .batch = 12};
+    CHECK_EQ_INT(synthetic_verify(stage, &l, &wu2, &sp, NULL, NULL, 0), 0);
+
+    /* restart of the exporter: new incarnation, same name; the old mapping is dropped */
+    uint64_t old_inc = d->incarnation;
+    char old_shm[POOL_SHM_NAME_MAX];
+    snprintf(old_shm, sizeof old_shm, "%s", d->shm_name);
+    pool_destroy(&p);
+    CHECK(p == NULL);
+    CHECK(!shm_exists(old_shm));
+    p = pool_new(&cfg, &err);
+    CHECK(p != NULL);
+    d = pool_descriptor(p);
+    CHECK(d->incarnation != old_inc);
+    CHECK_EQ_INT(pool_importer_attach(imp, d), 0);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 1);
+    CHECK_EQ_INT(pool_copy_start(imp, old_inc, 0, 0, 64, stage), DFLASH_ESTALE);
+    pool_importer_forget_all(imp);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 0);
+
+    /* an exporter killed with SIGKILL leaves its segment; the next exporter sweeps it */
+    char dead_name[32];
+    snprintf(dead_name, sizeof dead_name, "udead%d", (int)getpid());
+    CHECK(pipe(fds) == 0);
+    child = fork();
+    if (child == 0) {
+        pool_config dc = cfg;
+        dc.name = dead_name;
+        pool *dp = pool_new(&dc, NULL);
+        char shm[POOL_SHM_NAME_MAX] = "";
+        if (dp) snprintf(shm, sizeof shm, "%s", pool_descriptor(dp)->shm_name);
+        if (write(fds[1], shm, sizeof shm) != (ssize_t)sizeof shm) _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(fds[1]);
+    char dead_shm[POOL_SHM_NAME_MAX] = "";
+    CHECK(read_full(fds[0], dead_shm, sizeof dead_shm));
+    close(fds[0]);
+    CHECK(dead_shm[0] == '/' && shm_exists(dead_shm));
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    CHECK(shm_exists(dead_shm));
+    pool_desc gone;
+    memset(&gone, 0, sizeof gone);
+    CHECK_EQ_INT(pool_sweep_stale(dead_name), 1);
+    CHECK(!shm_exists(dead_shm));
+    /* an importer told about a vanished segment gets a clear NOTFOUND */
+    gone = *d;
+    snprintf(gone.shm_name, sizeof gone.shm_name, "%s", dead_shm);
+    gone.incarnation = 99;
+    gone.owner_pid = child;
+    CHECK_EQ_INT(pool_importer_attach(imp, &gone), DFLASH_ENOTFOUND);
+
+    /* the cuda backend is refused cleanly where there is no GPU */
+    if (!pool_cuda_available()) {
+        pool_config cc = cfg;
+        cc.backend = POOL_CUDA;
+        CHECK(pool_new(&cc, &err) == NULL);
+        CHECK_EQ_INT(err, DFLASH_EUNSUPPORTED);
+        CHECK(pool_importer_new(POOL_CUDA, 0, &err) == NULL);
+        CHECK_EQ_INT(err, DFLASH_EUNSUPPORTED);
+    }
+
+    /* bad configs */
+    pool_config bc = cfg;
+    bc.name = "has/slash";
+    CHECK(pool_new(&bc, &err) == NULL && err == DFLASH_EINVAL);
+    bc = cfg;
+    bc.n_slots = POOL_MAX_SLOTS + 1;
+    CHECK(pool_new(&bc, &err) == NULL && err == DFLASH_EINVAL);
+
+    char last_shm[POOL_SHM_NAME_MAX];
+    snprintf(last_shm, sizeof last_shm, "%s", d->shm_name);
+    pool_staging_free(POOL_HOST, 0, &stage);
+    pool_importer_destroy(&imp);
+    pool_destroy(&p);
+    pool_destroy(&p); /* NULL is fine */
+    CHECK(!shm_exists(last_shm));
+    CHECK_DONE();
+}

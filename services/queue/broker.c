@@ -1,0 +1,977 @@
+/* broker: see broker.h for the model. This file: the config table, the peer and pool tables,
+ * message dispatch (one handler per request type), the socket plumbing (ROUTER + PUB through
+ * zloop) and the cron timer.
+ *
+ * Peer table: a small array searched linearly by routing id (a node has a handful of peers).
+ * Pool table: indexed by pool id, one per target name, kept across target incarnations so the
+ * policy sees a restart as "same pool, new incarnation".
+ *
+ * Policy: created at the first pool registration, because the bucket count comes from the
+ * target; settings made before then are kept in cfg and applied at creation.
+ */
+#include "broker.h"
+
+#include "err.h"
+#include "ledger.h"
+#include "log.h"
+#include "policy.h"
+#include "zloop.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+/* --- config table --------------------------------------------------------------------------- */
+
+#define OPT_S(name, def, live, help, member)                                                       \
+    {name, CFG_STRING, def, 1, 0, live, help, offsetof(queue_config, member),                     \
+     sizeof(((queue_config *)0)->member)}
+#define OPT_I(name, def, lo, hi, live, help, member)                                               \
+    {name, CFG_INT, def, lo, hi, live, help, offsetof(queue_config, member), 0}
+
+static const cfg_option queue_options[] = {
+    OPT_S("runtime-dir", "", false,
+          "0700 directory for ipc sockets (default $XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)",
+          runtime_dir),
+    OPT_S("endpoint", "", false, "ROUTER endpoint (default ipc://RUNTIME_DIR/queue.sock)",
+          endpoint),
+    OPT_S("pub-endpoint", "", false,
+          "PUB endpoint for announcements (default ipc://RUNTIME_DIR/queue-pub.sock)",
+          pub_endpoint),
+    OPT_S("journal", "", false,
+          "ledger journal path (default RUNTIME_DIR/queue.journal; 'none' keeps it in memory)",
+          journal),
+    OPT_I("min-ready", "30", 0, 1 << 20, true,
+          "mixing reservoir: claims are served while at least this many slots are ready",
+          min_ready),
+    OPT_I("max-depth", "90", 1, 1 << 20, true, "cap on filling+ready+leased slots", max_depth),
+    OPT_I("lease-timeout-ms", "5000", 1, 3600000, true,
+          "a lease not released or heartbeated within this time is redelivered", lease_timeout_ms),
+    OPT_I("max-redeliveries", "3", 0, 1000, true,
+          "a batch redelivered more often is quarantined", max_redeliveries),
+    OPT_S("shares", "", true,
+          "bucket token shares, comma separated (default: as the target reports)", shares),
+    OPT_I("mix-window", "1000", 1, 65536, false, "claims in the TV-distance window", mix_window),
+    OPT_I("heartbeat-ms", "1000", 10, 60000, false, "heartbeat interval peers are told",
+          heartbeat_ms),
+    OPT_I("liveness", "3", 1, 100, false, "heartbeats a peer may miss before it is expired",
+          liveness),
+    OPT_I("stats-interval-ms", "1000", 0, 3600000, true, "stats on PUB every N ms (0 = off)",
+          stats_interval_ms),
+    OPT_I("orphan-grace-ms", "0", 0, 3600000, false,
+          "after a restart, in-flight batches wait this long for their peers (0 = 2 leases)",
+          orphan_grace_ms),
+    OPT_I("max-epochs", "0", 0, 1000000, false, "stop after N epochs (0 = as the target says)",
+          max_epochs),
+    {"fsync", CFG_BOOL, "true", 1, 0, false, "fsync the journal on commits and rewinds",
+     offsetof(queue_config, fsync), 0},
+    OPT_I("compact-bytes", "67108864", 0, 1ll << 40, false,
+          "rewrite the journal as a snapshot past this size (0 = never)", compact_bytes),
+    OPT_S("log-level", "info", true, "debug, info, warn or error", log_level),
+};
+
+static const cfg_table queue_table = {
+    "dflash-queue",
+    "the DFlash broker: length buckets, ready reservoir, slot leases and the training ledger",
+    "[options]",
+    queue_options,
+    sizeof queue_options / sizeof *queue_options,
+};
+
+const cfg_table *broker_config_table(void) { return &queue_table; }
+
+/* --- state ---------------------------------------------------------------------------------- */
+
+typedef enum { PEER_NEW = 0, PEER_LIVE, PEER_GONE } peer_state;
+
+typedef struct peer {
+    uint8_t rid[256];
+    size_t rid_len;
+    peer_state state;
+    wire_role role;
+    uint64_t incarnation;
+    char name[WIRE_MAX_NAME];
+    uint64_t last_seen_ms;
+    int32_t pool_id;   /* target: its pool, -1 none */
+    batch_id *held;    /* drafter: released, not acked */
+    uint32_t n_held, cap_held;
+} peer;
+
+typedef struct pool_desc {
+    char owner[WIRE_MAX_NAME]; /* target name */
+    bool registered;
+    wire_pool desc;            /* event_handles points to events below */
+    uint8_t (*events)[WIRE_HANDLE_BYTES];
+} pool_desc;
+
+#define MAX_POOLS 64
+
+struct broker {
+    uv_loop_t *loop;
+    queue_config cfg;
+    uint64_t incarnation;
+    uint64_t start_ms;
+    void *zctx, *router, *pub;
+    zloop_sock *router_watch;
+    uv_timer_t cron;
+    bool cron_started, stopped;
+    uint64_t last_stats_ms, grants_at_last, stats_window_start;
+    double claims_per_s;
+
+    ledger *ledger;
+    policy *policy;
+    policy_mode pending_mode;
+    uint32_t n_buckets;
+    uint32_t epochs;          /* from the target (0 unknown) */
+    bool orphans_requeued;
+
+    peer **peers;
+    uint32_t n_peers, cap_peers;
+    pool_desc pools[MAX_POOLS];
+
+    uint64_t malformed, acks, double_acks, unroutable, requests;
+    uint8_t *inbuf, *outbuf;
+};
+
+static uint64_t now_ms(broker *b)
+{
+    uv_update_time(b->loop);
+    return uv_now(b->loop);
+}
+
+/* --- peers ---------------------------------------------------------------------------------- */
+
+static void peer_set_state(peer *p, peer_state to)
+{
+    /* NEW -> LIVE (hello), LIVE -> LIVE (re-hello), NEW|LIVE -> GONE */
+    assert((p->state == PEER_NEW && to == PEER_LIVE) || (p->state == PEER_LIVE && to == PEER_LIVE) ||
+           (p->state != PEER_GONE && to == PEER_GONE));
+    p->state = to;
+}
+
+static peer *peer_find(broker *b, const uint8_t *rid, size_t len)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++)
+        if (b->peers[i]->rid_len == len && memcmp(b->peers[i]->rid, rid, len) == 0)
+            return b->peers[i];
+    return NULL;
+}
+
+static peer *peer_add(broker *b, const uint8_t *rid, size_t len)
+{
+    if (b->n_peers == b->cap_peers) {
+        uint32_t cap = b->cap_peers ? b->cap_peers * 2 : 16;
+        peer **np = realloc(b->peers, cap * sizeof *np);
+        if (!np) return NULL;
+        b->peers = np;
+        b->cap_peers = cap;
+    }
+    peer *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    memcpy(p->rid, rid, len);
+    p->rid_len = len;
+    p->pool_id = -1;
+    b->peers[b->n_peers++] = p;
+    return p;
+}
+
+static int held_add(peer *p, const batch_id *id)
+{
+    if (p->n_held == p->cap_held) {
+        uint32_t cap = p->cap_held ? p->cap_held * 2 : 8;
+        batch_id *nh = realloc(p->held, cap * sizeof *nh);
+        if (!nh) return DFLASH_ENOMEM;
+        p->held = nh;
+        p->cap_held = cap;
+    }
+    p->held[p->n_held++] = *id;
+    return 0;
+}
+
+static bool same_batch(const batch_id *a, const batch_id *b)
+{
+    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
+}
+
+static bool held_remove(peer *p, const batch_id *id)
+{
+    for (uint32_t i = 0; i < p->n_held; i++)
+        if (same_batch(&p->held[i], id)) {
+            p->held[i] = p->held[--p->n_held];
+            return true;
+        }
+    return false;
+}
+
+/* Ends a peer's session: drafter leases end and its held batches return to to-do; a target's
+ * pool is dropped. Frees the entry (index i). */
+static void peer_remove(broker *b, uint32_t i, const char *why)
+{
+    peer *p = b->peers[i];
+    LOG_INFO("peer %s (%s, incarnation %016" PRIx64 ") %s", p->name, wire_role_name(p->role),
+             p->incarnation, why);
+    if (p->role == WIRE_ROLE_DRAFTER) {
+        if (b->policy) policy_drop_worker(b->policy, p->incarnation);
+        for (uint32_t k = 0; k < p->n_held; k++) ledger_requeue(b->ledger, &p->held[k]);
+    } else if (p->role == WIRE_ROLE_TARGET && p->pool_id >= 0) {
+        if (b->policy) policy_pool_drop(b->policy, (uint32_t)p->pool_id);
+        b->pools[p->pool_id].registered = false;
+    }
+    peer_set_state(p, PEER_GONE);
+    free(p->held);
+    free(p);
+    b->peers[i] = b->peers[--b->n_peers];
+}
+
+/* --- policy glue ---------------------------------------------------------------------------- */
+
+static void sink_requeue(void *ctx, const batch_id *id)
+{
+    broker *b = ctx;
+    int rc = ledger_requeue(b->ledger, id);
+    if (rc && rc != DFLASH_ESTATE)
+        LOG_WARN("requeue %u/%u/%u: %s", id->epoch, id->bucket, id->index, err_str(rc));
+}
+
+static void sink_quarantine(void *ctx, const batch_id *id, uint32_t pool_id, uint64_t inc,
+                            uint32_t slot)
+{
+    broker *b = ctx;
+    (void)inc;
+    LOG_WARN("batch %u/%u/%u quarantined after too many redeliveries (pool %u slot %u)",
+             id->epoch, id->bucket, id->index, pool_id, slot);
+    ledger_quarantine(b->ledger, id);
+}
+
+static int parse_shares(const char *s, uint32_t n, double *out)
+{
+    uint32_t k = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p || k >= n || v < 0) return DFLASH_EINVAL;
+        out[k++] = v;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    return k == n ? 0 : DFLASH_EINVAL;
+}
+
+static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, const double *share)
+{
+    policy_params pp;
+    policy_params_default(&pp);
+    pp.n_buckets = n_buckets;
+    for (uint32_t i = 0; i < n_buckets; i++) pp.bucket_max_len[i] = upper[i];
+    pp.min_ready = (uint32_t)b->cfg.min_ready;
+    pp.max_depth = (uint32_t)b->cfg.max_depth;
+    pp.lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms;
+    pp.max_redeliveries = (uint32_t)b->cfg.max_redeliveries;
+    pp.mix_window = (uint32_t)b->cfg.mix_window;
+    pp.first_lease_id = (b->incarnation & 0xffffff0000000000ull) | 1;
+    policy_sink sink = {b, sink_requeue, sink_quarantine};
+    b->policy = policy_new(&pp, &sink);
+    if (!b->policy) return DFLASH_EINVAL;
+    b->n_buckets = n_buckets;
+    double sh[WIRE_MAX_BUCKETS];
+    if (b->cfg.shares[0] && parse_shares(b->cfg.shares, n_buckets, sh) == 0)
+        policy_set_shares(b->policy, n_buckets, sh);
+    else
+        policy_set_shares(b->policy, n_buckets, share);
+    policy_set_mode(b->policy, b->pending_mode);
+    return 0;
+}
+
+/* --- replies -------------------------------------------------------------------------------- */
+
+static void reply_init(broker *b, wire_msg *r, wire_type t, uint64_t rid)
+{
+    wire_msg_init(r, t, WIRE_ROLE_BROKER, b->incarnation, rid);
+}
+
+static void reply_error(broker *b, wire_msg *r, uint64_t rid, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void reply_error(broker *b, wire_msg *r, uint64_t rid, int code, const char *fmt, ...)
+{
+    reply_init(b, r, WIRE_ERROR, rid);
+    r->u.error.code = code < 0 ? code : DFLASH_EINTERNAL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->u.error.message, sizeof r->u.error.message, fmt, ap);
+    va_end(ap);
+}
+
+static void reply_ok(broker *b, wire_msg *r, uint64_t rid, uint64_t value)
+{
+    reply_init(b, r, WIRE_OK, rid);
+    r->u.value = value;
+}
+
+static void publish(broker *b, const char *topic, const wire_msg *m)
+{
+    if (!b->pub) return;
+    int n = wire_pack(m, b->outbuf, WIRE_MAX_MSG);
+    if (n <= 0) return;
+    if (zmq_send(b->pub, topic, strlen(topic), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
+    zmq_send(b->pub, b->outbuf, (size_t)n, ZMQ_DONTWAIT);
+}
+
+/* --- handlers: each fills *r ---------------------------------------------------------------- */
+
+static batch_id to_batch(const wire_unit *u)
+{
+    batch_id id = {u->epoch, u->bucket, (uint32_t)u->index};
+    return id;
+}
+
+static wire_unit to_unit(const batch_id *id)
+{
+    wire_unit u = {id->epoch, id->bucket, id->index};
+    return u;
+}
+
+static void on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    /* A new incarnation of the same role+name replaces the old session. */
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        peer *o = b->peers[i];
+        if (o != p && o->role == m->role && strcmp(o->name, m->u.hello.name) == 0 &&
+            o->incarnation != m->incarnation) {
+            peer_remove(b, i, "replaced by a new incarnation");
+            break;
+        }
+    }
+    snprintf(p->name, sizeof p->name, "%s", m->u.hello.name);
+    p->role = m->role;
+    p->incarnation = m->incarnation;
+    peer_set_state(p, PEER_LIVE);
+    /* A drafter re-registering after a broker restart: the batches it trains are not orphans. */
+    for (uint32_t i = 0; i < m->u.hello.n_held; i++) {
+        batch_id id = to_batch(&m->u.hello.held[i]);
+        int rc = ledger_adopt(b->ledger, &id);
+        if (rc == 0 || rc == DFLASH_EEXISTS) {
+            bool known = false;
+            for (uint32_t k = 0; k < p->n_held; k++) known |= same_batch(&p->held[k], &id);
+            if (!known) held_add(p, &id);
+        }
+    }
+    LOG_INFO("hello from %s %s (incarnation %016" PRIx64 ", %u held)", wire_role_name(p->role),
+             p->name, p->incarnation, m->u.hello.n_held);
+    reply_init(b, r, WIRE_HELLO, m->request_id);
+    snprintf(r->u.hello.name, sizeof r->u.hello.name, "dflash-queue");
+    r->u.hello.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+    r->u.hello.lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms;
+    snprintf(r->u.hello.pub_endpoint, sizeof r->u.hello.pub_endpoint, "%s", b->cfg.pub_endpoint);
+}
+
+static int pool_slot_for(broker *b, const char *owner)
+{
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (b->pools[i].owner[0] && strcmp(b->pools[i].owner, owner) == 0) return i;
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (!b->pools[i].owner[0]) {
+            snprintf(b->pools[i].owner, sizeof b->pools[i].owner, "%s", owner);
+            return i;
+        }
+    return -1;
+}
+
+static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_pool *w = &m->u.pool;
+    if (p->role != WIRE_ROLE_TARGET)
+        return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a target registers pools");
+    int id = pool_slot_for(b, p->name);
+    if (id < 0) return reply_error(b, r, m->request_id, DFLASH_EFULL, "too many pools");
+    uint32_t batches[WIRE_MAX_BUCKETS];
+    for (uint32_t i = 0; i < w->n_buckets; i++) batches[i] = (uint32_t)w->bucket_batches[i];
+    if (w->n_buckets > LEDGER_MAX_BUCKETS)
+        return reply_error(b, r, m->request_id, DFLASH_ERANGE, "too many buckets");
+    int rc = ledger_set_plan(b->ledger, w->n_buckets, batches);
+    if (rc)
+        return reply_error(b, r, m->request_id, rc,
+                           "batch plan differs from the journal's (another dataset?)");
+    if (!b->policy) {
+        if ((rc = policy_create(b, w->n_buckets, w->bucket_upper, w->bucket_share)))
+            return reply_error(b, r, m->request_id, rc, "bucket policy refused the buckets");
+    } else if (w->n_buckets != b->n_buckets) {
+        return reply_error(b, r, m->request_id, DFLASH_EMISMATCH, "%u buckets, broker has %u",
+                           w->n_buckets, b->n_buckets);
+    }
+    pool_desc *d = &b->pools[id];
+    rc = policy_pool_add(b->policy, (uint32_t)id, w->pool_incarnation, w->slot_count, w->slot_size);
+    if (rc == DFLASH_EEXISTS) {
+        p->pool_id = id;
+        return reply_ok(b, r, m->request_id, (uint64_t)id);
+    }
+    if (rc) return reply_error(b, r, m->request_id, rc, "pool refused");
+    free(d->events);
+    d->events = NULL;
+    d->desc = *w;
+    d->desc.event_handles = NULL;
+    if (w->n_events) {
+        d->events = malloc((size_t)w->n_events * WIRE_HANDLE_BYTES);
+        if (!d->events) {
+            policy_pool_drop(b->policy, (uint32_t)id);
+            return reply_error(b, r, m->request_id, DFLASH_ENOMEM, "no memory");
+        }
+        memcpy(d->events, w->event_handles, (size_t)w->n_events * WIRE_HANDLE_BYTES);
+        d->desc.event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])d->events;
+    }
+    d->registered = true;
+    p->pool_id = id;
+    if (!b->cfg.shares[0]) policy_set_shares(b->policy, w->n_buckets, w->bucket_share);
+    b->epochs = b->cfg.max_epochs ? (uint32_t)b->cfg.max_epochs : w->epochs;
+    LOG_INFO("pool %d of %s: incarnation %016" PRIx64 ", %u slots of %" PRIu64 " bytes, %s", id,
+             p->name, w->pool_incarnation, w->slot_count, w->slot_size,
+             w->backend == WIRE_BACKEND_CUDA ? "cuda" : w->shm_name);
+    reply_ok(b, r, m->request_id, (uint64_t)id);
+}
+
+static bool epochs_done(broker *b)
+{
+    if (!b->epochs) return false;
+    ledger_stats ls;
+    ledger_get_stats(b->ledger, &ls);
+    return ls.open_epoch >= b->epochs;
+}
+
+static pool_desc *peer_pool(broker *b, peer *p, uint64_t incarnation)
+{
+    if (p->role != WIRE_ROLE_TARGET || p->pool_id < 0 || !b->policy) return NULL;
+    pool_desc *d = &b->pools[p->pool_id];
+    if (!d->registered || d->desc.pool_incarnation != incarnation) return NULL;
+    return d;
+}
+
+static void on_work_request(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    if (!peer_pool(b, p, m->u.pool_incarnation))
+        return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown pool: register it");
+    policy_mode mode = policy_get_mode(b->policy);
+    if (mode == POLICY_DRAINING)
+        return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "draining");
+    if (mode == POLICY_PAUSED) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "paused");
+    uint32_t mask = epochs_done(b) ? 0 : ledger_todo_mask(b->ledger);
+    if (mask && epochs_done(b)) mask = 0; /* todo_mask may just have opened one epoch too many */
+    policy_set_flush(b->policy, mask == 0);
+    if (!mask) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing to do now");
+    uint32_t bucket, slot;
+    int rc = policy_next_bucket(b->policy, (uint32_t)p->pool_id, mask, &bucket);
+    if (rc == DFLASH_EFULL) return reply_error(b, r, m->request_id, rc, "max_depth reached");
+    if (rc == DFLASH_ESTATE) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "not running");
+    if (rc == DFLASH_ENOTFOUND) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no work");
+    if (rc) return reply_error(b, r, m->request_id, rc, "work request refused");
+    batch_id id;
+    if ((rc = ledger_next_todo(b->ledger, bucket, &id)))
+        return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no batch: %s", err_str(rc));
+    if ((rc = policy_work_start(b->policy, (uint32_t)p->pool_id, &id, &slot))) {
+        ledger_requeue(b->ledger, &id);
+        return reply_error(b, r, m->request_id, rc, "no free slot");
+    }
+    reply_init(b, r, WIRE_WORK_UNIT, m->request_id);
+    r->u.work.unit = to_unit(&id);
+    r->u.work.slot = slot;
+}
+
+static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_slot_ready *s = &m->u.ready;
+    pool_desc *d = peer_pool(b, p, s->pool_incarnation);
+    if (!d) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown pool: register it");
+    if (s->slot >= d->desc.slot_count || s->unit.bucket >= b->n_buckets)
+        return reply_error(b, r, m->request_id, DFLASH_ERANGE, "slot or bucket out of range");
+    batch_id id = to_batch(&s->unit);
+    int rc;
+    if (!policy_is_filling(b->policy, (uint32_t)p->pool_id, &id)) {
+        /* Filled for a previous broker incarnation: adopt it if nobody else has it. */
+        if ((rc = ledger_adopt(b->ledger, &id)))
+            return reply_error(b, r, m->request_id, rc, "batch not adoptable: drop the slot");
+    }
+    rc = policy_slot_ready(b->policy, (uint32_t)p->pool_id, s->pool_incarnation, s->slot, &id,
+                           s->n_tokens);
+    if (rc) return reply_error(b, r, m->request_id, rc, "slot ready refused");
+    reply_ok(b, r, m->request_id, 0);
+    wire_msg a;
+    reply_init(b, &a, WIRE_SLOT_READY, 0);
+    a.u.ready = *s;
+    publish(b, "ready", &a);
+}
+
+static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    if (p->role != WIRE_ROLE_DRAFTER)
+        return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter claims");
+    if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
+    policy_grant g;
+    int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);
+    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE) {
+        if (policy_drained(b->policy) && policy_get_mode(b->policy) == POLICY_DRAINING)
+            return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+        return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing eligible");
+    }
+    if (rc) return reply_error(b, r, m->request_id, rc, "claim refused");
+    const pool_desc *d = &b->pools[g.where.pool_id];
+    reply_init(b, r, WIRE_GRANT, m->request_id);
+    wire_grant *w = &r->u.grant;
+    w->lease_id = g.lease_id;
+    w->deadline_ms = g.deadline_ms > now_ms(b) ? g.deadline_ms - now_ms(b) : 0;
+    w->pool_incarnation = g.where.incarnation;
+    w->slot = g.where.slot;
+    w->offset = (uint64_t)g.where.slot * d->desc.slot_size;
+    w->size = d->desc.slot_size;
+    w->layout_version = d->desc.layout_version;
+    w->unit = to_unit(&g.where.batch);
+    w->n_tokens = g.where.n_tokens;
+    w->n_seqs = 1;
+    w->backend = d->desc.backend;
+    memcpy(w->mem_handle, d->desc.mem_handle, WIRE_HANDLE_BYTES);
+    if (d->events && g.where.slot < d->desc.n_events)
+        memcpy(w->event_handle, d->events[g.where.slot], WIRE_HANDLE_BYTES);
+    w->device = d->desc.device;
+    memcpy(w->shm_name, d->desc.shm_name, sizeof w->shm_name);
+    if (!w->size) w->size = 1;
+    /* A batch redelivered to this worker is no longer held by whoever had it before. */
+    for (uint32_t i = 0; i < b->n_peers; i++) held_remove(b->peers[i], &g.where.batch);
+}
+
+static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown lease");
+    policy_slot_ref where;
+    int rc = policy_release(b->policy, m->u.lease_id, &where);
+    if (rc) return reply_error(b, r, m->request_id, rc, "lease %" PRIu64 " unknown or expired",
+                               m->u.lease_id);
+    if (p->role == WIRE_ROLE_DRAFTER) held_add(p, &where.batch);
+    reply_ok(b, r, m->request_id, 0);
+}
+
+static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    batch_id id = to_batch(&m->u.ack.unit);
+    int rc = ledger_ack(b->ledger, &id, m->u.ack.step);
+    held_remove(p, &id);
+    if (rc == DFLASH_EEXISTS) {
+        b->double_acks++;
+        return reply_error(b, r, m->request_id, rc, "batch already trained");
+    }
+    if (rc) return reply_error(b, r, m->request_id, rc, "ack refused");
+    b->acks++;
+    reply_ok(b, r, m->request_id, 0);
+}
+
+static void on_commit(broker *b, const wire_msg *m, wire_msg *r)
+{
+    int64_t n = ledger_commit(b->ledger, m->u.step);
+    if (n < 0) return reply_error(b, r, m->request_id, (int)n, "commit failed");
+    reply_ok(b, r, m->request_id, (uint64_t)n);
+}
+
+static void on_resume_from(broker *b, const wire_msg *m, wire_msg *r)
+{
+    int64_t n = ledger_rewind(b->ledger, m->u.step);
+    if (n < 0) return reply_error(b, r, m->request_id, (int)n, "rewind failed");
+    LOG_INFO("drafter resumes from step %" PRIu64 ": %" PRId64 " batches back to to-do",
+             m->u.step, n);
+    reply_ok(b, r, m->request_id, (uint64_t)n);
+}
+
+void broker_status(broker *b, wire_status *s)
+{
+    memset(s, 0, sizeof *s);
+    uint64_t now = now_ms(b);
+    s->uptime_ms = now - b->start_ms;
+    s->min_ready = (uint32_t)b->cfg.min_ready;
+    s->max_depth = (uint32_t)b->cfg.max_depth;
+    s->lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms;
+    s->state = (uint32_t)b->pending_mode;
+    s->claims_per_s = b->claims_per_s;
+    s->malformed = b->malformed;
+    s->acks = b->acks;
+    uint32_t live = 0;
+    for (uint32_t i = 0; i < b->n_peers; i++) live += b->peers[i]->state == PEER_LIVE;
+    s->peers = live;
+    ledger_stats ls;
+    ledger_get_stats(b->ledger, &ls);
+    s->batches_todo = ls.todo;
+    s->batches_inflight = ls.in_flight;
+    s->batches_trained = ls.trained;
+    s->batches_committed = ls.committed;
+    s->quarantined = ls.quarantined;
+    s->committed_step = ls.last_commit_step;
+    s->epoch = ls.open_epoch;
+    for (uint32_t i = 0; i < ls.n_buckets; i++) s->batches_total += ls.batches_per_bucket[i];
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (b->pools[i].registered) {
+            s->pool_incarnation = b->pools[i].desc.pool_incarnation;
+            s->slot_count += b->pools[i].desc.slot_count;
+        }
+    if (!b->policy) return;
+    policy_stats ps;
+    policy_get_stats(b->policy, &ps);
+    s->state = (uint32_t)ps.mode;
+    s->tv_distance = ps.mix_tv;
+    s->grants = ps.claims;
+    s->releases = ps.releases;
+    s->lease_expiries = ps.lease_expiries;
+    s->redeliveries = ps.redeliveries;
+    s->n_buckets = ps.n_buckets < WIRE_MAX_BUCKETS ? ps.n_buckets : WIRE_MAX_BUCKETS;
+    for (uint32_t i = 0; i < s->n_buckets; i++) {
+        const policy_bucket_stats *pb = &ps.bucket[i];
+        wire_bucket_stat *o = &s->buckets[i];
+        o->upper = pb->bucket_max_len;
+        o->share = pb->share;
+        o->ready = pb->ready;
+        o->leased = pb->leased;
+        o->filling = pb->filling;
+        o->deficit = pb->deficit;
+        o->produced = pb->produced_batches;
+        o->consumed = pb->consumed_batches;
+        o->produced_tokens = pb->produced_tokens;
+        o->consumed_tokens = pb->consumed_tokens;
+    }
+}
+
+/* Applies cfg's live values to the policy and the log. */
+static int apply_live(broker *b, const queue_config *c)
+{
+    log_level lvl;
+    if (log_level_parse(c->log_level, &lvl) == 0) log_set_level(lvl);
+    if (!b->policy) return 0;
+    policy_set_min_ready(b->policy, (uint32_t)c->min_ready);
+    policy_set_max_depth(b->policy, (uint32_t)c->max_depth);
+    policy_set_lease_timeout(b->policy, (uint32_t)c->lease_timeout_ms);
+    policy_set_max_redeliveries(b->policy, (uint32_t)c->max_redeliveries);
+    if (c->shares[0]) {
+        double sh[WIRE_MAX_BUCKETS];
+        if (parse_shares(c->shares, b->n_buckets, sh) == 0)
+            policy_set_shares(b->policy, b->n_buckets, sh);
+    }
+    return 0;
+}
+
+int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
+{
+    queue_config next = b->cfg;
+    for (uint32_t i = 0; i < set->n; i++) {
+        int rc = config_set(&queue_table, &next, set->kv[i].key, set->kv[i].value, true, err,
+                            err_len);
+        if (rc == DFLASH_ENOTFOUND && err) snprintf(err, err_len, "%s: no such option", set->kv[i].key);
+        if (rc == DFLASH_EDENIED && err)
+            snprintf(err, err_len, "%s: not live (restart with the new value)", set->kv[i].key);
+        if (rc) return rc;
+    }
+    log_level lvl;
+    if (log_level_parse(next.log_level, &lvl)) {
+        if (err) snprintf(err, err_len, "log-level: '%s' unknown", next.log_level);
+        return DFLASH_EINVAL;
+    }
+    if (next.shares[0]) {
+        double sh[WIRE_MAX_BUCKETS];
+        uint32_t n = b->policy ? b->n_buckets : 0;
+        double sum = 0;
+        int rc = n ? parse_shares(next.shares, n, sh) : 0;
+        for (uint32_t i = 0; i < n && !rc; i++) sum += sh[i];
+        if (rc || (n && sum <= 0)) {
+            if (err) snprintf(err, err_len, "shares: need %u non-negative numbers", n);
+            return DFLASH_EINVAL;
+        }
+    }
+    b->cfg = next;
+    apply_live(b, &b->cfg);
+    for (uint32_t i = 0; i < set->n; i++)
+        LOG_INFO("set %s = %s", set->kv[i].key, set->kv[i].value);
+    return 0;
+}
+
+static void on_set(broker *b, const wire_msg *m, wire_msg *r)
+{
+    char err[200] = "";
+    int rc = broker_set(b, &m->u.settings, err, sizeof err);
+    if (rc) return reply_error(b, r, m->request_id, rc, "%s", err);
+    reply_init(b, r, WIRE_SET_CONFIG_REPLY, m->request_id);
+    r->u.settings.n = m->u.settings.n;
+    for (uint32_t i = 0; i < m->u.settings.n; i++) {
+        wire_kv *kv = &r->u.settings.kv[i];
+        snprintf(kv->key, sizeof kv->key, "%s", m->u.settings.kv[i].key);
+        config_get(&queue_table, &b->cfg, kv->key, kv->value, sizeof kv->value);
+    }
+    publish(b, "config", r);
+}
+
+static void on_mode(broker *b, const wire_msg *m, wire_msg *r, policy_mode mode)
+{
+    b->pending_mode = mode;
+    if (b->policy) {
+        int rc = policy_set_mode(b->policy, mode);
+        if (rc) return reply_error(b, r, m->request_id, rc, "mode change refused");
+    }
+    LOG_INFO("mode: %s", policy_mode_name(mode));
+    reply_ok(b, r, m->request_id, 0);
+    wire_msg a;
+    reply_init(b, &a, WIRE_SET_CONFIG_REPLY, 0);
+    a.u.settings.n = 1;
+    snprintf(a.u.settings.kv[0].key, WIRE_MAX_KEY, "mode");
+    snprintf(a.u.settings.kv[0].value, WIRE_MAX_VALUE, "%s", policy_mode_name(mode));
+    publish(b, "config", &a);
+}
+
+/* --- dispatch ------------------------------------------------------------------------------- */
+
+static bool needs_hello(wire_type t)
+{
+    return t != WIRE_HELLO && t != WIRE_HEARTBEAT && t != WIRE_STATUS_REQUEST &&
+           t != WIRE_SET_CONFIG && t != WIRE_PAUSE && t != WIRE_RESUME && t != WIRE_DRAIN;
+}
+
+int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t *msg,
+                    size_t len, uint8_t *out, size_t cap)
+{
+    static wire_msg m, r; /* loop thread only; large, so not on the stack */
+    char why[160] = "";
+    b->requests++;
+    int rc = wire_unpack(msg, len, &m, why, sizeof why);
+    if (rc) {
+        b->malformed++;
+        LOG_DEBUG("malformed message (%zu bytes): %s", len, why);
+        reply_error(b, &r, m.request_id, rc, "malformed message: %s", why);
+        return wire_pack(&r, out, cap);
+    }
+    peer *p = rid_len ? peer_find(b, rid, rid_len) : NULL;
+    bool is_ctl = m.role == WIRE_ROLE_CTL;
+    if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid)
+        p = peer_add(b, rid, rid_len);
+    if (!is_ctl && needs_hello(m.type) &&
+        (!p || p->state != PEER_LIVE || p->incarnation != m.incarnation)) {
+        reply_error(b, &r, m.request_id, DFLASH_ESTALE, "unknown peer: send hello");
+        goto out;
+    }
+    if (!is_ctl && m.type != WIRE_HELLO && p && p->state == PEER_LIVE) {
+        p->last_seen_ms = now_ms(b);
+        if (p->role == WIRE_ROLE_DRAFTER && b->policy)
+            policy_heartbeat(b->policy, p->incarnation, p->last_seen_ms);
+    }
+    switch (m.type) {
+    case WIRE_HELLO:
+        if (!p) {
+            reply_error(b, &r, m.request_id, DFLASH_EINVAL, "hello needs a routing id");
+            break;
+        }
+        p->last_seen_ms = now_ms(b);
+        on_hello(b, p, &m, &r);
+        break;
+    case WIRE_POOL_REGISTER: on_pool_register(b, p, &m, &r); break;
+    case WIRE_WORK_REQUEST: on_work_request(b, p, &m, &r); break;
+    case WIRE_SLOT_READY: on_slot_ready(b, p, &m, &r); break;
+    case WIRE_CLAIM: on_claim(b, p, &m, &r); break;
+    case WIRE_SLOT_RELEASE: on_release(b, p, &m, &r); break;
+    case WIRE_ACK: on_ack(b, p, &m, &r); break;
+    case WIRE_CHECKPOINT_COMMITTED: on_commit(b, &m, &r); break;
+    case WIRE_RESUME_FROM: on_resume_from(b, &m, &r); break;
+    case WIRE_HEARTBEAT:
+        reply_init(b, &r, WIRE_HEARTBEAT, m.request_id);
+        r.u.sent_ms = m.u.sent_ms;
+        break;
+    case WIRE_STATUS_REQUEST:
+        reply_init(b, &r, WIRE_STATUS_REPLY, m.request_id);
+        broker_status(b, &r.u.status);
+        break;
+    case WIRE_SET_CONFIG: on_set(b, &m, &r); break;
+    case WIRE_PAUSE: on_mode(b, &m, &r, POLICY_PAUSED); break;
+    case WIRE_RESUME: on_mode(b, &m, &r, POLICY_RUNNING); break;
+    case WIRE_DRAIN: on_mode(b, &m, &r, POLICY_DRAINING); break;
+    default:
+        /* a reply type sent as a request */
+        b->malformed++;
+        reply_error(b, &r, m.request_id, DFLASH_EPROTO, "%s is not a request",
+                    wire_type_name(m.type));
+        break;
+    }
+out:
+    wire_msg_clear(&m);
+    return wire_pack(&r, out, cap);
+}
+
+/* --- sockets -------------------------------------------------------------------------------- */
+
+static void on_router(void *zsock, void *arg)
+{
+    broker *b = arg;
+    uint8_t rid[256];
+    int rlen = zmq_recv(zsock, rid, sizeof rid, ZMQ_DONTWAIT);
+    if (rlen < 0) return; /* EAGAIN: spurious */
+    int more = 0;
+    size_t ml = sizeof more;
+    zmq_getsockopt(zsock, ZMQ_RCVMORE, &more, &ml);
+    if (!more) return;
+    int n = zmq_recv(zsock, b->inbuf, WIRE_MAX_MSG, ZMQ_DONTWAIT);
+    zmq_getsockopt(zsock, ZMQ_RCVMORE, &more, &ml);
+    while (more) { /* extra frames: a malformed request; drain them */
+        char junk[64];
+        zmq_recv(zsock, junk, sizeof junk, ZMQ_DONTWAIT);
+        zmq_getsockopt(zsock, ZMQ_RCVMORE, &more, &ml);
+        n = (int)WIRE_MAX_MSG + 1;
+    }
+    if (n < 0) return;
+    size_t len = (size_t)n > WIRE_MAX_MSG ? WIRE_MAX_MSG + 1 : (size_t)n; /* truncated: too big */
+    int out = broker_dispatch(b, rid, (size_t)rlen, b->inbuf, len, b->outbuf, WIRE_MAX_MSG);
+    if (out <= 0) return;
+    if (zmq_send(zsock, rid, (size_t)rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(zsock, b->outbuf, (size_t)out, ZMQ_DONTWAIT) < 0)
+        b->unroutable++; /* peer gone (ROUTER_MANDATORY) or its pipe is full */
+}
+
+static void cron(uv_timer_t *t)
+{
+    broker *b = t->data;
+    uint64_t now = now_ms(b);
+    uint64_t dead_after = (uint64_t)(b->cfg.heartbeat_ms * b->cfg.liveness);
+    for (uint32_t i = 0; i < b->n_peers;) {
+        peer *p = b->peers[i];
+        if (now - p->last_seen_ms > dead_after) peer_remove(b, i, "expired (no heartbeat)");
+        else i++;
+    }
+    if (b->policy) policy_tick(b->policy, now);
+    uint64_t grace = b->cfg.orphan_grace_ms ? (uint64_t)b->cfg.orphan_grace_ms
+                                            : 2 * (uint64_t)b->cfg.lease_timeout_ms;
+    if (!b->orphans_requeued && now - b->start_ms >= grace) {
+        b->orphans_requeued = true;
+        uint64_t n = ledger_requeue_orphans(b->ledger);
+        if (n) LOG_INFO("%" PRIu64 " batches in flight before the restart went back to to-do", n);
+    }
+    if (b->cfg.stats_interval_ms && now - b->last_stats_ms >= (uint64_t)b->cfg.stats_interval_ms) {
+        static wire_msg s;
+        reply_init(b, &s, WIRE_STATUS_REPLY, 0);
+        broker_status(b, &s.u.status);
+        double dt = (double)(now - b->last_stats_ms) / 1000.0;
+        b->claims_per_s = dt > 0 ? (double)(s.u.status.grants - b->grants_at_last) / dt : 0;
+        s.u.status.claims_per_s = b->claims_per_s;
+        b->grants_at_last = s.u.status.grants;
+        b->last_stats_ms = now;
+        publish(b, "stats", &s);
+    }
+}
+
+static void *bind_socket(broker *b, int type, const char *endpoint, int *err)
+{
+    void *s = zmq_socket(b->zctx, type);
+    if (!s) return *err = DFLASH_EZMQ, NULL;
+    int zero = 0, one = 1;
+    int64_t max = WIRE_MAX_MSG;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    if (type == ZMQ_ROUTER) {
+        zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+        zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    }
+    if (zmq_bind(s, endpoint) != 0) {
+        LOG_ERROR("cannot bind %s: %s (another dflash-queue running? wrong runtime dir?)",
+                  endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return *err = DFLASH_EZMQ, NULL;
+    }
+    return s;
+}
+
+broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
+{
+    int dummy;
+    if (!err) err = &dummy;
+    *err = 0;
+    broker *b = calloc(1, sizeof *b);
+    if (!b) return *err = DFLASH_ENOMEM, NULL;
+    b->loop = loop;
+    b->cfg = *cfg;
+    b->incarnation = wire_new_incarnation();
+    b->start_ms = now_ms(b);
+    b->last_stats_ms = b->start_ms;
+    b->pending_mode = POLICY_RUNNING;
+    b->inbuf = malloc(WIRE_MAX_MSG + 1);
+    b->outbuf = malloc(WIRE_MAX_MSG);
+    if (!b->inbuf || !b->outbuf) {
+        *err = DFLASH_ENOMEM;
+        goto fail;
+    }
+    ledger_params lp = {
+        .journal_path = strcmp(cfg->journal, "none") == 0 || !cfg->journal[0] ? NULL
+                                                                              : cfg->journal,
+        .max_epochs = (uint32_t)cfg->max_epochs,
+        .fsync = cfg->fsync,
+        .compact_bytes = (uint64_t)cfg->compact_bytes,
+    };
+    b->ledger = ledger_new(&lp, err);
+    if (!b->ledger) goto fail;
+    if (cfg->endpoint[0]) {
+        b->zctx = zmq_ctx_new();
+        if (!b->zctx) {
+            *err = DFLASH_EZMQ;
+            goto fail;
+        }
+        if (!(b->router = bind_socket(b, ZMQ_ROUTER, cfg->endpoint, err))) goto fail;
+        if (cfg->pub_endpoint[0] && !(b->pub = bind_socket(b, ZMQ_PUB, cfg->pub_endpoint, err)))
+            goto fail;
+        b->router_watch = zloop_sock_new(loop, b->router, 64, on_router, b);
+        if (!b->router_watch) {
+            *err = DFLASH_EZMQ;
+            goto fail;
+        }
+    }
+    uv_timer_init(loop, &b->cron);
+    b->cron.data = b;
+    uint64_t period = (uint64_t)cfg->heartbeat_ms / 4;
+    if (period < 10) period = 10;
+    if (period > 250) period = 250;
+    uv_timer_start(&b->cron, cron, period, period);
+    b->cron_started = true;
+    LOG_INFO("broker incarnation %016" PRIx64 " serving %s (pub %s), journal %s", b->incarnation,
+             cfg->endpoint[0] ? cfg->endpoint : "(none)",
+             cfg->pub_endpoint[0] ? cfg->pub_endpoint : "(none)",
+             lp.journal_path ? lp.journal_path : "(memory)");
+    return b;
+fail:
+    broker_destroy(&b);
+    return NULL;
+}
+
+void broker_stop(broker *b)
+{
+    if (!b || b->stopped) return;
+    b->stopped = true;
+    zloop_sock_destroy(&b->router_watch);
+    if (b->cron_started) {
+        uv_timer_stop(&b->cron);
+        uv_close((uv_handle_t *)&b->cron, NULL);
+    }
+}
+
+void broker_destroy(broker **bp)
+{
+    if (!bp || !*bp) return;
+    broker *b = *bp;
+    *bp = NULL;
+    broker_stop(b);
+    /* Let the close callbacks run before the memory they point into goes away. */
+    if (b->loop) uv_run(b->loop, UV_RUN_NOWAIT);
+    if (b->router) zmq_close(b->router);
+    if (b->pub) zmq_close(b->pub);
+    if (b->zctx) zmq_ctx_term(b->zctx);
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        free(b->peers[i]->held);
+        free(b->peers[i]);
+    }
+    free(b->peers);
+    for (int i = 0; i < MAX_POOLS; i++) free(b->pools[i].events);
+    policy_destroy(&b->policy);
+    ledger_destroy(&b->ledger);
+    free(b->inbuf);
+    free(b->outbuf);
+    free(b);
+}
+
+uint64_t broker_incarnation(const broker *b) { return b->incarnation; }

@@ -1,0 +1,90 @@
+/* broker: dflash-queue's server loop. It owns the ROUTER (requests) and PUB (announcements)
+ * sockets, the peer table, the policy (policy.h) and the ledger (ledger.h), and turns each
+ * request into policy/ledger calls and one reply.
+ *
+ * Data: the peer table (one entry per routing id: role, incarnation, name, last-seen time; a
+ * target's pool id; a drafter's *held* list = batches it released after copying but has not acked
+ * yet); the pool table (per target name: pool id, the descriptor a Grant needs). Invariants: a
+ * batch is in at most one place among {a policy slot, one drafter's held list}; a peer silent for
+ * liveness x heartbeat_ms is expired: a drafter's leases end (slots READY again) and its held
+ * batches return to to-do; a target's pool is dropped (its batches return to to-do). A new
+ * incarnation with the same role and name replaces the old peer the same way.
+ *
+ * Peer session states: NEW (no hello) -> LIVE (hello) -> GONE (expired/replaced, entry freed).
+ * Requests from a target or drafter without hello get ERROR STALE ("send hello"); ctl requests
+ * need no hello.
+ *
+ * Thread: everything runs on the libuv loop thread given to broker_new. One cron timer does the
+ * periodic work: peer expiry, lease expiry (policy_tick), the orphan grace period after a restart,
+ * stats on PUB. Journal fsyncs (commit and rewind records only) run on the loop thread.
+ * Callers: services/queue/main.c, tests, bench, the fuzz harness (broker_dispatch without sockets).
+ */
+#ifndef DFLASH_QUEUE_BROKER_H
+#define DFLASH_QUEUE_BROKER_H
+
+#include "config.h"
+#include "wire.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define BROKER_PATH_MAX 256
+
+/* The daemon's settings; the table (broker_config_table) holds names, defaults, ranges, help and
+ * which ones are live (dflash-ctl set). */
+typedef struct queue_config {
+    char runtime_dir[BROKER_PATH_MAX];   /* 0700 dir for ipc sockets; "" = default */
+    char endpoint[BROKER_PATH_MAX];      /* ROUTER; "" = ipc://<runtime_dir>/queue.sock */
+    char pub_endpoint[BROKER_PATH_MAX];  /* PUB; "" = ipc://<runtime_dir>/queue-pub.sock */
+    char journal[BROKER_PATH_MAX];       /* "" = <runtime_dir>/queue.journal; "none" = memory */
+    int64_t min_ready;                   /* live */
+    int64_t max_depth;                   /* live */
+    int64_t lease_timeout_ms;            /* live */
+    int64_t max_redeliveries;            /* live */
+    char shares[BROKER_PATH_MAX];        /* live; "" = from the target, else "0.1,0.2,..." */
+    int64_t mix_window;
+    int64_t heartbeat_ms;
+    int64_t liveness;
+    int64_t stats_interval_ms;           /* live; 0 = no stats on PUB */
+    int64_t orphan_grace_ms;             /* 0 = two lease timeouts */
+    int64_t max_epochs;                  /* 0 = as the target says */
+    bool fsync;
+    int64_t compact_bytes;
+    char log_level[16];                  /* live */
+} queue_config;
+
+const cfg_table *broker_config_table(void);
+
+typedef struct broker broker;
+
+/* Opens the ledger (replaying the journal), creates the sockets and binds them (an empty
+ * endpoint means no socket: broker_dispatch only, for tests and fuzzing) and starts the cron
+ * timer on loop. cfg is copied; endpoints and journal must already be resolved (main does it).
+ * Returns NULL with *err set (DFLASH_EZMQ bind failed, ledger codes, DFLASH_ENOMEM). */
+broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err);
+
+/* Closes sockets and handles (run the loop once more to finish closing), frees everything.
+ * Accepts NULL and NULLs *b. */
+void broker_destroy(broker **b);
+
+/* Stops serving: closes the watchers and the timer so uv_run returns. Safe to call twice. */
+void broker_stop(broker *b);
+
+/* Handles one request from routing id (rid, rid_len) and writes the packed reply into out.
+ * Returns the reply length (> 0; every request gets a reply, malformed ones an ERROR) or a
+ * negative code if out is too small. The socket loop and the fuzz harness both use it. */
+int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t *msg,
+                    size_t len, uint8_t *out, size_t cap);
+
+/* Applies live settings (all or nothing). Returns 0 or DFLASH_ENOTFOUND/EINVAL/ERANGE/EDENIED
+ * with a message in err. */
+int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len);
+
+/* Fills the status (same as the STATUS reply). */
+void broker_status(broker *b, wire_status *out);
+
+/* The broker's incarnation (random per start). */
+uint64_t broker_incarnation(const broker *b);
+
+#endif

@@ -1,0 +1,103 @@
+/* dflash-queue: the broker daemon. main() is the table of contents: load the config table
+ * (defaults < file < DFLASH_* < flags), resolve the runtime directory and endpoints, open the
+ * broker (which replays the journal and binds), log the effective config, run the loop until
+ * SIGINT/SIGTERM, shut down in reverse. Everything else lives in broker.c (server loop),
+ * policy.c (buckets, leases) and ledger.c/journal.c (the training ledger). */
+#include "broker.h"
+#include "config.h"
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+/* Creates dir with mode 0700 if missing and refuses one that others can enter: ipc sockets in it
+ * are the broker's only access control. */
+static int runtime_dir_prepare(const char *dir)
+{
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        LOG_ERROR("cannot create runtime dir %s: %s", dir, strerror(errno));
+        return DFLASH_EIO;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        LOG_ERROR("runtime dir %s is not a directory", dir);
+        return DFLASH_EIO;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+        LOG_ERROR("runtime dir %s must be owned by us with mode 0700 (chmod 700 %s)", dir, dir);
+        return DFLASH_EDENIED;
+    }
+    return 0;
+}
+
+static void resolve_paths(queue_config *c)
+{
+    if (!c->runtime_dir[0]) {
+        const char *xdg = getenv("XDG_RUNTIME_DIR");
+        if (xdg && *xdg) snprintf(c->runtime_dir, sizeof c->runtime_dir, "%s/dflash", xdg);
+        else snprintf(c->runtime_dir, sizeof c->runtime_dir, "/tmp/dflash-%u", (unsigned)getuid());
+    }
+    if (!c->endpoint[0])
+        snprintf(c->endpoint, sizeof c->endpoint, "ipc://%.200s/queue.sock", c->runtime_dir);
+    if (!c->pub_endpoint[0])
+        snprintf(c->pub_endpoint, sizeof c->pub_endpoint, "ipc://%.200s/queue-pub.sock",
+                 c->runtime_dir);
+    if (!c->journal[0])
+        snprintf(c->journal, sizeof c->journal, "%.200s/queue.journal", c->runtime_dir);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    LOG_INFO("signal %d: shutting down", signum);
+    broker_stop(s->data);
+    uv_close((uv_handle_t *)s, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    log_init("dflash-queue", LOG_INFO);
+    queue_config cfg;
+    const cfg_table *table = broker_config_table();
+    int rc = config_load(table, &cfg, argc, argv, NULL, 0, NULL);
+    if (rc == 1) return 0;
+    if (rc < 0) return 2;
+    log_level lvl;
+    if (log_level_parse(cfg.log_level, &lvl) == 0) log_set_level(lvl);
+
+    resolve_paths(&cfg);
+    if (runtime_dir_prepare(cfg.runtime_dir)) return 1;
+
+    LOG_INFO("effective configuration:");
+    config_dump(table, &cfg, stderr);
+
+    uv_loop_t *loop = uv_default_loop();
+    broker *b = broker_new(loop, &cfg, &rc);
+    if (!b) {
+        LOG_ERROR("cannot start: %s", err_str(rc));
+        return 1;
+    }
+    uv_signal_t sigint, sigterm;
+    uv_signal_init(loop, &sigint);
+    uv_signal_init(loop, &sigterm);
+    sigint.data = sigterm.data = b;
+    uv_signal_start(&sigint, on_signal, SIGINT);
+    uv_signal_start(&sigterm, on_signal, SIGTERM);
+    signal(SIGPIPE, SIG_IGN);
+
+    uv_run(loop, UV_RUN_DEFAULT);
+
+    if (!uv_is_closing((uv_handle_t *)&sigint)) uv_close((uv_handle_t *)&sigint, NULL);
+    if (!uv_is_closing((uv_handle_t *)&sigterm)) uv_close((uv_handle_t *)&sigterm, NULL);
+    broker_destroy(&b);
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_loop_close(loop);
+    LOG_INFO("stopped");
+    return 0;
+}

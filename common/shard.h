@@ -1,0 +1,87 @@
+/* shard: the binary file of tokenised training data (docs/formats.md), mmapped read-only.
+ *
+ * Layout, little-endian:
+ *   header (64 bytes): magic "DFSHARD\0", u32 version (1), u32 header size (64), u64 n_seqs,
+ *     u64 n_tokens, u64 index offset, u32 vocab size (0 = unknown), u32 longest sequence,
+ *     16 reserved bytes (0)
+ *   records, one per sequence, back to back from byte 64: int32 ids[len], uint8 mask[len],
+ *     zero padding to a multiple of 4 bytes
+ *   index at the index offset (8-aligned), the last thing in the file: n_seqs entries of
+ *     {u64 record offset, u32 len, u32 reserved}
+ * Invariants checked at open: magic, version, file size == index offset + 16 * n_seqs, records
+ * in order, contiguous, inside [64, index offset), len > 0, the sum of lengths == n_tokens,
+ * the longest == the header's. Token ids against a vocabulary: shard_verify_tokens (O(tokens)).
+ *
+ * A shard_set is several shards seen as one with global sequence ids (shard order, then index
+ * order); it is what the batch plan numbers. Readers are immutable after open: thread-safe.
+ * The writer streams records to PATH.tmp.<pid> and renames on commit (after fsync).
+ * Callers: dflash-data (writer), the target (reader), tests.
+ */
+#ifndef DFLASH_SHARD_H
+#define DFLASH_SHARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHARD_MAGIC "DFSHARD"
+#define SHARD_VERSION 1u
+#define SHARD_HEADER_BYTES 64u
+
+typedef struct shard shard;
+typedef struct shard_set shard_set;
+typedef struct shard_writer shard_writer;
+
+/* One sequence: pointers into the mapping, valid until the shard (set) is closed. */
+typedef struct shard_seq {
+    const int32_t *ids;
+    const uint8_t *mask; /* 1 where the loss counts */
+    uint32_t len;
+} shard_seq;
+
+/* Opens and validates path. NULL with "PATH: what is wrong" in err on failure. */
+shard *shard_open(const char *path, char *err, size_t errlen);
+/* Unmaps; accepts NULL; sets *s = NULL. */
+void shard_close(shard **s);
+uint64_t shard_count(const shard *s);
+uint64_t shard_tokens(const shard *s);
+uint32_t shard_vocab(const shard *s);   /* as recorded by the writer; 0 = unknown */
+uint32_t shard_max_len(const shard *s);
+const char *shard_path(const shard *s);
+/* Length of sequence i, 0 when i is out of range. */
+uint32_t shard_len(const shard *s, uint64_t i);
+/* Sequence i. 0 or DFLASH_ERANGE. */
+int shard_get(const shard *s, uint64_t i, shard_seq *out);
+/* Checks every id is in [0, vocab) and every mask byte is 0 or 1. 0 or DFLASH_ERANGE with
+ * "PATH: sequence N position P: token id X outside the vocabulary of V" in err. */
+int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen);
+
+/* Writer for path; vocab (0 = unknown) is recorded and enforced by shard_writer_add. */
+shard_writer *shard_writer_new(const char *path, uint32_t vocab);
+/* Appends one sequence (len > 0, mask bytes 0/1, ids in [0, vocab) when vocab > 0).
+ * DFLASH_EINVAL / DFLASH_ERANGE leave the writer usable; DFLASH_EIO does not. */
+int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, uint32_t len);
+uint64_t shard_writer_count(const shard_writer *w);
+/* Writes the index and header, fsyncs, renames onto path. 0 or negative (temp file removed). */
+int shard_writer_commit(shard_writer *w);
+/* Frees; removes the temporary file unless committed. Accepts NULL. */
+void shard_writer_destroy(shard_writer **w);
+
+/* Opens n shards as one (global ids in the given order). NULL with the reason in err. */
+shard_set *shard_set_open(const char *const *paths, size_t n, char *err, size_t errlen);
+/* Same from a comma-separated list of paths. */
+shard_set *shard_set_open_list(const char *comma_list, char *err, size_t errlen);
+void shard_set_close(shard_set **set);
+uint64_t shard_set_count(const shard_set *set);
+uint64_t shard_set_tokens(const shard_set *set);
+/* Largest vocab recorded by any shard (0 if none recorded one). */
+uint32_t shard_set_vocab(const shard_set *set);
+uint32_t shard_set_len(const shard_set *set, uint64_t global_id);
+/* Sequence global_id. 0 or DFLASH_ERANGE. */
+int shard_set_get(const shard_set *set, uint64_t global_id, shard_seq *out);
+/* Fills lens[0..shard_set_count) (input of batch_plan_new). */
+void shard_set_lengths(const shard_set *set, uint32_t *lens);
+/* shard_verify_tokens over every shard. */
+int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen);
+
+#endif

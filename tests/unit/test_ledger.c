@@ -1,0 +1,446 @@
+/* test_ledger: the training ledger keeps the promise of DESIGN section 5: after any sequence of
+ * broker, target and drafter kills, every batch of every epoch ends in the final model exactly
+ * once. Also: hand-out order and epochs, double acks rejected, commit and rewind, quarantine,
+ * orphans after a broker restart, replay after a crash at every byte of the last record. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "err.h"
+#include "ledger.h"
+
+static char dir[256];
+static char path[300];
+
+static ledger *open_ledger(const char *p, uint32_t max_epochs, uint64_t compact)
+{
+    ledger_params prm = {p, max_epochs, true, compact};
+    int err = 0;
+    ledger *l = ledger_new(&prm, &err);
+    if (!l) fprintf(stderr, "ledger_new(%s): %s\n", p ? p : "memory", err_str(err));
+    return l;
+}
+
+static batch_state state_of(ledger *l, uint32_t e, uint32_t b, uint32_t i, uint64_t *step)
+{
+    batch_state s = (batch_state)-1;
+    batch_id id = {e, b, i};
+    ledger_get(l, &id, &s, step);
+    return s;
+}
+
+static void test_handout_and_epochs(void)
+{
+    ledger *l = open_ledger(NULL, 2, 0);
+    batch_id b;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), DFLASH_ESTATE); /* no plan yet */
+    CHECK_EQ_INT(ledger_todo_mask(l), 0);
+    const uint32_t plan[2] = {3, 1};
+    CHECK_EQ_INT(ledger_set_plan(l, 2, plan), 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 2, plan), 0); /* the same target again */
+    CHECK_EQ_INT(ledger_set_plan(l, 2, (const uint32_t[]){3, 2}), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(ledger_set_plan(l, 0, plan), DFLASH_EINVAL);
+    CHECK_EQ_INT(ledger_todo_mask(l), 3);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK(b.epoch == 0 && b.bucket == 0 && b.index == 0);
+    CHECK_EQ_INT(ledger_next_todo(l, 1, &b), 0);
+    CHECK(b.epoch == 0 && b.bucket == 1 && b.index == 0);
+    CHECK_EQ_INT(ledger_todo_mask(l), 1);                    /* bucket 1 done in epoch 0 */
+    CHECK_EQ_INT(ledger_next_todo(l, 1, &b), DFLASH_ENOTFOUND); /* epoch 1 not open yet */
+    CHECK_EQ_INT(ledger_next_todo(l, 2, &b), DFLASH_EINVAL);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK_EQ_INT(b.index, 2);
+    /* Epoch 0 fully handed out: epoch 1 opens. */
+    CHECK_EQ_INT(ledger_todo_mask(l), 3);
+    CHECK_EQ_INT(ledger_next_todo(l, 1, &b), 0);
+    CHECK(b.epoch == 1 && b.index == 0);
+    /* A requeued epoch-0 batch reopens epoch 0 before epoch 1 continues. */
+    batch_id e0 = {0, 0, 1};
+    CHECK_EQ_INT(ledger_requeue(l, &e0), 0);
+    CHECK_EQ_INT(ledger_requeue(l, &e0), DFLASH_ESTATE);
+    CHECK_EQ_INT(ledger_todo_mask(l), 1);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK(b.epoch == 0 && b.index == 1);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    /* max_epochs 2: nothing more after epoch 1. */
+    CHECK_EQ_INT(ledger_todo_mask(l), 0);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), DFLASH_ENOTFOUND);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.epochs_opened, 2);
+    CHECK_EQ_INT(st.in_flight, 8);
+    CHECK_EQ_INT(st.todo, 0);
+    batch_id outside = {2, 0, 0};
+    CHECK_EQ_INT(ledger_get(l, &outside, NULL, NULL), DFLASH_ERANGE);
+    ledger_destroy(&l);
+    CHECK(l == NULL);
+    ledger_destroy(&l);
+}
+
+static void test_ack_commit_rewind(void)
+{
+    ledger *l = open_ledger(NULL, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){6}), 0);
+    batch_id b[6];
+    for (int i = 0; i < 6; i++) CHECK_EQ_INT(ledger_next_todo(l, 0, &b[i]), 0);
+    for (int i = 0; i < 6; i++) CHECK_EQ_INT(ledger_ack(l, &b[i], 10 + (uint64_t)i), 0);
+    /* A second ack of a trained batch is rejected and counted: never trained twice. */
+    CHECK_EQ_INT(ledger_ack(l, &b[2], 99), DFLASH_EEXISTS);
+    uint64_t step = 0;
+    CHECK_EQ_INT(state_of(l, 0, 0, 2, &step), BATCH_TRAINED);
+    CHECK_EQ_INT(step, 12);
+    CHECK_EQ_INT(ledger_commit(l, 11), 2); /* steps 10, 11 */
+    CHECK_EQ_INT(state_of(l, 0, 0, 1, NULL), BATCH_COMMITTED);
+    CHECK_EQ_INT(ledger_ack(l, &b[1], 50), DFLASH_EEXISTS);
+    /* The drafter crashed and resumed from its checkpoint at step 13: 14, 15 are retrained. */
+    CHECK_EQ_INT(ledger_rewind(l, 13), 2);
+    CHECK_EQ_INT(state_of(l, 0, 0, 4, NULL), BATCH_TODO);
+    CHECK_EQ_INT(state_of(l, 0, 0, 3, NULL), BATCH_TRAINED);
+    CHECK_EQ_INT(ledger_rewind(l, 13), 0);
+    batch_id again;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &again), 0);
+    CHECK_EQ_INT(again.index, 4);
+    CHECK_EQ_INT(ledger_ack(l, &again, 14), 0);
+    CHECK_EQ_INT(ledger_commit(l, 20), 3);
+    CHECK(!ledger_epoch_committed(l, 0));
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &again), 0);
+    CHECK_EQ_INT(ledger_ack(l, &again, 21), 0);
+    CHECK_EQ_INT(ledger_commit(l, 21), 1);
+    CHECK(ledger_epoch_committed(l, 0));
+    /* An ack outside the plan is counted, not applied. */
+    batch_id bogus = {0, 0, 6};
+    CHECK_EQ_INT(ledger_ack(l, &bogus, 1), DFLASH_ERANGE);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.double_acks, 2);
+    CHECK_EQ_INT(st.stale_acks, 1);
+    CHECK_EQ_INT(st.committed, 6);
+    CHECK_EQ_INT(st.epochs_committed, 1);
+    CHECK_EQ_INT(st.last_commit_step, 21);
+    ledger_destroy(&l);
+}
+
+static void test_quarantine(void)
+{
+    ledger *l = open_ledger(NULL, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){2}), 0);
+    batch_id b;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK_EQ_INT(ledger_quarantine(l, &b), 0);
+    CHECK_EQ_INT(state_of(l, 0, 0, 0, NULL), BATCH_QUARANTINED);
+    CHECK_EQ_INT(ledger_quarantine(l, &b), DFLASH_ESTATE);
+    CHECK_EQ_INT(ledger_adopt(l, &b), DFLASH_EQUARANTINED);
+    /* A quarantined batch is not handed out again... */
+    batch_id c;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &c), 0);
+    CHECK_EQ_INT(c.index, 1);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &c), 0);
+    CHECK_EQ_INT(c.epoch, 1); /* epoch 0 has no to-do left */
+    /* ...until an operator releases it. */
+    CHECK_EQ_INT(ledger_release_quarantine(l, &b), 0);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &c), 0);
+    CHECK(c.epoch == 0 && c.index == 0);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.quarantined, 0);
+    ledger_destroy(&l);
+}
+
+/* Fingerprint of every batch's state and step, to compare ledgers. */
+static uint64_t fingerprint(ledger *l, uint32_t epochs, uint32_t n_buckets, const uint32_t *per)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t e = 0; e < epochs; e++)
+        for (uint32_t b = 0; b < n_buckets; b++)
+            for (uint32_t i = 0; i < per[b]; i++) {
+                uint64_t step = 0;
+                batch_state s = state_of(l, e, b, i, &step);
+                h = (h ^ (uint64_t)s) * 1099511628211ull;
+                h = (h ^ step) * 1099511628211ull;
+            }
+    return h;
+}
+
+static void test_replay_and_orphans(void)
+{
+    unlink(path);
+    const uint32_t plan[2] = {4, 4};
+    ledger *l = open_ledger(path, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 2, plan), 0);
+    batch_id b[6];
+    for (int i = 0; i < 6; i++) CHECK_EQ_INT(ledger_next_todo(l, (uint32_t)i % 2, &b[i]), 0);
+    CHECK_EQ_INT(ledger_ack(l, &b[0], 1), 0);
+    CHECK_EQ_INT(ledger_ack(l, &b[1], 2), 0);
+    CHECK_EQ_INT(ledger_commit(l, 1), 1);
+    CHECK_EQ_INT(ledger_requeue(l, &b[2]), 0);
+    CHECK_EQ_INT(ledger_quarantine(l, &b[3]), 0);
+    uint64_t fp = fingerprint(l, 1, 2, plan);
+    ledger_destroy(&l);
+
+    /* The broker restarts: the same states come back... */
+    l = open_ledger(path, 0, 0);
+    CHECK(l != NULL);
+    if (!l) return;
+    CHECK(ledger_has_plan(l));
+    CHECK(fingerprint(l, 1, 2, plan) == fp);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.last_commit_step, 1);
+    CHECK_EQ_INT(st.orphaned, 2); /* b[4], b[5] were in flight */
+    /* ...in-flight batches are orphaned: not handed out again while their holders may still
+     * report; a target re-registering adopts one, a late ack trains the other. */
+    batch_id n;
+    for (int i = 0; i < 10; i++) {
+        int rc = ledger_next_todo(l, 0, &n);
+        if (rc) break;
+        CHECK(!(n.epoch == b[4].epoch && n.bucket == b[4].bucket && n.index == b[4].index));
+    }
+    CHECK_EQ_INT(ledger_adopt(l, &b[4]), 0);
+    CHECK_EQ_INT(ledger_adopt(l, &b[4]), DFLASH_EEXISTS); /* now owned */
+    CHECK_EQ_INT(ledger_adopt(l, &b[0]), DFLASH_ESTALE);  /* already committed */
+    ledger_destroy(&l);
+
+    /* Second restart: the adopted batch is orphaned again (it was in flight at this boot), and
+     * after the grace period the broker returns orphans to to-do. */
+    l = open_ledger(path, 0, 0);
+    ledger_get_stats(l, &st);
+    uint64_t orphans_before = st.orphaned;
+    CHECK(orphans_before >= 2);
+    CHECK_EQ_INT(ledger_ack(l, &b[5], 3), 0); /* a late ack */
+    CHECK_EQ_INT(ledger_requeue_orphans(l), orphans_before - 1);
+    CHECK_EQ_INT(state_of(l, b[4].epoch, b[4].bucket, b[4].index, NULL), BATCH_TODO);
+    fp = fingerprint(l, 2, 2, plan);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(fingerprint(l, 2, 2, plan) == fp);
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.orphaned, 0);
+    /* Compaction keeps every state, and replay of the snapshot gives the same ledger. */
+    uint64_t big = st.journal_bytes;
+    CHECK_EQ_INT(ledger_compact(l), 0);
+    ledger_get_stats(l, &st);
+    CHECK(st.journal_bytes < big);
+    CHECK(fingerprint(l, 2, 2, plan) == fp);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(fingerprint(l, 2, 2, plan) == fp);
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.last_commit_step, 1);
+    CHECK_EQ_INT(ledger_set_plan(l, 2, (const uint32_t[]){4, 5}), DFLASH_EMISMATCH);
+    ledger_destroy(&l);
+    unlink(path);
+}
+
+static uint64_t file_size(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static void copy_prefix(const char *src, const char *dst, uint64_t len)
+{
+    int in = open(src, O_RDONLY), out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    char buf[4096];
+    uint64_t done = 0;
+    while (done < len) {
+        ssize_t n = read(in, buf, len - done < sizeof buf ? len - done : sizeof buf);
+        if (n <= 0) break;
+        if (write(out, buf, (size_t)n) != n) break;
+        done += (uint64_t)n;
+    }
+    close(in);
+    close(out);
+}
+
+static void test_truncation_every_byte(void)
+{
+    unlink(path);
+    const uint32_t plan[1] = {3};
+    ledger *l = open_ledger(path, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, plan), 0);
+    batch_id b;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    uint64_t before = st.journal_bytes;
+    CHECK_EQ_INT(ledger_ack(l, &b, 7), 0); /* the last record: an ACK */
+    ledger_get_stats(l, &st);
+    uint64_t after = st.journal_bytes;
+    CHECK_EQ_INT(after, file_size(path));
+    ledger_destroy(&l);
+    char cut[320];
+    snprintf(cut, sizeof cut, "%s.cut", path);
+    int wrong = 0;
+    for (uint64_t len = before; len <= after; len++) {
+        copy_prefix(path, cut, len);
+        l = open_ledger(cut, 0, 0);
+        if (!l) {
+            wrong++;
+            continue;
+        }
+        uint64_t step = 0;
+        batch_state s = state_of(l, 0, 0, 0, &step);
+        /* Whole record: trained at 7; any cut inside it: still in flight (orphaned), and the
+         * ledger works on: the drafter's ack can be applied again. */
+        if (len == after ? (s != BATCH_TRAINED || step != 7) : s != BATCH_IN_FLIGHT) wrong++;
+        if (len < after && ledger_ack(l, &b, 7) != 0) wrong++;
+        if (state_of(l, 0, 0, 1, NULL) != BATCH_TODO) wrong++;
+        ledger_destroy(&l);
+    }
+    CHECK_EQ_INT(wrong, 0);
+    unlink(cut);
+    unlink(path);
+}
+
+/* The invariant, by simulation: a target produces, a drafter trains and checkpoints, and any of
+ * the three may be killed at any time. The "model" is the list of batches in the drafter's
+ * latest checkpoint plus what it trained since; a drafter kill drops what it trained since its
+ * checkpoint and the broker rewinds. At the end every batch of every epoch must be in the final
+ * checkpoint exactly once and COMMITTED in the ledger. */
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng % n);
+}
+
+#define SIM_EPOCHS 3
+#define SIM_BUCKETS 3
+#define SIM_MAXB 40
+
+static void test_exactly_once(void)
+{
+    const uint32_t plan[SIM_BUCKETS] = {40, 17, 5};
+    uint64_t total = SIM_EPOCHS * (40 + 17 + 5);
+    static uint8_t in_model[SIM_EPOCHS][SIM_BUCKETS][SIM_MAXB];  /* times in the checkpoint */
+    static uint8_t in_recent[SIM_EPOCHS][SIM_BUCKETS][SIM_MAXB]; /* times since it */
+    int double_trained = 0, bad_replies = 0;
+    for (int round = 0; round < 20; round++) {
+        unlink(path);
+        memset(in_model, 0, sizeof in_model);
+        memset(in_recent, 0, sizeof in_recent);
+        /* Half the rounds compact often, to replay snapshots too. */
+        uint64_t compact = round % 2 ? 600 : 0;
+        ledger *l = open_ledger(path, SIM_EPOCHS, compact);
+        if (!l) {
+            bad_replies++;
+            break;
+        }
+        CHECK_EQ_INT(ledger_set_plan(l, SIM_BUCKETS, plan), 0);
+        batch_id target[8]; /* batches the target is producing or holding in slots */
+        int n_target = 0;
+        uint64_t step = 0, ckpt = 0;
+        int guard = 0;
+        for (;;) {
+            if (++guard > 100000) {
+                bad_replies++;
+                break;
+            }
+            uint32_t mask = ledger_todo_mask(l);
+            if (!mask && n_target == 0) {
+                ledger_stats st;
+                ledger_get_stats(l, &st);
+                if (st.in_flight == 0) break;
+                ledger_requeue_orphans(l); /* nobody holds them: the grace period ends */
+                continue;
+            }
+            uint32_t ev = rnd(100);
+            if (ev < 40 && mask && n_target < 8) { /* work request */
+                uint32_t b;
+                do b = rnd(SIM_BUCKETS);
+                while (!(mask & (1u << b)));
+                if (ledger_next_todo(l, b, &target[n_target]) == 0) n_target++;
+                else bad_replies++;
+            } else if (ev < 80 && n_target) { /* delivered and trained */
+                uint32_t k = rnd((uint32_t)n_target);
+                batch_id b = target[k];
+                target[k] = target[--n_target];
+                in_recent[b.epoch][b.bucket][b.index]++;
+                if (in_model[b.epoch][b.bucket][b.index] + in_recent[b.epoch][b.bucket][b.index] >
+                    1)
+                    double_trained++;
+                if (ledger_ack(l, &b, ++step) != 0) bad_replies++;
+            } else if (ev < 88) { /* checkpoint */
+                for (int e = 0; e < SIM_EPOCHS; e++)
+                    for (int b = 0; b < SIM_BUCKETS; b++)
+                        for (int i = 0; i < SIM_MAXB; i++) {
+                            in_model[e][b][i] += in_recent[e][b][i];
+                            in_recent[e][b][i] = 0;
+                        }
+                ckpt = step;
+                if (ledger_commit(l, ckpt) < 0) bad_replies++;
+            } else if (ev < 92) { /* drafter killed: resumes from its checkpoint */
+                memset(in_recent, 0, sizeof in_recent);
+                step = ckpt;
+                if (ledger_rewind(l, ckpt) < 0) bad_replies++;
+            } else if (ev < 96) { /* target killed: its batches go back to to-do */
+                for (int k = 0; k < n_target; k++)
+                    if (ledger_requeue(l, &target[k]) != 0) bad_replies++;
+                n_target = 0;
+            } else { /* broker killed and restarted; the target re-registers its slots */
+                ledger_destroy(&l);
+                l = open_ledger(path, SIM_EPOCHS, compact);
+                if (!l) {
+                    bad_replies++;
+                    break;
+                }
+                CHECK_EQ_INT(ledger_set_plan(l, SIM_BUCKETS, plan), 0);
+                for (int k = 0; k < n_target; k++)
+                    if (ledger_adopt(l, &target[k]) != 0) bad_replies++;
+                if (rnd(2)) ledger_requeue_orphans(l); /* nobody else holds anything */
+            }
+        }
+        if (!l) break;
+        /* The run ends with a final checkpoint. */
+        for (int e = 0; e < SIM_EPOCHS; e++)
+            for (int b = 0; b < SIM_BUCKETS; b++)
+                for (int i = 0; i < SIM_MAXB; i++) in_model[e][b][i] += in_recent[e][b][i];
+        ledger_commit(l, step);
+        uint64_t once = 0, other = 0;
+        for (int e = 0; e < SIM_EPOCHS; e++)
+            for (int b = 0; b < SIM_BUCKETS; b++)
+                for (uint32_t i = 0; i < plan[b]; i++) {
+                    if (in_model[e][b][i] == 1 && state_of(l, (uint32_t)e, (uint32_t)b, i,
+                                                           NULL) == BATCH_COMMITTED)
+                        once++;
+                    else
+                        other++;
+                }
+        CHECK_EQ_INT(once, total);
+        CHECK_EQ_INT(other, 0);
+        for (int e = 0; e < SIM_EPOCHS; e++) CHECK(ledger_epoch_committed(l, (uint32_t)e));
+        ledger_destroy(&l);
+        /* And the journal agrees after one more restart. */
+        l = open_ledger(path, SIM_EPOCHS, compact);
+        ledger_stats st;
+        ledger_get_stats(l, &st);
+        CHECK_EQ_INT(st.committed, total);
+        CHECK_EQ_INT(st.epochs_committed, SIM_EPOCHS);
+        ledger_destroy(&l);
+    }
+    CHECK_EQ_INT(double_trained, 0);
+    CHECK_EQ_INT(bad_replies, 0);
+    unlink(path);
+}
+
+int main(void)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/test_ledger.XXXXXX", t && *t ? t : "/tmp");
+    if (!mkdtemp(dir)) return 2;
+    snprintf(path, sizeof path, "%s/ledger.journal", dir);
+    test_handout_and_epochs();
+    test_ack_commit_rewind();
+    test_quarantine();
+    test_replay_and_orphans();
+    test_truncation_every_byte();
+    test_exactly_once();
+    rmdir(dir);
+    CHECK_DONE();
+}

@@ -147,7 +147,8 @@ static bool registry_find(uint64_t incarnation, pool_mapping *m)
     bool found = false;
     pthread_mutex_lock(&registry_lock);
     for (pool *p = registry; p; p = p->next) {
-        if (p->desc.incarnation == incarnation) {
+        /* a forked child inherits the list but not the CUDA context: only our own pools */
+        if (p->desc.incarnation == incarnation && p->desc.owner_pid == (int32_t)getpid()) {
             m->base = p->base;
             m->device = p->desc.device;
             memcpy(m->events, p->events, sizeof m->events);
@@ -162,8 +163,12 @@ static bool registry_find(uint64_t incarnation, pool_mapping *m)
 static int host_create(pool *p)
 {
     pool_desc *d = &p->desc;
-    snprintf(d->shm_name, sizeof d->shm_name, "/" SHM_PREFIX "%s.%d.%016" PRIx64, d->name,
-             (int)getpid(), d->incarnation);
+    int n = snprintf(d->shm_name, sizeof d->shm_name, "/" SHM_PREFIX "%s.%d.%016" PRIx64,
+                     d->name, (int)getpid(), d->incarnation);
+    if (n < 0 || (size_t)n >= sizeof d->shm_name) {
+        LOG_ERROR("pool name '%s' is too long for a shared memory name", d->name);
+        return DFLASH_EINVAL;
+    }
     int fd = shm_open(d->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
         LOG_ERROR("shm_open %s: %s (is /dev/shm mounted and writable?)", d->shm_name,
@@ -222,6 +227,7 @@ pool *pool_new(const pool_config *cfg, int *err)
         goto fail;
     }
     pool_desc *d = &p->desc;
+    registry_add(p); /* first, so pool_destroy on a failed start can unlink it */
     d->backend = cfg->backend;
     d->n_slots = cfg->n_slots;
     d->incarnation = cfg->incarnation ? cfg->incarnation : random_incarnation();
@@ -240,7 +246,6 @@ pool *pool_new(const pool_config *cfg, int *err)
         pool_destroy(&p);
         goto fail;
     }
-    registry_add(p);
     if (err) *err = 0;
     return p;
 fail:
@@ -504,24 +509,26 @@ static pool_mapping *mapping_find(pool_importer *imp, uint64_t incarnation)
     return NULL;
 }
 
-static int host_map(pool_mapping *m, const pool_desc *d)
+/* Maps the shm object; arena_bytes 0 means "take the object's size". */
+static int host_map(pool_mapping *m, const char *shm_name, uint64_t arena_bytes)
 {
-    int fd = shm_open(d->shm_name, O_RDWR, 0600);
+    int fd = shm_open(shm_name, O_RDWR, 0600);
     if (fd < 0) {
         int e = errno;
-        LOG_WARN("shm_open %s: %s", d->shm_name, strerror(e));
+        LOG_WARN("shm_open %s: %s", shm_name, strerror(e));
         return e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < d->arena_bytes) {
-        LOG_WARN("shm %s is smaller than its descriptor says", d->shm_name);
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || (uint64_t)st.st_size < arena_bytes) {
+        LOG_WARN("shm %s is smaller than its descriptor says", shm_name);
         close(fd);
         return DFLASH_EMISMATCH;
     }
-    void *b = mmap(NULL, d->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    m->arena_bytes = (uint64_t)st.st_size;
+    void *b = mmap(NULL, m->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (b == MAP_FAILED) {
-        LOG_WARN("mmap %s: %s", d->shm_name, strerror(errno));
+        LOG_WARN("mmap %s: %s", shm_name, strerror(errno));
         return DFLASH_EIO;
     }
     m->base = b;
@@ -550,16 +557,43 @@ int pool_importer_attach(pool_importer *imp, const pool_desc *d)
     m.device = d->device;
     if (d->backend == POOL_CUDA) memcpy(m.ev_handles, d->event_handles, sizeof m.ev_handles);
     int rc = 0;
-    if (d->owner_pid == (int32_t)getpid() && registry_find(d->incarnation, &m)) {
+    if (registry_find(d->incarnation, &m)) {
         m.local = true;
     } else if (d->backend == POOL_HOST) {
-        rc = host_map(&m, d);
+        rc = host_map(&m, d->shm_name, d->arena_bytes);
     } else {
         rc = pool_cuda_open_mem(imp->device, d->mem_handle, &m.base);
     }
     if (rc < 0) return rc;
     m.used = true;
     *slot = m;
+    return 0;
+}
+
+int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref)
+{
+    if (ref->backend != imp->backend) return DFLASH_EMISMATCH;
+    if (ref->slot >= POOL_MAX_SLOTS) return DFLASH_ERANGE;
+    pool_mapping *m = mapping_find(imp, ref->incarnation);
+    if (!m) {
+        if (imp->in_flight) pool_copy_wait(imp);
+        for (int i = 0; i < IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
+        pool_mapping nm;
+        memset(&nm, 0, sizeof nm);
+        nm.incarnation = ref->incarnation;
+        nm.n_slots = POOL_MAX_SLOTS; /* unknown from a grant: bounded by the table */
+        nm.device = ref->device;
+        int rc = 0;
+        if (registry_find(ref->incarnation, &nm)) nm.local = true;
+        else if (ref->backend == POOL_HOST) rc = host_map(&nm, ref->shm_name, 0);
+        else rc = pool_cuda_open_mem(imp->device, ref->mem_handle, &nm.base);
+        if (rc < 0) return rc;
+        nm.used = true;
+        imp->maps[0] = nm;
+        m = &imp->maps[0];
+    }
+    if (!m->local && ref->backend == POOL_CUDA && !m->events[ref->slot])
+        memcpy(m->ev_handles[ref->slot], ref->event_handle, POOL_HANDLE_BYTES);
     return 0;
 }
 
@@ -595,8 +629,10 @@ int pool_copy_start(pool_importer *imp, uint64_t incarnation, uint32_t slot, uin
     if (imp->in_flight) return DFLASH_ESTATE;
     pool_mapping *m = mapping_find(imp, incarnation);
     if (!m) return DFLASH_ESTALE;
-    if (slot >= m->n_slots || offset != (uint64_t)slot * m->slot_bytes || bytes == 0 ||
-        bytes > m->slot_bytes)
+    if (slot >= m->n_slots || bytes == 0) return DFLASH_ERANGE;
+    if (m->slot_bytes && (offset != (uint64_t)slot * m->slot_bytes || bytes > m->slot_bytes))
+        return DFLASH_ERANGE; /* slot geometry known from a descriptor */
+    if (m->arena_bytes && (offset > m->arena_bytes || bytes > m->arena_bytes - offset))
         return DFLASH_ERANGE;
     const char *src = (const char *)m->base + offset;
     if (imp->backend == POOL_HOST) {

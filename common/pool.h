@@ -36,7 +36,7 @@
 #define POOL_MAX_SLOTS 256u
 #define POOL_HANDLE_BYTES 64u /* sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t) */
 #define POOL_NAME_MAX 32u     /* logical pool name, e.g. "target0", incl. terminator */
-#define POOL_SHM_NAME_MAX 96u
+#define POOL_SHM_NAME_MAX 64u /* == WIRE_MAX_NAME: it travels in the protocol */
 #define POOL_ARENA_ALIGN (2u << 20)
 #define POOL_DESC_MAX_BYTES (256u + POOL_MAX_SLOTS * POOL_HANDLE_BYTES)
 
@@ -120,6 +120,24 @@ void pool_importer_destroy(pool_importer **imp);
  * mapping first. Returns 0, DFLASH_EMISMATCH (backend), DFLASH_ENOTFOUND (shm object gone:
  * the exporter died), DFLASH_EIO, DFLASH_ECUDA. */
 int pool_importer_attach(pool_importer *imp, const pool_desc *d);
+/* What a broker grant says about one slot (DESIGN §2 step 4): enough to map the pool and wait
+ * on that slot's event without the full descriptor. */
+typedef struct pool_slot_ref {
+    pool_backend backend;
+    uint64_t incarnation;
+    uint32_t slot;
+    uint64_t offset, bytes;
+    int32_t device;
+    char shm_name[POOL_SHM_NAME_MAX];          /* host */
+    uint8_t mem_handle[POOL_HANDLE_BYTES];   /* cuda */
+    uint8_t event_handle[POOL_HANDLE_BYTES]; /* cuda: this slot's event */
+} pool_slot_ref;
+
+/* Attach for a grant: maps the arena of ref's incarnation unless cached, and remembers the
+ * slot's event handle (opened on first copy). A grant of a new incarnation means the exporter
+ * restarted: every mapping of other incarnations is closed first. Pools of this process are
+ * used through raw pointers. Returns as pool_importer_attach, or DFLASH_ERANGE (slot index). */
+int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref);
 /* Closes the mapping of one incarnation (its exporter is known dead). No-op if unknown. */
 void pool_importer_forget(pool_importer *imp, uint64_t incarnation);
 /* Closes every mapping (the broker restarted and pools will be re-announced). */

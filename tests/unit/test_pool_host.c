@@ -68,6 +68,19 @@ static int consumer(int rfd, const slot_layout *l)
     /* out-of-slot ranges and unknown incarnations are refused */
     if (pool_copy_start(imp, d.incarnation, 1, 0, 16, stage) != DFLASH_ERANGE) failures++;
     if (pool_copy_start(imp, d.incarnation + 1, 0, 0, 16, stage) != DFLASH_ESTALE) failures++;
+    /* the grant path: map from (incarnation, shm name, slot, offset, size) alone */
+    pool_importer *gimp = pool_importer_new(POOL_HOST, 0, NULL);
+    pool_slot_ref ref = {.backend = POOL_HOST, .incarnation = d.incarnation, .slot = 3,
+                         .offset = 3 * d.slot_bytes, .bytes = l->slot_bytes, .device = -1};
+    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", d.shm_name);
+    if (pool_importer_attach_slot(gimp, &ref) != 0) failures++;
+    if (pool_copy_start(gimp, ref.incarnation, 3, ref.offset, ref.bytes, stage) != 0) failures++;
+    slot_work_unit wu3 = {.epoch = 1, .bucket = 1, .batch = 13};
+    if (synthetic_verify(stage, l, &wu3, &sp, NULL, NULL, 0) != 0) failures++;
+    /* past the end of the arena */
+    if (pool_copy_start(gimp, ref.incarnation, 3, d.arena_bytes - 8, 16, stage) != DFLASH_ERANGE)
+        failures++;
+    pool_importer_destroy(&gimp);
     pool_staging_free(POOL_HOST, 0, &stage);
     pool_importer_destroy(&imp);
     return failures;

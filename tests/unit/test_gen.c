@@ -4,8 +4,9 @@
  *     unless the continuation ended at eos, every id inside the vocabulary;
  *   - the same seed gives the same file, another seed another file;
  *   - greedy output does not depend on how prompts are packed (--batch 1 vs 3);
- *   - prompts from a JSONL file are kept as prefixes; a non-JSON line and a line with an id
- *     outside the vocabulary are skipped; a missing model directory fails with a non-zero exit.
+ *   - prompts from a JSONL file are kept as prefixes (truncated to prompt-max); a non-JSON line
+ *     and a line with an id outside the vocabulary are skipped and do not count towards --n;
+ *   - a missing model directory fails with a non-zero exit and leaves no output file.
  * The tiny checkpoint is written here with the safetensors writer and hf_config_write (the same
  * pieces dflash-mkmodel uses). dflash-gen is found beside this test's build folder
  * (<build>/tools/dflash-gen); when it is not built the test says so and fails.
@@ -223,6 +224,14 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(check_file(c, 2, 4, 6, s, 2), 2);
     CHECK(s[0].prompt_len == 4 && s[0].ids[0] == 1 && s[0].ids[3] == 4);
     CHECK(s[1].prompt_len == 2 && s[1].ids[0] == 40 && s[1].ids[1] == 41);
+    /* skipped lines do not count towards --n; long prompts are truncated to --prompt-max */
+    snprintf(args, sizeof args,
+             "--model '%s' --out '%s' --prompts '%s' --n 2 --prompt-max 3 --max-new 4 --greedy",
+             model, c, prompts);
+    CHECK_EQ_INT(run_gen(args), 0);
+    CHECK_EQ_INT(check_file(c, 2, 3, 4, s, 2), 2);
+    CHECK(s[0].prompt_len == 3 && s[0].ids[2] == 3);
+    CHECK(s[1].prompt_len == 2 && s[1].ids[0] == 40);
 
     /* a missing model directory is an error, and leaves no output */
     snprintf(args, sizeof args, "--model '%s/none' --out '%s/none.jsonl' --n 2", dir, dir);

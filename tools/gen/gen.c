@@ -24,6 +24,7 @@
  */
 #include "config.h"
 #include "err.h"
+#include "hf_config.h"
 #include "log.h"
 #include "ops.h"
 #include "target_model.h"
@@ -172,9 +173,9 @@ static int prompts_random(prompt_set *ps, int n, int lo, int hi, int V, uint64_t
 }
 
 /* Reads up to n (0: all) prompts from a JSONL file of {"input_ids": [...]}, each truncated to
- * max_len. Bad lines (not JSON, no non-empty input_ids array, an id that is not a non-negative
- * integer) are warned about, counted and skipped. */
-static int prompts_load(prompt_set *ps, const char *path, int n, int max_len)
+ * max_len. Bad lines (not JSON, no non-empty input_ids array, an id that is not an integer in
+ * [0, V)) are warned about, counted and skipped; they do not count towards n. */
+static int prompts_load(prompt_set *ps, const char *path, int n, int max_len, int V)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -207,8 +208,8 @@ static int prompts_load(prompt_set *ps, const char *path, int n, int max_len)
             int t = 0;
             for (const cJSON *e = ids->child; e && t < len; e = e->next, t++) {
                 double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
-                if (!(v >= 0 && v < INT32_MAX && v == floor(v))) {
-                    why = "a token id that is not a non-negative integer";
+                if (!(v >= 0 && v < V && v == floor(v))) {
+                    why = "a token id outside the vocabulary";
                     break;
                 }
                 buf[t] = (int32_t)v;
@@ -230,25 +231,6 @@ static int prompts_load(prompt_set *ps, const char *path, int n, int max_len)
     free(line);
     fclose(f);
     return rc;
-}
-
-/* Drops (with a warning each) the prompts holding an id >= V, keeping the order. */
-static void prompts_drop_out_of_vocab(prompt_set *ps, const char *path, int V)
-{
-    int kept = 0;
-    for (int i = 0; i < ps->n; i++) {
-        int bad = -1;
-        for (int t = 0; t < ps->p[i].len && bad < 0; t++)
-            if (ps->p[i].ids[t] >= V) bad = ps->p[i].ids[t];
-        if (bad >= 0) {
-            LOG_WARN("%s: prompt %d skipped (token id %d, vocabulary %d)", path, i, bad, V);
-            ps->skipped++;
-            free(ps->p[i].ids);
-            continue;
-        }
-        ps->p[kept++] = ps->p[i];
-    }
-    ps->n = kept;
 }
 
 static int write_sample(FILE *out, const int32_t *ids, int prompt_len, int len)
@@ -355,7 +337,7 @@ static int gen_validate(const gen_cfg *c)
         fprintf(stderr, "dflash-gen: --model and --out are required (see --help)\n");
         return DFLASH_ECONFIG;
     }
-    if (c->prompt_min > c->prompt_max) {
+    if (!c->prompts[0] && c->prompt_min > c->prompt_max) {
         fprintf(stderr, "dflash-gen: --prompt-min %lld is above --prompt-max %lld\n",
                 (long long)c->prompt_min, (long long)c->prompt_max);
         return DFLASH_ECONFIG;
@@ -384,39 +366,34 @@ int main(int argc, char **argv)
     g.nn = nn_cpu_new((int)c->threads);
     if (!g.nn) LOG_FATAL("cannot start the cpu backend");
 
-    /* Prompts first (their longest length sizes the model's plan); ids are checked against the
-     * vocabulary once the model is loaded. Random prompts are at most prompt-max long. */
-    if (c->prompts[0]) {
-        rc = prompts_load(&g.prompts, c->prompts, (int)c->n, (int)c->prompt_max);
-        if (rc) LOG_FATAL("cannot read the prompts %s: %s", c->prompts, err_str(rc));
-        if (g.prompts.n == 0) LOG_FATAL("no usable prompts in %s", c->prompts);
-    }
-    int n_prompts = c->prompts[0] ? g.prompts.n : (int)c->n;
-    int max_len = c->prompts[0] ? g.prompts.max_len : (int)c->prompt_max;
-    int B = (int)c->batch < n_prompts ? (int)c->batch : n_prompts;
+    /* The config first: the vocabulary checks the prompts, whose longest length sizes the
+     * model's plan. Random prompts are at most prompt-max long. */
+    char err[512];
+    rc = hf_config_load(c->model, &g.mc, err, sizeof err);
+    if (rc) LOG_FATAL("%s (is --model a Hugging Face checkpoint directory?)", err);
+    int V = g.mc.vocab_size;
+    rc = c->prompts[0] ? prompts_load(&g.prompts, c->prompts, (int)c->n, (int)c->prompt_max, V)
+                       : prompts_random(&g.prompts, (int)c->n, (int)c->prompt_min,
+                                        (int)c->prompt_max, V, (uint64_t)c->seed);
+    if (rc) LOG_FATAL("cannot make the prompts: %s", err_str(rc));
+    if (g.prompts.n == 0) LOG_FATAL("no usable prompts (%d skipped)", g.prompts.skipped);
+    if (g.prompts.skipped || g.prompts.truncated)
+        LOG_WARN("prompts: %d skipped, %d truncated to %lld tokens", g.prompts.skipped,
+                 g.prompts.truncated, (long long)c->prompt_max);
+    int B = (int)c->batch < g.prompts.n ? (int)c->batch : g.prompts.n;
     g.cfg.batch = B;
 
     if (!target_model_load) LOG_FATAL("this build has no target_model_load (see gen.c)");
     int layer0 = 0; /* nothing is captured; generation runs every layer */
     target_model_opts mo = {.layer_ids = &layer0,
                             .n_layer_ids = 1,
-                            .max_tokens = B * (max_len + (int)c->max_new),
+                            .max_tokens = B * (g.prompts.max_len + (int)c->max_new),
                             .max_seqs = B,
                             .max_logit_rows = B,
                             .all_layers = true};
     g.model = target_model_load(c->model, &mo, nn_cpu_ops(), g.nn);
     if (!g.model) LOG_FATAL("cannot load the target model from %s (see above)", c->model);
     g.mc = *target_model_config(g.model);
-    int V = g.mc.vocab_size;
-
-    if (c->prompts[0]) prompts_drop_out_of_vocab(&g.prompts, c->prompts, V);
-    else rc = prompts_random(&g.prompts, (int)c->n, (int)c->prompt_min, (int)c->prompt_max, V,
-                             (uint64_t)c->seed);
-    if (rc) LOG_FATAL("cannot make the prompts: %s", err_str(rc));
-    if (g.prompts.n == 0) LOG_FATAL("no usable prompts (%d skipped)", g.prompts.skipped);
-    if (g.prompts.skipped || g.prompts.truncated)
-        LOG_WARN("prompts: %d skipped, %d truncated to %lld tokens", g.prompts.skipped,
-                 g.prompts.truncated, (long long)c->prompt_max);
 
     LOG_INFO("target %s: vocab %d, hidden %d, %d layers; %d prompts (longest %d), %s, "
              "max-new %lld, batch %d, seed %lld",

@@ -2,7 +2,8 @@
  *   (a) <dir>/metrics.jsonl, one JSON object per line (cJSON), appended across restarts;
  *   (b) <dir>/events.out.tfevents.<unix time>.<host>, a TensorBoard event file: TFRecord frames
  *       (u64 length, masked CRC32C of the length, a packed tensorboard.Event, masked CRC32C of
- *       the data) whose first record carries file_version "brain.Event:2" (proto/tensorboard.proto);
+ *       the data) whose first record carries file_version "brain.Event:2"
+ *       (proto/tensorboard.proto);
  *   (c) a one-line progress line on a terminal (step, loss, acc, tau, lr, tok/s, ETA), rewritten
  *       in place with '\r' on a tty, one plain line every few seconds otherwise.
  *

@@ -62,8 +62,8 @@ typedef struct gen_cfg {
 
 #define STR_OPT(field) offsetof(gen_cfg, field), sizeof(((gen_cfg *)0)->field)
 static const cfg_option gen_options[] = {
-    {"model", CFG_STRING, "", 1, 0, false, "target checkpoint directory (config.json + safetensors)",
-     STR_OPT(model)},
+    {"model", CFG_STRING, "", 1, 0, false,
+     "target checkpoint directory (config.json + safetensors)", STR_OPT(model)},
     {"out", CFG_STRING, "", 1, 0, false, "output JSONL file", STR_OPT(out)},
     {"prompts", CFG_STRING, "", 1, 0, false,
      "JSONL file of {\"input_ids\": [...]} prompts; empty: random prompts", STR_OPT(prompts)},

@@ -1,43 +1,404 @@
-/* client: see client.h. STUB: every call returns DFLASH_EUNSUPPORTED until the implementation
- * lands; the header is the stable interface. */
+/* client: see client.h. One DEALER socket per client; each call = pack, send, wait for the reply
+ * with the same request id, unpack. A timeout closes and reopens the socket so that neither the
+ * unanswered request nor its late reply can confuse a later call (Lazy Pirate). The struct holds
+ * two large wire_msg buffers so calls need no big stack frames; the mutex serialises calls. */
 #include "client.h"
 #include "err.h"
 
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+struct client {
+    pthread_mutex_t mu;
+    void *zctx, *sock;
+    char endpoint[256];
+    wire_role role;
+    char name[WIRE_MAX_NAME];
+    char rid[128];
+    uint64_t incarnation, broker_incarnation, next_request;
+    bool restarted;
+    uint32_t heartbeat_ms, lease_timeout_ms;
+    char pub_endpoint[WIRE_MAX_TEXT];
+    char last_error[WIRE_MAX_TEXT];
+    int timeout_ms;
+    uint64_t last_send_ms;
+    wire_msg req, rep;
+    uint8_t buf[WIRE_MAX_MSG];
+};
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int sock_open(client *c)
+{
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (!c->sock) return DFLASH_EZMQ;
+    int zero = 0, one = 1, ivl = 100, ivl_max = 2000;
+    int64_t max = WIRE_MAX_MSG;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(c->sock, ZMQ_IMMEDIATE, &one, sizeof one);
+    zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
+    zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->rid, strlen(c->rid));
+    if (zmq_connect(c->sock, c->endpoint) != 0) {
+        snprintf(c->last_error, sizeof c->last_error, "cannot connect to %s: %s", c->endpoint,
+                 zmq_strerror(errno));
+        zmq_close(c->sock);
+        c->sock = NULL;
+        return DFLASH_EZMQ;
+    }
+    return 0;
+}
+
+static void sock_reset(client *c)
+{
+    if (c->sock) zmq_close(c->sock);
+    c->sock = NULL;
+    sock_open(c);
+}
 
 client *client_new(const char *endpoint, wire_role role, const char *name)
 {
-    (void)endpoint, (void)role, (void)name;
+    if (!endpoint || !*endpoint || strlen(endpoint) >= 256 || !name ||
+        strlen(name) >= WIRE_MAX_NAME || role == WIRE_ROLE_NONE || role == WIRE_ROLE_BROKER)
+        return NULL;
+    client *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    pthread_mutex_init(&c->mu, NULL);
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->role = role;
+    c->incarnation = wire_new_incarnation();
+    c->next_request = 1;
+    c->timeout_ms = 2000;
+    /* Stable for this process: reconnects keep the identity (ROUTER_HANDOVER on the broker). */
+    snprintf(c->rid, sizeof c->rid, "%s-%s-%016" PRIx64, wire_role_name(role), name,
+             c->incarnation);
+    c->zctx = zmq_ctx_new();
+    if (!c->zctx || sock_open(c) != 0) {
+        client_destroy(&c);
+        return NULL;
+    }
+    return c;
+}
+
+void client_destroy(client **cp)
+{
+    if (!cp || !*cp) return;
+    client *c = *cp;
+    *cp = NULL;
+    if (c->sock) zmq_close(c->sock);
+    if (c->zctx) zmq_ctx_term(c->zctx);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void client_set_timeout(client *c, int timeout_ms) { c->timeout_ms = timeout_ms > 0 ? timeout_ms : 1; }
+uint64_t client_incarnation(const client *c) { return c->incarnation; }
+uint64_t client_broker_incarnation(const client *c) { return c->broker_incarnation; }
+bool client_broker_restarted(const client *c) { return c->restarted; }
+uint32_t client_heartbeat_ms(const client *c) { return c->heartbeat_ms; }
+uint32_t client_lease_timeout_ms(const client *c) { return c->lease_timeout_ms; }
+const char *client_pub_endpoint(const client *c) { return c->pub_endpoint; }
+const char *client_last_error(const client *c) { return c->last_error; }
+
+/* Sends c->req and waits for the matching reply in c->rep. Caller holds the mutex and has
+ * filled c->req's body and type. Returns 0 (c->rep valid, may be an ERROR), or a code. */
+static int roundtrip(client *c)
+{
+    c->last_error[0] = 0;
+    if (!c->sock && sock_open(c) != 0) return DFLASH_EZMQ;
+    c->req.version = WIRE_VERSION;
+    c->req.role = c->role;
+    c->req.incarnation = c->incarnation;
+    c->req.request_id = c->next_request++;
+    int n = wire_pack(&c->req, c->buf, sizeof c->buf);
+    if (n < 0) {
+        snprintf(c->last_error, sizeof c->last_error, "cannot pack %s: %s",
+                 wire_type_name(c->req.type), err_str(n));
+        return n;
+    }
+    uint64_t deadline = mono_ms() + (uint64_t)c->timeout_ms;
+    zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLOUT, 0};
+    for (;;) {
+        if (zmq_send(c->sock, c->buf, (size_t)n, ZMQ_DONTWAIT) >= 0) break;
+        if (errno != EAGAIN && errno != EINTR) return DFLASH_EZMQ;
+        uint64_t now = mono_ms();
+        if (now >= deadline) goto timeout;
+        it.events = ZMQ_POLLOUT;
+        zmq_poll(&it, 1, (long)(deadline - now));
+    }
+    c->last_send_ms = mono_ms();
+    for (;;) {
+        int got = zmq_recv(c->sock, c->buf, sizeof c->buf, ZMQ_DONTWAIT);
+        if (got < 0) {
+            if (errno != EAGAIN && errno != EINTR) return DFLASH_EZMQ;
+            uint64_t now = mono_ms();
+            if (now >= deadline) goto timeout;
+            it.events = ZMQ_POLLIN;
+            zmq_poll(&it, 1, (long)(deadline - now));
+            continue;
+        }
+        if ((size_t)got > sizeof c->buf) continue; /* truncated: not ours to trust */
+        wire_msg_clear(&c->rep);
+        char why[128];
+        if (wire_unpack(c->buf, (size_t)got, &c->rep, why, sizeof why) != 0) continue;
+        if (c->rep.request_id != c->req.request_id || c->rep.role != WIRE_ROLE_BROKER) continue;
+        if (c->broker_incarnation && c->rep.incarnation != c->broker_incarnation)
+            c->restarted = true;
+        if (c->rep.type == WIRE_ERROR)
+            snprintf(c->last_error, sizeof c->last_error, "%s", c->rep.u.error.message);
+        return 0;
+    }
+timeout:
+    snprintf(c->last_error, sizeof c->last_error, "no reply from %s within %d ms", c->endpoint,
+             c->timeout_ms);
+    sock_reset(c);
+    return DFLASH_ETIMEOUT;
+}
+
+/* roundtrip + the common reply rules: ERROR -> its code, restarted -> ESTALE, wrong type ->
+ * EPROTO. Returns 0 when c->rep has type `want`. */
+static int call(client *c, wire_type want)
+{
+    int rc = roundtrip(c);
+    if (rc) return rc;
+    if (c->restarted && c->req.type != WIRE_HELLO) {
+        if (!c->last_error[0])
+            snprintf(c->last_error, sizeof c->last_error, "broker restarted: re-register");
+        return DFLASH_ESTALE;
+    }
+    if (c->rep.type == WIRE_ERROR) return c->rep.u.error.code < 0 ? c->rep.u.error.code : DFLASH_EPROTO;
+    if (c->rep.type != want) {
+        snprintf(c->last_error, sizeof c->last_error, "expected %s, got %s", wire_type_name(want),
+                 wire_type_name(c->rep.type));
+        return DFLASH_EPROTO;
+    }
+    return 0;
+}
+
+static void req_init(client *c, wire_type t) { wire_msg_init(&c->req, t, c->role, c->incarnation, 0); }
+
+#define LOCKED(c, body)                                                                            \
+    do {                                                                                           \
+        pthread_mutex_lock(&(c)->mu);                                                              \
+        int rc_ = (body);                                                                          \
+        pthread_mutex_unlock(&(c)->mu);                                                            \
+        return rc_;                                                                                \
+    } while (0)
+
+static int do_hello(client *c, const wire_unit *held, uint32_t n_held)
+{
+    if (n_held > WIRE_MAX_HELD) return DFLASH_ERANGE;
+    req_init(c, WIRE_HELLO);
+    snprintf(c->req.u.hello.name, sizeof c->req.u.hello.name, "%s", c->name);
+    c->req.u.hello.n_held = n_held;
+    if (n_held) memcpy(c->req.u.hello.held, held, n_held * sizeof *held);
+    int rc = call(c, WIRE_HELLO);
+    if (rc) return rc;
+    c->broker_incarnation = c->rep.incarnation;
+    c->restarted = false;
+    c->heartbeat_ms = c->rep.u.hello.heartbeat_ms;
+    c->lease_timeout_ms = c->rep.u.hello.lease_timeout_ms;
+    snprintf(c->pub_endpoint, sizeof c->pub_endpoint, "%s", c->rep.u.hello.pub_endpoint);
+    return 0;
+}
+
+int client_hello(client *c, const wire_unit *held, uint32_t n_held)
+{
+    LOCKED(c, do_hello(c, held, n_held));
+}
+
+static int do_register(client *c, const wire_pool *pool)
+{
+    req_init(c, WIRE_POOL_REGISTER);
+    c->req.u.pool = *pool;
+    char why[128];
+    int rc = wire_check(&c->req, why, sizeof why);
+    if (rc) {
+        snprintf(c->last_error, sizeof c->last_error, "bad pool: %s", why);
+        return rc;
+    }
+    return call(c, WIRE_OK);
+}
+
+int client_register_pool(client *c, const wire_pool *pool) { LOCKED(c, do_register(c, pool)); }
+
+static int do_work(client *c, uint64_t inc, wire_work_unit *out)
+{
+    req_init(c, WIRE_WORK_REQUEST);
+    c->req.u.pool_incarnation = inc;
+    int rc = call(c, WIRE_WORK_UNIT);
+    if (!rc && out) *out = c->rep.u.work;
+    return rc;
+}
+
+int client_request_work(client *c, uint64_t pool_incarnation, wire_work_unit *out)
+{
+    LOCKED(c, do_work(c, pool_incarnation, out));
+}
+
+static int do_ready(client *c, const wire_slot_ready *r)
+{
+    req_init(c, WIRE_SLOT_READY);
+    c->req.u.ready = *r;
+    return call(c, WIRE_OK);
+}
+
+int client_slot_ready(client *c, const wire_slot_ready *ready) { LOCKED(c, do_ready(c, ready)); }
+
+static int do_claim(client *c, wire_grant *out)
+{
+    req_init(c, WIRE_CLAIM);
+    int rc = call(c, WIRE_GRANT);
+    if (!rc && out) *out = c->rep.u.grant;
+    return rc;
+}
+
+int client_claim(client *c, wire_grant *out) { LOCKED(c, do_claim(c, out)); }
+
+static int do_u64(client *c, wire_type t, uint64_t v, uint64_t *reply_value)
+{
+    req_init(c, t);
+    c->req.u.step = v; /* lease_id, step, sent_ms share the slot */
+    int rc = call(c, t == WIRE_HEARTBEAT ? WIRE_HEARTBEAT : WIRE_OK);
+    if (!rc && reply_value) *reply_value = c->rep.u.value;
+    return rc;
+}
+
+int client_release(client *c, uint64_t lease_id)
+{
+    LOCKED(c, do_u64(c, WIRE_SLOT_RELEASE, lease_id, NULL));
+}
+
+static int do_ack(client *c, const wire_unit *u, uint64_t step)
+{
+    req_init(c, WIRE_ACK);
+    c->req.u.ack.unit = *u;
+    c->req.u.ack.step = step;
+    return call(c, WIRE_OK);
+}
+
+int client_ack(client *c, const wire_unit *unit, uint64_t step) { LOCKED(c, do_ack(c, unit, step)); }
+
+int client_checkpoint_committed(client *c, uint64_t step)
+{
+    LOCKED(c, do_u64(c, WIRE_CHECKPOINT_COMMITTED, step, NULL));
+}
+
+int client_resume_from(client *c, uint64_t step)
+{
+    LOCKED(c, do_u64(c, WIRE_RESUME_FROM, step, NULL));
+}
+
+int client_heartbeat(client *c) { LOCKED(c, do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL)); }
+
+static int do_poll(client *c)
+{
+    uint32_t hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+    if (mono_ms() - c->last_send_ms < hb / 2) return 0;
+    return do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL);
+}
+
+int client_poll(client *c) { LOCKED(c, do_poll(c)); }
+
+static int do_status(client *c, wire_status *out)
+{
+    req_init(c, WIRE_STATUS_REQUEST);
+    int rc = call(c, WIRE_STATUS_REPLY);
+    if (!rc && out) *out = c->rep.u.status;
+    return rc;
+}
+
+int client_status(client *c, wire_status *out) { LOCKED(c, do_status(c, out)); }
+
+static int do_set(client *c, const wire_settings *set, wire_settings *applied)
+{
+    if (set->n > WIRE_MAX_SETTINGS) return DFLASH_ERANGE;
+    req_init(c, WIRE_SET_CONFIG);
+    c->req.u.settings = *set;
+    int rc = call(c, WIRE_SET_CONFIG_REPLY);
+    if (!rc && applied) *applied = c->rep.u.settings;
+    return rc;
+}
+
+int client_set(client *c, const wire_settings *set, wire_settings *applied)
+{
+    LOCKED(c, do_set(c, set, applied));
+}
+
+static int do_simple(client *c, wire_type t)
+{
+    req_init(c, t);
+    return call(c, WIRE_OK);
+}
+
+int client_pause(client *c) { LOCKED(c, do_simple(c, WIRE_PAUSE)); }
+int client_resume(client *c) { LOCKED(c, do_simple(c, WIRE_RESUME)); }
+int client_drain(client *c) { LOCKED(c, do_simple(c, WIRE_DRAIN)); }
+
+/* --- subscriber ----------------------------------------------------------------------------- */
+
+struct client_sub {
+    void *zctx, *sock;
+    uint8_t buf[WIRE_MAX_MSG];
+};
+
+client_sub *client_sub_new(const char *pub_endpoint, const char *topic)
+{
+    if (!pub_endpoint || !*pub_endpoint) return NULL;
+    client_sub *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->zctx = zmq_ctx_new();
+    s->sock = s->zctx ? zmq_socket(s->zctx, ZMQ_SUB) : NULL;
+    int zero = 0;
+    int64_t max = WIRE_MAX_MSG;
+    if (!s->sock) goto fail;
+    zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, topic ? topic : "", topic ? strlen(topic) : 0);
+    if (zmq_connect(s->sock, pub_endpoint) != 0) goto fail;
+    return s;
+fail:
+    client_sub_destroy(&s);
     return NULL;
 }
-void client_destroy(client **c)
+
+void client_sub_destroy(client_sub **sp)
 {
-    if (c) *c = NULL;
+    if (!sp || !*sp) return;
+    client_sub *s = *sp;
+    *sp = NULL;
+    if (s->sock) zmq_close(s->sock);
+    if (s->zctx) zmq_ctx_term(s->zctx);
+    free(s);
 }
-void client_set_timeout(client *c, int timeout_ms) { (void)c, (void)timeout_ms; }
-uint64_t client_incarnation(const client *c) { (void)c; return 0; }
-uint64_t client_broker_incarnation(const client *c) { (void)c; return 0; }
-bool client_broker_restarted(const client *c) { (void)c; return false; }
-uint32_t client_heartbeat_ms(const client *c) { (void)c; return 0; }
-uint32_t client_lease_timeout_ms(const client *c) { (void)c; return 0; }
-const char *client_pub_endpoint(const client *c) { (void)c; return ""; }
-const char *client_last_error(const client *c) { (void)c; return ""; }
-int client_hello(client *c, const wire_unit *h, uint32_t n) { (void)c, (void)h, (void)n; return DFLASH_EUNSUPPORTED; }
-int client_register_pool(client *c, const wire_pool *p) { (void)c, (void)p; return DFLASH_EUNSUPPORTED; }
-int client_request_work(client *c, uint64_t i, wire_work_unit *o) { (void)c, (void)i, (void)o; return DFLASH_EUNSUPPORTED; }
-int client_slot_ready(client *c, const wire_slot_ready *r) { (void)c, (void)r; return DFLASH_EUNSUPPORTED; }
-int client_claim(client *c, wire_grant *o) { (void)c, (void)o; return DFLASH_EUNSUPPORTED; }
-int client_release(client *c, uint64_t l) { (void)c, (void)l; return DFLASH_EUNSUPPORTED; }
-int client_ack(client *c, const wire_unit *u, uint64_t s) { (void)c, (void)u, (void)s; return DFLASH_EUNSUPPORTED; }
-int client_checkpoint_committed(client *c, uint64_t s) { (void)c, (void)s; return DFLASH_EUNSUPPORTED; }
-int client_resume_from(client *c, uint64_t s) { (void)c, (void)s; return DFLASH_EUNSUPPORTED; }
-int client_heartbeat(client *c) { (void)c; return DFLASH_EUNSUPPORTED; }
-int client_poll(client *c) { (void)c; return DFLASH_EUNSUPPORTED; }
-int client_status(client *c, wire_status *o) { (void)c, (void)o; return DFLASH_EUNSUPPORTED; }
-int client_set(client *c, const wire_settings *s, wire_settings *a) { (void)c, (void)s, (void)a; return DFLASH_EUNSUPPORTED; }
-int client_pause(client *c) { (void)c; return DFLASH_EUNSUPPORTED; }
-int client_resume(client *c) { (void)c; return DFLASH_EUNSUPPORTED; }
-int client_drain(client *c) { (void)c; return DFLASH_EUNSUPPORTED; }
-client_sub *client_sub_new(const char *e, const char *t) { (void)e, (void)t; return NULL; }
-void client_sub_destroy(client_sub **s) { if (s) *s = NULL; }
-int client_sub_recv(client_sub *s, char *t, size_t tl, wire_msg *m, int to) { (void)s, (void)t, (void)tl, (void)m, (void)to; return DFLASH_EUNSUPPORTED; }
+
+int client_sub_recv(client_sub *s, char *topic, size_t topic_len, wire_msg *msg, int timeout_ms)
+{
+    zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0) return DFLASH_ETIMEOUT;
+    char t[64];
+    int tn = zmq_recv(s->sock, t, sizeof t - 1, ZMQ_DONTWAIT);
+    if (tn < 0) return DFLASH_ETIMEOUT;
+    t[tn < (int)sizeof t - 1 ? tn : (int)sizeof t - 1] = 0;
+    int more = 0;
+    size_t ml = sizeof more;
+    zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &ml);
+    if (!more) return DFLASH_EPROTO;
+    int n = zmq_recv(s->sock, s->buf, sizeof s->buf, ZMQ_DONTWAIT);
+    if (n < 0 || (size_t)n > sizeof s->buf) return DFLASH_EPROTO;
+    if (topic && topic_len) snprintf(topic, topic_len, "%s", t);
+    return wire_unpack(s->buf, (size_t)n, msg, NULL, 0) ? DFLASH_EPROTO : 0;
+}

@@ -134,7 +134,8 @@ shard *shard_open(const char *path, char *err, size_t errlen)
         tokens += len;
         if (len > longest) longest = len;
     }
-    if (expect != s->index_off || tokens != s->n_tokens || longest != s->max_len) {
+    if (((expect + 7) & ~(uint64_t)7) != s->index_off || tokens != s->n_tokens ||
+        longest != s->max_len) {
         errf(err, errlen,
              "%s: header disagrees with the index: %llu tokens / longest %u in the header, %llu / "
              "%u in the index, records end at %llu, index at %llu",

@@ -1,0 +1,266 @@
+/* test_shard: sequences written to a shard read back exactly (alone and as a multi-shard set);
+ * the writer refuses bad sequences; truncated, corrupted or inconsistent shards are refused at
+ * open with a message naming the file and the problem; out-of-vocabulary ids are found. */
+#include "check.h"
+#include "err.h"
+#include "shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static void path_of(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", dir, name);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    *len = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *b = malloc(*len ? *len : 1);
+    if (fread(b, 1, *len, fp) != *len) *len = 0;
+    fclose(fp);
+    return b;
+}
+
+static void spill(const char *path, const char *b, size_t len)
+{
+    FILE *fp = fopen(path, "wb");
+    fwrite(b, 1, len, fp);
+    fclose(fp);
+}
+
+static void expect_bad(const char *path, const char *needle)
+{
+    char err[512] = "";
+    shard *s = shard_open(path, err, sizeof err);
+    CHECK(s == NULL);
+    shard_close(&s);
+    CHECK(strstr(err, path) != NULL);
+    if (needle) {
+        CHECK(strstr(err, needle) != NULL);
+        if (!strstr(err, needle)) fprintf(stderr, "  message was: %s\n", err);
+    }
+}
+
+static const int32_t ids0[] = {1, 2, 3, 4, 5};
+static const uint8_t mask0[] = {0, 0, 1, 1, 1};
+static const int32_t ids1[] = {99, 0, 42};
+static const uint8_t mask1[] = {1, 1, 0};
+static const int32_t ids2[] = {7, 8, 9, 10, 11, 12, 13};
+static const uint8_t mask2[] = {0, 1, 0, 1, 0, 1, 1};
+
+static void write_basic(const char *path, uint32_t vocab)
+{
+    shard_writer *w = shard_writer_new(path, vocab);
+    CHECK(w != NULL);
+    CHECK_EQ_INT(shard_writer_add(w, ids0, mask0, 5), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids1, mask1, 3), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids2, mask2, 7), 0);
+    CHECK_EQ_INT(shard_writer_count(w), 3);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    CHECK(w == NULL);
+}
+
+static void test_round_trip(void)
+{
+    char path[300], err[512];
+    path_of(path, sizeof path, "a.shard");
+    shard_writer *w = shard_writer_new(path, 100);
+    int32_t bad_ids[] = {1, 100};
+    uint8_t ok_mask[] = {1, 1}, bad_mask[] = {1, 2};
+    CHECK_EQ_INT(shard_writer_add(w, bad_ids, ok_mask, 2), DFLASH_ERANGE);
+    CHECK_EQ_INT(shard_writer_add(w, ids0, bad_mask, 2), DFLASH_EINVAL);
+    CHECK_EQ_INT(shard_writer_add(w, ids0, mask0, 0), DFLASH_EINVAL);
+    int32_t neg[] = {-1};
+    CHECK_EQ_INT(shard_writer_add(w, neg, ok_mask, 1), DFLASH_ERANGE);
+    CHECK_EQ_INT(shard_writer_count(w), 0);
+    shard_writer_destroy(&w);
+    CHECK(access(path, F_OK) != 0); /* never committed: nothing at path */
+
+    write_basic(path, 100);
+    shard *s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL);
+    if (!s) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    CHECK_EQ_INT(shard_count(s), 3);
+    CHECK_EQ_INT(shard_tokens(s), 15);
+    CHECK_EQ_INT(shard_vocab(s), 100);
+    CHECK_EQ_INT(shard_max_len(s), 7);
+    CHECK_EQ_INT(shard_len(s, 1), 3);
+    CHECK_EQ_INT(shard_len(s, 3), 0);
+    shard_seq q;
+    CHECK_EQ_INT(shard_get(s, 0, &q), 0);
+    CHECK(q.len == 5 && memcmp(q.ids, ids0, sizeof ids0) == 0 &&
+          memcmp(q.mask, mask0, sizeof mask0) == 0);
+    CHECK_EQ_INT(shard_get(s, 1, &q), 0);
+    CHECK(q.len == 3 && memcmp(q.ids, ids1, sizeof ids1) == 0 &&
+          memcmp(q.mask, mask1, sizeof mask1) == 0);
+    CHECK_EQ_INT(shard_get(s, 2, &q), 0);
+    CHECK(q.len == 7 && memcmp(q.ids, ids2, sizeof ids2) == 0 &&
+          memcmp(q.mask, mask2, sizeof mask2) == 0);
+    CHECK_EQ_INT(shard_get(s, 3, &q), DFLASH_ERANGE);
+    CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), 0);
+    CHECK_EQ_INT(shard_verify_tokens(s, 50, err, sizeof err), DFLASH_ERANGE);
+    CHECK(strstr(err, "sequence 1 position 0: token id 99 outside the vocabulary of 50") != NULL);
+    shard_close(&s);
+    shard_close(&s);
+
+    /* an empty shard is valid */
+    char empty[300];
+    path_of(empty, sizeof empty, "empty.shard");
+    w = shard_writer_new(empty, 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    s = shard_open(empty, err, sizeof err);
+    CHECK(s != NULL && shard_count(s) == 0 && shard_tokens(s) == 0);
+    shard_close(&s);
+}
+
+static void test_corrupt(void)
+{
+    char good[300], path[300];
+    path_of(good, sizeof good, "a.shard");
+    path_of(path, sizeof path, "bad.shard");
+    size_t len;
+    char *raw = slurp(good, &len);
+    CHECK(raw != NULL && len > 64);
+    if (!raw) return;
+
+    /* every truncation is refused */
+    int opened = 0;
+    for (size_t cut = 0; cut < len; cut++) {
+        spill(path, raw, cut);
+        char err[512];
+        shard *s = shard_open(path, err, sizeof err);
+        if (s) opened++;
+        shard_close(&s);
+    }
+    CHECK_EQ_INT(opened, 0);
+    spill(path, raw, 10);
+    expect_bad(path, "truncated");
+    spill(path, raw, len - 1);
+    expect_bad(path, "truncated or inconsistent");
+    /* trailing garbage */
+    char *longer = malloc(len + 8);
+    memcpy(longer, raw, len);
+    memset(longer + len, 0, 8);
+    spill(path, longer, len + 8);
+    expect_bad(path, "truncated or inconsistent");
+    free(longer);
+
+    raw[0] ^= 1;
+    spill(path, raw, len);
+    expect_bad(path, "bad magic");
+    raw[0] ^= 1;
+    raw[8] = 2; /* version */
+    spill(path, raw, len);
+    expect_bad(path, "unsupported shard version 2");
+    raw[8] = 1;
+    raw[24] ^= 1; /* n_tokens */
+    spill(path, raw, len);
+    expect_bad(path, "header disagrees");
+    raw[24] ^= 1;
+    raw[44] = 9; /* longest */
+    spill(path, raw, len);
+    expect_bad(path, "header disagrees");
+    raw[44] = 7;
+    /* index entry 1: bump its offset */
+    uint64_t index_off = 0;
+    for (int i = 7; i >= 0; i--) index_off = (index_off << 8) | (unsigned char)raw[32 + i];
+    raw[index_off + 16] += 4;
+    spill(path, raw, len);
+    expect_bad(path, "index entry 1 out of range");
+    raw[index_off + 16] -= 4;
+    /* index entry 2: a length running into the index */
+    raw[index_off + 32 + 8] = 100;
+    spill(path, raw, len);
+    expect_bad(path, "index entry 2 out of range");
+    raw[index_off + 32 + 8] = 7;
+    /* zero length */
+    raw[index_off + 8] = 0;
+    spill(path, raw, len);
+    expect_bad(path, "index entry 0");
+    raw[index_off + 8] = 5;
+    /* the repaired copy opens again: the edits above were the only problems */
+    spill(path, raw, len);
+    char err[256];
+    shard *s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL);
+    shard_close(&s);
+    /* a corrupt mask byte is found by verification */
+    raw[64 + 5 * 4 + 1] = 3;
+    spill(path, raw, len);
+    s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL);
+    CHECK_EQ_INT(shard_verify_tokens(s, 0, err, sizeof err), DFLASH_ERANGE);
+    CHECK(strstr(err, "sequence 0 position 1: loss mask byte 3") != NULL);
+    shard_close(&s);
+    free(raw);
+    expect_bad("/nonexistent/x.shard", "cannot open");
+}
+
+static void test_set(void)
+{
+    char a[300], b[300], err[512];
+    path_of(a, sizeof a, "a.shard");
+    path_of(b, sizeof b, "b.shard");
+    shard_writer *w = shard_writer_new(b, 0);
+    int32_t big[] = {5000, 1};
+    uint8_t m[] = {1, 0};
+    CHECK_EQ_INT(shard_writer_add(w, big, m, 2), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    char list[700];
+    snprintf(list, sizeof list, "%s,%s", a, b);
+    shard_set *set = shard_set_open_list(list, err, sizeof err);
+    CHECK(set != NULL);
+    if (!set) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    CHECK_EQ_INT(shard_set_count(set), 4);
+    CHECK_EQ_INT(shard_set_tokens(set), 17);
+    CHECK_EQ_INT(shard_set_vocab(set), 100);
+    uint32_t lens[4];
+    shard_set_lengths(set, lens);
+    CHECK(lens[0] == 5 && lens[1] == 3 && lens[2] == 7 && lens[3] == 2);
+    shard_seq q;
+    CHECK_EQ_INT(shard_set_get(set, 3, &q), 0);
+    CHECK(q.len == 2 && q.ids[0] == 5000 && q.mask[1] == 0);
+    CHECK_EQ_INT(shard_set_get(set, 2, &q), 0);
+    CHECK(q.len == 7 && q.ids[6] == 13);
+    CHECK_EQ_INT(shard_set_get(set, 4, &q), DFLASH_ERANGE);
+    CHECK_EQ_INT(shard_set_len(set, 1), 3);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), DFLASH_ERANGE);
+    CHECK(strstr(err, b) != NULL && strstr(err, "token id 5000") != NULL);
+    shard_set_close(&set);
+    CHECK(set == NULL);
+    snprintf(list, sizeof list, "%s,%s/missing.shard", a, dir);
+    set = shard_set_open_list(list, err, sizeof err);
+    CHECK(set == NULL);
+    CHECK(strstr(err, "missing.shard") != NULL);
+    CHECK(shard_set_open_list("", err, sizeof err) == NULL);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/dflash-test-shard-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    test_round_trip();
+    test_corrupt();
+    test_set();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    CHECK_DONE();
+}

@@ -7,7 +7,8 @@ re-initialises every parameter with a seeded random draw strong enough to make a
 norms matter (norm weights jittered around 1, biases non-zero), saves it with save_pretrained in
 float32, runs transformers with output_hidden_states=True on several sequences of different
 lengths (one forward per sequence), then runs OUR forward on the same checkpoint with the same
-sequences PACKED into one batch (`test_target_ref --capture`), and compares every captured layer
+sequences PACKED into one batch (`target_reference --capture`, built from test_target_ref.c),
+and compares every captured layer
 token by token plus the last-token logits of every sequence:
     max over (token, layer) of  max|ours - hf| / max|hf|  <= 1e-4      (fp32)
 Captured id k is output_hidden_states[k + 1]; for the last decoder layer transformers returns the
@@ -19,8 +20,10 @@ Prints SKIPPED and exits 0 when transformers or torch is absent. Runs on the CPU
 """
 import argparse
 import glob
+import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -44,6 +47,14 @@ def cases():
     return out
 
 
+def has_llama3(d):
+    for key in ("rope_scaling", "rope_parameters"):
+        v = d.get(key)
+        if isinstance(v, dict) and v.get("rope_type", v.get("type")) == "llama3":
+            return True
+    return False
+
+
 def build_model(transformers, torch, fam_cfg, seed):
     mt = fam_cfg["model_type"]
     names = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -51,6 +62,10 @@ def build_model(transformers, torch, fam_cfg, seed):
     Cfg, Model = getattr(transformers, names[0]), getattr(transformers, names[1])
     kw = {k: v for k, v in fam_cfg.items() if k not in ("architectures", "model_type", "torch_dtype")}
     cfg = Cfg(**kw)
+    if "rope_scaling" in kw and not has_llama3(cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg)):
+        # transformers 5 spells it rope_parameters (with rope_theta inside)
+        rp = dict(kw.pop("rope_scaling"), rope_theta=kw["rope_theta"])
+        cfg = Cfg(**kw, rope_parameters=rp)
     try:
         cfg._attn_implementation = "eager"
     except Exception:
@@ -109,8 +124,31 @@ def rel_rows(a, b):
     return r
 
 
+def read_refdump(path):
+    """The refdump.py format back into {name: numpy array}."""
+    import numpy as np
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"DFREFDMP":
+        raise ValueError("%s: not a refdump" % path)
+    ver, count = struct.unpack_from("<II", data, 8)
+    off, out = 16, {}
+    for _ in range(count):
+        (n,) = struct.unpack_from("<I", data, off)
+        name = data[off + 4:off + 4 + n].decode()
+        off += 4 + n
+        dt, nd = struct.unpack_from("<II", data, off)
+        dims = struct.unpack_from("<%dq" % nd, data, off + 8)
+        off += 8 + 8 * nd
+        numel = int(np.prod(dims)) if nd else 1
+        a = np.frombuffer(data, dtype="<f4" if dt == 0 else "<i4", count=numel, offset=off)
+        out[name] = a.reshape(dims)
+        off += 4 * numel
+    return out
+
+
 def find_binary(build):
-    hits = glob.glob(os.path.join(build, "**", "test_target_ref"), recursive=True)
+    hits = glob.glob(os.path.join(build, "**", "target_reference"), recursive=True)
     hits = [h for h in hits if os.access(h, os.X_OK) and os.path.isfile(h)]
     return hits[0] if hits else None
 
@@ -123,16 +161,16 @@ def main():
     ap.add_argument("--seed", type=int, default=4321)
     args = ap.parse_args()
     try:
-        import numpy  # noqa: F401
+        import numpy
         import torch
         import transformers
     except ImportError as e:
         print("SKIPPED: hf_target_check needs torch, numpy and transformers (%s)" % e)
         return 0
-    from target_ref import read_case, write_case
+    from refdump import RefDump
     exe = find_binary(args.build)
     if not exe:
-        print("error: no test_target_ref under %s; build first (cmake --build %s)" % (args.build, args.build))
+        print("error: no target_reference under %s; build first (cmake --build %s)" % (args.build, args.build))
         return 1
     print("transformers %s, torch %s, ours: %s" % (transformers.__version__, torch.__version__, exe))
     root = args.keep or tempfile.mkdtemp(prefix="hf_target_check.")
@@ -142,6 +180,12 @@ def main():
         os.makedirs(d, exist_ok=True)
         model = build_model(transformers, torch, cfg, args.seed + ci)
         model.save_pretrained(d, safe_serialization=True)
+        with open(os.path.join(d, "config.json")) as f:
+            saved = json.load(f)
+        if "rope_scaling" in cfg and not has_llama3(saved):
+            print("%s: FAIL: transformers did not keep the llama3 rope scaling in config.json" % fam)
+            fails += 1
+            continue
         model.to(args.device)
         g = torch.Generator().manual_seed(args.seed + 100 + ci)
         T = sum(lengths)
@@ -151,15 +195,22 @@ def main():
         for n in lengths:
             seq_off.append(seq_off[-1] + n)
         hid, logits = hf_forward(torch, model, ids, lengths, layer_ids, args.device)
-        D, V = cfg["hidden_size"], cfg["vocab_size"]
-        case_in, case_out = os.path.join(d, "case.bin"), os.path.join(d, "ours.bin")
-        write_case(case_in, seq_off, ids, pos, layer_ids, D, V, hid, logits)
+        D = cfg["hidden_size"]
+        case_in, case_out = os.path.join(d, "inputs.dump"), os.path.join(d, "ours.dump")
+        dump = RefDump()
+        dump.add("seq_off", numpy.array(seq_off, dtype=numpy.int32))
+        dump.add("ids", numpy.array(ids, dtype=numpy.int32))
+        dump.add("pos", numpy.array(pos, dtype=numpy.int32))
+        dump.add("layer_ids", numpy.array(layer_ids, dtype=numpy.int32))
+        dump.add("hf.hidden", hid)
+        dump.add("hf.logits", logits)
+        dump.write(case_in)
         r = subprocess.run([exe, "--capture", d, case_in, case_out])
         if r.returncode != 0:
             print("%s: FAIL: our forward exited with %d" % (fam, r.returncode))
             fails += 1
             continue
-        ours = read_case(case_out)
+        ours = read_refdump(case_out)
         for j, k in enumerate(layer_ids):
             e = rel_rows(ours["hidden"][:, j * D:(j + 1) * D], hid[:, j * D:(j + 1) * D])
             ok = e.max() <= TOL

@@ -4,20 +4,17 @@
 For each family (Qwen3, Qwen2, Llama) it builds a small random configuration, writes it in
 Hugging Face layout (config.json + model.safetensors, with the tiny writer below, so neither
 transformers nor safetensors is needed), runs a float64 reference forward written from the
-HF modelling semantics over several packed sequences of different lengths, and writes
-case.bin: the inputs, the captured layers and the last-token logits of every sequence.
-test_target_ref.c loads the checkpoint through our loader and compares.
+HF modelling semantics over several packed sequences of different lengths, and dumps the
+inputs, the captured layers and the last-token logits of every sequence. test_target_ref.c
+loads each checkpoint through our loader, runs the packed batch and compares.
 
-  target_ref.py --out DIR       writes DIR/<family>/{config.json, model.safetensors, case.bin}
-Exit status 77 (ctest's skip code) with a message when torch is absent.
-
-case.bin (little-endian), shared with hf_target_check.py and test_target_ref --capture:
-  int32[8]  magic 0x52544644 ("DFTR"), version 1, n_seqs, T, n_layers, D, V, has_expected
-  int32     seq_off[n_seqs + 1], ids[T], pos[T], layer_ids[n_layers]
-  if has_expected:
-  float32   hidden[T, n_layers * D]   column block j = output of decoder layer layer_ids[j]
-                                      (HF output_hidden_states[layer_ids[j] + 1])
-  float32   logits[n_seqs, V]         final norm + lm_head at each sequence's last token
+  target_ref.py DUMP      writes DUMP (refdump.py format) and the checkpoints DUMP.models/<family>/
+Run by run_reference.sh (which skips the test when torch is absent). Tensors in DUMP, per family:
+  <fam>.seq_off  i32 [n_seqs + 1]      <fam>.ids, <fam>.pos  i32 [T]
+  <fam>.layer_ids i32 [n]              captured ids, in column order
+  <fam>.hidden   f32 [T, n * D]        column block j = output of decoder layer layer_ids[j]
+                                       (HF output_hidden_states[layer_ids[j] + 1])
+  <fam>.logits   f32 [n_seqs, V]       final norm + lm_head at each sequence's last token
 """
 import argparse
 import json
@@ -26,8 +23,7 @@ import os
 import struct
 import sys
 
-CASE_MAGIC = 0x52544644
-CASE_VERSION = 1
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # family -> (config.json, captured layer ids, sequence lengths). Column order is list order.
 FAMILIES = {
@@ -150,7 +146,7 @@ def rope(torch, x, pos, f):
 
 def forward_one(torch, cfg, W, ids, pos):
     """One sequence, float64. Returns (hidden states after each layer [L][S, D], final logits)."""
-    D, H, Hk, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    H, Hk, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     eps, S, f = cfg["rms_norm_eps"], len(ids), inv_freq(torch, cfg)
     g = lambda n: W[n]
     b = lambda n: W[n] if n in W else 0.0
@@ -181,42 +177,6 @@ def forward_one(torch, cfg, W, ids, pos):
     return outs, logits
 
 
-def write_case(path, seq_off, ids, pos, layer_ids, D, V, hidden=None, logits=None):
-    """hidden: float32 bytes-able [T, n_layers*D] or None; logits [n_seqs, V]."""
-    import numpy as np
-    n_seqs, T = len(seq_off) - 1, len(ids)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<8i", CASE_MAGIC, CASE_VERSION, n_seqs, T, len(layer_ids), D, V,
-                            1 if hidden is not None else 0))
-        for arr in (seq_off, ids, pos, layer_ids):
-            f.write(np.asarray(arr, dtype="<i4").tobytes())
-        if hidden is not None:
-            f.write(np.asarray(hidden, dtype="<f4").tobytes())
-            f.write(np.asarray(logits, dtype="<f4").tobytes())
-
-
-def read_case(path):
-    """Returns dict with seq_off, ids, pos, layer_ids (int lists) and hidden, logits (numpy)."""
-    import numpy as np
-    with open(path, "rb") as f:
-        data = f.read()
-    magic, ver, n_seqs, T, nl, D, V, has = struct.unpack_from("<8i", data, 0)
-    if magic != CASE_MAGIC or ver != CASE_VERSION:
-        raise ValueError("%s: not a version %d case file" % (path, CASE_VERSION))
-    off = 32
-    def ints(n):
-        nonlocal off
-        a = np.frombuffer(data, dtype="<i4", count=n, offset=off)
-        off += 4 * n
-        return a
-    c = dict(seq_off=ints(n_seqs + 1), ids=ints(T), pos=ints(T), layer_ids=ints(nl), D=D, V=V)
-    if has:
-        c["hidden"] = np.frombuffer(data, dtype="<f4", count=T * nl * D, offset=off).reshape(T, nl * D)
-        off += 4 * T * nl * D
-        c["logits"] = np.frombuffer(data, dtype="<f4", count=n_seqs * V, offset=off).reshape(n_seqs, V)
-    return c
-
-
 def packed_inputs(torch, cfg, lengths, seed):
     g = torch.Generator().manual_seed(seed)
     seq_off = [0]
@@ -229,18 +189,15 @@ def packed_inputs(torch, cfg, lengths, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="directory to write the cases into")
+    ap.add_argument("dump", help="refdump file to write; checkpoints go to DUMP.models/")
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
-    try:
-        import numpy  # noqa: F401
-        import torch
-    except ImportError as e:
-        print("SKIPPED: target_ref.py needs torch and numpy (%s)" % e)
-        return 77
+    import torch
+    from refdump import RefDump
     torch.set_num_threads(1)
+    dump = RefDump()
     for fi, (fam, (cfg, layer_ids, lengths)) in enumerate(FAMILIES.items()):
-        d = os.path.join(args.out, fam)
+        d = os.path.join(args.dump + ".models", fam)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
@@ -254,11 +211,15 @@ def main():
             outs, lg = forward_one(torch, cfg, W, ids[a:b], pos[a:b])
             hid.append(torch.cat([outs[k] for k in layer_ids], dim=-1))
             logits.append(lg[-1])
-        write_case(os.path.join(d, "case.bin"), seq_off, ids.tolist(), pos.tolist(), layer_ids,
-                   cfg["hidden_size"], cfg["vocab_size"], torch.cat(hid).float().numpy(),
-                   torch.stack(logits).float().numpy())
+        dump.add(fam + ".seq_off", torch.tensor(seq_off, dtype=torch.int32))
+        dump.add(fam + ".ids", ids.int())
+        dump.add(fam + ".pos", pos.int())
+        dump.add(fam + ".layer_ids", torch.tensor(layer_ids, dtype=torch.int32))
+        dump.add(fam + ".hidden", torch.cat(hid).float())
+        dump.add(fam + ".logits", torch.stack(logits).float())
         print("%s: %d layers, %d tokens in %d sequences, captured %s" %
               (fam, cfg["num_hidden_layers"], seq_off[-1], len(lengths), layer_ids))
+    dump.write(args.dump)
     return 0
 
 

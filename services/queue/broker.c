@@ -745,6 +745,15 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     }
     peer *p = rid_len ? peer_find(b, rid, rid_len) : NULL;
     bool is_ctl = m.role == WIRE_ROLE_CTL;
+    if (m.type == WIRE_HELLO && is_ctl) { /* ctl sessions are stateless: no peer entry */
+        reply_init(b, &r, WIRE_HELLO, m.request_id);
+        snprintf(r.u.hello.name, sizeof r.u.hello.name, "dflash-queue");
+        r.u.hello.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+        r.u.hello.lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms;
+        snprintf(r.u.hello.pub_endpoint, sizeof r.u.hello.pub_endpoint, "%s",
+                 b->cfg.pub_endpoint);
+        goto out;
+    }
     if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid)
         p = peer_add(b, rid, rid_len);
     if (!is_ctl && needs_hello(m.type) &&

@@ -1,0 +1,335 @@
+/* dflash-ctl: inspects and steers dflash-queue over its ROUTER socket (client.h).
+ *
+ *   dflash-ctl [--endpoint E] [--timeout-ms N] [--json] status|watch|set K=V...|pause|resume|
+ *              drain|ping
+ *
+ * Every verb says hello first (which also tells the broker's PUB endpoint for `watch`). Exit
+ * status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout (no broker answering):
+ * `dflash-ctl ping` is a healthcheck. A broker that is not there costs one timeout and one line
+ * on stderr. Output: a readable table, or one JSON object per line with --json.
+ * Single-threaded; the only global is the stop flag for `watch`.
+ */
+#include "client.h"
+#include "config.h"
+#include "err.h"
+
+#include <cJSON.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct ctl_config {
+    char endpoint[256];
+    char runtime_dir[256];
+    int64_t timeout_ms;
+    bool json;
+    int64_t count;
+} ctl_config;
+
+static const cfg_option ctl_options[] = {
+    {"endpoint", CFG_STRING, "", 1, 0, false,
+     "broker ROUTER endpoint (default ipc://RUNTIME_DIR/queue.sock)", offsetof(ctl_config, endpoint),
+     sizeof(((ctl_config *)0)->endpoint)},
+    {"runtime-dir", CFG_STRING, "", 1, 0, false,
+     "the broker's runtime dir (default $XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)",
+     offsetof(ctl_config, runtime_dir), sizeof(((ctl_config *)0)->runtime_dir)},
+    {"timeout-ms", CFG_INT, "2000", 1, 600000, false, "reply timeout",
+     offsetof(ctl_config, timeout_ms), 0},
+    {"json", CFG_BOOL, "false", 1, 0, false, "print JSON instead of tables",
+     offsetof(ctl_config, json), 0},
+    {"count", CFG_INT, "0", 0, 1e9, false, "watch: stop after N announcements (0 = never)",
+     offsetof(ctl_config, count), 0},
+};
+
+static const cfg_table ctl_table = {
+    "dflash-ctl",
+    "inspect and steer dflash-queue. Verbs: status, watch, set KEY=VALUE..., pause, resume, "
+    "drain, ping. Exit 0 ok, 1 error, 2 timeout",
+    "[options] VERB [KEY=VALUE...]",
+    ctl_options,
+    sizeof ctl_options / sizeof *ctl_options,
+};
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static int exit_code(int rc) { return rc == 0 ? 0 : rc == DFLASH_ETIMEOUT ? 2 : 1; }
+
+static int fail(const ctl_config *c, client *cl, const char *verb, int rc)
+{
+    const char *msg = cl ? client_last_error(cl) : "";
+    if (c->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 0);
+        cJSON_AddStringToObject(o, "verb", verb);
+        cJSON_AddStringToObject(o, "error", err_name(rc));
+        cJSON_AddStringToObject(o, "message", msg && *msg ? msg : err_str(rc));
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(o);
+    }
+    fprintf(stderr, "dflash-ctl %s: %s%s%s\n", verb, err_str(rc), msg && *msg ? ": " : "",
+            msg ? msg : "");
+    return exit_code(rc);
+}
+
+static const char *state_name(uint32_t s)
+{
+    return s == 0 ? "running" : s == 1 ? "paused" : s == 2 ? "draining" : "unknown";
+}
+
+static cJSON *status_json(const wire_status *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "state", state_name(s->state));
+#define N(f) cJSON_AddNumberToObject(o, #f, (double)s->f)
+    N(uptime_ms), N(min_ready), N(max_depth), N(lease_timeout_ms), N(tv_distance);
+    N(claims_per_s), N(grants), N(releases), N(lease_expiries), N(redeliveries), N(quarantined);
+    N(malformed), N(acks), N(batches_todo), N(batches_inflight), N(batches_trained);
+    N(batches_committed), N(batches_total), N(committed_step), N(peers), N(epoch), N(slot_count);
+#undef N
+    cJSON *arr = cJSON_AddArrayToObject(o, "buckets");
+    for (uint32_t i = 0; i < s->n_buckets; i++) {
+        const wire_bucket_stat *b = &s->buckets[i];
+        cJSON *x = cJSON_CreateObject();
+#define N(f) cJSON_AddNumberToObject(x, #f, (double)b->f)
+        N(upper), N(share), N(ready), N(leased), N(filling), N(deficit), N(produced), N(consumed);
+        N(produced_tokens), N(consumed_tokens);
+#undef N
+        cJSON_AddItemToArray(arr, x);
+    }
+    return o;
+}
+
+static void print_json(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    cJSON_Delete(o);
+}
+
+static void print_status(const wire_status *s, uint64_t incarnation)
+{
+    printf("broker    %016" PRIx64 "  %s  up %.1f s  %u peers  %u slots\n", incarnation,
+           state_name(s->state), (double)s->uptime_ms / 1000.0, s->peers, s->slot_count);
+    printf("settings  min_ready %u  max_depth %u  lease %u ms\n", s->min_ready, s->max_depth,
+           s->lease_timeout_ms);
+    printf("ledger    epoch %u  total %" PRIu64 "  todo %" PRIu64 "  in flight %" PRIu64
+           "  trained %" PRIu64 "  committed %" PRIu64 " (step %" PRIu64 ")  quarantined %" PRIu64
+           "\n",
+           s->epoch, s->batches_total, s->batches_todo, s->batches_inflight, s->batches_trained,
+           s->batches_committed, s->committed_step, s->quarantined);
+    printf("leases    grants %" PRIu64 "  releases %" PRIu64 "  expiries %" PRIu64
+           "  redeliveries %" PRIu64 "  claims/s %.1f  acks %" PRIu64 "\n",
+           s->grants, s->releases, s->lease_expiries, s->redeliveries, s->claims_per_s, s->acks);
+    printf("health    mix TV distance %.4f  malformed messages %" PRIu64 "\n", s->tv_distance,
+           s->malformed);
+    if (!s->n_buckets) return;
+    printf("\n%-8s %6s %6s %6s %7s %8s %9s %9s %12s %12s\n", "bucket", "share", "ready", "leased",
+           "filling", "deficit", "produced", "consumed", "tok.prod", "tok.cons");
+    for (uint32_t i = 0; i < s->n_buckets; i++) {
+        const wire_bucket_stat *b = &s->buckets[i];
+        char name[16];
+        snprintf(name, sizeof name, "<=%u", b->upper);
+        printf("%-8s %6.3f %6u %6u %7u %8.2f %9" PRIu64 " %9" PRIu64 " %12" PRIu64 " %12" PRIu64
+               "\n",
+               name, b->share, b->ready, b->leased, b->filling, b->deficit, b->produced,
+               b->consumed, b->produced_tokens, b->consumed_tokens);
+    }
+}
+
+static int cmd_watch(const ctl_config *c, client *cl)
+{
+    client_sub *sub = client_sub_new(client_pub_endpoint(cl), "");
+    if (!sub) {
+        fprintf(stderr, "dflash-ctl watch: cannot subscribe to '%s'\n", client_pub_endpoint(cl));
+        return 1;
+    }
+    signal(SIGINT, on_sigint);
+    signal(SIGTERM, on_sigint);
+    static wire_msg m;
+    int64_t seen = 0;
+    while (!stop_flag && (!c->count || seen < c->count)) {
+        char topic[32];
+        int rc = client_sub_recv(sub, topic, sizeof topic, &m, 200);
+        if (rc) continue;
+        seen++;
+        if (c->json) {
+            cJSON *o = m.type == WIRE_STATUS_REPLY ? status_json(&m.u.status) : cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "topic", topic);
+            if (m.type == WIRE_SLOT_READY) {
+                cJSON_AddNumberToObject(o, "slot", m.u.ready.slot);
+                cJSON_AddNumberToObject(o, "epoch", m.u.ready.unit.epoch);
+                cJSON_AddNumberToObject(o, "bucket", m.u.ready.unit.bucket);
+                cJSON_AddNumberToObject(o, "index", (double)m.u.ready.unit.index);
+                cJSON_AddNumberToObject(o, "n_tokens", m.u.ready.n_tokens);
+            } else if (m.type == WIRE_SET_CONFIG_REPLY) {
+                for (uint32_t i = 0; i < m.u.settings.n; i++)
+                    cJSON_AddStringToObject(o, m.u.settings.kv[i].key, m.u.settings.kv[i].value);
+            }
+            print_json(o);
+        } else if (m.type == WIRE_STATUS_REPLY) {
+            const wire_status *s = &m.u.status;
+            printf("stats   %-8s ready", state_name(s->state));
+            for (uint32_t i = 0; i < s->n_buckets; i++) printf(" %u", s->buckets[i].ready);
+            printf("  leased %" PRIu64 "  claims/s %.1f  TV %.4f  trained %" PRIu64
+                   "  committed %" PRIu64 "\n",
+                   s->grants - s->releases, s->claims_per_s, s->tv_distance, s->batches_trained,
+                   s->batches_committed);
+        } else if (m.type == WIRE_SLOT_READY) {
+            printf("ready   slot %u  batch %u/%u/%" PRIu64 "  %u tokens\n", m.u.ready.slot,
+                   m.u.ready.unit.epoch, m.u.ready.unit.bucket, m.u.ready.unit.index,
+                   m.u.ready.n_tokens);
+        } else if (m.type == WIRE_SET_CONFIG_REPLY) {
+            printf("config ");
+            for (uint32_t i = 0; i < m.u.settings.n; i++)
+                printf(" %s=%s", m.u.settings.kv[i].key, m.u.settings.kv[i].value);
+            printf("\n");
+        }
+        fflush(stdout);
+        wire_msg_clear(&m);
+    }
+    client_sub_destroy(&sub);
+    return 0;
+}
+
+static int cmd_set(const ctl_config *c, client *cl, int n, char **kvs)
+{
+    static wire_settings set, applied;
+    memset(&set, 0, sizeof set);
+    if (n < 1 || n > WIRE_MAX_SETTINGS) {
+        fprintf(stderr, "dflash-ctl set: give 1 to %d KEY=VALUE pairs\n", WIRE_MAX_SETTINGS);
+        return 1;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *eq = strchr(kvs[i], '=');
+        if (!eq || eq == kvs[i] || (size_t)(eq - kvs[i]) >= WIRE_MAX_KEY ||
+            strlen(eq + 1) >= WIRE_MAX_VALUE) {
+            fprintf(stderr, "dflash-ctl set: '%s' is not KEY=VALUE\n", kvs[i]);
+            return 1;
+        }
+        snprintf(set.kv[i].key, WIRE_MAX_KEY, "%.*s", (int)(eq - kvs[i]), kvs[i]);
+        snprintf(set.kv[i].value, WIRE_MAX_VALUE, "%s", eq + 1);
+    }
+    set.n = (uint32_t)n;
+    int rc = client_set(cl, &set, &applied);
+    if (rc) return fail(c, cl, "set", rc);
+    if (c->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 1);
+        for (uint32_t i = 0; i < applied.n; i++)
+            cJSON_AddStringToObject(o, applied.kv[i].key, applied.kv[i].value);
+        print_json(o);
+    } else {
+        for (uint32_t i = 0; i < applied.n; i++)
+            printf("%s = %s\n", applied.kv[i].key, applied.kv[i].value);
+    }
+    return 0;
+}
+
+static void resolve_endpoint(ctl_config *c)
+{
+    if (c->endpoint[0]) return;
+    char dir[256];
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (c->runtime_dir[0]) snprintf(dir, sizeof dir, "%s", c->runtime_dir);
+    else if (xdg && *xdg) snprintf(dir, sizeof dir, "%.240s/dflash", xdg);
+    else snprintf(dir, sizeof dir, "/tmp/dflash-%u", (unsigned)getuid());
+    snprintf(c->endpoint, sizeof c->endpoint, "ipc://%.240s/queue.sock", dir);
+}
+
+int main(int argc, char **argv)
+{
+    ctl_config c;
+    char *pos[1 + WIRE_MAX_SETTINGS];
+    int npos = 0;
+    int rc = config_load(&ctl_table, &c, argc, argv, pos, 1 + WIRE_MAX_SETTINGS, &npos);
+    if (rc == 1) return 0;
+    if (rc < 0) return 1;
+    if (npos < 1) {
+        config_print_help(&ctl_table, stderr);
+        return 1;
+    }
+    const char *verb = pos[0];
+    static const char *const verbs[] = {"status", "watch", "set", "pause", "resume", "drain", "ping"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) known |= strcmp(verb, verbs[i]) == 0;
+    if (!known) {
+        fprintf(stderr, "dflash-ctl: unknown verb '%s' (status, watch, set, pause, resume, drain, "
+                        "ping)\n", verb);
+        return 1;
+    }
+    if (strcmp(verb, "set") != 0 && npos > 1) {
+        fprintf(stderr, "dflash-ctl %s: takes no arguments\n", verb);
+        return 1;
+    }
+    resolve_endpoint(&c);
+    char name[32];
+    snprintf(name, sizeof name, "ctl-%d", (int)getpid());
+    client *cl = client_new(c.endpoint, WIRE_ROLE_CTL, name);
+    if (!cl) {
+        fprintf(stderr, "dflash-ctl: cannot use endpoint '%s'\n", c.endpoint);
+        return 1;
+    }
+    client_set_timeout(cl, (int)c.timeout_ms);
+    rc = client_hello(cl, NULL, 0);
+    int out = 0;
+    if (rc) {
+        out = fail(&c, cl, verb, rc);
+    } else if (strcmp(verb, "ping") == 0) {
+        if ((rc = client_heartbeat(cl))) out = fail(&c, cl, verb, rc);
+        else if (c.json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddBoolToObject(o, "ok", 1);
+            char inc[24];
+            snprintf(inc, sizeof inc, "%016" PRIx64, client_broker_incarnation(cl));
+            cJSON_AddStringToObject(o, "incarnation", inc);
+            print_json(o);
+        } else {
+            printf("ok: dflash-queue %016" PRIx64 " at %s\n", client_broker_incarnation(cl),
+                   c.endpoint);
+        }
+    } else if (strcmp(verb, "status") == 0) {
+        static wire_status s;
+        if ((rc = client_status(cl, &s))) out = fail(&c, cl, verb, rc);
+        else if (c.json) {
+            cJSON *o = status_json(&s);
+            char inc[24];
+            snprintf(inc, sizeof inc, "%016" PRIx64, client_broker_incarnation(cl));
+            cJSON_AddStringToObject(o, "incarnation", inc);
+            print_json(o);
+        } else {
+            print_status(&s, client_broker_incarnation(cl));
+        }
+    } else if (strcmp(verb, "set") == 0) {
+        out = cmd_set(&c, cl, npos - 1, pos + 1);
+    } else if (strcmp(verb, "watch") == 0) {
+        out = cmd_watch(&c, cl);
+    } else {
+        rc = strcmp(verb, "pause") == 0    ? client_pause(cl)
+             : strcmp(verb, "resume") == 0 ? client_resume(cl)
+                                           : client_drain(cl);
+        if (rc) out = fail(&c, cl, verb, rc);
+        else if (c.json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddBoolToObject(o, "ok", 1);
+            cJSON_AddStringToObject(o, "verb", verb);
+            print_json(o);
+        } else {
+            printf("%s: ok\n", verb);
+        }
+    }
+    client_destroy(&cl);
+    return out;
+}

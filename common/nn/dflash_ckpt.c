@@ -1,0 +1,530 @@
+/* dflash_ckpt: drafter checkpoint directories (see dflash_ckpt.h for the layout and contract).
+ *
+ * Everything goes through host copies: the masters and moments are downloaded once per save
+ * (fp32), converted to bf16 for model.safetensors, and written with the safetensors writer
+ * (each file itself temp + fsync + rename). config.json is built with cJSON.
+ */
+#include "dflash_ckpt.h"
+
+#include "err.h"
+#include "log.h"
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define STATE_FORMAT "dflash-training-state-1"
+
+#define FAIL(code, ...)                                                                            \
+    do {                                                                                           \
+        if (err) snprintf(err, errlen, __VA_ARGS__);                                               \
+        rc = (code);                                                                               \
+        goto out;                                                                                  \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------------
+ * small file helpers */
+
+static int fsync_path(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return DFLASH_EIO;
+    int r = fsync(fd);
+    close(fd);
+    return r ? DFLASH_EIO : 0;
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return DFLASH_EIO;
+    size_t n = strlen(text);
+    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    return ok ? 0 : DFLASH_EIO;
+}
+
+/* Removes dir and the plain files in it (checkpoints have no subdirectories). */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4096];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static bool is_step_name(const char *n)
+{
+    if (strncmp(n, "step-", 5) || !n[5]) return false;
+    for (const char *c = n + 5; *c; c++)
+        if (*c < '0' || *c > '9') return false;
+    return true;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorted names of the step-* entries of root (zero padded, so name order is step order). */
+static int list_steps(const char *root, char ***names)
+{
+    DIR *d = opendir(root);
+    *names = NULL;
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!is_step_name(e->d_name)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nn = realloc(*names, (size_t)cap * sizeof *nn);
+            if (!nn) break;
+            *names = nn;
+        }
+        (*names)[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    if (n) qsort(*names, (size_t)n, sizeof **names, cmp_str);
+    return n;
+}
+
+static void free_names(char **names, int n)
+{
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * config.json (dflash.md 2.1) */
+
+static cJSON *config_json(const dflash_config *c, const char *dtype)
+{
+    cJSON *j = cJSON_CreateObject();
+    const char *arch[1] = {"DFlashDraftModel"};
+    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(arch, 1));
+    cJSON *am = cJSON_AddObjectToObject(j, "auto_map");
+    cJSON_AddStringToObject(am, "AutoModel", "dflash.DFlashDraftModel");
+    cJSON_AddStringToObject(j, "model_type", "qwen3");
+    cJSON_AddNumberToObject(j, "block_size", c->block_size);
+    cJSON_AddNumberToObject(j, "num_target_layers", c->num_target_layers);
+    cJSON *dc = cJSON_AddObjectToObject(j, "dflash_config");
+    cJSON_AddNumberToObject(dc, "mask_token_id", c->mask_token_id);
+    cJSON_AddItemToObject(dc, "target_layer_ids",
+                          cJSON_CreateIntArray(c->target_layer_ids, c->n_feat));
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_layers);
+    cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->num_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_kv_heads);
+    cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    cJSON_AddNullToObject(j, "rope_scaling");
+    cJSON_AddFalseToObject(j, "attention_bias");
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
+    for (int i = 0; i < c->num_layers; i++)
+        cJSON_AddItemToArray(lt, cJSON_CreateString("full_attention"));
+    cJSON_AddNumberToObject(j, "max_window_layers", c->num_layers);
+    cJSON_AddNullToObject(j, "sliding_window");
+    cJSON_AddFalseToObject(j, "use_sliding_window");
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    /* the drafter owns no embedding or lm_head: both are the target's */
+    cJSON_AddFalseToObject(j, "tie_word_embeddings");
+    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
+    else cJSON_AddNullToObject(j, "bos_token_id");
+    if (c->eos_token_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
+    else cJSON_AddNullToObject(j, "eos_token_id");
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddStringToObject(j, "dtype", dtype);
+    cJSON_AddTrueToObject(j, "use_cache");
+    return j;
+}
+
+static bool get_int(const cJSON *o, const char *k, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v)) return false;
+    *out = (int)v->valuedouble;
+    return (double)*out == v->valuedouble;
+}
+
+static bool get_dbl(const cJSON *o, const char *k, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v)) return false;
+    *out = v->valuedouble;
+    return true;
+}
+
+int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = 0;
+    cJSON *j = NULL;
+    char *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) FAIL(errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO, "%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = malloc((size_t)n + 1);
+    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        FAIL(DFLASH_EIO, "%s: read failed", path);
+    }
+    fclose(f);
+    text[n] = 0;
+    j = cJSON_Parse(text);
+    if (!cJSON_IsObject(j)) FAIL(DFLASH_EFORMAT, "%s: not a JSON object", path);
+    memset(c, 0, sizeof *c);
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
+#define REQ_INT(key, dst)                                                                          \
+    if (!get_int(j, key, dst)) FAIL(DFLASH_EFORMAT, "%s: field %s missing or not an integer", path, key)
+    REQ_INT("hidden_size", &c->hidden_size);
+    REQ_INT("num_hidden_layers", &c->num_layers);
+    REQ_INT("num_attention_heads", &c->num_heads);
+    REQ_INT("intermediate_size", &c->intermediate_size);
+    REQ_INT("vocab_size", &c->vocab_size);
+#undef REQ_INT
+    if (!get_int(j, "num_key_value_heads", &c->num_kv_heads)) c->num_kv_heads = c->num_heads;
+    if (!get_int(j, "head_dim", &c->head_dim))
+        c->head_dim = c->num_heads ? c->hidden_size / c->num_heads : 0;
+    if (!get_int(j, "block_size", &c->block_size) &&
+        !(dc && get_int(dc, "block_size", &c->block_size)))
+        c->block_size = 16;
+    if (!get_int(j, "num_target_layers", &c->num_target_layers) &&
+        !(dc && get_int(dc, "num_target_layers", &c->num_target_layers)))
+        FAIL(DFLASH_EFORMAT, "%s: field num_target_layers missing", path);
+    if (!dc || !get_int(dc, "mask_token_id", &c->mask_token_id))
+        FAIL(DFLASH_EFORMAT, "%s: field dflash_config.mask_token_id missing", path);
+    const cJSON *ids = dc ? cJSON_GetObjectItemCaseSensitive(dc, "target_layer_ids") : NULL;
+    if (cJSON_IsArray(ids)) {
+        int n_ids = cJSON_GetArraySize(ids);
+        if (n_ids < 1 || n_ids > DFLASH_MAX_FEAT)
+            FAIL(DFLASH_ECONFIG, "%s: dflash_config.target_layer_ids has %d entries", path, n_ids);
+        c->n_feat = n_ids;
+        for (int i = 0; i < n_ids; i++) {
+            const cJSON *v = cJSON_GetArrayItem(ids, i);
+            if (!cJSON_IsNumber(v))
+                FAIL(DFLASH_EFORMAT, "%s: dflash_config.target_layer_ids[%d] not a number", path,
+                     i);
+            c->target_layer_ids[i] = (int)v->valuedouble;
+        }
+    } else {
+        c->n_feat = c->num_layers;
+        dflash_default_layer_ids(c->num_target_layers, c->n_feat, c->target_layer_ids);
+    }
+    if (!get_int(j, "max_position_embeddings", &c->max_position_embeddings))
+        c->max_position_embeddings = 40960;
+    if (!get_dbl(j, "rms_norm_eps", &c->rms_norm_eps)) c->rms_norm_eps = 1e-6;
+    if (!get_dbl(j, "rope_theta", &c->rope_theta)) c->rope_theta = 1e6;
+    c->tie_word_embeddings =
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
+    if (!get_int(j, "bos_token_id", &c->bos_token_id)) c->bos_token_id = -1;
+    if (!get_int(j, "eos_token_id", &c->eos_token_id)) c->eos_token_id = -1;
+    char msg[256];
+    if (dflash_config_validate(c, msg, sizeof msg)) FAIL(DFLASH_ECONFIG, "%s: %s", path, msg);
+out:
+    cJSON_Delete(j);
+    free(text);
+    return rc;
+}
+
+int dflash_ckpt_check_config(const dflash_config *a, const dflash_config *b, char *err,
+                             size_t errlen)
+{
+    int rc = 0;
+#define SAME(field, key)                                                                           \
+    if (a->field != b->field)                                                                      \
+        FAIL(DFLASH_EMISMATCH, "drafter " key " %d does not match checkpoint " key " %d",          \
+             a->field, b->field)
+    SAME(hidden_size, "hidden_size");
+    SAME(num_layers, "num_hidden_layers");
+    SAME(num_heads, "num_attention_heads");
+    SAME(num_kv_heads, "num_key_value_heads");
+    SAME(head_dim, "head_dim");
+    SAME(intermediate_size, "intermediate_size");
+    SAME(block_size, "block_size");
+    SAME(vocab_size, "vocab_size");
+    SAME(mask_token_id, "mask_token_id");
+    SAME(num_target_layers, "num_target_layers");
+    SAME(n_feat, "number of target_layer_ids");
+    for (int i = 0; i < a->n_feat; i++) SAME(target_layer_ids[i], "target_layer_id");
+#undef SAME
+out:
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * save */
+
+int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
+                     const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
+                     size_t errlen)
+{
+    int rc = 0, keep = opts && opts->keep_last > 0 ? opts->keep_last : 3;
+    bool f32 = opts && opts->weights_f32;
+    const nn_ops *o = m->ops;
+    char tmp[4096], fin[4096], old[4096], p[4200], val[64];
+    size_t n = m->n_params;
+    float *host = malloc(3 * n * sizeof(float));
+    uint16_t *bf = f32 ? NULL : malloc(n * sizeof(uint16_t));
+    safetensors_writer *w = NULL;
+    cJSON *j = NULL;
+    char *text = NULL;
+    bool made_tmp = false;
+    if (!host || (!f32 && !bf)) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
+    if (mkdir(root, 0755) && errno != EEXIST)
+        FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", root, strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%09ld-%d", root, m->step, (int)getpid());
+    snprintf(fin, sizeof fin, "%s/step-%09ld", root, m->step);
+    remove_dir(tmp);
+    if (mkdir(tmp, 0755)) FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
+    made_tmp = true;
+
+    /* host copies: master, exp_avg, exp_avg_sq */
+    float *hm = host, *ha = host + n, *hv = host + 2 * n;
+    o->download_raw(m->ctx, hm, m->master, n * sizeof(float));
+    o->download_raw(m->ctx, ha, m->adam_m, n * sizeof(float));
+    o->download_raw(m->ctx, hv, m->adam_v, n * sizeof(float));
+    if (bf)
+        for (size_t i = 0; i < n; i++) bf[i] = safetensors_f32_to_bf16(hm[i]);
+
+    /* config.json */
+    j = config_json(&m->cfg, f32 ? "float32" : "bfloat16");
+    text = j ? cJSON_Print(j) : NULL;
+    if (!text) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
+    snprintf(p, sizeof p, "%s/config.json", tmp);
+    if ((rc = write_file(p, text))) FAIL(rc, "checkpoint: cannot write %s", p);
+
+    /* model.safetensors */
+    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+    w = safetensors_writer_new(p);
+    if (!w) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        int64_t shp[2] = {t->shape[0], t->shape[1]};
+        rc = f32 ? safetensors_writer_add(w, t->name, SAFETENSORS_F32, t->ndim, shp,
+                                          hm + t->offset)
+                 : safetensors_writer_add(w, t->name, SAFETENSORS_BF16, t->ndim, shp,
+                                          bf + t->offset);
+    }
+    if (rc || (rc = safetensors_writer_commit(w)))
+        FAIL(rc, "checkpoint: cannot write %s: %s", p, err_str(rc));
+    safetensors_writer_destroy(&w);
+
+    /* training_state.safetensors */
+    snprintf(p, sizeof p, "%s/training_state.safetensors", tmp);
+    w = safetensors_writer_new(p);
+    if (!w) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
+    safetensors_writer_meta(w, "format", STATE_FORMAT);
+#define META(key, fmt, v)                                                                          \
+    do {                                                                                           \
+        snprintf(val, sizeof val, fmt, v);                                                         \
+        safetensors_writer_meta(w, key, val);                                                      \
+    } while (0)
+    META("step", "%ld", m->step);
+    META("seed", "%" PRIu64, tc->seed);
+    META("n_anchors", "%d", tc->n_anchors);
+    META("gamma", "%.17g", tc->gamma);
+    META("lr", "%.17g", tc->lr);
+    META("warmup_ratio", "%.17g", tc->warmup_ratio);
+    META("total_steps", "%ld", tc->total_steps);
+    META("min_lr_ratio", "%.17g", tc->min_lr_ratio);
+    META("clip", "%.17g", tc->clip);
+    META("beta1", "%.17g", tc->beta1);
+    META("beta2", "%.17g", tc->beta2);
+    META("eps", "%.17g", tc->eps);
+    META("weight_decay", "%.17g", tc->weight_decay);
+#undef META
+    const char *pre[3] = {"master.", "exp_avg.", "exp_avg_sq."};
+    for (int k = 0; k < 3 && !rc; k++)
+        for (int i = 0; i < m->n_tensors && !rc; i++) {
+            const dflash_tensor *t = &m->tensors[i];
+            int64_t shp[2] = {t->shape[0], t->shape[1]};
+            char name[128];
+            snprintf(name, sizeof name, "%s%s", pre[k], t->name);
+            rc = safetensors_writer_add(w, name, SAFETENSORS_F32, t->ndim, shp,
+                                        host + (size_t)k * n + t->offset);
+        }
+    if (rc || (rc = safetensors_writer_commit(w)))
+        FAIL(rc, "checkpoint: cannot write %s: %s", p, err_str(rc));
+
+    /* publish: an existing checkpoint of the same step is replaced */
+    if (fsync_path(tmp)) FAIL(DFLASH_EIO, "checkpoint: fsync %s failed", tmp);
+    snprintf(old, sizeof old, "%s/.old-step-%09ld-%d", root, m->step, (int)getpid());
+    bool had_old = rename(fin, old) == 0;
+    if (rename(tmp, fin)) FAIL(DFLASH_EIO, "checkpoint: rename %s: %s", tmp, strerror(errno));
+    made_tmp = false;
+    if (had_old) remove_dir(old);
+    if (fsync_path(root)) FAIL(DFLASH_EIO, "checkpoint: fsync %s failed", root);
+    if (path) snprintf(path, pathlen, "%s", fin);
+
+    /* keep the newest `keep` */
+    char **names;
+    int cnt = list_steps(root, &names);
+    for (int i = 0; i < cnt - keep; i++) {
+        snprintf(p, sizeof p, "%s/%s", root, names[i]);
+        remove_dir(p);
+    }
+    free_names(names, cnt);
+    LOG_INFO("checkpoint: wrote %s (%zu parameters, %s)", fin, n, f32 ? "fp32" : "bf16");
+out:
+    safetensors_writer_destroy(&w);
+    if (made_tmp) remove_dir(tmp);
+    free(text);
+    cJSON_Delete(j);
+    free(bf);
+    free(host);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * load */
+
+/* Loads tensor prefix+name of every trainable tensor into dst (host layout of the masters). */
+static int load_all(const dflash_model *m, const safetensors *st, const char *prefix, float *dst,
+                    char *err, size_t errlen)
+{
+    for (int i = 0; i < m->n_tensors; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        int64_t shp[2] = {t->shape[0], t->shape[1]};
+        char name[128];
+        snprintf(name, sizeof name, "%s%s", prefix, t->name);
+        int rc = safetensors_load_f32(st, name, t->ndim, shp, dst + t->offset, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int check_dir_config(const dflash_model *m, const char *dir, char *err, size_t errlen)
+{
+    dflash_config c;
+    int rc = dflash_ckpt_load_config(dir, &c, err, errlen);
+    if (rc) return rc;
+    return dflash_ckpt_check_config(&m->cfg, &c, err, errlen);
+}
+
+int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen)
+{
+    int rc = check_dir_config(m, dir, err, errlen);
+    if (rc) return rc;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    safetensors *st = safetensors_open(p, err, errlen);
+    if (!st) return DFLASH_EFORMAT;
+    float *host = calloc(m->n_params, sizeof(float));
+    if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
+    if ((rc = load_all(m, st, "", host, err, errlen))) goto out;
+    m->ops->upload_raw(m->ctx, m->master, host, m->n_params * sizeof(float));
+    dflash_model_sync_params(m);
+    m->ops->zero(m->ctx, m->adam_m, m->n_params * sizeof(float));
+    m->ops->zero(m->ctx, m->adam_v, m->n_params * sizeof(float));
+    m->step = 0;
+    LOG_INFO("drafter: warm start from the weights of %s", dir);
+out:
+    free(host);
+    safetensors_close(&st);
+    return rc;
+}
+
+static int meta_double(const safetensors *st, const char *key, double *out)
+{
+    const char *v = safetensors_metadata(st, key);
+    if (!v) return DFLASH_EFORMAT;
+    char *end;
+    *out = strtod(v, &end);
+    return *end ? DFLASH_EFORMAT : 0;
+}
+
+int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
+                       size_t errlen)
+{
+    int rc = check_dir_config(m, dir, err, errlen);
+    if (rc) return rc;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/training_state.safetensors", dir);
+    safetensors *st = safetensors_open(p, err, errlen);
+    if (!st) return DFLASH_EFORMAT;
+    size_t n = m->n_params;
+    float *host = calloc(3 * n, sizeof(float));
+    if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
+    const char *fmt = safetensors_metadata(st, "format");
+    if (!fmt || strcmp(fmt, STATE_FORMAT))
+        FAIL(DFLASH_EVERSION, "%s: format %s, expected %s", p, fmt ? fmt : "(none)", STATE_FORMAT);
+    double step, v[12];
+    const char *keys[12] = {"seed",  "n_anchors", "gamma", "lr",    "warmup_ratio", "total_steps",
+                            "min_lr_ratio", "clip", "beta1", "beta2", "eps",    "weight_decay"};
+    if (meta_double(st, "step", &step)) FAIL(DFLASH_EFORMAT, "%s: metadata step missing", p);
+    for (int k = 0; k < 12; k++)
+        if (meta_double(st, keys[k], &v[k]))
+            FAIL(DFLASH_EFORMAT, "%s: metadata %s missing", p, keys[k]);
+    if ((rc = load_all(m, st, "master.", host, err, errlen)) ||
+        (rc = load_all(m, st, "exp_avg.", host + n, err, errlen)) ||
+        (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)))
+        goto out;
+    m->ops->upload_raw(m->ctx, m->master, host, n * sizeof(float));
+    m->ops->upload_raw(m->ctx, m->adam_m, host + n, n * sizeof(float));
+    m->ops->upload_raw(m->ctx, m->adam_v, host + 2 * n, n * sizeof(float));
+    dflash_model_sync_params(m);
+    m->step = (long)step;
+    if (tc) {
+        /* the seed is exact in text (a double would round a 64-bit value) */
+        tc->seed = strtoull(safetensors_metadata(st, "seed"), NULL, 10);
+        tc->n_anchors = (int)v[1];
+        tc->gamma = v[2];
+        tc->lr = v[3];
+        tc->warmup_ratio = v[4];
+        tc->total_steps = (long)v[5];
+        tc->min_lr_ratio = v[6];
+        tc->clip = v[7];
+        tc->beta1 = v[8];
+        tc->beta2 = v[9];
+        tc->eps = v[10];
+        tc->weight_decay = v[11];
+    }
+    LOG_INFO("drafter: resumed from %s at step %ld", dir, m->step);
+out:
+    free(host);
+    safetensors_close(&st);
+    return rc;
+}
+
+int dflash_ckpt_latest(const char *root, char *path, size_t pathlen)
+{
+    char **names;
+    int n = list_steps(root, &names), rc = DFLASH_ENOTFOUND;
+    for (int i = n - 1; i >= 0; i--) {
+        char p[4200];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s/training_state.safetensors", root, names[i]);
+        if (stat(p, &sb) == 0) {
+            snprintf(path, pathlen, "%s/%s", root, names[i]);
+            rc = 0;
+            break;
+        }
+    }
+    free_names(names, n);
+    return rc;
+}

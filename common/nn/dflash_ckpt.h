@@ -1,0 +1,66 @@
+/* dflash_ckpt: drafter checkpoints that SGLang and vLLM load as a DFlash drafter, with the
+ * training state beside them (reference/dflash.md section 2).
+ *
+ * A checkpoint is a directory ROOT/step-NNNNNNNNN holding
+ *   config.json               dflash.md 2.1: architectures ["DFlashDraftModel"], model_type qwen3,
+ *                             block_size, num_target_layers, dflash_config {mask_token_id,
+ *                             target_layer_ids}, the Qwen3 fields with this drafter's values
+ *   model.safetensors         the trainable tensors under the names of 2.2 (no "model." prefix),
+ *                             bf16 by default (fp32 on request); no embed_tokens / lm_head
+ *   training_state.safetensors  fp32 master weights ("master.NAME"), AdamW moments ("exp_avg.NAME",
+ *                             "exp_avg_sq.NAME") and, in its metadata, the step, the anchor seed
+ *                             and every schedule / optimizer setting ("format":
+ *                             "dflash-training-state-1")
+ * It is written into ROOT/.tmp-step-N-PID, every file fsync'd, then renamed to its final name and
+ * ROOT fsync'd: a reader sees a complete checkpoint or none. Afterwards only the newest
+ * keep_last step-* directories are kept.
+ *
+ * Two ways back, kept separate:
+ *   dflash_ckpt_resume       exact resume: master weights, moments, step, seed and schedule, so
+ *                            the next step is the one the uninterrupted run would have taken;
+ *   dflash_ckpt_load_weights warm start: weights only (from model.safetensors, any float dtype);
+ *                            moments zero, step 0, the caller's schedule.
+ * Threads: the model's thread (it reads and writes the model's backend memory). Blocking file
+ * I/O: the drafter daemon calls these from its checkpoint worker, not its loop.
+ */
+#ifndef DFLASH_NN_DFLASH_CKPT_H
+#define DFLASH_NN_DFLASH_CKPT_H
+
+#include "dflash_model.h"
+#include "dflash_train.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct dflash_ckpt_opts {
+    int keep_last;        /* step-* directories kept under root (>= 1; 0 means 3) */
+    bool weights_f32;     /* model.safetensors in fp32 instead of bf16 */
+} dflash_ckpt_opts;
+
+/* Writes ROOT/step-<m->step> (see top). path (may be NULL) receives the final directory.
+ * Returns 0 or a negative code with a message in err. */
+int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
+                     const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
+                     size_t errlen);
+
+/* Reads DIR/config.json into *c. Returns 0, DFLASH_ENOTFOUND / DFLASH_EIO, DFLASH_EFORMAT (bad
+ * JSON or a missing field) or DFLASH_ECONFIG, with file and field named in err. */
+int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t errlen);
+
+/* Checks that the checkpoint's config equals the model's: any architectural difference is
+ * DFLASH_EMISMATCH naming the field and both values. */
+int dflash_ckpt_check_config(const dflash_config *model, const dflash_config *ckpt, char *err,
+                             size_t errlen);
+
+/* Warm start from DIR/model.safetensors: weights only; moments zeroed, m->step = 0. */
+int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen);
+
+/* Exact resume from DIR: fp32 masters, moments, m->step, and tc's seed, schedule and optimizer
+ * settings (tc may be NULL to keep the caller's). */
+int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
+                       size_t errlen);
+
+/* The newest complete checkpoint under root into path. 0, or DFLASH_ENOTFOUND when none. */
+int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
+
+#endif

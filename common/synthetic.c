@@ -44,6 +44,21 @@ static uint32_t seq_len(uint64_t seed, const synthetic_params *sp, uint32_t s)
     return sp->min_seq_len + (uint32_t)(mix(seed ^ (0x5E0000000ull + s)) % span);
 }
 
+synthetic_params synthetic_bucket_params(const uint32_t *upper, uint32_t n_buckets,
+                                         uint32_t bucket, uint32_t vocab_size,
+                                         uint32_t token_budget)
+{
+    synthetic_params sp = {.vocab_size = vocab_size ? vocab_size : 1, .min_seq_len = 1,
+                           .max_seq_len = token_budget ? token_budget : 1};
+    if (bucket < n_buckets) {
+        if (bucket > 0) sp.min_seq_len = upper[bucket - 1] + 1;
+        sp.max_seq_len = upper[bucket];
+    }
+    if (sp.max_seq_len > token_budget && token_budget) sp.max_seq_len = token_budget;
+    if (sp.min_seq_len > sp.max_seq_len) sp.min_seq_len = sp.max_seq_len;
+    return sp;
+}
+
 void synthetic_shape(const slot_layout *l, const slot_work_unit *wu, const synthetic_params *sp,
                      uint32_t *n_seqs, uint32_t *n_tokens)
 {

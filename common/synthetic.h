@@ -34,6 +34,13 @@ typedef struct synthetic_report {
     uint32_t bad_token, bad_layer, bad_channel;
 } synthetic_report;
 
+/* The params of bucket `bucket` given the buckets' inclusive upper bounds (ascending): sequence
+ * lengths in (upper[bucket-1], upper[bucket]], capped at token_budget. Target and verifier both
+ * derive their params this way, so they agree given the same bucket list. */
+synthetic_params synthetic_bucket_params(const uint32_t *upper, uint32_t n_buckets,
+                                         uint32_t bucket, uint32_t vocab_size,
+                                         uint32_t token_budget);
+
 /* Number of tokens and sequences the synthetic batch of wu has under layout l. */
 void synthetic_shape(const slot_layout *l, const slot_work_unit *wu, const synthetic_params *sp,
                      uint32_t *n_seqs, uint32_t *n_tokens);

@@ -1,0 +1,206 @@
+/* dflash-target: fills slots with the target model's hidden states for the broker (DESIGN §2).
+ * main() is the table of contents: config table (defaults < file < DFLASH_* < flags), validate,
+ * build the slot layout and the producer chosen by --model ("synthetic" is the deterministic
+ * stand-in of synthetic.h; a checkpoint path is the real model, not wired in yet), log the
+ * effective config, run target_loop until drained or SIGINT/SIGTERM, shut down in reverse (the
+ * pool's shared memory is removed). Exit status: 0 done, 1 fatal error, 2 bad configuration.
+ * The only global is the stop flag. */
+#include "config.h"
+#include "err.h"
+#include "log.h"
+#include "target_loop.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct target_config {
+    char runtime_dir[256];
+    char endpoint[256];
+    char name[32];
+    char model[512];
+    char backend[16];
+    int64_t device;
+    int64_t slots;
+    int64_t token_budget;
+    int64_t max_seqs;
+    int64_t hidden;
+    int64_t layers;
+    char buckets[256];
+    int64_t batches_per_bucket;
+    int64_t epochs;
+    int64_t vocab_size;
+    int64_t progress_ms;
+    int64_t timeout_ms;
+    int64_t max_batches;
+    int64_t broker_wait_ms;
+    char log_level[16];
+} target_config;
+
+#define OPT(n, t, d, lo, hi, h, m) {n, t, d, lo, hi, false, h, offsetof(target_config, m), 0}
+#define OPTS(n, d, h, m) {n, CFG_STRING, d, 1, 0, false, h, offsetof(target_config, m), \
+                          sizeof(((target_config *)0)->m)}
+static const cfg_option target_options[] = {
+    OPTS("runtime-dir", "", "0700 directory of the broker's ipc sockets (default "
+         "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),
+    OPTS("endpoint", "", "broker ROUTER endpoint (default ipc://<runtime-dir>/queue.sock)",
+         endpoint),
+    OPTS("name", "target0", "peer and pool name (letters, digits, - and _)", name),
+    OPTS("model", "synthetic", "target checkpoint directory, or 'synthetic' for deterministic "
+         "test data", model),
+    OPTS("backend", "host", "slot pool backend: host (POSIX shm, f32) or cuda (IPC, bf16)",
+         backend),
+    OPT("device", CFG_INT, "0", 0, 64, "GPU ordinal of the cuda pool", device),
+    OPT("slots", CFG_INT, "8", 1, 256, "slots in the pool", slots),
+    OPT("token-budget", CFG_INT, "2048", 16, 1 << 20, "tokens per slot", token_budget),
+    OPT("max-seqs", CFG_INT, "64", 1, 65536, "sequences per slot", max_seqs),
+    OPT("hidden", CFG_INT, "256", 1, 1 << 20, "hidden size of the captured layers", hidden),
+    OPT("layers", CFG_INT, "3", 1, 1024, "captured layers per token", layers),
+    OPTS("buckets", "256,512,1024,2048", "sequence-length buckets, inclusive upper bounds",
+         buckets),
+    OPT("batches-per-bucket", CFG_INT, "64", 1, 1 << 30, "synthetic: batches per bucket and "
+        "epoch", batches_per_bucket),
+    OPT("epochs", CFG_INT, "1", 1, 1 << 20, "epochs to produce", epochs),
+    OPT("vocab-size", CFG_INT, "32000", 1, 1 << 24, "synthetic: token ids lie below this",
+        vocab_size),
+    OPT("progress-ms", CFG_INT, "10000", 0, 1 << 30, "progress line interval (0 = none)",
+        progress_ms),
+    OPT("timeout-ms", CFG_INT, "2000", 10, 600000, "broker request timeout", timeout_ms),
+    OPT("max-batches", CFG_INT, "0", 0, 1e15, "stop after this many batches (0 = until the "
+        "broker drains)", max_batches),
+    OPT("broker-wait-ms", CFG_INT, "120000", 0, 1e9, "exit with an error when no broker "
+        "answers for this long (0 = wait forever)", broker_wait_ms),
+    OPTS("log-level", "info", "debug, info, warn or error", log_level),
+};
+static const cfg_table target_table = {
+    "dflash-target", "fills slot pools with target hidden states for the DFlash broker",
+    "[options]", target_options, sizeof target_options / sizeof target_options[0]};
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+/* "256,512,1024" -> ascending bounds. 0 or DFLASH_ECONFIG with a message. */
+static int parse_buckets(const char *s, uint32_t *upper, uint32_t *n)
+{
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v <= 0 || *n >= TARGET_MAX_BUCKETS || (*n && (uint32_t)v <= upper[*n - 1]))
+            return DFLASH_ECONFIG;
+        upper[(*n)++] = (uint32_t)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return DFLASH_ECONFIG;
+    }
+    return *n ? 0 : DFLASH_ECONFIG;
+}
+
+static int build_loop_config(const target_config *c, target_loop_config *lc, char *endpoint,
+                             size_t ep_len)
+{
+    memset(lc, 0, sizeof *lc);
+    if (c->endpoint[0]) {
+        snprintf(endpoint, ep_len, "%s", c->endpoint);
+    } else if (c->runtime_dir[0]) {
+        snprintf(endpoint, ep_len, "ipc://%.200s/queue.sock", c->runtime_dir);
+    } else {
+        const char *xdg = getenv("XDG_RUNTIME_DIR");
+        if (xdg && *xdg) snprintf(endpoint, ep_len, "ipc://%.200s/dflash/queue.sock", xdg);
+        else snprintf(endpoint, ep_len, "ipc:///tmp/dflash-%u/queue.sock", (unsigned)getuid());
+    }
+    lc->endpoint = endpoint;
+    lc->name = c->name;
+    if (pool_backend_parse(c->backend, &lc->backend) < 0) {
+        fprintf(stderr, "dflash-target: --backend must be host or cuda, not '%s'\n", c->backend);
+        return DFLASH_ECONFIG;
+    }
+    lc->device = (int)c->device;
+    lc->n_slots = (uint32_t)c->slots;
+    slot_dtype dt = lc->backend == POOL_CUDA ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32;
+    int rc = slot_layout_compute((uint32_t)c->token_budget, (uint32_t)c->max_seqs,
+                                 (uint32_t)c->hidden, (uint32_t)c->layers, dt, &lc->layout);
+    if (rc < 0) {
+        fprintf(stderr, "dflash-target: slot layout (token budget %lld, max seqs %lld, hidden "
+                "%lld, layers %lld) is invalid: %s\n", (long long)c->token_budget,
+                (long long)c->max_seqs, (long long)c->hidden, (long long)c->layers, err_str(rc));
+        return DFLASH_ECONFIG;
+    }
+    if (parse_buckets(c->buckets, lc->bucket_upper, &lc->n_buckets) < 0) {
+        fprintf(stderr, "dflash-target: --buckets '%s' must be ascending positive integers "
+                "separated by commas (at most %d)\n", c->buckets, TARGET_MAX_BUCKETS);
+        return DFLASH_ECONFIG;
+    }
+    /* synthetic: every bucket has the same number of batches; its token share follows its
+     * mean sequence length, roughly, so use equal batch shares (each batch ~ one budget) */
+    for (uint32_t b = 0; b < lc->n_buckets; b++) {
+        lc->bucket_batches[b] = (uint64_t)c->batches_per_bucket;
+        lc->bucket_share[b] = 1.0 / lc->n_buckets;
+    }
+    lc->epochs = (uint32_t)c->epochs;
+    lc->progress_ms = c->progress_ms;
+    lc->timeout_ms = c->timeout_ms;
+    lc->max_batches = c->max_batches;
+    lc->register_fail_exit_ms = c->broker_wait_ms;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    log_init("dflash-target", LOG_INFO);
+    target_config cfg;
+    int rc = config_load(&target_table, &cfg, argc, argv, NULL, 0, NULL);
+    if (rc == 1) return 0;
+    if (rc < 0) return 2;
+    log_level lvl;
+    if (log_level_parse(cfg.log_level, &lvl) == 0) log_set_level(lvl);
+    else {
+        fprintf(stderr, "dflash-target: bad --log-level '%s'\n", cfg.log_level);
+        return 2;
+    }
+
+    target_loop_config lc;
+    char endpoint[300];
+    if (build_loop_config(&cfg, &lc, endpoint, sizeof endpoint) < 0) return 2;
+
+    target_producer *prod = NULL;
+    if (strcmp(cfg.model, "synthetic") == 0) {
+        prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size);
+    } else {
+        LOG_ERROR("--model %s: the real target forward is not wired into dflash-target yet; use "
+                  "--model synthetic", cfg.model);
+        return 2;
+    }
+    if (!prod) LOG_FATAL("cannot create the %s producer", cfg.model);
+
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    LOG_INFO("effective configuration (endpoint %s, slot %zu bytes, %s):", endpoint,
+             lc.layout.slot_bytes, slot_dtype_name(lc.layout.dtype));
+    config_dump(&target_table, &cfg, stderr);
+
+    target_stats st;
+    rc = target_loop_run(&lc, prod, &g_stop, &st);
+    LOG_INFO("%s: %llu batches, %llu tokens in %.1f s (%.0f tokens/s), fill %.1f s, waiting for "
+             "a free slot %.1f s, %llu registrations", rc ? "failed" : "done",
+             (unsigned long long)st.batches, (unsigned long long)st.tokens, st.elapsed_s,
+             st.elapsed_s > 0 ? st.tokens / st.elapsed_s : 0.0, st.fill_s, st.wait_slot_s,
+             (unsigned long long)st.registrations);
+    target_producer_destroy(&prod);
+    if (rc < 0) {
+        LOG_ERROR("dflash-target: %s", err_str(rc));
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,348 @@
+/* target_loop: see target_loop.h for the loop, its states and the producer interface.
+ * A small heartbeat thread calls client_poll (the client serialises calls) so that a producer
+ * busy for longer than the broker's heartbeat interval does not get the target expired. */
+#include "target_loop.h"
+#include "client.h"
+#include "err.h"
+#include "log.h"
+#include "synthetic.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef enum { TL_REGISTER = 0, TL_WORKING, TL_WAITING, TL_DONE } tl_state;
+
+typedef struct target_loop {
+    const target_loop_config *cfg;
+    target_producer *prod;
+    pool *pool;
+    client *client;
+    tl_state state;
+    target_stats st;
+    atomic_bool hb_run;
+    pthread_t hb_thread;
+    bool hb_started;
+} target_loop;
+
+static const char *state_name(tl_state s)
+{
+    static const char *const n[] = {"REGISTER", "WORKING", "WAITING", "DONE"};
+    return n[s];
+}
+
+static void set_state(target_loop *t, tl_state to)
+{
+    static const bool legal[4][4] = {
+        /* to:      REGISTER WORKING WAITING DONE */
+        [TL_REGISTER] = {true, true, false, true},
+        [TL_WORKING] = {true, true, true, true},
+        [TL_WAITING] = {true, true, true, true},
+        [TL_DONE] = {false, false, false, true},
+    };
+    assert(legal[t->state][to]);
+    if (t->state != to) LOG_DEBUG("target loop %s -> %s", state_name(t->state), state_name(to));
+    t->state = to;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(double ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (time_t)(ms / 1000) * 1000) * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+static void *heartbeat_main(void *arg)
+{
+    target_loop *t = arg;
+    while (atomic_load(&t->hb_run)) {
+        sleep_ms(100);
+        if (client_broker_incarnation(t->client)) client_poll(t->client);
+    }
+    return NULL;
+}
+
+static void fill_wire_pool(const target_loop *t, wire_pool *wp)
+{
+    const target_loop_config *c = t->cfg;
+    const pool_desc *d = pool_descriptor(t->pool);
+    memset(wp, 0, sizeof *wp);
+    wp->pool_incarnation = d->incarnation;
+    wp->backend = d->backend == POOL_CUDA ? WIRE_BACKEND_CUDA : WIRE_BACKEND_HOST;
+    if (d->backend == POOL_CUDA) {
+        memcpy(wp->mem_handle, d->mem_handle, WIRE_HANDLE_BYTES);
+        wp->event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])d->event_handles;
+        wp->n_events = d->n_slots;
+    }
+    wp->device = d->device;
+    snprintf(wp->shm_name, sizeof wp->shm_name, "%s", d->shm_name);
+    wp->slot_count = d->n_slots;
+    wp->slot_size = d->slot_bytes;
+    wp->layout_version = SLOT_VERSION;
+    wp->token_budget = c->layout.token_budget;
+    wp->n_buckets = c->n_buckets;
+    for (uint32_t b = 0; b < c->n_buckets; b++) {
+        wp->bucket_upper[b] = c->bucket_upper[b];
+        wp->bucket_share[b] = c->bucket_share[b];
+        wp->bucket_batches[b] = c->bucket_batches[b];
+    }
+    wp->epochs = c->epochs;
+}
+
+/* hello + pool registration. 0, or a fatal code (bad pool: the broker refused it). Transient
+ * failures return DFLASH_EAGAIN. */
+static int do_register(target_loop *t)
+{
+    int rc = client_hello(t->client, NULL, 0);
+    if (rc < 0) return rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE ? DFLASH_EAGAIN : rc;
+    wire_pool wp;
+    fill_wire_pool(t, &wp);
+    rc = client_register_pool(t->client, &wp);
+    if (rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE) return DFLASH_EAGAIN;
+    if (rc < 0) {
+        LOG_ERROR("the broker refused our pool: %s (%s)", err_str(rc), client_last_error(t->client));
+        return rc;
+    }
+    t->st.registrations++;
+    LOG_INFO("registered pool %016llx (%s, %u slots of %llu bytes) with broker %016llx",
+             (unsigned long long)wp.pool_incarnation, pool_backend_name(t->cfg->backend),
+             wp.slot_count, (unsigned long long)wp.slot_size,
+             (unsigned long long)client_broker_incarnation(t->client));
+    return 0;
+}
+
+static void progress(target_loop *t, double *last_t, uint64_t *last_b, uint64_t *last_tok,
+                     double *last_wait)
+{
+    double now = now_s(), dt = now - *last_t;
+    if (dt <= 0) return;
+    LOG_INFO("batches %llu (+%llu), %.0f tokens/s, %.1f batches/s, waiting for a free slot %.0f%%",
+             (unsigned long long)t->st.batches, (unsigned long long)(t->st.batches - *last_b),
+             (double)(t->st.tokens - *last_tok) / dt, (double)(t->st.batches - *last_b) / dt,
+             100.0 * (t->st.wait_slot_s - *last_wait) / dt);
+    *last_t = now;
+    *last_b = t->st.batches;
+    *last_tok = t->st.tokens;
+    *last_wait = t->st.wait_slot_s;
+}
+
+/* Fills and publishes one work unit. 0, DFLASH_ESTALE (re-register) or a fatal code. */
+static int produce(target_loop *t, const wire_work_unit *w)
+{
+    const target_loop_config *c = t->cfg;
+    uint64_t inc = pool_descriptor(t->pool)->incarnation;
+    if (w->slot >= c->n_slots || w->unit.bucket >= c->n_buckets) {
+        LOG_WARN("broker sent an impossible work unit (slot %u, bucket %u): ignored", w->slot,
+                 w->unit.bucket);
+        return 0;
+    }
+    slot_work_unit wu = {.epoch = w->unit.epoch, .bucket = w->unit.bucket, .batch = w->unit.index};
+    void *stream = t->prod->stream ? t->prod->stream(t->prod->ctx) : NULL;
+    double t0 = now_s();
+    uint32_t n_seqs = 0;
+    int n = t->prod->fill(t->prod->ctx, &wu, pool_slot_ptr(t->pool, w->slot), &c->layout, stream,
+                          &n_seqs);
+    if (n < 0) {
+        LOG_ERROR("producer %s failed on batch (%u, %u, %llu): %s", t->prod->name, wu.epoch,
+                  wu.bucket, (unsigned long long)wu.batch, err_str(n));
+        return n;
+    }
+    int rc = pool_slot_publish(t->pool, w->slot, stream);
+    if (rc < 0) return rc;
+    t->st.fill_s += now_s() - t0;
+    wire_slot_ready r = {.pool_incarnation = inc, .slot = w->slot, .unit = w->unit,
+                         .n_tokens = (uint32_t)n, .n_seqs = n_seqs};
+    for (int attempt = 0; attempt < 3; attempt++) {
+        rc = client_slot_ready(t->client, &r);
+        if (rc != DFLASH_ETIMEOUT) break;
+    }
+    if (rc == DFLASH_ESTALE) return rc;
+    if (rc < 0) {
+        LOG_WARN("slot ready for slot %u not accepted: %s (%s)", w->slot, err_str(rc),
+                 client_last_error(t->client));
+        return 0;
+    }
+    t->st.batches++;
+    t->st.tokens += (uint64_t)n;
+    return 0;
+}
+
+int target_loop_run(const target_loop_config *cfg, target_producer *prod,
+                    volatile sig_atomic_t *stop, target_stats *stats)
+{
+    target_loop t = {.cfg = cfg, .prod = prod, .state = TL_REGISTER};
+    int rc = 0, err = 0;
+    double start = now_s();
+    pool_config pc = {.backend = cfg->backend, .name = cfg->name, .n_slots = cfg->n_slots,
+                      .slot_bytes = cfg->layout.slot_bytes, .device = cfg->device};
+    t.pool = pool_new(&pc, &err);
+    if (!t.pool) {
+        LOG_ERROR("cannot create the %s slot pool (%u slots of %zu bytes): %s",
+                  pool_backend_name(cfg->backend), cfg->n_slots, cfg->layout.slot_bytes,
+                  err_str(err));
+        rc = err;
+        goto out;
+    }
+    t.client = client_new(cfg->endpoint, WIRE_ROLE_TARGET, cfg->name);
+    if (!t.client) {
+        LOG_ERROR("cannot create a client for %s", cfg->endpoint);
+        rc = DFLASH_EZMQ;
+        goto out_pool;
+    }
+    client_set_timeout(t.client, (int)cfg->timeout_ms);
+    atomic_store(&t.hb_run, true);
+    t.hb_started = pthread_create(&t.hb_thread, NULL, heartbeat_main, &t) == 0;
+
+    double backoff = 1, unreachable_since = now_s();
+    double last_t = now_s(), last_wait = 0;
+    uint64_t last_b = 0, last_tok = 0;
+    while (t.state != TL_DONE) {
+        if (*stop) {
+            set_state(&t, TL_DONE);
+            break;
+        }
+        if (cfg->progress_ms > 0 && (now_s() - last_t) * 1000 >= cfg->progress_ms)
+            progress(&t, &last_t, &last_b, &last_tok, &last_wait);
+        if (t.state == TL_REGISTER) {
+            rc = do_register(&t);
+            if (rc == 0) {
+                set_state(&t, TL_WORKING);
+                unreachable_since = now_s();
+                continue;
+            }
+            if (rc != DFLASH_EAGAIN) goto out_client;
+            rc = 0;
+            if (cfg->register_fail_exit_ms > 0 &&
+                (now_s() - unreachable_since) * 1000 > cfg->register_fail_exit_ms) {
+                LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
+                          cfg->endpoint, (long long)cfg->register_fail_exit_ms);
+                rc = DFLASH_EPEER;
+                goto out_client;
+            }
+            sleep_ms(100);
+            continue;
+        }
+        if (cfg->max_batches > 0 && (int64_t)t.st.batches >= cfg->max_batches) {
+            set_state(&t, TL_DONE);
+            break;
+        }
+        wire_work_unit w;
+        double t0 = now_s();
+        rc = client_request_work(t.client, pool_descriptor(t.pool)->incarnation, &w);
+        if (rc == 0) {
+            set_state(&t, TL_WORKING);
+            backoff = 1;
+            rc = produce(&t, &w);
+            if (rc == DFLASH_ESTALE) set_state(&t, TL_REGISTER);
+            else if (rc < 0) goto out_client;
+            rc = 0;
+        } else if (rc == DFLASH_EAGAIN || rc == DFLASH_EFULL || rc == DFLASH_ETIMEOUT) {
+            set_state(&t, TL_WAITING);
+            sleep_ms(backoff);
+            backoff = backoff < 20 ? backoff * 2 : 20;
+            t.st.wait_slot_s += now_s() - t0;
+            rc = 0;
+        } else if (rc == DFLASH_ESHUTDOWN) {
+            LOG_INFO("the broker is draining: done");
+            set_state(&t, TL_DONE);
+            rc = 0;
+        } else if (rc == DFLASH_ESTALE) {
+            LOG_WARN("the broker restarted or forgot us: registering again");
+            set_state(&t, TL_REGISTER);
+            rc = 0;
+        } else {
+            LOG_WARN("work request failed: %s (%s)", err_str(rc), client_last_error(t.client));
+            set_state(&t, TL_WAITING);
+            sleep_ms(100);
+            rc = 0;
+        }
+    }
+out_client:
+    atomic_store(&t.hb_run, false);
+    if (t.hb_started) pthread_join(t.hb_thread, NULL);
+    client_destroy(&t.client);
+out_pool:
+    pool_destroy(&t.pool);
+out:
+    t.st.elapsed_s = now_s() - start;
+    if (stats) *stats = t.st;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- synthetic producer */
+
+typedef struct synth_ctx {
+    pool_backend backend;
+    uint32_t n_buckets, vocab, budget;
+    uint32_t upper[TARGET_MAX_BUCKETS];
+    void *scratch; /* cuda: host-side slot image */
+    size_t scratch_bytes;
+} synth_ctx;
+
+static int synth_fill(void *vctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
+                      void *stream, uint32_t *n_seqs)
+{
+    (void)stream;
+    synth_ctx *s = vctx;
+    synthetic_params sp = synthetic_bucket_params(s->upper, s->n_buckets, wu->bucket, s->vocab,
+                                                  s->budget);
+    void *dst = s->backend == POOL_HOST ? slot : s->scratch;
+    int n = synthetic_fill(dst, l, wu, &sp, 0);
+    if (n < 0) return n;
+    slot_header h;
+    slot_header_check(dst, l, &h, NULL, 0);
+    *n_seqs = h.n_seqs;
+    if (s->backend == POOL_CUDA) {
+        int rc = pool_staging_write(POOL_CUDA, slot, s->scratch, slot_used_bytes(l, (uint32_t)n));
+        if (rc < 0) return rc;
+    }
+    return n;
+}
+
+static void synth_destroy(void *vctx)
+{
+    synth_ctx *s = vctx;
+    free(s->scratch);
+    free(s);
+}
+
+target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vocab_size)
+{
+    target_producer *p = calloc(1, sizeof *p);
+    synth_ctx *s = calloc(1, sizeof *s);
+    if (!p || !s) goto fail;
+    s->backend = cfg->backend;
+    s->n_buckets = cfg->n_buckets;
+    s->vocab = vocab_size;
+    s->budget = cfg->layout.token_budget;
+    memcpy(s->upper, cfg->bucket_upper, sizeof s->upper);
+    if (cfg->backend == POOL_CUDA) {
+        s->scratch = aligned_alloc(256, cfg->layout.slot_bytes);
+        if (!s->scratch) goto fail;
+    }
+    *p = (target_producer){.name = "synthetic", .ctx = s, .fill = synth_fill, .stream = NULL,
+                           .destroy = synth_destroy};
+    return p;
+fail:
+    free(s);
+    free(p);
+    return NULL;
+}
+
+void target_producer_destroy(target_producer **prod)
+{
+    if (!prod || !*prod) return;
+    if ((*prod)->destroy) (*prod)->destroy((*prod)->ctx);
+    free(*prod);
+    *prod = NULL;
+}

@@ -8,7 +8,7 @@
  * transition table of policy.h:
  *   FREE -> FILLING;  FILLING -> READY | FREE;  READY -> LEASED | FREE;  LEASED -> READY | FREE.
  * Consumption accounting: consumed tokens per bucket since the shares were last set (the lag of
- * the choice rule), lifetime produced/consumed counters, and a ring of the last mix_window claims
+ * the choice rule, clamped so that a long-starved bucket cannot take a burst of claims), lifetime produced/consumed counters, and a ring of the last mix_window claims
  * (bucket, tokens) with per-bucket token sums for the TV metric.
  *
  * Leases of a dropped pool become *detached* (detached[]): the worker may have copied the batch
@@ -77,7 +77,8 @@ struct policy {
     uint32_t ready[POLICY_MAX_BUCKETS], leased_n[POLICY_MAX_BUCKETS],
         filling[POLICY_MAX_BUCKETS];
     uint32_t tot_ready, tot_leased, tot_filling;
-    uint64_t lag_consumed[POLICY_MAX_BUCKETS], lag_total; /* tokens since shares were set */
+    double lag_consumed[POLICY_MAX_BUCKETS], lag_total; /* tokens since shares were set */
+    uint64_t lag_claims;
     uint64_t prod_batches[POLICY_MAX_BUCKETS], prod_tokens[POLICY_MAX_BUCKETS];
     uint64_t cons_batches[POLICY_MAX_BUCKETS], cons_tokens[POLICY_MAX_BUCKETS];
     window_entry *win;
@@ -398,6 +399,7 @@ int policy_set_shares(policy *p, uint32_t n, const double *shares)
         p->lag_consumed[b] = 0;
     }
     p->lag_total = 0;
+    p->lag_claims = 0;
     return 0;
 }
 
@@ -513,6 +515,23 @@ static void window_add(policy *p, uint32_t bucket, uint32_t tokens)
     p->win_pos = (p->win_pos + 1) % p->prm.mix_window;
 }
 
+/* Counts a first grant in the lag of the choice rule. A bucket that could not be served for a
+ * long time (none ready: its to-do ran out at an epoch's end, or its producer lagged) would
+ * otherwise build up a lag that later drains as a burst of that bucket alone; the lag is clamped
+ * to the tokens of mix_window/8 + 2 average claims either way, forgiving older history. */
+static void account_lag(policy *p, uint32_t bucket, uint32_t tokens)
+{
+    p->lag_consumed[bucket] += tokens;
+    p->lag_total += tokens;
+    p->lag_claims++;
+    double cap = (double)(p->prm.mix_window / 8 + 2) * (p->lag_total / (double)p->lag_claims);
+    for (uint32_t b = 0; b < p->prm.n_buckets; b++) {
+        double lag = p->share[b] * p->lag_total - p->lag_consumed[b];
+        if (lag > cap) p->lag_consumed[b] = p->share[b] * p->lag_total - cap;
+        else if (lag < -cap) p->lag_consumed[b] = p->share[b] * p->lag_total + cap;
+    }
+}
+
 int policy_claim(policy *p, uint64_t worker_id, uint64_t now_ms, policy_grant *grant)
 {
     if (p->mode == POLICY_PAUSED) return DFLASH_ESTATE;
@@ -524,7 +543,7 @@ int policy_claim(policy *p, uint64_t worker_id, uint64_t now_ms, policy_grant *g
     double best_lag = 0;
     for (uint32_t b = 0; b < p->prm.n_buckets; b++) {
         if (!p->ready_head[b]) continue;
-        double lag = p->share[b] * (double)p->lag_total - (double)p->lag_consumed[b];
+        double lag = p->share[b] * p->lag_total - p->lag_consumed[b];
         if (best < 0 || lag > best_lag + 1e-9) {
             best = (int)b;
             best_lag = lag;
@@ -539,8 +558,7 @@ int policy_claim(policy *p, uint64_t worker_id, uint64_t now_ms, policy_grant *g
     p->claims++;
     if (s->redelivered == 0) {
         uint32_t b = (uint32_t)best;
-        p->lag_consumed[b] += s->n_tokens;
-        p->lag_total += s->n_tokens;
+        account_lag(p, b, s->n_tokens);
         p->cons_batches[b]++;
         p->cons_tokens[b] += s->n_tokens;
         window_add(p, b, s->n_tokens);

@@ -212,6 +212,37 @@ static void test_choice(void)
     policy_destroy(&p);
 }
 
+static void test_starved_bucket_no_burst(void)
+{
+    /* The long bucket had nothing ready for 50 claims (its to-do ran out at an epoch end). When
+     * it is back, it catches up, but a bounded amount: the short bucket is not shut out. */
+    policy_params prm;
+    policy_params_default(&prm);
+    prm.n_buckets = 2;
+    prm.min_ready = 0;
+    prm.mix_window = 16; /* lag clamp: 16/8 + 2 = 4 claims */
+    policy *p = policy_new(&prm, NULL);
+    policy_pool_add(p, POOL, INC, 256, 64);
+    memset(next_index, 0, sizeof next_index);
+    policy_grant g;
+    for (int i = 0; i < 50; i++) {
+        produce(p, 0);
+        CHECK_EQ_INT(policy_claim(p, 1, 0, &g), 0);
+    }
+    for (int i = 0; i < 20; i++) {
+        produce(p, 0);
+        produce(p, 1);
+    }
+    uint32_t served[2] = {0};
+    for (int i = 0; i < 20; i++) {
+        CHECK_EQ_INT(policy_claim(p, 1, 0, &g), 0);
+        served[g.where.batch.bucket]++;
+    }
+    CHECK(served[1] >= 8);  /* it catches up... */
+    CHECK(served[0] >= 4);  /* ...without a 20-claim burst */
+    policy_destroy(&p);
+}
+
 static void test_live_min_ready(void)
 {
     policy *p = make(1, NULL, 10, 90);
@@ -452,6 +483,7 @@ int main(void)
     test_deficit();
     test_max_depth();
     test_choice();
+    test_starved_bucket_no_burst();
     test_live_min_ready();
     test_lease_expiry();
     test_quarantine();

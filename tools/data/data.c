@@ -1,0 +1,269 @@
+/* dflash-data: converts JSONL {"input_ids": [...], "loss_mask": [...]} lines into a shard.
+ *
+ *   dflash-data --in train.jsonl --out train.shard --model /models/qwen3-8b
+ *   dflash-data --in x.jsonl --out x.shard --vocab 512 --max-len 3072 --strict
+ *
+ * Each line is checked: valid JSON object, input_ids a non-empty array of integers inside the
+ * vocabulary (--vocab, or vocab_size of --model's config.json; unchecked when neither is given),
+ * loss_mask an array of 0/1 of the same length, at most --max-len tokens. A bad line is reported
+ * with its line number and skipped (counted; the first --show-errors are printed), or, with
+ * --strict, stops the conversion (exit 1, nothing written). Blank lines are ignored.
+ * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
+ * token share per bucket (the shares the broker's deficits use) and the sequences longer than
+ * the last bound. The shard is written under a temporary name and renamed when complete.
+ * One thread; memory: one line at a time.
+ */
+#include "batch_plan.h"
+#include "config.h"
+#include "err.h"
+#include "hf_config.h"
+#include "log.h"
+#include "shard.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct data_cfg {
+    char in[1024];
+    char out[1024];
+    char model[1024];
+    int64_t vocab;
+    int64_t max_len;
+    char buckets[256];
+    bool strict;
+    int64_t show_errors;
+    char log_level[16];
+} data_cfg;
+
+#define STR_OPT(field) offsetof(data_cfg, field), sizeof(((data_cfg *)0)->field)
+static const cfg_option data_options[] = {
+    {"in", CFG_STRING, "", 1, 0, false, "input JSONL file ('-' for stdin)", STR_OPT(in)},
+    {"out", CFG_STRING, "", 1, 0, false, "output shard file", STR_OPT(out)},
+    {"model", CFG_STRING, "", 1, 0, false,
+     "checkpoint directory whose config.json gives the vocabulary", STR_OPT(model)},
+    {"vocab", CFG_INT, "0", 0, 1 << 30, false,
+     "vocabulary size; ids must be below it (0: from --model, else unchecked)",
+     offsetof(data_cfg, vocab), 0},
+    {"max-len", CFG_INT, "3072", 1, 1 << 24, false, "longest sequence kept (tokens)",
+     offsetof(data_cfg, max_len), 0},
+    {"buckets", CFG_STRING, "512,1024,2048,3072", 1, 0, false,
+     "bucket upper bounds for the length histogram", STR_OPT(buckets)},
+    {"strict", CFG_BOOL, "false", 1, 0, false,
+     "stop at the first bad line instead of skipping it", offsetof(data_cfg, strict), 0},
+    {"show-errors", CFG_INT, "20", 0, 1e9, false, "bad lines reported individually",
+     offsetof(data_cfg, show_errors), 0},
+    {"log-level", CFG_STRING, "info", 1, 0, false, "debug, info, warn or error",
+     STR_OPT(log_level)},
+};
+static const cfg_table data_table = {"dflash-data",
+                                     "convert JSONL input_ids/loss_mask lines into a shard",
+                                     "[options]", data_options,
+                                     sizeof data_options / sizeof data_options[0]};
+
+typedef struct line_buf {
+    int32_t *ids;
+    uint8_t *mask;
+    size_t cap;
+} line_buf;
+
+/* Parses one line into lb; returns its length, or -1 with the reason in why. */
+static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t vocab,
+                       line_buf *lb, char *why, size_t whylen)
+{
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    long n = -1;
+    if (!j || !cJSON_IsObject(j)) {
+        snprintf(why, whylen, "not a JSON object");
+        goto out;
+    }
+    cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
+    cJSON *mask = cJSON_GetObjectItemCaseSensitive(j, "loss_mask");
+    if (!cJSON_IsArray(ids)) {
+        snprintf(why, whylen, "input_ids missing or not an array");
+        goto out;
+    }
+    if (!cJSON_IsArray(mask)) {
+        snprintf(why, whylen, "loss_mask missing or not an array");
+        goto out;
+    }
+    long ni = cJSON_GetArraySize(ids), nm = cJSON_GetArraySize(mask);
+    if (ni == 0) {
+        snprintf(why, whylen, "input_ids is empty");
+        goto out;
+    }
+    if (ni != nm) {
+        snprintf(why, whylen, "length mismatch: %ld input_ids but %ld loss_mask entries", ni, nm);
+        goto out;
+    }
+    if (ni > c->max_len) {
+        snprintf(why, whylen, "too long: %ld tokens, --max-len is %lld", ni,
+                 (long long)c->max_len);
+        goto out;
+    }
+    if ((size_t)ni > lb->cap) {
+        size_t nc = (size_t)ni * 2;
+        int32_t *a = realloc(lb->ids, nc * sizeof *a);
+        if (a) lb->ids = a;
+        uint8_t *b = realloc(lb->mask, nc);
+        if (b) lb->mask = b;
+        if (!a || !b) LOG_FATAL("out of memory");
+        lb->cap = nc;
+    }
+    long k = 0;
+    for (cJSON *e = ids->child; e; e = e->next, k++) {
+        double v = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (!(v == floor(v)) || fabs(v) > 2147483647.0) {
+            snprintf(why, whylen, "input_ids[%ld] is not an integer", k);
+            goto out;
+        }
+        if (v < 0 || (vocab && v >= vocab)) {
+            snprintf(why, whylen, "token id %.0f at position %ld is outside the vocabulary of %u",
+                     v, k, vocab);
+            goto out;
+        }
+        lb->ids[k] = (int32_t)v;
+    }
+    k = 0;
+    for (cJSON *e = mask->child; e; e = e->next, k++) {
+        if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1)) {
+            if (cJSON_IsBool(e)) {
+                lb->mask[k] = cJSON_IsTrue(e);
+                continue;
+            }
+            snprintf(why, whylen, "loss_mask[%ld] is not 0 or 1", k);
+            goto out;
+        }
+        lb->mask[k] = (uint8_t)e->valuedouble;
+    }
+    n = ni;
+out:
+    cJSON_Delete(j);
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    data_cfg c;
+    int rc = config_load(&data_table, &c, argc, argv, NULL, 0, NULL);
+    if (rc) return rc > 0 ? 0 : 2;
+    log_level lvl = LOG_INFO;
+    if (log_level_parse(c.log_level, &lvl)) {
+        fprintf(stderr, "dflash-data: bad --log-level '%s'\n", c.log_level);
+        return 2;
+    }
+    log_init("dflash-data", lvl);
+    if (!c.in[0] || !c.out[0]) {
+        LOG_ERROR("--in FILE.jsonl and --out FILE.shard are required");
+        return 2;
+    }
+    uint32_t bounds[BATCH_PLAN_MAX_BUCKETS];
+    int nb = batch_plan_parse_bounds(c.buckets, bounds, BATCH_PLAN_MAX_BUCKETS);
+    if (nb < 0) {
+        LOG_ERROR("--buckets '%s': give ascending positive lengths like 512,1024,2048", c.buckets);
+        return 2;
+    }
+    uint32_t vocab = (uint32_t)c.vocab;
+    if (c.model[0]) {
+        model_config mc;
+        char err[512];
+        if (hf_config_load(c.model, &mc, err, sizeof err)) {
+            LOG_ERROR("%s", err);
+            return 1;
+        }
+        if (vocab && vocab != (uint32_t)mc.vocab_size)
+            LOG_WARN("--vocab %u differs from the model's %d; using --vocab", vocab,
+                     mc.vocab_size);
+        if (!vocab) vocab = (uint32_t)mc.vocab_size;
+    }
+    if (!vocab) LOG_WARN("no --vocab or --model: token ids are not checked against a vocabulary");
+
+    FILE *in = strcmp(c.in, "-") == 0 ? stdin : fopen(c.in, "r");
+    if (!in) {
+        LOG_ERROR("cannot open %s: %s", c.in, strerror(errno));
+        return 1;
+    }
+    shard_writer *w = shard_writer_new(c.out, vocab);
+    if (!w) {
+        LOG_ERROR("cannot create %s: %s", c.out, strerror(errno));
+        return 1;
+    }
+    uint64_t seqs[BATCH_PLAN_MAX_BUCKETS + 1] = {0}, toks[BATCH_PLAN_MAX_BUCKETS + 1] = {0};
+    uint64_t lineno = 0, bad = 0, kept = 0, kept_tokens = 0, no_loss = 0;
+    line_buf lb = {0};
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int status = 0;
+    while ((len = getline(&line, &cap, in)) >= 0) {
+        lineno++;
+        size_t l = (size_t)len;
+        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ')) l--;
+        if (l == 0) continue;
+        char why[256];
+        long n = parse_line(line, l, &c, vocab, &lb, why, sizeof why);
+        if (n < 0) {
+            bad++;
+            if (c.strict) {
+                LOG_ERROR("%s:%llu: %s (--strict: stopping, nothing written)", c.in,
+                          (unsigned long long)lineno, why);
+                status = 1;
+                break;
+            }
+            if ((int64_t)bad <= c.show_errors)
+                LOG_WARN("%s:%llu: %s; line skipped", c.in, (unsigned long long)lineno, why);
+            continue;
+        }
+        rc = shard_writer_add(w, lb.ids, lb.mask, (uint32_t)n);
+        if (rc) {
+            LOG_ERROR("cannot write %s: %s", c.out, err_str(rc));
+            status = 1;
+            break;
+        }
+        kept++;
+        kept_tokens += (uint64_t)n;
+        bool any = false;
+        for (long i = 0; i < n && !any; i++) any = lb.mask[i];
+        no_loss += !any;
+        int b = 0;
+        while (b < nb && (uint32_t)n > bounds[b]) b++;
+        seqs[b]++;
+        toks[b] += (uint64_t)n;
+    }
+    if (!status && ferror(in)) {
+        LOG_ERROR("read error on %s", c.in);
+        status = 1;
+    }
+    if (in != stdin) fclose(in);
+    free(line);
+    free(lb.ids);
+    free(lb.mask);
+    if (!status && (rc = shard_writer_commit(w))) {
+        LOG_ERROR("cannot write %s: %s", c.out, err_str(rc));
+        status = 1;
+    }
+    shard_writer_destroy(&w);
+    if (status) return status;
+
+    if (bad) LOG_WARN("%llu of %llu lines skipped as bad", (unsigned long long)bad,
+                      (unsigned long long)(kept + bad));
+    if (no_loss) LOG_WARN("%llu sequences have no loss tokens (loss_mask all 0)",
+                          (unsigned long long)no_loss);
+    printf("%s: %llu sequences, %llu tokens, %llu bad lines skipped, vocab %u\n", c.out,
+           (unsigned long long)kept, (unsigned long long)kept_tokens, (unsigned long long)bad,
+           vocab);
+    printf("%-12s %10s %8s %12s %8s\n", "bucket", "seqs", "share", "tokens", "share");
+    for (int b = 0; b <= nb; b++) {
+        if (b == nb && !seqs[b]) break;
+        char name[32];
+        if (b < nb) snprintf(name, sizeof name, "<=%u", bounds[b]);
+        else snprintf(name, sizeof name, ">%u", bounds[nb - 1]);
+        printf("%-12s %10llu %7.1f%% %12llu %7.1f%%\n", name, (unsigned long long)seqs[b],
+               kept ? 100.0 * seqs[b] / kept : 0.0, (unsigned long long)toks[b],
+               kept_tokens ? 100.0 * toks[b] / kept_tokens : 0.0);
+    }
+    return 0;
+}

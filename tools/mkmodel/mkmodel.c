@@ -1,0 +1,362 @@
+/* dflash-mkmodel: writes a random, seeded target checkpoint in Hugging Face layout.
+ *
+ *   dflash-mkmodel --preset tiny --family qwen3 --out /tmp/m              ~100 KB, for tests
+ *   dflash-mkmodel --family llama --llama3-rope-scaling --tie --out DIR   any family, any flags
+ *   dflash-mkmodel --preset qwen3-8b --out DIR --shard-size-mb 4096       real Qwen3-8B shapes
+ *
+ * Output: DIR/config.json (hf_config_write) and DIR/model.safetensors, or, with --shard-size-mb,
+ * DIR/model-0000i-of-0000N.safetensors plus model.safetensors.index.json. Tensor names and
+ * shapes come from hf_weight_nth (hf_config.h), in file order.
+ *
+ * Initialisation follows Hugging Face post_init: linears and embeddings ~ normal(0, init-std),
+ * RMSNorm weights = 1 (+ norm-jitter * normal, so tests notice a norm weight that is ignored);
+ * Qwen2 q/k/v biases ~ normal(0, init-std) (HF uses 0; random biases make tests see them).
+ * Each value is a pure function of (seed, tensor index, element index): a counter-based
+ * generator (splitmix64 + Box-Muller), so the bytes do not depend on chunking or sharding.
+ *
+ * Size options left at 0 take the preset's value. Tensors are generated and written in chunks
+ * of 1M elements through the streaming safetensors writer: memory stays small for a 16 GB model.
+ * Progress is logged every few seconds for big models. One thread.
+ */
+#include "config.h"
+#include "err.h"
+#include "hf_config.h"
+#include "log.h"
+#include "safetensors.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+typedef struct mk_cfg {
+    char preset[32];
+    char family[16];
+    int64_t hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, max_pos;
+    double rope_theta, rms_norm_eps;
+    bool llama3_rope_scaling;
+    double rope_factor, rope_low_freq, rope_high_freq;
+    int64_t rope_original_max;
+    bool tie;
+    char dtype[16];
+    int64_t seed;
+    double init_std, norm_jitter;
+    int64_t shard_size_mb;
+    int64_t bos, eos;
+    char out[1024];
+    char log_level[16];
+} mk_cfg;
+
+#define STR_OPT(field) offsetof(mk_cfg, field), sizeof(((mk_cfg *)0)->field)
+#define INT_OPT(field) offsetof(mk_cfg, field), 0
+static const cfg_option mk_options[] = {
+    {"preset", CFG_STRING, "tiny", 1, 0, false, "tiny or qwen3-8b: sizes for options left at 0",
+     STR_OPT(preset)},
+    {"family", CFG_STRING, "qwen3", 1, 0, false, "qwen3, qwen2 or llama", STR_OPT(family)},
+    {"hidden", CFG_INT, "0", 0, 1 << 20, false, "hidden size (0: preset)", INT_OPT(hidden)},
+    {"layers", CFG_INT, "0", 0, 1024, false, "decoder layers (0: preset)", INT_OPT(layers)},
+    {"heads", CFG_INT, "0", 0, 4096, false, "attention heads (0: preset)", INT_OPT(heads)},
+    {"kv-heads", CFG_INT, "0", 0, 4096, false, "key/value heads (0: preset)", INT_OPT(kv_heads)},
+    {"head-dim", CFG_INT, "0", 0, 4096, false,
+     "head dimension (0: preset, or hidden/heads when --hidden or --heads is given)",
+     INT_OPT(head_dim)},
+    {"intermediate", CFG_INT, "0", 0, 1 << 22, false, "MLP size (0: preset)",
+     INT_OPT(intermediate)},
+    {"vocab", CFG_INT, "0", 0, 1 << 24, false, "vocabulary size (0: preset)", INT_OPT(vocab)},
+    {"max-pos", CFG_INT, "0", 0, 1 << 24, false, "max_position_embeddings (0: preset)",
+     INT_OPT(max_pos)},
+    {"rope-theta", CFG_DOUBLE, "0", 0, 1e12, false,
+     "RoPE base (0: 1e6 for qwen, 500000 for llama)", offsetof(mk_cfg, rope_theta), 0},
+    {"rms-norm-eps", CFG_DOUBLE, "0", 0, 1, false, "RMSNorm epsilon (0: family default)",
+     offsetof(mk_cfg, rms_norm_eps), 0},
+    {"llama3-rope-scaling", CFG_BOOL, "false", 1, 0, false,
+     "add Llama-3 rope_scaling (llama family only)", offsetof(mk_cfg, llama3_rope_scaling), 0},
+    {"rope-factor", CFG_DOUBLE, "8", 1, 1e6, false, "llama3 rope_scaling.factor",
+     offsetof(mk_cfg, rope_factor), 0},
+    {"rope-low-freq", CFG_DOUBLE, "1", 1e-6, 1e6, false, "llama3 rope_scaling.low_freq_factor",
+     offsetof(mk_cfg, rope_low_freq), 0},
+    {"rope-high-freq", CFG_DOUBLE, "4", 1e-6, 1e6, false,
+     "llama3 rope_scaling.high_freq_factor", offsetof(mk_cfg, rope_high_freq), 0},
+    {"rope-original-max", CFG_INT, "8192", 1, 1 << 24, false,
+     "llama3 rope_scaling.original_max_position_embeddings", INT_OPT(rope_original_max)},
+    {"tie", CFG_BOOL, "false", 1, 0, false, "tie lm_head to embed_tokens (no lm_head.weight)",
+     offsetof(mk_cfg, tie), 0},
+    {"dtype", CFG_STRING, "bf16", 1, 0, false, "bf16, f16 or f32", STR_OPT(dtype)},
+    {"seed", CFG_INT, "1", 0, 9.0e18, false, "seed of every weight", INT_OPT(seed)},
+    {"init-std", CFG_DOUBLE, "0.02", 0, 10, false, "std of linears, embeddings and biases",
+     offsetof(mk_cfg, init_std), 0},
+    {"norm-jitter", CFG_DOUBLE, "0", 0, 10, false,
+     "norm weights are 1 + norm-jitter * normal(0,1)", offsetof(mk_cfg, norm_jitter), 0},
+    {"shard-size-mb", CFG_INT, "0", 0, 1 << 30, false,
+     "split into shards of at most this many MiB with an index (0: one file)",
+     INT_OPT(shard_size_mb)},
+    {"bos", CFG_INT, "-1", -1, 1 << 24, false, "bos_token_id (-1: none)", INT_OPT(bos)},
+    {"eos", CFG_INT, "-1", -1, 1 << 24, false, "eos_token_id (-1: none)", INT_OPT(eos)},
+    {"out", CFG_STRING, "", 1, 0, false, "output directory (created)", STR_OPT(out)},
+    {"log-level", CFG_STRING, "info", 1, 0, false, "debug, info, warn or error",
+     STR_OPT(log_level)},
+};
+static const cfg_table mk_table = {"dflash-mkmodel",
+                                   "write a random seeded checkpoint in Hugging Face layout",
+                                   "[options]", mk_options,
+                                   sizeof mk_options / sizeof mk_options[0]};
+
+typedef struct preset {
+    const char *name;
+    int hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, max_pos;
+} preset;
+
+static const preset presets[] = {
+    {"tiny", 64, 4, 4, 2, 16, 128, 512, 2048},
+    {"qwen3-8b", 4096, 36, 32, 8, 128, 12288, 151936, 40960},
+};
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Standard normal number i of the stream key (pairs share one draw via Box-Muller). */
+static float normal_at(uint64_t key, uint64_t i)
+{
+    uint64_t r = mix64(key + (i >> 1) * 0xd1b54a32d192ed03ull);
+    double u1 = ((double)(r >> 40) + 1.0) / 16777217.0; /* (0, 1] */
+    double u2 = (double)(r & 0xffffffu) / 16777216.0;   /* [0, 1) */
+    double rad = sqrt(-2.0 * log(u1)), ang = 6.283185307179586 * u2;
+    return (float)(i & 1 ? rad * sin(ang) : rad * cos(ang));
+}
+
+/* Resolves sizes and the family into *mc; logs and returns non-zero when something is wrong. */
+static int build_config(const mk_cfg *c, model_config *mc)
+{
+    model_family fam;
+    if (hf_config_family_parse(c->family, &fam)) {
+        LOG_ERROR("--family %s: use qwen3, qwen2 or llama", c->family);
+        return DFLASH_EINVAL;
+    }
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(c->preset, presets[i].name) == 0) p = &presets[i];
+    if (!p) {
+        LOG_ERROR("--preset %s: use tiny or qwen3-8b", c->preset);
+        return DFLASH_EINVAL;
+    }
+    hf_config_defaults(mc, fam);
+    mc->hidden_size = c->hidden ? (int)c->hidden : p->hidden;
+    mc->num_layers = c->layers ? (int)c->layers : p->layers;
+    mc->num_heads = c->heads ? (int)c->heads : p->heads;
+    mc->num_kv_heads = c->kv_heads ? (int)c->kv_heads : (c->heads ? mc->num_heads : p->kv_heads);
+    if (c->head_dim) mc->head_dim = (int)c->head_dim;
+    else if (c->hidden || c->heads || fam == MODEL_QWEN2)
+        mc->head_dim = mc->hidden_size / mc->num_heads;
+    else mc->head_dim = p->head_dim;
+    mc->intermediate_size = c->intermediate ? (int)c->intermediate : p->intermediate;
+    mc->vocab_size = c->vocab ? (int)c->vocab : p->vocab;
+    mc->max_position_embeddings = c->max_pos ? (int)c->max_pos : p->max_pos;
+    if (c->rope_theta > 0) mc->rope_theta = c->rope_theta;
+    if (c->rms_norm_eps > 0) mc->rms_norm_eps = c->rms_norm_eps;
+    mc->tie_word_embeddings = c->tie;
+    mc->bos_token_id = (int)c->bos;
+    mc->eos_token_id = (int)c->eos;
+    if (c->llama3_rope_scaling) {
+        if (fam != MODEL_LLAMA) {
+            LOG_ERROR("--llama3-rope-scaling needs --family llama");
+            return DFLASH_EINVAL;
+        }
+        mc->rope_scaling.enabled = true;
+        mc->rope_scaling.factor = c->rope_factor;
+        mc->rope_scaling.low_freq_factor = c->rope_low_freq;
+        mc->rope_scaling.high_freq_factor = c->rope_high_freq;
+        mc->rope_scaling.original_max_position_embeddings = (int)c->rope_original_max;
+    }
+    char err[256];
+    if (hf_config_validate(mc, err, sizeof err)) {
+        LOG_ERROR("invalid model: %s", err);
+        return DFLASH_EINVAL;
+    }
+    return 0;
+}
+
+typedef struct mk_ctx {
+    const mk_cfg *cfg;
+    const model_config *mc;
+    safetensors_dtype dt;
+    size_t n_tensors;
+    hf_weight_desc *w;    /* all tensors, file order */
+    int *shard_of;        /* shard index of each tensor */
+    int n_shards;
+    uint64_t total_bytes, done_bytes;
+    time_t last_log, started;
+    float *fbuf;
+    unsigned char *obuf;
+} mk_ctx;
+
+#define CHUNK (1u << 20)
+
+static uint64_t tensor_bytes(const mk_ctx *m, size_t i)
+{
+    const hf_weight_desc *d = &m->w[i];
+    uint64_t n = (uint64_t)d->shape[0] * (d->ndim == 2 ? (uint64_t)d->shape[1] : 1);
+    return n * safetensors_dtype_size(m->dt);
+}
+
+/* Streams tensor i's values into the writer, CHUNK elements at a time. */
+static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i)
+{
+    const hf_weight_desc *d = &m->w[i];
+    uint64_t n = (uint64_t)d->shape[0] * (d->ndim == 2 ? (uint64_t)d->shape[1] : 1);
+    uint64_t key = mix64(mix64((uint64_t)m->cfg->seed) ^ (0x5bd1e995ull * (i + 1)));
+    size_t es = safetensors_dtype_size(m->dt);
+    for (uint64_t s = 0; s < n; s += CHUNK) {
+        size_t k = n - s < CHUNK ? (size_t)(n - s) : CHUNK;
+        for (size_t j = 0; j < k; j++) {
+            float z = normal_at(key, s + j);
+            m->fbuf[j] = d->is_norm ? 1.0f + (float)m->cfg->norm_jitter * z
+                                    : (float)m->cfg->init_std * z;
+        }
+        const void *src = m->fbuf;
+        if (m->dt == SAFETENSORS_BF16 || m->dt == SAFETENSORS_F16) {
+            uint16_t *h = (uint16_t *)(void *)m->obuf;
+            for (size_t j = 0; j < k; j++)
+                h[j] = m->dt == SAFETENSORS_BF16 ? safetensors_f32_to_bf16(m->fbuf[j])
+                                                 : safetensors_f32_to_f16(m->fbuf[j]);
+            src = h;
+        }
+        int rc = safetensors_writer_write(wr, src, k * es);
+        if (rc) return rc;
+        m->done_bytes += k * es;
+        time_t now = time(NULL);
+        if (now - m->last_log >= 5) {
+            m->last_log = now;
+            LOG_INFO("%.2f / %.2f GB written (%.0f%%), %lds", m->done_bytes / 1e9,
+                     m->total_bytes / 1e9, 100.0 * m->done_bytes / m->total_bytes,
+                     (long)(now - m->started));
+        }
+    }
+    return 0;
+}
+
+static int write_shard(mk_ctx *m, int s, const char *path)
+{
+    safetensors_writer *wr = safetensors_writer_new(path);
+    if (!wr) return DFLASH_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; i < m->n_tensors && !rc; i++)
+        if (m->shard_of[i] == s)
+            rc = safetensors_writer_add(wr, m->w[i].name, m->dt, m->w[i].ndim, m->w[i].shape,
+                                        NULL);
+    if (!rc) rc = safetensors_writer_begin(wr);
+    for (size_t i = 0; i < m->n_tensors && !rc; i++)
+        if (m->shard_of[i] == s) rc = write_tensor(m, wr, i);
+    if (!rc) rc = safetensors_writer_commit(wr);
+    safetensors_writer_destroy(&wr);
+    return rc;
+}
+
+static const char *transformers_dtype(safetensors_dtype dt)
+{
+    return dt == SAFETENSORS_BF16 ? "bfloat16" : dt == SAFETENSORS_F16 ? "float16" : "float32";
+}
+
+int main(int argc, char **argv)
+{
+    mk_cfg cfg;
+    int rc = config_load(&mk_table, &cfg, argc, argv, NULL, 0, NULL);
+    if (rc) return rc > 0 ? 0 : 2;
+    log_level lvl = LOG_INFO;
+    if (log_level_parse(cfg.log_level, &lvl)) {
+        fprintf(stderr, "dflash-mkmodel: bad --log-level '%s'\n", cfg.log_level);
+        return 2;
+    }
+    log_init("dflash-mkmodel", lvl);
+    if (!cfg.out[0]) {
+        LOG_ERROR("--out DIR is required");
+        return 2;
+    }
+    mk_ctx m = {.cfg = &cfg};
+    model_config mc;
+    if (build_config(&cfg, &mc)) return 2;
+    m.mc = &mc;
+    if (safetensors_dtype_parse(cfg.dtype, &m.dt) ||
+        (m.dt != SAFETENSORS_BF16 && m.dt != SAFETENSORS_F16 && m.dt != SAFETENSORS_F32)) {
+        LOG_ERROR("--dtype %s: use bf16, f16 or f32", cfg.dtype);
+        return 2;
+    }
+    if (mkdir(cfg.out, 0755) != 0 && errno != EEXIST) {
+        LOG_ERROR("cannot create %s: %s", cfg.out, strerror(errno));
+        return 1;
+    }
+
+    m.n_tensors = hf_weight_count(&mc);
+    m.w = calloc(m.n_tensors, sizeof *m.w);
+    m.shard_of = calloc(m.n_tensors, sizeof *m.shard_of);
+    m.fbuf = malloc(CHUNK * sizeof *m.fbuf);
+    m.obuf = malloc(CHUNK * 2);
+    if (!m.w || !m.shard_of || !m.fbuf || !m.obuf) LOG_FATAL("out of memory");
+    uint64_t limit = (uint64_t)cfg.shard_size_mb << 20, in_shard = 0;
+    for (size_t i = 0; i < m.n_tensors; i++) {
+        if (!hf_weight_nth(&mc, i, &m.w[i])) LOG_FATAL("weight table has a hole at %zu", i);
+        uint64_t b = tensor_bytes(&m, i);
+        m.total_bytes += b;
+        if (limit && in_shard && in_shard + b > limit) {
+            m.n_shards++;
+            in_shard = 0;
+        }
+        m.shard_of[i] = m.n_shards;
+        in_shard += b;
+    }
+    m.n_shards++;
+    if (!limit) m.n_shards = 1;
+
+    LOG_INFO("%s: hidden %d, %d layers, %d/%d heads of %d, intermediate %d, vocab %d, %s%s, "
+             "%zu tensors, %.3f GB in %d file(s), seed %lld",
+             hf_config_family_name(mc.family), mc.hidden_size, mc.num_layers, mc.num_heads,
+             mc.num_kv_heads, mc.head_dim, mc.intermediate_size, mc.vocab_size,
+             safetensors_dtype_name(m.dt), mc.tie_word_embeddings ? ", tied" : "", m.n_tensors,
+             m.total_bytes / 1e9, m.n_shards, (long long)cfg.seed);
+    m.started = m.last_log = time(NULL);
+
+    rc = hf_config_write(cfg.out, &mc, transformers_dtype(m.dt));
+    if (rc) LOG_FATAL("cannot write %s/config.json: %s", cfg.out, err_str(rc));
+    char path[PATH_MAX];
+    if (m.n_shards == 1 && !limit) {
+        snprintf(path, sizeof path, "%s/model.safetensors", cfg.out);
+        rc = write_shard(&m, 0, path);
+        if (rc) LOG_FATAL("cannot write %s: %s", path, err_str(rc));
+    } else {
+        char (*names)[64] = calloc((size_t)m.n_shards, sizeof *names);
+        const char **files = calloc(m.n_tensors, sizeof *files);
+        const char **tnames = calloc(m.n_tensors, sizeof *tnames);
+        if (!names || !files || !tnames) LOG_FATAL("out of memory");
+        for (int s = 0; s < m.n_shards; s++) {
+            snprintf(names[s], sizeof names[s], "model-%05d-of-%05d.safetensors", s + 1,
+                     m.n_shards);
+            snprintf(path, sizeof path, "%s/%s", cfg.out, names[s]);
+            rc = write_shard(&m, s, path);
+            if (rc) LOG_FATAL("cannot write %s: %s", path, err_str(rc));
+        }
+        for (size_t i = 0; i < m.n_tensors; i++) {
+            tnames[i] = m.w[i].name;
+            files[i] = names[m.shard_of[i]];
+        }
+        rc = safetensors_write_index(cfg.out, tnames, files, m.n_tensors, m.total_bytes);
+        if (rc) LOG_FATAL("cannot write the index in %s: %s", cfg.out, err_str(rc));
+        free(names);
+        free(files);
+        free(tnames);
+    }
+    LOG_INFO("wrote %s (%.3f GB, %lds)", cfg.out, m.total_bytes / 1e9,
+             (long)(time(NULL) - m.started));
+    free(m.w);
+    free(m.shard_of);
+    free(m.fbuf);
+    free(m.obuf);
+    return 0;
+}

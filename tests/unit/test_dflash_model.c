@@ -10,10 +10,15 @@
  *   - a drafter that does not fit the target is refused with both values named
  */
 #include "check.h"
+#include "dflash_ckpt.h"
 #include "dflash_model.h"
 #include "dflash_train.h"
 #include "err.h"
 #include "ops.h"
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -311,6 +316,194 @@ static void test_mismatch(world *w)
     CHECK(z[0] == 1 && z[1] == 9 && z[2] == 17 && z[3] == 25 && z[4] == 33);
 }
 
+static cJSON *read_json(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    static char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    return cJSON_Parse(text);
+}
+
+static int json_int(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? (int)v->valuedouble : -12345;
+}
+
+static int count_steps(const char *root)
+{
+    DIR *d = opendir(root);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) n += !strncmp(e->d_name, "step-", 5);
+    if (d) closedir(d);
+    return n;
+}
+
+/* config.json fields (dflash.md 2.1) and tensor names / shapes / dtype (2.2) */
+static void check_ckpt_files(const dflash_model *m, const char *dir)
+{
+    const dflash_config *c = &m->cfg;
+    char p[512];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    cJSON *j = read_json(p);
+    CHECK(j != NULL);
+    if (!j) return;
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    CHECK(cJSON_IsArray(arch) && cJSON_GetArraySize(arch) == 1 &&
+          !strcmp(cJSON_GetArrayItem(arch, 0)->valuestring, "DFlashDraftModel"));
+    CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(j, "model_type")->valuestring, "qwen3"));
+    const cJSON *am = cJSON_GetObjectItemCaseSensitive(j, "auto_map");
+    CHECK(am && !strcmp(cJSON_GetObjectItemCaseSensitive(am, "AutoModel")->valuestring,
+                        "dflash.DFlashDraftModel"));
+    CHECK_EQ_INT(json_int(j, "block_size"), c->block_size);
+    CHECK_EQ_INT(json_int(j, "num_target_layers"), c->num_target_layers);
+    CHECK_EQ_INT(json_int(j, "num_hidden_layers"), c->num_layers);
+    CHECK_EQ_INT(json_int(j, "hidden_size"), c->hidden_size);
+    CHECK_EQ_INT(json_int(j, "intermediate_size"), c->intermediate_size);
+    CHECK_EQ_INT(json_int(j, "num_attention_heads"), c->num_heads);
+    CHECK_EQ_INT(json_int(j, "num_key_value_heads"), c->num_kv_heads);
+    CHECK_EQ_INT(json_int(j, "head_dim"), c->head_dim);
+    CHECK_EQ_INT(json_int(j, "vocab_size"), c->vocab_size);
+    CHECK_EQ_INT(json_int(j, "max_position_embeddings"), c->max_position_embeddings);
+    CHECK_EQ_INT(json_int(j, "max_window_layers"), c->num_layers);
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
+    CHECK(dc != NULL);
+    if (dc) {
+        CHECK_EQ_INT(json_int(dc, "mask_token_id"), c->mask_token_id);
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(dc, "target_layer_ids");
+        CHECK(cJSON_IsArray(ids) && cJSON_GetArraySize(ids) == c->n_feat);
+        for (int i = 0; ids && i < c->n_feat; i++)
+            CHECK_EQ_INT(cJSON_GetArrayItem(ids, i)->valuedouble, c->target_layer_ids[i]);
+    }
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    CHECK(cJSON_IsArray(lt) && cJSON_GetArraySize(lt) == c->num_layers);
+    CHECK(!strcmp(cJSON_GetArrayItem(lt, 0)->valuestring, "full_attention"));
+    CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(j, "hidden_act")->valuestring, "silu"));
+    CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(j, "dtype")->valuestring, "bfloat16"));
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "attention_bias")));
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")));
+    CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "rope_scaling")));
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "use_sliding_window")));
+    CHECK(cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")->valuedouble == c->rms_norm_eps);
+    CHECK(cJSON_GetObjectItemCaseSensitive(j, "rope_theta")->valuedouble == c->rope_theta);
+    CHECK(!cJSON_GetObjectItemCaseSensitive(j, "eagle_aux_hidden_state_layer_ids"));
+    cJSON_Delete(j);
+
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    char err[256];
+    safetensors *st = safetensors_open(p, err, sizeof err);
+    CHECK(st != NULL);
+    if (!st) return;
+    int L = c->num_layers, Dd = c->hidden_size, Hd = c->num_heads * c->head_dim;
+    int Hkd = c->num_kv_heads * c->head_dim, Fi = c->intermediate_size;
+    CHECK_EQ_INT(safetensors_count(st), 3 + 11 * L);
+    struct { const char *name; int ndim; int64_t s0, s1; } want[] = {
+        {"fc.weight", 2, Dd, (int64_t)c->n_feat * Dd}, {"hidden_norm.weight", 1, Dd, 0},
+        {"norm.weight", 1, Dd, 0}};
+    for (int i = 0; i < 3; i++) {
+        int64_t shp[2] = {want[i].s0, want[i].s1};
+        CHECK_EQ_INT(safetensors_expect(st, want[i].name, want[i].ndim, shp, NULL, err,
+                                        sizeof err), 0);
+    }
+    for (int l = 0; l < L; l++) {
+        struct { const char *n; int ndim; int64_t s0, s1; } lw[] = {
+            {"input_layernorm.weight", 1, Dd, 0},  {"post_attention_layernorm.weight", 1, Dd, 0},
+            {"self_attn.q_proj.weight", 2, Hd, Dd}, {"self_attn.k_proj.weight", 2, Hkd, Dd},
+            {"self_attn.v_proj.weight", 2, Hkd, Dd}, {"self_attn.o_proj.weight", 2, Dd, Hd},
+            {"self_attn.q_norm.weight", 1, c->head_dim, 0},
+            {"self_attn.k_norm.weight", 1, c->head_dim, 0},
+            {"mlp.gate_proj.weight", 2, Fi, Dd}, {"mlp.up_proj.weight", 2, Fi, Dd},
+            {"mlp.down_proj.weight", 2, Dd, Fi}};
+        for (int i = 0; i < 11; i++) {
+            char name[128];
+            snprintf(name, sizeof name, "layers.%d.%s", l, lw[i].n);
+            int64_t shp[2] = {lw[i].s0, lw[i].s1};
+            const safetensors_tensor *t = NULL;
+            int rc = safetensors_expect(st, name, lw[i].ndim, shp, &t, err, sizeof err);
+            CHECK_EQ_INT(rc, 0);
+            if (rc) fprintf(stderr, "%s\n", err);
+            if (t) CHECK(t->dtype == SAFETENSORS_BF16);
+        }
+    }
+    safetensors_close(&st);
+}
+
+static void test_checkpoint(world *w)
+{
+    char root[] = "/tmp/dflash_ckpt_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    if (!a || !b) return;
+    dflash_train_cfg tc = w->tc;
+    tc.lr = 3e-3;
+    tc.total_steps = 20;
+    tc.seed = 0xfedcba9876543210ull;
+    dflash_metrics ma, mb;
+    dflash_ckpt_opts opts = {.keep_last = 2};
+    char path[512], err[512];
+    for (int s = 0; s < 3; s++) {
+        dflash_train_step(a, &tc, &w->view, 0, (uint64_t)s, &ma);
+        CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &opts, path, sizeof path, err, sizeof err),
+                     0);
+    }
+    CHECK_EQ_INT(count_steps(root), 2); /* keep_last */
+    char latest[512];
+    CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
+    CHECK(!strcmp(latest, path));
+    check_ckpt_files(a, path);
+
+    /* exact resume: b continues where a stands, the next step is bit-identical */
+    dflash_train_cfg tb;
+    dflash_train_cfg_default(&tb);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), 0);
+    CHECK_EQ_INT(b->step, 3);
+    CHECK(tb.seed == tc.seed && tb.total_steps == 20 && tb.lr == tc.lr && tb.n_anchors == 3);
+    CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+    CHECK(!memcmp(a->adam_v, b->adam_v, a->n_params * sizeof(float)));
+    float *saved = malloc(a->n_params * sizeof(float));
+    memcpy(saved, b->master, a->n_params * sizeof(float));
+    dflash_train_step(a, &tc, &w->view, 0, 3, &ma);
+    dflash_train_step(b, &tb, &w->view, 0, 3, &mb);
+    CHECK(ma.loss == mb.loss && ma.lr == mb.lr);
+    CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+
+    /* warm start: bf16 weights, fresh optimizer */
+    dflash_model *c = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
+    CHECK_EQ_INT(dflash_ckpt_load_weights(c, path, err, sizeof err), 0);
+    CHECK_EQ_INT(c->step, 0);
+    double maxrel = 0, vsum = 0;
+    for (size_t i = 0; i < c->n_params; i++) {
+        maxrel = fmax(maxrel, fabs(c->master[i] - saved[i]) / fmax(fabs(saved[i]), 1e-3));
+        vsum += c->adam_v[i];
+    }
+    CHECK(maxrel > 0 && maxrel < 1e-2); /* bf16 rounding, nothing more */
+    CHECK(vsum == 0);
+    free(saved);
+    dflash_model_destroy(&c);
+
+    /* a checkpoint of another shape is refused, naming both values */
+    dflash_config other = w->cfg;
+    other.intermediate_size = 40;
+    c = dflash_model_new(&other, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, err, sizeof err), DFLASH_EMISMATCH);
+    CHECK(strstr(err, "intermediate_size") && strstr(err, "40") && strstr(err, "24"));
+    dflash_model_destroy(&c);
+    dflash_config back;
+    CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_check_config(&w->cfg, &back, err, sizeof err), 0);
+
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 int main(void)
 {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
@@ -321,6 +514,7 @@ int main(void)
     test_anchors_and_weights(w);
     test_training_reduces_loss(w);
     test_mismatch(w);
+    test_checkpoint(w);
     nn_cpu_destroy(&w->ctx);
     free(w);
     CHECK_DONE();

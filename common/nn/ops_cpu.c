@@ -353,10 +353,15 @@ static void cpu_add_inplace(nn_ctx *c, nn_buf *y_, const nn_buf *x_, size_t n)
 
 #define ATT_TILE 64
 
+/* 8 independent partial sums so the compiler can vectorise without reassociating */
 static inline float dotf(const float *a, const float *b, int d)
 {
-    float s = 0.0f;
-    for (int i = 0; i < d; i++) s += a[i] * b[i];
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= d; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < d; i++) s += a[i] * b[i];
     return s;
 }
 
@@ -410,7 +415,7 @@ typedef struct causal_job {
     float *out;
     const float *q, *k, *v;
     const int32_t *seq_off;
-    int n_seqs, base, H, Hk, d;
+    int n_seqs, base, n_rows, H, Hk, d;
 } causal_job;
 
 /* seq_off[s] of the last s with seq_off[s] <= t (binary search; seq_off is non-decreasing) */
@@ -431,8 +436,8 @@ static void causal_rows(void *arg, int begin, int end)
     int H = j->H, d = j->d, group = j->H / j->Hk;
     size_t kstride = (size_t)j->Hk * d;
     float scale = 1.0f / sqrtf((float)d);
-    for (int it = j->base + begin; it < j->base + end; it++) {
-        int t = it / H, h = it % H;
+    for (int it = begin; it < end; it++) { /* head-major: neighbours share their kv rows */
+        int h = it / j->n_rows, t = j->base + it % j->n_rows;
         int32_t rng[2] = {seq_start_of(j->seq_off, j->n_seqs, t), t + 1};
         size_t hk_off = (size_t)(h / group) * d;
         attend_row(j->out + ((size_t)t * H + h) * d, j->q + ((size_t)t * H + h) * d,
@@ -457,7 +462,7 @@ static void cpu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, co
     if (t0 > 0) memset(out, 0, (size_t)t0 * row * sizeof(float));
     if (t1 < T) memset((float *)out + (size_t)t1 * row, 0, (size_t)(T - t1) * row * sizeof(float));
     causal_job job = {.out = out, .q = q, .k = k, .v = v, .seq_off = seq_off, .n_seqs = n_seqs,
-                      .base = t0 * H, .H = H, .Hk = Hk, .d = d};
+                      .base = t0, .n_rows = t1 - t0, .H = H, .Hk = Hk, .d = d};
     cpu_parallel_for(c, (t1 - t0) * H, 16, causal_rows, &job);
 }
 
@@ -507,8 +512,8 @@ static void block_fwd_rows(void *arg, int begin, int end)
     int H = j->H, d = j->d, B = j->B, Q = j->n_blocks * j->B, group = j->H / j->Hk;
     size_t kstride = (size_t)j->Hk * d;
     float scale = 1.0f / sqrtf((float)d);
-    for (int it = begin; it < end; it++) { /* it = row * H + h */
-        int row = it / H, h = it % H;
+    for (int it = begin; it < end; it++) { /* it = h * Q + row: a block's rows share keys */
+        int h = it / Q, row = it % Q;
         int32_t rng[4];
         int nr = block_key_ranges(&j->spans[row / B], B, j->Tk, rng);
         size_t hk_off = (size_t)(h / group) * d;
@@ -598,51 +603,108 @@ static int row_argmax(const float *x, int V)
     return best;
 }
 
+/* Rows of one sub-batch of a chunk are independent: they run on the worker threads and leave
+ * their weighted loss in rowloss[]; the caller sums those in row order, so the result does not
+ * depend on the thread count. */
+#define XENT_SUB 256
+
+typedef struct xent_job {
+    float *logits; /* [n, V] of the chunk */
+    const int32_t *labels;
+    const float *weights;
+    int32_t *correct;
+    double *rowloss; /* [XENT_SUB], indexed from sub0 */
+    int r0, sub0, V;
+    float inv_norm;
+} xent_job;
+
+static void xent_rows(void *arg, int begin, int end)
+{
+    const xent_job *j = arg;
+    int V = j->V;
+    for (int i = j->sub0 + begin; i < j->sub0 + end; i++) {
+        int r = j->r0 + i;
+        float *L = j->logits + (size_t)i * V;
+        int am = row_argmax(L, V), lab = j->labels[r];
+        if (j->correct) j->correct[r] = am == lab;
+        float w = j->weights[r];
+        j->rowloss[i - j->sub0] = 0.0;
+        if (!(w > 0.0f)) {
+            memset(L, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        assert(lab >= 0 && lab < V);
+        /* e = exp(L - max) in place; lse = max + log(sum e); softmax = e / sum e */
+        float mx = L[am], llab = L[lab];
+        double se = 0.0;
+        for (int vi = 0; vi < V; vi++) {
+            L[vi] = expf(L[vi] - mx);
+            se += L[vi];
+        }
+        j->rowloss[i - j->sub0] = (double)w * ((double)mx + log(se) - (double)llab);
+        float g = w * j->inv_norm, gs = (float)(g / se);
+        for (int vi = 0; vi < V; vi++) L[vi] *= gs;
+        L[lab] -= g;
+    }
+}
+
 static void cpu_lm_head_xent(nn_ctx *c, nn_buf *dh_, float *out_sums, int32_t *correct,
                              const nn_buf *h_, const nn_buf *W_, const int32_t *labels,
                              const float *weights, float inv_norm, nn_buf *scratch, int Q, int D,
                              int V, int chunk)
 {
-    (void)c;
     float *dh = dh_, *logits = scratch;
     const float *h = h_, *W = W_;
-    double loss = 0.0, wsum = 0.0;
+    double loss = 0.0, wsum = 0.0, rowloss[XENT_SUB];
     assert(chunk > 0 && V > 0);
     for (int r0 = 0; r0 < Q; r0 += chunk) {
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, D, 1.0f, h + (size_t)r0 * D, D,
                     W, D, 0.0f, logits, V);
-        int any = 0;
-        for (int i = 0; i < n; i++) {
-            int r = r0 + i;
-            float *L = logits + (size_t)i * V;
-            int am = row_argmax(L, V);
-            int lab = labels[r];
-            if (correct) correct[r] = am == lab;
-            float w = weights[r];
-            if (!(w > 0.0f)) {
-                memset(L, 0, (size_t)V * sizeof(float));
-                continue;
+        xent_job job = {.logits = logits, .labels = labels, .weights = weights,
+                        .correct = correct, .rowloss = rowloss, .r0 = r0, .V = V,
+                        .inv_norm = inv_norm};
+        int nz = 0;
+        for (job.sub0 = 0; job.sub0 < n; job.sub0 += XENT_SUB) {
+            int m = n - job.sub0 < XENT_SUB ? n - job.sub0 : XENT_SUB;
+            cpu_parallel_for(c, m, 4, xent_rows, &job);
+            for (int i = 0; i < m; i++) {
+                float w = weights[r0 + job.sub0 + i];
+                if (!(w > 0.0f)) continue;
+                loss += rowloss[i];
+                wsum += w;
+                nz++;
             }
-            assert(lab >= 0 && lab < V);
-            float mx = L[am];
-            double se = 0.0;
-            for (int vi = 0; vi < V; vi++) se += exp((double)(L[vi] - mx));
-            float lse = mx + (float)log(se);
-            loss += (double)w * ((double)lse - (double)L[lab]);
-            wsum += w;
-            float g = w * inv_norm;
-            for (int vi = 0; vi < V; vi++) L[vi] = g * expf(L[vi] - lse);
-            L[lab] -= g;
-            any = 1;
         }
         if (!dh) continue;
         float *dhc = dh + (size_t)r0 * D;
-        if (any)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, V, 1.0f, logits, V, W, D,
-                        0.0f, dhc, D);
-        else
+        if (nz == 0) {
             memset(dhc, 0, (size_t)n * D * sizeof(float));
+            continue;
+        }
+        /* zero-weight rows would give zero rows of dh: pack the others to the front, one sgemm
+         * for them, then spread the results back (downwards, so nothing unread is overwritten) */
+        if (nz < n) {
+            for (int i = 0, k = 0; i < n; i++)
+                if (weights[r0 + i] > 0.0f) {
+                    if (i != k)
+                        memcpy(logits + (size_t)k * V, logits + (size_t)i * V,
+                               (size_t)V * sizeof(float));
+                    k++;
+                }
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nz, D, V, 1.0f, logits, V, W, D,
+                    0.0f, dhc, D);
+        if (nz < n) {
+            for (int i = n - 1, k = nz; i >= 0; i--) {
+                if (weights[r0 + i] > 0.0f) {
+                    k--;
+                    if (i != k)
+                        memcpy(dhc + (size_t)i * D, dhc + (size_t)k * D, (size_t)D * sizeof(float));
+                } else
+                    memset(dhc + (size_t)i * D, 0, (size_t)D * sizeof(float));
+            }
+        }
     }
     out_sums[0] = (float)loss;
     out_sums[1] = (float)wsum;

@@ -1,7 +1,8 @@
 /* ledger: batch states of DESIGN.md section 5, persisted in an append-only journal.
  *
  * Structure: the plan (n_buckets, batches per bucket per epoch) and a growing array of opened
- * epochs. An epoch holds, per bucket, one entry per batch {state, orphan flag, step} plus counters
+ * epochs. An epoch whose batches are all COMMITTED is *done*: its entries are freed (COMMITTED is
+ * final, so nothing can change there) and it costs a few counters, in memory and in snapshots. An epoch holds, per bucket, one entry per batch {state, orphan flag, step} plus counters
  * (batches per state, TODO per bucket, a lower bound on the first TODO index per bucket) so that
  * hand-out and stats do not scan. Epochs open lazily: the open epoch is the lowest one with TODO
  * batches; when none has any, the next one is allocated (up to max_epochs).
@@ -45,6 +46,7 @@ enum {
     REC_SNAP_CHUNK = 11, /* compaction: states of a run of batches of one (epoch, bucket) */
     REC_ORPHANS = 12,    /* requeue_orphans */
     REC_BOOT = 13,       /* a ledger_new: everything in flight became orphaned */
+    REC_SNAP_DONE = 14,  /* compaction: an epoch whose every batch is committed */
 };
 #define SNAP_ORPHAN 0x80 /* state byte flag in snapshot chunks */
 
@@ -63,6 +65,7 @@ typedef struct {
     uint32_t first_todo[LEDGER_MAX_BUCKETS]; /* no TODO below this index */
     uint64_t count[N_STATES];
     uint64_t orphans;
+    bool done; /* every batch COMMITTED: entries freed, all reads answer COMMITTED */
 } epoch_rec;
 
 struct ledger {
@@ -163,6 +166,10 @@ static int ensure_epoch(ledger *l, uint32_t epoch)
     return 0;
 }
 
+/* What every batch of a done epoch reads as. Never written: callers check the state first and
+ * COMMITTED allows no transition. */
+static entry committed_entry = {0, BATCH_COMMITTED, 0};
+
 /* Entry of b, or NULL when outside the plan or in an epoch not opened. */
 static entry *find(const ledger *l, const batch_id *b, epoch_rec **E)
 {
@@ -170,7 +177,21 @@ static entry *find(const ledger *l, const batch_id *b, epoch_rec **E)
         b->epoch >= l->n_epochs)
         return NULL;
     *E = &l->ep[b->epoch];
+    if ((*E)->done) return &committed_entry;
     return &(*E)->e[b->bucket][b->index];
+}
+
+static void mark_done(ledger *l, epoch_rec *E)
+{
+    for (uint32_t b = 0; b < l->n_buckets; b++) {
+        free(E->e[b]);
+        E->e[b] = NULL;
+        E->todo[b] = 0;
+    }
+    memset(E->count, 0, sizeof E->count);
+    E->count[BATCH_COMMITTED] = l->batches_per_epoch;
+    E->orphans = 0;
+    E->done = true;
 }
 
 /* Lowest epoch with TODO batches, opening a new one if none has any. -1 if none can open. */
@@ -314,6 +335,7 @@ static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t 
                 set_state(E, b, i, to);
                 n++;
             }
+        if (E->count[BATCH_COMMITTED] == l->batches_per_epoch) mark_done(l, E);
     }
     return n;
 }
@@ -321,7 +343,7 @@ static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t 
 static void apply_boot(ledger *l)
 {
     for (uint32_t e = 0; e < l->n_epochs; e++)
-        for (uint32_t b = 0; b < l->n_buckets; b++)
+        for (uint32_t b = 0; b < l->n_buckets && !l->ep[e].done; b++)
             for (uint32_t i = 0; i < l->per[b]; i++) {
                 entry *x = &l->ep[e].e[b][i];
                 if (x->state == BATCH_IN_FLIGHT && !x->orphan) {
@@ -436,7 +458,7 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
         if (b.bucket >= l->n_buckets || (uint64_t)b.index + count > l->per[b.bucket])
             return DFLASH_ECORRUPT;
         rc = ensure_epoch(l, b.epoch);
-        if (rc) return DFLASH_ECORRUPT;
+        if (rc || l->ep[b.epoch].done) return DFLASH_ECORRUPT;
         epoch_rec *E = &l->ep[b.epoch];
         for (uint32_t k = 0; k < count; k++) {
             const uint8_t *q = p + 16 + 9ull * k;
@@ -466,6 +488,13 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
             }
         break;
     }
+    case REC_SNAP_DONE:
+        if (len != 4 || !l->n_buckets) return DFLASH_ECORRUPT;
+        if (ensure_epoch(l, get32(p)) != 0 || l->ep[get32(p)].count[BATCH_TODO] !=
+                                                   l->batches_per_epoch)
+            return DFLASH_ECORRUPT;
+        mark_done(l, &l->ep[get32(p)]);
+        break;
     default:
         LOG_ERROR("ledger: unknown journal record type %u", type);
         return DFLASH_ECORRUPT;
@@ -624,7 +653,8 @@ int ledger_get(const ledger *l, const batch_id *b, batch_state *state, uint64_t 
     batch_state s = BATCH_TODO;
     uint64_t st = 0;
     if (b->epoch < l->n_epochs) {
-        const entry *x = &l->ep[b->epoch].e[b->bucket][b->index];
+        const entry *x = l->ep[b->epoch].done ? &committed_entry
+                                               : &l->ep[b->epoch].e[b->bucket][b->index];
         s = (batch_state)x->state;
         st = x->step;
     }
@@ -657,8 +687,14 @@ static int emit_snapshot(void *ctx, journal *t)
     if ((rc = journal_append(t, REC_SNAP_META, meta, sizeof meta, false))) return rc;
     uint8_t *buf = malloc(16 + 9ull * SNAP_CHUNK);
     if (!buf) return DFLASH_ENOMEM;
+    for (uint32_t e = 0; e < l->n_epochs && !rc; e++) {
+        if (!l->ep[e].done) continue;
+        uint8_t d[4];
+        put32(d, e);
+        rc = journal_append(t, REC_SNAP_DONE, d, sizeof d, false);
+    }
     for (uint32_t e = 0; e < l->n_epochs && !rc; e++)
-        for (uint32_t b = 0; b < l->n_buckets && !rc; b++)
+        for (uint32_t b = 0; b < l->n_buckets && !rc && !l->ep[e].done; b++)
             for (uint32_t i0 = 0; i0 < l->per[b] && !rc; i0 += SNAP_CHUNK) {
                 uint32_t n = l->per[b] - i0 < SNAP_CHUNK ? l->per[b] - i0 : SNAP_CHUNK;
                 bool all_todo = true;

@@ -111,12 +111,18 @@ static void test_ack_commit_rewind(void)
     CHECK_EQ_INT(ledger_ack(l, &again, 21), 0);
     CHECK_EQ_INT(ledger_commit(l, 21), 1);
     CHECK(ledger_epoch_committed(l, 0));
+    /* A finished epoch keeps answering (its per-batch memory is released). */
+    CHECK_EQ_INT(state_of(l, 0, 0, 3, NULL), BATCH_COMMITTED);
+    CHECK_EQ_INT(ledger_ack(l, &b[3], 30), DFLASH_EEXISTS);
+    CHECK_EQ_INT(ledger_requeue(l, &b[3]), DFLASH_ESTATE);
+    CHECK_EQ_INT(ledger_adopt(l, &b[3]), DFLASH_ESTALE);
+    CHECK_EQ_INT(ledger_rewind(l, 0), 0);
     /* An ack outside the plan is counted, not applied. */
     batch_id bogus = {0, 0, 6};
     CHECK_EQ_INT(ledger_ack(l, &bogus, 1), DFLASH_ERANGE);
     ledger_stats st;
     ledger_get_stats(l, &st);
-    CHECK_EQ_INT(st.double_acks, 2);
+    CHECK_EQ_INT(st.double_acks, 3);
     CHECK_EQ_INT(st.stale_acks, 1);
     CHECK_EQ_INT(st.committed, 6);
     CHECK_EQ_INT(st.epochs_committed, 1);

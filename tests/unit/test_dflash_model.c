@@ -11,6 +11,7 @@
  */
 #include "check.h"
 #include "dflash_ckpt.h"
+#include "dflash_eval.h"
 #include "dflash_model.h"
 #include "dflash_train.h"
 #include "err.h"
@@ -504,6 +505,72 @@ static void test_checkpoint(world *w)
     CHECK_EQ_INT(system(cmd), 0);
 }
 
+/* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
+static void test_eval(world *w)
+{
+    int32_t ids[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    /* anchors 2..8, B 4: p=2 predicts 3 4 9 (a=2), p=5 predicts 6 7 8 (a=3), p=9 ends */
+    int32_t pred[7 * 3] = {0};
+    int32_t p2[3] = {3, 4, 9}, p5[3] = {6, 7, 8};
+    memcpy(pred + 0 * 3, p2, sizeof p2);
+    memcpy(pred + 3 * 3, p5, sizeof p5);
+    dflash_tau t = {0};
+    dflash_tau_walk(pred, ids, 2, 10, 4, &t);
+    CHECK_EQ_INT(t.cycles, 2);
+    CHECK_EQ_INT(t.accepted, 7);
+    CHECK_NEAR(dflash_tau_value(&t), 3.5, 1e-12);
+    CHECK_EQ_INT(t.hist[3], 1);
+    CHECK_EQ_INT(t.hist[4], 1);
+    /* near the end only tokens inside the sequence can match: p=8 predicts 9 then anything */
+    int32_t p8[3] = {9, 9, 9};
+    memset(&t, 0, sizeof t);
+    memcpy(pred + 6 * 3, p8, sizeof p8);
+    dflash_tau_walk(pred + 6 * 3, ids, 8, 10, 4, &t);
+    CHECK_EQ_INT(t.cycles, 1);
+    CHECK_EQ_INT(t.accepted, 2);
+
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 32, 3);
+    dflash_model *s = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 3, 3);
+    if (!m || !s) return;
+    dflash_tau before = {0}, after = {0}, small = {0}, naive = {0};
+    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, NULL, &before), 0);
+    dflash_train_cfg tc = w->tc;
+    tc.lr = 1e-2;
+    tc.n_anchors = 8;
+    dflash_metrics met;
+    for (int i = 0; i < 60; i++) dflash_train_step(m, &tc, &w->view, 0, (uint64_t)i, &met);
+    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, NULL, &after), 0);
+    printf("tau before %.3f (%ld cycles), after %.3f (%ld cycles)\n", dflash_tau_value(&before),
+           before.cycles, dflash_tau_value(&after), after.cycles);
+    CHECK(dflash_tau_value(&after) > dflash_tau_value(&before) + 0.5);
+    /* chunked by 3 blocks: the same */
+    memcpy(s->master, m->master, m->n_params * sizeof(float));
+    dflash_model_sync_params(s);
+    CHECK_EQ_INT(dflash_eval_tau(s, &w->view, NULL, &small), 0);
+    CHECK(small.cycles == after.cycles && small.accepted == after.accepted);
+    /* the real decode loop: one block at each trajectory point, nothing batched */
+    int B = w->cfg.block_size;
+    for (int q = 0; q < 2; q++) {
+        int st = w->seq_off[q], S = w->seq_off[q + 1] - st, P = 0;
+        while (!w->loss_mask[st + P]) P++;
+        for (int p = P; p < S - 1;) {
+            int32_t bs = q, ba = p;
+            dflash_train_build(s, &tc, &w->view, 1, &bs, &ba, NULL);
+            dflash_model_forward(s, w->view.hidden);
+            dflash_model_predict(s);
+            int a = 0;
+            while (a < B - 1 && p + a + 1 < S && s->out_argmax[a + 1] == w->ids[st + p + a + 1])
+                a++;
+            naive.cycles++;
+            naive.accepted += a + 1;
+            p += a + 1;
+        }
+    }
+    CHECK(naive.cycles == after.cycles && naive.accepted == after.accepted);
+    dflash_model_destroy(&m);
+    dflash_model_destroy(&s);
+}
+
 int main(void)
 {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
@@ -515,6 +582,7 @@ int main(void)
     test_training_reduces_loss(w);
     test_mismatch(w);
     test_checkpoint(w);
+    test_eval(w);
     nn_cpu_destroy(&w->ctx);
     free(w);
     CHECK_DONE();

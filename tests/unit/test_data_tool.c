@@ -1,0 +1,163 @@
+/* test_data_tool: runs the dflash-data binary (../tools/dflash-data from the ctest working
+ * directory, or $DFLASH_DATA_BIN) on a JSONL file with good and bad lines: bad lines are reported
+ * with their line number and reason and skipped, good ones land in the shard exactly, the
+ * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary. */
+#include "check.h"
+#include "hf_config.h"
+#include "shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[256], bin[512];
+
+static char *slurp(const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return calloc(1, 1);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *b = calloc(1, (size_t)n + 1);
+    if (fread(b, 1, (size_t)n, fp) != (size_t)n) b[0] = 0;
+    fclose(fp);
+    return b;
+}
+
+/* Runs the tool with args; returns its exit status; stdout/stderr go to dir/out, dir/err. */
+static int run(const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err", bin, args, dir, dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A JSON line of n tokens: ids start, start+1, ... (mod 1000), mask alternating. */
+static void put_seq(FILE *fp, int n, int start)
+{
+    fprintf(fp, "{\"input_ids\": [");
+    for (int i = 0; i < n; i++) fprintf(fp, "%s%d", i ? "," : "", (start + i) % 1000);
+    fprintf(fp, "], \"loss_mask\": [");
+    for (int i = 0; i < n; i++) fprintf(fp, "%s%d", i ? "," : "", i & 1);
+    fprintf(fp, "]}\n");
+}
+
+int main(void)
+{
+    const char *env = getenv("DFLASH_DATA_BIN");
+    snprintf(bin, sizeof bin, "%s", env ? env : "../tools/dflash-data");
+    CHECK(access(bin, X_OK) == 0);
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "dflash-data not found at %s (set DFLASH_DATA_BIN)\n", bin);
+        CHECK_DONE();
+    }
+    snprintf(dir, sizeof dir, "/tmp/dflash-test-data-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    char jsonl[400], shardp[400], args[1600];
+    snprintf(jsonl, sizeof jsonl, "%s/in.jsonl", dir);
+    snprintf(shardp, sizeof shardp, "%s/out.shard", dir);
+    FILE *fp = fopen(jsonl, "w");
+    put_seq(fp, 3, 10);                                                  /* 1: ok */
+    fprintf(fp, "{\"input_ids\": [1,2,3], \"loss_mask\": [0,1,1]\n");     /* 2: not JSON */
+    fprintf(fp, "\n");                                                   /* 3: blank */
+    fprintf(fp, "{\"input_ids\": [5,1000], \"loss_mask\": [1,1]}\n");    /* 4: out of vocab */
+    fprintf(fp, "{\"input_ids\": [5,6,7], \"loss_mask\": [1,1]}\n");     /* 5: mismatch */
+    put_seq(fp, 2500, 0);                                                /* 6: too long */
+    put_seq(fp, 600, 100);                                               /* 7: ok */
+    fprintf(fp, "{\"input_ids\": [5,6], \"loss_mask\": [1,2]}\n");       /* 8: bad mask */
+    fprintf(fp, "{\"input_ids\": [5,6.5], \"loss_mask\": [1,1]}\n");     /* 9: not integer */
+    put_seq(fp, 1500, 7);                                                /* 10: ok */
+    fprintf(fp, "{\"loss_mask\": [1]}\n");                               /* 11: no input_ids */
+    fclose(fp);
+
+    snprintf(args, sizeof args,
+             "--in %s --out %s --vocab 1000 --max-len 2000 --buckets 512,1024,2048", jsonl,
+             shardp);
+    CHECK_EQ_INT(run(args), 0);
+    char errp[300], outp[300];
+    snprintf(errp, sizeof errp, "%s/err", dir);
+    snprintf(outp, sizeof outp, "%s/out", dir);
+    char *err = slurp(errp), *out = slurp(outp);
+    char want[600];
+    const char *expect[] = {":2: not a JSON object",
+                            ":4: token id 1000 at position 1 is outside the vocabulary of 1000",
+                            ":5: length mismatch: 3 input_ids but 2 loss_mask entries",
+                            ":6: too long: 2500 tokens, --max-len is 2000",
+                            ":8: loss_mask[1] is not 0 or 1",
+                            ":9: input_ids[1] is not an integer",
+                            ":11: input_ids missing"};
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
+        snprintf(want, sizeof want, "%s%s", jsonl, expect[i]);
+        CHECK(strstr(err, want) != NULL);
+        if (!strstr(err, want)) fprintf(stderr, "  missing '%s' in:\n%s\n", want, err);
+    }
+    CHECK(strstr(err, ":1:") == NULL && strstr(err, ":3:") == NULL && strstr(err, ":7:") == NULL);
+    CHECK(strstr(err, "7 of 10 lines skipped") != NULL);
+    CHECK(strstr(out, "3 sequences, 2103 tokens, 7 bad lines skipped") != NULL);
+    /* histogram rows: bucket, seqs, share, tokens, share */
+    CHECK(strstr(out, "<=512                 1    33.3%            3     0.1%") != NULL);
+    CHECK(strstr(out, "<=1024                1    33.3%          600    28.5%") != NULL);
+    CHECK(strstr(out, "<=2048                1    33.3%         1500    71.3%") != NULL);
+    if (!strstr(out, "<=2048                1")) fprintf(stderr, "stdout was:\n%s\n", out);
+    free(err);
+    free(out);
+
+    char e[512];
+    shard *s = shard_open(shardp, e, sizeof e);
+    CHECK(s != NULL);
+    if (s) {
+        CHECK_EQ_INT(shard_count(s), 3);
+        CHECK_EQ_INT(shard_vocab(s), 1000);
+        shard_seq q;
+        CHECK_EQ_INT(shard_get(s, 1, &q), 0);
+        CHECK_EQ_INT(q.len, 600);
+        CHECK(q.ids[0] == 100 && q.ids[599] == 699 && q.mask[0] == 0 && q.mask[599] == 1);
+        CHECK_EQ_INT(shard_get(s, 2, &q), 0);
+        CHECK(q.len == 1500 && q.ids[1499] == (7 + 1499) % 1000);
+        shard_close(&s);
+    }
+
+    /* --strict: the first bad line stops it and nothing is written */
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --strict", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 1);
+    err = slurp(errp);
+    snprintf(want, sizeof want, "%s:2: not a JSON object", jsonl);
+    CHECK(strstr(err, want) != NULL);
+    free(err);
+    CHECK(access(shardp, F_OK) != 0);
+
+    /* --model: vocabulary from config.json (500): line 7's ids 100..699 are now out of range */
+    model_config mc;
+    hf_config_defaults(&mc, MODEL_QWEN3);
+    mc.vocab_size = 500;
+    mc.hidden_size = 8;
+    mc.intermediate_size = 8;
+    mc.num_layers = 1;
+    mc.num_heads = 2;
+    mc.num_kv_heads = 1;
+    mc.head_dim = 4;
+    CHECK_EQ_INT(hf_config_write(dir, &mc, NULL), 0);
+    snprintf(args, sizeof args, "--in %s --out %s --model %s --max-len 2000", jsonl, shardp, dir);
+    CHECK_EQ_INT(run(args), 0);
+    err = slurp(errp);
+    snprintf(want, sizeof want, "%s:7: token id 500 at position 400", jsonl);
+    CHECK(strstr(err, want) != NULL);
+    free(err);
+    s = shard_open(shardp, e, sizeof e);
+    CHECK(s != NULL && shard_count(s) == 1 && shard_vocab(s) == 500);
+    shard_close(&s);
+
+    /* bad usage */
+    CHECK_EQ_INT(run("--in x.jsonl"), 2);
+    snprintf(args, sizeof args, "--in %s --out %s --buckets 512,100", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 2);
+
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    CHECK_DONE();
+}

@@ -1,0 +1,171 @@
+/* test_mkmodel: runs dflash-mkmodel (../tools/dflash-mkmodel from the ctest working directory,
+ * or $DFLASH_MKMODEL_BIN) for each family and checks that what it writes is what the target
+ * loader expects: config.json loads back with the asked-for architecture, the safetensors hold
+ * exactly the HF tensor names with the right shapes, values look like the HF init, the same seed
+ * gives the same bytes, a sharded checkpoint holds the same values as a single file. */
+#include "check.h"
+#include "hf_config.h"
+#include "safetensors.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[256], bin[512];
+
+static int run(const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s --log-level warn >%s/out 2>&1", bin, args, dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Opens DIR/name, checks the tensor set against the config; returns the open checkpoint. */
+static safetensors *check_model(const char *name, model_config *mc)
+{
+    char path[400], err[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    CHECK_EQ_INT(hf_config_load(path, mc, err, sizeof err), 0);
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL);
+    if (!st) {
+        fprintf(stderr, "  %s\n", err);
+        return NULL;
+    }
+    size_t n = hf_weight_count(mc);
+    CHECK_EQ_INT(safetensors_count(st), n);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        hf_weight_desc d;
+        hf_weight_nth(mc, i, &d);
+        if (safetensors_expect(st, d.name, d.ndim, d.shape, NULL, err, sizeof err)) {
+            bad++;
+            fprintf(stderr, "  %s\n", err);
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+    return st;
+}
+
+static double std_of(const safetensors *st, const char *name, double *mean)
+{
+    const safetensors_tensor *t = safetensors_find(st, name);
+    if (!t) return -1;
+    float *v = malloc((size_t)t->numel * sizeof *v);
+    safetensors_to_f32(t, v);
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < t->numel; i++) {
+        s += v[i];
+        s2 += (double)v[i] * v[i];
+    }
+    free(v);
+    *mean = s / (double)t->numel;
+    return sqrt(s2 / (double)t->numel - *mean * *mean);
+}
+
+static bool same_bytes(const char *a, const char *b)
+{
+    char cmd[1000];
+    snprintf(cmd, sizeof cmd, "cmp -s %s/%s %s/%s", dir, a, dir, b);
+    return system(cmd) == 0;
+}
+
+int main(void)
+{
+    const char *env = getenv("DFLASH_MKMODEL_BIN");
+    snprintf(bin, sizeof bin, "%s", env ? env : "../tools/dflash-mkmodel");
+    CHECK(access(bin, X_OK) == 0);
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "dflash-mkmodel not found at %s (set DFLASH_MKMODEL_BIN)\n", bin);
+        CHECK_DONE();
+    }
+    snprintf(dir, sizeof dir, "/tmp/dflash-test-mkmodel-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    char args[1200];
+    model_config mc;
+    double mean, sd;
+
+    /* qwen3 tiny, bf16 */
+    snprintf(args, sizeof args, "--preset tiny --family qwen3 --seed 5 --out %s/q3", dir);
+    CHECK_EQ_INT(run(args), 0);
+    safetensors *st = check_model("q3", &mc);
+    CHECK(mc.family == MODEL_QWEN3 && mc.qk_norm && mc.hidden_size == 64 && mc.num_layers == 4 &&
+          mc.vocab_size == 512 && mc.num_kv_heads == 2 && mc.head_dim == 16);
+    CHECK(st && safetensors_find(st, "lm_head.weight") &&
+          safetensors_find(st, "lm_head.weight")->dtype == SAFETENSORS_BF16);
+    sd = std_of(st, "model.embed_tokens.weight", &mean);
+    CHECK_NEAR(sd, 0.02, 0.002);
+    CHECK_NEAR(mean, 0, 0.002);
+    sd = std_of(st, "model.layers.2.self_attn.k_norm.weight", &mean);
+    CHECK_NEAR(mean, 1, 0);
+    CHECK_NEAR(sd, 0, 0);
+    safetensors_close(&st);
+
+    /* same seed: same bytes; other seed: different */
+    snprintf(args, sizeof args, "--preset tiny --family qwen3 --seed 5 --out %s/q3b", dir);
+    CHECK_EQ_INT(run(args), 0);
+    CHECK(same_bytes("q3/model.safetensors", "q3b/model.safetensors"));
+    CHECK(same_bytes("q3/config.json", "q3b/config.json"));
+    snprintf(args, sizeof args, "--preset tiny --family qwen3 --seed 6 --out %s/q3c", dir);
+    CHECK_EQ_INT(run(args), 0);
+    CHECK(!same_bytes("q3/model.safetensors", "q3c/model.safetensors"));
+
+    /* qwen2 tied f32 with norm jitter: biases present, no lm_head, norms jittered */
+    snprintf(args, sizeof args,
+             "--family qwen2 --tie --dtype f32 --norm-jitter 0.1 --hidden 96 --heads 6 "
+             "--kv-heads 2 --out %s/q2",
+             dir);
+    CHECK_EQ_INT(run(args), 0);
+    st = check_model("q2", &mc);
+    CHECK(mc.family == MODEL_QWEN2 && mc.qkv_bias && mc.tie_word_embeddings && mc.head_dim == 16);
+    CHECK(st && !safetensors_find(st, "lm_head.weight"));
+    CHECK(st && safetensors_find(st, "model.layers.0.self_attn.v_proj.bias"));
+    sd = std_of(st, "model.layers.0.post_attention_layernorm.weight", &mean);
+    CHECK(sd > 0.05 && sd < 0.15);
+    CHECK_NEAR(mean, 1, 0.05);
+    safetensors_close(&st);
+
+    /* llama with rope scaling, f16, sharded vs single file: same values */
+    snprintf(args, sizeof args,
+             "--family llama --llama3-rope-scaling --rope-original-max 64 --vocab 4096 "
+             "--dtype f16 --seed 9 --out %s/ll1",
+             dir);
+    CHECK_EQ_INT(run(args), 0);
+    snprintf(args, sizeof args,
+             "--family llama --llama3-rope-scaling --rope-original-max 64 --vocab 4096 "
+             "--dtype f16 --seed 9 --shard-size-mb 1 --out %s/ll2",
+             dir);
+    CHECK_EQ_INT(run(args), 0);
+    char p[400];
+    snprintf(p, sizeof p, "%s/ll2/model-00002-of-00002.safetensors", dir);
+    CHECK(access(p, F_OK) == 0);
+    safetensors *a = check_model("ll1", &mc);
+    CHECK(mc.family == MODEL_LLAMA && mc.rope_scaling.enabled &&
+          mc.rope_scaling.original_max_position_embeddings == 64 && mc.rope_scaling.factor == 8);
+    safetensors *b = check_model("ll2", &mc);
+    int differ = 0;
+    for (size_t i = 0; a && b && i < safetensors_count(a); i++) {
+        const safetensors_tensor *x = safetensors_at(a, i), *y = safetensors_find(b, x->name);
+        if (!y || x->bytes != y->bytes || memcmp(x->data, y->data, x->bytes) != 0) differ++;
+    }
+    CHECK_EQ_INT(differ, 0);
+    safetensors_close(&a);
+    safetensors_close(&b);
+
+    /* refusals */
+    snprintf(args, sizeof args, "--family qwen3 --heads 5 --kv-heads 2 --out %s/bad", dir);
+    CHECK_EQ_INT(run(args), 2);
+    snprintf(args, sizeof args, "--family mistral --out %s/bad", dir);
+    CHECK_EQ_INT(run(args), 2);
+    snprintf(args, sizeof args, "--family qwen3 --llama3-rope-scaling --out %s/bad", dir);
+    CHECK_EQ_INT(run(args), 2);
+    CHECK_EQ_INT(run("--preset tiny"), 2);
+
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    CHECK_DONE();
+}

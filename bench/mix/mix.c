@@ -172,7 +172,8 @@ static int run(const bench_cfg *c, const double *share, const run_spec *spec, ru
         return DFLASH_ENOMEM;
     }
     double win_tok[NB] = {0}, all_tok[NB] = {0}, batch_share[NB], bsum = 0;
-    for (uint32_t b = 0; b < NB; b++) bsum += batch_share[b] = share[b] / (TOKENS - bucket_len[b] / 2.0);
+    for (uint32_t b = 0; b < NB; b++)
+        bsum += batch_share[b] = share[b] / (TOKENS - bucket_len[b] / 2.0);
     for (uint32_t b = 0; b < NB; b++) batch_share[b] /= bsum;
     int64_t win_n = 0, win_pos = 0;
 

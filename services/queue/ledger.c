@@ -1,10 +1,11 @@
 /* ledger: batch states of DESIGN.md section 5, persisted in an append-only journal.
  *
  * Structure: the plan (n_buckets, batches per bucket per epoch) and a growing array of opened
- * epochs. An epoch whose batches are all COMMITTED is *done*: its entries are freed (COMMITTED is
- * final, so nothing can change there) and it costs a few counters, in memory and in snapshots. An epoch holds, per bucket, one entry per batch {state, orphan flag, step} plus counters
+ * epochs. An epoch holds, per bucket, one entry per batch {state, orphan flag, step} plus counters
  * (batches per state, TODO per bucket, a lower bound on the first TODO index per bucket) so that
- * hand-out and stats do not scan. Epochs open lazily: the open epoch is the lowest one with TODO
+ * hand-out and stats do not scan. An epoch whose batches are all COMMITTED is *done*: its entries
+ * are freed (COMMITTED is final, nothing can change there) and it costs a few counters, in memory
+ * and in snapshots. Epochs open lazily: the open epoch is the lowest one with TODO
  * batches; when none has any, the next one is allocated (up to max_epochs).
  *
  * Transitions (assert()ed in set_state; the table with its triggers is in ledger.h):
@@ -101,7 +102,10 @@ static uint32_t get32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
 
 /* --- state ---------------------------------------------------------------------------------- */
 
@@ -220,7 +224,7 @@ static void log_batch(ledger *l, uint16_t type, const batch_id *b)
     journal_rec(l, type, p, sizeof p, false);
 }
 
-/* --- operations (apply = memory only; the public wrappers journal) ----------------------------- */
+/* --- operations (apply = memory only; the public wrappers journal) --------------------------- */
 
 static int apply_plan(ledger *l, uint32_t n, const uint32_t *per)
 {

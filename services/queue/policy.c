@@ -8,8 +8,9 @@
  * transition table of policy.h:
  *   FREE -> FILLING;  FILLING -> READY | FREE;  READY -> LEASED | FREE;  LEASED -> READY | FREE.
  * Consumption accounting: consumed tokens per bucket since the shares were last set (the lag of
- * the choice rule, clamped so that a long-starved bucket cannot take a burst of claims), lifetime produced/consumed counters, and a ring of the last mix_window claims
- * (bucket, tokens) with per-bucket token sums for the TV metric.
+ * the choice rule, clamped so that a long-starved bucket cannot take a burst of claims), lifetime
+ * produced/consumed counters, and a ring of the last mix_window claims (bucket, tokens) with
+ * per-bucket token sums for the TV metric.
  *
  * Leases of a dropped pool become *detached* (detached[]): the worker may have copied the batch
  * before the target died, so its release just ends the lease; if it expires instead (or the

@@ -197,7 +197,8 @@ uint64_t policy_next_deadline(const policy *p);
 
 int policy_set_min_ready(policy *p, uint32_t min_ready);          /* any value; 0 or code */
 int policy_set_max_depth(policy *p, uint32_t max_depth);          /* >= 1 (lowering never evicts) */
-int policy_set_lease_timeout(policy *p, uint32_t lease_timeout_ms); /* >= 1; new grants/heartbeats */
+/* >= 1 ms; applies to new grants and heartbeats. */
+int policy_set_lease_timeout(policy *p, uint32_t lease_timeout_ms);
 int policy_set_max_redeliveries(policy *p, uint32_t n);
 /* Sets the mode (pause/resume/drain). DFLASH_EINVAL for an unknown mode value. */
 int policy_set_mode(policy *p, policy_mode mode);

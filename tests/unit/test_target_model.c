@@ -17,9 +17,14 @@
 
 #include "err.h"
 #include "hf_config.h"
+#include "batch_plan.h"
 #include "log.h"
+#include "model_producer.h"
 #include "ops.h"
 #include "safetensors.h"
+#include "shard.h"
+#include "slot.h"
+#include "target_loop.h"
 #include "target_model.h"
 
 #include <stdint.h>
@@ -350,6 +355,156 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx)
     target_model_destroy(&m);
 }
 
+/* Writes a shard of n sequences of the given lengths; ids may exceed the model's vocabulary when
+ * big_ids (the writer is told vocab 0 = unknown). */
+static int write_shard(const char *path, const uint32_t *lens, int n, int vocab, bool big_ids)
+{
+    shard_writer *w = shard_writer_new(path, 0);
+    int rc = w ? 0 : DFLASH_ENOMEM;
+    for (int s = 0; s < n && !rc; s++) {
+        int32_t ids[64];
+        uint8_t mask[64];
+        for (uint32_t i = 0; i < lens[s]; i++) {
+            ids[i] = (int32_t)((i * 13 + (uint32_t)s * 7 + 1) % (uint32_t)vocab);
+            mask[i] = i >= lens[s] / 4;
+        }
+        if (big_ids && s == n - 1) ids[lens[s] - 1] = vocab + 3;
+        rc = shard_writer_add(w, ids, mask, lens[s]);
+    }
+    if (!rc) rc = shard_writer_commit(w);
+    shard_writer_destroy(&w);
+    return rc;
+}
+
+/* The target daemon's producer: work unit -> slot, checked against the shard, the batch plan and
+ * a direct forward of the same packed batch. */
+static void test_producer(const nn_ops *ops, nn_ctx *ctx)
+{
+    char dir[] = "/tmp/test_target_producer.XXXXXX", shard_path[600], bad_path[600];
+    CHECK(mkdtemp(dir) != NULL);
+    model_config c = tiny_config();
+    CHECK_EQ_INT(write_checkpoint(dir, &c), 0);
+    enum { N = 9 };
+    const uint32_t lens[N] = {3, 9, 14, 5, 20, 2, 11, 24, 7};
+    snprintf(shard_path, sizeof shard_path, "%s/data.shard", dir);
+    snprintf(bad_path, sizeof bad_path, "%s/bad.shard", dir);
+    CHECK_EQ_INT(write_shard(shard_path, lens, N, c.vocab_size, false), 0);
+    CHECK_EQ_INT(write_shard(bad_path, lens, N, c.vocab_size, true), 0);
+
+    const uint32_t bounds[2] = {8, 24};
+    int cap[2] = {2, 0};
+    model_producer_opts po = {.model_dir = dir, .shards = shard_path, .bucket_bounds = bounds,
+                              .n_buckets = 2, .token_budget = 32, .max_seqs = 4, .seed = 7,
+                              .layer_ids = cap, .n_layer_ids = 2};
+    char err[512] = "";
+    model_producer *p = model_producer_new(&po, ops, ctx, err, sizeof err);
+    if (!p) fprintf(stderr, "model_producer_new: %s\n", err);
+    CHECK(p != NULL);
+    /* a shard with a token id outside the vocabulary is refused at start-up, naming it */
+    model_producer_opts bo = po;
+    bo.shards = bad_path;
+    char berr[512] = "";
+    model_producer *bad = model_producer_new(&bo, ops, ctx, berr, sizeof berr);
+    CHECK(bad == NULL);
+    CHECK(strstr(berr, "bad.shard") != NULL);
+    model_producer_destroy(&bad);
+    if (!p) goto out;
+
+    slot_layout l;
+    CHECK_EQ_INT(model_producer_layout(p, &l), 0);
+    CHECK_EQ_INT(l.hidden, c.hidden_size);
+    CHECK_EQ_INT(l.n_layers, 2);
+    CHECK_EQ_INT(l.dtype, SLOT_DTYPE_F32);
+    void *slot = ops->alloc(ctx, l.slot_bytes);
+    int D = c.hidden_size;
+    target_model_opts mo = {.layer_ids = cap, .n_layer_ids = 2, .max_tokens = 32};
+    target_model *direct = target_model_new(&c, &mo, ops, ctx, fetch_random, NULL);
+    float *want = malloc(sizeof(float) * 32 * 2 * (size_t)D);
+    CHECK(slot && direct && want);
+    if (!slot || !direct || !want) goto out2;
+    CHECK_EQ_INT(model_producer_warmup(p, slot, &l, bounds, 2), 0);
+
+    batch_plan *plan = model_producer_plan(p);
+    int seen[N] = {0}, batches = 0;
+    bool arrays_ok = true, rows_ok = true;
+    for (int b = 0; b < 2; b++) {
+        uint32_t nb = batch_plan_count(plan, 1, b);
+        for (uint32_t i = 0; i < nb; i++) {
+            slot_work_unit wu = {.epoch = 1, .bucket = (uint32_t)b, .batch = i};
+            uint32_t n_seqs = 0;
+            int T = model_producer_fill(p, slot, &l, &wu, 0xabc, &n_seqs);
+            CHECK(T > 0);
+            if (T <= 0) continue;
+            batches++;
+            slot_header h;
+            char herr[256];
+            CHECK_EQ_INT(slot_header_check(slot, &l, &h, herr, sizeof herr), 0);
+            CHECK_EQ_INT(slot_arrays_check(slot, &l, (uint32_t)c.vocab_size, herr, sizeof herr), 0);
+            CHECK(h.n_tokens == (uint32_t)T && h.n_seqs == n_seqs && h.wu.batch == i &&
+                  h.wu.bucket == (uint32_t)b && h.producer == 0xabc);
+            /* the slot holds the plan's sequences, in order, with their ids and masks */
+            uint32_t ids[8], n = 0;
+            CHECK_EQ_INT(batch_plan_get(plan, 1, b, i, ids, 8, &n, NULL), 0);
+            CHECK_EQ_INT(n, n_seqs);
+            const int32_t *off = slot_seq_offsets(slot, &l), *tok = slot_token_ids(slot, &l);
+            const uint8_t *mask = slot_loss_mask(slot, &l);
+            for (uint32_t s = 0; s < n; s++) {
+                seen[ids[s]]++;
+                arrays_ok &= (uint32_t)(off[s + 1] - off[s]) == lens[ids[s]];
+                for (int t = off[s]; t < off[s + 1]; t++) {
+                    uint32_t k = (uint32_t)(t - off[s]);
+                    arrays_ok &= tok[t] == (int32_t)((k * 13 + ids[s] * 7 + 1) % 50u);
+                    arrays_ok &= mask[t] == (k >= lens[ids[s]] / 4);
+                }
+            }
+            /* the captured rows are exactly the direct forward of the same packed batch */
+            CHECK_EQ_INT(target_forward_host(direct, tok, slot_positions(slot, &l), off,
+                                             (int)n_seqs, T, want, 2 * (size_t)D),
+                         0);
+            rows_ok &= memcmp(slot_hidden(slot, &l), want, sizeof(float) * (size_t)T * 2 * D) == 0;
+        }
+    }
+    CHECK(batches >= 3);
+    CHECK(arrays_ok);
+    CHECK(rows_ok);
+    bool once = true;
+    for (int s = 0; s < N; s++) once &= seen[s] == 1;
+    CHECK(once); /* every sequence (all fit a bucket) is produced exactly once per epoch */
+
+    /* refusals: a batch that does not exist, a slot laid out for something else */
+    slot_work_unit none = {.epoch = 1, .bucket = 0, .batch = 1000};
+    CHECK_EQ_INT(model_producer_fill(p, slot, &l, &none, 1, NULL), DFLASH_ERANGE);
+    slot_layout other = l;
+    other.n_layers = 3;
+    slot_work_unit first = {.epoch = 1, .bucket = 1, .batch = 0};
+    CHECK_EQ_INT(model_producer_fill(p, slot, &other, &first, 1, NULL), DFLASH_EMISMATCH);
+
+    /* the same through the target loop's producer interface */
+    target_producer *tp = model_producer_as_target(&p, 0xdef);
+    CHECK(tp != NULL && p == NULL);
+    if (tp) {
+        uint32_t n_seqs = 0;
+        int T = tp->fill(tp->ctx, &first, slot, &l, tp->stream(tp->ctx), &n_seqs);
+        CHECK(T > 0 && n_seqs > 0);
+        CHECK(((slot_header *)slot)->producer == 0xdef);
+        tp->destroy(tp->ctx);
+        free(tp);
+    }
+out2:
+    free(want);
+    target_model_destroy(&direct);
+    ops->free(ctx, slot);
+out:
+    model_producer_destroy(&p);
+    char path[700];
+    const char *files[] = {"config.json", "model.safetensors", "data.shard", "bad.shard"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 int main(void)
 {
     log_init("test_target_model", LOG_WARN);
@@ -359,6 +514,7 @@ int main(void)
     test_capture(ops, ctx);
     test_load(ops, ctx);
     test_generate(ops, ctx);
+    test_producer(ops, ctx);
     nn_cpu_destroy(&ctx);
     CHECK_DONE();
 }

@@ -1,0 +1,276 @@
+/* model_producer: work unit -> filled slot with the real target forward (see the header).
+ *
+ * One fill, in order (all on the backend's stream):
+ *   1. batch_plan_get(epoch, bucket, index) -> global sequence ids, in packing order;
+ *   2. host staging: seq_off[n+1], positions (0..len-1 per sequence), ids, loss mask;
+ *   3. upload_raw into the slot's arrays;
+ *   4. target_forward reading ids / positions / offsets from the slot itself and writing the
+ *      captured layers into slot_hidden at column j*D of each row (row stride n_layers*D);
+ *   5. the header (slot_header_write on a host copy, then upload_raw), last.
+ */
+#include "model_producer.h"
+
+#include "err.h"
+#include "log.h"
+#include "shard.h"
+#include "target_loop.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct model_producer {
+    const nn_ops *ops;
+    nn_ctx *ctx;
+    target_model *model;
+    shard_set *shards;
+    batch_plan *plan;
+    uint32_t token_budget, max_seqs;
+    slot_layout layout;
+    /* host staging for one batch */
+    uint32_t *seq_ids;  /* [max_seqs] */
+    int32_t *seq_off;   /* [max_seqs + 1] */
+    int32_t *pos, *ids; /* [token_budget] */
+    uint8_t *mask;      /* [token_budget] */
+    slot_header *hdr;   /* one slot's header bytes (host) */
+};
+
+static slot_dtype backend_dtype(const nn_ops *ops)
+{
+    return ops->act_bytes == 4 ? SLOT_DTYPE_F32 : SLOT_DTYPE_BF16;
+}
+
+model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
+                                   char *err, size_t errlen)
+{
+    model_producer *p = calloc(1, sizeof *p);
+    uint32_t *lens = NULL;
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->ops = ops;
+    p->ctx = ctx;
+    p->token_budget = o->token_budget;
+    p->max_seqs = o->max_seqs;
+    if (o->token_budget < 1 || o->max_seqs < 1 || o->max_seqs > o->token_budget) {
+        snprintf(err, errlen, "token budget %u and max seqs %u: need 1 <= max seqs <= budget",
+                 o->token_budget, o->max_seqs);
+        goto fail;
+    }
+
+    p->shards = shard_set_open_list(o->shards, err, errlen);
+    if (!p->shards) goto fail;
+    uint64_t n = shard_set_count(p->shards);
+    lens = malloc(sizeof(uint32_t) * (size_t)n);
+    if (!lens) goto fail_nomem;
+    shard_set_lengths(p->shards, lens);
+    batch_plan_params bp = {.bucket_bounds = o->bucket_bounds, .n_buckets = o->n_buckets,
+                            .token_budget = o->token_budget, .max_seqs = o->max_seqs,
+                            .seed = o->seed};
+    p->plan = batch_plan_new(lens, n, &bp, err, errlen);
+    free(lens);
+    lens = NULL;
+    if (!p->plan) goto fail;
+
+    target_model_opts mo = {.layer_ids = o->layer_ids, .n_layer_ids = o->n_layer_ids,
+                            .drafter_layers = o->drafter_layers,
+                            .max_tokens = (int)o->token_budget, .max_seqs = (int)o->max_seqs};
+    p->model = target_model_load(o->model_dir, &mo, ops, ctx);
+    if (!p->model) {
+        snprintf(err, errlen, "%s: cannot load the target model (see the log above)",
+                 o->model_dir);
+        goto fail;
+    }
+    const model_config *mc = target_model_config(p->model);
+    int rc = shard_set_verify_tokens(p->shards, (uint32_t)mc->vocab_size, err, errlen);
+    if (rc) goto fail;
+
+    int n_layers;
+    target_model_layer_ids(p->model, &n_layers);
+    rc = slot_layout_compute(o->token_budget, o->max_seqs, (uint32_t)mc->hidden_size,
+                             (uint32_t)n_layers, backend_dtype(ops), &p->layout);
+    if (rc) {
+        snprintf(err, errlen, "slot layout for budget %u, %u seqs, hidden %d, %d layers: %s",
+                 o->token_budget, o->max_seqs, mc->hidden_size, n_layers, err_str(rc));
+        goto fail;
+    }
+
+    p->seq_ids = malloc(sizeof(uint32_t) * p->max_seqs);
+    p->seq_off = malloc(sizeof(int32_t) * (p->max_seqs + 1));
+    p->pos = malloc(sizeof(int32_t) * p->token_budget);
+    p->ids = malloc(sizeof(int32_t) * p->token_budget);
+    p->mask = malloc(p->token_budget);
+    p->hdr = calloc(1, sizeof *p->hdr);
+    if (!p->seq_ids || !p->seq_off || !p->pos || !p->ids || !p->mask || !p->hdr) goto fail_nomem;
+    return p;
+
+fail_nomem:
+    snprintf(err, errlen, "out of memory");
+fail:
+    free(lens);
+    model_producer_destroy(&p);
+    return NULL;
+}
+
+void model_producer_destroy(model_producer **pp)
+{
+    if (!pp || !*pp) return;
+    model_producer *p = *pp;
+    target_model_destroy(&p->model);
+    batch_plan_destroy(&p->plan);
+    shard_set_close(&p->shards);
+    free(p->seq_ids);
+    free(p->seq_off);
+    free(p->pos);
+    free(p->ids);
+    free(p->mask);
+    free(p->hdr);
+    free(p);
+    *pp = NULL;
+}
+
+int model_producer_layout(const model_producer *p, slot_layout *out)
+{
+    *out = p->layout;
+    return 0;
+}
+
+batch_plan *model_producer_plan(model_producer *p)
+{
+    return p->plan;
+}
+
+const target_model *model_producer_model(const model_producer *p)
+{
+    return p->model;
+}
+
+static bool same_layout(const slot_layout *a, const slot_layout *b)
+{
+    return a->token_budget == b->token_budget && a->max_seqs == b->max_seqs &&
+           a->hidden == b->hidden && a->n_layers == b->n_layers && a->dtype == b->dtype &&
+           a->slot_bytes == b->slot_bytes;
+}
+
+int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
+                        const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs)
+{
+    if (!same_layout(l, &p->layout)) return DFLASH_EMISMATCH;
+    uint32_t n = 0;
+    uint64_t tokens = 0;
+    int rc = batch_plan_get(p->plan, wu->epoch, (int)wu->bucket, (uint32_t)wu->batch, p->seq_ids,
+                            p->max_seqs, &n, &tokens);
+    if (rc) return rc;
+    if (n == 0 || tokens == 0 || tokens > p->token_budget) return DFLASH_EINTERNAL;
+
+    /* materialise: [seq 0 | seq 1 | ...] with positions restarting per sequence */
+    uint32_t T = 0;
+    p->seq_off[0] = 0;
+    for (uint32_t s = 0; s < n; s++) {
+        shard_seq q;
+        rc = shard_set_get(p->shards, p->seq_ids[s], &q);
+        if (rc) return rc;
+        if (T + q.len > p->token_budget) return DFLASH_EINTERNAL;
+        memcpy(p->ids + T, q.ids, sizeof(int32_t) * q.len);
+        memcpy(p->mask + T, q.mask, q.len);
+        for (uint32_t i = 0; i < q.len; i++) p->pos[T + i] = (int32_t)i;
+        T += q.len;
+        p->seq_off[s + 1] = (int32_t)T;
+    }
+
+    const nn_ops *ops = p->ops;
+    int32_t *d_off = slot_seq_offsets(base, l), *d_pos = slot_positions(base, l);
+    int32_t *d_ids = slot_token_ids(base, l);
+    ops->upload_raw(p->ctx, d_off, p->seq_off, sizeof(int32_t) * (n + 1));
+    ops->upload_raw(p->ctx, d_pos, p->pos, sizeof(int32_t) * T);
+    ops->upload_raw(p->ctx, d_ids, p->ids, sizeof(int32_t) * T);
+    ops->upload_raw(p->ctx, slot_loss_mask(base, l), p->mask, T);
+
+    rc = target_forward(p->model, d_ids, d_pos, d_off, (int)n, (int)T, slot_hidden(base, l),
+                        (size_t)l->n_layers * l->hidden);
+    if (rc) return rc;
+
+    slot_header_write(p->hdr, l, wu, n, T, producer);
+    ops->upload_raw(p->ctx, base, p->hdr, sizeof *p->hdr);
+    if (n_seqs) *n_seqs = n;
+    return (int)T;
+}
+
+int model_producer_warmup(model_producer *p, void *base, const slot_layout *l,
+                          const uint32_t *bucket_bounds, int n_buckets)
+{
+    if (!same_layout(l, &p->layout)) return DFLASH_EMISMATCH;
+    const nn_ops *ops = p->ops;
+    int32_t *d_off = slot_seq_offsets(base, l), *d_pos = slot_positions(base, l);
+    int32_t *d_ids = slot_token_ids(base, l);
+    for (int b = 0; b < n_buckets; b++) {
+        /* the bucket's full batch: sequences of the bound's length while they fit */
+        uint32_t len = bucket_bounds[b] < p->token_budget ? bucket_bounds[b] : p->token_budget;
+        uint32_t n = 0, T = 0;
+        p->seq_off[0] = 0;
+        while (len > 0 && n < p->max_seqs && T + len <= p->token_budget) {
+            for (uint32_t i = 0; i < len; i++) p->pos[T + i] = (int32_t)i, p->ids[T + i] = 0;
+            T += len;
+            p->seq_off[++n] = (int32_t)T;
+        }
+        if (n == 0) continue;
+        ops->upload_raw(p->ctx, d_off, p->seq_off, sizeof(int32_t) * (n + 1));
+        ops->upload_raw(p->ctx, d_pos, p->pos, sizeof(int32_t) * T);
+        ops->upload_raw(p->ctx, d_ids, p->ids, sizeof(int32_t) * T);
+        int rc = target_forward(p->model, d_ids, d_pos, d_off, (int)n, (int)T,
+                                slot_hidden(base, l), (size_t)l->n_layers * l->hidden);
+        if (rc) return rc;
+    }
+    ops->sync(p->ctx);
+    return 0;
+}
+
+/* ---- the target loop's producer interface ---- */
+
+typedef struct producer_ctx {
+    model_producer *p;
+    uint64_t producer_id;
+} producer_ctx;
+
+static int tp_fill(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
+                   void *stream, uint32_t *n_seqs)
+{
+    (void)stream; /* the model's nn_ctx owns the compute stream */
+    producer_ctx *c = ctx;
+    return model_producer_fill(c->p, slot, l, wu, c->producer_id, n_seqs);
+}
+
+static void *tp_stream(void *ctx)
+{
+    (void)ctx;
+    return NULL; /* cpu backend; the cuda backend's stream accessor goes here */
+}
+
+static void tp_destroy(void *ctx)
+{
+    producer_ctx *c = ctx;
+    if (!c) return;
+    model_producer_destroy(&c->p);
+    free(c);
+}
+
+target_producer *model_producer_as_target(model_producer **pp, uint64_t producer_id)
+{
+    target_producer *tp = calloc(1, sizeof *tp);
+    producer_ctx *c = calloc(1, sizeof *c);
+    if (!tp || !c || !pp || !*pp) {
+        free(tp);
+        free(c);
+        return NULL;
+    }
+    c->p = *pp;
+    c->producer_id = producer_id;
+    *pp = NULL;
+    tp->name = "model";
+    tp->ctx = c;
+    tp->fill = tp_fill;
+    tp->stream = tp_stream;
+    tp->destroy = tp_destroy;
+    return tp;
+}

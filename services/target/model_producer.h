@@ -1,0 +1,76 @@
+/* model_producer: the real producer of dflash-target. Turns a work unit (epoch, bucket, batch)
+ * into a filled slot: materialises the batch from the batch plan and the token shards, writes the
+ * slot's arrays, runs the target forward up to the deepest captured layer and lets it write the
+ * captured layers straight into the slot's hidden rows (no concatenation copy), then the header.
+ *
+ * (Named model_producer, not target_model, so that its header never shadows
+ * common/nn/target_model.h on an include path that holds both folders.)
+ *
+ * Data: the target_model (weights + activations planned for the slot's token budget), the shard
+ * set (mmapped, token ids verified against the vocabulary once at creation), the batch plan, and
+ * host staging for one batch's seq offsets / positions / ids / loss mask (uploaded into the slot
+ * with the backend's upload_raw, so the slot may be device memory).
+ * Thread: one producer is driven by one thread (the target's compute thread); the batch plan's
+ * epoch cache and the model's activations are not shareable.
+ */
+#ifndef DFLASH_MODEL_PRODUCER_H
+#define DFLASH_MODEL_PRODUCER_H
+
+#include "batch_plan.h"
+#include "ops.h"
+#include "slot.h"
+#include "target_model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct model_producer model_producer;
+
+typedef struct model_producer_opts {
+    const char *model_dir;   /* HF directory (config.json + safetensors) */
+    const char *shards;      /* comma-separated shard paths */
+    const uint32_t *bucket_bounds; /* inclusive upper bounds, ascending */
+    int n_buckets;
+    uint32_t token_budget;   /* tokens per slot (>= the largest bound) */
+    uint32_t max_seqs;       /* sequences per slot */
+    uint64_t seed;           /* batch plan seed */
+    const int *layer_ids;    /* captured ids (NULL: DFlash's rule for drafter_layers) */
+    int n_layer_ids;
+    int drafter_layers;
+} model_producer_opts;
+
+/* Loads the model and the shards and builds the plan. NULL with the reason in err (bad
+ * checkpoint, shard, token id outside the vocabulary, bounds). */
+model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
+                                   char *err, size_t errlen);
+void model_producer_destroy(model_producer **p);
+
+/* The slot layout this producer fills: token_budget, max_seqs, hidden, captured layers, and the
+ * backend's dtype (f32 cpu, bf16 cuda). 0 or the slot_layout_compute error. */
+int model_producer_layout(const model_producer *p, slot_layout *out);
+
+/* Borrowed views (valid while p lives) for registration with the broker and for tests. */
+batch_plan *model_producer_plan(model_producer *p);
+const target_model *model_producer_model(const model_producer *p);
+
+/* Fills the slot at base (backend memory laid out as l, which must equal
+ * model_producer_layout's) with batch wu and writes the header with the producer id.
+ * Returns the number of tokens (> 0) with *n_seqs (may be NULL) set, DFLASH_ERANGE (no such
+ * batch), DFLASH_EMISMATCH (layout) or another negative code. Work is queued on the backend's
+ * stream; the caller records the slot's event afterwards. */
+int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
+                        const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs);
+
+/* Runs one forward per bucket at its full-batch shape (sequences of the bound's length while they
+ * fit the budget) into the slot at base, which holds garbage afterwards and gets no header, so
+ * every shape is warm before the daemon reports ready. 0 or negative. */
+int model_producer_warmup(model_producer *p, void *base, const slot_layout *l,
+                          const uint32_t *bucket_bounds, int n_buckets);
+
+/* Wraps *p as the target loop's producer (target_loop.h), taking ownership (*p = NULL);
+ * producer_id goes into every slot header (the pool's incarnation). Free with
+ * target_producer_destroy. NULL on out of memory (then *p is left as is). */
+struct target_producer;
+struct target_producer *model_producer_as_target(model_producer **p, uint64_t producer_id);
+
+#endif

@@ -123,14 +123,15 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* Standard normal number i of the stream key (pairs share one draw via Box-Muller). */
-static float normal_at(uint64_t key, uint64_t i)
+/* Standard normals 2p and 2p+1 of the stream key (one Box-Muller draw per pair). */
+static void normal_pair(uint64_t key, uint64_t p, float *z0, float *z1)
 {
-    uint64_t r = mix64(key + (i >> 1) * 0xd1b54a32d192ed03ull);
+    uint64_t r = mix64(key + p * 0xd1b54a32d192ed03ull);
     double u1 = ((double)(r >> 40) + 1.0) / 16777217.0; /* (0, 1] */
     double u2 = (double)(r & 0xffffffu) / 16777216.0;   /* [0, 1) */
     double rad = sqrt(-2.0 * log(u1)), ang = 6.283185307179586 * u2;
-    return (float)(i & 1 ? rad * sin(ang) : rad * cos(ang));
+    *z0 = (float)(rad * cos(ang));
+    *z1 = (float)(rad * sin(ang));
 }
 
 /* Resolves sizes and the family into *mc; logs and returns non-zero when something is wrong. */
@@ -216,10 +217,13 @@ static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i)
     size_t es = safetensors_dtype_size(m->dt);
     for (uint64_t s = 0; s < n; s += CHUNK) {
         size_t k = n - s < CHUNK ? (size_t)(n - s) : CHUNK;
-        for (size_t j = 0; j < k; j++) {
-            float z = normal_at(key, s + j);
-            m->fbuf[j] = d->is_norm ? 1.0f + (float)m->cfg->norm_jitter * z
-                                    : (float)m->cfg->init_std * z;
+        /* s is even (CHUNK is), so element s + j is component j & 1 of pair (s + j) / 2 */
+        for (size_t j = 0; j < k; j += 2) {
+            float z[2];
+            normal_pair(key, (s + j) >> 1, &z[0], &z[1]);
+            for (size_t q = 0; q < 2 && j + q < k; q++)
+                m->fbuf[j + q] = d->is_norm ? 1.0f + (float)m->cfg->norm_jitter * z[q]
+                                            : (float)m->cfg->init_std * z[q];
         }
         const void *src = m->fbuf;
         if (m->dt == SAFETENSORS_BF16 || m->dt == SAFETENSORS_F16) {

@@ -38,9 +38,9 @@ struct batch_plan {
     uint64_t total_tokens, dropped;
 };
 
-static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
+    __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
@@ -56,8 +56,7 @@ static uint64_t mix64(uint64_t x) /* the splitmix64 finaliser */
     return x ^ (x >> 31);
 }
 
-int batch_plan_bucket_of(const batch_plan *plan, uint32_t len)
-{
+int batch_plan_bucket_of(const batch_plan *plan, uint32_t len) {
     if (!plan || len == 0) return -1;
     for (int i = 0; i < plan->p.n_buckets; i++)
         if (len <= plan->bounds[i]) return i;
@@ -65,8 +64,7 @@ int batch_plan_bucket_of(const batch_plan *plan, uint32_t len)
 }
 
 batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_plan_params *p,
-                           char *err, size_t errlen)
-{
+                           char *err, size_t errlen) {
     if (!p || p->n_buckets < 1 || p->n_buckets > BATCH_PLAN_MAX_BUCKETS || !p->bucket_bounds) {
         errf(err, errlen, "batch plan: need 1..%d buckets", BATCH_PLAN_MAX_BUCKETS);
         return NULL;
@@ -96,8 +94,10 @@ batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_pl
     /* two passes: count, then fill */
     for (uint64_t i = 0; i < n_seqs; i++) {
         int b = batch_plan_bucket_of(plan, lens[i]);
-        if (b < 0) plan->dropped++;
-        else plan->b[b].n++;
+        if (b < 0)
+            plan->dropped++;
+        else
+            plan->b[b].n++;
     }
     for (int b = 0; b < p->n_buckets; b++) {
         bucket *k = &plan->b[b];
@@ -130,8 +130,7 @@ batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_pl
     return plan;
 }
 
-void batch_plan_destroy(batch_plan **pp)
-{
+void batch_plan_destroy(batch_plan **pp) {
     if (!pp || !*pp) return;
     batch_plan *plan = *pp;
     for (int b = 0; b < BATCH_PLAN_MAX_BUCKETS; b++) {
@@ -144,33 +143,32 @@ void batch_plan_destroy(batch_plan **pp)
     *pp = NULL;
 }
 
-int batch_plan_n_buckets(const batch_plan *plan) { return plan ? plan->p.n_buckets : 0; }
+int batch_plan_n_buckets(const batch_plan *plan) {
+    return plan ? plan->p.n_buckets : 0;
+}
 
-static bool valid_bucket(const batch_plan *plan, int b)
-{
+static bool valid_bucket(const batch_plan *plan, int b) {
     return plan && b >= 0 && b < plan->p.n_buckets;
 }
 
-uint64_t batch_plan_bucket_seqs(const batch_plan *plan, int b)
-{
+uint64_t batch_plan_bucket_seqs(const batch_plan *plan, int b) {
     return valid_bucket(plan, b) ? plan->b[b].n : 0;
 }
 
-uint64_t batch_plan_bucket_tokens(const batch_plan *plan, int b)
-{
+uint64_t batch_plan_bucket_tokens(const batch_plan *plan, int b) {
     return valid_bucket(plan, b) ? plan->b[b].tokens : 0;
 }
 
-double batch_plan_share(const batch_plan *plan, int b)
-{
+double batch_plan_share(const batch_plan *plan, int b) {
     if (!valid_bucket(plan, b) || !plan->total_tokens) return 0;
     return (double)plan->b[b].tokens / (double)plan->total_tokens;
 }
 
-uint64_t batch_plan_dropped(const batch_plan *plan) { return plan ? plan->dropped : 0; }
+uint64_t batch_plan_dropped(const batch_plan *plan) {
+    return plan ? plan->dropped : 0;
+}
 
-uint32_t batch_plan_max_batch_seqs(const batch_plan *plan)
-{
+uint32_t batch_plan_max_batch_seqs(const batch_plan *plan) {
     if (!plan) return 0;
     uint64_t m = plan->p.token_budget; /* every sequence has >= 1 token */
     if (plan->p.max_seqs && plan->p.max_seqs < m) m = plan->p.max_seqs;
@@ -178,12 +176,13 @@ uint32_t batch_plan_max_batch_seqs(const batch_plan *plan)
 }
 
 /* Computes the permutation and packing of (epoch, bucket) into the bucket's cache. */
-static void pack(batch_plan *plan, uint32_t epoch, int b)
-{
+static void pack(batch_plan *plan, uint32_t epoch, int b) {
     bucket *k = &plan->b[b];
     if (k->cached && k->epoch == epoch) return;
-    uint64_t key = mix64(mix64(mix64(plan->p.seed) ^ epoch) ^ ((uint64_t)b + 1) * 0xd1b54a32d192ed03ull);
-    for (uint32_t i = 0; i < k->n; i++) k->perm[i] = i;
+    uint64_t key =
+        mix64(mix64(mix64(plan->p.seed) ^ epoch) ^ ((uint64_t)b + 1) * 0xd1b54a32d192ed03ull);
+    for (uint32_t i = 0; i < k->n; i++)
+        k->perm[i] = i;
     for (uint32_t i = k->n; i-- > 1;) {
         uint64_t r = mix64(key + ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull);
         uint32_t j = (uint32_t)(((unsigned __int128)r * ((uint64_t)i + 1)) >> 64);
@@ -210,16 +209,14 @@ static void pack(batch_plan *plan, uint32_t epoch, int b)
     k->cached = true;
 }
 
-uint32_t batch_plan_count(batch_plan *plan, uint32_t epoch, int b)
-{
+uint32_t batch_plan_count(batch_plan *plan, uint32_t epoch, int b) {
     if (!valid_bucket(plan, b)) return 0;
     pack(plan, epoch, b);
     return plan->b[b].n_batches;
 }
 
 int batch_plan_get(batch_plan *plan, uint32_t epoch, int b, uint32_t index, uint32_t *ids,
-                   uint32_t cap, uint32_t *n, uint64_t *tokens)
-{
+                   uint32_t cap, uint32_t *n, uint64_t *tokens) {
     if (!valid_bucket(plan, b)) return DFLASH_ERANGE;
     pack(plan, epoch, b);
     bucket *k = &plan->b[b];
@@ -236,8 +233,7 @@ int batch_plan_get(batch_plan *plan, uint32_t epoch, int b, uint32_t index, uint
     return 0;
 }
 
-int batch_plan_parse_bounds(const char *text, uint32_t *bounds, int max)
-{
+int batch_plan_parse_bounds(const char *text, uint32_t *bounds, int max) {
     int n = 0;
     const char *p = text;
     if (!p || !*p) return DFLASH_EINVAL;
@@ -248,11 +244,13 @@ int batch_plan_parse_bounds(const char *text, uint32_t *bounds, int max)
             return DFLASH_EINVAL;
         bounds[n++] = (uint32_t)v;
         p = end;
-        while (*p == ' ') p++;
+        while (*p == ' ')
+            p++;
         if (*p == ',') {
             p++;
             if (!*p) return DFLASH_EINVAL;
-        } else if (*p) return DFLASH_EINVAL;
+        } else if (*p)
+            return DFLASH_EINVAL;
     }
     return n;
 }

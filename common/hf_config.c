@@ -19,9 +19,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
+    __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
@@ -33,13 +33,11 @@ static const char *const family_names[] = {"qwen3", "qwen2", "llama"};
 static const char *const family_archs[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM",
                                            "LlamaForCausalLM"};
 
-const char *hf_config_family_name(model_family f)
-{
+const char *hf_config_family_name(model_family f) {
     return (unsigned)f < 3 ? family_names[f] : "unknown";
 }
 
-int hf_config_family_parse(const char *model_type, model_family *out)
-{
+int hf_config_family_parse(const char *model_type, model_family *out) {
     for (int i = 0; i < 3; i++)
         if (model_type && strcmp(model_type, family_names[i]) == 0) {
             *out = (model_family)i;
@@ -48,8 +46,7 @@ int hf_config_family_parse(const char *model_type, model_family *out)
     return DFLASH_EUNSUPPORTED;
 }
 
-void hf_config_defaults(model_config *c, model_family family)
-{
+void hf_config_defaults(model_config *c, model_family family) {
     memset(c, 0, sizeof *c);
     c->family = family;
     c->rms_norm_eps = family == MODEL_LLAMA ? 1e-5 : 1e-6;
@@ -72,8 +69,7 @@ typedef struct rd {
 } rd;
 
 /* Integer field: required when def < 0 is not allowed (required = true). */
-static int get_int(rd *r, const char *key, bool required, int def)
-{
+static int get_int(rd *r, const char *key, bool required, int def) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->j, key);
     if (!v || cJSON_IsNull(v)) {
         if (required && !r->rc) {
@@ -94,8 +90,7 @@ static int get_int(rd *r, const char *key, bool required, int def)
     return (int)v->valuedouble;
 }
 
-static double get_num(rd *r, const cJSON *obj, const char *key, double def, bool *found)
-{
+static double get_num(rd *r, const cJSON *obj, const char *key, double def, bool *found) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (found) *found = false;
     if (!v || cJSON_IsNull(v)) return def;
@@ -110,8 +105,7 @@ static double get_num(rd *r, const cJSON *obj, const char *key, double def, bool
     return v->valuedouble;
 }
 
-static bool get_bool(rd *r, const char *key, bool def)
-{
+static bool get_bool(rd *r, const char *key, bool def) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->j, key);
     if (!v || cJSON_IsNull(v)) return def;
     if (!cJSON_IsBool(v)) {
@@ -125,8 +119,7 @@ static bool get_bool(rd *r, const char *key, bool def)
 }
 
 /* rope scaling from rope_scaling or rope_parameters; only "default"/null and "llama3". */
-static void read_rope(rd *r, model_config *c)
-{
+static void read_rope(rd *r, model_config *c) {
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->j, "rope_parameters");
     bool found;
     double theta = get_num(r, r->j, "rope_theta", 10000.0, &found);
@@ -166,8 +159,7 @@ static void read_rope(rd *r, model_config *c)
 }
 
 int hf_config_from_json(const cJSON *json, const char *where, model_config *out, char *err,
-                        size_t errlen)
-{
+                        size_t errlen) {
     rd r = {json, where ? where : "config.json", err, errlen, 0};
     if (!cJSON_IsObject(json)) {
         errf(err, errlen, "%s: not a JSON object", r.where);
@@ -237,14 +229,14 @@ int hf_config_from_json(const cJSON *json, const char *where, model_config *out,
     return 0;
 }
 
-int hf_config_load(const char *path, model_config *out, char *err, size_t errlen)
-{
+int hf_config_load(const char *path, model_config *out, char *err, size_t errlen) {
     char file[PATH_MAX];
     struct stat sb;
     if (!path) return DFLASH_EINVAL;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
         snprintf(file, sizeof file, "%s/config.json", path);
-    else snprintf(file, sizeof file, "%s", path);
+    else
+        snprintf(file, sizeof file, "%s", path);
     FILE *fp = fopen(file, "rb");
     if (!fp) {
         int e = errno;
@@ -285,8 +277,7 @@ int hf_config_load(const char *path, model_config *out, char *err, size_t errlen
     return rc;
 }
 
-int hf_config_validate(const model_config *c, char *err, size_t errlen)
-{
+int hf_config_validate(const model_config *c, char *err, size_t errlen) {
 #define NEED(cond, ...)                                                                            \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
@@ -330,8 +321,7 @@ int hf_config_validate(const model_config *c, char *err, size_t errlen)
 #undef NEED
 }
 
-int hf_config_dflash_layers(int L, int n, int *ids)
-{
+int hf_config_dflash_layers(int L, int n, int *ids) {
     if (n < 1 || L < 1 || !ids) return DFLASH_EINVAL;
     if (n == 1) {
         ids[0] = L / 2;
@@ -346,8 +336,7 @@ int hf_config_dflash_layers(int L, int n, int *ids)
 
 /* ---- writing ---- */
 
-cJSON *hf_config_to_json(const model_config *c, const char *dtype)
-{
+cJSON *hf_config_to_json(const model_config *c, const char *dtype) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
     if (!dtype) dtype = "bfloat16";
@@ -356,10 +345,14 @@ cJSON *hf_config_to_json(const model_config *c, const char *dtype)
     cJSON_AddStringToObject(j, "model_type", family_names[c->family]);
     if (c->family != MODEL_QWEN2) cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
-    else cJSON_AddNullToObject(j, "bos_token_id");
-    if (c->eos_token_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
-    else cJSON_AddNullToObject(j, "eos_token_id");
+    if (c->bos_token_id >= 0)
+        cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
+    else
+        cJSON_AddNullToObject(j, "bos_token_id");
+    if (c->eos_token_id >= 0)
+        cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
+    else
+        cJSON_AddNullToObject(j, "eos_token_id");
     cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
@@ -398,8 +391,7 @@ cJSON *hf_config_to_json(const model_config *c, const char *dtype)
     return j;
 }
 
-int hf_config_write_json(const char *path, const cJSON *json)
-{
+int hf_config_write_json(const char *path, const cJSON *json) {
     char *text = cJSON_Print(json);
     if (!text) return DFLASH_ENOMEM;
     char tmp[PATH_MAX];
@@ -434,8 +426,10 @@ int hf_config_write_json(const char *path, const cJSON *json)
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
     int dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);
@@ -444,8 +438,7 @@ int hf_config_write_json(const char *path, const cJSON *json)
     return 0;
 }
 
-int hf_config_write(const char *dir, const model_config *c, const char *dtype)
-{
+int hf_config_write(const char *dir, const model_config *c, const char *dtype) {
     char err[256];
     if (!dir || !c || hf_config_validate(c, err, sizeof err)) return DFLASH_EINVAL;
     cJSON *j = hf_config_to_json(c, dtype);
@@ -482,21 +475,23 @@ static const struct {
     [HF_W_LM_HEAD] = {"lm_head.weight", true, false, false},
 };
 
-bool hf_weight_present(const model_config *c, hf_weight k)
-{
+bool hf_weight_present(const model_config *c, hf_weight k) {
     switch (k) {
     case HF_W_Q_BIAS:
     case HF_W_K_BIAS:
-    case HF_W_V_BIAS: return c->qkv_bias;
+    case HF_W_V_BIAS:
+        return c->qkv_bias;
     case HF_W_Q_NORM:
-    case HF_W_K_NORM: return c->qk_norm;
-    case HF_W_LM_HEAD: return !c->tie_word_embeddings;
-    default: return (unsigned)k < HF_W_COUNT;
+    case HF_W_K_NORM:
+        return c->qk_norm;
+    case HF_W_LM_HEAD:
+        return !c->tie_word_embeddings;
+    default:
+        return (unsigned)k < HF_W_COUNT;
     }
 }
 
-bool hf_weight_describe(const model_config *c, hf_weight k, int layer, hf_weight_desc *out)
-{
+bool hf_weight_describe(const model_config *c, hf_weight k, int layer, hf_weight_desc *out) {
     if (!hf_weight_present(c, k)) return false;
     if (!wtable[k].global && (layer < 0 || layer >= c->num_layers)) return false;
     memset(out, 0, sizeof *out);
@@ -504,30 +499,53 @@ bool hf_weight_describe(const model_config *c, hf_weight k, int layer, hf_weight
     out->layer = wtable[k].global ? -1 : layer;
     out->is_norm = wtable[k].norm;
     out->is_bias = wtable[k].bias;
-    if (wtable[k].global) snprintf(out->name, sizeof out->name, "%s", wtable[k].suffix);
-    else snprintf(out->name, sizeof out->name, "model.layers.%d.%s", layer, wtable[k].suffix);
+    if (wtable[k].global)
+        snprintf(out->name, sizeof out->name, "%s", wtable[k].suffix);
+    else
+        snprintf(out->name, sizeof out->name, "model.layers.%d.%s", layer, wtable[k].suffix);
     int64_t D = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
     int64_t Q = (int64_t)c->num_heads * c->head_dim, KV = (int64_t)c->num_kv_heads * c->head_dim;
     int64_t r = 0, cl = 0; /* rows, cols (cols 0: 1-D) */
     switch (k) {
     case HF_W_EMBED:
-    case HF_W_LM_HEAD: r = V, cl = D; break;
+    case HF_W_LM_HEAD:
+        r = V, cl = D;
+        break;
     case HF_W_INPUT_NORM:
     case HF_W_POST_NORM:
-    case HF_W_FINAL_NORM: r = D; break;
-    case HF_W_Q: r = Q, cl = D; break;
-    case HF_W_Q_BIAS: r = Q; break;
+    case HF_W_FINAL_NORM:
+        r = D;
+        break;
+    case HF_W_Q:
+        r = Q, cl = D;
+        break;
+    case HF_W_Q_BIAS:
+        r = Q;
+        break;
     case HF_W_K:
-    case HF_W_V: r = KV, cl = D; break;
+    case HF_W_V:
+        r = KV, cl = D;
+        break;
     case HF_W_K_BIAS:
-    case HF_W_V_BIAS: r = KV; break;
-    case HF_W_O: r = D, cl = Q; break;
+    case HF_W_V_BIAS:
+        r = KV;
+        break;
+    case HF_W_O:
+        r = D, cl = Q;
+        break;
     case HF_W_Q_NORM:
-    case HF_W_K_NORM: r = c->head_dim; break;
+    case HF_W_K_NORM:
+        r = c->head_dim;
+        break;
     case HF_W_GATE:
-    case HF_W_UP: r = F, cl = D; break;
-    case HF_W_DOWN: r = D, cl = F; break;
-    default: return false;
+    case HF_W_UP:
+        r = F, cl = D;
+        break;
+    case HF_W_DOWN:
+        r = D, cl = F;
+        break;
+    default:
+        return false;
     }
     out->ndim = cl ? 2 : 1;
     out->shape[0] = r;
@@ -535,20 +553,18 @@ bool hf_weight_describe(const model_config *c, hf_weight k, int layer, hf_weight
     return true;
 }
 
-static size_t per_layer(const model_config *c)
-{
+static size_t per_layer(const model_config *c) {
     size_t n = 0;
-    for (int k = HF_W_INPUT_NORM; k <= HF_W_DOWN; k++) n += hf_weight_present(c, (hf_weight)k);
+    for (int k = HF_W_INPUT_NORM; k <= HF_W_DOWN; k++)
+        n += hf_weight_present(c, (hf_weight)k);
     return n;
 }
 
-size_t hf_weight_count(const model_config *c)
-{
+size_t hf_weight_count(const model_config *c) {
     return 2 + (size_t)c->num_layers * per_layer(c) + !c->tie_word_embeddings;
 }
 
-bool hf_weight_nth(const model_config *c, size_t i, hf_weight_desc *out)
-{
+bool hf_weight_nth(const model_config *c, size_t i, hf_weight_desc *out) {
     size_t pl = per_layer(c), body = (size_t)c->num_layers * pl;
     if (i == 0) return hf_weight_describe(c, HF_W_EMBED, -1, out);
     i--;

@@ -94,11 +94,11 @@ typedef enum {
 
 typedef struct hf_weight_desc {
     hf_weight kind;
-    int layer;         /* -1 for the global tensors */
+    int layer; /* -1 for the global tensors */
     char name[96];
-    int ndim;          /* 1 or 2 */
+    int ndim; /* 1 or 2 */
     int64_t shape[2];
-    bool is_norm;      /* RMSNorm weight (initialised to 1) */
+    bool is_norm; /* RMSNorm weight (initialised to 1) */
     bool is_bias;
 } hf_weight_desc;
 

@@ -38,26 +38,23 @@ static const struct {
 };
 #define N_DTYPES (sizeof dtype_table / sizeof dtype_table[0])
 
-size_t safetensors_dtype_size(safetensors_dtype dt)
-{
+size_t safetensors_dtype_size(safetensors_dtype dt) {
     return (unsigned)dt < N_DTYPES ? dtype_table[dt].size : 0;
 }
 
-const char *safetensors_dtype_name(safetensors_dtype dt)
-{
+const char *safetensors_dtype_name(safetensors_dtype dt) {
     return (unsigned)dt < N_DTYPES ? dtype_table[dt].name : "?";
 }
 
-int safetensors_dtype_parse(const char *s, safetensors_dtype *out)
-{
+int safetensors_dtype_parse(const char *s, safetensors_dtype *out) {
     static const struct {
         const char *alias;
         safetensors_dtype dt;
-    } aliases[] = {{"bf16", SAFETENSORS_BF16},     {"bfloat16", SAFETENSORS_BF16},
-                   {"f16", SAFETENSORS_F16},       {"fp16", SAFETENSORS_F16},
-                   {"float16", SAFETENSORS_F16},   {"f32", SAFETENSORS_F32},
-                   {"fp32", SAFETENSORS_F32},      {"float32", SAFETENSORS_F32},
-                   {"i32", SAFETENSORS_I32},       {"i64", SAFETENSORS_I64}};
+    } aliases[] = {{"bf16", SAFETENSORS_BF16},   {"bfloat16", SAFETENSORS_BF16},
+                   {"f16", SAFETENSORS_F16},     {"fp16", SAFETENSORS_F16},
+                   {"float16", SAFETENSORS_F16}, {"f32", SAFETENSORS_F32},
+                   {"fp32", SAFETENSORS_F32},    {"float32", SAFETENSORS_F32},
+                   {"i32", SAFETENSORS_I32},     {"i64", SAFETENSORS_I64}};
     if (!s) return DFLASH_EINVAL;
     for (size_t i = 0; i < N_DTYPES; i++)
         if (strcmp(s, dtype_table[i].name) == 0) {
@@ -74,16 +71,14 @@ int safetensors_dtype_parse(const char *s, safetensors_dtype *out)
 
 /* ---- scalar conversions ---- */
 
-float safetensors_bf16_to_f32(uint16_t h)
-{
+float safetensors_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-uint16_t safetensors_f32_to_bf16(float f)
-{
+uint16_t safetensors_f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
@@ -91,12 +86,12 @@ uint16_t safetensors_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-float safetensors_f16_to_f32(uint16_t h)
-{
+float safetensors_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
     if (exp == 0) {
-        if (man == 0) u = sign;
+        if (man == 0)
+            u = sign;
         else { /* subnormal: normalise */
             int e = -1;
             do {
@@ -115,15 +110,14 @@ float safetensors_f16_to_f32(uint16_t h)
     return f;
 }
 
-uint16_t safetensors_f32_to_f16(float f)
-{
+uint16_t safetensors_f32_to_f16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u;   /* NaN */
-    if (a >= 0x477ff000u) return sign | 0x7c00u;  /* rounds to inf */
-    if (a < 0x33000001u) return sign;             /* below half the smallest subnormal */
+    if (a > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds to inf */
+    if (a < 0x33000001u) return sign;            /* below half the smallest subnormal */
     int exp = (int)(a >> 23) - 127;
     uint32_t man = (a & 0x7fffffu) | 0x800000u;
     int shift = exp < -14 ? (-14 - exp) + 13 : 13; /* bits dropped from the 24-bit mantissa */
@@ -152,9 +146,9 @@ struct safetensors {
     size_t n_tensors, cap_tensors;
 };
 
-static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
+    __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
@@ -162,13 +156,11 @@ static void errf(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-static int cmp_tensor_name(const void *a, const void *b)
-{
+static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp(((const safetensors_tensor *)a)->name, ((const safetensors_tensor *)b)->name);
 }
 
-static int cmp_tensor_ptr(const void *a, const void *b)
-{
+static int cmp_tensor_ptr(const void *a, const void *b) {
     const safetensors_tensor *x = *(const safetensors_tensor *const *)a;
     const safetensors_tensor *y = *(const safetensors_tensor *const *)b;
     uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
@@ -176,16 +168,14 @@ static int cmp_tensor_ptr(const void *a, const void *b)
     return x->bytes < y->bytes ? -1 : x->bytes > y->bytes;
 }
 
-static char *dup_str(const char *s)
-{
+static char *dup_str(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = malloc(n);
     if (p) memcpy(p, s, n);
     return p;
 }
 
-static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
-{
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
     size_t o = 0;
     o += (size_t)snprintf(buf + o, len - o, "[");
     for (int i = 0; i < ndim && o < len; i++)
@@ -194,8 +184,7 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 }
 
 /* Reads a JSON number that must be a non-negative integer fitting int64. */
-static bool json_u64(const cJSON *j, uint64_t *out)
-{
+static bool json_u64(const cJSON *j, uint64_t *out) {
     if (!cJSON_IsNumber(j)) return false;
     double d = j->valuedouble;
     if (!(d >= 0) || d > 9007199254740992.0 || d != (double)(uint64_t)d) return false;
@@ -205,8 +194,7 @@ static bool json_u64(const cJSON *j, uint64_t *out)
 
 /* Maps one file, parses and validates its header and appends its tensors.
  * only: when non-NULL, the file must contain at least the names listed (checked by the caller). */
-static int load_file(safetensors *st, const char *path, char *err, size_t errlen)
-{
+static int load_file(safetensors *st, const char *path, char *err, size_t errlen) {
     int rc = DFLASH_EFORMAT, fd = -1;
     cJSON *root = NULL;
     st_file f = {0};
@@ -243,7 +231,8 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
     fd = -1;
 
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f.base[i];
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | f.base[i];
     if (hlen > f.size - 8 || hlen > ST_MAX_HEADER) {
         errf(err, errlen,
              "%s: header length %llu exceeds the file (%zu bytes) or the 100 MiB limit: truncated "
@@ -399,7 +388,8 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         rc = DFLASH_ENOMEM;
         goto fail;
     }
-    for (size_t i = 0; i < n; i++) by_off[i] = &st->tensors[first + i];
+    for (size_t i = 0; i < n; i++)
+        by_off[i] = &st->tensors[first + i];
     qsort(by_off, n, sizeof *by_off, cmp_tensor_ptr);
     const unsigned char *expect = f.base + f.data_start;
     for (size_t i = 0; i < n; i++) {
@@ -412,8 +402,8 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
             goto fail;
         }
         if (p > expect) {
-            errf(err, errlen, "%s: tensor %s: gap of %zu bytes before its data at offset %zu",
-                 path, by_off[i]->name, (size_t)(p - expect), at);
+            errf(err, errlen, "%s: tensor %s: gap of %zu bytes before its data at offset %zu", path,
+                 by_off[i]->name, (size_t)(p - expect), at);
             free(by_off);
             goto fail;
         }
@@ -426,7 +416,8 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
              path, data_len - covered, data_len, covered);
         goto fail;
     }
-    for (size_t i = first; i < st->n_tensors; i++) st->tensors[i].file = f.path;
+    for (size_t i = first; i < st->n_tensors; i++)
+        st->tensors[i].file = f.path;
 
     cJSON *meta = cJSON_DetachItemFromObjectCaseSensitive(root, "__metadata__");
     f.meta = meta;
@@ -446,7 +437,8 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
 fail:
     cJSON_Delete(root);
 fail_after_root:
-    for (size_t i = first; i < st->n_tensors; i++) free((char *)st->tensors[i].name);
+    for (size_t i = first; i < st->n_tensors; i++)
+        free((char *)st->tensors[i].name);
     st->n_tensors = first;
     if (fd >= 0) close(fd);
     if (f.base) munmap(f.base, f.size);
@@ -454,11 +446,11 @@ fail_after_root:
     return rc;
 }
 
-void safetensors_close(safetensors **pst)
-{
+void safetensors_close(safetensors **pst) {
     if (!pst || !*pst) return;
     safetensors *st = *pst;
-    for (size_t i = 0; i < st->n_tensors; i++) free((char *)st->tensors[i].name);
+    for (size_t i = 0; i < st->n_tensors; i++)
+        free((char *)st->tensors[i].name);
     for (size_t i = 0; i < st->n_files; i++) {
         if (st->files[i].base) munmap(st->files[i].base, st->files[i].size);
         cJSON_Delete(st->files[i].meta);
@@ -471,8 +463,7 @@ void safetensors_close(safetensors **pst)
     *pst = NULL;
 }
 
-static char *read_text(const char *path, size_t max, char *err, size_t errlen, int *rc)
-{
+static char *read_text(const char *path, size_t max, char *err, size_t errlen, int *rc) {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -516,14 +507,12 @@ static char *read_text(const char *path, size_t max, char *err, size_t errlen, i
     return buf;
 }
 
-static int cmp_cstr(const void *a, const void *b)
-{
+static int cmp_cstr(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 /* After sorting by name: refuses a name defined twice (in one file or in two shards). */
-static int check_dups(const safetensors *st, const char *where, char *err, size_t errlen)
-{
+static int check_dups(const safetensors *st, const char *where, char *err, size_t errlen) {
     for (size_t i = 1; i < st->n_tensors; i++)
         if (strcmp(st->tensors[i].name, st->tensors[i - 1].name) == 0) {
             errf(err, errlen, "%s: tensor %s: defined twice (in %s and %s)", where,
@@ -535,8 +524,7 @@ static int check_dups(const safetensors *st, const char *where, char *err, size_
 
 /* Opens every shard named in the index's weight_map, then checks that every mapped name is in
  * the shard the index says. */
-static int load_index(safetensors *st, const char *index_path, char *err, size_t errlen)
-{
+static int load_index(safetensors *st, const char *index_path, char *err, size_t errlen) {
     int rc = 0;
     char *text = read_text(index_path, 64u << 20, err, errlen, &rc);
     if (!text) return rc;
@@ -556,8 +544,10 @@ static int load_index(safetensors *st, const char *index_path, char *err, size_t
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", index_path);
     char *slash = strrchr(dir, '/');
-    if (slash) slash[1] = 0;
-    else dir[0] = 0;
+    if (slash)
+        slash[1] = 0;
+    else
+        dir[0] = 0;
 
     size_t n = (size_t)cJSON_GetArraySize(wm);
     const char **files = malloc(n * sizeof *files);
@@ -610,8 +600,7 @@ out:
     return rc;
 }
 
-safetensors *safetensors_open(const char *path, char *err, size_t errlen)
-{
+safetensors *safetensors_open(const char *path, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     if (!path) {
         errf(err, errlen, "safetensors_open: no path");
@@ -629,7 +618,8 @@ safetensors *safetensors_open(const char *path, char *err, size_t errlen)
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
-        if (access(p, F_OK) == 0) rc = load_index(st, p, err, errlen);
+        if (access(p, F_OK) == 0)
+            rc = load_index(st, p, err, errlen);
         else {
             snprintf(p, sizeof p, "%s/model.safetensors", path);
             rc = load_file(st, p, err, errlen);
@@ -648,31 +638,34 @@ fail:
     return NULL;
 }
 
-size_t safetensors_count(const safetensors *st) { return st ? st->n_tensors : 0; }
+size_t safetensors_count(const safetensors *st) {
+    return st ? st->n_tensors : 0;
+}
 
-const safetensors_tensor *safetensors_at(const safetensors *st, size_t i)
-{
+const safetensors_tensor *safetensors_at(const safetensors *st, size_t i) {
     return st && i < st->n_tensors ? &st->tensors[i] : NULL;
 }
 
-const char *safetensors_path(const safetensors *st) { return st ? st->path : ""; }
+const char *safetensors_path(const safetensors *st) {
+    return st ? st->path : "";
+}
 
-const safetensors_tensor *safetensors_find(const safetensors *st, const char *name)
-{
+const safetensors_tensor *safetensors_find(const safetensors *st, const char *name) {
     if (!st || !name) return NULL;
     size_t lo = 0, hi = st->n_tensors;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         int c = strcmp(st->tensors[mid].name, name);
         if (c == 0) return &st->tensors[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
 
-const char *safetensors_metadata(const safetensors *st, const char *key)
-{
+const char *safetensors_metadata(const safetensors *st, const char *key) {
     if (!st) return NULL;
     for (size_t i = 0; i < st->n_files; i++) {
         cJSON *v = cJSON_GetObjectItemCaseSensitive(st->files[i].meta, key);
@@ -682,8 +675,7 @@ const char *safetensors_metadata(const safetensors *st, const char *key)
 }
 
 int safetensors_expect(const safetensors *st, const char *name, int ndim, const int64_t *shape,
-                       const safetensors_tensor **out, char *err, size_t errlen)
-{
+                       const safetensors_tensor **out, char *err, size_t errlen) {
     const safetensors_tensor *t = safetensors_find(st, name);
     if (out) *out = NULL;
     if (!t) {
@@ -691,7 +683,8 @@ int safetensors_expect(const safetensors *st, const char *name, int ndim, const 
         return DFLASH_ENOTFOUND;
     }
     bool ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == shape[i];
     if (!ok) {
         char have[128], want[128];
         shape_str(have, sizeof have, t->ndim, t->shape);
@@ -703,13 +696,14 @@ int safetensors_expect(const safetensors *st, const char *name, int ndim, const 
     return 0;
 }
 
-int safetensors_to_f32(const safetensors_tensor *t, float *dst)
-{
+int safetensors_to_f32(const safetensors_tensor *t, float *dst) {
     const unsigned char *p = t->data;
     int64_t n = t->numel;
     uint16_t h;
     switch (t->dtype) {
-    case SAFETENSORS_F32: memcpy(dst, p, (size_t)n * 4); return 0;
+    case SAFETENSORS_F32:
+        memcpy(dst, p, (size_t)n * 4);
+        return 0;
     case SAFETENSORS_BF16:
         for (int64_t i = 0; i < n; i++) {
             memcpy(&h, p + 2 * i, 2);
@@ -722,19 +716,20 @@ int safetensors_to_f32(const safetensors_tensor *t, float *dst)
             dst[i] = safetensors_f16_to_f32(h);
         }
         return 0;
-    default: return DFLASH_EUNSUPPORTED;
+    default:
+        return DFLASH_EUNSUPPORTED;
     }
 }
 
 int safetensors_load_f32(const safetensors *st, const char *name, int ndim, const int64_t *shape,
-                         float *dst, char *err, size_t errlen)
-{
+                         float *dst, char *err, size_t errlen) {
     const safetensors_tensor *t;
     int rc = safetensors_expect(st, name, ndim, shape, &t, err, errlen);
     if (rc) return rc;
     rc = safetensors_to_f32(t, dst);
-    if (rc) errf(err, errlen, "%s: tensor %s has dtype %s, not a float type", t->file, name,
-                 safetensors_dtype_name(t->dtype));
+    if (rc)
+        errf(err, errlen, "%s: tensor %s has dtype %s, not a float type", t->file, name,
+             safetensors_dtype_name(t->dtype));
     return rc;
 }
 
@@ -760,8 +755,7 @@ struct safetensors_writer {
     size_t cur, cur_done; /* streaming cursor: tensor index, bytes of it written */
 };
 
-safetensors_writer *safetensors_writer_new(const char *path)
-{
+safetensors_writer *safetensors_writer_new(const char *path) {
     safetensors_writer *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->fd = -1;
@@ -774,13 +768,13 @@ safetensors_writer *safetensors_writer_new(const char *path)
     return w;
 }
 
-void safetensors_writer_destroy(safetensors_writer **pw)
-{
+void safetensors_writer_destroy(safetensors_writer **pw) {
     if (!pw || !*pw) return;
     safetensors_writer *w = *pw;
     if (w->fd >= 0) close(w->fd);
     if (w->begun && !w->committed) unlink(w->tmp);
-    for (size_t i = 0; i < w->n; i++) free(w->t[i].name);
+    for (size_t i = 0; i < w->n; i++)
+        free(w->t[i].name);
     free(w->t);
     cJSON_Delete(w->meta);
     free(w->path);
@@ -788,19 +782,16 @@ void safetensors_writer_destroy(safetensors_writer **pw)
     *pw = NULL;
 }
 
-int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *value)
-{
+int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *value) {
     if (!w || w->begun || !key || !value || strcmp(key, "__metadata__") == 0) return DFLASH_EINVAL;
     cJSON_DeleteItemFromObjectCaseSensitive(w->meta, key);
     return cJSON_AddStringToObject(w->meta, key, value) ? 0 : DFLASH_ENOMEM;
 }
 
 int safetensors_writer_add(safetensors_writer *w, const char *name, safetensors_dtype dtype,
-                           int ndim, const int64_t *shape, const void *data)
-{
+                           int ndim, const int64_t *shape, const void *data) {
     if (!w || w->begun || !name || !name[0] || strcmp(name, "__metadata__") == 0 ||
-        (unsigned)dtype >= N_DTYPES || ndim < 0 || ndim > SAFETENSORS_MAX_DIMS ||
-        (ndim && !shape))
+        (unsigned)dtype >= N_DTYPES || ndim < 0 || ndim > SAFETENSORS_MAX_DIMS || (ndim && !shape))
         return DFLASH_EINVAL;
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->t[i].name, name) == 0) return DFLASH_EEXISTS;
@@ -830,8 +821,7 @@ int safetensors_writer_add(safetensors_writer *w, const char *name, safetensors_
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
+static int write_all(int fd, const void *buf, size_t len) {
     const char *p = buf;
     while (len) {
         ssize_t k = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
@@ -848,15 +838,17 @@ static int write_all(int fd, const void *buf, size_t len)
 /* Writes text to path atomically: tmp file, fsync, rename, fsync of the directory. */
 static int write_atomic(const char *path, const void *buf, size_t len);
 
-static int fsync_dir_of(const char *path)
-{
+static int fsync_dir_of(const char *path) {
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash) {
-        if (slash == dir) slash[1] = 0;
-        else *slash = 0;
-    } else snprintf(dir, sizeof dir, ".");
+        if (slash == dir)
+            slash[1] = 0;
+        else
+            *slash = 0;
+    } else
+        snprintf(dir, sizeof dir, ".");
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) return DFLASH_EIO;
     int rc = fsync(dfd) == 0 || errno == EINVAL ? 0 : DFLASH_EIO;
@@ -864,8 +856,7 @@ static int fsync_dir_of(const char *path)
     return rc;
 }
 
-int safetensors_writer_begin(safetensors_writer *w)
-{
+int safetensors_writer_begin(safetensors_writer *w) {
     if (!w || w->begun) return DFLASH_ESTATE;
     cJSON *root = cJSON_CreateObject();
     if (!root) return DFLASH_ENOMEM;
@@ -894,7 +885,8 @@ int safetensors_writer_begin(safetensors_writer *w)
         free(json);
         return DFLASH_ENOMEM;
     }
-    for (int i = 0; i < 8; i++) hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     memcpy(hdr + 8, json, jl);
     memset(hdr + 8 + jl, ' ', padded - jl);
     free(json);
@@ -912,11 +904,11 @@ int safetensors_writer_begin(safetensors_writer *w)
     return rc;
 }
 
-int safetensors_writer_write(safetensors_writer *w, const void *data, size_t bytes)
-{
+int safetensors_writer_write(safetensors_writer *w, const void *data, size_t bytes) {
     if (!w || !w->begun || w->committed || w->failed) return DFLASH_ESTATE;
     size_t left = 0;
-    for (size_t i = w->cur; i < w->n; i++) left += w->t[i].bytes;
+    for (size_t i = w->cur; i < w->n; i++)
+        left += w->t[i].bytes;
     left -= w->cur_done;
     if (bytes > left) return DFLASH_ERANGE;
     int rc = write_all(w->fd, data, bytes);
@@ -932,8 +924,7 @@ int safetensors_writer_write(safetensors_writer *w, const void *data, size_t byt
     return 0;
 }
 
-int safetensors_writer_commit(safetensors_writer *w)
-{
+int safetensors_writer_commit(safetensors_writer *w) {
     int rc;
     if (!w || w->committed) return DFLASH_ESTATE;
     if (!w->begun && (rc = safetensors_writer_begin(w))) goto fail;
@@ -981,8 +972,7 @@ fail:
     return rc;
 }
 
-static int write_atomic(const char *path, const void *buf, size_t len)
-{
+static int write_atomic(const char *path, const void *buf, size_t len) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -999,14 +989,14 @@ static int write_atomic(const char *path, const void *buf, size_t len)
 }
 
 int safetensors_write_index(const char *dir, const char *const *names, const char *const *files,
-                            size_t n, uint64_t total_size)
-{
+                            size_t n, uint64_t total_size) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return DFLASH_ENOMEM;
     cJSON *meta = cJSON_AddObjectToObject(root, "metadata");
     cJSON_AddNumberToObject(meta, "total_size", (double)total_size);
     cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
-    for (size_t i = 0; i < n; i++) cJSON_AddStringToObject(wm, names[i], files[i]);
+    for (size_t i = 0; i < n; i++)
+        cJSON_AddStringToObject(wm, names[i], files[i]);
     char *json = cJSON_Print(root);
     cJSON_Delete(root);
     if (!json) return DFLASH_ENOMEM;

@@ -1,8 +1,8 @@
 /* safetensors: read (mmap) and write Hugging Face safetensors checkpoints.
  *
  * File format: 8-byte little-endian header length N, N bytes of JSON
- *   {"__metadata__": {...}, "name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [begin, end]}}
- * then the data section; offsets are relative to the data section start (8 + N).
+ *   {"__metadata__": {...}, "name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [begin,
+ * end]}} then the data section; offsets are relative to the data section start (8 + N).
  *
  * Reader: safetensors_open() takes a .safetensors file, a model.safetensors.index.json (its
  * weight_map names the shard files, all opened and mmapped read-only) or a directory (index if
@@ -38,14 +38,14 @@ typedef enum {
 #define SAFETENSORS_MAX_DIMS 8
 
 typedef struct safetensors_tensor {
-    const char *name;          /* owned by the safetensors object */
+    const char *name; /* owned by the safetensors object */
     safetensors_dtype dtype;
-    int ndim;                  /* 0 for a scalar */
+    int ndim; /* 0 for a scalar */
     int64_t shape[SAFETENSORS_MAX_DIMS];
-    int64_t numel;             /* product of shape (1 for a scalar) */
-    const void *data;          /* into the read-only mapping; may be unaligned for BF16/F16 */
-    size_t bytes;              /* numel * dtype size */
-    const char *file;          /* path of the file holding it */
+    int64_t numel;    /* product of shape (1 for a scalar) */
+    const void *data; /* into the read-only mapping; may be unaligned for BF16/F16 */
+    size_t bytes;     /* numel * dtype size */
+    const char *file; /* path of the file holding it */
 } safetensors_tensor;
 
 typedef struct safetensors safetensors;

@@ -32,9 +32,9 @@ struct shard {
     uint32_t vocab, max_len;
 };
 
-static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
+    __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
@@ -42,26 +42,27 @@ static void errf(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-static uint32_t rd32(const unsigned char *p)
-{
+static uint32_t rd32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint64_t rd64(const unsigned char *p) { return rd32(p) | (uint64_t)rd32(p + 4) << 32; }
-static void wr32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+static uint64_t rd64(const unsigned char *p) {
+    return rd32(p) | (uint64_t)rd32(p + 4) << 32;
 }
-static void wr64(unsigned char *p, uint64_t v)
-{
+static void wr32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+static void wr64(unsigned char *p, uint64_t v) {
     wr32(p, (uint32_t)v);
     wr32(p + 4, (uint32_t)(v >> 32));
 }
 
 /* Bytes of one record: ids, mask, padding to 4. */
-static uint64_t record_bytes(uint32_t len) { return ((uint64_t)len * 5 + 3) & ~(uint64_t)3; }
+static uint64_t record_bytes(uint32_t len) {
+    return ((uint64_t)len * 5 + 3) & ~(uint64_t)3;
+}
 
-shard *shard_open(const char *path, char *err, size_t errlen)
-{
+shard *shard_open(const char *path, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     shard *s = calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -139,8 +140,8 @@ shard *shard_open(const char *path, char *err, size_t errlen)
         errf(err, errlen,
              "%s: header disagrees with the index: %llu tokens / longest %u in the header, %llu / "
              "%u in the index, records end at %llu, index at %llu",
-             path, (unsigned long long)s->n_tokens, s->max_len, (unsigned long long)tokens,
-             longest, (unsigned long long)expect, (unsigned long long)s->index_off);
+             path, (unsigned long long)s->n_tokens, s->max_len, (unsigned long long)tokens, longest,
+             (unsigned long long)expect, (unsigned long long)s->index_off);
         goto fail;
     }
     return s;
@@ -149,8 +150,7 @@ fail:
     return NULL;
 }
 
-void shard_close(shard **ps)
-{
+void shard_close(shard **ps) {
     if (!ps || !*ps) return;
     shard *s = *ps;
     if (s->base) munmap((void *)s->base, s->size);
@@ -159,20 +159,28 @@ void shard_close(shard **ps)
     *ps = NULL;
 }
 
-uint64_t shard_count(const shard *s) { return s ? s->n_seqs : 0; }
-uint64_t shard_tokens(const shard *s) { return s ? s->n_tokens : 0; }
-uint32_t shard_vocab(const shard *s) { return s ? s->vocab : 0; }
-uint32_t shard_max_len(const shard *s) { return s ? s->max_len : 0; }
-const char *shard_path(const shard *s) { return s ? s->path : ""; }
+uint64_t shard_count(const shard *s) {
+    return s ? s->n_seqs : 0;
+}
+uint64_t shard_tokens(const shard *s) {
+    return s ? s->n_tokens : 0;
+}
+uint32_t shard_vocab(const shard *s) {
+    return s ? s->vocab : 0;
+}
+uint32_t shard_max_len(const shard *s) {
+    return s ? s->max_len : 0;
+}
+const char *shard_path(const shard *s) {
+    return s ? s->path : "";
+}
 
-uint32_t shard_len(const shard *s, uint64_t i)
-{
+uint32_t shard_len(const shard *s, uint64_t i) {
     if (!s || i >= s->n_seqs) return 0;
     return rd32(s->base + s->index_off + i * INDEX_ENTRY + 8);
 }
 
-int shard_get(const shard *s, uint64_t i, shard_seq *out)
-{
+int shard_get(const shard *s, uint64_t i, shard_seq *out) {
     if (!s || i >= s->n_seqs) return DFLASH_ERANGE;
     const unsigned char *e = s->base + s->index_off + i * INDEX_ENTRY;
     uint64_t off = rd64(e);
@@ -182,8 +190,7 @@ int shard_get(const shard *s, uint64_t i, shard_seq *out)
     return 0;
 }
 
-int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen)
-{
+int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen) {
     for (uint64_t i = 0; i < s->n_seqs; i++) {
         shard_seq q;
         shard_get(s, i, &q);
@@ -217,8 +224,7 @@ struct shard_writer {
     bool failed, committed;
 };
 
-shard_writer *shard_writer_new(const char *path, uint32_t vocab)
-{
+shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
     shard_writer *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->path = strdup(path);
@@ -236,8 +242,7 @@ shard_writer *shard_writer_new(const char *path, uint32_t vocab)
     return w;
 }
 
-void shard_writer_destroy(shard_writer **pw)
-{
+void shard_writer_destroy(shard_writer **pw) {
     if (!pw || !*pw) return;
     shard_writer *w = *pw;
     if (w->fp) fclose(w->fp);
@@ -248,10 +253,11 @@ void shard_writer_destroy(shard_writer **pw)
     *pw = NULL;
 }
 
-uint64_t shard_writer_count(const shard_writer *w) { return w ? w->n : 0; }
+uint64_t shard_writer_count(const shard_writer *w) {
+    return w ? w->n : 0;
+}
 
-int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, uint32_t len)
-{
+int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, uint32_t len) {
     if (!w || w->committed) return DFLASH_ESTATE;
     if (w->failed) return DFLASH_EIO;
     if (len == 0 || !ids || !mask) return DFLASH_EINVAL;
@@ -269,7 +275,8 @@ int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, u
     unsigned char buf[4096];
     for (uint32_t i = 0; i < len;) { /* ids, little-endian */
         uint32_t k = 0;
-        for (; i < len && k + 4 <= sizeof buf; i++, k += 4) wr32(buf + k, (uint32_t)ids[i]);
+        for (; i < len && k + 4 <= sizeof buf; i++, k += 4)
+            wr32(buf + k, (uint32_t)ids[i]);
         if (fwrite(buf, 1, k, w->fp) != k) goto io;
     }
     if (fwrite(mask, 1, len, w->fp) != len) goto io;
@@ -290,15 +297,14 @@ io:
     return DFLASH_EIO;
 }
 
-int shard_writer_commit(shard_writer *w)
-{
+int shard_writer_commit(shard_writer *w) {
     if (!w || w->committed) return DFLASH_ESTATE;
     int rc = DFLASH_EIO;
     if (w->failed) goto fail;
     static const unsigned char zero[8];
     uint64_t index_off = (w->offset + 7) & ~(uint64_t)7;
-    if (index_off > w->offset && fwrite(zero, 1, index_off - w->offset, w->fp) !=
-                                     index_off - w->offset)
+    if (index_off > w->offset &&
+        fwrite(zero, 1, index_off - w->offset, w->fp) != index_off - w->offset)
         goto fail;
     if (w->n && fwrite(w->index, INDEX_ENTRY, w->n, w->fp) != w->n) goto fail;
     unsigned char h[SHARD_HEADER_BYTES] = {0};
@@ -319,8 +325,10 @@ int shard_writer_commit(shard_writer *w)
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", w->path);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
     int dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);
@@ -344,8 +352,7 @@ struct shard_set {
     uint64_t tokens;
 };
 
-shard_set *shard_set_open(const char *const *paths, size_t n, char *err, size_t errlen)
-{
+shard_set *shard_set_open(const char *const *paths, size_t n, char *err, size_t errlen) {
     if (!n) {
         errf(err, errlen, "no shard files given");
         return NULL;
@@ -367,15 +374,15 @@ fail:
     return NULL;
 }
 
-shard_set *shard_set_open_list(const char *list, char *err, size_t errlen)
-{
+shard_set *shard_set_open_list(const char *list, char *err, size_t errlen) {
     char *copy = strdup(list ? list : "");
     if (!copy) return NULL;
     size_t n = 0, cap = 8;
     const char **paths = malloc(cap * sizeof *paths);
     char *save = NULL;
     for (char *tok = strtok_r(copy, ",", &save); tok && paths; tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ') tok++;
+        while (*tok == ' ')
+            tok++;
         if (!*tok) continue;
         if (n == cap) {
             cap *= 2;
@@ -391,22 +398,25 @@ shard_set *shard_set_open_list(const char *list, char *err, size_t errlen)
     return set;
 }
 
-void shard_set_close(shard_set **pset)
-{
+void shard_set_close(shard_set **pset) {
     if (!pset || !*pset) return;
     shard_set *set = *pset;
-    for (size_t i = 0; set->shards && i < set->n; i++) shard_close(&set->shards[i]);
+    for (size_t i = 0; set->shards && i < set->n; i++)
+        shard_close(&set->shards[i]);
     free(set->shards);
     free(set->first);
     free(set);
     *pset = NULL;
 }
 
-uint64_t shard_set_count(const shard_set *set) { return set ? set->first[set->n] : 0; }
-uint64_t shard_set_tokens(const shard_set *set) { return set ? set->tokens : 0; }
+uint64_t shard_set_count(const shard_set *set) {
+    return set ? set->first[set->n] : 0;
+}
+uint64_t shard_set_tokens(const shard_set *set) {
+    return set ? set->tokens : 0;
+}
 
-uint32_t shard_set_vocab(const shard_set *set)
-{
+uint32_t shard_set_vocab(const shard_set *set) {
     uint32_t v = 0;
     for (size_t i = 0; set && i < set->n; i++)
         if (shard_vocab(set->shards[i]) > v) v = shard_vocab(set->shards[i]);
@@ -414,40 +424,37 @@ uint32_t shard_set_vocab(const shard_set *set)
 }
 
 /* Shard holding global id g (g < total): the last i with first[i] <= g. */
-static size_t locate(const shard_set *set, uint64_t g)
-{
+static size_t locate(const shard_set *set, uint64_t g) {
     size_t lo = 0, hi = set->n; /* answer in [lo, hi) */
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (set->first[mid] <= g) lo = mid;
-        else hi = mid;
+        if (set->first[mid] <= g)
+            lo = mid;
+        else
+            hi = mid;
     }
     return lo;
 }
 
-uint32_t shard_set_len(const shard_set *set, uint64_t g)
-{
+uint32_t shard_set_len(const shard_set *set, uint64_t g) {
     if (!set || g >= shard_set_count(set)) return 0;
     size_t i = locate(set, g);
     return shard_len(set->shards[i], g - set->first[i]);
 }
 
-int shard_set_get(const shard_set *set, uint64_t g, shard_seq *out)
-{
+int shard_set_get(const shard_set *set, uint64_t g, shard_seq *out) {
     if (!set || g >= shard_set_count(set)) return DFLASH_ERANGE;
     size_t i = locate(set, g);
     return shard_get(set->shards[i], g - set->first[i], out);
 }
 
-void shard_set_lengths(const shard_set *set, uint32_t *lens)
-{
+void shard_set_lengths(const shard_set *set, uint32_t *lens) {
     for (size_t i = 0; set && i < set->n; i++)
         for (uint64_t j = 0; j < shard_count(set->shards[i]); j++)
             lens[set->first[i] + j] = shard_len(set->shards[i], j);
 }
 
-int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen)
-{
+int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen) {
     for (size_t i = 0; set && i < set->n; i++) {
         int rc = shard_verify_tokens(set->shards[i], vocab, err, errlen);
         if (rc) return rc;

@@ -45,7 +45,7 @@ shard *shard_open(const char *path, char *err, size_t errlen);
 void shard_close(shard **s);
 uint64_t shard_count(const shard *s);
 uint64_t shard_tokens(const shard *s);
-uint32_t shard_vocab(const shard *s);   /* as recorded by the writer; 0 = unknown */
+uint32_t shard_vocab(const shard *s); /* as recorded by the writer; 0 = unknown */
 uint32_t shard_max_len(const shard *s);
 const char *shard_path(const shard *s);
 /* Length of sequence i, 0 when i is out of range. */

@@ -14,8 +14,7 @@
 
 static uint32_t lens[N];
 
-static void make_lengths(void)
-{
+static void make_lengths(void) {
     uint64_t x = 12345;
     for (int i = 0; i < N; i++) { /* a fixed spread of lengths 1..3500 */
         x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -26,8 +25,7 @@ static void make_lengths(void)
 
 static const uint32_t bounds[] = {512, 1024, 2048, 3072};
 
-static batch_plan *make(uint64_t seed, uint64_t budget, uint32_t max_seqs)
-{
+static batch_plan *make(uint64_t seed, uint64_t budget, uint32_t max_seqs) {
     batch_plan_params p = {bounds, 4, budget, max_seqs, seed};
     char err[256];
     batch_plan *plan = batch_plan_new(lens, N, &p, err, sizeof err);
@@ -36,29 +34,30 @@ static batch_plan *make(uint64_t seed, uint64_t budget, uint32_t max_seqs)
 }
 
 /* Hash of the whole epoch's batches of a bucket. */
-static uint64_t epoch_hash(batch_plan *plan, uint32_t epoch, int b)
-{
+static uint64_t epoch_hash(batch_plan *plan, uint32_t epoch, int b) {
     uint64_t h = 1469598103934665603ull;
     static uint32_t ids[8192];
     uint32_t nb = batch_plan_count(plan, epoch, b), n;
     for (uint32_t k = 0; k < nb; k++) {
         batch_plan_get(plan, epoch, b, k, ids, 8192, &n, NULL);
-        for (uint32_t i = 0; i < n; i++) h = (h ^ ids[i]) * 1099511628211ull;
+        for (uint32_t i = 0; i < n; i++)
+            h = (h ^ ids[i]) * 1099511628211ull;
         h = (h ^ 0xffffffffu) * 1099511628211ull; /* batch boundary */
     }
     return h;
 }
 
-static void test_invariants(void)
-{
+static void test_invariants(void) {
     batch_plan *plan = make(42, 8192, 6);
     CHECK(plan != NULL);
     if (!plan) return;
     CHECK_EQ_INT(batch_plan_n_buckets(plan), 4);
     uint64_t dropped = 0, kept_tokens = 0;
     for (int i = 0; i < N; i++) {
-        if (lens[i] == 0 || lens[i] > 3072) dropped++;
-        else kept_tokens += lens[i];
+        if (lens[i] == 0 || lens[i] > 3072)
+            dropped++;
+        else
+            kept_tokens += lens[i];
     }
     CHECK_EQ_INT(batch_plan_dropped(plan), dropped);
     double share_sum = 0;
@@ -130,8 +129,7 @@ static void test_invariants(void)
     batch_plan_destroy(&plan);
 }
 
-static void test_determinism(void)
-{
+static void test_determinism(void) {
     batch_plan *a = make(7, 16384, 0), *b = make(7, 16384, 0), *c = make(8, 16384, 0);
     CHECK(a && b && c);
     if (!a || !b || !c) return;
@@ -140,8 +138,8 @@ static void test_determinism(void)
     uint64_t b0 = epoch_hash(b, 0, 1), b2 = epoch_hash(b, 2, 1);
     CHECK(a0 == b0 && a2 == b2);
     CHECK(epoch_hash(a, 0, 1) == a0);
-    CHECK(a0 != a2);                    /* epochs differ */
-    CHECK(epoch_hash(c, 0, 1) != a0);   /* seeds differ */
+    CHECK(a0 != a2);                                   /* epochs differ */
+    CHECK(epoch_hash(c, 0, 1) != a0);                  /* seeds differ */
     CHECK(epoch_hash(a, 0, 2) != epoch_hash(a, 0, 3)); /* buckets are shuffled independently */
     /* the generator is part of the on-disk contract (the broker's ledger names batches):
      * pin the first batch of (seed 7, epoch 0, bucket 0) */
@@ -161,8 +159,7 @@ static void test_determinism(void)
     batch_plan_destroy(&t);
 }
 
-static void test_refusals(void)
-{
+static void test_refusals(void) {
     char err[256];
     uint32_t bad_bounds[] = {512, 512};
     batch_plan_params p = {bad_bounds, 2, 4096, 0, 1};
@@ -183,8 +180,7 @@ static void test_refusals(void)
     CHECK_EQ_INT(batch_plan_parse_bounds("-5", b, 2), DFLASH_EINVAL);
 }
 
-int main(void)
-{
+int main(void) {
     make_lengths();
     test_invariants();
     test_determinism();

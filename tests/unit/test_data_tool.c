@@ -13,8 +13,7 @@
 
 static char dir[256], bin[512];
 
-static char *slurp(const char *path)
-{
+static char *slurp(const char *path) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return calloc(1, 1);
     fseek(fp, 0, SEEK_END);
@@ -27,8 +26,7 @@ static char *slurp(const char *path)
 }
 
 /* Runs the tool with args; returns its exit status; stdout/stderr go to dir/out, dir/err. */
-static int run(const char *args)
-{
+static int run(const char *args) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err", bin, args, dir, dir);
     int st = system(cmd);
@@ -36,17 +34,17 @@ static int run(const char *args)
 }
 
 /* A JSON line of n tokens: ids start, start+1, ... (mod 1000), mask alternating. */
-static void put_seq(FILE *fp, int n, int start)
-{
+static void put_seq(FILE *fp, int n, int start) {
     fprintf(fp, "{\"input_ids\": [");
-    for (int i = 0; i < n; i++) fprintf(fp, "%s%d", i ? "," : "", (start + i) % 1000);
+    for (int i = 0; i < n; i++)
+        fprintf(fp, "%s%d", i ? "," : "", (start + i) % 1000);
     fprintf(fp, "], \"loss_mask\": [");
-    for (int i = 0; i < n; i++) fprintf(fp, "%s%d", i ? "," : "", i & 1);
+    for (int i = 0; i < n; i++)
+        fprintf(fp, "%s%d", i ? "," : "", i & 1);
     fprintf(fp, "]}\n");
 }
 
-int main(void)
-{
+int main(void) {
     const char *env = getenv("DFLASH_DATA_BIN");
     snprintf(bin, sizeof bin, "%s", env ? env : "../tools/dflash-data");
     CHECK(access(bin, X_OK) == 0);
@@ -60,22 +58,21 @@ int main(void)
     snprintf(jsonl, sizeof jsonl, "%s/in.jsonl", dir);
     snprintf(shardp, sizeof shardp, "%s/out.shard", dir);
     FILE *fp = fopen(jsonl, "w");
-    put_seq(fp, 3, 10);                                                  /* 1: ok */
-    fprintf(fp, "{\"input_ids\": [1,2,3], \"loss_mask\": [0,1,1]\n");     /* 2: not JSON */
-    fprintf(fp, "\n");                                                   /* 3: blank */
-    fprintf(fp, "{\"input_ids\": [5,1000], \"loss_mask\": [1,1]}\n");    /* 4: out of vocab */
-    fprintf(fp, "{\"input_ids\": [5,6,7], \"loss_mask\": [1,1]}\n");     /* 5: mismatch */
-    put_seq(fp, 2500, 0);                                                /* 6: too long */
-    put_seq(fp, 600, 100);                                               /* 7: ok */
-    fprintf(fp, "{\"input_ids\": [5,6], \"loss_mask\": [1,2]}\n");       /* 8: bad mask */
-    fprintf(fp, "{\"input_ids\": [5,6.5], \"loss_mask\": [1,1]}\n");     /* 9: not integer */
-    put_seq(fp, 1500, 7);                                                /* 10: ok */
-    fprintf(fp, "{\"loss_mask\": [1]}\n");                               /* 11: no input_ids */
+    put_seq(fp, 3, 10);                                               /* 1: ok */
+    fprintf(fp, "{\"input_ids\": [1,2,3], \"loss_mask\": [0,1,1]\n"); /* 2: not JSON */
+    fprintf(fp, "\n");                                                /* 3: blank */
+    fprintf(fp, "{\"input_ids\": [5,1000], \"loss_mask\": [1,1]}\n"); /* 4: out of vocab */
+    fprintf(fp, "{\"input_ids\": [5,6,7], \"loss_mask\": [1,1]}\n");  /* 5: mismatch */
+    put_seq(fp, 2500, 0);                                             /* 6: too long */
+    put_seq(fp, 600, 100);                                            /* 7: ok */
+    fprintf(fp, "{\"input_ids\": [5,6], \"loss_mask\": [1,2]}\n");    /* 8: bad mask */
+    fprintf(fp, "{\"input_ids\": [5,6.5], \"loss_mask\": [1,1]}\n");  /* 9: not integer */
+    put_seq(fp, 1500, 7);                                             /* 10: ok */
+    fprintf(fp, "{\"loss_mask\": [1]}\n");                            /* 11: no input_ids */
     fclose(fp);
 
     snprintf(args, sizeof args,
-             "--in %s --out %s --vocab 1000 --max-len 2000 --buckets 512,1024,2048", jsonl,
-             shardp);
+             "--in %s --out %s --vocab 1000 --max-len 2000 --buckets 512,1024,2048", jsonl, shardp);
     CHECK_EQ_INT(run(args), 0);
     char errp[300], outp[300];
     snprintf(errp, sizeof errp, "%s/err", dir);

@@ -11,8 +11,7 @@
 
 static char dir[256];
 
-static int load_text(const char *text, model_config *c, char *err, size_t errlen)
-{
+static int load_text(const char *text, model_config *c, char *err, size_t errlen) {
     char path[300];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *fp = fopen(path, "w");
@@ -53,8 +52,7 @@ static const char *llama31_8b =
     "\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,\"tie_word_embeddings\":false,"
     "\"torch_dtype\":\"bfloat16\",\"use_cache\":true,\"vocab_size\":128256}";
 
-static void test_real_configs(void)
-{
+static void test_real_configs(void) {
     model_config c;
     char err[512];
     CHECK_EQ_INT(load_text(qwen3_8b, &c, err, sizeof err), 0);
@@ -112,8 +110,7 @@ static void test_real_configs(void)
 
 /* Replaces the first occurrence of from in base with to and expects rc and needle. */
 static void expect_bad(const char *base, const char *from, const char *to, int rc,
-                       const char *needle)
-{
+                       const char *needle) {
     char text[4096], err[512] = "";
     const char *at = strstr(base, from);
     CHECK(at != NULL);
@@ -127,10 +124,9 @@ static void expect_bad(const char *base, const char *from, const char *to, int r
     if (!strstr(err, needle)) fprintf(stderr, "  message was: %s\n", err);
 }
 
-static void test_bad_configs(void)
-{
-    expect_bad(qwen3_8b, "\"num_key_value_heads\":8", "\"num_key_value_heads\":5",
-               DFLASH_ECONFIG, "not a multiple of num_key_value_heads 5");
+static void test_bad_configs(void) {
+    expect_bad(qwen3_8b, "\"num_key_value_heads\":8", "\"num_key_value_heads\":5", DFLASH_ECONFIG,
+               "not a multiple of num_key_value_heads 5");
     expect_bad(qwen3_8b, "\"head_dim\":128", "\"head_dim\":127", DFLASH_ECONFIG, "head_dim 127");
     expect_bad(qwen3_8b, "\"hidden_size\":4096,", "", DFLASH_ECONFIG, "missing field hidden_size");
     expect_bad(qwen3_8b, "\"vocab_size\":151936", "\"vocab_size\":0", DFLASH_ECONFIG,
@@ -139,10 +135,10 @@ static void test_bad_configs(void)
                "vocab_size is not an integer");
     expect_bad(qwen3_8b, "\"model_type\":\"qwen3\"", "\"model_type\":\"mistral\"",
                DFLASH_EUNSUPPORTED, "mistral");
-    expect_bad(qwen3_8b, "\"attention_bias\":false", "\"attention_bias\":true",
-               DFLASH_EUNSUPPORTED, "attention_bias");
-    expect_bad(qwen3_8b, "\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\"",
-               DFLASH_EUNSUPPORTED, "gelu");
+    expect_bad(qwen3_8b, "\"attention_bias\":false", "\"attention_bias\":true", DFLASH_EUNSUPPORTED,
+               "attention_bias");
+    expect_bad(qwen3_8b, "\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\"", DFLASH_EUNSUPPORTED,
+               "gelu");
     expect_bad(qwen3_8b, "\"rope_scaling\":null", "\"rope_scaling\":{\"rope_type\":\"yarn\"}",
                DFLASH_EUNSUPPORTED, "yarn");
     expect_bad(qwen3_8b, "\"vocab_size\":151936}", "\"vocab_size\":151936", DFLASH_EFORMAT,
@@ -156,8 +152,7 @@ static void test_bad_configs(void)
     CHECK(strstr(err, "/nonexistent/dir") != NULL);
 }
 
-static bool same(const model_config *a, const model_config *b)
-{
+static bool same(const model_config *a, const model_config *b) {
     return a->family == b->family && a->vocab_size == b->vocab_size &&
            a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
            a->num_layers == b->num_layers && a->num_heads == b->num_heads &&
@@ -171,12 +166,11 @@ static bool same(const model_config *a, const model_config *b)
            a->rope_scaling.original_max_position_embeddings ==
                b->rope_scaling.original_max_position_embeddings &&
            a->qk_norm == b->qk_norm && a->qkv_bias == b->qkv_bias &&
-           a->tie_word_embeddings == b->tie_word_embeddings &&
-           a->bos_token_id == b->bos_token_id && a->eos_token_id == b->eos_token_id;
+           a->tie_word_embeddings == b->tie_word_embeddings && a->bos_token_id == b->bos_token_id &&
+           a->eos_token_id == b->eos_token_id;
 }
 
-static void test_write_round_trip(void)
-{
+static void test_write_round_trip(void) {
     char err[512];
     const char *texts[] = {qwen3_8b, qwen25_05b, llama31_8b};
     for (int i = 0; i < 3; i++) {
@@ -203,8 +197,7 @@ static void test_write_round_trip(void)
     CHECK_EQ_INT(hf_config_write(dir, &bad, NULL), DFLASH_EINVAL); /* sizes are 0 */
 }
 
-static void test_weights(void)
-{
+static void test_weights(void) {
     char err[512];
     model_config c;
     CHECK_EQ_INT(load_text(qwen3_8b, &c, err, sizeof err), 0);
@@ -212,7 +205,8 @@ static void test_weights(void)
     hf_weight_desc d;
     CHECK(hf_weight_nth(&c, 0, &d) && strcmp(d.name, "model.embed_tokens.weight") == 0);
     CHECK(d.shape[0] == 151936 && d.shape[1] == 4096);
-    CHECK(hf_weight_nth(&c, 3, &d) && strcmp(d.name, "model.layers.0.self_attn.k_proj.weight") == 0);
+    CHECK(hf_weight_nth(&c, 3, &d) &&
+          strcmp(d.name, "model.layers.0.self_attn.k_proj.weight") == 0);
     CHECK(d.ndim == 2 && d.shape[0] == 1024 && d.shape[1] == 4096);
     CHECK(hf_weight_nth(&c, 6, &d) &&
           strcmp(d.name, "model.layers.0.self_attn.q_norm.weight") == 0 && d.is_norm &&
@@ -255,8 +249,7 @@ static void test_weights(void)
     CHECK(ids[0] == 1 && ids[1] == 13 && ids[2] == 25);
 }
 
-int main(void)
-{
+int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-hfc-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_real_configs();

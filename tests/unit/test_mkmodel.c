@@ -15,8 +15,7 @@
 
 static char dir[256], bin[512];
 
-static int run(const char *args)
-{
+static int run(const char *args) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s %s --log-level warn >%s/out 2>&1", bin, args, dir);
     int st = system(cmd);
@@ -24,8 +23,7 @@ static int run(const char *args)
 }
 
 /* Opens DIR/name, checks the tensor set against the config; returns the open checkpoint. */
-static safetensors *check_model(const char *name, model_config *mc)
-{
+static safetensors *check_model(const char *name, model_config *mc) {
     char path[400], err[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     CHECK_EQ_INT(hf_config_load(path, mc, err, sizeof err), 0);
@@ -50,8 +48,7 @@ static safetensors *check_model(const char *name, model_config *mc)
     return st;
 }
 
-static double std_of(const safetensors *st, const char *name, double *mean)
-{
+static double std_of(const safetensors *st, const char *name, double *mean) {
     const safetensors_tensor *t = safetensors_find(st, name);
     if (!t) return -1;
     float *v = malloc((size_t)t->numel * sizeof *v);
@@ -66,15 +63,13 @@ static double std_of(const safetensors *st, const char *name, double *mean)
     return sqrt(s2 / (double)t->numel - *mean * *mean);
 }
 
-static bool same_bytes(const char *a, const char *b)
-{
+static bool same_bytes(const char *a, const char *b) {
     char cmd[1000];
     snprintf(cmd, sizeof cmd, "cmp -s %s/%s %s/%s", dir, a, dir, b);
     return system(cmd) == 0;
 }
 
-int main(void)
-{
+int main(void) {
     const char *env = getenv("DFLASH_MKMODEL_BIN");
     snprintf(bin, sizeof bin, "%s", env ? env : "../tools/dflash-mkmodel");
     CHECK(access(bin, X_OK) == 0);

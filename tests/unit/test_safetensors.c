@@ -12,26 +12,25 @@
 
 static char dir[256];
 
-static void path_of(char *buf, size_t len, const char *name)
-{
+static void path_of(char *buf, size_t len, const char *name) {
     snprintf(buf, len, "%s/%s", dir, name);
 }
 
 /* Writes an 8-byte length + header (padded with spaces to pad bytes if pad > strlen) + data. */
-static void write_raw(const char *path, const char *header, size_t data_len, long hlen_override)
-{
+static void write_raw(const char *path, const char *header, size_t data_len, long hlen_override) {
     FILE *fp = fopen(path, "wb");
     uint64_t hl = hlen_override >= 0 ? (uint64_t)hlen_override : strlen(header);
     unsigned char b[8];
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(hl >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(hl >> (8 * i));
     fwrite(b, 1, 8, fp);
     fwrite(header, 1, strlen(header), fp);
-    for (size_t i = 0; i < data_len; i++) fputc((int)(i & 0xff), fp);
+    for (size_t i = 0; i < data_len; i++)
+        fputc((int)(i & 0xff), fp);
     fclose(fp);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
+static char *slurp(const char *path, size_t *len) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return NULL;
     fseek(fp, 0, SEEK_END);
@@ -43,16 +42,14 @@ static char *slurp(const char *path, size_t *len)
     return b;
 }
 
-static void spill(const char *path, const char *b, size_t len)
-{
+static void spill(const char *path, const char *b, size_t len) {
     FILE *fp = fopen(path, "wb");
     fwrite(b, 1, len, fp);
     fclose(fp);
 }
 
 /* Opening must fail and the message must contain every needle (NULL-terminated list). */
-static void expect_bad(const char *path, const char *n1, const char *n2)
-{
+static void expect_bad(const char *path, const char *n1, const char *n2) {
     char err[512] = "";
     safetensors *st = safetensors_open(path, err, sizeof err);
     CHECK(st == NULL);
@@ -65,8 +62,7 @@ static void expect_bad(const char *path, const char *n1, const char *n2)
         fprintf(stderr, "  message was: %s\n", err);
 }
 
-static void test_conversions(void)
-{
+static void test_conversions(void) {
     CHECK_EQ_INT(safetensors_f32_to_f16(1.0f), 0x3c00);
     CHECK_EQ_INT(safetensors_f32_to_f16(65504.0f), 0x7bff);
     CHECK_EQ_INT(safetensors_f32_to_f16(1e6f), 0x7c00);
@@ -94,8 +90,7 @@ static void test_conversions(void)
     CHECK_EQ_INT(safetensors_dtype_parse("F8_E4M3", &dt), DFLASH_EINVAL);
 }
 
-static void test_round_trip(void)
-{
+static void test_round_trip(void) {
     char path[300], err[512];
     path_of(path, sizeof path, "rt.safetensors");
     float a[6] = {1, -2, 3.5f, 0.25f, -0.125f, 100};
@@ -123,7 +118,8 @@ static void test_round_trip(void)
     size_t len;
     char *raw = slurp(path, &len);
     uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (unsigned char)raw[i];
+    for (int i = 7; i >= 0; i--)
+        hl = (hl << 8) | (unsigned char)raw[i];
     CHECK_EQ_INT(hl % 8, 0);
     CHECK_EQ_INT(len, 8 + hl + 24 + 8 + 8 + 12);
     free(raw);
@@ -136,7 +132,8 @@ static void test_round_trip(void)
     }
     CHECK_EQ_INT(safetensors_count(st), 4);
     CHECK(strcmp(safetensors_at(st, 0)->name, "ids") == 0); /* name order */
-    CHECK(safetensors_metadata(st, "note") && strcmp(safetensors_metadata(st, "note"), "hello") == 0);
+    CHECK(safetensors_metadata(st, "note") &&
+          strcmp(safetensors_metadata(st, "note"), "hello") == 0);
     CHECK(safetensors_metadata(st, "format") &&
           strcmp(safetensors_metadata(st, "format"), "pt") == 0);
     const safetensors_tensor *t = safetensors_find(st, "x.a");
@@ -146,9 +143,11 @@ static void test_round_trip(void)
     CHECK_EQ_INT(safetensors_load_f32(st, "x.a", 2, (int64_t[]){2, 3}, out, err, sizeof err), 0);
     CHECK(memcmp(out, a, sizeof a) == 0);
     CHECK_EQ_INT(safetensors_load_f32(st, "x.b", 1, (int64_t[]){4}, out, err, sizeof err), 0);
-    for (int i = 0; i < 4; i++) CHECK_NEAR(out[i], bv[i], 0);
+    for (int i = 0; i < 4; i++)
+        CHECK_NEAR(out[i], bv[i], 0);
     CHECK_EQ_INT(safetensors_load_f32(st, "x.c", 2, (int64_t[]){2, 2}, out, err, sizeof err), 0);
-    for (int i = 0; i < 4; i++) CHECK_NEAR(out[i], cv[i], 0);
+    for (int i = 0; i < 4; i++)
+        CHECK_NEAR(out[i], cv[i], 0);
     t = safetensors_find(st, "ids");
     CHECK(t && t->dtype == SAFETENSORS_I32 && memcmp(t->data, ids, 12) == 0);
     CHECK_EQ_INT(safetensors_load_f32(st, "ids", 1, (int64_t[]){3}, out, err, sizeof err),
@@ -171,13 +170,13 @@ static void test_round_trip(void)
     safetensors_close(&st); /* NULL is fine */
 }
 
-static void test_streaming(void)
-{
+static void test_streaming(void) {
     char path[300], err[512];
     path_of(path, sizeof path, "stream.safetensors");
     enum { N = 1000 };
     static float big[N];
-    for (int i = 0; i < N; i++) big[i] = (float)i * 0.5f;
+    for (int i = 0; i < N; i++)
+        big[i] = (float)i * 0.5f;
     safetensors_writer *w = safetensors_writer_new(path);
     CHECK_EQ_INT(safetensors_writer_add(w, "p", SAFETENSORS_F32, 1, (int64_t[]){N}, NULL), 0);
     CHECK_EQ_INT(safetensors_writer_add(w, "q", SAFETENSORS_F32, 2, (int64_t[]){10, 10}, NULL), 0);
@@ -222,8 +221,7 @@ static void test_streaming(void)
     CHECK(access(tmp, F_OK) != 0);
 }
 
-static void test_corrupt(void)
-{
+static void test_corrupt(void) {
     char path[300];
     path_of(path, sizeof path, "bad.safetensors");
 
@@ -288,7 +286,8 @@ static void test_corrupt(void)
     }
     /* flipping any header byte never crashes and never yields a tensor outside the file */
     uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (unsigned char)raw[i];
+    for (int i = 7; i >= 0; i--)
+        hl = (hl << 8) | (unsigned char)raw[i];
     int opened = 0, refused = 0;
     for (size_t i = 0; i < 8 + hl; i++) {
         char saved = raw[i];
@@ -303,7 +302,8 @@ static void test_corrupt(void)
         }
         opened++;
         size_t sum = 0;
-        for (size_t k = 0; k < safetensors_count(st); k++) sum += safetensors_at(st, k)->bytes;
+        for (size_t k = 0; k < safetensors_count(st); k++)
+            sum += safetensors_at(st, k)->bytes;
         CHECK(sum == len - 8 - hl);
         safetensors_close(&st);
     }
@@ -312,8 +312,7 @@ static void test_corrupt(void)
     free(raw);
 }
 
-static void test_sharded(void)
-{
+static void test_sharded(void) {
     char p1[300], p2[300], err[512];
     path_of(p1, sizeof p1, "model-00001-of-00002.safetensors");
     path_of(p2, sizeof p2, "model-00002-of-00002.safetensors");
@@ -338,7 +337,8 @@ static void test_sharded(void)
     float out[3];
     CHECK_EQ_INT(safetensors_load_f32(st, "model.b", 1, (int64_t[]){2}, out, err, sizeof err), 0);
     CHECK_NEAR(out[1], 5, 0);
-    CHECK(safetensors_find(st, "model.a") && strcmp(safetensors_find(st, "model.a")->file, p1) == 0);
+    CHECK(safetensors_find(st, "model.a") &&
+          strcmp(safetensors_find(st, "model.a")->file, p1) == 0);
     safetensors_close(&st);
 
     /* index pointing a tensor at the wrong shard */
@@ -372,8 +372,7 @@ static void test_sharded(void)
     unlink(p2);
 }
 
-int main(void)
-{
+int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-st-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_conversions();

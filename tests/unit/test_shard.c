@@ -11,13 +11,11 @@
 
 static char dir[256];
 
-static void path_of(char *buf, size_t len, const char *name)
-{
+static void path_of(char *buf, size_t len, const char *name) {
     snprintf(buf, len, "%s/%s", dir, name);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
+static char *slurp(const char *path, size_t *len) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return NULL;
     fseek(fp, 0, SEEK_END);
@@ -29,15 +27,13 @@ static char *slurp(const char *path, size_t *len)
     return b;
 }
 
-static void spill(const char *path, const char *b, size_t len)
-{
+static void spill(const char *path, const char *b, size_t len) {
     FILE *fp = fopen(path, "wb");
     fwrite(b, 1, len, fp);
     fclose(fp);
 }
 
-static void expect_bad(const char *path, const char *needle)
-{
+static void expect_bad(const char *path, const char *needle) {
     char err[512] = "";
     shard *s = shard_open(path, err, sizeof err);
     CHECK(s == NULL);
@@ -56,8 +52,7 @@ static const uint8_t mask1[] = {1, 1, 0};
 static const int32_t ids2[] = {7, 8, 9, 10, 11, 12, 13};
 static const uint8_t mask2[] = {0, 1, 0, 1, 0, 1, 1};
 
-static void write_basic(const char *path, uint32_t vocab)
-{
+static void write_basic(const char *path, uint32_t vocab) {
     shard_writer *w = shard_writer_new(path, vocab);
     CHECK(w != NULL);
     CHECK_EQ_INT(shard_writer_add(w, ids0, mask0, 5), 0);
@@ -69,8 +64,7 @@ static void write_basic(const char *path, uint32_t vocab)
     CHECK(w == NULL);
 }
 
-static void test_round_trip(void)
-{
+static void test_round_trip(void) {
     char path[300], err[512];
     path_of(path, sizeof path, "a.shard");
     shard_writer *w = shard_writer_new(path, 100);
@@ -126,8 +120,7 @@ static void test_round_trip(void)
     shard_close(&s);
 }
 
-static void test_corrupt(void)
-{
+static void test_corrupt(void) {
     char good[300], path[300];
     path_of(good, sizeof good, "a.shard");
     path_of(path, sizeof path, "bad.shard");
@@ -176,7 +169,8 @@ static void test_corrupt(void)
     raw[44] = 7;
     /* index entry 1: bump its offset */
     uint64_t index_off = 0;
-    for (int i = 7; i >= 0; i--) index_off = (index_off << 8) | (unsigned char)raw[32 + i];
+    for (int i = 7; i >= 0; i--)
+        index_off = (index_off << 8) | (unsigned char)raw[32 + i];
     raw[index_off + 16] += 4;
     spill(path, raw, len);
     expect_bad(path, "index entry 1 out of range");
@@ -209,8 +203,7 @@ static void test_corrupt(void)
     expect_bad("/nonexistent/x.shard", "cannot open");
 }
 
-static void test_set(void)
-{
+static void test_set(void) {
     char a[300], b[300], err[512];
     path_of(a, sizeof a, "a.shard");
     path_of(b, sizeof b, "b.shard");
@@ -252,8 +245,7 @@ static void test_set(void)
     CHECK(shard_set_open_list("", err, sizeof err) == NULL);
 }
 
-int main(void)
-{
+int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-shard-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_round_trip();

@@ -52,17 +52,16 @@ static const cfg_option data_options[] = {
      offsetof(data_cfg, max_len), 0},
     {"buckets", CFG_STRING, "512,1024,2048,3072", 1, 0, false,
      "bucket upper bounds for the length histogram", STR_OPT(buckets)},
-    {"strict", CFG_BOOL, "false", 1, 0, false,
-     "stop at the first bad line instead of skipping it", offsetof(data_cfg, strict), 0},
+    {"strict", CFG_BOOL, "false", 1, 0, false, "stop at the first bad line instead of skipping it",
+     offsetof(data_cfg, strict), 0},
     {"show-errors", CFG_INT, "20", 0, 1e9, false, "bad lines reported individually",
      offsetof(data_cfg, show_errors), 0},
     {"log-level", CFG_STRING, "info", 1, 0, false, "debug, info, warn or error",
      STR_OPT(log_level)},
 };
-static const cfg_table data_table = {"dflash-data",
-                                     "convert JSONL input_ids/loss_mask lines into a shard",
-                                     "[options]", data_options,
-                                     sizeof data_options / sizeof data_options[0]};
+static const cfg_table data_table = {
+    "dflash-data", "convert JSONL input_ids/loss_mask lines into a shard", "[options]",
+    data_options, sizeof data_options / sizeof data_options[0]};
 
 typedef struct line_buf {
     int32_t *ids;
@@ -72,8 +71,7 @@ typedef struct line_buf {
 
 /* Parses one line into lb; returns its length, or -1 with the reason in why. */
 static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t vocab,
-                       line_buf *lb, char *why, size_t whylen)
-{
+                       line_buf *lb, char *why, size_t whylen) {
     cJSON *j = cJSON_ParseWithLength(text, len);
     long n = -1;
     if (!j || !cJSON_IsObject(j)) {
@@ -100,8 +98,7 @@ static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t
         goto out;
     }
     if (ni > c->max_len) {
-        snprintf(why, whylen, "too long: %ld tokens, --max-len is %lld", ni,
-                 (long long)c->max_len);
+        snprintf(why, whylen, "too long: %ld tokens, --max-len is %lld", ni, (long long)c->max_len);
         goto out;
     }
     if ((size_t)ni > lb->cap) {
@@ -145,8 +142,7 @@ out:
     return n;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     data_cfg c;
     int rc = config_load(&data_table, &c, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
@@ -175,8 +171,7 @@ int main(int argc, char **argv)
             return 1;
         }
         if (vocab && vocab != (uint32_t)mc.vocab_size)
-            LOG_WARN("--vocab %u differs from the model's %d; using --vocab", vocab,
-                     mc.vocab_size);
+            LOG_WARN("--vocab %u differs from the model's %d; using --vocab", vocab, mc.vocab_size);
         if (!vocab) vocab = (uint32_t)mc.vocab_size;
     }
     if (!vocab) LOG_WARN("no --vocab or --model: token ids are not checked against a vocabulary");
@@ -201,7 +196,8 @@ int main(int argc, char **argv)
     while ((len = getline(&line, &cap, in)) >= 0) {
         lineno++;
         size_t l = (size_t)len;
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ')) l--;
+        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' '))
+            l--;
         if (l == 0) continue;
         char why[256];
         long n = parse_line(line, l, &c, vocab, &lb, why, sizeof why);
@@ -226,10 +222,12 @@ int main(int argc, char **argv)
         kept++;
         kept_tokens += (uint64_t)n;
         bool any = false;
-        for (long i = 0; i < n && !any; i++) any = lb.mask[i];
+        for (long i = 0; i < n && !any; i++)
+            any = lb.mask[i];
         no_loss += !any;
         int b = 0;
-        while (b < nb && (uint32_t)n > bounds[b]) b++;
+        while (b < nb && (uint32_t)n > bounds[b])
+            b++;
         seqs[b]++;
         toks[b] += (uint64_t)n;
     }
@@ -248,10 +246,12 @@ int main(int argc, char **argv)
     shard_writer_destroy(&w);
     if (status) return status;
 
-    if (bad) LOG_WARN("%llu of %llu lines skipped as bad", (unsigned long long)bad,
-                      (unsigned long long)(kept + bad));
-    if (no_loss) LOG_WARN("%llu sequences have no loss tokens (loss_mask all 0)",
-                          (unsigned long long)no_loss);
+    if (bad)
+        LOG_WARN("%llu of %llu lines skipped as bad", (unsigned long long)bad,
+                 (unsigned long long)(kept + bad));
+    if (no_loss)
+        LOG_WARN("%llu sequences have no loss tokens (loss_mask all 0)",
+                 (unsigned long long)no_loss);
     printf("%s: %llu sequences, %llu tokens, %llu bad lines skipped, vocab %u\n", c.out,
            (unsigned long long)kept, (unsigned long long)kept_tokens, (unsigned long long)bad,
            vocab);
@@ -259,8 +259,10 @@ int main(int argc, char **argv)
     for (int b = 0; b <= nb; b++) {
         if (b == nb && !seqs[b]) break;
         char name[32];
-        if (b < nb) snprintf(name, sizeof name, "<=%u", bounds[b]);
-        else snprintf(name, sizeof name, ">%u", bounds[nb - 1]);
+        if (b < nb)
+            snprintf(name, sizeof name, "<=%u", bounds[b]);
+        else
+            snprintf(name, sizeof name, ">%u", bounds[nb - 1]);
         printf("%-12s %10llu %7.1f%% %12llu %7.1f%%\n", name, (unsigned long long)seqs[b],
                kept ? 100.0 * seqs[b] / kept : 0.0, (unsigned long long)toks[b],
                kept_tokens ? 100.0 * toks[b] / kept_tokens : 0.0);

@@ -69,8 +69,8 @@ static const cfg_option mk_options[] = {
     {"vocab", CFG_INT, "0", 0, 1 << 24, false, "vocabulary size (0: preset)", INT_OPT(vocab)},
     {"max-pos", CFG_INT, "0", 0, 1 << 24, false, "max_position_embeddings (0: preset)",
      INT_OPT(max_pos)},
-    {"rope-theta", CFG_DOUBLE, "0", 0, 1e12, false,
-     "RoPE base (0: 1e6 for qwen, 500000 for llama)", offsetof(mk_cfg, rope_theta), 0},
+    {"rope-theta", CFG_DOUBLE, "0", 0, 1e12, false, "RoPE base (0: 1e6 for qwen, 500000 for llama)",
+     offsetof(mk_cfg, rope_theta), 0},
     {"rms-norm-eps", CFG_DOUBLE, "0", 0, 1, false, "RMSNorm epsilon (0: family default)",
      offsetof(mk_cfg, rms_norm_eps), 0},
     {"llama3-rope-scaling", CFG_BOOL, "false", 1, 0, false,
@@ -79,8 +79,8 @@ static const cfg_option mk_options[] = {
      offsetof(mk_cfg, rope_factor), 0},
     {"rope-low-freq", CFG_DOUBLE, "1", 1e-6, 1e6, false, "llama3 rope_scaling.low_freq_factor",
      offsetof(mk_cfg, rope_low_freq), 0},
-    {"rope-high-freq", CFG_DOUBLE, "4", 1e-6, 1e6, false,
-     "llama3 rope_scaling.high_freq_factor", offsetof(mk_cfg, rope_high_freq), 0},
+    {"rope-high-freq", CFG_DOUBLE, "4", 1e-6, 1e6, false, "llama3 rope_scaling.high_freq_factor",
+     offsetof(mk_cfg, rope_high_freq), 0},
     {"rope-original-max", CFG_INT, "8192", 1, 1 << 24, false,
      "llama3 rope_scaling.original_max_position_embeddings", INT_OPT(rope_original_max)},
     {"tie", CFG_BOOL, "false", 1, 0, false, "tie lm_head to embed_tokens (no lm_head.weight)",
@@ -89,8 +89,8 @@ static const cfg_option mk_options[] = {
     {"seed", CFG_INT, "1", 0, 9.0e18, false, "seed of every weight", INT_OPT(seed)},
     {"init-std", CFG_DOUBLE, "0.02", 0, 10, false, "std of linears, embeddings and biases",
      offsetof(mk_cfg, init_std), 0},
-    {"norm-jitter", CFG_DOUBLE, "0", 0, 10, false,
-     "norm weights are 1 + norm-jitter * normal(0,1)", offsetof(mk_cfg, norm_jitter), 0},
+    {"norm-jitter", CFG_DOUBLE, "0", 0, 10, false, "norm weights are 1 + norm-jitter * normal(0,1)",
+     offsetof(mk_cfg, norm_jitter), 0},
     {"shard-size-mb", CFG_INT, "0", 0, 1 << 30, false,
      "split into shards of at most this many MiB with an index (0: one file)",
      INT_OPT(shard_size_mb)},
@@ -100,10 +100,9 @@ static const cfg_option mk_options[] = {
     {"log-level", CFG_STRING, "info", 1, 0, false, "debug, info, warn or error",
      STR_OPT(log_level)},
 };
-static const cfg_table mk_table = {"dflash-mkmodel",
-                                   "write a random seeded checkpoint in Hugging Face layout",
-                                   "[options]", mk_options,
-                                   sizeof mk_options / sizeof mk_options[0]};
+static const cfg_table mk_table = {
+    "dflash-mkmodel", "write a random seeded checkpoint in Hugging Face layout", "[options]",
+    mk_options, sizeof mk_options / sizeof mk_options[0]};
 
 typedef struct preset {
     const char *name;
@@ -115,8 +114,7 @@ static const preset presets[] = {
     {"qwen3-8b", 4096, 36, 32, 8, 128, 12288, 151936, 40960},
 };
 
-static uint64_t mix64(uint64_t x)
-{
+static uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -124,8 +122,7 @@ static uint64_t mix64(uint64_t x)
 }
 
 /* Standard normals 2p and 2p+1 of the stream key (one Box-Muller draw per pair). */
-static void normal_pair(uint64_t key, uint64_t p, float *z0, float *z1)
-{
+static void normal_pair(uint64_t key, uint64_t p, float *z0, float *z1) {
     uint64_t r = mix64(key + p * 0xd1b54a32d192ed03ull);
     double u1 = ((double)(r >> 40) + 1.0) / 16777217.0; /* (0, 1] */
     double u2 = (double)(r & 0xffffffu) / 16777216.0;   /* [0, 1) */
@@ -135,8 +132,7 @@ static void normal_pair(uint64_t key, uint64_t p, float *z0, float *z1)
 }
 
 /* Resolves sizes and the family into *mc; logs and returns non-zero when something is wrong. */
-static int build_config(const mk_cfg *c, model_config *mc)
-{
+static int build_config(const mk_cfg *c, model_config *mc) {
     model_family fam;
     if (hf_config_family_parse(c->family, &fam)) {
         LOG_ERROR("--family %s: use qwen3, qwen2 or llama", c->family);
@@ -154,10 +150,12 @@ static int build_config(const mk_cfg *c, model_config *mc)
     mc->num_layers = c->layers ? (int)c->layers : p->layers;
     mc->num_heads = c->heads ? (int)c->heads : p->heads;
     mc->num_kv_heads = c->kv_heads ? (int)c->kv_heads : (c->heads ? mc->num_heads : p->kv_heads);
-    if (c->head_dim) mc->head_dim = (int)c->head_dim;
+    if (c->head_dim)
+        mc->head_dim = (int)c->head_dim;
     else if (c->hidden || c->heads || fam == MODEL_QWEN2)
         mc->head_dim = mc->hidden_size / mc->num_heads;
-    else mc->head_dim = p->head_dim;
+    else
+        mc->head_dim = p->head_dim;
     mc->intermediate_size = c->intermediate ? (int)c->intermediate : p->intermediate;
     mc->vocab_size = c->vocab ? (int)c->vocab : p->vocab;
     mc->max_position_embeddings = c->max_pos ? (int)c->max_pos : p->max_pos;
@@ -190,8 +188,8 @@ typedef struct mk_ctx {
     const model_config *mc;
     safetensors_dtype dt;
     size_t n_tensors;
-    hf_weight_desc *w;    /* all tensors, file order */
-    int *shard_of;        /* shard index of each tensor */
+    hf_weight_desc *w; /* all tensors, file order */
+    int *shard_of;     /* shard index of each tensor */
     int n_shards;
     uint64_t total_bytes, done_bytes;
     time_t last_log, started;
@@ -201,16 +199,14 @@ typedef struct mk_ctx {
 
 #define CHUNK (1u << 20)
 
-static uint64_t tensor_bytes(const mk_ctx *m, size_t i)
-{
+static uint64_t tensor_bytes(const mk_ctx *m, size_t i) {
     const hf_weight_desc *d = &m->w[i];
     uint64_t n = (uint64_t)d->shape[0] * (d->ndim == 2 ? (uint64_t)d->shape[1] : 1);
     return n * safetensors_dtype_size(m->dt);
 }
 
 /* Streams tensor i's values into the writer, CHUNK elements at a time. */
-static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i)
-{
+static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i) {
     const hf_weight_desc *d = &m->w[i];
     uint64_t n = (uint64_t)d->shape[0] * (d->ndim == 2 ? (uint64_t)d->shape[1] : 1);
     uint64_t key = mix64(mix64((uint64_t)m->cfg->seed) ^ (0x5bd1e995ull * (i + 1)));
@@ -247,15 +243,13 @@ static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i)
     return 0;
 }
 
-static int write_shard(mk_ctx *m, int s, const char *path)
-{
+static int write_shard(mk_ctx *m, int s, const char *path) {
     safetensors_writer *wr = safetensors_writer_new(path);
     if (!wr) return DFLASH_ENOMEM;
     int rc = 0;
     for (size_t i = 0; i < m->n_tensors && !rc; i++)
         if (m->shard_of[i] == s)
-            rc = safetensors_writer_add(wr, m->w[i].name, m->dt, m->w[i].ndim, m->w[i].shape,
-                                        NULL);
+            rc = safetensors_writer_add(wr, m->w[i].name, m->dt, m->w[i].ndim, m->w[i].shape, NULL);
     if (!rc) rc = safetensors_writer_begin(wr);
     for (size_t i = 0; i < m->n_tensors && !rc; i++)
         if (m->shard_of[i] == s) rc = write_tensor(m, wr, i);
@@ -264,13 +258,11 @@ static int write_shard(mk_ctx *m, int s, const char *path)
     return rc;
 }
 
-static const char *transformers_dtype(safetensors_dtype dt)
-{
+static const char *transformers_dtype(safetensors_dtype dt) {
     return dt == SAFETENSORS_BF16 ? "bfloat16" : dt == SAFETENSORS_F16 ? "float16" : "float32";
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     mk_cfg cfg;
     int rc = config_load(&mk_table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
@@ -335,7 +327,7 @@ int main(int argc, char **argv)
         rc = write_shard(&m, 0, path);
         if (rc) LOG_FATAL("cannot write %s: %s", path, err_str(rc));
     } else {
-        char (*names)[64] = calloc((size_t)m.n_shards, sizeof *names);
+        char(*names)[64] = calloc((size_t)m.n_shards, sizeof *names);
         const char **files = calloc(m.n_tensors, sizeof *files);
         const char **tnames = calloc(m.n_tensors, sizeof *tnames);
         if (!names || !files || !tnames) LOG_FATAL("out of memory");

@@ -89,15 +89,8 @@ static size_t align_up(size_t n)
 int target_default_layer_ids(int L, int n, int *ids)
 {
     if (n < 1 || n > TARGET_MAX_CAPTURE || L < 1) return DFLASH_EINVAL;
-    if (n == 1) {
-        ids[0] = L / 2;
-    } else {
-        int start = 1, end = L - 3, span = end - start;
-        for (int i = 0; i < n; i++) {
-            /* Python: round(start + i * span / (n - 1)); nearbyint rounds half to even too. */
-            ids[i] = (int)nearbyint((double)start + (double)(i * span) / (double)(n - 1));
-        }
-    }
+    int rc = hf_config_dflash_layers(L, n, ids); /* the rule itself lives with the config */
+    if (rc) return rc;
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= L) return DFLASH_EINVAL;
         for (int j = 0; j < i; j++)

@@ -54,8 +54,9 @@ typedef struct target_model_opts {
 typedef int (*target_tensor_fn)(void *user, const char *name, const int64_t *shape, int ndim,
                                 float *dst);
 
-/* DFlash's rule (z-lab build_target_layer_ids): n == 1 -> [L/2]; else start 1, end L-3,
- * id_i = round(1 + i*(L-4)/(n-1)) with Python's round (half to even). Writes n ids.
+/* DFlash's rule (z-lab build_target_layer_ids, computed by hf_config_dflash_layers): n == 1 ->
+ * [L/2]; else start 1, end L-3, id_i = round(1 + i*(L-4)/(n-1)) with Python's round (half to
+ * even). Writes n ids.
  * Returns 0, or DFLASH_EINVAL when n < 1, n > TARGET_MAX_CAPTURE, or the ids are not distinct
  * and inside [0, L) (very shallow targets: give the ids explicitly). */
 int target_default_layer_ids(int L, int n, int *ids);

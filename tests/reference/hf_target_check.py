@@ -43,7 +43,7 @@ def cases():
                 num_key_value_heads=2, head_dim=32, vocab_size=257, tie_word_embeddings=False)
     # DFlash's default rule for 3 features on 10 layers: round(1 + i*6/2) = [1, 4, 7]; plus the last
     # layer (9) to check the hook path.
-    out.append(("qwen3-deep", deep, [1, 4, 7, 9], [64, 3, 33, 1, 20]))
+    out.append(("qwen3-deep", deep, [1, 4, 7, 9], [64, 3, 33, 1, 20, 700]))
     return out
 
 

@@ -105,14 +105,6 @@ static void test_default_ids(void)
     /* too shallow for distinct ids, or nonsense */
     CHECK_EQ_INT(target_default_layer_ids(4, 2, ids), DFLASH_EINVAL);
     CHECK_EQ_INT(target_default_layer_ids(36, 0, ids), DFLASH_EINVAL);
-    /* agrees with the config module's copy of the rule */
-    for (int L = 6; L <= 80; L++)
-        for (int n = 1; n <= 5; n++) {
-            int a[8], b[8];
-            if (target_default_layer_ids(L, n, a) != 0) continue;
-            CHECK_EQ_INT(hf_config_dflash_layers(L, n, b), 0);
-            CHECK(memcmp(a, b, sizeof(int) * (size_t)n) == 0);
-        }
 }
 
 static double max_rel(const float *a, const float *b, size_t n)

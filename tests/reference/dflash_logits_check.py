@@ -15,6 +15,7 @@ reference's top-2 margin is clear. Exit 0 pass, 1 mismatch, 77 when torch is mis
 import argparse
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def main():
           "argmax differs on %d of %d clear rows: %s"
           % (ckpt, lo.shape[0], lo.shape[1], err, a.tol, am_bad, int(clear.sum()),
              "PASS" if ok else "FAIL"))
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
 
 

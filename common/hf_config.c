@@ -49,9 +49,9 @@ int hf_config_family_parse(const char *model_type, model_family *out) {
 void hf_config_defaults(model_config *c, model_family family) {
     memset(c, 0, sizeof *c);
     c->family = family;
-    c->rms_norm_eps = family == MODEL_LLAMA ? 1e-5 : 1e-6;
+    c->rms_norm_eps = 1e-6; /* transformers' default for all three */
     c->rope_theta = family == MODEL_LLAMA ? 500000.0 : 1000000.0;
-    c->max_position_embeddings = 4096;
+    c->max_position_embeddings = family == MODEL_LLAMA ? 2048 : 32768;
     c->qk_norm = family == MODEL_QWEN3;
     c->qkv_bias = family == MODEL_QWEN2;
     c->bos_token_id = -1;
@@ -184,9 +184,11 @@ int hf_config_from_json(const cJSON *json, const char *where, model_config *out,
     c.num_layers = get_int(&r, "num_hidden_layers", true, 0);
     c.num_heads = get_int(&r, "num_attention_heads", true, 0);
     c.num_kv_heads = get_int(&r, "num_key_value_heads", false, c.num_heads);
-    int dflt_hd = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+    /* Qwen3Config defaults head_dim to 128; the others derive it */
+    int dflt_hd = fam == MODEL_QWEN3 ? 128 : c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
     c.head_dim = get_int(&r, "head_dim", false, dflt_hd);
-    c.max_position_embeddings = get_int(&r, "max_position_embeddings", false, 4096);
+    c.max_position_embeddings =
+        get_int(&r, "max_position_embeddings", false, c.max_position_embeddings);
     c.rms_norm_eps = get_num(&r, json, "rms_norm_eps", c.rms_norm_eps, NULL);
     c.tie_word_embeddings = get_bool(&r, "tie_word_embeddings", false);
     c.bos_token_id = get_int(&r, "bos_token_id", false, -1);

@@ -1,12 +1,13 @@
 /* hf_config: Hugging Face config.json <-> model_config, and the HF tensor names of a target.
  *
  * Reads the Qwen3 ("qwen3"), Qwen2 ("qwen2") and Llama ("llama") families with cJSON:
- *   Qwen3: qk_norm on, head_dim from the file (default hidden / heads), no biases.
- *   Qwen2: qkv_bias on, head_dim = hidden / heads.
+ *   Qwen3: qk_norm on, head_dim from the file (default 128, as Qwen3Config), no biases.
+ *   Qwen2: qkv_bias on, head_dim from the file or hidden / heads (must equal it).
  *   Llama: head_dim from the file or hidden / heads; rope_scaling {rope_type "llama3", ...};
  *          attention_bias true is refused (not supported by our forward).
  * rope_theta: top level, else rope_parameters.rope_theta (newer transformers), else 10000.
- * num_key_value_heads defaults to num_attention_heads; tie_word_embeddings defaults to false.
+ * num_key_value_heads defaults to num_attention_heads; tie_word_embeddings to false;
+ * rms_norm_eps to 1e-6; max_position_embeddings to 32768 (qwen) or 2048 (llama).
  * Validation: positive sizes, heads % kv_heads == 0, head_dim even, eps > 0, theta > 0.
  *
  * Writes config.json files transformers loads (architectures, model_type, every field, dtype and
@@ -47,6 +48,7 @@ int hf_config_from_json(const struct cJSON *json, const char *where, model_confi
 int hf_config_validate(const model_config *c, char *err, size_t errlen);
 
 /* Fills *c with family defaults (rms_norm_eps 1e-6, theta 1e6 for qwen, 500000 for llama,
+ * max_position_embeddings as above,
  * flags per family, bos/eos -1); sizes are left 0 for the caller. */
 void hf_config_defaults(model_config *c, model_family family);
 

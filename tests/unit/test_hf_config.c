@@ -98,6 +98,14 @@ static void test_real_configs(void) {
     CHECK_NEAR(c.rope_theta, 10000, 0);
     CHECK_EQ_INT(c.num_kv_heads, 2);
     CHECK_EQ_INT(c.head_dim, 4);
+    CHECK_EQ_INT(c.max_position_embeddings, 2048);
+    CHECK_NEAR(c.rms_norm_eps, 1e-6, 0);
+    CHECK_EQ_INT(load_text("{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,"
+                           "\"intermediate_size\":16,\"num_hidden_layers\":1,"
+                           "\"num_attention_heads\":2}",
+                           &c, err, sizeof err),
+                 0);
+    CHECK_EQ_INT(c.head_dim, 128); /* Qwen3Config's default, not hidden / heads */
     CHECK_EQ_INT(load_text("{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,"
                            "\"intermediate_size\":16,\"num_hidden_layers\":1,"
                            "\"num_attention_heads\":2,\"head_dim\":6,\"rope_parameters\":"

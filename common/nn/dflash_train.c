@@ -8,6 +8,7 @@
 #include "log.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,46 @@ double dflash_train_lr(const dflash_train_cfg *tc, long step)
     if (p > 1.0) p = 1.0;
     double floor = tc->min_lr_ratio;
     return tc->lr * (floor + (1.0 - floor) * 0.5 * (1.0 + cos(M_PI * p)));
+}
+
+int dflash_view_from_slot(const dflash_model *m, const void *host_base, const slot_layout *l,
+                          const void *hidden, dflash_batch_view *v, char *err, size_t errlen)
+{
+    const dflash_config *c = &m->cfg;
+    slot_header h;
+    int rc = slot_header_check(host_base, l, &h, err, errlen);
+    if (rc) return rc;
+    slot_dtype want = m->ops->act_bytes == 4 ? SLOT_DTYPE_F32 : SLOT_DTYPE_BF16;
+    if (l->hidden != (uint32_t)c->hidden_size || l->n_layers != (uint32_t)c->n_feat ||
+        l->dtype != want) {
+        if (err)
+            snprintf(err, errlen,
+                     "slot holds %u layers x hidden %u (%s); drafter needs %d target layers x "
+                     "hidden_size %d (%s)",
+                     l->n_layers, l->hidden, slot_dtype_name(l->dtype), c->n_feat,
+                     c->hidden_size, slot_dtype_name(want));
+        return DFLASH_EMISMATCH;
+    }
+    if (h.n_tokens > (uint32_t)m->max_tokens || h.n_seqs < 1) {
+        if (err)
+            snprintf(err, errlen, "slot holds %u tokens in %u sequences; drafter planned for %d",
+                     h.n_tokens, h.n_seqs, m->max_tokens);
+        return DFLASH_ERANGE;
+    }
+    void *base = (void *)host_base;
+    *v = (dflash_batch_view){.n_seqs = (int)h.n_seqs,
+                             .seq_off = slot_seq_offsets(base, l),
+                             .ids = slot_token_ids(base, l),
+                             .positions = slot_positions(base, l),
+                             .loss_mask = slot_loss_mask(base, l),
+                             .hidden = hidden,
+                             .ld = (size_t)l->n_layers * l->hidden};
+    return 0;
+}
+
+uint64_t dflash_batch_key(const slot_work_unit *wu)
+{
+    return ((uint64_t)wu->bucket << 40) ^ wu->batch;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@
 #define DFLASH_NN_DFLASH_TRAIN_H
 
 #include "dflash_model.h"
+#include "slot.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -70,6 +71,19 @@ typedef struct dflash_metrics {
 } dflash_metrics;
 
 void dflash_train_cfg_default(dflash_train_cfg *tc);
+
+/* A view of one slot for the drafter m. host_base is the slot (or a host copy of at least its
+ * header and small arrays: seq offsets, positions, ids, loss mask); hidden is its hidden-state
+ * array in backend memory (cpu: slot_hidden(host_base, l)). Checks the header
+ * (slot_header_check) and that the slot fits the drafter: hidden size, captured layers, the
+ * backend's dtype (f32 on cpu, bf16 on cuda) and tokens within m->max_tokens. Returns 0 or
+ * DFLASH_EMISMATCH / DFLASH_ERANGE / a slot_header_check code, with a message naming both values
+ * in err. */
+int dflash_view_from_slot(const dflash_model *m, const void *host_base, const slot_layout *l,
+                          const void *hidden, dflash_batch_view *v, char *err, size_t errlen);
+/* The batch key of a work unit for dflash_train_step (bucket and batch index; the epoch is
+ * passed separately). */
+uint64_t dflash_batch_key(const slot_work_unit *wu);
 /* The decay gamma actually used for block size B. */
 double dflash_train_gamma(const dflash_train_cfg *tc, int B);
 /* Learning rate of optimizer step `step` (0-based): linear warmup (step+1)/W over

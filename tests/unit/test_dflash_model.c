@@ -571,6 +571,45 @@ static void test_eval(world *w)
     dflash_model_destroy(&s);
 }
 
+/* a slot filled with the world's batch trains exactly like the world's own view */
+static void test_slot_view(world *w)
+{
+    slot_layout l, bad;
+    CHECK_EQ_INT(slot_layout_compute(32, 4, D, NF, SLOT_DTYPE_F32, &l), 0);
+    CHECK_EQ_INT(slot_layout_compute(32, 4, D, NF + 1, SLOT_DTYPE_F32, &bad), 0);
+    void *base = aligned_alloc(SLOT_ALIGN, l.slot_bytes);
+    memset(base, 0, l.slot_bytes);
+    slot_work_unit wu = {.epoch = 1, .bucket = 2, .batch = 3};
+    slot_header_write(base, &l, &wu, 2, T, 77);
+    memcpy(slot_seq_offsets(base, &l), w->seq_off, sizeof w->seq_off);
+    memcpy(slot_token_ids(base, &l), w->ids, sizeof w->ids);
+    memcpy(slot_loss_mask(base, &l), w->loss_mask, sizeof w->loss_mask);
+    memcpy(slot_hidden(base, &l), w->hidden, sizeof w->hidden);
+    int32_t *pos = slot_positions(base, &l);
+    for (int t = 0; t < T; t++) pos[t] = t < T0 ? t : t - T0;
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 4);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 4);
+    if (!a || !b) return;
+    dflash_batch_view v;
+    char err[256];
+    CHECK_EQ_INT(dflash_view_from_slot(a, base, &l, slot_hidden(base, &l), &v, err, sizeof err),
+                 0);
+    dflash_metrics ma, mb;
+    uint64_t key = dflash_batch_key(&wu);
+    CHECK_EQ_INT(dflash_train_step(a, &w->tc, &v, wu.epoch, key, &ma), 0);
+    CHECK_EQ_INT(dflash_train_step(b, &w->tc, &w->view, wu.epoch, key, &mb), 0);
+    CHECK(ma.loss == mb.loss && ma.n_blocks == mb.n_blocks);
+    CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+    slot_header_write(base, &bad, &wu, 2, T, 77);
+    CHECK_EQ_INT(dflash_view_from_slot(a, base, &bad, slot_hidden(base, &bad), &v, err,
+                                       sizeof err),
+                 DFLASH_EMISMATCH);
+    CHECK(strstr(err, "3 layers") && strstr(err, "2 target layers"));
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+    free(base);
+}
+
 int main(void)
 {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
@@ -583,6 +622,7 @@ int main(void)
     test_mismatch(w);
     test_checkpoint(w);
     test_eval(w);
+    test_slot_view(w);
     nn_cpu_destroy(&w->ctx);
     free(w);
     CHECK_DONE();

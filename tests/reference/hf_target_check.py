@@ -11,8 +11,9 @@ sequences PACKED into one batch (`target_reference --capture`, built from test_t
 and compares every captured layer
 token by token plus the last-token logits of every sequence:
     max over (token, layer) of  max|ours - hf| / max|hf|  <= 1e-4      (fp32)
-Captured id k is output_hidden_states[k + 1]; for the last decoder layer transformers returns the
-final-normed state there, so that one layer is taken with a forward hook on the layer instead.
+Captured id k is output_hidden_states[k + 1] (checked against a forward hook on decoder layer k);
+for the last decoder layer transformers returns the final-normed state there, so that one layer
+is taken from the hook instead.
 
   python3 tests/reference/hf_target_check.py --build build      (one command; exit 0 = pass)
 Prints SKIPPED and exits 0 when transformers or torch is absent. Runs on the CPU by default
@@ -87,32 +88,47 @@ def build_model(transformers, torch, fam_cfg, seed):
 
 
 def hf_forward(torch, model, ids, lengths, layer_ids, device):
-    """Per sequence HF forward. Returns hidden [T, n*D] and logits [n_seqs, V] as float32 numpy."""
+    """Per sequence HF forward. Returns hidden [T, n*D] and logits [n_seqs, V] as float32 numpy.
+
+    Captured id k is HF output_hidden_states[k + 1]. Each captured layer's output is also taken
+    with a forward hook on model.model.layers[k]; for k < L-1 the two must agree (this checks the
+    index convention of reference/dflash.md 1.3 against the installed transformers). For k = L-1
+    HF's tuple holds the final-normed state, so the hook's value is used."""
     import numpy as np
     L = model.config.num_hidden_layers
     grabbed = {}
 
-    def hook(_mod, _inp, out):
-        grabbed["last"] = out[0] if isinstance(out, tuple) else out
+    def make_hook(k):
+        def hook(_mod, _inp, out):
+            grabbed[k] = out[0] if isinstance(out, tuple) else out
+        return hook
 
-    handle = model.model.layers[L - 1].register_forward_hook(hook)
-    hid, logits, a = [], [], 0
+    handles = [model.model.layers[k].register_forward_hook(make_hook(k)) for k in layer_ids]
+    hid, logits, a, index_err = [], [], 0, 0.0
     try:
         for n in lengths:
             x = torch.tensor(ids[a:a + n], dtype=torch.long, device=device)[None]
             pos = torch.arange(n, device=device)[None]
             with torch.no_grad():
                 out = model(input_ids=x, position_ids=pos, output_hidden_states=True)
+            if len(out.hidden_states) != L + 1:
+                raise RuntimeError("transformers returned %d hidden states for %d layers"
+                                   % (len(out.hidden_states), L))
             cols = []
             for k in layer_ids:
-                h = grabbed["last"] if k == L - 1 else out.hidden_states[k + 1]
+                h = grabbed[k] if grabbed[k].dim() == 3 else grabbed[k][None]
+                if k < L - 1:
+                    index_err = max(index_err, (h - out.hidden_states[k + 1]).abs().max().item())
+                    h = out.hidden_states[k + 1]
                 cols.append(h[0].float().cpu())
             hid.append(torch.cat(cols, dim=-1))
             logits.append(out.logits[0, -1].float().cpu())
             a += n
     finally:
-        handle.remove()
-    return torch.cat(hid).numpy().astype(np.float32), torch.stack(logits).numpy().astype(np.float32)
+        for hd in handles:
+            hd.remove()
+    return (torch.cat(hid).numpy().astype(np.float32), torch.stack(logits).numpy().astype(np.float32),
+            index_err)
 
 
 def rel_rows(a, b):
@@ -179,7 +195,7 @@ def main():
         d = os.path.join(root, fam)
         os.makedirs(d, exist_ok=True)
         model = build_model(transformers, torch, cfg, args.seed + ci)
-        model.save_pretrained(d, safe_serialization=True)
+        model.save_pretrained(d)  # safetensors, float32
         with open(os.path.join(d, "config.json")) as f:
             saved = json.load(f)
         if "rope_scaling" in cfg and not has_llama3(saved):
@@ -194,7 +210,11 @@ def main():
         seq_off = [0]
         for n in lengths:
             seq_off.append(seq_off[-1] + n)
-        hid, logits = hf_forward(torch, model, ids, lengths, layer_ids, args.device)
+        hid, logits, index_err = hf_forward(torch, model, ids, lengths, layer_ids, args.device)
+        if index_err != 0.0:
+            print("%s: FAIL: output_hidden_states[k+1] differs from decoder layer k's output by %.3g"
+                  % (fam, index_err))
+            fails += 1
         D = cfg["hidden_size"]
         case_in, case_out = os.path.join(d, "inputs.dump"), os.path.join(d, "ours.dump")
         dump = RefDump()

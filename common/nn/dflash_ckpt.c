@@ -33,8 +33,7 @@
 /* ---------------------------------------------------------------------------------------------
  * small file helpers */
 
-static int fsync_path(const char *path)
-{
+static int fsync_path(const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return DFLASH_EIO;
     int r = fsync(fd);
@@ -42,8 +41,7 @@ static int fsync_path(const char *path)
     return r ? DFLASH_EIO : 0;
 }
 
-static int write_file(const char *path, const char *text)
-{
+static int write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     if (!f) return DFLASH_EIO;
     size_t n = strlen(text);
@@ -53,8 +51,7 @@ static int write_file(const char *path, const char *text)
 }
 
 /* Removes dir and the plain files in it (checkpoints have no subdirectories). */
-static void remove_dir(const char *dir)
-{
+static void remove_dir(const char *dir) {
     DIR *d = opendir(dir);
     if (d) {
         struct dirent *e;
@@ -69,22 +66,19 @@ static void remove_dir(const char *dir)
     rmdir(dir);
 }
 
-static bool is_step_name(const char *n)
-{
+static bool is_step_name(const char *n) {
     if (strncmp(n, "step-", 5) || !n[5]) return false;
     for (const char *c = n + 5; *c; c++)
         if (*c < '0' || *c > '9') return false;
     return true;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
+static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* Sorted names of the step-* entries of root (zero padded, so name order is step order). */
-static int list_steps(const char *root, char ***names)
-{
+static int list_steps(const char *root, char ***names) {
     DIR *d = opendir(root);
     *names = NULL;
     if (!d) return 0;
@@ -105,17 +99,16 @@ static int list_steps(const char *root, char ***names)
     return n;
 }
 
-static void free_names(char **names, int n)
-{
-    for (int i = 0; i < n; i++) free(names[i]);
+static void free_names(char **names, int n) {
+    for (int i = 0; i < n; i++)
+        free(names[i]);
     free(names);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * config.json (dflash.md 2.1) */
 
-static cJSON *config_json(const dflash_config *c, const char *dtype)
-{
+static cJSON *config_json(const dflash_config *c, const char *dtype) {
     cJSON *j = cJSON_CreateObject();
     const char *arch[1] = {"DFlashDraftModel"};
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(arch, 1));
@@ -150,34 +143,35 @@ static cJSON *config_json(const dflash_config *c, const char *dtype)
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     /* the drafter owns no embedding or lm_head: both are the target's */
     cJSON_AddFalseToObject(j, "tie_word_embeddings");
-    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
-    else cJSON_AddNullToObject(j, "bos_token_id");
-    if (c->eos_token_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
-    else cJSON_AddNullToObject(j, "eos_token_id");
+    if (c->bos_token_id >= 0)
+        cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
+    else
+        cJSON_AddNullToObject(j, "bos_token_id");
+    if (c->eos_token_id >= 0)
+        cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
+    else
+        cJSON_AddNullToObject(j, "eos_token_id");
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
     cJSON_AddStringToObject(j, "dtype", dtype);
     cJSON_AddTrueToObject(j, "use_cache");
     return j;
 }
 
-static bool get_int(const cJSON *o, const char *k, int *out)
-{
+static bool get_int(const cJSON *o, const char *k, int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!cJSON_IsNumber(v)) return false;
     *out = (int)v->valuedouble;
     return (double)*out == v->valuedouble;
 }
 
-static bool get_dbl(const cJSON *o, const char *k, double *out)
-{
+static bool get_dbl(const cJSON *o, const char *k, double *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!cJSON_IsNumber(v)) return false;
     *out = v->valuedouble;
     return true;
 }
 
-int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t errlen)
-{
+int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     int rc = 0;
@@ -200,7 +194,8 @@ int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t
     memset(c, 0, sizeof *c);
     const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
 #define REQ_INT(key, dst)                                                                          \
-    if (!get_int(j, key, dst)) FAIL(DFLASH_EFORMAT, "%s: field %s missing or not an integer", path, key)
+    if (!get_int(j, key, dst))                                                                     \
+    FAIL(DFLASH_EFORMAT, "%s: field %s missing or not an integer", path, key)
     REQ_INT("hidden_size", &c->hidden_size);
     REQ_INT("num_hidden_layers", &c->num_layers);
     REQ_INT("num_attention_heads", &c->num_heads);
@@ -252,13 +247,12 @@ out:
 }
 
 int dflash_ckpt_check_config(const dflash_config *a, const dflash_config *b, char *err,
-                             size_t errlen)
-{
+                             size_t errlen) {
     int rc = 0;
 #define SAME(field, key)                                                                           \
     if (a->field != b->field)                                                                      \
-        FAIL(DFLASH_EMISMATCH, "drafter " key " %d does not match checkpoint " key " %d",          \
-             a->field, b->field)
+    FAIL(DFLASH_EMISMATCH, "drafter " key " %d does not match checkpoint " key " %d", a->field,    \
+         b->field)
     SAME(hidden_size, "hidden_size");
     SAME(num_layers, "num_hidden_layers");
     SAME(num_heads, "num_attention_heads");
@@ -270,7 +264,8 @@ int dflash_ckpt_check_config(const dflash_config *a, const dflash_config *b, cha
     SAME(mask_token_id, "mask_token_id");
     SAME(num_target_layers, "num_target_layers");
     SAME(n_feat, "number of target_layer_ids");
-    for (int i = 0; i < a->n_feat; i++) SAME(target_layer_ids[i], "target_layer_id");
+    for (int i = 0; i < a->n_feat; i++)
+        SAME(target_layer_ids[i], "target_layer_id");
 #undef SAME
 out:
     return rc;
@@ -281,8 +276,7 @@ out:
 
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
                      const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
-                     size_t errlen)
-{
+                     size_t errlen) {
     int rc = 0, keep = opts && opts->keep_last > 0 ? opts->keep_last : 3;
     bool f32 = opts && opts->weights_f32;
     const nn_ops *o = m->ops;
@@ -300,7 +294,8 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%09ld-%d", root, m->step, (int)getpid());
     snprintf(fin, sizeof fin, "%s/step-%09ld", root, m->step);
     remove_dir(tmp);
-    if (mkdir(tmp, 0755)) FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755))
+        FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
     made_tmp = true;
 
     /* host copies: master, exp_avg, exp_avg_sq */
@@ -309,7 +304,8 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     o->download_raw(m->ctx, ha, m->adam_m, n * sizeof(float));
     o->download_raw(m->ctx, hv, m->adam_v, n * sizeof(float));
     if (bf)
-        for (size_t i = 0; i < n; i++) bf[i] = safetensors_f32_to_bf16(hm[i]);
+        for (size_t i = 0; i < n; i++)
+            bf[i] = safetensors_f32_to_bf16(hm[i]);
 
     /* config.json */
     j = config_json(&m->cfg, f32 ? "float32" : "bfloat16");
@@ -325,8 +321,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const dflash_tensor *t = &m->tensors[i];
         int64_t shp[2] = {t->shape[0], t->shape[1]};
-        rc = f32 ? safetensors_writer_add(w, t->name, SAFETENSORS_F32, t->ndim, shp,
-                                          hm + t->offset)
+        rc = f32 ? safetensors_writer_add(w, t->name, SAFETENSORS_F32, t->ndim, shp, hm + t->offset)
                  : safetensors_writer_add(w, t->name, SAFETENSORS_BF16, t->ndim, shp,
                                           bf + t->offset);
     }
@@ -405,8 +400,7 @@ out:
 
 /* Loads tensor prefix+name of every trainable tensor into dst (host layout of the masters). */
 static int load_all(const dflash_model *m, const safetensors *st, const char *prefix, float *dst,
-                    char *err, size_t errlen)
-{
+                    char *err, size_t errlen) {
     for (int i = 0; i < m->n_tensors; i++) {
         const dflash_tensor *t = &m->tensors[i];
         int64_t shp[2] = {t->shape[0], t->shape[1]};
@@ -418,16 +412,14 @@ static int load_all(const dflash_model *m, const safetensors *st, const char *pr
     return 0;
 }
 
-static int check_dir_config(const dflash_model *m, const char *dir, char *err, size_t errlen)
-{
+static int check_dir_config(const dflash_model *m, const char *dir, char *err, size_t errlen) {
     dflash_config c;
     int rc = dflash_ckpt_load_config(dir, &c, err, errlen);
     if (rc) return rc;
     return dflash_ckpt_check_config(&m->cfg, &c, err, errlen);
 }
 
-int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen)
-{
+int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
     char p[4200];
@@ -449,8 +441,7 @@ out:
     return rc;
 }
 
-static int meta_double(const safetensors *st, const char *key, double *out)
-{
+static int meta_double(const safetensors *st, const char *key, double *out) {
     const char *v = safetensors_metadata(st, key);
     if (!v) return DFLASH_EFORMAT;
     char *end;
@@ -459,8 +450,7 @@ static int meta_double(const safetensors *st, const char *key, double *out)
 }
 
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
-                       size_t errlen)
-{
+                       size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
     char p[4200];
@@ -474,8 +464,9 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
     if (!fmt || strcmp(fmt, STATE_FORMAT))
         FAIL(DFLASH_EVERSION, "%s: format %s, expected %s", p, fmt ? fmt : "(none)", STATE_FORMAT);
     double step, v[12];
-    const char *keys[12] = {"seed",  "n_anchors", "gamma", "lr",    "warmup_ratio", "total_steps",
-                            "min_lr_ratio", "clip", "beta1", "beta2", "eps",    "weight_decay"};
+    const char *keys[12] = {"seed",         "n_anchors",   "gamma",        "lr",
+                            "warmup_ratio", "total_steps", "min_lr_ratio", "clip",
+                            "beta1",        "beta2",       "eps",          "weight_decay"};
     if (meta_double(st, "step", &step)) FAIL(DFLASH_EFORMAT, "%s: metadata step missing", p);
     for (int k = 0; k < 12; k++)
         if (meta_double(st, keys[k], &v[k]))
@@ -511,8 +502,7 @@ out:
     return rc;
 }
 
-int dflash_ckpt_latest(const char *root, char *path, size_t pathlen)
-{
+int dflash_ckpt_latest(const char *root, char *path, size_t pathlen) {
     char **names;
     int n = list_steps(root, &names), rc = DFLASH_ENOTFOUND;
     for (int i = n - 1; i >= 0; i--) {

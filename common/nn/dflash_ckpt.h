@@ -33,8 +33,8 @@
 #include <stddef.h>
 
 typedef struct dflash_ckpt_opts {
-    int keep_last;        /* step-* directories kept under root (>= 1; 0 means 3) */
-    bool weights_f32;     /* model.safetensors in fp32 instead of bf16 */
+    int keep_last;    /* step-* directories kept under root (>= 1; 0 means 3) */
+    bool weights_f32; /* model.safetensors in fp32 instead of bf16 */
 } dflash_ckpt_opts;
 
 /* Writes ROOT/step-<m->step> (see top). path (may be NULL) receives the final directory.

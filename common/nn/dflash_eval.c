@@ -11,18 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-double dflash_tau_value(const dflash_tau *t)
-{
+double dflash_tau_value(const dflash_tau *t) {
     return t->cycles ? (double)t->accepted / (double)t->cycles : 0.0;
 }
 
 void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int P, int S, int B,
-                     dflash_tau *acc)
-{
+                     dflash_tau *acc) {
     for (int p = P; p < S - 1;) {
         const int32_t *d = pred + (size_t)(p - P) * (B - 1);
         int a = 0;
-        while (a < B - 1 && p + a + 1 < S && d[a] == ids[p + a + 1]) a++;
+        while (a < B - 1 && p + a + 1 < S && d[a] == ids[p + a + 1])
+            a++;
         acc->cycles++;
         acc->accepted += a + 1;
         if (a + 1 <= DFLASH_MAX_BLOCK) acc->hist[a + 1]++;
@@ -30,8 +29,7 @@ void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int P, int S, int 
     }
 }
 
-static int resp_begin(const dflash_batch_view *b, const int32_t *resp_start, int s)
-{
+static int resp_begin(const dflash_batch_view *b, const int32_t *resp_start, int s) {
     int start = b->seq_off[s], S = b->seq_off[s + 1] - start;
     if (resp_start) return resp_start[s];
     for (int p = 0; p < S; p++)
@@ -40,8 +38,7 @@ static int resp_begin(const dflash_batch_view *b, const int32_t *resp_start, int
 }
 
 int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, const int32_t *resp_start,
-                    dflash_tau *acc)
-{
+                    dflash_tau *acc) {
     int B = m->cfg.block_size;
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
@@ -63,15 +60,15 @@ int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, const int32_t *
     int k = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         int S = b->seq_off[s + 1] - b->seq_off[s], P = resp_begin(b, resp_start, s);
-        for (int p = P; p < S - 1; p++) seq[k] = s, anc[k] = p, k++;
+        for (int p = P; p < S - 1; p++)
+            seq[k] = s, anc[k] = p, k++;
     }
     for (int k0 = 0; k0 < n; k0 += m->max_blocks) {
         int nb = n - k0 < m->max_blocks ? n - k0 : m->max_blocks;
         if ((rc = dflash_train_build(m, &tc, b, nb, seq + k0, anc + k0, NULL))) goto out;
         dflash_model_forward(m, b->hidden);
         dflash_model_predict(m);
-        m->ops->download_raw(m->ctx, m->h_argmax, m->out_argmax,
-                             (size_t)nb * B * sizeof(int32_t));
+        m->ops->download_raw(m->ctx, m->h_argmax, m->out_argmax, (size_t)nb * B * sizeof(int32_t));
         for (int j = 0; j < nb; j++)
             memcpy(pred + (size_t)(k0 + j) * (B - 1), m->h_argmax + (size_t)j * B + 1,
                    (size_t)(B - 1) * sizeof(int32_t));

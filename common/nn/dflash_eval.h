@@ -24,9 +24,9 @@
 #include <stdint.h>
 
 typedef struct dflash_tau {
-    long cycles;                      /* draft cycles walked */
-    long accepted;                    /* sum of (a + 1) over cycles */
-    long hist[DFLASH_MAX_BLOCK + 1];  /* hist[k]: cycles with a + 1 == k */
+    long cycles;                     /* draft cycles walked */
+    long accepted;                   /* sum of (a + 1) over cycles */
+    long hist[DFLASH_MAX_BLOCK + 1]; /* hist[k]: cycles with a + 1 == k */
 } dflash_tau;
 
 /* mean(a + 1) so far; 0 when no cycle was walked. */
@@ -34,8 +34,7 @@ double dflash_tau_value(const dflash_tau *t);
 
 /* Walks one trajectory: pred[(p - P) * (B - 1) + i - 1] is d_i of the block anchored at p,
  * for p in [P, S-2]; ids[0..S) the sequence. Adds its cycles to *acc. */
-void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int P, int S, int B,
-                     dflash_tau *acc);
+void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int P, int S, int B, dflash_tau *acc);
 
 /* Adds the trajectories of every sequence of the view to *acc (zero it first; sum many batches
  * into one). resp_start[s] is P of sequence s; NULL: its first position with loss_mask 1

@@ -18,19 +18,18 @@
 /* ---------------------------------------------------------------------------------------------
  * configuration */
 
-void dflash_default_layer_ids(int L, int n, int *ids)
-{
+void dflash_default_layer_ids(int L, int n, int *ids) {
     if (n == 1) {
         ids[0] = L / 2;
         return;
     }
     double start = 1.0, end = (double)(L - 3), span = end - start;
-    for (int i = 0; i < n; i++) ids[i] = (int)nearbyint(start + (double)i * span / (n - 1));
+    for (int i = 0; i < n; i++)
+        ids[i] = (int)nearbyint(start + (double)i * span / (n - 1));
 }
 
-void dflash_config_default(dflash_config *c, const model_config *t, int num_layers,
-                           int block_size, int mask_token_id)
-{
+void dflash_config_default(dflash_config *c, const model_config *t, int num_layers, int block_size,
+                           int mask_token_id) {
     memset(c, 0, sizeof *c);
     c->hidden_size = t->hidden_size;
     c->num_layers = num_layers;
@@ -52,8 +51,7 @@ void dflash_config_default(dflash_config *c, const model_config *t, int num_laye
     c->eos_token_id = t->eos_token_id;
 }
 
-int dflash_config_validate(const dflash_config *c, char *msg, size_t msglen)
-{
+int dflash_config_validate(const dflash_config *c, char *msg, size_t msglen) {
 #define BAD(...)                                                                                   \
     do {                                                                                           \
         if (msg) snprintf(msg, msglen, __VA_ARGS__);                                               \
@@ -84,8 +82,7 @@ int dflash_config_validate(const dflash_config *c, char *msg, size_t msglen)
 }
 
 int dflash_config_check_target(const dflash_config *c, const model_config *t, const int *ids,
-                               int n_ids, char *msg, size_t msglen)
-{
+                               int n_ids, char *msg, size_t msglen) {
 #define BAD(...)                                                                                   \
     do {                                                                                           \
         if (msg) snprintf(msg, msglen, __VA_ARGS__);                                               \
@@ -134,8 +131,7 @@ static const char *layer_names[DFL_N_LAYER_TENSORS] = {
     [DFL_K_NORM] = "self_attn.k_norm.weight",
 };
 
-static int add_tensor(dflash_model *m, const char *name, int ndim, int s0, int s1, size_t *off)
-{
+static int add_tensor(dflash_model *m, const char *name, int ndim, int s0, int s1, size_t *off) {
     dflash_tensor *t = &m->tensors[m->n_tensors];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ndim = ndim;
@@ -149,8 +145,7 @@ static int add_tensor(dflash_model *m, const char *name, int ndim, int s0, int s
 }
 
 /* Matrices first, then vectors, so AdamW runs twice (with and without decay) over two ranges. */
-static void plan_params(dflash_model *m)
-{
+static void plan_params(dflash_model *m) {
     const dflash_config *c = &m->cfg;
     int D = c->hidden_size, Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
     int F = c->intermediate_size, L = c->num_layers;
@@ -160,7 +155,7 @@ static void plan_params(dflash_model *m)
     m->t_fc = add_tensor(m, "fc.weight", 2, D, c->n_feat * D, &off);
     for (int l = 0; l < L; l++) {
         int shp[DFL_DOWN + 1][2] = {
-            [DFL_Q] = {Hd, D},   [DFL_K] = {Hkd, D}, [DFL_V] = {Hkd, D},   [DFL_O] = {D, Hd},
+            [DFL_Q] = {Hd, D},   [DFL_K] = {Hkd, D}, [DFL_V] = {Hkd, D},  [DFL_O] = {D, Hd},
             [DFL_GATE] = {F, D}, [DFL_UP] = {F, D},  [DFL_DOWN] = {D, F},
         };
         for (int k = DFL_Q; k <= DFL_DOWN; k++) {
@@ -172,8 +167,10 @@ static void plan_params(dflash_model *m)
     m->t_hidden_norm = add_tensor(m, "hidden_norm.weight", 1, D, 0, &off);
     m->t_norm = add_tensor(m, "norm.weight", 1, D, 0, &off);
     for (int l = 0; l < L; l++) {
-        int n[DFL_N_LAYER_TENSORS] = {[DFL_IN_LN] = D, [DFL_POST_LN] = D,
-                                      [DFL_Q_NORM] = c->head_dim, [DFL_K_NORM] = c->head_dim};
+        int n[DFL_N_LAYER_TENSORS] = {[DFL_IN_LN] = D,
+                                      [DFL_POST_LN] = D,
+                                      [DFL_Q_NORM] = c->head_dim,
+                                      [DFL_K_NORM] = c->head_dim};
         for (int k = DFL_IN_LN; k < DFL_N_LAYER_TENSORS; k++) {
             snprintf(name, sizeof name, "layers.%d.%s", l, layer_names[k]);
             m->t_layer[l][k] = add_tensor(m, name, 1, n[k], 0, &off);
@@ -182,28 +179,23 @@ static void plan_params(dflash_model *m)
     m->n_params = off;
 }
 
-int dflash_model_find(const dflash_model *m, const char *name)
-{
+int dflash_model_find(const dflash_model *m, const char *name) {
     for (int i = 0; i < m->n_tensors; i++)
         if (!strcmp(m->tensors[i].name, name)) return i;
     return -1;
 }
 
-nn_buf *dflash_model_weight(const dflash_model *m, int i)
-{
+nn_buf *dflash_model_weight(const dflash_model *m, int i) {
     return (char *)m->params + m->tensors[i].offset * m->ops->act_bytes;
 }
-float *dflash_model_master(const dflash_model *m, int i)
-{
+float *dflash_model_master(const dflash_model *m, int i) {
     return m->master + m->tensors[i].offset;
 }
-float *dflash_model_grad(const dflash_model *m, int i)
-{
+float *dflash_model_grad(const dflash_model *m, int i) {
     return m->grads + m->tensors[i].offset;
 }
 
-void dflash_model_sync_params(dflash_model *m)
-{
+void dflash_model_sync_params(dflash_model *m) {
     if ((void *)m->params != (void *)m->master)
         m->ops->f32_to_act(m->ctx, m->params, m->master, m->n_params);
 }
@@ -220,21 +212,20 @@ typedef struct plan {
     size_t off;
 } plan;
 
-static void *take(plan *p, size_t bytes)
-{
+static void *take(plan *p, size_t bytes) {
     void *r = p->base ? p->base + p->off : NULL;
     p->off += (bytes + 255) & ~(size_t)255;
     return r;
 }
 
-static void plan_acts(dflash_model *m, plan *p)
-{
+static void plan_acts(dflash_model *m, plan *p) {
     const dflash_config *c = &m->cfg;
     size_t ab = m->ops->act_bytes;
     size_t D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
     size_t F = c->intermediate_size, V = c->vocab_size;
     size_t Tc = m->max_tokens, Q = (size_t)m->max_blocks * c->block_size, Tk = Tc + Q;
-    for (int l = 0; l <= c->num_layers; l++) m->resid[l] = take(p, Q * D * ab);
+    for (int l = 0; l <= c->num_layers; l++)
+        m->resid[l] = take(p, Q * D * ab);
     for (int l = 0; l < c->num_layers; l++) {
         dflash_layer_acts *a = &m->la[l];
         a->xln = take(p, Q * D * ab);
@@ -290,23 +281,20 @@ static void plan_acts(dflash_model *m, plan *p)
 /* ---------------------------------------------------------------------------------------------
  * creation */
 
-static uint64_t splitmix64(uint64_t *s)
-{
+static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-static double uniform01(uint64_t *s)
-{
+static double uniform01(uint64_t *s) {
     return ((double)(splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
 dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_ctx *ctx,
                                const nn_buf *embed, const nn_buf *lm_head, int max_tokens,
-                               int max_blocks, uint64_t init_seed)
-{
+                               int max_blocks, uint64_t init_seed) {
     char msg[256];
     if (dflash_config_validate(cfg, msg, sizeof msg)) {
         LOG_ERROR("drafter config: %s", msg);
@@ -345,8 +333,8 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->h_blk_seq = malloc((size_t)max_blocks * 4);
     m->h_blk_anchor = malloc((size_t)max_blocks * 4);
     m->h_cand = malloc((size_t)max_tokens * 4);
-    if (!m->h_ids || !m->h_labels || !m->h_correct || !m->h_argmax || !m->h_weights ||
-        !m->h_pos || !m->h_spans || !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand)
+    if (!m->h_ids || !m->h_labels || !m->h_correct || !m->h_argmax || !m->h_weights || !m->h_pos ||
+        !m->h_spans || !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand)
         goto fail;
     plan_params(m);
 
@@ -355,8 +343,10 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->grads = ops->alloc(ctx, pbytes);
     m->adam_m = ops->alloc(ctx, pbytes);
     m->adam_v = ops->alloc(ctx, pbytes);
-    if (ops->act_bytes == sizeof(float)) m->params = m->master;
-    else m->params = ops->alloc(ctx, m->n_params * ops->act_bytes);
+    if (ops->act_bytes == sizeof(float))
+        m->params = m->master;
+    else
+        m->params = ops->alloc(ctx, m->n_params * ops->act_bytes);
     plan p = {0};
     plan_acts(m, &p);
     m->acts_mem = ops->alloc(ctx, p.off);
@@ -390,8 +380,8 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     rope_inv_freq(inv, cfg->head_dim, cfg->rope_theta, NULL);
     ops->upload_raw(ctx, m->inv_freq, inv, (size_t)cfg->head_dim / 2 * sizeof(float));
     free(host);
-    LOG_INFO("drafter: %d layers, D %d, %zu trainable parameters, %.1f MiB activations",
-             L, cfg->hidden_size, m->n_params, (double)p.off / (1 << 20));
+    LOG_INFO("drafter: %d layers, D %d, %zu trainable parameters, %.1f MiB activations", L,
+             cfg->hidden_size, m->n_params, (double)p.off / (1 << 20));
     return m;
 fail:
     free(host);
@@ -399,8 +389,7 @@ fail:
     return NULL;
 }
 
-void dflash_model_destroy(dflash_model **pm)
-{
+void dflash_model_destroy(dflash_model **pm) {
     if (!pm || !*pm) return;
     dflash_model *m = *pm;
     if ((void *)m->params != (void *)m->master) m->ops->free(m->ctx, m->params);
@@ -427,9 +416,8 @@ void dflash_model_destroy(dflash_model **pm)
 }
 
 int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *noise_ids,
-                            const int32_t *pos, const nn_block_span *spans,
-                            const int32_t *labels, const float *weights)
-{
+                            const int32_t *pos, const nn_block_span *spans, const int32_t *labels,
+                            const float *weights) {
     if (Tc < 1 || Tc > m->max_tokens || nb < 1 || nb > m->max_blocks) return DFLASH_EINVAL;
     size_t Q = (size_t)nb * m->cfg.block_size;
     const nn_ops *o = m->ops;
@@ -447,25 +435,22 @@ int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *nois
  * forward and backward */
 
 /* Row r of an act-typed [*, cols] buffer. */
-static nn_buf *row(const dflash_model *m, const nn_buf *b, size_t r, size_t cols)
-{
+static nn_buf *row(const dflash_model *m, const nn_buf *b, size_t r, size_t cols) {
     return (char *)b + r * cols * m->ops->act_bytes;
 }
 
 /* Context fusion. Forward: Z[Tc,D] = X[Tc,nF*D] Wfc^T; Ht = rmsnorm(Z, hidden_norm).
  * Backward: dZ = rmsnorm_bwd(dHt); dWfc += dZ^T X (no dX: the target features are frozen). */
-static void context_fwd(dflash_model *m, const nn_buf *X)
-{
+static void context_fwd(dflash_model *m, const nn_buf *X) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     int Tc = m->cur_tc, D = c->hidden_size;
     o->linear_fwd(m->ctx, m->Z, X, dflash_model_weight(m, m->t_fc), NULL, Tc, c->n_feat * D, D);
-    o->rmsnorm_fwd(m->ctx, m->Ht, m->rstd_h, m->Z, dflash_model_weight(m, m->t_hidden_norm), Tc,
-                   D, (float)c->rms_norm_eps);
+    o->rmsnorm_fwd(m->ctx, m->Ht, m->rstd_h, m->Z, dflash_model_weight(m, m->t_hidden_norm), Tc, D,
+                   (float)c->rms_norm_eps);
 }
 
-static void context_bwd(dflash_model *m, const nn_buf *X)
-{
+static void context_bwd(dflash_model *m, const nn_buf *X) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     int Tc = m->cur_tc, D = c->hidden_size;
@@ -479,8 +464,7 @@ static void context_bwd(dflash_model *m, const nn_buf *X)
  *   xln = rmsnorm(h); qraw = xln Wq^T; q = rope(rmsnorm_head(qraw))
  *   kraw = [Ht Wk^T ; xln Wk^T]; k = rope(rmsnorm_head(kraw)) at [ctx pos ; blk pos]
  *   v = [Ht Wv^T ; xln Wv^T]; att = blockattn(q, k, v); hmid = h + att Wo^T */
-static void attn_fwd(dflash_model *m, int l)
-{
+static void attn_fwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
@@ -491,32 +475,30 @@ static void attn_fwd(dflash_model *m, int l)
     o->rmsnorm_fwd(m->ctx, a->xln, a->rstd_in, h, LW(m, l, DFL_IN_LN), Q, D, eps);
     o->linear_fwd(m->ctx, a->qraw, a->xln, LW(m, l, DFL_Q), NULL, Q, D, H * d);
     o->linear_fwd(m->ctx, a->kraw, m->Ht, LW(m, l, DFL_K), NULL, Tc, D, Hk * d);
-    o->linear_fwd(m->ctx, row(m, a->kraw, Tc, Hk * d), a->xln, LW(m, l, DFL_K), NULL, Q, D,
-                  Hk * d);
+    o->linear_fwd(m->ctx, row(m, a->kraw, Tc, Hk * d), a->xln, LW(m, l, DFL_K), NULL, Q, D, Hk * d);
     o->linear_fwd(m->ctx, a->v, m->Ht, LW(m, l, DFL_V), NULL, Tc, D, Hk * d);
     o->linear_fwd(m->ctx, row(m, a->v, Tc, Hk * d), a->xln, LW(m, l, DFL_V), NULL, Q, D, Hk * d);
     o->rmsnorm_fwd(m->ctx, a->q, a->rstd_q, a->qraw, LW(m, l, DFL_Q_NORM), Q * H, d, eps);
     o->rmsnorm_fwd(m->ctx, a->k, a->rstd_k, a->kraw, LW(m, l, DFL_K_NORM), Tk * Hk, d, eps);
     o->rope_fwd(m->ctx, a->q, m->in_pos + Tc, m->inv_freq, Q, H, d, H * d);
     o->rope_fwd(m->ctx, a->k, m->in_pos, m->inv_freq, Tk, Hk, d, Hk * d);
-    o->attention_block_fwd(m->ctx, a->att, a->lse, a->q, a->k, a->v, m->in_spans, nb, B, Tk, H,
-                           Hk, d);
+    o->attention_block_fwd(m->ctx, a->att, a->lse, a->q, a->k, a->v, m->in_spans, nb, B, Tk, H, Hk,
+                           d);
     o->linear_fwd(m->ctx, a->hmid, a->att, LW(m, l, DFL_O), NULL, Q, H * d, D);
     o->add_inplace(m->ctx, a->hmid, h, (size_t)Q * D);
 }
 
 /* Backward of attn_fwd: dh [Q,D] holds d/d hmid on entry and d/d resid[l] on exit; dHt
  * accumulates the context branch (k and v of the context rows). */
-static void attn_bwd(dflash_model *m, int l)
-{
+static void attn_bwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
     int Tc = m->cur_tc, nb = m->cur_nb, B = c->block_size, Q = nb * B, Tk = Tc + Q;
     int D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
     /* hmid = h + att Wo^T */
-    o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q,
-                  H * d, D);
+    o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q, H * d,
+                  D);
     o->attention_block_bwd(m->ctx, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
                            m->in_spans, nb, B, Tk, H, Hk, d);
     /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
@@ -529,8 +511,8 @@ static void attn_bwd(dflash_model *m, int l)
     /* block rows: dxln from q, k, v projections */
     o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,
                   H * d);
-    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hk * d),
-                      a->xln, LW(m, l, DFL_K), Q, D, Hk * d);
+    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hk * d), a->xln,
+                      LW(m, l, DFL_K), Q, D, Hk * d);
     o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hk * d), a->xln,
                       LW(m, l, DFL_V), Q, D, Hk * d);
     /* context rows: dHt accumulates over layers */
@@ -539,14 +521,13 @@ static void attn_bwd(dflash_model *m, int l)
     o->linear_bwd_acc(m->ctx, m->dHt, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D,
                       Hk * d);
     /* xln = rmsnorm(h); the residual adds dh itself */
-    o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l],
-                   LW(m, l, DFL_IN_LN), a->rstd_in, Q, D);
+    o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l], LW(m, l, DFL_IN_LN),
+                   a->rstd_in, Q, D);
     o->add_inplace(m->ctx, m->dh, m->dtmp, (size_t)Q * D);
 }
 
 /* MLP, layer l: yln = rmsnorm(hmid); resid[l+1] = hmid + (silu(yln Wg^T) * yln Wu^T) Wd^T. */
-static void mlp_fwd(dflash_model *m, int l)
-{
+static void mlp_fwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
@@ -561,8 +542,7 @@ static void mlp_fwd(dflash_model *m, int l)
 }
 
 /* Backward of mlp_fwd: dh holds d/d resid[l+1] on entry, d/d hmid on exit. */
-static void mlp_bwd(dflash_model *m, int l)
-{
+static void mlp_bwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
@@ -570,17 +550,16 @@ static void mlp_bwd(dflash_model *m, int l)
     o->linear_bwd(m->ctx, m->dact, LG(m, l, DFL_DOWN), NULL, m->dh, a->act, LW(m, l, DFL_DOWN), Q,
                   F, D);
     o->swiglu_bwd(m->ctx, m->dgate, m->dup, m->dact, a->gate, a->up, Q, F);
-    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_GATE), NULL, m->dgate, a->yln,
-                  LW(m, l, DFL_GATE), Q, D, F);
-    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_UP), NULL, m->dup, a->yln, LW(m, l, DFL_UP),
-                      Q, D, F);
-    o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_POST_LN), m->dxln, a->hmid,
-                   LW(m, l, DFL_POST_LN), a->rstd_post, Q, D);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_GATE), NULL, m->dgate, a->yln, LW(m, l, DFL_GATE),
+                  Q, D, F);
+    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_UP), NULL, m->dup, a->yln, LW(m, l, DFL_UP), Q,
+                      D, F);
+    o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_POST_LN), m->dxln, a->hmid, LW(m, l, DFL_POST_LN),
+                   a->rstd_post, Q, D);
     o->add_inplace(m->ctx, m->dh, m->dtmp, (size_t)Q * D);
 }
 
-void dflash_model_forward(dflash_model *m, const nn_buf *X)
-{
+void dflash_model_forward(dflash_model *m, const nn_buf *X) {
     const dflash_config *c = &m->cfg;
     int Q = m->cur_nb * c->block_size, D = c->hidden_size;
     context_fwd(m, X);
@@ -594,17 +573,15 @@ void dflash_model_forward(dflash_model *m, const nn_buf *X)
 }
 
 /* Final norm + lm_head + weighted CE: out = rmsnorm(h, norm); dh = d loss / d out. */
-void dflash_model_loss(dflash_model *m, float inv_norm)
-{
+void dflash_model_loss(dflash_model *m, float inv_norm) {
     const dflash_config *c = &m->cfg;
     int Q = m->cur_nb * c->block_size;
     m->ops->lm_head_xent(m->ctx, m->dh, m->out_sums, m->out_correct, m->out, m->lm_head,
-                         m->in_labels, m->in_weights, inv_norm, m->lm_scratch, Q,
-                         c->hidden_size, c->vocab_size, m->lm_chunk);
+                         m->in_labels, m->in_weights, inv_norm, m->lm_scratch, Q, c->hidden_size,
+                         c->vocab_size, m->lm_chunk);
 }
 
-void dflash_model_backward(dflash_model *m, const nn_buf *X)
-{
+void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     int Q = m->cur_nb * c->block_size, D = c->hidden_size, L = c->num_layers;
@@ -620,8 +597,7 @@ void dflash_model_backward(dflash_model *m, const nn_buf *X)
     context_bwd(m, X);
 }
 
-void dflash_model_predict(dflash_model *m)
-{
+void dflash_model_predict(dflash_model *m) {
     const dflash_config *c = &m->cfg;
     m->ops->lm_head_argmax(m->ctx, m->out_argmax, m->out, m->lm_head, m->lm_scratch,
                            m->cur_nb * c->block_size, c->hidden_size, c->vocab_size, m->lm_chunk);

@@ -44,30 +44,30 @@
 
 /* The drafter's architecture: what config.json (dflash.md 2.1) holds. Plain data. */
 typedef struct dflash_config {
-    int hidden_size;       /* D, must equal the target's */
-    int num_layers;        /* L_d */
-    int num_heads;         /* H */
-    int num_kv_heads;      /* Hk, H % Hk == 0 */
-    int head_dim;          /* d, even */
-    int intermediate_size; /* F */
-    int block_size;        /* B: 1 anchor + B-1 predicted tokens */
-    int n_feat;            /* nF = len(target_layer_ids) */
+    int hidden_size;                       /* D, must equal the target's */
+    int num_layers;                        /* L_d */
+    int num_heads;                         /* H */
+    int num_kv_heads;                      /* Hk, H % Hk == 0 */
+    int head_dim;                          /* d, even */
+    int intermediate_size;                 /* F */
+    int block_size;                        /* B: 1 anchor + B-1 predicted tokens */
+    int n_feat;                            /* nF = len(target_layer_ids) */
     int target_layer_ids[DFLASH_MAX_FEAT]; /* output of target decoder layer k, 0-based */
-    int num_target_layers; /* target depth */
-    int mask_token_id;     /* row of the target embedding used for MASK */
-    int vocab_size;        /* V, the target's */
+    int num_target_layers;                 /* target depth */
+    int mask_token_id;                     /* row of the target embedding used for MASK */
+    int vocab_size;                        /* V, the target's */
     int max_position_embeddings;
     double rms_norm_eps;
     double rope_theta;
-    bool tie_word_embeddings; /* the target's (informational, written to config.json) */
+    bool tie_word_embeddings;       /* the target's (informational, written to config.json) */
     int bos_token_id, eos_token_id; /* -1 when unknown */
 } dflash_config;
 
 /* Fills c for a drafter of num_layers layers and block block_size over target t: D, H, Hk, d, F,
  * V, eps, theta, positions from the target; target_layer_ids by z-lab's rule with n_feat =
  * num_layers (n_feat may be changed afterwards together with the ids); mask_token_id as given. */
-void dflash_config_default(dflash_config *c, const model_config *t, int num_layers,
-                           int block_size, int mask_token_id);
+void dflash_config_default(dflash_config *c, const model_config *t, int num_layers, int block_size,
+                           int mask_token_id);
 /* z-lab build_target_layer_ids: n == 1 -> [L/2]; else round(1 + i*(L-4)/(n-1)) (half to even).
  * Writes n ids. */
 void dflash_default_layer_ids(int L, int n, int *ids);
@@ -87,32 +87,41 @@ typedef struct dflash_tensor {
     int shape[2];  /* [out, in] for linear weights, [n] for norms */
     size_t offset; /* elements from the start of master / grads / moments / params */
     size_t numel;
-    bool decay;    /* weight decay applies (matrices) */
+    bool decay; /* weight decay applies (matrices) */
 } dflash_tensor;
 
 /* Per-layer tensor kinds, index into dflash_model.t_layer[l][]. */
 enum {
-    DFL_Q, DFL_K, DFL_V, DFL_O, DFL_GATE, DFL_UP, DFL_DOWN,  /* matrices */
-    DFL_IN_LN, DFL_POST_LN, DFL_Q_NORM, DFL_K_NORM,          /* vectors */
+    DFL_Q,
+    DFL_K,
+    DFL_V,
+    DFL_O,
+    DFL_GATE,
+    DFL_UP,
+    DFL_DOWN, /* matrices */
+    DFL_IN_LN,
+    DFL_POST_LN,
+    DFL_Q_NORM,
+    DFL_K_NORM, /* vectors */
     DFL_N_LAYER_TENSORS
 };
 
 /* Saved activations of one layer (pointers into the acts allocation). */
 typedef struct dflash_layer_acts {
-    nn_buf *xln;      /* [Q, D] input_layernorm output */
-    float *rstd_in;   /* [Q] */
-    nn_buf *qraw;     /* [Q, H*d] before q_norm */
-    nn_buf *q;        /* [Q, H*d] after q_norm and rope */
-    float *rstd_q;    /* [Q*H] */
-    nn_buf *kraw;     /* [Tk, Hk*d] before k_norm (context rows then block rows) */
-    nn_buf *k;        /* [Tk, Hk*d] after k_norm and rope */
-    float *rstd_k;    /* [Tk*Hk] */
-    nn_buf *v;        /* [Tk, Hk*d] */
-    nn_buf *att;      /* [Q, H*d] attention output */
-    float *lse;       /* [H, Q] */
-    nn_buf *hmid;     /* [Q, D] residual after attention */
-    nn_buf *yln;      /* [Q, D] post_attention_layernorm output */
-    float *rstd_post; /* [Q] */
+    nn_buf *xln;             /* [Q, D] input_layernorm output */
+    float *rstd_in;          /* [Q] */
+    nn_buf *qraw;            /* [Q, H*d] before q_norm */
+    nn_buf *q;               /* [Q, H*d] after q_norm and rope */
+    float *rstd_q;           /* [Q*H] */
+    nn_buf *kraw;            /* [Tk, Hk*d] before k_norm (context rows then block rows) */
+    nn_buf *k;               /* [Tk, Hk*d] after k_norm and rope */
+    float *rstd_k;           /* [Tk*Hk] */
+    nn_buf *v;               /* [Tk, Hk*d] */
+    nn_buf *att;             /* [Q, H*d] attention output */
+    float *lse;              /* [H, Q] */
+    nn_buf *hmid;            /* [Q, D] residual after attention */
+    nn_buf *yln;             /* [Q, D] post_attention_layernorm output */
+    float *rstd_post;        /* [Q] */
     nn_buf *gate, *up, *act; /* [Q, F] */
 } dflash_layer_acts;
 
@@ -132,39 +141,39 @@ typedef struct dflash_model {
     int t_fc, t_hidden_norm, t_norm;
     int t_layer[DFLASH_MAX_LAYERS][DFL_N_LAYER_TENSORS];
     size_t n_params, n_decay; /* all; the first n_decay take weight decay */
-    float *master;   /* fp32 [n_params] backend memory */
-    nn_buf *params;  /* act [n_params]; == master when act_bytes == 4 */
-    float *grads;    /* fp32 [n_params] */
+    float *master;            /* fp32 [n_params] backend memory */
+    nn_buf *params;           /* act [n_params]; == master when act_bytes == 4 */
+    float *grads;             /* fp32 [n_params] */
     float *adam_m, *adam_v;
-    long step;       /* optimizer steps taken */
+    long step; /* optimizer steps taken */
 
     /* activations (planned for max shapes) */
     void *acts_mem;
-    nn_buf **resid;  /* [L+1] of [Q, D]: resid[l] is layer l's input */
+    nn_buf **resid;        /* [L+1] of [Q, D]: resid[l] is layer l's input */
     dflash_layer_acts *la; /* [L] */
-    nn_buf *Z, *Ht;  /* [Tc, D] */
-    float *rstd_h;   /* [Tc] */
-    nn_buf *out;     /* [Q, D] final norm output */
-    float *rstd_out; /* [Q] */
+    nn_buf *Z, *Ht;        /* [Tc, D] */
+    float *rstd_h;         /* [Tc] */
+    nn_buf *out;           /* [Q, D] final norm output */
+    float *rstd_out;       /* [Q] */
     /* backward scratch */
-    nn_buf *dh, *dtmp, *dxln;     /* [Q, D] */
-    nn_buf *datt, *dq, *dqraw;    /* [Q, H*d] */
-    nn_buf *dk, *dkraw, *dv;      /* [Tk, Hk*d] */
-    nn_buf *dact, *dgate, *dup;   /* [Q, F] */
-    nn_buf *dHt, *dZ;             /* [Tc, D] */
-    nn_buf *lm_scratch;           /* [lm_chunk, V] */
+    nn_buf *dh, *dtmp, *dxln;   /* [Q, D] */
+    nn_buf *datt, *dq, *dqraw;  /* [Q, H*d] */
+    nn_buf *dk, *dkraw, *dv;    /* [Tk, Hk*d] */
+    nn_buf *dact, *dgate, *dup; /* [Q, F] */
+    nn_buf *dHt, *dZ;           /* [Tc, D] */
+    nn_buf *lm_scratch;         /* [lm_chunk, V] */
     /* inputs (backend memory), filled by dflash_model_set_inputs */
-    int32_t *in_ids;      /* [Q] noise ids */
-    int32_t *in_pos;      /* [Tk] context positions then block positions */
+    int32_t *in_ids;         /* [Q] noise ids */
+    int32_t *in_pos;         /* [Tk] context positions then block positions */
     nn_block_span *in_spans; /* [nb] */
-    int32_t *in_labels;   /* [Q] */
-    float *in_weights;    /* [Q] */
-    int32_t *out_correct; /* [Q] */
-    int32_t *out_argmax;  /* [Q] */
-    float *out_sums;      /* [2] loss_sum, weight_sum */
-    float *out_sumsq;     /* [1] */
-    float *inv_freq;      /* [d/2] */
-    int cur_tc, cur_nb;   /* shape of the inputs set last */
+    int32_t *in_labels;      /* [Q] */
+    float *in_weights;       /* [Q] */
+    int32_t *out_correct;    /* [Q] */
+    int32_t *out_argmax;     /* [Q] */
+    float *out_sums;         /* [2] loss_sum, weight_sum */
+    float *out_sumsq;        /* [1] */
+    float *inv_freq;         /* [d/2] */
+    int cur_tc, cur_nb;      /* shape of the inputs set last */
 
     /* host staging of one batch (plain malloc), filled by dflash_train and dflash_eval:
      * [Qmax] ids, labels, weights, correct, argmax; [Tc_max + Qmax] pos; [nb_max] spans and
@@ -198,8 +207,8 @@ void dflash_model_sync_params(dflash_model *m);
  * labels[nb*B] and weights[nb*B] (NULL at inference). Returns 0 or DFLASH_EINVAL when Tc or nb
  * exceed the planned maxima. */
 int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *noise_ids,
-                            const int32_t *pos, const nn_block_span *spans,
-                            const int32_t *labels, const float *weights);
+                            const int32_t *pos, const nn_block_span *spans, const int32_t *labels,
+                            const float *weights);
 /* Forward over the inputs set last; X is [Tc, nF*D] act-typed target features (backend memory,
  * rows contiguous). Leaves out [Q, D] and all saved activations. */
 void dflash_model_forward(dflash_model *m, const nn_buf *X);

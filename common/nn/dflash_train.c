@@ -12,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void dflash_train_cfg_default(dflash_train_cfg *tc)
-{
+void dflash_train_cfg_default(dflash_train_cfg *tc) {
     *tc = (dflash_train_cfg){
         .n_anchors = 512,
         .gamma = 0.0,
@@ -30,8 +29,7 @@ void dflash_train_cfg_default(dflash_train_cfg *tc)
     };
 }
 
-double dflash_train_gamma(const dflash_train_cfg *tc, int B)
-{
+double dflash_train_gamma(const dflash_train_cfg *tc, int B) {
     if (tc->gamma > 0) return tc->gamma;
     if (B == 16) return 7.0;
     if (B == 10) return 5.0;
@@ -39,8 +37,7 @@ double dflash_train_gamma(const dflash_train_cfg *tc, int B)
     return 7.0 * B / 16.0;
 }
 
-double dflash_train_lr(const dflash_train_cfg *tc, long step)
-{
+double dflash_train_lr(const dflash_train_cfg *tc, long step) {
     /* the 1e-6 keeps 0.2f * 10 (2.0000000298) at 2 warmup steps */
     long W = (long)ceil(tc->warmup_ratio * (double)tc->total_steps - 1e-6);
     if (step < W) return tc->lr * (double)(step + 1) / (double)W;
@@ -53,8 +50,7 @@ double dflash_train_lr(const dflash_train_cfg *tc, long step)
 }
 
 int dflash_view_from_slot(const dflash_model *m, const void *host_base, const slot_layout *l,
-                          const void *hidden, dflash_batch_view *v, char *err, size_t errlen)
-{
+                          const void *hidden, dflash_batch_view *v, char *err, size_t errlen) {
     const dflash_config *c = &m->cfg;
     slot_header h;
     int rc = slot_header_check(host_base, l, &h, err, errlen);
@@ -66,8 +62,8 @@ int dflash_view_from_slot(const dflash_model *m, const void *host_base, const sl
             snprintf(err, errlen,
                      "slot holds %u layers x hidden %u (%s); drafter needs %d target layers x "
                      "hidden_size %d (%s)",
-                     l->n_layers, l->hidden, slot_dtype_name(l->dtype), c->n_feat,
-                     c->hidden_size, slot_dtype_name(want));
+                     l->n_layers, l->hidden, slot_dtype_name(l->dtype), c->n_feat, c->hidden_size,
+                     slot_dtype_name(want));
         return DFLASH_EMISMATCH;
     }
     if (h.n_tokens > (uint32_t)m->max_tokens || h.n_seqs < 1) {
@@ -87,30 +83,26 @@ int dflash_view_from_slot(const dflash_model *m, const void *host_base, const sl
     return 0;
 }
 
-uint64_t dflash_batch_key(const slot_work_unit *wu)
-{
+uint64_t dflash_batch_key(const slot_work_unit *wu) {
     return ((uint64_t)wu->bucket << 40) ^ wu->batch;
 }
 
 /* ---------------------------------------------------------------------------------------------
  * anchors */
 
-static uint64_t mix64(uint64_t z)
-{
+static uint64_t mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
+static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
 }
 
-static int view_check(const dflash_model *m, const dflash_batch_view *b)
-{
+static int view_check(const dflash_model *m, const dflash_batch_view *b) {
     const dflash_config *c = &m->cfg;
     if (b->n_seqs < 1 || !b->seq_off || !b->ids || !b->loss_mask || !b->hidden) {
         LOG_ERROR("drafter batch: %d sequences or missing arrays", b->n_seqs);
@@ -136,8 +128,7 @@ static int view_check(const dflash_model *m, const dflash_batch_view *b)
 }
 
 int dflash_train_sample_anchors(dflash_model *m, const dflash_train_cfg *tc,
-                                const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key)
-{
+                                const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key) {
     int rc = view_check(m, b);
     if (rc) return rc;
     int nb = 0;
@@ -177,8 +168,7 @@ int dflash_train_sample_anchors(dflash_model *m, const dflash_train_cfg *tc,
  * blocks */
 
 int dflash_train_build(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
-                       int nb, const int32_t *blk_seq, const int32_t *blk_anchor, double *wsum)
-{
+                       int nb, const int32_t *blk_seq, const int32_t *blk_anchor, double *wsum) {
     const dflash_config *c = &m->cfg;
     int rc = view_check(m, b);
     if (rc) return rc;
@@ -222,13 +212,13 @@ int dflash_train_build(dflash_model *m, const dflash_train_cfg *tc, const dflash
  * the step */
 
 /* Accuracy, per-offset accuracy and acceptance length from the correct flags of the last loss. */
-static void block_metrics(dflash_model *m, int nb, dflash_metrics *met)
-{
+static void block_metrics(dflash_model *m, int nb, dflash_metrics *met) {
     int B = m->cfg.block_size, Q = nb * B;
     m->ops->download_raw(m->ctx, m->h_correct, m->out_correct, (size_t)Q * sizeof(int32_t));
     long right = 0, total = 0;
     double acc_len = 0.0;
-    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) met->pos_acc[o] = 0.0, met->pos_count[o] = 0;
+    for (int o = 0; o < DFLASH_MAX_BLOCK; o++)
+        met->pos_acc[o] = 0.0, met->pos_count[o] = 0;
     for (int j = 0; j < nb; j++) {
         int run = 0, live = 1;
         for (int o = 1; o < B; o++) {
@@ -239,8 +229,10 @@ static void block_metrics(dflash_model *m, int nb, dflash_metrics *met)
                 right += ok;
                 if (o < DFLASH_MAX_BLOCK) met->pos_count[o]++, met->pos_acc[o] += ok;
             }
-            if (live && ok) run++;
-            else live = 0;
+            if (live && ok)
+                run++;
+            else
+                live = 0;
         }
         acc_len += 1 + run;
     }
@@ -253,8 +245,7 @@ static void block_metrics(dflash_model *m, int nb, dflash_metrics *met)
 
 int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
                        int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
-                       dflash_metrics *met)
-{
+                       dflash_metrics *met) {
     const nn_ops *o = m->ops;
     memset(met, 0, sizeof *met);
     met->step = m->step;
@@ -283,8 +274,7 @@ int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     return 0;
 }
 
-void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met)
-{
+void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met) {
     const nn_ops *o = m->ops;
     float sq;
     o->sumsq(m->ctx, m->out_sumsq, m->grads, m->n_params);
@@ -297,8 +287,8 @@ void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metr
     bool alias = (void *)m->params == (void *)m->master;
     size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
     o->adamw(m->ctx, m->master, alias ? NULL : m->params, m->grads, m->adam_m, m->adam_v, nd,
-             (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps,
-             (float)tc->weight_decay, (float)scale, t);
+             (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps, (float)tc->weight_decay,
+             (float)scale, t);
     o->adamw(m->ctx, m->master + nd,
              alias ? NULL : (nn_buf *)((char *)m->params + nd * o->act_bytes), m->grads + nd,
              m->adam_m + nd, m->adam_v + nd, nr, (float)lr, (float)tc->beta1, (float)tc->beta2,
@@ -310,8 +300,7 @@ void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metr
 }
 
 int dflash_train_step(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
-                      uint64_t epoch, uint64_t batch_key, dflash_metrics *met)
-{
+                      uint64_t epoch, uint64_t batch_key, dflash_metrics *met) {
     int nb = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
     if (nb < 0) return nb;
     int rc = dflash_train_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, met);

@@ -33,16 +33,16 @@
 
 /* Training hyper-parameters; defaults (dflash_train_cfg_default) from dflash.md 3.1. */
 typedef struct dflash_train_cfg {
-    int n_anchors;       /* anchors per sequence (512) */
-    double gamma;        /* loss decay; <= 0: 7 for B 16, 5 for B 10, 4 for B 8, else 7*B/16 */
-    double lr;           /* peak learning rate (6e-4) */
-    double warmup_ratio; /* fraction of total_steps warming up linearly (0.04) */
-    long total_steps;    /* schedule length; 0: constant lr after warmup (no cosine) */
-    double min_lr_ratio; /* cosine floor as a fraction of lr (0) */
-    double clip;         /* global gradient-norm clip (1.0); <= 0: none */
+    int n_anchors;            /* anchors per sequence (512) */
+    double gamma;             /* loss decay; <= 0: 7 for B 16, 5 for B 10, 4 for B 8, else 7*B/16 */
+    double lr;                /* peak learning rate (6e-4) */
+    double warmup_ratio;      /* fraction of total_steps warming up linearly (0.04) */
+    long total_steps;         /* schedule length; 0: constant lr after warmup (no cosine) */
+    double min_lr_ratio;      /* cosine floor as a fraction of lr (0) */
+    double clip;              /* global gradient-norm clip (1.0); <= 0: none */
     double beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8) */
-    double weight_decay; /* decoupled, matrices only (0.0, SpecForge's default) */
-    uint64_t seed;       /* anchor sampling seed (0) */
+    double weight_decay;      /* decoupled, matrices only (0.0, SpecForge's default) */
+    uint64_t seed;            /* anchor sampling seed (0) */
 } dflash_train_cfg;
 
 /* One slot's batch, as the slot holds it. Host memory except hidden. */
@@ -57,17 +57,17 @@ typedef struct dflash_batch_view {
 } dflash_batch_view;
 
 typedef struct dflash_metrics {
-    bool skipped;       /* no weighted position in the batch: no update was made */
-    double loss;        /* sum w*CE / sum w */
-    double weight_sum;  /* sum w */
-    double accuracy;    /* argmax == label over positions with w > 0 */
-    double accept_len;  /* mean over blocks of 1 + leading correct offsets */
+    bool skipped;                     /* no weighted position in the batch: no update was made */
+    double loss;                      /* sum w*CE / sum w */
+    double weight_sum;                /* sum w */
+    double accuracy;                  /* argmax == label over positions with w > 0 */
+    double accept_len;                /* mean over blocks of 1 + leading correct offsets */
     double pos_acc[DFLASH_MAX_BLOCK]; /* per offset o (o >= 1) accuracy; pos_count[o] positions */
     int pos_count[DFLASH_MAX_BLOCK];
     int n_blocks, n_ctx_tokens, n_weighted;
-    double lr;          /* learning rate used by this step */
-    double grad_norm;   /* before clipping */
-    long step;          /* optimizer steps taken after this one */
+    double lr;        /* learning rate used by this step */
+    double grad_norm; /* before clipping */
+    long step;        /* optimizer steps taken after this one */
 } dflash_metrics;
 
 void dflash_train_cfg_default(dflash_train_cfg *tc);

@@ -23,8 +23,7 @@
 #include <stdint.h>
 
 static void put_tensor(FILE *f, const char *name, uint32_t dtype, int ndim, const int64_t *dims,
-                       const void *data, size_t numel)
-{
+                       const void *data, size_t numel) {
     uint32_t len = (uint32_t)strlen(name), hdr[2] = {dtype, (uint32_t)ndim};
     fwrite(&len, 4, 1, f);
     fwrite(name, 1, len, f);
@@ -33,8 +32,7 @@ static void put_tensor(FILE *f, const char *name, uint32_t dtype, int ndim, cons
     fwrite(data, 4, numel, f);
 }
 
-static int make_tiny(const char *root, const char *embed_path)
-{
+static int make_tiny(const char *root, const char *embed_path) {
     dflash_config c = {0};
     c.hidden_size = 64;
     c.num_layers = 2;
@@ -98,8 +96,7 @@ static int make_tiny(const char *root, const char *embed_path)
 }
 
 /* embed and lm_head [V, D] fp32 from a refdump or a safetensors file / model directory */
-static int load_embed(const char *src, int V, int D, float *emb, float *lm)
-{
+static int load_embed(const char *src, int V, int D, float *emb, float *lm) {
     size_t VD = (size_t)V * D;
     size_t n = strlen(src);
     if (n > 4 && !strcmp(src + n - 4, ".bin")) {
@@ -129,8 +126,7 @@ static int load_embed(const char *src, int V, int D, float *emb, float *lm)
     return rc ? 1 : 0;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "2", 0);
     if (argc == 4 && !strcmp(argv[1], "--make-tiny")) return make_tiny(argv[2], argv[3]);
     if (argc != 5) {
@@ -154,8 +150,10 @@ int main(int argc, char **argv)
     const int32_t *seq_off = refdump_i32(in, "seq_off", 0);
     int T = seq_off[n_seqs], nb = refdump_dim(in, "blk_anchor", 0);
     uint8_t *mask = calloc((size_t)T, 1);
-    dflash_batch_view view = {.n_seqs = n_seqs, .seq_off = seq_off,
-                              .ids = refdump_i32(in, "ids", T), .positions = NULL,
+    dflash_batch_view view = {.n_seqs = n_seqs,
+                              .seq_off = seq_off,
+                              .ids = refdump_i32(in, "ids", T),
+                              .positions = NULL,
                               .loss_mask = mask,
                               .hidden = refdump_f32(in, "X", (size_t)T * c.n_feat * D),
                               .ld = (size_t)c.n_feat * D};
@@ -174,8 +172,8 @@ int main(int argc, char **argv)
     dflash_model_predict(m);
     size_t Q = (size_t)nb * B;
     float *logits = malloc(Q * V * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Q, V, D, 1.0f, m->out, D, lm, D,
-                0.0f, logits, V);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Q, V, D, 1.0f, m->out, D, lm, D, 0.0f,
+                logits, V);
     FILE *f = fopen(argv[4], "wb");
     if (!f) return 1;
     uint32_t hdr[2] = {REFDUMP_VERSION, 2};

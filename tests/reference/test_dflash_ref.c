@@ -14,8 +14,7 @@
 
 #define TOL 1e-4
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_dflash_ref DUMP\n");
         return 2;
@@ -36,7 +35,8 @@ int main(int argc, char **argv)
     c.vocab_size = ci[8];
     c.mask_token_id = ci[9];
     c.num_target_layers = ci[10];
-    for (int i = 0; i < c.n_feat; i++) c.target_layer_ids[i] = ci[11 + i];
+    for (int i = 0; i < c.n_feat; i++)
+        c.target_layer_ids[i] = ci[11 + i];
     c.rms_norm_eps = refdump_scalar(d, "eps");
     c.rope_theta = refdump_scalar(d, "theta");
     c.max_position_embeddings = 4096;
@@ -50,7 +50,8 @@ int main(int argc, char **argv)
     const int32_t *ids = refdump_i32(d, "ids", T), *lm32 = refdump_i32(d, "loss_mask", T);
     const int32_t *bs = refdump_i32(d, "blk_seq", nb), *ba = refdump_i32(d, "blk_anchor", nb);
     uint8_t *lm = malloc((size_t)T);
-    for (int t = 0; t < T; t++) lm[t] = (uint8_t)lm32[t];
+    for (int t = 0; t < T; t++)
+        lm[t] = (uint8_t)lm32[t];
     const float *X = refdump_f32(d, "X", (size_t)T * c.n_feat * D);
 
     nn_ctx *ctx = nn_cpu_new(1);
@@ -63,13 +64,16 @@ int main(int argc, char **argv)
     for (int i = 0; i < m->n_tensors; i++) {
         const dflash_tensor *t = &m->tensors[i];
         snprintf(name, sizeof name, "p.%s", t->name);
-        memcpy(dflash_model_master(m, i), refdump_f32(d, name, t->numel),
-               t->numel * sizeof(float));
+        memcpy(dflash_model_master(m, i), refdump_f32(d, name, t->numel), t->numel * sizeof(float));
     }
     dflash_model_sync_params(m);
 
-    dflash_batch_view view = {.n_seqs = n_seqs, .seq_off = seq_off, .ids = ids,
-                              .positions = NULL, .loss_mask = lm, .hidden = X,
+    dflash_batch_view view = {.n_seqs = n_seqs,
+                              .seq_off = seq_off,
+                              .ids = ids,
+                              .positions = NULL,
+                              .loss_mask = lm,
+                              .hidden = X,
                               .ld = (size_t)c.n_feat * D};
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);

@@ -49,8 +49,7 @@ static double urand(void) /* [-1, 1) */
     return (double)(rng_state >> 11) / 4503599627370496.0 - 1.0;
 }
 
-static void world_init(world *w)
-{
+static void world_init(world *w) {
     memset(w, 0, sizeof *w);
     w->ops = nn_cpu_ops();
     w->ctx = nn_cpu_new(1);
@@ -72,26 +71,34 @@ static void world_init(world *w)
     c->rms_norm_eps = 1e-6;
     c->rope_theta = 10000.0;
     c->bos_token_id = c->eos_token_id = -1;
-    for (int i = 0; i < V * D; i++) w->embed[i] = (float)(0.7 * urand());
-    for (int i = 0; i < V * D; i++) w->lm_head[i] = (float)(0.7 * urand());
-    for (int i = 0; i < T * NF * D; i++) w->hidden[i] = (float)urand();
+    for (int i = 0; i < V * D; i++)
+        w->embed[i] = (float)(0.7 * urand());
+    for (int i = 0; i < V * D; i++)
+        w->lm_head[i] = (float)(0.7 * urand());
+    for (int i = 0; i < T * NF * D; i++)
+        w->hidden[i] = (float)urand();
     w->seq_off[0] = 0, w->seq_off[1] = T0, w->seq_off[2] = T;
-    for (int t = 0; t < T; t++) w->ids[t] = (int32_t)((t * 7 + 3) % (V - 1));
+    for (int t = 0; t < T; t++)
+        w->ids[t] = (int32_t)((t * 7 + 3) % (V - 1));
     /* sequence 0: prompt of 2 then response; sequence 1: prompt 1, response, one masked hole */
-    for (int t = 0; t < T; t++) w->loss_mask[t] = 1;
+    for (int t = 0; t < T; t++)
+        w->loss_mask[t] = 1;
     w->loss_mask[0] = w->loss_mask[1] = 0;
     w->loss_mask[T0] = 0;
     w->loss_mask[T0 + 4] = 0;
-    w->view = (dflash_batch_view){.n_seqs = 2, .seq_off = w->seq_off, .ids = w->ids,
-                                  .positions = NULL, .loss_mask = w->loss_mask,
-                                  .hidden = w->hidden, .ld = NF * D};
+    w->view = (dflash_batch_view){.n_seqs = 2,
+                                  .seq_off = w->seq_off,
+                                  .ids = w->ids,
+                                  .positions = NULL,
+                                  .loss_mask = w->loss_mask,
+                                  .hidden = w->hidden,
+                                  .ld = NF * D};
     dflash_train_cfg_default(&w->tc);
     w->tc.n_anchors = 3;
 }
 
 /* Randomises every parameter (norm weights around 1) so each nonlinearity matters. */
-static void randomise(dflash_model *m)
-{
+static void randomise(dflash_model *m) {
     for (int i = 0; i < m->n_tensors; i++) {
         float *p = dflash_model_master(m, i);
         for (size_t j = 0; j < m->tensors[i].numel; j++)
@@ -100,15 +107,13 @@ static void randomise(dflash_model *m)
     dflash_model_sync_params(m);
 }
 
-static double loss_only(dflash_model *m, const world *w, double wsum)
-{
+static double loss_only(dflash_model *m, const world *w, double wsum) {
     dflash_model_forward(m, w->view.hidden);
     dflash_model_loss(m, (float)(1.0 / wsum));
     return m->out_sums[0] / wsum;
 }
 
-static void test_gradients(world *w)
-{
+static void test_gradients(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 1);
     CHECK(m != NULL);
     if (!m) return;
@@ -140,9 +145,11 @@ static void test_gradients(world *w)
          * every step, while fp32 rounding or curvature spoils only one end of the range) */
         double best = 1e30, fd = 0;
         for (double h = 3e-2; h > 2e-3; h /= 3) {
-            for (size_t j = 0; j < t->numel; j++) p[j] = p0[j] + (float)h * r[j];
+            for (size_t j = 0; j < t->numel; j++)
+                p[j] = p0[j] + (float)h * r[j];
             double lp = loss_only(m, w, wsum);
-            for (size_t j = 0; j < t->numel; j++) p[j] = p0[j] - (float)h * r[j];
+            for (size_t j = 0; j < t->numel; j++)
+                p[j] = p0[j] - (float)h * r[j];
             double lm = loss_only(m, w, wsum);
             double f = (lp - lm) / (2 * h);
             if (fabs(f - an) < best) best = fabs(f - an), fd = f;
@@ -162,8 +169,7 @@ static void test_gradients(world *w)
 
 /* Outputs of block j must not depend on context rows at/after its anchor, nor on the other
  * sequence, nor on which other blocks are packed with it. */
-static void test_mask(world *w)
-{
+static void test_mask(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 1);
     if (!m) return;
     randomise(m);
@@ -187,14 +193,16 @@ static void test_mask(world *w)
     float saved[T * NF * D];
     memcpy(saved, w->hidden, sizeof saved);
     for (int t = 5; t < T; t++)
-        for (int k = 0; k < NF * D; k++) w->hidden[t * NF * D + k] += 1.0f;
+        for (int k = 0; k < NF * D; k++)
+            w->hidden[t * NF * D + k] += 1.0f;
     dflash_train_build(m, &w->tc, &w->view, 1, bs + 1, ba + 1, &ws);
     dflash_model_forward(m, w->view.hidden);
     maxdiff = 0;
     for (int i = 0; i < B * D; i++)
         maxdiff = fmax(maxdiff, fabs(((float *)m->out)[i] - all[1 * B * D + i]));
     CHECK(maxdiff < 1e-5);
-    for (int k = 0; k < NF * D; k++) w->hidden[4 * NF * D + k] += 1.0f;
+    for (int k = 0; k < NF * D; k++)
+        w->hidden[4 * NF * D + k] += 1.0f;
     dflash_model_forward(m, w->view.hidden);
     maxdiff = 0;
     for (int i = 0; i < B * D; i++)
@@ -204,8 +212,7 @@ static void test_mask(world *w)
     dflash_model_destroy(&m);
 }
 
-static void test_anchors_and_weights(world *w)
-{
+static void test_anchors_and_weights(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 32, 1);
     if (!m) return;
     dflash_train_cfg tc = w->tc;
@@ -262,8 +269,7 @@ static void test_anchors_and_weights(world *w)
     dflash_model_destroy(&m);
 }
 
-static void test_training_reduces_loss(world *w)
-{
+static void test_training_reduces_loss(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 3);
     if (!m) return;
     dflash_train_cfg tc = w->tc;
@@ -289,8 +295,7 @@ static void test_training_reduces_loss(world *w)
     dflash_model_destroy(&m);
 }
 
-static void test_mismatch(world *w)
-{
+static void test_mismatch(world *w) {
     model_config t = {0};
     t.hidden_size = D;
     t.vocab_size = V;
@@ -317,8 +322,7 @@ static void test_mismatch(world *w)
     CHECK(z[0] == 1 && z[1] == 9 && z[2] == 17 && z[3] == 25 && z[4] == 33);
 }
 
-static cJSON *read_json(const char *path)
-{
+static cJSON *read_json(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     static char text[65536];
@@ -328,25 +332,23 @@ static cJSON *read_json(const char *path)
     return cJSON_Parse(text);
 }
 
-static int json_int(const cJSON *o, const char *k)
-{
+static int json_int(const cJSON *o, const char *k) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(v) ? (int)v->valuedouble : -12345;
 }
 
-static int count_steps(const char *root)
-{
+static int count_steps(const char *root) {
     DIR *d = opendir(root);
     int n = 0;
     struct dirent *e;
-    while (d && (e = readdir(d))) n += !strncmp(e->d_name, "step-", 5);
+    while (d && (e = readdir(d)))
+        n += !strncmp(e->d_name, "step-", 5);
     if (d) closedir(d);
     return n;
 }
 
 /* config.json fields (dflash.md 2.1) and tensor names / shapes / dtype (2.2) */
-static void check_ckpt_files(const dflash_model *m, const char *dir)
-{
+static void check_ckpt_files(const dflash_model *m, const char *dir) {
     const dflash_config *c = &m->cfg;
     char p[512];
     snprintf(p, sizeof p, "%s/config.json", dir);
@@ -402,23 +404,34 @@ static void check_ckpt_files(const dflash_model *m, const char *dir)
     int L = c->num_layers, Dd = c->hidden_size, Hd = c->num_heads * c->head_dim;
     int Hkd = c->num_kv_heads * c->head_dim, Fi = c->intermediate_size;
     CHECK_EQ_INT(safetensors_count(st), 3 + 11 * L);
-    struct { const char *name; int ndim; int64_t s0, s1; } want[] = {
-        {"fc.weight", 2, Dd, (int64_t)c->n_feat * Dd}, {"hidden_norm.weight", 1, Dd, 0},
-        {"norm.weight", 1, Dd, 0}};
+    struct {
+        const char *name;
+        int ndim;
+        int64_t s0, s1;
+    } want[] = {{"fc.weight", 2, Dd, (int64_t)c->n_feat * Dd},
+                {"hidden_norm.weight", 1, Dd, 0},
+                {"norm.weight", 1, Dd, 0}};
     for (int i = 0; i < 3; i++) {
         int64_t shp[2] = {want[i].s0, want[i].s1};
-        CHECK_EQ_INT(safetensors_expect(st, want[i].name, want[i].ndim, shp, NULL, err,
-                                        sizeof err), 0);
+        CHECK_EQ_INT(safetensors_expect(st, want[i].name, want[i].ndim, shp, NULL, err, sizeof err),
+                     0);
     }
     for (int l = 0; l < L; l++) {
-        struct { const char *n; int ndim; int64_t s0, s1; } lw[] = {
-            {"input_layernorm.weight", 1, Dd, 0},  {"post_attention_layernorm.weight", 1, Dd, 0},
-            {"self_attn.q_proj.weight", 2, Hd, Dd}, {"self_attn.k_proj.weight", 2, Hkd, Dd},
-            {"self_attn.v_proj.weight", 2, Hkd, Dd}, {"self_attn.o_proj.weight", 2, Dd, Hd},
-            {"self_attn.q_norm.weight", 1, c->head_dim, 0},
-            {"self_attn.k_norm.weight", 1, c->head_dim, 0},
-            {"mlp.gate_proj.weight", 2, Fi, Dd}, {"mlp.up_proj.weight", 2, Fi, Dd},
-            {"mlp.down_proj.weight", 2, Dd, Fi}};
+        struct {
+            const char *n;
+            int ndim;
+            int64_t s0, s1;
+        } lw[] = {{"input_layernorm.weight", 1, Dd, 0},
+                  {"post_attention_layernorm.weight", 1, Dd, 0},
+                  {"self_attn.q_proj.weight", 2, Hd, Dd},
+                  {"self_attn.k_proj.weight", 2, Hkd, Dd},
+                  {"self_attn.v_proj.weight", 2, Hkd, Dd},
+                  {"self_attn.o_proj.weight", 2, Dd, Hd},
+                  {"self_attn.q_norm.weight", 1, c->head_dim, 0},
+                  {"self_attn.k_norm.weight", 1, c->head_dim, 0},
+                  {"mlp.gate_proj.weight", 2, Fi, Dd},
+                  {"mlp.up_proj.weight", 2, Fi, Dd},
+                  {"mlp.down_proj.weight", 2, Dd, Fi}};
         for (int i = 0; i < 11; i++) {
             char name[128];
             snprintf(name, sizeof name, "layers.%d.%s", l, lw[i].n);
@@ -433,8 +446,7 @@ static void check_ckpt_files(const dflash_model *m, const char *dir)
     safetensors_close(&st);
 }
 
-static void test_checkpoint(world *w)
-{
+static void test_checkpoint(world *w) {
     char root[] = "/tmp/dflash_ckpt_XXXXXX";
     CHECK(mkdtemp(root) != NULL);
     dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
@@ -449,8 +461,7 @@ static void test_checkpoint(world *w)
     char path[512], err[512];
     for (int s = 0; s < 3; s++) {
         dflash_train_step(a, &tc, &w->view, 0, (uint64_t)s, &ma);
-        CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &opts, path, sizeof path, err, sizeof err),
-                     0);
+        CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &opts, path, sizeof path, err, sizeof err), 0);
     }
     CHECK_EQ_INT(count_steps(root), 2); /* keep_last */
     char latest[512];
@@ -506,8 +517,7 @@ static void test_checkpoint(world *w)
 }
 
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
-static void test_eval(world *w)
-{
+static void test_eval(world *w) {
     int32_t ids[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
     /* anchors 2..8, B 4: p=2 predicts 3 4 9 (a=2), p=5 predicts 6 7 8 (a=3), p=9 ends */
     int32_t pred[7 * 3] = {0};
@@ -538,7 +548,8 @@ static void test_eval(world *w)
     tc.lr = 1e-2;
     tc.n_anchors = 8;
     dflash_metrics met;
-    for (int i = 0; i < 60; i++) dflash_train_step(m, &tc, &w->view, 0, (uint64_t)i, &met);
+    for (int i = 0; i < 60; i++)
+        dflash_train_step(m, &tc, &w->view, 0, (uint64_t)i, &met);
     CHECK_EQ_INT(dflash_eval_tau(m, &w->view, NULL, &after), 0);
     printf("tau before %.3f (%ld cycles), after %.3f (%ld cycles)\n", dflash_tau_value(&before),
            before.cycles, dflash_tau_value(&after), after.cycles);
@@ -552,7 +563,8 @@ static void test_eval(world *w)
     int B = w->cfg.block_size;
     for (int q = 0; q < 2; q++) {
         int st = w->seq_off[q], S = w->seq_off[q + 1] - st, P = 0;
-        while (!w->loss_mask[st + P]) P++;
+        while (!w->loss_mask[st + P])
+            P++;
         for (int p = P; p < S - 1;) {
             int32_t bs = q, ba = p;
             dflash_train_build(s, &tc, &w->view, 1, &bs, &ba, NULL);
@@ -572,8 +584,7 @@ static void test_eval(world *w)
 }
 
 /* a slot filled with the world's batch trains exactly like the world's own view */
-static void test_slot_view(world *w)
-{
+static void test_slot_view(world *w) {
     slot_layout l, bad;
     CHECK_EQ_INT(slot_layout_compute(32, 4, D, NF, SLOT_DTYPE_F32, &l), 0);
     CHECK_EQ_INT(slot_layout_compute(32, 4, D, NF + 1, SLOT_DTYPE_F32, &bad), 0);
@@ -586,14 +597,14 @@ static void test_slot_view(world *w)
     memcpy(slot_loss_mask(base, &l), w->loss_mask, sizeof w->loss_mask);
     memcpy(slot_hidden(base, &l), w->hidden, sizeof w->hidden);
     int32_t *pos = slot_positions(base, &l);
-    for (int t = 0; t < T; t++) pos[t] = t < T0 ? t : t - T0;
+    for (int t = 0; t < T; t++)
+        pos[t] = t < T0 ? t : t - T0;
     dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 4);
     dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 4);
     if (!a || !b) return;
     dflash_batch_view v;
     char err[256];
-    CHECK_EQ_INT(dflash_view_from_slot(a, base, &l, slot_hidden(base, &l), &v, err, sizeof err),
-                 0);
+    CHECK_EQ_INT(dflash_view_from_slot(a, base, &l, slot_hidden(base, &l), &v, err, sizeof err), 0);
     dflash_metrics ma, mb;
     uint64_t key = dflash_batch_key(&wu);
     CHECK_EQ_INT(dflash_train_step(a, &w->tc, &v, wu.epoch, key, &ma), 0);
@@ -601,8 +612,7 @@ static void test_slot_view(world *w)
     CHECK(ma.loss == mb.loss && ma.n_blocks == mb.n_blocks);
     CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
     slot_header_write(base, &bad, &wu, 2, T, 77);
-    CHECK_EQ_INT(dflash_view_from_slot(a, base, &bad, slot_hidden(base, &bad), &v, err,
-                                       sizeof err),
+    CHECK_EQ_INT(dflash_view_from_slot(a, base, &bad, slot_hidden(base, &bad), &v, err, sizeof err),
                  DFLASH_EMISMATCH);
     CHECK(strstr(err, "3 layers") && strstr(err, "2 target layers"));
     dflash_model_destroy(&a);
@@ -610,8 +620,7 @@ static void test_slot_view(world *w)
     free(base);
 }
 
-int main(void)
-{
+int main(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     world *w = malloc(sizeof *w);
     world_init(w);

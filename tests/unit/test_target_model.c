@@ -8,6 +8,7 @@
  *     overwritten;
  *   - the forward runs (and loads) layers deeper than the deepest captured one;
  *   - a checkpoint with a wrong shape or a missing tensor loads anyway;
+ *   - a sharded bf16 checkpoint (how real targets ship) loads to other weights than it holds;
  *   - a loaded checkpoint computes something else than the same weights given directly;
  *   - bad token ids or oversize batches are accepted;
  *   - greedy generation disagrees with the logits, or sampling is not reproducible from its seed.
@@ -210,29 +211,107 @@ out:
     CHECK(m == NULL);
 }
 
-/* Writes c's checkpoint with fill() weights; shape_of overrides nothing. */
-static int write_checkpoint(const char *dir, const model_config *c)
+/* Writes c's checkpoint with fill() weights: F32 or BF16, in one file or split over two shards
+ * with a model.safetensors.index.json. */
+static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16, bool sharded)
 {
-    int rc = hf_config_write(dir, c, "float32");
+    int rc = hf_config_write(dir, c, bf16 ? "bfloat16" : "float32");
     if (rc) return rc;
-    char path[512];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    size_t n = hf_weight_count(c);
-    float **data = calloc(n, sizeof *data);
-    safetensors_writer *w = safetensors_writer_new(path);
-    for (size_t i = 0; i < n && !rc; i++) {
-        hf_weight_desc d;
-        hf_weight_nth(c, i, &d);
-        size_t ne = (size_t)(d.ndim == 1 ? d.shape[0] : d.shape[0] * d.shape[1]);
-        data[i] = malloc(sizeof(float) * ne);
-        fill(d.name, d.shape, d.ndim, data[i]);
-        rc = safetensors_writer_add(w, d.name, SAFETENSORS_F32, d.ndim, d.shape, data[i]);
+    size_t n = hf_weight_count(c), half = sharded ? n / 2 : n;
+    const char *fname[2] = {sharded ? "model-00001-of-00002.safetensors" : "model.safetensors",
+                            "model-00002-of-00002.safetensors"};
+    void **data = calloc(n, sizeof *data);
+    const char **names = calloc(n, sizeof *names), **files = calloc(n, sizeof *files);
+    hf_weight_desc *desc = calloc(n, sizeof *desc);
+    uint64_t total = 0;
+    for (int f = 0; f < (sharded ? 2 : 1) && !rc; f++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, fname[f]);
+        safetensors_writer *w = safetensors_writer_new(path);
+        for (size_t i = f ? half : 0; i < (f ? n : half) && !rc; i++) {
+            hf_weight_desc *d = &desc[i];
+            hf_weight_nth(c, i, d);
+            size_t ne = (size_t)(d->ndim == 1 ? d->shape[0] : d->shape[0] * d->shape[1]);
+            float *x = malloc(sizeof(float) * ne);
+            fill(d->name, d->shape, d->ndim, x);
+            if (bf16) {
+                uint16_t *h = malloc(sizeof(uint16_t) * ne);
+                for (size_t k = 0; k < ne; k++) h[k] = safetensors_f32_to_bf16(x[k]);
+                free(x);
+                data[i] = h;
+            } else {
+                data[i] = x;
+            }
+            names[i] = d->name;
+            files[i] = fname[f];
+            total += ne * (bf16 ? 2 : 4);
+            rc = safetensors_writer_add(w, d->name, bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32,
+                                        d->ndim, d->shape, data[i]);
+        }
+        if (!rc) rc = safetensors_writer_commit(w);
+        safetensors_writer_destroy(&w);
     }
-    if (!rc) rc = safetensors_writer_commit(w);
-    safetensors_writer_destroy(&w);
+    if (!rc && sharded) rc = safetensors_write_index(dir, names, files, n, total);
     for (size_t i = 0; i < n; i++) free(data[i]);
     free(data);
+    free(names);
+    free(files);
+    free(desc);
     return rc;
+}
+
+static int write_checkpoint(const char *dir, const model_config *c)
+{
+    return write_checkpoint_ex(dir, c, false, false);
+}
+
+/* fetch_random rounded through bf16, what a bf16 checkpoint of the same weights holds */
+static int fetch_random_bf16(void *user, const char *name, const int64_t *shape, int ndim,
+                             float *dst)
+{
+    (void)user;
+    fill(name, shape, ndim, dst);
+    int64_t n = ndim == 1 ? shape[0] : shape[0] * shape[1];
+    for (int64_t i = 0; i < n; i++) dst[i] = safetensors_bf16_to_f32(safetensors_f32_to_bf16(dst[i]));
+    return 0;
+}
+
+/* A sharded bf16 checkpoint (the form real targets ship in) loads to exactly the bf16-rounded
+ * weights. */
+static void test_load_sharded_bf16(const nn_ops *ops, nn_ctx *ctx)
+{
+    char dir[] = "/tmp/test_target_bf16.XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    model_config c = tiny_config();
+    CHECK_EQ_INT(write_checkpoint_ex(dir, &c, true, true), 0);
+    enum { T = 9 };
+    int32_t ids[T], pos[T], off[2] = {0, T};
+    for (int t = 0; t < T; t++) ids[t] = (3 * t + 2) % c.vocab_size, pos[t] = t;
+    int cap = 3;
+    target_model_opts o = {.layer_ids = &cap, .n_layer_ids = 1, .max_tokens = T};
+    target_model *file = target_model_load(dir, &o, ops, ctx);
+    target_model *direct = target_model_new(&c, &o, ops, ctx, fetch_random_bf16, NULL);
+    target_model *unrounded = target_model_new(&c, &o, ops, ctx, fetch_random, NULL);
+    CHECK(file && direct && unrounded);
+    if (file && direct && unrounded) {
+        float a[T * 32], b[T * 32], u[T * 32];
+        CHECK_EQ_INT(target_forward_host(file, ids, pos, off, 1, T, a, 32), 0);
+        CHECK_EQ_INT(target_forward_host(direct, ids, pos, off, 1, T, b, 32), 0);
+        CHECK_EQ_INT(target_forward_host(unrounded, ids, pos, off, 1, T, u, 32), 0);
+        CHECK(memcmp(a, b, sizeof a) == 0);
+        CHECK(memcmp(a, u, sizeof a) != 0); /* the rounding is real, so the check can fail */
+    }
+    target_model_destroy(&file);
+    target_model_destroy(&direct);
+    target_model_destroy(&unrounded);
+    const char *files[] = {"config.json", "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors", "model.safetensors.index.json"};
+    char p[600];
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
 }
 
 static void test_load(const nn_ops *ops, nn_ctx *ctx)
@@ -505,6 +584,7 @@ int main(void)
     test_default_ids();
     test_capture(ops, ctx);
     test_load(ops, ctx);
+    test_load_sharded_bf16(ops, ctx);
     test_generate(ops, ctx);
     test_producer(ops, ctx);
     nn_cpu_destroy(&ctx);

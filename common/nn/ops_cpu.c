@@ -6,12 +6,17 @@
  * cblas_sgemm; everything else is plain C loops written for clarity first.
  *
  * Threads: ops run synchronously on the caller's thread. nn_cpu_new(threads) sets OpenBLAS's
- * thread count and keeps `threads` for our own loops: the attention ops split their rows (or, in
- * the block-attention backward, their kv heads, so that dk/dv rows have one writer) over
- * short-lived pthreads that grab chunks of work from an atomic counter. No op allocates memory:
- * attention uses an online (streaming) softmax over tiles of ATT_TILE keys whose scores live on
- * the stack, so no [T, T] or [Tk] score buffer exists; the lm_head logits live in the caller's
- * scratch.
+ * thread count and keeps `threads` for our own loops: the attention ops split their tiles (or, in
+ * the block-attention backward, their kv heads, so that dk/dv rows have one writer) and the loss
+ * its rows over short-lived pthreads that grab work from an atomic counter. No op allocates:
+ * attention is flash style (tiles of ATT_ROWS query rows x ATT_KEYS keys, sgemm for the scores
+ * and the products, an online softmax whose scores live on the stack), so no [T,T] or [Tk] score
+ * buffer exists; the lm_head logits live in the caller's scratch. Results do not depend on our
+ * thread count (bit for bit): every tile and row is computed the same way whoever computes it,
+ * and sums over rows are taken in row order.
+ *
+ * Speed: OpenBLAS 0.3.21 runs its slow generic kernels on cpus it does not know (recent Xeons);
+ * nn_cpu_new warns when that happens; OPENBLAS_CORETYPE=Haswell in the environment fixes it.
  *
  * Choices where ops.h leaves room (the cuda backend should match them):
  *   - attention_block_fwd: a query row with no visible key (keep == 0 or an empty key set) gets
@@ -26,6 +31,8 @@
  *     cos/sin evaluated in double and rounded to float.
  */
 #include "ops.h"
+
+#include "log.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -347,12 +354,6 @@ static void cpu_add_inplace(nn_ctx *c, nn_buf *y_, const nn_buf *x_, size_t n)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* attention. One query row-head attends to up to two key ranges [r0,r1) ∪ [r2,r3) of one kv head
- * with a streaming softmax: scores of ATT_TILE keys at a time on the stack, a running max m and
- * sum l, the output accumulated in place and rescaled when m grows. */
-
-#define ATT_TILE 64
-
 /* 8 independent partial sums so the compiler can vectorise without reassociating */
 static inline float dotf(const float *a, const float *b, int d)
 {
@@ -365,49 +366,97 @@ static inline float dotf(const float *a, const float *b, int d)
     return s;
 }
 
-static inline void axpyf(float *y, float a, const float *x, int d)
+/* attention, flash style. A tile of up to ATT_ROWS query rows of one head that see the same keys
+ * (the rows of one DFlash block, or neighbouring rows of one sequence under the causal mask)
+ * streams over tiles of up to ATT_KEYS keys of its kv head, which lie in up to two ranges
+ * [r0,r1) ∪ [r2,r3):
+ *   S[R,n] = q . k^T * scale                     (sgemm; causal: keys after the row -> -inf)
+ *   per row: running max m and sum l; the output rescaled by exp(m_old - m_new) when m grows
+ *   P = exp(S - m), l += rowsum(P), o[R,d] += P . v  (sgemm)
+ *   finally o /= l, lse = m + log l (+INFINITY and o = 0 for a row that saw no key).
+ * Scores live in a stack tile, so no [T,T] or [Tk] buffer exists. Tiles are small enough
+ * (R*n*d <= 262144 for d <= 256) that OpenBLAS runs each sgemm on the calling thread, so the
+ * result does not depend on the thread count. */
+
+#define ATT_ROWS 16
+#define ATT_KEYS 64
+
+/* rows per tile: ATT_ROWS, fewer for d > 256 so that R * ATT_KEYS * d stays <= 262144, below
+ * which OpenBLAS 0.3 runs an sgemm single-threaded on the caller */
+static int att_rows(int d)
 {
-    for (int i = 0; i < d; i++) y[i] += a * x[i];
+    int r = 262144 / (ATT_KEYS * (d > 0 ? d : 1));
+    return r < 1 ? 1 : r > ATT_ROWS ? ATT_ROWS : r;
 }
 
-/* o[d] = softmax(q . K[keys]^T * scale) . V[keys]; returns lse (+INFINITY when no keys).
- * k, v point at kv head 0 of key row 0 plus the head offset; kstride = Hk * d. */
-static float attend_row(float *o, const float *q, const float *k, const float *v, size_t kstride,
-                        const int32_t *ranges, int n_ranges, int d, float scale)
+typedef struct att_tile {
+    const float *q;  /* row 0 of the tile, this head; row stride ldq */
+    float *o;        /* same layout as q, stride ldo */
+    float *lse;      /* lse of row 0, consecutive rows 1 apart (may be NULL) */
+    const float *k, *v; /* key row 0 of this kv head; row stride ldk */
+    size_t ldq, ldo, ldk;
+    int R, d;
+    int32_t ranges[4];
+    int n_ranges;
+    int causal_row0; /* >= 0: key t is visible to row i only if t <= causal_row0 + i */
+} att_tile;
+
+static void attend_tile(const att_tile *a, float scale)
 {
-    float m = -INFINITY, l = 0.0f;
-    float s[ATT_TILE];
-    memset(o, 0, (size_t)d * sizeof(float));
-    for (int r = 0; r < n_ranges; r++) {
-        for (int kb = ranges[2 * r]; kb < ranges[2 * r + 1]; kb += ATT_TILE) {
-            int n = ranges[2 * r + 1] - kb < ATT_TILE ? ranges[2 * r + 1] - kb : ATT_TILE;
-            float tmax = -INFINITY;
-            for (int j = 0; j < n; j++) {
-                s[j] = dotf(q, k + (size_t)(kb + j) * kstride, d) * scale;
-                if (s[j] > tmax) tmax = s[j];
+    int R = a->R, d = a->d;
+    float m[ATT_ROWS], l[ATT_ROWS], S[ATT_ROWS * ATT_KEYS];
+    for (int i = 0; i < R; i++) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+        memset(a->o + i * a->ldo, 0, (size_t)d * sizeof(float));
+    }
+    for (int r = 0; r < a->n_ranges; r++) {
+        int end = a->ranges[2 * r + 1];
+        for (int kb = a->ranges[2 * r]; kb < end; kb += ATT_KEYS) {
+            int n = end - kb < ATT_KEYS ? end - kb : ATT_KEYS;
+            if (a->causal_row0 >= 0 && kb > a->causal_row0 + R - 1) break; /* all after */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, n, d, scale, a->q, a->ldq,
+                        a->k + (size_t)kb * a->ldk, a->ldk, 0.0f, S, n);
+            for (int i = 0; i < R; i++) {
+                float *s = S + i * n;
+                if (a->causal_row0 >= 0)
+                    for (int j = a->causal_row0 + i - kb + 1; j < n; j++)
+                        if (j >= 0) s[j] = -INFINITY;
+                float tmax = -INFINITY;
+                for (int j = 0; j < n; j++) tmax = s[j] > tmax ? s[j] : tmax;
+                if (tmax == -INFINITY) { /* nothing visible in this tile */
+                    memset(s, 0, (size_t)n * sizeof(float));
+                    continue;
+                }
+                if (tmax > m[i]) {
+                    float corr = expf(m[i] - tmax); /* 0 when m = -inf */
+                    l[i] *= corr;
+                    float *oi = a->o + i * a->ldo;
+                    for (int x = 0; x < d; x++) oi[x] *= corr;
+                    m[i] = tmax;
+                }
+                float sum = 0.0f;
+                for (int j = 0; j < n; j++) {
+                    s[j] = expf(s[j] - m[i]);
+                    sum += s[j];
+                }
+                l[i] += sum;
             }
-            if (tmax > m) {
-                float corr = expf(m - tmax); /* 0 when m = -inf */
-                l *= corr;
-                for (int i = 0; i < d; i++) o[i] *= corr;
-                m = tmax;
-            }
-            for (int j = 0; j < n; j++) {
-                float p = expf(s[j] - m);
-                l += p;
-                axpyf(o, p, v + (size_t)(kb + j) * kstride, d);
-            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, d, n, 1.0f, S, n,
+                        a->v + (size_t)kb * a->ldk, a->ldk, 1.0f, a->o, a->ldo);
         }
     }
-    if (!(l > 0.0f)) {
-        memset(o, 0, (size_t)d * sizeof(float));
-        return INFINITY;
+    for (int i = 0; i < R; i++) {
+        float *oi = a->o + i * a->ldo;
+        float lse = INFINITY;
+        if (l[i] > 0.0f) {
+            float inv = 1.0f / l[i];
+            for (int x = 0; x < d; x++) oi[x] *= inv;
+            lse = m[i] + logf(l[i]);
+        } else
+            memset(oi, 0, (size_t)d * sizeof(float));
+        if (a->lse) a->lse[i] = lse;
     }
-    float inv = 1.0f / l;
-    for (int i = 0; i < d; i++) o[i] *= inv;
-    return m + logf(l);
 }
-
 
 /* ---- causal: row t of sequence s sees keys [seq_off[s], t] ---- */
 
@@ -415,11 +464,11 @@ typedef struct causal_job {
     float *out;
     const float *q, *k, *v;
     const int32_t *seq_off;
-    int n_seqs, base, n_rows, H, Hk, d;
+    int n_seqs, t0, t1, rows, n_tiles, H, Hk, d;
 } causal_job;
 
-/* seq_off[s] of the last s with seq_off[s] <= t (binary search; seq_off is non-decreasing) */
-static int seq_start_of(const int32_t *seq_off, int n_seqs, int t)
+/* index of the last s with seq_off[s] <= t (binary search; seq_off is non-decreasing) */
+static int seq_of(const int32_t *seq_off, int n_seqs, int t)
 {
     int lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
@@ -427,21 +476,30 @@ static int seq_start_of(const int32_t *seq_off, int n_seqs, int t)
         if (seq_off[mid] <= t) lo = mid;
         else hi = mid - 1;
     }
-    return seq_off[lo];
+    return lo;
 }
 
-static void causal_rows(void *arg, int begin, int end)
+static void causal_tiles(void *arg, int begin, int end)
 {
     const causal_job *j = arg;
     int H = j->H, d = j->d, group = j->H / j->Hk;
-    size_t kstride = (size_t)j->Hk * d;
     float scale = 1.0f / sqrtf((float)d);
     for (int it = begin; it < end; it++) { /* head-major: neighbours share their kv rows */
-        int h = it / j->n_rows, t = j->base + it % j->n_rows;
-        int32_t rng[2] = {seq_start_of(j->seq_off, j->n_seqs, t), t + 1};
-        size_t hk_off = (size_t)(h / group) * d;
-        attend_row(j->out + ((size_t)t * H + h) * d, j->q + ((size_t)t * H + h) * d,
-                   j->k + hk_off, j->v + hk_off, kstride, rng, 1, d, scale);
+        int h = it / j->n_tiles, a = j->t0 + (it % j->n_tiles) * j->rows;
+        int b = a + j->rows < j->t1 ? a + j->rows : j->t1;
+        while (a < b) { /* split the tile where a sequence ends */
+            int s = seq_of(j->seq_off, j->n_seqs, a);
+            int e = j->seq_off[s + 1] < b ? j->seq_off[s + 1] : b;
+            size_t hk_off = (size_t)(h / group) * d;
+            att_tile t = {.q = j->q + ((size_t)a * H + h) * d,
+                          .o = j->out + ((size_t)a * H + h) * d,
+                          .k = j->k + hk_off, .v = j->v + hk_off,
+                          .ldq = (size_t)H * d, .ldo = (size_t)H * d, .ldk = (size_t)j->Hk * d,
+                          .R = e - a, .d = d,
+                          .ranges = {j->seq_off[s], e}, .n_ranges = 1, .causal_row0 = a};
+            attend_tile(&t, scale);
+            a = e;
+        }
     }
 }
 
@@ -461,39 +519,38 @@ static void cpu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, co
     size_t row = (size_t)H * d;
     if (t0 > 0) memset(out, 0, (size_t)t0 * row * sizeof(float));
     if (t1 < T) memset((float *)out + (size_t)t1 * row, 0, (size_t)(T - t1) * row * sizeof(float));
+    int rows = att_rows(d), n_tiles = (t1 - t0 + rows - 1) / rows;
     causal_job job = {.out = out, .q = q, .k = k, .v = v, .seq_off = seq_off, .n_seqs = n_seqs,
-                      .base = t0, .n_rows = t1 - t0, .H = H, .Hk = Hk, .d = d};
-    cpu_parallel_for(c, (t1 - t0) * H, 16, causal_rows, &job);
+                      .t0 = t0, .t1 = t1, .rows = rows, .n_tiles = n_tiles, .H = H, .Hk = Hk, .d = d};
+    cpu_parallel_for(c, n_tiles * H, 1, causal_tiles, &job);
 }
 
 /* ---- DFlash block attention: block j's rows see [ctx_begin, ctx_end) ∪ [blk, blk + B) ---- */
 
-/* The key ranges of one span as up to two disjoint [begin, end) pairs; returns how many. */
+/* The key ranges of one span as up to two disjoint ascending [begin, end) pairs; returns how
+ * many (0 for keep == 0 or no key). */
 static int block_key_ranges(const nn_block_span *sp, int B, int Tk, int32_t r[4])
 {
-    (void)Tk;
     if (!sp->keep) return 0;
     int32_t c0 = sp->ctx_begin, c1 = sp->ctx_end, b0 = sp->blk_begin, b1 = sp->blk_begin + B;
-    assert(c0 >= 0 && b0 >= 0 && b1 <= Tk && (c1 <= c0 || c1 <= Tk));
-    int n = 0;
+    assert(b0 >= 0 && b1 <= Tk && (c1 <= c0 || (c0 >= 0 && c1 <= Tk)));
+    (void)Tk;
     if (c1 <= c0) { /* no context */
         r[0] = b0, r[1] = b1;
         return B > 0 ? 1 : 0;
     }
-    if (b1 <= b0) {
+    if (B <= 0) {
         r[0] = c0, r[1] = c1;
         return 1;
     }
-    if (c1 < b0 || b1 < c0) { /* disjoint: context first, then the block (ascending order) */
+    if (c1 < b0 || b1 < c0) { /* disjoint */
         if (c0 < b0) r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
         else r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
-        n = 2;
-    } else { /* overlapping or touching: one merged range */
-        r[0] = c0 < b0 ? c0 : b0;
-        r[1] = c1 > b1 ? c1 : b1;
-        n = 1;
+        return 2;
     }
-    return n;
+    r[0] = c0 < b0 ? c0 : b0; /* overlapping or touching: one merged range */
+    r[1] = c1 > b1 ? c1 : b1;
+    return 1;
 }
 
 typedef struct block_job {
@@ -503,23 +560,27 @@ typedef struct block_job {
     float *dq, *dk, *dv;
     const float *dout, *fout, *flse;
     const nn_block_span *spans;
-    int n_blocks, B, Tk, H, Hk, d;
+    int n_blocks, B, rows, row_tiles, Tk, H, Hk, d;
 } block_job;
 
-static void block_fwd_rows(void *arg, int begin, int end)
+static void block_fwd_tiles(void *arg, int begin, int end)
 {
     const block_job *j = arg;
     int H = j->H, d = j->d, B = j->B, Q = j->n_blocks * j->B, group = j->H / j->Hk;
-    size_t kstride = (size_t)j->Hk * d;
+    int per_head = j->n_blocks * j->row_tiles;
     float scale = 1.0f / sqrtf((float)d);
-    for (int it = begin; it < end; it++) { /* it = h * Q + row: a block's rows share keys */
-        int h = it / Q, row = it % Q;
-        int32_t rng[4];
-        int nr = block_key_ranges(&j->spans[row / B], B, j->Tk, rng);
+    for (int it = begin; it < end; it++) { /* head-major, then block, then row tile */
+        int h = it / per_head, blk = it % per_head / j->row_tiles, rt = it % j->row_tiles;
+        int a = blk * B + rt * j->rows;
+        int R = B - rt * j->rows < j->rows ? B - rt * j->rows : j->rows;
         size_t hk_off = (size_t)(h / group) * d;
-        float l = attend_row(j->out + ((size_t)row * H + h) * d, j->q + ((size_t)row * H + h) * d,
-                             j->k + hk_off, j->v + hk_off, kstride, rng, nr, d, scale);
-        if (j->lse) j->lse[(size_t)h * Q + row] = l;
+        att_tile t = {.q = j->q + ((size_t)a * H + h) * d, .o = j->out + ((size_t)a * H + h) * d,
+                      .lse = j->lse ? j->lse + (size_t)h * Q + a : NULL,
+                      .k = j->k + hk_off, .v = j->v + hk_off,
+                      .ldq = (size_t)H * d, .ldo = (size_t)H * d, .ldk = (size_t)j->Hk * d,
+                      .R = R, .d = d, .causal_row0 = -1};
+        t.n_ranges = block_key_ranges(&j->spans[blk], B, j->Tk, t.ranges);
+        attend_tile(&t, scale);
     }
 }
 
@@ -529,49 +590,73 @@ static void cpu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn
                                     int n_blocks, int B, int Tk, int H, int Hk, int d)
 {
     assert(Hk > 0 && H % Hk == 0);
+    if (n_blocks <= 0 || B <= 0) return;
+    int rows = att_rows(d), row_tiles = (B + rows - 1) / rows;
     block_job job = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .spans = spans,
-                     .n_blocks = n_blocks, .B = B, .Tk = Tk, .H = H, .Hk = Hk, .d = d};
-    cpu_parallel_for(c, n_blocks * B * H, 16, block_fwd_rows, &job);
+                     .n_blocks = n_blocks, .B = B, .rows = rows, .row_tiles = row_tiles, .Tk = Tk, .H = H,
+                     .Hk = Hk, .d = d};
+    cpu_parallel_for(c, H * n_blocks * row_tiles, 1, block_fwd_tiles, &job);
 }
 
-/* Backward, one kv head per work item (its dk/dv rows have no other writer):
- *   P = exp(q.k*scale - lse), D = rowsum(dout * out),
- *   dv[key] += P * dout, dS = P * (dout.v - D), dq += dS*scale * k, dk[key] += dS*scale * q. */
+/* Backward, one kv head per work item (its dk/dv rows have no other writer). Per row tile of one
+ * query head and key tile, with D = rowsum(dout * out) and the saved lse:
+ *   P = exp(q.k^T*scale - lse)            dP = dout . v^T
+ *   dS = P * (dP - D) * scale
+ *   dv[keys] += P^T . dout   dk[keys] += dS^T . q   dq += dS . k      (all sgemm) */
 static void block_bwd_kvheads(void *arg, int begin, int end)
 {
     const block_job *j = arg;
     int H = j->H, Hk = j->Hk, d = j->d, B = j->B, Q = j->n_blocks * j->B, group = H / Hk;
-    size_t kstride = (size_t)Hk * d;
+    size_t ldq = (size_t)H * d, ldk = (size_t)Hk * d;
     float scale = 1.0f / sqrtf((float)d);
+    float P[ATT_ROWS * ATT_KEYS], dS[ATT_ROWS * ATT_KEYS], Dr[ATT_ROWS];
     for (int hk = begin; hk < end; hk++) {
         const float *k = j->k + (size_t)hk * d, *v = j->v + (size_t)hk * d;
         float *dk = j->dk + (size_t)hk * d, *dv = j->dv + (size_t)hk * d;
         for (int t = 0; t < j->Tk; t++) {
-            memset(dk + (size_t)t * kstride, 0, (size_t)d * sizeof(float));
-            memset(dv + (size_t)t * kstride, 0, (size_t)d * sizeof(float));
+            memset(dk + (size_t)t * ldk, 0, (size_t)d * sizeof(float));
+            memset(dv + (size_t)t * ldk, 0, (size_t)d * sizeof(float));
         }
-        for (int h = hk * group; h < (hk + 1) * group; h++) {
-            for (int row = 0; row < Q; row++) {
-                size_t qo = ((size_t)row * H + h) * d;
-                float *dq = j->dq + qo;
-                const float *q = j->q + qo, *dout = j->dout + qo;
-                memset(dq, 0, (size_t)d * sizeof(float));
+        for (int h = hk * group; h < (hk + 1) * group; h++)
+            for (int blk = 0; blk < j->n_blocks; blk++) {
                 int32_t rng[4];
-                int nr = block_key_ranges(&j->spans[row / B], B, j->Tk, rng);
-                float lse = j->flse[(size_t)h * Q + row];
-                if (nr == 0 || !isfinite(lse)) continue;
-                float D = dotf(dout, j->fout + qo, d);
-                for (int r = 0; r < nr; r++)
-                    for (int t = rng[2 * r]; t < rng[2 * r + 1]; t++) {
-                        const float *kt = k + (size_t)t * kstride, *vt = v + (size_t)t * kstride;
-                        float p = expf(dotf(q, kt, d) * scale - lse);
-                        float ds = p * (dotf(dout, vt, d) - D) * scale;
-                        axpyf(dv + (size_t)t * kstride, p, dout, d);
-                        axpyf(dq, ds, kt, d);
-                        axpyf(dk + (size_t)t * kstride, ds, q, d);
+                int nr = block_key_ranges(&j->spans[blk], B, j->Tk, rng);
+                for (int a = blk * B; a < (blk + 1) * B; a += j->rows) {
+                    int R = (blk + 1) * B - a < j->rows ? (blk + 1) * B - a : j->rows;
+                    size_t qo = ((size_t)a * H + h) * d;
+                    const float *q = j->q + qo, *dout = j->dout + qo;
+                    const float *lse = j->flse + (size_t)h * Q + a;
+                    float *dq = j->dq + qo;
+                    for (int i = 0; i < R; i++) {
+                        memset(dq + i * ldq, 0, (size_t)d * sizeof(float));
+                        Dr[i] = dotf(dout + i * ldq, j->fout + qo + i * ldq, d);
                     }
+                    for (int r = 0; r < nr; r++)
+                        for (int kb = rng[2 * r]; kb < rng[2 * r + 1]; kb += ATT_KEYS) {
+                            int n = rng[2 * r + 1] - kb < ATT_KEYS ? rng[2 * r + 1] - kb : ATT_KEYS;
+                            const float *kt = k + (size_t)kb * ldk, *vt = v + (size_t)kb * ldk;
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, n, d, scale, q,
+                                        ldq, kt, ldk, 0.0f, P, n);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, n, d, 1.0f,
+                                        dout, ldq, vt, ldk, 0.0f, dS, n);
+                            for (int i = 0; i < R; i++) {
+                                float li = lse[i], Di = Dr[i];
+                                int fin = isfinite(li);
+                                for (int x = 0; x < n; x++) {
+                                    float p = fin ? expf(P[i * n + x] - li) : 0.0f;
+                                    P[i * n + x] = p;
+                                    dS[i * n + x] = p * (dS[i * n + x] - Di) * scale;
+                                }
+                            }
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, R, 1.0f, P,
+                                        n, dout, ldq, 1.0f, dv + (size_t)kb * ldk, ldk);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, R, 1.0f, dS,
+                                        n, q, ldq, 1.0f, dk + (size_t)kb * ldk, ldk);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, d, n, 1.0f,
+                                        dS, n, kt, ldk, 1.0f, dq, ldq);
+                        }
+                }
             }
-        }
     }
 }
 
@@ -584,7 +669,7 @@ static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *d
     assert(Hk > 0 && H % Hk == 0 && lse);
     block_job job = {.q = q, .k = k, .v = v, .dq = dq, .dk = dk, .dv = dv, .dout = dout,
                      .fout = out, .flse = lse, .spans = spans, .n_blocks = n_blocks, .B = B,
-                     .Tk = Tk, .H = H, .Hk = Hk, .d = d};
+                     .rows = att_rows(d), .Tk = Tk, .H = H, .Hk = Hk, .d = d};
     cpu_parallel_for(c, Hk, 1, block_bwd_kvheads, &job);
 }
 
@@ -804,10 +889,25 @@ const nn_ops *nn_cpu_ops(void)
     return &cpu_ops;
 }
 
+/* OpenBLAS 0.3.21 does not know recent Xeons (e.g. model 207) and falls back to its SSE3
+ * "Prescott" kernels, 3-4x slower than its AVX2 ones on the same machine. The core type is fixed
+ * when the library loads, so all we can do is say so, once per process. */
+static void warn_slow_openblas(void)
+{
+    static atomic_int warned;
+    const char *core = openblas_get_corename();
+    if (!core || strcmp(core, "Prescott") != 0 || atomic_exchange(&warned, 1)) return;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        LOG_WARN("OpenBLAS chose its generic Prescott kernels on this AVX2 cpu: matrix products "
+                 "run ~3x slower; start with OPENBLAS_CORETYPE=Haswell (or SkylakeX) set");
+}
+
 nn_ctx *nn_cpu_new(int threads)
 {
     nn_ctx *c = calloc(1, sizeof(*c));
     if (!c) return NULL;
+    warn_slow_openblas();
     if (threads > 0) openblas_set_num_threads(threads);
     else {
         long n = sysconf(_SC_NPROCESSORS_ONLN);

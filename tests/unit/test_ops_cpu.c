@@ -277,11 +277,11 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
     free(s);
 }
 
-static void test_attention_causal(void)
+/* causal attention of packed sequences with the given lengths (n_seqs <= 8) */
+static void check_attention_causal(const int *lens, int NS, int H, int Hk, int d)
 {
-    enum { NS = 3 };
-    int H = 4, Hk = 2, d = 8;
-    int32_t off[NS + 1] = {0, 5, 8, 15};
+    int32_t off[9] = {0};
+    for (int s = 0; s < NS; s++) off[s + 1] = off[s] + lens[s];
     int T = off[NS];
     float *q = rnd((size_t)T * H * d, 1.5f), *k = rnd((size_t)T * Hk * d, 1.5f),
           *v = rnd((size_t)T * Hk * d, 1);
@@ -312,7 +312,8 @@ static void test_attention_causal(void)
     }
     CHECK(ok);
     /* the first token of a sequence sees only itself: out = its v (of the right kv head) */
-    CHECK(max_diff(out + ((size_t)5 * H + 3) * d, v + ((size_t)5 * Hk + 1) * d, d) < 1e-6);
+    CHECK(max_diff(out + ((size_t)off[1] * H + H - 1) * d, v + ((size_t)off[1] * Hk + Hk - 1) * d,
+                   d) < 1e-6);
 
     /* threads: a 1-thread context gives bit-identical results */
     nn_ctx *c1 = nn_cpu_new(1);
@@ -324,97 +325,162 @@ static void test_attention_causal(void)
     free(q), free(k), free(v), free(out), free(ref), free(mask), free(o1);
 }
 
-/* Block attention fixture: S context keys then n_blocks blocks of B keys. */
-enum { BLK_NB = 3, BLK_B = 4, BLK_S = 6, BLK_H = 4, BLK_HK = 2, BLK_D = 8 };
-#define BLK_Q (BLK_NB * BLK_B)
-#define BLK_TK (BLK_S + BLK_Q)
+static void test_attention_causal(void)
+{
+    check_attention_causal((const int[]){5, 3, 7}, 3, 4, 2, 8); /* one row tile, three sequences */
+    check_attention_causal((const int[]){40, 1, 150}, 3, 2, 1, 16); /* several row and key tiles */
+}
 
+/* Block attention fixture: S context keys then nb blocks of B keys; L = sum(out * R). */
 typedef struct {
+    int nb, B, S, H, Hk, d, Q, Tk;
+    size_t nq, nk;
     float *out, *lse, *q, *k, *v, *R;
-    nn_block_span spans[BLK_NB];
+    nn_block_span *spans;
 } blk_t;
 static double blk_loss(void *a_)
 {
     blk_t *a = a_;
-    ops->attention_block_fwd(ctx, a->out, a->lse, a->q, a->k, a->v, a->spans, BLK_NB, BLK_B,
-                             BLK_TK, BLK_H, BLK_HK, BLK_D);
-    return dot_d(a->out, a->R, (size_t)BLK_Q * BLK_H * BLK_D);
+    ops->attention_block_fwd(ctx, a->out, a->lse, a->q, a->k, a->v, a->spans, a->nb, a->B, a->Tk,
+                             a->H, a->Hk, a->d);
+    return dot_d(a->out, a->R, a->nq);
+}
+static blk_t blk_new(int nb, int B, int S, int H, int Hk, int d)
+{
+    blk_t a = {nb, B, S, H, Hk, d, nb * B, S + nb * B, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    a.nq = (size_t)a.Q * H * d, a.nk = (size_t)a.Tk * Hk * d;
+    a.out = zeros(a.nq), a.lse = zeros((size_t)H * a.Q);
+    a.q = rnd(a.nq, 1.5f), a.k = rnd(a.nk, 1.5f), a.v = rnd(a.nk, 1), a.R = rnd(a.nq, 1);
+    a.spans = calloc(nb, sizeof(nn_block_span));
+    return a;
+}
+static void blk_free(blk_t *a)
+{
+    free(a->out), free(a->lse), free(a->q), free(a->k), free(a->v), free(a->R), free(a->spans);
+}
+/* the visibility mask [Q, Tk] of the spans, written from the ops.h contract */
+static unsigned char *blk_mask(const blk_t *a)
+{
+    unsigned char *mask = calloc((size_t)a->Q * a->Tk, 1);
+    for (int j = 0; j < a->nb; j++)
+        for (int i = 0; i < a->B; i++) {
+            const nn_block_span *s = &a->spans[j];
+            if (!s->keep) continue;
+            unsigned char *m = mask + (size_t)(j * a->B + i) * a->Tk;
+            for (int t = s->ctx_begin; t < s->ctx_end; t++) m[t] = 1;
+            for (int t = s->blk_begin; t < s->blk_begin + a->B; t++) m[t] = 1;
+        }
+    return mask;
+}
+/* forward against the dense masked reference, backward by finite differences (every `step`-th
+ * element); returns the forward error */
+static void blk_check(blk_t *a, const char *what, size_t step)
+{
+    blk_loss(a);
+    unsigned char *mask = blk_mask(a);
+    float *ref = zeros(a->nq);
+    ref_attention(ref, a->q, a->k, a->v, mask, a->Q, a->Tk, a->H, a->Hk, a->d);
+    double e = max_diff(a->out, ref, a->nq);
+    printf("  %s: block attention vs dense masked reference: max abs err %.2e\n", what, e);
+    CHECK(e < 1e-5);
+    /* lse of row 0, head 0 is the log-sum-exp of its visible scores */
+    double se = 0.0;
+    for (int t = 0; t < a->Tk; t++)
+        if (mask[t]) se += exp(dot_d(a->q, a->k + (size_t)t * a->Hk * a->d, a->d) / sqrt(a->d));
+    if (se > 0) CHECK_NEAR(a->lse[0], log(se), 1e-5);
+
+    float *dq = rnd(a->nq, 7), *dk = rnd(a->nk, 7), *dv = rnd(a->nk, 7);
+    ops->attention_block_bwd(ctx, dq, dk, dv, a->R, a->q, a->k, a->v, a->out, a->lse, a->spans,
+                             a->nb, a->B, a->Tk, a->H, a->Hk, a->d);
+    /* sampled finite differences: view every step-th element as its own 1-element check */
+    double worst[3] = {0, 0, 0};
+    float *x[3] = {a->q, a->k, a->v}, *g[3] = {dq, dk, dv};
+    size_t n[3] = {a->nq, a->nk, a->nk};
+    for (int w = 0; w < 3; w++) {
+        double gmax = max_abs(g[w], n[w]);
+        for (size_t i = 0; i < n[w]; i += step) {
+            float x0 = x[w][i];
+            x[w][i] = x0 + 1e-2f;
+            double lp = blk_loss(a);
+            x[w][i] = x0 - 1e-2f;
+            double lm = blk_loss(a);
+            x[w][i] = x0;
+            double err = fabs((lp - lm) / 2e-2 - g[w][i]) / (gmax > 1e-3 ? gmax : 1e-3);
+            if (err > worst[w]) worst[w] = err;
+        }
+    }
+    printf("  %s: fd dq %.2e dk %.2e dv %.2e (every %zu-th element)\n", what, worst[0], worst[1],
+           worst[2], step);
+    CHECK(worst[0] < FD_TOL && worst[1] < FD_TOL && worst[2] < FD_TOL);
+    blk_loss(a);
+    /* keys that no block sees get exactly zero gradient, though dk/dv held garbage */
+    int ok = 1;
+    for (int t = 0; t < a->Tk; t++) {
+        int seen = 0;
+        for (int r = 0; r < a->Q; r++) seen |= mask[(size_t)r * a->Tk + t];
+        if (!seen)
+            ok &= max_abs(dk + (size_t)t * a->Hk * a->d, (size_t)a->Hk * a->d) == 0.0 &&
+                  max_abs(dv + (size_t)t * a->Hk * a->d, (size_t)a->Hk * a->d) == 0.0;
+    }
+    CHECK(ok);
+    free(mask), free(ref), free(dq), free(dk), free(dv);
 }
 
 static void test_attention_block(void)
 {
-    size_t nq = (size_t)BLK_Q * BLK_H * BLK_D, nk = (size_t)BLK_TK * BLK_HK * BLK_D;
-    blk_t a = {zeros(nq), zeros((size_t)BLK_H * BLK_Q), rnd(nq, 1.5f), rnd(nk, 1.5f),
-               rnd(nk, 1), rnd(nq, 1), {{0}}};
-    /* block 0: anchor 3 sees ctx [0,3); block 1: keep = 0; block 2: anchor 0 sees no context */
-    a.spans[0] = (nn_block_span){0, 3, BLK_S + 0 * BLK_B, 1};
-    a.spans[1] = (nn_block_span){0, 5, BLK_S + 1 * BLK_B, 0};
-    a.spans[2] = (nn_block_span){0, 0, BLK_S + 2 * BLK_B, 1};
-    blk_loss(&a);
-
-    unsigned char mask[BLK_Q * BLK_TK] = {0};
-    for (int j = 0; j < BLK_NB; j++)
-        for (int i = 0; i < BLK_B; i++) {
-            const nn_block_span *s = &a.spans[j];
-            if (!s->keep) continue;
-            unsigned char *m = mask + (size_t)(j * BLK_B + i) * BLK_TK;
-            for (int t = s->ctx_begin; t < s->ctx_end; t++) m[t] = 1;
-            for (int t = s->blk_begin; t < s->blk_begin + BLK_B; t++) m[t] = 1;
-        }
-    float *ref = zeros(nq);
-    ref_attention(ref, a.q, a.k, a.v, mask, BLK_Q, BLK_TK, BLK_H, BLK_HK, BLK_D);
-    double e = max_diff(a.out, ref, nq);
-    printf("  block attention vs dense masked reference: max abs err %.2e\n", e);
-    CHECK(e < 1e-5);
+    /* 3 blocks of 4 after 6 context keys. block 0: anchor 3 sees ctx [0,3); block 1: keep = 0;
+     * block 2: anchor 0 sees no context */
+    blk_t a = blk_new(3, 4, 6, 4, 2, 8);
+    a.spans[0] = (nn_block_span){0, 3, 6 + 0 * 4, 1};
+    a.spans[1] = (nn_block_span){0, 5, 6 + 1 * 4, 0};
+    a.spans[2] = (nn_block_span){0, 0, 6 + 2 * 4, 1};
+    blk_check(&a, "small", 1);
+    size_t rowb = (size_t)a.B * a.H * a.d; /* one block of out rows */
     /* keep = 0 rows are zero, with lse = +inf */
-    CHECK(max_abs(a.out + (size_t)BLK_B * BLK_H * BLK_D, (size_t)BLK_B * BLK_H * BLK_D) == 0.0);
-    CHECK(isinf(a.lse[BLK_B]) && a.lse[BLK_B] > 0);
-    /* lse is the log-sum-exp of the visible scores: check row 0, head 0 */
-    double se = 0.0;
-    for (int t = 0; t < BLK_TK; t++)
-        if (mask[t]) se += exp(dot_d(a.q, a.k + (size_t)t * BLK_HK * BLK_D, BLK_D) / sqrt(BLK_D));
-    CHECK_NEAR(a.lse[0], log(se), 1e-5);
+    CHECK(max_abs(a.out + rowb, rowb) == 0.0);
+    CHECK(isinf(a.lse[a.B]) && a.lse[a.B] > 0);
 
     /* keys outside a block's span do not change its output: perturb context key 4 (invisible to
-     * block 0, whose anchor is 3) and block 1's keys */
-    float *o0 = malloc(nq * sizeof(float));
-    memcpy(o0, a.out, nq * sizeof(float));
-    for (int i = 0; i < BLK_HK * BLK_D; i++) {
-        a.k[(size_t)4 * BLK_HK * BLK_D + i] += 1.0f;
-        a.v[(size_t)(BLK_S + BLK_B) * BLK_HK * BLK_D + i] += 1.0f;
+     * block 0, whose anchor is 3) and the keys of block 1 */
+    float *o0 = malloc(a.nq * sizeof(float));
+    memcpy(o0, a.out, a.nq * sizeof(float));
+    for (int i = 0; i < a.Hk * a.d; i++) {
+        a.k[(size_t)4 * a.Hk * a.d + i] += 1.0f;
+        a.v[(size_t)(a.S + a.B) * a.Hk * a.d + i] += 1.0f;
     }
     blk_loss(&a);
-    CHECK(max_diff(a.out, o0, (size_t)BLK_B * BLK_H * BLK_D) == 0.0);            /* block 0 */
-    CHECK(max_diff(a.out + 2 * (size_t)BLK_B * BLK_H * BLK_D, o0 + 2 * (size_t)BLK_B * BLK_H * BLK_D,
-                   (size_t)BLK_B * BLK_H * BLK_D) == 0.0);                         /* block 2 */
+    CHECK(max_diff(a.out, o0, rowb) == 0.0);                      /* block 0 */
+    CHECK(max_diff(a.out + 2 * rowb, o0 + 2 * rowb, rowb) == 0.0); /* block 2 */
 
-    /* backward: dq, dk, dv by finite differences; dk, dv are overwritten for every key row */
-    blk_loss(&a);
-    float *dq = rnd(nq, 7), *dk = rnd(nk, 7), *dv = rnd(nk, 7);
-    ops->attention_block_bwd(ctx, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, BLK_NB,
-                             BLK_B, BLK_TK, BLK_H, BLK_HK, BLK_D);
-    CHECK(fd_error("attention_block dq", a.q, dq, nq, blk_loss, &a, 1e-2f) < FD_TOL);
-    CHECK(fd_error("attention_block dk", a.k, dk, nk, blk_loss, &a, 1e-2f) < FD_TOL);
-    CHECK(fd_error("attention_block dv", a.v, dv, nk, blk_loss, &a, 1e-2f) < FD_TOL);
-    /* keys nobody sees (ctx 3..5, block 1's keys) get exactly zero; keep = 0 rows get dq = 0 */
-    CHECK(max_abs(dk + (size_t)3 * BLK_HK * BLK_D, (size_t)3 * BLK_HK * BLK_D) == 0.0);
-    CHECK(max_abs(dv + (size_t)(BLK_S + BLK_B) * BLK_HK * BLK_D, (size_t)BLK_B * BLK_HK * BLK_D) ==
-          0.0);
-    CHECK(max_abs(dq + (size_t)BLK_B * BLK_H * BLK_D, (size_t)BLK_B * BLK_H * BLK_D) == 0.0);
-
-    /* a 1-thread context gives bit-identical gradients (the fd loop left out/lse perturbed) */
-    blk_loss(&a);
-    ops->attention_block_bwd(ctx, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, BLK_NB,
-                             BLK_B, BLK_TK, BLK_H, BLK_HK, BLK_D);
+    /* keep = 0 rows get dq = 0; a 1-thread context gives bit-identical gradients */
+    float *dq = rnd(a.nq, 7), *dk = rnd(a.nk, 7), *dv = rnd(a.nk, 7);
+    float *dq1 = zeros(a.nq), *dk1 = zeros(a.nk), *dv1 = zeros(a.nk);
+    ops->attention_block_bwd(ctx, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, a.nb, a.B,
+                             a.Tk, a.H, a.Hk, a.d);
+    CHECK(max_abs(dq + rowb, rowb) == 0.0);
     nn_ctx *c1 = nn_cpu_new(1);
-    float *dq1 = zeros(nq), *dk1 = zeros(nk), *dv1 = zeros(nk);
-    ops->attention_block_bwd(c1, dq1, dk1, dv1, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, BLK_NB,
-                             BLK_B, BLK_TK, BLK_H, BLK_HK, BLK_D);
-    CHECK(max_diff(dq1, dq, nq) == 0.0 && max_diff(dk1, dk, nk) == 0.0 &&
-          max_diff(dv1, dv, nk) == 0.0);
+    ops->attention_block_bwd(c1, dq1, dk1, dv1, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, a.nb,
+                             a.B, a.Tk, a.H, a.Hk, a.d);
+    CHECK(max_diff(dq1, dq, a.nq) == 0.0 && max_diff(dk1, dk, a.nk) == 0.0 &&
+          max_diff(dv1, dv, a.nk) == 0.0);
     nn_cpu_destroy(&c1);
-    free(a.out), free(a.lse), free(a.q), free(a.k), free(a.v), free(a.R), free(ref), free(o0);
-    free(dq), free(dk), free(dv), free(dq1), free(dk1), free(dv1);
+    free(o0), free(dq), free(dk), free(dv), free(dq1), free(dk1), free(dv1);
+    blk_free(&a);
+
+    /* blocks of 20 rows (more than one row tile) over 150 context keys (several key tiles), and
+     * a block whose context range overlaps its own keys (the union counts each key once) */
+    blk_t b = blk_new(3, 20, 150, 2, 1, 8);
+    b.spans[0] = (nn_block_span){0, 150, 150, 1};
+    b.spans[1] = (nn_block_span){0, 200, 170, 1}; /* context reaches past its block */
+    b.spans[2] = (nn_block_span){100, 200, 190, 1};
+    blk_check(&b, "tiled", 3);
+    blk_free(&b);
+
+    /* a large head dim (fewer rows per tile) */
+    blk_t w = blk_new(1, 14, 3, 2, 1, 320);
+    w.spans[0] = (nn_block_span){0, 3, 3, 1};
+    blk_check(&w, "d=320", 37);
+    blk_free(&w);
 }
 
 /* ---- lm_head + cross-entropy ---- */

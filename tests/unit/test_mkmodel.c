@@ -150,6 +150,23 @@ int main(void) {
     safetensors_close(&a);
     safetensors_close(&b);
 
+    /* rewriting a directory replaces the old checkpoint: sharded over single, single over
+     * sharded (a stale index would otherwise win over the new file) */
+    snprintf(args, sizeof args, "--family qwen2 --vocab 4096 --shard-size-mb 1 --out %s/ll1", dir);
+    CHECK_EQ_INT(run(args), 0);
+    snprintf(p, sizeof p, "%s/ll1/model.safetensors", dir);
+    CHECK(access(p, F_OK) != 0);
+    a = check_model("ll1", &mc);
+    CHECK(mc.family == MODEL_QWEN2);
+    safetensors_close(&a);
+    snprintf(args, sizeof args, "--family qwen3 --out %s/ll1", dir);
+    CHECK_EQ_INT(run(args), 0);
+    snprintf(p, sizeof p, "%s/ll1/model.safetensors.index.json", dir);
+    CHECK(access(p, F_OK) != 0);
+    a = check_model("ll1", &mc);
+    CHECK(mc.family == MODEL_QWEN3);
+    safetensors_close(&a);
+
     /* refusals */
     snprintf(args, sizeof args, "--family qwen3 --heads 5 --kv-heads 2 --out %s/bad", dir);
     CHECK_EQ_INT(run(args), 2);

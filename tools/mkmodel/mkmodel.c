@@ -6,7 +6,10 @@
  *
  * Output: DIR/config.json (hf_config_write) and DIR/model.safetensors, or, with --shard-size-mb,
  * DIR/model-0000i-of-0000N.safetensors plus model.safetensors.index.json. Tensor names and
- * shapes come from hf_weight_nth (hf_config.h), in file order.
+ * shapes come from hf_weight_nth (hf_config.h), in file order. config.json and any previous
+ * checkpoint files in DIR are removed first and config.json is written last, so a directory
+ * holding config.json is complete. (Old model-*-of-*.safetensors shards are left; the new
+ * index or single file never names them.)
  *
  * Initialisation follows Hugging Face post_init: linears and embeddings ~ normal(0, init-std),
  * RMSNorm weights = 1 (+ norm-jitter * normal, so tests notice a norm weight that is ignored);
@@ -32,6 +35,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct mk_cfg {
     char preset[32];
@@ -319,9 +323,14 @@ int main(int argc, char **argv) {
              m.total_bytes / 1e9, m.n_shards, (long long)cfg.seed);
     m.started = m.last_log = time(NULL);
 
-    rc = hf_config_write(cfg.out, &mc, transformers_dtype(m.dt));
-    if (rc) LOG_FATAL("cannot write %s/config.json: %s", cfg.out, err_str(rc));
+    /* a previous checkpoint in DIR must not mix with this one: drop its files first, and write
+     * config.json last, so a directory with a config.json is complete */
     char path[PATH_MAX];
+    const char *stale[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof stale / sizeof stale[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", cfg.out, stale[i]);
+        if (unlink(path) == 0) LOG_INFO("replacing %s", path);
+    }
     if (m.n_shards == 1 && !limit) {
         snprintf(path, sizeof path, "%s/model.safetensors", cfg.out);
         rc = write_shard(&m, 0, path);
@@ -348,6 +357,8 @@ int main(int argc, char **argv) {
         free(files);
         free(tnames);
     }
+    rc = hf_config_write(cfg.out, &mc, transformers_dtype(m.dt));
+    if (rc) LOG_FATAL("cannot write %s/config.json: %s", cfg.out, err_str(rc));
     LOG_INFO("wrote %s (%.3f GB, %lds)", cfg.out, m.total_bytes / 1e9,
              (long)(time(NULL) - m.started));
     free(m.w);

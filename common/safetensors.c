@@ -324,7 +324,7 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
             }
             t.shape[d] = (int64_t)v;
             numel *= v;
-            if (numel > ((unsigned __int128)1 << 62)) {
+            if (numel > ((unsigned __int128)1 << 60)) { /* keeps numel * 8 in 64 bits */
                 errf(err, errlen, "%s: tensor %s: shape is absurdly large", path, name);
                 goto fail;
             }

@@ -243,6 +243,11 @@ static void test_corrupt(void) {
     expect_bad(path, "tensor a", "needs 4");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,-1],\"data_offsets\":[0,8]}}", 8, -1);
     expect_bad(path, "tensor a", "shape entry 1");
+    write_raw(path,
+              "{\"a\":{\"dtype\":\"I64\",\"shape\":[4294967296,4294967296],"
+              "\"data_offsets\":[0,0]}}",
+              0, -1);
+    expect_bad(path, "tensor a", "absurdly large");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, -1);
     expect_bad(path, "tensor a", "truncated");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, -1);

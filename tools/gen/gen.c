@@ -40,11 +40,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* LOCAL ADAPTER (remove when target_model_load is committed): target_model_load (engineer
- * "target", common/nn/target_model.c) was still uncommitted when this tool was written. A weak
- * reference lets the tool link either way; main() refuses to run when it is missing. */
-#pragma weak target_model_load
-
 typedef struct gen_cfg {
     char model[1024];
     char out[1024];
@@ -408,7 +403,6 @@ int main(int argc, char **argv)
     int B = (int)c->batch < g.prompts.n ? (int)c->batch : g.prompts.n;
     g.cfg.batch = B;
 
-    if (!target_model_load) LOG_FATAL("this build has no target_model_load (see gen.c)");
     int layer0 = 0; /* nothing is captured; generation runs every layer */
     target_model_opts mo = {.layer_ids = &layer0,
                             .n_layer_ids = 1,

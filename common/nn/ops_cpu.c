@@ -49,8 +49,8 @@ struct nn_ctx {
 
 /* ------------------------------------------------------------------------------------------ */
 /* parallel loop: fn(arg, begin, end) over [0, n) in chunks of `grain`, on up to c->threads
- * threads (the caller is one of them). Threads are created per call: only worth it for big
- * loops, which is all the attention ops are. */
+ * threads (the caller is one of them). Threads are created per call (tens of microseconds), so
+ * a loop whose estimated work is below CPU_PAR_MIN_FLOPS runs on the caller alone. */
 
 typedef void (*cpu_range_fn)(void *arg, int begin, int end);
 
@@ -74,12 +74,14 @@ static void *cpu_par_worker(void *p_)
 }
 
 #define CPU_MAX_THREADS 64
+#define CPU_PAR_MIN_FLOPS 4e6
 
-static void cpu_parallel_for(nn_ctx *c, int n, int grain, cpu_range_fn fn, void *arg)
+static void cpu_parallel_for(nn_ctx *c, int n, int grain, double flops, cpu_range_fn fn,
+                             void *arg)
 {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
-    int nt = c ? c->threads : 1;
+    int nt = c && flops >= CPU_PAR_MIN_FLOPS ? c->threads : 1;
     int chunks = (n + grain - 1) / grain;
     if (nt > chunks) nt = chunks;
     if (nt > CPU_MAX_THREADS) nt = CPU_MAX_THREADS;
@@ -522,7 +524,12 @@ static void cpu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, co
     int rows = att_rows(d), n_tiles = (t1 - t0 + rows - 1) / rows;
     causal_job job = {.out = out, .q = q, .k = k, .v = v, .seq_off = seq_off, .n_seqs = n_seqs,
                       .t0 = t0, .t1 = t1, .rows = rows, .n_tiles = n_tiles, .H = H, .Hk = Hk, .d = d};
-    cpu_parallel_for(c, n_tiles * H, 1, causal_tiles, &job);
+    double flops = 0.0; /* QK^T and PV over the causal triangles */
+    for (int s = 0; s < n_seqs; s++) {
+        double L = seq_off[s + 1] - seq_off[s];
+        flops += 2.0 * L * (L + rows) * H * d;
+    }
+    cpu_parallel_for(c, n_tiles * H, 1, flops, causal_tiles, &job);
 }
 
 /* ---- DFlash block attention: block j's rows see [ctx_begin, ctx_end) ∪ [blk, blk + B) ---- */
@@ -595,7 +602,13 @@ static void cpu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn
     block_job job = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .spans = spans,
                      .n_blocks = n_blocks, .B = B, .rows = rows, .row_tiles = row_tiles, .Tk = Tk, .H = H,
                      .Hk = Hk, .d = d};
-    cpu_parallel_for(c, H * n_blocks * row_tiles, 1, block_fwd_tiles, &job);
+    double flops = 0.0;
+    for (int j = 0; j < n_blocks; j++) {
+        int32_t r[4];
+        int nr = block_key_ranges(&spans[j], B, Tk, r);
+        for (int i = 0; i < nr; i++) flops += 4.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
+    }
+    cpu_parallel_for(c, H * n_blocks * row_tiles, 1, flops, block_fwd_tiles, &job);
 }
 
 /* Backward, one kv head per work item (its dk/dv rows have no other writer). Per row tile of one
@@ -670,7 +683,13 @@ static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *d
     block_job job = {.q = q, .k = k, .v = v, .dq = dq, .dk = dk, .dv = dv, .dout = dout,
                      .fout = out, .flse = lse, .spans = spans, .n_blocks = n_blocks, .B = B,
                      .rows = att_rows(d), .Tk = Tk, .H = H, .Hk = Hk, .d = d};
-    cpu_parallel_for(c, Hk, 1, block_bwd_kvheads, &job);
+    double flops = 0.0;
+    for (int j = 0; j < n_blocks; j++) {
+        int32_t r[4];
+        int nr = block_key_ranges(&spans[j], B, Tk, r);
+        for (int i = 0; i < nr; i++) flops += 10.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
+    }
+    cpu_parallel_for(c, Hk, 1, flops, block_bwd_kvheads, &job);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -752,7 +771,7 @@ static void cpu_lm_head_xent(nn_ctx *c, nn_buf *dh_, float *out_sums, int32_t *c
         int nz = 0;
         for (job.sub0 = 0; job.sub0 < n; job.sub0 += XENT_SUB) {
             int m = n - job.sub0 < XENT_SUB ? n - job.sub0 : XENT_SUB;
-            cpu_parallel_for(c, m, 4, xent_rows, &job);
+            cpu_parallel_for(c, m, 4, 10.0 * m * V, xent_rows, &job);
             for (int i = 0; i < m; i++) {
                 float w = weights[r0 + job.sub0 + i];
                 if (!(w > 0.0f)) continue;

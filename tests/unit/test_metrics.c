@@ -7,6 +7,7 @@
  *   - metrics.jsonl has one parseable object per step with the fields, pos_acc array, extras and
  *     null for NaN; records are on disk before the writer is closed when flushing every record;
  *   - the progress line is rate-limited on a non-tty but always shows the first and last step;
+ *   - with a long flush interval records wait in the buffer until metrics_flush();
  *   - an unusable directory gives NULL, not a crash.
  */
 #include "check.h"
@@ -279,6 +280,33 @@ static void test_write_and_read_back(void)
     CHECK_EQ_INT(system(cmd), 0);
 }
 
+/* With a long flush interval records stay in the writer's buffer (no write(2) per record) until
+ * metrics_flush(), which a daemon calls from its timer. */
+static void test_buffered_until_flush(void)
+{
+    char dir[] = "/tmp/dflash-test-metrics-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    metrics_opts o = metrics_opts_default();
+    o.dir = dir;
+    o.progress = false;
+    o.flush_interval_s = 1000;
+    metrics *m = metrics_new(&o);
+    CHECK(m != NULL);
+    if (!m) return;
+    char jsonl[4096];
+    snprintf(jsonl, sizeof jsonl, "%s", metrics_jsonl_path(m));
+    metrics_step st = {.step = 1, .loss = 1.5};
+    CHECK_EQ_INT(metrics_write(m, &st), 0);
+    struct stat sb;
+    CHECK(stat(jsonl, &sb) == 0 && sb.st_size == 0);
+    CHECK_EQ_INT(metrics_flush(m), 0);
+    CHECK(stat(jsonl, &sb) == 0 && sb.st_size > 0);
+    metrics_destroy(&m);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 static void test_bad_dir(void)
 {
     metrics_opts o = metrics_opts_default();
@@ -300,6 +328,7 @@ int main(void)
 {
     test_crc();
     test_write_and_read_back();
+    test_buffered_until_flush();
     test_bad_dir();
     CHECK_DONE();
 }

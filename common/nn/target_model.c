@@ -7,8 +7,14 @@
  *            model runs are loaded (n_loaded = deepest captured + 1, or all with all_layers).
  *   acts     one backend allocation planned for T_max tokens: the residual stream h, the
  *            scratch x, q, k, v, att, gate, up, mid, the index buffers used by the _host entry
- *            points, and (with max_logit_rows) the head rows and their logits.
+ *            points, and (with max_logit_rows) the head rows and their logits; for a generation
+ *            model (all layers, max_logit_rows > 0) also the KV cache [L, T_max, Hk*d] x 2 and
+ *            the decode spans.
  *   host     small host scratch for target_generate (packed ids, positions, offsets, logits).
+ * Generation with the cache: sequence s owns cache rows [base_s, base_s + cap_s); a prefill over
+ * the packed prompts stores every layer's (normed, rotated) k and v there, then each decode step
+ * embeds the newest token of every unfinished sequence, writes its k, v at base_s + pos and
+ * attends through attention_block_fwd with B = 1 to rows [base_s, base_s + pos].
  * Invariants: capture_col[k] is the output column of layer k or -1; n_run = deepest id + 1 <=
  * n_loaded. Every forward reuses the same buffers, so one forward at a time per model.
  */
@@ -70,9 +76,15 @@ struct target_model {
     int32_t *d_ids, *d_pos, *d_off;  /* [T], [T], [S+1] backend */
     nn_buf *head_x;                  /* [R, D] */
     nn_buf *logits;                  /* [R, V] */
+    /* KV cache of target_generate (generation models: all_layers and max_logit_rows > 0):
+     * layer l's keys are kcache + l * T * Hk*d; sequence s owns rows [base_s, base_s + cap_s) */
+    nn_buf *kcache, *vcache;         /* [L, T, Hk*d] each */
+    nn_block_span *d_spans;          /* [R] backend */
 
     /* host scratch of target_generate */
-    int32_t *g_ids, *g_pos, *g_off, *g_rows, *g_seq; /* [T], [T], [S+1], [R], [R] */
+    int32_t *g_ids, *g_pos, *g_off, *g_rows, *g_seq; /* [T], [T], [R+1], [R], [R] */
+    int32_t *g_base;                                 /* [R] cache row of each sequence's token 0 */
+    nn_block_span *g_spans;                          /* [R] */
     float *g_logits;                                 /* [R, V] */
 };
 
@@ -218,6 +230,7 @@ static size_t plan_acts(target_model *m, size_t *off)
     size_t ab = m->ops->act_bytes, T = (size_t)m->T_max, R = (size_t)m->R_max;
     size_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     size_t Qd = (size_t)c->num_heads * c->head_dim, Kd = (size_t)c->num_kv_heads * c->head_dim;
+    size_t kv = m->R_max > 0 && m->n_loaded == c->num_layers; /* a generation model */
     size_t sizes[] = {
         sizeof(float) * (size_t)(c->head_dim / 2), /* inv_freq */
         ab * T * D,  ab * T * D,                    /* h, x */
@@ -227,6 +240,9 @@ static size_t plan_acts(target_model *m, size_t *off)
         sizeof(int32_t) * T, sizeof(int32_t) * T,   /* ids, pos */
         sizeof(int32_t) * ((size_t)m->S_max + 1),   /* seq_off */
         ab * R * D,  ab * R * V,                    /* head_x, logits */
+        kv * ab * (size_t)m->n_loaded * T * Kd,     /* kcache */
+        kv * ab * (size_t)m->n_loaded * T * Kd,     /* vcache */
+        kv * sizeof(nn_block_span) * R,             /* spans */
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -243,6 +259,8 @@ static void destroy_host(target_model *m)
     free(m->g_off);
     free(m->g_rows);
     free(m->g_seq);
+    free(m->g_base);
+    free(m->g_spans);
     free(m->g_logits);
 }
 
@@ -252,9 +270,10 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
 {
     if (!cfg || !o || !ops || !fetch) return NULL;
     if (check_config(cfg)) return NULL;
-    if (o->max_tokens < 1 || o->max_seqs < 0 || o->max_logit_rows < 0) {
+    if (o->max_tokens < 1 || o->max_seqs < 0 || o->max_logit_rows < 0 ||
+        o->max_logit_rows > o->max_tokens) {
         LOG_ERROR("target model: max_tokens %d, max_seqs %d, max_logit_rows %d: need "
-                  "max_tokens >= 1 and the others >= 0",
+                  "max_tokens >= 1, the others >= 0 and max_logit_rows <= max_tokens",
                   o->max_tokens, o->max_seqs, o->max_logit_rows);
         return NULL;
     }
@@ -308,7 +327,7 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     table = NULL;
 
     /* activations */
-    size_t off[16];
+    size_t off[20];
     size_t acts_bytes = plan_acts(m, off);
     m->acts = ops->alloc(ctx, acts_bytes);
     if (!m->acts) {
@@ -331,6 +350,11 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     m->d_off = (int32_t *)at(m->acts, off[12]);
     m->head_x = at(m->acts, off[13]);
     m->logits = at(m->acts, off[14]);
+    if (m->R_max > 0 && m->n_loaded == cfg->num_layers) {
+        m->kcache = at(m->acts, off[15]);
+        m->vcache = at(m->acts, off[16]);
+        m->d_spans = (nn_block_span *)at(m->acts, off[17]);
+    }
 
     float inv_freq[512];
     if (cfg->head_dim / 2 > (int)(sizeof inv_freq / sizeof inv_freq[0])) {
@@ -347,8 +371,11 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
         m->g_off = malloc(sizeof(int32_t) * (R + 1));
         m->g_rows = malloc(sizeof(int32_t) * R);
         m->g_seq = malloc(sizeof(int32_t) * R);
+        m->g_base = malloc(sizeof(int32_t) * R);
+        m->g_spans = malloc(sizeof(nn_block_span) * R);
         m->g_logits = malloc(sizeof(float) * R * (size_t)cfg->vocab_size);
-        if (!m->g_ids || !m->g_pos || !m->g_off || !m->g_rows || !m->g_seq || !m->g_logits)
+        if (!m->g_ids || !m->g_pos || !m->g_off || !m->g_rows || !m->g_seq || !m->g_base ||
+            !m->g_spans || !m->g_logits)
             goto fail_nomem;
     }
     LOG_DEBUG("target model: %d of %d layers loaded, runs %d, captures %d, %zu bytes of "
@@ -449,18 +476,14 @@ target_model *target_model_load(const char *dir, const target_model_opts *opts,
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* One decoder layer in place on the residual stream m->h[T, D]. */
-static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos,
-                      const int32_t *seq_off, int n_seqs, int T)
+/* First half of a decoder layer on rows h[T, D]: x = norm(h), q, k, v with q/k norm and RoPE. */
+static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos, int T)
 {
     const nn_ops *ops = m->ops;
     nn_ctx *c = m->ctx;
     const model_config *cf = &m->cfg;
-    int D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_heads;
-    int Hk = cf->num_kv_heads, d = cf->head_dim;
+    int D = cf->hidden_size, H = cf->num_heads, Hk = cf->num_kv_heads, d = cf->head_dim;
     float eps = (float)cf->rms_norm_eps;
-
-    /* attention block */
     ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->in_norm, T, D, eps);     /* x[T,D] */
     ops->linear_fwd(c, m->q, m->x, w->wq, w->bq, T, D, H * d);         /* q[T,H,d] */
     ops->linear_fwd(c, m->k, m->x, w->wk, w->bk, T, D, Hk * d);        /* k[T,Hk,d] */
@@ -471,17 +494,34 @@ static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos
     }
     ops->rope_fwd(c, m->q, pos, m->inv_freq, T, H, d, H * d);
     ops->rope_fwd(c, m->k, pos, m->inv_freq, T, Hk, d, Hk * d);
-    ops->attention_causal_fwd(c, m->att, m->q, m->k, m->v, seq_off, n_seqs, T, H, Hk, d);
-    ops->linear_fwd(c, m->x, m->att, w->wo, NULL, T, H * d, D);        /* x[T,D] */
-    ops->add_inplace(c, m->h, m->x, (size_t)T * D);
+}
 
-    /* MLP block */
-    ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->post_norm, T, D, eps);
+/* Second half, after att[T, H*d] holds the attention output: o_proj, residual, MLP, residual. */
+static void layer_out(target_model *m, const target_layer *w, int T)
+{
+    const nn_ops *ops = m->ops;
+    nn_ctx *c = m->ctx;
+    const model_config *cf = &m->cfg;
+    int D = cf->hidden_size, F = cf->intermediate_size, Qd = cf->num_heads * cf->head_dim;
+    ops->linear_fwd(c, m->x, m->att, w->wo, NULL, T, Qd, D);           /* x[T,D] */
+    ops->add_inplace(c, m->h, m->x, (size_t)T * D);
+    ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->post_norm, T, D, (float)cf->rms_norm_eps);
     ops->linear_fwd(c, m->gate, m->x, w->w_gate, NULL, T, D, F);       /* gate[T,F] */
     ops->linear_fwd(c, m->up, m->x, w->w_up, NULL, T, D, F);           /* up[T,F] */
     ops->swiglu_fwd(c, m->mid, m->gate, m->up, T, F);                  /* mid[T,F] */
     ops->linear_fwd(c, m->x, m->mid, w->w_down, NULL, T, F, D);        /* x[T,D] */
     ops->add_inplace(c, m->h, m->x, (size_t)T * D);
+}
+
+/* One decoder layer in place on the residual stream m->h[T, D]. */
+static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos,
+                      const int32_t *seq_off, int n_seqs, int T)
+{
+    const model_config *cf = &m->cfg;
+    layer_qkv(m, w, pos, T);
+    m->ops->attention_causal_fwd(m->ctx, m->att, m->q, m->k, m->v, seq_off, n_seqs, T,
+                                 cf->num_heads, cf->num_kv_heads, cf->head_dim);
+    layer_out(m, w, T);
 }
 
 /* h[T, D] -> out[t * ld + col * D], row by row (the slot's rows interleave the captured
@@ -610,22 +650,158 @@ static int32_t pick_token(const float *logits, int V, float temperature, uint64_
     return best;
 }
 
+/* Final norm and lm_head over the n rows h[0..n) (already gathered), logits to the host. */
+static void head_rows(target_model *m, const nn_buf *rows, int n, float *logits)
+{
+    const nn_ops *ops = m->ops;
+    int D = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    ops->rmsnorm_fwd(m->ctx, m->head_x, NULL, rows, m->final_norm, n, D,
+                     (float)m->cfg.rms_norm_eps);
+    ops->linear_fwd(m->ctx, m->logits, m->head_x, m->lm_head, NULL, n, D, V);
+    ops->download(m->ctx, logits, m->logits, (size_t)n * (size_t)V);
+    ops->sync(m->ctx);
+}
+
+/* Cached prefill: the full forward over the packed batch in m->d_* (host offsets g_off, n
+ * sequences, T tokens), storing every layer's k, v rows of sequence r at cache rows
+ * g_base[r]...; then the logits of each sequence's last token into g_logits. */
+static void prefill_cached(target_model *m, int n, int T)
+{
+    const nn_ops *ops = m->ops;
+    const model_config *cf = &m->cfg;
+    size_t ab = ops->act_bytes, D = (size_t)cf->hidden_size;
+    size_t Kd = (size_t)cf->num_kv_heads * cf->head_dim, layer = (size_t)m->T_max * Kd * ab;
+    ops->embedding_fwd(m->ctx, m->h, m->d_ids, m->embed, T, (int)D);
+    for (int l = 0; l < cf->num_layers; l++) {
+        const target_layer *w = &m->layers[l];
+        layer_qkv(m, w, m->d_pos, T);
+        for (int r = 0; r < n; r++) {
+            size_t rows = (size_t)(m->g_off[r + 1] - m->g_off[r]);
+            size_t dst = (size_t)l * layer + (size_t)m->g_base[r] * Kd * ab;
+            size_t src = (size_t)m->g_off[r] * Kd * ab;
+            ops->copy(m->ctx, (char *)m->kcache + dst, (char *)m->k + src, rows * Kd * ab);
+            ops->copy(m->ctx, (char *)m->vcache + dst, (char *)m->v + src, rows * Kd * ab);
+        }
+        ops->attention_causal_fwd(m->ctx, m->att, m->q, m->k, m->v, m->d_off, n, T,
+                                  cf->num_heads, cf->num_kv_heads, cf->head_dim);
+        layer_out(m, w, T);
+    }
+    for (int r = 0; r < n; r++)
+        ops->copy(m->ctx, (char *)m->x + r * D * ab,
+                  (char *)m->h + (size_t)(m->g_off[r + 1] - 1) * D * ab, D * ab);
+    head_rows(m, m->x, n, m->g_logits);
+}
+
+/* One cached decode step: n new tokens (d_ids, d_pos; token r of sequence r at cache row
+ * g_base[r] + g_pos[r]) attend to their sequence's cached rows and themselves (d_spans, Tk
+ * cache rows in use); logits into g_logits. */
+static void decode_cached(target_model *m, int n, int Tk)
+{
+    const nn_ops *ops = m->ops;
+    const model_config *cf = &m->cfg;
+    size_t ab = ops->act_bytes;
+    size_t Kd = (size_t)cf->num_kv_heads * cf->head_dim, layer = (size_t)m->T_max * Kd * ab;
+    ops->embedding_fwd(m->ctx, m->h, m->d_ids, m->embed, n, cf->hidden_size);
+    for (int l = 0; l < cf->num_layers; l++) {
+        const target_layer *w = &m->layers[l];
+        char *kc = (char *)m->kcache + (size_t)l * layer, *vc = (char *)m->vcache + (size_t)l * layer;
+        layer_qkv(m, w, m->d_pos, n);
+        for (int r = 0; r < n; r++) {
+            size_t row = (size_t)(m->g_base[r] + m->g_pos[r]) * Kd * ab;
+            ops->copy(m->ctx, kc + row, (char *)m->k + (size_t)r * Kd * ab, Kd * ab);
+            ops->copy(m->ctx, vc + row, (char *)m->v + (size_t)r * Kd * ab, Kd * ab);
+        }
+        ops->attention_block_fwd(m->ctx, m->att, NULL, m->q, kc, vc, m->d_spans, n, 1, Tk,
+                                 cf->num_heads, cf->num_kv_heads, cf->head_dim);
+        layer_out(m, w, n);
+    }
+    head_rows(m, m->h, n, m->g_logits);
+}
+
+/* Appends the token picked from logits row r to sequence g_seq[r]; updates done. */
+static void take(target_model *m, int r, int32_t **seqs, int *len, const int *cap, int *added,
+                 bool *done, int max_new, int eos_id, float temperature, uint64_t *rng)
+{
+    int V = m->cfg.vocab_size, s = m->g_seq[r];
+    int32_t tok = pick_token(m->g_logits + (size_t)r * V, V, temperature, rng);
+    seqs[s][len[s]++] = tok;
+    added[s]++;
+    if (added[s] >= max_new || len[s] >= cap[s] || (eos_id >= 0 && tok == eos_id)) done[s] = true;
+}
+
+/* Generation with the KV cache: one prefill, then one token per sequence per step. */
+static int generate_cached(target_model *m, int32_t **seqs, int *len, const int *cap,
+                           int n_seqs, int *added, bool *done, int max_new, int eos_id,
+                           float temperature, uint64_t *rng)
+{
+    const nn_ops *ops = m->ops;
+    int seq_base[n_seqs], Tk = 0, n = 0, T = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        seq_base[s] = Tk;
+        Tk += cap[s];
+    }
+    /* prefill every unfinished sequence */
+    m->g_off[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (done[s]) continue;
+        for (int i = 0; i < len[s]; i++) m->g_ids[T + i] = seqs[s][i], m->g_pos[T + i] = i;
+        T += len[s];
+        m->g_seq[n] = s;
+        m->g_base[n] = seq_base[s];
+        m->g_off[++n] = T;
+    }
+    if (n == 0) return 0;
+    int rc = upload_host(m, m->g_ids, m->g_pos, m->g_off, n, T);
+    if (rc) return rc;
+    prefill_cached(m, n, T);
+    for (int r = 0; r < n; r++)
+        take(m, r, seqs, len, cap, added, done, max_new, eos_id, temperature, rng);
+    /* decode: the newest token of every unfinished sequence, at position len - 1 */
+    for (;;) {
+        n = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            if (done[s]) continue;
+            int p = len[s] - 1;
+            m->g_ids[n] = seqs[s][p];
+            m->g_pos[n] = p;
+            m->g_seq[n] = s;
+            m->g_base[n] = seq_base[s];
+            m->g_spans[n] = (nn_block_span){.ctx_begin = seq_base[s], .ctx_end = seq_base[s] + p,
+                                            .blk_begin = seq_base[s] + p, .keep = 1};
+            n++;
+        }
+        if (n == 0) return 0;
+        for (int r = 0; r < n; r++)
+            if (m->g_ids[r] < 0 || m->g_ids[r] >= m->cfg.vocab_size) return DFLASH_ERANGE;
+        ops->upload_raw(m->ctx, m->d_ids, m->g_ids, sizeof(int32_t) * (size_t)n);
+        ops->upload_raw(m->ctx, m->d_pos, m->g_pos, sizeof(int32_t) * (size_t)n);
+        ops->upload_raw(m->ctx, m->d_spans, m->g_spans, sizeof(nn_block_span) * (size_t)n);
+        decode_cached(m, n, Tk);
+        for (int r = 0; r < n; r++)
+            take(m, r, seqs, len, cap, added, done, max_new, eos_id, temperature, rng);
+    }
+}
+
 int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
                     int max_new, int eos_id, float temperature, uint64_t *rng)
 {
     if (!m || n_seqs < 1 || n_seqs > m->R_max || n_seqs > m->S_max || max_new < 0 ||
         (temperature > 0 && !rng))
         return DFLASH_EINVAL;
-    int V = m->cfg.vocab_size;
     int added[n_seqs];
     bool done[n_seqs];
+    long cache_rows = 0;
     for (int s = 0; s < n_seqs; s++) {
         if (len[s] < 1 || len[s] > cap[s]) return DFLASH_EINVAL;
         added[s] = 0;
         done[s] = max_new == 0 || len[s] >= cap[s];
+        cache_rows += cap[s];
     }
+    if (m->kcache && cache_rows <= m->T_max)
+        return generate_cached(m, seqs, len, cap, n_seqs, added, done, max_new, eos_id,
+                               temperature, rng);
+    /* without room for the cache: recompute the whole batch for every token */
     for (;;) {
-        /* pack the unfinished sequences */
         int n = 0, T = 0;
         m->g_off[0] = 0;
         for (int s = 0; s < n_seqs; s++) {
@@ -635,10 +811,7 @@ int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, i
                           T + len[s], m->T_max);
                 return DFLASH_EFULL;
             }
-            for (int i = 0; i < len[s]; i++) {
-                m->g_ids[T + i] = seqs[s][i];
-                m->g_pos[T + i] = i;
-            }
+            for (int i = 0; i < len[s]; i++) m->g_ids[T + i] = seqs[s][i], m->g_pos[T + i] = i;
             T += len[s];
             m->g_rows[n] = T - 1;
             m->g_seq[n] = s;
@@ -647,13 +820,7 @@ int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, i
         if (n == 0) return 0;
         int rc = target_logits(m, m->g_ids, m->g_pos, m->g_off, n, T, m->g_rows, n, m->g_logits);
         if (rc) return rc;
-        for (int r = 0; r < n; r++) {
-            int s = m->g_seq[r];
-            int32_t tok = pick_token(m->g_logits + (size_t)r * V, V, temperature, rng);
-            seqs[s][len[s]++] = tok;
-            added[s]++;
-            if (added[s] >= max_new || len[s] >= cap[s] || (eos_id >= 0 && tok == eos_id))
-                done[s] = true;
-        }
+        for (int r = 0; r < n; r++)
+            take(m, r, seqs, len, cap, added, done, max_new, eos_id, temperature, rng);
     }
 }

@@ -17,7 +17,9 @@
  * Memory: parameters are one backend allocation pointed into from a size table (tied
  * embeddings share one tensor); activations are one allocation planned at creation for
  * max_tokens tokens (per-layer scratch reused by every layer, O(T*(D+F)) elements; attention
- * memory is the backend's business and linear in T on cpu). Nothing is allocated in a forward.
+ * memory is the backend's business and linear in T on cpu). A generation model (all_layers and
+ * max_logit_rows > 0) also plans a KV cache of max_tokens rows per layer for target_generate.
+ * Nothing is allocated in a forward.
  *
  * Threads: a model is used by one thread at a time (its nn_ctx's thread / stream). Weights are
  * read-only after creation, so the drafter may borrow embed_tokens and lm_head (see accessors).
@@ -109,12 +111,13 @@ int target_logits(target_model *m, const int32_t *ids, const int32_t *pos,
                   const int32_t *seq_off, int n_seqs, int T, const int32_t *rows, int n_rows,
                   float *logits);
 
-/* Extends n_seqs host sequences in place by recomputing the whole batch each step (fine for
- * the small targets this is for). seqs[s] has room for cap[s] tokens and holds len[s] >= 1 on
- * entry; len[s] grows until max_new tokens were added, eos_id (if >= 0) was emitted (it is
- * kept) or cap[s] is reached. temperature <= 0: greedy (lowest id wins ties); otherwise
- * sampling from softmax(logits / temperature) with a splitmix64 stream seeded by *rng.
- * Needs all_layers and max_logit_rows >= n_seqs; the total length must fit max_tokens.
+/* Extends n_seqs host sequences in place. seqs[s] has room for cap[s] tokens and holds
+ * len[s] >= 1 on entry; len[s] grows until max_new tokens were added, eos_id (if >= 0) was
+ * emitted (it is kept) or cap[s] is reached. temperature <= 0: greedy (lowest id wins ties);
+ * otherwise sampling from softmax(logits / temperature) with a splitmix64 stream seeded by *rng.
+ * With room for a KV cache (sum of cap[s] <= max_tokens) it runs one prefill and then one token
+ * per sequence per step; otherwise it recomputes the whole batch for every token (the total
+ * current length must then fit max_tokens). Needs all_layers and max_logit_rows >= n_seqs.
  * Returns 0 or a negative code. */
 int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
                     int max_new, int eos_id, float temperature, uint64_t *rng);

@@ -11,7 +11,8 @@
  *   - a sharded bf16 checkpoint (how real targets ship) loads to other weights than it holds;
  *   - a loaded checkpoint computes something else than the same weights given directly;
  *   - bad token ids or oversize batches are accepted;
- *   - greedy generation disagrees with the logits, or sampling is not reproducible from its seed.
+ *   - greedy generation disagrees with the logits (KV-cached and recomputing paths alike), or
+ *     sampling is not reproducible from its seed.
  * Correctness against PyTorch is tests/reference/test_target_ref.c.
  */
 #include "check.h"
@@ -372,6 +373,7 @@ static void test_load(const nn_ops *ops, nn_ctx *ctx)
 static void test_generate(const nn_ops *ops, nn_ctx *ctx)
 {
     model_config c = tiny_config();
+    c.tie_word_embeddings = false; /* tied random embeddings make every token repeat itself */
     int cap1 = 1;
     target_model_opts o = {.layer_ids = &cap1, .n_layer_ids = 1, .max_tokens = 64,
                            .max_logit_rows = 3, .all_layers = true};
@@ -400,6 +402,24 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx)
         greedy_ok &= best == a[k];
     }
     CHECK(greedy_ok);
+
+    /* A model without room for the KV cache (45 cache rows > 40 tokens) recomputes every step
+     * instead; both paths produce the same greedy continuations. */
+    target_model_opts o2 = o;
+    o2.max_tokens = 40;
+    target_model *rm = target_model_new(&c, &o2, ops, ctx, fetch_random, NULL);
+    CHECK(rm != NULL);
+    if (rm) {
+        int32_t ra[20] = {3, 14, 15}, rb[20] = {9}, rc2[20] = {3, 14, 15};
+        int32_t *rs[3] = {ra, rb, rc2};
+        int rlen[3] = {3, 1, 3};
+        CHECK_EQ_INT(target_generate(rm, rs, rlen, cap, 3, 6, -1, 0.0f, NULL), 0);
+        CHECK(rlen[0] == len[0] && rlen[1] == len[1] && rlen[2] == len[2]);
+        CHECK(memcmp(ra, a, sizeof(int32_t) * 9) == 0);
+        CHECK(memcmp(rb, b, sizeof(int32_t) * 7) == 0);
+        CHECK(memcmp(rc2, c2, sizeof(int32_t) * 5) == 0);
+        target_model_destroy(&rm);
+    }
 
     /* sampling: reproducible from the seed, ids in range, eos stops and is kept */
     int32_t s1[40] = {1, 2}, s2[40] = {1, 2};

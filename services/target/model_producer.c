@@ -26,6 +26,8 @@ struct model_producer {
     shard_set *shards;
     batch_plan *plan;
     uint32_t token_budget, max_seqs;
+    uint32_t bounds[BATCH_PLAN_MAX_BUCKETS];
+    int n_buckets;
     slot_layout layout;
     /* host staging for one batch */
     uint32_t *seq_ids;  /* [max_seqs] */
@@ -53,6 +55,12 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     p->ctx = ctx;
     p->token_budget = o->token_budget;
     p->max_seqs = o->max_seqs;
+    if (o->n_buckets < 1 || o->n_buckets > BATCH_PLAN_MAX_BUCKETS || !o->bucket_bounds) {
+        snprintf(err, errlen, "%d buckets: need 1..%d", o->n_buckets, BATCH_PLAN_MAX_BUCKETS);
+        goto fail;
+    }
+    p->n_buckets = o->n_buckets;
+    memcpy(p->bounds, o->bucket_bounds, sizeof(uint32_t) * (size_t)o->n_buckets);
     if (o->token_budget < 1 || o->max_seqs < 1 || o->max_seqs > o->token_budget) {
         snprintf(err, errlen, "token budget %u and max seqs %u: need 1 <= max seqs <= budget",
                  o->token_budget, o->max_seqs);
@@ -197,16 +205,18 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
     return (int)T;
 }
 
-int model_producer_warmup(model_producer *p, void *base, const slot_layout *l,
-                          const uint32_t *bucket_bounds, int n_buckets)
+int model_producer_warmup(model_producer *p)
 {
-    if (!same_layout(l, &p->layout)) return DFLASH_EMISMATCH;
     const nn_ops *ops = p->ops;
+    const slot_layout *l = &p->layout;
+    void *base = ops->alloc(p->ctx, l->slot_bytes);
+    if (!base) return DFLASH_ENOMEM;
     int32_t *d_off = slot_seq_offsets(base, l), *d_pos = slot_positions(base, l);
     int32_t *d_ids = slot_token_ids(base, l);
-    for (int b = 0; b < n_buckets; b++) {
+    int rc = 0;
+    for (int b = 0; b < p->n_buckets && !rc; b++) {
         /* the bucket's full batch: sequences of the bound's length while they fit */
-        uint32_t len = bucket_bounds[b] < p->token_budget ? bucket_bounds[b] : p->token_budget;
+        uint32_t len = p->bounds[b] < p->token_budget ? p->bounds[b] : p->token_budget;
         uint32_t n = 0, T = 0;
         p->seq_off[0] = 0;
         while (len > 0 && n < p->max_seqs && T + len <= p->token_budget) {
@@ -218,15 +228,28 @@ int model_producer_warmup(model_producer *p, void *base, const slot_layout *l,
         ops->upload_raw(p->ctx, d_off, p->seq_off, sizeof(int32_t) * (n + 1));
         ops->upload_raw(p->ctx, d_pos, p->pos, sizeof(int32_t) * T);
         ops->upload_raw(p->ctx, d_ids, p->ids, sizeof(int32_t) * T);
-        int rc = target_forward(p->model, d_ids, d_pos, d_off, (int)n, (int)T,
-                                slot_hidden(base, l), (size_t)l->n_layers * l->hidden);
-        if (rc) return rc;
+        rc = target_forward(p->model, d_ids, d_pos, d_off, (int)n, (int)T, slot_hidden(base, l),
+                            (size_t)l->n_layers * l->hidden);
     }
     ops->sync(p->ctx);
-    return 0;
+    ops->free(p->ctx, base);
+    return rc;
 }
 
 /* ---- the target loop's producer interface ---- */
+
+int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg)
+{
+    if (p->n_buckets > TARGET_MAX_BUCKETS) return DFLASH_ERANGE;
+    cfg->layout = p->layout;
+    cfg->n_buckets = (uint32_t)p->n_buckets;
+    for (int b = 0; b < p->n_buckets; b++) {
+        cfg->bucket_upper[b] = p->bounds[b];
+        cfg->bucket_share[b] = batch_plan_share(p->plan, b);
+        cfg->bucket_batches[b] = batch_plan_count(p->plan, 0, b);
+    }
+    return 0;
+}
 
 typedef struct producer_ctx {
     model_producer *p;

@@ -62,10 +62,15 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
                         const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs);
 
 /* Runs one forward per bucket at its full-batch shape (sequences of the bound's length while they
- * fit the budget) into the slot at base, which holds garbage afterwards and gets no header, so
- * every shape is warm before the daemon reports ready. 0 or negative. */
-int model_producer_warmup(model_producer *p, void *base, const slot_layout *l,
-                          const uint32_t *bucket_bounds, int n_buckets);
+ * fit the budget) into a scratch slot allocated and freed here, so every shape is warm before
+ * the daemon reports ready. Start-up only. 0 or negative. */
+int model_producer_warmup(model_producer *p);
+
+/* Fills the loop config's layout and buckets (bounds, token shares, batches of epoch 0; the
+ * packing, and so the count, may differ by a batch or so in other epochs: batch_plan_count on
+ * model_producer_plan has the exact number). 0 or DFLASH_ERANGE (too many buckets). */
+struct target_loop_config;
+int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg);
 
 /* Wraps *p as the target loop's producer (target_loop.h), taking ownership (*p = NULL);
  * producer_id goes into every slot header (the pool's incarnation). Free with

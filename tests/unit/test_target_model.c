@@ -513,7 +513,7 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx)
     float *want = malloc(sizeof(float) * 32 * 2 * (size_t)D);
     CHECK(slot && direct && want);
     if (!slot || !direct || !want) goto out2;
-    CHECK_EQ_INT(model_producer_warmup(p, slot, &l, bounds, 2), 0);
+    CHECK_EQ_INT(model_producer_warmup(p), 0);
 
     batch_plan *plan = model_producer_plan(p);
     int seen[N] = {0}, batches = 0;
@@ -569,6 +569,14 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx)
     other.n_layers = 3;
     slot_work_unit first = {.epoch = 1, .bucket = 1, .batch = 0};
     CHECK_EQ_INT(model_producer_fill(p, slot, &other, &first, 1, NULL), DFLASH_EMISMATCH);
+
+    /* what the loop registers with the broker */
+    target_loop_config lc;
+    memset(&lc, 0, sizeof lc);
+    CHECK_EQ_INT(model_producer_loop_config(p, &lc), 0);
+    CHECK(lc.n_buckets == 2 && lc.bucket_upper[1] == 24 && lc.layout.slot_bytes == l.slot_bytes);
+    CHECK(fabs(lc.bucket_share[0] + lc.bucket_share[1] - 1.0) < 1e-9);
+    CHECK(lc.bucket_share[0] > 0 && lc.bucket_batches[0] >= 1 && lc.bucket_batches[1] >= 1);
 
     /* the same through the target loop's producer interface */
     target_producer *tp = model_producer_as_target(&p, 0xdef);

@@ -434,12 +434,14 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, (uint64_t)id);
 }
 
+/* True when asking the ledger for work would open an epoch beyond the target's plan: no to-do
+ * left in any opened epoch and all planned epochs opened. */
 static bool epochs_done(broker *b)
 {
     if (!b->epochs) return false;
     ledger_stats ls;
     ledger_get_stats(b->ledger, &ls);
-    return ls.open_epoch >= b->epochs;
+    return ls.todo == 0 && ls.epochs_opened >= b->epochs;
 }
 
 static pool_desc *peer_pool(broker *b, peer *p, uint64_t incarnation)
@@ -459,7 +461,6 @@ static void on_work_request(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "draining");
     if (mode == POLICY_PAUSED) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "paused");
     uint32_t mask = epochs_done(b) ? 0 : ledger_todo_mask(b->ledger);
-    if (mask && epochs_done(b)) mask = 0; /* todo_mask may just have opened one epoch too many */
     policy_set_flush(b->policy, mask == 0);
     if (!mask) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing to do now");
     uint32_t bucket, slot;

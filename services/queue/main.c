@@ -57,7 +57,7 @@ static void on_signal(uv_signal_t *s, int signum)
 {
     LOG_INFO("signal %d: shutting down", signum);
     broker_stop(s->data);
-    uv_close((uv_handle_t *)s, NULL);
+    uv_stop(s->loop);
 }
 
 int main(int argc, char **argv)
@@ -93,8 +93,8 @@ int main(int argc, char **argv)
 
     uv_run(loop, UV_RUN_DEFAULT);
 
-    if (!uv_is_closing((uv_handle_t *)&sigint)) uv_close((uv_handle_t *)&sigint, NULL);
-    if (!uv_is_closing((uv_handle_t *)&sigterm)) uv_close((uv_handle_t *)&sigterm, NULL);
+    uv_close((uv_handle_t *)&sigint, NULL);
+    uv_close((uv_handle_t *)&sigterm, NULL);
     broker_destroy(&b);
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);

@@ -1,0 +1,142 @@
+/* harness: helpers shared by the broker integration tests: temp runtime dirs, spawning and
+ * killing processes, starting dflash-queue and waiting until it answers (never fixed sleeps:
+ * everything waits for a condition with a deadline). Header-only, static functions. */
+#ifndef DFLASH_ITEST_HARNESS_H
+#define DFLASH_ITEST_HARNESS_H
+
+#include "client.h"
+#include "err.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static __attribute__((unused)) uint64_t h_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static __attribute__((unused)) void h_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Makes a fresh 0700 temp dir; returns its path in buf. */
+static __attribute__((unused)) const char *h_tempdir(char *buf, size_t len)
+{
+    snprintf(buf, len, "/tmp/dflash-itest-XXXXXX");
+    if (!mkdtemp(buf)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    return buf;
+}
+
+static __attribute__((unused)) void h_rmdir(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+/* fork+exec argv; with out_fd, the child's stdout goes to a pipe whose read end is returned. */
+static __attribute__((unused)) pid_t h_spawn(char *const argv[], int *out_fd)
+{
+    int fds[2] = {-1, -1};
+    if (out_fd && pipe(fds) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (out_fd) {
+            dup2(fds[1], 1);
+            close(fds[0]);
+            close(fds[1]);
+        }
+        execv(argv[0], argv);
+        perror("execv");
+        _exit(127);
+    }
+    if (out_fd) {
+        close(fds[1]);
+        *out_fd = fds[0];
+    }
+    return pid;
+}
+
+static __attribute__((unused)) void h_kill(pid_t pid, int sig)
+{
+    if (pid <= 0) return;
+    kill(pid, sig);
+    waitpid(pid, NULL, 0);
+}
+
+/* Waits until a ctl client gets a hello answer from endpoint, up to deadline_ms. Returns the
+ * broker's incarnation or 0. */
+static __attribute__((unused)) uint64_t h_wait_broker(const char *endpoint, int deadline_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    client *c = client_new(endpoint, WIRE_ROLE_CTL, "harness");
+    uint64_t inc = 0;
+    client_set_timeout(c, 200);
+    while (h_now_ms() < end) {
+        if (client_hello(c, NULL, 0) == 0) {
+            inc = client_broker_incarnation(c);
+            break;
+        }
+        h_sleep_ms(20);
+    }
+    client_destroy(&c);
+    return inc;
+}
+
+/* Starts dflash-queue with runtime dir `dir` plus extra "--flag=value" args (NULL-terminated)
+ * and waits until it answers. Returns its pid (or -1). */
+static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *dir, const char *const *extra)
+{
+    char *argv[40];
+    int n = 0;
+    static char rt[300];
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    argv[n++] = (char *)bin;
+    argv[n++] = rt;
+    for (int i = 0; extra && extra[i] && n < 38; i++) argv[n++] = (char *)extra[i];
+    argv[n] = NULL;
+    pid_t pid = h_spawn(argv, NULL);
+    char ep[300];
+    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    if (!h_wait_broker(ep, 10000)) {
+        fprintf(stderr, "dflash-queue did not come up\n");
+        h_kill(pid, SIGKILL);
+        return -1;
+    }
+    return pid;
+}
+
+/* A host-backend pool of n_slots slots, n_buckets equal buckets of `batches` batches each. */
+static __attribute__((unused)) void h_pool(wire_pool *p, uint64_t inc, uint32_t n_slots, uint32_t n_buckets,
+                   uint32_t batches, uint32_t epochs)
+{
+    memset(p, 0, sizeof *p);
+    p->pool_incarnation = inc;
+    p->backend = WIRE_BACKEND_HOST;
+    snprintf(p->shm_name, sizeof p->shm_name, "/dflash-itest");
+    p->slot_count = n_slots;
+    p->slot_size = 1 << 16;
+    p->layout_version = 1;
+    p->token_budget = 1024;
+    p->n_buckets = n_buckets;
+    for (uint32_t b = 0; b < n_buckets; b++) {
+        p->bucket_upper[b] = 512u << b;
+        p->bucket_share[b] = 1.0 / n_buckets;
+        p->bucket_batches[b] = batches;
+    }
+    p->epochs = epochs;
+}
+
+#endif

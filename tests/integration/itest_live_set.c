@@ -1,0 +1,87 @@
+/* itest_live_set: `dflash-ctl set min_ready=30 max_depth=90` changes the broker's behaviour
+ * while it runs: before, the target gets FULL after 4 work units and a drafter is served while
+ * 2 slots are ready; after, the target fills 90 slots and claims stop when 29 are left ready. */
+#include "check.h"
+#include "harness.h"
+
+static int run_ctl(const char *ctl, const char *dir, const char *a, const char *b, const char *c)
+{
+    char rt[128];
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    char *argv[] = {(char *)ctl, rt, (char *)a, (char *)b, (char *)c, NULL};
+    pid_t pid = h_spawn(argv, NULL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Asks for work until FULL; makes each unit ready. Returns how many units it got. */
+static int fill(client *t, uint64_t inc)
+{
+    int n = 0;
+    wire_work_unit wu;
+    int rc;
+    while ((rc = client_request_work(t, inc, &wu)) == 0) {
+        wire_slot_ready r = {inc, wu.slot, wu.unit, 100, 1};
+        if (client_slot_ready(t, &r)) return -1;
+        n++;
+    }
+    CHECK_EQ_INT(rc, DFLASH_EFULL);
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) return 2;
+    char dir[64], ep[128];
+    h_tempdir(dir, sizeof dir);
+    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    const char *extra[] = {"--journal=none", "--min-ready=2", "--max-depth=4", NULL};
+    pid_t q = h_start_queue(argv[1], dir, extra);
+    CHECK(q > 0);
+    if (q <= 0) CHECK_DONE();
+
+    client *t = client_new(ep, WIRE_ROLE_TARGET, "target");
+    client *d = client_new(ep, WIRE_ROLE_DRAFTER, "drafter");
+    CHECK_EQ_INT(client_hello(t, NULL, 0), 0);
+    CHECK_EQ_INT(client_hello(d, NULL, 0), 0);
+    wire_pool pool;
+    h_pool(&pool, 0x5e7, 128, 1, 500, 1);
+    CHECK_EQ_INT(client_register_pool(t, &pool), 0);
+
+    CHECK_EQ_INT(fill(t, 0x5e7), 4);
+    wire_grant g[128];
+    int ng = 0;
+    while (ng < 128 && client_claim(d, &g[ng]) == 0) ng++;
+    CHECK_EQ_INT(ng, 3); /* served while ready >= 2 */
+    for (int i = 0; i < ng; i++) {
+        CHECK_EQ_INT(client_release(d, g[i].lease_id), 0);
+        CHECK_EQ_INT(client_ack(d, &g[i].unit, (uint64_t)i + 1), 0);
+    }
+
+    CHECK_EQ_INT(run_ctl(argv[2], dir, "set", "min_ready=30", "max_depth=90"), 0);
+    wire_status s;
+    CHECK_EQ_INT(client_status(d, &s), 0);
+    CHECK_EQ_INT(s.min_ready, 30);
+    CHECK_EQ_INT(s.max_depth, 90);
+
+    CHECK_EQ_INT(fill(t, 0x5e7), 89); /* 1 was still ready: depth 90 */
+    ng = 0;
+    while (ng < 128 && client_claim(d, &g[ng]) == 0) ng++;
+    CHECK_EQ_INT(ng, 61); /* 90 ready, served while >= 30 */
+    CHECK_EQ_INT(client_status(d, &s), 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 29);
+    CHECK_EQ_INT(s.buckets[0].leased, 61);
+
+    /* a setting that is not live is refused with exit 1, a bad value too */
+    CHECK_EQ_INT(run_ctl(argv[2], dir, "set", "heartbeat_ms=5", NULL), 1);
+    CHECK_EQ_INT(run_ctl(argv[2], dir, "set", "max_depth=0", NULL), 1);
+    CHECK_EQ_INT(client_status(d, &s), 0);
+    CHECK_EQ_INT(s.max_depth, 90);
+
+    client_destroy(&d);
+    client_destroy(&t);
+    h_kill(q, SIGTERM);
+    h_rmdir(dir);
+    CHECK_DONE();
+}

@@ -78,6 +78,21 @@ def rope(dump):
         dump.add("rope." + k, v)
 
 
+def rope_llama3(dump):
+    # Hugging Face _compute_llama3_parameters (Llama 3.1 values), from the fp32 default table
+    d, theta, factor, low, high, old_ctx = 128, 500000.0, 8.0, 1.0, 4.0, 8192
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_llama = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    inv_llama = torch.where(medium, smoothed, inv_llama)
+    dump.add("rope_llama3.params", torch.tensor([d, theta, factor, low, high, old_ctx], dtype=f64))
+    dump.add("rope_llama3.inv_freq", inv_llama)
+
+
 def swiglu(dump):
     R, F = 21, 80
     g, u, dout = rnd(R, F, scale=5), rnd(R, F, scale=2), rnd(R, F)
@@ -194,7 +209,7 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: ops_ref.py OUT.bin")
     dump = RefDump()
-    for fn in (rmsnorm, linear, rope, swiglu, attention_causal, attention_block, lm_head_xent,
+    for fn in (rmsnorm, linear, rope, rope_llama3, swiglu, attention_causal, attention_block, lm_head_xent,
                adamw, embedding):
         fn(dump)
     dump.write(sys.argv[1])

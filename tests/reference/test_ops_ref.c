@@ -5,6 +5,7 @@
  * max|ours - ref| / max|ref| must be <= 1e-4 (exact for integer outputs). Prints one line per
  * tensor; exits 1 on any mismatch, 2 if the dump is missing or malformed.
  */
+#include "model_config.h"
 #include "ops.h"
 #include "refdump.h"
 
@@ -74,6 +75,21 @@ static int check_rope(const refdump *d)
     ops->rope_bwd(ctx, dx, pos, inv, T, nh, hd, nh * hd);
     bad += refdump_check(d, "rope.out", x, n, TOL) + refdump_check(d, "rope.dx", dx, n, TOL);
     free(inv), free(x), free(dx);
+    return bad;
+}
+
+/* rope.c's Llama-3 scaled table against Hugging Face's _compute_llama3_parameters */
+static int check_rope_llama3(const refdump *d)
+{
+    const float *p = refdump_f32(d, "rope_llama3.params", 6);
+    int hd = (int)p[0];
+    rope_llama3_scaling sc = {.enabled = true, .factor = p[2], .low_freq_factor = p[3],
+                              .high_freq_factor = p[4],
+                              .original_max_position_embeddings = (int)p[5]};
+    float *inv = buf(hd / 2);
+    rope_inv_freq(inv, hd, p[1], &sc);
+    int bad = refdump_check(d, "rope_llama3.inv_freq", inv, hd / 2, TOL);
+    free(inv);
     return bad;
 }
 
@@ -194,7 +210,7 @@ int main(int argc, char **argv)
     if (!d) return 2;
     ops = nn_cpu_ops();
     ctx = nn_cpu_new(2);
-    int bad = check_rmsnorm(d) + check_linear(d) + check_rope(d) + check_swiglu(d) +
+    int bad = check_rmsnorm(d) + check_linear(d) + check_rope(d) + check_rope_llama3(d) + check_swiglu(d) +
               check_attention_causal(d) + check_attention_block(d) + check_lm_head_xent(d) +
               check_adamw(d) + check_embedding(d);
     nn_cpu_destroy(&ctx);

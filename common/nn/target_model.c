@@ -596,6 +596,18 @@ int target_forward_host(target_model *m, const int32_t *ids, const int32_t *pos,
     return target_forward(m, m->d_ids, m->d_pos, m->d_off, n_seqs, T, out_hidden, out_ld);
 }
 
+/* Final norm and lm_head over the n rows h[0..n) (already gathered), logits to the host. */
+static void head_rows(target_model *m, const nn_buf *rows, int n, float *logits)
+{
+    const nn_ops *ops = m->ops;
+    int D = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    ops->rmsnorm_fwd(m->ctx, m->head_x, NULL, rows, m->final_norm, n, D,
+                     (float)m->cfg.rms_norm_eps);
+    ops->linear_fwd(m->ctx, m->logits, m->head_x, m->lm_head, NULL, n, D, V);
+    ops->download(m->ctx, logits, m->logits, (size_t)n * (size_t)V);
+    ops->sync(m->ctx);
+}
+
 int target_logits(target_model *m, const int32_t *ids, const int32_t *pos,
                   const int32_t *seq_off, int n_seqs, int T, const int32_t *rows, int n_rows,
                   float *logits)
@@ -612,15 +624,10 @@ int target_logits(target_model *m, const int32_t *ids, const int32_t *pos,
     const nn_ops *ops = m->ops;
     size_t ab = ops->act_bytes, D = (size_t)m->cfg.hidden_size;
     run(m, m->d_ids, m->d_pos, m->d_off, n_seqs, T, m->cfg.num_layers, NULL, 0);
-    for (int r = 0; r < n_rows; r++)
-        ops->copy(m->ctx, (char *)m->head_x + r * D * ab, (char *)m->h + (size_t)rows[r] * D * ab,
+    for (int r = 0; r < n_rows; r++) /* gather the rows into x (free after the layers) */
+        ops->copy(m->ctx, (char *)m->x + r * D * ab, (char *)m->h + (size_t)rows[r] * D * ab,
                   D * ab);
-    ops->rmsnorm_fwd(m->ctx, m->head_x, NULL, m->head_x, m->final_norm, n_rows, (int)D,
-                     (float)m->cfg.rms_norm_eps);
-    ops->linear_fwd(m->ctx, m->logits, m->head_x, m->lm_head, NULL, n_rows, (int)D,
-                    m->cfg.vocab_size);
-    ops->download(m->ctx, logits, m->logits, (size_t)n_rows * (size_t)m->cfg.vocab_size);
-    ops->sync(m->ctx);
+    head_rows(m, m->x, n_rows, logits);
     return 0;
 }
 
@@ -648,18 +655,6 @@ static int32_t pick_token(const float *logits, int V, float temperature, uint64_
         if (u < acc) return i;
     }
     return best;
-}
-
-/* Final norm and lm_head over the n rows h[0..n) (already gathered), logits to the host. */
-static void head_rows(target_model *m, const nn_buf *rows, int n, float *logits)
-{
-    const nn_ops *ops = m->ops;
-    int D = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    ops->rmsnorm_fwd(m->ctx, m->head_x, NULL, rows, m->final_norm, n, D,
-                     (float)m->cfg.rms_norm_eps);
-    ops->linear_fwd(m->ctx, m->logits, m->head_x, m->lm_head, NULL, n, D, V);
-    ops->download(m->ctx, logits, m->logits, (size_t)n * (size_t)V);
-    ops->sync(m->ctx);
 }
 
 /* Cached prefill: the full forward over the packed batch in m->d_* (host offsets g_off, n

@@ -61,8 +61,7 @@ typedef struct cpu_par {
     atomic_int next;
 } cpu_par;
 
-static void *cpu_par_worker(void *p_)
-{
+static void *cpu_par_worker(void *p_) {
     cpu_par *p = p_;
     for (;;) {
         int b = atomic_fetch_add(&p->next, p->grain);
@@ -77,8 +76,7 @@ static void *cpu_par_worker(void *p_)
 #define CPU_PAR_MIN_FLOPS 4e6
 
 static void cpu_parallel_for(nn_ctx *c, int n, int grain, double flops, cpu_range_fn fn,
-                             void *arg)
-{
+                             void *arg) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     int nt = c && flops >= CPU_PAR_MIN_FLOPS ? c->threads : 1;
@@ -98,14 +96,14 @@ static void cpu_parallel_for(nn_ctx *c, int n, int grain, double flops, cpu_rang
         started++;
     }
     cpu_par_worker(&p); /* the caller works too; it finishes everything if no thread started */
-    for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* memory */
 
-static void *cpu_alloc(nn_ctx *c, size_t bytes)
-{
+static void *cpu_alloc(nn_ctx *c, size_t bytes) {
     (void)c;
     size_t n = (bytes + 63) / 64 * 64;
     if (n == 0) n = 64;
@@ -114,38 +112,32 @@ static void *cpu_alloc(nn_ctx *c, size_t bytes)
     return p;
 }
 
-static void cpu_free(nn_ctx *c, void *p)
-{
+static void cpu_free(nn_ctx *c, void *p) {
     (void)c;
     free(p);
 }
 
-static void cpu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
-{
+static void cpu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
     (void)c;
     if (n && dst != src) memcpy(dst, src, n * sizeof(float));
 }
 
-static void cpu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n)
-{
+static void cpu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n) {
     (void)c;
     if (n && dst != src) memcpy(dst, src, n * sizeof(float));
 }
 
-static void cpu_memcpy(nn_ctx *c, void *dst, const void *src, size_t bytes)
-{
+static void cpu_memcpy(nn_ctx *c, void *dst, const void *src, size_t bytes) {
     (void)c;
     if (bytes && dst != src) memmove(dst, src, bytes);
 }
 
-static void cpu_zero(nn_ctx *c, void *p, size_t bytes)
-{
+static void cpu_zero(nn_ctx *c, void *p, size_t bytes) {
     (void)c;
     if (bytes) memset(p, 0, bytes);
 }
 
-static void cpu_sync(nn_ctx *c)
-{
+static void cpu_sync(nn_ctx *c) {
     (void)c;
 }
 
@@ -153,8 +145,7 @@ static void cpu_sync(nn_ctx *c)
 /* embedding: out[T,D] = table[ids[t], :] (no backward: the embedding is frozen) */
 
 static void cpu_embedding_fwd(nn_ctx *c, nn_buf *out_, const int32_t *ids, const nn_buf *table_,
-                              int T, int D)
-{
+                              int T, int D) {
     (void)c;
     float *out = out_;
     const float *table = table_;
@@ -168,8 +159,7 @@ static void cpu_embedding_fwd(nn_ctx *c, nn_buf *out_, const int32_t *ids, const
 /* rmsnorm: out[R,C] = x * rstd[r] * w[C], rstd[r] = 1 / sqrt(mean_c(x^2) + eps) */
 
 static void cpu_rmsnorm_fwd(nn_ctx *c, nn_buf *out_, float *rstd, const nn_buf *x_,
-                            const nn_buf *w_, int R, int C, float eps)
-{
+                            const nn_buf *w_, int R, int C, float eps) {
     (void)c;
     float *out = out_;
     const float *x = x_, *w = w_;
@@ -177,18 +167,19 @@ static void cpu_rmsnorm_fwd(nn_ctx *c, nn_buf *out_, float *rstd, const nn_buf *
         const float *xr = x + (size_t)r * C;
         float *orow = out + (size_t)r * C;
         double ss = 0.0;
-        for (int i = 0; i < C; i++) ss += (double)xr[i] * xr[i];
+        for (int i = 0; i < C; i++)
+            ss += (double)xr[i] * xr[i];
         float rs = (float)(1.0 / sqrt(ss / C + (double)eps));
         if (rstd) rstd[r] = rs;
-        for (int i = 0; i < C; i++) orow[i] = (xr[i] * rs) * w[i];
+        for (int i = 0; i < C; i++)
+            orow[i] = (xr[i] * rs) * w[i];
     }
 }
 
 /* dx[R,C] = rstd * (dy*w - xhat * mean_c(dy*w*xhat)), xhat = x*rstd; dw[C] += sum_r dy*xhat.
  * dx may equal dy: each element of dy is read before the same element of dx is written. */
-static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_,
-                            const nn_buf *x_, const nn_buf *w_, const float *rstd, int R, int C)
-{
+static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_, const nn_buf *x_,
+                            const nn_buf *w_, const float *rstd, int R, int C) {
     (void)c;
     float *dx = dx_;
     const float *dy = dy_, *x = x_, *w = w_;
@@ -196,10 +187,12 @@ static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_
         const float *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
         float *dxr = dx + (size_t)r * C;
         float rs;
-        if (rstd) rs = rstd[r];
+        if (rstd)
+            rs = rstd[r];
         else {
             double ss = 0.0;
-            for (int i = 0; i < C; i++) ss += (double)xr[i] * xr[i];
+            for (int i = 0; i < C; i++)
+                ss += (double)xr[i] * xr[i];
             rs = (float)(1.0 / sqrt(ss / C + 1e-6));
         }
         double dot = 0.0; /* sum_c dy*w*xhat */
@@ -209,7 +202,8 @@ static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_
             if (dw) dw[i] += dyr[i] * xhat;
         }
         float mean = (float)(dot / C);
-        for (int i = 0; i < C; i++) dxr[i] = rs * (dyr[i] * w[i] - xr[i] * rs * mean);
+        for (int i = 0; i < C; i++)
+            dxr[i] = rs * (dyr[i] * w[i] - xr[i] * rs * mean);
     }
 }
 
@@ -217,15 +211,15 @@ static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_
 /* linear: y[M,N] = x[M,K] . w[N,K]^T (+ b[N]) */
 
 static void cpu_linear_fwd(nn_ctx *c, nn_buf *y_, const nn_buf *x_, const nn_buf *w_,
-                           const nn_buf *b_, int M, int K, int N)
-{
+                           const nn_buf *b_, int M, int K, int N) {
     (void)c;
     float *y = y_;
     const float *x = x_, *w = w_, *b = b_;
     if (M <= 0 || N <= 0) return;
     float beta = 0.0f;
     if (b) {
-        for (int m = 0; m < M; m++) memcpy(y + (size_t)m * N, b, (size_t)N * sizeof(float));
+        for (int m = 0; m < M; m++)
+            memcpy(y + (size_t)m * N, b, (size_t)N * sizeof(float));
         beta = 1.0f;
     }
     if (K <= 0) {
@@ -236,9 +230,8 @@ static void cpu_linear_fwd(nn_ctx *c, nn_buf *y_, const nn_buf *x_, const nn_buf
 }
 
 /* dx[M,K] (=|+=) dy[M,N] . w[N,K]; dw[N,K] += dy^T . x[M,K]; db[N] += sum_m dy */
-static void linear_bwd_impl(nn_buf *dx_, float *dw, float *db, const nn_buf *dy_,
-                            const nn_buf *x_, const nn_buf *w_, int M, int K, int N, float beta)
-{
+static void linear_bwd_impl(nn_buf *dx_, float *dw, float *db, const nn_buf *dy_, const nn_buf *x_,
+                            const nn_buf *w_, int M, int K, int N, float beta) {
     float *dx = dx_;
     const float *dy = dy_, *x = x_, *w = w_;
     if (M <= 0 || K <= 0) return;
@@ -247,28 +240,27 @@ static void linear_bwd_impl(nn_buf *dx_, float *dw, float *db, const nn_buf *dy_
         return;
     }
     if (dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy, N, w, K, beta,
-                    dx, K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy, N, w, K, beta, dx,
+                    K);
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw,
                     K);
     if (db)
         for (int m = 0; m < M; m++) {
             const float *r = dy + (size_t)m * N;
-            for (int n = 0; n < N; n++) db[n] += r[n];
+            for (int n = 0; n < N; n++)
+                db[n] += r[n];
         }
 }
 
 static void cpu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                           const nn_buf *x, const nn_buf *w, int M, int K, int N)
-{
+                           const nn_buf *x, const nn_buf *w, int M, int K, int N) {
     (void)c;
     linear_bwd_impl(dx, dw, db, dy, x, w, M, K, N, 0.0f);
 }
 
 static void cpu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                               const nn_buf *x, const nn_buf *w, int M, int K, int N)
-{
+                               const nn_buf *x, const nn_buf *w, int M, int K, int N) {
     (void)c;
     linear_bwd_impl(dx, dw, db, dy, x, w, M, K, N, 1.0f);
 }
@@ -279,8 +271,7 @@ static void cpu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, cons
  *   bwd: the same with -a (the transpose, which is also the inverse). */
 
 static void rope_rotate(float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int d,
-                        int ld, float sign)
-{
+                        int ld, float sign) {
     int half = d / 2;
     for (int t = 0; t < T; t++) {
         float *xt = x + (size_t)t * ld;
@@ -299,16 +290,14 @@ static void rope_rotate(float *x, const int32_t *pos, const float *inv_freq, int
 }
 
 static void cpu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
-                         int nh, int d, int ld)
-{
+                         int nh, int d, int ld) {
     (void)c;
     assert(d % 2 == 0 && ld >= nh * d);
     rope_rotate(x, pos, inv_freq, T, nh, d, ld, 1.0f);
 }
 
 static void cpu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
-                         int nh, int d, int ld)
-{
+                         int nh, int d, int ld) {
     (void)c;
     assert(d % 2 == 0 && ld >= nh * d);
     rope_rotate(dx, pos, inv_freq, T, nh, d, ld, -1.0f);
@@ -319,8 +308,7 @@ static void cpu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float 
  * dgate = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))), dup = dout * silu(g) */
 
 static void cpu_swiglu_fwd(nn_ctx *c, nn_buf *out_, const nn_buf *gate_, const nn_buf *up_, int R,
-                           int F)
-{
+                           int F) {
     (void)c;
     float *out = out_;
     const float *g = gate_, *u = up_;
@@ -332,8 +320,7 @@ static void cpu_swiglu_fwd(nn_ctx *c, nn_buf *out_, const nn_buf *gate_, const n
 }
 
 static void cpu_swiglu_bwd(nn_ctx *c, nn_buf *dgate_, nn_buf *dup_, const nn_buf *dout_,
-                           const nn_buf *gate_, const nn_buf *up_, int R, int F)
-{
+                           const nn_buf *gate_, const nn_buf *up_, int R, int F) {
     (void)c;
     float *dg = dgate_, *du = dup_;
     const float *dout = dout_, *g = gate_, *u = up_;
@@ -347,24 +334,25 @@ static void cpu_swiglu_bwd(nn_ctx *c, nn_buf *dgate_, nn_buf *dup_, const nn_buf
     }
 }
 
-static void cpu_add_inplace(nn_ctx *c, nn_buf *y_, const nn_buf *x_, size_t n)
-{
+static void cpu_add_inplace(nn_ctx *c, nn_buf *y_, const nn_buf *x_, size_t n) {
     (void)c;
     float *y = y_;
     const float *x = x_;
-    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    for (size_t i = 0; i < n; i++)
+        y[i] += x[i];
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* 8 independent partial sums so the compiler can vectorise without reassociating */
-static inline float dotf(const float *a, const float *b, int d)
-{
+static inline float dotf(const float *a, const float *b, int d) {
     float acc[8] = {0};
     int i = 0;
     for (; i + 8 <= d; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
     float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < d; i++) s += a[i] * b[i];
+    for (; i < d; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -385,16 +373,15 @@ static inline float dotf(const float *a, const float *b, int d)
 
 /* rows per tile: ATT_ROWS, fewer for d > 256 so that R * ATT_KEYS * d stays <= 262144, below
  * which OpenBLAS 0.3 runs an sgemm single-threaded on the caller */
-static int att_rows(int d)
-{
+static int att_rows(int d) {
     int r = 262144 / (ATT_KEYS * (d > 0 ? d : 1));
     return r < 1 ? 1 : r > ATT_ROWS ? ATT_ROWS : r;
 }
 
 typedef struct att_tile {
-    const float *q;  /* row 0 of the tile, this head; row stride ldq */
-    float *o;        /* same layout as q, stride ldo */
-    float *lse;      /* lse of row 0, consecutive rows 1 apart (may be NULL) */
+    const float *q;     /* row 0 of the tile, this head; row stride ldq */
+    float *o;           /* same layout as q, stride ldo */
+    float *lse;         /* lse of row 0, consecutive rows 1 apart (may be NULL) */
     const float *k, *v; /* key row 0 of this kv head; row stride ldk */
     size_t ldq, ldo, ldk;
     int R, d;
@@ -403,8 +390,7 @@ typedef struct att_tile {
     int causal_row0; /* >= 0: key t is visible to row i only if t <= causal_row0 + i */
 } att_tile;
 
-static void attend_tile(const att_tile *a, float scale)
-{
+static void attend_tile(const att_tile *a, float scale) {
     int R = a->R, d = a->d;
     float m[ATT_ROWS], l[ATT_ROWS], S[ATT_ROWS * ATT_KEYS];
     for (int i = 0; i < R; i++) {
@@ -420,11 +406,14 @@ static void attend_tile(const att_tile *a, float scale)
                         a->k + (size_t)kb * a->ldk, a->ldk, 0.0f, S, n);
             for (int i = 0; i < R; i++) {
                 float *s = S + i * n;
-                if (a->causal_row0 >= 0)
-                    for (int j = a->causal_row0 + i - kb + 1; j < n; j++)
-                        if (j >= 0) s[j] = -INFINITY;
+                if (a->causal_row0 >= 0) { /* keys after this row's own position */
+                    int first = a->causal_row0 + i - kb + 1;
+                    for (int j = first > 0 ? first : 0; j < n; j++)
+                        s[j] = -INFINITY;
+                }
                 float tmax = -INFINITY;
-                for (int j = 0; j < n; j++) tmax = s[j] > tmax ? s[j] : tmax;
+                for (int j = 0; j < n; j++)
+                    tmax = s[j] > tmax ? s[j] : tmax;
                 if (tmax == -INFINITY) { /* nothing visible in this tile */
                     memset(s, 0, (size_t)n * sizeof(float));
                     continue;
@@ -433,7 +422,8 @@ static void attend_tile(const att_tile *a, float scale)
                     float corr = expf(m[i] - tmax); /* 0 when m = -inf */
                     l[i] *= corr;
                     float *oi = a->o + i * a->ldo;
-                    for (int x = 0; x < d; x++) oi[x] *= corr;
+                    for (int x = 0; x < d; x++)
+                        oi[x] *= corr;
                     m[i] = tmax;
                 }
                 float sum = 0.0f;
@@ -452,7 +442,8 @@ static void attend_tile(const att_tile *a, float scale)
         float lse = INFINITY;
         if (l[i] > 0.0f) {
             float inv = 1.0f / l[i];
-            for (int x = 0; x < d; x++) oi[x] *= inv;
+            for (int x = 0; x < d; x++)
+                oi[x] *= inv;
             lse = m[i] + logf(l[i]);
         } else
             memset(oi, 0, (size_t)d * sizeof(float));
@@ -470,19 +461,19 @@ typedef struct causal_job {
 } causal_job;
 
 /* index of the last s with seq_off[s] <= t (binary search; seq_off is non-decreasing) */
-static int seq_of(const int32_t *seq_off, int n_seqs, int t)
-{
+static int seq_of(const int32_t *seq_off, int n_seqs, int t) {
     int lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (seq_off[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (seq_off[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
 
-static void causal_tiles(void *arg, int begin, int end)
-{
+static void causal_tiles(void *arg, int begin, int end) {
     const causal_job *j = arg;
     int H = j->H, d = j->d, group = j->H / j->Hk;
     float scale = 1.0f / sqrtf((float)d);
@@ -495,10 +486,16 @@ static void causal_tiles(void *arg, int begin, int end)
             size_t hk_off = (size_t)(h / group) * d;
             att_tile t = {.q = j->q + ((size_t)a * H + h) * d,
                           .o = j->out + ((size_t)a * H + h) * d,
-                          .k = j->k + hk_off, .v = j->v + hk_off,
-                          .ldq = (size_t)H * d, .ldo = (size_t)H * d, .ldk = (size_t)j->Hk * d,
-                          .R = e - a, .d = d,
-                          .ranges = {j->seq_off[s], e}, .n_ranges = 1, .causal_row0 = a};
+                          .k = j->k + hk_off,
+                          .v = j->v + hk_off,
+                          .ldq = (size_t)H * d,
+                          .ldo = (size_t)H * d,
+                          .ldk = (size_t)j->Hk * d,
+                          .R = e - a,
+                          .d = d,
+                          .ranges = {j->seq_off[s], e},
+                          .n_ranges = 1,
+                          .causal_row0 = a};
             attend_tile(&t, scale);
             a = e;
         }
@@ -508,8 +505,7 @@ static void causal_tiles(void *arg, int begin, int end)
 /* q[T,H,d], k,v[T,Hk,d] -> out[T,H,d]. Tokens outside [seq_off[0], seq_off[n_seqs]) get 0. */
 static void cpu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,
                                      const nn_buf *v, const int32_t *seq_off, int n_seqs, int T,
-                                     int H, int Hk, int d)
-{
+                                     int H, int Hk, int d) {
     assert(Hk > 0 && H % Hk == 0);
     if (T <= 0) return;
     if (n_seqs <= 0) {
@@ -522,8 +518,19 @@ static void cpu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, co
     if (t0 > 0) memset(out, 0, (size_t)t0 * row * sizeof(float));
     if (t1 < T) memset((float *)out + (size_t)t1 * row, 0, (size_t)(T - t1) * row * sizeof(float));
     int rows = att_rows(d), n_tiles = (t1 - t0 + rows - 1) / rows;
-    causal_job job = {.out = out, .q = q, .k = k, .v = v, .seq_off = seq_off, .n_seqs = n_seqs,
-                      .t0 = t0, .t1 = t1, .rows = rows, .n_tiles = n_tiles, .H = H, .Hk = Hk, .d = d};
+    causal_job job = {.out = out,
+                      .q = q,
+                      .k = k,
+                      .v = v,
+                      .seq_off = seq_off,
+                      .n_seqs = n_seqs,
+                      .t0 = t0,
+                      .t1 = t1,
+                      .rows = rows,
+                      .n_tiles = n_tiles,
+                      .H = H,
+                      .Hk = Hk,
+                      .d = d};
     double flops = 0.0; /* QK^T and PV over the causal triangles */
     for (int s = 0; s < n_seqs; s++) {
         double L = seq_off[s + 1] - seq_off[s];
@@ -536,8 +543,7 @@ static void cpu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, co
 
 /* The key ranges of one span as up to two disjoint ascending [begin, end) pairs; returns how
  * many (0 for keep == 0 or no key). */
-static int block_key_ranges(const nn_block_span *sp, int B, int Tk, int32_t r[4])
-{
+static int block_key_ranges(const nn_block_span *sp, int B, int Tk, int32_t r[4]) {
     if (!sp->keep) return 0;
     int32_t c0 = sp->ctx_begin, c1 = sp->ctx_end, b0 = sp->blk_begin, b1 = sp->blk_begin + B;
     assert(b0 >= 0 && b1 <= Tk && (c1 <= c0 || (c0 >= 0 && c1 <= Tk)));
@@ -551,8 +557,10 @@ static int block_key_ranges(const nn_block_span *sp, int B, int Tk, int32_t r[4]
         return 1;
     }
     if (c1 < b0 || b1 < c0) { /* disjoint */
-        if (c0 < b0) r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
-        else r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
+        if (c0 < b0)
+            r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
+        else
+            r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
         return 2;
     }
     r[0] = c0 < b0 ? c0 : b0; /* overlapping or touching: one merged range */
@@ -570,8 +578,7 @@ typedef struct block_job {
     int n_blocks, B, rows, row_tiles, Tk, H, Hk, d;
 } block_job;
 
-static void block_fwd_tiles(void *arg, int begin, int end)
-{
+static void block_fwd_tiles(void *arg, int begin, int end) {
     const block_job *j = arg;
     int H = j->H, d = j->d, B = j->B, Q = j->n_blocks * j->B, group = j->H / j->Hk;
     int per_head = j->n_blocks * j->row_tiles;
@@ -581,11 +588,17 @@ static void block_fwd_tiles(void *arg, int begin, int end)
         int a = blk * B + rt * j->rows;
         int R = B - rt * j->rows < j->rows ? B - rt * j->rows : j->rows;
         size_t hk_off = (size_t)(h / group) * d;
-        att_tile t = {.q = j->q + ((size_t)a * H + h) * d, .o = j->out + ((size_t)a * H + h) * d,
+        att_tile t = {.q = j->q + ((size_t)a * H + h) * d,
+                      .o = j->out + ((size_t)a * H + h) * d,
                       .lse = j->lse ? j->lse + (size_t)h * Q + a : NULL,
-                      .k = j->k + hk_off, .v = j->v + hk_off,
-                      .ldq = (size_t)H * d, .ldo = (size_t)H * d, .ldk = (size_t)j->Hk * d,
-                      .R = R, .d = d, .causal_row0 = -1};
+                      .k = j->k + hk_off,
+                      .v = j->v + hk_off,
+                      .ldq = (size_t)H * d,
+                      .ldo = (size_t)H * d,
+                      .ldk = (size_t)j->Hk * d,
+                      .R = R,
+                      .d = d,
+                      .causal_row0 = -1};
         t.n_ranges = block_key_ranges(&j->spans[blk], B, j->Tk, t.ranges);
         attend_tile(&t, scale);
     }
@@ -594,19 +607,30 @@ static void block_fwd_tiles(void *arg, int begin, int end)
 /* q[Q,H,d], k,v[Tk,Hk,d] -> out[Q,H,d], lse[H,Q] */
 static void cpu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn_buf *q,
                                     const nn_buf *k, const nn_buf *v, const nn_block_span *spans,
-                                    int n_blocks, int B, int Tk, int H, int Hk, int d)
-{
+                                    int n_blocks, int B, int Tk, int H, int Hk, int d) {
     assert(Hk > 0 && H % Hk == 0);
     if (n_blocks <= 0 || B <= 0) return;
     int rows = att_rows(d), row_tiles = (B + rows - 1) / rows;
-    block_job job = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .spans = spans,
-                     .n_blocks = n_blocks, .B = B, .rows = rows, .row_tiles = row_tiles, .Tk = Tk, .H = H,
-                     .Hk = Hk, .d = d};
+    block_job job = {.out = out,
+                     .lse = lse,
+                     .q = q,
+                     .k = k,
+                     .v = v,
+                     .spans = spans,
+                     .n_blocks = n_blocks,
+                     .B = B,
+                     .rows = rows,
+                     .row_tiles = row_tiles,
+                     .Tk = Tk,
+                     .H = H,
+                     .Hk = Hk,
+                     .d = d};
     double flops = 0.0;
     for (int j = 0; j < n_blocks; j++) {
         int32_t r[4];
         int nr = block_key_ranges(&spans[j], B, Tk, r);
-        for (int i = 0; i < nr; i++) flops += 4.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
+        for (int i = 0; i < nr; i++)
+            flops += 4.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
     }
     cpu_parallel_for(c, H * n_blocks * row_tiles, 1, flops, block_fwd_tiles, &job);
 }
@@ -616,8 +640,7 @@ static void cpu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn
  *   P = exp(q.k^T*scale - lse)            dP = dout . v^T
  *   dS = P * (dP - D) * scale
  *   dv[keys] += P^T . dout   dk[keys] += dS^T . q   dq += dS . k      (all sgemm) */
-static void block_bwd_kvheads(void *arg, int begin, int end)
-{
+static void block_bwd_kvheads(void *arg, int begin, int end) {
     const block_job *j = arg;
     int H = j->H, Hk = j->Hk, d = j->d, B = j->B, Q = j->n_blocks * j->B, group = H / Hk;
     size_t ldq = (size_t)H * d, ldk = (size_t)Hk * d;
@@ -677,17 +700,31 @@ static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *d
                                     const nn_buf *dout, const nn_buf *q, const nn_buf *k,
                                     const nn_buf *v, const nn_buf *out, const float *lse,
                                     const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                                    int Hk, int d)
-{
+                                    int Hk, int d) {
     assert(Hk > 0 && H % Hk == 0 && lse);
-    block_job job = {.q = q, .k = k, .v = v, .dq = dq, .dk = dk, .dv = dv, .dout = dout,
-                     .fout = out, .flse = lse, .spans = spans, .n_blocks = n_blocks, .B = B,
-                     .rows = att_rows(d), .Tk = Tk, .H = H, .Hk = Hk, .d = d};
+    block_job job = {.q = q,
+                     .k = k,
+                     .v = v,
+                     .dq = dq,
+                     .dk = dk,
+                     .dv = dv,
+                     .dout = dout,
+                     .fout = out,
+                     .flse = lse,
+                     .spans = spans,
+                     .n_blocks = n_blocks,
+                     .B = B,
+                     .rows = att_rows(d),
+                     .Tk = Tk,
+                     .H = H,
+                     .Hk = Hk,
+                     .d = d};
     double flops = 0.0;
     for (int j = 0; j < n_blocks; j++) {
         int32_t r[4];
         int nr = block_key_ranges(&spans[j], B, Tk, r);
-        for (int i = 0; i < nr; i++) flops += 10.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
+        for (int i = 0; i < nr; i++)
+            flops += 10.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
     }
     cpu_parallel_for(c, Hk, 1, flops, block_bwd_kvheads, &job);
 }
@@ -699,8 +736,7 @@ static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *d
  *   dlogits = w * inv_norm * (softmax - onehot)           (in place in scratch; 0 if w == 0)
  *   dh[n,D] = dlogits . W                                 (sgemm) */
 
-static int row_argmax(const float *x, int V)
-{
+static int row_argmax(const float *x, int V) {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (x[i] > x[best]) best = i;
@@ -722,8 +758,7 @@ typedef struct xent_job {
     float inv_norm;
 } xent_job;
 
-static void xent_rows(void *arg, int begin, int end)
-{
+static void xent_rows(void *arg, int begin, int end) {
     const xent_job *j = arg;
     int V = j->V;
     for (int i = j->sub0 + begin; i < j->sub0 + end; i++) {
@@ -747,7 +782,8 @@ static void xent_rows(void *arg, int begin, int end)
         }
         j->rowloss[i - j->sub0] = (double)w * ((double)mx + log(se) - (double)llab);
         float g = w * j->inv_norm, gs = (float)(g / se);
-        for (int vi = 0; vi < V; vi++) L[vi] *= gs;
+        for (int vi = 0; vi < V; vi++)
+            L[vi] *= gs;
         L[lab] -= g;
     }
 }
@@ -755,8 +791,7 @@ static void xent_rows(void *arg, int begin, int end)
 static void cpu_lm_head_xent(nn_ctx *c, nn_buf *dh_, float *out_sums, int32_t *correct,
                              const nn_buf *h_, const nn_buf *W_, const int32_t *labels,
                              const float *weights, float inv_norm, nn_buf *scratch, int Q, int D,
-                             int V, int chunk)
-{
+                             int V, int chunk) {
     float *dh = dh_, *logits = scratch;
     const float *h = h_, *W = W_;
     double loss = 0.0, wsum = 0.0, rowloss[XENT_SUB];
@@ -765,8 +800,13 @@ static void cpu_lm_head_xent(nn_ctx *c, nn_buf *dh_, float *out_sums, int32_t *c
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, D, 1.0f, h + (size_t)r0 * D, D,
                     W, D, 0.0f, logits, V);
-        xent_job job = {.logits = logits, .labels = labels, .weights = weights,
-                        .correct = correct, .rowloss = rowloss, .r0 = r0, .V = V,
+        xent_job job = {.logits = logits,
+                        .labels = labels,
+                        .weights = weights,
+                        .correct = correct,
+                        .rowloss = rowloss,
+                        .r0 = r0,
+                        .V = V,
                         .inv_norm = inv_norm};
         int nz = 0;
         for (job.sub0 = 0; job.sub0 < n; job.sub0 += XENT_SUB) {
@@ -815,8 +855,7 @@ static void cpu_lm_head_xent(nn_ctx *c, nn_buf *dh_, float *out_sums, int32_t *c
 }
 
 static void cpu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h_, const nn_buf *W_,
-                               nn_buf *scratch, int Q, int D, int V, int chunk)
-{
+                               nn_buf *scratch, int Q, int D, int V, int chunk) {
     (void)c;
     float *logits = scratch;
     const float *h = h_, *W = W_;
@@ -825,18 +864,19 @@ static void cpu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h_, const 
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, D, 1.0f, h + (size_t)r0 * D, D,
                     W, D, 0.0f, logits, V);
-        for (int i = 0; i < n; i++) out[r0 + i] = row_argmax(logits + (size_t)i * V, V);
+        for (int i = 0; i < n; i++)
+            out[r0 + i] = row_argmax(logits + (size_t)i * V, V);
     }
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* optimizer */
 
-static void cpu_sumsq(nn_ctx *c, float *out, const float *g, size_t n)
-{
+static void cpu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
     (void)c;
     double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    for (size_t i = 0; i < n; i++)
+        s += (double)g[i] * g[i];
     out[0] = (float)s;
 }
 
@@ -844,8 +884,7 @@ static void cpu_sumsq(nn_ctx *c, float *out, const float *g, size_t n)
  * v = b2 v + (1-b2) g'^2; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
 static void cpu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                       size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                      float grad_scale, int t)
-{
+                      float grad_scale, int t) {
     (void)c;
     assert(t >= 1);
     float bc1 = (float)(1.0 - pow((double)beta1, t));
@@ -862,8 +901,7 @@ static void cpu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float 
     if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float));
 }
 
-static void cpu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
-{
+static void cpu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
     (void)c;
     if (n && dst != src) memmove(dst, src, n * sizeof(float));
 }
@@ -903,16 +941,14 @@ static const nn_ops cpu_ops = {
     .f32_to_act = cpu_f32_to_act,
 };
 
-const nn_ops *nn_cpu_ops(void)
-{
+const nn_ops *nn_cpu_ops(void) {
     return &cpu_ops;
 }
 
 /* OpenBLAS 0.3.21 does not know recent Xeons (e.g. model 207) and falls back to its SSE3
  * "Prescott" kernels, 3-4x slower than its AVX2 ones on the same machine. The core type is fixed
  * when the library loads, so all we can do is say so, once per process. */
-static void warn_slow_openblas(void)
-{
+static void warn_slow_openblas(void) {
     static atomic_int warned;
     const char *core = openblas_get_corename();
     if (!core || strcmp(core, "Prescott") != 0 || atomic_exchange(&warned, 1)) return;
@@ -922,12 +958,12 @@ static void warn_slow_openblas(void)
                  "run ~3x slower; start with OPENBLAS_CORETYPE=Haswell (or SkylakeX) set");
 }
 
-nn_ctx *nn_cpu_new(int threads)
-{
+nn_ctx *nn_cpu_new(int threads) {
     nn_ctx *c = calloc(1, sizeof(*c));
     if (!c) return NULL;
     warn_slow_openblas();
-    if (threads > 0) openblas_set_num_threads(threads);
+    if (threads > 0)
+        openblas_set_num_threads(threads);
     else {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
@@ -936,8 +972,7 @@ nn_ctx *nn_cpu_new(int threads)
     return c;
 }
 
-void nn_cpu_destroy(nn_ctx **c)
-{
+void nn_cpu_destroy(nn_ctx **c) {
     if (!c || !*c) return;
     free(*c);
     *c = NULL;

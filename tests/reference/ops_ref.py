@@ -209,8 +209,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: ops_ref.py OUT.bin")
     dump = RefDump()
-    for fn in (rmsnorm, linear, rope, rope_llama3, swiglu, attention_causal, attention_block, lm_head_xent,
-               adamw, embedding):
+    for fn in (rmsnorm, linear, rope, rope_llama3, swiglu, attention_causal, attention_block,
+               lm_head_xent, adamw, embedding):
         fn(dump)
     dump.write(sys.argv[1])
     print("ops_ref: wrote %d tensors to %s" % (len(dump.tensors), sys.argv[1]))

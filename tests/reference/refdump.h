@@ -34,19 +34,18 @@ typedef struct refdump {
     refdump_tensor *t;
 } refdump;
 
-static inline void refdump_free(refdump **dp)
-{
+static inline void refdump_free(refdump **dp) {
     if (!dp || !*dp) return;
     refdump *d = *dp;
-    for (uint32_t i = 0; i < d->n; i++) free(d->t[i].name), free(d->t[i].data);
+    for (uint32_t i = 0; i < d->n; i++)
+        free(d->t[i].name), free(d->t[i].data);
     free(d->t);
     free(d);
     *dp = NULL;
 }
 
 /* Loads a whole dump; NULL (with a message on stderr) if the file is missing or malformed. */
-static inline refdump *refdump_load(const char *path)
-{
+static inline refdump *refdump_load(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "refdump: cannot open %s\n", path);
@@ -90,37 +89,34 @@ fail:
     return NULL;
 }
 
-static inline const refdump_tensor *refdump_find(const refdump *d, const char *name)
-{
+static inline const refdump_tensor *refdump_find(const refdump *d, const char *name) {
     for (uint32_t i = 0; i < d->n; i++)
         if (strcmp(d->t[i].name, name) == 0) return &d->t[i];
     return NULL;
 }
 
 static inline const void *refdump_get_(const refdump *d, const char *name, uint32_t dtype,
-                                       size_t numel)
-{
+                                       size_t numel) {
     const refdump_tensor *t = refdump_find(d, name);
     if (!t || t->dtype != dtype || (numel && t->numel != numel)) {
         fprintf(stderr, "refdump: tensor %s %s\n", name,
-                !t ? "missing" : t->dtype != dtype ? "has the wrong dtype" : "has the wrong size");
+                !t                  ? "missing"
+                : t->dtype != dtype ? "has the wrong dtype"
+                                    : "has the wrong size");
         exit(2);
     }
     return t->data;
 }
 
 /* The data of tensor `name`, which must exist with that dtype and (if numel > 0) size. */
-static inline float *refdump_f32(const refdump *d, const char *name, size_t numel)
-{
+static inline float *refdump_f32(const refdump *d, const char *name, size_t numel) {
     return (float *)refdump_get_(d, name, REFDUMP_F32, numel);
 }
-static inline int32_t *refdump_i32(const refdump *d, const char *name, size_t numel)
-{
+static inline int32_t *refdump_i32(const refdump *d, const char *name, size_t numel) {
     return (int32_t *)refdump_get_(d, name, REFDUMP_I32, numel);
 }
 /* dims[k] of tensor `name` (exit(2) if missing). */
-static inline int refdump_dim(const refdump *d, const char *name, uint32_t k)
-{
+static inline int refdump_dim(const refdump *d, const char *name, uint32_t k) {
     const refdump_tensor *t = refdump_find(d, name);
     if (!t || k >= t->ndim) {
         fprintf(stderr, "refdump: tensor %s missing or has no dim %u\n", name, k);
@@ -128,13 +124,11 @@ static inline int refdump_dim(const refdump *d, const char *name, uint32_t k)
     }
     return (int)t->dims[k];
 }
-static inline float refdump_scalar(const refdump *d, const char *name)
-{
+static inline float refdump_scalar(const refdump *d, const char *name) {
     return refdump_f32(d, name, 1)[0];
 }
 
-static inline double refdump_rel_err(const float *a, const float *b, size_t n)
-{
+static inline double refdump_rel_err(const float *a, const float *b, size_t n) {
     double diff = 0.0, bmax = 0.0;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(a[i]) || !isfinite(b[i])) {
@@ -150,8 +144,7 @@ static inline double refdump_rel_err(const float *a, const float *b, size_t n)
 
 /* Compares ours[n] with reference tensor `name`, prints one line; returns 1 on mismatch. */
 static inline int refdump_check(const refdump *d, const char *name, const float *ours, size_t n,
-                                double tol)
-{
+                                double tol) {
     const float *ref = refdump_f32(d, name, n);
     double e = refdump_rel_err(ours, ref, n);
     printf("  %-32s n=%-8zu max rel err %.2e  %s\n", name, n, e, e <= tol ? "ok" : "MISMATCH");
@@ -160,11 +153,11 @@ static inline int refdump_check(const refdump *d, const char *name, const float 
 
 /* Same for int32 tensors: exact equality; returns 1 on any difference. */
 static inline int refdump_check_i32(const refdump *d, const char *name, const int32_t *ours,
-                                    size_t n)
-{
+                                    size_t n) {
     const int32_t *ref = refdump_i32(d, name, n);
     size_t bad = 0;
-    for (size_t i = 0; i < n; i++) bad += ours[i] != ref[i];
+    for (size_t i = 0; i < n; i++)
+        bad += ours[i] != ref[i];
     printf("  %-32s n=%-8zu %zu differ  %s\n", name, n, bad, bad ? "MISMATCH" : "ok");
     return bad ? 1 : 0;
 }

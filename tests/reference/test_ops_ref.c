@@ -17,12 +17,12 @@ static nn_ctx *ctx;
 static float *buf(size_t n) /* garbage-filled, so an op that forgets to write is caught */
 {
     float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = 1e30f;
+    for (size_t i = 0; i < n; i++)
+        p[i] = 1e30f;
     return p;
 }
 
-static int check_rmsnorm(const refdump *d)
-{
+static int check_rmsnorm(const refdump *d) {
     int R = refdump_dim(d, "rmsnorm.x", 0), C = refdump_dim(d, "rmsnorm.x", 1);
     size_t n = (size_t)R * C;
     const float *x = refdump_f32(d, "rmsnorm.x", n), *w = refdump_f32(d, "rmsnorm.w", C),
@@ -32,13 +32,13 @@ static int check_rmsnorm(const refdump *d)
     ops->rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, R, C);
     int bad = refdump_check(d, "rmsnorm.out", out, n, TOL) +
               refdump_check(d, "rmsnorm.rstd", rstd, R, TOL) +
-              refdump_check(d, "rmsnorm.dx", dx, n, TOL) + refdump_check(d, "rmsnorm.dw", dw, C, TOL);
+              refdump_check(d, "rmsnorm.dx", dx, n, TOL) +
+              refdump_check(d, "rmsnorm.dw", dw, C, TOL);
     free(out), free(rstd), free(dx), free(dw);
     return bad;
 }
 
-static int check_linear(const refdump *d)
-{
+static int check_linear(const refdump *d) {
     int M = refdump_dim(d, "linear.x", 0), K = refdump_dim(d, "linear.x", 1),
         N = refdump_dim(d, "linear.w", 0);
     const float *x = refdump_f32(d, "linear.x", (size_t)M * K),
@@ -56,8 +56,7 @@ static int check_linear(const refdump *d)
     return bad;
 }
 
-static int check_rope(const refdump *d)
-{
+static int check_rope(const refdump *d) {
     int T = refdump_dim(d, "rope.x", 0), nh = refdump_dim(d, "rope.x", 1),
         hd = refdump_dim(d, "rope.x", 2);
     size_t n = (size_t)T * nh * hd;
@@ -79,11 +78,12 @@ static int check_rope(const refdump *d)
 }
 
 /* rope.c's Llama-3 scaled table against Hugging Face's _compute_llama3_parameters */
-static int check_rope_llama3(const refdump *d)
-{
+static int check_rope_llama3(const refdump *d) {
     const float *p = refdump_f32(d, "rope_llama3.params", 6);
     int hd = (int)p[0];
-    rope_llama3_scaling sc = {.enabled = true, .factor = p[2], .low_freq_factor = p[3],
+    rope_llama3_scaling sc = {.enabled = true,
+                              .factor = p[2],
+                              .low_freq_factor = p[3],
                               .high_freq_factor = p[4],
                               .original_max_position_embeddings = (int)p[5]};
     float *inv = buf(hd / 2);
@@ -93,8 +93,7 @@ static int check_rope_llama3(const refdump *d)
     return bad;
 }
 
-static int check_swiglu(const refdump *d)
-{
+static int check_swiglu(const refdump *d) {
     int R = refdump_dim(d, "swiglu.gate", 0), F = refdump_dim(d, "swiglu.gate", 1);
     size_t n = (size_t)R * F;
     const float *g = refdump_f32(d, "swiglu.gate", n), *u = refdump_f32(d, "swiglu.up", n),
@@ -109,8 +108,7 @@ static int check_swiglu(const refdump *d)
     return bad;
 }
 
-static int check_attention_causal(const refdump *d)
-{
+static int check_attention_causal(const refdump *d) {
     int T = refdump_dim(d, "attention_causal.q", 0), H = refdump_dim(d, "attention_causal.q", 1),
         hd = refdump_dim(d, "attention_causal.q", 2), Hk = refdump_dim(d, "attention_causal.k", 1);
     int ns = refdump_dim(d, "attention_causal.seq_off", 0) - 1;
@@ -124,8 +122,7 @@ static int check_attention_causal(const refdump *d)
     return bad;
 }
 
-static int check_attention_block(const refdump *d)
-{
+static int check_attention_block(const refdump *d) {
     int Q = refdump_dim(d, "attention_block.q", 0), H = refdump_dim(d, "attention_block.q", 1),
         hd = refdump_dim(d, "attention_block.q", 2), Tk = refdump_dim(d, "attention_block.k", 0),
         Hk = refdump_dim(d, "attention_block.k", 1);
@@ -141,8 +138,7 @@ static int check_attention_block(const refdump *d)
                 *dout = refdump_f32(d, "attention_block.dout", nq);
     float *out = buf(nq), *lse = buf((size_t)H * Q), *dq = buf(nq), *dk = buf(nk), *dv = buf(nk);
     ops->attention_block_fwd(ctx, out, lse, q, k, v, spans, nb, B, Tk, H, Hk, hd);
-    ops->attention_block_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, spans, nb, B, Tk, H, Hk,
-                             hd);
+    ops->attention_block_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, spans, nb, B, Tk, H, Hk, hd);
     int bad = refdump_check(d, "attention_block.out", out, nq, TOL) +
               refdump_check(d, "attention_block.lse", lse, (size_t)H * Q, TOL) +
               refdump_check(d, "attention_block.dq", dq, nq, TOL) +
@@ -152,8 +148,7 @@ static int check_attention_block(const refdump *d)
     return bad;
 }
 
-static int check_lm_head_xent(const refdump *d)
-{
+static int check_lm_head_xent(const refdump *d) {
     int Q = refdump_dim(d, "lm_head_xent.h", 0), D = refdump_dim(d, "lm_head_xent.h", 1),
         V = refdump_dim(d, "lm_head_xent.W", 0);
     int chunk = refdump_i32(d, "lm_head_xent.chunk", 1)[0];
@@ -174,8 +169,7 @@ static int check_lm_head_xent(const refdump *d)
     return bad;
 }
 
-static int check_adamw(const refdump *d)
-{
+static int check_adamw(const refdump *d) {
     int steps = refdump_dim(d, "adamw.grads", 0), n = refdump_dim(d, "adamw.grads", 1);
     const float *hp = refdump_f32(d, "adamw.hyper", 6), *grads = refdump_f32(d, "adamw.grads", 0);
     float *p = malloc(n * sizeof(float)), *act = buf(n), *m = calloc(n, 4), *v = calloc(n, 4);
@@ -189,8 +183,7 @@ static int check_adamw(const refdump *d)
     return bad;
 }
 
-static int check_embedding(const refdump *d)
-{
+static int check_embedding(const refdump *d) {
     int T = refdump_dim(d, "embedding.ids", 0), D = refdump_dim(d, "embedding.table", 1);
     float *out = buf((size_t)T * D);
     ops->embedding_fwd(ctx, out, refdump_i32(d, "embedding.ids", T),
@@ -200,8 +193,7 @@ static int check_embedding(const refdump *d)
     return bad;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s DUMP\n", argv[0]);
         return 2;
@@ -210,9 +202,9 @@ int main(int argc, char **argv)
     if (!d) return 2;
     ops = nn_cpu_ops();
     ctx = nn_cpu_new(2);
-    int bad = check_rmsnorm(d) + check_linear(d) + check_rope(d) + check_rope_llama3(d) + check_swiglu(d) +
-              check_attention_causal(d) + check_attention_block(d) + check_lm_head_xent(d) +
-              check_adamw(d) + check_embedding(d);
+    int bad = check_rmsnorm(d) + check_linear(d) + check_rope(d) + check_rope_llama3(d) +
+              check_swiglu(d) + check_attention_causal(d) + check_attention_block(d) +
+              check_lm_head_xent(d) + check_adamw(d) + check_embedding(d);
     nn_cpu_destroy(&ctx);
     refdump_free(&d);
     printf("%s: %d mismatching tensor(s)\n", bad ? "FAIL" : "PASS", bad);

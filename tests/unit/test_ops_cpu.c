@@ -25,32 +25,31 @@ static float frand(void) /* uniform [-1, 1) */
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((double)(rng_state >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
 }
-static float *rnd(size_t n, float scale)
-{
+static float *rnd(size_t n, float scale) {
     float *p = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * scale;
     return p;
 }
-static float *zeros(size_t n)
-{
+static float *zeros(size_t n) {
     return calloc(n, sizeof(float));
 }
-static double dot_d(const float *a, const float *b, size_t n)
-{
+static double dot_d(const float *a, const float *b, size_t n) {
     double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
     return s;
 }
-static double max_abs(const float *a, size_t n)
-{
+static double max_abs(const float *a, size_t n) {
     double m = 0.0;
-    for (size_t i = 0; i < n; i++) m = fabs(a[i]) > m ? fabs(a[i]) : m;
+    for (size_t i = 0; i < n; i++)
+        m = fabs(a[i]) > m ? fabs(a[i]) : m;
     return m;
 }
-static double max_diff(const float *a, const float *b, size_t n)
-{
+static double max_diff(const float *a, const float *b, size_t n) {
     double m = 0.0;
-    for (size_t i = 0; i < n; i++) m = fabs(a[i] - b[i]) > m ? fabs(a[i] - b[i]) : m;
+    for (size_t i = 0; i < n; i++)
+        m = fabs(a[i] - b[i]) > m ? fabs(a[i] - b[i]) : m;
     return m;
 }
 
@@ -58,8 +57,7 @@ static double max_diff(const float *a, const float *b, size_t n)
  * Returns max |fd - grad| / max(max|grad|, 1e-3). */
 typedef double (*loss_fn)(void *arg);
 static double fd_error(const char *what, float *x, const float *grad, size_t n, loss_fn f,
-                       void *arg, float eps)
-{
+                       void *arg, float eps) {
     double worst = 0.0, gmax = max_abs(grad, n);
     if (gmax < 1e-3) gmax = 1e-3;
     for (size_t i = 0; i < n; i++) {
@@ -85,22 +83,21 @@ typedef struct {
     float *out, *rstd, *x, *w, *R;
     int Rn, C;
 } norm_t;
-static double norm_loss(void *a_)
-{
+static double norm_loss(void *a_) {
     norm_t *a = a_;
     ops->rmsnorm_fwd(ctx, a->out, a->rstd, a->x, a->w, a->Rn, a->C, 1e-6f);
     return dot_d(a->out, a->R, (size_t)a->Rn * a->C);
 }
 
-static void test_rmsnorm(void)
-{
+static void test_rmsnorm(void) {
     int Rn = 5, C = 16;
     size_t n = (size_t)Rn * C;
     norm_t a = {zeros(n), zeros(Rn), rnd(n, 2.0f), rnd(C, 1.0f), rnd(n, 1.0f), Rn, C};
     norm_loss(&a);
     /* forward against the formula */
     double ss = 0.0;
-    for (int i = 0; i < C; i++) ss += (double)a.x[C + i] * a.x[C + i];
+    for (int i = 0; i < C; i++)
+        ss += (double)a.x[C + i] * a.x[C + i];
     double r = 1.0 / sqrt(ss / C + 1e-6);
     CHECK_NEAR(a.out[C + 3], a.x[C + 3] * r * a.w[3], 1e-5);
     CHECK_NEAR(a.rstd[1], r, 1e-5);
@@ -108,7 +105,8 @@ static void test_rmsnorm(void)
     float *dx = zeros(n), *dw = rnd(C, 1.0f), *dw0 = malloc(C * sizeof(float));
     memcpy(dw0, dw, C * sizeof(float));
     ops->rmsnorm_bwd(ctx, dx, dw, a.R, a.x, a.w, a.rstd, Rn, C);
-    for (int i = 0; i < C; i++) dw[i] -= dw0[i]; /* accumulates: subtract the prefill */
+    for (int i = 0; i < C; i++)
+        dw[i] -= dw0[i]; /* accumulates: subtract the prefill */
     CHECK(fd_error("rmsnorm dx", a.x, dx, n, norm_loss, &a, 1e-2f) < FD_TOL);
     CHECK(fd_error("rmsnorm dw", a.w, dw, C, norm_loss, &a, 1e-2f) < FD_TOL);
 
@@ -133,22 +131,27 @@ typedef struct {
     float *y, *x, *w, *b, *R;
     int M, K, N;
 } lin_t;
-static double lin_loss(void *a_)
-{
+static double lin_loss(void *a_) {
     lin_t *a = a_;
     ops->linear_fwd(ctx, a->y, a->x, a->w, a->b, a->M, a->K, a->N);
     return dot_d(a->y, a->R, (size_t)a->M * a->N);
 }
 
-static void test_linear(void)
-{
+static void test_linear(void) {
     int M = 6, K = 7, N = 5;
-    lin_t a = {zeros((size_t)M * N), rnd((size_t)M * K, 1), rnd((size_t)N * K, 1), rnd(N, 1),
-               rnd((size_t)M * N, 1), M, K, N};
+    lin_t a = {zeros((size_t)M * N),
+               rnd((size_t)M * K, 1),
+               rnd((size_t)N * K, 1),
+               rnd(N, 1),
+               rnd((size_t)M * N, 1),
+               M,
+               K,
+               N};
     lin_loss(&a);
     /* forward against a naive loop */
     double y23 = a.b[3];
-    for (int k = 0; k < K; k++) y23 += (double)a.x[2 * K + k] * a.w[3 * K + k];
+    for (int k = 0; k < K; k++)
+        y23 += (double)a.x[2 * K + k] * a.w[3 * K + k];
     CHECK_NEAR(a.y[2 * N + 3], y23, 1e-5);
 
     float *dx = rnd((size_t)M * K, 5), *dw = zeros((size_t)N * K), *db = zeros(N);
@@ -163,9 +166,12 @@ static void test_linear(void)
     memcpy(dx2, dx, (size_t)M * K * 4), memcpy(dw2, dw, (size_t)N * K * 4), memcpy(db2, db, N * 4);
     ops->linear_bwd_acc(ctx, dx2, dw2, db2, a.R, a.x, a.w, M, K, N);
     int ok = 1;
-    for (int i = 0; i < M * K; i++) ok &= fabsf(dx2[i] - 2 * dx[i]) < 1e-5f;
-    for (int i = 0; i < N * K; i++) ok &= fabsf(dw2[i] - 2 * dw[i]) < 1e-5f;
-    for (int i = 0; i < N; i++) ok &= fabsf(db2[i] - 2 * db[i]) < 1e-5f;
+    for (int i = 0; i < M * K; i++)
+        ok &= fabsf(dx2[i] - 2 * dx[i]) < 1e-5f;
+    for (int i = 0; i < N * K; i++)
+        ok &= fabsf(dw2[i] - 2 * dw[i]) < 1e-5f;
+    for (int i = 0; i < N; i++)
+        ok &= fabsf(db2[i] - 2 * db[i]) < 1e-5f;
     CHECK(ok);
     /* NULL dx and db are skipped */
     ops->linear_bwd(ctx, NULL, dw2, NULL, a.R, a.x, a.w, M, K, N);
@@ -181,16 +187,14 @@ typedef struct {
     int32_t *pos;
     int T, nh, d, ld;
 } rope_t;
-static double rope_loss(void *a_)
-{
+static double rope_loss(void *a_) {
     rope_t *a = a_;
     memcpy(a->work, a->x, (size_t)a->T * a->ld * sizeof(float));
     ops->rope_fwd(ctx, a->work, a->pos, a->inv, a->T, a->nh, a->d, a->ld);
     return dot_d(a->work, a->R, (size_t)a->T * a->ld);
 }
 
-static void test_rope(void)
-{
+static void test_rope(void) {
     int T = 4, nh = 3, d = 8, ld = nh * d + 5; /* a padded row: the tail is not touched */
     size_t n = (size_t)T * ld;
     rope_t a = {rnd(n, 1), zeros(n), rnd(n, 1), zeros(d / 2), malloc(T * 4), T, nh, d, ld};
@@ -198,8 +202,8 @@ static void test_rope(void)
     int32_t pos[4] = {0, 7, 300, 3071};
     memcpy(a.pos, pos, sizeof(pos));
     rope_loss(&a);
-    CHECK(max_diff(a.work, a.x, (size_t)nh * d) == 0.0);              /* position 0: identity */
-    CHECK(max_diff(a.work + ld - 5, a.x + ld - 5, 5) == 0.0);         /* padding untouched */
+    CHECK(max_diff(a.work, a.x, (size_t)nh * d) == 0.0);      /* position 0: identity */
+    CHECK(max_diff(a.work + ld - 5, a.x + ld - 5, 5) == 0.0); /* padding untouched */
     /* dimension i pairs with i + d/2 at angle pos * inv_freq[i] */
     float ang = 7.0f * a.inv[1], x1 = a.x[ld + 1], x2 = a.x[ld + 1 + d / 2];
     CHECK_NEAR(a.work[ld + 1], x1 * cos(ang) - x2 * sin(ang), 1e-5);
@@ -222,15 +226,13 @@ typedef struct {
     float *out, *g, *u, *R;
     int Rn, F;
 } swi_t;
-static double swi_loss(void *a_)
-{
+static double swi_loss(void *a_) {
     swi_t *a = a_;
     ops->swiglu_fwd(ctx, a->out, a->g, a->u, a->Rn, a->F);
     return dot_d(a->out, a->R, (size_t)a->Rn * a->F);
 }
 
-static void test_swiglu(void)
-{
+static void test_swiglu(void) {
     int Rn = 3, F = 10;
     size_t n = (size_t)Rn * F;
     swi_t a = {zeros(n), rnd(n, 4), rnd(n, 2), rnd(n, 1), Rn, F};
@@ -248,8 +250,7 @@ static void test_swiglu(void)
 /* Dense reference in double: out[Q,H,d] = softmax(q k^T / sqrt(d) + mask) v, GQA; rows without
  * a visible key give 0. mask[Q*Tk] is 1 where key is visible. */
 static void ref_attention(float *out, const float *q, const float *k, const float *v,
-                          const unsigned char *mask, int Q, int Tk, int H, int Hk, int d)
-{
+                          const unsigned char *mask, int Q, int Tk, int H, int Hk, int d) {
     double *s = malloc((size_t)Tk * sizeof(double));
     for (int r = 0; r < Q; r++)
         for (int h = 0; h < H; h++) {
@@ -262,26 +263,29 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
                 if (s[t] > mx) mx = s[t];
             }
             double l = 0.0;
-            for (int i = 0; i < d; i++) out[((size_t)r * H + h) * d + i] = 0.0f;
+            for (int i = 0; i < d; i++)
+                out[((size_t)r * H + h) * d + i] = 0.0f;
             double *acc = calloc(d, sizeof(double));
             for (int t = 0; t < Tk; t++) {
                 if (!mask[(size_t)r * Tk + t]) continue;
                 double p = exp(s[t] - mx);
                 l += p;
-                for (int i = 0; i < d; i++) acc[i] += p * v[((size_t)t * Hk + hk) * d + i];
+                for (int i = 0; i < d; i++)
+                    acc[i] += p * v[((size_t)t * Hk + hk) * d + i];
             }
             if (l > 0)
-                for (int i = 0; i < d; i++) out[((size_t)r * H + h) * d + i] = (float)(acc[i] / l);
+                for (int i = 0; i < d; i++)
+                    out[((size_t)r * H + h) * d + i] = (float)(acc[i] / l);
             free(acc);
         }
     free(s);
 }
 
 /* causal attention of packed sequences with the given lengths (n_seqs <= 8) */
-static void check_attention_causal(const int *lens, int NS, int H, int Hk, int d)
-{
+static void check_attention_causal(const int *lens, int NS, int H, int Hk, int d) {
     int32_t off[9] = {0};
-    for (int s = 0; s < NS; s++) off[s + 1] = off[s] + lens[s];
+    for (int s = 0; s < NS; s++)
+        off[s + 1] = off[s] + lens[s];
     int T = off[NS];
     float *q = rnd((size_t)T * H * d, 1.5f), *k = rnd((size_t)T * Hk * d, 1.5f),
           *v = rnd((size_t)T * Hk * d, 1);
@@ -292,7 +296,8 @@ static void check_attention_causal(const int *lens, int NS, int H, int Hk, int d
     unsigned char *mask = calloc((size_t)T * T, 1);
     for (int s = 0; s < NS; s++)
         for (int r = off[s]; r < off[s + 1]; r++)
-            for (int t = off[s]; t <= r; t++) mask[(size_t)r * T + t] = 1;
+            for (int t = off[s]; t <= r; t++)
+                mask[(size_t)r * T + t] = 1;
     ref_attention(ref, q, k, v, mask, T, T, H, Hk, d);
     double e = max_diff(out, ref, (size_t)T * H * d);
     printf("  causal packed vs dense reference: max abs err %.2e\n", e);
@@ -304,9 +309,8 @@ static void check_attention_causal(const int *lens, int NS, int H, int Hk, int d
         int L = off[s + 1] - off[s];
         int32_t one[2] = {0, L};
         float *o1 = zeros((size_t)L * H * d);
-        ops->attention_causal_fwd(ctx, o1, q + (size_t)off[s] * H * d,
-                                  k + (size_t)off[s] * Hk * d, v + (size_t)off[s] * Hk * d, one, 1,
-                                  L, H, Hk, d);
+        ops->attention_causal_fwd(ctx, o1, q + (size_t)off[s] * H * d, k + (size_t)off[s] * Hk * d,
+                                  v + (size_t)off[s] * Hk * d, one, 1, L, H, Hk, d);
         ok &= max_diff(o1, out + (size_t)off[s] * H * d, (size_t)L * H * d) < 1e-6;
         free(o1);
     }
@@ -317,8 +321,7 @@ static void check_attention_causal(const int *lens, int NS, int H, int Hk, int d
     free(q), free(k), free(v), free(out), free(ref), free(mask);
 }
 
-static void test_attention_causal(void)
-{
+static void test_attention_causal(void) {
     check_attention_causal((const int[]){5, 3, 7}, 3, 4, 2, 8); /* one row tile, three sequences */
     check_attention_causal((const int[]){40, 1, 150}, 3, 2, 1, 16); /* several row and key tiles */
 }
@@ -330,15 +333,13 @@ typedef struct {
     float *out, *lse, *q, *k, *v, *R;
     nn_block_span *spans;
 } blk_t;
-static double blk_loss(void *a_)
-{
+static double blk_loss(void *a_) {
     blk_t *a = a_;
     ops->attention_block_fwd(ctx, a->out, a->lse, a->q, a->k, a->v, a->spans, a->nb, a->B, a->Tk,
                              a->H, a->Hk, a->d);
     return dot_d(a->out, a->R, a->nq);
 }
-static blk_t blk_new(int nb, int B, int S, int H, int Hk, int d)
-{
+static blk_t blk_new(int nb, int B, int S, int H, int Hk, int d) {
     blk_t a = {nb, B, S, H, Hk, d, nb * B, S + nb * B, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     a.nq = (size_t)a.Q * H * d, a.nk = (size_t)a.Tk * Hk * d;
     a.out = zeros(a.nq), a.lse = zeros((size_t)H * a.Q);
@@ -346,28 +347,27 @@ static blk_t blk_new(int nb, int B, int S, int H, int Hk, int d)
     a.spans = calloc(nb, sizeof(nn_block_span));
     return a;
 }
-static void blk_free(blk_t *a)
-{
+static void blk_free(blk_t *a) {
     free(a->out), free(a->lse), free(a->q), free(a->k), free(a->v), free(a->R), free(a->spans);
 }
 /* the visibility mask [Q, Tk] of the spans, written from the ops.h contract */
-static unsigned char *blk_mask(const blk_t *a)
-{
+static unsigned char *blk_mask(const blk_t *a) {
     unsigned char *mask = calloc((size_t)a->Q * a->Tk, 1);
     for (int j = 0; j < a->nb; j++)
         for (int i = 0; i < a->B; i++) {
             const nn_block_span *s = &a->spans[j];
             if (!s->keep) continue;
             unsigned char *m = mask + (size_t)(j * a->B + i) * a->Tk;
-            for (int t = s->ctx_begin; t < s->ctx_end; t++) m[t] = 1;
-            for (int t = s->blk_begin; t < s->blk_begin + a->B; t++) m[t] = 1;
+            for (int t = s->ctx_begin; t < s->ctx_end; t++)
+                m[t] = 1;
+            for (int t = s->blk_begin; t < s->blk_begin + a->B; t++)
+                m[t] = 1;
         }
     return mask;
 }
 /* forward against the dense masked reference, backward by finite differences (every `step`-th
  * element); returns the forward error */
-static void blk_check(blk_t *a, const char *what, size_t step)
-{
+static void blk_check(blk_t *a, const char *what, size_t step) {
     blk_loss(a);
     unsigned char *mask = blk_mask(a);
     float *ref = zeros(a->nq);
@@ -409,7 +409,8 @@ static void blk_check(blk_t *a, const char *what, size_t step)
     int ok = 1;
     for (int t = 0; t < a->Tk; t++) {
         int seen = 0;
-        for (int r = 0; r < a->Q; r++) seen |= mask[(size_t)r * a->Tk + t];
+        for (int r = 0; r < a->Q; r++)
+            seen |= mask[(size_t)r * a->Tk + t];
         if (!seen)
             ok &= max_abs(dk + (size_t)t * a->Hk * a->d, (size_t)a->Hk * a->d) == 0.0 &&
                   max_abs(dv + (size_t)t * a->Hk * a->d, (size_t)a->Hk * a->d) == 0.0;
@@ -418,8 +419,7 @@ static void blk_check(blk_t *a, const char *what, size_t step)
     free(mask), free(ref), free(dq), free(dk), free(dv);
 }
 
-static void test_attention_block(void)
-{
+static void test_attention_block(void) {
     /* 3 blocks of 4 after 6 context keys. block 0: anchor 3 sees ctx [0,3); block 1: keep = 0;
      * block 2: anchor 0 sees no context */
     blk_t a = blk_new(3, 4, 6, 4, 2, 8);
@@ -441,7 +441,7 @@ static void test_attention_block(void)
         a.v[(size_t)(a.S + a.B) * a.Hk * a.d + i] += 1.0f;
     }
     blk_loss(&a);
-    CHECK(max_diff(a.out, o0, rowb) == 0.0);                      /* block 0 */
+    CHECK(max_diff(a.out, o0, rowb) == 0.0);                       /* block 0 */
     CHECK(max_diff(a.out + 2 * rowb, o0 + 2 * rowb, rowb) == 0.0); /* block 2 */
 
     /* keep = 0 rows get dq = 0 */
@@ -470,8 +470,7 @@ static void test_attention_block(void)
 
 /* Attention big enough to run on two threads (the ops run loops under ~4 MFLOP on the caller)
  * gives the same bits as on one thread, and still the dense reference's values. */
-static void test_attention_threads(void)
-{
+static void test_attention_threads(void) {
     nn_ctx *c1 = nn_cpu_new(1), *c2 = nn_cpu_new(2);
     int H = 4, Hk = 2, d = 32;
     int32_t off[3] = {0, 130, 300};
@@ -484,7 +483,8 @@ static void test_attention_threads(void)
     free(q), free(k), free(v), free(o1), free(o2);
 
     blk_t a = blk_new(8, 16, 200, 4, 2, 32);
-    for (int j = 0; j < a.nb; j++) a.spans[j] = (nn_block_span){0, 25 * j, a.S + j * a.B, j != 3};
+    for (int j = 0; j < a.nb; j++)
+        a.spans[j] = (nn_block_span){0, 25 * j, a.S + j * a.B, j != 3};
     nn_ctx *saved = ctx;
     float *lse1 = zeros((size_t)a.H * a.Q), *dq[2], *dk[2], *dv[2];
     for (int i = 0; i < 2; i++) {
@@ -497,11 +497,13 @@ static void test_attention_threads(void)
     }
     ctx = saved;
     int same = 1;
-    for (size_t i = 0; i < (size_t)a.H * a.Q; i++) same &= memcmp(&lse1[i], &a.lse[i], 4) == 0;
+    for (size_t i = 0; i < (size_t)a.H * a.Q; i++)
+        same &= memcmp(&lse1[i], &a.lse[i], 4) == 0;
     CHECK(same);
     CHECK(max_diff(dq[0], dq[1], a.nq) == 0.0 && max_diff(dk[0], dk[1], a.nk) == 0.0 &&
           max_diff(dv[0], dv[1], a.nk) == 0.0 && max_abs(dk[0], a.nk) > 0.0);
-    for (int i = 0; i < 2; i++) free(dq[i]), free(dk[i]), free(dv[i]);
+    for (int i = 0; i < 2; i++)
+        free(dq[i]), free(dk[i]), free(dv[i]);
     free(lse1);
     blk_free(&a);
     nn_cpu_destroy(&c1);
@@ -518,19 +520,27 @@ typedef struct {
     int Q, D, V, chunk;
     float inv_norm;
 } xent_t;
-static double xent_loss(void *a_)
-{
+static double xent_loss(void *a_) {
     xent_t *a = a_;
     ops->lm_head_xent(ctx, NULL, a->sums, NULL, a->h, a->W, a->labels, a->wts, a->inv_norm,
                       a->scratch, a->Q, a->D, a->V, a->chunk);
     return (double)a->sums[0] * a->inv_norm;
 }
 
-static void test_lm_head_xent(void)
-{
+static void test_lm_head_xent(void) {
     int Q = 7, D = 6, V = 11, chunk = 3;
-    xent_t a = {zeros((size_t)Q * D), rnd((size_t)Q * D, 1), rnd((size_t)V * D, 1), zeros(Q),
-                zeros((size_t)chunk * V), malloc(Q * 4), malloc(Q * 4), {0, 0}, Q, D, V, chunk,
+    xent_t a = {zeros((size_t)Q * D),
+                rnd((size_t)Q * D, 1),
+                rnd((size_t)V * D, 1),
+                zeros(Q),
+                zeros((size_t)chunk * V),
+                malloc(Q * 4),
+                malloc(Q * 4),
+                {0, 0},
+                Q,
+                D,
+                V,
+                chunk,
                 0.37f};
     for (int r = 0; r < Q; r++) {
         a.labels[r] = (r * 5) % V;
@@ -551,7 +561,8 @@ static void test_lm_head_xent(void)
         ok_correct &= a.correct[r] == (am == a.labels[r]);
         if (a.wts[r] <= 0) continue;
         double se = 0.0;
-        for (int v = 0; v < V; v++) se += exp(lg[v] - mx);
+        for (int v = 0; v < V; v++)
+            se += exp(lg[v] - mx);
         loss += a.wts[r] * (mx + log(se) - lg[a.labels[r]]);
         wsum += a.wts[r];
     }
@@ -578,7 +589,8 @@ static void test_lm_head_xent(void)
     ops->lm_head_xent(ctx, NULL, sums2, a.correct, a.h, a.W, am, a.wts, 1.0f, a.scratch, Q, D, V,
                       chunk);
     int all = 1;
-    for (int r = 0; r < Q; r++) all &= a.correct[r] == 1;
+    for (int r = 0; r < Q; r++)
+        all &= a.correct[r] == 1;
     CHECK(all);
     free(a.dh), free(a.h), free(a.W), free(a.wts), free(a.scratch), free(a.labels), free(a.correct);
     free(dh2), free(scr2);
@@ -586,8 +598,7 @@ static void test_lm_head_xent(void)
 
 /* ---- optimizer and small ops ---- */
 
-static void test_adamw(void)
-{
+static void test_adamw(void) {
     /* p = 1, g = 0.5 scaled by 2 -> 1; lr 0.1, wd 0.01, betas (0.9, 0.999):
      * step 1: m = 0.1, v = 0.001, mhat = vhat = 1: p = 1 * (1 - 0.001) - 0.1 * 1 / (1 + eps)
      * step 2: m = 0.19, v = 0.001999, mhat = vhat = 1: p = 0.899 * 0.999 - 0.1 */
@@ -595,7 +606,7 @@ static void test_adamw(void)
     ops->adamw(ctx, p, act, g, m, v, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2.0f, 1);
     CHECK_NEAR(p[0], 0.899, 1e-6);
     CHECK_NEAR(m[0], 0.1, 1e-7);
-    CHECK_NEAR(v[0], 0.001, 2e-8); /* 1 - 0.999f is 0.00099998713 */
+    CHECK_NEAR(v[0], 0.001, 2e-8);        /* 1 - 0.999f is 0.00099998713 */
     CHECK_NEAR(p[1], -2.0 * 0.999, 1e-6); /* zero gradient: only the decay */
     CHECK(act[0] == p[0] && act[1] == p[1]);
     ops->adamw(ctx, p, NULL, g, m, v, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2.0f, 2);
@@ -606,8 +617,7 @@ static void test_adamw(void)
     CHECK_NEAR(s, 169.0, 1e-6);
 }
 
-static void test_embedding_and_memory(void)
-{
+static void test_embedding_and_memory(void) {
     float table[3 * 2] = {1, 2, 3, 4, 5, 6}, out[4 * 2];
     int32_t ids[4] = {2, 0, 2, 1};
     ops->embedding_fwd(ctx, out, ids, table, 4, 2);
@@ -628,8 +638,7 @@ static void test_embedding_and_memory(void)
     CHECK(ops->act_bytes == sizeof(float) && strcmp(ops->name, "cpu") == 0);
 }
 
-int main(void)
-{
+int main(void) {
     ops = nn_cpu_ops();
     ctx = nn_cpu_new(2);
     CHECK(ctx != NULL);

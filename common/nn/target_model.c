@@ -62,6 +62,7 @@ struct target_model {
     int *capture_col; /* [L] */
     int n_run, n_loaded;
     int T_max, S_max, R_max;
+    bool no_head; /* final norm and lm_head not loaded */
 
     void *params;
     nn_buf *embed, *final_norm, *lm_head;
@@ -133,8 +134,10 @@ static int plan_params(target_model *m, param_entry *t)
     int64_t Qd = (int64_t)c->num_heads * c->head_dim, Kd = (int64_t)c->num_kv_heads * c->head_dim;
     int n = 0;
     add_param(t, &n, &m->embed, V, D, 2, "model.embed_tokens.weight", 0);
-    add_param(t, &n, &m->final_norm, D, 0, 1, "model.norm.weight", 0);
-    if (!c->tie_word_embeddings) add_param(t, &n, &m->lm_head, V, D, 2, "lm_head.weight", 0);
+    if (!m->no_head) {
+        add_param(t, &n, &m->final_norm, D, 0, 1, "model.norm.weight", 0);
+        if (!c->tie_word_embeddings) add_param(t, &n, &m->lm_head, V, D, 2, "lm_head.weight", 0);
+    }
     for (int l = 0; l < m->n_loaded; l++) {
         target_layer *w = &m->layers[l];
         add_param(t, &n, &w->in_norm, D, 0, 1, "model.layers.%d.input_layernorm.weight", l);
@@ -287,6 +290,11 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     m->T_max = o->max_tokens;
     m->S_max = o->max_seqs ? o->max_seqs : o->max_tokens;
     m->R_max = o->max_logit_rows;
+    m->no_head = o->no_head;
+    if (o->no_head && o->max_logit_rows > 0) {
+        LOG_ERROR("target model: no_head leaves nothing to compute logits with");
+        goto fail;
+    }
     if (pick_layers(m, o)) goto fail;
     m->capture_col = malloc(sizeof(int) * (size_t)cfg->num_layers);
     m->layers = calloc((size_t)m->n_loaded, sizeof *m->layers);
@@ -320,7 +328,7 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
         }
         ops->upload(ctx, *e->ptr, staging, (size_t)numel(e));
     }
-    if (cfg->tie_word_embeddings) m->lm_head = m->embed;
+    if (cfg->tie_word_embeddings && !m->no_head) m->lm_head = m->embed;
     free(staging);
     staging = NULL;
     free(table);

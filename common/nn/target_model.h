@@ -48,6 +48,7 @@ typedef struct target_model_opts {
     int max_seqs;        /* largest n_seqs of target_forward_host (0: max_tokens) */
     int max_logit_rows;  /* rows per target_logits call; 0: no logits (lm_head still loaded) */
     bool all_layers;     /* keep every decoder layer (needed by target_logits / generate) */
+    bool no_head;        /* skip model.norm and lm_head (a capture-only target daemon saves V*D) */
 } target_model_opts;
 
 /* Fills dst[numel(shape)] (fp32, host) with tensor `name` after checking that it exists and has
@@ -82,7 +83,8 @@ const model_config *target_model_config(const target_model *m);
 const int *target_model_layer_ids(const target_model *m, int *n);
 int target_model_max_tokens(const target_model *m);
 /* Frozen shared tensors the drafter borrows: embed_tokens [V, D] and lm_head [V, D] (the same
- * buffer when tie_word_embeddings). Backend memory of act type, valid while m lives. */
+ * buffer when tie_word_embeddings). Backend memory of act type, valid while m lives. lm_head
+ * and final_norm are NULL with opts.no_head. */
 const nn_buf *target_model_embed_tokens(const target_model *m);
 const nn_buf *target_model_lm_head(const target_model *m);
 /* Final norm weight [D] (act type). */

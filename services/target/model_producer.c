@@ -83,7 +83,8 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
 
     target_model_opts mo = {.layer_ids = o->layer_ids, .n_layer_ids = o->n_layer_ids,
                             .drafter_layers = o->drafter_layers,
-                            .max_tokens = (int)o->token_budget, .max_seqs = (int)o->max_seqs};
+                            .max_tokens = (int)o->token_budget, .max_seqs = (int)o->max_seqs,
+                            .no_head = true};
     p->model = target_model_load(o->model_dir, &mo, ops, ctx);
     if (!p->model) {
         snprintf(err, errlen, "%s: cannot load the target model (see the log above)",

@@ -60,6 +60,7 @@ static void fill(const char *name, const int64_t *shape, int ndim, float *dst)
 typedef struct fetch_log {
     int calls;
     int deepest_layer; /* deepest model.layers.N requested */
+    bool head;         /* model.norm or lm_head requested */
 } fetch_log;
 
 static int fetch_random(void *user, const char *name, const int64_t *shape, int ndim, float *dst)
@@ -70,6 +71,7 @@ static int fetch_random(void *user, const char *name, const int64_t *shape, int 
         int layer;
         if (sscanf(name, "model.layers.%d.", &layer) == 1 && layer > fl->deepest_layer)
             fl->deepest_layer = layer;
+        if (!strcmp(name, "model.norm.weight") || !strcmp(name, "lm_head.weight")) fl->head = true;
     }
     fill(name, shape, ndim, dst);
     return 0;
@@ -130,7 +132,7 @@ static void test_capture(const nn_ops *ops, nn_ctx *ctx)
         for (int t = off[s]; t < off[s + 1]; t++) pos[t] = t - off[s];
 
     /* capture [2, 0] of 4 layers into rows of 2*D + PAD: only layers 0..2 are ever loaded */
-    fetch_log fl = {0, -1};
+    fetch_log fl = {0, -1, false};
     int cap[2] = {2, 0};
     target_model_opts o = {.layer_ids = cap, .n_layer_ids = 2, .max_tokens = 32};
     target_model *m = target_model_new(&c, &o, ops, ctx, fetch_random, &fl);
@@ -149,14 +151,17 @@ static void test_capture(const nn_ops *ops, nn_ctx *ctx)
     /* same model, capturing [0] and [2] separately with contiguous rows: the columns of the
      * strided run are exactly these, in list order */
     int only0 = 0, only2 = 2;
-    fetch_log fl0 = {0, -1};
-    target_model_opts o0 = {.layer_ids = &only0, .n_layer_ids = 1, .max_tokens = 32};
+    fetch_log fl0 = {0, -1, false};
+    target_model_opts o0 = {.layer_ids = &only0, .n_layer_ids = 1, .max_tokens = 32,
+                            .no_head = true};
     target_model *m0 = target_model_new(&c, &o0, ops, ctx, fetch_random, &fl0);
     target_model_opts o2 = {.layer_ids = &only2, .n_layer_ids = 1, .max_tokens = 32};
     target_model *m2 = target_model_new(&c, &o2, ops, ctx, fetch_random, NULL);
     CHECK(m0 && m2);
     if (!m0 || !m2) goto out;
     CHECK_EQ_INT(fl0.deepest_layer, 0);
+    CHECK(!fl0.head && fl.head); /* no_head skips model.norm and lm_head, capture is unchanged */
+    CHECK(target_model_lm_head(m0) == NULL && target_model_lm_head(m) != NULL);
     float h0[T * 32], h2[T * 32];
     CHECK_EQ_INT(target_forward_host(m0, ids, pos, off, S, T, h0, D), 0);
     CHECK_EQ_INT(target_forward_host(m2, ids, pos, off, S, T, h2, D), 0);
@@ -506,6 +511,7 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx)
     CHECK_EQ_INT(l.hidden, c.hidden_size);
     CHECK_EQ_INT(l.n_layers, 2);
     CHECK_EQ_INT(l.dtype, SLOT_DTYPE_F32);
+    CHECK(target_model_lm_head(model_producer_model(p)) == NULL); /* the daemon needs no head */
     void *slot = ops->alloc(ctx, l.slot_bytes);
     int D = c.hidden_size;
     target_model_opts mo = {.layer_ids = cap, .n_layer_ids = 2, .max_tokens = 32};

@@ -1,0 +1,928 @@
+/* ops_cuda: the cuda backend of ops.h, everything but attention (ops_cuda_attn.cu).
+ *
+ * Types: nn_buf = bf16; weight gradients, master weights, moments, rstd, lse, loss sums fp32.
+ * Every kernel computes in fp32 and rounds once when it stores a bf16.
+ *
+ * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
+ * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
+ * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
+ * only). Nothing else is allocated after nn_cuda_new except by the caller through alloc.
+ *
+ * Matmuls (row-major, ops.h layout) are run as column-major cuBLASLt products of the transposes:
+ *   linear_fwd  y[M,N]  = x[M,K] w[N,K]^T   ->  y^T (N x M) = op_T(w: K x N) * x^T (K x M)
+ *   linear_bwd  dx[M,K] = dy[M,N] w[N,K]    -> dx^T (K x M) = w^T (K x N) * dy^T (N x M)
+ *               dw[N,K] += dy^T x           -> dw^T (K x N) = x^T (K x M) * op_T(dy^T: N x M)
+ * dw is fp32 output with beta = 1 (accumulate); dx of linear_bwd_acc uses beta = 1 on bf16.
+ *
+ * Choices where ops.h leaves room (matching ops_cpu.c): rows of weight <= 0 give no loss and
+ * dh = 0; correct[] is written for every row; argmax ties take the first index; RMSNorm's rstd
+ * may be NULL in backward (recomputed with eps 1e-6); rope angles are (float)pos * inv_freq.
+ * lm_head_xent and lm_head_argmax use the caller's scratch [chunk, V] bf16 as fp32 logits of
+ * chunk/2 rows (so chunk must be >= 2); the dlogits are written back in place as bf16 with a
+ * row stride of 2V elements.
+ *
+ * Stream: every op queues work on c->stream and returns; download, download_raw and sync wait.
+ */
+#include "ops_cuda.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <assert.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define LT_WORKSPACE (32u << 20)
+#define STAGE_FLOATS (8u << 20) /* 32 MiB of fp32 */
+#define LT_CACHE 96
+
+typedef struct lt_key {
+    int m, n, k, lda, ldb, ldc;
+    int ta, tb;
+    int ctype;   /* 0: bf16 C/D, 1: fp32 C/D */
+    int beta_nz; /* beta != 0 (C read) */
+    int align;   /* smallest alignment (bytes, power of two <= 256) of the four pointers */
+} lt_key;
+
+typedef struct lt_entry {
+    lt_key key;
+    int used;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t A, B, C;
+    cublasLtMatmulAlgo_t algo;
+} lt_entry;
+
+struct nn_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *ws;      /* cuBLASLt workspace, LT_WORKSPACE bytes */
+    float *stage;  /* STAGE_FLOATS fp32 for upload/download conversion */
+    lt_entry cache[LT_CACHE];
+    int cache_next;
+};
+
+void cuda_check_at(cudaError_t e, const char *what, const char *file, int line)
+{
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "%s:%d: CUDA error %s (%s) in %s\n", file, line, cudaGetErrorName(e),
+            cudaGetErrorString(e), what);
+    fprintf(stderr, "hint: check the device with nvidia-smi and the shapes passed to the op\n");
+    abort();
+}
+
+static void lt_check_at(cublasStatus_t s, const char *what, const char *file, int line)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "%s:%d: cuBLASLt error %d in %s\n", file, line, (int)s, what);
+    abort();
+}
+#define LT_CHECK(x) lt_check_at((x), #x, __FILE__, __LINE__)
+
+static inline unsigned grid_for(size_t n, unsigned threads)
+{
+    size_t g = (n + threads - 1) / threads;
+    if (g > 65535u * 16u) g = 65535u * 16u; /* grid-stride loops cover the rest */
+    return g ? (unsigned)g : 1u;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* memory */
+
+static void *cu_alloc(nn_ctx *c, size_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0) bytes = 256;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "ops_cuda: cudaMalloc of %zu bytes failed\n", bytes);
+        return NULL;
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
+    return p;
+}
+
+static void cu_free(nn_ctx *c, void *p)
+{
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaFree(p));
+}
+
+__global__ void k_f32_to_bf16(bf16 *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+__global__ void k_bf16_to_f32(float *dst, const bf16 *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+static void cu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
+{
+    bf16 *d = (bf16 *)dst;
+    for (size_t o = 0; o < n; o += STAGE_FLOATS) {
+        size_t m = n - o < STAGE_FLOATS ? n - o : STAGE_FLOATS;
+        CUDA_CHECK(cudaMemcpyAsync(c->stage, src + o, m * sizeof(float), cudaMemcpyHostToDevice,
+                                   c->stream));
+        k_f32_to_bf16<<<grid_for(m, 256), 256, 0, c->stream>>>(d + o, c->stage, m);
+        CUDA_CHECK_LAUNCH();
+    }
+    /* the staging buffer is reused by the next call: the host source may be pageable and
+     * reused by the caller at once, so wait until the copies have been consumed */
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+static void cu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n)
+{
+    const bf16 *s = (const bf16 *)src;
+    for (size_t o = 0; o < n; o += STAGE_FLOATS) {
+        size_t m = n - o < STAGE_FLOATS ? n - o : STAGE_FLOATS;
+        k_bf16_to_f32<<<grid_for(m, 256), 256, 0, c->stream>>>(c->stage, s + o, m);
+        CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cudaMemcpyAsync(dst + o, c->stage, m * sizeof(float), cudaMemcpyDeviceToHost,
+                                   c->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+static void cu_upload_raw(nn_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    /* pageable source: returns once the source has been staged, so the caller may reuse it */
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+}
+
+static void cu_download_raw(nn_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+static void cu_copy(nn_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    if (bytes && dst != src)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+static void cu_zero(nn_ctx *c, void *p, size_t bytes)
+{
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
+}
+
+static void cu_sync(nn_ctx *c)
+{
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* embedding: out[T,D] = table[ids[t], :], one block per token */
+
+__global__ void k_embedding(bf16 *out, const int32_t *ids, const bf16 *table, int D)
+{
+    int t = blockIdx.x;
+    const bf16 *src = table + (size_t)ids[t] * D;
+    bf16 *dst = out + (size_t)t * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+}
+
+static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const nn_buf *table,
+                             int T, int D)
+{
+    assert(T >= 0 && D > 0);
+    if (T == 0) return;
+    k_embedding<<<T, 256, 0, c->stream>>>((bf16 *)out, ids, (const bf16 *)table, D);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* RMSNorm: one warp per row. out = bf16(bf16(x * rstd) * w) (HF Qwen3RMSNorm). */
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int R, int C,
+                              float eps)
+{
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= R) return;
+    const bf16 *xr = x + (size_t)r * C;
+    bf16 *orow = out + (size_t)r * C;
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+        float v = __bfloat162float(xr[i]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    float rs = rsqrtf(ss / (float)C + eps);
+    if (rstd && lane == 0) rstd[r] = rs;
+    for (int i = lane; i < C; i += 32) {
+        float n = __bfloat162float(__float2bfloat16(__bfloat162float(xr[i]) * rs));
+        orow[i] = __float2bfloat16(n * __bfloat162float(w[i]));
+    }
+}
+
+static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x, const nn_buf *w,
+                           int R, int C, float eps)
+{
+    assert(R >= 0 && C > 0);
+    if (R == 0) return;
+    k_rmsnorm_fwd<<<(R + 7) / 8, 256, 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
+                                                      (const bf16 *)w, R, C, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* dx = rs * (dy*w - xhat * mean(dy*w*xhat)), xhat = x*rs (fp32). One warp per row. dx may equal
+ * dy: each lane reads its element before writing it. */
+__global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *w,
+                                 const float *rstd, int R, int C)
+{
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= R) return;
+    const bf16 *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
+    float rs;
+    if (rstd) rs = rstd[r];
+    else {
+        float ss = 0.0f;
+        for (int i = lane; i < C; i += 32) {
+            float v = __bfloat162float(xr[i]);
+            ss += v * v;
+        }
+        rs = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
+    }
+    float dot = 0.0f;
+    for (int i = lane; i < C; i += 32)
+        dot += __bfloat162float(dyr[i]) * __bfloat162float(w[i]) * __bfloat162float(xr[i]) * rs;
+    float mean = warp_sum(dot) / (float)C;
+    bf16 *dxr = dx + (size_t)r * C;
+    for (int i = lane; i < C; i += 32) {
+        float xv = __bfloat162float(xr[i]);
+        float v = rs * (__bfloat162float(dyr[i]) * __bfloat162float(w[i]) - xv * rs * mean);
+        dxr[i] = __float2bfloat16(v);
+    }
+}
+
+/* dw[c] += sum over a chunk of rows of dy * x * rs: thread per column, blockIdx.y per chunk. */
+#define COLSUM_ROWS 128
+__global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const float *rstd,
+                                 int R, int C)
+{
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= C) return;
+    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(R, r0 + COLSUM_ROWS);
+    float s = 0.0f;
+    for (int r = r0; r < r1; r++) {
+        float xv = __bfloat162float(x[(size_t)r * C + col]);
+        float rs;
+        if (rstd) rs = rstd[r];
+        else {
+            float ss = 0.0f; /* slow path, only when the caller kept no rstd */
+            for (int i = 0; i < C; i++) {
+                float v = __bfloat162float(x[(size_t)r * C + i]);
+                ss += v * v;
+            }
+            rs = rsqrtf(ss / (float)C + 1e-6f);
+        }
+        s += __bfloat162float(dy[(size_t)r * C + col]) * xv * rs;
+    }
+    atomicAdd(dw + col, s);
+}
+
+static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
+                           const nn_buf *w, const float *rstd, int R, int C)
+{
+    assert(R >= 0 && C > 0);
+    if (R == 0) return;
+    if (dw) { /* before dx: dx may overwrite dy */
+        dim3 g((C + 127) / 128, (R + COLSUM_ROWS - 1) / COLSUM_ROWS);
+        assert(g.y <= 65535);
+        k_rmsnorm_bwd_dw<<<g, 128, 0, c->stream>>>(dw, (const bf16 *)dy, (const bf16 *)x, rstd,
+                                                   R, C);
+        CUDA_CHECK_LAUNCH();
+    }
+    k_rmsnorm_bwd_dx<<<(R + 7) / 8, 256, 0, c->stream>>>((bf16 *)dx, (const bf16 *)dy,
+                                                         (const bf16 *)x, (const bf16 *)w, rstd,
+                                                         R, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* cuBLASLt matmul: D = alpha * op(A) op(B) + beta * C, column-major, C == D. */
+
+static int ptr_align(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a % (uintptr_t)al) != 0) al >>= 1;
+    return al;
+}
+
+static lt_entry *lt_get(nn_ctx *c, const lt_key *key)
+{
+    for (int i = 0; i < LT_CACHE; i++)
+        if (c->cache[i].used && memcmp(&c->cache[i].key, key, sizeof *key) == 0)
+            return &c->cache[i];
+    lt_entry *e = &c->cache[c->cache_next];
+    c->cache_next = (c->cache_next + 1) % LT_CACHE;
+    if (e->used) {
+        cublasLtMatmulDescDestroy(e->op);
+        cublasLtMatrixLayoutDestroy(e->A);
+        cublasLtMatrixLayoutDestroy(e->B);
+        cublasLtMatrixLayoutDestroy(e->C);
+        e->used = 0;
+    }
+    e->key = *key;
+    LT_CHECK(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    /* stored shapes: A is m x k (k x m when transposed), B is k x n (n x k), C is m x n */
+    LT_CHECK(cublasLtMatrixLayoutCreate(&e->A, CUDA_R_16BF, key->ta ? key->k : key->m,
+                                        key->ta ? key->m : key->k, key->lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&e->B, CUDA_R_16BF, key->tb ? key->n : key->k,
+                                        key->tb ? key->k : key->n, key->ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&e->C, key->ctype ? CUDA_R_32F : CUDA_R_16BF, key->m,
+                                        key->n, key->ldc));
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = LT_WORKSPACE;
+    uint32_t al = (uint32_t)key->align;
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->A, e->B, e->C, e->C, pref, 1, &res,
+                                            &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found < 1) {
+        fprintf(stderr, "ops_cuda: no cuBLASLt algorithm for m %d n %d k %d (ld %d %d %d)\n",
+                key->m, key->n, key->k, key->lda, key->ldb, key->ldc);
+        abort();
+    }
+    e->algo = res.algo;
+    e->used = 1;
+    return e;
+}
+
+/* Column-major D[m,n] = op(A) op(B) (+ C when beta = 1); A, B bf16; C/D bf16 or fp32. */
+static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
+                      const void *B, int ldb, void *D, int ldc, int d_f32, float beta)
+{
+    if (m <= 0 || n <= 0) return;
+    assert(k > 0);
+    lt_key key;
+    memset(&key, 0, sizeof key);
+    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+    key.ta = ta, key.tb = tb, key.ctype = d_f32, key.beta_nz = beta != 0.0f;
+    int al = ptr_align(A);
+    if (ptr_align(B) < al) al = ptr_align(B);
+    if (ptr_align(D) < al) al = ptr_align(D);
+    key.align = al;
+    lt_entry *e = lt_get(c, &key);
+    float alpha = 1.0f;
+    LT_CHECK(cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, D, e->C, D, e->C,
+                            &e->algo, c->ws, LT_WORKSPACE, c->stream));
+}
+
+__global__ void k_add_bias(bf16 *y, const bf16 *b, int M, int N)
+{
+    size_t n = (size_t)M * N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(b[i % N]));
+}
+
+static void cu_linear_fwd(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w,
+                          const nn_buf *b, int M, int K, int N)
+{
+    assert(M >= 0 && K >= 0 && N >= 0);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)M * N * sizeof(bf16), c->stream));
+    } else {
+        lt_matmul(c, 1, 0, N, M, K, w, K, x, K, y, N, 0, 0.0f);
+    }
+    if (b) {
+        size_t n = (size_t)M * N;
+        k_add_bias<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)y, (const bf16 *)b, M, N);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* db[n] += sum_m dy[m, n]: thread per column, blockIdx.y per chunk of rows. */
+__global__ void k_colsum(float *db, const bf16 *dy, int M, int N)
+{
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= N) return;
+    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(M, r0 + COLSUM_ROWS);
+    float s = 0.0f;
+    for (int r = r0; r < r1; r++) s += __bfloat162float(dy[(size_t)r * N + col]);
+    atomicAdd(db + col, s);
+}
+
+static void linear_bwd_impl(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                            const nn_buf *x, const nn_buf *w, int M, int K, int N, float beta)
+{
+    assert(M >= 0 && K >= 0 && N >= 0);
+    if (M == 0 || K == 0) return;
+    if (N == 0) {
+        if (dx && beta == 0.0f)
+            CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)M * K * sizeof(bf16), c->stream));
+        return;
+    }
+    if (dx) lt_matmul(c, 0, 0, K, M, N, w, K, dy, N, dx, K, 0, beta);
+    if (dw) lt_matmul(c, 0, 1, K, N, M, x, K, dy, N, dw, K, 1, 1.0f);
+    if (db) {
+        dim3 g((N + 127) / 128, (M + COLSUM_ROWS - 1) / COLSUM_ROWS);
+        assert(g.y <= 65535);
+        k_colsum<<<g, 128, 0, c->stream>>>(db, (const bf16 *)dy, M, N);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                          const nn_buf *x, const nn_buf *w, int M, int K, int N)
+{
+    linear_bwd_impl(c, dx, dw, db, dy, x, w, M, K, N, 0.0f);
+}
+
+static void cu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                              const nn_buf *x, const nn_buf *w, int M, int K, int N)
+{
+    linear_bwd_impl(c, dx, dw, db, dy, x, w, M, K, N, 1.0f);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* RoPE in place on x[T, nh, d] (token stride ld): thread per (t, i < d/2), loops over heads. */
+
+__global__ void k_rope(bf16 *x, const int32_t *pos, const float *inv_freq, int T, int nh, int d,
+                       int ld, float sign)
+{
+    int half = d / 2;
+    size_t n = (size_t)T * half;
+    for (size_t id = blockIdx.x * (size_t)blockDim.x + threadIdx.x; id < n;
+         id += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(id / half), i = (int)(id % half);
+        float a = (float)pos[t] * inv_freq[i];
+        double sd, cd;
+        sincos((double)a, &sd, &cd);
+        float cs = (float)cd, sn = sign * (float)sd;
+        bf16 *xt = x + (size_t)t * ld;
+        for (int h = 0; h < nh; h++) {
+            bf16 *xh = xt + (size_t)h * d;
+            float x1 = __bfloat162float(xh[i]), x2 = __bfloat162float(xh[i + half]);
+            xh[i] = __float2bfloat16(x1 * cs - x2 * sn);
+            xh[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
+        }
+    }
+}
+
+static void rope_launch(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
+                        int nh, int d, int ld, float sign)
+{
+    assert(d % 2 == 0 && ld >= nh * d && T >= 0);
+    if (T == 0 || nh == 0) return;
+    size_t n = (size_t)T * (d / 2);
+    k_rope<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)x, pos, inv_freq, T, nh, d, ld, sign);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void cu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
+                        int nh, int d, int ld)
+{
+    rope_launch(c, x, pos, inv_freq, T, nh, d, ld, 1.0f);
+}
+
+static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
+                        int nh, int d, int ld)
+{
+    rope_launch(c, dx, pos, inv_freq, T, nh, d, ld, -1.0f);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* SwiGLU and add */
+
+__global__ void k_swiglu_fwd(bf16 *out, const bf16 *g, const bf16 *u, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float gi = __bfloat162float(g[i]);
+        float s = 1.0f / (1.0f + expf(-gi));
+        out[i] = __float2bfloat16(gi * s * __bfloat162float(u[i]));
+    }
+}
+
+__global__ void k_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dout, const bf16 *g, const bf16 *u,
+                             size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float gi = __bfloat162float(g[i]), ui = __bfloat162float(u[i]);
+        float dy = __bfloat162float(dout[i]);
+        float s = 1.0f / (1.0f + expf(-gi));
+        dg[i] = __float2bfloat16(dy * ui * s * (1.0f + gi * (1.0f - s)));
+        du[i] = __float2bfloat16(dy * gi * s);
+    }
+}
+
+static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gate, const nn_buf *up, int R,
+                          int F)
+{
+    size_t n = (size_t)R * F;
+    if (n == 0) return;
+    k_swiglu_fwd<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gate,
+                                                          (const bf16 *)up, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgate, nn_buf *dup, const nn_buf *dout,
+                          const nn_buf *gate, const nn_buf *up, int R, int F)
+{
+    size_t n = (size_t)R * F;
+    if (n == 0) return;
+    k_swiglu_bwd<<<grid_for(n, 256), 256, 0, c->stream>>>(
+        (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void k_add(bf16 *y, const bf16 *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
+}
+
+static void cu_add_inplace(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n)
+{
+    if (n == 0) return;
+    k_add<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)y, (const bf16 *)x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* attention: ops_cuda_attn.cu */
+
+static void cu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,
+                                    const nn_buf *v, const int32_t *seq_off, int n_seqs, int T,
+                                    int H, int Hk, int d)
+{
+    cuda_attention_causal_fwd(c->stream, (bf16 *)out, (const bf16 *)q, (const bf16 *)k,
+                              (const bf16 *)v, seq_off, n_seqs, T, H, Hk, d);
+}
+
+static void cu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn_buf *q,
+                                   const nn_buf *k, const nn_buf *v, const nn_block_span *spans,
+                                   int n_blocks, int B, int Tk, int H, int Hk, int d)
+{
+    cuda_attention_block_fwd(c->stream, (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
+                             (const bf16 *)v, spans, n_blocks, B, Tk, H, Hk, d);
+}
+
+static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,
+                                   const nn_buf *dout, const nn_buf *q, const nn_buf *k,
+                                   const nn_buf *v, const nn_buf *out, const float *lse,
+                                   const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                                   int Hk, int d)
+{
+    cuda_attention_block_bwd(c->stream, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout,
+                             (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
+                             (const bf16 *)out, lse, spans, n_blocks, B, Tk, H, Hk, d);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* lm_head + cross-entropy. Per sub-chunk of n rows: fp32 logits[n, V] = h W^T (cuBLASLt) in
+ * the scratch; one block per row: online max / sum-exp / argmax, loss, then dlogits written as
+ * bf16 into the first half of the row's own fp32 storage (row stride 2V bf16); then
+ * dh = dlogits W (cuBLASLt). */
+
+#define XENT_THREADS 512
+
+struct msi {
+    float m, s;
+    int i;
+};
+
+__device__ __forceinline__ msi msi_merge(msi a, msi b)
+{
+    msi r;
+    if (b.m > a.m || (b.m == a.m && b.i < a.i)) {
+        r.m = b.m;
+        r.i = b.i;
+    } else {
+        r.m = a.m;
+        r.i = a.i;
+    }
+    float sa = a.m == -INFINITY ? 0.0f : a.s * expf(a.m - r.m);
+    float sb = b.m == -INFINITY ? 0.0f : b.s * expf(b.m - r.m);
+    r.s = sa + sb;
+    return r;
+}
+
+/* Block-wide reduction of (max, sum exp, argmax); every thread gets the result. */
+__device__ msi block_msi(msi v)
+{
+    __shared__ float sm[32], ss[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        msi w;
+        w.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+        w.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+        w.i = __shfl_xor_sync(0xffffffffu, v.i, o);
+        v = msi_merge(v, w);
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads(); /* the shared slots may still be read by a previous call */
+    if (lane == 0) sm[warp] = v.m, ss[warp] = v.s, si[warp] = v.i;
+    __syncthreads();
+    msi r = {-INFINITY, 0.0f, 0x7fffffff};
+    for (int i = 0; i < nw; i++) {
+        msi w = {sm[i], ss[i], si[i]};
+        r = msi_merge(r, w);
+    }
+    return r;
+}
+
+__global__ void __launch_bounds__(XENT_THREADS)
+    k_xent_rows(float *logits, int V, int r0, const int32_t *labels, const float *weights,
+                int32_t *correct, float *out_sums, float inv_norm, int want_dh)
+{
+    int i = blockIdx.x, r = r0 + i;
+    float *L = logits + (size_t)i * V; /* fp32 row i; as bf16 its stride is 2V */
+    msi v = {-INFINITY, 0.0f, 0x7fffffff};
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float x = L[j];
+        if (x > v.m) {
+            v.s = (v.m == -INFINITY ? 0.0f : v.s * expf(v.m - x)) + 1.0f;
+            v.m = x;
+            v.i = j;
+        } else {
+            v.s += expf(x - v.m);
+        }
+    }
+    msi t = block_msi(v);
+    int lab = labels[r];
+    float w = weights[r];
+    if (threadIdx.x == 0) {
+        if (correct) correct[r] = t.i == lab;
+        if (w > 0.0f) {
+            float loss = w * (t.m + logf(t.s) - L[lab]);
+            atomicAdd(out_sums, loss);
+            atomicAdd(out_sums + 1, w);
+        }
+    }
+    if (!want_dh) return;
+    /* dlogits as bf16 at the start of this row's own storage: elements [base, base + bs) are
+     * read into registers, then (after a barrier) written to bf16 slots [base, base + bs),
+     * which overlap only fp32 elements < base + bs, all read already */
+    bf16 *G = (bf16 *)L;
+    float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
+    for (int base = 0; base < V; base += blockDim.x) {
+        int j = base + threadIdx.x;
+        float x = j < V ? L[j] : 0.0f;
+        __syncthreads();
+        if (j < V) {
+            float d = g > 0.0f ? expf(x - mx) * gs - (j == lab ? g : 0.0f) : 0.0f;
+            G[j] = __float2bfloat16(d);
+        }
+    }
+}
+
+__global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0)
+{
+    const float *L = logits + (size_t)blockIdx.x * V;
+    msi v = {-INFINITY, 0.0f, 0x7fffffff};
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float x = L[j];
+        if (x > v.m) v.m = x, v.i = j; /* ascending j per thread: first max kept */
+    }
+    v.s = 0.0f;
+    msi t = block_msi(v);
+    if (threadIdx.x == 0) out[r0 + blockIdx.x] = t.i;
+}
+
+static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *correct,
+                            const nn_buf *h, const nn_buf *W, const int32_t *labels,
+                            const float *weights, float inv_norm, nn_buf *scratch, int Q, int D,
+                            int V, int chunk)
+{
+    assert(chunk >= 2 && V > 0 && D > 0 && Q >= 0);
+    CUDA_CHECK(cudaMemsetAsync(out_sums, 0, 2 * sizeof(float), c->stream));
+    int rows = chunk / 2; /* fp32 logits rows that fit in the bf16 [chunk, V] scratch */
+    float *logits = (float *)scratch;
+    const bf16 *hb = (const bf16 *)h;
+    for (int r0 = 0; r0 < Q; r0 += rows) {
+        int n = Q - r0 < rows ? Q - r0 : rows;
+        lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 1, 0.0f);
+        k_xent_rows<<<n, XENT_THREADS, 0, c->stream>>>(logits, V, r0, labels, weights, correct,
+                                                       out_sums, inv_norm, dh != NULL);
+        CUDA_CHECK_LAUNCH();
+        if (dh)
+            lt_matmul(c, 0, 0, D, n, V, W, D, logits, 2 * V, (bf16 *)dh + (size_t)r0 * D, D, 0,
+                      0.0f);
+    }
+}
+
+static void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn_buf *W,
+                              nn_buf *scratch, int Q, int D, int V, int chunk)
+{
+    assert(chunk >= 2 && V > 0 && D > 0 && Q >= 0);
+    int rows = chunk / 2;
+    float *logits = (float *)scratch;
+    const bf16 *hb = (const bf16 *)h;
+    for (int r0 = 0; r0 < Q; r0 += rows) {
+        int n = Q - r0 < rows ? Q - r0 : rows;
+        lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 1, 0.0f);
+        k_argmax_rows<<<n, XENT_THREADS, 0, c->stream>>>(out, logits, V, r0);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* optimizer */
+
+__global__ void k_sumsq(float *out, const float *g, size_t n)
+{
+    float s = 0.0f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        s += g[i] * g[i];
+    s = warp_sum(s);
+    __shared__ float part[32];
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < (int)blockDim.x / 32; i++) t += part[i];
+        atomicAdd(out, t);
+    }
+}
+
+static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n)
+{
+    CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), c->stream));
+    if (n == 0) return;
+    unsigned blocks = grid_for(n, 256);
+    if (blocks > 1024) blocks = 1024;
+    k_sumsq<<<blocks, 256, 0, c->stream>>>(out, g, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n,
+                        float lr, float beta1, float beta2, float eps, float decay, float step,
+                        float bc2_sqrt, float grad_scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i] * decay - step * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        p[i] = pi;
+        if (p_act) p_act[i] = __float2bfloat16(pi);
+    }
+    (void)lr;
+}
+
+static void cu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                     float grad_scale, int t)
+{
+    assert(t >= 1);
+    if (n == 0) return;
+    float bc1 = (float)(1.0 - pow((double)beta1, t));
+    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
+    float step = lr / bc1, decay = 1.0f - lr * wd;
+    k_adamw<<<grid_for(n, 256), 256, 0, c->stream>>>(p, (bf16 *)p_act, g, m, v, n, lr, beta1,
+                                                     beta2, eps, decay, step, bc2_sqrt,
+                                                     grad_scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void cu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
+{
+    if (n == 0) return;
+    k_f32_to_bf16<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)dst, src, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static nn_ops make_ops(void)
+{
+    nn_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.act_bytes = sizeof(bf16);
+    o.alloc = cu_alloc;
+    o.free = cu_free;
+    o.upload = cu_upload;
+    o.download = cu_download;
+    o.upload_raw = cu_upload_raw;
+    o.download_raw = cu_download_raw;
+    o.copy = cu_copy;
+    o.zero = cu_zero;
+    o.sync = cu_sync;
+    o.embedding_fwd = cu_embedding_fwd;
+    o.rmsnorm_fwd = cu_rmsnorm_fwd;
+    o.linear_fwd = cu_linear_fwd;
+    o.rope_fwd = cu_rope_fwd;
+    o.attention_causal_fwd = cu_attention_causal_fwd;
+    o.attention_block_fwd = cu_attention_block_fwd;
+    o.swiglu_fwd = cu_swiglu_fwd;
+    o.add_inplace = cu_add_inplace;
+    o.rmsnorm_bwd = cu_rmsnorm_bwd;
+    o.linear_bwd = cu_linear_bwd;
+    o.linear_bwd_acc = cu_linear_bwd_acc;
+    o.rope_bwd = cu_rope_bwd;
+    o.swiglu_bwd = cu_swiglu_bwd;
+    o.attention_block_bwd = cu_attention_block_bwd;
+    o.lm_head_xent = cu_lm_head_xent;
+    o.lm_head_argmax = cu_lm_head_argmax;
+    o.sumsq = cu_sumsq;
+    o.adamw = cu_adamw;
+    o.f32_to_act = cu_f32_to_act;
+    return o;
+}
+
+static const nn_ops cuda_ops = make_ops();
+
+extern "C" const nn_ops *nn_cuda_ops(void)
+{
+    return &cuda_ops;
+}
+
+extern "C" nn_ctx *nn_cuda_new(int device)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "ops_cuda: no CUDA device %d (%d found)\n", device, n);
+        return NULL;
+    }
+    nn_ctx *c = (nn_ctx *)calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->device = device;
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
+        cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
+        cuda_attention_init() != 0) {
+        fprintf(stderr, "ops_cuda: cannot set up device %d: %s\n", device,
+                cudaGetErrorString(cudaGetLastError()));
+        nn_cuda_destroy(&c);
+        return NULL;
+    }
+    return c;
+}
+
+extern "C" void nn_cuda_destroy(nn_ctx **cp)
+{
+    if (!cp || !*cp) return;
+    nn_ctx *c = *cp;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < LT_CACHE; i++)
+        if (c->cache[i].used) {
+            cublasLtMatmulDescDestroy(c->cache[i].op);
+            cublasLtMatrixLayoutDestroy(c->cache[i].A);
+            cublasLtMatrixLayoutDestroy(c->cache[i].B);
+            cublasLtMatrixLayoutDestroy(c->cache[i].C);
+        }
+    if (c->ws) cudaFree(c->ws);
+    if (c->stage) cudaFree(c->stage);
+    if (c->lt) cublasLtDestroy(c->lt);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+    *cp = NULL;
+}
+
+extern "C" void *nn_cuda_stream(nn_ctx *c)
+{
+    return c ? (void *)c->stream : NULL;
+}

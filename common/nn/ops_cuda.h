@@ -1,0 +1,65 @@
+/* ops_cuda: the cuda backend of the ops interface (ops.h), callable from C.
+ *
+ * Storage: an nn_buf element is a bf16 (__nv_bfloat16, act_bytes 2); every `float *` of ops.h
+ * is fp32 device memory; index arrays and block spans are device memory. Accumulation is fp32
+ * everywhere (cuBLASLt compute 32F, fp32 registers in our kernels).
+ *
+ * One context = one device, one non-blocking stream, one cuBLASLt handle and the scratch that is
+ * planned once in nn_cuda_new (the 32 MiB cuBLASLt workspace, a conversion staging buffer for
+ * upload/download). Every op is queued on the context's stream and returns without waiting,
+ * except download / download_raw / sync, which wait for the stream (the caller reads the host
+ * result next). alloc/free are setup-time calls (cudaMalloc / cudaFree).
+ *
+ * Files: ops_cuda.cu (context, memory, elementwise ops, norms, rope, linear via cuBLASLt, loss,
+ * optimizer, the vtable), ops_cuda_attn.cu (the causal and DFlash block attention kernels).
+ * Threads: one host thread uses a context at a time.
+ */
+#ifndef DFLASH_NN_OPS_CUDA_H
+#define DFLASH_NN_OPS_CUDA_H
+
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The cuda backend's table. */
+const nn_ops *nn_cuda_ops(void);
+/* A context on CUDA device `device` (cudaSetDevice is called on the caller's thread). Returns
+ * NULL after logging why (no device, out of memory). */
+nn_ctx *nn_cuda_new(int device);
+/* Waits for the stream, frees the context's scratch and handles; accepts NULL, nulls *c. */
+void nn_cuda_destroy(nn_ctx **c);
+/* The context's cudaStream_t, as void * so that C callers need no CUDA headers. */
+void *nn_cuda_stream(nn_ctx *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __CUDACC__
+/* Internal: the attention launchers of ops_cuda_attn.cu, used by the vtable in ops_cuda.cu. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+void cuda_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
+                               const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                               const int32_t *seq_off, int n_seqs, int T, int H, int Hk, int d);
+void cuda_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
+                              const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                              const __nv_bfloat16 *v, const nn_block_span *spans, int n_blocks,
+                              int B, int Tk, int H, int Hk, int d);
+void cuda_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
+                              __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
+                              const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                              const __nv_bfloat16 *v, const __nv_bfloat16 *out, const float *lse,
+                              const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                              int Hk, int d);
+/* Raises the dynamic shared-memory limits of the attention kernels; once per device. */
+int cuda_attention_init(void);
+/* Aborts with file:line and the CUDA error string when e != cudaSuccess. */
+void cuda_check_at(cudaError_t e, const char *what, const char *file, int line);
+#define CUDA_CHECK(x) cuda_check_at((x), #x, __FILE__, __LINE__)
+#define CUDA_CHECK_LAUNCH() cuda_check_at(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+#endif
+
+#endif

@@ -15,6 +15,7 @@
 #include "shard.h"
 #include "target_loop.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,18 +163,16 @@ static bool same_layout(const slot_layout *a, const slot_layout *b)
            a->slot_bytes == b->slot_bytes;
 }
 
-int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
-                        const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs)
+/* Batch wu into the host staging: seq_off[n+1], pos, ids, mask of T tokens, positions
+ * restarting per sequence. Returns T > 0 with *n_seqs, or a negative code. */
+static int materialise(model_producer *p, const slot_work_unit *wu, uint32_t *n_seqs)
 {
-    if (!same_layout(l, &p->layout)) return DFLASH_EMISMATCH;
     uint32_t n = 0;
     uint64_t tokens = 0;
     int rc = batch_plan_get(p->plan, wu->epoch, (int)wu->bucket, (uint32_t)wu->batch, p->seq_ids,
                             p->max_seqs, &n, &tokens);
     if (rc) return rc;
     if (n == 0 || tokens == 0 || tokens > p->token_budget) return DFLASH_EINTERNAL;
-
-    /* materialise: [seq 0 | seq 1 | ...] with positions restarting per sequence */
     uint32_t T = 0;
     p->seq_off[0] = 0;
     for (uint32_t s = 0; s < n; s++) {
@@ -187,23 +186,121 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
         T += q.len;
         p->seq_off[s + 1] = (int32_t)T;
     }
+    *n_seqs = n;
+    return (int)T;
+}
+
+int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
+                        const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs)
+{
+    if (!same_layout(l, &p->layout)) return DFLASH_EMISMATCH;
+    uint32_t n = 0;
+    int T = materialise(p, wu, &n);
+    if (T < 0) return T;
 
     const nn_ops *ops = p->ops;
     int32_t *d_off = slot_seq_offsets(base, l), *d_pos = slot_positions(base, l);
     int32_t *d_ids = slot_token_ids(base, l);
     ops->upload_raw(p->ctx, d_off, p->seq_off, sizeof(int32_t) * (n + 1));
-    ops->upload_raw(p->ctx, d_pos, p->pos, sizeof(int32_t) * T);
-    ops->upload_raw(p->ctx, d_ids, p->ids, sizeof(int32_t) * T);
-    ops->upload_raw(p->ctx, slot_loss_mask(base, l), p->mask, T);
+    ops->upload_raw(p->ctx, d_pos, p->pos, sizeof(int32_t) * (size_t)T);
+    ops->upload_raw(p->ctx, d_ids, p->ids, sizeof(int32_t) * (size_t)T);
+    ops->upload_raw(p->ctx, slot_loss_mask(base, l), p->mask, (size_t)T);
 
-    rc = target_forward(p->model, d_ids, d_pos, d_off, (int)n, (int)T, slot_hidden(base, l),
-                        (size_t)l->n_layers * l->hidden);
+    int rc = target_forward(p->model, d_ids, d_pos, d_off, (int)n, T, slot_hidden(base, l),
+                            (size_t)l->n_layers * l->hidden);
     if (rc) return rc;
 
-    slot_header_write(p->hdr, l, wu, n, T, producer);
+    slot_header_write(p->hdr, l, wu, n, (uint32_t)T, producer);
     ops->upload_raw(p->ctx, base, p->hdr, sizeof *p->hdr);
     if (n_seqs) *n_seqs = n;
-    return (int)T;
+    return T;
+}
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+int model_producer_verify(model_producer *p, const void *slot, const slot_layout *l, double tol,
+                          double *max_err, char *err, size_t errlen)
+{
+    slot_header h;
+    int rc = slot_header_check(slot, &p->layout, &h, err, errlen);
+    if (rc) return rc;
+    const model_config *mc = target_model_config(p->model);
+    rc = slot_arrays_check(slot, l, (uint32_t)mc->vocab_size, err, errlen);
+    if (rc) return rc;
+    uint32_t n = 0;
+    int T = materialise(p, &h.wu, &n);
+    if (T < 0) {
+        snprintf(err, errlen, "batch (%u, %u, %llu) does not exist in this plan", h.wu.epoch,
+                 h.wu.bucket, (unsigned long long)h.wu.batch);
+        return DFLASH_ECORRUPT;
+    }
+    void *base = (void *)slot; /* the typed views take non-const; nothing is written */
+    if (n != h.n_seqs || (uint32_t)T != h.n_tokens ||
+        memcmp(slot_seq_offsets(base, l), p->seq_off, sizeof(int32_t) * (n + 1)) ||
+        memcmp(slot_positions(base, l), p->pos, sizeof(int32_t) * (size_t)T) ||
+        memcmp(slot_token_ids(base, l), p->ids, sizeof(int32_t) * (size_t)T) ||
+        memcmp(slot_loss_mask(base, l), p->mask, (size_t)T)) {
+        snprintf(err, errlen, "slot arrays differ from batch (%u, %u, %llu) of the plan",
+                 h.wu.epoch, h.wu.bucket, (unsigned long long)h.wu.batch);
+        return DFLASH_ECORRUPT;
+    }
+
+    /* the direct forward of the same batch, downloaded as fp32 */
+    const nn_ops *ops = p->ops;
+    size_t W = (size_t)l->n_layers * l->hidden, D = l->hidden;
+    nn_buf *out = ops->alloc(p->ctx, ops->act_bytes * (size_t)T * W);
+    float *want = malloc(sizeof(float) * (size_t)T * W);
+    rc = (out && want) ? 0 : DFLASH_ENOMEM;
+    if (!rc) rc = target_forward_host(p->model, p->ids, p->pos, p->seq_off, (int)n, T, out, W);
+    if (!rc) ops->download(p->ctx, want, out, (size_t)T * W);
+    ops->sync(p->ctx);
+    double worst = 0;
+    int bad_t = -1, bad_j = -1;
+    const char *hid = slot_hidden(base, l);
+    for (int t = 0; !rc && t < T; t++) {
+        for (uint32_t j = 0; j < l->n_layers; j++) {
+            double diff = 0, ref = 0;
+            for (size_t c = 0; c < D; c++) {
+                size_t i = (size_t)t * W + j * D + c;
+                float got;
+                if (l->dtype == SLOT_DTYPE_F32) memcpy(&got, hid + 4 * i, 4);
+                else {
+                    uint16_t b;
+                    memcpy(&b, hid + 2 * i, 2);
+                    got = bf16_to_f32(b);
+                }
+                double e = fabs((double)got - want[i]);
+                if (!(e <= diff)) diff = isnan(e) ? INFINITY : e;
+                if (fabs(want[i]) > ref) ref = fabs(want[i]);
+            }
+            double rel = diff / (ref > 0 ? ref : 1);
+            if (rel > worst) worst = rel, bad_t = t, bad_j = (int)j;
+        }
+    }
+    ops->free(p->ctx, out);
+    free(want);
+    if (rc) {
+        snprintf(err, errlen, "direct forward failed: %s", err_str(rc));
+        return rc;
+    }
+    if (max_err) *max_err = worst;
+    if (worst > tol) {
+        int n_ids;
+        const int *ids = target_model_layer_ids(p->model, &n_ids);
+        snprintf(err, errlen,
+                 "batch (%u, %u, %llu): token %d, layer %d differs from a direct forward "
+                 "(max rel error %.3g > %.3g)",
+                 h.wu.epoch, h.wu.bucket, (unsigned long long)h.wu.batch, bad_t, ids[bad_j],
+                 worst, tol);
+        return DFLASH_ECORRUPT;
+    }
+    return 0;
 }
 
 int model_producer_warmup(model_producer *p)

@@ -61,6 +61,16 @@ const target_model *model_producer_model(const model_producer *p);
 int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
                         const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs);
 
+/* The verifying side of the end-to-end test: checks a copied slot (host memory, laid out as
+ * model_producer_layout's) against this producer's own materialisation of the batch named in its
+ * header and a direct forward of it: header and arrays valid, arrays equal to the plan's batch,
+ * and every captured (token, layer) row within max|got - want| / max|want| <= tol (0 demands
+ * bit equality on the same backend; bf16 slots need about 1e-2). *max_err (may be NULL) gets the
+ * worst row. Returns 0, or the slot_header_check code / DFLASH_ECORRUPT with the first problem
+ * (batch, token, layer) in err. Allocates scratch: not for the hot loop. */
+int model_producer_verify(model_producer *p, const void *slot, const slot_layout *l, double tol,
+                          double *max_err, char *err, size_t errlen);
+
 /* Runs one forward per bucket at its full-batch shape (sequences of the bound's length while they
  * fit the budget) into a scratch slot allocated and freed here, so every shape is warm before
  * the daemon reports ready. Start-up only. 0 or negative. */

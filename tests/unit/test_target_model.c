@@ -559,6 +559,11 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx)
                                              (int)n_seqs, T, want, 2 * (size_t)D),
                          0);
             rows_ok &= memcmp(slot_hidden(slot, &l), want, sizeof(float) * (size_t)T * 2 * D) == 0;
+            /* and the verifier agrees, bit for bit */
+            double worst = 1;
+            char verr[256] = "";
+            CHECK_EQ_INT(model_producer_verify(p, slot, &l, 0.0, &worst, verr, sizeof verr), 0);
+            CHECK(worst == 0.0);
         }
     }
     CHECK(batches >= 3);
@@ -567,6 +572,24 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx)
     bool once = true;
     for (int s = 0; s < N; s++) once &= seen[s] == 1;
     CHECK(once); /* every sequence (all fit a bucket) is produced exactly once per epoch */
+
+    /* the verifier catches a changed hidden value and a token that is not the plan's */
+    {
+        slot_work_unit wu = {.epoch = 1, .bucket = 1, .batch = 0};
+        int T = model_producer_fill(p, slot, &l, &wu, 1, NULL);
+        char verr[256] = "";
+        float *hid = slot_hidden(slot, &l);
+        hid[(size_t)(T - 1) * 2 * D + D + 3] *= 1.01f; /* last token, second column (layer 0) */
+        CHECK_EQ_INT(model_producer_verify(p, slot, &l, 1e-4, NULL, verr, sizeof verr),
+                     DFLASH_ECORRUPT);
+        CHECK(strstr(verr, "layer 0") != NULL);
+        model_producer_fill(p, slot, &l, &wu, 1, NULL);
+        int32_t *tok = slot_token_ids(slot, &l);
+        tok[0] = (tok[0] + 1) % c.vocab_size;
+        CHECK_EQ_INT(model_producer_verify(p, slot, &l, 1e-4, NULL, verr, sizeof verr),
+                     DFLASH_ECORRUPT);
+        CHECK(strstr(verr, "arrays differ") != NULL);
+    }
 
     /* refusals: a batch that does not exist, a slot laid out for something else */
     slot_work_unit none = {.epoch = 1, .bucket = 0, .batch = 1000};

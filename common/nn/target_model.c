@@ -33,15 +33,15 @@
 #define ALIGN_BYTES 256
 
 typedef struct target_layer {
-    nn_buf *in_norm;          /* [D] */
-    nn_buf *wq, *bq;          /* [H*d, D], [H*d] (Qwen2) */
-    nn_buf *wk, *bk;          /* [Hk*d, D], [Hk*d] (Qwen2) */
-    nn_buf *wv, *bv;          /* [Hk*d, D], [Hk*d] (Qwen2) */
-    nn_buf *q_norm, *k_norm;  /* [d] (Qwen3) */
-    nn_buf *wo;               /* [D, H*d] */
-    nn_buf *post_norm;        /* [D] */
-    nn_buf *w_gate, *w_up;    /* [F, D] */
-    nn_buf *w_down;           /* [D, F] */
+    nn_buf *in_norm;         /* [D] */
+    nn_buf *wq, *bq;         /* [H*d, D], [H*d] (Qwen2) */
+    nn_buf *wk, *bk;         /* [Hk*d, D], [Hk*d] (Qwen2) */
+    nn_buf *wv, *bv;         /* [Hk*d, D], [Hk*d] (Qwen2) */
+    nn_buf *q_norm, *k_norm; /* [d] (Qwen3) */
+    nn_buf *wo;              /* [D, H*d] */
+    nn_buf *post_norm;       /* [D] */
+    nn_buf *w_gate, *w_up;   /* [F, D] */
+    nn_buf *w_down;          /* [D, F] */
 } target_layer;
 
 typedef struct param_entry {
@@ -69,18 +69,18 @@ struct target_model {
     target_layer *layers; /* [n_loaded] */
 
     void *acts;
-    float *inv_freq;                 /* [d/2] fp32, backend */
-    nn_buf *h, *x;                   /* [T, D] */
-    nn_buf *q, *att;                 /* [T, H*d] */
-    nn_buf *k, *v;                   /* [T, Hk*d] */
-    nn_buf *gate, *up, *mid;         /* [T, F] */
-    int32_t *d_ids, *d_pos, *d_off;  /* [T], [T], [S+1] backend */
-    nn_buf *head_x;                  /* [R, D] */
-    nn_buf *logits;                  /* [R, V] */
+    float *inv_freq;                /* [d/2] fp32, backend */
+    nn_buf *h, *x;                  /* [T, D] */
+    nn_buf *q, *att;                /* [T, H*d] */
+    nn_buf *k, *v;                  /* [T, Hk*d] */
+    nn_buf *gate, *up, *mid;        /* [T, F] */
+    int32_t *d_ids, *d_pos, *d_off; /* [T], [T], [S+1] backend */
+    nn_buf *head_x;                 /* [R, D] */
+    nn_buf *logits;                 /* [R, V] */
     /* KV cache of target_generate (generation models: all_layers and max_logit_rows > 0):
      * layer l's keys are kcache + l * T * Hk*d; sequence s owns rows [base_s, base_s + cap_s) */
-    nn_buf *kcache, *vcache;         /* [L, T, Hk*d] each */
-    nn_block_span *d_spans;          /* [R] backend */
+    nn_buf *kcache, *vcache; /* [L, T, Hk*d] each */
+    nn_block_span *d_spans;  /* [R] backend */
 
     /* host scratch of target_generate */
     int32_t *g_ids, *g_pos, *g_off, *g_rows, *g_seq; /* [T], [T], [R+1], [R], [R] */
@@ -89,18 +89,15 @@ struct target_model {
     float *g_logits;                                 /* [R, V] */
 };
 
-static char *at(void *base, size_t byte_off)
-{
+static char *at(void *base, size_t byte_off) {
     return (char *)base + byte_off;
 }
 
-static size_t align_up(size_t n)
-{
+static size_t align_up(size_t n) {
     return (n + ALIGN_BYTES - 1) / ALIGN_BYTES * ALIGN_BYTES;
 }
 
-int target_default_layer_ids(int L, int n, int *ids)
-{
+int target_default_layer_ids(int L, int n, int *ids) {
     if (n < 1 || n > TARGET_MAX_CAPTURE || L < 1) return DFLASH_EINVAL;
     int rc = hf_config_dflash_layers(L, n, ids); /* the rule itself lives with the config */
     if (rc) return rc;
@@ -115,8 +112,7 @@ int target_default_layer_ids(int L, int n, int *ids)
 /* ---- creation ---------------------------------------------------------------------------- */
 
 static int add_param(param_entry *t, int *n, nn_buf **ptr, int64_t d0, int64_t d1, int ndim,
-                     const char *fmt, int layer)
-{
+                     const char *fmt, int layer) {
     param_entry *e = &t[(*n)++];
     snprintf(e->name, sizeof e->name, fmt, layer);
     e->shape[0] = d0;
@@ -127,8 +123,7 @@ static int add_param(param_entry *t, int *n, nn_buf **ptr, int64_t d0, int64_t d
 }
 
 /* The size table: every tensor the model reads, with its HF name and shape, in load order. */
-static int plan_params(target_model *m, param_entry *t)
-{
+static int plan_params(target_model *m, param_entry *t) {
     const model_config *c = &m->cfg;
     int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     int64_t Qd = (int64_t)c->num_heads * c->head_dim, Kd = (int64_t)c->num_kv_heads * c->head_dim;
@@ -156,8 +151,8 @@ static int plan_params(target_model *m, param_entry *t)
                       "model.layers.%d.self_attn.k_norm.weight", l);
         }
         add_param(t, &n, &w->wo, D, Qd, 2, "model.layers.%d.self_attn.o_proj.weight", l);
-        add_param(t, &n, &w->post_norm, D, 0, 1,
-                  "model.layers.%d.post_attention_layernorm.weight", l);
+        add_param(t, &n, &w->post_norm, D, 0, 1, "model.layers.%d.post_attention_layernorm.weight",
+                  l);
         add_param(t, &n, &w->w_gate, F, D, 2, "model.layers.%d.mlp.gate_proj.weight", l);
         add_param(t, &n, &w->w_up, F, D, 2, "model.layers.%d.mlp.up_proj.weight", l);
         add_param(t, &n, &w->w_down, D, F, 2, "model.layers.%d.mlp.down_proj.weight", l);
@@ -165,28 +160,24 @@ static int plan_params(target_model *m, param_entry *t)
     return n;
 }
 
-static int64_t numel(const param_entry *e)
-{
+static int64_t numel(const param_entry *e) {
     return e->ndim == 1 ? e->shape[0] : e->shape[0] * e->shape[1];
 }
 
-static int check_config(const model_config *c)
-{
-    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 ||
-        c->num_layers < 1 || c->num_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
-        c->head_dim % 2 != 0 || c->num_heads % c->num_kv_heads != 0 || !(c->rms_norm_eps > 0) ||
-        !(c->rope_theta > 0)) {
+static int check_config(const model_config *c) {
+    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_layers < 1 ||
+        c->num_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 || c->head_dim % 2 != 0 ||
+        c->num_heads % c->num_kv_heads != 0 || !(c->rms_norm_eps > 0) || !(c->rope_theta > 0)) {
         LOG_ERROR("target model: inconsistent config (vocab %d hidden %d intermediate %d layers "
                   "%d heads %d kv_heads %d head_dim %d eps %g theta %g)",
-                  c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers,
-                  c->num_heads, c->num_kv_heads, c->head_dim, c->rms_norm_eps, c->rope_theta);
+                  c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads,
+                  c->num_kv_heads, c->head_dim, c->rms_norm_eps, c->rope_theta);
         return DFLASH_ECONFIG;
     }
     return 0;
 }
 
-static int pick_layers(target_model *m, const target_model_opts *o)
-{
+static int pick_layers(target_model *m, const target_model_opts *o) {
     int L = m->cfg.num_layers;
     if (o->layer_ids) {
         if (o->n_layer_ids < 1 || o->n_layer_ids > TARGET_MAX_CAPTURE) {
@@ -227,8 +218,7 @@ static int pick_layers(target_model *m, const target_model_opts *o)
 }
 
 /* Activation plan: byte offsets of every buffer in one allocation. Returns the total size. */
-static size_t plan_acts(target_model *m, size_t *off)
-{
+static size_t plan_acts(target_model *m, size_t *off) {
     const model_config *c = &m->cfg;
     size_t ab = m->ops->act_bytes, T = (size_t)m->T_max, R = (size_t)m->R_max;
     size_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
@@ -236,16 +226,23 @@ static size_t plan_acts(target_model *m, size_t *off)
     size_t kv = m->R_max > 0 && m->n_loaded == c->num_layers; /* a generation model */
     size_t sizes[] = {
         sizeof(float) * (size_t)(c->head_dim / 2), /* inv_freq */
-        ab * T * D,  ab * T * D,                    /* h, x */
-        ab * T * Qd, ab * T * Qd,                   /* q, att */
-        ab * T * Kd, ab * T * Kd,                   /* k, v */
-        ab * T * F,  ab * T * F, ab * T * F,        /* gate, up, mid */
-        sizeof(int32_t) * T, sizeof(int32_t) * T,   /* ids, pos */
-        sizeof(int32_t) * ((size_t)m->S_max + 1),   /* seq_off */
-        ab * R * D,  ab * R * V,                    /* head_x, logits */
-        kv * ab * (size_t)m->n_loaded * T * Kd,     /* kcache */
-        kv * ab * (size_t)m->n_loaded * T * Kd,     /* vcache */
-        kv * sizeof(nn_block_span) * R,             /* spans */
+        ab * T * D,
+        ab * T * D, /* h, x */
+        ab * T * Qd,
+        ab * T * Qd, /* q, att */
+        ab * T * Kd,
+        ab * T * Kd, /* k, v */
+        ab * T * F,
+        ab * T * F,
+        ab * T * F, /* gate, up, mid */
+        sizeof(int32_t) * T,
+        sizeof(int32_t) * T,                      /* ids, pos */
+        sizeof(int32_t) * ((size_t)m->S_max + 1), /* seq_off */
+        ab * R * D,
+        ab * R * V,                             /* head_x, logits */
+        kv * ab * (size_t)m->n_loaded * T * Kd, /* kcache */
+        kv * ab * (size_t)m->n_loaded * T * Kd, /* vcache */
+        kv * sizeof(nn_block_span) * R,         /* spans */
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -255,8 +252,7 @@ static size_t plan_acts(target_model *m, size_t *off)
     return total;
 }
 
-static void destroy_host(target_model *m)
-{
+static void destroy_host(target_model *m) {
     free(m->g_ids);
     free(m->g_pos);
     free(m->g_off);
@@ -268,9 +264,7 @@ static void destroy_host(target_model *m)
 }
 
 target_model *target_model_new(const model_config *cfg, const target_model_opts *o,
-                               const nn_ops *ops, nn_ctx *ctx, target_tensor_fn fetch,
-                               void *user)
-{
+                               const nn_ops *ops, nn_ctx *ctx, target_tensor_fn fetch, void *user) {
     if (!cfg || !o || !ops || !fetch) return NULL;
     if (check_config(cfg)) return NULL;
     if (o->max_tokens < 1 || o->max_seqs < 0 || o->max_logit_rows < 0 ||
@@ -300,8 +294,10 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     m->layers = calloc((size_t)m->n_loaded, sizeof *m->layers);
     table = calloc(3 + 14 * (size_t)m->n_loaded, sizeof *table);
     if (!m->capture_col || !m->layers || !table) goto fail_nomem;
-    for (int l = 0; l < cfg->num_layers; l++) m->capture_col[l] = -1;
-    for (int j = 0; j < m->n_capture; j++) m->capture_col[m->layer_ids[j]] = j;
+    for (int l = 0; l < cfg->num_layers; l++)
+        m->capture_col[l] = -1;
+    for (int j = 0; j < m->n_capture; j++)
+        m->capture_col[m->layer_ids[j]] = j;
 
     /* parameters: size table -> one allocation -> fetch + upload tensor by tensor */
     int n_params = plan_params(m, table);
@@ -400,8 +396,7 @@ fail:
     return NULL;
 }
 
-void target_model_destroy(target_model **pm)
-{
+void target_model_destroy(target_model **pm) {
     if (!pm || !*pm) return;
     target_model *m = *pm;
     if (m->ops) {
@@ -415,52 +410,44 @@ void target_model_destroy(target_model **pm)
     *pm = NULL;
 }
 
-const model_config *target_model_config(const target_model *m)
-{
+const model_config *target_model_config(const target_model *m) {
     return &m->cfg;
 }
 
-const int *target_model_layer_ids(const target_model *m, int *n)
-{
+const int *target_model_layer_ids(const target_model *m, int *n) {
     if (n) *n = m->n_capture;
     return m->layer_ids;
 }
 
-int target_model_max_tokens(const target_model *m)
-{
+int target_model_max_tokens(const target_model *m) {
     return m->T_max;
 }
 
-const nn_buf *target_model_embed_tokens(const target_model *m)
-{
+const nn_buf *target_model_embed_tokens(const target_model *m) {
     return m->embed;
 }
 
-const nn_buf *target_model_lm_head(const target_model *m)
-{
+const nn_buf *target_model_lm_head(const target_model *m) {
     return m->lm_head;
 }
 
-const nn_buf *target_model_final_norm(const target_model *m)
-{
+const nn_buf *target_model_final_norm(const target_model *m) {
     return m->final_norm;
 }
 
 /* ---- loading from a Hugging Face directory ---------------------------------------------- */
 
 static int fetch_safetensors(void *user, const char *name, const int64_t *shape, int ndim,
-                             float *dst)
-{
+                             float *dst) {
     char err[512];
-    int rc = safetensors_load_f32((const safetensors *)user, name, ndim, shape, dst, err,
-                                  sizeof err);
+    int rc =
+        safetensors_load_f32((const safetensors *)user, name, ndim, shape, dst, err, sizeof err);
     if (rc) LOG_ERROR("%s", err);
     return rc;
 }
 
-target_model *target_model_load(const char *dir, const target_model_opts *opts,
-                                const nn_ops *ops, nn_ctx *ctx)
-{
+target_model *target_model_load(const char *dir, const target_model_opts *opts, const nn_ops *ops,
+                                nn_ctx *ctx) {
     char err[512];
     model_config cfg;
     int rc = hf_config_load(dir, &cfg, err, sizeof err);
@@ -477,25 +464,24 @@ target_model *target_model_load(const char *dir, const target_model_opts *opts,
     safetensors_close(&st);
     if (m)
         LOG_INFO("target model: %s %s, %d layers (running %d), hidden %d, captures %d layers",
-                 hf_config_family_name(cfg.family), dir, cfg.num_layers, m->n_run,
-                 cfg.hidden_size, m->n_capture);
+                 hf_config_family_name(cfg.family), dir, cfg.num_layers, m->n_run, cfg.hidden_size,
+                 m->n_capture);
     return m;
 }
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
 /* First half of a decoder layer on rows h[T, D]: x = norm(h), q, k, v with q/k norm and RoPE. */
-static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos, int T)
-{
+static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos, int T) {
     const nn_ops *ops = m->ops;
     nn_ctx *c = m->ctx;
     const model_config *cf = &m->cfg;
     int D = cf->hidden_size, H = cf->num_heads, Hk = cf->num_kv_heads, d = cf->head_dim;
     float eps = (float)cf->rms_norm_eps;
-    ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->in_norm, T, D, eps);     /* x[T,D] */
-    ops->linear_fwd(c, m->q, m->x, w->wq, w->bq, T, D, H * d);         /* q[T,H,d] */
-    ops->linear_fwd(c, m->k, m->x, w->wk, w->bk, T, D, Hk * d);        /* k[T,Hk,d] */
-    ops->linear_fwd(c, m->v, m->x, w->wv, w->bv, T, D, Hk * d);        /* v[T,Hk,d] */
+    ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->in_norm, T, D, eps); /* x[T,D] */
+    ops->linear_fwd(c, m->q, m->x, w->wq, w->bq, T, D, H * d);    /* q[T,H,d] */
+    ops->linear_fwd(c, m->k, m->x, w->wk, w->bk, T, D, Hk * d);   /* k[T,Hk,d] */
+    ops->linear_fwd(c, m->v, m->x, w->wv, w->bv, T, D, Hk * d);   /* v[T,Hk,d] */
     if (cf->qk_norm) {
         ops->rmsnorm_fwd(c, m->q, NULL, m->q, w->q_norm, T * H, d, eps);
         ops->rmsnorm_fwd(c, m->k, NULL, m->k, w->k_norm, T * Hk, d, eps);
@@ -505,26 +491,24 @@ static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos
 }
 
 /* Second half, after att[T, H*d] holds the attention output: o_proj, residual, MLP, residual. */
-static void layer_out(target_model *m, const target_layer *w, int T)
-{
+static void layer_out(target_model *m, const target_layer *w, int T) {
     const nn_ops *ops = m->ops;
     nn_ctx *c = m->ctx;
     const model_config *cf = &m->cfg;
     int D = cf->hidden_size, F = cf->intermediate_size, Qd = cf->num_heads * cf->head_dim;
-    ops->linear_fwd(c, m->x, m->att, w->wo, NULL, T, Qd, D);           /* x[T,D] */
+    ops->linear_fwd(c, m->x, m->att, w->wo, NULL, T, Qd, D); /* x[T,D] */
     ops->add_inplace(c, m->h, m->x, (size_t)T * D);
     ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->post_norm, T, D, (float)cf->rms_norm_eps);
-    ops->linear_fwd(c, m->gate, m->x, w->w_gate, NULL, T, D, F);       /* gate[T,F] */
-    ops->linear_fwd(c, m->up, m->x, w->w_up, NULL, T, D, F);           /* up[T,F] */
-    ops->swiglu_fwd(c, m->mid, m->gate, m->up, T, F);                  /* mid[T,F] */
-    ops->linear_fwd(c, m->x, m->mid, w->w_down, NULL, T, F, D);        /* x[T,D] */
+    ops->linear_fwd(c, m->gate, m->x, w->w_gate, NULL, T, D, F); /* gate[T,F] */
+    ops->linear_fwd(c, m->up, m->x, w->w_up, NULL, T, D, F);     /* up[T,F] */
+    ops->swiglu_fwd(c, m->mid, m->gate, m->up, T, F);            /* mid[T,F] */
+    ops->linear_fwd(c, m->x, m->mid, w->w_down, NULL, T, F, D);  /* x[T,D] */
     ops->add_inplace(c, m->h, m->x, (size_t)T * D);
 }
 
 /* One decoder layer in place on the residual stream m->h[T, D]. */
 static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos,
-                      const int32_t *seq_off, int n_seqs, int T)
-{
+                      const int32_t *seq_off, int n_seqs, int T) {
     const model_config *cf = &m->cfg;
     layer_qkv(m, w, pos, T);
     m->ops->attention_causal_fwd(m->ctx, m->att, m->q, m->k, m->v, seq_off, n_seqs, T,
@@ -534,8 +518,7 @@ static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos
 
 /* h[T, D] -> out[t * ld + col * D], row by row (the slot's rows interleave the captured
  * layers, so the destination is strided). */
-static void capture(target_model *m, nn_buf *out, size_t ld, int col, int T)
-{
+static void capture(target_model *m, nn_buf *out, size_t ld, int col, int T) {
     size_t ab = m->ops->act_bytes, D = (size_t)m->cfg.hidden_size;
     char *dst = (char *)out + (size_t)col * D * ab;
     const char *src = (const char *)m->h;
@@ -543,13 +526,13 @@ static void capture(target_model *m, nn_buf *out, size_t ld, int col, int T)
         m->ops->copy(m->ctx, dst, src, (size_t)T * D * ab);
         return;
     }
-    for (int t = 0; t < T; t++) m->ops->copy(m->ctx, dst + (size_t)t * ld * ab, src + t * D * ab, D * ab);
+    for (int t = 0; t < T; t++)
+        m->ops->copy(m->ctx, dst + (size_t)t * ld * ab, src + t * D * ab, D * ab);
 }
 
 /* Embedding and layers [0, n_layers), capturing into out (when not NULL). */
 static void run(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
-                int n_seqs, int T, int n_layers, nn_buf *out, size_t out_ld)
-{
+                int n_seqs, int T, int n_layers, nn_buf *out, size_t out_ld) {
     m->ops->embedding_fwd(m->ctx, m->h, ids, m->embed, T, m->cfg.hidden_size);
     for (int l = 0; l < n_layers; l++) {
         layer_fwd(m, &m->layers[l], pos, seq_off, n_seqs, T);
@@ -557,9 +540,8 @@ static void run(target_model *m, const int32_t *ids, const int32_t *pos, const i
     }
 }
 
-int target_forward(target_model *m, const int32_t *ids, const int32_t *pos,
-                   const int32_t *seq_off, int n_seqs, int T, nn_buf *out_hidden, size_t out_ld)
-{
+int target_forward(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
+                   int n_seqs, int T, nn_buf *out_hidden, size_t out_ld) {
     if (!m || T < 1 || T > m->T_max || n_seqs < 1 || n_seqs > T || !out_hidden ||
         out_ld < (size_t)m->n_capture * (size_t)m->cfg.hidden_size)
         return DFLASH_EINVAL;
@@ -569,8 +551,7 @@ int target_forward(target_model *m, const int32_t *ids, const int32_t *pos,
 
 /* Validates host index arrays and uploads them into the model's own buffers. */
 static int upload_host(target_model *m, const int32_t *ids, const int32_t *pos,
-                       const int32_t *seq_off, int n_seqs, int T)
-{
+                       const int32_t *seq_off, int n_seqs, int T) {
     if (T < 1 || T > m->T_max || n_seqs < 1 || n_seqs > m->S_max || n_seqs > T) {
         LOG_ERROR("target model: batch of %d tokens in %d sequences exceeds the plan (%d tokens, "
                   "%d sequences)",
@@ -596,8 +577,7 @@ static int upload_host(target_model *m, const int32_t *ids, const int32_t *pos,
 
 int target_forward_host(target_model *m, const int32_t *ids, const int32_t *pos,
                         const int32_t *seq_off, int n_seqs, int T, nn_buf *out_hidden,
-                        size_t out_ld)
-{
+                        size_t out_ld) {
     if (!m) return DFLASH_EINVAL;
     int rc = upload_host(m, ids, pos, seq_off, n_seqs, T);
     if (rc) return rc;
@@ -605,8 +585,7 @@ int target_forward_host(target_model *m, const int32_t *ids, const int32_t *pos,
 }
 
 /* Final norm and lm_head over the n rows h[0..n) (already gathered), logits to the host. */
-static void head_rows(target_model *m, const nn_buf *rows, int n, float *logits)
-{
+static void head_rows(target_model *m, const nn_buf *rows, int n, float *logits) {
     const nn_ops *ops = m->ops;
     int D = m->cfg.hidden_size, V = m->cfg.vocab_size;
     ops->rmsnorm_fwd(m->ctx, m->head_x, NULL, rows, m->final_norm, n, D,
@@ -616,13 +595,12 @@ static void head_rows(target_model *m, const nn_buf *rows, int n, float *logits)
     ops->sync(m->ctx);
 }
 
-int target_logits(target_model *m, const int32_t *ids, const int32_t *pos,
-                  const int32_t *seq_off, int n_seqs, int T, const int32_t *rows, int n_rows,
-                  float *logits)
-{
+int target_logits(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
+                  int n_seqs, int T, const int32_t *rows, int n_rows, float *logits) {
     if (!m || n_rows < 1 || n_rows > m->R_max || m->n_loaded < m->cfg.num_layers) {
-        if (m) LOG_ERROR("target model: logits need all_layers and n_rows (%d) in [1, %d]",
-                         n_rows, m->R_max);
+        if (m)
+            LOG_ERROR("target model: logits need all_layers and n_rows (%d) in [1, %d]", n_rows,
+                      m->R_max);
         return DFLASH_EINVAL;
     }
     int rc = upload_host(m, ids, pos, seq_off, n_seqs, T);
@@ -641,22 +619,21 @@ int target_logits(target_model *m, const int32_t *ids, const int32_t *pos,
 
 /* ---- generation -------------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s)
-{
+static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-static int32_t pick_token(const float *logits, int V, float temperature, uint64_t *rng)
-{
+static int32_t pick_token(const float *logits, int V, float temperature, uint64_t *rng) {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;
     if (temperature <= 0) return best;
     double mx = logits[best], sum = 0;
-    for (int i = 0; i < V; i++) sum += exp(((double)logits[i] - mx) / temperature);
+    for (int i = 0; i < V; i++)
+        sum += exp(((double)logits[i] - mx) / temperature);
     double u = (double)(splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
     for (int i = 0; i < V; i++) {
         acc += exp(((double)logits[i] - mx) / temperature);
@@ -668,8 +645,7 @@ static int32_t pick_token(const float *logits, int V, float temperature, uint64_
 /* Cached prefill: the full forward over the packed batch in m->d_* (host offsets g_off, n
  * sequences, T tokens), storing every layer's k, v rows of sequence r at cache rows
  * g_base[r]...; then the logits of each sequence's last token into g_logits. */
-static void prefill_cached(target_model *m, int n, int T)
-{
+static void prefill_cached(target_model *m, int n, int T) {
     const nn_ops *ops = m->ops;
     const model_config *cf = &m->cfg;
     size_t ab = ops->act_bytes, D = (size_t)cf->hidden_size;
@@ -685,8 +661,8 @@ static void prefill_cached(target_model *m, int n, int T)
             ops->copy(m->ctx, (char *)m->kcache + dst, (char *)m->k + src, rows * Kd * ab);
             ops->copy(m->ctx, (char *)m->vcache + dst, (char *)m->v + src, rows * Kd * ab);
         }
-        ops->attention_causal_fwd(m->ctx, m->att, m->q, m->k, m->v, m->d_off, n, T,
-                                  cf->num_heads, cf->num_kv_heads, cf->head_dim);
+        ops->attention_causal_fwd(m->ctx, m->att, m->q, m->k, m->v, m->d_off, n, T, cf->num_heads,
+                                  cf->num_kv_heads, cf->head_dim);
         layer_out(m, w, T);
     }
     for (int r = 0; r < n; r++)
@@ -698,8 +674,7 @@ static void prefill_cached(target_model *m, int n, int T)
 /* One cached decode step: n new tokens (d_ids, d_pos; token r of sequence r at cache row
  * g_base[r] + g_pos[r]) attend to their sequence's cached rows and themselves (d_spans, Tk
  * cache rows in use); logits into g_logits. */
-static void decode_cached(target_model *m, int n, int Tk)
-{
+static void decode_cached(target_model *m, int n, int Tk) {
     const nn_ops *ops = m->ops;
     const model_config *cf = &m->cfg;
     size_t ab = ops->act_bytes;
@@ -707,7 +682,8 @@ static void decode_cached(target_model *m, int n, int Tk)
     ops->embedding_fwd(m->ctx, m->h, m->d_ids, m->embed, n, cf->hidden_size);
     for (int l = 0; l < cf->num_layers; l++) {
         const target_layer *w = &m->layers[l];
-        char *kc = (char *)m->kcache + (size_t)l * layer, *vc = (char *)m->vcache + (size_t)l * layer;
+        char *kc = (char *)m->kcache + (size_t)l * layer,
+             *vc = (char *)m->vcache + (size_t)l * layer;
         layer_qkv(m, w, m->d_pos, n);
         for (int r = 0; r < n; r++) {
             size_t row = (size_t)(m->g_base[r] + m->g_pos[r]) * Kd * ab;
@@ -723,8 +699,7 @@ static void decode_cached(target_model *m, int n, int Tk)
 
 /* Appends the token picked from logits row r to sequence g_seq[r]; updates done. */
 static void take(target_model *m, int r, int32_t **seqs, int *len, const int *cap, int *added,
-                 bool *done, int max_new, int eos_id, float temperature, uint64_t *rng)
-{
+                 bool *done, int max_new, int eos_id, float temperature, uint64_t *rng) {
     int V = m->cfg.vocab_size, s = m->g_seq[r];
     int32_t tok = pick_token(m->g_logits + (size_t)r * V, V, temperature, rng);
     seqs[s][len[s]++] = tok;
@@ -733,10 +708,9 @@ static void take(target_model *m, int r, int32_t **seqs, int *len, const int *ca
 }
 
 /* Generation with the KV cache: one prefill, then one token per sequence per step. */
-static int generate_cached(target_model *m, int32_t **seqs, int *len, const int *cap,
-                           int n_seqs, int *added, bool *done, int max_new, int eos_id,
-                           float temperature, uint64_t *rng)
-{
+static int generate_cached(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
+                           int *added, bool *done, int max_new, int eos_id, float temperature,
+                           uint64_t *rng) {
     const nn_ops *ops = m->ops;
     int seq_base[n_seqs], Tk = 0, n = 0, T = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -747,7 +721,8 @@ static int generate_cached(target_model *m, int32_t **seqs, int *len, const int 
     m->g_off[0] = 0;
     for (int s = 0; s < n_seqs; s++) {
         if (done[s]) continue;
-        for (int i = 0; i < len[s]; i++) m->g_ids[T + i] = seqs[s][i], m->g_pos[T + i] = i;
+        for (int i = 0; i < len[s]; i++)
+            m->g_ids[T + i] = seqs[s][i], m->g_pos[T + i] = i;
         T += len[s];
         m->g_seq[n] = s;
         m->g_base[n] = seq_base[s];
@@ -769,8 +744,10 @@ static int generate_cached(target_model *m, int32_t **seqs, int *len, const int 
             m->g_pos[n] = p;
             m->g_seq[n] = s;
             m->g_base[n] = seq_base[s];
-            m->g_spans[n] = (nn_block_span){.ctx_begin = seq_base[s], .ctx_end = seq_base[s] + p,
-                                            .blk_begin = seq_base[s] + p, .keep = 1};
+            m->g_spans[n] = (nn_block_span){.ctx_begin = seq_base[s],
+                                            .ctx_end = seq_base[s] + p,
+                                            .blk_begin = seq_base[s] + p,
+                                            .keep = 1};
             n++;
         }
         if (n == 0) return 0;
@@ -786,8 +763,7 @@ static int generate_cached(target_model *m, int32_t **seqs, int *len, const int 
 }
 
 int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
-                    int max_new, int eos_id, float temperature, uint64_t *rng)
-{
+                    int max_new, int eos_id, float temperature, uint64_t *rng) {
     if (!m || n_seqs < 1 || n_seqs > m->R_max || n_seqs > m->S_max || max_new < 0 ||
         (temperature > 0 && !rng))
         return DFLASH_EINVAL;
@@ -801,8 +777,8 @@ int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, i
         cache_rows += cap[s];
     }
     if (m->kcache && cache_rows <= m->T_max)
-        return generate_cached(m, seqs, len, cap, n_seqs, added, done, max_new, eos_id,
-                               temperature, rng);
+        return generate_cached(m, seqs, len, cap, n_seqs, added, done, max_new, eos_id, temperature,
+                               rng);
     /* without room for the cache: recompute the whole batch for every token */
     for (;;) {
         int n = 0, T = 0;
@@ -810,11 +786,12 @@ int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, i
         for (int s = 0; s < n_seqs; s++) {
             if (done[s]) continue;
             if (T + len[s] > m->T_max) {
-                LOG_ERROR("target generate: %d tokens exceed the model's plan of %d",
-                          T + len[s], m->T_max);
+                LOG_ERROR("target generate: %d tokens exceed the model's plan of %d", T + len[s],
+                          m->T_max);
                 return DFLASH_EFULL;
             }
-            for (int i = 0; i < len[s]; i++) m->g_ids[T + i] = seqs[s][i], m->g_pos[T + i] = i;
+            for (int i = 0; i < len[s]; i++)
+                m->g_ids[T + i] = seqs[s][i], m->g_pos[T + i] = i;
             T += len[s];
             m->g_rows[n] = T - 1;
             m->g_seq[n] = s;

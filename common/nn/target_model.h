@@ -43,12 +43,12 @@ typedef struct target_model_opts {
      * features (target_default_layer_ids). */
     const int *layer_ids;
     int n_layer_ids;
-    int drafter_layers;  /* number of features for the default rule (>= 1) when layer_ids NULL */
-    int max_tokens;      /* T_max: largest packed batch target_forward accepts (>= 1) */
-    int max_seqs;        /* largest n_seqs of target_forward_host (0: max_tokens) */
-    int max_logit_rows;  /* rows per target_logits call; 0: no logits (lm_head still loaded) */
-    bool all_layers;     /* keep every decoder layer (needed by target_logits / generate) */
-    bool no_head;        /* skip model.norm and lm_head (a capture-only target daemon saves V*D) */
+    int drafter_layers; /* number of features for the default rule (>= 1) when layer_ids NULL */
+    int max_tokens;     /* T_max: largest packed batch target_forward accepts (>= 1) */
+    int max_seqs;       /* largest n_seqs of target_forward_host (0: max_tokens) */
+    int max_logit_rows; /* rows per target_logits call; 0: no logits (lm_head still loaded) */
+    bool all_layers;    /* keep every decoder layer (needed by target_logits / generate) */
+    bool no_head;       /* skip model.norm and lm_head (a capture-only target daemon saves V*D) */
 } target_model_opts;
 
 /* Fills dst[numel(shape)] (fp32, host) with tensor `name` after checking that it exists and has
@@ -67,14 +67,13 @@ int target_default_layer_ids(int L, int n, int *ids);
 /* Builds a model for cfg on the backend, reading every parameter through fetch(user, ...).
  * Returns NULL after logging why (bad opts, shape mismatch, out of memory). */
 target_model *target_model_new(const model_config *cfg, const target_model_opts *opts,
-                               const nn_ops *ops, nn_ctx *ctx, target_tensor_fn fetch,
-                               void *user);
+                               const nn_ops *ops, nn_ctx *ctx, target_tensor_fn fetch, void *user);
 
 /* Loads a Hugging Face directory: config.json and model.safetensors or a sharded
  * model.safetensors.index.json. Tensors of any supported dtype are converted to fp32 and
  * uploaded as the backend's act type. Returns NULL after logging file, tensor and problem. */
-target_model *target_model_load(const char *dir, const target_model_opts *opts,
-                                const nn_ops *ops, nn_ctx *ctx);
+target_model *target_model_load(const char *dir, const target_model_opts *opts, const nn_ops *ops,
+                                nn_ctx *ctx);
 
 void target_model_destroy(target_model **m);
 
@@ -96,8 +95,8 @@ const nn_buf *target_model_final_norm(const target_model *m);
  * sequence s is tokens [seq_off[s], seq_off[s+1]), seq_off[0] = 0, seq_off[n_seqs] = T.
  * Attention is causal within each sequence only. Returns 0, or DFLASH_EINVAL when T is not in
  * [1, max_tokens] or n_seqs < 1. Token ids must be < vocab (the caller validates them). */
-int target_forward(target_model *m, const int32_t *ids, const int32_t *pos,
-                   const int32_t *seq_off, int n_seqs, int T, nn_buf *out_hidden, size_t out_ld);
+int target_forward(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
+                   int n_seqs, int T, nn_buf *out_hidden, size_t out_ld);
 
 /* Same, with ids, pos and seq_off on the host: they are validated (ids in [0, V), offsets
  * increasing, n_seqs <= max_seqs) and uploaded into the model's own index buffers first. */
@@ -109,9 +108,8 @@ int target_forward_host(target_model *m, const int32_t *ids, const int32_t *pos,
  * rows[0..n_rows) (host indices into the packed batch; n_rows <= max_logit_rows). logits
  * [n_rows, V] are written to the host as fp32. Host ids/pos/seq_off as target_forward_host.
  * Returns 0 or a negative code. */
-int target_logits(target_model *m, const int32_t *ids, const int32_t *pos,
-                  const int32_t *seq_off, int n_seqs, int T, const int32_t *rows, int n_rows,
-                  float *logits);
+int target_logits(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
+                  int n_seqs, int T, const int32_t *rows, int n_rows, float *logits);
 
 /* Extends n_seqs host sequences in place. seqs[s] has room for cap[s] tokens and holds
  * len[s] >= 1 on entry; len[s] grows until max_new tokens were added, eos_id (if >= 0) was

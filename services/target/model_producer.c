@@ -38,14 +38,12 @@ struct model_producer {
     slot_header *hdr;   /* one slot's header bytes (host) */
 };
 
-static slot_dtype backend_dtype(const nn_ops *ops)
-{
+static slot_dtype backend_dtype(const nn_ops *ops) {
     return ops->act_bytes == 4 ? SLOT_DTYPE_F32 : SLOT_DTYPE_BF16;
 }
 
 model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
-                                   char *err, size_t errlen)
-{
+                                   char *err, size_t errlen) {
     model_producer *p = calloc(1, sizeof *p);
     uint32_t *lens = NULL;
     if (!p) {
@@ -74,22 +72,25 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     lens = malloc(sizeof(uint32_t) * (size_t)n);
     if (!lens) goto fail_nomem;
     shard_set_lengths(p->shards, lens);
-    batch_plan_params bp = {.bucket_bounds = o->bucket_bounds, .n_buckets = o->n_buckets,
-                            .token_budget = o->token_budget, .max_seqs = o->max_seqs,
+    batch_plan_params bp = {.bucket_bounds = o->bucket_bounds,
+                            .n_buckets = o->n_buckets,
+                            .token_budget = o->token_budget,
+                            .max_seqs = o->max_seqs,
                             .seed = o->seed};
     p->plan = batch_plan_new(lens, n, &bp, err, errlen);
     free(lens);
     lens = NULL;
     if (!p->plan) goto fail;
 
-    target_model_opts mo = {.layer_ids = o->layer_ids, .n_layer_ids = o->n_layer_ids,
+    target_model_opts mo = {.layer_ids = o->layer_ids,
+                            .n_layer_ids = o->n_layer_ids,
                             .drafter_layers = o->drafter_layers,
-                            .max_tokens = (int)o->token_budget, .max_seqs = (int)o->max_seqs,
+                            .max_tokens = (int)o->token_budget,
+                            .max_seqs = (int)o->max_seqs,
                             .no_head = true};
     p->model = target_model_load(o->model_dir, &mo, ops, ctx);
     if (!p->model) {
-        snprintf(err, errlen, "%s: cannot load the target model (see the log above)",
-                 o->model_dir);
+        snprintf(err, errlen, "%s: cannot load the target model (see the log above)", o->model_dir);
         goto fail;
     }
     const model_config *mc = target_model_config(p->model);
@@ -123,8 +124,7 @@ fail:
     return NULL;
 }
 
-void model_producer_destroy(model_producer **pp)
-{
+void model_producer_destroy(model_producer **pp) {
     if (!pp || !*pp) return;
     model_producer *p = *pp;
     target_model_destroy(&p->model);
@@ -140,24 +140,20 @@ void model_producer_destroy(model_producer **pp)
     *pp = NULL;
 }
 
-int model_producer_layout(const model_producer *p, slot_layout *out)
-{
+int model_producer_layout(const model_producer *p, slot_layout *out) {
     *out = p->layout;
     return 0;
 }
 
-batch_plan *model_producer_plan(model_producer *p)
-{
+batch_plan *model_producer_plan(model_producer *p) {
     return p->plan;
 }
 
-const target_model *model_producer_model(const model_producer *p)
-{
+const target_model *model_producer_model(const model_producer *p) {
     return p->model;
 }
 
-static bool same_layout(const slot_layout *a, const slot_layout *b)
-{
+static bool same_layout(const slot_layout *a, const slot_layout *b) {
     return a->token_budget == b->token_budget && a->max_seqs == b->max_seqs &&
            a->hidden == b->hidden && a->n_layers == b->n_layers && a->dtype == b->dtype &&
            a->slot_bytes == b->slot_bytes;
@@ -165,8 +161,7 @@ static bool same_layout(const slot_layout *a, const slot_layout *b)
 
 /* Batch wu into the host staging: seq_off[n+1], pos, ids, mask of T tokens, positions
  * restarting per sequence. Returns T > 0 with *n_seqs, or a negative code. */
-static int materialise(model_producer *p, const slot_work_unit *wu, uint32_t *n_seqs)
-{
+static int materialise(model_producer *p, const slot_work_unit *wu, uint32_t *n_seqs) {
     uint32_t n = 0;
     uint64_t tokens = 0;
     int rc = batch_plan_get(p->plan, wu->epoch, (int)wu->bucket, (uint32_t)wu->batch, p->seq_ids,
@@ -182,7 +177,8 @@ static int materialise(model_producer *p, const slot_work_unit *wu, uint32_t *n_
         if (T + q.len > p->token_budget) return DFLASH_EINTERNAL;
         memcpy(p->ids + T, q.ids, sizeof(int32_t) * q.len);
         memcpy(p->mask + T, q.mask, q.len);
-        for (uint32_t i = 0; i < q.len; i++) p->pos[T + i] = (int32_t)i;
+        for (uint32_t i = 0; i < q.len; i++)
+            p->pos[T + i] = (int32_t)i;
         T += q.len;
         p->seq_off[s + 1] = (int32_t)T;
     }
@@ -191,8 +187,7 @@ static int materialise(model_producer *p, const slot_work_unit *wu, uint32_t *n_
 }
 
 int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
-                        const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs)
-{
+                        const slot_work_unit *wu, uint64_t producer, uint32_t *n_seqs) {
     if (!same_layout(l, &p->layout)) return DFLASH_EMISMATCH;
     uint32_t n = 0;
     int T = materialise(p, wu, &n);
@@ -216,8 +211,7 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
     return T;
 }
 
-static float bf16_to_f32(uint16_t h)
-{
+static float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, sizeof f);
@@ -225,8 +219,7 @@ static float bf16_to_f32(uint16_t h)
 }
 
 int model_producer_verify(model_producer *p, const void *slot, const slot_layout *l, double tol,
-                          double *max_err, char *err, size_t errlen)
-{
+                          double *max_err, char *err, size_t errlen) {
     slot_header h;
     int rc = slot_header_check(slot, &p->layout, &h, err, errlen);
     if (rc) return rc;
@@ -269,7 +262,8 @@ int model_producer_verify(model_producer *p, const void *slot, const slot_layout
             for (size_t c = 0; c < D; c++) {
                 size_t i = (size_t)t * W + j * D + c;
                 float got;
-                if (l->dtype == SLOT_DTYPE_F32) memcpy(&got, hid + 4 * i, 4);
+                if (l->dtype == SLOT_DTYPE_F32)
+                    memcpy(&got, hid + 4 * i, 4);
                 else {
                     uint16_t b;
                     memcpy(&b, hid + 2 * i, 2);
@@ -296,15 +290,14 @@ int model_producer_verify(model_producer *p, const void *slot, const slot_layout
         snprintf(err, errlen,
                  "batch (%u, %u, %llu): token %d, layer %d differs from a direct forward "
                  "(max rel error %.3g > %.3g)",
-                 h.wu.epoch, h.wu.bucket, (unsigned long long)h.wu.batch, bad_t, ids[bad_j],
-                 worst, tol);
+                 h.wu.epoch, h.wu.bucket, (unsigned long long)h.wu.batch, bad_t, ids[bad_j], worst,
+                 tol);
         return DFLASH_ECORRUPT;
     }
     return 0;
 }
 
-int model_producer_warmup(model_producer *p)
-{
+int model_producer_warmup(model_producer *p) {
     const nn_ops *ops = p->ops;
     const slot_layout *l = &p->layout;
     void *base = ops->alloc(p->ctx, l->slot_bytes);
@@ -318,7 +311,8 @@ int model_producer_warmup(model_producer *p)
         uint32_t n = 0, T = 0;
         p->seq_off[0] = 0;
         while (len > 0 && n < p->max_seqs && T + len <= p->token_budget) {
-            for (uint32_t i = 0; i < len; i++) p->pos[T + i] = (int32_t)i, p->ids[T + i] = 0;
+            for (uint32_t i = 0; i < len; i++)
+                p->pos[T + i] = (int32_t)i, p->ids[T + i] = 0;
             T += len;
             p->seq_off[++n] = (int32_t)T;
         }
@@ -336,8 +330,7 @@ int model_producer_warmup(model_producer *p)
 
 /* ---- the target loop's producer interface ---- */
 
-int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg)
-{
+int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg) {
     if (p->n_buckets > TARGET_MAX_BUCKETS) return DFLASH_ERANGE;
     cfg->layout = p->layout;
     cfg->n_buckets = (uint32_t)p->n_buckets;
@@ -355,29 +348,25 @@ typedef struct producer_ctx {
 } producer_ctx;
 
 static int tp_fill(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
-                   void *stream, uint32_t *n_seqs)
-{
+                   void *stream, uint32_t *n_seqs) {
     (void)stream; /* the model's nn_ctx owns the compute stream */
     producer_ctx *c = ctx;
     return model_producer_fill(c->p, slot, l, wu, c->producer_id, n_seqs);
 }
 
-static void *tp_stream(void *ctx)
-{
+static void *tp_stream(void *ctx) {
     (void)ctx;
     return NULL; /* cpu backend; the cuda backend's stream accessor goes here */
 }
 
-static void tp_destroy(void *ctx)
-{
+static void tp_destroy(void *ctx) {
     producer_ctx *c = ctx;
     if (!c) return;
     model_producer_destroy(&c->p);
     free(c);
 }
 
-target_producer *model_producer_as_target(model_producer **pp, uint64_t producer_id)
-{
+target_producer *model_producer_as_target(model_producer **pp, uint64_t producer_id) {
     target_producer *tp = calloc(1, sizeof *tp);
     producer_ctx *c = calloc(1, sizeof *c);
     if (!tp || !c || !pp || !*pp) {

@@ -27,14 +27,14 @@
 typedef struct model_producer model_producer;
 
 typedef struct model_producer_opts {
-    const char *model_dir;   /* HF directory (config.json + safetensors) */
-    const char *shards;      /* comma-separated shard paths */
+    const char *model_dir;         /* HF directory (config.json + safetensors) */
+    const char *shards;            /* comma-separated shard paths */
     const uint32_t *bucket_bounds; /* inclusive upper bounds, ascending */
     int n_buckets;
-    uint32_t token_budget;   /* tokens per slot (>= the largest bound) */
-    uint32_t max_seqs;       /* sequences per slot */
-    uint64_t seed;           /* batch plan seed */
-    const int *layer_ids;    /* captured ids (NULL: DFlash's rule for drafter_layers) */
+    uint32_t token_budget; /* tokens per slot (>= the largest bound) */
+    uint32_t max_seqs;     /* sequences per slot */
+    uint64_t seed;         /* batch plan seed */
+    const int *layer_ids;  /* captured ids (NULL: DFlash's rule for drafter_layers) */
     int n_layer_ids;
     int drafter_layers;
 } model_producer_opts;

@@ -36,8 +36,7 @@ typedef struct tcase {
 } tcase;
 
 /* Fills c's inputs from tensors <prefix>seq_off, ids, pos, layer_ids of d. */
-static void case_inputs(const refdump *d, const char *prefix, tcase *c)
-{
+static void case_inputs(const refdump *d, const char *prefix, tcase *c) {
     char n[256];
     snprintf(n, sizeof n, "%sseq_off", prefix);
     c->n_seqs = refdump_dim(d, n, 0) - 1;
@@ -53,8 +52,7 @@ static void case_inputs(const refdump *d, const char *prefix, tcase *c)
 }
 
 /* A refdump writer for the two tensors of --capture (the format of refdump.py). */
-static int write_f32(FILE *f, const char *name, const float *x, int64_t d0, int64_t d1)
-{
+static int write_f32(FILE *f, const char *name, const float *x, int64_t d0, int64_t d1) {
     uint32_t len = (uint32_t)strlen(name), dt[2] = {REFDUMP_F32, 2};
     int64_t dims[2] = {d0, d1};
     return fwrite(&len, 4, 1, f) == 1 && fwrite(name, 1, len, f) == len &&
@@ -64,8 +62,7 @@ static int write_f32(FILE *f, const char *name, const float *x, int64_t d0, int6
                : -1;
 }
 
-static int write_outputs(const char *path, const tcase *c)
-{
+static int write_outputs(const char *path, const tcase *c) {
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
     uint32_t hdr[2] = {REFDUMP_VERSION, 2};
@@ -77,13 +74,16 @@ static int write_outputs(const char *path, const tcase *c)
 
 /* Runs our model (loaded from model_dir) on c's inputs into c->hidden and c->logits (allocated
  * here, freed by the caller); sets c->D and c->V from the model. */
-static int run_ours(const char *model_dir, tcase *c)
-{
+static int run_ours(const char *model_dir, tcase *c) {
     int S = c->n_seqs, T = c->T, nl = c->n_layers;
     const nn_ops *ops = nn_cpu_ops();
     nn_ctx *ctx = nn_cpu_new(1);
-    target_model_opts o = {.layer_ids = c->layer_ids, .n_layer_ids = nl, .max_tokens = T,
-                           .max_seqs = S, .max_logit_rows = S, .all_layers = true};
+    target_model_opts o = {.layer_ids = c->layer_ids,
+                           .n_layer_ids = nl,
+                           .max_tokens = T,
+                           .max_seqs = S,
+                           .max_logit_rows = S,
+                           .all_layers = true};
     target_model *m = target_model_load(model_dir, &o, ops, ctx);
     nn_buf *out = NULL;
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)S);
@@ -101,7 +101,8 @@ static int run_ours(const char *model_dir, tcase *c)
         goto done;
     }
     ops->download(ctx, c->hidden, out, (size_t)T * nl * c->D);
-    for (int s = 0; s < S; s++) rows[s] = c->seq_off[s + 1] - 1;
+    for (int s = 0; s < S; s++)
+        rows[s] = c->seq_off[s + 1] - 1;
     rc = target_logits(m, c->ids, c->pos, c->seq_off, S, T, rows, S, c->logits);
     if (rc) fprintf(stderr, "%s: logits failed: %s\n", model_dir, err_str(rc));
 done:
@@ -113,8 +114,7 @@ done:
 }
 
 /* max|a-b| / max|b| over one row of n floats (NaN counts as infinite). */
-static double row_rel(const float *a, const float *b, int n)
-{
+static double row_rel(const float *a, const float *b, int n) {
     double diff = 0, ref = 0;
     for (int i = 0; i < n; i++) {
         double dd = fabs((double)a[i] - b[i]);
@@ -125,8 +125,7 @@ static double row_rel(const float *a, const float *b, int n)
     return diff / (ref > 0 ? ref : 1);
 }
 
-static int compare_family(const refdump *d, const char *dump, const char *fam)
-{
+static int compare_family(const refdump *d, const char *dump, const char *fam) {
     char mdir[4096], prefix[64], name[128];
     snprintf(mdir, sizeof mdir, "%s.models/%s", dump, fam);
     snprintf(prefix, sizeof prefix, "%s.", fam);
@@ -171,8 +170,7 @@ out:
     return fails;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     log_init("test_target_ref", LOG_WARN);
     if (argc == 5 && strcmp(argv[1], "--capture") == 0) {
         refdump *in = refdump_load(argv[3]);
@@ -188,8 +186,8 @@ int main(int argc, char **argv)
         return rc ? 1 : 0;
     }
     if (argc != 2) {
-        fprintf(stderr, "usage: %s DUMP\n       %s --capture MODEL_DIR IN_DUMP OUT_DUMP\n",
-                argv[0], argv[0]);
+        fprintf(stderr, "usage: %s DUMP\n       %s --capture MODEL_DIR IN_DUMP OUT_DUMP\n", argv[0],
+                argv[0]);
         return 2;
     }
     refdump *d = refdump_load(argv[1]);

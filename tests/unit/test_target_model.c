@@ -17,9 +17,9 @@
  */
 #include "check.h"
 
+#include "batch_plan.h"
 #include "err.h"
 #include "hf_config.h"
-#include "batch_plan.h"
 #include "log.h"
 #include "model_producer.h"
 #include "ops.h"
@@ -36,18 +36,17 @@
 
 /* ---- deterministic random weights, by tensor name ---- */
 
-static uint64_t mix(uint64_t *s)
-{
+static uint64_t mix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-static void fill(const char *name, const int64_t *shape, int ndim, float *dst)
-{
+static void fill(const char *name, const int64_t *shape, int ndim, float *dst) {
     uint64_t s = 1469598103934665603ull;
-    for (const char *p = name; *p; p++) s = (s ^ (uint8_t)*p) * 1099511628211ull;
+    for (const char *p = name; *p; p++)
+        s = (s ^ (uint8_t)*p) * 1099511628211ull;
     int64_t n = ndim == 1 ? shape[0] : shape[0] * shape[1];
     bool norm = strstr(name, "norm") != NULL, embed = strstr(name, "embed") != NULL;
     double scale = embed ? 1.0 : (norm ? 0.1 : 1.7 / sqrt((double)shape[ndim - 1]));
@@ -63,8 +62,7 @@ typedef struct fetch_log {
     bool head;         /* model.norm or lm_head requested */
 } fetch_log;
 
-static int fetch_random(void *user, const char *name, const int64_t *shape, int ndim, float *dst)
-{
+static int fetch_random(void *user, const char *name, const int64_t *shape, int ndim, float *dst) {
     fetch_log *fl = user;
     if (fl) {
         fl->calls++;
@@ -77,8 +75,7 @@ static int fetch_random(void *user, const char *name, const int64_t *shape, int 
     return 0;
 }
 
-static model_config tiny_config(void)
-{
+static model_config tiny_config(void) {
     model_config c;
     hf_config_defaults(&c, MODEL_QWEN3);
     c.vocab_size = 50;
@@ -96,8 +93,7 @@ static model_config tiny_config(void)
 
 /* ---- tests ---- */
 
-static void test_default_ids(void)
-{
+static void test_default_ids(void) {
     int ids[8];
     CHECK_EQ_INT(target_default_layer_ids(36, 5, ids), 0);
     CHECK(ids[0] == 1 && ids[1] == 9 && ids[2] == 17 && ids[3] == 25 && ids[4] == 33);
@@ -111,8 +107,7 @@ static void test_default_ids(void)
     CHECK_EQ_INT(target_default_layer_ids(36, 0, ids), DFLASH_EINVAL);
 }
 
-static double max_rel(const float *a, const float *b, size_t n)
-{
+static double max_rel(const float *a, const float *b, size_t n) {
     double d = 0, r = 0;
     for (size_t i = 0; i < n; i++) {
         if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
@@ -121,15 +116,16 @@ static double max_rel(const float *a, const float *b, size_t n)
     return r > 0 ? d / r : d;
 }
 
-static void test_capture(const nn_ops *ops, nn_ctx *ctx)
-{
+static void test_capture(const nn_ops *ops, nn_ctx *ctx) {
     model_config c = tiny_config();
     int D = c.hidden_size;
     enum { T = 23, S = 3, PAD = 5 };
     int32_t ids[T], pos[T], off[S + 1] = {0, 9, 10, T};
-    for (int t = 0; t < T; t++) ids[t] = (t * 7 + 3) % c.vocab_size;
+    for (int t = 0; t < T; t++)
+        ids[t] = (t * 7 + 3) % c.vocab_size;
     for (int s = 0; s < S; s++)
-        for (int t = off[s]; t < off[s + 1]; t++) pos[t] = t - off[s];
+        for (int t = off[s]; t < off[s + 1]; t++)
+            pos[t] = t - off[s];
 
     /* capture [2, 0] of 4 layers into rows of 2*D + PAD: only layers 0..2 are ever loaded */
     fetch_log fl = {0, -1, false};
@@ -141,19 +137,21 @@ static void test_capture(const nn_ops *ops, nn_ctx *ctx)
     CHECK_EQ_INT(fl.deepest_layer, 2);
     size_t ld = 2 * (size_t)D + PAD;
     float *out = ops->alloc(ctx, sizeof(float) * T * ld);
-    for (size_t i = 0; i < T * ld; i++) out[i] = 12345.0f;
+    for (size_t i = 0; i < T * ld; i++)
+        out[i] = 12345.0f;
     CHECK_EQ_INT(target_forward_host(m, ids, pos, off, S, T, out, ld), 0);
     bool pad_ok = true;
     for (int t = 0; t < T; t++)
-        for (int i = 2 * D; i < (int)ld; i++) pad_ok &= out[t * ld + i] == 12345.0f;
+        for (int i = 2 * D; i < (int)ld; i++)
+            pad_ok &= out[t * ld + i] == 12345.0f;
     CHECK(pad_ok);
 
     /* same model, capturing [0] and [2] separately with contiguous rows: the columns of the
      * strided run are exactly these, in list order */
     int only0 = 0, only2 = 2;
     fetch_log fl0 = {0, -1, false};
-    target_model_opts o0 = {.layer_ids = &only0, .n_layer_ids = 1, .max_tokens = 32,
-                            .no_head = true};
+    target_model_opts o0 = {
+        .layer_ids = &only0, .n_layer_ids = 1, .max_tokens = 32, .no_head = true};
     target_model *m0 = target_model_new(&c, &o0, ops, ctx, fetch_random, &fl0);
     target_model_opts o2 = {.layer_ids = &only2, .n_layer_ids = 1, .max_tokens = 32};
     target_model *m2 = target_model_new(&c, &o2, ops, ctx, fetch_random, NULL);
@@ -219,8 +217,7 @@ out:
 
 /* Writes c's checkpoint with fill() weights: F32 or BF16, in one file or split over two shards
  * with a model.safetensors.index.json. */
-static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16, bool sharded)
-{
+static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16, bool sharded) {
     int rc = hf_config_write(dir, c, bf16 ? "bfloat16" : "float32");
     if (rc) return rc;
     size_t n = hf_weight_count(c), half = sharded ? n / 2 : n;
@@ -242,7 +239,8 @@ static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16
             fill(d->name, d->shape, d->ndim, x);
             if (bf16) {
                 uint16_t *h = malloc(sizeof(uint16_t) * ne);
-                for (size_t k = 0; k < ne; k++) h[k] = safetensors_f32_to_bf16(x[k]);
+                for (size_t k = 0; k < ne; k++)
+                    h[k] = safetensors_f32_to_bf16(x[k]);
                 free(x);
                 data[i] = h;
             } else {
@@ -258,7 +256,8 @@ static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16
         safetensors_writer_destroy(&w);
     }
     if (!rc && sharded) rc = safetensors_write_index(dir, names, files, n, total);
-    for (size_t i = 0; i < n; i++) free(data[i]);
+    for (size_t i = 0; i < n; i++)
+        free(data[i]);
     free(data);
     free(names);
     free(files);
@@ -266,33 +265,32 @@ static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16
     return rc;
 }
 
-static int write_checkpoint(const char *dir, const model_config *c)
-{
+static int write_checkpoint(const char *dir, const model_config *c) {
     return write_checkpoint_ex(dir, c, false, false);
 }
 
 /* fetch_random rounded through bf16, what a bf16 checkpoint of the same weights holds */
 static int fetch_random_bf16(void *user, const char *name, const int64_t *shape, int ndim,
-                             float *dst)
-{
+                             float *dst) {
     (void)user;
     fill(name, shape, ndim, dst);
     int64_t n = ndim == 1 ? shape[0] : shape[0] * shape[1];
-    for (int64_t i = 0; i < n; i++) dst[i] = safetensors_bf16_to_f32(safetensors_f32_to_bf16(dst[i]));
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = safetensors_bf16_to_f32(safetensors_f32_to_bf16(dst[i]));
     return 0;
 }
 
 /* A sharded bf16 checkpoint (the form real targets ship in) loads to exactly the bf16-rounded
  * weights. */
-static void test_load_sharded_bf16(const nn_ops *ops, nn_ctx *ctx)
-{
+static void test_load_sharded_bf16(const nn_ops *ops, nn_ctx *ctx) {
     char dir[] = "/tmp/test_target_bf16.XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     model_config c = tiny_config();
     CHECK_EQ_INT(write_checkpoint_ex(dir, &c, true, true), 0);
     enum { T = 9 };
     int32_t ids[T], pos[T], off[2] = {0, T};
-    for (int t = 0; t < T; t++) ids[t] = (3 * t + 2) % c.vocab_size, pos[t] = t;
+    for (int t = 0; t < T; t++)
+        ids[t] = (3 * t + 2) % c.vocab_size, pos[t] = t;
     int cap = 3;
     target_model_opts o = {.layer_ids = &cap, .n_layer_ids = 1, .max_tokens = T};
     target_model *file = target_model_load(dir, &o, ops, ctx);
@@ -320,8 +318,7 @@ static void test_load_sharded_bf16(const nn_ops *ops, nn_ctx *ctx)
     rmdir(dir);
 }
 
-static void test_load(const nn_ops *ops, nn_ctx *ctx)
-{
+static void test_load(const nn_ops *ops, nn_ctx *ctx) {
     char dir[] = "/tmp/test_target_model.XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     model_config c = tiny_config();
@@ -330,10 +327,14 @@ static void test_load(const nn_ops *ops, nn_ctx *ctx)
 
     enum { T = 11 };
     int32_t ids[T], pos[T], off[2] = {0, T};
-    for (int t = 0; t < T; t++) ids[t] = (5 * t + 1) % c.vocab_size, pos[t] = t;
+    for (int t = 0; t < T; t++)
+        ids[t] = (5 * t + 1) % c.vocab_size, pos[t] = t;
     int cap[2] = {1, 3};
-    target_model_opts o = {.layer_ids = cap, .n_layer_ids = 2, .max_tokens = 16,
-                           .max_logit_rows = 2, .all_layers = true};
+    target_model_opts o = {.layer_ids = cap,
+                           .n_layer_ids = 2,
+                           .max_tokens = 16,
+                           .max_logit_rows = 2,
+                           .all_layers = true};
     target_model *file = target_model_load(dir, &o, ops, ctx);
     target_model *direct = target_model_new(&c, &o, ops, ctx, fetch_random, NULL);
     CHECK(file && direct);
@@ -375,13 +376,15 @@ static void test_load(const nn_ops *ops, nn_ctx *ctx)
     rmdir(dir);
 }
 
-static void test_generate(const nn_ops *ops, nn_ctx *ctx)
-{
+static void test_generate(const nn_ops *ops, nn_ctx *ctx) {
     model_config c = tiny_config();
     c.tie_word_embeddings = false; /* tied random embeddings make every token repeat itself */
     int cap1 = 1;
-    target_model_opts o = {.layer_ids = &cap1, .n_layer_ids = 1, .max_tokens = 64,
-                           .max_logit_rows = 3, .all_layers = true};
+    target_model_opts o = {.layer_ids = &cap1,
+                           .n_layer_ids = 1,
+                           .max_tokens = 64,
+                           .max_logit_rows = 3,
+                           .all_layers = true};
     target_model *m = target_model_new(&c, &o, ops, ctx, fetch_random, NULL);
     CHECK(m != NULL);
     if (!m) return;
@@ -391,14 +394,15 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx)
     CHECK_EQ_INT(target_generate(m, seqs, len, cap, 3, 6, -1, 0.0f, NULL), 0);
     CHECK_EQ_INT(len[0], 9);
     CHECK_EQ_INT(len[1], 7);
-    CHECK_EQ_INT(len[2], 5); /* stopped by its capacity */
+    CHECK_EQ_INT(len[2], 5);                        /* stopped by its capacity */
     CHECK(memcmp(a, c2, sizeof(int32_t) * 5) == 0); /* same prompt, same greedy tokens */
 
     /* greedy token k is the argmax of the logits of the prefix before it */
     bool greedy_ok = true;
     for (int k = 3; k < 9; k++) {
         int32_t pos[20], off[2] = {0, k}, row = k - 1;
-        for (int i = 0; i < k; i++) pos[i] = i;
+        for (int i = 0; i < k; i++)
+            pos[i] = i;
         float lg[50];
         CHECK_EQ_INT(target_logits(m, a, pos, off, 1, k, &row, 1, lg), 0);
         int best = 0;
@@ -436,7 +440,8 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx)
     CHECK_EQ_INT(l1, 32);
     CHECK(l1 == l2 && memcmp(s1, s2, sizeof s1) == 0);
     bool range_ok = true;
-    for (int i = 0; i < l1; i++) range_ok &= s1[i] >= 0 && s1[i] < c.vocab_size;
+    for (int i = 0; i < l1; i++)
+        range_ok &= s1[i] >= 0 && s1[i] < c.vocab_size;
     CHECK(range_ok);
     int first_eos = -1;
     for (int i = 2; i < l1 && first_eos < 0; i++)
@@ -453,8 +458,7 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx)
 
 /* Writes a shard of n sequences of the given lengths; ids may exceed the model's vocabulary when
  * big_ids (the writer is told vocab 0 = unknown). */
-static int write_shard(const char *path, const uint32_t *lens, int n, int vocab, bool big_ids)
-{
+static int write_shard(const char *path, const uint32_t *lens, int n, int vocab, bool big_ids) {
     shard_writer *w = shard_writer_new(path, 0);
     int rc = w ? 0 : DFLASH_ENOMEM;
     for (int s = 0; s < n && !rc; s++) {
@@ -474,8 +478,7 @@ static int write_shard(const char *path, const uint32_t *lens, int n, int vocab,
 
 /* The target daemon's producer: work unit -> slot, checked against the shard, the batch plan and
  * a direct forward of the same packed batch. */
-static void test_producer(const nn_ops *ops, nn_ctx *ctx)
-{
+static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     char dir[] = "/tmp/test_target_producer.XXXXXX", shard_path[600], bad_path[600];
     CHECK(mkdtemp(dir) != NULL);
     model_config c = tiny_config();
@@ -489,9 +492,15 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx)
 
     const uint32_t bounds[2] = {8, 24};
     int cap[2] = {2, 0};
-    model_producer_opts po = {.model_dir = dir, .shards = shard_path, .bucket_bounds = bounds,
-                              .n_buckets = 2, .token_budget = 32, .max_seqs = 4, .seed = 7,
-                              .layer_ids = cap, .n_layer_ids = 2};
+    model_producer_opts po = {.model_dir = dir,
+                              .shards = shard_path,
+                              .bucket_bounds = bounds,
+                              .n_buckets = 2,
+                              .token_budget = 32,
+                              .max_seqs = 4,
+                              .seed = 7,
+                              .layer_ids = cap,
+                              .n_layer_ids = 2};
     char err[512] = "";
     model_producer *p = model_producer_new(&po, ops, ctx, err, sizeof err);
     if (!p) fprintf(stderr, "model_producer_new: %s\n", err);
@@ -570,7 +579,8 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx)
     CHECK(arrays_ok);
     CHECK(rows_ok);
     bool once = true;
-    for (int s = 0; s < N; s++) once &= seen[s] == 1;
+    for (int s = 0; s < N; s++)
+        once &= seen[s] == 1;
     CHECK(once); /* every sequence (all fit a bucket) is produced exactly once per epoch */
 
     /* the verifier catches a changed hidden value and a token that is not the plan's */
@@ -633,8 +643,7 @@ out:
     rmdir(dir);
 }
 
-int main(void)
-{
+int main(void) {
     log_init("test_target_model", LOG_WARN);
     const nn_ops *ops = nn_cpu_ops();
     nn_ctx *ctx = nn_cpu_new(1);

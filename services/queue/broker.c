@@ -136,6 +136,7 @@ struct broker {
 
     uint64_t malformed, acks, double_acks, unroutable, requests;
     uint8_t *inbuf, *outbuf;
+    char cfg_applied_log[16]; /* log level last applied by a live set */
 };
 
 static uint64_t now_ms(broker *b)
@@ -643,7 +644,10 @@ void broker_status(broker *b, wire_status *s)
 static int apply_live(broker *b, const queue_config *c)
 {
     log_level lvl;
-    if (log_level_parse(c->log_level, &lvl) == 0) log_set_level(lvl);
+    if (strcmp(c->log_level, b->cfg_applied_log) != 0 && log_level_parse(c->log_level, &lvl) == 0) {
+        log_set_level(lvl);
+        snprintf(b->cfg_applied_log, sizeof b->cfg_applied_log, "%s", c->log_level);
+    }
     if (!b->policy) return 0;
     policy_set_min_ready(b->policy, (uint32_t)c->min_ready);
     policy_set_max_depth(b->policy, (uint32_t)c->max_depth);
@@ -898,6 +902,7 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
     if (!b) return *err = DFLASH_ENOMEM, NULL;
     b->loop = loop;
     b->cfg = *cfg;
+    snprintf(b->cfg_applied_log, sizeof b->cfg_applied_log, "%s", cfg->log_level);
     b->incarnation = wire_new_incarnation();
     b->start_ms = now_ms(b);
     b->last_stats_ms = b->start_ms;

@@ -228,7 +228,11 @@ int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t
         }
     } else {
         c->n_feat = c->num_layers;
-        dflash_default_layer_ids(c->num_target_layers, c->n_feat, c->target_layer_ids);
+        if (dflash_default_layer_ids(c->num_target_layers, c->n_feat, c->target_layer_ids))
+            FAIL(DFLASH_ECONFIG,
+                 "%s: no dflash_config.target_layer_ids, and %d target layers are too few for "
+                 "the default rule",
+                 path, c->num_target_layers);
     }
     if (!get_int(j, "max_position_embeddings", &c->max_position_embeddings))
         c->max_position_embeddings = 40960;

@@ -8,6 +8,7 @@
 #include "dflash_model.h"
 
 #include "err.h"
+#include "hf_config.h"
 #include "log.h"
 
 #include <math.h>
@@ -18,14 +19,8 @@
 /* ---------------------------------------------------------------------------------------------
  * configuration */
 
-void dflash_default_layer_ids(int L, int n, int *ids) {
-    if (n == 1) {
-        ids[0] = L / 2;
-        return;
-    }
-    double start = 1.0, end = (double)(L - 3), span = end - start;
-    for (int i = 0; i < n; i++)
-        ids[i] = (int)nearbyint(start + (double)i * span / (n - 1));
+int dflash_default_layer_ids(int L, int n, int *ids) {
+    return hf_config_dflash_layers(L, n, ids); /* one copy of the rule, in hf_config */
 }
 
 void dflash_config_default(dflash_config *c, const model_config *t, int num_layers, int block_size,
@@ -40,7 +35,8 @@ void dflash_config_default(dflash_config *c, const model_config *t, int num_laye
     c->block_size = block_size;
     c->n_feat = num_layers < DFLASH_MAX_FEAT ? num_layers : DFLASH_MAX_FEAT;
     c->num_target_layers = t->num_layers;
-    dflash_default_layer_ids(t->num_layers, c->n_feat, c->target_layer_ids);
+    if (dflash_default_layer_ids(t->num_layers, c->n_feat, c->target_layer_ids))
+        c->n_feat = 0; /* too shallow for the rule: validate refuses until ids are given */
     c->mask_token_id = mask_token_id;
     c->vocab_size = t->vocab_size;
     c->max_position_embeddings = t->max_position_embeddings;

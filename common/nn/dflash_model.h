@@ -69,8 +69,8 @@ typedef struct dflash_config {
 void dflash_config_default(dflash_config *c, const model_config *t, int num_layers, int block_size,
                            int mask_token_id);
 /* z-lab build_target_layer_ids: n == 1 -> [L/2]; else round(1 + i*(L-4)/(n-1)) (half to even).
- * Writes n ids. */
-void dflash_default_layer_ids(int L, int n, int *ids);
+ * Writes n ids. Returns 0, or DFLASH_EINVAL for a target too shallow for n > 1 (L < 4). */
+int dflash_default_layer_ids(int L, int n, int *ids);
 /* Checks the config on its own. Returns 0 or DFLASH_ECONFIG with the reason in msg. */
 int dflash_config_validate(const dflash_config *c, char *msg, size_t msglen);
 /* Checks that a drafter fits a target whose captured layers are ids[0..n_ids): hidden size,

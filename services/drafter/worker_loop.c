@@ -1,0 +1,393 @@
+/* worker_loop: see worker_loop.h for the loop, its states and the consumer interface.
+ *
+ * Held batch: between a successful release and the ack, the batch lives only in this process
+ * (`held`). If the broker restarts in that window, hello carries it so the broker's ledger can
+ * accept the late ack instead of handing the batch out again. A release answered ESTALE without
+ * a broker restart means our lease expired and the batch was redelivered: the copy is dropped.
+ * A heartbeat thread calls client_poll so a long consume() does not get us expired. */
+#include "worker_loop.h"
+#include "client.h"
+#include "err.h"
+#include "log.h"
+#include "synthetic.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef enum { WL_REGISTER = 0, WL_CLAIMING, WL_DONE } wl_state;
+
+typedef struct worker_loop {
+    const worker_loop_config *cfg;
+    worker_consumer *cons;
+    pool_importer *imp;
+    void *staging;
+    client *client;
+    wl_state state;
+    worker_stats st;
+    bool holding;
+    wire_unit held;
+    uint64_t committed_reported;
+    atomic_bool hb_run;
+    pthread_t hb_thread;
+    bool hb_started;
+} worker_loop;
+
+static void set_state(worker_loop *w, wl_state to)
+{
+    static const bool legal[3][3] = {
+        /* to:       REGISTER CLAIMING DONE */
+        [WL_REGISTER] = {true, true, true},
+        [WL_CLAIMING] = {true, true, true},
+        [WL_DONE] = {false, false, true},
+    };
+    assert(legal[w->state][to]);
+    w->state = to;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(double ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (time_t)(ms / 1000) * 1000) * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+static void *heartbeat_main(void *arg)
+{
+    worker_loop *w = arg;
+    while (atomic_load(&w->hb_run)) {
+        sleep_ms(100);
+        if (client_broker_incarnation(w->client)) client_poll(w->client);
+    }
+    return NULL;
+}
+
+/* hello with the held batch. 0, DFLASH_EAGAIN (transient) or a fatal code. */
+static int do_register(worker_loop *w)
+{
+    int rc = client_hello(w->client, w->holding ? &w->held : NULL, w->holding ? 1 : 0);
+    if (rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE) return DFLASH_EAGAIN;
+    if (rc < 0) {
+        LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc), client_last_error(w->client));
+        return rc;
+    }
+    w->st.registrations++;
+    LOG_INFO("registered with broker %016llx%s", (unsigned long long)client_broker_incarnation(w->client),
+             w->holding ? " (holding one batch)" : "");
+    return 0;
+}
+
+/* Retries call while it times out or the broker restarted (re-registering in between), up to
+ * a few attempts or *stop. */
+#define RETRY_CALL(w, stop, rc, call)                                                              \
+    do {                                                                                           \
+        for (int attempt_ = 0; attempt_ < 50 && !*(stop); attempt_++) {                            \
+            rc = (call);                                                                           \
+            if (rc == DFLASH_ETIMEOUT) continue;                                                   \
+            if (rc == DFLASH_ESTALE && client_broker_restarted((w)->client)) {                     \
+                while (!*(stop) && do_register(w) == DFLASH_EAGAIN) sleep_ms(100);                 \
+                continue;                                                                          \
+            }                                                                                      \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* Copies, releases, consumes and acks one granted batch. 0 or a fatal code. */
+static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic_t *stop)
+{
+    const worker_loop_config *c = w->cfg;
+    pool_slot_ref ref = {.backend = g->backend == WIRE_BACKEND_CUDA ? POOL_CUDA : POOL_HOST,
+                         .incarnation = g->pool_incarnation, .slot = g->slot, .offset = g->offset,
+                         .bytes = g->size, .device = g->device};
+    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", g->shm_name);
+    memcpy(ref.mem_handle, g->mem_handle, POOL_HANDLE_BYTES);
+    memcpy(ref.event_handle, g->event_handle, POOL_HANDLE_BYTES);
+    uint64_t bytes = g->n_tokens <= c->layout.token_budget ? slot_used_bytes(&c->layout, g->n_tokens)
+                                                          : c->layout.slot_bytes;
+    if (bytes > g->size) bytes = g->size;
+    if (bytes > c->layout.slot_bytes) bytes = c->layout.slot_bytes;
+    double t0 = now_s();
+    int rc = pool_importer_attach_slot(w->imp, &ref);
+    if (rc == 0) rc = pool_copy_start(w->imp, ref.incarnation, ref.slot, ref.offset, bytes, w->staging);
+    if (rc == 0) rc = pool_copy_wait(w->imp);
+    if (rc < 0) {
+        /* the exporter is gone (shm removed) or the grant is bad: give the slot back unread */
+        LOG_WARN("cannot copy slot %u of pool %016llx: %s; releasing it", g->slot,
+                 (unsigned long long)g->pool_incarnation, err_str(rc));
+        int rrc;
+        RETRY_CALL(w, stop, rrc, client_release(w->client, g->lease_id));
+        (void)rrc;
+        pool_importer_forget(w->imp, ref.incarnation);
+        return 0;
+    }
+    w->st.copy_s += now_s() - t0;
+    w->st.bytes_copied += bytes;
+
+    RETRY_CALL(w, stop, rc, client_release(w->client, g->lease_id));
+    if (rc == DFLASH_ESTALE) {
+        w->st.stale_releases++;
+        LOG_WARN("lease %llu on slot %u expired before release: batch (%u, %u, %llu) was "
+                 "redelivered, dropping our copy", (unsigned long long)g->lease_id, g->slot,
+                 g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
+        return 0;
+    }
+    if (rc < 0 && !*stop) LOG_WARN("release of lease %llu: %s", (unsigned long long)g->lease_id,
+                                   err_str(rc));
+    w->holding = true;
+    w->held = g->unit;
+
+    worker_batch b = {.staged = w->staging, .copy_stream = pool_importer_stream(w->imp),
+                      .wu = {.epoch = g->unit.epoch, .bucket = g->unit.bucket, .batch = g->unit.index},
+                      .n_tokens = g->n_tokens, .n_seqs = g->n_seqs,
+                      .pool_incarnation = g->pool_incarnation};
+    uint64_t step = 0;
+    t0 = now_s();
+    rc = w->cons->consume(w->cons->ctx, &b, &step);
+    w->st.consume_s += now_s() - t0;
+    if (rc < 0) return rc;
+
+    RETRY_CALL(w, stop, rc, client_ack(w->client, &g->unit, step));
+    if (rc == DFLASH_EEXISTS) {
+        LOG_ERROR("batch (%u, %u, %llu) was already trained: the broker refused a second ack",
+                  g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
+    } else if (rc < 0 && !*stop) {
+        LOG_WARN("ack of batch (%u, %u, %llu): %s (%s)", g->unit.epoch, g->unit.bucket,
+                 (unsigned long long)g->unit.index, err_str(rc), client_last_error(w->client));
+    }
+    if (rc == 0) {
+        w->holding = false;
+        w->st.batches++;
+        w->st.tokens += g->n_tokens;
+    }
+    if (w->cons->committed) {
+        uint64_t cs = w->cons->committed(w->cons->ctx);
+        if (cs > w->committed_reported) {
+            int crc;
+            RETRY_CALL(w, stop, crc, client_checkpoint_committed(w->client, cs));
+            if (crc == 0) w->committed_reported = cs;
+        }
+    }
+    return 0;
+}
+
+static void progress(worker_loop *w, double *last_t, uint64_t *last_b, uint64_t *last_tok,
+                     double *last_wait, uint64_t *last_bytes, double *last_copy)
+{
+    double now = now_s(), dt = now - *last_t;
+    if (dt <= 0) return;
+    double copy_dt = w->st.copy_s - *last_copy;
+    LOG_INFO("batches %llu (+%llu), %.0f tokens/s, copy %.2f GB/s, waiting for a grant %.0f%%",
+             (unsigned long long)w->st.batches, (unsigned long long)(w->st.batches - *last_b),
+             (double)(w->st.tokens - *last_tok) / dt,
+             copy_dt > 0 ? (double)(w->st.bytes_copied - *last_bytes) / copy_dt / 1e9 : 0.0,
+             100.0 * (w->st.wait_grant_s - *last_wait) / dt);
+    *last_t = now;
+    *last_b = w->st.batches;
+    *last_tok = w->st.tokens;
+    *last_wait = w->st.wait_grant_s;
+    *last_bytes = w->st.bytes_copied;
+    *last_copy = w->st.copy_s;
+}
+
+int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
+                    volatile sig_atomic_t *stop, worker_stats *stats)
+{
+    worker_loop w = {.cfg = cfg, .cons = cons, .state = WL_REGISTER};
+    int rc = 0, err = 0;
+    double start = now_s();
+    w.imp = pool_importer_new(cfg->backend, cfg->device, &err);
+    if (!w.imp) {
+        LOG_ERROR("cannot create the %s pool importer on device %d: %s",
+                  pool_backend_name(cfg->backend), cfg->device, err_str(err));
+        rc = err;
+        goto out;
+    }
+    w.staging = pool_staging_alloc(cfg->backend, cfg->device, cfg->layout.slot_bytes);
+    if (!w.staging) {
+        LOG_ERROR("cannot allocate a %zu-byte staging buffer", cfg->layout.slot_bytes);
+        rc = DFLASH_ENOMEM;
+        goto out_imp;
+    }
+    w.client = client_new(cfg->endpoint, WIRE_ROLE_DRAFTER, cfg->name);
+    if (!w.client) {
+        LOG_ERROR("cannot create a client for %s", cfg->endpoint);
+        rc = DFLASH_EZMQ;
+        goto out_staging;
+    }
+    client_set_timeout(w.client, (int)cfg->timeout_ms);
+    atomic_store(&w.hb_run, true);
+    w.hb_started = pthread_create(&w.hb_thread, NULL, heartbeat_main, &w) == 0;
+
+    double backoff = 1, unreachable_since = now_s();
+    double last_t = now_s(), last_wait = 0, last_copy = 0;
+    uint64_t last_b = 0, last_tok = 0, last_bytes = 0;
+    while (w.state != WL_DONE) {
+        if (*stop) {
+            set_state(&w, WL_DONE);
+            break;
+        }
+        if (cfg->progress_ms > 0 && (now_s() - last_t) * 1000 >= cfg->progress_ms)
+            progress(&w, &last_t, &last_b, &last_tok, &last_wait, &last_bytes, &last_copy);
+        if (w.state == WL_REGISTER) {
+            rc = do_register(&w);
+            if (rc == 0) {
+                set_state(&w, WL_CLAIMING);
+                continue;
+            }
+            if (rc != DFLASH_EAGAIN) goto out_client;
+            rc = 0;
+            if (cfg->broker_wait_ms > 0 && (now_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
+                LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
+                          cfg->endpoint, (long long)cfg->broker_wait_ms);
+                rc = DFLASH_EPEER;
+                goto out_client;
+            }
+            sleep_ms(100);
+            continue;
+        }
+        if (cfg->max_batches > 0 && (int64_t)w.st.batches >= cfg->max_batches) {
+            set_state(&w, WL_DONE);
+            break;
+        }
+        wire_grant g;
+        double t0 = now_s();
+        rc = client_claim(w.client, &g);
+        if (rc == 0) {
+            backoff = 1;
+            unreachable_since = now_s();
+            rc = handle_grant(&w, &g, stop);
+            if (rc < 0) goto out_client;
+        } else if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
+            sleep_ms(backoff);
+            backoff = backoff < 20 ? backoff * 2 : 20;
+            w.st.wait_grant_s += now_s() - t0;
+            rc = 0;
+        } else if (rc == DFLASH_ESHUTDOWN && cfg->exit_when_drained) {
+            LOG_INFO("the broker has drained: done");
+            set_state(&w, WL_DONE);
+            rc = 0;
+        } else if (rc == DFLASH_ESHUTDOWN) {
+            sleep_ms(100);
+            w.st.wait_grant_s += now_s() - t0;
+            rc = 0;
+        } else if (rc == DFLASH_ESTALE) {
+            LOG_WARN("the broker restarted or forgot us: registering again");
+            unreachable_since = now_s();
+            set_state(&w, WL_REGISTER);
+            rc = 0;
+        } else {
+            LOG_WARN("claim failed: %s (%s)", err_str(rc), client_last_error(w.client));
+            sleep_ms(100);
+            rc = 0;
+        }
+    }
+out_client:
+    atomic_store(&w.hb_run, false);
+    if (w.hb_started) pthread_join(w.hb_thread, NULL);
+    client_destroy(&w.client);
+out_staging:
+    pool_staging_free(cfg->backend, cfg->device, &w.staging);
+out_imp:
+    pool_importer_destroy(&w.imp);
+out:
+    w.st.elapsed_s = now_s() - start;
+    if (stats) *stats = w.st;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the --verify consumer */
+
+typedef struct verify_ctx {
+    pool_backend backend;
+    slot_layout layout;
+    uint32_t upper[WORKER_MAX_BUCKETS], n_buckets, vocab;
+    void *host; /* cuda: host copy of the staged slot */
+    uint64_t last_step, bytes_checked;
+} verify_ctx;
+
+static int verify_consume(void *vctx, const worker_batch *b, uint64_t *step)
+{
+    verify_ctx *v = vctx;
+    const void *img = b->staged;
+    size_t used = b->n_tokens <= v->layout.token_budget ? slot_used_bytes(&v->layout, b->n_tokens)
+                                                       : v->layout.slot_bytes;
+    if (v->backend == POOL_CUDA) {
+        int rc = pool_staging_read(POOL_CUDA, v->host, b->staged, used);
+        if (rc < 0) return rc;
+        img = v->host;
+    }
+    synthetic_params sp = synthetic_bucket_params(v->upper, v->n_buckets, b->wu.bucket, v->vocab,
+                                                  v->layout.token_budget);
+    synthetic_report r;
+    char msg[320];
+    int rc = synthetic_verify(img, &v->layout, &b->wu, &sp, &r, msg, sizeof msg);
+    if (rc < 0) {
+        LOG_ERROR("VERIFY FAILED for batch (%u, %u, %llu) from pool %016llx: %s (%llu bad bytes "
+                  "of %llu): %s", b->wu.epoch, b->wu.bucket, (unsigned long long)b->wu.batch,
+                  (unsigned long long)b->pool_incarnation, err_str(rc),
+                  (unsigned long long)r.bad_bytes, (unsigned long long)r.bytes_checked, msg);
+        return rc;
+    }
+    v->bytes_checked += r.bytes_checked;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    *step = ms > v->last_step ? ms : v->last_step + 1;
+    v->last_step = *step;
+    return 0;
+}
+
+static uint64_t verify_committed(void *vctx)
+{
+    return ((verify_ctx *)vctx)->last_step; /* nothing to checkpoint: every ack is durable */
+}
+
+static void verify_destroy(void *vctx)
+{
+    verify_ctx *v = vctx;
+    free(v->host);
+    free(v);
+}
+
+worker_consumer *worker_verify_new(const worker_loop_config *cfg, const uint32_t *bucket_upper,
+                                   uint32_t n_buckets, uint32_t vocab_size)
+{
+    if (n_buckets == 0 || n_buckets > WORKER_MAX_BUCKETS) return NULL;
+    worker_consumer *c = calloc(1, sizeof *c);
+    verify_ctx *v = calloc(1, sizeof *v);
+    if (!c || !v) goto fail;
+    v->backend = cfg->backend;
+    v->layout = cfg->layout;
+    memcpy(v->upper, bucket_upper, n_buckets * sizeof *bucket_upper);
+    v->n_buckets = n_buckets;
+    v->vocab = vocab_size;
+    if (cfg->backend == POOL_CUDA) {
+        v->host = malloc(cfg->layout.slot_bytes);
+        if (!v->host) goto fail;
+    }
+    *c = (worker_consumer){.name = "verify", .ctx = v, .consume = verify_consume,
+                           .committed = verify_committed, .destroy = verify_destroy};
+    return c;
+fail:
+    free(v);
+    free(c);
+    return NULL;
+}
+
+void worker_consumer_destroy(worker_consumer **cons)
+{
+    if (!cons || !*cons) return;
+    if ((*cons)->destroy) (*cons)->destroy((*cons)->ctx);
+    free(*cons);
+    *cons = NULL;
+}

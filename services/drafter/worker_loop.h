@@ -1,0 +1,93 @@
+/* worker_loop: dflash-drafter's main loop, independent of what is done with a batch (DESIGN §2,
+ * steps 4-6).
+ *
+ * It owns the pool importer (pool.h), the staging buffer and the broker client (client.h). Per
+ * iteration: claim a ready slot (the grant names pool incarnation, slot, offset, size, handles
+ * and the batch), map the pool if this incarnation is new (a new incarnation closes the old
+ * mappings: the target restarted), make the copy stream wait on the slot's event, copy the slot
+ * into staging, release the slot as soon as the copy is done, hand the staged copy to the
+ * *consumer*, and ack the batch with the step the consumer reports. It waits and retries while
+ * nothing is eligible (counted as "waiting for a grant"), re-registers (hello, with the batches
+ * it holds) when the broker restarts, and returns when the broker has drained, when *stop
+ * becomes non-zero, or on a fatal error.
+ *
+ * Loop states (one set_state, transitions asserted):
+ *   REGISTER -> CLAIMING         hello succeeded
+ *   CLAIMING -> CLAIMING         grant handled, or nothing eligible (wait and retry)
+ *   CLAIMING -> REGISTER         the broker restarted or forgot us (DFLASH_ESTALE)
+ *   any      -> DONE             stop flag, drain (ESHUTDOWN), or fatal error
+ *
+ * The consumer interface is how the trainer plugs in (services/drafter/trainer.c later); the
+ * first consumer is --verify, which checks every byte against synthetic.h. Thread: the daemon's
+ * main thread; the consumer runs on it and may enqueue GPU work ordered after the copy stream.
+ */
+#ifndef DFLASH_WORKER_LOOP_H
+#define DFLASH_WORKER_LOOP_H
+
+#include "pool.h"
+#include "slot.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define WORKER_MAX_BUCKETS 16
+
+/* One staged batch, handed to the consumer. */
+typedef struct worker_batch {
+    const void *staged;   /* the slot copy: host memory (host) or device memory (cuda) */
+    void *copy_stream;    /* cuda: the stream the copy ran on (done when consume is called) */
+    slot_work_unit wu;    /* the batch the grant named */
+    uint32_t n_tokens, n_seqs;
+    uint64_t pool_incarnation;
+} worker_batch;
+
+/* What is done with a staged batch. consume() trains on (or checks) b and sets *step to the
+ * optimizer step that includes it; the loop then acks (wu, step). Returns 0, or a negative
+ * DFLASH_E* code: DFLASH_ECORRUPT / DFLASH_EMISMATCH mean the data plane delivered a bad batch
+ * (the loop logs it and exits with the code: it is a bug or a misconfiguration), anything else is
+ * fatal too. committed() (optional) returns the newest step that is durable (checkpointed):
+ * the loop reports it with client_checkpoint_committed. destroy() frees ctx. */
+typedef struct worker_consumer {
+    const char *name; /* "verify", "train" */
+    void *ctx;
+    int (*consume)(void *ctx, const worker_batch *b, uint64_t *step);
+    uint64_t (*committed)(void *ctx);
+    void (*destroy)(void *ctx);
+} worker_consumer;
+
+typedef struct worker_loop_config {
+    const char *endpoint;
+    const char *name; /* peer name, e.g. "drafter0" */
+    pool_backend backend;
+    int device;
+    slot_layout layout;   /* what every slot must hold (checked by the consumer) */
+    int64_t progress_ms;  /* 0 = no progress lines */
+    int64_t timeout_ms;   /* per broker request */
+    int64_t max_batches;  /* stop after this many (tests, bench); 0 = until drained */
+    int64_t broker_wait_ms; /* give up if no broker answers this long; 0 = never */
+    bool exit_when_drained; /* ESHUTDOWN ends the loop (default true) */
+} worker_loop_config;
+
+typedef struct worker_stats {
+    uint64_t batches, tokens, bytes_copied;
+    uint64_t stale_releases; /* lease expired before release: copy dropped */
+    double copy_s, consume_s, wait_grant_s, elapsed_s;
+    uint64_t registrations;
+} worker_stats;
+
+/* Runs the loop. Returns 0 (drained or stopped) or a negative code after logging the reason;
+ * *stats (may be NULL) gets the totals. Main thread. */
+int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
+                    volatile sig_atomic_t *stop, worker_stats *stats);
+
+/* The --verify consumer: checks every byte of each staged slot against the synthetic batch its
+ * grant names (synthetic.h; bucket bounds and vocab must match the target's), counts bytes and
+ * reports each batch as its own durable step (the step is a wall-clock millisecond stamp, so
+ * commits from any verifier cover every earlier ack). NULL on failure. */
+worker_consumer *worker_verify_new(const worker_loop_config *cfg, const uint32_t *bucket_upper,
+                                   uint32_t n_buckets, uint32_t vocab_size);
+/* Calls cons->destroy and frees; accepts NULL. */
+void worker_consumer_destroy(worker_consumer **cons);
+
+#endif

@@ -1,0 +1,346 @@
+/* bench-cuda_ops: times the cuda backend's main ops at Qwen3-8B DFlash drafter shapes (512
+ * anchors x block 16 = 8192 query rows, 3072 context tokens, D 4096, H 32 / Hk 8, d 128,
+ * F 12288, V 151936) and prints TFLOP/s against the bf16 GEMM peak measured in the same run
+ * (an 8192^3 linear_fwd through the same cuBLASLt path).
+ *
+ * Timing: 2 warm-up calls, then `reps` calls between two stream syncs, host clock; the median
+ * of 3 such batches. Inputs are random (a 16M-element random block tiled over each buffer), never
+ * zeros. FLOPs: 2*M*N*K per matmul; attention 4*d per (query row, head, visible key) forward,
+ * 10*d backward (S, dP, dV, dK, dQ recomputation counted as 5 products); the lm_head loss
+ * 4*Q*D*V (logits and dh). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
+ * The last rows time whole DFlash training steps (dflash_train_step) of a Qwen3-8B-shaped
+ * drafter with that many layers (weights random), with the MFU by 6 * params * Q rows plus
+ * attention and lm_head FLOPs.
+ */
+#include "ops.h"
+
+#ifdef DFLASH_HAVE_CUDA
+#include "dflash_model.h"
+#include "dflash_train.h"
+#include "ops_cuda.h"
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef DFLASH_HAVE_CUDA
+int main(void)
+{
+    printf("bench-cuda_ops: built without CUDA\n");
+    return 77;
+}
+#else
+
+static const nn_ops *O;
+static nn_ctx *C;
+static float *g_rand; /* 16M random fp32, bf16-representable */
+#define RAND_N (16u << 20)
+static double g_peak;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static uint64_t rs = 88172645463325252ull;
+static double urand(void)
+{
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return (double)(rs >> 11) / 4503599627370496.0 - 1.0;
+}
+
+/* act buffer of n elements filled with scale * random */
+static void *act_rand(size_t n, float scale)
+{
+    void *p = O->alloc(C, n * O->act_bytes);
+    if (!p) {
+        fprintf(stderr, "out of device memory (%zu elements)\n", n);
+        exit(2);
+    }
+    static float *tmp;
+    if (!tmp) tmp = malloc(RAND_N * sizeof(float));
+    for (size_t i = 0; i < RAND_N; i++) tmp[i] = g_rand[i] * scale;
+    size_t first = n < RAND_N ? n : RAND_N;
+    O->upload(C, p, tmp, first);
+    for (size_t o = first; o < n; o += first) {
+        size_t m = n - o < first ? n - o : first;
+        O->copy(C, (char *)p + o * O->act_bytes, p, m * O->act_bytes);
+    }
+    return p;
+}
+
+typedef void (*bench_fn)(void *arg);
+
+static double time_ms(bench_fn fn, void *arg, int reps)
+{
+    fn(arg);
+    fn(arg);
+    O->sync(C);
+    double t[3];
+    for (int b = 0; b < 3; b++) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) fn(arg);
+        O->sync(C);
+        t[b] = (now_s() - t0) * 1e3 / reps;
+    }
+    /* median of 3 */
+    double a = t[0], bb = t[1], c = t[2];
+    if (a > bb) { double x = a; a = bb; bb = x; }
+    if (bb > c) { double x = bb; bb = c; c = x; }
+    if (a > bb) { double x = a; a = bb; bb = x; }
+    return bb;
+}
+
+static void row(const char *name, const char *shape, double ms, double flop)
+{
+    double tf = flop / (ms * 1e-3) / 1e12;
+    printf("%-26s %-34s %10.3f %9.1f %7.1f%%\n", name, shape, ms, tf,
+           g_peak > 0 ? 100.0 * tf / g_peak : 100.0);
+    fflush(stdout);
+}
+
+/* ---- GEMMs ---- */
+
+typedef struct lin_arg {
+    void *x, *w, *y, *dy;
+    float *dw;
+    int M, K, N, bwd;
+} lin_arg;
+
+static void lin_run(void *p)
+{
+    lin_arg *a = p;
+    if (a->bwd) O->linear_bwd(C, a->x, a->dw, NULL, a->dy, a->x, a->w, a->M, a->K, a->N);
+    else O->linear_fwd(C, a->y, a->x, a->w, NULL, a->M, a->K, a->N);
+}
+
+static double bench_linear(const char *name, int M, int K, int N, int bwd)
+{
+    lin_arg a = {.M = M, .K = K, .N = N, .bwd = bwd};
+    a.x = act_rand((size_t)M * K, 1.0f);
+    a.w = act_rand((size_t)N * K, 0.02f);
+    if (bwd) {
+        a.dy = act_rand((size_t)M * N, 1.0f);
+        a.dw = O->alloc(C, (size_t)N * K * sizeof(float));
+    } else
+        a.y = O->alloc(C, (size_t)M * N * O->act_bytes);
+    double flop = 2.0 * M * K * N * (bwd ? 2 : 1);
+    double ms = time_ms(lin_run, &a, 10);
+    char shape[64];
+    snprintf(shape, sizeof shape, "M%d K%d N%d%s", M, K, N, bwd ? " dx+dw(f32)" : "");
+    if (!g_peak) g_peak = flop / (ms * 1e-3) / 1e12;
+    row(name, shape, ms, flop);
+    O->free(C, a.x), O->free(C, a.w), O->free(C, a.y), O->free(C, a.dy), O->free(C, a.dw);
+    return ms;
+}
+
+/* ---- attention ---- */
+
+typedef struct att_arg {
+    void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    float *lse;
+    nn_block_span *spans;
+    int32_t *seq_off;
+    int nb, B, Tk, T, n_seqs, H, Hk, d, mode;
+} att_arg;
+
+static void att_run(void *p)
+{
+    att_arg *a = p;
+    if (a->mode == 0)
+        O->attention_causal_fwd(C, a->o, a->q, a->k, a->v, a->seq_off, a->n_seqs, a->T, a->H,
+                                a->Hk, a->d);
+    else if (a->mode == 1)
+        O->attention_block_fwd(C, a->o, a->lse, a->q, a->k, a->v, a->spans, a->nb, a->B, a->Tk,
+                               a->H, a->Hk, a->d);
+    else
+        O->attention_block_bwd(C, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->o, a->lse,
+                               a->spans, a->nb, a->B, a->Tk, a->H, a->Hk, a->d);
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    return *(const int *)a - *(const int *)b;
+}
+
+static void bench_attention(void)
+{
+    int H = 32, Hk = 8, d = 128;
+    /* causal: 4 sequences of 3072 */
+    {
+        att_arg a = {.T = 4 * 3072, .n_seqs = 4, .H = H, .Hk = Hk, .d = d, .mode = 0};
+        int32_t off[5] = {0, 3072, 6144, 9216, 12288};
+        a.seq_off = O->alloc(C, sizeof off);
+        O->upload_raw(C, a.seq_off, off, sizeof off);
+        a.q = act_rand((size_t)a.T * H * d, 1.0f);
+        a.k = act_rand((size_t)a.T * Hk * d, 1.0f);
+        a.v = act_rand((size_t)a.T * Hk * d, 1.0f);
+        a.o = O->alloc(C, (size_t)a.T * H * d * 2);
+        double keys = 4.0 * 3072.0 * 3073.0 / 2.0;
+        double ms = time_ms(att_run, &a, 5);
+        row("attention_causal_fwd", "4x3072 H32/8 d128", ms, keys * H * 4.0 * d);
+        O->free(C, a.seq_off), O->free(C, a.q), O->free(C, a.k), O->free(C, a.v), O->free(C, a.o);
+    }
+    /* DFlash block attention: 512 blocks of 16 over 3072 context tokens */
+    int nb = 512, B = 16, Tc = 3072, Q = nb * B, Tk = Tc + Q;
+    int anchors[512];
+    for (int j = 0; j < nb; j++) anchors[j] = 1 + (int)((urand() * 0.5 + 0.5) * (Tc - 2));
+    qsort(anchors, nb, sizeof(int), cmp_int);
+    nn_block_span sp[512];
+    double keys = 0;
+    for (int j = 0; j < nb; j++) {
+        sp[j] = (nn_block_span){0, anchors[j], Tc + j * B, 1};
+        keys += (double)B * (anchors[j] + B);
+    }
+    att_arg a = {.nb = nb, .B = B, .Tk = Tk, .H = H, .Hk = Hk, .d = d, .mode = 1};
+    a.spans = O->alloc(C, sizeof sp);
+    O->upload_raw(C, a.spans, sp, sizeof sp);
+    a.q = act_rand((size_t)Q * H * d, 1.0f);
+    a.k = act_rand((size_t)Tk * Hk * d, 1.0f);
+    a.v = act_rand((size_t)Tk * Hk * d, 1.0f);
+    a.o = O->alloc(C, (size_t)Q * H * d * 2);
+    a.lse = O->alloc(C, (size_t)H * Q * 4);
+    a.dout = act_rand((size_t)Q * H * d, 1.0f);
+    a.dq = O->alloc(C, (size_t)Q * H * d * 2);
+    a.dk = O->alloc(C, (size_t)Tk * Hk * d * 2);
+    a.dv = O->alloc(C, (size_t)Tk * Hk * d * 2);
+    double ms = time_ms(att_run, &a, 5);
+    row("attention_block_fwd", "512x16 ctx3072 H32/8 d128", ms, keys * H * 4.0 * d);
+    a.mode = 2;
+    ms = time_ms(att_run, &a, 3);
+    row("attention_block_bwd", "512x16 ctx3072 H32/8 d128", ms, keys * H * 10.0 * d);
+    O->free(C, a.spans), O->free(C, a.q), O->free(C, a.k), O->free(C, a.v), O->free(C, a.o);
+    O->free(C, a.lse), O->free(C, a.dout), O->free(C, a.dq), O->free(C, a.dk), O->free(C, a.dv);
+}
+
+/* ---- loss ---- */
+
+typedef struct xent_arg {
+    void *dh, *h, *W, *scratch;
+    float *sums, *weights, inv;
+    int32_t *labels, *correct;
+    int Q, D, V, chunk;
+} xent_arg;
+
+static void xent_run(void *p)
+{
+    xent_arg *a = p;
+    O->lm_head_xent(C, a->dh, a->sums, a->correct, a->h, a->W, a->labels, a->weights, a->inv,
+                    a->scratch, a->Q, a->D, a->V, a->chunk);
+}
+
+static void bench_xent(void)
+{
+    xent_arg a = {.Q = 8192, .D = 4096, .V = 151936, .chunk = 2048};
+    a.h = act_rand((size_t)a.Q * a.D, 1.0f);
+    a.W = act_rand((size_t)a.V * a.D, 0.02f);
+    a.dh = O->alloc(C, (size_t)a.Q * a.D * 2);
+    a.scratch = O->alloc(C, (size_t)a.chunk * a.V * 2);
+    a.sums = O->alloc(C, 8);
+    a.correct = O->alloc(C, (size_t)a.Q * 4);
+    int32_t *lab = malloc((size_t)a.Q * 4);
+    float *w = malloc((size_t)a.Q * 4);
+    for (int i = 0; i < a.Q; i++) lab[i] = (int32_t)(i * 7919 % a.V), w[i] = 1.0f;
+    a.labels = O->alloc(C, (size_t)a.Q * 4);
+    a.weights = O->alloc(C, (size_t)a.Q * 4);
+    O->upload_raw(C, a.labels, lab, (size_t)a.Q * 4);
+    O->upload_raw(C, a.weights, w, (size_t)a.Q * 4);
+    a.inv = 1.0f / a.Q;
+    double ms = time_ms(xent_run, &a, 3);
+    row("lm_head_xent fwd+bwd", "Q8192 D4096 V151936 chunk2048", ms,
+        4.0 * a.Q * (double)a.D * a.V);
+    O->free(C, a.h), O->free(C, a.W), O->free(C, a.dh), O->free(C, a.scratch);
+    O->free(C, a.sums), O->free(C, a.correct), O->free(C, a.labels), O->free(C, a.weights);
+    free(lab), free(w);
+}
+
+/* ---- a whole training step of a Qwen3-8B-shaped drafter ---- */
+
+static void bench_step(int layers)
+{
+    enum { D = 4096, NF = 5, V = 151936, T = 3072 };
+    dflash_config cfg = {0};
+    cfg.hidden_size = D, cfg.num_layers = layers, cfg.num_heads = 32, cfg.num_kv_heads = 8;
+    cfg.head_dim = 128, cfg.intermediate_size = 12288, cfg.block_size = 16, cfg.n_feat = NF;
+    for (int i = 0; i < NF; i++) cfg.target_layer_ids[i] = 1 + 8 * i;
+    cfg.num_target_layers = 36, cfg.mask_token_id = 151669, cfg.vocab_size = V;
+    cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
+    cfg.bos_token_id = cfg.eos_token_id = -1;
+    void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);
+    void *hid = act_rand((size_t)T * NF * D, 1.0f);
+    double t0 = now_s();
+    dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, 512, 1);
+    if (!m) {
+        printf("drafter step: dflash_model_new failed\n");
+        return;
+    }
+    O->sync(C);
+    printf("drafter of %d layers: %.2f M params, created in %.1f s\n", layers,
+           m->n_params / 1e6, now_s() - t0);
+    int32_t seq_off[2] = {0, T}, *ids = malloc(T * 4);
+    uint8_t *lmask = malloc(T);
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)(t * 7919 % 151000), lmask[t] = t >= 64;
+    dflash_batch_view v = {.n_seqs = 1, .seq_off = seq_off, .ids = ids, .positions = NULL,
+                           .loss_mask = lmask, .hidden = hid, .ld = NF * D};
+    dflash_train_cfg tc;
+    dflash_train_cfg_default(&tc);
+    dflash_metrics met;
+    for (int i = 0; i < 2; i++) dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
+    O->sync(C);
+    int steps = 5;
+    double s0 = now_s();
+    for (int i = 0; i < steps; i++) dflash_train_step(m, &tc, &v, 0, (uint64_t)(10 + i), &met);
+    O->sync(C);
+    double ms = (now_s() - s0) * 1e3 / steps;
+    /* matmul FLOPs: 6 * (per-row params) * rows; attention fwd+bwd; lm_head fwd+bwd */
+    double Q = met.n_blocks * 16.0, Dd = D, F = 12288;
+    double per_layer = Dd * (32 * 128) * 2 + Dd * (8 * 128) * 2 + 3 * Dd * F; /* q,o,k,v,mlp */
+    double flop = 6.0 * Q * per_layer * layers;
+    flop += 6.0 * T * (Dd * NF * Dd + layers * 2 * Dd * 8 * 128); /* fc, context k/v */
+    double keys = 0; /* ~ blocks see half the context on average */
+    keys = Q * (T / 2.0 + 16);
+    flop += layers * keys * 32 * 128 * 14.0;
+    flop += 4.0 * Q * Dd * V;
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d layers, %d blocks, T%d", layers, met.n_blocks, T);
+    row("dflash_train_step", shape, ms, flop);
+    printf("step loss %.4f grad_norm %.4f (%d blocks)\n", met.loss, met.grad_norm, met.n_blocks);
+    dflash_model_destroy(&m);
+    O->free(C, emb), O->free(C, lm), O->free(C, hid);
+    free(ids), free(lmask);
+}
+
+int main(int argc, char **argv)
+{
+    int layers = argc > 1 ? atoi(argv[1]) : 1;
+    O = nn_cuda_ops();
+    C = nn_cuda_new(0);
+    if (!C) {
+        fprintf(stderr, "bench-cuda_ops: no CUDA device\n");
+        return 2;
+    }
+    g_rand = malloc(RAND_N * sizeof(float));
+    for (size_t i = 0; i < RAND_N; i++) g_rand[i] = (float)urand();
+    printf("%-26s %-34s %10s %9s %8s\n", "op", "shape", "ms", "TFLOP/s", "of peak");
+    bench_linear("peak: linear_fwd", 8192, 8192, 8192, 0);
+    bench_linear("linear_fwd q/o", 8192, 4096, 4096, 0);
+    bench_linear("linear_fwd k/v ctx", 3072, 4096, 1024, 0);
+    bench_linear("linear_fwd gate/up", 8192, 4096, 12288, 0);
+    bench_linear("linear_fwd down", 8192, 12288, 4096, 0);
+    bench_linear("linear_fwd fc", 3072, 20480, 4096, 0);
+    bench_linear("linear_bwd gate/up", 8192, 4096, 12288, 1);
+    bench_linear("linear_bwd down", 8192, 12288, 4096, 1);
+    bench_attention();
+    bench_xent();
+    if (layers > 0) bench_step(layers);
+    printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", g_peak);
+    nn_cuda_destroy(&C);
+    return 0;
+}
+#endif

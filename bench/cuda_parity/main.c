@@ -1,0 +1,550 @@
+/* bench-cuda_parity: the cuda backend against the cpu reference, op by op and for a whole DFlash
+ * training step. Run on the GPU machine (scripts/gpu-parity); exits non-zero on any FAIL.
+ *
+ * Method: every input is drawn at random on the host, rounded to bf16 there, and given to both
+ * backends, so they compute on identical values; the cpu backend then works in fp32 and the cuda
+ * backend in bf16 storage with fp32 accumulation. Overwritten outputs are poisoned with NaN on
+ * the cuda side before the op (an unwritten element fails); accumulated outputs start from the
+ * same random values on both sides. Per tensor the table prints
+ *   max|a-b|, max|a-b| / max|b| ("max rel", normalised by the largest reference element),
+ *   ||a-b|| / ||b|| ("l2 rel"), the tolerance on l2 rel (max rel must stay under 4x it), verdict.
+ * Tolerances: outputs stored in bf16 carry ~2^-9 relative rounding each, so an op with a bf16
+ * output is held to 1e-2 (l2); fp32 outputs (rstd, weight gradients from fp32 accumulation of
+ * bf16 products, AdamW state) to 1e-3..1e-2 as stated per row; integer outputs (argmax,
+ * correct) by the share of rows that agree (near-ties may flip under bf16 logits).
+ * The training step: a tiny but not trivial drafter (D 256, 2 layers, H 4 / Hk 2, d 64, F 512,
+ * B 8, V 2000, two packed sequences) with identical bf16-representable weights on both sides;
+ * loss, accuracy, gradient norm and several gradient tensors are compared (tolerance 5e-2 on
+ * l2: the cuda side rounds every activation to bf16 through 2 layers forward and backward).
+ */
+#include "ops.h"
+
+#ifdef DFLASH_HAVE_CUDA
+#include "dflash_model.h"
+#include "dflash_train.h"
+#include "ops_cuda.h"
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef DFLASH_HAVE_CUDA
+int main(void)
+{
+    printf("bench-cuda_parity: built without CUDA; nothing to compare\n");
+    return 77;
+}
+#else
+
+static const nn_ops *CO, *GO; /* cpu, gpu */
+static nn_ctx *CC, *GC;
+static int n_fail, n_rows;
+
+/* ---- host helpers ---- */
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static double urand(void) /* [-1, 1) */
+{
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return (double)(rs >> 11) / 4503599627370496.0 - 1.0;
+}
+
+static float bf16r(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return f;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float *hrand(size_t n, double scale, double offset)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = bf16r((float)(offset + scale * urand()));
+    return p;
+}
+
+/* a tensor on both backends */
+typedef struct pair {
+    void *c, *g;
+    size_t n;
+    int act; /* 1: act type; 0: fp32 / raw 4-byte */
+} pair;
+
+static pair pact(const float *h, size_t n) /* act tensor with host values h (or poison) */
+{
+    pair p = {CO->alloc(CC, n * 4), GO->alloc(GC, n * 2), n, 1};
+    if (h) {
+        CO->upload(CC, p.c, h, n);
+        GO->upload(GC, p.g, h, n);
+    } else {
+        float *nanv = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) nanv[i] = NAN;
+        CO->upload(CC, p.c, nanv, n);
+        GO->upload(GC, p.g, nanv, n);
+        free(nanv);
+    }
+    return p;
+}
+
+static pair praw(const void *h, size_t n) /* 4-byte elements: fp32 or int32, NULL: NaN poison */
+{
+    pair p = {CO->alloc(CC, n * 4), GO->alloc(GC, n * 4), n, 0};
+    if (h) {
+        CO->upload_raw(CC, p.c, h, n * 4);
+        GO->upload_raw(GC, p.g, h, n * 4);
+    } else {
+        float *nanv = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) nanv[i] = NAN;
+        CO->upload_raw(CC, p.c, nanv, n * 4);
+        GO->upload_raw(GC, p.g, nanv, n * 4);
+        free(nanv);
+    }
+    return p;
+}
+
+static void pfree(pair *p)
+{
+    CO->free(CC, p->c);
+    GO->free(GC, p->g);
+    p->c = p->g = NULL;
+}
+
+static void fetch(const pair *p, float *hc, float *hg)
+{
+    if (p->act) {
+        CO->download(CC, hc, p->c, p->n);
+        GO->download(GC, hg, p->g, p->n);
+    } else {
+        CO->download_raw(CC, hc, p->c, p->n * 4);
+        GO->download_raw(GC, hg, p->g, p->n * 4);
+    }
+}
+
+static void report(const char *op, const char *tensor, const float *a, const float *b, size_t n,
+                   double tol)
+{
+    double maxd = 0, maxb = 0, s2 = 0, b2 = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) {
+            if (!(isinf(a[i]) && a[i] == b[i])) bad = 1; /* equal infinities (lse) agree */
+            continue;
+        }
+        double d = fabs((double)a[i] - b[i]);
+        if (d > maxd) maxd = d;
+        if (fabs(b[i]) > maxb) maxb = fabs(b[i]);
+        s2 += d * d;
+        b2 += (double)b[i] * b[i];
+    }
+    double mrel = maxb > 0 ? maxd / maxb : maxd;
+    double l2 = b2 > 0 ? sqrt(s2 / b2) : sqrt(s2);
+    int ok = !bad && l2 <= tol && mrel <= 4 * tol;
+    n_fail += !ok, n_rows++;
+    printf("%-22s %-14s %11.3e %11.3e %11.3e %9.1e  %s%s\n", op, tensor, maxd, mrel, l2, tol,
+           ok ? "PASS" : "FAIL", bad ? " (NaN/inf)" : "");
+}
+
+static void cmp(const char *op, const char *tensor, const pair *p, double tol)
+{
+    float *a = malloc(p->n * 4), *b = malloc(p->n * 4);
+    fetch(p, b, a); /* b: cpu reference, a: cuda */
+    report(op, tensor, a, b, p->n, tol);
+    free(a);
+    free(b);
+}
+
+static void cmp_int(const char *op, const char *tensor, const pair *p, double min_agree)
+{
+    int32_t *a = malloc(p->n * 4), *b = malloc(p->n * 4);
+    CO->download_raw(CC, b, p->c, p->n * 4);
+    GO->download_raw(GC, a, p->g, p->n * 4);
+    size_t same = 0;
+    for (size_t i = 0; i < p->n; i++) same += a[i] == b[i];
+    double agree = p->n ? (double)same / p->n : 1.0;
+    int ok = agree >= min_agree;
+    n_fail += !ok, n_rows++;
+    printf("%-22s %-14s %11s %11s %10.4f%% %9.4f  %s\n", op, tensor, "agree", "", 100 * agree,
+           min_agree, ok ? "PASS" : "FAIL");
+    free(a);
+    free(b);
+}
+
+/* ---- op tests ---- */
+
+static void t_embedding(void)
+{
+    int V = 1000, D = 200, T = 77;
+    float *tab = hrand((size_t)V * D, 1, 0);
+    int32_t ids[77];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 37 + 11) % V);
+    pair table = pact(tab, (size_t)V * D), pid = praw(ids, T), out = pact(NULL, (size_t)T * D);
+    CO->embedding_fwd(CC, out.c, pid.c, table.c, T, D);
+    GO->embedding_fwd(GC, out.g, pid.g, table.g, T, D);
+    cmp("embedding_fwd", "out", &out, 1e-6);
+    pfree(&table), pfree(&pid), pfree(&out);
+    free(tab);
+}
+
+static void t_rmsnorm(int R, int C)
+{
+    char name[64];
+    snprintf(name, sizeof name, "rmsnorm R%d C%d", R, C);
+    size_t n = (size_t)R * C;
+    float *hx = hrand(n, 2, 0.3), *hw = hrand(C, 0.3, 1), *hdy = hrand(n, 1, 0);
+    float *hdw = hrand(C, 0.5, 0);
+    pair x = pact(hx, n), w = pact(hw, C), out = pact(NULL, n), rstd = praw(NULL, R);
+    CO->rmsnorm_fwd(CC, out.c, rstd.c, x.c, w.c, R, C, 1e-6f);
+    GO->rmsnorm_fwd(GC, out.g, rstd.g, x.g, w.g, R, C, 1e-6f);
+    cmp(name, "fwd out", &out, 1e-2);
+    cmp(name, "fwd rstd", &rstd, 1e-4);
+    pair dy = pact(hdy, n), dx = pact(NULL, n), dw = praw(hdw, C);
+    CO->rmsnorm_bwd(CC, dx.c, dw.c, dy.c, x.c, w.c, rstd.c, R, C);
+    GO->rmsnorm_bwd(GC, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, R, C);
+    cmp(name, "bwd dx", &dx, 1e-2);
+    cmp(name, "bwd dw (acc)", &dw, 1e-3);
+    /* in place: out == x, dx == dy */
+    CO->rmsnorm_fwd(CC, x.c, NULL, x.c, w.c, R, C, 1e-6f);
+    GO->rmsnorm_fwd(GC, x.g, NULL, x.g, w.g, R, C, 1e-6f);
+    cmp(name, "fwd in place", &x, 1e-2);
+    pfree(&x), pfree(&w), pfree(&out), pfree(&rstd), pfree(&dy), pfree(&dx), pfree(&dw);
+    free(hx), free(hw), free(hdy), free(hdw);
+}
+
+static void t_linear(int M, int K, int N, int bias)
+{
+    char name[64];
+    snprintf(name, sizeof name, "linear %dx%dx%d%s", M, K, N, bias ? "+b" : "");
+    float *hx = hrand((size_t)M * K, 1, 0), *hw = hrand((size_t)N * K, 0.1, 0);
+    float *hb = hrand(N, 0.5, 0), *hdy = hrand((size_t)M * N, 1, 0);
+    float *hdw = hrand((size_t)N * K, 0.5, 0), *hdb = hrand(N, 0.5, 0);
+    float *hdx0 = hrand((size_t)M * K, 1, 0);
+    pair x = pact(hx, (size_t)M * K), w = pact(hw, (size_t)N * K), b = pact(hb, N);
+    pair y = pact(NULL, (size_t)M * N);
+    CO->linear_fwd(CC, y.c, x.c, w.c, bias ? b.c : NULL, M, K, N);
+    GO->linear_fwd(GC, y.g, x.g, w.g, bias ? b.g : NULL, M, K, N);
+    cmp(name, "fwd y", &y, 1e-2);
+    pair dy = pact(hdy, (size_t)M * N), dx = pact(NULL, (size_t)M * K);
+    pair dw = praw(hdw, (size_t)N * K), db = praw(hdb, N);
+    CO->linear_bwd(CC, dx.c, dw.c, bias ? db.c : NULL, dy.c, x.c, w.c, M, K, N);
+    GO->linear_bwd(GC, dx.g, dw.g, bias ? db.g : NULL, dy.g, x.g, w.g, M, K, N);
+    cmp(name, "bwd dx", &dx, 1e-2);
+    cmp(name, "bwd dw (acc)", &dw, 1e-3);
+    if (bias) cmp(name, "bwd db (acc)", &db, 1e-3);
+    pair dxa = pact(hdx0, (size_t)M * K);
+    CO->linear_bwd_acc(CC, dxa.c, NULL, NULL, dy.c, x.c, w.c, M, K, N);
+    GO->linear_bwd_acc(GC, dxa.g, NULL, NULL, dy.g, x.g, w.g, M, K, N);
+    cmp(name, "bwd_acc dx", &dxa, 1e-2);
+    pfree(&x), pfree(&w), pfree(&b), pfree(&y), pfree(&dy), pfree(&dx), pfree(&dw),
+        pfree(&db), pfree(&dxa);
+    free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
+}
+
+static void t_rope(void)
+{
+    int T = 100, nh = 4, d = 64, ld = 6 * 64;
+    size_t n = (size_t)T * ld;
+    float *hx = hrand(n, 1, 0), inv[32];
+    int32_t pos[100];
+    rope_inv_freq(inv, d, 1e6, NULL);
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)(t * 29 % 3000);
+    pair x = pact(hx, n), p = praw(pos, T), f = praw(inv, d / 2);
+    CO->rope_fwd(CC, x.c, p.c, f.c, T, nh, d, ld);
+    GO->rope_fwd(GC, x.g, p.g, f.g, T, nh, d, ld);
+    cmp("rope T100 nh4 d64", "fwd x", &x, 1e-2);
+    CO->rope_bwd(CC, x.c, p.c, f.c, T, nh, d, ld);
+    GO->rope_bwd(GC, x.g, p.g, f.g, T, nh, d, ld);
+    cmp("rope T100 nh4 d64", "bwd(fwd x)", &x, 1e-2);
+    pfree(&x), pfree(&p), pfree(&f);
+    free(hx);
+}
+
+static void t_swiglu_add(void)
+{
+    int R = 123, F = 517;
+    size_t n = (size_t)R * F;
+    float *hg = hrand(n, 4, 0), *hu = hrand(n, 2, 0), *hd = hrand(n, 1, 0);
+    pair g = pact(hg, n), u = pact(hu, n), o = pact(NULL, n), dout = pact(hd, n);
+    pair dg = pact(NULL, n), du = pact(NULL, n);
+    CO->swiglu_fwd(CC, o.c, g.c, u.c, R, F);
+    GO->swiglu_fwd(GC, o.g, g.g, u.g, R, F);
+    cmp("swiglu R123 F517", "fwd out", &o, 1e-2);
+    CO->swiglu_bwd(CC, dg.c, du.c, dout.c, g.c, u.c, R, F);
+    GO->swiglu_bwd(GC, dg.g, du.g, dout.g, g.g, u.g, R, F);
+    cmp("swiglu R123 F517", "bwd dgate", &dg, 1e-2);
+    cmp("swiglu R123 F517", "bwd dup", &du, 1e-2);
+    CO->add_inplace(CC, g.c, u.c, n);
+    GO->add_inplace(GC, g.g, u.g, n);
+    cmp("add_inplace n63591", "y", &g, 1e-2);
+    pfree(&g), pfree(&u), pfree(&o), pfree(&dout), pfree(&dg), pfree(&du);
+    free(hg), free(hu), free(hd);
+}
+
+static void t_causal(int H, int Hk, int d)
+{
+    char name[64];
+    snprintf(name, sizeof name, "attn_causal H%d/%d d%d", H, Hk, d);
+    int T = 300, n_seqs = 3;
+    int32_t off[4] = {5, 100, 101, 290}; /* rows outside [5, 290) get 0 */
+    size_t nq = (size_t)T * H * d, nk = (size_t)T * Hk * d;
+    float *hq = hrand(nq, 1.5, 0), *hk = hrand(nk, 1.5, 0), *hv = hrand(nk, 1, 0);
+    pair q = pact(hq, nq), k = pact(hk, nk), v = pact(hv, nk), so = praw(off, 4);
+    pair o = pact(NULL, nq);
+    CO->attention_causal_fwd(CC, o.c, q.c, k.c, v.c, so.c, n_seqs, T, H, Hk, d);
+    GO->attention_causal_fwd(GC, o.g, q.g, k.g, v.g, so.g, n_seqs, T, H, Hk, d);
+    cmp(name, "out", &o, 1e-2);
+    pfree(&q), pfree(&k), pfree(&v), pfree(&so), pfree(&o);
+    free(hq), free(hk), free(hv);
+}
+
+static void t_block(int H, int Hk, int d, int B)
+{
+    char name[64];
+    snprintf(name, sizeof name, "attn_block H%d/%d d%d B%d", H, Hk, d, B);
+    int Tc = 200, nb = 12, Q = nb * B, Tk = Tc + Q;
+    nn_block_span sp[12];
+    for (int j = 0; j < nb; j++) {
+        int seq_start = j < 6 ? 0 : 120; /* two sequences: [0,120) and [120,200) */
+        int anchor = j < 6 ? 3 + 19 * j : 1 + 13 * (j - 6);
+        sp[j] = (nn_block_span){seq_start, seq_start + anchor, Tc + j * B, 1};
+    }
+    sp[2].keep = 0;                   /* padding block */
+    sp[7].ctx_end = sp[7].ctx_begin;  /* no context */
+    size_t nq = (size_t)Q * H * d, nk = (size_t)Tk * Hk * d;
+    float *hq = hrand(nq, 1.5, 0), *hk = hrand(nk, 1.5, 0), *hv = hrand(nk, 1, 0);
+    float *hdo = hrand(nq, 1, 0);
+    pair q = pact(hq, nq), k = pact(hk, nk), v = pact(hv, nk), s = praw(sp, nb * 4);
+    pair o = pact(NULL, nq), lse = praw(NULL, (size_t)H * Q);
+    CO->attention_block_fwd(CC, o.c, lse.c, q.c, k.c, v.c, s.c, nb, B, Tk, H, Hk, d);
+    GO->attention_block_fwd(GC, o.g, lse.g, q.g, k.g, v.g, s.g, nb, B, Tk, H, Hk, d);
+    cmp(name, "fwd out", &o, 1e-2);
+    cmp(name, "fwd lse", &lse, 1e-3);
+    /* backward from the same (cpu) forward output rounded to bf16, so both see equal inputs */
+    float *ho = malloc(nq * 4), *hl = malloc((size_t)H * Q * 4);
+    CO->download(CC, ho, o.c, nq);
+    CO->download_raw(CC, hl, lse.c, (size_t)H * Q * 4);
+    for (size_t i = 0; i < nq; i++) ho[i] = bf16r(ho[i]);
+    pair o2 = pact(ho, nq), l2 = praw(hl, (size_t)H * Q), dout = pact(hdo, nq);
+    pair dq = pact(NULL, nq), dk = pact(NULL, nk), dv = pact(NULL, nk);
+    CO->attention_block_bwd(CC, dq.c, dk.c, dv.c, dout.c, q.c, k.c, v.c, o2.c, l2.c, s.c, nb, B,
+                            Tk, H, Hk, d);
+    GO->attention_block_bwd(GC, dq.g, dk.g, dv.g, dout.g, q.g, k.g, v.g, o2.g, l2.g, s.g, nb, B,
+                            Tk, H, Hk, d);
+    cmp(name, "bwd dq", &dq, 1e-2);
+    cmp(name, "bwd dk", &dk, 1e-2);
+    cmp(name, "bwd dv", &dv, 1e-2);
+    pfree(&q), pfree(&k), pfree(&v), pfree(&s), pfree(&o), pfree(&lse), pfree(&o2), pfree(&l2),
+        pfree(&dout), pfree(&dq), pfree(&dk), pfree(&dv);
+    free(hq), free(hk), free(hv), free(hdo), free(ho), free(hl);
+}
+
+static void t_lm_head(void)
+{
+    int Q = 300, D = 128, V = 5000, chunk = 64;
+    float *hh = hrand((size_t)Q * D, 1, 0), *hW = hrand((size_t)V * D, 0.3, 0);
+    int32_t *lab = malloc(Q * 4);
+    float *wt = malloc(Q * 4);
+    double wsum = 0;
+    for (int r = 0; r < Q; r++) {
+        lab[r] = (int32_t)((r * 7919 + 13) % V);
+        wt[r] = r % 5 == 0 ? 0.0f : (float)(0.2 + 0.8 * fabs(urand()));
+        wsum += wt[r];
+    }
+    pair h = pact(hh, (size_t)Q * D), W = pact(hW, (size_t)V * D), L = praw(lab, Q);
+    pair w = praw(wt, Q), dh = pact(NULL, (size_t)Q * D), sums = praw(NULL, 2);
+    pair corr = praw(NULL, Q), am = praw(NULL, Q), scr = pact(NULL, (size_t)chunk * V);
+    float inv = (float)(1.0 / wsum);
+    CO->lm_head_xent(CC, dh.c, sums.c, corr.c, h.c, W.c, L.c, w.c, inv, scr.c, Q, D, V, chunk);
+    GO->lm_head_xent(GC, dh.g, sums.g, corr.g, h.g, W.g, L.g, w.g, inv, scr.g, Q, D, V, chunk);
+    cmp("lm_head_xent Q300 V5000", "loss,wsum", &sums, 2e-3);
+    cmp("lm_head_xent Q300 V5000", "dh", &dh, 1e-2);
+    cmp_int("lm_head_xent Q300 V5000", "correct", &corr, 0.99);
+    CO->lm_head_argmax(CC, am.c, h.c, W.c, scr.c, Q, D, V, chunk);
+    GO->lm_head_argmax(GC, am.g, h.g, W.g, scr.g, Q, D, V, chunk);
+    cmp_int("lm_head_argmax", "argmax", &am, 0.97);
+    pfree(&h), pfree(&W), pfree(&L), pfree(&w), pfree(&dh), pfree(&sums), pfree(&corr),
+        pfree(&am), pfree(&scr);
+    free(hh), free(hW), free(lab), free(wt);
+}
+
+static void t_optim(void)
+{
+    size_t n = 1000003;
+    float *hg = hrand(n, 1e-2, 0), *hp = hrand(n, 0.5, 0), *hm = hrand(n, 1e-3, 0);
+    float *hv = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) hv[i] = (float)(1e-5 * fabs(urand()));
+    pair g = praw(hg, n), p = praw(hp, n), m = praw(hm, n), v = praw(hv, n), ss = praw(NULL, 1);
+    CO->sumsq(CC, ss.c, g.c, n);
+    GO->sumsq(GC, ss.g, g.g, n);
+    cmp("sumsq n1000003", "out", &ss, 1e-5);
+    pair pa = pact(NULL, n);
+    CO->adamw(CC, p.c, NULL, g.c, m.c, v.c, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.7f, 3);
+    GO->adamw(GC, p.g, pa.g, g.g, m.g, v.g, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.7f, 3);
+    CO->copy(CC, pa.c, p.c, n * 4);
+    cmp("adamw n1000003", "p (fp32)", &p, 1e-6);
+    cmp("adamw n1000003", "m", &m, 1e-6);
+    cmp("adamw n1000003", "v", &v, 1e-6);
+    cmp("adamw n1000003", "p act (bf16)", &pa, 4e-3);
+    pair fa = pact(NULL, n);
+    CO->f32_to_act(CC, fa.c, p.c, n);
+    GO->f32_to_act(GC, fa.g, p.g, n);
+    cmp("f32_to_act", "dst", &fa, 4e-3);
+    pfree(&g), pfree(&p), pfree(&m), pfree(&v), pfree(&ss), pfree(&pa), pfree(&fa);
+    free(hg), free(hp), free(hm), free(hv);
+}
+
+/* ---- a whole DFlash training step ---- */
+
+static void set_weights(dflash_model *mc, dflash_model *mg)
+{
+    float *h = malloc(mc->n_params * 4);
+    for (int i = 0; i < mc->n_tensors; i++) {
+        const dflash_tensor *t = &mc->tensors[i];
+        double s = t->ndim == 1 ? 0.2 : 1.7 / sqrt((double)t->shape[1]);
+        for (size_t j = 0; j < t->numel; j++)
+            h[t->offset + j] = bf16r((float)((t->ndim == 1 ? 1.0 : 0.0) + s * urand()));
+    }
+    CO->upload_raw(CC, mc->master, h, mc->n_params * 4);
+    GO->upload_raw(GC, mg->master, h, mg->n_params * 4);
+    dflash_model_sync_params(mc);
+    dflash_model_sync_params(mg);
+    free(h);
+}
+
+static void cmp_grad(dflash_model *mc, dflash_model *mg, const char *tname, double tol)
+{
+    int i = dflash_model_find(mc, tname);
+    if (i < 0) {
+        printf("no tensor %s\n", tname);
+        n_fail++;
+        return;
+    }
+    size_t n = mc->tensors[i].numel;
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    CO->download_raw(CC, b, dflash_model_grad(mc, i), n * 4);
+    GO->download_raw(GC, a, dflash_model_grad(mg, i), n * 4);
+    const char *shortname = strlen(tname) > 14 ? tname + strlen(tname) - 14 : tname;
+    report("train step grad", shortname, a, b, n, tol);
+    free(a), free(b);
+}
+
+static void t_train_step(void)
+{
+    enum { D = 256, NF = 3, V = 2000, T0 = 150, T1 = 110, T = T0 + T1 };
+    dflash_config cfg = {0};
+    cfg.hidden_size = D, cfg.num_layers = 2, cfg.num_heads = 4, cfg.num_kv_heads = 2;
+    cfg.head_dim = 64, cfg.intermediate_size = 512, cfg.block_size = 8, cfg.n_feat = NF;
+    cfg.target_layer_ids[0] = 1, cfg.target_layer_ids[1] = 4, cfg.target_layer_ids[2] = 7;
+    cfg.num_target_layers = 9, cfg.mask_token_id = V - 1, cfg.vocab_size = V;
+    cfg.max_position_embeddings = 4096, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
+    cfg.bos_token_id = cfg.eos_token_id = -1;
+
+    float *hemb = hrand((size_t)V * D, 1.0, 0), *hlm = hrand((size_t)V * D, 0.15, 0);
+    float *hhid = hrand((size_t)T * NF * D, 1.0, 0);
+    pair emb = pact(hemb, (size_t)V * D), lm = pact(hlm, (size_t)V * D);
+    pair hid = pact(hhid, (size_t)T * NF * D);
+    int32_t seq_off[3] = {0, T0, T}, ids[T];
+    uint8_t lmask[T];
+    for (int t = 0; t < T; t++) {
+        ids[t] = (int32_t)((t * 7919 + 5) % (V - 1));
+        lmask[t] = (t < 20 || (t >= T0 && t < T0 + 12) || t % 17 == 0) ? 0 : 1;
+    }
+    dflash_batch_view vc = {.n_seqs = 2, .seq_off = seq_off, .ids = ids, .positions = NULL,
+                            .loss_mask = lmask, .hidden = hid.c, .ld = NF * D};
+    dflash_batch_view vg = vc;
+    vg.hidden = hid.g;
+    dflash_train_cfg tc;
+    dflash_train_cfg_default(&tc);
+    tc.n_anchors = 16;
+
+    dflash_model *mc = dflash_model_new(&cfg, CO, CC, emb.c, lm.c, T, 64, 1);
+    dflash_model *mg = dflash_model_new(&cfg, GO, GC, emb.g, lm.g, T, 64, 1);
+    if (!mc || !mg) {
+        printf("train step: dflash_model_new failed\n");
+        n_fail++;
+        return;
+    }
+    set_weights(mc, mg);
+    int nb = dflash_train_sample_anchors(mc, &tc, &vc, 0, 7);
+    if (nb <= 0) {
+        printf("train step: no anchors (%d)\n", nb);
+        n_fail++;
+        return;
+    }
+    dflash_metrics metc, metg;
+    int rc = dflash_train_grads(mc, &tc, &vc, nb, mc->h_blk_seq, mc->h_blk_anchor, &metc);
+    int rg = dflash_train_grads(mg, &tc, &vg, nb, mc->h_blk_seq, mc->h_blk_anchor, &metg);
+    if (rc || rg) {
+        printf("train step: grads failed (%d, %d)\n", rc, rg);
+        n_fail++;
+        return;
+    }
+    float lc[2] = {(float)metc.loss, (float)metc.accuracy};
+    float lg[2] = {(float)metg.loss, (float)metg.accuracy};
+    printf("train step: %d blocks, loss cpu %.6f cuda %.6f, accuracy cpu %.4f cuda %.4f\n", nb,
+           metc.loss, metg.loss, metc.accuracy, metg.accuracy);
+    report("train step", "loss", &lg[0], &lc[0], 1, 1e-2);
+    report("train step", "accuracy", &lg[1], &lc[1], 1, 5e-2);
+    const char *names[] = {"fc.weight", "hidden_norm.weight", "norm.weight",
+                           "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+                           "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.k_norm.weight",
+                           "layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight",
+                           "layers.1.mlp.gate_proj.weight", "layers.1.input_layernorm.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) cmp_grad(mc, mg, names[i], 5e-2);
+    /* the optimizer step: same grad norm within tolerance, and a whole step runs on cuda */
+    dflash_train_apply(mc, &tc, &metc);
+    dflash_train_apply(mg, &tc, &metg);
+    float gc = (float)metc.grad_norm, gg = (float)metg.grad_norm;
+    report("train step", "grad_norm", &gg, &gc, 1, 2e-2);
+    dflash_metrics m2;
+    rg = dflash_train_step(mg, &tc, &vg, 0, 8, &m2);
+    printf("train step: a second full cuda step rc %d loss %.6f grad_norm %.4f\n", rg, m2.loss,
+           m2.grad_norm);
+    if (rg || !isfinite(m2.loss)) n_fail++;
+    dflash_model_destroy(&mc);
+    dflash_model_destroy(&mg);
+    pfree(&emb), pfree(&lm), pfree(&hid);
+    free(hemb), free(hlm), free(hhid);
+}
+
+int main(void)
+{
+    CO = nn_cpu_ops(), GO = nn_cuda_ops();
+    CC = nn_cpu_new(0);
+    GC = nn_cuda_new(0);
+    if (!CC || !GC) {
+        fprintf(stderr, "bench-cuda_parity: cannot create the contexts (is there a GPU?)\n");
+        return 2;
+    }
+    printf("%-22s %-14s %11s %11s %11s %9s  %s\n", "op", "tensor", "max abs", "max rel",
+           "l2 rel", "tol(l2)", "verdict");
+    t_embedding();
+    t_rmsnorm(133, 300);
+    t_rmsnorm(532, 64);
+    t_rmsnorm(64, 4096);
+    t_linear(257, 320, 192, 1);
+    t_linear(64, 1024, 4096, 0);
+    t_linear(1000, 48, 33, 0);
+    t_rope();
+    t_swiglu_add();
+    t_causal(8, 2, 64);
+    t_causal(4, 4, 128);
+    t_causal(4, 1, 32);
+    t_block(8, 2, 64, 16);
+    t_block(32, 8, 128, 16);
+    t_block(4, 2, 8, 4);
+    t_lm_head();
+    t_optim();
+    t_train_step();
+    printf("%d of %d checks failed\n", n_fail, n_rows);
+    nn_cuda_destroy(&GC);
+    nn_cpu_destroy(&CC);
+    return n_fail ? 1 : 0;
+}
+#endif

@@ -30,6 +30,7 @@ typedef struct drafter_config {
     int64_t layers;
     char buckets[256];
     int64_t vocab_size;
+    double rate;
     int64_t progress_ms;
     int64_t timeout_ms;
     int64_t max_batches;
@@ -61,6 +62,8 @@ static const cfg_option drafter_options[] = {
     OPTS("buckets", "256,512,1024,2048", "sequence-length buckets (as the target)", buckets),
     OPT("vocab-size", CFG_INT, "32000", 1, 1 << 24, "verify: token ids lie below this (as the "
         "target)", vocab_size),
+    OPT("rate", CFG_DOUBLE, "0", 0, 1e9, "verify: batches per second (0 = as fast as possible)",
+        rate),
     OPT("progress-ms", CFG_INT, "10000", 0, 1 << 30, "progress line interval (0 = none)",
         progress_ms),
     OPT("timeout-ms", CFG_INT, "2000", 10, 600000, "broker request timeout", timeout_ms),
@@ -160,7 +163,7 @@ int main(int argc, char **argv)
 
     worker_consumer *cons = NULL;
     if (cfg.verify) {
-        cons = worker_verify_new(&lc, upper, n_buckets, (uint32_t)cfg.vocab_size);
+        cons = worker_verify_new(&lc, upper, n_buckets, (uint32_t)cfg.vocab_size, cfg.rate);
     } else {
         fprintf(stderr, "dflash-drafter: training is not wired into dflash-drafter yet; run with "
                 "--verify against dflash-target --model synthetic\n");

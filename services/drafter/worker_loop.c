@@ -313,11 +313,18 @@ typedef struct verify_ctx {
     uint32_t upper[WORKER_MAX_BUCKETS], n_buckets, vocab;
     void *host; /* cuda: host copy of the staged slot */
     uint64_t last_step, bytes_checked;
+    double period_s, next_s; /* pacing; period 0 = none */
 } verify_ctx;
 
 static int verify_consume(void *vctx, const worker_batch *b, uint64_t *step)
 {
     verify_ctx *v = vctx;
+    if (v->period_s > 0) { /* a slower trainer: never more than a second behind schedule */
+        double now = now_s();
+        if (v->next_s < now - 1.0) v->next_s = now;
+        if (v->next_s > now) sleep_ms((v->next_s - now) * 1000);
+        v->next_s += v->period_s;
+    }
     const void *img = b->staged;
     size_t used = b->n_tokens <= v->layout.token_budget ? slot_used_bytes(&v->layout, b->n_tokens)
                                                        : v->layout.slot_bytes;
@@ -360,7 +367,7 @@ static void verify_destroy(void *vctx)
 }
 
 worker_consumer *worker_verify_new(const worker_loop_config *cfg, const uint32_t *bucket_upper,
-                                   uint32_t n_buckets, uint32_t vocab_size)
+                                   uint32_t n_buckets, uint32_t vocab_size, double rate)
 {
     if (n_buckets == 0 || n_buckets > WORKER_MAX_BUCKETS) return NULL;
     worker_consumer *c = calloc(1, sizeof *c);
@@ -371,6 +378,7 @@ worker_consumer *worker_verify_new(const worker_loop_config *cfg, const uint32_t
     memcpy(v->upper, bucket_upper, n_buckets * sizeof *bucket_upper);
     v->n_buckets = n_buckets;
     v->vocab = vocab_size;
+    v->period_s = rate > 0 ? 1.0 / rate : 0;
     if (cfg->backend == POOL_CUDA) {
         v->host = malloc(cfg->layout.slot_bytes);
         if (!v->host) goto fail;

@@ -84,9 +84,10 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
 /* The --verify consumer: checks every byte of each staged slot against the synthetic batch its
  * grant names (synthetic.h; bucket bounds and vocab must match the target's), counts bytes and
  * reports each batch as its own durable step (the step is a wall-clock millisecond stamp, so
- * commits from any verifier cover every earlier ack). NULL on failure. */
+ * commits from any verifier cover every earlier ack). rate > 0 paces it to that many batches
+ * per second, to model a slower trainer (tests, bench/pipeline). NULL on failure. */
 worker_consumer *worker_verify_new(const worker_loop_config *cfg, const uint32_t *bucket_upper,
-                                   uint32_t n_buckets, uint32_t vocab_size);
+                                   uint32_t n_buckets, uint32_t vocab_size, double rate);
 /* Calls cons->destroy and frees; accepts NULL. */
 void worker_consumer_destroy(worker_consumer **cons);
 

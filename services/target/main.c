@@ -32,6 +32,7 @@ typedef struct target_config {
     int64_t batches_per_bucket;
     int64_t epochs;
     int64_t vocab_size;
+    double rate;
     int64_t progress_ms;
     int64_t timeout_ms;
     int64_t max_batches;
@@ -65,6 +66,8 @@ static const cfg_option target_options[] = {
     OPT("epochs", CFG_INT, "1", 1, 1 << 20, "epochs to produce", epochs),
     OPT("vocab-size", CFG_INT, "32000", 1, 1 << 24, "synthetic: token ids lie below this",
         vocab_size),
+    OPT("rate", CFG_DOUBLE, "0", 0, 1e9, "synthetic: batches per second (0 = as fast as "
+        "possible)", rate),
     OPT("progress-ms", CFG_INT, "10000", 0, 1 << 30, "progress line interval (0 = none)",
         progress_ms),
     OPT("timeout-ms", CFG_INT, "2000", 10, 600000, "broker request timeout", timeout_ms),
@@ -172,7 +175,7 @@ int main(int argc, char **argv)
 
     target_producer *prod = NULL;
     if (strcmp(cfg.model, "synthetic") == 0) {
-        prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size);
+        prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size, cfg.rate);
     } else {
         LOG_ERROR("--model %s: the real target forward is not wired into dflash-target yet; use "
                   "--model synthetic", cfg.model);

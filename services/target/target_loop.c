@@ -286,14 +286,25 @@ typedef struct synth_ctx {
     uint32_t n_buckets, vocab, budget;
     uint32_t upper[TARGET_MAX_BUCKETS];
     void *scratch; /* cuda: host-side slot image */
-    size_t scratch_bytes;
+    double period_s, next_s; /* pacing; period 0 = none */
 } synth_ctx;
+
+/* Sleeps until the next tick of a 1/period schedule; never bursts more than a second behind. */
+static void pace(double period_s, double *next_s)
+{
+    if (period_s <= 0) return;
+    double now = now_s();
+    if (*next_s < now - 1.0) *next_s = now;
+    if (*next_s > now) sleep_ms((*next_s - now) * 1000);
+    *next_s += period_s;
+}
 
 static int synth_fill(void *vctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
                       void *stream, uint32_t *n_seqs)
 {
     (void)stream;
     synth_ctx *s = vctx;
+    pace(s->period_s, &s->next_s);
     synthetic_params sp = synthetic_bucket_params(s->upper, s->n_buckets, wu->bucket, s->vocab,
                                                   s->budget);
     void *dst = s->backend == POOL_HOST ? slot : s->scratch;
@@ -316,7 +327,8 @@ static void synth_destroy(void *vctx)
     free(s);
 }
 
-target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vocab_size)
+target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vocab_size,
+                                      double rate)
 {
     target_producer *p = calloc(1, sizeof *p);
     synth_ctx *s = calloc(1, sizeof *s);
@@ -325,6 +337,7 @@ target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vo
     s->n_buckets = cfg->n_buckets;
     s->vocab = vocab_size;
     s->budget = cfg->layout.token_budget;
+    s->period_s = rate > 0 ? 1.0 / rate : 0;
     memcpy(s->upper, cfg->bucket_upper, sizeof s->upper);
     if (cfg->backend == POOL_CUDA) {
         s->scratch = aligned_alloc(256, cfg->layout.slot_bytes);

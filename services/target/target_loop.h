@@ -77,8 +77,10 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
 
 /* The synthetic producer of `dflash-target --model synthetic` (synthetic.h): sequence lengths
  * of bucket b are drawn from (upper[b-1], upper[b]]. Works for host and cuda pools (cuda:
- * generated on the host, uploaded). NULL on failure. */
-target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vocab_size);
+ * generated on the host, uploaded). rate > 0 paces it to that many batches per second, to model
+ * a slower target (tests, bench/pipeline); 0 = as fast as it can. NULL on failure. */
+target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vocab_size,
+                                      double rate);
 /* Calls prod->destroy and frees; accepts NULL. */
 void target_producer_destroy(target_producer **prod);
 

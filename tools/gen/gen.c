@@ -27,6 +27,7 @@
 #include "hf_config.h"
 #include "log.h"
 #include "ops.h"
+#include "blas_env.h"
 #include "target_model.h"
 
 #include <cblas.h>
@@ -113,28 +114,6 @@ typedef struct gen_ctx {
     char tmp_path[1100];
     int written; /* samples in the output */
 } gen_ctx;
-
-/* OpenBLAS picks its kernels when it is loaded, from the CPU's model number. Virtual machines
- * that report a generic model ("Intel Xeon Processor") get the SSE3 "Prescott" kernels, 4-5x
- * slower than the AVX2 / AVX-512 ones on the same CPU (measured on the project's build machine).
- * When that happened and nobody chose a core type, re-execute once with OPENBLAS_CORETYPE set.
- * (Candidate for the cpu backend itself; kept here until it has a home there.) */
-static void blas_fix_kernels(char **argv)
-{
-    if (getenv("OPENBLAS_CORETYPE") || strcasecmp(openblas_get_corename(), "prescott") != 0)
-        return;
-    __builtin_cpu_init();
-    const char *core = NULL;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-        core = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        core = "Haswell";
-    if (!core) return;
-    setenv("OPENBLAS_CORETYPE", core, 1);
-    execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the slow kernels */
-}
 
 static uint64_t splitmix64(uint64_t *s)
 {
@@ -369,7 +348,7 @@ static int gen_validate(const gen_cfg *c)
 
 int main(int argc, char **argv)
 {
-    blas_fix_kernels(argv);
+    blas_select_fast_kernels(argv);
     gen_ctx g = {0};
     int rc = config_load(&gen_table, &g.cfg, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;

@@ -761,8 +761,12 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     }
     if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid)
         p = peer_add(b, rid, rid_len);
-    if (!is_ctl && needs_hello(m.type) &&
-        (!p || p->state != PEER_LIVE || p->incarnation != m.incarnation)) {
+    if (m.role == WIRE_ROLE_BROKER || (is_ctl && needs_hello(m.type))) {
+        reply_error(b, &r, m.request_id, DFLASH_EDENIED, "a %s may not send %s",
+                    wire_role_name(m.role), wire_type_name(m.type));
+        goto out;
+    }
+    if (needs_hello(m.type) && (!p || p->state != PEER_LIVE || p->incarnation != m.incarnation)) {
         reply_error(b, &r, m.request_id, DFLASH_ESTALE, "unknown peer: send hello");
         goto out;
     }

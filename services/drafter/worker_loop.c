@@ -155,9 +155,30 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     rc = w->cons->consume(w->cons->ctx, &b, &step);
     w->st.consume_s += now_s() - t0;
     if (rc < 0) return rc;
+    LOG_DEBUG("consumed batch (%u, %u, %llu) step %llu", g->unit.epoch, g->unit.bucket,
+              (unsigned long long)g->unit.index, (unsigned long long)step);
 
-    RETRY_CALL(w, stop, rc, client_ack(w->client, &g->unit, step));
-    if (rc == DFLASH_EEXISTS) {
+    /* ack; a retry after a lost reply (timeout, broker restart) may find the first ack
+     * recorded: EEXISTS then means "done", not "trained twice" */
+    bool retried = false;
+    for (int attempt = 0; attempt < 50 && !*stop; attempt++) {
+        rc = client_ack(w->client, &g->unit, step);
+        if (rc == DFLASH_ETIMEOUT) {
+            retried = true;
+            continue;
+        }
+        if (rc == DFLASH_ESTALE && client_broker_restarted(w->client)) {
+            retried = true;
+            while (!*stop && do_register(w) == DFLASH_EAGAIN) sleep_ms(100);
+            continue;
+        }
+        break;
+    }
+    if (rc == DFLASH_EEXISTS && retried) {
+        LOG_INFO("batch (%u, %u, %llu): our earlier ack was recorded before its reply was lost",
+                 g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
+        rc = 0;
+    } else if (rc == DFLASH_EEXISTS) {
         LOG_ERROR("batch (%u, %u, %llu) was already trained: the broker refused a second ack",
                   g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
     } else if (rc < 0 && !*stop) {
@@ -165,6 +186,8 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
                  (unsigned long long)g->unit.index, err_str(rc), client_last_error(w->client));
     }
     if (rc == 0) {
+        LOG_DEBUG("acked batch (%u, %u, %llu)", g->unit.epoch, g->unit.bucket,
+                  (unsigned long long)g->unit.index);
         w->holding = false;
         w->st.batches++;
         w->st.tokens += g->n_tokens;

@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""chaos_compose: the deployment, run as compose would run it, survives SIGKILL of any daemon.
+
+Reads deploy/docker-compose.yml resolved by `docker-compose config` (with the test's settings
+given as the compose variables an operator would put in .env: host backend, small slots, a
+paced synthetic target), then runs each service's command line with its environment as local
+processes: the broker, the synthetic target and two verifying drafters (compose's
+`--scale drafter=2`). Paths that would be volumes (runtime dir, journal) point into a temp dir.
+
+For about a minute and a half a chaos driver SIGKILLs a random daemon every second or two and
+restarts it after a short pause, one at a time, as compose's restart policy would, until each of
+the four has been killed at least --min-kills times. Then it waits for the broker's ledger to
+report the epoch fully committed and shuts everything down with SIGTERM.
+
+Pass conditions (each a user-visible promise of DESIGN.md section 5):
+  * no drafter ever reports a corrupt or mismatched batch (exit 3 / "VERIFY FAILED"),
+  * the ledger (dflash-ctl status --json) has every batch committed, none to do, in flight or
+    quarantined, and no drafter saw a second ack of a batch refused ("already trained"),
+  * every daemon exits 0 on SIGTERM, and no /dev/shm segment of the pool is left behind.
+
+Usage: chaos_compose.py BUILD_DIR [--seconds 90] [--min-kills 10] [--seed N] [--keep]
+Exit 0 pass, 1 fail, 77 skipped (no docker-compose and no PyYAML to read the compose file).
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMPOSE = os.path.join(ROOT, "deploy", "docker-compose.yml")
+
+# The operator's .env for this test: compose variables, not daemon flags.
+TEST_VARS = {
+    "DFLASH_BACKEND": "host",
+    "DFLASH_TOKEN_BUDGET": "1024",
+    "DFLASH_MAX_SEQS": "16",
+    "DFLASH_HIDDEN": "64",
+    "DFLASH_LAYERS": "3",
+    "DFLASH_BUCKETS": "128,256,512,1024",
+    "DFLASH_VOCAB_SIZE": "32000",
+    "DFLASH_MIN_READY": "2",
+    "DFLASH_MAX_DEPTH": "8",
+    "DFLASH_LEASE_TIMEOUT_MS": "1500",
+    "DFLASH_MAX_REDELIVERIES": "1000",
+    "DFLASH_HEARTBEAT_MS": "300",
+    "DFLASH_LIVENESS": "3",
+    "DFLASH_SLOTS": "8",
+    "DFLASH_EPOCHS": "1",
+    "DFLASH_TARGET_RATE": "40",
+    "DFLASH_DRAFTER_RATE": "30",
+    "DFLASH_VERIFY": "true",
+    "DFLASH_LOG_LEVEL": "info",
+}
+
+
+def log(msg):
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def resolve_compose(env_vars):
+    """The resolved compose config as a dict: docker-compose if present, else PyYAML plus our
+    own ${VAR:-default} interpolation (the subset the file uses)."""
+    env = dict(os.environ)
+    env.update(env_vars)
+    if shutil.which("docker-compose"):
+        out = subprocess.run(["docker-compose", "-f", COMPOSE, "config"], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        import yaml
+        return yaml.safe_load(out)
+    try:
+        import yaml
+    except ImportError:
+        return None
+    text = open(COMPOSE).read()
+    text = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), text)
+    cfg = yaml.safe_load(text)
+    for svc in cfg["services"].values():  # merge keys are resolved by PyYAML already
+        svc["environment"] = {k: str(v) for k, v in svc.get("environment", {}).items()}
+    return cfg
+
+
+class Service:
+    """One daemon as compose runs it: a command line, an environment, a restart count."""
+
+    def __init__(self, name, argv, env, logdir):
+        self.name, self.argv, self.env = name, argv, env
+        self.log_path = os.path.join(logdir, f"{name}.log")
+        self.proc = None
+        self.kills = 0
+        self.starts = 0
+        self.bad_exits = []
+
+    def start(self):
+        logf = open(self.log_path, "a")
+        logf.write(f"==== start {self.starts} ====\n")
+        logf.flush()
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=logf, stderr=subprocess.STDOUT)
+        logf.close()
+        self.starts += 1
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.kills += 1
+
+    def exited(self):
+        """The exit status if the process ended on its own, else None."""
+        return self.proc.poll() if self.proc else None
+
+    def log_text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+def ctl(build, runtime_dir, *args, timeout=5):
+    r = subprocess.run([os.path.join(build, "tools", "dflash-ctl"), "--runtime-dir", runtime_dir,
+                        "--timeout-ms", "1000", *args], capture_output=True, text=True,
+                       timeout=timeout)
+    return r.returncode, r.stdout
+
+
+def status(build, runtime_dir):
+    try:
+        rc, out = ctl(build, runtime_dir, "status", "--json")
+        return json.loads(out) if rc == 0 else None
+    except (subprocess.TimeoutExpired, json.JSONDecodeError):
+        return None
+
+
+def wait_until(cond, deadline_s, step=0.2):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--seconds", type=float, default=90)
+    ap.add_argument("--min-kills", type=int, default=10)
+    ap.add_argument("--batches-per-bucket", type=int, default=650)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    rng = random.Random(a.seed)
+    log(f"seed {a.seed}")
+
+    tmp = tempfile.mkdtemp(prefix="dflash-chaos-")
+    run_dir = os.path.join(tmp, "run")
+    os.mkdir(run_dir, 0o700)
+    pool_name = f"chaos{os.getpid()}"
+    test_vars = dict(TEST_VARS, DFLASH_BATCHES_PER_BUCKET=str(a.batches_per_bucket))
+    cfg = resolve_compose(test_vars)
+    if cfg is None:
+        log("neither docker-compose nor PyYAML is available to read the compose file: skipped")
+        return 77
+
+    binaries = {"dflash-queue": os.path.join(build, "services", "queue", "dflash-queue"),
+                "dflash-target": os.path.join(build, "services", "target", "dflash-target"),
+                "dflash-drafter": os.path.join(build, "services", "drafter", "dflash-drafter")}
+    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp}
+    if "ASAN_OPTIONS" in os.environ:
+        base_env["ASAN_OPTIONS"] = os.environ["ASAN_OPTIONS"]
+    # what the volumes are on this machine, and per-instance names compose would get from
+    # container hostnames
+    local = {"DFLASH_RUNTIME_DIR": run_dir, "DFLASH_JOURNAL": os.path.join(tmp, "queue.journal"),
+             "DFLASH_PROGRESS_MS": "5000", "DFLASH_TIMEOUT_MS": "500", "DFLASH_BROKER_WAIT_MS": "0"}
+
+    def service(name, compose_name, extra=None):
+        svc = cfg["services"][compose_name]
+        argv = list(svc["command"])
+        argv[0] = binaries[argv[0]]
+        env = dict(base_env)
+        env.update({k: str(v) for k, v in svc.get("environment", {}).items()})
+        env.update(local)
+        if compose_name == "queue":  # flags the broker does not have
+            for k in ("DFLASH_PROGRESS_MS", "DFLASH_TIMEOUT_MS", "DFLASH_BROKER_WAIT_MS"):
+                env.pop(k)
+        else:
+            env.pop("DFLASH_JOURNAL")
+        env.update(extra or {})
+        return Service(name, argv, env, tmp)
+
+    svcs = [service("queue", "queue"),
+            service("target", "target", {"DFLASH_NAME": pool_name}),
+            service("drafter.1", "drafter", {"DFLASH_NAME": "chaos-d1", "DFLASH_LOG_LEVEL": "debug"}),
+            service("drafter.2", "drafter", {"DFLASH_NAME": "chaos-d2", "DFLASH_LOG_LEVEL": "debug"})]
+    queue = svcs[0]
+    failures = []
+    try:
+        queue.start()
+        if not wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 10):
+            failures.append("the broker did not answer ping within 10 s")
+            raise RuntimeError
+        for s in svcs[1:]:
+            s.start()
+
+        # chaos: one kill at a time, restart after a short pause (compose restart)
+        t_end = time.monotonic() + a.seconds
+        while True:
+            mink = min(s.kills for s in svcs)
+            if time.monotonic() >= t_end and mink >= a.min_kills:
+                break
+            if time.monotonic() >= t_end + 120:
+                failures.append(f"could not reach {a.min_kills} kills of each daemon")
+                break
+            time.sleep(rng.uniform(0.5, 1.6))
+            for s in svcs:  # a daemon that ended on its own: what compose would see
+                rc = s.exited()
+                if rc is not None:
+                    s.bad_exits.append(rc)
+                    log(f"{s.name} exited on its own with status {rc}; restarting")
+                    if rc == 3:
+                        failures.append(f"{s.name} found a corrupt batch (exit 3)")
+                    s.start()
+            victim = rng.choice([s for s in svcs if s.kills <= mink])
+            victim.kill9()
+            pause = rng.uniform(0.0, 0.6)
+            log(f"SIGKILL {victim.name} (#{victim.kills}); restart in {pause:.2f} s")
+            time.sleep(pause)
+            victim.start()
+            if victim is queue:
+                wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 10)
+        log("kills: " + ", ".join(f"{s.name} {s.kills}" for s in svcs))
+
+        # let the epoch finish
+        def finished():
+            st = status(build, run_dir)
+            if st and st["batches_total"] > 0 and st["batches_committed"] == st["batches_total"]:
+                return st
+            return None
+
+        st = wait_until(finished, 120, 0.5)
+        last = status(build, run_dir)
+        if not st:
+            failures.append(f"the epoch did not finish within 120 s after the chaos: {last}")
+        else:
+            log(f"ledger: {st['batches_committed']} of {st['batches_total']} committed, "
+                f"todo {st['batches_todo']}, in flight {st['batches_inflight']}, quarantined "
+                f"{st['quarantined']}, acks {st['acks']}, redeliveries {st['redeliveries']}")
+            if st["batches_todo"] or st["batches_inflight"] or st["quarantined"]:
+                failures.append(f"ledger not clean: {st}")
+    except RuntimeError:
+        pass
+    finally:
+        # shutdown in reverse: drafters and target, then the broker
+        for s in reversed(svcs):
+            if s.proc and s.proc.poll() is None:
+                s.proc.send_signal(signal.SIGTERM)
+                try:
+                    rc = s.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    s.proc.kill()
+                    rc = s.proc.wait()
+                    failures.append(f"{s.name} did not exit within 15 s of SIGTERM")
+                if rc != 0:
+                    failures.append(f"{s.name} exited {rc} on SIGTERM")
+
+    # the drafters' own account, independent of the broker: every batch of the epoch was
+    # verified by some drafter, and no batch's ack was accepted twice
+    consumed, acked = set(), {}
+    for s in svcs[2:]:
+        for m in re.finditer(r"consumed batch \((\d+), (\d+), (\d+)\)", s.log_text()):
+            consumed.add(m.groups())
+        for m in re.finditer(r"acked batch \((\d+), (\d+), (\d+)\)", s.log_text()):
+            acked[m.groups()] = acked.get(m.groups(), 0) + 1
+    total = int(test_vars["DFLASH_BATCHES_PER_BUCKET"]) * len(test_vars["DFLASH_BUCKETS"].split(","))
+    twice = [k for k, n in acked.items() if n > 1]
+    log(f"drafters: {len(consumed)} distinct batches verified, {len(acked)} acks seen, "
+        f"{len(twice)} acked twice (epoch has {total})")
+    if len(consumed) != total:
+        failures.append(f"{total - len(consumed)} batches of the epoch were never verified")
+    if twice:
+        failures.append(f"batches acked twice: {twice[:5]}")
+
+    for s in svcs:
+        text = s.log_text()
+        if "VERIFY FAILED" in text:
+            failures.append(f"{s.name}: a batch failed verification (see {s.log_path})")
+        if "already trained" in text:
+            failures.append(f"{s.name}: a batch was acked twice (see {s.log_path})")
+    left = [e for e in os.listdir("/dev/shm") if e.startswith(f"dflash.{pool_name}.")]
+    if left:
+        failures.append(f"shared memory left behind: {left}")
+    if min(s.kills for s in svcs) < a.min_kills:
+        failures.append("not enough kills: " + ", ".join(f"{s.name} {s.kills}" for s in svcs))
+
+    for f in failures:
+        log(f"FAIL: {f}")
+    if failures or a.keep:
+        log(f"logs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log("PASS" if not failures else "FAILED")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -515,6 +515,10 @@ static void t_train_step(void)
 
 int main(void)
 {
+    const char *attn = getenv("DFLASH_CUDA_ATTN");
+    printf("attention kernels: %s\n", attn && strcmp(attn, "simple") == 0
+                                           ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"
+                                           : "tensor cores for d 64/128, CUDA cores otherwise");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();
     CC = nn_cpu_new(0);
     GC = nn_cuda_new(0);
@@ -539,6 +543,7 @@ int main(void)
     t_block(8, 2, 64, 16);
     t_block(32, 8, 128, 16);
     t_block(4, 2, 8, 4);
+    t_block(16, 4, 64, 10);
     t_lm_head();
     t_optim();
     t_train_step();

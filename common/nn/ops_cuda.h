@@ -11,7 +11,9 @@
  * result next). alloc/free are setup-time calls (cudaMalloc / cudaFree).
  *
  * Files: ops_cuda.cu (context, memory, elementwise ops, norms, rope, linear via cuBLASLt, loss,
- * optimizer, the vtable), ops_cuda_attn.cu (the causal and DFlash block attention kernels).
+ * optimizer, the vtable), ops_cuda_attn.cu (the causal and DFlash block attention kernels on
+ * CUDA cores, any head dim <= 256), ops_cuda_attn_tc.cu (tensor-core versions for head dims 64
+ * and 128, used first; DFLASH_CUDA_ATTN=simple in the environment forces the CUDA-core ones).
  * Threads: one host thread uses a context at a time.
  */
 #ifndef DFLASH_NN_OPS_CUDA_H
@@ -54,6 +56,22 @@ void cuda_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 
                               const __nv_bfloat16 *v, const __nv_bfloat16 *out, const float *lse,
                               const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                               int Hk, int d);
+/* Tensor-core versions (ops_cuda_attn_tc.cu) for d 64 / 128 and 16-byte aligned buffers: return
+ * 0 when they queued the work, -1 when the shape is not theirs (the caller falls back). */
+int cuda_tc_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
+                                 const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                                 const int32_t *seq_off, int n_seqs, int T, int H, int Hk, int d);
+int cuda_tc_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
+                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                                const __nv_bfloat16 *v, const nn_block_span *spans, int n_blocks,
+                                int B, int Tk, int H, int Hk, int d);
+int cuda_tc_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
+                                __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
+                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                                const __nv_bfloat16 *v, const __nv_bfloat16 *out,
+                                const float *lse, const nn_block_span *spans, int n_blocks, int B,
+                                int Tk, int H, int Hk, int d);
+int cuda_tc_attention_init(void);
 /* Raises the dynamic shared-memory limits of the attention kernels; once per device. */
 int cuda_attention_init(void);
 /* Aborts with file:line and the CUDA error string when e != cudaSuccess. */

@@ -22,7 +22,8 @@
  *   block's B * group query rows in chunks of 32: S and dP (32 x 32) into shared memory, then
  *   each thread accumulates dv[key][x] += P^T dout, dk[key][x] += dS^T q for its (key, dims) in
  *   registers. No atomics: every dk/dv row has one writer, keys nobody sees get 0; deterministic.
- * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even.
+ * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
+ * the tensor-core kernels of ops_cuda_attn_tc.cu first (d 64 / 128, aligned buffers).
  */
 #include "ops_cuda.h"
 
@@ -470,6 +471,7 @@ int cuda_attention_init(void)
     bad |= set_q_attr<32, MODE_DQ>() | set_q_attr<64, MODE_DQ>() | set_q_attr<128, MODE_DQ>() |
            set_q_attr<256, MODE_DQ>();
     bad |= set_kv_attr<32>() | set_kv_attr<64>() | set_kv_attr<128>() | set_kv_attr<256>();
+    bad |= cuda_tc_attention_init() != 0;
     return bad ? -1 : 0;
 }
 
@@ -486,6 +488,7 @@ void cuda_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const 
 {
     check_heads(H, Hk, d);
     if (T <= 0) return;
+    if (cuda_tc_attention_causal_fwd(st, out, q, k, v, seq_off, n_seqs, T, H, Hk, d) == 0) return;
     if (n_seqs <= 0) {
         CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)T * H * d * sizeof(bf16), st));
         return;
@@ -517,6 +520,8 @@ void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16
 {
     check_heads(H, Hk, d);
     if (n_blocks <= 0 || B <= 0) return;
+    if (cuda_tc_attention_block_fwd(st, out, lse, q, k, v, spans, n_blocks, B, Tk, H, Hk, d) == 0)
+        return;
     attn_args a = block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = out, a.lse = lse, a.q = q, a.k = k, a.v = v;
     dim3 grid(n_blocks * a.tiles_per_block, Hk);
@@ -536,6 +541,9 @@ void cuda_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, con
         return;
     }
     if (n_blocks <= 0 || B <= 0) return;
+    if (cuda_tc_attention_block_bwd(st, dq, dk, dv, dout, q, k, v, out, lse, spans, n_blocks, B,
+                                    Tk, H, Hk, d) == 0)
+        return;
     attn_args a = block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = dq, a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse_in = lse;
     dim3 gq(n_blocks * a.tiles_per_block, Hk);

@@ -1,0 +1,625 @@
+/* ops_cuda_attn_tc: tensor-core (WMMA bf16 16x16x16, fp32 accumulate) attention kernels for
+ * head dims 64 and 128; ops_cuda_attn.cu calls these first and falls back to its CUDA-core
+ * kernels for other shapes, unaligned pointers, or DFLASH_CUDA_ATTN=simple in the environment.
+ *
+ * Rows: a CTA owns 64 query rows = RT tokens x the `group` query heads of kv head hk (as in
+ * ops_cuda_attn.cu); a warp owns 16 of them. Keys stream through shared memory in tiles of 64.
+ *   forward (causal or block): two passes over the keys. Pass 1: S = Q K^T (WMMA), per row the
+ *     running max and sum give lse. Pass 2: S again, P = exp(S - lse) in bf16, O += P V with
+ *     the accumulators in WMMA fragments (no rescaling of fragments is ever needed: P is final).
+ *     Costs one extra Q K^T (3 products instead of 2) for never touching fragment layouts.
+ *   dq (block): S = Q K^T, dP = dO V^T, dS = P (dP - D) scale in bf16, dQ += dS K.
+ *   dk/dv (block, key-major): a CTA owns 64 keys of one kv head, 8 warps (16 keys x half the
+ *     head dim each); for every block that sees any of its keys, per chunk of 64 query rows:
+ *     S^T = K Q^T, dP^T = V dO^T, P^T and dS^T in bf16, dV += P^T dO, dK += dS^T Q. One writer
+ *     per dk/dv row, no atomics; keys nobody sees get 0.
+ * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c.
+ * Shared-memory row strides are padded (bf16 D+8, fp32 68, bf16 72) to spread banks; every
+ * WMMA pointer is 32-byte aligned by construction.
+ */
+#include "ops_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <assert.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+using namespace nvcuda;
+typedef __nv_bfloat16 bf16;
+
+#define TQ 64 /* query rows per CTA */
+#define TK 64 /* keys per tile */
+#define SL 68 /* fp32 score row stride */
+#define PL 72 /* bf16 probability row stride */
+
+typedef struct tc_args {
+    bf16 *out; /* out, or dq */
+    float *lse;
+    const bf16 *q, *k, *v, *dout, *o;
+    const float *lse_in;
+    bf16 *dk, *dv;
+    const int32_t *seq_off;
+    int n_seqs, causal;
+    const nn_block_span *spans;
+    int n_blocks, B, T, Tk, H, Hk, group, RT, tiles_per_block;
+    float scale;
+} tc_args;
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> frag_at;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+
+__device__ __forceinline__ int tc_span_ranges(const nn_block_span *sp, int B, int r[4])
+{
+    nn_block_span s = *sp;
+    if (!s.keep) return 0;
+    int c0 = s.ctx_begin, c1 = s.ctx_end, b0 = s.blk_begin, b1 = s.blk_begin + B;
+    if (c1 <= c0) {
+        r[0] = b0, r[1] = b1;
+        return B > 0 ? 1 : 0;
+    }
+    if (B <= 0) {
+        r[0] = c0, r[1] = c1;
+        return 1;
+    }
+    if (c1 < b0 || b1 < c0) {
+        if (c0 < b0) r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
+        else r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
+        return 2;
+    }
+    r[0] = c0 < b0 ? c0 : b0;
+    r[1] = c1 > b1 ? c1 : b1;
+    return 1;
+}
+
+__device__ int tc_seq_of(const int32_t *seq_off, int n_seqs, int t)
+{
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (seq_off[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* 64 rows of D bf16 into shared memory (stride D+8) with 16-byte accesses; row r comes from
+ * src + off(r) or is zero when off(r) < 0. */
+template <int D, typename F>
+__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off)
+{
+    constexpr int LD = D + 8, VPR = D / 8;
+    for (int idx = threadIdx.x; idx < 64 * VPR; idx += blockDim.x) {
+        int r = idx / VPR, c = idx % VPR;
+        long long o = off(r);
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (o >= 0) val = *(const uint4 *)(src + o + c * 8);
+        *(uint4 *)(dst + r * LD + c * 8) = val;
+    }
+}
+
+/* The CTA's tokens and key ranges, as in ops_cuda_attn.cu. */
+__device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, int &nr, int rng[4])
+{
+    if (a.causal) {
+        t_a = blockIdx.x * a.RT;
+        R = min(a.RT, a.T - t_a);
+        int t0 = a.seq_off[0], t1 = a.seq_off[a.n_seqs];
+        int lo = max(t_a, t0), hi = min(t_a + R, t1);
+        nr = 0;
+        if (lo < hi) {
+            rng[0] = a.seq_off[tc_seq_of(a.seq_off, a.n_seqs, lo)];
+            rng[1] = hi;
+            nr = 1;
+        }
+    } else {
+        int blk = blockIdx.x / a.tiles_per_block, rt = blockIdx.x % a.tiles_per_block;
+        t_a = blk * a.B + rt * a.RT;
+        R = min(a.RT, a.B - rt * a.RT);
+        nr = tc_span_ranges(a.spans + blk, a.B, rng);
+    }
+}
+
+template <int D>
+static size_t fwd_smem(void)
+{
+    return (size_t)3 * TQ * (D + 8) * 2 + (size_t)TQ * SL * 4 + (size_t)TQ * PL * 2 + 4 * TQ * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
+{
+    constexpr int LD = D + 8, NF = D / 16;
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+    bf16 *Qs = (bf16 *)sm_raw, *Ks = Qs + TQ * LD, *Vs = Ks + TK * LD;
+    float *S = (float *)(Vs + TK * LD);
+    bf16 *P = (bf16 *)(S + TQ * SL);
+    int *kbeg = (int *)(P + TQ * PL), *kend = kbeg + TQ;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
+    const int H = a.H, Hk = a.Hk, group = a.group;
+    int t_a, R, nr, rng[4] = {0, 0, 0, 0};
+    tile_setup(a, t_a, R, nr, rng);
+    const int NR = R * group;
+    for (int r = threadIdx.x; r < TQ; r += blockDim.x) {
+        int kb = 0, ke = 0;
+        if (r < NR) {
+            int t = t_a + r / group;
+            if (!a.causal) kb = 0, ke = a.Tk;
+            else if (t >= a.seq_off[0] && t < a.seq_off[a.n_seqs])
+                kb = a.seq_off[tc_seq_of(a.seq_off, a.n_seqs, t)], ke = t + 1;
+        }
+        kbeg[r] = kb, kend[r] = ke;
+    }
+    load_tile<D>(Qs, a.q, [&](int r) -> long long {
+        if (r >= NR) return -1;
+        int t = t_a + r / group, h = hk * group + r % group;
+        return ((long long)t * H + h) * D;
+    });
+
+    const int row = warp * 16 + lane / 2, c0 = (lane % 2) * 32; /* this lane's softmax slice */
+    float m = -INFINITY, l = 0.0f, lse = INFINITY;
+    frag_c o[NF];
+#pragma unroll
+    for (int j = 0; j < NF; j++) wmma::fill_fragment(o[j], 0.0f);
+
+    for (int pass = 0; pass < 2; pass++) {
+        for (int ri = 0; ri < nr; ri++) {
+            int r0 = rng[2 * ri], r1 = rng[2 * ri + 1];
+            for (int kb = r0; kb < r1; kb += TK) {
+                __syncthreads();
+                auto koff = [&](int r) -> long long {
+                    return kb + r < r1 ? ((long long)(kb + r) * Hk + hk) * D : -1;
+                };
+                load_tile<D>(Ks, a.k, koff);
+                if (pass == 1) load_tile<D>(Vs, a.v, koff);
+                __syncthreads();
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    frag_c s;
+                    wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+                    for (int kk = 0; kk < NF; kk++) {
+                        frag_a qa;
+                        frag_bt kt;
+                        wmma::load_matrix_sync(qa, Qs + warp * 16 * LD + kk * 16, LD);
+                        wmma::load_matrix_sync(kt, Ks + n * 16 * LD + kk * 16, LD);
+                        wmma::mma_sync(s, qa, kt, s);
+                    }
+                    wmma::store_matrix_sync(S + warp * 16 * SL + n * 16, s, SL, wmma::mem_row_major);
+                }
+                __syncwarp();
+                const float *srow = S + row * SL + c0;
+                int kb_r = kbeg[row], ke_r = kend[row];
+                if (pass == 0) {
+                    float tmax = -INFINITY;
+                    for (int c = 0; c < 32; c++) {
+                        int key = kb + c0 + c;
+                        if (key < r1 && key >= kb_r && key < ke_r)
+                            tmax = fmaxf(tmax, srow[c] * a.scale);
+                    }
+                    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+                    float mn = fmaxf(m, tmax), part = 0.0f;
+                    if (mn != -INFINITY)
+                        for (int c = 0; c < 32; c++) {
+                            int key = kb + c0 + c;
+                            if (key < r1 && key >= kb_r && key < ke_r)
+                                part += expf(srow[c] * a.scale - mn);
+                        }
+                    part += __shfl_xor_sync(0xffffffffu, part, 1);
+                    if (mn != -INFINITY) {
+                        l = l * expf(m - mn) + part;
+                        m = mn;
+                    }
+                } else {
+                    bf16 *prow = P + row * PL + c0;
+                    bool fin = isfinite(lse);
+                    for (int c = 0; c < 32; c++) {
+                        int key = kb + c0 + c;
+                        float p = 0.0f;
+                        if (fin && key < r1 && key >= kb_r && key < ke_r)
+                            p = expf(srow[c] * a.scale - lse);
+                        prow[c] = __float2bfloat16(p);
+                    }
+                    __syncwarp();
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        frag_a pa;
+                        wmma::load_matrix_sync(pa, P + warp * 16 * PL + kk * 16, PL);
+#pragma unroll
+                        for (int j = 0; j < NF; j++) {
+                            frag_b vb;
+                            wmma::load_matrix_sync(vb, Vs + kk * 16 * LD + j * 16, LD);
+                            wmma::mma_sync(o[j], pa, vb, o[j]);
+                        }
+                    }
+                }
+                __syncwarp();
+            }
+        }
+        if (pass == 0) lse = l > 0.0f ? m + logf(l) : INFINITY;
+    }
+    /* O is already normalised (P used the final lse); stage each fragment through S */
+    float *st = S + warp * 16 * SL;
+#pragma unroll
+    for (int j = 0; j < NF; j++) {
+        __syncwarp();
+        wmma::store_matrix_sync(st, o[j], SL, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+            int rr = e / 16, cc = e % 16, r = warp * 16 + rr;
+            if (r < NR) {
+                int t = t_a + r / group, h = hk * group + r % group;
+                a.out[((size_t)t * H + h) * D + j * 16 + cc] = __float2bfloat16(st[rr * SL + cc]);
+            }
+        }
+    }
+    if (!a.causal && a.lse && lane % 2 == 0 && row < NR) {
+        int t = t_a + row / group, h = hk * group + row % group;
+        a.lse[(size_t)h * a.n_blocks * a.B + t] = lse;
+    }
+}
+
+template <int D>
+static size_t dq_smem(void)
+{
+    return (size_t)4 * TQ * (D + 8) * 2 + (size_t)2 * TQ * SL * 4 + (size_t)TQ * PL * 2 +
+           2 * TQ * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
+{
+    constexpr int LD = D + 8, NF = D / 16;
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+    bf16 *Qs = (bf16 *)sm_raw, *dOs = Qs + TQ * LD, *Ks = dOs + TQ * LD, *Vs = Ks + TK * LD;
+    float *S = (float *)(Vs + TK * LD), *dP = S + TQ * SL;
+    bf16 *dS = (bf16 *)(dP + TQ * SL);
+    float *Dr = (float *)(dS + TQ * PL), *Lr = Dr + TQ;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
+    const int H = a.H, Hk = a.Hk, group = a.group, Q = a.n_blocks * a.B;
+    int t_a, R, nr, rng[4] = {0, 0, 0, 0};
+    tile_setup(a, t_a, R, nr, rng);
+    const int NR = R * group;
+    auto qoff = [&](int r) -> long long {
+        if (r >= NR) return -1;
+        int t = t_a + r / group, h = hk * group + r % group;
+        return ((long long)t * H + h) * D;
+    };
+    load_tile<D>(Qs, a.q, qoff);
+    load_tile<D>(dOs, a.dout, qoff);
+    __syncthreads();
+    for (int r = warp * 16; r < warp * 16 + 16; r++) { /* D = rowsum(dO * O) and lse */
+        float s = 0.0f, L = INFINITY;
+        if (r < NR) {
+            int t = t_a + r / group, h = hk * group + r % group;
+            const bf16 *orow = a.o + ((size_t)t * H + h) * D;
+            for (int x = lane; x < D; x += 32)
+                s += __bfloat162float(dOs[r * LD + x]) * __bfloat162float(orow[x]);
+            L = a.lse_in[(size_t)h * Q + t];
+        }
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (lane == 0) Dr[r] = s, Lr[r] = L;
+    }
+    __syncwarp();
+    const int row = warp * 16 + lane / 2, c0 = (lane % 2) * 32;
+    frag_c dq[NF];
+#pragma unroll
+    for (int j = 0; j < NF; j++) wmma::fill_fragment(dq[j], 0.0f);
+    for (int ri = 0; ri < nr; ri++) {
+        int r0 = rng[2 * ri], r1 = rng[2 * ri + 1];
+        for (int kb = r0; kb < r1; kb += TK) {
+            __syncthreads();
+            auto koff = [&](int r) -> long long {
+                return kb + r < r1 ? ((long long)(kb + r) * Hk + hk) * D : -1;
+            };
+            load_tile<D>(Ks, a.k, koff);
+            load_tile<D>(Vs, a.v, koff);
+            __syncthreads();
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                frag_c s, dp;
+                wmma::fill_fragment(s, 0.0f);
+                wmma::fill_fragment(dp, 0.0f);
+#pragma unroll
+                for (int kk = 0; kk < NF; kk++) {
+                    frag_a qa, da;
+                    frag_bt kt, vt;
+                    wmma::load_matrix_sync(qa, Qs + warp * 16 * LD + kk * 16, LD);
+                    wmma::load_matrix_sync(da, dOs + warp * 16 * LD + kk * 16, LD);
+                    wmma::load_matrix_sync(kt, Ks + n * 16 * LD + kk * 16, LD);
+                    wmma::load_matrix_sync(vt, Vs + n * 16 * LD + kk * 16, LD);
+                    wmma::mma_sync(s, qa, kt, s);
+                    wmma::mma_sync(dp, da, vt, dp);
+                }
+                wmma::store_matrix_sync(S + warp * 16 * SL + n * 16, s, SL, wmma::mem_row_major);
+                wmma::store_matrix_sync(dP + warp * 16 * SL + n * 16, dp, SL, wmma::mem_row_major);
+            }
+            __syncwarp();
+            {
+                float L = Lr[row], Dv = Dr[row];
+                bool fin = row < NR && isfinite(L);
+                for (int c = 0; c < 32; c++) {
+                    int key = kb + c0 + c;
+                    float p = 0.0f;
+                    if (fin && key < r1) p = expf(S[row * SL + c0 + c] * a.scale - L);
+                    dS[row * PL + c0 + c] =
+                        __float2bfloat16(p * (dP[row * SL + c0 + c] - Dv) * a.scale);
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                frag_a sa;
+                wmma::load_matrix_sync(sa, dS + warp * 16 * PL + kk * 16, PL);
+#pragma unroll
+                for (int j = 0; j < NF; j++) {
+                    frag_b kbf;
+                    wmma::load_matrix_sync(kbf, Ks + kk * 16 * LD + j * 16, LD);
+                    wmma::mma_sync(dq[j], sa, kbf, dq[j]);
+                }
+            }
+        }
+    }
+    float *st = S + warp * 16 * SL;
+#pragma unroll
+    for (int j = 0; j < NF; j++) {
+        __syncwarp();
+        wmma::store_matrix_sync(st, dq[j], SL, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+            int rr = e / 16, cc = e % 16, r = warp * 16 + rr;
+            if (r < NR) {
+                int t = t_a + r / group, h = hk * group + r % group;
+                a.out[((size_t)t * H + h) * D + j * 16 + cc] = __float2bfloat16(st[rr * SL + cc]);
+            }
+        }
+    }
+}
+
+template <int D>
+static size_t kv_smem_tc(void)
+{
+    return (size_t)4 * 64 * (D + 8) * 2 + (size_t)2 * 64 * SL * 4 + (size_t)2 * 64 * PL * 2 +
+           2 * 64 * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
+{
+    constexpr int LD = D + 8, NFH = D / 32;
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+    bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + 64 * LD;
+    float *ST = (float *)(dOs + 64 * LD), *dPT = ST + 64 * SL;
+    bf16 *PT = (bf16 *)(dPT + 64 * SL), *dST = PT + 64 * PL;
+    float *Dr = (float *)(dST + 64 * PL), *Lr = Dr + 64;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
+    const int H = a.H, Hk = a.Hk, group = a.group, B = a.B, Q = a.n_blocks * B;
+    const int kt0 = blockIdx.x * TK, kg = warp % 4, dh = warp / 4;
+    load_tile<D>(Ks, a.k, [&](int r) -> long long {
+        return kt0 + r < a.Tk ? ((long long)(kt0 + r) * Hk + hk) * D : -1;
+    });
+    load_tile<D>(Vs, a.v, [&](int r) -> long long {
+        return kt0 + r < a.Tk ? ((long long)(kt0 + r) * Hk + hk) * D : -1;
+    });
+    frag_c dk[NFH], dv[NFH];
+#pragma unroll
+    for (int j = 0; j < NFH; j++) wmma::fill_fragment(dk[j], 0.0f), wmma::fill_fragment(dv[j], 0.0f);
+    const int NRB = B * group;
+    for (int blk = 0; blk < a.n_blocks; blk++) {
+        int rng[4];
+        int nr = tc_span_ranges(a.spans + blk, B, rng);
+        bool hit = false;
+        for (int r = 0; r < nr; r++)
+            if (rng[2 * r] < kt0 + TK && rng[2 * r + 1] > kt0) hit = true;
+        if (!hit) continue;
+        for (int cb = 0; cb < NRB; cb += 64) {
+            int nrows = min(64, NRB - cb);
+            auto qoff = [&](int r) -> long long {
+                if (r >= nrows) return -1;
+                int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
+                return ((long long)t * H + h) * D;
+            };
+            __syncthreads();
+            load_tile<D>(Qs, a.q, qoff);
+            load_tile<D>(dOs, a.dout, qoff);
+            __syncthreads();
+            for (int r = warp * 8; r < warp * 8 + 8; r++) {
+                float s = 0.0f, L = INFINITY;
+                if (r < nrows) {
+                    int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
+                    const bf16 *orow = a.o + ((size_t)t * H + h) * D;
+                    for (int x = lane; x < D; x += 32)
+                        s += __bfloat162float(dOs[r * LD + x]) * __bfloat162float(orow[x]);
+                    L = a.lse_in[(size_t)h * Q + t];
+                }
+                for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+                if (lane == 0) Dr[r] = s, Lr[r] = L;
+            }
+            /* S^T = K Q^T and dP^T = V dO^T: warp (kg, dh) does key block kg, row blocks
+             * 2 dh and 2 dh + 1 */
+#pragma unroll
+            for (int rb2 = 0; rb2 < 2; rb2++) {
+                int rb = 2 * dh + rb2;
+                frag_c s, dp;
+                wmma::fill_fragment(s, 0.0f);
+                wmma::fill_fragment(dp, 0.0f);
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    frag_a ka, va;
+                    frag_bt qt, ot;
+                    wmma::load_matrix_sync(ka, Ks + kg * 16 * LD + kk * 16, LD);
+                    wmma::load_matrix_sync(va, Vs + kg * 16 * LD + kk * 16, LD);
+                    wmma::load_matrix_sync(qt, Qs + rb * 16 * LD + kk * 16, LD);
+                    wmma::load_matrix_sync(ot, dOs + rb * 16 * LD + kk * 16, LD);
+                    wmma::mma_sync(s, ka, qt, s);
+                    wmma::mma_sync(dp, va, ot, dp);
+                }
+                wmma::store_matrix_sync(ST + kg * 16 * SL + rb * 16, s, SL, wmma::mem_row_major);
+                wmma::store_matrix_sync(dPT + kg * 16 * SL + rb * 16, dp, SL, wmma::mem_row_major);
+            }
+            __syncthreads();
+            { /* P^T, dS^T: thread -> key tid / 4, rows (tid % 4) * 16 .. + 16 */
+                int key = threadIdx.x / 4, rb0 = (threadIdx.x % 4) * 16, gk = kt0 + key;
+                bool kvis = false;
+                for (int r = 0; r < nr; r++)
+                    if (gk >= rng[2 * r] && gk < rng[2 * r + 1]) kvis = true;
+                kvis = kvis && gk < a.Tk;
+                for (int c = 0; c < 16; c++) {
+                    int r = rb0 + c;
+                    float L = Lr[r], p = 0.0f;
+                    if (kvis && r < nrows && isfinite(L)) p = expf(ST[key * SL + r] * a.scale - L);
+                    PT[key * PL + r] = __float2bfloat16(p);
+                    dST[key * PL + r] = __float2bfloat16(p * (dPT[key * SL + r] - Dr[r]) * a.scale);
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                frag_a pa, sa;
+                wmma::load_matrix_sync(pa, PT + kg * 16 * PL + kk * 16, PL);
+                wmma::load_matrix_sync(sa, dST + kg * 16 * PL + kk * 16, PL);
+#pragma unroll
+                for (int j = 0; j < NFH; j++) {
+                    frag_b ob, qb;
+                    int col = dh * (D / 2) + j * 16;
+                    wmma::load_matrix_sync(ob, dOs + kk * 16 * LD + col, LD);
+                    wmma::load_matrix_sync(qb, Qs + kk * 16 * LD + col, LD);
+                    wmma::mma_sync(dv[j], pa, ob, dv[j]);
+                    wmma::mma_sync(dk[j], sa, qb, dk[j]);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    float *st = ST + warp * 256; /* 16 x 16 staging per warp */
+    auto put = [&](const frag_c &f, bf16 *dst, int col) {
+        __syncwarp();
+        wmma::store_matrix_sync(st, f, 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+            int rr = e / 16, cc = e % 16, key = kt0 + kg * 16 + rr;
+            if (key < a.Tk) dst[((size_t)key * Hk + hk) * D + col + cc] = __float2bfloat16(st[e]);
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < NFH; j++) {
+        put(dk[j], a.dk, dh * (D / 2) + j * 16);
+        put(dv[j], a.dv, dh * (D / 2) + j * 16);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int tc_mode(void)
+{
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN");
+        mode = e && strcmp(e, "simple") == 0 ? 0 : 1;
+    }
+    return mode;
+}
+
+static bool al16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+static bool tc_usable(int H, int Hk, int d, const void *p1, const void *p2, const void *p3,
+                      const void *p4, const void *p5)
+{
+    if (!tc_mode() || (d != 64 && d != 128) || Hk <= 0 || H % Hk || H / Hk > TQ) return false;
+    return al16(p1) && al16(p2) && al16(p3) && al16(p4) && al16(p5);
+}
+
+int cuda_tc_attention_init(void)
+{
+    int bad = 0;
+    bad |= cudaFuncSetAttribute(k_tc_fwd<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem<64>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_tc_fwd<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem<128>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_tc_dq<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dq_smem<64>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_tc_dq<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dq_smem<128>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_tc_dkdv<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)kv_smem_tc<64>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_tc_dkdv<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)kv_smem_tc<128>()) != cudaSuccess;
+    return bad ? -1 : 0;
+}
+
+int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const bf16 *k,
+                                 const bf16 *v, const int32_t *seq_off, int n_seqs, int T, int H,
+                                 int Hk, int d)
+{
+    if (!tc_usable(H, Hk, d, out, q, k, v, q) || n_seqs <= 0 || T <= 0) return -1;
+    tc_args a = {};
+    a.out = out, a.q = q, a.k = k, a.v = v, a.seq_off = seq_off, a.n_seqs = n_seqs, a.causal = 1;
+    a.T = T, a.Tk = T, a.H = H, a.Hk = Hk, a.group = H / Hk, a.RT = TQ / a.group;
+    a.scale = 1.0f / sqrtf((float)d);
+    dim3 grid((T + a.RT - 1) / a.RT, Hk);
+    if (d == 64) k_tc_fwd<64><<<grid, 128, fwd_smem<64>(), st>>>(a);
+    else k_tc_fwd<128><<<grid, 128, fwd_smem<128>(), st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+static tc_args tc_block_args(const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                             int Hk, int d)
+{
+    tc_args a = {};
+    a.spans = spans, a.n_blocks = n_blocks, a.B = B, a.T = n_blocks * B, a.Tk = Tk;
+    a.H = H, a.Hk = Hk, a.group = H / Hk;
+    a.RT = TQ / a.group < B ? TQ / a.group : B;
+    a.tiles_per_block = (B + a.RT - 1) / a.RT;
+    a.scale = 1.0f / sqrtf((float)d);
+    return a;
+}
+
+int cuda_tc_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q,
+                                const bf16 *k, const bf16 *v, const nn_block_span *spans,
+                                int n_blocks, int B, int Tk, int H, int Hk, int d)
+{
+    if (!tc_usable(H, Hk, d, out, q, k, v, q) || n_blocks <= 0 || B <= 0) return -1;
+    tc_args a = tc_block_args(spans, n_blocks, B, Tk, H, Hk, d);
+    a.out = out, a.lse = lse, a.q = q, a.k = k, a.v = v;
+    dim3 grid(n_blocks * a.tiles_per_block, Hk);
+    if (d == 64) k_tc_fwd<64><<<grid, 128, fwd_smem<64>(), st>>>(a);
+    else k_tc_fwd<128><<<grid, 128, fwd_smem<128>(), st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
+                                const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                                const float *lse, const nn_block_span *spans, int n_blocks,
+                                int B, int Tk, int H, int Hk, int d)
+{
+    if (!tc_usable(H, Hk, d, dq, q, k, v, dout) || !al16(dk) || !al16(dv) || !al16(out) ||
+        n_blocks <= 0 || B <= 0 || Tk <= 0)
+        return -1;
+    tc_args a = tc_block_args(spans, n_blocks, B, Tk, H, Hk, d);
+    a.out = dq, a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse_in = lse;
+    a.dk = dk, a.dv = dv;
+    dim3 gq(n_blocks * a.tiles_per_block, Hk), gk((Tk + TK - 1) / TK, Hk);
+    if (d == 64) {
+        k_tc_dq<64><<<gq, 128, dq_smem<64>(), st>>>(a);
+        CUDA_CHECK_LAUNCH();
+        k_tc_dkdv<64><<<gk, 256, kv_smem_tc<64>(), st>>>(a);
+    } else {
+        k_tc_dq<128><<<gq, 128, dq_smem<128>(), st>>>(a);
+        CUDA_CHECK_LAUNCH();
+        k_tc_dkdv<128><<<gk, 256, kv_smem_tc<128>(), st>>>(a);
+    }
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

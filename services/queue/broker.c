@@ -761,6 +761,13 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     }
     if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid)
         p = peer_add(b, rid, rid_len);
+    if (m.type == WIRE_WORK_UNIT || m.type == WIRE_GRANT || m.type == WIRE_STATUS_REPLY ||
+        m.type == WIRE_SET_CONFIG_REPLY || m.type == WIRE_ERROR || m.type == WIRE_OK) {
+        b->malformed++;
+        reply_error(b, &r, m.request_id, DFLASH_EPROTO, "%s is not a request",
+                    wire_type_name(m.type));
+        goto out;
+    }
     if (m.role == WIRE_ROLE_BROKER || (is_ctl && needs_hello(m.type))) {
         reply_error(b, &r, m.request_id, DFLASH_EDENIED, "a %s may not send %s",
                     wire_role_name(m.role), wire_type_name(m.type));
@@ -804,11 +811,8 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_PAUSE: on_mode(b, &m, &r, POLICY_PAUSED); break;
     case WIRE_RESUME: on_mode(b, &m, &r, POLICY_RUNNING); break;
     case WIRE_DRAIN: on_mode(b, &m, &r, POLICY_DRAINING); break;
-    default:
-        /* a reply type sent as a request */
-        b->malformed++;
-        reply_error(b, &r, m.request_id, DFLASH_EPROTO, "%s is not a request",
-                    wire_type_name(m.type));
+    default: /* reply types were refused above */
+        reply_error(b, &r, m.request_id, DFLASH_EINTERNAL, "unhandled %s", wire_type_name(m.type));
         break;
     }
 out:

@@ -107,6 +107,7 @@ typedef struct pool_desc {
     bool registered;
     wire_pool desc;            /* event_handles points to events below */
     uint8_t (*events)[WIRE_HANDLE_BYTES];
+    uint32_t *n_seqs;          /* per slot, from its last SLOT_READY (for the Grant) */
 } pool_desc;
 
 #define MAX_POOLS 64
@@ -414,6 +415,12 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc) return reply_error(b, r, m->request_id, rc, "pool refused");
     free(d->events);
     d->events = NULL;
+    free(d->n_seqs);
+    d->n_seqs = calloc(w->slot_count, sizeof *d->n_seqs);
+    if (!d->n_seqs) {
+        policy_pool_drop(b->policy, (uint32_t)id);
+        return reply_error(b, r, m->request_id, DFLASH_ENOMEM, "no memory");
+    }
     d->desc = *w;
     d->desc.event_handles = NULL;
     if (w->n_events) {
@@ -499,6 +506,7 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     rc = policy_slot_ready(b->policy, (uint32_t)p->pool_id, s->pool_incarnation, s->slot, &id,
                            s->n_tokens);
     if (rc) return reply_error(b, r, m->request_id, rc, "slot ready refused");
+    d->n_seqs[s->slot] = s->n_seqs;
     reply_ok(b, r, m->request_id, 0);
     wire_msg a;
     reply_init(b, &a, WIRE_SLOT_READY, 0);
@@ -531,7 +539,8 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     w->layout_version = d->desc.layout_version;
     w->unit = to_unit(&g.where.batch);
     w->n_tokens = g.where.n_tokens;
-    w->n_seqs = 1;
+    w->n_seqs = d->n_seqs && g.where.slot < d->desc.slot_count ? d->n_seqs[g.where.slot] : 1;
+    if (!w->n_seqs) w->n_seqs = 1;
     w->backend = d->desc.backend;
     memcpy(w->mem_handle, d->desc.mem_handle, WIRE_HANDLE_BYTES);
     if (d->events && g.where.slot < d->desc.n_events)
@@ -989,7 +998,10 @@ void broker_destroy(broker **bp)
         free(b->peers[i]);
     }
     free(b->peers);
-    for (int i = 0; i < MAX_POOLS; i++) free(b->pools[i].events);
+    for (int i = 0; i < MAX_POOLS; i++) {
+        free(b->pools[i].events);
+        free(b->pools[i].n_seqs);
+    }
     policy_destroy(&b->policy);
     ledger_destroy(&b->ledger);
     free(b->inbuf);

@@ -1,8 +1,11 @@
 /* itest_live_set: `dflash-ctl set min_ready=30 max_depth=90` changes the broker's behaviour
  * while it runs: before, the target gets FULL after 4 work units and a drafter is served while
- * 2 slots are ready; after, the target fills 90 slots and claims stop when 29 are left ready. */
+ * 2 slots are ready; after, the target fills 90 slots and claims stop when 29 are left ready.
+ * `dflash-ctl --json watch` started before the change sees the config announcement. */
 #include "check.h"
 #include "harness.h"
+
+#include <stdbool.h>
 
 static int run_ctl(const char *ctl, const char *dir, const char *a, const char *b, const char *c)
 {
@@ -59,7 +62,25 @@ int main(int argc, char **argv)
         CHECK_EQ_INT(client_ack(d, &g[i].unit, (uint64_t)i + 1), 0);
     }
 
+    /* a watcher, subscribed before the change (it prints the stats it sees, then the config) */
+    char rt[128];
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    char *wargv[] = {argv[2], rt, "--json", "watch", NULL};
+    int wfd = -1;
+    pid_t watcher = h_spawn(wargv, &wfd);
+    FILE *wout = fdopen(wfd, "r");
+    char line[4096];
+    /* the first stats line proves the subscription is up (PUB drops until then) */
+    CHECK(fgets(line, sizeof line, wout) != NULL);
+    CHECK(strstr(line, "\"topic\":\"stats\"") != NULL);
+
     CHECK_EQ_INT(run_ctl(argv[2], dir, "set", "min_ready=30", "max_depth=90"), 0);
+    bool seen = false;
+    while (!seen && fgets(line, sizeof line, wout))
+        seen = strstr(line, "\"topic\":\"config\"") && strstr(line, "\"max_depth\":\"90\"");
+    CHECK(seen);
+    h_kill(watcher, SIGTERM);
+    fclose(wout);
     wire_status s;
     CHECK_EQ_INT(client_status(d, &s), 0);
     CHECK_EQ_INT(s.min_ready, 30);

@@ -46,7 +46,7 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_register_pool(t, &pool), 0);
     wire_work_unit wu;
     CHECK_EQ_INT(client_request_work(t, 0xabc, &wu), 0);
-    wire_slot_ready r = {0xabc, wu.slot, wu.unit, 100, 1};
+    wire_slot_ready r = {0xabc, wu.slot, wu.unit, 100, 3};
     CHECK_EQ_INT(client_slot_ready(t, &r), 0);
 
     char *cargv[] = {"/proc/self/exe", "consumer", ep, NULL};
@@ -73,6 +73,13 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(rc, 0);
     CHECK(g.unit.index == idx && g.unit.bucket == bkt && g.unit.epoch == e);
     CHECK(g.lease_id != lease);
+    /* the grant carries what the importer needs to find the batch */
+    CHECK_EQ_INT(g.slot, wu.slot);
+    CHECK_EQ_INT(g.offset, (uint64_t)wu.slot * pool.slot_size);
+    CHECK_EQ_INT(g.n_tokens, 100);
+    CHECK_EQ_INT(g.n_seqs, 3);
+    CHECK_EQ_INT(g.backend, WIRE_BACKEND_HOST);
+    CHECK(strcmp(g.shm_name, pool.shm_name) == 0);
     CHECK_EQ_INT(client_release(d, g.lease_id), 0);
     /* the dead consumer's lease is stale now */
     CHECK_EQ_INT(client_release(d, lease), DFLASH_ESTALE);

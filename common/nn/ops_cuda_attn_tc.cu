@@ -105,6 +105,44 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off)
     }
 }
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* D_r = rowsum(dO_r * O_r) for NROWS rows starting at r0 of a shared dO tile (stride D+8) and
+ * O in global memory (orow(r) gives its row, NULL for a padding row), plus lse_r; lane 0 writes
+ * Dr[r], Lr[r]. Loads of all rows are issued before the reductions. */
+template <int D, int NROWS, typename F, typename G>
+__device__ __forceinline__ void rows_D(const bf16 *dOs, int r0, F orow, G lse_of, float *Dr,
+                                       float *Lr)
+{
+    constexpr int LD = D + 8, EPL = D / 32;
+    const int lane = threadIdx.x % 32;
+    float acc[NROWS];
+#pragma unroll
+    for (int i = 0; i < NROWS; i++) {
+        const bf16 *o = orow(r0 + i);
+        acc[i] = 0.0f;
+        if (o) {
+#pragma unroll
+            for (int e = 0; e < EPL; e += 2) {
+                float2 ov = __bfloat1622float2(*(const __nv_bfloat162 *)(o + lane * EPL + e));
+                float2 dv = __bfloat1622float2(
+                    *(const __nv_bfloat162 *)(dOs + (r0 + i) * LD + lane * EPL + e));
+                acc[i] += ov.x * dv.x + ov.y * dv.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NROWS; i++) {
+        float v = acc[i];
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) Dr[r0 + i] = v, Lr[r0 + i] = lse_of(r0 + i);
+    }
+}
+
 /* The CTA's tokens and key ranges, as in ops_cuda_attn.cu. */
 __device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, int &nr, int rng[4])
 {
@@ -130,7 +168,7 @@ __device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, i
 template <int D>
 static size_t fwd_smem(void)
 {
-    return (size_t)3 * TQ * (D + 8) * 2 + (size_t)TQ * SL * 4 + (size_t)TQ * PL * 2 + 4 * TQ * 4;
+    return (size_t)3 * TQ * (D + 8) * 2 + (size_t)TQ * SL * 4 + 2 * TQ * 4;
 }
 
 template <int D>
@@ -140,8 +178,10 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
     extern __shared__ __align__(128) unsigned char sm_raw[];
     bf16 *Qs = (bf16 *)sm_raw, *Ks = Qs + TQ * LD, *Vs = Ks + TK * LD;
     float *S = (float *)(Vs + TK * LD);
-    bf16 *P = (bf16 *)(S + TQ * SL);
-    int *kbeg = (int *)(P + TQ * PL), *kend = kbeg + TQ;
+    int *kbeg = (int *)(S + TQ * SL), *kend = kbeg + TQ;
+    /* a warp's P rows (bf16, stride 2 SL) alias the first half of its own S rows: each lane
+     * reads its S values into registers, __syncwarp, then writes P */
+    bf16 *Pw = (bf16 *)(S + (threadIdx.x / 32) * 16 * SL);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
     const int H = a.H, Hk = a.Hk, group = a.group;
     int t_a, R, nr, rng[4] = {0, 0, 0, 0};
@@ -195,43 +235,56 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
                     wmma::store_matrix_sync(S + warp * 16 * SL + n * 16, s, SL, wmma::mem_row_major);
                 }
                 __syncwarp();
-                const float *srow = S + row * SL + c0;
-                int kb_r = kbeg[row], ke_r = kend[row];
+                float sv[32];
+                {
+                    const float4 *s4 = (const float4 *)(S + row * SL + c0);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        float4 f = s4[i];
+                        sv[4 * i] = f.x, sv[4 * i + 1] = f.y, sv[4 * i + 2] = f.z, sv[4 * i + 3] = f.w;
+                    }
+                }
+                /* visible columns of this lane's slice: [vlo, vhi) */
+                int base = kb + c0;
+                int vlo = max(0, kbeg[row] - base), vhi = min(32, min(r1, kend[row]) - base);
                 if (pass == 0) {
                     float tmax = -INFINITY;
-                    for (int c = 0; c < 32; c++) {
-                        int key = kb + c0 + c;
-                        if (key < r1 && key >= kb_r && key < ke_r)
-                            tmax = fmaxf(tmax, srow[c] * a.scale);
-                    }
+#pragma unroll
+                    for (int c = 0; c < 32; c++)
+                        if (c >= vlo && c < vhi) tmax = fmaxf(tmax, sv[c] * a.scale);
                     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
                     float mn = fmaxf(m, tmax), part = 0.0f;
-                    if (mn != -INFINITY)
-                        for (int c = 0; c < 32; c++) {
-                            int key = kb + c0 + c;
-                            if (key < r1 && key >= kb_r && key < ke_r)
-                                part += expf(srow[c] * a.scale - mn);
-                        }
+                    if (mn != -INFINITY) {
+#pragma unroll
+                        for (int c = 0; c < 32; c++)
+                            if (c >= vlo && c < vhi) part += __expf(sv[c] * a.scale - mn);
+                    }
                     part += __shfl_xor_sync(0xffffffffu, part, 1);
                     if (mn != -INFINITY) {
-                        l = l * expf(m - mn) + part;
+                        l = l * __expf(m - mn) + part;
                         m = mn;
                     }
                 } else {
-                    bf16 *prow = P + row * PL + c0;
                     bool fin = isfinite(lse);
-                    for (int c = 0; c < 32; c++) {
-                        int key = kb + c0 + c;
-                        float p = 0.0f;
-                        if (fin && key < r1 && key >= kb_r && key < ke_r)
-                            p = expf(srow[c] * a.scale - lse);
-                        prow[c] = __float2bfloat16(p);
+                    uint32_t pw[16];
+#pragma unroll
+                    for (int c = 0; c < 32; c += 2) {
+                        float p0 = fin && c >= vlo && c < vhi ? __expf(sv[c] * a.scale - lse) : 0.0f;
+                        float p1 = fin && c + 1 >= vlo && c + 1 < vhi
+                                       ? __expf(sv[c + 1] * a.scale - lse)
+                                       : 0.0f;
+                        pw[c / 2] = pack_bf16x2(p0, p1);
                     }
+                    __syncwarp(); /* every lane of the warp has read its S values */
+                    uint4 *prow = (uint4 *)(Pw + (lane / 2) * (2 * SL) + c0);
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        prow[i] = make_uint4(pw[4 * i], pw[4 * i + 1], pw[4 * i + 2], pw[4 * i + 3]);
                     __syncwarp();
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
                         frag_a pa;
-                        wmma::load_matrix_sync(pa, P + warp * 16 * PL + kk * 16, PL);
+                        wmma::load_matrix_sync(pa, Pw + kk * 16, 2 * SL);
 #pragma unroll
                         for (int j = 0; j < NF; j++) {
                             frag_b vb;
@@ -295,18 +348,19 @@ __global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
     load_tile<D>(Qs, a.q, qoff);
     load_tile<D>(dOs, a.dout, qoff);
     __syncthreads();
-    for (int r = warp * 16; r < warp * 16 + 16; r++) { /* D = rowsum(dO * O) and lse */
-        float s = 0.0f, L = INFINITY;
-        if (r < NR) {
+    rows_D<D, 16>(
+        dOs, warp * 16,
+        [&](int r) -> const bf16 * {
+            if (r >= NR) return NULL;
             int t = t_a + r / group, h = hk * group + r % group;
-            const bf16 *orow = a.o + ((size_t)t * H + h) * D;
-            for (int x = lane; x < D; x += 32)
-                s += __bfloat162float(dOs[r * LD + x]) * __bfloat162float(orow[x]);
-            L = a.lse_in[(size_t)h * Q + t];
-        }
-        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0) Dr[r] = s, Lr[r] = L;
-    }
+            return a.o + ((size_t)t * H + h) * D;
+        },
+        [&](int r) -> float {
+            if (r >= NR) return INFINITY;
+            int t = t_a + r / group, h = hk * group + r % group;
+            return a.lse_in[(size_t)h * Q + t];
+        },
+        Dr, Lr);
     __syncwarp();
     const int row = warp * 16 + lane / 2, c0 = (lane % 2) * 32;
     frag_c dq[NF];
@@ -386,8 +440,7 @@ __global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
 template <int D>
 static size_t kv_smem_tc(void)
 {
-    return (size_t)4 * 64 * (D + 8) * 2 + (size_t)2 * 64 * SL * 4 + (size_t)2 * 64 * PL * 2 +
-           2 * 64 * 4;
+    return (size_t)4 * 64 * (D + 8) * 2 + (size_t)2 * 64 * SL * 4 + 2 * 64 * 4;
 }
 
 template <int D>
@@ -397,8 +450,9 @@ __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
     extern __shared__ __align__(128) unsigned char sm_raw[];
     bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + 64 * LD;
     float *ST = (float *)(dOs + 64 * LD), *dPT = ST + 64 * SL;
-    bf16 *PT = (bf16 *)(dPT + 64 * SL), *dST = PT + 64 * PL;
-    float *Dr = (float *)(dST + 64 * PL), *Lr = Dr + 64;
+    /* P^T and dS^T (bf16, stride 2 SL) alias S^T and dP^T: read into registers, barrier, write */
+    bf16 *PT = (bf16 *)ST, *dST = (bf16 *)dPT;
+    float *Dr = dPT + 64 * SL, *Lr = Dr + 64;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
     const int H = a.H, Hk = a.Hk, group = a.group, B = a.B, Q = a.n_blocks * B;
     const int kt0 = blockIdx.x * TK, kg = warp % 4, dh = warp / 4;
@@ -430,18 +484,19 @@ __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
             load_tile<D>(Qs, a.q, qoff);
             load_tile<D>(dOs, a.dout, qoff);
             __syncthreads();
-            for (int r = warp * 8; r < warp * 8 + 8; r++) {
-                float s = 0.0f, L = INFINITY;
-                if (r < nrows) {
+            rows_D<D, 8>(
+                dOs, warp * 8,
+                [&](int r) -> const bf16 * {
+                    if (r >= nrows) return NULL;
                     int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
-                    const bf16 *orow = a.o + ((size_t)t * H + h) * D;
-                    for (int x = lane; x < D; x += 32)
-                        s += __bfloat162float(dOs[r * LD + x]) * __bfloat162float(orow[x]);
-                    L = a.lse_in[(size_t)h * Q + t];
-                }
-                for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-                if (lane == 0) Dr[r] = s, Lr[r] = L;
-            }
+                    return a.o + ((size_t)t * H + h) * D;
+                },
+                [&](int r) -> float {
+                    if (r >= nrows) return INFINITY;
+                    int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
+                    return a.lse_in[(size_t)h * Q + t];
+                },
+                Dr, Lr);
             /* S^T = K Q^T and dP^T = V dO^T: warp (kg, dh) does key block kg, row blocks
              * 2 dh and 2 dh + 1 */
 #pragma unroll
@@ -471,20 +526,45 @@ __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
                 for (int r = 0; r < nr; r++)
                     if (gk >= rng[2 * r] && gk < rng[2 * r + 1]) kvis = true;
                 kvis = kvis && gk < a.Tk;
-                for (int c = 0; c < 16; c++) {
-                    int r = rb0 + c;
-                    float L = Lr[r], p = 0.0f;
-                    if (kvis && r < nrows && isfinite(L)) p = expf(ST[key * SL + r] * a.scale - L);
-                    PT[key * PL + r] = __float2bfloat16(p);
-                    dST[key * PL + r] = __float2bfloat16(p * (dPT[key * SL + r] - Dr[r]) * a.scale);
+                float sv[16], dpv[16];
+                const float4 *s4 = (const float4 *)(ST + key * SL + rb0);
+                const float4 *d4 = (const float4 *)(dPT + key * SL + rb0);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 f = s4[i], g = d4[i];
+                    sv[4 * i] = f.x, sv[4 * i + 1] = f.y, sv[4 * i + 2] = f.z, sv[4 * i + 3] = f.w;
+                    dpv[4 * i] = g.x, dpv[4 * i + 1] = g.y, dpv[4 * i + 2] = g.z,
+                            dpv[4 * i + 3] = g.w;
                 }
+                uint32_t pw[8], sw[8];
+#pragma unroll
+                for (int c = 0; c < 16; c += 2) {
+                    float p[2], ds[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        int r = rb0 + c + u;
+                        float L = Lr[r];
+                        p[u] = kvis && r < nrows && isfinite(L) ? __expf(sv[c + u] * a.scale - L)
+                                                                : 0.0f;
+                        ds[u] = p[u] * (dpv[c + u] - Dr[r]) * a.scale;
+                    }
+                    pw[c / 2] = pack_bf16x2(p[0], p[1]);
+                    sw[c / 2] = pack_bf16x2(ds[0], ds[1]);
+                }
+                __syncthreads(); /* all of S^T and dP^T has been read */
+                uint4 *pp = (uint4 *)(PT + key * (2 * SL) + rb0);
+                uint4 *sp = (uint4 *)(dST + key * (2 * SL) + rb0);
+                pp[0] = make_uint4(pw[0], pw[1], pw[2], pw[3]);
+                pp[1] = make_uint4(pw[4], pw[5], pw[6], pw[7]);
+                sp[0] = make_uint4(sw[0], sw[1], sw[2], sw[3]);
+                sp[1] = make_uint4(sw[4], sw[5], sw[6], sw[7]);
             }
             __syncthreads();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 frag_a pa, sa;
-                wmma::load_matrix_sync(pa, PT + kg * 16 * PL + kk * 16, PL);
-                wmma::load_matrix_sync(sa, dST + kg * 16 * PL + kk * 16, PL);
+                wmma::load_matrix_sync(pa, PT + kg * 16 * (2 * SL) + kk * 16, 2 * SL);
+                wmma::load_matrix_sync(sa, dST + kg * 16 * (2 * SL) + kk * 16, 2 * SL);
 #pragma unroll
                 for (int j = 0; j < NFH; j++) {
                     frag_b ob, qb;

@@ -12,7 +12,8 @@
  *
  * Peer session states: NEW (no hello) -> LIVE (hello) -> GONE (expired/replaced, entry freed).
  * Requests from a target or drafter without hello get ERROR STALE ("send hello"); ctl requests
- * need no hello.
+ * need no hello and keep no state, but a ctl may only send hello, heartbeat, status, set, pause,
+ * resume and drain (else ERROR DENIED).
  *
  * Thread: everything runs on the libuv loop thread given to broker_new. One cron timer does the
  * periodic work: peer expiry, lease expiry (policy_tick), the orphan grace period after a restart,

@@ -18,6 +18,8 @@
 #include "dflash_model.h"
 #include "dflash_train.h"
 #include "ops_cuda.h"
+
+#include <cuda_runtime_api.h>
 #endif
 
 #include <math.h>
@@ -40,6 +42,14 @@ static nn_ctx *C;
 static float *g_rand; /* 16M random fp32, bf16-representable */
 #define RAND_N (16u << 20)
 static double g_peak;
+
+/* device memory in use on this GPU (all processes), GiB */
+static double mem_used_gib(void)
+{
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1.0;
+    return (double)(tot - fr) / (1024.0 * 1024.0 * 1024.0);
+}
 
 static double now_s(void)
 {
@@ -310,7 +320,11 @@ static void bench_step(int layers)
     char shape[64];
     snprintf(shape, sizeof shape, "%d layers, %d blocks, T%d", layers, met.n_blocks, T);
     row("dflash_train_step", shape, ms, flop);
-    printf("step loss %.4f grad_norm %.4f (%d blocks)\n", met.loss, met.grad_norm, met.n_blocks);
+    printf("step loss %.4f grad_norm %.4f (%d blocks); device memory in use %.2f GiB "
+           "(drafter + target embed/lm_head + features)\n",
+           met.loss, met.grad_norm, met.n_blocks, mem_used_gib());
+    printf("step FLOPs: 6*Q*(q,k,v,o,gate,up,down params per layer)*layers + 6*T*(fc + ctx k,v) + "
+           "14*H*d per visible (row, key) per layer + 4*Q*D*V (lm_head)\n");
     dflash_model_destroy(&m);
     O->free(C, emb), O->free(C, lm), O->free(C, hid);
     free(ids), free(lmask);

@@ -516,9 +516,10 @@ static void t_train_step(void)
 int main(void)
 {
     const char *attn = getenv("DFLASH_CUDA_ATTN");
-    printf("attention kernels: %s\n", attn && strcmp(attn, "simple") == 0
-                                           ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"
-                                           : "tensor cores for d 64/128, CUDA cores otherwise");
+    printf("attention kernels: %s\n",
+           attn && strcmp(attn, "simple") == 0    ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"
+           : attn && strcmp(attn, "tc_sync") == 0 ? "tensor cores, plain tile loads (tc_sync)"
+                                                  : "tensor cores with cp.async for d 64/128");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();
     CC = nn_cpu_new(0);
     GC = nn_cuda_new(0);

@@ -14,8 +14,12 @@
  *     S^T = K Q^T, dP^T = V dO^T, P^T and dS^T in bf16, dV += P^T dO, dK += dS^T Q. One writer
  *     per dk/dv row, no atomics; keys nobody sees get 0.
  * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c.
- * Shared-memory row strides are padded (bf16 D+8, fp32 68, bf16 72) to spread banks; every
- * WMMA pointer is 32-byte aligned by construction.
+ * Shared-memory row strides are padded (bf16 D+8, fp32 68) to spread banks; every WMMA pointer is
+ * 32-byte aligned by construction. P (and P^T, dS^T) are written as bf16 over the first half of
+ * the fp32 score rows they come from (read, barrier, write), which keeps 3 forward CTAs / 2 dk-dv
+ * CTAs resident per SM. Tiles come in through cp.async (every 16-byte piece in flight at once,
+ * padding rows zero-filled); DFLASH_CUDA_ATTN=tc_sync uses plain loads instead, =simple the
+ * CUDA-core kernels of ops_cuda_attn.cu.
  */
 #include "ops_cuda.h"
 
@@ -47,6 +51,7 @@ typedef struct tc_args {
     int n_seqs, causal;
     const nn_block_span *spans;
     int n_blocks, B, T, Tk, H, Hk, group, RT, tiles_per_block;
+    int async_copy; /* 1: tiles via cp.async (all in flight at once); 0: plain loads */
     float scale;
 } tc_args;
 
@@ -90,18 +95,41 @@ __device__ int tc_seq_of(const int32_t *seq_off, int n_seqs, int t)
     return lo;
 }
 
-/* 64 rows of D bf16 into shared memory (stride D+8) with 16-byte accesses; row r comes from
- * src + off(r) or is zero when off(r) < 0. */
+/* 64 rows of D bf16 into shared memory (stride D+8) in 16-byte pieces; row r comes from
+ * src + off(r) or is zero when off(r) < 0. With async (cp.async, zero-filling padding rows) every
+ * piece is in flight at once and tile_wait() must precede the barrier that publishes the tile;
+ * without, plain loads and stores. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tile_wait(int async)
+{
+    if (async) {
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    }
+}
+
 template <int D, typename F>
-__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off)
+__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off, int async)
 {
     constexpr int LD = D + 8, VPR = D / 8;
     for (int idx = threadIdx.x; idx < 64 * VPR; idx += blockDim.x) {
         int r = idx / VPR, c = idx % VPR;
         long long o = off(r);
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (o >= 0) val = *(const uint4 *)(src + o + c * 8);
-        *(uint4 *)(dst + r * LD + c * 8) = val;
+        if (async) {
+            cp_async16(dst + r * LD + c * 8, o >= 0 ? (const void *)(src + o + c * 8) : src,
+                       o >= 0 ? 16 : 0);
+        } else {
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (o >= 0) val = *(const uint4 *)(src + o + c * 8);
+            *(uint4 *)(dst + r * LD + c * 8) = val;
+        }
     }
 }
 
@@ -201,7 +229,8 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
         if (r >= NR) return -1;
         int t = t_a + r / group, h = hk * group + r % group;
         return ((long long)t * H + h) * D;
-    });
+    }, a.async_copy);
+    tile_wait(a.async_copy);
 
     const int row = warp * 16 + lane / 2, c0 = (lane % 2) * 32; /* this lane's softmax slice */
     float m = -INFINITY, l = 0.0f, lse = INFINITY;
@@ -217,8 +246,9 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
                 auto koff = [&](int r) -> long long {
                     return kb + r < r1 ? ((long long)(kb + r) * Hk + hk) * D : -1;
                 };
-                load_tile<D>(Ks, a.k, koff);
-                if (pass == 1) load_tile<D>(Vs, a.v, koff);
+                load_tile<D>(Ks, a.k, koff, a.async_copy);
+                if (pass == 1) load_tile<D>(Vs, a.v, koff, a.async_copy);
+                tile_wait(a.async_copy);
                 __syncthreads();
 #pragma unroll
                 for (int n = 0; n < 4; n++) {
@@ -345,8 +375,9 @@ __global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
         int t = t_a + r / group, h = hk * group + r % group;
         return ((long long)t * H + h) * D;
     };
-    load_tile<D>(Qs, a.q, qoff);
-    load_tile<D>(dOs, a.dout, qoff);
+    load_tile<D>(Qs, a.q, qoff, a.async_copy);
+    load_tile<D>(dOs, a.dout, qoff, a.async_copy);
+    tile_wait(a.async_copy);
     __syncthreads();
     rows_D<D, 16>(
         dOs, warp * 16,
@@ -373,8 +404,9 @@ __global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
             auto koff = [&](int r) -> long long {
                 return kb + r < r1 ? ((long long)(kb + r) * Hk + hk) * D : -1;
             };
-            load_tile<D>(Ks, a.k, koff);
-            load_tile<D>(Vs, a.v, koff);
+            load_tile<D>(Ks, a.k, koff, a.async_copy);
+            load_tile<D>(Vs, a.v, koff, a.async_copy);
+            tile_wait(a.async_copy);
             __syncthreads();
 #pragma unroll
             for (int n = 0; n < 4; n++) {
@@ -456,12 +488,12 @@ __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
     const int H = a.H, Hk = a.Hk, group = a.group, B = a.B, Q = a.n_blocks * B;
     const int kt0 = blockIdx.x * TK, kg = warp % 4, dh = warp / 4;
-    load_tile<D>(Ks, a.k, [&](int r) -> long long {
+    auto kvoff = [&](int r) -> long long {
         return kt0 + r < a.Tk ? ((long long)(kt0 + r) * Hk + hk) * D : -1;
-    });
-    load_tile<D>(Vs, a.v, [&](int r) -> long long {
-        return kt0 + r < a.Tk ? ((long long)(kt0 + r) * Hk + hk) * D : -1;
-    });
+    };
+    load_tile<D>(Ks, a.k, kvoff, a.async_copy);
+    load_tile<D>(Vs, a.v, kvoff, a.async_copy);
+    tile_wait(a.async_copy);
     frag_c dk[NFH], dv[NFH];
 #pragma unroll
     for (int j = 0; j < NFH; j++) wmma::fill_fragment(dk[j], 0.0f), wmma::fill_fragment(dv[j], 0.0f);
@@ -481,8 +513,9 @@ __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
                 return ((long long)t * H + h) * D;
             };
             __syncthreads();
-            load_tile<D>(Qs, a.q, qoff);
-            load_tile<D>(dOs, a.dout, qoff);
+            load_tile<D>(Qs, a.q, qoff, a.async_copy);
+            load_tile<D>(dOs, a.dout, qoff, a.async_copy);
+            tile_wait(a.async_copy);
             __syncthreads();
             rows_D<D, 8>(
                 dOs, warp * 8,
@@ -602,7 +635,10 @@ static int tc_mode(void)
     static int mode = -1;
     if (mode < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN");
-        mode = e && strcmp(e, "simple") == 0 ? 0 : 1;
+        mode = !e || !*e                   ? 2
+               : strcmp(e, "simple") == 0  ? 0
+               : strcmp(e, "tc_sync") == 0 ? 1
+                                           : 2;
     }
     return mode;
 }
@@ -643,6 +679,7 @@ int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
 {
     if (!tc_usable(H, Hk, d, out, q, k, v, q) || n_seqs <= 0 || T <= 0) return -1;
     tc_args a = {};
+    a.async_copy = tc_mode() == 2;
     a.out = out, a.q = q, a.k = k, a.v = v, a.seq_off = seq_off, a.n_seqs = n_seqs, a.causal = 1;
     a.T = T, a.Tk = T, a.H = H, a.Hk = Hk, a.group = H / Hk, a.RT = TQ / a.group;
     a.scale = 1.0f / sqrtf((float)d);
@@ -657,6 +694,7 @@ static tc_args tc_block_args(const nn_block_span *spans, int n_blocks, int B, in
                              int Hk, int d)
 {
     tc_args a = {};
+    a.async_copy = tc_mode() == 2;
     a.spans = spans, a.n_blocks = n_blocks, a.B = B, a.T = n_blocks * B, a.Tk = Tk;
     a.H = H, a.Hk = Hk, a.group = H / Hk;
     a.RT = TQ / a.group < B ? TQ / a.group : B;

@@ -1,0 +1,220 @@
+/* bench-pipeline: does the pipeline keep up with its slower side? (issue 3, DESIGN §2)
+ *
+ * Runs the real daemons as processes on the host backend: dflash-queue, dflash-target --model
+ * synthetic paced at --producer-rate batches/s, and --drafters dflash-drafter --verify each paced
+ * at --consumer-rate. First it measures each side alone, in this process, with the same pacing
+ * and the same per-batch work (synthetic fill / byte-exact verify of one slot), then the
+ * end-to-end rate of committed batches from the broker's ledger over --seconds after a warm-up.
+ * Prints one table; the last line is end-to-end / slower side alone (goal >= 97%).
+ *   bench-pipeline [--producer-rate 200] [--consumer-rate 120] [--drafters 2] [--seconds 10]
+ * The daemons are found next to this program's build tree (BUILD/bench/..), or via
+ * --build-dir.
+ */
+#include "client.h"
+#include "config.h"
+#include "err.h"
+#include "log.h"
+#include "slot.h"
+#include "synthetic.h"
+
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct bench_config {
+    double producer_rate, consumer_rate;
+    int64_t drafters;
+    double seconds, warmup;
+    int64_t token_budget, hidden, layers, slots, min_ready, max_depth;
+    char build_dir[PATH_MAX];
+} bench_config;
+
+#define OPT(n, t, d, lo, hi, h, m) {n, t, d, lo, hi, false, h, offsetof(bench_config, m), 0}
+static const cfg_option bench_options[] = {
+    OPT("producer-rate", CFG_DOUBLE, "200", 0, 1e6, "target batches/s (0 = unpaced)", producer_rate),
+    OPT("consumer-rate", CFG_DOUBLE, "120", 0, 1e6, "batches/s per drafter (0 = unpaced)", consumer_rate),
+    OPT("drafters", CFG_INT, "2", 1, 16, "verifying drafters", drafters),
+    OPT("seconds", CFG_DOUBLE, "10", 1, 3600, "measurement window", seconds),
+    OPT("warmup", CFG_DOUBLE, "3", 0, 600, "seconds before measuring", warmup),
+    OPT("token-budget", CFG_INT, "1024", 16, 1 << 20, "tokens per slot", token_budget),
+    OPT("hidden", CFG_INT, "64", 1, 1 << 16, "hidden size", hidden),
+    OPT("layers", CFG_INT, "3", 1, 64, "captured layers", layers),
+    OPT("slots", CFG_INT, "16", 1, 256, "slots in the pool", slots),
+    OPT("min-ready", CFG_INT, "4", 0, 1 << 20, "broker min_ready", min_ready),
+    OPT("max-depth", CFG_INT, "16", 1, 1 << 20, "broker max_depth", max_depth),
+    {"build-dir", CFG_STRING, "", 1, 0, false, "build tree with the daemons (default: ours)",
+     offsetof(bench_config, build_dir), PATH_MAX},
+};
+static const cfg_table bench_table = {"bench-pipeline", "end-to-end slot rate vs the slower side",
+                                      "[options]", bench_options,
+                                      sizeof bench_options / sizeof bench_options[0]};
+
+static const uint32_t BUCKETS[] = {128, 256, 512, 1024};
+#define N_BUCKETS 4
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void pace(double period, double *next)
+{
+    if (period <= 0) return;
+    double now = now_s();
+    if (*next < now - 1) *next = now;
+    if (*next > now) {
+        double d = *next - now;
+        struct timespec ts = {(time_t)d, (long)((d - (time_t)d) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    *next += period;
+}
+
+/* One side alone: fill (producer) or verify (consumer) paced at rate for `secs`. */
+static double side_alone(const slot_layout *l, double rate, bool producer, double secs)
+{
+    void *slot = aligned_alloc(256, l->slot_bytes);
+    double t0 = now_s(), next = t0, period = rate > 0 ? 1 / rate : 0;
+    uint64_t n = 0;
+    slot_work_unit wu = {0, 0, 0};
+    synthetic_params sp = synthetic_bucket_params(BUCKETS, N_BUCKETS, 0, 32000, l->token_budget);
+    if (!producer) synthetic_fill(slot, l, &wu, &sp, 0);
+    while (now_s() - t0 < secs) {
+        pace(period, &next);
+        wu.bucket = (uint32_t)(n % N_BUCKETS);
+        if (producer) {
+            sp = synthetic_bucket_params(BUCKETS, N_BUCKETS, wu.bucket, 32000, l->token_budget);
+            synthetic_fill(slot, l, &wu, &sp, 0);
+        } else {
+            wu.bucket = 0;
+            synthetic_verify(slot, l, &wu, &sp, NULL, NULL, 0);
+        }
+        n++;
+    }
+    double r = n / (now_s() - t0);
+    free(slot);
+    return r;
+}
+
+static pid_t spawn(const char *path, char *const argv[], const char *logfile)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(logfile, "w", stderr);
+        (void)f;
+        execv(path, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Committed batches from the broker's ledger, retrying a few times; 0 if it never answers. */
+static uint64_t committed(client *c)
+{
+    wire_status st;
+    for (int i = 0; i < 10; i++)
+        if (client_status(c, &st) == 0) return st.batches_committed;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    log_init("bench-pipeline", LOG_WARN);
+    bench_config cfg;
+    int rc = config_load(&bench_table, &cfg, argc, argv, NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : 2;
+    char self[PATH_MAX], build[PATH_MAX];
+    if (cfg.build_dir[0]) snprintf(build, sizeof build, "%s", cfg.build_dir);
+    else {
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) return 1;
+        self[n] = 0;
+        snprintf(build, sizeof build, "%s/..", dirname(self));
+    }
+    char q[PATH_MAX + 64], t[PATH_MAX + 64], d[PATH_MAX + 64];
+    snprintf(q, sizeof q, "%s/services/queue/dflash-queue", build);
+    snprintf(t, sizeof t, "%s/services/target/dflash-target", build);
+    snprintf(d, sizeof d, "%s/services/drafter/dflash-drafter", build);
+
+    slot_layout l;
+    if (slot_layout_compute((uint32_t)cfg.token_budget, 16, (uint32_t)cfg.hidden,
+                            (uint32_t)cfg.layers, SLOT_DTYPE_F32, &l) < 0) {
+        fprintf(stderr, "bench-pipeline: bad layout\n");
+        return 2;
+    }
+    double prod_alone = side_alone(&l, cfg.producer_rate, true, 2);
+    double cons_one = side_alone(&l, cfg.consumer_rate, false, 2);
+    double cons_alone = cons_one * (double)cfg.drafters;
+
+    char dir[] = "/tmp/bench-pipeline-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    chmod(dir, 0700);
+    char rt[64], lay[4][32], rate_p[32], rate_c[32], mr[32], md[32], slots[32], logf[128];
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    snprintf(lay[0], 32, "--token-budget=%lld", (long long)cfg.token_budget);
+    snprintf(lay[1], 32, "--hidden=%lld", (long long)cfg.hidden);
+    snprintf(lay[2], 32, "--layers=%lld", (long long)cfg.layers);
+    snprintf(lay[3], 32, "--max-seqs=16");
+    snprintf(rate_p, 32, "--rate=%g", cfg.producer_rate);
+    snprintf(rate_c, 32, "--rate=%g", cfg.consumer_rate);
+    snprintf(mr, 32, "--min-ready=%lld", (long long)cfg.min_ready);
+    snprintf(md, 32, "--max-depth=%lld", (long long)cfg.max_depth);
+    snprintf(slots, 32, "--slots=%lld", (long long)cfg.slots);
+    pid_t pids[20];
+    int np = 0;
+    char *qa[] = {q, rt, "--journal=none", mr, md, NULL};
+    snprintf(logf, sizeof logf, "%s/queue.log", dir);
+    pids[np++] = spawn(q, qa, logf);
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    client *c = client_new(ep, WIRE_ROLE_CTL, "bench");
+    client_set_timeout(c, 500);
+    double until = now_s() + 10;
+    wire_status st;
+    while (client_status(c, &st) != 0 && now_s() < until) usleep(50000);
+    char *ta[] = {t, rt, lay[0], lay[1], lay[2], lay[3], rate_p, slots, "--buckets=128,256,512,1024",
+                  "--batches-per-bucket=200000", "--progress-ms=0", NULL};
+    snprintf(logf, sizeof logf, "%s/target.log", dir);
+    pids[np++] = spawn(t, ta, logf);
+    char names[16][32];
+    for (int i = 0; i < cfg.drafters; i++) {
+        snprintf(names[i], 32, "--name=bench-d%d", i);
+        char *da[] = {d, rt, lay[0], lay[1], lay[2], lay[3], rate_c, names[i], "--verify",
+                      "--buckets=128,256,512,1024", "--progress-ms=0", NULL};
+        snprintf(logf, sizeof logf, "%s/drafter%d.log", dir, i);
+        pids[np++] = spawn(d, da, logf);
+    }
+    usleep((useconds_t)(cfg.warmup * 1e6));
+    uint64_t c0 = committed(c);
+    double t0 = now_s();
+    usleep((useconds_t)(cfg.seconds * 1e6));
+    uint64_t c1 = committed(c);
+    double e2e = c1 >= c0 ? (double)(c1 - c0) / (now_s() - t0) : 0;
+    client_destroy(&c);
+    for (int i = np - 1; i >= 0; i--) {
+        kill(pids[i], SIGTERM);
+        waitpid(pids[i], NULL, 0);
+    }
+    double slower = prod_alone < cons_alone ? prod_alone : cons_alone;
+    printf("| side | batches/s |\n|---|---|\n");
+    printf("| producer alone (synthetic fill, paced %g/s) | %.1f |\n", cfg.producer_rate, prod_alone);
+    printf("| consumers alone (%lld x verify, paced %g/s) | %.1f |\n", (long long)cfg.drafters,
+           cfg.consumer_rate, cons_alone);
+    printf("| end to end (committed, %.0f s window, slot %.2f MiB) | %.1f |\n", cfg.seconds,
+           l.slot_bytes / 1048576.0, e2e);
+    printf("end-to-end / slower side alone: %.1f%% (goal >= 97%%)\n", 100 * e2e / slower);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (getenv("BENCH_KEEP")) printf("logs in %s\n", dir);
+    else if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return 0;
+}

@@ -19,6 +19,9 @@ Pass conditions (each a user-visible promise of DESIGN.md section 5):
   * every daemon exits 0 on SIGTERM, and no /dev/shm segment of the pool is left behind.
 
 Usage: chaos_compose.py BUILD_DIR [--seconds 90] [--min-kills 10] [--seed N] [--keep]
+       [--batches-per-bucket N] [--target-rate R] [--drafter-rate R] [--backend host|cuda]
+       [--drafter-gpu N]
+With --seconds 0 --min-kills 0 it is a plain smoke test of the deployment (no kills).
 Exit 0 pass, 1 fail, 77 skipped (no docker-compose and no PyYAML to read the compose file).
 """
 import argparse
@@ -151,6 +154,13 @@ def main():
     ap.add_argument("--min-kills", type=int, default=10)
     ap.add_argument("--batches-per-bucket", type=int, default=650)
     ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--target-rate", default=TEST_VARS["DFLASH_TARGET_RATE"],
+                    help="synthetic target batches/s (0 = unpaced)")
+    ap.add_argument("--drafter-rate", default=TEST_VARS["DFLASH_DRAFTER_RATE"],
+                    help="verifier batches/s each (0 = unpaced)")
+    ap.add_argument("--backend", default="host", choices=["host", "cuda"],
+                    help="cuda: the GPU machine (target on GPU 0, drafters on --drafter-gpu)")
+    ap.add_argument("--drafter-gpu", default="0")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
@@ -161,7 +171,10 @@ def main():
     run_dir = os.path.join(tmp, "run")
     os.mkdir(run_dir, 0o700)
     pool_name = f"chaos{os.getpid()}"
-    test_vars = dict(TEST_VARS, DFLASH_BATCHES_PER_BUCKET=str(a.batches_per_bucket))
+    test_vars = dict(TEST_VARS, DFLASH_BATCHES_PER_BUCKET=str(a.batches_per_bucket),
+                     DFLASH_TARGET_RATE=str(a.target_rate), DFLASH_DRAFTER_RATE=str(a.drafter_rate),
+                     DFLASH_BACKEND=a.backend, DFLASH_TARGET_GPU="0",
+                     DFLASH_DRAFTER_GPU=a.drafter_gpu)
     cfg = resolve_compose(test_vars)
     if cfg is None:
         log("neither docker-compose nor PyYAML is available to read the compose file: skipped")

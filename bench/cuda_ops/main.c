@@ -30,8 +30,7 @@
 #include <time.h>
 
 #ifndef DFLASH_HAVE_CUDA
-int main(void)
-{
+int main(void) {
     printf("bench-cuda_ops: built without CUDA\n");
     return 77;
 }
@@ -44,30 +43,26 @@ static float *g_rand; /* 16M random fp32, bf16-representable */
 static double g_peak;
 
 /* device memory in use on this GPU (all processes), GiB */
-static double mem_used_gib(void)
-{
+static double mem_used_gib(void) {
     size_t fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1.0;
     return (double)(tot - fr) / (1024.0 * 1024.0 * 1024.0);
 }
 
-static double now_s(void)
-{
+static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
 static uint64_t rs = 88172645463325252ull;
-static double urand(void)
-{
+static double urand(void) {
     rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
     return (double)(rs >> 11) / 4503599627370496.0 - 1.0;
 }
 
 /* act buffer of n elements filled with scale * random */
-static void *act_rand(size_t n, float scale)
-{
+static void *act_rand(size_t n, float scale) {
     void *p = O->alloc(C, n * O->act_bytes);
     if (!p) {
         fprintf(stderr, "out of device memory (%zu elements)\n", n);
@@ -75,7 +70,8 @@ static void *act_rand(size_t n, float scale)
     }
     static float *tmp;
     if (!tmp) tmp = malloc(RAND_N * sizeof(float));
-    for (size_t i = 0; i < RAND_N; i++) tmp[i] = g_rand[i] * scale;
+    for (size_t i = 0; i < RAND_N; i++)
+        tmp[i] = g_rand[i] * scale;
     size_t first = n < RAND_N ? n : RAND_N;
     O->upload(C, p, tmp, first);
     for (size_t o = first; o < n; o += first) {
@@ -87,28 +83,39 @@ static void *act_rand(size_t n, float scale)
 
 typedef void (*bench_fn)(void *arg);
 
-static double time_ms(bench_fn fn, void *arg, int reps)
-{
+static double time_ms(bench_fn fn, void *arg, int reps) {
     fn(arg);
     fn(arg);
     O->sync(C);
     double t[3];
     for (int b = 0; b < 3; b++) {
         double t0 = now_s();
-        for (int i = 0; i < reps; i++) fn(arg);
+        for (int i = 0; i < reps; i++)
+            fn(arg);
         O->sync(C);
         t[b] = (now_s() - t0) * 1e3 / reps;
     }
     /* median of 3 */
     double a = t[0], bb = t[1], c = t[2];
-    if (a > bb) { double x = a; a = bb; bb = x; }
-    if (bb > c) { double x = bb; bb = c; c = x; }
-    if (a > bb) { double x = a; a = bb; bb = x; }
+    if (a > bb) {
+        double x = a;
+        a = bb;
+        bb = x;
+    }
+    if (bb > c) {
+        double x = bb;
+        bb = c;
+        c = x;
+    }
+    if (a > bb) {
+        double x = a;
+        a = bb;
+        bb = x;
+    }
     return bb;
 }
 
-static void row(const char *name, const char *shape, double ms, double flop)
-{
+static void row(const char *name, const char *shape, double ms, double flop) {
     double tf = flop / (ms * 1e-3) / 1e12;
     printf("%-26s %-34s %10.3f %9.1f %7.1f%%\n", name, shape, ms, tf,
            g_peak > 0 ? 100.0 * tf / g_peak : 100.0);
@@ -123,15 +130,15 @@ typedef struct lin_arg {
     int M, K, N, bwd;
 } lin_arg;
 
-static void lin_run(void *p)
-{
+static void lin_run(void *p) {
     lin_arg *a = p;
-    if (a->bwd) O->linear_bwd(C, a->x, a->dw, NULL, a->dy, a->x, a->w, a->M, a->K, a->N);
-    else O->linear_fwd(C, a->y, a->x, a->w, NULL, a->M, a->K, a->N);
+    if (a->bwd)
+        O->linear_bwd(C, a->x, a->dw, NULL, a->dy, a->x, a->w, a->M, a->K, a->N);
+    else
+        O->linear_fwd(C, a->y, a->x, a->w, NULL, a->M, a->K, a->N);
 }
 
-static double bench_linear(const char *name, int M, int K, int N, int bwd)
-{
+static double bench_linear(const char *name, int M, int K, int N, int bwd) {
     lin_arg a = {.M = M, .K = K, .N = N, .bwd = bwd};
     a.x = act_rand((size_t)M * K, 1.0f);
     a.w = act_rand((size_t)N * K, 0.02f);
@@ -160,12 +167,11 @@ typedef struct att_arg {
     int nb, B, Tk, T, n_seqs, H, Hk, d, mode;
 } att_arg;
 
-static void att_run(void *p)
-{
+static void att_run(void *p) {
     att_arg *a = p;
     if (a->mode == 0)
-        O->attention_causal_fwd(C, a->o, a->q, a->k, a->v, a->seq_off, a->n_seqs, a->T, a->H,
-                                a->Hk, a->d);
+        O->attention_causal_fwd(C, a->o, a->q, a->k, a->v, a->seq_off, a->n_seqs, a->T, a->H, a->Hk,
+                                a->d);
     else if (a->mode == 1)
         O->attention_block_fwd(C, a->o, a->lse, a->q, a->k, a->v, a->spans, a->nb, a->B, a->Tk,
                                a->H, a->Hk, a->d);
@@ -174,13 +180,11 @@ static void att_run(void *p)
                                a->spans, a->nb, a->B, a->Tk, a->H, a->Hk, a->d);
 }
 
-static int cmp_int(const void *a, const void *b)
-{
+static int cmp_int(const void *a, const void *b) {
     return *(const int *)a - *(const int *)b;
 }
 
-static void bench_attention(void)
-{
+static void bench_attention(void) {
     int H = 32, Hk = 8, d = 128;
     /* causal: 4 sequences of 3072 */
     {
@@ -200,7 +204,8 @@ static void bench_attention(void)
     /* DFlash block attention: 512 blocks of 16 over 3072 context tokens */
     int nb = 512, B = 16, Tc = 3072, Q = nb * B, Tk = Tc + Q;
     int anchors[512];
-    for (int j = 0; j < nb; j++) anchors[j] = 1 + (int)((urand() * 0.5 + 0.5) * (Tc - 2));
+    for (int j = 0; j < nb; j++)
+        anchors[j] = 1 + (int)((urand() * 0.5 + 0.5) * (Tc - 2));
     qsort(anchors, nb, sizeof(int), cmp_int);
     nn_block_span sp[512];
     double keys = 0;
@@ -238,15 +243,13 @@ typedef struct xent_arg {
     int Q, D, V, chunk;
 } xent_arg;
 
-static void xent_run(void *p)
-{
+static void xent_run(void *p) {
     xent_arg *a = p;
     O->lm_head_xent(C, a->dh, a->sums, a->correct, a->h, a->W, a->labels, a->weights, a->inv,
                     a->scratch, a->Q, a->D, a->V, a->chunk);
 }
 
-static void bench_xent(void)
-{
+static void bench_xent(void) {
     xent_arg a = {.Q = 8192, .D = 4096, .V = 151936, .chunk = 2048};
     a.h = act_rand((size_t)a.Q * a.D, 1.0f);
     a.W = act_rand((size_t)a.V * a.D, 0.02f);
@@ -256,15 +259,15 @@ static void bench_xent(void)
     a.correct = O->alloc(C, (size_t)a.Q * 4);
     int32_t *lab = malloc((size_t)a.Q * 4);
     float *w = malloc((size_t)a.Q * 4);
-    for (int i = 0; i < a.Q; i++) lab[i] = (int32_t)(i * 7919 % a.V), w[i] = 1.0f;
+    for (int i = 0; i < a.Q; i++)
+        lab[i] = (int32_t)(i * 7919 % a.V), w[i] = 1.0f;
     a.labels = O->alloc(C, (size_t)a.Q * 4);
     a.weights = O->alloc(C, (size_t)a.Q * 4);
     O->upload_raw(C, a.labels, lab, (size_t)a.Q * 4);
     O->upload_raw(C, a.weights, w, (size_t)a.Q * 4);
     a.inv = 1.0f / a.Q;
     double ms = time_ms(xent_run, &a, 3);
-    row("lm_head_xent fwd+bwd", "Q8192 D4096 V151936 chunk2048", ms,
-        4.0 * a.Q * (double)a.D * a.V);
+    row("lm_head_xent fwd+bwd", "Q8192 D4096 V151936 chunk2048", ms, 4.0 * a.Q * (double)a.D * a.V);
     O->free(C, a.h), O->free(C, a.W), O->free(C, a.dh), O->free(C, a.scratch);
     O->free(C, a.sums), O->free(C, a.correct), O->free(C, a.labels), O->free(C, a.weights);
     free(lab), free(w);
@@ -272,13 +275,13 @@ static void bench_xent(void)
 
 /* ---- a whole training step of a Qwen3-8B-shaped drafter ---- */
 
-static void bench_step(int layers)
-{
+static void bench_step(int layers) {
     enum { D = 4096, NF = 5, V = 151936, T = 3072 };
     dflash_config cfg = {0};
     cfg.hidden_size = D, cfg.num_layers = layers, cfg.num_heads = 32, cfg.num_kv_heads = 8;
     cfg.head_dim = 128, cfg.intermediate_size = 12288, cfg.block_size = 16, cfg.n_feat = NF;
-    for (int i = 0; i < NF; i++) cfg.target_layer_ids[i] = 1 + 8 * i;
+    for (int i = 0; i < NF; i++)
+        cfg.target_layer_ids[i] = 1 + 8 * i;
     cfg.num_target_layers = 36, cfg.mask_token_id = 151669, cfg.vocab_size = V;
     cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
     cfg.bos_token_id = cfg.eos_token_id = -1;
@@ -291,21 +294,29 @@ static void bench_step(int layers)
         return;
     }
     O->sync(C);
-    printf("drafter of %d layers: %.2f M params, created in %.1f s\n", layers,
-           m->n_params / 1e6, now_s() - t0);
+    printf("drafter of %d layers: %.2f M params, created in %.1f s\n", layers, m->n_params / 1e6,
+           now_s() - t0);
     int32_t seq_off[2] = {0, T}, *ids = malloc(T * 4);
     uint8_t *lmask = malloc(T);
-    for (int t = 0; t < T; t++) ids[t] = (int32_t)(t * 7919 % 151000), lmask[t] = t >= 64;
-    dflash_batch_view v = {.n_seqs = 1, .seq_off = seq_off, .ids = ids, .positions = NULL,
-                           .loss_mask = lmask, .hidden = hid, .ld = NF * D};
+    for (int t = 0; t < T; t++)
+        ids[t] = (int32_t)(t * 7919 % 151000), lmask[t] = t >= 64;
+    dflash_batch_view v = {.n_seqs = 1,
+                           .seq_off = seq_off,
+                           .ids = ids,
+                           .positions = NULL,
+                           .loss_mask = lmask,
+                           .hidden = hid,
+                           .ld = NF * D};
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
     dflash_metrics met;
-    for (int i = 0; i < 2; i++) dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
+    for (int i = 0; i < 2; i++)
+        dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
     int steps = 5;
     double s0 = now_s();
-    for (int i = 0; i < steps; i++) dflash_train_step(m, &tc, &v, 0, (uint64_t)(10 + i), &met);
+    for (int i = 0; i < steps; i++)
+        dflash_train_step(m, &tc, &v, 0, (uint64_t)(10 + i), &met);
     O->sync(C);
     double ms = (now_s() - s0) * 1e3 / steps;
     /* matmul FLOPs: 6 * (per-row params) * rows; attention fwd+bwd; lm_head fwd+bwd */
@@ -330,8 +341,7 @@ static void bench_step(int layers)
     free(ids), free(lmask);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     int layers = argc > 1 ? atoi(argv[1]) : 1;
     O = nn_cuda_ops();
     C = nn_cuda_new(0);
@@ -340,7 +350,8 @@ int main(int argc, char **argv)
         return 2;
     }
     g_rand = malloc(RAND_N * sizeof(float));
-    for (size_t i = 0; i < RAND_N; i++) g_rand[i] = (float)urand();
+    for (size_t i = 0; i < RAND_N; i++)
+        g_rand[i] = (float)urand();
     printf("%-26s %-34s %10s %9s %8s\n", "op", "shape", "ms", "TFLOP/s", "of peak");
     bench_linear("peak: linear_fwd", 8192, 8192, 8192, 0);
     bench_linear("linear_fwd q/o", 8192, 4096, 4096, 0);

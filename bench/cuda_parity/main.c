@@ -32,8 +32,7 @@
 #include <string.h>
 
 #ifndef DFLASH_HAVE_CUDA
-int main(void)
-{
+int main(void) {
     printf("bench-cuda_parity: built without CUDA; nothing to compare\n");
     return 77;
 }
@@ -52,8 +51,7 @@ static double urand(void) /* [-1, 1) */
     return (double)(rs >> 11) / 4503599627370496.0 - 1.0;
 }
 
-static float bf16r(float f)
-{
+static float bf16r(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7f800000u) == 0x7f800000u) return f;
@@ -63,10 +61,10 @@ static float bf16r(float f)
     return f;
 }
 
-static float *hrand(size_t n, double scale, double offset)
-{
+static float *hrand(size_t n, double scale, double offset) {
     float *p = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = bf16r((float)(offset + scale * urand()));
+    for (size_t i = 0; i < n; i++)
+        p[i] = bf16r((float)(offset + scale * urand()));
     return p;
 }
 
@@ -85,7 +83,8 @@ static pair pact(const float *h, size_t n) /* act tensor with host values h (or 
         GO->upload(GC, p.g, h, n);
     } else {
         float *nanv = malloc(n * sizeof(float));
-        for (size_t i = 0; i < n; i++) nanv[i] = NAN;
+        for (size_t i = 0; i < n; i++)
+            nanv[i] = NAN;
         CO->upload(CC, p.c, nanv, n);
         GO->upload(GC, p.g, nanv, n);
         free(nanv);
@@ -101,7 +100,8 @@ static pair praw(const void *h, size_t n) /* 4-byte elements: fp32 or int32, NUL
         GO->upload_raw(GC, p.g, h, n * 4);
     } else {
         float *nanv = malloc(n * sizeof(float));
-        for (size_t i = 0; i < n; i++) nanv[i] = NAN;
+        for (size_t i = 0; i < n; i++)
+            nanv[i] = NAN;
         CO->upload_raw(CC, p.c, nanv, n * 4);
         GO->upload_raw(GC, p.g, nanv, n * 4);
         free(nanv);
@@ -109,15 +109,13 @@ static pair praw(const void *h, size_t n) /* 4-byte elements: fp32 or int32, NUL
     return p;
 }
 
-static void pfree(pair *p)
-{
+static void pfree(pair *p) {
     CO->free(CC, p->c);
     GO->free(GC, p->g);
     p->c = p->g = NULL;
 }
 
-static void fetch(const pair *p, float *hc, float *hg)
-{
+static void fetch(const pair *p, float *hc, float *hg) {
     if (p->act) {
         CO->download(CC, hc, p->c, p->n);
         GO->download(GC, hg, p->g, p->n);
@@ -128,8 +126,7 @@ static void fetch(const pair *p, float *hc, float *hg)
 }
 
 static void report(const char *op, const char *tensor, const float *a, const float *b, size_t n,
-                   double tol)
-{
+                   double tol) {
     double maxd = 0, maxb = 0, s2 = 0, b2 = 0;
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -151,8 +148,7 @@ static void report(const char *op, const char *tensor, const float *a, const flo
            ok ? "PASS" : "FAIL", bad ? " (NaN/inf)" : "");
 }
 
-static void cmp(const char *op, const char *tensor, const pair *p, double tol)
-{
+static void cmp(const char *op, const char *tensor, const pair *p, double tol) {
     float *a = malloc(p->n * 4), *b = malloc(p->n * 4);
     fetch(p, b, a); /* b: cpu reference, a: cuda */
     report(op, tensor, a, b, p->n, tol);
@@ -160,13 +156,13 @@ static void cmp(const char *op, const char *tensor, const pair *p, double tol)
     free(b);
 }
 
-static void cmp_int(const char *op, const char *tensor, const pair *p, double min_agree)
-{
+static void cmp_int(const char *op, const char *tensor, const pair *p, double min_agree) {
     int32_t *a = malloc(p->n * 4), *b = malloc(p->n * 4);
     CO->download_raw(CC, b, p->c, p->n * 4);
     GO->download_raw(GC, a, p->g, p->n * 4);
     size_t same = 0;
-    for (size_t i = 0; i < p->n; i++) same += a[i] == b[i];
+    for (size_t i = 0; i < p->n; i++)
+        same += a[i] == b[i];
     double agree = p->n ? (double)same / p->n : 1.0;
     int ok = agree >= min_agree;
     n_fail += !ok, n_rows++;
@@ -178,12 +174,12 @@ static void cmp_int(const char *op, const char *tensor, const pair *p, double mi
 
 /* ---- op tests ---- */
 
-static void t_embedding(void)
-{
+static void t_embedding(void) {
     int V = 1000, D = 200, T = 77;
     float *tab = hrand((size_t)V * D, 1, 0);
     int32_t ids[77];
-    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 37 + 11) % V);
+    for (int t = 0; t < T; t++)
+        ids[t] = (int32_t)((t * 37 + 11) % V);
     pair table = pact(tab, (size_t)V * D), pid = praw(ids, T), out = pact(NULL, (size_t)T * D);
     CO->embedding_fwd(CC, out.c, pid.c, table.c, T, D);
     GO->embedding_fwd(GC, out.g, pid.g, table.g, T, D);
@@ -192,8 +188,7 @@ static void t_embedding(void)
     free(tab);
 }
 
-static void t_rmsnorm(int R, int C)
-{
+static void t_rmsnorm(int R, int C) {
     char name[64];
     snprintf(name, sizeof name, "rmsnorm R%d C%d", R, C);
     size_t n = (size_t)R * C;
@@ -217,8 +212,7 @@ static void t_rmsnorm(int R, int C)
     free(hx), free(hw), free(hdy), free(hdw);
 }
 
-static void t_linear(int M, int K, int N, int bias)
-{
+static void t_linear(int M, int K, int N, int bias) {
     char name[64];
     snprintf(name, sizeof name, "linear %dx%dx%d%s", M, K, N, bias ? "+b" : "");
     float *hx = hrand((size_t)M * K, 1, 0), *hw = hrand((size_t)N * K, 0.1, 0);
@@ -241,19 +235,19 @@ static void t_linear(int M, int K, int N, int bias)
     CO->linear_bwd_acc(CC, dxa.c, NULL, NULL, dy.c, x.c, w.c, M, K, N);
     GO->linear_bwd_acc(GC, dxa.g, NULL, NULL, dy.g, x.g, w.g, M, K, N);
     cmp(name, "bwd_acc dx", &dxa, 1e-2);
-    pfree(&x), pfree(&w), pfree(&b), pfree(&y), pfree(&dy), pfree(&dx), pfree(&dw),
-        pfree(&db), pfree(&dxa);
+    pfree(&x), pfree(&w), pfree(&b), pfree(&y), pfree(&dy), pfree(&dx), pfree(&dw), pfree(&db),
+        pfree(&dxa);
     free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
 }
 
-static void t_rope(void)
-{
+static void t_rope(void) {
     int T = 100, nh = 4, d = 64, ld = 6 * 64;
     size_t n = (size_t)T * ld;
     float *hx = hrand(n, 1, 0), inv[32];
     int32_t pos[100];
     rope_inv_freq(inv, d, 1e6, NULL);
-    for (int t = 0; t < T; t++) pos[t] = (int32_t)(t * 29 % 3000);
+    for (int t = 0; t < T; t++)
+        pos[t] = (int32_t)(t * 29 % 3000);
     pair x = pact(hx, n), p = praw(pos, T), f = praw(inv, d / 2);
     CO->rope_fwd(CC, x.c, p.c, f.c, T, nh, d, ld);
     GO->rope_fwd(GC, x.g, p.g, f.g, T, nh, d, ld);
@@ -265,8 +259,7 @@ static void t_rope(void)
     free(hx);
 }
 
-static void t_swiglu_add(void)
-{
+static void t_swiglu_add(void) {
     int R = 123, F = 517;
     size_t n = (size_t)R * F;
     float *hg = hrand(n, 4, 0), *hu = hrand(n, 2, 0), *hd = hrand(n, 1, 0);
@@ -286,8 +279,7 @@ static void t_swiglu_add(void)
     free(hg), free(hu), free(hd);
 }
 
-static void t_causal(int H, int Hk, int d)
-{
+static void t_causal(int H, int Hk, int d) {
     char name[64];
     snprintf(name, sizeof name, "attn_causal H%d/%d d%d", H, Hk, d);
     int T = 300, n_seqs = 3;
@@ -303,8 +295,7 @@ static void t_causal(int H, int Hk, int d)
     free(hq), free(hk), free(hv);
 }
 
-static void t_block(int H, int Hk, int d, int B)
-{
+static void t_block(int H, int Hk, int d, int B) {
     char name[64];
     snprintf(name, sizeof name, "attn_block H%d/%d d%d B%d", H, Hk, d, B);
     int Tc = 200, nb = 12, Q = nb * B, Tk = Tc + Q;
@@ -314,8 +305,8 @@ static void t_block(int H, int Hk, int d, int B)
         int anchor = j < 6 ? 3 + 19 * j : 1 + 13 * (j - 6);
         sp[j] = (nn_block_span){seq_start, seq_start + anchor, Tc + j * B, 1};
     }
-    sp[2].keep = 0;                   /* padding block */
-    sp[7].ctx_end = sp[7].ctx_begin;  /* no context */
+    sp[2].keep = 0;                  /* padding block */
+    sp[7].ctx_end = sp[7].ctx_begin; /* no context */
     size_t nq = (size_t)Q * H * d, nk = (size_t)Tk * Hk * d;
     float *hq = hrand(nq, 1.5, 0), *hk = hrand(nk, 1.5, 0), *hv = hrand(nk, 1, 0);
     float *hdo = hrand(nq, 1, 0);
@@ -329,13 +320,14 @@ static void t_block(int H, int Hk, int d, int B)
     float *ho = malloc(nq * 4), *hl = malloc((size_t)H * Q * 4);
     CO->download(CC, ho, o.c, nq);
     CO->download_raw(CC, hl, lse.c, (size_t)H * Q * 4);
-    for (size_t i = 0; i < nq; i++) ho[i] = bf16r(ho[i]);
+    for (size_t i = 0; i < nq; i++)
+        ho[i] = bf16r(ho[i]);
     pair o2 = pact(ho, nq), l2 = praw(hl, (size_t)H * Q), dout = pact(hdo, nq);
     pair dq = pact(NULL, nq), dk = pact(NULL, nk), dv = pact(NULL, nk);
-    CO->attention_block_bwd(CC, dq.c, dk.c, dv.c, dout.c, q.c, k.c, v.c, o2.c, l2.c, s.c, nb, B,
-                            Tk, H, Hk, d);
-    GO->attention_block_bwd(GC, dq.g, dk.g, dv.g, dout.g, q.g, k.g, v.g, o2.g, l2.g, s.g, nb, B,
-                            Tk, H, Hk, d);
+    CO->attention_block_bwd(CC, dq.c, dk.c, dv.c, dout.c, q.c, k.c, v.c, o2.c, l2.c, s.c, nb, B, Tk,
+                            H, Hk, d);
+    GO->attention_block_bwd(GC, dq.g, dk.g, dv.g, dout.g, q.g, k.g, v.g, o2.g, l2.g, s.g, nb, B, Tk,
+                            H, Hk, d);
     cmp(name, "bwd dq", &dq, 1e-2);
     cmp(name, "bwd dk", &dk, 1e-2);
     cmp(name, "bwd dv", &dv, 1e-2);
@@ -344,8 +336,7 @@ static void t_block(int H, int Hk, int d, int B)
     free(hq), free(hk), free(hv), free(hdo), free(ho), free(hl);
 }
 
-static void t_lm_head(void)
-{
+static void t_lm_head(void) {
     int Q = 300, D = 128, V = 5000, chunk = 64;
     float *hh = hrand((size_t)Q * D, 1, 0), *hW = hrand((size_t)V * D, 0.3, 0);
     int32_t *lab = malloc(Q * 4);
@@ -368,17 +359,17 @@ static void t_lm_head(void)
     CO->lm_head_argmax(CC, am.c, h.c, W.c, scr.c, Q, D, V, chunk);
     GO->lm_head_argmax(GC, am.g, h.g, W.g, scr.g, Q, D, V, chunk);
     cmp_int("lm_head_argmax", "argmax", &am, 0.97);
-    pfree(&h), pfree(&W), pfree(&L), pfree(&w), pfree(&dh), pfree(&sums), pfree(&corr),
-        pfree(&am), pfree(&scr);
+    pfree(&h), pfree(&W), pfree(&L), pfree(&w), pfree(&dh), pfree(&sums), pfree(&corr), pfree(&am),
+        pfree(&scr);
     free(hh), free(hW), free(lab), free(wt);
 }
 
-static void t_optim(void)
-{
+static void t_optim(void) {
     size_t n = 1000003;
     float *hg = hrand(n, 1e-2, 0), *hp = hrand(n, 0.5, 0), *hm = hrand(n, 1e-3, 0);
     float *hv = malloc(n * 4);
-    for (size_t i = 0; i < n; i++) hv[i] = (float)(1e-5 * fabs(urand()));
+    for (size_t i = 0; i < n; i++)
+        hv[i] = (float)(1e-5 * fabs(urand()));
     pair g = praw(hg, n), p = praw(hp, n), m = praw(hm, n), v = praw(hv, n), ss = praw(NULL, 1);
     CO->sumsq(CC, ss.c, g.c, n);
     GO->sumsq(GC, ss.g, g.g, n);
@@ -401,8 +392,7 @@ static void t_optim(void)
 
 /* ---- a whole DFlash training step ---- */
 
-static void set_weights(dflash_model *mc, dflash_model *mg)
-{
+static void set_weights(dflash_model *mc, dflash_model *mg) {
     float *h = malloc(mc->n_params * 4);
     for (int i = 0; i < mc->n_tensors; i++) {
         const dflash_tensor *t = &mc->tensors[i];
@@ -417,8 +407,7 @@ static void set_weights(dflash_model *mc, dflash_model *mg)
     free(h);
 }
 
-static void cmp_grad(dflash_model *mc, dflash_model *mg, const char *tname, double tol)
-{
+static void cmp_grad(dflash_model *mc, dflash_model *mg, const char *tname, double tol) {
     int i = dflash_model_find(mc, tname);
     if (i < 0) {
         printf("no tensor %s\n", tname);
@@ -434,8 +423,7 @@ static void cmp_grad(dflash_model *mc, dflash_model *mg, const char *tname, doub
     free(a), free(b);
 }
 
-static void t_train_step(void)
-{
+static void t_train_step(void) {
     enum { D = 256, NF = 3, V = 2000, T0 = 150, T1 = 110, T = T0 + T1 };
     dflash_config cfg = {0};
     cfg.hidden_size = D, cfg.num_layers = 2, cfg.num_heads = 4, cfg.num_kv_heads = 2;
@@ -455,8 +443,13 @@ static void t_train_step(void)
         ids[t] = (int32_t)((t * 7919 + 5) % (V - 1));
         lmask[t] = (t < 20 || (t >= T0 && t < T0 + 12) || t % 17 == 0) ? 0 : 1;
     }
-    dflash_batch_view vc = {.n_seqs = 2, .seq_off = seq_off, .ids = ids, .positions = NULL,
-                            .loss_mask = lmask, .hidden = hid.c, .ld = NF * D};
+    dflash_batch_view vc = {.n_seqs = 2,
+                            .seq_off = seq_off,
+                            .ids = ids,
+                            .positions = NULL,
+                            .loss_mask = lmask,
+                            .hidden = hid.c,
+                            .ld = NF * D};
     dflash_batch_view vg = vc;
     vg.hidden = hid.g;
     dflash_train_cfg tc;
@@ -491,12 +484,19 @@ static void t_train_step(void)
            metc.loss, metg.loss, metc.accuracy, metg.accuracy);
     report("train step", "loss", &lg[0], &lc[0], 1, 1e-2);
     report("train step", "accuracy", &lg[1], &lc[1], 1, 5e-2);
-    const char *names[] = {"fc.weight", "hidden_norm.weight", "norm.weight",
-                           "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-                           "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.k_norm.weight",
-                           "layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight",
-                           "layers.1.mlp.gate_proj.weight", "layers.1.input_layernorm.weight"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) cmp_grad(mc, mg, names[i], 5e-2);
+    const char *names[] = {"fc.weight",
+                           "hidden_norm.weight",
+                           "norm.weight",
+                           "layers.0.self_attn.q_proj.weight",
+                           "layers.0.self_attn.k_proj.weight",
+                           "layers.0.self_attn.v_proj.weight",
+                           "layers.0.self_attn.k_norm.weight",
+                           "layers.1.self_attn.o_proj.weight",
+                           "layers.1.mlp.down_proj.weight",
+                           "layers.1.mlp.gate_proj.weight",
+                           "layers.1.input_layernorm.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        cmp_grad(mc, mg, names[i], 5e-2);
     /* the optimizer step: same grad norm within tolerance, and a whole step runs on cuda */
     dflash_train_apply(mc, &tc, &metc);
     dflash_train_apply(mg, &tc, &metg);
@@ -513,8 +513,7 @@ static void t_train_step(void)
     free(hemb), free(hlm), free(hhid);
 }
 
-int main(void)
-{
+int main(void) {
     const char *attn = getenv("DFLASH_CUDA_ATTN");
     printf("attention kernels: %s\n",
            attn && strcmp(attn, "simple") == 0    ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"
@@ -527,8 +526,8 @@ int main(void)
         fprintf(stderr, "bench-cuda_parity: cannot create the contexts (is there a GPU?)\n");
         return 2;
     }
-    printf("%-22s %-14s %11s %11s %11s %9s  %s\n", "op", "tensor", "max abs", "max rel",
-           "l2 rel", "tol(l2)", "verdict");
+    printf("%-22s %-14s %11s %11s %11s %9s  %s\n", "op", "tensor", "max abs", "max rel", "l2 rel",
+           "tol(l2)", "verdict");
     t_embedding();
     t_rmsnorm(133, 300);
     t_rmsnorm(532, 64);

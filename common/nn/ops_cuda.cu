@@ -62,14 +62,13 @@ struct nn_ctx {
     int device;
     cudaStream_t stream;
     cublasLtHandle_t lt;
-    void *ws;      /* cuBLASLt workspace, LT_WORKSPACE bytes */
-    float *stage;  /* STAGE_FLOATS fp32 for upload/download conversion */
+    void *ws;     /* cuBLASLt workspace, LT_WORKSPACE bytes */
+    float *stage; /* STAGE_FLOATS fp32 for upload/download conversion */
     lt_entry cache[LT_CACHE];
     int cache_next;
 };
 
-void cuda_check_at(cudaError_t e, const char *what, const char *file, int line)
-{
+void cuda_check_at(cudaError_t e, const char *what, const char *file, int line) {
     if (e == cudaSuccess) return;
     fprintf(stderr, "%s:%d: CUDA error %s (%s) in %s\n", file, line, cudaGetErrorName(e),
             cudaGetErrorString(e), what);
@@ -77,16 +76,14 @@ void cuda_check_at(cudaError_t e, const char *what, const char *file, int line)
     abort();
 }
 
-static void lt_check_at(cublasStatus_t s, const char *what, const char *file, int line)
-{
+static void lt_check_at(cublasStatus_t s, const char *what, const char *file, int line) {
     if (s == CUBLAS_STATUS_SUCCESS) return;
     fprintf(stderr, "%s:%d: cuBLASLt error %d in %s\n", file, line, (int)s, what);
     abort();
 }
 #define LT_CHECK(x) lt_check_at((x), #x, __FILE__, __LINE__)
 
-static inline unsigned grid_for(size_t n, unsigned threads)
-{
+static inline unsigned grid_for(size_t n, unsigned threads) {
     size_t g = (n + threads - 1) / threads;
     if (g > 65535u * 16u) g = 65535u * 16u; /* grid-stride loops cover the rest */
     return g ? (unsigned)g : 1u;
@@ -95,8 +92,7 @@ static inline unsigned grid_for(size_t n, unsigned threads)
 /* ------------------------------------------------------------------------------------------ */
 /* memory */
 
-static void *cu_alloc(nn_ctx *c, size_t bytes)
-{
+static void *cu_alloc(nn_ctx *c, size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 256;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
@@ -108,29 +104,25 @@ static void *cu_alloc(nn_ctx *c, size_t bytes)
     return p;
 }
 
-static void cu_free(nn_ctx *c, void *p)
-{
+static void cu_free(nn_ctx *c, void *p) {
     if (!p) return;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaFree(p));
 }
 
-__global__ void k_f32_to_bf16(bf16 *dst, const float *src, size_t n)
-{
+__global__ void k_f32_to_bf16(bf16 *dst, const float *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16(src[i]);
 }
 
-__global__ void k_bf16_to_f32(float *dst, const bf16 *src, size_t n)
-{
+__global__ void k_bf16_to_f32(float *dst, const bf16 *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __bfloat162float(src[i]);
 }
 
-static void cu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
-{
+static void cu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
     bf16 *d = (bf16 *)dst;
     for (size_t o = 0; o < n; o += STAGE_FLOATS) {
         size_t m = n - o < STAGE_FLOATS ? n - o : STAGE_FLOATS;
@@ -144,8 +136,7 @@ static void cu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-static void cu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n)
-{
+static void cu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n) {
     const bf16 *s = (const bf16 *)src;
     for (size_t o = 0; o < n; o += STAGE_FLOATS) {
         size_t m = n - o < STAGE_FLOATS ? n - o : STAGE_FLOATS;
@@ -157,50 +148,42 @@ static void cu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n)
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-static void cu_upload_raw(nn_ctx *c, void *dst, const void *src, size_t bytes)
-{
+static void cu_upload_raw(nn_ctx *c, void *dst, const void *src, size_t bytes) {
     /* pageable source: returns once the source has been staged, so the caller may reuse it */
-    if (bytes)
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
 }
 
-static void cu_download_raw(nn_ctx *c, void *dst, const void *src, size_t bytes)
-{
-    if (bytes)
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+static void cu_download_raw(nn_ctx *c, void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-static void cu_copy(nn_ctx *c, void *dst, const void *src, size_t bytes)
-{
+static void cu_copy(nn_ctx *c, void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src)
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
 }
 
-static void cu_zero(nn_ctx *c, void *p, size_t bytes)
-{
+static void cu_zero(nn_ctx *c, void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
 }
 
-static void cu_sync(nn_ctx *c)
-{
+static void cu_sync(nn_ctx *c) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* embedding: out[T,D] = table[ids[t], :], one block per token */
 
-__global__ void k_embedding(bf16 *out, const int32_t *ids, const bf16 *table, int D)
-{
+__global__ void k_embedding(bf16 *out, const int32_t *ids, const bf16 *table, int D) {
     int t = blockIdx.x;
     const bf16 *src = table + (size_t)ids[t] * D;
     bf16 *dst = out + (size_t)t * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        dst[i] = src[i];
 }
 
-static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const nn_buf *table,
-                             int T, int D)
-{
+static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const nn_buf *table, int T,
+                             int D) {
     assert(T >= 0 && D > 0);
     if (T == 0) return;
     k_embedding<<<T, 256, 0, c->stream>>>((bf16 *)out, ids, (const bf16 *)table, D);
@@ -210,15 +193,14 @@ static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const n
 /* ------------------------------------------------------------------------------------------ */
 /* RMSNorm: one warp per row. out = bf16(bf16(x * rstd) * w) (HF Qwen3RMSNorm). */
 
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
 __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int R, int C,
-                              float eps)
-{
+                              float eps) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *xr = x + (size_t)r * C;
@@ -238,8 +220,7 @@ __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 
 }
 
 static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x, const nn_buf *w,
-                           int R, int C, float eps)
-{
+                           int R, int C, float eps) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
     k_rmsnorm_fwd<<<(R + 7) / 8, 256, 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
@@ -250,13 +231,13 @@ static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x,
 /* dx = rs * (dy*w - xhat * mean(dy*w*xhat)), xhat = x*rs (fp32). One warp per row. dx may equal
  * dy: each lane reads its element before writing it. */
 __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *w,
-                                 const float *rstd, int R, int C)
-{
+                                 const float *rstd, int R, int C) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
     float rs;
-    if (rstd) rs = rstd[r];
+    if (rstd)
+        rs = rstd[r];
     else {
         float ss = 0.0f;
         for (int i = lane; i < C; i += 32) {
@@ -279,9 +260,8 @@ __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const 
 
 /* dw[c] += sum over a chunk of rows of dy * x * rs: thread per column, blockIdx.y per chunk. */
 #define COLSUM_ROWS 128
-__global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const float *rstd,
-                                 int R, int C)
-{
+__global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const float *rstd, int R,
+                                 int C) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= C) return;
     int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(R, r0 + COLSUM_ROWS);
@@ -289,7 +269,8 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
     for (int r = r0; r < r1; r++) {
         float xv = __bfloat162float(x[(size_t)r * C + col]);
         float rs;
-        if (rstd) rs = rstd[r];
+        if (rstd)
+            rs = rstd[r];
         else {
             float ss = 0.0f; /* slow path, only when the caller kept no rstd */
             for (int i = 0; i < C; i++) {
@@ -304,36 +285,33 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
 }
 
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
-                           const nn_buf *w, const float *rstd, int R, int C)
-{
+                           const nn_buf *w, const float *rstd, int R, int C) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
     if (dw) { /* before dx: dx may overwrite dy */
         dim3 g((C + 127) / 128, (R + COLSUM_ROWS - 1) / COLSUM_ROWS);
         assert(g.y <= 65535);
-        k_rmsnorm_bwd_dw<<<g, 128, 0, c->stream>>>(dw, (const bf16 *)dy, (const bf16 *)x, rstd,
-                                                   R, C);
+        k_rmsnorm_bwd_dw<<<g, 128, 0, c->stream>>>(dw, (const bf16 *)dy, (const bf16 *)x, rstd, R,
+                                                   C);
         CUDA_CHECK_LAUNCH();
     }
-    k_rmsnorm_bwd_dx<<<(R + 7) / 8, 256, 0, c->stream>>>((bf16 *)dx, (const bf16 *)dy,
-                                                         (const bf16 *)x, (const bf16 *)w, rstd,
-                                                         R, C);
+    k_rmsnorm_bwd_dx<<<(R + 7) / 8, 256, 0, c->stream>>>(
+        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
     CUDA_CHECK_LAUNCH();
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* cuBLASLt matmul: D = alpha * op(A) op(B) + beta * C, column-major, C == D. */
 
-static int ptr_align(const void *p)
-{
+static int ptr_align(const void *p) {
     uintptr_t a = (uintptr_t)p;
     int al = 256;
-    while (al > 1 && (a % (uintptr_t)al) != 0) al >>= 1;
+    while (al > 1 && (a % (uintptr_t)al) != 0)
+        al >>= 1;
     return al;
 }
 
-static lt_entry *lt_get(nn_ctx *c, const lt_key *key)
-{
+static lt_entry *lt_get(nn_ctx *c, const lt_key *key) {
     for (int i = 0; i < LT_CACHE; i++)
         if (c->cache[i].used && memcmp(&c->cache[i].key, key, sizeof *key) == 0)
             return &c->cache[i];
@@ -365,14 +343,14 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key)
     uint32_t al = (uint32_t)key->align;
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws, sizeof ws));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &al, sizeof al));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &al, sizeof al));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &al, sizeof al));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &al, sizeof al));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->A, e->B, e->C, e->C, pref, 1, &res,
@@ -390,8 +368,7 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key)
 
 /* Column-major D[m,n] = op(A) op(B) (+ C when beta = 1); A, B bf16; C/D bf16 or fp32. */
 static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
-                      const void *B, int ldb, void *D, int ldc, int d_f32, float beta)
-{
+                      const void *B, int ldb, void *D, int ldc, int d_f32, float beta) {
     if (m <= 0 || n <= 0) return;
     assert(k > 0);
     lt_key key;
@@ -408,17 +385,15 @@ static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void
                             &e->algo, c->ws, LT_WORKSPACE, c->stream));
 }
 
-__global__ void k_add_bias(bf16 *y, const bf16 *b, int M, int N)
-{
+__global__ void k_add_bias(bf16 *y, const bf16 *b, int M, int N) {
     size_t n = (size_t)M * N;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(b[i % N]));
 }
 
-static void cu_linear_fwd(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w,
-                          const nn_buf *b, int M, int K, int N)
-{
+static void cu_linear_fwd(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b,
+                          int M, int K, int N) {
     assert(M >= 0 && K >= 0 && N >= 0);
     if (M == 0 || N == 0) return;
     if (K == 0) {
@@ -434,19 +409,18 @@ static void cu_linear_fwd(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w
 }
 
 /* db[n] += sum_m dy[m, n]: thread per column, blockIdx.y per chunk of rows. */
-__global__ void k_colsum(float *db, const bf16 *dy, int M, int N)
-{
+__global__ void k_colsum(float *db, const bf16 *dy, int M, int N) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= N) return;
     int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(M, r0 + COLSUM_ROWS);
     float s = 0.0f;
-    for (int r = r0; r < r1; r++) s += __bfloat162float(dy[(size_t)r * N + col]);
+    for (int r = r0; r < r1; r++)
+        s += __bfloat162float(dy[(size_t)r * N + col]);
     atomicAdd(db + col, s);
 }
 
 static void linear_bwd_impl(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                            const nn_buf *x, const nn_buf *w, int M, int K, int N, float beta)
-{
+                            const nn_buf *x, const nn_buf *w, int M, int K, int N, float beta) {
     assert(M >= 0 && K >= 0 && N >= 0);
     if (M == 0 || K == 0) return;
     if (N == 0) {
@@ -465,14 +439,12 @@ static void linear_bwd_impl(nn_ctx *c, nn_buf *dx, float *dw, float *db, const n
 }
 
 static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                          const nn_buf *x, const nn_buf *w, int M, int K, int N)
-{
+                          const nn_buf *x, const nn_buf *w, int M, int K, int N) {
     linear_bwd_impl(c, dx, dw, db, dy, x, w, M, K, N, 0.0f);
 }
 
 static void cu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                              const nn_buf *x, const nn_buf *w, int M, int K, int N)
-{
+                              const nn_buf *x, const nn_buf *w, int M, int K, int N) {
     linear_bwd_impl(c, dx, dw, db, dy, x, w, M, K, N, 1.0f);
 }
 
@@ -480,8 +452,7 @@ static void cu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, const
 /* RoPE in place on x[T, nh, d] (token stride ld): thread per (t, i < d/2), loops over heads. */
 
 __global__ void k_rope(bf16 *x, const int32_t *pos, const float *inv_freq, int T, int nh, int d,
-                       int ld, float sign)
-{
+                       int ld, float sign) {
     int half = d / 2;
     size_t n = (size_t)T * half;
     for (size_t id = blockIdx.x * (size_t)blockDim.x + threadIdx.x; id < n;
@@ -502,8 +473,7 @@ __global__ void k_rope(bf16 *x, const int32_t *pos, const float *inv_freq, int T
 }
 
 static void rope_launch(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
-                        int nh, int d, int ld, float sign)
-{
+                        int nh, int d, int ld, float sign) {
     assert(d % 2 == 0 && ld >= nh * d && T >= 0);
     if (T == 0 || nh == 0) return;
     size_t n = (size_t)T * (d / 2);
@@ -512,22 +482,19 @@ static void rope_launch(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *i
 }
 
 static void cu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
-                        int nh, int d, int ld)
-{
+                        int nh, int d, int ld) {
     rope_launch(c, x, pos, inv_freq, T, nh, d, ld, 1.0f);
 }
 
 static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
-                        int nh, int d, int ld)
-{
+                        int nh, int d, int ld) {
     rope_launch(c, dx, pos, inv_freq, T, nh, d, ld, -1.0f);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* SwiGLU and add */
 
-__global__ void k_swiglu_fwd(bf16 *out, const bf16 *g, const bf16 *u, size_t n)
-{
+__global__ void k_swiglu_fwd(bf16 *out, const bf16 *g, const bf16 *u, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float gi = __bfloat162float(g[i]);
@@ -537,8 +504,7 @@ __global__ void k_swiglu_fwd(bf16 *out, const bf16 *g, const bf16 *u, size_t n)
 }
 
 __global__ void k_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dout, const bf16 *g, const bf16 *u,
-                             size_t n)
-{
+                             size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float gi = __bfloat162float(g[i]), ui = __bfloat162float(u[i]);
@@ -550,8 +516,7 @@ __global__ void k_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dout, const bf16 *g
 }
 
 static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gate, const nn_buf *up, int R,
-                          int F)
-{
+                          int F) {
     size_t n = (size_t)R * F;
     if (n == 0) return;
     k_swiglu_fwd<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gate,
@@ -560,8 +525,7 @@ static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gate, const nn_b
 }
 
 static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgate, nn_buf *dup, const nn_buf *dout,
-                          const nn_buf *gate, const nn_buf *up, int R, int F)
-{
+                          const nn_buf *gate, const nn_buf *up, int R, int F) {
     size_t n = (size_t)R * F;
     if (n == 0) return;
     k_swiglu_bwd<<<grid_for(n, 256), 256, 0, c->stream>>>(
@@ -569,15 +533,13 @@ static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgate, nn_buf *dup, const nn_buf *d
     CUDA_CHECK_LAUNCH();
 }
 
-__global__ void k_add(bf16 *y, const bf16 *x, size_t n)
-{
+__global__ void k_add(bf16 *y, const bf16 *x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
 
-static void cu_add_inplace(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n)
-{
+static void cu_add_inplace(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n) {
     if (n == 0) return;
     k_add<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)y, (const bf16 *)x, n);
     CUDA_CHECK_LAUNCH();
@@ -588,16 +550,14 @@ static void cu_add_inplace(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n)
 
 static void cu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,
                                     const nn_buf *v, const int32_t *seq_off, int n_seqs, int T,
-                                    int H, int Hk, int d)
-{
+                                    int H, int Hk, int d) {
     cuda_attention_causal_fwd(c->stream, (bf16 *)out, (const bf16 *)q, (const bf16 *)k,
                               (const bf16 *)v, seq_off, n_seqs, T, H, Hk, d);
 }
 
 static void cu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn_buf *q,
                                    const nn_buf *k, const nn_buf *v, const nn_block_span *spans,
-                                   int n_blocks, int B, int Tk, int H, int Hk, int d)
-{
+                                   int n_blocks, int B, int Tk, int H, int Hk, int d) {
     cuda_attention_block_fwd(c->stream, (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
                              (const bf16 *)v, spans, n_blocks, B, Tk, H, Hk, d);
 }
@@ -606,11 +566,10 @@ static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv
                                    const nn_buf *dout, const nn_buf *q, const nn_buf *k,
                                    const nn_buf *v, const nn_buf *out, const float *lse,
                                    const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                                   int Hk, int d)
-{
+                                   int Hk, int d) {
     cuda_attention_block_bwd(c->stream, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout,
-                             (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
-                             (const bf16 *)out, lse, spans, n_blocks, B, Tk, H, Hk, d);
+                             (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)out,
+                             lse, spans, n_blocks, B, Tk, H, Hk, d);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -626,8 +585,7 @@ struct msi {
     int i;
 };
 
-__device__ __forceinline__ msi msi_merge(msi a, msi b)
-{
+__device__ __forceinline__ msi msi_merge(msi a, msi b) {
     msi r;
     if (b.m > a.m || (b.m == a.m && b.i < a.i)) {
         r.m = b.m;
@@ -643,8 +601,7 @@ __device__ __forceinline__ msi msi_merge(msi a, msi b)
 }
 
 /* Block-wide reduction of (max, sum exp, argmax); every thread gets the result. */
-__device__ msi block_msi(msi v)
-{
+__device__ msi block_msi(msi v) {
     __shared__ float sm[32], ss[32];
     __shared__ int si[32];
     for (int o = 16; o > 0; o >>= 1) {
@@ -668,8 +625,7 @@ __device__ msi block_msi(msi v)
 
 __global__ void __launch_bounds__(XENT_THREADS)
     k_xent_rows(float *logits, int V, int r0, const int32_t *labels, const float *weights,
-                int32_t *correct, float *out_sums, float inv_norm, int want_dh)
-{
+                int32_t *correct, float *out_sums, float inv_norm, int want_dh) {
     int i = blockIdx.x, r = r0 + i;
     float *L = logits + (size_t)i * V; /* fp32 row i; as bf16 its stride is 2V */
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
@@ -711,8 +667,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
     }
 }
 
-__global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0)
-{
+__global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0) {
     const float *L = logits + (size_t)blockIdx.x * V;
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
@@ -727,8 +682,7 @@ __global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0)
 static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *correct,
                             const nn_buf *h, const nn_buf *W, const int32_t *labels,
                             const float *weights, float inv_norm, nn_buf *scratch, int Q, int D,
-                            int V, int chunk)
-{
+                            int V, int chunk) {
     assert(chunk >= 2 && V > 0 && D > 0 && Q >= 0);
     CUDA_CHECK(cudaMemsetAsync(out_sums, 0, 2 * sizeof(float), c->stream));
     int rows = chunk / 2; /* fp32 logits rows that fit in the bf16 [chunk, V] scratch */
@@ -747,8 +701,7 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
 }
 
 static void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn_buf *W,
-                              nn_buf *scratch, int Q, int D, int V, int chunk)
-{
+                              nn_buf *scratch, int Q, int D, int V, int chunk) {
     assert(chunk >= 2 && V > 0 && D > 0 && Q >= 0);
     int rows = chunk / 2;
     float *logits = (float *)scratch;
@@ -764,8 +717,7 @@ static void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn
 /* ------------------------------------------------------------------------------------------ */
 /* optimizer */
 
-__global__ void k_sumsq(float *out, const float *g, size_t n)
-{
+__global__ void k_sumsq(float *out, const float *g, size_t n) {
     float s = 0.0f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
@@ -776,13 +728,13 @@ __global__ void k_sumsq(float *out, const float *g, size_t n)
     __syncthreads();
     if (threadIdx.x == 0) {
         float t = 0.0f;
-        for (int i = 0; i < (int)blockDim.x / 32; i++) t += part[i];
+        for (int i = 0; i < (int)blockDim.x / 32; i++)
+            t += part[i];
         atomicAdd(out, t);
     }
 }
 
-static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n)
-{
+static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), c->stream));
     if (n == 0) return;
     unsigned blocks = grid_for(n, 256);
@@ -793,8 +745,7 @@ static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n)
 
 __global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n,
                         float lr, float beta1, float beta2, float eps, float decay, float step,
-                        float bc2_sqrt, float grad_scale)
-{
+                        float bc2_sqrt, float grad_scale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float gi = g[i] * grad_scale;
@@ -811,21 +762,18 @@ __global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *
 
 static void cu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                     float grad_scale, int t)
-{
+                     float grad_scale, int t) {
     assert(t >= 1);
     if (n == 0) return;
     float bc1 = (float)(1.0 - pow((double)beta1, t));
     float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
     float step = lr / bc1, decay = 1.0f - lr * wd;
-    k_adamw<<<grid_for(n, 256), 256, 0, c->stream>>>(p, (bf16 *)p_act, g, m, v, n, lr, beta1,
-                                                     beta2, eps, decay, step, bc2_sqrt,
-                                                     grad_scale);
+    k_adamw<<<grid_for(n, 256), 256, 0, c->stream>>>(p, (bf16 *)p_act, g, m, v, n, lr, beta1, beta2,
+                                                     eps, decay, step, bc2_sqrt, grad_scale);
     CUDA_CHECK_LAUNCH();
 }
 
-static void cu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
-{
+static void cu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
     if (n == 0) return;
     k_f32_to_bf16<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)dst, src, n);
     CUDA_CHECK_LAUNCH();
@@ -833,8 +781,7 @@ static void cu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n)
 
 /* ------------------------------------------------------------------------------------------ */
 
-static nn_ops make_ops(void)
-{
+static nn_ops make_ops(void) {
     nn_ops o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
@@ -872,13 +819,11 @@ static nn_ops make_ops(void)
 
 static const nn_ops cuda_ops = make_ops();
 
-extern "C" const nn_ops *nn_cuda_ops(void)
-{
+extern "C" const nn_ops *nn_cuda_ops(void) {
     return &cuda_ops;
 }
 
-extern "C" nn_ctx *nn_cuda_new(int device)
-{
+extern "C" nn_ctx *nn_cuda_new(int device) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
         (void)cudaGetLastError();
@@ -902,8 +847,7 @@ extern "C" nn_ctx *nn_cuda_new(int device)
     return c;
 }
 
-extern "C" void nn_cuda_destroy(nn_ctx **cp)
-{
+extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (!cp || !*cp) return;
     nn_ctx *c = *cp;
     if (c->stream) cudaStreamSynchronize(c->stream);
@@ -922,7 +866,6 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp)
     *cp = NULL;
 }
 
-extern "C" void *nn_cuda_stream(nn_ctx *c)
-{
+extern "C" void *nn_cuda_stream(nn_ctx *c) {
     return c ? (void *)c->stream : NULL;
 }

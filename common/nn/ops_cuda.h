@@ -51,9 +51,9 @@ void cuda_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
                               const __nv_bfloat16 *v, const nn_block_span *spans, int n_blocks,
                               int B, int Tk, int H, int Hk, int d);
 void cuda_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
-                              __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
-                              const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                              const __nv_bfloat16 *v, const __nv_bfloat16 *out, const float *lse,
+                              __nv_bfloat16 *dv, const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
+                              const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                              const __nv_bfloat16 *out, const float *lse,
                               const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                               int Hk, int d);
 /* Tensor-core versions (ops_cuda_attn_tc.cu) for d 64 / 128 and 16-byte aligned buffers: return
@@ -68,9 +68,9 @@ int cuda_tc_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
 int cuda_tc_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
                                 __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
                                 const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                                const __nv_bfloat16 *v, const __nv_bfloat16 *out,
-                                const float *lse, const nn_block_span *spans, int n_blocks, int B,
-                                int Tk, int H, int Hk, int d);
+                                const __nv_bfloat16 *v, const __nv_bfloat16 *out, const float *lse,
+                                const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                                int Hk, int d);
 int cuda_tc_attention_init(void);
 /* Raises the dynamic shared-memory limits of the attention kernels; once per device. */
 int cuda_attention_init(void);

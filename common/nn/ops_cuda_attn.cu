@@ -36,16 +36,16 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define QROWS 64   /* query rows (tokens x heads of a group) per CTA */
-#define KTILE 32   /* keys per shared-memory tile */
+#define QROWS 64 /* query rows (tokens x heads of a group) per CTA */
+#define KTILE 32 /* keys per shared-memory tile */
 #define QWARPS 8
-#define KVROWS 32  /* query rows per chunk in the key-major kernel */
+#define KVROWS 32 /* query rows per chunk in the key-major kernel */
 
 enum { MODE_CAUSAL = 0, MODE_BLOCK = 1, MODE_DQ = 2 };
 
 typedef struct attn_args {
-    bf16 *out;        /* fwd: out[T,H,d]; dq mode: dq[Q,H,d] */
-    float *lse;       /* fwd block: lse[H,Q] (may be NULL) */
+    bf16 *out;  /* fwd: out[T,H,d]; dq mode: dq[Q,H,d] */
+    float *lse; /* fwd block: lse[H,Q] (may be NULL) */
     const bf16 *q, *k, *v;
     const bf16 *dout, *o; /* dq mode */
     const float *lse_in;  /* dq mode */
@@ -60,8 +60,7 @@ typedef struct attn_args {
 
 /* The key ranges of one span as up to two disjoint ascending [begin, end) pairs (ops_cpu.c's
  * block_key_ranges); returns how many. */
-__device__ __forceinline__ int span_ranges(const nn_block_span *sp, int B, int r[4])
-{
+__device__ __forceinline__ int span_ranges(const nn_block_span *sp, int B, int r[4]) {
     nn_block_span s = *sp;
     if (!s.keep) return 0;
     int c0 = s.ctx_begin, c1 = s.ctx_end, b0 = s.blk_begin, b1 = s.blk_begin + B;
@@ -74,8 +73,10 @@ __device__ __forceinline__ int span_ranges(const nn_block_span *sp, int B, int r
         return 1;
     }
     if (c1 < b0 || b1 < c0) {
-        if (c0 < b0) r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
-        else r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
+        if (c0 < b0)
+            r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
+        else
+            r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
         return 2;
     }
     r[0] = c0 < b0 ? c0 : b0;
@@ -83,45 +84,43 @@ __device__ __forceinline__ int span_ranges(const nn_block_span *sp, int B, int r
     return 1;
 }
 
-__device__ __forceinline__ float warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_sum_a(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+__device__ __forceinline__ float warp_sum_a(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
 /* index of the last s with seq_off[s] <= t */
-__device__ int seq_of(const int32_t *seq_off, int n_seqs, int t)
-{
+__device__ int seq_of(const int32_t *seq_off, int n_seqs, int t) {
     int lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (seq_off[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (seq_off[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
 
-static size_t q_smem(int d, int mode)
-{
+static size_t q_smem(int d, int mode) {
     size_t rows = mode == MODE_DQ ? 2 * QROWS : QROWS;
     return (rows * d + 2 * KTILE * (size_t)(d + 1)) * sizeof(float);
 }
 
-template <int MAXD, int MODE>
-__global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
-{
+template <int MAXD, int MODE> __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a) {
     constexpr int DPL = (MAXD + 31) / 32; /* dims per lane */
     constexpr int RPW = QROWS / QWARPS;   /* rows per warp */
     extern __shared__ float smem[];
     const int d = a.d, dp1 = d + 1, group = a.group, H = a.H, Hk = a.Hk;
-    float *Qs = smem;                                   /* [QROWS][d] */
-    float *dOs = Qs + QROWS * d;                        /* [QROWS][d] (dq mode) */
+    float *Qs = smem;                                    /* [QROWS][d] */
+    float *dOs = Qs + QROWS * d;                         /* [QROWS][d] (dq mode) */
     float *Ks = MODE == MODE_DQ ? dOs + QROWS * d : dOs; /* [KTILE][d+1] */
     float *Vs = Ks + KTILE * dp1;
     const int hk = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -156,7 +155,8 @@ __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
         m[rr] = -INFINITY, l[rr] = 0.0f, rlse[rr] = INFINITY, rD[rr] = 0.0f;
         kbeg[rr] = 0, kend[rr] = 0;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[rr][i] = 0.0f;
+        for (int i = 0; i < DPL; i++)
+            acc[rr][i] = 0.0f;
         if (qr < NR) {
             int t = t_a + qr / group;
             if (MODE == MODE_CAUSAL) {
@@ -186,7 +186,8 @@ __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
             int t = t_a + qr / group, h = hk * group + qr % group;
             const bf16 *orow = a.o + ((size_t)t * H + h) * d;
             float s = 0.0f;
-            for (int x = lane; x < d; x += 32) s += dOs[qr * d + x] * __bfloat162float(orow[x]);
+            for (int x = lane; x < d; x += 32)
+                s += dOs[qr * d + x] * __bfloat162float(orow[x]);
             rD[rr] = warp_sum_a(s);
             rlse[rr] = a.lse_in[(size_t)h * Q + t];
         }
@@ -211,7 +212,8 @@ __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
             /* scores (and dP) of key kb + lane for each row of this warp */
             float s[RPW], dpv[RPW];
 #pragma unroll
-            for (int rr = 0; rr < RPW; rr++) s[rr] = 0.0f, dpv[rr] = 0.0f;
+            for (int rr = 0; rr < RPW; rr++)
+                s[rr] = 0.0f, dpv[rr] = 0.0f;
             const float *krow = Ks + lane * dp1, *vrow = Vs + lane * dp1;
             for (int x = 0; x < d; x++) {
                 float kx = krow[x];
@@ -245,7 +247,8 @@ __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
                     l[rr] = l[rr] * corr + p;
                     m[rr] = mn;
 #pragma unroll
-                    for (int i = 0; i < DPL; i++) acc[rr][i] *= corr;
+                    for (int i = 0; i < DPL; i++)
+                        acc[rr][i] *= corr;
                     pv[rr] = p;
                 }
             }
@@ -262,7 +265,8 @@ __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
                 for (int rr = 0; rr < RPW; rr++) {
                     float pj = __shfl_sync(0xffffffffu, pv[rr], j);
 #pragma unroll
-                    for (int i = 0; i < DPL; i++) acc[rr][i] += pj * col[i];
+                    for (int i = 0; i < DPL; i++)
+                        acc[rr][i] += pj * col[i];
                 }
             }
         }
@@ -279,8 +283,10 @@ __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
         float inv = 1.0f, lse = INFINITY;
         if (MODE != MODE_DQ) {
             float lt = warp_sum_a(l[rr]);
-            if (lt > 0.0f) inv = 1.0f / lt, lse = m[rr] + logf(lt);
-            else inv = 0.0f;
+            if (lt > 0.0f)
+                inv = 1.0f / lt, lse = m[rr] + logf(lt);
+            else
+                inv = 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
@@ -291,25 +297,23 @@ __global__ void __launch_bounds__(QWARPS * 32) k_attn_q(attn_args a)
     }
 }
 
-static size_t kv_smem(int d)
-{
+static size_t kv_smem(int d) {
     return (2 * KTILE * (size_t)(d + 1) + 2 * KVROWS * (size_t)d + 2 * KVROWS * (KTILE + 1) +
             2 * KVROWS) *
            sizeof(float);
 }
 
 template <int MAXD>
-__global__ void __launch_bounds__(128) k_attn_kv(attn_args a, bf16 *dk_out, bf16 *dv_out)
-{
+__global__ void __launch_bounds__(128) k_attn_kv(attn_args a, bf16 *dk_out, bf16 *dv_out) {
     constexpr int DPT = MAXD / 4; /* dims per thread of the dk/dv accumulators */
     extern __shared__ float smem[];
     const int d = a.d, dp1 = d + 1, group = a.group, H = a.H, Hk = a.Hk, B = a.B;
     const int Q = a.n_blocks * B;
-    float *Ks = smem;                  /* [KTILE][d+1] */
-    float *Vs = Ks + KTILE * dp1;      /* [KTILE][d+1] */
-    float *Qs = Vs + KTILE * dp1;      /* [KVROWS][d] */
-    float *dOs = Qs + KVROWS * d;      /* [KVROWS][d] */
-    float *Ps = dOs + KVROWS * d;      /* [KVROWS][KTILE+1] */
+    float *Ks = smem;             /* [KTILE][d+1] */
+    float *Vs = Ks + KTILE * dp1; /* [KTILE][d+1] */
+    float *Qs = Vs + KTILE * dp1; /* [KVROWS][d] */
+    float *dOs = Qs + KVROWS * d; /* [KVROWS][d] */
+    float *Ps = dOs + KVROWS * d; /* [KVROWS][KTILE+1] */
     float *dSs = Ps + KVROWS * (KTILE + 1);
     float *Ds = dSs + KVROWS * (KTILE + 1); /* [KVROWS] */
     float *Ls = Ds + KVROWS;                /* [KVROWS] */
@@ -329,7 +333,8 @@ __global__ void __launch_bounds__(128) k_attn_kv(attn_args a, bf16 *dk_out, bf16
     }
     float dk[DPT], dv[DPT];
 #pragma unroll
-    for (int i = 0; i < DPT; i++) dk[i] = 0.0f, dv[i] = 0.0f;
+    for (int i = 0; i < DPT; i++)
+        dk[i] = 0.0f, dv[i] = 0.0f;
 
     const int NRB = B * group;
     for (int blk = 0; blk < a.n_blocks; blk++) {
@@ -365,7 +370,8 @@ __global__ void __launch_bounds__(128) k_attn_kv(attn_args a, bf16 *dk_out, bf16
                     int qr = c0 + r;
                     int t = blk * B + qr / group, h = hk * group + qr % group;
                     const bf16 *orow = a.o + ((size_t)t * H + h) * d;
-                    for (int x = lane; x < d; x += 32) s += dOs[r * d + x] * __bfloat162float(orow[x]);
+                    for (int x = lane; x < d; x += 32)
+                        s += dOs[r * d + x] * __bfloat162float(orow[x]);
                     L = a.lse_in[(size_t)h * Q + t];
                 }
                 s = warp_sum_a(s);
@@ -426,43 +432,43 @@ __global__ void __launch_bounds__(128) k_attn_kv(attn_args a, bf16 *dk_out, bf16
 /* ------------------------------------------------------------------------------------------ */
 /* launchers */
 
-template <int MODE>
-static void launch_q(cudaStream_t st, const attn_args &a, dim3 grid)
-{
+template <int MODE> static void launch_q(cudaStream_t st, const attn_args &a, dim3 grid) {
     size_t sm = q_smem(a.d, MODE);
-    if (a.d <= 32) k_attn_q<32, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
-    else if (a.d <= 64) k_attn_q<64, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
-    else if (a.d <= 128) k_attn_q<128, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
-    else k_attn_q<256, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
+    if (a.d <= 32)
+        k_attn_q<32, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
+    else if (a.d <= 64)
+        k_attn_q<64, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
+    else if (a.d <= 128)
+        k_attn_q<128, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
+    else
+        k_attn_q<256, MODE><<<grid, QWARPS * 32, sm, st>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
-static void launch_kv(cudaStream_t st, const attn_args &a, dim3 grid, bf16 *dk, bf16 *dv)
-{
+static void launch_kv(cudaStream_t st, const attn_args &a, dim3 grid, bf16 *dk, bf16 *dv) {
     size_t sm = kv_smem(a.d);
-    if (a.d <= 32) k_attn_kv<32><<<grid, 128, sm, st>>>(a, dk, dv);
-    else if (a.d <= 64) k_attn_kv<64><<<grid, 128, sm, st>>>(a, dk, dv);
-    else if (a.d <= 128) k_attn_kv<128><<<grid, 128, sm, st>>>(a, dk, dv);
-    else k_attn_kv<256><<<grid, 128, sm, st>>>(a, dk, dv);
+    if (a.d <= 32)
+        k_attn_kv<32><<<grid, 128, sm, st>>>(a, dk, dv);
+    else if (a.d <= 64)
+        k_attn_kv<64><<<grid, 128, sm, st>>>(a, dk, dv);
+    else if (a.d <= 128)
+        k_attn_kv<128><<<grid, 128, sm, st>>>(a, dk, dv);
+    else
+        k_attn_kv<256><<<grid, 128, sm, st>>>(a, dk, dv);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int MAXD, int MODE>
-static int set_q_attr(void)
-{
+template <int MAXD, int MODE> static int set_q_attr(void) {
     return cudaFuncSetAttribute(k_attn_q<MAXD, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)q_smem(MAXD, MODE)) != cudaSuccess;
 }
 
-template <int MAXD>
-static int set_kv_attr(void)
-{
+template <int MAXD> static int set_kv_attr(void) {
     return cudaFuncSetAttribute(k_attn_kv<MAXD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)kv_smem(MAXD)) != cudaSuccess;
 }
 
-int cuda_attention_init(void)
-{
+int cuda_attention_init(void) {
     int bad = 0;
     bad |= set_q_attr<32, MODE_CAUSAL>() | set_q_attr<64, MODE_CAUSAL>() |
            set_q_attr<128, MODE_CAUSAL>() | set_q_attr<256, MODE_CAUSAL>();
@@ -475,8 +481,7 @@ int cuda_attention_init(void)
     return bad ? -1 : 0;
 }
 
-static void check_heads(int H, int Hk, int d)
-{
+static void check_heads(int H, int Hk, int d) {
     assert(Hk > 0 && H % Hk == 0 && H / Hk <= QROWS);
     assert(d > 0 && d <= 256 && d % 2 == 0);
     (void)H, (void)Hk, (void)d;
@@ -484,8 +489,7 @@ static void check_heads(int H, int Hk, int d)
 
 void cuda_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const bf16 *k,
                                const bf16 *v, const int32_t *seq_off, int n_seqs, int T, int H,
-                               int Hk, int d)
-{
+                               int Hk, int d) {
     check_heads(H, Hk, d);
     if (T <= 0) return;
     if (cuda_tc_attention_causal_fwd(st, out, q, k, v, seq_off, n_seqs, T, H, Hk, d) == 0) return;
@@ -502,9 +506,8 @@ void cuda_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const 
     launch_q<MODE_CAUSAL>(st, a, grid);
 }
 
-static attn_args block_args(const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                            int Hk, int d)
-{
+static attn_args block_args(const nn_block_span *spans, int n_blocks, int B, int Tk, int H, int Hk,
+                            int d) {
     attn_args a = {};
     a.spans = spans, a.n_blocks = n_blocks, a.B = B;
     a.T = n_blocks * B, a.Tk = Tk, a.H = H, a.Hk = Hk, a.d = d, a.group = H / Hk;
@@ -514,10 +517,9 @@ static attn_args block_args(const nn_block_span *spans, int n_blocks, int B, int
     return a;
 }
 
-void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q,
-                              const bf16 *k, const bf16 *v, const nn_block_span *spans,
-                              int n_blocks, int B, int Tk, int H, int Hk, int d)
-{
+void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                              const bf16 *v, const nn_block_span *spans, int n_blocks, int B,
+                              int Tk, int H, int Hk, int d) {
     check_heads(H, Hk, d);
     if (n_blocks <= 0 || B <= 0) return;
     if (cuda_tc_attention_block_fwd(st, out, lse, q, k, v, spans, n_blocks, B, Tk, H, Hk, d) == 0)
@@ -531,8 +533,7 @@ void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16
 void cuda_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                               const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
                               const float *lse, const nn_block_span *spans, int n_blocks, int B,
-                              int Tk, int H, int Hk, int d)
-{
+                              int Tk, int H, int Hk, int d) {
     check_heads(H, Hk, d);
     assert(lse);
     if (Tk > 0 && (n_blocks <= 0 || B <= 0)) {
@@ -541,8 +542,8 @@ void cuda_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, con
         return;
     }
     if (n_blocks <= 0 || B <= 0) return;
-    if (cuda_tc_attention_block_bwd(st, dq, dk, dv, dout, q, k, v, out, lse, spans, n_blocks, B,
-                                    Tk, H, Hk, d) == 0)
+    if (cuda_tc_attention_block_bwd(st, dq, dk, dv, dout, q, k, v, out, lse, spans, n_blocks, B, Tk,
+                                    H, Hk, d) == 0)
         return;
     attn_args a = block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = dq, a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse_in = lse;

@@ -61,8 +61,7 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
-__device__ __forceinline__ int tc_span_ranges(const nn_block_span *sp, int B, int r[4])
-{
+__device__ __forceinline__ int tc_span_ranges(const nn_block_span *sp, int B, int r[4]) {
     nn_block_span s = *sp;
     if (!s.keep) return 0;
     int c0 = s.ctx_begin, c1 = s.ctx_end, b0 = s.blk_begin, b1 = s.blk_begin + B;
@@ -75,8 +74,10 @@ __device__ __forceinline__ int tc_span_ranges(const nn_block_span *sp, int B, in
         return 1;
     }
     if (c1 < b0 || b1 < c0) {
-        if (c0 < b0) r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
-        else r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
+        if (c0 < b0)
+            r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
+        else
+            r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
         return 2;
     }
     r[0] = c0 < b0 ? c0 : b0;
@@ -84,13 +85,14 @@ __device__ __forceinline__ int tc_span_ranges(const nn_block_span *sp, int B, in
     return 1;
 }
 
-__device__ int tc_seq_of(const int32_t *seq_off, int n_seqs, int t)
-{
+__device__ int tc_seq_of(const int32_t *seq_off, int n_seqs, int t) {
     int lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (seq_off[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (seq_off[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
@@ -99,16 +101,14 @@ __device__ int tc_seq_of(const int32_t *seq_off, int n_seqs, int t)
  * src + off(r) or is zero when off(r) < 0. With async (cp.async, zero-filling padding rows) every
  * piece is in flight at once and tile_wait() must precede the barrier that publishes the tile;
  * without, plain loads and stores. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
-{
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                  "r"(src_bytes)
                  : "memory");
 }
 
-__device__ __forceinline__ void tile_wait(int async)
-{
+__device__ __forceinline__ void tile_wait(int async) {
     if (async) {
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -116,8 +116,7 @@ __device__ __forceinline__ void tile_wait(int async)
 }
 
 template <int D, typename F>
-__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off, int async)
-{
+__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off, int async) {
     constexpr int LD = D + 8, VPR = D / 8;
     for (int idx = threadIdx.x; idx < 64 * VPR; idx += blockDim.x) {
         int r = idx / VPR, c = idx % VPR;
@@ -133,8 +132,7 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off, int
     }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
-{
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&h;
 }
@@ -144,8 +142,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
  * Dr[r], Lr[r]. Loads of all rows are issued before the reductions. */
 template <int D, int NROWS, typename F, typename G>
 __device__ __forceinline__ void rows_D(const bf16 *dOs, int r0, F orow, G lse_of, float *Dr,
-                                       float *Lr)
-{
+                                       float *Lr) {
     constexpr int LD = D + 8, EPL = D / 32;
     const int lane = threadIdx.x % 32;
     float acc[NROWS];
@@ -166,14 +163,15 @@ __device__ __forceinline__ void rows_D(const bf16 *dOs, int r0, F orow, G lse_of
 #pragma unroll
     for (int i = 0; i < NROWS; i++) {
         float v = acc[i];
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        for (int off = 16; off > 0; off >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, off);
         if (lane == 0) Dr[r0 + i] = v, Lr[r0 + i] = lse_of(r0 + i);
     }
 }
 
 /* The CTA's tokens and key ranges, as in ops_cuda_attn.cu. */
-__device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, int &nr, int rng[4])
-{
+__device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, int &nr,
+                                           int rng[4]) {
     if (a.causal) {
         t_a = blockIdx.x * a.RT;
         R = min(a.RT, a.T - t_a);
@@ -193,15 +191,11 @@ __device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, i
     }
 }
 
-template <int D>
-static size_t fwd_smem(void)
-{
+template <int D> static size_t fwd_smem(void) {
     return (size_t)3 * TQ * (D + 8) * 2 + (size_t)TQ * SL * 4 + 2 * TQ * 4;
 }
 
-template <int D>
-__global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
-{
+template <int D> __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a) {
     constexpr int LD = D + 8, NF = D / 16;
     extern __shared__ __align__(128) unsigned char sm_raw[];
     bf16 *Qs = (bf16 *)sm_raw, *Ks = Qs + TQ * LD, *Vs = Ks + TK * LD;
@@ -219,24 +213,29 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
         int kb = 0, ke = 0;
         if (r < NR) {
             int t = t_a + r / group;
-            if (!a.causal) kb = 0, ke = a.Tk;
+            if (!a.causal)
+                kb = 0, ke = a.Tk;
             else if (t >= a.seq_off[0] && t < a.seq_off[a.n_seqs])
                 kb = a.seq_off[tc_seq_of(a.seq_off, a.n_seqs, t)], ke = t + 1;
         }
         kbeg[r] = kb, kend[r] = ke;
     }
-    load_tile<D>(Qs, a.q, [&](int r) -> long long {
-        if (r >= NR) return -1;
-        int t = t_a + r / group, h = hk * group + r % group;
-        return ((long long)t * H + h) * D;
-    }, a.async_copy);
+    load_tile<D>(
+        Qs, a.q,
+        [&](int r) -> long long {
+            if (r >= NR) return -1;
+            int t = t_a + r / group, h = hk * group + r % group;
+            return ((long long)t * H + h) * D;
+        },
+        a.async_copy);
     tile_wait(a.async_copy);
 
     const int row = warp * 16 + lane / 2, c0 = (lane % 2) * 32; /* this lane's softmax slice */
     float m = -INFINITY, l = 0.0f, lse = INFINITY;
     frag_c o[NF];
 #pragma unroll
-    for (int j = 0; j < NF; j++) wmma::fill_fragment(o[j], 0.0f);
+    for (int j = 0; j < NF; j++)
+        wmma::fill_fragment(o[j], 0.0f);
 
     for (int pass = 0; pass < 2; pass++) {
         for (int ri = 0; ri < nr; ri++) {
@@ -262,7 +261,8 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
                         wmma::load_matrix_sync(kt, Ks + n * 16 * LD + kk * 16, LD);
                         wmma::mma_sync(s, qa, kt, s);
                     }
-                    wmma::store_matrix_sync(S + warp * 16 * SL + n * 16, s, SL, wmma::mem_row_major);
+                    wmma::store_matrix_sync(S + warp * 16 * SL + n * 16, s, SL,
+                                            wmma::mem_row_major);
                 }
                 __syncwarp();
                 float sv[32];
@@ -271,7 +271,8 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
                         float4 f = s4[i];
-                        sv[4 * i] = f.x, sv[4 * i + 1] = f.y, sv[4 * i + 2] = f.z, sv[4 * i + 3] = f.w;
+                        sv[4 * i] = f.x, sv[4 * i + 1] = f.y, sv[4 * i + 2] = f.z,
+                               sv[4 * i + 3] = f.w;
                     }
                 }
                 /* visible columns of this lane's slice: [vlo, vhi) */
@@ -299,7 +300,8 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
                     uint32_t pw[16];
 #pragma unroll
                     for (int c = 0; c < 32; c += 2) {
-                        float p0 = fin && c >= vlo && c < vhi ? __expf(sv[c] * a.scale - lse) : 0.0f;
+                        float p0 =
+                            fin && c >= vlo && c < vhi ? __expf(sv[c] * a.scale - lse) : 0.0f;
                         float p1 = fin && c + 1 >= vlo && c + 1 < vhi
                                        ? __expf(sv[c + 1] * a.scale - lse)
                                        : 0.0f;
@@ -309,7 +311,8 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
                     uint4 *prow = (uint4 *)(Pw + (lane / 2) * (2 * SL) + c0);
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        prow[i] = make_uint4(pw[4 * i], pw[4 * i + 1], pw[4 * i + 2], pw[4 * i + 3]);
+                        prow[i] =
+                            make_uint4(pw[4 * i], pw[4 * i + 1], pw[4 * i + 2], pw[4 * i + 3]);
                     __syncwarp();
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
@@ -349,16 +352,12 @@ __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a)
     }
 }
 
-template <int D>
-static size_t dq_smem(void)
-{
+template <int D> static size_t dq_smem(void) {
     return (size_t)4 * TQ * (D + 8) * 2 + (size_t)2 * TQ * SL * 4 + (size_t)TQ * PL * 2 +
            2 * TQ * 4;
 }
 
-template <int D>
-__global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
-{
+template <int D> __global__ void __launch_bounds__(128) k_tc_dq(tc_args a) {
     constexpr int LD = D + 8, NF = D / 16;
     extern __shared__ __align__(128) unsigned char sm_raw[];
     bf16 *Qs = (bf16 *)sm_raw, *dOs = Qs + TQ * LD, *Ks = dOs + TQ * LD, *Vs = Ks + TK * LD;
@@ -396,7 +395,8 @@ __global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
     const int row = warp * 16 + lane / 2, c0 = (lane % 2) * 32;
     frag_c dq[NF];
 #pragma unroll
-    for (int j = 0; j < NF; j++) wmma::fill_fragment(dq[j], 0.0f);
+    for (int j = 0; j < NF; j++)
+        wmma::fill_fragment(dq[j], 0.0f);
     for (int ri = 0; ri < nr; ri++) {
         int r0 = rng[2 * ri], r1 = rng[2 * ri + 1];
         for (int kb = r0; kb < r1; kb += TK) {
@@ -469,15 +469,11 @@ __global__ void __launch_bounds__(128) k_tc_dq(tc_args a)
     }
 }
 
-template <int D>
-static size_t kv_smem_tc(void)
-{
+template <int D> static size_t kv_smem_tc(void) {
     return (size_t)4 * 64 * (D + 8) * 2 + (size_t)2 * 64 * SL * 4 + 2 * 64 * 4;
 }
 
-template <int D>
-__global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
-{
+template <int D> __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a) {
     constexpr int LD = D + 8, NFH = D / 32;
     extern __shared__ __align__(128) unsigned char sm_raw[];
     bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + 64 * LD;
@@ -496,7 +492,8 @@ __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
     tile_wait(a.async_copy);
     frag_c dk[NFH], dv[NFH];
 #pragma unroll
-    for (int j = 0; j < NFH; j++) wmma::fill_fragment(dk[j], 0.0f), wmma::fill_fragment(dv[j], 0.0f);
+    for (int j = 0; j < NFH; j++)
+        wmma::fill_fragment(dk[j], 0.0f), wmma::fill_fragment(dv[j], 0.0f);
     const int NRB = B * group;
     for (int blk = 0; blk < a.n_blocks; blk++) {
         int rng[4];
@@ -630,33 +627,26 @@ __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a)
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int tc_mode(void)
-{
+static int tc_mode(void) {
     static int mode = -1;
     if (mode < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN");
-        mode = !e || !*e                   ? 2
-               : strcmp(e, "simple") == 0  ? 0
-               : strcmp(e, "tc_sync") == 0 ? 1
-                                           : 2;
+        mode = !e || !*e ? 2 : strcmp(e, "simple") == 0 ? 0 : strcmp(e, "tc_sync") == 0 ? 1 : 2;
     }
     return mode;
 }
 
-static bool al16(const void *p)
-{
+static bool al16(const void *p) {
     return ((uintptr_t)p & 15u) == 0;
 }
 
 static bool tc_usable(int H, int Hk, int d, const void *p1, const void *p2, const void *p3,
-                      const void *p4, const void *p5)
-{
+                      const void *p4, const void *p5) {
     if (!tc_mode() || (d != 64 && d != 128) || Hk <= 0 || H % Hk || H / Hk > TQ) return false;
     return al16(p1) && al16(p2) && al16(p3) && al16(p4) && al16(p5);
 }
 
-int cuda_tc_attention_init(void)
-{
+int cuda_tc_attention_init(void) {
     int bad = 0;
     bad |= cudaFuncSetAttribute(k_tc_fwd<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd_smem<64>()) != cudaSuccess;
@@ -675,8 +665,7 @@ int cuda_tc_attention_init(void)
 
 int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const bf16 *k,
                                  const bf16 *v, const int32_t *seq_off, int n_seqs, int T, int H,
-                                 int Hk, int d)
-{
+                                 int Hk, int d) {
     if (!tc_usable(H, Hk, d, out, q, k, v, q) || n_seqs <= 0 || T <= 0) return -1;
     tc_args a = {};
     a.async_copy = tc_mode() == 2;
@@ -684,15 +673,16 @@ int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
     a.T = T, a.Tk = T, a.H = H, a.Hk = Hk, a.group = H / Hk, a.RT = TQ / a.group;
     a.scale = 1.0f / sqrtf((float)d);
     dim3 grid((T + a.RT - 1) / a.RT, Hk);
-    if (d == 64) k_tc_fwd<64><<<grid, 128, fwd_smem<64>(), st>>>(a);
-    else k_tc_fwd<128><<<grid, 128, fwd_smem<128>(), st>>>(a);
+    if (d == 64)
+        k_tc_fwd<64><<<grid, 128, fwd_smem<64>(), st>>>(a);
+    else
+        k_tc_fwd<128><<<grid, 128, fwd_smem<128>(), st>>>(a);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
 
-static tc_args tc_block_args(const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                             int Hk, int d)
-{
+static tc_args tc_block_args(const nn_block_span *spans, int n_blocks, int B, int Tk, int H, int Hk,
+                             int d) {
     tc_args a = {};
     a.async_copy = tc_mode() == 2;
     a.spans = spans, a.n_blocks = n_blocks, a.B = B, a.T = n_blocks * B, a.Tk = Tk;
@@ -705,23 +695,23 @@ static tc_args tc_block_args(const nn_block_span *spans, int n_blocks, int B, in
 
 int cuda_tc_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q,
                                 const bf16 *k, const bf16 *v, const nn_block_span *spans,
-                                int n_blocks, int B, int Tk, int H, int Hk, int d)
-{
+                                int n_blocks, int B, int Tk, int H, int Hk, int d) {
     if (!tc_usable(H, Hk, d, out, q, k, v, q) || n_blocks <= 0 || B <= 0) return -1;
     tc_args a = tc_block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = out, a.lse = lse, a.q = q, a.k = k, a.v = v;
     dim3 grid(n_blocks * a.tiles_per_block, Hk);
-    if (d == 64) k_tc_fwd<64><<<grid, 128, fwd_smem<64>(), st>>>(a);
-    else k_tc_fwd<128><<<grid, 128, fwd_smem<128>(), st>>>(a);
+    if (d == 64)
+        k_tc_fwd<64><<<grid, 128, fwd_smem<64>(), st>>>(a);
+    else
+        k_tc_fwd<128><<<grid, 128, fwd_smem<128>(), st>>>(a);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
 
 int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                 const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
-                                const float *lse, const nn_block_span *spans, int n_blocks,
-                                int B, int Tk, int H, int Hk, int d)
-{
+                                const float *lse, const nn_block_span *spans, int n_blocks, int B,
+                                int Tk, int H, int Hk, int d) {
     if (!tc_usable(H, Hk, d, dq, q, k, v, dout) || !al16(dk) || !al16(dv) || !al16(out) ||
         n_blocks <= 0 || B <= 0 || Tk <= 0)
         return -1;

@@ -7,6 +7,7 @@
  * end-to-end rate of committed batches from the broker's ledger over --seconds after a warm-up.
  * Prints one table; the last line is end-to-end / slower side alone (goal >= 97%).
  *   bench-pipeline [--producer-rate 200] [--consumer-rate 120] [--drafters 2] [--seconds 10]
+ *                  [--backend host|cuda] [--drafter-device N]
  * The daemons are found next to this program's build tree (BUILD/bench/..), or via
  * --build-dir.
  */
@@ -34,6 +35,8 @@ typedef struct bench_config {
     double seconds, warmup;
     int64_t token_budget, hidden, layers, slots, min_ready, max_depth;
     char build_dir[PATH_MAX];
+    char backend[16];
+    int64_t drafter_device;
 } bench_config;
 
 #define OPT(n, t, d, lo, hi, h, m) {n, t, d, lo, hi, false, h, offsetof(bench_config, m), 0}
@@ -49,6 +52,11 @@ static const cfg_option bench_options[] = {
     OPT("slots", CFG_INT, "16", 1, 256, "slots in the pool", slots),
     OPT("min-ready", CFG_INT, "4", 0, 1 << 20, "broker min_ready", min_ready),
     OPT("max-depth", CFG_INT, "16", 1, 1 << 20, "broker max_depth", max_depth),
+    {"backend", CFG_STRING, "host", 1, 0, false, "pool backend: host or cuda (GPU machine; the "
+     "synthetic data is still generated and verified on the host)", offsetof(bench_config, backend),
+     16},
+    OPT("drafter-device", CFG_INT, "0", 0, 64, "cuda: GPU of the drafters (target on GPU 0)",
+        drafter_device),
     {"build-dir", CFG_STRING, "", 1, 0, false, "build tree with the daemons (default: ours)",
      offsetof(bench_config, build_dir), PATH_MAX},
 };
@@ -146,8 +154,9 @@ int main(int argc, char **argv)
     snprintf(d, sizeof d, "%s/services/drafter/dflash-drafter", build);
 
     slot_layout l;
+    bool cuda = strcmp(cfg.backend, "cuda") == 0;
     if (slot_layout_compute((uint32_t)cfg.token_budget, 16, (uint32_t)cfg.hidden,
-                            (uint32_t)cfg.layers, SLOT_DTYPE_F32, &l) < 0) {
+                            (uint32_t)cfg.layers, cuda ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32, &l) < 0) {
         fprintf(stderr, "bench-pipeline: bad layout\n");
         return 2;
     }
@@ -158,6 +167,9 @@ int main(int argc, char **argv)
     char dir[] = "/tmp/bench-pipeline-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     chmod(dir, 0700);
+    char be[32], dev[32];
+    snprintf(be, sizeof be, "--backend=%s", cuda ? "cuda" : "host");
+    snprintf(dev, sizeof dev, "--device=%lld", (long long)cfg.drafter_device);
     char rt[64], lay[4][32], rate_p[32], rate_c[32], mr[32], md[32], slots[32], logf[128];
     snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
     snprintf(lay[0], 32, "--token-budget=%lld", (long long)cfg.token_budget);
@@ -181,14 +193,14 @@ int main(int argc, char **argv)
     double until = now_s() + 10;
     wire_status st;
     while (client_status(c, &st) != 0 && now_s() < until) usleep(50000);
-    char *ta[] = {t, rt, lay[0], lay[1], lay[2], lay[3], rate_p, slots, "--buckets=128,256,512,1024",
+    char *ta[] = {t, rt, be, lay[0], lay[1], lay[2], lay[3], rate_p, slots, "--buckets=128,256,512,1024",
                   "--batches-per-bucket=200000", "--progress-ms=0", NULL};
     snprintf(logf, sizeof logf, "%s/target.log", dir);
     pids[np++] = spawn(t, ta, logf);
     char names[16][32];
     for (int i = 0; i < cfg.drafters; i++) {
         snprintf(names[i], 32, "--name=bench-d%d", i);
-        char *da[] = {d, rt, lay[0], lay[1], lay[2], lay[3], rate_c, names[i], "--verify",
+        char *da[] = {d, rt, be, dev, lay[0], lay[1], lay[2], lay[3], rate_c, names[i], "--verify",
                       "--buckets=128,256,512,1024", "--progress-ms=0", NULL};
         snprintf(logf, sizeof logf, "%s/drafter%d.log", dir, i);
         pids[np++] = spawn(d, da, logf);
@@ -209,8 +221,8 @@ int main(int argc, char **argv)
     printf("| producer alone (synthetic fill, paced %g/s) | %.1f |\n", cfg.producer_rate, prod_alone);
     printf("| consumers alone (%lld x verify, paced %g/s) | %.1f |\n", (long long)cfg.drafters,
            cfg.consumer_rate, cons_alone);
-    printf("| end to end (committed, %.0f s window, slot %.2f MiB) | %.1f |\n", cfg.seconds,
-           l.slot_bytes / 1048576.0, e2e);
+    printf("| end to end (%s, committed, %.0f s window, slot %.2f MiB) | %.1f |\n", cfg.backend,
+           cfg.seconds, l.slot_bytes / 1048576.0, e2e);
     printf("end-to-end / slower side alone: %.1f%% (goal >= 97%%)\n", 100 * e2e / slower);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

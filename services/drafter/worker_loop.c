@@ -21,6 +21,8 @@
 
 typedef enum { WL_REGISTER = 0, WL_CLAIMING, WL_DONE } wl_state;
 
+#define LAT_RING 4096
+
 typedef struct worker_loop {
     const worker_loop_config *cfg;
     worker_consumer *cons;
@@ -32,6 +34,8 @@ typedef struct worker_loop {
     bool holding;
     wire_unit held;
     uint64_t committed_reported;
+    double lat[LAT_RING]; /* grant-to-copy-done seconds, last LAT_RING batches */
+    uint64_t n_lat;
     atomic_bool hb_run;
     pthread_t hb_thread;
     bool hb_started;
@@ -132,6 +136,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     }
     w->st.copy_s += now_s() - t0;
     w->st.bytes_copied += bytes;
+    w->lat[w->n_lat++ % LAT_RING] = now_s() - t0;
 
     RETRY_CALL(w, stop, rc, client_release(w->client, g->lease_id));
     if (rc == DFLASH_ESTALE) {
@@ -203,17 +208,41 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* p50 and p99 of the last `n` grant-to-copy-done latencies, in ms (0 when none). */
+static void latency_pcts(const worker_loop *w, uint64_t n, double *p50, double *p99)
+{
+    *p50 = *p99 = 0;
+    if (n > w->n_lat) n = w->n_lat;
+    if (n > LAT_RING) n = LAT_RING;
+    if (!n) return;
+    double *v = malloc(n * sizeof *v);
+    if (!v) return;
+    for (uint64_t i = 0; i < n; i++) v[i] = w->lat[(w->n_lat - 1 - i) % LAT_RING];
+    qsort(v, n, sizeof *v, cmp_double);
+    *p50 = v[n / 2] * 1e3;
+    *p99 = v[(uint64_t)((double)(n - 1) * 0.99)] * 1e3;
+    free(v);
+}
+
 static void progress(worker_loop *w, double *last_t, uint64_t *last_b, uint64_t *last_tok,
                      double *last_wait, uint64_t *last_bytes, double *last_copy)
 {
     double now = now_s(), dt = now - *last_t;
     if (dt <= 0) return;
-    double copy_dt = w->st.copy_s - *last_copy;
-    LOG_INFO("batches %llu (+%llu), %.0f tokens/s, copy %.2f GB/s, waiting for a grant %.0f%%",
+    double copy_dt = w->st.copy_s - *last_copy, p50, p99;
+    latency_pcts(w, w->st.batches - *last_b, &p50, &p99);
+    LOG_INFO("batches %llu (+%llu), %.0f tokens/s, copy %.2f GB/s, grant to copy done p50 %.2f "
+             "ms p99 %.2f ms, waiting for a grant %.0f%%",
              (unsigned long long)w->st.batches, (unsigned long long)(w->st.batches - *last_b),
              (double)(w->st.tokens - *last_tok) / dt,
              copy_dt > 0 ? (double)(w->st.bytes_copied - *last_bytes) / copy_dt / 1e9 : 0.0,
-             100.0 * (w->st.wait_grant_s - *last_wait) / dt);
+             p50, p99, 100.0 * (w->st.wait_grant_s - *last_wait) / dt);
     *last_t = now;
     *last_b = w->st.batches;
     *last_tok = w->st.tokens;
@@ -324,6 +353,7 @@ out_imp:
     pool_importer_destroy(&w.imp);
 out:
     w.st.elapsed_s = now_s() - start;
+    latency_pcts(&w, LAT_RING, &w.st.copy_p50_ms, &w.st.copy_p99_ms);
     if (stats) *stats = w.st;
     return rc;
 }

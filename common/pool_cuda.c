@@ -64,6 +64,7 @@ static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
 static void rt_load(void)
 {
     static const char *const libs[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
+                                       "/usr/local/cuda/lib64/libcudart.so.13",
                                        "/usr/local/cuda/lib64/libcudart.so"};
     void *h = NULL;
     for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !h; i++)

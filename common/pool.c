@@ -426,7 +426,8 @@ int pool_desc_decode(const uint8_t *buf, size_t len, pool_desc *out)
     p += POOL_HANDLE_BYTES;
     if (d.backend != POOL_HOST && d.backend != POOL_CUDA) return DFLASH_ERANGE;
     if (d.n_slots == 0 || d.n_slots > POOL_MAX_SLOTS || d.incarnation == 0) return DFLASH_ERANGE;
-    if (d.slot_bytes == 0 || d.slot_bytes % 256 || d.slot_bytes > (1ull << 40)) return DFLASH_ERANGE;
+    if (d.slot_bytes == 0 || d.slot_bytes % 256 || d.slot_bytes > (1ull << 40))
+        return DFLASH_ERANGE;
     if (d.arena_bytes % POOL_ARENA_ALIGN || d.arena_bytes < d.slot_bytes * d.n_slots)
         return DFLASH_ERANGE;
     if (memchr(d.name, 0, POOL_NAME_MAX) == NULL || !name_valid(d.name)) return DFLASH_ERANGE;

@@ -11,7 +11,8 @@
 _Static_assert(sizeof(slot_header) == 80, "slot_header is a fixed 80-byte wire layout");
 _Static_assert(sizeof(slot_header) <= SLOT_ALIGN, "header must fit before the first array");
 
-static void set_err(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void set_err(char *err, size_t len, const char *fmt, ...)
 {
     if (!err || !len) return;

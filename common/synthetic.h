@@ -8,7 +8,8 @@
  *   positions  0..len-1 per sequence; token ids hash(wu, token) % vocab_size;
  *   loss mask  0 on the first quarter of each sequence (the "prompt"), 1 after;
  *   hidden     element (token t, layer k, channel c) = hash(wu, t, k, c) mapped to a value exactly
- *              representable in the slot dtype: f32 in [-1, 1) on a 2^-23 grid, bf16 on a 2^-7 grid.
+ *              representable in the slot dtype: f32 in [-1, 1) on a 2^-23 grid, bf16 on a
+ *              2^-7 grid.
  * So a verifier that knows only the grant's work unit can recompute every byte.
  * Pure functions over host memory; thread-safe. Callers: the target's synthetic producer, the
  * drafter's verify consumer, tests and bench/pipeline.

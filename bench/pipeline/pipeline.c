@@ -41,8 +41,10 @@ typedef struct bench_config {
 
 #define OPT(n, t, d, lo, hi, h, m) {n, t, d, lo, hi, false, h, offsetof(bench_config, m), 0}
 static const cfg_option bench_options[] = {
-    OPT("producer-rate", CFG_DOUBLE, "200", 0, 1e6, "target batches/s (0 = unpaced)", producer_rate),
-    OPT("consumer-rate", CFG_DOUBLE, "120", 0, 1e6, "batches/s per drafter (0 = unpaced)", consumer_rate),
+    OPT("producer-rate", CFG_DOUBLE, "200", 0, 1e6, "target batches/s (0 = unpaced)",
+        producer_rate),
+    OPT("consumer-rate", CFG_DOUBLE, "120", 0, 1e6, "batches/s per drafter (0 = unpaced)",
+        consumer_rate),
     OPT("drafters", CFG_INT, "2", 1, 16, "verifying drafters", drafters),
     OPT("seconds", CFG_DOUBLE, "10", 1, 3600, "measurement window", seconds),
     OPT("warmup", CFG_DOUBLE, "3", 0, 600, "seconds before measuring", warmup),
@@ -52,9 +54,10 @@ static const cfg_option bench_options[] = {
     OPT("slots", CFG_INT, "16", 1, 256, "slots in the pool", slots),
     OPT("min-ready", CFG_INT, "4", 0, 1 << 20, "broker min_ready", min_ready),
     OPT("max-depth", CFG_INT, "16", 1, 1 << 20, "broker max_depth", max_depth),
-    {"backend", CFG_STRING, "host", 1, 0, false, "pool backend: host or cuda (GPU machine; the "
-     "synthetic data is still generated and verified on the host)", offsetof(bench_config, backend),
-     16},
+    {"backend", CFG_STRING, "host", 1, 0, false,
+     "pool backend: host or cuda (GPU machine; the "
+     "synthetic data is still generated and verified on the host)",
+     offsetof(bench_config, backend), 16},
     OPT("drafter-device", CFG_INT, "0", 0, 64, "cuda: GPU of the drafters (target on GPU 0)",
         drafter_device),
     {"build-dir", CFG_STRING, "", 1, 0, false, "build tree with the daemons (default: ours)",
@@ -156,7 +159,8 @@ int main(int argc, char **argv)
     slot_layout l;
     bool cuda = strcmp(cfg.backend, "cuda") == 0;
     if (slot_layout_compute((uint32_t)cfg.token_budget, 16, (uint32_t)cfg.hidden,
-                            (uint32_t)cfg.layers, cuda ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32, &l) < 0) {
+                            (uint32_t)cfg.layers, cuda ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32,
+                            &l) < 0) {
         fprintf(stderr, "bench-pipeline: bad layout\n");
         return 2;
     }
@@ -193,8 +197,9 @@ int main(int argc, char **argv)
     double until = now_s() + 10;
     wire_status st;
     while (client_status(c, &st) != 0 && now_s() < until) usleep(50000);
-    char *ta[] = {t, rt, be, lay[0], lay[1], lay[2], lay[3], rate_p, slots, "--buckets=128,256,512,1024",
-                  "--batches-per-bucket=200000", "--progress-ms=0", NULL};
+    char *ta[] = {t, rt, be, lay[0], lay[1], lay[2], lay[3], rate_p, slots,
+                  "--buckets=128,256,512,1024", "--batches-per-bucket=200000", "--progress-ms=0",
+                  NULL};
     snprintf(logf, sizeof logf, "%s/target.log", dir);
     pids[np++] = spawn(t, ta, logf);
     char names[16][32];
@@ -218,7 +223,8 @@ int main(int argc, char **argv)
     }
     double slower = prod_alone < cons_alone ? prod_alone : cons_alone;
     printf("| side | batches/s |\n|---|---|\n");
-    printf("| producer alone (synthetic fill, paced %g/s) | %.1f |\n", cfg.producer_rate, prod_alone);
+    printf("| producer alone (synthetic fill, paced %g/s) | %.1f |\n", cfg.producer_rate,
+           prod_alone);
     printf("| consumers alone (%lld x verify, paced %g/s) | %.1f |\n", (long long)cfg.drafters,
            cfg.consumer_rate, cons_alone);
     printf("| end to end (%s, committed, %.0f s window, slot %.2f MiB) | %.1f |\n", cfg.backend,

@@ -124,7 +124,8 @@ int main(int argc, char **argv)
     else if (cfg.runtime_dir[0])
         snprintf(endpoint, sizeof endpoint, "ipc://%.200s/queue.sock", cfg.runtime_dir);
     else if (getenv("XDG_RUNTIME_DIR") && *getenv("XDG_RUNTIME_DIR"))
-        snprintf(endpoint, sizeof endpoint, "ipc://%.200s/dflash/queue.sock", getenv("XDG_RUNTIME_DIR"));
+        snprintf(endpoint, sizeof endpoint, "ipc://%.200s/dflash/queue.sock",
+                 getenv("XDG_RUNTIME_DIR"));
     else snprintf(endpoint, sizeof endpoint, "ipc:///tmp/dflash-%u/queue.sock", (unsigned)getuid());
     if (cfg.name[0]) {
         snprintf(name, sizeof name, "%s", cfg.name);

@@ -82,11 +82,13 @@ static int do_register(worker_loop *w)
     int rc = client_hello(w->client, w->holding ? &w->held : NULL, w->holding ? 1 : 0);
     if (rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE) return DFLASH_EAGAIN;
     if (rc < 0) {
-        LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc), client_last_error(w->client));
+        LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc),
+                  client_last_error(w->client));
         return rc;
     }
     w->st.registrations++;
-    LOG_INFO("registered with broker %016llx%s", (unsigned long long)client_broker_incarnation(w->client),
+    LOG_INFO("registered with broker %016llx%s",
+             (unsigned long long)client_broker_incarnation(w->client),
              w->holding ? " (holding one batch)" : "");
     return 0;
 }
@@ -116,13 +118,15 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     snprintf(ref.shm_name, sizeof ref.shm_name, "%s", g->shm_name);
     memcpy(ref.mem_handle, g->mem_handle, POOL_HANDLE_BYTES);
     memcpy(ref.event_handle, g->event_handle, POOL_HANDLE_BYTES);
-    uint64_t bytes = g->n_tokens <= c->layout.token_budget ? slot_used_bytes(&c->layout, g->n_tokens)
-                                                          : c->layout.slot_bytes;
+    uint64_t bytes = g->n_tokens <= c->layout.token_budget
+                         ? slot_used_bytes(&c->layout, g->n_tokens)
+                         : c->layout.slot_bytes;
     if (bytes > g->size) bytes = g->size;
     if (bytes > c->layout.slot_bytes) bytes = c->layout.slot_bytes;
     double t0 = now_s();
     int rc = pool_importer_attach_slot(w->imp, &ref);
-    if (rc == 0) rc = pool_copy_start(w->imp, ref.incarnation, ref.slot, ref.offset, bytes, w->staging);
+    if (rc == 0)
+        rc = pool_copy_start(w->imp, ref.incarnation, ref.slot, ref.offset, bytes, w->staging);
     if (rc == 0) rc = pool_copy_wait(w->imp);
     if (rc < 0) {
         /* the exporter is gone (shm removed) or the grant is bad: give the slot back unread */
@@ -151,10 +155,13 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     w->holding = true;
     w->held = g->unit;
 
-    worker_batch b = {.staged = w->staging, .copy_stream = pool_importer_stream(w->imp),
-                      .wu = {.epoch = g->unit.epoch, .bucket = g->unit.bucket, .batch = g->unit.index},
-                      .n_tokens = g->n_tokens, .n_seqs = g->n_seqs,
-                      .pool_incarnation = g->pool_incarnation};
+    worker_batch b = {
+        .staged = w->staging,
+        .copy_stream = pool_importer_stream(w->imp),
+        .wu = {.epoch = g->unit.epoch, .bucket = g->unit.bucket, .batch = g->unit.index},
+        .n_tokens = g->n_tokens,
+        .n_seqs = g->n_seqs,
+        .pool_incarnation = g->pool_incarnation};
     uint64_t step = 0;
     t0 = now_s();
     rc = w->cons->consume(w->cons->ctx, &b, &step);
@@ -298,7 +305,8 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             }
             if (rc != DFLASH_EAGAIN) goto out_client;
             rc = 0;
-            if (cfg->broker_wait_ms > 0 && (now_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
+            if (cfg->broker_wait_ms > 0 &&
+                (now_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
                 LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
                           cfg->endpoint, (long long)cfg->broker_wait_ms);
                 rc = DFLASH_EPEER;

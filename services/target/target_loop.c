@@ -110,7 +110,8 @@ static int do_register(target_loop *t)
     rc = client_register_pool(t->client, &wp);
     if (rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE) return DFLASH_EAGAIN;
     if (rc < 0) {
-        LOG_ERROR("the broker refused our pool: %s (%s)", err_str(rc), client_last_error(t->client));
+        LOG_ERROR("the broker refused our pool: %s (%s)", err_str(rc),
+                  client_last_error(t->client));
         return rc;
     }
     t->st.registrations++;

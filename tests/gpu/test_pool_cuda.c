@@ -39,7 +39,8 @@ static bool rw_full(int fd, void *buf, size_t n, bool wr)
 {
     size_t done = 0;
     while (done < n) {
-        ssize_t r = wr ? write(fd, (char *)buf + done, n - done) : read(fd, (char *)buf + done, n - done);
+        ssize_t r =
+            wr ? write(fd, (char *)buf + done, n - done) : read(fd, (char *)buf + done, n - done);
         if (r <= 0) return false;
         done += (size_t)r;
     }
@@ -73,7 +74,8 @@ static int exporter(const slot_layout *l, int out_fd, int in_fd, int n_importers
     for (uint32_t i = 0; i < N_SLOTS; i++) {
         slot_work_unit wu = unit_of(i);
         synthetic_fill(host, l, &wu, &sp, pool_descriptor(p)->incarnation);
-        if (pool_staging_write(POOL_CUDA, pool_slot_ptr(p, i), host, l->slot_bytes) != 0) failures++;
+        if (pool_staging_write(POOL_CUDA, pool_slot_ptr(p, i), host, l->slot_bytes) != 0)
+            failures++;
         if (pool_slot_publish(p, i, NULL) != 0) failures++;
     }
     /* single-process mode: our own importer uses raw pointers */
@@ -82,7 +84,8 @@ static int exporter(const slot_layout *l, int out_fd, int in_fd, int n_importers
     if (!self || !stage || pool_importer_attach(self, pool_descriptor(p)) != 0 ||
         pool_copy_start(self, pool_descriptor(p)->incarnation, 1, pool_slot_offset(p, 1),
                         l->slot_bytes, stage) != 0 ||
-        pool_copy_wait(self) != 0 || pool_staging_read(POOL_CUDA, host, stage, l->slot_bytes) != 0) {
+        pool_copy_wait(self) != 0 ||
+        pool_staging_read(POOL_CUDA, host, stage, l->slot_bytes) != 0) {
         fprintf(stderr, "exporter: single-process copy failed\n");
         failures++;
     } else {
@@ -132,7 +135,8 @@ static int importer(const slot_layout *l, int in_fd, int done_fd, int device, in
         char msg[256] = "";
         slot_work_unit wu = unit_of(i);
         if (pool_copy_start(imp, d.incarnation, i, i * d.slot_bytes, l->slot_bytes, stage) != 0 ||
-            pool_copy_wait(imp) != 0 || pool_staging_read(POOL_CUDA, host, stage, l->slot_bytes) != 0 ||
+            pool_copy_wait(imp) != 0 ||
+            pool_staging_read(POOL_CUDA, host, stage, l->slot_bytes) != 0 ||
             synthetic_verify(host, l, &wu, &sp, NULL, msg, sizeof msg) != 0) {
             fprintf(stderr, "importer %d: slot %u: %s\n", device, i, msg);
             failures++;
@@ -166,7 +170,8 @@ static int importer(const slot_layout *l, int in_fd, int done_fd, int device, in
     }
     double total = now_s() - t0;
     qsort(lat, (size_t)copies, sizeof *lat, cmp_double);
-    printf("| importer GPU %d (arena on GPU %d) | %8.1f MiB | %6d | %8.1f GB/s | %8.1f us | %8.1f us |\n",
+    printf("| importer GPU %d (arena on GPU %d) | %8.1f MiB | %6d | %8.1f GB/s | %8.1f us | %8.1f "
+           "us |\n",
            device, d.device, l->slot_bytes / 1048576.0, copies,
            (double)l->slot_bytes * copies / total / 1e9, lat[copies / 2] * 1e6,
            lat[(int)(copies * 0.99)] * 1e6);
@@ -210,7 +215,8 @@ int main(int argc, char **argv)
     if (pipe(to_imp) != 0 || pipe(to_exp) != 0) return 1;
     pid_t exp_pid = fork();
     if (exp_pid == 0) _exit(exporter(&l, to_imp[1], to_exp[0], n_imp));
-    printf("| importer | slot | copies | bandwidth | copy p50 | copy p99 |\n|---|---|---|---|---|---|\n");
+    printf("| importer | slot | copies | bandwidth | copy p50 | copy p99 "
+           "|\n|---|---|---|---|---|---|\n");
     fflush(stdout);
     int failures = 0;
     for (int k = 0; k < n_imp; k++) { /* one at a time, so the timings do not overlap */

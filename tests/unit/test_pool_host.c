@@ -1,9 +1,10 @@
 /* test_pool_host: the host (POSIX shm) pool between real processes. A producer fills slots with
  * synthetic batches and a forked consumer, knowing only the encoded descriptor sent over a pipe,
  * maps the pool by name, copies every slot and verifies it byte for byte (it was forked before
- * the producer wrote anything, so it sees the batches only through the shared object). Also: single-process mode, a new incarnation
- * replaces the old mapping, a SIGKILLed exporter's segment is swept, descriptors are
- * range-checked, and destroying the pool leaves nothing in /dev/shm. */
+ * the producer wrote anything, so it sees the batches only through the shared object); it also
+ * maps a slot from grant fields alone. Also: single-process mode, a new incarnation replaces the
+ * old mapping, a SIGKILLed exporter's segment is swept, descriptors are range-checked, and
+ * destroying the pool leaves nothing in /dev/shm. */
 #include "check.h"
 #include "err.h"
 #include "pool.h"
@@ -155,7 +156,8 @@ int main(void)
     CHECK_EQ_INT(pool_importer_attach(imp, d), 0);
     CHECK_EQ_INT(pool_importer_mappings(imp), 1);
     void *stage = pool_staging_alloc(POOL_HOST, 0, l.slot_bytes);
-    CHECK_EQ_INT(pool_copy_start(imp, d->incarnation, 2, 2 * d->slot_bytes, l.slot_bytes, stage), 0);
+    CHECK_EQ_INT(pool_copy_start(imp, d->incarnation, 2, 2 * d->slot_bytes, l.slot_bytes, stage),
+                 0);
     CHECK_EQ_INT(pool_copy_poll(imp), 1);
     slot_work_unit wu2 = {.epoch = 1, .bucket = 0, .batch = 12};
     CHECK_EQ_INT(synthetic_verify(stage, &l, &wu2, &sp, NULL, NULL, 0), 0);

@@ -90,8 +90,8 @@ int main(void)
     CHECK_EQ_INT(slot_header_check(s2, &l, NULL, err, sizeof err), DFLASH_ERANGE);
 
     /* one flipped bit in each region is caught and located */
-    size_t where[] = {l.off_seq_offsets + 4, l.off_positions + 8, l.off_token_ids, l.off_loss_mask + 3,
-                      l.off_hidden + 5 * l.row_bytes + 2 * 64 * 4 + 7 * 4 + 1};
+    size_t where[] = {l.off_seq_offsets + 4, l.off_positions + 8, l.off_token_ids,
+                      l.off_loss_mask + 3, l.off_hidden + 5 * l.row_bytes + 2 * 64 * 4 + 7 * 4 + 1};
     for (size_t i = 0; i < 5; i++) {
         memcpy(s2, s, l.slot_bytes);
         s2[where[i]] ^= 0x04;

@@ -1,14 +1,21 @@
 /* dflash-target: fills slots with the target model's hidden states for the broker (DESIGN §2).
  * main() is the table of contents: config table (defaults < file < DFLASH_* < flags), validate,
  * build the slot layout and the producer chosen by --model ("synthetic" is the deterministic
- * stand-in of synthetic.h; a checkpoint path is the real model, not wired in yet), log the
+ * stand-in of synthetic.h; a checkpoint directory is the real target forward of model_producer.h
+ * over --shards, on the cpu ops for the host backend or the cuda ops for the cuda one, warmed up
+ * for every bucket shape before registering), log the
  * effective config, run target_loop until drained or SIGINT/SIGTERM, shut down in reverse (the
  * pool's shared memory is removed). Exit status: 0 done, 1 fatal error, 2 bad configuration.
  * The only global is the stop flag. */
 #include "config.h"
 #include "err.h"
 #include "log.h"
+#include "model_producer.h"
+#include "ops.h"
 #include "target_loop.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "ops_cuda.h"
+#endif
 
 #include <signal.h>
 #include <stdio.h>
@@ -21,6 +28,10 @@ typedef struct target_config {
     char endpoint[256];
     char name[32];
     char model[512];
+    char shards[1024];
+    char capture[256];
+    int64_t seed;
+    int64_t threads;
     char backend[16];
     int64_t device;
     int64_t slots;
@@ -51,6 +62,12 @@ static const cfg_option target_options[] = {
     OPTS("name", "target0", "peer and pool name (letters, digits, - and _)", name),
     OPTS("model", "synthetic", "target checkpoint directory, or 'synthetic' for deterministic "
          "test data", model),
+    OPTS("shards", "", "model: comma-separated token shard files (dflash-data)", shards),
+    OPT("seed", CFG_INT, "0", 0, 9e15, "model: batch plan seed", seed),
+    OPTS("capture-layers", "", "model: target layer ids to capture, e.g. 1,9,17,25,33 (default: "
+         "DFlash's rule for --layers features)", capture),
+    OPT("threads", CFG_INT, "0", 0, 1024, "model on the host backend: cpu threads (0 = all)",
+        threads),
     OPTS("backend", "host", "slot pool backend: host (POSIX shm, f32) or cuda (IPC, bf16)",
          backend),
     OPT("device", CFG_INT, "0", 0, 64, "GPU ordinal of the cuda pool", device),
@@ -174,12 +191,57 @@ int main(int argc, char **argv)
     if (build_loop_config(&cfg, &lc, endpoint, sizeof endpoint) < 0) return 2;
 
     target_producer *prod = NULL;
+    const nn_ops *ops = NULL;
+    nn_ctx *nn = NULL;
     if (strcmp(cfg.model, "synthetic") == 0) {
         prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size, cfg.rate);
     } else {
-        LOG_ERROR("--model %s: the real target forward is not wired into dflash-target yet; use "
-                  "--model synthetic", cfg.model);
-        return 2;
+        if (lc.backend == POOL_HOST) {
+            ops = nn_cpu_ops();
+            nn = nn_cpu_new((int)cfg.threads);
+        } else {
+#ifdef DFLASH_HAVE_CUDA
+            ops = nn_cuda_ops();
+            nn = nn_cuda_new(lc.device);
+#endif
+        }
+        if (!nn) LOG_FATAL("no %s compute backend for the target model", cfg.backend);
+        if (!cfg.shards[0]) {
+            fprintf(stderr, "dflash-target: --model %s needs --shards FILE[,FILE...]\n", cfg.model);
+            return 2;
+        }
+        int ids[64], n_ids = 0;
+        for (const char *c = cfg.capture; *c && n_ids < 64;) {
+            char *end;
+            long v = strtol(c, &end, 10);
+            if (end == c || v < 0 || (*end && *end != ',')) {
+                fprintf(stderr, "dflash-target: bad --capture-layers '%s'\n", cfg.capture);
+                return 2;
+            }
+            ids[n_ids++] = (int)v;
+            c = *end ? end + 1 : end;
+        }
+        model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,
+                                  .bucket_bounds = lc.bucket_upper, .n_buckets = (int)lc.n_buckets,
+                                  .token_budget = (uint32_t)cfg.token_budget,
+                                  .max_seqs = (uint32_t)cfg.max_seqs, .seed = (uint64_t)cfg.seed,
+                                  .layer_ids = n_ids ? ids : NULL, .n_layer_ids = n_ids,
+                                  .drafter_layers = n_ids ? n_ids : (int)cfg.layers};
+        char err[512] = "";
+        model_producer *mp = model_producer_new(&mo, ops, nn, err, sizeof err);
+        if (!mp) {
+            LOG_ERROR("cannot load the target model %s: %s", cfg.model, err);
+            return 1;
+        }
+        rc = model_producer_loop_config(mp, &lc); /* layout and buckets come from the model */
+        if (rc == 0) rc = model_producer_warmup(mp);
+        if (rc < 0) {
+            LOG_ERROR("target model %s: %s", cfg.model, err_str(rc));
+            model_producer_destroy(&mp);
+            return 1;
+        }
+        prod = model_producer_as_target(&mp, 0);
+        model_producer_destroy(&mp); /* NULL after a successful hand-over */
     }
     if (!prod) LOG_FATAL("cannot create the %s producer", cfg.model);
 
@@ -201,6 +263,10 @@ int main(int argc, char **argv)
              st.elapsed_s > 0 ? st.tokens / st.elapsed_s : 0.0, st.fill_s, st.wait_slot_s,
              (unsigned long long)st.registrations);
     target_producer_destroy(&prod);
+    if (nn && lc.backend == POOL_HOST) nn_cpu_destroy(&nn);
+#ifdef DFLASH_HAVE_CUDA
+    if (nn && lc.backend == POOL_CUDA) nn_cuda_destroy(&nn);
+#endif
     if (rc < 0) {
         LOG_ERROR("dflash-target: %s", err_str(rc));
         return 1;

@@ -132,7 +132,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
         /* the exporter is gone (shm removed) or the grant is bad: give the slot back unread */
         LOG_WARN("cannot copy slot %u of pool %016llx: %s; releasing it", g->slot,
                  (unsigned long long)g->pool_incarnation, err_str(rc));
-        int rrc;
+        int rrc = 0;
         RETRY_CALL(w, stop, rrc, client_release(w->client, g->lease_id));
         (void)rrc;
         pool_importer_forget(w->imp, ref.incarnation);
@@ -207,7 +207,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     if (w->cons->committed) {
         uint64_t cs = w->cons->committed(w->cons->ctx);
         if (cs > w->committed_reported) {
-            int crc;
+            int crc = DFLASH_ETIMEOUT;
             RETRY_CALL(w, stop, crc, client_checkpoint_committed(w->client, cs));
             if (crc == 0) w->committed_reported = cs;
         }

@@ -118,6 +118,8 @@ class Service:
         return self.proc.poll() if self.proc else None
 
     def log_text(self):
+        if not os.path.exists(self.log_path):  # never started
+            return ""
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
@@ -184,8 +186,9 @@ def main():
                 "dflash-target": os.path.join(build, "services", "target", "dflash-target"),
                 "dflash-drafter": os.path.join(build, "services", "drafter", "dflash-drafter")}
     base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp}
-    if "ASAN_OPTIONS" in os.environ:
-        base_env["ASAN_OPTIONS"] = os.environ["ASAN_OPTIONS"]
+    for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LD_LIBRARY_PATH", "OPENBLAS_CORETYPE"):
+        if var in os.environ:  # the loader path carries the GPU machine's devlibs
+            base_env[var] = os.environ[var]
     # what the volumes are on this machine, and per-instance names compose would get from
     # container hostnames
     local = {"DFLASH_RUNTIME_DIR": run_dir, "DFLASH_JOURNAL": os.path.join(tmp, "queue.journal"),

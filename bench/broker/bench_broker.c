@@ -7,7 +7,8 @@
  * A forked child runs broker_new + uv_run (the same code as dflash-queue, no journal); another
  * forked child runs a plain blocking ROUTER echo. The parent is both target and drafter through
  * client.h: it makes `batch` slots ready (untimed), then times claim (the grant latency) +
- * release for each, and repeats; then once more with a raw DEALER keeping 256 requests in
+ * release for each, acks and rewinds them (untimed, so the same batches are reused and the
+ * ledger's size stays fixed), and repeats; then once more with a raw DEALER keeping 256 requests in
  * flight (the broker loop's own capacity). RSS is read from /proc/PID/status of the broker child.
  * Prints one table; the last line is the ratio broker/echo. */
 #include "broker.h"
@@ -184,7 +185,9 @@ int main(int argc, char **argv)
     pool.n_buckets = 1;
     pool.bucket_upper[0] = 4096;
     pool.bucket_share[0] = 1;
-    pool.bucket_batches[0] = (uint64_t)total + 2 * (uint64_t)batch;
+    /* One epoch of `batch` batches, recycled: every phase acks its batches and rewinds them
+     * (ResumeFrom 0), so the ledger's size stays fixed and RSS shows the loop's own growth. */
+    pool.bucket_batches[0] = (uint64_t)batch;
     pool.epochs = 1;
     if ((rc = client_register_pool(t, &pool))) {
         fprintf(stderr, "register: %s: %s\n", err_str(rc), client_last_error(t));
@@ -195,6 +198,8 @@ int main(int argc, char **argv)
     uint64_t timed_ns = 0;
     long done = 0, rss_first = -1;
     wire_grant *g = malloc(sizeof *g);
+    wire_unit *units = malloc((size_t)batch * sizeof *units);
+    uint64_t step = 0;
     while (done < total) {
         int n = batch;
         if (total - done < n) n = (int)(total - done);
@@ -217,10 +222,18 @@ int main(int argc, char **argv)
             uint64_t us = (now_ns() - c0) / 1000;
             hist[us < HIST_US ? us : HIST_US]++;
             if ((rc = client_release(d, g->lease_id))) return 1;
+            units[i] = g->unit;
             if (done + i + 1 == 1000) rss_first = rss_kb(bpid);
         }
         timed_ns += now_ns() - t0;
         done += n;
+        step++; /* untimed: train (ack) the phase's batches, then rewind them for reuse */
+        for (int i = 0; i < n; i++)
+            if ((rc = client_ack(d, &units[i], step))) {
+                fprintf(stderr, "ack: %s: %s\n", err_str(rc), client_last_error(d));
+                return 1;
+            }
+        if ((rc = client_resume_from(d, 0))) return 1;
     }
     long rss_last = rss_kb(bpid);
     /* pipelined phase: refill, then a window of 256 outstanding requests */
@@ -273,5 +286,6 @@ int main(int argc, char **argv)
     if (system(cmd)) return 1;
     free(hist);
     free(g);
+    free(units);
     return 0;
 }

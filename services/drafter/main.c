@@ -1,14 +1,26 @@
 /* dflash-drafter: claims slots from the broker, copies them, and trains the DFlash drafter on
  * them (DESIGN §2, steps 4-6). main() is the table of contents: config table (defaults < file <
- * DFLASH_* < flags), validate, build the slot layout and the consumer chosen by the mode
- * (--verify checks every byte against the synthetic target; training plugs in as another
- * consumer), log the effective config, run worker_loop until drained or SIGINT/SIGTERM, shut
- * down in reverse. Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed
- * verification (corrupt or mismatched data: the data plane is broken).
+ * DFLASH_* < flags), validate, build the slot layout and the consumer chosen by the mode, log the
+ * effective config, run worker_loop until drained, --max-steps or SIGINT/SIGTERM, shut down in
+ * reverse. Modes:
+ *   --train (default when --model is given)  the trainer (trainer.h): steps, metrics,
+ *            checkpoints, exact resume;
+ *   --verify         every byte of every batch against the synthetic target (synthetic.h);
+ *   --verify-model   issue 4's end-to-end check: each slot's captured hidden states against a
+ *                    direct single-process forward of the same batch (model_producer_verify),
+ *                    for --verify-slots slots, then exit.
+ * Subcommand: `dflash-drafter eval --model TARGET --data SHARDS [--checkpoint DIR | --init-only]`
+ * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards.
+ * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
+ * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong).
  * The only global is the stop flag. */
+#include "blas_env.h"
 #include "config.h"
+#include "hf_config.h"
 #include "err.h"
 #include "log.h"
+#include "model_producer.h"
+#include "trainer.h"
 #include "worker_loop.h"
 
 #include <signal.h>
@@ -22,6 +34,35 @@ typedef struct drafter_config {
     char endpoint[256];
     char name[48];
     bool verify;
+    bool train;
+    bool verify_model;
+    char model[1024];
+    char shards[1024];
+    char capture[256];
+    int64_t seed;
+    int64_t threads;
+    int64_t draft_layers;
+    int64_t block_size;
+    int64_t mask_token_id;
+    int64_t anchors;
+    double lr;
+    double warmup_ratio;
+    int64_t total_steps;
+    double min_lr_ratio;
+    double clip;
+    double weight_decay;
+    double gamma;
+    int64_t anchor_seed;
+    int64_t init_seed;
+    char checkpoint_dir[1024];
+    int64_t checkpoint_every;
+    int64_t keep_last;
+    char resume[1024];
+    char init_weights[1024];
+    char metrics_dir[1024];
+    int64_t max_steps;
+    double verify_tol;
+    int64_t verify_slots;
     char backend[16];
     int64_t device;
     int64_t token_budget;
@@ -50,8 +91,52 @@ static const cfg_option drafter_options[] = {
     OPTS("name", "", "peer name, unique per drafter (default drafter-<host>-<pid>)", name),
     OPT("verify", CFG_BOOL, "false", 1, 0, "mode: check every byte of every batch against the "
         "synthetic target (dflash-target --model synthetic), ack, report throughput", verify),
-    OPTS("backend", "host", "slot pool backend: host (POSIX shm, f32) or cuda (IPC, bf16)",
-         backend),
+    OPT("train", CFG_BOOL, "false", 1, 0, "mode: train the DFlash drafter (the default when "
+        "--model is given)", train),
+    OPT("verify-model", CFG_BOOL, "false", 1, 0, "mode: check --verify-slots slots against a "
+        "direct forward of the same batch by --model over --shards, then exit", verify_model),
+    OPTS("model", "", "target checkpoint directory (the one dflash-target runs)", model),
+    OPTS("shards", "", "verify-model: the target's --shards", shards),
+    OPT("seed", CFG_INT, "0", 0, 9e15, "verify-model: the target's batch plan --seed", seed),
+    OPTS("capture-layers", "", "target layer ids the target captures (as dflash-target; "
+         "default: DFlash's rule for --layers features)", capture),
+    OPT("threads", CFG_INT, "0", 0, 1024, "cpu backend threads (0 = all cores)", threads),
+    OPT("draft-layers", CFG_INT, "1", 1, 64, "train: drafter decoder layers", draft_layers),
+    OPT("block-size", CFG_INT, "16", 2, 64, "train: block size (1 anchor + predicted tokens)",
+        block_size),
+    OPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "train: embedding row used as MASK (-1 = "
+        "vocab_size - 1; real Qwen3 targets: the first unused row, e.g. 151669)", mask_token_id),
+    OPT("anchors", CFG_INT, "512", 1, 1 << 20, "train: anchors per sequence", anchors),
+    OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate", lr),
+    OPT("warmup-ratio", CFG_DOUBLE, "0.04", 0, 1, "train: warmup fraction of the schedule",
+        warmup_ratio),
+    OPT("total-steps", CFG_INT, "0", 0, 1e15, "train: cosine schedule length (0 = --max-steps; "
+        "both 0: constant after warmup)", total_steps),
+    OPT("min-lr-ratio", CFG_DOUBLE, "0", 0, 1, "train: cosine floor as a fraction of --lr",
+        min_lr_ratio),
+    OPT("clip", CFG_DOUBLE, "1.0", 0, 1e9, "train: gradient-norm clip (0 = none)", clip),
+    OPT("weight-decay", CFG_DOUBLE, "0", 0, 10, "train: AdamW weight decay (matrices)",
+        weight_decay),
+    OPT("gamma", CFG_DOUBLE, "0", 0, 1e6, "train: loss decay gamma (0 = 7 for block 16, 5 for "
+        "10, 4 for 8)", gamma),
+    OPT("anchor-seed", CFG_INT, "0", 0, 9e15, "train: anchor sampling seed", anchor_seed),
+    OPT("init-seed", CFG_INT, "1", 0, 9e15, "train: seed of fresh drafter weights", init_seed),
+    OPTS("checkpoint-dir", "", "train: checkpoints go to DIR/step-N; a run restarted with the "
+         "same DIR resumes from its newest one", checkpoint_dir),
+    OPT("checkpoint-every", CFG_INT, "500", 0, 1e15, "train: steps between checkpoints (0 = "
+        "only the final one)", checkpoint_every),
+    OPT("keep-last", CFG_INT, "3", 1, 1000, "train: checkpoints kept", keep_last),
+    OPTS("resume", "", "train: resume exactly from this checkpoint (or the newest under it)",
+         resume),
+    OPTS("init-weights", "", "train: warm start (weights only) from this checkpoint", init_weights),
+    OPTS("metrics-dir", "", "train: metrics.jsonl and TensorBoard events go here", metrics_dir),
+    OPT("max-steps", CFG_INT, "0", 0, 1e15, "train: stop at this optimizer step (0 = until the "
+        "broker drains)", max_steps),
+    OPT("verify-tol", CFG_DOUBLE, "1e-4", 0, 1, "verify-model: max relative error per captured "
+        "row", verify_tol),
+    OPT("verify-slots", CFG_INT, "4", 1, 1 << 30, "verify-model: slots to check", verify_slots),
+    OPTS("backend", "host", "slot pool backend: host (POSIX shm, f32; cpu compute) or cuda "
+         "(IPC, bf16; cuda compute)", backend),
     OPT("device", CFG_INT, "0", 0, 64, "GPU ordinal for the staging buffer and copies", device),
     OPT("token-budget", CFG_INT, "2048", 16, 1 << 20, "tokens per slot (as the target)",
         token_budget),
@@ -103,9 +188,195 @@ static int parse_buckets(const char *s, uint32_t *upper, uint32_t *n)
     return *n ? 0 : DFLASH_ECONFIG;
 }
 
+/* "1,9,17" -> ids. Returns the count (>= 0) or DFLASH_ECONFIG. */
+static int parse_ids(const char *s, int *ids, int max)
+{
+    int n = 0;
+    for (const char *c = s; *c;) {
+        char *end;
+        long v = strtol(c, &end, 10);
+        if (end == c || v < 0 || n >= max || (*end && *end != ',')) return DFLASH_ECONFIG;
+        ids[n++] = (int)v;
+        c = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------ the --verify-model consumer */
+
+typedef struct model_verify_ctx {
+    model_producer *p;
+    pool_backend backend;
+    slot_layout layout;
+    double tol, worst;
+    void *host;
+    uint64_t n;
+} model_verify_ctx;
+
+static int model_verify_consume(void *vctx, const worker_batch *b, uint64_t *step)
+{
+    model_verify_ctx *v = vctx;
+    const void *img = b->staged;
+    if (v->backend == POOL_CUDA) {
+        int rc = pool_staging_read(POOL_CUDA, v->host, b->staged,
+                                   slot_used_bytes(&v->layout, b->n_tokens));
+        if (rc < 0) return rc;
+        img = v->host;
+    }
+    char err[512] = "";
+    double max_err = 0;
+    int rc = model_producer_verify(v->p, img, &v->layout, v->tol, &max_err, err, sizeof err);
+    if (rc < 0) {
+        LOG_ERROR("VERIFY FAILED for batch (%u, %u, %llu): %s", b->wu.epoch, b->wu.bucket,
+                  (unsigned long long)b->wu.batch, err);
+        return rc == DFLASH_EMISMATCH ? rc : DFLASH_ECORRUPT;
+    }
+    if (max_err > v->worst) v->worst = max_err;
+    LOG_INFO("batch (%u, %u, %llu): %u tokens, %u sequences match a direct forward (max relative "
+             "error %.3g, tolerance %.3g)", b->wu.epoch, b->wu.bucket,
+             (unsigned long long)b->wu.batch, b->n_tokens, b->n_seqs, max_err, v->tol);
+    *step = ++v->n;
+    return 0;
+}
+
+static uint64_t model_verify_committed(void *vctx)
+{
+    return ((model_verify_ctx *)vctx)->n;
+}
+
+static int model_verify_finish(void *vctx)
+{
+    model_verify_ctx *v = vctx;
+    LOG_INFO("verify-model: %llu slots verified against a direct forward, worst relative error "
+             "%.3g", (unsigned long long)v->n, v->worst);
+    return 0;
+}
+
+static void model_verify_destroy(void *vctx)
+{
+    model_verify_ctx *v = vctx;
+    model_producer_destroy(&v->p);
+    free(v->host);
+    free(v);
+}
+
+static worker_consumer *model_verify_new(model_producer **p, const worker_loop_config *lc,
+                                         double tol)
+{
+    worker_consumer *c = calloc(1, sizeof *c);
+    model_verify_ctx *v = calloc(1, sizeof *v);
+    if (!c || !v || (lc->backend == POOL_CUDA && !(v->host = malloc(lc->layout.slot_bytes)))) {
+        free(c);
+        if (v) free(v->host);
+        free(v);
+        return NULL;
+    }
+    v->p = *p;
+    *p = NULL;
+    v->backend = lc->backend;
+    v->layout = lc->layout;
+    v->tol = tol;
+    *c = (worker_consumer){.name = "verify-model", .ctx = v, .consume = model_verify_consume,
+                           .committed = model_verify_committed, .destroy = model_verify_destroy,
+                           .finish = model_verify_finish};
+    return c;
+}
+
+/* ------------------------------------------------------------------------ eval subcommand */
+
+typedef struct eval_config {
+    char checkpoint[1024];
+    char model[1024];
+    char data[2048];
+    bool init_only;
+    int64_t threads;
+    int64_t max_seqs;
+    int64_t draft_layers, block_size, mask_token_id, layers, init_seed;
+    char capture[256];
+    bool json;
+    char log_level[16];
+} eval_config;
+
+#define EOPT(n, t, d, lo, hi, h, m) {n, t, d, lo, hi, false, h, offsetof(eval_config, m), 0}
+#define EOPTS(n, d, h, m) {n, CFG_STRING, d, 1, 0, false, h, offsetof(eval_config, m), \
+                           sizeof(((eval_config *)0)->m)}
+static const cfg_option eval_options[] = {
+    EOPTS("checkpoint", "", "drafter checkpoint directory, or a --checkpoint-dir (its newest)",
+          checkpoint),
+    EOPTS("model", "", "the target checkpoint directory", model),
+    EOPTS("data", "", "comma-separated held-out shards (the target's greedy continuations)", data),
+    EOPT("init-only", CFG_BOOL, "false", 1, 0, "evaluate the untrained drafter that training "
+         "starts from (same --draft-layers, --block-size, --layers, --init-seed)", init_only),
+    EOPT("threads", CFG_INT, "0", 0, 1024, "cpu threads (0 = all cores)", threads),
+    EOPT("max-seqs", CFG_INT, "0", 0, 1e12, "evaluate the first N sequences (0 = all)", max_seqs),
+    EOPT("draft-layers", CFG_INT, "1", 1, 64, "init-only: drafter layers", draft_layers),
+    EOPT("block-size", CFG_INT, "16", 2, 64, "init-only: block size", block_size),
+    EOPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "init-only: MASK row (-1 = vocab - 1)",
+         mask_token_id),
+    EOPT("layers", CFG_INT, "3", 1, 64, "init-only: captured target layers", layers),
+    EOPTS("capture-layers", "", "init-only: target layer ids (default: DFlash's rule)", capture),
+    EOPT("init-seed", CFG_INT, "1", 0, 9e15, "init-only: seed of the fresh weights", init_seed),
+    EOPT("json", CFG_BOOL, "false", 1, 0, "print one JSON object instead of a sentence", json),
+    EOPTS("log-level", "warn", "debug, info, warn or error", log_level),
+};
+static const cfg_table eval_table = {
+    "dflash-drafter eval", "offline acceptance length tau (dflash.md 4.2) of a drafter checkpoint "
+    "on held-out shards", "[options]", eval_options,
+    sizeof eval_options / sizeof eval_options[0]};
+
+static int eval_main(int argc, char **argv)
+{
+    eval_config ec;
+    int rc = config_load(&eval_table, &ec, argc, argv, NULL, 0, NULL);
+    if (rc == 1) return 0;
+    if (rc < 0) return 2;
+    log_level lvl;
+    if (log_level_parse(ec.log_level, &lvl) != 0) {
+        fprintf(stderr, "dflash-drafter eval: bad --log-level '%s'\n", ec.log_level);
+        return 2;
+    }
+    log_set_level(lvl);
+    if (!ec.model[0] || !ec.data[0] || (!ec.checkpoint[0] && !ec.init_only)) {
+        fprintf(stderr, "dflash-drafter eval: needs --model TARGET_DIR, --data SHARD[,...] and "
+                "--checkpoint DIR (or --init-only)\n");
+        return 2;
+    }
+    int ids[64];
+    int n_ids = parse_ids(ec.capture, ids, 64);
+    if (n_ids < 0) {
+        fprintf(stderr, "dflash-drafter eval: bad --capture-layers '%s'\n", ec.capture);
+        return 2;
+    }
+    trainer_eval_opts eo = {.checkpoint = ec.init_only ? NULL : ec.checkpoint,
+                            .model_dir = ec.model, .data = ec.data, .threads = (int)ec.threads,
+                            .max_seqs = ec.max_seqs, .draft_layers = (int)ec.draft_layers,
+                            .block_size = (int)ec.block_size,
+                            .mask_token_id = (int)ec.mask_token_id,
+                            .n_feat = n_ids ? n_ids : (int)ec.layers,
+                            .capture_ids = n_ids ? ids : NULL, .n_capture_ids = n_ids,
+                            .init_seed = (uint64_t)ec.init_seed};
+    trainer_eval_result r;
+    char err[512] = "";
+    rc = trainer_eval(&eo, &r, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "dflash-drafter eval: %s (%s)\n", err, err_str(rc));
+        return rc == DFLASH_EMISMATCH || rc == DFLASH_ECONFIG ? 2 : 1;
+    }
+    const char *what = ec.init_only ? "untrained" : ec.checkpoint;
+    if (ec.json)
+        printf("{\"tau\": %.4f, \"cycles\": %ld, \"sequences\": %ld, \"block_size\": %d, "
+               "\"seconds\": %.2f}\n", r.tau, r.cycles, r.sequences, r.block_size, r.seconds);
+    else
+        printf("tau %.4f (%ld draft cycles over %ld held-out sequences, block %d, drafter %s) "
+               "in %.1f s\n", r.tau, r.cycles, r.sequences, r.block_size, what, r.seconds);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    blas_select_fast_kernels(argv);
     log_init("dflash-drafter", LOG_INFO);
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     drafter_config cfg;
     int rc = config_load(&drafter_table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
@@ -162,13 +433,114 @@ int main(int argc, char **argv)
     lc.broker_wait_ms = cfg.broker_wait_ms;
     lc.exit_when_drained = cfg.exit_when_drained;
 
+    int ids[64];
+    int n_ids = parse_ids(cfg.capture, ids, 64);
+    if (n_ids < 0) {
+        fprintf(stderr, "dflash-drafter: bad --capture-layers '%s'\n", cfg.capture);
+        return 2;
+    }
+    if (cfg.model[0] && !cfg.verify && !cfg.verify_model) cfg.train = true;
+    if (cfg.verify + cfg.train + cfg.verify_model != 1) {
+        fprintf(stderr, "dflash-drafter: choose one mode: --train (with --model), --verify or "
+                "--verify-model\n");
+        return 2;
+    }
+    if ((cfg.train || cfg.verify_model) && !cfg.model[0]) {
+        fprintf(stderr, "dflash-drafter: --%s needs --model TARGET_DIR\n",
+                cfg.train ? "train" : "verify-model");
+        return 2;
+    }
+
     worker_consumer *cons = NULL;
+    char err[512] = "";
     if (cfg.verify) {
         cons = worker_verify_new(&lc, upper, n_buckets, (uint32_t)cfg.vocab_size, cfg.rate);
+    } else if (cfg.verify_model) {
+        if (!cfg.shards[0]) {
+            fprintf(stderr, "dflash-drafter: --verify-model needs the target's --shards\n");
+            return 2;
+        }
+        const nn_ops *ops = nn_cpu_ops();
+        nn_ctx *nn = nn_cpu_new((int)cfg.threads);
+        if (lc.backend != POOL_HOST) {
+            fprintf(stderr, "dflash-drafter: --verify-model runs its direct forward on the cpu; "
+                    "use --backend host\n");
+            return 2;
+        }
+        model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,
+                                  .bucket_bounds = upper, .n_buckets = (int)n_buckets,
+                                  .token_budget = (uint32_t)cfg.token_budget,
+                                  .max_seqs = (uint32_t)cfg.max_seqs, .seed = (uint64_t)cfg.seed,
+                                  .layer_ids = n_ids ? ids : NULL, .n_layer_ids = n_ids,
+                                  .drafter_layers = n_ids ? n_ids : (int)cfg.layers};
+        model_producer *mp = nn ? model_producer_new(&mo, ops, nn, err, sizeof err) : NULL;
+        if (!mp) {
+            LOG_ERROR("cannot load the target model %s for verification: %s", cfg.model, err);
+            nn_cpu_destroy(&nn);
+            return 1;
+        }
+        slot_layout want;
+        if (model_producer_layout(mp, &want) < 0 || want.slot_bytes != lc.layout.slot_bytes ||
+            want.hidden != lc.layout.hidden || want.n_layers != lc.layout.n_layers) {
+            LOG_ERROR("the target's slots (hidden %u, %u layers, %zu bytes) differ from ours "
+                      "(--hidden %u, --layers %u, %zu bytes)", want.hidden, want.n_layers,
+                      want.slot_bytes, lc.layout.hidden, lc.layout.n_layers,
+                      lc.layout.slot_bytes);
+            model_producer_destroy(&mp);
+            nn_cpu_destroy(&nn);
+            return 2;
+        }
+        lc.max_batches = cfg.verify_slots;
+        cons = model_verify_new(&mp, &lc, cfg.verify_tol);
+        model_producer_destroy(&mp);
+        /* nn lives until exit: the producer borrows it (freed by the OS at exit) */
     } else {
-        fprintf(stderr, "dflash-drafter: training is not wired into dflash-drafter yet; run with "
-                "--verify against dflash-target --model synthetic\n");
-        return 2;
+        model_config tcfg;
+        if (hf_config_load(cfg.model, &tcfg, err, sizeof err) < 0) {
+            fprintf(stderr, "dflash-drafter: --model %s: %s\n", cfg.model, err);
+            return 2;
+        }
+        if ((uint32_t)tcfg.hidden_size != lc.layout.hidden) { /* the slots carry its hidden size */
+            if (cfg.hidden != 256) {
+                fprintf(stderr, "dflash-drafter: --hidden %lld does not match the target's "
+                        "hidden_size %d\n", (long long)cfg.hidden, tcfg.hidden_size);
+                return 2;
+            }
+            rc = slot_layout_compute((uint32_t)cfg.token_budget, (uint32_t)cfg.max_seqs,
+                                     (uint32_t)tcfg.hidden_size, (uint32_t)cfg.layers, dt,
+                                     &lc.layout);
+            if (rc < 0) {
+                fprintf(stderr, "dflash-drafter: slot layout: %s\n", err_str(rc));
+                return 2;
+            }
+        }
+        trainer_opts to = {.model_dir = cfg.model, .backend = lc.backend, .device = lc.device,
+                           .threads = (int)cfg.threads, .layout = &lc.layout,
+                           .draft_layers = (int)cfg.draft_layers,
+                           .block_size = (int)cfg.block_size,
+                           .mask_token_id = (int)cfg.mask_token_id,
+                           .capture_ids = n_ids ? ids : NULL, .n_capture_ids = n_ids,
+                           .init_seed = (uint64_t)cfg.init_seed,
+                           .checkpoint_dir = cfg.checkpoint_dir,
+                           .checkpoint_every = cfg.checkpoint_every, .keep_last = (int)cfg.keep_last,
+                           .resume = cfg.resume, .init_weights = cfg.init_weights,
+                           .metrics_dir = cfg.metrics_dir, .progress = cfg.progress_ms > 0,
+                           .max_steps = cfg.max_steps};
+        dflash_train_cfg_default(&to.train);
+        to.train.n_anchors = (int)cfg.anchors;
+        to.train.lr = cfg.lr;
+        to.train.warmup_ratio = cfg.warmup_ratio;
+        to.train.total_steps = cfg.total_steps;
+        to.train.min_lr_ratio = cfg.min_lr_ratio;
+        to.train.clip = cfg.clip;
+        to.train.weight_decay = cfg.weight_decay;
+        to.train.gamma = cfg.gamma;
+        to.train.seed = (uint64_t)cfg.anchor_seed;
+        cons = trainer_new(&to, err, sizeof err);
+        if (!cons) {
+            LOG_ERROR("cannot start training: %s", err);
+            return 2;
+        }
     }
     if (!cons) LOG_FATAL("cannot create the consumer");
 

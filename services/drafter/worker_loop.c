@@ -36,6 +36,7 @@ typedef struct worker_loop {
     uint64_t committed_reported;
     double lat[LAT_RING]; /* grant-to-copy-done seconds, last LAT_RING batches */
     uint64_t n_lat;
+    bool resume_told; /* cons->resume_step went to the broker (once per process) */
     atomic_bool hb_run;
     pthread_t hb_thread;
     bool hb_started;
@@ -107,6 +108,51 @@ static int do_register(worker_loop *w)
             break;                                                                                 \
         }                                                                                          \
     } while (0)
+
+/* After the first hello: tells the broker the checkpoint step the consumer resumed from, so
+ * batches trained after it return to to-do before we claim anything. 0 or a fatal code. */
+static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
+{
+    w->resume_told = true;
+    int64_t s = w->cons->resume_step ? w->cons->resume_step(w->cons->ctx) : -1;
+    if (s < 0) return 0;
+    int rc = 0;
+    RETRY_CALL(w, stop, rc, client_resume_from(w->client, (uint64_t)s));
+    if (rc < 0 && !*stop) {
+        LOG_ERROR("the broker refused resume_from(%lld): %s (%s)", (long long)s, err_str(rc),
+                  client_last_error(w->client));
+        return rc;
+    }
+    LOG_INFO("told the broker we resume from step %lld: batches trained after it are redone",
+             (long long)s);
+    return 0;
+}
+
+/* The loop ended without a fatal error: the consumer's finish() (final checkpoint), then one
+ * last commit report. Runs after a stop signal too, so a few attempts ignore *stop. */
+static int finish(worker_loop *w)
+{
+    if (w->cons->finish) {
+        int rc = w->cons->finish(w->cons->ctx);
+        if (rc < 0) return rc;
+    }
+    if (!w->cons->committed || !client_broker_incarnation(w->client)) return 0;
+    uint64_t cs = w->cons->committed(w->cons->ctx);
+    if (cs == 0 || cs < w->committed_reported) return 0;
+    int rc = DFLASH_ETIMEOUT;
+    for (int attempt = 0; attempt < 3 && rc == DFLASH_ETIMEOUT; attempt++)
+        rc = client_checkpoint_committed(w->client, cs);
+    if (rc == 0) {
+        w->committed_reported = cs;
+        LOG_INFO("reported the final checkpoint (step %llu) as committed",
+                 (unsigned long long)cs);
+    } else {
+        LOG_WARN("could not report the final checkpoint (step %llu): %s; the broker will rewind "
+                 "to the last commit it knows when we resume", (unsigned long long)cs,
+                 err_str(rc));
+    }
+    return 0;
+}
 
 /* Copies, releases, consumes and acks one granted batch. 0 or a fatal code. */
 static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic_t *stop)
@@ -299,6 +345,10 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             progress(&w, &last_t, &last_b, &last_tok, &last_wait, &last_bytes, &last_copy);
         if (w.state == WL_REGISTER) {
             rc = do_register(&w);
+            if (rc == 0 && !w.resume_told) {
+                rc = tell_resume(&w, stop);
+                if (rc < 0) goto out_client;
+            }
             if (rc == 0) {
                 set_state(&w, WL_CLAIMING);
                 continue;
@@ -315,7 +365,8 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             sleep_ms(100);
             continue;
         }
-        if (cfg->max_batches > 0 && (int64_t)w.st.batches >= cfg->max_batches) {
+        if ((cfg->max_batches > 0 && (int64_t)w.st.batches >= cfg->max_batches) ||
+            (cons->done && cons->done(cons->ctx))) {
             set_state(&w, WL_DONE);
             break;
         }
@@ -351,6 +402,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             rc = 0;
         }
     }
+    if (rc == 0) rc = finish(&w);
 out_client:
     atomic_store(&w.hb_run, false);
     if (w.hb_started) pthread_join(w.hb_thread, NULL);

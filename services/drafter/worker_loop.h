@@ -47,13 +47,26 @@ typedef struct worker_batch {
  * DFLASH_E* code: DFLASH_ECORRUPT / DFLASH_EMISMATCH mean the data plane delivered a bad batch
  * (the loop logs it and exits with the code: it is a bug or a misconfiguration), anything else is
  * fatal too. committed() (optional) returns the newest step that is durable (checkpointed):
- * the loop reports it with client_checkpoint_committed. destroy() frees ctx. */
+ * the loop reports it with client_checkpoint_committed. destroy() frees ctx.
+ * Optional hooks (NULL = none):
+ *   resume_step()  the checkpoint step this consumer started from (0 for a fresh start), or -1
+ *                  for "nothing to say"; told to the broker (client_resume_from) once, after the
+ *                  first successful hello and before the first claim, so batches trained after
+ *                  that step go back to to-do;
+ *   done()         true when the consumer wants no more batches (e.g. --max-steps reached): the
+ *                  loop ends as if drained;
+ *   finish()       called once when the loop ends without a fatal error (drained, stopped, done),
+ *                  before the client closes: e.g. save a final checkpoint. The loop then reports
+ *                  committed() once more (also after a stop signal). 0 or a negative code. */
 typedef struct worker_consumer {
     const char *name; /* "verify", "train" */
     void *ctx;
     int (*consume)(void *ctx, const worker_batch *b, uint64_t *step);
     uint64_t (*committed)(void *ctx);
     void (*destroy)(void *ctx);
+    int64_t (*resume_step)(void *ctx);
+    bool (*done)(void *ctx);
+    int (*finish)(void *ctx);
 } worker_consumer;
 
 typedef struct worker_loop_config {

@@ -1,0 +1,509 @@
+/* trainer: see trainer.h for start-up, the step, checkpoints and resume.
+ *
+ * State: one trainer per process. It owns the nn context, the frozen target tensors (a
+ * target_model holding embed_tokens / lm_head), the drafter (dflash_model), the training config,
+ * the metrics writer and, on the cuda backend, a host copy of each slot's small arrays.
+ * Step numbers: m->step counts optimizer steps taken (1 after the first). A batch is acked with
+ * the m->step that included it; a checkpoint of step s holds exactly the batches acked <= s.
+ * Thread: the drafter's main thread (worker_loop calls every hook from it).
+ */
+#include "trainer.h"
+#include "dflash_ckpt.h"
+#include "dflash_eval.h"
+#include "err.h"
+#include "hf_config.h"
+#include "log.h"
+#include "metrics.h"
+#include "ops.h"
+#include "shard.h"
+#include "target_model.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "ops_cuda.h"
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+typedef struct trainer {
+    pool_backend backend;
+    slot_layout layout;
+    const nn_ops *ops;
+    nn_ctx *nn;
+    target_model *target; /* frozen embed_tokens / lm_head only */
+    dflash_model *m;
+    dflash_train_cfg tc;
+    metrics *met;
+    void *host; /* cuda: host copy of a slot's header and small arrays */
+    char ckpt_root[1024];
+    int64_t ckpt_every;
+    int keep_last;
+    int64_t max_steps;
+    long start_step;  /* step resumed from (0: fresh or warm start) */
+    long saved_step;  /* newest checkpoint written by this process or resumed from */
+    long committed;   /* newest durable step (the loop reports it) */
+    /* summary */
+    long steps_here, skipped;
+    double loss_first, loss_last, tau_first, tau_last;
+    double step_s;
+} trainer;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool has_config(const char *dir)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* The compute backend for a pool backend: cpu ops for host slots, cuda ops for cuda slots. */
+static int open_backend(pool_backend b, int device, int threads, const nn_ops **ops, nn_ctx **nn,
+                        char *err, size_t errlen)
+{
+    if (b == POOL_HOST) {
+        *ops = nn_cpu_ops();
+        *nn = nn_cpu_new(threads);
+    } else {
+#ifdef DFLASH_HAVE_CUDA
+        *ops = nn_cuda_ops();
+        *nn = nn_cuda_new(device);
+#else
+        (void)device;
+        snprintf(err, errlen, "this build has no cuda backend (configure on a machine with the "
+                 "CUDA toolkit, or use --backend host)");
+        return DFLASH_ECONFIG;
+#endif
+    }
+    if (!*nn) {
+        snprintf(err, errlen, "cannot create the %s compute context", (*ops)->name);
+        return DFLASH_ENOMEM;
+    }
+    return 0;
+}
+
+static void close_backend(pool_backend b, nn_ctx **nn)
+{
+    if (!*nn) return;
+    if (b == POOL_HOST) nn_cpu_destroy(nn);
+#ifdef DFLASH_HAVE_CUDA
+    else nn_cuda_destroy(nn);
+#endif
+}
+
+int trainer_drafter_config(const char *model_dir, int draft_layers, int block_size,
+                           int mask_token_id, int n_feat, const int *capture_ids,
+                           int n_capture_ids, dflash_config *out, char *err, size_t errlen)
+{
+    model_config t;
+    int rc = hf_config_load(model_dir, &t, err, errlen);
+    if (rc < 0) return rc;
+    if (capture_ids && n_capture_ids != n_feat) {
+        snprintf(err, errlen, "--capture-layers names %d target layers but the slots hold %d "
+                 "captured layers (--layers %d): give both daemons the same values",
+                 n_capture_ids, n_feat, n_feat);
+        return DFLASH_EMISMATCH;
+    }
+    if (n_feat < 1 || n_feat > DFLASH_MAX_FEAT) {
+        snprintf(err, errlen, "--layers %d: captured layers must be in [1, %d]", n_feat,
+                 DFLASH_MAX_FEAT);
+        return DFLASH_ECONFIG;
+    }
+    int mask = mask_token_id >= 0 ? mask_token_id : t.vocab_size - 1;
+    dflash_config_default(out, &t, draft_layers, block_size, mask);
+    int ids[DFLASH_MAX_FEAT];
+    if (capture_ids) {
+        memcpy(ids, capture_ids, (size_t)n_feat * sizeof *ids);
+    } else if (target_default_layer_ids(t.num_layers, n_feat, ids) < 0) {
+        snprintf(err, errlen, "the target has %d layers: DFlash's rule gives no %d distinct "
+                 "captured layers; give them with --capture-layers (both daemons)", t.num_layers,
+                 n_feat);
+        return DFLASH_ECONFIG;
+    }
+    out->n_feat = n_feat;
+    memcpy(out->target_layer_ids, ids, (size_t)n_feat * sizeof *ids);
+    rc = dflash_config_validate(out, err, errlen);
+    if (rc < 0) return rc;
+    return dflash_config_check_target(out, &t, ids, n_feat, err, errlen);
+}
+
+/* Loads the target with one decoder layer: its embed_tokens and lm_head are what the drafter
+ * borrows. max_tokens 1 keeps its activation plan tiny. */
+static target_model *load_frozen(const char *model_dir, const nn_ops *ops, nn_ctx *nn)
+{
+    int layer0 = 0;
+    target_model_opts to = {.layer_ids = &layer0, .n_layer_ids = 1, .max_tokens = 1,
+                            .max_seqs = 1};
+    return target_model_load(model_dir, &to, ops, nn);
+}
+
+static int save_checkpoint(trainer *t)
+{
+    if (!t->ckpt_root[0] || t->m->step == t->saved_step) return 0;
+    char path[1200], err[512] = "";
+    dflash_ckpt_opts co = {.keep_last = t->keep_last};
+    double t0 = now_s();
+    int rc = dflash_ckpt_save(t->m, &t->tc, t->ckpt_root, &co, path, sizeof path, err, sizeof err);
+    if (rc < 0) {
+        LOG_ERROR("checkpoint of step %ld under %s failed: %s (%s)", t->m->step, t->ckpt_root,
+                  err_str(rc), err);
+        return rc;
+    }
+    t->saved_step = t->m->step;
+    t->committed = t->m->step;
+    LOG_INFO("checkpoint %s written in %.2f s", path, now_s() - t0);
+    return 0;
+}
+
+static int train_consume(void *vctx, const worker_batch *b, uint64_t *step)
+{
+    trainer *t = vctx;
+    const slot_layout *l = &t->layout;
+    const void *host = b->staged;
+    const void *hidden;
+    if (t->backend == POOL_CUDA) {
+        int rc = pool_staging_read(POOL_CUDA, t->host, b->staged, l->off_hidden);
+        if (rc < 0) return rc;
+        host = t->host;
+        hidden = (const char *)b->staged + l->off_hidden;
+    } else {
+        hidden = (const char *)b->staged + l->off_hidden;
+    }
+    char err[512] = "";
+    dflash_batch_view v;
+    int rc = dflash_view_from_slot(t->m, host, l, hidden, &v, err, sizeof err);
+    if (rc < 0) {
+        LOG_ERROR("batch (%u, %u, %llu) does not fit the drafter: %s", b->wu.epoch, b->wu.bucket,
+                  (unsigned long long)b->wu.batch, err);
+        return rc;
+    }
+    const slot_header *h = host;
+    if (h->wu.epoch != b->wu.epoch || h->wu.bucket != b->wu.bucket || h->wu.batch != b->wu.batch) {
+        LOG_ERROR("the slot holds batch (%u, %u, %llu) but the grant named (%u, %u, %llu)",
+                  h->wu.epoch, h->wu.bucket, (unsigned long long)h->wu.batch, b->wu.epoch,
+                  b->wu.bucket, (unsigned long long)b->wu.batch);
+        return DFLASH_EMISMATCH;
+    }
+    dflash_metrics dm;
+    double t0 = now_s();
+    rc = dflash_train_step(t->m, &t->tc, &v, b->wu.epoch, dflash_batch_key(&b->wu), &dm);
+    double dt = now_s() - t0;
+    if (rc < 0) {
+        LOG_ERROR("training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch, b->wu.bucket,
+                  (unsigned long long)b->wu.batch, err_str(rc));
+        return rc;
+    }
+    *step = (uint64_t)t->m->step;
+    t->step_s += dt;
+    if (dm.skipped) {
+        t->skipped++;
+        LOG_INFO("batch (%u, %u, %llu) has no weighted position: no update (acked at step %ld)",
+                 b->wu.epoch, b->wu.bucket, (unsigned long long)b->wu.batch, t->m->step);
+    } else {
+        if (!t->steps_here) {
+            t->loss_first = dm.loss;
+            t->tau_first = dm.accept_len;
+        }
+        t->loss_last = dm.loss;
+        t->tau_last = dm.accept_len;
+        t->steps_here++;
+        if (t->met) {
+            metrics_scalar extra[] = {{"train/epoch", (double)b->wu.epoch},
+                                      {"train/blocks", (double)dm.n_blocks},
+                                      {"perf/step_s", dt}};
+            metrics_step ms = {.step = t->m->step, .loss = dm.loss, .accuracy = dm.accuracy,
+                               .pos_acc = dm.pos_acc, .n_pos = t->m->cfg.block_size,
+                               .pos_first = 1, .acceptance_length = dm.accept_len, .lr = dm.lr,
+                               .grad_norm = dm.grad_norm,
+                               .tokens_per_s = dt > 0 ? b->n_tokens / dt : 0,
+                               .samples_per_s = dt > 0 ? b->n_seqs / dt : 0, .extra = extra,
+                               .n_extra = 3};
+            metrics_write(t->met, &ms);
+        }
+    }
+    if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) {
+        rc = save_checkpoint(t);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+static uint64_t train_committed(void *vctx)
+{
+    return (uint64_t)((trainer *)vctx)->committed;
+}
+
+static int64_t train_resume_step(void *vctx)
+{
+    return ((trainer *)vctx)->start_step;
+}
+
+static bool train_done(void *vctx)
+{
+    trainer *t = vctx;
+    return t->max_steps > 0 && t->m->step >= t->max_steps;
+}
+
+static int train_finish(void *vctx)
+{
+    trainer *t = vctx;
+    int rc = save_checkpoint(t);
+    if (t->met) metrics_flush(t->met);
+    LOG_INFO("training: %ld steps in this run (%ld .. %ld), %ld skipped batches, %.3f s per step; "
+             "loss first %.4f last %.4f; training-block acceptance first %.3f last %.3f",
+             t->steps_here, t->start_step, t->m->step, t->skipped,
+             t->steps_here ? t->step_s / t->steps_here : 0.0, t->loss_first, t->loss_last,
+             t->tau_first, t->tau_last);
+    return rc;
+}
+
+static void train_destroy(void *vctx)
+{
+    trainer *t = vctx;
+    if (!t) return;
+    metrics_destroy(&t->met);
+    dflash_model_destroy(&t->m);
+    target_model_destroy(&t->target);
+    close_backend(t->backend, &t->nn);
+    free(t->host);
+    free(t);
+}
+
+/* Step 4 of the start-up: exact resume, warm start or fresh weights. */
+static int restore(trainer *t, const trainer_opts *o, char *err, size_t errlen)
+{
+    char dir[1200] = "";
+    if (o->resume && o->resume[0]) {
+        snprintf(dir, sizeof dir, "%s", o->resume);
+        if (!has_config(dir) && dflash_ckpt_latest(o->resume, dir, sizeof dir) < 0) {
+            snprintf(err, errlen, "--resume %s: no checkpoint there", o->resume);
+            return DFLASH_ENOTFOUND;
+        }
+    } else if (t->ckpt_root[0] && is_dir(t->ckpt_root)) {
+        if (dflash_ckpt_latest(t->ckpt_root, dir, sizeof dir) < 0) dir[0] = 0;
+    }
+    if (dir[0]) {
+        dflash_config cc;
+        int rc = dflash_ckpt_load_config(dir, &cc, err, errlen);
+        if (rc == 0) rc = dflash_ckpt_check_config(&t->m->cfg, &cc, err, errlen);
+        if (rc == 0) rc = dflash_ckpt_resume(t->m, &t->tc, dir, err, errlen);
+        if (rc < 0) return rc;
+        t->start_step = t->saved_step = t->committed = t->m->step;
+        if (o->init_weights && o->init_weights[0])
+            LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights, dir);
+        LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps; the "
+                 "checkpoint's training settings win over the flags)", dir, t->m->step, t->tc.lr,
+                 t->tc.total_steps);
+        return 0;
+    }
+    if (o->init_weights && o->init_weights[0]) {
+        snprintf(dir, sizeof dir, "%s", o->init_weights);
+        if (!has_config(dir) && dflash_ckpt_latest(o->init_weights, dir, sizeof dir) < 0) {
+            snprintf(err, errlen, "--init-weights %s: no checkpoint there", o->init_weights);
+            return DFLASH_ENOTFOUND;
+        }
+        int rc = dflash_ckpt_load_weights(t->m, dir, err, errlen);
+        if (rc < 0) return rc;
+        LOG_INFO("warm start: weights from %s, fresh optimizer, step 0", dir);
+        return 0;
+    }
+    LOG_INFO("fresh drafter (init seed %llu)", (unsigned long long)o->init_seed);
+    return 0;
+}
+
+worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen)
+{
+    worker_consumer *c = calloc(1, sizeof *c);
+    trainer *t = calloc(1, sizeof *t);
+    if (!c || !t) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    t->backend = o->backend;
+    t->layout = *o->layout;
+    t->tc = o->train;
+    t->ckpt_every = o->checkpoint_every;
+    t->keep_last = o->keep_last > 0 ? o->keep_last : 3;
+    t->max_steps = o->max_steps;
+    snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s", o->checkpoint_dir ? o->checkpoint_dir : "");
+
+    dflash_config dc;
+    if (trainer_drafter_config(o->model_dir, o->draft_layers, o->block_size, o->mask_token_id,
+                               (int)o->layout->n_layers, o->capture_ids, o->n_capture_ids, &dc,
+                               err, errlen) < 0)
+        goto fail;
+    if (dc.hidden_size != (int)o->layout->hidden) {
+        snprintf(err, errlen, "the target's hidden_size is %d but the slots hold hidden %u",
+                 dc.hidden_size, o->layout->hidden);
+        goto fail;
+    }
+    if (open_backend(o->backend, o->device, o->threads, &t->ops, &t->nn, err, errlen) < 0)
+        goto fail;
+    t->target = load_frozen(o->model_dir, t->ops, t->nn);
+    if (!t->target) {
+        snprintf(err, errlen, "cannot load the target's embed_tokens / lm_head from %s (see the "
+                 "log above)", o->model_dir);
+        goto fail;
+    }
+    long blocks = (long)o->train.n_anchors * o->layout->max_seqs;
+    if (blocks > (long)o->layout->token_budget) blocks = o->layout->token_budget;
+    t->m = dflash_model_new(&dc, t->ops, t->nn, target_model_embed_tokens(t->target),
+                            target_model_lm_head(t->target), (int)o->layout->token_budget,
+                            (int)blocks, o->init_seed);
+    if (!t->m) {
+        snprintf(err, errlen, "cannot create the drafter (see the log above)");
+        goto fail;
+    }
+    if (t->tc.total_steps == 0 && o->max_steps > 0) t->tc.total_steps = o->max_steps;
+    if (restore(t, o, err, errlen) < 0) goto fail;
+    if (t->backend == POOL_CUDA && !(t->host = malloc(t->layout.off_hidden))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if ((o->metrics_dir && o->metrics_dir[0]) || o->progress) {
+        metrics_opts mo = metrics_opts_default();
+        mo.dir = o->metrics_dir && o->metrics_dir[0] ? o->metrics_dir : NULL;
+        mo.jsonl = mo.tensorboard = mo.dir != NULL;
+        mo.progress = o->progress;
+        mo.total_steps = t->max_steps;
+        t->met = metrics_new(&mo);
+        if (!t->met) {
+            snprintf(err, errlen, "cannot write metrics to %s", o->metrics_dir);
+            goto fail;
+        }
+    }
+    LOG_INFO("drafter: %d layers, block %d, %d features from target layers [%d%s], mask token "
+             "%d, %zu parameters, planned for %u tokens and %ld blocks; anchors %d, lr %g, "
+             "schedule %ld steps, start step %ld", dc.num_layers, dc.block_size, dc.n_feat,
+             dc.target_layer_ids[0], dc.n_feat > 1 ? ", ..." : "", dc.mask_token_id,
+             t->m->n_params, o->layout->token_budget, blocks, t->tc.n_anchors, t->tc.lr,
+             t->tc.total_steps, t->m->step);
+    *c = (worker_consumer){.name = "train", .ctx = t, .consume = train_consume,
+                           .committed = train_committed, .destroy = train_destroy,
+                           .resume_step = train_resume_step, .done = train_done,
+                           .finish = train_finish};
+    return c;
+fail:
+    train_destroy(t);
+    free(c);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------ evaluation */
+
+int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    double t0 = now_s();
+    int rc = 0;
+    dflash_config dc;
+    char dir[1200] = "";
+    if (o->checkpoint && o->checkpoint[0]) {
+        snprintf(dir, sizeof dir, "%s", o->checkpoint);
+        if (!has_config(dir) && dflash_ckpt_latest(o->checkpoint, dir, sizeof dir) < 0) {
+            snprintf(err, errlen, "--checkpoint %s: no checkpoint there", o->checkpoint);
+            return DFLASH_ENOTFOUND;
+        }
+        if ((rc = dflash_ckpt_load_config(dir, &dc, err, errlen)) < 0) return rc;
+    } else if ((rc = trainer_drafter_config(o->model_dir, o->draft_layers, o->block_size,
+                                            o->mask_token_id, o->n_feat, o->capture_ids,
+                                            o->n_capture_ids, &dc, err, errlen)) < 0) {
+        return rc;
+    }
+    shard_set *set = shard_set_open_list(o->data, err, errlen);
+    if (!set) return DFLASH_EIO;
+    uint64_t n = shard_set_count(set);
+    if (o->max_seqs > 0 && (uint64_t)o->max_seqs < n) n = (uint64_t)o->max_seqs;
+    uint32_t max_len = 1;
+    for (uint64_t i = 0; i < n; i++)
+        if (shard_set_len(set, i) > max_len) max_len = shard_set_len(set, i);
+
+    const nn_ops *ops = nn_cpu_ops();
+    nn_ctx *nn = nn_cpu_new(o->threads);
+    target_model *tm = NULL;
+    dflash_model *m = NULL;
+    float *hidden = NULL;
+    int32_t *pos = NULL;
+    if (!nn) {
+        snprintf(err, errlen, "cannot create the cpu compute context");
+        rc = DFLASH_ENOMEM;
+        goto out;
+    }
+    target_model_opts to = {.layer_ids = dc.target_layer_ids, .n_layer_ids = dc.n_feat,
+                            .max_tokens = (int)max_len, .max_seqs = 1};
+    tm = target_model_load(o->model_dir, &to, ops, nn);
+    if (!tm) {
+        snprintf(err, errlen, "cannot load the target %s (see the log above)", o->model_dir);
+        rc = DFLASH_EIO;
+        goto out;
+    }
+    rc = dflash_config_check_target(&dc, target_model_config(tm), dc.target_layer_ids, dc.n_feat,
+                                    err, errlen);
+    if (rc < 0) goto out;
+    m = dflash_model_new(&dc, ops, nn, target_model_embed_tokens(tm), target_model_lm_head(tm),
+                         (int)max_len, 256, o->init_seed);
+    if (!m) {
+        snprintf(err, errlen, "cannot create the drafter (see the log above)");
+        rc = DFLASH_ENOMEM;
+        goto out;
+    }
+    if (dir[0] && (rc = dflash_ckpt_load_weights(m, dir, err, errlen)) < 0) goto out;
+    size_t ld = (size_t)dc.n_feat * (size_t)dc.hidden_size;
+    hidden = ops->alloc(nn, (size_t)max_len * ld * sizeof(float));
+    pos = malloc(max_len * sizeof *pos);
+    if (!hidden || !pos) {
+        snprintf(err, errlen, "out of memory");
+        rc = DFLASH_ENOMEM;
+        goto out;
+    }
+    for (uint32_t i = 0; i < max_len; i++) pos[i] = (int32_t)i;
+    dflash_tau acc;
+    memset(&acc, 0, sizeof acc);
+    for (uint64_t i = 0; i < n; i++) {
+        shard_seq s;
+        if ((rc = shard_set_get(set, i, &s)) < 0) goto out;
+        if (s.len < 2) continue;
+        int32_t off[2] = {0, (int32_t)s.len};
+        rc = target_forward_host(tm, s.ids, pos, off, 1, (int)s.len, (nn_buf *)hidden, ld);
+        if (rc < 0) {
+            snprintf(err, errlen, "target forward of held-out sequence %llu: %s",
+                     (unsigned long long)i, err_str(rc));
+            goto out;
+        }
+        dflash_batch_view v = {.n_seqs = 1, .seq_off = off, .ids = s.ids, .positions = NULL,
+                               .loss_mask = s.mask, .hidden = (const nn_buf *)hidden, .ld = ld};
+        if ((rc = dflash_eval_tau(m, &v, NULL, &acc)) < 0) {
+            snprintf(err, errlen, "tau of held-out sequence %llu: %s", (unsigned long long)i,
+                     err_str(rc));
+            goto out;
+        }
+        out->sequences++;
+    }
+    out->tau = dflash_tau_value(&acc);
+    out->cycles = acc.cycles;
+    out->block_size = dc.block_size;
+    out->seconds = now_s() - t0;
+out:
+    free(pos);
+    if (hidden) ops->free(nn, hidden);
+    dflash_model_destroy(&m);
+    target_model_destroy(&tm);
+    if (nn) nn_cpu_destroy(&nn);
+    shard_set_close(&set);
+    return rc;
+}

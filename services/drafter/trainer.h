@@ -1,0 +1,102 @@
+/* trainer: the training consumer of dflash-drafter (worker_loop.h) and the offline evaluation of
+ * its checkpoints (`dflash-drafter eval`).
+ *
+ * Start-up (trainer_new):
+ *   1. the target's config.json (hf_config) and its frozen embed_tokens / lm_head. They come from
+ *      target_model_load with one captured layer (layer 0): the cheapest correct way that reuses
+ *      the checked loader (every dtype, sharded files, tied embeddings), at the price of one
+ *      decoder layer of memory;
+ *   2. the drafter config (dflash_config_default): draft layers, block size, mask token id
+ *      (default vocab_size - 1: a random or test target has no tokenizer to say which rows are
+ *      unused; real Qwen3 checkpoints have spare rows past the tokenizer, e.g. 151669, give it
+ *      with --mask-token-id), target_layer_ids = the ids the target captures (--capture-layers,
+ *      or DFlash's rule for the slot's n_layers features, as dflash-target computes them). The
+ *      count must equal the slot layout's n_layers and the ids must fit the target
+ *      (dflash_config_check_target): a mismatch is refused naming both values;
+ *   3. the model, planned once for the slot's token budget and min(anchors * max_seqs, budget)
+ *      blocks;
+ *   4. exact resume from the newest checkpoint under --checkpoint-dir (or --resume DIR), else a
+ *      weights-only warm start (--init-weights DIR), else fresh weights from the init seed.
+ *      A run restarted with the same flags therefore resumes.
+ * consume(): views the staged slot (dflash_view_from_slot; a cuda slot's small arrays are read
+ *   to the host first), runs dflash_train_step with the batch identity (epoch, bucket, index) as
+ *   the anchor seed, writes a metrics record (metrics.h: JSONL, TensorBoard, progress line) and
+ *   reports the optimizer step that included the batch. Every checkpoint_every steps it saves a
+ *   checkpoint (dflash_ckpt_save: temporary name + rename, last K kept); committed() then
+ *   returns that step and the loop tells the broker. finish() saves the final checkpoint.
+ *   resume_step() is the step the model started from: the loop tells the broker (resume_from)
+ *   before the first claim, so batches trained after the last checkpoint are trained again.
+ * Checkpoints are written synchronously on the loop's thread (seconds for small drafters; the
+ * loop's heartbeat thread keeps the broker from expiring us meanwhile).
+ * Threads: the daemon's main thread only.
+ */
+#ifndef DFLASH_TRAINER_H
+#define DFLASH_TRAINER_H
+
+#include "dflash_train.h"
+#include "worker_loop.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct trainer_opts {
+    const char *model_dir;     /* target checkpoint (config.json + safetensors) */
+    pool_backend backend;      /* host: cpu ops; cuda: cuda ops on device */
+    int device;
+    int threads;               /* cpu backend threads (0: all) */
+    const slot_layout *layout; /* what the target's slots hold */
+    int draft_layers;          /* drafter decoder layers */
+    int block_size;
+    int mask_token_id;         /* < 0: vocab_size - 1 */
+    const int *capture_ids;    /* the target's captured layer ids; NULL: DFlash's rule */
+    int n_capture_ids;
+    dflash_train_cfg train;    /* anchors, lr, schedule, clip, AdamW, anchor seed */
+    uint64_t init_seed;        /* fresh weights */
+    const char *checkpoint_dir; /* ROOT of step-* checkpoints; NULL/"" = none */
+    int64_t checkpoint_every;  /* steps; 0 = only the final one */
+    int keep_last;
+    const char *resume;        /* explicit checkpoint to resume from; NULL/"" = latest in root */
+    const char *init_weights;  /* warm start; NULL/"" = none */
+    const char *metrics_dir;   /* NULL/"" = no files */
+    bool progress;             /* progress line on stderr */
+    int64_t max_steps;         /* stop at this optimizer step; 0 = until drained */
+} trainer_opts;
+
+/* Builds the training consumer (see top). NULL with the reason in err: unreadable target,
+ * drafter/target mismatch (both values named), bad checkpoint, out of memory. */
+worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen);
+
+/* Drafter config for a target (step 2 above), shared by training and `eval --init-only`.
+ * n_feat is the slot's n_layers. 0 or DFLASH_ECONFIG / DFLASH_EMISMATCH with the reason. */
+int trainer_drafter_config(const char *model_dir, int draft_layers, int block_size,
+                           int mask_token_id, int n_feat, const int *capture_ids,
+                           int n_capture_ids, dflash_config *out, char *err, size_t errlen);
+
+typedef struct trainer_eval_opts {
+    const char *checkpoint; /* step dir, or a root (its newest step-*); NULL/"" = untrained */
+    const char *model_dir;  /* the target */
+    const char *data;       /* comma-separated shards of held-out greedy continuations */
+    int threads;
+    int64_t max_seqs;       /* 0 = all sequences */
+    /* the untrained drafter (checkpoint NULL): same meaning as in trainer_opts */
+    int draft_layers, block_size, mask_token_id, n_feat;
+    const int *capture_ids;
+    int n_capture_ids;
+    uint64_t init_seed;
+} trainer_eval_opts;
+
+typedef struct trainer_eval_result {
+    double tau;
+    long cycles, sequences;
+    int block_size;
+    double seconds;
+} trainer_eval_result;
+
+/* Offline tau (dflash.md 4.2, trajectory method) of a checkpoint, or of the untrained seeded
+ * drafter, on held-out shards: the target runs in-process on the cpu backend over each sequence
+ * for the drafter's layer ids, the drafter replays the greedy trajectory from the first
+ * loss-masked position. 0 or a negative code with the reason in err. */
+int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen);
+
+#endif

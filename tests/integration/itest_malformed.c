@@ -1,7 +1,7 @@
 /* itest_malformed: what a broken or hostile peer sends (garbage, a truncated envelope, a reply
  * type as a request, an envelope from a future protocol version, extra frames, a message over
  * ZMQ_MAXMSGSIZE) gets an ERROR reply with the right code and bumps the malformed counter; the
- * broker keeps serving (dflash-ctl ping exits 0). */
+ * broker keeps serving (dflash-ctl ping exits 0). Without a broker, ping exits 2 promptly. */
 #include "check.h"
 #include "harness.h"
 
@@ -84,6 +84,13 @@ int main(int argc, char **argv)
     zmq_close(s);
     zmq_ctx_term(ctx);
     h_kill(q, SIGTERM);
+
+    /* no broker: ping gives up after its timeout with exit 2 (healthcheck), not a hang */
+    char *pargv[] = {argv[2], rt, "--timeout-ms=300", "ping", NULL};
+    uint64_t t0 = h_now_ms();
+    waitpid(h_spawn(pargv, NULL), &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+    CHECK(h_now_ms() - t0 < 5000);
     h_rmdir(dir);
     CHECK_DONE();
 }

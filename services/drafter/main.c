@@ -453,6 +453,27 @@ int main(int argc, char **argv)
 
     worker_consumer *cons = NULL;
     char err[512] = "";
+    if (cfg.model[0]) { /* the slots carry the target's hidden size: take it from its config */
+        model_config tcfg;
+        if (hf_config_load(cfg.model, &tcfg, err, sizeof err) < 0) {
+            fprintf(stderr, "dflash-drafter: --model %s: %s\n", cfg.model, err);
+            return 2;
+        }
+        if ((uint32_t)tcfg.hidden_size != lc.layout.hidden) {
+            if (cfg.hidden != 256) { /* given explicitly (256 is the default) */
+                fprintf(stderr, "dflash-drafter: --hidden %lld does not match the target's "
+                        "hidden_size %d\n", (long long)cfg.hidden, tcfg.hidden_size);
+                return 2;
+            }
+            rc = slot_layout_compute((uint32_t)cfg.token_budget, (uint32_t)cfg.max_seqs,
+                                     (uint32_t)tcfg.hidden_size, (uint32_t)cfg.layers, dt,
+                                     &lc.layout);
+            if (rc < 0) {
+                fprintf(stderr, "dflash-drafter: slot layout: %s\n", err_str(rc));
+                return 2;
+            }
+        }
+    }
     if (cfg.verify) {
         cons = worker_verify_new(&lc, upper, n_buckets, (uint32_t)cfg.vocab_size, cfg.rate);
     } else if (cfg.verify_model) {
@@ -495,25 +516,6 @@ int main(int argc, char **argv)
         model_producer_destroy(&mp);
         /* nn lives until exit: the producer borrows it (freed by the OS at exit) */
     } else {
-        model_config tcfg;
-        if (hf_config_load(cfg.model, &tcfg, err, sizeof err) < 0) {
-            fprintf(stderr, "dflash-drafter: --model %s: %s\n", cfg.model, err);
-            return 2;
-        }
-        if ((uint32_t)tcfg.hidden_size != lc.layout.hidden) { /* the slots carry its hidden size */
-            if (cfg.hidden != 256) {
-                fprintf(stderr, "dflash-drafter: --hidden %lld does not match the target's "
-                        "hidden_size %d\n", (long long)cfg.hidden, tcfg.hidden_size);
-                return 2;
-            }
-            rc = slot_layout_compute((uint32_t)cfg.token_budget, (uint32_t)cfg.max_seqs,
-                                     (uint32_t)tcfg.hidden_size, (uint32_t)cfg.layers, dt,
-                                     &lc.layout);
-            if (rc < 0) {
-                fprintf(stderr, "dflash-drafter: slot layout: %s\n", err_str(rc));
-                return 2;
-            }
-        }
         trainer_opts to = {.model_dir = cfg.model, .backend = lc.backend, .device = lc.device,
                            .threads = (int)cfg.threads, .layout = &lc.layout,
                            .draft_layers = (int)cfg.draft_layers,

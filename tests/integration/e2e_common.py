@@ -1,0 +1,140 @@
+"""e2e_common: what the end-to-end tests share: the real binaries of a build tree, daemons started
+as child processes with their logs in a temp dir, a private runtime dir for the ipc:// sockets,
+dflash-ctl status as JSON, and waits for conditions with deadlines (never fixed sleeps).
+
+Used by e2e_verify_model.py (issue 4's end-to-end check) and e2e_resume.py (SIGKILL and resume).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class Build:
+    def __init__(self, build_dir):
+        b = os.path.abspath(build_dir)
+        self.queue = os.path.join(b, "services", "queue", "dflash-queue")
+        self.target = os.path.join(b, "services", "target", "dflash-target")
+        self.drafter = os.path.join(b, "services", "drafter", "dflash-drafter")
+        self.ctl = os.path.join(b, "tools", "dflash-ctl")
+        self.mkmodel = os.path.join(b, "tools", "dflash-mkmodel")
+        self.gen = os.path.join(b, "tools", "dflash-gen")
+        self.data = os.path.join(b, "tools", "dflash-data")
+
+
+def log(name, msg):
+    print(f"[{name} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(argv, logpath):
+    """Runs a tool to completion; raises with the log tail when it fails."""
+    with open(logpath, "a") as f:
+        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"{os.path.basename(argv[0])} failed ({rc}):\n{tail(logpath)}")
+
+
+def tail(path, n=25):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class Daemon:
+    """One daemon: argv, its log file, start/kill/terminate."""
+
+    def __init__(self, name, argv, logdir):
+        self.name, self.argv = name, argv
+        self.log_path = os.path.join(logdir, f"{name}.log")
+        self.proc = None
+
+    def start(self):
+        with open(self.log_path, "a") as f:
+            f.write(f"==== start: {' '.join(self.argv)}\n")
+            f.flush()
+            env = dict(os.environ)
+            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout=20):
+        """SIGTERM and wait; returns the exit status (-9 if it had to be killed)."""
+        if not self.proc:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -9
+        return self.proc.returncode
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+def wait_until(cond, deadline_s, step=0.1):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    return None
+
+
+class Env:
+    """A temp dir (logs, data, checkpoints) and a short private runtime dir (sockets)."""
+
+    def __init__(self, prefix):
+        self.tmp = tempfile.mkdtemp(prefix=f"dflash-{prefix}-")
+        self.run = tempfile.mkdtemp(prefix="dfr-")  # short: ipc paths are limited to ~100 bytes
+        os.chmod(self.run, 0o700)
+        self.daemons = []
+
+    def path(self, *p):
+        return os.path.join(self.tmp, *p)
+
+    def ctl(self, build, *args, timeout=5):
+        try:
+            r = subprocess.run([build.ctl, "--runtime-dir", self.run, "--timeout-ms", "1000", *args],
+                               capture_output=True, text=True, timeout=timeout)
+            return r.returncode, r.stdout
+        except subprocess.TimeoutExpired:
+            return 2, ""
+
+    def status(self, build):
+        rc, out = self.ctl(build, "status", "--json")
+        if rc != 0:
+            return None
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError:
+            return None
+
+    def cleanup(self, keep):
+        for d in reversed(self.daemons):
+            if d.alive():
+                d.stop()
+        shutil.rmtree(self.run, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""e2e_resume: a SIGKILLed trainer resumes from its last checkpoint and the epoch ends with every
+batch in the final model exactly once (DESIGN.md section 5).
+
+A tiny random Qwen3 target, 96 generated sequences (24 batches of 4 in one epoch), then
+dflash-queue, dflash-target --model and dflash-drafter --train with --checkpoint-every 4. Once
+the broker has committed step >= 8 and holds batches trained after it (acked, not yet
+checkpointed), the drafter is SIGKILLed and started again with the same flags. It must resume
+exactly from its newest checkpoint, tell the broker (resume_from) before claiming, and train
+the rest. When the ledger has nothing left to do the broker is drained; the drafter saves its
+final checkpoint, reports it, and exits 0.
+
+Pass conditions:
+  * the restarted drafter logs "resumed exactly from .../step-S" and "resume from step S";
+  * the ledger (dflash-ctl status --json) ends with every batch of the epoch committed, none to
+    do, in flight, trained-uncommitted or quarantined;
+  * the final checkpoint's step equals the number of batches in the epoch: each batch was in
+    exactly one optimizer step of the final model (the ones trained after S were rewound and
+    trained again, not counted twice), and no ack was refused as "already trained";
+  * every daemon exits 0.
+Usage: e2e_resume.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import Build, Daemon, Env, log, run, tail, wait_until  # noqa: E402
+
+
+def main():
+    build = Build(sys.argv[1])
+    keep = "--keep" in sys.argv
+    env = Env("resume")
+    failures = []
+    try:
+        tools_log = env.path("tools.log")
+        run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
+             env.path("target")], tools_log)
+        run([build.gen, "--model", env.path("target"), "--out", env.path("train.jsonl"), "--n",
+             "96", "--seed", "5", "--greedy", "--prompt-max", "12", "--max-new", "20",
+             "--threads", "1"], tools_log)
+        run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
+             "--model", env.path("target"), "--buckets", "32", "--strict"], tools_log)
+        slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
+                 "--runtime-dir", env.run, "--threads", "1", "--timeout-ms", "1000"]
+        queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal",
+                                 env.path("queue.journal"), "--min-ready", "1", "--max-depth",
+                                 "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300"],
+                       env.tmp)
+        target = Daemon("target", [build.target, "--name", f"e2eresume{os.getpid()}", "--model",
+                                   env.path("target"), "--shards", env.path("train.shard"),
+                                   "--slots", "3", "--epochs", "1", *slots], env.tmp)
+        drafter = Daemon("drafter", [build.drafter, "--train", "--model", env.path("target"),
+                                     "--name", "trainer", "--block-size", "4", "--anchors", "8",
+                                     "--lr", "3e-3", "--checkpoint-every", "4", "--keep-last",
+                                     "2", "--checkpoint-dir", env.path("ckpt"), "--metrics-dir",
+                                     env.path("metrics"), "--progress-ms", "0", *slots], env.tmp)
+        env.daemons = [queue, target, drafter]
+        queue.start()
+        if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
+            raise RuntimeError("the broker did not answer ping within 10 s:\n" +
+                               tail(queue.log_path))
+        target.start()
+        drafter.start()
+
+        def trained_past_commit():
+            st = env.status(build)
+            if not drafter.alive():
+                raise RuntimeError(f"the drafter exited early:\n{tail(drafter.log_path)}")
+            return st if st and st["committed_step"] >= 8 and st["batches_trained"] > 0 else None
+
+        st = wait_until(trained_past_commit, 120, 0.02)
+        if not st:
+            raise RuntimeError(f"no commit >= 8 with trained batches after it within 120 s: "
+                               f"{env.status(build)}\n{tail(drafter.log_path)}")
+        drafter.kill9()
+        total = int(st["batches_total"])
+        log("e2e", f"SIGKILL drafter at committed step {st['committed_step']:.0f} with "
+            f"{st['batches_trained']:.0f} batches trained after it (epoch has {total})")
+        drafter.start()
+
+        def all_trained():
+            st = env.status(build)
+            if not drafter.alive():
+                raise RuntimeError(f"the restarted drafter exited:\n{tail(drafter.log_path)}")
+            if st and st["batches_todo"] == 0 and st["batches_inflight"] == 0 and \
+                    st["batches_committed"] + st["batches_trained"] == st["batches_total"]:
+                return st
+            return None
+
+        if not wait_until(all_trained, 120, 0.1):
+            raise RuntimeError(f"the epoch was not trained within 120 s: {env.status(build)}")
+        env.ctl(build, "drain")
+        rc = drafter.wait(60)
+        if rc != 0:
+            failures.append(f"the drafter exited {rc} after the drain:\n{tail(drafter.log_path)}")
+        trc = target.wait(30)
+        if trc != 0:
+            failures.append(f"the target exited {trc} after the drain:\n{tail(target.log_path)}")
+        st = env.status(build)
+        log("e2e", f"ledger: {st}")
+        if not st or st["batches_committed"] != total or st["batches_todo"] or \
+                st["batches_inflight"] or st["batches_trained"] or st["quarantined"]:
+            failures.append(f"ledger not clean after the drain: {st}")
+        text = drafter.text()
+        second = text[text.rfind("==== start"):]
+        m = re.search(r"resumed exactly from (\S+step-0*(\d+)) at step (\d+)", second)
+        if not m or f"resume from step {m.group(3)}" not in second:
+            failures.append("the restarted drafter did not resume from a checkpoint and tell the "
+                            f"broker:\n{tail(drafter.log_path, 40)}")
+        else:
+            log("e2e", f"restarted drafter resumed from {m.group(1)}")
+        finals = sorted(d for d in os.listdir(env.path("ckpt")) if d.startswith("step-"))
+        final_step = int(finals[-1][5:]) if finals else -1
+        skipped = len(re.findall(r"has no weighted position", text))
+        if final_step + skipped != total:
+            failures.append(f"final checkpoint step {final_step} (+{skipped} skipped batches) != "
+                            f"{total} batches in the epoch")
+        else:
+            log("e2e", f"final checkpoint step-{final_step}: {total} batches, each trained once")
+        if st and st["committed_step"] != final_step:
+            failures.append(f"broker committed step {st['committed_step']} != final checkpoint "
+                            f"{final_step}")
+        if "already trained" in text:
+            failures.append("an ack was refused as already trained")
+        qrc = queue.stop()
+        if qrc != 0:
+            failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")
+    except RuntimeError as e:
+        failures.append(str(e))
+    finally:
+        env.cleanup(keep or bool(failures))
+    for f in failures:
+        log("e2e", f"FAIL: {f}")
+    if failures:
+        log("e2e", f"logs kept in {env.tmp}")
+    log("e2e", "PASS" if not failures else "FAILED")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -38,16 +38,6 @@ struct batch_plan {
     uint64_t total_tokens, dropped;
 };
 
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static uint64_t mix64(uint64_t x) /* the splitmix64 finaliser */
 {
     x += 0x9e3779b97f4a7c15ull;
@@ -66,23 +56,23 @@ int batch_plan_bucket_of(const batch_plan *plan, uint32_t len) {
 batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_plan_params *p,
                            char *err, size_t errlen) {
     if (!p || p->n_buckets < 1 || p->n_buckets > BATCH_PLAN_MAX_BUCKETS || !p->bucket_bounds) {
-        errf(err, errlen, "batch plan: need 1..%d buckets", BATCH_PLAN_MAX_BUCKETS);
+        err_fmt(err, errlen, "batch plan: need 1..%d buckets", BATCH_PLAN_MAX_BUCKETS);
         return NULL;
     }
     for (int i = 0; i < p->n_buckets; i++)
         if (p->bucket_bounds[i] == 0 || (i && p->bucket_bounds[i] <= p->bucket_bounds[i - 1])) {
-            errf(err, errlen, "batch plan: bucket bounds must be positive and strictly ascending");
+            err_fmt(err, errlen, "batch plan: bucket bounds must be positive and strictly ascending");
             return NULL;
         }
     if (p->token_budget < p->bucket_bounds[p->n_buckets - 1]) {
-        errf(err, errlen,
+        err_fmt(err, errlen,
              "batch plan: token budget %llu is smaller than the largest bucket bound %u: such "
              "sequences would not fit a slot",
              (unsigned long long)p->token_budget, p->bucket_bounds[p->n_buckets - 1]);
         return NULL;
     }
     if (n_seqs == 0 || n_seqs > UINT32_MAX || !lens) {
-        errf(err, errlen, "batch plan: %llu sequences (need 1..2^32-1)",
+        err_fmt(err, errlen, "batch plan: %llu sequences (need 1..2^32-1)",
              (unsigned long long)n_seqs);
         return NULL;
     }
@@ -122,7 +112,7 @@ batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_pl
         plan->total_tokens += lens[i];
     }
     if (plan->total_tokens == 0) {
-        errf(err, errlen, "batch plan: all %llu sequences are empty or longer than %u tokens",
+        err_fmt(err, errlen, "batch plan: all %llu sequences are empty or longer than %u tokens",
              (unsigned long long)n_seqs, p->bucket_bounds[p->n_buckets - 1]);
         batch_plan_destroy(&plan);
         return NULL;

@@ -1,5 +1,17 @@
-/* err: messages and names for the error table in err.h. */
+/* err: messages and names for the error table in err.h, and the error-buffer formatter. */
 #include "err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+void err_fmt(char *err, size_t len, const char *fmt, ...)
+{
+    if (!err || !len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
 
 const char *err_str(int code)
 {

@@ -8,6 +8,8 @@
 #ifndef DFLASH_ERR_H
 #define DFLASH_ERR_H
 
+#include <stddef.h>
+
 /* X(name, number, message) */
 #define DFLASH_ERRORS(X)                                                                           \
     X(OK, 0, "success")                                                                            \
@@ -42,6 +44,10 @@ enum {
     DFLASH_ERRORS(DFLASH_ERR_ENUM)
 #undef DFLASH_ERR_ENUM
 };
+
+/* Writes a printf-style message into a caller's error buffer (err, len); does nothing when
+ * err is NULL or len is 0. The one helper behind every `char *err, size_t errlen` API. */
+void err_fmt(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Human message for a code (0 or negative). Unknown codes give "unknown error". */
 const char *err_str(int code);

@@ -6,6 +6,7 @@
 #include "hf_config.h"
 
 #include "err.h"
+#include "fsutil.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -18,16 +19,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static const char *const family_names[] = {"qwen3", "qwen2", "llama"};
 static const char *const family_archs[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM",
@@ -73,7 +64,7 @@ static int get_int(rd *r, const char *key, bool required, int def) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->j, key);
     if (!v || cJSON_IsNull(v)) {
         if (required && !r->rc) {
-            errf(r->err, r->errlen, "%s: missing field %s", r->where, key);
+            err_fmt(r->err, r->errlen, "%s: missing field %s", r->where, key);
             r->rc = DFLASH_ECONFIG;
         }
         return def;
@@ -82,7 +73,7 @@ static int get_int(rd *r, const char *key, bool required, int def) {
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
         fabs(v->valuedouble) > INT_MAX) {
         if (!r->rc) {
-            errf(r->err, r->errlen, "%s: field %s is not an integer", r->where, key);
+            err_fmt(r->err, r->errlen, "%s: field %s is not an integer", r->where, key);
             r->rc = DFLASH_ECONFIG;
         }
         return def;
@@ -96,7 +87,7 @@ static double get_num(rd *r, const cJSON *obj, const char *key, double def, bool
     if (!v || cJSON_IsNull(v)) return def;
     if (!cJSON_IsNumber(v)) {
         if (!r->rc) {
-            errf(r->err, r->errlen, "%s: field %s is not a number", r->where, key);
+            err_fmt(r->err, r->errlen, "%s: field %s is not a number", r->where, key);
             r->rc = DFLASH_ECONFIG;
         }
         return def;
@@ -110,7 +101,7 @@ static bool get_bool(rd *r, const char *key, bool def) {
     if (!v || cJSON_IsNull(v)) return def;
     if (!cJSON_IsBool(v)) {
         if (!r->rc) {
-            errf(r->err, r->errlen, "%s: field %s is not true/false", r->where, key);
+            err_fmt(r->err, r->errlen, "%s: field %s is not true/false", r->where, key);
             r->rc = DFLASH_ECONFIG;
         }
         return def;
@@ -135,7 +126,7 @@ static void read_rope(rd *r, model_config *c) {
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "default") == 0) return;
     if (strcmp(type->valuestring, "llama3") != 0) {
         if (!r->rc) {
-            errf(r->err, r->errlen, "%s: rope_scaling type \"%s\" is not supported (only llama3)",
+            err_fmt(r->err, r->errlen, "%s: rope_scaling type \"%s\" is not supported (only llama3)",
                  r->where, type->valuestring);
             r->rc = DFLASH_EUNSUPPORTED;
         }
@@ -150,7 +141,7 @@ static void read_rope(rd *r, model_config *c) {
     s->original_max_position_embeddings =
         (int)get_num(r, rs, "original_max_position_embeddings", 0, &f4);
     if (!(f1 && f2 && f3 && f4) && !r->rc) {
-        errf(r->err, r->errlen,
+        err_fmt(r->err, r->errlen,
              "%s: llama3 rope_scaling needs factor, low_freq_factor, high_freq_factor and "
              "original_max_position_embeddings",
              r->where);
@@ -162,17 +153,17 @@ int hf_config_from_json(const cJSON *json, const char *where, model_config *out,
                         size_t errlen) {
     rd r = {json, where ? where : "config.json", err, errlen, 0};
     if (!cJSON_IsObject(json)) {
-        errf(err, errlen, "%s: not a JSON object", r.where);
+        err_fmt(err, errlen, "%s: not a JSON object", r.where);
         return DFLASH_EFORMAT;
     }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(json, "model_type");
     model_family fam;
     if (!cJSON_IsString(mt)) {
-        errf(err, errlen, "%s: missing model_type", r.where);
+        err_fmt(err, errlen, "%s: missing model_type", r.where);
         return DFLASH_ECONFIG;
     }
     if (hf_config_family_parse(mt->valuestring, &fam)) {
-        errf(err, errlen, "%s: model_type \"%s\" is not supported (qwen3, qwen2, llama)", r.where,
+        err_fmt(err, errlen, "%s: model_type \"%s\" is not supported (qwen3, qwen2, llama)", r.where,
              mt->valuestring);
         return DFLASH_EUNSUPPORTED;
     }
@@ -198,25 +189,25 @@ int hf_config_from_json(const cJSON *json, const char *where, model_config *out,
 
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(json, "hidden_act");
     if (cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0) {
-        errf(err, errlen, "%s: hidden_act \"%s\" is not supported (silu)", r.where,
+        err_fmt(err, errlen, "%s: hidden_act \"%s\" is not supported (silu)", r.where,
              act->valuestring);
         return DFLASH_EUNSUPPORTED;
     }
     if (fam != MODEL_QWEN2 && get_bool(&r, "attention_bias", false)) {
-        errf(err, errlen, "%s: attention_bias true is not supported for %s", r.where,
+        err_fmt(err, errlen, "%s: attention_bias true is not supported for %s", r.where,
              mt->valuestring);
         return DFLASH_EUNSUPPORTED;
     }
     if (get_bool(&r, "mlp_bias", false)) {
-        errf(err, errlen, "%s: mlp_bias true is not supported", r.where);
+        err_fmt(err, errlen, "%s: mlp_bias true is not supported", r.where);
         return DFLASH_EUNSUPPORTED;
     }
     if (get_bool(&r, "use_sliding_window", false)) {
-        errf(err, errlen, "%s: use_sliding_window true is not supported", r.where);
+        err_fmt(err, errlen, "%s: use_sliding_window true is not supported", r.where);
         return DFLASH_EUNSUPPORTED;
     }
     if (fam != MODEL_LLAMA && c.rope_scaling.enabled) {
-        errf(err, errlen, "%s: llama3 rope_scaling on a %s model is not supported", r.where,
+        err_fmt(err, errlen, "%s: llama3 rope_scaling on a %s model is not supported", r.where,
              mt->valuestring);
         return DFLASH_EUNSUPPORTED;
     }
@@ -224,7 +215,7 @@ int hf_config_from_json(const cJSON *json, const char *where, model_config *out,
     char verr[256];
     int rc = hf_config_validate(&c, verr, sizeof verr);
     if (rc) {
-        errf(err, errlen, "%s: %s", r.where, verr);
+        err_fmt(err, errlen, "%s: %s", r.where, verr);
         return rc;
     }
     *out = c;
@@ -242,7 +233,7 @@ int hf_config_load(const char *path, model_config *out, char *err, size_t errlen
     FILE *fp = fopen(file, "rb");
     if (!fp) {
         int e = errno;
-        errf(err, errlen, "%s: cannot open: %s", file, strerror(e));
+        err_fmt(err, errlen, "%s: cannot open: %s", file, strerror(e));
         return e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
     }
     char *buf = NULL;
@@ -254,7 +245,7 @@ int hf_config_load(const char *path, model_config *out, char *err, size_t errlen
             if (!nb) {
                 free(buf);
                 fclose(fp);
-                errf(err, errlen, "%s: too large or out of memory", file);
+                err_fmt(err, errlen, "%s: too large or out of memory", file);
                 return DFLASH_EFORMAT;
             }
             buf = nb;
@@ -268,7 +259,7 @@ int hf_config_load(const char *path, model_config *out, char *err, size_t errlen
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(buf, len, &end, false);
     if (!j) {
-        errf(err, errlen, "%s: not valid JSON (near byte %zu)", file,
+        err_fmt(err, errlen, "%s: not valid JSON (near byte %zu)", file,
              end ? (size_t)(end - buf) : (size_t)0);
         free(buf);
         return DFLASH_EFORMAT;
@@ -283,7 +274,7 @@ int hf_config_validate(const model_config *c, char *err, size_t errlen) {
 #define NEED(cond, ...)                                                                            \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
-            errf(err, errlen, __VA_ARGS__);                                                        \
+            err_fmt(err, errlen, __VA_ARGS__);                                                        \
             return DFLASH_ECONFIG;                                                                 \
         }                                                                                          \
     } while (0)
@@ -425,18 +416,7 @@ int hf_config_write_json(const char *path, const cJSON *json) {
         unlink(tmp);
         return rc;
     }
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    else
-        snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
+    fs_sync_parent_dir(path);
     return 0;
 }
 

@@ -13,6 +13,7 @@
 #include "safetensors.h"
 
 #include "err.h"
+#include "fsutil.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -146,16 +147,6 @@ struct safetensors {
     size_t n_tensors, cap_tensors;
 };
 
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp(((const safetensors_tensor *)a)->name, ((const safetensors_tensor *)b)->name);
 }
@@ -204,26 +195,26 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
     if (!f.path) return DFLASH_ENOMEM;
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         rc = errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
         goto fail;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        errf(err, errlen, "%s: not a regular file", path);
+        err_fmt(err, errlen, "%s: not a regular file", path);
         rc = DFLASH_EIO;
         goto fail;
     }
     f.size = (size_t)sb.st_size;
     if (f.size < 8) {
-        errf(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path,
+        err_fmt(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path,
              f.size);
         goto fail;
     }
     f.base = mmap(NULL, f.size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (f.base == MAP_FAILED) {
         f.base = NULL;
-        errf(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        err_fmt(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
         rc = DFLASH_EIO;
         goto fail;
     }
@@ -234,14 +225,14 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | f.base[i];
     if (hlen > f.size - 8 || hlen > ST_MAX_HEADER) {
-        errf(err, errlen,
+        err_fmt(err, errlen,
              "%s: header length %llu exceeds the file (%zu bytes) or the 100 MiB limit: truncated "
              "or not a safetensors file",
              path, (unsigned long long)hlen, f.size);
         goto fail;
     }
     if (hlen < 2) {
-        errf(err, errlen, "%s: header length %llu is too small for JSON", path,
+        err_fmt(err, errlen, "%s: header length %llu is too small for JSON", path,
              (unsigned long long)hlen);
         goto fail;
     }
@@ -251,18 +242,18 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
     root = cJSON_ParseWithLengthOpts((const char *)f.base + 8, (size_t)hlen, &parse_end, false);
     if (!root) {
         size_t at = parse_end ? (size_t)(parse_end - (const char *)f.base - 8) : 0;
-        errf(err, errlen, "%s: header is not valid JSON (near byte %zu of %llu)", path, at,
+        err_fmt(err, errlen, "%s: header is not valid JSON (near byte %zu of %llu)", path, at,
              (unsigned long long)hlen);
         goto fail;
     }
     if (!cJSON_IsObject(root)) {
-        errf(err, errlen, "%s: header is not a JSON object", path);
+        err_fmt(err, errlen, "%s: header is not a JSON object", path);
         goto fail;
     }
     /* trailing bytes after the JSON may only be spaces (padding) */
     for (const char *p = parse_end; p && p < (const char *)f.base + f.data_start; p++)
         if (*p != ' ' && *p != '\n' && *p != '\t' && *p != '\r' && *p != '\0') {
-            errf(err, errlen, "%s: garbage after the header JSON at byte %zu", path,
+            err_fmt(err, errlen, "%s: garbage after the header JSON at byte %zu", path,
                  (size_t)(p - (const char *)f.base));
             goto fail;
         }
@@ -272,13 +263,13 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         if (!name) continue;
         if (strcmp(name, "__metadata__") == 0) {
             if (!cJSON_IsObject(e)) {
-                errf(err, errlen, "%s: __metadata__ is not an object", path);
+                err_fmt(err, errlen, "%s: __metadata__ is not an object", path);
                 goto fail;
             }
             continue;
         }
         if (!cJSON_IsObject(e)) {
-            errf(err, errlen, "%s: tensor %s: entry is not an object", path, name);
+            err_fmt(err, errlen, "%s: tensor %s: entry is not an object", path, name);
             goto fail;
         }
         cJSON *jdt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
@@ -286,7 +277,7 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         cJSON *joff = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
         safetensors_tensor t = {0};
         if (!cJSON_IsString(jdt)) {
-            errf(err, errlen, "%s: tensor %s: missing dtype", path, name);
+            err_fmt(err, errlen, "%s: tensor %s: missing dtype", path, name);
             goto fail;
         }
         bool known = false;
@@ -296,18 +287,18 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
                 known = true;
             }
         if (!known) {
-            errf(err, errlen, "%s: tensor %s: unsupported dtype \"%s\" (BF16, F16, F32, I32, I64)",
+            err_fmt(err, errlen, "%s: tensor %s: unsupported dtype \"%s\" (BF16, F16, F32, I32, I64)",
                  path, name, jdt->valuestring);
             rc = DFLASH_EUNSUPPORTED;
             goto fail;
         }
         if (!cJSON_IsArray(jshape)) {
-            errf(err, errlen, "%s: tensor %s: missing shape", path, name);
+            err_fmt(err, errlen, "%s: tensor %s: missing shape", path, name);
             goto fail;
         }
         int nd = cJSON_GetArraySize(jshape);
         if (nd > SAFETENSORS_MAX_DIMS) {
-            errf(err, errlen, "%s: tensor %s: %d dimensions, at most %d supported", path, name, nd,
+            err_fmt(err, errlen, "%s: tensor %s: %d dimensions, at most %d supported", path, name, nd,
                  SAFETENSORS_MAX_DIMS);
             goto fail;
         }
@@ -318,14 +309,14 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         for (cJSON *s = jshape->child; s; s = s->next, d++) {
             uint64_t v;
             if (!json_u64(s, &v)) {
-                errf(err, errlen, "%s: tensor %s: shape entry %d is not a non-negative integer",
+                err_fmt(err, errlen, "%s: tensor %s: shape entry %d is not a non-negative integer",
                      path, name, d);
                 goto fail;
             }
             t.shape[d] = (int64_t)v;
             numel *= v;
             if (numel > ((unsigned __int128)1 << 60)) { /* keeps numel * 8 in 64 bits */
-                errf(err, errlen, "%s: tensor %s: shape is absurdly large", path, name);
+                err_fmt(err, errlen, "%s: tensor %s: shape is absurdly large", path, name);
                 goto fail;
             }
         }
@@ -334,12 +325,12 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         if (!cJSON_IsArray(joff) || cJSON_GetArraySize(joff) != 2 ||
             !json_u64(cJSON_GetArrayItem(joff, 0), &b) ||
             !json_u64(cJSON_GetArrayItem(joff, 1), &end)) {
-            errf(err, errlen, "%s: tensor %s: data_offsets must be [begin, end] integers", path,
+            err_fmt(err, errlen, "%s: tensor %s: data_offsets must be [begin, end] integers", path,
                  name);
             goto fail;
         }
         if (end < b) {
-            errf(err, errlen, "%s: tensor %s: data_offsets end %llu before begin %llu", path, name,
+            err_fmt(err, errlen, "%s: tensor %s: data_offsets end %llu before begin %llu", path, name,
                  (unsigned long long)end, (unsigned long long)b);
             goto fail;
         }
@@ -347,14 +338,14 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         if (end - b != want) {
             char sh[128];
             shape_str(sh, sizeof sh, t.ndim, t.shape);
-            errf(err, errlen,
+            err_fmt(err, errlen,
                  "%s: tensor %s: data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %llu",
                  path, name, (unsigned long long)b, (unsigned long long)end,
                  (unsigned long long)(end - b), jdt->valuestring, sh, (unsigned long long)want);
             goto fail;
         }
         if (end > data_len) {
-            errf(err, errlen,
+            err_fmt(err, errlen,
                  "%s: tensor %s: data_offsets end %llu is past the data section (%zu bytes): "
                  "truncated file",
                  path, name, (unsigned long long)end, data_len);
@@ -396,13 +387,13 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         const unsigned char *p = by_off[i]->data;
         size_t at = (size_t)(p - (f.base + f.data_start));
         if (p < expect) {
-            errf(err, errlen, "%s: tensor %s: data at offset %zu overlaps tensor %s", path,
+            err_fmt(err, errlen, "%s: tensor %s: data at offset %zu overlaps tensor %s", path,
                  by_off[i]->name, at, by_off[i - 1]->name);
             free(by_off);
             goto fail;
         }
         if (p > expect) {
-            errf(err, errlen, "%s: tensor %s: gap of %zu bytes before its data at offset %zu", path,
+            err_fmt(err, errlen, "%s: tensor %s: gap of %zu bytes before its data at offset %zu", path,
                  by_off[i]->name, (size_t)(p - expect), at);
             free(by_off);
             goto fail;
@@ -412,7 +403,7 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
     free(by_off);
     size_t covered = (size_t)(expect - (f.base + f.data_start));
     if (covered != data_len) {
-        errf(err, errlen, "%s: %zu bytes after the last tensor (data section %zu, tensors %zu)",
+        err_fmt(err, errlen, "%s: %zu bytes after the last tensor (data section %zu, tensors %zu)",
              path, data_len - covered, data_len, covered);
         goto fail;
     }
@@ -466,7 +457,7 @@ void safetensors_close(safetensors **pst) {
 static char *read_text(const char *path, size_t max, char *err, size_t errlen, int *rc) {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         *rc = errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
         return NULL;
     }
@@ -488,7 +479,7 @@ static char *read_text(const char *path, size_t max, char *err, size_t errlen, i
         len += got;
         if (got == 0) break;
         if (len > max) {
-            errf(err, errlen, "%s: larger than %zu bytes", path, max);
+            err_fmt(err, errlen, "%s: larger than %zu bytes", path, max);
             free(buf);
             fclose(fp);
             *rc = DFLASH_EFORMAT;
@@ -498,7 +489,7 @@ static char *read_text(const char *path, size_t max, char *err, size_t errlen, i
     bool bad = ferror(fp);
     fclose(fp);
     if (bad) {
-        errf(err, errlen, "%s: read error", path);
+        err_fmt(err, errlen, "%s: read error", path);
         free(buf);
         *rc = DFLASH_EIO;
         return NULL;
@@ -515,7 +506,7 @@ static int cmp_cstr(const void *a, const void *b) {
 static int check_dups(const safetensors *st, const char *where, char *err, size_t errlen) {
     for (size_t i = 1; i < st->n_tensors; i++)
         if (strcmp(st->tensors[i].name, st->tensors[i - 1].name) == 0) {
-            errf(err, errlen, "%s: tensor %s: defined twice (in %s and %s)", where,
+            err_fmt(err, errlen, "%s: tensor %s: defined twice (in %s and %s)", where,
                  st->tensors[i].name, st->tensors[i - 1].file, st->tensors[i].file);
             return DFLASH_EFORMAT;
         }
@@ -531,12 +522,12 @@ static int load_index(safetensors *st, const char *index_path, char *err, size_t
     cJSON *root = cJSON_Parse(text);
     free(text);
     if (!root) {
-        errf(err, errlen, "%s: not valid JSON", index_path);
+        err_fmt(err, errlen, "%s: not valid JSON", index_path);
         return DFLASH_EFORMAT;
     }
     cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm) || !wm->child) {
-        errf(err, errlen, "%s: no weight_map object", index_path);
+        err_fmt(err, errlen, "%s: no weight_map object", index_path);
         cJSON_Delete(root);
         return DFLASH_EFORMAT;
     }
@@ -558,7 +549,7 @@ static int load_index(safetensors *st, const char *index_path, char *err, size_t
     size_t i = 0;
     for (cJSON *e = wm->child; e; e = e->next, i++) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !e->valuestring[0]) {
-            errf(err, errlen, "%s: weight_map entry %s is not a plain file name", index_path,
+            err_fmt(err, errlen, "%s: weight_map entry %s is not a plain file name", index_path,
                  e->string ? e->string : "?");
             rc = DFLASH_EFORMAT;
             goto out;
@@ -588,7 +579,7 @@ static int load_index(safetensors *st, const char *index_path, char *err, size_t
             base = base ? base + 1 : t->file;
         }
         if (!t || strcmp(base, e->valuestring) != 0) {
-            errf(err, errlen, "%s: tensor %s: the index maps it to %s%s, which does not hold it",
+            err_fmt(err, errlen, "%s: tensor %s: the index maps it to %s%s, which does not hold it",
                  index_path, e->string, dir, e->valuestring);
             rc = DFLASH_EFORMAT;
             goto out;
@@ -603,13 +594,13 @@ out:
 safetensors *safetensors_open(const char *path, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     if (!path) {
-        errf(err, errlen, "safetensors_open: no path");
+        err_fmt(err, errlen, "safetensors_open: no path");
         return NULL;
     }
     safetensors *st = calloc(1, sizeof *st);
     if (!st || !(st->path = dup_str(path))) {
         free(st);
-        errf(err, errlen, "%s: out of memory", path);
+        err_fmt(err, errlen, "%s: out of memory", path);
         return NULL;
     }
     int rc;
@@ -679,7 +670,7 @@ int safetensors_expect(const safetensors *st, const char *name, int ndim, const 
     const safetensors_tensor *t = safetensors_find(st, name);
     if (out) *out = NULL;
     if (!t) {
-        errf(err, errlen, "%s: tensor %s not found", safetensors_path(st), name ? name : "(null)");
+        err_fmt(err, errlen, "%s: tensor %s not found", safetensors_path(st), name ? name : "(null)");
         return DFLASH_ENOTFOUND;
     }
     bool ok = t->ndim == ndim;
@@ -689,7 +680,7 @@ int safetensors_expect(const safetensors *st, const char *name, int ndim, const 
         char have[128], want[128];
         shape_str(have, sizeof have, t->ndim, t->shape);
         shape_str(want, sizeof want, ndim, shape);
-        errf(err, errlen, "%s: tensor %s has shape %s, expected %s", t->file, name, have, want);
+        err_fmt(err, errlen, "%s: tensor %s has shape %s, expected %s", t->file, name, have, want);
         return DFLASH_EMISMATCH;
     }
     if (out) *out = t;
@@ -728,7 +719,7 @@ int safetensors_load_f32(const safetensors *st, const char *name, int ndim, cons
     if (rc) return rc;
     rc = safetensors_to_f32(t, dst);
     if (rc)
-        errf(err, errlen, "%s: tensor %s has dtype %s, not a float type", t->file, name,
+        err_fmt(err, errlen, "%s: tensor %s has dtype %s, not a float type", t->file, name,
              safetensors_dtype_name(t->dtype));
     return rc;
 }
@@ -838,24 +829,6 @@ static int write_all(int fd, const void *buf, size_t len) {
 /* Writes text to path atomically: tmp file, fsync, rename, fsync of the directory. */
 static int write_atomic(const char *path, const void *buf, size_t len);
 
-static int fsync_dir_of(const char *path) {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) {
-        if (slash == dir)
-            slash[1] = 0;
-        else
-            *slash = 0;
-    } else
-        snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return DFLASH_EIO;
-    int rc = fsync(dfd) == 0 || errno == EINVAL ? 0 : DFLASH_EIO;
-    close(dfd);
-    return rc;
-}
-
 int safetensors_writer_begin(safetensors_writer *w) {
     if (!w || w->begun) return DFLASH_ESTATE;
     cJSON *root = cJSON_CreateObject();
@@ -961,7 +934,7 @@ int safetensors_writer_commit(safetensors_writer *w) {
         goto fail;
     }
     w->committed = true;
-    return fsync_dir_of(w->path);
+    return fs_sync_parent_dir(w->path);
 fail:
     if (w->fd >= 0) close(w->fd);
     w->fd = -1;
@@ -985,7 +958,7 @@ static int write_atomic(const char *path, const void *buf, size_t len) {
         unlink(tmp);
         return rc;
     }
-    return fsync_dir_of(path);
+    return fs_sync_parent_dir(path);
 }
 
 int safetensors_write_index(const char *dir, const char *const *names, const char *const *files,

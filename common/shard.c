@@ -10,6 +10,7 @@
 #include "shard.h"
 
 #include "err.h"
+#include "fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,16 +32,6 @@ struct shard {
     uint64_t n_seqs, n_tokens, index_off;
     uint32_t vocab, max_len;
 };
-
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static uint32_t rd32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -69,18 +60,18 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
     s->path = strdup(path ? path : "");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         goto fail;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        errf(err, errlen, "%s: not a regular file", path);
+        err_fmt(err, errlen, "%s: not a regular file", path);
         close(fd);
         goto fail;
     }
     s->size = (size_t)sb.st_size;
     if (s->size < SHARD_HEADER_BYTES) {
-        errf(err, errlen, "%s: truncated: %zu bytes, shorter than the %u-byte header", path,
+        err_fmt(err, errlen, "%s: truncated: %zu bytes, shorter than the %u-byte header", path,
              s->size, SHARD_HEADER_BYTES);
         close(fd);
         goto fail;
@@ -88,18 +79,18 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
     void *m = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED) {
-        errf(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        err_fmt(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
         goto fail;
     }
     s->base = m;
     const unsigned char *h = s->base;
     if (memcmp(h, SHARD_MAGIC, 8) != 0) {
-        errf(err, errlen, "%s: bad magic: not a dflash shard", path);
+        err_fmt(err, errlen, "%s: bad magic: not a dflash shard", path);
         goto fail;
     }
     uint32_t version = rd32(h + 8), hbytes = rd32(h + 12);
     if (version != SHARD_VERSION || hbytes != SHARD_HEADER_BYTES) {
-        errf(err, errlen, "%s: unsupported shard version %u (header %u bytes); this build reads %u",
+        err_fmt(err, errlen, "%s: unsupported shard version %u (header %u bytes); this build reads %u",
              path, version, hbytes, SHARD_VERSION);
         goto fail;
     }
@@ -111,7 +102,7 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
     if (s->index_off < SHARD_HEADER_BYTES || s->index_off % 8 || s->index_off > s->size ||
         s->n_seqs > (s->size - s->index_off) / INDEX_ENTRY ||
         s->index_off + s->n_seqs * INDEX_ENTRY != s->size) {
-        errf(err, errlen,
+        err_fmt(err, errlen,
              "%s: truncated or inconsistent: %zu bytes, but the header promises an index of %llu "
              "sequences at offset %llu",
              path, s->size, (unsigned long long)s->n_seqs, (unsigned long long)s->index_off);
@@ -124,7 +115,7 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
         uint64_t off = rd64(e);
         uint32_t len = rd32(e + 8);
         if (len == 0 || off != expect || off + record_bytes(len) > s->index_off) {
-            errf(err, errlen,
+            err_fmt(err, errlen,
                  "%s: index entry %llu out of range: offset %llu length %u (expected offset %llu, "
                  "records end at %llu)",
                  path, (unsigned long long)i, (unsigned long long)off, len,
@@ -137,7 +128,7 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
     }
     if (((expect + 7) & ~(uint64_t)7) != s->index_off || tokens != s->n_tokens ||
         longest != s->max_len) {
-        errf(err, errlen,
+        err_fmt(err, errlen,
              "%s: header disagrees with the index: %llu tokens / longest %u in the header, %llu / "
              "%u in the index, records end at %llu, index at %llu",
              path, (unsigned long long)s->n_tokens, s->max_len, (unsigned long long)tokens, longest,
@@ -196,13 +187,13 @@ int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen
         shard_get(s, i, &q);
         for (uint32_t p = 0; p < q.len; p++) {
             if (q.ids[p] < 0 || (vocab && (uint32_t)q.ids[p] >= vocab)) {
-                errf(err, errlen,
+                err_fmt(err, errlen,
                      "%s: sequence %llu position %u: token id %d outside the vocabulary of %u",
                      s->path, (unsigned long long)i, p, q.ids[p], vocab);
                 return DFLASH_ERANGE;
             }
             if (q.mask[p] > 1) {
-                errf(err, errlen, "%s: sequence %llu position %u: loss mask byte %u is not 0/1",
+                err_fmt(err, errlen, "%s: sequence %llu position %u: loss mask byte %u is not 0/1",
                      s->path, (unsigned long long)i, p, q.mask[p]);
                 return DFLASH_ERANGE;
             }
@@ -322,18 +313,7 @@ int shard_writer_commit(shard_writer *w) {
     w->fp = NULL;
     if (c != 0 || rename(w->tmp, w->path) != 0) goto fail;
     w->committed = true;
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", w->path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    else
-        snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
+    fs_sync_parent_dir(w->path);
     return 0;
 fail:
     if (w->fp) fclose(w->fp);
@@ -354,7 +334,7 @@ struct shard_set {
 
 shard_set *shard_set_open(const char *const *paths, size_t n, char *err, size_t errlen) {
     if (!n) {
-        errf(err, errlen, "no shard files given");
+        err_fmt(err, errlen, "no shard files given");
         return NULL;
     }
     shard_set *set = calloc(1, sizeof *set);

@@ -11,17 +11,6 @@
 _Static_assert(sizeof(slot_header) == 80, "slot_header is a fixed 80-byte wire layout");
 _Static_assert(sizeof(slot_header) <= SLOT_ALIGN, "header must fit before the first array");
 
-static void set_err(char *err, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t len, const char *fmt, ...)
-{
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 uint32_t slot_crc32(uint32_t crc, const void *data, size_t n)
 {
     static uint32_t table[256];
@@ -118,17 +107,17 @@ int slot_header_check(const void *base, const slot_layout *expect, slot_header *
     slot_header h;
     memcpy(&h, base, sizeof h);
     if (memcmp(h.magic, SLOT_MAGIC, 8) != 0) {
-        set_err(err, err_len, "slot header: bad magic (not a slot, or never written)");
+        err_fmt(err, err_len, "slot header: bad magic (not a slot, or never written)");
         return DFLASH_EFORMAT;
     }
     if (h.version != SLOT_VERSION) {
-        set_err(err, err_len, "slot header: version %u, this build reads version %u", h.version,
+        err_fmt(err, err_len, "slot header: version %u, this build reads version %u", h.version,
                 SLOT_VERSION);
         return DFLASH_EVERSION;
     }
     uint32_t crc = slot_crc32(0, &h, offsetof(slot_header, crc));
     if (crc != h.crc) {
-        set_err(err, err_len, "slot header: crc mismatch (stored %08x, computed %08x): torn or "
+        err_fmt(err, err_len, "slot header: crc mismatch (stored %08x, computed %08x): torn or "
                 "corrupt header", h.crc, crc);
         return DFLASH_ECORRUPT;
     }
@@ -136,7 +125,7 @@ int slot_header_check(const void *base, const slot_layout *expect, slot_header *
     int rc = slot_layout_compute(h.token_budget, h.max_seqs, h.hidden, h.n_layers,
                                  (slot_dtype)h.dtype, &self);
     if (rc < 0 || self.slot_bytes != h.slot_bytes) {
-        set_err(err, err_len, "slot header: inconsistent layout (budget %u, seqs %u, hidden %u, "
+        err_fmt(err, err_len, "slot header: inconsistent layout (budget %u, seqs %u, hidden %u, "
                 "layers %u, dtype %u, bytes %llu)", h.token_budget, h.max_seqs, h.hidden,
                 h.n_layers, h.dtype, (unsigned long long)h.slot_bytes);
         return DFLASH_ECORRUPT;
@@ -144,7 +133,7 @@ int slot_header_check(const void *base, const slot_layout *expect, slot_header *
     if (expect && (expect->token_budget != h.token_budget || expect->max_seqs != h.max_seqs ||
                    expect->hidden != h.hidden || expect->n_layers != h.n_layers ||
                    (uint32_t)expect->dtype != h.dtype)) {
-        set_err(err, err_len, "slot layout mismatch: producer wrote budget %u seqs %u hidden %u "
+        err_fmt(err, err_len, "slot layout mismatch: producer wrote budget %u seqs %u hidden %u "
                 "layers %u %s, reader expects budget %u seqs %u hidden %u layers %u %s",
                 h.token_budget, h.max_seqs, h.hidden, h.n_layers,
                 slot_dtype_name((slot_dtype)h.dtype), expect->token_budget, expect->max_seqs,
@@ -153,7 +142,7 @@ int slot_header_check(const void *base, const slot_layout *expect, slot_header *
     }
     if (h.n_tokens > h.token_budget || h.n_seqs > h.max_seqs || h.n_seqs > h.n_tokens ||
         (h.n_tokens > 0 && h.n_seqs == 0)) {
-        set_err(err, err_len, "slot header: %u tokens in %u sequences exceed capacity (%u, %u)",
+        err_fmt(err, err_len, "slot header: %u tokens in %u sequences exceed capacity (%u, %u)",
                 h.n_tokens, h.n_seqs, h.token_budget, h.max_seqs);
         return DFLASH_ERANGE;
     }
@@ -172,19 +161,19 @@ int slot_arrays_check(const void *base, const slot_layout *l, uint32_t vocab_siz
     const int32_t *tok = slot_token_ids(b, l);
     const uint8_t *mask = slot_loss_mask(b, l);
     if (so[0] != 0 || so[h.n_seqs] != (int32_t)h.n_tokens) {
-        set_err(err, err_len, "seq offsets: first %d last %d, want 0 and n_tokens %u", so[0],
+        err_fmt(err, err_len, "seq offsets: first %d last %d, want 0 and n_tokens %u", so[0],
                 so[h.n_seqs], h.n_tokens);
         return DFLASH_ECORRUPT;
     }
     for (uint32_t s = 0; s < h.n_seqs; s++) {
         if (so[s + 1] <= so[s]) {
-            set_err(err, err_len, "seq offsets: not increasing at sequence %u (%d then %d)", s,
+            err_fmt(err, err_len, "seq offsets: not increasing at sequence %u (%d then %d)", s,
                     so[s], so[s + 1]);
             return DFLASH_ECORRUPT;
         }
         for (int32_t t = so[s]; t < so[s + 1]; t++) {
             if (pos[t] != t - so[s]) {
-                set_err(err, err_len, "positions: token %d of sequence %u has position %d, "
+                err_fmt(err, err_len, "positions: token %d of sequence %u has position %d, "
                         "want %d", t, s, pos[t], t - so[s]);
                 return DFLASH_ECORRUPT;
             }
@@ -192,12 +181,12 @@ int slot_arrays_check(const void *base, const slot_layout *l, uint32_t vocab_siz
     }
     for (uint32_t t = 0; t < h.n_tokens; t++) {
         if (tok[t] < 0 || (vocab_size && (uint32_t)tok[t] >= vocab_size)) {
-            set_err(err, err_len, "token ids: token %u has id %d outside [0, %u)", t, tok[t],
+            err_fmt(err, err_len, "token ids: token %u has id %d outside [0, %u)", t, tok[t],
                     vocab_size);
             return DFLASH_ECORRUPT;
         }
         if (mask[t] > 1) {
-            set_err(err, err_len, "loss mask: token %u has %u, want 0 or 1", t, mask[t]);
+            err_fmt(err, err_len, "loss mask: token %u has %u, want 0 or 1", t, mask[t]);
             return DFLASH_ECORRUPT;
         }
     }

@@ -9,17 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void set_err(char *err, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t len, const char *fmt, ...)
-{
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 static uint64_t mix(uint64_t x)
 {
     x += 0x9E3779B97F4A7C15ull;
@@ -173,7 +162,7 @@ int synthetic_verify(const void *base, const slot_layout *l, const slot_work_uni
     if (rc < 0) goto out;
     if (h.wu.epoch != expect_wu->epoch || h.wu.bucket != expect_wu->bucket ||
         h.wu.batch != expect_wu->batch) {
-        set_err(err, err_len, "slot holds batch (epoch %u, bucket %u, batch %llu) but the grant "
+        err_fmt(err, err_len, "slot holds batch (epoch %u, bucket %u, batch %llu) but the grant "
                 "named (epoch %u, bucket %u, batch %llu)", h.wu.epoch, h.wu.bucket,
                 (unsigned long long)h.wu.batch, expect_wu->epoch, expect_wu->bucket,
                 (unsigned long long)expect_wu->batch);
@@ -186,7 +175,7 @@ int synthetic_verify(const void *base, const slot_layout *l, const slot_work_uni
     rep.n_seqs = h.n_seqs;
     rep.n_tokens = h.n_tokens;
     if (h.n_seqs != n_seqs || h.n_tokens != n_tokens) {
-        set_err(err, err_len, "slot header says %u tokens in %u sequences, batch has %u in %u",
+        err_fmt(err, err_len, "slot header says %u tokens in %u sequences, batch has %u in %u",
                 h.n_tokens, h.n_seqs, n_tokens, n_seqs);
         rc = DFLASH_ECORRUPT;
         goto out;
@@ -211,7 +200,7 @@ int synthetic_verify(const void *base, const slot_layout *l, const slot_work_uni
         size_t first = 0;
         uint64_t bad = count_diff(b + parts[i].off, exp + parts[i].off, parts[i].len, &first);
         if (bad && !rep.bad_bytes)
-            set_err(err, err_len, "%s differ from the synthetic batch at byte %zu", parts[i].what,
+            err_fmt(err, err_len, "%s differ from the synthetic batch at byte %zu", parts[i].what,
                     first);
         rep.bad_bytes += bad;
         rep.bytes_checked += parts[i].len;
@@ -229,7 +218,7 @@ int synthetic_verify(const void *base, const slot_layout *l, const slot_work_uni
                 rep.bad_token = t;
                 rep.bad_layer = (uint32_t)(first / es / l->hidden);
                 rep.bad_channel = (uint32_t)(first / es % l->hidden);
-                set_err(err, err_len, "hidden states differ from the synthetic batch at token %u "
+                err_fmt(err, err_len, "hidden states differ from the synthetic batch at token %u "
                         "layer %u channel %u", t, rep.bad_layer, rep.bad_channel);
             }
             rep.bad_bytes += bad;

@@ -10,6 +10,7 @@
  * arithmetic, so the plan is bit-identical everywhere. Not thread-safe (the cache).
  */
 #include "batch_plan.h"
+#include "rng.h"
 
 #include "err.h"
 
@@ -37,14 +38,6 @@ struct batch_plan {
     bucket b[BATCH_PLAN_MAX_BUCKETS];
     uint64_t total_tokens, dropped;
 };
-
-static uint64_t mix64(uint64_t x) /* the splitmix64 finaliser */
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 int batch_plan_bucket_of(const batch_plan *plan, uint32_t len) {
     if (!plan || len == 0) return -1;
@@ -170,11 +163,11 @@ static void pack(batch_plan *plan, uint32_t epoch, int b) {
     bucket *k = &plan->b[b];
     if (k->cached && k->epoch == epoch) return;
     uint64_t key =
-        mix64(mix64(mix64(plan->p.seed) ^ epoch) ^ ((uint64_t)b + 1) * 0xd1b54a32d192ed03ull);
+        rng_hash64(rng_hash64(rng_hash64(plan->p.seed) ^ epoch) ^ ((uint64_t)b + 1) * 0xd1b54a32d192ed03ull);
     for (uint32_t i = 0; i < k->n; i++)
         k->perm[i] = i;
     for (uint32_t i = k->n; i-- > 1;) {
-        uint64_t r = mix64(key + ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull);
+        uint64_t r = rng_hash64(key + ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull);
         uint32_t j = (uint32_t)(((unsigned __int128)r * ((uint64_t)i + 1)) >> 64);
         uint32_t t = k->perm[i];
         k->perm[i] = k->perm[j];

@@ -2,6 +2,7 @@
  * published recurrence) turns (work unit, indices) into values; rows are generated into a scratch
  * row and copied or compared with memcmp, so fill and verify share one generator. */
 #include "synthetic.h"
+#include "rng.h"
 #include "err.h"
 
 #include <stdarg.h>
@@ -9,17 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 static uint64_t wu_seed(const slot_work_unit *wu)
 {
-    return mix(mix(((uint64_t)wu->epoch << 32) | wu->bucket) ^ wu->batch);
+    return rng_hash64(rng_hash64(((uint64_t)wu->epoch << 32) | wu->bucket) ^ wu->batch);
 }
 
 static bool params_ok(const synthetic_params *sp)
@@ -31,7 +24,7 @@ static bool params_ok(const synthetic_params *sp)
 static uint32_t seq_len(uint64_t seed, const synthetic_params *sp, uint32_t s)
 {
     uint32_t span = sp->max_seq_len - sp->min_seq_len + 1;
-    return sp->min_seq_len + (uint32_t)(mix(seed ^ (0x5E0000000ull + s)) % span);
+    return sp->min_seq_len + (uint32_t)(rng_hash64(seed ^ (0x5E0000000ull + s)) % span);
 }
 
 synthetic_params synthetic_bucket_params(const uint32_t *upper, uint32_t n_buckets,
@@ -73,20 +66,20 @@ void synthetic_shape(const slot_layout *l, const slot_work_unit *wu, const synth
 /* The expected hidden row of token t (all layers), written into row (l->row_bytes bytes). */
 static void gen_row(uint64_t seed, const slot_layout *l, uint32_t t, void *row)
 {
-    uint64_t tseed = mix(seed ^ ((uint64_t)t << 20));
+    uint64_t tseed = rng_hash64(seed ^ ((uint64_t)t << 20));
     for (uint32_t k = 0; k < l->n_layers; k++) {
-        uint64_t kseed = mix(tseed ^ ((uint64_t)k * 0xD1B54A32D192ED03ull));
+        uint64_t kseed = rng_hash64(tseed ^ ((uint64_t)k * 0xD1B54A32D192ED03ull));
         size_t base = (size_t)k * l->hidden;
         if (l->dtype == SLOT_DTYPE_F32) {
             float *out = (float *)row + base;
             for (uint32_t c = 0; c < l->hidden; c++) {
-                uint64_t h = mix(kseed + c);
+                uint64_t h = rng_hash64(kseed + c);
                 out[c] = (float)((int32_t)(h >> 40) - (1 << 23)) * (1.0f / (1 << 23));
             }
         } else {
             uint16_t *out = (uint16_t *)row + base;
             for (uint32_t c = 0; c < l->hidden; c++) {
-                uint64_t h = mix(kseed + c);
+                uint64_t h = rng_hash64(kseed + c);
                 float v = (float)((int32_t)(h >> 56) - 128) * (1.0f / 128); /* exact in bf16 */
                 uint32_t bits;
                 memcpy(&bits, &v, 4);
@@ -98,7 +91,7 @@ static void gen_row(uint64_t seed, const slot_layout *l, uint32_t t, void *row)
 
 static int32_t token_id(uint64_t seed, const synthetic_params *sp, uint32_t t)
 {
-    return (int32_t)(mix(seed ^ (0x70CE000000000ull + t)) % sp->vocab_size);
+    return (int32_t)(rng_hash64(seed ^ (0x70CE000000000ull + t)) % sp->vocab_size);
 }
 
 /* Fills the arrays part (offsets, positions, ids, mask) of the synthetic batch into a zeroed

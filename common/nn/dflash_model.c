@@ -6,6 +6,7 @@
  * Tc context rows, Q = nb*B query rows, Tk = Tc + Q key rows, D, H, Hk, d, F, V, nF.
  */
 #include "dflash_model.h"
+#include "rng.h"
 
 #include "err.h"
 #include "hf_config.h"
@@ -277,17 +278,6 @@ static void plan_acts(dflash_model *m, plan *p) {
 /* ---------------------------------------------------------------------------------------------
  * creation */
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) {
-    return ((double)(splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
 dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_ctx *ctx,
                                const nn_buf *embed, const nn_buf *lm_head, int max_tokens,
                                int max_blocks, uint64_t init_seed) {
@@ -365,7 +355,7 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
             if (t->ndim == 1) {
                 w[j] = 1.0f;
             } else {
-                double u1 = uniform01(&s), u2 = uniform01(&s);
+                double u1 = rng_uniform01(&s), u2 = rng_uniform01(&s);
                 w[j] = (float)(0.02 * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
             }
         }

@@ -3,6 +3,7 @@
  * which dflash_model_set_inputs uploads; everything after that runs through the ops table.
  */
 #include "dflash_train.h"
+#include "rng.h"
 
 #include "err.h"
 #include "log.h"
@@ -90,13 +91,6 @@ uint64_t dflash_batch_key(const slot_work_unit *wu) {
 /* ---------------------------------------------------------------------------------------------
  * anchors */
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -145,10 +139,10 @@ int dflash_train_sample_anchors(dflash_model *m, const dflash_train_cfg *tc,
                       m->max_blocks);
             return DFLASH_ERANGE;
         }
-        uint64_t st = mix64(mix64(mix64(tc->seed ^ 0x616e63686f72ull) ^ epoch) ^ batch_key);
-        st = mix64(st ^ (uint64_t)s);
+        uint64_t st = rng_hash64(rng_hash64(rng_hash64(tc->seed ^ 0x616e63686f72ull) ^ epoch) ^ batch_key);
+        st = rng_hash64(st ^ (uint64_t)s);
         for (int i = 0; i < k; i++) { /* partial Fisher-Yates: a uniform k-subset */
-            st = mix64(st);
+            st = rng_hash64(st);
             int j = i + (int)(st % (uint64_t)(nc - i));
             int32_t t = cand[i];
             cand[i] = cand[j];

@@ -23,6 +23,7 @@
  * model's max_position_embeddings has no room for a response and is left out (counted).
  */
 #include "config.h"
+#include "rng.h"
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
@@ -115,14 +116,6 @@ typedef struct gen_ctx {
     int written; /* samples in the output */
 } gen_ctx;
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double now_mono(void)
 {
     struct timespec ts;
@@ -156,10 +149,10 @@ static int prompts_random(prompt_set *ps, int n, int lo, int hi, int V, uint64_t
 {
     uint64_t rng = seed ^ 0x5eed0f9e11u;
     for (int i = 0; i < n; i++) {
-        int len = lo + (int)(splitmix64(&rng) % (uint64_t)(hi - lo + 1));
+        int len = lo + (int)(rng_next(&rng) % (uint64_t)(hi - lo + 1));
         int32_t *ids = malloc((size_t)len * sizeof *ids);
         if (!ids) return DFLASH_ENOMEM;
-        for (int t = 0; t < len; t++) ids[t] = (int32_t)(splitmix64(&rng) % (uint64_t)V);
+        for (int t = 0; t < len; t++) ids[t] = (int32_t)(rng_next(&rng) % (uint64_t)V);
         int rc = prompts_push(ps, ids, len);
         if (rc) {
             free(ids);

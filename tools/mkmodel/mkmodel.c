@@ -22,6 +22,7 @@
  * Progress is logged every few seconds for big models. One thread.
  */
 #include "config.h"
+#include "rng.h"
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
@@ -118,16 +119,9 @@ static const preset presets[] = {
     {"qwen3-8b", 4096, 36, 32, 8, 128, 12288, 151936, 40960},
 };
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* Standard normals 2p and 2p+1 of the stream key (one Box-Muller draw per pair). */
 static void normal_pair(uint64_t key, uint64_t p, float *z0, float *z1) {
-    uint64_t r = mix64(key + p * 0xd1b54a32d192ed03ull);
+    uint64_t r = rng_hash64(key + p * 0xd1b54a32d192ed03ull);
     double u1 = ((double)(r >> 40) + 1.0) / 16777217.0; /* (0, 1] */
     double u2 = (double)(r & 0xffffffu) / 16777216.0;   /* [0, 1) */
     double rad = sqrt(-2.0 * log(u1)), ang = 6.283185307179586 * u2;
@@ -213,7 +207,7 @@ static uint64_t tensor_bytes(const mk_ctx *m, size_t i) {
 static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i) {
     const hf_weight_desc *d = &m->w[i];
     uint64_t n = (uint64_t)d->shape[0] * (d->ndim == 2 ? (uint64_t)d->shape[1] : 1);
-    uint64_t key = mix64(mix64((uint64_t)m->cfg->seed) ^ (0x5bd1e995ull * (i + 1)));
+    uint64_t key = rng_hash64(rng_hash64((uint64_t)m->cfg->seed) ^ (0x5bd1e995ull * (i + 1)));
     size_t es = safetensors_dtype_size(m->dt);
     for (uint64_t s = 0; s < n; s += CHUNK) {
         size_t k = n - s < CHUNK ? (size_t)(n - s) : CHUNK;

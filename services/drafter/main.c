@@ -206,6 +206,7 @@ static int parse_ids(const char *s, int *ids, int max)
 
 typedef struct model_verify_ctx {
     model_producer *p;
+    nn_ctx *nn; /* the cpu context the producer computes with; freed after it */
     pool_backend backend;
     slot_layout layout;
     double tol, worst;
@@ -256,12 +257,14 @@ static void model_verify_destroy(void *vctx)
 {
     model_verify_ctx *v = vctx;
     model_producer_destroy(&v->p);
+    nn_cpu_destroy(&v->nn);
     free(v->host);
     free(v);
 }
 
-static worker_consumer *model_verify_new(model_producer **p, const worker_loop_config *lc,
-                                         double tol)
+/* Takes ownership of *p and *nn (both NULLed). NULL on out of memory (nothing taken). */
+static worker_consumer *model_verify_new(model_producer **p, nn_ctx **nn,
+                                         const worker_loop_config *lc, double tol)
 {
     worker_consumer *c = calloc(1, sizeof *c);
     model_verify_ctx *v = calloc(1, sizeof *v);
@@ -273,6 +276,8 @@ static worker_consumer *model_verify_new(model_producer **p, const worker_loop_c
     }
     v->p = *p;
     *p = NULL;
+    v->nn = *nn;
+    *nn = NULL;
     v->backend = lc->backend;
     v->layout = lc->layout;
     v->tol = tol;
@@ -482,12 +487,12 @@ int main(int argc, char **argv)
             return 2;
         }
         const nn_ops *ops = nn_cpu_ops();
-        nn_ctx *nn = nn_cpu_new((int)cfg.threads);
         if (lc.backend != POOL_HOST) {
             fprintf(stderr, "dflash-drafter: --verify-model runs its direct forward on the cpu; "
                     "use --backend host\n");
             return 2;
         }
+        nn_ctx *nn = nn_cpu_new((int)cfg.threads);
         model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,
                                   .bucket_bounds = upper, .n_buckets = (int)n_buckets,
                                   .token_budget = (uint32_t)cfg.token_budget,
@@ -512,9 +517,9 @@ int main(int argc, char **argv)
             return 2;
         }
         lc.max_batches = cfg.verify_slots;
-        cons = model_verify_new(&mp, &lc, cfg.verify_tol);
+        cons = model_verify_new(&mp, &nn, &lc, cfg.verify_tol);
         model_producer_destroy(&mp);
-        /* nn lives until exit: the producer borrows it (freed by the OS at exit) */
+        nn_cpu_destroy(&nn);
     } else {
         trainer_opts to = {.model_dir = cfg.model, .backend = lc.backend, .device = lc.device,
                            .threads = (int)cfg.threads, .layout = &lc.layout,

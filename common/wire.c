@@ -160,6 +160,10 @@ static int check_pool(const wire_pool *p, char *why, size_t len)
     }
     if (fabs(sum - 1.0) > 1e-3) return fail(why, len, DFLASH_ERANGE, "shares sum to %g", sum);
     if (p->epochs < 1) return fail(why, len, DFLASH_ERANGE, "epochs must be >= 1");
+    for (uint32_t s = p->slot_count; s < WIRE_MAX_SLOTS; s++)
+        if (wire_pool_is_busy(p, s))
+            return fail(why, len, DFLASH_ERANGE, "busy slot %u >= slot count %u", s,
+                        p->slot_count);
     return 0;
 }
 
@@ -275,6 +279,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     Dflash__Unit *held_ptr[WIRE_MAX_HELD];
     Dflash__PoolRegister pool;
     ProtobufCBinaryData *events = NULL;
+    uint32_t busy_list[WIRE_MAX_SLOTS];
     uint64_t batches[WIRE_MAX_BUCKETS];
     Dflash__WorkRequest wreq;
     Dflash__WorkUnit work;
@@ -350,6 +355,10 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         pool.bucket_upper = (uint32_t *)p->bucket_upper;
         pool.bucket_share = (double *)p->bucket_share;
         pool.bucket_batches = (uint64_t *)p->bucket_batches;
+        pool.n_busy_slots = 0;
+        for (uint32_t i = 0; i < p->slot_count && i < WIRE_MAX_SLOTS; i++)
+            if (wire_pool_is_busy(p, i)) busy_list[pool.n_busy_slots++] = i;
+        pool.busy_slots = busy_list;
         env.pool_register = &pool;
         break;
     }
@@ -607,6 +616,13 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
             w->bucket_upper[b] = p->bucket_upper[b];
             w->bucket_share[b] = p->bucket_share[b];
             w->bucket_batches[b] = p->bucket_batches[b];
+        }
+        if (p->n_busy_slots > WIRE_MAX_SLOTS)
+            return fail(why, len, DFLASH_ERANGE, "pool: %zu busy slots", p->n_busy_slots);
+        for (size_t i = 0; i < p->n_busy_slots; i++) {
+            if (p->busy_slots[i] >= WIRE_MAX_SLOTS)
+                return fail(why, len, DFLASH_ERANGE, "pool: busy slot %u", p->busy_slots[i]);
+            wire_pool_set_busy(w, p->busy_slots[i], true);
         }
         if (p->n_event_handles > WIRE_MAX_SLOTS)
             return fail(why, len, DFLASH_ERANGE, "pool: %zu event handles", p->n_event_handles);

@@ -101,7 +101,22 @@ typedef struct wire_pool {
     double bucket_share[WIRE_MAX_BUCKETS];          /* in [0,1], sum within 1e-3 of 1 */
     uint64_t bucket_batches[WIRE_MAX_BUCKETS];
     uint32_t epochs;                                /* >= 1 */
+    /* Bit s set: slot s was published and not handed back since (re-registration after a broker
+     * restart); the broker fences those slots. Only bits < slot_count may be set. */
+    uint64_t busy[WIRE_MAX_SLOTS / 64];
 } wire_pool;
+
+/* Busy-slot bitmap helpers for wire_pool.busy. */
+static inline void wire_pool_set_busy(wire_pool *p, uint32_t slot, bool busy)
+{
+    if (slot >= WIRE_MAX_SLOTS) return;
+    if (busy) p->busy[slot / 64] |= 1ull << (slot % 64);
+    else p->busy[slot / 64] &= ~(1ull << (slot % 64));
+}
+static inline bool wire_pool_is_busy(const wire_pool *p, uint32_t slot)
+{
+    return slot < WIRE_MAX_SLOTS && (p->busy[slot / 64] >> (slot % 64) & 1);
+}
 
 typedef struct wire_work_unit {
     wire_unit unit;

@@ -8,6 +8,17 @@
  *
  * Policy: created at the first pool registration, because the bucket count comes from the
  * target; settings made before then are kept in cfg and applied at creation.
+ *
+ * Restart fence (defect: a re-registering target's slots were all taken as FREE, so a slot a
+ * drafter was still copying under the old broker's lease could be handed out for refilling):
+ * PoolRegister carries busy_slots, the slots the target published and was not handed back in a
+ * work unit since. When the registration creates the pool in the policy (a new broker, or a pool
+ * this broker had dropped), each busy slot is fenced until now + lease_timeout_ms: no work unit
+ * names it and no SLOT_READY is accepted for it until the cron tick lifts the fence. Why that is
+ * enough: every lease this broker cannot see on that slot was granted before this registration,
+ * and a copy ends within a lease timeout of its grant (policy.h, "Restart fence"). A
+ * re-registration of a pool the policy already has (same incarnation) ignores the list: the
+ * broker's own slot states are authoritative. Old targets send no list: nothing is fenced.
  */
 #include "broker.h"
 
@@ -413,6 +424,15 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_ok(b, r, m->request_id, (uint64_t)id);
     }
     if (rc) return reply_error(b, r, m->request_id, rc, "pool refused");
+    uint64_t fence_until = now_ms(b) + (uint64_t)b->cfg.lease_timeout_ms;
+    uint32_t fenced = 0;
+    for (uint32_t s = 0; s < w->slot_count; s++)
+        if (wire_pool_is_busy(w, s) &&
+            policy_slot_fence(b->policy, (uint32_t)id, s, fence_until) == 0)
+            fenced++;
+    if (fenced)
+        LOG_INFO("pool %d of %s: %u busy slots fenced for %lld ms (a drafter may still copy them)",
+                 id, p->name, fenced, (long long)b->cfg.lease_timeout_ms);
     free(d->events);
     d->events = NULL;
     free(d->n_seqs);
@@ -497,7 +517,11 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (s->slot >= d->desc.slot_count || s->unit.bucket >= b->n_buckets)
         return reply_error(b, r, m->request_id, DFLASH_ERANGE, "slot or bucket out of range");
     batch_id id = to_batch(&s->unit);
-    int rc;
+    slot_state st;
+    int rc = policy_slot_get(b->policy, (uint32_t)p->pool_id, s->slot, &st, NULL);
+    if (rc == 0 && st == SLOT_FENCED) /* checked before adopting: the batch stays orphaned */
+        return reply_error(b, r, m->request_id, DFLASH_ESTATE, "slot %u is fenced after a "
+                           "broker restart: drop it", s->slot);
     if (!policy_is_filling(b->policy, (uint32_t)p->pool_id, &id)) {
         /* Filled for a previous broker incarnation: adopt it if nobody else has it. */
         if ((rc = ledger_adopt(b->ledger, &id)))

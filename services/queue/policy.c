@@ -6,7 +6,10 @@
  * in a dense array (leased[], slot->lease_pos) so ticks, heartbeats and releases touch only them.
  * Counters per bucket (filling, ready, leased) change only in set_state(), which asserts the
  * transition table of policy.h:
- *   FREE -> FILLING;  FILLING -> READY | FREE;  READY -> LEASED | FREE;  LEASED -> READY | FREE.
+ *   FREE -> FILLING | FENCED;  FILLING -> READY | FREE;  READY -> LEASED | FREE;
+ *   LEASED -> READY | FREE;  FENCED -> FREE.
+ * FENCED slots carry fence_until_ms; policy_tick lifts the fences that are due (n_fenced > 0
+ * only right after a target re-registered with busy slots, so the scan costs nothing otherwise).
  * Consumption accounting: consumed tokens per bucket since the shares were last set (the lag of
  * the choice rule, clamped so that a long-starved bucket cannot take a burst of claims), lifetime
  * produced/consumed counters, and a ring of the last mix_window claims (bucket, tokens) with
@@ -40,6 +43,7 @@ typedef struct slot {
     struct slot *prev, *next;  /* ready FIFO of its bucket */
     uint64_t lease_id, worker_id, deadline_ms;
     uint32_t lease_pos;        /* index in policy.leased while LEASED */
+    uint64_t fence_until_ms;   /* while FENCED: when it may go FREE */
 } slot;
 
 struct pool {
@@ -78,6 +82,7 @@ struct policy {
     uint32_t ready[POLICY_MAX_BUCKETS], leased_n[POLICY_MAX_BUCKETS],
         filling[POLICY_MAX_BUCKETS];
     uint32_t tot_ready, tot_leased, tot_filling;
+    uint32_t n_fenced;         /* FENCED slots over all pools */
     double lag_consumed[POLICY_MAX_BUCKETS], lag_total; /* tokens since shares were set */
     uint64_t lag_claims;
     uint64_t prod_batches[POLICY_MAX_BUCKETS], prod_tokens[POLICY_MAX_BUCKETS];
@@ -97,8 +102,8 @@ const char *policy_mode_name(policy_mode m)
 
 const char *slot_state_name(slot_state s)
 {
-    static const char *n[] = {"free", "filling", "ready", "leased"};
-    return (unsigned)s < 4 ? n[s] : "?";
+    static const char *n[] = {"free", "filling", "ready", "leased", "fenced"};
+    return (unsigned)s < 5 ? n[s] : "?";
 }
 
 void policy_params_default(policy_params *p)
@@ -120,10 +125,11 @@ void policy_params_default(policy_params *p)
 static bool legal(slot_state from, slot_state to)
 {
     switch (from) {
-    case SLOT_FREE: return to == SLOT_FILLING;
+    case SLOT_FREE: return to == SLOT_FILLING || to == SLOT_FENCED;
     case SLOT_FILLING: return to == SLOT_READY || to == SLOT_FREE;
     case SLOT_READY: return to == SLOT_LEASED || to == SLOT_FREE;
     case SLOT_LEASED: return to == SLOT_READY || to == SLOT_FREE;
+    case SLOT_FENCED: return to == SLOT_FREE;
     }
     return false;
 }
@@ -189,6 +195,7 @@ static int set_state(policy *p, slot *s, slot_state to, bool front)
         p->tot_leased--;
         break;
     }
+    case SLOT_FENCED: p->n_fenced--; break;
     }
     switch (to) {
     case SLOT_FREE:
@@ -211,6 +218,7 @@ static int set_state(policy *p, slot *s, slot_state to, bool front)
         p->leased_n[b]++;
         p->tot_leased++;
         break;
+    case SLOT_FENCED: p->n_fenced++; break;
     }
     s->state = to;
     return 0;
@@ -315,6 +323,7 @@ int policy_pool_drop(policy *p, uint32_t pool_id)
     if (!pl) return DFLASH_ENOTFOUND;
     for (uint32_t i = 0; i < pl->n_slots; i++) {
         slot *s = &pl->slots[i];
+        if (s->state == SLOT_FENCED) (void)set_state(p, s, SLOT_FREE, false); /* no batch */
         if (s->state == SLOT_FREE) continue;
         batch_id b = s->batch;
         bool keep = false;
@@ -375,6 +384,18 @@ int policy_pool_add(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_t 
         pl->slots[i].index = i;
     }
     p->pools[p->n_pools++] = pl;
+    return 0;
+}
+
+int policy_slot_fence(policy *p, uint32_t pool_id, uint32_t slot_index, uint64_t until_ms)
+{
+    pool *pl = find_pool(p, pool_id, NULL);
+    if (!pl) return DFLASH_ENOTFOUND;
+    if (slot_index >= pl->n_slots) return DFLASH_ERANGE;
+    slot *s = &pl->slots[slot_index];
+    if (s->state != SLOT_FREE) return DFLASH_ESTATE;
+    s->fence_until_ms = until_ms;
+    (void)set_state(p, s, SLOT_FENCED, false);
     return 0;
 }
 
@@ -465,7 +486,8 @@ int policy_slot_ready(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_
     if (!pl || pl->incarnation != incarnation) return DFLASH_ESTALE;
     if (slot_index >= pl->n_slots || batch->bucket >= p->prm.n_buckets) return DFLASH_ERANGE;
     slot *s = &pl->slots[slot_index];
-    if (s->state == SLOT_READY || s->state == SLOT_LEASED) return DFLASH_ESTATE;
+    if (s->state == SLOT_READY || s->state == SLOT_LEASED || s->state == SLOT_FENCED)
+        return DFLASH_ESTATE;
     if (s->state == SLOT_FILLING && !same_batch(&s->batch, batch)) {
         /* The target put batch into a slot we had suggested for another batch X. */
         slot *other = find_filling(pl, batch);
@@ -655,6 +677,14 @@ int policy_tick(policy *p, uint64_t now_ms)
         if (i < p->n_leased && p->leased[i]->deadline_ms <= now_ms) expire(p, p->leased[i]);
     for (uint32_t i = p->n_detached; i-- > 0;)
         if (p->detached[i].deadline_ms <= now_ms) expire_detached(p, i);
+    for (uint32_t k = 0; k < p->n_pools && p->n_fenced; k++) {
+        pool *pl = p->pools[k];
+        for (uint32_t i = 0; i < pl->n_slots; i++) {
+            slot *s = &pl->slots[i];
+            if (s->state == SLOT_FENCED && s->fence_until_ms <= now_ms)
+                (void)set_state(p, s, SLOT_FREE, false);
+        }
+    }
     return 0;
 }
 
@@ -746,6 +776,7 @@ void policy_get_stats(const policy *p, policy_stats *o)
     o->ready = p->tot_ready;
     o->leased = p->tot_leased;
     o->filling = p->tot_filling;
+    o->fenced = p->n_fenced;
     double win[POLICY_MAX_BUCKETS];
     uint64_t win_sum = 0;
     for (uint32_t b = 0; b < p->prm.n_buckets; b++) {

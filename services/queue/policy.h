@@ -3,13 +3,24 @@
  *
  * Data: pools (one per target incarnation's slot arena) hold slots; each slot is
  *
- *   from \ to   FREE   FILLING      READY          LEASED
- *   FREE         -     work_start   slot_ready(*)    -
- *   FILLING   drop(**)    -         slot_ready       -
- *   READY     quarantine  -            -           claim
- *   LEASED     release    -     expiry/drop_worker   -
+ *   from \ to   FREE   FILLING      READY          LEASED   FENCED
+ *   FREE         -     work_start   slot_ready(*)    -      slot_fence
+ *   FILLING   drop(**)    -         slot_ready       -        -
+ *   READY     quarantine  -            -           claim      -
+ *   LEASED     release    -     expiry/drop_worker   -        -
+ *   FENCED    tick(***)   -            -             -        -
  *   (*) the target filled a different FREE slot than suggested, or (after a broker restart) an
  *       adopted batch: the slot passes through FILLING. (**) work moved to another slot.
+ *   (***) policy_tick at or after the slot's fence deadline.
+ *
+ * Restart fence: a target that re-registers its pool (the broker restarted, or dropped the pool
+ * while leases on it were out) names the slots it published and has not been handed back since;
+ * a drafter may still be copying one under a lease this policy never saw. The broker fences each
+ * such slot (policy_slot_fence) until one lease timeout after the registration: FENCED slots are
+ * never handed out for filling and never accept a SLOT_READY. Safe because every lease the policy
+ * cannot see was granted before the registration, and a drafter finishes its copy within a lease
+ * timeout of its grant (the premise every lease rests on; copies take micro- to milliseconds).
+ * FENCED slots count in no bucket and not against max_depth.
  *
  * One set_state() asserts these transitions and keeps the per-bucket counters (filling, ready,
  * leased) exact. Ready slots of each bucket sit in a FIFO (oldest first).
@@ -47,7 +58,7 @@
 typedef struct policy policy;
 
 typedef enum { POLICY_RUNNING = 0, POLICY_PAUSED, POLICY_DRAINING } policy_mode;
-typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_LEASED } slot_state;
+typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_LEASED, SLOT_FENCED } slot_state;
 
 typedef struct {
     uint32_t n_buckets;                             /* 1..POLICY_MAX_BUCKETS */
@@ -108,6 +119,7 @@ typedef struct {
     uint32_t n_buckets, n_pools, n_slots;
     uint32_t min_ready, max_depth, lease_timeout_ms, max_redeliveries, mix_window;
     uint32_t ready, leased, filling; /* totals */
+    uint32_t fenced;                 /* FENCED slots (restart fence, see above) */
     double mix_tv;                   /* TV(consumed mix over the window, dataset mix); 0 if empty */
     uint32_t window_claims;          /* claims in the window (<= mix_window) */
     uint64_t claims, releases, work_units, lease_expiries, redeliveries, quarantined;
@@ -139,6 +151,10 @@ int policy_pool_add(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_t 
  * a release ends it normally (where->incarnation is the old one: do not hand the slot to the new
  * target); expiry or drop_worker requeues its batch. DFLASH_ENOTFOUND unknown pool. */
 int policy_pool_drop(policy *p, uint32_t pool_id);
+/* Restart fence: a FREE slot of pool_id -> FENCED until until_ms (policy_tick lifts it). The
+ * slot is not handed out for filling and refuses SLOT_READY meanwhile. DFLASH_ENOTFOUND unknown
+ * pool, DFLASH_ERANGE slot out of range, DFLASH_ESTATE slot not FREE. */
+int policy_slot_fence(policy *p, uint32_t pool_id, uint32_t slot, uint64_t until_ms);
 /* Incarnation of a registered pool, 0 if unknown. */
 uint64_t policy_pool_incarnation(const policy *p, uint32_t pool_id);
 
@@ -187,7 +203,8 @@ int policy_heartbeat(policy *p, uint64_t worker_id, uint64_t now_ms);
  * possibly quarantined). Returns 0. */
 int policy_drop_worker(policy *p, uint64_t worker_id);
 
-/* Expires leases with deadline <= now_ms (READY again + redelivery, or quarantine). Returns 0. */
+/* Expires leases with deadline <= now_ms (READY again + redelivery, or quarantine) and lifts
+ * restart fences with deadline <= now_ms (FENCED -> FREE). Returns 0. */
 int policy_tick(policy *p, uint64_t now_ms);
 
 /* Earliest lease deadline (for the broker's timer), UINT64_MAX when no lease is held. */

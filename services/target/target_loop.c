@@ -1,6 +1,9 @@
 /* target_loop: see target_loop.h for the loop, its states and the producer interface.
  * A small heartbeat thread calls client_poll (the client serialises calls) so that a producer
- * busy for longer than the broker's heartbeat interval does not get the target expired. */
+ * busy for longer than the broker's heartbeat interval does not get the target expired.
+ * Busy bitmap (busy[]): bit s is set once slot s is published and cleared when a work unit
+ * names s again (the broker hands a slot out only once it is FREE); every registration sends it
+ * as PoolRegister.busy_slots so that a restarted broker fences those slots (docs/protocol.md). */
 #include "target_loop.h"
 #include "client.h"
 #include "err.h"
@@ -27,6 +30,7 @@ typedef struct target_loop {
     atomic_bool hb_run;
     pthread_t hb_thread;
     bool hb_started;
+    uint64_t busy[WIRE_MAX_SLOTS / 64]; /* published, not handed back since (main thread) */
 } target_loop;
 
 static const char *state_name(tl_state s)
@@ -97,6 +101,7 @@ static void fill_wire_pool(const target_loop *t, wire_pool *wp)
         wp->bucket_batches[b] = c->bucket_batches[b];
     }
     wp->epochs = c->epochs;
+    memcpy(wp->busy, t->busy, sizeof wp->busy);
 }
 
 /* hello + pool registration. 0, or a fatal code (bad pool: the broker refused it). Transient
@@ -142,11 +147,12 @@ static int produce(target_loop *t, const wire_work_unit *w)
 {
     const target_loop_config *c = t->cfg;
     uint64_t inc = pool_descriptor(t->pool)->incarnation;
-    if (w->slot >= c->n_slots || w->unit.bucket >= c->n_buckets) {
+    if (w->slot >= c->n_slots || w->slot >= WIRE_MAX_SLOTS || w->unit.bucket >= c->n_buckets) {
         LOG_WARN("broker sent an impossible work unit (slot %u, bucket %u): ignored", w->slot,
                  w->unit.bucket);
         return 0;
     }
+    t->busy[w->slot / 64] &= ~(1ull << (w->slot % 64)); /* the broker gave it back: FREE */
     slot_work_unit wu = {.epoch = w->unit.epoch, .bucket = w->unit.bucket, .batch = w->unit.index};
     void *stream = t->prod->stream ? t->prod->stream(t->prod->ctx) : NULL;
     double t0 = now_s();
@@ -160,6 +166,7 @@ static int produce(target_loop *t, const wire_work_unit *w)
     }
     int rc = pool_slot_publish(t->pool, w->slot, stream);
     if (rc < 0) return rc;
+    t->busy[w->slot / 64] |= 1ull << (w->slot % 64); /* a drafter may copy it from now on */
     t->st.fill_s += now_s() - t0;
     wire_slot_ready r = {.pool_incarnation = inc, .slot = w->slot, .unit = w->unit,
                          .n_tokens = (uint32_t)n, .n_seqs = n_seqs};

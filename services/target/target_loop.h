@@ -4,7 +4,8 @@
  * for a work unit (epoch, bucket, batch, slot), hand the slot to the *producer*, publish the slot
  * (record its event on the producer's stream, no host sync) and send SLOT_READY. It waits and
  * retries when the broker has no work or max_depth is reached (counted as "waiting for a free
- * slot"), re-registers (hello + pool) when the broker restarts, and returns when the broker
+ * slot"), re-registers (hello + pool, naming the slots it published and was not handed back
+ * since, which the broker fences) when the broker restarts, and returns when the broker
  * drains, when *stop becomes non-zero, or on a fatal error.
  *
  * Loop states (one set_state, transitions asserted):

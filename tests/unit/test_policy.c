@@ -425,6 +425,48 @@ static void test_other_slot(void)
     policy_destroy(&p);
 }
 
+static void test_restart_fence(void)
+{
+    /* A re-registered pool's busy slots are fenced: never handed out for filling, no SLOT_READY,
+     * until a tick at or after the fence deadline frees them. */
+    policy *p = make(1, NULL, 0, 90);
+    CHECK_EQ_INT(policy_pool_drop(p, POOL), 0);
+    CHECK_EQ_INT(policy_pool_add(p, POOL, INC, 2, 1 << 20), 0);
+    CHECK_EQ_INT(policy_slot_fence(p, POOL, 0, 1000), 0);
+    CHECK_EQ_INT(policy_slot_fence(p, POOL, 0, 1000), DFLASH_ESTATE);
+    CHECK_EQ_INT(policy_slot_fence(p, POOL, 2, 1000), DFLASH_ERANGE);
+    CHECK_EQ_INT(policy_slot_fence(p, POOL + 1, 0, 1000), DFLASH_ENOTFOUND);
+    batch_id a = {0, 0, 0}, b = {0, 0, 1};
+    uint32_t sa, sb;
+    CHECK_EQ_INT(policy_work_start(p, POOL, &a, &sa), 0);
+    CHECK_EQ_INT(sa, 1); /* the unfenced slot */
+    uint32_t bucket;
+    CHECK_EQ_INT(policy_next_bucket(p, POOL, 1, &bucket), DFLASH_EFULL);
+    CHECK_EQ_INT(policy_work_start(p, POOL, &b, &sb), DFLASH_EFULL);
+    CHECK_EQ_INT(policy_slot_ready(p, POOL, INC, 0, &b, TOK), DFLASH_ESTATE);
+    policy_stats st;
+    policy_get_stats(p, &st);
+    CHECK_EQ_INT(st.fenced, 1);
+    CHECK_EQ_INT(st.filling, 1);
+    policy_tick(p, 999);
+    CHECK_EQ_INT(policy_work_start(p, POOL, &b, &sb), DFLASH_EFULL);
+    policy_tick(p, 1000);
+    slot_state s;
+    CHECK_EQ_INT(policy_slot_get(p, POOL, 0, &s, NULL), 0);
+    CHECK_EQ_INT(s, SLOT_FREE);
+    CHECK_EQ_INT(policy_work_start(p, POOL, &b, &sb), 0);
+    CHECK_EQ_INT(sb, 0);
+    /* dropping a pool with a fenced slot leaves nothing behind */
+    CHECK_EQ_INT(policy_slot_ready(p, POOL, INC, sb, &b, TOK), 0);
+    CHECK_EQ_INT(policy_pool_add(p, POOL, INC + 1, 4, 1 << 20), 0);
+    CHECK_EQ_INT(policy_slot_fence(p, POOL, 3, 50), 0);
+    CHECK_EQ_INT(policy_pool_drop(p, POOL), 0);
+    policy_get_stats(p, &st);
+    CHECK_EQ_INT(st.fenced, 0);
+    CHECK_EQ_INT(st.ready + st.filling + st.leased, 0);
+    policy_destroy(&p);
+}
+
 static void test_tv(void)
 {
     const double a[2] = {1, 0}, b[2] = {0, 1}, c[2] = {3, 1}, d[2] = {1, 1};
@@ -489,6 +531,7 @@ int main(void)
     test_quarantine();
     test_incarnation_drop();
     test_other_slot();
+    test_restart_fence();
     test_tv();
     CHECK_DONE();
 }

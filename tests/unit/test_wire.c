@@ -76,6 +76,17 @@ int main(void)
         CHECK(strcmp(out.u.pool.shm_name, "/dflash-test") == 0);
         wire_msg_clear(&out);
     }
+    /* busy slots of a re-registration (optional field): round trip, and none past slot_count */
+    host_pool(&in);
+    wire_pool_set_busy(&in.u.pool, 0, true);
+    wire_pool_set_busy(&in.u.pool, 6, true);
+    if (roundtrip(&in, &out)) {
+        CHECK(wire_pool_is_busy(&out.u.pool, 0) && wire_pool_is_busy(&out.u.pool, 6));
+        CHECK(!wire_pool_is_busy(&out.u.pool, 1) && !wire_pool_is_busy(&out.u.pool, 7));
+        wire_msg_clear(&out);
+    }
+    wire_pool_set_busy(&in.u.pool, 8, true);
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
 
     /* cuda pool with event handles */
     host_pool(&in);

@@ -477,6 +477,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "dflash-drafter: slot layout: %s\n", err_str(rc));
                 return 2;
             }
+            cfg.hidden = tcfg.hidden_size; /* so the effective config shows it */
         }
     }
     if (cfg.verify) {

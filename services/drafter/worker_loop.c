@@ -218,8 +218,9 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
 
     /* ack; a retry after a lost reply (timeout, broker restart) may find the first ack
      * recorded: EEXISTS then means "done", not "trained twice" */
-    bool retried = false;
-    for (int attempt = 0; attempt < 50 && !*stop; attempt++) {
+    bool retried = false; /* a stop signal during the step still gets the ack out (3 tries):
+                             the final checkpoint will hold this batch */
+    for (int attempt = 0; attempt < 50 && (!*stop || attempt < 3); attempt++) {
         rc = client_ack(w->client, &g->unit, step);
         if (rc == DFLASH_ETIMEOUT) {
             retried = true;

@@ -55,6 +55,12 @@ typedef struct nn_ops {
     void (*upload_raw)(nn_ctx *c, void *dst, const void *src, size_t bytes);  /* bytes as is */
     void (*download_raw)(nn_ctx *c, void *dst, const void *src, size_t bytes);
     void (*copy)(nn_ctx *c, void *dst, const void *src, size_t bytes);        /* device-device */
+    /* Strided device-device copy of `rows` rows of width_bytes each: row r goes from
+     * src + r * src_pitch to dst + r * dst_pitch (pitches in bytes, >= width_bytes). One call
+     * (cuda: cudaMemcpy2DAsync on the context stream), e.g. a layer into a slot's interleaved
+     * columns. Regions must not overlap. */
+    void (*copy2d)(nn_ctx *c, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                   size_t width_bytes, size_t rows);
     void (*zero)(nn_ctx *c, void *p, size_t bytes);
     void (*sync)(nn_ctx *c); /* waits for all queued work (cpu: no-op) */
 

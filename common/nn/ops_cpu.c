@@ -908,6 +908,18 @@ static void cpu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
 
 /* ------------------------------------------------------------------------------------------ */
 
+static void cpu_copy2d(nn_ctx *c, void *dst, size_t dst_pitch, const void *src,
+                       size_t src_pitch, size_t width, size_t rows) {
+    (void)c;
+    if (!width) return;
+    if (dst_pitch == width && src_pitch == width) {
+        memcpy(dst, src, width * rows);
+        return;
+    }
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
+
 static const nn_ops cpu_ops = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -918,6 +930,7 @@ static const nn_ops cpu_ops = {
     .upload_raw = cpu_memcpy,
     .download_raw = cpu_memcpy,
     .copy = cpu_memcpy,
+    .copy2d = cpu_copy2d,
     .zero = cpu_zero,
     .sync = cpu_sync,
     .embedding_fwd = cpu_embedding_fwd,

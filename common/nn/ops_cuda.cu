@@ -163,6 +163,13 @@ static void cu_copy(nn_ctx *c, void *dst, const void *src, size_t bytes) {
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
 }
 
+static void cu_copy2d(nn_ctx *c, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                      size_t width, size_t rows) {
+    if (width && rows)
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                     cudaMemcpyDeviceToDevice, c->stream));
+}
+
 static void cu_zero(nn_ctx *c, void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
 }
@@ -793,6 +800,7 @@ static nn_ops make_ops(void) {
     o.upload_raw = cu_upload_raw;
     o.download_raw = cu_download_raw;
     o.copy = cu_copy;
+    o.copy2d = cu_copy2d;
     o.zero = cu_zero;
     o.sync = cu_sync;
     o.embedding_fwd = cu_embedding_fwd;

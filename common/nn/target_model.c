@@ -516,18 +516,12 @@ static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos
     layer_out(m, w, T);
 }
 
-/* h[T, D] -> out[t * ld + col * D], row by row (the slot's rows interleave the captured
- * layers, so the destination is strided). */
+/* h[T, D] -> out[t * ld + col * D] (the slot's rows interleave the captured layers, so the
+ * destination is strided): one strided copy. */
 static void capture(target_model *m, nn_buf *out, size_t ld, int col, int T) {
     size_t ab = m->ops->act_bytes, D = (size_t)m->cfg.hidden_size;
     char *dst = (char *)out + (size_t)col * D * ab;
-    const char *src = (const char *)m->h;
-    if (ld == D) {
-        m->ops->copy(m->ctx, dst, src, (size_t)T * D * ab);
-        return;
-    }
-    for (int t = 0; t < T; t++)
-        m->ops->copy(m->ctx, dst + (size_t)t * ld * ab, src + t * D * ab, D * ab);
+    m->ops->copy2d(m->ctx, dst, ld * ab, m->h, D * ab, D * ab, (size_t)T);
 }
 
 /* Embedding and layers [0, n_layers), capturing into out (when not NULL). */

@@ -1,0 +1,195 @@
+/* bench-drafter: DFlash training steps (dflash_train_step: anchors, forward, lm_head loss,
+ * backward, clip, AdamW) of the Qwen3-8B drafter (D 4096, 5 layers, H 32 / Hk 8, d 128,
+ * F 12288, B 16, 5 features, V 151936) on the cuda backend. bench/drafter/run.sh runs it with
+ * the PyTorch reference (bench/drafter/torch_drafter_bench.py) and prints the ratio.
+ *
+ * Usage: bench-drafter [LAYERS=5]
+ * Cases: one sequence of 3072 tokens with 512 anchors; one of 768 tokens with 256 anchors
+ *   (SpecForge's published shape); 4 packed sequences of 768 tokens with 256 anchors each.
+ *   loss_mask is 1 except the first 64 tokens of each sequence (the prompt). Weights, embeddings,
+ *   lm_head and target features are random.
+ * Timing: 3 untimed steps, then 10 steps between stream syncs (host clock). samples/s = steps/s
+ *   * sequences per step.
+ * FLOPs per step (12 = fwd 4 + bwd 8 per (query row, head, visible key, d) for attention;
+ *   recomputation inside the attention backward not counted):
+ *   6 * Q * (D*H*d + 2*D*Hk*d + H*d*D + 3*D*F) * layers     q, k, v, o, gate, up, down on blocks
+ *   + 6 * T * 2*D*Hk*d * layers                             k, v of the context rows
+ *   + 4 * T * nF*D*D                                         fc (features frozen: no dX)
+ *   + 12 * H * d * sum_blocks B*(anchor + B) * layers        attention (exact visible keys)
+ *   + 4 * Q * D * V                                          lm_head logits + dh (frozen)
+ * with Q = blocks * 16. MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
+ * device memory = memory in use after the steps (nothing is allocated in a step), including
+ * the drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
+ * Last lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
+ */
+#include "ops.h"
+
+#ifdef DFLASH_HAVE_CUDA
+#include "dflash_model.h"
+#include "dflash_train.h"
+#include "ops_cuda.h"
+
+#include <cuda_runtime_api.h>
+#endif
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef DFLASH_HAVE_CUDA
+int main(void) {
+    printf("bench-drafter: built without CUDA\n");
+    return 77;
+}
+#else
+
+static const nn_ops *O;
+static nn_ctx *C;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static uint64_t rs = 0x9E3779B97F4A7C15ull;
+static float frand(void) {
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 4503599627370496.0 - 1.0);
+}
+
+static void *act_rand(size_t n, float scale) {
+    void *p = O->alloc(C, n * O->act_bytes);
+    if (!p) {
+        fprintf(stderr, "bench-drafter: out of device memory\n");
+        exit(2);
+    }
+    size_t chunk = (size_t)1 << 24;
+    float *h = malloc(chunk * sizeof(float));
+    for (size_t i = 0; i < chunk; i++)
+        h[i] = frand() * scale;
+    for (size_t o = 0; o < n; o += chunk) {
+        size_t m = n - o < chunk ? n - o : chunk;
+        O->upload(C, (char *)p + o * O->act_bytes, h, m);
+    }
+    O->sync(C);
+    free(h);
+    return p;
+}
+
+static double measure_peak(void) {
+    const int N = 8192;
+    void *x = act_rand((size_t)N * N, 0.5f), *w = act_rand((size_t)N * N, 0.5f);
+    void *y = O->alloc(C, (size_t)N * N * 2);
+    for (int i = 0; i < 3; i++)
+        O->linear_fwd(C, y, x, w, NULL, N, N, N);
+    O->sync(C);
+    double best = 1e9;
+    for (int b = 0; b < 3; b++) {
+        double t0 = now_s();
+        for (int i = 0; i < 10; i++)
+            O->linear_fwd(C, y, x, w, NULL, N, N, N);
+        O->sync(C);
+        double t = (now_s() - t0) / 10;
+        if (t < best) best = t;
+    }
+    O->free(C, x), O->free(C, w), O->free(C, y);
+    return 2.0 * N * N * (double)N / best / 1e12;
+}
+
+enum { D = 4096, NF = 5, V = 151936, H = 32, HK = 8, HD = 128, FF = 12288, BS = 16 };
+
+static void run_case(const char *name, int layers, int n_seqs, int S, int anchors, double peak,
+                     const void *emb, const void *lm) {
+    int T = n_seqs * S;
+    dflash_config cfg = {0};
+    cfg.hidden_size = D, cfg.num_layers = layers, cfg.num_heads = H, cfg.num_kv_heads = HK;
+    cfg.head_dim = HD, cfg.intermediate_size = FF, cfg.block_size = BS, cfg.n_feat = NF;
+    for (int i = 0; i < NF; i++)
+        cfg.target_layer_ids[i] = 1 + 8 * i;
+    cfg.num_target_layers = 36, cfg.mask_token_id = 151669, cfg.vocab_size = V;
+    cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
+    cfg.bos_token_id = cfg.eos_token_id = -1;
+    void *hid = act_rand((size_t)T * NF * D, 1.0f);
+    dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, n_seqs * anchors, 1);
+    if (!m) {
+        printf("%s: dflash_model_new failed\n", name);
+        O->free(C, hid);
+        return;
+    }
+    int32_t *off = malloc(sizeof(int32_t) * (n_seqs + 1)), *ids = malloc(sizeof(int32_t) * T);
+    int32_t *pos = malloc(sizeof(int32_t) * T);
+    uint8_t *lmask = malloc(T);
+    off[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        off[s + 1] = off[s] + S;
+        for (int t = 0; t < S; t++) {
+            ids[s * S + t] = (int32_t)((uint32_t)(s * 104729 + t * 7919) % 151000);
+            pos[s * S + t] = t;
+            lmask[s * S + t] = t >= 64;
+        }
+    }
+    dflash_batch_view v = {.n_seqs = n_seqs, .seq_off = off, .ids = ids, .positions = pos,
+                           .loss_mask = lmask, .hidden = hid, .ld = (size_t)NF * D};
+    dflash_train_cfg tc;
+    dflash_train_cfg_default(&tc);
+    tc.n_anchors = anchors;
+    dflash_metrics met;
+    for (int i = 0; i < 3; i++)
+        dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
+    O->sync(C);
+    const int steps = 10;
+    double flop = 0, t0 = now_s();
+    for (int i = 0; i < steps; i++) {
+        dflash_train_step(m, &tc, &v, 0, (uint64_t)(100 + i), &met);
+        double keys = 0;
+        for (int j = 0; j < met.n_blocks; j++)
+            keys += (double)BS * (m->h_blk_anchor[j] + BS);
+        double Q = (double)met.n_blocks * BS;
+        double per_row = (double)D * H * HD + 2.0 * D * HK * HD + (double)H * HD * D +
+                         3.0 * D * FF;
+        flop += 6.0 * Q * per_row * layers + 6.0 * T * 2.0 * D * HK * HD * layers +
+                4.0 * T * (double)NF * D * D + 12.0 * H * HD * keys * layers +
+                4.0 * Q * D * (double)V;
+    }
+    O->sync(C);
+    double sec = (now_s() - t0) / steps;
+    flop /= steps;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    double gib = (double)(tot - fr) / (1024.0 * 1024 * 1024);
+    double mfu = flop / sec / 1e12 / peak;
+    printf("%-16s %d x %d tokens, %d anchors/seq, %d blocks: %.1f ms/step, %.2f steps/s, "
+           "%.2f samples/s, %.1f TFLOP/s, MFU %.1f%%, memory in use %.2f GiB, loss %.3f\n",
+           name, n_seqs, S, anchors, met.n_blocks, sec * 1e3, 1.0 / sec, n_seqs / sec,
+           flop / sec / 1e12, 100 * mfu, gib, met.loss);
+    printf("RESULT case=%s steps_per_s=%.3f samples_per_s=%.3f mfu=%.4f peak_gib=%.2f\n", name,
+           1.0 / sec, n_seqs / sec, mfu, gib);
+    fflush(stdout);
+    dflash_model_destroy(&m);
+    O->free(C, hid);
+    free(off), free(ids), free(pos), free(lmask);
+}
+
+int main(int argc, char **argv) {
+    int layers = argc > 1 ? atoi(argv[1]) : 5;
+    O = nn_cuda_ops();
+    C = nn_cuda_new(0);
+    if (!C) {
+        fprintf(stderr, "bench-drafter: no CUDA device\n");
+        return 77;
+    }
+    double peak = measure_peak();
+    printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
+    void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);
+    run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);
+    run_case("s768_a256", layers, 1, 768, 256, peak, emb, lm);
+    run_case("4xs768_a256", layers, 4, 768, 256, peak, emb, lm);
+    printf("RESULT peak_tflops=%.1f\n", peak);
+    O->free(C, emb), O->free(C, lm);
+    nn_cuda_destroy(&C);
+    return 0;
+}
+#endif

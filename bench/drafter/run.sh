@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# bench/drafter/run.sh: DFlash drafter training steps, ours (bench-drafter, cuda backend) and the
+# PyTorch reference made fast (torch_drafter_bench.py: bf16 autocast, torch.compile,
+# flex_attention), same shapes, same FLOP formula, same measured peak; last line the ratio of
+# samples/s at 512 anchors x 3072 tokens.
+# Usage (GPU machine, repository root): bench/drafter/run.sh BIN_DIR [TORCH_CASES]
+set -uo pipefail
+bin=${1:?usage: bench/drafter/run.sh BIN_DIR [TORCH_CASES]}
+cases=${2:-s3072_a512,s768_a256,4xs768_a256}
+out=${OUT:-.}
+here=$(cd "$(dirname "$0")" && pwd)
+LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}" OPENBLAS_CORETYPE=Haswell \
+  "$bin/bench-drafter" 5 2>&1 | tee "$out/bench_drafter.log"
+peak=$(grep -o 'RESULT peak_tflops=[0-9.]*' "$out/bench_drafter.log" | cut -d= -f2)
+python3 "$here/torch_drafter_bench.py" --peak-tflops "${peak:-0}" --cases "$cases" 2>&1 |
+  grep -v "Warning\|warn(" | tee "$out/torch_drafter.log"
+for c in $(echo "${cases//,/ }" | tr " " "\n" | tac); do  # the 3072/512 case last
+  o=$(grep -o "RESULT case=$c steps_per_s=[0-9.]* samples_per_s=[0-9.]*" "$out/bench_drafter.log" | sed 's/.*samples_per_s=//')
+  t=$(grep -o "RESULT case=$c steps_per_s=[0-9.]* samples_per_s=[0-9.]*" "$out/torch_drafter.log" | sed 's/.*samples_per_s=//')
+  if [ -n "$o" ] && [ -n "$t" ]; then
+    python3 -c "print('ratio ours / pytorch ($c, samples/s): %.2fx (%s / %s)' % ($o / $t, '$o', '$t'))"
+  else
+    echo "ratio ours / pytorch ($c): n/a (ours '${o}', pytorch '${t}')"
+  fi
+done

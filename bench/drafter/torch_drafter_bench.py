@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""torch_drafter_bench: the DFlash training step of tests/reference/dflash_ref.py (same math:
+fc + hidden_norm over the target features, noise blocks [anchor token, MASK x 15], KV injection
+of the context rows into every layer, per-head q/k norm, RoPE, block mask = context strictly
+before the anchor + the own block, decayed cross-entropy over the frozen lm_head), made fast:
+bf16 autocast over fp32 master weights, torch.compile of forward + loss, flex_attention with a
+block mask (SDPA with a boolean mask when flex_attention is missing), fused AdamW, global-norm
+clipping at 1.0. Qwen3-8B drafter: D 4096, 5 layers, H 32 / Hk 8, d 128, F 12288, B 16, V 151936.
+
+Cases as bench-drafter: 1 x 3072 tokens / 512 anchors, 1 x 768 / 256, 4 x 768 / 256 (the four
+sequences are run as one packed batch: one block mask over all of them). Anchors are drawn
+uniformly (without replacement) each step from positions 64..S-2 and the block mask is rebuilt
+every step (inside the timed region). Timing: 3 untimed steps (compilation), then 10 steps,
+torch.cuda.synchronize around them. FLOPs and MFU: bench-drafter's formula (see its header) with
+this run's anchors, against --peak-tflops (bench-drafter's measured peak in the same run).
+Last lines: RESULT case=... steps_per_s=... samples_per_s=... mfu=... peak_gib=...
+"""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--peak-tflops", type=float, default=0.0)
+ap.add_argument("--layers", type=int, default=5)
+ap.add_argument("--cases", default="s3072_a512,s768_a256,4xs768_a256")
+ap.add_argument("--no-compile", action="store_true")
+a = ap.parse_args()
+
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    HAVE_FLEX = True
+except Exception:  # pragma: no cover
+    HAVE_FLEX = False
+
+D, NF, V, H, HK, HD, FF, B, L = 4096, 5, 151936, 32, 8, 128, 12288, 16, a.layers
+EPS, THETA, MASK, GAMMA = 1e-6, 1e6, 151669, 7.0
+dev = "cuda"
+torch.manual_seed(0)
+
+
+def rmsnorm(x, w):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w.to(x.dtype)
+
+
+def rope(x, pos):
+    """x [N, heads, d] rotate_half, positions pos [N]."""
+    inv = 1.0 / THETA ** (torch.arange(0, HD, 2, device=x.device, dtype=torch.float32) / HD)
+    ang = pos.float()[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], -1)
+    cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
+    rot = torch.cat([-x[..., HD // 2:], x[..., : HD // 2]], -1)
+    return x * cos + rot * sin
+
+
+class Drafter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        lin = lambda o, i: torch.nn.Parameter(torch.randn(o, i, device=dev) * 0.02)
+        one = lambda n: torch.nn.Parameter(torch.ones(n, device=dev))
+        self.fc = lin(D, NF * D)
+        self.hidden_norm, self.norm = one(D), one(D)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(L):
+            m = torch.nn.Module()
+            m.q, m.k, m.v, m.o = lin(H * HD, D), lin(HK * HD, D), lin(HK * HD, D), lin(D, H * HD)
+            m.gate, m.up, m.down = lin(FF, D), lin(FF, D), lin(D, FF)
+            m.in_norm, m.post_norm, m.q_norm, m.k_norm = one(D), one(D), one(HD), one(HD)
+            self.layers.append(m)
+
+    def forward(self, X, noise, pos_blk, pos_ctx, embed, lm_head, labels, w, bmask):
+        S, Q = X.shape[0], noise.shape[0]
+        Ht = rmsnorm(X @ self.fc.T.to(X.dtype), self.hidden_norm)
+        h = embed[noise]
+        pos_all = torch.cat([pos_ctx, pos_blk])
+        for m in self.layers:
+            x = rmsnorm(h, m.in_norm)
+            q = rope(rmsnorm((x @ m.q.T.to(x.dtype)).view(Q, H, HD), m.q_norm), pos_blk)
+            kv_in = torch.cat([Ht, x])
+            k = rope(rmsnorm((kv_in @ m.k.T.to(x.dtype)).view(S + Q, HK, HD), m.k_norm), pos_all)
+            v = (kv_in @ m.v.T.to(x.dtype)).view(S + Q, HK, HD)
+            qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+            if HAVE_FLEX:
+                o = flex_attention(qh, kh, vh, block_mask=bmask, enable_gqa=True)
+            else:
+                o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bmask, enable_gqa=True)
+            o = o[0].transpose(0, 1).reshape(Q, H * HD)
+            h = h + o @ m.o.T.to(x.dtype)
+            y = rmsnorm(h, m.post_norm)
+            h = h + (F.silu(y @ m.gate.T.to(x.dtype)) * (y @ m.up.T.to(x.dtype))) @ m.down.T.to(x.dtype)
+        out = rmsnorm(h, self.norm)
+        logits = (out @ lm_head.T).float()
+        ce = F.cross_entropy(logits, labels, reduction="none")
+        return (w * ce).sum() / w.sum()
+
+
+def run_case(name, peak, embed, lm_head):
+    nseq = 4 if name.startswith("4x") else 1
+    S = 3072 if "3072" in name else 768
+    N = int(name.split("_a")[1])
+    T = nseq * S
+    model = Drafter()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.0, fused=True)
+    fwd = model if a.no_compile else torch.compile(model)
+    X = (torch.rand(T, NF * D, device=dev) * 2 - 1).to(torch.bfloat16)
+    ids = ((torch.arange(T, device=dev) * 7919) % 151000).long()
+    pos_ctx = torch.cat([torch.arange(S, device=dev)] * nseq)
+    seq_start = torch.arange(nseq, device=dev) * S
+    Q = nseq * N * B
+    off = torch.arange(B, device=dev)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    state = {"flop": 0.0}
+    # the block mask reads these persistent buffers (updated in place every step), so the mask
+    # function stays one object and the compiled graph is not re-traced per step
+    anchor_buf = torch.zeros(nseq * N, device=dev, dtype=torch.long)
+    begin_buf = torch.zeros(nseq * N, device=dev, dtype=torch.long)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        j = q_idx // B
+        ctx_ok = (kv_idx < T) & (kv_idx >= begin_buf[j]) & (kv_idx < anchor_buf[j])
+        blk_ok = (kv_idx >= T) & ((kv_idx - T) // B == j)
+        return ctx_ok | blk_ok
+
+    def step():
+        # anchors per sequence, sorted; absolute context row = seq_start + anchor
+        anc_h = torch.stack([torch.randperm(S - 1 - 64, generator=gen)[:N].sort().values + 64
+                             for _ in range(nseq)])  # [nseq, N] on the host
+        anc = anc_h.to(dev)
+        blk_seq = torch.arange(nseq, device=dev).repeat_interleave(N)
+        anc_f = anc.reshape(-1)
+        abs_anchor = seq_start[blk_seq] + anc_f  # [nb]
+        ctx_begin = seq_start[blk_seq]
+        noise = torch.full((nseq * N, B), MASK, device=dev, dtype=torch.long)
+        noise[:, 0] = ids[abs_anchor]
+        noise = noise.reshape(-1)
+        pos_blk = (anc_f[:, None] + off[None, :]).reshape(-1)
+        t = anc_f[:, None] + off[None, :]
+        inside = t < S
+        tc = seq_start[blk_seq][:, None] + t.clamp(max=S - 1)
+        labels = ids[tc].reshape(-1)
+        o = off[None, :].expand_as(t)
+        w = (inside & (o >= 1)).float() * torch.exp(-(o - 1).float() / GAMMA)
+        w = w.reshape(-1)
+        if HAVE_FLEX:
+            anchor_buf.copy_(abs_anchor)
+            begin_buf.copy_(ctx_begin)
+            bm = create_block_mask(mask_mod, None, None, Q, T + Q, device=dev)
+        else:
+            qj = torch.arange(Q, device=dev) // B
+            kv = torch.arange(T + Q, device=dev)
+            bm = (((kv[None] < T) & (kv[None] >= ctx_begin[qj][:, None]) &
+                   (kv[None] < abs_anchor[qj][:, None])) |
+                  ((kv[None] >= T) & ((kv[None] - T) // B == qj[:, None])))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(X, noise, pos_blk, pos_ctx, embed, lm_head, labels, w, bm)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        keys = float((B * (anc_h + B)).sum())
+        per_row = D * H * HD + 2 * D * HK * HD + H * HD * D + 3 * D * FF
+        state["flop"] += (6.0 * Q * per_row * L + 6.0 * T * 2 * D * HK * HD * L +
+                          4.0 * T * NF * D * D + 12.0 * H * HD * keys * L + 4.0 * Q * D * V)
+        return loss
+
+    t0 = time.time()
+    for _ in range(3):
+        loss = step()
+    torch.cuda.synchronize()
+    warm = time.time() - t0
+    torch.cuda.reset_peak_memory_stats()
+    state["flop"] = 0.0
+    steps = 10
+    t0 = time.time()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    sec = (time.time() - t0) / steps
+    flop = state["flop"] / steps
+    mfu = flop / sec / 1e12 / peak if peak > 0 else 0.0
+    gib = torch.cuda.max_memory_allocated() / 2**30
+    print(f"{name:16s} {nseq} x {S} tokens, {N} anchors/seq: {sec * 1e3:.1f} ms/step, "
+          f"{1 / sec:.2f} steps/s, {nseq / sec:.2f} samples/s, {flop / sec / 1e12:.1f} TFLOP/s, "
+          f"MFU {100 * mfu:.1f}%, peak allocated {gib:.2f} GiB, loss {loss.item():.3f} "
+          f"(warm-up incl. compile {warm:.0f} s)", flush=True)
+    print(f"RESULT case={name} steps_per_s={1 / sec:.3f} samples_per_s={nseq / sec:.3f} "
+          f"mfu={mfu:.4f} peak_gib={gib:.2f}", flush=True)
+    del model, opt, fwd
+    torch.cuda.empty_cache()
+
+
+print(f"torch {torch.__version__}, attention: "
+      f"{'flex_attention + block mask' if HAVE_FLEX else 'SDPA + boolean mask'}, "
+      f"{'eager' if a.no_compile else 'torch.compile'}", flush=True)
+embed = (torch.randn(V, D, device=dev) * 0.05).to(torch.bfloat16)
+lm_head = (torch.randn(V, D, device=dev) * 0.02).to(torch.bfloat16)
+for c in a.cases.split(","):
+    try:
+        run_case(c, a.peak_tflops, embed, lm_head)
+    except Exception as e:  # report and go on with the next case
+        print(f"{c}: FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
+        torch.cuda.empty_cache()

@@ -19,6 +19,19 @@
  * and a copy ends within a lease timeout of its grant (policy.h, "Restart fence"). A
  * re-registration of a pool the policy already has (same incarnation) ignores the list: the
  * broker's own slot states are authoritative. Old targets send no list: nothing is fenced.
+ *
+ * Journal and replies (defect: commit/rewind fsyncs and every journal write ran on this loop):
+ * with sockets, the ledger's journal runs in writer mode (journal.h): handlers only queue
+ * records. Each reply gets a ticket: the journal's last queued record number if its request
+ * queued a record (the FIFO writer makes every earlier record durable first), else the ticket of
+ * the same peer's previous reply (so e.g. a retried Ack answered EXISTS cannot overtake the
+ * first Ack's record). A reply whose ticket is above the durable number is *deferred* (copied
+ * into a list) and sent by on_journal_done once the writer reports it durable; a peer's replies
+ * keep their order (its tickets never decrease), and other peers' claims, releases and
+ * heartbeats are answered during an fsync. A reply thus never reports state less durable than
+ * before the change (records written before the reply; COMMIT/REWIND/PLAN fdatasynced). If the record of a
+ * CheckpointCommitted or ResumeFrom could not be written or synced, its reply is Error IO.
+ * Without sockets (broker_dispatch from tests and the fuzz harness) the journal stays inline.
  */
 #include "broker.h"
 
@@ -111,6 +124,7 @@ typedef struct peer {
     int32_t pool_id;   /* target: its pool, -1 none */
     batch_id *held;    /* drafter: released, not acked */
     uint32_t n_held, cap_held;
+    uint64_t journal_ticket; /* ticket of its last reply (see the header) */
 } peer;
 
 typedef struct pool_desc {
@@ -122,6 +136,17 @@ typedef struct pool_desc {
 } pool_desc;
 
 #define MAX_POOLS 64
+
+/* A reply waiting for the journal: sent when done_seq >= ticket (see the header). */
+typedef struct deferred_reply {
+    struct deferred_reply *next;
+    uint64_t ticket;
+    uint64_t request_id;
+    bool fail_on_io;  /* CheckpointCommitted / ResumeFrom: Error IO if the record failed */
+    size_t rid_len, len;
+    uint8_t rid[256];
+    uint8_t msg[];    /* the packed reply */
+} deferred_reply;
 
 struct broker {
     uv_loop_t *loop;
@@ -147,6 +172,10 @@ struct broker {
     pool_desc pools[MAX_POOLS];
 
     uint64_t malformed, acks, double_acks, unroutable, requests;
+    deferred_reply *dq_head, *dq_tail; /* in deferral order; each peer's tickets ascending */
+    uint64_t dispatch_ticket;          /* of the last broker_dispatch */
+    uint64_t dispatch_request_id;
+    bool dispatch_fail_on_io;
     uint8_t *inbuf, *outbuf;
     char cfg_applied_log[16]; /* log level last applied by a live set */
 };
@@ -777,11 +806,14 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     static wire_msg m, r; /* loop thread only; large, so not on the stack */
     char why[160] = "";
     b->requests++;
+    b->dispatch_ticket = ledger_journal_seq(b->ledger);
+    b->dispatch_fail_on_io = false;
     int rc = wire_unpack(msg, len, &m, why, sizeof why);
     if (rc) {
         b->malformed++;
         LOG_DEBUG("malformed message (%zu bytes): %s", len, why);
         reply_error(b, &r, m.request_id, rc, "malformed message: %s", why);
+        b->dispatch_ticket = 0; /* nothing journaled: answer at once */
         return wire_pack(&r, out, cap);
     }
     peer *p = rid_len ? peer_find(b, rid, rid_len) : NULL;
@@ -852,11 +884,81 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
         break;
     }
 out:
+    if (ledger_journal_seq(b->ledger) != b->dispatch_ticket)
+        b->dispatch_ticket = ledger_journal_seq(b->ledger); /* it queued records */
+    else
+        b->dispatch_ticket = p ? p->journal_ticket : 0;
+    if (p) p->journal_ticket = b->dispatch_ticket;
+    b->dispatch_request_id = m.request_id;
+    b->dispatch_fail_on_io = m.type == WIRE_CHECKPOINT_COMMITTED || m.type == WIRE_RESUME_FROM;
     wire_msg_clear(&m);
     return wire_pack(&r, out, cap);
 }
 
 /* --- sockets -------------------------------------------------------------------------------- */
+
+static void send_reply(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t *msg,
+                       size_t len)
+{
+    if (!b->router) return;
+    if (zmq_send(b->router, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(b->router, msg, len, ZMQ_DONTWAIT) < 0)
+        b->unroutable++; /* peer gone (ROUTER_MANDATORY) or its pipe is full */
+}
+
+/* Sends the deferred replies whose records are durable, in the order they were deferred.
+ * Loop thread. */
+static void flush_deferred(broker *b, uint64_t done_seq, uint64_t fail_seq)
+{
+    deferred_reply **pp = &b->dq_head, *prev = NULL;
+    while (*pp) {
+        deferred_reply *d = *pp;
+        if (d->ticket > done_seq) {
+            prev = d;
+            pp = &d->next;
+            continue;
+        }
+        *pp = d->next;
+        if (b->dq_tail == d) b->dq_tail = prev;
+        if (d->fail_on_io && fail_seq && fail_seq <= d->ticket) {
+            static wire_msg e; /* loop thread only */
+            reply_error(b, &e, d->request_id, DFLASH_EIO,
+                        "journal write failed: the record is not durable");
+            int n = wire_pack(&e, b->outbuf, WIRE_MAX_MSG);
+            if (n > 0) send_reply(b, d->rid, d->rid_len, b->outbuf, (size_t)n);
+        } else {
+            send_reply(b, d->rid, d->rid_len, d->msg, d->len);
+        }
+        free(d);
+    }
+}
+
+static void on_journal_done(void *ctx, uint64_t done_seq, uint64_t fail_seq)
+{
+    flush_deferred(ctx, done_seq, fail_seq);
+}
+
+/* Queues the reply in b->outbuf until the journal reaches b->dispatch_ticket. */
+static void defer_reply(broker *b, const uint8_t *rid, size_t rid_len, size_t len)
+{
+    deferred_reply *d = malloc(sizeof *d + len);
+    if (!d) { /* cannot wait: better late durability than a lost reply */
+        LOG_WARN("no memory to defer a reply; sending it before its journal record is durable");
+        send_reply(b, rid, rid_len, b->outbuf, len);
+        return;
+    }
+    d->next = NULL;
+    d->ticket = b->dispatch_ticket;
+    d->request_id = b->dispatch_request_id;
+    d->fail_on_io = b->dispatch_fail_on_io;
+    memcpy(d->rid, rid, rid_len);
+    d->rid_len = rid_len;
+    memcpy(d->msg, b->outbuf, len);
+    d->len = len;
+    if (b->dq_tail) b->dq_tail->next = d;
+    else b->dq_head = d;
+    b->dq_tail = d;
+}
 
 static void on_router(void *zsock, void *arg)
 {
@@ -880,9 +982,10 @@ static void on_router(void *zsock, void *arg)
     size_t len = (size_t)n > WIRE_MAX_MSG ? WIRE_MAX_MSG + 1 : (size_t)n; /* truncated: too big */
     int out = broker_dispatch(b, rid, (size_t)rlen, b->inbuf, len, b->outbuf, WIRE_MAX_MSG);
     if (out <= 0) return;
-    if (zmq_send(zsock, rid, (size_t)rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(zsock, b->outbuf, (size_t)out, ZMQ_DONTWAIT) < 0)
-        b->unroutable++; /* peer gone (ROUTER_MANDATORY) or its pipe is full */
+    uint64_t done_seq, fail_seq;
+    ledger_journal_progress(b->ledger, &done_seq, &fail_seq);
+    if (b->dispatch_ticket > done_seq) defer_reply(b, rid, (size_t)rlen, (size_t)out);
+    else send_reply(b, rid, (size_t)rlen, b->outbuf, (size_t)out);
 }
 
 static void cron(uv_timer_t *t)
@@ -980,6 +1083,11 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
             *err = DFLASH_EZMQ;
             goto fail;
         }
+        /* from here on the loop thread never writes the journal itself */
+        if ((*err = ledger_writer_start(b->ledger, loop, on_journal_done, b))) {
+            LOG_ERROR("cannot start the journal writer thread: %s", err_str(*err));
+            goto fail;
+        }
     }
     uv_timer_init(loop, &b->cron);
     b->cron.data = b;
@@ -1002,6 +1110,13 @@ void broker_stop(broker *b)
 {
     if (!b || b->stopped) return;
     b->stopped = true;
+    /* drain the journal, then answer whoever still waits for it */
+    if (b->ledger) {
+        ledger_writer_stop(b->ledger);
+        uint64_t done_seq, fail_seq;
+        ledger_journal_progress(b->ledger, &done_seq, &fail_seq);
+        flush_deferred(b, done_seq, fail_seq);
+    }
     zloop_sock_destroy(&b->router_watch);
     if (b->cron_started) {
         uv_timer_stop(&b->cron);
@@ -1025,6 +1140,11 @@ void broker_destroy(broker **bp)
         free(b->peers[i]);
     }
     free(b->peers);
+    while (b->dq_head) {
+        deferred_reply *d = b->dq_head;
+        b->dq_head = d->next;
+        free(d);
+    }
     for (int i = 0; i < MAX_POOLS; i++) {
         free(b->pools[i].events);
         free(b->pools[i].n_seqs);
@@ -1037,3 +1157,8 @@ void broker_destroy(broker **bp)
 }
 
 uint64_t broker_incarnation(const broker *b) { return b->incarnation; }
+
+void broker_set_sync_hook(broker *b, journal_sync_fn fn, void *ctx)
+{
+    ledger_set_sync_hook(b->ledger, fn, ctx);
+}

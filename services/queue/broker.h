@@ -17,13 +17,16 @@
  *
  * Thread: everything runs on the libuv loop thread given to broker_new. One cron timer does the
  * periodic work: peer expiry, lease expiry (policy_tick), the orphan grace period after a restart,
- * stats on PUB. Journal fsyncs (commit and rewind records only) run on the loop thread.
+ * stats on PUB. Journal writes and fsyncs run on the journal's writer thread (journal.h); a reply
+ * is sent only once every journal record queued before it is durable (broker.c, "Journal and
+ * replies"), in the order requests were handled.
  * Callers: services/queue/main.c, tests, bench, the fuzz harness (broker_dispatch without sockets).
  */
 #ifndef DFLASH_QUEUE_BROKER_H
 #define DFLASH_QUEUE_BROKER_H
 
 #include "config.h"
+#include "journal.h"
 #include "wire.h"
 
 #include <stdbool.h>
@@ -87,5 +90,8 @@ void broker_status(broker *b, wire_status *out);
 
 /* The broker's incarnation (random per start). */
 uint64_t broker_incarnation(const broker *b);
+
+/* Replaces the journal's fdatasync (tests: a slow or failing disk). Loop thread. */
+void broker_set_sync_hook(broker *b, journal_sync_fn fn, void *ctx);
 
 #endif

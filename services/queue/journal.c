@@ -1,14 +1,22 @@
 /* journal: an append-only file of typed, checksummed records (format and rules in journal.h).
  *
  * Structure: one open file descriptor positioned at the end of the last valid record; size and
- * record counters. A failed write leaves `broken` set: the on-disk tail may be torn, and every
- * later append fails with DFLASH_EIO rather than writing after garbage (the next open cuts the
- * torn tail). Thread: the broker's loop thread only. Called by ledger.c.
+ * record counters (logical: as if everything queued were written). A failed write leaves
+ * `broken` set: the on-disk tail may be torn, and every later append fails with DFLASH_EIO
+ * rather than writing after garbage (the next open cuts the torn tail).
+ *
+ * Writer mode (journal.h): a FIFO of jobs (one encoded record, or a whole new file image for a
+ * rewrite) guarded by `mu`; the writer thread owns `fd` and `path` from journal_writer_start to
+ * journal_writer_stop and reports w_done/w_fail/w_broken under `mu`; the loop thread copies them
+ * into done_seq/fail_seq/broken in the uv_async callback. Owner-thread fields: seq, size,
+ * records, done_seq, fail_seq, broken. A memory journal (`is_mem`) is the image a rewrite emits
+ * into in writer mode. Called by ledger.c.
  */
 #include "journal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +26,15 @@
 #include "err.h"
 #include "log.h"
 
+typedef struct jjob {
+    struct jjob *next;
+    uint64_t seq;
+    bool sync;     /* fdatasync before it counts as done */
+    bool rewrite;  /* buf is a whole new file (header + records) */
+    size_t len;
+    uint8_t *buf;  /* owned */
+} jjob;
+
 struct journal {
     int fd;
     char *path;
@@ -25,6 +42,25 @@ struct journal {
     uint64_t records;
     uint64_t torn;
     bool broken;
+    uint64_t seq, done_seq, fail_seq; /* owner thread */
+    journal_sync_fn sync_fn;
+    void *sync_ctx;
+    /* memory image (a rewrite's emit target in writer mode) */
+    bool is_mem;
+    uint8_t *mem;
+    size_t mem_len, mem_cap;
+    /* writer mode */
+    bool writer;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    jjob *head, *tail;          /* under mu */
+    bool stop;                  /* under mu */
+    uint64_t w_done, w_fail;    /* under mu, written by the writer thread */
+    bool w_broken;              /* under mu */
+    uv_async_t *async;
+    journal_done_fn done_fn;
+    void *done_ctx;
 };
 
 uint32_t journal_crc32(uint32_t crc, const void *data, uint64_t len)
@@ -75,12 +111,52 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-static int write_header(int fd)
+static void fill_header(uint8_t h[JOURNAL_HEADER_BYTES])
 {
-    uint8_t h[JOURNAL_HEADER_BYTES] = {0};
+    memset(h, 0, JOURNAL_HEADER_BYTES);
     memcpy(h, JOURNAL_MAGIC, 8);
     put_u32(h + 8, JOURNAL_VERSION);
+}
+
+static int write_header(int fd)
+{
+    uint8_t h[JOURNAL_HEADER_BYTES];
+    fill_header(h);
     return write_all(fd, h, sizeof h);
+}
+
+static int do_sync(journal_sync_fn fn, void *ctx, int fd)
+{
+    if (fn) return fn(ctx, fd) == 0 ? 0 : DFLASH_EIO;
+    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
+}
+
+/* Encodes one record (header, payload, CRC) into rec (total bytes). */
+static void encode(uint8_t *rec, uint16_t type, const void *payload, uint32_t len)
+{
+    put_u32(rec, len);
+    put_u16(rec + 4, type);
+    put_u16(rec + 6, 0);
+    if (len) memcpy(rec + 8, payload, len);
+    put_u32(rec + 8 + len, journal_crc32(0, rec, 8 + (uint64_t)len));
+}
+
+/* Makes a rename in path's directory durable. Best effort. */
+static void sync_dir(char *path)
+{
+    char *slash = strrchr(path, '/');
+    int dfd = -1;
+    if (slash) {
+        *slash = '\0';
+        dfd = open(slash == path ? "/" : path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        *slash = '/';
+    } else {
+        dfd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    }
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
 }
 
 /* Reads the whole file into memory (journals are compacted, so this stays modest). */
@@ -220,33 +296,88 @@ void journal_destroy(journal **jp)
 {
     if (!jp || !*jp) return;
     journal *j = *jp;
+    journal_writer_stop(j);
     if (j->fd >= 0) close(j->fd);
+    free(j->mem);
     free(j->path);
     free(j);
     *jp = NULL;
+}
+
+static int mem_append(journal *j, uint16_t type, const void *payload, uint32_t len, size_t total)
+{
+    if (j->mem_len + total > j->mem_cap) {
+        size_t cap = j->mem_cap ? j->mem_cap : 4096;
+        while (cap < j->mem_len + total) cap *= 2;
+        uint8_t *m = realloc(j->mem, cap);
+        if (!m) return DFLASH_ENOMEM;
+        j->mem = m;
+        j->mem_cap = cap;
+    }
+    encode(j->mem + j->mem_len, type, payload, len);
+    j->mem_len += total;
+    return 0;
+}
+
+/* Writer mode: queues a job. Takes ownership of job (freed on failure). */
+static int enqueue(journal *j, jjob *job)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->w_broken) {
+        pthread_mutex_unlock(&j->mu);
+        free(job->buf);
+        free(job);
+        j->broken = true;
+        return DFLASH_EIO;
+    }
+    job->seq = ++j->seq;
+    job->next = NULL;
+    if (j->tail) j->tail->next = job;
+    else j->head = job;
+    j->tail = job;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
 }
 
 int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len, bool sync)
 {
     if (len > JOURNAL_MAX_PAYLOAD || (len && !payload)) return DFLASH_EINVAL;
     if (j->broken) return DFLASH_EIO;
-    uint8_t small[256];
     size_t total = (size_t)len + JOURNAL_RECORD_OVERHEAD;
-    uint8_t *rec = total <= sizeof small ? small : malloc(total);
-    if (!rec) return DFLASH_ENOMEM;
-    put_u32(rec, len);
-    put_u16(rec + 4, type);
-    put_u16(rec + 6, 0);
-    if (len) memcpy(rec + 8, payload, len);
-    put_u32(rec + 8 + len, journal_crc32(0, rec, 8 + (uint64_t)len));
-    /* One write per record keeps a crash's damage to the final record. */
-    int rc = write_all(j->fd, rec, total);
-    if (rec != small) free(rec);
-    if (rc == 0 && sync && fdatasync(j->fd) != 0) rc = DFLASH_EIO;
-    if (rc) {
-        LOG_ERROR("journal %s: append failed: %s", j->path, strerror(errno));
-        j->broken = true;
-        return rc;
+    int rc;
+    if (j->is_mem) {
+        if ((rc = mem_append(j, type, payload, len, total))) return rc;
+    } else if (j->writer) {
+        jjob *job = calloc(1, sizeof *job);
+        uint8_t *buf = job ? malloc(total) : NULL;
+        if (!buf) {
+            free(job);
+            return DFLASH_ENOMEM;
+        }
+        encode(buf, type, payload, len);
+        job->buf = buf;
+        job->len = total;
+        job->sync = sync;
+        if ((rc = enqueue(j, job))) return rc;
+    } else {
+        uint8_t small[256];
+        uint8_t *rec = total <= sizeof small ? small : malloc(total);
+        if (!rec) return DFLASH_ENOMEM;
+        encode(rec, type, payload, len);
+        j->seq++;
+        /* One write per record keeps a crash's damage to the final record. */
+        rc = write_all(j->fd, rec, total);
+        if (rec != small) free(rec);
+        if (rc == 0 && sync) rc = do_sync(j->sync_fn, j->sync_ctx, j->fd);
+        if (rc) {
+            LOG_ERROR("journal %s: append failed: %s", j->path, strerror(errno));
+            j->broken = true;
+            if (!j->fail_seq) j->fail_seq = j->seq;
+            j->done_seq = j->seq; /* processed (and failed): nobody waits for it */
+            return rc;
+        }
+        j->done_seq = j->seq;
     }
     j->size += total;
     j->records++;
@@ -255,13 +386,76 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
 
 int journal_sync(journal *j)
 {
+    if (j->writer) return DFLASH_ESTATE;
     if (j->broken) return DFLASH_EIO;
-    return fdatasync(j->fd) == 0 ? 0 : DFLASH_EIO;
+    return do_sync(j->sync_fn, j->sync_ctx, j->fd);
+}
+
+/* Writer mode: emit into a memory image and queue it as one rewrite job. */
+static int rewrite_queued(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
+{
+    journal *t = calloc(1, sizeof *t);
+    if (!t) return DFLASH_ENOMEM;
+    t->fd = -1;
+    t->is_mem = true;
+    t->mem = malloc(4096);
+    int rc = DFLASH_ENOMEM;
+    if (!t->mem) goto out;
+    t->mem_cap = 4096;
+    fill_header(t->mem);
+    t->mem_len = t->size = JOURNAL_HEADER_BYTES;
+    rc = emit(ctx, t);
+    if (rc) goto out;
+    jjob *job = calloc(1, sizeof *job);
+    if (!job) {
+        rc = DFLASH_ENOMEM;
+        goto out;
+    }
+    job->rewrite = true;
+    job->buf = t->mem;
+    job->len = t->mem_len;
+    t->mem = NULL;
+    if ((rc = enqueue(j, job))) goto out;
+    j->size = t->size;
+    j->records = t->records;
+out:
+    free(t->mem);
+    free(t);
+    return rc;
+}
+
+/* Writer thread: writes a rewrite image to "<path>.tmp", fsyncs, renames it over path and
+ * continues on it. On failure the old file stays in use. */
+static int write_new_file(journal *j, const uint8_t *buf, size_t len, journal_sync_fn fn,
+                          void *fctx)
+{
+    size_t plen = strlen(j->path);
+    char *tmp_path = malloc(plen + 5);
+    if (!tmp_path) return DFLASH_ENOMEM;
+    memcpy(tmp_path, j->path, plen);
+    memcpy(tmp_path + plen, ".tmp", 5);
+    int rc = DFLASH_EIO;
+    int fd = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) goto out;
+    if (write_all(fd, buf, len) != 0 || do_sync(fn, fctx, fd) != 0 ||
+        rename(tmp_path, j->path) != 0) {
+        close(fd);
+        unlink(tmp_path);
+        goto out;
+    }
+    sync_dir(j->path);
+    close(j->fd);
+    j->fd = fd;
+    rc = 0;
+out:
+    free(tmp_path);
+    return rc;
 }
 
 int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
 {
     if (j->broken) return DFLASH_EIO;
+    if (j->writer) return rewrite_queued(j, emit, ctx);
     size_t plen = strlen(j->path);
     char *tmp_path = malloc(plen + 5);
     if (!tmp_path) return DFLASH_ENOMEM;
@@ -288,20 +482,7 @@ int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
         rc = DFLASH_EIO;
         goto out_unlink;
     }
-    /* Make the rename durable: fsync the directory. Best effort. */
-    char *slash = strrchr(j->path, '/');
-    int dfd = -1;
-    if (slash) {
-        *slash = '\0';
-        dfd = open(slash == j->path ? "/" : j->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        *slash = '/';
-    } else {
-        dfd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    }
-    if (dfd >= 0) {
-        (void)fsync(dfd);
-        close(dfd);
-    }
+    sync_dir(j->path); /* make the rename durable */
     close(j->fd);
     j->fd = t->fd;
     j->size = t->size;
@@ -322,3 +503,139 @@ out_path:
 uint64_t journal_size(const journal *j) { return j->size; }
 uint64_t journal_records(const journal *j) { return j->records; }
 uint64_t journal_torn_bytes(const journal *j) { return j->torn; }
+
+/* --- writer mode ---------------------------------------------------------------------------- */
+
+void journal_set_sync_hook(journal *j, journal_sync_fn fn, void *ctx)
+{
+    if (j->writer) pthread_mutex_lock(&j->mu); /* the writer reads it per batch */
+    j->sync_fn = fn;
+    j->sync_ctx = ctx;
+    if (j->writer) pthread_mutex_unlock(&j->mu);
+}
+
+static void *writer_main(void *arg)
+{
+    journal *j = arg;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        while (!j->head && !j->stop) pthread_cond_wait(&j->cv, &j->mu);
+        if (!j->head) break; /* stop, and everything written */
+        jjob *batch = j->head;
+        j->head = j->tail = NULL;
+        bool broken = j->w_broken;
+        journal_sync_fn sync_fn = j->sync_fn;
+        void *sync_ctx = j->sync_ctx;
+        pthread_mutex_unlock(&j->mu);
+
+        uint64_t first = batch->seq, last = 0, fail = 0;
+        bool need_sync = false;
+        while (batch) {
+            jjob *x = batch;
+            batch = x->next;
+            last = x->seq;
+            if (broken) {
+                /* nothing after a failure is written */
+            } else if (x->rewrite) {
+                int rc = write_new_file(j, x->buf, x->len, sync_fn, sync_ctx);
+                if (rc == 0) need_sync = false; /* the fsynced image holds all before it */
+                else LOG_WARN("journal %s: compaction failed (%s); keeping the long journal",
+                              j->path, err_str(rc));
+            } else if (write_all(j->fd, x->buf, x->len) != 0) {
+                LOG_ERROR("journal %s: append failed: %s", j->path, strerror(errno));
+                broken = true;
+                fail = x->seq;
+            } else {
+                need_sync |= x->sync;
+            }
+            free(x->buf);
+            free(x);
+        }
+        int src = !broken && need_sync ? do_sync(sync_fn, sync_ctx, j->fd) : 0;
+        if (src) {
+            LOG_ERROR("journal %s: fdatasync failed (%s)", j->path, err_str(src));
+            broken = true;
+            fail = first; /* nothing of this batch is known durable */
+        }
+
+        pthread_mutex_lock(&j->mu);
+        j->w_done = last;
+        if (fail && !j->w_fail) j->w_fail = fail;
+        j->w_broken = broken;
+        uv_async_send(j->async);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+/* Copies the writer's progress to the owner's fields. Loop thread. */
+static void take_progress(journal *j)
+{
+    pthread_mutex_lock(&j->mu);
+    j->done_seq = j->w_done;
+    if (j->w_fail && !j->fail_seq) j->fail_seq = j->w_fail;
+    if (j->w_broken) j->broken = true;
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void on_async(uv_async_t *h)
+{
+    journal *j = h->data;
+    if (!j) return; /* closing */
+    take_progress(j);
+    if (j->done_fn) j->done_fn(j->done_ctx, j->done_seq, j->fail_seq);
+}
+
+static void free_handle(uv_handle_t *h) { free(h); }
+
+int journal_writer_start(journal *j, uv_loop_t *loop, journal_done_fn done, void *ctx)
+{
+    if (j->writer || j->is_mem) return DFLASH_EINVAL;
+    j->async = calloc(1, sizeof *j->async);
+    if (!j->async) return DFLASH_ENOMEM;
+    if (uv_async_init(loop, j->async, on_async) != 0) {
+        free(j->async);
+        j->async = NULL;
+        return DFLASH_EINTERNAL;
+    }
+    j->async->data = j;
+    j->done_fn = done;
+    j->done_ctx = ctx;
+    j->w_done = j->done_seq = j->seq;
+    j->w_fail = j->fail_seq;
+    j->w_broken = j->broken;
+    j->stop = false;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    if (pthread_create(&j->thread, NULL, writer_main, j) != 0) {
+        pthread_cond_destroy(&j->cv);
+        pthread_mutex_destroy(&j->mu);
+        j->async->data = NULL;
+        uv_close((uv_handle_t *)j->async, free_handle);
+        j->async = NULL;
+        return DFLASH_EINTERNAL;
+    }
+    j->writer = true;
+    return 0;
+}
+
+void journal_writer_stop(journal *j)
+{
+    if (!j || !j->writer) return;
+    pthread_mutex_lock(&j->mu);
+    j->stop = true;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    pthread_join(j->thread, NULL);
+    take_progress(j);
+    j->async->data = NULL;
+    uv_close((uv_handle_t *)j->async, free_handle);
+    j->async = NULL;
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    j->writer = false;
+}
+
+uint64_t journal_last_seq(const journal *j) { return j->seq; }
+uint64_t journal_done_seq(const journal *j) { return j->done_seq; }
+uint64_t journal_fail_seq(const journal *j) { return j->fail_seq; }

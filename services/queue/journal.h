@@ -12,15 +12,30 @@
  * journal_rewrite() compacts: the caller emits a fresh set of records into a temporary file,
  * which is fsynced and renamed over the journal (atomic on POSIX).
  *
- * Thread: single-threaded (the broker's loop thread); no internal locking. Writes are plain
- * write(2); only appends with sync=true (checkpoint commits, rewinds) call fdatasync.
- * Callers: ledger.c. The journal knows nothing of batches: record types are the caller's.
+ * Two modes. *Inline* (after journal_open): journal_append writes (and with sync fdatasyncs)
+ * before it returns; replay at start, the tests and tools use it. *Writer* (after
+ * journal_writer_start): the caller's thread (the broker's libuv loop) never touches the disk.
+ * journal_append encodes the record into a FIFO and returns its sequence number at once; one
+ * writer thread takes everything queued, writes each record with one write(2) in order,
+ * fdatasyncs once if any of them asked for sync (group commit), publishes done_seq = the last
+ * sequence number written (and synced where asked) and wakes the loop through a uv_async; the
+ * done callback then runs on the loop thread. journal_rewrite in writer mode builds the snapshot
+ * in memory on the caller's thread and queues it; the writer writes the temporary file, fsyncs,
+ * renames and continues on the new file. Records are numbered 1, 2, ... per journal object
+ * (journal_last_seq); a record is durable once done_seq >= its number. A write or sync failure
+ * breaks the journal: fail_seq records the first failed number, later appends fail at once.
+ *
+ * Thread: the owner's thread for every call (in writer mode: the loop thread given to
+ * journal_writer_start); the writer thread is internal (mutex + condition variable around the
+ * FIFO and the done/fail numbers). Callers: ledger.c. The journal knows nothing of batches:
+ * record types are the caller's.
  */
 #ifndef DFLASH_QUEUE_JOURNAL_H
 #define DFLASH_QUEUE_JOURNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <uv.h>
 
 #define JOURNAL_MAGIC "DFLJRNL1"
 #define JOURNAL_VERSION 1u
@@ -42,16 +57,20 @@ journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *er
 /* Closes the file (no extra fsync) and frees; accepts NULL and NULLs *j. */
 void journal_destroy(journal **j);
 
-/* Appends one record; with sync, fdatasyncs before returning. Returns 0, DFLASH_EINVAL
- * (payload too large), or DFLASH_EIO (the journal is then unusable: every later call fails). */
+/* Appends one record; with sync, fdatasyncs before returning (writer mode: queues it, and the
+ * writer syncs it before it counts as done). Returns 0, DFLASH_EINVAL (payload too large),
+ * DFLASH_ENOMEM (writer mode), or DFLASH_EIO (the journal is then unusable: every later call
+ * fails). */
 int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len, bool sync);
 
-/* fdatasyncs the file. Returns 0 or DFLASH_EIO. */
+/* fdatasyncs the file (inline mode only; writer mode: DFLASH_ESTATE). Returns 0 or DFLASH_EIO. */
 int journal_sync(journal *j);
 
 /* Compaction: creates "<path>.tmp", calls emit(ctx, tmp) which appends the records that replace
  * the whole journal (via journal_append on tmp), fsyncs and renames it over path, then continues
- * appending to the new file. On any failure the old journal stays in use. Returns 0 or code. */
+ * appending to the new file. On any failure the old journal stays in use. Returns 0 or code.
+ * Writer mode: emit fills a memory image; the file work is queued (returns 0 once queued; a
+ * later failure is logged by the writer and the old journal stays in use). */
 int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx);
 
 /* Bytes in the file (header + valid records). */
@@ -60,6 +79,34 @@ uint64_t journal_size(const journal *j);
 uint64_t journal_records(const journal *j);
 /* Bytes cut off at open as a torn final record (0 when the file was clean). */
 uint64_t journal_torn_bytes(const journal *j);
+
+/* fdatasync replacement (tests inject a slow or failing one): called with the journal's fd on
+ * the thread that syncs; returns 0 or a negative code. */
+typedef int (*journal_sync_fn)(void *ctx, int fd);
+/* Called on the loop thread when records up to done_seq are durable; fail_seq is the first
+ * record that failed to be written or synced (0: none so far). */
+typedef void (*journal_done_fn)(void *ctx, uint64_t done_seq, uint64_t fail_seq);
+
+/* Replaces fdatasync for this journal (NULL restores it); takes effect from the writer's next
+ * batch. Owner's thread. */
+void journal_set_sync_hook(journal *j, journal_sync_fn fn, void *ctx);
+
+/* Switches to writer mode: starts the writer thread and a uv_async on loop that calls done (on
+ * the loop thread) as records complete. Returns 0, DFLASH_EINVAL (already started), or
+ * DFLASH_ENOMEM / DFLASH_EINTERNAL (thread or handle could not be created; still inline). */
+int journal_writer_start(journal *j, uv_loop_t *loop, journal_done_fn done, void *ctx);
+
+/* Leaves writer mode: waits until everything queued is written (and synced where asked), joins
+ * the thread and closes the uv_async (the loop must run once more to free it). done is not
+ * called again. Blocks; for shutdown only. No-op when not started. */
+void journal_writer_stop(journal *j);
+
+/* Sequence number of the last record appended (or rewrite queued); 0 before any. */
+uint64_t journal_last_seq(const journal *j);
+/* Last sequence number known durable / first failed (0 none), as seen by the owner's thread.
+ * Inline mode: equal to journal_last_seq / the first failed append. */
+uint64_t journal_done_seq(const journal *j);
+uint64_t journal_fail_seq(const journal *j);
 
 /* CRC-32 (IEEE 802.3, reflected, as zlib's crc32) of data, continuing from crc (start with 0). */
 uint32_t journal_crc32(uint32_t crc, const void *data, uint64_t len);

@@ -738,6 +738,29 @@ int ledger_compact(ledger *l)
     return 0;
 }
 
+int ledger_writer_start(ledger *l, uv_loop_t *loop, journal_done_fn done, void *ctx)
+{
+    return l->j ? journal_writer_start(l->j, loop, done, ctx) : 0;
+}
+
+void ledger_writer_stop(ledger *l)
+{
+    if (l->j) journal_writer_stop(l->j);
+}
+
+uint64_t ledger_journal_seq(const ledger *l) { return l->j ? journal_last_seq(l->j) : 0; }
+
+void ledger_journal_progress(const ledger *l, uint64_t *done_seq, uint64_t *fail_seq)
+{
+    *done_seq = l->j ? journal_done_seq(l->j) : 0;
+    *fail_seq = l->j ? journal_fail_seq(l->j) : 0;
+}
+
+void ledger_set_sync_hook(ledger *l, journal_sync_fn fn, void *ctx)
+{
+    if (l->j) journal_set_sync_hook(l->j, fn, ctx);
+}
+
 void ledger_get_stats(const ledger *l, ledger_stats *out)
 {
     memset(out, 0, sizeof *out);

@@ -27,6 +27,12 @@
  * Journal records: PLAN, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE,
  * COMMIT(step) and REWIND(step) (fsynced), SNAPSHOT (compaction). Replay reapplies them in order.
  *
+ * Durability: by default every record is written (COMMIT, REWIND and PLAN also fdatasynced)
+ * before the call returns. After ledger_writer_start the journal's disk I/O runs on its writer
+ * thread (journal.h): calls return once the record is queued, ledger_journal_seq() names the
+ * last record queued, and the done callback (loop thread) reports which are durable; a caller
+ * that promises durability (the broker's replies) waits for it.
+ *
  * Thread: single-threaded (the broker's loop thread). Callers: broker.c; tests; bench.
  */
 #ifndef DFLASH_QUEUE_LEDGER_H
@@ -34,6 +40,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "journal.h"
 
 #define LEDGER_MAX_BUCKETS 32
 
@@ -135,6 +143,19 @@ bool ledger_epoch_committed(const ledger *l, uint32_t epoch);
 /* Rewrites the journal as one snapshot (also done automatically past compact_bytes).
  * Returns 0 or a code; a no-op for an in-memory ledger. */
 int ledger_compact(ledger *l);
+
+/* Journal writer thread (see the header comment). 0 and a no-op for an in-memory ledger; else
+ * journal_writer_start's codes. done runs on loop's thread. */
+int ledger_writer_start(ledger *l, uv_loop_t *loop, journal_done_fn done, void *ctx);
+/* Drains and stops the writer (blocks; shutdown only). No-op when not started. */
+void ledger_writer_stop(ledger *l);
+/* Sequence number of the last journal record queued (0: none or in memory). A reply that
+ * depends on the records a request appended waits until journal done_seq reaches it. */
+uint64_t ledger_journal_seq(const ledger *l);
+/* Durable / first failed record numbers as last reported to the loop thread (0 in memory). */
+void ledger_journal_progress(const ledger *l, uint64_t *done_seq, uint64_t *fail_seq);
+/* Replaces fdatasync for the journal (tests). No-op in memory. */
+void ledger_set_sync_hook(ledger *l, journal_sync_fn fn, void *ctx);
 
 void ledger_get_stats(const ledger *l, ledger_stats *out);
 const char *batch_state_name(batch_state s);

@@ -1,0 +1,207 @@
+/* test_broker_durable: the broker's loop never waits for the disk, and a reply that promises
+ * durability is not sent before its journal record is on disk.
+ *
+ * A real broker (sockets on ipc:// in a temp dir, journal in the same dir) runs its libuv loop on
+ * a second thread; its journal's fdatasync is replaced by a hook that blocks until the test lets
+ * it go. Two drafters talk to it over raw DEALER sockets. Drafter A sends CheckpointCommitted and
+ * then a Heartbeat without waiting; while the commit's fsync is held, drafter B's Heartbeat is
+ * answered (the loop is not blocked) and A has no reply. Once the fsync is let go, A gets the
+ * commit's Ok and then its Heartbeat echo, in that order. Finally a failing fsync turns the next
+ * commit's reply into Error IO instead of a false Ok. */
+#include "broker.h"
+#include "check.h"
+#include "config.h"
+#include "err.h"
+#include "log.h"
+#include "wire.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+#include <zmq.h>
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int entered;     /* syncs begun */
+static bool released;   /* held syncs may finish */
+static bool fail_syncs; /* syncs report failure */
+
+static int held_sync(void *ctx, int fd)
+{
+    (void)ctx;
+    pthread_mutex_lock(&mu);
+    entered++;
+    pthread_cond_broadcast(&cv);
+    while (!released) pthread_cond_wait(&cv, &mu);
+    bool fail = fail_syncs;
+    pthread_mutex_unlock(&mu);
+    if (fail) return DFLASH_EIO;
+    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
+}
+
+/* Waits until at least n syncs have begun; false after 10 s. */
+static bool wait_entered(int n)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    pthread_mutex_lock(&mu);
+    int rc = 0;
+    while (entered < n && rc == 0) rc = pthread_cond_timedwait(&cv, &mu, &until);
+    bool ok = entered >= n;
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
+static void release_syncs(bool fail)
+{
+    pthread_mutex_lock(&mu);
+    released = true;
+    fail_syncs = fail;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+static uv_loop_t loop;
+static uv_async_t stopper;
+static broker *the_broker;
+
+static void on_stop(uv_async_t *h)
+{
+    broker_stop(the_broker);
+    uv_close((uv_handle_t *)h, NULL);
+}
+
+static void *loop_main(void *arg)
+{
+    (void)arg;
+    uv_run(&loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid, uint64_t step)
+{
+    wire_msg m;
+    wire_msg_init(&m, t, WIRE_ROLE_DRAFTER, inc, rid);
+    if (t == WIRE_HELLO) snprintf(m.u.hello.name, sizeof m.u.hello.name, "d%llx",
+                                  (unsigned long long)inc);
+    if (t == WIRE_CHECKPOINT_COMMITTED) m.u.step = step;
+    if (t == WIRE_HEARTBEAT) m.u.sent_ms = 1;
+    static uint8_t buf[WIRE_MAX_MSG];
+    int n = wire_pack(&m, buf, sizeof buf);
+    CHECK(n > 0);
+    if (n > 0) CHECK_EQ_INT(zmq_send(sock, buf, (size_t)n, 0), n);
+}
+
+/* Receives one reply within timeout_ms: 0 and *out, or -1 (nothing came). */
+static int recv_msg(void *sock, int timeout_ms, wire_msg *out)
+{
+    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0) return -1;
+    static uint8_t buf[WIRE_MAX_MSG];
+    int n = zmq_recv(sock, buf, sizeof buf, 0);
+    if (n <= 0) return -1;
+    int rc = wire_unpack(buf, (size_t)n, out, NULL, 0);
+    CHECK_EQ_INT(rc, 0);
+    return rc ? -1 : 0;
+}
+
+static void *dealer(void *ctx, const char *ep, const char *id)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    CHECK_EQ_INT(zmq_connect(s, ep), 0);
+    return s;
+}
+
+int main(void)
+{
+    log_init("test", LOG_WARN);
+    char dir[] = "/tmp/dflash-durable-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    queue_config cfg;
+    char *argv[] = {"test", NULL};
+    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 1, argv, NULL, 0, NULL), 0);
+    snprintf(cfg.endpoint, sizeof cfg.endpoint, "ipc://%s/q.sock", dir);
+    snprintf(cfg.pub_endpoint, sizeof cfg.pub_endpoint, "ipc://%s/p.sock", dir);
+    snprintf(cfg.journal, sizeof cfg.journal, "%s/q.journal", dir);
+    cfg.stats_interval_ms = 0;
+    cfg.heartbeat_ms = 1000;
+    cfg.liveness = 60;
+    snprintf(cfg.log_level, sizeof cfg.log_level, "warn");
+    uv_loop_init(&loop);
+    int err = 0;
+    the_broker = broker_new(&loop, &cfg, &err);
+    CHECK(the_broker != NULL);
+    if (!the_broker) CHECK_DONE();
+    broker_set_sync_hook(the_broker, held_sync, NULL);
+    uv_async_init(&loop, &stopper, on_stop);
+    pthread_t th;
+    pthread_create(&th, NULL, loop_main, NULL);
+
+    void *zctx = zmq_ctx_new();
+    void *a = dealer(zctx, cfg.endpoint, "drafter-a-1");
+    void *b = dealer(zctx, cfg.endpoint, "drafter-b-2");
+    wire_msg r;
+    send_msg(a, WIRE_HELLO, 0xa1, 1, 0);
+    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_HELLO);
+    send_msg(b, WIRE_HELLO, 0xb2, 1, 0);
+    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_HELLO);
+
+    /* A: commit, then a heartbeat, pipelined; the commit's fsync is held */
+    send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 10, 4);
+    send_msg(a, WIRE_HEARTBEAT, 0xa1, 11, 0);
+    CHECK(wait_entered(1));
+    /* the loop still serves B while the fsync is held */
+    send_msg(b, WIRE_HEARTBEAT, 0xb2, 20, 0);
+    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_HEARTBEAT);
+    CHECK_EQ_INT(r.request_id, 20);
+    /* B's answer left after A's commit was handled: A's reply must still be held back */
+    CHECK_EQ_INT(recv_msg(a, 100, &r), -1);
+
+    /* the record is durable: A gets the commit's Ok, then its heartbeat, in order */
+    release_syncs(false);
+    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_OK);
+    CHECK_EQ_INT(r.request_id, 10);
+    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_HEARTBEAT);
+    CHECK_EQ_INT(r.request_id, 11);
+
+    /* a commit whose fsync fails is answered Error IO, not Ok */
+    release_syncs(true);
+    send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 12, 8);
+    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_ERROR);
+    CHECK_EQ_INT(r.request_id, 12);
+    CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
+    /* later commits fail at once (the journal is broken), and the broker keeps serving */
+    send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 13, 9);
+    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_ERROR);
+    CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
+    send_msg(b, WIRE_HEARTBEAT, 0xb2, 21, 0);
+    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(r.request_id, 21);
+
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(zctx);
+    uv_async_send(&stopper);
+    pthread_join(th, NULL);
+    broker_destroy(&the_broker);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+    CHECK_DONE();
+}

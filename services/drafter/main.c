@@ -135,8 +135,9 @@ static const cfg_option drafter_options[] = {
     OPT("verify-tol", CFG_DOUBLE, "1e-4", 0, 1, "verify-model: max relative error per captured "
         "row", verify_tol),
     OPT("verify-slots", CFG_INT, "4", 1, 1 << 30, "verify-model: slots to check", verify_slots),
-    OPTS("backend", "host", "slot pool backend: host (POSIX shm, f32; cpu compute) or cuda "
-         "(IPC, bf16; cuda compute)", backend),
+    OPTS("backend", "auto", "slot pool and compute backend: host (POSIX shm, f32; cpu ops), "
+         "cuda (IPC, bf16; cuda ops) or auto (cuda when built with it and a GPU is visible)",
+         backend),
     OPT("device", CFG_INT, "0", 0, 64, "GPU ordinal for the staging buffer and copies", device),
     OPT("token-budget", CFG_INT, "2048", 16, 1 << 20, "tokens per slot (as the target)",
         token_budget),
@@ -186,6 +187,21 @@ static int parse_buckets(const char *s, uint32_t *upper, uint32_t *n)
         p = *end == ',' ? end + 1 : end;
     }
     return *n ? 0 : DFLASH_ECONFIG;
+}
+
+/* --backend: "auto" is cuda when this build has the cuda backend and a GPU is visible, else host
+ * (target and drafter resolve it the same way on one machine). 0 or DFLASH_EINVAL. */
+static int parse_backend(const char *s, pool_backend *out)
+{
+    if (strcmp(s, "auto") == 0) {
+#ifdef DFLASH_HAVE_CUDA
+        *out = pool_cuda_available() ? POOL_CUDA : POOL_HOST;
+#else
+        *out = POOL_HOST;
+#endif
+        return 0;
+    }
+    return pool_backend_parse(s, out);
 }
 
 /* "1,9,17" -> ids. Returns the count (>= 0) or DFLASH_ECONFIG. */
@@ -412,8 +428,9 @@ int main(int argc, char **argv)
     }
     lc.endpoint = endpoint;
     lc.name = name;
-    if (pool_backend_parse(cfg.backend, &lc.backend) < 0) {
-        fprintf(stderr, "dflash-drafter: --backend must be host or cuda, not '%s'\n", cfg.backend);
+    if (parse_backend(cfg.backend, &lc.backend) < 0) {
+        fprintf(stderr, "dflash-drafter: --backend must be host, cuda or auto, not '%s'\n",
+                cfg.backend);
         return 2;
     }
     lc.device = (int)cfg.device;
@@ -530,7 +547,8 @@ int main(int argc, char **argv)
                            .capture_ids = n_ids ? ids : NULL, .n_capture_ids = n_ids,
                            .init_seed = (uint64_t)cfg.init_seed,
                            .checkpoint_dir = cfg.checkpoint_dir,
-                           .checkpoint_every = cfg.checkpoint_every, .keep_last = (int)cfg.keep_last,
+                           .checkpoint_every = cfg.checkpoint_every,
+                           .keep_last = (int)cfg.keep_last,
                            .resume = cfg.resume, .init_weights = cfg.init_weights,
                            .metrics_dir = cfg.metrics_dir, .progress = cfg.progress_ms > 0,
                            .max_steps = cfg.max_steps};

@@ -42,30 +42,27 @@ typedef struct trainer {
     int64_t ckpt_every;
     int keep_last;
     int64_t max_steps;
-    long start_step;  /* step resumed from (0: fresh or warm start) */
-    long saved_step;  /* newest checkpoint written by this process or resumed from */
-    long committed;   /* newest durable step (the loop reports it) */
+    long start_step; /* step resumed from (0: fresh or warm start) */
+    long saved_step; /* newest checkpoint written by this process or resumed from */
+    long committed;  /* newest durable step (the loop reports it) */
     /* summary */
     long steps_here, skipped;
     double loss_first, loss_last, tau_first, tau_last;
     double step_s;
 } trainer;
 
-static double now_s(void)
-{
+static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static bool is_dir(const char *p)
-{
+static bool is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static bool has_config(const char *dir)
-{
+static bool has_config(const char *dir) {
     char p[1200];
     snprintf(p, sizeof p, "%s/config.json", dir);
     struct stat st;
@@ -74,8 +71,7 @@ static bool has_config(const char *dir)
 
 /* The compute backend for a pool backend: cpu ops for host slots, cuda ops for cuda slots. */
 static int open_backend(pool_backend b, int device, int threads, const nn_ops **ops, nn_ctx **nn,
-                        char *err, size_t errlen)
-{
+                        char *err, size_t errlen) {
     if (b == POOL_HOST) {
         *ops = nn_cpu_ops();
         *nn = nn_cpu_new(threads);
@@ -85,7 +81,8 @@ static int open_backend(pool_backend b, int device, int threads, const nn_ops **
         *nn = nn_cuda_new(device);
 #else
         (void)device;
-        snprintf(err, errlen, "this build has no cuda backend (configure on a machine with the "
+        snprintf(err, errlen,
+                 "this build has no cuda backend (configure on a machine with the "
                  "CUDA toolkit, or use --backend host)");
         return DFLASH_ECONFIG;
 #endif
@@ -97,24 +94,24 @@ static int open_backend(pool_backend b, int device, int threads, const nn_ops **
     return 0;
 }
 
-static void close_backend(pool_backend b, nn_ctx **nn)
-{
+static void close_backend(pool_backend b, nn_ctx **nn) {
     if (!*nn) return;
     if (b == POOL_HOST) nn_cpu_destroy(nn);
 #ifdef DFLASH_HAVE_CUDA
-    else nn_cuda_destroy(nn);
+    else
+        nn_cuda_destroy(nn);
 #endif
 }
 
 int trainer_drafter_config(const char *model_dir, int draft_layers, int block_size,
-                           int mask_token_id, int n_feat, const int *capture_ids,
-                           int n_capture_ids, dflash_config *out, char *err, size_t errlen)
-{
+                           int mask_token_id, int n_feat, const int *capture_ids, int n_capture_ids,
+                           dflash_config *out, char *err, size_t errlen) {
     model_config t;
     int rc = hf_config_load(model_dir, &t, err, errlen);
     if (rc < 0) return rc;
     if (capture_ids && n_capture_ids != n_feat) {
-        snprintf(err, errlen, "--capture-layers names %d target layers but the slots hold %d "
+        snprintf(err, errlen,
+                 "--capture-layers names %d target layers but the slots hold %d "
                  "captured layers (--layers %d): give both daemons the same values",
                  n_capture_ids, n_feat, n_feat);
         return DFLASH_EMISMATCH;
@@ -130,9 +127,10 @@ int trainer_drafter_config(const char *model_dir, int draft_layers, int block_si
     if (capture_ids) {
         memcpy(ids, capture_ids, (size_t)n_feat * sizeof *ids);
     } else if (target_default_layer_ids(t.num_layers, n_feat, ids) < 0) {
-        snprintf(err, errlen, "the target has %d layers: DFlash's rule gives no %d distinct "
-                 "captured layers; give them with --capture-layers (both daemons)", t.num_layers,
-                 n_feat);
+        snprintf(err, errlen,
+                 "the target has %d layers: DFlash's rule gives no %d distinct "
+                 "captured layers; give them with --capture-layers (both daemons)",
+                 t.num_layers, n_feat);
         return DFLASH_ECONFIG;
     }
     out->n_feat = n_feat;
@@ -144,16 +142,13 @@ int trainer_drafter_config(const char *model_dir, int draft_layers, int block_si
 
 /* Loads the target with one decoder layer: its embed_tokens and lm_head are what the drafter
  * borrows. max_tokens 1 keeps its activation plan tiny. */
-static target_model *load_frozen(const char *model_dir, const nn_ops *ops, nn_ctx *nn)
-{
+static target_model *load_frozen(const char *model_dir, const nn_ops *ops, nn_ctx *nn) {
     int layer0 = 0;
-    target_model_opts to = {.layer_ids = &layer0, .n_layer_ids = 1, .max_tokens = 1,
-                            .max_seqs = 1};
+    target_model_opts to = {.layer_ids = &layer0, .n_layer_ids = 1, .max_tokens = 1, .max_seqs = 1};
     return target_model_load(model_dir, &to, ops, nn);
 }
 
-static int save_checkpoint(trainer *t)
-{
+static int save_checkpoint(trainer *t) {
     if (!t->ckpt_root[0] || t->m->step == t->saved_step) return 0;
     char path[1200], err[512] = "";
     dflash_ckpt_opts co = {.keep_last = t->keep_last};
@@ -170,8 +165,7 @@ static int save_checkpoint(trainer *t)
     return 0;
 }
 
-static int train_consume(void *vctx, const worker_batch *b, uint64_t *step)
-{
+static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     trainer *t = vctx;
     const slot_layout *l = &t->layout;
     const void *host = b->staged;
@@ -226,12 +220,18 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step)
             metrics_scalar extra[] = {{"train/epoch", (double)b->wu.epoch},
                                       {"train/blocks", (double)dm.n_blocks},
                                       {"perf/step_s", dt}};
-            metrics_step ms = {.step = t->m->step, .loss = dm.loss, .accuracy = dm.accuracy,
-                               .pos_acc = dm.pos_acc, .n_pos = t->m->cfg.block_size,
-                               .pos_first = 1, .acceptance_length = dm.accept_len, .lr = dm.lr,
+            metrics_step ms = {.step = t->m->step,
+                               .loss = dm.loss,
+                               .accuracy = dm.accuracy,
+                               .pos_acc = dm.pos_acc,
+                               .n_pos = t->m->cfg.block_size,
+                               .pos_first = 1,
+                               .acceptance_length = dm.accept_len,
+                               .lr = dm.lr,
                                .grad_norm = dm.grad_norm,
                                .tokens_per_s = dt > 0 ? b->n_tokens / dt : 0,
-                               .samples_per_s = dt > 0 ? b->n_seqs / dt : 0, .extra = extra,
+                               .samples_per_s = dt > 0 ? b->n_seqs / dt : 0,
+                               .extra = extra,
                                .n_extra = 3};
             metrics_write(t->met, &ms);
         }
@@ -243,24 +243,20 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step)
     return 0;
 }
 
-static uint64_t train_committed(void *vctx)
-{
+static uint64_t train_committed(void *vctx) {
     return (uint64_t)((trainer *)vctx)->committed;
 }
 
-static int64_t train_resume_step(void *vctx)
-{
+static int64_t train_resume_step(void *vctx) {
     return ((trainer *)vctx)->start_step;
 }
 
-static bool train_done(void *vctx)
-{
+static bool train_done(void *vctx) {
     trainer *t = vctx;
     return t->max_steps > 0 && t->m->step >= t->max_steps;
 }
 
-static int train_finish(void *vctx)
-{
+static int train_finish(void *vctx) {
     trainer *t = vctx;
     int rc = save_checkpoint(t);
     if (t->met) metrics_flush(t->met);
@@ -272,8 +268,7 @@ static int train_finish(void *vctx)
     return rc;
 }
 
-static void train_destroy(void *vctx)
-{
+static void train_destroy(void *vctx) {
     trainer *t = vctx;
     if (!t) return;
     metrics_destroy(&t->met);
@@ -285,8 +280,7 @@ static void train_destroy(void *vctx)
 }
 
 /* Step 4 of the start-up: exact resume, warm start or fresh weights. */
-static int restore(trainer *t, const trainer_opts *o, char *err, size_t errlen)
-{
+static int restore(trainer *t, const trainer_opts *o, char *err, size_t errlen) {
     char dir[1200] = "";
     if (o->resume && o->resume[0]) {
         snprintf(dir, sizeof dir, "%s", o->resume);
@@ -307,8 +301,8 @@ static int restore(trainer *t, const trainer_opts *o, char *err, size_t errlen)
         if (o->init_weights && o->init_weights[0])
             LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights, dir);
         LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps; the "
-                 "checkpoint's training settings win over the flags)", dir, t->m->step, t->tc.lr,
-                 t->tc.total_steps);
+                 "checkpoint's training settings win over the flags)",
+                 dir, t->m->step, t->tc.lr, t->tc.total_steps);
         return 0;
     }
     if (o->init_weights && o->init_weights[0]) {
@@ -326,8 +320,7 @@ static int restore(trainer *t, const trainer_opts *o, char *err, size_t errlen)
     return 0;
 }
 
-worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen)
-{
+worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     worker_consumer *c = calloc(1, sizeof *c);
     trainer *t = calloc(1, sizeof *t);
     if (!c || !t) {
@@ -344,8 +337,8 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen)
 
     dflash_config dc;
     if (trainer_drafter_config(o->model_dir, o->draft_layers, o->block_size, o->mask_token_id,
-                               (int)o->layout->n_layers, o->capture_ids, o->n_capture_ids, &dc,
-                               err, errlen) < 0)
+                               (int)o->layout->n_layers, o->capture_ids, o->n_capture_ids, &dc, err,
+                               errlen) < 0)
         goto fail;
     if (dc.hidden_size != (int)o->layout->hidden) {
         snprintf(err, errlen, "the target's hidden_size is %d but the slots hold hidden %u",
@@ -356,8 +349,10 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen)
         goto fail;
     t->target = load_frozen(o->model_dir, t->ops, t->nn);
     if (!t->target) {
-        snprintf(err, errlen, "cannot load the target's embed_tokens / lm_head from %s (see the "
-                 "log above)", o->model_dir);
+        snprintf(err, errlen,
+                 "cannot load the target's embed_tokens / lm_head from %s (see the "
+                 "log above)",
+                 o->model_dir);
         goto fail;
     }
     long blocks = (long)o->train.n_anchors * o->layout->max_seqs;
@@ -389,13 +384,18 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen)
     }
     LOG_INFO("drafter: %d layers, block %d, %d features from target layers [%d%s], mask token "
              "%d, %zu parameters, planned for %u tokens and %ld blocks; anchors %d, lr %g, "
-             "schedule %ld steps, start step %ld", dc.num_layers, dc.block_size, dc.n_feat,
-             dc.target_layer_ids[0], dc.n_feat > 1 ? ", ..." : "", dc.mask_token_id,
-             t->m->n_params, o->layout->token_budget, blocks, t->tc.n_anchors, t->tc.lr,
-             t->tc.total_steps, t->m->step);
-    *c = (worker_consumer){.name = "train", .ctx = t, .consume = train_consume,
-                           .committed = train_committed, .destroy = train_destroy,
-                           .resume_step = train_resume_step, .done = train_done,
+             "schedule %ld steps, start step %ld",
+             dc.num_layers, dc.block_size, dc.n_feat, dc.target_layer_ids[0],
+             dc.n_feat > 1 ? ", ..." : "", dc.mask_token_id, t->m->n_params,
+             o->layout->token_budget, blocks, t->tc.n_anchors, t->tc.lr, t->tc.total_steps,
+             t->m->step);
+    *c = (worker_consumer){.name = "train",
+                           .ctx = t,
+                           .consume = train_consume,
+                           .committed = train_committed,
+                           .destroy = train_destroy,
+                           .resume_step = train_resume_step,
+                           .done = train_done,
                            .finish = train_finish};
     return c;
 fail:
@@ -406,8 +406,7 @@ fail:
 
 /* ------------------------------------------------------------------------------ evaluation */
 
-int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen)
-{
+int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     double t0 = now_s();
     int rc = 0;
@@ -444,8 +443,10 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         rc = DFLASH_ENOMEM;
         goto out;
     }
-    target_model_opts to = {.layer_ids = dc.target_layer_ids, .n_layer_ids = dc.n_feat,
-                            .max_tokens = (int)max_len, .max_seqs = 1};
+    target_model_opts to = {.layer_ids = dc.target_layer_ids,
+                            .n_layer_ids = dc.n_feat,
+                            .max_tokens = (int)max_len,
+                            .max_seqs = 1};
     tm = target_model_load(o->model_dir, &to, ops, nn);
     if (!tm) {
         snprintf(err, errlen, "cannot load the target %s (see the log above)", o->model_dir);
@@ -471,7 +472,8 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         rc = DFLASH_ENOMEM;
         goto out;
     }
-    for (uint32_t i = 0; i < max_len; i++) pos[i] = (int32_t)i;
+    for (uint32_t i = 0; i < max_len; i++)
+        pos[i] = (int32_t)i;
     dflash_tau acc;
     memset(&acc, 0, sizeof acc);
     for (uint64_t i = 0; i < n; i++) {
@@ -485,8 +487,13 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
                      (unsigned long long)i, err_str(rc));
             goto out;
         }
-        dflash_batch_view v = {.n_seqs = 1, .seq_off = off, .ids = s.ids, .positions = NULL,
-                               .loss_mask = s.mask, .hidden = (const nn_buf *)hidden, .ld = ld};
+        dflash_batch_view v = {.n_seqs = 1,
+                               .seq_off = off,
+                               .ids = s.ids,
+                               .positions = NULL,
+                               .loss_mask = s.mask,
+                               .hidden = (const nn_buf *)hidden,
+                               .ld = ld};
         if ((rc = dflash_eval_tau(m, &v, NULL, &acc)) < 0) {
             snprintf(err, errlen, "tau of held-out sequence %llu: %s", (unsigned long long)i,
                      err_str(rc));

@@ -41,26 +41,26 @@
 #include <stdint.h>
 
 typedef struct trainer_opts {
-    const char *model_dir;     /* target checkpoint (config.json + safetensors) */
-    pool_backend backend;      /* host: cpu ops; cuda: cuda ops on device */
+    const char *model_dir; /* target checkpoint (config.json + safetensors) */
+    pool_backend backend;  /* host: cpu ops; cuda: cuda ops on device */
     int device;
     int threads;               /* cpu backend threads (0: all) */
     const slot_layout *layout; /* what the target's slots hold */
     int draft_layers;          /* drafter decoder layers */
     int block_size;
-    int mask_token_id;         /* < 0: vocab_size - 1 */
-    const int *capture_ids;    /* the target's captured layer ids; NULL: DFlash's rule */
+    int mask_token_id;      /* < 0: vocab_size - 1 */
+    const int *capture_ids; /* the target's captured layer ids; NULL: DFlash's rule */
     int n_capture_ids;
-    dflash_train_cfg train;    /* anchors, lr, schedule, clip, AdamW, anchor seed */
-    uint64_t init_seed;        /* fresh weights */
+    dflash_train_cfg train;     /* anchors, lr, schedule, clip, AdamW, anchor seed */
+    uint64_t init_seed;         /* fresh weights */
     const char *checkpoint_dir; /* ROOT of step-* checkpoints; NULL/"" = none */
-    int64_t checkpoint_every;  /* steps; 0 = only the final one */
+    int64_t checkpoint_every;   /* steps; 0 = only the final one */
     int keep_last;
-    const char *resume;        /* explicit checkpoint to resume from; NULL/"" = latest in root */
-    const char *init_weights;  /* warm start; NULL/"" = none */
-    const char *metrics_dir;   /* NULL/"" = no files */
-    bool progress;             /* progress line on stderr */
-    int64_t max_steps;         /* stop at this optimizer step; 0 = until drained */
+    const char *resume;       /* explicit checkpoint to resume from; NULL/"" = latest in root */
+    const char *init_weights; /* warm start; NULL/"" = none */
+    const char *metrics_dir;  /* NULL/"" = no files */
+    bool progress;            /* progress line on stderr */
+    int64_t max_steps;        /* stop at this optimizer step; 0 = until drained */
 } trainer_opts;
 
 /* Builds the training consumer (see top). NULL with the reason in err: unreadable target,
@@ -70,15 +70,15 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen);
 /* Drafter config for a target (step 2 above), shared by training and `eval --init-only`.
  * n_feat is the slot's n_layers. 0 or DFLASH_ECONFIG / DFLASH_EMISMATCH with the reason. */
 int trainer_drafter_config(const char *model_dir, int draft_layers, int block_size,
-                           int mask_token_id, int n_feat, const int *capture_ids,
-                           int n_capture_ids, dflash_config *out, char *err, size_t errlen);
+                           int mask_token_id, int n_feat, const int *capture_ids, int n_capture_ids,
+                           dflash_config *out, char *err, size_t errlen);
 
 typedef struct trainer_eval_opts {
     const char *checkpoint; /* step dir, or a root (its newest step-*); NULL/"" = untrained */
     const char *model_dir;  /* the target */
     const char *data;       /* comma-separated shards of held-out greedy continuations */
     int threads;
-    int64_t max_seqs;       /* 0 = all sequences */
+    int64_t max_seqs; /* 0 = all sequences */
     /* the untrained drafter (checkpoint NULL): same meaning as in trainer_opts */
     int draft_layers, block_size, mask_token_id, n_feat;
     const int *capture_ids;

@@ -68,8 +68,8 @@ static const cfg_option target_options[] = {
          "DFlash's rule for --layers features)", capture),
     OPT("threads", CFG_INT, "0", 0, 1024, "model on the host backend: cpu threads (0 = all)",
         threads),
-    OPTS("backend", "host", "slot pool backend: host (POSIX shm, f32) or cuda (IPC, bf16)",
-         backend),
+    OPTS("backend", "auto", "slot pool backend: host (POSIX shm, f32), cuda (IPC, bf16) or "
+         "auto (cuda when built with it and a GPU is visible)", backend),
     OPT("device", CFG_INT, "0", 0, 64, "GPU ordinal of the cuda pool", device),
     OPT("slots", CFG_INT, "8", 1, 256, "slots in the pool", slots),
     OPT("token-budget", CFG_INT, "2048", 16, 1 << 20, "tokens per slot", token_budget),
@@ -106,6 +106,21 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
+/* --backend: "auto" is cuda when this build has the cuda backend and a GPU is visible, else host
+ * (target and drafter resolve it the same way on one machine). 0 or DFLASH_EINVAL. */
+static int parse_backend(const char *s, pool_backend *out)
+{
+    if (strcmp(s, "auto") == 0) {
+#ifdef DFLASH_HAVE_CUDA
+        *out = pool_cuda_available() ? POOL_CUDA : POOL_HOST;
+#else
+        *out = POOL_HOST;
+#endif
+        return 0;
+    }
+    return pool_backend_parse(s, out);
+}
+
 /* "256,512,1024" -> ascending bounds. 0 or DFLASH_ECONFIG with a message. */
 static int parse_buckets(const char *s, uint32_t *upper, uint32_t *n)
 {
@@ -138,8 +153,9 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
     }
     lc->endpoint = endpoint;
     lc->name = c->name;
-    if (pool_backend_parse(c->backend, &lc->backend) < 0) {
-        fprintf(stderr, "dflash-target: --backend must be host or cuda, not '%s'\n", c->backend);
+    if (parse_backend(c->backend, &lc->backend) < 0) {
+        fprintf(stderr, "dflash-target: --backend must be host, cuda or auto, not '%s'\n",
+                c->backend);
         return DFLASH_ECONFIG;
     }
     lc->device = (int)c->device;

@@ -116,8 +116,8 @@ class Env:
 
     def ctl(self, build, *args, timeout=5):
         try:
-            r = subprocess.run([build.ctl, "--runtime-dir", self.run, "--timeout-ms", "1000", *args],
-                               capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run([build.ctl, "--runtime-dir", self.run, "--timeout-ms", "1000",
+                                *args], capture_output=True, text=True, timeout=timeout)
             return r.returncode, r.stdout
         except subprocess.TimeoutExpired:
             return 2, ""

@@ -43,7 +43,8 @@ def main():
         run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
              "--model", env.path("target"), "--buckets", "32", "--strict"], tools_log)
         slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
-                 "--runtime-dir", env.run, "--threads", "1", "--timeout-ms", "1000"]
+                 "--runtime-dir", env.run, "--threads", "1", "--backend", "host",
+                 "--timeout-ms", "1000"]
         queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal",
                                  env.path("queue.journal"), "--min-ready", "1", "--max-depth",
                                  "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300"],

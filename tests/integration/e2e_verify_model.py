@@ -49,7 +49,7 @@ def main():
              "--model", env.path("target"), "--buckets", "20,56", "--strict"], tools_log)
 
         slots = ["--buckets", "20,56", "--token-budget", "128", "--max-seqs", "8", "--layers",
-                 "3", "--runtime-dir", env.run, "--threads", "1"]
+                 "3", "--runtime-dir", env.run, "--threads", "1", "--backend", "host"]
         queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal", "none",
                                  "--min-ready", "1", "--max-depth", "6"], env.tmp)
         target = Daemon("target", [build.target, "--name", f"{NAME}{os.getpid()}", "--model",

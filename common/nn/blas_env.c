@@ -1,5 +1,6 @@
 /* blas_env: see blas_env.h. */
 #include "blas_env.h"
+#include "signals.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -19,6 +20,9 @@ void blas_select_fast_kernels(char **argv)
         core = "Haswell";
     if (!core) return;
     setenv("OPENBLAS_CORETYPE", core, 1);
+    /* A stop request during the exec must survive it: blocked signals stay pending across
+     * execv, and the new image unblocks them once its handler is installed (signals.h). */
+    signals_block_stop();
     execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the slow kernels */
+    /* exec failed: carry on with the slow kernels (the caller's signals_install_stop unblocks) */
 }

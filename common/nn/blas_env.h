@@ -5,7 +5,8 @@
  * 3-5x slower than the AVX2 / AVX-512 ones on the same CPU (measured on the build machine). The
  * choice cannot be changed after load, so the fix re-executes the program once with
  * OPENBLAS_CORETYPE set. Call it first thing in main() of every program that computes on the
- * cpu backend, before any thread starts.
+ * cpu backend, before any thread starts, and follow it with signals_install_stop() (signals.h),
+ * which unblocks the stop signals this function blocks across the exec.
  */
 #ifndef DFLASH_BLAS_ENV_H
 #define DFLASH_BLAS_ENV_H

@@ -19,6 +19,7 @@
 #include "hf_config.h"
 #include "err.h"
 #include "log.h"
+#include "signals.h"
 #include "model_producer.h"
 #include "trainer.h"
 #include "worker_loop.h"
@@ -396,6 +397,7 @@ static int eval_main(int argc, char **argv)
 int main(int argc, char **argv)
 {
     blas_select_fast_kernels(argv);
+    signals_install_stop(on_signal);
     log_init("dflash-drafter", LOG_INFO);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     drafter_config cfg;
@@ -569,12 +571,6 @@ int main(int argc, char **argv)
         }
     }
     if (!cons) LOG_FATAL("cannot create the consumer");
-
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     LOG_INFO("effective configuration (name %s, endpoint %s, slot %zu bytes, %s, mode %s):", name,
              endpoint, lc.layout.slot_bytes, slot_dtype_name(lc.layout.dtype), cons->name);

@@ -9,7 +9,9 @@
  * The only global is the stop flag. */
 #include "config.h"
 #include "err.h"
+#include "blas_env.h"
 #include "log.h"
+#include "signals.h"
 #include "model_producer.h"
 #include "ops.h"
 #include "target_loop.h"
@@ -190,6 +192,8 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
 
 int main(int argc, char **argv)
 {
+    blas_select_fast_kernels(argv);
+    signals_install_stop(on_signal);
     log_init("dflash-target", LOG_INFO);
     target_config cfg;
     int rc = config_load(&target_table, &cfg, argc, argv, NULL, 0, NULL);
@@ -260,12 +264,6 @@ int main(int argc, char **argv)
         model_producer_destroy(&mp); /* NULL after a successful hand-over */
     }
     if (!prod) LOG_FATAL("cannot create the %s producer", cfg.model);
-
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     LOG_INFO("effective configuration (endpoint %s, slot %zu bytes, %s):", endpoint,
              lc.layout.slot_bytes, slot_dtype_name(lc.layout.dtype));

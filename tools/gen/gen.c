@@ -29,6 +29,7 @@
 #include "log.h"
 #include "ops.h"
 #include "blas_env.h"
+#include "signals.h"
 #include "target_model.h"
 
 #include <cblas.h>
@@ -342,6 +343,7 @@ static int gen_validate(const gen_cfg *c)
 int main(int argc, char **argv)
 {
     blas_select_fast_kernels(argv);
+    signals_install_stop(NULL);
     gen_ctx g = {0};
     int rc = config_load(&gen_table, &g.cfg, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;

@@ -1,0 +1,33 @@
+/* signals: see signals.h. */
+#include "signals.h"
+
+#include <signal.h>
+#include <stddef.h>
+
+static void stop_set(sigset_t *s)
+{
+    sigemptyset(s);
+    sigaddset(s, SIGINT);
+    sigaddset(s, SIGTERM);
+}
+
+void signals_block_stop(void)
+{
+    sigset_t s;
+    stop_set(&s);
+    sigprocmask(SIG_BLOCK, &s, NULL);
+}
+
+void signals_install_stop(void (*on_stop)(int))
+{
+    if (on_stop) {
+        struct sigaction sa = {.sa_handler = on_stop};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t s;
+    stop_set(&s);
+    sigprocmask(SIG_UNBLOCK, &s, NULL);
+}

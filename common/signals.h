@@ -1,0 +1,17 @@
+/* signals: how a daemon learns it should stop. SIGINT and SIGTERM call the daemon's handler
+ * (which only sets its stop flag); SIGPIPE is ignored. Call signals_install_stop() first thing in
+ * main(), right after blas_select_fast_kernels(): that function blocks SIGINT/SIGTERM across its
+ * re-exec, so a stop requested during start-up stays pending until the handler is in place and is
+ * then delivered, instead of killing the process with the default action. Main thread only.
+ */
+#ifndef DFLASH_SIGNALS_H
+#define DFLASH_SIGNALS_H
+
+/* Installs on_stop for SIGINT and SIGTERM (NULL keeps the default action: tools that just die),
+ * ignores SIGPIPE, then unblocks SIGINT and SIGTERM. */
+void signals_install_stop(void (*on_stop)(int));
+
+/* Blocks SIGINT and SIGTERM (kept across exec; pending signals stay pending). */
+void signals_block_stop(void);
+
+#endif

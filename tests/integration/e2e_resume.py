@@ -3,8 +3,8 @@
 batch in the final model exactly once (DESIGN.md section 5).
 
 A tiny random Qwen3 target, 96 generated sequences (24 batches of 4 in one epoch), then
-dflash-queue, dflash-target --model and dflash-drafter --train with --checkpoint-every 4. Once
-the broker has committed step >= 8 and holds batches trained after it (acked, not yet
+dflash-queue, dflash-target --model and dflash-drafter --train with --checkpoint-every 6. Once
+a checkpoint >= 6 is written and a batch was acked after it (trained, not yet
 checkpointed), the drafter is SIGKILLed and started again with the same flags. It must resume
 exactly from its newest checkpoint, tell the broker (resume_from) before claiming, and train
 the rest. When the ledger has nothing left to do the broker is drained; the drafter saves its
@@ -54,9 +54,10 @@ def main():
                                    "--slots", "3", "--epochs", "1", *slots], env.tmp)
         drafter = Daemon("drafter", [build.drafter, "--train", "--model", env.path("target"),
                                      "--name", "trainer", "--block-size", "4", "--anchors", "8",
-                                     "--lr", "3e-3", "--checkpoint-every", "4", "--keep-last",
+                                     "--lr", "3e-3", "--checkpoint-every", "6", "--keep-last",
                                      "2", "--checkpoint-dir", env.path("ckpt"), "--metrics-dir",
-                                     env.path("metrics"), "--progress-ms", "0", *slots], env.tmp)
+                                     env.path("metrics"), "--progress-ms", "0", "--log-level",
+                                     "debug", *slots], env.tmp)
         env.daemons = [queue, target, drafter]
         queue.start()
         if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
@@ -65,20 +66,32 @@ def main():
         target.start()
         drafter.start()
 
-        def trained_past_commit():
-            st = env.status(build)
+        # The moment to kill: a checkpoint >= 6 is written and a batch was acked after it. The
+        # drafter's debug log says both as they happen (reading a file is fast enough to catch
+        # it; a dflash-ctl call per poll is not, under ASan).
+        def trained_past_checkpoint():
             if not drafter.alive():
                 raise RuntimeError(f"the drafter exited early:\n{tail(drafter.log_path)}")
-            return st if st and st["committed_step"] >= 8 and st["batches_trained"] > 0 else None
+            text = drafter.text()
+            ck = list(re.finditer(r"checkpoint \S+step-0*(\d+) written", text))
+            # the first ack after the checkpoint line is the checkpoint step's own batch
+            if ck and int(ck[-1].group(1)) >= 6 and text[ck[-1].end():].count("acked batch") >= 2:
+                return int(ck[-1].group(1))
+            return None
 
-        st = wait_until(trained_past_commit, 120, 0.02)
-        if not st:
-            raise RuntimeError(f"no commit >= 8 with trained batches after it within 120 s: "
-                               f"{env.status(build)}\n{tail(drafter.log_path)}")
+        ck_step = wait_until(trained_past_checkpoint, 120, 0.002)
+        if not ck_step:
+            raise RuntimeError(f"no batch acked after a checkpoint >= 6 within 120 s:\n"
+                               f"{tail(drafter.log_path)}")
         drafter.kill9()
+        st = env.status(build)
         total = int(st["batches_total"])
-        log("e2e", f"SIGKILL drafter at committed step {st['committed_step']:.0f} with "
-            f"{st['batches_trained']:.0f} batches trained after it (epoch has {total})")
+        log("e2e", f"SIGKILL drafter after checkpoint step {ck_step}; the broker has committed "
+            f"step {st['committed_step']:.0f} and holds {st['batches_trained']:.0f} batches "
+            f"trained after it (epoch has {total})")
+        if st["batches_trained"] == 0:
+            failures.append("no batch was trained after the last commit when the drafter was "
+                            "killed: the rewind was not exercised")
         drafter.start()
 
         def all_trained():

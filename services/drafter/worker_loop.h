@@ -17,7 +17,7 @@
  *   CLAIMING -> REGISTER         the broker restarted or forgot us (DFLASH_ESTALE)
  *   any      -> DONE             stop flag, drain (ESHUTDOWN), or fatal error
  *
- * The consumer interface is how the trainer plugs in (services/drafter/trainer.c later); the
+ * The consumer interface is how the trainer plugs in (services/drafter/trainer.c); the
  * first consumer is --verify, which checks every byte against synthetic.h. Thread: the daemon's
  * main thread; the consumer runs on it and may enqueue GPU work ordered after the copy stream.
  */

@@ -20,7 +20,8 @@
  * with Q = blocks * 16. MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
  * device memory = memory in use after the steps (nothing is allocated in a step), including
  * the drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
- * Last lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
+ * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes.
+ * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  */
 #include "ops.h"
 
@@ -30,6 +31,8 @@
 #include "ops_cuda.h"
 
 #include <cuda_runtime_api.h>
+
+#include "../target/opprof.h"
 #endif
 
 #include <stdint.h>
@@ -168,6 +171,18 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     printf("RESULT case=%s steps_per_s=%.3f samples_per_s=%.3f mfu=%.4f peak_gib=%.2f\n", name,
            1.0 / sec, n_seqs / sec, mfu, gib);
     fflush(stdout);
+    prof_begin();
+    double ak = 0, p0 = now_s();
+    for (int i = 0; i < 2; i++) {
+        dflash_train_step(m, &tc, &v, 0, (uint64_t)(200 + i), &met);
+        for (int j = 0; j < met.n_blocks; j++)
+            ak += (double)BS * (m->h_blk_anchor[j] + BS);
+    }
+    O->sync(C);
+    po_tf[PO_ATTBB] += 8.0 * H * HD * ak * layers; /* dV, dP, dQ, dK (recompute not counted) */
+    char title[96];
+    snprintf(title, sizeof title, "%s, 2 steps", name);
+    prof_end(title, (now_s() - p0) * 1e3, PO_ATTB, 4.0 * H * HD * ak * layers);
     dflash_model_destroy(&m);
     O->free(C, hid);
     free(off), free(ids), free(pos), free(lmask);
@@ -175,12 +190,12 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
 
 int main(int argc, char **argv) {
     int layers = argc > 1 ? atoi(argv[1]) : 5;
-    O = nn_cuda_ops();
     C = nn_cuda_new(0);
     if (!C) {
         fprintf(stderr, "bench-drafter: no CUDA device\n");
         return 77;
     }
+    O = prof_ops(nn_cuda_ops(), C);
     double peak = measure_peak();
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
     void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);

@@ -3,8 +3,8 @@
  * slots of a token budget. bench/target/run.sh runs it together with Hugging Face transformers
  * (bench/target/hf_target_bench.py) on the same lengths and prints the ratio.
  *
- * Usage: bench-target MODEL_DIR [BUDGET=16384] [N_SEQS=160] [LENGTHS_OUT]
- *   The lengths are drawn from a fixed seed: 20% short (64..511), 45% medium (512..1535), 35%
+ * Usage: bench-target MODEL_DIR [BUDGET=16384] [N_SEQS=160] [LENGTHS_OUT] [UNIFORM_LEN=0]
+ *   UNIFORM_LEN > 0: every sequence has that length instead of the mix. The lengths are drawn from a fixed seed: 20% short (64..511), 45% medium (512..1535), 35%
  *   long (1536..3072); they are packed first-fit (longest first) into slots of BUDGET tokens and
  *   written one per line to LENGTHS_OUT (for the transformers run) when given.
  * Timing: one untimed pass over all slots (warm-up), then 3 timed passes between stream syncs;
@@ -15,7 +15,8 @@
  * MFU = FLOPs / time / peak, peak = a 8192^3 bf16 linear_fwd through the same cuBLASLt path,
  * measured first in this run. Peak device memory = device memory in use after the timed passes
  * (nothing is allocated in a forward, so this is the peak; includes the CUDA context).
- * The last line is machine-readable: RESULT tokens_per_s=... mfu=... peak_gib=...
+ * After the timed passes, one more pass runs with per-op CUDA events (opprof.h) and prints where
+ * the GPU time goes. A machine-readable line: RESULT tokens_per_s=... mfu=... peak_gib=...
  */
 #include "ops.h"
 
@@ -24,6 +25,8 @@
 #include "target_model.h"
 
 #include <cuda_runtime_api.h>
+
+#include "opprof.h"
 #endif
 
 #include <stdint.h>
@@ -94,12 +97,13 @@ int main(int argc, char **argv) {
     const char *dir = argv[1];
     int budget = argc > 2 ? atoi(argv[2]) : 16384, n_seqs = argc > 3 ? atoi(argv[3]) : 160;
     const char *lengths_out = argc > 4 ? argv[4] : NULL;
-    const nn_ops *O = nn_cuda_ops();
+    int uniform = argc > 5 ? atoi(argv[5]) : 0;
     nn_ctx *C = nn_cuda_new(0);
     if (!C) {
         fprintf(stderr, "bench-target: no CUDA device\n");
         return 77;
     }
+    const nn_ops *O = prof_ops(nn_cuda_ops(), C);
     double peak = measure_peak(O, C);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
 
@@ -114,6 +118,7 @@ int main(int argc, char **argv) {
             len[i] = 512 + (int)(rnd() % 1024);
         else
             len[i] = 1536 + (int)(rnd() % 1537);
+        if (uniform > 0) len[i] = uniform;
         total += len[i];
     }
     qsort(len, n_seqs, sizeof(int), cmp_desc);
@@ -136,7 +141,7 @@ int main(int argc, char **argv) {
         fill[s] += len[i];
         which[i] = s;
     }
-    double flop_total = 0;
+    double flop_total = 0, flop_attn = 0;
     const int LAYERS_RUN = 34;
     for (int s = 0; s < n_slots; s++) {
         slot *p = &sl[s];
@@ -175,9 +180,11 @@ int main(int argc, char **argv) {
     double D = cf->hidden_size, H = cf->num_heads, Hk = cf->num_kv_heads, d = cf->head_dim,
            F = cf->intermediate_size;
     double per_tok = 2.0 * (D * H * d + 2 * D * Hk * d + H * d * D + 3 * D * F);
-    for (int i = 0; i < n_seqs; i++)
-        flop_total += LAYERS_RUN * (per_tok * len[i] + 4.0 * H * d * (double)len[i] *
-                                                           (len[i] + 1) / 2.0);
+    for (int i = 0; i < n_seqs; i++) {
+        flop_attn += LAYERS_RUN * 4.0 * H * d * (double)len[i] * (len[i] + 1) / 2.0;
+        flop_total += LAYERS_RUN * per_tok * len[i];
+    }
+    flop_total += flop_attn;
     size_t ld = (size_t)5 * cf->hidden_size;
     void *out = O->alloc(C, (size_t)budget * ld * O->act_bytes);
     printf("%d sequences, %ld tokens (mean %.0f, max %d), %d slots of <= %d tokens (fill %.1f%%)\n",
@@ -210,6 +217,12 @@ int main(int argc, char **argv) {
            med, t[0], t[1], t[2], tps, flop_total / med / 1e12, 100 * mfu, peak, gib);
     printf("RESULT tokens_per_s=%.1f mfu=%.4f peak_gib=%.2f peak_tflops=%.1f\n", tps, mfu, gib,
            peak);
+    prof_begin();
+    double p0 = now_s();
+    for (int s = 0; s < n_slots; s++)
+        target_forward_host(m, sl[s].ids, sl[s].pos, sl[s].off, sl[s].n_seqs, sl[s].T, out, ld);
+    O->sync(C);
+    prof_end("one pass over all slots", (now_s() - p0) * 1e3, PO_ATTC, flop_attn);
     target_model_destroy(&m);
     O->free(C, out);
     nn_cuda_destroy(&C);

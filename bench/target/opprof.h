@@ -1,0 +1,203 @@
+/* opprof.h: per-op GPU time of a model run on the cuda backend, for bench-target and
+ * bench-drafter (header-only; include after ops_cuda.h and cuda_runtime_api.h).
+ *
+ * prof_ops(real, ctx) returns a copy of the cuda ops table whose compute and copy entries record
+ * a CUDA event pair around the real call on the context's stream while prof_begin() ..
+ * prof_end() is active (otherwise they only forward). A model built on that table runs as usual;
+ * prof_end() synchronises, sums each op's event time and prints a table: calls, total ms, share
+ * of the summed op time, and TFLOP/s for the matmuls (2*M*K*N forward; 2*M*K*N per product in
+ * backward). Only an extra, untimed pass is profiled: the event records do not perturb the timed
+ * passes. Gaps between ops (host launch latency) show as the difference between the wall time
+ * and the summed op time.
+ */
+#ifndef DFLASH_BENCH_OPPROF_H
+#define DFLASH_BENCH_OPPROF_H
+
+#include <stdio.h>
+#include <string.h>
+
+enum {
+    PO_EMB, PO_RMS, PO_LIN, PO_ROPE, PO_ATTC, PO_ATTB, PO_SWI, PO_ADD, PO_RMSB, PO_LINB, PO_ROPEB,
+    PO_SWIB, PO_ATTBB, PO_XENT, PO_ARGMAX, PO_SUMSQ, PO_ADAMW, PO_F2A, PO_COPY, PO_COPY2D,
+    PO_ZERO, PO_N
+};
+static const char *po_names[PO_N] = {
+    "embedding_fwd", "rmsnorm_fwd", "linear_fwd", "rope_fwd", "attention_causal_fwd",
+    "attention_block_fwd", "swiglu_fwd", "add_inplace", "rmsnorm_bwd", "linear_bwd(+acc)",
+    "rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
+    "adamw", "f32_to_act", "copy", "copy2d", "zero"};
+
+#define PO_MAXEV 65536
+static const nn_ops *po_real;
+static nn_ops po_tab;
+static cudaStream_t po_st;
+static cudaEvent_t po_ev[PO_MAXEV];
+static int po_op[PO_MAXEV / 2];
+static double po_flop[PO_MAXEV / 2];
+static int po_n, po_on;
+static double po_ms[PO_N], po_tf[PO_N];
+static long po_calls[PO_N];
+
+static int po_start(void) {
+    if (!po_on || po_n + 2 > PO_MAXEV) return -1;
+    int i = po_n;
+    po_n += 2;
+    cudaEventRecord(po_ev[i], po_st);
+    return i;
+}
+static void po_stop(int i, int op, double flop) {
+    if (i < 0) return;
+    cudaEventRecord(po_ev[i + 1], po_st);
+    po_op[i / 2] = op;
+    po_flop[i / 2] = flop;
+}
+#define PO_WRAP(op, flop, call)                                                                    \
+    do {                                                                                           \
+        int i_ = po_start();                                                                       \
+        call;                                                                                      \
+        po_stop(i_, op, flop);                                                                     \
+    } while (0)
+
+static void po_copy(nn_ctx *c, void *d, const void *s, size_t b) {
+    PO_WRAP(PO_COPY, 0, po_real->copy(c, d, s, b));
+}
+static void po_copy2d(nn_ctx *c, void *d, size_t dp, const void *s, size_t sp, size_t w,
+                      size_t r) {
+    PO_WRAP(PO_COPY2D, 0, po_real->copy2d(c, d, dp, s, sp, w, r));
+}
+static void po_zero(nn_ctx *c, void *p, size_t b) {
+    PO_WRAP(PO_ZERO, 0, po_real->zero(c, p, b));
+}
+static void po_emb(nn_ctx *c, nn_buf *o, const int32_t *ids, const nn_buf *t, int T, int D) {
+    PO_WRAP(PO_EMB, 0, po_real->embedding_fwd(c, o, ids, t, T, D));
+}
+static void po_rms(nn_ctx *c, nn_buf *o, float *r, const nn_buf *x, const nn_buf *w, int R, int C,
+                   float e) {
+    PO_WRAP(PO_RMS, 0, po_real->rmsnorm_fwd(c, o, r, x, w, R, C, e));
+}
+static void po_lin(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b, int M,
+                   int K, int N) {
+    PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd(c, y, x, w, b, M, K, N));
+}
+static void po_rope(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int T, int nh, int d,
+                    int ld) {
+    PO_WRAP(PO_ROPE, 0, po_real->rope_fwd(c, x, p, f, T, nh, d, ld));
+}
+static void po_attc(nn_ctx *c, nn_buf *o, const nn_buf *q, const nn_buf *k, const nn_buf *v,
+                    const int32_t *so, int ns, int T, int H, int Hk, int d) {
+    PO_WRAP(PO_ATTC, 0, po_real->attention_causal_fwd(c, o, q, k, v, so, ns, T, H, Hk, d));
+}
+static void po_attb(nn_ctx *c, nn_buf *o, float *l, const nn_buf *q, const nn_buf *k,
+                    const nn_buf *v, const nn_block_span *sp, int nb, int B, int Tk, int H, int Hk,
+                    int d) {
+    PO_WRAP(PO_ATTB, 0, po_real->attention_block_fwd(c, o, l, q, k, v, sp, nb, B, Tk, H, Hk, d));
+}
+static void po_swi(nn_ctx *c, nn_buf *o, const nn_buf *g, const nn_buf *u, int R, int F) {
+    PO_WRAP(PO_SWI, 0, po_real->swiglu_fwd(c, o, g, u, R, F));
+}
+static void po_add(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n) {
+    PO_WRAP(PO_ADD, 0, po_real->add_inplace(c, y, x, n));
+}
+static void po_rmsb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
+                    const nn_buf *w, const float *r, int R, int C) {
+    PO_WRAP(PO_RMSB, 0, po_real->rmsnorm_bwd(c, dx, dw, dy, x, w, r, R, C));
+}
+static void po_linb(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                    const nn_buf *x, const nn_buf *w, int M, int K, int N) {
+    PO_WRAP(PO_LINB, 2.0 * M * K * N * ((dx ? 1 : 0) + (dw ? 1 : 0)),
+            po_real->linear_bwd(c, dx, dw, db, dy, x, w, M, K, N));
+}
+static void po_linba(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                     const nn_buf *x, const nn_buf *w, int M, int K, int N) {
+    PO_WRAP(PO_LINB, 2.0 * M * K * N * ((dx ? 1 : 0) + (dw ? 1 : 0)),
+            po_real->linear_bwd_acc(c, dx, dw, db, dy, x, w, M, K, N));
+}
+static void po_ropeb(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int T, int nh, int d,
+                     int ld) {
+    PO_WRAP(PO_ROPEB, 0, po_real->rope_bwd(c, x, p, f, T, nh, d, ld));
+}
+static void po_swib(nn_ctx *c, nn_buf *dg, nn_buf *du, const nn_buf *dout, const nn_buf *g,
+                    const nn_buf *u, int R, int F) {
+    PO_WRAP(PO_SWIB, 0, po_real->swiglu_bwd(c, dg, du, dout, g, u, R, F));
+}
+static void po_attbb(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv, const nn_buf *dout,
+                     const nn_buf *q, const nn_buf *k, const nn_buf *v, const nn_buf *out,
+                     const float *lse, const nn_block_span *sp, int nb, int B, int Tk, int H,
+                     int Hk, int d) {
+    PO_WRAP(PO_ATTBB, 0,
+            po_real->attention_block_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, sp, nb, B, Tk, H,
+                                         Hk, d));
+}
+static void po_xent(nn_ctx *c, nn_buf *dh, float *sums, int32_t *corr, const nn_buf *h,
+                    const nn_buf *W, const int32_t *lab, const float *wt, float inv, nn_buf *scr,
+                    int Q, int D, int V, int ch) {
+    PO_WRAP(PO_XENT, 4.0 * Q * D * (double)V,
+            po_real->lm_head_xent(c, dh, sums, corr, h, W, lab, wt, inv, scr, Q, D, V, ch));
+}
+static void po_argmax(nn_ctx *c, int32_t *o, const nn_buf *h, const nn_buf *W, nn_buf *scr, int Q,
+                      int D, int V, int ch) {
+    PO_WRAP(PO_ARGMAX, 2.0 * Q * D * (double)V, po_real->lm_head_argmax(c, o, h, W, scr, Q, D, V, ch));
+}
+static void po_sumsq(nn_ctx *c, float *o, const float *g, size_t n) {
+    PO_WRAP(PO_SUMSQ, 0, po_real->sumsq(c, o, g, n));
+}
+static void po_adamw(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m, float *v, size_t n,
+                     float lr, float b1, float b2, float eps, float wd, float gs, int t) {
+    PO_WRAP(PO_ADAMW, 0, po_real->adamw(c, p, pa, g, m, v, n, lr, b1, b2, eps, wd, gs, t));
+}
+static void po_f2a(nn_ctx *c, nn_buf *d, const float *s, size_t n) {
+    PO_WRAP(PO_F2A, 0, po_real->f32_to_act(c, d, s, n));
+}
+
+static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
+    po_real = real;
+    po_tab = *real;
+    po_st = (cudaStream_t)nn_cuda_stream(ctx);
+    for (int i = 0; i < PO_MAXEV; i++)
+        cudaEventCreate(&po_ev[i]);
+    po_tab.copy = po_copy, po_tab.copy2d = po_copy2d, po_tab.zero = po_zero;
+    po_tab.embedding_fwd = po_emb, po_tab.rmsnorm_fwd = po_rms, po_tab.linear_fwd = po_lin;
+    po_tab.rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
+    po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi, po_tab.add_inplace = po_add;
+    po_tab.rmsnorm_bwd = po_rmsb, po_tab.linear_bwd = po_linb, po_tab.linear_bwd_acc = po_linba;
+    po_tab.rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
+    po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
+    po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
+    return &po_tab;
+}
+
+static void prof_begin(void) {
+    memset(po_ms, 0, sizeof po_ms), memset(po_tf, 0, sizeof po_tf);
+    memset(po_calls, 0, sizeof po_calls);
+    po_n = 0;
+    po_on = 1;
+}
+
+/* wall_ms: host wall time of the profiled region (for the gap line). extra_name/extra_flop:
+ * FLOPs to attach to one op without a host-side count (attention), or NULL. */
+static void prof_end(const char *title, double wall_ms, int attn_op, double attn_flop) {
+    po_on = 0;
+    cudaStreamSynchronize(po_st);
+    double tot = 0;
+    for (int i = 0; i < po_n; i += 2) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, po_ev[i], po_ev[i + 1]);
+        int op = po_op[i / 2];
+        po_ms[op] += ms, po_tf[op] += po_flop[i / 2], po_calls[op]++;
+        tot += ms;
+    }
+    if (attn_op >= 0) po_tf[attn_op] += attn_flop;
+    printf("-- op profile: %s (%d ops, summed op time %.1f ms, wall %.1f ms%s) --\n", title,
+           po_n / 2, tot, wall_ms, po_n + 2 > PO_MAXEV ? ", event pool full: partial" : "");
+    printf("   %-22s %7s %10s %6s %9s\n", "op", "calls", "ms", "share", "TFLOP/s");
+    for (int op = 0; op < PO_N; op++) {
+        if (!po_calls[op]) continue;
+        char tf[16] = "";
+        if (po_tf[op] > 0) snprintf(tf, sizeof tf, "%.1f", po_tf[op] / (po_ms[op] * 1e-3) / 1e12);
+        printf("   %-22s %7ld %10.2f %5.1f%% %9s\n", po_names[op], po_calls[op], po_ms[op],
+               100 * po_ms[op] / tot, tf);
+    }
+    fflush(stdout);
+}
+
+#endif

@@ -9,6 +9,8 @@ pool) and `dflash-drafter --verify-model` run as daemons. The drafter recomputes
 single-process forward, and compares arrays and every captured (token, layer) row.
 
 Pass conditions:
+  * a training drafter that does not fit the target (captured-layer count, hidden size, layer
+    ids) exits 2 at start-up with a message naming both values;
   * the verifying drafter exits 0 after checking 6 slots, each logged as matching;
   * a second verifier given a DIFFERENT target (other seed) exits 3 on the first slot: the check
     really compares hidden states (a test that cannot fail is a defect);
@@ -17,6 +19,7 @@ Usage: e2e_verify_model.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
 """
 import os
 import re
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +53,18 @@ def main():
 
         slots = ["--buckets", "20,56", "--token-budget", "128", "--max-seqs", "8", "--layers",
                  "3", "--runtime-dir", env.run, "--threads", "1", "--backend", "host"]
+        # a drafter that does not fit the target is refused at start-up, naming both values
+        for extra, want in ((["--capture-layers", "1,2"], "names 2 target layers but the slots "
+                             "hold 3"),
+                            (["--hidden", "32"], "--hidden 32 does not match the target's "
+                             "hidden_size 64"),
+                            (["--capture-layers", "1,2,9"], "9 outside the target's 6 layers")):
+            r = subprocess.run([build.drafter, "--train", "--model", env.path("target"), *slots,
+                                *extra, "--broker-wait-ms", "1000"], capture_output=True,
+                               text=True, timeout=60)
+            if r.returncode != 2 or want not in r.stderr:
+                failures.append(f"drafter {extra}: exit {r.returncode}, wanted 2 and '{want}':\n"
+                                f"{r.stderr[-1500:]}")
         queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal", "none",
                                  "--min-ready", "1", "--max-depth", "6"], env.tmp)
         target = Daemon("target", [build.target, "--name", f"{NAME}{os.getpid()}", "--model",

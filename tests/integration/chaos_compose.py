@@ -117,6 +117,13 @@ class Service:
         """The exit status if the process ended on its own, else None."""
         return self.proc.poll() if self.proc else None
 
+    def started_logging(self):
+        """True once the current start has written a line of its own to the log."""
+        text = self.log_text()
+        marker = f"==== start {self.starts - 1} ====\n"
+        i = text.rfind(marker)
+        return i >= 0 and len(text) > i + len(marker)
+
     def log_text(self):
         if not os.path.exists(self.log_path):  # never started
             return ""
@@ -271,9 +278,13 @@ def main():
     except RuntimeError:
         pass
     finally:
-        # shutdown in reverse: drafters and target, then the broker
+        # shutdown in reverse: drafters and target, then the broker. A daemon restarted a
+        # moment ago may not have reached main() yet (the loader and OpenBLAS's constructor run
+        # first), where SIGTERM's default action kills it whatever the code does; compose would
+        # see that too, so give a fresh process until its first log line before judging it.
         for s in reversed(svcs):
             if s.proc and s.proc.poll() is None:
+                wait_until(lambda: s.started_logging() or s.proc.poll() is not None, 10)
                 s.proc.send_signal(signal.SIGTERM)
                 try:
                     rc = s.proc.wait(timeout=15)

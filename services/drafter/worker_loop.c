@@ -188,6 +188,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     w->st.bytes_copied += bytes;
     w->lat[w->n_lat++ % LAT_RING] = now_s() - t0;
 
+    rc = DFLASH_ESHUTDOWN; /* stays so when a stop signal prevents the release */
     RETRY_CALL(w, stop, rc, client_release(w->client, g->lease_id));
     if (rc == DFLASH_ESTALE) {
         w->st.stale_releases++;
@@ -196,8 +197,14 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
                  g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
         return 0;
     }
-    if (rc < 0 && !*stop) LOG_WARN("release of lease %llu: %s", (unsigned long long)g->lease_id,
-                                   err_str(rc));
+    if (rc < 0) {
+        /* Without a confirmed release the lease may still expire and the batch be redelivered:
+         * training on this copy too could train it twice. Drop it; the batch comes back. */
+        if (!*stop)
+            LOG_WARN("release of lease %llu: %s; dropping our copy",
+                     (unsigned long long)g->lease_id, err_str(rc));
+        return 0;
+    }
     w->holding = true;
     w->held = g->unit;
 

@@ -10,6 +10,7 @@
  *   u64 length | u32 masked_crc32c(length bytes) | data[length] | u32 masked_crc32c(data)
  */
 #include "metrics.h"
+#include "monotime.h"
 #include "err.h"
 #include "log.h"
 
@@ -79,13 +80,6 @@ uint32_t metrics_crc_mask(uint32_t crc)
 }
 
 /* ---- helpers ---- */
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static double now_wall(void)
 {
@@ -309,7 +303,7 @@ metrics *metrics_new(const metrics_opts *o)
     m->progress_interval = o->progress_interval_s > 0 ? o->progress_interval_s
                            : m->progress_tty          ? 0.2
                                                       : 10.0;
-    m->last_flush = now_mono();
+    m->last_flush = monotime_s();
 
     if (o->dir && (o->jsonl || o->tensorboard)) {
         if (make_dirs(o->dir)) {
@@ -363,7 +357,7 @@ int metrics_write(metrics *m, const metrics_step *s)
         s->pos_first < 0 ||
         (s->n_extra && !s->extra))
         return DFLASH_EINVAL;
-    double now = now_mono();
+    double now = monotime_s();
     if (!m->have_first) {
         m->have_first = true;
         m->first_time = now;
@@ -442,7 +436,7 @@ int metrics_write_scalar(metrics *m, int64_t step, const char *name, double valu
         cJSON_Delete(o);
         if (r) rc = r;
     }
-    maybe_flush(m, now_mono());
+    maybe_flush(m, monotime_s());
     return rc;
 }
 

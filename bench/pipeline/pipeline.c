@@ -12,6 +12,7 @@
  * --build-dir.
  */
 #include "client.h"
+#include "monotime.h"
 #include "config.h"
 #include "err.h"
 #include "log.h"
@@ -70,17 +71,10 @@ static const cfg_table bench_table = {"bench-pipeline", "end-to-end slot rate vs
 static const uint32_t BUCKETS[] = {128, 256, 512, 1024};
 #define N_BUCKETS 4
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void pace(double period, double *next)
 {
     if (period <= 0) return;
-    double now = now_s();
+    double now = monotime_s();
     if (*next < now - 1) *next = now;
     if (*next > now) {
         double d = *next - now;
@@ -94,12 +88,12 @@ static void pace(double period, double *next)
 static double side_alone(const slot_layout *l, double rate, bool producer, double secs)
 {
     void *slot = aligned_alloc(256, l->slot_bytes);
-    double t0 = now_s(), next = t0, period = rate > 0 ? 1 / rate : 0;
+    double t0 = monotime_s(), next = t0, period = rate > 0 ? 1 / rate : 0;
     uint64_t n = 0;
     slot_work_unit wu = {0, 0, 0};
     synthetic_params sp = synthetic_bucket_params(BUCKETS, N_BUCKETS, 0, 32000, l->token_budget);
     if (!producer) synthetic_fill(slot, l, &wu, &sp, 0);
-    while (now_s() - t0 < secs) {
+    while (monotime_s() - t0 < secs) {
         pace(period, &next);
         wu.bucket = (uint32_t)(n % N_BUCKETS);
         if (producer) {
@@ -111,7 +105,7 @@ static double side_alone(const slot_layout *l, double rate, bool producer, doubl
         }
         n++;
     }
-    double r = n / (now_s() - t0);
+    double r = n / (monotime_s() - t0);
     free(slot);
     return r;
 }
@@ -194,9 +188,9 @@ int main(int argc, char **argv)
     snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
     client *c = client_new(ep, WIRE_ROLE_CTL, "bench");
     client_set_timeout(c, 500);
-    double until = now_s() + 10;
+    double until = monotime_s() + 10;
     wire_status st;
-    while (client_status(c, &st) != 0 && now_s() < until) usleep(50000);
+    while (client_status(c, &st) != 0 && monotime_s() < until) usleep(50000);
     char *ta[] = {t, rt, be, lay[0], lay[1], lay[2], lay[3], rate_p, slots,
                   "--buckets=128,256,512,1024", "--batches-per-bucket=200000", "--progress-ms=0",
                   NULL};
@@ -212,10 +206,10 @@ int main(int argc, char **argv)
     }
     usleep((useconds_t)(cfg.warmup * 1e6));
     uint64_t c0 = committed(c);
-    double t0 = now_s();
+    double t0 = monotime_s();
     usleep((useconds_t)(cfg.seconds * 1e6));
     uint64_t c1 = committed(c);
-    double e2e = c1 >= c0 ? (double)(c1 - c0) / (now_s() - t0) : 0;
+    double e2e = c1 >= c0 ? (double)(c1 - c0) / (monotime_s() - t0) : 0;
     client_destroy(&c);
     for (int i = np - 1; i >= 0; i--) {
         kill(pids[i], SIGTERM);

@@ -8,6 +8,7 @@
  * Thread: the drafter's main thread (worker_loop calls every hook from it).
  */
 #include "trainer.h"
+#include "monotime.h"
 #include "dflash_ckpt.h"
 #include "dflash_eval.h"
 #include "err.h"
@@ -50,12 +51,6 @@ typedef struct trainer {
     double loss_first, loss_last, tau_first, tau_last;
     double step_s;
 } trainer;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static bool is_dir(const char *p) {
     struct stat st;
@@ -152,7 +147,7 @@ static int save_checkpoint(trainer *t) {
     if (!t->ckpt_root[0] || t->m->step == t->saved_step) return 0;
     char path[1200], err[512] = "";
     dflash_ckpt_opts co = {.keep_last = t->keep_last};
-    double t0 = now_s();
+    double t0 = monotime_s();
     int rc = dflash_ckpt_save(t->m, &t->tc, t->ckpt_root, &co, path, sizeof path, err, sizeof err);
     if (rc < 0) {
         LOG_ERROR("checkpoint of step %ld under %s failed: %s (%s)", t->m->step, t->ckpt_root,
@@ -161,7 +156,7 @@ static int save_checkpoint(trainer *t) {
     }
     t->saved_step = t->m->step;
     t->committed = t->m->step;
-    LOG_INFO("checkpoint %s written in %.2f s", path, now_s() - t0);
+    LOG_INFO("checkpoint %s written in %.2f s", path, monotime_s() - t0);
     return 0;
 }
 
@@ -194,9 +189,9 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
         return DFLASH_EMISMATCH;
     }
     dflash_metrics dm;
-    double t0 = now_s();
+    double t0 = monotime_s();
     rc = dflash_train_step(t->m, &t->tc, &v, b->wu.epoch, dflash_batch_key(&b->wu), &dm);
-    double dt = now_s() - t0;
+    double dt = monotime_s() - t0;
     if (rc < 0) {
         LOG_ERROR("training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch, b->wu.bucket,
                   (unsigned long long)b->wu.batch, err_str(rc));
@@ -408,7 +403,7 @@ fail:
 
 int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    double t0 = now_s();
+    double t0 = monotime_s();
     int rc = 0;
     dflash_config dc;
     char dir[1200] = "";
@@ -504,7 +499,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     out->tau = dflash_tau_value(&acc);
     out->cycles = acc.cycles;
     out->block_size = dc.block_size;
-    out->seconds = now_s() - t0;
+    out->seconds = monotime_s() - t0;
 out:
     free(pos);
     if (hidden) ops->free(nn, hidden);

@@ -6,6 +6,7 @@
  * a broker restart means our lease expired and the batch was redelivered: the copy is dropped.
  * A heartbeat thread calls client_poll so a long consume() does not get us expired. */
 #include "worker_loop.h"
+#include "monotime.h"
 #include "client.h"
 #include "err.h"
 #include "log.h"
@@ -54,24 +55,11 @@ static void set_state(worker_loop *w, wl_state to)
     w->state = to;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(double ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (time_t)(ms / 1000) * 1000) * 1e6)};
-    nanosleep(&ts, NULL);
-}
-
 static void *heartbeat_main(void *arg)
 {
     worker_loop *w = arg;
     while (atomic_load(&w->hb_run)) {
-        sleep_ms(100);
+        monotime_sleep_ms(100);
         if (client_broker_incarnation(w->client)) client_poll(w->client);
     }
     return NULL;
@@ -102,7 +90,7 @@ static int do_register(worker_loop *w)
             rc = (call);                                                                           \
             if (rc == DFLASH_ETIMEOUT) continue;                                                   \
             if (rc == DFLASH_ESTALE && client_broker_restarted((w)->client)) {                     \
-                while (!*(stop) && do_register(w) == DFLASH_EAGAIN) sleep_ms(100);                 \
+                while (!*(stop) && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);                 \
                 continue;                                                                          \
             }                                                                                      \
             break;                                                                                 \
@@ -169,7 +157,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
                          : c->layout.slot_bytes;
     if (bytes > g->size) bytes = g->size;
     if (bytes > c->layout.slot_bytes) bytes = c->layout.slot_bytes;
-    double t0 = now_s();
+    double t0 = monotime_s();
     int rc = pool_importer_attach_slot(w->imp, &ref);
     if (rc == 0)
         rc = pool_copy_start(w->imp, ref.incarnation, ref.slot, ref.offset, bytes, w->staging);
@@ -184,9 +172,9 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
         pool_importer_forget(w->imp, ref.incarnation);
         return 0;
     }
-    w->st.copy_s += now_s() - t0;
+    w->st.copy_s += monotime_s() - t0;
     w->st.bytes_copied += bytes;
-    w->lat[w->n_lat++ % LAT_RING] = now_s() - t0;
+    w->lat[w->n_lat++ % LAT_RING] = monotime_s() - t0;
 
     rc = DFLASH_ESHUTDOWN; /* stays so when a stop signal prevents the release */
     RETRY_CALL(w, stop, rc, client_release(w->client, g->lease_id));
@@ -216,9 +204,9 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
         .n_seqs = g->n_seqs,
         .pool_incarnation = g->pool_incarnation};
     uint64_t step = 0;
-    t0 = now_s();
+    t0 = monotime_s();
     rc = w->cons->consume(w->cons->ctx, &b, &step);
-    w->st.consume_s += now_s() - t0;
+    w->st.consume_s += monotime_s() - t0;
     if (rc < 0) return rc;
     LOG_DEBUG("consumed batch (%u, %u, %llu) step %llu", g->unit.epoch, g->unit.bucket,
               (unsigned long long)g->unit.index, (unsigned long long)step);
@@ -235,7 +223,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
         }
         if (rc == DFLASH_ESTALE && client_broker_restarted(w->client)) {
             retried = true;
-            while (!*stop && do_register(w) == DFLASH_EAGAIN) sleep_ms(100);
+            while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
             continue;
         }
         break;
@@ -294,7 +282,7 @@ static void latency_pcts(const worker_loop *w, uint64_t n, double *p50, double *
 static void progress(worker_loop *w, double *last_t, uint64_t *last_b, uint64_t *last_tok,
                      double *last_wait, uint64_t *last_bytes, double *last_copy)
 {
-    double now = now_s(), dt = now - *last_t;
+    double now = monotime_s(), dt = now - *last_t;
     if (dt <= 0) return;
     double copy_dt = w->st.copy_s - *last_copy, p50, p99;
     latency_pcts(w, w->st.batches - *last_b, &p50, &p99);
@@ -317,7 +305,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
 {
     worker_loop w = {.cfg = cfg, .cons = cons, .state = WL_REGISTER};
     int rc = 0, err = 0;
-    double start = now_s();
+    double start = monotime_s();
     w.imp = pool_importer_new(cfg->backend, cfg->device, &err);
     if (!w.imp) {
         LOG_ERROR("cannot create the %s pool importer on device %d: %s",
@@ -341,15 +329,15 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
     atomic_store(&w.hb_run, true);
     w.hb_started = pthread_create(&w.hb_thread, NULL, heartbeat_main, &w) == 0;
 
-    double backoff = 1, unreachable_since = now_s();
-    double last_t = now_s(), last_wait = 0, last_copy = 0;
+    double backoff = 1, unreachable_since = monotime_s();
+    double last_t = monotime_s(), last_wait = 0, last_copy = 0;
     uint64_t last_b = 0, last_tok = 0, last_bytes = 0;
     while (w.state != WL_DONE) {
         if (*stop) {
             set_state(&w, WL_DONE);
             break;
         }
-        if (cfg->progress_ms > 0 && (now_s() - last_t) * 1000 >= cfg->progress_ms)
+        if (cfg->progress_ms > 0 && (monotime_s() - last_t) * 1000 >= cfg->progress_ms)
             progress(&w, &last_t, &last_b, &last_tok, &last_wait, &last_bytes, &last_copy);
         if (w.state == WL_REGISTER) {
             rc = do_register(&w);
@@ -364,13 +352,13 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             if (rc != DFLASH_EAGAIN) goto out_client;
             rc = 0;
             if (cfg->broker_wait_ms > 0 &&
-                (now_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
+                (monotime_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
                 LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
                           cfg->endpoint, (long long)cfg->broker_wait_ms);
                 rc = DFLASH_EPEER;
                 goto out_client;
             }
-            sleep_ms(100);
+            monotime_sleep_ms(100);
             continue;
         }
         if ((cfg->max_batches > 0 && (int64_t)w.st.batches >= cfg->max_batches) ||
@@ -379,34 +367,34 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             break;
         }
         wire_grant g;
-        double t0 = now_s();
+        double t0 = monotime_s();
         rc = client_claim(w.client, &g);
         if (rc == 0) {
             backoff = 1;
-            unreachable_since = now_s();
+            unreachable_since = monotime_s();
             rc = handle_grant(&w, &g, stop);
             if (rc < 0) goto out_client;
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
-            sleep_ms(backoff);
+            monotime_sleep_ms(backoff);
             backoff = backoff < 20 ? backoff * 2 : 20;
-            w.st.wait_grant_s += now_s() - t0;
+            w.st.wait_grant_s += monotime_s() - t0;
             rc = 0;
         } else if (rc == DFLASH_ESHUTDOWN && cfg->exit_when_drained) {
             LOG_INFO("the broker has drained: done");
             set_state(&w, WL_DONE);
             rc = 0;
         } else if (rc == DFLASH_ESHUTDOWN) {
-            sleep_ms(100);
-            w.st.wait_grant_s += now_s() - t0;
+            monotime_sleep_ms(100);
+            w.st.wait_grant_s += monotime_s() - t0;
             rc = 0;
         } else if (rc == DFLASH_ESTALE) {
             LOG_WARN("the broker restarted or forgot us: registering again");
-            unreachable_since = now_s();
+            unreachable_since = monotime_s();
             set_state(&w, WL_REGISTER);
             rc = 0;
         } else {
             LOG_WARN("claim failed: %s (%s)", err_str(rc), client_last_error(w.client));
-            sleep_ms(100);
+            monotime_sleep_ms(100);
             rc = 0;
         }
     }
@@ -420,7 +408,7 @@ out_staging:
 out_imp:
     pool_importer_destroy(&w.imp);
 out:
-    w.st.elapsed_s = now_s() - start;
+    w.st.elapsed_s = monotime_s() - start;
     latency_pcts(&w, LAT_RING, &w.st.copy_p50_ms, &w.st.copy_p99_ms);
     if (stats) *stats = w.st;
     return rc;
@@ -441,9 +429,9 @@ static int verify_consume(void *vctx, const worker_batch *b, uint64_t *step)
 {
     verify_ctx *v = vctx;
     if (v->period_s > 0) { /* a slower trainer: never more than a second behind schedule */
-        double now = now_s();
+        double now = monotime_s();
         if (v->next_s < now - 1.0) v->next_s = now;
-        if (v->next_s > now) sleep_ms((v->next_s - now) * 1000);
+        if (v->next_s > now) monotime_sleep_ms((v->next_s - now) * 1000);
         v->next_s += v->period_s;
     }
     const void *img = b->staged;

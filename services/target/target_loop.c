@@ -5,6 +5,7 @@
  * names s again (the broker hands a slot out only once it is FREE); every registration sends it
  * as PoolRegister.busy_slots so that a restarted broker fences those slots (docs/protocol.md). */
 #include "target_loop.h"
+#include "monotime.h"
 #include "client.h"
 #include "err.h"
 #include "log.h"
@@ -53,24 +54,11 @@ static void set_state(target_loop *t, tl_state to)
     t->state = to;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(double ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (time_t)(ms / 1000) * 1000) * 1e6)};
-    nanosleep(&ts, NULL);
-}
-
 static void *heartbeat_main(void *arg)
 {
     target_loop *t = arg;
     while (atomic_load(&t->hb_run)) {
-        sleep_ms(100);
+        monotime_sleep_ms(100);
         if (client_broker_incarnation(t->client)) client_poll(t->client);
     }
     return NULL;
@@ -130,7 +118,7 @@ static int do_register(target_loop *t)
 static void progress(target_loop *t, double *last_t, uint64_t *last_b, uint64_t *last_tok,
                      double *last_wait)
 {
-    double now = now_s(), dt = now - *last_t;
+    double now = monotime_s(), dt = now - *last_t;
     if (dt <= 0) return;
     LOG_INFO("batches %llu (+%llu), %.0f tokens/s, %.1f batches/s, waiting for a free slot %.0f%%",
              (unsigned long long)t->st.batches, (unsigned long long)(t->st.batches - *last_b),
@@ -155,7 +143,7 @@ static int produce(target_loop *t, const wire_work_unit *w)
     t->busy[w->slot / 64] &= ~(1ull << (w->slot % 64)); /* the broker gave it back: FREE */
     slot_work_unit wu = {.epoch = w->unit.epoch, .bucket = w->unit.bucket, .batch = w->unit.index};
     void *stream = t->prod->stream ? t->prod->stream(t->prod->ctx) : NULL;
-    double t0 = now_s();
+    double t0 = monotime_s();
     uint32_t n_seqs = 0;
     int n = t->prod->fill(t->prod->ctx, &wu, pool_slot_ptr(t->pool, w->slot), &c->layout, stream,
                           &n_seqs);
@@ -167,7 +155,7 @@ static int produce(target_loop *t, const wire_work_unit *w)
     int rc = pool_slot_publish(t->pool, w->slot, stream);
     if (rc < 0) return rc;
     t->busy[w->slot / 64] |= 1ull << (w->slot % 64); /* a drafter may copy it from now on */
-    t->st.fill_s += now_s() - t0;
+    t->st.fill_s += monotime_s() - t0;
     wire_slot_ready r = {.pool_incarnation = inc, .slot = w->slot, .unit = w->unit,
                          .n_tokens = (uint32_t)n, .n_seqs = n_seqs};
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -190,7 +178,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
 {
     target_loop t = {.cfg = cfg, .prod = prod, .state = TL_REGISTER};
     int rc = 0, err = 0;
-    double start = now_s();
+    double start = monotime_s();
     pool_config pc = {.backend = cfg->backend, .name = cfg->name, .n_slots = cfg->n_slots,
                       .slot_bytes = cfg->layout.slot_bytes, .device = cfg->device};
     t.pool = pool_new(&pc, &err);
@@ -211,33 +199,33 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
     atomic_store(&t.hb_run, true);
     t.hb_started = pthread_create(&t.hb_thread, NULL, heartbeat_main, &t) == 0;
 
-    double backoff = 1, unreachable_since = now_s();
-    double last_t = now_s(), last_wait = 0;
+    double backoff = 1, unreachable_since = monotime_s();
+    double last_t = monotime_s(), last_wait = 0;
     uint64_t last_b = 0, last_tok = 0;
     while (t.state != TL_DONE) {
         if (*stop) {
             set_state(&t, TL_DONE);
             break;
         }
-        if (cfg->progress_ms > 0 && (now_s() - last_t) * 1000 >= cfg->progress_ms)
+        if (cfg->progress_ms > 0 && (monotime_s() - last_t) * 1000 >= cfg->progress_ms)
             progress(&t, &last_t, &last_b, &last_tok, &last_wait);
         if (t.state == TL_REGISTER) {
             rc = do_register(&t);
             if (rc == 0) {
                 set_state(&t, TL_WORKING);
-                unreachable_since = now_s();
+                unreachable_since = monotime_s();
                 continue;
             }
             if (rc != DFLASH_EAGAIN) goto out_client;
             rc = 0;
             if (cfg->register_fail_exit_ms > 0 &&
-                (now_s() - unreachable_since) * 1000 > cfg->register_fail_exit_ms) {
+                (monotime_s() - unreachable_since) * 1000 > cfg->register_fail_exit_ms) {
                 LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
                           cfg->endpoint, (long long)cfg->register_fail_exit_ms);
                 rc = DFLASH_EPEER;
                 goto out_client;
             }
-            sleep_ms(100);
+            monotime_sleep_ms(100);
             continue;
         }
         if (cfg->max_batches > 0 && (int64_t)t.st.batches >= cfg->max_batches) {
@@ -245,7 +233,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             break;
         }
         wire_work_unit w;
-        double t0 = now_s();
+        double t0 = monotime_s();
         rc = client_request_work(t.client, pool_descriptor(t.pool)->incarnation, &w);
         if (rc == 0) {
             set_state(&t, TL_WORKING);
@@ -256,9 +244,9 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             rc = 0;
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_EFULL || rc == DFLASH_ETIMEOUT) {
             set_state(&t, TL_WAITING);
-            sleep_ms(backoff);
+            monotime_sleep_ms(backoff);
             backoff = backoff < 20 ? backoff * 2 : 20;
-            t.st.wait_slot_s += now_s() - t0;
+            t.st.wait_slot_s += monotime_s() - t0;
             rc = 0;
         } else if (rc == DFLASH_ESHUTDOWN) {
             LOG_INFO("the broker is draining: done");
@@ -271,7 +259,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         } else {
             LOG_WARN("work request failed: %s (%s)", err_str(rc), client_last_error(t.client));
             set_state(&t, TL_WAITING);
-            sleep_ms(100);
+            monotime_sleep_ms(100);
             rc = 0;
         }
     }
@@ -282,7 +270,7 @@ out_client:
 out_pool:
     pool_destroy(&t.pool);
 out:
-    t.st.elapsed_s = now_s() - start;
+    t.st.elapsed_s = monotime_s() - start;
     if (stats) *stats = t.st;
     return rc;
 }
@@ -301,9 +289,9 @@ typedef struct synth_ctx {
 static void pace(double period_s, double *next_s)
 {
     if (period_s <= 0) return;
-    double now = now_s();
+    double now = monotime_s();
     if (*next_s < now - 1.0) *next_s = now;
-    if (*next_s > now) sleep_ms((*next_s - now) * 1000);
+    if (*next_s > now) monotime_sleep_ms((*next_s - now) * 1000);
     *next_s += period_s;
 }
 

@@ -23,6 +23,7 @@
  * model's max_position_embeddings has no room for a response and is left out (counted).
  */
 #include "config.h"
+#include "monotime.h"
 #include "rng.h"
 #include "err.h"
 #include "hf_config.h"
@@ -116,13 +117,6 @@ typedef struct gen_ctx {
     char tmp_path[1100];
     int written; /* samples in the output */
 } gen_ctx;
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int prompts_push(prompt_set *ps, int32_t *ids, int len)
 {
@@ -247,7 +241,7 @@ typedef struct gen_progress {
 static void progress(gen_progress *p, int done, int total, long tokens, bool final)
 {
     bool tty = p->tty;
-    double now = now_mono();
+    double now = monotime_s();
     if (!final && p->last > 0 && now - p->last < (tty ? 0.2 : 10.0)) return;
     p->last = now;
     double el = now - p->t0, rate = el > 0 ? (double)tokens / el : 0;
@@ -269,7 +263,7 @@ static int gen_run(gen_ctx *g)
     int rc = (seqs && len && cap) ? 0 : DFLASH_ENOMEM;
     long new_tokens = 0;
     int at_eos = 0, no_room = 0, written = 0;
-    double t0 = now_mono();
+    double t0 = monotime_s();
     gen_progress prog = {.t0 = t0, .tty = isatty(STDERR_FILENO)};
     for (int first = 0; !rc && first < N; first += B) {
         int nb = N - first < B ? N - first : B;
@@ -317,7 +311,7 @@ static int gen_run(gen_ctx *g)
                  no_room, g->mc.max_position_embeddings);
     if (!rc)
         LOG_INFO("generated %ld tokens for %d samples in %.1f s (%d ended at eos)", new_tokens,
-                 written, now_mono() - t0, at_eos);
+                 written, monotime_s() - t0, at_eos);
     g->written = written;
     return rc;
 }

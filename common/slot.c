@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-_Static_assert(sizeof(slot_header) == 80, "slot_header is a fixed 80-byte wire layout");
+_Static_assert(sizeof(slot_header) == 128, "slot_header is a fixed 128-byte wire layout");
 _Static_assert(sizeof(slot_header) <= SLOT_ALIGN, "header must fit before the first array");
 
 uint32_t slot_crc32(uint32_t crc, const void *data, size_t n)
@@ -75,8 +75,37 @@ int slot_layout_compute(uint32_t token_budget, uint32_t max_seqs, uint32_t hidde
     l.row_bytes = (size_t)n_layers * hidden * es; /* <= 2^32: no overflow on 64-bit size_t */
     off = align_up(off + (size_t)token_budget * l.row_bytes);
     l.slot_bytes = off;
+    for (int i = 0; i < SLOT_MAX_LAYER_IDS; i++) l.layer_ids[i] = SLOT_LAYER_ID_NONE;
     *out = l;
     return 0;
+}
+
+int slot_layout_set_layer_ids(slot_layout *l, const int *ids, int n)
+{
+    if (n != (int)l->n_layers || n > SLOT_MAX_LAYER_IDS) return DFLASH_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= (int)SLOT_LAYER_ID_NONE) return DFLASH_EINVAL;
+    for (int i = 0; i < SLOT_MAX_LAYER_IDS; i++)
+        l->layer_ids[i] = i < n ? (uint16_t)ids[i] : SLOT_LAYER_ID_NONE;
+    return 0;
+}
+
+bool slot_layout_has_layer_ids(const slot_layout *l)
+{
+    return l->layer_ids[0] != SLOT_LAYER_ID_NONE;
+}
+
+/* "[1, 9, 17]" or "[unknown]" for messages. */
+static void format_ids(char *buf, size_t len, const uint16_t *ids, uint32_t n)
+{
+    if (ids[0] == SLOT_LAYER_ID_NONE) {
+        snprintf(buf, len, "[unknown]");
+        return;
+    }
+    size_t o = (size_t)snprintf(buf, len, "[");
+    for (uint32_t i = 0; i < n && i < SLOT_MAX_LAYER_IDS && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, i ? ", %u" : "%u", ids[i]);
+    if (o < len) snprintf(buf + o, len - o, "]");
 }
 
 void slot_header_write(void *base, const slot_layout *l, const slot_work_unit *wu,
@@ -97,6 +126,7 @@ void slot_header_write(void *base, const slot_layout *l, const slot_work_unit *w
     h.slot_bytes = l->slot_bytes;
     h.wu = *wu;
     h.producer = producer;
+    memcpy(h.layer_ids, l->layer_ids, sizeof h.layer_ids);
     h.crc = slot_crc32(0, &h, offsetof(slot_header, crc));
     memcpy(base, &h, sizeof h);
 }
@@ -138,6 +168,17 @@ int slot_header_check(const void *base, const slot_layout *expect, slot_header *
                 h.token_budget, h.max_seqs, h.hidden, h.n_layers,
                 slot_dtype_name((slot_dtype)h.dtype), expect->token_budget, expect->max_seqs,
                 expect->hidden, expect->n_layers, slot_dtype_name(expect->dtype));
+        return DFLASH_EMISMATCH;
+    }
+    /* Layer ids are compared when both sides name them: a reader that does not care (or a
+     * producer that cannot say, like the synthetic target) passes. */
+    if (expect && slot_layout_has_layer_ids(expect) && h.layer_ids[0] != SLOT_LAYER_ID_NONE &&
+        memcmp(expect->layer_ids, h.layer_ids, sizeof h.layer_ids) != 0) {
+        char have[128], want[128];
+        format_ids(have, sizeof have, h.layer_ids, h.n_layers);
+        format_ids(want, sizeof want, expect->layer_ids, expect->n_layers);
+        err_fmt(err, err_len, "slot layout mismatch: the target captured layers %s, the reader "
+                "expects layers %s", have, want);
         return DFLASH_EMISMATCH;
     }
     if (h.n_tokens > h.token_budget || h.n_seqs > h.max_seqs || h.n_seqs > h.n_tokens ||

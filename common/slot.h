@@ -26,7 +26,10 @@
 #include <stdint.h>
 
 #define SLOT_MAGIC "DFLSLOT1"
-#define SLOT_VERSION 1u
+#define SLOT_VERSION 2u
+/* Captured target layer ids a slot can name (DFlash uses 5; 0xffff marks an unused entry). */
+#define SLOT_MAX_LAYER_IDS 24
+#define SLOT_LAYER_ID_NONE 0xffffu
 #define SLOT_ALIGN 256u
 #define SLOT_MAX_TOKENS (1u << 20)
 #define SLOT_MAX_SEQS (1u << 16)
@@ -47,9 +50,13 @@ typedef struct slot_layout {
     size_t off_seq_offsets, off_positions, off_token_ids, off_loss_mask, off_hidden;
     size_t row_bytes;  /* n_layers * hidden * dtype size: one token's hidden states */
     size_t slot_bytes; /* whole slot, multiple of SLOT_ALIGN */
+    /* Which target layers the n_layers columns hold, in column order (slot_layout_set_layer_ids;
+     * all SLOT_LAYER_ID_NONE when unknown, e.g. the synthetic target or a reader that does not
+     * care). Part of what producer and reader must agree on. */
+    uint16_t layer_ids[SLOT_MAX_LAYER_IDS];
 } slot_layout;
 
-/* The header at offset 0 of every slot. Fixed little-endian layout, 80 bytes. */
+/* The header at offset 0 of every slot. Fixed little-endian layout, 128 bytes. */
 typedef struct slot_header {
     char magic[8]; /* SLOT_MAGIC, no terminator */
     uint32_t version;
@@ -60,7 +67,7 @@ typedef struct slot_header {
     uint64_t slot_bytes;
     slot_work_unit wu;
     uint64_t producer; /* the pool's incarnation, for diagnostics */
-    uint32_t reserved;
+    uint16_t layer_ids[SLOT_MAX_LAYER_IDS]; /* the layout's layer_ids */
     uint32_t crc; /* crc32 of all bytes above */
 } slot_header;
 
@@ -73,6 +80,12 @@ const char *slot_dtype_name(slot_dtype dtype);
  * (beyond SLOT_MAX_TOKENS / SLOT_MAX_SEQS or the size overflows). */
 int slot_layout_compute(uint32_t token_budget, uint32_t max_seqs, uint32_t hidden,
                         uint32_t n_layers, slot_dtype dtype, slot_layout *out);
+
+/* Records which target layers the columns hold (n == l->n_layers, ids < SLOT_LAYER_ID_NONE).
+ * Returns 0 or DFLASH_EINVAL. */
+int slot_layout_set_layer_ids(slot_layout *l, const int *ids, int n);
+/* True when the layout names its layers. */
+bool slot_layout_has_layer_ids(const slot_layout *l);
 
 /* Writes the header of the slot at base (host memory) for layout l and computes its crc. The
  * arrays are the caller's to fill. Asserts n_tokens <= budget and n_seqs <= max_seqs. */

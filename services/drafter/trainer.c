@@ -340,6 +340,12 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                  dc.hidden_size, o->layout->hidden);
         goto fail;
     }
+    /* every slot must come from a target capturing exactly these layers (slot_header_check) */
+    if (slot_layout_set_layer_ids(&t->layout, dc.target_layer_ids, dc.n_feat) < 0) {
+        snprintf(err, errlen, "%d captured layers do not fit a slot header (max %d)", dc.n_feat,
+                 SLOT_MAX_LAYER_IDS);
+        goto fail;
+    }
     if (open_backend(o->backend, o->device, o->threads, &t->ops, &t->nn, err, errlen) < 0)
         goto fail;
     t->target = load_frozen(o->model_dir, t->ops, t->nn);

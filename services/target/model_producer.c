@@ -98,9 +98,10 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     if (rc) goto fail;
 
     int n_layers;
-    target_model_layer_ids(p->model, &n_layers);
+    const int *layer_ids = target_model_layer_ids(p->model, &n_layers);
     rc = slot_layout_compute(o->token_budget, o->max_seqs, (uint32_t)mc->hidden_size,
                              (uint32_t)n_layers, backend_dtype(ops), &p->layout);
+    if (!rc) rc = slot_layout_set_layer_ids(&p->layout, layer_ids, n_layers);
     if (rc) {
         snprintf(err, errlen, "slot layout for budget %u, %u seqs, hidden %d, %d layers: %s",
                  o->token_budget, o->max_seqs, mc->hidden_size, n_layers, err_str(rc));

@@ -9,8 +9,38 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The captured layer ids travel in the header: a reader that expects other layers is refused
+ * with both lists named; either side may leave them unknown. */
+static void test_layer_ids(void)
+{
+    slot_layout w, r;
+    CHECK_EQ_INT(slot_layout_compute(64, 2, 16, 3, SLOT_DTYPE_F32, &w), 0);
+    r = w;
+    CHECK(!slot_layout_has_layer_ids(&w));
+    int have[] = {1, 3, 5}, want[] = {1, 2, 5}, four[] = {1, 2, 3, 4};
+    CHECK_EQ_INT(slot_layout_set_layer_ids(&w, have, 3), 0);
+    CHECK_EQ_INT(slot_layout_set_layer_ids(&r, four, 4), DFLASH_EINVAL);
+    CHECK(slot_layout_has_layer_ids(&w));
+    void *s = aligned_alloc(SLOT_ALIGN, w.slot_bytes);
+    slot_work_unit wu = {.epoch = 0, .bucket = 1, .batch = 2};
+    slot_header_write(s, &w, &wu, 1, 8, 7);
+    char err[256] = "";
+    CHECK_EQ_INT(slot_header_check(s, &r, NULL, err, sizeof err), 0); /* reader does not care */
+    CHECK_EQ_INT(slot_layout_set_layer_ids(&r, want, 3), 0);
+    CHECK_EQ_INT(slot_header_check(s, &r, NULL, err, sizeof err), DFLASH_EMISMATCH);
+    CHECK(strstr(err, "[1, 3, 5]") && strstr(err, "[1, 2, 5]"));
+    CHECK_EQ_INT(slot_layout_set_layer_ids(&r, have, 3), 0);
+    CHECK_EQ_INT(slot_header_check(s, &r, NULL, err, sizeof err), 0);
+    slot_layout anon;
+    CHECK_EQ_INT(slot_layout_compute(64, 2, 16, 3, SLOT_DTYPE_F32, &anon), 0);
+    slot_header_write(s, &anon, &wu, 1, 8, 7); /* a producer that cannot say (synthetic) */
+    CHECK_EQ_INT(slot_header_check(s, &r, NULL, err, sizeof err), 0);
+    free(s);
+}
+
 int main(void)
 {
+    test_layer_ids();
     slot_layout l;
     CHECK_EQ_INT(slot_layout_compute(512, 8, 64, 3, SLOT_DTYPE_F32, &l), 0);
     size_t offs[] = {l.off_seq_offsets, l.off_positions, l.off_token_ids, l.off_loss_mask,

@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -276,6 +277,21 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
         return 1;
     }
     return 0;
+}
+
+int config_parse_int_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    for (const char *c = s; *c;) {
+        char *end;
+        errno = 0;
+        long v = strtol(c, &end, 10);
+        if (end == c || errno || v < 0 || v > INT32_MAX || n >= max || (*end && *end != ','))
+            return DFLASH_EINVAL;
+        out[n++] = (int)v;
+        c = *end ? end + 1 : end;
+    }
+    return n;
 }
 
 void config_dump(const cfg_table *t, const void *cfg, FILE *out)

@@ -64,6 +64,10 @@ int config_get(const cfg_table *t, const void *cfg, const char *name, char *out,
 
 const cfg_option *config_find(const cfg_table *t, const char *name);
 
+/* Parses a comma-separated list of non-negative integers ("1,9,17"; "" gives 0 entries) into
+ * out[0..max). Returns the count or DFLASH_EINVAL (not a number, negative, too many). */
+int config_parse_int_list(const char *s, int *out, int max);
+
 /* `key value` lines of the effective config, loadable again as a config file. */
 void config_dump(const cfg_table *t, const void *cfg, FILE *out);
 void config_print_help(const cfg_table *t, FILE *out);

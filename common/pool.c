@@ -79,6 +79,14 @@ const char *pool_backend_name(pool_backend b)
 
 int pool_backend_parse(const char *s, pool_backend *out)
 {
+    if (strcmp(s, "auto") == 0) {
+#ifdef DFLASH_HAVE_CUDA
+        *out = pool_cuda_available() ? POOL_CUDA : POOL_HOST;
+#else
+        *out = POOL_HOST; /* no cuda compute backend in this build */
+#endif
+        return 0;
+    }
     if (strcmp(s, "host") == 0 || strcmp(s, "cpu") == 0) *out = POOL_HOST;
     else if (strcmp(s, "cuda") == 0) *out = POOL_CUDA;
     else return DFLASH_EINVAL;

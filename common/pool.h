@@ -69,7 +69,8 @@ typedef struct pool_config {
 typedef struct pool pool;
 typedef struct pool_importer pool_importer;
 
-/* "host" / "cuda" <-> enum. Parse returns 0 or DFLASH_EINVAL. */
+/* "host" / "cuda" <-> enum. Parse also takes "cpu" (= host) and "auto" (cuda when this build has
+ * the cuda compute backend and a GPU is visible, else host); returns 0 or DFLASH_EINVAL. */
 const char *pool_backend_name(pool_backend b);
 int pool_backend_parse(const char *s, pool_backend *out);
 /* True when this build has CUDA and a device is visible. */

@@ -14,6 +14,7 @@
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong).
  * The only global is the stop flag. */
+#include "batch_plan.h"
 #include "blas_env.h"
 #include "config.h"
 #include "hf_config.h"
@@ -174,51 +175,8 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-static int parse_buckets(const char *s, uint32_t *upper, uint32_t *n)
-{
-    *n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= 0 || *n >= WORKER_MAX_BUCKETS || (*n && (uint32_t)v <= upper[*n - 1]))
-            return DFLASH_ECONFIG;
-        upper[(*n)++] = (uint32_t)v;
-        if (*end && *end != ',') return DFLASH_ECONFIG;
-        p = *end == ',' ? end + 1 : end;
-    }
-    return *n ? 0 : DFLASH_ECONFIG;
-}
-
 /* --backend: "auto" is cuda when this build has the cuda backend and a GPU is visible, else host
  * (target and drafter resolve it the same way on one machine). 0 or DFLASH_EINVAL. */
-static int parse_backend(const char *s, pool_backend *out)
-{
-    if (strcmp(s, "auto") == 0) {
-#ifdef DFLASH_HAVE_CUDA
-        *out = pool_cuda_available() ? POOL_CUDA : POOL_HOST;
-#else
-        *out = POOL_HOST;
-#endif
-        return 0;
-    }
-    return pool_backend_parse(s, out);
-}
-
-/* "1,9,17" -> ids. Returns the count (>= 0) or DFLASH_ECONFIG. */
-static int parse_ids(const char *s, int *ids, int max)
-{
-    int n = 0;
-    for (const char *c = s; *c;) {
-        char *end;
-        long v = strtol(c, &end, 10);
-        if (end == c || v < 0 || n >= max || (*end && *end != ',')) return DFLASH_ECONFIG;
-        ids[n++] = (int)v;
-        c = *end ? end + 1 : end;
-    }
-    return n;
-}
-
 /* ------------------------------------------------------------ the --verify-model consumer */
 
 typedef struct model_verify_ctx {
@@ -364,7 +322,7 @@ static int eval_main(int argc, char **argv)
         return 2;
     }
     int ids[64];
-    int n_ids = parse_ids(ec.capture, ids, 64);
+    int n_ids = config_parse_int_list(ec.capture, ids, 64);
     if (n_ids < 0) {
         fprintf(stderr, "dflash-drafter eval: bad --capture-layers '%s'\n", ec.capture);
         return 2;
@@ -430,7 +388,7 @@ int main(int argc, char **argv)
     }
     lc.endpoint = endpoint;
     lc.name = name;
-    if (parse_backend(cfg.backend, &lc.backend) < 0) {
+    if (pool_backend_parse(cfg.backend, &lc.backend) < 0) {
         fprintf(stderr, "dflash-drafter: --backend must be host, cuda or auto, not '%s'\n",
                 cfg.backend);
         return 2;
@@ -446,7 +404,9 @@ int main(int argc, char **argv)
         return 2;
     }
     uint32_t upper[WORKER_MAX_BUCKETS], n_buckets = 0;
-    if (parse_buckets(cfg.buckets, upper, &n_buckets) < 0) {
+    int nb = batch_plan_parse_bounds(cfg.buckets, upper, WORKER_MAX_BUCKETS);
+    if (nb > 0) n_buckets = (uint32_t)nb;
+    else {
         fprintf(stderr, "dflash-drafter: --buckets '%s' must be ascending positive integers "
                 "separated by commas\n", cfg.buckets);
         return 2;
@@ -458,7 +418,7 @@ int main(int argc, char **argv)
     lc.exit_when_drained = cfg.exit_when_drained;
 
     int ids[64];
-    int n_ids = parse_ids(cfg.capture, ids, 64);
+    int n_ids = config_parse_int_list(cfg.capture, ids, 64);
     if (n_ids < 0) {
         fprintf(stderr, "dflash-drafter: bad --capture-layers '%s'\n", cfg.capture);
         return 2;

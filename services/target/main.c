@@ -9,6 +9,7 @@
  * The only global is the stop flag. */
 #include "config.h"
 #include "err.h"
+#include "batch_plan.h"
 #include "blas_env.h"
 #include "log.h"
 #include "signals.h"
@@ -110,36 +111,6 @@ static void on_signal(int sig)
 
 /* --backend: "auto" is cuda when this build has the cuda backend and a GPU is visible, else host
  * (target and drafter resolve it the same way on one machine). 0 or DFLASH_EINVAL. */
-static int parse_backend(const char *s, pool_backend *out)
-{
-    if (strcmp(s, "auto") == 0) {
-#ifdef DFLASH_HAVE_CUDA
-        *out = pool_cuda_available() ? POOL_CUDA : POOL_HOST;
-#else
-        *out = POOL_HOST;
-#endif
-        return 0;
-    }
-    return pool_backend_parse(s, out);
-}
-
-/* "256,512,1024" -> ascending bounds. 0 or DFLASH_ECONFIG with a message. */
-static int parse_buckets(const char *s, uint32_t *upper, uint32_t *n)
-{
-    *n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= 0 || *n >= TARGET_MAX_BUCKETS || (*n && (uint32_t)v <= upper[*n - 1]))
-            return DFLASH_ECONFIG;
-        upper[(*n)++] = (uint32_t)v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return DFLASH_ECONFIG;
-    }
-    return *n ? 0 : DFLASH_ECONFIG;
-}
-
 static int build_loop_config(const target_config *c, target_loop_config *lc, char *endpoint,
                              size_t ep_len)
 {
@@ -155,7 +126,7 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
     }
     lc->endpoint = endpoint;
     lc->name = c->name;
-    if (parse_backend(c->backend, &lc->backend) < 0) {
+    if (pool_backend_parse(c->backend, &lc->backend) < 0) {
         fprintf(stderr, "dflash-target: --backend must be host, cuda or auto, not '%s'\n",
                 c->backend);
         return DFLASH_ECONFIG;
@@ -171,7 +142,9 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
                 (long long)c->max_seqs, (long long)c->hidden, (long long)c->layers, err_str(rc));
         return DFLASH_ECONFIG;
     }
-    if (parse_buckets(c->buckets, lc->bucket_upper, &lc->n_buckets) < 0) {
+    int nb = batch_plan_parse_bounds(c->buckets, lc->bucket_upper, TARGET_MAX_BUCKETS);
+    lc->n_buckets = nb > 0 ? (uint32_t)nb : 0;
+    if (nb <= 0) {
         fprintf(stderr, "dflash-target: --buckets '%s' must be ascending positive integers "
                 "separated by commas (at most %d)\n", c->buckets, TARGET_MAX_BUCKETS);
         return DFLASH_ECONFIG;
@@ -230,16 +203,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "dflash-target: --model %s needs --shards FILE[,FILE...]\n", cfg.model);
             return 2;
         }
-        int ids[64], n_ids = 0;
-        for (const char *c = cfg.capture; *c && n_ids < 64;) {
-            char *end;
-            long v = strtol(c, &end, 10);
-            if (end == c || v < 0 || (*end && *end != ',')) {
-                fprintf(stderr, "dflash-target: bad --capture-layers '%s'\n", cfg.capture);
-                return 2;
-            }
-            ids[n_ids++] = (int)v;
-            c = *end ? end + 1 : end;
+        int ids[64];
+        int n_ids = config_parse_int_list(cfg.capture, ids, 64);
+        if (n_ids < 0) {
+            fprintf(stderr, "dflash-target: bad --capture-layers '%s'\n", cfg.capture);
+            return 2;
         }
         model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,
                                   .bucket_bounds = lc.bucket_upper, .n_buckets = (int)lc.n_buckets,

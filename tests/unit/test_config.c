@@ -75,6 +75,14 @@ int main(void)
     CHECK_EQ_INT(config_get(&demo, &c, "min-ready", v, sizeof v), 0);
     CHECK(strcmp(v, "11") == 0);
 
+    int ids[3];
+    CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3), 3);
+    CHECK(ids[0] == 1 && ids[1] == 9 && ids[2] == 17);
+    CHECK_EQ_INT(config_parse_int_list("", ids, 3), 0);
+    CHECK_EQ_INT(config_parse_int_list("1,2,3,4", ids, 3), DFLASH_EINVAL);
+    CHECK_EQ_INT(config_parse_int_list("1,-2", ids, 3), DFLASH_EINVAL);
+    CHECK_EQ_INT(config_parse_int_list("1,x", ids, 3), DFLASH_EINVAL);
+
     CHECK(strcmp(err_str(DFLASH_EINVAL), "invalid argument") == 0);
     CHECK(strcmp(err_name(DFLASH_ETIMEOUT), "TIMEOUT") == 0);
     CHECK(strcmp(err_str(-9999), "unknown error") == 0);

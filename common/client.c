@@ -3,6 +3,7 @@
  * unanswered request nor its late reply can confuse a later call (Lazy Pirate). The struct holds
  * two large wire_msg buffers so calls need no big stack frames; the mutex serialises calls. */
 #include "client.h"
+#include "curve.h"
 #include "err.h"
 
 #include <errno.h>
@@ -28,6 +29,8 @@ struct client {
     char last_error[WIRE_MAX_TEXT];
     int timeout_ms;
     uint64_t last_send_ms;
+    bool curve;                               /* CURVE on: the three keys below are set */
+    curve_key server_public, public_, secret; /* Z85 */
     wire_msg req, rep;
     uint8_t buf[WIRE_MAX_MSG];
 };
@@ -51,6 +54,16 @@ static int sock_open(client *c)
     zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
     zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->rid, strlen(c->rid));
+    if (c->curve &&
+        (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->server_public, CURVE_Z85_LEN) != 0 ||
+         zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->public_, CURVE_Z85_LEN) != 0 ||
+         zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->secret, CURVE_Z85_LEN) != 0)) {
+        snprintf(c->last_error, sizeof c->last_error, "cannot set CURVE keys: %s",
+                 zmq_strerror(errno));
+        zmq_close(c->sock);
+        c->sock = NULL;
+        return DFLASH_EZMQ;
+    }
     if (zmq_connect(c->sock, c->endpoint) != 0) {
         snprintf(c->last_error, sizeof c->last_error, "cannot connect to %s: %s", c->endpoint,
                  zmq_strerror(errno));
@@ -102,6 +115,46 @@ void client_destroy(client **cp)
     if (c->zctx) zmq_ctx_term(c->zctx);
     pthread_mutex_destroy(&c->mu);
     free(c);
+}
+
+int client_set_curve(client *c, const char *server_public, const char *secret)
+{
+    curve_key pub;
+    if (!server_public || strlen(server_public) != CURVE_Z85_LEN || !secret ||
+        curve_public_of(secret, pub) != 0) {
+        snprintf(c->last_error, sizeof c->last_error, "bad CURVE key (want 40 Z85 characters)");
+        return DFLASH_EINVAL;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->curve = true;
+    memcpy(c->server_public, server_public, CURVE_Z85_LEN + 1);
+    memcpy(c->public_, pub, sizeof pub);
+    memcpy(c->secret, secret, CURVE_Z85_LEN + 1);
+    if (c->sock) zmq_close(c->sock);
+    c->sock = NULL;
+    int rc = sock_open(c);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int client_set_curve_files(client *c, const char *server_key_file, const char *key_file)
+{
+    if (!server_key_file || !*server_key_file || !key_file || !*key_file) {
+        snprintf(c->last_error, sizeof c->last_error,
+                 "CURVE needs both --curve-server-key and --curve-key");
+        return DFLASH_EINVAL;
+    }
+    curve_key server, secret;
+    char why[300];
+    int rc = curve_key_read(server_key_file, false, server, why, sizeof why);
+    if (!rc) rc = curve_key_read(key_file, true, secret, why, sizeof why);
+    if (rc) {
+        snprintf(c->last_error, sizeof c->last_error, "%s", why);
+        return rc;
+    }
+    rc = client_set_curve(c, server, secret);
+    memset(secret, 0, sizeof secret);
+    return rc;
 }
 
 void client_set_timeout(client *c, int timeout_ms) { c->timeout_ms = timeout_ms > 0 ? timeout_ms : 1; }
@@ -357,6 +410,11 @@ struct client_sub {
 
 client_sub *client_sub_new(const char *pub_endpoint, const char *topic)
 {
+    return client_sub_new_curve(pub_endpoint, topic, NULL);
+}
+
+client_sub *client_sub_new_curve(const char *pub_endpoint, const char *topic, const client *keys)
+{
     if (!pub_endpoint || !*pub_endpoint) return NULL;
     client_sub *s = calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -368,6 +426,11 @@ client_sub *client_sub_new(const char *pub_endpoint, const char *topic)
     zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, topic ? topic : "", topic ? strlen(topic) : 0);
+    if (keys && keys->curve &&
+        (zmq_setsockopt(s->sock, ZMQ_CURVE_SERVERKEY, keys->server_public, CURVE_Z85_LEN) ||
+         zmq_setsockopt(s->sock, ZMQ_CURVE_PUBLICKEY, keys->public_, CURVE_Z85_LEN) ||
+         zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, keys->secret, CURVE_Z85_LEN)))
+        goto fail;
     if (zmq_connect(s->sock, pub_endpoint) != 0) goto fail;
     return s;
 fail:

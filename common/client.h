@@ -24,6 +24,12 @@
  * threads for at most its timeout. Never share the underlying socket otherwise. Different clients
  * are independent.
  *
+ * CURVE (tcp:// endpoints, DESIGN.md section 5): client_set_curve[_files] gives the broker's
+ * public key and this client's secret key; the socket then authenticates with CURVE and the
+ * broker's ZAP handler decides whether the key may connect. A key the broker does not accept
+ * gets no reply at all (the handshake fails inside ZeroMQ): every call times out. Without
+ * CURVE the socket uses the NULL mechanism, as over the ipc:// default.
+ *
  * Return codes of every call: 0, DFLASH_ETIMEOUT (no reply in time; socket reset), DFLASH_ESTALE
  * (broker restarted or forgot us: re-register), DFLASH_EZMQ, or the code of the broker's ERROR
  * reply (client_last_error gives its message); per-call extras are listed below.
@@ -44,6 +50,14 @@ typedef struct client client;
 client *client_new(const char *endpoint, wire_role role, const char *name);
 /* Closes the socket (linger 0) and frees; accepts NULL and NULLs *c. */
 void client_destroy(client **c);
+
+/* Turns CURVE on: server_public is the broker's Z85 public key, secret this client's Z85 secret
+ * key (its public key is derived). Reopens the socket. Returns 0 or DFLASH_EINVAL (a key is not
+ * 40 Z85 characters), DFLASH_EZMQ. Call before the first request. */
+int client_set_curve(client *c, const char *server_public, const char *secret);
+/* The same with keys read from files (curve.h: one Z85 key per file; the secret key file must
+ * have mode 0600). Returns 0 or a curve_key_read code; client_last_error says which file. */
+int client_set_curve_files(client *c, const char *server_key_file, const char *key_file);
 
 /* Per-call reply timeout in ms (>= 1). Default 2000. */
 void client_set_timeout(client *c, int timeout_ms);
@@ -109,6 +123,9 @@ int client_drain(client *c);
 typedef struct client_sub client_sub;
 /* Subscribes to topic prefix `topic` ("" for all). NULL on error. */
 client_sub *client_sub_new(const char *pub_endpoint, const char *topic);
+/* The same, using the CURVE keys of `keys` (NULL or a client without CURVE: none), for a
+ * broker whose PUB endpoint is tcp://. */
+client_sub *client_sub_new_curve(const char *pub_endpoint, const char *topic, const client *keys);
 void client_sub_destroy(client_sub **s);
 /* Waits up to timeout_ms for one announcement: 0 and *msg filled (wire_msg_clear it),
  * DFLASH_ETIMEOUT, or DFLASH_EPROTO for a malformed one (skipped). topic gets the topic. */

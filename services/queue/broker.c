@@ -35,6 +35,7 @@
  */
 #include "broker.h"
 
+#include "curve.h"
 #include "err.h"
 #include "ledger.h"
 #include "log.h"
@@ -70,6 +71,22 @@ static const cfg_option queue_options[] = {
     OPT_S("journal", "", false,
           "ledger journal path (default RUNTIME_DIR/queue.journal; 'none' keeps it in memory)",
           journal),
+    OPT_S("bind", "", false,
+          "extra ROUTER endpoint, e.g. tcp://10.0.0.1:5555 (needs the CURVE options below)",
+          bind),
+    OPT_S("curve-secret-key", "", false,
+          "the broker's CURVE secret key file (dflash-ctl keygen); turns CURVE on for tcp://",
+          curve_secret_key),
+    OPT_S("curve-clients", "", false,
+          "directory of client public keys (*.pub) allowed to connect over tcp://",
+          curve_clients),
+    OPT_S("admin-keys", "", false,
+          "directory of public keys (*.pub) allowed to set/pause/resume/drain over tcp://",
+          admin_keys),
+    {"insecure-tcp", CFG_BOOL, "false", 1, 0, false,
+     "FOR TESTS ONLY: allow tcp:// endpoints without CURVE (anyone who reaches the port may "
+     "steer)",
+     offsetof(queue_config, insecure_tcp), 0},
     OPT_I("min-ready", "30", 0, 1 << 20, true,
           "mixing reservoir: claims are served while at least this many slots are ready",
           min_ready),
@@ -108,6 +125,36 @@ static const cfg_table queue_table = {
 };
 
 const cfg_table *broker_config_table(void) { return &queue_table; }
+
+int broker_config_check(const queue_config *c, char *why, size_t why_len)
+{
+    bool curve = c->curve_secret_key[0] || c->curve_clients[0];
+    const char *tcp = curve_endpoint_is_tcp(c->endpoint)       ? c->endpoint
+                      : curve_endpoint_is_tcp(c->bind)         ? c->bind
+                      : curve_endpoint_is_tcp(c->pub_endpoint) ? c->pub_endpoint
+                                                               : NULL;
+    if (curve && !(c->curve_secret_key[0] && c->curve_clients[0])) {
+        snprintf(why, why_len, "CURVE needs both --curve-secret-key FILE and --curve-clients DIR");
+        return DFLASH_ECONFIG;
+    }
+    if (curve && !curve_available()) {
+        snprintf(why, why_len, "CURVE options given but this libzmq has no CURVE (libsodium)");
+        return DFLASH_ECONFIG;
+    }
+    if (tcp && !curve && !c->insecure_tcp) {
+        snprintf(why, why_len,
+                 "%s is a tcp:// endpoint: TCP needs CURVE (DESIGN.md section 5). Give "
+                 "--curve-secret-key FILE and --curve-clients DIR (keys: dflash-ctl keygen DIR "
+                 "NAME), or --insecure-tcp for tests on loopback only",
+                 tcp);
+        return DFLASH_ECONFIG;
+    }
+    if (c->admin_keys[0] && !curve) {
+        snprintf(why, why_len, "--admin-keys needs CURVE (--curve-secret-key, --curve-clients)");
+        return DFLASH_ECONFIG;
+    }
+    return 0;
+}
 
 /* --- state ---------------------------------------------------------------------------------- */
 
@@ -153,8 +200,14 @@ struct broker {
     queue_config cfg;
     uint64_t incarnation;
     uint64_t start_ms;
-    void *zctx, *router, *pub;
-    zloop_sock *router_watch;
+    void *zctx, *router, *pub, *zap;
+    zloop_sock *router_watch, *zap_watch;
+    bool curve_on;                 /* tcp:// endpoints are bound with CURVE */
+    curve_key curve_secret;        /* the broker's secret key (Z85) */
+    curve_keyset curve_clients;    /* keys the ZAP handler accepts */
+    curve_keyset admin_keys;       /* keys that may steer (also accepted by ZAP) */
+    char dispatch_user[CURVE_Z85_LEN + 1]; /* CURVE key of the request being dispatched, or "" */
+    uint64_t zap_denied, steer_denied;
     uv_timer_t cron;
     bool cron_started, stopped;
     uint64_t last_stats_ms, grants_at_last, stats_window_start;
@@ -800,6 +853,19 @@ static bool needs_hello(wire_type t)
            t != WIRE_SET_CONFIG && t != WIRE_PAUSE && t != WIRE_RESUME && t != WIRE_DRAIN;
 }
 
+static bool is_steering(wire_type t)
+{
+    return t == WIRE_SET_CONFIG || t == WIRE_PAUSE || t == WIRE_RESUME || t == WIRE_DRAIN;
+}
+
+/* A request that came in over CURVE may steer only with an admin key; one over ipc:// (no
+ * User-Id: the 0700 runtime dir is its access control) or from broker_dispatch's direct callers
+ * may. */
+static bool may_steer(const broker *b)
+{
+    return !b->curve_on || !b->dispatch_user[0] || curve_keyset_has(&b->admin_keys, b->dispatch_user);
+}
+
 int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t *msg,
                     size_t len, uint8_t *out, size_t cap)
 {
@@ -839,6 +905,14 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     if (m.role == WIRE_ROLE_BROKER || (is_ctl && needs_hello(m.type))) {
         reply_error(b, &r, m.request_id, DFLASH_EDENIED, "a %s may not send %s",
                     wire_role_name(m.role), wire_type_name(m.type));
+        goto out;
+    }
+    if (is_steering(m.type) && !may_steer(b)) {
+        b->steer_denied++;
+        LOG_WARN("%s from CURVE key %s refused: not an admin key", wire_type_name(m.type),
+                 b->dispatch_user);
+        reply_error(b, &r, m.request_id, DFLASH_EDENIED, "%s needs the admin key",
+                    wire_type_name(m.type));
         goto out;
     }
     if (needs_hello(m.type) && (!p || p->state != PEER_LIVE || p->incarnation != m.incarnation)) {
@@ -970,7 +1044,16 @@ static void on_router(void *zsock, void *arg)
     size_t ml = sizeof more;
     zmq_getsockopt(zsock, ZMQ_RCVMORE, &more, &ml);
     if (!more) return;
-    int n = zmq_recv(zsock, b->inbuf, WIRE_MAX_MSG, ZMQ_DONTWAIT);
+    zmq_msg_t body;
+    zmq_msg_init(&body);
+    int n = zmq_msg_recv(&body, zsock, ZMQ_DONTWAIT);
+    if (n >= 0) {
+        memcpy(b->inbuf, zmq_msg_data(&body), (size_t)n > WIRE_MAX_MSG ? WIRE_MAX_MSG : (size_t)n);
+        /* set by our ZAP handler for CURVE connections only (see the header) */
+        const char *user = b->curve_on ? zmq_msg_gets(&body, "User-Id") : NULL;
+        snprintf(b->dispatch_user, sizeof b->dispatch_user, "%s", user ? user : "");
+    }
+    zmq_msg_close(&body);
     zmq_getsockopt(zsock, ZMQ_RCVMORE, &more, &ml);
     while (more) { /* extra frames: a malformed request; drain them */
         char junk[64];
@@ -978,9 +1061,13 @@ static void on_router(void *zsock, void *arg)
         zmq_getsockopt(zsock, ZMQ_RCVMORE, &more, &ml);
         n = (int)WIRE_MAX_MSG + 1;
     }
-    if (n < 0) return;
+    if (n < 0) {
+        b->dispatch_user[0] = 0;
+        return;
+    }
     size_t len = (size_t)n > WIRE_MAX_MSG ? WIRE_MAX_MSG + 1 : (size_t)n; /* truncated: too big */
     int out = broker_dispatch(b, rid, (size_t)rlen, b->inbuf, len, b->outbuf, WIRE_MAX_MSG);
+    b->dispatch_user[0] = 0;
     if (out <= 0) return;
     uint64_t done_seq, fail_seq;
     ledger_journal_progress(b->ledger, &done_seq, &fail_seq);
@@ -1019,6 +1106,117 @@ static void cron(uv_timer_t *t)
     }
 }
 
+/* --- security: CURVE and the ZAP handler ---------------------------------------------------- */
+
+/* Sends one ZAP reply frame; more = more frames follow. */
+static void zap_send(void *s, const char *text, bool more)
+{
+    zmq_send(s, text, strlen(text), (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+}
+
+/* One ZAP request (RFC 27): version, request id, domain, address, identity, mechanism,
+ * credentials... CURVE's single credential is the client's 32-byte public key. Accepts a CURVE
+ * key in curve_clients or admin_keys (User-Id = its Z85 text), and NULL connections (ipc://,
+ * or tcp:// with --insecure-tcp; no User-Id); refuses anything else. Loop thread. */
+static void on_zap(void *zsock, void *arg)
+{
+    broker *b = arg;
+    zmq_msg_t f[8];
+    int nf = 0, more = 1;
+    size_t ml = sizeof more;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, zsock, nf ? 0 : ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            if (nf == 0) return; /* EAGAIN: spurious wake-up */
+            break;
+        }
+        zmq_getsockopt(zsock, ZMQ_RCVMORE, &more, &ml);
+        if (nf < 8) f[nf++] = m;
+        else zmq_msg_close(&m);
+    }
+    char reqid[64] = "", mech[16] = "", user[CURVE_Z85_LEN + 1] = "";
+    if (nf >= 2 && zmq_msg_size(&f[1]) < sizeof reqid)
+        memcpy(reqid, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
+    if (nf >= 6 && zmq_msg_size(&f[5]) < sizeof mech)
+        memcpy(mech, zmq_msg_data(&f[5]), zmq_msg_size(&f[5]));
+    bool ok = false;
+    if (strcmp(mech, "NULL") == 0) {
+        ok = true;
+    } else if (strcmp(mech, "CURVE") == 0 && nf >= 7 && zmq_msg_size(&f[6]) == 32) {
+        zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
+        ok = curve_keyset_has(&b->curve_clients, user) || curve_keyset_has(&b->admin_keys, user);
+    }
+    if (!ok) {
+        b->zap_denied++;
+        char addr[64] = "?";
+        if (nf >= 4 && zmq_msg_size(&f[3]) < sizeof addr) {
+            memcpy(addr, zmq_msg_data(&f[3]), zmq_msg_size(&f[3]));
+            addr[zmq_msg_size(&f[3])] = 0;
+        }
+        if ((b->zap_denied & (b->zap_denied - 1)) == 0) /* peers retry: log 1st, 2nd, 4th... */
+            LOG_WARN("refused a %s connection from %s%s%s: key not allowed (%" PRIu64
+                     " refusals)",
+                     mech[0] ? mech : "?", addr, user[0] ? " with key " : "", user, b->zap_denied);
+        user[0] = 0;
+    }
+    for (int i = 0; i < nf; i++) zmq_msg_close(&f[i]);
+    zap_send(zsock, "1.0", true);
+    zmq_send(zsock, reqid, strlen(reqid), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zap_send(zsock, ok ? "200" : "400", true);
+    zap_send(zsock, ok ? "OK" : "key not allowed", true);
+    zap_send(zsock, user, true);
+    zap_send(zsock, "", false);
+}
+
+/* Loads the keys and starts the ZAP handler; must run before any CURVE bind (libzmq admits a
+ * connection when no handler is bound). Returns 0 or DFLASH_ECONFIG/EZMQ with a log line. */
+static int security_start(broker *b, const queue_config *cfg)
+{
+    char why[400];
+    int rc = curve_key_read(cfg->curve_secret_key, true, b->curve_secret, why, sizeof why);
+    if (!rc) rc = curve_keyset_load(cfg->curve_clients, &b->curve_clients, why, sizeof why);
+    if (!rc && cfg->admin_keys[0])
+        rc = curve_keyset_load(cfg->admin_keys, &b->admin_keys, why, sizeof why);
+    if (rc) {
+        LOG_ERROR("%s", why);
+        return DFLASH_ECONFIG;
+    }
+    b->zap = zmq_socket(b->zctx, ZMQ_REP);
+    int zero = 0;
+    if (!b->zap || zmq_setsockopt(b->zap, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_bind(b->zap, "inproc://zeromq.zap.01") != 0) {
+        LOG_ERROR("cannot start the ZAP handler: %s", zmq_strerror(errno));
+        return DFLASH_EZMQ;
+    }
+    if (!(b->zap_watch = zloop_sock_new(b->loop, b->zap, 16, on_zap, b))) return DFLASH_EZMQ;
+    b->curve_on = true;
+    curve_key pub;
+    curve_public_of(b->curve_secret, pub);
+    LOG_INFO("CURVE on for tcp:// endpoints: server public key %s, %u client keys, %u admin keys",
+             pub, b->curve_clients.n, b->admin_keys.n);
+    return 0;
+}
+
+/* Binds s to endpoint; a tcp:// endpoint gets CURVE (server side) when it is on. ZeroMQ copies
+ * the mechanism options at bind time, so ipc:// and tcp:// endpoints of one socket differ. */
+static int bind_endpoint(broker *b, void *s, const char *endpoint)
+{
+    int curve = b->curve_on && curve_endpoint_is_tcp(endpoint);
+    zmq_setsockopt(s, ZMQ_CURVE_SERVER, &curve, sizeof curve);
+    if (curve) {
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, b->curve_secret, CURVE_Z85_LEN);
+        zmq_setsockopt(s, ZMQ_ZAP_DOMAIN, "dflash", 6);
+    }
+    if (zmq_bind(s, endpoint) != 0) {
+        LOG_ERROR("cannot bind %s: %s (another dflash-queue running? wrong runtime dir?)",
+                  endpoint, zmq_strerror(errno));
+        return DFLASH_EZMQ;
+    }
+    return 0;
+}
+
 static void *bind_socket(broker *b, int type, const char *endpoint, int *err)
 {
     void *s = zmq_socket(b->zctx, type);
@@ -1031,9 +1229,8 @@ static void *bind_socket(broker *b, int type, const char *endpoint, int *err)
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
         zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     }
-    if (zmq_bind(s, endpoint) != 0) {
-        LOG_ERROR("cannot bind %s: %s (another dflash-queue running? wrong runtime dir?)",
-                  endpoint, zmq_strerror(errno));
+    if (bind_endpoint(b, s, endpoint) != 0 ||
+        (type == ZMQ_ROUTER && b->cfg.bind[0] && bind_endpoint(b, s, b->cfg.bind) != 0)) {
         zmq_close(s);
         return *err = DFLASH_EZMQ, NULL;
     }
@@ -1067,6 +1264,11 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
         .fsync = cfg->fsync,
         .compact_bytes = (uint64_t)cfg->compact_bytes,
     };
+    char why[400];
+    if ((*err = broker_config_check(cfg, why, sizeof why))) {
+        LOG_ERROR("%s", why);
+        goto fail;
+    }
     b->ledger = ledger_new(&lp, err);
     if (!b->ledger) goto fail;
     if (cfg->endpoint[0]) {
@@ -1075,6 +1277,7 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
             *err = DFLASH_EZMQ;
             goto fail;
         }
+        if (cfg->curve_secret_key[0] && (*err = security_start(b, cfg))) goto fail;
         if (!(b->router = bind_socket(b, ZMQ_ROUTER, cfg->endpoint, err))) goto fail;
         if (cfg->pub_endpoint[0] && !(b->pub = bind_socket(b, ZMQ_PUB, cfg->pub_endpoint, err)))
             goto fail;
@@ -1096,8 +1299,9 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
     if (period > 250) period = 250;
     uv_timer_start(&b->cron, cron, period, period);
     b->cron_started = true;
-    LOG_INFO("broker incarnation %016" PRIx64 " serving %s (pub %s), journal %s", b->incarnation,
-             cfg->endpoint[0] ? cfg->endpoint : "(none)",
+    LOG_INFO("broker incarnation %016" PRIx64 " serving %s%s%s (pub %s), journal %s",
+             b->incarnation, cfg->endpoint[0] ? cfg->endpoint : "(none)",
+             cfg->bind[0] ? " and " : "", cfg->bind,
              cfg->pub_endpoint[0] ? cfg->pub_endpoint : "(none)",
              lp.journal_path ? lp.journal_path : "(memory)");
     return b;
@@ -1118,6 +1322,7 @@ void broker_stop(broker *b)
         flush_deferred(b, done_seq, fail_seq);
     }
     zloop_sock_destroy(&b->router_watch);
+    zloop_sock_destroy(&b->zap_watch);
     if (b->cron_started) {
         uv_timer_stop(&b->cron);
         uv_close((uv_handle_t *)&b->cron, NULL);
@@ -1134,7 +1339,11 @@ void broker_destroy(broker **bp)
     if (b->loop) uv_run(b->loop, UV_RUN_NOWAIT);
     if (b->router) zmq_close(b->router);
     if (b->pub) zmq_close(b->pub);
+    if (b->zap) zmq_close(b->zap);
     if (b->zctx) zmq_ctx_term(b->zctx);
+    curve_keyset_clear(&b->curve_clients);
+    curve_keyset_clear(&b->admin_keys);
+    memset(b->curve_secret, 0, sizeof b->curve_secret);
     for (uint32_t i = 0; i < b->n_peers; i++) {
         free(b->peers[i]->held);
         free(b->peers[i]);

@@ -15,6 +15,15 @@
  * need no hello and keep no state, but a ctl may only send hello, heartbeat, status, set, pause,
  * resume and drain (else ERROR DENIED).
  *
+ * Security (DESIGN.md section 5): ipc:// endpoints use ZeroMQ's NULL mechanism; the 0700 runtime
+ * dir is their access control, and every verb is open to them. tcp:// endpoints use CURVE: the
+ * broker's secret key from a file, and a ZAP handler (inproc://zeromq.zap.01, a REP socket on
+ * this loop) that accepts only public keys found in the curve-clients or admin-keys dirs and
+ * sets the key (Z85) as the connection's User-Id. A rejected key gets no reply at all. Each
+ * request's User-Id is read from its message metadata: a CURVE peer whose key is not an admin
+ * key gets ERROR DENIED for the steering verbs (set, pause, resume, drain); other verbs are
+ * allowed. A tcp:// endpoint without CURVE is refused at start-up unless insecure-tcp (tests).
+ *
  * Thread: everything runs on the libuv loop thread given to broker_new. One cron timer does the
  * periodic work: peer expiry, lease expiry (policy_tick), the orphan grace period after a restart,
  * stats on PUB. Journal writes and fsyncs run on the journal's writer thread (journal.h); a reply
@@ -42,6 +51,11 @@ typedef struct queue_config {
     char endpoint[BROKER_PATH_MAX];      /* ROUTER; "" = ipc://<runtime_dir>/queue.sock */
     char pub_endpoint[BROKER_PATH_MAX];  /* PUB; "" = ipc://<runtime_dir>/queue-pub.sock */
     char journal[BROKER_PATH_MAX];       /* "" = <runtime_dir>/queue.journal; "none" = memory */
+    char bind[BROKER_PATH_MAX];          /* extra ROUTER endpoint (tcp://host:port); "" = none */
+    char curve_secret_key[BROKER_PATH_MAX]; /* broker's secret key file: CURVE on tcp:// */
+    char curve_clients[BROKER_PATH_MAX]; /* dir of *.pub keys allowed to connect over CURVE */
+    char admin_keys[BROKER_PATH_MAX];    /* dir of *.pub keys allowed to steer over CURVE */
+    bool insecure_tcp;                   /* tests only: tcp:// without CURVE */
     int64_t min_ready;                   /* live */
     int64_t max_depth;                   /* live */
     int64_t lease_timeout_ms;            /* live */
@@ -59,6 +73,12 @@ typedef struct queue_config {
 } queue_config;
 
 const cfg_table *broker_config_table(void);
+
+/* Checks the security settings before anything is bound (DESIGN.md section 5): a tcp://
+ * endpoint (endpoint, bind or pub_endpoint) needs curve_secret_key and curve_clients unless
+ * insecure_tcp; CURVE options need a libzmq with CURVE and must come together. Returns 0 or
+ * DFLASH_ECONFIG with a message for the operator in why. */
+int broker_config_check(const queue_config *cfg, char *why, size_t why_len);
 
 typedef struct broker broker;
 

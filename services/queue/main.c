@@ -1,5 +1,6 @@
 /* dflash-queue: the broker daemon. main() is the table of contents: load the config table
- * (defaults < file < DFLASH_* < flags), resolve the runtime directory and endpoints, open the
+ * (defaults < file < DFLASH_* < flags), resolve the runtime directory and endpoints, refuse a
+ * tcp:// endpoint without CURVE (broker_config_check), open the
  * broker (which replays the journal and binds), log the effective config, run the loop until
  * SIGINT/SIGTERM, shut down in reverse. Everything else lives in broker.c (server loop),
  * policy.c (buckets, leases) and ledger.c/journal.c (the training ledger). */
@@ -72,6 +73,11 @@ int main(int argc, char **argv)
     if (log_level_parse(cfg.log_level, &lvl) == 0) log_set_level(lvl);
 
     resolve_paths(&cfg);
+    char why[400];
+    if (broker_config_check(&cfg, why, sizeof why)) { /* e.g. tcp:// without CURVE */
+        LOG_ERROR("%s", why);
+        return 2;
+    }
     if (runtime_dir_prepare(cfg.runtime_dir)) return 1;
 
     LOG_INFO("effective configuration:");

@@ -2,6 +2,10 @@
  *
  *   dflash-ctl [--endpoint E] [--timeout-ms N] [--json] status|watch|set K=V...|pause|resume|
  *              drain|ping
+ *   dflash-ctl keygen DIR NAME      (writes DIR/NAME.key, mode 0600, and DIR/NAME.pub; curve.h)
+ *
+ * Over tcp:// the broker wants CURVE: --curve-server-key (its .pub file) and --curve-key (our
+ * .key file). set/pause/resume/drain then need a key in the broker's --admin-keys dir.
  *
  * Every verb says hello first (which also tells the broker's PUB endpoint for `watch`). Exit
  * status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout (no broker answering):
@@ -11,6 +15,7 @@
  */
 #include "client.h"
 #include "config.h"
+#include "curve.h"
 #include "err.h"
 
 #include <cJSON.h>
@@ -24,6 +29,8 @@
 typedef struct ctl_config {
     char endpoint[256];
     char runtime_dir[256];
+    char curve_server_key[256];
+    char curve_key[256];
     int64_t timeout_ms;
     bool json;
     int64_t count;
@@ -36,6 +43,12 @@ static const cfg_option ctl_options[] = {
     {"runtime-dir", CFG_STRING, "", 1, 0, false,
      "the broker's runtime dir (default $XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)",
      offsetof(ctl_config, runtime_dir), sizeof(((ctl_config *)0)->runtime_dir)},
+    {"curve-server-key", CFG_STRING, "", 1, 0, false,
+     "CURVE: the broker's public key file (NAME.pub), for a tcp:// endpoint",
+     offsetof(ctl_config, curve_server_key), sizeof(((ctl_config *)0)->curve_server_key)},
+    {"curve-key", CFG_STRING, "", 1, 0, false,
+     "CURVE: our secret key file (NAME.key, mode 0600; dflash-ctl keygen DIR NAME)",
+     offsetof(ctl_config, curve_key), sizeof(((ctl_config *)0)->curve_key)},
     {"timeout-ms", CFG_INT, "2000", 1, 600000, false, "reply timeout",
      offsetof(ctl_config, timeout_ms), 0},
     {"json", CFG_BOOL, "false", 1, 0, false, "print JSON instead of tables",
@@ -47,7 +60,7 @@ static const cfg_option ctl_options[] = {
 static const cfg_table ctl_table = {
     "dflash-ctl",
     "inspect and steer dflash-queue. Verbs: status, watch, set KEY=VALUE..., pause, resume, "
-    "drain, ping. Exit 0 ok, 1 error, 2 timeout",
+    "drain, ping, keygen DIR NAME (CURVE keypair). Exit 0 ok, 1 error, 2 timeout",
     "[options] VERB [KEY=VALUE...]",
     ctl_options,
     sizeof ctl_options / sizeof *ctl_options,
@@ -151,7 +164,7 @@ static void print_status(const wire_status *s, uint64_t incarnation)
 
 static int cmd_watch(const ctl_config *c, client *cl)
 {
-    client_sub *sub = client_sub_new(client_pub_endpoint(cl), "");
+    client_sub *sub = client_sub_new_curve(client_pub_endpoint(cl), "", cl);
     if (!sub) {
         fprintf(stderr, "dflash-ctl watch: cannot subscribe to '%s'\n", client_pub_endpoint(cl));
         return 1;
@@ -238,6 +251,25 @@ static int cmd_set(const ctl_config *c, client *cl, int n, char **kvs)
     return 0;
 }
 
+/* keygen DIR NAME: a CURVE keypair for a broker, a daemon or an operator (curve.h). */
+static int cmd_keygen(int n, char **args)
+{
+    if (n != 2) {
+        fprintf(stderr, "dflash-ctl keygen: give DIR NAME (writes DIR/NAME.key and DIR/NAME.pub)\n");
+        return 1;
+    }
+    curve_key pub;
+    char why[400] = "";
+    int rc = curve_keygen(args[0], args[1], pub, why, sizeof why);
+    if (rc) {
+        fprintf(stderr, "dflash-ctl keygen: %s: %s\n", err_str(rc), why);
+        return 1;
+    }
+    printf("%s/%s.key (secret, mode 0600)\n%s/%s.pub %s\n", args[0], args[1], args[0], args[1],
+           pub);
+    return 0;
+}
+
 static void resolve_endpoint(ctl_config *c)
 {
     if (c->endpoint[0]) return;
@@ -262,7 +294,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *verb = pos[0];
-    static const char *const verbs[] = {"status", "watch", "set", "pause", "resume", "drain", "ping"};
+    static const char *const verbs[] = {"status", "watch",  "set",  "pause",
+                                        "resume", "drain", "ping", "keygen"};
     bool known = false;
     for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) known |= strcmp(verb, verbs[i]) == 0;
     if (!known) {
@@ -270,6 +303,7 @@ int main(int argc, char **argv)
                         "ping)\n", verb);
         return 1;
     }
+    if (strcmp(verb, "keygen") == 0) return cmd_keygen(npos - 1, pos + 1);
     if (strcmp(verb, "set") != 0 && npos > 1) {
         fprintf(stderr, "dflash-ctl %s: takes no arguments\n", verb);
         return 1;
@@ -283,6 +317,12 @@ int main(int argc, char **argv)
         return 1;
     }
     client_set_timeout(cl, (int)c.timeout_ms);
+    if ((c.curve_server_key[0] || c.curve_key[0]) &&
+        (rc = client_set_curve_files(cl, c.curve_server_key, c.curve_key))) {
+        fprintf(stderr, "dflash-ctl: %s\n", client_last_error(cl));
+        client_destroy(&cl);
+        return 1;
+    }
     rc = client_hello(cl, NULL, 0);
     int out = 0;
     if (rc) {

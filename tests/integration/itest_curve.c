@@ -1,0 +1,241 @@
+/* itest_curve: the broker on tcp://127.0.0.1 with ZeroMQ CURVE (DESIGN.md section 5).
+ *   (a) a client whose key is in --curve-clients gets hello, ping and status answered;
+ *   (b) a client without CURVE, and one whose key is in no allowed dir, get no reply at all;
+ *   (c) set/pause from a non-admin key get ERROR DENIED and change nothing; set with the admin
+ *       key works and status shows it; the ipc:// endpoint (0700 dir) still steers;
+ *   (d) a tcp:// bind without CURVE options is refused at start-up (exit 2), and starts only
+ *       with --insecure-tcp.
+ * Keys come from `dflash-ctl keygen` (the operator's path) into a temp dir. Loopback only; every
+ * wait has a deadline (no fixed sleeps). */
+#include "check.h"
+#include "curve.h"
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+/* A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* Runs argv to completion within deadline_ms; returns its exit status, or -1 (killed at the
+ * deadline / not exited normally). */
+static int run_wait(char *const argv[], int deadline_ms)
+{
+    pid_t pid = h_spawn(argv, NULL);
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    int st = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        if (r < 0 || h_now_ms() >= end) {
+            h_kill(pid, SIGKILL);
+            return -1;
+        }
+        h_sleep_ms(10);
+    }
+}
+
+static int keygen(const char *ctl, const char *dir, const char *name)
+{
+    char *argv[] = {(char *)ctl, "keygen", (char *)dir, (char *)name, NULL};
+    return run_wait(argv, 10000);
+}
+
+/* A ctl client on ep with CURVE keys from files (server_pub, key: NULL = no CURVE). */
+static client *ctl_client(const char *ep, const char *server_pub, const char *key, int timeout)
+{
+    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
+    if (c && server_pub && client_set_curve_files(c, server_pub, key) != 0) {
+        fprintf(stderr, "curve keys: %s\n", client_last_error(c));
+        client_destroy(&c);
+    }
+    if (c) client_set_timeout(c, timeout);
+    return c;
+}
+
+/* Waits until a client with these keys gets a hello answer (the broker is up). */
+static bool wait_up(const char *ep, const char *server_pub, const char *key, int deadline_ms)
+{
+    client *c = ctl_client(ep, server_pub, key, 200);
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    bool up = false;
+    while (c && !up && h_now_ms() < end) up = client_hello(c, NULL, 0) == 0;
+    client_destroy(&c);
+    return up;
+}
+
+static uint32_t status_min_ready(client *c)
+{
+    static wire_status s;
+    return client_status(c, &s) == 0 ? s.min_ready : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) return 2;
+    if (!curve_available()) {
+        fprintf(stderr, "libzmq without CURVE: skipped\n");
+        return 77;
+    }
+    const char *queue = argv[1], *ctl = argv[2];
+    char dir[64], p[20][256];
+    h_tempdir(dir, sizeof dir);
+    snprintf(p[0], sizeof p[0], "%s/clients", dir);
+    snprintf(p[1], sizeof p[1], "%s/admins", dir);
+    snprintf(p[2], sizeof p[2], "%s/others", dir);
+    for (int i = 0; i < 3; i++) CHECK(mkdir(p[i], 0700) == 0);
+    CHECK_EQ_INT(keygen(ctl, dir, "broker"), 0);
+    CHECK_EQ_INT(keygen(ctl, p[0], "alice"), 0);
+    CHECK_EQ_INT(keygen(ctl, p[1], "root"), 0);
+    CHECK_EQ_INT(keygen(ctl, p[2], "mallory"), 0);
+    CHECK(keygen(ctl, p[0], "alice") != 0); /* never overwrites a key */
+    struct stat st;
+    snprintf(p[3], sizeof p[3], "%s/clients/alice.key", dir);
+    CHECK(stat(p[3], &st) == 0 && (st.st_mode & 0777) == 0600);
+    char broker_key[256], broker_pub[256], alice[256], root[256], mallory[256];
+    snprintf(broker_key, sizeof broker_key, "%s/broker.key", dir);
+    snprintf(broker_pub, sizeof broker_pub, "%s/broker.pub", dir);
+    snprintf(alice, sizeof alice, "%s/alice.key", p[0]);
+    snprintf(root, sizeof root, "%s/root.key", p[1]);
+    snprintf(mallory, sizeof mallory, "%s/mallory.key", p[2]);
+
+    /* (d) tcp:// without CURVE: refused at start-up, before binding anything */
+    int port = free_port();
+    CHECK(port > 0);
+    char bind[64], tcp_ep[64], rt[300], ipc_ep[300];
+    snprintf(bind, sizeof bind, "--bind=tcp://127.0.0.1:%d", port);
+    snprintf(tcp_ep, sizeof tcp_ep, "tcp://127.0.0.1:%d", port);
+    snprintf(rt, sizeof rt, "--runtime-dir=%s/rt", dir);
+    snprintf(ipc_ep, sizeof ipc_ep, "ipc://%s/rt/queue.sock", dir);
+    {
+        char *a[] = {(char *)queue, rt, "--journal=none", bind, NULL};
+        CHECK_EQ_INT(run_wait(a, 10000), 2);
+        char ep[80];
+        snprintf(ep, sizeof ep, "--endpoint=%s", tcp_ep);
+        char *b[] = {(char *)queue, rt, "--journal=none", ep, NULL};
+        CHECK_EQ_INT(run_wait(b, 10000), 2);
+        /* half the CURVE options is a configuration error too */
+        char sk[300];
+        snprintf(sk, sizeof sk, "--curve-secret-key=%s", broker_key);
+        char *c[] = {(char *)queue, rt, "--journal=none", bind, sk, NULL};
+        CHECK_EQ_INT(run_wait(c, 10000), 2);
+    }
+    /* ... and served without CURVE only with the explicit test flag */
+    {
+        char *a[] = {(char *)queue, rt, "--journal=none", bind, "--insecure-tcp", NULL};
+        pid_t q = h_spawn(a, NULL);
+        CHECK(wait_up(tcp_ep, NULL, NULL, 10000));
+        h_kill(q, SIGTERM);
+    }
+
+    /* the CURVE broker: tcp:// (CURVE) and the default ipc:// endpoint */
+    char sk[300], cl[300], ad[300];
+    snprintf(sk, sizeof sk, "--curve-secret-key=%s", broker_key);
+    snprintf(cl, sizeof cl, "--curve-clients=%s", p[0]);
+    snprintf(ad, sizeof ad, "--admin-keys=%s", p[1]);
+    port = free_port();
+    snprintf(bind, sizeof bind, "--bind=tcp://127.0.0.1:%d", port);
+    snprintf(tcp_ep, sizeof tcp_ep, "tcp://127.0.0.1:%d", port);
+    char *qa[] = {(char *)queue, rt, "--journal=none", bind, sk, cl, ad, NULL};
+    pid_t q = h_spawn(qa, NULL);
+    CHECK(wait_up(tcp_ep, broker_pub, alice, 10000));
+
+    /* (a) an allowed key: hello, ping, status */
+    client *a = ctl_client(tcp_ep, broker_pub, alice, 2000);
+    CHECK(a != NULL);
+    CHECK_EQ_INT(client_hello(a, NULL, 0), 0);
+    CHECK_EQ_INT(client_heartbeat(a), 0);
+    CHECK_EQ_INT(status_min_ready(a), 30);
+
+    /* (b) no CURVE at all, a key in no allowed dir, and the right key with the wrong server
+     * key: no reply, whatever they send */
+    client *none = ctl_client(tcp_ep, NULL, NULL, 300);
+    CHECK_EQ_INT(client_hello(none, NULL, 0), DFLASH_ETIMEOUT);
+    CHECK_EQ_INT(client_status(none, NULL), DFLASH_ETIMEOUT);
+    client *m = ctl_client(tcp_ep, broker_pub, mallory, 300);
+    CHECK_EQ_INT(client_hello(m, NULL, 0), DFLASH_ETIMEOUT);
+    CHECK_EQ_INT(client_heartbeat(m), DFLASH_ETIMEOUT);
+    char alice_pub[256];
+    snprintf(alice_pub, sizeof alice_pub, "%s/alice.pub", p[0]);
+    client *wrong = ctl_client(tcp_ep, alice_pub, alice, 300);
+    CHECK_EQ_INT(client_hello(wrong, NULL, 0), DFLASH_ETIMEOUT);
+    client_destroy(&none);
+    client_destroy(&m);
+    client_destroy(&wrong);
+    /* ... and a ctl without keys says so with exit 2 (timeout) */
+    {
+        char ep[80];
+        snprintf(ep, sizeof ep, "--endpoint=%s", tcp_ep);
+        char *c[] = {(char *)ctl, ep, "--timeout-ms=300", "ping", NULL};
+        CHECK_EQ_INT(run_wait(c, 10000), 2);
+    }
+
+    /* (c) steering: DENIED for a plain client key, allowed for the admin key */
+    wire_settings set = {0}, applied;
+    set.n = 1;
+    snprintf(set.kv[0].key, WIRE_MAX_KEY, "min_ready");
+    snprintf(set.kv[0].value, WIRE_MAX_VALUE, "7");
+    CHECK_EQ_INT(client_set(a, &set, &applied), DFLASH_EDENIED);
+    CHECK(strstr(client_last_error(a), "admin key") != NULL);
+    CHECK_EQ_INT(client_pause(a), DFLASH_EDENIED);
+    CHECK_EQ_INT(client_drain(a), DFLASH_EDENIED);
+    CHECK_EQ_INT(status_min_ready(a), 30);
+    {
+        wire_status s;
+        CHECK_EQ_INT(client_status(a, &s), 0);
+        CHECK_EQ_INT(s.state, WIRE_STATE_RUNNING);
+    }
+    client *r = ctl_client(tcp_ep, broker_pub, root, 2000);
+    CHECK_EQ_INT(client_hello(r, NULL, 0), 0);
+    CHECK_EQ_INT(client_set(r, &set, &applied), 0);
+    CHECK_EQ_INT(status_min_ready(a), 7);
+    /* the same through dflash-ctl with key files */
+    {
+        char ep[80], sv[300], k1[300], k2[300];
+        snprintf(ep, sizeof ep, "--endpoint=%s", tcp_ep);
+        snprintf(sv, sizeof sv, "--curve-server-key=%s", broker_pub);
+        snprintf(k1, sizeof k1, "--curve-key=%s", alice);
+        snprintf(k2, sizeof k2, "--curve-key=%s", root);
+        char *c1[] = {(char *)ctl, ep, sv, k1, "set", "min_ready=9", NULL};
+        CHECK_EQ_INT(run_wait(c1, 10000), 1);
+        CHECK_EQ_INT(status_min_ready(a), 7);
+        char *c2[] = {(char *)ctl, ep, sv, k2, "set", "min_ready=11", NULL};
+        CHECK_EQ_INT(run_wait(c2, 10000), 0);
+        CHECK_EQ_INT(status_min_ready(a), 11);
+        char *c3[] = {(char *)ctl, ep, sv, k1, "status", NULL};
+        CHECK_EQ_INT(run_wait(c3, 10000), 0);
+    }
+    /* the ipc:// endpoint in the 0700 runtime dir steers as before */
+    client *local = ctl_client(ipc_ep, NULL, NULL, 2000);
+    snprintf(set.kv[0].value, WIRE_MAX_VALUE, "13");
+    CHECK_EQ_INT(client_set(local, &set, &applied), 0);
+    CHECK_EQ_INT(status_min_ready(a), 13);
+    CHECK_EQ_INT(client_pause(r), 0);
+    {
+        wire_status s;
+        CHECK_EQ_INT(client_status(a, &s), 0);
+        CHECK_EQ_INT(s.state, WIRE_STATE_PAUSED);
+    }
+    client_destroy(&local);
+    client_destroy(&r);
+    client_destroy(&a);
+    h_kill(q, SIGTERM);
+    h_rmdir(dir);
+    CHECK_DONE();
+}

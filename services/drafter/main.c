@@ -34,6 +34,8 @@
 typedef struct drafter_config {
     char runtime_dir[256];
     char endpoint[256];
+    char curve_server_key[256]; /* CURVE: the broker's public key file */
+    char curve_key[256];        /* CURVE: our secret key file */
     char name[48];
     bool verify;
     bool train;
@@ -90,6 +92,10 @@ static const cfg_option drafter_options[] = {
          "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),
     OPTS("endpoint", "", "broker ROUTER endpoint (default ipc://<runtime-dir>/queue.sock)",
          endpoint),
+    OPTS("curve-server-key", "", "CURVE for a tcp:// endpoint: the broker's public key file "
+         "(NAME.pub)", curve_server_key),
+    OPTS("curve-key", "", "CURVE: our secret key file (NAME.key, mode 0600; dflash-ctl keygen)",
+         curve_key),
     OPTS("name", "", "peer name, unique per drafter (default drafter-<host>-<pid>)", name),
     OPT("verify", CFG_BOOL, "false", 1, 0, "mode: check every byte of every batch against the "
         "synthetic target (dflash-target --model synthetic), ack, report throughput", verify),
@@ -387,6 +393,8 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "drafter-%s-%d", host, (int)getpid());
     }
     lc.endpoint = endpoint;
+    lc.curve_server_key = cfg.curve_server_key;
+    lc.curve_key = cfg.curve_key;
     lc.name = name;
     if (pool_backend_parse(cfg.backend, &lc.backend) < 0) {
         fprintf(stderr, "dflash-drafter: --backend must be host, cuda or auto, not '%s'\n",

@@ -326,6 +326,12 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
         goto out_staging;
     }
     client_set_timeout(w.client, (int)cfg->timeout_ms);
+    if (((cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key)) &&
+        (rc = client_set_curve_files(w.client, cfg->curve_server_key, cfg->curve_key))) {
+        LOG_ERROR("CURVE keys: %s", client_last_error(w.client));
+        client_destroy(&w.client);
+        goto out_staging;
+    }
     atomic_store(&w.hb_run, true);
     w.hb_started = pthread_create(&w.hb_thread, NULL, heartbeat_main, &w) == 0;
 

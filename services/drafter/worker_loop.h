@@ -71,6 +71,7 @@ typedef struct worker_consumer {
 
 typedef struct worker_loop_config {
     const char *endpoint;
+    const char *curve_server_key, *curve_key; /* CURVE key files (client.h); NULL/"" = none */
     const char *name; /* peer name, e.g. "drafter0" */
     pool_backend backend;
     int device;

@@ -29,6 +29,8 @@
 typedef struct target_config {
     char runtime_dir[256];
     char endpoint[256];
+    char curve_server_key[256]; /* CURVE: the broker's public key file */
+    char curve_key[256];        /* CURVE: our secret key file */
     char name[32];
     char model[512];
     char shards[1024];
@@ -62,6 +64,10 @@ static const cfg_option target_options[] = {
          "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),
     OPTS("endpoint", "", "broker ROUTER endpoint (default ipc://<runtime-dir>/queue.sock)",
          endpoint),
+    OPTS("curve-server-key", "", "CURVE for a tcp:// endpoint: the broker's public key file "
+         "(NAME.pub)", curve_server_key),
+    OPTS("curve-key", "", "CURVE: our secret key file (NAME.key, mode 0600; dflash-ctl keygen)",
+         curve_key),
     OPTS("name", "target0", "peer and pool name (letters, digits, - and _)", name),
     OPTS("model", "synthetic", "target checkpoint directory, or 'synthetic' for deterministic "
          "test data", model),
@@ -125,6 +131,8 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
         else snprintf(endpoint, ep_len, "ipc:///tmp/dflash-%u/queue.sock", (unsigned)getuid());
     }
     lc->endpoint = endpoint;
+    lc->curve_server_key = c->curve_server_key;
+    lc->curve_key = c->curve_key;
     lc->name = c->name;
     if (pool_backend_parse(c->backend, &lc->backend) < 0) {
         fprintf(stderr, "dflash-target: --backend must be host, cuda or auto, not '%s'\n",

@@ -196,6 +196,12 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         goto out_pool;
     }
     client_set_timeout(t.client, (int)cfg->timeout_ms);
+    if (((cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key)) &&
+        (rc = client_set_curve_files(t.client, cfg->curve_server_key, cfg->curve_key))) {
+        LOG_ERROR("CURVE keys: %s", client_last_error(t.client));
+        client_destroy(&t.client);
+        goto out_pool;
+    }
     atomic_store(&t.hb_run, true);
     t.hb_started = pthread_create(&t.hb_thread, NULL, heartbeat_main, &t) == 0;
 

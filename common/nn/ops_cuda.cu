@@ -6,7 +6,9 @@
  * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
- * only). Nothing else is allocated after nn_cuda_new except by the caller through alloc.
+ * only). cuda_attention_init (ops_cuda_attn_tc.cu) adds, once per device, 144 MiB of fp32
+ * scratch for attention_block_bwd (dk/dv split partials and the saved D rows).
+ * Nothing else is allocated after nn_cuda_new except by the caller through alloc.
  *
  * Matmuls (row-major, ops.h layout) are run as column-major cuBLASLt products of the transposes:
  *   linear_fwd  y[M,N]  = x[M,K] w[N,K]^T   ->  y^T (N x M) = op_T(w: K x N) * x^T (K x M)

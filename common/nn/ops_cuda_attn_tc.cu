@@ -11,8 +11,19 @@
  *   dq (block): S = Q K^T, dP = dO V^T, dS = P (dP - D) scale in bf16, dQ += dS K.
  *   dk/dv (block, key-major): a CTA owns 64 keys of one kv head, 8 warps (16 keys x half the
  *     head dim each); for every block that sees any of its keys, per chunk of 64 query rows:
- *     S^T = K Q^T, dP^T = V dO^T, P^T and dS^T in bf16, dV += P^T dO, dK += dS^T Q. One writer
- *     per dk/dv row, no atomics; keys nobody sees get 0.
+ *     S^T = K Q^T, dP^T = V dO^T, P^T and dS^T in bf16, dV += P^T dO, dK += dS^T Q. Keys
+ *     nobody sees get 0. Work split (default): a context key tile is seen by hundreds of blocks
+ *     while a block's own keys by one, so one CTA per tile left the SMs idle behind the few
+ *     heaviest tiles. Now a tile seen by more than N query blocks (DFLASH_CUDA_ATTN_SPLIT, 40)
+ *     is cut into up to 32 pieces (blockIdx.z) of ~N consecutive hitting blocks; pieces add
+ *     fp32 partials into a per-device accumulator (float4 atomics) and the last piece to finish
+ *     (a ticket per tile) writes bf16 and zeroes the accumulator again. Tiles under N keep one
+ *     writer and no atomics. The sum order of the pieces varies: dk/dv are not bitwise
+ *     reproducible run to run (fp32 sums, bf16 out). D = rowsum(dO * O) is saved per query row
+ *     by the dq kernel ([H, Q] scratch of the same allocation) and read back by dk/dv instead
+ *     of being recomputed (with a load of O) on every visit.
+ *   DFLASH_CUDA_ATTN=tc_v1: the previous schedule (one CTA per key tile, D recomputed);
+ *   =tc_nod: split without the saved D; both for bisecting.
  * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c.
  * Shared-memory row strides are padded (bf16 D+8, fp32 68) to spread banks; every WMMA pointer is
  * 32-byte aligned by construction. P (and P^T, dS^T) are written as bf16 over the first half of
@@ -53,6 +64,16 @@ typedef struct tc_args {
     int n_blocks, B, T, Tk, H, Hk, group, RT, tiles_per_block;
     int async_copy; /* 1: tiles via cp.async (all in flight at once); 0: plain loads */
     float scale;
+    /* dk/dv work split (k_tc_dkdv): a key tile seen by more than `vps` query blocks is cut into
+     * up to `split_max` pieces (blockIdx.z) whose fp32 partial sums meet in `acc` (dk at acc,
+     * dv at acc + Tk*Hk*D, all zero between launches); the last piece of a tile (ticket) writes
+     * bf16 and zeroes its part of acc again. acc NULL: no split (one CTA per key tile). */
+    float *acc;
+    int *tickets;
+    /* D = rowsum(dO * O) per query row, [H, Q] like lse: written by k_tc_dq, read by k_tc_dkdv
+     * (same stream, after it) instead of recomputing D on every key-tile visit; NULL: recompute */
+    float *dsave;
+    int split_max, vps;
 } tc_args;
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;
@@ -392,6 +413,10 @@ template <int D> __global__ void __launch_bounds__(128) k_tc_dq(tc_args a) {
         },
         Dr, Lr);
     __syncwarp();
+    if (a.dsave && lane < 16 && warp * 16 + lane < NR) {
+        int r = warp * 16 + lane, t = t_a + r / group, h = hk * group + r % group;
+        a.dsave[(size_t)h * Q + t] = Dr[r];
+    }
     const int row = warp * 16 + lane / 2, c0 = (lane % 2) * 32;
     frag_c dq[NF];
 #pragma unroll
@@ -473,7 +498,7 @@ template <int D> static size_t kv_smem_tc(void) {
     return (size_t)4 * 64 * (D + 8) * 2 + (size_t)2 * 64 * SL * 4 + 2 * 64 * 4;
 }
 
-template <int D> __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a) {
+template <int D> __global__ void __launch_bounds__(256, 2) k_tc_dkdv(tc_args a) {
     constexpr int LD = D + 8, NFH = D / 32;
     extern __shared__ __align__(128) unsigned char sm_raw[];
     bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + 64 * LD;
@@ -484,6 +509,30 @@ template <int D> __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
     const int H = a.H, Hk = a.Hk, group = a.group, B = a.B, Q = a.n_blocks * B;
     const int kt0 = blockIdx.x * TK, kg = warp % 4, dh = warp / 4;
+    auto hits = [&](int blk) -> bool {
+        int rg[4];
+        int n = tc_span_ranges(a.spans + blk, B, rg);
+        for (int r = 0; r < n; r++)
+            if (rg[2 * r] < kt0 + TK && rg[2 * r + 1] > kt0) return true;
+        return false;
+    };
+    /* how many query blocks see this key tile, hence how many pieces it is cut into */
+    __shared__ int s_nhit, s_last;
+    if (threadIdx.x == 0) s_nhit = 0;
+    __syncthreads();
+    {
+        int cnt = 0;
+        for (int blk = threadIdx.x; blk < a.n_blocks; blk += blockDim.x)
+            cnt += hits(blk) ? 1 : 0;
+        if (cnt) atomicAdd(&s_nhit, cnt);
+    }
+    __syncthreads();
+    const int n_hit = s_nhit, piece = blockIdx.z;
+    int nsplit = 1;
+    if (a.acc && n_hit > a.vps) nsplit = min(a.split_max, (n_hit + a.vps - 1) / a.vps);
+    if (piece >= nsplit) return; /* uniform over the CTA */
+    const int h_lo = (int)((long long)n_hit * piece / nsplit);
+    const int h_hi = (int)((long long)n_hit * (piece + 1) / nsplit);
     auto kvoff = [&](int r) -> long long {
         return kt0 + r < a.Tk ? ((long long)(kt0 + r) * Hk + hk) * D : -1;
     };
@@ -495,13 +544,15 @@ template <int D> __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a) {
     for (int j = 0; j < NFH; j++)
         wmma::fill_fragment(dk[j], 0.0f), wmma::fill_fragment(dv[j], 0.0f);
     const int NRB = B * group;
-    for (int blk = 0; blk < a.n_blocks; blk++) {
+    int hit_i = -1; /* index of the current block among all blocks that see this tile */
+    for (int blk = 0; blk < a.n_blocks && hit_i + 1 < h_hi; blk++) {
         int rng[4];
         int nr = tc_span_ranges(a.spans + blk, B, rng);
         bool hit = false;
         for (int r = 0; r < nr; r++)
             if (rng[2 * r] < kt0 + TK && rng[2 * r + 1] > kt0) hit = true;
         if (!hit) continue;
+        if (++hit_i < h_lo) continue;
         for (int cb = 0; cb < NRB; cb += 64) {
             int nrows = min(64, NRB - cb);
             auto qoff = [&](int r) -> long long {
@@ -512,21 +563,35 @@ template <int D> __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a) {
             __syncthreads();
             load_tile<D>(Qs, a.q, qoff, a.async_copy);
             load_tile<D>(dOs, a.dout, qoff, a.async_copy);
-            tile_wait(a.async_copy);
-            __syncthreads();
-            rows_D<D, 8>(
-                dOs, warp * 8,
-                [&](int r) -> const bf16 * {
-                    if (r >= nrows) return NULL;
-                    int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
-                    return a.o + ((size_t)t * H + h) * D;
-                },
-                [&](int r) -> float {
-                    if (r >= nrows) return INFINITY;
-                    int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
-                    return a.lse_in[(size_t)h * Q + t];
-                },
-                Dr, Lr);
+            if (a.dsave) {
+                if (threadIdx.x < 64) {
+                    int r = threadIdx.x;
+                    float Dv = 0.0f, L = INFINITY;
+                    if (r < nrows) {
+                        int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
+                        Dv = a.dsave[(size_t)h * Q + t], L = a.lse_in[(size_t)h * Q + t];
+                    }
+                    Dr[r] = Dv, Lr[r] = L;
+                }
+                tile_wait(a.async_copy);
+                __syncthreads();
+            } else {
+                tile_wait(a.async_copy);
+                __syncthreads();
+                rows_D<D, 8>(
+                    dOs, warp * 8,
+                    [&](int r) -> const bf16 * {
+                        if (r >= nrows) return NULL;
+                        int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
+                        return a.o + ((size_t)t * H + h) * D;
+                    },
+                    [&](int r) -> float {
+                        if (r >= nrows) return INFINITY;
+                        int qr = cb + r, t = blk * B + qr / group, h = hk * group + qr % group;
+                        return a.lse_in[(size_t)h * Q + t];
+                    },
+                    Dr, Lr);
+            }
             /* S^T = K Q^T and dP^T = V dO^T: warp (kg, dh) does key block kg, row blocks
              * 2 dh and 2 dh + 1 */
 #pragma unroll
@@ -618,11 +683,52 @@ template <int D> __global__ void __launch_bounds__(256) k_tc_dkdv(tc_args a) {
             if (key < a.Tk) dst[((size_t)key * Hk + hk) * D + col + cc] = __float2bfloat16(st[e]);
         }
     };
+    if (nsplit == 1) {
+#pragma unroll
+        for (int j = 0; j < NFH; j++) {
+            put(dk[j], a.dk, dh * (D / 2) + j * 16);
+            put(dv[j], a.dv, dh * (D / 2) + j * 16);
+        }
+        return;
+    }
+    /* split: add this piece's fp32 partials into acc; the last piece of the tile converts */
+    const size_t plane = (size_t)a.Tk * Hk * D;
+    auto add = [&](const frag_c &f, float *dst, int col) {
+        __syncwarp();
+        wmma::store_matrix_sync(st, f, 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 64; e += 32) {
+            int rr = e / 4, cc = (e % 4) * 4, key = kt0 + kg * 16 + rr;
+            if (key < a.Tk)
+                atomicAdd((float4 *)(dst + ((size_t)key * Hk + hk) * D + col + cc),
+                          *(const float4 *)(st + rr * 16 + cc));
+        }
+    };
 #pragma unroll
     for (int j = 0; j < NFH; j++) {
-        put(dk[j], a.dk, dh * (D / 2) + j * 16);
-        put(dv[j], a.dv, dh * (D / 2) + j * 16);
+        add(dk[j], a.acc, dh * (D / 2) + j * 16);
+        add(dv[j], a.acc + plane, dh * (D / 2) + j * 16);
     }
+    __threadfence();
+    __syncthreads();
+    int *ticket = a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == nsplit - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    constexpr int V4 = D / 4;
+    for (int idx = threadIdx.x; idx < 2 * TK * V4; idx += blockDim.x) {
+        int which = idx / (TK * V4), rem = idx % (TK * V4), key = kt0 + rem / V4;
+        int c = (rem % V4) * 4;
+        if (key >= a.Tk) continue;
+        size_t off = ((size_t)key * Hk + hk) * D + c;
+        float4 *g = (float4 *)(a.acc + which * plane + off);
+        float4 v = __ldcg(g);
+        __stcg(g, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        bf16 *dst = (which ? a.dv : a.dk) + off;
+        *(uint2 *)dst = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+    if (threadIdx.x == 0) *ticket = 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -631,9 +737,25 @@ static int tc_mode(void) {
     static int mode = -1;
     if (mode < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN");
-        mode = !e || !*e ? 2 : strcmp(e, "simple") == 0 ? 0 : strcmp(e, "tc_sync") == 0 ? 1 : 2;
+        mode = !e || !*e                   ? 2
+               : strcmp(e, "simple") == 0  ? 0
+               : strcmp(e, "tc_sync") == 0 ? 1
+               : strcmp(e, "tc_v1") == 0   ? 3
+               : strcmp(e, "tc_nod") == 0  ? 4
+                                           : 2;
     }
     return mode;
+}
+
+/* Query blocks per dk/dv piece (k_tc_dkdv split): DFLASH_CUDA_ATTN_SPLIT=N in the environment
+ * (N >= 1; tests use a small N so that their few blocks still get cut), default 40. */
+static int tc_vps(void) {
+    static int vps = -1;
+    if (vps < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_SPLIT");
+        vps = e && atoi(e) >= 1 ? atoi(e) : 40;
+    }
+    return vps;
 }
 
 static bool al16(const void *p) {
@@ -646,8 +768,44 @@ static bool tc_usable(int H, int Hk, int d, const void *p1, const void *p2, cons
     return al16(p1) && al16(p2) && al16(p3) && al16(p4) && al16(p5);
 }
 
+/* The dk/dv split's fp32 accumulator and tickets, one set per device, allocated (zeroed) by
+ * cuda_tc_attention_init, i.e. in nn_cuda_new, never during a step, and kept for the life of the
+ * process. Capacity SPLIT_ELEMS elements per tensor (Tk * Hk * d <= 16 Mi: 128 MiB for dk + dv)
+ * and SPLIT_TICKETS key tiles x kv heads; a larger call runs unsplit (one CTA per key tile, the
+ * tc_v1 schedule). The kernels leave both zeroed, so calls need no memset; two streams must not
+ * run attention_block_bwd on one device at the same time (one trainer per device does not). */
+#define SPLIT_ELEMS (16u << 20)
+#define SPLIT_TICKETS 65536
+#define SPLIT_DEVICES 64
+#define SPLIT_DROWS (4u << 20) /* H * Q rows of D (16 MiB) */
+static float *g_split_acc[SPLIT_DEVICES], *g_split_d[SPLIT_DEVICES];
+static int *g_split_tickets[SPLIT_DEVICES];
+
+static int split_alloc(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= SPLIT_DEVICES) return -1;
+    if (g_split_acc[dev]) return 0;
+    float *acc = NULL, *dd = NULL;
+    int *tk = NULL;
+    if (cudaMalloc((void **)&acc, (size_t)2 * SPLIT_ELEMS * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&dd, (size_t)SPLIT_DROWS * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&tk, (size_t)SPLIT_TICKETS * sizeof(int)) != cudaSuccess ||
+        cudaMemset(acc, 0, (size_t)2 * SPLIT_ELEMS * sizeof(float)) != cudaSuccess ||
+        cudaMemset(tk, 0, (size_t)SPLIT_TICKETS * sizeof(int)) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+        if (acc) cudaFree(acc);
+        if (dd) cudaFree(dd);
+        if (tk) cudaFree(tk);
+        return -1;
+    }
+    g_split_acc[dev] = acc, g_split_tickets[dev] = tk, g_split_d[dev] = dd;
+    return 0;
+}
+
 int cuda_tc_attention_init(void) {
     int bad = 0;
+    /* without the split buffers (no memory) block_bwd runs unsplit: not an error */
+    if ((tc_mode() == 2 || tc_mode() == 4) && split_alloc() != 0) (void)cudaGetLastError();
     bad |= cudaFuncSetAttribute(k_tc_fwd<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd_smem<64>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_tc_fwd<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -668,7 +826,7 @@ int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
                                  int Hk, int d) {
     if (!tc_usable(H, Hk, d, out, q, k, v, q) || n_seqs <= 0 || T <= 0) return -1;
     tc_args a = {};
-    a.async_copy = tc_mode() == 2;
+    a.async_copy = tc_mode() >= 2;
     a.out = out, a.q = q, a.k = k, a.v = v, a.seq_off = seq_off, a.n_seqs = n_seqs, a.causal = 1;
     a.T = T, a.Tk = T, a.H = H, a.Hk = Hk, a.group = H / Hk, a.RT = TQ / a.group;
     a.scale = 1.0f / sqrtf((float)d);
@@ -684,7 +842,7 @@ int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
 static tc_args tc_block_args(const nn_block_span *spans, int n_blocks, int B, int Tk, int H, int Hk,
                              int d) {
     tc_args a = {};
-    a.async_copy = tc_mode() == 2;
+    a.async_copy = tc_mode() >= 2;
     a.spans = spans, a.n_blocks = n_blocks, a.B = B, a.T = n_blocks * B, a.Tk = Tk;
     a.H = H, a.Hk = Hk, a.group = H / Hk;
     a.RT = TQ / a.group < B ? TQ / a.group : B;
@@ -718,7 +876,18 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
     tc_args a = tc_block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = dq, a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse_in = lse;
     a.dk = dk, a.dv = dv;
-    dim3 gq(n_blocks * a.tiles_per_block, Hk), gk((Tk + TK - 1) / TK, Hk);
+    int n_kt = (Tk + TK - 1) / TK, dev = 0;
+    a.split_max = 1, a.vps = tc_vps();
+    if ((tc_mode() == 2 || tc_mode() == 4) && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 &&
+        dev < SPLIT_DEVICES && g_split_acc[dev] && (size_t)Tk * Hk * d <= SPLIT_ELEMS &&
+        (size_t)n_kt * Hk <= SPLIT_TICKETS) {
+        a.acc = g_split_acc[dev], a.tickets = g_split_tickets[dev];
+        a.split_max = (n_blocks + a.vps - 1) / a.vps;
+        if (a.split_max > 32) a.split_max = 32;
+        if (a.split_max < 1) a.split_max = 1;
+        if (tc_mode() == 2 && (size_t)H * n_blocks * B <= SPLIT_DROWS) a.dsave = g_split_d[dev];
+    }
+    dim3 gq(n_blocks * a.tiles_per_block, Hk), gk(n_kt, Hk, a.split_max);
     if (d == 64) {
         k_tc_dq<64><<<gq, 128, dq_smem<64>(), st>>>(a);
         CUDA_CHECK_LAUNCH();

@@ -25,6 +25,7 @@
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
  * the tensor-core kernels of ops_cuda_attn_tc.cu first (d 64 / 128, aligned buffers).
  */
+#include "attn_spans.cuh"
 #include "ops_cuda.h"
 
 #include <cuda_bf16.h>
@@ -60,30 +61,6 @@ typedef struct attn_args {
 
 /* The key ranges of one span as up to two disjoint ascending [begin, end) pairs (ops_cpu.c's
  * block_key_ranges); returns how many. */
-__device__ __forceinline__ int span_ranges(const nn_block_span *sp, int B, int r[4]) {
-    nn_block_span s = *sp;
-    if (!s.keep) return 0;
-    int c0 = s.ctx_begin, c1 = s.ctx_end, b0 = s.blk_begin, b1 = s.blk_begin + B;
-    if (c1 <= c0) {
-        r[0] = b0, r[1] = b1;
-        return B > 0 ? 1 : 0;
-    }
-    if (B <= 0) {
-        r[0] = c0, r[1] = c1;
-        return 1;
-    }
-    if (c1 < b0 || b1 < c0) {
-        if (c0 < b0)
-            r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
-        else
-            r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
-        return 2;
-    }
-    r[0] = c0 < b0 ? c0 : b0;
-    r[1] = c1 > b1 ? c1 : b1;
-    return 1;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -94,19 +71,6 @@ __device__ __forceinline__ float warp_sum_a(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-/* index of the last s with seq_off[s] <= t */
-__device__ int seq_of(const int32_t *seq_off, int n_seqs, int t) {
-    int lo = 0, hi = n_seqs - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (seq_off[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
 }
 
 static size_t q_smem(int d, int mode) {
@@ -134,7 +98,7 @@ template <int MAXD, int MODE> __global__ void __launch_bounds__(QWARPS * 32) k_a
         t0 = a.seq_off[0], t1 = a.seq_off[a.n_seqs];
         int lo = max(t_a, t0), hi = min(t_a + R, t1); /* tokens with keys */
         if (lo < hi) {
-            rng[0] = a.seq_off[seq_of(a.seq_off, a.n_seqs, lo)];
+            rng[0] = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, lo)];
             rng[1] = hi;
             nr = 1;
         }
@@ -142,7 +106,7 @@ template <int MAXD, int MODE> __global__ void __launch_bounds__(QWARPS * 32) k_a
         int blk = blockIdx.x / a.tiles_per_block, rt = blockIdx.x % a.tiles_per_block;
         t_a = blk * a.B + rt * a.RT;
         R = min(a.RT, a.B - rt * a.RT);
-        nr = span_ranges(a.spans + blk, a.B, rng);
+        nr = attn_span_ranges(a.spans + blk, a.B, rng);
     }
     const int NR = R * group;
 
@@ -161,7 +125,7 @@ template <int MAXD, int MODE> __global__ void __launch_bounds__(QWARPS * 32) k_a
             int t = t_a + qr / group;
             if (MODE == MODE_CAUSAL) {
                 if (t >= t0 && t < t1) {
-                    kbeg[rr] = a.seq_off[seq_of(a.seq_off, a.n_seqs, t)];
+                    kbeg[rr] = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, t)];
                     kend[rr] = t + 1;
                 }
             } else {
@@ -339,7 +303,7 @@ __global__ void __launch_bounds__(128) k_attn_kv(attn_args a, bf16 *dk_out, bf16
     const int NRB = B * group;
     for (int blk = 0; blk < a.n_blocks; blk++) {
         int rng[4];
-        int nr = span_ranges(a.spans + blk, B, rng);
+        int nr = attn_span_ranges(a.spans + blk, B, rng);
         bool hit = false, kvis = false; /* kvis: this thread's key (lane) is seen */
         for (int r = 0; r < nr; r++) {
             if (rng[2 * r] < kt0 + KTILE && rng[2 * r + 1] > kt0) hit = true;

@@ -32,6 +32,7 @@
  * padding rows zero-filled); DFLASH_CUDA_ATTN=tc_sync uses plain loads instead, =simple the
  * CUDA-core kernels of ops_cuda_attn.cu.
  */
+#include "attn_spans.cuh"
 #include "ops_cuda.h"
 
 #include <cuda_bf16.h>
@@ -81,42 +82,6 @@ typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> frag_a
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
-
-__device__ __forceinline__ int tc_span_ranges(const nn_block_span *sp, int B, int r[4]) {
-    nn_block_span s = *sp;
-    if (!s.keep) return 0;
-    int c0 = s.ctx_begin, c1 = s.ctx_end, b0 = s.blk_begin, b1 = s.blk_begin + B;
-    if (c1 <= c0) {
-        r[0] = b0, r[1] = b1;
-        return B > 0 ? 1 : 0;
-    }
-    if (B <= 0) {
-        r[0] = c0, r[1] = c1;
-        return 1;
-    }
-    if (c1 < b0 || b1 < c0) {
-        if (c0 < b0)
-            r[0] = c0, r[1] = c1, r[2] = b0, r[3] = b1;
-        else
-            r[0] = b0, r[1] = b1, r[2] = c0, r[3] = c1;
-        return 2;
-    }
-    r[0] = c0 < b0 ? c0 : b0;
-    r[1] = c1 > b1 ? c1 : b1;
-    return 1;
-}
-
-__device__ int tc_seq_of(const int32_t *seq_off, int n_seqs, int t) {
-    int lo = 0, hi = n_seqs - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (seq_off[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
 
 /* 64 rows of D bf16 into shared memory (stride D+8) in 16-byte pieces; row r comes from
  * src + off(r) or is zero when off(r) < 0. With async (cp.async, zero-filling padding rows) every
@@ -200,7 +165,7 @@ __device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, i
         int lo = max(t_a, t0), hi = min(t_a + R, t1);
         nr = 0;
         if (lo < hi) {
-            rng[0] = a.seq_off[tc_seq_of(a.seq_off, a.n_seqs, lo)];
+            rng[0] = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, lo)];
             rng[1] = hi;
             nr = 1;
         }
@@ -208,7 +173,7 @@ __device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, i
         int blk = blockIdx.x / a.tiles_per_block, rt = blockIdx.x % a.tiles_per_block;
         t_a = blk * a.B + rt * a.RT;
         R = min(a.RT, a.B - rt * a.RT);
-        nr = tc_span_ranges(a.spans + blk, a.B, rng);
+        nr = attn_span_ranges(a.spans + blk, a.B, rng);
     }
 }
 
@@ -237,7 +202,7 @@ template <int D> __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a) {
             if (!a.causal)
                 kb = 0, ke = a.Tk;
             else if (t >= a.seq_off[0] && t < a.seq_off[a.n_seqs])
-                kb = a.seq_off[tc_seq_of(a.seq_off, a.n_seqs, t)], ke = t + 1;
+                kb = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, t)], ke = t + 1;
         }
         kbeg[r] = kb, kend[r] = ke;
     }
@@ -511,7 +476,7 @@ template <int D> __global__ void __launch_bounds__(256, 2) k_tc_dkdv(tc_args a) 
     const int kt0 = blockIdx.x * TK, kg = warp % 4, dh = warp / 4;
     auto hits = [&](int blk) -> bool {
         int rg[4];
-        int n = tc_span_ranges(a.spans + blk, B, rg);
+        int n = attn_span_ranges(a.spans + blk, B, rg);
         for (int r = 0; r < n; r++)
             if (rg[2 * r] < kt0 + TK && rg[2 * r + 1] > kt0) return true;
         return false;
@@ -547,7 +512,7 @@ template <int D> __global__ void __launch_bounds__(256, 2) k_tc_dkdv(tc_args a) 
     int hit_i = -1; /* index of the current block among all blocks that see this tile */
     for (int blk = 0; blk < a.n_blocks && hit_i + 1 < h_hi; blk++) {
         int rng[4];
-        int nr = tc_span_ranges(a.spans + blk, B, rng);
+        int nr = attn_span_ranges(a.spans + blk, B, rng);
         bool hit = false;
         for (int r = 0; r < nr; r++)
             if (rng[2 * r] < kt0 + TK && rng[2 * r + 1] > kt0) hit = true;

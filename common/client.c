@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 struct client {
@@ -464,4 +465,23 @@ int client_sub_recv(client_sub *s, char *topic, size_t topic_len, wire_msg *msg,
     if (n < 0 || (size_t)n > sizeof s->buf) return DFLASH_EPROTO;
     if (topic && topic_len) snprintf(topic, topic_len, "%s", t);
     return wire_unpack(s->buf, (size_t)n, msg, NULL, 0) ? DFLASH_EPROTO : 0;
+}
+
+void client_default_runtime_dir(char *out, size_t len)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg && *xdg) snprintf(out, len, "%.240s/dflash", xdg);
+    else snprintf(out, len, "/tmp/dflash-%u", (unsigned)getuid());
+}
+
+void client_resolve_endpoint(const char *endpoint, const char *runtime_dir, char *out, size_t len)
+{
+    if (endpoint && *endpoint) {
+        snprintf(out, len, "%s", endpoint);
+        return;
+    }
+    char dir[256];
+    if (runtime_dir && *runtime_dir) snprintf(dir, sizeof dir, "%s", runtime_dir);
+    else client_default_runtime_dir(dir, sizeof dir);
+    snprintf(out, len, "ipc://%.240s/queue.sock", dir);
 }

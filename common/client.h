@@ -44,6 +44,13 @@
 
 typedef struct client client;
 
+/* Where the ipc:// sockets live when no --runtime-dir is given: $XDG_RUNTIME_DIR/dflash, else
+ * /tmp/dflash-UID. Every program (broker, daemons, ctl) resolves it the same way. */
+void client_default_runtime_dir(char *out, size_t len);
+/* The broker ROUTER endpoint a peer connects to: endpoint when non-empty, else
+ * ipc://<runtime_dir or the default>/queue.sock. */
+void client_resolve_endpoint(const char *endpoint, const char *runtime_dir, char *out, size_t len);
+
 /* Creates a client for endpoint ("ipc:///run/dflash/queue.sock", "tcp://host:port") in `role`
  * with a short human `name` (shown in broker stats). Connects lazily; never blocks. Returns NULL
  * on bad arguments or when ZeroMQ cannot create the socket. */

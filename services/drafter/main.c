@@ -16,6 +16,7 @@
  * The only global is the stop flag. */
 #include "batch_plan.h"
 #include "blas_env.h"
+#include "client.h"
 #include "config.h"
 #include "hf_config.h"
 #include "err.h"
@@ -378,13 +379,7 @@ int main(int argc, char **argv)
     worker_loop_config lc;
     memset(&lc, 0, sizeof lc);
     char endpoint[300], name[64];
-    if (cfg.endpoint[0]) snprintf(endpoint, sizeof endpoint, "%s", cfg.endpoint);
-    else if (cfg.runtime_dir[0])
-        snprintf(endpoint, sizeof endpoint, "ipc://%.200s/queue.sock", cfg.runtime_dir);
-    else if (getenv("XDG_RUNTIME_DIR") && *getenv("XDG_RUNTIME_DIR"))
-        snprintf(endpoint, sizeof endpoint, "ipc://%.200s/dflash/queue.sock",
-                 getenv("XDG_RUNTIME_DIR"));
-    else snprintf(endpoint, sizeof endpoint, "ipc:///tmp/dflash-%u/queue.sock", (unsigned)getuid());
+    client_resolve_endpoint(cfg.endpoint, cfg.runtime_dir, endpoint, sizeof endpoint);
     if (cfg.name[0]) {
         snprintf(name, sizeof name, "%s", cfg.name);
     } else {

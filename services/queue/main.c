@@ -5,6 +5,7 @@
  * SIGINT/SIGTERM, shut down in reverse. Everything else lives in broker.c (server loop),
  * policy.c (buckets, leases) and ledger.c/journal.c (the training ledger). */
 #include "broker.h"
+#include "client.h"
 #include "config.h"
 #include "err.h"
 #include "log.h"
@@ -40,11 +41,7 @@ static int runtime_dir_prepare(const char *dir)
 
 static void resolve_paths(queue_config *c)
 {
-    if (!c->runtime_dir[0]) {
-        const char *xdg = getenv("XDG_RUNTIME_DIR");
-        if (xdg && *xdg) snprintf(c->runtime_dir, sizeof c->runtime_dir, "%s/dflash", xdg);
-        else snprintf(c->runtime_dir, sizeof c->runtime_dir, "/tmp/dflash-%u", (unsigned)getuid());
-    }
+    if (!c->runtime_dir[0]) client_default_runtime_dir(c->runtime_dir, sizeof c->runtime_dir);
     if (!c->endpoint[0])
         snprintf(c->endpoint, sizeof c->endpoint, "ipc://%.200s/queue.sock", c->runtime_dir);
     if (!c->pub_endpoint[0])

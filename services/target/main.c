@@ -7,6 +7,7 @@
  * effective config, run target_loop until drained or SIGINT/SIGTERM, shut down in reverse (the
  * pool's shared memory is removed). Exit status: 0 done, 1 fatal error, 2 bad configuration.
  * The only global is the stop flag. */
+#include "client.h"
 #include "config.h"
 #include "err.h"
 #include "batch_plan.h"
@@ -121,15 +122,7 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
                              size_t ep_len)
 {
     memset(lc, 0, sizeof *lc);
-    if (c->endpoint[0]) {
-        snprintf(endpoint, ep_len, "%s", c->endpoint);
-    } else if (c->runtime_dir[0]) {
-        snprintf(endpoint, ep_len, "ipc://%.200s/queue.sock", c->runtime_dir);
-    } else {
-        const char *xdg = getenv("XDG_RUNTIME_DIR");
-        if (xdg && *xdg) snprintf(endpoint, ep_len, "ipc://%.200s/dflash/queue.sock", xdg);
-        else snprintf(endpoint, ep_len, "ipc:///tmp/dflash-%u/queue.sock", (unsigned)getuid());
-    }
+    client_resolve_endpoint(c->endpoint, c->runtime_dir, endpoint, ep_len);
     lc->endpoint = endpoint;
     lc->curve_server_key = c->curve_server_key;
     lc->curve_key = c->curve_key;

@@ -273,12 +273,7 @@ static int cmd_keygen(int n, char **args)
 static void resolve_endpoint(ctl_config *c)
 {
     if (c->endpoint[0]) return;
-    char dir[256];
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (c->runtime_dir[0]) snprintf(dir, sizeof dir, "%s", c->runtime_dir);
-    else if (xdg && *xdg) snprintf(dir, sizeof dir, "%.240s/dflash", xdg);
-    else snprintf(dir, sizeof dir, "/tmp/dflash-%u", (unsigned)getuid());
-    snprintf(c->endpoint, sizeof c->endpoint, "ipc://%.240s/queue.sock", dir);
+    client_resolve_endpoint(NULL, c->runtime_dir, c->endpoint, sizeof c->endpoint);
 }
 
 int main(int argc, char **argv)

@@ -44,6 +44,19 @@
 
 typedef struct client client;
 
+/* The connection options every broker peer's option table starts with (config.h). The caller's
+ * settings struct has char arrays runtime_dir, endpoint, curve_server_key and curve_key, and
+ * OPTS(name, default, help, member) is its string-option macro. */
+#define CLIENT_CONNECTION_OPTIONS(OPTS)                                                            \
+    OPTS("runtime-dir", "", "0700 directory of the broker's ipc sockets (default "                \
+         "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),                              \
+    OPTS("endpoint", "", "broker ROUTER endpoint (default ipc://<runtime-dir>/queue.sock)",       \
+         endpoint),                                                                                \
+    OPTS("curve-server-key", "", "CURVE for a tcp:// endpoint: the broker's public key file "     \
+         "(NAME.pub)", curve_server_key),                                                          \
+    OPTS("curve-key", "", "CURVE: our secret key file (NAME.key, mode 0600; dflash-ctl keygen)",  \
+         curve_key)
+
 /* Where the ipc:// sockets live when no --runtime-dir is given: $XDG_RUNTIME_DIR/dflash, else
  * /tmp/dflash-UID. Every program (broker, daemons, ctl) resolves it the same way. */
 void client_default_runtime_dir(char *out, size_t len);

@@ -89,14 +89,7 @@ typedef struct drafter_config {
 #define OPTS(n, d, h, m) {n, CFG_STRING, d, 1, 0, false, h, offsetof(drafter_config, m), \
                           sizeof(((drafter_config *)0)->m)}
 static const cfg_option drafter_options[] = {
-    OPTS("runtime-dir", "", "0700 directory of the broker's ipc sockets (default "
-         "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),
-    OPTS("endpoint", "", "broker ROUTER endpoint (default ipc://<runtime-dir>/queue.sock)",
-         endpoint),
-    OPTS("curve-server-key", "", "CURVE for a tcp:// endpoint: the broker's public key file "
-         "(NAME.pub)", curve_server_key),
-    OPTS("curve-key", "", "CURVE: our secret key file (NAME.key, mode 0600; dflash-ctl keygen)",
-         curve_key),
+    CLIENT_CONNECTION_OPTIONS(OPTS),
     OPTS("name", "", "peer name, unique per drafter (default drafter-<host>-<pid>)", name),
     OPT("verify", CFG_BOOL, "false", 1, 0, "mode: check every byte of every batch against the "
         "synthetic target (dflash-target --model synthetic), ack, report throughput", verify),

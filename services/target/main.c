@@ -61,14 +61,7 @@ typedef struct target_config {
 #define OPTS(n, d, h, m) {n, CFG_STRING, d, 1, 0, false, h, offsetof(target_config, m), \
                           sizeof(((target_config *)0)->m)}
 static const cfg_option target_options[] = {
-    OPTS("runtime-dir", "", "0700 directory of the broker's ipc sockets (default "
-         "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),
-    OPTS("endpoint", "", "broker ROUTER endpoint (default ipc://<runtime-dir>/queue.sock)",
-         endpoint),
-    OPTS("curve-server-key", "", "CURVE for a tcp:// endpoint: the broker's public key file "
-         "(NAME.pub)", curve_server_key),
-    OPTS("curve-key", "", "CURVE: our secret key file (NAME.key, mode 0600; dflash-ctl keygen)",
-         curve_key),
+    CLIENT_CONNECTION_OPTIONS(OPTS),
     OPTS("name", "target0", "peer and pool name (letters, digits, - and _)", name),
     OPTS("model", "synthetic", "target checkpoint directory, or 'synthetic' for deterministic "
          "test data", model),

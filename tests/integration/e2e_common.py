@@ -92,6 +92,16 @@ class Daemon:
             return f.read()
 
 
+def report(env, failures):
+    """Logs every failure, where the logs were kept, and PASS or FAILED; the exit status."""
+    for f in failures:
+        log("e2e", f"FAIL: {f}")
+    if failures:
+        log("e2e", f"logs kept in {env.tmp}")
+    log("e2e", "PASS" if not failures else "FAILED")
+    return 1 if failures else 0
+
+
 def wait_until(cond, deadline_s, step=0.1):
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:

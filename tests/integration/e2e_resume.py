@@ -25,7 +25,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import Build, Daemon, Env, log, run, tail, wait_until  # noqa: E402
+from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
 
 
 def main():
@@ -145,12 +145,7 @@ def main():
         failures.append(str(e))
     finally:
         env.cleanup(keep or bool(failures))
-    for f in failures:
-        log("e2e", f"FAIL: {f}")
-    if failures:
-        log("e2e", f"logs kept in {env.tmp}")
-    log("e2e", "PASS" if not failures else "FAILED")
-    return 1 if failures else 0
+    return report(env, failures)
 
 
 if __name__ == "__main__":

@@ -378,6 +378,7 @@ fail:
 void dflash_model_destroy(dflash_model **pm) {
     if (!pm || !*pm) return;
     dflash_model *m = *pm;
+    if (m->pending_free) m->pending_free(m);
     if ((void *)m->params != (void *)m->master) m->ops->free(m->ctx, m->params);
     m->ops->free(m->ctx, m->master);
     m->ops->free(m->ctx, m->grads);

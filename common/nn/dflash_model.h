@@ -174,6 +174,10 @@ typedef struct dflash_model {
     float *out_sumsq;        /* [1] */
     float *inv_freq;         /* [d/2] */
     int cur_tc, cur_nb;      /* shape of the inputs set last */
+    /* metrics of queued training steps on their way to the host (dflash_train.c owns them;
+     * pending_free releases them with the model) */
+    struct dflash_pending *pending;
+    void (*pending_free)(struct dflash_model *m);
 
     /* host staging of one batch (plain malloc), filled by dflash_train and dflash_eval:
      * [Qmax] ids, labels, weights, correct, argmax; [Tc_max + Qmax] pos; [nb_max] spans and

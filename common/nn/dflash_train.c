@@ -203,12 +203,87 @@ int dflash_train_build(dflash_model *m, const dflash_train_cfg *tc, const dflash
 }
 
 /* ---------------------------------------------------------------------------------------------
- * the step */
+ * the step
+ *
+ * Everything after the host-side sample construction is queued on the backend's stream and
+ * nothing in the step waits for the device: the loss sums, correct flags and gradient sum of
+ * squares come back through download_raw_async into a pending record (pinned host memory on
+ * cuda), and the clipping factor is applied on the device (adamw_clip). A record is finished
+ * (loss, accuracy, acceptance length, grad norm) when its fence is waited for: at once by the
+ * synchronous entry points, a step later by dflash_train_step_async + dflash_train_collect. */
 
-/* Accuracy, per-offset accuracy and acceptance length from the correct flags of the last loss. */
-static void block_metrics(dflash_model *m, int nb, dflash_metrics *met) {
-    int B = m->cfg.block_size, Q = nb * B;
-    m->ops->download_raw(m->ctx, m->h_correct, m->out_correct, (size_t)Q * sizeof(int32_t));
+typedef struct dflash_pending dflash_pending;
+
+#define PENDING 2 /* records in flight: the step being queued and the one before it */
+
+typedef struct pending_rec {
+    dflash_metrics met; /* host-known part, filled while queuing */
+    bool forward;       /* the loss (and correct flags) were queued */
+    bool applied;       /* the optimizer step (and its sumsq) was queued */
+    float *h_sums;      /* host_alloc: [0] loss sum, [1] weight sum, [2] gradient sum of squares */
+    int32_t *h_correct; /* host_alloc [Qmax] */
+    float *weights;     /* [Qmax] the step's weights: h_weights is rebuilt by the next step */
+} pending_rec;
+
+struct dflash_pending {
+    pending_rec rec[PENDING];
+    int head, count; /* oldest record, records queued and not collected */
+};
+
+static void pending_free(dflash_model *m) {
+    dflash_pending *p = m->pending;
+    if (!p) return;
+    for (int i = 0; i < PENDING; i++) {
+        m->ops->host_free(m->ctx, p->rec[i].h_sums);
+        m->ops->host_free(m->ctx, p->rec[i].h_correct);
+        free(p->rec[i].weights);
+    }
+    free(p);
+    m->pending = NULL;
+}
+
+int dflash_train_prepare(dflash_model *m) {
+    if (m->pending) return 0;
+    dflash_pending *p = calloc(1, sizeof *p);
+    if (!p) return DFLASH_ENOMEM;
+    m->pending = p;
+    m->pending_free = pending_free;
+    size_t Q = (size_t)m->max_blocks * (size_t)m->cfg.block_size;
+    for (int i = 0; i < PENDING; i++) {
+        pending_rec *r = &p->rec[i];
+        r->h_sums = m->ops->host_alloc(m->ctx, 4 * sizeof(float));
+        r->h_correct = m->ops->host_alloc(m->ctx, Q * sizeof(int32_t));
+        r->weights = malloc(Q * sizeof(float));
+        if (!r->h_sums || !r->h_correct || !r->weights) {
+            pending_free(m);
+            return DFLASH_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* The record the next step writes: DFLASH_ESTATE when every record is still pending. */
+static int pending_open(dflash_model *m, pending_rec **out) {
+    int rc = dflash_train_prepare(m);
+    if (rc) return rc;
+    dflash_pending *p = m->pending;
+    if (p->count == PENDING) return DFLASH_ESTATE;
+    pending_rec *r = &p->rec[(p->head + p->count) % PENDING];
+    memset(&r->met, 0, sizeof r->met);
+    r->forward = r->applied = false;
+    *out = r;
+    return 0;
+}
+
+static void pending_push(dflash_model *m) {
+    dflash_pending *p = m->pending;
+    m->ops->fence_record(m->ctx, (p->head + p->count) % PENDING);
+    p->count++;
+}
+
+/* Accuracy, per-offset accuracy and acceptance length from a record's correct flags. */
+static void block_metrics(const dflash_model *m, const pending_rec *r, dflash_metrics *met) {
+    int B = m->cfg.block_size, nb = met->n_blocks;
     long right = 0, total = 0;
     double acc_len = 0.0;
     for (int o = 0; o < DFLASH_MAX_BLOCK; o++)
@@ -216,9 +291,9 @@ static void block_metrics(dflash_model *m, int nb, dflash_metrics *met) {
     for (int j = 0; j < nb; j++) {
         int run = 0, live = 1;
         for (int o = 1; o < B; o++) {
-            int r = j * B + o;
-            bool ok = m->h_weights[r] > 0.0f && m->h_correct[r];
-            if (m->h_weights[r] > 0.0f) {
+            int q = j * B + o;
+            bool weighted = r->weights[q] > 0.0f, ok = weighted && r->h_correct[q];
+            if (weighted) {
                 total++;
                 right += ok;
                 if (o < DFLASH_MAX_BLOCK) met->pos_count[o]++, met->pos_acc[o] += ok;
@@ -237,13 +312,32 @@ static void block_metrics(dflash_model *m, int nb, dflash_metrics *met) {
     met->accept_len = nb ? acc_len / nb : 0.0;
 }
 
-int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+/* Waits for the oldest record's fence and finishes its metrics into *met. */
+static void pending_pop(dflash_model *m, dflash_metrics *met) {
+    dflash_pending *p = m->pending;
+    pending_rec *r = &p->rec[p->head];
+    m->ops->fence_wait(m->ctx, p->head);
+    *met = r->met;
+    if (r->forward) {
+        met->loss = met->weight_sum > 0 ? r->h_sums[0] / met->weight_sum : 0.0;
+        block_metrics(m, r, met);
+    }
+    if (r->applied) met->grad_norm = sqrt((double)r->h_sums[2]);
+    p->head = (p->head + 1) % PENDING;
+    p->count--;
+}
+
+/* Builds the blocks, zeroes the gradients and queues forward, loss and backward (steps 2-3);
+ * the loss sums and correct flags go to r asynchronously. A batch without blocks or weight
+ * queues no forward (r->met.skipped) but still leaves zero gradients. */
+static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
                        int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
-                       dflash_metrics *met) {
+                       pending_rec *r) {
     const nn_ops *o = m->ops;
-    memset(met, 0, sizeof *met);
+    dflash_metrics *met = &r->met;
     met->step = m->step;
     met->n_blocks = nb;
+    o->zero(m->ctx, m->grads, m->n_params * sizeof(float));
     if (nb == 0) {
         met->skipped = true;
         return 0;
@@ -253,52 +347,112 @@ int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     if (rc) return rc;
     met->n_ctx_tokens = m->cur_tc;
     met->weight_sum = wsum;
-    o->zero(m->ctx, m->grads, m->n_params * sizeof(float));
-    dflash_model_forward(m, b->hidden);
-    dflash_model_loss(m, wsum > 0 ? (float)(1.0 / wsum) : 0.0f);
-    float sums[2];
-    o->download_raw(m->ctx, sums, m->out_sums, sizeof sums);
-    met->loss = wsum > 0 ? sums[0] / wsum : 0.0;
-    block_metrics(m, nb, met);
     if (!(wsum > 0)) {
         met->skipped = true;
         return 0;
     }
+    size_t Q = (size_t)nb * (size_t)m->cfg.block_size;
+    memcpy(r->weights, m->h_weights, Q * sizeof(float));
+    dflash_model_forward(m, b->hidden);
+    dflash_model_loss(m, (float)(1.0 / wsum));
+    o->download_raw_async(m->ctx, r->h_sums, m->out_sums, 2 * sizeof(float));
+    o->download_raw_async(m->ctx, r->h_correct, m->out_correct, Q * sizeof(int32_t));
+    r->forward = true;
     dflash_model_backward(m, b->hidden);
     return 0;
 }
 
-void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met) {
+/* Queues clipping and AdamW (step 4); the gradient norm goes to r asynchronously. */
+static void queue_apply(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r) {
     const nn_ops *o = m->ops;
-    float sq;
     o->sumsq(m->ctx, m->out_sumsq, m->grads, m->n_params);
-    o->download_raw(m->ctx, &sq, m->out_sumsq, sizeof sq);
-    double norm = sqrt((double)sq);
-    double scale = 1.0;
-    if (tc->clip > 0 && norm > tc->clip) scale = tc->clip / (norm + 1e-6);
+    o->download_raw_async(m->ctx, r->h_sums + 2, m->out_sumsq, sizeof(float));
     double lr = dflash_train_lr(tc, m->step);
     int t = (int)(m->step + 1);
     bool alias = (void *)m->params == (void *)m->master;
     size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
-    o->adamw(m->ctx, m->master, alias ? NULL : m->params, m->grads, m->adam_m, m->adam_v, nd,
-             (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps, (float)tc->weight_decay,
-             (float)scale, t);
-    o->adamw(m->ctx, m->master + nd,
-             alias ? NULL : (nn_buf *)((char *)m->params + nd * o->act_bytes), m->grads + nd,
-             m->adam_m + nd, m->adam_v + nd, nr, (float)lr, (float)tc->beta1, (float)tc->beta2,
-             (float)tc->eps, 0.0f, (float)scale, t);
+    float clip = tc->clip > 0 ? (float)tc->clip : 0.0f;
+    o->adamw_clip(m->ctx, m->master, alias ? NULL : m->params, m->grads, m->adam_m, m->adam_v, nd,
+                  (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps,
+                  (float)tc->weight_decay, m->out_sumsq, clip, t);
+    o->adamw_clip(m->ctx, m->master + nd,
+                  alias ? NULL : (nn_buf *)((char *)m->params + nd * o->act_bytes), m->grads + nd,
+                  m->adam_m + nd, m->adam_v + nd, nr, (float)lr, (float)tc->beta1,
+                  (float)tc->beta2, (float)tc->eps, 0.0f, m->out_sumsq, clip, t);
     m->step++;
-    met->lr = lr;
-    met->grad_norm = norm;
-    met->step = m->step;
+    r->applied = true;
+    r->met.lr = lr;
+    r->met.step = m->step;
+}
+
+/* Collects every pending record (their metrics are dropped): the synchronous entry points
+ * start from an empty ring. */
+static void pending_drain(dflash_model *m) {
+    dflash_metrics scratch;
+    while (m->pending && m->pending->count) pending_pop(m, &scratch);
+}
+
+int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                       int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
+                       dflash_metrics *met) {
+    memset(met, 0, sizeof *met);
+    pending_drain(m);
+    pending_rec *r;
+    int rc = pending_open(m, &r);
+    if (rc) return rc;
+    rc = queue_grads(m, tc, b, nb, blk_seq, blk_anchor, r);
+    if (rc) return rc;
+    pending_push(m);
+    pending_pop(m, met);
+    return 0;
+}
+
+void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met) {
+    pending_drain(m);
+    pending_rec *r;
+    if (pending_open(m, &r)) { /* only on allocation failure: apply without the norm */
+        LOG_ERROR("dflash_train_apply: out of host memory for the step's metrics");
+        abort();
+    }
+    queue_apply(m, tc, r);
+    pending_push(m);
+    dflash_metrics am;
+    pending_pop(m, &am);
+    met->lr = am.lr;
+    met->grad_norm = am.grad_norm;
+    met->step = am.step;
+}
+
+int dflash_train_step_async(dflash_model *m, const dflash_train_cfg *tc,
+                            const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key) {
+    pending_rec *r;
+    int rc = pending_open(m, &r);
+    if (rc) return rc;
+    int nb = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
+    if (nb < 0) return nb;
+    rc = queue_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, r);
+    if (rc) return rc;
+    if (!r->met.skipped) queue_apply(m, tc, r);
+    pending_push(m);
+    return 0;
+}
+
+int dflash_train_collect(dflash_model *m, dflash_metrics *met) {
+    if (!m->pending || m->pending->count == 0) return 0;
+    pending_pop(m, met);
+    return 1;
+}
+
+int dflash_train_pending(const dflash_model *m) {
+    return m->pending ? m->pending->count : 0;
 }
 
 int dflash_train_step(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
                       uint64_t epoch, uint64_t batch_key, dflash_metrics *met) {
-    int nb = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
-    if (nb < 0) return nb;
-    int rc = dflash_train_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, met);
-    if (rc || met->skipped) return rc;
-    dflash_train_apply(m, tc, met);
+    memset(met, 0, sizeof *met);
+    pending_drain(m);
+    int rc = dflash_train_step_async(m, tc, b, epoch, batch_key);
+    if (rc) return rc;
+    dflash_train_collect(m, met);
     return 0;
 }

@@ -13,7 +13,8 @@
  *   3. forward, loss = sum w*CE / sum w over the whole batch, backward (dflash_model).
  *   4. grad norm over all trainable tensors, clipping to `clip`, AdamW (fp32 master and moments;
  *      weight decay on matrices only), learning rate from the warmup + cosine schedule.
- * Metrics (host, after the step; the cpu backend is synchronous): loss, accuracy over w > 0
+ * No step waits for the device: results come back asynchronously (see dflash_train_step_async).
+ * Metrics (host, once the step has run): loss, accuracy over w > 0
  * (undecayed), per-offset accuracy, acceptance length of the training blocks (1 + leading correct
  * offsets, an offset with w == 0 ends the run), learning rate, gradient norm.
  *
@@ -102,11 +103,14 @@ int dflash_train_build(dflash_model *m, const dflash_train_cfg *tc, const dflash
                        int nb, const int32_t *blk_seq, const int32_t *blk_anchor, double *wsum);
 
 /* Loss and gradients for the given anchors (steps 2-3): zeroes grads, then forward, loss,
- * backward. Fills the loss and accuracy metrics. Returns 0 or a negative code. */
+ * backward, and waits for them. Fills the loss and accuracy metrics. A batch without blocks
+ * or weight runs no forward (met->skipped) and leaves zero gradients. Collects (drops) the
+ * metrics of any step still pending from dflash_train_step_async. Returns 0 or a code. */
 int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
                        int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
                        dflash_metrics *met);
-/* Clip, schedule and AdamW over the gradients (step 4); increments m->step. */
+/* Clip, schedule and AdamW over the gradients (step 4); increments m->step; waits for it and
+ * fills met->lr, grad_norm and step. Call after dflash_train_grads. */
 void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met);
 
 /* The whole step on a slot's batch: anchors from (tc->seed, epoch, batch_key), grads, apply.
@@ -114,5 +118,22 @@ void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metr
  * without any weighted position is not applied (met->skipped). Returns 0 or a negative code. */
 int dflash_train_step(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
                       uint64_t epoch, uint64_t batch_key, dflash_metrics *met);
+
+/* The same step without any host wait (the daemon's hot loop): everything is queued on the
+ * backend's stream, m->step advances at once, and the metrics come back later through
+ * dflash_train_collect. At most two steps may be pending (DFLASH_ESTATE beyond); the caller
+ * collects the older one after queuing the newer, so the device always has a step queued.
+ * b's host arrays may be reused when this returns; b->hidden must stay valid until the step
+ * has run on the device (order the next write to it after the step with ops->order_after). */
+int dflash_train_step_async(dflash_model *m, const dflash_train_cfg *tc,
+                            const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key);
+/* The metrics of the oldest pending step, waiting for the device if that step still runs:
+ * returns 1 with *met filled, or 0 when no step is pending. */
+int dflash_train_collect(dflash_model *m, dflash_metrics *met);
+/* Steps queued and not collected yet. */
+int dflash_train_pending(const dflash_model *m);
+/* Allocates the pending-metrics records (pinned host memory on cuda) so that no step
+ * allocates; called by the first step otherwise. 0 or DFLASH_ENOMEM. */
+int dflash_train_prepare(dflash_model *m);
 
 #endif

@@ -43,6 +43,12 @@ typedef struct nn_block_span {
     int32_t keep;
 } nn_block_span;
 
+#define NN_FENCES 4
+/* Global-norm clipping factor from the sum of squared gradients (fp32, on host or device):
+ * clip <= 0 disables clipping. */
+#define NN_CLIP_SCALE(sumsq, clip)                                                                 \
+    ((clip) > 0.0f && sqrtf(sumsq) > (clip) ? (clip) / (sqrtf(sumsq) + 1e-6f) : 1.0f)
+
 typedef struct nn_ops {
     const char *name; /* "cpu" or "cuda" */
     size_t act_bytes; /* sizeof one nn_buf element: 4 (cpu) or 2 (cuda) */
@@ -63,6 +69,24 @@ typedef struct nn_ops {
                    size_t width_bytes, size_t rows);
     void (*zero)(nn_ctx *c, void *p, size_t bytes);
     void (*sync)(nn_ctx *c); /* waits for all queued work (cpu: no-op) */
+
+    /* ---- asynchronous host traffic (a training step never waits for the device) ---- */
+    /* The backend's native stream (cudaStream_t), or NULL (cpu). */
+    void *(*stream)(nn_ctx *c);
+    /* Host memory the device can copy into without a wait (cuda: pinned), zeroed; NULL on
+     * failure. host_free accepts NULL. */
+    void *(*host_alloc)(nn_ctx *c, size_t bytes);
+    void (*host_free)(nn_ctx *c, void *p);
+    /* Queues a device -> host copy into host_alloc memory and returns at once (cpu: copies). The
+     * bytes are there once a fence recorded after it has been waited for. */
+    void (*download_raw_async)(nn_ctx *c, void *dst, const void *src, size_t bytes);
+    /* Fence k (0 <= k < NN_FENCES) marks the work queued so far; fence_wait blocks the host
+     * until that work is done (a fence never recorded returns at once). cpu: no-ops. */
+    void (*fence_record)(nn_ctx *c, int k);
+    void (*fence_wait)(nn_ctx *c, int k);
+    /* Makes another stream of the same device (e.g. a slot copy stream) wait, on the device,
+     * for the work queued on c so far. No host wait. cpu (or stream NULL): no-op. */
+    void (*order_after)(nn_ctx *c, void *stream);
 
     /* ---- forward ---- */
     /* out[T,D] = table[ids[t], :]; ids in [0, V). */
@@ -146,6 +170,13 @@ typedef struct nn_ops {
     void (*adamw)(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                   size_t n, float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int t);
+    /* adamw with the clipping factor taken on the device from sumsq[0] (sumsq()'s output):
+     * grad_scale = NN_CLIP_SCALE(sumsq[0], clip), so the step needs no host round trip. */
+    void (*adamw_clip)(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                       size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                       const float *sumsq, float clip, int t);
+    /* x[n] *= a (fp32), e.g. gradients rescaled for a data-parallel loss normaliser. */
+    void (*scale_f32)(nn_ctx *c, float *x, size_t n, float a);
     /* dst act[n] <- fp32 src[n] (weights to act copies). */
     void (*f32_to_act)(nn_ctx *c, nn_buf *dst, const float *src, size_t n);
 } nn_ops;

@@ -141,6 +141,23 @@ static void cpu_sync(nn_ctx *c) {
     (void)c;
 }
 
+/* The cpu backend runs every op to completion on the caller's thread: there is no stream, host
+ * memory is plain memory and a fence has nothing to wait for. */
+static void *cpu_stream(nn_ctx *c) {
+    (void)c;
+    return NULL;
+}
+
+static void cpu_fence(nn_ctx *c, int k) {
+    (void)c;
+    assert(k >= 0 && k < NN_FENCES);
+}
+
+static void cpu_order_after(nn_ctx *c, void *stream) {
+    (void)c;
+    (void)stream;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* embedding: out[T,D] = table[ids[t], :] (no backward: the embedding is frozen) */
 
@@ -880,6 +897,12 @@ static void cpu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
     out[0] = (float)s;
 }
 
+static void cpu_scale_f32(nn_ctx *c, float *x, size_t n, float a) {
+    (void)c;
+    for (size_t i = 0; i < n; i++)
+        x[i] *= a;
+}
+
 /* torch.optim.AdamW: p *= 1 - lr*wd; g' = g*grad_scale; m = b1 m + (1-b1) g';
  * v = b2 v + (1-b2) g'^2; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
 static void cpu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
@@ -899,6 +922,13 @@ static void cpu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float 
         p[i] = p[i] * decay - step * mi / (sqrtf(vi) / bc2_sqrt + eps);
     }
     if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float));
+}
+
+static void cpu_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                           size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                           const float *sumsq, float clip, int t) {
+    cpu_adamw(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, NN_CLIP_SCALE(sumsq[0], clip),
+              t);
 }
 
 static void cpu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
@@ -952,6 +982,15 @@ static const nn_ops cpu_ops = {
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
     .f32_to_act = cpu_f32_to_act,
+    .stream = cpu_stream,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .download_raw_async = cpu_memcpy,
+    .fence_record = cpu_fence,
+    .fence_wait = cpu_fence,
+    .order_after = cpu_order_after,
+    .adamw_clip = cpu_adamw_clip,
+    .scale_f32 = cpu_scale_f32,
 };
 
 const nn_ops *nn_cpu_ops(void) {

@@ -68,6 +68,9 @@ struct nn_ctx {
     float *stage; /* STAGE_FLOATS fp32 for upload/download conversion */
     lt_entry cache[LT_CACHE];
     int cache_next;
+    cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
+    bool fence_used[NN_FENCES];
+    cudaEvent_t order_ev;         /* order_after */
 };
 
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line) {
@@ -178,6 +181,51 @@ static void cu_zero(nn_ctx *c, void *p, size_t bytes) {
 
 static void cu_sync(nn_ctx *c) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+/* asynchronous host traffic: pinned host buffers, fences, cross-stream order */
+
+static void *cu_stream(nn_ctx *c) {
+    return (void *)c->stream;
+}
+
+static void *cu_host_alloc(nn_ctx *c, size_t bytes) {
+    (void)c;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 64) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "ops_cuda: cudaMallocHost of %zu bytes failed\n", bytes);
+        return NULL;
+    }
+    memset(p, 0, bytes ? bytes : 64);
+    return p;
+}
+
+static void cu_host_free(nn_ctx *c, void *p) {
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a queued copy may still target it */
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cu_download_raw_async(nn_ctx *c, void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+}
+
+static void cu_fence_record(nn_ctx *c, int k) {
+    assert(k >= 0 && k < NN_FENCES);
+    CUDA_CHECK(cudaEventRecord(c->fence[k], c->stream));
+    c->fence_used[k] = true;
+}
+
+static void cu_fence_wait(nn_ctx *c, int k) {
+    assert(k >= 0 && k < NN_FENCES);
+    if (c->fence_used[k]) CUDA_CHECK(cudaEventSynchronize(c->fence[k]));
+}
+
+static void cu_order_after(nn_ctx *c, void *stream) {
+    if (!stream || stream == (void *)c->stream) return;
+    CUDA_CHECK(cudaEventRecord(c->order_ev, c->stream));
+    CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, c->order_ev, 0));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -752,9 +800,12 @@ static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
+/* grad_scale is used as given, or, with sumsq non-NULL, taken from the device-side global norm
+ * (adamw_clip: no host round trip). */
 __global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n,
                         float lr, float beta1, float beta2, float eps, float decay, float step,
-                        float bc2_sqrt, float grad_scale) {
+                        float bc2_sqrt, float grad_scale, const float *sumsq, float clip) {
+    if (sumsq) grad_scale = NN_CLIP_SCALE(sumsq[0], clip);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float gi = g[i] * grad_scale;
@@ -769,16 +820,41 @@ __global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *
     (void)lr;
 }
 
-static void cu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
-                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                     float grad_scale, int t) {
+static void adamw_launch(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                         float grad_scale, const float *sumsq, float clip, int t) {
     assert(t >= 1);
     if (n == 0) return;
     float bc1 = (float)(1.0 - pow((double)beta1, t));
     float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
     float step = lr / bc1, decay = 1.0f - lr * wd;
     k_adamw<<<grid_for(n, 256), 256, 0, c->stream>>>(p, (bf16 *)p_act, g, m, v, n, lr, beta1, beta2,
-                                                     eps, decay, step, bc2_sqrt, grad_scale);
+                                                     eps, decay, step, bc2_sqrt, grad_scale, sumsq,
+                                                     clip);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void cu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                     float grad_scale, int t) {
+    adamw_launch(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, NULL, 0.0f, t);
+}
+
+static void cu_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                          size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                          const float *sumsq, float clip, int t) {
+    adamw_launch(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, 1.0f, sumsq, clip, t);
+}
+
+__global__ void k_scale_f32(float *x, size_t n, float a) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= a;
+}
+
+static void cu_scale_f32(nn_ctx *c, float *x, size_t n, float a) {
+    if (n == 0) return;
+    k_scale_f32<<<grid_for(n, 256), 256, 0, c->stream>>>(x, n, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -824,6 +900,15 @@ static nn_ops make_ops(void) {
     o.sumsq = cu_sumsq;
     o.adamw = cu_adamw;
     o.f32_to_act = cu_f32_to_act;
+    o.stream = cu_stream;
+    o.host_alloc = cu_host_alloc;
+    o.host_free = cu_host_free;
+    o.download_raw_async = cu_download_raw_async;
+    o.fence_record = cu_fence_record;
+    o.fence_wait = cu_fence_wait;
+    o.order_after = cu_order_after;
+    o.adamw_clip = cu_adamw_clip;
+    o.scale_f32 = cu_scale_f32;
     return o;
 }
 
@@ -831,6 +916,13 @@ static const nn_ops cuda_ops = make_ops();
 
 extern "C" const nn_ops *nn_cuda_ops(void) {
     return &cuda_ops;
+}
+
+static bool events_new(nn_ctx *c) {
+    for (int k = 0; k < NN_FENCES; k++)
+        if (cudaEventCreateWithFlags(&c->fence[k], cudaEventDisableTiming) != cudaSuccess)
+            return false;
+    return cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming) == cudaSuccess;
 }
 
 extern "C" nn_ctx *nn_cuda_new(int device) {
@@ -848,6 +940,7 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
         cudaMalloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
         cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
+        !events_new(c) ||
         cuda_attention_init() != 0) {
         fprintf(stderr, "ops_cuda: cannot set up device %d: %s\n", device,
                 cudaGetErrorString(cudaGetLastError()));
@@ -871,6 +964,9 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (c->ws) cudaFree(c->ws);
     if (c->stage) cudaFree(c->stage);
     if (c->lt) cublasLtDestroy(c->lt);
+    for (int k = 0; k < NN_FENCES; k++)
+        if (c->fence[k]) cudaEventDestroy(c->fence[k]);
+    if (c->order_ev) cudaEventDestroy(c->order_ev);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     *cp = NULL;

@@ -446,6 +446,44 @@ static void check_ckpt_files(const dflash_model *m, const char *dir) {
     safetensors_close(&st);
 }
 
+/* dflash_train_step_async + collect (the daemon's hot loop, one step behind) gives the same
+ * weights and metrics as dflash_train_step; a third pending step is refused. */
+static void test_async_step(world *w) {
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+    if (!a || !b) return;
+    dflash_train_cfg tc = w->tc;
+    tc.lr = 3e-3;
+    tc.clip = 0.05; /* small enough that clipping is active */
+    CHECK_EQ_INT(dflash_train_prepare(a), 0);
+    dflash_metrics ms[6], ma;
+    for (int s = 0; s < 6; s++)
+        CHECK_EQ_INT(dflash_train_step(b, &tc, &w->view, 0, (uint64_t)s, &ms[s]), 0);
+    int got = 0;
+    for (int s = 0; s < 6; s++) {
+        CHECK_EQ_INT(dflash_train_step_async(a, &tc, &w->view, 0, (uint64_t)s), 0);
+        CHECK_EQ_INT(a->step, s + 1); /* the step counter moves when the step is queued */
+        if (s == 2) /* two pending: a third is refused until one is collected */
+            CHECK_EQ_INT(dflash_train_step_async(a, &tc, &w->view, 0, 99), DFLASH_ESTATE);
+        if (dflash_train_pending(a) == 2 && dflash_train_collect(a, &ma) == 1) {
+            CHECK(ma.loss == ms[got].loss && ma.grad_norm == ms[got].grad_norm);
+            CHECK(ma.accept_len == ms[got].accept_len && ma.step == ms[got].step);
+            CHECK(ms[got].grad_norm > tc.clip);
+            got++;
+        }
+    }
+    while (dflash_train_collect(a, &ma) == 1) {
+        CHECK(ma.loss == ms[got].loss && ma.lr == ms[got].lr);
+        got++;
+    }
+    CHECK_EQ_INT(got, 6);
+    CHECK_EQ_INT(dflash_train_collect(a, &ma), 0);
+    CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+    CHECK(!memcmp(a->adam_m, b->adam_m, a->n_params * sizeof(float)));
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+}
+
 static void test_checkpoint(world *w) {
     char root[] = "/tmp/dflash_ckpt_XXXXXX";
     CHECK(mkdtemp(root) != NULL);
@@ -629,6 +667,7 @@ int main(void) {
     test_anchors_and_weights(w);
     test_training_reduces_loss(w);
     test_mismatch(w);
+    test_async_step(w);
     test_checkpoint(w);
     test_eval(w);
     test_slot_view(w);

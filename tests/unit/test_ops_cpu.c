@@ -615,6 +615,25 @@ static void test_adamw(void) {
     float s;
     ops->sumsq(ctx, &s, (float[]){3, -4, 12}, 3);
     CHECK_NEAR(s, 169.0, 1e-6);
+
+    /* adamw_clip: the clip factor from sumsq equals an explicit grad_scale; under the clip
+     * threshold the gradient is used as is */
+    float pa[2] = {1.0f, -2.0f}, ma[2] = {0, 0}, va[2] = {0, 0}, ga[2] = {3.0f, 4.0f};
+    float pb[2] = {1.0f, -2.0f}, mb[2] = {0, 0}, vb[2] = {0, 0};
+    float sq = 25.0f; /* norm 5 */
+    ops->adamw_clip(ctx, pa, NULL, ga, ma, va, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, &sq, 1.0f, 1);
+    ops->adamw(ctx, pb, NULL, ga, mb, vb, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f / (5.0f + 1e-6f),
+               1);
+    CHECK(pa[0] == pb[0] && pa[1] == pb[1] && ma[0] == mb[0] && va[1] == vb[1]);
+    CHECK_NEAR(ma[0], 0.1 * 3.0 / 5.0, 1e-6);
+    ops->adamw_clip(ctx, pa, NULL, ga, ma, va, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, &sq, 10.0f, 2);
+    ops->adamw(ctx, pb, NULL, ga, mb, vb, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 2);
+    CHECK(pa[0] == pb[0] && ma[1] == mb[1]);
+    CHECK_NEAR(NN_CLIP_SCALE(25.0f, 0.0f), 1.0, 0); /* clip <= 0: none */
+
+    float x[3] = {1, -2, 4};
+    ops->scale_f32(ctx, x, 3, 0.5f);
+    CHECK(x[0] == 0.5f && x[1] == -1.0f && x[2] == 2.0f);
 }
 
 static void test_embedding_and_memory(void) {

@@ -1,0 +1,583 @@
+/* collective: the dp_comm handle, the shm backend, and the dispatch to the nccl backend
+ * (collective_nccl.c, compiled only with DFLASH_HAVE_NCCL). See collective.h for the model.
+ *
+ * Shared segment (all offsets fixed at creation by rank 0, read by the others):
+ *   [0, 256)                 shm_hdr: magic (stored last, so a joiner never sees a half-made
+ *                            header), version, world, chunk bytes, data offset, segment bytes,
+ *                            counters n_joined / n_closed and the `broken` flag
+ *   [256, 256 + 64*world)    one shm_rank per rank, one cache line each: `arrived` (the number of
+ *                            barriers this rank has entered), `joined`, `left`, pid
+ *   [data_off, ...)          world + 1 regions of chunk bytes, 4 KiB aligned: input region of
+ *                            rank r, then the result region
+ * Invariants: a rank's own counters are written only by that rank; `broken` only goes 0 -> 1;
+ * barrier k is passed when every rank's `arrived` is >= k. All atomics are sequentially
+ * consistent, which orders the plain region reads and writes around each barrier.
+ * Thread: the caller's; no thread of our own.
+ */
+#include "collective.h"
+
+#include "err.h"
+#include "log.h"
+#include "monotime.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef DFLASH_HAVE_NCCL
+/* collective_nccl.c: the nccl backend. Same contracts as the public calls; `impl` is its state. */
+int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
+int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
+                 double timeout_s, void **impl, char *err, size_t errlen);
+/* f64: buf is n host doubles; else buf is n device floats pre-scaled by scale. */
+int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
+int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
+int dp_nccl_barrier(void *impl);
+/* abort: the group is broken (ncclCommAbort instead of finalize + destroy). */
+void dp_nccl_close(void **impl, bool abort);
+#endif
+
+#define SHM_MAGIC 0x3150444c46444675ull /* "uFDFLDP1" */
+#define SHM_VERSION 1u
+#define SHM_HDR_BYTES 256u
+#define SHM_RANK_BYTES 64u
+#define SHM_MAX_WORLD 1024
+#define ID_MAGIC "DPC1"
+#define SPIN_POLLS 200 /* sched_yield polls before sleeping between polls */
+
+typedef struct shm_hdr {
+    _Atomic uint64_t magic;
+    uint32_t version;
+    int32_t world;
+    uint64_t chunk_bytes, data_off, seg_bytes;
+    _Atomic uint32_t n_joined, n_closed, broken;
+} shm_hdr;
+
+typedef struct shm_rank {
+    _Atomic uint64_t arrived;
+    _Atomic uint32_t joined, left;
+    int32_t pid;
+} shm_rank;
+
+_Static_assert(sizeof(shm_hdr) <= SHM_HDR_BYTES, "shm header too large");
+_Static_assert(sizeof(shm_rank) <= SHM_RANK_BYTES, "shm rank record too large");
+
+struct dp_comm {
+    dp_comm_kind kind;
+    int rank, world;
+    double timeout_s;
+    bool broken;
+    /* shm */
+    char name[64];
+    int fd;
+    void *base;
+    size_t seg_bytes;
+    uint64_t epoch; /* barriers entered by this rank */
+    /* nccl */
+    void *nccl;
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * names and ids */
+
+int dp_comm_kind_parse(const char *s, dp_comm_kind *out) {
+    if (s && strcmp(s, "shm") == 0) *out = DP_COMM_SHM;
+    else if (s && strcmp(s, "nccl") == 0) *out = DP_COMM_NCCL;
+    else return DFLASH_EINVAL;
+    return 0;
+}
+
+const char *dp_comm_kind_name(dp_comm_kind k) {
+    return k == DP_COMM_SHM ? "shm" : k == DP_COMM_NCCL ? "nccl" : "unknown";
+}
+
+bool dp_comm_have_nccl(void) {
+#ifdef DFLASH_HAVE_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
+
+static uint64_t random64(void) {
+    uint64_t v;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+    }
+    return v;
+}
+
+/* shm id: "DPC1", then the NUL-terminated segment name at byte 8. */
+static int shm_make_id(uint8_t id[DP_COMM_ID_BYTES]) {
+    memset(id, 0, DP_COMM_ID_BYTES);
+    memcpy(id, ID_MAGIC, 4);
+    snprintf((char *)id + 8, DP_COMM_ID_BYTES - 8, "/dflash-dp-%ld-%016llx", (long)getpid(),
+             (unsigned long long)random64());
+    return 0;
+}
+
+static int shm_parse_id(const uint8_t id[DP_COMM_ID_BYTES], char *name, size_t len) {
+    if (memcmp(id, ID_MAGIC, 4) != 0) return DFLASH_EINVAL;
+    const char *s = (const char *)id + 8;
+    size_t n = strnlen(s, DP_COMM_ID_BYTES - 8);
+    if (n == DP_COMM_ID_BYTES - 8 || n + 1 > len || strncmp(s, "/dflash-dp-", 11) != 0)
+        return DFLASH_EINVAL;
+    memcpy(name, s, n + 1);
+    return 0;
+}
+
+int dp_comm_make_id(dp_comm_kind kind, uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen) {
+    if (kind == DP_COMM_SHM) return shm_make_id(id);
+    if (kind != DP_COMM_NCCL) {
+        err_fmt(err, errlen, "unknown collective backend %d", (int)kind);
+        return DFLASH_EINVAL;
+    }
+#ifdef DFLASH_HAVE_NCCL
+    return dp_nccl_make_id(id, err, errlen);
+#else
+    err_fmt(err, errlen, "this build has no NCCL (nccl.h / libnccl not found at configure time, "
+                         "or -DDFLASH_NCCL=OFF): use the shm backend");
+    return DFLASH_EUNSUPPORTED;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * shm: segment access and the barrier */
+
+static shm_hdr *hdr_of(const dp_comm *c) { return (shm_hdr *)c->base; }
+
+static shm_rank *rank_of(const dp_comm *c, int r) {
+    return (shm_rank *)((char *)c->base + SHM_HDR_BYTES + (size_t)r * SHM_RANK_BYTES);
+}
+
+static char *region_of(const dp_comm *c, int r) { /* r == world: the result region */
+    shm_hdr *h = hdr_of(c);
+    return (char *)c->base + h->data_off + (size_t)r * h->chunk_bytes;
+}
+
+static void break_group(dp_comm *c) {
+    c->broken = true;
+    if (c->base) atomic_store(&hdr_of(c)->broken, 1u);
+}
+
+/* Polls cond(c, arg) until it holds, the group breaks, or the deadline passes. */
+typedef bool (*shm_cond)(const dp_comm *c, int arg, int *why);
+
+static int shm_wait(dp_comm *c, shm_cond cond, int arg, const char *what) {
+    double deadline = monotime_s() + c->timeout_s;
+    for (long i = 0;; i++) {
+        int why = 0;
+        if (cond(c, arg, &why)) return 0;
+        if (why) {
+            break_group(c);
+            LOG_WARN("dp_comm shm rank %d: %s: rank %d left the group", c->rank, what, arg);
+            return DFLASH_EPEER;
+        }
+        if (atomic_load(&hdr_of(c)->broken)) {
+            c->broken = true;
+            LOG_WARN("dp_comm shm rank %d: %s: another rank broke the group", c->rank, what);
+            return DFLASH_EPEER;
+        }
+        if (i < SPIN_POLLS) {
+            sched_yield();
+            continue;
+        }
+        if (monotime_s() > deadline) {
+            break_group(c);
+            LOG_WARN("dp_comm shm rank %d: %s: timed out after %.3g s", c->rank, what,
+                     c->timeout_s);
+            return DFLASH_ETIMEOUT;
+        }
+        monotime_sleep_ms(i < 2000 ? 0.02 : 0.2);
+    }
+}
+
+static bool cond_all_joined(const dp_comm *c, int arg, int *why) {
+    (void)arg, (void)why;
+    return atomic_load(&hdr_of(c)->n_joined) >= (uint32_t)c->world;
+}
+
+/* Peer `arg` has entered barrier c->epoch (or left before it: a peer gone). */
+static bool cond_arrived(const dp_comm *c, int arg, int *why) {
+    shm_rank *p = rank_of(c, arg);
+    if (atomic_load(&p->arrived) >= c->epoch) return true;
+    if (atomic_load(&p->left)) *why = 1;
+    return false;
+}
+
+static int shm_barrier(dp_comm *c) {
+    if (c->broken) return DFLASH_EPEER;
+    c->epoch++;
+    atomic_store(&rank_of(c, c->rank)->arrived, c->epoch);
+    for (int r = 0; r < c->world; r++) {
+        if (r == c->rank) continue;
+        int rc = shm_wait(c, cond_arrived, r, "barrier");
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * shm: open and close */
+
+static void shm_detach(dp_comm *c) {
+    if (c->base) munmap(c->base, c->seg_bytes);
+    if (c->fd >= 0) close(c->fd);
+    c->base = NULL;
+    c->fd = -1;
+}
+
+static int shm_create(dp_comm *c, char *err, size_t errlen) {
+    size_t chunk = DP_SHM_CHUNK_BYTES;
+    size_t data_off = (SHM_HDR_BYTES + (size_t)c->world * SHM_RANK_BYTES + 4095) & ~(size_t)4095;
+    c->seg_bytes = data_off + (size_t)(c->world + 1) * chunk;
+    c->fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (c->fd < 0) {
+        int e = errno;
+        err_fmt(err, errlen, "shm_open %s: %s", c->name, strerror(e));
+        return e == EEXIST ? DFLASH_EEXISTS : DFLASH_EIO;
+    }
+    if (ftruncate(c->fd, (off_t)c->seg_bytes) != 0) {
+        err_fmt(err, errlen, "ftruncate %s to %zu bytes: %s (is /dev/shm large enough?)",
+                c->name, c->seg_bytes, strerror(errno));
+        return DFLASH_EIO;
+    }
+    c->base = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+    if (c->base == MAP_FAILED) {
+        c->base = NULL;
+        err_fmt(err, errlen, "mmap %s: %s", c->name, strerror(errno));
+        return DFLASH_EIO;
+    }
+    shm_hdr *h = hdr_of(c);
+    h->version = SHM_VERSION;
+    h->world = c->world;
+    h->chunk_bytes = chunk;
+    h->data_off = data_off;
+    h->seg_bytes = c->seg_bytes;
+    atomic_store(&h->magic, SHM_MAGIC); /* last: the header is complete */
+    return 0;
+}
+
+/* One attempt to attach a segment rank 0 made: 1 attached, 0 not there yet, < 0 error. */
+static int shm_try_attach(dp_comm *c, char *err, size_t errlen) {
+    if (c->fd < 0) {
+        c->fd = shm_open(c->name, O_RDWR, 0600);
+        if (c->fd < 0) {
+            if (errno == ENOENT) return 0;
+            err_fmt(err, errlen, "shm_open %s: %s", c->name, strerror(errno));
+            return DFLASH_EIO;
+        }
+    }
+    struct stat st;
+    if (fstat(c->fd, &st) != 0 || (size_t)st.st_size < SHM_HDR_BYTES) return 0;
+    shm_hdr *h = mmap(NULL, SHM_HDR_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+    if (h == MAP_FAILED) {
+        err_fmt(err, errlen, "mmap %s: %s", c->name, strerror(errno));
+        return DFLASH_EIO;
+    }
+    int rc = 0;
+    if (atomic_load(&h->magic) != SHM_MAGIC) goto unmap; /* still being made */
+    if (h->version != SHM_VERSION) {
+        err_fmt(err, errlen, "segment %s has version %u, this build speaks %u", c->name,
+                h->version, SHM_VERSION);
+        rc = DFLASH_EVERSION;
+        goto unmap;
+    }
+    if (h->world != c->world) {
+        err_fmt(err, errlen, "rank %d opened the group with world %d but rank 0 made it for %d",
+                c->rank, c->world, h->world);
+        rc = DFLASH_EMISMATCH;
+        goto unmap;
+    }
+    c->seg_bytes = h->seg_bytes;
+    if ((size_t)st.st_size < c->seg_bytes) {
+        err_fmt(err, errlen, "segment %s holds %lld bytes, header says %zu", c->name,
+                (long long)st.st_size, c->seg_bytes);
+        rc = DFLASH_ECORRUPT;
+        goto unmap;
+    }
+    c->base = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+    if (c->base == MAP_FAILED) {
+        c->base = NULL;
+        err_fmt(err, errlen, "mmap %s: %s", c->name, strerror(errno));
+        rc = DFLASH_EIO;
+        goto unmap;
+    }
+    rc = 1;
+unmap:
+    munmap(h, SHM_HDR_BYTES);
+    return rc;
+}
+
+static int shm_open_group(dp_comm *c, const uint8_t id[DP_COMM_ID_BYTES], char *err,
+                          size_t errlen) {
+    int rc = shm_parse_id(id, c->name, sizeof c->name);
+    if (rc) {
+        err_fmt(err, errlen, "not an shm collective id (made by dp_comm_make_id(shm)?)");
+        return rc;
+    }
+    double deadline = monotime_s() + c->timeout_s;
+    if (c->rank == 0) {
+        rc = shm_create(c, err, errlen);
+        if (rc) goto fail;
+    } else {
+        for (;;) {
+            rc = shm_try_attach(c, err, errlen);
+            if (rc < 0) goto fail;
+            if (rc == 1) break;
+            if (monotime_s() > deadline) {
+                err_fmt(err, errlen, "rank %d: segment %s did not appear within %.3g s (is rank 0 "
+                        "alive?)", c->rank, c->name, c->timeout_s);
+                rc = DFLASH_ETIMEOUT;
+                goto fail;
+            }
+            monotime_sleep_ms(1);
+        }
+    }
+    shm_hdr *h = hdr_of(c);
+    shm_rank *me = rank_of(c, c->rank);
+    if (atomic_exchange(&me->joined, 1u) != 0) {
+        err_fmt(err, errlen, "rank %d joined group %s twice", c->rank, c->name);
+        rc = DFLASH_EEXISTS;
+        goto fail;
+    }
+    me->pid = (int32_t)getpid();
+    atomic_fetch_add(&h->n_joined, 1u);
+    rc = shm_wait(c, cond_all_joined, 0, "join");
+    if (rc) { /* timed out here or in a peer that then broke the group: the group did not form */
+        rc = DFLASH_ETIMEOUT;
+        err_fmt(err, errlen, "rank %d of %d: only %u ranks joined %s within %.3g s", c->rank,
+                c->world, atomic_load(&h->n_joined), c->name, c->timeout_s);
+        goto fail;
+    }
+    /* everyone has it mapped: the name is no longer needed, and no crash can leave it behind */
+    if (c->rank == 0) shm_unlink(c->name);
+    return 0;
+fail:
+    if (c->base) break_group(c);
+    shm_detach(c);
+    shm_unlink(c->name); /* a failed group is never re-joined; ENOENT is fine */
+    return rc;
+}
+
+static void shm_close(dp_comm *c) {
+    if (!c->base) return;
+    shm_hdr *h = hdr_of(c);
+    atomic_store(&rank_of(c, c->rank)->left, 1u);
+    if (atomic_fetch_add(&h->n_closed, 1u) + 1 == (uint32_t)c->world) shm_unlink(c->name);
+    shm_detach(c);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * shm: reduce and broadcast, chunk by chunk */
+
+typedef enum { ELEM_F32, ELEM_F64 } elem_type;
+
+static void stage_in(void *dst, const void *src, size_t bytes, const dp_host_io *io) {
+    if (io) io->to_host(io->ctx, dst, src, bytes);
+    else memcpy(dst, src, bytes);
+}
+
+static void stage_out(void *dst, const void *src, size_t bytes, const dp_host_io *io) {
+    if (io) io->from_host(io->ctx, dst, src, bytes);
+    else memcpy(dst, src, bytes);
+}
+
+static int shm_reduce(dp_comm *c, void *buf, size_t n, elem_type t, float scale,
+                      const dp_host_io *io) {
+    if (c->broken) return DFLASH_EPEER;
+    size_t esz = t == ELEM_F32 ? sizeof(float) : sizeof(double);
+    size_t per = hdr_of(c)->chunk_bytes / esz;
+    int W = c->world;
+    for (size_t off = 0; off < n; off += per) {
+        size_t k = n - off < per ? n - off : per;
+        char *mine = region_of(c, c->rank), *src = (char *)buf + off * esz;
+        stage_in(mine, src, k * esz, io);
+        if (t == ELEM_F32 && scale != 1.0f) {
+            float *x = (float *)mine;
+            for (size_t j = 0; j < k; j++)
+                x[j] *= scale;
+        }
+        int rc = shm_barrier(c);
+        if (rc) return rc;
+        /* this rank's slice of the chunk, summed over ranks 0..W-1 in order */
+        size_t slice = (k + (size_t)W - 1) / (size_t)W;
+        size_t lo = (size_t)c->rank * slice, hi = lo + slice < k ? lo + slice : k;
+        if (lo < hi) {
+            if (t == ELEM_F32) {
+                float *out = (float *)region_of(c, W);
+                memcpy(out + lo, (float *)region_of(c, 0) + lo, (hi - lo) * esz);
+                for (int r = 1; r < W; r++) {
+                    const float *in = (const float *)region_of(c, r);
+                    for (size_t j = lo; j < hi; j++)
+                        out[j] += in[j];
+                }
+            } else {
+                double *out = (double *)region_of(c, W);
+                memcpy(out + lo, (double *)region_of(c, 0) + lo, (hi - lo) * esz);
+                for (int r = 1; r < W; r++) {
+                    const double *in = (const double *)region_of(c, r);
+                    for (size_t j = lo; j < hi; j++)
+                        out[j] += in[j];
+                }
+            }
+        }
+        rc = shm_barrier(c);
+        if (rc) return rc;
+        stage_out(src, region_of(c, W), k * esz, io);
+    }
+    return 0;
+}
+
+static int shm_broadcast(dp_comm *c, void *buf, size_t bytes, int root, const dp_host_io *io) {
+    if (c->broken) return DFLASH_EPEER;
+    size_t per = hdr_of(c)->chunk_bytes;
+    char *res = region_of(c, c->world);
+    for (size_t off = 0; off < bytes; off += per) {
+        size_t k = bytes - off < per ? bytes - off : per;
+        if (c->rank == root) stage_in(res, (char *)buf + off, k, io);
+        int rc = shm_barrier(c);
+        if (rc) return rc;
+        if (c->rank != root) stage_out((char *)buf + off, res, k, io);
+        rc = shm_barrier(c);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the public calls */
+
+int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank, int world,
+                 int device, double timeout_s, dp_comm **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (world < 1 || world > SHM_MAX_WORLD || rank < 0 || rank >= world || !(timeout_s > 0)) {
+        err_fmt(err, errlen, "bad group: rank %d of world %d, timeout %g s (world in [1, %d])",
+                rank, world, timeout_s, SHM_MAX_WORLD);
+        return DFLASH_EINVAL;
+    }
+    if (kind != DP_COMM_SHM && kind != DP_COMM_NCCL) {
+        err_fmt(err, errlen, "unknown collective backend %d", (int)kind);
+        return DFLASH_EINVAL;
+    }
+#ifndef DFLASH_HAVE_NCCL
+    if (kind == DP_COMM_NCCL) {
+        (void)device;
+        err_fmt(err, errlen, "this build has no NCCL (nccl.h / libnccl not found at configure "
+                             "time, or -DDFLASH_NCCL=OFF): use the shm backend");
+        return DFLASH_EUNSUPPORTED;
+    }
+#endif
+    dp_comm *c = calloc(1, sizeof *c);
+    if (!c) return DFLASH_ENOMEM;
+    c->kind = kind;
+    c->rank = rank;
+    c->world = world;
+    c->timeout_s = timeout_s;
+    c->fd = -1;
+    int rc;
+#ifdef DFLASH_HAVE_NCCL
+    if (kind == DP_COMM_NCCL)
+        rc = dp_nccl_open(id, rank, world, device, timeout_s, &c->nccl, err, errlen);
+    else
+#endif
+        rc = shm_open_group(c, id, err, errlen);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int dp_comm_rank(const dp_comm *c) { return c->rank; }
+int dp_comm_world(const dp_comm *c) { return c->world; }
+dp_comm_kind dp_comm_kind_of(const dp_comm *c) { return c->kind; }
+
+/* Records a failed call: every later call on the handle answers DFLASH_EPEER. */
+static int track(dp_comm *c, int rc) {
+    if (rc && rc != DFLASH_EINVAL) c->broken = true;
+    return rc;
+}
+
+int dp_comm_barrier(dp_comm *c) {
+    if (c->broken) return DFLASH_EPEER;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_barrier(c->nccl));
+#endif
+    return track(c, shm_barrier(c));
+}
+
+int dp_comm_allreduce_scaled_f32(dp_comm *c, float *buf, size_t n, float scale,
+                                 const dp_host_io *io, void *stream) {
+    if (c->broken) return DFLASH_EPEER;
+    if (n == 0) return 0;
+    if (!buf) return DFLASH_EINVAL;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_allreduce(c->nccl, buf, n, false, scale, stream));
+#endif
+    (void)stream;
+    return track(c, shm_reduce(c, buf, n, ELEM_F32, scale, io));
+}
+
+int dp_comm_allreduce_f32(dp_comm *c, float *buf, size_t n, void *stream) {
+    return dp_comm_allreduce_scaled_f32(c, buf, n, 1.0f, NULL, stream);
+}
+
+int dp_comm_allreduce_host_f64(dp_comm *c, double *v, int n) {
+    if (c->broken) return DFLASH_EPEER;
+    if (n < 0 || (n > 0 && !v)) return DFLASH_EINVAL;
+    if (n == 0) return 0;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_allreduce(c->nccl, v, (size_t)n, true, 1.0f, NULL));
+#endif
+    return track(c, shm_reduce(c, v, (size_t)n, ELEM_F64, 1.0f, NULL));
+}
+
+int dp_comm_broadcast_io(dp_comm *c, void *buf, size_t bytes, int root, const dp_host_io *io,
+                         void *stream) {
+    if (c->broken) return DFLASH_EPEER;
+    if (root < 0 || root >= c->world || (bytes && !buf)) return DFLASH_EINVAL;
+    if (bytes == 0) return 0;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_broadcast(c->nccl, buf, bytes, root, false, stream));
+#endif
+    (void)stream;
+    return track(c, shm_broadcast(c, buf, bytes, root, io));
+}
+
+int dp_comm_broadcast(dp_comm *c, void *buf, size_t bytes, int root, void *stream) {
+    return dp_comm_broadcast_io(c, buf, bytes, root, NULL, stream);
+}
+
+int dp_comm_broadcast_host(dp_comm *c, void *buf, size_t bytes, int root) {
+    if (c->broken) return DFLASH_EPEER;
+    if (root < 0 || root >= c->world || (bytes && !buf)) return DFLASH_EINVAL;
+    if (bytes == 0) return 0;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_broadcast(c->nccl, buf, bytes, root, true, NULL));
+#endif
+    return track(c, shm_broadcast(c, buf, bytes, root, NULL));
+}
+
+void dp_comm_close(dp_comm **cp) {
+    if (!cp || !*cp) return;
+    dp_comm *c = *cp;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL) dp_nccl_close(&c->nccl, c->broken);
+#endif
+    shm_close(c);
+    free(c);
+    *cp = NULL;
+}

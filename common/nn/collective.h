@@ -1,0 +1,116 @@
+/* collective: the collective communication of a data-parallel drafter group (one process per
+ * rank), with two backends behind one handle.
+ *
+ *   shm   POSIX shared memory between processes of one machine; needs no GPU (CI runs it).
+ *         The rendezvous id names a segment "/dflash-dp-<pid>-<random hex>"; rank 0 creates it,
+ *         the others open it (retrying until it exists). The segment holds a header, one
+ *         arrival counter per rank (a generation-counter barrier over C11 atomics, polled with
+ *         short sleeps against a deadline: a dead peer gives DFLASH_ETIMEOUT, never a hang), and
+ *         world + 1 regions of DP_SHM_CHUNK_BYTES: one input region per rank and one result
+ *         region. A reduction goes chunk by chunk: every rank copies its chunk into its input
+ *         region, barrier, rank r sums slice r of the chunk over all input regions in rank order
+ *         0..world-1 into the result region, barrier, every rank copies the result back. So each
+ *         element is summed once, in a fixed order: the results are deterministic and
+ *         bit-identical on every rank, and the segment size does not depend on the model. The
+ *         name is unlinked as soon as every rank has joined (no leftover even if ranks die
+ *         later), on any open failure, and again (harmlessly) when the last rank closes.
+ *   nccl  NCCL on CUDA devices (built when nccl.h and libnccl are found: DFLASH_HAVE_NCCL).
+ *         The id is the 128-byte ncclUniqueId. The communicator is non-blocking
+ *         (ncclConfig_t.blocking = 0): every call polls ncclCommGetAsyncError and an event
+ *         against the deadline, and a timeout aborts the communicator (ncclCommAbort) instead
+ *         of hanging. Calls return once the collective has completed on the device.
+ *         Host-memory calls stage through a small device buffer owned by the handle.
+ *
+ * Timeouts: timeout_s given at open bounds the join and every later wait on peers. A rank that
+ * falls behind its peers by more than that (e.g. a slow batch) breaks the group, so choose it
+ * well above the worst step-time skew. After any error other than DFLASH_EINVAL the group is
+ * broken: every later call returns DFLASH_EPEER; close it and form a new one with a new id.
+ *
+ * Threads: one thread uses a handle at a time; every rank must make the same sequence of calls
+ * with the same sizes. Callers: dflash_dp (the data-parallel training step), the drafter
+ * daemon's group code (services/drafter), the tests.
+ *
+ * Additions to the agreed interface (nothing agreed was changed): dp_comm_kind_of,
+ * dp_comm_barrier, dp_comm_allreduce_scaled_f32 and dp_comm_broadcast_io (a per-rank pre-scale
+ * and copies through caller-supplied host i/o, used by dflash_dp), dp_comm_have_nccl.
+ */
+#ifndef DFLASH_NN_COLLECTIVE_H
+#define DFLASH_NN_COLLECTIVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DP_COMM_ID_BYTES 128
+/* Bytes per region of the shm segment: the segment is (world + 1) regions plus a header. */
+#define DP_SHM_CHUNK_BYTES ((size_t)4 << 20)
+
+typedef enum { DP_COMM_SHM = 0, DP_COMM_NCCL = 1 } dp_comm_kind;
+typedef struct dp_comm dp_comm;
+
+/* "shm" / "nccl" <-> kind; returns 0 or DFLASH_EINVAL. */
+int dp_comm_kind_parse(const char *s, dp_comm_kind *out);
+const char *dp_comm_kind_name(dp_comm_kind k);
+/* Whether this build has the nccl backend. */
+bool dp_comm_have_nccl(void);
+
+/* Rank 0 makes the rendezvous id; the broker relays the opaque bytes to the other ranks.
+ * shm: a fresh segment name (nothing is created yet). nccl: ncclGetUniqueId, which starts
+ * NCCL's bootstrap listener in this process: the process that makes it must stay alive until
+ * the group has formed (make it in rank 0's own process). Returns 0, DFLASH_EUNSUPPORTED ("this
+ * build has no NCCL"), or a negative code, with the reason in err. */
+int dp_comm_make_id(dp_comm_kind kind, uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
+
+/* Joins the group `id` as `rank` of `world`. device: cuda device for nccl (ignored by shm).
+ * Blocks until every rank has joined or timeout_s passes (DFLASH_ETIMEOUT). Other errors:
+ * DFLASH_EINVAL (rank/world/id), DFLASH_EMISMATCH (peers opened with another world),
+ * DFLASH_EEXISTS (the rank joined twice, or the segment already exists), DFLASH_EUNSUPPORTED
+ * (nccl in a build without NCCL), DFLASH_EIO / DFLASH_ECUDA. *out is NULL on failure. */
+int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank, int world,
+                 int device, double timeout_s, dp_comm **out, char *err, size_t errlen);
+int dp_comm_rank(const dp_comm *c);
+int dp_comm_world(const dp_comm *c);
+dp_comm_kind dp_comm_kind_of(const dp_comm *c);
+
+/* Waits until every rank has reached the barrier. 0 or a negative code (as allreduce). */
+int dp_comm_barrier(dp_comm *c);
+
+/* In-place sum over ranks of n floats. buf: host memory for shm, device memory for nccl
+ * (stream: the cudaStream_t to order it on, NULL for the default; ignored by shm). Every rank
+ * ends with bit-identical results. Returns 0, or a negative code when a peer is gone / the
+ * timeout given at open passes (the group is then broken: close it and re-form). */
+int dp_comm_allreduce_f32(dp_comm *c, float *buf, size_t n, void *stream);
+
+/* Copies between a caller's memory (e.g. a cuda model's device buffers) and host memory, for
+ * the shm backend, which reduces on the host: to_host(ctx, host_dst, src + off, bytes) and
+ * from_host(ctx, dst + off, host_src, bytes). from_host may return before the copy is done if
+ * it has already taken the source bytes (cudaMemcpyAsync from pageable memory does). */
+typedef struct dp_host_io {
+    void (*to_host)(void *ctx, void *host_dst, const void *src, size_t bytes);
+    void (*from_host)(void *ctx, void *dst, const void *host_src, size_t bytes);
+    void *ctx;
+} dp_host_io;
+
+/* In-place sum over ranks of scale_r * buf_r, where scale is this rank's own factor (fp32
+ * multiply before the sum: NCCL's PreMulSum op, or while staging on shm; scale 1 is a plain
+ * sum). io: NULL when buf is memory the backend reduces directly (host for shm, device for
+ * nccl); else (shm only) buf is the caller's memory, moved through io chunk by chunk, so no
+ * buffer of n floats is ever allocated. nccl ignores io. Returns as dp_comm_allreduce_f32. */
+int dp_comm_allreduce_scaled_f32(dp_comm *c, float *buf, size_t n, float scale,
+                                 const dp_host_io *io, void *stream);
+
+/* Same for a few host doubles (loss sums, weight sums): always host memory on both backends. */
+int dp_comm_allreduce_host_f64(dp_comm *c, double *v, int n);
+/* Copies root's n bytes to every rank: host memory for shm, device memory for nccl. */
+int dp_comm_broadcast(dp_comm *c, void *buf, size_t bytes, int root, void *stream);
+/* Broadcast of the caller's memory through io (shm; NULL io = host memory). nccl ignores io and
+ * broadcasts device memory on stream. */
+int dp_comm_broadcast_io(dp_comm *c, void *buf, size_t bytes, int root, const dp_host_io *io,
+                         void *stream);
+/* Same, host memory on both backends (small: step counters, config checks). */
+int dp_comm_broadcast_host(dp_comm *c, void *buf, size_t bytes, int root);
+
+/* Leaves the group; safe on a broken group (nccl: ncclCommAbort); NULLs *c. Accepts NULL. */
+void dp_comm_close(dp_comm **c);
+
+#endif

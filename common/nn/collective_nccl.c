@@ -1,0 +1,294 @@
+/* collective_nccl: the nccl backend of collective.h, compiled only when the build found NCCL
+ * (DFLASH_HAVE_NCCL; without it this file is empty and collective.c answers "this build has no
+ * NCCL").
+ *
+ * State (dp_nccl): one non-blocking communicator (ncclConfig_t.blocking = 0) on one device, a
+ * private non-blocking stream and a 4 KiB device staging buffer for the host-memory calls, and a
+ * completion event. Every call enqueues, then polls (short sleeps) until the work is done on the
+ * device: ncclCommGetAsyncError until the enqueue has finished, then cudaEventQuery on an event
+ * recorded after it, checking the communicator's asynchronous error and the deadline
+ * (timeout_s from open) on every poll. A timeout or an NCCL error aborts the communicator at
+ * once (ncclCommAbort, which also ends a kernel stuck waiting for a dead peer) and marks the
+ * state broken; close then only frees what is left.
+ * The caller's current device is saved and restored around every call.
+ * Threads: one thread uses a handle at a time. Caller: collective.c only.
+ */
+#ifdef DFLASH_HAVE_NCCL
+
+#include "collective.h"
+
+#include "err.h"
+#include "log.h"
+#include "monotime.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(sizeof(ncclUniqueId) == DP_COMM_ID_BYTES, "ncclUniqueId is not 128 bytes");
+
+#define STAGING_BYTES 4096u
+
+typedef struct dp_nccl {
+    ncclComm_t comm;
+    int device, rank, world;
+    double timeout_s;
+    bool aborted;
+    cudaStream_t stream;
+    cudaEvent_t done;
+    void *staging;
+} dp_nccl;
+
+int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
+int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
+                 double timeout_s, void **impl, char *err, size_t errlen);
+int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
+int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
+int dp_nccl_barrier(void *impl);
+void dp_nccl_close(void **impl, bool abort);
+
+static void nccl_abort(dp_nccl *n) {
+    if (n->comm && !n->aborted) ncclCommAbort(n->comm);
+    n->aborted = true;
+}
+
+static int cuda_fail(dp_nccl *n, cudaError_t e, const char *what) {
+    LOG_ERROR("dp_comm nccl rank %d: %s: %s", n->rank, what, cudaGetErrorString(e));
+    nccl_abort(n);
+    return DFLASH_ECUDA;
+}
+
+/* Waits until the communicator has no operation in progress on the host side (non-blocking
+ * enqueue or init). 0, DFLASH_EPEER (an NCCL error) or DFLASH_ETIMEOUT; aborts on failure. */
+static int wait_async(dp_nccl *n, ncclResult_t r, const char *what, double deadline) {
+    for (long i = 0;; i++) {
+        if (r == ncclInProgress) {
+            if (ncclCommGetAsyncError(n->comm, &r) != ncclSuccess) r = ncclSystemError;
+        }
+        if (r == ncclSuccess) return 0;
+        if (r != ncclInProgress) {
+            LOG_ERROR("dp_comm nccl rank %d: %s: %s (%s)", n->rank, what, ncclGetErrorString(r),
+                      n->comm ? ncclGetLastError(n->comm) : "");
+            nccl_abort(n);
+            return DFLASH_EPEER;
+        }
+        if (monotime_s() > deadline) {
+            LOG_ERROR("dp_comm nccl rank %d: %s: timed out after %.3g s; aborting the "
+                      "communicator", n->rank, what, n->timeout_s);
+            nccl_abort(n);
+            return DFLASH_ETIMEOUT;
+        }
+        monotime_sleep_ms(i < 1000 ? 0.02 : 0.2);
+    }
+}
+
+/* Waits for the work queued on st so far (and for the communicator's enqueue). */
+static int wait_done(dp_nccl *n, ncclResult_t r, cudaStream_t st, const char *what) {
+    double deadline = monotime_s() + n->timeout_s;
+    int rc = wait_async(n, r, what, deadline);
+    if (rc) return rc;
+    cudaError_t e = cudaEventRecord(n->done, st);
+    if (e != cudaSuccess) return cuda_fail(n, e, "cudaEventRecord");
+    for (long i = 0;; i++) {
+        e = cudaEventQuery(n->done);
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorNotReady) return cuda_fail(n, e, what);
+        ncclResult_t ae;
+        if (ncclCommGetAsyncError(n->comm, &ae) != ncclSuccess ||
+            (ae != ncclSuccess && ae != ncclInProgress))
+            return wait_async(n, ae == ncclSuccess ? ncclSystemError : ae, what, deadline);
+        if (monotime_s() > deadline) {
+            LOG_ERROR("dp_comm nccl rank %d: %s: not done after %.3g s (a peer gone?); aborting "
+                      "the communicator", n->rank, what, n->timeout_s);
+            nccl_abort(n);
+            return DFLASH_ETIMEOUT;
+        }
+        if (i > 200) monotime_sleep_ms(i < 2000 ? 0.02 : 0.2);
+    }
+}
+
+int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen) {
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) {
+        err_fmt(err, errlen, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        return DFLASH_EIO;
+    }
+    memcpy(id, &u, DP_COMM_ID_BYTES);
+    return 0;
+}
+
+int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
+                 double timeout_s, void **impl, char *err, size_t errlen) {
+    *impl = NULL;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        err_fmt(err, errlen, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+        return DFLASH_ECUDA;
+    }
+    dp_nccl *n = calloc(1, sizeof *n);
+    if (!n) return DFLASH_ENOMEM;
+    n->device = device;
+    n->rank = rank;
+    n->world = world;
+    n->timeout_s = timeout_s;
+    int rc = 0;
+    if ((e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaMalloc(&n->staging, STAGING_BYTES)) != cudaSuccess) {
+        err_fmt(err, errlen, "device %d: %s", device, cudaGetErrorString(e));
+        rc = DFLASH_ECUDA;
+        goto fail;
+    }
+    ncclUniqueId u;
+    memcpy(&u, id, DP_COMM_ID_BYTES);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&n->comm, world, u, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        err_fmt(err, errlen, "ncclCommInitRankConfig rank %d of %d on device %d: %s", rank, world,
+                device, ncclGetErrorString(r));
+        nccl_abort(n);
+        rc = DFLASH_EPEER;
+        goto fail;
+    }
+    rc = wait_async(n, r, "join", monotime_s() + timeout_s);
+    if (rc) {
+        err_fmt(err, errlen, "rank %d of %d on device %d: the nccl group did not form within "
+                "%.3g s (%s)", rank, world, device, timeout_s, err_str(rc));
+        goto fail;
+    }
+    cudaSetDevice(prev);
+    *impl = n;
+    return 0;
+fail:
+    dp_nccl_close((void **)&n, true);
+    cudaSetDevice(prev);
+    return rc;
+}
+
+int dp_nccl_allreduce(void *impl, void *buf, size_t n_el, bool f64_host, float scale,
+                      void *stream) {
+    dp_nccl *n = impl;
+    if (n->aborted) return DFLASH_EPEER;
+    int prev = 0, rc = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(n->device);
+    if (f64_host) { /* stage chunk by chunk through the device buffer on our stream */
+        size_t per = STAGING_BYTES / sizeof(double);
+        for (size_t off = 0; off < n_el && !rc; off += per) {
+            size_t k = n_el - off < per ? n_el - off : per;
+            double *h = (double *)buf + off;
+            cudaError_t e = cudaMemcpyAsync(n->staging, h, k * sizeof(double),
+                                            cudaMemcpyHostToDevice, n->stream);
+            if (e != cudaSuccess) {
+                rc = cuda_fail(n, e, "stage in");
+                break;
+            }
+            ncclResult_t r = ncclAllReduce(n->staging, n->staging, k, ncclFloat64, ncclSum,
+                                           n->comm, n->stream);
+            rc = wait_async(n, r, "allreduce f64", monotime_s() + n->timeout_s);
+            if (rc) break;
+            e = cudaMemcpyAsync(h, n->staging, k * sizeof(double), cudaMemcpyDeviceToHost,
+                                n->stream);
+            if (e != cudaSuccess) {
+                rc = cuda_fail(n, e, "stage out");
+                break;
+            }
+            rc = wait_done(n, ncclSuccess, n->stream, "allreduce f64");
+        }
+    } else {
+        cudaStream_t st = (cudaStream_t)stream;
+        ncclRedOp_t op = ncclSum;
+        bool premul = scale != 1.0f;
+        if (premul) {
+            ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &scale, ncclFloat32,
+                                                      ncclScalarHostImmediate, n->comm);
+            rc = wait_async(n, r, "ncclRedOpCreatePreMulSum", monotime_s() + n->timeout_s);
+        }
+        if (!rc) {
+            ncclResult_t r = ncclAllReduce(buf, buf, n_el, ncclFloat32, op, n->comm, st);
+            rc = wait_done(n, r, st, "allreduce f32");
+        }
+        if (premul && !n->aborted) ncclRedOpDestroy(op, n->comm);
+    }
+    cudaSetDevice(prev);
+    return rc;
+}
+
+int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream) {
+    dp_nccl *n = impl;
+    if (n->aborted) return DFLASH_EPEER;
+    int prev = 0, rc = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(n->device);
+    if (host) {
+        for (size_t off = 0; off < bytes && !rc; off += STAGING_BYTES) {
+            size_t k = bytes - off < STAGING_BYTES ? bytes - off : STAGING_BYTES;
+            char *h = (char *)buf + off;
+            cudaError_t e = cudaSuccess;
+            if (n->rank == root)
+                e = cudaMemcpyAsync(n->staging, h, k, cudaMemcpyHostToDevice, n->stream);
+            if (e != cudaSuccess) {
+                rc = cuda_fail(n, e, "stage in");
+                break;
+            }
+            ncclResult_t r = ncclBroadcast(n->staging, n->staging, k, ncclUint8, root, n->comm,
+                                           n->stream);
+            rc = wait_async(n, r, "broadcast", monotime_s() + n->timeout_s);
+            if (rc) break;
+            if (n->rank != root)
+                e = cudaMemcpyAsync(h, n->staging, k, cudaMemcpyDeviceToHost, n->stream);
+            if (e != cudaSuccess) {
+                rc = cuda_fail(n, e, "stage out");
+                break;
+            }
+            rc = wait_done(n, ncclSuccess, n->stream, "broadcast");
+        }
+    } else {
+        cudaStream_t st = (cudaStream_t)stream;
+        ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, n->comm, st);
+        rc = wait_done(n, r, st, "broadcast");
+    }
+    cudaSetDevice(prev);
+    return rc;
+}
+
+int dp_nccl_barrier(void *impl) {
+    dp_nccl *n = impl;
+    double one = 1.0;
+    return dp_nccl_allreduce(n, &one, 1, true, 1.0f, NULL);
+}
+
+void dp_nccl_close(void **impl, bool abort) {
+    dp_nccl *n = *impl;
+    if (!n) return;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(n->device);
+    if (n->comm && !n->aborted) {
+        if (abort) {
+            nccl_abort(n);
+        } else {
+            ncclResult_t r = ncclCommFinalize(n->comm);
+            if (wait_async(n, r, "finalize", monotime_s() + n->timeout_s) == 0)
+                ncclCommDestroy(n->comm);
+            /* else wait_async has aborted it */
+        }
+    }
+    if (n->staging) cudaFree(n->staging);
+    if (n->done) cudaEventDestroy(n->done);
+    if (n->stream) cudaStreamDestroy(n->stream);
+    cudaSetDevice(prev);
+    free(n);
+    *impl = NULL;
+}
+
+#else
+typedef int dp_nccl_not_built; /* ISO C wants a declaration in every translation unit */
+#endif

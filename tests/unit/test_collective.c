@@ -1,0 +1,336 @@
+/* test_collective: the shm backend of dp_comm (collective.h) between real processes.
+ *
+ * The parent makes an id and forks `world` ranks (2, 3 and 4); each rank runs the same
+ * sequence of calls and exits with its number of failed checks (alarm() turns a hang into a
+ * failure). Checked:
+ *   - allreduce_f32 of 1, 1000 and 2 chunks + 777 floats: every rank's result equals, bit for
+ *     bit, the sum of all ranks' inputs in rank order 0..world-1 (so ranks agree bitwise), with
+ *     inputs of mixed magnitude and sign so that a different order would show;
+ *   - allreduce_scaled_f32 (a per-rank pre-scale), also through a dp_host_io;
+ *   - allreduce_host_f64, broadcast (larger than a chunk, from the last rank), broadcast_host,
+ *     barrier;
+ *   - failures: a rank that never joins (the others' open times out within the timeout), a rank
+ *     that dies after joining (the others' allreduce times out, later calls say EPEER), a rank
+ *     that closes early (the others get EPEER without waiting), a world mismatch, bad ids;
+ *   - no /dev/shm/dflash-dp-* segment of this test is left behind.
+ */
+#include "check.h"
+#include "collective.h"
+#include "err.h"
+#include "monotime.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHUNK_F (DP_SHM_CHUNK_BYTES / sizeof(float))
+
+static const size_t SIZES[] = {1, 1000, 2 * CHUNK_F + 777};
+
+/* Input element j of rank r: mixed magnitudes and signs, so float addition order matters. */
+static float input(int r, size_t j) {
+    uint64_t x = (j + 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)(r + 1) * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 31;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 29;
+    double u = (double)(x >> 11) / 9007199254740992.0 - 0.5; /* [-0.5, 0.5) */
+    return (float)(u * (double)(1u << (x % 24)));
+}
+
+static float scale_of(int r) { return 0.37f * (float)(r + 1); }
+
+typedef struct io_count {
+    long to, from;
+} io_count;
+
+static void io_to(void *ctx, void *dst, const void *src, size_t bytes) {
+    ((io_count *)ctx)->to++;
+    memcpy(dst, src, bytes);
+}
+
+static void io_from(void *ctx, void *dst, const void *src, size_t bytes) {
+    ((io_count *)ctx)->from++;
+    memcpy(dst, src, bytes);
+}
+
+static char shm_name_of(const uint8_t *id, char *out, size_t len) {
+    snprintf(out, len, "%s", (const char *)id + 9); /* skip "DPC1", padding and the '/' */
+    return out[0];
+}
+
+/* Number of /dev/shm entries whose name starts with prefix. */
+static int shm_count(const char *prefix) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
+    closedir(d);
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the ranks */
+
+static void rank_main(const uint8_t *id, int rank, int world) {
+    dp_comm *c = NULL;
+    char err[256] = "";
+    int rc = dp_comm_open(DP_COMM_SHM, id, rank, world, -1, 10.0, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        return;
+    }
+    CHECK_EQ_INT(dp_comm_rank(c), rank);
+    CHECK_EQ_INT(dp_comm_world(c), world);
+    size_t nmax = SIZES[2];
+    float *buf = malloc(nmax * sizeof(float)), *ref = malloc(nmax * sizeof(float));
+    for (int scaled = 0; scaled < 3; scaled++) { /* plain, pre-scaled, pre-scaled through io */
+        for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++) {
+            size_t n = SIZES[si];
+            for (size_t j = 0; j < n; j++) {
+                buf[j] = input(rank, j);
+                ref[j] = scaled ? input(0, j) * scale_of(0) : input(0, j);
+            }
+            for (int r = 1; r < world; r++)
+                for (size_t j = 0; j < n; j++)
+                    ref[j] += scaled ? input(r, j) * scale_of(r) : input(r, j);
+            io_count cnt = {0, 0};
+            dp_host_io io = {io_to, io_from, &cnt};
+            if (scaled == 0) rc = dp_comm_allreduce_f32(c, buf, n, NULL);
+            else rc = dp_comm_allreduce_scaled_f32(c, buf, n, scale_of(rank),
+                                                   scaled == 2 ? &io : NULL, NULL);
+            CHECK_EQ_INT(rc, 0);
+            size_t bad = 0;
+            for (size_t j = 0; j < n; j++)
+                bad += memcmp(&buf[j], &ref[j], sizeof(float)) != 0;
+            if (bad)
+                fprintf(stderr, "rank %d world %d n %zu scaled %d: %zu elements differ\n", rank,
+                        world, n, scaled, bad);
+            CHECK_EQ_INT(bad, 0);
+            if (scaled == 2) {
+                long chunks = (long)((n + CHUNK_F - 1) / CHUNK_F);
+                CHECK_EQ_INT(cnt.to, chunks);
+                CHECK_EQ_INT(cnt.from, chunks);
+            }
+        }
+    }
+    /* host doubles */
+    double v[3] = {rank, 1.0 + rank * 0.1, -(double)rank * rank}, vr[3] = {0, 0, 0};
+    for (int r = 0; r < world; r++)
+        vr[0] += r, vr[1] += 1.0 + r * 0.1, vr[2] += -(double)r * r;
+    CHECK_EQ_INT(dp_comm_allreduce_host_f64(c, v, 3), 0);
+    CHECK(memcmp(v, vr, sizeof v) == 0);
+    /* broadcast larger than a chunk from the last rank */
+    int root = world - 1;
+    size_t bytes = DP_SHM_CHUNK_BYTES * 2 + 13;
+    unsigned char *bb = malloc(bytes);
+    for (size_t j = 0; j < bytes; j++)
+        bb[j] = (unsigned char)(rank == root ? (j * 131 + 7) : 0xee);
+    CHECK_EQ_INT(dp_comm_broadcast(c, bb, bytes, root, NULL), 0);
+    size_t badb = 0;
+    for (size_t j = 0; j < bytes; j++)
+        badb += bb[j] != (unsigned char)(j * 131 + 7);
+    CHECK_EQ_INT(badb, 0);
+    free(bb);
+    int64_t step[2] = {rank == 1 ? 4242 : -1, rank == 1 ? -7 : 0};
+    CHECK_EQ_INT(dp_comm_broadcast_host(c, step, sizeof step, 1), 0);
+    CHECK_EQ_INT(step[0], 4242);
+    CHECK_EQ_INT(step[1], -7);
+    CHECK_EQ_INT(dp_comm_broadcast_host(c, step, sizeof step, world), DFLASH_EINVAL);
+    CHECK_EQ_INT(dp_comm_barrier(c), 0);
+    /* the same results on every rank: rank 0's hash of the last reduction, compared */
+    uint64_t h = 1469598103934665603ull, h0;
+    for (size_t j = 0; j < nmax; j++)
+        h = (h ^ ((uint32_t *)buf)[j]) * 1099511628211ull;
+    h0 = h;
+    CHECK_EQ_INT(dp_comm_broadcast_host(c, &h0, sizeof h0, 0), 0);
+    CHECK(h0 == h);
+    free(buf);
+    free(ref);
+    dp_comm_close(&c);
+    CHECK(c == NULL);
+    dp_comm_close(&c); /* NULL is fine */
+}
+
+/* Forks world ranks running fn; returns the number of ranks that failed. */
+typedef void (*rank_fn)(const uint8_t *id, int rank, int world);
+
+static int run_group(const uint8_t *id, int world, rank_fn fn) {
+    pid_t pids[16];
+    fflush(NULL);
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            check_passed = check_failed = 0;
+            alarm(60);
+            fn(id, r, world);
+            fflush(NULL);
+            _exit(check_failed > 100 ? 100 : check_failed);
+        }
+    }
+    int failed = 0;
+    for (int r = 0; r < world; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            failed++;
+            fprintf(stderr, "world %d rank %d: %s %d\n", world, r,
+                    WIFEXITED(st) ? "exit" : "signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        }
+    }
+    return failed;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * failures */
+
+#define SHORT_TIMEOUT 0.4
+
+/* rank world-1 never joins: the others' open must time out, not hang */
+static void rank_absent(const uint8_t *id, int rank, int world) {
+    if (rank == world - 1) return;
+    dp_comm *c = NULL;
+    char err[256] = "";
+    double t0 = monotime_s();
+    int rc = dp_comm_open(DP_COMM_SHM, id, rank, world, -1, SHORT_TIMEOUT, &c, err, sizeof err);
+    double dt = monotime_s() - t0;
+    CHECK_EQ_INT(rc, DFLASH_ETIMEOUT);
+    CHECK(c == NULL);
+    CHECK(dt < SHORT_TIMEOUT + 2.0);
+    CHECK(strstr(err, "within") != NULL);
+}
+
+/* rank world-1 joins then dies (no close): the others' allreduce times out; later calls EPEER */
+static void rank_dies(const uint8_t *id, int rank, int world) {
+    dp_comm *c = NULL;
+    char err[256] = "";
+    int rc = dp_comm_open(DP_COMM_SHM, id, rank, world, -1, SHORT_TIMEOUT, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) return;
+    float x[4] = {1, 2, 3, 4};
+    CHECK_EQ_INT(dp_comm_allreduce_f32(c, x, 4, NULL), 0);
+    if (rank == world - 1) _exit(check_failed); /* a crash: no close */
+    double t0 = monotime_s();
+    rc = dp_comm_allreduce_f32(c, x, 4, NULL);
+    double dt = monotime_s() - t0;
+    /* the first rank to time out breaks the group; the others may see that first */
+    CHECK(rc == DFLASH_ETIMEOUT || rc == DFLASH_EPEER);
+    CHECK(dt < SHORT_TIMEOUT + 2.0);
+    CHECK_EQ_INT(dp_comm_allreduce_f32(c, x, 4, NULL), DFLASH_EPEER);
+    CHECK_EQ_INT(dp_comm_barrier(c), DFLASH_EPEER);
+    dp_comm_close(&c);
+}
+
+/* rank 0 closes right after joining: the others learn it at once (EPEER), long before the
+ * (long) timeout */
+static void rank_leaves(const uint8_t *id, int rank, int world) {
+    dp_comm *c = NULL;
+    char err[256] = "";
+    int rc = dp_comm_open(DP_COMM_SHM, id, rank, world, -1, 30.0, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) return;
+    if (rank == 0) {
+        dp_comm_close(&c);
+        return;
+    }
+    double t0 = monotime_s(), v = 1.0;
+    rc = dp_comm_allreduce_host_f64(c, &v, 1);
+    CHECK_EQ_INT(rc, DFLASH_EPEER);
+    CHECK(monotime_s() - t0 < 5.0);
+    dp_comm_close(&c);
+}
+
+/* rank 1 says world + 1 */
+static void rank_mismatch(const uint8_t *id, int rank, int world) {
+    dp_comm *c = NULL;
+    char err[256] = "";
+    int rc = dp_comm_open(DP_COMM_SHM, id, rank, rank == 1 ? world + 1 : world, -1,
+                          SHORT_TIMEOUT, &c, err, sizeof err);
+    if (rank == 1) {
+        CHECK_EQ_INT(rc, DFLASH_EMISMATCH);
+        CHECK(strstr(err, "world") != NULL);
+    } else {
+        CHECK(rc == DFLASH_ETIMEOUT || rc == DFLASH_EPEER);
+    }
+    CHECK(c == NULL);
+}
+
+static void test_args(void) {
+    dp_comm_kind k = DP_COMM_NCCL;
+    CHECK_EQ_INT(dp_comm_kind_parse("shm", &k), 0);
+    CHECK_EQ_INT(k, DP_COMM_SHM);
+    CHECK_EQ_INT(dp_comm_kind_parse("nccl", &k), 0);
+    CHECK_EQ_INT(k, DP_COMM_NCCL);
+    CHECK_EQ_INT(dp_comm_kind_parse("mpi", &k), DFLASH_EINVAL);
+    CHECK_EQ_INT(dp_comm_kind_parse(NULL, &k), DFLASH_EINVAL);
+    CHECK(strcmp(dp_comm_kind_name(DP_COMM_SHM), "shm") == 0);
+    CHECK(strcmp(dp_comm_kind_name(DP_COMM_NCCL), "nccl") == 0);
+    uint8_t id[DP_COMM_ID_BYTES], id2[DP_COMM_ID_BYTES];
+    char err[256] = "";
+    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, err, sizeof err), 0);
+    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id2, err, sizeof err), 0);
+    CHECK(memcmp(id, id2, sizeof id) != 0);
+    CHECK(strncmp((char *)id + 8, "/dflash-dp-", 11) == 0);
+    dp_comm *c = (dp_comm *)1;
+    CHECK_EQ_INT(dp_comm_open(DP_COMM_SHM, id, 2, 2, -1, 1.0, &c, err, sizeof err),
+                 DFLASH_EINVAL);
+    CHECK(c == NULL);
+    CHECK_EQ_INT(dp_comm_open(DP_COMM_SHM, id, 0, 0, -1, 1.0, &c, err, sizeof err),
+                 DFLASH_EINVAL);
+    uint8_t junk[DP_COMM_ID_BYTES];
+    memset(junk, 'x', sizeof junk);
+    CHECK_EQ_INT(dp_comm_open(DP_COMM_SHM, junk, 0, 1, -1, 1.0, &c, err, sizeof err),
+                 DFLASH_EINVAL);
+    if (!dp_comm_have_nccl()) {
+        CHECK_EQ_INT(dp_comm_make_id(DP_COMM_NCCL, id2, err, sizeof err), DFLASH_EUNSUPPORTED);
+        CHECK(strstr(err, "no NCCL") != NULL);
+        CHECK_EQ_INT(dp_comm_open(DP_COMM_NCCL, id2, 0, 1, 0, 1.0, &c, err, sizeof err),
+                     DFLASH_EUNSUPPORTED);
+    }
+    /* world 1: everything is a copy of itself */
+    CHECK_EQ_INT(dp_comm_open(DP_COMM_SHM, id, 0, 1, -1, 1.0, &c, err, sizeof err), 0);
+    float x = 3.25f;
+    CHECK_EQ_INT(dp_comm_allreduce_scaled_f32(c, &x, 1, 2.0f, NULL, NULL), 0);
+    CHECK(x == 6.5f);
+    dp_comm_close(&c);
+}
+
+int main(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "dflash-dp-%ld-", (long)getpid());
+    test_args();
+    uint8_t id[DP_COMM_ID_BYTES];
+    char err[256], name[128];
+    for (int world = 2; world <= 4; world++) {
+        CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, err, sizeof err), 0);
+        double t0 = monotime_s();
+        CHECK_EQ_INT(run_group(id, world, rank_main), 0);
+        printf("world %d: collectives ok in %.2f s (segment %s)\n", world, monotime_s() - t0,
+               (shm_name_of(id, name, sizeof name), name));
+    }
+    struct {
+        const char *what;
+        rank_fn fn;
+    } fails[] = {{"absent rank", rank_absent},
+                 {"dead rank", rank_dies},
+                 {"early close", rank_leaves},
+                 {"world mismatch", rank_mismatch}};
+    for (size_t i = 0; i < sizeof fails / sizeof fails[0]; i++) {
+        CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, err, sizeof err), 0);
+        double t0 = monotime_s();
+        CHECK_EQ_INT(run_group(id, 3, fails[i].fn), 0);
+        printf("%s: handled in %.2f s\n", fails[i].what, monotime_s() - t0);
+    }
+    int left = shm_count(prefix);
+    if (left) fprintf(stderr, "%d /dev/shm/%s* segments left behind\n", left, prefix);
+    CHECK_EQ_INT(left, 0);
+    CHECK_DONE();
+}

@@ -39,6 +39,15 @@ typedef struct trainer {
     dflash_train_cfg tc;
     metrics *met;
     void *host; /* cuda: host copy of a slot's header and small arrays */
+    void *feat; /* cuda: the step's copy of the slot's hidden states (device) */
+    /* steps queued on the device whose metrics are not reported yet, oldest first (the cuda
+     * hot loop reports a step once the next one is queued: it never waits for the device) */
+    struct step_note {
+        uint32_t epoch, n_tokens, n_seqs;
+        double queued_at;
+    } notes[2];
+    int note_head, note_count;
+    double last_done; /* when the previous step's metrics came back */
     char ckpt_root[1024];
     int64_t ckpt_every;
     int keep_last;
@@ -160,18 +169,65 @@ static int save_checkpoint(trainer *t) {
     return 0;
 }
 
+/* Reports the oldest queued step: collects its metrics (waiting for the device only if it has
+ * not finished) and writes them. The step time is the wall time since the previous step came
+ * back (or since it was queued), i.e. the device's step time once the loop runs ahead. */
+static void report_oldest(trainer *t) {
+    dflash_metrics dm;
+    if (dflash_train_collect(t->m, &dm) != 1) return;
+    struct step_note n = t->notes[t->note_head];
+    t->note_head = (t->note_head + 1) % 2;
+    t->note_count--;
+    double now = monotime_s();
+    double since = t->last_done > n.queued_at ? t->last_done : n.queued_at;
+    double dt = now - since;
+    t->last_done = now;
+    t->step_s += dt;
+    if (dm.skipped) {
+        t->skipped++;
+        LOG_INFO("a batch of epoch %u had no weighted position: no update (step %ld)", n.epoch,
+                 dm.step);
+        return;
+    }
+    if (!t->steps_here) {
+        t->loss_first = dm.loss;
+        t->tau_first = dm.accept_len;
+    }
+    t->loss_last = dm.loss;
+    t->tau_last = dm.accept_len;
+    t->steps_here++;
+    if (!t->met) return;
+    metrics_scalar extra[] = {{"train/epoch", (double)n.epoch},
+                              {"train/blocks", (double)dm.n_blocks},
+                              {"perf/step_s", dt}};
+    metrics_step ms = {.step = dm.step,
+                       .loss = dm.loss,
+                       .accuracy = dm.accuracy,
+                       .pos_acc = dm.pos_acc,
+                       .n_pos = t->m->cfg.block_size,
+                       .pos_first = 1,
+                       .acceptance_length = dm.accept_len,
+                       .lr = dm.lr,
+                       .grad_norm = dm.grad_norm,
+                       .tokens_per_s = dt > 0 ? n.n_tokens / dt : 0,
+                       .samples_per_s = dt > 0 ? n.n_seqs / dt : 0,
+                       .extra = extra,
+                       .n_extra = 3};
+    metrics_write(t->met, &ms);
+}
+
 static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     trainer *t = vctx;
     const slot_layout *l = &t->layout;
     const void *host = b->staged;
-    const void *hidden;
+    const void *hidden = (const char *)b->staged + l->off_hidden;
     if (t->backend == POOL_CUDA) {
+        /* the small arrays (~100 KB) to the host: a synchronous copy on the default stream,
+         * which does not wait for the (non-blocking) compute stream still running the
+         * previous step */
         int rc = pool_staging_read(POOL_CUDA, t->host, b->staged, l->off_hidden);
         if (rc < 0) return rc;
         host = t->host;
-        hidden = (const char *)b->staged + l->off_hidden;
-    } else {
-        hidden = (const char *)b->staged + l->off_hidden;
     }
     char err[512] = "";
     dflash_batch_view v;
@@ -188,51 +244,32 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
                   b->wu.bucket, (unsigned long long)b->wu.batch);
         return DFLASH_EMISMATCH;
     }
-    dflash_metrics dm;
-    double t0 = monotime_s();
-    rc = dflash_train_step(t->m, &t->tc, &v, b->wu.epoch, dflash_batch_key(&b->wu), &dm);
-    double dt = monotime_s() - t0;
+    if (t->backend == POOL_CUDA) {
+        /* The step reads its own copy of the features, taken first on the compute stream; the
+         * next slot copy into the staging buffer waits (on the device) only for this copy, so
+         * it overlaps the step instead of waiting for it. */
+        size_t used = (size_t)v.seq_off[v.n_seqs] * v.ld * t->ops->act_bytes;
+        t->ops->copy(t->nn, t->feat, hidden, used);
+        t->ops->order_after(t->nn, b->copy_stream);
+        v.hidden = t->feat;
+    }
+    rc = dflash_train_step_async(t->m, &t->tc, &v, b->wu.epoch, dflash_batch_key(&b->wu));
     if (rc < 0) {
         LOG_ERROR("training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch, b->wu.bucket,
                   (unsigned long long)b->wu.batch, err_str(rc));
         return rc;
     }
-    *step = (uint64_t)t->m->step;
-    t->step_s += dt;
-    if (dm.skipped) {
-        t->skipped++;
-        LOG_INFO("batch (%u, %u, %llu) has no weighted position: no update (acked at step %ld)",
-                 b->wu.epoch, b->wu.bucket, (unsigned long long)b->wu.batch, t->m->step);
-    } else {
-        if (!t->steps_here) {
-            t->loss_first = dm.loss;
-            t->tau_first = dm.accept_len;
-        }
-        t->loss_last = dm.loss;
-        t->tau_last = dm.accept_len;
-        t->steps_here++;
-        if (t->met) {
-            metrics_scalar extra[] = {{"train/epoch", (double)b->wu.epoch},
-                                      {"train/blocks", (double)dm.n_blocks},
-                                      {"perf/step_s", dt}};
-            metrics_step ms = {.step = t->m->step,
-                               .loss = dm.loss,
-                               .accuracy = dm.accuracy,
-                               .pos_acc = dm.pos_acc,
-                               .n_pos = t->m->cfg.block_size,
-                               .pos_first = 1,
-                               .acceptance_length = dm.accept_len,
-                               .lr = dm.lr,
-                               .grad_norm = dm.grad_norm,
-                               .tokens_per_s = dt > 0 ? b->n_tokens / dt : 0,
-                               .samples_per_s = dt > 0 ? b->n_seqs / dt : 0,
-                               .extra = extra,
-                               .n_extra = 3};
-            metrics_write(t->met, &ms);
-        }
-    }
+    t->notes[(t->note_head + t->note_count) % 2] = (struct step_note){
+        .epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs,
+        .queued_at = monotime_s()};
+    t->note_count++;
+    *step = (uint64_t)t->m->step; /* the step that includes this batch, counted when queued */
+    /* cpu: the step has run; cuda: report the previous step, the device works on this one */
+    int keep = t->backend == POOL_CUDA ? 1 : 0;
+    while (dflash_train_pending(t->m) > keep)
+        report_oldest(t);
     if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) {
-        rc = save_checkpoint(t);
+        rc = save_checkpoint(t); /* its download waits for the queued steps */
         if (rc < 0) return rc;
     }
     return 0;
@@ -253,6 +290,8 @@ static bool train_done(void *vctx) {
 
 static int train_finish(void *vctx) {
     trainer *t = vctx;
+    while (dflash_train_pending(t->m) > 0)
+        report_oldest(t);
     int rc = save_checkpoint(t);
     if (t->met) metrics_flush(t->met);
     LOG_INFO("training: %ld steps in this run (%ld .. %ld), %ld skipped batches, %.3f s per step; "
@@ -269,8 +308,11 @@ static void train_destroy(void *vctx) {
     metrics_destroy(&t->met);
     dflash_model_destroy(&t->m);
     target_model_destroy(&t->target);
+    if (t->ops && t->nn) {
+        t->ops->free(t->nn, t->feat);
+        t->ops->host_free(t->nn, t->host);
+    }
     close_backend(t->backend, &t->nn);
-    free(t->host);
     free(t);
 }
 
@@ -367,8 +409,18 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     }
     if (t->tc.total_steps == 0 && o->max_steps > 0) t->tc.total_steps = o->max_steps;
     if (restore(t, o, err, errlen) < 0) goto fail;
-    if (t->backend == POOL_CUDA && !(t->host = malloc(t->layout.off_hidden))) {
-        snprintf(err, errlen, "out of memory");
+    if (t->backend == POOL_CUDA) {
+        size_t feat = (size_t)t->layout.token_budget * t->layout.n_layers * t->layout.hidden *
+                      t->ops->act_bytes;
+        t->host = t->ops->host_alloc(t->nn, t->layout.off_hidden);
+        t->feat = t->ops->alloc(t->nn, feat);
+        if (!t->host || !t->feat) {
+            snprintf(err, errlen, "cannot allocate the step's feature copy (%zu bytes)", feat);
+            goto fail;
+        }
+    }
+    if (dflash_train_prepare(t->m) < 0) {
+        snprintf(err, errlen, "out of host memory for the step metrics");
         goto fail;
     }
     if ((o->metrics_dir && o->metrics_dir[0]) || o->progress) {

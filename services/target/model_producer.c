@@ -350,14 +350,16 @@ typedef struct producer_ctx {
 
 static int tp_fill(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
                    void *stream, uint32_t *n_seqs) {
-    (void)stream; /* the model's nn_ctx owns the compute stream */
+    (void)stream; /* == tp_stream: the model's nn_ctx owns the compute stream */
     producer_ctx *c = ctx;
     return model_producer_fill(c->p, slot, l, wu, c->producer_id, n_seqs);
 }
 
+/* The stream the forward runs on: the slot's ready event is recorded there, so a drafter's copy
+ * waits for exactly this batch's writes (NULL on cpu, where fill returns with them done). */
 static void *tp_stream(void *ctx) {
-    (void)ctx;
-    return NULL; /* cpu backend; the cuda backend's stream accessor goes here */
+    producer_ctx *c = ctx;
+    return c->p->ops->stream(c->p->ctx);
 }
 
 static void tp_destroy(void *ctx) {

@@ -356,6 +356,92 @@ int client_resume_from(client *c, uint64_t step)
     LOCKED(c, do_u64(c, WIRE_RESUME_FROM, step, NULL));
 }
 
+static int do_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,
+                         uint32_t world_hint, wire_group_view *out)
+{
+    req_init(c, WIRE_GROUP_JOIN);
+    snprintf(c->req.u.join.group, sizeof c->req.u.join.group, "%s", group);
+    c->req.u.join.step = step;
+    c->req.u.join.failed_epoch = failed_epoch;
+    c->req.u.join.world_hint = world_hint;
+    int rc = call(c, WIRE_GROUP_VIEW);
+    if (!rc && out) *out = c->rep.u.view;
+    return rc;
+}
+
+int client_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,
+                      uint32_t world_hint, wire_group_view *out)
+{
+    if (!group || !*group || strlen(group) >= WIRE_MAX_NAME) return DFLASH_EINVAL;
+    LOCKED(c, do_group_join(c, group, step, failed_epoch, world_hint, out));
+}
+
+static int do_group_set_id(client *c, const char *group, uint64_t epoch, const uint8_t *id,
+                           uint32_t len)
+{
+    req_init(c, WIRE_GROUP_SET_ID);
+    snprintf(c->req.u.set_id.group, sizeof c->req.u.set_id.group, "%s", group);
+    c->req.u.set_id.epoch = epoch;
+    memcpy(c->req.u.set_id.id, id, len);
+    c->req.u.set_id.id_len = len;
+    return call(c, WIRE_OK);
+}
+
+int client_group_set_id(client *c, const char *group, uint64_t epoch, const uint8_t *id,
+                        uint32_t len)
+{
+    if (!group || !*group || strlen(group) >= WIRE_MAX_NAME || !id || !len ||
+        len > WIRE_GROUP_ID_BYTES)
+        return DFLASH_EINVAL;
+    LOCKED(c, do_group_set_id(c, group, epoch, id, len));
+}
+
+/* StepClaim, StepDone and GroupLeave share the body. */
+static int do_gstep(client *c, wire_type t, const char *group, uint64_t epoch, uint64_t step)
+{
+    req_init(c, t);
+    snprintf(c->req.u.gstep.group, sizeof c->req.u.gstep.group, "%s", group);
+    c->req.u.gstep.epoch = epoch;
+    c->req.u.gstep.step = step;
+    return call(c, t == WIRE_STEP_CLAIM ? WIRE_STEP_GRANT : WIRE_OK);
+}
+
+static int do_step_claim(client *c, const char *group, uint64_t epoch, uint64_t step,
+                         wire_step_grant *out)
+{
+    int rc = do_gstep(c, WIRE_STEP_CLAIM, group, epoch, step);
+    if (!rc && out) *out = c->rep.u.sgrant;
+    return rc;
+}
+
+int client_step_claim(client *c, const char *group, uint64_t epoch, uint64_t step,
+                      wire_step_grant *out)
+{
+    if (!group || !*group || strlen(group) >= WIRE_MAX_NAME) return DFLASH_EINVAL;
+    LOCKED(c, do_step_claim(c, group, epoch, step, out));
+}
+
+static int do_step_done(client *c, const char *group, uint64_t epoch, uint64_t step,
+                        uint64_t *n_acked)
+{
+    int rc = do_gstep(c, WIRE_STEP_DONE, group, epoch, step);
+    if (!rc && n_acked) *n_acked = c->rep.u.value;
+    return rc;
+}
+
+int client_step_done(client *c, const char *group, uint64_t epoch, uint64_t step,
+                     uint64_t *n_acked)
+{
+    if (!group || !*group || strlen(group) >= WIRE_MAX_NAME) return DFLASH_EINVAL;
+    LOCKED(c, do_step_done(c, group, epoch, step, n_acked));
+}
+
+int client_group_leave(client *c, const char *group)
+{
+    if (!group || !*group || strlen(group) >= WIRE_MAX_NAME) return DFLASH_EINVAL;
+    LOCKED(c, do_gstep(c, WIRE_GROUP_LEAVE, group, 0, 0));
+}
+
 int client_heartbeat(client *c) { LOCKED(c, do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL)); }
 
 static int do_poll(client *c)

@@ -124,6 +124,33 @@ int client_checkpoint_committed(client *c, uint64_t step);
 /* Drafter: restarted from checkpoint `step`; everything trained after it returns to to-do. */
 int client_resume_from(client *c, uint64_t step);
 
+/* Data-parallel drafter groups (docs/protocol.md "Groups"). A group call answered DFLASH_ESTALE
+ * means "re-form": the epoch is over (or, with client_broker_restarted(), the broker restarted:
+ * hello first). */
+/* Drafter: joins `group` (or polls for the view of its current epoch). step: optimizer steps our
+ * model has taken; failed_epoch: the epoch whose collective failed here (0 = none). On 0 *out is
+ * our rank in the current epoch (out->id_len 0: rank 0 has not posted the id yet). Extra:
+ * DFLASH_EAGAIN (waiting for a step boundary or for the group to re-form: poll again),
+ * DFLASH_EFULL (the group would be larger than the broker's max-depth), DFLASH_EEXISTS. */
+int client_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,
+                      uint32_t world_hint, wire_group_view *out);
+/* Rank 0: posts the rendezvous id of `epoch` (1..WIRE_GROUP_ID_BYTES bytes). */
+int client_group_set_id(client *c, const char *group, uint64_t epoch, const uint8_t *id,
+                        uint32_t len);
+/* A rank: its slot of optimizer step `step` of `epoch` (the broker reserves one slot per rank
+ * at once, or none). On 0 *out holds its grant (own lease) and the step's units. Extra:
+ * DFLASH_EAGAIN (fewer slots eligible than ranks, or no id yet), DFLASH_ESTALE (re-form),
+ * DFLASH_ESTATE (wrong step number), DFLASH_ESHUTDOWN (drained). */
+int client_step_claim(client *c, const char *group, uint64_t epoch, uint64_t step,
+                      wire_step_grant *out);
+/* Rank 0: the update of `step` is done; the broker acks all its units once. *n_acked (may be
+ * NULL): units recorded now (0 for a repeated StepDone). Extra: DFLASH_ESTALE (the step was
+ * aborted: re-form), DFLASH_EDENIED (not rank 0). */
+int client_step_done(client *c, const char *group, uint64_t epoch, uint64_t step,
+                     uint64_t *n_acked);
+/* Drafter: leaves its group (clean exit); the others re-form at once. */
+int client_group_leave(client *c, const char *group);
+
 /* Sends a Heartbeat and waits for the echo. */
 int client_heartbeat(client *c);
 /* Sends a Heartbeat only if none was sent for heartbeat_ms/2; otherwise returns 0 at once. */

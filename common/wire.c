@@ -24,6 +24,8 @@ static const char *const type_names[WIRE_TYPE_COUNT] = {
     "none", "hello", "pool_register", "work_request", "work_unit", "slot_ready", "claim", "grant",
     "slot_release", "ack", "checkpoint_committed", "resume_from", "heartbeat", "status_request",
     "status_reply", "set_config", "set_config_reply", "pause", "resume", "drain", "error", "ok",
+    "group_join", "group_view", "group_set_id", "step_claim", "step_grant", "step_done",
+    "group_leave",
 };
 
 /* wire_type <-> body case; index is wire_type. */
@@ -50,6 +52,13 @@ static const Dflash__Envelope__BodyCase body_cases[WIRE_TYPE_COUNT] = {
     DFLASH__ENVELOPE__BODY_DRAIN,
     DFLASH__ENVELOPE__BODY_ERROR,
     DFLASH__ENVELOPE__BODY_OK,
+    DFLASH__ENVELOPE__BODY_GROUP_JOIN,
+    DFLASH__ENVELOPE__BODY_GROUP_VIEW,
+    DFLASH__ENVELOPE__BODY_GROUP_SET_ID,
+    DFLASH__ENVELOPE__BODY_STEP_CLAIM,
+    DFLASH__ENVELOPE__BODY_STEP_GRANT,
+    DFLASH__ENVELOPE__BODY_STEP_DONE,
+    DFLASH__ENVELOPE__BODY_GROUP_LEAVE,
 };
 
 const char *wire_type_name(wire_type t)
@@ -121,6 +130,73 @@ static int check_unit(const wire_unit *u, char *why, size_t len)
 }
 
 static bool terminated(const char *s, size_t cap) { return memchr(s, 0, cap) != NULL; }
+
+static int check_grant(const wire_grant *g, char *why, size_t len)
+{
+    if (!g->lease_id || g->slot >= WIRE_MAX_SLOTS || !g->size)
+        return fail(why, len, DFLASH_ERANGE, "grant lease/slot/size");
+    if (g->backend != WIRE_BACKEND_HOST && g->backend != WIRE_BACKEND_CUDA)
+        return fail(why, len, DFLASH_ERANGE, "grant backend %d", (int)g->backend);
+    if (!terminated(g->shm_name, sizeof g->shm_name))
+        return fail(why, len, DFLASH_ERANGE, "shm name");
+    return check_unit(&g->unit, why, len);
+}
+
+/* A group name: non-empty and NUL-terminated within its array. */
+static int check_group_name(const char *name, char *why, size_t len)
+{
+    if (!terminated(name, WIRE_MAX_NAME) || !name[0])
+        return fail(why, len, DFLASH_ERANGE, "group name empty or longer than %d",
+                    WIRE_MAX_NAME - 1);
+    return 0;
+}
+
+static int check_group(const wire_msg *m, char *why, size_t len)
+{
+    int rc;
+    switch (m->type) {
+    case WIRE_GROUP_JOIN:
+        if (m->u.join.world_hint > WIRE_MAX_WORLD)
+            return fail(why, len, DFLASH_ERANGE, "world hint %u > %u", m->u.join.world_hint,
+                        WIRE_MAX_WORLD);
+        return check_group_name(m->u.join.group, why, len);
+    case WIRE_GROUP_VIEW: {
+        const wire_group_view *v = &m->u.view;
+        if (!v->epoch || !v->world || v->world > WIRE_MAX_WORLD || v->rank >= v->world)
+            return fail(why, len, DFLASH_ERANGE, "view epoch %llu rank %u world %u",
+                        (unsigned long long)v->epoch, v->rank, v->world);
+        if (v->id_len > WIRE_GROUP_ID_BYTES)
+            return fail(why, len, DFLASH_ERANGE, "group id of %u bytes > %u", v->id_len,
+                        WIRE_GROUP_ID_BYTES);
+        return check_group_name(v->group, why, len);
+    }
+    case WIRE_GROUP_SET_ID:
+        if (!m->u.set_id.epoch) return fail(why, len, DFLASH_ERANGE, "epoch 0");
+        if (!m->u.set_id.id_len || m->u.set_id.id_len > WIRE_GROUP_ID_BYTES)
+            return fail(why, len, DFLASH_ERANGE, "group id of %u bytes (want 1..%u)",
+                        m->u.set_id.id_len, WIRE_GROUP_ID_BYTES);
+        return check_group_name(m->u.set_id.group, why, len);
+    case WIRE_STEP_CLAIM:
+    case WIRE_STEP_DONE:
+        if (!m->u.gstep.epoch || !m->u.gstep.step)
+            return fail(why, len, DFLASH_ERANGE, "epoch %llu step %llu (both must be >= 1)",
+                        (unsigned long long)m->u.gstep.epoch,
+                        (unsigned long long)m->u.gstep.step);
+        return check_group_name(m->u.gstep.group, why, len);
+    case WIRE_GROUP_LEAVE: return check_group_name(m->u.gstep.group, why, len);
+    case WIRE_STEP_GRANT: {
+        const wire_step_grant *g = &m->u.sgrant;
+        if (!g->epoch || !g->step || !g->world || g->world > WIRE_MAX_WORLD ||
+            g->rank >= g->world || g->n_units != g->world)
+            return fail(why, len, DFLASH_ERANGE, "step grant epoch/step/rank %u/world %u/%u units",
+                        g->rank, g->world, g->n_units);
+        for (uint32_t i = 0; i < g->n_units; i++)
+            if ((rc = check_unit(&g->units[i], why, len))) return rc;
+        return check_grant(&g->grant, why, len);
+    }
+    default: return 0;
+    }
+}
 
 static int check_pool(const wire_pool *p, char *why, size_t len)
 {
@@ -202,16 +278,7 @@ int wire_check(const wire_msg *m, char *why, size_t len)
             return fail(why, len, DFLASH_ERANGE, "n_tokens %u n_seqs %u", m->u.ready.n_tokens,
                         m->u.ready.n_seqs);
         return check_unit(&m->u.ready.unit, why, len);
-    case WIRE_GRANT: {
-        const wire_grant *g = &m->u.grant;
-        if (!g->lease_id || g->slot >= WIRE_MAX_SLOTS || !g->size)
-            return fail(why, len, DFLASH_ERANGE, "grant lease/slot/size");
-        if (g->backend != WIRE_BACKEND_HOST && g->backend != WIRE_BACKEND_CUDA)
-            return fail(why, len, DFLASH_ERANGE, "grant backend %d", (int)g->backend);
-        if (!terminated(g->shm_name, sizeof g->shm_name))
-            return fail(why, len, DFLASH_ERANGE, "shm name");
-        return check_unit(&g->unit, why, len);
-    }
+    case WIRE_GRANT: return check_grant(&m->u.grant, why, len);
     case WIRE_SLOT_RELEASE:
         if (!m->u.lease_id) return fail(why, len, DFLASH_ERANGE, "lease id 0");
         return 0;
@@ -219,7 +286,24 @@ int wire_check(const wire_msg *m, char *why, size_t len)
     case WIRE_STATUS_REPLY:
         if (m->u.status.n_buckets > WIRE_MAX_BUCKETS)
             return fail(why, len, DFLASH_ERANGE, "%u buckets", m->u.status.n_buckets);
+        if (m->u.status.n_groups > WIRE_MAX_GROUPS)
+            return fail(why, len, DFLASH_ERANGE, "%u groups", m->u.status.n_groups);
+        for (uint32_t i = 0; i < m->u.status.n_groups; i++) {
+            const wire_group_stat *g = &m->u.status.groups[i];
+            if (g->n_members > WIRE_MAX_STATUS_MEMBERS || !terminated(g->name, sizeof g->name))
+                return fail(why, len, DFLASH_ERANGE, "group %u: name or members", i);
+            for (uint32_t k = 0; k < g->n_members; k++)
+                if (!terminated(g->members[k], WIRE_MAX_NAME))
+                    return fail(why, len, DFLASH_ERANGE, "group %u: member name", i);
+        }
         return 0;
+    case WIRE_GROUP_JOIN:
+    case WIRE_GROUP_VIEW:
+    case WIRE_GROUP_SET_ID:
+    case WIRE_STEP_CLAIM:
+    case WIRE_STEP_GRANT:
+    case WIRE_STEP_DONE:
+    case WIRE_GROUP_LEAVE: return check_group(m, why, len);
     case WIRE_SET_CONFIG:
     case WIRE_SET_CONFIG_REPLY:
         if (m->u.settings.n > WIRE_MAX_SETTINGS)
@@ -256,6 +340,34 @@ static ProtobufCBinaryData bin(const uint8_t *p, size_t n)
 {
     ProtobufCBinaryData b = {n, (uint8_t *)p};
     return b;
+}
+
+static void grant_to_pb(Dflash__Grant *pb, Dflash__Unit *unit_pb, const wire_grant *g)
+{
+    dflash__grant__init(pb);
+    pb->has_lease_id = pb->has_deadline_ms = pb->has_pool_incarnation = 1;
+    pb->lease_id = g->lease_id;
+    pb->deadline_ms = g->deadline_ms;
+    pb->pool_incarnation = g->pool_incarnation;
+    pb->has_slot = pb->has_offset = pb->has_size = pb->has_layout_version = 1;
+    pb->slot = g->slot;
+    pb->offset = g->offset;
+    pb->size = g->size;
+    pb->layout_version = g->layout_version;
+    unit_to_pb(unit_pb, &g->unit);
+    pb->unit = unit_pb;
+    pb->has_n_tokens = pb->has_n_seqs = pb->has_backend = 1;
+    pb->n_tokens = g->n_tokens;
+    pb->n_seqs = g->n_seqs;
+    pb->backend = (Dflash__Backend)g->backend;
+    if (g->backend == WIRE_BACKEND_CUDA) {
+        pb->has_mem_handle = pb->has_event_handle = pb->has_device = 1;
+        pb->mem_handle = bin(g->mem_handle, WIRE_HANDLE_BYTES);
+        pb->event_handle = bin(g->event_handle, WIRE_HANDLE_BYTES);
+        pb->device = g->device;
+    } else {
+        pb->shm_name = (char *)g->shm_name;
+    }
 }
 
 int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
@@ -305,6 +417,18 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     Dflash__Error error;
     Dflash__Ok ok;
     Dflash__Unit unit_pb;
+    Dflash__GroupStat gs_pb[WIRE_MAX_GROUPS];
+    Dflash__GroupStat *gs_ptr[WIRE_MAX_GROUPS];
+    char *gs_members[WIRE_MAX_GROUPS][WIRE_MAX_STATUS_MEMBERS];
+    Dflash__GroupJoin gjoin;
+    Dflash__GroupView gview;
+    Dflash__GroupSetId gsetid;
+    Dflash__StepClaim sclaim;
+    Dflash__StepGrant sgrant;
+    Dflash__StepDone sdone;
+    Dflash__GroupLeave gleave;
+    Dflash__Unit su_pb[WIRE_MAX_WORLD];
+    Dflash__Unit *su_ptr[WIRE_MAX_WORLD];
     (void)batches;
 
     switch (m->type) {
@@ -393,35 +517,10 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         dflash__claim__init(&claim);
         env.claim = &claim;
         break;
-    case WIRE_GRANT: {
-        const wire_grant *g = &m->u.grant;
-        dflash__grant__init(&grant);
-        grant.has_lease_id = grant.has_deadline_ms = grant.has_pool_incarnation = 1;
-        grant.lease_id = g->lease_id;
-        grant.deadline_ms = g->deadline_ms;
-        grant.pool_incarnation = g->pool_incarnation;
-        grant.has_slot = grant.has_offset = grant.has_size = grant.has_layout_version = 1;
-        grant.slot = g->slot;
-        grant.offset = g->offset;
-        grant.size = g->size;
-        grant.layout_version = g->layout_version;
-        unit_to_pb(&unit_pb, &g->unit);
-        grant.unit = &unit_pb;
-        grant.has_n_tokens = grant.has_n_seqs = grant.has_backend = 1;
-        grant.n_tokens = g->n_tokens;
-        grant.n_seqs = g->n_seqs;
-        grant.backend = (Dflash__Backend)g->backend;
-        if (g->backend == WIRE_BACKEND_CUDA) {
-            grant.has_mem_handle = grant.has_event_handle = grant.has_device = 1;
-            grant.mem_handle = bin(g->mem_handle, WIRE_HANDLE_BYTES);
-            grant.event_handle = bin(g->event_handle, WIRE_HANDLE_BYTES);
-            grant.device = g->device;
-        } else {
-            grant.shm_name = (char *)g->shm_name;
-        }
+    case WIRE_GRANT:
+        grant_to_pb(&grant, &unit_pb, &m->u.grant);
         env.grant = &grant;
         break;
-    }
     case WIRE_SLOT_RELEASE:
         dflash__slot_release__init(&rel);
         rel.has_lease_id = 1;
@@ -480,7 +579,93 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         }
         st.n_buckets = s->n_buckets;
         st.buckets = bs_ptr;
+        for (uint32_t i = 0; i < s->n_groups; i++) {
+            const wire_group_stat *g = &s->groups[i];
+            Dflash__GroupStat *o = &gs_pb[i];
+            dflash__group_stat__init(o);
+            o->name = (char *)g->name;
+#define GS(f) o->has_##f = 1, o->f = g->f
+            GS(epoch), GS(world), GS(step), GS(state), GS(pending), GS(steps_done);
+            GS(steps_aborted), GS(step_reserved);
+#undef GS
+            for (uint32_t k = 0; k < g->n_members; k++) gs_members[i][k] = (char *)g->members[k];
+            o->n_members = g->n_members;
+            o->members = gs_members[i];
+            gs_ptr[i] = o;
+        }
+        st.n_groups = s->n_groups;
+        st.groups = gs_ptr;
         env.status_reply = &st;
+        break;
+    }
+    case WIRE_GROUP_JOIN:
+        dflash__group_join__init(&gjoin);
+        gjoin.group = (char *)m->u.join.group;
+        gjoin.has_step = gjoin.has_failed_epoch = gjoin.has_world_hint = 1;
+        gjoin.step = m->u.join.step;
+        gjoin.failed_epoch = m->u.join.failed_epoch;
+        gjoin.world_hint = m->u.join.world_hint;
+        env.group_join = &gjoin;
+        break;
+    case WIRE_GROUP_VIEW: {
+        const wire_group_view *v = &m->u.view;
+        dflash__group_view__init(&gview);
+        gview.group = (char *)v->group;
+        gview.has_epoch = gview.has_rank = gview.has_world = gview.has_step = 1;
+        gview.epoch = v->epoch;
+        gview.rank = v->rank;
+        gview.world = v->world;
+        gview.step = v->step;
+        if (v->id_len) gview.has_id = 1, gview.id = bin(v->id, v->id_len);
+        env.group_view = &gview;
+        break;
+    }
+    case WIRE_GROUP_SET_ID:
+        dflash__group_set_id__init(&gsetid);
+        gsetid.group = (char *)m->u.set_id.group;
+        gsetid.has_epoch = gsetid.has_id = 1;
+        gsetid.epoch = m->u.set_id.epoch;
+        gsetid.id = bin(m->u.set_id.id, m->u.set_id.id_len);
+        env.group_set_id = &gsetid;
+        break;
+    case WIRE_STEP_CLAIM:
+        dflash__step_claim__init(&sclaim);
+        sclaim.group = (char *)m->u.gstep.group;
+        sclaim.has_epoch = sclaim.has_step = 1;
+        sclaim.epoch = m->u.gstep.epoch;
+        sclaim.step = m->u.gstep.step;
+        env.step_claim = &sclaim;
+        break;
+    case WIRE_STEP_DONE:
+        dflash__step_done__init(&sdone);
+        sdone.group = (char *)m->u.gstep.group;
+        sdone.has_epoch = sdone.has_step = 1;
+        sdone.epoch = m->u.gstep.epoch;
+        sdone.step = m->u.gstep.step;
+        env.step_done = &sdone;
+        break;
+    case WIRE_GROUP_LEAVE:
+        dflash__group_leave__init(&gleave);
+        gleave.group = (char *)m->u.gstep.group;
+        env.group_leave = &gleave;
+        break;
+    case WIRE_STEP_GRANT: {
+        const wire_step_grant *g = &m->u.sgrant;
+        dflash__step_grant__init(&sgrant);
+        sgrant.has_epoch = sgrant.has_step = sgrant.has_rank = sgrant.has_world = 1;
+        sgrant.epoch = g->epoch;
+        sgrant.step = g->step;
+        sgrant.rank = g->rank;
+        sgrant.world = g->world;
+        grant_to_pb(&grant, &unit_pb, &g->grant);
+        sgrant.grant = &grant;
+        for (uint32_t i = 0; i < g->n_units; i++) {
+            unit_to_pb(&su_pb[i], &g->units[i]);
+            su_ptr[i] = &su_pb[i];
+        }
+        sgrant.n_units = g->n_units;
+        sgrant.units = su_ptr;
+        env.step_grant = &sgrant;
         break;
     }
     case WIRE_SET_CONFIG:
@@ -572,6 +757,39 @@ static int unit_from_pb(wire_unit *u, const Dflash__Unit *pb)
     return 0;
 }
 
+/* 0, DFLASH_ERANGE (a string or handle too long) or DFLASH_EPROTO (no unit). */
+static int grant_from_pb(wire_grant *w, const Dflash__Grant *g)
+{
+    if (!g) return DFLASH_EPROTO;
+    w->lease_id = g->lease_id;
+    w->deadline_ms = g->deadline_ms;
+    w->pool_incarnation = g->pool_incarnation;
+    w->slot = g->slot;
+    w->offset = g->offset;
+    w->size = g->size;
+    w->layout_version = g->layout_version;
+    w->n_tokens = g->n_tokens;
+    w->n_seqs = g->n_seqs;
+    w->backend = (wire_backend)g->backend;
+    w->device = g->device;
+    if (copy_str(w->shm_name, WIRE_MAX_NAME, g->shm_name) ||
+        copy_handle(w->mem_handle, g->has_mem_handle, g->mem_handle) ||
+        copy_handle(w->event_handle, g->has_event_handle, g->event_handle))
+        return DFLASH_ERANGE;
+    return unit_from_pb(&w->unit, g->unit);
+}
+
+/* Copies a group id blob (<= WIRE_GROUP_ID_BYTES). 0 or DFLASH_ERANGE. */
+static int copy_id(uint8_t *dst, uint32_t *n, protobuf_c_boolean has, ProtobufCBinaryData b)
+{
+    *n = 0;
+    if (!has) return 0;
+    if (b.len > WIRE_GROUP_ID_BYTES) return DFLASH_ERANGE;
+    memcpy(dst, b.data, b.len);
+    *n = (uint32_t)b.len;
+    return 0;
+}
+
 /* Copies the body of env into m. Returns 0 or a code with a reason. */
 static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t len)
 {
@@ -658,28 +876,11 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         break;
     }
     case DFLASH__ENVELOPE__BODY_CLAIM: m->type = WIRE_CLAIM; break;
-    case DFLASH__ENVELOPE__BODY_GRANT: {
-        const Dflash__Grant *g = env->grant;
-        wire_grant *w = &m->u.grant;
+    case DFLASH__ENVELOPE__BODY_GRANT:
         m->type = WIRE_GRANT;
-        w->lease_id = g->lease_id;
-        w->deadline_ms = g->deadline_ms;
-        w->pool_incarnation = g->pool_incarnation;
-        w->slot = g->slot;
-        w->offset = g->offset;
-        w->size = g->size;
-        w->layout_version = g->layout_version;
-        w->n_tokens = g->n_tokens;
-        w->n_seqs = g->n_seqs;
-        w->backend = (wire_backend)g->backend;
-        w->device = g->device;
-        if (copy_str(w->shm_name, WIRE_MAX_NAME, g->shm_name) ||
-            copy_handle(w->mem_handle, g->has_mem_handle, g->mem_handle) ||
-            copy_handle(w->event_handle, g->has_event_handle, g->event_handle))
-            return fail(why, len, DFLASH_ERANGE, "grant: name or handle size");
-        rc = unit_from_pb(&w->unit, g->unit);
+        if ((rc = grant_from_pb(&m->u.grant, env->grant)) == DFLASH_ERANGE)
+            return fail(why, len, rc, "grant: name or handle size");
         break;
-    }
     case DFLASH__ENVELOPE__BODY_SLOT_RELEASE:
         m->type = WIRE_SLOT_RELEASE;
         m->u.lease_id = env->slot_release->lease_id;
@@ -724,6 +925,89 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
             BS(consumed), BS(produced_tokens), BS(consumed_tokens);
 #undef BS
         }
+        if (s->n_groups > WIRE_MAX_GROUPS)
+            return fail(why, len, DFLASH_ERANGE, "status: %zu groups", s->n_groups);
+        w->n_groups = (uint32_t)s->n_groups;
+        for (size_t i = 0; i < s->n_groups; i++) {
+            const Dflash__GroupStat *g = s->groups[i];
+            wire_group_stat *o = &w->groups[i];
+#define GS(f) o->f = g->f
+            GS(epoch), GS(world), GS(step), GS(state), GS(pending), GS(steps_done);
+            GS(steps_aborted), GS(step_reserved);
+#undef GS
+            if (copy_str(o->name, WIRE_MAX_NAME, g->name) ||
+                g->n_members > WIRE_MAX_STATUS_MEMBERS)
+                return fail(why, len, DFLASH_ERANGE, "status: group %zu name or members", i);
+            o->n_members = (uint32_t)g->n_members;
+            for (size_t k = 0; k < g->n_members; k++)
+                if (copy_str(o->members[k], WIRE_MAX_NAME, g->members[k]))
+                    return fail(why, len, DFLASH_ERANGE, "status: group member name");
+        }
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_GROUP_JOIN: {
+        const Dflash__GroupJoin *j = env->group_join;
+        m->type = WIRE_GROUP_JOIN;
+        if (copy_str(m->u.join.group, WIRE_MAX_NAME, j->group))
+            return fail(why, len, DFLASH_ERANGE, "group_join: group name too long");
+        m->u.join.step = j->step;
+        m->u.join.failed_epoch = j->failed_epoch;
+        m->u.join.world_hint = j->world_hint;
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_GROUP_VIEW: {
+        const Dflash__GroupView *v = env->group_view;
+        m->type = WIRE_GROUP_VIEW;
+        if (copy_str(m->u.view.group, WIRE_MAX_NAME, v->group) ||
+            copy_id(m->u.view.id, &m->u.view.id_len, v->has_id, v->id))
+            return fail(why, len, DFLASH_ERANGE, "group_view: name or id too long");
+        m->u.view.epoch = v->epoch;
+        m->u.view.rank = v->rank;
+        m->u.view.world = v->world;
+        m->u.view.step = v->step;
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_GROUP_SET_ID: {
+        const Dflash__GroupSetId *g = env->group_set_id;
+        m->type = WIRE_GROUP_SET_ID;
+        if (copy_str(m->u.set_id.group, WIRE_MAX_NAME, g->group) ||
+            copy_id(m->u.set_id.id, &m->u.set_id.id_len, g->has_id, g->id))
+            return fail(why, len, DFLASH_ERANGE, "group_set_id: name or id too long");
+        m->u.set_id.epoch = g->epoch;
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_STEP_CLAIM:
+    case DFLASH__ENVELOPE__BODY_STEP_DONE: {
+        bool claim = env->body_case == DFLASH__ENVELOPE__BODY_STEP_CLAIM;
+        const char *g = claim ? env->step_claim->group : env->step_done->group;
+        m->type = claim ? WIRE_STEP_CLAIM : WIRE_STEP_DONE;
+        if (copy_str(m->u.gstep.group, WIRE_MAX_NAME, g))
+            return fail(why, len, DFLASH_ERANGE, "%s: group name too long",
+                        wire_type_name(m->type));
+        m->u.gstep.epoch = claim ? env->step_claim->epoch : env->step_done->epoch;
+        m->u.gstep.step = claim ? env->step_claim->step : env->step_done->step;
+        break;
+    }
+    case DFLASH__ENVELOPE__BODY_GROUP_LEAVE:
+        m->type = WIRE_GROUP_LEAVE;
+        if (copy_str(m->u.gstep.group, WIRE_MAX_NAME, env->group_leave->group))
+            return fail(why, len, DFLASH_ERANGE, "group_leave: group name too long");
+        break;
+    case DFLASH__ENVELOPE__BODY_STEP_GRANT: {
+        const Dflash__StepGrant *g = env->step_grant;
+        wire_step_grant *w = &m->u.sgrant;
+        m->type = WIRE_STEP_GRANT;
+        w->epoch = g->epoch;
+        w->step = g->step;
+        w->rank = g->rank;
+        w->world = g->world;
+        if ((rc = grant_from_pb(&w->grant, g->grant)) == DFLASH_ERANGE)
+            return fail(why, len, rc, "step_grant: grant name or handle size");
+        if (rc) break;
+        if (g->n_units > WIRE_MAX_WORLD)
+            return fail(why, len, DFLASH_ERANGE, "step_grant: %zu units", g->n_units);
+        w->n_units = (uint32_t)g->n_units;
+        for (size_t i = 0; i < g->n_units && !rc; i++) rc = unit_from_pb(&w->units[i], g->units[i]);
         break;
     }
     case DFLASH__ENVELOPE__BODY_SET_CONFIG:

@@ -31,6 +31,10 @@
 #define WIRE_MAX_VALUE 128
 #define WIRE_MAX_TEXT 256         /* error messages */
 #define WIRE_MAX_HELD 256         /* units a drafter may re-register */
+#define WIRE_GROUP_ID_BYTES 128   /* rendezvous id of a drafter group (DP_COMM_ID_BYTES) */
+#define WIRE_MAX_WORLD 64         /* ranks of one drafter group */
+#define WIRE_MAX_GROUPS 8         /* groups listed in a status reply */
+#define WIRE_MAX_STATUS_MEMBERS 32 /* member names listed per group in a status reply */
 
 typedef enum {
     WIRE_ROLE_NONE = 0,
@@ -65,6 +69,13 @@ typedef enum {
     WIRE_DRAIN,
     WIRE_ERROR,
     WIRE_OK,
+    WIRE_GROUP_JOIN,
+    WIRE_GROUP_VIEW,
+    WIRE_GROUP_SET_ID,
+    WIRE_STEP_CLAIM,
+    WIRE_STEP_GRANT,
+    WIRE_STEP_DONE,
+    WIRE_GROUP_LEAVE,
     WIRE_TYPE_COUNT
 } wire_type;
 
@@ -163,6 +174,22 @@ typedef struct wire_bucket_stat {
     uint64_t produced_tokens, consumed_tokens;
 } wire_bucket_stat;
 
+/* A data-parallel drafter group as the status reply shows it. */
+typedef enum { WIRE_GROUP_FORMING = 0, WIRE_GROUP_ACTIVE = 1, WIRE_GROUP_REFORMING = 2 } wire_group_state;
+
+typedef struct wire_group_stat {
+    char name[WIRE_MAX_NAME];
+    uint64_t epoch;
+    uint32_t world;
+    uint64_t step;  /* the next optimizer step */
+    uint32_t state; /* wire_group_state */
+    uint32_t n_members; /* names listed (<= WIRE_MAX_STATUS_MEMBERS), rank order */
+    char members[WIRE_MAX_STATUS_MEMBERS][WIRE_MAX_NAME];
+    uint32_t pending; /* joiners waiting for a step boundary */
+    uint64_t steps_done, steps_aborted;
+    bool step_reserved;
+} wire_group_stat;
+
 typedef enum { WIRE_STATE_RUNNING = 0, WIRE_STATE_PAUSED = 1, WIRE_STATE_DRAINING = 2 } wire_run_state;
 
 typedef struct wire_status {
@@ -177,6 +204,8 @@ typedef struct wire_status {
     uint64_t committed_step;
     uint32_t peers, epoch, slot_count;
     uint64_t pool_incarnation;
+    uint32_t n_groups; /* <= WIRE_MAX_GROUPS */
+    wire_group_stat groups[WIRE_MAX_GROUPS];
 } wire_status;
 
 typedef struct wire_kv {
@@ -193,6 +222,44 @@ typedef struct wire_error {
     int32_t code; /* negative DFLASH_E* code */
     char message[WIRE_MAX_TEXT];
 } wire_error;
+
+/* Data-parallel drafter groups (docs/protocol.md, "Groups"). Group names are non-empty. */
+typedef struct wire_group_join {
+    char group[WIRE_MAX_NAME];
+    uint64_t step;         /* optimizer steps the member's model has taken */
+    uint64_t failed_epoch; /* epoch whose collective failed at this member; 0 = none */
+    uint32_t world_hint;   /* informational, <= WIRE_MAX_WORLD */
+} wire_group_join;
+
+typedef struct wire_group_view {
+    char group[WIRE_MAX_NAME];
+    uint64_t epoch; /* >= 1 */
+    uint32_t rank, world; /* rank < world <= WIRE_MAX_WORLD */
+    uint64_t step;  /* rank 0's model step; the next step is step + 1 */
+    uint32_t id_len; /* 0 = rank 0 has not posted the id yet */
+    uint8_t id[WIRE_GROUP_ID_BYTES];
+} wire_group_view;
+
+typedef struct wire_group_set_id {
+    char group[WIRE_MAX_NAME];
+    uint64_t epoch;
+    uint32_t id_len; /* 1..WIRE_GROUP_ID_BYTES */
+    uint8_t id[WIRE_GROUP_ID_BYTES];
+} wire_group_set_id;
+
+/* STEP_CLAIM and STEP_DONE; GROUP_LEAVE uses only group. */
+typedef struct wire_group_step {
+    char group[WIRE_MAX_NAME];
+    uint64_t epoch, step; /* both >= 1 (not for GROUP_LEAVE) */
+} wire_group_step;
+
+typedef struct wire_step_grant {
+    uint64_t epoch, step;
+    uint32_t rank, world;
+    wire_grant grant;   /* this rank's slot, with its own lease */
+    uint32_t n_units;   /* == world */
+    wire_unit units[WIRE_MAX_WORLD]; /* the step's units in rank order */
+} wire_step_grant;
 
 /* One envelope. Only the member of `u` named by `type` is meaningful. */
 typedef struct wire_msg {
@@ -216,6 +283,11 @@ typedef struct wire_msg {
         wire_settings settings; /* SET_CONFIG, SET_CONFIG_REPLY */
         wire_error error;
         uint64_t value; /* OK */
+        wire_group_join join;     /* GROUP_JOIN */
+        wire_group_view view;     /* GROUP_VIEW */
+        wire_group_set_id set_id; /* GROUP_SET_ID */
+        wire_group_step gstep;    /* STEP_CLAIM, STEP_DONE, GROUP_LEAVE */
+        wire_step_grant sgrant;   /* STEP_GRANT */
     } u;
     void *owned_; /* wire.c's allocation (pool.event_handles after unpack) */
 } wire_msg;

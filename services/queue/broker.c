@@ -37,6 +37,7 @@
 
 #include "curve.h"
 #include "err.h"
+#include "group.h"
 #include "ledger.h"
 #include "log.h"
 #include "policy.h"
@@ -215,6 +216,7 @@ struct broker {
 
     ledger *ledger;
     policy *policy;
+    group_table *groups;      /* data-parallel drafter groups (group.h) */
     policy_mode pending_mode;
     uint32_t n_buckets;
     uint32_t epochs;          /* from the target (0 unknown) */
@@ -303,6 +305,9 @@ static bool held_remove(peer *p, const batch_id *id)
     return false;
 }
 
+static void groups_peer_gone(broker *b, peer *p);
+static bool group_step_owns(broker *b, const batch_id *id);
+
 /* Ends a peer's session: drafter leases end and its held batches return to to-do; a target's
  * pool is dropped. Frees the entry (index i). */
 static void peer_remove(broker *b, uint32_t i, const char *why)
@@ -311,8 +316,10 @@ static void peer_remove(broker *b, uint32_t i, const char *why)
     LOG_INFO("peer %s (%s, incarnation %016" PRIx64 ") %s", p->name, wire_role_name(p->role),
              p->incarnation, why);
     if (p->role == WIRE_ROLE_DRAFTER) {
+        groups_peer_gone(b, p);
         if (b->policy) policy_drop_worker(b->policy, p->incarnation);
-        for (uint32_t k = 0; k < p->n_held; k++) ledger_requeue(b->ledger, &p->held[k]);
+        for (uint32_t k = 0; k < p->n_held; k++)
+            if (!group_step_owns(b, &p->held[k])) ledger_requeue(b->ledger, &p->held[k]);
     } else if (p->role == WIRE_ROLE_TARGET && p->pool_id >= 0) {
         if (b->policy) policy_pool_drop(b->policy, (uint32_t)p->pool_id);
         b->pools[p->pool_id].registered = false;
@@ -620,10 +627,39 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     publish(b, "ready", &a);
 }
 
+/* What the importer needs to map the granted slot. */
+static void fill_grant(broker *b, const policy_grant *g, wire_grant *w)
+{
+    const pool_desc *d = &b->pools[g->where.pool_id];
+    memset(w, 0, sizeof *w);
+    uint64_t now = now_ms(b);
+    w->lease_id = g->lease_id;
+    w->deadline_ms = g->deadline_ms > now ? g->deadline_ms - now : 0;
+    w->pool_incarnation = g->where.incarnation;
+    w->slot = g->where.slot;
+    w->offset = (uint64_t)g->where.slot * d->desc.slot_size;
+    w->size = d->desc.slot_size;
+    w->layout_version = d->desc.layout_version;
+    w->unit = to_unit(&g->where.batch);
+    w->n_tokens = g->where.n_tokens;
+    w->n_seqs = d->n_seqs && g->where.slot < d->desc.slot_count ? d->n_seqs[g->where.slot] : 1;
+    if (!w->n_seqs) w->n_seqs = 1;
+    w->backend = d->desc.backend;
+    memcpy(w->mem_handle, d->desc.mem_handle, WIRE_HANDLE_BYTES);
+    if (d->events && g->where.slot < d->desc.n_events)
+        memcpy(w->event_handle, d->events[g->where.slot], WIRE_HANDLE_BYTES);
+    w->device = d->desc.device;
+    memcpy(w->shm_name, d->desc.shm_name, sizeof w->shm_name);
+    if (!w->size) w->size = 1;
+}
+
 static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     if (p->role != WIRE_ROLE_DRAFTER)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter claims");
+    if (group_of_peer(b->groups, p->incarnation))
+        return reply_error(b, r, m->request_id, DFLASH_EDENIED,
+                           "a group member claims whole steps (StepClaim), not single slots");
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
     policy_grant g;
     int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);
@@ -633,27 +669,8 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing eligible");
     }
     if (rc) return reply_error(b, r, m->request_id, rc, "claim refused");
-    const pool_desc *d = &b->pools[g.where.pool_id];
     reply_init(b, r, WIRE_GRANT, m->request_id);
-    wire_grant *w = &r->u.grant;
-    w->lease_id = g.lease_id;
-    w->deadline_ms = g.deadline_ms > now_ms(b) ? g.deadline_ms - now_ms(b) : 0;
-    w->pool_incarnation = g.where.incarnation;
-    w->slot = g.where.slot;
-    w->offset = (uint64_t)g.where.slot * d->desc.slot_size;
-    w->size = d->desc.slot_size;
-    w->layout_version = d->desc.layout_version;
-    w->unit = to_unit(&g.where.batch);
-    w->n_tokens = g.where.n_tokens;
-    w->n_seqs = d->n_seqs && g.where.slot < d->desc.slot_count ? d->n_seqs[g.where.slot] : 1;
-    if (!w->n_seqs) w->n_seqs = 1;
-    w->backend = d->desc.backend;
-    memcpy(w->mem_handle, d->desc.mem_handle, WIRE_HANDLE_BYTES);
-    if (d->events && g.where.slot < d->desc.n_events)
-        memcpy(w->event_handle, d->events[g.where.slot], WIRE_HANDLE_BYTES);
-    w->device = d->desc.device;
-    memcpy(w->shm_name, d->desc.shm_name, sizeof w->shm_name);
-    if (!w->size) w->size = 1;
+    fill_grant(b, &g, &r->u.grant);
     /* Safety net: a redelivered batch is no longer held by whoever had it before. (A batch
      * enters a held list only at release, which ends its lease, so a first delivery is in no
      * held list; skipping the scan keeps a grant O(1) in the number of held batches.) */
@@ -669,6 +686,8 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc) return reply_error(b, r, m->request_id, rc, "lease %" PRIu64 " unknown or expired",
                                m->u.lease_id);
     if (p->role == WIRE_ROLE_DRAFTER) held_add(p, &where.batch);
+    group_slot *gs = group_slot_of_lease(b->groups, m->u.lease_id);
+    if (gs) gs->released = true;
     reply_ok(b, r, m->request_id, 0);
 }
 
@@ -702,6 +721,239 @@ static void on_resume_from(broker *b, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, (uint64_t)n);
 }
 
+/* --- groups: data-parallel drafters (group.h; docs/protocol.md "Groups") -------------------- */
+
+static void held_remove_all(broker *b, const batch_id *id)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++) held_remove(b->peers[i], id);
+}
+
+/* True when id is a released unit of a step in flight: the step owns it until it is resolved
+ * (a dead member's copy may be in the model the group continues with). */
+static bool group_step_owns(broker *b, const batch_id *id)
+{
+    for (uint32_t i = 0; i < group_count(b->groups); i++) {
+        const group *g = group_at(b->groups, i);
+        if (!g->step_active) continue;
+        for (uint32_t r = 0; r < g->step_world; r++)
+            if (g->slots[r].released && same_batch(&g->slots[r].batch, id)) return true;
+    }
+    return false;
+}
+
+/* Carries out what a group call decided (group.h, group_outcome): ACK records every unit of the
+ * step as trained at the step (once for the whole group), ABORT gives unreleased leases back
+ * (READY again) and returns released units to to-do. */
+static void apply_outcome(broker *b, const char *name, const group_outcome *o)
+{
+    if (o->verdict == GROUP_KEEP) return;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < o->n_slots; r++) {
+        const group_slot *s = &o->slots[r];
+        bool revoked = b->policy && policy_lease_revoke(b->policy, s->lease_id) == 0;
+        if (o->verdict == GROUP_ACK && s->released) {
+            int rc = ledger_ack(b->ledger, &s->batch, o->step);
+            if (rc == DFLASH_EEXISTS) b->double_acks++;
+            else if (rc == 0) n++;
+            if (rc && rc != DFLASH_EEXISTS)
+                LOG_WARN("group %s: ack of %u/%u/%u at step %" PRIu64 ": %s", name,
+                         s->batch.epoch, s->batch.bucket, s->batch.index, o->step, err_str(rc));
+        } else if (o->verdict == GROUP_ACK) {
+            /* the rank never released its slot, so it cannot have trained it */
+            LOG_WARN("group %s: step %" PRIu64 " acked but rank %u never copied its slot: batch "
+                     "%u/%u/%u not recorded", name, o->step, r, s->batch.epoch, s->batch.bucket,
+                     s->batch.index);
+            if (!revoked) ledger_requeue(b->ledger, &s->batch);
+        } else if (!revoked && s->released) {
+            ledger_requeue(b->ledger, &s->batch);
+        }
+        held_remove_all(b, &s->batch);
+    }
+    b->acks += n;
+    if (o->verdict == GROUP_ACK)
+        LOG_INFO("group %s: step %" PRIu64 " done: %u batches trained", name, o->step, n);
+    else
+        LOG_INFO("group %s: step %" PRIu64 " aborted: its %u batches go back to to-do", name,
+                 o->step, o->n_slots);
+}
+
+static void log_epoch(const group *g)
+{
+    char ranks[512] = "";
+    size_t off = 0;
+    for (uint32_t i = 0; i < g->n_members && off < sizeof ranks; i++)
+        if (g->members[i].admitted)
+            off += (size_t)snprintf(ranks + off, sizeof ranks - off, "%s%u=%s", off ? " " : "",
+                                    g->members[i].rank, g->members[i].name);
+    LOG_INFO("group %s: epoch %" PRIu64 ", world %u, next step %" PRIu64 ": %s", g->name,
+             g->epoch, g->world, g->base_step + 1, ranks);
+}
+
+/* A drafter left (expired, replaced or said goodbye): its group re-forms. */
+static void groups_peer_gone(broker *b, peer *p)
+{
+    group *g = group_of_peer(b->groups, p->incarnation);
+    if (!g) return;
+    char name[GROUP_MAX_NAME];
+    snprintf(name, sizeof name, "%s", g->name);
+    group_outcome o;
+    group_leave(b->groups, p->incarnation, &o);
+    LOG_INFO("group %s: %s left", name, p->name);
+    apply_outcome(b, name, &o);
+    if (o.new_epoch && (g = group_find(b->groups, name))) log_epoch(g);
+}
+
+static void reply_view(broker *b, const group *g, const group_entry *e, uint64_t rid, wire_msg *r)
+{
+    reply_init(b, r, WIRE_GROUP_VIEW, rid);
+    wire_group_view *v = &r->u.view;
+    snprintf(v->group, sizeof v->group, "%s", g->name);
+    v->epoch = g->epoch;
+    v->rank = e->rank;
+    v->world = g->world;
+    v->step = g->base_step;
+    v->id_len = g->id_len;
+    memcpy(v->id, g->id, g->id_len);
+}
+
+static void on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_join *j = &m->u.join;
+    if (p->role != WIRE_ROLE_DRAFTER)
+        return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter joins a group");
+    group *g;
+    group_outcome o;
+    int rc = group_join(b->groups, j->group, p->incarnation, p->name, j->step, j->failed_epoch,
+                        (uint32_t)b->cfg.max_depth, &g, &o);
+    if (rc == DFLASH_EFULL) {
+        const group *cur = group_find(b->groups, j->group);
+        return reply_error(b, r, m->request_id, rc,
+                           "group %s would have %u ranks but max-depth is %lld: one step needs "
+                           "one slot per rank (raise max-depth first)",
+                           j->group, (cur ? cur->n_members : 0) + 1,
+                           (long long)b->cfg.max_depth);
+    }
+    if (rc == DFLASH_EEXISTS)
+        return reply_error(b, r, m->request_id, rc, "%s is in another group", p->name);
+    if (rc) return reply_error(b, r, m->request_id, rc, "join refused");
+    if (o.created) {
+        int64_t n = ledger_rewind(b->ledger, j->step);
+        LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained after "
+                 "it back to to-do", j->group, p->name, j->step, n);
+    }
+    apply_outcome(b, j->group, &o);
+    if (o.new_epoch) log_epoch(g);
+    const group_entry *e = group_entry_of(g, p->incarnation);
+    if (e && e->admitted && g->state != GROUP_REFORMING) return reply_view(b, g, e, m->request_id, r);
+    if (g->state == GROUP_REFORMING)
+        return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                           "group %s is re-forming: waiting for its first rank to finish or "
+                           "abandon step %" PRIu64, g->name, g->step);
+    return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                       "waiting for step %" PRIu64 " of group %s to finish", g->step, g->name);
+}
+
+static void on_group_set_id(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_set_id *s = &m->u.set_id;
+    group *g = group_find(b->groups, s->group);
+    if (!g) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "no group %s: join", s->group);
+    int rc = group_set_id(g, p->incarnation, s->epoch, s->id, s->id_len);
+    if (rc == DFLASH_ESTALE)
+        return reply_error(b, r, m->request_id, rc, "epoch %llu of group %s is over (now %llu): "
+                           "re-form", (unsigned long long)s->epoch, g->name,
+                           (unsigned long long)g->epoch);
+    if (rc) return reply_error(b, r, m->request_id, rc, "only rank 0 sets the id, once");
+    reply_ok(b, r, m->request_id, 0);
+}
+
+static void on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_step *c = &m->u.gstep;
+    group *g = group_find(b->groups, c->group);
+    if (!g) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "no group %s: join", c->group);
+    group_slot *mine;
+    int rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);
+    if (rc == DFLASH_ESTALE)
+        return reply_error(b, r, m->request_id, rc, "epoch %llu of group %s is over: re-form",
+                           (unsigned long long)c->epoch, g->name);
+    if (rc == DFLASH_EAGAIN)
+        return reply_error(b, r, m->request_id, rc, "group %s: waiting for rank 0's id", g->name);
+    if (rc == DFLASH_ESTATE)
+        return reply_error(b, r, m->request_id, rc, "group %s: the next step is %llu, not %llu",
+                           g->name, (unsigned long long)(g->step_active ? g->step : g->base_step + 1),
+                           (unsigned long long)c->step);
+    if (rc) return reply_error(b, r, m->request_id, rc, "step claim refused");
+    if (!mine) { /* reserve the whole step: one slot per rank, all or nothing */
+        if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
+        if (policy_claimable(b->policy) < g->world) {
+            if (policy_drained(b->policy) && policy_get_mode(b->policy) == POLICY_DRAINING)
+                return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+            return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                               "fewer than %u slots eligible for a step", g->world);
+        }
+        group_slot slots[GROUP_MAX_WORLD];
+        uint64_t now = now_ms(b);
+        for (uint32_t i = 0; i < g->n_members; i++) {
+            const group_entry *e = &g->members[i];
+            if (!e->admitted) continue;
+            policy_grant pg;
+            rc = policy_claim(b->policy, e->peer, now, &pg);
+            assert(rc == 0); /* policy_claimable said so; single-threaded */
+            if (rc) return reply_error(b, r, m->request_id, rc, "step reservation failed");
+            slots[e->rank] = (group_slot){.peer = e->peer, .lease_id = pg.lease_id,
+                                          .batch = pg.where.batch, .pool_id = pg.where.pool_id,
+                                          .slot = pg.where.slot, .n_tokens = pg.where.n_tokens,
+                                          .pool_incarnation = pg.where.incarnation};
+            if (pg.deliveries > 1) held_remove_all(b, &pg.where.batch);
+        }
+        group_step_begin(g, c->step, slots);
+        rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);
+        assert(rc == 0 && mine);
+    }
+    reply_init(b, r, WIRE_STEP_GRANT, m->request_id);
+    wire_step_grant *w = &r->u.sgrant;
+    w->epoch = g->step_epoch;
+    w->step = g->step;
+    w->world = g->step_world;
+    w->rank = (uint32_t)(mine - g->slots);
+    w->n_units = g->step_world;
+    for (uint32_t k = 0; k < g->step_world; k++) w->units[k] = to_unit(&g->slots[k].batch);
+    policy_grant pg = {.lease_id = mine->lease_id, .worker_id = mine->peer,
+                       .deadline_ms = now_ms(b) + (uint64_t)b->cfg.lease_timeout_ms,
+                       .where = {.pool_id = mine->pool_id, .incarnation = mine->pool_incarnation,
+                                 .slot = mine->slot, .batch = mine->batch,
+                                 .n_tokens = mine->n_tokens}};
+    fill_grant(b, &pg, &w->grant);
+}
+
+static void on_step_done(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_step *d = &m->u.gstep;
+    group *g = group_find(b->groups, d->group);
+    if (!g) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "no group %s", d->group);
+    group_outcome o;
+    int rc = group_step_done(b->groups, g, p->incarnation, d->epoch, d->step, &o);
+    if (rc == DFLASH_EDENIED)
+        return reply_error(b, r, m->request_id, rc, "only rank 0 reports a step done");
+    if (rc)
+        return reply_error(b, r, m->request_id, rc, "step %llu of epoch %llu was aborted or is "
+                           "unknown: re-form", (unsigned long long)d->step,
+                           (unsigned long long)d->epoch);
+    apply_outcome(b, g->name, &o);
+    if (o.new_epoch) log_epoch(g);
+    reply_ok(b, r, m->request_id, o.verdict == GROUP_ACK ? o.n_slots : 0);
+}
+
+static void on_group_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    group *g = group_of_peer(b->groups, p->incarnation);
+    if (!g || strcmp(g->name, m->u.gstep.group) != 0)
+        return reply_ok(b, r, m->request_id, 0);
+    groups_peer_gone(b, p);
+    reply_ok(b, r, m->request_id, 1);
+}
+
 void broker_status(broker *b, wire_status *s)
 {
     memset(s, 0, sizeof *s);
@@ -732,6 +984,25 @@ void broker_status(broker *b, wire_status *s)
             s->pool_incarnation = b->pools[i].desc.pool_incarnation;
             s->slot_count += b->pools[i].desc.slot_count;
         }
+    for (uint32_t i = 0; i < group_count(b->groups) && s->n_groups < WIRE_MAX_GROUPS; i++) {
+        const group *g = group_at(b->groups, i);
+        wire_group_stat *o = &s->groups[s->n_groups++];
+        snprintf(o->name, sizeof o->name, "%s", g->name);
+        o->epoch = g->epoch;
+        o->world = g->world;
+        o->step = g->step_active ? g->step : g->base_step + 1;
+        o->state = g->state == GROUP_FORMING  ? WIRE_GROUP_FORMING
+                   : g->state == GROUP_ACTIVE ? WIRE_GROUP_ACTIVE
+                                              : WIRE_GROUP_REFORMING;
+        o->step_reserved = g->step_active;
+        o->steps_done = g->steps_done;
+        o->steps_aborted = g->steps_aborted;
+        for (uint32_t k = 0; k < g->n_members; k++) {
+            if (!g->members[k].admitted) o->pending++;
+            else if (o->n_members < WIRE_MAX_STATUS_MEMBERS)
+                snprintf(o->members[o->n_members++], WIRE_MAX_NAME, "%s", g->members[k].name);
+        }
+    }
     if (!b->policy) return;
     policy_stats ps;
     policy_get_stats(b->policy, &ps);
@@ -805,6 +1076,14 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
             if (err) snprintf(err, err_len, "shares: need %u non-negative numbers", n);
             return DFLASH_EINVAL;
         }
+    }
+    uint32_t largest = group_largest(b->groups);
+    if (next.max_depth < (int64_t)largest) {
+        if (err)
+            snprintf(err, err_len, "max-depth %lld is smaller than one step of the largest "
+                     "drafter group (%u ranks, one slot each): its steps could never be "
+                     "reserved", (long long)next.max_depth, largest);
+        return DFLASH_ERANGE;
     }
     b->cfg = next;
     apply_live(b, &b->cfg);
@@ -896,7 +1175,8 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid)
         p = peer_add(b, rid, rid_len);
     if (m.type == WIRE_WORK_UNIT || m.type == WIRE_GRANT || m.type == WIRE_STATUS_REPLY ||
-        m.type == WIRE_SET_CONFIG_REPLY || m.type == WIRE_ERROR || m.type == WIRE_OK) {
+        m.type == WIRE_SET_CONFIG_REPLY || m.type == WIRE_ERROR || m.type == WIRE_OK ||
+        m.type == WIRE_GROUP_VIEW || m.type == WIRE_STEP_GRANT) {
         b->malformed++;
         reply_error(b, &r, m.request_id, DFLASH_EPROTO, "%s is not a request",
                     wire_type_name(m.type));
@@ -941,6 +1221,11 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_ACK: on_ack(b, p, &m, &r); break;
     case WIRE_CHECKPOINT_COMMITTED: on_commit(b, &m, &r); break;
     case WIRE_RESUME_FROM: on_resume_from(b, &m, &r); break;
+    case WIRE_GROUP_JOIN: on_group_join(b, p, &m, &r); break;
+    case WIRE_GROUP_SET_ID: on_group_set_id(b, p, &m, &r); break;
+    case WIRE_STEP_CLAIM: on_step_claim(b, p, &m, &r); break;
+    case WIRE_STEP_DONE: on_step_done(b, p, &m, &r); break;
+    case WIRE_GROUP_LEAVE: on_group_leave(b, p, &m, &r); break;
     case WIRE_HEARTBEAT:
         reply_init(b, &r, WIRE_HEARTBEAT, m.request_id);
         r.u.sent_ms = m.u.sent_ms;
@@ -1271,6 +1556,10 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
     }
     b->ledger = ledger_new(&lp, err);
     if (!b->ledger) goto fail;
+    if (!(b->groups = group_table_new())) {
+        *err = DFLASH_ENOMEM;
+        goto fail;
+    }
     if (cfg->endpoint[0]) {
         b->zctx = zmq_ctx_new();
         if (!b->zctx) {
@@ -1359,6 +1648,7 @@ void broker_destroy(broker **bp)
         free(b->pools[i].n_seqs);
     }
     policy_destroy(&b->policy);
+    group_table_destroy(&b->groups);
     ledger_destroy(&b->ledger);
     free(b->inbuf);
     free(b->outbuf);

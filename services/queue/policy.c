@@ -601,6 +601,34 @@ static slot *find_lease(const policy *p, uint64_t lease_id)
     return NULL;
 }
 
+uint32_t policy_claimable(const policy *p)
+{
+    if (p->mode == POLICY_PAUSED) return 0;
+    if (p->mode == POLICY_DRAINING || p->flush) return p->tot_ready;
+    if (p->tot_ready < p->prm.min_ready) return 0;
+    uint64_t n = (uint64_t)p->tot_ready - p->prm.min_ready + 1;
+    return n > p->tot_ready ? p->tot_ready : (uint32_t)n;
+}
+
+int policy_lease_revoke(policy *p, uint64_t lease_id)
+{
+    slot *s = find_lease(p, lease_id);
+    if (!s) {
+        for (uint32_t i = 0; i < p->n_detached; i++)
+            if (p->detached[i].lease_id == lease_id) {
+                batch_id b = p->detached[i].where.batch;
+                p->detached[i] = p->detached[--p->n_detached];
+                if (p->sink.requeue) p->sink.requeue(p->sink.ctx, &b);
+                return 0;
+            }
+        return DFLASH_ESTALE;
+    }
+    uint32_t redelivered = s->redelivered;
+    (void)set_state(p, s, SLOT_READY, true);
+    s->redelivered = redelivered;
+    return 0;
+}
+
 int policy_release(policy *p, uint64_t lease_id, policy_slot_ref *where)
 {
     slot *s = find_lease(p, lease_id);

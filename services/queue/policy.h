@@ -192,6 +192,19 @@ int policy_slot_ready(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_
  * claim and retries after slot_ready / set / tick; DFLASH_ESTATE when paused. */
 int policy_claim(policy *p, uint64_t worker_id, uint64_t now_ms, policy_grant *grant);
 
+/* How many claims in a row would be served now (0 when paused): every READY slot when draining
+ * or flushing, else ready - min_ready + 1 when ready >= min_ready (each claim needs the reservoir
+ * at min_ready before it), else 0. A group step reserves its R slots only when this is >= R.
+ * Pure. */
+uint32_t policy_claimable(const policy *p);
+
+/* Takes a lease back without blaming its batch (a group step was aborted): LEASED -> READY at the
+ * head of its FIFO, deliveries unchanged, nothing counted as a redelivery; a detached lease's
+ * batch goes back to to-do via sink->requeue. The holder's later release gets DFLASH_ESTALE (it
+ * drops its copy; a copy of a READY slot is harmless: the target rewrites only FREE slots).
+ * DFLASH_ESTALE unknown or already released/expired lease. */
+int policy_lease_revoke(policy *p, uint64_t lease_id);
+
 /* The worker copied the slot: LEASED -> FREE. *where (optional) tells the caller which slot to
  * hand back to its target. DFLASH_ESTALE unknown or expired lease (counted in stale_releases). */
 int policy_release(policy *p, uint64_t lease_id, policy_slot_ref *where);

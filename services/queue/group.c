@@ -1,0 +1,303 @@
+/* group: see group.h for the model, the states and the resolution rule of a step in flight.
+ *
+ * Storage: the table is an array of heap-allocated groups (pointers stay valid until the group
+ * is deleted, which only group_leave does when the last member leaves); a group's members are a
+ * fixed array in join order (removal shifts), so "ranks in join order" is a plain scan.
+ */
+#include "group.h"
+
+#include "err.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct group_table {
+    group *g[GROUP_MAX_GROUPS];
+    uint32_t n;
+};
+
+const char *group_state_name(group_state s)
+{
+    static const char *const n[] = {"forming", "active", "re-forming"};
+    return (unsigned)s < 3 ? n[s] : "unknown";
+}
+
+static void set_state(group *g, group_state to)
+{
+    static const bool legal[3][3] = {
+        /* to:           FORMING ACTIVE REFORMING */
+        [GROUP_FORMING] = {true, true, true},
+        [GROUP_ACTIVE] = {true, false, true},
+        [GROUP_REFORMING] = {true, false, false},
+    };
+    assert(legal[g->state][to]);
+    g->state = to;
+}
+
+group_table *group_table_new(void) { return calloc(1, sizeof(group_table)); }
+
+void group_table_destroy(group_table **t)
+{
+    if (!t || !*t) return;
+    for (uint32_t i = 0; i < (*t)->n; i++) free((*t)->g[i]);
+    free(*t);
+    *t = NULL;
+}
+
+uint32_t group_count(const group_table *t) { return t->n; }
+group *group_at(group_table *t, uint32_t i) { return i < t->n ? t->g[i] : NULL; }
+
+group *group_find(group_table *t, const char *name)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (strcmp(t->g[i]->name, name) == 0) return t->g[i];
+    return NULL;
+}
+
+group_entry *group_entry_of(group *g, uint64_t peer)
+{
+    for (uint32_t i = 0; i < g->n_members; i++)
+        if (g->members[i].peer == peer) return &g->members[i];
+    return NULL;
+}
+
+group *group_of_peer(group_table *t, uint64_t peer)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (group_entry_of(t->g[i], peer)) return t->g[i];
+    return NULL;
+}
+
+uint32_t group_largest(const group_table *t)
+{
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->g[i]->n_members > m) m = t->g[i]->n_members;
+    return m;
+}
+
+static group_entry *first_admitted(group *g)
+{
+    for (uint32_t i = 0; i < g->n_members; i++)
+        if (g->members[i].admitted) return &g->members[i];
+    return NULL;
+}
+
+/* The step in flight ends with verdict v; out gets what the broker must do. */
+static void resolve(group *g, group_verdict v, group_outcome *out)
+{
+    assert(g->step_active);
+    out->verdict = v;
+    out->step = g->step;
+    out->n_slots = g->step_world;
+    memcpy(out->slots, g->slots, g->step_world * sizeof *g->slots);
+    if (v == GROUP_ACK) {
+        g->done_epoch = g->step_epoch;
+        g->done_step = g->step;
+        g->base_step = g->step;
+        g->steps_done++;
+    } else {
+        g->steps_aborted++;
+    }
+    g->step_active = false;
+    g->resolver = 0;
+}
+
+/* Ranks 0..world-1 to every member in join order, a new epoch, no id yet. */
+static void new_epoch(group *g, group_outcome *out)
+{
+    assert(!g->step_active);
+    g->epoch++;
+    g->world = 0;
+    for (uint32_t i = 0; i < g->n_members; i++) {
+        g->members[i].admitted = true;
+        g->members[i].rank = g->world++;
+    }
+    g->id_len = 0;
+    set_state(g, GROUP_FORMING);
+    out->new_epoch = true;
+}
+
+/* The current epoch is over (a rank left or failed). A step in flight waits for its resolver,
+ * the first admitted member left; with none, it is aborted. */
+static void end_epoch(group *g, group_outcome *out)
+{
+    if (g->state == GROUP_REFORMING) return;
+    set_state(g, GROUP_REFORMING);
+    if (!g->step_active) return;
+    group_entry *l = first_admitted(g);
+    if (l) g->resolver = l->peer;
+    else resolve(g, GROUP_ABORT, out);
+}
+
+/* Forms the next epoch when membership changed and no step is in flight. */
+static void try_form(group *g, group_outcome *out)
+{
+    if (!g->n_members) return;
+    bool pending = false;
+    for (uint32_t i = 0; i < g->n_members; i++) pending |= !g->members[i].admitted;
+    switch (g->state) {
+    case GROUP_FORMING:
+        if (pending) new_epoch(g, out);
+        break;
+    case GROUP_ACTIVE:
+        if (pending && !g->step_active) new_epoch(g, out);
+        break;
+    case GROUP_REFORMING:
+        if (!g->step_active) new_epoch(g, out);
+        break;
+    }
+}
+
+static void table_remove(group_table *t, group *g)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->g[i] == g) {
+            free(g);
+            t->g[i] = t->g[--t->n];
+            return;
+        }
+}
+
+int group_join(group_table *t, const char *name, uint64_t peer, const char *peer_name,
+               uint64_t model_step, uint64_t failed_epoch, uint32_t max_world, group **gp,
+               group_outcome *out)
+{
+    memset(out, 0, sizeof *out);
+    *gp = NULL;
+    group *other = group_of_peer(t, peer);
+    if (other && strcmp(other->name, name) != 0) return DFLASH_EEXISTS;
+    group *g = group_find(t, name);
+    if (!g) {
+        if (t->n == GROUP_MAX_GROUPS) return DFLASH_ENOMEM;
+        g = calloc(1, sizeof *g);
+        if (!g) return DFLASH_ENOMEM;
+        snprintf(g->name, sizeof g->name, "%s", name);
+        g->base_step = model_step;
+        g->next_seq = 1;
+        t->g[t->n++] = g;
+        out->created = true;
+    }
+    group_entry *m = group_entry_of(g, peer);
+    if (!m) {
+        if (g->n_members + 1 > max_world || g->n_members + 1 > GROUP_MAX_WORLD) {
+            if (out->created) table_remove(t, g);
+            out->created = false;
+            return DFLASH_EFULL;
+        }
+        m = &g->members[g->n_members++];
+        memset(m, 0, sizeof *m);
+        m->peer = peer;
+        snprintf(m->name, sizeof m->name, "%s", peer_name ? peer_name : "");
+        m->join_seq = g->next_seq++;
+        try_form(g, out);
+        *gp = g;
+        return 0;
+    }
+    if (m->admitted && failed_epoch && failed_epoch == g->epoch &&
+        (g->state == GROUP_FORMING || g->state == GROUP_ACTIVE))
+        end_epoch(g, out);
+    if (g->state == GROUP_REFORMING && g->step_active && g->resolver == peer) {
+        resolve(g, model_step >= g->step ? GROUP_ACK : GROUP_ABORT, out);
+        g->base_step = model_step; /* the next epoch starts from this member's model */
+    }
+    try_form(g, out);
+    *gp = g;
+    return 0;
+}
+
+bool group_leave(group_table *t, uint64_t peer, group_outcome *out)
+{
+    memset(out, 0, sizeof *out);
+    group *g = group_of_peer(t, peer);
+    if (!g) return false;
+    uint32_t i = 0;
+    while (g->members[i].peer != peer) i++;
+    bool admitted = g->members[i].admitted;
+    memmove(&g->members[i], &g->members[i + 1], (g->n_members - i - 1) * sizeof *g->members);
+    g->n_members--;
+    if (admitted) {
+        if (g->state == GROUP_FORMING || g->state == GROUP_ACTIVE) {
+            end_epoch(g, out);
+        } else if (g->state == GROUP_REFORMING && g->step_active && g->resolver == peer) {
+            group_entry *l = first_admitted(g);
+            if (l) g->resolver = l->peer;
+            else resolve(g, GROUP_ABORT, out);
+        }
+    }
+    try_form(g, out);
+    if (!g->n_members) {
+        assert(!g->step_active);
+        table_remove(t, g);
+    }
+    return true;
+}
+
+int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uint32_t len)
+{
+    group_entry *m = group_entry_of(g, peer);
+    if (!m || !m->admitted || epoch != g->epoch ||
+        (g->state != GROUP_FORMING && g->state != GROUP_ACTIVE))
+        return DFLASH_ESTALE;
+    if (m->rank != 0) return DFLASH_EDENIED;
+    if (len == 0 || len > GROUP_ID_BYTES) return DFLASH_ERANGE;
+    if (g->state == GROUP_ACTIVE)
+        return g->id_len == len && memcmp(g->id, id, len) == 0 ? 0 : DFLASH_EEXISTS;
+    memcpy(g->id, id, len);
+    g->id_len = len;
+    set_state(g, GROUP_ACTIVE);
+    return 0;
+}
+
+int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, group_slot **slot)
+{
+    *slot = NULL;
+    group_entry *m = group_entry_of(g, peer);
+    if (!m || !m->admitted || epoch != g->epoch || g->state == GROUP_REFORMING)
+        return DFLASH_ESTALE;
+    if (g->state == GROUP_FORMING) return DFLASH_EAGAIN;
+    if (g->step_active) {
+        if (step != g->step) return DFLASH_ESTATE;
+        *slot = &g->slots[m->rank];
+        return 0;
+    }
+    return step == g->base_step + 1 ? 0 : DFLASH_ESTATE;
+}
+
+void group_step_begin(group *g, uint64_t step, const group_slot *slots)
+{
+    assert(g->state == GROUP_ACTIVE && !g->step_active);
+    g->step_active = true;
+    g->step = step;
+    g->step_epoch = g->epoch;
+    g->step_world = g->world;
+    memcpy(g->slots, slots, g->world * sizeof *slots);
+}
+
+group_slot *group_slot_of_lease(group_table *t, uint64_t lease_id)
+{
+    for (uint32_t i = 0; i < t->n; i++) {
+        group *g = t->g[i];
+        if (!g->step_active) continue;
+        for (uint32_t r = 0; r < g->step_world; r++)
+            if (g->slots[r].lease_id == lease_id) return &g->slots[r];
+    }
+    return NULL;
+}
+
+int group_step_done(group_table *t, group *g, uint64_t peer, uint64_t epoch, uint64_t step,
+                    group_outcome *out)
+{
+    (void)t;
+    memset(out, 0, sizeof *out);
+    if (g->step_active && g->step_epoch == epoch && g->step == step) {
+        if (g->slots[0].peer != peer) return DFLASH_EDENIED;
+        resolve(g, GROUP_ACK, out);
+        try_form(g, out);
+        return 0;
+    }
+    if (g->done_epoch == epoch && g->done_step == step) return 0; /* duplicate: KEEP */
+    return DFLASH_ESTALE;
+}

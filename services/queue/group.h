@@ -1,0 +1,155 @@
+/* group: the broker's data-parallel drafter groups (issue 7; docs/protocol.md "Groups"). Pure
+ * logic like policy.h: no sockets, no clock, no ledger or policy calls. The broker (broker.c,
+ * "groups") turns requests into calls here and carries out the outcomes they return (reserve
+ * the step's slots in the policy, ack or requeue the step's batches in the ledger).
+ *
+ * A group is a named set of drafter peers training one model: the members (in join order), an
+ * epoch, the ranks 0..world-1 of that epoch (join order of the admitted members), the rendezvous
+ * id rank 0 posts (<= GROUP_ID_BYTES opaque bytes), the model step rank 0 reported (base_step:
+ * the group's next optimizer step is base_step + 1), and at most one *step* in flight: world
+ * reserved slots of step base_step + 1, one lease per rank.
+ *
+ * Group states (one set_state in group.c asserts the transitions):
+ *
+ *   from \ to    FORMING                    ACTIVE          REFORMING
+ *   FORMING      new epoch (a join, a fail)  rank 0 posts id member gone
+ *   ACTIVE       new epoch (join at a step   -               member gone / failed, or a join
+ *                boundary, no step in flight)                while a step is in flight (**)
+ *   REFORMING    new epoch (step resolved)   -               -
+ *   (**) a joiner waits ("pending") until the step in flight is done or aborted: membership
+ *        changes take effect only at step boundaries. ACTIVE -> REFORMING happens for a join only
+ *        when the step ends (StepDone); then the new epoch forms at once.
+ *
+ * A step in flight when its epoch ends is *resolved* before the next epoch forms, by the member
+ * whose model the next epoch starts from: the surviving admitted member that joined first (it
+ * becomes rank 0; it is rank 0 of the ending epoch whenever that one is alive). Its StepDone
+ * means the update happened (ACK: all world units trained at that step); its GroupJoin reports
+ * its model step: >= the step's number means the update happened (ACK), else ABORT (every unit
+ * back to to-do). If no admitted member survives, the step is aborted. So the ledger always
+ * matches the model the group continues with: no batch is lost and none is trained twice.
+ *
+ * Thread: the broker's loop thread. Callers: broker.c, tests.
+ */
+#ifndef DFLASH_QUEUE_GROUP_H
+#define DFLASH_QUEUE_GROUP_H
+
+#include "ledger.h" /* batch_id */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define GROUP_ID_BYTES 128
+#define GROUP_MAX_WORLD 64
+#define GROUP_MAX_GROUPS 64
+#define GROUP_MAX_NAME 64
+
+typedef enum { GROUP_FORMING = 0, GROUP_ACTIVE, GROUP_REFORMING } group_state;
+
+typedef struct group_entry {
+    uint64_t peer;  /* the drafter's incarnation (the policy's worker id) */
+    char name[GROUP_MAX_NAME];
+    uint64_t join_seq;
+    bool admitted;  /* a rank of the current epoch (false: waiting for a step boundary) */
+    uint32_t rank;  /* when admitted */
+} group_entry;
+
+/* One rank's share of a step: its lease and where the batch lives (to answer a retried claim). */
+typedef struct group_slot {
+    uint64_t peer;
+    uint64_t lease_id;
+    batch_id batch;
+    bool released; /* the rank released the lease (copied the slot) */
+    uint32_t pool_id, slot, n_tokens;
+    uint64_t pool_incarnation;
+} group_slot;
+
+typedef struct group_s {
+    char name[GROUP_MAX_NAME];
+    group_state state;
+    uint64_t epoch;      /* >= 1 once formed */
+    uint64_t base_step;  /* rank 0's model step; next step = base_step + 1 */
+    uint32_t world;      /* admitted members */
+    group_entry members[GROUP_MAX_WORLD]; /* join order */
+    uint32_t n_members;
+    uint8_t id[GROUP_ID_BYTES];
+    uint32_t id_len;     /* 0 until rank 0 posts it */
+    /* the step in flight */
+    bool step_active;
+    uint64_t step, step_epoch;
+    group_slot slots[GROUP_MAX_WORLD]; /* by rank, step_epoch's world entries */
+    uint32_t step_world;
+    uint64_t resolver;   /* REFORMING with a step in flight: whose word resolves it (0 none) */
+    /* history */
+    uint64_t done_epoch, done_step;       /* the last step acked */
+    uint64_t steps_done, steps_aborted;
+    uint64_t next_seq;
+} group;
+
+typedef enum { GROUP_KEEP = 0, GROUP_ACK, GROUP_ABORT } group_verdict;
+
+/* What the broker must do after a call: ACK = ledger-ack every slot's batch at `step`; ABORT =
+ * revoke unreleased leases and requeue released batches; `created` = the group was created by
+ * this join (the broker rewinds the ledger to the joiner's model step, as ResumeFrom would). */
+typedef struct group_outcome {
+    group_verdict verdict;
+    uint64_t step;
+    uint32_t n_slots;
+    group_slot slots[GROUP_MAX_WORLD];
+    bool created;
+    bool new_epoch; /* a new epoch formed */
+} group_outcome;
+
+typedef struct group_table group_table;
+
+group_table *group_table_new(void);
+void group_table_destroy(group_table **t);
+uint32_t group_count(const group_table *t);
+group *group_at(group_table *t, uint32_t i);
+group *group_find(group_table *t, const char *name);
+/* The member entry of peer in g, or NULL. */
+group_entry *group_entry_of(group *g, uint64_t peer);
+/* The group peer belongs to (at most one), or NULL. */
+group *group_of_peer(group_table *t, uint64_t peer);
+/* The size a join would give g (members incl. pending + 1); for the max_depth rule. */
+uint32_t group_largest(const group_table *t);
+
+/* GroupJoin from peer (model_step: its optimizer steps; failed_epoch: the epoch whose
+ * collective failed there, 0 none). Creates the group, adds the peer (pending) or treats a
+ * member's join as a poll, a failure (failed_epoch == epoch while FORMING/ACTIVE: the epoch
+ * ends) or the resolver's word on a step in flight; forms a new epoch when it can. max_world:
+ * refuse growing past it. Returns 0 (*g set; the peer's view is current when its member entry
+ * is admitted and the group is FORMING or ACTIVE), DFLASH_EFULL (max_world), DFLASH_EEXISTS
+ * (peer is in another group), DFLASH_ENOMEM (too many groups). out gets the outcome. */
+int group_join(group_table *t, const char *name, uint64_t peer, const char *peer_name,
+               uint64_t model_step, uint64_t failed_epoch, uint32_t max_world, group **g,
+               group_outcome *out);
+
+/* The peer died, was replaced, or said goodbye: it leaves its group (if any); the epoch ends if
+ * it was a rank; a step in flight is resolved or waits for its resolver. A group left empty is
+ * deleted after the outcome is filled. Returns true if the peer was in a group. */
+bool group_leave(group_table *t, uint64_t peer, group_outcome *out);
+
+/* Rank 0 posts the rendezvous id of epoch: FORMING -> ACTIVE. 0, DFLASH_ESTALE (another epoch or
+ * not FORMING/ACTIVE), DFLASH_EDENIED (not rank 0), DFLASH_EEXISTS (a different id is set). */
+int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uint32_t len);
+
+/* Checks a StepClaim: 0 when a step is in flight for (epoch, step) (*slot = the peer's share)
+ * or none is and one may be reserved (*slot NULL: call group_step_begin after reserving);
+ * DFLASH_ESTALE the peer is not a rank of the current epoch or the epoch ended (re-form),
+ * DFLASH_EAGAIN forming (no id yet), DFLASH_ESTATE wrong step number. */
+int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, group_slot **slot);
+/* Records the reserved slots (by rank, world entries) as the step in flight. */
+void group_step_begin(group *g, uint64_t step, const group_slot *slots);
+/* The slot of a released lease (any group), or NULL. */
+group_slot *group_slot_of_lease(group_table *t, uint64_t lease_id);
+
+/* StepDone from peer: ACK when (epoch, step) is the step in flight and peer is rank 0 of its
+ * epoch (also while re-forming); then a waiting join forms a new epoch. Returns 0 (out->verdict
+ * ACK, or KEEP for a duplicate of the last acked step), DFLASH_EDENIED (not rank 0),
+ * DFLASH_ESTALE (the step was aborted or is unknown). */
+int group_step_done(group_table *t, group *g, uint64_t peer, uint64_t epoch, uint64_t step,
+                    group_outcome *out);
+
+const char *group_state_name(group_state s);
+
+#endif

@@ -1,0 +1,412 @@
+/* test_group_broker: the broker's data-parallel drafter groups (issue 7), driven through
+ * broker_dispatch without sockets (journal in memory), with a scripted target and drafters.
+ *
+ * What a user would notice if it broke:
+ *   - whole-step reservation: a group step gets exactly one slot per rank, reserved at once and
+ *     only when that many are eligible (no rank ever waits on a partial step); a retried claim
+ *     gets the same lease; every rank gets its own lease;
+ *   - max_depth smaller than a group's step is refused, by `set` and by a join;
+ *   - membership changes only at step boundaries: a join while a step is in flight waits, the
+ *     epoch moves when the step is done; rank 0's id reaches the other ranks;
+ *   - StepDone acks all R units once (a duplicate is harmless, a non-rank-0 is refused);
+ *   - a member that dies or leaves mid-step: the step is aborted when the surviving first rank
+ *     says its model did not take it (every unit back to to-do or READY, none acked), or acked
+ *     when its model did; nothing is lost or acked twice;
+ *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields).
+ */
+#include "broker.h"
+#include "check.h"
+#include "config.h"
+#include "err.h"
+#include "log.h"
+#include "wire.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+static broker *B;
+static uv_loop_t loop;
+static uint8_t buf[WIRE_MAX_MSG], out[WIRE_MAX_MSG];
+static wire_msg req, rep;
+static uint64_t next_rid = 1;
+
+/* Sends req (already filled) from routing id rid; unpacks the reply into rep. */
+static int send_from(const char *rid)
+{
+    req.request_id = next_rid++;
+    int n = wire_pack(&req, buf, sizeof buf);
+    CHECK(n > 0);
+    int r = broker_dispatch(B, (const uint8_t *)rid, strlen(rid), buf, (size_t)n, out, sizeof out);
+    CHECK(r > 0);
+    wire_msg_clear(&rep);
+    CHECK_EQ_INT(wire_unpack(out, (size_t)r, &rep, NULL, 0), 0);
+    CHECK_EQ_INT(rep.request_id, req.request_id);
+    return rep.type == WIRE_ERROR ? rep.u.error.code : 0;
+}
+
+typedef struct {
+    const char *rid, *name;
+    uint64_t inc;
+} drafter;
+
+static void init(wire_type t, wire_role role, uint64_t inc) { wire_msg_init(&req, t, role, inc, 0); }
+
+static int hello(const drafter *d)
+{
+    init(WIRE_HELLO, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(req.u.hello.name, sizeof req.u.hello.name, "%s", d->name);
+    return send_from(d->rid);
+}
+
+static int join(const drafter *d, uint64_t step, uint64_t failed, wire_group_view *v)
+{
+    init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(req.u.join.group, sizeof req.u.join.group, "g");
+    req.u.join.step = step;
+    req.u.join.failed_epoch = failed;
+    int rc = send_from(d->rid);
+    if (!rc && v) *v = rep.u.view;
+    return rc;
+}
+
+static int set_id(const drafter *d, uint64_t epoch, uint8_t fill)
+{
+    init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(req.u.set_id.group, sizeof req.u.set_id.group, "g");
+    req.u.set_id.epoch = epoch;
+    req.u.set_id.id_len = WIRE_GROUP_ID_BYTES;
+    memset(req.u.set_id.id, fill, WIRE_GROUP_ID_BYTES);
+    return send_from(d->rid);
+}
+
+static int gstep(const drafter *d, wire_type t, uint64_t epoch, uint64_t step)
+{
+    init(t, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(req.u.gstep.group, sizeof req.u.gstep.group, "g");
+    req.u.gstep.epoch = epoch;
+    req.u.gstep.step = step;
+    return send_from(d->rid);
+}
+
+static int claim(const drafter *d, uint64_t epoch, uint64_t step, wire_step_grant *g)
+{
+    int rc = gstep(d, WIRE_STEP_CLAIM, epoch, step);
+    if (!rc && g) *g = rep.u.sgrant;
+    return rc;
+}
+
+static int release(const drafter *d, uint64_t lease)
+{
+    init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, d->inc);
+    req.u.lease_id = lease;
+    return send_from(d->rid);
+}
+
+static wire_status status(void)
+{
+    init(WIRE_STATUS_REQUEST, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(send_from("ctl-c-99"), 0);
+    return rep.u.status;
+}
+
+static int set_depth(int depth)
+{
+    init(WIRE_SET_CONFIG, WIRE_ROLE_CTL, 99);
+    req.u.settings.n = 1;
+    snprintf(req.u.settings.kv[0].key, WIRE_MAX_KEY, "max-depth");
+    snprintf(req.u.settings.kv[0].value, WIRE_MAX_VALUE, "%d", depth);
+    return send_from("ctl-c-99");
+}
+
+/* The target makes n more batches ready. */
+static void make_ready(int n)
+{
+    for (int i = 0; i < n; i++) {
+        init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, 7);
+        req.u.pool_incarnation = 0x77;
+        CHECK_EQ_INT(send_from("target-t-7"), 0);
+        wire_work_unit wu = rep.u.work;
+        init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, 7);
+        req.u.ready = (wire_slot_ready){0x77, wu.slot, wu.unit, 100, 2};
+        CHECK_EQ_INT(send_from("target-t-7"), 0);
+    }
+}
+
+static uint32_t ready_total(const wire_status *s)
+{
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].ready;
+    return n;
+}
+
+static uint32_t leased_total(const wire_status *s)
+{
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].leased;
+    return n;
+}
+
+static void setup(void)
+{
+    log_init("test", LOG_ERROR);
+    queue_config cfg;
+    char *argv[] = {"test", NULL};
+    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 1, argv, NULL, 0, NULL), 0);
+    snprintf(cfg.journal, sizeof cfg.journal, "none");
+    cfg.min_ready = 0;
+    cfg.max_depth = 8;
+    cfg.liveness = 1000;
+    snprintf(cfg.log_level, sizeof cfg.log_level, "error");
+    uv_loop_init(&loop);
+    B = broker_new(&loop, &cfg, NULL);
+    CHECK(B != NULL);
+    init(WIRE_HELLO, WIRE_ROLE_TARGET, 7);
+    snprintf(req.u.hello.name, sizeof req.u.hello.name, "target");
+    CHECK_EQ_INT(send_from("target-t-7"), 0);
+    init(WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, 7);
+    wire_pool *p = &req.u.pool;
+    p->pool_incarnation = 0x77;
+    p->backend = WIRE_BACKEND_HOST;
+    snprintf(p->shm_name, sizeof p->shm_name, "/dflash-test-group");
+    p->slot_count = 16;
+    p->slot_size = 4096;
+    p->layout_version = 1;
+    p->token_budget = 1024;
+    p->n_buckets = 1;
+    p->bucket_upper[0] = 512;
+    p->bucket_share[0] = 1;
+    p->bucket_batches[0] = 1000;
+    p->epochs = 1;
+    CHECK_EQ_INT(send_from("target-t-7"), 0);
+}
+
+/* The new messages' range checks, through wire_pack and wire_unpack. */
+static void test_wire_checks(void)
+{
+    wire_msg m;
+    uint8_t b[4096];
+    wire_msg_init(&m, WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, 1, 1);
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE); /* empty group name */
+    snprintf(m.u.join.group, sizeof m.u.join.group, "g");
+    m.u.join.world_hint = WIRE_MAX_WORLD + 1;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    m.u.join.world_hint = 2;
+    m.u.join.step = 12;
+    int n = wire_pack(&m, b, sizeof b);
+    CHECK(n > 0);
+    wire_msg u;
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(u.type == WIRE_GROUP_JOIN && u.u.join.step == 12 && strcmp(u.u.join.group, "g") == 0);
+
+    wire_msg_init(&m, WIRE_GROUP_VIEW, WIRE_ROLE_BROKER, 1, 1);
+    snprintf(m.u.view.group, sizeof m.u.view.group, "g");
+    m.u.view.epoch = 3;
+    m.u.view.world = 2;
+    m.u.view.rank = 2; /* rank >= world */
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    m.u.view.rank = 1;
+    m.u.view.id_len = 5;
+    memcpy(m.u.view.id, "abcde", 5);
+    n = wire_pack(&m, b, sizeof b);
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(u.u.view.id_len == 5 && memcmp(u.u.view.id, "abcde", 5) == 0 && u.u.view.rank == 1);
+
+    wire_msg_init(&m, WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, 1, 1);
+    snprintf(m.u.set_id.group, sizeof m.u.set_id.group, "g");
+    m.u.set_id.epoch = 1;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE); /* empty id */
+    m.u.set_id.id_len = WIRE_GROUP_ID_BYTES + 1;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+
+    wire_msg_init(&m, WIRE_STEP_CLAIM, WIRE_ROLE_DRAFTER, 1, 1);
+    snprintf(m.u.gstep.group, sizeof m.u.gstep.group, "g");
+    m.u.gstep.epoch = 1;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE); /* step 0 */
+    m.u.gstep.step = 1;
+    CHECK(wire_pack(&m, b, sizeof b) > 0);
+
+    wire_msg_init(&m, WIRE_STEP_GRANT, WIRE_ROLE_BROKER, 1, 1);
+    wire_step_grant *g = &m.u.sgrant;
+    g->epoch = g->step = 1;
+    g->world = 2;
+    g->n_units = 1; /* must equal world */
+    g->grant.lease_id = 1;
+    g->grant.size = 1;
+    g->grant.backend = WIRE_BACKEND_HOST;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    g->n_units = 2;
+    g->units[1].bucket = WIRE_MAX_BUCKETS; /* bad unit */
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    g->units[1].bucket = 0;
+    g->units[1].index = 9;
+    n = wire_pack(&m, b, sizeof b);
+    CHECK(n > 0);
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(u.u.sgrant.n_units == 2 && u.u.sgrant.units[1].index == 9);
+}
+
+int main(void)
+{
+    test_wire_checks();
+    setup();
+    drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
+            C = {"drafter-c-3", "c", 0xc3};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&Bd), 0);
+    CHECK_EQ_INT(hello(&C), 0);
+    wire_group_view va, vb, vc;
+
+    /* A founds the group: epoch 1, rank 0 of 1, no id yet */
+    CHECK_EQ_INT(join(&A, 0, 0, &va), 0);
+    uint64_t e1 = va.epoch;
+    CHECK(e1 >= 1 && va.rank == 0 && va.world == 1 && va.id_len == 0 && va.step == 0);
+    /* only rank 0 posts the id; the step claim waits for it */
+    CHECK_EQ_INT(claim(&A, e1, 1, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(set_id(&A, e1, 0x11), 0);
+    CHECK_EQ_INT(set_id(&A, e1, 0x11), 0);             /* a retry is fine */
+    CHECK_EQ_INT(set_id(&A, e1, 0x22), DFLASH_EEXISTS); /* another id is not */
+
+    /* B joins with no step in flight: the group re-forms at once (epoch + 1, ranks by join) */
+    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
+    uint64_t e2 = vb.epoch;
+    CHECK(e2 == e1 + 1 && vb.rank == 1 && vb.world == 2 && vb.id_len == 0);
+    CHECK_EQ_INT(claim(&A, e1, 1, NULL), DFLASH_ESTALE); /* A learns: re-form */
+    CHECK_EQ_INT(join(&A, 0, e1, &va), 0);               /* old epoch: no new re-form */
+    CHECK(va.epoch == e2 && va.rank == 0 && va.world == 2);
+    CHECK_EQ_INT(set_id(&Bd, e2, 0x33), DFLASH_EDENIED); /* not rank 0 */
+    CHECK_EQ_INT(set_id(&A, e1, 0x33), DFLASH_ESTALE);   /* old epoch */
+    CHECK_EQ_INT(set_id(&A, e2, 0x33), 0);
+    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0); /* B polls and gets rank 0's id */
+    CHECK(vb.epoch == e2 && vb.id_len == WIRE_GROUP_ID_BYTES && vb.id[0] == 0x33);
+
+    /* a plain Claim from a group member is refused: groups claim whole steps */
+    init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, A.inc);
+    CHECK_EQ_INT(send_from(A.rid), DFLASH_EDENIED);
+
+    /* max_depth: smaller than the group's step is refused by set and by a join */
+    CHECK_EQ_INT(set_depth(1), DFLASH_ERANGE);
+    CHECK(strstr(rep.u.error.message, "max-depth 1") != NULL);
+    CHECK_EQ_INT(set_depth(2), 0);
+    CHECK_EQ_INT(join(&C, 0, 0, NULL), DFLASH_EFULL);
+    CHECK(strstr(rep.u.error.message, "max-depth is 2") != NULL);
+    CHECK_EQ_INT(set_depth(8), 0);
+
+    /* whole-step reservation: one ready slot is not a step for two ranks */
+    make_ready(1);
+    CHECK_EQ_INT(claim(&A, e2, 2, NULL), DFLASH_ESTATE); /* the next step is 1 */
+    CHECK_EQ_INT(claim(&A, e2, 1, NULL), DFLASH_EAGAIN);
+    wire_status s = status();
+    CHECK_EQ_INT(leased_total(&s), 0); /* nothing reserved partially */
+    CHECK_EQ_INT(ready_total(&s), 1);
+    make_ready(1);
+    wire_step_grant ga, gb, ga2;
+    CHECK_EQ_INT(claim(&A, e2, 1, &ga), 0);
+    s = status();
+    CHECK_EQ_INT(leased_total(&s), 2); /* both ranks' slots at once */
+    CHECK(s.n_groups == 1 && s.groups[0].step_reserved && s.groups[0].world == 2);
+    CHECK(ga.rank == 0 && ga.world == 2 && ga.n_units == 2 && ga.step == 1 && ga.epoch == e2);
+    CHECK_EQ_INT(claim(&Bd, e2, 1, &gb), 0);
+    CHECK(gb.rank == 1 && gb.grant.lease_id != ga.grant.lease_id);
+    CHECK(gb.units[0].index == ga.units[0].index && gb.units[1].index == ga.units[1].index);
+    CHECK(gb.grant.unit.index == ga.units[1].index && ga.grant.unit.index == ga.units[0].index);
+    CHECK_EQ_INT(claim(&A, e2, 1, &ga2), 0); /* a retried claim: the same lease */
+    CHECK_EQ_INT(ga2.grant.lease_id, ga.grant.lease_id);
+
+    /* C joins while step 1 is in flight: it waits for the boundary */
+    CHECK_EQ_INT(join(&C, 0, 0, NULL), DFLASH_EAGAIN);
+    s = status();
+    CHECK_EQ_INT(s.groups[0].pending, 1);
+    CHECK_EQ_INT(s.groups[0].epoch, e2);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&Bd, gb.grant.lease_id), 0);
+    /* StepDone: only rank 0; acks both units once; the pending join then forms epoch 3 */
+    CHECK_EQ_INT(gstep(&Bd, WIRE_STEP_DONE, e2, 1), DFLASH_EDENIED);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e2, 1), 0);
+    CHECK_EQ_INT(rep.u.value, 2);
+    s = status();
+    CHECK_EQ_INT(s.batches_trained, 2);
+    CHECK_EQ_INT(s.acks, 2);
+    CHECK_EQ_INT(s.groups[0].steps_done, 1);
+    CHECK_EQ_INT(s.groups[0].epoch, e2 + 1);
+    CHECK_EQ_INT(s.groups[0].pending, 0);
+    CHECK_EQ_INT(s.groups[0].world, 3);
+    CHECK_EQ_INT(s.groups[0].step, 2);
+    /* a duplicate StepDone is harmless: Ok 0, nothing recorded twice */
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e2, 1), 0);
+    CHECK_EQ_INT(rep.u.value, 0);
+    s = status();
+    CHECK_EQ_INT(s.batches_trained, 2);
+    CHECK_EQ_INT(s.acks, 2);
+
+    /* epoch 3: A, B, C; rank 0 posts, step 2 */
+    uint64_t e3 = e2 + 1;
+    CHECK_EQ_INT(claim(&A, e2, 2, NULL), DFLASH_ESTALE);
+    CHECK_EQ_INT(join(&A, 1, e2, &va), 0);
+    CHECK(va.epoch == e3 && va.rank == 0 && va.world == 3 && va.step == 1);
+    CHECK_EQ_INT(join(&C, 0, 0, &vc), 0);
+    CHECK(vc.rank == 2 && vc.step == 1);
+    CHECK_EQ_INT(set_id(&A, e3, 0x44), 0);
+    make_ready(2);
+    CHECK_EQ_INT(claim(&C, e3, 2, NULL), DFLASH_EAGAIN); /* 2 ready, 3 ranks */
+    make_ready(1);
+    wire_step_grant gc;
+    CHECK_EQ_INT(claim(&C, e3, 2, &gc), 0);
+    CHECK_EQ_INT(claim(&A, e3, 2, &ga), 0);
+    CHECK_EQ_INT(claim(&Bd, e3, 2, &gb), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&Bd, gb.grant.lease_id), 0);
+    /* C leaves before copying: epoch 3 ends; the step waits for A (the first rank left) */
+    CHECK_EQ_INT(gstep(&C, WIRE_GROUP_LEAVE, 0, 0), 0);
+    s = status();
+    CHECK_EQ_INT(s.groups[0].state, WIRE_GROUP_REFORMING);
+    CHECK_EQ_INT(ready_total(&s), 0);
+    CHECK_EQ_INT(claim(&Bd, e3, 2, NULL), DFLASH_ESTALE);
+    CHECK_EQ_INT(join(&Bd, 1, e3, NULL), DFLASH_EAGAIN); /* B is not the resolver */
+    /* A's model is still at step 1: the step is aborted, every unit comes back */
+    uint64_t todo_before = s.batches_todo;
+    CHECK_EQ_INT(join(&A, 1, e3, &va), 0);
+    s = status();
+    CHECK_EQ_INT(s.batches_trained, 2); /* nothing acked */
+    CHECK_EQ_INT(s.batches_todo, todo_before + 2); /* A's and B's copied units: to-do */
+    CHECK_EQ_INT(ready_total(&s), 1);              /* C's uncopied slot: READY again */
+    CHECK_EQ_INT(leased_total(&s), 0);
+    CHECK_EQ_INT(s.groups[0].steps_aborted, 1);
+    CHECK(va.epoch == e3 + 1 && va.world == 2 && va.rank == 0 && va.step == 1);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e3, 2), DFLASH_ESTALE); /* too late: aborted */
+    CHECK_EQ_INT(release(&Bd, gb.grant.lease_id), DFLASH_ESTALE);
+
+    /* epoch 4: A, B; step 2 again. A (rank 0) dies after both copied; B's model took the step
+     * (the all-reduce finished before A died): B resolves it as done */
+    uint64_t e4 = va.epoch;
+    CHECK_EQ_INT(set_id(&A, e4, 0x55), 0);
+    CHECK_EQ_INT(join(&Bd, 1, 0, &vb), 0);
+    CHECK(vb.epoch == e4 && vb.rank == 1);
+    make_ready(1);
+    CHECK_EQ_INT(claim(&A, e4, 2, &ga), 0);
+    CHECK_EQ_INT(claim(&Bd, e4, 2, &gb), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&Bd, gb.grant.lease_id), 0);
+    drafter A2 = {"drafter-a-9", "a", 0xa9}; /* A restarted: replaces the old session */
+    CHECK_EQ_INT(hello(&A2), 0);
+    s = status();
+    CHECK_EQ_INT(s.groups[0].state, WIRE_GROUP_REFORMING);
+    CHECK_EQ_INT(s.batches_inflight, 2); /* the dead rank's copied unit waits for the verdict */
+    CHECK_EQ_INT(join(&Bd, 2, e4, &vb), 0);
+    s = status();
+    CHECK_EQ_INT(s.batches_trained, 4);
+    CHECK_EQ_INT(s.groups[0].steps_done, 2);
+    CHECK(vb.epoch == e4 + 1 && vb.rank == 0 && vb.world == 1 && vb.step == 2);
+    /* the restarted A rejoins: a new member at the end of the order, synced from rank 0 */
+    CHECK_EQ_INT(join(&A2, 0, 0, &va), 0);
+    CHECK(va.epoch == e4 + 2 && va.rank == 1 && va.world == 2 && va.step == 2);
+    s = status();
+    CHECK_EQ_INT(s.batches_trained, 4); /* a late joiner does not rewind the ledger */
+    CHECK(s.groups[0].n_members == 2 && strcmp(s.groups[0].members[0], "b") == 0 &&
+          strcmp(s.groups[0].members[1], "a") == 0);
+
+    broker_destroy(&B);
+    uv_loop_close(&loop);
+    wire_msg_clear(&rep);
+    CHECK_DONE();
+}

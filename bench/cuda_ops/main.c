@@ -8,6 +8,7 @@
  * zeros. FLOPs: 2*M*N*K per matmul; attention 4*d per (query row, head, visible key) forward,
  * 10*d backward (S, dP, dV, dK, dQ recomputation counted as 5 products); the lm_head loss
  * 4*Q*D*V (logits and dh). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
+ * [attn (only the peak GEMM and the attention ops)]
  * The last rows time whole DFlash training steps (dflash_train_step) of a Qwen3-8B-shaped
  * drafter with that many layers (weights random), with the MFU by 6 * params * Q rows plus
  * attention and lm_head FLOPs.
@@ -343,6 +344,7 @@ static void bench_step(int layers) {
 
 int main(int argc, char **argv) {
     int layers = argc > 1 ? atoi(argv[1]) : 1;
+    int attn_only = argc > 2 && strcmp(argv[2], "attn") == 0;
     O = nn_cuda_ops();
     C = nn_cuda_new(0);
     if (!C) {
@@ -354,15 +356,17 @@ int main(int argc, char **argv) {
         g_rand[i] = (float)urand();
     printf("%-26s %-34s %10s %9s %8s\n", "op", "shape", "ms", "TFLOP/s", "of peak");
     bench_linear("peak: linear_fwd", 8192, 8192, 8192, 0);
-    bench_linear("linear_fwd q/o", 8192, 4096, 4096, 0);
-    bench_linear("linear_fwd k/v ctx", 3072, 4096, 1024, 0);
-    bench_linear("linear_fwd gate/up", 8192, 4096, 12288, 0);
-    bench_linear("linear_fwd down", 8192, 12288, 4096, 0);
-    bench_linear("linear_fwd fc", 3072, 20480, 4096, 0);
-    bench_linear("linear_bwd gate/up", 8192, 4096, 12288, 1);
-    bench_linear("linear_bwd down", 8192, 12288, 4096, 1);
+    if (!attn_only) {
+        bench_linear("linear_fwd q/o", 8192, 4096, 4096, 0);
+        bench_linear("linear_fwd k/v ctx", 3072, 4096, 1024, 0);
+        bench_linear("linear_fwd gate/up", 8192, 4096, 12288, 0);
+        bench_linear("linear_fwd down", 8192, 12288, 4096, 0);
+        bench_linear("linear_fwd fc", 3072, 20480, 4096, 0);
+        bench_linear("linear_bwd gate/up", 8192, 4096, 12288, 1);
+        bench_linear("linear_bwd down", 8192, 12288, 4096, 1);
+    }
     bench_attention();
-    bench_xent();
+    if (!attn_only) bench_xent();
     if (layers > 0) bench_step(layers);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", g_peak);
     nn_cuda_destroy(&C);

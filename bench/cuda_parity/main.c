@@ -1,5 +1,6 @@
 /* bench-cuda_parity: the cuda backend against the cpu reference, op by op and for a whole DFlash
  * training step. Run on the GPU machine (scripts/gpu-parity); exits non-zero on any FAIL.
+ * Usage: bench-cuda_parity [attn] (attn: only the attention checks, e.g. under a sanitizer).
  *
  * Method: every input is drawn at random on the host, rounded to bf16 there, and given to both
  * backends, so they compute on identical values; the cpu backend then works in fp32 and the cuda
@@ -513,12 +514,16 @@ static void t_train_step(void) {
     free(hemb), free(hlm), free(hhid);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int attn_only = argc > 1 && strcmp(argv[1], "attn") == 0; /* only the attention checks */
     const char *attn = getenv("DFLASH_CUDA_ATTN");
     printf("attention kernels: %s\n",
            attn && strcmp(attn, "simple") == 0    ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"
            : attn && strcmp(attn, "tc_sync") == 0 ? "tensor cores, plain tile loads (tc_sync)"
-                                                  : "tensor cores with cp.async for d 64/128");
+           : attn && strcmp(attn, "tc_wmma") == 0 ? "WMMA tensor cores with cp.async (tc_wmma)"
+           : attn && *attn && strcmp(attn, "mma") != 0
+               ? attn
+               : "mma.sync forwards and dq, WMMA dk/dv, for d 64/128 (default)");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();
     CC = nn_cpu_new(0);
     GC = nn_cuda_new(0);
@@ -528,25 +533,33 @@ int main(void) {
     }
     printf("%-22s %-14s %11s %11s %11s %9s  %s\n", "op", "tensor", "max abs", "max rel", "l2 rel",
            "tol(l2)", "verdict");
-    t_embedding();
-    t_rmsnorm(133, 300);
-    t_rmsnorm(532, 64);
-    t_rmsnorm(64, 4096);
-    t_linear(257, 320, 192, 1);
-    t_linear(64, 1024, 4096, 0);
-    t_linear(1000, 48, 33, 0);
-    t_rope();
-    t_swiglu_add();
+    if (!attn_only) {
+        t_embedding();
+        t_rmsnorm(133, 300);
+        t_rmsnorm(532, 64);
+        t_rmsnorm(64, 4096);
+        t_linear(257, 320, 192, 1);
+        t_linear(64, 1024, 4096, 0);
+        t_linear(1000, 48, 33, 0);
+        t_rope();
+        t_swiglu_add();
+    }
     t_causal(8, 2, 64);
     t_causal(4, 4, 128);
     t_causal(4, 1, 32);
+    t_causal(32, 8, 128); /* the target's heads: several 128-row tiles, full and masked tiles */
+    t_causal(16, 2, 128); /* group 8 */
     t_block(8, 2, 64, 16);
     t_block(32, 8, 128, 16);
     t_block(4, 2, 8, 4);
     t_block(16, 4, 64, 10);
-    t_lm_head();
-    t_optim();
-    t_train_step();
+    t_block(16, 2, 128, 16); /* group 8: two row tiles per block */
+    t_block(8, 8, 64, 16);   /* group 1: 16-row tiles (warps without rows) */
+    if (!attn_only) {
+        t_lm_head();
+        t_optim();
+        t_train_step();
+    }
     printf("%d of %d checks failed\n", n_fail, n_rows);
     nn_cuda_destroy(&GC);
     nn_cpu_destroy(&CC);

@@ -1,12 +1,42 @@
-/* attn_spans: device helpers shared by the two cuda attention implementations
- * (ops_cuda_attn.cu on CUDA cores, ops_cuda_attn_tc.cu on tensor cores). Header-only because
- * device functions are not linked across translation units in this build (no -rdc). */
+/* attn_spans: what the three cuda attention files share (ops_cuda_attn.cu on CUDA cores,
+ * ops_cuda_attn_tc.cu on WMMA tensor cores, ops_cuda_attn_mma.cu on mma.sync tensor cores):
+ *   - device helpers: the key ranges of a block span, the sequence of a token, a CTA's query
+ *     tokens and key ranges, a query row's key limits, cp.async tile loads, bf16 packing, and
+ *     D = rowsum(dO * O) of a row tile;
+ *   - the DFLASH_CUDA_ATTN kernel choice (parsed once in ops_cuda_attn.cu) and the internal
+ *     launchers of the mma.sync file (ops_cuda.h belongs to the vtable and lists the others).
+ * Header-only device code because device functions are not linked across translation units in
+ * this build (no -rdc). */
 #ifndef DFLASH_ATTN_SPANS_CUH
 #define DFLASH_ATTN_SPANS_CUH
 
 #include "ops.h"
 
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
+
+/* DFLASH_CUDA_ATTN: unset, empty or "mma": mma.sync kernels (ops_cuda_attn_mma.cu) for the
+ * forwards and dq, WMMA dk/dv with the split; "tc_wmma": the WMMA kernels for everything (the
+ * default before the mma.sync kernels); "tc_sync": WMMA with plain tile loads; "tc_v1": WMMA with
+ * the unsplit dk/dv; "tc_nod": WMMA split without the saved D; "simple": CUDA cores only. */
+enum { ATTN_SIMPLE = 0, ATTN_TC_SYNC, ATTN_TC, ATTN_TC_V1, ATTN_TC_NOD, ATTN_MMA };
+int cuda_attn_mode(void);
+
+/* ops_cuda_attn_mma.cu; each returns 0 when it launched, -1 when the shape or alignment is not
+ * one it handles (the caller falls back). causal: seq_off/n_seqs/T; else spans/n_blocks/B/Tk. */
+int cuda_mma_attention_init(void);
+int cuda_mma_attention_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
+                           const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                           const __nv_bfloat16 *v, const int32_t *seq_off, int n_seqs, int T,
+                           const nn_block_span *spans, int n_blocks, int B, int Tk, int H, int Hk,
+                           int d);
+/* dq of attention_block_bwd; D = rowsum(dO * O) per row into dsave[H, Q] when not NULL */
+int cuda_mma_attention_dq(cudaStream_t st, __nv_bfloat16 *dq, float *dsave,
+                          const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
+                          const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                          const __nv_bfloat16 *out, const float *lse, const nn_block_span *spans,
+                          int n_blocks, int B, int Tk, int H, int Hk, int d);
 
 /* The key ranges of one block span as up to two disjoint ascending [begin, end) pairs in r
  * (ops_cpu.c's block_key_ranges); returns how many (0 for a padding block). */
@@ -43,6 +73,117 @@ __device__ __forceinline__ int attn_seq_of(const int32_t *seq_off, int n_seqs, i
         else hi = mid - 1;
     }
     return lo;
+}
+
+/* Query tile `tile` of a launch: its tokens [t_a, t_a + R) and the union of their key ranges
+ * (nr pairs in rng). causal (seq_off != NULL): RT consecutive tokens of [0, T); tokens outside
+ * [seq_off[0], seq_off[n_seqs]) have no keys; the range starts at the first token's sequence.
+ * block: tiles never straddle blocks (tiles_per_block tiles of RT tokens per block of B). */
+__device__ __forceinline__ void attn_tile_keys(const int32_t *seq_off, int n_seqs, int T,
+                                               const nn_block_span *spans, int B, int RT,
+                                               int tiles_per_block, int tile, int &t_a, int &R,
+                                               int &nr, int rng[4])
+{
+    nr = 0;
+    if (seq_off) {
+        t_a = tile * RT;
+        R = min(RT, T - t_a);
+        int lo = max(t_a, seq_off[0]), hi = min(t_a + R, seq_off[n_seqs]);
+        if (lo < hi) {
+            rng[0] = seq_off[attn_seq_of(seq_off, n_seqs, lo)];
+            rng[1] = hi;
+            nr = 1;
+        }
+    } else {
+        int blk = tile / tiles_per_block, rt = tile % tiles_per_block;
+        t_a = blk * B + rt * RT;
+        R = min(RT, B - rt * RT);
+        nr = attn_span_ranges(spans + blk, B, rng);
+    }
+}
+
+/* Keys [kb, ke) that query token t may see before its tile's ranges are applied: causal
+ * (seq_off != NULL) its sequence up to itself, nothing outside the sequences; block: all Tk. */
+__device__ __forceinline__ void attn_row_keys(const int32_t *seq_off, int n_seqs, int Tk, int t,
+                                              int &kb, int &ke)
+{
+    kb = 0, ke = 0;
+    if (!seq_off)
+        ke = Tk;
+    else if (t >= seq_off[0] && t < seq_off[n_seqs])
+        kb = seq_off[attn_seq_of(seq_off, n_seqs, t)], ke = t + 1;
+}
+
+/* 16 bytes global -> shared through cp.async; src_bytes 0 zero-fills. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+/* ROWS rows of D bf16 into shared memory (stride D+8) in 16-byte pieces; row r comes from
+ * src + off(r) or is zero when off(r) < 0. With async (cp.async, zero-filling padding rows) the
+ * pieces are left in flight: the caller commits and waits before the barrier that publishes
+ * the tile; without, plain loads and stores. */
+template <int D, int ROWS = 64, typename F>
+__device__ __forceinline__ void load_tile(__nv_bfloat16 *dst, const __nv_bfloat16 *src, F off,
+                                          int async)
+{
+    constexpr int LD = D + 8, VPR = D / 8;
+    for (int idx = threadIdx.x; idx < ROWS * VPR; idx += blockDim.x) {
+        int r = idx / VPR, c = idx % VPR;
+        long long o = off(r);
+        if (async) {
+            cp_async16(dst + r * LD + c * 8, o >= 0 ? (const void *)(src + o + c * 8) : src,
+                       o >= 0 ? 16 : 0);
+        } else {
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (o >= 0) val = *(const uint4 *)(src + o + c * 8);
+            *(uint4 *)(dst + r * LD + c * 8) = val;
+        }
+    }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* D_r = rowsum(dO_r * O_r) for NROWS rows starting at r0 of a shared dO tile (stride D+8) and
+ * O in global memory (orow(r) gives its row, NULL for a padding row), plus lse_r; lane 0 writes
+ * Dr[r], Lr[r]. Loads of all rows are issued before the reductions. One warp. */
+template <int D, int NROWS, typename F, typename G>
+__device__ __forceinline__ void rows_D(const __nv_bfloat16 *dOs, int r0, F orow, G lse_of,
+                                       float *Dr, float *Lr)
+{
+    constexpr int LD = D + 8, EPL = D / 32;
+    const int lane = threadIdx.x % 32;
+    float acc[NROWS];
+#pragma unroll
+    for (int i = 0; i < NROWS; i++) {
+        const __nv_bfloat16 *o = orow(r0 + i);
+        acc[i] = 0.0f;
+        if (o) {
+#pragma unroll
+            for (int e = 0; e < EPL; e += 2) {
+                float2 ov =
+                    __bfloat1622float2(*(const __nv_bfloat162 *)(o + lane * EPL + e));
+                float2 dv = __bfloat1622float2(
+                    *(const __nv_bfloat162 *)(dOs + (r0 + i) * LD + lane * EPL + e));
+                acc[i] += ov.x * dv.x + ov.y * dv.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NROWS; i++) {
+        float v = acc[i];
+        for (int off = 16; off > 0; off >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) Dr[r0 + i] = v, Lr[r0 + i] = lse_of(r0 + i);
+    }
 }
 
 #endif

@@ -23,7 +23,9 @@
  *   each thread accumulates dv[key][x] += P^T dout, dk[key][x] += dS^T q for its (key, dims) in
  *   registers. No atomics: every dk/dv row has one writer, keys nobody sees get 0; deterministic.
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
- * the tensor-core kernels of ops_cuda_attn_tc.cu first (d 64 / 128, aligned buffers).
+ * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the mma.sync kernels
+ * of ops_cuda_attn_mma.cu, then the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed
+ * here, cuda_attn_mode; values in attn_spans.cuh) picks another set for bisecting.
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"
@@ -34,6 +36,8 @@
 #include <assert.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -59,8 +63,6 @@ typedef struct attn_args {
     float scale;
 } attn_args;
 
-/* The key ranges of one span as up to two disjoint ascending [begin, end) pairs (ops_cpu.c's
- * block_key_ranges); returns how many. */
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -71,6 +73,21 @@ __device__ __forceinline__ float warp_sum_a(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+int cuda_attn_mode(void) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN");
+        mode = !e || !*e                   ? ATTN_MMA
+               : strcmp(e, "simple") == 0  ? ATTN_SIMPLE
+               : strcmp(e, "tc_sync") == 0 ? ATTN_TC_SYNC
+               : strcmp(e, "tc_wmma") == 0 ? ATTN_TC
+               : strcmp(e, "tc_v1") == 0   ? ATTN_TC_V1
+               : strcmp(e, "tc_nod") == 0  ? ATTN_TC_NOD
+                                           : ATTN_MMA;
+    }
+    return mode;
 }
 
 static size_t q_smem(int d, int mode) {
@@ -91,23 +108,8 @@ template <int MAXD, int MODE> __global__ void __launch_bounds__(QWARPS * 32) k_a
 
     /* this CTA's tokens [t_a, t_a + R) and its key ranges */
     int t_a, R, nr = 0, rng[4] = {0, 0, 0, 0};
-    int t0 = 0, t1 = 0;
-    if (MODE == MODE_CAUSAL) {
-        t_a = blockIdx.x * a.RT;
-        R = min(a.RT, a.T - t_a);
-        t0 = a.seq_off[0], t1 = a.seq_off[a.n_seqs];
-        int lo = max(t_a, t0), hi = min(t_a + R, t1); /* tokens with keys */
-        if (lo < hi) {
-            rng[0] = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, lo)];
-            rng[1] = hi;
-            nr = 1;
-        }
-    } else {
-        int blk = blockIdx.x / a.tiles_per_block, rt = blockIdx.x % a.tiles_per_block;
-        t_a = blk * a.B + rt * a.RT;
-        R = min(a.RT, a.B - rt * a.RT);
-        nr = attn_span_ranges(a.spans + blk, a.B, rng);
-    }
+    attn_tile_keys(MODE == MODE_CAUSAL ? a.seq_off : NULL, a.n_seqs, a.T, a.spans, a.B, a.RT,
+                   a.tiles_per_block, blockIdx.x, t_a, R, nr, rng);
     const int NR = R * group;
 
     /* per-row setup */
@@ -121,17 +123,9 @@ template <int MAXD, int MODE> __global__ void __launch_bounds__(QWARPS * 32) k_a
 #pragma unroll
         for (int i = 0; i < DPL; i++)
             acc[rr][i] = 0.0f;
-        if (qr < NR) {
-            int t = t_a + qr / group;
-            if (MODE == MODE_CAUSAL) {
-                if (t >= t0 && t < t1) {
-                    kbeg[rr] = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, t)];
-                    kend[rr] = t + 1;
-                }
-            } else {
-                kbeg[rr] = 0, kend[rr] = a.Tk; /* the block's ranges alone decide */
-            }
-        }
+        if (qr < NR) /* block: the tile's ranges alone decide */
+            attn_row_keys(MODE == MODE_CAUSAL ? a.seq_off : NULL, a.n_seqs, a.Tk,
+                          t_a + qr / group, kbeg[rr], kend[rr]);
     }
     for (int idx = threadIdx.x; idx < NR * d; idx += blockDim.x) {
         int qr = idx / d, x = idx % d;
@@ -442,6 +436,7 @@ int cuda_attention_init(void) {
            set_q_attr<256, MODE_DQ>();
     bad |= set_kv_attr<32>() | set_kv_attr<64>() | set_kv_attr<128>() | set_kv_attr<256>();
     bad |= cuda_tc_attention_init() != 0;
+    bad |= cuda_mma_attention_init() != 0;
     return bad ? -1 : 0;
 }
 
@@ -456,6 +451,10 @@ void cuda_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const 
                                int Hk, int d) {
     check_heads(H, Hk, d);
     if (T <= 0) return;
+    if (cuda_attn_mode() == ATTN_MMA && cuda_mma_attention_fwd(st, out, NULL, q, k, v, seq_off,
+                                                               n_seqs, T, NULL, 0, 0, T, H, Hk,
+                                                               d) == 0)
+        return;
     if (cuda_tc_attention_causal_fwd(st, out, q, k, v, seq_off, n_seqs, T, H, Hk, d) == 0) return;
     if (n_seqs <= 0) {
         CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)T * H * d * sizeof(bf16), st));
@@ -486,6 +485,10 @@ void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16
                               int Tk, int H, int Hk, int d) {
     check_heads(H, Hk, d);
     if (n_blocks <= 0 || B <= 0) return;
+    if (cuda_attn_mode() == ATTN_MMA && cuda_mma_attention_fwd(st, out, lse, q, k, v, NULL, 0, 0,
+                                                               spans, n_blocks, B, Tk, H, Hk,
+                                                               d) == 0)
+        return;
     if (cuda_tc_attention_block_fwd(st, out, lse, q, k, v, spans, n_blocks, B, Tk, H, Hk, d) == 0)
         return;
     attn_args a = block_args(spans, n_blocks, B, Tk, H, Hk, d);

@@ -1,6 +1,9 @@
 /* ops_cuda_attn_tc: tensor-core (WMMA bf16 16x16x16, fp32 accumulate) attention kernels for
- * head dims 64 and 128; ops_cuda_attn.cu calls these first and falls back to its CUDA-core
- * kernels for other shapes, unaligned pointers, or DFLASH_CUDA_ATTN=simple in the environment.
+ * head dims 64 and 128. With DFLASH_CUDA_ATTN=tc_wmma (the default before the mma.sync kernels
+ * of ops_cuda_attn_mma.cu) they run everything; in the default mode the mma.sync kernels take the
+ * forwards and dq (called from cuda_tc_attention_block_bwd, saving D the same way) and this file
+ * keeps dk/dv. ops_cuda_attn.cu falls back to its CUDA-core kernels for other shapes, unaligned
+ * pointers, or DFLASH_CUDA_ATTN=simple.
  *
  * Rows: a CTA owns 64 query rows = RT tokens x the `group` query heads of kv head hk (as in
  * ops_cuda_attn.cu); a warp owns 16 of them. Keys stream through shared memory in tiles of 64.
@@ -83,17 +86,8 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
-/* 64 rows of D bf16 into shared memory (stride D+8) in 16-byte pieces; row r comes from
- * src + off(r) or is zero when off(r) < 0. With async (cp.async, zero-filling padding rows) every
- * piece is in flight at once and tile_wait() must precede the barrier that publishes the tile;
- * without, plain loads and stores. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
+/* Completes the cp.async pieces of load_tile(..., async) in flight (before the barrier that
+ * publishes the tiles); nothing with plain loads. */
 __device__ __forceinline__ void tile_wait(int async) {
     if (async) {
         asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -101,80 +95,11 @@ __device__ __forceinline__ void tile_wait(int async) {
     }
 }
 
-template <int D, typename F>
-__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, F off, int async) {
-    constexpr int LD = D + 8, VPR = D / 8;
-    for (int idx = threadIdx.x; idx < 64 * VPR; idx += blockDim.x) {
-        int r = idx / VPR, c = idx % VPR;
-        long long o = off(r);
-        if (async) {
-            cp_async16(dst + r * LD + c * 8, o >= 0 ? (const void *)(src + o + c * 8) : src,
-                       o >= 0 ? 16 : 0);
-        } else {
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (o >= 0) val = *(const uint4 *)(src + o + c * 8);
-            *(uint4 *)(dst + r * LD + c * 8) = val;
-        }
-    }
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
-/* D_r = rowsum(dO_r * O_r) for NROWS rows starting at r0 of a shared dO tile (stride D+8) and
- * O in global memory (orow(r) gives its row, NULL for a padding row), plus lse_r; lane 0 writes
- * Dr[r], Lr[r]. Loads of all rows are issued before the reductions. */
-template <int D, int NROWS, typename F, typename G>
-__device__ __forceinline__ void rows_D(const bf16 *dOs, int r0, F orow, G lse_of, float *Dr,
-                                       float *Lr) {
-    constexpr int LD = D + 8, EPL = D / 32;
-    const int lane = threadIdx.x % 32;
-    float acc[NROWS];
-#pragma unroll
-    for (int i = 0; i < NROWS; i++) {
-        const bf16 *o = orow(r0 + i);
-        acc[i] = 0.0f;
-        if (o) {
-#pragma unroll
-            for (int e = 0; e < EPL; e += 2) {
-                float2 ov = __bfloat1622float2(*(const __nv_bfloat162 *)(o + lane * EPL + e));
-                float2 dv = __bfloat1622float2(
-                    *(const __nv_bfloat162 *)(dOs + (r0 + i) * LD + lane * EPL + e));
-                acc[i] += ov.x * dv.x + ov.y * dv.y;
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < NROWS; i++) {
-        float v = acc[i];
-        for (int off = 16; off > 0; off >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) Dr[r0 + i] = v, Lr[r0 + i] = lse_of(r0 + i);
-    }
-}
-
-/* The CTA's tokens and key ranges, as in ops_cuda_attn.cu. */
+/* The CTA's tokens and key ranges (attn_tile_keys). */
 __device__ __forceinline__ void tile_setup(const tc_args &a, int &t_a, int &R, int &nr,
                                            int rng[4]) {
-    if (a.causal) {
-        t_a = blockIdx.x * a.RT;
-        R = min(a.RT, a.T - t_a);
-        int t0 = a.seq_off[0], t1 = a.seq_off[a.n_seqs];
-        int lo = max(t_a, t0), hi = min(t_a + R, t1);
-        nr = 0;
-        if (lo < hi) {
-            rng[0] = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, lo)];
-            rng[1] = hi;
-            nr = 1;
-        }
-    } else {
-        int blk = blockIdx.x / a.tiles_per_block, rt = blockIdx.x % a.tiles_per_block;
-        t_a = blk * a.B + rt * a.RT;
-        R = min(a.RT, a.B - rt * a.RT);
-        nr = attn_span_ranges(a.spans + blk, a.B, rng);
-    }
+    attn_tile_keys(a.causal ? a.seq_off : NULL, a.n_seqs, a.T, a.spans, a.B, a.RT,
+                   a.tiles_per_block, blockIdx.x, t_a, R, nr, rng);
 }
 
 template <int D> static size_t fwd_smem(void) {
@@ -197,13 +122,8 @@ template <int D> __global__ void __launch_bounds__(128) k_tc_fwd(tc_args a) {
     const int NR = R * group;
     for (int r = threadIdx.x; r < TQ; r += blockDim.x) {
         int kb = 0, ke = 0;
-        if (r < NR) {
-            int t = t_a + r / group;
-            if (!a.causal)
-                kb = 0, ke = a.Tk;
-            else if (t >= a.seq_off[0] && t < a.seq_off[a.n_seqs])
-                kb = a.seq_off[attn_seq_of(a.seq_off, a.n_seqs, t)], ke = t + 1;
-        }
+        if (r < NR)
+            attn_row_keys(a.causal ? a.seq_off : NULL, a.n_seqs, a.Tk, t_a + r / group, kb, ke);
         kbeg[r] = kb, kend[r] = ke;
     }
     load_tile<D>(
@@ -698,18 +618,11 @@ template <int D> __global__ void __launch_bounds__(256, 2) k_tc_dkdv(tc_args a) 
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* The kernel choice (attn_spans.cuh); the mma.sync mode runs this file's dk/dv (split, saved D)
+ * behind the mma.sync dq, i.e. the WMMA default schedule. */
 static int tc_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN");
-        mode = !e || !*e                   ? 2
-               : strcmp(e, "simple") == 0  ? 0
-               : strcmp(e, "tc_sync") == 0 ? 1
-               : strcmp(e, "tc_v1") == 0   ? 3
-               : strcmp(e, "tc_nod") == 0  ? 4
-                                           : 2;
-    }
-    return mode;
+    int m = cuda_attn_mode();
+    return m == ATTN_MMA ? ATTN_TC : m;
 }
 
 /* Query blocks per dk/dv piece (k_tc_dkdv split): DFLASH_CUDA_ATTN_SPLIT=N in the environment
@@ -770,7 +683,7 @@ static int split_alloc(void) {
 int cuda_tc_attention_init(void) {
     int bad = 0;
     /* without the split buffers (no memory) block_bwd runs unsplit: not an error */
-    if ((tc_mode() == 2 || tc_mode() == 4) && split_alloc() != 0) (void)cudaGetLastError();
+    if ((tc_mode() == ATTN_TC || tc_mode() == ATTN_TC_NOD) && split_alloc() != 0) (void)cudaGetLastError();
     bad |= cudaFuncSetAttribute(k_tc_fwd<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd_smem<64>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_tc_fwd<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -791,7 +704,7 @@ int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
                                  int Hk, int d) {
     if (!tc_usable(H, Hk, d, out, q, k, v, q) || n_seqs <= 0 || T <= 0) return -1;
     tc_args a = {};
-    a.async_copy = tc_mode() >= 2;
+    a.async_copy = tc_mode() >= ATTN_TC;
     a.out = out, a.q = q, a.k = k, a.v = v, a.seq_off = seq_off, a.n_seqs = n_seqs, a.causal = 1;
     a.T = T, a.Tk = T, a.H = H, a.Hk = Hk, a.group = H / Hk, a.RT = TQ / a.group;
     a.scale = 1.0f / sqrtf((float)d);
@@ -807,7 +720,7 @@ int cuda_tc_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
 static tc_args tc_block_args(const nn_block_span *spans, int n_blocks, int B, int Tk, int H, int Hk,
                              int d) {
     tc_args a = {};
-    a.async_copy = tc_mode() >= 2;
+    a.async_copy = tc_mode() >= ATTN_TC;
     a.spans = spans, a.n_blocks = n_blocks, a.B = B, a.T = n_blocks * B, a.Tk = Tk;
     a.H = H, a.Hk = Hk, a.group = H / Hk;
     a.RT = TQ / a.group < B ? TQ / a.group : B;
@@ -843,22 +756,25 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
     a.dk = dk, a.dv = dv;
     int n_kt = (Tk + TK - 1) / TK, dev = 0;
     a.split_max = 1, a.vps = tc_vps();
-    if ((tc_mode() == 2 || tc_mode() == 4) && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 &&
+    if ((tc_mode() == ATTN_TC || tc_mode() == ATTN_TC_NOD) && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 &&
         dev < SPLIT_DEVICES && g_split_acc[dev] && (size_t)Tk * Hk * d <= SPLIT_ELEMS &&
         (size_t)n_kt * Hk <= SPLIT_TICKETS) {
         a.acc = g_split_acc[dev], a.tickets = g_split_tickets[dev];
         a.split_max = (n_blocks + a.vps - 1) / a.vps;
         if (a.split_max > 32) a.split_max = 32;
         if (a.split_max < 1) a.split_max = 1;
-        if (tc_mode() == 2 && (size_t)H * n_blocks * B <= SPLIT_DROWS) a.dsave = g_split_d[dev];
+        if (tc_mode() == ATTN_TC && (size_t)H * n_blocks * B <= SPLIT_DROWS) a.dsave = g_split_d[dev];
     }
     dim3 gq(n_blocks * a.tiles_per_block, Hk), gk(n_kt, Hk, a.split_max);
+    bool mma_dq = cuda_attn_mode() == ATTN_MMA &&
+                  cuda_mma_attention_dq(st, dq, a.dsave, dout, q, k, v, out, lse, spans, n_blocks,
+                                        B, Tk, H, Hk, d) == 0;
     if (d == 64) {
-        k_tc_dq<64><<<gq, 128, dq_smem<64>(), st>>>(a);
+        if (!mma_dq) k_tc_dq<64><<<gq, 128, dq_smem<64>(), st>>>(a);
         CUDA_CHECK_LAUNCH();
         k_tc_dkdv<64><<<gk, 256, kv_smem_tc<64>(), st>>>(a);
     } else {
-        k_tc_dq<128><<<gq, 128, dq_smem<128>(), st>>>(a);
+        if (!mma_dq) k_tc_dq<128><<<gq, 128, dq_smem<128>(), st>>>(a);
         CUDA_CHECK_LAUNCH();
         k_tc_dkdv<128><<<gk, 256, kv_smem_tc<128>(), st>>>(a);
     }

@@ -1,0 +1,547 @@
+/* ops_cuda_attn_mma: FA2-style attention kernels on mma.sync.m16n8k16 (bf16 in, fp32
+ * accumulate) for head dims 64 and 128: the causal and block forwards (one kernel) and the dq of
+ * the block backward. ops_cuda_attn.cu calls these first in the default mode
+ * (DFLASH_CUDA_ATTN unset or "mma"; "tc_wmma" selects the WMMA kernels of ops_cuda_attn_tc.cu,
+ * which also keeps dk/dv for now) and falls back when they return -1 (other head dims, buffers not
+ * 16-byte aligned, no sequence).
+ *
+ * Rows: as in the other two files, a CTA owns TQ query rows = RT tokens x the `group` query heads
+ * of kv head hk (row r: token t_a + r / group, head hk * group + r % group); every row of a CTA
+ * shares one key set up to a per-row causal limit. Warp w owns rows 16w .. 16w + 15: one
+ * m16 tile, so each thread holds rows g = lane / 4 and g + 8 of it (the mma C layout) and all
+ * per-row softmax state (m, l) lives in registers, reduced over the 4 lanes of a quad.
+ * Keys stream through shared memory in tiles of KT = 64 (K and V, rows padded to D + 8 bf16, so
+ * ldmatrix of 8 rows hits 8 distinct 16-byte bank groups), double buffered with cp.async: tile
+ * i + 1 is in flight while tile i is computed. A tile starts at its range's begin (not aligned);
+ * keys past the range end are zero-filled and masked.
+ *   forward: Q's A fragments are loaded once (ldmatrix) and kept in registers. Per tile
+ *     S = Q K^T (K rows are the B operand as stored: ldmatrix), online softmax in the log2
+ *     domain (running max m, per-thread partial sums l; O rescaled in registers when m grows),
+ *     P = exp2(S - m) converted to bf16 A fragments in registers (the C layout of two n8 tiles
+ *     is the A layout of one k16 step), O += P V (V through ldmatrix.trans). Tiles where every
+ *     row of the warp sees every key skip the mask; tiles no row of the warp sees are skipped.
+ *     End: O / l staged through the warp's own Q rows for 16-byte stores; lse = (m + log2 l) ln 2
+ *     (block mode); rows without keys: 0 and +INF. Causal CTAs run in reverse token order
+ *     (longest rows first). NW (warps per CTA, TQ = 16 NW): 4 for the block forward (a block of
+ *     16 tokens x 4 heads is one CTA); causal 8 by default (K/V tiles shared by 128 rows),
+ *     DFLASH_CUDA_ATTN_WARPS=4 to compare.
+ *   dq: Q and dO stay in shared memory (A fragments reloaded per tile, registers go to dq, S and
+ *     dP); D = rowsum(dO * O) and lse per row first (rows_D; D also saved to dsave for the WMMA
+ *     dk/dv). Per tile S = Q K^T, dP = dO V^T, P = exp2(S log2e scale - lse log2e),
+ *     dS = P (dP - D) scale as bf16 A fragments, dq += dS K (K through ldmatrix.trans).
+ * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c.
+ */
+#include "attn_spans.cuh"
+#include "ops_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define KT 64 /* keys per tile */
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+typedef struct mma_args {
+    bf16 *out;  /* out, or dq */
+    float *lse; /* block forward (may be NULL) */
+    const bf16 *q, *k, *v, *dout, *o;
+    const float *lse_in; /* dq */
+    float *dsave;        /* dq: D per row [H, Q] (may be NULL) */
+    const int32_t *seq_off; /* causal when not NULL */
+    int n_seqs;
+    const nn_block_span *spans;
+    int n_blocks, B, T, Tk, H, Hk, group, RT, tiles_per_block;
+    float scale;
+} mma_args;
+
+/* ---- PTX wrappers ---- */
+
+/* c += a b: one m16n8k16 bf16 product, fp32 accumulators */
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* four 8x8 bf16 matrices; lane l gives the address of row l % 8 of matrix l / 8 */
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const bf16 *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void cp_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* all groups but the newest one are complete */
+__device__ __forceinline__ void cp_wait_prev(void) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* ---- fragment-level building blocks (one warp, 16 rows) ---- */
+
+/* A fragments of the 16 x 16 block at (row r0, column c0) of a row-major bf16 tile (stride LD) */
+template <int LD> __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s, int r0,
+                                                         int c0) {
+    const int lane = threadIdx.x % 32;
+    ldsm4(a, s + (r0 + lane % 16) * LD + c0 + 8 * (lane / 16));
+}
+
+/* acc[n][.] += A (16 x 16 at k-step kk) times rows^T for the NT = 8 n-tiles of 8 key rows each
+ * in a key tile X[KT][LD] (X row n is column n of the B operand; ldmatrix without trans) */
+template <int LD>
+__device__ __forceinline__ void mma_abt(float acc[KT / 8][4], const uint32_t a[4], const bf16 *X,
+                                        int kk) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int np = 0; np < KT / 16; np++) {
+        uint32_t b[4];
+        ldsm4(b, X + (np * 16 + lane % 8 + 8 * (lane / 16)) * LD + kk * 16 + 8 * ((lane / 8) % 2));
+        mma16816(acc[2 * np], a, b[0], b[1]);
+        mma16816(acc[2 * np + 1], a, b[2], b[3]);
+    }
+}
+
+/* acc[D/8][.] += P X with P the 16 x KT probabilities in C layout (p[KT/8][4], fp32, converted to
+ * bf16 A fragments here) and X[KT][LD] the key tile (ldmatrix.trans) */
+template <int D>
+__device__ __forceinline__ void mma_px(float acc[D / 8][4], const float p[KT / 8][4],
+                                       const bf16 *X) {
+    constexpr int LD = D + 8;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+        uint32_t a[4] = {pack_bf16x2(p[2 * kk][0], p[2 * kk][1]),
+                         pack_bf16x2(p[2 * kk][2], p[2 * kk][3]),
+                         pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                         pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            uint32_t b[4];
+            ldsm4t(b, X + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + dp * 16 +
+                          8 * (lane / 16));
+            mma16816(acc[2 * dp], a, b[0], b[1]);
+            mma16816(acc[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* The i-th key tile of a CTA's ranges: keys [kb, kb + KT) of the range ending at re. */
+__device__ __forceinline__ void tile_of(const int rng[4], int nr, int i, int &kb, int &re) {
+    int n0 = (rng[1] - rng[0] + KT - 1) / KT;
+    if (i < n0 || nr < 2) kb = rng[0] + i * KT, re = rng[1];
+    else kb = rng[2] + (i - n0) * KT, re = rng[3];
+}
+
+__device__ __forceinline__ int tiles_of(const int rng[4], int nr) {
+    int n = 0;
+    for (int r = 0; r < nr; r++)
+        n += (rng[2 * r + 1] - rng[2 * r] + KT - 1) / KT;
+    return n;
+}
+
+/* cp.async of key tile i (K and V rows of kv head hk) into buffer stage */
+template <int D>
+__device__ __forceinline__ void issue_kv(const mma_args &a, const int rng[4], int nr, int i,
+                                         int hk, bf16 *Ks, bf16 *Vs) {
+    int kb, re;
+    tile_of(rng, nr, i, kb, re);
+    auto off = [&](int r) -> long long {
+        return kb + r < re ? ((long long)(kb + r) * a.Hk + hk) * D : -1;
+    };
+    load_tile<D, KT>(Ks, a.k, off, 1);
+    load_tile<D, KT>(Vs, a.v, off, 1);
+}
+
+/* The warp's 16 rows (acc in C layout, already final) as bf16 to global memory, staged through
+ * the warp's own rows of the shared tile St (stride D + 8) for 16-byte stores. */
+template <int D>
+__device__ __forceinline__ void store_rows(const mma_args &a, const float acc[D / 8][4],
+                                           const float mul[2], bf16 *St, int t_a, int NR,
+                                           int hk) {
+    constexpr int LD = D + 8, VPR = D / 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    bf16 *w = St + warp * 16 * LD;
+    __syncwarp();
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        *(uint32_t *)(w + g * LD + dt * 8 + 2 * tg) =
+            pack_bf16x2(acc[dt][0] * mul[0], acc[dt][1] * mul[0]);
+        *(uint32_t *)(w + (g + 8) * LD + dt * 8 + 2 * tg) =
+            pack_bf16x2(acc[dt][2] * mul[1], acc[dt][3] * mul[1]);
+    }
+    __syncwarp();
+    for (int idx = lane; idx < 16 * VPR; idx += 32) {
+        int r = idx / VPR, c = idx % VPR, row = warp * 16 + r;
+        if (row >= NR) continue;
+        int t = t_a + row / a.group, h = hk * a.group + row % a.group;
+        *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + c * 8) = *(const uint4 *)(w + r * LD + c * 8);
+    }
+}
+
+/* ---- forward (causal or block) ---- */
+
+template <int D> static size_t fwd_smem(int nw) {
+    return (size_t)(16 * nw + 4 * KT) * (D + 8) * sizeof(bf16);
+}
+
+template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mma_args a) {
+    constexpr int LD = D + 8, TQ = 16 * NW;
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+    bf16 *Qs = (bf16 *)sm_raw, *Ks = Qs + TQ * LD, *Vs = Ks + 2 * KT * LD; /* K, V: 2 stages */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    const int hk = blockIdx.y, group = a.group;
+    const int tile = a.seq_off ? gridDim.x - 1 - blockIdx.x : blockIdx.x; /* long rows first */
+    int t_a, R, nr, rng[4] = {0, 0, 0, 0};
+    attn_tile_keys(a.seq_off, a.n_seqs, a.T, a.spans, a.B, a.RT, a.tiles_per_block, tile, t_a, R,
+                   nr, rng);
+    const int NR = R * group;
+    int klo[2], khi[2]; /* keys of rows g, g + 8 of this warp */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = warp * 16 + g + 8 * i;
+        klo[i] = 0, khi[i] = 0;
+        if (r < NR) attn_row_keys(a.seq_off, a.n_seqs, a.Tk, t_a + r / group, klo[i], khi[i]);
+    }
+    load_tile<D, TQ>(
+        Qs, a.q,
+        [&](int r) -> long long {
+            if (r >= NR) return -1;
+            int t = t_a + r / group, h = hk * group + r % group;
+            return ((long long)t * a.H + h) * D;
+        },
+        1);
+    cp_commit();
+    const int n_tiles = tiles_of(rng, nr);
+    if (n_tiles > 0) issue_kv<D>(a, rng, nr, 0, hk, Ks, Vs);
+    cp_commit();
+    cp_wait_prev();
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        frag_a<LD>(qf[kk], Qs, warp * 16, kk * 16);
+
+    const float sl2 = a.scale * LOG2E;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+
+    for (int i = 0; i < n_tiles; i++) {
+        const int st = i % 2;
+        if (i + 1 < n_tiles)
+            issue_kv<D>(a, rng, nr, i + 1, hk, Ks + (1 - st) * KT * LD, Vs + (1 - st) * KT * LD);
+        cp_commit();
+        cp_wait_prev();
+        __syncthreads();
+        int kb, re;
+        tile_of(rng, nr, i, kb, re);
+        int lo[2], hi[2];
+        bool full = true, any = false;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            lo[r] = klo[r], hi[r] = min(khi[r], re);
+            full = full && kb >= lo[r] && kb + KT <= hi[r];
+            any = any || (lo[r] < hi[r] && kb < hi[r] && kb + KT > lo[r]);
+        }
+        full = __all_sync(0xffffffffu, full);
+        if (__any_sync(0xffffffffu, any)) {
+            const bf16 *Kt = Ks + st * KT * LD, *Vt = Vs + st * KT * LD;
+            float s[KT / 8][4];
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                mma_abt<LD>(s, qf[kk], Kt, kk);
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
+                    float v = s[n][e] * sl2;
+                    if (!full && (key < lo[r] || key >= hi[r])) v = -INFINITY;
+                    s[n][e] = v;
+                    mx[r] = fmaxf(mx[r], v);
+                }
+            float sub[2], corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mn = fmaxf(m[r], quad_max(mx[r]));
+                corr[r] = mn == -INFINITY ? 1.0f : ex2(m[r] - mn);
+                sub[r] = mn == -INFINITY ? 0.0f : mn;
+                m[r] = mn;
+            }
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = ex2(s[n][e] - sub[e / 2]);
+                    s[n][e] = p;
+                    sum[e / 2] += p;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                l[r] = l[r] * corr[r] + sum[r];
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[dt][0] *= corr[0], o[dt][1] *= corr[0];
+                o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+            }
+            mma_px<D>(o, s, Vt);
+        }
+        __syncthreads(); /* the stage is refilled by the next iteration */
+    }
+    float inv[2], lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lt = quad_sum(l[r]);
+        inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+        lse[r] = lt > 0.0f ? (m[r] + log2f(lt)) * LN2 : INFINITY;
+    }
+    store_rows<D>(a, o, inv, Qs, t_a, NR, hk);
+    if (!a.seq_off && a.lse && tg == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = warp * 16 + g + 8 * r;
+            if (row >= NR) continue;
+            int t = t_a + row / group, h = hk * group + row % group;
+            a.lse[(size_t)h * a.n_blocks * a.B + t] = lse[r];
+        }
+    }
+}
+
+/* ---- block backward: dq ---- */
+
+#define DQ_WARPS 4
+
+template <int D> static size_t dq_smem(void) {
+    return (size_t)(2 * 16 * DQ_WARPS + 4 * KT) * (D + 8) * sizeof(bf16) +
+           2 * 16 * DQ_WARPS * sizeof(float);
+}
+
+template <int D> __global__ void __launch_bounds__(DQ_WARPS * 32) k_mma_dq(mma_args a) {
+    constexpr int LD = D + 8, TQ = 16 * DQ_WARPS;
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+    bf16 *Qs = (bf16 *)sm_raw, *dOs = Qs + TQ * LD, *Ks = dOs + TQ * LD, *Vs = Ks + 2 * KT * LD;
+    float *Dr = (float *)(Vs + 2 * KT * LD), *Lr = Dr + TQ;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    const int hk = blockIdx.y, group = a.group, Q = a.n_blocks * a.B;
+    int t_a, R, nr, rng[4] = {0, 0, 0, 0};
+    attn_tile_keys(NULL, 0, a.T, a.spans, a.B, a.RT, a.tiles_per_block, blockIdx.x, t_a, R, nr,
+                   rng);
+    const int NR = R * group;
+    auto qoff = [&](int r) -> long long {
+        if (r >= NR) return -1;
+        int t = t_a + r / group, h = hk * group + r % group;
+        return ((long long)t * a.H + h) * D;
+    };
+    load_tile<D, TQ>(Qs, a.q, qoff, 1);
+    load_tile<D, TQ>(dOs, a.dout, qoff, 1);
+    cp_commit();
+    const int n_tiles = tiles_of(rng, nr);
+    if (n_tiles > 0) issue_kv<D>(a, rng, nr, 0, hk, Ks, Vs);
+    cp_commit();
+    cp_wait_prev();
+    __syncthreads();
+    rows_D<D, 16>(
+        dOs, warp * 16,
+        [&](int r) -> const bf16 * {
+            if (r >= NR) return NULL;
+            int t = t_a + r / group, h = hk * group + r % group;
+            return a.o + ((size_t)t * a.H + h) * D;
+        },
+        [&](int r) -> float {
+            if (r >= NR) return INFINITY;
+            int t = t_a + r / group, h = hk * group + r % group;
+            return a.lse_in[(size_t)h * Q + t];
+        },
+        Dr, Lr);
+    __syncwarp();
+    if (a.dsave && lane < 16 && warp * 16 + lane < NR) {
+        int r = warp * 16 + lane, t = t_a + r / group, h = hk * group + r % group;
+        a.dsave[(size_t)h * Q + t] = Dr[r];
+    }
+    float Dv[2], L2[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = warp * 16 + g + 8 * r;
+        Dv[r] = Dr[row];
+        L2[r] = Lr[row] * LOG2E; /* +INF (no keys, padding row): P = 0 */
+    }
+    const float sl2 = a.scale * LOG2E;
+    float dq[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+        dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+
+    for (int i = 0; i < n_tiles; i++) {
+        const int st = i % 2;
+        if (i + 1 < n_tiles)
+            issue_kv<D>(a, rng, nr, i + 1, hk, Ks + (1 - st) * KT * LD, Vs + (1 - st) * KT * LD);
+        cp_commit();
+        cp_wait_prev();
+        __syncthreads();
+        int kb, re;
+        tile_of(rng, nr, i, kb, re);
+        const bf16 *Kt = Ks + st * KT * LD, *Vt = Vs + st * KT * LD;
+        float s[KT / 8][4], dp[KT / 8][4];
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[4], da[4];
+            frag_a<LD>(qa, Qs, warp * 16, kk * 16);
+            frag_a<LD>(da, dOs, warp * 16, kk * 16);
+            mma_abt<LD>(s, qa, Kt, kk);
+            mma_abt<LD>(dp, da, Vt, kk);
+        }
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
+                float p = key < re ? ex2(s[n][e] * sl2 - L2[r]) : 0.0f;
+                s[n][e] = p * (dp[n][e] - Dv[r]) * a.scale; /* dS */
+            }
+        mma_px<D>(dq, s, Kt);
+        __syncthreads(); /* the stage is refilled by the next iteration */
+    }
+    const float one[2] = {1.0f, 1.0f};
+    store_rows<D>(a, dq, one, Qs, t_a, NR, hk);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int causal_warps(void) {
+    static int nw = -1;
+    if (nw < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_WARPS");
+        nw = e && atoi(e) == 4 ? 4 : 8;
+    }
+    return nw;
+}
+
+static bool al16(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+static bool mma_usable(int H, int Hk, int d, int rows) {
+    return (d == 64 || d == 128) && Hk > 0 && H % Hk == 0 && H / Hk <= rows;
+}
+
+int cuda_mma_attention_init(void) {
+    int bad = 0;
+    bad |= cudaFuncSetAttribute(k_mma_fwd<64, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem<64>(4)) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_mma_fwd<64, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem<64>(8)) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_mma_fwd<128, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem<128>(4)) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_mma_fwd<128, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem<128>(8)) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_mma_dq<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dq_smem<64>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_mma_dq<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dq_smem<128>()) != cudaSuccess;
+    return bad ? -1 : 0;
+}
+
+/* Row tiling of a block launch: RT tokens of one block per CTA of `rows` rows. */
+static void block_tiling(mma_args &a, const nn_block_span *spans, int n_blocks, int B, int Tk,
+                         int H, int Hk, int d, int rows) {
+    a.spans = spans, a.n_blocks = n_blocks, a.B = B, a.T = n_blocks * B, a.Tk = Tk;
+    a.H = H, a.Hk = Hk, a.group = H / Hk;
+    a.RT = rows / a.group < B ? rows / a.group : B;
+    a.tiles_per_block = (B + a.RT - 1) / a.RT;
+    a.scale = 1.0f / sqrtf((float)d);
+}
+
+int cuda_mma_attention_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                           const bf16 *v, const int32_t *seq_off, int n_seqs, int T,
+                           const nn_block_span *spans, int n_blocks, int B, int Tk, int H, int Hk,
+                           int d) {
+    const int nw = seq_off ? causal_warps() : 4;
+    if (!mma_usable(H, Hk, d, 16 * nw) || !al16(out) || !al16(q) || !al16(k) || !al16(v))
+        return -1;
+    mma_args a = {};
+    a.out = out, a.lse = lse, a.q = q, a.k = k, a.v = v;
+    int n_tiles;
+    if (seq_off) {
+        if (n_seqs <= 0 || T <= 0) return -1;
+        a.seq_off = seq_off, a.n_seqs = n_seqs, a.T = T, a.Tk = T, a.H = H, a.Hk = Hk;
+        a.group = H / Hk, a.RT = 16 * nw / a.group, a.scale = 1.0f / sqrtf((float)d);
+        n_tiles = (T + a.RT - 1) / a.RT;
+    } else {
+        if (n_blocks <= 0 || B <= 0) return -1;
+        block_tiling(a, spans, n_blocks, B, Tk, H, Hk, d, 16 * nw);
+        n_tiles = n_blocks * a.tiles_per_block;
+    }
+    dim3 grid(n_tiles, Hk);
+    size_t sm = d == 64 ? fwd_smem<64>(nw) : fwd_smem<128>(nw);
+    if (d == 64 && nw == 4) k_mma_fwd<64, 4><<<grid, 128, sm, st>>>(a);
+    else if (d == 64) k_mma_fwd<64, 8><<<grid, 256, sm, st>>>(a);
+    else if (nw == 4) k_mma_fwd<128, 4><<<grid, 128, sm, st>>>(a);
+    else k_mma_fwd<128, 8><<<grid, 256, sm, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+int cuda_mma_attention_dq(cudaStream_t st, bf16 *dq, float *dsave, const bf16 *dout,
+                          const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                          const float *lse, const nn_block_span *spans, int n_blocks, int B,
+                          int Tk, int H, int Hk, int d) {
+    if (!mma_usable(H, Hk, d, 16 * DQ_WARPS) || n_blocks <= 0 || B <= 0 || !al16(dq) ||
+        !al16(dout) || !al16(q) || !al16(k) || !al16(v) || !al16(out))
+        return -1;
+    mma_args a = {};
+    block_tiling(a, spans, n_blocks, B, Tk, H, Hk, d, 16 * DQ_WARPS);
+    a.out = dq, a.dsave = dsave, a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out;
+    a.lse_in = lse;
+    dim3 grid(n_blocks * a.tiles_per_block, Hk);
+    if (d == 64) k_mma_dq<64><<<grid, 32 * DQ_WARPS, dq_smem<64>(), st>>>(a);
+    else k_mma_dq<128><<<grid, 32 * DQ_WARPS, dq_smem<128>(), st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

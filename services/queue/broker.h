@@ -15,6 +15,14 @@
  * need no hello and keep no state, but a ctl may only send hello, heartbeat, status, set, pause,
  * resume and drain (else ERROR DENIED).
  *
+ * Groups (issue 7; group.h, docs/protocol.md "Groups"): drafters in a data-parallel group claim
+ * whole optimizer steps: the broker reserves one slot per rank at once (only when that many
+ * claims would be served), rank 0's StepDone acks all of them once, and membership changes
+ * (joins at step boundaries, deaths, goodbyes) form a new epoch; a step in flight when its epoch
+ * ends is acked or returned to to-do as the surviving first rank's model says. A dead drafter's
+ * copied units of such a step stay in flight until then (they are not requeued with its other
+ * held batches). max-depth below the largest group is refused.
+ *
  * Security (DESIGN.md section 5): ipc:// endpoints use ZeroMQ's NULL mechanism; the 0700 runtime
  * dir is their access control, and every verb is open to them. tcp:// endpoints use CURVE: the
  * broker's secret key from a file, and a ZAP handler (inproc://zeromq.zap.01, a REP socket on

@@ -100,6 +100,14 @@ static const char *state_name(uint32_t s)
     return s == 0 ? "running" : s == 1 ? "paused" : s == 2 ? "draining" : "unknown";
 }
 
+static const char *group_state_name(uint32_t s)
+{
+    return s == WIRE_GROUP_FORMING     ? "forming"
+           : s == WIRE_GROUP_ACTIVE    ? "active"
+           : s == WIRE_GROUP_REFORMING ? "re-forming"
+                                       : "unknown";
+}
+
 static cJSON *status_json(const wire_status *s)
 {
     cJSON *o = cJSON_CreateObject();
@@ -120,6 +128,21 @@ static cJSON *status_json(const wire_status *s)
 #undef N
         cJSON_AddItemToArray(arr, x);
     }
+    cJSON *groups = cJSON_AddArrayToObject(o, "groups");
+    for (uint32_t i = 0; i < s->n_groups; i++) {
+        const wire_group_stat *g = &s->groups[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "name", g->name);
+        cJSON_AddStringToObject(x, "state", group_state_name(g->state));
+#define N(f) cJSON_AddNumberToObject(x, #f, (double)g->f)
+        N(epoch), N(world), N(step), N(pending), N(steps_done), N(steps_aborted);
+#undef N
+        cJSON_AddBoolToObject(x, "step_reserved", g->step_reserved);
+        cJSON *mem = cJSON_AddArrayToObject(x, "members");
+        for (uint32_t k = 0; k < g->n_members; k++)
+            cJSON_AddItemToArray(mem, cJSON_CreateString(g->members[k]));
+        cJSON_AddItemToArray(groups, x);
+    }
     return o;
 }
 
@@ -131,6 +154,9 @@ static void print_json(cJSON *o)
     free(s);
     cJSON_Delete(o);
 }
+
+static void print_buckets(const wire_status *s);
+static void print_groups(const wire_status *s);
 
 static void print_status(const wire_status *s, uint64_t incarnation)
 {
@@ -148,6 +174,12 @@ static void print_status(const wire_status *s, uint64_t incarnation)
            s->grants, s->releases, s->lease_expiries, s->redeliveries, s->claims_per_s, s->acks);
     printf("health    mix TV distance %.4f  malformed messages %" PRIu64 "\n", s->tv_distance,
            s->malformed);
+    print_buckets(s);
+    print_groups(s);
+}
+
+static void print_buckets(const wire_status *s)
+{
     if (!s->n_buckets) return;
     printf("\n%-8s %6s %6s %6s %7s %8s %9s %9s %12s %12s\n", "bucket", "share", "ready", "leased",
            "filling", "deficit", "produced", "consumed", "tok.prod", "tok.cons");
@@ -159,6 +191,26 @@ static void print_status(const wire_status *s, uint64_t incarnation)
                "\n",
                name, b->share, b->ready, b->leased, b->filling, b->deficit, b->produced,
                b->consumed, b->produced_tokens, b->consumed_tokens);
+    }
+}
+
+/* One line per data-parallel drafter group; '*' after the step: its slots are reserved now. */
+static void print_groups(const wire_status *s)
+{
+    if (!s->n_groups) return;
+    printf("\n%-12s %-10s %6s %5s %8s %7s %6s %7s  %s\n", "group", "state", "epoch", "world",
+           "step", "pending", "done", "aborted", "members (rank order)");
+    for (uint32_t i = 0; i < s->n_groups; i++) {
+        const wire_group_stat *g = &s->groups[i];
+        char members[WIRE_MAX_STATUS_MEMBERS * (WIRE_MAX_NAME + 1)] = "";
+        size_t off = 0;
+        for (uint32_t k = 0; k < g->n_members && off < sizeof members; k++)
+            off += (size_t)snprintf(members + off, sizeof members - off, "%s%s", k ? " " : "",
+                                    g->members[k]);
+        printf("%-12s %-10s %6" PRIu64 " %5u %7" PRIu64 "%s %7u %6" PRIu64 " %7" PRIu64 "  %s\n",
+               g->name, group_state_name(g->state), g->epoch, g->world, g->step,
+               g->step_reserved ? "*" : " ", g->pending, g->steps_done, g->steps_aborted,
+               members);
     }
 }
 

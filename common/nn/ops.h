@@ -87,6 +87,9 @@ typedef struct nn_ops {
     /* Makes another stream of the same device (e.g. a slot copy stream) wait, on the device,
      * for the work queued on c so far. No host wait. cpu (or stream NULL): no-op. */
     void (*order_after)(nn_ctx *c, void *stream);
+    /* Calls so far that made the host wait for everything queued on the stream (sync, download,
+     * download_raw, upload, free, host_free; cpu: 0): a hot loop checks that it adds none. */
+    long (*stream_drains)(nn_ctx *c);
 
     /* ---- forward ---- */
     /* out[T,D] = table[ids[t], :]; ids in [0, V). */

@@ -153,6 +153,11 @@ static void cpu_fence(nn_ctx *c, int k) {
     assert(k >= 0 && k < NN_FENCES);
 }
 
+static long cpu_stream_drains(nn_ctx *c) {
+    (void)c;
+    return 0;
+}
+
 static void cpu_order_after(nn_ctx *c, void *stream) {
     (void)c;
     (void)stream;
@@ -989,6 +994,7 @@ static const nn_ops cpu_ops = {
     .fence_record = cpu_fence,
     .fence_wait = cpu_fence,
     .order_after = cpu_order_after,
+    .stream_drains = cpu_stream_drains,
     .adamw_clip = cpu_adamw_clip,
     .scale_f32 = cpu_scale_f32,
 };

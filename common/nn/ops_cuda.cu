@@ -71,7 +71,14 @@ struct nn_ctx {
     cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
+    long drains;                  /* host waits for the whole stream (stream_drains) */
 };
+
+/* Every host wait for the whole stream goes through here, so stream_drains counts them. */
+static void drain(nn_ctx *c) {
+    c->drains++;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
 
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line) {
     if (e == cudaSuccess) return;
@@ -111,7 +118,7 @@ static void *cu_alloc(nn_ctx *c, size_t bytes) {
 
 static void cu_free(nn_ctx *c, void *p) {
     if (!p) return;
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    drain(c);
     CUDA_CHECK(cudaFree(p));
 }
 
@@ -138,7 +145,7 @@ static void cu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
     }
     /* the staging buffer is reused by the next call: the host source may be pageable and
      * reused by the caller at once, so wait until the copies have been consumed */
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    drain(c);
 }
 
 static void cu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n) {
@@ -150,7 +157,7 @@ static void cu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n) {
         CUDA_CHECK(cudaMemcpyAsync(dst + o, c->stage, m * sizeof(float), cudaMemcpyDeviceToHost,
                                    c->stream));
     }
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    drain(c);
 }
 
 static void cu_upload_raw(nn_ctx *c, void *dst, const void *src, size_t bytes) {
@@ -160,7 +167,7 @@ static void cu_upload_raw(nn_ctx *c, void *dst, const void *src, size_t bytes) {
 
 static void cu_download_raw(nn_ctx *c, void *dst, const void *src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    drain(c);
 }
 
 static void cu_copy(nn_ctx *c, void *dst, const void *src, size_t bytes) {
@@ -180,7 +187,7 @@ static void cu_zero(nn_ctx *c, void *p, size_t bytes) {
 }
 
 static void cu_sync(nn_ctx *c) {
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    drain(c);
 }
 
 /* asynchronous host traffic: pinned host buffers, fences, cross-stream order */
@@ -203,7 +210,7 @@ static void *cu_host_alloc(nn_ctx *c, size_t bytes) {
 
 static void cu_host_free(nn_ctx *c, void *p) {
     if (!p) return;
-    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a queued copy may still target it */
+    drain(c); /* a queued copy may still target it */
     CUDA_CHECK(cudaFreeHost(p));
 }
 
@@ -220,6 +227,10 @@ static void cu_fence_record(nn_ctx *c, int k) {
 static void cu_fence_wait(nn_ctx *c, int k) {
     assert(k >= 0 && k < NN_FENCES);
     if (c->fence_used[k]) CUDA_CHECK(cudaEventSynchronize(c->fence[k]));
+}
+
+static long cu_stream_drains(nn_ctx *c) {
+    return c->drains;
 }
 
 static void cu_order_after(nn_ctx *c, void *stream) {
@@ -907,6 +918,7 @@ static nn_ops make_ops(void) {
     o.fence_record = cu_fence_record;
     o.fence_wait = cu_fence_wait;
     o.order_after = cu_order_after;
+    o.stream_drains = cu_stream_drains;
     o.adamw_clip = cu_adamw_clip;
     o.scale_f32 = cu_scale_f32;
     return o;

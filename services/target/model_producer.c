@@ -36,6 +36,7 @@ struct model_producer {
     int32_t *pos, *ids; /* [token_budget] */
     uint8_t *mask;      /* [token_budget] */
     slot_header *hdr;   /* one slot's header bytes (host) */
+    long fills, drains; /* batches filled; host waits for the whole stream inside fills */
 };
 
 static slot_dtype backend_dtype(const nn_ops *ops) {
@@ -128,6 +129,9 @@ fail:
 void model_producer_destroy(model_producer **pp) {
     if (!pp || !*pp) return;
     model_producer *p = *pp;
+    if (p->fills)
+        LOG_INFO("target: %ld batches filled; host waits for the whole compute stream inside "
+                 "them: %ld", p->fills, p->drains);
     target_model_destroy(&p->model);
     batch_plan_destroy(&p->plan);
     shard_set_close(&p->shards);
@@ -195,6 +199,7 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
     if (T < 0) return T;
 
     const nn_ops *ops = p->ops;
+    long drains0 = ops->stream_drains(p->ctx);
     int32_t *d_off = slot_seq_offsets(base, l), *d_pos = slot_positions(base, l);
     int32_t *d_ids = slot_token_ids(base, l);
     ops->upload_raw(p->ctx, d_off, p->seq_off, sizeof(int32_t) * (n + 1));
@@ -208,6 +213,8 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
 
     slot_header_write(p->hdr, l, wu, n, (uint32_t)T, producer);
     ops->upload_raw(p->ctx, base, p->hdr, sizeof *p->hdr);
+    p->fills++;
+    p->drains += ops->stream_drains(p->ctx) - drains0;
     if (n_seqs) *n_seqs = n;
     return T;
 }

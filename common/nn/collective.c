@@ -9,6 +9,11 @@
  *                            barriers this rank has entered), `joined`, `left`, pid
  *   [data_off, ...)          world + 1 regions of chunk bytes, 4 KiB aligned: input region of
  *                            rank r, then the result region
+ * Region hazards: a reduction writes the input regions before its first barrier, the result
+ * region between its barriers, and reads the result region after its last barrier; a broadcast
+ * writes the root's input region before its first barrier and reads it between its two. So
+ * every write happens after all ranks have passed the barrier that follows the last read of
+ * the same region.
  * Invariants: a rank's own counters are written only by that rank; `broken` only goes 0 -> 1;
  * barrier k is passed when every rank's `arrived` is >= k. All atomics are sequentially
  * consistent, which orders the plain region reads and writes around each barrier.
@@ -443,7 +448,9 @@ static int shm_reduce(dp_comm *c, void *buf, size_t n, elem_type t, float scale,
 static int shm_broadcast(dp_comm *c, void *buf, size_t bytes, int root, const dp_host_io *io) {
     if (c->broken) return DFLASH_EPEER;
     size_t per = hdr_of(c)->chunk_bytes;
-    char *res = region_of(c, c->world);
+    /* the root's input region, not the result region: a reduction's ranks read the result
+     * region after its last barrier, so a root writing there next could overwrite it early */
+    char *res = region_of(c, root);
     for (size_t off = 0; off < bytes; off += per) {
         size_t k = bytes - off < per ? bytes - off : per;
         if (c->rank == root) stage_in(res, (char *)buf + off, k, io);

@@ -11,7 +11,8 @@
  *         region, barrier, rank r sums slice r of the chunk over all input regions in rank order
  *         0..world-1 into the result region, barrier, every rank copies the result back. So each
  *         element is summed once, in a fixed order: the results are deterministic and
- *         bit-identical on every rank, and the segment size does not depend on the model. The
+ *         bit-identical on every rank, and the segment size does not depend on the model. A
+ *         broadcast goes through the root's input region, two barriers per chunk. The
  *         name is unlinked as soon as every rank has joined (no leftover even if ranks die
  *         later), on any open failure, and again (harmlessly) when the last rank closes.
  *   nccl  NCCL on CUDA devices (built when nccl.h and libnccl are found: DFLASH_HAVE_NCCL).

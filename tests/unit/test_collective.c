@@ -8,7 +8,7 @@
  *     inputs of mixed magnitude and sign so that a different order would show;
  *   - allreduce_scaled_f32 (a per-rank pre-scale), also through a dp_host_io;
  *   - allreduce_host_f64, broadcast (larger than a chunk, from the last rank), broadcast_host,
- *     barrier;
+ *     barrier; 500 rounds of a reduction then a broadcast, back to back;
  *   - failures: a rank that never joins (the others' open times out within the timeout), a rank
  *     that dies after joining (the others' allreduce times out, later calls say EPEER), a rank
  *     that closes early (the others get EPEER without waiting), a world mismatch, bad ids;
@@ -145,6 +145,16 @@ static void rank_main(const uint8_t *id, int rank, int world) {
     CHECK_EQ_INT(step[1], -7);
     CHECK_EQ_INT(dp_comm_broadcast_host(c, step, sizeof step, world), DFLASH_EINVAL);
     CHECK_EQ_INT(dp_comm_barrier(c), 0);
+    /* back to back reductions and broadcasts (the ranks' regions are reused at once) */
+    int wrong = 0;
+    for (int k = 0; k < 500; k++) {
+        double s = rank + k;
+        uint64_t t[2] = {rank == k % world ? (uint64_t)k * 3 : 0, 0};
+        if (dp_comm_allreduce_host_f64(c, &s, 1) || dp_comm_broadcast_host(c, t, 16, k % world))
+            wrong++;
+        wrong += s != (double)world * (world - 1) / 2 + (double)k * world || t[0] != (uint64_t)k * 3;
+    }
+    CHECK_EQ_INT(wrong, 0);
     /* the same results on every rank: rank 0's hash of the last reduction, compared */
     uint64_t h = 1469598103934665603ull, h0;
     for (size_t j = 0; j < nmax; j++)

@@ -1,0 +1,248 @@
+/* dflash_dp: the data-parallel training step and state sync (see dflash_dp.h for the loss
+ * normalisation and the memory paths). Built only from the public training API
+ * (dflash_train_sample_anchors / dflash_train_grads / dflash_train_apply), the model's arrays
+ * and the ops table, plus the collective.
+ *
+ * The host allreduce vector of one step (doubles, summed over ranks):
+ *   [0] W_r   [1] loss_r * W_r   [2] failed_r   [3] weighted positions   [4] correct positions
+ *   [5] blocks   [6] sum of acceptance lengths   [7] context tokens
+ *   [8, 8 + MB) per-offset counts   [8 + MB, 8 + 2 MB) per-offset correct    (MB = DFLASH_MAX_BLOCK)
+ * Counts are integers far below 2^53, so their sums are exact.
+ * Threads: the model's thread.
+ */
+#include "dflash_dp.h"
+
+#include "err.h"
+#include "log.h"
+
+#ifdef DFLASH_HAVE_CUDA
+#include "ops_cuda.h"
+#endif
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { V_W, V_LW, V_FAILED, V_NW, V_RIGHT, V_NB, V_ACCLEN, V_NCTX, V_POS, V_N = V_POS + 2 * DFLASH_MAX_BLOCK };
+
+static bool on_host(const dflash_model *m) { return strcmp(m->ops->name, "cpu") == 0; }
+
+/* dp_host_io over the model's ops: how the shm backend reaches backend memory. */
+static void io_to_host(void *ctx, void *host_dst, const void *src, size_t bytes) {
+    dflash_model *m = ctx;
+    m->ops->download_raw(m->ctx, host_dst, src, bytes);
+}
+
+static void io_from_host(void *ctx, void *dst, const void *host_src, size_t bytes) {
+    dflash_model *m = ctx;
+    m->ops->upload_raw(m->ctx, dst, host_src, bytes);
+}
+
+/* How the model's fp32 arrays reach the collective: *io (NULL: the backend reads them directly)
+ * and the stream for nccl. DFLASH_EUNSUPPORTED for a cpu model on nccl. */
+static int mem_path(dflash_model *m, dp_comm *comm, dp_host_io *io_store, const dp_host_io **io,
+                    void **stream) {
+    *io = NULL;
+    *stream = NULL;
+    if (dp_comm_kind_of(comm) == DP_COMM_NCCL) {
+        if (on_host(m)) {
+            LOG_ERROR("dflash_dp: the nccl collective needs a cuda model (this one is on %s)",
+                      m->ops->name);
+            return DFLASH_EUNSUPPORTED;
+        }
+#ifdef DFLASH_HAVE_CUDA
+        *stream = nn_cuda_stream(m->ctx);
+#endif
+        return 0;
+    }
+    if (!on_host(m)) {
+        *io_store = (dp_host_io){.to_host = io_to_host, .from_host = io_from_host, .ctx = m};
+        *io = io_store;
+    }
+    return 0;
+}
+
+static void fill_counts(double *v, const dflash_metrics *l) {
+    v[V_W] = l->weight_sum;
+    v[V_LW] = l->loss * l->weight_sum;
+    v[V_NW] = l->n_weighted;
+    v[V_RIGHT] = nearbyint(l->accuracy * l->n_weighted);
+    v[V_NB] = l->n_blocks;
+    v[V_ACCLEN] = nearbyint(l->accept_len * l->n_blocks);
+    v[V_NCTX] = l->n_ctx_tokens;
+    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) {
+        v[V_POS + o] = l->pos_count[o];
+        v[V_POS + DFLASH_MAX_BLOCK + o] = nearbyint(l->pos_acc[o] * l->pos_count[o]);
+    }
+}
+
+static void group_metrics(dflash_metrics *met, const double *v, long step) {
+    memset(met, 0, sizeof *met);
+    met->step = step;
+    met->weight_sum = v[V_W];
+    met->loss = v[V_W] > 0 ? v[V_LW] / v[V_W] : 0.0;
+    met->n_weighted = (int)v[V_NW];
+    met->accuracy = v[V_NW] > 0 ? v[V_RIGHT] / v[V_NW] : 0.0;
+    met->n_blocks = (int)v[V_NB];
+    met->accept_len = v[V_NB] > 0 ? v[V_ACCLEN] / v[V_NB] : 0.0;
+    met->n_ctx_tokens = (int)v[V_NCTX];
+    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) {
+        double n = v[V_POS + o];
+        met->pos_count[o] = (int)n;
+        met->pos_acc[o] = n > 0 ? v[V_POS + DFLASH_MAX_BLOCK + o] / n : 0.0;
+    }
+}
+
+int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
+                            const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key,
+                            dp_comm *comm, dflash_metrics *met, dflash_metrics *local) {
+    if (!comm) {
+        int rc = dflash_train_step(m, tc, b, epoch, batch_key, met);
+        if (local) *local = *met;
+        return rc;
+    }
+    dp_host_io io_store;
+    const dp_host_io *io;
+    void *stream;
+    int rc = mem_path(m, comm, &io_store, &io, &stream);
+    if (rc) return rc;
+
+    /* 1. this rank's gradients, normalised by its own W_r */
+    dflash_metrics loc;
+    memset(&loc, 0, sizeof loc);
+    int lrc = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
+    if (lrc >= 0) lrc = dflash_train_grads(m, tc, b, lrc, m->h_blk_seq, m->h_blk_anchor, &loc);
+    if (lrc < 0) {
+        LOG_WARN("dflash_dp rank %d: this rank's batch failed (%s); the group skips the step",
+                 dp_comm_rank(comm), err_str(lrc));
+        memset(&loc, 0, sizeof loc);
+        loc.skipped = true;
+    }
+    /* grads_r is dL_r/dp with L_r = sum_r w*CE / W_r; no anchors (grads left as they were) or
+     * zero weight: zero, so this rank adds nothing to the sum */
+    if (loc.n_blocks == 0 || !(loc.weight_sum > 0))
+        m->ops->zero(m->ctx, m->grads, m->n_params * sizeof(float));
+
+    /* 2. the weight sums and metric counts of the group */
+    double v[V_N];
+    memset(v, 0, sizeof v);
+    if (lrc >= 0 && loc.weight_sum > 0) fill_counts(v, &loc);
+    else if (lrc >= 0) v[V_NB] = loc.n_blocks, v[V_NCTX] = loc.n_ctx_tokens;
+    v[V_FAILED] = lrc < 0 ? 1.0 : 0.0;
+    rc = dp_comm_allreduce_host_f64(comm, v, V_N);
+    if (rc) return rc;
+    group_metrics(met, v, m->step);
+    if (local) *local = loc;
+    if (v[V_FAILED] > 0) {
+        met->skipped = true;
+        return lrc < 0 ? lrc : DFLASH_EAGAIN;
+    }
+    double W = v[V_W];
+    if (!(W > 0)) { /* nobody has a weighted position: every rank skips */
+        met->skipped = true;
+        return 0;
+    }
+
+    /* 3. sum over ranks of (W_r / W) * grads_r = dL/dp for the global L */
+    float scale = loc.weight_sum > 0 ? (float)(loc.weight_sum / W) : 0.0f;
+    rc = dp_comm_allreduce_scaled_f32(comm, m->grads, m->n_params, scale, io, stream);
+    if (rc) return rc;
+
+    /* 4. the same update on every rank */
+    dflash_train_apply(m, tc, met);
+    if (local) {
+        local->lr = met->lr;
+        local->grad_norm = met->grad_norm;
+        local->step = met->step;
+    }
+    return 0;
+}
+
+int dflash_train_step_dp(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                         uint64_t epoch, uint64_t batch_key, dp_comm *comm, dflash_metrics *met) {
+    return dflash_train_step_dp_ex(m, tc, b, epoch, batch_key, comm, met, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * state */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* A hash of the tensor table (names, shapes, offsets) and the sizes: ranks must agree on it. */
+static uint64_t layout_hash(const dflash_model *m) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t sizes[3] = {m->n_params, m->n_decay, (uint64_t)m->n_tensors};
+    h = fnv1a(h, sizes, sizeof sizes);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        h = fnv1a(h, t->name, strnlen(t->name, sizeof t->name));
+        uint64_t d[4] = {(uint64_t)t->ndim, (uint64_t)t->shape[0], (uint64_t)t->shape[1],
+                         (uint64_t)t->offset};
+        h = fnv1a(h, d, sizeof d);
+    }
+    return h;
+}
+
+int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root) {
+    if (!comm) return 0;
+    if (root < 0 || root >= dp_comm_world(comm)) return DFLASH_EINVAL;
+    dp_host_io io_store;
+    const dp_host_io *io;
+    void *stream;
+    int rc = mem_path(m, comm, &io_store, &io, &stream);
+    if (rc) return rc;
+    /* the same model on every rank? */
+    uint64_t mine[2] = {layout_hash(m), m->n_params}, theirs[2] = {mine[0], mine[1]};
+    rc = dp_comm_broadcast_host(comm, theirs, sizeof theirs, root);
+    if (rc) return rc;
+    double bad = memcmp(mine, theirs, sizeof mine) != 0 ? 1.0 : 0.0;
+    if (bad)
+        LOG_ERROR("dflash_dp rank %d: this drafter has %zu parameters (layout %016llx), rank %d's "
+                  "has %llu (layout %016llx)", dp_comm_rank(comm), m->n_params,
+                  (unsigned long long)mine[0], root, (unsigned long long)theirs[1],
+                  (unsigned long long)theirs[0]);
+    rc = dp_comm_allreduce_host_f64(comm, &bad, 1);
+    if (rc) return rc;
+    if (bad > 0) return DFLASH_EMISMATCH;
+
+    size_t bytes = m->n_params * sizeof(float);
+    float *arrays[3] = {m->master, m->adam_m, m->adam_v};
+    for (int i = 0; i < 3; i++) {
+        rc = dp_comm_broadcast_io(comm, arrays[i], bytes, root, io, stream);
+        if (rc) return rc;
+    }
+    int64_t step = m->step;
+    rc = dp_comm_broadcast_host(comm, &step, sizeof step, root);
+    if (rc) return rc;
+    m->step = (long)step;
+    dflash_model_sync_params(m);
+    return 0;
+}
+
+uint64_t dflash_dp_state_hash(const dflash_model *m) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const float *arrays[3] = {m->master, m->adam_m, m->adam_v};
+    enum { CHUNK = 1 << 14 };
+    float *tmp = on_host(m) ? NULL : malloc(CHUNK * sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        for (size_t off = 0; off < m->n_params; off += CHUNK) {
+            size_t k = m->n_params - off < CHUNK ? m->n_params - off : CHUNK;
+            const float *p = arrays[i] + off;
+            if (tmp) {
+                m->ops->download_raw(m->ctx, tmp, p, k * sizeof(float));
+                p = tmp;
+            }
+            h = fnv1a(h, p, k * sizeof(float));
+        }
+    }
+    free(tmp);
+    int64_t step = m->step;
+    return fnv1a(h, &step, sizeof step);
+}

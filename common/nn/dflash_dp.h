@@ -1,0 +1,57 @@
+/* dflash_dp: the data-parallel DFlash training step: one process per rank, each with its own
+ * copy of the drafter (dflash_model) and its own batch, joined by a dp_comm (collective.h).
+ *
+ * Loss normalisation (reference/dflash.md 3.3): the group's objective for one optimizer step is
+ *     L = sum over ranks r of sum_r w*CE  /  W,    W = sum over ranks of W_r,  W_r = sum_r w
+ * i.e. the GLOBAL weight sum is the denominator; it is NOT the mean of per-rank means. One step:
+ *   1. each rank: anchors and gradients of its own batch (dflash_train_grads), which are
+ *      normalised by the local W_r (known on the host); a rank with no anchors or zero weight
+ *      gets zero gradients;
+ *   2. allreduce (host doubles) of [W_r, loss_r * W_r, failed_r, and the metric counts];
+ *   3. allreduce of the gradients, each rank's scaled by W_r / W on the way in (the collective's
+ *      pre-scaled sum: NCCL PreMulSum on the device, or while staging on shm), giving the
+ *      gradient of L above, bit-identical on every rank;
+ *   4. dflash_train_apply: grad norm, clipping and AdamW see the same global gradient on every
+ *      rank, so master weights, moments and step stay bit-identical.
+ * If W == 0 every rank skips the update (met->skipped) consistently. If a rank fails locally
+ * (a bad batch) it still joins the allreduces, nobody applies the step, the failing rank returns
+ * its code and the others DFLASH_EAGAIN; the group stays usable.
+ * Memory: cpu model + shm: m->grads (host) are reduced in place. cuda model + nccl: m->grads are
+ * reduced on the device, on the model's stream. cuda model + shm: the gradients move through the
+ * shm segment chunk by chunk with the ops' download_raw / upload_raw (dp_host_io), so no host
+ * copy of the gradients is allocated at all. cpu model + nccl: refused (DFLASH_EUNSUPPORTED).
+ * Threads: the model's thread. Callers: the drafter daemon's group worker (services/drafter),
+ * the tests.
+ */
+#ifndef DFLASH_NN_DFLASH_DP_H
+#define DFLASH_NN_DFLASH_DP_H
+
+#include "collective.h"
+#include "dflash_train.h"
+
+/* One optimizer step of a data-parallel group: this rank's batch b; comm NULL = single process
+ * (exactly dflash_train_step). met receives the GROUP's metrics: loss = sum w*CE / W over all
+ * ranks, weight_sum = W, accuracy / pos_acc / pos_count / accept_len / n_blocks / n_weighted /
+ * n_ctx_tokens over all ranks' batches, and lr, grad_norm (of the global gradient), step.
+ * Returns 0, DFLASH_EAGAIN (a peer's batch failed; nothing was applied anywhere), this rank's
+ * own batch error (nothing applied anywhere), or a collective error (the group is broken). */
+int dflash_train_step_dp(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                         uint64_t epoch, uint64_t batch_key, dp_comm *comm, dflash_metrics *met);
+/* The same; local (may be NULL) receives this rank's own numbers as dflash_train_grads gives
+ * them (loss and weight_sum of its batch alone, skipped when it had no weight), plus the
+ * step's lr / grad_norm / step. */
+int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
+                            const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key,
+                            dp_comm *comm, dflash_metrics *met, dflash_metrics *local);
+
+/* Makes every rank's trainable state equal to root's: master weights, params, AdamW m and v,
+ * m->step (used when a group forms or re-forms: a joining rank takes rank 0's state).
+ * First checks that every rank has the same parameter count and tensor layout
+ * (DFLASH_EMISMATCH on every rank otherwise, nothing copied). comm NULL: nothing to do, 0. */
+int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root);
+
+/* FNV-1a hash of the bytes of the trainable state (master, adam_m, adam_v and step), read from
+ * the backend; for tests and logs that compare ranks. */
+uint64_t dflash_dp_state_hash(const dflash_model *m);
+
+#endif

@@ -1,0 +1,333 @@
+/* test_dp_nccl (GPU, label gpu): the data-parallel drafter step on the cuda backend, through
+ * both collectives, with ranks as forked processes (the parent never touches CUDA: a forked
+ * child cannot use its parent's CUDA context; a probe child counts the GPUs).
+ *   1. nccl, world 1, GPU 0: open, allreduce (plain and pre-scaled, device memory on the
+ *      context's stream), allreduce_host_f64, broadcast (device), broadcast_host, barrier, close.
+ *   2. shm, world 2, both ranks on GPU 0 with the cuda backend: a small drafter (D 128, 2
+ *      layers, head dim 64, B 8) trains N steps on different batches per rank; the gradients
+ *      go through the shm segment with the ops' download/upload. After every step both ranks'
+ *      state hashes (master, AdamW m and v, step) are equal; dflash_dp_sync_state makes a rank
+ *      that started from other weights equal to rank 0.
+ *   3. with >= 2 GPUs: the same training with nccl, rank r on GPU r (rank 0 makes the id and
+ *      hands it to rank 1 through a pipe), gradients reduced on the device; hashes equal after
+ *      every step.
+ * Exit 0 all good, 1 failures, 77 no GPU (ctest SKIP_RETURN_CODE). Without NCCL in the build
+ * the nccl parts are reported as skipped and the shm part still runs.
+ * Run on the GPU machine: ctest --test-dir build -L gpu -R dp_nccl --output-on-failure
+ * or directly: build/tests/gpu/test_dp_nccl [steps]
+ */
+#include "check.h"
+#include "collective.h"
+#include "dflash_dp.h"
+#include "dflash_model.h"
+#include "dflash_train.h"
+#include "err.h"
+#include "ops.h"
+#include "ops_cuda.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { D = 128, NF = 2, V = 512, MAXT = 256, MAXB = 64, MAXSTEP = 32 };
+static int n_steps = 6;
+
+typedef struct shared {
+    uint64_t hash[4][MAXSTEP];
+    double loss[4][MAXSTEP];
+    uint64_t synced[4];
+    uint8_t id[DP_COMM_ID_BYTES];
+} shared;
+static shared *S;
+
+static uint64_t rng_next(uint64_t *s) {
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double unif(uint64_t *s) { return (double)(rng_next(s) >> 11) / 9007199254740992.0 * 2 - 1; }
+
+/* ---------------------------------------------------------------------------------------------
+ * a small drafter on one GPU */
+
+typedef struct gworld {
+    const nn_ops *ops;
+    nn_ctx *ctx;
+    dflash_config cfg;
+    nn_buf *embed, *lm_head, *hidden;
+    dflash_train_cfg tc;
+} gworld;
+
+static int gworld_init(gworld *w, int device) {
+    memset(w, 0, sizeof *w);
+    w->ops = nn_cuda_ops();
+    w->ctx = nn_cuda_new(device);
+    if (!w->ctx) return -1;
+    w->cfg = (dflash_config){.hidden_size = D, .num_layers = 2, .num_heads = 2,
+                             .num_kv_heads = 1, .head_dim = 64, .intermediate_size = 256,
+                             .block_size = 8, .n_feat = NF, .target_layer_ids = {1, 3},
+                             .num_target_layers = 6, .mask_token_id = V - 1, .vocab_size = V,
+                             .max_position_embeddings = 4096, .rms_norm_eps = 1e-6,
+                             .rope_theta = 1e6, .bos_token_id = -1, .eos_token_id = -1};
+    size_t ne = (size_t)V * D;
+    float *h = malloc(ne * sizeof(float));
+    uint64_t s = 42;
+    w->embed = w->ops->alloc(w->ctx, ne * w->ops->act_bytes);
+    w->lm_head = w->ops->alloc(w->ctx, ne * w->ops->act_bytes);
+    w->hidden = w->ops->alloc(w->ctx, (size_t)MAXT * NF * D * w->ops->act_bytes);
+    for (size_t i = 0; i < ne; i++)
+        h[i] = (float)unif(&s);
+    w->ops->upload(w->ctx, w->embed, h, ne);
+    for (size_t i = 0; i < ne; i++)
+        h[i] = (float)(0.15 * unif(&s));
+    w->ops->upload(w->ctx, w->lm_head, h, ne);
+    free(h);
+    dflash_train_cfg_default(&w->tc);
+    w->tc.n_anchors = 8;
+    w->tc.lr = 3e-3;
+    return w->embed && w->lm_head && w->hidden ? 0 : -1;
+}
+
+static void gworld_free(gworld *w) {
+    w->ops->free(w->ctx, w->embed);
+    w->ops->free(w->ctx, w->lm_head);
+    w->ops->free(w->ctx, w->hidden);
+    nn_cuda_destroy(&w->ctx);
+}
+
+typedef struct gbatch {
+    int32_t seq_off[4], ids[MAXT];
+    uint8_t mask[MAXT];
+    dflash_batch_view view;
+} gbatch;
+
+/* The batch of (rank, step): 2-3 sequences of 40-80 tokens, hidden states uploaded to w->hidden. */
+static void make_batch(gworld *w, gbatch *b, int rank, int step) {
+    uint64_t s = 1000003ull * (uint64_t)(rank + 1) + (uint64_t)step * 7919u;
+    int n = 2 + (int)(rng_next(&s) % 2), t = 0;
+    b->seq_off[0] = 0;
+    for (int q = 0; q < n; q++) {
+        int len = 40 + (int)(rng_next(&s) % 41), prompt = 5 + (int)(rng_next(&s) % 10);
+        for (int i = 0; i < len; i++, t++) {
+            b->ids[t] = (int32_t)(rng_next(&s) % (V - 1));
+            b->mask[t] = i >= prompt && rng_next(&s) % 13 != 0;
+        }
+        b->seq_off[q + 1] = t;
+    }
+    float *h = malloc((size_t)t * NF * D * sizeof(float));
+    for (int i = 0; i < t * NF * D; i++)
+        h[i] = (float)unif(&s);
+    w->ops->upload(w->ctx, w->hidden, h, (size_t)t * NF * D);
+    free(h);
+    b->view = (dflash_batch_view){.n_seqs = n, .seq_off = b->seq_off, .ids = b->ids,
+                                  .positions = NULL, .loss_mask = b->mask, .hidden = w->hidden,
+                                  .ld = NF * D};
+}
+
+/* One rank: sync from rank 0 (rank 1 starts from other weights), then n_steps DP steps. */
+static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int pipe_wr) {
+    gworld w;
+    if (gworld_init(&w, device)) {
+        CHECK(!"cuda world");
+        return;
+    }
+    dflash_model *m = dflash_model_new(&w.cfg, w.ops, w.ctx, w.embed, w.lm_head, MAXT, MAXB,
+                                       rank == 0 ? 7 : 1234);
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256] = "";
+    if (kind == DP_COMM_NCCL) { /* rank 0 makes the id in its own process, rank 1 reads it */
+        if (rank == 0) {
+            CHECK_EQ_INT(dp_comm_make_id(kind, S->id, err, sizeof err), 0);
+            CHECK(write(pipe_wr, S->id, DP_COMM_ID_BYTES) == DP_COMM_ID_BYTES);
+        } else {
+            CHECK(read(pipe_rd, S->id, DP_COMM_ID_BYTES) == DP_COMM_ID_BYTES);
+        }
+    }
+    dp_comm *c = NULL;
+    int rc = dp_comm_open(kind, S->id, rank, 2, device, 60.0, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        return;
+    }
+    CHECK_EQ_INT(dflash_dp_sync_state(m, c, 0), 0);
+    S->synced[rank] = dflash_dp_state_hash(m);
+    gbatch b;
+    for (int s = 0; s < n_steps; s++) {
+        make_batch(&w, &b, rank, s);
+        dflash_metrics met;
+        rc = dflash_train_step_dp(m, &w.tc, &b.view, 0, (uint64_t)s << 8 | (uint64_t)rank, c,
+                                  &met);
+        CHECK_EQ_INT(rc, 0);
+        CHECK(!met.skipped);
+        S->loss[rank][s] = met.loss;
+        S->hash[rank][s] = dflash_dp_state_hash(m);
+    }
+    dp_comm_close(&c);
+    dflash_model_destroy(&m);
+    gworld_free(&w);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the nccl primitives on one GPU */
+
+static void nccl_world1(void) {
+    gworld w;
+    if (gworld_init(&w, 0)) {
+        CHECK(!"cuda world");
+        return;
+    }
+    uint8_t id[DP_COMM_ID_BYTES];
+    char err[256] = "";
+    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_NCCL, id, err, sizeof err), 0);
+    dp_comm *c = NULL;
+    int rc = dp_comm_open(DP_COMM_NCCL, id, 0, 1, 0, 30.0, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "nccl world 1: %s\n", err);
+        return;
+    }
+    enum { N = 100000 };
+    float *h = malloc(N * sizeof(float)), *back = malloc(N * sizeof(float));
+    float *dev = w.ops->alloc(w.ctx, N * sizeof(float));
+    void *st = nn_cuda_stream(w.ctx);
+    for (int i = 0; i < N; i++)
+        h[i] = (float)i * 0.25f - 7.0f;
+    w.ops->upload_raw(w.ctx, dev, h, N * sizeof(float));
+    CHECK_EQ_INT(dp_comm_allreduce_f32(c, dev, N, st), 0);
+    w.ops->download_raw(w.ctx, back, dev, N * sizeof(float));
+    CHECK(memcmp(h, back, N * sizeof(float)) == 0);
+    CHECK_EQ_INT(dp_comm_allreduce_scaled_f32(c, dev, N, 0.5f, NULL, st), 0);
+    w.ops->download_raw(w.ctx, back, dev, N * sizeof(float));
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += back[i] != h[i] * 0.5f;
+    CHECK_EQ_INT(bad, 0);
+    double v[3] = {1.5, -2.0, 1e300};
+    CHECK_EQ_INT(dp_comm_allreduce_host_f64(c, v, 3), 0);
+    CHECK(v[0] == 1.5 && v[1] == -2.0 && v[2] == 1e300);
+    CHECK_EQ_INT(dp_comm_broadcast(c, dev, N * sizeof(float), 0, st), 0);
+    int64_t step = 77;
+    CHECK_EQ_INT(dp_comm_broadcast_host(c, &step, sizeof step, 0), 0);
+    CHECK_EQ_INT(step, 77);
+    CHECK_EQ_INT(dp_comm_barrier(c), 0);
+    dp_comm_close(&c);
+    CHECK(c == NULL);
+    w.ops->free(w.ctx, dev);
+    free(h), free(back);
+    gworld_free(&w);
+    printf("nccl world 1: open, allreduce (plain, pre-scaled), host f64, broadcasts, close ok\n");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * processes */
+
+typedef void (*child_fn)(int idx, int pipe_rd, int pipe_wr);
+
+static int run_children(int n, child_fn fn) {
+    int p[2];
+    if (pipe(p) != 0) return n;
+    fflush(NULL);
+    pid_t pids[4];
+    for (int i = 0; i < n; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            check_passed = check_failed = 0;
+            alarm(240);
+            fn(i, p[0], p[1]);
+            fflush(NULL);
+            _exit(check_failed ? 1 : 0);
+        }
+    }
+    close(p[0]), close(p[1]);
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            failed++;
+            fprintf(stderr, "child %d: %s %d\n", i, WIFEXITED(st) ? "exit" : "signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        }
+    }
+    return failed;
+}
+
+static void probe(int idx, int rd, int wr) {
+    (void)idx, (void)rd;
+    int n = 0;
+    nn_ctx *c;
+    while (n < 8 && (c = nn_cuda_new(n)) != NULL) { /* logs once when it runs out */
+        nn_cuda_destroy(&c);
+        n++;
+    }
+    CHECK(write(wr, &n, sizeof n) == sizeof n);
+}
+
+static int gpu_count(void) {
+    int p[2], n = 0;
+    if (pipe(p) != 0) return 0;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        probe(0, p[0], p[1]);
+        _exit(0);
+    }
+    close(p[1]);
+    if (read(p[0], &n, sizeof n) != sizeof n) n = 0;
+    close(p[0]);
+    waitpid(pid, NULL, 0);
+    return n;
+}
+
+static void child_nccl1(int idx, int rd, int wr) { (void)idx, (void)rd, (void)wr, nccl_world1(); }
+static void child_shm(int idx, int rd, int wr) { train_rank(DP_COMM_SHM, idx, 0, rd, wr); }
+static void child_nccl2(int idx, int rd, int wr) { train_rank(DP_COMM_NCCL, idx, idx, rd, wr); }
+
+static void check_ranks(const char *what) {
+    int same = 0;
+    for (int s = 0; s < n_steps; s++)
+        same += S->hash[0][s] == S->hash[1][s] && S->loss[0][s] == S->loss[1][s];
+    CHECK(S->synced[0] == S->synced[1] && S->synced[0] != 0);
+    CHECK_EQ_INT(same, n_steps);
+    printf("%s: synced, %d of %d steps with bit-identical state on both ranks, group loss %.4f -> "
+           "%.4f\n", what, same, n_steps, S->loss[0][0], S->loss[0][n_steps - 1]);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) n_steps = atoi(argv[1]);
+    if (n_steps < 1 || n_steps > MAXSTEP) n_steps = 6;
+    S = mmap(NULL, sizeof *S, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (S == MAP_FAILED) return 1;
+    int gpus = gpu_count();
+    printf("%d GPU(s) visible; NCCL in this build: %s\n", gpus, dp_comm_have_nccl() ? "yes" : "no");
+    if (gpus < 1) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+    if (dp_comm_have_nccl()) CHECK_EQ_INT(run_children(1, child_nccl1), 0);
+    else printf("nccl world 1: skipped (no NCCL in this build)\n");
+
+    memset(S, 0, sizeof *S);
+    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, S->id, NULL, 0), 0);
+    CHECK_EQ_INT(run_children(2, child_shm), 0);
+    check_ranks("shm world 2 on GPU 0 (cuda backend)");
+
+    if (gpus >= 2 && dp_comm_have_nccl()) {
+        memset(S, 0, sizeof *S);
+        CHECK_EQ_INT(run_children(2, child_nccl2), 0);
+        check_ranks("nccl world 2 on GPUs 0 and 1");
+    } else {
+        printf("nccl world 2: skipped (%s)\n", gpus < 2 ? "needs 2 GPUs" : "no NCCL in this build");
+    }
+    CHECK_DONE();
+}

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# bench/pipeline/real_model.sh: the real daemons on the GPU with a Qwen3-8B-shaped target
+# (issue 6, "bench/pipeline on the GPU"): dflash-queue, dflash-target (cuda, capture of layers
+# [1, 9, 17, 25, 33] into CUDA-IPC slots) and dflash-drafter (cuda, the 5-layer DFlash drafter,
+# 512 anchors) through the broker. One GPU: target and drafter share it.
+#
+# Phases, one run:
+#   1. target alone: the drafter is not started; the target fills all SLOTS slots (the broker's
+#      max_depth) as fast as it can: batches/s and tokens/s from the broker's status.
+#   2. drafter alone: the target is stopped (SIGSTOP; its slots stay mapped and ready) and the
+#      drafter trains on the SLOTS ready batches: steps/s from the drafter's metrics.
+#   3. end to end: the target continues (SIGCONT) and both run together for E2E_STEPS steps.
+# Then the drafter exits at its --max-steps, the broker drains, and the logs' "host waits for the
+# whole compute stream" lines are printed for both hot loops (the goal is 0 inside steps and
+# fills; checkpoints outside steps wait by design).
+#
+# Usage (GPU machine, repository root): bench/pipeline/real_model.sh BIN_DIR [MODEL_DIR]
+#   BIN_DIR holds dflash-queue, dflash-target, dflash-drafter, dflash-ctl, dflash-data and
+#   devlibs/; MODEL_DIR (default /tmp/dflash-qwen3-8b) is made by bench/target/make_checkpoint.py
+#   when it has no config.json. SLOTS (16), E2E_STEPS (40), SEQS (400), BACKEND (cuda),
+#   DRAFT_LAYERS (5), ANCHORS (512) in the environment (a cpu dry run: BACKEND=host with a
+#   small dflash-mkmodel target and DRAFT_LAYERS=1 ANCHORS=8).
+#   Logs and metrics go to $OUT (or ./pipeline-logs).
+set -uo pipefail
+bin=$(cd "${1:?usage: bench/pipeline/real_model.sh BIN_DIR [MODEL_DIR]}" && pwd)
+model=${2:-/tmp/dflash-qwen3-8b}
+slots=${SLOTS:-16}
+e2e_steps=${E2E_STEPS:-40}
+seqs=${SEQS:-400}
+backend=${BACKEND:-cuda}
+draft_layers=${DRAFT_LAYERS:-5}
+anchors=${ANCHORS:-512}
+out=${OUT:-pipeline-logs}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}" OPENBLAS_CORETYPE=Haswell
+work=$(mktemp -d /tmp/dflash-pipe.XXXXXX)
+run="$work/run"
+mkdir -p -m 700 "$run"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+die() { echo "real_model: $*" >&2; for f in "$out"/*.log; do echo "---- $f"; tail -n 15 "$f"; done; exit 1; }
+ctl() { "$bin/dflash-ctl" --runtime-dir "$run" --timeout-ms 3000 "$@"; }
+status() { ctl status --json; }
+# field of the status JSON summed over buckets: bsum ready|produced|produced_tokens|consumed
+bsum() { status | python3 -c "import json,sys; print(sum(b['$1'] for b in json.load(sys.stdin)['buckets']))"; }
+
+if [ ! -f "$model/config.json" ]; then
+  t0=$SECONDS
+  python3 "$here/../target/make_checkpoint.py" "$model" || die "cannot make the checkpoint"
+  echo "checkpoint made in $((SECONDS - t0)) s"
+fi
+
+# training data: random token sequences, lengths 64..3072 (log-uniform), prompt = first 10%
+python3 - "$work/train.jsonl" "$seqs" "$model/config.json" <<'EOF'
+import json, math, random, sys
+path, n = sys.argv[1], int(sys.argv[2])
+vocab = json.load(open(sys.argv[3]))["vocab_size"]
+r = random.Random(7)
+with open(path, "w") as f:
+    for _ in range(n):
+        L = int(math.exp(r.uniform(math.log(64), math.log(3072))))
+        ids = [r.randrange(vocab) for _ in range(L)]
+        p = max(1, L // 10)
+        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * p + [1] * (L - p)}) + "\n")
+EOF
+buckets=512,1024,2048,3072
+"$bin/dflash-data" --in "$work/train.jsonl" --out "$work/train.shard" --model "$model" \
+  --buckets "$buckets" --max-len 3072 --strict > "$out/data.log" 2>&1 || die "dflash-data failed"
+SLOT_ARGS=(--buckets "$buckets" --token-budget 3072 --max-seqs 1 --layers 5 --backend "$backend")
+
+"$bin/dflash-queue" --runtime-dir "$run" --journal "$work/queue.journal" --min-ready 0 \
+  --max-depth "$slots" --liveness 100 --lease-timeout-ms 60000 > "$out/queue.log" 2>&1 &
+qpid=$!
+pids+=($qpid)
+for _ in $(seq 50); do
+  kill -0 $qpid 2>/dev/null || die "dflash-queue exited"
+  ctl ping > /dev/null 2>&1 && break
+  sleep 0.2
+done
+ctl ping > /dev/null 2>&1 || die "the broker did not start"
+
+# ---- 1. target alone
+"$bin/dflash-target" --runtime-dir "$run" --name tgt --model "$model" --shards "$work/train.shard" \
+  "${SLOT_ARGS[@]}" --slots "$slots" --epochs 100 --progress-ms 10000 > "$out/target.log" 2>&1 &
+tpid=$!
+pids+=($tpid)
+t_first=""
+for _ in $(seq 1200); do # up to 240 s: checkpoint load and warm-up of every bucket shape first
+  kill -0 $tpid 2>/dev/null || die "dflash-target exited"
+  n=$(bsum produced 2>/dev/null || echo 0)
+  if [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ]; then t_first=$(date +%s.%N); n_first=$n; tok_first=$(bsum produced_tokens); fi
+  [ "${n:-0}" -ge "$slots" ] && break
+  sleep 0.2
+done
+t_full=$(date +%s.%N)
+n_full=$(bsum produced)
+tok_full=$(bsum produced_tokens)
+[ "$n_full" -ge "$slots" ] || die "the target filled only $n_full of $slots slots"
+kill -STOP $tpid
+
+# ---- 2. drafter alone, then 3. end to end
+total=$((slots + e2e_steps))
+"$bin/dflash-drafter" --runtime-dir "$run" --name d0 --model "$model" "${SLOT_ARGS[@]}" \
+  --draft-layers "$draft_layers" --block-size 16 --anchors "$anchors" --max-steps "$total" \
+  --metrics-dir "$out/metrics" --progress-ms 10000 > "$out/drafter.log" 2>&1 &
+dpid=$!
+pids+=($dpid)
+for _ in $(seq 1800); do # up to 360 s
+  kill -0 $dpid 2>/dev/null || die "dflash-drafter exited before consuming the ready slots"
+  c=$(bsum consumed 2>/dev/null || echo 0)
+  [ "${c:-0}" -ge "$slots" ] && break
+  sleep 0.2
+done
+sleep 1 # the last ready batch's step runs
+kill -CONT $tpid
+wait $dpid || die "dflash-drafter failed"
+ctl drain > /dev/null
+for _ in $(seq 150); do kill -0 $tpid 2>/dev/null || break; sleep 0.2; done
+wait $tpid || echo "real_model: dflash-target exit status $?"
+
+# ---- results
+python3 - "$out/metrics/metrics.jsonl" "$slots" "$t_first" "$t_full" "$n_first" "$n_full" \
+  "$tok_first" "$tok_full" <<'EOF'
+import json, statistics, sys
+path, slots = sys.argv[1], int(sys.argv[2])
+t_first, t_full = float(sys.argv[3]), float(sys.argv[4])
+n_first, n_full, tok_first, tok_full = (float(x) for x in sys.argv[5:9])
+recs = [json.loads(l) for l in open(path) if l.strip()]
+recs.sort(key=lambda r: r["step"])
+def rate(rs):
+    """steps/s and tokens/s over consecutive records (time = when each step came back)."""
+    if len(rs) < 3: return float("nan"), float("nan")
+    dt = rs[-1]["time"] - rs[0]["time"]
+    steps = len(rs) - 1
+    tok = sum(r["tokens_per_s"] * r.get("perf/step_s", 0) for r in rs[1:])
+    return steps / dt, tok / dt
+tgt_b = (n_full - n_first) / (t_full - t_first)
+tgt_t = (tok_full - tok_first) / (t_full - t_first)
+alone = [r for r in recs if 3 <= r["step"] <= slots]
+e2e = [r for r in recs if r["step"] >= slots + 5]
+d_s, d_t = rate(alone)
+e_s, e_t = rate(e2e)
+print("RESULT side=target_alone batches_per_s=%.2f tokens_per_s=%.0f" % (tgt_b, tgt_t))
+print("RESULT side=drafter_alone steps_per_s=%.2f tokens_per_s=%.0f (steps 3..%d)" % (d_s, d_t, slots))
+print("RESULT side=end_to_end steps_per_s=%.2f tokens_per_s=%.0f (steps %d..%d)" % (e_s, e_t, slots + 5, recs[-1]["step"]))
+ideal = 1.0 / (1.0 / tgt_t + 1.0 / d_t)
+print("one GPU shared: the best a serial share can do is 1/(1/target + 1/drafter) = %.0f tokens/s; "
+      "end to end reaches %.1f%% of it" % (ideal, 100.0 * e_t / ideal))
+print("loss first %.3f last %.3f" % (recs[0]["loss"], recs[-1]["loss"]))
+EOF
+grep -h "host waits for the whole compute stream" "$out/target.log" "$out/drafter.log" |
+  sed 's/.*\(INFO\|WARN\) *//'

@@ -82,6 +82,14 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     free(lens);
     lens = NULL;
     if (!p->plan) goto fail;
+    for (int b = 0; b < o->n_buckets; b++) /* the broker mixes every bucket: none may be empty */
+        if (batch_plan_count(p->plan, 0, b) == 0) {
+            snprintf(err, errlen,
+                     "no sequence of the data falls in bucket %d (<= %u tokens): leave it out of "
+                     "--buckets (dflash-data prints the data's length histogram)",
+                     b, o->bucket_bounds[b]);
+            goto fail;
+        }
 
     target_model_opts mo = {.layer_ids = o->layer_ids,
                             .n_layer_ids = o->n_layer_ids,

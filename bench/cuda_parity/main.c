@@ -523,7 +523,7 @@ int main(int argc, char **argv) {
            : attn && strcmp(attn, "tc_wmma") == 0 ? "WMMA tensor cores with cp.async (tc_wmma)"
            : attn && *attn && strcmp(attn, "mma") != 0
                ? attn
-               : "mma.sync forwards and dq, WMMA dk/dv, for d 64/128 (default)");
+               : "mma.sync tensor cores for d 64/128 (default)");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();
     CC = nn_cpu_new(0);
     GC = nn_cuda_new(0);

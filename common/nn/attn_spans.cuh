@@ -16,11 +16,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/* DFLASH_CUDA_ATTN: unset, empty or "mma": mma.sync kernels (ops_cuda_attn_mma.cu) for the
- * forwards and dq, WMMA dk/dv with the split; "tc_wmma": the WMMA kernels for everything (the
+/* DFLASH_CUDA_ATTN: unset, empty or "mma": mma.sync kernels (ops_cuda_attn_mma.cu) for all
+ * three ops ("mma_dq": mma.sync forwards and dq, WMMA dk/dv, to bisect); "tc_wmma": the WMMA kernels for everything (the
  * default before the mma.sync kernels); "tc_sync": WMMA with plain tile loads; "tc_v1": WMMA with
  * the unsplit dk/dv; "tc_nod": WMMA split without the saved D; "simple": CUDA cores only. */
-enum { ATTN_SIMPLE = 0, ATTN_TC_SYNC, ATTN_TC, ATTN_TC_V1, ATTN_TC_NOD, ATTN_MMA };
+enum { ATTN_SIMPLE = 0, ATTN_TC_SYNC, ATTN_TC, ATTN_TC_V1, ATTN_TC_NOD, ATTN_MMA, ATTN_MMA_DQ };
 int cuda_attn_mode(void);
 
 /* ops_cuda_attn_mma.cu; each returns 0 when it launched, -1 when the shape or alignment is not
@@ -37,6 +37,16 @@ int cuda_mma_attention_dq(cudaStream_t st, __nv_bfloat16 *dq, float *dsave,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                           const __nv_bfloat16 *out, const float *lse, const nn_block_span *spans,
                           int n_blocks, int B, int Tk, int H, int Hk, int d);
+
+/* dk and dv of attention_block_bwd from the D saved by cuda_mma_attention_dq (required); acc,
+ * tickets, split_max, vps: the split scratch and schedule of ops_cuda_attn_tc.cu (acc NULL: one
+ * piece per key tile of 64). */
+int cuda_mma_attention_dkdv(cudaStream_t st, __nv_bfloat16 *dk, __nv_bfloat16 *dv, float *acc,
+                            int *tickets, int split_max, int vps, const float *dsave,
+                            const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
+                            const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
+                            const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                            int Hk, int d);
 
 /* The key ranges of one block span as up to two disjoint ascending [begin, end) pairs in r
  * (ops_cpu.c's block_key_ranges); returns how many (0 for a padding block). */
@@ -184,6 +194,84 @@ __device__ __forceinline__ void rows_D(const __nv_bfloat16 *dOs, int r0, F orow,
             v += __shfl_xor_sync(0xffffffffu, v, off);
         if (lane == 0) Dr[r0 + i] = v, Lr[r0 + i] = lse_of(r0 + i);
     }
+}
+
+/* Whether block blk (spans[blk]) sees any key of [k0, k1). */
+__device__ __forceinline__ bool attn_block_hits(const nn_block_span *spans, int blk, int B,
+                                                int k0, int k1)
+{
+    int rg[4];
+    int n = attn_span_ranges(spans + blk, B, rg);
+    for (int r = 0; r < n; r++)
+        if (rg[2 * r] < k1 && rg[2 * r + 1] > k0) return true;
+    return false;
+}
+
+/* dk/dv work split (key-major kernels; one CTA per key tile [k0, k0 + kt) and piece blockIdx.z):
+ * counts the blocks that see the tile (all threads; contains barriers), cuts them into nsplit
+ * pieces of ~vps consecutive hitting blocks (1 piece without split or at most vps hits) and gives
+ * this piece's hit indices [h_lo, h_hi). Returns false when the piece has nothing (uniform). */
+__device__ __forceinline__ bool attn_split_piece(const nn_block_span *spans, int n_blocks, int B,
+                                                 int k0, int kt, bool split, int split_max,
+                                                 int vps, int &nsplit, int &h_lo, int &h_hi)
+{
+    __shared__ int s_nhit;
+    if (threadIdx.x == 0) s_nhit = 0;
+    __syncthreads();
+    int cnt = 0;
+    for (int blk = threadIdx.x; blk < n_blocks; blk += blockDim.x)
+        cnt += attn_block_hits(spans, blk, B, k0, k0 + kt) ? 1 : 0;
+    if (cnt) atomicAdd(&s_nhit, cnt);
+    __syncthreads();
+    const int n_hit = s_nhit, piece = blockIdx.z;
+    nsplit = 1;
+    if (split && n_hit > vps) nsplit = min(split_max, (n_hit + vps - 1) / vps);
+    h_lo = (int)((long long)n_hit * piece / nsplit);
+    h_hi = (int)((long long)n_hit * (piece + 1) / nsplit);
+    return piece < nsplit;
+}
+
+/* The next block after blk that sees [k0, k1), counting hit_i; -1 when none is left below
+ * h_hi. */
+__device__ __forceinline__ int attn_next_hit(const nn_block_span *spans, int n_blocks, int B,
+                                             int k0, int k1, int blk, int &hit_i, int h_hi)
+{
+    while (++blk < n_blocks && hit_i + 1 < h_hi)
+        if (attn_block_hits(spans, blk, B, k0, k1)) {
+            hit_i++;
+            return blk;
+        }
+    return -1;
+}
+
+/* End of a split piece, after its fp32 partials went into acc (dk at acc, dv at acc + plane):
+ * the last piece of the tile (ticket counts the pieces) converts rows [k0, k0 + kt) to bf16 dk,
+ * dv and zeroes acc and the ticket again. All threads of the CTA. */
+template <int D>
+__device__ __forceinline__ void attn_split_finish(float *acc, size_t plane, int *ticket,
+                                                  int nsplit, int k0, int kt, int Tk, int Hk,
+                                                  int hk, __nv_bfloat16 *dk, __nv_bfloat16 *dv)
+{
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == nsplit - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    constexpr int V4 = D / 4;
+    for (int idx = threadIdx.x; idx < 2 * kt * V4; idx += blockDim.x) {
+        int which = idx / (kt * V4), rem = idx % (kt * V4), key = k0 + rem / V4;
+        int c = (rem % V4) * 4;
+        if (key >= Tk) continue;
+        size_t off = ((size_t)key * Hk + hk) * D + c;
+        float4 *g = (float4 *)(acc + which * plane + off);
+        float4 v = __ldcg(g);
+        __stcg(g, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        __nv_bfloat16 *dst = (which ? dv : dk) + off;
+        *(uint2 *)dst = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+    if (threadIdx.x == 0) *ticket = 0;
 }
 
 #endif

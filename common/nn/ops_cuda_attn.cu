@@ -85,6 +85,7 @@ int cuda_attn_mode(void) {
                : strcmp(e, "tc_wmma") == 0 ? ATTN_TC
                : strcmp(e, "tc_v1") == 0   ? ATTN_TC_V1
                : strcmp(e, "tc_nod") == 0  ? ATTN_TC_NOD
+               : strcmp(e, "mma_dq") == 0  ? ATTN_MMA_DQ
                                            : ATTN_MMA;
     }
     return mode;
@@ -451,7 +452,7 @@ void cuda_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const 
                                int Hk, int d) {
     check_heads(H, Hk, d);
     if (T <= 0) return;
-    if (cuda_attn_mode() == ATTN_MMA && cuda_mma_attention_fwd(st, out, NULL, q, k, v, seq_off,
+    if (cuda_attn_mode() >= ATTN_MMA && cuda_mma_attention_fwd(st, out, NULL, q, k, v, seq_off,
                                                                n_seqs, T, NULL, 0, 0, T, H, Hk,
                                                                d) == 0)
         return;
@@ -485,7 +486,7 @@ void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16
                               int Tk, int H, int Hk, int d) {
     check_heads(H, Hk, d);
     if (n_blocks <= 0 || B <= 0) return;
-    if (cuda_attn_mode() == ATTN_MMA && cuda_mma_attention_fwd(st, out, lse, q, k, v, NULL, 0, 0,
+    if (cuda_attn_mode() >= ATTN_MMA && cuda_mma_attention_fwd(st, out, lse, q, k, v, NULL, 0, 0,
                                                                spans, n_blocks, B, Tk, H, Hk,
                                                                d) == 0)
         return;

@@ -1,9 +1,9 @@
 /* ops_cuda_attn_mma: FA2-style attention kernels on mma.sync.m16n8k16 (bf16 in, fp32
- * accumulate) for head dims 64 and 128: the causal and block forwards (one kernel) and the dq of
- * the block backward. ops_cuda_attn.cu calls these first in the default mode
- * (DFLASH_CUDA_ATTN unset or "mma"; "tc_wmma" selects the WMMA kernels of ops_cuda_attn_tc.cu,
- * which also keeps dk/dv for now) and falls back when they return -1 (other head dims, buffers not
- * 16-byte aligned, no sequence).
+ * accumulate) for head dims 64 and 128: the causal and block forwards (one kernel) and the block
+ * backward (dq; dk/dv). ops_cuda_attn.cu calls these first in the default mode (DFLASH_CUDA_ATTN
+ * unset or "mma"; "mma_dq" keeps the WMMA dk/dv, "tc_wmma" selects the WMMA kernels of
+ * ops_cuda_attn_tc.cu for everything) and falls back when they return -1 (other head dims,
+ * buffers not 16-byte aligned, no sequence, no split scratch for dk/dv).
  *
  * Rows: as in the other two files, a CTA owns TQ query rows = RT tokens x the `group` query heads
  * of kv head hk (row r: token t_a + r / group, head hk * group + r % group); every row of a CTA
@@ -14,22 +14,31 @@
  * ldmatrix of 8 rows hits 8 distinct 16-byte bank groups), double buffered with cp.async: tile
  * i + 1 is in flight while tile i is computed. A tile starts at its range's begin (not aligned);
  * keys past the range end are zero-filled and masked.
- *   forward: Q's A fragments are loaded once (ldmatrix) and kept in registers. Per tile
+ *   forward: Q's A fragments are loaded once (ldmatrix; Q is staged in the second K/V stage,
+ *     so the CTA needs only the 2 x 2 tiles: 70 KB at d 128) and kept in registers. Per tile
  *     S = Q K^T (K rows are the B operand as stored: ldmatrix), online softmax in the log2
  *     domain (running max m, per-thread partial sums l; O rescaled in registers when m grows),
  *     P = exp2(S - m) converted to bf16 A fragments in registers (the C layout of two n8 tiles
  *     is the A layout of one k16 step), O += P V (V through ldmatrix.trans). Tiles where every
  *     row of the warp sees every key skip the mask; tiles no row of the warp sees are skipped.
- *     End: O / l staged through the warp's own Q rows for 16-byte stores; lse = (m + log2 l) ln 2
+ *     End: O / l staged through shared memory for 16-byte stores; lse = (m + log2 l) ln 2
  *     (block mode); rows without keys: 0 and +INF. Causal CTAs run in reverse token order
  *     (longest rows first). NW (warps per CTA, TQ = 16 NW): 4 for the block forward (a block of
- *     16 tokens x 4 heads is one CTA); causal 8 by default (K/V tiles shared by 128 rows),
- *     DFLASH_CUDA_ATTN_WARPS=4 to compare.
+ *     16 tokens x 4 heads is one CTA; 168 registers, 3 CTAs per SM); causal 8 by default (K/V
+ *     tiles shared by 128 rows, 1 CTA per SM), DFLASH_CUDA_ATTN_WARPS=4 to compare.
  *   dq: Q and dO stay in shared memory (A fragments reloaded per tile, registers go to dq, S and
- *     dP); D = rowsum(dO * O) and lse per row first (rows_D; D also saved to dsave for the WMMA
- *     dk/dv). Per tile S = Q K^T, dP = dO V^T, P = exp2(S log2e scale - lse log2e),
+ *     dP); D = rowsum(dO * O) and lse per row first (rows_D; D also saved to dsave for dk/dv).
+ *     Per tile S = Q K^T, dP = dO V^T, P = exp2(S log2e scale - lse log2e),
  *     dS = P (dP - D) scale as bf16 A fragments, dq += dS K (K through ldmatrix.trans).
- * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c.
+ *   dk/dv (key-major): a CTA owns KT keys (warp w: keys 16 w ..; the m16 rows of its products)
+ *     and visits the blocks that see them, with the work split of ops_cuda_attn_tc.cu (a tile
+ *     seen by many blocks is cut into pieces whose fp32 partials meet in its scratch; the last
+ *     piece converts; attn_split_* in attn_spans.cuh). Per visit of 64 query rows (two halves
+ *     of 32 to bound registers): S^T = K Q^T, dP^T = V dO^T, P^T from the saved lse, dS^T with
+ *     the saved D, dV += P^T dO, dK += dS^T Q, all from registers; the next visit's Q, dO, D,
+ *     lse load (cp.async) during this one. 245 registers at d 128 (2 CTAs per SM).
+ * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c. dk/dv of
+ * split tiles are not bitwise reproducible run to run (fp32 atomics), as with the WMMA kernel.
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"
@@ -58,6 +67,11 @@ typedef struct mma_args {
     const nn_block_span *spans;
     int n_blocks, B, T, Tk, H, Hk, group, RT, tiles_per_block;
     float scale;
+    /* dk/dv: outputs and the WMMA file's split scratch (acc NULL: one piece per key tile) */
+    bf16 *dk, *dv;
+    float *acc;
+    int *tickets;
+    int split_max, vps;
 } mma_args;
 
 /* ---- PTX wrappers ---- */
@@ -103,6 +117,10 @@ __device__ __forceinline__ void cp_wait_prev(void) {
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
+__device__ __forceinline__ void cp_wait_all(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -122,14 +140,14 @@ template <int LD> __device__ __forceinline__ void frag_a(uint32_t a[4], const bf
     ldsm4(a, s + (r0 + lane % 16) * LD + c0 + 8 * (lane / 16));
 }
 
-/* acc[n][.] += A (16 x 16 at k-step kk) times rows^T for the NT = 8 n-tiles of 8 key rows each
- * in a key tile X[KT][LD] (X row n is column n of the B operand; ldmatrix without trans) */
-template <int LD>
-__device__ __forceinline__ void mma_abt(float acc[KT / 8][4], const uint32_t a[4], const bf16 *X,
+/* acc[n][.] += A (16 x 16 at k-step kk) times X^T for NT n-tiles of 8 rows of X (row-major,
+ * stride LD: X row n is column n of the B operand, so ldmatrix without trans) */
+template <int NT, int LD>
+__device__ __forceinline__ void mma_abt(float acc[NT][4], const uint32_t a[4], const bf16 *X,
                                         int kk) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int np = 0; np < KT / 16; np++) {
+    for (int np = 0; np < NT / 2; np++) {
         uint32_t b[4];
         ldsm4(b, X + (np * 16 + lane % 8 + 8 * (lane / 16)) * LD + kk * 16 + 8 * ((lane / 8) % 2));
         mma16816(acc[2 * np], a, b[0], b[1]);
@@ -137,15 +155,16 @@ __device__ __forceinline__ void mma_abt(float acc[KT / 8][4], const uint32_t a[4
     }
 }
 
-/* acc[D/8][.] += P X with P the 16 x KT probabilities in C layout (p[KT/8][4], fp32, converted to
- * bf16 A fragments here) and X[KT][LD] the key tile (ldmatrix.trans) */
-template <int D>
-__device__ __forceinline__ void mma_px(float acc[D / 8][4], const float p[KT / 8][4],
+/* acc[D/8][.] += P X with P 16 x 16 NK in C layout (p[2 NK][4], fp32, converted to bf16 A
+ * fragments here: the C layout of n-tiles 2 kk, 2 kk + 1 is the A layout of k-step kk) and X the
+ * 16 NK rows of D (stride D + 8) it multiplies (ldmatrix.trans) */
+template <int D, int NK>
+__device__ __forceinline__ void mma_px(float acc[D / 8][4], const float p[2 * NK][4],
                                        const bf16 *X) {
     constexpr int LD = D + 8;
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) {
+    for (int kk = 0; kk < NK; kk++) {
         uint32_t a[4] = {pack_bf16x2(p[2 * kk][0], p[2 * kk][1]),
                          pack_bf16x2(p[2 * kk][2], p[2 * kk][3]),
                          pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
@@ -188,12 +207,12 @@ __device__ __forceinline__ void issue_kv(const mma_args &a, const int rng[4], in
     load_tile<D, KT>(Vs, a.v, off, 1);
 }
 
-/* The warp's 16 rows (acc in C layout, already final) as bf16 to global memory, staged through
- * the warp's own rows of the shared tile St (stride D + 8) for 16-byte stores. */
-template <int D>
-__device__ __forceinline__ void store_rows(const mma_args &a, const float acc[D / 8][4],
-                                           const float mul[2], bf16 *St, int t_a, int NR,
-                                           int hk) {
+/* The warp's 16 rows (acc in C layout) times mul[row g, row g + 8] as bf16 to global memory
+ * (dst(r) gives CTA row r's destination, NULL to skip), staged through the warp's own rows of
+ * the shared tile St (stride D + 8, rows nobody else reads) for 16-byte stores. */
+template <int D, typename F>
+__device__ __forceinline__ void store_rows(const float acc[D / 8][4], const float mul[2], bf16 *St,
+                                           F dst) {
     constexpr int LD = D + 8, VPR = D / 8;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     bf16 *w = St + warp * 16 * LD;
@@ -207,23 +226,34 @@ __device__ __forceinline__ void store_rows(const mma_args &a, const float acc[D 
     }
     __syncwarp();
     for (int idx = lane; idx < 16 * VPR; idx += 32) {
-        int r = idx / VPR, c = idx % VPR, row = warp * 16 + r;
-        if (row >= NR) continue;
-        int t = t_a + row / a.group, h = hk * a.group + row % a.group;
-        *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + c * 8) = *(const uint4 *)(w + r * LD + c * 8);
+        int r = idx / VPR, c = idx % VPR;
+        bf16 *d = dst(warp * 16 + r);
+        if (d) *(uint4 *)(d + c * 8) = *(const uint4 *)(w + r * LD + c * 8);
     }
+}
+
+/* Global row of CTA query row r (tokens from t_a, heads of kv head hk), NULL past NR. */
+__device__ __forceinline__ bf16 *query_row(const mma_args &a, bf16 *base, int r, int t_a, int NR,
+                                           int hk, int D) {
+    if (r >= NR) return NULL;
+    int t = t_a + r / a.group, h = hk * a.group + r % a.group;
+    return base + ((size_t)t * a.H + h) * D;
 }
 
 /* ---- forward (causal or block) ---- */
 
-template <int D> static size_t fwd_smem(int nw) {
-    return (size_t)(16 * nw + 4 * KT) * (D + 8) * sizeof(bf16);
+/* K, V tile buffers: stage s holds K at kv + 2 s KT LD and V right after it */
+template <int D> static size_t fwd_smem(void) {
+    return (size_t)4 * KT * (D + 8) * sizeof(bf16);
 }
 
-template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mma_args a) {
+/* 4 warps: 3 CTAs per SM (<= 168 registers, 70 KB shared); 8 warps: one */
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32, NW == 4 ? 3 : 1) k_mma_fwd(mma_args a) {
     constexpr int LD = D + 8, TQ = 16 * NW;
+    static_assert(TQ <= 2 * KT, "Q is staged in the second K/V stage");
     extern __shared__ __align__(128) unsigned char sm_raw[];
-    bf16 *Qs = (bf16 *)sm_raw, *Ks = Qs + TQ * LD, *Vs = Ks + 2 * KT * LD; /* K, V: 2 stages */
+    bf16 *KV = (bf16 *)sm_raw, *Qs = KV + 2 * KT * LD; /* Q: loaded, read once, then stage 1 */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int hk = blockIdx.y, group = a.group;
     const int tile = a.seq_off ? gridDim.x - 1 - blockIdx.x : blockIdx.x; /* long rows first */
@@ -248,7 +278,7 @@ template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mm
         1);
     cp_commit();
     const int n_tiles = tiles_of(rng, nr);
-    if (n_tiles > 0) issue_kv<D>(a, rng, nr, 0, hk, Ks, Vs);
+    if (n_tiles > 0) issue_kv<D>(a, rng, nr, 0, hk, KV, KV + KT * LD);
     cp_commit();
     cp_wait_prev();
     __syncthreads();
@@ -256,6 +286,7 @@ template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mm
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
         frag_a<LD>(qf[kk], Qs, warp * 16, kk * 16);
+    __syncthreads(); /* stage 1 is refilled next */
 
     const float sl2 = a.scale * LOG2E;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -266,8 +297,10 @@ template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mm
 
     for (int i = 0; i < n_tiles; i++) {
         const int st = i % 2;
-        if (i + 1 < n_tiles)
-            issue_kv<D>(a, rng, nr, i + 1, hk, Ks + (1 - st) * KT * LD, Vs + (1 - st) * KT * LD);
+        if (i + 1 < n_tiles) {
+            bf16 *nk = KV + (1 - st) * 2 * KT * LD;
+            issue_kv<D>(a, rng, nr, i + 1, hk, nk, nk + KT * LD);
+        }
         cp_commit();
         cp_wait_prev();
         __syncthreads();
@@ -283,14 +316,14 @@ template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mm
         }
         full = __all_sync(0xffffffffu, full);
         if (__any_sync(0xffffffffu, any)) {
-            const bf16 *Kt = Ks + st * KT * LD, *Vt = Vs + st * KT * LD;
+            const bf16 *Kt = KV + st * 2 * KT * LD, *Vt = Kt + KT * LD;
             float s[KT / 8][4];
 #pragma unroll
             for (int n = 0; n < KT / 8; n++)
                 s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
-                mma_abt<LD>(s, qf[kk], Kt, kk);
+                mma_abt<KT / 8, LD>(s, qf[kk], Kt, kk);
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int n = 0; n < KT / 8; n++)
@@ -326,7 +359,7 @@ template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mm
                 o[dt][0] *= corr[0], o[dt][1] *= corr[0];
                 o[dt][2] *= corr[1], o[dt][3] *= corr[1];
             }
-            mma_px<D>(o, s, Vt);
+            mma_px<D, KT / 16>(o, s, Vt);
         }
         __syncthreads(); /* the stage is refilled by the next iteration */
     }
@@ -337,7 +370,7 @@ template <int D, int NW> __global__ void __launch_bounds__(NW * 32) k_mma_fwd(mm
         inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
         lse[r] = lt > 0.0f ? (m[r] + log2f(lt)) * LN2 : INFINITY;
     }
-    store_rows<D>(a, o, inv, Qs, t_a, NR, hk);
+    store_rows<D>(o, inv, Qs, [&](int r) { return query_row(a, a.out, r, t_a, NR, hk, D); });
     if (!a.seq_off && a.lse && tg == 0) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -434,8 +467,8 @@ template <int D> __global__ void __launch_bounds__(DQ_WARPS * 32) k_mma_dq(mma_a
             uint32_t qa[4], da[4];
             frag_a<LD>(qa, Qs, warp * 16, kk * 16);
             frag_a<LD>(da, dOs, warp * 16, kk * 16);
-            mma_abt<LD>(s, qa, Kt, kk);
-            mma_abt<LD>(dp, da, Vt, kk);
+            mma_abt<KT / 8, LD>(s, qa, Kt, kk);
+            mma_abt<KT / 8, LD>(dp, da, Vt, kk);
         }
 #pragma unroll
         for (int n = 0; n < KT / 8; n++)
@@ -445,11 +478,186 @@ template <int D> __global__ void __launch_bounds__(DQ_WARPS * 32) k_mma_dq(mma_a
                 float p = key < re ? ex2(s[n][e] * sl2 - L2[r]) : 0.0f;
                 s[n][e] = p * (dp[n][e] - Dv[r]) * a.scale; /* dS */
             }
-        mma_px<D>(dq, s, Kt);
+        mma_px<D, KT / 16>(dq, s, Kt);
         __syncthreads(); /* the stage is refilled by the next iteration */
     }
     const float one[2] = {1.0f, 1.0f};
-    store_rows<D>(a, dq, one, Qs, t_a, NR, hk);
+    store_rows<D>(dq, one, Qs, [&](int r) { return query_row(a, a.out, r, t_a, NR, hk, D); });
+}
+
+/* ---- block backward: dk, dv (key-major) ---- */
+
+#define KV_WARPS 4 /* 16 keys each: KT keys per CTA */
+#define KV_ROWS 64 /* query rows per visit chunk */
+
+template <int D> static size_t kv_smem(void) {
+    return (size_t)(2 * KT + 4 * KV_ROWS) * (D + 8) * sizeof(bf16) +
+           4 * KV_ROWS * sizeof(float);
+}
+
+/* One visit of the dk/dv kernel: rows [cb, cb + KV_ROWS) of block blk (blk < 0: none). */
+typedef struct kv_item {
+    int blk, cb, hit_i;
+} kv_item;
+
+/* The visit after it: the next row chunk of the block, else the first chunk of the next block
+ * that sees keys [k0, k0 + KT), within this piece's hits [.., h_hi). */
+__device__ __forceinline__ kv_item kv_next(const mma_args &a, kv_item it, int k0, int h_hi) {
+    if (it.blk >= 0 && it.cb + KV_ROWS < a.B * a.group) {
+        it.cb += KV_ROWS;
+        return it;
+    }
+    it.blk = attn_next_hit(a.spans, a.n_blocks, a.B, k0, k0 + KT, it.blk, it.hit_i, h_hi);
+    it.cb = 0;
+    return it;
+}
+
+/* cp.async of a visit's Q and dO rows into Qs, dOs; its saved D and lse (times log2 e) into
+ * Dr, Lr with plain loads (padding rows: 0 and +INF) */
+template <int D>
+__device__ __forceinline__ void issue_rows(const mma_args &a, kv_item it, int hk, bf16 *Qs,
+                                           bf16 *dOs, float *Dr, float *Lr) {
+    const int group = a.group, Q = a.n_blocks * a.B, nrows = min(KV_ROWS, a.B * group - it.cb);
+    auto qoff = [&](int r) -> long long {
+        if (r >= nrows) return -1;
+        int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
+        return ((long long)t * a.H + h) * D;
+    };
+    load_tile<D, KV_ROWS>(Qs, a.q, qoff, 1);
+    load_tile<D, KV_ROWS>(dOs, a.dout, qoff, 1);
+    for (int r = threadIdx.x; r < KV_ROWS; r += blockDim.x) {
+        float Dv = 0.0f, L = INFINITY;
+        if (r < nrows) {
+            int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
+            Dv = a.dsave[(size_t)h * Q + t], L = a.lse_in[(size_t)h * Q + t] * LOG2E;
+        }
+        Dr[r] = Dv, Lr[r] = L;
+    }
+}
+
+/* A CTA owns KT keys of kv head hk (warp w: keys 16 w .. 16 w + 15, the m16 rows of its
+ * products) and piece blockIdx.z of the blocks that see them. Per visit (64 query rows, in two
+ * halves of 32): S^T = K Q^T and dP^T = V dO^T (K, V A fragments from shared memory; Q, dO rows
+ * as the B operand), P^T = exp2(S^T scale log2e - lse log2e) for keys the block sees,
+ * dS^T = P^T (dP^T - D) scale, then dV += P^T dO and dK += dS^T Q from registers
+ * (ldmatrix.trans of dO, Q). The next visit's Q, dO, D, lse load (cp.async) during this one.
+ * End: one piece: bf16 rows; split: float2 atomics into acc, the last piece converts. */
+template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma_args a) {
+    constexpr int LD = D + 8;
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+    bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + KT * LD;
+    bf16 *Qs = Vs + KT * LD, *dOs = Qs + 2 * KV_ROWS * LD; /* 2 stages each */
+    float *Dr = (float *)(dOs + 2 * KV_ROWS * LD), *Lr = Dr + 2 * KV_ROWS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    const int hk = blockIdx.y, k0 = blockIdx.x * KT;
+    int nsplit, h_lo, h_hi;
+    if (!attn_split_piece(a.spans, a.n_blocks, a.B, k0, KT, a.acc != NULL, a.split_max, a.vps,
+                          nsplit, h_lo, h_hi))
+        return; /* uniform over the CTA */
+    auto kvoff = [&](int r) -> long long {
+        return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
+    };
+    load_tile<D, KT>(Ks, a.k, kvoff, 1);
+    load_tile<D, KT>(Vs, a.v, kvoff, 1);
+    kv_item it = {-1, 0, -1};
+    do
+        it = kv_next(a, it, k0, h_hi);
+    while (it.blk >= 0 && it.hit_i < h_lo);
+    if (it.blk >= 0) issue_rows<D>(a, it, hk, Qs, dOs, Dr, Lr);
+    cp_commit();
+
+    const float sl2 = a.scale * LOG2E;
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[dt][e] = 0.0f, dv[dt][e] = 0.0f;
+
+    for (int i = 0; it.blk >= 0; i++) {
+        const int st = i % 2;
+        kv_item nx = kv_next(a, it, k0, h_hi);
+        if (nx.blk >= 0)
+            issue_rows<D>(a, nx, hk, Qs + (1 - st) * KV_ROWS * LD, dOs + (1 - st) * KV_ROWS * LD,
+                          Dr + (1 - st) * KV_ROWS, Lr + (1 - st) * KV_ROWS);
+        cp_commit();
+        cp_wait_prev();
+        __syncthreads();
+        bool kvis[2];
+        {
+            int rng[4];
+            int nr = attn_span_ranges(a.spans + it.blk, a.B, rng);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int key = k0 + warp * 16 + g + 8 * r;
+                kvis[r] = false;
+                for (int j = 0; j < nr; j++)
+                    kvis[r] = kvis[r] || (key >= rng[2 * j] && key < rng[2 * j + 1]);
+                kvis[r] = kvis[r] && key < a.Tk;
+            }
+        }
+        if (__any_sync(0xffffffffu, kvis[0] || kvis[1])) {
+            const bf16 *Qt = Qs + st * KV_ROWS * LD, *dOt = dOs + st * KV_ROWS * LD;
+            const float *Dt = Dr + st * KV_ROWS, *Lt = Lr + st * KV_ROWS;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int r0 = half * 32;
+                if (r0 >= a.B * a.group - it.cb) break; /* padding rows only */
+                float s[4][4], dp[4][4];
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    uint32_t ka[4], va[4];
+                    frag_a<LD>(ka, Ks, warp * 16, kk * 16);
+                    frag_a<LD>(va, Vs, warp * 16, kk * 16);
+                    mma_abt<4, LD>(s, ka, Qt + r0 * LD, kk);
+                    mma_abt<4, LD>(dp, va, dOt + r0 * LD, kk);
+                }
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int row = r0 + n * 8 + 2 * tg + (e & 1);
+                        float p = kvis[e / 2] ? ex2(s[n][e] * sl2 - Lt[row]) : 0.0f;
+                        s[n][e] = p;
+                        dp[n][e] = p * (dp[n][e] - Dt[row]) * a.scale; /* dS^T */
+                    }
+                mma_px<D, 2>(dv, s, dOt + r0 * LD);
+                mma_px<D, 2>(dk, dp, Qt + r0 * LD);
+            }
+        }
+        __syncthreads(); /* the stage is refilled by the next iteration */
+        it = nx;
+    }
+    cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
+    __syncthreads();
+    const float one[2] = {1.0f, 1.0f};
+    auto key_row = [&](bf16 *base, int r) -> bf16 * {
+        return k0 + r < a.Tk ? base + ((size_t)(k0 + r) * a.Hk + hk) * D : NULL;
+    };
+    if (nsplit == 1) {
+        store_rows<D>(dk, one, Ks, [&](int r) { return key_row(a.dk, r); });
+        store_rows<D>(dv, one, Vs, [&](int r) { return key_row(a.dv, r); });
+        return;
+    }
+    const size_t plane = (size_t)a.Tk * a.Hk * D;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = k0 + warp * 16 + g + 8 * r;
+        if (key >= a.Tk) continue;
+        float *pk = a.acc + ((size_t)key * a.Hk + hk) * D + 2 * tg, *pv = pk + plane;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            atomicAdd((float2 *)(pk + dt * 8), make_float2(dk[dt][2 * r], dk[dt][2 * r + 1]));
+            atomicAdd((float2 *)(pv + dt * 8), make_float2(dv[dt][2 * r], dv[dt][2 * r + 1]));
+        }
+    }
+    attn_split_finish<D>(a.acc, plane, a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x,
+                         nsplit, k0, KT, a.Tk, a.Hk, hk, a.dk, a.dv);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -474,17 +682,21 @@ static bool mma_usable(int H, int Hk, int d, int rows) {
 int cuda_mma_attention_init(void) {
     int bad = 0;
     bad |= cudaFuncSetAttribute(k_mma_fwd<64, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<64>(4)) != cudaSuccess;
+                                (int)fwd_smem<64>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_mma_fwd<64, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<64>(8)) != cudaSuccess;
+                                (int)fwd_smem<64>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_mma_fwd<128, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<128>(4)) != cudaSuccess;
+                                (int)fwd_smem<128>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_mma_fwd<128, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<128>(8)) != cudaSuccess;
+                                (int)fwd_smem<128>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_mma_dq<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)dq_smem<64>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_mma_dq<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)dq_smem<128>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_mma_dkdv<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)kv_smem<64>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_mma_dkdv<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)kv_smem<128>()) != cudaSuccess;
     return bad ? -1 : 0;
 }
 
@@ -519,7 +731,7 @@ int cuda_mma_attention_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q
         n_tiles = n_blocks * a.tiles_per_block;
     }
     dim3 grid(n_tiles, Hk);
-    size_t sm = d == 64 ? fwd_smem<64>(nw) : fwd_smem<128>(nw);
+    size_t sm = d == 64 ? fwd_smem<64>() : fwd_smem<128>();
     if (d == 64 && nw == 4) k_mma_fwd<64, 4><<<grid, 128, sm, st>>>(a);
     else if (d == 64) k_mma_fwd<64, 8><<<grid, 256, sm, st>>>(a);
     else if (nw == 4) k_mma_fwd<128, 4><<<grid, 128, sm, st>>>(a);
@@ -542,6 +754,26 @@ int cuda_mma_attention_dq(cudaStream_t st, bf16 *dq, float *dsave, const bf16 *d
     dim3 grid(n_blocks * a.tiles_per_block, Hk);
     if (d == 64) k_mma_dq<64><<<grid, 32 * DQ_WARPS, dq_smem<64>(), st>>>(a);
     else k_mma_dq<128><<<grid, 32 * DQ_WARPS, dq_smem<128>(), st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+int cuda_mma_attention_dkdv(cudaStream_t st, bf16 *dk, bf16 *dv, float *acc, int *tickets,
+                            int split_max, int vps, const float *dsave, const bf16 *dout,
+                            const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+                            const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
+                            int Hk, int d) {
+    if (!mma_usable(H, Hk, d, KV_ROWS) || !dsave || n_blocks <= 0 || B <= 0 || Tk <= 0 ||
+        !al16(dk) || !al16(dv) || !al16(dout) || !al16(q) || !al16(k) || !al16(v))
+        return -1;
+    mma_args a = {};
+    block_tiling(a, spans, n_blocks, B, Tk, H, Hk, d, KV_ROWS);
+    a.dk = dk, a.dv = dv, a.acc = acc, a.tickets = tickets, a.dsave = (float *)dsave;
+    a.split_max = acc ? split_max : 1, a.vps = vps;
+    a.q = q, a.k = k, a.v = v, a.dout = dout, a.lse_in = lse;
+    dim3 grid((Tk + KT - 1) / KT, Hk, a.split_max);
+    if (d == 64) k_mma_dkdv<64><<<grid, 32 * KV_WARPS, kv_smem<64>(), st>>>(a);
+    else k_mma_dkdv<128><<<grid, 32 * KV_WARPS, kv_smem<128>(), st>>>(a);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -394,30 +394,11 @@ template <int D> __global__ void __launch_bounds__(256, 2) k_tc_dkdv(tc_args a) 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hk = blockIdx.y;
     const int H = a.H, Hk = a.Hk, group = a.group, B = a.B, Q = a.n_blocks * B;
     const int kt0 = blockIdx.x * TK, kg = warp % 4, dh = warp / 4;
-    auto hits = [&](int blk) -> bool {
-        int rg[4];
-        int n = attn_span_ranges(a.spans + blk, B, rg);
-        for (int r = 0; r < n; r++)
-            if (rg[2 * r] < kt0 + TK && rg[2 * r + 1] > kt0) return true;
-        return false;
-    };
     /* how many query blocks see this key tile, hence how many pieces it is cut into */
-    __shared__ int s_nhit, s_last;
-    if (threadIdx.x == 0) s_nhit = 0;
-    __syncthreads();
-    {
-        int cnt = 0;
-        for (int blk = threadIdx.x; blk < a.n_blocks; blk += blockDim.x)
-            cnt += hits(blk) ? 1 : 0;
-        if (cnt) atomicAdd(&s_nhit, cnt);
-    }
-    __syncthreads();
-    const int n_hit = s_nhit, piece = blockIdx.z;
-    int nsplit = 1;
-    if (a.acc && n_hit > a.vps) nsplit = min(a.split_max, (n_hit + a.vps - 1) / a.vps);
-    if (piece >= nsplit) return; /* uniform over the CTA */
-    const int h_lo = (int)((long long)n_hit * piece / nsplit);
-    const int h_hi = (int)((long long)n_hit * (piece + 1) / nsplit);
+    int nsplit, h_lo, h_hi;
+    if (!attn_split_piece(a.spans, a.n_blocks, B, kt0, TK, a.acc != NULL, a.split_max, a.vps,
+                          nsplit, h_lo, h_hi))
+        return; /* uniform over the CTA */
     auto kvoff = [&](int r) -> long long {
         return kt0 + r < a.Tk ? ((long long)(kt0 + r) * Hk + hk) * D : -1;
     };
@@ -430,14 +411,12 @@ template <int D> __global__ void __launch_bounds__(256, 2) k_tc_dkdv(tc_args a) 
         wmma::fill_fragment(dk[j], 0.0f), wmma::fill_fragment(dv[j], 0.0f);
     const int NRB = B * group;
     int hit_i = -1; /* index of the current block among all blocks that see this tile */
-    for (int blk = 0; blk < a.n_blocks && hit_i + 1 < h_hi; blk++) {
+    for (int blk = -1;;) {
+        blk = attn_next_hit(a.spans, a.n_blocks, B, kt0, kt0 + TK, blk, hit_i, h_hi);
+        if (blk < 0) break;
+        if (hit_i < h_lo) continue;
         int rng[4];
         int nr = attn_span_ranges(a.spans + blk, B, rng);
-        bool hit = false;
-        for (int r = 0; r < nr; r++)
-            if (rng[2 * r] < kt0 + TK && rng[2 * r + 1] > kt0) hit = true;
-        if (!hit) continue;
-        if (++hit_i < h_lo) continue;
         for (int cb = 0; cb < NRB; cb += 64) {
             int nrows = min(64, NRB - cb);
             auto qoff = [&](int r) -> long long {
@@ -594,35 +573,17 @@ template <int D> __global__ void __launch_bounds__(256, 2) k_tc_dkdv(tc_args a) 
         add(dk[j], a.acc, dh * (D / 2) + j * 16);
         add(dv[j], a.acc + plane, dh * (D / 2) + j * 16);
     }
-    __threadfence();
-    __syncthreads();
-    int *ticket = a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
-    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == nsplit - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    constexpr int V4 = D / 4;
-    for (int idx = threadIdx.x; idx < 2 * TK * V4; idx += blockDim.x) {
-        int which = idx / (TK * V4), rem = idx % (TK * V4), key = kt0 + rem / V4;
-        int c = (rem % V4) * 4;
-        if (key >= a.Tk) continue;
-        size_t off = ((size_t)key * Hk + hk) * D + c;
-        float4 *g = (float4 *)(a.acc + which * plane + off);
-        float4 v = __ldcg(g);
-        __stcg(g, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        bf16 *dst = (which ? a.dv : a.dk) + off;
-        *(uint2 *)dst = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
-    }
-    if (threadIdx.x == 0) *ticket = 0;
+    attn_split_finish<D>(a.acc, plane, a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x,
+                         nsplit, kt0, TK, a.Tk, Hk, hk, a.dk, a.dv);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 
-/* The kernel choice (attn_spans.cuh); the mma.sync mode runs this file's dk/dv (split, saved D)
- * behind the mma.sync dq, i.e. the WMMA default schedule. */
+/* The kernel choice (attn_spans.cuh); the mma.sync modes use this file's split schedule (scratch,
+ * saved D) and its dk/dv as the fallback, i.e. the WMMA default. */
 static int tc_mode(void) {
     int m = cuda_attn_mode();
-    return m == ATTN_MMA ? ATTN_TC : m;
+    return m >= ATTN_MMA ? ATTN_TC : m;
 }
 
 /* Query blocks per dk/dv piece (k_tc_dkdv split): DFLASH_CUDA_ATTN_SPLIT=N in the environment
@@ -766,9 +727,13 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
         if (tc_mode() == ATTN_TC && (size_t)H * n_blocks * B <= SPLIT_DROWS) a.dsave = g_split_d[dev];
     }
     dim3 gq(n_blocks * a.tiles_per_block, Hk), gk(n_kt, Hk, a.split_max);
-    bool mma_dq = cuda_attn_mode() == ATTN_MMA &&
+    bool mma_dq = cuda_attn_mode() >= ATTN_MMA &&
                   cuda_mma_attention_dq(st, dq, a.dsave, dout, q, k, v, out, lse, spans, n_blocks,
                                         B, Tk, H, Hk, d) == 0;
+    if (mma_dq && cuda_attn_mode() == ATTN_MMA &&
+        cuda_mma_attention_dkdv(st, dk, dv, a.acc, a.tickets, a.split_max, a.vps, a.dsave, dout,
+                                q, k, v, lse, spans, n_blocks, B, Tk, H, Hk, d) == 0)
+        return 0;
     if (d == 64) {
         if (!mma_dq) k_tc_dq<64><<<gq, 128, dq_smem<64>(), st>>>(a);
         CUDA_CHECK_LAUNCH();

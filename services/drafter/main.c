@@ -9,6 +9,8 @@
  *   --verify-model   issue 4's end-to-end check: each slot's captured hidden states against a
  *                    direct single-process forward of the same batch (model_producer_verify),
  *                    for --verify-slots slots, then exit.
+ * --group NAME (with --train) makes the process one rank of a data-parallel group
+ * (group_worker.h): whole steps from the broker, gradients averaged with --comm shm|nccl.
  * Subcommand: `dflash-drafter eval --model TARGET --data SHARDS [--checkpoint DIR | --init-only]`
  * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards.
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
@@ -17,6 +19,7 @@
 #include "batch_plan.h"
 #include "blas_env.h"
 #include "client.h"
+#include "collective.h"
 #include "config.h"
 #include "hf_config.h"
 #include "err.h"
@@ -82,6 +85,9 @@ typedef struct drafter_config {
     int64_t max_batches;
     int64_t broker_wait_ms;
     bool exit_when_drained;
+    char group[48];
+    char comm[16];
+    double comm_timeout_s;
     char log_level[16];
 } drafter_config;
 
@@ -161,6 +167,14 @@ static const cfg_option drafter_options[] = {
         "answers for this long (0 = wait forever)", broker_wait_ms),
     OPT("exit-when-drained", CFG_BOOL, "true", 1, 0, "exit 0 when the broker reports drained",
         exit_when_drained),
+    OPTS("group", "", "train: join this data-parallel drafter group (one process per rank; the "
+         "broker hands out whole steps, gradients are averaged; docs/protocol.md \"Groups\"); "
+         "empty = train alone", group),
+    OPTS("comm", "auto", "group: collective backend, shm (processes of one machine) or nccl; "
+         "auto = nccl on the cuda backend when built with NCCL, else shm", comm),
+    OPT("comm-timeout-s", CFG_DOUBLE, "60", 0.1, 86400, "group: a peer silent this long in a "
+        "collective breaks the group (it re-forms); keep it above the step-time skew",
+        comm_timeout_s),
     OPTS("log-level", "info", "debug, info, warn or error", log_level),
 };
 static const cfg_table drafter_table = {
@@ -412,6 +426,24 @@ int main(int argc, char **argv)
     lc.max_batches = cfg.max_batches;
     lc.broker_wait_ms = cfg.broker_wait_ms;
     lc.exit_when_drained = cfg.exit_when_drained;
+    if (cfg.group[0]) {
+        dp_comm_kind kind = DP_COMM_SHM;
+        if (strcmp(cfg.comm, "auto") == 0)
+            kind = lc.backend == POOL_CUDA && dp_comm_have_nccl() ? DP_COMM_NCCL : DP_COMM_SHM;
+        else if (dp_comm_kind_parse(cfg.comm, &kind) < 0) {
+            fprintf(stderr, "dflash-drafter: --comm must be shm, nccl or auto, not '%s'\n",
+                    cfg.comm);
+            return 2;
+        }
+        if (kind == DP_COMM_NCCL && (lc.backend != POOL_CUDA || !dp_comm_have_nccl())) {
+            fprintf(stderr, "dflash-drafter: --comm nccl needs the cuda backend and a build with "
+                    "NCCL; use --comm shm\n");
+            return 2;
+        }
+        lc.group = cfg.group;
+        lc.comm_kind = (int)kind;
+        lc.comm_timeout_s = cfg.comm_timeout_s;
+    }
 
     int ids[64];
     int n_ids = config_parse_int_list(cfg.capture, ids, 64);
@@ -543,6 +575,10 @@ int main(int argc, char **argv)
              st.wait_grant_s,
              (unsigned long long)st.stale_releases, (unsigned long long)st.registrations);
     worker_consumer_destroy(&cons);
+    if (rc == DFLASH_ECONFIG || (cfg.group[0] && rc == DFLASH_EFULL)) {
+        LOG_ERROR("dflash-drafter: %s (see above)", err_str(rc));
+        return 2;
+    }
     if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) {
         LOG_ERROR("dflash-drafter: a batch failed verification: %s", err_str(rc));
         return 3;

@@ -10,6 +10,7 @@
 #include "trainer.h"
 #include "monotime.h"
 #include "dflash_ckpt.h"
+#include "dflash_dp.h"
 #include "dflash_eval.h"
 #include "err.h"
 #include "hf_config.h"
@@ -56,6 +57,9 @@ typedef struct trainer {
     long start_step; /* step resumed from (0: fresh or warm start) */
     long saved_step; /* newest checkpoint written by this process or resumed from */
     long committed;  /* newest durable step (the loop reports it) */
+    dp_comm *comm;   /* data-parallel group (group_worker.h): NULL = alone */
+    int dp_rank;     /* our rank in the last group joined; only rank 0 writes checkpoints */
+    bool dp_member;  /* joined a group at least once */
     /* summary */
     long steps_here, skipped;
     double loss_first, loss_last, tau_first, tau_last;
@@ -155,6 +159,7 @@ static target_model *load_frozen(const char *model_dir, const nn_ops *ops, nn_ct
 
 static int save_checkpoint(trainer *t) {
     if (!t->ckpt_root[0] || t->m->step == t->saved_step) return 0;
+    if (t->dp_member && t->dp_rank != 0) return 0; /* a group's rank 0 writes them */
     char path[1200], err[512] = "";
     dflash_ckpt_opts co = {.keep_last = t->keep_last};
     double t0 = monotime_s();
@@ -217,6 +222,9 @@ static void report_oldest(trainer *t) {
     metrics_write(t->met, &ms);
 }
 
+static int train_consume_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
+                               uint64_t *step);
+
 static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     trainer *t = vctx;
     const slot_layout *l = &t->layout;
@@ -255,6 +263,8 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
         t->ops->order_after(t->nn, b->copy_stream);
         v.hidden = t->feat;
     }
+    if (t->comm) return train_consume_group(t, &v, b, step);
+    double queued_at = monotime_s();
     rc = dflash_train_step_async(t->m, &t->tc, &v, b->wu.epoch, dflash_batch_key(&b->wu));
     if (rc < 0) {
         LOG_ERROR("training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch, b->wu.bucket,
@@ -263,7 +273,7 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     }
     t->notes[(t->note_head + t->note_count) % 2] = (struct step_note){
         .epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs,
-        .queued_at = monotime_s()};
+        .queued_at = queued_at};
     t->note_count++;
     *step = (uint64_t)t->m->step; /* the step that includes this batch, counted when queued */
     /* cpu: the step has run; cuda: report the previous step, the device works on this one */
@@ -304,6 +314,79 @@ static int train_finish(void *vctx) {
              t->steps_here ? t->step_s / t->steps_here : 0.0, t->loss_first, t->loss_last,
              t->tau_first, t->tau_last, t->drains);
     return rc;
+}
+
+/* --- data-parallel group hooks (group_worker.h) -------------------------------------------- */
+
+/* One rank's share of a group step: dflash_train_step_dp averages the gradients over the group
+ * (synchronous: the collective needs the step's gradients), then the group's metrics. */
+static int train_consume_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
+                               uint64_t *step) {
+    while (dflash_train_pending(t->m) > 0)
+        report_oldest(t);
+    dflash_metrics dm;
+    double t0 = monotime_s();
+    int rc = dflash_train_step_dp(t->m, &t->tc, v, b->wu.epoch, dflash_batch_key(&b->wu),
+                                  t->comm, &dm);
+    double dt = monotime_s() - t0;
+    if (rc < 0) {
+        LOG_WARN("group training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch,
+                 b->wu.bucket, (unsigned long long)b->wu.batch, err_str(rc));
+        return rc;
+    }
+    *step = (uint64_t)t->m->step;
+    t->step_s += dt;
+    if (dm.skipped) {
+        t->skipped++;
+    } else {
+        if (!t->steps_here) {
+            t->loss_first = dm.loss;
+            t->tau_first = dm.accept_len;
+        }
+        t->loss_last = dm.loss;
+        t->tau_last = dm.accept_len;
+        t->steps_here++;
+        if (t->met) {
+            metrics_scalar extra[] = {{"train/epoch", (double)b->wu.epoch},
+                                      {"train/blocks", (double)dm.n_blocks},
+                                      {"perf/step_s", dt}};
+            metrics_step ms = {.step = t->m->step, .loss = dm.loss, .accuracy = dm.accuracy,
+                               .pos_acc = dm.pos_acc, .n_pos = t->m->cfg.block_size,
+                               .pos_first = 1, .acceptance_length = dm.accept_len, .lr = dm.lr,
+                               .grad_norm = dm.grad_norm,
+                               .tokens_per_s = dt > 0 ? b->n_tokens / dt : 0,
+                               .samples_per_s = dt > 0 ? b->n_seqs / dt : 0, .extra = extra,
+                               .n_extra = 3};
+            metrics_write(t->met, &ms);
+        }
+    }
+    if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) return save_checkpoint(t);
+    return 0;
+}
+
+static void train_set_group(void *vctx, dp_comm *comm, int rank, int world) {
+    trainer *t = vctx;
+    (void)world;
+    t->comm = comm;
+    if (comm) {
+        t->dp_rank = rank;
+        t->dp_member = true;
+    }
+}
+
+static int train_sync_state(void *vctx, int root) {
+    trainer *t = vctx;
+    while (dflash_train_pending(t->m) > 0)
+        report_oldest(t);
+    return dflash_dp_sync_state(t->m, t->comm, root);
+}
+
+static uint64_t train_model_step(void *vctx) {
+    return (uint64_t)((trainer *)vctx)->m->step;
+}
+
+static uint64_t train_state_hash(void *vctx) {
+    return dflash_dp_state_hash(((trainer *)vctx)->m);
 }
 
 static void train_destroy(void *vctx) {
@@ -453,7 +536,11 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .destroy = train_destroy,
                            .resume_step = train_resume_step,
                            .done = train_done,
-                           .finish = train_finish};
+                           .finish = train_finish,
+                           .set_group = train_set_group,
+                           .sync_state = train_sync_state,
+                           .model_step = train_model_step,
+                           .state_hash = train_state_hash};
     return c;
 fail:
     train_destroy(t);

@@ -26,6 +26,10 @@
  *   returns that step and the loop tells the broker. finish() saves the final checkpoint.
  *   resume_step() is the step the model started from: the loop tells the broker (resume_from)
  *   before the first claim, so batches trained after the last checkpoint are trained again.
+ * In a data-parallel group (group_worker.h, the consumer's group hooks) consume() runs
+ *   dflash_train_step_dp with the group's communicator instead (synchronous; the gradients are
+ *   averaged over the ranks), sync_state() copies rank 0's state, and only rank 0 writes
+ *   checkpoints.
  * Checkpoints are written synchronously on the loop's thread (seconds for small drafters; the
  * loop's heartbeat thread keeps the broker from expiring us meanwhile).
  * Threads: the daemon's main thread only.

@@ -6,6 +6,7 @@
  * a broker restart means our lease expired and the batch was redelivered: the copy is dropped.
  * A heartbeat thread calls client_poll so a long consume() does not get us expired. */
 #include "worker_loop.h"
+#include "group_worker.h"
 #include "monotime.h"
 #include "client.h"
 #include "err.h"
@@ -303,6 +304,7 @@ static void progress(worker_loop *w, double *last_t, uint64_t *last_b, uint64_t 
 int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
                     volatile sig_atomic_t *stop, worker_stats *stats)
 {
+    if (cfg->group && cfg->group[0]) return group_worker_run(cfg, cons, stop, stats);
     worker_loop w = {.cfg = cfg, .cons = cons, .state = WL_REGISTER};
     int rc = 0, err = 0;
     double start = monotime_s();

@@ -33,6 +33,8 @@
 
 #define WORKER_MAX_BUCKETS 16
 
+struct dp_comm; /* common/nn/collective.h */
+
 /* One staged batch, handed to the consumer. */
 typedef struct worker_batch {
     const void *staged;   /* the slot copy: host memory (host) or device memory (cuda) */
@@ -67,6 +69,17 @@ typedef struct worker_consumer {
     int64_t (*resume_step)(void *ctx);
     bool (*done)(void *ctx);
     int (*finish)(void *ctx);
+    /* Data-parallel group hooks (group_worker.h); NULL: the consumer cannot train in a group.
+     *   set_group(comm, rank, world) from now on each consume() is this rank's share of one
+     *                  group step, trained with the collective comm (NULL: alone again); only
+     *                  rank 0 writes checkpoints (committed() stays put on the other ranks);
+     *   sync_state(root) makes the model equal to rank root's over that comm (0 or a code);
+     *   model_step()   optimizer steps the model has taken (the group's step numbers);
+     *   state_hash()   (optional) hash of the trainable state, logged to compare ranks. */
+    void (*set_group)(void *ctx, struct dp_comm *comm, int rank, int world);
+    int (*sync_state)(void *ctx, int root);
+    uint64_t (*model_step)(void *ctx);
+    uint64_t (*state_hash)(void *ctx);
 } worker_consumer;
 
 typedef struct worker_loop_config {
@@ -81,6 +94,9 @@ typedef struct worker_loop_config {
     int64_t max_batches;  /* stop after this many (tests, bench); 0 = until drained */
     int64_t broker_wait_ms; /* give up if no broker answers this long; 0 = never */
     bool exit_when_drained; /* ESHUTDOWN ends the loop (default true) */
+    const char *group;      /* data-parallel group name (group_worker.h); NULL/"" = solo */
+    int comm_kind;          /* dp_comm_kind of the group's collective */
+    double comm_timeout_s;  /* collective join and wait timeout */
 } worker_loop_config;
 
 typedef struct worker_stats {
@@ -91,8 +107,9 @@ typedef struct worker_stats {
     uint64_t registrations;
 } worker_stats;
 
-/* Runs the loop. Returns 0 (drained or stopped) or a negative code after logging the reason;
- * *stats (may be NULL) gets the totals. Main thread. */
+/* Runs the loop (the group loop of group_worker.h when cfg->group is set). Returns 0 (drained
+ * or stopped) or a negative code after logging the reason; *stats (may be NULL) gets the
+ * totals. Main thread. */
 int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
                     volatile sig_atomic_t *stop, worker_stats *stats);
 

@@ -743,18 +743,24 @@ static bool group_step_owns(broker *b, const batch_id *id)
 
 /* Carries out what a group call decided (group.h, group_outcome): ACK records every unit of the
  * step as trained at the step (once for the whole group), ABORT gives unreleased leases back
- * (READY again) and returns released units to to-do. */
-static void apply_outcome(broker *b, const char *name, const group_outcome *o)
+ * (READY again) and returns released units to to-do. Returns the units recorded as trained. */
+static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *o)
 {
-    if (o->verdict == GROUP_KEEP) return;
+    if (o->verdict == GROUP_KEEP) return 0;
     uint32_t n = 0;
     for (uint32_t r = 0; r < o->n_slots; r++) {
         const group_slot *s = &o->slots[r];
         bool revoked = b->policy && policy_lease_revoke(b->policy, s->lease_id) == 0;
         if (o->verdict == GROUP_ACK && s->released) {
             int rc = ledger_ack(b->ledger, &s->batch, o->step);
-            if (rc == DFLASH_EEXISTS) b->double_acks++;
-            else if (rc == 0) n++;
+            if (rc == DFLASH_EEXISTS) {
+                b->double_acks++;
+                LOG_WARN("group %s: batch %u/%u/%u of step %" PRIu64 " was already trained: "
+                         "not recorded twice", name, s->batch.epoch, s->batch.bucket,
+                         s->batch.index, o->step);
+            } else if (rc == 0) {
+                n++;
+            }
             if (rc && rc != DFLASH_EEXISTS)
                 LOG_WARN("group %s: ack of %u/%u/%u at step %" PRIu64 ": %s", name,
                          s->batch.epoch, s->batch.bucket, s->batch.index, o->step, err_str(rc));
@@ -775,6 +781,7 @@ static void apply_outcome(broker *b, const char *name, const group_outcome *o)
     else
         LOG_INFO("group %s: step %" PRIu64 " aborted: its %u batches go back to to-do", name,
                  o->step, o->n_slots);
+    return n;
 }
 
 static void log_epoch(const group *g)
@@ -878,7 +885,8 @@ static void on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, rc, "epoch %llu of group %s is over: re-form",
                            (unsigned long long)c->epoch, g->name);
     if (rc == DFLASH_EAGAIN)
-        return reply_error(b, r, m->request_id, rc, "group %s: waiting for rank 0's id", g->name);
+        return reply_error(b, r, m->request_id, rc, "group %s: waiting for %s", g->name,
+                           g->step_active ? "rank 0's StepDone" : "rank 0's id");
     if (rc == DFLASH_ESTATE)
         return reply_error(b, r, m->request_id, rc, "group %s: the next step is %llu, not %llu",
                            g->name, (unsigned long long)(g->step_active ? g->step : g->base_step + 1),
@@ -940,9 +948,9 @@ static void on_step_done(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, rc, "step %llu of epoch %llu was aborted or is "
                            "unknown: re-form", (unsigned long long)d->step,
                            (unsigned long long)d->epoch);
-    apply_outcome(b, g->name, &o);
+    uint32_t n = apply_outcome(b, g->name, &o);
     if (o.new_epoch) log_epoch(g);
-    reply_ok(b, r, m->request_id, o.verdict == GROUP_ACK ? o.n_slots : 0);
+    reply_ok(b, r, m->request_id, n);
 }
 
 static void on_group_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r)

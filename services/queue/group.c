@@ -259,6 +259,7 @@ int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, gro
         return DFLASH_ESTALE;
     if (g->state == GROUP_FORMING) return DFLASH_EAGAIN;
     if (g->step_active) {
+        if (step == g->step + 1) return DFLASH_EAGAIN; /* rank 0's StepDone is on its way */
         if (step != g->step) return DFLASH_ESTATE;
         *slot = &g->slots[m->rank];
         return 0;

@@ -136,7 +136,8 @@ int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uin
 /* Checks a StepClaim: 0 when a step is in flight for (epoch, step) (*slot = the peer's share)
  * or none is and one may be reserved (*slot NULL: call group_step_begin after reserving);
  * DFLASH_ESTALE the peer is not a rank of the current epoch or the epoch ended (re-form),
- * DFLASH_EAGAIN forming (no id yet), DFLASH_ESTATE wrong step number. */
+ * DFLASH_EAGAIN forming (no id yet) or the step after the one in flight (its StepDone has not
+ * arrived yet), DFLASH_ESTATE wrong step number. */
 int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, group_slot **slot);
 /* Records the reserved slots (by rank, world entries) as the step in flight. */
 void group_step_begin(group *g, uint64_t step, const group_slot *slots);

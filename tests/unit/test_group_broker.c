@@ -405,6 +405,30 @@ int main(void)
     CHECK(s.groups[0].n_members == 2 && strcmp(s.groups[0].members[0], "b") == 0 &&
           strcmp(s.groups[0].members[1], "a") == 0);
 
+    /* mutated group messages: every one gets a valid reply, the broker keeps serving */
+    static const wire_type types[] = {WIRE_GROUP_JOIN, WIRE_GROUP_SET_ID, WIRE_STEP_CLAIM,
+                                      WIRE_STEP_DONE, WIRE_GROUP_LEAVE};
+    uint64_t seed = 12345, bad = 0;
+    for (int it = 0; it < 4000; it++) {
+        init(types[it % 5], WIRE_ROLE_DRAFTER, Bd.inc);
+        snprintf(req.u.gstep.group, sizeof req.u.gstep.group, "g");
+        if (types[it % 5] == WIRE_GROUP_SET_ID) req.u.set_id.id_len = 7, req.u.set_id.epoch = 1;
+        else req.u.gstep.epoch = req.u.gstep.step = 1 + (uint64_t)(it % 7);
+        req.request_id = next_rid++;
+        int n = wire_pack(&req, buf, sizeof buf);
+        for (int k = 0; k < 1 + it % 4 && n > 0; k++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            buf[(seed >> 33) % (uint64_t)n] ^= (uint8_t)(seed >> 17);
+        }
+        int r = broker_dispatch(B, (const uint8_t *)Bd.rid, strlen(Bd.rid), buf,
+                                n > 0 ? (size_t)n : 0, out, sizeof out);
+        wire_msg_clear(&rep);
+        if (r <= 0 || wire_unpack(out, (size_t)r, &rep, NULL, 0) != 0) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+    s = status();
+    CHECK_EQ_INT(s.batches_trained, 4); /* nothing recorded by the noise */
+
     broker_destroy(&B);
     uv_loop_close(&loop);
     wire_msg_clear(&rep);

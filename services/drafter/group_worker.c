@@ -1,0 +1,443 @@
+/* group_worker: see group_worker.h for the loop and its states.
+ *
+ * Pending step (rank 0 only): between a trained step and the answer to its StepDone, the step's
+ * units (StepGrant.units, all ranks') live only here. If the broker restarts in that window, the
+ * hello carries them (the new broker adopts them from its journal instead of handing them out
+ * again) and plain Acks at the step record them, as a solo drafter's late ack would.
+ */
+#include "group_worker.h"
+
+#include "client.h"
+#include "collective.h"
+#include "err.h"
+#include "log.h"
+#include "monotime.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef enum { GW_REGISTER = 0, GW_JOINING, GW_STEPPING, GW_DONE } gw_state;
+
+typedef struct gw {
+    const worker_loop_config *cfg;
+    worker_consumer *cons;
+    volatile sig_atomic_t *stop;
+    pool_importer *imp;
+    void *staging;
+    client *cl;
+    gw_state state;
+    worker_stats st;
+    dp_comm *comm;
+    uint64_t epoch, failed_epoch;
+    int rank, world;
+    bool pending; /* rank 0: a trained step whose StepDone was not answered */
+    uint64_t pending_step;
+    uint32_t n_pending;
+    wire_unit pending_units[WIRE_MAX_WORLD];
+    uint64_t committed_reported;
+    atomic_bool hb_run;
+    pthread_t hb_thread;
+    bool hb_started;
+} gw;
+
+static void set_state(gw *g, gw_state to)
+{
+    static const bool legal[4][4] = {
+        /* to:         REGISTER JOINING STEPPING DONE */
+        [GW_REGISTER] = {true, true, false, true},
+        [GW_JOINING] = {true, true, true, true},
+        [GW_STEPPING] = {true, true, true, true},
+        [GW_DONE] = {false, false, false, true},
+    };
+    assert(legal[g->state][to]);
+    g->state = to;
+}
+
+static void *heartbeat_main(void *arg)
+{
+    gw *g = arg;
+    while (atomic_load(&g->hb_run)) {
+        monotime_sleep_ms(100);
+        if (client_broker_incarnation(g->cl)) client_poll(g->cl);
+    }
+    return NULL;
+}
+
+/* Leaves the epoch's communicator (if any) and trains alone until the next one. */
+static void close_comm(gw *g)
+{
+    if (!g->comm) return;
+    dp_comm_close(&g->comm);
+    g->cons->set_group(g->cons->ctx, NULL, 0, 1);
+}
+
+/* The epoch is over for us: close the communicator and join again, naming it. */
+static void reform(gw *g, const char *why)
+{
+    LOG_WARN("group %s epoch %llu: %s; re-forming", g->cfg->group, (unsigned long long)g->epoch,
+             why);
+    close_comm(g);
+    g->failed_epoch = g->epoch;
+    set_state(g, GW_JOINING);
+}
+
+/* hello (rank 0: with a pending step's units), then the late acks of that step. 0 or
+ * DFLASH_EAGAIN (try again). */
+static int do_register(gw *g)
+{
+    int rc = client_hello(g->cl, g->pending ? g->pending_units : NULL,
+                          g->pending ? g->n_pending : 0);
+    if (rc < 0) return DFLASH_EAGAIN;
+    g->st.registrations++;
+    LOG_INFO("registered with broker %016llx for group %s",
+             (unsigned long long)client_broker_incarnation(g->cl), g->cfg->group);
+    if (g->pending) {
+        for (uint32_t i = 0; i < g->n_pending; i++) {
+            int arc = DFLASH_ETIMEOUT;
+            for (int a = 0; a < 20 && arc == DFLASH_ETIMEOUT; a++)
+                arc = client_ack(g->cl, &g->pending_units[i], g->pending_step);
+            if (arc && arc != DFLASH_EEXISTS) return DFLASH_EAGAIN;
+        }
+        LOG_INFO("step %llu (whose StepDone the old broker did not answer): %u units acked",
+                 (unsigned long long)g->pending_step, g->n_pending);
+        g->pending = false;
+    }
+    return 0;
+}
+
+/* One JOINING iteration: poll the view; rank 0 posts the id; open and sync. 0 or fatal. */
+static int joining(gw *g)
+{
+    const worker_loop_config *c = g->cfg;
+    worker_consumer *k = g->cons;
+    close_comm(g);
+    if (k->done && k->done(k->ctx)) {
+        set_state(g, GW_DONE);
+        return 0;
+    }
+    wire_group_view v;
+    uint64_t ms = k->model_step(k->ctx);
+    int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, 0, &v);
+    if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
+        monotime_sleep_ms(20);
+        return 0;
+    }
+    if (rc == DFLASH_ESTALE) {
+        set_state(g, GW_REGISTER);
+        return 0;
+    }
+    if (rc == DFLASH_EFULL || rc == DFLASH_EEXISTS || rc == DFLASH_EDENIED) {
+        LOG_ERROR("the broker refused to let us join group %s: %s (%s)", c->group, err_str(rc),
+                  client_last_error(g->cl));
+        return rc;
+    }
+    if (rc < 0) {
+        LOG_WARN("group join: %s (%s)", err_str(rc), client_last_error(g->cl));
+        monotime_sleep_ms(100);
+        return 0;
+    }
+    uint8_t id[DP_COMM_ID_BYTES];
+    memset(id, 0, sizeof id);
+    char err[300] = "";
+    dp_comm_kind kind = (dp_comm_kind)c->comm_kind;
+    if (v.rank == 0 && v.id_len == 0) {
+        if ((rc = dp_comm_make_id(kind, id, err, sizeof err)) < 0) {
+            LOG_ERROR("cannot make a %s rendezvous id: %s (%s)", dp_comm_kind_name(kind), err,
+                      err_str(rc));
+            return rc;
+        }
+        rc = client_group_set_id(g->cl, c->group, v.epoch, id, DP_COMM_ID_BYTES);
+        if (rc < 0) { /* the epoch moved on, or a lost reply: ask again */
+            if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) set_state(g, GW_REGISTER);
+            return 0;
+        }
+    } else if (v.id_len == 0) {
+        monotime_sleep_ms(20); /* rank 0 has not posted the id yet */
+        return 0;
+    } else {
+        memcpy(id, v.id, v.id_len < sizeof id ? v.id_len : sizeof id);
+    }
+    LOG_INFO("group %s epoch %llu: rank %u of %u (rank 0 at step %llu); opening the %s "
+             "communicator", c->group, (unsigned long long)v.epoch, v.rank, v.world,
+             (unsigned long long)v.step, dp_comm_kind_name(kind));
+    g->epoch = v.epoch;
+    rc = dp_comm_open(kind, id, (int)v.rank, (int)v.world, c->device, c->comm_timeout_s,
+                      &g->comm, err, sizeof err);
+    if (rc < 0) {
+        char why[400];
+        snprintf(why, sizeof why, "cannot open the communicator: %s (%s)", err, err_str(rc));
+        reform(g, why);
+        return 0;
+    }
+    k->set_group(k->ctx, g->comm, (int)v.rank, (int)v.world);
+    if ((rc = k->sync_state(k->ctx, 0)) < 0) {
+        if (rc == DFLASH_EMISMATCH) {
+            LOG_ERROR("group %s: our drafter differs from rank 0's (shapes or settings): give "
+                      "every rank the same model flags", c->group);
+            close_comm(g);
+            return DFLASH_ECONFIG;
+        }
+        reform(g, "syncing rank 0's state failed");
+        return 0;
+    }
+    g->rank = (int)v.rank;
+    g->world = (int)v.world;
+    g->failed_epoch = 0;
+    LOG_INFO("group %s epoch %llu: rank %d of %d in sync at step %llu (state hash %016llx)",
+             c->group, (unsigned long long)g->epoch, g->rank, g->world,
+             (unsigned long long)k->model_step(k->ctx),
+             (unsigned long long)(k->state_hash ? k->state_hash(k->ctx) : 0));
+    set_state(g, GW_STEPPING);
+    return 0;
+}
+
+/* Copies our slot of the step, releases it, trains, and (rank 0) reports the step done. */
+static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
+{
+    const worker_loop_config *c = g->cfg;
+    const wire_grant *gr = &sg->grant;
+    pool_slot_ref ref = {.backend = gr->backend == WIRE_BACKEND_CUDA ? POOL_CUDA : POOL_HOST,
+                         .incarnation = gr->pool_incarnation, .slot = gr->slot,
+                         .offset = gr->offset, .bytes = gr->size, .device = gr->device};
+    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", gr->shm_name);
+    memcpy(ref.mem_handle, gr->mem_handle, POOL_HANDLE_BYTES);
+    memcpy(ref.event_handle, gr->event_handle, POOL_HANDLE_BYTES);
+    uint64_t bytes = gr->n_tokens <= c->layout.token_budget
+                         ? slot_used_bytes(&c->layout, gr->n_tokens)
+                         : c->layout.slot_bytes;
+    if (bytes > gr->size) bytes = gr->size;
+    if (bytes > c->layout.slot_bytes) bytes = c->layout.slot_bytes;
+    double t0 = monotime_s();
+    int rc = pool_importer_attach_slot(g->imp, &ref);
+    if (rc == 0) rc = pool_copy_start(g->imp, ref.incarnation, ref.slot, ref.offset, bytes,
+                                      g->staging);
+    if (rc == 0) rc = pool_copy_wait(g->imp);
+    int rrc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 20 && rrc == DFLASH_ETIMEOUT && !*g->stop; a++)
+        rrc = client_release(g->cl, gr->lease_id);
+    if (rc < 0) {
+        pool_importer_forget(g->imp, ref.incarnation);
+        reform(g, "cannot copy our slot of the step");
+        return 0;
+    }
+    g->st.copy_s += monotime_s() - t0;
+    g->st.bytes_copied += bytes;
+    if (rrc < 0) { /* the lease was taken back or expired: the step cannot be trained here */
+        if (rrc == DFLASH_ESTALE) g->st.stale_releases++;
+        if (rrc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
+            close_comm(g);
+            set_state(g, GW_REGISTER);
+            return 0;
+        }
+        reform(g, "our slot's lease is no longer ours");
+        return 0;
+    }
+    worker_batch b = {
+        .staged = g->staging,
+        .copy_stream = pool_importer_stream(g->imp),
+        .wu = {.epoch = gr->unit.epoch, .bucket = gr->unit.bucket, .batch = gr->unit.index},
+        .n_tokens = gr->n_tokens,
+        .n_seqs = gr->n_seqs,
+        .pool_incarnation = gr->pool_incarnation};
+    uint64_t step = 0;
+    t0 = monotime_s();
+    rc = g->cons->consume(g->cons->ctx, &b, &step);
+    g->st.consume_s += monotime_s() - t0;
+    if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) return rc;
+    if (rc < 0) {
+        char why[200];
+        snprintf(why, sizeof why, "step %llu failed in the group: %s", (unsigned long long)s,
+                 err_str(rc));
+        reform(g, why);
+        return 0;
+    }
+    if (step != s)
+        LOG_WARN("group step %llu: the model reports step %llu", (unsigned long long)s,
+                 (unsigned long long)step);
+    g->st.batches++;
+    g->st.tokens += gr->n_tokens;
+    if (g->rank != 0) return 0;
+    g->pending = true;
+    g->pending_step = s;
+    g->n_pending = sg->n_units;
+    memcpy(g->pending_units, sg->units, sg->n_units * sizeof *sg->units);
+    uint64_t acked = 0;
+    rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 50 && rc == DFLASH_ETIMEOUT && (!*g->stop || a < 3); a++)
+        rc = client_step_done(g->cl, c->group, g->epoch, s, &acked);
+    if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
+        close_comm(g);
+        set_state(g, GW_REGISTER); /* hello carries the units; they are acked then */
+        return 0;
+    }
+    if (rc == 0) {
+        g->pending = false;
+        LOG_DEBUG("group step %llu done: %llu units acked", (unsigned long long)s,
+                  (unsigned long long)acked);
+    } else {
+        g->pending = false;
+        LOG_ERROR("the broker did not take step %llu of epoch %llu as done: %s (%s); our model "
+                  "has it", (unsigned long long)s, (unsigned long long)g->epoch, err_str(rc),
+                  client_last_error(g->cl));
+        if (rc == DFLASH_ESTALE) reform(g, "step done refused");
+        return 0;
+    }
+    uint64_t cs = g->cons->committed ? g->cons->committed(g->cons->ctx) : 0;
+    if (cs > g->committed_reported) {
+        int crc = DFLASH_ETIMEOUT;
+        for (int a = 0; a < 20 && crc == DFLASH_ETIMEOUT; a++)
+            crc = client_checkpoint_committed(g->cl, cs);
+        if (crc == 0) g->committed_reported = cs;
+    }
+    return 0;
+}
+
+/* One STEPPING iteration. 0 or a fatal code. */
+static int stepping(gw *g, double *backoff)
+{
+    const worker_loop_config *c = g->cfg;
+    worker_consumer *k = g->cons;
+    if ((c->max_batches > 0 && (int64_t)g->st.batches >= c->max_batches) ||
+        (k->done && k->done(k->ctx))) {
+        set_state(g, GW_DONE);
+        return 0;
+    }
+    uint64_t s = k->model_step(k->ctx) + 1;
+    static wire_step_grant sg; /* main thread only; large */
+    double t0 = monotime_s();
+    int rc = client_step_claim(g->cl, c->group, g->epoch, s, &sg);
+    if (rc == 0) {
+        *backoff = 1;
+        return run_step(g, &sg, s);
+    }
+    if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
+        monotime_sleep_ms(*backoff);
+        *backoff = *backoff < 20 ? *backoff * 2 : 20;
+        g->st.wait_grant_s += monotime_s() - t0;
+    } else if (rc == DFLASH_ESHUTDOWN && c->exit_when_drained) {
+        LOG_INFO("the broker has drained: done");
+        set_state(g, GW_DONE);
+    } else if (rc == DFLASH_ESHUTDOWN) {
+        monotime_sleep_ms(100);
+    } else if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
+        close_comm(g);
+        set_state(g, GW_REGISTER);
+    } else if (rc == DFLASH_ESTALE || rc == DFLASH_ESTATE) {
+        reform(g, client_last_error(g->cl));
+    } else {
+        LOG_WARN("step claim: %s (%s)", err_str(rc), client_last_error(g->cl));
+        monotime_sleep_ms(100);
+    }
+    return 0;
+}
+
+/* The loop ended without a fatal error: final checkpoint (rank 0; the consumer knows), its
+ * commit, goodbye to the group. */
+static int finish(gw *g)
+{
+    worker_consumer *k = g->cons;
+    int rc = k->finish ? k->finish(k->ctx) : 0;
+    if (rc < 0) return rc;
+    if (k->state_hash)
+        LOG_INFO("group %s: final state at step %llu has hash %016llx", g->cfg->group,
+                 (unsigned long long)k->model_step(k->ctx),
+                 (unsigned long long)k->state_hash(k->ctx));
+    if (!client_broker_incarnation(g->cl)) return 0;
+    uint64_t cs = k->committed ? k->committed(k->ctx) : 0;
+    if (g->rank == 0 && cs > g->committed_reported) {
+        int crc = DFLASH_ETIMEOUT;
+        for (int a = 0; a < 3 && crc == DFLASH_ETIMEOUT; a++)
+            crc = client_checkpoint_committed(g->cl, cs);
+        if (crc == 0) {
+            g->committed_reported = cs;
+            LOG_INFO("reported the final checkpoint (step %llu) as committed",
+                     (unsigned long long)cs);
+        }
+    }
+    client_group_leave(g->cl, g->cfg->group);
+    return 0;
+}
+
+int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
+                     volatile sig_atomic_t *stop, worker_stats *stats)
+{
+    gw g = {.cfg = cfg, .cons = cons, .stop = stop, .state = GW_REGISTER, .world = 1};
+    int rc = 0, err = 0;
+    double start = monotime_s();
+    if (!cons->set_group || !cons->sync_state || !cons->model_step) {
+        LOG_ERROR("--group: the %s mode cannot train in a group (use --train)", cons->name);
+        rc = DFLASH_EINVAL;
+        goto out;
+    }
+    g.imp = pool_importer_new(cfg->backend, cfg->device, &err);
+    if (!g.imp) {
+        LOG_ERROR("cannot create the %s pool importer on device %d: %s",
+                  pool_backend_name(cfg->backend), cfg->device, err_str(err));
+        rc = err;
+        goto out;
+    }
+    g.staging = pool_staging_alloc(cfg->backend, cfg->device, cfg->layout.slot_bytes);
+    if (!g.staging) {
+        LOG_ERROR("cannot allocate a %zu-byte staging buffer", cfg->layout.slot_bytes);
+        rc = DFLASH_ENOMEM;
+        goto out_imp;
+    }
+    g.cl = client_new(cfg->endpoint, WIRE_ROLE_DRAFTER, cfg->name);
+    if (!g.cl) {
+        LOG_ERROR("cannot create a client for %s", cfg->endpoint);
+        rc = DFLASH_EZMQ;
+        goto out_staging;
+    }
+    client_set_timeout(g.cl, (int)cfg->timeout_ms);
+    if (((cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key)) &&
+        (rc = client_set_curve_files(g.cl, cfg->curve_server_key, cfg->curve_key))) {
+        LOG_ERROR("CURVE keys: %s", client_last_error(g.cl));
+        goto out_client;
+    }
+    atomic_store(&g.hb_run, true);
+    g.hb_started = pthread_create(&g.hb_thread, NULL, heartbeat_main, &g) == 0;
+
+    double backoff = 1, unreachable_since = monotime_s();
+    while (g.state != GW_DONE) {
+        if (*stop) {
+            set_state(&g, GW_DONE);
+            break;
+        }
+        if (g.state == GW_REGISTER) {
+            if (do_register(&g) == 0) {
+                unreachable_since = monotime_s();
+                set_state(&g, GW_JOINING);
+                continue;
+            }
+            if (cfg->broker_wait_ms > 0 &&
+                (monotime_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
+                LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
+                          cfg->endpoint, (long long)cfg->broker_wait_ms);
+                rc = DFLASH_EPEER;
+                goto out_comm;
+            }
+            monotime_sleep_ms(100);
+            continue;
+        }
+        rc = g.state == GW_JOINING ? joining(&g) : stepping(&g, &backoff);
+        if (rc < 0) goto out_comm;
+    }
+    rc = finish(&g);
+out_comm:
+    close_comm(&g);
+    atomic_store(&g.hb_run, false);
+    if (g.hb_started) pthread_join(g.hb_thread, NULL);
+out_client:
+    client_destroy(&g.cl);
+out_staging:
+    pool_staging_free(cfg->backend, cfg->device, &g.staging);
+out_imp:
+    pool_importer_destroy(&g.imp);
+out:
+    g.st.elapsed_s = monotime_s() - start;
+    if (stats) *stats = g.st;
+    return rc;
+}

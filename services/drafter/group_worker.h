@@ -1,0 +1,39 @@
+/* group_worker: dflash-drafter's loop as one rank of a data-parallel group (--group NAME; issue 7;
+ * docs/protocol.md "Groups"). worker_loop_run hands over to it when the config names a group.
+ *
+ * Per epoch: GroupJoin until the broker's view names our rank (rank 0: make the rendezvous id
+ * with dp_comm_make_id and post it with GroupSetId; the others poll until the view carries it),
+ * open the communicator (dp_comm_open), copy rank 0's model state (the consumer's sync_state),
+ * then per step s = model step + 1: StepClaim our slot of step s, copy it, release it, train it
+ * with the collective (the consumer's consume(), which averages the gradients over the group),
+ * and rank 0 sends StepDone (the broker acks the step's units once). A collective error (a peer
+ * died: the collective times out), a "re-form" answer (Error STALE) or a refused release closes
+ * the communicator and joins again, naming the failed epoch. Only rank 0 writes checkpoints and
+ * reports them (CheckpointCommitted). A broker restart: hello again (rank 0 with the units of a
+ * step whose StepDone was not answered), plain Acks for those units, then join again.
+ *
+ * Loop states (one set_state, transitions asserted):
+ *   REGISTER -> JOINING           hello succeeded
+ *   JOINING  -> JOINING           waiting for a view or an id; a failed open or sync
+ *   JOINING  -> STEPPING          communicator open and state synced
+ *   STEPPING -> STEPPING          a step trained, or nothing eligible yet
+ *   STEPPING -> JOINING           re-form (collective error, Error STALE, lost lease)
+ *   JOINING|STEPPING -> REGISTER  the broker restarted or forgot us
+ *   any      -> DONE              stop flag, drain, --max-steps, or a fatal error
+ *
+ * Thread: the daemon's main thread; a heartbeat thread keeps the broker session (and the step's
+ * leases) alive during long collectives and checkpoints. Callers: worker_loop_run.
+ */
+#ifndef DFLASH_GROUP_WORKER_H
+#define DFLASH_GROUP_WORKER_H
+
+#include "worker_loop.h"
+
+/* Runs the group loop (cfg->group set; cons must have the group hooks). Returns 0 (drained,
+ * stopped, done) or a negative code after logging the reason (DFLASH_EFULL: the broker refused
+ * the join because the group would be larger than its max-depth; DFLASH_ECONFIG: our drafter's
+ * shapes differ from rank 0's). Main thread. */
+int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
+                     volatile sig_atomic_t *stop, worker_stats *stats);
+
+#endif

@@ -1,0 +1,305 @@
+/* itest_group: two dflash-drafter processes train one drafter as a data-parallel group (--group g,
+ * cpu backend, shm collective) from the real broker and a real dflash-target, survive the
+ * SIGKILL of one rank, and take it back (issue 7).
+ *
+ * Setup (in a temp dir): a tiny random Qwen3 target (dflash-mkmodel), 96 generated sequences
+ * (dflash-gen) packed into a shard (dflash-data); dflash-queue (journal, lease 1.5 s, heartbeat
+ * 300 ms); drafters da and db with --group g --comm-timeout-s 3, each with its own checkpoint dir;
+ * then dflash-target for 8 epochs (192 batches).
+ * Phases, each waiting for a condition (never a fixed sleep):
+ *   1. the group forms with world 2 (`dflash-ctl set max_depth=1` is then refused) and trains
+ *      >= 5 steps; the ledger shows every batch acked once (acks == trained + committed);
+ *   2. db is SIGKILLed; da re-forms alone (world 1: its collective times out or the broker tells
+ *      it) and trains >= 3 more steps;
+ *   3. the broker is paused; db is started again: it joins at a step boundary, the group
+ *      re-forms to world 2 and db takes rank 0's state (its "in sync" hash equals da's of that
+ *      epoch); resume; >= 3 more steps with world 2;
+ *   4. once no batch is left to do (at most world - 1 ready batches can be left over: a step
+ *      needs one per rank), drain: both drafters exit 0.
+ * Checks at the end: every batch is committed/trained exactly once or left over (todo +
+ * in flight <= 1), acks == trained + committed, no "already trained" in the broker's log, both
+ * ranks end at the same step with the same state hash (dflash_dp_state_hash), and rank 0's
+ * final checkpoint is the broker's committed step.
+ * Usage: itest_group QUEUE CTL TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
+#include "check.h"
+#include "harness.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+static char dir[64], ep[128], rt[128];
+static const char *queue_bin, *target_bin, *drafter_bin;
+
+/* fork+exec argv with stdout and stderr appended to log. */
+static pid_t spawn_logged(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(argv[0], argv);
+        perror("execv");
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Runs argv to completion; its exit status (or -1). */
+static int run_tool(char *const argv[], const char *log)
+{
+    pid_t pid = spawn_logged(argv, log);
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) < 0) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Waits up to ms for pid to exit: its exit status, or -1 (killed then). */
+static int wait_exit(pid_t pid, int ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    int st = 0;
+    while (h_now_ms() < end) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        h_sleep_ms(20);
+    }
+    h_kill(pid, SIGKILL);
+    return -1;
+}
+
+static pid_t start_drafter(const char *name)
+{
+    static char model[128], ckpt[128], log[128], nm[64];
+    snprintf(model, sizeof model, "%s/target", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
+    snprintf(log, sizeof log, "%s/drafter-%s.log", dir, name);
+    snprintf(nm, sizeof nm, "%s", name);
+    char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--group", "g",
+                    "--comm", "shm", "--comm-timeout-s", "3", "--block-size", "4", "--anchors",
+                    "8", "--lr", "3e-3", "--checkpoint-every", "10", "--checkpoint-dir", ckpt,
+                    "--progress-ms", "0", "--buckets", "32", "--token-budget", "128",
+                    "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
+                    "--backend", "host", "--timeout-ms", "1000", NULL};
+    return spawn_logged(argv, log);
+}
+
+static bool get_status(client *c, wire_status *s)
+{
+    return client_status(c, s) == 0;
+}
+
+static const wire_group_stat *group_g(const wire_status *s)
+{
+    for (uint32_t i = 0; i < s->n_groups; i++)
+        if (strcmp(s->groups[i].name, "g") == 0) return &s->groups[i];
+    return NULL;
+}
+
+/* Waits up to ms until group g is active with `world` ranks and done >= min_done steps. */
+static bool wait_group(client *c, uint32_t world, uint64_t min_done, int ms, wire_status *s)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    while (h_now_ms() < end) {
+        if (get_status(c, s)) {
+            const wire_group_stat *g = group_g(s);
+            if (g && g->world == world && g->state == WIRE_GROUP_ACTIVE &&
+                g->steps_done >= min_done)
+                return true;
+        }
+        h_sleep_ms(20);
+    }
+    return false;
+}
+
+/* The whole file (NUL-terminated, caller frees) or NULL. */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* The last "final state at step N has hash H" of a drafter log. */
+static bool final_hash(const char *log, unsigned long long *step, unsigned long long *hash)
+{
+    char *s = slurp(log);
+    if (!s) return false;
+    bool ok = false;
+    for (char *p = s; (p = strstr(p, "final state at step ")); p++)
+        ok = sscanf(p, "final state at step %llu has hash %llx", step, hash) == 2;
+    free(s);
+    return ok;
+}
+
+/* The hash db logged when it synced into `epoch` (or 0). */
+static unsigned long long sync_hash(const char *log, unsigned long long epoch)
+{
+    char *s = slurp(log);
+    if (!s) return 0;
+    unsigned long long h = 0, e = 0, st = 0;
+    int rank = 0, world = 0;
+    for (char *p = s; (p = strstr(p, "group g epoch ")); p++)
+        if (sscanf(p, "group g epoch %llu: rank %d of %d in sync at step %llu (state hash %llx)", &e,
+                   &rank, &world, &st, &h) == 5 &&
+            e == epoch)
+            break;
+        else
+            h = 0;
+    free(s);
+    return h;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 8) {
+        fprintf(stderr, "usage: itest_group QUEUE CTL TARGET DRAFTER MKMODEL GEN DATA\n");
+        return 2;
+    }
+    queue_bin = argv[1];
+    target_bin = argv[3];
+    drafter_bin = argv[4];
+    h_tempdir(dir, sizeof dir);
+    snprintf(rt, sizeof rt, "%s/run", dir);
+    mkdir(rt, 0700);
+    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", rt);
+    char tools_log[128], model[128], jsonl[128], shard[128], journal[128], qlog[128], tlog[128];
+    snprintf(tools_log, sizeof tools_log, "%s/tools.log", dir);
+    snprintf(model, sizeof model, "%s/target", dir);
+    snprintf(jsonl, sizeof jsonl, "%s/train.jsonl", dir);
+    snprintf(shard, sizeof shard, "%s/train.shard", dir);
+    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
+    snprintf(qlog, sizeof qlog, "%s/queue.log", dir);
+    snprintf(tlog, sizeof tlog, "%s/target.log", dir);
+    char *mk[] = {argv[5], "--family", "qwen3", "--layers", "6", "--seed", "3", "--out", model,
+                  NULL};
+    char *gen[] = {argv[6], "--model", model, "--out", jsonl, "--n", "96", "--seed", "5",
+                   "--greedy", "--prompt-max", "12", "--max-new", "20", "--threads", "1", NULL};
+    char *data[] = {argv[7], "--in", jsonl, "--out", shard, "--model", model, "--buckets", "32",
+                    "--strict", NULL};
+    CHECK_EQ_INT(run_tool(mk, tools_log), 0);
+    CHECK_EQ_INT(run_tool(gen, tools_log), 0);
+    CHECK_EQ_INT(run_tool(data, tools_log), 0);
+    if (check_failed) CHECK_DONE();
+
+    char rtflag[160];
+    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
+    char *q[] = {(char *)queue_bin, rtflag, "--journal", journal, "--min-ready", "1",
+                 "--max-depth", "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300",
+                 NULL};
+    pid_t qp = spawn_logged(q, qlog);
+    CHECK(h_wait_broker(ep, 10000) != 0);
+    pid_t da = start_drafter("da"), db = start_drafter("db");
+    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
+    client_set_timeout(c, 2000);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    wire_status s;
+    /* both ranks in the group before any batch exists: every step is two wide */
+    CHECK(wait_group(c, 2, 0, 30000, &s));
+    /* max_depth below the group's step is refused, with the reason (dflash-ctl exits 1) */
+    char ctllog[128];
+    snprintf(ctllog, sizeof ctllog, "%s/ctl.log", dir);
+    char *set1[] = {argv[2], rtflag, "set", "max_depth=1", NULL};
+    CHECK_EQ_INT(run_tool(set1, ctllog), 1);
+    char *cl = slurp(ctllog);
+    CHECK(cl && strstr(cl, "max-depth 1 is smaller than one step"));
+    free(cl);
+    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
+                 "--slots", "4", "--epochs", "8", "--buckets", "32", "--token-budget", "128",
+                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
+                 "--backend", "host", "--timeout-ms", "1000", NULL};
+    pid_t tp = spawn_logged(t, tlog);
+
+    /* 1. training in the group; each batch acked once */
+    CHECK(wait_group(c, 2, 5, 60000, &s));
+    printf("phase 1: %llu steps with world 2, %llu batches trained+committed, %llu acks\n",
+           (unsigned long long)group_g(&s)->steps_done,
+           (unsigned long long)(s.batches_trained + s.batches_committed),
+           (unsigned long long)s.acks);
+    CHECK_EQ_INT(s.acks, s.batches_trained + s.batches_committed);
+    CHECK_EQ_INT(s.acks, 2 * group_g(&s)->steps_done);
+
+    /* 2. SIGKILL db: da re-forms alone and continues */
+    h_kill(db, SIGKILL);
+    uint64_t done_before = group_g(&s)->steps_done;
+    CHECK(wait_group(c, 1, done_before + 3, 30000, &s));
+    CHECK_EQ_INT(client_pause(c), 0);
+    const wire_group_stat *g = group_g(&s);
+    printf("phase 2: db killed; da alone in epoch %llu, %llu steps done, %llu aborted\n",
+           (unsigned long long)g->epoch, (unsigned long long)g->steps_done,
+           (unsigned long long)g->steps_aborted);
+
+    /* 3. db comes back: the group re-forms to world 2 at a step boundary, db syncs */
+    db = start_drafter("db");
+    CHECK(wait_group(c, 2, 0, 30000, &s));
+    uint64_t epoch2 = group_g(&s)->epoch;
+    char dalog[128], dblog[128];
+    snprintf(dalog, sizeof dalog, "%s/drafter-da.log", dir);
+    snprintf(dblog, sizeof dblog, "%s/drafter-db.log", dir);
+    unsigned long long ha = 0, hb = 0;
+    uint64_t end = h_now_ms() + 20000;
+    while (h_now_ms() < end && (!(ha = sync_hash(dalog, epoch2)) || !(hb = sync_hash(dblog, epoch2))))
+        h_sleep_ms(50);
+    CHECK(ha != 0 && ha == hb);
+    printf("phase 3: db rejoined: epoch %llu, world 2, both in sync with state hash %016llx\n",
+           (unsigned long long)epoch2, ha);
+    done_before = group_g(&s)->steps_done;
+    CHECK_EQ_INT(client_resume(c), 0);
+    CHECK(wait_group(c, 2, done_before + 3, 30000, &s));
+
+    /* 4. until nothing is left to do, then drain */
+    end = h_now_ms() + 120000;
+    while (h_now_ms() < end) {
+        if (get_status(c, &s) && s.batches_total && s.batches_todo == 0 &&
+            s.batches_trained + s.batches_committed + 1 >= 8 * s.batches_total) {
+            g = group_g(&s);
+            if (s.batches_trained + s.batches_committed == 8 * s.batches_total ||
+                (g && !g->step_reserved))
+                break;
+        }
+        h_sleep_ms(50);
+    }
+    CHECK_EQ_INT(s.batches_todo, 0);
+    CHECK_EQ_INT(client_drain(c), 0);
+    int rca = wait_exit(da, 60000), rcb = wait_exit(db, 60000), rct = wait_exit(tp, 30000);
+    CHECK_EQ_INT(rca, 0);
+    CHECK_EQ_INT(rcb, 0);
+    CHECK_EQ_INT(rct, 0);
+    CHECK(get_status(c, &s));
+    uint64_t done = s.batches_trained + s.batches_committed;
+    uint64_t total = 8 * s.batches_total; /* batches_total is per epoch; 8 epochs */
+    printf("end: %llu of %llu batches trained (%llu committed at step %llu), %llu left over, "
+           "%llu acks\n", (unsigned long long)done, (unsigned long long)total,
+           (unsigned long long)s.batches_committed, (unsigned long long)s.committed_step,
+           (unsigned long long)(s.batches_todo + s.batches_inflight), (unsigned long long)s.acks);
+    CHECK_EQ_INT(total, 192);
+    CHECK_EQ_INT(done + s.batches_todo + s.batches_inflight, total);
+    CHECK(s.batches_todo + s.batches_inflight <= 1); /* < one step of two ranks */
+    CHECK_EQ_INT(s.acks, done);
+    CHECK_EQ_INT(s.quarantined, 0);
+    char *ql = slurp(qlog);
+    CHECK(ql && !strstr(ql, "already trained"));
+    free(ql);
+    unsigned long long sa = 0, fa = 0, sb = 0, fb = 0;
+    CHECK(final_hash(dalog, &sa, &fa));
+    CHECK(final_hash(dblog, &sb, &fb));
+    CHECK(sa == sb && fa == fb && fa != 0);
+    CHECK_EQ_INT(s.committed_step, sa);
+    printf("final: both ranks at step %llu with state hash %016llx\n", sa, fa);
+
+    client_destroy(&c);
+    h_kill(qp, SIGTERM);
+    if (check_failed) fprintf(stderr, "logs kept in %s\n", dir);
+    else h_rmdir(dir);
+    CHECK_DONE();
+}

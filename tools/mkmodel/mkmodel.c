@@ -18,8 +18,10 @@
  * generator (splitmix64 + Box-Muller), so the bytes do not depend on chunking or sharding.
  *
  * Size options left at 0 take the preset's value. Tensors are generated and written in chunks
- * of 1M elements through the streaming safetensors writer: memory stays small for a 16 GB model.
- * Progress is logged every few seconds for big models. One thread.
+ * of 16M elements through the streaming safetensors writer: memory stays small for a 16 GB model.
+ * Progress is logged every few seconds for big models. Threads: the main thread writes; each
+ * chunk's values are drawn by --threads workers over disjoint element ranges (the values are a
+ * function of the element index, so the bytes do not depend on the thread count).
  */
 #include "config.h"
 #include "rng.h"
@@ -31,6 +33,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +54,7 @@ typedef struct mk_cfg {
     int64_t seed;
     double init_std, norm_jitter;
     int64_t shard_size_mb;
+    int64_t threads;
     int64_t bos, eos;
     char out[1024];
     char log_level[16];
@@ -99,6 +103,8 @@ static const cfg_option mk_options[] = {
     {"shard-size-mb", CFG_INT, "0", 0, 1 << 30, false,
      "split into shards of at most this many MiB with an index (0: one file)",
      INT_OPT(shard_size_mb)},
+    {"threads", CFG_INT, "0", 0, 1024, false, "threads drawing the values (0: all cores)",
+     INT_OPT(threads)},
     {"bos", CFG_INT, "-1", -1, 1 << 24, false, "bos_token_id (-1: none)", INT_OPT(bos)},
     {"eos", CFG_INT, "-1", -1, 1 << 24, false, "eos_token_id (-1: none)", INT_OPT(eos)},
     {"out", CFG_STRING, "", 1, 0, false, "output directory (created)", STR_OPT(out)},
@@ -193,14 +199,64 @@ typedef struct mk_ctx {
     time_t last_log, started;
     float *fbuf;
     unsigned char *obuf;
+    int threads; /* workers per chunk, 1..MAX_THREADS */
 } mk_ctx;
 
-#define CHUNK (1u << 20)
+#define CHUNK (1u << 24)
+#define MAX_THREADS 64
 
 static uint64_t tensor_bytes(const mk_ctx *m, size_t i) {
     const hf_weight_desc *d = &m->w[i];
     uint64_t n = (uint64_t)d->shape[0] * (d->ndim == 2 ? (uint64_t)d->shape[1] : 1);
     return n * safetensors_dtype_size(m->dt);
+}
+
+/* Elements [j0, j1) of a chunk starting at element s of one tensor: drawn into fbuf and, for
+ * 16-bit dtypes, converted into obuf. j0 is even. */
+typedef struct fill_job {
+    const mk_ctx *m;
+    const hf_weight_desc *d;
+    uint64_t key, s;
+    size_t j0, j1;
+} fill_job;
+
+static void *fill_range(void *arg) {
+    const fill_job *f = arg;
+    const mk_ctx *m = f->m;
+    /* s is even (CHUNK is), so element s + j is component j & 1 of pair (s + j) / 2 */
+    for (size_t j = f->j0; j < f->j1; j += 2) {
+        float z[2];
+        normal_pair(f->key, (f->s + j) >> 1, &z[0], &z[1]);
+        for (size_t q = 0; q < 2 && j + q < f->j1; q++)
+            m->fbuf[j + q] = f->d->is_norm ? 1.0f + (float)m->cfg->norm_jitter * z[q]
+                                           : (float)m->cfg->init_std * z[q];
+    }
+    if (m->dt == SAFETENSORS_BF16 || m->dt == SAFETENSORS_F16) {
+        uint16_t *h = (uint16_t *)(void *)m->obuf;
+        for (size_t j = f->j0; j < f->j1; j++)
+            h[j] = m->dt == SAFETENSORS_BF16 ? safetensors_f32_to_bf16(m->fbuf[j])
+                                             : safetensors_f32_to_f16(m->fbuf[j]);
+    }
+    return NULL;
+}
+
+/* Fills k elements of the chunk at s with m->threads workers (the caller is one of them). */
+static void fill_chunk(const mk_ctx *m, const hf_weight_desc *d, uint64_t key, uint64_t s,
+                       size_t k) {
+    int nt = m->threads;
+    size_t per = ((k + (size_t)nt - 1) / (size_t)nt + 1) & ~(size_t)1; /* even */
+    fill_job jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    bool started[MAX_THREADS] = {false};
+    int n = 0;
+    for (size_t j0 = 0; j0 < k && n < nt; j0 += per, n++) {
+        jobs[n] = (fill_job){m, d, key, s, j0, j0 + per < k ? j0 + per : k};
+        if (n > 0) started[n] = pthread_create(&tid[n], NULL, fill_range, &jobs[n]) == 0;
+    }
+    for (int t = 0; t < n; t++)
+        if (t == 0 || !started[t]) fill_range(&jobs[t]); /* ours, or a thread that did not start */
+    for (int t = 1; t < n; t++)
+        if (started[t]) pthread_join(tid[t], NULL);
 }
 
 /* Streams tensor i's values into the writer, CHUNK elements at a time. */
@@ -209,24 +265,11 @@ static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i) {
     uint64_t n = (uint64_t)d->shape[0] * (d->ndim == 2 ? (uint64_t)d->shape[1] : 1);
     uint64_t key = rng_hash64(rng_hash64((uint64_t)m->cfg->seed) ^ (0x5bd1e995ull * (i + 1)));
     size_t es = safetensors_dtype_size(m->dt);
+    bool half = m->dt == SAFETENSORS_BF16 || m->dt == SAFETENSORS_F16;
     for (uint64_t s = 0; s < n; s += CHUNK) {
         size_t k = n - s < CHUNK ? (size_t)(n - s) : CHUNK;
-        /* s is even (CHUNK is), so element s + j is component j & 1 of pair (s + j) / 2 */
-        for (size_t j = 0; j < k; j += 2) {
-            float z[2];
-            normal_pair(key, (s + j) >> 1, &z[0], &z[1]);
-            for (size_t q = 0; q < 2 && j + q < k; q++)
-                m->fbuf[j + q] = d->is_norm ? 1.0f + (float)m->cfg->norm_jitter * z[q]
-                                            : (float)m->cfg->init_std * z[q];
-        }
-        const void *src = m->fbuf;
-        if (m->dt == SAFETENSORS_BF16 || m->dt == SAFETENSORS_F16) {
-            uint16_t *h = (uint16_t *)(void *)m->obuf;
-            for (size_t j = 0; j < k; j++)
-                h[j] = m->dt == SAFETENSORS_BF16 ? safetensors_f32_to_bf16(m->fbuf[j])
-                                                 : safetensors_f32_to_f16(m->fbuf[j]);
-            src = h;
-        }
+        fill_chunk(m, d, key, s, k);
+        const void *src = half ? (const void *)m->obuf : (const void *)m->fbuf;
         int rc = safetensors_writer_write(wr, src, k * es);
         if (rc) return rc;
         m->done_bytes += k * es;
@@ -291,6 +334,9 @@ int main(int argc, char **argv) {
     m.n_tensors = hf_weight_count(&mc);
     m.w = calloc(m.n_tensors, sizeof *m.w);
     m.shard_of = calloc(m.n_tensors, sizeof *m.shard_of);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    m.threads = cfg.threads > 0 ? (int)cfg.threads : (int)(cores > 0 ? cores : 1);
+    if (m.threads > MAX_THREADS) m.threads = MAX_THREADS;
     m.fbuf = malloc(CHUNK * sizeof *m.fbuf);
     m.obuf = malloc(CHUNK * 2);
     if (!m.w || !m.shard_of || !m.fbuf || !m.obuf) LOG_FATAL("out of memory");

@@ -22,7 +22,7 @@ enum {
     PO_ZERO, PO_N
 };
 static const char *po_names[PO_N] = {
-    "embedding_fwd", "rmsnorm_fwd", "linear_fwd", "rope_fwd", "attention_causal_fwd",
+    "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+acc)", "rope_fwd", "attention_causal_fwd",
     "attention_block_fwd", "swiglu_fwd", "add_inplace", "rmsnorm_bwd", "linear_bwd(+acc)",
     "rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
     "adamw", "f32_to_act", "copy", "copy2d", "zero"};
@@ -78,6 +78,14 @@ static void po_rms(nn_ctx *c, nn_buf *o, float *r, const nn_buf *x, const nn_buf
 static void po_lin(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b, int M,
                    int K, int N) {
     PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd(c, y, x, w, b, M, K, N));
+}
+static void po_lina(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M, int K, int N) {
+    PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd_acc(c, y, x, w, M, K, N));
+}
+static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m, float *v,
+                      size_t n, float lr, float b1, float b2, float eps, float wd, const float *sq,
+                      float clip, int t) {
+    PO_WRAP(PO_ADAMW, 0, po_real->adamw_clip(c, p, pa, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
 }
 static void po_rope(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int T, int nh, int d,
                     int ld) {
@@ -163,6 +171,7 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
+    po_tab.linear_fwd_acc = po_lina, po_tab.adamw_clip = po_adamwc;
     return &po_tab;
 }
 

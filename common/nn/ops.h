@@ -103,6 +103,10 @@ typedef struct nn_ops {
     /* y[M,N] = x[M,K] . w[N,K]^T (+ b[N] if b). */
     void (*linear_fwd)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b,
                        int M, int K, int N);
+    /* y[M,N] += x[M,K] . w[N,K]^T: a residual add fused into the product (cuda: the GEMM's
+     * beta = 1, one rounding to bf16 instead of two). */
+    void (*linear_fwd_acc)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M, int K,
+                           int N);
     /* In place on x[T, nh, d] (row stride ld elements between tokens, ld >= nh*d): rotate_half
      * RoPE at positions pos[T] with inv_freq[d/2] (fp32). */
     void (*rope_fwd)(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,

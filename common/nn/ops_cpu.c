@@ -251,6 +251,13 @@ static void cpu_linear_fwd(nn_ctx *c, nn_buf *y_, const nn_buf *x_, const nn_buf
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, beta, y, N);
 }
 
+static void cpu_linear_fwd_acc(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M,
+                               int K, int N) {
+    (void)c;
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 1.0f, y, N);
+}
+
 /* dx[M,K] (=|+=) dy[M,N] . w[N,K]; dw[N,K] += dy^T . x[M,K]; db[N] += sum_m dy */
 static void linear_bwd_impl(nn_buf *dx_, float *dw, float *db, const nn_buf *dy_, const nn_buf *x_,
                             const nn_buf *w_, int M, int K, int N, float beta) {
@@ -971,6 +978,7 @@ static const nn_ops cpu_ops = {
     .embedding_fwd = cpu_embedding_fwd,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .linear_fwd = cpu_linear_fwd,
+    .linear_fwd_acc = cpu_linear_fwd_acc,
     .rope_fwd = cpu_rope_fwd,
     .attention_causal_fwd = cpu_attention_causal_fwd,
     .attention_block_fwd = cpu_attention_block_fwd,

@@ -476,6 +476,13 @@ static void cu_linear_fwd(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w
     }
 }
 
+static void cu_linear_fwd_acc(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M,
+                              int K, int N) {
+    assert(M >= 0 && K >= 0 && N >= 0);
+    if (M == 0 || N == 0 || K == 0) return;
+    lt_matmul(c, 1, 0, N, M, K, w, K, x, K, y, N, 0, 1.0f);
+}
+
 /* db[n] += sum_m dy[m, n]: thread per column, blockIdx.y per chunk of rows. */
 __global__ void k_colsum(float *db, const bf16 *dy, int M, int N) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;
@@ -895,6 +902,7 @@ static nn_ops make_ops(void) {
     o.embedding_fwd = cu_embedding_fwd;
     o.rmsnorm_fwd = cu_rmsnorm_fwd;
     o.linear_fwd = cu_linear_fwd;
+    o.linear_fwd_acc = cu_linear_fwd_acc;
     o.rope_fwd = cu_rope_fwd;
     o.attention_causal_fwd = cu_attention_causal_fwd;
     o.attention_block_fwd = cu_attention_block_fwd;

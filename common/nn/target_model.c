@@ -496,14 +496,12 @@ static void layer_out(target_model *m, const target_layer *w, int T) {
     nn_ctx *c = m->ctx;
     const model_config *cf = &m->cfg;
     int D = cf->hidden_size, F = cf->intermediate_size, Qd = cf->num_heads * cf->head_dim;
-    ops->linear_fwd(c, m->x, m->att, w->wo, NULL, T, Qd, D); /* x[T,D] */
-    ops->add_inplace(c, m->h, m->x, (size_t)T * D);
+    ops->linear_fwd_acc(c, m->h, m->att, w->wo, T, Qd, D); /* h += att Wo^T */
     ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->post_norm, T, D, (float)cf->rms_norm_eps);
     ops->linear_fwd(c, m->gate, m->x, w->w_gate, NULL, T, D, F); /* gate[T,F] */
     ops->linear_fwd(c, m->up, m->x, w->w_up, NULL, T, D, F);     /* up[T,F] */
     ops->swiglu_fwd(c, m->mid, m->gate, m->up, T, F);            /* mid[T,F] */
-    ops->linear_fwd(c, m->x, m->mid, w->w_down, NULL, T, F, D);  /* x[T,D] */
-    ops->add_inplace(c, m->h, m->x, (size_t)T * D);
+    ops->linear_fwd_acc(c, m->h, m->mid, w->w_down, T, F, D);  /* h += mid Wdown^T */
 }
 
 /* One decoder layer in place on the residual stream m->h[T, D]. */

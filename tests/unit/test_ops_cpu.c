@@ -631,6 +631,11 @@ static void test_adamw(void) {
     CHECK(pa[0] == pb[0] && ma[1] == mb[1]);
     CHECK_NEAR(NN_CLIP_SCALE(25.0f, 0.0f), 1.0, 0); /* clip <= 0: none */
 
+    /* linear_fwd_acc: y += x w^T */
+    float yl[2] = {10.0f, 20.0f}, xl[3] = {1, 2, 3}, wl[6] = {1, 0, 0, 0, 1, 1};
+    ops->linear_fwd_acc(ctx, yl, xl, wl, 1, 3, 2);
+    CHECK(yl[0] == 11.0f && yl[1] == 25.0f);
+
     float x[3] = {1, -2, 4};
     ops->scale_f32(ctx, x, 3, 0.5f);
     CHECK(x[0] == 0.5f && x[1] == -1.0f && x[2] == 2.0f);

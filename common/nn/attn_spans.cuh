@@ -244,6 +244,27 @@ __device__ __forceinline__ int attn_next_hit(const nn_block_span *spans, int n_b
     return -1;
 }
 
+/* The block of hit index n (0-based) among the blocks that see [k0, k1), -1 if fewer: 32
+ * blocks per step through a warp ballot. All lanes of the warp. */
+__device__ __forceinline__ int attn_nth_hit(const nn_block_span *spans, int n_blocks, int B,
+                                            int k0, int k1, int n)
+{
+    const int lane = threadIdx.x % 32;
+    for (int b0 = 0; b0 < n_blocks; b0 += 32) {
+        int blk = b0 + lane;
+        unsigned m = __ballot_sync(0xffffffffu,
+                                   blk < n_blocks && attn_block_hits(spans, blk, B, k0, k1));
+        int c = __popc(m);
+        if (n < c) {
+            for (int i = 0; i < n; i++)
+                m &= m - 1;
+            return b0 + __ffs(m) - 1;
+        }
+        n -= c;
+    }
+    return -1;
+}
+
 /* End of a split piece, after its fp32 partials went into acc (dk at acc, dv at acc + plane):
  * the last piece of the tile (ticket counts the pieces) converts rows [k0, k0 + kt) to bf16 dk,
  * dv and zeroes acc and the ticket again. All threads of the CTA. */

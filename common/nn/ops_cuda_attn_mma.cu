@@ -7,15 +7,16 @@
  *
  * Rows: as in the other two files, a CTA owns TQ query rows = RT tokens x the `group` query heads
  * of kv head hk (row r: token t_a + r / group, head hk * group + r % group); every row of a CTA
- * shares one key set up to a per-row causal limit. Warp w owns rows 16w .. 16w + 15: one
- * m16 tile, so each thread holds rows g = lane / 4 and g + 8 of it (the mma C layout) and all
- * per-row softmax state (m, l) lives in registers, reduced over the 4 lanes of a quad.
+ * shares one key set up to a per-row causal limit. A warp owns MT m16 tiles of 16 rows (MT 1 or
+ * 2): each thread holds rows g = lane / 4 and g + 8 of each (the mma C layout) and all per-row
+ * softmax state (m, l) lives in registers, reduced over the 4 lanes of a quad.
  * Keys stream through shared memory in tiles of KT = 64 (K and V, rows padded to D + 8 bf16, so
  * ldmatrix of 8 rows hits 8 distinct 16-byte bank groups), double buffered with cp.async: tile
  * i + 1 is in flight while tile i is computed. A tile starts at its range's begin (not aligned);
  * keys past the range end are zero-filled and masked.
- *   forward: Q's A fragments are loaded once (ldmatrix; Q is staged in the second K/V stage,
- *     so the CTA needs only the 2 x 2 tiles: 70 KB at d 128) and kept in registers. Per tile
+ *   forward: with MT 1, Q's A fragments are loaded once (ldmatrix; Q is staged in the second
+ *     K/V stage, so the CTA needs only the 2 x 2 tiles: 70 KB at d 128) and kept in registers;
+ *     with MT 2 they are re-read from Q's own shared rows per tile (registers). Per tile
  *     S = Q K^T (K rows are the B operand as stored: ldmatrix), online softmax in the log2
  *     domain (running max m, per-thread partial sums l; O rescaled in registers when m grows),
  *     P = exp2(S - m) converted to bf16 A fragments in registers (the C layout of two n8 tiles
@@ -23,11 +24,14 @@
  *     row of the warp sees every key skip the mask; tiles no row of the warp sees are skipped.
  *     End: O / l staged through shared memory for 16-byte stores; lse = (m + log2 l) ln 2
  *     (block mode); rows without keys: 0 and +INF. Causal CTAs run in reverse token order
- *     (longest rows first). NW (warps per CTA, TQ = 16 NW): 4 for the block forward (a block of
- *     16 tokens x 4 heads is one CTA; 168 registers, 3 CTAs per SM); causal 8 by default (K/V
- *     tiles shared by 128 rows, 1 CTA per SM), DFLASH_CUDA_ATTN_WARPS=4 to compare.
- *   dq: Q and dO stay in shared memory (A fragments reloaded per tile, registers go to dq, S and
- *     dP); D = rowsum(dO * O) and lse per row first (rows_D; D also saved to dsave for dk/dv).
+ *     (longest rows first). CTA shapes (NW warps x MT m-tiles of 16 rows per warp): block
+ *     forward 4 x 1 (a block of 16 tokens x 4 heads is one CTA; 168 registers, 3 CTAs per SM);
+ *     causal 4 x 2 (128 rows sharing each K/V tile; MT 2: every K/V fragment serves two
+ *     m-tiles, half the ldmatrix per mma, Q re-read from shared memory; 255 registers with a
+ *     20-byte spill, 2 CTAs per SM). Others for comparison: DFLASH_CUDA_ATTN_CAUSAL=8x16 or
+ *     4x16, DFLASH_CUDA_ATTN_BLOCK=2x32.
+ *   dq: Q and dO A fragments in registers (242 registers at d 128; shared memory, 105 KB, limits
+ *     it to 2 CTAs per SM anyway); D = rowsum(dO * O) and lse per row first (rows_D; D also saved to dsave for dk/dv).
  *     Per tile S = Q K^T, dP = dO V^T, P = exp2(S log2e scale - lse log2e),
  *     dS = P (dP - D) scale as bf16 A fragments, dq += dS K (K through ldmatrix.trans).
  *   dk/dv (key-major): a CTA owns KT keys (warp w: keys 16 w ..; the m16 rows of its products)
@@ -36,7 +40,9 @@
  *     piece converts; attn_split_* in attn_spans.cuh). Per visit of 64 query rows (two halves
  *     of 32 to bound registers): S^T = K Q^T, dP^T = V dO^T, P^T from the saved lse, dS^T with
  *     the saved D, dV += P^T dO, dK += dS^T Q, all from registers; the next visit's Q, dO, D,
- *     lse load (cp.async) during this one. 245 registers at d 128 (2 CTAs per SM).
+ *     lse load (cp.async) during this one; a piece starts at its first hit through a warp
+ *     ballot (attn_nth_hit); split partials go out as float4 atomics (lane pairs swap halves).
+ *     248 registers at d 128 (2 CTAs per SM). Blocks per piece: 80 by default (tc_vps).
  * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c. dk/dv of
  * split tiles are not bitwise reproducible run to run (fp32 atomics), as with the WMMA kernel.
  */
@@ -49,6 +55,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -140,42 +147,53 @@ template <int LD> __device__ __forceinline__ void frag_a(uint32_t a[4], const bf
     ldsm4(a, s + (r0 + lane % 16) * LD + c0 + 8 * (lane / 16));
 }
 
-/* acc[n][.] += A (16 x 16 at k-step kk) times X^T for NT n-tiles of 8 rows of X (row-major,
- * stride LD: X row n is column n of the B operand, so ldmatrix without trans) */
-template <int NT, int LD>
-__device__ __forceinline__ void mma_abt(float acc[NT][4], const uint32_t a[4], const bf16 *X,
+/* acc[m][n][.] += A_m (16 x 16 at k-step kk, m < MT m-tiles) times X^T for NT n-tiles of 8
+ * rows of X (row-major, stride LD: X row n is column n of the B operand, so ldmatrix without
+ * trans); each B fragment serves all MT m-tiles */
+template <int MT, int NT, int LD>
+__device__ __forceinline__ void mma_abt(float (*acc)[NT][4], const uint32_t (*a)[4], const bf16 *X,
                                         int kk) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int np = 0; np < NT / 2; np++) {
         uint32_t b[4];
         ldsm4(b, X + (np * 16 + lane % 8 + 8 * (lane / 16)) * LD + kk * 16 + 8 * ((lane / 8) % 2));
-        mma16816(acc[2 * np], a, b[0], b[1]);
-        mma16816(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            mma16816(acc[m][2 * np], a[m], b[0], b[1]);
+            mma16816(acc[m][2 * np + 1], a[m], b[2], b[3]);
+        }
     }
 }
 
-/* acc[D/8][.] += P X with P 16 x 16 NK in C layout (p[2 NK][4], fp32, converted to bf16 A
- * fragments here: the C layout of n-tiles 2 kk, 2 kk + 1 is the A layout of k-step kk) and X the
- * 16 NK rows of D (stride D + 8) it multiplies (ldmatrix.trans) */
-template <int D, int NK>
-__device__ __forceinline__ void mma_px(float acc[D / 8][4], const float p[2 * NK][4],
+/* acc[m][D/8][.] += P_m X for MT m-tiles, P_m 16 x 16 NK in C layout (p[m][2 NK][4], fp32,
+ * converted to bf16 A fragments here: the C layout of n-tiles 2 kk, 2 kk + 1 is the A layout of
+ * k-step kk) and X the 16 NK rows of D (stride D + 8) it multiplies (ldmatrix.trans) */
+template <int D, int NK, int MT>
+__device__ __forceinline__ void mma_px(float (*acc)[D / 8][4], const float (*p)[2 * NK][4],
                                        const bf16 *X) {
     constexpr int LD = D + 8;
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int kk = 0; kk < NK; kk++) {
-        uint32_t a[4] = {pack_bf16x2(p[2 * kk][0], p[2 * kk][1]),
-                         pack_bf16x2(p[2 * kk][2], p[2 * kk][3]),
-                         pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                         pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            a[m][0] = pack_bf16x2(p[m][2 * kk][0], p[m][2 * kk][1]);
+            a[m][1] = pack_bf16x2(p[m][2 * kk][2], p[m][2 * kk][3]);
+            a[m][2] = pack_bf16x2(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+            a[m][3] = pack_bf16x2(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             uint32_t b[4];
             ldsm4t(b, X + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + dp * 16 +
                           8 * (lane / 16));
-            mma16816(acc[2 * dp], a, b[0], b[1]);
-            mma16816(acc[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma16816(acc[m][2 * dp], a[m], b[0], b[1]);
+                mma16816(acc[m][2 * dp + 1], a[m], b[2], b[3]);
+            }
         }
     }
 }
@@ -207,15 +225,15 @@ __device__ __forceinline__ void issue_kv(const mma_args &a, const int rng[4], in
     load_tile<D, KT>(Vs, a.v, off, 1);
 }
 
-/* The warp's 16 rows (acc in C layout) times mul[row g, row g + 8] as bf16 to global memory
- * (dst(r) gives CTA row r's destination, NULL to skip), staged through the warp's own rows of
- * the shared tile St (stride D + 8, rows nobody else reads) for 16-byte stores. */
+/* The warp's 16 rows rb .. rb + 15 (acc in C layout) times mul[row g, row g + 8] as bf16 to
+ * global memory (dst(r) gives CTA row r's destination, NULL to skip), staged through those rows
+ * of the shared tile St (stride D + 8, rows nobody else reads) for 16-byte stores. */
 template <int D, typename F>
 __device__ __forceinline__ void store_rows(const float acc[D / 8][4], const float mul[2], bf16 *St,
-                                           F dst) {
+                                           int rb, F dst) {
     constexpr int LD = D + 8, VPR = D / 8;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
-    bf16 *w = St + warp * 16 * LD;
+    const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    bf16 *w = St + rb * LD;
     __syncwarp();
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++) {
@@ -227,7 +245,7 @@ __device__ __forceinline__ void store_rows(const float acc[D / 8][4], const floa
     __syncwarp();
     for (int idx = lane; idx < 16 * VPR; idx += 32) {
         int r = idx / VPR, c = idx % VPR;
-        bf16 *d = dst(warp * 16 + r);
+        bf16 *d = dst(rb + r);
         if (d) *(uint4 *)(d + c * 8) = *(const uint4 *)(w + r * LD + c * 8);
     }
 }
@@ -242,18 +260,64 @@ __device__ __forceinline__ bf16 *query_row(const mma_args &a, bf16 *base, int r,
 
 /* ---- forward (causal or block) ---- */
 
-/* K, V tile buffers: stage s holds K at kv + 2 s KT LD and V right after it */
-template <int D> static size_t fwd_smem(void) {
-    return (size_t)4 * KT * (D + 8) * sizeof(bf16);
+/* Online softmax of one m-tile's scores s (raw Q K^T, C layout) for key tile kb: masks keys
+ * outside [lo, hi) of rows g, g + 8 unless full, updates the running max m (log2 domain) and
+ * partial sums l, rescales o, and leaves P = exp2(s scale log2e - m) in s. */
+template <int D>
+__device__ __forceinline__ void softmax_tile(float s[KT / 8][4], float m[2], float l[2],
+                                             float o[D / 8][4], int kb, const int lo[2],
+                                             const int hi[2], bool full, float sl2) {
+    const int tg = threadIdx.x % 4;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
+            if (!full && (key < lo[r] || key >= hi[r])) s[n][e] = -INFINITY;
+            mx[r] = fmaxf(mx[r], s[n][e]);
+        }
+    float sub[2], corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mn = fmaxf(m[r], quad_max(mx[r]) * sl2);
+        corr[r] = mn == -INFINITY ? 1.0f : ex2(m[r] - mn);
+        sub[r] = mn == -INFINITY ? 0.0f : mn;
+        m[r] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2(fmaf(s[n][e], sl2, -sub[e / 2]));
+            s[n][e] = p;
+            sum[e / 2] += p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        l[r] = l[r] * corr[r] + sum[r];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        o[dt][0] *= corr[0], o[dt][1] *= corr[0];
+        o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+    }
 }
 
-/* 4 warps: 3 CTAs per SM (<= 168 registers, 70 KB shared); 8 warps: one */
-template <int D, int NW>
-__global__ void __launch_bounds__(NW * 32, NW == 4 ? 3 : 1) k_mma_fwd(mma_args a) {
-    constexpr int LD = D + 8, TQ = 16 * NW;
-    static_assert(TQ <= 2 * KT, "Q is staged in the second K/V stage");
+/* K, V tile buffers: stage s holds K at kv + 2 s KT LD and V right after it; with MT == 2
+ * Q has its own rows after them */
+template <int D> static size_t fwd_smem(int mt, int nw) {
+    return (size_t)(4 * KT + (mt == 2 ? 32 * nw : 0)) * (D + 8) * sizeof(bf16);
+}
+
+/* NW warps of MT m-tiles (16 MT rows) each. MT 1: Q fragments in registers, Q staged in stage 1;
+ * 4 warps: 3 CTAs per SM (<= 168 registers, 70 KB), 8 warps: one. MT 2: each K/V fragment
+ * serves 2 m-tiles (half the ldmatrix per mma), Q re-read from its own shared rows, 2 CTAs. */
+template <int D, int NW, int MT>
+__global__ void __launch_bounds__(NW * 32, MT == 2 ? 2 : NW == 4 ? 3 : 1) k_mma_fwd(mma_args a) {
+    constexpr int LD = D + 8, RW = 16 * MT, TQ = RW * NW;
+    static_assert(MT == 2 || TQ <= 2 * KT, "Q is staged in the second K/V stage");
     extern __shared__ __align__(128) unsigned char sm_raw[];
-    bf16 *KV = (bf16 *)sm_raw, *Qs = KV + 2 * KT * LD; /* Q: loaded, read once, then stage 1 */
+    bf16 *KV = (bf16 *)sm_raw, *Qs = KV + (MT == 1 ? 2 : 4) * KT * LD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int hk = blockIdx.y, group = a.group;
     const int tile = a.seq_off ? gridDim.x - 1 - blockIdx.x : blockIdx.x; /* long rows first */
@@ -261,13 +325,16 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 3 : 1) k_mma_fwd(mma_args a
     attn_tile_keys(a.seq_off, a.n_seqs, a.T, a.spans, a.B, a.RT, a.tiles_per_block, tile, t_a, R,
                    nr, rng);
     const int NR = R * group;
-    int klo[2], khi[2]; /* keys of rows g, g + 8 of this warp */
+    int klo[MT][2], khi[MT][2]; /* keys of rows g, g + 8 of each m-tile of this warp */
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int r = warp * 16 + g + 8 * i;
-        klo[i] = 0, khi[i] = 0;
-        if (r < NR) attn_row_keys(a.seq_off, a.n_seqs, a.Tk, t_a + r / group, klo[i], khi[i]);
-    }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = warp * RW + mt * 16 + g + 8 * i;
+            klo[mt][i] = 0, khi[mt][i] = 0;
+            if (r < NR)
+                attn_row_keys(a.seq_off, a.n_seqs, a.Tk, t_a + r / group, klo[mt][i], khi[mt][i]);
+        }
     load_tile<D, TQ>(
         Qs, a.q,
         [&](int r) -> long long {
@@ -282,18 +349,23 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 3 : 1) k_mma_fwd(mma_args a
     cp_commit();
     cp_wait_prev();
     __syncthreads();
-    uint32_t qf[D / 16][4];
+    uint32_t qf[D / 16][4]; /* MT 1 only */
+    if (MT == 1) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        frag_a<LD>(qf[kk], Qs, warp * 16, kk * 16);
-    __syncthreads(); /* stage 1 is refilled next */
+        for (int kk = 0; kk < D / 16; kk++)
+            frag_a<LD>(qf[kk], Qs, warp * 16, kk * 16);
+        __syncthreads(); /* stage 1 is refilled next */
+    }
 
     const float sl2 = a.scale * LOG2E;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    float o[D / 8][4];
+    float m[MT][2], l[MT][2], o[MT][D / 8][4];
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++)
-        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+    }
 
     for (int i = 0; i < n_tiles; i++) {
         const int st = i % 2;
@@ -306,78 +378,65 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 3 : 1) k_mma_fwd(mma_args a
         __syncthreads();
         int kb, re;
         tile_of(rng, nr, i, kb, re);
-        int lo[2], hi[2];
+        int lo[MT][2], hi[MT][2];
         bool full = true, any = false;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            lo[r] = klo[r], hi[r] = min(khi[r], re);
-            full = full && kb >= lo[r] && kb + KT <= hi[r];
-            any = any || (lo[r] < hi[r] && kb < hi[r] && kb + KT > lo[r]);
-        }
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                lo[mt][r] = klo[mt][r], hi[mt][r] = min(khi[mt][r], re);
+                full = full && kb >= lo[mt][r] && kb + KT <= hi[mt][r];
+                any = any || (lo[mt][r] < hi[mt][r] && kb < hi[mt][r] && kb + KT > lo[mt][r]);
+            }
         full = __all_sync(0xffffffffu, full);
         if (__any_sync(0xffffffffu, any)) {
             const bf16 *Kt = KV + st * 2 * KT * LD, *Vt = Kt + KT * LD;
-            float s[KT / 8][4];
+            float s[MT][KT / 8][4];
 #pragma unroll
-            for (int n = 0; n < KT / 8; n++)
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                mma_abt<KT / 8, LD>(s, qf[kk], Kt, kk);
-            float mx[2] = {-INFINITY, -INFINITY};
+                for (int n = 0; n < KT / 8; n++)
+                    s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
-            for (int n = 0; n < KT / 8; n++)
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t qa[MT][4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
-                    float v = s[n][e] * sl2;
-                    if (!full && (key < lo[r] || key >= hi[r])) v = -INFINITY;
-                    s[n][e] = v;
-                    mx[r] = fmaxf(mx[r], v);
+                for (int mt = 0; mt < MT; mt++) {
+                    if (MT == 1)
+                        qa[mt][0] = qf[kk][0], qa[mt][1] = qf[kk][1], qa[mt][2] = qf[kk][2],
+                        qa[mt][3] = qf[kk][3];
+                    else
+                        frag_a<LD>(qa[mt], Qs, warp * RW + mt * 16, kk * 16);
                 }
-            float sub[2], corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mn = fmaxf(m[r], quad_max(mx[r]));
-                corr[r] = mn == -INFINITY ? 1.0f : ex2(m[r] - mn);
-                sub[r] = mn == -INFINITY ? 0.0f : mn;
-                m[r] = mn;
+                mma_abt<MT, KT / 8, LD>(s, qa, Kt, kk);
             }
 #pragma unroll
-            for (int n = 0; n < KT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = ex2(s[n][e] - sub[e / 2]);
-                    s[n][e] = p;
-                    sum[e / 2] += p;
-                }
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                l[r] = l[r] * corr[r] + sum[r];
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) {
-                o[dt][0] *= corr[0], o[dt][1] *= corr[0];
-                o[dt][2] *= corr[1], o[dt][3] *= corr[1];
-            }
-            mma_px<D, KT / 16>(o, s, Vt);
+            for (int mt = 0; mt < MT; mt++)
+                softmax_tile<D>(s[mt], m[mt], l[mt], o[mt], kb, lo[mt], hi[mt], full, sl2);
+            mma_px<D, KT / 16, MT>(o, s, Vt);
         }
         __syncthreads(); /* the stage is refilled by the next iteration */
     }
-    float inv[2], lse[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lt = quad_sum(l[r]);
-        inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
-        lse[r] = lt > 0.0f ? (m[r] + log2f(lt)) * LN2 : INFINITY;
-    }
-    store_rows<D>(o, inv, Qs, [&](int r) { return query_row(a, a.out, r, t_a, NR, hk, D); });
-    if (!a.seq_off && a.lse && tg == 0) {
+    for (int mt = 0; mt < MT; mt++) {
+        float inv[2], lse[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            int row = warp * 16 + g + 8 * r;
-            if (row >= NR) continue;
-            int t = t_a + row / group, h = hk * group + row % group;
-            a.lse[(size_t)h * a.n_blocks * a.B + t] = lse[r];
+            float lt = quad_sum(l[mt][r]);
+            inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+            lse[r] = lt > 0.0f ? (m[mt][r] + log2f(lt)) * LN2 : INFINITY;
+        }
+        const int rb = warp * RW + mt * 16;
+        store_rows<D>(o[mt], inv, Qs, rb,
+                      [&](int r) { return query_row(a, a.out, r, t_a, NR, hk, D); });
+        if (!a.seq_off && a.lse && tg == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int row = rb + g + 8 * r;
+                if (row >= NR) continue;
+                int t = t_a + row / group, h = hk * group + row % group;
+                a.lse[(size_t)h * a.n_blocks * a.B + t] = lse[r];
+            }
         }
     }
 }
@@ -440,6 +499,12 @@ template <int D> __global__ void __launch_bounds__(DQ_WARPS * 32) k_mma_dq(mma_a
         Dv[r] = Dr[row];
         L2[r] = Lr[row] * LOG2E; /* +INF (no keys, padding row): P = 0 */
     }
+    uint32_t qf[D / 16][4], df[D / 16][4]; /* A fragments, kept (smem limits to 2 CTAs/SM) */
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        frag_a<LD>(qf[kk], Qs, warp * 16, kk * 16);
+        frag_a<LD>(df[kk], dOs, warp * 16, kk * 16);
+    }
     const float sl2 = a.scale * LOG2E;
     float dq[D / 8][4];
 #pragma unroll
@@ -464,25 +529,23 @@ template <int D> __global__ void __launch_bounds__(DQ_WARPS * 32) k_mma_dq(mma_a
                 s[n][e] = 0.0f, dp[n][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t qa[4], da[4];
-            frag_a<LD>(qa, Qs, warp * 16, kk * 16);
-            frag_a<LD>(da, dOs, warp * 16, kk * 16);
-            mma_abt<KT / 8, LD>(s, qa, Kt, kk);
-            mma_abt<KT / 8, LD>(dp, da, Vt, kk);
+            mma_abt<1, KT / 8, LD>(&s, &qf[kk], Kt, kk);
+            mma_abt<1, KT / 8, LD>(&dp, &df[kk], Vt, kk);
         }
 #pragma unroll
         for (int n = 0; n < KT / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
-                float p = key < re ? ex2(s[n][e] * sl2 - L2[r]) : 0.0f;
+                float p = key < re ? ex2(fmaf(s[n][e], sl2, -L2[r])) : 0.0f;
                 s[n][e] = p * (dp[n][e] - Dv[r]) * a.scale; /* dS */
             }
-        mma_px<D, KT / 16>(dq, s, Kt);
+        mma_px<D, KT / 16, 1>(&dq, &s, Kt);
         __syncthreads(); /* the stage is refilled by the next iteration */
     }
     const float one[2] = {1.0f, 1.0f};
-    store_rows<D>(dq, one, Qs, [&](int r) { return query_row(a, a.out, r, t_a, NR, hk, D); });
+    store_rows<D>(dq, one, Qs, warp * 16,
+                  [&](int r) { return query_row(a, a.out, r, t_a, NR, hk, D); });
 }
 
 /* ---- block backward: dk, dv (key-major) ---- */
@@ -493,6 +556,14 @@ template <int D> __global__ void __launch_bounds__(DQ_WARPS * 32) k_mma_dq(mma_a
 template <int D> static size_t kv_smem(void) {
     return (size_t)(2 * KT + 4 * KV_ROWS) * (D + 8) * sizeof(bf16) +
            4 * KV_ROWS * sizeof(float);
+}
+
+/* The 4 consecutive columns 2 tg' .. 2 tg' + 3 (tg' = tg & ~1) of row g (even tg) or g + 8
+ * (odd tg) of a C fragment pair held by lanes tg, tg ^ 1. All lanes. */
+__device__ __forceinline__ float4 swap_pairs(const float c[4], int odd) {
+    float x = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
+    float y = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
+    return odd ? make_float4(x, y, c[2], c[3]) : make_float4(c[0], c[1], x, y);
 }
 
 /* One visit of the dk/dv kernel: rows [cb, cb + KV_ROWS) of block blk (blk < 0: none). */
@@ -559,10 +630,8 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
     };
     load_tile<D, KT>(Ks, a.k, kvoff, 1);
     load_tile<D, KT>(Vs, a.v, kvoff, 1);
-    kv_item it = {-1, 0, -1};
-    do
-        it = kv_next(a, it, k0, h_hi);
-    while (it.blk >= 0 && it.hit_i < h_lo);
+    kv_item it = {-1, 0, h_lo};
+    if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + KT, h_lo);
     if (it.blk >= 0) issue_rows<D>(a, it, hk, Qs, dOs, Dr, Lr);
     cp_commit();
 
@@ -614,20 +683,20 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
                     uint32_t ka[4], va[4];
                     frag_a<LD>(ka, Ks, warp * 16, kk * 16);
                     frag_a<LD>(va, Vs, warp * 16, kk * 16);
-                    mma_abt<4, LD>(s, ka, Qt + r0 * LD, kk);
-                    mma_abt<4, LD>(dp, va, dOt + r0 * LD, kk);
+                    mma_abt<1, 4, LD>(&s, &ka, Qt + r0 * LD, kk);
+                    mma_abt<1, 4, LD>(&dp, &va, dOt + r0 * LD, kk);
                 }
 #pragma unroll
                 for (int n = 0; n < 4; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         int row = r0 + n * 8 + 2 * tg + (e & 1);
-                        float p = kvis[e / 2] ? ex2(s[n][e] * sl2 - Lt[row]) : 0.0f;
+                        float p = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -Lt[row])) : 0.0f;
                         s[n][e] = p;
                         dp[n][e] = p * (dp[n][e] - Dt[row]) * a.scale; /* dS^T */
                     }
-                mma_px<D, 2>(dv, s, dOt + r0 * LD);
-                mma_px<D, 2>(dk, dp, Qt + r0 * LD);
+                mma_px<D, 2, 1>(&dv, &s, dOt + r0 * LD);
+                mma_px<D, 2, 1>(&dk, &dp, Qt + r0 * LD);
             }
         }
         __syncthreads(); /* the stage is refilled by the next iteration */
@@ -640,20 +709,20 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
         return k0 + r < a.Tk ? base + ((size_t)(k0 + r) * a.Hk + hk) * D : NULL;
     };
     if (nsplit == 1) {
-        store_rows<D>(dk, one, Ks, [&](int r) { return key_row(a.dk, r); });
-        store_rows<D>(dv, one, Vs, [&](int r) { return key_row(a.dv, r); });
+        store_rows<D>(dk, one, Ks, warp * 16, [&](int r) { return key_row(a.dk, r); });
+        store_rows<D>(dv, one, Vs, warp * 16, [&](int r) { return key_row(a.dv, r); });
         return;
     }
     const size_t plane = (size_t)a.Tk * a.Hk * D;
+    /* float4 atomics: lanes tg, tg ^ 1 swap halves, even tg adds row g, odd tg row g + 8 */
+    const int odd = tg & 1, key = k0 + warp * 16 + g + 8 * odd;
+    float *pk = a.acc + ((size_t)key * a.Hk + hk) * D + 2 * (tg - odd);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int key = k0 + warp * 16 + g + 8 * r;
-        if (key >= a.Tk) continue;
-        float *pk = a.acc + ((size_t)key * a.Hk + hk) * D + 2 * tg, *pv = pk + plane;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            atomicAdd((float2 *)(pk + dt * 8), make_float2(dk[dt][2 * r], dk[dt][2 * r + 1]));
-            atomicAdd((float2 *)(pv + dt * 8), make_float2(dv[dt][2 * r], dv[dt][2 * r + 1]));
+    for (int dt = 0; dt < D / 8; dt++) {
+        float4 ak = swap_pairs(dk[dt], odd), av = swap_pairs(dv[dt], odd);
+        if (key < a.Tk) {
+            atomicAdd((float4 *)(pk + dt * 8), ak);
+            atomicAdd((float4 *)(pk + plane + dt * 8), av);
         }
     }
     attn_split_finish<D>(a.acc, plane, a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x,
@@ -662,13 +731,44 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int causal_warps(void) {
-    static int nw = -1;
-    if (nw < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_WARPS");
-        nw = e && atoi(e) == 4 ? 4 : 8;
-    }
-    return nw;
+/* Shape of the forward's CTAs, warps x rows per warp, as NW * 16 + MT (MT: m-tiles per warp):
+ * causal DFLASH_CUDA_ATTN_CAUSAL = 4x32 (default), 8x16 or 4x16; block DFLASH_CUDA_ATTN_BLOCK =
+ * 4x16 (default) or 2x32. Measured on the H200 (bench/cuda_ops/NOTES.md): causal 4x32 1.53 ms,
+ * 8x16 1.63, 4x16 1.71; block 4x16 1.20 ms, 2x32 1.99. */
+static int parse_shape(const char *var, int dflt) {
+    const char *e = getenv(var);
+    if (!e) return dflt;
+    if (strcmp(e, "8x16") == 0) return 8 * 16 + 1;
+    if (strcmp(e, "4x16") == 0) return 4 * 16 + 1;
+    if (strcmp(e, "4x32") == 0) return 4 * 16 + 2;
+    if (strcmp(e, "2x32") == 0) return 2 * 16 + 2;
+    return dflt;
+}
+
+static int fwd_shape(bool causal) {
+    static int shape[2] = {-1, -1};
+    if (shape[causal] < 0)
+        shape[causal] = causal ? parse_shape("DFLASH_CUDA_ATTN_CAUSAL", 4 * 16 + 2)
+                               : parse_shape("DFLASH_CUDA_ATTN_BLOCK", 4 * 16 + 1);
+    return shape[causal];
+}
+
+/* The forward kernel <D, NW, MT>: its shared-memory limit (init) or a launch */
+template <int D, int NW, int MT> static int fwd_attr(void) {
+    return cudaFuncSetAttribute(k_mma_fwd<D, NW, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem<D>(MT, NW)) != cudaSuccess;
+}
+
+template <int D, int NW, int MT>
+static void fwd_launch(cudaStream_t st, dim3 grid, const mma_args &a) {
+    k_mma_fwd<D, NW, MT><<<grid, NW * 32, fwd_smem<D>(MT, NW), st>>>(a);
+}
+
+template <int D> static void fwd_launch(cudaStream_t st, dim3 grid, const mma_args &a, int shape) {
+    if (shape == 4 * 16 + 1) fwd_launch<D, 4, 1>(st, grid, a);
+    else if (shape == 4 * 16 + 2) fwd_launch<D, 4, 2>(st, grid, a);
+    else if (shape == 2 * 16 + 2) fwd_launch<D, 2, 2>(st, grid, a);
+    else fwd_launch<D, 8, 1>(st, grid, a);
 }
 
 static bool al16(const void *p) {
@@ -681,14 +781,10 @@ static bool mma_usable(int H, int Hk, int d, int rows) {
 
 int cuda_mma_attention_init(void) {
     int bad = 0;
-    bad |= cudaFuncSetAttribute(k_mma_fwd<64, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<64>()) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_mma_fwd<64, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<64>()) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_mma_fwd<128, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<128>()) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_mma_fwd<128, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem<128>()) != cudaSuccess;
+    bad |= fwd_attr<64, 4, 1>() | fwd_attr<64, 8, 1>() | fwd_attr<64, 4, 2>() |
+           fwd_attr<64, 2, 2>();
+    bad |= fwd_attr<128, 4, 1>() | fwd_attr<128, 8, 1>() | fwd_attr<128, 4, 2>() |
+           fwd_attr<128, 2, 2>();
     bad |= cudaFuncSetAttribute(k_mma_dq<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)dq_smem<64>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_mma_dq<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -714,8 +810,9 @@ int cuda_mma_attention_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q
                            const bf16 *v, const int32_t *seq_off, int n_seqs, int T,
                            const nn_block_span *spans, int n_blocks, int B, int Tk, int H, int Hk,
                            int d) {
-    const int nw = seq_off ? causal_warps() : 4;
-    if (!mma_usable(H, Hk, d, 16 * nw) || !al16(out) || !al16(q) || !al16(k) || !al16(v))
+    const int shape = fwd_shape(seq_off != NULL);
+    const int rows = shape / 16 * 16 * (shape % 16);
+    if (!mma_usable(H, Hk, d, rows) || !al16(out) || !al16(q) || !al16(k) || !al16(v))
         return -1;
     mma_args a = {};
     a.out = out, a.lse = lse, a.q = q, a.k = k, a.v = v;
@@ -723,19 +820,16 @@ int cuda_mma_attention_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q
     if (seq_off) {
         if (n_seqs <= 0 || T <= 0) return -1;
         a.seq_off = seq_off, a.n_seqs = n_seqs, a.T = T, a.Tk = T, a.H = H, a.Hk = Hk;
-        a.group = H / Hk, a.RT = 16 * nw / a.group, a.scale = 1.0f / sqrtf((float)d);
+        a.group = H / Hk, a.RT = rows / a.group, a.scale = 1.0f / sqrtf((float)d);
         n_tiles = (T + a.RT - 1) / a.RT;
     } else {
         if (n_blocks <= 0 || B <= 0) return -1;
-        block_tiling(a, spans, n_blocks, B, Tk, H, Hk, d, 16 * nw);
+        block_tiling(a, spans, n_blocks, B, Tk, H, Hk, d, rows);
         n_tiles = n_blocks * a.tiles_per_block;
     }
     dim3 grid(n_tiles, Hk);
-    size_t sm = d == 64 ? fwd_smem<64>() : fwd_smem<128>();
-    if (d == 64 && nw == 4) k_mma_fwd<64, 4><<<grid, 128, sm, st>>>(a);
-    else if (d == 64) k_mma_fwd<64, 8><<<grid, 256, sm, st>>>(a);
-    else if (nw == 4) k_mma_fwd<128, 4><<<grid, 128, sm, st>>>(a);
-    else k_mma_fwd<128, 8><<<grid, 256, sm, st>>>(a);
+    if (d == 64) fwd_launch<64>(st, grid, a, shape);
+    else fwd_launch<128>(st, grid, a, shape);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -129,7 +129,8 @@ static int joining(gw *g)
         set_state(g, GW_REGISTER);
         return 0;
     }
-    if (rc == DFLASH_EFULL || rc == DFLASH_EEXISTS || rc == DFLASH_EDENIED) {
+    if (rc == DFLASH_EFULL || rc == DFLASH_EEXISTS || rc == DFLASH_EDENIED ||
+        rc == DFLASH_EPROTO) { /* PROTO: a broker from before groups existed */
         LOG_ERROR("the broker refused to let us join group %s: %s (%s)", c->group, err_str(rc),
                   client_last_error(g->cl));
         return rc;

@@ -40,6 +40,7 @@ typedef struct slot {
     batch_id batch;
     uint32_t n_tokens;
     uint32_t redelivered;      /* expiries of this batch in this slot */
+    bool granted;              /* granted before (counted in the mix); a revoked lease leaves it */
     struct slot *prev, *next;  /* ready FIFO of its bucket */
     uint64_t lease_id, worker_id, deadline_ms;
     uint32_t lease_pos;        /* index in policy.leased while LEASED */
@@ -201,6 +202,7 @@ static int set_state(policy *p, slot *s, slot_state to, bool front)
     case SLOT_FREE:
         s->pool->n_free++;
         s->redelivered = 0;
+        s->granted = false;
         s->n_tokens = 0;
         break;
     case SLOT_FILLING:
@@ -579,13 +581,14 @@ int policy_claim(policy *p, uint64_t worker_id, uint64_t now_ms, policy_grant *g
     s->worker_id = worker_id;
     s->deadline_ms = now_ms + p->prm.lease_timeout_ms;
     p->claims++;
-    if (s->redelivered == 0) {
+    if (s->redelivered == 0 && !s->granted) {
         uint32_t b = (uint32_t)best;
         account_lag(p, b, s->n_tokens);
         p->cons_batches[b]++;
         p->cons_tokens[b] += s->n_tokens;
         window_add(p, b, s->n_tokens);
     }
+    s->granted = true;
     grant->lease_id = s->lease_id;
     grant->worker_id = worker_id;
     grant->deadline_ms = s->deadline_ms;

@@ -402,6 +402,9 @@ int main(void)
     CHECK(va.epoch == e4 + 2 && va.rank == 1 && va.world == 2 && va.step == 2);
     s = status();
     CHECK_EQ_INT(s.batches_trained, 4); /* a late joiner does not rewind the ledger */
+    /* 6 distinct batches were granted; the revoked one's second grant is not counted again in
+     * the consumed mix */
+    CHECK_EQ_INT(s.buckets[0].consumed, 6);
     CHECK(s.groups[0].n_members == 2 && strcmp(s.groups[0].members[0], "b") == 0 &&
           strcmp(s.groups[0].members[1], "a") == 0);
 

@@ -15,9 +15,6 @@
 #include "err.h"
 #include "log.h"
 
-#ifdef DFLASH_HAVE_CUDA
-#include "ops_cuda.h"
-#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -36,6 +33,7 @@ static void io_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
 static void io_from_host(void *ctx, void *dst, const void *host_src, size_t bytes) {
     dflash_model *m = ctx;
     m->ops->upload_raw(m->ctx, dst, host_src, bytes);
+    m->ops->sync(m->ctx); /* the shm region is rewritten by the peers as soon as we return */
 }
 
 /* How the model's fp32 arrays reach the collective: *io (NULL: the backend reads them directly)
@@ -50,9 +48,7 @@ static int mem_path(dflash_model *m, dp_comm *comm, dp_host_io *io_store, const 
                       m->ops->name);
             return DFLASH_EUNSUPPORTED;
         }
-#ifdef DFLASH_HAVE_CUDA
-        *stream = nn_cuda_stream(m->ctx);
-#endif
+        *stream = m->ops->stream(m->ctx);
         return 0;
     }
     if (!on_host(m)) {
@@ -91,6 +87,25 @@ static void group_metrics(dflash_metrics *met, const double *v, long step) {
         met->pos_count[o] = (int)n;
         met->pos_acc[o] = n > 0 ? v[V_POS + DFLASH_MAX_BLOCK + o] / n : 0.0;
     }
+}
+
+/* Global-norm clipping of the reduced gradient with rank 0's norm: dflash_train_apply would
+ * take each rank's own sum of squares of the (identical) gradient, but a backend's sum of
+ * squares need not be bit-reproducible (the cuda one adds block partials with atomics), and a
+ * clip factor that differs in the last bit makes the ranks' weights drift apart. The factor is
+ * the one dflash_train_apply's adamw_clip forms (NN_CLIP_SCALE, fp32), applied with the ops'
+ * scale_f32: the same fp32 product AdamW would form. *norm: the group's gradient norm. */
+static int group_clip(dflash_model *m, const dflash_train_cfg *tc, dp_comm *comm, double *norm) {
+    float sq;
+    m->ops->sumsq(m->ctx, m->out_sumsq, m->grads, m->n_params);
+    m->ops->download_raw(m->ctx, &sq, m->out_sumsq, sizeof sq);
+    double sqd = sq;
+    int rc = dp_comm_broadcast_host(comm, &sqd, sizeof sqd, 0);
+    if (rc) return rc;
+    *norm = sqrt(sqd);
+    float f = NN_CLIP_SCALE((float)sqd, (float)tc->clip); /* exactly what adamw_clip computes */
+    if (f != 1.0f) m->ops->scale_f32(m->ctx, m->grads, m->n_params, f);
+    return 0;
 }
 
 int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
@@ -148,8 +163,18 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
     rc = dp_comm_allreduce_scaled_f32(comm, m->grads, m->n_params, scale, io, stream);
     if (rc) return rc;
 
-    /* 4. the same update on every rank */
-    dflash_train_apply(m, tc, met);
+    /* 4. clipping with one norm for the whole group (see dflash_dp.h, step 4) */
+    dflash_train_cfg tc_apply = *tc;
+    double norm = 0.0;
+    if (tc->clip > 0) {
+        rc = group_clip(m, tc, comm, &norm);
+        if (rc) return rc;
+        tc_apply.clip = 0.0;
+    }
+
+    /* 5. the same update on every rank */
+    dflash_train_apply(m, &tc_apply, met);
+    if (tc->clip > 0) met->grad_norm = norm;
     if (local) {
         local->lr = met->lr;
         local->grad_norm = met->grad_norm;

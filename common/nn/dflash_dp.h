@@ -11,13 +11,18 @@
  *   3. allreduce of the gradients, each rank's scaled by W_r / W on the way in (the collective's
  *      pre-scaled sum: NCCL PreMulSum on the device, or while staging on shm), giving the
  *      gradient of L above, bit-identical on every rank;
- *   4. dflash_train_apply: grad norm, clipping and AdamW see the same global gradient on every
+ *   4. clipping with ONE norm for the group: rank 0's sum of squares of that gradient is used
+ *      by all ranks (a backend's sum of squares need not be bit-reproducible: the cuda one adds
+ *      block partials with atomics, and a clip factor differing in the last bit would make the
+ *      ranks drift apart); on a step that clips, the gradient is scaled here by
+ *      clip / (norm + 1e-6) (ops->scale_f32);
+ *   5. dflash_train_apply with clipping off: AdamW sees the same global gradient on every
  *      rank, so master weights, moments and step stay bit-identical.
  * If W == 0 every rank skips the update (met->skipped) consistently. If a rank fails locally
  * (a bad batch) it still joins the allreduces, nobody applies the step, the failing rank returns
  * its code and the others DFLASH_EAGAIN; the group stays usable.
  * Memory: cpu model + shm: m->grads (host) are reduced in place. cuda model + nccl: m->grads are
- * reduced on the device, on the model's stream. cuda model + shm: the gradients move through the
+ * reduced on the device, on the model's stream (ops->stream). cuda model + shm: the gradients move through the
  * shm segment chunk by chunk with the ops' download_raw / upload_raw (dp_host_io), so no host
  * copy of the gradients is allocated at all. cpu model + nccl: refused (DFLASH_EUNSUPPORTED).
  * Threads: the model's thread. Callers: the drafter daemon's group worker (services/drafter),

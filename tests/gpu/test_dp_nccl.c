@@ -38,8 +38,8 @@ enum { D = 128, NF = 2, V = 512, MAXT = 256, MAXB = 64, MAXSTEP = 32 };
 static int n_steps = 6;
 
 typedef struct shared {
-    uint64_t hash[4][MAXSTEP];
-    double loss[4][MAXSTEP];
+    uint64_t hash[4][MAXSTEP], ghash[4][MAXSTEP], mhash[4][MAXSTEP];
+    double loss[4][MAXSTEP], gnorm[4][MAXSTEP], lr[4][MAXSTEP];
     uint64_t synced[4];
     uint8_t id[DP_COMM_ID_BYTES];
 } shared;
@@ -93,6 +93,7 @@ static int gworld_init(gworld *w, int device) {
     dflash_train_cfg_default(&w->tc);
     w->tc.n_anchors = 8;
     w->tc.lr = 3e-3;
+    if (getenv("DP_TEST_CLIP")) w->tc.clip = atof(getenv("DP_TEST_CLIP"));
     return w->embed && w->lm_head && w->hidden ? 0 : -1;
 }
 
@@ -130,6 +131,18 @@ static void make_batch(gworld *w, gbatch *b, int rank, int step) {
     b->view = (dflash_batch_view){.n_seqs = n, .seq_off = b->seq_off, .ids = b->ids,
                                   .positions = NULL, .loss_mask = b->mask, .hidden = w->hidden,
                                   .ld = NF * D};
+}
+
+/* FNV-1a of n device floats (diagnostics: which array differs first). */
+static uint64_t buf_hash(gworld *w, const float *dev, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    w->ops->download_raw(w->ctx, h, dev, n * sizeof(float));
+    uint64_t x = 0xcbf29ce484222325ull;
+    const unsigned char *b = (const unsigned char *)h;
+    for (size_t i = 0; i < n * sizeof(float); i++)
+        x = (x ^ b[i]) * 0x100000001b3ull;
+    free(h);
+    return x;
 }
 
 /* One rank: sync from rank 0 (rank 1 starts from other weights), then n_steps DP steps. */
@@ -170,7 +183,11 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
         CHECK_EQ_INT(rc, 0);
         CHECK(!met.skipped);
         S->loss[rank][s] = met.loss;
+        S->gnorm[rank][s] = met.grad_norm;
+        S->lr[rank][s] = met.lr;
         S->hash[rank][s] = dflash_dp_state_hash(m);
+        S->ghash[rank][s] = buf_hash(&w, m->grads, m->n_params);
+        S->mhash[rank][s] = buf_hash(&w, m->master, m->n_params);
     }
     dp_comm_close(&c);
     dflash_model_destroy(&m);
@@ -299,11 +316,24 @@ static void check_ranks(const char *what) {
         same += S->hash[0][s] == S->hash[1][s] && S->loss[0][s] == S->loss[1][s];
     CHECK(S->synced[0] == S->synced[1] && S->synced[0] != 0);
     CHECK_EQ_INT(same, n_steps);
+    for (int s = 0; s < n_steps; s++)
+        if (S->hash[0][s] != S->hash[1][s]) {
+            printf("  first differing step %d: reduced gradients %s, master weights %s, grad norm "
+                   "%.9g / %.9g, lr %g / %g\n", s,
+                   S->ghash[0][s] == S->ghash[1][s] ? "equal" : "differ",
+                   S->mhash[0][s] == S->mhash[1][s] ? "equal" : "differ", S->gnorm[0][s],
+                   S->gnorm[1][s], S->lr[0][s], S->lr[1][s]);
+            for (int k = 0; k <= s; k++)
+                printf("    step %d: grad norm %.9g / %.9g\n", k, S->gnorm[0][k], S->gnorm[1][k]);
+            break;
+        }
     printf("%s: synced, %d of %d steps with bit-identical state on both ranks, group loss %.4f -> "
            "%.4f\n", what, same, n_steps, S->loss[0][0], S->loss[0][n_steps - 1]);
 }
 
 int main(int argc, char **argv) {
+    /* NVLink multicast stays off (shared machines; it buys nothing at these sizes) */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
     if (argc > 1) n_steps = atoi(argv[1]);
     if (n_steps < 1 || n_steps > MAXSTEP) n_steps = 6;
     S = mmap(NULL, sizeof *S, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

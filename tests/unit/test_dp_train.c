@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 enum { D = 16, NF = 2, V = 11, MAXT = 27, MAXB = 16, NSTEP = 8, MAXP = 16384 };
+#define CLIP 3.0 /* gradient clip: (a) has norms of 2-3.7, so some steps clip, some do not */
 
 /* ---------------------------------------------------------------------------------------------
  * the tiny world */
@@ -76,6 +77,7 @@ static void tiny_init(tiny *w, int layers) {
     dflash_train_cfg_default(&w->tc);
     w->tc.n_anchors = 3;
     w->tc.lr = 1e-2;
+    w->tc.clip = CLIP;
 }
 
 static dflash_model *tiny_model(tiny *w, uint64_t seed) {
@@ -120,7 +122,7 @@ static uint64_t key_of(int rank, int step) { return (uint64_t)step << 8 | (uint6
 
 typedef struct result {
     int failed;
-    double loss[NSTEP], local_loss[NSTEP], local_w[NSTEP];
+    double loss[NSTEP], local_loss[NSTEP], local_w[NSTEP], gnorm[NSTEP];
     uint64_t hash[NSTEP], pre_hash;
     int skipped[NSTEP];
     long step;
@@ -129,7 +131,7 @@ typedef struct result {
 } result;
 
 static result *R; /* [4], MAP_SHARED */
-static uint8_t group_id[DP_COMM_ID_BYTES];
+static uint8_t group_id[DP_COMM_ID_BYTES], solo_id[DP_COMM_ID_BYTES]; /* made by the parent */
 
 static void save_state(result *r, const dflash_model *m) {
     r->n_params = m->n_params;
@@ -155,6 +157,7 @@ typedef void (*proc_fn)(int idx);
 static int run_procs(int n, proc_fn fn) {
     memset(R, 0, 4 * sizeof *R);
     CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, group_id, NULL, 0), 0);
+    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, solo_id, NULL, 0), 0);
     pid_t pids[4];
     fflush(NULL);
     for (int i = 0; i < n; i++) {
@@ -200,6 +203,7 @@ static void ab_rank(int rank) {
         R[rank].loss[s] = met.loss;
         R[rank].local_loss[s] = loc.loss;
         R[rank].local_w[s] = loc.weight_sum;
+        R[rank].gnorm[s] = met.grad_norm;
         R[rank].hash[s] = dflash_dp_state_hash(m);
         /* the group's weight sum is the sum of the local ones */
         double wsum = loc.weight_sum;
@@ -242,6 +246,7 @@ static void ab_reference(int idx) {
         dflash_metrics out;
         memset(&out, 0, sizeof out);
         dflash_train_apply(m, &w.tc, &out);
+        R[idx].gnorm[s] = out.grad_norm;
         R[idx].loss[s] = (met[0].loss * met[0].weight_sum + met[1].loss * met[1].weight_sum) / W;
         R[idx].hash[s] = dflash_dp_state_hash(m);
     }
@@ -289,14 +294,19 @@ static void test_group_vs_reference(void) {
     }
     double worst_w = max_rel(r0->master, ref->master, n);
     double worst_m = max_rel(r0->adam_m, ref->adam_m, n);
-    int same_hash = 0;
-    for (int s = 0; s < NSTEP; s++)
+    int same_hash = 0, clipped = 0;
+    for (int s = 0; s < NSTEP; s++) {
         same_hash += r0->hash[s] == ref->hash[s];
+        clipped += r0->gnorm[s] > CLIP;
+        CHECK_NEAR(r0->gnorm[s], ref->gnorm[s], 1e-6 * ref->gnorm[s]);
+    }
     printf("(a,b) 2 ranks x %d steps: loss %.5f -> %.5f; vs the accumulated reference: loss max "
            "rel diff %.3g, weights %.3g, adam m %.3g, %d of %d step hashes identical; mean of "
-           "per-rank losses is off by up to %.3g\n",
+           "per-rank losses is off by up to %.3g; %d of %d steps clipped\n",
            NSTEP, r0->loss[0], r0->loss[NSTEP - 1], worst_loss, worst_w, worst_m, same_hash,
-           NSTEP, worst_mm);
+           NSTEP, worst_mm, clipped, NSTEP);
+    /* both paths of the group clipping are taken */
+    CHECK(clipped > 0 && clipped < NSTEP);
     CHECK(worst_loss <= 1e-6);
     CHECK(worst_w <= 1e-6);
     CHECK(worst_m <= 1e-6);
@@ -397,9 +407,7 @@ static void d_reference(int idx) {
     tiny_init(&w, 2);
     dflash_model *m = tiny_model(&w, 7), *m1 = tiny_model(&w, 7), *m2 = tiny_model(&w, 7);
     dp_comm *c = NULL;
-    uint8_t id[DP_COMM_ID_BYTES];
-    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, NULL, 0), 0);
-    CHECK_EQ_INT(dp_comm_open(DP_COMM_SHM, id, 0, 1, -1, 5.0, &c, NULL, 0), 0);
+    CHECK_EQ_INT(dp_comm_open(DP_COMM_SHM, solo_id, 0, 1, -1, 5.0, &c, NULL, 0), 0);
     if (!m || !m1 || !m2 || !c) return;
     batch b;
     int same = 0;
@@ -467,10 +475,11 @@ static int shm_left(const char *prefix) {
 int main(void) {
     R = mmap(NULL, 4 * sizeof *R, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (R == MAP_FAILED) return 1;
-    int before = shm_left("dflash-dp-"); /* other tests may run at the same time */
     test_group_vs_reference();
     test_sync_state();
     test_empty_rank();
-    CHECK_EQ_INT(shm_left("dflash-dp-"), before);
+    char prefix[64]; /* the segments of the ids this process made */
+    snprintf(prefix, sizeof prefix, "dflash-dp-%ld-", (long)getpid());
+    CHECK_EQ_INT(shm_left(prefix), 0);
     CHECK_DONE();
 }

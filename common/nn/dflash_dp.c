@@ -256,6 +256,7 @@ uint64_t dflash_dp_state_hash(const dflash_model *m) {
     const float *arrays[3] = {m->master, m->adam_m, m->adam_v};
     enum { CHUNK = 1 << 14 };
     float *tmp = on_host(m) ? NULL : malloc(CHUNK * sizeof(float));
+    if (!on_host(m) && !tmp) return 0; /* out of memory: no hash */
     for (int i = 0; i < 3; i++) {
         for (size_t off = 0; off < m->n_params; off += CHUNK) {
             size_t k = m->n_params - off < CHUNK ? m->n_params - off : CHUNK;

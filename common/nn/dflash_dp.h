@@ -56,7 +56,7 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
 int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root);
 
 /* FNV-1a hash of the bytes of the trainable state (master, adam_m, adam_v and step), read from
- * the backend; for tests and logs that compare ranks. */
+ * the backend; for tests and logs that compare ranks. 0 when out of host memory. */
 uint64_t dflash_dp_state_hash(const dflash_model *m);
 
 #endif

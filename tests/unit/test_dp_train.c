@@ -13,7 +13,8 @@
  *       shape is refused on both ranks (DFLASH_EMISMATCH) and the group still works;
  *   (d) a rank whose batch has no anchors (stale gradients left in its buffer) joins with zero
  *       gradients: the group step equals dflash_train_step on the other rank's batch alone; when
- *       no rank has a weighted position every rank skips (no update, step unchanged);
+ *       no rank has a weighted position every rank skips (no update, step unchanged); a rank
+ *       with a malformed batch gets its error, the others DFLASH_EAGAIN, and nothing changes;
  *   (e) a group of one equals dflash_train_step bit for bit, and comm NULL is dflash_train_step.
  * Results travel to the parent through a MAP_SHARED page set up before fork. Every child runs
  * under alarm(); no /dev/shm segment is left behind.
@@ -387,10 +388,19 @@ static void d_rank(int rank) {
         R[rank].loss[s] = met.loss;
     }
     save_state(&R[rank], m);
-    /* nobody has a weighted position: every rank skips */
+    /* rank 1's batch is malformed: it gets its own error, rank 0 DFLASH_EAGAIN, nothing is
+     * applied anywhere, and the group goes on */
     uint64_t before = dflash_dp_state_hash(m);
-    make_batch(&b, rank, 9, true);
     dflash_metrics met;
+    make_batch(&b, rank, 8, false);
+    dflash_batch_view bad = b.view;
+    if (rank == 1) bad.n_seqs = 0;
+    CHECK_EQ_INT(dflash_train_step_dp(m, &w.tc, &bad, 0, key_of(rank, 8), c, &met),
+                 rank == 1 ? DFLASH_EINVAL : DFLASH_EAGAIN);
+    CHECK(met.skipped);
+    CHECK(dflash_dp_state_hash(m) == before);
+    /* nobody has a weighted position: every rank skips */
+    make_batch(&b, rank, 9, true);
     CHECK_EQ_INT(dflash_train_step_dp(m, &w.tc, &b.view, 0, key_of(rank, 9), c, &met), 0);
     CHECK(met.skipped);
     CHECK_EQ_INT(met.step, D_STEPS);

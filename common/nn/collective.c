@@ -47,6 +47,7 @@ int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int de
 int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
 int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
 int dp_nccl_barrier(void *impl);
+void dp_nccl_set_timeout(void *impl, double timeout_s);
 /* abort: the group is broken (ncclCommAbort instead of finalize + destroy). */
 void dp_nccl_close(void **impl, bool abort);
 #endif
@@ -516,6 +517,15 @@ dp_comm_kind dp_comm_kind_of(const dp_comm *c) { return c->kind; }
 static int track(dp_comm *c, int rc) {
     if (rc && rc != DFLASH_EINVAL) c->broken = true;
     return rc;
+}
+
+int dp_comm_set_timeout(dp_comm *c, double timeout_s) {
+    if (!(timeout_s > 0)) return DFLASH_EINVAL;
+    c->timeout_s = timeout_s;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL) dp_nccl_set_timeout(c->nccl, timeout_s);
+#endif
+    return 0;
 }
 
 int dp_comm_barrier(dp_comm *c) {

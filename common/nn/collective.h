@@ -32,8 +32,9 @@
  * daemon's group code (services/drafter), the tests.
  *
  * Additions to the agreed interface (nothing agreed was changed): dp_comm_kind_of,
- * dp_comm_barrier, dp_comm_allreduce_scaled_f32 and dp_comm_broadcast_io (a per-rank pre-scale
- * and copies through caller-supplied host i/o, used by dflash_dp), dp_comm_have_nccl.
+ * dp_comm_barrier, dp_comm_set_timeout, dp_comm_allreduce_scaled_f32 and dp_comm_broadcast_io
+ * (a per-rank pre-scale and copies through caller-supplied host i/o, used by dflash_dp),
+ * dp_comm_have_nccl.
  */
 #ifndef DFLASH_NN_COLLECTIVE_H
 #define DFLASH_NN_COLLECTIVE_H
@@ -72,6 +73,10 @@ int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank
 int dp_comm_rank(const dp_comm *c);
 int dp_comm_world(const dp_comm *c);
 dp_comm_kind dp_comm_kind_of(const dp_comm *c);
+
+/* Changes the timeout of every later wait on peers (e.g. a long one to join, a shorter one per
+ * step). Local: no communication. DFLASH_EINVAL unless timeout_s > 0. */
+int dp_comm_set_timeout(dp_comm *c, double timeout_s);
 
 /* Waits until every rank has reached the barrier. 0 or a negative code (as allreduce). */
 int dp_comm_barrier(dp_comm *c);

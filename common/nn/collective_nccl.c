@@ -48,6 +48,7 @@ int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int de
 int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
 int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
 int dp_nccl_barrier(void *impl);
+void dp_nccl_set_timeout(void *impl, double timeout_s);
 void dp_nccl_close(void **impl, bool abort);
 
 static void nccl_abort(dp_nccl *n) {
@@ -264,6 +265,8 @@ int dp_nccl_barrier(void *impl) {
     double one = 1.0;
     return dp_nccl_allreduce(n, &one, 1, true, 1.0f, NULL);
 }
+
+void dp_nccl_set_timeout(void *impl, double timeout_s) { ((dp_nccl *)impl)->timeout_s = timeout_s; }
 
 void dp_nccl_close(void **impl, bool abort) {
     dp_nccl *n = *impl;

@@ -202,7 +202,7 @@ static int run_group(const uint8_t *id, int world, rank_fn fn) {
 /* ---------------------------------------------------------------------------------------------
  * failures */
 
-#define SHORT_TIMEOUT 0.4
+#define SHORT_TIMEOUT 1.0
 
 /* rank world-1 never joins: the others' open must time out, not hang */
 static void rank_absent(const uint8_t *id, int rank, int world) {
@@ -222,9 +222,12 @@ static void rank_absent(const uint8_t *id, int rank, int world) {
 static void rank_dies(const uint8_t *id, int rank, int world) {
     dp_comm *c = NULL;
     char err[256] = "";
-    int rc = dp_comm_open(DP_COMM_SHM, id, rank, world, -1, SHORT_TIMEOUT, &c, err, sizeof err);
+    int rc = dp_comm_open(DP_COMM_SHM, id, rank, world, -1, 20.0, &c, err, sizeof err);
     CHECK_EQ_INT(rc, 0);
     if (rc) return;
+    CHECK_EQ_INT(dp_comm_set_timeout(c, 0.0), DFLASH_EINVAL);
+    CHECK_EQ_INT(dp_comm_barrier(c), 0); /* joined and in step (under the long timeout) */
+    CHECK_EQ_INT(dp_comm_set_timeout(c, SHORT_TIMEOUT), 0); /* then fail fast */
     float x[4] = {1, 2, 3, 4};
     CHECK_EQ_INT(dp_comm_allreduce_f32(c, x, 4, NULL), 0);
     if (rank == world - 1) _exit(check_failed); /* a crash: no close */

@@ -177,11 +177,10 @@ static void break_group(dp_comm *c) {
     if (c->base) atomic_store(&hdr_of(c)->broken, 1u);
 }
 
-/* Polls cond(c, arg) until it holds, the group breaks, or the deadline passes. */
+/* Polls cond(c, arg) until it holds, the group breaks, or the deadline (monotime_s) passes. */
 typedef bool (*shm_cond)(const dp_comm *c, int arg, int *why);
 
-static int shm_wait(dp_comm *c, shm_cond cond, int arg, const char *what) {
-    double deadline = monotime_s() + c->timeout_s;
+static int shm_wait(dp_comm *c, shm_cond cond, int arg, const char *what, double deadline) {
     for (long i = 0;; i++) {
         int why = 0;
         if (cond(c, arg, &why)) return 0;
@@ -226,9 +225,10 @@ static int shm_barrier(dp_comm *c) {
     if (c->broken) return DFLASH_EPEER;
     c->epoch++;
     atomic_store(&rank_of(c, c->rank)->arrived, c->epoch);
+    double deadline = monotime_s() + c->timeout_s; /* for the whole barrier */
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank) continue;
-        int rc = shm_wait(c, cond_arrived, r, "barrier");
+        int rc = shm_wait(c, cond_arrived, r, "barrier", deadline);
         if (rc) return rc;
     }
     return 0;
@@ -360,7 +360,7 @@ static int shm_open_group(dp_comm *c, const uint8_t id[DP_COMM_ID_BYTES], char *
     }
     me->pid = (int32_t)getpid();
     atomic_fetch_add(&h->n_joined, 1u);
-    rc = shm_wait(c, cond_all_joined, 0, "join");
+    rc = shm_wait(c, cond_all_joined, 0, "join", deadline);
     if (rc) { /* timed out here or in a peer that then broke the group: the group did not form */
         rc = DFLASH_ETIMEOUT;
         err_fmt(err, errlen, "rank %d of %d: only %u ranks joined %s within %.3g s", c->rank,

@@ -2,7 +2,8 @@
  * both collectives, with ranks as forked processes (the parent never touches CUDA: a forked
  * child cannot use its parent's CUDA context; a probe child counts the GPUs).
  *   1. nccl, world 1, GPU 0: open, allreduce (plain and pre-scaled, device memory on the
- *      context's stream), allreduce_host_f64, broadcast (device), broadcast_host, barrier, close.
+ *      context's stream), allreduce_host_f64, broadcast (device), broadcast_host, barrier, close;
+ *      then a world of 2 whose rank 1 never joins: rank 0's open returns DFLASH_ETIMEOUT.
  *   2. shm, world 2, both ranks on GPU 0 with the cuda backend: a small drafter (D 128, 2
  *      layers, head dim 64, B 8) trains N steps on different batches per rank; the gradients
  *      go through the shm segment with the ops' download/upload. After every step both ranks'
@@ -22,6 +23,7 @@
 #include "dflash_model.h"
 #include "dflash_train.h"
 #include "err.h"
+#include "monotime.h"
 #include "ops.h"
 #include "ops_cuda.h"
 
@@ -243,6 +245,17 @@ static void nccl_world1(void) {
     free(h), free(back);
     gworld_free(&w);
     printf("nccl world 1: open, allreduce (plain, pre-scaled), host f64, broadcasts, close ok\n");
+
+    /* a group of 2 whose rank 1 never comes: rank 0's open times out (and aborts), no hang */
+    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_NCCL, id, err, sizeof err), 0);
+    double t0 = monotime_s();
+    rc = dp_comm_open(DP_COMM_NCCL, id, 0, 2, 0, 3.0, &c, err, sizeof err);
+    double dt = monotime_s() - t0;
+    CHECK_EQ_INT(rc, DFLASH_ETIMEOUT);
+    CHECK(c == NULL);
+    CHECK(dt < 3.0 + 10.0);
+    printf("nccl absent peer: open gave %s after %.2f s (timeout 3 s): %s\n", err_name(rc), dt,
+           err);
 }
 
 /* ---------------------------------------------------------------------------------------------

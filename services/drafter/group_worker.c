@@ -335,6 +335,22 @@ static int stepping(gw *g, double *backoff)
     return 0;
 }
 
+/* A progress line every cfg->progress_ms: our rank, batches and tokens/s, time waiting for a
+ * step's slots. */
+static void progress(gw *g, double *last_t, uint64_t *last_tok, double *last_wait)
+{
+    double now = monotime_s(), dt = now - *last_t;
+    if (dt <= 0) return;
+    LOG_INFO("group %s epoch %llu rank %d of %d: step %llu, batches %llu, %.0f tokens/s, waiting "
+             "for a step %.0f%%", g->cfg->group, (unsigned long long)g->epoch, g->rank, g->world,
+             (unsigned long long)g->cons->model_step(g->cons->ctx),
+             (unsigned long long)g->st.batches, (double)(g->st.tokens - *last_tok) / dt,
+             100.0 * (g->st.wait_grant_s - *last_wait) / dt);
+    *last_t = now;
+    *last_tok = g->st.tokens;
+    *last_wait = g->st.wait_grant_s;
+}
+
 /* The loop ended without a fatal error: final checkpoint (rank 0; the consumer knows), its
  * commit, goodbye to the group. */
 static int finish(gw *g)
@@ -401,12 +417,15 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     atomic_store(&g.hb_run, true);
     g.hb_started = pthread_create(&g.hb_thread, NULL, heartbeat_main, &g) == 0;
 
-    double backoff = 1, unreachable_since = monotime_s();
+    double backoff = 1, unreachable_since = monotime_s(), last_t = monotime_s(), last_wait = 0;
+    uint64_t last_tok = 0;
     while (g.state != GW_DONE) {
         if (*stop) {
             set_state(&g, GW_DONE);
             break;
         }
+        if (cfg->progress_ms > 0 && (monotime_s() - last_t) * 1000 >= cfg->progress_ms)
+            progress(&g, &last_t, &last_tok, &last_wait);
         if (g.state == GW_REGISTER) {
             if (do_register(&g) == 0) {
                 unreachable_since = monotime_s();

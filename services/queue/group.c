@@ -294,7 +294,7 @@ int group_step_done(group_table *t, group *g, uint64_t peer, uint64_t epoch, uin
     (void)t;
     memset(out, 0, sizeof *out);
     if (g->step_active && g->step_epoch == epoch && g->step == step) {
-        if (g->slots[0].peer != peer) return DFLASH_EDENIED;
+        if (g->slots[0].peer != peer || !group_entry_of(g, peer)) return DFLASH_EDENIED;
         resolve(g, GROUP_ACK, out);
         try_form(g, out);
         return 0;

@@ -145,7 +145,7 @@ void group_step_begin(group *g, uint64_t step, const group_slot *slots);
 group_slot *group_slot_of_lease(group_table *t, uint64_t lease_id);
 
 /* StepDone from peer: ACK when (epoch, step) is the step in flight and peer is rank 0 of its
- * epoch (also while re-forming); then a waiting join forms a new epoch. Returns 0 (out->verdict
+ * epoch and still a member (also while re-forming); then a waiting join forms a new epoch. Returns 0 (out->verdict
  * ACK, or KEEP for a duplicate of the last acked step), DFLASH_EDENIED (not rank 0),
  * DFLASH_ESTALE (the step was aborted or is unknown). */
 int group_step_done(group_table *t, group *g, uint64_t peer, uint64_t epoch, uint64_t step,

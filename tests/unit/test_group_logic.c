@@ -1,0 +1,116 @@
+/* test_group_logic: the pure group state machine (services/queue/group.h) in the corners the
+ * broker-level test (test_group_broker.c) does not reach:
+ *   - a rank whose communicator failed to open while FORMING re-forms the group at once;
+ *   - the resolver of a step in flight dies: the next surviving first rank resolves it;
+ *   - every rank dies with a step in flight: it is aborted and the empty group is deleted;
+ *   - a pending joiner that dies changes nothing (no new epoch);
+ *   - a step claim for the step after the one in flight waits (EAGAIN) instead of failing;
+ *   - the max-world limit and "one group per peer". */
+#include "check.h"
+#include "err.h"
+#include "group.h"
+
+#include <string.h>
+
+static group_slot slot_of(uint64_t peer, uint32_t index)
+{
+    group_slot s = {.peer = peer, .lease_id = 100 + index, .batch = {0, 0, index}};
+    return s;
+}
+
+/* Forms an active epoch of the given members (all joined, rank 0 posted an id). */
+static group *form(group_table *t, const uint64_t *peers, int n)
+{
+    group *g = NULL;
+    group_outcome o;
+    for (int i = 0; i < n; i++)
+        CHECK_EQ_INT(group_join(t, "g", peers[i], "p", 0, 0, 8, &g, &o), 0);
+    uint8_t id[4] = {1, 2, 3, 4};
+    CHECK_EQ_INT(group_set_id(g, peers[0], g->epoch, id, 4), 0);
+    CHECK_EQ_INT(g->state, GROUP_ACTIVE);
+    CHECK_EQ_INT(g->world, (uint32_t)n);
+    return g;
+}
+
+int main(void)
+{
+    group_table *t = group_table_new();
+    group_outcome o;
+    group *g = NULL;
+
+    /* a failed open while FORMING: new epoch at once, same members */
+    CHECK_EQ_INT(group_join(t, "g", 1, "a", 0, 0, 8, &g, &o), 0);
+    CHECK(o.created && o.new_epoch && g->epoch == 1);
+    CHECK_EQ_INT(group_join(t, "g", 2, "b", 0, 0, 8, &g, &o), 0);
+    CHECK(!o.created && o.new_epoch && g->epoch == 2 && g->world == 2);
+    CHECK_EQ_INT(group_join(t, "g", 2, "b", 0, 2, 8, &g, &o), 0); /* b: open failed in epoch 2 */
+    CHECK(o.new_epoch && g->epoch == 3 && g->world == 2 && g->state == GROUP_FORMING);
+    CHECK_EQ_INT(group_join(t, "g", 2, "b", 0, 2, 8, &g, &o), 0); /* a retry: old epoch */
+    CHECK(!o.new_epoch && g->epoch == 3);
+
+    /* limits: one group per peer, max world */
+    group *h = NULL;
+    CHECK_EQ_INT(group_join(t, "h", 1, "a", 0, 0, 8, &h, &o), DFLASH_EEXISTS);
+    CHECK_EQ_INT(group_join(t, "g", 3, "c", 0, 0, 2, &h, &o), DFLASH_EFULL);
+    CHECK(h == NULL);
+    CHECK(group_find(t, "h") == NULL);
+    CHECK_EQ_INT(group_largest(t), 2);
+
+    /* a step in flight; the claim of the next step waits for rank 0's StepDone */
+    uint8_t id[4] = {9, 9, 9, 9};
+    CHECK_EQ_INT(group_set_id(g, 1, 3, id, 4), 0);
+    group_slot *mine;
+    CHECK_EQ_INT(group_step_check(g, 2, 3, 1, &mine), 0);
+    CHECK(mine == NULL);
+    group_slot slots[2] = {slot_of(1, 0), slot_of(2, 1)};
+    group_step_begin(g, 1, slots);
+    CHECK_EQ_INT(group_step_check(g, 2, 3, 2, &mine), DFLASH_EAGAIN);
+    CHECK_EQ_INT(group_step_check(g, 2, 3, 3, &mine), DFLASH_ESTATE);
+    CHECK_EQ_INT(group_step_check(g, 2, 3, 1, &mine), 0);
+    CHECK(mine && mine->lease_id == 101);
+    CHECK(group_slot_of_lease(t, 100) == &g->slots[0]);
+
+    /* c joins (pending) and dies before the boundary: no new epoch */
+    CHECK_EQ_INT(group_join(t, "g", 3, "c", 0, 0, 8, &g, &o), 0);
+    CHECK(!o.new_epoch && g->n_members == 3 && g->world == 2);
+    CHECK(group_leave(t, 3, &o));
+    CHECK(!o.new_epoch && o.verdict == GROUP_KEEP && g->epoch == 3 && g->state == GROUP_ACTIVE);
+
+    /* d joins pending; a (rank 0, resolver-to-be) dies: b resolves; b dies too before saying
+     * anything: nobody admitted is left, so the step is aborted; d alone forms epoch 4 */
+    CHECK_EQ_INT(group_join(t, "g", 4, "d", 0, 0, 8, &g, &o), 0);
+    CHECK(group_leave(t, 1, &o));
+    CHECK(g->state == GROUP_REFORMING && g->resolver == 2 && o.verdict == GROUP_KEEP);
+    CHECK_EQ_INT(group_step_done(t, g, 1, 3, 1, &o), DFLASH_EDENIED); /* a is gone: not rank 0 */
+    CHECK(group_leave(t, 2, &o));
+    CHECK_EQ_INT(o.verdict, GROUP_ABORT);
+    CHECK_EQ_INT(o.n_slots, 2);
+    CHECK(o.new_epoch && g->epoch == 4 && g->world == 1 && g->members[0].peer == 4);
+    CHECK_EQ_INT(g->steps_aborted, 1);
+    CHECK_EQ_INT(group_step_done(t, g, 4, 3, 1, &o), DFLASH_ESTALE);
+
+    /* the resolver chain: e, f, k in one epoch, step 1 in flight; e dies -> f resolves; f dies
+     * -> k resolves with its model step (it took the update: ACK) */
+    group_table *t2 = group_table_new();
+    uint64_t peers[3] = {10, 11, 12};
+    g = form(t2, peers, 3);
+    group_slot s3[3] = {slot_of(10, 0), slot_of(11, 1), slot_of(12, 2)};
+    group_step_begin(g, 1, s3);
+    CHECK(group_leave(t2, 10, &o));
+    CHECK_EQ_INT(g->resolver, 11);
+    CHECK(group_leave(t2, 11, &o));
+    CHECK_EQ_INT(g->resolver, 12);
+    CHECK_EQ_INT(group_join(t2, "g", 12, "k", 1, g->epoch, 8, &g, &o), 0);
+    CHECK_EQ_INT(o.verdict, GROUP_ACK);
+    CHECK_EQ_INT(o.step, 1);
+    CHECK(o.new_epoch && g->world == 1 && g->base_step == 1 && g->steps_done == 1);
+    /* the last member leaves: the group is deleted */
+    CHECK(group_leave(t2, 12, &o));
+    CHECK_EQ_INT(group_count(t2), 0);
+    CHECK(!group_leave(t2, 12, &o));
+
+    group_table_destroy(&t);
+    group_table_destroy(&t2);
+    CHECK(t == NULL);
+    CHECK_DONE();
+}

@@ -901,14 +901,18 @@ static void on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
                                "fewer than %u slots eligible for a step", g->world);
         }
         group_slot slots[GROUP_MAX_WORLD];
-        uint64_t now = now_ms(b);
+        uint64_t now = now_ms(b), taken[GROUP_MAX_WORLD];
+        uint32_t n_taken = 0;
         for (uint32_t i = 0; i < g->n_members; i++) {
             const group_entry *e = &g->members[i];
             if (!e->admitted) continue;
             policy_grant pg;
-            rc = policy_claim(b->policy, e->peer, now, &pg);
-            assert(rc == 0); /* policy_claimable said so; single-threaded */
-            if (rc) return reply_error(b, r, m->request_id, rc, "step reservation failed");
+            rc = policy_claim(b->policy, e->peer, now, &pg); /* policy_claimable said it would */
+            if (rc) { /* only out of memory: give back what was taken, reserve nothing */
+                while (n_taken) policy_lease_revoke(b->policy, taken[--n_taken]);
+                return reply_error(b, r, m->request_id, rc, "step reservation failed");
+            }
+            taken[n_taken++] = pg.lease_id;
             slots[e->rank] = (group_slot){.peer = e->peer, .lease_id = pg.lease_id,
                                           .batch = pg.where.batch, .pool_id = pg.where.pool_id,
                                           .slot = pg.where.slot, .n_tokens = pg.where.n_tokens,

@@ -32,6 +32,12 @@
  * before the change (records written before the reply; COMMIT/REWIND/PLAN fdatasynced). If the record of a
  * CheckpointCommitted or ResumeFrom could not be written or synced, its reply is Error IO.
  * Without sockets (broker_dispatch from tests and the fuzz harness) the journal stays inline.
+ *
+ * Groups ("groups" below; group.h holds the state machine): the handlers turn GroupJoin,
+ * GroupSetId, StepClaim, StepDone and GroupLeave into group.c calls and carry out the outcome
+ * (apply_outcome): ledger acks of a step's units once for the group, or requeue/revoke on an
+ * abort. A step's reservation is all or nothing (policy_claimable first). A dead drafter's copied
+ * units of a step in flight stay in flight until the step is resolved (peer_remove skips them).
  */
 #include "broker.h"
 

@@ -792,29 +792,53 @@ static void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn
 /* ------------------------------------------------------------------------------------------ */
 /* optimizer */
 
-__global__ void k_sumsq(float *out, const float *g, size_t n) {
+/* Sum of squares in two fixed-order passes (no float atomics): every run, and every rank of a
+ * data-parallel group holding the same gradients, gets the same bits, so the clipping factor
+ * (and thus the weights) agree bit for bit. Pass 1: block b writes its partial to part[b]. */
+__global__ void k_sumsq(float *part, const float *g, size_t n) {
     float s = 0.0f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         s += g[i] * g[i];
     s = warp_sum(s);
-    __shared__ float part[32];
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+    __shared__ float w[32];
+    if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
     __syncthreads();
     if (threadIdx.x == 0) {
         float t = 0.0f;
         for (int i = 0; i < (int)blockDim.x / 32; i++)
-            t += part[i];
-        atomicAdd(out, t);
+            t += w[i];
+        part[blockIdx.x] = t;
     }
 }
 
+/* Pass 2, one block of SUMSQ_BLOCKS threads: out[0] = sum of part[0..nb). */
+__global__ void k_sum_parts(float *out, const float *part, unsigned nb) {
+    float s = threadIdx.x < nb ? part[threadIdx.x] : 0.0f;
+    s = warp_sum(s);
+    __shared__ float w[32];
+    if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < (int)blockDim.x / 32; i++)
+            t += w[i];
+        out[0] = t;
+    }
+}
+
+#define SUMSQ_BLOCKS 1024u /* partials live in the context's staging buffer */
+
 static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
-    CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), c->stream));
-    if (n == 0) return;
+    if (n == 0) {
+        CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), c->stream));
+        return;
+    }
     unsigned blocks = grid_for(n, 256);
-    if (blocks > 1024) blocks = 1024;
-    k_sumsq<<<blocks, 256, 0, c->stream>>>(out, g, n);
+    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
+    k_sumsq<<<blocks, 256, 0, c->stream>>>(c->stage, g, n);
+    CUDA_CHECK_LAUNCH();
+    k_sum_parts<<<1, SUMSQ_BLOCKS, 0, c->stream>>>(out, c->stage, blocks);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -12,9 +12,10 @@
  *      pre-scaled sum: NCCL PreMulSum on the device, or while staging on shm), giving the
  *      gradient of L above, bit-identical on every rank;
  *   4. clipping with ONE norm for the group: rank 0's sum of squares of that gradient is used
- *      by all ranks (a backend's sum of squares need not be bit-reproducible: the cuda one adds
- *      block partials with atomics, and a clip factor differing in the last bit would make the
- *      ranks drift apart); on a step that clips, the gradient is scaled here by
+ *      by all ranks (a backend's sum of squares need not be bit-reproducible across processes
+ *      or devices, as the cuda one was with float atomics before c6ce6ed, and a clip factor
+ *      differing in the last bit makes the ranks drift apart: seen on the H200); on a step that
+ *      clips, the gradient is scaled here by
  *      clip / (norm + 1e-6) (ops->scale_f32);
  *   5. dflash_train_apply with clipping off: AdamW sees the same global gradient on every
  *      rank, so master weights, moments and step stay bit-identical.

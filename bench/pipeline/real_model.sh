@@ -18,8 +18,10 @@
 #   BIN_DIR holds dflash-queue, dflash-target, dflash-drafter, dflash-ctl, dflash-data and
 #   devlibs/; MODEL_DIR (default /tmp/dflash-qwen3-8b) is made by bench/target/make_checkpoint.py
 #   when it has no config.json. SLOTS (16), E2E_STEPS (40), SEQS (400), BACKEND (cuda),
-#   DRAFT_LAYERS (5), ANCHORS (512) in the environment (a cpu dry run: BACKEND=host with a
-#   small dflash-mkmodel target and DRAFT_LAYERS=1 ANCHORS=8).
+#   DRAFT_LAYERS (5), ANCHORS (512), LEN_MIN / LEN_MAX (64 / 3072: sequence lengths, log-uniform;
+#   equal values give uniform lengths, so the three phases compare like with like) and BUCKETS
+#   (512,1024,2048,3072; only buckets the data fills) in the environment (a cpu dry run:
+#   BACKEND=host with a small dflash-mkmodel target and DRAFT_LAYERS=1 ANCHORS=8).
 #   Logs and metrics go to $OUT (or ./pipeline-logs).
 set -uo pipefail
 bin=$(cd "${1:?usage: bench/pipeline/real_model.sh BIN_DIR [MODEL_DIR]}" && pwd)
@@ -30,8 +32,12 @@ seqs=${SEQS:-400}
 backend=${BACKEND:-cuda}
 draft_layers=${DRAFT_LAYERS:-5}
 anchors=${ANCHORS:-512}
+len_min=${LEN_MIN:-64}
+len_max=${LEN_MAX:-3072}
+buckets=${BUCKETS:-512,1024,2048,3072}
 out=${OUT:-pipeline-logs}
 mkdir -p "$out"
+rm -rf "$out/metrics" # the drafter appends to metrics.jsonl
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}" OPENBLAS_CORETYPE=Haswell
 work=$(mktemp -d /tmp/dflash-pipe.XXXXXX)
@@ -56,20 +62,20 @@ if [ ! -f "$model/config.json" ]; then
   echo "checkpoint made in $((SECONDS - t0)) s"
 fi
 
-# training data: random token sequences, lengths 64..3072 (log-uniform), prompt = first 10%
-python3 - "$work/train.jsonl" "$seqs" "$model/config.json" <<'EOF'
+# training data: random token sequences, lengths LEN_MIN..LEN_MAX (log-uniform), prompt = first 10%
+python3 - "$work/train.jsonl" "$seqs" "$model/config.json" "$len_min" "$len_max" <<'EOF'
 import json, math, random, sys
 path, n = sys.argv[1], int(sys.argv[2])
+lo, hi = int(sys.argv[4]), int(sys.argv[5])
 vocab = json.load(open(sys.argv[3]))["vocab_size"]
 r = random.Random(7)
 with open(path, "w") as f:
     for _ in range(n):
-        L = int(math.exp(r.uniform(math.log(64), math.log(3072))))
+        L = int(round(math.exp(r.uniform(math.log(lo), math.log(hi)))))
         ids = [r.randrange(vocab) for _ in range(L)]
         p = max(1, L // 10)
         f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * p + [1] * (L - p)}) + "\n")
 EOF
-buckets=512,1024,2048,3072
 "$bin/dflash-data" --in "$work/train.jsonl" --out "$work/train.shard" --model "$model" \
   --buckets "$buckets" --max-len 3072 --strict > "$out/data.log" 2>&1 || die "dflash-data failed"
 SLOT_ARGS=(--buckets "$buckets" --token-budget 3072 --max-seqs 1 --layers 5 --backend "$backend")
@@ -135,21 +141,25 @@ recs = [json.loads(l) for l in open(path) if l.strip()]
 recs.sort(key=lambda r: r["step"])
 def rate(rs):
     """steps/s and tokens/s over consecutive records (time = when each step came back)."""
-    if len(rs) < 3: return float("nan"), float("nan")
-    dt = rs[-1]["time"] - rs[0]["time"]
+    dt = rs[-1]["time"] - rs[0]["time"] if len(rs) >= 3 else 0
+    if dt <= 0: return float("nan"), float("nan")
     steps = len(rs) - 1
     tok = sum(r["tokens_per_s"] * r.get("perf/step_s", 0) for r in rs[1:])
     return steps / dt, tok / dt
-tgt_b = (n_full - n_first) / (t_full - t_first)
-tgt_t = (tok_full - tok_first) / (t_full - t_first)
-alone = [r for r in recs if 3 <= r["step"] <= slots]
+nan = float("nan")
+span = t_full - t_first
+tgt_b = (n_full - n_first) / span if n_full > n_first and span > 0 else nan  # too fast to see: n/a
+tgt_t = (tok_full - tok_first) / span if n_full > n_first and span > 0 else nan
+# a step's record is written when it comes back, which the cuda hot loop checks after queuing
+# the next step: the last ready batch's step is reported only after the target resumes
+alone = [r for r in recs if 3 <= r["step"] <= slots - 1]
 e2e = [r for r in recs if r["step"] >= slots + 5]
 d_s, d_t = rate(alone)
 e_s, e_t = rate(e2e)
 print("RESULT side=target_alone batches_per_s=%.2f tokens_per_s=%.0f" % (tgt_b, tgt_t))
-print("RESULT side=drafter_alone steps_per_s=%.2f tokens_per_s=%.0f (steps 3..%d)" % (d_s, d_t, slots))
+print("RESULT side=drafter_alone steps_per_s=%.2f tokens_per_s=%.0f (steps 3..%d)" % (d_s, d_t, slots - 1))
 print("RESULT side=end_to_end steps_per_s=%.2f tokens_per_s=%.0f (steps %d..%d)" % (e_s, e_t, slots + 5, recs[-1]["step"]))
-ideal = 1.0 / (1.0 / tgt_t + 1.0 / d_t)
+ideal = 1.0 / (1.0 / tgt_t + 1.0 / d_t) if tgt_t > 0 and d_t > 0 else nan
 print("one GPU shared: the best a serial share can do is 1/(1/target + 1/drafter) = %.0f tokens/s; "
       "end to end reaches %.1f%% of it" % (ideal, 100.0 * e_t / ideal))
 print("loss first %.3f last %.3f" % (recs[0]["loss"], recs[-1]["loss"]))

@@ -236,8 +236,12 @@ static void t_linear(int M, int K, int N, int bias) {
     CO->linear_bwd_acc(CC, dxa.c, NULL, NULL, dy.c, x.c, w.c, M, K, N);
     GO->linear_bwd_acc(GC, dxa.g, NULL, NULL, dy.g, x.g, w.g, M, K, N);
     cmp(name, "bwd_acc dx", &dxa, 1e-2);
+    pair ya = pact(hdy, (size_t)M * N); /* linear_fwd_acc: y += x w^T on a non-zero y */
+    CO->linear_fwd_acc(CC, ya.c, x.c, w.c, M, K, N);
+    GO->linear_fwd_acc(GC, ya.g, x.g, w.g, M, K, N);
+    cmp(name, "fwd_acc y", &ya, 1e-2);
     pfree(&x), pfree(&w), pfree(&b), pfree(&y), pfree(&dy), pfree(&dx), pfree(&dw), pfree(&db),
-        pfree(&dxa);
+        pfree(&dxa), pfree(&ya);
     free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
 }
 

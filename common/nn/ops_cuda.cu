@@ -259,6 +259,40 @@ static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const n
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* 16-byte (8 x bf16) loads and stores for the memory-bound kernels below. */
+__device__ __forceinline__ void load8(const bf16 *p, float f[8]) {
+    uint4 v = *reinterpret_cast<const uint4 *>(p);
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 t = __bfloat1622float2(h[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+
+__device__ __forceinline__ void store8(bf16 *p, const float f[8]) {
+    uint4 v;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&v);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    *reinterpret_cast<uint4 *>(p) = v;
+}
+
+static bool vec_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DFLASH_CUDA_VEC");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on != 0;
+}
+
+/* True when 8-wide access is allowed for all of these pointers. */
+static bool vec_ok(const void *a, const void *b, const void *c) {
+    return vec_enabled() && ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+}
+
 /* RMSNorm: one warp per row. out = bf16(bf16(x * rstd) * w) (HF Qwen3RMSNorm). */
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -267,20 +301,45 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* vec: C % 8 == 0 and every row 16-byte aligned: each lane reads 8 elements at a time (the
+ * sum of squares is then added in another order than the scalar loop's: same accuracy, other
+ * last bits). */
 __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int R, int C,
-                              float eps) {
+                              float eps, int vec) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *xr = x + (size_t)r * C;
     bf16 *orow = out + (size_t)r * C;
     float ss = 0.0f;
-    for (int i = lane; i < C; i += 32) {
-        float v = __bfloat162float(xr[i]);
-        ss += v * v;
+    if (vec) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float v[8];
+            load8(xr + i, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                ss += v[k] * v[k];
+        }
+    } else {
+        for (int i = lane; i < C; i += 32) {
+            float v = __bfloat162float(xr[i]);
+            ss += v * v;
+        }
     }
     ss = warp_sum(ss);
     float rs = rsqrtf(ss / (float)C + eps);
     if (rstd && lane == 0) rstd[r] = rs;
+    if (vec) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float v[8], g[8];
+            load8(xr + i, v);
+            load8(w + i, g);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] = __bfloat162float(__float2bfloat16(v[k] * rs)) * g[k];
+            store8(orow + i, v);
+        }
+        return;
+    }
     for (int i = lane; i < C; i += 32) {
         float n = __bfloat162float(__float2bfloat16(__bfloat162float(xr[i]) * rs));
         orow[i] = __float2bfloat16(n * __bfloat162float(w[i]));
@@ -291,8 +350,9 @@ static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x,
                            int R, int C, float eps) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
+    int vec = C % 8 == 0 && vec_ok(out, x, w);
     k_rmsnorm_fwd<<<(R + 7) / 8, 256, 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
-                                                      (const bf16 *)w, R, C, eps);
+                                                      (const bf16 *)w, R, C, eps, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -567,57 +627,95 @@ static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* SwiGLU and add */
+/* SwiGLU and add: elementwise, memory-bound. Each thread moves 16 bytes (8 bf16) per load and
+ * store when every pointer is 16-byte aligned (vec_ok, load8/store8 above); the scalar loop
+ * takes the rest (and everything when DFLASH_CUDA_VEC=0 is set, for bisecting). The arithmetic
+ * per element is the same either way, so both paths give the same bits. */
 
-__global__ void k_swiglu_fwd(bf16 *out, const bf16 *g, const bf16 *u, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float gi = __bfloat162float(g[i]);
-        float s = 1.0f / (1.0f + expf(-gi));
-        out[i] = __float2bfloat16(gi * s * __bfloat162float(u[i]));
+struct swiglu_op {
+    __device__ float operator()(float g, float u) const {
+        return g * (1.0f / (1.0f + expf(-g))) * u;
     }
+};
+struct add_op {
+    __device__ float operator()(float y, float x) const { return y + x; }
+};
+
+/* out[i] = f(a[i], b[i]); out may alias a. */
+template <class F>
+__global__ void k_map2(bf16 *out, const bf16 *a, const bf16 *b, size_t n, int vec, F f) {
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t nv = vec ? n / 8 : 0;
+    for (size_t i = t; i < nv; i += stride) {
+        float x[8], y[8];
+        load8(a + 8 * i, x);
+        load8(b + 8 * i, y);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            x[k] = f(x[k], y[k]);
+        store8(out + 8 * i, x);
+    }
+    for (size_t i = nv * 8 + t; i < n; i += stride)
+        out[i] = __float2bfloat16(f(__bfloat162float(a[i]), __bfloat162float(b[i])));
+}
+
+template <class F>
+static void map2_launch(nn_ctx *c, bf16 *out, const bf16 *a, const bf16 *b, size_t n, F f) {
+    if (n == 0) return;
+    int vec = vec_ok(out, a, b);
+    k_map2<<<grid_for(vec ? (n + 7) / 8 : n, 256), 256, 0, c->stream>>>(out, a, b, n, vec, f);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* dgate = dy u s (1 + g (1 - s)), dup = dy g s with s = sigmoid(g), element i. */
+__device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float *dg, float *du) {
+    float s = 1.0f / (1.0f + expf(-g));
+    *dg = dy * u * s * (1.0f + g * (1.0f - s));
+    *du = dy * g * s;
 }
 
 __global__ void k_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dout, const bf16 *g, const bf16 *u,
-                             size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float gi = __bfloat162float(g[i]), ui = __bfloat162float(u[i]);
-        float dy = __bfloat162float(dout[i]);
-        float s = 1.0f / (1.0f + expf(-gi));
-        dg[i] = __float2bfloat16(dy * ui * s * (1.0f + gi * (1.0f - s)));
-        du[i] = __float2bfloat16(dy * gi * s);
+                             size_t n, int vec) {
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t nv = vec ? n / 8 : 0;
+    for (size_t i = t; i < nv; i += stride) {
+        float dy[8], gg[8], uu[8], a[8], b[8];
+        load8(dout + 8 * i, dy);
+        load8(g + 8 * i, gg);
+        load8(u + 8 * i, uu);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            swiglu_grad(dy[k], gg[k], uu[k], &a[k], &b[k]);
+        store8(dg + 8 * i, a);
+        store8(du + 8 * i, b);
+    }
+    for (size_t i = nv * 8 + t; i < n; i += stride) {
+        float a, b;
+        swiglu_grad(__bfloat162float(dout[i]), __bfloat162float(g[i]), __bfloat162float(u[i]), &a,
+                    &b);
+        dg[i] = __float2bfloat16(a);
+        du[i] = __float2bfloat16(b);
     }
 }
 
 static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gate, const nn_buf *up, int R,
                           int F) {
-    size_t n = (size_t)R * F;
-    if (n == 0) return;
-    k_swiglu_fwd<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gate,
-                                                          (const bf16 *)up, n);
-    CUDA_CHECK_LAUNCH();
+    map2_launch(c, (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, (size_t)R * F, swiglu_op());
 }
 
 static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgate, nn_buf *dup, const nn_buf *dout,
                           const nn_buf *gate, const nn_buf *up, int R, int F) {
     size_t n = (size_t)R * F;
     if (n == 0) return;
-    k_swiglu_bwd<<<grid_for(n, 256), 256, 0, c->stream>>>(
-        (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n);
+    int vec = vec_ok(dgate, dup, dout) && vec_ok(gate, up, up);
+    k_swiglu_bwd<<<grid_for(vec ? (n + 7) / 8 : n, 256), 256, 0, c->stream>>>(
+        (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n,
+        vec);
     CUDA_CHECK_LAUNCH();
-}
-
-__global__ void k_add(bf16 *y, const bf16 *x, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
 
 static void cu_add_inplace(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n) {
-    if (n == 0) return;
-    k_add<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)y, (const bf16 *)x, n);
-    CUDA_CHECK_LAUNCH();
+    map2_launch(c, (bf16 *)y, (const bf16 *)y, (const bf16 *)x, n, add_op());
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -178,6 +178,42 @@ static int save_checkpoint(trainer *t) {
 /* Reports the oldest queued step: collects its metrics (waiting for the device only if it has
  * not finished) and writes them. The step time is the wall time since the previous step came
  * back (or since it was queued), i.e. the device's step time once the loop runs ahead. */
+static void record_step(trainer *t, const dflash_metrics *dm, const struct step_note *n,
+                        double dt) {
+    t->step_s += dt;
+    if (dm->skipped) {
+        t->skipped++;
+        LOG_INFO("a batch of epoch %u had no weighted position: no update (step %ld)", n->epoch,
+                 dm->step);
+        return;
+    }
+    if (!t->steps_here) {
+        t->loss_first = dm->loss;
+        t->tau_first = dm->accept_len;
+    }
+    t->loss_last = dm->loss;
+    t->tau_last = dm->accept_len;
+    t->steps_here++;
+    if (!t->met) return;
+    metrics_scalar extra[] = {{"train/epoch", (double)n->epoch},
+                              {"train/blocks", (double)dm->n_blocks},
+                              {"perf/step_s", dt}};
+    metrics_step ms = {.step = dm->step,
+                       .loss = dm->loss,
+                       .accuracy = dm->accuracy,
+                       .pos_acc = dm->pos_acc,
+                       .n_pos = t->m->cfg.block_size,
+                       .pos_first = 1,
+                       .acceptance_length = dm->accept_len,
+                       .lr = dm->lr,
+                       .grad_norm = dm->grad_norm,
+                       .tokens_per_s = dt > 0 ? n->n_tokens / dt : 0,
+                       .samples_per_s = dt > 0 ? n->n_seqs / dt : 0,
+                       .extra = extra,
+                       .n_extra = 3};
+    metrics_write(t->met, &ms);
+}
+
 static void report_oldest(trainer *t) {
     dflash_metrics dm;
     if (dflash_train_collect(t->m, &dm) != 1) return;
@@ -186,40 +222,8 @@ static void report_oldest(trainer *t) {
     t->note_count--;
     double now = monotime_s();
     double since = t->last_done > n.queued_at ? t->last_done : n.queued_at;
-    double dt = now - since;
     t->last_done = now;
-    t->step_s += dt;
-    if (dm.skipped) {
-        t->skipped++;
-        LOG_INFO("a batch of epoch %u had no weighted position: no update (step %ld)", n.epoch,
-                 dm.step);
-        return;
-    }
-    if (!t->steps_here) {
-        t->loss_first = dm.loss;
-        t->tau_first = dm.accept_len;
-    }
-    t->loss_last = dm.loss;
-    t->tau_last = dm.accept_len;
-    t->steps_here++;
-    if (!t->met) return;
-    metrics_scalar extra[] = {{"train/epoch", (double)n.epoch},
-                              {"train/blocks", (double)dm.n_blocks},
-                              {"perf/step_s", dt}};
-    metrics_step ms = {.step = dm.step,
-                       .loss = dm.loss,
-                       .accuracy = dm.accuracy,
-                       .pos_acc = dm.pos_acc,
-                       .n_pos = t->m->cfg.block_size,
-                       .pos_first = 1,
-                       .acceptance_length = dm.accept_len,
-                       .lr = dm.lr,
-                       .grad_norm = dm.grad_norm,
-                       .tokens_per_s = dt > 0 ? n.n_tokens / dt : 0,
-                       .samples_per_s = dt > 0 ? n.n_seqs / dt : 0,
-                       .extra = extra,
-                       .n_extra = 3};
-    metrics_write(t->met, &ms);
+    record_step(t, &dm, &n, now - since);
 }
 
 static int train_consume_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
@@ -335,31 +339,8 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
         return rc;
     }
     *step = (uint64_t)t->m->step;
-    t->step_s += dt;
-    if (dm.skipped) {
-        t->skipped++;
-    } else {
-        if (!t->steps_here) {
-            t->loss_first = dm.loss;
-            t->tau_first = dm.accept_len;
-        }
-        t->loss_last = dm.loss;
-        t->tau_last = dm.accept_len;
-        t->steps_here++;
-        if (t->met) {
-            metrics_scalar extra[] = {{"train/epoch", (double)b->wu.epoch},
-                                      {"train/blocks", (double)dm.n_blocks},
-                                      {"perf/step_s", dt}};
-            metrics_step ms = {.step = t->m->step, .loss = dm.loss, .accuracy = dm.accuracy,
-                               .pos_acc = dm.pos_acc, .n_pos = t->m->cfg.block_size,
-                               .pos_first = 1, .acceptance_length = dm.accept_len, .lr = dm.lr,
-                               .grad_norm = dm.grad_norm,
-                               .tokens_per_s = dt > 0 ? b->n_tokens / dt : 0,
-                               .samples_per_s = dt > 0 ? b->n_seqs / dt : 0, .extra = extra,
-                               .n_extra = 3};
-            metrics_write(t->met, &ms);
-        }
-    }
+    struct step_note n = {.epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs};
+    record_step(t, &dm, &n, dt);
     if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) return save_checkpoint(t);
     return 0;
 }

@@ -890,6 +890,19 @@ static void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn
 /* ------------------------------------------------------------------------------------------ */
 /* optimizer */
 
+/* The sum of s over the block, in a fixed order, valid in thread 0. */
+__device__ float block_sum(float s) {
+    s = warp_sum(s);
+    __shared__ float w[32];
+    if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
+    __syncthreads();
+    float t = 0.0f;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < (int)blockDim.x / 32; i++)
+            t += w[i];
+    return t;
+}
+
 /* Sum of squares in two fixed-order passes (no float atomics): every run, and every rank of a
  * data-parallel group holding the same gradients, gets the same bits, so the clipping factor
  * (and thus the weights) agree bit for bit. Pass 1: block b writes its partial to part[b]. */
@@ -898,31 +911,14 @@ __global__ void k_sumsq(float *part, const float *g, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         s += g[i] * g[i];
-    s = warp_sum(s);
-    __shared__ float w[32];
-    if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int i = 0; i < (int)blockDim.x / 32; i++)
-            t += w[i];
-        part[blockIdx.x] = t;
-    }
+    float t = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = t;
 }
 
 /* Pass 2, one block of SUMSQ_BLOCKS threads: out[0] = sum of part[0..nb). */
 __global__ void k_sum_parts(float *out, const float *part, unsigned nb) {
-    float s = threadIdx.x < nb ? part[threadIdx.x] : 0.0f;
-    s = warp_sum(s);
-    __shared__ float w[32];
-    if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int i = 0; i < (int)blockDim.x / 32; i++)
-            t += w[i];
-        out[0] = t;
-    }
+    float t = block_sum(threadIdx.x < nb ? part[threadIdx.x] : 0.0f);
+    if (threadIdx.x == 0) out[0] = t;
 }
 
 #define SUMSQ_BLOCKS 1024u /* partials live in the context's staging buffer */

@@ -25,110 +25,50 @@
 #   Logs and metrics go to $OUT (or ./pipeline-logs).
 set -uo pipefail
 bin=$(cd "${1:?usage: bench/pipeline/real_model.sh BIN_DIR [MODEL_DIR]}" && pwd)
-model=${2:-/tmp/dflash-qwen3-8b}
 slots=${SLOTS:-16}
 e2e_steps=${E2E_STEPS:-40}
-seqs=${SEQS:-400}
-backend=${BACKEND:-cuda}
-draft_layers=${DRAFT_LAYERS:-5}
-anchors=${ANCHORS:-512}
-len_min=${LEN_MIN:-64}
-len_max=${LEN_MAX:-3072}
-buckets=${BUCKETS:-512,1024,2048,3072}
 out=${OUT:-pipeline-logs}
 mkdir -p "$out"
 rm -rf "$out/metrics" # the drafter appends to metrics.jsonl
 here=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}" OPENBLAS_CORETYPE=Haswell
-work=$(mktemp -d /tmp/dflash-pipe.XXXXXX)
-run="$work/run"
-mkdir -p -m 700 "$run"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-die() { echo "real_model: $*" >&2; for f in "$out"/*.log; do echo "---- $f"; tail -n 15 "$f"; done; exit 1; }
-ctl() { "$bin/dflash-ctl" --runtime-dir "$run" --timeout-ms 3000 "$@"; }
-status() { ctl status --json; }
-# field of the status JSON summed over buckets: bsum ready|produced|produced_tokens|consumed
-bsum() { status | python3 -c "import json,sys; print(sum(b['$1'] for b in json.load(sys.stdin)['buckets']))"; }
-
-if [ ! -f "$model/config.json" ]; then
-  t0=$SECONDS
-  python3 "$here/../target/make_checkpoint.py" "$model" || die "cannot make the checkpoint"
-  echo "checkpoint made in $((SECONDS - t0)) s"
-fi
-
-# training data: random token sequences, lengths LEN_MIN..LEN_MAX (log-uniform), prompt = first 10%
-python3 - "$work/train.jsonl" "$seqs" "$model/config.json" "$len_min" "$len_max" <<'EOF'
-import json, math, random, sys
-path, n = sys.argv[1], int(sys.argv[2])
-lo, hi = int(sys.argv[4]), int(sys.argv[5])
-vocab = json.load(open(sys.argv[3]))["vocab_size"]
-r = random.Random(7)
-with open(path, "w") as f:
-    for _ in range(n):
-        L = int(round(math.exp(r.uniform(math.log(lo), math.log(hi)))))
-        ids = [r.randrange(vocab) for _ in range(L)]
-        p = max(1, L // 10)
-        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * p + [1] * (L - p)}) + "\n")
-EOF
-"$bin/dflash-data" --in "$work/train.jsonl" --out "$work/train.shard" --model "$model" \
-  --buckets "$buckets" --max-len 3072 --strict > "$out/data.log" 2>&1 || die "dflash-data failed"
-SLOT_ARGS=(--buckets "$buckets" --token-budget 3072 --max-seqs 1 --layers 5 --backend "$backend")
-
-"$bin/dflash-queue" --runtime-dir "$run" --journal "$work/queue.journal" --min-ready 0 \
-  --max-depth "$slots" --liveness 100 --lease-timeout-ms 60000 > "$out/queue.log" 2>&1 &
-qpid=$!
-pids+=($qpid)
-for _ in $(seq 50); do
-  kill -0 $qpid 2>/dev/null || die "dflash-queue exited"
-  ctl ping > /dev/null 2>&1 && break
-  sleep 0.2
-done
-ctl ping > /dev/null 2>&1 || die "the broker did not start"
+source "$here/lib.sh"
+pipe_setup "${2:-/tmp/dflash-qwen3-8b}" "${BACKEND:-cuda}" "$out"
+pipe_queue --min-ready 0 --max-depth "$slots"
 
 # ---- 1. target alone
-"$bin/dflash-target" --runtime-dir "$run" --name tgt --model "$model" --shards "$work/train.shard" \
-  "${SLOT_ARGS[@]}" --slots "$slots" --epochs 100 --progress-ms 10000 > "$out/target.log" 2>&1 &
-tpid=$!
-pids+=($tpid)
+pipe_target --slots "$slots" --epochs 100
 t_first=""
 for _ in $(seq 1200); do # up to 240 s: checkpoint load and warm-up of every bucket shape first
-  kill -0 $tpid 2>/dev/null || die "dflash-target exited"
-  n=$(bsum produced 2>/dev/null || echo 0)
-  if [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ]; then t_first=$(date +%s.%N); n_first=$n; tok_first=$(bsum produced_tokens); fi
+  kill -0 $tpid 2>/dev/null || pipe_die "dflash-target exited"
+  n=$(pipe_bsum produced 2>/dev/null || echo 0)
+  if [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ]; then t_first=$(date +%s.%N); n_first=$n; tok_first=$(pipe_bsum produced_tokens); fi
   [ "${n:-0}" -ge "$slots" ] && break
   sleep 0.2
 done
 t_full=$(date +%s.%N)
-n_full=$(bsum produced)
-tok_full=$(bsum produced_tokens)
-[ "$n_full" -ge "$slots" ] || die "the target filled only $n_full of $slots slots"
+n_full=$(pipe_bsum produced)
+tok_full=$(pipe_bsum produced_tokens)
+[ "$n_full" -ge "$slots" ] || pipe_die "the target filled only $n_full of $slots slots"
 kill -STOP $tpid
 
 # ---- 2. drafter alone, then 3. end to end
 total=$((slots + e2e_steps))
 "$bin/dflash-drafter" --runtime-dir "$run" --name d0 --model "$model" "${SLOT_ARGS[@]}" \
-  --draft-layers "$draft_layers" --block-size 16 --anchors "$anchors" --max-steps "$total" \
+  --draft-layers "${DRAFT_LAYERS:-5}" --block-size 16 --anchors "${ANCHORS:-512}" --max-steps "$total" \
   --metrics-dir "$out/metrics" --progress-ms 10000 > "$out/drafter.log" 2>&1 &
 dpid=$!
 pids+=($dpid)
 for _ in $(seq 1800); do # up to 360 s
-  kill -0 $dpid 2>/dev/null || die "dflash-drafter exited before consuming the ready slots"
-  c=$(bsum consumed 2>/dev/null || echo 0)
+  kill -0 $dpid 2>/dev/null || pipe_die "dflash-drafter exited before consuming the ready slots"
+  c=$(pipe_bsum consumed 2>/dev/null || echo 0)
   [ "${c:-0}" -ge "$slots" ] && break
   sleep 0.2
 done
 sleep 1 # the last ready batch's step runs
 kill -CONT $tpid
-wait $dpid || die "dflash-drafter failed"
-ctl drain > /dev/null
-for _ in $(seq 150); do kill -0 $tpid 2>/dev/null || break; sleep 0.2; done
-wait $tpid || echo "real_model: dflash-target exit status $?"
+wait $dpid || pipe_die "dflash-drafter failed"
+pipe_ctl drain > /dev/null
+pipe_stop_target
 
 # ---- results
 python3 - "$out/metrics/metrics.jsonl" "$slots" "$t_first" "$t_full" "$n_first" "$n_full" \

@@ -4,6 +4,8 @@
  * units (StepGrant.units, all ranks') live only here. If the broker restarts in that window, the
  * hello carries them (the new broker adopts them from its journal instead of handing them out
  * again) and plain Acks at the step record them, as a solo drafter's late ack would.
+ * The importer, the staging buffer, the client and its heartbeat thread are the session's
+ * (worker_session.h), shared with the solo loop.
  */
 #include "group_worker.h"
 
@@ -12,10 +14,9 @@
 #include "err.h"
 #include "log.h"
 #include "monotime.h"
+#include "worker_session.h"
 
 #include <assert.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,9 +26,8 @@ typedef struct gw {
     const worker_loop_config *cfg;
     worker_consumer *cons;
     volatile sig_atomic_t *stop;
-    pool_importer *imp;
-    void *staging;
-    client *cl;
+    worker_session *s;
+    client *cl; /* the session's */
     gw_state state;
     worker_stats st;
     dp_comm *comm;
@@ -38,9 +38,6 @@ typedef struct gw {
     uint32_t n_pending;
     wire_unit pending_units[WIRE_MAX_WORLD];
     uint64_t committed_reported;
-    atomic_bool hb_run;
-    pthread_t hb_thread;
-    bool hb_started;
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -54,16 +51,6 @@ static void set_state(gw *g, gw_state to)
     };
     assert(legal[g->state][to]);
     g->state = to;
-}
-
-static void *heartbeat_main(void *arg)
-{
-    gw *g = arg;
-    while (atomic_load(&g->hb_run)) {
-        monotime_sleep_ms(100);
-        if (client_broker_incarnation(g->cl)) client_poll(g->cl);
-    }
-    return NULL;
 }
 
 /* Leaves the epoch's communicator (if any) and trains alone until the next one. */
@@ -88,12 +75,11 @@ static void reform(gw *g, const char *why)
  * DFLASH_EAGAIN (try again). */
 static int do_register(gw *g)
 {
-    int rc = client_hello(g->cl, g->pending ? g->pending_units : NULL,
-                          g->pending ? g->n_pending : 0);
-    if (rc < 0) return DFLASH_EAGAIN;
-    g->st.registrations++;
-    LOG_INFO("registered with broker %016llx for group %s",
-             (unsigned long long)client_broker_incarnation(g->cl), g->cfg->group);
+    char note[WIRE_MAX_NAME + 16];
+    snprintf(note, sizeof note, " for group %s", g->cfg->group);
+    if (worker_session_hello(g->s, g->pending ? g->pending_units : NULL,
+                             g->pending ? g->n_pending : 0, note) < 0)
+        return DFLASH_EAGAIN;
     if (g->pending) {
         for (uint32_t i = 0; i < g->n_pending; i++) {
             int arc = DFLASH_ETIMEOUT;
@@ -200,32 +186,14 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
 {
     const worker_loop_config *c = g->cfg;
     const wire_grant *gr = &sg->grant;
-    pool_slot_ref ref = {.backend = gr->backend == WIRE_BACKEND_CUDA ? POOL_CUDA : POOL_HOST,
-                         .incarnation = gr->pool_incarnation, .slot = gr->slot,
-                         .offset = gr->offset, .bytes = gr->size, .device = gr->device};
-    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", gr->shm_name);
-    memcpy(ref.mem_handle, gr->mem_handle, POOL_HANDLE_BYTES);
-    memcpy(ref.event_handle, gr->event_handle, POOL_HANDLE_BYTES);
-    uint64_t bytes = gr->n_tokens <= c->layout.token_budget
-                         ? slot_used_bytes(&c->layout, gr->n_tokens)
-                         : c->layout.slot_bytes;
-    if (bytes > gr->size) bytes = gr->size;
-    if (bytes > c->layout.slot_bytes) bytes = c->layout.slot_bytes;
-    double t0 = monotime_s();
-    int rc = pool_importer_attach_slot(g->imp, &ref);
-    if (rc == 0) rc = pool_copy_start(g->imp, ref.incarnation, ref.slot, ref.offset, bytes,
-                                      g->staging);
-    if (rc == 0) rc = pool_copy_wait(g->imp);
+    int rc = worker_session_copy(g->s, gr, NULL);
     int rrc = DFLASH_ETIMEOUT;
     for (int a = 0; a < 20 && rrc == DFLASH_ETIMEOUT && !*g->stop; a++)
         rrc = client_release(g->cl, gr->lease_id);
     if (rc < 0) {
-        pool_importer_forget(g->imp, ref.incarnation);
         reform(g, "cannot copy our slot of the step");
         return 0;
     }
-    g->st.copy_s += monotime_s() - t0;
-    g->st.bytes_copied += bytes;
     if (rrc < 0) { /* the lease was taken back or expired: the step cannot be trained here */
         if (rrc == DFLASH_ESTALE) g->st.stale_releases++;
         if (rrc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
@@ -236,17 +204,8 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
         reform(g, "our slot's lease is no longer ours");
         return 0;
     }
-    worker_batch b = {
-        .staged = g->staging,
-        .copy_stream = pool_importer_stream(g->imp),
-        .wu = {.epoch = gr->unit.epoch, .bucket = gr->unit.bucket, .batch = gr->unit.index},
-        .n_tokens = gr->n_tokens,
-        .n_seqs = gr->n_seqs,
-        .pool_incarnation = gr->pool_incarnation};
     uint64_t step = 0;
-    t0 = monotime_s();
-    rc = g->cons->consume(g->cons->ctx, &b, &step);
-    g->st.consume_s += monotime_s() - t0;
+    rc = worker_session_consume(g->s, g->cons, gr, &step);
     if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) return rc;
     if (rc < 0) {
         char why[200];
@@ -287,12 +246,8 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
         return 0;
     }
     uint64_t cs = g->cons->committed ? g->cons->committed(g->cons->ctx) : 0;
-    if (cs > g->committed_reported) {
-        int crc = DFLASH_ETIMEOUT;
-        for (int a = 0; a < 20 && crc == DFLASH_ETIMEOUT; a++)
-            crc = client_checkpoint_committed(g->cl, cs);
-        if (crc == 0) g->committed_reported = cs;
-    }
+    if (cs > g->committed_reported && worker_session_commit(g->s, cs, 20) == 0)
+        g->committed_reported = cs;
     return 0;
 }
 
@@ -337,18 +292,16 @@ static int stepping(gw *g, double *backoff)
 
 /* A progress line every cfg->progress_ms: our rank, batches and tokens/s, time waiting for a
  * step's slots. */
-static void progress(gw *g, double *last_t, uint64_t *last_tok, double *last_wait)
+static void progress(gw *g)
 {
-    double now = monotime_s(), dt = now - *last_t;
-    if (dt <= 0) return;
+    worker_stats d;
+    double dt;
+    if (!worker_session_progress_due(g->s, &d, &dt)) return;
     LOG_INFO("group %s epoch %llu rank %d of %d: step %llu, batches %llu, %.0f tokens/s, waiting "
              "for a step %.0f%%", g->cfg->group, (unsigned long long)g->epoch, g->rank, g->world,
              (unsigned long long)g->cons->model_step(g->cons->ctx),
-             (unsigned long long)g->st.batches, (double)(g->st.tokens - *last_tok) / dt,
-             100.0 * (g->st.wait_grant_s - *last_wait) / dt);
-    *last_t = now;
-    *last_tok = g->st.tokens;
-    *last_wait = g->st.wait_grant_s;
+             (unsigned long long)g->st.batches, (double)d.tokens / dt,
+             100.0 * d.wait_grant_s / dt);
 }
 
 /* The loop ended without a fatal error: final checkpoint (rank 0; the consumer knows), its
@@ -364,16 +317,8 @@ static int finish(gw *g)
                  (unsigned long long)k->state_hash(k->ctx));
     if (!client_broker_incarnation(g->cl)) return 0;
     uint64_t cs = k->committed ? k->committed(k->ctx) : 0;
-    if (g->rank == 0 && cs > g->committed_reported) {
-        int crc = DFLASH_ETIMEOUT;
-        for (int a = 0; a < 3 && crc == DFLASH_ETIMEOUT; a++)
-            crc = client_checkpoint_committed(g->cl, cs);
-        if (crc == 0) {
-            g->committed_reported = cs;
-            LOG_INFO("reported the final checkpoint (step %llu) as committed",
-                     (unsigned long long)cs);
-        }
-    }
+    if (g->rank == 0 && cs > g->committed_reported && worker_session_commit_final(g->s, cs) == 0)
+        g->committed_reported = cs;
     client_group_leave(g->cl, g->cfg->group);
     return 0;
 }
@@ -382,64 +327,32 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats)
 {
     gw g = {.cfg = cfg, .cons = cons, .stop = stop, .state = GW_REGISTER, .world = 1};
-    int rc = 0, err = 0;
+    int rc = 0;
     double start = monotime_s();
     if (!cons->set_group || !cons->sync_state || !cons->model_step) {
         LOG_ERROR("--group: the %s mode cannot train in a group (use --train)", cons->name);
         rc = DFLASH_EINVAL;
         goto out;
     }
-    g.imp = pool_importer_new(cfg->backend, cfg->device, &err);
-    if (!g.imp) {
-        LOG_ERROR("cannot create the %s pool importer on device %d: %s",
-                  pool_backend_name(cfg->backend), cfg->device, err_str(err));
-        rc = err;
-        goto out;
-    }
-    g.staging = pool_staging_alloc(cfg->backend, cfg->device, cfg->layout.slot_bytes);
-    if (!g.staging) {
-        LOG_ERROR("cannot allocate a %zu-byte staging buffer", cfg->layout.slot_bytes);
-        rc = DFLASH_ENOMEM;
-        goto out_imp;
-    }
-    g.cl = client_new(cfg->endpoint, WIRE_ROLE_DRAFTER, cfg->name);
-    if (!g.cl) {
-        LOG_ERROR("cannot create a client for %s", cfg->endpoint);
-        rc = DFLASH_EZMQ;
-        goto out_staging;
-    }
-    client_set_timeout(g.cl, (int)cfg->timeout_ms);
-    if (((cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key)) &&
-        (rc = client_set_curve_files(g.cl, cfg->curve_server_key, cfg->curve_key))) {
-        LOG_ERROR("CURVE keys: %s", client_last_error(g.cl));
-        goto out_client;
-    }
-    atomic_store(&g.hb_run, true);
-    g.hb_started = pthread_create(&g.hb_thread, NULL, heartbeat_main, &g) == 0;
+    g.s = worker_session_new(cfg, &g.st, &rc);
+    if (!g.s) goto out;
+    g.cl = worker_session_client(g.s);
 
-    double backoff = 1, unreachable_since = monotime_s(), last_t = monotime_s(), last_wait = 0;
-    uint64_t last_tok = 0;
+    double backoff = 1, unreachable_since = monotime_s();
     while (g.state != GW_DONE) {
         if (*stop) {
             set_state(&g, GW_DONE);
             break;
         }
-        if (cfg->progress_ms > 0 && (monotime_s() - last_t) * 1000 >= cfg->progress_ms)
-            progress(&g, &last_t, &last_tok, &last_wait);
+        progress(&g);
         if (g.state == GW_REGISTER) {
             if (do_register(&g) == 0) {
                 unreachable_since = monotime_s();
                 set_state(&g, GW_JOINING);
                 continue;
             }
-            if (cfg->broker_wait_ms > 0 &&
-                (monotime_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
-                LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
-                          cfg->endpoint, (long long)cfg->broker_wait_ms);
-                rc = DFLASH_EPEER;
-                goto out_comm;
-            }
-            monotime_sleep_ms(100);
+            rc = worker_session_await_broker(g.s, unreachable_since);
+            if (rc < 0) goto out_comm;
             continue;
         }
         rc = g.state == GW_JOINING ? joining(&g) : stepping(&g, &backoff);
@@ -448,14 +361,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     rc = finish(&g);
 out_comm:
     close_comm(&g);
-    atomic_store(&g.hb_run, false);
-    if (g.hb_started) pthread_join(g.hb_thread, NULL);
-out_client:
-    client_destroy(&g.cl);
-out_staging:
-    pool_staging_free(cfg->backend, cfg->device, &g.staging);
-out_imp:
-    pool_importer_destroy(&g.imp);
+    worker_session_destroy(&g.s);
 out:
     g.st.elapsed_s = monotime_s() - start;
     if (stats) *stats = g.st;

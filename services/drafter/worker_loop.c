@@ -4,7 +4,8 @@
  * (`held`). If the broker restarts in that window, hello carries it so the broker's ledger can
  * accept the late ack instead of handing the batch out again. A release answered ESTALE without
  * a broker restart means our lease expired and the batch was redelivered: the copy is dropped.
- * A heartbeat thread calls client_poll so a long consume() does not get us expired. */
+ * The importer, the staging buffer, the client and its heartbeat thread (so a long consume()
+ * does not get us expired) are the session's (worker_session.h), shared with the group loop. */
 #include "worker_loop.h"
 #include "group_worker.h"
 #include "monotime.h"
@@ -12,10 +13,9 @@
 #include "err.h"
 #include "log.h"
 #include "synthetic.h"
+#include "worker_session.h"
 
 #include <assert.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +28,8 @@ typedef enum { WL_REGISTER = 0, WL_CLAIMING, WL_DONE } wl_state;
 typedef struct worker_loop {
     const worker_loop_config *cfg;
     worker_consumer *cons;
-    pool_importer *imp;
-    void *staging;
-    client *client;
+    worker_session *s;
+    client *client; /* the session's */
     wl_state state;
     worker_stats st;
     bool holding;
@@ -39,9 +38,6 @@ typedef struct worker_loop {
     double lat[LAT_RING]; /* grant-to-copy-done seconds, last LAT_RING batches */
     uint64_t n_lat;
     bool resume_told; /* cons->resume_step went to the broker (once per process) */
-    atomic_bool hb_run;
-    pthread_t hb_thread;
-    bool hb_started;
 } worker_loop;
 
 static void set_state(worker_loop *w, wl_state to)
@@ -56,31 +52,16 @@ static void set_state(worker_loop *w, wl_state to)
     w->state = to;
 }
 
-static void *heartbeat_main(void *arg)
-{
-    worker_loop *w = arg;
-    while (atomic_load(&w->hb_run)) {
-        monotime_sleep_ms(100);
-        if (client_broker_incarnation(w->client)) client_poll(w->client);
-    }
-    return NULL;
-}
-
 /* hello with the held batch. 0, DFLASH_EAGAIN (transient) or a fatal code. */
 static int do_register(worker_loop *w)
 {
-    int rc = client_hello(w->client, w->holding ? &w->held : NULL, w->holding ? 1 : 0);
+    int rc = worker_session_hello(w->s, w->holding ? &w->held : NULL, w->holding ? 1 : 0,
+                                  w->holding ? " (holding one batch)" : "");
     if (rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE) return DFLASH_EAGAIN;
-    if (rc < 0) {
+    if (rc < 0)
         LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc),
                   client_last_error(w->client));
-        return rc;
-    }
-    w->st.registrations++;
-    LOG_INFO("registered with broker %016llx%s",
-             (unsigned long long)client_broker_incarnation(w->client),
-             w->holding ? " (holding one batch)" : "");
-    return 0;
+    return rc;
 }
 
 /* Retries call while it times out or the broker restarted (re-registering in between), up to
@@ -128,13 +109,9 @@ static int finish(worker_loop *w)
     if (!w->cons->committed || !client_broker_incarnation(w->client)) return 0;
     uint64_t cs = w->cons->committed(w->cons->ctx);
     if (cs == 0 || cs < w->committed_reported) return 0;
-    int rc = DFLASH_ETIMEOUT;
-    for (int attempt = 0; attempt < 3 && rc == DFLASH_ETIMEOUT; attempt++)
-        rc = client_checkpoint_committed(w->client, cs);
+    int rc = worker_session_commit_final(w->s, cs);
     if (rc == 0) {
         w->committed_reported = cs;
-        LOG_INFO("reported the final checkpoint (step %llu) as committed",
-                 (unsigned long long)cs);
     } else {
         LOG_WARN("could not report the final checkpoint (step %llu): %s; the broker will rewind "
                  "to the last commit it knows when we resume", (unsigned long long)cs,
@@ -146,23 +123,8 @@ static int finish(worker_loop *w)
 /* Copies, releases, consumes and acks one granted batch. 0 or a fatal code. */
 static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic_t *stop)
 {
-    const worker_loop_config *c = w->cfg;
-    pool_slot_ref ref = {.backend = g->backend == WIRE_BACKEND_CUDA ? POOL_CUDA : POOL_HOST,
-                         .incarnation = g->pool_incarnation, .slot = g->slot, .offset = g->offset,
-                         .bytes = g->size, .device = g->device};
-    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", g->shm_name);
-    memcpy(ref.mem_handle, g->mem_handle, POOL_HANDLE_BYTES);
-    memcpy(ref.event_handle, g->event_handle, POOL_HANDLE_BYTES);
-    uint64_t bytes = g->n_tokens <= c->layout.token_budget
-                         ? slot_used_bytes(&c->layout, g->n_tokens)
-                         : c->layout.slot_bytes;
-    if (bytes > g->size) bytes = g->size;
-    if (bytes > c->layout.slot_bytes) bytes = c->layout.slot_bytes;
-    double t0 = monotime_s();
-    int rc = pool_importer_attach_slot(w->imp, &ref);
-    if (rc == 0)
-        rc = pool_copy_start(w->imp, ref.incarnation, ref.slot, ref.offset, bytes, w->staging);
-    if (rc == 0) rc = pool_copy_wait(w->imp);
+    double copy_s = 0;
+    int rc = worker_session_copy(w->s, g, &copy_s);
     if (rc < 0) {
         /* the exporter is gone (shm removed) or the grant is bad: give the slot back unread */
         LOG_WARN("cannot copy slot %u of pool %016llx: %s; releasing it", g->slot,
@@ -170,12 +132,9 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
         int rrc = 0;
         RETRY_CALL(w, stop, rrc, client_release(w->client, g->lease_id));
         (void)rrc;
-        pool_importer_forget(w->imp, ref.incarnation);
         return 0;
     }
-    w->st.copy_s += monotime_s() - t0;
-    w->st.bytes_copied += bytes;
-    w->lat[w->n_lat++ % LAT_RING] = monotime_s() - t0;
+    w->lat[w->n_lat++ % LAT_RING] = copy_s;
 
     rc = DFLASH_ESHUTDOWN; /* stays so when a stop signal prevents the release */
     RETRY_CALL(w, stop, rc, client_release(w->client, g->lease_id));
@@ -197,17 +156,8 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     w->holding = true;
     w->held = g->unit;
 
-    worker_batch b = {
-        .staged = w->staging,
-        .copy_stream = pool_importer_stream(w->imp),
-        .wu = {.epoch = g->unit.epoch, .bucket = g->unit.bucket, .batch = g->unit.index},
-        .n_tokens = g->n_tokens,
-        .n_seqs = g->n_seqs,
-        .pool_incarnation = g->pool_incarnation};
     uint64_t step = 0;
-    t0 = monotime_s();
-    rc = w->cons->consume(w->cons->ctx, &b, &step);
-    w->st.consume_s += monotime_s() - t0;
+    rc = worker_session_consume(w->s, w->cons, g, &step);
     if (rc < 0) return rc;
     LOG_DEBUG("consumed batch (%u, %u, %llu) step %llu", g->unit.epoch, g->unit.bucket,
               (unsigned long long)g->unit.index, (unsigned long long)step);
@@ -280,25 +230,19 @@ static void latency_pcts(const worker_loop *w, uint64_t n, double *p50, double *
     free(v);
 }
 
-static void progress(worker_loop *w, double *last_t, uint64_t *last_b, uint64_t *last_tok,
-                     double *last_wait, uint64_t *last_bytes, double *last_copy)
+/* A progress line every cfg->progress_ms: batches, tokens/s, copy rate and latency, time waiting
+ * for a grant. */
+static void progress(worker_loop *w)
 {
-    double now = monotime_s(), dt = now - *last_t;
-    if (dt <= 0) return;
-    double copy_dt = w->st.copy_s - *last_copy, p50, p99;
-    latency_pcts(w, w->st.batches - *last_b, &p50, &p99);
+    worker_stats d;
+    double dt, p50, p99;
+    if (!worker_session_progress_due(w->s, &d, &dt)) return;
+    latency_pcts(w, d.batches, &p50, &p99);
     LOG_INFO("batches %llu (+%llu), %.0f tokens/s, copy %.2f GB/s, grant to copy done p50 %.2f "
              "ms p99 %.2f ms, waiting for a grant %.0f%%",
-             (unsigned long long)w->st.batches, (unsigned long long)(w->st.batches - *last_b),
-             (double)(w->st.tokens - *last_tok) / dt,
-             copy_dt > 0 ? (double)(w->st.bytes_copied - *last_bytes) / copy_dt / 1e9 : 0.0,
-             p50, p99, 100.0 * (w->st.wait_grant_s - *last_wait) / dt);
-    *last_t = now;
-    *last_b = w->st.batches;
-    *last_tok = w->st.tokens;
-    *last_wait = w->st.wait_grant_s;
-    *last_bytes = w->st.bytes_copied;
-    *last_copy = w->st.copy_s;
+             (unsigned long long)w->st.batches, (unsigned long long)d.batches,
+             (double)d.tokens / dt, d.copy_s > 0 ? (double)d.bytes_copied / d.copy_s / 1e9 : 0.0,
+             p50, p99, 100.0 * d.wait_grant_s / dt);
 }
 
 int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
@@ -306,67 +250,32 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
 {
     if (cfg->group && cfg->group[0]) return group_worker_run(cfg, cons, stop, stats);
     worker_loop w = {.cfg = cfg, .cons = cons, .state = WL_REGISTER};
-    int rc = 0, err = 0;
+    int rc = 0;
     double start = monotime_s();
-    w.imp = pool_importer_new(cfg->backend, cfg->device, &err);
-    if (!w.imp) {
-        LOG_ERROR("cannot create the %s pool importer on device %d: %s",
-                  pool_backend_name(cfg->backend), cfg->device, err_str(err));
-        rc = err;
-        goto out;
-    }
-    w.staging = pool_staging_alloc(cfg->backend, cfg->device, cfg->layout.slot_bytes);
-    if (!w.staging) {
-        LOG_ERROR("cannot allocate a %zu-byte staging buffer", cfg->layout.slot_bytes);
-        rc = DFLASH_ENOMEM;
-        goto out_imp;
-    }
-    w.client = client_new(cfg->endpoint, WIRE_ROLE_DRAFTER, cfg->name);
-    if (!w.client) {
-        LOG_ERROR("cannot create a client for %s", cfg->endpoint);
-        rc = DFLASH_EZMQ;
-        goto out_staging;
-    }
-    client_set_timeout(w.client, (int)cfg->timeout_ms);
-    if (((cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key)) &&
-        (rc = client_set_curve_files(w.client, cfg->curve_server_key, cfg->curve_key))) {
-        LOG_ERROR("CURVE keys: %s", client_last_error(w.client));
-        client_destroy(&w.client);
-        goto out_staging;
-    }
-    atomic_store(&w.hb_run, true);
-    w.hb_started = pthread_create(&w.hb_thread, NULL, heartbeat_main, &w) == 0;
+    w.s = worker_session_new(cfg, &w.st, &rc);
+    if (!w.s) goto out;
+    w.client = worker_session_client(w.s);
 
     double backoff = 1, unreachable_since = monotime_s();
-    double last_t = monotime_s(), last_wait = 0, last_copy = 0;
-    uint64_t last_b = 0, last_tok = 0, last_bytes = 0;
     while (w.state != WL_DONE) {
         if (*stop) {
             set_state(&w, WL_DONE);
             break;
         }
-        if (cfg->progress_ms > 0 && (monotime_s() - last_t) * 1000 >= cfg->progress_ms)
-            progress(&w, &last_t, &last_b, &last_tok, &last_wait, &last_bytes, &last_copy);
+        progress(&w);
         if (w.state == WL_REGISTER) {
             rc = do_register(&w);
             if (rc == 0 && !w.resume_told) {
                 rc = tell_resume(&w, stop);
-                if (rc < 0) goto out_client;
+                if (rc < 0) goto out_session;
             }
             if (rc == 0) {
                 set_state(&w, WL_CLAIMING);
                 continue;
             }
-            if (rc != DFLASH_EAGAIN) goto out_client;
-            rc = 0;
-            if (cfg->broker_wait_ms > 0 &&
-                (monotime_s() - unreachable_since) * 1000 > cfg->broker_wait_ms) {
-                LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
-                          cfg->endpoint, (long long)cfg->broker_wait_ms);
-                rc = DFLASH_EPEER;
-                goto out_client;
-            }
-            monotime_sleep_ms(100);
+            if (rc != DFLASH_EAGAIN) goto out_session;
+            rc = worker_session_await_broker(w.s, unreachable_since);
+            if (rc < 0) goto out_session;
             continue;
         }
         if ((cfg->max_batches > 0 && (int64_t)w.st.batches >= cfg->max_batches) ||
@@ -381,7 +290,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             backoff = 1;
             unreachable_since = monotime_s();
             rc = handle_grant(&w, &g, stop);
-            if (rc < 0) goto out_client;
+            if (rc < 0) goto out_session;
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
             monotime_sleep_ms(backoff);
             backoff = backoff < 20 ? backoff * 2 : 20;
@@ -407,14 +316,8 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
         }
     }
     if (rc == 0) rc = finish(&w);
-out_client:
-    atomic_store(&w.hb_run, false);
-    if (w.hb_started) pthread_join(w.hb_thread, NULL);
-    client_destroy(&w.client);
-out_staging:
-    pool_staging_free(cfg->backend, cfg->device, &w.staging);
-out_imp:
-    pool_importer_destroy(&w.imp);
+out_session:
+    worker_session_destroy(&w.s);
 out:
     w.st.elapsed_s = monotime_s() - start;
     latency_pcts(&w, LAT_RING, &w.st.copy_p50_ms, &w.st.copy_p99_ms);

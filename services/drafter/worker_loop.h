@@ -1,12 +1,13 @@
 /* worker_loop: dflash-drafter's main loop, independent of what is done with a batch (DESIGN §2,
  * steps 4-6).
  *
- * It owns the pool importer (pool.h), the staging buffer and the broker client (client.h). Per
- * iteration: claim a ready slot (the grant names pool incarnation, slot, offset, size, handles
- * and the batch), map the pool if this incarnation is new (a new incarnation closes the old
- * mappings: the target restarted), make the copy stream wait on the slot's event, copy the slot
- * into staging, release the slot as soon as the copy is done, hand the staged copy to the
- * *consumer*, and ack the batch with the step the consumer reports. It waits and retries while
+ * It uses a worker_session (worker_session.h: the pool importer, the staging buffer, the broker
+ * client and its heartbeat thread, shared with the group loop). Per iteration: claim a ready
+ * slot (the grant names pool incarnation, slot, offset, size, handles and the batch), map the
+ * pool if this incarnation is new (a new incarnation closes the old mappings: the target
+ * restarted), make the copy stream wait on the slot's event, copy the slot into staging,
+ * release the slot as soon as the copy is done, hand the staged copy to the *consumer*, and ack
+ * the batch with the step the consumer reports. It waits and retries while
  * nothing is eligible (counted as "waiting for a grant"), re-registers (hello, with the batches
  * it holds) when the broker restarts, and returns when the broker has drained, when *stop
  * becomes non-zero, or on a fatal error.

@@ -1,0 +1,245 @@
+/* worker_session: see worker_session.h for what a session owns and who calls it.
+ *
+ * Start-up order (importer, staging, client, heartbeat) and its reverse in destroy: the
+ * heartbeat thread uses the client, so it is joined before the client goes. A failed step of
+ * new() undoes the earlier ones through destroy, which accepts a half-built session.
+ * The progress window keeps a snapshot of the loop's stats (`last`) and when it was taken.
+ */
+#include "worker_session.h"
+
+#include "err.h"
+#include "log.h"
+#include "monotime.h"
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct worker_session {
+    const worker_loop_config *cfg;
+    worker_stats *st; /* the loop's, borrowed */
+    pool_importer *imp;
+    void *staging;
+    client *client;
+    atomic_bool hb_run;
+    pthread_t hb_thread;
+    bool hb_started;
+    worker_stats last; /* progress window: the stats when it started ... */
+    double last_t;     /* ... and when */
+};
+
+static void *heartbeat_main(void *arg)
+{
+    worker_session *s = arg;
+    while (atomic_load(&s->hb_run)) {
+        monotime_sleep_ms(100);
+        if (client_broker_incarnation(s->client)) client_poll(s->client);
+    }
+    return NULL;
+}
+
+static bool has_curve_keys(const worker_loop_config *cfg)
+{
+    return (cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key);
+}
+
+/* The client with the config's timeout and CURVE keys. 0 or a negative code, logged. */
+static int open_client(worker_session *s)
+{
+    const worker_loop_config *cfg = s->cfg;
+    s->client = client_new(cfg->endpoint, WIRE_ROLE_DRAFTER, cfg->name);
+    if (!s->client) {
+        LOG_ERROR("cannot create a client for %s", cfg->endpoint);
+        return DFLASH_EZMQ;
+    }
+    client_set_timeout(s->client, (int)cfg->timeout_ms);
+    if (!has_curve_keys(cfg)) return 0;
+    int rc = client_set_curve_files(s->client, cfg->curve_server_key, cfg->curve_key);
+    if (rc) LOG_ERROR("CURVE keys: %s", client_last_error(s->client));
+    return rc;
+}
+
+/* The importer, the staging buffer and the client. 0 or a negative code, logged. */
+static int open_parts(worker_session *s)
+{
+    const worker_loop_config *cfg = s->cfg;
+    int err = 0;
+    s->imp = pool_importer_new(cfg->backend, cfg->device, &err);
+    if (!s->imp) {
+        LOG_ERROR("cannot create the %s pool importer on device %d: %s",
+                  pool_backend_name(cfg->backend), cfg->device, err_str(err));
+        return err < 0 ? err : DFLASH_ENOMEM;
+    }
+    s->staging = pool_staging_alloc(cfg->backend, cfg->device, cfg->layout.slot_bytes);
+    if (!s->staging) {
+        LOG_ERROR("cannot allocate a %zu-byte staging buffer", cfg->layout.slot_bytes);
+        return DFLASH_ENOMEM;
+    }
+    return open_client(s);
+}
+
+worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *st, int *err)
+{
+    worker_session *s = calloc(1, sizeof *s);
+    if (!s) {
+        LOG_ERROR("cannot allocate the drafter's session");
+        *err = DFLASH_ENOMEM;
+        return NULL;
+    }
+    s->cfg = cfg;
+    s->st = st;
+    *err = open_parts(s);
+    if (*err) {
+        worker_session_destroy(&s);
+        return NULL;
+    }
+    atomic_store(&s->hb_run, true);
+    s->hb_started = pthread_create(&s->hb_thread, NULL, heartbeat_main, s) == 0;
+    s->last = *st;
+    s->last_t = monotime_s();
+    return s;
+}
+
+void worker_session_destroy(worker_session **sp)
+{
+    if (!sp || !*sp) return;
+    worker_session *s = *sp;
+    atomic_store(&s->hb_run, false);
+    if (s->hb_started) pthread_join(s->hb_thread, NULL);
+    client_destroy(&s->client);
+    pool_staging_free(s->cfg->backend, s->cfg->device, &s->staging);
+    pool_importer_destroy(&s->imp);
+    free(s);
+    *sp = NULL;
+}
+
+client *worker_session_client(const worker_session *s)
+{
+    return s->client;
+}
+
+int worker_session_hello(worker_session *s, const wire_unit *held, uint32_t n_held,
+                         const char *note)
+{
+    int rc = client_hello(s->client, held, n_held);
+    if (rc < 0) return rc;
+    s->st->registrations++;
+    LOG_INFO("registered with broker %016llx%s",
+             (unsigned long long)client_broker_incarnation(s->client), note);
+    return 0;
+}
+
+int worker_session_await_broker(const worker_session *s, double since)
+{
+    const worker_loop_config *cfg = s->cfg;
+    if (cfg->broker_wait_ms > 0 && (monotime_s() - since) * 1000 > cfg->broker_wait_ms) {
+        LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
+                  cfg->endpoint, (long long)cfg->broker_wait_ms);
+        return DFLASH_EPEER;
+    }
+    monotime_sleep_ms(100);
+    return 0;
+}
+
+/* Where the grant's slot is, as the importer names it. */
+static pool_slot_ref grant_slot_ref(const wire_grant *g)
+{
+    pool_slot_ref ref = {.backend = g->backend == WIRE_BACKEND_CUDA ? POOL_CUDA : POOL_HOST,
+                         .incarnation = g->pool_incarnation, .slot = g->slot, .offset = g->offset,
+                         .bytes = g->size, .device = g->device};
+    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", g->shm_name);
+    memcpy(ref.mem_handle, g->mem_handle, POOL_HANDLE_BYTES);
+    memcpy(ref.event_handle, g->event_handle, POOL_HANDLE_BYTES);
+    return ref;
+}
+
+/* The bytes of the slot that g's batch uses: never more than the slot or the grant holds. */
+static uint64_t grant_used_bytes(const slot_layout *l, const wire_grant *g)
+{
+    uint64_t bytes = g->n_tokens <= l->token_budget ? slot_used_bytes(l, g->n_tokens)
+                                                    : l->slot_bytes;
+    if (bytes > g->size) bytes = g->size;
+    if (bytes > l->slot_bytes) bytes = l->slot_bytes;
+    return bytes;
+}
+
+int worker_session_copy(worker_session *s, const wire_grant *g, double *secs)
+{
+    pool_slot_ref ref = grant_slot_ref(g);
+    uint64_t bytes = grant_used_bytes(&s->cfg->layout, g);
+    double t0 = monotime_s();
+    int rc = pool_importer_attach_slot(s->imp, &ref);
+    if (rc == 0)
+        rc = pool_copy_start(s->imp, ref.incarnation, ref.slot, ref.offset, bytes, s->staging);
+    if (rc == 0) rc = pool_copy_wait(s->imp);
+    if (rc < 0) {
+        /* the exporter is gone (shm removed) or the grant is bad */
+        pool_importer_forget(s->imp, ref.incarnation);
+        return rc;
+    }
+    double dt = monotime_s() - t0;
+    s->st->copy_s += dt;
+    s->st->bytes_copied += bytes;
+    if (secs) *secs = dt;
+    return 0;
+}
+
+int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_grant *g,
+                           uint64_t *step)
+{
+    worker_batch b = {
+        .staged = s->staging,
+        .copy_stream = pool_importer_stream(s->imp),
+        .wu = {.epoch = g->unit.epoch, .bucket = g->unit.bucket, .batch = g->unit.index},
+        .n_tokens = g->n_tokens,
+        .n_seqs = g->n_seqs,
+        .pool_incarnation = g->pool_incarnation};
+    double t0 = monotime_s();
+    int rc = cons->consume(cons->ctx, &b, step);
+    s->st->consume_s += monotime_s() - t0;
+    return rc;
+}
+
+int worker_session_commit(worker_session *s, uint64_t cs, int attempts)
+{
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < attempts && rc == DFLASH_ETIMEOUT; a++)
+        rc = client_checkpoint_committed(s->client, cs);
+    return rc;
+}
+
+int worker_session_commit_final(worker_session *s, uint64_t cs)
+{
+    int rc = worker_session_commit(s, cs, 3);
+    if (rc == 0)
+        LOG_INFO("reported the final checkpoint (step %llu) as committed",
+                 (unsigned long long)cs);
+    return rc;
+}
+
+/* a - b for the counters of worker_stats (the timings and percentiles stay 0). */
+static worker_stats stats_growth(const worker_stats *a, const worker_stats *b)
+{
+    return (worker_stats){.batches = a->batches - b->batches,
+                          .tokens = a->tokens - b->tokens,
+                          .bytes_copied = a->bytes_copied - b->bytes_copied,
+                          .stale_releases = a->stale_releases - b->stale_releases,
+                          .copy_s = a->copy_s - b->copy_s,
+                          .consume_s = a->consume_s - b->consume_s,
+                          .wait_grant_s = a->wait_grant_s - b->wait_grant_s,
+                          .registrations = a->registrations - b->registrations};
+}
+
+bool worker_session_progress_due(worker_session *s, worker_stats *d, double *dt_s)
+{
+    double now = monotime_s(), dt = now - s->last_t;
+    if (s->cfg->progress_ms <= 0 || dt * 1000 < s->cfg->progress_ms || dt <= 0) return false;
+    *d = stats_growth(s->st, &s->last);
+    *dt_s = dt;
+    s->last = *s->st;
+    s->last_t = now;
+    return true;
+}

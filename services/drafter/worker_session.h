@@ -1,0 +1,75 @@
+/* worker_session: what a drafter needs to talk to the broker and read the target's slots, shared
+ * by its two loops: the solo loop (worker_loop.c) and one rank of a data-parallel group
+ * (group_worker.c). Each loop keeps its own state machine; the session holds no loop state.
+ *
+ * It owns, from worker_session_new to worker_session_destroy:
+ *   - the pool importer (pool.h): maps each pool incarnation a grant names, once;
+ *   - the staging buffer: one slot's bytes (host or device memory, as the backend);
+ *   - the broker client (client.h), with the request timeout and the CURVE keys of the config;
+ *   - a heartbeat thread that calls client_poll every 100 ms once the broker knows us, so that a
+ *     long consume(), collective or checkpoint does not get the session (and its leases) expired.
+ * And it does the operations both loops do the same way: hello, the slot copy of a grant, the
+ * hand-over of the staged copy to the consumer, checkpoint-committed reports, the "no broker
+ * answers" deadline and the timing of progress lines. It counts into the loop's worker_stats
+ * (borrowed): registrations, copy_s, bytes_copied, consume_s. The other counters are the loop's.
+ *
+ * Thread: the daemon's main thread calls every function; the heartbeat thread only polls the
+ * client (the client serialises calls). Callers: worker_loop_run, group_worker_run.
+ */
+#ifndef DFLASH_WORKER_SESSION_H
+#define DFLASH_WORKER_SESSION_H
+
+#include "client.h"
+#include "worker_loop.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct worker_session worker_session;
+
+/* Creates the importer, the staging buffer (cfg->layout.slot_bytes) and the client, and starts
+ * the heartbeat thread. cfg and st are borrowed and must outlive the session. Returns the
+ * session, or NULL after logging the reason with *err set to a negative code. Main thread. */
+worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *st, int *err);
+/* Stops and joins the heartbeat thread, then frees the client, the staging buffer and the
+ * importer; accepts NULL and nulls the pointer. */
+void worker_session_destroy(worker_session **s);
+
+/* The broker client, for the loop's own requests (claim, release, ack, group calls). Borrowed:
+ * valid until worker_session_destroy. */
+client *worker_session_client(const worker_session *s);
+
+/* hello, carrying the held units (NULL, 0: none). On success counts the registration and logs
+ * "registered with broker <incarnation><note>" (note: "" or e.g. " for group g"); returns 0, or
+ * client_hello's negative code (the loop decides what is transient). */
+int worker_session_hello(worker_session *s, const wire_unit *held, uint32_t n_held,
+                         const char *note);
+/* A hello failed while no broker has answered since `since` (monotime_s): past
+ * cfg->broker_wait_ms (0 = never) logs it and returns DFLASH_EPEER; else sleeps 100 ms and
+ * returns 0 (try again). */
+int worker_session_await_broker(const worker_session *s, double since);
+
+/* Copies the slot that g grants into the staging buffer: attaches g's pool incarnation (mapping
+ * it if new), makes the copy wait on the slot's event, copies the bytes g's batch uses and waits.
+ * Returns 0, counting the copy (copy_s, bytes_copied) and setting *secs (may be NULL) to its
+ * duration; or a negative code after forgetting the incarnation: the slot was not read, and the
+ * caller still holds (and must release) its lease. */
+int worker_session_copy(worker_session *s, const wire_grant *g, double *secs);
+/* Hands the staged copy of g to cons->consume (timed into consume_s); returns its result, with
+ * *step as consume() set it. Call after worker_session_copy succeeded for g. */
+int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_grant *g,
+                           uint64_t *step);
+
+/* Reports step cs as checkpointed (CheckpointCommitted): up to `attempts` tries while the broker
+ * times out. 0 or the last negative code. */
+int worker_session_commit(worker_session *s, uint64_t cs, int attempts);
+/* The loop's last report, from its finish(): worker_session_commit with 3 tries (they ignore the
+ * stop flag, so a stopped loop still reports its final checkpoint); logs success. 0 or the code;
+ * the caller says what a failure means for it. */
+int worker_session_commit_final(worker_session *s, uint64_t cs);
+
+/* True once every cfg->progress_ms (never when 0): *d gets how much each counter of the loop's
+ * stats grew since the last window and *dt_s the window's length; the next window starts now. */
+bool worker_session_progress_due(worker_session *s, worker_stats *d, double *dt_s);
+
+#endif

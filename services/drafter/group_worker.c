@@ -339,12 +339,16 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     g.cl = worker_session_client(g.s);
 
     double backoff = 1, unreachable_since = monotime_s();
+    gw_state was = g.state;
     while (g.state != GW_DONE) {
         if (*stop) {
             set_state(&g, GW_DONE);
             break;
         }
         progress(&g);
+        if (g.state == GW_REGISTER && was != GW_REGISTER)
+            unreachable_since = monotime_s(); /* the broker's silence counts from here */
+        was = g.state;
         if (g.state == GW_REGISTER) {
             if (do_register(&g) == 0) {
                 unreachable_since = monotime_s();

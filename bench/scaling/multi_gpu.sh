@@ -14,7 +14,8 @@
 #   BIN_DIR as for bench/pipeline/real_model.sh (gathered by scripts/gpu-carry); MODEL_DIR
 #   (default /tmp/dflash-qwen3-8b) is made by bench/target/make_checkpoint.py when missing.
 #   Environment: DRAFTERS (visible GPUs - 1), STEPS (30), SEQS (400), BACKEND (cuda), COMM
-#   (nccl), DRAFT_LAYERS (5), ANCHORS (512), LEN_MIN / LEN_MAX (64 / 3072). A cpu dry run of the
+#   (nccl; shm also runs a group on one GPU: every rank on GPU 0, as a functional check), DRAFT_LAYERS
+#   (5), ANCHORS (512), LEN_MIN / LEN_MAX (64 / 3072). A cpu dry run of the
 #   logic: BACKEND=host COMM=shm DRAFTERS=2 with a small dflash-mkmodel target, DRAFT_LAYERS=1
 #   ANCHORS=8. Logs go to $OUT (or ./scaling-logs).
 set -uo pipefail
@@ -29,10 +30,11 @@ out=${OUT:-scaling-logs}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../pipeline/lib.sh"
-if [ "$backend" = cuda ] && [ "$gpus" -lt 2 ]; then
-  echo "multi_gpu: needs 2 or more GPUs (nvidia-smi lists $gpus)" >&2
+if [ "$backend" = cuda ] && [ "$gpus" -lt 2 ] && [ "$comm" = nccl ]; then
+  echo "multi_gpu: NCCL needs a GPU per rank (nvidia-smi lists $gpus; COMM=shm runs every rank on GPU 0)" >&2
   exit 77
 fi
+gpu_of() { [ "$gpus" -gt 1 ] && echo $(( $1 % gpus )) || echo 0; } # rank r on GPU r (GPU 0 alone: all)
 pipe_setup "$model" "$backend" "$out"
 pipe_queue --min-ready 0 --max-depth $((4 * drafters + 4))
 pipe_target --device 0 --slots $((4 * drafters + 4)) --epochs 100
@@ -48,13 +50,13 @@ drafter() { # drafter NAME DEVICE STEPS [ARGS...]: one dflash-drafter in the bac
 }
 
 # ---- 1. one drafter
-drafter solo 1 "$steps"
+drafter solo "$(gpu_of 1)" "$steps"
 wait "${pids[-1]}" || pipe_die "the solo drafter failed"
 
 # ---- 2. the group
 gpids=()
 for r in $(seq 1 "$drafters"); do
-  drafter "rank$r" "$r" "$steps" --group g --comm "$comm"
+  drafter "rank$r" "$(gpu_of "$r")" "$steps" --group g --comm "$comm"
   gpids+=("${pids[-1]}")
 done
 util="$out/gpu0_util.csv"

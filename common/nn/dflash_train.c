@@ -362,11 +362,12 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     return 0;
 }
 
-/* Queues clipping and AdamW (step 4); the gradient norm goes to r asynchronously. */
+/* Queues clipping and AdamW (step 4); the gradient norm goes to r asynchronously (when r has
+ * host memory). */
 static void queue_apply(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r) {
     const nn_ops *o = m->ops;
     o->sumsq(m->ctx, m->out_sumsq, m->grads, m->n_params);
-    o->download_raw_async(m->ctx, r->h_sums + 2, m->out_sumsq, sizeof(float));
+    if (r->h_sums) o->download_raw_async(m->ctx, r->h_sums + 2, m->out_sumsq, sizeof(float));
     double lr = dflash_train_lr(tc, m->step);
     int t = (int)(m->step + 1);
     bool alias = (void *)m->params == (void *)m->master;
@@ -410,9 +411,11 @@ int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
 void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met) {
     pending_drain(m);
     pending_rec *r;
-    if (pending_open(m, &r)) { /* only on allocation failure: apply without the norm */
-        LOG_ERROR("dflash_train_apply: out of host memory for the step's metrics");
-        abort();
+    if (pending_open(m, &r)) { /* out of host memory for the records: apply, report no norm */
+        pending_rec none = {0};
+        queue_apply(m, tc, &none);
+        met->lr = none.met.lr, met->step = none.met.step, met->grad_norm = NAN;
+        return;
     }
     queue_apply(m, tc, r);
     pending_push(m);

@@ -513,6 +513,17 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     CHECK(bad == NULL);
     CHECK(strstr(berr, "bad.shard") != NULL);
     model_producer_destroy(&bad);
+    /* a bucket no sequence falls in is refused at start-up, naming it (the broker would refuse
+     * the pool with a less helpful message) */
+    const uint32_t sparse[3] = {1, 8, 24}; /* the shortest sequence has 2 tokens */
+    model_producer_opts eo = po;
+    eo.bucket_bounds = sparse;
+    eo.n_buckets = 3;
+    char eerr[512] = "";
+    model_producer *empty = model_producer_new(&eo, ops, ctx, eerr, sizeof eerr);
+    CHECK(empty == NULL);
+    CHECK(strstr(eerr, "bucket 0 (<= 1 tokens)") != NULL);
+    model_producer_destroy(&empty);
     if (!p) goto out;
 
     slot_layout l;

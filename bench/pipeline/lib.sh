@@ -20,9 +20,13 @@ pipe_die() {
 
 pipe_ctl() { "$bin/dflash-ctl" --runtime-dir "$run" --timeout-ms 3000 "$@"; }
 pipe_status() { pipe_ctl status --json; }
-# a bucket field of the status summed over buckets: ready, produced, produced_tokens, consumed
+# bucket fields of one status reply, each summed over buckets, space-separated (ready, produced,
+# produced_tokens, consumed, ...): pipe_bsum produced produced_tokens
 pipe_bsum() {
-  pipe_status | python3 -c "import json,sys; print(sum(b['$1'] for b in json.load(sys.stdin)['buckets']))"
+  pipe_status | python3 -c "
+import json, sys
+b = json.load(sys.stdin)['buckets']
+print(' '.join(str(sum(x[k] for x in b)) for k in sys.argv[1:]))" "$@"
 }
 
 # pipe_setup MODEL BACKEND OUT: checkpoint (made when missing), data, runtime dir, SLOT_ARGS.

@@ -18,7 +18,8 @@
 #   BIN_DIR holds dflash-queue, dflash-target, dflash-drafter, dflash-ctl, dflash-data and
 #   devlibs/; MODEL_DIR (default /tmp/dflash-qwen3-8b) is made by bench/target/make_checkpoint.py
 #   when it has no config.json. SLOTS (16), E2E_STEPS (40), SEQS (400), BACKEND (cuda),
-#   DRAFT_LAYERS (5), ANCHORS (512), LEN_MIN / LEN_MAX (64 / 3072: sequence lengths, log-uniform;
+#   DRAFTER_DEVICE (0; 1 on a two-GPU machine puts the drafter on GPU 1, the slots cross over
+#   NVLink), DRAFT_LAYERS (5), ANCHORS (512), LEN_MIN / LEN_MAX (64 / 3072: sequence lengths, log-uniform;
 #   equal values give uniform lengths, so the three phases compare like with like) and BUCKETS
 #   (512,1024,2048,3072; only buckets the data fills) in the environment (a cpu dry run:
 #   BACKEND=host with a small dflash-mkmodel target and DRAFT_LAYERS=1 ANCHORS=8).
@@ -40,20 +41,22 @@ pipe_target --slots "$slots" --epochs 100
 t_first=""
 for _ in $(seq 1200); do # up to 240 s: checkpoint load and warm-up of every bucket shape first
   kill -0 $tpid 2>/dev/null || pipe_die "dflash-target exited"
-  n=$(pipe_bsum produced 2>/dev/null || echo 0)
-  if [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ]; then t_first=$(date +%s.%N); n_first=$n; tok_first=$(pipe_bsum produced_tokens); fi
+  read -r n tok < <(pipe_bsum produced produced_tokens 2>/dev/null || echo "0 0")
+  if [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ]; then
+    t_first=$(date +%s.%N) n_first=$n tok_first=$tok # batch and token counts of one reply
+  fi
   [ "${n:-0}" -ge "$slots" ] && break
   sleep 0.2
 done
 t_full=$(date +%s.%N)
-n_full=$(pipe_bsum produced)
-tok_full=$(pipe_bsum produced_tokens)
+read -r n_full tok_full < <(pipe_bsum produced produced_tokens)
 [ "$n_full" -ge "$slots" ] || pipe_die "the target filled only $n_full of $slots slots"
 kill -STOP $tpid
 
 # ---- 2. drafter alone, then 3. end to end
 total=$((slots + e2e_steps))
 "$bin/dflash-drafter" --runtime-dir "$run" --name d0 --model "$model" "${SLOT_ARGS[@]}" \
+  --device "${DRAFTER_DEVICE:-0}" \
   --draft-layers "${DRAFT_LAYERS:-5}" --block-size 16 --anchors "${ANCHORS:-512}" --max-steps "$total" \
   --metrics-dir "$out/metrics" --progress-ms 10000 > "$out/drafter.log" 2>&1 &
 dpid=$!

@@ -8,7 +8,8 @@
  * A "buffer" (nn_buf) is backend memory holding `act` elements (cpu: float; cuda: bf16). Buffers
  * typed `float *` are fp32 on every backend (weight gradients, master weights, optimizer moments,
  * softmax statistics, loss sums). Index arrays (`const int32_t *`) are backend memory too.
- * Host<->backend transfers go through upload/download only.
+ * Host<->backend transfers go through upload/download (and download_raw_async, which a training
+ * step uses so that it never waits for the device).
  *
  * Shapes use named dimensions: T packed tokens, D hidden, H query heads, Hk kv heads, d head dim,
  * F intermediate, V vocabulary, Q query rows (drafter blocks * B), B block size, R rows.
@@ -22,6 +23,7 @@
 #ifndef DFLASH_NN_OPS_H
 #define DFLASH_NN_OPS_H
 
+#include <math.h> /* sqrtf in NN_CLIP_SCALE */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

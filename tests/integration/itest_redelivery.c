@@ -7,6 +7,8 @@
 #include "check.h"
 #include "harness.h"
 
+#include <poll.h>
+
 static int consumer_main(const char *endpoint)
 {
     client *c = client_new(endpoint, WIRE_ROLE_DRAFTER, "victim");
@@ -52,6 +54,12 @@ int main(int argc, char **argv)
     char *cargv[] = {"/proc/self/exe", "consumer", ep, NULL};
     int fd = -1;
     pid_t victim = h_spawn(cargv, &fd);
+    /* The target (this process) must keep its session alive while the victim starts: with a
+     * 100 ms heartbeat and liveness 3, a slow start (ASan, a loaded machine) would otherwise
+     * expire the target, and its pool with the ready batch, before the victim claims. */
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    for (uint64_t until = h_now_ms() + 10000; h_now_ms() < until && poll(&pfd, 1, 50) == 0;)
+        client_poll(t);
     FILE *in = fdopen(fd, "r");
     unsigned e = 0, bkt = 0;
     unsigned long long idx = 0, lease = 0;

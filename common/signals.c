@@ -31,3 +31,17 @@ void signals_install_stop(void (*on_stop)(int))
     stop_set(&s);
     sigprocmask(SIG_UNBLOCK, &s, NULL);
 }
+
+static volatile sig_atomic_t stop_flag;
+
+static void set_stop_flag(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+volatile sig_atomic_t *signals_install_stop_flag(void)
+{
+    signals_install_stop(set_stop_flag);
+    return &stop_flag;
+}

@@ -7,9 +7,15 @@
 #ifndef DFLASH_SIGNALS_H
 #define DFLASH_SIGNALS_H
 
+#include <signal.h>
+
 /* Installs on_stop for SIGINT and SIGTERM (NULL keeps the default action: tools that just die),
  * ignores SIGPIPE, then unblocks SIGINT and SIGTERM. */
 void signals_install_stop(void (*on_stop)(int));
+
+/* signals_install_stop with a handler that sets one process-wide flag; returns the flag, which
+ * a daemon's loop polls (the target and the drafter). */
+volatile sig_atomic_t *signals_install_stop_flag(void);
 
 /* Blocks SIGINT and SIGTERM (kept across exec; pending signals stay pending). */
 void signals_block_stop(void);

@@ -597,6 +597,19 @@ static int block_key_ranges(const nn_block_span *sp, int B, int Tk, int32_t r[4]
     return 1;
 }
 
+/* Keys visible to one query row, summed over the blocks (the work estimate of the block
+ * attention ops). */
+static double block_visible_keys(const nn_block_span *spans, int n_blocks, int B, int Tk) {
+    double keys = 0.0;
+    for (int j = 0; j < n_blocks; j++) {
+        int32_t r[4];
+        int nr = block_key_ranges(&spans[j], B, Tk, r);
+        for (int i = 0; i < nr; i++)
+            keys += r[2 * i + 1] - r[2 * i];
+    }
+    return keys;
+}
+
 typedef struct block_job {
     float *out, *lse;
     const float *q, *k, *v;
@@ -654,13 +667,7 @@ static void cpu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn
                      .H = H,
                      .Hk = Hk,
                      .d = d};
-    double flops = 0.0;
-    for (int j = 0; j < n_blocks; j++) {
-        int32_t r[4];
-        int nr = block_key_ranges(&spans[j], B, Tk, r);
-        for (int i = 0; i < nr; i++)
-            flops += 4.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
-    }
+    double flops = 4.0 * B * block_visible_keys(spans, n_blocks, B, Tk) * H * d;
     cpu_parallel_for(c, H * n_blocks * row_tiles, 1, flops, block_fwd_tiles, &job);
 }
 
@@ -748,13 +755,7 @@ static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *d
                      .H = H,
                      .Hk = Hk,
                      .d = d};
-    double flops = 0.0;
-    for (int j = 0; j < n_blocks; j++) {
-        int32_t r[4];
-        int nr = block_key_ranges(&spans[j], B, Tk, r);
-        for (int i = 0; i < nr; i++)
-            flops += 10.0 * B * (r[2 * i + 1] - r[2 * i]) * H * d;
-    }
+    double flops = 10.0 * B * block_visible_keys(spans, n_blocks, B, Tk) * H * d;
     cpu_parallel_for(c, Hk, 1, flops, block_bwd_kvheads, &job);
 }
 

@@ -181,16 +181,6 @@ static const cfg_table drafter_table = {
     "dflash-drafter", "copies slots from the DFlash broker and trains (or verifies) on them",
     "[options]", drafter_options, sizeof drafter_options / sizeof drafter_options[0]};
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
-/* --backend: "auto" is cuda when this build has the cuda backend and a GPU is visible, else host
- * (target and drafter resolve it the same way on one machine). 0 or DFLASH_EINVAL. */
 /* ------------------------------------------------------------ the --verify-model consumer */
 
 typedef struct model_verify_ctx {
@@ -369,7 +359,7 @@ static int eval_main(int argc, char **argv)
 int main(int argc, char **argv)
 {
     blas_select_fast_kernels(argv);
-    signals_install_stop(on_signal);
+    volatile sig_atomic_t *stop = signals_install_stop_flag();
     log_init("dflash-drafter", LOG_INFO);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     drafter_config cfg;
@@ -565,7 +555,7 @@ int main(int argc, char **argv)
     config_dump(&drafter_table, &cfg, stderr);
 
     worker_stats st;
-    rc = worker_loop_run(&lc, cons, &g_stop, &st);
+    rc = worker_loop_run(&lc, cons, stop, &st);
     LOG_INFO("%s: %llu batches, %llu tokens in %.1f s (%.0f tokens/s), copied %.1f MB in %.2f s "
              "(grant to copy done p50 %.2f ms, p99 %.2f ms), consume %.1f s, waiting for a grant "
              "%.1f s, %llu stale leases, %llu registrations",

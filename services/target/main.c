@@ -101,16 +101,6 @@ static const cfg_table target_table = {
     "dflash-target", "fills slot pools with target hidden states for the DFlash broker",
     "[options]", target_options, sizeof target_options / sizeof target_options[0]};
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
-/* --backend: "auto" is cuda when this build has the cuda backend and a GPU is visible, else host
- * (target and drafter resolve it the same way on one machine). 0 or DFLASH_EINVAL. */
 static int build_loop_config(const target_config *c, target_loop_config *lc, char *endpoint,
                              size_t ep_len)
 {
@@ -160,7 +150,7 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
 int main(int argc, char **argv)
 {
     blas_select_fast_kernels(argv);
-    signals_install_stop(on_signal);
+    volatile sig_atomic_t *stop = signals_install_stop_flag();
     log_init("dflash-target", LOG_INFO);
     target_config cfg;
     int rc = config_load(&target_table, &cfg, argc, argv, NULL, 0, NULL);
@@ -232,7 +222,7 @@ int main(int argc, char **argv)
     config_dump(&target_table, &cfg, stderr);
 
     target_stats st;
-    rc = target_loop_run(&lc, prod, &g_stop, &st);
+    rc = target_loop_run(&lc, prod, stop, &st);
     LOG_INFO("%s: %llu batches, %llu tokens in %.1f s (%.0f tokens/s), fill %.1f s, waiting for "
              "a free slot %.1f s, %llu registrations", rc ? "failed" : "done",
              (unsigned long long)st.batches, (unsigned long long)st.tokens, st.elapsed_s,

@@ -25,6 +25,7 @@
  * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes.
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  */
+#include "monotime.h"
 #include "ops.h"
 
 #ifdef DFLASH_HAVE_CUDA
@@ -35,6 +36,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../target/opprof.h"
+#include "../target/gemm_peak.h"
 #endif
 
 #include <stdint.h>
@@ -52,12 +54,6 @@ int main(void) {
 
 static const nn_ops *O;
 static nn_ctx *C;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
 static float frand(void) {
@@ -82,26 +78,6 @@ static void *act_rand(size_t n, float scale) {
     O->sync(C);
     free(h);
     return p;
-}
-
-static double measure_peak(void) {
-    const int N = 8192;
-    void *x = act_rand((size_t)N * N, 0.5f), *w = act_rand((size_t)N * N, 0.5f);
-    void *y = O->alloc(C, (size_t)N * N * 2);
-    for (int i = 0; i < 3; i++)
-        O->linear_fwd(C, y, x, w, NULL, N, N, N);
-    O->sync(C);
-    double best = 1e9;
-    for (int b = 0; b < 3; b++) {
-        double t0 = now_s();
-        for (int i = 0; i < 10; i++)
-            O->linear_fwd(C, y, x, w, NULL, N, N, N);
-        O->sync(C);
-        double t = (now_s() - t0) / 10;
-        if (t < best) best = t;
-    }
-    O->free(C, x), O->free(C, w), O->free(C, y);
-    return 2.0 * N * N * (double)N / best / 1e12;
 }
 
 enum { D = 4096, NF = 5, V = 151936, H = 32, HK = 8, HD = 128, FF = 12288, BS = 16 };
@@ -146,7 +122,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
     const int steps = 10;
-    double flop = 0, t0 = now_s();
+    double flop = 0, t0 = monotime_s();
     for (int i = 0; i < steps; i++) { /* as the daemon: queued, metrics collected a step late */
         dflash_train_step_async(m, &tc, &v, 0, (uint64_t)(100 + i));
         int nb = m->cur_nb;
@@ -164,7 +140,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     while (dflash_train_collect(m, &met) == 1) {
     }
     O->sync(C);
-    double sec = (now_s() - t0) / steps;
+    double sec = (monotime_s() - t0) / steps;
     flop /= steps;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
@@ -178,7 +154,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
            1.0 / sec, n_seqs / sec, mfu, gib);
     fflush(stdout);
     prof_begin();
-    double ak = 0, p0 = now_s();
+    double ak = 0, p0 = monotime_s();
     for (int i = 0; i < 2; i++) {
         dflash_train_step(m, &tc, &v, 0, (uint64_t)(200 + i), &met);
         for (int j = 0; j < met.n_blocks; j++)
@@ -188,7 +164,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     po_tf[PO_ATTBB] += 8.0 * H * HD * ak * layers; /* dV, dP, dQ, dK (recompute not counted) */
     char title[96];
     snprintf(title, sizeof title, "%s, 2 steps", name);
-    prof_end(title, (now_s() - p0) * 1e3, PO_ATTB, 4.0 * H * HD * ak * layers);
+    prof_end(title, (monotime_s() - p0) * 1e3, PO_ATTB, 4.0 * H * HD * ak * layers);
     dflash_model_destroy(&m);
     O->free(C, hid);
     free(off), free(ids), free(pos), free(lmask);
@@ -202,7 +178,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     O = prof_ops(nn_cuda_ops(), C);
-    double peak = measure_peak();
+    double peak = gemm_peak_tflops(O, C);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
     void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);
     run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);

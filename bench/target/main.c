@@ -18,6 +18,7 @@
  * After the timed passes, one more pass runs with per-op CUDA events (opprof.h) and prints where
  * the GPU time goes. A machine-readable line: RESULT tokens_per_s=... mfu=... peak_gib=...
  */
+#include "monotime.h"
 #include "ops.h"
 
 #ifdef DFLASH_HAVE_CUDA
@@ -27,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "opprof.h"
+#include "gemm_peak.h"
 #endif
 
 #include <stdint.h>
@@ -42,12 +44,6 @@ int main(void) {
 }
 #else
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
 static uint64_t rs = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(void) {
     rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
@@ -56,32 +52,6 @@ static uint64_t rnd(void) {
 
 static int cmp_desc(const void *a, const void *b) {
     return *(const int *)b - *(const int *)a;
-}
-
-static double measure_peak(const nn_ops *O, nn_ctx *C) {
-    const int N = 8192;
-    size_t n = (size_t)N * N;
-    float *h = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        h[i] = (float)((double)(rnd() >> 11) / 9007199254740992.0 - 0.5);
-    void *x = O->alloc(C, n * 2), *w = O->alloc(C, n * 2), *y = O->alloc(C, n * 2);
-    O->upload(C, x, h, n);
-    O->upload(C, w, h, n);
-    free(h);
-    for (int i = 0; i < 3; i++)
-        O->linear_fwd(C, y, x, w, NULL, N, N, N);
-    O->sync(C);
-    double best = 1e9;
-    for (int b = 0; b < 3; b++) {
-        double t0 = now_s();
-        for (int i = 0; i < 10; i++)
-            O->linear_fwd(C, y, x, w, NULL, N, N, N);
-        O->sync(C);
-        double t = (now_s() - t0) / 10;
-        if (t < best) best = t;
-    }
-    O->free(C, x), O->free(C, w), O->free(C, y);
-    return 2.0 * N * N * (double)N / best / 1e12;
 }
 
 typedef struct slot {
@@ -104,7 +74,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     const nn_ops *O = prof_ops(nn_cuda_ops(), C);
-    double peak = measure_peak(O, C);
+    double peak = gemm_peak_tflops(O, C);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
 
     /* lengths */
@@ -163,7 +133,7 @@ int main(int argc, char **argv) {
     target_model_opts o = {0};
     o.layer_ids = ids, o.n_layer_ids = 5, o.max_tokens = budget, o.max_seqs = n_seqs;
     o.no_head = true;
-    double t0 = now_s();
+    double t0 = monotime_s();
     target_model *m = target_model_load(dir, &o, O, C);
     if (!m) {
         fprintf(stderr, "bench-target: cannot load %s\n", dir);
@@ -172,7 +142,7 @@ int main(int argc, char **argv) {
     O->sync(C);
     const model_config *cf = target_model_config(m);
     printf("loaded %s in %.1f s: D %d, %d layers (running 34), H %d / Hk %d, d %d, F %d\n", dir,
-           now_s() - t0, cf->hidden_size, cf->num_layers, cf->num_heads, cf->num_kv_heads,
+           monotime_s() - t0, cf->hidden_size, cf->num_layers, cf->num_heads, cf->num_kv_heads,
            cf->head_dim, cf->intermediate_size);
     for (int s = 0; s < n_slots; s++)
         for (int t = 0; t < sl[s].T; t++)
@@ -199,12 +169,12 @@ int main(int argc, char **argv) {
     O->sync(C);
     double t[3];
     for (int r = 0; r < 3; r++) {
-        double a = now_s();
+        double a = monotime_s();
         for (int s = 0; s < n_slots; s++)
             target_forward_host(m, sl[s].ids, sl[s].pos, sl[s].off, sl[s].n_seqs, sl[s].T, out,
                                 ld);
         O->sync(C);
-        t[r] = now_s() - a;
+        t[r] = monotime_s() - a;
     }
     double lo = t[0] < t[1] ? t[0] : t[1], hi = t[0] < t[1] ? t[1] : t[0];
     double med = t[2] < lo ? lo : (t[2] > hi ? hi : t[2]);
@@ -218,11 +188,11 @@ int main(int argc, char **argv) {
     printf("RESULT tokens_per_s=%.1f mfu=%.4f peak_gib=%.2f peak_tflops=%.1f\n", tps, mfu, gib,
            peak);
     prof_begin();
-    double p0 = now_s();
+    double p0 = monotime_s();
     for (int s = 0; s < n_slots; s++)
         target_forward_host(m, sl[s].ids, sl[s].pos, sl[s].off, sl[s].n_seqs, sl[s].T, out, ld);
     O->sync(C);
-    prof_end("one pass over all slots", (now_s() - p0) * 1e3, PO_ATTC, flop_attn);
+    prof_end("one pass over all slots", (monotime_s() - p0) * 1e3, PO_ATTC, flop_attn);
     target_model_destroy(&m);
     O->free(C, out);
     nn_cuda_destroy(&C);

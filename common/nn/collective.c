@@ -20,6 +20,7 @@
  * Thread: the caller's; no thread of our own.
  */
 #include "collective.h"
+#include "collective_nccl.h"
 
 #include "err.h"
 #include "log.h"
@@ -38,19 +39,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef DFLASH_HAVE_NCCL
-/* collective_nccl.c: the nccl backend. Same contracts as the public calls; `impl` is its state. */
-int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
-int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
-                 double timeout_s, void **impl, char *err, size_t errlen);
-/* f64: buf is n host doubles; else buf is n device floats pre-scaled by scale. */
-int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
-int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
-int dp_nccl_barrier(void *impl);
-void dp_nccl_set_timeout(void *impl, double timeout_s);
-/* abort: the group is broken (ncclCommAbort instead of finalize + destroy). */
-void dp_nccl_close(void **impl, bool abort);
-#endif
 
 #define SHM_MAGIC 0x3150444c46444675ull /* "uFDFLDP1" */
 #define SHM_VERSION 1u

@@ -16,6 +16,7 @@
 #ifdef DFLASH_HAVE_NCCL
 
 #include "collective.h"
+#include "collective_nccl.h"
 
 #include "err.h"
 #include "log.h"
@@ -41,15 +42,6 @@ typedef struct dp_nccl {
     cudaEvent_t done;
     void *staging;
 } dp_nccl;
-
-int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
-int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
-                 double timeout_s, void **impl, char *err, size_t errlen);
-int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
-int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
-int dp_nccl_barrier(void *impl);
-void dp_nccl_set_timeout(void *impl, double timeout_s);
-void dp_nccl_close(void **impl, bool abort);
 
 static void nccl_abort(dp_nccl *n) {
     if (n->comm && !n->aborted) ncclCommAbort(n->comm);

@@ -1,0 +1,27 @@
+/* collective_nccl.h: the internal interface between collective.c and its nccl backend
+ * (collective_nccl.c), declared only when the build found NCCL (DFLASH_HAVE_NCCL). Same
+ * contracts as the public calls of collective.h; `impl` is the backend's state.
+ */
+#ifndef DFLASH_NN_COLLECTIVE_NCCL_H
+#define DFLASH_NN_COLLECTIVE_NCCL_H
+
+#ifdef DFLASH_HAVE_NCCL
+#include "collective.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
+int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
+                 double timeout_s, void **impl, char *err, size_t errlen);
+/* f64: buf is n host doubles; else buf is n device floats pre-scaled by scale. */
+int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
+int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
+int dp_nccl_barrier(void *impl);
+void dp_nccl_set_timeout(void *impl, double timeout_s);
+/* abort: the group is broken (ncclCommAbort instead of finalize + destroy). */
+void dp_nccl_close(void **impl, bool abort);
+#endif
+
+#endif

@@ -8,7 +8,8 @@
  * zeros. FLOPs: 2*M*N*K per matmul; attention 4*d per (query row, head, visible key) forward,
  * 10*d backward (S, dP, dV, dK, dQ recomputation counted as 5 products); the lm_head loss
  * 4*Q*D*V (logits and dh). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
- * [attn (only the peak GEMM and the attention ops)]
+ * [attn (only the peak GEMM and the attention ops)]. The causal attention rows also time the
+ * target's shape (64 sequences of 2048 tokens).
  * The last rows time whole DFlash training steps (dflash_train_step) of a Qwen3-8B-shaped
  * drafter with that many layers (weights random), with the MFU by 6 * params * Q rows plus
  * attention and lm_head FLOPs.
@@ -187,19 +188,24 @@ static int cmp_int(const void *a, const void *b) {
 
 static void bench_attention(void) {
     int H = 32, Hk = 8, d = 128;
-    /* causal: 4 sequences of 3072 */
-    {
-        att_arg a = {.T = 4 * 3072, .n_seqs = 4, .H = H, .Hk = Hk, .d = d, .mode = 0};
-        int32_t off[5] = {0, 3072, 6144, 9216, 12288};
-        a.seq_off = O->alloc(C, sizeof off);
-        O->upload_raw(C, a.seq_off, off, sizeof off);
+    /* causal: 4 sequences of 3072, and the target's 64 sequences of 2048 */
+    for (int c = 0; c < 2; c++) {
+        int n = c ? 64 : 4, L = c ? 2048 : 3072;
+        att_arg a = {.T = n * L, .n_seqs = n, .H = H, .Hk = Hk, .d = d, .mode = 0};
+        int32_t off[65];
+        for (int i = 0; i <= n; i++)
+            off[i] = i * L;
+        a.seq_off = O->alloc(C, (n + 1) * sizeof(int32_t));
+        O->upload_raw(C, a.seq_off, off, (n + 1) * sizeof(int32_t));
         a.q = act_rand((size_t)a.T * H * d, 1.0f);
         a.k = act_rand((size_t)a.T * Hk * d, 1.0f);
         a.v = act_rand((size_t)a.T * Hk * d, 1.0f);
         a.o = O->alloc(C, (size_t)a.T * H * d * 2);
-        double keys = 4.0 * 3072.0 * 3073.0 / 2.0;
+        double keys = (double)n * L * (L + 1.0) / 2.0;
         double ms = time_ms(att_run, &a, 5);
-        row("attention_causal_fwd", "4x3072 H32/8 d128", ms, keys * H * 4.0 * d);
+        char shape[64];
+        snprintf(shape, sizeof shape, "%dx%d H32/8 d128", n, L);
+        row("attention_causal_fwd", shape, ms, keys * H * 4.0 * d);
         O->free(C, a.seq_off), O->free(C, a.q), O->free(C, a.k), O->free(C, a.v), O->free(C, a.o);
     }
     /* DFlash block attention: 512 blocks of 16 over 3072 context tokens */

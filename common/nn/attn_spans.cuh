@@ -4,7 +4,8 @@
  *     tokens and key ranges, a query row's key limits, cp.async tile loads, bf16 packing, and
  *     D = rowsum(dO * O) of a row tile;
  *   - the DFLASH_CUDA_ATTN kernel choice (parsed once in ops_cuda_attn.cu) and the internal
- *     launchers of the mma.sync file (ops_cuda.h belongs to the vtable and lists the others).
+ *     launchers of the mma.sync and wgmma files (ops_cuda.h belongs to the vtable and lists the
+ *     others).
  * Header-only device code because device functions are not linked across translation units in
  * this build (no -rdc). */
 #ifndef DFLASH_ATTN_SPANS_CUH
@@ -47,6 +48,14 @@ int cuda_mma_attention_dkdv(cudaStream_t st, __nv_bfloat16 *dk, __nv_bfloat16 *d
                             const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
                             const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                             int Hk, int d);
+
+/* ops_cuda_attn_wgmma.cu (sm_90a): the causal forward on wgmma; returns -1 when the shape,
+ * alignment, device or DFLASH_CUDA_ATTN_CAUSAL rule it out (the caller falls back). Its init
+ * never fails: without a usable sm_90a image the kernel just stays unused. */
+int cuda_wg_attention_init(void);
+int cuda_wg_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
+                                 const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                                 const int32_t *seq_off, int n_seqs, int T, int H, int Hk, int d);
 
 /* The key ranges of one block span as up to two disjoint ascending [begin, end) pairs in r
  * (ops_cpu.c's block_key_ranges); returns how many (0 for a padding block). */

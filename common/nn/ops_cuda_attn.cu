@@ -23,9 +23,10 @@
  *   each thread accumulates dv[key][x] += P^T dout, dk[key][x] += dS^T q for its (key, dims) in
  *   registers. No atomics: every dk/dv row has one writer, keys nobody sees get 0; deterministic.
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
- * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the mma.sync kernels
- * of ops_cuda_attn_mma.cu, then the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed
- * here, cuda_attn_mode; values in attn_spans.cuh) picks another set for bisecting.
+ * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the wgmma causal
+ * forward of ops_cuda_attn_wgmma.cu (Hopper), the mma.sync kernels of ops_cuda_attn_mma.cu, then
+ * the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in
+ * attn_spans.cuh) picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal shape.
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"
@@ -438,6 +439,7 @@ int cuda_attention_init(void) {
     bad |= set_kv_attr<32>() | set_kv_attr<64>() | set_kv_attr<128>() | set_kv_attr<256>();
     bad |= cuda_tc_attention_init() != 0;
     bad |= cuda_mma_attention_init() != 0;
+    bad |= cuda_wg_attention_init() != 0;
     return bad ? -1 : 0;
 }
 
@@ -452,6 +454,9 @@ void cuda_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const 
                                int Hk, int d) {
     check_heads(H, Hk, d);
     if (T <= 0) return;
+    if (cuda_attn_mode() >= ATTN_MMA &&
+        cuda_wg_attention_causal_fwd(st, out, q, k, v, seq_off, n_seqs, T, H, Hk, d) == 0)
+        return;
     if (cuda_attn_mode() >= ATTN_MMA && cuda_mma_attention_fwd(st, out, NULL, q, k, v, seq_off,
                                                                n_seqs, T, NULL, 0, 0, T, H, Hk,
                                                                d) == 0)

@@ -284,11 +284,16 @@ static void t_swiglu_add(void) {
     free(hg), free(hu), free(hd);
 }
 
-static void t_causal(int H, int Hk, int d) {
+/* T = 300 tokens in 3 sequences, or (long_seqs) 2200 in sequences of 7, 2043 and 140 tokens
+ * (the last 10 outside): the wgmma kernel's CTAs then cycle through their shared-memory stages
+ * and mbarrier phases many times */
+static void t_causal(int H, int Hk, int d, int long_seqs) {
     char name[64];
-    snprintf(name, sizeof name, "attn_causal H%d/%d d%d", H, Hk, d);
-    int T = 300, n_seqs = 3;
-    int32_t off[4] = {5, 100, 101, 290}; /* rows outside [5, 290) get 0 */
+    snprintf(name, sizeof name, "attn_causal H%d/%d d%d%s", H, Hk, d, long_seqs ? " T2200" : "");
+    int T = long_seqs ? 2200 : 300, n_seqs = 3;
+    int32_t off_s[4] = {5, 100, 101, 290}; /* rows outside [5, 290) get 0 */
+    int32_t off_l[4] = {0, 7, 2050, 2190};
+    const int32_t *off = long_seqs ? off_l : off_s;
     size_t nq = (size_t)T * H * d, nk = (size_t)T * Hk * d;
     float *hq = hrand(nq, 1.5, 0), *hk = hrand(nk, 1.5, 0), *hv = hrand(nk, 1, 0);
     pair q = pact(hq, nq), k = pact(hk, nk), v = pact(hv, nk), so = praw(off, 4);
@@ -528,6 +533,8 @@ int main(int argc, char **argv) {
            : attn && *attn && strcmp(attn, "mma") != 0
                ? attn
                : "mma.sync tensor cores for d 64/128 (default)");
+    const char *causal = getenv("DFLASH_CUDA_ATTN_CAUSAL");
+    printf("causal forward: %s\n", causal && *causal ? causal : "wgmma on Hopper (default)");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();
     CC = nn_cpu_new(0);
     GC = nn_cuda_new(0);
@@ -548,11 +555,12 @@ int main(int argc, char **argv) {
         t_rope();
         t_swiglu_add();
     }
-    t_causal(8, 2, 64);
-    t_causal(4, 4, 128);
-    t_causal(4, 1, 32);
-    t_causal(32, 8, 128); /* the target's heads: several 128-row tiles, full and masked tiles */
-    t_causal(16, 2, 128); /* group 8 */
+    t_causal(8, 2, 64, 0);
+    t_causal(4, 4, 128, 0);
+    t_causal(4, 1, 32, 0);
+    t_causal(32, 8, 128, 0); /* the target's heads: several 128-row tiles, full and masked tiles */
+    t_causal(16, 2, 128, 0); /* group 8 */
+    t_causal(8, 2, 128, 1);  /* the target's group, long sequences */
     t_block(8, 2, 64, 16);
     t_block(32, 8, 128, 16);
     t_block(4, 2, 8, 4);

@@ -732,9 +732,10 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
 /* ------------------------------------------------------------------------------------------ */
 
 /* Shape of the forward's CTAs, warps x rows per warp, as NW * 16 + MT (MT: m-tiles per warp):
- * causal DFLASH_CUDA_ATTN_CAUSAL = 4x32 (default), 8x16 or 4x16; block DFLASH_CUDA_ATTN_BLOCK =
- * 4x16 (default) or 2x32. Measured on the H200 (bench/cuda_ops/NOTES.md): causal 4x32 1.53 ms,
- * 8x16 1.63, 4x16 1.71; block 4x16 1.20 ms, 2x32 1.99. */
+ * causal DFLASH_CUDA_ATTN_CAUSAL = 4x32 (default; the wgmma kernel of ops_cuda_attn_wgmma.cu
+ * runs before it unless the variable names one of these), 8x16 or 4x16; block
+ * DFLASH_CUDA_ATTN_BLOCK = 4x16 (default) or 2x32. Measured on the H200 (bench/cuda_ops/NOTES.md):
+ * causal 4x32 1.53 ms, 8x16 1.63, 4x16 1.71; block 4x16 1.20 ms, 2x32 1.99. */
 static int parse_shape(const char *var, int dflt) {
     const char *e = getenv(var);
     if (!e) return dflt;

@@ -15,31 +15,43 @@
  * Shared memory, all in the no-swizzle core-matrix layout (a core matrix = 8 rows x 16 bytes,
  * 128 contiguous bytes; tile element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 +
  * (row % 8) 16 + (col % 8) 2, so 16-byte chunk i of a tile sits at byte 16 i): Q (TQ x D) and
- * NS = 3 stages of K and V (KT x D each), loaded with cp.async (zero-filled past the range end).
- * Q and K are K-major operands (d contiguous) of S = Q K^T; V is the MN-major B operand of
- * O += P V (d contiguous, the transpose bit set). Descriptor strides: along K (LBO) and along M/N
- * (SBO) core matrices: Q, K 128 and 16 D bytes; V 16 D and 128 bytes.
- * Per key tile i (keys kb = begin + i KT ..): wait for the tile, one CTA barrier (it frees the
- * stage the next refill overwrites), issue that refill, then per warpgroup: S = Q K^T (D / 16
- * wgmma m64nKTk16, both operands from shared memory), online softmax in the log2 domain (mask
- * only where the tile is not wholly inside every row's keys), P = exp2(S - m) packed to bf16 A
- * fragments in registers (the accumulator layout of two 8-column blocks is the A layout of one
- * k16 step), O += P V (KT / 16 wgmma m64nDk16, A from registers).
- *   plain (PIPE false): those steps in order, 2 tiles in flight; a warpgroup skips tiles none
- *     of its rows sees (bounds reduced over its rows once).
- *   PIPE: S of tile i and P V of tile i - 1 are issued back to back and the softmax of tile i
- *     runs while P V of tile i - 1 does (O is rescaled after it); 1 tile in flight (the third
- *     stage is the one P V still reads); every warpgroup computes every tile of the CTA (masked
- *     where unseen), since wgmma in flight across a branch is serialised by ptxas.
+ * NS stages of K and V (KT x D each), loaded with cp.async (zero-filled past the range end), then
+ * the bounds scratch and 2 NS mbarriers. Q and K are K-major operands (d contiguous) of
+ * S = Q K^T; V is the MN-major B operand of O += P V (d contiguous, the transpose bit set).
+ * Descriptor strides along K (LBO) and along M/N (SBO): Q, K 128 and 16 D bytes; V 16 D and 128.
+ * Per key tile i (keys kb = begin + i KT ..), per warpgroup: S = Q K^T (D / 16 wgmma m64nKTk16,
+ * both operands from shared memory), online softmax in the log2 domain (masked only where the
+ * tile is not wholly inside every row's keys), P = exp2(S - m) packed to bf16 A fragments in
+ * registers (the accumulator layout of two 8-column blocks is the A layout of one k16 step),
+ * O += P V (KT / 16 wgmma m64nDk16, A from registers); O is rescaled only when a row max moved.
+ * DIST tiles are in flight ahead of the computed one. Kernel modes (template MODE):
+ *   0, plain: those steps in order; one CTA barrier per tile (after it the stage the next refill
+ *     overwrites is free); a warpgroup skips tiles none of its rows sees.
+ *   1, 2, 3 (pipelined): S of tile i and P V of tile i - 1 are issued back to back and the
+ *     softmax of tile i runs while P V of tile i - 1 does (O is rescaled after it); a refill
+ *     may only overwrite the stage of tile i - 2 (DIST <= NS - 2). Every warpgroup computes every
+ *     tile of the CTA (masked where unseen): a branch around wgmma in flight is serialised by
+ *     ptxas.
+ *     1: one CTA barrier per tile, as in mode 0.
+ *     2: no CTA barrier in the loop: per stage a "full" mbarrier (every thread arrives once its
+ *       own copies of the tile landed: cp.async.wait_group, fence.proxy.async, arrive; it
+ *       announces tile i + 1 before waiting for tile i) and an "empty" one (each warp arrives
+ *       when its P V of the tile completed; a thread refills a stage only after its phase).
+ *       Warpgroups drift apart by up to a tile, so one's softmax overlaps another's wgmma.
+ *     3 (default): as 2, but warpgroup j % NWG alone loads tile j (full counts 128 threads),
+ *       so only one warpgroup per tile waits for the stage to empty.
  * End: O / l staged through shared memory for 16-byte stores; rows without keys give 0. CTAs
  * run in reverse token order (longest rows first).
- * Shapes (DFLASH_CUDA_ATTN_CAUSAL; NWG x KT, p: PIPE): wg3x64p (default), wg2x128p, wg2x128,
- * wg2x64, wg3x64; d 64 always uses wg2x128. Measured on the H200 (bench/cuda_ops/NOTES.md,
- * 4 x 3072 tokens, H 32 / 8, d 128): wg3x64p 263 TFLOP/s, wg2x128p 213, wg3x64 182,
- * wg2x128 166, wg2x64 165; mma.sync 4x32 201.
- * Resources (ptxas, d 128): wg3x64p 167 registers, 144 KB shared; wg2x128p 244, 224 KB; one CTA
- * per SM.
- * Stream: the caller's. One CTA per SM (launch bounds NWG x 128, 1).
+ * Kernels (DFLASH_CUDA_ATTN_CAUSAL names; NWG x KT, r: mode 3, m: 2, p: 1, none: 0; a 5: NS 5,
+ * DIST 3, else NS 4 (3 for modes 0, 1), DIST 2 (1 for mode 1)): d 128 wg3x64r (default),
+ * wg3x64r5, wg3x64m, wg3x64p, wg3x64; d 64 wg2x128 (mode 0). Measured on the H200
+ * (bench/cuda_ops/NOTES.md; 4 x 3072 and 64 x 2048 tokens, H 32 / 8, d 128, TFLOP/s):
+ * wg3x64r 306 and 303, wg3x64r5 310 and 298, wg3x64m 286 and 279, wg3x64p 264 and 266, wg3x64
+ * 185 and 185; the mma.sync 4x32 kernel 203 and 208.
+ * Resources (ptxas, d 128): wg3x64r 160 registers, 176 KB shared; wg3x64r5 157, 208 KB;
+ * wg3x64m 168, 176 KB; wg3x64p 159, 144 KB; wg3x64 168 with a 24-byte spill, 144 KB; d 64
+ * wg2x128 168, 112 KB. One CTA per SM (launch bounds NWG x 128, 1).
+ * Stream: the caller's.
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"
@@ -57,7 +69,6 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define NS 3 /* K/V stages */
 #define LOG2E 1.4426950408889634f
 
 typedef struct wg_args {
@@ -121,6 +132,31 @@ __device__ __forceinline__ void cp_commit(void) {
 
 template <int N> __device__ __forceinline__ void cp_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* mbarriers (MODE 2): init by one thread, arrive, and wait for the completion of the phase of
+ * the given parity */
+__device__ __forceinline__ void mb_init(uint64_t *b, int count) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mb_arrive(uint64_t *b) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mb_wait(uint64_t *b, int parity) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b), done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
 }
 
 __device__ __forceinline__ float ex2(float x) {
@@ -290,28 +326,32 @@ __device__ __forceinline__ void wg_rs_t<128>(float (&d)[16][4], const uint32_t (
  * column block (i / 8) % (D / 8) of row 8 (i / D) + i % 8, at byte 16 i; row r comes from
  * src + off(r), or is zero when off(r) < 0. Left in flight (the caller commits). */
 template <int D, int ROWS, typename F>
-__device__ __forceinline__ void load_cm(unsigned char *dst, const bf16 *src, F off) {
+__device__ __forceinline__ void load_cm(unsigned char *dst, const bf16 *src, F off, int tid,
+                                        int nth) {
     constexpr int CPR = D / 8;
-    for (int i = threadIdx.x; i < ROWS * CPR; i += blockDim.x) {
+    for (int i = tid; i < ROWS * CPR; i += nth) {
         int r = i / (8 * CPR) * 8 + i % 8, c = (i / 8) % CPR;
         long long o = off(r);
         cp_async16(dst + 16 * i, o >= 0 ? (const void *)(src + o + c * 8) : src, o >= 0 ? 16 : 0);
     }
 }
 
-/* K and V rows of keys [kb, kb + KT) of kv head hk into stage st (K at st, V after it) */
+/* K and V rows of keys [kb, kb + KT) of kv head hk into stage st (K at st, V after it), by
+ * threads tid of nth (the CTA, or one warpgroup) */
 template <int D, int KT>
 __device__ __forceinline__ void issue_kv(const wg_args &a, int kb, int re, int hk,
-                                         unsigned char *st) {
+                                         unsigned char *st, int tid, int nth) {
     auto off = [&](int r) -> long long {
         return kb + r < re ? ((long long)(kb + r) * a.Hk + hk) * D : -1;
     };
-    load_cm<D, KT>(st, a.k, off);
-    load_cm<D, KT>(st + KT * D * 2, a.v, off);
+    load_cm<D, KT>(st, a.k, off, tid, nth);
+    load_cm<D, KT>(st + KT * D * 2, a.v, off, tid, nth);
 }
 
-template <int D, int NWG, int KT> static size_t wg_smem(void) {
-    return (size_t)(64 * NWG + NS * 2 * KT) * D * sizeof(bf16) + 4 * NWG * 4 * sizeof(int);
+/* Q, NS stages of K and V, the bounds scratch [warp][4] and 2 NS mbarriers (MODE 2) */
+template <int D, int NWG, int KT, int NS> static size_t wg_smem(void) {
+    return (size_t)(64 * NWG + NS * 2 * KT) * D * sizeof(bf16) + 4 * NWG * 4 * sizeof(int) +
+           2 * NS * sizeof(uint64_t);
 }
 
 /* Online softmax of one key tile for the thread's rows g, g + 8 (s: raw Q K^T, accumulator
@@ -359,11 +399,12 @@ template <int D, int KT>
 __device__ __forceinline__ void wg_rescale(float (&o)[D / 8][4], const float corr[2],
                                            const float (&s)[KT / 8][4],
                                            uint32_t (&pa)[KT / 16][4]) {
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) /* no max moved: skip */
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-        o[dt][0] *= corr[0], o[dt][1] *= corr[0];
-        o[dt][2] *= corr[1], o[dt][3] *= corr[1];
-    }
+        for (int dt = 0; dt < D / 8; dt++) {
+            o[dt][0] *= corr[0], o[dt][1] *= corr[0];
+            o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+        }
 #pragma unroll
     for (int kk = 0; kk < KT / 16; kk++) {
         pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
@@ -412,13 +453,22 @@ __device__ __forceinline__ int warp_minmax(int v, int op) {
 
 /* One CTA: TQ = 64 NWG query rows (RT tokens x group heads of kv head blockIdx.y), NWG
  * warpgroups of 64 rows; keys in tiles of KT through NS stages. */
-template <int D, int NWG, int KT, bool PIPE>
+template <int D, int NWG, int KT, int MODE, int NS, int DIST>
 __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
+    static_assert(MODE == 0 ? DIST <= NS - 1 : DIST <= NS - 2, "a refill would hit a used stage");
+    static_assert(MODE < 2 || DIST >= 2, "MODE 2, 3 announce tile i + 1 before refilling");
+    constexpr bool PIPE = MODE > 0;
 #if WG_DEVICE
     constexpr int TQ = 64 * NWG, CPR = D / 8, TILE_B = KT * D * 2, LD = D + 8;
     extern __shared__ __align__(1024) unsigned char sm[];
     unsigned char *Qs = sm, *KV = sm + TQ * D * 2;
-    int *red = (int *)(KV + NS * 2 * TILE_B); /* [warp][4] bounds */
+    int *red = (int *)(KV + NS * 2 * TILE_B);                             /* [warp][4] bounds */
+    uint64_t *full = (uint64_t *)(red + 4 * NWG * 4), *empty = full + NS; /* MODE 2 */
+    if (MODE >= 2 && threadIdx.x == 0) {
+        for (int j = 0; j < NS; j++)
+            mb_init(full + j, MODE == 2 ? NWG * 128 : 128), mb_init(empty + j, NWG * 4);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, wq = warp % 4;
     const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int hk = blockIdx.y, group = a.group;
@@ -426,18 +476,25 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
     int t_a, R, nr, rng[4] = {0, 0, 0, 0};
     attn_tile_keys(a.seq_off, a.n_seqs, a.T, NULL, 0, a.RT, 1, tile, t_a, R, nr, rng);
     const int NR = R * group;
-    load_cm<D, TQ>(Qs, a.q, [&](int r) -> long long {
-        if (r >= NR) return -1;
-        int t = t_a + r / group, h = hk * group + r % group;
-        return ((long long)t * a.H + h) * D;
-    });
-    /* tiles in flight ahead of the one computed: 2, or 1 with PIPE (whose P V of tile i - 1
-     * still reads stage i - 1 while tile i is computed) */
-    constexpr int DIST = PIPE ? 1 : 2;
+    load_cm<D, TQ>(
+        Qs, a.q,
+        [&](int r) -> long long {
+            if (r >= NR) return -1;
+            int t = t_a + r / group, h = hk * group + r % group;
+            return ((long long)t * a.H + h) * D;
+        },
+        threadIdx.x, blockDim.x);
+    if (MODE >= 2) cp_commit(); /* Q alone: published by the barrier below */
+    /* the loads of tile j: the whole CTA, or (MODE 3) warpgroup j % NWG alone */
+    auto loads = [&](int j) { return MODE != 3 || j % NWG == wg; };
+    const int ltid = MODE == 3 ? threadIdx.x % 128 : threadIdx.x;
+    const int lnth = MODE == 3 ? 128 : blockDim.x;
+    /* DIST tiles are in flight ahead of the one computed */
     const int n_tiles = nr ? (rng[1] - rng[0] + KT - 1) / KT : 0;
 #pragma unroll
     for (int j = 0; j < DIST; j++) {
-        if (j < n_tiles) issue_kv<D, KT>(a, rng[0] + j * KT, rng[1], hk, KV + j * 2 * TILE_B);
+        if (j < n_tiles && loads(j))
+            issue_kv<D, KT>(a, rng[0] + j * KT, rng[1], hk, KV + j * 2 * TILE_B, ltid, lnth);
         cp_commit();
     }
 
@@ -461,6 +518,10 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
             if (lane == 0) red[warp * 4 + j] = w;
         }
     }
+    if (MODE >= 2) { /* this thread's Q copies landed (tiles 0 .. DIST - 1 may be in flight) */
+        cp_wait<DIST>();
+        fence_async_smem();
+    }
     __syncthreads();
     int lo_any = INT_MAX, hi_any = INT_MIN, lo_all = INT_MIN, hi_all = INT_MAX;
 #pragma unroll
@@ -477,15 +538,15 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
         o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     const uint64_t dq = wg_desc(Qs + wg * 64 * D * 2, a.lbo_qk, a.sbo_qk);
 
-    /* per tile: wait for it, one CTA barrier (after it the stage that tile i + DIST refills, that
-     * of tile i - 1, or i - 2 with PIPE, is free), issue that refill */
+    /* MODE 0, 1, per tile: wait for it, one CTA barrier (after it the stage that tile i + DIST
+     * refills, that of tile i + DIST - NS <= i - 1, or <= i - 2 with PIPE, is free), refill */
     auto next_tile = [&](int i) {
         cp_wait<DIST - 1>();
         fence_async_smem();
         __syncthreads();
         if (i + DIST < n_tiles)
             issue_kv<D, KT>(a, rng[0] + (i + DIST) * KT, rng[1], hk,
-                            KV + ((i + DIST) % NS) * 2 * TILE_B);
+                            KV + ((i + DIST) % NS) * 2 * TILE_B, threadIdx.x, blockDim.x);
         cp_commit();
     };
     uint32_t pa[KT / 16][4];
@@ -495,13 +556,13 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
             next_tile(i);
             const int kb = rng[0] + i * KT, ke = min(kb + KT, rng[1]);
             if (!(kb < hi_any && ke > lo_any)) continue; /* uniform over the warpgroup */
-            const bool full = kb >= lo_all && kb + KT <= hi_all && kb + KT <= rng[1];
+            const bool full_tile = kb >= lo_all && kb + KT <= hi_all && kb + KT <= rng[1];
             const unsigned char *Kt = KV + (i % NS) * 2 * TILE_B, *Vt = Kt + TILE_B;
             wg_fence();
             wg_issue_s<D, KT>(s, dq, wg_desc(Kt, a.lbo_qk, a.sbo_qk));
             wg_wait<0>();
             wg_pin_all(s);
-            wg_softmax<KT>(s, m, l, corr, kb, lo, hi, full, sl2);
+            wg_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
             wg_rescale<D, KT>(o, corr, s, pa);
             wg_fence();
             wg_issue_pv<D, KT>(o, pa, wg_desc(Vt, a.lbo_v, a.sbo_v));
@@ -514,10 +575,34 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
          * runs while P V does; every warpgroup computes every tile (the ones it does not see
          * are masked: a branch around wgmma in flight would serialise them) */
         uint64_t pv = 0;
+        if (MODE >= 2 && loads(0)) { /* tile 0: this thread's copies have landed */
+            cp_wait<DIST - 1>();
+            fence_async_smem();
+            mb_arrive(full);
+        }
         auto step = [&](int i, auto with_pv) {
-            next_tile(i);
+            if (MODE < 2) {
+                next_tile(i);
+            } else {
+                /* announce tile i + 1 (this thread's copies landed; issued DIST - 1 tiles ago),
+                 * refill the stage of tile i + DIST - NS <= i - 2 once every warp released it,
+                 * then wait for tile i */
+                if (i + 1 < n_tiles && loads(i + 1)) {
+                    cp_wait<DIST - 2>();
+                    fence_async_smem();
+                    mb_arrive(full + (i + 1) % NS);
+                }
+                const int j = i + DIST;
+                if (j < n_tiles && loads(j)) {
+                    if (j >= NS) mb_wait(empty + j % NS, (j / NS - 1) & 1);
+                    issue_kv<D, KT>(a, rng[0] + j * KT, rng[1], hk, KV + (j % NS) * 2 * TILE_B,
+                                    ltid, lnth);
+                }
+                cp_commit();
+                mb_wait(full + i % NS, (i / NS) & 1);
+            }
             const int kb = rng[0] + i * KT;
-            const bool full = kb >= lo_all && kb + KT <= hi_all && kb + KT <= rng[1];
+            const bool full_tile = kb >= lo_all && kb + KT <= hi_all && kb + KT <= rng[1];
             const unsigned char *Kt = KV + (i % NS) * 2 * TILE_B, *Vt = Kt + TILE_B;
             wg_fence();
             wg_issue_s<D, KT>(s, dq, wg_desc(Kt, a.lbo_qk, a.sbo_qk));
@@ -528,10 +613,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
                 wg_wait<0>();
             }
             wg_pin_all(s);
-            wg_softmax<KT>(s, m, l, corr, kb, lo, hi, full, sl2);
+            wg_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
             wg_wait<0>();
             wg_pin_all(o);
             wg_pin_u(pa);
+            if (MODE >= 2 && decltype(with_pv)::value && lane == 0)
+                mb_arrive(empty + (i - 1) % NS); /* this warp is done with tile i - 1 */
             wg_rescale<D, KT>(o, corr, s, pa);
             pv = wg_desc(Vt, a.lbo_v, a.sbo_v);
         };
@@ -576,39 +663,60 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-enum { WG_OFF = 0, WG_2x128, WG_2x64, WG_3x64, WG_2x128P, WG_3x64P };
+/* The kernels: DFLASH_CUDA_ATTN_CAUSAL name, d, rows per CTA, and their shared-memory limit
+ * (init) and launch. */
+template <int D, int NWG, int KT, int MODE, int NS, int DIST> static int wg_attr(void) {
+    return cudaFuncSetAttribute(k_wg_causal<D, NWG, KT, MODE, NS, DIST>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)wg_smem<D, NWG, KT, NS>()) != cudaSuccess;
+}
 
-/* DFLASH_CUDA_ATTN_CAUSAL: unset, empty or "wgmma": the default shape; wg2x128, wg2x64, wg3x64,
- * wg2x128p, wg3x64p (p: PIPE): that one; anything else (a mma.sync shape such as 4x32): off. */
-static int wg_shape(void) {
-    static int shape = -1;
-    if (shape < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_CAUSAL");
-        if (!e || !*e || strcmp(e, "wgmma") == 0)
-            shape = WG_2x128;
-        else if (strcmp(e, "wg2x128") == 0)
-            shape = WG_2x128;
-        else if (strcmp(e, "wg2x64") == 0)
-            shape = WG_2x64;
-        else if (strcmp(e, "wg3x64") == 0)
-            shape = WG_3x64;
-        else if (strcmp(e, "wg2x128p") == 0)
-            shape = WG_2x128P;
-        else if (strcmp(e, "wg3x64p") == 0)
-            shape = WG_3x64P;
-        else
-            shape = WG_OFF;
+template <int D, int NWG, int KT, int MODE, int NS, int DIST>
+static void wg_launch(cudaStream_t st, wg_args &a) {
+    a.RT = 64 * NWG / a.group;
+    dim3 grid((a.T + a.RT - 1) / a.RT, a.Hk);
+    k_wg_causal<D, NWG, KT, MODE, NS, DIST><<<grid, NWG * 128, wg_smem<D, NWG, KT, NS>(), st>>>(a);
+}
+
+typedef struct wg_kernel {
+    const char *name;
+    int d, rows;
+    int (*attr)(void);
+    void (*launch)(cudaStream_t, wg_args &);
+} wg_kernel;
+
+#define WG_K(name, D, NWG, KT, MODE, NS, DIST)                                                     \
+    {                                                                                              \
+        name, D, 64 * NWG, wg_attr<D, NWG, KT, MODE, NS, DIST>,                                    \
+            wg_launch<D, NWG, KT, MODE, NS, DIST>                                                  \
     }
-    return shape;
+/* the first of each head dim is the default; the others for comparison (NOTES.md: d 128,
+ * wg3x64r 306 TFLOP/s on 4 x 3072 tokens, wg3x64r5 310, wg3x64m 286, wg3x64p 264, wg3x64 185) */
+static const wg_kernel wg_kernels[] = {
+    WG_K("wg3x64r", 128, 3, 64, 3, 4, 2), WG_K("wg3x64r5", 128, 3, 64, 3, 5, 3),
+    WG_K("wg3x64m", 128, 3, 64, 2, 4, 2), WG_K("wg3x64p", 128, 3, 64, 1, 3, 1),
+    WG_K("wg3x64", 128, 3, 64, 0, 3, 2),  WG_K("wg2x128", 64, 2, 128, 0, 3, 2),
+};
+#define N_WG_KERNELS (int)(sizeof wg_kernels / sizeof wg_kernels[0])
+
+/* DFLASH_CUDA_ATTN_CAUSAL: unset, empty or "wgmma": the default kernel of the head dim; a name
+ * of wg_kernels: that one where its head dim matches (else the default); anything else (a
+ * mma.sync shape such as 4x32): none. */
+static const wg_kernel *wg_pick(int d) {
+    const char *e = getenv("DFLASH_CUDA_ATTN_CAUSAL");
+    bool named = e && *e && strcmp(e, "wgmma") != 0, known = false;
+    const wg_kernel *dflt = NULL;
+    for (int i = 0; i < N_WG_KERNELS; i++) {
+        const wg_kernel *k = &wg_kernels[i];
+        known = known || (named && strcmp(k->name, e) == 0);
+        if (k->d != d) continue;
+        if (named && strcmp(k->name, e) == 0) return k;
+        if (!dflt) dflt = k;
+    }
+    return named && !known ? NULL : dflt;
 }
 
 static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_90a code */
-
-template <int D, int NWG, int KT, bool PIPE> static int wg_attr(void) {
-    return cudaFuncSetAttribute(k_wg_causal<D, NWG, KT, PIPE>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wg_smem<D, NWG, KT>()) != cudaSuccess;
-}
 
 int cuda_wg_attention_init(void) {
     int dev, major = 0, minor = 0;
@@ -620,9 +728,9 @@ int cuda_wg_attention_init(void) {
         return 0;
     }
     if (major != 9 || minor != 0) return 0; /* sm_90a code runs on compute capability 9.0 only */
-    int bad = wg_attr<64, 2, 128, false>() | wg_attr<128, 2, 128, false>() |
-              wg_attr<128, 2, 64, false>() | wg_attr<128, 3, 64, false>() |
-              wg_attr<128, 2, 128, true>() | wg_attr<128, 3, 64, true>();
+    int bad = 0;
+    for (int i = 0; i < N_WG_KERNELS; i++)
+        bad |= wg_kernels[i].attr();
     if (bad) {
         (void)cudaGetLastError(); /* no usable image: the mma.sync kernels serve */
         return 0;
@@ -631,39 +739,19 @@ int cuda_wg_attention_init(void) {
     return 0;
 }
 
-template <int D, int NWG, int KT, bool PIPE>
-static void wg_launch(cudaStream_t st, wg_args &a, int T) {
-    a.RT = 64 * NWG / a.group;
-    dim3 grid((T + a.RT - 1) / a.RT, a.Hk);
-    k_wg_causal<D, NWG, KT, PIPE><<<grid, NWG * 128, wg_smem<D, NWG, KT>(), st>>>(a);
-}
-
 int cuda_wg_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const bf16 *k,
                                  const bf16 *v, const int32_t *seq_off, int n_seqs, int T, int H,
                                  int Hk, int d) {
-    const int shape = wg_shape();
-    const int rows = (shape == WG_3x64 || shape == WG_3x64P) && d == 128 ? 192 : 128;
-    if (!g_wg_ready || shape == WG_OFF || (d != 64 && d != 128) || Hk <= 0 || H % Hk != 0 ||
-        H / Hk > rows || n_seqs <= 0 || T <= 0)
+    if (!g_wg_ready || (d != 64 && d != 128) || Hk <= 0 || H % Hk != 0 || n_seqs <= 0 || T <= 0)
         return -1;
+    const wg_kernel *kn = wg_pick(d);
     const uintptr_t al = (uintptr_t)out | (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
-    if (al & 15u) return -1;
+    if (!kn || H / Hk > kn->rows || (al & 15u)) return -1;
     wg_args a = {};
     a.out = out, a.q = q, a.k = k, a.v = v, a.seq_off = seq_off, a.n_seqs = n_seqs, a.T = T;
     a.H = H, a.Hk = Hk, a.group = H / Hk, a.scale = 1.0f / sqrtf((float)d);
     a.lbo_qk = 128, a.sbo_qk = 16 * d, a.lbo_v = 16 * d, a.sbo_v = 128;
-    if (d == 64)
-        wg_launch<64, 2, 128, false>(st, a, T);
-    else if (shape == WG_2x64)
-        wg_launch<128, 2, 64, false>(st, a, T);
-    else if (shape == WG_3x64)
-        wg_launch<128, 3, 64, false>(st, a, T);
-    else if (shape == WG_2x128P)
-        wg_launch<128, 2, 128, true>(st, a, T);
-    else if (shape == WG_3x64P)
-        wg_launch<128, 3, 64, true>(st, a, T);
-    else
-        wg_launch<128, 2, 128, false>(st, a, T);
+    kn->launch(st, a);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -626,6 +626,119 @@ static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *
     rope_launch(c, dx, pos, inv_freq, T, nh, d, ld, -1.0f);
 }
 
+/* q/k norm + RoPE + split of a fused q|k|v projection: one block per token. The token's
+ * rotation angles go to shared memory first (sincos in double, as k_rope). Vector path (d % 8 ==
+ * 0, 16 <= d <= 256, 32 % (d / 8) == 0, 16-byte aligned rows): a group of L = d / 8 lanes owns
+ * a head row, 8 elements per lane; the group reduces the sum of squares and fetches the RoPE
+ * partner (element i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs
+ * every shuffle and only loads and stores are predicated. Scalar path: a warp per row, reading
+ * x twice. Values: n = bf16(bf16(x rstd) w), then the rotation of k_rope on n: the same as
+ * k_rmsnorm_fwd followed by k_rope, up to the order of the sum of squares. */
+template <bool VEC>
+__global__ void k_qkv_norm_rope(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, const bf16 *qn,
+                                const bf16 *kn, const int32_t *pos, const float *inv_freq, int H,
+                                int Hk, int d, float eps) {
+    extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
+    const int t = blockIdx.x, half = d / 2, rows = H + 2 * Hk;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double sd, cd;
+        sincos((double)((float)pos[t] * inv_freq[i]), &sd, &cd);
+        rot[i] = (float)cd, rot[half + i] = (float)sd;
+    }
+    __syncthreads();
+    const bf16 *src = qkv + (size_t)t * rows * d;
+    auto dst_of = [&](int r) -> bf16 * {
+        if (r < H) return q + ((size_t)t * H + r) * d;
+        if (r < H + Hk) return k + ((size_t)t * Hk + r - H) * d;
+        return v + ((size_t)t * Hk + r - H - Hk) * d;
+    };
+    if (VEC) {
+        const int L = d / 8, per_warp = 32 / L, j = lane % L;
+        for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
+            const int r = r0 + lane / L;
+            const bool valid = r < rows, roped = r < H + Hk;
+            float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (valid) load8(src + (size_t)r * d + 8 * j, x);
+            float ss = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                ss += x[e] * x[e];
+            for (int o = L / 2; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const bf16 *w = r < H ? qn : kn;
+            if (qn && valid && roped) {
+                float g[8], rs = rsqrtf(ss / (float)d + eps);
+                load8(w + 8 * j, g);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    x[e] = __bfloat162float(__float2bfloat16(
+                               __bfloat162float(__float2bfloat16(x[e] * rs)) * g[e]));
+            }
+            const bool first = j < L / 2;
+            const int i0 = first ? 8 * j : 8 * j - half;
+            float out[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float p = __shfl_xor_sync(0xffffffffu, x[e], L / 2);
+                float cs = rot[i0 + e], sn = rot[half + i0 + e];
+                out[e] = !roped ? x[e] : first ? x[e] * cs - p * sn : x[e] * cs + p * sn;
+            }
+            if (valid) store8(dst_of(r) + 8 * j, out);
+        }
+        return;
+    }
+    for (int r = warp; r < rows; r += nw) {
+        const bf16 *x = src + (size_t)r * d;
+        bf16 *o = dst_of(r);
+        if (r >= H + Hk) {
+            for (int i = lane; i < d; i += 32)
+                o[i] = x[i];
+            continue;
+        }
+        float rs = 1.0f;
+        const bf16 *w = r < H ? qn : kn;
+        if (qn) {
+            float ss = 0.0f;
+            for (int i = lane; i < d; i += 32) {
+                float f = __bfloat162float(x[i]);
+                ss += f * f;
+            }
+            rs = rsqrtf(warp_sum(ss) / (float)d + eps);
+        }
+        auto normed = [&](int i) -> float {
+            float f = __bfloat162float(x[i]);
+            if (!qn) return f;
+            return __bfloat162float(__float2bfloat16(
+                __bfloat162float(__float2bfloat16(f * rs)) * __bfloat162float(w[i])));
+        };
+        for (int i = lane; i < half; i += 32) {
+            float x1 = normed(i), x2 = normed(i + half), cs = rot[i], sn = rot[half + i];
+            o[i] = __float2bfloat16(x1 * cs - x2 * sn);
+            o[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
+        }
+    }
+}
+
+static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
+                                 const nn_buf *qn, const nn_buf *kn, const int32_t *pos,
+                                 const float *inv_freq, int T, int H, int Hk, int d, float eps) {
+    assert(T >= 0 && H > 0 && Hk > 0 && d > 0 && d % 2 == 0 && (qn == NULL) == (kn == NULL));
+    if (T == 0) return;
+    const size_t smem = sizeof(float) * (size_t)d;
+    bool vec = d % 8 == 0 && d >= 16 && d <= 256 && 32 % (d / 8) == 0 && vec_ok(q, k, v) &&
+               vec_ok(qkv, qn ? qn : qkv, kn ? kn : qkv);
+    if (vec)
+        k_qkv_norm_rope<true><<<T, 256, smem, c->stream>>>(
+            (bf16 *)q, (bf16 *)k, (bf16 *)v, (const bf16 *)qkv, (const bf16 *)qn,
+            (const bf16 *)kn, pos, inv_freq, H, Hk, d, eps);
+    else
+        k_qkv_norm_rope<false><<<T, 256, smem, c->stream>>>(
+            (bf16 *)q, (bf16 *)k, (bf16 *)v, (const bf16 *)qkv, (const bf16 *)qn,
+            (const bf16 *)kn, pos, inv_freq, H, Hk, d, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* SwiGLU and add: elementwise, memory-bound. Each thread moves 16 bytes (8 bf16) per load and
  * store when every pointer is 16-byte aligned (vec_ok, load8/store8 above); the scalar loop
@@ -1022,6 +1135,7 @@ static nn_ops make_ops(void) {
     o.linear_fwd = cu_linear_fwd;
     o.linear_fwd_acc = cu_linear_fwd_acc;
     o.rope_fwd = cu_rope_fwd;
+    o.qkv_norm_rope_fwd = cu_qkv_norm_rope_fwd;
     o.attention_causal_fwd = cu_attention_causal_fwd;
     o.attention_block_fwd = cu_attention_block_fwd;
     o.swiglu_fwd = cu_swiglu_fwd;

@@ -358,11 +358,13 @@ static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x,
 
 /* dx = rs * (dy*w - xhat * mean(dy*w*xhat)), xhat = x*rs (fp32). One warp per row. dx may equal
  * dy: each lane reads its element before writing it. */
+template <bool VEC>
 __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *w,
                                  const float *rstd, int R, int C) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
+    bf16 *dxr = dx + (size_t)r * C;
     float rs;
     if (rstd)
         rs = rstd[r];
@@ -375,10 +377,28 @@ __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const 
         rs = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
     }
     float dot = 0.0f;
+    if (VEC) { /* 8 elements per lane and load, as k_rmsnorm_fwd's vector path */
+        for (int i = lane * 8; i < C; i += 256) {
+            float g[8], wv[8], xv[8];
+            load8(dyr + i, g), load8(w + i, wv), load8(xr + i, xv);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                dot += g[e] * wv[e] * xv[e] * rs;
+        }
+        float mean = warp_sum(dot) / (float)C;
+        for (int i = lane * 8; i < C; i += 256) {
+            float g[8], wv[8], xv[8], o[8];
+            load8(dyr + i, g), load8(w + i, wv), load8(xr + i, xv);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
+            store8(dxr + i, o);
+        }
+        return;
+    }
     for (int i = lane; i < C; i += 32)
         dot += __bfloat162float(dyr[i]) * __bfloat162float(w[i]) * __bfloat162float(xr[i]) * rs;
     float mean = warp_sum(dot) / (float)C;
-    bf16 *dxr = dx + (size_t)r * C;
     for (int i = lane; i < C; i += 32) {
         float xv = __bfloat162float(xr[i]);
         float v = rs * (__bfloat162float(dyr[i]) * __bfloat162float(w[i]) - xv * rs * mean);
@@ -423,8 +443,12 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
                                                    C);
         CUDA_CHECK_LAUNCH();
     }
-    k_rmsnorm_bwd_dx<<<(R + 7) / 8, 256, 0, c->stream>>>(
-        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
+    if (C % 8 == 0 && vec_ok(dx, dy, x) && vec_ok(w, w, w))
+        k_rmsnorm_bwd_dx<true><<<(R + 7) / 8, 256, 0, c->stream>>>(
+            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
+    else
+        k_rmsnorm_bwd_dx<false><<<(R + 7) / 8, 256, 0, c->stream>>>(
+            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
     CUDA_CHECK_LAUNCH();
 }
 

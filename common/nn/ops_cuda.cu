@@ -377,7 +377,7 @@ __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const 
         rs = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
     }
     float dot = 0.0f;
-    if (VEC) { /* 8 elements per lane and load, as k_rmsnorm_fwd's vector path */
+    if constexpr (VEC) { /* 8 elements per lane and load, as k_rmsnorm_fwd's vector path */
         for (int i = lane * 8; i < C; i += 256) {
             float g[8], wv[8], xv[8];
             load8(dyr + i, g), load8(w + i, wv), load8(xr + i, xv);
@@ -394,15 +394,16 @@ __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const 
                 o[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
             store8(dxr + i, o);
         }
-        return;
-    }
-    for (int i = lane; i < C; i += 32)
-        dot += __bfloat162float(dyr[i]) * __bfloat162float(w[i]) * __bfloat162float(xr[i]) * rs;
-    float mean = warp_sum(dot) / (float)C;
-    for (int i = lane; i < C; i += 32) {
-        float xv = __bfloat162float(xr[i]);
-        float v = rs * (__bfloat162float(dyr[i]) * __bfloat162float(w[i]) - xv * rs * mean);
-        dxr[i] = __float2bfloat16(v);
+    } else {
+        for (int i = lane; i < C; i += 32)
+            dot += __bfloat162float(dyr[i]) * __bfloat162float(w[i]) * __bfloat162float(xr[i]) *
+                   rs;
+        float mean = warp_sum(dot) / (float)C;
+        for (int i = lane; i < C; i += 32) {
+            float xv = __bfloat162float(xr[i]);
+            float v = rs * (__bfloat162float(dyr[i]) * __bfloat162float(w[i]) - xv * rs * mean);
+            dxr[i] = __float2bfloat16(v);
+        }
     }
 }
 
@@ -658,6 +659,44 @@ static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *
  * every shuffle and only loads and stores are predicated. Scalar path: a warp per row, reading
  * x twice. Values: n = bf16(bf16(x rstd) w), then the rotation of k_rope on n: the same as
  * k_rmsnorm_fwd followed by k_rope, up to the order of the sum of squares. */
+/* the scalar path of k_qkv_norm_rope: a warp per head row */
+template <typename F>
+__device__ void scalar_qkv_rows(F dst_of, const bf16 *src, const bf16 *qn, const bf16 *kn,
+                                const float *rot, int H, int Hk, int d, float eps) {
+    const int half = d / 2, rows = H + 2 * Hk;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int r = warp; r < rows; r += nw) {
+        const bf16 *x = src + (size_t)r * d;
+        bf16 *o = dst_of(r);
+        if (r >= H + Hk) {
+            for (int i = lane; i < d; i += 32)
+                o[i] = x[i];
+            continue;
+        }
+        float rs = 1.0f;
+        const bf16 *w = r < H ? qn : kn;
+        if (qn) {
+            float ss = 0.0f;
+            for (int i = lane; i < d; i += 32) {
+                float f = __bfloat162float(x[i]);
+                ss += f * f;
+            }
+            rs = rsqrtf(warp_sum(ss) / (float)d + eps);
+        }
+        auto normed = [&](int i) -> float {
+            float f = __bfloat162float(x[i]);
+            if (!qn) return f;
+            return __bfloat162float(__float2bfloat16(
+                __bfloat162float(__float2bfloat16(f * rs)) * __bfloat162float(w[i])));
+        };
+        for (int i = lane; i < half; i += 32) {
+            float x1 = normed(i), x2 = normed(i + half), cs = rot[i], sn = rot[half + i];
+            o[i] = __float2bfloat16(x1 * cs - x2 * sn);
+            o[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
+        }
+    }
+}
+
 template <bool VEC>
 __global__ void k_qkv_norm_rope(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, const bf16 *qn,
                                 const bf16 *kn, const int32_t *pos, const float *inv_freq, int H,
@@ -677,7 +716,7 @@ __global__ void k_qkv_norm_rope(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, cons
         if (r < H + Hk) return k + ((size_t)t * Hk + r - H) * d;
         return v + ((size_t)t * Hk + r - H - Hk) * d;
     };
-    if (VEC) {
+    if constexpr (VEC) {
         const int L = d / 8, per_warp = 32 / L, j = lane % L;
         for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
             const int r = r0 + lane / L;
@@ -710,37 +749,8 @@ __global__ void k_qkv_norm_rope(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, cons
             }
             if (valid) store8(dst_of(r) + 8 * j, out);
         }
-        return;
-    }
-    for (int r = warp; r < rows; r += nw) {
-        const bf16 *x = src + (size_t)r * d;
-        bf16 *o = dst_of(r);
-        if (r >= H + Hk) {
-            for (int i = lane; i < d; i += 32)
-                o[i] = x[i];
-            continue;
-        }
-        float rs = 1.0f;
-        const bf16 *w = r < H ? qn : kn;
-        if (qn) {
-            float ss = 0.0f;
-            for (int i = lane; i < d; i += 32) {
-                float f = __bfloat162float(x[i]);
-                ss += f * f;
-            }
-            rs = rsqrtf(warp_sum(ss) / (float)d + eps);
-        }
-        auto normed = [&](int i) -> float {
-            float f = __bfloat162float(x[i]);
-            if (!qn) return f;
-            return __bfloat162float(__float2bfloat16(
-                __bfloat162float(__float2bfloat16(f * rs)) * __bfloat162float(w[i])));
-        };
-        for (int i = lane; i < half; i += 32) {
-            float x1 = normed(i), x2 = normed(i + half), cs = rot[i], sn = rot[half + i];
-            o[i] = __float2bfloat16(x1 * cs - x2 * sn);
-            o[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
-        }
+    } else {
+        scalar_qkv_rows(dst_of, src, qn, kn, rot, H, Hk, d, eps);
     }
 }
 

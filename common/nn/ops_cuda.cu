@@ -652,13 +652,14 @@ static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *
 }
 
 /* q/k norm + RoPE + split of a fused q|k|v projection: one block per token. The token's
- * rotation angles go to shared memory first (sincos in double, as k_rope). Vector path (d % 8 ==
+ * rotation angles go to shared memory first. Vector path (d % 8 ==
  * 0, 16 <= d <= 256, 32 % (d / 8) == 0, 16-byte aligned rows): a group of L = d / 8 lanes owns
  * a head row, 8 elements per lane; the group reduces the sum of squares and fetches the RoPE
  * partner (element i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs
  * every shuffle and only loads and stores are predicated. Scalar path: a warp per row, reading
  * x twice. Values: n = bf16(bf16(x rstd) w), then the rotation of k_rope on n: the same as
- * k_rmsnorm_fwd followed by k_rope, up to the order of the sum of squares. */
+ * k_rmsnorm_fwd followed by k_rope, up to the order of the sum of squares and the angles'
+ * sincosf (k_rope: sincos in double; the two agree to about an fp32 ulp). */
 /* the scalar path of k_qkv_norm_rope: a warp per head row */
 template <typename F>
 __device__ void scalar_qkv_rows(F dst_of, const bf16 *src, const bf16 *qn, const bf16 *kn,
@@ -698,17 +699,15 @@ __device__ void scalar_qkv_rows(F dst_of, const bf16 *src, const bf16 *qn, const
 }
 
 template <bool VEC>
-__global__ void k_qkv_norm_rope(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, const bf16 *qn,
-                                const bf16 *kn, const int32_t *pos, const float *inv_freq, int H,
-                                int Hk, int d, float eps) {
+__global__ void k_qkv_norm_rope(bf16 *__restrict__ q, bf16 *__restrict__ k, bf16 *__restrict__ v,
+                                const bf16 *__restrict__ qkv, const bf16 *__restrict__ qn,
+                                const bf16 *__restrict__ kn, const int32_t *pos,
+                                const float *inv_freq, int H, int Hk, int d, float eps) {
     extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
     const int t = blockIdx.x, half = d / 2, rows = H + 2 * Hk;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double sd, cd;
-        sincos((double)((float)pos[t] * inv_freq[i]), &sd, &cd);
-        rot[i] = (float)cd, rot[half + i] = (float)sd;
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        sincosf((float)pos[t] * inv_freq[i], &rot[half + i], &rot[i]);
     __syncthreads();
     const bf16 *src = qkv + (size_t)t * rows * d;
     auto dst_of = [&](int r) -> bf16 * {
@@ -718,6 +717,7 @@ __global__ void k_qkv_norm_rope(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, cons
     };
     if constexpr (VEC) {
         const int L = d / 8, per_warp = 32 / L, j = lane % L;
+#pragma unroll 4
         for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
             const int r = r0 + lane / L;
             const bool valid = r < rows, roped = r < H + Hk;

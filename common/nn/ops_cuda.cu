@@ -6,7 +6,7 @@
  * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
- * only). cuda_attention_init (ops_cuda_attn_tc.cu) adds, once per device, 144 MiB of fp32
+ * only, unless DFLASH_LT_TUNE times the heuristic's candidates then). cuda_attention_init (ops_cuda_attn_tc.cu) adds, once per device, 144 MiB of fp32
  * scratch for attention_block_bwd (dk/dv split partials and the saved D rows).
  * Nothing else is allocated after nn_cuda_new except by the caller through alloc.
  *
@@ -464,7 +464,68 @@ static int ptr_align(const void *p) {
     return al;
 }
 
-static lt_entry *lt_get(nn_ctx *c, const lt_key *key) {
+#define LT_TUNE_MAX 16
+
+/* DFLASH_LT_TUNE=N (2..16): time the heuristic's first N candidates on a new shape's first use
+ * and keep the fastest (0 or unset: the heuristic's first, no timing) */
+static int lt_tune_count(void) {
+    static int n = -1;
+    if (n < 0) {
+        const char *e = getenv("DFLASH_LT_TUNE");
+        n = e ? atoi(e) : 0;
+        n = n < 1 ? 1 : n > LT_TUNE_MAX ? LT_TUNE_MAX : n;
+    }
+    return n;
+}
+
+/* The fastest of n candidates for entry e, timed on the call's own A and B into a scratch copy
+ * of D (so a beta = 1 product reads the same C): one warm-up and 3 timed runs each. Waits for
+ * the stream (counted as a drain): meant for start-up, where every shape is warmed. */
+static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicResult_t *res,
+                   int n, const void *A, const void *B, const void *D, float beta) {
+    size_t bytes = (size_t)e->key.ldc * e->key.n * (e->key.ctype ? 4 : 2);
+    void *scratch = NULL;
+    cudaEvent_t ev[2];
+    if (cudaMalloc(&scratch, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(scratch, D, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    CUDA_CHECK(cudaEventCreate(&ev[0]));
+    CUDA_CHECK(cudaEventCreate(&ev[1]));
+    int pick = 0;
+    float best = INFINITY, first = INFINITY, alpha = 1.0f;
+    for (int i = 0; i < n; i++) {
+        bool ok = true;
+        for (int r = 0; r < 4 && ok; r++) {
+            if (r == 1) CUDA_CHECK(cudaEventRecord(ev[0], c->stream));
+            ok = cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, scratch, e->C,
+                                scratch, e->C, &res[i].algo, c->ws, LT_WORKSPACE,
+                                c->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (!ok) continue;
+        CUDA_CHECK(cudaEventRecord(ev[1], c->stream));
+        CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        if (i == 0) first = ms;
+        if (ms < best) best = ms, pick = i;
+    }
+    c->drains++;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaEventDestroy(ev[0]));
+    CUDA_CHECK(cudaEventDestroy(ev[1]));
+    CUDA_CHECK(cudaFree(scratch));
+    fprintf(stderr,
+            "ops_cuda: matmul m %d n %d k %d%s: candidate %d of %d, %.3f ms (heuristic's first "
+            "%.3f ms)\n",
+            e->key.m, e->key.n, e->key.k, e->key.beta_nz ? " beta 1" : "", pick, n, best / 3,
+            first / 3);
+    return pick;
+}
+
+static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void *B,
+                        const void *D, float beta) {
     for (int i = 0; i < LT_CACHE; i++)
         if (c->cache[i].used && memcmp(&c->cache[i].key, key, sizeof *key) == 0)
             return &c->cache[i];
@@ -504,9 +565,9 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key) {
                                                   &al, sizeof al));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al, sizeof al));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->A, e->B, e->C, e->C, pref, 1, &res,
+    cublasLtMatmulHeuristicResult_t res[LT_TUNE_MAX];
+    int found = 0, want = lt_tune_count();
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->A, e->B, e->C, e->C, pref, want, res,
                                             &found));
     cublasLtMatmulPreferenceDestroy(pref);
     if (found < 1) {
@@ -514,7 +575,7 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key) {
                 key->m, key->n, key->k, key->lda, key->ldb, key->ldc);
         abort();
     }
-    e->algo = res.algo;
+    e->algo = res[found > 1 ? lt_tune(c, e, res, found, A, B, D, beta) : 0].algo;
     e->used = 1;
     return e;
 }
@@ -532,7 +593,7 @@ static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void
     if (ptr_align(B) < al) al = ptr_align(B);
     if (ptr_align(D) < al) al = ptr_align(D);
     key.align = al;
-    lt_entry *e = lt_get(c, &key);
+    lt_entry *e = lt_get(c, &key, A, B, D, beta);
     float alpha = 1.0f;
     LT_CHECK(cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, D, e->C, D, e->C,
                             &e->algo, c->ws, LT_WORKSPACE, c->stream));

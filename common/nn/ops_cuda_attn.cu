@@ -86,6 +86,7 @@ int cuda_attn_mode(void) {
                : strcmp(e, "tc_v1") == 0   ? ATTN_TC_V1
                : strcmp(e, "tc_nod") == 0  ? ATTN_TC_NOD
                : strcmp(e, "mma_dq") == 0  ? ATTN_MMA_DQ
+               : strcmp(e, "fused") == 0   ? ATTN_FUSED
                                            : ATTN_MMA;
     }
     return mode;
@@ -438,6 +439,7 @@ int cuda_attention_init(void) {
     bad |= set_kv_attr<32>() | set_kv_attr<64>() | set_kv_attr<128>() | set_kv_attr<256>();
     bad |= cuda_tc_attention_init() != 0;
     bad |= cuda_mma_attention_init() != 0;
+    bad |= cuda_bwd_attention_init() != 0;
     return bad ? -1 : 0;
 }
 

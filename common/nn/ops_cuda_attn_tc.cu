@@ -594,7 +594,8 @@ static int tc_vps(void) {
     static int vps = -1;
     if (vps < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_SPLIT");
-        vps = e && atoi(e) >= 1 ? atoi(e) : cuda_attn_mode() == ATTN_MMA ? 80 : 40;
+        int m = cuda_attn_mode();
+        vps = e && atoi(e) >= 1 ? atoi(e) : m == ATTN_MMA || m == ATTN_FUSED ? 80 : 40;
     }
     return vps;
 }
@@ -729,10 +730,15 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
         if (tc_mode() == ATTN_TC && (size_t)H * n_blocks * B <= SPLIT_DROWS) a.dsave = g_split_d[dev];
     }
     dim3 gq(n_blocks * a.tiles_per_block, Hk), gk(n_kt, Hk, a.split_max);
+    if (cuda_attn_mode() == ATTN_FUSED &&
+        cuda_bwd_attention_block_bwd(st, dq, dk, dv, a.acc, a.tickets, a.split_max, a.vps, a.dsave,
+                                     dout, q, k, v, out, lse, spans, n_blocks, B, Tk, H, Hk,
+                                     d) == 0)
+        return 0;
     bool mma_dq = cuda_attn_mode() >= ATTN_MMA &&
                   cuda_mma_attention_dq(st, dq, a.dsave, dout, q, k, v, out, lse, spans, n_blocks,
                                         B, Tk, H, Hk, d) == 0;
-    if (mma_dq && cuda_attn_mode() == ATTN_MMA &&
+    if (mma_dq && (cuda_attn_mode() == ATTN_MMA || cuda_attn_mode() == ATTN_FUSED) &&
         cuda_mma_attention_dkdv(st, dk, dv, a.acc, a.tickets, a.split_max, a.vps, a.dsave, dout,
                                 q, k, v, lse, spans, n_blocks, B, Tk, H, Hk, d) == 0)
         return 0;

@@ -1,0 +1,378 @@
+/* ops_cuda_attn_bwd: the fused DFlash block-attention backward (dq, dk, dv in one key-major
+ * pass) on mma.sync.m16n8k16, for head dim 128. Selected by DFLASH_CUDA_ATTN=fused (see
+ * cuda_attn_mode); cuda_tc_attention_block_bwd (ops_cuda_attn_tc.cu) calls it first in that mode
+ * and falls back to the mma.sync pair of ops_cuda_attn_mma.cu when it returns -1 (other head
+ * dims, unaligned buffers, no scratch, a shape over the scratch).
+ *
+ * Why: the pair k_mma_dq + k_mma_dkdv computes S and dP twice (7 products per row and key);
+ * here each (key tile, block) visit computes them once and makes all three gradients (5):
+ *   S^T = K Q^T, dP^T = V dO^T, P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - D)
+ *   scale, dV += P^T dO, dK += dS^T Q (from registers, as k_mma_dkdv), and
+ *   dQ += dS K: dS^T goes to shared memory as bf16 (ds, [key][row], stride 72: conflict-free
+ *   32-bit stores and ldmatrix), the CTA synchronises, warp w takes query rows 16 w .. 16 w + 15
+ *   of the visit (A fragments: ldmatrix.trans of ds) against the CTA's K tile (B: ldmatrix.trans,
+ *   as P V in the forward) and adds its fp32 tile into dqacc [Q, H, d] with float4 atomics
+ *   (red.global.add.v4.f32; lane pairs swap halves so that each adds 4 consecutive columns).
+ *   Key-steps of warps whose 16 keys this block cannot see are skipped (act[], shared).
+ * Launches (same stream): k_bwd_rowD (D = rowsum(dO * O) per row into dsave [H, Q], one warp
+ * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, and dqacc zeroed again for the next
+ * call: it is zero between calls, as the split scratch).
+ * CTA: 4 warps own KT = 64 keys of kv head hk (warp w: keys 16 w .., the m16 rows of S^T) and
+ * piece blockIdx.z of the blocks that see them (the work split of attn_split_piece, blocks per
+ * piece DFLASH_CUDA_ATTN_SPLIT); a visit is 64 query rows (16 tokens x 4 heads at group 4),
+ * phase A (S^T, dP^T, dV, dK) in AH passes of 64 / AH rows (AH 1: 64 S/dP registers per
+ * thread; AH 2: 32, K and V A fragments read twice: DFLASH_CUDA_ATTN_FUSED_ROWS=64 or 32). The
+ * next visit's Q, dO, D, lse come in by cp.async during this one (two stages). Shared memory:
+ * K, V, 2 x (Q, dO), ds, D, lse: 112 KB, 2 CTAs per SM.
+ * Not bitwise reproducible run to run: dq (fp32 atomics from every key tile of a row, in any
+ * order), and dk, dv of split tiles (as in k_mma_dkdv); each is one fp32 sum rounded to bf16
+ * once. dqacc: 128 MiB (Q H d <= 32 Mi fp32) per device, allocated in cuda_bwd_attention_init
+ * (nn_cuda_new), never in a step; one block backward at a time per device (shared scratch).
+ * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c (rows
+ * without keys: dq 0; keys nobody sees: dk, dv 0).
+ */
+#include "attn_spans.cuh"
+#include "mma_frag.cuh"
+#include "ops_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FKT 64          /* keys per CTA */
+#define FWARPS 4        /* 16 keys each */
+#define FROWS 64        /* query rows per visit */
+#define PLD (FROWS + 8) /* ds row stride (bf16) */
+#define FLOG2E 1.4426950408889634f
+
+typedef struct bwd_args {
+    const bf16 *q, *k, *v, *dout, *o;
+    const float *lse, *dsave;
+    float *dsave_w; /* k_bwd_rowD's output (= dsave) */
+    float *dqacc, *acc;
+    int *tickets;
+    bf16 *dq, *dk, *dv;
+    const nn_block_span *spans;
+    int n_blocks, B, Tk, H, Hk, group, split_max, vps;
+    float scale;
+} bwd_args;
+
+/* D = rowsum(dO * O) of row (t, h) into dsave[h Q + t]; one warp per row, rows t H + h. */
+template <int D> __global__ void __launch_bounds__(256) k_bwd_rowD(bwd_args a) {
+    const int Q = a.n_blocks * a.B, lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    if (row >= (long long)Q * a.H) return;
+    const int t = (int)(row / a.H), h = (int)(row % a.H);
+    constexpr int EPL = D / 32;
+    const bf16 *o = a.o + row * D + lane * EPL, *d = a.dout + row * D + lane * EPL;
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; e += 2) {
+        float2 ov = __bfloat1622float2(*(const __nv_bfloat162 *)(o + e));
+        float2 dv = __bfloat1622float2(*(const __nv_bfloat162 *)(d + e));
+        s += ov.x * dv.x + ov.y * dv.y;
+    }
+    for (int off = 16; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) a.dsave_w[(size_t)h * Q + t] = s;
+}
+
+/* dq = bf16(dqacc); dqacc = 0 again. n4: elements / 4. */
+__global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = __ldcg((const float4 *)dqacc + i);
+        __stcg((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        *(uint2 *)(dq + 4 * i) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+}
+
+/* One visit: rows [cb, cb + FROWS) of block blk (blk < 0: none), hit index hit_i. */
+typedef struct bwd_item {
+    int blk, cb, hit_i;
+} bwd_item;
+
+/* The visit after it: the next row chunk of the block, else the first chunk of the next block
+ * that sees keys [k0, k0 + FKT), within this piece's hits [.., h_hi). */
+__device__ __forceinline__ bwd_item bwd_next(const bwd_args &a, bwd_item it, int k0, int h_hi) {
+    if (it.blk >= 0 && it.cb + FROWS < a.B * a.group) {
+        it.cb += FROWS;
+        return it;
+    }
+    it.blk = attn_next_hit(a.spans, a.n_blocks, a.B, k0, k0 + FKT, it.blk, it.hit_i, h_hi);
+    it.cb = 0;
+    return it;
+}
+
+/* cp.async of a visit's Q and dO rows into Qs, dOs (padding rows zero-filled); its D and lse
+ * (times log2 e) into Dr, Lr with plain loads (padding rows: 0 and +INF) */
+template <int D>
+__device__ __forceinline__ void bwd_issue(const bwd_args &a, bwd_item it, int hk, bf16 *Qs,
+                                          bf16 *dOs, float *Dr, float *Lr) {
+    const int group = a.group, Q = a.n_blocks * a.B, nrows = min(FROWS, a.B * group - it.cb);
+    auto qoff = [&](int r) -> long long {
+        if (r >= nrows) return -1;
+        int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
+        return ((long long)t * a.H + h) * D;
+    };
+    load_tile<D, FROWS>(Qs, a.q, qoff, 1);
+    load_tile<D, FROWS>(dOs, a.dout, qoff, 1);
+    for (int r = threadIdx.x; r < FROWS; r += blockDim.x) {
+        float Dv = 0.0f, L = INFINITY;
+        if (r < nrows) {
+            int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
+            Dv = a.dsave[(size_t)h * Q + t], L = a.lse[(size_t)h * Q + t] * FLOG2E;
+        }
+        Dr[r] = Dv, Lr[r] = L;
+    }
+}
+
+template <int D> static size_t bwd_smem(void) {
+    return (size_t)(2 * FKT + 4 * FROWS) * (D + 8) * sizeof(bf16) +
+           (size_t)FKT * PLD * sizeof(bf16) + 4 * FROWS * sizeof(float);
+}
+
+/* dQ of one visit (after the barrier that publishes ds): warp w, rows 16 w .. of the visit,
+ * k-steps of the active warps' keys, D in passes of 64 columns; float4 atomics into dqacc. */
+template <int D>
+__device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int hk, int nrows,
+                                             const bf16 *Ks, const bf16 *ds, const int *act) {
+    constexpr int LD = D + 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    if (warp * 16 >= nrows) return; /* padding rows only (warp-uniform) */
+    bool on[FWARPS];
+    uint32_t af[FWARPS][4];
+#pragma unroll
+    for (int kk = 0; kk < FWARPS; kk++) {
+        on[kk] = act[kk] != 0;
+        if (on[kk])
+            ldsm4t(af[kk], ds + (kk * 16 + lane % 8 + 8 * (lane / 16)) * PLD + warp * 16 +
+                               8 * ((lane / 8) % 2));
+    }
+    const int odd = tg & 1, row = warp * 16 + g + 8 * odd;
+    float *dst = NULL;
+    if (row < nrows) {
+        int qr = it.cb + row, t = it.blk * a.B + qr / a.group, h = hk * a.group + qr % a.group;
+        dst = a.dqacc + ((size_t)t * a.H + h) * D + 2 * (tg - odd);
+    }
+#pragma unroll
+    for (int p = 0; p < D / 64; p++) {
+        float acc[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < FWARPS; kk++) {
+            if (!on[kk]) continue;
+#pragma unroll
+            for (int dp = 0; dp < 4; dp++) {
+                uint32_t b[4];
+                ldsm4t(b, Ks + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + p * 64 +
+                              dp * 16 + 8 * (lane / 16));
+                mma16816(acc[2 * dp], af[kk], b[0], b[1]);
+                mma16816(acc[2 * dp + 1], af[kk], b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float4 v = swap_pairs(acc[n], odd);
+            if (dst) atomicAdd((float4 *)(dst + p * 64 + n * 8), v);
+        }
+    }
+}
+
+/* The fused kernel (see the file comment). AH: phase-A passes per visit (1 or 2). */
+template <int D, int AH>
+__global__ void __launch_bounds__(FWARPS * 32, 2) k_bwd_fused(bwd_args a) {
+    constexpr int LD = D + 8, RH = FROWS / AH;
+    extern __shared__ __align__(128) unsigned char sm_raw[];
+    __shared__ int act[FWARPS];
+    bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + FKT * LD;
+    bf16 *Qs = Vs + FKT * LD, *dOs = Qs + 2 * FROWS * LD; /* 2 stages each */
+    bf16 *ds = dOs + 2 * FROWS * LD;                      /* dS^T [FKT][PLD] */
+    float *Dr = (float *)(ds + FKT * PLD), *Lr = Dr + 2 * FROWS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    const int hk = blockIdx.y, k0 = blockIdx.x * FKT;
+    int nsplit, h_lo, h_hi;
+    if (!attn_split_piece(a.spans, a.n_blocks, a.B, k0, FKT, a.acc != NULL, a.split_max, a.vps,
+                          nsplit, h_lo, h_hi))
+        return; /* uniform over the CTA */
+    auto kvoff = [&](int r) -> long long {
+        return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
+    };
+    load_tile<D, FKT>(Ks, a.k, kvoff, 1);
+    load_tile<D, FKT>(Vs, a.v, kvoff, 1);
+    bwd_item it = {-1, 0, h_lo};
+    if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + FKT, h_lo);
+    if (it.blk >= 0) bwd_issue<D>(a, it, hk, Qs, dOs, Dr, Lr);
+    cp_commit();
+
+    const float sl2 = a.scale * FLOG2E;
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[dt][e] = 0.0f, dv[dt][e] = 0.0f;
+
+    for (int i = 0; it.blk >= 0; i++) {
+        const int st = i % 2;
+        bwd_item nx = bwd_next(a, it, k0, h_hi);
+        if (nx.blk >= 0)
+            bwd_issue<D>(a, nx, hk, Qs + (1 - st) * FROWS * LD, dOs + (1 - st) * FROWS * LD,
+                         Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
+        cp_commit();
+        cp_wait_prev();
+        __syncthreads();
+        const int nrows = min(FROWS, a.B * a.group - it.cb);
+        bool kvis[2];
+        {
+            int rng[4];
+            int nr = attn_span_ranges(a.spans + it.blk, a.B, rng);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int key = k0 + warp * 16 + g + 8 * r;
+                kvis[r] = false;
+                for (int j = 0; j < nr; j++)
+                    kvis[r] = kvis[r] || (key >= rng[2 * j] && key < rng[2 * j + 1]);
+                kvis[r] = kvis[r] && key < a.Tk;
+            }
+        }
+        const bool on = __any_sync(0xffffffffu, kvis[0] || kvis[1]);
+        if (on) {
+            const bf16 *Qt = Qs + st * FROWS * LD, *dOt = dOs + st * FROWS * LD;
+            const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
+#pragma unroll
+            for (int half = 0; half < AH; half++) {
+                const int r0 = half * RH;
+                if (r0 >= nrows) break; /* padding rows only */
+                float s[RH / 8][4], dp[RH / 8][4];
+#pragma unroll
+                for (int n = 0; n < RH / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    uint32_t ka[4], va[4];
+                    frag_a<LD>(ka, Ks, warp * 16, kk * 16);
+                    frag_a<LD>(va, Vs, warp * 16, kk * 16);
+                    mma_abt<1, RH / 8, LD>(&s, &ka, Qt + r0 * LD, kk);
+                    mma_abt<1, RH / 8, LD>(&dp, &va, dOt + r0 * LD, kk);
+                }
+#pragma unroll
+                for (int n = 0; n < RH / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int row = r0 + n * 8 + 2 * tg + (e & 1);
+                        float p = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -Lt[row])) : 0.0f;
+                        s[n][e] = p;
+                        dp[n][e] = p * (dp[n][e] - Dt[row]) * a.scale; /* dS^T */
+                    }
+                mma_px<D, RH / 16, 1>(&dv, &s, dOt + r0 * LD);
+                mma_px<D, RH / 16, 1>(&dk, &dp, Qt + r0 * LD);
+                /* dS^T rows (keys) g, g + 8 of this warp, columns (query rows) r0 + 8 n + 2 tg */
+                bf16 *w = ds + (warp * 16 + g) * PLD + r0 + 2 * tg;
+#pragma unroll
+                for (int n = 0; n < RH / 8; n++) {
+                    *(uint32_t *)(w + n * 8) = pack_bf16x2(dp[n][0], dp[n][1]);
+                    *(uint32_t *)(w + 8 * PLD + n * 8) = pack_bf16x2(dp[n][2], dp[n][3]);
+                }
+            }
+        }
+        if (lane == 0) act[warp] = on;
+        __syncthreads(); /* ds and act are complete */
+        bwd_dq_visit<D>(a, it, hk, nrows, Ks, ds, act);
+        __syncthreads(); /* the stage, ds and act are refilled by the next iteration */
+        it = nx;
+    }
+    cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
+    __syncthreads();
+    dkdv_tile_out<D>(dk, dv, Ks, Vs, nsplit, k0, FKT, a.Tk, a.Hk, hk, a.dk, a.dv, a.acc,
+                     a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+#define DQACC_ELEMS (32u << 20) /* Q * H * d fp32 of dqacc: 128 MiB */
+#define DQACC_DEVICES 64
+static float *g_dqacc[DQACC_DEVICES];
+
+/* Phase-A rows per pass: DFLASH_CUDA_ATTN_FUSED_ROWS = 64 (AH 1) or 32 (AH 2). */
+static int bwd_ah(void) {
+    static int ah = 0;
+    if (!ah) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_ROWS");
+        ah = e && strcmp(e, "64") == 0 ? 1 : e && strcmp(e, "32") == 0 ? 2 : 2;
+    }
+    return ah;
+}
+
+int cuda_bwd_attention_init(void) {
+    int bad = 0;
+    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)bwd_smem<128>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)bwd_smem<128>()) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 1>,
+                                cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 2>,
+                                cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess;
+    if (bad) return -1;
+    int dev = 0;
+    if (cuda_attn_mode() != ATTN_FUSED) return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES) return -1;
+    if (g_dqacc[dev]) return 0;
+    float *p = NULL;
+    if (cudaMalloc((void **)&p, (size_t)DQACC_ELEMS * sizeof(float)) != cudaSuccess ||
+        cudaMemset(p, 0, (size_t)DQACC_ELEMS * sizeof(float)) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+        if (p) cudaFree(p);
+        (void)cudaGetLastError(); /* without it block_bwd runs the mma.sync pair: not an error */
+        return 0;
+    }
+    g_dqacc[dev] = p;
+    return 0;
+}
+
+static bool al16(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, float *acc,
+                                 int *tickets, int split_max, int vps, float *dsave,
+                                 const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                                 const bf16 *out, const float *lse, const nn_block_span *spans,
+                                 int n_blocks, int B, int Tk, int H, int Hk, int d) {
+    int dev = 0;
+    if (d != 128 || Hk <= 0 || H % Hk || H / Hk > FROWS || !dsave || n_blocks <= 0 || B <= 0 ||
+        Tk <= 0 || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES ||
+        !g_dqacc[dev] || (size_t)n_blocks * B * H * d > DQACC_ELEMS)
+        return -1;
+    if (!al16(dq) || !al16(dk) || !al16(dv) || !al16(dout) || !al16(q) || !al16(k) || !al16(v) ||
+        !al16(out))
+        return -1;
+    bwd_args a = {};
+    a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse = lse;
+    a.dsave = dsave, a.dsave_w = dsave, a.dqacc = g_dqacc[dev], a.acc = acc, a.tickets = tickets;
+    a.dq = dq, a.dk = dk, a.dv = dv, a.spans = spans;
+    a.n_blocks = n_blocks, a.B = B, a.Tk = Tk, a.H = H, a.Hk = Hk, a.group = H / Hk;
+    a.split_max = acc ? split_max : 1, a.vps = vps;
+    a.scale = 1.0f / sqrtf((float)d);
+    const size_t rows = (size_t)n_blocks * B * H;
+    k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    dim3 grid((Tk + FKT - 1) / FKT, Hk, a.split_max);
+    if (bwd_ah() == 1) k_bwd_fused<128, 1><<<grid, 32 * FWARPS, bwd_smem<128>(), st>>>(a);
+    else k_bwd_fused<128, 2><<<grid, 32 * FWARPS, bwd_smem<128>(), st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    const size_t n4 = rows * d / 4;
+    k_bwd_dq_out<<<(unsigned)((n4 + 255) / 256 < 132 * 16 ? (n4 + 255) / 256 : 132 * 16), 256,
+                   0, st>>>(a.dqacc, dq, n4);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

@@ -43,8 +43,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FKT 64          /* keys per CTA */
-#define FWARPS 4        /* 16 keys each */
 #define FROWS 64        /* query rows per visit */
 #define PLD (FROWS + 8) /* ds row stride (bf16) */
 #define FLOG2E 1.4426950408889634f
@@ -97,13 +95,14 @@ typedef struct bwd_item {
 } bwd_item;
 
 /* The visit after it: the next row chunk of the block, else the first chunk of the next block
- * that sees keys [k0, k0 + FKT), within this piece's hits [.., h_hi). */
-__device__ __forceinline__ bwd_item bwd_next(const bwd_args &a, bwd_item it, int k0, int h_hi) {
+ * that sees keys [k0, k0 + kt), within this piece's hits [.., h_hi). */
+__device__ __forceinline__ bwd_item bwd_next(const bwd_args &a, bwd_item it, int k0, int kt,
+                                             int h_hi) {
     if (it.blk >= 0 && it.cb + FROWS < a.B * a.group) {
         it.cb += FROWS;
         return it;
     }
-    it.blk = attn_next_hit(a.spans, a.n_blocks, a.B, k0, k0 + FKT, it.blk, it.hit_i, h_hi);
+    it.blk = attn_next_hit(a.spans, a.n_blocks, a.B, k0, k0 + kt, it.blk, it.hit_i, h_hi);
     it.cb = 0;
     return it;
 }
@@ -131,50 +130,48 @@ __device__ __forceinline__ void bwd_issue(const bwd_args &a, bwd_item it, int hk
     }
 }
 
-template <int D> static size_t bwd_smem(void) {
-    return (size_t)(2 * FKT + 4 * FROWS) * (D + 8) * sizeof(bf16) +
-           (size_t)FKT * PLD * sizeof(bf16) + 4 * FROWS * sizeof(float);
+/* K, V (16 NW keys), 2 stages of Q and dO rows, ds, 2 stages of D and lse */
+template <int D> static size_t bwd_smem(int nw) {
+    return (size_t)(2 * 16 * nw + 4 * FROWS) * (D + 8) * sizeof(bf16) +
+           (size_t)16 * nw * PLD * sizeof(bf16) + 4 * FROWS * sizeof(float);
 }
 
-/* dQ of one visit (after the barrier that publishes ds): warp w, rows 16 w .. of the visit,
- * k-steps of the active warps' keys, D in passes of 64 columns; float4 atomics into dqacc. */
-template <int D>
+/* dQ of one visit (after the barrier that publishes ds): warp w takes m-tile w % 4 (rows
+ * 16 (w % 4) .. of the visit) and columns [c0, c0 + CW), CW = 4 D / NW, in passes of 64; its
+ * k-steps are the active warps' 16 keys each; float4 atomics into dqacc. */
+template <int D, int NW>
 __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int hk, int nrows,
                                              const bf16 *Ks, const bf16 *ds, const int *act) {
-    constexpr int LD = D + 8;
+    constexpr int LD = D + 8, MT = FROWS / 16, CW = D * MT / NW, NP = CW / 64;
+    static_assert(NP >= 1 && CW % 64 == 0, "64-column passes");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
-    if (warp * 16 >= nrows) return; /* padding rows only (warp-uniform) */
-    bool on[FWARPS];
-    uint32_t af[FWARPS][4];
-#pragma unroll
-    for (int kk = 0; kk < FWARPS; kk++) {
-        on[kk] = act[kk] != 0;
-        if (on[kk])
-            ldsm4t(af[kk], ds + (kk * 16 + lane % 8 + 8 * (lane / 16)) * PLD + warp * 16 +
-                               8 * ((lane / 8) % 2));
-    }
-    const int odd = tg & 1, row = warp * 16 + g + 8 * odd;
+    const int mt = warp % MT, c0 = (warp / MT) * CW;
+    if (mt * 16 >= nrows) return; /* padding rows only (warp-uniform) */
+    const int odd = tg & 1, row = mt * 16 + g + 8 * odd;
     float *dst = NULL;
     if (row < nrows) {
         int qr = it.cb + row, t = it.blk * a.B + qr / a.group, h = hk * a.group + qr % a.group;
-        dst = a.dqacc + ((size_t)t * a.H + h) * D + 2 * (tg - odd);
+        dst = a.dqacc + ((size_t)t * a.H + h) * D + c0 + 2 * (tg - odd);
     }
 #pragma unroll
-    for (int p = 0; p < D / 64; p++) {
+    for (int p = 0; p < NP; p++) {
         float acc[8][4];
 #pragma unroll
         for (int n = 0; n < 8; n++)
             acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < FWARPS; kk++) {
-            if (!on[kk]) continue;
+        for (int kk = 0; kk < NW; kk++) {
+            if (!act[kk]) continue; /* uniform */
+            uint32_t af[4]; /* dS rows mt * 16 .., keys 16 kk .. (ds holds dS^T: .trans) */
+            ldsm4t(af, ds + (kk * 16 + lane % 8 + 8 * (lane / 16)) * PLD + mt * 16 +
+                           8 * ((lane / 8) % 2));
 #pragma unroll
             for (int dp = 0; dp < 4; dp++) {
                 uint32_t b[4];
-                ldsm4t(b, Ks + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + p * 64 +
+                ldsm4t(b, Ks + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + c0 + p * 64 +
                               dp * 16 + 8 * (lane / 16));
-                mma16816(acc[2 * dp], af[kk], b[0], b[1]);
-                mma16816(acc[2 * dp + 1], af[kk], b[2], b[3]);
+                mma16816(acc[2 * dp], af, b[0], b[1]);
+                mma16816(acc[2 * dp + 1], af, b[2], b[3]);
             }
         }
 #pragma unroll
@@ -185,29 +182,30 @@ __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int
     }
 }
 
-/* The fused kernel (see the file comment). AH: phase-A passes per visit (1 or 2). */
-template <int D, int AH>
-__global__ void __launch_bounds__(FWARPS * 32, 2) k_bwd_fused(bwd_args a) {
-    constexpr int LD = D + 8, RH = FROWS / AH;
+/* The fused kernel (see the file comment): NW warps, KT = 16 NW keys per CTA; AH phase-A
+ * passes per visit (1 or 2). */
+template <int D, int NW, int AH>
+__global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args a) {
+    constexpr int LD = D + 8, RH = FROWS / AH, KT = 16 * NW;
     extern __shared__ __align__(128) unsigned char sm_raw[];
-    __shared__ int act[FWARPS];
-    bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + FKT * LD;
-    bf16 *Qs = Vs + FKT * LD, *dOs = Qs + 2 * FROWS * LD; /* 2 stages each */
-    bf16 *ds = dOs + 2 * FROWS * LD;                      /* dS^T [FKT][PLD] */
-    float *Dr = (float *)(ds + FKT * PLD), *Lr = Dr + 2 * FROWS;
+    __shared__ int act[NW];
+    bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + KT * LD;
+    bf16 *Qs = Vs + KT * LD, *dOs = Qs + 2 * FROWS * LD; /* 2 stages each */
+    bf16 *ds = dOs + 2 * FROWS * LD;                      /* dS^T [KT][PLD] */
+    float *Dr = (float *)(ds + KT * PLD), *Lr = Dr + 2 * FROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
-    const int hk = blockIdx.y, k0 = blockIdx.x * FKT;
+    const int hk = blockIdx.y, k0 = blockIdx.x * KT;
     int nsplit, h_lo, h_hi;
-    if (!attn_split_piece(a.spans, a.n_blocks, a.B, k0, FKT, a.acc != NULL, a.split_max, a.vps,
+    if (!attn_split_piece(a.spans, a.n_blocks, a.B, k0, KT, a.acc != NULL, a.split_max, a.vps,
                           nsplit, h_lo, h_hi))
         return; /* uniform over the CTA */
     auto kvoff = [&](int r) -> long long {
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
     };
-    load_tile<D, FKT>(Ks, a.k, kvoff, 1);
-    load_tile<D, FKT>(Vs, a.v, kvoff, 1);
+    load_tile<D, KT>(Ks, a.k, kvoff, 1);
+    load_tile<D, KT>(Vs, a.v, kvoff, 1);
     bwd_item it = {-1, 0, h_lo};
-    if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + FKT, h_lo);
+    if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + KT, h_lo);
     if (it.blk >= 0) bwd_issue<D>(a, it, hk, Qs, dOs, Dr, Lr);
     cp_commit();
 
@@ -221,7 +219,7 @@ __global__ void __launch_bounds__(FWARPS * 32, 2) k_bwd_fused(bwd_args a) {
 
     for (int i = 0; it.blk >= 0; i++) {
         const int st = i % 2;
-        bwd_item nx = bwd_next(a, it, k0, h_hi);
+        bwd_item nx = bwd_next(a, it, k0, KT, h_hi);
         if (nx.blk >= 0)
             bwd_issue<D>(a, nx, hk, Qs + (1 - st) * FROWS * LD, dOs + (1 - st) * FROWS * LD,
                          Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
@@ -286,13 +284,13 @@ __global__ void __launch_bounds__(FWARPS * 32, 2) k_bwd_fused(bwd_args a) {
         }
         if (lane == 0) act[warp] = on;
         __syncthreads(); /* ds and act are complete */
-        bwd_dq_visit<D>(a, it, hk, nrows, Ks, ds, act);
+        bwd_dq_visit<D, NW>(a, it, hk, nrows, Ks, ds, act);
         __syncthreads(); /* the stage, ds and act are refilled by the next iteration */
         it = nx;
     }
     cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
     __syncthreads();
-    dkdv_tile_out<D>(dk, dv, Ks, Vs, nsplit, k0, FKT, a.Tk, a.Hk, hk, a.dk, a.dv, a.acc,
+    dkdv_tile_out<D>(dk, dv, Ks, Vs, nsplit, k0, KT, a.Tk, a.Hk, hk, a.dk, a.dv, a.acc,
                      a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x);
 }
 
@@ -302,27 +300,38 @@ __global__ void __launch_bounds__(FWARPS * 32, 2) k_bwd_fused(bwd_args a) {
 #define DQACC_DEVICES 64
 static float *g_dqacc[DQACC_DEVICES];
 
-/* Phase-A rows per pass: DFLASH_CUDA_ATTN_FUSED_ROWS = 64 (AH 1) or 32 (AH 2). */
-static int bwd_ah(void) {
-    static int ah = 0;
-    if (!ah) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_ROWS");
-        ah = e && strcmp(e, "64") == 0 ? 1 : e && strcmp(e, "32") == 0 ? 2 : 2;
+/* CTA shape, keys x phase-A rows: DFLASH_CUDA_ATTN_FUSED = 64x32 (4 warps, two passes of 32
+ * rows; default), 64x64, 128x32 (8 warps, one CTA per SM), 128x64; as NW * 4 + AH. */
+static int bwd_shape(void) {
+    static int shape = 0;
+    if (!shape) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED");
+        shape = !e                         ? 4 * 4 + 2
+                : strcmp(e, "64x64") == 0  ? 4 * 4 + 1
+                : strcmp(e, "128x32") == 0 ? 8 * 4 + 2
+                : strcmp(e, "128x64") == 0 ? 8 * 4 + 1
+                                           : 4 * 4 + 2;
     }
-    return ah;
+    return shape;
+}
+
+template <int NW, int AH> static int bwd_attr(void) {
+    return cudaFuncSetAttribute(k_bwd_fused<128, NW, AH>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)bwd_smem<128>(NW)) != cudaSuccess ||
+           cudaFuncSetAttribute(k_bwd_fused<128, NW, AH>,
+                                cudaFuncAttributePreferredSharedMemoryCarveout,
+                                100) != cudaSuccess;
+}
+
+template <int NW, int AH>
+static void bwd_launch(cudaStream_t st, int Tk, int Hk, const bwd_args &a) {
+    dim3 grid((Tk + 16 * NW - 1) / (16 * NW), Hk, a.split_max);
+    k_bwd_fused<128, NW, AH><<<grid, 32 * NW, bwd_smem<128>(NW), st>>>(a);
 }
 
 int cuda_bwd_attention_init(void) {
-    int bad = 0;
-    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bwd_smem<128>()) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bwd_smem<128>()) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 1>,
-                                cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_bwd_fused<128, 2>,
-                                cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess;
-    if (bad) return -1;
+    if (bwd_attr<4, 2>() | bwd_attr<4, 1>() | bwd_attr<8, 2>() | bwd_attr<8, 1>()) return -1;
     int dev = 0;
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES) return -1;
@@ -366,9 +375,11 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     const size_t rows = (size_t)n_blocks * B * H;
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
-    dim3 grid((Tk + FKT - 1) / FKT, Hk, a.split_max);
-    if (bwd_ah() == 1) k_bwd_fused<128, 1><<<grid, 32 * FWARPS, bwd_smem<128>(), st>>>(a);
-    else k_bwd_fused<128, 2><<<grid, 32 * FWARPS, bwd_smem<128>(), st>>>(a);
+    const int shape = bwd_shape();
+    if (shape == 4 * 4 + 1) bwd_launch<4, 1>(st, Tk, Hk, a);
+    else if (shape == 8 * 4 + 2) bwd_launch<8, 2>(st, Tk, Hk, a);
+    else if (shape == 8 * 4 + 1) bwd_launch<8, 1>(st, Tk, Hk, a);
+    else bwd_launch<4, 2>(st, Tk, Hk, a);
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;
     k_bwd_dq_out<<<(unsigned)((n4 + 255) / 256 < 132 * 16 ? (n4 + 255) / 256 : 132 * 16), 256,

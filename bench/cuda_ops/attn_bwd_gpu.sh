@@ -26,29 +26,36 @@ run() { # name timeout env-assignments... cmd...
 }
 P="$bin/bench-cuda_parity"
 B="$bin/bench-cuda_ops"
-F="DFLASH_CUDA_ATTN=fused"
-run parity_fused64x32_split1 25 $F DFLASH_CUDA_ATTN_SPLIT=1 "$P" attn
-run parity_fused128x32_split1 25 $F DFLASH_CUDA_ATTN_FUSED=128x32 DFLASH_CUDA_ATTN_SPLIT=1 "$P" attn
+S1="DFLASH_CUDA_ATTN_SPLIT=1"
+V="DFLASH_CUDA_ATTN_FUSED"
+# parity of the default (fused 128x64, staged dq, pieces by hits) and each variant, every
+# dk/dv tile seen by more than one block split (SPLIT=1: pieces, atomics, tickets)
+run parity_default_split1 25 $S1 "$P" attn
+run parity_blocks_split1 25 $S1 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks "$P" attn
+run parity_128x32_split1 25 $S1 $V=128x32 "$P" attn
+run parity_64x64_split1 25 $S1 $V=64x64 "$P" attn
+run parity_direct_split1 25 $S1 DFLASH_CUDA_ATTN_FUSED_DQ=direct "$P" attn
 run ops_mma 25 DFLASH_CUDA_ATTN=mma "$B" 0 attn
-for s in 64x32 64x64 128x32 128x64; do
-  run ops_fused$s 25 $F DFLASH_CUDA_ATTN_FUSED=$s "$B" 0 attn
-done
+run ops_default 25 "$B" 0 attn
+run ops_blocks 25 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks "$B" 0 attn
+run ops_128x32 25 $V=128x32 "$B" 0 attn
+run ops_64x64 25 $V=64x64 "$B" 0 attn
+run ops_64x32 25 $V=64x32 "$B" 0 attn
+run ops_direct 25 DFLASH_CUDA_ATTN_FUSED_DQ=direct "$B" 0 attn
+run ops_split40 25 DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
+run ops_split160 25 DFLASH_CUDA_ATTN_SPLIT=160 "$B" 0 attn
+run ops_blocks_split40 25 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
+run ops_default_again 25 "$B" 0 attn
+run ops_mma_again 25 DFLASH_CUDA_ATTN=mma "$B" 0 attn
 if command -v ncu >/dev/null; then
-  ncu_k() { # name env... : per-kernel time and limiters of the block backward kernels
-    local name=$1; shift
-    run "$name" 40 "$@" ncu -k "regex:k_bwd_|k_mma_dq|k_mma_dkdv" -c 3 --section SpeedOfLight \
-      --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis "$B" 0 attn
-  }
-  ncu_k ncu_mma DFLASH_CUDA_ATTN=mma
-  ncu_k ncu_fused64x32 $F
+  run ncu_default 40 ncu -k "regex:k_bwd_" -c 3 --section SpeedOfLight --section Occupancy \
+    --section MemoryWorkloadAnalysis --section SchedulerStats "$B" 0 attn
 fi
-run parity_fused_all 60 $F "$P"
-run step_fused 60 $F "$B" 5
+run parity_all_default 60 "$P"
+run step_default 60 "$B" 5
 run step_mma 60 DFLASH_CUDA_ATTN=mma "$B" 5
-run parity_fused64x64_split1 20 $F DFLASH_CUDA_ATTN_FUSED=64x64 DFLASH_CUDA_ATTN_SPLIT=1 "$P" attn
-run parity_fused128x64_split1 20 $F DFLASH_CUDA_ATTN_FUSED=128x64 DFLASH_CUDA_ATTN_SPLIT=1 "$P" attn
-run parity_mma_split1 20 DFLASH_CUDA_ATTN=mma DFLASH_CUDA_ATTN_SPLIT=1 "$P" attn
 if command -v compute-sanitizer >/dev/null; then
-  run memcheck_fused_split1 40 $F DFLASH_CUDA_ATTN_SPLIT=1 compute-sanitizer --tool memcheck "$P" attn
+  run memcheck_default_split1 40 $S1 compute-sanitizer --tool memcheck "$P" attn
+  run racecheck_default_split1 40 $S1 compute-sanitizer --tool racecheck "$P" attn
 fi
-grep -E "^=== |FAIL|checks failed|failed|ERROR SUMMARY|^rc |^attention_block|dflash_train_step|k_bwd_|k_mma_d|Duration|Registers Per|Achieved Occ" "$log"
+grep -E "^=== |FAIL|checks failed|failed|ERROR SUMMARY|RACECHECK SUMMARY|^rc |^attention_block|dflash_train_step|k_bwd_|k_mma_d|Duration|Registers Per|Achieved Occ" "$log"

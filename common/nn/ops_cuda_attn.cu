@@ -79,15 +79,15 @@ int cuda_attn_mode(void) {
     static int mode = -1;
     if (mode < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN");
-        mode = !e || !*e                   ? ATTN_MMA
+        mode = !e || !*e                   ? ATTN_FUSED
                : strcmp(e, "simple") == 0  ? ATTN_SIMPLE
                : strcmp(e, "tc_sync") == 0 ? ATTN_TC_SYNC
                : strcmp(e, "tc_wmma") == 0 ? ATTN_TC
                : strcmp(e, "tc_v1") == 0   ? ATTN_TC_V1
                : strcmp(e, "tc_nod") == 0  ? ATTN_TC_NOD
                : strcmp(e, "mma_dq") == 0  ? ATTN_MMA_DQ
-               : strcmp(e, "fused") == 0   ? ATTN_FUSED
-                                           : ATTN_MMA;
+               : strcmp(e, "mma") == 0     ? ATTN_MMA
+                                           : ATTN_FUSED;
     }
     return mode;
 }

@@ -56,6 +56,7 @@ typedef struct bwd_args {
     bf16 *dq, *dk, *dv;
     const nn_block_span *spans;
     int n_blocks, B, Tk, H, Hk, group, split_max, vps;
+    int by_block; /* pieces by block ranges (bwd_piece_blocks), else by hits (attn_split_piece) */
     float scale;
 } bwd_args;
 
@@ -79,13 +80,21 @@ template <int D> __global__ void __launch_bounds__(256) k_bwd_rowD(bwd_args a) {
     if (lane == 0) a.dsave_w[(size_t)h * Q + t] = s;
 }
 
-/* dq = bf16(dqacc); dqacc = 0 again. n4: elements / 4. */
+/* dq = bf16(dqacc); dqacc = 0 again. n4: elements / 4; a thread takes 4 float4 of its CTA's
+ * 1024 (loads first, streaming). */
 __global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float4 v = __ldcg((const float4 *)dqacc + i);
-        __stcg((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        *(uint2 *)(dq + 4 * i) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    const size_t i0 = (size_t)blockIdx.x * 1024 + threadIdx.x;
+    float4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        if (i0 + 256 * u < n4) v[u] = __ldcs((const float4 *)dqacc + i0 + 256 * u);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        size_t i = i0 + 256 * u;
+        if (i >= n4) continue;
+        __stcs((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        __stcs((uint2 *)(dq + 4 * i), make_uint2(pack_bf16x2(v[u].x, v[u].y),
+                                                 pack_bf16x2(v[u].z, v[u].w)));
     }
 }
 
@@ -130,61 +139,138 @@ __device__ __forceinline__ void bwd_issue(const bwd_args &a, bwd_item it, int hk
     }
 }
 
+/* The work split by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks): piece z of Z =
+ * gridDim.z takes the blocks blk with blk Z / n_blocks == z that see keys [k0, k0 + kt), so that
+ * the CTAs running at the same time (same z, neighbouring key tiles) add into the same dq rows
+ * (L2 locality of the atomics). nsplit = the pieces with a hit (1 when none has: piece 0 then
+ * writes zero dk, dv). Gives this piece's hit indices [h_lo, h_hi); false: nothing to do
+ * (uniform). All threads; contains barriers. */
+__device__ __forceinline__ bool bwd_piece_blocks(const nn_block_span *spans, int n_blocks, int B,
+                                                 int k0, int kt, int &nsplit, int &h_lo,
+                                                 int &h_hi) {
+    __shared__ int cnt[32];
+    const int Z = gridDim.z, z = blockIdx.z;
+    if (threadIdx.x < 32) cnt[threadIdx.x] = 0;
+    __syncthreads();
+    for (int blk = threadIdx.x; blk < n_blocks; blk += blockDim.x)
+        if (attn_block_hits(spans, blk, B, k0, k0 + kt))
+            atomicAdd(&cnt[(int)((long long)blk * Z / n_blocks)], 1);
+    __syncthreads();
+    int lo = 0, ns = 0;
+    for (int i = 0; i < Z; i++) {
+        lo += i < z ? cnt[i] : 0;
+        ns += cnt[i] > 0;
+    }
+    h_lo = lo, h_hi = lo + cnt[z];
+    if (ns == 0) {
+        nsplit = 1;
+        return z == 0;
+    }
+    nsplit = ns;
+    return cnt[z] > 0;
+}
+
 /* K, V (16 NW keys), 2 stages of Q and dO rows, ds, 2 stages of D and lse */
 template <int D> static size_t bwd_smem(int nw) {
     return (size_t)(2 * 16 * nw + 4 * FROWS) * (D + 8) * sizeof(bf16) +
            (size_t)16 * nw * PLD * sizeof(bf16) + 4 * FROWS * sizeof(float);
 }
 
+#define SLD 40 /* row stride (fp32) of a warp's dQ staging tile: 16 rows x 32 columns */
+
 /* dQ of one visit (after the barrier that publishes ds): warp w takes m-tile w % 4 (rows
- * 16 (w % 4) .. of the visit) and columns [c0, c0 + CW), CW = 4 D / NW, in passes of 64; its
- * k-steps are the active warps' 16 keys each; float4 atomics into dqacc. */
-template <int D, int NW>
+ * 16 (w % 4) .. of the visit) and columns [c0, c0 + CW), CW = 4 D / NW; its k-steps are the
+ * active warps' 16 keys each (A fragments of ds loaded once). Out through float4 atomics into
+ * dqacc: ST 0, from the C layout in passes of 64 columns (lane pairs swap halves: 16 rows x 32 B
+ * per warp instruction); ST 1, in passes of 32 columns staged through the warp's own tile stg
+ * (16 x SLD fp32; float2 stores, conflict-free) and read back row-major, so that each warp
+ * instruction adds 4 whole 128-byte rows pieces. */
+template <int D, int NW, int ST>
 __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int hk, int nrows,
-                                             const bf16 *Ks, const bf16 *ds, const int *act) {
-    constexpr int LD = D + 8, MT = FROWS / 16, CW = D * MT / NW, NP = CW / 64;
-    static_assert(NP >= 1 && CW % 64 == 0, "64-column passes");
+                                             const bf16 *Ks, const bf16 *ds, const int *act,
+                                             float *stg) {
+    constexpr int LD = D + 8, MT = FROWS / 16, CW = D * MT / NW, PW = ST ? 32 : 64;
+    constexpr int NP = CW / PW, NT = PW / 8;
+    static_assert(NP >= 1 && CW % PW == 0, "column passes");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int mt = warp % MT, c0 = (warp / MT) * CW;
     if (mt * 16 >= nrows) return; /* padding rows only (warp-uniform) */
-    const int odd = tg & 1, row = mt * 16 + g + 8 * odd;
-    float *dst = NULL;
-    if (row < nrows) {
+    auto row_ptr = [&](int row) -> float * {
+        if (row >= nrows) return NULL;
         int qr = it.cb + row, t = it.blk * a.B + qr / a.group, h = hk * a.group + qr % a.group;
-        dst = a.dqacc + ((size_t)t * a.H + h) * D + c0 + 2 * (tg - odd);
+        return a.dqacc + ((size_t)t * a.H + h) * D + c0;
+    };
+    const int odd = tg & 1;
+    float *dst[4]; /* ST 0: dst[0], row g or g + 8; ST 1: rows 4 j + lane / 8 of the m-tile */
+    if (!ST) {
+        dst[0] = row_ptr(mt * 16 + g + 8 * odd);
+        if (dst[0]) dst[0] += 2 * (tg - odd);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            dst[j] = row_ptr(mt * 16 + 4 * j + lane / 8);
+            if (dst[j]) dst[j] += 4 * (lane % 8);
+        }
+    }
+    /* dS rows mt * 16 .., keys 16 kk .. (ds holds dS^T: .trans); HA: kept over the passes */
+    constexpr int HA = NW == 4 ? NW : 1;
+    uint32_t af[HA][4];
+    auto load_a = [&](uint32_t *f, int kk) {
+        ldsm4t(f, ds + (kk * 16 + lane % 8 + 8 * (lane / 16)) * PLD + mt * 16 +
+                      8 * ((lane / 8) % 2));
+    };
+    if (HA > 1) {
+#pragma unroll
+        for (int kk = 0; kk < HA; kk++)
+            if (act[kk]) load_a(af[kk], kk);
     }
 #pragma unroll
     for (int p = 0; p < NP; p++) {
-        float acc[8][4];
+        float acc[NT][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+        for (int n = 0; n < NT; n++)
             acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < NW; kk++) {
             if (!act[kk]) continue; /* uniform */
-            uint32_t af[4]; /* dS rows mt * 16 .., keys 16 kk .. (ds holds dS^T: .trans) */
-            ldsm4t(af, ds + (kk * 16 + lane % 8 + 8 * (lane / 16)) * PLD + mt * 16 +
-                           8 * ((lane / 8) % 2));
+            uint32_t *fa = af[HA > 1 ? kk : 0];
+            if (HA == 1) load_a(fa, kk);
 #pragma unroll
-            for (int dp = 0; dp < 4; dp++) {
+            for (int dp = 0; dp < NT / 2; dp++) {
                 uint32_t b[4];
-                ldsm4t(b, Ks + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + c0 + p * 64 +
+                ldsm4t(b, Ks + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + c0 + p * PW +
                               dp * 16 + 8 * (lane / 16));
-                mma16816(acc[2 * dp], af, b[0], b[1]);
-                mma16816(acc[2 * dp + 1], af, b[2], b[3]);
+                mma16816(acc[2 * dp], fa, b[0], b[1]);
+                mma16816(acc[2 * dp + 1], fa, b[2], b[3]);
             }
         }
+        if (!ST) {
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            float4 v = swap_pairs(acc[n], odd);
-            if (dst) atomicAdd((float4 *)(dst + p * 64 + n * 8), v);
+            for (int n = 0; n < NT; n++) {
+                float4 v = swap_pairs(acc[n], odd);
+                if (dst[0]) atomicAdd((float4 *)(dst[0] + p * PW + n * 8), v);
+            }
+        } else {
+            __syncwarp(); /* the previous pass has read stg */
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                *(float2 *)(stg + g * SLD + n * 8 + 2 * tg) = make_float2(acc[n][0], acc[n][1]);
+                *(float2 *)(stg + (g + 8) * SLD + n * 8 + 2 * tg) =
+                    make_float2(acc[n][2], acc[n][3]);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float4 v = *(const float4 *)(stg + (4 * j + lane / 8) * SLD + 4 * (lane % 8));
+                if (dst[j]) atomicAdd((float4 *)(dst[j] + p * PW), v);
+            }
         }
     }
 }
 
 /* The fused kernel (see the file comment): NW warps, KT = 16 NW keys per CTA; AH phase-A
  * passes per visit (1 or 2). */
-template <int D, int NW, int AH>
+template <int D, int NW, int AH, int ST>
 __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args a) {
     constexpr int LD = D + 8, RH = FROWS / AH, KT = 16 * NW;
     extern __shared__ __align__(128) unsigned char sm_raw[];
@@ -196,8 +282,9 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int hk = blockIdx.y, k0 = blockIdx.x * KT;
     int nsplit, h_lo, h_hi;
-    if (!attn_split_piece(a.spans, a.n_blocks, a.B, k0, KT, a.acc != NULL, a.split_max, a.vps,
-                          nsplit, h_lo, h_hi))
+    if (a.by_block ? !bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, KT, nsplit, h_lo, h_hi)
+                   : !attn_split_piece(a.spans, a.n_blocks, a.B, k0, KT, a.acc != NULL,
+                                       a.split_max, a.vps, nsplit, h_lo, h_hi))
         return; /* uniform over the CTA */
     auto kvoff = [&](int r) -> long long {
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
@@ -219,13 +306,15 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
 
     for (int i = 0; it.blk >= 0; i++) {
         const int st = i % 2;
+        cp_wait_all();
+        /* stage st is complete for all threads, and all are done with the previous visit
+         * (stage 1 - st, ds, act, the dQ staging in stage 1 - st) */
+        __syncthreads();
         bwd_item nx = bwd_next(a, it, k0, KT, h_hi);
         if (nx.blk >= 0)
             bwd_issue<D>(a, nx, hk, Qs + (1 - st) * FROWS * LD, dOs + (1 - st) * FROWS * LD,
                          Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
         cp_commit();
-        cp_wait_prev();
-        __syncthreads();
         const int nrows = min(FROWS, a.B * a.group - it.cb);
         bool kvis[2];
         {
@@ -283,9 +372,10 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
             }
         }
         if (lane == 0) act[warp] = on;
-        __syncthreads(); /* ds and act are complete */
-        bwd_dq_visit<D, NW>(a, it, hk, nrows, Ks, ds, act);
-        __syncthreads(); /* the stage, ds and act are refilled by the next iteration */
+        __syncthreads(); /* ds and act are complete; stage st is no longer read: dQ staging */
+        float *stg = (float *)((warp < NW / 2 ? Qs : dOs) + st * FROWS * LD) +
+                     (warp % (NW / 2)) * 16 * SLD;
+        bwd_dq_visit<D, NW, ST>(a, it, hk, nrows, Ks, ds, act, stg);
         it = nx;
     }
     cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
@@ -300,38 +390,62 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
 #define DQACC_DEVICES 64
 static float *g_dqacc[DQACC_DEVICES];
 
-/* CTA shape, keys x phase-A rows: DFLASH_CUDA_ATTN_FUSED = 64x32 (4 warps, two passes of 32
- * rows; default), 64x64, 128x32 (8 warps, one CTA per SM), 128x64; as NW * 4 + AH. */
-static int bwd_shape(void) {
-    static int shape = 0;
-    if (!shape) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED");
-        shape = !e                         ? 4 * 4 + 2
-                : strcmp(e, "64x64") == 0  ? 4 * 4 + 1
-                : strcmp(e, "128x32") == 0 ? 8 * 4 + 2
-                : strcmp(e, "128x64") == 0 ? 8 * 4 + 1
-                                           : 4 * 4 + 2;
+/* Kernel variant as NW * 4 + AH, plus 100 for staged dQ atomics. DFLASH_CUDA_ATTN_FUSED: CTA
+ * shape, keys x phase-A rows: 64x32 (4 warps, two passes of 32 rows), 64x64, 128x32 (8 warps,
+ * one CTA per SM), 128x64 (default); DFLASH_CUDA_ATTN_FUSED_DQ: staged (default) or direct. */
+static int bwd_variant(void) {
+    static int v = 0;
+    if (!v) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED"), *q = getenv("DFLASH_CUDA_ATTN_FUSED_DQ");
+        v = !e                         ? 8 * 4 + 1
+            : strcmp(e, "64x32") == 0  ? 4 * 4 + 2
+            : strcmp(e, "64x64") == 0  ? 4 * 4 + 1
+            : strcmp(e, "128x32") == 0 ? 8 * 4 + 2
+                                       : 8 * 4 + 1;
+        if (!q || strcmp(q, "direct") != 0) v += 100;
     }
-    return shape;
+    return v;
 }
 
-template <int NW, int AH> static int bwd_attr(void) {
-    return cudaFuncSetAttribute(k_bwd_fused<128, NW, AH>,
+/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece, default) or blocks
+ * (bwd_piece_blocks). */
+static int bwd_by_block(void) {
+    static int b = -1;
+    if (b < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_PIECES");
+        b = e && strcmp(e, "blocks") == 0;
+    }
+    return b;
+}
+
+template <int NW, int AH, int ST> static int bwd_attr(void) {
+    return cudaFuncSetAttribute(k_bwd_fused<128, NW, AH, ST>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)bwd_smem<128>(NW)) != cudaSuccess ||
-           cudaFuncSetAttribute(k_bwd_fused<128, NW, AH>,
+           cudaFuncSetAttribute(k_bwd_fused<128, NW, AH, ST>,
                                 cudaFuncAttributePreferredSharedMemoryCarveout,
                                 100) != cudaSuccess;
 }
 
-template <int NW, int AH>
-static void bwd_launch(cudaStream_t st, int Tk, int Hk, const bwd_args &a) {
-    dim3 grid((Tk + 16 * NW - 1) / (16 * NW), Hk, a.split_max);
-    k_bwd_fused<128, NW, AH><<<grid, 32 * NW, bwd_smem<128>(NW), st>>>(a);
+template <int NW, int AH, int ST> static void bwd_launch(cudaStream_t st, const bwd_args &a) {
+    dim3 grid((a.Tk + 16 * NW - 1) / (16 * NW), a.Hk, a.split_max);
+    k_bwd_fused<128, NW, AH, ST><<<grid, 32 * NW, bwd_smem<128>(NW), st>>>(a);
+}
+
+template <int ST> static void bwd_launch(cudaStream_t st, const bwd_args &a, int shape) {
+    if (shape == 4 * 4 + 2) bwd_launch<4, 2, ST>(st, a);
+    else if (shape == 4 * 4 + 1) bwd_launch<4, 1, ST>(st, a);
+    else if (shape == 8 * 4 + 2) bwd_launch<8, 2, ST>(st, a);
+    else bwd_launch<8, 1, ST>(st, a);
+}
+
+template <int ST> static int bwd_attrs(void) {
+    return bwd_attr<4, 2, ST>() | bwd_attr<4, 1, ST>() | bwd_attr<8, 2, ST>() |
+           bwd_attr<8, 1, ST>();
 }
 
 int cuda_bwd_attention_init(void) {
-    if (bwd_attr<4, 2>() | bwd_attr<4, 1>() | bwd_attr<8, 2>() | bwd_attr<8, 1>()) return -1;
+    if (bwd_attrs<0>() | bwd_attrs<1>()) return -1;
     int dev = 0;
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES) return -1;
@@ -371,19 +485,17 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     a.dq = dq, a.dk = dk, a.dv = dv, a.spans = spans;
     a.n_blocks = n_blocks, a.B = B, a.Tk = Tk, a.H = H, a.Hk = Hk, a.group = H / Hk;
     a.split_max = acc ? split_max : 1, a.vps = vps;
+    a.by_block = bwd_by_block();
     a.scale = 1.0f / sqrtf((float)d);
     const size_t rows = (size_t)n_blocks * B * H;
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
-    const int shape = bwd_shape();
-    if (shape == 4 * 4 + 1) bwd_launch<4, 1>(st, Tk, Hk, a);
-    else if (shape == 8 * 4 + 2) bwd_launch<8, 2>(st, Tk, Hk, a);
-    else if (shape == 8 * 4 + 1) bwd_launch<8, 1>(st, Tk, Hk, a);
-    else bwd_launch<4, 2>(st, Tk, Hk, a);
+    const int var = bwd_variant();
+    if (var >= 100) bwd_launch<1>(st, a, var - 100);
+    else bwd_launch<0>(st, a, var);
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;
-    k_bwd_dq_out<<<(unsigned)((n4 + 255) / 256 < 132 * 16 ? (n4 + 255) / 256 : 132 * 16), 256,
-                   0, st>>>(a.dqacc, dq, n4);
+    k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -1,7 +1,8 @@
 /* ops_cuda_attn_mma: FA2-style attention kernels on mma.sync.m16n8k16 (bf16 in, fp32
  * accumulate) for head dims 64 and 128: the causal and block forwards (one kernel) and the block
- * backward (dq; dk/dv). ops_cuda_attn.cu calls these first in the default mode (DFLASH_CUDA_ATTN
- * unset or "mma"; "mma_dq" keeps the WMMA dk/dv, "tc_wmma" selects the WMMA kernels of
+ * backward (dq; dk/dv). ops_cuda_attn.cu calls these first (DFLASH_CUDA_ATTN unset: the
+ * forwards, and the block backward where the fused one of ops_cuda_attn_bwd.cu does not apply;
+ * "mma": all three; "mma_dq" keeps the WMMA dk/dv, "tc_wmma" selects the WMMA kernels of
  * ops_cuda_attn_tc.cu for everything) and falls back when they return -1 (other head dims,
  * buffers not 16-byte aligned, no sequence, no split scratch for dk/dv).
  *

@@ -35,6 +35,7 @@ run parity_blocks_split1 25 $S1 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks "$P" attn
 run parity_128x32_split1 25 $S1 $V=128x32 "$P" attn
 run parity_64x64_split1 25 $S1 $V=64x64 "$P" attn
 run parity_direct_split1 25 $S1 DFLASH_CUDA_ATTN_FUSED_DQ=direct "$P" attn
+run parity_bulk_split1 25 $S1 DFLASH_CUDA_ATTN_FUSED_DQ=bulk "$P" attn
 run ops_mma 25 DFLASH_CUDA_ATTN=mma "$B" 0 attn
 run ops_default 25 "$B" 0 attn
 run ops_blocks 25 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks "$B" 0 attn
@@ -42,6 +43,9 @@ run ops_128x32 25 $V=128x32 "$B" 0 attn
 run ops_64x64 25 $V=64x64 "$B" 0 attn
 run ops_64x32 25 $V=64x32 "$B" 0 attn
 run ops_direct 25 DFLASH_CUDA_ATTN_FUSED_DQ=direct "$B" 0 attn
+run ops_bulk 25 DFLASH_CUDA_ATTN_FUSED_DQ=bulk "$B" 0 attn
+run ops_bulk_blocks 25 DFLASH_CUDA_ATTN_FUSED_DQ=bulk DFLASH_CUDA_ATTN_FUSED_PIECES=blocks "$B" 0 attn
+run ops_bulk_128x32 25 DFLASH_CUDA_ATTN_FUSED_DQ=bulk $V=128x32 "$B" 0 attn
 run ops_split40 25 DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
 run ops_split160 25 DFLASH_CUDA_ATTN_SPLIT=160 "$B" 0 attn
 run ops_blocks_split40 25 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn

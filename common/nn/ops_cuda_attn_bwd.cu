@@ -170,10 +170,34 @@ __device__ __forceinline__ bool bwd_piece_blocks(const nn_block_span *spans, int
     return cnt[z] > 0;
 }
 
-/* K, V (16 NW keys), 2 stages of Q and dO rows, ds, 2 stages of D and lse */
-template <int D> static size_t bwd_smem(int nw) {
+#define BLD 72 /* row stride (fp32) of a warp's bulk dQ staging tile: 16 rows x 64 columns */
+
+/* K, V (16 NW keys), 2 stages of Q and dO rows, ds, 2 stages of D and lse; ST 2: the bulk dQ
+ * staging, 16 x BLD fp32 per warp */
+template <int D> static size_t bwd_smem(int nw, int st) {
     return (size_t)(2 * 16 * nw + 4 * FROWS) * (D + 8) * sizeof(bf16) +
-           (size_t)16 * nw * PLD * sizeof(bf16) + 4 * FROWS * sizeof(float);
+           (size_t)16 * nw * PLD * sizeof(bf16) + 4 * FROWS * sizeof(float) +
+           (st == 2 ? (size_t)nw * 16 * BLD * sizeof(float) : 0);
+}
+
+/* Bulk-copy engine reduction: dst[0 .. bytes) += src (fp32, 16-byte aligned, bytes % 16 == 0),
+ * in this thread's bulk group; src must not change before bulk_wait_read. */
+__device__ __forceinline__ void bulk_red_add(float *dst, const float *src, int bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(src);
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(s), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+/* This thread's bulk operations have read their shared sources. */
+__device__ __forceinline__ void bulk_wait_read(void) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* Shared-memory writes of this thread become visible to the bulk-copy engine (async proxy). */
+__device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 #define SLD 40 /* row stride (fp32) of a warp's dQ staging tile: 16 rows x 32 columns */
@@ -184,12 +208,16 @@ template <int D> static size_t bwd_smem(int nw) {
  * dqacc: ST 0, from the C layout in passes of 64 columns (lane pairs swap halves: 16 rows x 32 B
  * per warp instruction); ST 1, in passes of 32 columns staged through the warp's own tile stg
  * (16 x SLD fp32; float2 stores, conflict-free) and read back row-major, so that each warp
- * instruction adds 4 whole 128-byte rows pieces. */
+ * instruction adds 4 whole 128-byte rows pieces; ST 2 (NW 8), staged in one 64-column pass
+ * (16 x BLD) and added by the bulk-copy engine, one 256-byte row piece per lane of lanes 0..15
+ * (cp.reduce.async.bulk .add.f32; a lane waits for its previous one to have read stg first). */
 template <int D, int NW, int ST>
 __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int hk, int nrows,
                                              const bf16 *Ks, const bf16 *ds, const int *act,
                                              float *stg) {
-    constexpr int LD = D + 8, MT = FROWS / 16, CW = D * MT / NW, PW = ST ? 32 : 64;
+    constexpr int LD = D + 8, MT = FROWS / 16, CW = D * MT / NW, PW = ST == 1 ? 32 : 64;
+    constexpr int SL = ST == 2 ? BLD : SLD;
+    static_assert(ST != 2 || CW == 64, "bulk: one 64-column pass");
     constexpr int NP = CW / PW, NT = PW / 8;
     static_assert(NP >= 1 && CW % PW == 0, "column passes");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
@@ -201,8 +229,11 @@ __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int
         return a.dqacc + ((size_t)t * a.H + h) * D + c0;
     };
     const int odd = tg & 1;
-    float *dst[4]; /* ST 0: dst[0], row g or g + 8; ST 1: rows 4 j + lane / 8 of the m-tile */
-    if (!ST) {
+    float *dst[4]; /* ST 0: dst[0], row g or g + 8; ST 1: rows 4 j + lane / 8 of the m-tile;
+                    * ST 2: dst[0], row lane (lanes < 16) */
+    if (ST == 2) {
+        dst[0] = lane < 16 ? row_ptr(mt * 16 + lane) : NULL;
+    } else if (!ST) {
         dst[0] = row_ptr(mt * 16 + g + 8 * odd);
         if (dst[0]) dst[0] += 2 * (tg - odd);
     } else {
@@ -244,7 +275,19 @@ __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int
                 mma16816(acc[2 * dp + 1], fa, b[2], b[3]);
             }
         }
-        if (!ST) {
+        if (ST == 2) {
+            if (lane < 16) bulk_wait_read(); /* the previous visit's piece has left stg */
+            __syncwarp();
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                *(float2 *)(stg + g * SL + n * 8 + 2 * tg) = make_float2(acc[n][0], acc[n][1]);
+                *(float2 *)(stg + (g + 8) * SL + n * 8 + 2 * tg) =
+                    make_float2(acc[n][2], acc[n][3]);
+            }
+            fence_proxy_async();
+            __syncwarp();
+            if (dst[0]) bulk_red_add(dst[0], stg + lane * SL, PW * (int)sizeof(float));
+        } else if (!ST) {
 #pragma unroll
             for (int n = 0; n < NT; n++) {
                 float4 v = swap_pairs(acc[n], odd);
@@ -373,12 +416,14 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
         }
         if (lane == 0) act[warp] = on;
         __syncthreads(); /* ds and act are complete; stage st is no longer read: dQ staging */
-        float *stg = (float *)((warp < NW / 2 ? Qs : dOs) + st * FROWS * LD) +
-                     (warp % (NW / 2)) * 16 * SLD;
+        float *stg = ST == 2 ? Lr + 2 * FROWS + warp * 16 * BLD
+                             : (float *)((warp < NW / 2 ? Qs : dOs) + st * FROWS * LD) +
+                                   (warp % (NW / 2)) * 16 * SLD;
         bwd_dq_visit<D, NW, ST>(a, it, hk, nrows, Ks, ds, act, stg);
         it = nx;
     }
     cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
+    if (ST == 2) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     __syncthreads();
     dkdv_tile_out<D>(dk, dv, Ks, Vs, nsplit, k0, KT, a.Tk, a.Hk, hk, a.dk, a.dv, a.acc,
                      a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x);
@@ -390,19 +435,25 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
 #define DQACC_DEVICES 64
 static float *g_dqacc[DQACC_DEVICES];
 
-/* Kernel variant as NW * 4 + AH, plus 100 for staged dQ atomics. DFLASH_CUDA_ATTN_FUSED: CTA
- * shape, keys x phase-A rows: 64x32 (4 warps, two passes of 32 rows), 64x64, 128x32 (8 warps,
- * one CTA per SM), 128x64 (default); DFLASH_CUDA_ATTN_FUSED_DQ: staged (default) or direct. */
+/* Kernel variant as NW * 4 + AH + 100 ST. DFLASH_CUDA_ATTN_FUSED: CTA shape, keys x phase-A
+ * rows: 64x32 (4 warps, two passes of 32 rows), 64x64, 128x32 (8 warps, one CTA per SM), 128x64
+ * (default); DFLASH_CUDA_ATTN_FUSED_DQ: how dq leaves a visit: direct (ST 0), staged (ST 1,
+ * default) or bulk (ST 2, 8 warps only; staged with 4). */
 static int bwd_variant(void) {
     static int v = 0;
     if (!v) {
         const char *e = getenv("DFLASH_CUDA_ATTN_FUSED"), *q = getenv("DFLASH_CUDA_ATTN_FUSED_DQ");
-        v = !e                         ? 8 * 4 + 1
-            : strcmp(e, "64x32") == 0  ? 4 * 4 + 2
-            : strcmp(e, "64x64") == 0  ? 4 * 4 + 1
-            : strcmp(e, "128x32") == 0 ? 8 * 4 + 2
-                                       : 8 * 4 + 1;
-        if (!q || strcmp(q, "direct") != 0) v += 100;
+        int shape = !e                         ? 8 * 4 + 1
+                    : strcmp(e, "64x32") == 0  ? 4 * 4 + 2
+                    : strcmp(e, "64x64") == 0  ? 4 * 4 + 1
+                    : strcmp(e, "128x32") == 0 ? 8 * 4 + 2
+                                               : 8 * 4 + 1;
+        int st = !q                         ? 1
+                 : strcmp(q, "direct") == 0 ? 0
+                 : strcmp(q, "bulk") == 0   ? 2
+                                            : 1;
+        if (st == 2 && shape / 4 != 8) st = 1;
+        v = shape + 100 * st;
     }
     return v;
 }
@@ -421,7 +472,7 @@ static int bwd_by_block(void) {
 template <int NW, int AH, int ST> static int bwd_attr(void) {
     return cudaFuncSetAttribute(k_bwd_fused<128, NW, AH, ST>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bwd_smem<128>(NW)) != cudaSuccess ||
+                                (int)bwd_smem<128>(NW, ST)) != cudaSuccess ||
            cudaFuncSetAttribute(k_bwd_fused<128, NW, AH, ST>,
                                 cudaFuncAttributePreferredSharedMemoryCarveout,
                                 100) != cudaSuccess;
@@ -429,7 +480,7 @@ template <int NW, int AH, int ST> static int bwd_attr(void) {
 
 template <int NW, int AH, int ST> static void bwd_launch(cudaStream_t st, const bwd_args &a) {
     dim3 grid((a.Tk + 16 * NW - 1) / (16 * NW), a.Hk, a.split_max);
-    k_bwd_fused<128, NW, AH, ST><<<grid, 32 * NW, bwd_smem<128>(NW), st>>>(a);
+    k_bwd_fused<128, NW, AH, ST><<<grid, 32 * NW, bwd_smem<128>(NW, ST), st>>>(a);
 }
 
 template <int ST> static void bwd_launch(cudaStream_t st, const bwd_args &a, int shape) {
@@ -444,8 +495,13 @@ template <int ST> static int bwd_attrs(void) {
            bwd_attr<8, 1, ST>();
 }
 
+static void bwd_launch_bulk(cudaStream_t st, const bwd_args &a, int shape) {
+    if (shape == 8 * 4 + 2) bwd_launch<8, 2, 2>(st, a);
+    else bwd_launch<8, 1, 2>(st, a);
+}
+
 int cuda_bwd_attention_init(void) {
-    if (bwd_attrs<0>() | bwd_attrs<1>()) return -1;
+    if (bwd_attrs<0>() | bwd_attrs<1>() | bwd_attr<8, 2, 2>() | bwd_attr<8, 1, 2>()) return -1;
     int dev = 0;
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES) return -1;
@@ -491,7 +547,8 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
     const int var = bwd_variant();
-    if (var >= 100) bwd_launch<1>(st, a, var - 100);
+    if (var >= 200) bwd_launch_bulk(st, a, var - 200);
+    else if (var >= 100) bwd_launch<1>(st, a, var - 100);
     else bwd_launch<0>(st, a, var);
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;

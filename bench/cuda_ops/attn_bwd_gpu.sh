@@ -28,7 +28,8 @@ P="$bin/bench-cuda_parity"
 B="$bin/bench-cuda_ops"
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 V="DFLASH_CUDA_ATTN_FUSED"
-# parity of the default (fused 128x64, staged dq, pieces by hits) and each variant, every
+# parity of the fused default (128x64, pieces by hits; the run of 2026-12-01 had staged dq as
+# its default, bulk became the default after it) and each variant, every
 # dk/dv tile seen by more than one block split (SPLIT=1: pieces, atomics, tickets)
 run parity_default_split1 25 $S1 "$P" attn
 run parity_blocks_split1 25 $S1 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks "$P" attn

@@ -77,8 +77,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 /* ---- fragment-level building blocks (one warp, 16 rows) ---- */
 
 /* A fragments of the 16 x 16 block at (row r0, column c0) of a row-major bf16 tile (stride LD) */
-template <int LD> __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s, int r0,
-                                                         int c0) {
+template <int LD>
+__device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s, int r0, int c0) {
     const int lane = threadIdx.x % 32;
     ldsm4(a, s + (r0 + lane % 16) * LD + c0 + 8 * (lane / 16));
 }

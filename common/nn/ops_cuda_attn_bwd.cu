@@ -1,35 +1,47 @@
 /* ops_cuda_attn_bwd: the fused DFlash block-attention backward (dq, dk, dv in one key-major
- * pass) on mma.sync.m16n8k16, for head dim 128. Selected by DFLASH_CUDA_ATTN=fused (see
- * cuda_attn_mode); cuda_tc_attention_block_bwd (ops_cuda_attn_tc.cu) calls it first in that mode
- * and falls back to the mma.sync pair of ops_cuda_attn_mma.cu when it returns -1 (other head
- * dims, unaligned buffers, no scratch, a shape over the scratch).
+ * pass) on mma.sync.m16n8k16, for head dim 128: the default (DFLASH_CUDA_ATTN unset or "fused";
+ * see cuda_attn_mode). cuda_tc_attention_block_bwd (ops_cuda_attn_tc.cu) calls it first and
+ * falls back to the mma.sync pair of ops_cuda_attn_mma.cu when it returns -1 (other head dims,
+ * unaligned buffers, no scratch, a shape over the scratch); DFLASH_CUDA_ATTN=mma keeps the pair.
  *
  * Why: the pair k_mma_dq + k_mma_dkdv computes S and dP twice (7 products per row and key);
  * here each (key tile, block) visit computes them once and makes all three gradients (5):
  *   S^T = K Q^T, dP^T = V dO^T, P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - D)
- *   scale, dV += P^T dO, dK += dS^T Q (from registers, as k_mma_dkdv), and
+ *   scale, dV += P^T dO, dK += dS^T Q (P^T, dS^T from registers, as k_mma_dkdv), and
  *   dQ += dS K: dS^T goes to shared memory as bf16 (ds, [key][row], stride 72: conflict-free
- *   32-bit stores and ldmatrix), the CTA synchronises, warp w takes query rows 16 w .. 16 w + 15
- *   of the visit (A fragments: ldmatrix.trans of ds) against the CTA's K tile (B: ldmatrix.trans,
- *   as P V in the forward) and adds its fp32 tile into dqacc [Q, H, d] with float4 atomics
- *   (red.global.add.v4.f32; lane pairs swap halves so that each adds 4 consecutive columns).
- *   Key-steps of warps whose 16 keys this block cannot see are skipped (act[], shared).
+ *   32-bit stores and ldmatrix), the CTA synchronises, warp w takes m-tile w % 4 of the visit's
+ *   rows and a quarter (8 warps) or all (4) of the columns (A: ldmatrix.trans of ds; B: K rows
+ *   through ldmatrix.trans, as P V in the forward), skipping the key-steps of warps whose 16
+ *   keys this block cannot see (act[]), and adds its fp32 tile into dqacc [Q, H, d].
+ * How dq leaves a visit (DFLASH_CUDA_ATTN_FUSED_DQ; timings in bench/cuda_ops/NOTES.md):
+ *   bulk (default, 8 warps): the warp stages its 16 x 64 tile (stride 72: conflict-free float2
+ *     stores), fences for the async proxy, and lanes 0..15 each hand one 256-byte row piece to
+ *     the bulk-copy engine (cp.reduce.async.bulk .add.f32), waiting for their previous one to
+ *     have left the staging tile first; all bulk groups complete before the CTA ends;
+ *   staged: the same tile in 32-column passes (in the visit's Q / dO stage, free by then) read
+ *     back row-major for float4 atomics that cover whole 128-byte row pieces;
+ *   direct: float4 atomics from the C layout (lane pairs swap halves: 16 rows x 32 B per warp
+ *     instruction); the L2 request count made it the slowest.
  * Launches (same stream): k_bwd_rowD (D = rowsum(dO * O) per row into dsave [H, Q], one warp
  * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, and dqacc zeroed again for the next
  * call: it is zero between calls, as the split scratch).
- * CTA: 4 warps own KT = 64 keys of kv head hk (warp w: keys 16 w .., the m16 rows of S^T) and
- * piece blockIdx.z of the blocks that see them (the work split of attn_split_piece, blocks per
- * piece DFLASH_CUDA_ATTN_SPLIT); a visit is 64 query rows (16 tokens x 4 heads at group 4),
- * phase A (S^T, dP^T, dV, dK) in AH passes of 64 / AH rows (AH 1: 64 S/dP registers per
- * thread; AH 2: 32, K and V A fragments read twice: DFLASH_CUDA_ATTN_FUSED_ROWS=64 or 32). The
- * next visit's Q, dO, D, lse come in by cp.async during this one (two stages). Shared memory:
- * K, V, 2 x (Q, dO), ds, D, lse: 112 KB, 2 CTAs per SM.
- * Not bitwise reproducible run to run: dq (fp32 atomics from every key tile of a row, in any
+ * CTA (DFLASH_CUDA_ATTN_FUSED = keys x phase-A rows): 128x64 (default) / 128x32: 8 warps own
+ * KT = 128 keys of kv head hk, one CTA per SM (251 registers; 155 KB of shared memory, 191 KB
+ * with the bulk staging); 64x64 / 64x32: 4 warps, 64 keys, 2 CTAs per SM (112 KB), twice the
+ * dq atomics. Warp w holds keys 16 w .. 16 w + 15 (the m16 rows of S^T) and dk, dv of them in
+ * registers. The CTA takes piece blockIdx.z of the blocks that see its keys: by hit index
+ * (attn_split_piece, default) or by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks:
+ * bwd_piece_blocks, so that CTAs running together add into the same dq rows); blocks per
+ * piece DFLASH_CUDA_ATTN_SPLIT. A visit is 64 query rows (16 tokens x 4 heads at group 4);
+ * phase A (S^T, dP^T, dV, dK) in one pass of 64 rows or two of 32. Per visit two barriers: the
+ * first publishes the visit's Q, dO, D, lse stage and frees the other one, whose cp.async for
+ * the next visit starts right after it; the second publishes ds for dQ.
+ * Not bitwise reproducible run to run: dq (fp32 sums from every key tile of a row, in any
  * order), and dk, dv of split tiles (as in k_mma_dkdv); each is one fp32 sum rounded to bf16
  * once. dqacc: 128 MiB (Q H d <= 32 Mi fp32) per device, allocated in cuda_bwd_attention_init
- * (nn_cuda_new), never in a step; one block backward at a time per device (shared scratch).
- * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c (rows
- * without keys: dq 0; keys nobody sees: dk, dv 0).
+ * (nn_cuda_new) in the fused mode, never in a step; one block backward at a time per device
+ * (shared scratch). Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and
+ * ops_cpu.c (rows without keys: dq 0; keys nobody sees: dk, dv 0).
  */
 #include "attn_spans.cuh"
 #include "mma_frag.cuh"
@@ -93,8 +105,8 @@ __global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size
         size_t i = i0 + 256 * u;
         if (i >= n4) continue;
         __stcs((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        __stcs((uint2 *)(dq + 4 * i), make_uint2(pack_bf16x2(v[u].x, v[u].y),
-                                                 pack_bf16x2(v[u].z, v[u].w)));
+        __stcs((uint2 *)(dq + 4 * i),
+               make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w)));
     }
 }
 
@@ -184,9 +196,10 @@ template <int D> static size_t bwd_smem(int nw, int st) {
  * in this thread's bulk group; src must not change before bulk_wait_read. */
 __device__ __forceinline__ void bulk_red_add(float *dst, const float *src, int bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(src);
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                 ::"l"(dst), "r"(s), "r"(bytes)
-                 : "memory");
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(s), "r"(bytes)
+        : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
@@ -247,8 +260,8 @@ __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int
     constexpr int HA = NW == 4 ? NW : 1;
     uint32_t af[HA][4];
     auto load_a = [&](uint32_t *f, int kk) {
-        ldsm4t(f, ds + (kk * 16 + lane % 8 + 8 * (lane / 16)) * PLD + mt * 16 +
-                      8 * ((lane / 8) % 2));
+        ldsm4t(f,
+               ds + (kk * 16 + lane % 8 + 8 * (lane / 16)) * PLD + mt * 16 + 8 * ((lane / 8) % 2));
     };
     if (HA > 1) {
 #pragma unroll
@@ -320,14 +333,14 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
     __shared__ int act[NW];
     bf16 *Ks = (bf16 *)sm_raw, *Vs = Ks + KT * LD;
     bf16 *Qs = Vs + KT * LD, *dOs = Qs + 2 * FROWS * LD; /* 2 stages each */
-    bf16 *ds = dOs + 2 * FROWS * LD;                      /* dS^T [KT][PLD] */
+    bf16 *ds = dOs + 2 * FROWS * LD;                     /* dS^T [KT][PLD] */
     float *Dr = (float *)(ds + KT * PLD), *Lr = Dr + 2 * FROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int hk = blockIdx.y, k0 = blockIdx.x * KT;
     int nsplit, h_lo, h_hi;
     if (a.by_block ? !bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, KT, nsplit, h_lo, h_hi)
-                   : !attn_split_piece(a.spans, a.n_blocks, a.B, k0, KT, a.acc != NULL,
-                                       a.split_max, a.vps, nsplit, h_lo, h_hi))
+                   : !attn_split_piece(a.spans, a.n_blocks, a.B, k0, KT, a.acc != NULL, a.split_max,
+                                       a.vps, nsplit, h_lo, h_hi))
         return; /* uniform over the CTA */
     auto kvoff = [&](int r) -> long long {
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
@@ -437,8 +450,8 @@ static float *g_dqacc[DQACC_DEVICES];
 
 /* Kernel variant as NW * 4 + AH + 100 ST. DFLASH_CUDA_ATTN_FUSED: CTA shape, keys x phase-A
  * rows: 64x32 (4 warps, two passes of 32 rows), 64x64, 128x32 (8 warps, one CTA per SM), 128x64
- * (default); DFLASH_CUDA_ATTN_FUSED_DQ: how dq leaves a visit: direct (ST 0), staged (ST 1,
- * default) or bulk (ST 2, 8 warps only; staged with 4). */
+ * (default); DFLASH_CUDA_ATTN_FUSED_DQ: how dq leaves a visit: direct (ST 0), staged (ST 1)
+ * or bulk (ST 2, default; 8 warps only, staged with 4). */
 static int bwd_variant(void) {
     static int v = 0;
     if (!v) {
@@ -448,10 +461,7 @@ static int bwd_variant(void) {
                     : strcmp(e, "64x64") == 0  ? 4 * 4 + 1
                     : strcmp(e, "128x32") == 0 ? 8 * 4 + 2
                                                : 8 * 4 + 1;
-        int st = !q                         ? 1
-                 : strcmp(q, "direct") == 0 ? 0
-                 : strcmp(q, "bulk") == 0   ? 2
-                                            : 1;
+        int st = !q ? 2 : strcmp(q, "direct") == 0 ? 0 : strcmp(q, "staged") == 0 ? 1 : 2;
         if (st == 2 && shape / 4 != 8) st = 1;
         v = shape + 100 * st;
     }
@@ -474,8 +484,7 @@ template <int NW, int AH, int ST> static int bwd_attr(void) {
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)bwd_smem<128>(NW, ST)) != cudaSuccess ||
            cudaFuncSetAttribute(k_bwd_fused<128, NW, AH, ST>,
-                                cudaFuncAttributePreferredSharedMemoryCarveout,
-                                100) != cudaSuccess;
+                                cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess;
 }
 
 template <int NW, int AH, int ST> static void bwd_launch(cudaStream_t st, const bwd_args &a) {
@@ -484,10 +493,14 @@ template <int NW, int AH, int ST> static void bwd_launch(cudaStream_t st, const 
 }
 
 template <int ST> static void bwd_launch(cudaStream_t st, const bwd_args &a, int shape) {
-    if (shape == 4 * 4 + 2) bwd_launch<4, 2, ST>(st, a);
-    else if (shape == 4 * 4 + 1) bwd_launch<4, 1, ST>(st, a);
-    else if (shape == 8 * 4 + 2) bwd_launch<8, 2, ST>(st, a);
-    else bwd_launch<8, 1, ST>(st, a);
+    if (shape == 4 * 4 + 2)
+        bwd_launch<4, 2, ST>(st, a);
+    else if (shape == 4 * 4 + 1)
+        bwd_launch<4, 1, ST>(st, a);
+    else if (shape == 8 * 4 + 2)
+        bwd_launch<8, 2, ST>(st, a);
+    else
+        bwd_launch<8, 1, ST>(st, a);
 }
 
 template <int ST> static int bwd_attrs(void) {
@@ -496,8 +509,10 @@ template <int ST> static int bwd_attrs(void) {
 }
 
 static void bwd_launch_bulk(cudaStream_t st, const bwd_args &a, int shape) {
-    if (shape == 8 * 4 + 2) bwd_launch<8, 2, 2>(st, a);
-    else bwd_launch<8, 1, 2>(st, a);
+    if (shape == 8 * 4 + 2)
+        bwd_launch<8, 2, 2>(st, a);
+    else
+        bwd_launch<8, 1, 2>(st, a);
 }
 
 int cuda_bwd_attention_init(void) {
@@ -547,9 +562,12 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
     const int var = bwd_variant();
-    if (var >= 200) bwd_launch_bulk(st, a, var - 200);
-    else if (var >= 100) bwd_launch<1>(st, a, var - 100);
-    else bwd_launch<0>(st, a, var);
+    if (var >= 200)
+        bwd_launch_bulk(st, a, var - 200);
+    else if (var >= 100)
+        bwd_launch<1>(st, a, var - 100);
+    else
+        bwd_launch<0>(st, a, var);
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;
     k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4);

@@ -24,8 +24,9 @@
  *   registers. No atomics: every dk/dv row has one writer, keys nobody sees get 0; deterministic.
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
  * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the mma.sync kernels
- * of ops_cuda_attn_mma.cu, then the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed
- * here, cuda_attn_mode; values in attn_spans.cuh) picks another set for bisecting.
+ * of ops_cuda_attn_mma.cu and the fused block backward of ops_cuda_attn_bwd.cu (d 128), then
+ * the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in
+ * attn_spans.cuh) picks another set for bisecting.
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"

@@ -1,9 +1,10 @@
 /* ops_cuda_attn_tc: tensor-core (WMMA bf16 16x16x16, fp32 accumulate) attention kernels for
  * head dims 64 and 128. With DFLASH_CUDA_ATTN=tc_wmma (the default before the mma.sync kernels
- * of ops_cuda_attn_mma.cu) they run everything; in the default mode the mma.sync kernels take the
- * forwards and dq (called from cuda_tc_attention_block_bwd, saving D the same way) and this file
- * keeps dk/dv. ops_cuda_attn.cu falls back to its CUDA-core kernels for other shapes, unaligned
- * pointers, or DFLASH_CUDA_ATTN=simple.
+ * of ops_cuda_attn_mma.cu) they run everything; otherwise the mma.sync kernels take the forwards,
+ * and cuda_tc_attention_block_bwd (this file, which owns the split scratch and saved D) hands the
+ * block backward to the fused kernel of ops_cuda_attn_bwd.cu (default), else to the mma.sync dq
+ * and dk/dv, keeping the WMMA kernels for what those decline. ops_cuda_attn.cu falls back to its
+ * CUDA-core kernels for other shapes, unaligned pointers, or DFLASH_CUDA_ATTN=simple.
  *
  * Rows: a CTA owns 64 query rows = RT tokens x the `group` query heads of kv head hk (as in
  * ops_cuda_attn.cu); a warp owns 16 of them. Keys stream through shared memory in tiles of 64.

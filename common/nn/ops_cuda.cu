@@ -6,9 +6,8 @@
  * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
- * only). cuda_attention_init (ops_cuda_attn_tc.cu, ops_cuda_attn_bwd.cu) adds, once per device,
- * 144 MiB of fp32 scratch for attention_block_bwd (dk/dv split partials and the saved D rows)
- * and, with the fused backward (the default), 128 MiB for its fp32 dq sums.
+ * only). cuda_attention_init (ops_cuda_attn_tc.cu) adds, once per device, 144 MiB of fp32
+ * scratch for attention_block_bwd (dk/dv split partials and the saved D rows).
  * Nothing else is allocated after nn_cuda_new except by the caller through alloc.
  *
  * Matmuls (row-major, ops.h layout) are run as column-major cuBLASLt products of the transposes:

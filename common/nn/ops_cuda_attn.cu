@@ -24,8 +24,9 @@
  *   registers. No atomics: every dk/dv row has one writer, keys nobody sees get 0; deterministic.
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
  * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the mma.sync kernels
- * of ops_cuda_attn_mma.cu, then the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed
- * here, cuda_attn_mode; values in attn_spans.cuh) picks another set for bisecting.
+ * of ops_cuda_attn_mma.cu and the fused block backward of ops_cuda_attn_bwd.cu (d 128), then
+ * the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in
+ * attn_spans.cuh) picks another set for bisecting.
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"
@@ -79,14 +80,15 @@ int cuda_attn_mode(void) {
     static int mode = -1;
     if (mode < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN");
-        mode = !e || !*e                   ? ATTN_MMA
+        mode = !e || !*e                   ? ATTN_FUSED
                : strcmp(e, "simple") == 0  ? ATTN_SIMPLE
                : strcmp(e, "tc_sync") == 0 ? ATTN_TC_SYNC
                : strcmp(e, "tc_wmma") == 0 ? ATTN_TC
                : strcmp(e, "tc_v1") == 0   ? ATTN_TC_V1
                : strcmp(e, "tc_nod") == 0  ? ATTN_TC_NOD
                : strcmp(e, "mma_dq") == 0  ? ATTN_MMA_DQ
-                                           : ATTN_MMA;
+               : strcmp(e, "mma") == 0     ? ATTN_MMA
+                                           : ATTN_FUSED;
     }
     return mode;
 }
@@ -438,6 +440,7 @@ int cuda_attention_init(void) {
     bad |= set_kv_attr<32>() | set_kv_attr<64>() | set_kv_attr<128>() | set_kv_attr<256>();
     bad |= cuda_tc_attention_init() != 0;
     bad |= cuda_mma_attention_init() != 0;
+    bad |= cuda_bwd_attention_init() != 0;
     return bad ? -1 : 0;
 }
 

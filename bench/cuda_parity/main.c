@@ -264,6 +264,30 @@ static void t_rope(void) {
     free(hx);
 }
 
+/* the fused q|k|v split: rows of (H + 2 Hk) heads; norm weights or none (no qk-norm) */
+static void t_qkv_norm_rope(int H, int Hk, int d, int norm) {
+    int T = 77;
+    size_t nq = (size_t)T * H * d, nk = (size_t)T * Hk * d, n = nq + 2 * nk;
+    float *hx = hrand(n, 2, 0.1), *hqn = hrand(d, 0.3, 1), *hkn = hrand(d, 0.3, 1), inv[256];
+    int32_t pos[77];
+    rope_inv_freq(inv, d, 1e6, NULL);
+    for (int t = 0; t < T; t++)
+        pos[t] = (int32_t)(t * 37 % 4000);
+    pair x = pact(hx, n), qn = pact(hqn, d), kn = pact(hkn, d), p = praw(pos, T),
+         f = praw(inv, d / 2), q = pact(NULL, nq), k = pact(NULL, nk), v = pact(NULL, nk);
+    CO->qkv_norm_rope_fwd(CC, q.c, k.c, v.c, x.c, norm ? qn.c : NULL, norm ? kn.c : NULL, p.c,
+                          f.c, T, H, Hk, d, 1e-6f);
+    GO->qkv_norm_rope_fwd(GC, q.g, k.g, v.g, x.g, norm ? qn.g : NULL, norm ? kn.g : NULL, p.g,
+                          f.g, T, H, Hk, d, 1e-6f);
+    char name[48];
+    snprintf(name, sizeof name, "qkv_rope H%d/%d d%d%s", H, Hk, d, norm ? " norm" : "");
+    cmp(name, "q", &q, 1e-2);
+    cmp(name, "k", &k, 1e-2);
+    cmp(name, "v", &v, 1e-2);
+    pfree(&x), pfree(&qn), pfree(&kn), pfree(&p), pfree(&f), pfree(&q), pfree(&k), pfree(&v);
+    free(hx), free(hqn), free(hkn);
+}
+
 static void t_swiglu_add(void) {
     int R = 123, F = 517;
     size_t n = (size_t)R * F;
@@ -553,6 +577,9 @@ int main(int argc, char **argv) {
         t_linear(64, 1024, 4096, 0);
         t_linear(1000, 48, 33, 0);
         t_rope();
+        t_qkv_norm_rope(32, 8, 128, 1); /* Qwen3: the vector path */
+        t_qkv_norm_rope(6, 2, 64, 0);   /* Qwen2 / Llama: RoPE only */
+        t_qkv_norm_rope(4, 2, 40, 1);   /* d 40: the scalar path */
         t_swiglu_add();
     }
     t_causal(8, 2, 64, 0);

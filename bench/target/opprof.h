@@ -17,12 +17,13 @@
 #include <string.h>
 
 enum {
-    PO_EMB, PO_RMS, PO_LIN, PO_ROPE, PO_ATTC, PO_ATTB, PO_SWI, PO_ADD, PO_RMSB, PO_LINB, PO_ROPEB,
+    PO_EMB, PO_RMS, PO_LIN, PO_ROPE, PO_QKV, PO_ATTC, PO_ATTB, PO_SWI, PO_ADD, PO_RMSB, PO_LINB, PO_ROPEB,
     PO_SWIB, PO_ATTBB, PO_XENT, PO_ARGMAX, PO_SUMSQ, PO_ADAMW, PO_F2A, PO_COPY, PO_COPY2D,
     PO_ZERO, PO_N
 };
 static const char *po_names[PO_N] = {
-    "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+acc)", "rope_fwd", "attention_causal_fwd",
+    "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+acc)", "rope_fwd", "qkv_norm_rope_fwd",
+    "attention_causal_fwd",
     "attention_block_fwd", "swiglu_fwd", "add_inplace", "rmsnorm_bwd", "linear_bwd(+acc)",
     "rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
     "adamw", "f32_to_act", "copy", "copy2d", "zero"};
@@ -90,6 +91,11 @@ static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m,
 static void po_rope(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int T, int nh, int d,
                     int ld) {
     PO_WRAP(PO_ROPE, 0, po_real->rope_fwd(c, x, p, f, T, nh, d, ld));
+}
+static void po_qkv(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
+                   const nn_buf *qn, const nn_buf *kn, const int32_t *p, const float *f, int T,
+                   int H, int Hk, int d, float eps) {
+    PO_WRAP(PO_QKV, 0, po_real->qkv_norm_rope_fwd(c, q, k, v, qkv, qn, kn, p, f, T, H, Hk, d, eps));
 }
 static void po_attc(nn_ctx *c, nn_buf *o, const nn_buf *q, const nn_buf *k, const nn_buf *v,
                     const int32_t *so, int ns, int T, int H, int Hk, int d) {
@@ -166,6 +172,7 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.copy = po_copy, po_tab.copy2d = po_copy2d, po_tab.zero = po_zero;
     po_tab.embedding_fwd = po_emb, po_tab.rmsnorm_fwd = po_rms, po_tab.linear_fwd = po_lin;
     po_tab.rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
+    po_tab.qkv_norm_rope_fwd = po_qkv;
     po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi, po_tab.add_inplace = po_add;
     po_tab.rmsnorm_bwd = po_rmsb, po_tab.linear_bwd = po_linb, po_tab.linear_bwd_acc = po_linba;
     po_tab.rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;

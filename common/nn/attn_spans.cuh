@@ -17,11 +17,24 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/* DFLASH_CUDA_ATTN: unset, empty or "mma": mma.sync kernels (ops_cuda_attn_mma.cu) for all
- * three ops ("mma_dq": mma.sync forwards and dq, WMMA dk/dv, to bisect); "tc_wmma": the WMMA kernels for everything (the
- * default before the mma.sync kernels); "tc_sync": WMMA with plain tile loads; "tc_v1": WMMA with
- * the unsplit dk/dv; "tc_nod": WMMA split without the saved D; "simple": CUDA cores only. */
-enum { ATTN_SIMPLE = 0, ATTN_TC_SYNC, ATTN_TC, ATTN_TC_V1, ATTN_TC_NOD, ATTN_MMA, ATTN_MMA_DQ };
+/* DFLASH_CUDA_ATTN: unset, empty or "fused" (any unknown value too): the mma.sync forwards
+ * (ops_cuda_attn_mma.cu; the causal one after the wgmma kernel of ops_cuda_attn_wgmma.cu, which
+ * DFLASH_CUDA_ATTN_CAUSAL selects or turns off) and the fused block backward of
+ * ops_cuda_attn_bwd.cu (the mma.sync pair where it does not apply); "mma": the mma.sync kernels
+ * for all three ops (dq and dk/dv as two kernels, the default before the fused one); "mma_dq":
+ * mma.sync forwards and dq, WMMA dk/dv, to bisect; "tc_wmma": the WMMA kernels for everything;
+ * "tc_sync": WMMA with plain tile loads; "tc_v1": WMMA with the unsplit dk/dv; "tc_nod": WMMA
+ * split without the saved D; "simple": CUDA cores only. */
+enum {
+    ATTN_SIMPLE = 0,
+    ATTN_TC_SYNC,
+    ATTN_TC,
+    ATTN_TC_V1,
+    ATTN_TC_NOD,
+    ATTN_MMA,
+    ATTN_MMA_DQ,
+    ATTN_FUSED
+};
 int cuda_attn_mode(void);
 
 /* ops_cuda_attn_mma.cu; each returns 0 when it launched, -1 when the shape or alignment is not
@@ -56,6 +69,20 @@ int cuda_wg_attention_init(void);
 int cuda_wg_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
                                  const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                                  const int32_t *seq_off, int n_seqs, int T, int H, int Hk, int d);
+
+/* ops_cuda_attn_bwd.cu: the fused block backward (dq, dk, dv in one key-major pass; dq through
+ * fp32 atomics into a per-device scratch). acc, tickets, split_max, vps as for
+ * cuda_mma_attention_dkdv; dsave: [H, Q] fp32 scratch it fills with D = rowsum(dO * O). Returns
+ * 0 when it queued the work, -1 when the shape, alignment or scratch is not one it handles.
+ * init: kernel attributes, and the dq scratch (128 MiB) when the mode is ATTN_FUSED. */
+int cuda_bwd_attention_init(void);
+int cuda_bwd_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
+                                 __nv_bfloat16 *dv, float *acc, int *tickets, int split_max,
+                                 int vps, float *dsave, const __nv_bfloat16 *dout,
+                                 const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                                 const __nv_bfloat16 *v, const __nv_bfloat16 *out,
+                                 const float *lse, const nn_block_span *spans, int n_blocks,
+                                 int B, int Tk, int H, int Hk, int d);
 
 /* The key ranges of one block span as up to two disjoint ascending [begin, end) pairs in r
  * (ops_cpu.c's block_key_ranges); returns how many (0 for a padding block). */

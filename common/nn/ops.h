@@ -113,6 +113,13 @@ typedef struct nn_ops {
      * RoPE at positions pos[T] with inv_freq[d/2] (fp32). */
     void (*rope_fwd)(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
                      int nh, int d, int ld);
+    /* The output of one fused q|k|v projection, qkv[T, (H + 2 Hk) * d] (per token: H query
+     * heads, Hk key heads, Hk value heads), split into q[T,H,d], k[T,Hk,d], v[T,Hk,d]: q and k
+     * through rmsnorm_fwd (rows of d, weights qn and kn; skipped when qn is NULL) then rope_fwd
+     * at pos; v copied. The same values as those ops one after the other. */
+    void (*qkv_norm_rope_fwd)(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
+                              const nn_buf *qn, const nn_buf *kn, const int32_t *pos,
+                              const float *inv_freq, int T, int H, int Hk, int d, float eps);
     /* Causal GQA attention over packed sequences: tokens [seq_off[s], seq_off[s+1]) form
      * sequence s. q[T,H,d], k,v[T,Hk,d] -> out[T,H,d]. scale = 1/sqrt(d). */
     void (*attention_causal_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,

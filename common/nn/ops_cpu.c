@@ -325,6 +325,28 @@ static void cpu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *
     rope_rotate(x, pos, inv_freq, T, nh, d, ld, 1.0f);
 }
 
+/* qkv[T, (H + 2 Hk) d] -> q, k (rmsnorm_fwd then rope_fwd), v: the two ops composed */
+static void cpu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q_, nn_buf *k_, nn_buf *v_,
+                                  const nn_buf *qkv_, const nn_buf *qn, const nn_buf *kn,
+                                  const int32_t *pos, const float *inv_freq, int T, int H, int Hk,
+                                  int d, float eps) {
+    float *q = q_, *k = k_, *v = v_;
+    const float *qkv = qkv_;
+    size_t qd = (size_t)H * d, kd = (size_t)Hk * d;
+    for (int t = 0; t < T; t++) {
+        const float *src = qkv + (size_t)t * (qd + 2 * kd);
+        memcpy(q + t * qd, src, qd * sizeof(float));
+        memcpy(k + t * kd, src + qd, kd * sizeof(float));
+        memcpy(v + t * kd, src + qd + kd, kd * sizeof(float));
+    }
+    if (qn) {
+        cpu_rmsnorm_fwd(c, q, NULL, q, qn, T * H, d, eps);
+        cpu_rmsnorm_fwd(c, k, NULL, k, kn, T * Hk, d, eps);
+    }
+    cpu_rope_fwd(c, q, pos, inv_freq, T, H, d, H * d);
+    cpu_rope_fwd(c, k, pos, inv_freq, T, Hk, d, Hk * d);
+}
+
 static void cpu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
                          int nh, int d, int ld) {
     (void)c;
@@ -981,6 +1003,7 @@ static const nn_ops cpu_ops = {
     .linear_fwd = cpu_linear_fwd,
     .linear_fwd_acc = cpu_linear_fwd_acc,
     .rope_fwd = cpu_rope_fwd,
+    .qkv_norm_rope_fwd = cpu_qkv_norm_rope_fwd,
     .attention_causal_fwd = cpu_attention_causal_fwd,
     .attention_block_fwd = cpu_attention_block_fwd,
     .swiglu_fwd = cpu_swiglu_fwd,

@@ -6,7 +6,7 @@
  * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
- * only). cuda_attention_init (ops_cuda_attn_tc.cu) adds, once per device, 144 MiB of fp32
+ * only, unless DFLASH_LT_TUNE times the heuristic's candidates then). cuda_attention_init (ops_cuda_attn_tc.cu) adds, once per device, 144 MiB of fp32
  * scratch for attention_block_bwd (dk/dv split partials and the saved D rows).
  * Nothing else is allocated after nn_cuda_new except by the caller through alloc.
  *
@@ -358,11 +358,13 @@ static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x,
 
 /* dx = rs * (dy*w - xhat * mean(dy*w*xhat)), xhat = x*rs (fp32). One warp per row. dx may equal
  * dy: each lane reads its element before writing it. */
+template <bool VEC>
 __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *w,
                                  const float *rstd, int R, int C) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
+    bf16 *dxr = dx + (size_t)r * C;
     float rs;
     if (rstd)
         rs = rstd[r];
@@ -375,14 +377,33 @@ __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const 
         rs = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
     }
     float dot = 0.0f;
-    for (int i = lane; i < C; i += 32)
-        dot += __bfloat162float(dyr[i]) * __bfloat162float(w[i]) * __bfloat162float(xr[i]) * rs;
-    float mean = warp_sum(dot) / (float)C;
-    bf16 *dxr = dx + (size_t)r * C;
-    for (int i = lane; i < C; i += 32) {
-        float xv = __bfloat162float(xr[i]);
-        float v = rs * (__bfloat162float(dyr[i]) * __bfloat162float(w[i]) - xv * rs * mean);
-        dxr[i] = __float2bfloat16(v);
+    if constexpr (VEC) { /* 8 elements per lane and load, as k_rmsnorm_fwd's vector path */
+        for (int i = lane * 8; i < C; i += 256) {
+            float g[8], wv[8], xv[8];
+            load8(dyr + i, g), load8(w + i, wv), load8(xr + i, xv);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                dot += g[e] * wv[e] * xv[e] * rs;
+        }
+        float mean = warp_sum(dot) / (float)C;
+        for (int i = lane * 8; i < C; i += 256) {
+            float g[8], wv[8], xv[8], o[8];
+            load8(dyr + i, g), load8(w + i, wv), load8(xr + i, xv);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
+            store8(dxr + i, o);
+        }
+    } else {
+        for (int i = lane; i < C; i += 32)
+            dot += __bfloat162float(dyr[i]) * __bfloat162float(w[i]) * __bfloat162float(xr[i]) *
+                   rs;
+        float mean = warp_sum(dot) / (float)C;
+        for (int i = lane; i < C; i += 32) {
+            float xv = __bfloat162float(xr[i]);
+            float v = rs * (__bfloat162float(dyr[i]) * __bfloat162float(w[i]) - xv * rs * mean);
+            dxr[i] = __float2bfloat16(v);
+        }
     }
 }
 
@@ -423,8 +444,12 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
                                                    C);
         CUDA_CHECK_LAUNCH();
     }
-    k_rmsnorm_bwd_dx<<<(R + 7) / 8, 256, 0, c->stream>>>(
-        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
+    if (C % 8 == 0 && vec_ok(dx, dy, x) && vec_ok(w, w, w))
+        k_rmsnorm_bwd_dx<true><<<(R + 7) / 8, 256, 0, c->stream>>>(
+            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
+    else
+        k_rmsnorm_bwd_dx<false><<<(R + 7) / 8, 256, 0, c->stream>>>(
+            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -439,7 +464,68 @@ static int ptr_align(const void *p) {
     return al;
 }
 
-static lt_entry *lt_get(nn_ctx *c, const lt_key *key) {
+#define LT_TUNE_MAX 16
+
+/* DFLASH_LT_TUNE=N (2..16): time the heuristic's first N candidates on a new shape's first use
+ * and keep the fastest (0 or unset: the heuristic's first, no timing) */
+static int lt_tune_count(void) {
+    static int n = -1;
+    if (n < 0) {
+        const char *e = getenv("DFLASH_LT_TUNE");
+        n = e ? atoi(e) : 0;
+        n = n < 1 ? 1 : n > LT_TUNE_MAX ? LT_TUNE_MAX : n;
+    }
+    return n;
+}
+
+/* The fastest of n candidates for entry e, timed on the call's own A and B into a scratch copy
+ * of D (so a beta = 1 product reads the same C): one warm-up and 3 timed runs each. Waits for
+ * the stream (counted as a drain): meant for start-up, where every shape is warmed. */
+static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicResult_t *res,
+                   int n, const void *A, const void *B, const void *D, float beta) {
+    size_t bytes = (size_t)e->key.ldc * e->key.n * (e->key.ctype ? 4 : 2);
+    void *scratch = NULL;
+    cudaEvent_t ev[2];
+    if (cudaMalloc(&scratch, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(scratch, D, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    CUDA_CHECK(cudaEventCreate(&ev[0]));
+    CUDA_CHECK(cudaEventCreate(&ev[1]));
+    int pick = 0;
+    float best = INFINITY, first = INFINITY, alpha = 1.0f;
+    for (int i = 0; i < n; i++) {
+        bool ok = true;
+        for (int r = 0; r < 4 && ok; r++) {
+            if (r == 1) CUDA_CHECK(cudaEventRecord(ev[0], c->stream));
+            ok = cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, scratch, e->C,
+                                scratch, e->C, &res[i].algo, c->ws, LT_WORKSPACE,
+                                c->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (!ok) continue;
+        CUDA_CHECK(cudaEventRecord(ev[1], c->stream));
+        CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        if (i == 0) first = ms;
+        if (ms < best) best = ms, pick = i;
+    }
+    c->drains++;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaEventDestroy(ev[0]));
+    CUDA_CHECK(cudaEventDestroy(ev[1]));
+    CUDA_CHECK(cudaFree(scratch));
+    fprintf(stderr,
+            "ops_cuda: matmul m %d n %d k %d%s: candidate %d of %d, %.3f ms (heuristic's first "
+            "%.3f ms)\n",
+            e->key.m, e->key.n, e->key.k, e->key.beta_nz ? " beta 1" : "", pick, n, best / 3,
+            first / 3);
+    return pick;
+}
+
+static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void *B,
+                        const void *D, float beta) {
     for (int i = 0; i < LT_CACHE; i++)
         if (c->cache[i].used && memcmp(&c->cache[i].key, key, sizeof *key) == 0)
             return &c->cache[i];
@@ -479,9 +565,9 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key) {
                                                   &al, sizeof al));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al, sizeof al));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->A, e->B, e->C, e->C, pref, 1, &res,
+    cublasLtMatmulHeuristicResult_t res[LT_TUNE_MAX];
+    int found = 0, want = lt_tune_count();
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->A, e->B, e->C, e->C, pref, want, res,
                                             &found));
     cublasLtMatmulPreferenceDestroy(pref);
     if (found < 1) {
@@ -489,7 +575,7 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key) {
                 key->m, key->n, key->k, key->lda, key->ldb, key->ldc);
         abort();
     }
-    e->algo = res.algo;
+    e->algo = res[found > 1 ? lt_tune(c, e, res, found, A, B, D, beta) : 0].algo;
     e->used = 1;
     return e;
 }
@@ -507,7 +593,7 @@ static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void
     if (ptr_align(B) < al) al = ptr_align(B);
     if (ptr_align(D) < al) al = ptr_align(D);
     key.align = al;
-    lt_entry *e = lt_get(c, &key);
+    lt_entry *e = lt_get(c, &key, A, B, D, beta);
     float alpha = 1.0f;
     LT_CHECK(cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, D, e->C, D, e->C,
                             &e->algo, c->ws, LT_WORKSPACE, c->stream));
@@ -624,6 +710,128 @@ static void cu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *i
 static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
                         int nh, int d, int ld) {
     rope_launch(c, dx, pos, inv_freq, T, nh, d, ld, -1.0f);
+}
+
+/* q/k norm + RoPE + split of a fused q|k|v projection: one block per token. The token's
+ * rotation angles go to shared memory first. Vector path (d % 8 ==
+ * 0, 16 <= d <= 256, 32 % (d / 8) == 0, 16-byte aligned rows): a group of L = d / 8 lanes owns
+ * a head row, 8 elements per lane; the group reduces the sum of squares and fetches the RoPE
+ * partner (element i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs
+ * every shuffle and only loads and stores are predicated. Scalar path: a warp per row, reading
+ * x twice. Values: n = bf16(bf16(x rstd) w), then the rotation of k_rope on n: the same as
+ * k_rmsnorm_fwd followed by k_rope, up to the order of the sum of squares and the angles'
+ * sincosf (k_rope: sincos in double; the two agree to about an fp32 ulp). */
+/* the scalar path of k_qkv_norm_rope: a warp per head row */
+template <typename F>
+__device__ void scalar_qkv_rows(F dst_of, const bf16 *src, const bf16 *qn, const bf16 *kn,
+                                const float *rot, int H, int Hk, int d, float eps) {
+    const int half = d / 2, rows = H + 2 * Hk;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int r = warp; r < rows; r += nw) {
+        const bf16 *x = src + (size_t)r * d;
+        bf16 *o = dst_of(r);
+        if (r >= H + Hk) {
+            for (int i = lane; i < d; i += 32)
+                o[i] = x[i];
+            continue;
+        }
+        float rs = 1.0f;
+        const bf16 *w = r < H ? qn : kn;
+        if (qn) {
+            float ss = 0.0f;
+            for (int i = lane; i < d; i += 32) {
+                float f = __bfloat162float(x[i]);
+                ss += f * f;
+            }
+            rs = rsqrtf(warp_sum(ss) / (float)d + eps);
+        }
+        auto normed = [&](int i) -> float {
+            float f = __bfloat162float(x[i]);
+            if (!qn) return f;
+            return __bfloat162float(__float2bfloat16(
+                __bfloat162float(__float2bfloat16(f * rs)) * __bfloat162float(w[i])));
+        };
+        for (int i = lane; i < half; i += 32) {
+            float x1 = normed(i), x2 = normed(i + half), cs = rot[i], sn = rot[half + i];
+            o[i] = __float2bfloat16(x1 * cs - x2 * sn);
+            o[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
+        }
+    }
+}
+
+template <bool VEC>
+__global__ void k_qkv_norm_rope(bf16 *__restrict__ q, bf16 *__restrict__ k, bf16 *__restrict__ v,
+                                const bf16 *__restrict__ qkv, const bf16 *__restrict__ qn,
+                                const bf16 *__restrict__ kn, const int32_t *pos,
+                                const float *inv_freq, int H, int Hk, int d, float eps) {
+    extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
+    const int t = blockIdx.x, half = d / 2, rows = H + 2 * Hk;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        sincosf((float)pos[t] * inv_freq[i], &rot[half + i], &rot[i]);
+    __syncthreads();
+    const bf16 *src = qkv + (size_t)t * rows * d;
+    auto dst_of = [&](int r) -> bf16 * {
+        if (r < H) return q + ((size_t)t * H + r) * d;
+        if (r < H + Hk) return k + ((size_t)t * Hk + r - H) * d;
+        return v + ((size_t)t * Hk + r - H - Hk) * d;
+    };
+    if constexpr (VEC) {
+        const int L = d / 8, per_warp = 32 / L, j = lane % L;
+#pragma unroll 4
+        for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
+            const int r = r0 + lane / L;
+            const bool valid = r < rows, roped = r < H + Hk;
+            float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (valid) load8(src + (size_t)r * d + 8 * j, x);
+            float ss = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                ss += x[e] * x[e];
+            for (int o = L / 2; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const bf16 *w = r < H ? qn : kn;
+            if (qn && valid && roped) {
+                float g[8], rs = rsqrtf(ss / (float)d + eps);
+                load8(w + 8 * j, g);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    x[e] = __bfloat162float(__float2bfloat16(
+                               __bfloat162float(__float2bfloat16(x[e] * rs)) * g[e]));
+            }
+            const bool first = j < L / 2;
+            const int i0 = first ? 8 * j : 8 * j - half;
+            float out[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float p = __shfl_xor_sync(0xffffffffu, x[e], L / 2);
+                float cs = rot[i0 + e], sn = rot[half + i0 + e];
+                out[e] = !roped ? x[e] : first ? x[e] * cs - p * sn : x[e] * cs + p * sn;
+            }
+            if (valid) store8(dst_of(r) + 8 * j, out);
+        }
+    } else {
+        scalar_qkv_rows(dst_of, src, qn, kn, rot, H, Hk, d, eps);
+    }
+}
+
+static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
+                                 const nn_buf *qn, const nn_buf *kn, const int32_t *pos,
+                                 const float *inv_freq, int T, int H, int Hk, int d, float eps) {
+    assert(T >= 0 && H > 0 && Hk > 0 && d > 0 && d % 2 == 0 && (qn == NULL) == (kn == NULL));
+    if (T == 0) return;
+    const size_t smem = sizeof(float) * (size_t)d;
+    bool vec = d % 8 == 0 && d >= 16 && d <= 256 && 32 % (d / 8) == 0 && vec_ok(q, k, v) &&
+               vec_ok(qkv, qn ? qn : qkv, kn ? kn : qkv);
+    if (vec)
+        k_qkv_norm_rope<true><<<T, 256, smem, c->stream>>>(
+            (bf16 *)q, (bf16 *)k, (bf16 *)v, (const bf16 *)qkv, (const bf16 *)qn,
+            (const bf16 *)kn, pos, inv_freq, H, Hk, d, eps);
+    else
+        k_qkv_norm_rope<false><<<T, 256, smem, c->stream>>>(
+            (bf16 *)q, (bf16 *)k, (bf16 *)v, (const bf16 *)qkv, (const bf16 *)qn,
+            (const bf16 *)kn, pos, inv_freq, H, Hk, d, eps);
+    CUDA_CHECK_LAUNCH();
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1022,6 +1230,7 @@ static nn_ops make_ops(void) {
     o.linear_fwd = cu_linear_fwd;
     o.linear_fwd_acc = cu_linear_fwd_acc;
     o.rope_fwd = cu_rope_fwd;
+    o.qkv_norm_rope_fwd = cu_qkv_norm_rope_fwd;
     o.attention_causal_fwd = cu_attention_causal_fwd;
     o.attention_block_fwd = cu_attention_block_fwd;
     o.swiglu_fwd = cu_swiglu_fwd;

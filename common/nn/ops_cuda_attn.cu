@@ -24,9 +24,10 @@
  *   registers. No atomics: every dk/dv row has one writer, keys nobody sees get 0; deterministic.
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
  * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the wgmma causal
- * forward of ops_cuda_attn_wgmma.cu (Hopper), the mma.sync kernels of ops_cuda_attn_mma.cu, then
- * the WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in
- * attn_spans.cuh) picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal shape.
+ * forward of ops_cuda_attn_wgmma.cu (Hopper), the mma.sync kernels of ops_cuda_attn_mma.cu and
+ * the fused block backward of ops_cuda_attn_bwd.cu (d 128), then the WMMA ones of
+ * ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in attn_spans.cuh)
+ * picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal forward.
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"
@@ -80,14 +81,15 @@ int cuda_attn_mode(void) {
     static int mode = -1;
     if (mode < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN");
-        mode = !e || !*e                   ? ATTN_MMA
+        mode = !e || !*e                   ? ATTN_FUSED
                : strcmp(e, "simple") == 0  ? ATTN_SIMPLE
                : strcmp(e, "tc_sync") == 0 ? ATTN_TC_SYNC
                : strcmp(e, "tc_wmma") == 0 ? ATTN_TC
                : strcmp(e, "tc_v1") == 0   ? ATTN_TC_V1
                : strcmp(e, "tc_nod") == 0  ? ATTN_TC_NOD
                : strcmp(e, "mma_dq") == 0  ? ATTN_MMA_DQ
-                                           : ATTN_MMA;
+               : strcmp(e, "mma") == 0     ? ATTN_MMA
+                                           : ATTN_FUSED;
     }
     return mode;
 }
@@ -440,6 +442,7 @@ int cuda_attention_init(void) {
     bad |= cuda_tc_attention_init() != 0;
     bad |= cuda_mma_attention_init() != 0;
     bad |= cuda_wg_attention_init() != 0;
+    bad |= cuda_bwd_attention_init() != 0;
     return bad ? -1 : 0;
 }
 

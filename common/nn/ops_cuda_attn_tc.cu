@@ -1,9 +1,10 @@
 /* ops_cuda_attn_tc: tensor-core (WMMA bf16 16x16x16, fp32 accumulate) attention kernels for
  * head dims 64 and 128. With DFLASH_CUDA_ATTN=tc_wmma (the default before the mma.sync kernels
- * of ops_cuda_attn_mma.cu) they run everything; in the default mode the mma.sync kernels take the
- * forwards and dq (called from cuda_tc_attention_block_bwd, saving D the same way) and this file
- * keeps dk/dv. ops_cuda_attn.cu falls back to its CUDA-core kernels for other shapes, unaligned
- * pointers, or DFLASH_CUDA_ATTN=simple.
+ * of ops_cuda_attn_mma.cu) they run everything; otherwise the mma.sync kernels take the forwards,
+ * and cuda_tc_attention_block_bwd (this file, which owns the split scratch and saved D) hands the
+ * block backward to the fused kernel of ops_cuda_attn_bwd.cu (default), else to the mma.sync dq
+ * and dk/dv, keeping the WMMA kernels for what those decline. ops_cuda_attn.cu falls back to its
+ * CUDA-core kernels for other shapes, unaligned pointers, or DFLASH_CUDA_ATTN=simple.
  *
  * Rows: a CTA owns 64 query rows = RT tokens x the `group` query heads of kv head hk (as in
  * ops_cuda_attn.cu); a warp owns 16 of them. Keys stream through shared memory in tiles of 64.
@@ -594,7 +595,8 @@ static int tc_vps(void) {
     static int vps = -1;
     if (vps < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_SPLIT");
-        vps = e && atoi(e) >= 1 ? atoi(e) : cuda_attn_mode() == ATTN_MMA ? 80 : 40;
+        int m = cuda_attn_mode();
+        vps = e && atoi(e) >= 1 ? atoi(e) : m == ATTN_MMA || m == ATTN_FUSED ? 80 : 40;
     }
     return vps;
 }
@@ -729,10 +731,15 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
         if (tc_mode() == ATTN_TC && (size_t)H * n_blocks * B <= SPLIT_DROWS) a.dsave = g_split_d[dev];
     }
     dim3 gq(n_blocks * a.tiles_per_block, Hk), gk(n_kt, Hk, a.split_max);
+    if (cuda_attn_mode() == ATTN_FUSED &&
+        cuda_bwd_attention_block_bwd(st, dq, dk, dv, a.acc, a.tickets, a.split_max, a.vps, a.dsave,
+                                     dout, q, k, v, out, lse, spans, n_blocks, B, Tk, H, Hk,
+                                     d) == 0)
+        return 0;
     bool mma_dq = cuda_attn_mode() >= ATTN_MMA &&
                   cuda_mma_attention_dq(st, dq, a.dsave, dout, q, k, v, out, lse, spans, n_blocks,
                                         B, Tk, H, Hk, d) == 0;
-    if (mma_dq && cuda_attn_mode() == ATTN_MMA &&
+    if (mma_dq && (cuda_attn_mode() == ATTN_MMA || cuda_attn_mode() == ATTN_FUSED) &&
         cuda_mma_attention_dkdv(st, dk, dv, a.acc, a.tickets, a.split_max, a.vps, a.dsave, dout,
                                 q, k, v, lse, spans, n_blocks, B, Tk, H, Hk, d) == 0)
         return 0;

@@ -6,7 +6,7 @@
  *            tensor with its HF name and shape and points into it. Only the decoder layers the
  *            model runs are loaded (n_loaded = deepest captured + 1, or all with all_layers).
  *   acts     one backend allocation planned for T_max tokens: the residual stream h, the
- *            scratch x, q, k, v, att, gate, up, mid, the index buffers used by the _host entry
+ *            scratch x, q, k, v, att, gate (first the fused q|k|v projection's output), up, mid, the index buffers used by the _host entry
  *            points, and (with max_logit_rows) the head rows and their logits; for a generation
  *            model (all layers, max_logit_rows > 0) also the KV cache [L, T_max, Hk*d] x 2 and
  *            the decode spans.
@@ -34,6 +34,8 @@
 
 typedef struct target_layer {
     nn_buf *in_norm;         /* [D] */
+    /* wq, wk, wv lie back to back (and bq, bk, bv): wq is also the fused [(H+2Hk)*d, D]
+     * projection, bq its bias */
     nn_buf *wq, *bq;         /* [H*d, D], [H*d] (Qwen2) */
     nn_buf *wk, *bk;         /* [Hk*d, D], [Hk*d] (Qwen2) */
     nn_buf *wv, *bv;         /* [Hk*d, D], [Hk*d] (Qwen2) */
@@ -48,6 +50,7 @@ typedef struct param_entry {
     char name[96];
     int64_t shape[2];
     int ndim;
+    bool packed; /* the next tensor starts right after this one (no alignment gap) */
     nn_buf **ptr;
     size_t offset; /* bytes into params */
 } param_entry;
@@ -118,6 +121,7 @@ static int add_param(param_entry *t, int *n, nn_buf **ptr, int64_t d0, int64_t d
     e->shape[0] = d0;
     e->shape[1] = d1;
     e->ndim = ndim;
+    e->packed = false;
     e->ptr = ptr;
     return 0;
 }
@@ -137,11 +141,15 @@ static int plan_params(target_model *m, param_entry *t) {
         target_layer *w = &m->layers[l];
         add_param(t, &n, &w->in_norm, D, 0, 1, "model.layers.%d.input_layernorm.weight", l);
         add_param(t, &n, &w->wq, Qd, D, 2, "model.layers.%d.self_attn.q_proj.weight", l);
+        t[n - 1].packed = true;
         add_param(t, &n, &w->wk, Kd, D, 2, "model.layers.%d.self_attn.k_proj.weight", l);
+        t[n - 1].packed = true;
         add_param(t, &n, &w->wv, Kd, D, 2, "model.layers.%d.self_attn.v_proj.weight", l);
         if (c->qkv_bias) {
             add_param(t, &n, &w->bq, Qd, 0, 1, "model.layers.%d.self_attn.q_proj.bias", l);
+            t[n - 1].packed = true;
             add_param(t, &n, &w->bk, Kd, 0, 1, "model.layers.%d.self_attn.k_proj.bias", l);
+            t[n - 1].packed = true;
             add_param(t, &n, &w->bv, Kd, 0, 1, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         if (c->qk_norm) {
@@ -232,9 +240,9 @@ static size_t plan_acts(target_model *m, size_t *off) {
         ab * T * Qd, /* q, att */
         ab * T * Kd,
         ab * T * Kd, /* k, v */
+        ab * T * (F > Qd + 2 * Kd ? F : Qd + 2 * Kd), /* gate, also the fused q|k|v output */
         ab * T * F,
-        ab * T * F,
-        ab * T * F, /* gate, up, mid */
+        ab * T * F, /* up, mid */
         sizeof(int32_t) * T,
         sizeof(int32_t) * T,                      /* ids, pos */
         sizeof(int32_t) * ((size_t)m->S_max + 1), /* seq_off */
@@ -304,8 +312,9 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     size_t total = 0;
     int64_t biggest = 0;
     for (int i = 0; i < n_params; i++) {
+        size_t bytes = (size_t)numel(&table[i]) * ops->act_bytes;
         table[i].offset = total;
-        total += align_up((size_t)numel(&table[i]) * ops->act_bytes);
+        total += table[i].packed ? bytes : align_up(bytes);
         if (numel(&table[i]) > biggest) biggest = numel(&table[i]);
     }
     m->params = ops->alloc(ctx, total);
@@ -479,15 +488,10 @@ static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos
     int D = cf->hidden_size, H = cf->num_heads, Hk = cf->num_kv_heads, d = cf->head_dim;
     float eps = (float)cf->rms_norm_eps;
     ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->in_norm, T, D, eps); /* x[T,D] */
-    ops->linear_fwd(c, m->q, m->x, w->wq, w->bq, T, D, H * d);    /* q[T,H,d] */
-    ops->linear_fwd(c, m->k, m->x, w->wk, w->bk, T, D, Hk * d);   /* k[T,Hk,d] */
-    ops->linear_fwd(c, m->v, m->x, w->wv, w->bv, T, D, Hk * d);   /* v[T,Hk,d] */
-    if (cf->qk_norm) {
-        ops->rmsnorm_fwd(c, m->q, NULL, m->q, w->q_norm, T * H, d, eps);
-        ops->rmsnorm_fwd(c, m->k, NULL, m->k, w->k_norm, T * Hk, d, eps);
-    }
-    ops->rope_fwd(c, m->q, pos, m->inv_freq, T, H, d, H * d);
-    ops->rope_fwd(c, m->k, pos, m->inv_freq, T, Hk, d, Hk * d);
+    /* one product for q|k|v (the weights lie back to back) into gate, then split */
+    ops->linear_fwd(c, m->gate, m->x, w->wq, w->bq, T, D, (H + 2 * Hk) * d);
+    ops->qkv_norm_rope_fwd(c, m->q, m->k, m->v, m->gate, cf->qk_norm ? w->q_norm : NULL,
+                           cf->qk_norm ? w->k_norm : NULL, pos, m->inv_freq, T, H, Hk, d, eps);
 }
 
 /* Second half, after att[T, H*d] holds the attention output: o_proj, residual, MLP, residual. */

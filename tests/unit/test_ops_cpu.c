@@ -220,6 +220,37 @@ static void test_rope(void) {
     free(a.x), free(a.work), free(a.R), free(a.inv), free(a.pos), free(g);
 }
 
+/* qkv_norm_rope_fwd: the q, k, v column ranges of each token's fused row, q and k normed and
+ * rotated as rmsnorm_fwd then rope_fwd would, v untouched */
+static void test_qkv_norm_rope(void) {
+    int T = 3, H = 4, Hk = 2, d = 8, W = (H + 2 * Hk) * d;
+    float *qkv = rnd((size_t)T * W, 2), *qn = rnd(d, 1), *kn = rnd(d, 1), inv[4];
+    float *q = zeros((size_t)T * H * d), *k = zeros((size_t)T * Hk * d);
+    float *v = zeros((size_t)T * Hk * d), *eq = zeros((size_t)T * H * d);
+    float *ek = zeros((size_t)T * Hk * d);
+    int32_t pos[3] = {5, 0, 2047};
+    rope_inv_freq(inv, d, 10000.0, NULL);
+    for (int norm = 0; norm < 2; norm++) {
+        ops->qkv_norm_rope_fwd(ctx, q, k, v, qkv, norm ? qn : NULL, norm ? kn : NULL, pos, inv, T,
+                               H, Hk, d, 1e-6f);
+        for (int t = 0; t < T; t++) {
+            memcpy(eq + (size_t)t * H * d, qkv + (size_t)t * W, sizeof(float) * H * d);
+            memcpy(ek + (size_t)t * Hk * d, qkv + (size_t)t * W + H * d, sizeof(float) * Hk * d);
+            CHECK(max_diff(v + (size_t)t * Hk * d, qkv + (size_t)t * W + (H + Hk) * d,
+                           (size_t)Hk * d) == 0.0);
+        }
+        if (norm) {
+            ops->rmsnorm_fwd(ctx, eq, NULL, eq, qn, T * H, d, 1e-6f);
+            ops->rmsnorm_fwd(ctx, ek, NULL, ek, kn, T * Hk, d, 1e-6f);
+        }
+        ops->rope_fwd(ctx, eq, pos, inv, T, H, d, H * d);
+        ops->rope_fwd(ctx, ek, pos, inv, T, Hk, d, Hk * d);
+        CHECK(max_diff(q, eq, (size_t)T * H * d) == 0.0);
+        CHECK(max_diff(k, ek, (size_t)T * Hk * d) == 0.0);
+    }
+    free(qkv), free(qn), free(kn), free(q), free(k), free(v), free(eq), free(ek);
+}
+
 /* ---- swiglu ---- */
 
 typedef struct {
@@ -669,6 +700,7 @@ int main(void) {
     test_rmsnorm();
     test_linear();
     test_rope();
+    test_qkv_norm_rope();
     test_swiglu();
     test_attention_causal();
     test_attention_block();

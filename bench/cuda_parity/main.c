@@ -15,8 +15,9 @@
  * correct) by the share of rows that agree (near-ties may flip under bf16 logits).
  * The training step: a tiny but not trivial drafter (D 256, 2 layers, H 4 / Hk 2, d 64, F 512,
  * B 8, V 2000, two packed sequences) with identical bf16-representable weights on both sides;
- * loss, accuracy, gradient norm and several gradient tensors are compared (tolerance 5e-2 on
- * l2: the cuda side rounds every activation to bf16 through 2 layers forward and backward).
+ * loss, accuracy (absolute, within 0.02), gradient norm and several gradient tensors are
+ * compared (tolerance 5e-2 on l2: the cuda side rounds every activation to bf16 through 2
+ * layers forward and backward).
  */
 #include "ops.h"
 
@@ -512,12 +513,16 @@ static void t_train_step(void) {
         n_fail++;
         return;
     }
-    float lc[2] = {(float)metc.loss, (float)metc.accuracy};
-    float lg[2] = {(float)metg.loss, (float)metg.accuracy};
+    float lc = (float)metc.loss, lg = (float)metg.loss;
     printf("train step: %d blocks, loss cpu %.6f cuda %.6f, accuracy cpu %.4f cuda %.4f\n", nb,
            metc.loss, metg.loss, metc.accuracy, metg.accuracy);
-    report("train step", "loss", &lg[0], &lc[0], 1, 1e-2);
-    report("train step", "accuracy", &lg[1], &lc[1], 1, 5e-2);
+    report("train step", "loss", &lg, &lc, 1, 1e-2);
+    /* accuracy is a share near 0 for random weights, where one flipped near-tie is a 100%
+     * relative error (seen once: cpu 0.0048, cuda 0): compared absolutely, within 0.02 */
+    double dacc = fabs(metg.accuracy - metc.accuracy);
+    n_fail += dacc > 0.02, n_rows++;
+    printf("%-22s %-14s %11.3e %11s %11s %9.1e  %s\n", "train step", "accuracy (abs)", dacc, "", "",
+           0.02, dacc <= 0.02 ? "PASS" : "FAIL");
     const char *names[] = {"fc.weight",
                            "hidden_norm.weight",
                            "norm.weight",

@@ -76,6 +76,8 @@ int cuda_wg_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv
  * 0 when it queued the work, -1 when the shape, alignment or scratch is not one it handles.
  * init: kernel attributes, and the dq scratch (128 MiB) when the mode is ATTN_FUSED. */
 int cuda_bwd_attention_init(void);
+/* grows the dq scratch to q_h_d fp32 (Q H d of the largest call); -1: no memory */
+int cuda_bwd_attention_plan(size_t q_h_d);
 int cuda_bwd_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
                                  __nv_bfloat16 *dv, float *acc, int *tickets, int split_max,
                                  int vps, float *dsave, const __nv_bfloat16 *dout,

@@ -343,6 +343,10 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     }
     p = (plan){.base = m->acts_mem};
     plan_acts(m, &p);
+    /* the attention backward's scratch for the largest step, now rather than in a step */
+    if (ops->attention_block_plan)
+        ops->attention_block_plan(ctx, Qmax, max_tokens + Qmax, cfg->num_heads, cfg->num_kv_heads,
+                                  cfg->head_dim);
 
     /* fresh weights (HF post_init): linear ~ N(0, 0.02), norms 1; generated on the host */
     host = calloc(m->n_params, sizeof(float));

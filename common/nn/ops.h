@@ -161,6 +161,11 @@ typedef struct nn_ops {
                                 const nn_buf *v, const nn_buf *out, const float *lse,
                                 const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                                 int Hk, int d);
+    /* Sizes the backend's scratch for attention_block_bwd calls of up to max_q query rows and
+     * max_tk key rows (cuda: fp32 accumulators, allocated here, at start-up, never in a step;
+     * larger calls still run, on slower paths; cpu: nothing). Called once by a model's
+     * creation; safe to call again (it only grows). */
+    void (*attention_block_plan)(nn_ctx *c, int max_q, int max_tk, int H, int Hk, int d);
 
     /* ---- loss ---- */
     /* Chunked lm_head + weighted cross-entropy, forward and backward at once; full logits

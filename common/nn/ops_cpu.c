@@ -754,6 +754,11 @@ static void block_bwd_kvheads(void *arg, int begin, int end) {
     }
 }
 
+/* the cpu backward needs no planned scratch */
+static void cpu_attention_block_plan(nn_ctx *c, int max_q, int max_tk, int H, int Hk, int d) {
+    (void)c, (void)max_q, (void)max_tk, (void)H, (void)Hk, (void)d;
+}
+
 static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,
                                     const nn_buf *dout, const nn_buf *q, const nn_buf *k,
                                     const nn_buf *v, const nn_buf *out, const float *lse,
@@ -1014,6 +1019,7 @@ static const nn_ops cpu_ops = {
     .rope_bwd = cpu_rope_bwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .attention_block_bwd = cpu_attention_block_bwd,
+    .attention_block_plan = cpu_attention_block_plan,
     .lm_head_xent = cpu_lm_head_xent,
     .lm_head_argmax = cpu_lm_head_argmax,
     .sumsq = cpu_sumsq,

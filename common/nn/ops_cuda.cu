@@ -943,6 +943,11 @@ static void cu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn_
                              (const bf16 *)v, spans, n_blocks, B, Tk, H, Hk, d);
 }
 
+static void cu_attention_block_plan(nn_ctx *c, int max_q, int max_tk, int H, int Hk, int d) {
+    drain(c); /* the scratch it replaces may be in use by queued work */
+    cuda_attention_block_plan(max_q, max_tk, H, Hk, d);
+}
+
 static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,
                                    const nn_buf *dout, const nn_buf *q, const nn_buf *k,
                                    const nn_buf *v, const nn_buf *out, const float *lse,
@@ -1241,6 +1246,7 @@ static nn_ops make_ops(void) {
     o.rope_bwd = cu_rope_bwd;
     o.swiglu_bwd = cu_swiglu_bwd;
     o.attention_block_bwd = cu_attention_block_bwd;
+    o.attention_block_plan = cu_attention_block_plan;
     o.lm_head_xent = cu_lm_head_xent;
     o.lm_head_argmax = cu_lm_head_argmax;
     o.sumsq = cu_sumsq;

@@ -72,6 +72,11 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat1
                                 const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                                 int Hk, int d);
 int cuda_tc_attention_init(void);
+/* Grows the block backward's split buffers (dk/dv partials, tickets, saved D) for these shapes;
+ * -1 when there is no memory (the old buffers stay). */
+int cuda_tc_attention_plan(int max_q, int max_tk, int H, int Hk, int d);
+/* attention_block_plan of ops.h: the split buffers and the fused backward's dq scratch. */
+void cuda_attention_block_plan(int max_q, int max_tk, int H, int Hk, int d);
 /* Raises the dynamic shared-memory limits of the attention kernels; once per device. */
 int cuda_attention_init(void);
 /* Aborts with file:line and the CUDA error string when e != cudaSuccess. */

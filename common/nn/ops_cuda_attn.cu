@@ -37,6 +37,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -444,6 +445,14 @@ int cuda_attention_init(void) {
     bad |= cuda_wg_attention_init() != 0;
     bad |= cuda_bwd_attention_init() != 0;
     return bad ? -1 : 0;
+}
+
+void cuda_attention_block_plan(int max_q, int max_tk, int H, int Hk, int d) {
+    if (cuda_tc_attention_plan(max_q, max_tk, H, Hk, d) != 0 ||
+        cuda_bwd_attention_plan((size_t)max_q * H * d) != 0)
+        fprintf(stderr, "ops_cuda: no memory for the attention backward's scratch at %d query "
+                        "and %d key rows: larger steps take a slower path\n",
+                max_q, max_tk);
 }
 
 static void check_heads(int H, int Hk, int d) {

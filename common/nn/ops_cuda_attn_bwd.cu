@@ -39,7 +39,8 @@
  * Not bitwise reproducible run to run: dq (fp32 sums from every key tile of a row, in any
  * order), and dk, dv of split tiles (as in k_mma_dkdv); each is one fp32 sum rounded to bf16
  * once. dqacc: 128 MiB (Q H d <= 32 Mi fp32) per device, allocated in cuda_bwd_attention_init
- * (nn_cuda_new) in the fused mode, never in a step; one block backward at a time per device
+ * (nn_cuda_new) in the fused mode and grown by cuda_bwd_attention_plan (the attention_block_plan
+ * op, at a model's creation) to its largest Q, never in a step; one block backward at a time per device
  * (shared scratch). Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and
  * ops_cpu.c (rows without keys: dq 0; keys nobody sees: dk, dv 0).
  */
@@ -444,9 +445,29 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
 
 /* ------------------------------------------------------------------------------------------ */
 
-#define DQACC_ELEMS (32u << 20) /* Q * H * d fp32 of dqacc: 128 MiB */
+#define DQACC_ELEMS (32u << 20) /* Q * H * d fp32 of dqacc at init: 128 MiB */
 #define DQACC_DEVICES 64
 static float *g_dqacc[DQACC_DEVICES];
+static size_t g_dqacc_cap[DQACC_DEVICES]; /* elements */
+
+/* dqacc of at least `elems` fp32 (zeroed) on the current device: a larger one replaces the old
+ * (start-up only: it waits for the device). -1 (old scratch kept) when there is no memory. */
+static int dqacc_alloc(size_t elems) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES) return -1;
+    if (g_dqacc[dev] && g_dqacc_cap[dev] >= elems) return 0;
+    float *p = NULL;
+    if (cudaMalloc((void **)&p, elems * sizeof(float)) != cudaSuccess ||
+        cudaMemset(p, 0, elems * sizeof(float)) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+        if (p) cudaFree(p);
+        (void)cudaGetLastError();
+        return -1;
+    }
+    if (g_dqacc[dev]) CUDA_CHECK(cudaFree(g_dqacc[dev]));
+    g_dqacc[dev] = p, g_dqacc_cap[dev] = elems;
+    return 0;
+}
 
 /* Kernel variant as NW * 4 + AH + 100 ST. DFLASH_CUDA_ATTN_FUSED: CTA shape, keys x phase-A
  * rows: 64x32 (4 warps, two passes of 32 rows), 64x64, 128x32 (8 warps, one CTA per SM), 128x64
@@ -517,20 +538,13 @@ static void bwd_launch_bulk(cudaStream_t st, const bwd_args &a, int shape) {
 
 int cuda_bwd_attention_init(void) {
     if (bwd_attrs<0>() | bwd_attrs<1>() | bwd_attr<8, 2, 2>() | bwd_attr<8, 1, 2>()) return -1;
-    int dev = 0;
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES) return -1;
-    if (g_dqacc[dev]) return 0;
-    float *p = NULL;
-    if (cudaMalloc((void **)&p, (size_t)DQACC_ELEMS * sizeof(float)) != cudaSuccess ||
-        cudaMemset(p, 0, (size_t)DQACC_ELEMS * sizeof(float)) != cudaSuccess ||
-        cudaDeviceSynchronize() != cudaSuccess) {
-        if (p) cudaFree(p);
-        (void)cudaGetLastError(); /* without it block_bwd runs the mma.sync pair: not an error */
-        return 0;
-    }
-    g_dqacc[dev] = p;
+    (void)dqacc_alloc(DQACC_ELEMS); /* without it block_bwd runs the mma.sync pair: no error */
     return 0;
+}
+
+int cuda_bwd_attention_plan(size_t q_h_d) {
+    return cuda_attn_mode() == ATTN_FUSED ? dqacc_alloc(q_h_d) : 0;
 }
 
 static bool al16(const void *p) {
@@ -545,7 +559,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     int dev = 0;
     if (d != 128 || Hk <= 0 || H % Hk || H / Hk > FROWS || !dsave || n_blocks <= 0 || B <= 0 ||
         Tk <= 0 || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES ||
-        !g_dqacc[dev] || (size_t)n_blocks * B * H * d > DQACC_ELEMS)
+        !g_dqacc[dev] || (size_t)n_blocks * B * H * d > g_dqacc_cap[dev])
         return -1;
     if (!al16(dq) || !al16(dk) || !al16(dv) || !al16(dout) || !al16(q) || !al16(k) || !al16(v) ||
         !al16(out))

@@ -612,10 +612,11 @@ static bool tc_usable(int H, int Hk, int d, const void *p1, const void *p2, cons
 }
 
 /* The dk/dv split's fp32 accumulator and tickets, one set per device, allocated (zeroed) by
- * cuda_tc_attention_init, i.e. in nn_cuda_new, never during a step, and kept for the life of the
- * process. Capacity SPLIT_ELEMS elements per tensor (Tk * Hk * d <= 16 Mi: 128 MiB for dk + dv)
- * and SPLIT_TICKETS key tiles x kv heads; a larger call runs unsplit (one CTA per key tile, the
- * tc_v1 schedule). The kernels leave both zeroed, so calls need no memset; two streams must not
+ * cuda_tc_attention_init, i.e. in nn_cuda_new, grown by cuda_tc_attention_plan (the
+ * attention_block_plan op, at a model's creation), never during a step, and kept for the life
+ * of the process. Capacity at init SPLIT_ELEMS elements per tensor (Tk * Hk * d <= 16 Mi:
+ * 128 MiB for dk + dv), SPLIT_DROWS rows of D and SPLIT_TICKETS key tiles x kv heads; a larger
+ * call runs unsplit (one CTA per key tile, the tc_v1 schedule: several times slower). The kernels leave both zeroed, so calls need no memset; two streams must not
  * run attention_block_bwd on one device at the same time (one trainer per device does not). */
 #define SPLIT_ELEMS (16u << 20)
 #define SPLIT_TICKETS 65536
@@ -623,32 +624,55 @@ static bool tc_usable(int H, int Hk, int d, const void *p1, const void *p2, cons
 #define SPLIT_DROWS (4u << 20) /* H * Q rows of D (16 MiB) */
 static float *g_split_acc[SPLIT_DEVICES], *g_split_d[SPLIT_DEVICES];
 static int *g_split_tickets[SPLIT_DEVICES];
+static size_t g_split_cap[SPLIT_DEVICES][3]; /* elements per tensor, D rows, tickets */
 
-static int split_alloc(void) {
+/* The split buffers with room for at least these sizes on the current device: larger ones
+ * replace the old set (start-up only: it waits for the device); -1 (old set kept) when there is
+ * no memory. */
+static int split_alloc(size_t elems, size_t drows, size_t tickets) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= SPLIT_DEVICES) return -1;
-    if (g_split_acc[dev]) return 0;
+    size_t *cap = g_split_cap[dev];
+    if (g_split_acc[dev] && cap[0] >= elems && cap[1] >= drows && cap[2] >= tickets) return 0;
+    if (elems < cap[0]) elems = cap[0];
+    if (drows < cap[1]) drows = cap[1];
+    if (tickets < cap[2]) tickets = cap[2];
     float *acc = NULL, *dd = NULL;
     int *tk = NULL;
-    if (cudaMalloc((void **)&acc, (size_t)2 * SPLIT_ELEMS * sizeof(float)) != cudaSuccess ||
-        cudaMalloc((void **)&dd, (size_t)SPLIT_DROWS * sizeof(float)) != cudaSuccess ||
-        cudaMalloc((void **)&tk, (size_t)SPLIT_TICKETS * sizeof(int)) != cudaSuccess ||
-        cudaMemset(acc, 0, (size_t)2 * SPLIT_ELEMS * sizeof(float)) != cudaSuccess ||
-        cudaMemset(tk, 0, (size_t)SPLIT_TICKETS * sizeof(int)) != cudaSuccess ||
+    if (cudaMalloc((void **)&acc, 2 * elems * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&dd, drows * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&tk, tickets * sizeof(int)) != cudaSuccess ||
+        cudaMemset(acc, 0, 2 * elems * sizeof(float)) != cudaSuccess ||
+        cudaMemset(tk, 0, tickets * sizeof(int)) != cudaSuccess ||
         cudaDeviceSynchronize() != cudaSuccess) {
         if (acc) cudaFree(acc);
         if (dd) cudaFree(dd);
         if (tk) cudaFree(tk);
+        (void)cudaGetLastError();
         return -1;
     }
+    if (g_split_acc[dev]) {
+        CUDA_CHECK(cudaFree(g_split_acc[dev]));
+        CUDA_CHECK(cudaFree(g_split_d[dev]));
+        CUDA_CHECK(cudaFree(g_split_tickets[dev]));
+    }
     g_split_acc[dev] = acc, g_split_tickets[dev] = tk, g_split_d[dev] = dd;
+    cap[0] = elems, cap[1] = drows, cap[2] = tickets;
     return 0;
+}
+
+int cuda_tc_attention_plan(int max_q, int max_tk, int H, int Hk, int d) {
+    if (tc_mode() != ATTN_TC && tc_mode() != ATTN_TC_NOD) return 0;
+    if (max_q < 1 || max_tk < 1) return 0;
+    return split_alloc((size_t)max_tk * Hk * d, (size_t)H * max_q,
+                       (size_t)((max_tk + TK - 1) / TK) * Hk);
 }
 
 int cuda_tc_attention_init(void) {
     int bad = 0;
     /* without the split buffers (no memory) block_bwd runs unsplit: not an error */
-    if ((tc_mode() == ATTN_TC || tc_mode() == ATTN_TC_NOD) && split_alloc() != 0) (void)cudaGetLastError();
+    if (tc_mode() == ATTN_TC || tc_mode() == ATTN_TC_NOD)
+        (void)split_alloc(SPLIT_ELEMS, SPLIT_DROWS, SPLIT_TICKETS);
     bad |= cudaFuncSetAttribute(k_tc_fwd<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd_smem<64>()) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_tc_fwd<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -722,13 +746,14 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
     int n_kt = (Tk + TK - 1) / TK, dev = 0;
     a.split_max = 1, a.vps = tc_vps();
     if ((tc_mode() == ATTN_TC || tc_mode() == ATTN_TC_NOD) && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 &&
-        dev < SPLIT_DEVICES && g_split_acc[dev] && (size_t)Tk * Hk * d <= SPLIT_ELEMS &&
-        (size_t)n_kt * Hk <= SPLIT_TICKETS) {
+        dev < SPLIT_DEVICES && g_split_acc[dev] && (size_t)Tk * Hk * d <= g_split_cap[dev][0] &&
+        (size_t)n_kt * Hk <= g_split_cap[dev][2]) {
         a.acc = g_split_acc[dev], a.tickets = g_split_tickets[dev];
         a.split_max = (n_blocks + a.vps - 1) / a.vps;
         if (a.split_max > 32) a.split_max = 32;
         if (a.split_max < 1) a.split_max = 1;
-        if (tc_mode() == ATTN_TC && (size_t)H * n_blocks * B <= SPLIT_DROWS) a.dsave = g_split_d[dev];
+        if (tc_mode() == ATTN_TC && (size_t)H * n_blocks * B <= g_split_cap[dev][1])
+            a.dsave = g_split_d[dev];
     }
     dim3 gq(n_blocks * a.tiles_per_block, Hk), gk(n_kt, Hk, a.split_max);
     if (cuda_attn_mode() == ATTN_FUSED &&

@@ -3,7 +3,7 @@
  * F 12288, B 16, 5 features, V 151936) on the cuda backend. bench/drafter/run.sh runs it with
  * the PyTorch reference (bench/drafter/torch_drafter_bench.py) and prints the ratio.
  *
- * Usage: bench-drafter [LAYERS=5]
+ * Usage: bench-drafter [LAYERS=5] [CASE] (CASE: one of the case names below; default all)
  * Cases: one sequence of 3072 tokens with 512 anchors; one of 768 tokens with 256 anchors
  *   (SpecForge's published shape); 4 packed sequences of 768 tokens with 256 anchors each.
  *   loss_mask is 1 except the first 64 tokens of each sequence (the prompt). Weights, embeddings,
@@ -181,9 +181,13 @@ int main(int argc, char **argv) {
     double peak = gemm_peak_tflops(O, C);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
     void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);
-    run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);
-    run_case("s768_a256", layers, 1, 768, 256, peak, emb, lm);
-    run_case("4xs768_a256", layers, 4, 768, 256, peak, emb, lm);
+    const char *only = argc > 2 ? argv[2] : NULL; /* one case by name */
+    if (!only || !strcmp(only, "s3072_a512"))
+        run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);
+    if (!only || !strcmp(only, "s768_a256"))
+        run_case("s768_a256", layers, 1, 768, 256, peak, emb, lm);
+    if (!only || !strcmp(only, "4xs768_a256"))
+        run_case("4xs768_a256", layers, 4, 768, 256, peak, emb, lm);
     printf("RESULT peak_tflops=%.1f\n", peak);
     O->free(C, emb), O->free(C, lm);
     nn_cuda_destroy(&C);

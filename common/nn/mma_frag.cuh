@@ -202,4 +202,54 @@ __device__ __forceinline__ void dkdv_tile_out(const float dk[D / 8][4], const fl
     attn_split_finish<D>(acc, plane, ticket, nsplit, k0, kt, Tk, Hk, hk, gdk, gdv);
 }
 
+/* ---- visits of the key-major backward kernels (k_mma_dkdv, k_bwd_fused) ---- */
+
+/* One visit: query rows [cb, cb + ROWS) of block blk (blk < 0: none); hit_i is the block's index
+ * among those that see the CTA's key tile. */
+typedef struct visit_item {
+    int blk, cb, hit_i;
+} visit_item;
+
+/* The visit after it: the next chunk of ROWS rows of the block (B tokens x group heads), else
+ * the first chunk of the next block that sees keys [k0, k0 + kt), within the piece's hits
+ * [.., h_hi). */
+template <int ROWS>
+__device__ __forceinline__ visit_item visit_next(const nn_block_span *spans, int n_blocks, int B,
+                                                 int group, visit_item it, int k0, int kt,
+                                                 int h_hi) {
+    if (it.blk >= 0 && it.cb + ROWS < B * group) {
+        it.cb += ROWS;
+        return it;
+    }
+    it.blk = attn_next_hit(spans, n_blocks, B, k0, k0 + kt, it.blk, it.hit_i, h_hi);
+    it.cb = 0;
+    return it;
+}
+
+/* cp.async of a visit's Q and dO rows (q, dout [Q, H, D]) into Qs, dOs (padding rows
+ * zero-filled); its saved D and lse (dsave, lse [H, Q]; lse times log2 e) into Dr, Lr with plain
+ * loads (padding rows: 0 and +INF). Left in flight (the caller commits). */
+template <int D, int ROWS>
+__device__ __forceinline__ void visit_issue(const bf16 *q, const bf16 *dout, const float *dsave,
+                                            const float *lse, int n_blocks, int B, int H,
+                                            int group, visit_item it, int hk, bf16 *Qs,
+                                            bf16 *dOs, float *Dr, float *Lr) {
+    const int Q = n_blocks * B, nrows = min(ROWS, B * group - it.cb);
+    auto qoff = [&](int r) -> long long {
+        if (r >= nrows) return -1;
+        int qr = it.cb + r, t = it.blk * B + qr / group, h = hk * group + qr % group;
+        return ((long long)t * H + h) * D;
+    };
+    load_tile<D, ROWS>(Qs, q, qoff, 1);
+    load_tile<D, ROWS>(dOs, dout, qoff, 1);
+    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {
+        float Dv = 0.0f, L = INFINITY;
+        if (r < nrows) {
+            int qr = it.cb + r, t = it.blk * B + qr / group, h = hk * group + qr % group;
+            Dv = dsave[(size_t)h * Q + t], L = lse[(size_t)h * Q + t] * 1.4426950408889634f;
+        }
+        Dr[r] = Dv, Lr[r] = L;
+    }
+}
+
 #endif

@@ -111,47 +111,6 @@ __global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size
     }
 }
 
-/* One visit: rows [cb, cb + FROWS) of block blk (blk < 0: none), hit index hit_i. */
-typedef struct bwd_item {
-    int blk, cb, hit_i;
-} bwd_item;
-
-/* The visit after it: the next row chunk of the block, else the first chunk of the next block
- * that sees keys [k0, k0 + kt), within this piece's hits [.., h_hi). */
-__device__ __forceinline__ bwd_item bwd_next(const bwd_args &a, bwd_item it, int k0, int kt,
-                                             int h_hi) {
-    if (it.blk >= 0 && it.cb + FROWS < a.B * a.group) {
-        it.cb += FROWS;
-        return it;
-    }
-    it.blk = attn_next_hit(a.spans, a.n_blocks, a.B, k0, k0 + kt, it.blk, it.hit_i, h_hi);
-    it.cb = 0;
-    return it;
-}
-
-/* cp.async of a visit's Q and dO rows into Qs, dOs (padding rows zero-filled); its D and lse
- * (times log2 e) into Dr, Lr with plain loads (padding rows: 0 and +INF) */
-template <int D>
-__device__ __forceinline__ void bwd_issue(const bwd_args &a, bwd_item it, int hk, bf16 *Qs,
-                                          bf16 *dOs, float *Dr, float *Lr) {
-    const int group = a.group, Q = a.n_blocks * a.B, nrows = min(FROWS, a.B * group - it.cb);
-    auto qoff = [&](int r) -> long long {
-        if (r >= nrows) return -1;
-        int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
-        return ((long long)t * a.H + h) * D;
-    };
-    load_tile<D, FROWS>(Qs, a.q, qoff, 1);
-    load_tile<D, FROWS>(dOs, a.dout, qoff, 1);
-    for (int r = threadIdx.x; r < FROWS; r += blockDim.x) {
-        float Dv = 0.0f, L = INFINITY;
-        if (r < nrows) {
-            int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
-            Dv = a.dsave[(size_t)h * Q + t], L = a.lse[(size_t)h * Q + t] * FLOG2E;
-        }
-        Dr[r] = Dv, Lr[r] = L;
-    }
-}
-
 /* The work split by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks): piece z of Z =
  * gridDim.z takes the blocks blk with blk Z / n_blocks == z that see keys [k0, k0 + kt), so that
  * the CTAs running at the same time (same z, neighbouring key tiles) add into the same dq rows
@@ -226,7 +185,7 @@ __device__ __forceinline__ void fence_proxy_async(void) {
  * (16 x BLD) and added by the bulk-copy engine, one 256-byte row piece per lane of lanes 0..15
  * (cp.reduce.async.bulk .add.f32; a lane waits for its previous one to have read stg first). */
 template <int D, int NW, int ST>
-__device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, bwd_item it, int hk, int nrows,
+__device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, visit_item it, int hk, int nrows,
                                              const bf16 *Ks, const bf16 *ds, const int *act,
                                              float *stg) {
     constexpr int LD = D + 8, MT = FROWS / 16, CW = D * MT / NW, PW = ST == 1 ? 32 : 64;
@@ -348,9 +307,11 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
     };
     load_tile<D, KT>(Ks, a.k, kvoff, 1);
     load_tile<D, KT>(Vs, a.v, kvoff, 1);
-    bwd_item it = {-1, 0, h_lo};
+    visit_item it = {-1, 0, h_lo};
     if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + KT, h_lo);
-    if (it.blk >= 0) bwd_issue<D>(a, it, hk, Qs, dOs, Dr, Lr);
+    if (it.blk >= 0)
+        visit_issue<D, FROWS>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group, it, hk,
+                              Qs, dOs, Dr, Lr);
     cp_commit();
 
     const float sl2 = a.scale * FLOG2E;
@@ -367,10 +328,11 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
         /* stage st is complete for all threads, and all are done with the previous visit
          * (stage 1 - st, ds, act, the dQ staging in stage 1 - st) */
         __syncthreads();
-        bwd_item nx = bwd_next(a, it, k0, KT, h_hi);
+        visit_item nx = visit_next<FROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, KT, h_hi);
         if (nx.blk >= 0)
-            bwd_issue<D>(a, nx, hk, Qs + (1 - st) * FROWS * LD, dOs + (1 - st) * FROWS * LD,
-                         Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
+            visit_issue<D, FROWS>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group, nx,
+                                  hk, Qs + (1 - st) * FROWS * LD, dOs + (1 - st) * FROWS * LD,
+                                  Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
         cp_commit();
         const int nrows = min(FROWS, a.B * a.group - it.cb);
         bool kvis[2];

@@ -418,46 +418,6 @@ template <int D> static size_t kv_smem(void) {
            4 * KV_ROWS * sizeof(float);
 }
 
-/* One visit of the dk/dv kernel: rows [cb, cb + KV_ROWS) of block blk (blk < 0: none). */
-typedef struct kv_item {
-    int blk, cb, hit_i;
-} kv_item;
-
-/* The visit after it: the next row chunk of the block, else the first chunk of the next block
- * that sees keys [k0, k0 + KT), within this piece's hits [.., h_hi). */
-__device__ __forceinline__ kv_item kv_next(const mma_args &a, kv_item it, int k0, int h_hi) {
-    if (it.blk >= 0 && it.cb + KV_ROWS < a.B * a.group) {
-        it.cb += KV_ROWS;
-        return it;
-    }
-    it.blk = attn_next_hit(a.spans, a.n_blocks, a.B, k0, k0 + KT, it.blk, it.hit_i, h_hi);
-    it.cb = 0;
-    return it;
-}
-
-/* cp.async of a visit's Q and dO rows into Qs, dOs; its saved D and lse (times log2 e) into
- * Dr, Lr with plain loads (padding rows: 0 and +INF) */
-template <int D>
-__device__ __forceinline__ void issue_rows(const mma_args &a, kv_item it, int hk, bf16 *Qs,
-                                           bf16 *dOs, float *Dr, float *Lr) {
-    const int group = a.group, Q = a.n_blocks * a.B, nrows = min(KV_ROWS, a.B * group - it.cb);
-    auto qoff = [&](int r) -> long long {
-        if (r >= nrows) return -1;
-        int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
-        return ((long long)t * a.H + h) * D;
-    };
-    load_tile<D, KV_ROWS>(Qs, a.q, qoff, 1);
-    load_tile<D, KV_ROWS>(dOs, a.dout, qoff, 1);
-    for (int r = threadIdx.x; r < KV_ROWS; r += blockDim.x) {
-        float Dv = 0.0f, L = INFINITY;
-        if (r < nrows) {
-            int qr = it.cb + r, t = it.blk * a.B + qr / group, h = hk * group + qr % group;
-            Dv = a.dsave[(size_t)h * Q + t], L = a.lse_in[(size_t)h * Q + t] * LOG2E;
-        }
-        Dr[r] = Dv, Lr[r] = L;
-    }
-}
-
 /* A CTA owns KT keys of kv head hk (warp w: keys 16 w .. 16 w + 15, the m16 rows of its
  * products) and piece blockIdx.z of the blocks that see them. Per visit (64 query rows, in two
  * halves of 32): S^T = K Q^T and dP^T = V dO^T (K, V A fragments from shared memory; Q, dO rows
@@ -482,9 +442,11 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
     };
     load_tile<D, KT>(Ks, a.k, kvoff, 1);
     load_tile<D, KT>(Vs, a.v, kvoff, 1);
-    kv_item it = {-1, 0, h_lo};
+    visit_item it = {-1, 0, h_lo};
     if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + KT, h_lo);
-    if (it.blk >= 0) issue_rows<D>(a, it, hk, Qs, dOs, Dr, Lr);
+    if (it.blk >= 0)
+        visit_issue<D, KV_ROWS>(a.q, a.dout, a.dsave, a.lse_in, a.n_blocks, a.B, a.H, a.group, it,
+                                hk, Qs, dOs, Dr, Lr);
     cp_commit();
 
     const float sl2 = a.scale * LOG2E;
@@ -497,10 +459,13 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
 
     for (int i = 0; it.blk >= 0; i++) {
         const int st = i % 2;
-        kv_item nx = kv_next(a, it, k0, h_hi);
+        visit_item nx =
+            visit_next<KV_ROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, KT, h_hi);
         if (nx.blk >= 0)
-            issue_rows<D>(a, nx, hk, Qs + (1 - st) * KV_ROWS * LD, dOs + (1 - st) * KV_ROWS * LD,
-                          Dr + (1 - st) * KV_ROWS, Lr + (1 - st) * KV_ROWS);
+            visit_issue<D, KV_ROWS>(a.q, a.dout, a.dsave, a.lse_in, a.n_blocks, a.B, a.H,
+                                    a.group, nx, hk, Qs + (1 - st) * KV_ROWS * LD,
+                                    dOs + (1 - st) * KV_ROWS * LD, Dr + (1 - st) * KV_ROWS,
+                                    Lr + (1 - st) * KV_ROWS);
         cp_commit();
         cp_wait_prev();
         __syncthreads();

@@ -54,6 +54,7 @@
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"
+#include "mma_frag.cuh" /* cp_commit, ex2, quad_max, quad_sum */
 #include "ops_cuda.h"
 
 #include <cuda_bf16.h>
@@ -126,10 +127,6 @@ __device__ __forceinline__ void fence_async_smem(void) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void cp_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
 template <int N> __device__ __forceinline__ void cp_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
@@ -157,22 +154,6 @@ __device__ __forceinline__ void mb_wait(uint64_t *b, int parity) {
                      : "r"(a), "r"(parity)
                      : "memory");
     } while (!done);
-}
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 /* d (64 x N, the warpgroup's accumulators) = A B (first) or += A B: A = 64 x 16 and B^T = N x 16,

@@ -202,6 +202,46 @@ __device__ __forceinline__ void dkdv_tile_out(const float dk[D / 8][4], const fl
     attn_split_finish<D>(acc, plane, ticket, nsplit, k0, kt, Tk, Hk, hk, gdk, gdv);
 }
 
+/* Online softmax of one tile of NKEYS keys from kb for the thread's rows g, g + 8 (s: raw Q K^T
+ * in the accumulator layout of mma.sync, the same as wgmma's per warp): masks keys outside
+ * [lo, hi) unless full, updates the running max m (log2 domain) and the partial sums l, leaves
+ * P = exp2(s scale log2e - m) in s and in corr the factor the output rows must be rescaled by
+ * (the caller's: the wgmma kernel while O may still be accumulating). */
+template <int NKEYS>
+__device__ __forceinline__ void online_softmax(float (&s)[NKEYS / 8][4], float m[2], float l[2],
+                                           float corr[2], int kb, const int lo[2], const int hi[2],
+                                           bool full, float sl2) {
+    const int tg = threadIdx.x % 4;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NKEYS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
+            if (!full && (key < lo[r] || key >= hi[r])) s[n][e] = -INFINITY;
+            mx[r] = fmaxf(mx[r], s[n][e]);
+        }
+    float sub[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mn = fmaxf(m[r], quad_max(mx[r]) * sl2);
+        corr[r] = mn == -INFINITY ? 1.0f : ex2(m[r] - mn);
+        sub[r] = mn == -INFINITY ? 0.0f : mn;
+        m[r] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < NKEYS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2(fmaf(s[n][e], sl2, -sub[e / 2]));
+            s[n][e] = p;
+            sum[e / 2] += p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        l[r] = l[r] * corr[r] + sum[r];
+}
+
 /* ---- visits of the key-major backward kernels (k_mma_dkdv, k_bwd_fused) ---- */
 
 /* One visit: query rows [cb, cb + ROWS) of block blk (blk < 0: none); hit_i is the block's index

@@ -124,38 +124,11 @@ __device__ __forceinline__ bf16 *query_row(const mma_args &a, bf16 *base, int r,
  * outside [lo, hi) of rows g, g + 8 unless full, updates the running max m (log2 domain) and
  * partial sums l, rescales o, and leaves P = exp2(s scale log2e - m) in s. */
 template <int D>
-__device__ __forceinline__ void softmax_tile(float s[KT / 8][4], float m[2], float l[2],
+__device__ __forceinline__ void softmax_tile(float (&s)[KT / 8][4], float m[2], float l[2],
                                              float o[D / 8][4], int kb, const int lo[2],
                                              const int hi[2], bool full, float sl2) {
-    const int tg = threadIdx.x % 4;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < KT / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
-            if (!full && (key < lo[r] || key >= hi[r])) s[n][e] = -INFINITY;
-            mx[r] = fmaxf(mx[r], s[n][e]);
-        }
-    float sub[2], corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mn = fmaxf(m[r], quad_max(mx[r]) * sl2);
-        corr[r] = mn == -INFINITY ? 1.0f : ex2(m[r] - mn);
-        sub[r] = mn == -INFINITY ? 0.0f : mn;
-        m[r] = mn;
-    }
-#pragma unroll
-    for (int n = 0; n < KT / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float p = ex2(fmaf(s[n][e], sl2, -sub[e / 2]));
-            s[n][e] = p;
-            sum[e / 2] += p;
-        }
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        l[r] = l[r] * corr[r] + sum[r];
+    float corr[2];
+    online_softmax<KT>(s, m, l, corr, kb, lo, hi, full, sl2);
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++) {
         o[dt][0] *= corr[0], o[dt][1] *= corr[0];

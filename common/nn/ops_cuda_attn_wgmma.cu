@@ -279,44 +279,6 @@ template <int D, int NWG, int KT, int NS> static size_t wg_smem(void) {
            2 * NS * sizeof(uint64_t);
 }
 
-/* Online softmax of one key tile for the thread's rows g, g + 8 (s: raw Q K^T, accumulator
- * layout): masks keys outside [lo, hi) unless full, updates the running max m (log2 domain) and
- * partial sums l, leaves P = exp2(s scale log2e - m) in s and the factor O must be rescaled by
- * in corr (wg_rescale: O may still be accumulating meanwhile). */
-template <int KT>
-__device__ __forceinline__ void wg_softmax(float (&s)[KT / 8][4], float m[2], float l[2],
-                                           float corr[2], int kb, const int lo[2], const int hi[2],
-                                           bool full, float sl2) {
-    const int tg = threadIdx.x % 4;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < KT / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int key = kb + n * 8 + 2 * tg + (e & 1), r = e / 2;
-            if (!full && (key < lo[r] || key >= hi[r])) s[n][e] = -INFINITY;
-            mx[r] = fmaxf(mx[r], s[n][e]);
-        }
-    float sub[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mn = fmaxf(m[r], quad_max(mx[r]) * sl2);
-        corr[r] = mn == -INFINITY ? 1.0f : ex2(m[r] - mn);
-        sub[r] = mn == -INFINITY ? 0.0f : mn;
-        m[r] = mn;
-    }
-#pragma unroll
-    for (int n = 0; n < KT / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float p = ex2(fmaf(s[n][e], sl2, -sub[e / 2]));
-            s[n][e] = p;
-            sum[e / 2] += p;
-        }
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        l[r] = l[r] * corr[r] + sum[r];
-}
 
 /* O *= corr per row, and P (s) packed into bf16 A fragments pa (the C layout of 8-column blocks
  * 2 kk, 2 kk + 1 is the A layout of k16 step kk) */
@@ -487,7 +449,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
             wg_issue_s<D, KT>(s, dq, wg_desc(Kt, a.lbo_qk, a.sbo_qk));
             wg_wait<0>();
             wg_pin_all(s);
-            wg_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
+            online_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
             wg_rescale<D, KT>(o, corr, s, pa);
             wg_fence();
             wg_issue_pv<D, KT>(o, pa, wg_desc(Vt, a.lbo_v, a.sbo_v));
@@ -538,7 +500,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
                 wg_wait<0>();
             }
             wg_pin_all(s);
-            wg_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
+            online_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
             wg_wait<0>();
             wg_pin_all(o);
             wg_pin_u(pa);

@@ -6,9 +6,11 @@
  * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
- * only, unless DFLASH_LT_TUNE times the heuristic's candidates then). cuda_attention_init (ops_cuda_attn_tc.cu) adds, once per device, 144 MiB of fp32
- * scratch for attention_block_bwd (dk/dv split partials and the saved D rows).
- * Nothing else is allocated after nn_cuda_new except by the caller through alloc.
+ * only, unless DFLASH_LT_TUNE times the heuristic's candidates then). cuda_attention_init adds,
+ * once per device, the fp32 scratch of attention_block_bwd (144 MiB of dk/dv split partials and
+ * saved D rows, 128 MiB of fused-backward dq), which attention_block_plan grows to a model's
+ * largest step when the model is created. Nothing else is allocated after nn_cuda_new except by
+ * the caller through alloc (and, with DFLASH_LT_TUNE, a timing copy of a new shape's output).
  *
  * Matmuls (row-major, ops.h layout) are run as column-major cuBLASLt products of the transposes:
  *   linear_fwd  y[M,N]  = x[M,K] w[N,K]^T   ->  y^T (N x M) = op_T(w: K x N) * x^T (K x M)

@@ -19,14 +19,14 @@
 enum {
     PO_EMB, PO_RMS, PO_LIN, PO_ROPE, PO_QKV, PO_ATTC, PO_ATTB, PO_SWI, PO_ADD, PO_RMSB, PO_LINB, PO_ROPEB,
     PO_SWIB, PO_ATTBB, PO_XENT, PO_ARGMAX, PO_SUMSQ, PO_ADAMW, PO_F2A, PO_COPY, PO_COPY2D,
-    PO_ZERO, PO_N
+    PO_ZERO, PO_SCATTER, PO_N
 };
 static const char *po_names[PO_N] = {
     "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+acc)", "rope_fwd", "qkv_norm_rope_fwd",
     "attention_causal_fwd",
     "attention_block_fwd", "swiglu_fwd", "add_inplace", "rmsnorm_bwd", "linear_bwd(+acc)",
     "rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
-    "adamw", "f32_to_act", "copy", "copy2d", "zero"};
+    "adamw", "f32_to_act", "copy", "copy2d", "zero", "rows_scatter"};
 
 #define PO_MAXEV 65536
 static const nn_ops *po_real;
@@ -68,6 +68,9 @@ static void po_copy2d(nn_ctx *c, void *d, size_t dp, const void *s, size_t sp, s
 }
 static void po_zero(nn_ctx *c, void *p, size_t b) {
     PO_WRAP(PO_ZERO, 0, po_real->zero(c, p, b));
+}
+static void po_scatter(nn_ctx *c, void *d, const int32_t *rows, const void *s, int n, size_t rb) {
+    PO_WRAP(PO_SCATTER, 0, po_real->rows_scatter(c, d, rows, s, n, rb));
 }
 static void po_emb(nn_ctx *c, nn_buf *o, const int32_t *ids, const nn_buf *t, int T, int D) {
     PO_WRAP(PO_EMB, 0, po_real->embedding_fwd(c, o, ids, t, T, D));
@@ -170,6 +173,7 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     for (int i = 0; i < PO_MAXEV; i++)
         cudaEventCreate(&po_ev[i]);
     po_tab.copy = po_copy, po_tab.copy2d = po_copy2d, po_tab.zero = po_zero;
+    po_tab.rows_scatter = po_scatter;
     po_tab.embedding_fwd = po_emb, po_tab.rmsnorm_fwd = po_rms, po_tab.linear_fwd = po_lin;
     po_tab.rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
     po_tab.qkv_norm_rope_fwd = po_qkv;

@@ -266,8 +266,10 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->in_ids = take(p, Q * 4);
     m->in_pos = take(p, Tk * 4);
     m->in_spans = take(p, (size_t)m->max_blocks * sizeof(nn_block_span));
+    m->in_loss_rows = take(p, Q * 4);
     m->in_labels = take(p, Q * 4);
     m->in_weights = take(p, Q * 4);
+    m->loss_correct = take(p, Q * 4);
     m->out_correct = take(p, Q * 4);
     m->out_argmax = take(p, Q * 4);
     m->out_sums = take(p, 2 * 4);
@@ -314,13 +316,17 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->h_correct = malloc(Q * 4);
     m->h_argmax = malloc(Q * 4);
     m->h_weights = malloc(Q * 4);
+    m->h_loss_rows = malloc(Q * 4);
+    m->h_loss_labels = malloc(Q * 4);
+    m->h_loss_weights = malloc(Q * 4);
     m->h_pos = malloc(Tk * 4);
     m->h_spans = malloc((size_t)max_blocks * sizeof *m->h_spans);
     m->h_blk_seq = malloc((size_t)max_blocks * 4);
     m->h_blk_anchor = malloc((size_t)max_blocks * 4);
     m->h_cand = malloc((size_t)max_tokens * 4);
     if (!m->h_ids || !m->h_labels || !m->h_correct || !m->h_argmax || !m->h_weights || !m->h_pos ||
-        !m->h_spans || !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand)
+        !m->h_loss_rows || !m->h_loss_labels || !m->h_loss_weights || !m->h_spans ||
+        !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand)
         goto fail;
     plan_params(m);
 
@@ -394,6 +400,9 @@ void dflash_model_destroy(dflash_model **pm) {
     free(m->h_correct);
     free(m->h_argmax);
     free(m->h_weights);
+    free(m->h_loss_rows);
+    free(m->h_loss_labels);
+    free(m->h_loss_weights);
     free(m->h_pos);
     free(m->h_spans);
     free(m->h_blk_seq);
@@ -415,10 +424,21 @@ int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *nois
     o->upload_raw(m->ctx, m->in_ids, noise_ids, Q * sizeof(int32_t));
     o->upload_raw(m->ctx, m->in_pos, pos, ((size_t)Tc + Q) * sizeof(int32_t));
     o->upload_raw(m->ctx, m->in_spans, spans, (size_t)nb * sizeof(nn_block_span));
-    if (labels) o->upload_raw(m->ctx, m->in_labels, labels, Q * sizeof(int32_t));
-    if (weights) o->upload_raw(m->ctx, m->in_weights, weights, Q * sizeof(float));
+    int n = 0;
+    for (size_t r = 0; labels && weights && r < Q; r++)
+        if (weights[r] > 0.0f) {
+            m->h_loss_rows[n] = (int32_t)r;
+            m->h_loss_labels[n] = labels[r];
+            m->h_loss_weights[n++] = weights[r];
+        }
+    if (n) {
+        o->upload_raw(m->ctx, m->in_loss_rows, m->h_loss_rows, (size_t)n * sizeof(int32_t));
+        o->upload_raw(m->ctx, m->in_labels, m->h_loss_labels, (size_t)n * sizeof(int32_t));
+        o->upload_raw(m->ctx, m->in_weights, m->h_loss_weights, (size_t)n * sizeof(float));
+    }
     m->cur_tc = Tc;
     m->cur_nb = nb;
+    m->cur_loss_rows = n;
     return 0;
 }
 
@@ -565,11 +585,20 @@ void dflash_model_forward(dflash_model *m, const nn_buf *X) {
 
 /* Final norm + lm_head + weighted CE: out = rmsnorm(h, norm); dh = d loss / d out. */
 void dflash_model_loss(dflash_model *m, float inv_norm) {
+    const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
-    int Q = m->cur_nb * c->block_size;
-    m->ops->lm_head_xent(m->ctx, m->dh, m->out_sums, m->out_correct, m->out, m->lm_head,
-                         m->in_labels, m->in_weights, inv_norm, m->lm_scratch, Q, c->hidden_size,
-                         c->vocab_size, m->lm_chunk);
+    int Q = m->cur_nb * c->block_size, D = c->hidden_size, n = m->cur_loss_rows;
+    size_t row_bytes = (size_t)D * o->act_bytes;
+    /* the loss rows of out, packed into dtmp; their gradients into dxln (both backward scratch,
+     * free until the backward starts), then spread into dh, zero elsewhere */
+    o->embedding_fwd(m->ctx, m->dtmp, m->in_loss_rows, m->out, n, D);
+    o->lm_head_xent(m->ctx, m->dxln, m->out_sums, m->loss_correct, m->dtmp, m->lm_head,
+                    m->in_labels, m->in_weights, inv_norm, m->lm_scratch, n, D, c->vocab_size,
+                    m->lm_chunk);
+    o->zero(m->ctx, m->dh, (size_t)Q * row_bytes);
+    o->rows_scatter(m->ctx, m->dh, m->in_loss_rows, m->dxln, n, row_bytes);
+    o->zero(m->ctx, m->out_correct, (size_t)Q * sizeof(int32_t));
+    o->rows_scatter(m->ctx, m->out_correct, m->in_loss_rows, m->loss_correct, n, sizeof(int32_t));
 }
 
 void dflash_model_backward(dflash_model *m, const nn_buf *X) {

@@ -166,14 +166,19 @@ typedef struct dflash_model {
     int32_t *in_ids;         /* [Q] noise ids */
     int32_t *in_pos;         /* [Tk] context positions then block positions */
     nn_block_span *in_spans; /* [nb] */
-    int32_t *in_labels;      /* [Q] */
-    float *in_weights;       /* [Q] */
-    int32_t *out_correct;    /* [Q] */
+    /* the loss rows: rows of weight > 0 (offset 0 of a block and positions past a sequence's
+     * end carry none), so the lm_head products skip the rest (1/16 of them at block 16) */
+    int32_t *in_loss_rows;   /* [Q] row of the loss row i, ascending */
+    int32_t *in_labels;      /* [Q] label of loss row i */
+    float *in_weights;       /* [Q] weight of loss row i */
+    int32_t *loss_correct;   /* [Q] correct flag of loss row i */
+    int32_t *out_correct;    /* [Q] correct flags by row (0 where the weight is 0) */
     int32_t *out_argmax;     /* [Q] */
     float *out_sums;         /* [2] loss_sum, weight_sum */
     float *out_sumsq;        /* [1] */
     float *inv_freq;         /* [d/2] */
     int cur_tc, cur_nb;      /* shape of the inputs set last */
+    int cur_loss_rows;       /* their loss rows (0 without weights) */
     /* metrics of queued training steps on their way to the host (dflash_train.c owns them;
      * pending_free releases them with the model) */
     struct dflash_pending *pending;
@@ -184,6 +189,8 @@ typedef struct dflash_model {
      * per-block sequence / anchor; [Tc_max] candidate scratch */
     int32_t *h_ids, *h_pos, *h_labels, *h_correct, *h_argmax;
     float *h_weights;
+    int32_t *h_loss_rows, *h_loss_labels; /* [Qmax] the loss rows' staging */
+    float *h_loss_weights;
     nn_block_span *h_spans;
     int32_t *h_blk_seq, *h_blk_anchor, *h_cand;
 } dflash_model;
@@ -208,16 +215,17 @@ void dflash_model_sync_params(dflash_model *m);
 
 /* Uploads one batch's host arrays into the model's input buffers: noise_ids[nb*B],
  * pos[Tc + nb*B] (context positions then block positions), spans[nb], and optionally
- * labels[nb*B] and weights[nb*B] (NULL at inference). Returns 0 or DFLASH_EINVAL when Tc or nb
- * exceed the planned maxima. */
+ * labels[nb*B] and weights[nb*B] (NULL at inference; the loss keeps the rows of weight > 0
+ * and their labels). Returns 0 or DFLASH_EINVAL when Tc or nb exceed the planned maxima. */
 int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *noise_ids,
                             const int32_t *pos, const nn_block_span *spans, const int32_t *labels,
                             const float *weights);
 /* Forward over the inputs set last; X is [Tc, nF*D] act-typed target features (backend memory,
  * rows contiguous). Leaves out [Q, D] and all saved activations. */
 void dflash_model_forward(dflash_model *m, const nn_buf *X);
-/* Chunked lm_head cross-entropy over out with the labels/weights set last; writes dh and
- * out_sums {sum w*CE, sum w}, out_correct. inv_norm scales the gradient (1 / sum w). */
+/* Chunked lm_head cross-entropy over the loss rows of out (weight > 0; the others give dh 0 and
+ * correct 0) with the labels/weights set last; writes dh and out_sums {sum w*CE, sum w},
+ * out_correct. inv_norm scales the gradient (1 / sum w). */
 void dflash_model_loss(dflash_model *m, float inv_norm);
 /* Backward from dh (set by dflash_model_loss): ACCUMULATES every trainable gradient into grads.
  * X must be the forward's. */

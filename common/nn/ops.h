@@ -69,6 +69,11 @@ typedef struct nn_ops {
      * columns. Regions must not overlap. */
     void (*copy2d)(nn_ctx *c, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
                    size_t width_bytes, size_t rows);
+    /* Row i of src goes to row rows[i] of dst, for i < n (rows of row_bytes bytes of any type;
+     * rows[] distinct, on the device); other dst rows are left as they are. E.g. the gradients
+     * of the loss rows back into the full [Q, D] dh, or their correct flags (row_bytes 4). */
+    void (*rows_scatter)(nn_ctx *c, void *dst, const int32_t *rows, const void *src, int n,
+                         size_t row_bytes);
     void (*zero)(nn_ctx *c, void *p, size_t bytes);
     void (*sync)(nn_ctx *c); /* waits for all queued work (cpu: no-op) */
 

@@ -990,6 +990,16 @@ static void cpu_copy2d(nn_ctx *c, void *dst, size_t dst_pitch, const void *src,
         memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
 }
 
+static void cpu_rows_scatter(nn_ctx *c, void *dst, const int32_t *rows, const void *src, int n,
+                             size_t row_bytes) {
+    (void)c;
+    for (int i = 0; i < n; i++) {
+        assert(rows[i] >= 0);
+        memcpy((char *)dst + (size_t)rows[i] * row_bytes, (const char *)src + (size_t)i * row_bytes,
+               row_bytes);
+    }
+}
+
 static const nn_ops cpu_ops = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -1001,6 +1011,7 @@ static const nn_ops cpu_ops = {
     .download_raw = cpu_memcpy,
     .copy = cpu_memcpy,
     .copy2d = cpu_copy2d,
+    .rows_scatter = cpu_rows_scatter,
     .zero = cpu_zero,
     .sync = cpu_sync,
     .embedding_fwd = cpu_embedding_fwd,

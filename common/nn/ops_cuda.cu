@@ -184,6 +184,32 @@ static void cu_copy2d(nn_ctx *c, void *dst, size_t dst_pitch, const void *src, s
                                      cudaMemcpyDeviceToDevice, c->stream));
 }
 
+/* rows_scatter: one block per source row, in words of W bytes (16 when rows and pointers
+ * allow, else 4, else 1) */
+template <typename W>
+__global__ void k_rows_scatter(W *dst, const int32_t *rows, const W *src, size_t words) {
+    const W *s = src + (size_t)blockIdx.x * words;
+    W *d = dst + (size_t)rows[blockIdx.x] * words;
+    for (size_t i = threadIdx.x; i < words; i += blockDim.x)
+        d[i] = s[i];
+}
+
+static void cu_rows_scatter(nn_ctx *c, void *dst, const int32_t *rows, const void *src, int n,
+                            size_t row_bytes) {
+    if (n <= 0 || !row_bytes) return;
+    uintptr_t al = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)row_bytes;
+    if (al % 16 == 0)
+        k_rows_scatter<<<n, 128, 0, c->stream>>>((uint4 *)dst, rows, (const uint4 *)src,
+                                                 row_bytes / 16);
+    else if (al % 4 == 0)
+        k_rows_scatter<<<n, 128, 0, c->stream>>>((uint32_t *)dst, rows, (const uint32_t *)src,
+                                                 row_bytes / 4);
+    else
+        k_rows_scatter<<<n, 128, 0, c->stream>>>((uint8_t *)dst, rows, (const uint8_t *)src,
+                                                 row_bytes);
+    CUDA_CHECK_LAUNCH();
+}
+
 static void cu_zero(nn_ctx *c, void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
 }
@@ -1230,6 +1256,7 @@ static nn_ops make_ops(void) {
     o.download_raw = cu_download_raw;
     o.copy = cu_copy;
     o.copy2d = cu_copy2d;
+    o.rows_scatter = cu_rows_scatter;
     o.zero = cu_zero;
     o.sync = cu_sync;
     o.embedding_fwd = cu_embedding_fwd;

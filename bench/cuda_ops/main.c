@@ -334,7 +334,7 @@ static void bench_step(int layers) {
     double keys = 0; /* ~ blocks see half the context on average */
     keys = Q * (T / 2.0 + 16);
     flop += layers * keys * 32 * 128 * 14.0;
-    flop += 4.0 * Q * Dd * V;
+    flop += 4.0 * m->cur_loss_rows * Dd * V; /* the rows of weight > 0: all the loss computes */
     char shape[64];
     snprintf(shape, sizeof shape, "%d layers, %d blocks, T%d", layers, met.n_blocks, T);
     row("dflash_train_step", shape, ms, flop);
@@ -342,7 +342,7 @@ static void bench_step(int layers) {
            "(drafter + target embed/lm_head + features)\n",
            met.loss, met.grad_norm, met.n_blocks, mem_used_gib());
     printf("step FLOPs: 6*Q*(q,k,v,o,gate,up,down params per layer)*layers + 6*T*(fc + ctx k,v) + "
-           "14*H*d per visible (row, key) per layer + 4*Q*D*V (lm_head)\n");
+           "14*H*d per visible (row, key) per layer + 4*Qw*D*V (lm_head on the Qw rows of weight > 0)\n");
     dflash_model_destroy(&m);
     O->free(C, emb), O->free(C, lm), O->free(C, hid);
     free(ids), free(lmask);

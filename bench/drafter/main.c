@@ -18,8 +18,10 @@
  *   + 6 * T * 2*D*Hk*d * layers                             k, v of the context rows
  *   + 4 * T * nF*D*D                                         fc (features frozen: no dX)
  *   + 12 * H * d * sum_blocks B*(anchor + B) * layers        attention (exact visible keys)
- *   + 4 * Q * D * V                                          lm_head logits + dh (frozen)
- * with Q = blocks * 16. MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
+ *   + 4 * Qw * D * V                                         lm_head logits + dh (frozen)
+ * with Q = blocks * 16 and Qw the rows of weight > 0, the only ones the loss computes (15 of a
+ * block's 16; the PyTorch reference computes and counts all Q, so its MFU counts 1/16 of its
+ * lm_head work that ours skips: compare the two by time per step). MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
  * device memory = memory in use after the steps (nothing is allocated in a step), including
  * the drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
  * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes.
@@ -135,7 +137,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
                          3.0 * D * FF;
         flop += 6.0 * Q * per_row * layers + 6.0 * T * 2.0 * D * HK * HD * layers +
                 4.0 * T * (double)NF * D * D + 12.0 * H * HD * keys * layers +
-                4.0 * Q * D * (double)V;
+                4.0 * m->cur_loss_rows * D * (double)V;
     }
     while (dflash_train_collect(m, &met) == 1) {
     }

@@ -21,9 +21,9 @@
  * Choices where ops.h leaves room (matching ops_cpu.c): rows of weight <= 0 give no loss and
  * dh = 0; correct[] is written for every row; argmax ties take the first index; RMSNorm's rstd
  * may be NULL in backward (recomputed with eps 1e-6); rope angles are (float)pos * inv_freq.
- * lm_head_xent and lm_head_argmax use the caller's scratch [chunk, V] bf16 as fp32 logits of
- * chunk/2 rows (so chunk must be >= 2); the dlogits are written back in place as bf16 with a
- * row stride of 2V elements.
+ * lm_head_xent keeps bf16 logits of chunk rows in the caller's scratch [chunk, V] bf16 (the
+ * dlogits overwrite them in place); lm_head_argmax uses it as fp32 logits of chunk/2 rows (so
+ * chunk must be >= 2).
  *
  * Stream: every op queues work on c->stream and returns; download, download_raw and sync wait.
  */
@@ -987,10 +987,12 @@ static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* lm_head + cross-entropy. Per sub-chunk of n rows: fp32 logits[n, V] = h W^T (cuBLASLt) in
- * the scratch; one block per row: online max / sum-exp / argmax, loss, then dlogits written as
- * bf16 into the first half of the row's own fp32 storage (row stride 2V bf16); then
- * dh = dlogits W (cuBLASLt). */
+/* lm_head + cross-entropy. Per chunk of n rows: bf16 logits[n, V] = h W^T (cuBLASLt, fp32
+ * accumulation, one rounding) in the scratch; one block per row: online max / sum-exp / argmax,
+ * loss, then dlogits in place as bf16; then dh = dlogits W (cuBLASLt). bf16 logits, as PyTorch's
+ * autocast gives them, move half the bytes of fp32 ones through the memory-bound softmax pass
+ * (measured: bench/RESULTS.md). lm_head_argmax keeps fp32 logits (chunk / 2 rows of them in the
+ * bf16 scratch) so that greedy decoding sees no ties made by rounding. */
 
 #define XENT_THREADS 512
 
@@ -1037,20 +1039,33 @@ __device__ msi block_msi(msi v) {
     return r;
 }
 
+/* One row of bf16 logits (as PyTorch's bf16 autocast leaves them): max / sum-exp / argmax in
+ * fp32 over 8-element (16-byte) loads when the row allows (V % 8 == 0; the caller aligns rows),
+ * the loss, then dlogits written over the logits in place (each element by the thread that
+ * read it). Ties of the argmax take the first index (ascending per thread, msi_merge). */
+template <bool VEC>
 __global__ void __launch_bounds__(XENT_THREADS)
-    k_xent_rows(float *logits, int V, int r0, const int32_t *labels, const float *weights,
+    k_xent_rows(bf16 *logits, int V, int r0, const int32_t *labels, const float *weights,
                 int32_t *correct, float *out_sums, float inv_norm, int want_dh) {
     int i = blockIdx.x, r = r0 + i;
-    float *L = logits + (size_t)i * V; /* fp32 row i; as bf16 its stride is 2V */
+    bf16 *L = logits + (size_t)i * V;
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float x = L[j];
-        if (x > v.m) {
-            v.s = (v.m == -INFINITY ? 0.0f : v.s * expf(v.m - x)) + 1.0f;
-            v.m = x;
-            v.i = j;
-        } else {
-            v.s += expf(x - v.m);
+    const int step = VEC ? 8 : 1;
+    for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
+        float x[8];
+        if (VEC)
+            load8(L + j, x);
+        else
+            x[0] = __bfloat162float(L[j]);
+#pragma unroll
+        for (int e = 0; e < step; e++) {
+            if (x[e] > v.m) {
+                v.s = (v.m == -INFINITY ? 0.0f : v.s * expf(v.m - x[e])) + 1.0f;
+                v.m = x[e];
+                v.i = j + e;
+            } else {
+                v.s += expf(x[e] - v.m);
+            }
         }
     }
     msi t = block_msi(v);
@@ -1059,25 +1074,27 @@ __global__ void __launch_bounds__(XENT_THREADS)
     if (threadIdx.x == 0) {
         if (correct) correct[r] = t.i == lab;
         if (w > 0.0f) {
-            float loss = w * (t.m + logf(t.s) - L[lab]);
+            float loss = w * (t.m + logf(t.s) - __bfloat162float(L[lab]));
             atomicAdd(out_sums, loss);
             atomicAdd(out_sums + 1, w);
         }
     }
+    __syncthreads(); /* L[lab] is read before any thread overwrites it */
     if (!want_dh) return;
-    /* dlogits as bf16 at the start of this row's own storage: elements [base, base + bs) are
-     * read into registers, then (after a barrier) written to bf16 slots [base, base + bs),
-     * which overlap only fp32 elements < base + bs, all read already */
-    bf16 *G = (bf16 *)L;
     float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
-    for (int base = 0; base < V; base += blockDim.x) {
-        int j = base + threadIdx.x;
-        float x = j < V ? L[j] : 0.0f;
-        __syncthreads();
-        if (j < V) {
-            float d = g > 0.0f ? expf(x - mx) * gs - (j == lab ? g : 0.0f) : 0.0f;
-            G[j] = __float2bfloat16(d);
-        }
+    for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
+        float x[8];
+        if (VEC)
+            load8(L + j, x);
+        else
+            x[0] = __bfloat162float(L[j]);
+#pragma unroll
+        for (int e = 0; e < step; e++)
+            x[e] = g > 0.0f ? expf(x[e] - mx) * gs - (j + e == lab ? g : 0.0f) : 0.0f;
+        if (VEC)
+            store8(L + j, x);
+        else
+            L[j] = __float2bfloat16(x[0]);
     }
 }
 
@@ -1099,18 +1116,21 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
                             int V, int chunk) {
     assert(chunk >= 2 && V > 0 && D > 0 && Q >= 0);
     CUDA_CHECK(cudaMemsetAsync(out_sums, 0, 2 * sizeof(float), c->stream));
-    int rows = chunk / 2; /* fp32 logits rows that fit in the bf16 [chunk, V] scratch */
-    float *logits = (float *)scratch;
+    bf16 *logits = (bf16 *)scratch;
     const bf16 *hb = (const bf16 *)h;
-    for (int r0 = 0; r0 < Q; r0 += rows) {
-        int n = Q - r0 < rows ? Q - r0 : rows;
-        lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 1, 0.0f);
-        k_xent_rows<<<n, XENT_THREADS, 0, c->stream>>>(logits, V, r0, labels, weights, correct,
-                                                       out_sums, inv_norm, dh != NULL);
+    const bool vec = V % 8 == 0 && vec_ok(scratch, scratch, scratch);
+    for (int r0 = 0; r0 < Q; r0 += chunk) {
+        int n = Q - r0 < chunk ? Q - r0 : chunk;
+        lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 0, 0.0f);
+        if (vec)
+            k_xent_rows<true><<<n, XENT_THREADS, 0, c->stream>>>(
+                logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
+        else
+            k_xent_rows<false><<<n, XENT_THREADS, 0, c->stream>>>(
+                logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
         CUDA_CHECK_LAUNCH();
         if (dh)
-            lt_matmul(c, 0, 0, D, n, V, W, D, logits, 2 * V, (bf16 *)dh + (size_t)r0 * D, D, 0,
-                      0.0f);
+            lt_matmul(c, 0, 0, D, n, V, W, D, logits, V, (bf16 *)dh + (size_t)r0 * D, D, 0, 0.0f);
     }
 }
 

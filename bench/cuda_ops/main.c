@@ -135,7 +135,7 @@ typedef struct lin_arg {
 static void lin_run(void *p) {
     lin_arg *a = p;
     if (a->bwd)
-        O->linear_bwd(C, a->x, a->dw, NULL, a->dy, a->x, a->w, a->M, a->K, a->N);
+        O->linear_bwd(C, a->x, a->dw, NULL, a->dy, a->x, a->w, a->M, a->K, a->N, 0);
     else
         O->linear_fwd(C, a->y, a->x, a->w, NULL, a->M, a->K, a->N);
 }

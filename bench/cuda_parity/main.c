@@ -228,21 +228,23 @@ static void t_linear(int M, int K, int N, int bias) {
     cmp(name, "fwd y", &y, 1e-2);
     pair dy = pact(hdy, (size_t)M * N), dx = pact(NULL, (size_t)M * K);
     pair dw = praw(hdw, (size_t)N * K), db = praw(hdb, N);
-    CO->linear_bwd(CC, dx.c, dw.c, bias ? db.c : NULL, dy.c, x.c, w.c, M, K, N);
-    GO->linear_bwd(GC, dx.g, dw.g, bias ? db.g : NULL, dy.g, x.g, w.g, M, K, N);
+    CO->linear_bwd(CC, dx.c, dw.c, bias ? db.c : NULL, dy.c, x.c, w.c, M, K, N, 0);
+    GO->linear_bwd(GC, dx.g, dw.g, bias ? db.g : NULL, dy.g, x.g, w.g, M, K, N, 0);
     cmp(name, "bwd dx", &dx, 1e-2);
     cmp(name, "bwd dw (acc)", &dw, 1e-3);
     if (bias) cmp(name, "bwd db (acc)", &db, 1e-3);
     pair dxa = pact(hdx0, (size_t)M * K);
-    CO->linear_bwd_acc(CC, dxa.c, NULL, NULL, dy.c, x.c, w.c, M, K, N);
-    GO->linear_bwd_acc(GC, dxa.g, NULL, NULL, dy.g, x.g, w.g, M, K, N);
+    pair dws = praw(hdw, (size_t)N * K); /* dx added to, dw overwritten */
+    CO->linear_bwd(CC, dxa.c, dws.c, NULL, dy.c, x.c, w.c, M, K, N, NN_BWD_DX_ADD | NN_BWD_DW_SET);
+    GO->linear_bwd(GC, dxa.g, dws.g, NULL, dy.g, x.g, w.g, M, K, N, NN_BWD_DX_ADD | NN_BWD_DW_SET);
     cmp(name, "bwd_acc dx", &dxa, 1e-2);
+    cmp(name, "bwd dw (set)", &dws, 1e-3);
     pair ya = pact(hdy, (size_t)M * N); /* linear_fwd_acc: y += x w^T on a non-zero y */
     CO->linear_fwd_acc(CC, ya.c, x.c, w.c, M, K, N);
     GO->linear_fwd_acc(GC, ya.g, x.g, w.g, M, K, N);
     cmp(name, "fwd_acc y", &ya, 1e-2);
     pfree(&x), pfree(&w), pfree(&b), pfree(&y), pfree(&dy), pfree(&dx), pfree(&dw), pfree(&db),
-        pfree(&dxa), pfree(&ya);
+        pfree(&dxa), pfree(&ya), pfree(&dws);
     free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
 }
 

@@ -24,7 +24,7 @@ enum {
 static const char *po_names[PO_N] = {
     "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+acc)", "rope_fwd", "qkv_norm_rope_fwd",
     "attention_causal_fwd",
-    "attention_block_fwd", "swiglu_fwd", "add_inplace", "rmsnorm_bwd", "linear_bwd(+acc)",
+    "attention_block_fwd", "swiglu_fwd", "add_inplace", "rmsnorm_bwd", "linear_bwd",
     "rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
     "adamw", "f32_to_act", "copy", "copy2d", "zero", "rows_scatter"};
 
@@ -120,14 +120,9 @@ static void po_rmsb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn
     PO_WRAP(PO_RMSB, 0, po_real->rmsnorm_bwd(c, dx, dw, dy, x, w, r, R, C));
 }
 static void po_linb(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                    const nn_buf *x, const nn_buf *w, int M, int K, int N) {
+                    const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode) {
     PO_WRAP(PO_LINB, 2.0 * M * K * N * ((dx ? 1 : 0) + (dw ? 1 : 0)),
-            po_real->linear_bwd(c, dx, dw, db, dy, x, w, M, K, N));
-}
-static void po_linba(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                     const nn_buf *x, const nn_buf *w, int M, int K, int N) {
-    PO_WRAP(PO_LINB, 2.0 * M * K * N * ((dx ? 1 : 0) + (dw ? 1 : 0)),
-            po_real->linear_bwd_acc(c, dx, dw, db, dy, x, w, M, K, N));
+            po_real->linear_bwd(c, dx, dw, db, dy, x, w, M, K, N, mode));
 }
 static void po_ropeb(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int T, int nh, int d,
                      int ld) {
@@ -178,7 +173,7 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
     po_tab.qkv_norm_rope_fwd = po_qkv;
     po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi, po_tab.add_inplace = po_add;
-    po_tab.rmsnorm_bwd = po_rmsb, po_tab.linear_bwd = po_linb, po_tab.linear_bwd_acc = po_linba;
+    po_tab.rmsnorm_bwd = po_rmsb, po_tab.linear_bwd = po_linb;
     po_tab.rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;

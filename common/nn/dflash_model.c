@@ -468,7 +468,7 @@ static void context_bwd(dflash_model *m, const nn_buf *X) {
     o->rmsnorm_bwd(m->ctx, m->dZ, dflash_model_grad(m, m->t_hidden_norm), m->dHt, m->Z,
                    dflash_model_weight(m, m->t_hidden_norm), m->rstd_h, Tc, D);
     o->linear_bwd(m->ctx, NULL, dflash_model_grad(m, m->t_fc), NULL, m->dZ, X,
-                  dflash_model_weight(m, m->t_fc), Tc, c->n_feat * D, D);
+                  dflash_model_weight(m, m->t_fc), Tc, c->n_feat * D, D, NN_BWD_DW_SET);
 }
 
 /* Attention with KV injection, layer l. Input resid[l] [Q,D], output hmid [Q,D].
@@ -509,7 +509,7 @@ static void attn_bwd(dflash_model *m, int l) {
     int D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
     /* hmid = h + att Wo^T */
     o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q, H * d,
-                  D);
+                  D, NN_BWD_DW_SET);
     o->attention_block_bwd(m->ctx, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
                            m->in_spans, nb, B, Tk, H, Hk, d);
     /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
@@ -519,18 +519,19 @@ static void attn_bwd(dflash_model *m, int l) {
                    a->rstd_q, Q * H, d);
     o->rmsnorm_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw, LW(m, l, DFL_K_NORM),
                    a->rstd_k, Tk * Hk, d);
-    /* block rows: dxln from q, k, v projections */
+    /* block rows: dxln from q, k, v projections (the first product of each weight sets it) */
+    const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
     o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,
-                  H * d);
-    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hk * d), a->xln,
-                      LW(m, l, DFL_K), Q, D, Hk * d);
-    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hk * d), a->xln,
-                      LW(m, l, DFL_V), Q, D, Hk * d);
-    /* context rows: dHt accumulates over layers */
-    o->linear_bwd_acc(m->ctx, m->dHt, LG(m, l, DFL_K), NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc,
-                      D, Hk * d);
-    o->linear_bwd_acc(m->ctx, m->dHt, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D,
-                      Hk * d);
+                  H * d, set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hk * d), a->xln,
+                  LW(m, l, DFL_K), Q, D, Hk * d, add | set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hk * d), a->xln,
+                  LW(m, l, DFL_V), Q, D, Hk * d, add | set);
+    /* context rows: dHt accumulates over layers, dWk and dWv over both row sets */
+    o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_K), NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc, D,
+                  Hk * d, add);
+    o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D,
+                  Hk * d, add);
     /* xln = rmsnorm(h); the residual adds dh itself */
     o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l], LW(m, l, DFL_IN_LN),
                    a->rstd_in, Q, D);
@@ -559,12 +560,12 @@ static void mlp_bwd(dflash_model *m, int l) {
     dflash_layer_acts *a = &m->la[l];
     int Q = m->cur_nb * c->block_size, D = c->hidden_size, F = c->intermediate_size;
     o->linear_bwd(m->ctx, m->dact, LG(m, l, DFL_DOWN), NULL, m->dh, a->act, LW(m, l, DFL_DOWN), Q,
-                  F, D);
+                  F, D, NN_BWD_DW_SET);
     o->swiglu_bwd(m->ctx, m->dgate, m->dup, m->dact, a->gate, a->up, Q, F);
     o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_GATE), NULL, m->dgate, a->yln, LW(m, l, DFL_GATE),
-                  Q, D, F);
-    o->linear_bwd_acc(m->ctx, m->dxln, LG(m, l, DFL_UP), NULL, m->dup, a->yln, LW(m, l, DFL_UP), Q,
-                      D, F);
+                  Q, D, F, NN_BWD_DW_SET);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_UP), NULL, m->dup, a->yln, LW(m, l, DFL_UP), Q, D,
+                  F, NN_BWD_DX_ADD | NN_BWD_DW_SET);
     o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, l, DFL_POST_LN), m->dxln, a->hmid, LW(m, l, DFL_POST_LN),
                    a->rstd_post, Q, D);
     o->add_inplace(m->ctx, m->dh, m->dtmp, (size_t)Q * D);
@@ -605,6 +606,9 @@ void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     int Q = m->cur_nb * c->block_size, D = c->hidden_size, L = c->num_layers;
+    /* the norm weights' gradients are sums of atomic adds: zeroed first; every matrix's first
+     * product (NN_BWD_DW_SET) overwrites its gradient */
+    o->zero(m->ctx, m->grads + m->n_decay, (m->n_params - m->n_decay) * sizeof(float));
     /* out = rmsnorm(resid[L], norm): dh <- d/d resid[L] (dx may equal dy) */
     o->rmsnorm_bwd(m->ctx, m->dh, dflash_model_grad(m, m->t_norm), m->dh, m->resid[L],
                    dflash_model_weight(m, m->t_norm), m->rstd_out, Q, D);

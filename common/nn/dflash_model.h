@@ -227,7 +227,8 @@ void dflash_model_forward(dflash_model *m, const nn_buf *X);
  * correct 0) with the labels/weights set last; writes dh and out_sums {sum w*CE, sum w},
  * out_correct. inv_norm scales the gradient (1 / sum w). */
 void dflash_model_loss(dflash_model *m, float inv_norm);
-/* Backward from dh (set by dflash_model_loss): ACCUMULATES every trainable gradient into grads.
+/* Backward from dh (set by dflash_model_loss): WRITES every trainable gradient into grads
+ * (overwrites them: a step needs no zeroing before; the padding between tensors stays 0).
  * X must be the forward's. */
 void dflash_model_backward(dflash_model *m, const nn_buf *X);
 /* Greedy lm_head argmax of every query row into out_argmax [Q] (backend memory). */

@@ -327,9 +327,9 @@ static void pending_pop(dflash_model *m, dflash_metrics *met) {
     p->count--;
 }
 
-/* Builds the blocks, zeroes the gradients and queues forward, loss and backward (steps 2-3);
- * the loss sums and correct flags go to r asynchronously. A batch without blocks or weight
- * queues no forward (r->met.skipped) but still leaves zero gradients. */
+/* Builds the blocks and queues forward, loss and backward (steps 2-3; the backward overwrites
+ * the gradients); the loss sums and correct flags go to r asynchronously. A batch without
+ * blocks or weight queues no forward (r->met.skipped) but still leaves zero gradients. */
 static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
                        int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
                        pending_rec *r) {
@@ -337,17 +337,22 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     dflash_metrics *met = &r->met;
     met->step = m->step;
     met->n_blocks = nb;
-    o->zero(m->ctx, m->grads, m->n_params * sizeof(float));
+    const size_t grad_bytes = m->n_params * sizeof(float);
     if (nb == 0) {
+        o->zero(m->ctx, m->grads, grad_bytes);
         met->skipped = true;
         return 0;
     }
     double wsum = 0.0;
     int rc = dflash_train_build(m, tc, b, nb, blk_seq, blk_anchor, &wsum);
-    if (rc) return rc;
+    if (rc) {
+        o->zero(m->ctx, m->grads, grad_bytes);
+        return rc;
+    }
     met->n_ctx_tokens = m->cur_tc;
     met->weight_sum = wsum;
     if (!(wsum > 0)) {
+        o->zero(m->ctx, m->grads, grad_bytes);
         met->skipped = true;
         return 0;
     }

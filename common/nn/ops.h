@@ -51,6 +51,10 @@ typedef struct nn_block_span {
 #define NN_CLIP_SCALE(sumsq, clip)                                                                 \
     ((clip) > 0.0f && sqrtf(sumsq) > (clip) ? (clip) / (sqrtf(sumsq) + 1e-6f) : 1.0f)
 
+/* linear_bwd modes */
+#define NN_BWD_DX_ADD 1 /* dx += dy . w (else dx = dy . w) */
+#define NN_BWD_DW_SET 2 /* dw = dy^T . x (else dw += dy^T . x) */
+
 typedef struct nn_ops {
     const char *name; /* "cpu" or "cuda" */
     size_t act_bytes; /* sizeof one nn_buf element: 4 (cpu) or 2 (cuda) */
@@ -146,13 +150,12 @@ typedef struct nn_ops {
     /* dx[R,C] = d/dx, dw[C] += d/dw, given dy, x, w and saved rstd. dx may equal dy. */
     void (*rmsnorm_bwd)(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
                         const nn_buf *w, const float *rstd, int R, int C);
-    /* dx[M,K] = dy . w (overwrite; skipped if dx NULL), dw[N,K] += dy^T . x,
-     * db[N] += sum_rows(dy) (skipped if NULL). */
+    /* dx[M,K] = dy . w (skipped if dx NULL), dw[N,K] += dy^T . x (skipped if NULL),
+     * db[N] += sum_rows(dy) (skipped if NULL). mode (NN_BWD_*, or-ed) chooses how dx and dw
+     * are written: dx overwritten unless NN_BWD_DX_ADD, dw added to unless NN_BWD_DW_SET (the
+     * first product of a weight in a step then needs no zeroed gradient; M = 0 sets dw to 0). */
     void (*linear_bwd)(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                       const nn_buf *x, const nn_buf *w, int M, int K, int N);
-    /* Same as linear_bwd but dx += (accumulates). */
-    void (*linear_bwd_acc)(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                           const nn_buf *x, const nn_buf *w, int M, int K, int N);
+                       const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode);
     /* In place: the transpose rotation of rope_fwd (rotation by -angle). */
     void (*rope_bwd)(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
                      int nh, int d, int ld);

@@ -258,12 +258,18 @@ static void cpu_linear_fwd_acc(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_b
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 1.0f, y, N);
 }
 
-/* dx[M,K] (=|+=) dy[M,N] . w[N,K]; dw[N,K] += dy^T . x[M,K]; db[N] += sum_m dy */
-static void linear_bwd_impl(nn_buf *dx_, float *dw, float *db, const nn_buf *dy_, const nn_buf *x_,
-                            const nn_buf *w_, int M, int K, int N, float beta) {
+/* dx[M,K] (=|+=) dy[M,N] . w[N,K]; dw[N,K] (+=|=) dy^T . x[M,K]; db[N] += sum_m dy */
+static void cpu_linear_bwd(nn_ctx *c, nn_buf *dx_, float *dw, float *db, const nn_buf *dy_,
+                           const nn_buf *x_, const nn_buf *w_, int M, int K, int N, int mode) {
+    (void)c;
     float *dx = dx_;
     const float *dy = dy_, *x = x_, *w = w_;
-    if (M <= 0 || K <= 0) return;
+    float beta = mode & NN_BWD_DX_ADD ? 1.0f : 0.0f, dw_beta = mode & NN_BWD_DW_SET ? 0.0f : 1.0f;
+    if (K <= 0) return;
+    if (M <= 0) {
+        if (dw && N > 0 && dw_beta == 0.0f) memset(dw, 0, (size_t)N * K * sizeof(float));
+        return;
+    }
     if (N <= 0) {
         if (dx && beta == 0.0f) memset(dx, 0, (size_t)M * K * sizeof(float));
         return;
@@ -272,26 +278,14 @@ static void linear_bwd_impl(nn_buf *dx_, float *dw, float *db, const nn_buf *dy_
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy, N, w, K, beta, dx,
                     K);
     if (dw)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw,
-                    K);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dy, N, x, K, dw_beta,
+                    dw, K);
     if (db)
         for (int m = 0; m < M; m++) {
             const float *r = dy + (size_t)m * N;
             for (int n = 0; n < N; n++)
                 db[n] += r[n];
         }
-}
-
-static void cpu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                           const nn_buf *x, const nn_buf *w, int M, int K, int N) {
-    (void)c;
-    linear_bwd_impl(dx, dw, db, dy, x, w, M, K, N, 0.0f);
-}
-
-static void cpu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                               const nn_buf *x, const nn_buf *w, int M, int K, int N) {
-    (void)c;
-    linear_bwd_impl(dx, dw, db, dy, x, w, M, K, N, 1.0f);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1026,7 +1020,6 @@ static const nn_ops cpu_ops = {
     .add_inplace = cpu_add_inplace,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .linear_bwd = cpu_linear_bwd,
-    .linear_bwd_acc = cpu_linear_bwd_acc,
     .rope_bwd = cpu_rope_bwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .attention_block_bwd = cpu_attention_block_bwd,

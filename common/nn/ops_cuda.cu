@@ -16,7 +16,8 @@
  *   linear_fwd  y[M,N]  = x[M,K] w[N,K]^T   ->  y^T (N x M) = op_T(w: K x N) * x^T (K x M)
  *   linear_bwd  dx[M,K] = dy[M,N] w[N,K]    -> dx^T (K x M) = w^T (K x N) * dy^T (N x M)
  *               dw[N,K] += dy^T x           -> dw^T (K x N) = x^T (K x M) * op_T(dy^T: N x M)
- * dw is fp32 output with beta = 1 (accumulate); dx of linear_bwd_acc uses beta = 1 on bf16.
+ * dw is fp32 output with beta = 1 (accumulate; 0 with NN_BWD_DW_SET); dx is bf16 with beta 0
+ * (1 with NN_BWD_DX_ADD).
  *
  * Choices where ops.h leaves room (matching ops_cpu.c): rows of weight <= 0 give no loss and
  * dh = 0; correct[] is written for every row; argmax ties take the first index; RMSNorm's rstd
@@ -668,33 +669,29 @@ __global__ void k_colsum(float *db, const bf16 *dy, int M, int N) {
     atomicAdd(db + col, s);
 }
 
-static void linear_bwd_impl(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                            const nn_buf *x, const nn_buf *w, int M, int K, int N, float beta) {
+static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+                          const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode) {
     assert(M >= 0 && K >= 0 && N >= 0);
-    if (M == 0 || K == 0) return;
+    float beta = mode & NN_BWD_DX_ADD ? 1.0f : 0.0f, dw_beta = mode & NN_BWD_DW_SET ? 0.0f : 1.0f;
+    if (K == 0) return;
+    if (M == 0) {
+        if (dw && N > 0 && dw_beta == 0.0f)
+            CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t)N * K * sizeof(float), c->stream));
+        return;
+    }
     if (N == 0) {
         if (dx && beta == 0.0f)
             CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)M * K * sizeof(bf16), c->stream));
         return;
     }
     if (dx) lt_matmul(c, 0, 0, K, M, N, w, K, dy, N, dx, K, 0, beta);
-    if (dw) lt_matmul(c, 0, 1, K, N, M, x, K, dy, N, dw, K, 1, 1.0f);
+    if (dw) lt_matmul(c, 0, 1, K, N, M, x, K, dy, N, dw, K, 1, dw_beta);
     if (db) {
         dim3 g((N + 127) / 128, (M + COLSUM_ROWS - 1) / COLSUM_ROWS);
         assert(g.y <= 65535);
         k_colsum<<<g, 128, 0, c->stream>>>(db, (const bf16 *)dy, M, N);
         CUDA_CHECK_LAUNCH();
     }
-}
-
-static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                          const nn_buf *x, const nn_buf *w, int M, int K, int N) {
-    linear_bwd_impl(c, dx, dw, db, dy, x, w, M, K, N, 0.0f);
-}
-
-static void cu_linear_bwd_acc(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
-                              const nn_buf *x, const nn_buf *w, int M, int K, int N) {
-    linear_bwd_impl(c, dx, dw, db, dy, x, w, M, K, N, 1.0f);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1291,7 +1288,6 @@ static nn_ops make_ops(void) {
     o.add_inplace = cu_add_inplace;
     o.rmsnorm_bwd = cu_rmsnorm_bwd;
     o.linear_bwd = cu_linear_bwd;
-    o.linear_bwd_acc = cu_linear_bwd_acc;
     o.rope_bwd = cu_rope_bwd;
     o.swiglu_bwd = cu_swiglu_bwd;
     o.attention_block_bwd = cu_attention_block_bwd;

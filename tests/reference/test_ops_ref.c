@@ -47,7 +47,7 @@ static int check_linear(const refdump *d) {
     float *y = buf((size_t)M * N), *dx = buf((size_t)M * K), *dw = calloc((size_t)N * K, 4),
           *db = calloc(N, 4);
     ops->linear_fwd(ctx, y, x, w, b, M, K, N);
-    ops->linear_bwd(ctx, dx, dw, db, dout, x, w, M, K, N);
+    ops->linear_bwd(ctx, dx, dw, db, dout, x, w, M, K, N, 0);
     int bad = refdump_check(d, "linear.y", y, (size_t)M * N, TOL) +
               refdump_check(d, "linear.dx", dx, (size_t)M * K, TOL) +
               refdump_check(d, "linear.dw", dw, (size_t)N * K, TOL) +

@@ -155,16 +155,16 @@ static void test_linear(void) {
     CHECK_NEAR(a.y[2 * N + 3], y23, 1e-5);
 
     float *dx = rnd((size_t)M * K, 5), *dw = zeros((size_t)N * K), *db = zeros(N);
-    ops->linear_bwd(ctx, dx, dw, db, a.R, a.x, a.w, M, K, N); /* dx overwritten, not added */
+    ops->linear_bwd(ctx, dx, dw, db, a.R, a.x, a.w, M, K, N, 0); /* dx overwritten, not added */
     CHECK(fd_error("linear dx", a.x, dx, (size_t)M * K, lin_loss, &a, 1e-2f) < FD_TOL);
     CHECK(fd_error("linear dw", a.w, dw, (size_t)N * K, lin_loss, &a, 1e-2f) < FD_TOL);
     CHECK(fd_error("linear db", a.b, db, N, lin_loss, &a, 1e-2f) < FD_TOL);
 
-    /* a second backward accumulates dw, db; _acc accumulates dx too */
+    /* a second backward accumulates dw, db; NN_BWD_DX_ADD accumulates dx too */
     float *dx2 = malloc((size_t)M * K * sizeof(float)), *dw2 = malloc((size_t)N * K * 4),
           *db2 = malloc(N * 4);
     memcpy(dx2, dx, (size_t)M * K * 4), memcpy(dw2, dw, (size_t)N * K * 4), memcpy(db2, db, N * 4);
-    ops->linear_bwd_acc(ctx, dx2, dw2, db2, a.R, a.x, a.w, M, K, N);
+    ops->linear_bwd(ctx, dx2, dw2, db2, a.R, a.x, a.w, M, K, N, NN_BWD_DX_ADD);
     int ok = 1;
     for (int i = 0; i < M * K; i++)
         ok &= fabsf(dx2[i] - 2 * dx[i]) < 1e-5f;
@@ -174,8 +174,21 @@ static void test_linear(void) {
         ok &= fabsf(db2[i] - 2 * db[i]) < 1e-5f;
     CHECK(ok);
     /* NULL dx and db are skipped */
-    ops->linear_bwd(ctx, NULL, dw2, NULL, a.R, a.x, a.w, M, K, N);
+    ops->linear_bwd(ctx, NULL, dw2, NULL, a.R, a.x, a.w, M, K, N, 0);
     CHECK_NEAR(dw2[4], 3 * dw[4], 1e-5);
+    /* NN_BWD_DW_SET overwrites dw (dx still added to with NN_BWD_DX_ADD); no rows: dw = 0 */
+    ops->linear_bwd(ctx, dx2, dw2, NULL, a.R, a.x, a.w, M, K, N, NN_BWD_DW_SET | NN_BWD_DX_ADD);
+    ok = 1;
+    for (int i = 0; i < N * K; i++)
+        ok &= fabsf(dw2[i] - dw[i]) < 1e-5f;
+    for (int i = 0; i < M * K; i++)
+        ok &= fabsf(dx2[i] - 3 * dx[i]) < 1e-5f;
+    CHECK(ok);
+    ops->linear_bwd(ctx, NULL, dw2, NULL, a.R, a.x, a.w, 0, K, N, NN_BWD_DW_SET);
+    ok = 1;
+    for (int i = 0; i < N * K; i++)
+        ok &= dw2[i] == 0.0f;
+    CHECK(ok);
     free(a.y), free(a.x), free(a.w), free(a.b), free(a.R), free(dx), free(dw), free(db);
     free(dx2), free(dw2), free(db2);
 }

@@ -332,18 +332,10 @@ static void t_causal(int H, int Hk, int d, int long_seqs) {
     free(hq), free(hk), free(hv);
 }
 
-static void t_block(int H, int Hk, int d, int B) {
-    char name[64];
-    snprintf(name, sizeof name, "attn_block H%d/%d d%d B%d", H, Hk, d, B);
-    int Tc = 200, nb = 12, Q = nb * B, Tk = Tc + Q;
-    nn_block_span sp[12];
-    for (int j = 0; j < nb; j++) {
-        int seq_start = j < 6 ? 0 : 120; /* two sequences: [0,120) and [120,200) */
-        int anchor = j < 6 ? 3 + 19 * j : 1 + 13 * (j - 6);
-        sp[j] = (nn_block_span){seq_start, seq_start + anchor, Tc + j * B, 1};
-    }
-    sp[2].keep = 0;                  /* padding block */
-    sp[7].ctx_end = sp[7].ctx_begin; /* no context */
+/* attention_block_fwd and _bwd of nb blocks of B queries over Tk keys with spans sp */
+static void t_block_run(const char *name, int H, int Hk, int d, int B, int nb, int Tk,
+                        const nn_block_span *sp) {
+    int Q = nb * B;
     size_t nq = (size_t)Q * H * d, nk = (size_t)Tk * Hk * d;
     float *hq = hrand(nq, 1.5, 0), *hk = hrand(nk, 1.5, 0), *hv = hrand(nk, 1, 0);
     float *hdo = hrand(nq, 1, 0);
@@ -371,6 +363,43 @@ static void t_block(int H, int Hk, int d, int B) {
     pfree(&q), pfree(&k), pfree(&v), pfree(&s), pfree(&o), pfree(&lse), pfree(&o2), pfree(&l2),
         pfree(&dout), pfree(&dq), pfree(&dk), pfree(&dv);
     free(hq), free(hk), free(hv), free(hdo), free(ho), free(hl);
+}
+
+static void t_block(int H, int Hk, int d, int B) {
+    char name[64];
+    snprintf(name, sizeof name, "attn_block H%d/%d d%d B%d", H, Hk, d, B);
+    int Tc = 200, nb = 12;
+    nn_block_span sp[12];
+    for (int j = 0; j < nb; j++) {
+        int seq_start = j < 6 ? 0 : 120; /* two sequences: [0,120) and [120,200) */
+        int anchor = j < 6 ? 3 + 19 * j : 1 + 13 * (j - 6);
+        sp[j] = (nn_block_span){seq_start, seq_start + anchor, Tc + j * B, 1};
+    }
+    sp[2].keep = 0;                  /* padding block */
+    sp[7].ctx_end = sp[7].ctx_begin; /* no context */
+    t_block_run(name, H, Hk, d, B, nb, Tc + nb * B, sp);
+}
+
+/* Spans no training step makes but the kernels must handle: 13 blocks (the wgmma forward takes
+ * 3 per CTA: a CTA with one block), contexts of up to 9 tiles, a context that covers part of its
+ * own block, one after its own block (over another block's keys), a CTA whose three contexts
+ * are disjoint, one straddling two sequences. */
+static void t_block_mixed(int H, int Hk, int d, int B) {
+    char name[64];
+    snprintf(name, sizeof name, "attn_blkmix H%d/%d d%d B%d", H, Hk, d, B);
+    int Tc = 700, nb = 13;
+    nn_block_span sp[13];
+    for (int j = 0; j < 6; j++) /* sequence [0, 400) */
+        sp[j] = (nn_block_span){0, 30 + 60 * j, Tc + j * B, 1};
+    sp[1].keep = 0;
+    sp[6] = (nn_block_span){400, 650, Tc + 6 * B, 1}; /* sequence [400, 700) */
+    sp[7] = (nn_block_span){400, 400, Tc + 7 * B, 1}; /* no context */
+    sp[8] = (nn_block_span){400, 700, Tc + 8 * B, 1};
+    sp[9] = (nn_block_span){Tc + 9 * B - 20, Tc + 10 * B + 5, Tc + 9 * B, 1};
+    sp[10] = (nn_block_span){Tc + 12 * B, Tc + 13 * B, Tc + 10 * B, 1};
+    sp[11] = (nn_block_span){5, 17, Tc + 11 * B, 1};
+    sp[12] = (nn_block_span){100, 650, Tc + 12 * B, 1};
+    t_block_run(name, H, Hk, d, B, nb, Tc + nb * B, sp);
 }
 
 static void t_lm_head(void) {
@@ -601,6 +630,9 @@ int main(int argc, char **argv) {
     t_block(16, 4, 64, 10);
     t_block(16, 2, 128, 16); /* group 8: two row tiles per block */
     t_block(8, 8, 64, 16);   /* group 1: 16-row tiles (warps without rows) */
+    t_block_mixed(32, 8, 128, 16);
+    t_block_mixed(16, 8, 128, 16); /* group 2: 32 rows per block */
+    t_block_mixed(16, 2, 128, 16); /* group 8: not for the wgmma forward */
     if (!attn_only) {
         t_lm_head();
         t_optim();

@@ -18,8 +18,8 @@
 #include <stdint.h>
 
 /* DFLASH_CUDA_ATTN: unset, empty or "fused" (any unknown value too): the mma.sync forwards
- * (ops_cuda_attn_mma.cu; the causal one after the wgmma kernel of ops_cuda_attn_wgmma.cu, which
- * DFLASH_CUDA_ATTN_CAUSAL selects or turns off) and the fused block backward of
+ * (ops_cuda_attn_mma.cu; each after the wgmma kernel of ops_cuda_attn_wgmma.cu, which
+ * DFLASH_CUDA_ATTN_CAUSAL and DFLASH_CUDA_ATTN_BLOCK select or turn off) and the fused block backward of
  * ops_cuda_attn_bwd.cu (the mma.sync pair where it does not apply); "mma": the mma.sync kernels
  * for all three ops (dq and dk/dv as two kernels, the default before the fused one); "mma_dq":
  * mma.sync forwards and dq, WMMA dk/dv, to bisect; "tc_wmma": the WMMA kernels for everything;
@@ -69,6 +69,12 @@ int cuda_wg_attention_init(void);
 int cuda_wg_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
                                  const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                                  const int32_t *seq_off, int n_seqs, int T, int H, int Hk, int d);
+/* the block forward on wgmma (d 128, B x group <= 64 rows, 3 B <= 64); -1 likewise, or when
+ * DFLASH_CUDA_ATTN_BLOCK names another kernel. out, lse as cuda_mma_attention_fwd's. */
+int cuda_wg_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
+                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                                const __nv_bfloat16 *v, const nn_block_span *spans, int n_blocks,
+                                int B, int Tk, int H, int Hk, int d);
 
 /* ops_cuda_attn_bwd.cu: the fused block backward (dq, dk, dv in one key-major pass; dq through
  * fp32 atomics into a per-device scratch). acc, tickets, split_max, vps as for

@@ -24,10 +24,11 @@
  *   registers. No atomics: every dk/dv row has one writer, keys nobody sees get 0; deterministic.
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
  * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the wgmma causal
- * forward of ops_cuda_attn_wgmma.cu (Hopper), the mma.sync kernels of ops_cuda_attn_mma.cu and
- * the fused block backward of ops_cuda_attn_bwd.cu (d 128), then the WMMA ones of
- * ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in attn_spans.cuh)
- * picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal forward.
+ * and block forwards of ops_cuda_attn_wgmma.cu (Hopper), the mma.sync kernels of
+ * ops_cuda_attn_mma.cu and the fused block backward of ops_cuda_attn_bwd.cu (d 128), then the
+ * WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in attn_spans.cuh)
+ * picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal forward,
+ * DFLASH_CUDA_ATTN_BLOCK a block forward (wgmma, or mma for the mma.sync one).
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"
@@ -503,6 +504,10 @@ void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16
                               int Tk, int H, int Hk, int d) {
     check_heads(H, Hk, d);
     if (n_blocks <= 0 || B <= 0) return;
+    if (cuda_attn_mode() >= ATTN_MMA && cuda_wg_attention_block_fwd(st, out, lse, q, k, v, spans,
+                                                                    n_blocks, B, Tk, H, Hk,
+                                                                    d) == 0)
+        return;
     if (cuda_attn_mode() >= ATTN_MMA && cuda_mma_attention_fwd(st, out, lse, q, k, v, NULL, 0, 0,
                                                                spans, n_blocks, B, Tk, H, Hk,
                                                                d) == 0)

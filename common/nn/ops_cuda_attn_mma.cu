@@ -4,7 +4,9 @@
  * forwards, and the block backward where the fused one of ops_cuda_attn_bwd.cu does not apply;
  * "mma": all three; "mma_dq" keeps the WMMA dk/dv, "tc_wmma" selects the WMMA kernels of
  * ops_cuda_attn_tc.cu for everything) and falls back when they return -1 (other head dims,
- * buffers not 16-byte aligned, no sequence, no split scratch for dk/dv).
+ * buffers not 16-byte aligned, no sequence, no split scratch for dk/dv). On sm_90 the wgmma
+ * forwards of ops_cuda_attn_wgmma.cu run before these where they apply (DFLASH_CUDA_ATTN_CAUSAL,
+ * DFLASH_CUDA_ATTN_BLOCK select these instead).
  *
  * Rows: as in the other two files, a CTA owns TQ query rows = RT tokens x the `group` query heads
  * of kv head hk (row r: token t_a + r / group, head hk * group + r % group); every row of a CTA
@@ -503,7 +505,8 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
 /* Shape of the forward's CTAs, warps x rows per warp, as NW * 16 + MT (MT: m-tiles per warp):
  * causal DFLASH_CUDA_ATTN_CAUSAL = 4x32 (default; the wgmma kernel of ops_cuda_attn_wgmma.cu
  * runs before it unless the variable names one of these), 8x16 or 4x16; block
- * DFLASH_CUDA_ATTN_BLOCK = 4x16 (default) or 2x32. Measured on the H200 (bench/cuda_ops/NOTES.md):
+ * DFLASH_CUDA_ATTN_BLOCK = 4x16 (default; the wgmma block kernel runs before it unless the
+ * variable names one of these or "mma") or 2x32. Measured on the H200 (bench/cuda_ops/NOTES.md):
  * causal 4x32 1.53 ms, 8x16 1.63, 4x16 1.71; block 4x16 1.20 ms, 2x32 1.99. */
 static int parse_shape(const char *var, int dflt) {
     const char *e = getenv(var);

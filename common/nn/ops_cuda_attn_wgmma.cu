@@ -1,9 +1,12 @@
-/* ops_cuda_attn_wgmma: the causal attention forward on Hopper warpgroup MMA (wgmma, sm_90a),
- * head dims 64 and 128, bf16 in and out, fp32 inside. ops_cuda_attn.cu calls it first for
- * attention_causal_fwd in the default mode and falls back to the mma.sync kernel of
- * ops_cuda_attn_mma.cu when it returns -1 (another head dim, a group wider than a CTA, buffers
- * not 16-byte aligned, a device without sm_90a code, or DFLASH_CUDA_ATTN_CAUSAL naming a
- * mma.sync shape such as 4x32). This file alone builds for sm_90a (common/CMakeLists.txt).
+/* ops_cuda_attn_wgmma: the causal and block attention forwards on Hopper warpgroup MMA (wgmma,
+ * sm_90a), bf16 in and out, fp32 inside: causal at head dims 64 and 128, block at 128.
+ * ops_cuda_attn.cu calls them first for attention_causal_fwd and attention_block_fwd in the
+ * default mode and falls back to the mma.sync kernels of ops_cuda_attn_mma.cu when they return
+ * -1 (another head dim, a group wider than a CTA, buffers not 16-byte aligned, a device without
+ * sm_90a code, DFLASH_CUDA_ATTN_CAUSAL naming a mma.sync shape such as 4x32, or
+ * DFLASH_CUDA_ATTN_BLOCK=mma; see the block mode below). This file alone builds for sm_90a
+ * (common/CMakeLists.txt). Both kernels are one body, wg_fwd<..., BLOCK>; the causal kernels'
+ * PTX is the same as before the block mode was added (register numbering aside).
  *
  * Rows: as in ops_cuda_attn_mma.cu, a CTA owns TQ = 64 NWG query rows = RT tokens x the `group`
  * query heads of kv head hk (row r: token t_a + r / group, head hk * group + r % group) and
@@ -50,7 +53,29 @@
  * 185 and 185; the mma.sync 4x32 kernel 203 and 208.
  * Resources (ptxas, d 128): wg3x64r 160 registers, 176 KB shared; wg3x64r5 157, 208 KB;
  * wg3x64m 168, 176 KB; wg3x64p 159, 144 KB; wg3x64 168 with a 24-byte spill, 144 KB; d 64
- * wg2x128 168, 112 KB. One CTA per SM (launch bounds NWG x 128, 1).
+ * wg2x128 168, 112 KB; the block kernel 156, 176 KB. One CTA per SM (launch bounds NWG x 128,
+ * 1).
+ * Block mode (k_wg_block, attention_block_fwd; mode 3, NWG 3, KT 64, NS 4, DIST 2 as wg3x64r):
+ *   the rows of block j (B query tokens x the group heads of kv head hk, B x group <= 64) see the
+ *   keys of its span: context [ctx_begin, ctx_end) and its own [blk_begin, blk_begin + B),
+ *   each key once (nn_block_span, ops.h). A CTA takes NWG = 3 consecutive blocks (3 c .. 3 c +
+ *   2, c in reverse order: sorted anchors put the long contexts last), warpgroup w the rows of
+ *   block 3 c + w (rows past B x group, a padding block or a block past n_blocks: no keys). Its
+ *   tiles: first those of the blocks' context ranges (clipped to [0, Tk)), sorted and merged
+ *   where they overlap or touch (up to 3 intervals; thread 0 writes the schedule into the
+ *   bounds scratch, wg_block_setup), then one own-keys tile whose row j < 3 B holds key
+ *   blk_begin + j % B of block j / B (3 B <= KT). Masks (wg_block_mask, before the softmax of
+ *   a full tile): in a context tile, row keys inside [ctx_begin, min(ctx_end, interval end))
+ *   and outside the block's own keys (those come in the last tile; skipped where the tile lies
+ *   inside that for every row of the thread); in the own-keys tile, rows B w .. B w + B - 1.
+ *   In the measured case (512 blocks of 16, contexts [0, anchor) with sorted anchors) the three
+ *   contexts differ by a few keys, so a CTA streams about one block's context once for 3 blocks.
+ *   End: as causal, plus lse [H, n_blocks B] = (m + log2 l) ln 2 per row (+INF without keys),
+ *   the layout of the mma.sync forward that ops_cuda_attn_bwd.cu reads.
+ *   DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": this kernel where it applies; "mma" (or a
+ *   mma.sync shape, 4x16 or 2x32): the mma.sync kernel. Measured on the H200 (NOTES.md,
+ *   512 x 16 queries, 3072 context tokens, H 32 / 8, d 128): 0.644 ms, 317 TFLOP/s, against
+ *   1.21 ms, 169 TFLOP/s for the mma.sync 4x16 kernel.
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"
@@ -71,6 +96,7 @@
 typedef __nv_bfloat16 bf16;
 
 #define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 
 typedef struct wg_args {
     bf16 *out;
@@ -80,6 +106,13 @@ typedef struct wg_args {
     float scale;
     uint32_t lbo_qk, sbo_qk, lbo_v, sbo_v; /* descriptor strides in bytes */
 } wg_args;
+
+/* The block forward's own arguments (k_wg_block; wg_args holds the rest, T = n_blocks B) */
+typedef struct wg_blk {
+    float *lse; /* [H, n_blocks B], may be NULL */
+    const nn_block_span *spans;
+    int n_blocks, B, Tk;
+} wg_blk;
 
 /* Device code needs sm_90a; other targets (none in this build) get an empty kernel. */
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -338,18 +371,100 @@ __device__ __forceinline__ int warp_minmax(int v, int op) {
     return v;
 }
 
-/* One CTA: TQ = 64 NWG query rows (RT tokens x group heads of kv head blockIdx.y), NWG
- * warpgroups of 64 rows; keys in tiles of KT through NS stages. */
-template <int D, int NWG, int KT, int MODE, int NS, int DIST>
-__global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
+/* ---- block mode: the CTA's key tiles ---- */
+
+/* Thread 0 of a block-mode CTA (blocks blk0 .. blk0 + NWG - 1) writes its key schedule into ib
+ * (the bounds scratch): ib[r], ib[NWG + r] begin and end of context interval r (the blocks'
+ * context ranges clipped to [0, Tk), sorted, overlapping or touching ones merged; nr of them),
+ * ib[2 NWG + r] its first tile (ib[2 NWG + nr]: the number of context tiles), ib[3 NWG + 1] nr,
+ * ib[3 NWG + 2 + w] the first own key of warpgroup w's block (-1: none or padding). */
+template <int NWG, int KT> __device__ void wg_block_setup(const wg_blk &bs, int blk0, int *ib) {
+    int nr = 0;
+    for (int w = 0; w < NWG; w++) {
+        int blk = blk0 + w, own = -1;
+        if (blk < bs.n_blocks) {
+            nn_block_span sp = bs.spans[blk];
+            if (sp.keep) {
+                own = sp.blk_begin;
+                int c0 = max(sp.ctx_begin, 0), c1 = min(sp.ctx_end, bs.Tk), j = nr++;
+                if (c0 >= c1) nr--, j = -1;
+                for (; j > 0 && ib[j - 1] > c0; j--) /* insertion by begin */
+                    ib[j] = ib[j - 1], ib[NWG + j] = ib[NWG + j - 1];
+                if (j >= 0) ib[j] = c0, ib[NWG + j] = c1;
+            }
+        }
+        ib[3 * NWG + 2 + w] = own;
+    }
+    int n = 0;
+    for (int j = 0; j < nr; j++) {
+        if (n > 0 && ib[j] <= ib[NWG + n - 1]) {
+            ib[NWG + n - 1] = max(ib[NWG + n - 1], ib[NWG + j]);
+        } else {
+            ib[n] = ib[j], ib[NWG + n] = ib[NWG + j];
+            n++;
+        }
+    }
+    ib[2 * NWG] = 0;
+    for (int j = 0; j < n; j++)
+        ib[2 * NWG + j + 1] = ib[2 * NWG + j] + (ib[NWG + j] - ib[j] + KT - 1) / KT;
+    ib[3 * NWG + 1] = n;
+}
+
+/* Context tile i (below ib's tile count): keys [kb, kb + KT) of the interval that ends at re */
+template <int NWG, int KT>
+__device__ __forceinline__ void wg_block_tile(const int *ib, int nr, int i, int &kb, int &re) {
+    int r = 0;
+#pragma unroll
+    for (int j = 1; j < NWG; j++)
+        if (j < nr && i >= ib[2 * NWG + j]) r = j;
+    kb = ib[r] + (i - ib[2 * NWG + r]) * KT, re = ib[NWG + r];
+}
+
+/* The own-keys tile (the last of a block-mode CTA) into stage st: row j < NWG B holds key
+ * own + j % B of warpgroup j / B's block (own from ib), zero where it has none or past Tk */
+template <int D, int NWG, int KT>
+__device__ __forceinline__ void issue_own(const wg_args &a, const wg_blk &bs, const int *ib, int hk,
+                                          unsigned char *st, int tid, int nth) {
+    auto off = [&](int r) -> long long {
+        int w = r / bs.B, own = w < NWG ? ib[3 * NWG + 2 + w] : -1, key = own + r % bs.B;
+        return own >= 0 && key < bs.Tk ? ((long long)key * a.Hk + hk) * D : -1;
+    };
+    load_cm<D, KT>(st, a.k, off, tid, nth);
+    load_cm<D, KT>(st + KT * D * 2, a.v, off, tid, nth);
+}
+
+/* Block-mode mask of one tile's scores (accumulator layout): key kb + column is seen by row
+ * e / 2 of this thread when the row has keys (rv), lo <= key < hi and key is outside
+ * [xlo, xhi) */
+template <int KT>
+__device__ __forceinline__ void wg_block_mask(float (&s)[KT / 8][4], int kb, const bool rv[2],
+                                              int lo, int hi, int xlo, int xhi) {
+    const int tg = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = kb + n * 8 + 2 * tg + (e & 1);
+            if (!rv[e / 2] || key < lo || key >= hi || (key >= xlo && key < xhi))
+                s[n][e] = -INFINITY;
+        }
+}
+
+/* One CTA. Causal: TQ = 64 NWG query rows (RT tokens x group heads of kv head blockIdx.y), NWG
+ * warpgroups of 64 rows. BLOCK: NWG consecutive blocks, warpgroup w the B x group rows of block
+ * NWG c + w (c: the CTA's index, reversed), keys of the merged context intervals then the
+ * own-keys tile. Keys in tiles of KT through NS stages. */
+template <int D, int NWG, int KT, int MODE, int NS, int DIST, bool BLOCK>
+__device__ __forceinline__ void wg_fwd(const wg_args &a, const wg_blk &bs) {
     static_assert(MODE == 0 ? DIST <= NS - 1 : DIST <= NS - 2, "a refill would hit a used stage");
     static_assert(MODE < 2 || DIST >= 2, "MODE 2, 3 announce tile i + 1 before refilling");
+    static_assert(!BLOCK || MODE == 3, "the block mode is built on mode 3");
     constexpr bool PIPE = MODE > 0;
 #if WG_DEVICE
     constexpr int TQ = 64 * NWG, CPR = D / 8, TILE_B = KT * D * 2, LD = D + 8;
     extern __shared__ __align__(1024) unsigned char sm[];
     unsigned char *Qs = sm, *KV = sm + TQ * D * 2;
-    int *red = (int *)(KV + NS * 2 * TILE_B);                             /* [warp][4] bounds */
+    int *red = (int *)(KV + NS * 2 * TILE_B); /* [warp][4] bounds; BLOCK: the key schedule */
     uint64_t *full = (uint64_t *)(red + 4 * NWG * 4), *empty = full + NS; /* MODE 2 */
     if (MODE >= 2 && threadIdx.x == 0) {
         for (int j = 0; j < NS; j++)
@@ -361,14 +476,30 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
     const int hk = blockIdx.y, group = a.group;
     const int tile = gridDim.x - 1 - blockIdx.x; /* long rows first */
     int t_a, R, nr, rng[4] = {0, 0, 0, 0};
-    attn_tile_keys(a.seq_off, a.n_seqs, a.T, NULL, 0, a.RT, 1, tile, t_a, R, nr, rng);
-    const int NR = R * group;
+    int n_ctx = 0, myblk = 0; /* BLOCK: context tiles; this warpgroup's block */
+    if constexpr (BLOCK) {
+        if (threadIdx.x == 0) wg_block_setup<NWG, KT>(bs, tile * NWG, red);
+        __syncthreads(); /* the schedule (and the mbarriers' init) are visible */
+        nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], myblk = tile * NWG + wg;
+        t_a = 0, R = 0;
+    } else {
+        attn_tile_keys(a.seq_off, a.n_seqs, a.T, NULL, 0, a.RT, 1, tile, t_a, R, nr, rng);
+    }
+    /* rows with a query: of the CTA (causal), of each warpgroup (BLOCK) */
+    const int NR = BLOCK ? bs.B * group : R * group;
     load_cm<D, TQ>(
         Qs, a.q,
         [&](int r) -> long long {
-            if (r >= NR) return -1;
-            int t = t_a + r / group, h = hk * group + r % group;
-            return ((long long)t * a.H + h) * D;
+            if constexpr (BLOCK) {
+                int rl = r % 64, blk = tile * NWG + r / 64;
+                if (rl >= NR || blk >= bs.n_blocks) return -1;
+                int t = blk * bs.B + rl / group, h = hk * group + rl % group;
+                return ((long long)t * a.H + h) * D;
+            } else {
+                if (r >= NR) return -1;
+                int t = t_a + r / group, h = hk * group + r % group;
+                return ((long long)t * a.H + h) * D;
+            }
         },
         threadIdx.x, blockDim.x);
     if (MODE >= 2) cp_commit(); /* Q alone: published by the barrier below */
@@ -376,25 +507,55 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
     auto loads = [&](int j) { return MODE != 3 || j % NWG == wg; };
     const int ltid = MODE == 3 ? threadIdx.x % 128 : threadIdx.x;
     const int lnth = MODE == 3 ? 128 : blockDim.x;
+    /* BLOCK: K and V of tile j into its stage, by threads tid of nth */
+    auto issue_blk = [&](int j, int tid, int nth) {
+        unsigned char *st = KV + (j % NS) * 2 * TILE_B;
+        if (j < n_ctx) {
+            int kb, re;
+            wg_block_tile<NWG, KT>(red, nr, j, kb, re);
+            issue_kv<D, KT>(a, kb, re, hk, st, tid, nth);
+        } else {
+            issue_own<D, NWG, KT>(a, bs, red, hk, st, tid, nth);
+        }
+    };
     /* DIST tiles are in flight ahead of the one computed */
-    const int n_tiles = nr ? (rng[1] - rng[0] + KT - 1) / KT : 0;
+    const int n_tiles = BLOCK ? n_ctx + 1 : nr ? (rng[1] - rng[0] + KT - 1) / KT : 0;
 #pragma unroll
     for (int j = 0; j < DIST; j++) {
-        if (j < n_tiles && loads(j))
-            issue_kv<D, KT>(a, rng[0] + j * KT, rng[1], hk, KV + j * 2 * TILE_B, ltid, lnth);
+        if constexpr (BLOCK) {
+            if (j < n_tiles && loads(j)) issue_blk(j, ltid, lnth);
+        } else {
+            if (j < n_tiles && loads(j))
+                issue_kv<D, KT>(a, rng[0] + j * KT, rng[1], hk, KV + j * 2 * TILE_B, ltid, lnth);
+        }
         cp_commit();
     }
 
     /* keys [lo, hi) of rows g, g + 8 of this warp; the warpgroup's bounds: any key of a tile
      * is seen only inside [lo_any, hi_any) (rows with keys), every row sees [lo_all, hi_all) */
     int lo[2], hi[2];
+    /* BLOCK: rows g, g + 8 have keys (rv); the block's context [klo, khi) less its own keys
+     * [xlo, xhi); its slots [glo, ghi) of the own-keys tile */
+    bool rv[2] = {false, false};
+    int klo = 0, khi = 0, xlo = 0, xhi = 0, glo = 0, ghi = 0;
+    if constexpr (BLOCK) {
+        nn_block_span sp = {0, 0, 0, 0};
+        if (myblk < bs.n_blocks) sp = bs.spans[myblk];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int r = 64 * wg + 16 * wq + g + 8 * i;
-        lo[i] = 0, hi[i] = 0;
-        if (r < NR) attn_row_keys(a.seq_off, a.n_seqs, a.T, t_a + r / group, lo[i], hi[i]);
-    }
-    {
+        for (int i = 0; i < 2; i++) {
+            rv[i] = sp.keep && 16 * wq + g + 8 * i < NR;
+            lo[i] = 0, hi[i] = 0;
+        }
+        klo = sp.ctx_begin, khi = min(sp.ctx_end, bs.Tk);
+        xlo = sp.blk_begin, xhi = sp.blk_begin + bs.B;
+        glo = wg * bs.B, ghi = glo + max(0, min(bs.B, bs.Tk - sp.blk_begin));
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = 64 * wg + 16 * wq + g + 8 * i;
+            lo[i] = 0, hi[i] = 0;
+            if (r < NR) attn_row_keys(a.seq_off, a.n_seqs, a.T, t_a + r / group, lo[i], hi[i]);
+        }
         bool k0 = lo[0] < hi[0], k1 = lo[1] < hi[1];
         int v[4] = {min(k0 ? lo[0] : INT_MAX, k1 ? lo[1] : INT_MAX),
                     max(k0 ? hi[0] : INT_MIN, k1 ? hi[1] : INT_MIN), max(lo[0], lo[1]),
@@ -411,12 +572,13 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
     }
     __syncthreads();
     int lo_any = INT_MAX, hi_any = INT_MIN, lo_all = INT_MIN, hi_all = INT_MAX;
+    if constexpr (!BLOCK)
 #pragma unroll
-    for (int w = 0; w < 4; w++) {
-        const int *b = red + (4 * wg + w) * 4;
-        lo_any = min(lo_any, b[0]), hi_any = max(hi_any, b[1]);
-        lo_all = max(lo_all, b[2]), hi_all = min(hi_all, b[3]);
-    }
+        for (int w = 0; w < 4; w++) {
+            const int *b = red + (4 * wg + w) * 4;
+            lo_any = min(lo_any, b[0]), hi_any = max(hi_any, b[1]);
+            lo_all = max(lo_all, b[2]), hi_all = min(hi_all, b[3]);
+        }
 
     const float sl2 = a.scale * LOG2E;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4];
@@ -482,13 +644,16 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
                 const int j = i + DIST;
                 if (j < n_tiles && loads(j)) {
                     if (j >= NS) mb_wait(empty + j % NS, (j / NS - 1) & 1);
-                    issue_kv<D, KT>(a, rng[0] + j * KT, rng[1], hk, KV + (j % NS) * 2 * TILE_B,
-                                    ltid, lnth);
+                    if constexpr (BLOCK)
+                        issue_blk(j, ltid, lnth);
+                    else
+                        issue_kv<D, KT>(a, rng[0] + j * KT, rng[1], hk, KV + (j % NS) * 2 * TILE_B,
+                                        ltid, lnth);
                 }
                 cp_commit();
                 mb_wait(full + i % NS, (i / NS) & 1);
             }
-            const int kb = rng[0] + i * KT;
+            const int kb = BLOCK ? 0 : rng[0] + i * KT;
             const bool full_tile = kb >= lo_all && kb + KT <= hi_all && kb + KT <= rng[1];
             const unsigned char *Kt = KV + (i % NS) * 2 * TILE_B, *Vt = Kt + TILE_B;
             wg_fence();
@@ -500,7 +665,22 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
                 wg_wait<0>();
             }
             wg_pin_all(s);
-            online_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
+            if constexpr (BLOCK) { /* mask here, then the softmax as of a full tile */
+                if (i < n_ctx) {
+                    int cb, re;
+                    wg_block_tile<NWG, KT>(red, nr, i, cb, re);
+                    const int h = min(khi, re);
+                    if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h &&
+                          (cb + KT <= xlo || cb >= xhi)))
+                        wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
+                } else {
+                    wg_block_mask<KT>(s, 0, rv, glo, ghi, 0, 0);
+                }
+                online_softmax<KT>(s, m, l, corr, 0, lo, hi, true, sl2);
+                (void)full_tile;
+            } else {
+                online_softmax<KT>(s, m, l, corr, kb, lo, hi, full_tile, sl2);
+            }
             wg_wait<0>();
             wg_pin_all(o);
             wg_pin_u(pa);
@@ -537,15 +717,43 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
     }
     __syncwarp();
     for (int idx = lane; idx < 16 * CPR; idx += 32) {
-        int rr = idx / CPR, c = idx % CPR, r = 64 * wg + 16 * wq + rr;
-        if (r >= NR) continue;
-        int t = t_a + r / group, h = hk * group + r % group;
+        int rr = idx / CPR, c = idx % CPR, r = 64 * wg + 16 * wq + rr, t, h;
+        if constexpr (BLOCK) {
+            r -= 64 * wg;
+            if (r >= NR || myblk >= bs.n_blocks) continue;
+            t = myblk * bs.B + r / group, h = hk * group + r % group;
+        } else {
+            if (r >= NR) continue;
+            t = t_a + r / group, h = hk * group + r % group;
+        }
         *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + c * 8) =
             *(const uint4 *)(St + rr * LD + c * 8);
     }
+    if constexpr (BLOCK) { /* lse [H, n_blocks B] = (m + log2 l) ln 2; no keys: +INF */
+        const float lt[2] = {quad_sum(l[0]), quad_sum(l[1])};
+        if (bs.lse && tg == 0 && myblk < bs.n_blocks)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = 16 * wq + g + 8 * i;
+                if (r >= NR) continue;
+                int t = myblk * bs.B + r / group, h = hk * group + r % group;
+                bs.lse[(size_t)h * bs.n_blocks * bs.B + t] =
+                    lt[i] > 0.0f ? (m[i] + log2f(lt[i])) * LN2 : INFINITY;
+            }
+    }
 #else
-    (void)a;
+    (void)a, (void)bs;
 #endif
+}
+
+template <int D, int NWG, int KT, int MODE, int NS, int DIST>
+__global__ void __launch_bounds__(NWG * 128, 1) k_wg_causal(wg_args a) {
+    wg_fwd<D, NWG, KT, MODE, NS, DIST, false>(a, wg_blk{});
+}
+
+template <int D, int NWG, int KT, int MODE, int NS, int DIST>
+__global__ void __launch_bounds__(NWG * 128, 1) k_wg_block(wg_args a, wg_blk bs) {
+    wg_fwd<D, NWG, KT, MODE, NS, DIST, true>(a, bs);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -603,6 +811,27 @@ static const wg_kernel *wg_pick(int d) {
     return named && !known ? NULL : dflt;
 }
 
+/* The block forward's kernel: d 128, 3 warpgroups (blocks) of 64 rows, 64-key tiles, mode 3,
+ * NS 4, DIST 2 (as wg3x64r). */
+#define WG_BLOCK_K 128, 3, 64, 3, 4, 2
+#define WG_BLOCK_NWG 3
+
+static int wg_block_attr(void) {
+    return cudaFuncSetAttribute(k_wg_block<WG_BLOCK_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)wg_smem<128, 3, 64, 4>()) != cudaSuccess;
+}
+
+/* DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": this kernel; anything else ("mma", or a
+ * mma.sync shape such as 4x16): none, the mma.sync kernel serves. */
+static bool wg_block_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_BLOCK");
+        on = !e || !*e || strcmp(e, "wgmma") == 0;
+    }
+    return on;
+}
+
 static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_90a code */
 
 int cuda_wg_attention_init(void) {
@@ -618,6 +847,7 @@ int cuda_wg_attention_init(void) {
     int bad = 0;
     for (int i = 0; i < N_WG_KERNELS; i++)
         bad |= wg_kernels[i].attr();
+    bad |= wg_block_attr();
     if (bad) {
         (void)cudaGetLastError(); /* no usable image: the mma.sync kernels serve */
         return 0;
@@ -639,6 +869,26 @@ int cuda_wg_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
     a.H = H, a.Hk = Hk, a.group = H / Hk, a.scale = 1.0f / sqrtf((float)d);
     a.lbo_qk = 128, a.sbo_qk = 16 * d, a.lbo_v = 16 * d, a.sbo_v = 128;
     kn->launch(st, a);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q,
+                                const bf16 *k, const bf16 *v, const nn_block_span *spans,
+                                int n_blocks, int B, int Tk, int H, int Hk, int d) {
+    if (!g_wg_ready || !wg_block_on() || d != 128 || Hk <= 0 || H % Hk != 0 || n_blocks <= 0 ||
+        B <= 0 || Tk <= 0)
+        return -1;
+    const uintptr_t al = (uintptr_t)out | (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
+    /* a block's rows fit one warpgroup, the CTA's own keys one tile */
+    if (B * (H / Hk) > 64 || WG_BLOCK_NWG * B > 64 || (al & 15u)) return -1;
+    wg_args a = {};
+    a.out = out, a.q = q, a.k = k, a.v = v, a.T = n_blocks * B;
+    a.H = H, a.Hk = Hk, a.group = H / Hk, a.scale = 1.0f / sqrtf((float)d);
+    a.lbo_qk = 128, a.sbo_qk = 16 * d, a.lbo_v = 16 * d, a.sbo_v = 128;
+    wg_blk bs = {lse, spans, n_blocks, B, Tk};
+    dim3 grid((n_blocks + WG_BLOCK_NWG - 1) / WG_BLOCK_NWG, Hk);
+    k_wg_block<WG_BLOCK_K><<<grid, WG_BLOCK_NWG * 128, wg_smem<128, 3, 64, 4>(), st>>>(a, bs);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

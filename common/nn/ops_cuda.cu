@@ -1164,10 +1164,18 @@ __device__ float block_sum(float s) {
 /* Sum of squares in two fixed-order passes (no float atomics): every run, and every rank of a
  * data-parallel group holding the same gradients, gets the same bits, so the clipping factor
  * (and thus the weights) agree bit for bit. Pass 1: block b writes its partial to part[b]. */
-__global__ void k_sumsq(float *part, const float *g, size_t n) {
+/* Pass 1: block partial sums; with vec (g 16-byte aligned) 16-byte loads, then what is left
+ * (the n % 4 tail, or everything) one element at a time. */
+__global__ void k_sumsq(float *part, const float *g, size_t n, int vec) {
     float s = 0.0f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
+    const float4 *g4 = reinterpret_cast<const float4 *>(g);
+    const size_t stride = (size_t)gridDim.x * blockDim.x, n4 = vec ? n / 4 : 0,
+                 t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (size_t i = t0; i < n4; i += stride) {
+        float4 x = g4[i];
+        s += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    }
+    for (size_t i = n4 * 4 + t0; i < n; i += stride)
         s += g[i] * g[i];
     float t = block_sum(s);
     if (threadIdx.x == 0) part[blockIdx.x] = t;
@@ -1186,32 +1194,65 @@ static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
         CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), c->stream));
         return;
     }
-    unsigned blocks = grid_for(n, 256);
+    int vec = ((uintptr_t)g & 15u) == 0;
+    unsigned blocks = grid_for(vec ? n / 4 + 1 : n, 256);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    k_sumsq<<<blocks, 256, 0, c->stream>>>(c->stage, g, n);
+    k_sumsq<<<blocks, 256, 0, c->stream>>>(c->stage, g, n, vec);
     CUDA_CHECK_LAUNCH();
     k_sum_parts<<<1, SUMSQ_BLOCKS, 0, c->stream>>>(out, c->stage, blocks);
     CUDA_CHECK_LAUNCH();
 }
 
+/* One AdamW element update: moments m, v and master p in place; returns the new p. */
+__device__ __forceinline__ float adamw_one(float &p, float g, float &m, float &v, float beta1,
+                                           float beta2, float eps, float decay, float step,
+                                           float bc2_sqrt) {
+    m = beta1 * m + (1.0f - beta1) * g;
+    v = beta2 * v + (1.0f - beta2) * g * g;
+    p = p * decay - step * m / (sqrtf(v) / bc2_sqrt + eps);
+    return p;
+}
+
 /* grad_scale is used as given, or, with sumsq non-NULL, taken from the device-side global norm
- * (adamw_clip: no host round trip). */
+ * (adamw_clip: no host round trip). VEC: 4 elements per thread with 16-byte loads and stores
+ * (p, g, m, v 16-byte and p_act 8-byte aligned: the caller checks), the n % 4 tail scalar by
+ * the first threads. The update is memory-bound (30 bytes per element). */
+template <bool VEC>
 __global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n,
-                        float lr, float beta1, float beta2, float eps, float decay, float step,
+                        float beta1, float beta2, float eps, float decay, float step,
                         float bc2_sqrt, float grad_scale, const float *sumsq, float clip) {
     if (sumsq) grad_scale = NN_CLIP_SCALE(sumsq[0], clip);
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float pi = p[i] * decay - step * mi / (sqrtf(vi) / bc2_sqrt + eps);
-        p[i] = pi;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t0 = blockIdx.x * (size_t)blockDim.x +
+                                                                threadIdx.x;
+    size_t done = 0;
+    if (VEC) {
+        const size_t n4 = n / 4;
+        for (size_t i = t0; i < n4; i += stride) {
+            float4 pi = reinterpret_cast<float4 *>(p)[i], gi = reinterpret_cast<const float4 *>(g)[i];
+            float4 mi = reinterpret_cast<float4 *>(m)[i], vi = reinterpret_cast<float4 *>(v)[i];
+            adamw_one(pi.x, gi.x * grad_scale, mi.x, vi.x, beta1, beta2, eps, decay, step, bc2_sqrt);
+            adamw_one(pi.y, gi.y * grad_scale, mi.y, vi.y, beta1, beta2, eps, decay, step, bc2_sqrt);
+            adamw_one(pi.z, gi.z * grad_scale, mi.z, vi.z, beta1, beta2, eps, decay, step, bc2_sqrt);
+            adamw_one(pi.w, gi.w * grad_scale, mi.w, vi.w, beta1, beta2, eps, decay, step, bc2_sqrt);
+            reinterpret_cast<float4 *>(p)[i] = pi;
+            reinterpret_cast<float4 *>(m)[i] = mi;
+            reinterpret_cast<float4 *>(v)[i] = vi;
+            if (p_act) {
+                __nv_bfloat162 lo = __floats2bfloat162_rn(pi.x, pi.y);
+                __nv_bfloat162 hi = __floats2bfloat162_rn(pi.z, pi.w);
+                uint2 pk;
+                pk.x = *reinterpret_cast<uint32_t *>(&lo);
+                pk.y = *reinterpret_cast<uint32_t *>(&hi);
+                reinterpret_cast<uint2 *>(p_act)[i] = pk;
+            }
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + t0; i < n; i += stride) {
+        float pi = adamw_one(p[i], g[i] * grad_scale, m[i], v[i], beta1, beta2, eps, decay, step,
+                             bc2_sqrt);
         if (p_act) p_act[i] = __float2bfloat16(pi);
     }
-    (void)lr;
 }
 
 static void adamw_launch(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
@@ -1222,9 +1263,15 @@ static void adamw_launch(nn_ctx *c, float *p, nn_buf *p_act, const float *g, flo
     float bc1 = (float)(1.0 - pow((double)beta1, t));
     float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
     float step = lr / bc1, decay = 1.0f - lr * wd;
-    k_adamw<<<grid_for(n, 256), 256, 0, c->stream>>>(p, (bf16 *)p_act, g, m, v, n, lr, beta1, beta2,
-                                                     eps, decay, step, bc2_sqrt, grad_scale, sumsq,
-                                                     clip);
+    uintptr_t al = (uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
+    if (al % 16 == 0 && (uintptr_t)p_act % 8 == 0)
+        k_adamw<true><<<grid_for(n / 4 + 1, 256), 256, 0, c->stream>>>(
+            p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale,
+            sumsq, clip);
+    else
+        k_adamw<false><<<grid_for(n, 256), 256, 0, c->stream>>>(
+            p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale,
+            sumsq, clip);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -2,7 +2,8 @@
  * (ops_cuda_attn_wgmma.cu, the causal forward; ops_cuda_attn_wgbwd.cu, the block backward):
  * PTX wrappers for wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulators; A and B from shared
  * memory through descriptors, or A from registers), its fence / commit / wait, mbarriers, the
- * async-proxy fence, and cp.async loads into the no-swizzle core-matrix layout.
+ * async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
+ * attn_spans.cuh).
  * Layout (no swizzle): a core matrix is 8 rows x 16 bytes, 128 contiguous bytes; a tile of ROWS
  * rows x D bf16 puts element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 + (row % 8) 16
  * + (col % 8) 2. A descriptor's LBO is the byte distance between core matrices adjacent along
@@ -187,20 +188,6 @@ __device__ __forceinline__ void wg_rs_t<128>(float (&d)[16][4], const uint32_t (
 }
 
 #endif /* WG_DEVICE */
-
-/* cp.async of ROWS rows of D bf16 into a core-matrix tile: chunk i (16 bytes) of the tile is
- * column block (i / 8) % (D / 8) of row 8 (i / D) + i % 8, at byte 16 i; row r comes from
- * src + off(r), or is zero when off(r) < 0. Left in flight (the caller commits). */
-template <int D, int ROWS, typename F>
-__device__ __forceinline__ void load_cm(unsigned char *dst, const bf16 *src, F off, int tid,
-                                        int nth) {
-    constexpr int CPR = D / 8;
-    for (int i = tid; i < ROWS * CPR; i += nth) {
-        int r = i / (8 * CPR) * 8 + i % 8, c = (i / 8) % CPR;
-        long long o = off(r);
-        cp_async16(dst + 16 * i, o >= 0 ? (const void *)(src + o + c * 8) : src, o >= 0 ? 16 : 0);
-    }
-}
 
 /* S = Q K^T of one key tile into s (issued and committed, not waited for) */
 template <int D, int KT>

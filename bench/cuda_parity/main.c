@@ -599,6 +599,7 @@ int main(int argc, char **argv) {
     t_block(16, 4, 64, 10);
     t_block(16, 2, 128, 16); /* group 8: two row tiles per block */
     t_block(8, 8, 64, 16);   /* group 1: 16-row tiles (warps without rows) */
+    t_block(8, 4, 128, 10);  /* group 2, d 128: 20 rows per block, padding rows in every visit */
     if (!attn_only) {
         t_lm_head();
         t_optim();

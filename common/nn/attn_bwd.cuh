@@ -1,7 +1,7 @@
 /* attn_bwd: what the two fused block-attention backward kernels share (k_bwd_fused on mma.sync
  * in ops_cuda_attn_bwd.cu, k_wgb_fused on wgmma in ops_cuda_attn_wgbwd.cu): their argument
  * block bwd_args (filled by cuda_bwd_attention_block_bwd, which also runs k_bwd_rowD before and
- * k_bwd_dq_out after the kernel), the split of a key tile's visits into pieces by block
+ * k_bwd_dq_out after either kernel), the split of a key tile's visits into pieces by block
  * ranges, the bulk-copy reduction of a warp's dQ tile into the fp32 scratch dqacc, and the
  * visibility of a warp's keys to a block. Both kernels are key-major: a CTA owns a tile of keys
  * of one kv head and visits, 64 query rows at a time, the blocks that see it.
@@ -133,5 +133,12 @@ __device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, in
         vis[r] = vis[r] && key < Tk;
     }
 }
+
+/* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limit,
+ * where the device runs sm_90a code (never fails: else the kernel stays unused). launch: queues
+ * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller);
+ * -1 when the kernel is not usable on this device (the caller runs k_bwd_fused). */
+int cuda_wgb_attention_init(void);
+int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a);
 
 #endif

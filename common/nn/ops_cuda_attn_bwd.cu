@@ -3,6 +3,9 @@
  * see cuda_attn_mode). cuda_tc_attention_block_bwd (ops_cuda_attn_tc.cu) calls it first and
  * falls back to the mma.sync pair of ops_cuda_attn_mma.cu when it returns -1 (other head dims,
  * unaligned buffers, no scratch, a shape over the scratch); DFLASH_CUDA_ATTN=mma keeps the pair.
+ * DFLASH_CUDA_ATTN_BWD=wgmma runs the same pass on Hopper wgmma instead (k_wgb_fused,
+ * ops_cuda_attn_wgbwd.cu; its comment says how it differs) with the launches, scratch and split
+ * of this file around it, and this kernel where it cannot run (no sm_90a); =mma this kernel.
  *
  * Why: the pair k_mma_dq + k_mma_dkdv computes S and dP twice (7 products per row and key);
  * here each (key tile, block) visit computes them once and makes all three gradients (5):
@@ -372,6 +375,23 @@ static int bwd_by_block(void) {
     return b;
 }
 
+/* DFLASH_CUDA_ATTN_BWD: which kernel makes dq, dk, dv: "wgmma" (k_wgb_fused of
+ * ops_cuda_attn_wgbwd.cu where the device runs sm_90a code, else k_bwd_fused) or "mma"
+ * (k_bwd_fused, with the shape of bwd_variant). Unset or anything else: BWD_DEFAULT. */
+enum { BWD_MMA = 0, BWD_WGMMA = 1 };
+#define BWD_DEFAULT BWD_MMA
+static int bwd_kernel(void) {
+    static int k = -1;
+    if (k < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_BWD");
+        k = !e                       ? BWD_DEFAULT
+            : strcmp(e, "wgmma") == 0 ? BWD_WGMMA
+            : strcmp(e, "mma") == 0   ? BWD_MMA
+                                      : BWD_DEFAULT;
+    }
+    return k;
+}
+
 template <int NW, int AH, int ST> static int bwd_attr(void) {
     return cudaFuncSetAttribute(k_bwd_fused<128, NW, AH, ST>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -410,6 +430,7 @@ static void bwd_launch_bulk(cudaStream_t st, const bwd_args &a, int shape) {
 
 int cuda_bwd_attention_init(void) {
     if (bwd_attrs<0>() | bwd_attrs<1>() | bwd_attr<8, 2, 2>() | bwd_attr<8, 1, 2>()) return -1;
+    (void)cuda_wgb_attention_init(); /* never fails: without sm_90a k_bwd_fused serves */
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     (void)dqacc_alloc(DQACC_ELEMS); /* without it block_bwd runs the mma.sync pair: no error */
     return 0;
@@ -448,7 +469,9 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
     const int var = bwd_variant();
-    if (var >= 200)
+    if (bwd_kernel() == BWD_WGMMA && cuda_wgb_attention_launch(st, &a) == 0)
+        ; /* k_wgb_fused */
+    else if (var >= 200)
         bwd_launch_bulk(st, a, var - 200);
     else if (var >= 100)
         bwd_launch<1>(st, a, var - 100);

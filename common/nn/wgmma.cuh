@@ -104,6 +104,12 @@ template <int N>
 __device__ __forceinline__ void wg_ss_first(float (&d)[N / 8][4], uint64_t da, uint64_t db);
 template <int N>
 __device__ __forceinline__ void wg_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db);
+/* d (64 x N) = A B (first) or += A B with both operands MN-major in shared memory (the transpose
+ * bits set): A^T = 16 x 64 and B = 16 x N, each stored with M or N contiguous. */
+template <int N>
+__device__ __forceinline__ void wg_ss_tt_first(float (&d)[N / 8][4], uint64_t da, uint64_t db);
+template <int N>
+__device__ __forceinline__ void wg_ss_tt(float (&d)[N / 8][4], uint64_t da, uint64_t db);
 /* d (64 x N) += A B: A = 64 x 16 bf16 fragments in registers (the mma.sync A layout per warp),
  * B = 16 x N MN-major in shared memory (descriptor db, transposed). */
 template <int N>
@@ -184,6 +190,22 @@ __device__ __forceinline__ void wg_rs_t<128>(float (&d)[16][4], const uint32_t (
     asm volatile(WG_ASM(69, "m64n128k16", WG_REGS64, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
                  : WG_ACC16("+f", d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_ss_tt_first<64>(float (&d)[8][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(34, "m64n64k16", WG_REGS32, "%32, %33, p, 1, 1, 1, 1")
+                 : WG_ACC8("=f", d)
+                 : "l"(da), "l"(db), "r"(0)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_ss_tt<64>(float (&d)[8][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(34, "m64n64k16", WG_REGS32, "%32, %33, p, 1, 1, 1, 1")
+                 : WG_ACC8("+f", d)
+                 : "l"(da), "l"(db), "r"(1)
                  : "memory");
 }
 

@@ -562,6 +562,9 @@ int main(int argc, char **argv) {
            : attn && *attn && strcmp(attn, "mma") != 0
                ? attn
                : "mma.sync tensor cores for d 64/128 (default)");
+    const char *bwd = getenv("DFLASH_CUDA_ATTN_BWD");
+    printf("block backward (fused mode, d 128): %s\n",
+           bwd && *bwd ? bwd : "default of ops_cuda_attn_bwd.cu");
     const char *causal = getenv("DFLASH_CUDA_ATTN_CAUSAL");
     printf("causal forward: %s\n", causal && *causal ? causal : "wgmma on Hopper (default)");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();

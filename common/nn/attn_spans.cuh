@@ -210,6 +210,32 @@ __device__ __forceinline__ void load_cm(unsigned char *dst, const __nv_bfloat16 
     }
 }
 
+/* load_cm of two tiles whose rows come from the same offsets (src0 + off(r) into dst0, src1 +
+ * off(r) into dst1): off is evaluated once per row piece. */
+template <int D, int ROWS, typename F>
+__device__ __forceinline__ void load_cm2(unsigned char *dst0, const __nv_bfloat16 *src0,
+                                         unsigned char *dst1, const __nv_bfloat16 *src1, F off,
+                                         int tid, int nth)
+{
+    constexpr int CPR = D / 8;
+    for (int i = tid; i < ROWS * CPR; i += nth) {
+        int r = i / (8 * CPR) * 8 + i % 8, c = (i / 8) % CPR;
+        long long o = off(r);
+        const bool in = o >= 0;
+        cp_async16(dst0 + 16 * i, in ? (const void *)(src0 + o + c * 8) : src0, in ? 16 : 0);
+        cp_async16(dst1 + 16 * i, in ? (const void *)(src1 + o + c * 8) : src1, in ? 16 : 0);
+    }
+}
+
+/* 4 bytes global -> shared through cp.async (.ca); src_bytes 0 zero-fills. */
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
 {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);

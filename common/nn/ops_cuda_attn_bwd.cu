@@ -3,9 +3,10 @@
  * see cuda_attn_mode). cuda_tc_attention_block_bwd (ops_cuda_attn_tc.cu) calls it first and
  * falls back to the mma.sync pair of ops_cuda_attn_mma.cu when it returns -1 (other head dims,
  * unaligned buffers, no scratch, a shape over the scratch); DFLASH_CUDA_ATTN=mma keeps the pair.
- * DFLASH_CUDA_ATTN_BWD=wgmma runs the same pass on Hopper wgmma instead (k_wgb_fused,
- * ops_cuda_attn_wgbwd.cu; its comment says how it differs) with the launches, scratch and split
- * of this file around it, and this kernel where it cannot run (no sm_90a); =mma this kernel.
+ * On Hopper the same pass runs on wgmma by default (k_wgb_fused, ops_cuda_attn_wgbwd.cu; its
+ * comment says how it differs) with the launches, scratch and split of this file around it, and
+ * this kernel where it cannot run (no sm_90a); DFLASH_CUDA_ATTN_BWD=mma chooses this kernel,
+ * =wgmma_seq the wgmma kernel without its overlap of visits (see bwd_kernel).
  *
  * Why: the pair k_mma_dq + k_mma_dkdv computes S and dP twice (7 products per row and key);
  * here each (key tile, block) visit computes them once and makes all three gradients (5):
@@ -33,8 +34,9 @@
  * with the bulk staging); 64x64 / 64x32: 4 warps, 64 keys, 2 CTAs per SM (112 KB), twice the
  * dq atomics. Warp w holds keys 16 w .. 16 w + 15 (the m16 rows of S^T) and dk, dv of them in
  * registers. The CTA takes piece blockIdx.z of the blocks that see its keys: by hit index
- * (attn_split_piece, default) or by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks:
- * bwd_piece_blocks, so that CTAs running together add into the same dq rows); blocks per
+ * (attn_split_piece, this kernel's default) or by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=
+ * blocks: bwd_piece_blocks, so that CTAs running together add into the same dq rows; the wgmma
+ * kernel's default); blocks per
  * piece DFLASH_CUDA_ATTN_SPLIT. A visit is 64 query rows (16 tokens x 4 heads at group 4);
  * phase A (S^T, dP^T, dV, dK) in one pass of 64 rows or two of 32. Per visit two barriers: the
  * first publishes the visit's Q, dO, D, lse stage and frees the other one, whose cp.async for
@@ -364,32 +366,34 @@ static int bwd_variant(void) {
     return v;
 }
 
-/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece, default) or blocks
- * (bwd_piece_blocks). */
-static int bwd_by_block(void) {
-    static int b = -1;
-    if (b < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_PIECES");
-        b = e && strcmp(e, "blocks") == 0;
-    }
-    return b;
-}
-
 /* DFLASH_CUDA_ATTN_BWD: which kernel makes dq, dk, dv: "wgmma" (k_wgb_fused of
- * ops_cuda_attn_wgbwd.cu where the device runs sm_90a code, else k_bwd_fused) or "mma"
+ * ops_cuda_attn_wgbwd.cu, dQ of a visit overlapping the next, where the device runs sm_90a
+ * code, else k_bwd_fused), "wgmma_seq" (the same, one visit after the other) or "mma"
  * (k_bwd_fused, with the shape of bwd_variant). Unset or anything else: BWD_DEFAULT. */
-enum { BWD_MMA = 0, BWD_WGMMA = 1 };
-#define BWD_DEFAULT BWD_MMA
+enum { BWD_MMA = 0, BWD_WGMMA = 1, BWD_WGMMA_SEQ = 2 };
+#define BWD_DEFAULT BWD_WGMMA
 static int bwd_kernel(void) {
     static int k = -1;
     if (k < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_BWD");
-        k = !e                       ? BWD_DEFAULT
-            : strcmp(e, "wgmma") == 0 ? BWD_WGMMA
-            : strcmp(e, "mma") == 0   ? BWD_MMA
-                                      : BWD_DEFAULT;
+        k = !e                           ? BWD_DEFAULT
+            : strcmp(e, "wgmma") == 0     ? BWD_WGMMA
+            : strcmp(e, "wgmma_seq") == 0 ? BWD_WGMMA_SEQ
+            : strcmp(e, "mma") == 0       ? BWD_MMA
+                                          : BWD_DEFAULT;
     }
     return k;
+}
+
+/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece) or blocks
+ * (bwd_piece_blocks); unset: blocks for the wgmma kernel, hits for k_bwd_fused (kern). */
+static int bwd_by_block(int kern) {
+    static int b = -2;
+    if (b == -2) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_PIECES");
+        b = !e ? -1 : strcmp(e, "blocks") == 0;
+    }
+    return b >= 0 ? b : kern != BWD_MMA;
 }
 
 template <int NW, int AH, int ST> static int bwd_attr(void) {
@@ -463,20 +467,21 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     a.dq = dq, a.dk = dk, a.dv = dv, a.spans = spans;
     a.n_blocks = n_blocks, a.B = B, a.Tk = Tk, a.H = H, a.Hk = Hk, a.group = H / Hk;
     a.split_max = acc ? split_max : 1, a.vps = vps;
-    a.by_block = bwd_by_block();
     a.scale = 1.0f / sqrtf((float)d);
     const size_t rows = (size_t)n_blocks * B * H;
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
-    const int var = bwd_variant();
-    if (bwd_kernel() == BWD_WGMMA && cuda_wgb_attention_launch(st, &a) == 0)
-        ; /* k_wgb_fused */
-    else if (var >= 200)
-        bwd_launch_bulk(st, a, var - 200);
-    else if (var >= 100)
-        bwd_launch<1>(st, a, var - 100);
-    else
-        bwd_launch<0>(st, a, var);
+    const int kern = bwd_kernel(), var = bwd_variant();
+    a.by_block = bwd_by_block(kern);
+    if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
+        a.by_block = bwd_by_block(BWD_MMA); /* k_bwd_fused */
+        if (var >= 200)
+            bwd_launch_bulk(st, a, var - 200);
+        else if (var >= 100)
+            bwd_launch<1>(st, a, var - 100);
+        else
+            bwd_launch<0>(st, a, var);
+    }
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;
     k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4);

@@ -41,26 +41,16 @@ run parity_wg_split1 25 $WG $S1 "$P" attn
 run parity_wg 25 $WG "$P" attn
 run parity_wg_hits_split1 25 $WG $HITS $S1 "$P" attn
 run parity_ws_split1 25 $WS $S1 "$P" attn
-run parity_ws 25 $WS "$P" attn
-run parity_mma_split1 25 $MM $S1 "$P" attn
-run parity_mma 25 $MM "$P" attn
 run ops_wg 25 $WG "$B" 0 attn
 run ops_mma 25 $MM "$B" 0 attn
-run ops_wg_hits 25 $WG $HITS "$B" 0 attn
 run ops_ws 25 $WS "$B" 0 attn
-run ops_ws_hits 25 $WS $HITS "$B" 0 attn
+run ops_wg_split40 25 $WG DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
+run ops_wg_split160 25 $WG DFLASH_CUDA_ATTN_SPLIT=160 "$B" 0 attn
 run ops_wg_again 25 $WG "$B" 0 attn
 run ops_mma_again 25 $MM "$B" 0 attn
 if command -v compute-sanitizer >/dev/null; then
   run memcheck_wg_split1 50 $WG $S1 compute-sanitizer --tool memcheck "$P" attn
-  run memcheck_wg 50 $WG compute-sanitizer --tool memcheck "$P" attn
 fi
 run parity_all_default 60 "$P"
-if command -v ncu >/dev/null; then
-  run ncu_parity_launch 40 $WG ncu -k regex:k_wgb_fused -c 2 --section LaunchStats "$P" attn
-  run ncu_wg 60 $WG ncu -k regex:k_wgb_fused -c 1 --section SpeedOfLight --section Occupancy \
-    --section SchedulerStats --section WarpStateStats "$B" 0 attn
-fi
-run step_default 60 "$B" 5
-run step_mma 60 $MM "$B" 5
+run step_default 70 "$B" 5
 grep -E "^binaries|^=== |FAIL|checks failed|failed|ERROR SUMMARY|^rc |^attention_block|attn_block H(32/8|16/2|8/4) d128.*bwd|H200|block backward|dflash_train_step|k_wgb_fused|Duration|Registers Per|Throughput|Issued|Eligible" "$log"

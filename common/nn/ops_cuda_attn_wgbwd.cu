@@ -32,8 +32,9 @@
  *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
  * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
  * stage (cp.async, D and lse too, waited for and fenced for the async proxy by every thread) and
- * frees the other stage, whose loads for the next visit start right after it; the second
- * publishes dS^T. No wgmma is in flight across a visit's end (ptxas would serialise them).
+ * frees the other stage, whose loads for the next visit are issued once S^T (and dQ) are (so
+ * that their address arithmetic runs under the products); the second publishes dS^T. No wgmma
+ * is in flight across a visit's end (ptxas would serialise them).
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), all wgmma tiles in the no-swizzle core-matrix layout of wgmma.cuh: K, V
@@ -161,16 +162,7 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         /* stage st is complete for all threads, and all are done with the previous visit's
          * stage (1 - st) and with the dS^T buffer this visit writes */
         __syncthreads();
-        visit_item nx = visit_next<FROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, WKT, h_hi);
-        if (nx.blk >= 0)
-            visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H,
-                                        a.group, nx, hk, (bf16 *)(Qs + (1 - st) * QT),
-                                        (bf16 *)(dOs + (1 - st) * QT), Dr + (1 - st) * FROWS,
-                                        Lr + (1 - st) * FROWS);
-        cp_commit();
         const int nrows = min(FROWS, a.B * a.group - it.cb);
-        bool kvis[2];
-        bwd_keys_seen(a.spans + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
         const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
 
@@ -179,6 +171,16 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         wg_fence();
         if constexpr (WDQ) issue_dq(dp, (i + 1) % 2);
         wg_issue_s<D, FROWS>(s, dK, wg_desc(Qt, LBO_K, SBO_K)); /* S^T = K Q^T */
+        /* while it runs: the next visit's loads into the other stage, this visit's key mask */
+        visit_item nx = visit_next<FROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, WKT, h_hi);
+        if (nx.blk >= 0)
+            visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H,
+                                        a.group, nx, hk, (bf16 *)(Qs + (1 - st) * QT),
+                                        (bf16 *)(dOs + (1 - st) * QT), Dr + (1 - st) * FROWS,
+                                        Lr + (1 - st) * FROWS);
+        cp_commit();
+        bool kvis[2];
+        bwd_keys_seen(a.spans + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
         if constexpr (WDQ) {
             wg_wait<1>(); /* dQ of the previous visit is in */
             wg_pin_all(dp);
@@ -189,12 +191,13 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         wg_wait<1>();                                             /* S^T is in */
         wg_pin_all(s);
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+        for (int n = 0; n < NT; n++) {
+            const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
+            const float l0 = l.x * FLOG2E, l1 = l.y * FLOG2E;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int row = n * 8 + 2 * tg + (e & 1);
-                s[n][e] = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -Lt[row] * FLOG2E)) : 0.0f;
-            }
+            for (int e = 0; e < 4; e++)
+                s[n][e] = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -(e & 1 ? l1 : l0))) : 0.0f;
+        }
         uint32_t pa[NT / 2][4];
         wgb_pack<NT>(pa, s);
         wg_fence();
@@ -202,12 +205,12 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         wg_wait<1>();                                              /* dP^T is in */
         wg_pin_all(dp);
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+        for (int n = 0; n < NT; n++) {
+            const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int row = n * 8 + 2 * tg + (e & 1);
-                dp[n][e] = s[n][e] * (dp[n][e] - Dt[row]) * a.scale; /* dS^T */
-            }
+            for (int e = 0; e < 4; e++) /* dS^T */
+                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x)) * a.scale;
+        }
         uint32_t da[NT / 2][4];
         wgb_pack<NT>(da, dp);
         wg_fence();

@@ -134,10 +134,11 @@ __device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, in
     }
 }
 
-/* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limit,
+/* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limits,
  * where the device runs sm_90a code (never fails: else the kernel stays unused). launch: queues
- * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller),
- * pipe: with dQ of one visit overlapping the next (PIPE), else one visit after the other; -1 when the kernel is not usable on this device (the caller runs k_bwd_fused). */
+ * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller);
+ * pipe: dQ of one visit overlapping the next (PIPE), else one visit after the other. -1 when
+ * the kernel is not usable on this device (the caller runs k_bwd_fused). */
 int cuda_wgb_attention_init(void);
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe);
 

@@ -110,8 +110,8 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
     visit_item it = {-1, 0, h_lo};
     if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
     if (it.blk >= 0)
-        visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group,
-                                    it, hk, (bf16 *)Qs, (bf16 *)dOs, Dr, Lr);
+        visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group, it,
+                                    hk, (bf16 *)Qs, (bf16 *)dOs, Dr, Lr);
     cp_commit();
 
     const float sl2 = a.scale * FLOG2E;
@@ -174,8 +174,8 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         /* while it runs: the next visit's loads into the other stage, this visit's key mask */
         visit_item nx = visit_next<FROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, WKT, h_hi);
         if (nx.blk >= 0)
-            visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H,
-                                        a.group, nx, hk, (bf16 *)(Qs + (1 - st) * QT),
+            visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group,
+                                        nx, hk, (bf16 *)(Qs + (1 - st) * QT),
                                         (bf16 *)(dOs + (1 - st) * QT), Dr + (1 - st) * FROWS,
                                         Lr + (1 - st) * FROWS);
         cp_commit();

@@ -41,7 +41,7 @@
  * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the 8
  * warps' dQ staging (16 x BLD fp32, 36 KB), 2 stages of D and lse: 185 KB (PIPE 201 KB). At the
  * end K, V and the Q stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K
- * and dv at the Q stages). Registers (ptxas): 242 (PIPE) / 240, no spills.
+ * and dv at the Q stages). Registers (ptxas): 242 in both modes, no spills.
  * Numerics as k_bwd_fused: fp32 accumulators, P and dS rounded to bf16 as the products' inputs,
  * dq summed in fp32 over key tiles in any order (not bitwise reproducible), dk, dv one fp32 sum
  * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c.

@@ -15,7 +15,7 @@
  * as warp 4 w + q of k_bwd_fused and the shared tile end (dkdv_tile_out) applies unchanged.
  * Per visit (64 query rows: one block's 16 tokens x 4 heads at group 4), per warpgroup:
  *   S^T = K Q^T and dP^T = V dO^T (m64n64k16, 8 k-steps each, both operands K-major in shared
- *     memory), issued together as two commit groups;
+ *     memory), two commit groups (with PIPE dP^T waits until the previous dQ is out, below);
  *   once S^T is in: P^T = exp2(S^T scale log2e - lse log2e) (0 for keys the block does not see),
  *     packed to bf16 A fragments; dV += P^T dO issued (m64n128k16, A from registers, dO the
  *     MN-major B) while dP^T may still run;

@@ -593,6 +593,9 @@ int main(int argc, char **argv) {
            : attn && *attn && strcmp(attn, "mma") != 0
                ? attn
                : "mma.sync tensor cores for d 64/128 (default)");
+    const char *bwd = getenv("DFLASH_CUDA_ATTN_BWD");
+    printf("block backward (fused mode, d 128): %s\n",
+           bwd && *bwd ? bwd : "default of ops_cuda_attn_bwd.cu");
     const char *causal = getenv("DFLASH_CUDA_ATTN_CAUSAL");
     printf("causal forward: %s\n", causal && *causal ? causal : "wgmma on Hopper (default)");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();
@@ -630,6 +633,7 @@ int main(int argc, char **argv) {
     t_block(16, 4, 64, 10);
     t_block(16, 2, 128, 16); /* group 8: two row tiles per block */
     t_block(8, 8, 64, 16);   /* group 1: 16-row tiles (warps without rows) */
+    t_block(8, 4, 128, 10);  /* group 2, d 128: 20 rows per block, padding rows in every visit */
     t_block_mixed(32, 8, 128, 16);
     t_block_mixed(16, 8, 128, 16); /* group 2: 32 rows per block */
     t_block_mixed(16, 2, 128, 16); /* group 8: not for the wgmma forward */

@@ -1,7 +1,8 @@
 /* attn_spans: what the three cuda attention files share (ops_cuda_attn.cu on CUDA cores,
  * ops_cuda_attn_tc.cu on WMMA tensor cores, ops_cuda_attn_mma.cu on mma.sync tensor cores):
  *   - device helpers: the key ranges of a block span, the sequence of a token, a CTA's query
- *     tokens and key ranges, a query row's key limits, cp.async tile loads, bf16 packing, and
+ *     tokens and key ranges, a query row's key limits, cp.async tile loads (row-major, or the
+ *     core-matrix layout of the wgmma kernels), bf16 packing, and
  *     D = rowsum(dO * O) of a row tile;
  *   - the DFLASH_CUDA_ATTN kernel choice (parsed once in ops_cuda_attn.cu) and the internal
  *     launchers of the mma.sync and wgmma files (ops_cuda.h belongs to the vtable and lists the
@@ -198,6 +199,47 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 *dst, const __nv_bfloat1
             *(uint4 *)(dst + r * LD + c * 8) = val;
         }
     }
+}
+
+/* cp.async of ROWS rows of D bf16 into a core-matrix tile: chunk i (16 bytes) of the tile is
+ * column block (i / 8) % (D / 8) of row 8 (i / D) + i % 8, at byte 16 i; row r comes from
+ * src + off(r), or is zero when off(r) < 0. Left in flight (the caller commits). */
+template <int D, int ROWS, typename F>
+__device__ __forceinline__ void load_cm(unsigned char *dst, const __nv_bfloat16 *src, F off,
+                                        int tid, int nth)
+{
+    constexpr int CPR = D / 8;
+    for (int i = tid; i < ROWS * CPR; i += nth) {
+        int r = i / (8 * CPR) * 8 + i % 8, c = (i / 8) % CPR;
+        long long o = off(r);
+        cp_async16(dst + 16 * i, o >= 0 ? (const void *)(src + o + c * 8) : src, o >= 0 ? 16 : 0);
+    }
+}
+
+/* load_cm of two tiles whose rows come from the same offsets (src0 + off(r) into dst0, src1 +
+ * off(r) into dst1): off is evaluated once per row piece. */
+template <int D, int ROWS, typename F>
+__device__ __forceinline__ void load_cm2(unsigned char *dst0, const __nv_bfloat16 *src0,
+                                         unsigned char *dst1, const __nv_bfloat16 *src1, F off,
+                                         int tid, int nth)
+{
+    constexpr int CPR = D / 8;
+    for (int i = tid; i < ROWS * CPR; i += nth) {
+        int r = i / (8 * CPR) * 8 + i % 8, c = (i / 8) % CPR;
+        long long o = off(r);
+        const bool in = o >= 0;
+        cp_async16(dst0 + 16 * i, in ? (const void *)(src0 + o + c * 8) : src0, in ? 16 : 0);
+        cp_async16(dst1 + 16 * i, in ? (const void *)(src1 + o + c * 8) : src1, in ? 16 : 0);
+    }
+}
+
+/* 4 bytes global -> shared through cp.async (.ca); src_bytes 0 zero-fills. */
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)

@@ -3,6 +3,10 @@
  * see cuda_attn_mode). cuda_tc_attention_block_bwd (ops_cuda_attn_tc.cu) calls it first and
  * falls back to the mma.sync pair of ops_cuda_attn_mma.cu when it returns -1 (other head dims,
  * unaligned buffers, no scratch, a shape over the scratch); DFLASH_CUDA_ATTN=mma keeps the pair.
+ * On Hopper the same pass runs on wgmma by default (k_wgb_fused, ops_cuda_attn_wgbwd.cu; its
+ * comment says how it differs) with the launches, scratch and split of this file around it, and
+ * this kernel where it cannot run (no sm_90a); DFLASH_CUDA_ATTN_BWD=mma chooses this kernel,
+ * =wgmma_seq the wgmma kernel without its overlap of visits (see bwd_kernel).
  *
  * Why: the pair k_mma_dq + k_mma_dkdv computes S and dP twice (7 products per row and key);
  * here each (key tile, block) visit computes them once and makes all three gradients (5):
@@ -30,8 +34,9 @@
  * with the bulk staging); 64x64 / 64x32: 4 warps, 64 keys, 2 CTAs per SM (112 KB), twice the
  * dq atomics. Warp w holds keys 16 w .. 16 w + 15 (the m16 rows of S^T) and dk, dv of them in
  * registers. The CTA takes piece blockIdx.z of the blocks that see its keys: by hit index
- * (attn_split_piece, default) or by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks:
- * bwd_piece_blocks, so that CTAs running together add into the same dq rows); blocks per
+ * (attn_split_piece, this kernel's default) or by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=
+ * blocks: bwd_piece_blocks, so that CTAs running together add into the same dq rows; the wgmma
+ * kernel's default); blocks per
  * piece DFLASH_CUDA_ATTN_SPLIT. A visit is 64 query rows (16 tokens x 4 heads at group 4);
  * phase A (S^T, dP^T, dV, dK) in one pass of 64 rows or two of 32. Per visit two barriers: the
  * first publishes the visit's Q, dO, D, lse stage and frees the other one, whose cp.async for
@@ -44,6 +49,7 @@
  * (shared scratch). Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and
  * ops_cpu.c (rows without keys: dq 0; keys nobody sees: dk, dv 0).
  */
+#include "attn_bwd.cuh" /* bwd_args, the split into pieces, the bulk dQ out */
 #include "attn_spans.cuh"
 #include "mma_frag.cuh"
 #include "ops_cuda.h"
@@ -56,22 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FROWS 64        /* query rows per visit */
 #define PLD (FROWS + 8) /* ds row stride (bf16) */
-#define FLOG2E 1.4426950408889634f
-
-typedef struct bwd_args {
-    const bf16 *q, *k, *v, *dout, *o;
-    const float *lse, *dsave;
-    float *dsave_w; /* k_bwd_rowD's output (= dsave) */
-    float *dqacc, *acc;
-    int *tickets;
-    bf16 *dq, *dk, *dv;
-    const nn_block_span *spans;
-    int n_blocks, B, Tk, H, Hk, group, split_max, vps;
-    int by_block; /* pieces by block ranges (bwd_piece_blocks), else by hits (attn_split_piece) */
-    float scale;
-} bwd_args;
 
 /* D = rowsum(dO * O) of row (t, h) into dsave[h Q + t]; one warp per row, rows t H + h. */
 template <int D> __global__ void __launch_bounds__(256) k_bwd_rowD(bwd_args a) {
@@ -111,38 +102,6 @@ __global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size
     }
 }
 
-/* The work split by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks): piece z of Z =
- * gridDim.z takes the blocks blk with blk Z / n_blocks == z that see keys [k0, k0 + kt), so that
- * the CTAs running at the same time (same z, neighbouring key tiles) add into the same dq rows
- * (L2 locality of the atomics). nsplit = the pieces with a hit (1 when none has: piece 0 then
- * writes zero dk, dv). Gives this piece's hit indices [h_lo, h_hi); false: nothing to do
- * (uniform). All threads; contains barriers. */
-__device__ __forceinline__ bool bwd_piece_blocks(const nn_block_span *spans, int n_blocks, int B,
-                                                 int k0, int kt, int &nsplit, int &h_lo,
-                                                 int &h_hi) {
-    __shared__ int cnt[32];
-    const int Z = gridDim.z, z = blockIdx.z;
-    if (threadIdx.x < 32) cnt[threadIdx.x] = 0;
-    __syncthreads();
-    for (int blk = threadIdx.x; blk < n_blocks; blk += blockDim.x)
-        if (attn_block_hits(spans, blk, B, k0, k0 + kt))
-            atomicAdd(&cnt[(int)((long long)blk * Z / n_blocks)], 1);
-    __syncthreads();
-    int lo = 0, ns = 0;
-    for (int i = 0; i < Z; i++) {
-        lo += i < z ? cnt[i] : 0;
-        ns += cnt[i] > 0;
-    }
-    h_lo = lo, h_hi = lo + cnt[z];
-    if (ns == 0) {
-        nsplit = 1;
-        return z == 0;
-    }
-    nsplit = ns;
-    return cnt[z] > 0;
-}
-
-#define BLD 72 /* row stride (fp32) of a warp's bulk dQ staging tile: 16 rows x 64 columns */
 
 /* K, V (16 NW keys), 2 stages of Q and dO rows, ds, 2 stages of D and lse; ST 2: the bulk dQ
  * staging, 16 x BLD fp32 per warp */
@@ -150,27 +109,6 @@ template <int D> static size_t bwd_smem(int nw, int st) {
     return (size_t)(2 * 16 * nw + 4 * FROWS) * (D + 8) * sizeof(bf16) +
            (size_t)16 * nw * PLD * sizeof(bf16) + 4 * FROWS * sizeof(float) +
            (st == 2 ? (size_t)nw * 16 * BLD * sizeof(float) : 0);
-}
-
-/* Bulk-copy engine reduction: dst[0 .. bytes) += src (fp32, 16-byte aligned, bytes % 16 == 0),
- * in this thread's bulk group; src must not change before bulk_wait_read. */
-__device__ __forceinline__ void bulk_red_add(float *dst, const float *src, int bytes) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(src);
-    asm volatile(
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-        "r"(s), "r"(bytes)
-        : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-/* This thread's bulk operations have read their shared sources. */
-__device__ __forceinline__ void bulk_wait_read(void) {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-
-/* Shared-memory writes of this thread become visible to the bulk-copy engine (async proxy). */
-__device__ __forceinline__ void fence_proxy_async(void) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 #define SLD 40 /* row stride (fp32) of a warp's dQ staging tile: 16 rows x 32 columns */
@@ -189,7 +127,6 @@ __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, visit_item it, i
                                              const bf16 *Ks, const bf16 *ds, const int *act,
                                              float *stg) {
     constexpr int LD = D + 8, MT = FROWS / 16, CW = D * MT / NW, PW = ST == 1 ? 32 : 64;
-    constexpr int SL = ST == 2 ? BLD : SLD;
     static_assert(ST != 2 || CW == 64, "bulk: one 64-column pass");
     constexpr int NP = CW / PW, NT = PW / 8;
     static_assert(NP >= 1 && CW % PW == 0, "column passes");
@@ -197,9 +134,8 @@ __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, visit_item it, i
     const int mt = warp % MT, c0 = (warp / MT) * CW;
     if (mt * 16 >= nrows) return; /* padding rows only (warp-uniform) */
     auto row_ptr = [&](int row) -> float * {
-        if (row >= nrows) return NULL;
-        int qr = it.cb + row, t = it.blk * a.B + qr / a.group, h = hk * a.group + qr % a.group;
-        return a.dqacc + ((size_t)t * a.H + h) * D + c0;
+        float *p = bwd_dq_row<D>(a, it, hk, nrows, row);
+        return p ? p + c0 : NULL;
     };
     const int odd = tg & 1;
     float *dst[4]; /* ST 0: dst[0], row g or g + 8; ST 1: rows 4 j + lane / 8 of the m-tile;
@@ -249,17 +185,7 @@ __device__ __forceinline__ void bwd_dq_visit(const bwd_args &a, visit_item it, i
             }
         }
         if (ST == 2) {
-            if (lane < 16) bulk_wait_read(); /* the previous visit's piece has left stg */
-            __syncwarp();
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                *(float2 *)(stg + g * SL + n * 8 + 2 * tg) = make_float2(acc[n][0], acc[n][1]);
-                *(float2 *)(stg + (g + 8) * SL + n * 8 + 2 * tg) =
-                    make_float2(acc[n][2], acc[n][3]);
-            }
-            fence_proxy_async();
-            __syncwarp();
-            if (dst[0]) bulk_red_add(dst[0], stg + lane * SL, PW * (int)sizeof(float));
+            bwd_dq_bulk<NT>(acc, stg, dst[0]);
         } else if (!ST) {
 #pragma unroll
             for (int n = 0; n < NT; n++) {
@@ -336,18 +262,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
         cp_commit();
         const int nrows = min(FROWS, a.B * a.group - it.cb);
         bool kvis[2];
-        {
-            int rng[4];
-            int nr = attn_span_ranges(a.spans + it.blk, a.B, rng);
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int key = k0 + warp * 16 + g + 8 * r;
-                kvis[r] = false;
-                for (int j = 0; j < nr; j++)
-                    kvis[r] = kvis[r] || (key >= rng[2 * j] && key < rng[2 * j + 1]);
-                kvis[r] = kvis[r] && key < a.Tk;
-            }
-        }
+        bwd_keys_seen(a.spans + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
         const bool on = __any_sync(0xffffffffu, kvis[0] || kvis[1]);
         if (on) {
             const bf16 *Qt = Qs + st * FROWS * LD, *dOt = dOs + st * FROWS * LD;
@@ -451,15 +366,34 @@ static int bwd_variant(void) {
     return v;
 }
 
-/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece, default) or blocks
- * (bwd_piece_blocks). */
-static int bwd_by_block(void) {
-    static int b = -1;
-    if (b < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_PIECES");
-        b = e && strcmp(e, "blocks") == 0;
+/* DFLASH_CUDA_ATTN_BWD: which kernel makes dq, dk, dv: "wgmma" (k_wgb_fused of
+ * ops_cuda_attn_wgbwd.cu, dQ of a visit overlapping the next, where the device runs sm_90a
+ * code, else k_bwd_fused), "wgmma_seq" (the same, one visit after the other) or "mma"
+ * (k_bwd_fused, with the shape of bwd_variant). Unset or anything else: BWD_DEFAULT. */
+enum { BWD_MMA = 0, BWD_WGMMA = 1, BWD_WGMMA_SEQ = 2 };
+#define BWD_DEFAULT BWD_WGMMA
+static int bwd_kernel(void) {
+    static int k = -1;
+    if (k < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_BWD");
+        k = !e                           ? BWD_DEFAULT
+            : strcmp(e, "wgmma") == 0     ? BWD_WGMMA
+            : strcmp(e, "wgmma_seq") == 0 ? BWD_WGMMA_SEQ
+            : strcmp(e, "mma") == 0       ? BWD_MMA
+                                          : BWD_DEFAULT;
     }
-    return b;
+    return k;
+}
+
+/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece) or blocks
+ * (bwd_piece_blocks); unset: blocks for the wgmma kernel, hits for k_bwd_fused (kern). */
+static int bwd_by_block(int kern) {
+    static int b = -2;
+    if (b == -2) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_PIECES");
+        b = !e ? -1 : strcmp(e, "blocks") == 0;
+    }
+    return b >= 0 ? b : kern != BWD_MMA;
 }
 
 template <int NW, int AH, int ST> static int bwd_attr(void) {
@@ -500,6 +434,7 @@ static void bwd_launch_bulk(cudaStream_t st, const bwd_args &a, int shape) {
 
 int cuda_bwd_attention_init(void) {
     if (bwd_attrs<0>() | bwd_attrs<1>() | bwd_attr<8, 2, 2>() | bwd_attr<8, 1, 2>()) return -1;
+    (void)cuda_wgb_attention_init(); /* never fails: without sm_90a k_bwd_fused serves */
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     (void)dqacc_alloc(DQACC_ELEMS); /* without it block_bwd runs the mma.sync pair: no error */
     return 0;
@@ -532,18 +467,21 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     a.dq = dq, a.dk = dk, a.dv = dv, a.spans = spans;
     a.n_blocks = n_blocks, a.B = B, a.Tk = Tk, a.H = H, a.Hk = Hk, a.group = H / Hk;
     a.split_max = acc ? split_max : 1, a.vps = vps;
-    a.by_block = bwd_by_block();
     a.scale = 1.0f / sqrtf((float)d);
     const size_t rows = (size_t)n_blocks * B * H;
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
-    const int var = bwd_variant();
-    if (var >= 200)
-        bwd_launch_bulk(st, a, var - 200);
-    else if (var >= 100)
-        bwd_launch<1>(st, a, var - 100);
-    else
-        bwd_launch<0>(st, a, var);
+    const int kern = bwd_kernel(), var = bwd_variant();
+    a.by_block = bwd_by_block(kern);
+    if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
+        a.by_block = bwd_by_block(BWD_MMA); /* k_bwd_fused */
+        if (var >= 200)
+            bwd_launch_bulk(st, a, var - 200);
+        else if (var >= 100)
+            bwd_launch<1>(st, a, var - 100);
+        else
+            bwd_launch<0>(st, a, var);
+    }
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;
     k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4);

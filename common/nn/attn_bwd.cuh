@@ -1,0 +1,145 @@
+/* attn_bwd: what the two fused block-attention backward kernels share (k_bwd_fused on mma.sync
+ * in ops_cuda_attn_bwd.cu, k_wgb_fused on wgmma in ops_cuda_attn_wgbwd.cu): their argument
+ * block bwd_args (filled by cuda_bwd_attention_block_bwd, which also runs k_bwd_rowD before and
+ * k_bwd_dq_out after either kernel), the split of a key tile's visits into pieces by block
+ * ranges, the bulk-copy reduction of a warp's dQ tile into the fp32 scratch dqacc, and the
+ * visibility of a warp's keys to a block. Both kernels are key-major: a CTA owns a tile of keys
+ * of one kv head and visits, 64 query rows at a time, the blocks that see it.
+ * Header-only device code (no -rdc in this build); every helper names the threads it needs.
+ */
+#ifndef DFLASH_ATTN_BWD_CUH
+#define DFLASH_ATTN_BWD_CUH
+
+#include "attn_spans.cuh"
+#include "mma_frag.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define FROWS 64        /* query rows per visit */
+#define FLOG2E 1.4426950408889634f
+
+typedef struct bwd_args {
+    const bf16 *q, *k, *v, *dout, *o;
+    const float *lse, *dsave;
+    float *dsave_w; /* k_bwd_rowD's output (= dsave) */
+    float *dqacc, *acc;
+    int *tickets;
+    bf16 *dq, *dk, *dv;
+    const nn_block_span *spans;
+    int n_blocks, B, Tk, H, Hk, group, split_max, vps;
+    int by_block; /* pieces by block ranges (bwd_piece_blocks), else by hits (attn_split_piece) */
+    float scale;
+} bwd_args;
+
+/* The work split by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks): piece z of Z =
+ * gridDim.z takes the blocks blk with blk Z / n_blocks == z that see keys [k0, k0 + kt), so that
+ * the CTAs running at the same time (same z, neighbouring key tiles) add into the same dq rows
+ * (L2 locality of the atomics). nsplit = the pieces with a hit (1 when none has: piece 0 then
+ * writes zero dk, dv). Gives this piece's hit indices [h_lo, h_hi); false: nothing to do
+ * (uniform). All threads; contains barriers. */
+__device__ __forceinline__ bool bwd_piece_blocks(const nn_block_span *spans, int n_blocks, int B,
+                                                 int k0, int kt, int &nsplit, int &h_lo,
+                                                 int &h_hi) {
+    __shared__ int cnt[32];
+    const int Z = gridDim.z, z = blockIdx.z;
+    if (threadIdx.x < 32) cnt[threadIdx.x] = 0;
+    __syncthreads();
+    for (int blk = threadIdx.x; blk < n_blocks; blk += blockDim.x)
+        if (attn_block_hits(spans, blk, B, k0, k0 + kt))
+            atomicAdd(&cnt[(int)((long long)blk * Z / n_blocks)], 1);
+    __syncthreads();
+    int lo = 0, ns = 0;
+    for (int i = 0; i < Z; i++) {
+        lo += i < z ? cnt[i] : 0;
+        ns += cnt[i] > 0;
+    }
+    h_lo = lo, h_hi = lo + cnt[z];
+    if (ns == 0) {
+        nsplit = 1;
+        return z == 0;
+    }
+    nsplit = ns;
+    return cnt[z] > 0;
+}
+
+#define BLD 72 /* row stride (fp32) of a warp's bulk dQ staging tile: 16 rows x 64 columns */
+
+/* Bulk-copy engine reduction: dst[0 .. bytes) += src (fp32, 16-byte aligned, bytes % 16 == 0),
+ * in this thread's bulk group; src must not change before bulk_wait_read. */
+__device__ __forceinline__ void bulk_red_add(float *dst, const float *src, int bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(src);
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(s), "r"(bytes)
+        : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+/* This thread's bulk operations have read their shared sources. */
+__device__ __forceinline__ void bulk_wait_read(void) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* Shared-memory writes of this thread become visible to the bulk-copy engine (async proxy). */
+__device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* dqacc row of visit row r (query row it.cb + r of block it.blk, kv head hk; head dim D), or
+ * NULL for a padding row (r >= nrows) */
+template <int D>
+__device__ __forceinline__ float *bwd_dq_row(const bwd_args &a, visit_item it, int hk, int nrows,
+                                             int r) {
+    if (r >= nrows) return NULL;
+    int qr = it.cb + r, t = it.blk * a.B + qr / a.group, h = hk * a.group + qr % a.group;
+    return a.dqacc + ((size_t)t * a.H + h) * D;
+}
+
+/* A warp's 16 x 8 NT fp32 dQ tile (acc in the C layout: rows g, g + 8, columns 8 n + 2 tg) added
+ * into dqacc by the bulk-copy engine: staged in the warp's own stg (16 x BLD; float2 stores,
+ * conflict-free), then lane r < 16 hands row r (32 NT bytes) to dst (its row's destination,
+ * NULL: none), after waiting for its previous piece to have left stg. One warp; the CTA must
+ * wait for its bulk groups (cp.async.bulk.wait_group 0) before it ends. */
+template <int NT>
+__device__ __forceinline__ void bwd_dq_bulk(const float (&acc)[NT][4], float *stg, float *dst) {
+    static_assert(8 * NT <= BLD, "staging row");
+    const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    if (lane < 16) bulk_wait_read(); /* the previous piece has left stg */
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        *(float2 *)(stg + g * BLD + n * 8 + 2 * tg) = make_float2(acc[n][0], acc[n][1]);
+        *(float2 *)(stg + (g + 8) * BLD + n * 8 + 2 * tg) = make_float2(acc[n][2], acc[n][3]);
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lane < 16 && dst) bulk_red_add(dst, stg + lane * BLD, 8 * NT * (int)sizeof(float));
+}
+
+/* Whether block span sp sees keys key0 + g and key0 + g + 8 (g = lane / 4: the thread's two
+ * C-layout rows when its warp holds keys key0 ..); keys at or past Tk never. One thread. */
+__device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, int Tk, int key0,
+                                              bool vis[2]) {
+    int rng[4];
+    const int nr = attn_span_ranges(sp, B, rng), g = threadIdx.x % 32 / 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = key0 + g + 8 * r;
+        vis[r] = false;
+        for (int j = 0; j < nr; j++)
+            vis[r] = vis[r] || (key >= rng[2 * j] && key < rng[2 * j + 1]);
+        vis[r] = vis[r] && key < Tk;
+    }
+}
+
+/* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limits,
+ * where the device runs sm_90a code (never fails: else the kernel stays unused). launch: queues
+ * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller);
+ * pipe: dQ of one visit overlapping the next (PIPE), else one visit after the other. -1 when
+ * the kernel is not usable on this device (the caller runs k_bwd_fused). */
+int cuda_wgb_attention_init(void);
+int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe);
+
+#endif

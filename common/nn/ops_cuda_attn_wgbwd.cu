@@ -1,0 +1,296 @@
+/* ops_cuda_attn_wgbwd: the fused DFlash block-attention backward on Hopper warpgroup MMA (wgmma,
+ * sm_90a), head dim 128: k_wgb_fused, the same key-major pass as k_bwd_fused of
+ * ops_cuda_attn_bwd.cu (read that file's comment first) with the products on wgmma instead of
+ * mma.sync. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu) runs it by default
+ * (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see bwd_kernel there)
+ * and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a image or device); it
+ * keeps the launches around it (k_bwd_rowD before: D = rowsum(dO * O); k_bwd_dq_out after:
+ * dqacc to bf16 dq) and the split scratch, pieces and tickets of dk, dv (pieces by block ranges
+ * by default here: DFLASH_CUDA_ATTN_FUSED_PIECES). This file and ops_cuda_attn_wgmma.cu alone
+ * build for sm_90a (common/CMakeLists.txt).
+ *
+ * CTA: 2 warpgroups (256 threads, one CTA per SM) own WKT = 128 keys k0 .. of kv head hk;
+ * warpgroup w keys k0 + 64 w .. + 63, warp q of it keys + 16 q .. (the M rows of its
+ * accumulators: thread lane holds keys 16 q + lane / 4 and + 8), so a warp holds the same keys
+ * as warp 4 w + q of k_bwd_fused and the shared tile end (dkdv_tile_out) applies unchanged.
+ * Per visit (64 query rows: one block's 16 tokens x 4 heads at group 4), per warpgroup:
+ *   S^T = K Q^T and dP^T = V dO^T (m64n64k16, 8 k-steps each, both operands K-major in shared
+ *     memory), two commit groups (with PIPE dP^T waits until the previous dQ is out, below);
+ *   once S^T is in: P^T = exp2(S^T scale log2e - lse log2e) (0 for keys the block does not see),
+ *     packed to bf16 A fragments; dV += P^T dO issued (m64n128k16, A from registers, dO the
+ *     MN-major B) while dP^T may still run;
+ *   once dP^T is in: dS^T = P^T (dP^T - D) scale, packed; dK += dS^T Q issued likewise; dS^T
+ *     stored as bf16 to shared memory (core-matrix layout with the query rows contiguous:
+ *     conflict-free 32-bit stores), fenced for the async proxy;
+ *   one CTA barrier (all 128 keys of dS^T are in); dQ = dS K for the visit's 64 rows and the
+ *     warpgroup's 64 of the 128 columns (m64n64k16, 8 k-steps over the CTA's keys, A = dS^T and
+ *     B = K both MN-major: transpose bits set); once it is in, each warp hands its 16 x 64 fp32
+ *     tile to the bulk-copy engine (bwd_dq_bulk: cp.reduce.async.bulk .add.f32 into dqacc).
+ *     PIPE (default): dQ of visit i is issued at the start of visit i + 1 with S^T, its tile
+ *     leaves while S^T runs, and dP^T follows (its accumulators reuse dQ's registers); dS^T is
+ *     double-buffered. Visit 0 issues a dQ of the unused buffer that goes nowhere (a peeled
+ *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
+ * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
+ * stage (cp.async, D and lse too, waited for and fenced for the async proxy by every thread) and
+ * frees the other stage, whose loads for the next visit are issued once S^T (and dQ) are (so
+ * that their address arithmetic runs under the products); the second publishes dS^T. No wgmma
+ * is in flight across a visit's end (ptxas would serialise them).
+ * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
+ * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
+ * Shared memory (d 128), all wgmma tiles in the no-swizzle core-matrix layout of wgmma.cuh: K, V
+ * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the 8
+ * warps' dQ staging (16 x BLD fp32, 36 KB), 2 stages of D and lse: 185 KB (PIPE 201 KB). At the
+ * end K, V and the Q stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K
+ * and dv at the Q stages). Registers (ptxas): 242 in both modes, no spills.
+ * Numerics as k_bwd_fused: fp32 accumulators, P and dS rounded to bf16 as the products' inputs,
+ * dq summed in fp32 over key tiles in any order (not bitwise reproducible), dk, dv one fp32 sum
+ * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c.
+ * Stream: the caller's.
+ */
+#include "attn_bwd.cuh"
+#include "attn_spans.cuh"
+#include "mma_frag.cuh"
+#include "ops_cuda.h"
+#include "wgmma.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#include <type_traits>
+
+#define WKT 128 /* keys per CTA: 2 warpgroups x 64 */
+
+/* Shared-memory bytes for head dim D (see the file comment for the order). */
+template <int D, bool PIPE> static constexpr size_t wgb_smem(void) {
+    return (size_t)(2 * WKT + 4 * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
+           (size_t)8 * 16 * BLD * sizeof(float) + (size_t)4 * FROWS * sizeof(float);
+}
+
+/* bf16 A fragments of k-steps 0 .. N / 2 - 1 from C-layout accumulators (the C layout of 8-column
+ * blocks 2 kk, 2 kk + 1 is the A layout of k-step kk) */
+template <int N>
+__device__ __forceinline__ void wgb_pack(uint32_t (&f)[N / 2][4], const float (&c)[N][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 2; kk++) {
+        f[kk][0] = pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
+        f[kk][1] = pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
+        f[kk][2] = pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+        f[kk][3] = pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+    }
+}
+
+/* The kernel (see the file comment); PIPE: dQ of visit i - 1 is issued with S^T of visit i and
+ * leaves while it runs (dS^T double-buffered), else at the end of its own visit. */
+template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fused(bwd_args a) {
+#if WG_DEVICE
+    static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
+    constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
+    constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* row x d tiles as K-major operands */
+    constexpr uint32_t LBO_T = 16 * D, SBO_T = 128; /* the same tiles as MN-major operands */
+    constexpr uint32_t CMB = 128;                   /* bytes of a core matrix */
+    extern __shared__ __align__(1024) unsigned char sm[];
+    unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
+    unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
+    float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
+    float *Dr = stg_all + 8 * 16 * BLD, *Lr = Dr + 2 * FROWS;
+    const int warp = threadIdx.x / 32, wg = warp / 4, wq = warp % 4, lane = threadIdx.x % 32;
+    const int tg = lane % 4;
+    const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
+    int nsplit, h_lo, h_hi;
+    if (a.by_block ? !bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
+                   : !attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
+                                       a.split_max, a.vps, nsplit, h_lo, h_hi))
+        return; /* uniform over the CTA */
+    auto kvoff = [&](int r) -> long long {
+        return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
+    };
+    load_cm2<D, WKT>(Ks, a.k, Vs, a.v, kvoff, threadIdx.x, blockDim.x);
+    visit_item it = {-1, 0, h_lo};
+    if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
+    if (it.blk >= 0)
+        visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group, it,
+                                    hk, (bf16 *)Qs, (bf16 *)dOs, Dr, Lr);
+    cp_commit();
+
+    const float sl2 = a.scale * FLOG2E;
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[dt][e] = 0.0f, dv[dt][e] = 0.0f;
+    /* this warpgroup's 64 keys as the A operand of S^T and dP^T */
+    const uint64_t dK = wg_desc(Ks + wg * 64 * D * 2, LBO_K, SBO_K);
+    const uint64_t dV = wg_desc(Vs + wg * 64 * D * 2, LBO_K, SBO_K);
+    /* dQ = dS K, B = K columns 64 wg .., MN-major */
+    const uint64_t dB = wg_desc(Ks + wg * 8 * CMB, LBO_T, SBO_T);
+    /* this thread's dS^T pairs: keys 64 wg + 16 wq + g (+ 8: one key group on), rows 8 n + 2 tg
+     * and + 1 (row group n) */
+    const int dsw = (8 * wg + 2 * wq) * NT * CMB + (lane / 4) * 16 + tg * 4;
+
+    /* dQ of the visit whose dS^T is in buffer buf: A = dS (rows x keys) read from dS^T, MN-major
+     * (K-adjacent core matrices are one key group, NT core matrices, apart); issued, committed */
+    auto issue_dq = [&](float(&dq)[8][4], int buf) {
+        const uint64_t dA = wg_desc(dS + buf * DSB, NT * CMB, CMB);
+        wg_ss_tt_first<64>(dq, dA, dB);
+#pragma unroll
+        for (int kk = 1; kk < WKT / 16; kk++) /* k-step: 16 keys, two key groups */
+            wg_ss_tt<64>(dq, dA + kk * (2 * NT * CMB / 16), dB + kk * (2 * (D / 8) * CMB / 16));
+        wg_commit();
+    };
+    /* dq (complete) of visit v (nr rows) into dqacc: lane r < 16 row 16 wq + r, columns 64 wg .. */
+    auto dq_out = [&](const float(&dq)[8][4], visit_item v, int nr) {
+        float *dst = NULL;
+        if (lane < 16) {
+            dst = bwd_dq_row<D>(a, v, hk, nr, 16 * wq + lane);
+            if (dst) dst += 64 * wg;
+        }
+        bwd_dq_bulk<8>(dq, stg_all + warp * 16 * BLD, dst);
+    };
+    visit_item prev = it;
+    int prev_rows = 0;
+    /* visit i; WDQ (= PIPE): issues dQ of visit i - 1 first (for i = 0 a product of the unused
+     * second dS^T buffer that goes nowhere: prev_rows 0; a peeled first visit made ptxas spill).
+     * Ends with no wgmma in flight; with PIPE the visit's dQ is not issued yet. */
+    auto step = [&](int i, auto wdq) {
+        constexpr bool WDQ = decltype(wdq)::value;
+        const int st = i % 2;
+        cp_wait_all();
+        fence_proxy_async(); /* this thread's copies, for the tensor cores */
+        /* stage st is complete for all threads, and all are done with the previous visit's
+         * stage (1 - st) and with the dS^T buffer this visit writes */
+        __syncthreads();
+        const int nrows = min(FROWS, a.B * a.group - it.cb);
+        const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
+        const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
+
+        /* dp holds dQ of the previous visit first (WDQ), dP^T after it: fewer live registers */
+        float s[NT][4], dp[NT][4];
+        wg_fence();
+        if constexpr (WDQ) issue_dq(dp, (i + 1) % 2);
+        wg_issue_s<D, FROWS>(s, dK, wg_desc(Qt, LBO_K, SBO_K)); /* S^T = K Q^T */
+        /* while it runs: the next visit's loads into the other stage, this visit's key mask */
+        visit_item nx = visit_next<FROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, WKT, h_hi);
+        if (nx.blk >= 0)
+            visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group,
+                                        nx, hk, (bf16 *)(Qs + (1 - st) * QT),
+                                        (bf16 *)(dOs + (1 - st) * QT), Dr + (1 - st) * FROWS,
+                                        Lr + (1 - st) * FROWS);
+        cp_commit();
+        bool kvis[2];
+        bwd_keys_seen(a.spans + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
+        if constexpr (WDQ) {
+            wg_wait<1>(); /* dQ of the previous visit is in */
+            wg_pin_all(dp);
+            dq_out(dp, prev, prev_rows);
+            wg_fence();
+        }
+        wg_issue_s<D, FROWS>(dp, dV, wg_desc(dOt, LBO_K, SBO_K)); /* dP^T = V dO^T */
+        wg_wait<1>();                                             /* S^T is in */
+        wg_pin_all(s);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
+            const float l0 = l.x * FLOG2E, l1 = l.y * FLOG2E;
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -(e & 1 ? l1 : l0))) : 0.0f;
+        }
+        uint32_t pa[NT / 2][4];
+        wgb_pack<NT>(pa, s);
+        wg_fence();
+        wg_issue_pv<D, FROWS>(dv, pa, wg_desc(dOt, LBO_T, SBO_T)); /* dV += P^T dO */
+        wg_wait<1>();                                              /* dP^T is in */
+        wg_pin_all(dp);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
+#pragma unroll
+            for (int e = 0; e < 4; e++) /* dS^T */
+                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x)) * a.scale;
+        }
+        uint32_t da[NT / 2][4];
+        wgb_pack<NT>(da, dp);
+        wg_fence();
+        wg_issue_pv<D, FROWS>(dk, da, wg_desc(Qt, LBO_T, SBO_T)); /* dK += dS^T Q */
+        unsigned char *w = dS + (PIPE ? st : 0) * DSB + dsw;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            *(uint32_t *)(w + n * CMB) = pack_bf16x2(dp[n][0], dp[n][1]);
+            *(uint32_t *)(w + NT * CMB + n * CMB) = pack_bf16x2(dp[n][2], dp[n][3]);
+        }
+        fence_proxy_async(); /* the dS^T stores, for the tensor cores */
+        __syncthreads();     /* dS^T of all 128 keys is in */
+        if constexpr (!PIPE) {
+            wg_fence();
+            issue_dq(dp, 0);
+        }
+        wg_wait<0>();
+        wg_pin_all(dv);
+        wg_pin_all(dk);
+        wg_pin_u(pa);
+        wg_pin_u(da);
+        if constexpr (!PIPE) {
+            wg_pin_all(dp);
+            dq_out(dp, it, nrows);
+        }
+        prev = it, prev_rows = nrows;
+        it = nx;
+    };
+    int i = 0;
+    for (; it.blk >= 0; i++)
+        step(i, std::integral_constant<bool, PIPE>());
+    if (PIPE && i > 0) { /* dQ of the last visit */
+        float dq[8][4];
+        wg_fence();
+        issue_dq(dq, (i - 1) % 2);
+        wg_wait<0>();
+        wg_pin_all(dq);
+        dq_out(dq, prev, prev_rows);
+    }
+    cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
+                     a.acc, a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x);
+#else
+    (void)a;
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
+
+int cuda_wgb_attention_init(void) {
+    int dev, major = 0, minor = 0;
+    g_wgb_ready = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (major != 9 || minor != 0) return 0; /* sm_90a code runs on compute capability 9.0 only */
+    if (cudaFuncSetAttribute(k_wgb_fused<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)wgb_smem<128, true>()) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)wgb_smem<128, false>()) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
+        return 0;
+    }
+    g_wgb_ready = 1;
+    return 0;
+}
+
+int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
+    if (!g_wgb_ready) return -1;
+    dim3 grid((a->Tk + WKT - 1) / WKT, a->Hk, a->split_max);
+    if (pipe)
+        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(*a);
+    else
+        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(*a);
+    return 0;
+}

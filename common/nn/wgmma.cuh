@@ -1,0 +1,242 @@
+/* wgmma: the Hopper warpgroup-MMA building blocks (sm_90a) that the wgmma attention kernels share
+ * (ops_cuda_attn_wgmma.cu, the causal forward; ops_cuda_attn_wgbwd.cu, the block backward):
+ * PTX wrappers for wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulators; A and B from shared
+ * memory through descriptors, or A from registers), its fence / commit / wait, mbarriers, the
+ * async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
+ * attn_spans.cuh).
+ * Layout (no swizzle): a core matrix is 8 rows x 16 bytes, 128 contiguous bytes; a tile of ROWS
+ * rows x D bf16 puts element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 + (row % 8) 16
+ * + (col % 8) 2. A descriptor's LBO is the byte distance between core matrices adjacent along
+ * K, its SBO between those adjacent along M or N: a K-major operand (the contiguous 16 bytes run
+ * along K) of such a tile has LBO 128 and SBO 16 D; an MN-major one (the transpose bit set) LBO
+ * 16 D and SBO 128, D being the tile's width in elements.
+ * Accumulators: per warp the mma.sync C layout (thread lane holds rows 16 (warp % 4) + lane / 4
+ * and + 8, columns 8 j + 2 (lane % 4) + {0, 1}); A from registers: the mma.sync A layout.
+ * Header-only device code (no -rdc in this build); include only from sm_90a translation units.
+ */
+#ifndef DFLASH_WGMMA_CUH
+#define DFLASH_WGMMA_CUH
+
+#include "attn_spans.cuh"
+#include "mma_frag.cuh"
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+/* Device code needs sm_90a; other targets (none in this build) get an empty kernel. */
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_DEVICE 1
+#else
+#define WG_DEVICE 0
+#endif
+
+/* ---- PTX wrappers ---- */
+
+/* Shared-memory matrix descriptor, no swizzle: start address, LBO and SBO in 16-byte units. */
+__device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+           ((uint64_t)(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wg_fence(void) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_commit(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* all but the newest N committed groups are complete */
+template <int N> __device__ __forceinline__ void wg_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* Pins an accumulator register after wg_wait0: later reads cannot move above the wait. */
+__device__ __forceinline__ void wg_pin(float &x) {
+    asm volatile("" : "+f"(x)::"memory");
+}
+
+template <int N> __device__ __forceinline__ void wg_pin_all(float (&d)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        wg_pin(d[j][0]), wg_pin(d[j][1]), wg_pin(d[j][2]), wg_pin(d[j][3]);
+}
+
+/* cp.async copies of this thread are visible to the tensor cores (async proxy) after the
+ * following barrier */
+__device__ __forceinline__ void fence_async_smem(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* mbarriers (MODE 2): init by one thread, arrive, and wait for the completion of the phase of
+ * the given parity */
+__device__ __forceinline__ void mb_init(uint64_t *b, int count) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mb_arrive(uint64_t *b) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mb_wait(uint64_t *b, int parity) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b), done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* d (64 x N, the warpgroup's accumulators) = A B (first) or += A B: A = 64 x 16 and B^T = N x 16,
+ * both K-major in shared memory (descriptors da, db). */
+template <int N>
+__device__ __forceinline__ void wg_ss_first(float (&d)[N / 8][4], uint64_t da, uint64_t db);
+template <int N>
+__device__ __forceinline__ void wg_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db);
+/* d (64 x N) = A B (first) or += A B with both operands MN-major in shared memory (the transpose
+ * bits set): A^T = 16 x 64 and B = 16 x N, each stored with M or N contiguous. */
+template <int N>
+__device__ __forceinline__ void wg_ss_tt_first(float (&d)[N / 8][4], uint64_t da, uint64_t db);
+template <int N>
+__device__ __forceinline__ void wg_ss_tt(float (&d)[N / 8][4], uint64_t da, uint64_t db);
+/* d (64 x N) += A B: A = 64 x 16 bf16 fragments in registers (the mma.sync A layout per warp),
+ * B = 16 x N MN-major in shared memory (descriptor db, transposed). */
+template <int N>
+__device__ __forceinline__ void wg_rs_t(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db);
+
+#if WG_DEVICE
+
+/* The accumulator operands of one wgmma, constraint K ("+f" or "=f") on each of d[8][4] or
+ * d[16][4], and the instruction text's matching register lists. */
+#define WG_ACC8(K, d) \
+    K(d[0][0]), K(d[0][1]), K(d[0][2]), K(d[0][3]), K(d[1][0]), K(d[1][1]), K(d[1][2]), \
+    K(d[1][3]), K(d[2][0]), K(d[2][1]), K(d[2][2]), K(d[2][3]), K(d[3][0]), K(d[3][1]), \
+    K(d[3][2]), K(d[3][3]), K(d[4][0]), K(d[4][1]), K(d[4][2]), K(d[4][3]), K(d[5][0]), \
+    K(d[5][1]), K(d[5][2]), K(d[5][3]), K(d[6][0]), K(d[6][1]), K(d[6][2]), K(d[6][3]), \
+    K(d[7][0]), K(d[7][1]), K(d[7][2]), K(d[7][3])
+#define WG_ACC16(K, d) \
+    WG_ACC8(K, d), K(d[8][0]), K(d[8][1]), K(d[8][2]), K(d[8][3]), K(d[9][0]), K(d[9][1]), \
+    K(d[9][2]), K(d[9][3]), K(d[10][0]), K(d[10][1]), K(d[10][2]), K(d[10][3]), K(d[11][0]), \
+    K(d[11][1]), K(d[11][2]), K(d[11][3]), K(d[12][0]), K(d[12][1]), K(d[12][2]), K(d[12][3]), \
+    K(d[13][0]), K(d[13][1]), K(d[13][2]), K(d[13][3]), K(d[14][0]), K(d[14][1]), K(d[14][2]), \
+    K(d[14][3]), K(d[15][0]), K(d[15][1]), K(d[15][2]), K(d[15][3])
+#define WG_REGS32 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_REGS64 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+/* scale-d predicate from operand P, then one wgmma of shape SHAPE on the registers REGS with the
+ * A and B operands (and immediates) of TAIL */
+#define WG_ASM(P, SHAPE, REGS, TAIL)                                                              \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE             \
+    ".f32.bf16.bf16 " REGS ", " TAIL ";\n}\n"
+
+template <>
+__device__ __forceinline__ void wg_ss_first<64>(float (&d)[8][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(34, "m64n64k16", WG_REGS32, "%32, %33, p, 1, 1, 0, 0")
+                 : WG_ACC8("=f", d)
+                 : "l"(da), "l"(db), "r"(0)
+                 : "memory");
+}
+
+template <> __device__ __forceinline__ void wg_ss<64>(float (&d)[8][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(34, "m64n64k16", WG_REGS32, "%32, %33, p, 1, 1, 0, 0")
+                 : WG_ACC8("+f", d)
+                 : "l"(da), "l"(db), "r"(1)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_rs_t<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(WG_ASM(37, "m64n64k16", WG_REGS32, "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
+                 : WG_ACC8("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_ss_first<128>(float (&d)[16][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(66, "m64n128k16", WG_REGS64, "%64, %65, p, 1, 1, 0, 0")
+                 : WG_ACC16("=f", d)
+                 : "l"(da), "l"(db), "r"(0)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_ss<128>(float (&d)[16][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(66, "m64n128k16", WG_REGS64, "%64, %65, p, 1, 1, 0, 0")
+                 : WG_ACC16("+f", d)
+                 : "l"(da), "l"(db), "r"(1)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_rs_t<128>(float (&d)[16][4], const uint32_t (&a)[4],
+                                             uint64_t db) {
+    asm volatile(WG_ASM(69, "m64n128k16", WG_REGS64, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
+                 : WG_ACC16("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_ss_tt_first<64>(float (&d)[8][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(34, "m64n64k16", WG_REGS32, "%32, %33, p, 1, 1, 1, 1")
+                 : WG_ACC8("=f", d)
+                 : "l"(da), "l"(db), "r"(0)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wg_ss_tt<64>(float (&d)[8][4], uint64_t da, uint64_t db) {
+    asm volatile(WG_ASM(34, "m64n64k16", WG_REGS32, "%32, %33, p, 1, 1, 1, 1")
+                 : WG_ACC8("+f", d)
+                 : "l"(da), "l"(db), "r"(1)
+                 : "memory");
+}
+
+#endif /* WG_DEVICE */
+
+/* S = Q K^T of one key tile into s (issued and committed, not waited for) */
+template <int D, int KT>
+__device__ __forceinline__ void wg_issue_s(float (&s)[KT / 8][4], uint64_t dq, uint64_t dk) {
+    wg_ss_first<KT>(s, dq, dk);
+#pragma unroll
+    for (int kk = 1; kk < D / 16; kk++) /* k16 step: 2 core matrices (256 bytes) along d */
+        wg_ss<KT>(s, dq + kk * 16, dk + kk * 16);
+    wg_commit();
+}
+
+/* O += P V of one key tile (issued and committed, not waited for) */
+template <int D, int KT>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[KT / 16][4],
+                                            uint64_t dv) {
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) /* k16 step: 16 keys = 2 core-matrix rows */
+        wg_rs_t<D>(o, pa[kk], dv + kk * (2 * (D / 8) * 128 / 16));
+    wg_commit();
+}
+
+template <int N> __device__ __forceinline__ void wg_pin_u(uint32_t (&x)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+r"(x[j][e])::"memory");
+}
+
+#endif

@@ -621,6 +621,46 @@ void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     context_bwd(m, X);
 }
 
+int dflash_model_tune(dflash_model *m, int candidates) {
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    if (candidates < 2) return 0;
+    int was = o->matmul_tune(m->ctx, candidates);
+    if (was < 0) return 0;
+    int Tc = m->max_tokens, nb = m->max_blocks, B = c->block_size, D = c->hidden_size;
+    size_t Q = (size_t)nb * B;
+    nn_buf *X = o->alloc(m->ctx, (size_t)Tc * c->n_feat * D * o->act_bytes); /* zeros */
+    if (!X) {
+        o->matmul_tune(m->ctx, was);
+        return DFLASH_ENOMEM;
+    }
+    /* block j: anchor spread over the context, its context before the anchor */
+    for (int j = 0; j < nb; j++) {
+        int32_t anchor = 1 + (int32_t)((int64_t)j * (Tc - 1) / nb);
+        m->h_spans[j] = (nn_block_span){0, anchor, Tc + j * B, 1};
+        for (int i = 0; i < B; i++) {
+            size_t r = (size_t)j * B + (size_t)i;
+            m->h_ids[r] = 0;
+            m->h_pos[Tc + r] = anchor + i;
+            m->h_labels[r] = 0;
+            m->h_weights[r] = i > 0 ? 1.0f : 0.0f;
+        }
+    }
+    for (int t = 0; t < Tc; t++)
+        m->h_pos[t] = t;
+    int rc = dflash_model_set_inputs(m, Tc, nb, m->h_ids, m->h_pos, m->h_spans, m->h_labels,
+                                     m->h_weights);
+    if (rc == 0) {
+        dflash_model_forward(m, X);
+        dflash_model_loss(m, (float)(1.0 / (double)(Q - (size_t)nb)));
+        dflash_model_backward(m, X);
+        o->sync(m->ctx);
+    }
+    o->matmul_tune(m->ctx, was);
+    o->free(m->ctx, X);
+    return rc;
+}
+
 void dflash_model_predict(dflash_model *m) {
     const dflash_config *c = &m->cfg;
     m->ops->lm_head_argmax(m->ctx, m->out_argmax, m->out, m->lm_head, m->lm_scratch,

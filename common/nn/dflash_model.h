@@ -233,5 +233,12 @@ void dflash_model_loss(dflash_model *m, float inv_norm);
 void dflash_model_backward(dflash_model *m, const nn_buf *X);
 /* Greedy lm_head argmax of every query row into out_argmax [Q] (backend memory). */
 void dflash_model_predict(dflash_model *m);
+/* Start-up tuning (cuda: matmul_tune): one forward, loss and backward at the planned maximum
+ * shape (max_tokens context rows, max_blocks blocks; synthetic inputs, zero features) with
+ * `candidates` algorithms timed for each matmul shape, so that steps of that shape run on the
+ * fastest. Weights, moments and step are untouched; the gradients are overwritten (the next
+ * step writes its own). Waits for the device. candidates < 2 or cpu: nothing to do. Returns 0,
+ * DFLASH_ENOMEM (the zero features) or set_inputs' error. */
+int dflash_model_tune(dflash_model *m, int candidates);
 
 #endif

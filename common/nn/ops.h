@@ -101,6 +101,12 @@ typedef struct nn_ops {
     /* Calls so far that made the host wait for everything queued on the stream (sync, download,
      * download_raw, upload, free, host_free; cpu: 0): a hot loop checks that it adds none. */
     long (*stream_drains)(nn_ctx *c);
+    /* From now on each matmul shape met for the first time times the backend's first
+     * `candidates` algorithms (cuda: cuBLASLt's heuristic list, at most 16) on its own operands
+     * and keeps the fastest for later calls of that shape; that first call waits for the device
+     * (counted in stream_drains): meant for start-up (dflash_model_tune). 0 or 1: no timing.
+     * Returns the previous setting, or -1 where there is nothing to tune (cpu). */
+    int (*matmul_tune)(nn_ctx *c, int candidates);
 
     /* ---- forward ---- */
     /* out[T,D] = table[ids[t], :]; ids in [0, V). */

@@ -994,6 +994,12 @@ static void cpu_rows_scatter(nn_ctx *c, void *dst, const int32_t *rows, const vo
     }
 }
 
+static int cpu_matmul_tune(nn_ctx *c, int candidates) {
+    (void)c;
+    (void)candidates;
+    return -1; /* one OpenBLAS sgemm per product: nothing to choose */
+}
+
 static const nn_ops cpu_ops = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -1006,6 +1012,7 @@ static const nn_ops cpu_ops = {
     .copy = cpu_memcpy,
     .copy2d = cpu_copy2d,
     .rows_scatter = cpu_rows_scatter,
+    .matmul_tune = cpu_matmul_tune,
     .zero = cpu_zero,
     .sync = cpu_sync,
     .embedding_fwd = cpu_embedding_fwd,

@@ -6,11 +6,12 @@
  * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
- * only, unless DFLASH_LT_TUNE times the heuristic's candidates then). cuda_attention_init adds,
+ * only, unless matmul_tune or DFLASH_LT_TUNE has it time the heuristic's candidates then: such
+ * entries stay, untimed ones are replaced round robin). cuda_attention_init adds,
  * once per device, the fp32 scratch of attention_block_bwd (144 MiB of dk/dv split partials and
  * saved D rows, 128 MiB of fused-backward dq), which attention_block_plan grows to a model's
  * largest step when the model is created. Nothing else is allocated after nn_cuda_new except by
- * the caller through alloc (and, with DFLASH_LT_TUNE, a timing copy of a new shape's output).
+ * the caller through alloc (and, while tuning, a timing copy of a new shape's output).
  *
  * Matmuls (row-major, ops.h layout) are run as column-major cuBLASLt products of the transposes:
  *   linear_fwd  y[M,N]  = x[M,K] w[N,K]^T   ->  y^T (N x M) = op_T(w: K x N) * x^T (K x M)
@@ -61,6 +62,7 @@ typedef struct lt_entry {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t A, B, C;
     cublasLtMatmulAlgo_t algo;
+    int tuned; /* algo is the fastest of several timed candidates: kept in the cache */
 } lt_entry;
 
 struct nn_ctx {
@@ -71,6 +73,7 @@ struct nn_ctx {
     float *stage; /* STAGE_FLOATS fp32 for upload/download conversion */
     lt_entry cache[LT_CACHE];
     int cache_next;
+    int tune; /* candidates timed for a new matmul shape (matmul_tune; <= 1: none) */
     cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
@@ -495,16 +498,21 @@ static int ptr_align(const void *p) {
 
 #define LT_TUNE_MAX 16
 
-/* DFLASH_LT_TUNE=N (2..16): time the heuristic's first N candidates on a new shape's first use
- * and keep the fastest (0 or unset: the heuristic's first, no timing) */
-static int lt_tune_count(void) {
-    static int n = -1;
-    if (n < 0) {
-        const char *e = getenv("DFLASH_LT_TUNE");
-        n = e ? atoi(e) : 0;
-        n = n < 1 ? 1 : n > LT_TUNE_MAX ? LT_TUNE_MAX : n;
-    }
-    return n;
+static int lt_tune_clamp(int n) {
+    return n < 1 ? 1 : n > LT_TUNE_MAX ? LT_TUNE_MAX : n;
+}
+
+/* The context's initial tuning: DFLASH_LT_TUNE=N (2..16) times the heuristic's first N
+ * candidates on every new shape's first use (unset or 0: the heuristic's first, no timing) */
+static int lt_tune_env(void) {
+    const char *e = getenv("DFLASH_LT_TUNE");
+    return lt_tune_clamp(e ? atoi(e) : 0);
+}
+
+static int cu_matmul_tune(nn_ctx *c, int candidates) {
+    int was = c->tune > 1 ? c->tune : 0;
+    c->tune = lt_tune_clamp(candidates);
+    return was;
 }
 
 /* The fastest of n candidates for entry e, timed on the call's own A and B into a scratch copy
@@ -558,7 +566,12 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void 
     for (int i = 0; i < LT_CACHE; i++)
         if (c->cache[i].used && memcmp(&c->cache[i].key, key, sizeof *key) == 0)
             return &c->cache[i];
+    /* the next slot round robin, passing over tuned entries unless every slot holds one */
     lt_entry *e = &c->cache[c->cache_next];
+    for (int tries = 0; tries < LT_CACHE && e->used && e->tuned; tries++) {
+        c->cache_next = (c->cache_next + 1) % LT_CACHE;
+        e = &c->cache[c->cache_next];
+    }
     c->cache_next = (c->cache_next + 1) % LT_CACHE;
     if (e->used) {
         cublasLtMatmulDescDestroy(e->op);
@@ -595,7 +608,7 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void 
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al, sizeof al));
     cublasLtMatmulHeuristicResult_t res[LT_TUNE_MAX];
-    int found = 0, want = lt_tune_count();
+    int found = 0, want = lt_tune_clamp(c->tune);
     LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->A, e->B, e->C, e->C, pref, want, res,
                                             &found));
     cublasLtMatmulPreferenceDestroy(pref);
@@ -605,6 +618,7 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void 
         abort();
     }
     e->algo = res[found > 1 ? lt_tune(c, e, res, found, A, B, D, beta) : 0].algo;
+    e->tuned = found > 1;
     e->used = 1;
     return e;
 }
@@ -1321,6 +1335,7 @@ static nn_ops make_ops(void) {
     o.copy = cu_copy;
     o.copy2d = cu_copy2d;
     o.rows_scatter = cu_rows_scatter;
+    o.matmul_tune = cu_matmul_tune;
     o.zero = cu_zero;
     o.sync = cu_sync;
     o.embedding_fwd = cu_embedding_fwd;
@@ -1380,6 +1395,7 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     nn_ctx *c = (nn_ctx *)calloc(1, sizeof *c);
     if (!c) return NULL;
     c->device = device;
+    c->tune = lt_tune_env();
     if (cudaSetDevice(device) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||

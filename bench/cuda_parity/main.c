@@ -530,6 +530,13 @@ static void t_train_step(void) {
         return;
     }
     set_weights(mc, mg);
+    /* the cuda step runs on tuned matmuls (as the drafter daemon's default --tune-matmuls 8):
+     * the tuning pass must leave the model as it was */
+    if (dflash_model_tune(mg, 8) != 0 || dflash_model_tune(mc, 8) != 0) {
+        printf("train step: dflash_model_tune failed\n");
+        n_fail++;
+        return;
+    }
     int nb = dflash_train_sample_anchors(mc, &tc, &vc, 0, 7);
     if (nb <= 0) {
         printf("train step: no anchors (%d)\n", nb);

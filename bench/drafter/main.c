@@ -3,7 +3,9 @@
  * F 12288, B 16, 5 features, V 151936) on the cuda backend. bench/drafter/run.sh runs it with
  * the PyTorch reference (bench/drafter/torch_drafter_bench.py) and prints the ratio.
  *
- * Usage: bench-drafter [LAYERS=5] [CASE] (CASE: one of the case names below; default all)
+ * Usage: bench-drafter [LAYERS=5] [CASE|all] [TUNE=8] (CASE: one of the case names below;
+ *   TUNE: cuBLASLt candidates timed per matmul shape when the model is created, as the drafter
+ *   daemon's --tune-matmuls does; 0: the heuristic's first)
  * Cases: one sequence of 3072 tokens with 512 anchors; one of 768 tokens with 256 anchors
  *   (SpecForge's published shape); 4 packed sequences of 768 tokens with 256 anchors each.
  *   loss_mask is 1 except the first 64 tokens of each sequence (the prompt). Weights, embeddings,
@@ -83,6 +85,7 @@ static void *act_rand(size_t n, float scale) {
 }
 
 enum { D = 4096, NF = 5, V = 151936, H = 32, HK = 8, HD = 128, FF = 12288, BS = 16 };
+static int g_tune = 8; /* cuBLASLt candidates per matmul shape (dflash_model_tune) */
 
 static void run_case(const char *name, int layers, int n_seqs, int S, int anchors, double peak,
                      const void *emb, const void *lm) {
@@ -102,6 +105,10 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         O->free(C, hid);
         return;
     }
+    double tune0 = monotime_s();
+    if (dflash_model_tune(m, g_tune) < 0) printf("%s: matmul tuning failed\n", name);
+    printf("%s: matmuls tuned with %d candidates per shape in %.1f s\n", name, g_tune,
+           monotime_s() - tune0);
     int32_t *off = malloc(sizeof(int32_t) * (n_seqs + 1)), *ids = malloc(sizeof(int32_t) * T);
     int32_t *pos = malloc(sizeof(int32_t) * T);
     uint8_t *lmask = malloc(T);
@@ -183,7 +190,8 @@ int main(int argc, char **argv) {
     double peak = gemm_peak_tflops(O, C);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
     void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);
-    const char *only = argc > 2 ? argv[2] : NULL; /* one case by name */
+    const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* one case */
+    if (argc > 3) g_tune = atoi(argv[3]);
     if (!only || !strcmp(only, "s3072_a512"))
         run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);
     if (!only || !strcmp(only, "s768_a256"))

@@ -62,6 +62,7 @@ typedef struct drafter_config {
     double gamma;
     int64_t anchor_seed;
     int64_t init_seed;
+    int64_t tune_matmuls;
     char checkpoint_dir[1024];
     int64_t checkpoint_every;
     int64_t keep_last;
@@ -129,6 +130,9 @@ static const cfg_option drafter_options[] = {
         "10, 4 for 8)", gamma),
     OPT("anchor-seed", CFG_INT, "0", 0, 9e15, "train: anchor sampling seed", anchor_seed),
     OPT("init-seed", CFG_INT, "1", 0, 9e15, "train: seed of fresh drafter weights", init_seed),
+    OPT("tune-matmuls", CFG_INT, "8", 0, 16, "train, cuda: at start-up, time this many cuBLASLt "
+        "algorithms per matmul shape of a full-size step and keep the fastest (0 = the "
+        "heuristic's first)", tune_matmuls),
     OPTS("checkpoint-dir", "", "train: checkpoints go to DIR/step-N; a run restarted with the "
          "same DIR resumes from its newest one", checkpoint_dir),
     OPT("checkpoint-every", CFG_INT, "500", 0, 1e15, "train: steps between checkpoints (0 = "
@@ -526,6 +530,7 @@ int main(int argc, char **argv)
                            .mask_token_id = (int)cfg.mask_token_id,
                            .capture_ids = n_ids ? ids : NULL, .n_capture_ids = n_ids,
                            .init_seed = (uint64_t)cfg.init_seed,
+                           .tune_matmuls = (int)cfg.tune_matmuls,
                            .checkpoint_dir = cfg.checkpoint_dir,
                            .checkpoint_every = cfg.checkpoint_every,
                            .keep_last = (int)cfg.keep_last,

@@ -487,6 +487,15 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
             goto fail;
         }
     }
+    if (t->backend == POOL_CUDA && o->tune_matmuls > 1) {
+        double t0 = monotime_s();
+        if (dflash_model_tune(t->m, o->tune_matmuls) < 0) {
+            snprintf(err, errlen, "cannot run the start-up matmul tuning (out of device memory?)");
+            goto fail;
+        }
+        LOG_INFO("drafter: matmuls of a %u-token, %ld-block step tuned (%d candidates each) in "
+                 "%.1f s", o->layout->token_budget, blocks, o->tune_matmuls, monotime_s() - t0);
+    }
     if (dflash_train_prepare(t->m) < 0) {
         snprintf(err, errlen, "out of host memory for the step metrics");
         goto fail;

@@ -57,6 +57,7 @@ typedef struct trainer_opts {
     int n_capture_ids;
     dflash_train_cfg train;     /* anchors, lr, schedule, clip, AdamW, anchor seed */
     uint64_t init_seed;         /* fresh weights */
+    int tune_matmuls;           /* cuda: candidates timed per matmul shape at start-up (0: none) */
     const char *checkpoint_dir; /* ROOT of step-* checkpoints; NULL/"" = none */
     int64_t checkpoint_every;   /* steps; 0 = only the final one */
     int keep_last;

@@ -9,16 +9,8 @@ set -uo pipefail
 bin=${1:?BIN_DIR}
 layers=${2:-5}
 log=${OUT:-.}/attn_gpu.log
-: >"$log"
-export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
+. "$(dirname "$0")/gpu_run.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$log"
-run() { # name timeout env-assignments... cmd...
-  local name=$1 to=$2; shift 2
-  echo "=== $name: $*" >>"$log"
-  timeout "$to" env "$@" >>"$log" 2>&1
-  echo "rc $?" >>"$log"
-}
 san() { # name timeout tool env... (attention checks only)
   local name=$1 to=$2 tool=$3; shift 3
   command -v compute-sanitizer >/dev/null || return 0

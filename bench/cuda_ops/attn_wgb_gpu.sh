@@ -11,22 +11,9 @@ set -uo pipefail
 bin=${1:?BIN_DIR}
 budget=${2:-200}
 log=${OUT:-.}/attn_wgb.log
-: >"$log"
-export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
-t0=$(date +%s)
+. "$(dirname "$0")/gpu_run.sh"
 echo "binaries of commit $(cat "$bin/COMMIT" 2>/dev/null)" | tee -a "$log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$log"
-run() { # name timeout env-assignments... cmd...
-  local name=$1 to=$2; shift 2
-  if [ $(($(date +%s) - t0 + to)) -gt "$budget" ]; then
-    echo "=== $name: skipped (budget)" >>"$log"
-    return
-  fi
-  echo "=== $name: $*" >>"$log"
-  timeout "$to" env "$@" >>"$log" 2>&1
-  echo "rc $? ($(($(date +%s) - t0)) s)" >>"$log"
-}
 P="$bin/bench-cuda_parity"
 B="$bin/bench-cuda_ops"
 S1="DFLASH_CUDA_ATTN_SPLIT=1"

@@ -10,16 +10,8 @@
 set -uo pipefail
 bin=${1:?BIN_DIR}
 log=${OUT:-.}/wgblock_gpu.log
-: >"$log"
-export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
+. "$(dirname "$0")/gpu_run.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
-run() { # name timeout env-assignments... cmd...
-  local name=$1 to=$2; shift 2
-  echo "=== $name (t ${SECONDS}s): $*" >>"$log"
-  timeout "$to" env "$@" >>"$log" 2>&1
-  echo "rc $?" >>"$log"
-}
 run parity_wgmma 40 DFLASH_CUDA_ATTN_BLOCK=wgmma "$bin/bench-cuda_parity" attn
 run parity_mma 40 DFLASH_CUDA_ATTN_BLOCK=mma "$bin/bench-cuda_parity" attn
 for i in 1 2; do
@@ -38,4 +30,4 @@ if [ "$SECONDS" -lt 60 ]; then
 fi
 echo "elapsed ${SECONDS}s"
 grep -E "^=== |FAIL|checks failed|ERROR SUMMARY|^rc |^attention_|^dflash_train|^drafter of|^peak:" \
-  "$log" | grep -v "^rc 0$" | sed -E 's/^=== ([^:]*):.*/=== \1/; s/  +/ /g'
+  "$log" | grep -v "^rc 0 " | sed -E 's/^=== ([^:]*):.*/=== \1/; s/  +/ /g'

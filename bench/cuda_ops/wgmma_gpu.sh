@@ -8,16 +8,8 @@
 set -uo pipefail
 bin=${1:?BIN_DIR}
 log=${OUT:-.}/wgmma_gpu.log
-: >"$log"
-export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
+. "$(dirname "$0")/gpu_run.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
-run() { # name timeout env-assignments... cmd...
-  local name=$1 to=$2; shift 2
-  echo "=== $name: $*" >>"$log"
-  timeout "$to" env "$@" >>"$log" 2>&1
-  echo "rc $?" >>"$log"
-}
 # wgmma: the default kernel; the rest by name (4x32: the mma.sync kernel). WG_SHAPES, WG_AGAIN
 # (timed twice), WG_SAN (memcheck) override the lists.
 shapes=${WG_SHAPES:-wgmma wg3x64r5 wg3x64m wg3x64p wg3x64 4x32}
@@ -36,4 +28,4 @@ fi
 [ "$SECONDS" -lt 170 ] && run parity_all 60 "$bin/bench-cuda_parity"
 echo "elapsed ${SECONDS}s"
 grep -E "^=== |FAIL|T2200|checks failed|ERROR SUMMARY|^rc |^attention_causal|^peak:|train step" \
-  "$log" | grep -v "^rc 0$" | sed -E 's/^=== ([^:]*):.*/=== \1/; s/  +/ /g'
+  "$log" | grep -v "^rc 0 " | sed -E 's/^=== ([^:]*):.*/=== \1/; s/  +/ /g'

@@ -1,0 +1,21 @@
+# gpu_run.sh: what the device scripts of this folder share; each sources it after setting bin
+# (the carried binaries, with devlibs/), log (its log file) and, optionally, budget (seconds).
+# It sets the loader and OpenBLAS environment, empties the log and defines
+#   run NAME TIMEOUT [VAR=value ...] CMD ...
+# which runs CMD under `timeout` with the assignments, appending "=== NAME: CMD", its output and
+# "rc STATUS (N s)" (seconds since the start) to the log; a step whose timeout would end past
+# $budget seconds is skipped ("=== NAME: skipped (budget)"). No budget: every step runs.
+export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
+export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
+: >"$log"
+t0=$(date +%s)
+run() {
+  local name=$1 to=$2; shift 2
+  if [ -n "${budget:-}" ] && [ $(($(date +%s) - t0 + to)) -gt "$budget" ]; then
+    echo "=== $name: skipped (budget)" >>"$log"
+    return
+  fi
+  echo "=== $name: $*" >>"$log"
+  timeout "$to" env "$@" >>"$log" 2>&1
+  echo "rc $? ($(($(date +%s) - t0)) s)" >>"$log"
+}

@@ -174,6 +174,15 @@ __device__ __forceinline__ float4 swap_pairs(const float c[4], int odd) {
  * through Ks, Vs (no longer read: the caller waited for all cp.async and synchronised); split:
  * float4 atomics of the partials into acc (dk plane, then dv plane, Tk Hk D each), then the last
  * piece of the tile (ticket) converts (attn_split_finish). All threads of the CTA. */
+/* Zeroes N accumulator fragments (e.g. a warp's dk or dv of D / 8 column blocks). */
+template <int N> __device__ __forceinline__ void frag_zero(float (&acc)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] = 0.0f;
+}
+
 template <int D>
 __device__ __forceinline__ void dkdv_tile_out(const float dk[D / 8][4], const float dv[D / 8][4],
                                               bf16 *Ks, bf16 *Vs, int nsplit, int k0, int kt,

@@ -1054,6 +1054,13 @@ __device__ msi block_msi(msi v) {
  * fp32 over 8-element (16-byte) loads when the row allows (V % 8 == 0; the caller aligns rows),
  * the loss, then dlogits written over the logits in place (each element by the thread that
  * read it). Ties of the argmax take the first index (ascending per thread, msi_merge). */
+template <bool VEC> __device__ __forceinline__ void xent_load(const bf16 *p, float x[8]) {
+    if (VEC)
+        load8(p, x);
+    else
+        x[0] = __bfloat162float(*p);
+}
+
 template <bool VEC>
 __global__ void __launch_bounds__(XENT_THREADS)
     k_xent_rows(bf16 *logits, int V, int r0, const int32_t *labels, const float *weights,
@@ -1064,10 +1071,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
     const int step = VEC ? 8 : 1;
     for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
         float x[8];
-        if (VEC)
-            load8(L + j, x);
-        else
-            x[0] = __bfloat162float(L[j]);
+        xent_load<VEC>(L + j, x);
 #pragma unroll
         for (int e = 0; e < step; e++) {
             if (x[e] > v.m) {
@@ -1095,10 +1099,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
     float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
     for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
         float x[8];
-        if (VEC)
-            load8(L + j, x);
-        else
-            x[0] = __bfloat162float(L[j]);
+        xent_load<VEC>(L + j, x);
 #pragma unroll
         for (int e = 0; e < step; e++)
             x[e] = g > 0.0f ? expf(x[e] - mx) * gs - (j + e == lab ? g : 0.0f) : 0.0f;

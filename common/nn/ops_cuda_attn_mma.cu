@@ -426,11 +426,8 @@ template <int D> __global__ void __launch_bounds__(KV_WARPS * 32) k_mma_dkdv(mma
 
     const float sl2 = a.scale * LOG2E;
     float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            dk[dt][e] = 0.0f, dv[dt][e] = 0.0f;
+    frag_zero(dk);
+    frag_zero(dv);
 
     for (int i = 0; it.blk >= 0; i++) {
         const int st = i % 2;

@@ -116,11 +116,8 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
 
     const float sl2 = a.scale * FLOG2E;
     float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            dk[dt][e] = 0.0f, dv[dt][e] = 0.0f;
+    frag_zero(dk);
+    frag_zero(dv);
     /* this warpgroup's 64 keys as the A operand of S^T and dP^T */
     const uint64_t dK = wg_desc(Ks + wg * 64 * D * 2, LBO_K, SBO_K);
     const uint64_t dV = wg_desc(Vs + wg * 64 * D * 2, LBO_K, SBO_K);
@@ -265,15 +262,8 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
 static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
 
 int cuda_wgb_attention_init(void) {
-    int dev, major = 0, minor = 0;
     g_wgb_ready = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    if (major != 9 || minor != 0) return 0; /* sm_90a code runs on compute capability 9.0 only */
+    if (!wg_device_runs_sm90a()) return 0;
     if (cudaFuncSetAttribute(k_wgb_fused<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)wgb_smem<128, true>()) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,

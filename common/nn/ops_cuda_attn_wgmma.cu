@@ -629,15 +629,8 @@ static bool wg_block_on(void) {
 static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_90a code */
 
 int cuda_wg_attention_init(void) {
-    int dev, major = 0, minor = 0;
     g_wg_ready = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    if (major != 9 || minor != 0) return 0; /* sm_90a code runs on compute capability 9.0 only */
+    if (!wg_device_runs_sm90a()) return 0;
     int bad = 0;
     for (int i = 0; i < N_WG_KERNELS; i++)
         bad |= wg_kernels[i].attr();

@@ -12,7 +12,8 @@
  * 16 D and SBO 128, D being the tile's width in elements.
  * Accumulators: per warp the mma.sync C layout (thread lane holds rows 16 (warp % 4) + lane / 4
  * and + 8, columns 8 j + 2 (lane % 4) + {0, 1}); A from registers: the mma.sync A layout.
- * Header-only device code (no -rdc in this build); include only from sm_90a translation units.
+ * Header-only device code (no -rdc in this build), plus the host check wg_device_runs_sm90a;
+ * include only from sm_90a translation units.
  */
 #ifndef DFLASH_WGMMA_CUH
 #define DFLASH_WGMMA_CUH
@@ -237,6 +238,19 @@ template <int N> __device__ __forceinline__ void wg_pin_u(uint32_t (&x)[N][4]) {
 #pragma unroll
         for (int e = 0; e < 4; e++)
             asm volatile("" : "+r"(x[j][e])::"memory");
+}
+
+/* Host side: whether the current device runs this build's sm_90a code (compute capability 9.0
+ * exactly); false, with the CUDA error cleared, when the device cannot be queried. */
+static inline bool wg_device_runs_sm90a(void) {
+    int dev, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major == 9 && minor == 0;
 }
 
 #endif

@@ -1,12 +1,12 @@
 /* mma_frag: warp-level building blocks of the attention kernels (ops_cuda_attn_mma.cu,
- * ops_cuda_attn_bwd.cu; ops_cuda_attn_wgmma.cu uses the PTX wrappers, the quad reductions and the
- * online softmax): PTX wrappers for mma.sync.m16n8k16 (bf16 in, fp32 accumulate),
- * ldmatrix(.trans), ex2 and cp.async groups, quad reductions, and fragment helpers: A fragments
- * of a shared tile, products against shared rows (X^T as B) or through ldmatrix.trans (P X),
- * bf16 row stores staged through shared memory, and the lane-pair swap that turns two C-layout
- * halves into 4 consecutive columns (float4 atomics); the online softmax of one key tile; the
- * visit order and row loads of the key-major backward kernels. Layouts: the m16n8k16 fragment layouts of
- * the PTX ISA; a thread holds rows g = lane / 4 and g + 8, columns 2 (lane % 4) .. + 1 of each
+ * ops_cuda_attn_bwd.cu; ops_cuda_attn_wgmma.cu and ops_cuda_attn_wgbwd.cu use the PTX wrappers,
+ * the quad reductions, the online softmax and the backward's visit helpers): PTX wrappers for
+ * mma.sync.m16n8k16 (bf16 in, fp32 accumulate), ldmatrix(.trans), ex2 and cp.async groups, quad
+ * reductions, and fragment helpers: zeroed accumulators, A fragments of a shared tile, products
+ * against shared rows (X^T as B) or through ldmatrix.trans (P X), bf16 row stores staged through
+ * shared memory, and the lane-pair swap that turns two C-layout halves into 4 consecutive
+ * columns (float4 atomics); the online softmax of one key tile; the visit order and row loads of
+ * the key-major backward kernels. Layouts: the m16n8k16 fragment layouts of the PTX ISA; a thread holds rows g = lane / 4 and g + 8, columns 2 (lane % 4) .. + 1 of each
  * C tile. Header-only device code (no -rdc in this build); every function runs on one warp.
  */
 #ifndef DFLASH_MMA_FRAG_CUH

@@ -202,10 +202,19 @@ static void t_rmsnorm(int R, int C) {
     cmp(name, "fwd out", &out, 1e-2);
     cmp(name, "fwd rstd", &rstd, 1e-4);
     pair dy = pact(hdy, n), dx = pact(NULL, n), dw = praw(hdw, C);
-    CO->rmsnorm_bwd(CC, dx.c, dw.c, dy.c, x.c, w.c, rstd.c, R, C);
-    GO->rmsnorm_bwd(GC, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, R, C);
+    CO->rmsnorm_bwd(CC, dx.c, dw.c, dy.c, x.c, w.c, rstd.c, R, C, NULL);
+    GO->rmsnorm_bwd(GC, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, R, C, NULL);
     cmp(name, "bwd dx", &dx, 1e-2);
     cmp(name, "bwd dw (acc)", &dw, 1e-3);
+    /* dres: a residual branch's gradient added, into another buffer and in place */
+    pair dres = pact(hx, n), dxr = pact(NULL, n);
+    CO->rmsnorm_bwd(CC, dxr.c, NULL, dy.c, x.c, w.c, rstd.c, R, C, dres.c);
+    GO->rmsnorm_bwd(GC, dxr.g, NULL, dy.g, x.g, w.g, rstd.g, R, C, dres.g);
+    cmp(name, "bwd dx + dres", &dxr, 1e-2);
+    CO->rmsnorm_bwd(CC, dres.c, NULL, dy.c, x.c, w.c, rstd.c, R, C, dres.c);
+    GO->rmsnorm_bwd(GC, dres.g, NULL, dy.g, x.g, w.g, rstd.g, R, C, dres.g);
+    cmp(name, "bwd dx + dres in place", &dres, 1e-2);
+    pfree(&dres), pfree(&dxr);
     /* in place: out == x, dx == dy */
     CO->rmsnorm_fwd(CC, x.c, NULL, x.c, w.c, R, C, 1e-6f);
     GO->rmsnorm_fwd(GC, x.g, NULL, x.g, w.g, R, C, 1e-6f);
@@ -239,10 +248,15 @@ static void t_linear(int M, int K, int N, int bias) {
     GO->linear_bwd(GC, dxa.g, dws.g, NULL, dy.g, x.g, w.g, M, K, N, NN_BWD_DX_ADD | NN_BWD_DW_SET);
     cmp(name, "bwd_acc dx", &dxa, 1e-2);
     cmp(name, "bwd dw (set)", &dws, 1e-3);
-    pair ya = pact(hdy, (size_t)M * N); /* linear_fwd_acc: y += x w^T on a non-zero y */
-    CO->linear_fwd_acc(CC, ya.c, x.c, w.c, M, K, N);
-    GO->linear_fwd_acc(GC, ya.g, x.g, w.g, M, K, N);
-    cmp(name, "fwd_acc y", &ya, 1e-2);
+    pair ya = pact(hdy, (size_t)M * N); /* linear_fwd_res: y = res + x w^T, res = y */
+    CO->linear_fwd_res(CC, ya.c, x.c, w.c, ya.c, M, K, N);
+    GO->linear_fwd_res(GC, ya.g, x.g, w.g, ya.g, M, K, N);
+    cmp(name, "fwd_res y (in place)", &ya, 1e-2);
+    pair yr = pact(NULL, (size_t)M * N); /* res another buffer */
+    CO->linear_fwd_res(CC, yr.c, x.c, w.c, ya.c, M, K, N);
+    GO->linear_fwd_res(GC, yr.g, x.g, w.g, ya.g, M, K, N);
+    cmp(name, "fwd_res y", &yr, 1e-2);
+    pfree(&yr);
     pfree(&x), pfree(&w), pfree(&b), pfree(&y), pfree(&dy), pfree(&dx), pfree(&dw), pfree(&db),
         pfree(&dxa), pfree(&ya), pfree(&dws);
     free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
@@ -291,24 +305,27 @@ static void t_qkv_norm_rope(int H, int Hk, int d, int norm) {
     free(hx), free(hqn), free(hkn);
 }
 
-static void t_swiglu_add(void) {
-    int R = 123, F = 517;
+/* SwiGLU on gu [R, 2F] (gate | up per row): F 517 takes the scalar path, F 1024 the 16-byte
+ * one; then add_inplace. */
+static void t_swiglu_add(int F) {
+    int R = 123;
     size_t n = (size_t)R * F;
-    float *hg = hrand(n, 4, 0), *hu = hrand(n, 2, 0), *hd = hrand(n, 1, 0);
-    pair g = pact(hg, n), u = pact(hu, n), o = pact(NULL, n), dout = pact(hd, n);
-    pair dg = pact(NULL, n), du = pact(NULL, n);
-    CO->swiglu_fwd(CC, o.c, g.c, u.c, R, F);
-    GO->swiglu_fwd(GC, o.g, g.g, u.g, R, F);
-    cmp("swiglu R123 F517", "fwd out", &o, 1e-2);
-    CO->swiglu_bwd(CC, dg.c, du.c, dout.c, g.c, u.c, R, F);
-    GO->swiglu_bwd(GC, dg.g, du.g, dout.g, g.g, u.g, R, F);
-    cmp("swiglu R123 F517", "bwd dgate", &dg, 1e-2);
-    cmp("swiglu R123 F517", "bwd dup", &du, 1e-2);
-    CO->add_inplace(CC, g.c, u.c, n);
-    GO->add_inplace(GC, g.g, u.g, n);
-    cmp("add_inplace n63591", "y", &g, 1e-2);
-    pfree(&g), pfree(&u), pfree(&o), pfree(&dout), pfree(&dg), pfree(&du);
-    free(hg), free(hu), free(hd);
+    char name[64];
+    snprintf(name, sizeof name, "swiglu R%d F%d", R, F);
+    float *hgu = hrand(2 * n, 4, 0), *hd = hrand(n, 1, 0);
+    pair gu = pact(hgu, 2 * n), o = pact(NULL, n), dout = pact(hd, n), dgu = pact(NULL, 2 * n);
+    CO->swiglu_fwd(CC, o.c, gu.c, R, F);
+    GO->swiglu_fwd(GC, o.g, gu.g, R, F);
+    cmp(name, "fwd out", &o, 1e-2);
+    CO->swiglu_bwd(CC, dgu.c, dout.c, gu.c, R, F);
+    GO->swiglu_bwd(GC, dgu.g, dout.g, gu.g, R, F);
+    cmp(name, "bwd dgate|dup", &dgu, 1e-2);
+    CO->add_inplace(CC, gu.c, dgu.c, 2 * n);
+    GO->add_inplace(GC, gu.g, dgu.g, 2 * n);
+    snprintf(name, sizeof name, "add_inplace n%zu", 2 * n);
+    cmp(name, "y", &gu, 1e-2);
+    pfree(&gu), pfree(&o), pfree(&dout), pfree(&dgu);
+    free(hgu), free(hd);
 }
 
 /* T = 300 tokens in 3 sequences, or (long_seqs) 2200 in sequences of 7, 2043 and 140 tokens
@@ -626,7 +643,8 @@ int main(int argc, char **argv) {
         t_qkv_norm_rope(32, 8, 128, 1); /* Qwen3: the vector path */
         t_qkv_norm_rope(6, 2, 64, 0);   /* Qwen2 / Llama: RoPE only */
         t_qkv_norm_rope(4, 2, 40, 1);   /* d 40: the scalar path */
-        t_swiglu_add();
+        t_swiglu_add(517);
+        t_swiglu_add(1024);
     }
     t_causal(8, 2, 64, 0);
     t_causal(4, 4, 128, 0);

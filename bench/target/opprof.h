@@ -7,7 +7,8 @@
  * prof_end() synchronises, sums each op's event time and prints a table: calls, total ms, share
  * of the summed op time, and TFLOP/s for the matmuls (2*M*K*N forward; 2*M*K*N per product in
  * backward). Only an extra, untimed pass is profiled: the event records do not perturb the timed
- * passes. Gaps between ops (host launch latency) show as the difference between the wall time
+ * passes. The profiled pass runs everything on the main stream (the side stream's calls are
+ * no-ops in the table), so the op times add up without overlap. Gaps between ops (host launch latency) show as the difference between the wall time
  * and the summed op time.
  */
 #ifndef DFLASH_BENCH_OPPROF_H
@@ -83,8 +84,9 @@ static void po_lin(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const
                    int K, int N) {
     PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd(c, y, x, w, b, M, K, N));
 }
-static void po_lina(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M, int K, int N) {
-    PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd_acc(c, y, x, w, M, K, N));
+static void po_linr(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *r,
+                    int M, int K, int N) {
+    PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd_res(c, y, x, w, r, M, K, N));
 }
 static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m, float *v,
                       size_t n, float lr, float b1, float b2, float eps, float wd, const float *sq,
@@ -109,15 +111,15 @@ static void po_attb(nn_ctx *c, nn_buf *o, float *l, const nn_buf *q, const nn_bu
                     int d) {
     PO_WRAP(PO_ATTB, 0, po_real->attention_block_fwd(c, o, l, q, k, v, sp, nb, B, Tk, H, Hk, d));
 }
-static void po_swi(nn_ctx *c, nn_buf *o, const nn_buf *g, const nn_buf *u, int R, int F) {
-    PO_WRAP(PO_SWI, 0, po_real->swiglu_fwd(c, o, g, u, R, F));
+static void po_swi(nn_ctx *c, nn_buf *o, const nn_buf *gu, int R, int F) {
+    PO_WRAP(PO_SWI, 0, po_real->swiglu_fwd(c, o, gu, R, F));
 }
 static void po_add(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n) {
     PO_WRAP(PO_ADD, 0, po_real->add_inplace(c, y, x, n));
 }
 static void po_rmsb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
-                    const nn_buf *w, const float *r, int R, int C) {
-    PO_WRAP(PO_RMSB, 0, po_real->rmsnorm_bwd(c, dx, dw, dy, x, w, r, R, C));
+                    const nn_buf *w, const float *r, int R, int C, const nn_buf *dres) {
+    PO_WRAP(PO_RMSB, 0, po_real->rmsnorm_bwd(c, dx, dw, dy, x, w, r, R, C, dres));
 }
 static void po_linb(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
                     const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode) {
@@ -128,9 +130,18 @@ static void po_ropeb(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int
                      int ld) {
     PO_WRAP(PO_ROPEB, 0, po_real->rope_bwd(c, x, p, f, T, nh, d, ld));
 }
-static void po_swib(nn_ctx *c, nn_buf *dg, nn_buf *du, const nn_buf *dout, const nn_buf *g,
-                    const nn_buf *u, int R, int F) {
-    PO_WRAP(PO_SWIB, 0, po_real->swiglu_bwd(c, dg, du, dout, g, u, R, F));
+static void po_swib(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R, int F) {
+    PO_WRAP(PO_SWIB, 0, po_real->swiglu_bwd(c, dgu, dout, gu, R, F));
+}
+/* The side stream is off while profiling: every op runs on the stream the events time. */
+static void po_side_begin(nn_ctx *c) {
+    (void)c;
+}
+static void po_side_end(nn_ctx *c, int k) {
+    (void)c, (void)k;
+}
+static void po_side_wait(nn_ctx *c, int k) {
+    (void)c, (void)k;
 }
 static void po_attbb(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv, const nn_buf *dout,
                      const nn_buf *q, const nn_buf *k, const nn_buf *v, const nn_buf *out,
@@ -177,7 +188,9 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
-    po_tab.linear_fwd_acc = po_lina, po_tab.adamw_clip = po_adamwc;
+    po_tab.linear_fwd_res = po_linr, po_tab.adamw_clip = po_adamwc;
+    po_tab.side_begin = po_side_begin, po_tab.side_end = po_side_end;
+    po_tab.side_wait = po_side_wait;
     return &po_tab;
 }
 

@@ -122,7 +122,8 @@ typedef struct dflash_layer_acts {
     nn_buf *hmid;            /* [Q, D] residual after attention */
     nn_buf *yln;             /* [Q, D] post_attention_layernorm output */
     float *rstd_post;        /* [Q] */
-    nn_buf *gate, *up, *act; /* [Q, F] */
+    nn_buf *gu;              /* [Q, 2F]: gate | up per row (one product) */
+    nn_buf *act;             /* [Q, F] silu(gate) * up */
 } dflash_layer_acts;
 
 typedef struct dflash_model {
@@ -156,10 +157,12 @@ typedef struct dflash_model {
     nn_buf *out;           /* [Q, D] final norm output */
     float *rstd_out;       /* [Q] */
     /* backward scratch */
-    nn_buf *dh, *dtmp, *dxln;   /* [Q, D] */
+    nn_buf *dh, *dh2;           /* [Q, D] d/d residual stream, in turns (dh first) */
+    nn_buf *dtmp, *dxln;        /* [Q, D] */
     nn_buf *datt, *dq, *dqraw;  /* [Q, H*d] */
     nn_buf *dk, *dkraw, *dv;    /* [Tk, Hk*d] */
-    nn_buf *dact, *dgate, *dup; /* [Q, F] */
+    nn_buf *dact;               /* [Q, F] */
+    nn_buf *dgu;                /* [Q, 2F] dgate | dup */
     nn_buf *dHt, *dZ;           /* [Tc, D] */
     nn_buf *lm_scratch;         /* [lm_chunk, V] */
     /* inputs (backend memory), filled by dflash_model_set_inputs */

@@ -16,9 +16,9 @@
  * Matrices are row-major; a linear weight is [N_out, K_in] like PyTorch.
  *
  * Conventions: forward functions overwrite their output. Backward functions ACCUMULATE (+=)
- * into weight gradients (dw, db, dgamma) and OVERWRITE input gradients (dx) unless the name
- * says _acc. Every function runs on the context's stream (cpu: synchronously on the caller's
- * thread, possibly with internal threads). No function allocates; scratch comes from the caller.
+ * into weight gradients (dw, db, dgamma) and OVERWRITE input gradients (dx) unless an argument
+ * says otherwise (linear_bwd's mode, rmsnorm_bwd's dres). Every function runs on the context's
+ * stream (cpu: synchronously on the caller's thread, possibly with internal threads). No function allocates; scratch comes from the caller.
  */
 #ifndef DFLASH_NN_OPS_H
 #define DFLASH_NN_OPS_H
@@ -46,6 +46,7 @@ typedef struct nn_block_span {
 } nn_block_span;
 
 #define NN_FENCES 4
+#define NN_SIDE_MARKS 4
 /* Global-norm clipping factor from the sum of squared gradients (fp32, on host or device):
  * clip <= 0 disables clipping. */
 #define NN_CLIP_SCALE(sumsq, clip)                                                                 \
@@ -108,6 +109,20 @@ typedef struct nn_ops {
      * Returns the previous setting, or -1 where there is nothing to tune (cpu). */
     int (*matmul_tune)(nn_ctx *c, int candidates);
 
+    /* ---- a side stream for work off the critical path (e.g. weight gradients) ----
+     * side_begin: the calls that follow run on the side stream (cuda: a second stream of lower
+     * priority, with its own matmul workspace), after all the work queued so far on the main
+     * one. side_end(k): back to the main stream; side mark k (0 <= k < NN_SIDE_MARKS) now
+     * covers all the side work queued so far. side_wait(k): the main-stream work queued from now
+     * on waits, on the device, for side mark k's latest setting (none set: no wait). sync and
+     * the other host waits wait for both streams. Only linear_bwd, zero and copy may run on the
+     * side (the other ops share scratch). cpu: no-ops, every call runs in the order made, so a
+     * caller's order must be correct as written; a caller waits for a mark before it writes
+     * anything the side work since that mark's begin still reads. */
+    void (*side_begin)(nn_ctx *c);
+    void (*side_end)(nn_ctx *c, int k);
+    void (*side_wait)(nn_ctx *c, int k);
+
     /* ---- forward ---- */
     /* out[T,D] = table[ids[t], :]; ids in [0, V). */
     void (*embedding_fwd)(nn_ctx *c, nn_buf *out, const int32_t *ids, const nn_buf *table, int T,
@@ -120,10 +135,11 @@ typedef struct nn_ops {
     /* y[M,N] = x[M,K] . w[N,K]^T (+ b[N] if b). */
     void (*linear_fwd)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b,
                        int M, int K, int N);
-    /* y[M,N] += x[M,K] . w[N,K]^T: a residual add fused into the product (cuda: the GEMM's
-     * beta = 1, one rounding to bf16 instead of two). */
-    void (*linear_fwd_acc)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M, int K,
-                           int N);
+    /* y[M,N] = res[M,N] + x[M,K] . w[N,K]^T: a residual add fused into the product (cuda: the
+     * GEMM's beta = 1 with C = res, one rounding to bf16 instead of two). res may equal y (then
+     * y += x . w^T); otherwise they must not overlap. */
+    void (*linear_fwd_res)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w,
+                           const nn_buf *res, int M, int K, int N);
     /* In place on x[T, nh, d] (row stride ld elements between tokens, ld >= nh*d): rotate_half
      * RoPE at positions pos[T] with inv_freq[d/2] (fp32). */
     void (*rope_fwd)(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
@@ -146,16 +162,18 @@ typedef struct nn_ops {
     void (*attention_block_fwd)(nn_ctx *c, nn_buf *out, float *lse, const nn_buf *q,
                                 const nn_buf *k, const nn_buf *v, const nn_block_span *spans,
                                 int n_blocks, int B, int Tk, int H, int Hk, int d);
-    /* out[R,F] = silu(gate[R,F]) * up[R,F]. */
-    void (*swiglu_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *gate, const nn_buf *up, int R,
-                       int F);
+    /* out[R,F] = silu(gate) * up, where gu[R, 2F] holds per row gate in columns [0, F) and up in
+     * [F, 2F): the output of one product with the gate and up weights back to back. */
+    void (*swiglu_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *gu, int R, int F);
     /* y[n] += x[n]. */
     void (*add_inplace)(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n);
 
     /* ---- backward ---- */
-    /* dx[R,C] = d/dx, dw[C] += d/dw, given dy, x, w and saved rstd. dx may equal dy. */
+    /* dx[R,C] = d/dx (+ dres[R,C] when dres is not NULL: the gradient of a residual branch
+     * around the norm, added before the one rounding), dw[C] += d/dw, given dy, x, w and saved
+     * rstd. dx may equal dy or dres. */
     void (*rmsnorm_bwd)(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
-                        const nn_buf *w, const float *rstd, int R, int C);
+                        const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres);
     /* dx[M,K] = dy . w (skipped if dx NULL), dw[N,K] += dy^T . x (skipped if NULL),
      * db[N] += sum_rows(dy) (skipped if NULL). mode (NN_BWD_*, or-ed) chooses how dx and dw
      * are written: dx overwritten unless NN_BWD_DX_ADD, dw added to unless NN_BWD_DW_SET (the
@@ -165,9 +183,9 @@ typedef struct nn_ops {
     /* In place: the transpose rotation of rope_fwd (rotation by -angle). */
     void (*rope_bwd)(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
                      int nh, int d, int ld);
-    /* dgate, dup [R,F] from dout, gate, up. */
-    void (*swiglu_bwd)(nn_ctx *c, nn_buf *dgate, nn_buf *dup, const nn_buf *dout,
-                       const nn_buf *gate, const nn_buf *up, int R, int F);
+    /* dgu[R, 2F] (dgate | dup per row, the layout of gu) from dout[R,F] and gu. */
+    void (*swiglu_bwd)(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R,
+                       int F);
     /* Backward of attention_block_fwd. dq overwritten; dk, dv overwritten (every key row either
      * receives gradient or is set to zero). out and lse are the forward's. */
     void (*attention_block_bwd)(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,

@@ -163,6 +163,19 @@ static void cpu_order_after(nn_ctx *c, void *stream) {
     (void)stream;
 }
 
+/* No side stream: side work runs in call order on the caller's thread. */
+static void cpu_side_begin(nn_ctx *c) {
+    (void)c;
+}
+static void cpu_side_end(nn_ctx *c, int k) {
+    (void)c;
+    assert(k >= 0 && k < NN_SIDE_MARKS);
+}
+static void cpu_side_wait(nn_ctx *c, int k) {
+    (void)c;
+    assert(k >= 0 && k < NN_SIDE_MARKS);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* embedding: out[T,D] = table[ids[t], :] (no backward: the embedding is frozen) */
 
@@ -201,12 +214,14 @@ static void cpu_rmsnorm_fwd(nn_ctx *c, nn_buf *out_, float *rstd, const nn_buf *
 /* dx[R,C] = rstd * (dy*w - xhat * mean_c(dy*w*xhat)), xhat = x*rstd; dw[C] += sum_r dy*xhat.
  * dx may equal dy: each element of dy is read before the same element of dx is written. */
 static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_, const nn_buf *x_,
-                            const nn_buf *w_, const float *rstd, int R, int C) {
+                            const nn_buf *w_, const float *rstd, int R, int C,
+                            const nn_buf *dres_) {
     (void)c;
     float *dx = dx_;
-    const float *dy = dy_, *x = x_, *w = w_;
+    const float *dy = dy_, *x = x_, *w = w_, *dres = dres_;
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
+        const float *dr = dres ? dres + (size_t)r * C : NULL;
         float *dxr = dx + (size_t)r * C;
         float rs;
         if (rstd)
@@ -225,7 +240,7 @@ static void cpu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy_
         }
         float mean = (float)(dot / C);
         for (int i = 0; i < C; i++)
-            dxr[i] = rs * (dyr[i] * w[i] - xr[i] * rs * mean);
+            dxr[i] = rs * (dyr[i] * w[i] - xr[i] * rs * mean) + (dr ? dr[i] : 0.0f);
     }
 }
 
@@ -251,10 +266,12 @@ static void cpu_linear_fwd(nn_ctx *c, nn_buf *y_, const nn_buf *x_, const nn_buf
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, beta, y, N);
 }
 
-static void cpu_linear_fwd_acc(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M,
-                               int K, int N) {
+static void cpu_linear_fwd_res(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w,
+                               const nn_buf *res, int M, int K, int N) {
     (void)c;
-    if (M <= 0 || N <= 0 || K <= 0) return;
+    if (M <= 0 || N <= 0) return;
+    if (res != y) memcpy(y, res, (size_t)M * N * sizeof(float));
+    if (K <= 0) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 1.0f, y, N);
 }
 
@@ -352,30 +369,35 @@ static void cpu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float 
 /* swiglu: out[R,F] = silu(g) * u, silu(g) = g * sigmoid(g);
  * dgate = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))), dup = dout * silu(g) */
 
-static void cpu_swiglu_fwd(nn_ctx *c, nn_buf *out_, const nn_buf *gate_, const nn_buf *up_, int R,
-                           int F) {
+static void cpu_swiglu_fwd(nn_ctx *c, nn_buf *out_, const nn_buf *gu_, int R, int F) {
     (void)c;
     float *out = out_;
-    const float *g = gate_, *u = up_;
-    size_t n = (size_t)R * F;
-    for (size_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-g[i]));
-        out[i] = g[i] * s * u[i];
+    const float *gu = gu_;
+    for (size_t r = 0; r < (size_t)R; r++) {
+        const float *g = gu + r * 2 * F, *u = g + F;
+        float *o = out + r * F;
+        for (int i = 0; i < F; i++) {
+            float s = 1.0f / (1.0f + expf(-g[i]));
+            o[i] = g[i] * s * u[i];
+        }
     }
 }
 
-static void cpu_swiglu_bwd(nn_ctx *c, nn_buf *dgate_, nn_buf *dup_, const nn_buf *dout_,
-                           const nn_buf *gate_, const nn_buf *up_, int R, int F) {
+static void cpu_swiglu_bwd(nn_ctx *c, nn_buf *dgu_, const nn_buf *dout_, const nn_buf *gu_, int R,
+                           int F) {
     (void)c;
-    float *dg = dgate_, *du = dup_;
-    const float *dout = dout_, *g = gate_, *u = up_;
-    size_t n = (size_t)R * F;
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i], ui = u[i], dy = dout[i];
-        float s = 1.0f / (1.0f + expf(-gi));
-        float silu = gi * s;
-        dg[i] = dy * ui * s * (1.0f + gi * (1.0f - s));
-        du[i] = dy * silu;
+    float *dgu = dgu_;
+    const float *dout = dout_, *gu = gu_;
+    for (size_t r = 0; r < (size_t)R; r++) {
+        const float *g = gu + r * 2 * F, *u = g + F, *dy = dout + r * F;
+        float *dg = dgu + r * 2 * F, *du = dg + F;
+        for (int i = 0; i < F; i++) {
+            float gi = g[i], ui = u[i];
+            float s = 1.0f / (1.0f + expf(-gi));
+            float silu = gi * s;
+            dg[i] = dy[i] * ui * s * (1.0f + gi * (1.0f - s));
+            du[i] = dy[i] * silu;
+        }
     }
 }
 
@@ -1018,7 +1040,7 @@ static const nn_ops cpu_ops = {
     .embedding_fwd = cpu_embedding_fwd,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .linear_fwd = cpu_linear_fwd,
-    .linear_fwd_acc = cpu_linear_fwd_acc,
+    .linear_fwd_res = cpu_linear_fwd_res,
     .rope_fwd = cpu_rope_fwd,
     .qkv_norm_rope_fwd = cpu_qkv_norm_rope_fwd,
     .attention_causal_fwd = cpu_attention_causal_fwd,
@@ -1043,6 +1065,9 @@ static const nn_ops cpu_ops = {
     .fence_record = cpu_fence,
     .fence_wait = cpu_fence,
     .order_after = cpu_order_after,
+    .side_begin = cpu_side_begin,
+    .side_end = cpu_side_end,
+    .side_wait = cpu_side_wait,
     .stream_drains = cpu_stream_drains,
     .adamw_clip = cpu_adamw_clip,
     .scale_f32 = cpu_scale_f32,

@@ -3,7 +3,8 @@
  * Types: nn_buf = bf16; weight gradients, master weights, moments, rstd, lse, loss sums fp32.
  * Every kernel computes in fp32 and rounds once when it stores a bf16.
  *
- * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
+ * Context (nn_cuda_new): a main stream (highest priority) and a side stream (lowest; ops.h
+ * side_begin .. side_end), one cuBLASLt handle, a 32 MiB cuBLASLt workspace per stream, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
  * only, unless matmul_tune or DFLASH_LT_TUNE has it time the heuristic's candidates then: such
@@ -27,7 +28,8 @@
  * dlogits overwrite them in place); lm_head_argmax uses it as fp32 logits of chunk/2 rows (so
  * chunk must be >= 2).
  *
- * Stream: every op queues work on c->stream and returns; download, download_raw and sync wait.
+ * Stream: every op queues work on c->stream (the main stream, or the side one between
+ * side_begin and side_end) and returns; download, download_raw and sync wait for both.
  */
 #include "ops_cuda.h"
 
@@ -67,9 +69,11 @@ typedef struct lt_entry {
 
 struct nn_ctx {
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream; /* where ops queue work now: main, or side between side_begin/end */
+    cudaStream_t main, side;
     cublasLtHandle_t lt;
-    void *ws;     /* cuBLASLt workspace, LT_WORKSPACE bytes */
+    void *ws;     /* cuBLASLt workspace of the current stream, LT_WORKSPACE bytes */
+    void *ws_main, *ws_side;
     float *stage; /* STAGE_FLOATS fp32 for upload/download conversion */
     lt_entry cache[LT_CACHE];
     int cache_next;
@@ -77,13 +81,19 @@ struct nn_ctx {
     cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
+    cudaEvent_t side_fork;        /* side_begin: the side stream waits for it */
+    cudaEvent_t side_mark[NN_SIDE_MARKS];
+    bool side_mark_used[NN_SIDE_MARKS];
+    bool side_off;                /* DFLASH_CUDA_SIDE=0: side work stays on the main stream */
     long drains;                  /* host waits for the whole stream (stream_drains) */
 };
 
-/* Every host wait for the whole stream goes through here, so stream_drains counts them. */
+/* Every host wait for the whole stream goes through here, so stream_drains counts them. It
+ * waits for the side stream too. */
 static void drain(nn_ctx *c) {
     c->drains++;
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->main));
+    CUDA_CHECK(cudaStreamSynchronize(c->side));
 }
 
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line) {
@@ -225,7 +235,31 @@ static void cu_sync(nn_ctx *c) {
 /* asynchronous host traffic: pinned host buffers, fences, cross-stream order */
 
 static void *cu_stream(nn_ctx *c) {
-    return (void *)c->stream;
+    return (void *)c->main;
+}
+
+/* The side stream (ops.h): switching swaps the current stream and its matmul workspace.
+ * DFLASH_CUDA_SIDE=0 keeps everything on the main stream (to measure what the side brings). */
+static void cu_side_begin(nn_ctx *c) {
+    assert(c->stream == c->main);
+    if (c->side_off) return;
+    CUDA_CHECK(cudaEventRecord(c->side_fork, c->main));
+    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
+    c->stream = c->side, c->ws = c->ws_side;
+}
+
+static void cu_side_end(nn_ctx *c, int k) {
+    assert(k >= 0 && k < NN_SIDE_MARKS);
+    if (c->side_off) return;
+    assert(c->stream == c->side);
+    CUDA_CHECK(cudaEventRecord(c->side_mark[k], c->side));
+    c->side_mark_used[k] = true;
+    c->stream = c->main, c->ws = c->ws_main;
+}
+
+static void cu_side_wait(nn_ctx *c, int k) {
+    assert(c->stream == c->main && k >= 0 && k < NN_SIDE_MARKS);
+    if (c->side_mark_used[k]) CUDA_CHECK(cudaStreamWaitEvent(c->main, c->side_mark[k], 0));
 }
 
 static void *cu_host_alloc(nn_ctx *c, size_t bytes) {
@@ -388,14 +422,15 @@ static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x,
     CUDA_CHECK_LAUNCH();
 }
 
-/* dx = rs * (dy*w - xhat * mean(dy*w*xhat)), xhat = x*rs (fp32). One warp per row. dx may equal
- * dy: each lane reads its element before writing it. */
+/* dx = rs * (dy*w - xhat * mean(dy*w*xhat)) (+ dres), xhat = x*rs (fp32). One warp per row. dx
+ * may equal dy or dres: each lane reads its elements before writing them. */
 template <bool VEC>
 __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *w,
-                                 const float *rstd, int R, int C) {
+                                 const float *rstd, int R, int C, const bf16 *dres) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
+    const bf16 *dr = dres ? dres + (size_t)r * C : NULL;
     bf16 *dxr = dx + (size_t)r * C;
     float rs;
     if (rstd)
@@ -419,11 +454,12 @@ __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const 
         }
         float mean = warp_sum(dot) / (float)C;
         for (int i = lane * 8; i < C; i += 256) {
-            float g[8], wv[8], xv[8], o[8];
+            float g[8], wv[8], xv[8], o[8], res[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             load8(dyr + i, g), load8(w + i, wv), load8(xr + i, xv);
+            if (dr) load8(dr + i, res);
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                o[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
+                o[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean) + res[e];
             store8(dxr + i, o);
         }
     } else {
@@ -434,7 +470,7 @@ __global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *dy, const bf16 *x, const 
         for (int i = lane; i < C; i += 32) {
             float xv = __bfloat162float(xr[i]);
             float v = rs * (__bfloat162float(dyr[i]) * __bfloat162float(w[i]) - xv * rs * mean);
-            dxr[i] = __float2bfloat16(v);
+            dxr[i] = __float2bfloat16(v + (dr ? __bfloat162float(dr[i]) : 0.0f));
         }
     }
 }
@@ -466,7 +502,7 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
 }
 
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
-                           const nn_buf *w, const float *rstd, int R, int C) {
+                           const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
     if (dw) { /* before dx: dx may overwrite dy */
@@ -476,12 +512,14 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
                                                    C);
         CUDA_CHECK_LAUNCH();
     }
-    if (C % 8 == 0 && vec_ok(dx, dy, x) && vec_ok(w, w, w))
+    if (C % 8 == 0 && vec_ok(dx, dy, x) && vec_ok(w, w, dres ? dres : w))
         k_rmsnorm_bwd_dx<true><<<(R + 7) / 8, 256, 0, c->stream>>>(
-            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
+            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C,
+            (const bf16 *)dres);
     else
         k_rmsnorm_bwd_dx<false><<<(R + 7) / 8, 256, 0, c->stream>>>(
-            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C);
+            (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C,
+            (const bf16 *)dres);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -623,9 +661,11 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void 
     return e;
 }
 
-/* Column-major D[m,n] = op(A) op(B) (+ C when beta = 1); A, B bf16; C/D bf16 or fp32. */
+/* Column-major D[m,n] = op(A) op(B) (+ C when beta = 1; C is D when NULL); A, B bf16; C/D bf16
+ * or fp32, the same layout. */
 static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
-                      const void *B, int ldb, void *D, int ldc, int d_f32, float beta) {
+                      const void *B, int ldb, void *D, int ldc, int d_f32, float beta,
+                      const void *C = NULL) {
     if (m <= 0 || n <= 0) return;
     assert(k > 0);
     lt_key key;
@@ -635,11 +675,12 @@ static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void
     int al = ptr_align(A);
     if (ptr_align(B) < al) al = ptr_align(B);
     if (ptr_align(D) < al) al = ptr_align(D);
+    if (C && ptr_align(C) < al) al = ptr_align(C);
     key.align = al;
     lt_entry *e = lt_get(c, &key, A, B, D, beta);
     float alpha = 1.0f;
-    LT_CHECK(cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, D, e->C, D, e->C,
-                            &e->algo, c->ws, LT_WORKSPACE, c->stream));
+    LT_CHECK(cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, C ? C : D, e->C, D,
+                            e->C, &e->algo, c->ws, LT_WORKSPACE, c->stream));
 }
 
 __global__ void k_add_bias(bf16 *y, const bf16 *b, int M, int N) {
@@ -665,11 +706,17 @@ static void cu_linear_fwd(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w
     }
 }
 
-static void cu_linear_fwd_acc(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, int M,
-                              int K, int N) {
+static void cu_linear_fwd_res(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w,
+                              const nn_buf *res, int M, int K, int N) {
     assert(M >= 0 && K >= 0 && N >= 0);
-    if (M == 0 || N == 0 || K == 0) return;
-    lt_matmul(c, 1, 0, N, M, K, w, K, x, K, y, N, 0, 1.0f);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        if (res != y)
+            CUDA_CHECK(cudaMemcpyAsync(y, res, (size_t)M * N * sizeof(bf16),
+                                       cudaMemcpyDeviceToDevice, c->stream));
+        return;
+    }
+    lt_matmul(c, 1, 0, N, M, K, w, K, x, K, y, N, 0, 1.0f, res);
 }
 
 /* db[n] += sum_m dy[m, n]: thread per column, blockIdx.y per chunk of rows. */
@@ -875,15 +922,12 @@ static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, con
 
 /* ------------------------------------------------------------------------------------------ */
 /* SwiGLU and add: elementwise, memory-bound. Each thread moves 16 bytes (8 bf16) per load and
- * store when every pointer is 16-byte aligned (vec_ok, load8/store8 above); the scalar loop
- * takes the rest (and everything when DFLASH_CUDA_VEC=0 is set, for bisecting). The arithmetic
- * per element is the same either way, so both paths give the same bits. */
+ * store when every pointer is 16-byte aligned (vec_ok, load8/store8 above; SwiGLU also needs
+ * F % 8 == 0 so that 8 elements stay in one row); the scalar loop takes the rest (and everything
+ * when DFLASH_CUDA_VEC=0 is set, for bisecting). The arithmetic per element is the same either
+ * way, so both paths give the same bits. SwiGLU reads gate and up from one [R, 2F] buffer (gate
+ * in the first F columns of each row, up in the last F), the output of one fused product. */
 
-struct swiglu_op {
-    __device__ float operator()(float g, float u) const {
-        return g * (1.0f / (1.0f + expf(-g))) * u;
-    }
-};
 struct add_op {
     __device__ float operator()(float y, float x) const { return y + x; }
 };
@@ -914,6 +958,10 @@ static void map2_launch(nn_ctx *c, bf16 *out, const bf16 *a, const bf16 *b, size
     CUDA_CHECK_LAUNCH();
 }
 
+__device__ __forceinline__ float swiglu_val(float g, float u) {
+    return g * (1.0f / (1.0f + expf(-g))) * u;
+}
+
 /* dgate = dy u s (1 + g (1 - s)), dup = dy g s with s = sigmoid(g), element i. */
 __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float *dg, float *du) {
     float s = 1.0f / (1.0f + expf(-g));
@@ -921,43 +969,72 @@ __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float *d
     *du = dy * g * s;
 }
 
-__global__ void k_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dout, const bf16 *g, const bf16 *u,
-                             size_t n, int vec) {
+/* Offset in gu[R, 2F] of gate element i of out[R, F] (its up element is F further). */
+__device__ __forceinline__ size_t swiglu_at(size_t i, int F) {
+    return i + i / (size_t)F * (size_t)F;
+}
+
+__global__ void k_swiglu_fwd(bf16 *out, const bf16 *gu, int F, size_t n, int vec) {
     size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
     size_t nv = vec ? n / 8 : 0;
     for (size_t i = t; i < nv; i += stride) {
+        size_t g = swiglu_at(8 * i, F);
+        float x[8], y[8];
+        load8(gu + g, x);
+        load8(gu + g + F, y);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            x[k] = swiglu_val(x[k], y[k]);
+        store8(out + 8 * i, x);
+    }
+    for (size_t i = nv * 8 + t; i < n; i += stride) {
+        size_t g = swiglu_at(i, F);
+        out[i] = __float2bfloat16(swiglu_val(__bfloat162float(gu[g]), __bfloat162float(gu[g + F])));
+    }
+}
+
+__global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int F, size_t n,
+                             int vec) {
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t nv = vec ? n / 8 : 0;
+    for (size_t i = t; i < nv; i += stride) {
+        size_t g = swiglu_at(8 * i, F);
         float dy[8], gg[8], uu[8], a[8], b[8];
         load8(dout + 8 * i, dy);
-        load8(g + 8 * i, gg);
-        load8(u + 8 * i, uu);
+        load8(gu + g, gg);
+        load8(gu + g + F, uu);
 #pragma unroll
         for (int k = 0; k < 8; k++)
             swiglu_grad(dy[k], gg[k], uu[k], &a[k], &b[k]);
-        store8(dg + 8 * i, a);
-        store8(du + 8 * i, b);
+        store8(dgu + g, a);
+        store8(dgu + g + F, b);
     }
     for (size_t i = nv * 8 + t; i < n; i += stride) {
+        size_t g = swiglu_at(i, F);
         float a, b;
-        swiglu_grad(__bfloat162float(dout[i]), __bfloat162float(g[i]), __bfloat162float(u[i]), &a,
-                    &b);
-        dg[i] = __float2bfloat16(a);
-        du[i] = __float2bfloat16(b);
+        swiglu_grad(__bfloat162float(dout[i]), __bfloat162float(gu[g]),
+                    __bfloat162float(gu[g + F]), &a, &b);
+        dgu[g] = __float2bfloat16(a);
+        dgu[g + F] = __float2bfloat16(b);
     }
 }
 
-static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gate, const nn_buf *up, int R,
-                          int F) {
-    map2_launch(c, (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, (size_t)R * F, swiglu_op());
-}
-
-static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgate, nn_buf *dup, const nn_buf *dout,
-                          const nn_buf *gate, const nn_buf *up, int R, int F) {
+static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gu, int R, int F) {
     size_t n = (size_t)R * F;
     if (n == 0) return;
-    int vec = vec_ok(dgate, dup, dout) && vec_ok(gate, up, up);
+    int vec = F % 8 == 0 && vec_ok(out, gu, gu);
+    k_swiglu_fwd<<<grid_for(vec ? (n + 7) / 8 : n, 256), 256, 0, c->stream>>>(
+        (bf16 *)out, (const bf16 *)gu, F, n, vec);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R,
+                          int F) {
+    size_t n = (size_t)R * F;
+    if (n == 0) return;
+    int vec = F % 8 == 0 && vec_ok(dgu, dout, gu);
     k_swiglu_bwd<<<grid_for(vec ? (n + 7) / 8 : n, 256), 256, 0, c->stream>>>(
-        (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n,
-        vec);
+        (bf16 *)dgu, (const bf16 *)dout, (const bf16 *)gu, F, n, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1343,7 +1420,7 @@ static nn_ops make_ops(void) {
     o.embedding_fwd = cu_embedding_fwd;
     o.rmsnorm_fwd = cu_rmsnorm_fwd;
     o.linear_fwd = cu_linear_fwd;
-    o.linear_fwd_acc = cu_linear_fwd_acc;
+    o.linear_fwd_res = cu_linear_fwd_res;
     o.rope_fwd = cu_rope_fwd;
     o.qkv_norm_rope_fwd = cu_qkv_norm_rope_fwd;
     o.attention_causal_fwd = cu_attention_causal_fwd;
@@ -1368,6 +1445,9 @@ static nn_ops make_ops(void) {
     o.fence_record = cu_fence_record;
     o.fence_wait = cu_fence_wait;
     o.order_after = cu_order_after;
+    o.side_begin = cu_side_begin;
+    o.side_end = cu_side_end;
+    o.side_wait = cu_side_wait;
     o.stream_drains = cu_stream_drains;
     o.adamw_clip = cu_adamw_clip;
     o.scale_f32 = cu_scale_f32;
@@ -1384,7 +1464,23 @@ static bool events_new(nn_ctx *c) {
     for (int k = 0; k < NN_FENCES; k++)
         if (cudaEventCreateWithFlags(&c->fence[k], cudaEventDisableTiming) != cudaSuccess)
             return false;
-    return cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming) == cudaSuccess;
+    for (int k = 0; k < NN_SIDE_MARKS; k++)
+        if (cudaEventCreateWithFlags(&c->side_mark[k], cudaEventDisableTiming) != cudaSuccess)
+            return false;
+    return cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming) == cudaSuccess &&
+           cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming) == cudaSuccess;
+}
+
+/* The main stream at the device's highest priority, the side stream at its lowest, so that the
+ * side's blocks fill what the critical path leaves idle. */
+static bool streams_new(nn_ctx *c) {
+    int least = 0, greatest = 0;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) return false;
+    if (cudaStreamCreateWithPriority(&c->main, cudaStreamNonBlocking, greatest) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least) != cudaSuccess)
+        return false;
+    c->stream = c->main;
+    return true;
 }
 
 extern "C" nn_ctx *nn_cuda_new(int device) {
@@ -1398,10 +1494,12 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     if (!c) return NULL;
     c->device = device;
     c->tune = lt_tune_env();
+    const char *side = getenv("DFLASH_CUDA_SIDE");
+    c->side_off = side && *side && atoi(side) == 0;
     if (cudaSetDevice(device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
-        cudaMalloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
+        !streams_new(c) || cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&c->ws_main, LT_WORKSPACE) != cudaSuccess ||
+        cudaMalloc(&c->ws_side, LT_WORKSPACE) != cudaSuccess ||
         cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
         !events_new(c) ||
         cuda_attention_init() != 0) {
@@ -1410,13 +1508,15 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
         nn_cuda_destroy(&c);
         return NULL;
     }
+    c->ws = c->ws_main;
     return c;
 }
 
 extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (!cp || !*cp) return;
     nn_ctx *c = *cp;
-    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->main) cudaStreamSynchronize(c->main);
+    if (c->side) cudaStreamSynchronize(c->side);
     for (int i = 0; i < LT_CACHE; i++)
         if (c->cache[i].used) {
             cublasLtMatmulDescDestroy(c->cache[i].op);
@@ -1424,17 +1524,22 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp) {
             cublasLtMatrixLayoutDestroy(c->cache[i].B);
             cublasLtMatrixLayoutDestroy(c->cache[i].C);
         }
-    if (c->ws) cudaFree(c->ws);
+    if (c->ws_main) cudaFree(c->ws_main);
+    if (c->ws_side) cudaFree(c->ws_side);
     if (c->stage) cudaFree(c->stage);
     if (c->lt) cublasLtDestroy(c->lt);
     for (int k = 0; k < NN_FENCES; k++)
         if (c->fence[k]) cudaEventDestroy(c->fence[k]);
     if (c->order_ev) cudaEventDestroy(c->order_ev);
-    if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->side_fork) cudaEventDestroy(c->side_fork);
+    for (int k = 0; k < NN_SIDE_MARKS; k++)
+        if (c->side_mark[k]) cudaEventDestroy(c->side_mark[k]);
+    if (c->main) cudaStreamDestroy(c->main);
+    if (c->side) cudaStreamDestroy(c->side);
     free(c);
     *cp = NULL;
 }
 
 extern "C" void *nn_cuda_stream(nn_ctx *c) {
-    return c ? (void *)c->stream : NULL;
+    return c ? (void *)c->main : NULL;
 }

@@ -6,8 +6,8 @@
  *            tensor with its HF name and shape and points into it. Only the decoder layers the
  *            model runs are loaded (n_loaded = deepest captured + 1, or all with all_layers).
  *   acts     one backend allocation planned for T_max tokens: the residual stream h, the
- *            scratch x, q, k, v, att, gate (first the fused q|k|v projection's output), up, mid, the index buffers used by the _host entry
- *            points, and (with max_logit_rows) the head rows and their logits; for a generation
+ *            scratch x, q, k, v, att, gu (first the fused q|k|v projection's output, then the
+ *            fused gate|up one), mid, the index buffers used by the _host entry points, and (with max_logit_rows) the head rows and their logits; for a generation
  *            model (all layers, max_logit_rows > 0) also the KV cache [L, T_max, Hk*d] x 2 and
  *            the decode spans.
  *   host     small host scratch for target_generate (packed ids, positions, offsets, logits).
@@ -76,7 +76,7 @@ struct target_model {
     nn_buf *h, *x;                  /* [T, D] */
     nn_buf *q, *att;                /* [T, H*d] */
     nn_buf *k, *v;                  /* [T, Hk*d] */
-    nn_buf *gate, *up, *mid;        /* [T, F] */
+    nn_buf *gu, *mid;               /* [T, 2F] (gate | up per row), [T, F] */
     int32_t *d_ids, *d_pos, *d_off; /* [T], [T], [S+1] backend */
     nn_buf *head_x;                 /* [R, D] */
     nn_buf *logits;                 /* [R, V] */
@@ -162,6 +162,7 @@ static int plan_params(target_model *m, param_entry *t) {
         add_param(t, &n, &w->post_norm, D, 0, 1, "model.layers.%d.post_attention_layernorm.weight",
                   l);
         add_param(t, &n, &w->w_gate, F, D, 2, "model.layers.%d.mlp.gate_proj.weight", l);
+        t[n - 1].packed = true;
         add_param(t, &n, &w->w_up, F, D, 2, "model.layers.%d.mlp.up_proj.weight", l);
         add_param(t, &n, &w->w_down, D, F, 2, "model.layers.%d.mlp.down_proj.weight", l);
     }
@@ -240,9 +241,8 @@ static size_t plan_acts(target_model *m, size_t *off) {
         ab * T * Qd, /* q, att */
         ab * T * Kd,
         ab * T * Kd, /* k, v */
-        ab * T * (F > Qd + 2 * Kd ? F : Qd + 2 * Kd), /* gate, also the fused q|k|v output */
-        ab * T * F,
-        ab * T * F, /* up, mid */
+        ab * T * (2 * F > Qd + 2 * Kd ? 2 * F : Qd + 2 * Kd), /* gu, also the q|k|v output */
+        ab * T * F,                                           /* mid */
         sizeof(int32_t) * T,
         sizeof(int32_t) * T,                      /* ids, pos */
         sizeof(int32_t) * ((size_t)m->S_max + 1), /* seq_off */
@@ -355,18 +355,17 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     m->att = at(m->acts, off[4]);
     m->k = at(m->acts, off[5]);
     m->v = at(m->acts, off[6]);
-    m->gate = at(m->acts, off[7]);
-    m->up = at(m->acts, off[8]);
-    m->mid = at(m->acts, off[9]);
-    m->d_ids = (int32_t *)at(m->acts, off[10]);
-    m->d_pos = (int32_t *)at(m->acts, off[11]);
-    m->d_off = (int32_t *)at(m->acts, off[12]);
-    m->head_x = at(m->acts, off[13]);
-    m->logits = at(m->acts, off[14]);
+    m->gu = at(m->acts, off[7]);
+    m->mid = at(m->acts, off[8]);
+    m->d_ids = (int32_t *)at(m->acts, off[9]);
+    m->d_pos = (int32_t *)at(m->acts, off[10]);
+    m->d_off = (int32_t *)at(m->acts, off[11]);
+    m->head_x = at(m->acts, off[12]);
+    m->logits = at(m->acts, off[13]);
     if (m->R_max > 0 && m->n_loaded == cfg->num_layers) {
-        m->kcache = at(m->acts, off[15]);
-        m->vcache = at(m->acts, off[16]);
-        m->d_spans = (nn_block_span *)at(m->acts, off[17]);
+        m->kcache = at(m->acts, off[14]);
+        m->vcache = at(m->acts, off[15]);
+        m->d_spans = (nn_block_span *)at(m->acts, off[16]);
     }
 
     float inv_freq[512];
@@ -488,9 +487,9 @@ static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos
     int D = cf->hidden_size, H = cf->num_heads, Hk = cf->num_kv_heads, d = cf->head_dim;
     float eps = (float)cf->rms_norm_eps;
     ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->in_norm, T, D, eps); /* x[T,D] */
-    /* one product for q|k|v (the weights lie back to back) into gate, then split */
-    ops->linear_fwd(c, m->gate, m->x, w->wq, w->bq, T, D, (H + 2 * Hk) * d);
-    ops->qkv_norm_rope_fwd(c, m->q, m->k, m->v, m->gate, cf->qk_norm ? w->q_norm : NULL,
+    /* one product for q|k|v (the weights lie back to back) into gu, then split */
+    ops->linear_fwd(c, m->gu, m->x, w->wq, w->bq, T, D, (H + 2 * Hk) * d);
+    ops->qkv_norm_rope_fwd(c, m->q, m->k, m->v, m->gu, cf->qk_norm ? w->q_norm : NULL,
                            cf->qk_norm ? w->k_norm : NULL, pos, m->inv_freq, T, H, Hk, d, eps);
 }
 
@@ -500,12 +499,12 @@ static void layer_out(target_model *m, const target_layer *w, int T) {
     nn_ctx *c = m->ctx;
     const model_config *cf = &m->cfg;
     int D = cf->hidden_size, F = cf->intermediate_size, Qd = cf->num_heads * cf->head_dim;
-    ops->linear_fwd_acc(c, m->h, m->att, w->wo, T, Qd, D); /* h += att Wo^T */
+    ops->linear_fwd_res(c, m->h, m->att, w->wo, m->h, T, Qd, D); /* h += att Wo^T */
     ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->post_norm, T, D, (float)cf->rms_norm_eps);
-    ops->linear_fwd(c, m->gate, m->x, w->w_gate, NULL, T, D, F); /* gate[T,F] */
-    ops->linear_fwd(c, m->up, m->x, w->w_up, NULL, T, D, F);     /* up[T,F] */
-    ops->swiglu_fwd(c, m->mid, m->gate, m->up, T, F);            /* mid[T,F] */
-    ops->linear_fwd_acc(c, m->h, m->mid, w->w_down, T, F, D);  /* h += mid Wdown^T */
+    /* one product for gate|up (the weights lie back to back) */
+    ops->linear_fwd(c, m->gu, m->x, w->w_gate, NULL, T, D, 2 * F); /* gu[T,2F] */
+    ops->swiglu_fwd(c, m->mid, m->gu, T, F);                        /* mid[T,F] */
+    ops->linear_fwd_res(c, m->h, m->mid, w->w_down, m->h, T, F, D); /* h += mid Wdown^T */
 }
 
 /* One decoder layer in place on the residual stream m->h[T, D]. */

@@ -29,7 +29,7 @@ static int check_rmsnorm(const refdump *d) {
                 *dout = refdump_f32(d, "rmsnorm.dout", n);
     float *out = buf(n), *rstd = buf(R), *dx = buf(n), *dw = calloc(C, sizeof(float));
     ops->rmsnorm_fwd(ctx, out, rstd, x, w, R, C, refdump_scalar(d, "rmsnorm.eps"));
-    ops->rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, R, C);
+    ops->rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, R, C, NULL);
     int bad = refdump_check(d, "rmsnorm.out", out, n, TOL) +
               refdump_check(d, "rmsnorm.rstd", rstd, R, TOL) +
               refdump_check(d, "rmsnorm.dx", dx, n, TOL) +
@@ -98,9 +98,18 @@ static int check_swiglu(const refdump *d) {
     size_t n = (size_t)R * F;
     const float *g = refdump_f32(d, "swiglu.gate", n), *u = refdump_f32(d, "swiglu.up", n),
                 *dout = refdump_f32(d, "swiglu.dout", n);
-    float *out = buf(n), *dg = buf(n), *du = buf(n);
-    ops->swiglu_fwd(ctx, out, g, u, R, F);
-    ops->swiglu_bwd(ctx, dg, du, dout, g, u, R, F);
+    float *out = buf(n), *dg = buf(n), *du = buf(n), *gu = buf(2 * n), *dgu = buf(2 * n);
+    for (size_t r = 0; r < (size_t)R; r++) { /* the ops' layout: gate | up per row */
+        memcpy(gu + r * 2 * F, g + r * F, (size_t)F * sizeof(float));
+        memcpy(gu + r * 2 * F + F, u + r * F, (size_t)F * sizeof(float));
+    }
+    ops->swiglu_fwd(ctx, out, gu, R, F);
+    ops->swiglu_bwd(ctx, dgu, dout, gu, R, F);
+    for (size_t r = 0; r < (size_t)R; r++) {
+        memcpy(dg + r * F, dgu + r * 2 * F, (size_t)F * sizeof(float));
+        memcpy(du + r * F, dgu + r * 2 * F + F, (size_t)F * sizeof(float));
+    }
+    free(gu), free(dgu);
     int bad = refdump_check(d, "swiglu.out", out, n, TOL) +
               refdump_check(d, "swiglu.dgate", dg, n, TOL) +
               refdump_check(d, "swiglu.dup", du, n, TOL);

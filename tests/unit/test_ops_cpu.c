@@ -104,7 +104,7 @@ static void test_rmsnorm(void) {
 
     float *dx = zeros(n), *dw = rnd(C, 1.0f), *dw0 = malloc(C * sizeof(float));
     memcpy(dw0, dw, C * sizeof(float));
-    ops->rmsnorm_bwd(ctx, dx, dw, a.R, a.x, a.w, a.rstd, Rn, C);
+    ops->rmsnorm_bwd(ctx, dx, dw, a.R, a.x, a.w, a.rstd, Rn, C, NULL);
     for (int i = 0; i < C; i++)
         dw[i] -= dw0[i]; /* accumulates: subtract the prefill */
     CHECK(fd_error("rmsnorm dx", a.x, dx, n, norm_loss, &a, 1e-2f) < FD_TOL);
@@ -114,8 +114,17 @@ static void test_rmsnorm(void) {
     float *dy = malloc(n * sizeof(float));
     memcpy(dy, a.R, n * sizeof(float));
     norm_loss(&a);
-    ops->rmsnorm_bwd(ctx, dy, NULL, dy, a.x, a.w, a.rstd, Rn, C);
+    ops->rmsnorm_bwd(ctx, dy, NULL, dy, a.x, a.w, a.rstd, Rn, C, NULL);
     CHECK(max_diff(dy, dx, n) < 1e-6);
+    /* dres adds a residual branch's gradient; dx may equal dres */
+    float *res = rnd(n, 1.0f), *dxr = zeros(n);
+    ops->rmsnorm_bwd(ctx, dxr, NULL, a.R, a.x, a.w, a.rstd, Rn, C, res);
+    for (size_t i = 0; i < n; i++)
+        dy[i] = dx[i] + res[i];
+    CHECK(max_diff(dxr, dy, n) < 1e-6);
+    ops->rmsnorm_bwd(ctx, res, NULL, a.R, a.x, a.w, a.rstd, Rn, C, res);
+    CHECK(max_diff(res, dy, n) < 1e-6);
+    free(res), free(dxr);
     /* out may equal x */
     float *xc = malloc(n * sizeof(float));
     memcpy(xc, a.x, n * sizeof(float));
@@ -267,26 +276,26 @@ static void test_qkv_norm_rope(void) {
 /* ---- swiglu ---- */
 
 typedef struct {
-    float *out, *g, *u, *R;
+    float *out, *gu, *R; /* gu [Rn, 2F]: gate | up per row */
     int Rn, F;
 } swi_t;
 static double swi_loss(void *a_) {
     swi_t *a = a_;
-    ops->swiglu_fwd(ctx, a->out, a->g, a->u, a->Rn, a->F);
+    ops->swiglu_fwd(ctx, a->out, a->gu, a->Rn, a->F);
     return dot_d(a->out, a->R, (size_t)a->Rn * a->F);
 }
 
 static void test_swiglu(void) {
     int Rn = 3, F = 10;
     size_t n = (size_t)Rn * F;
-    swi_t a = {zeros(n), rnd(n, 4), rnd(n, 2), rnd(n, 1), Rn, F};
+    swi_t a = {zeros(n), rnd(2 * n, 4), rnd(n, 1), Rn, F};
     swi_loss(&a);
-    CHECK_NEAR(a.out[7], a.g[7] / (1.0 + exp(-a.g[7])) * a.u[7], 1e-6);
-    float *dg = zeros(n), *du = zeros(n);
-    ops->swiglu_bwd(ctx, dg, du, a.R, a.g, a.u, Rn, F);
-    CHECK(fd_error("swiglu dgate", a.g, dg, n, swi_loss, &a, 1e-2f) < FD_TOL);
-    CHECK(fd_error("swiglu dup", a.u, du, n, swi_loss, &a, 1e-2f) < FD_TOL);
-    free(a.out), free(a.g), free(a.u), free(a.R), free(dg), free(du);
+    float g = a.gu[2 * 2 * F + 7], u = a.gu[2 * 2 * F + F + 7]; /* row 2, column 7 */
+    CHECK_NEAR(a.out[2 * F + 7], g / (1.0 + exp(-g)) * u, 1e-6);
+    float *dgu = zeros(2 * n);
+    ops->swiglu_bwd(ctx, dgu, a.R, a.gu, Rn, F);
+    CHECK(fd_error("swiglu dgate|dup", a.gu, dgu, 2 * n, swi_loss, &a, 1e-2f) < FD_TOL);
+    free(a.out), free(a.gu), free(a.R), free(dgu);
 }
 
 /* ---- attention ---- */
@@ -675,10 +684,11 @@ static void test_adamw(void) {
     CHECK(pa[0] == pb[0] && ma[1] == mb[1]);
     CHECK_NEAR(NN_CLIP_SCALE(25.0f, 0.0f), 1.0, 0); /* clip <= 0: none */
 
-    /* linear_fwd_acc: y += x w^T */
-    float yl[2] = {10.0f, 20.0f}, xl[3] = {1, 2, 3}, wl[6] = {1, 0, 0, 0, 1, 1};
-    ops->linear_fwd_acc(ctx, yl, xl, wl, 1, 3, 2);
-    CHECK(yl[0] == 11.0f && yl[1] == 25.0f);
+    /* linear_fwd_res: y = res + x w^T, in place (res = y) or not */
+    float yl[2] = {10.0f, 20.0f}, xl[3] = {1, 2, 3}, wl[6] = {1, 0, 0, 0, 1, 1}, y2[2];
+    ops->linear_fwd_res(ctx, y2, xl, wl, yl, 1, 3, 2);
+    ops->linear_fwd_res(ctx, yl, xl, wl, yl, 1, 3, 2);
+    CHECK(yl[0] == 11.0f && yl[1] == 25.0f && y2[0] == 11.0f && y2[1] == 25.0f);
 
     float x[3] = {1, -2, 4};
     ops->scale_f32(ctx, x, 3, 0.5f);

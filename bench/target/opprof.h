@@ -7,8 +7,7 @@
  * prof_end() synchronises, sums each op's event time and prints a table: calls, total ms, share
  * of the summed op time, and TFLOP/s for the matmuls (2*M*K*N forward; 2*M*K*N per product in
  * backward). Only an extra, untimed pass is profiled: the event records do not perturb the timed
- * passes. The profiled pass runs everything on the main stream (the side stream's calls are
- * no-ops in the table), so the op times add up without overlap. Gaps between ops (host launch latency) show as the difference between the wall time
+ * passes. Gaps between ops (host launch latency) show as the difference between the wall time
  * and the summed op time.
  */
 #ifndef DFLASH_BENCH_OPPROF_H
@@ -18,14 +17,14 @@
 #include <string.h>
 
 enum {
-    PO_EMB, PO_RMS, PO_LIN, PO_ROPE, PO_QKV, PO_ATTC, PO_ATTB, PO_SWI, PO_ADD, PO_RMSB, PO_LINB, PO_ROPEB,
+    PO_EMB, PO_RMS, PO_LIN, PO_ROPE, PO_QKV, PO_ATTC, PO_ATTB, PO_SWI, PO_RMSB, PO_LINB, PO_ROPEB,
     PO_SWIB, PO_ATTBB, PO_XENT, PO_ARGMAX, PO_SUMSQ, PO_ADAMW, PO_F2A, PO_COPY, PO_COPY2D,
     PO_ZERO, PO_SCATTER, PO_N
 };
 static const char *po_names[PO_N] = {
     "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+acc)", "rope_fwd", "qkv_norm_rope_fwd",
     "attention_causal_fwd",
-    "attention_block_fwd", "swiglu_fwd", "add_inplace", "rmsnorm_bwd", "linear_bwd",
+    "attention_block_fwd", "swiglu_fwd", "rmsnorm_bwd", "linear_bwd",
     "rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
     "adamw", "f32_to_act", "copy", "copy2d", "zero", "rows_scatter"};
 
@@ -114,9 +113,6 @@ static void po_attb(nn_ctx *c, nn_buf *o, float *l, const nn_buf *q, const nn_bu
 static void po_swi(nn_ctx *c, nn_buf *o, const nn_buf *gu, int R, int F) {
     PO_WRAP(PO_SWI, 0, po_real->swiglu_fwd(c, o, gu, R, F));
 }
-static void po_add(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n) {
-    PO_WRAP(PO_ADD, 0, po_real->add_inplace(c, y, x, n));
-}
 static void po_rmsb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
                     const nn_buf *w, const float *r, int R, int C, const nn_buf *dres) {
     PO_WRAP(PO_RMSB, 0, po_real->rmsnorm_bwd(c, dx, dw, dy, x, w, r, R, C, dres));
@@ -132,16 +128,6 @@ static void po_ropeb(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int
 }
 static void po_swib(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R, int F) {
     PO_WRAP(PO_SWIB, 0, po_real->swiglu_bwd(c, dgu, dout, gu, R, F));
-}
-/* The side stream is off while profiling: every op runs on the stream the events time. */
-static void po_side_begin(nn_ctx *c) {
-    (void)c;
-}
-static void po_side_end(nn_ctx *c, int k) {
-    (void)c, (void)k;
-}
-static void po_side_wait(nn_ctx *c, int k) {
-    (void)c, (void)k;
 }
 static void po_attbb(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv, const nn_buf *dout,
                      const nn_buf *q, const nn_buf *k, const nn_buf *v, const nn_buf *out,
@@ -183,14 +169,12 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.embedding_fwd = po_emb, po_tab.rmsnorm_fwd = po_rms, po_tab.linear_fwd = po_lin;
     po_tab.rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
     po_tab.qkv_norm_rope_fwd = po_qkv;
-    po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi, po_tab.add_inplace = po_add;
+    po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi;
     po_tab.rmsnorm_bwd = po_rmsb, po_tab.linear_bwd = po_linb;
     po_tab.rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
     po_tab.linear_fwd_res = po_linr, po_tab.adamw_clip = po_adamwc;
-    po_tab.side_begin = po_side_begin, po_tab.side_end = po_side_end;
-    po_tab.side_wait = po_side_wait;
     return &po_tab;
 }
 

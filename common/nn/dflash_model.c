@@ -250,7 +250,6 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->out = take(p, Q * D * ab);
     m->rstd_out = take(p, Q * 4);
     m->dh = take(p, Q * D * ab);
-    m->dh2 = take(p, Q * D * ab);
     m->dtmp = take(p, Q * D * ab);
     m->dxln = take(p, Q * D * ab);
     m->datt = take(p, Q * H * d * ab);
@@ -451,16 +450,6 @@ static nn_buf *row(const dflash_model *m, const nn_buf *b, size_t r, size_t cols
     return (char *)b + r * cols * m->ops->act_bytes;
 }
 
-/* The weight gradients' products run on the side stream (ops.h side_*), beside the critical
- * path of input gradients; each mark below covers one group of them, and the main stream waits
- * for a group's mark before it overwrites what that group reads:
- *   MARK_DOWN  dWdown of layer l reads the MLP's input gradient (rewritten at the end of
- *              attn_bwd(l));
- *   MARK_GU    dWgate|up reads dgu (rewritten by swiglu_bwd of layer l-1);
- *   MARK_O     dWo reads the attention's input gradient (rewritten at the end of mlp_bwd(l-1));
- *   MARK_QKV   dWq, dWk, dWv read dqraw, dkraw, dv (rewritten by attn_bwd(l-1)). */
-enum { MARK_DOWN, MARK_GU, MARK_O, MARK_QKV };
-
 /* Context fusion. Forward: Z[Tc,D] = X[Tc,nF*D] Wfc^T; Ht = rmsnorm(Z, hidden_norm).
  * Backward: dZ = rmsnorm_bwd(dHt); dWfc = dZ^T X (no dX: the target features are frozen). */
 static void context_fwd(dflash_model *m, const nn_buf *X) {
@@ -509,54 +498,42 @@ static void attn_fwd(dflash_model *m, int l) {
     o->linear_fwd_res(m->ctx, a->hmid, a->att, LW(m, l, DFL_O), h, Q, H * d, D);
 }
 
-/* Backward of attn_fwd: gin [Q,D] holds d/d hmid, gout receives d/d resid[l] (gin plus the
- * norm branch); dHt accumulates the context branch (k and v of the context rows). */
-static void attn_bwd(dflash_model *m, int l, const nn_buf *gin, nn_buf *gout) {
+/* Backward of attn_fwd: dh [Q,D] holds d/d hmid on entry and d/d resid[l] on exit; dHt
+ * accumulates the context branch (k and v of the context rows). */
+static void attn_bwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
     int Tc = m->cur_tc, nb = m->cur_nb, B = c->block_size, Q = nb * B, Tk = Tc + Q;
     int D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
-    const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
-    nn_ctx *x = m->ctx;
     /* hmid = h + att Wo^T */
-    o->side_begin(x);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_O), NULL, gin, a->att, LW(m, l, DFL_O), Q, H * d, D, set);
-    o->side_end(x, MARK_O);
-    o->linear_bwd(x, m->datt, NULL, NULL, gin, a->att, LW(m, l, DFL_O), Q, H * d, D, 0);
-    o->side_wait(x, MARK_QKV);
-    o->attention_block_bwd(x, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
+    o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q, H * d,
+                  D, NN_BWD_DW_SET);
+    o->attention_block_bwd(m->ctx, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
                            m->in_spans, nb, B, Tk, H, Hk, d);
     /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
-    o->rope_bwd(x, m->dq, m->in_pos + Tc, m->inv_freq, Q, H, d, H * d);
-    o->rope_bwd(x, m->dk, m->in_pos, m->inv_freq, Tk, Hk, d, Hk * d);
-    o->rmsnorm_bwd(x, m->dqraw, LG(m, l, DFL_Q_NORM), m->dq, a->qraw, LW(m, l, DFL_Q_NORM),
+    o->rope_bwd(m->ctx, m->dq, m->in_pos + Tc, m->inv_freq, Q, H, d, H * d);
+    o->rope_bwd(m->ctx, m->dk, m->in_pos, m->inv_freq, Tk, Hk, d, Hk * d);
+    o->rmsnorm_bwd(m->ctx, m->dqraw, LG(m, l, DFL_Q_NORM), m->dq, a->qraw, LW(m, l, DFL_Q_NORM),
                    a->rstd_q, Q * H, d, NULL);
-    o->rmsnorm_bwd(x, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw, LW(m, l, DFL_K_NORM),
+    o->rmsnorm_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw, LW(m, l, DFL_K_NORM),
                    a->rstd_k, Tk * Hk, d, NULL);
-    /* weights: the block rows' product sets dWq, dWk, dWv; the context rows' adds to dWk, dWv */
-    const nn_buf *dk_blk = row(m, m->dkraw, Tc, Hk * d), *dv_blk = row(m, m->dv, Tc, Hk * d);
-    o->side_begin(x);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D, H * d,
-                  set);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_K), NULL, dk_blk, a->xln, LW(m, l, DFL_K), Q, D, Hk * d,
-                  set);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_V), NULL, dv_blk, a->xln, LW(m, l, DFL_V), Q, D, Hk * d,
-                  set);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_K), NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc, D, Hk * d,
-                  0);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D, Hk * d, 0);
-    o->side_end(x, MARK_QKV);
-    /* inputs: dxln from the block rows' q, k, v; dHt accumulates over layers */
-    o->linear_bwd(x, m->dxln, NULL, NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D, H * d, 0);
-    o->linear_bwd(x, m->dxln, NULL, NULL, dk_blk, a->xln, LW(m, l, DFL_K), Q, D, Hk * d, add);
-    o->linear_bwd(x, m->dxln, NULL, NULL, dv_blk, a->xln, LW(m, l, DFL_V), Q, D, Hk * d, add);
-    o->linear_bwd(x, m->dHt, NULL, NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc, D, Hk * d, add);
-    o->linear_bwd(x, m->dHt, NULL, NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D, Hk * d, add);
-    /* xln = rmsnorm(h); the residual adds gin itself */
-    o->side_wait(x, MARK_DOWN);
-    o->rmsnorm_bwd(x, gout, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l], LW(m, l, DFL_IN_LN),
-                   a->rstd_in, Q, D, gin);
+    /* block rows: dxln from q, k, v projections (the first product of each weight sets it) */
+    const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,
+                  H * d, set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hk * d), a->xln,
+                  LW(m, l, DFL_K), Q, D, Hk * d, add | set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hk * d), a->xln,
+                  LW(m, l, DFL_V), Q, D, Hk * d, add | set);
+    /* context rows: dHt accumulates over layers, dWk and dWv over both row sets */
+    o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_K), NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc, D,
+                  Hk * d, add);
+    o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D,
+                  Hk * d, add);
+    /* xln = rmsnorm(h); the residual's own gradient dh is added in place (dres = dx) */
+    o->rmsnorm_bwd(m->ctx, m->dh, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l], LW(m, l, DFL_IN_LN),
+                   a->rstd_in, Q, D, m->dh);
 }
 
 /* MLP, layer l: yln = rmsnorm(hmid); resid[l+1] = hmid + (silu(yln Wg^T) * yln Wu^T) Wd^T,
@@ -573,29 +550,20 @@ static void mlp_fwd(dflash_model *m, int l) {
     o->linear_fwd_res(m->ctx, m->resid[l + 1], a->act, LW(m, l, DFL_DOWN), a->hmid, Q, F, D);
 }
 
-/* Backward of mlp_fwd: gin holds d/d resid[l+1], gout receives d/d hmid. */
-static void mlp_bwd(dflash_model *m, int l, const nn_buf *gin, nn_buf *gout) {
+/* Backward of mlp_fwd: dh holds d/d resid[l+1] on entry, d/d hmid on exit. */
+static void mlp_bwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
     int Q = m->cur_nb * c->block_size, D = c->hidden_size, F = c->intermediate_size;
-    nn_ctx *x = m->ctx;
-    o->side_begin(x);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_DOWN), NULL, gin, a->act, LW(m, l, DFL_DOWN), Q, F, D,
-                  NN_BWD_DW_SET);
-    o->side_end(x, MARK_DOWN);
-    o->linear_bwd(x, m->dact, NULL, NULL, gin, a->act, LW(m, l, DFL_DOWN), Q, F, D, 0);
-    o->side_wait(x, MARK_GU);
-    o->swiglu_bwd(x, m->dgu, m->dact, a->gu, Q, F);
-    /* gate and up: one [2F, D] gradient (LG of gate covers both) */
-    o->side_begin(x);
-    o->linear_bwd(x, NULL, LG(m, l, DFL_GATE), NULL, m->dgu, a->yln, LW(m, l, DFL_GATE), Q, D,
-                  2 * F, NN_BWD_DW_SET);
-    o->side_end(x, MARK_GU);
-    o->linear_bwd(x, m->dxln, NULL, NULL, m->dgu, a->yln, LW(m, l, DFL_GATE), Q, D, 2 * F, 0);
-    o->side_wait(x, MARK_O);
-    o->rmsnorm_bwd(x, gout, LG(m, l, DFL_POST_LN), m->dxln, a->hmid, LW(m, l, DFL_POST_LN),
-                   a->rstd_post, Q, D, gin);
+    o->linear_bwd(m->ctx, m->dact, LG(m, l, DFL_DOWN), NULL, m->dh, a->act, LW(m, l, DFL_DOWN), Q,
+                  F, D, NN_BWD_DW_SET);
+    o->swiglu_bwd(m->ctx, m->dgu, m->dact, a->gu, Q, F);
+    /* gate and up: one product; the gradient at gate's offset covers both [2F, D] */
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_GATE), NULL, m->dgu, a->yln, LW(m, l, DFL_GATE), Q,
+                  D, 2 * F, NN_BWD_DW_SET);
+    o->rmsnorm_bwd(m->ctx, m->dh, LG(m, l, DFL_POST_LN), m->dxln, a->hmid, LW(m, l, DFL_POST_LN),
+                   a->rstd_post, Q, D, m->dh);
 }
 
 void dflash_model_forward(dflash_model *m, const nn_buf *X) {
@@ -640,15 +608,12 @@ void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     o->rmsnorm_bwd(m->ctx, m->dh, dflash_model_grad(m, m->t_norm), m->dh, m->resid[L],
                    dflash_model_weight(m, m->t_norm), m->rstd_out, Q, D, NULL);
     o->zero(m->ctx, m->dHt, (size_t)m->cur_tc * D * o->act_bytes);
-    /* the residual stream's gradient goes dh -> dh2 (mlp) -> dh (attention) per layer */
     for (int l = L - 1; l >= 0; l--) {
-        mlp_bwd(m, l, m->dh, m->dh2);
-        attn_bwd(m, l, m->dh2, m->dh);
+        mlp_bwd(m, l);
+        attn_bwd(m, l);
     }
     /* resid[0] is the frozen embedding: no gradient */
     context_bwd(m, X);
-    for (int k = 0; k < NN_SIDE_MARKS; k++) /* every weight gradient is in */
-        o->side_wait(m->ctx, k);
 }
 
 int dflash_model_tune(dflash_model *m, int candidates) {

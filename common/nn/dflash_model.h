@@ -157,8 +157,7 @@ typedef struct dflash_model {
     nn_buf *out;           /* [Q, D] final norm output */
     float *rstd_out;       /* [Q] */
     /* backward scratch */
-    nn_buf *dh, *dh2;           /* [Q, D] d/d residual stream, in turns (dh first) */
-    nn_buf *dtmp, *dxln;        /* [Q, D] */
+    nn_buf *dh, *dtmp, *dxln;   /* [Q, D] */
     nn_buf *datt, *dq, *dqraw;  /* [Q, H*d] */
     nn_buf *dk, *dkraw, *dv;    /* [Tk, Hk*d] */
     nn_buf *dact;               /* [Q, F] */

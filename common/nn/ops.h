@@ -46,7 +46,6 @@ typedef struct nn_block_span {
 } nn_block_span;
 
 #define NN_FENCES 4
-#define NN_SIDE_MARKS 4
 /* Global-norm clipping factor from the sum of squared gradients (fp32, on host or device):
  * clip <= 0 disables clipping. */
 #define NN_CLIP_SCALE(sumsq, clip)                                                                 \
@@ -109,20 +108,6 @@ typedef struct nn_ops {
      * Returns the previous setting, or -1 where there is nothing to tune (cpu). */
     int (*matmul_tune)(nn_ctx *c, int candidates);
 
-    /* ---- a side stream for work off the critical path (e.g. weight gradients) ----
-     * side_begin: the calls that follow run on the side stream (cuda: a second stream of lower
-     * priority, with its own matmul workspace), after all the work queued so far on the main
-     * one. side_end(k): back to the main stream; side mark k (0 <= k < NN_SIDE_MARKS) now
-     * covers all the side work queued so far. side_wait(k): the main-stream work queued from now
-     * on waits, on the device, for side mark k's latest setting (none set: no wait). sync and
-     * the other host waits wait for both streams. Only linear_bwd, zero and copy may run on the
-     * side (the other ops share scratch). cpu: no-ops, every call runs in the order made, so a
-     * caller's order must be correct as written; a caller waits for a mark before it writes
-     * anything the side work since that mark's begin still reads. */
-    void (*side_begin)(nn_ctx *c);
-    void (*side_end)(nn_ctx *c, int k);
-    void (*side_wait)(nn_ctx *c, int k);
-
     /* ---- forward ---- */
     /* out[T,D] = table[ids[t], :]; ids in [0, V). */
     void (*embedding_fwd)(nn_ctx *c, nn_buf *out, const int32_t *ids, const nn_buf *table, int T,
@@ -165,8 +150,6 @@ typedef struct nn_ops {
     /* out[R,F] = silu(gate) * up, where gu[R, 2F] holds per row gate in columns [0, F) and up in
      * [F, 2F): the output of one product with the gate and up weights back to back. */
     void (*swiglu_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *gu, int R, int F);
-    /* y[n] += x[n]. */
-    void (*add_inplace)(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n);
 
     /* ---- backward ---- */
     /* dx[R,C] = d/dx (+ dres[R,C] when dres is not NULL: the gradient of a residual branch

@@ -163,19 +163,6 @@ static void cpu_order_after(nn_ctx *c, void *stream) {
     (void)stream;
 }
 
-/* No side stream: side work runs in call order on the caller's thread. */
-static void cpu_side_begin(nn_ctx *c) {
-    (void)c;
-}
-static void cpu_side_end(nn_ctx *c, int k) {
-    (void)c;
-    assert(k >= 0 && k < NN_SIDE_MARKS);
-}
-static void cpu_side_wait(nn_ctx *c, int k) {
-    (void)c;
-    assert(k >= 0 && k < NN_SIDE_MARKS);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* embedding: out[T,D] = table[ids[t], :] (no backward: the embedding is frozen) */
 
@@ -399,14 +386,6 @@ static void cpu_swiglu_bwd(nn_ctx *c, nn_buf *dgu_, const nn_buf *dout_, const n
             du[i] = dy[i] * silu;
         }
     }
-}
-
-static void cpu_add_inplace(nn_ctx *c, nn_buf *y_, const nn_buf *x_, size_t n) {
-    (void)c;
-    float *y = y_;
-    const float *x = x_;
-    for (size_t i = 0; i < n; i++)
-        y[i] += x[i];
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1046,7 +1025,6 @@ static const nn_ops cpu_ops = {
     .attention_causal_fwd = cpu_attention_causal_fwd,
     .attention_block_fwd = cpu_attention_block_fwd,
     .swiglu_fwd = cpu_swiglu_fwd,
-    .add_inplace = cpu_add_inplace,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .linear_bwd = cpu_linear_bwd,
     .rope_bwd = cpu_rope_bwd,
@@ -1065,9 +1043,6 @@ static const nn_ops cpu_ops = {
     .fence_record = cpu_fence,
     .fence_wait = cpu_fence,
     .order_after = cpu_order_after,
-    .side_begin = cpu_side_begin,
-    .side_end = cpu_side_end,
-    .side_wait = cpu_side_wait,
     .stream_drains = cpu_stream_drains,
     .adamw_clip = cpu_adamw_clip,
     .scale_f32 = cpu_scale_f32,

@@ -3,8 +3,7 @@
  * Types: nn_buf = bf16; weight gradients, master weights, moments, rstd, lse, loss sums fp32.
  * Every kernel computes in fp32 and rounds once when it stores a bf16.
  *
- * Context (nn_cuda_new): a main stream (highest priority) and a side stream (lowest; ops.h
- * side_begin .. side_end), one cuBLASLt handle, a 32 MiB cuBLASLt workspace per stream, a
+ * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
  * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
  * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
  * only, unless matmul_tune or DFLASH_LT_TUNE has it time the heuristic's candidates then: such
@@ -28,8 +27,7 @@
  * dlogits overwrite them in place); lm_head_argmax uses it as fp32 logits of chunk/2 rows (so
  * chunk must be >= 2).
  *
- * Stream: every op queues work on c->stream (the main stream, or the side one between
- * side_begin and side_end) and returns; download, download_raw and sync wait for both.
+ * Stream: every op queues work on c->stream and returns; download, download_raw and sync wait.
  */
 #include "ops_cuda.h"
 
@@ -69,11 +67,9 @@ typedef struct lt_entry {
 
 struct nn_ctx {
     int device;
-    cudaStream_t stream; /* where ops queue work now: main, or side between side_begin/end */
-    cudaStream_t main, side;
+    cudaStream_t stream;
     cublasLtHandle_t lt;
-    void *ws;     /* cuBLASLt workspace of the current stream, LT_WORKSPACE bytes */
-    void *ws_main, *ws_side;
+    void *ws;     /* cuBLASLt workspace, LT_WORKSPACE bytes */
     float *stage; /* STAGE_FLOATS fp32 for upload/download conversion */
     lt_entry cache[LT_CACHE];
     int cache_next;
@@ -81,19 +77,13 @@ struct nn_ctx {
     cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
-    cudaEvent_t side_fork;        /* side_begin: the side stream waits for it */
-    cudaEvent_t side_mark[NN_SIDE_MARKS];
-    bool side_mark_used[NN_SIDE_MARKS];
-    bool side_off;                /* DFLASH_CUDA_SIDE=0: side work stays on the main stream */
     long drains;                  /* host waits for the whole stream (stream_drains) */
 };
 
-/* Every host wait for the whole stream goes through here, so stream_drains counts them. It
- * waits for the side stream too. */
+/* Every host wait for the whole stream goes through here, so stream_drains counts them. */
 static void drain(nn_ctx *c) {
     c->drains++;
-    CUDA_CHECK(cudaStreamSynchronize(c->main));
-    CUDA_CHECK(cudaStreamSynchronize(c->side));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line) {
@@ -235,31 +225,7 @@ static void cu_sync(nn_ctx *c) {
 /* asynchronous host traffic: pinned host buffers, fences, cross-stream order */
 
 static void *cu_stream(nn_ctx *c) {
-    return (void *)c->main;
-}
-
-/* The side stream (ops.h): switching swaps the current stream and its matmul workspace.
- * DFLASH_CUDA_SIDE=0 keeps everything on the main stream (to measure what the side brings). */
-static void cu_side_begin(nn_ctx *c) {
-    assert(c->stream == c->main);
-    if (c->side_off) return;
-    CUDA_CHECK(cudaEventRecord(c->side_fork, c->main));
-    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
-    c->stream = c->side, c->ws = c->ws_side;
-}
-
-static void cu_side_end(nn_ctx *c, int k) {
-    assert(k >= 0 && k < NN_SIDE_MARKS);
-    if (c->side_off) return;
-    assert(c->stream == c->side);
-    CUDA_CHECK(cudaEventRecord(c->side_mark[k], c->side));
-    c->side_mark_used[k] = true;
-    c->stream = c->main, c->ws = c->ws_main;
-}
-
-static void cu_side_wait(nn_ctx *c, int k) {
-    assert(c->stream == c->main && k >= 0 && k < NN_SIDE_MARKS);
-    if (c->side_mark_used[k]) CUDA_CHECK(cudaStreamWaitEvent(c->main, c->side_mark[k], 0));
+    return (void *)c->stream;
 }
 
 static void *cu_host_alloc(nn_ctx *c, size_t bytes) {
@@ -921,42 +887,12 @@ static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, con
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* SwiGLU and add: elementwise, memory-bound. Each thread moves 16 bytes (8 bf16) per load and
- * store when every pointer is 16-byte aligned (vec_ok, load8/store8 above; SwiGLU also needs
- * F % 8 == 0 so that 8 elements stay in one row); the scalar loop takes the rest (and everything
+/* SwiGLU: elementwise, memory-bound. Each thread moves 16 bytes (8 bf16) per load and
+ * store when every pointer is 16-byte aligned (vec_ok, load8/store8 above) and F % 8 == 0 (8
+ * elements stay in one row); the scalar loop takes the rest (and everything
  * when DFLASH_CUDA_VEC=0 is set, for bisecting). The arithmetic per element is the same either
- * way, so both paths give the same bits. SwiGLU reads gate and up from one [R, 2F] buffer (gate
- * in the first F columns of each row, up in the last F), the output of one fused product. */
-
-struct add_op {
-    __device__ float operator()(float y, float x) const { return y + x; }
-};
-
-/* out[i] = f(a[i], b[i]); out may alias a. */
-template <class F>
-__global__ void k_map2(bf16 *out, const bf16 *a, const bf16 *b, size_t n, int vec, F f) {
-    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
-    size_t nv = vec ? n / 8 : 0;
-    for (size_t i = t; i < nv; i += stride) {
-        float x[8], y[8];
-        load8(a + 8 * i, x);
-        load8(b + 8 * i, y);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            x[k] = f(x[k], y[k]);
-        store8(out + 8 * i, x);
-    }
-    for (size_t i = nv * 8 + t; i < n; i += stride)
-        out[i] = __float2bfloat16(f(__bfloat162float(a[i]), __bfloat162float(b[i])));
-}
-
-template <class F>
-static void map2_launch(nn_ctx *c, bf16 *out, const bf16 *a, const bf16 *b, size_t n, F f) {
-    if (n == 0) return;
-    int vec = vec_ok(out, a, b);
-    k_map2<<<grid_for(vec ? (n + 7) / 8 : n, 256), 256, 0, c->stream>>>(out, a, b, n, vec, f);
-    CUDA_CHECK_LAUNCH();
-}
+ * way, so both paths give the same bits. Gate and up come from one [R, 2F] buffer (gate in the
+ * first F columns of each row, up in the last F), the output of one fused product. */
 
 __device__ __forceinline__ float swiglu_val(float g, float u) {
     return g * (1.0f / (1.0f + expf(-g))) * u;
@@ -1036,10 +972,6 @@ static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_b
     k_swiglu_bwd<<<grid_for(vec ? (n + 7) / 8 : n, 256), 256, 0, c->stream>>>(
         (bf16 *)dgu, (const bf16 *)dout, (const bf16 *)gu, F, n, vec);
     CUDA_CHECK_LAUNCH();
-}
-
-static void cu_add_inplace(nn_ctx *c, nn_buf *y, const nn_buf *x, size_t n) {
-    map2_launch(c, (bf16 *)y, (const bf16 *)y, (const bf16 *)x, n, add_op());
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1426,7 +1358,6 @@ static nn_ops make_ops(void) {
     o.attention_causal_fwd = cu_attention_causal_fwd;
     o.attention_block_fwd = cu_attention_block_fwd;
     o.swiglu_fwd = cu_swiglu_fwd;
-    o.add_inplace = cu_add_inplace;
     o.rmsnorm_bwd = cu_rmsnorm_bwd;
     o.linear_bwd = cu_linear_bwd;
     o.rope_bwd = cu_rope_bwd;
@@ -1445,9 +1376,6 @@ static nn_ops make_ops(void) {
     o.fence_record = cu_fence_record;
     o.fence_wait = cu_fence_wait;
     o.order_after = cu_order_after;
-    o.side_begin = cu_side_begin;
-    o.side_end = cu_side_end;
-    o.side_wait = cu_side_wait;
     o.stream_drains = cu_stream_drains;
     o.adamw_clip = cu_adamw_clip;
     o.scale_f32 = cu_scale_f32;
@@ -1464,23 +1392,7 @@ static bool events_new(nn_ctx *c) {
     for (int k = 0; k < NN_FENCES; k++)
         if (cudaEventCreateWithFlags(&c->fence[k], cudaEventDisableTiming) != cudaSuccess)
             return false;
-    for (int k = 0; k < NN_SIDE_MARKS; k++)
-        if (cudaEventCreateWithFlags(&c->side_mark[k], cudaEventDisableTiming) != cudaSuccess)
-            return false;
-    return cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming) == cudaSuccess &&
-           cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming) == cudaSuccess;
-}
-
-/* The main stream at the device's highest priority, the side stream at its lowest, so that the
- * side's blocks fill what the critical path leaves idle. */
-static bool streams_new(nn_ctx *c) {
-    int least = 0, greatest = 0;
-    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) return false;
-    if (cudaStreamCreateWithPriority(&c->main, cudaStreamNonBlocking, greatest) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least) != cudaSuccess)
-        return false;
-    c->stream = c->main;
-    return true;
+    return cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming) == cudaSuccess;
 }
 
 extern "C" nn_ctx *nn_cuda_new(int device) {
@@ -1494,12 +1406,10 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     if (!c) return NULL;
     c->device = device;
     c->tune = lt_tune_env();
-    const char *side = getenv("DFLASH_CUDA_SIDE");
-    c->side_off = side && *side && atoi(side) == 0;
     if (cudaSetDevice(device) != cudaSuccess ||
-        !streams_new(c) || cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
-        cudaMalloc(&c->ws_main, LT_WORKSPACE) != cudaSuccess ||
-        cudaMalloc(&c->ws_side, LT_WORKSPACE) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
         cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
         !events_new(c) ||
         cuda_attention_init() != 0) {
@@ -1508,15 +1418,13 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
         nn_cuda_destroy(&c);
         return NULL;
     }
-    c->ws = c->ws_main;
     return c;
 }
 
 extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (!cp || !*cp) return;
     nn_ctx *c = *cp;
-    if (c->main) cudaStreamSynchronize(c->main);
-    if (c->side) cudaStreamSynchronize(c->side);
+    if (c->stream) cudaStreamSynchronize(c->stream);
     for (int i = 0; i < LT_CACHE; i++)
         if (c->cache[i].used) {
             cublasLtMatmulDescDestroy(c->cache[i].op);
@@ -1524,22 +1432,17 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp) {
             cublasLtMatrixLayoutDestroy(c->cache[i].B);
             cublasLtMatrixLayoutDestroy(c->cache[i].C);
         }
-    if (c->ws_main) cudaFree(c->ws_main);
-    if (c->ws_side) cudaFree(c->ws_side);
+    if (c->ws) cudaFree(c->ws);
     if (c->stage) cudaFree(c->stage);
     if (c->lt) cublasLtDestroy(c->lt);
     for (int k = 0; k < NN_FENCES; k++)
         if (c->fence[k]) cudaEventDestroy(c->fence[k]);
     if (c->order_ev) cudaEventDestroy(c->order_ev);
-    if (c->side_fork) cudaEventDestroy(c->side_fork);
-    for (int k = 0; k < NN_SIDE_MARKS; k++)
-        if (c->side_mark[k]) cudaEventDestroy(c->side_mark[k]);
-    if (c->main) cudaStreamDestroy(c->main);
-    if (c->side) cudaStreamDestroy(c->side);
+    if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     *cp = NULL;
 }
 
 extern "C" void *nn_cuda_stream(nn_ctx *c) {
-    return c ? (void *)c->main : NULL;
+    return c ? (void *)c->stream : NULL;
 }

@@ -303,7 +303,9 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->max_tokens = max_tokens;
     m->max_blocks = max_blocks;
     int Qmax = max_blocks * cfg->block_size;
-    m->lm_chunk = Qmax < 2048 ? Qmax : 2048;
+    const char *chunk = getenv("DFLASH_LM_CHUNK"); /* rows per lm_head chunk (default 2048) */
+    m->lm_chunk = chunk && atoi(chunk) >= 2 ? atoi(chunk) : 2048;
+    if (m->lm_chunk > Qmax) m->lm_chunk = Qmax; /* >= 2: block_size >= 2 */
     int L = cfg->num_layers;
     m->tensors = calloc((size_t)(3 + L * DFL_N_LAYER_TENSORS), sizeof *m->tensors);
     m->resid = calloc((size_t)L + 1, sizeof *m->resid);

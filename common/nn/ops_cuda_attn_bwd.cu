@@ -323,6 +323,23 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
 #define DQACC_DEVICES 64
 static float *g_dqacc[DQACC_DEVICES];
 static size_t g_dqacc_cap[DQACC_DEVICES]; /* elements */
+/* the sorted schedule's items (WGB_PLAN_MAX) and work counters (2 ints after them) */
+static bwd_item *g_plan[DQACC_DEVICES];
+
+/* g_plan of the current device (start-up only); without it the wgmma kernel takes pieces by
+ * block ranges in grid order */
+static void plan_alloc(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES || g_plan[dev]) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (cudaMalloc((void **)&g_plan[dev], WGB_PLAN_MAX * sizeof(bwd_item) + 2 * sizeof(int)) !=
+        cudaSuccess) {
+        g_plan[dev] = NULL;
+        (void)cudaGetLastError();
+    }
+}
 
 /* dqacc of at least `elems` fp32 (zeroed) on the current device: a larger one replaces the old
  * (start-up only: it waits for the device). -1 (old scratch kept) when there is no memory. */
@@ -382,15 +399,21 @@ static int bwd_kernel(void) {
     return k;
 }
 
-/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece) or blocks
- * (bwd_piece_blocks); unset: blocks for the wgmma kernel, hits for k_bwd_fused (kern). */
-static int bwd_by_block(int kern) {
+/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece), blocks
+ * (bwd_piece_blocks) or sorted (block ranges, heaviest first through k_bwd_plan: the wgmma
+ * kernel only, blocks for k_bwd_fused); unset: sorted for the wgmma kernel, hits for
+ * k_bwd_fused (kern). A BWD_PIECES_* value. */
+static int bwd_pieces(int kern) {
     static int b = -2;
     if (b == -2) {
         const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_PIECES");
-        b = !e ? -1 : strcmp(e, "blocks") == 0;
+        b = !e                         ? -1
+            : strcmp(e, "blocks") == 0 ? BWD_PIECES_BLOCKS
+            : strcmp(e, "sorted") == 0 ? BWD_PIECES_SORTED
+                                       : BWD_PIECES_HITS;
     }
-    return b >= 0 ? b : kern != BWD_MMA;
+    if (b < 0) return kern == BWD_MMA ? BWD_PIECES_HITS : BWD_PIECES_SORTED;
+    return kern == BWD_MMA && b == BWD_PIECES_SORTED ? BWD_PIECES_BLOCKS : b;
 }
 
 template <int NW, int AH, int ST> static int bwd_attr(void) {
@@ -434,6 +457,7 @@ int cuda_bwd_attention_init(void) {
     (void)cuda_wgb_attention_init(); /* never fails: without sm_90a k_bwd_fused serves */
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     (void)dqacc_alloc(DQACC_ELEMS); /* without it block_bwd runs the mma.sync pair: no error */
+    plan_alloc();
     return 0;
 }
 
@@ -469,9 +493,16 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
     const int kern = bwd_kernel(), var = bwd_variant();
-    a.by_block = bwd_by_block(kern);
+    a.by_block = bwd_pieces(kern);
+    if (a.by_block == BWD_PIECES_SORTED) {
+        const int nx = (Tk + WGB_KEYS - 1) / WGB_KEYS;
+        if (g_plan[dev] && (long long)nx * a.split_max <= WGB_PLAN_MAX && n_blocks < (1 << 19))
+            a.items = g_plan[dev], a.work = (int *)(g_plan[dev] + WGB_PLAN_MAX);
+        else
+            a.by_block = BWD_PIECES_BLOCKS;
+    }
     if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
-        a.by_block = bwd_by_block(BWD_MMA); /* k_bwd_fused */
+        a.by_block = bwd_pieces(BWD_MMA); /* k_bwd_fused */
         if (var >= 200)
             bwd_launch_bulk(st, a, var - 200);
         else if (var >= 100)

@@ -56,11 +56,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <assert.h>
 #include <stdint.h>
 
 #include <type_traits>
 
-#define WKT 128 /* keys per CTA: 2 warpgroups x 64 */
+#define WKT WGB_KEYS /* keys per CTA: 2 warpgroups x 64 */
 
 /* Shared-memory bytes for head dim D (see the file comment for the order). */
 template <int D, bool PIPE> static constexpr size_t wgb_smem(void) {
@@ -81,28 +82,25 @@ __device__ __forceinline__ void wgb_pack(uint32_t (&f)[N / 2][4], const float (&
     }
 }
 
-/* The kernel (see the file comment); PIPE: dQ of visit i - 1 is issued with S^T of visit i and
- * leaves while it runs (dS^T double-buffered), else at the end of its own visit. */
-template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fused(bwd_args a) {
-#if WG_DEVICE
+/* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
+ * visits of hit indices [h_lo, h_hi), nsplit pieces of the tile (dk, dv through acc and ticket
+ * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
+ * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
+ * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
+template <int D, bool PIPE>
+__device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, int hk, int k0,
+                                          int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
     constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* row x d tiles as K-major operands */
     constexpr uint32_t LBO_T = 16 * D, SBO_T = 128; /* the same tiles as MN-major operands */
     constexpr uint32_t CMB = 128;                   /* bytes of a core matrix */
-    extern __shared__ __align__(1024) unsigned char sm[];
     unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
     unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
     float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
     float *Dr = stg_all + 8 * 16 * BLD, *Lr = Dr + 2 * FROWS;
     const int warp = threadIdx.x / 32, wg = warp / 4, wq = warp % 4, lane = threadIdx.x % 32;
     const int tg = lane % 4;
-    const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
-    int nsplit, h_lo, h_hi;
-    if (a.by_block ? !bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
-                   : !attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
-                                       a.split_max, a.vps, nsplit, h_lo, h_hi))
-        return; /* uniform over the CTA */
     auto kvoff = [&](int r) -> long long {
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
     };
@@ -251,10 +249,103 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     __syncthreads();
     dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
-                     a.acc, a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x);
+                     a.acc, ticket);
+}
+
+/* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
+ * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
+ * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
+template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fused(bwd_args a) {
+#if WG_DEVICE
+    extern __shared__ __align__(1024) unsigned char sm[];
+    const int nx = (a.Tk + WKT - 1) / WKT;
+    if (a.by_block != BWD_PIECES_SORTED) {
+        const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
+        int nsplit, h_lo, h_hi;
+        if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
+                       : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
+                                          a.split_max, a.vps, nsplit, h_lo, h_hi))
+            wgb_piece<D, PIPE>(a, sm, hk, k0, nsplit, h_lo, h_hi,
+                               a.tickets + (size_t)hk * nx + blockIdx.x);
+        return;
+    }
+    __shared__ int s_work;
+    for (;;) {
+        if (threadIdx.x == 0) s_work = atomicAdd(a.work, 1);
+        __syncthreads(); /* also: all threads are done with the previous piece */
+        const int w = s_work;
+        if (w >= a.work[1] * a.Hk) break; /* uniform */
+        const bwd_item it = a.items[w / a.Hk];
+        const int hk = w % a.Hk;
+        wgb_piece<D, PIPE>(a, sm, hk, it.x * WKT, it.nsplit, it.h_lo, it.h_hi,
+                           a.tickets + (size_t)hk * nx + it.x);
+    }
 #else
     (void)a;
 #endif
+}
+
+/* The sorted schedule (pieces SORTED): for each key tile x (WKT keys) and piece z of Z (block
+ * ranges, bwd_piece_of), the number of blocks of the piece that see the tile, counted from each
+ * block's key ranges (one thread per block; counters cnt[x Z + z] in shared memory); the items
+ * (the pieces with a hit, and piece 0 of a tile nobody sees, which writes its zero dk, dv)
+ * sorted by that count, heaviest first (ties by piece, then tile, so that the CTAs running
+ * together add into neighbouring dq rows), into items; work[0] = 0 (the counter k_wgb_fused's
+ * CTAs take work from), work[1] = the item count. One CTA of 1024 threads, shared memory
+ * 8 nx Z bytes; nx Z <= WGB_PLAN_MAX and n_blocks < 2^19 (the sort keys fit 32 bits). */
+__global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
+    extern __shared__ int plan_sm[];
+    __shared__ int s_items;
+    const int n = nx * Z;
+    int *cnt = plan_sm;
+    unsigned *key = (unsigned *)(plan_sm + n);
+    for (int e = threadIdx.x; e < n; e += blockDim.x)
+        cnt[e] = 0;
+    if (threadIdx.x == 0) s_items = 0;
+    __syncthreads();
+    for (int blk = threadIdx.x; blk < a.n_blocks; blk += blockDim.x) {
+        int rg[4], last = -1; /* the last tile counted: two ranges may share one */
+        const int nr = attn_span_ranges(a.spans + blk, a.B, rg);
+        const int z = bwd_piece_of(blk, Z, a.n_blocks);
+        for (int r = 0; r < nr; r++) {
+            if (rg[2 * r + 1] <= rg[2 * r]) continue;
+            const int x0 = max(rg[2 * r] / WKT, last + 1);
+            const int x1 = min((rg[2 * r + 1] - 1) / WKT, nx - 1);
+            for (int x = x0; x <= x1; x++)
+                atomicAdd(&cnt[x * Z + z], 1);
+            last = max(last, x1);
+        }
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < nx; x += blockDim.x) {
+        bool any = false;
+        for (int z = 0; z < Z; z++)
+            any = any || cnt[x * Z + z] > 0;
+        for (int z = 0; z < Z; z++) {
+            const int c = cnt[x * Z + z];
+            key[x * Z + z] = c > 0 || (!any && z == 0)
+                                 ? (unsigned)(a.n_blocks - c) * (unsigned)n + (unsigned)(z * nx + x)
+                                 : 0xffffffffu;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const unsigned k = key[e];
+        if (k == 0xffffffffu) continue;
+        int rank = 0; /* keys are distinct */
+        for (int f = 0; f < n; f++)
+            rank += key[f] < k;
+        const int x = e / Z, z = e % Z;
+        int lo = 0, ns = 0;
+        for (int i = 0; i < Z; i++) {
+            lo += i < z ? cnt[x * Z + i] : 0;
+            ns += cnt[x * Z + i] > 0;
+        }
+        a.items[rank] = bwd_item{x, ns > 0 ? ns : 1, lo, lo + cnt[e]};
+        atomicAdd(&s_items, 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) a.work[0] = 0, a.work[1] = s_items;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -277,7 +368,19 @@ int cuda_wgb_attention_init(void) {
 
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     if (!g_wgb_ready) return -1;
-    dim3 grid((a->Tk + WKT - 1) / WKT, a->Hk, a->split_max);
+    const int nx = (a->Tk + WKT - 1) / WKT;
+    dim3 grid(nx, a->Hk, a->split_max);
+    if (a->by_block == BWD_PIECES_SORTED) {
+        int dev = 0, nsm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return -1;
+        const int Z = a->split_max;
+        assert(a->items && a->work && nx * Z <= WGB_PLAN_MAX && a->n_blocks < (1 << 19));
+        k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(*a, nx, Z);
+        CUDA_CHECK_LAUNCH();
+        grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
+    }
     if (pipe)
         k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(*a);
     else

@@ -4,16 +4,17 @@
 # unset or =sorted, against =blocks, the grid order it replaced; ops_cuda_attn_wgbwd.cu).
 # Usage on the GPU machine: bench/cuda_ops/attn_sched_gpu.sh BIN_DIR [BUDGET_S] [STEPS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/ and COMMIT. STEPS (default
-# "parity ops memcheck ncu") picks the groups, in that order: parity (attention checks with
-# SPLIT=1, every tile split into pieces, for both schedules; the whole parity run), ops
-# (`bench-cuda_ops 0 attn`, three anchor distributions, per variant, interleaved), memcheck, ncu
-# (one launch of the default kernel: speed of light, warp states, source counters; report and
-# per-SASS-instruction csv under $OUT) and the kernel's SASS. A step whose timeout would end past
-# BUDGET_S (default 240) is skipped. Full log: $OUT/attn_sched.log; a summary comes last.
+# "parity ops ncu memcheck") lists the groups to run, in order: parity (attention checks with
+# SPLIT=1, every tile split into pieces, for both schedules, and with the defaults), ops
+# (`bench-cuda_ops 0 attn`, three anchor distributions, per variant, interleaved), ncu (one
+# launch of the default kernel: speed of light, warp states, source counters; report, details
+# and per-SASS-instruction csv under $OUT), memcheck (sorted, SPLIT=1), memcheck_default,
+# parity_all (the whole parity run), sass (the kernel's SASS). A step whose timeout would end
+# past BUDGET_S (default 240) is skipped. Full log: $OUT/attn_sched.log; a summary comes last.
 set -uo pipefail
 bin=${1:?BIN_DIR}
 budget=${2:-240}
-steps=${3:-parity ops memcheck ncu}
+steps=${3:-parity ops ncu memcheck}
 out=${OUT:-.}
 log=$out/attn_sched.log
 . "$(dirname "$0")/gpu_run.sh"
@@ -24,39 +25,46 @@ B="$bin/bench-cuda_ops"
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 SO="DFLASH_CUDA_ATTN_FUSED_PIECES=sorted"
 BL="DFLASH_CUDA_ATTN_FUSED_PIECES=blocks"
-has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
-if has parity; then
-  run parity_sorted_split1 30 $SO $S1 "$P" attn
-  run parity_blocks_split1 30 $BL $S1 "$P" attn
-  run parity_default 30 "$P" attn
-fi
-if has ops; then
-  for i in 1 2; do
-    run ops_sorted 30 $SO "$B" 0 attn
-    run ops_blocks 30 $BL "$B" 0 attn
-  done
-  run ops_sorted_split40 30 $SO DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
-  run ops_sorted_split160 30 $SO DFLASH_CUDA_ATTN_SPLIT=160 "$B" 0 attn
-fi
-if has memcheck && command -v compute-sanitizer >/dev/null; then
-  run memcheck_sorted_split1 60 $SO $S1 compute-sanitizer --tool memcheck "$P" attn
-  run memcheck_default 60 compute-sanitizer --tool memcheck "$P" attn
-fi
-has parity_all && run parity_all 90 "$P"
-if has ncu && command -v ncu >/dev/null; then
-  run ncu_default 90 ncu --clock-control none -k regex:k_wgb_fused -s 2 -c 1 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SourceCounters \
-    -f -o "$out/wgb" "$B" 0 attn
-  if [ -f "$out/wgb.ncu-rep" ]; then
-    ncu --import "$out/wgb.ncu-rep" --page details >"$out/wgb_details.txt" 2>&1
-    ncu --import "$out/wgb.ncu-rep" --page source --print-source sass --csv \
-      >"$out/wgb_sass.csv" 2>&1
-    cat "$out/wgb_details.txt" >>"$log"
-  fi
-fi
-if has sass && command -v cuobjdump >/dev/null; then
-  cuobjdump --dump-sass --function '_Z11k_wgb_fusedILi128ELb1EEv8bwd_args' "$B" \
-    >"$out/wgb.sass" 2>&1
-fi
+for step in $steps; do
+  case $step in
+  parity)
+    run parity_sorted_split1 30 $SO $S1 "$P" attn
+    run parity_blocks_split1 30 $BL $S1 "$P" attn
+    run parity_default 30 "$P" attn
+    ;;
+  ops)
+    for i in 1 2; do
+      run ops_sorted 30 $SO "$B" 0 attn
+      run ops_blocks 30 $BL "$B" 0 attn
+    done
+    run ops_sorted_split40 30 $SO DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
+    run ops_sorted_split160 30 $SO DFLASH_CUDA_ATTN_SPLIT=160 "$B" 0 attn
+    ;;
+  memcheck)
+    run memcheck_sorted_split1 60 $SO $S1 compute-sanitizer --tool memcheck "$P" attn
+    ;;
+  memcheck_default)
+    run memcheck_default 60 compute-sanitizer --tool memcheck "$P" attn
+    ;;
+  parity_all)
+    run parity_all 90 "$P"
+    ;;
+  ncu)
+    run ncu_default 90 ncu --clock-control none -k regex:k_wgb_fused -s 2 -c 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section SourceCounters -f -o "$out/wgb" "$B" 0 attn
+    if [ -f "$out/wgb.ncu-rep" ]; then
+      ncu --import "$out/wgb.ncu-rep" --page details >"$out/wgb_details.txt" 2>&1
+      ncu --import "$out/wgb.ncu-rep" --page source --print-source sass --csv \
+        >"$out/wgb_sass.csv" 2>&1
+      cat "$out/wgb_details.txt" >>"$log"
+    fi
+    ;;
+  sass)
+    cuobjdump --dump-sass --function '_Z11k_wgb_fusedILi128ELb1EEv8bwd_args' "$B" \
+      >"$out/wgb.sass" 2>&1
+    ;;
+  esac
+done
 grep -E "^binaries|^=== |FAIL|checks failed|ERROR SUMMARY|^rc |^attention_block|attn_block H(32/8|16/2|8/4) d128.*bwd|H200|Duration|Registers Per|Throughput|Issued|Eligible|Stall|Warp Cycles" "$log"

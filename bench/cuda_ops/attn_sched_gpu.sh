@@ -5,8 +5,8 @@
 # Usage on the GPU machine: bench/cuda_ops/attn_sched_gpu.sh BIN_DIR [BUDGET_S] [STEPS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/ and COMMIT. STEPS (default
 # "parity ops ncu memcheck") lists the groups to run, in order: parity (attention checks with
-# SPLIT=1, every tile split into pieces, for both schedules, and with the defaults), ops
-# (`bench-cuda_ops 0 attn`, three anchor distributions, per variant, interleaved), ncu (one
+# SPLIT=1, every tile split into pieces, for each schedule and kernel, and with the defaults),
+# ops (`bench-cuda_ops 0 attn`, three anchor distributions, per variant), ncu (one
 # launch of the default kernel: speed of light, warp states, source counters; report, details
 # and per-SASS-instruction csv under $OUT), memcheck (sorted, SPLIT=1), memcheck_default,
 # parity_all (the whole parity run), sass (the kernel's SASS). A step whose timeout would end
@@ -30,6 +30,9 @@ for step in $steps; do
   parity)
     run parity_sorted_split1 30 $SO $S1 "$P" attn
     run parity_blocks_split1 30 $BL $S1 "$P" attn
+    run parity_hits_split1 30 DFLASH_CUDA_ATTN_FUSED_PIECES=hits $S1 "$P" attn
+    run parity_seq_split1 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq $S1 "$P" attn
+    run parity_mma_split1 30 DFLASH_CUDA_ATTN_BWD=mma $S1 "$P" attn
     run parity_default 30 "$P" attn
     ;;
   ops)
@@ -37,8 +40,11 @@ for step in $steps; do
       run ops_sorted 30 $SO "$B" 0 attn
       run ops_blocks 30 $BL "$B" 0 attn
     done
+    run ops_sorted_split128 30 $SO DFLASH_CUDA_ATTN_SPLIT=128 "$B" 0 attn
+    run ops_sorted_split60 30 $SO DFLASH_CUDA_ATTN_SPLIT=60 "$B" 0 attn
     run ops_sorted_split40 30 $SO DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
-    run ops_sorted_split160 30 $SO DFLASH_CUDA_ATTN_SPLIT=160 "$B" 0 attn
+    run ops_seq 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq "$B" 0 attn
+    run ops_mma 30 DFLASH_CUDA_ATTN_BWD=mma "$B" 0 attn
     ;;
   memcheck)
     run memcheck_sorted_split1 60 $SO $S1 compute-sanitizer --tool memcheck "$P" attn

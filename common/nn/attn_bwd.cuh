@@ -20,10 +20,10 @@
 #define FROWS 64        /* query rows per visit */
 #define FLOG2E 1.4426950408889634f
 
-/* One item of the sorted schedule (k_bwd_plan): key tile x (keys x WKT ..) of every kv head,
- * the hit range [h_lo, h_hi) of its piece and the tile's piece count nsplit. */
+/* One item of the sorted schedule (k_bwd_plan): key tile x (keys x WGB_KEYS ..) of every kv
+ * head, its piece z, the piece's hit range [h_lo, h_hi) and the tile's piece count nsplit. */
 typedef struct bwd_item {
-    int x, nsplit, h_lo, h_hi;
+    int x, z, nsplit, h_lo, h_hi;
 } bwd_item;
 
 /* How a key tile's visits are cut into pieces (bwd_args.by_block): by hit index

@@ -495,14 +495,18 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     const int kern = bwd_kernel(), var = bwd_variant();
     a.by_block = bwd_pieces(kern);
     if (a.by_block == BWD_PIECES_SORTED) {
-        const int nx = (Tk + WGB_KEYS - 1) / WGB_KEYS;
+        /* pieces of about 2 vps blocks: with the pieces run heaviest first, fewer and longer
+         * ones cost less (per piece: K, V, the first loads, the dk, dv atomics) */
+        const int nx = (Tk + WGB_KEYS - 1) / WGB_KEYS, len = 2 * (vps > 0 ? vps : 1);
+        a.split_max = min(a.split_max, (n_blocks + len - 1) / len);
         if (g_plan[dev] && (long long)nx * a.split_max <= WGB_PLAN_MAX && n_blocks < (1 << 19))
             a.items = g_plan[dev], a.work = (int *)(g_plan[dev] + WGB_PLAN_MAX);
         else
-            a.by_block = BWD_PIECES_BLOCKS;
+            a.by_block = BWD_PIECES_BLOCKS, a.split_max = acc ? split_max : 1;
     }
     if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
-        a.by_block = bwd_pieces(BWD_MMA); /* k_bwd_fused */
+        a.by_block = bwd_pieces(BWD_MMA); /* k_bwd_fused, with its own pieces */
+        a.split_max = acc ? split_max : 1;
         if (var >= 200)
             bwd_launch_bulk(st, a, var - 200);
         else if (var >= 100)

@@ -63,10 +63,32 @@
 
 #define WKT WGB_KEYS /* keys per CTA: 2 warpgroups x 64 */
 
+#define WSPANS 256 /* block spans a piece keeps in shared memory (more: read from global) */
+
+/* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
+template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
+    return 16 * D + 16 * 8;
+}
+
 /* Shared-memory bytes for head dim D (see the file comment for the order). */
 template <int D, bool PIPE> static constexpr size_t wgb_smem(void) {
     return (size_t)(2 * WKT + 4 * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
-           (size_t)8 * 16 * BLD * sizeof(float) + (size_t)4 * FROWS * sizeof(float);
+           (size_t)4 * wgb_pair_w<D>() * sizeof(float) + (size_t)4 * FROWS * sizeof(float) +
+           (size_t)WSPANS * sizeof(nn_block_span);
+}
+
+/* bar.sync on named barrier id (1 .. 15; 0 is __syncthreads) for n threads (whole warps) */
+__device__ __forceinline__ void named_bar(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* Bulk-copy reduction dst[0 .. bytes) += src without committing (see bulk_red_add). */
+__device__ __forceinline__ void bulk_red_add_nc(float *dst, const float *src, int bytes) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(src);
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(sa), "r"(bytes)
+        : "memory");
 }
 
 /* bf16 A fragments of k-steps 0 .. N / 2 - 1 from C-layout accumulators (the C layout of 8-column
@@ -89,7 +111,7 @@ __device__ __forceinline__ void wgb_pack(uint32_t (&f)[N / 2][4], const float (&
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
 template <int D, bool PIPE>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, int hk, int k0,
-                                          int nsplit, int h_lo, int h_hi, int *ticket) {
+                                          int z, int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
     constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* row x d tiles as K-major operands */
@@ -97,8 +119,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
     constexpr uint32_t CMB = 128;                   /* bytes of a core matrix */
     unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
     unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
+    constexpr int PW = wgb_pair_w<D>();
     float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
-    float *Dr = stg_all + 8 * 16 * BLD, *Lr = Dr + 2 * FROWS;
+    float *Dr = stg_all + 4 * PW, *Lr = Dr + 2 * FROWS;
+    nn_block_span *span_sm = (nn_block_span *)(Lr + 2 * FROWS);
     const int warp = threadIdx.x / 32, wg = warp / 4, wq = warp % 4, lane = threadIdx.x % 32;
     const int tg = lane % 4;
     auto kvoff = [&](int r) -> long long {
@@ -106,7 +130,30 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
     };
     load_cm2<D, WKT>(Ks, a.k, Vs, a.v, kvoff, threadIdx.x, blockDim.x);
     visit_item it = {-1, 0, h_lo};
-    if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
+    /* The blocks this piece visits lie in [b_lo, b_hi): its block range (pieces by blocks; z is
+     * the piece) or all blocks (by hits). sp: their spans, from shared memory when they fit
+     * (indexed by block: sp + blk; sp itself may point before span_sm). */
+    const nn_block_span *sp = a.spans;
+    int b_lo = 0, b_hi = a.n_blocks;
+    if (a.by_block != BWD_PIECES_HITS) {
+        const int Z = a.split_max;
+        b_lo = (int)(((long long)z * a.n_blocks + Z - 1) / Z);
+        b_hi = (int)(((long long)(z + 1) * a.n_blocks + Z - 1) / Z);
+        if (b_hi - b_lo <= WSPANS) {
+            for (int i = threadIdx.x; i < b_hi - b_lo; i += blockDim.x)
+                span_sm[i] = a.spans[b_lo + i];
+            __syncthreads();
+            sp = span_sm - b_lo;
+        }
+    }
+    if (h_lo < h_hi) {
+        if (a.by_block == BWD_PIECES_HITS) {
+            it.blk = attn_nth_hit(sp, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
+        } else { /* the piece's first hit is its block range's */
+            it.blk = attn_nth_hit(sp + b_lo, b_hi - b_lo, a.B, k0, k0 + WKT, 0);
+            it.blk = it.blk < 0 ? -1 : b_lo + it.blk;
+        }
+    }
     if (it.blk >= 0)
         visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group, it,
                                     hk, (bf16 *)Qs, (bf16 *)dOs, Dr, Lr);
@@ -135,14 +182,38 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
             wg_ss_tt<64>(dq, dA + kk * (2 * NT * CMB / 16), dB + kk * (2 * (D / 8) * CMB / 16));
         wg_commit();
     };
-    /* dq (complete) of visit v (nr rows) into dqacc: lane r < 16 row 16 wq + r, columns 64 wg .. */
+    /* dq (complete) of visit v (nr rows) into dqacc. Warp wq of each warpgroup holds rows
+     * 16 wq .. + 15 of the visit, columns 64 wg ..; the two stage their halves into the pair's
+     * tile stg (row j at j D + 8 tk, tk = the row's query token counted from the pair's first:
+     * each token's rows, consecutive rows of dqacc, lie contiguous, and the 8 words after them
+     * spread the stores of different tokens over the banks), meet at named barrier 1 + wq, and
+     * lane 0 of warpgroup 0's warp hands each token's rows to the bulk-copy engine as one
+     * reduction (group x 512 bytes at most), one commit. That lane waits for their reads of stg
+     * (bulk_wait_read) before the CTA barrier that precedes the next dq_out. */
+    const int pr0 = 16 * wq; /* the pair's first visit row */
     auto dq_out = [&](const float(&dq)[8][4], visit_item v, int nr) {
-        float *dst = NULL;
-        if (lane < 16) {
-            dst = bwd_dq_row<D>(a, v, hk, nr, 16 * wq + lane);
-            if (dst) dst += 64 * wg;
+        float *stg = stg_all + wq * PW;
+        const int h0 = (v.cb + pr0) % a.group; /* head of the pair's first row */
+        const int g = lane / 4;
+        float *w0 = stg + g * D + ((h0 + g) / a.group) * 8 + 64 * wg + 2 * tg;
+        float *w1 = stg + (g + 8) * D + ((h0 + g + 8) / a.group) * 8 + 64 * wg + 2 * tg;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            *(float2 *)(w0 + n * 8) = make_float2(dq[n][0], dq[n][1]);
+            *(float2 *)(w1 + n * 8) = make_float2(dq[n][2], dq[n][3]);
         }
-        bwd_dq_bulk<8>(dq, stg_all + warp * 16 * BLD, dst);
+        fence_proxy_async(); /* the stores, for the bulk-copy engine */
+        named_bar(1 + wq, 64);
+        if (wg == 0 && lane == 0) {
+            const int nv = min(16, nr - pr0); /* the pair's rows that are not padding */
+            for (int j = 0, h = h0, tk = 0; j < nv; tk++) {
+                const int len = min(a.group - h, nv - j); /* rows of this token */
+                bulk_red_add_nc(bwd_dq_row<D>(a, v, hk, nr, pr0 + j), stg + j * D + tk * 8,
+                                len * D * (int)sizeof(float));
+                j += len, h = 0;
+            }
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
     };
     visit_item prev = it;
     int prev_rows = 0;
@@ -167,7 +238,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         if constexpr (WDQ) issue_dq(dp, (i + 1) % 2);
         wg_issue_s<D, FROWS>(s, dK, wg_desc(Qt, LBO_K, SBO_K)); /* S^T = K Q^T */
         /* while it runs: the next visit's loads into the other stage, this visit's key mask */
-        visit_item nx = visit_next<FROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, WKT, h_hi);
+        visit_item nx = visit_next<FROWS>(sp, b_hi, a.B, a.group, it, k0, WKT, h_hi);
         if (nx.blk >= 0)
             visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group,
                                         nx, hk, (bf16 *)(Qs + (1 - st) * QT),
@@ -175,7 +246,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
                                         Lr + (1 - st) * FROWS);
         cp_commit();
         bool kvis[2];
-        bwd_keys_seen(a.spans + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
+        bwd_keys_seen(sp + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
         if constexpr (WDQ) {
             wg_wait<1>(); /* dQ of the previous visit is in */
             wg_pin_all(dp);
@@ -217,7 +288,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
             *(uint32_t *)(w + NT * CMB + n * CMB) = pack_bf16x2(dp[n][2], dp[n][3]);
         }
         fence_proxy_async(); /* the dS^T stores, for the tensor cores */
-        __syncthreads();     /* dS^T of all 128 keys is in */
+        if (wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging is free after the barrier */
+        __syncthreads(); /* dS^T of all 128 keys is in */
         if constexpr (!PIPE) {
             wg_fence();
             issue_dq(dp, 0);
@@ -265,7 +337,7 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE>(a, sm, hk, k0, nsplit, h_lo, h_hi,
+            wgb_piece<D, PIPE>(a, sm, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
                                a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
@@ -277,7 +349,7 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE>(a, sm, hk, it.x * WKT, it.nsplit, it.h_lo, it.h_hi,
+        wgb_piece<D, PIPE>(a, sm, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
                            a.tickets + (size_t)hk * nx + it.x);
     }
 #else
@@ -341,7 +413,7 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
             lo += i < z ? cnt[x * Z + i] : 0;
             ns += cnt[x * Z + i] > 0;
         }
-        a.items[rank] = bwd_item{x, ns > 0 ? ns : 1, lo, lo + cnt[e]};
+        a.items[rank] = bwd_item{x, z, ns > 0 ? ns : 1, lo, lo + cnt[e]};
         atomicAdd(&s_items, 1);
     }
     __syncthreads();

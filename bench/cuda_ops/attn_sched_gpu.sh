@@ -9,8 +9,10 @@
 # ops (`bench-cuda_ops 0 attn`, three anchor distributions, per variant), ncu (one
 # launch of the default kernel: speed of light, warp states, source counters; report, details
 # and per-SASS-instruction csv under $OUT), memcheck (sorted, SPLIT=1), memcheck_default,
-# parity_all (the whole parity run), sass (the kernel's SASS). A step whose timeout would end
-# past BUDGET_S (default 240) is skipped. Full log: $OUT/attn_sched.log; a summary comes last.
+# parity_all (the whole parity run), step (`bench-cuda_ops 5 attn`: a 5-layer drafter step),
+# sass (the kernel's SASS). ops and step also run BIN_DIR/base/bench-cuda_ops when it is there
+# (the binary to compare with). A step whose timeout would end past BUDGET_S (default 240) is
+# skipped. Full log: $OUT/attn_sched.log; a summary comes last.
 set -uo pipefail
 bin=${1:?BIN_DIR}
 budget=${2:-240}
@@ -22,6 +24,7 @@ echo "binaries of commit $(cat "$bin/COMMIT" 2>/dev/null)" | tee -a "$log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
 P="$bin/bench-cuda_parity"
 B="$bin/bench-cuda_ops"
+BASE="$bin/base/bench-cuda_ops" # optional: the binary of the commit before, for the same run
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 SO="DFLASH_CUDA_ATTN_FUSED_PIECES=sorted"
 BL="DFLASH_CUDA_ATTN_FUSED_PIECES=blocks"
@@ -37,14 +40,17 @@ for step in $steps; do
     ;;
   ops)
     for i in 1 2; do
+      [ -x "$BASE" ] && run ops_base 30 "$BASE" 0 attn
       run ops_sorted 30 $SO "$B" 0 attn
       run ops_blocks 30 $BL "$B" 0 attn
     done
     run ops_sorted_split128 30 $SO DFLASH_CUDA_ATTN_SPLIT=128 "$B" 0 attn
-    run ops_sorted_split60 30 $SO DFLASH_CUDA_ATTN_SPLIT=60 "$B" 0 attn
     run ops_sorted_split40 30 $SO DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
     run ops_seq 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq "$B" 0 attn
-    run ops_mma 30 DFLASH_CUDA_ATTN_BWD=mma "$B" 0 attn
+    ;;
+  step)
+    [ -x "$BASE" ] && run step_base 90 "$BASE" 5 attn
+    run step_default 90 "$B" 5 attn
     ;;
   memcheck)
     run memcheck_sorted_split1 60 $SO $S1 compute-sanitizer --tool memcheck "$P" attn
@@ -73,4 +79,4 @@ for step in $steps; do
     ;;
   esac
 done
-grep -E "^binaries|^=== |FAIL|checks failed|ERROR SUMMARY|^rc |^attention_block|attn_block H(32/8|16/2|8/4) d128.*bwd|H200|Duration|Registers Per|Throughput|Issued|Eligible|Stall|Warp Cycles" "$log"
+grep -E "^binaries|^=== |FAIL|checks failed|ERROR SUMMARY|^rc |^attention_block|attn_block H(32/8|16/2|8/4) d128.*bwd|H200|Duration|Registers Per|Throughput|Issued|Eligible|Stall|Warp Cycles|dflash_train_step|step loss" "$log"

@@ -2,9 +2,10 @@
  * in ops_cuda_attn_bwd.cu, k_wgb_fused on wgmma in ops_cuda_attn_wgbwd.cu): their argument
  * block bwd_args (filled by cuda_bwd_attention_block_bwd, which also runs k_bwd_rowD before and
  * k_bwd_dq_out after either kernel), the split of a key tile's visits into pieces by block
- * ranges, the bulk-copy reduction of a warp's dQ tile into the fp32 scratch dqacc, and the
- * visibility of a warp's keys to a block. Both kernels are key-major: a CTA owns a tile of keys
- * of one kv head and visits, 64 query rows at a time, the blocks that see it.
+ * ranges (and the items of the wgmma kernel's sorted schedule of them, bwd_item), the bulk-copy
+ * reduction of a warp's dQ tile into the fp32 scratch dqacc, and the visibility of a warp's keys
+ * to a block. Both kernels are key-major: a CTA owns a tile of keys of one kv head and visits,
+ * 64 query rows at a time, the blocks that see it.
  * Header-only device code (no -rdc in this build); every helper names the threads it needs.
  */
 #ifndef DFLASH_ATTN_BWD_CUH

@@ -36,7 +36,7 @@
  * registers. The CTA takes piece blockIdx.z of the blocks that see its keys: by hit index
  * (attn_split_piece, this kernel's default) or by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=
  * blocks: bwd_piece_blocks, so that CTAs running together add into the same dq rows; the wgmma
- * kernel's default); blocks per
+ * kernel's default is =sorted, the same pieces run heaviest first: see its file); blocks per
  * piece DFLASH_CUDA_ATTN_SPLIT. A visit is 64 query rows (16 tokens x 4 heads at group 4);
  * phase A (S^T, dP^T, dV, dK) in one pass of 64 rows or two of 32. Per visit two barriers: the
  * first publishes the visit's Q, dO, D, lse stage and frees the other one, whose cp.async for

@@ -1,13 +1,23 @@
 /* ops_cuda_attn_wgbwd: the fused DFlash block-attention backward on Hopper warpgroup MMA (wgmma,
  * sm_90a), head dim 128: k_wgb_fused, the same key-major pass as k_bwd_fused of
  * ops_cuda_attn_bwd.cu (read that file's comment first) with the products on wgmma instead of
- * mma.sync. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu) runs it by default
- * (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see bwd_kernel there)
- * and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a image or device); it
- * keeps the launches around it (k_bwd_rowD before: D = rowsum(dO * O); k_bwd_dq_out after:
- * dqacc to bf16 dq) and the split scratch, pieces and tickets of dk, dv (pieces by block ranges
- * by default here: DFLASH_CUDA_ATTN_FUSED_PIECES). This file and ops_cuda_attn_wgmma.cu alone
- * build for sm_90a (common/CMakeLists.txt).
+ * mma.sync, and k_bwd_plan, its schedule. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu)
+ * runs it by default (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see
+ * bwd_kernel there) and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a
+ * image or device); it keeps the launches around it (k_bwd_rowD before: D = rowsum(dO * O);
+ * k_bwd_dq_out after: dqacc to bf16 dq) and the split scratch and tickets of dk, dv. This file
+ * and ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
+ *
+ * Schedule (DFLASH_CUDA_ATTN_FUSED_PIECES): the blocks that see a key tile are cut into pieces
+ * by block ranges (bwd_piece_of; piece z of Z). sorted (default): k_bwd_plan (one CTA) counts
+ * the blocks of every (tile, piece) and lists the non-empty ones heaviest first (bwd_item);
+ * k_wgb_fused runs one CTA per SM, each taking items (x kv heads) from a counter until none is
+ * left, so the heavy pieces (the first context tiles: every block sees tile 0) start first and
+ * no CTA is launched for an empty piece; its pieces are about 2 DFLASH_CUDA_ATTN_SPLIT blocks
+ * long (fewer pieces: less K, V loading, dk, dv atomics and pipeline start per block). blocks /
+ * hits: one CTA per (tile, kv head, piece) of the grid, pieces by block ranges or by hit index.
+ * A piece of block range [b_lo, b_hi) copies those blocks' spans into shared memory (up to
+ * WSPANS) and finds its visits there.
  *
  * CTA: 2 warpgroups (256 threads, one CTA per SM) own WKT = 128 keys k0 .. of kv head hk;
  * warpgroup w keys k0 + 64 w .. + 63, warp q of it keys + 16 q .. (the M rows of its
@@ -24,27 +34,35 @@
  *     conflict-free 32-bit stores), fenced for the async proxy;
  *   one CTA barrier (all 128 keys of dS^T are in); dQ = dS K for the visit's 64 rows and the
  *     warpgroup's 64 of the 128 columns (m64n64k16, 8 k-steps over the CTA's keys, A = dS^T and
- *     B = K both MN-major: transpose bits set); once it is in, each warp hands its 16 x 64 fp32
- *     tile to the bulk-copy engine (bwd_dq_bulk: cp.reduce.async.bulk .add.f32 into dqacc).
+ *     B = K both MN-major: transpose bits set); once it is in, the two warps holding the same 16
+ *     rows (warp q of each warpgroup) stage their column halves into one tile in which each
+ *     query token's rows are contiguous, as in dqacc, and one lane hands each token's rows to
+ *     the bulk-copy engine as one cp.reduce.async.bulk .add.f32 (4 per 16 rows at group 4; one
+ *     per row and warp, lane by lane, cost 12% of the stall samples before).
  *     PIPE (default): dQ of visit i is issued at the start of visit i + 1 with S^T, its tile
  *     leaves while S^T runs, and dP^T follows (its accumulators reuse dQ's registers); dS^T is
  *     double-buffered. Visit 0 issues a dQ of the unused buffer that goes nowhere (a peeled
  *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
  * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
  * stage (cp.async, D and lse too, waited for and fenced for the async proxy by every thread) and
- * frees the other stage, whose loads for the next visit are issued once S^T (and dQ) are (so
- * that their address arithmetic runs under the products); the second publishes dS^T. No wgmma
- * is in flight across a visit's end (ptxas would serialise them).
+ * frees the other stage, whose loads for the next visit (wgb_visit_load: one division per
+ * thread, then steps of 16 rows) are issued once S^T (and dQ) are (so that their address
+ * arithmetic runs under the products); the second publishes dS^T (and, through the dQ lane's
+ * wait before it, frees the dQ staging). No wgmma is in flight across a visit's end (ptxas
+ * would serialise them). The kernel issues about 1000 instructions per warp and visit at 0.3
+ * per cycle and scheduler (ncu): fewer instructions per visit is what speeds it up.
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), all wgmma tiles in the no-swizzle core-matrix layout of wgmma.cuh: K, V
- * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the 8
- * warps' dQ staging (16 x BLD fp32, 36 KB), 2 stages of D and lse: 185 KB (PIPE 201 KB). At the
- * end K, V and the Q stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K
- * and dv at the Q stages). Registers (ptxas): 242 in both modes, no spills.
+ * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the
+ * 4 warp pairs' dQ staging (34 KB), 2 stages of D and lse, the piece's spans (4 KB): 183 KB
+ * (PIPE 199 KB). At the end K, V and the Q stages serve as the row-major staging of dk, dv
+ * (stride D + 8, so dk at K and dv at the Q stages). Registers (ptxas): 254-255, no spills.
  * Numerics as k_bwd_fused: fp32 accumulators, P and dS rounded to bf16 as the products' inputs,
  * dq summed in fp32 over key tiles in any order (not bitwise reproducible), dk, dv one fp32 sum
- * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c.
+ * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c; padding rows
+ * load zero Q and dO (and D 0, lse 0), which makes their P^T dO, dS^T and dS^T Q zero whatever
+ * P is.
  * Stream: the caller's.
  */
 #include "attn_bwd.cuh"
@@ -104,6 +122,44 @@ __device__ __forceinline__ void wgb_pack(uint32_t (&f)[N / 2][4], const float (&
     }
 }
 
+/* cp.async of visit it's Q and dO rows (q, dout [Q, H, D]) into the core-matrix tiles Qs, dOs
+ * (load_cm2's layout; padding rows zero-filled) and of its saved D and lse (dsave, lse [H, Q]; as
+ * saved) into Dr, Lr (padding rows 0, 0): visit_issue's work for 256 threads, with the address
+ * arithmetic done once. Thread tid takes the 16-byte column block c = (tid / 8) % 16 of rows
+ * r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3 (chunk tid + 256 k of the tile, at byte
+ * 16 (tid + 256 k)), stepping its query token and head by 16 rows (16 / group tokens, 16 % group
+ * heads) without dividing again. Left in flight (the caller commits). */
+template <int D>
+__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it, int hk,
+                                               unsigned char *Qs, unsigned char *dOs, float *Dr,
+                                               float *Lr) {
+    static_assert(D == 128 && FROWS == 64, "4 chunks of 16 bytes per thread and tile");
+    const int tid = threadIdx.x, group = a.group, nrows = min(FROWS, a.B * group - it.cb);
+    const int r0 = 8 * (tid / 128) + tid % 8, c = (tid / 8) % (D / 8);
+    const int qr = it.cb + r0, dt = 16 / group, dh = 16 - dt * group;
+    int t = qr / group, h = qr - t * group;
+    t += it.blk * a.B;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const bool in = r0 + 16 * k < nrows;
+        const size_t off = ((size_t)t * a.H + hk * group + h) * D + c * 8;
+        cp_async16(Qs + 16 * (tid + 256 * k), in ? (const void *)(a.q + off) : a.q, in ? 16 : 0);
+        cp_async16(dOs + 16 * (tid + 256 * k), in ? (const void *)(a.dout + off) : a.dout,
+                   in ? 16 : 0);
+        t += dt, h += dh;
+        if (h >= group) h -= group, t++;
+    }
+    if (tid < FROWS) { /* row tid */
+        size_t o = 0;
+        if (tid < nrows) {
+            const int q2 = it.cb + tid, t2 = q2 / group;
+            o = (size_t)(hk * group + q2 - t2 * group) * (a.n_blocks * a.B) + it.blk * a.B + t2;
+        }
+        cp_async4(Dr + tid, a.dsave + o, tid < nrows ? 4 : 0);
+        cp_async4(Lr + tid, a.lse + o, tid < nrows ? 4 : 0);
+    }
+}
+
 /* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
  * visits of hit indices [h_lo, h_hi), nsplit pieces of the tile (dk, dv through acc and ticket
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
@@ -123,7 +179,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
     float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
     float *Dr = stg_all + 4 * PW, *Lr = Dr + 2 * FROWS;
     nn_block_span *span_sm = (nn_block_span *)(Lr + 2 * FROWS);
-    const int warp = threadIdx.x / 32, wg = warp / 4, wq = warp % 4, lane = threadIdx.x % 32;
+    /* wg through a shuffle: the compiler then knows it is warp-uniform (descriptors in uniform
+     * registers) */
+    const int warp = threadIdx.x / 32, wg = __shfl_sync(0xffffffffu, warp / 4, 0), wq = warp % 4;
+    const int lane = threadIdx.x % 32;
     const int tg = lane % 4;
     auto kvoff = [&](int r) -> long long {
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
@@ -154,9 +213,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
             it.blk = it.blk < 0 ? -1 : b_lo + it.blk;
         }
     }
-    if (it.blk >= 0)
-        visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group, it,
-                                    hk, (bf16 *)Qs, (bf16 *)dOs, Dr, Lr);
+    if (it.blk >= 0) wgb_visit_load<D>(a, it, hk, Qs, dOs, Dr, Lr);
     cp_commit();
 
     const float sl2 = a.scale * FLOG2E;
@@ -204,12 +261,13 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         }
         fence_proxy_async(); /* the stores, for the bulk-copy engine */
         named_bar(1 + wq, 64);
-        if (wg == 0 && lane == 0) {
-            const int nv = min(16, nr - pr0); /* the pair's rows that are not padding */
+        const int nv = min(16, nr - pr0); /* the pair's rows that are not padding */
+        if (wg == 0 && lane == 0 && nv > 0) {
+            float *dst = bwd_dq_row<D>(a, v, hk, nr, pr0); /* head h0 of the first token */
             for (int j = 0, h = h0, tk = 0; j < nv; tk++) {
                 const int len = min(a.group - h, nv - j); /* rows of this token */
-                bulk_red_add_nc(bwd_dq_row<D>(a, v, hk, nr, pr0 + j), stg + j * D + tk * 8,
-                                len * D * (int)sizeof(float));
+                bulk_red_add_nc(dst, stg + j * D + tk * 8, len * D * (int)sizeof(float));
+                dst += (size_t)(a.H - h) * D; /* head 0 of the next token */
                 j += len, h = 0;
             }
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
@@ -240,10 +298,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         /* while it runs: the next visit's loads into the other stage, this visit's key mask */
         visit_item nx = visit_next<FROWS>(sp, b_hi, a.B, a.group, it, k0, WKT, h_hi);
         if (nx.blk >= 0)
-            visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group,
-                                        nx, hk, (bf16 *)(Qs + (1 - st) * QT),
-                                        (bf16 *)(dOs + (1 - st) * QT), Dr + (1 - st) * FROWS,
-                                        Lr + (1 - st) * FROWS);
+            wgb_visit_load<D>(a, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
+                              Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
         cp_commit();
         bool kvis[2];
         bwd_keys_seen(sp + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);

@@ -41,11 +41,20 @@ typedef struct bwd_args {
     bf16 *dq, *dk, *dv;
     const nn_block_span *spans;
     int n_blocks, B, Tk, H, Hk, group, split_max, vps;
-    int by_block; /* BWD_PIECES_*; SORTED: items and work are set */
+    float inv_group; /* 1.0f / group, for bwd_div_small */
+    int by_block;    /* BWD_PIECES_*; SORTED: items and work are set */
     bwd_item *items; /* SORTED: the items, heaviest first (k_bwd_plan writes them) */
     int *work;       /* SORTED: [0] the next work index to take, [1] the item count */
     float scale;
 } bwd_args;
+
+/* floor(x / n) for 0 <= x < 2^20 and 1 <= n <= 64, given inv = 1.0f / n (IEEE, as the host
+ * or 1.0f / n computes it): (x + 0.5) / n lies at least 0.5 / n from an integer, more than the
+ * rounding of the float product there (checked for every such x and n). A few instructions
+ * instead of the ~15 of an integer division by a run-time n. One thread. */
+__device__ __forceinline__ int bwd_div_small(int x, float inv) {
+    return (int)(((float)x + 0.5f) * inv);
+}
 
 /* The piece (of Z) of block blk when pieces are block ranges. */
 __device__ __forceinline__ int bwd_piece_of(int blk, int Z, int n_blocks) {

@@ -487,6 +487,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     a.dsave = dsave, a.dsave_w = dsave, a.dqacc = g_dqacc[dev], a.acc = acc, a.tickets = tickets;
     a.dq = dq, a.dk = dk, a.dv = dv, a.spans = spans;
     a.n_blocks = n_blocks, a.B = B, a.Tk = Tk, a.H = H, a.Hk = Hk, a.group = H / Hk;
+    a.inv_group = 1.0f / (float)a.group;
     a.split_max = acc ? split_max : 1, a.vps = vps;
     a.scale = 1.0f / sqrtf((float)d);
     const size_t rows = (size_t)n_blocks * B * H;

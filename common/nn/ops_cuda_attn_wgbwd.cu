@@ -128,7 +128,8 @@ __device__ __forceinline__ void wgb_pack(uint32_t (&f)[N / 2][4], const float (&
  * arithmetic done once. Thread tid takes the 16-byte column block c = (tid / 8) % 16 of rows
  * r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3 (chunk tid + 256 k of the tile, at byte
  * 16 (tid + 256 k)), stepping its query token and head by 16 rows (16 / group tokens, 16 % group
- * heads) without dividing again. Left in flight (the caller commits). */
+ * heads); the divisions are bwd_div_small's (B group < 2^20). Left in flight (the caller
+ * commits). */
 template <int D>
 __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it, int hk,
                                                unsigned char *Qs, unsigned char *dOs, float *Dr,
@@ -136,8 +137,8 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it,
     static_assert(D == 128 && FROWS == 64, "4 chunks of 16 bytes per thread and tile");
     const int tid = threadIdx.x, group = a.group, nrows = min(FROWS, a.B * group - it.cb);
     const int r0 = 8 * (tid / 128) + tid % 8, c = (tid / 8) % (D / 8);
-    const int qr = it.cb + r0, dt = 16 / group, dh = 16 - dt * group;
-    int t = qr / group, h = qr - t * group;
+    const int qr = it.cb + r0, dt = bwd_div_small(16, a.inv_group), dh = 16 - dt * group;
+    int t = bwd_div_small(qr, a.inv_group), h = qr - t * group;
     t += it.blk * a.B;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -152,7 +153,7 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it,
     if (tid < FROWS) { /* row tid */
         size_t o = 0;
         if (tid < nrows) {
-            const int q2 = it.cb + tid, t2 = q2 / group;
+            const int q2 = it.cb + tid, t2 = bwd_div_small(q2, a.inv_group);
             o = (size_t)(hk * group + q2 - t2 * group) * (a.n_blocks * a.B) + it.blk * a.B + t2;
         }
         cp_async4(Dr + tid, a.dsave + o, tid < nrows ? 4 : 0);
@@ -250,10 +251,11 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
     const int pr0 = 16 * wq; /* the pair's first visit row */
     auto dq_out = [&](const float(&dq)[8][4], visit_item v, int nr) {
         float *stg = stg_all + wq * PW;
-        const int h0 = (v.cb + pr0) % a.group; /* head of the pair's first row */
-        const int g = lane / 4;
-        float *w0 = stg + g * D + ((h0 + g) / a.group) * 8 + 64 * wg + 2 * tg;
-        float *w1 = stg + (g + 8) * D + ((h0 + g + 8) / a.group) * 8 + 64 * wg + 2 * tg;
+        const int x0 = v.cb + pr0, h0 = x0 - bwd_div_small(x0, a.inv_group) * a.group;
+        const int g = lane / 4; /* h0: the head of the pair's first row */
+        float *w0 = stg + g * D + bwd_div_small(h0 + g, a.inv_group) * 8 + 64 * wg + 2 * tg;
+        float *w1 =
+            stg + (g + 8) * D + bwd_div_small(h0 + g + 8, a.inv_group) * 8 + 64 * wg + 2 * tg;
 #pragma unroll
         for (int n = 0; n < 8; n++) {
             *(float2 *)(w0 + n * 8) = make_float2(dq[n][0], dq[n][1]);

@@ -49,8 +49,9 @@
  * thread, then steps of 16 rows) are issued once S^T (and dQ) are (so that their address
  * arithmetic runs under the products); the second publishes dS^T (and, through the dQ lane's
  * wait before it, frees the dQ staging). No wgmma is in flight across a visit's end (ptxas
- * would serialise them). The kernel issues about 1000 instructions per warp and visit at 0.3
- * per cycle and scheduler (ncu): fewer instructions per visit is what speeds it up.
+ * would serialise them). The kernel is bound by its instruction stream: 0.25-0.3 instructions
+ * issued per cycle and scheduler (2 warps each, ncu), about 1050 per warp and visit (1400-1490
+ * before wgb_visit_load and bwd_div_small), so fewer instructions per visit is what pays.
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), all wgmma tiles in the no-swizzle core-matrix layout of wgmma.cuh: K, V

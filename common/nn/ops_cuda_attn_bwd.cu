@@ -476,6 +476,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
                                  int n_blocks, int B, int Tk, int H, int Hk, int d) {
     int dev = 0;
     if (d != 128 || Hk <= 0 || H % Hk || H / Hk > FROWS || !dsave || n_blocks <= 0 || B <= 0 ||
+        (long long)B * (H / Hk) >= (1 << 20) || /* rows per block: bwd_div_small's range */
         Tk <= 0 || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES ||
         !g_dqacc[dev] || (size_t)n_blocks * B * H * d > g_dqacc_cap[dev])
         return -1;

@@ -9,7 +9,8 @@
  * 10*d backward (S, dP, dV, dK, dQ recomputation counted as 5 products); the lm_head loss
  * 4*Q*D*V (logits and dh). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
  * [attn (only the peak GEMM and the attention ops)]. The causal attention rows also time the
- * target's shape (64 sequences of 2048 tokens).
+ * target's shape (64 sequences of 2048 tokens); the block attention rows three anchor
+ * distributions (see bench_attention: the one of the training step is labelled "(step)").
  * The last rows time whole DFlash training steps (dflash_train_step) of a Qwen3-8B-shaped
  * drafter with that many layers (weights random), with the MFU by 6 * params * Q rows plus
  * attention and lm_head FLOPs.
@@ -186,6 +187,8 @@ static int cmp_int(const void *a, const void *b) {
     return *(const int *)a - *(const int *)b;
 }
 
+static void bench_block_attention(const char *label, int lo, int hi);
+
 static void bench_attention(void) {
     int H = 32, Hk = 8, d = 128;
     /* causal: 4 sequences of 3072, and the target's 64 sequences of 2048 */
@@ -208,11 +211,24 @@ static void bench_attention(void) {
         row("attention_causal_fwd", shape, ms, keys * H * 4.0 * d);
         O->free(C, a.seq_off), O->free(C, a.q), O->free(C, a.k), O->free(C, a.v), O->free(C, a.o);
     }
-    /* DFlash block attention: 512 blocks of 16 over 3072 context tokens */
+    /* DFlash block attention: 512 blocks of 16 over 3072 context tokens; anchors (sorted) as
+     * this bench always drew them (uniform over [1, Tc - 2]), as the training step draws them
+     * (dflash_train_sample_anchors: a uniform subset of the loss positions, about [1, Tc - B]),
+     * and over the upper half of the context only (about 1.5x the work) */
+    bench_block_attention("a U[1,Tc-2]", 1, 3072 - 2);
+    bench_block_attention("a U[1,Tc-B] (step)", 1, 3072 - 16);
+    bench_block_attention("a U[Tc/2,Tc-1]", 3072 / 2, 3072 - 1);
+}
+
+/* Block attention forward and backward, 512 blocks of 16 after Tc = 3072 context tokens, over
+ * 512 sorted anchors drawn uniformly from [lo, hi] (block j sees context [0, anchor j) and its
+ * own 16 keys); label names the distribution in the rows. */
+static void bench_block_attention(const char *label, int lo, int hi) {
+    int H = 32, Hk = 8, d = 128;
     int nb = 512, B = 16, Tc = 3072, Q = nb * B, Tk = Tc + Q;
     int anchors[512];
     for (int j = 0; j < nb; j++)
-        anchors[j] = 1 + (int)((urand() * 0.5 + 0.5) * (Tc - 2));
+        anchors[j] = lo + (int)((urand() * 0.5 + 0.5) * (hi - lo + 1));
     qsort(anchors, nb, sizeof(int), cmp_int);
     nn_block_span sp[512];
     double keys = 0;
@@ -232,11 +248,13 @@ static void bench_attention(void) {
     a.dq = O->alloc(C, (size_t)Q * H * d * 2);
     a.dk = O->alloc(C, (size_t)Tk * Hk * d * 2);
     a.dv = O->alloc(C, (size_t)Tk * Hk * d * 2);
+    char shape[64];
+    snprintf(shape, sizeof shape, "512x16 ctx3072 %s", label);
     double ms = time_ms(att_run, &a, 5);
-    row("attention_block_fwd", "512x16 ctx3072 H32/8 d128", ms, keys * H * 4.0 * d);
+    row("attention_block_fwd", shape, ms, keys * H * 4.0 * d);
     a.mode = 2;
     ms = time_ms(att_run, &a, 3);
-    row("attention_block_bwd", "512x16 ctx3072 H32/8 d128", ms, keys * H * 10.0 * d);
+    row("attention_block_bwd", shape, ms, keys * H * 10.0 * d);
     O->free(C, a.spans), O->free(C, a.q), O->free(C, a.k), O->free(C, a.v), O->free(C, a.o);
     O->free(C, a.lse), O->free(C, a.dout), O->free(C, a.dq), O->free(C, a.dk), O->free(C, a.dv);
 }

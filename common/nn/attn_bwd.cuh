@@ -2,9 +2,10 @@
  * in ops_cuda_attn_bwd.cu, k_wgb_fused on wgmma in ops_cuda_attn_wgbwd.cu): their argument
  * block bwd_args (filled by cuda_bwd_attention_block_bwd, which also runs k_bwd_rowD before and
  * k_bwd_dq_out after either kernel), the split of a key tile's visits into pieces by block
- * ranges, the bulk-copy reduction of a warp's dQ tile into the fp32 scratch dqacc, and the
- * visibility of a warp's keys to a block. Both kernels are key-major: a CTA owns a tile of keys
- * of one kv head and visits, 64 query rows at a time, the blocks that see it.
+ * ranges (and the items of the wgmma kernel's sorted schedule of them, bwd_item), the bulk-copy
+ * reduction of a warp's dQ tile into the fp32 scratch dqacc, and the visibility of a warp's keys
+ * to a block. Both kernels are key-major: a CTA owns a tile of keys of one kv head and visits,
+ * 64 query rows at a time, the blocks that see it.
  * Header-only device code (no -rdc in this build); every helper names the threads it needs.
  */
 #ifndef DFLASH_ATTN_BWD_CUH
@@ -20,6 +21,17 @@
 #define FROWS 64        /* query rows per visit */
 #define FLOG2E 1.4426950408889634f
 
+/* One item of the sorted schedule (k_bwd_plan): key tile x (keys x WGB_KEYS ..) of every kv
+ * head, its piece z, the piece's hit range [h_lo, h_hi) and the tile's piece count nsplit. */
+typedef struct bwd_item {
+    int x, z, nsplit, h_lo, h_hi;
+} bwd_item;
+
+/* How a key tile's visits are cut into pieces (bwd_args.by_block): by hit index
+ * (attn_split_piece), by block ranges (bwd_piece_blocks), or by block ranges run heaviest first
+ * from the list of k_bwd_plan by persistent CTAs (the wgmma kernel only). */
+enum { BWD_PIECES_HITS = 0, BWD_PIECES_BLOCKS = 1, BWD_PIECES_SORTED = 2 };
+
 typedef struct bwd_args {
     const bf16 *q, *k, *v, *dout, *o;
     const float *lse, *dsave;
@@ -29,16 +41,33 @@ typedef struct bwd_args {
     bf16 *dq, *dk, *dv;
     const nn_block_span *spans;
     int n_blocks, B, Tk, H, Hk, group, split_max, vps;
-    int by_block; /* pieces by block ranges (bwd_piece_blocks), else by hits (attn_split_piece) */
+    float inv_group; /* 1.0f / group, for bwd_div_small */
+    int by_block;    /* BWD_PIECES_*; SORTED: items and work are set */
+    bwd_item *items; /* SORTED: the items, heaviest first (k_bwd_plan writes them) */
+    int *work;       /* SORTED: [0] the next work index to take, [1] the item count */
     float scale;
 } bwd_args;
 
+/* floor(x / n) for 0 <= x < 2^20 and 1 <= n <= 64, given inv = 1.0f / n (IEEE, as the host
+ * or 1.0f / n computes it): (x + 0.5) / n lies at least 0.5 / n from an integer, more than the
+ * rounding of the float product there (checked for every such x and n). A few instructions
+ * instead of the ~15 of an integer division by a run-time n. One thread. */
+__device__ __forceinline__ int bwd_div_small(int x, float inv) {
+    return (int)(((float)x + 0.5f) * inv);
+}
+
+/* The piece (of Z) of block blk when pieces are block ranges. */
+__device__ __forceinline__ int bwd_piece_of(int blk, int Z, int n_blocks) {
+    return (int)((long long)blk * Z / n_blocks);
+}
+
 /* The work split by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=blocks): piece z of Z =
- * gridDim.z takes the blocks blk with blk Z / n_blocks == z that see keys [k0, k0 + kt), so that
- * the CTAs running at the same time (same z, neighbouring key tiles) add into the same dq rows
- * (L2 locality of the atomics). nsplit = the pieces with a hit (1 when none has: piece 0 then
- * writes zero dk, dv). Gives this piece's hit indices [h_lo, h_hi); false: nothing to do
- * (uniform). All threads; contains barriers. */
+ * gridDim.z takes the blocks blk with bwd_piece_of(blk) == z that see keys [k0, k0 + kt), so
+ * that the CTAs running at the same time (same z, neighbouring key tiles) add into the same dq
+ * rows (L2 locality of the atomics). nsplit = the pieces with a hit (1 when none has: piece 0
+ * then writes zero dk, dv). Gives this piece's hit indices [h_lo, h_hi); false: nothing to do
+ * (uniform). All threads; contains barriers. k_bwd_plan makes the same pieces for all tiles at
+ * once. */
 __device__ __forceinline__ bool bwd_piece_blocks(const nn_block_span *spans, int n_blocks, int B,
                                                  int k0, int kt, int &nsplit, int &h_lo,
                                                  int &h_hi) {
@@ -48,7 +77,7 @@ __device__ __forceinline__ bool bwd_piece_blocks(const nn_block_span *spans, int
     __syncthreads();
     for (int blk = threadIdx.x; blk < n_blocks; blk += blockDim.x)
         if (attn_block_hits(spans, blk, B, k0, k0 + kt))
-            atomicAdd(&cnt[(int)((long long)blk * Z / n_blocks)], 1);
+            atomicAdd(&cnt[bwd_piece_of(blk, Z, n_blocks)], 1);
     __syncthreads();
     int lo = 0, ns = 0;
     for (int i = 0; i < Z; i++) {
@@ -136,10 +165,16 @@ __device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, in
 
 /* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limits,
  * where the device runs sm_90a code (never fails: else the kernel stays unused). launch: queues
- * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller);
+ * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller),
+ * after k_bwd_plan when a->by_block is BWD_PIECES_SORTED (then a->items holds WGB_PLAN_MAX items,
+ * a->work 2 ints, and tiles x split_max <= WGB_PLAN_MAX, n_blocks < 2^19: the caller's checks);
  * pipe: dQ of one visit overlapping the next (PIPE), else one visit after the other. -1 when
  * the kernel is not usable on this device (the caller runs k_bwd_fused). */
 int cuda_wgb_attention_init(void);
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe);
+/* keys per CTA of k_wgb_fused (the tiles of the sorted schedule); the most items (key tiles x
+ * pieces) of that schedule */
+#define WGB_KEYS 128
+#define WGB_PLAN_MAX 4096
 
 #endif

@@ -279,11 +279,9 @@ __device__ __forceinline__ visit_item visit_next(const nn_block_span *spans, int
 
 /* cp.async of a visit's Q and dO rows (q, dout [Q, H, D]) into Qs, dOs (padding rows
  * zero-filled), row-major with stride D + 8; its saved D and lse (dsave, lse [H, Q]; lse times
- * log2 e) into Dr, Lr with plain loads (padding rows: 0 and +INF). CM (the wgmma kernel): the
- * tiles in the core-matrix layout of load_cm, and D and lse by cp.async too, lse as saved (not
- * scaled), padding rows 0 and 0 (their zero Q and dO rows make P^T dO, dS^T and dS^T Q zero
- * there whatever P is). Left in flight (the caller commits). All threads of the CTA. */
-template <int D, int ROWS, bool CM = false>
+ * log2 e) into Dr, Lr with plain loads (padding rows: 0 and +INF). Left in flight (the caller
+ * commits). All threads of the CTA. (The wgmma kernel has its own: wgb_visit_load.) */
+template <int D, int ROWS>
 __device__ __forceinline__ void visit_issue(const bf16 *q, const bf16 *dout, const float *dsave,
                                             const float *lse, int n_blocks, int B, int H,
                                             int group, visit_item it, int hk, bf16 *Qs,
@@ -294,20 +292,6 @@ __device__ __forceinline__ void visit_issue(const bf16 *q, const bf16 *dout, con
         int qr = it.cb + r, t = it.blk * B + qr / group, h = hk * group + qr % group;
         return ((long long)t * H + h) * D;
     };
-    if (CM) {
-        load_cm2<D, ROWS>((unsigned char *)Qs, q, (unsigned char *)dOs, dout, qoff, threadIdx.x,
-                          blockDim.x);
-        for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {
-            size_t o = 0;
-            if (r < nrows) {
-                int qr = it.cb + r, t = it.blk * B + qr / group, h = hk * group + qr % group;
-                o = (size_t)h * Q + t;
-            }
-            cp_async4(Dr + r, dsave + o, r < nrows ? 4 : 0);
-            cp_async4(Lr + r, lse + o, r < nrows ? 4 : 0);
-        }
-        return;
-    }
     load_tile<D, ROWS>(Qs, q, qoff, 1);
     load_tile<D, ROWS>(dOs, dout, qoff, 1);
     for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {

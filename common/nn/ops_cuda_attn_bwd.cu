@@ -36,7 +36,7 @@
  * registers. The CTA takes piece blockIdx.z of the blocks that see its keys: by hit index
  * (attn_split_piece, this kernel's default) or by block ranges (DFLASH_CUDA_ATTN_FUSED_PIECES=
  * blocks: bwd_piece_blocks, so that CTAs running together add into the same dq rows; the wgmma
- * kernel's default); blocks per
+ * kernel's default is =sorted, the same pieces run heaviest first: see its file); blocks per
  * piece DFLASH_CUDA_ATTN_SPLIT. A visit is 64 query rows (16 tokens x 4 heads at group 4);
  * phase A (S^T, dP^T, dV, dK) in one pass of 64 rows or two of 32. Per visit two barriers: the
  * first publishes the visit's Q, dO, D, lse stage and frees the other one, whose cp.async for
@@ -323,6 +323,23 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
 #define DQACC_DEVICES 64
 static float *g_dqacc[DQACC_DEVICES];
 static size_t g_dqacc_cap[DQACC_DEVICES]; /* elements */
+/* the sorted schedule's items (WGB_PLAN_MAX) and work counters (2 ints after them) */
+static bwd_item *g_plan[DQACC_DEVICES];
+
+/* g_plan of the current device (start-up only); without it the wgmma kernel takes pieces by
+ * block ranges in grid order */
+static void plan_alloc(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES || g_plan[dev]) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (cudaMalloc((void **)&g_plan[dev], WGB_PLAN_MAX * sizeof(bwd_item) + 2 * sizeof(int)) !=
+        cudaSuccess) {
+        g_plan[dev] = NULL;
+        (void)cudaGetLastError();
+    }
+}
 
 /* dqacc of at least `elems` fp32 (zeroed) on the current device: a larger one replaces the old
  * (start-up only: it waits for the device). -1 (old scratch kept) when there is no memory. */
@@ -382,15 +399,21 @@ static int bwd_kernel(void) {
     return k;
 }
 
-/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece) or blocks
- * (bwd_piece_blocks); unset: blocks for the wgmma kernel, hits for k_bwd_fused (kern). */
-static int bwd_by_block(int kern) {
+/* DFLASH_CUDA_ATTN_FUSED_PIECES: hits (the split of attn_split_piece), blocks
+ * (bwd_piece_blocks) or sorted (block ranges, heaviest first through k_bwd_plan: the wgmma
+ * kernel only, blocks for k_bwd_fused); unset: sorted for the wgmma kernel, hits for
+ * k_bwd_fused (kern). A BWD_PIECES_* value. */
+static int bwd_pieces(int kern) {
     static int b = -2;
     if (b == -2) {
         const char *e = getenv("DFLASH_CUDA_ATTN_FUSED_PIECES");
-        b = !e ? -1 : strcmp(e, "blocks") == 0;
+        b = !e                         ? -1
+            : strcmp(e, "blocks") == 0 ? BWD_PIECES_BLOCKS
+            : strcmp(e, "sorted") == 0 ? BWD_PIECES_SORTED
+                                       : BWD_PIECES_HITS;
     }
-    return b >= 0 ? b : kern != BWD_MMA;
+    if (b < 0) return kern == BWD_MMA ? BWD_PIECES_HITS : BWD_PIECES_SORTED;
+    return kern == BWD_MMA && b == BWD_PIECES_SORTED ? BWD_PIECES_BLOCKS : b;
 }
 
 template <int NW, int AH, int ST> static int bwd_attr(void) {
@@ -434,6 +457,7 @@ int cuda_bwd_attention_init(void) {
     (void)cuda_wgb_attention_init(); /* never fails: without sm_90a k_bwd_fused serves */
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     (void)dqacc_alloc(DQACC_ELEMS); /* without it block_bwd runs the mma.sync pair: no error */
+    plan_alloc();
     return 0;
 }
 
@@ -452,6 +476,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
                                  int n_blocks, int B, int Tk, int H, int Hk, int d) {
     int dev = 0;
     if (d != 128 || Hk <= 0 || H % Hk || H / Hk > FROWS || !dsave || n_blocks <= 0 || B <= 0 ||
+        (long long)B * (H / Hk) >= (1 << 20) || /* rows per block: bwd_div_small's range */
         Tk <= 0 || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES ||
         !g_dqacc[dev] || (size_t)n_blocks * B * H * d > g_dqacc_cap[dev])
         return -1;
@@ -463,15 +488,27 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     a.dsave = dsave, a.dsave_w = dsave, a.dqacc = g_dqacc[dev], a.acc = acc, a.tickets = tickets;
     a.dq = dq, a.dk = dk, a.dv = dv, a.spans = spans;
     a.n_blocks = n_blocks, a.B = B, a.Tk = Tk, a.H = H, a.Hk = Hk, a.group = H / Hk;
+    a.inv_group = 1.0f / (float)a.group;
     a.split_max = acc ? split_max : 1, a.vps = vps;
     a.scale = 1.0f / sqrtf((float)d);
     const size_t rows = (size_t)n_blocks * B * H;
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
     const int kern = bwd_kernel(), var = bwd_variant();
-    a.by_block = bwd_by_block(kern);
+    a.by_block = bwd_pieces(kern);
+    if (a.by_block == BWD_PIECES_SORTED) {
+        /* pieces of about 2 vps blocks: with the pieces run heaviest first, fewer and longer
+         * ones cost less (per piece: K, V, the first loads, the dk, dv atomics) */
+        const int nx = (Tk + WGB_KEYS - 1) / WGB_KEYS, len = 2 * (vps > 0 ? vps : 1);
+        a.split_max = min(a.split_max, (n_blocks + len - 1) / len);
+        if (g_plan[dev] && (long long)nx * a.split_max <= WGB_PLAN_MAX && n_blocks < (1 << 19))
+            a.items = g_plan[dev], a.work = (int *)(g_plan[dev] + WGB_PLAN_MAX);
+        else
+            a.by_block = BWD_PIECES_BLOCKS, a.split_max = acc ? split_max : 1;
+    }
     if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
-        a.by_block = bwd_by_block(BWD_MMA); /* k_bwd_fused */
+        a.by_block = bwd_pieces(BWD_MMA); /* k_bwd_fused, with its own pieces */
+        a.split_max = acc ? split_max : 1;
         if (var >= 200)
             bwd_launch_bulk(st, a, var - 200);
         else if (var >= 100)

@@ -1,13 +1,23 @@
 /* ops_cuda_attn_wgbwd: the fused DFlash block-attention backward on Hopper warpgroup MMA (wgmma,
  * sm_90a), head dim 128: k_wgb_fused, the same key-major pass as k_bwd_fused of
  * ops_cuda_attn_bwd.cu (read that file's comment first) with the products on wgmma instead of
- * mma.sync. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu) runs it by default
- * (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see bwd_kernel there)
- * and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a image or device); it
- * keeps the launches around it (k_bwd_rowD before: D = rowsum(dO * O); k_bwd_dq_out after:
- * dqacc to bf16 dq) and the split scratch, pieces and tickets of dk, dv (pieces by block ranges
- * by default here: DFLASH_CUDA_ATTN_FUSED_PIECES). This file and ops_cuda_attn_wgmma.cu alone
- * build for sm_90a (common/CMakeLists.txt).
+ * mma.sync, and k_bwd_plan, its schedule. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu)
+ * runs it by default (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see
+ * bwd_kernel there) and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a
+ * image or device); it keeps the launches around it (k_bwd_rowD before: D = rowsum(dO * O);
+ * k_bwd_dq_out after: dqacc to bf16 dq) and the split scratch and tickets of dk, dv. This file
+ * and ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
+ *
+ * Schedule (DFLASH_CUDA_ATTN_FUSED_PIECES): the blocks that see a key tile are cut into pieces
+ * by block ranges (bwd_piece_of; piece z of Z). sorted (default): k_bwd_plan (one CTA) counts
+ * the blocks of every (tile, piece) and lists the non-empty ones heaviest first (bwd_item);
+ * k_wgb_fused runs one CTA per SM, each taking items (x kv heads) from a counter until none is
+ * left, so the heavy pieces (the first context tiles: every block sees tile 0) start first and
+ * no CTA is launched for an empty piece; its pieces are about 2 DFLASH_CUDA_ATTN_SPLIT blocks
+ * long (fewer pieces: less K, V loading, dk, dv atomics and pipeline start per block). blocks /
+ * hits: one CTA per (tile, kv head, piece) of the grid, pieces by block ranges or by hit index.
+ * A piece of block range [b_lo, b_hi) copies those blocks' spans into shared memory (up to
+ * WSPANS) and finds its visits there.
  *
  * CTA: 2 warpgroups (256 threads, one CTA per SM) own WKT = 128 keys k0 .. of kv head hk;
  * warpgroup w keys k0 + 64 w .. + 63, warp q of it keys + 16 q .. (the M rows of its
@@ -24,27 +34,36 @@
  *     conflict-free 32-bit stores), fenced for the async proxy;
  *   one CTA barrier (all 128 keys of dS^T are in); dQ = dS K for the visit's 64 rows and the
  *     warpgroup's 64 of the 128 columns (m64n64k16, 8 k-steps over the CTA's keys, A = dS^T and
- *     B = K both MN-major: transpose bits set); once it is in, each warp hands its 16 x 64 fp32
- *     tile to the bulk-copy engine (bwd_dq_bulk: cp.reduce.async.bulk .add.f32 into dqacc).
+ *     B = K both MN-major: transpose bits set); once it is in, the two warps holding the same 16
+ *     rows (warp q of each warpgroup) stage their column halves into one tile in which each
+ *     query token's rows are contiguous, as in dqacc, and one lane hands each token's rows to
+ *     the bulk-copy engine as one cp.reduce.async.bulk .add.f32 (4 per 16 rows at group 4; one
+ *     per row and warp, lane by lane, cost 12% of the stall samples before).
  *     PIPE (default): dQ of visit i is issued at the start of visit i + 1 with S^T, its tile
  *     leaves while S^T runs, and dP^T follows (its accumulators reuse dQ's registers); dS^T is
  *     double-buffered. Visit 0 issues a dQ of the unused buffer that goes nowhere (a peeled
  *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
  * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
  * stage (cp.async, D and lse too, waited for and fenced for the async proxy by every thread) and
- * frees the other stage, whose loads for the next visit are issued once S^T (and dQ) are (so
- * that their address arithmetic runs under the products); the second publishes dS^T. No wgmma
- * is in flight across a visit's end (ptxas would serialise them).
+ * frees the other stage, whose loads for the next visit (wgb_visit_load: one division per
+ * thread, then steps of 16 rows) are issued once S^T (and dQ) are (so that their address
+ * arithmetic runs under the products); the second publishes dS^T (and, through the dQ lane's
+ * wait before it, frees the dQ staging). No wgmma is in flight across a visit's end (ptxas
+ * would serialise them). The kernel is bound by its instruction stream: 0.25-0.3 instructions
+ * issued per cycle and scheduler (2 warps each, ncu), about 1050 per warp and visit (1400-1490
+ * before wgb_visit_load and bwd_div_small), so fewer instructions per visit is what pays.
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), all wgmma tiles in the no-swizzle core-matrix layout of wgmma.cuh: K, V
- * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the 8
- * warps' dQ staging (16 x BLD fp32, 36 KB), 2 stages of D and lse: 185 KB (PIPE 201 KB). At the
- * end K, V and the Q stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K
- * and dv at the Q stages). Registers (ptxas): 242 in both modes, no spills.
+ * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the
+ * 4 warp pairs' dQ staging (34 KB), 2 stages of D and lse, the piece's spans (4 KB): 183 KB
+ * (PIPE 199 KB). At the end K, V and the Q stages serve as the row-major staging of dk, dv
+ * (stride D + 8, so dk at K and dv at the Q stages). Registers (ptxas): 254-255, no spills.
  * Numerics as k_bwd_fused: fp32 accumulators, P and dS rounded to bf16 as the products' inputs,
  * dq summed in fp32 over key tiles in any order (not bitwise reproducible), dk, dv one fp32 sum
- * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c.
+ * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c; padding rows
+ * load zero Q and dO (and D 0, lse 0), which makes their P^T dO, dS^T and dS^T Q zero whatever
+ * P is.
  * Stream: the caller's.
  */
 #include "attn_bwd.cuh"
@@ -56,16 +75,39 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <assert.h>
 #include <stdint.h>
 
 #include <type_traits>
 
-#define WKT 128 /* keys per CTA: 2 warpgroups x 64 */
+#define WKT WGB_KEYS /* keys per CTA: 2 warpgroups x 64 */
+
+#define WSPANS 256 /* block spans a piece keeps in shared memory (more: read from global) */
+
+/* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
+template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
+    return 16 * D + 16 * 8;
+}
 
 /* Shared-memory bytes for head dim D (see the file comment for the order). */
 template <int D, bool PIPE> static constexpr size_t wgb_smem(void) {
     return (size_t)(2 * WKT + 4 * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
-           (size_t)8 * 16 * BLD * sizeof(float) + (size_t)4 * FROWS * sizeof(float);
+           (size_t)4 * wgb_pair_w<D>() * sizeof(float) + (size_t)4 * FROWS * sizeof(float) +
+           (size_t)WSPANS * sizeof(nn_block_span);
+}
+
+/* bar.sync on named barrier id (1 .. 15; 0 is __syncthreads) for n threads (whole warps) */
+__device__ __forceinline__ void named_bar(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* Bulk-copy reduction dst[0 .. bytes) += src without committing (see bulk_red_add). */
+__device__ __forceinline__ void bulk_red_add_nc(float *dst, const float *src, int bytes) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(src);
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(sa), "r"(bytes)
+        : "memory");
 }
 
 /* bf16 A fragments of k-steps 0 .. N / 2 - 1 from C-layout accumulators (the C layout of 8-column
@@ -81,37 +123,99 @@ __device__ __forceinline__ void wgb_pack(uint32_t (&f)[N / 2][4], const float (&
     }
 }
 
-/* The kernel (see the file comment); PIPE: dQ of visit i - 1 is issued with S^T of visit i and
- * leaves while it runs (dS^T double-buffered), else at the end of its own visit. */
-template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fused(bwd_args a) {
-#if WG_DEVICE
+/* cp.async of visit it's Q and dO rows (q, dout [Q, H, D]) into the core-matrix tiles Qs, dOs
+ * (load_cm2's layout; padding rows zero-filled) and of its saved D and lse (dsave, lse [H, Q]; as
+ * saved) into Dr, Lr (padding rows 0, 0): visit_issue's work for 256 threads, with the address
+ * arithmetic done once. Thread tid takes the 16-byte column block c = (tid / 8) % 16 of rows
+ * r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3 (chunk tid + 256 k of the tile, at byte
+ * 16 (tid + 256 k)), stepping its query token and head by 16 rows (16 / group tokens, 16 % group
+ * heads); the divisions are bwd_div_small's (B group < 2^20). Left in flight (the caller
+ * commits). */
+template <int D>
+__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it, int hk,
+                                               unsigned char *Qs, unsigned char *dOs, float *Dr,
+                                               float *Lr) {
+    static_assert(D == 128 && FROWS == 64, "4 chunks of 16 bytes per thread and tile");
+    const int tid = threadIdx.x, group = a.group, nrows = min(FROWS, a.B * group - it.cb);
+    const int r0 = 8 * (tid / 128) + tid % 8, c = (tid / 8) % (D / 8);
+    const int qr = it.cb + r0, dt = bwd_div_small(16, a.inv_group), dh = 16 - dt * group;
+    int t = bwd_div_small(qr, a.inv_group), h = qr - t * group;
+    t += it.blk * a.B;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const bool in = r0 + 16 * k < nrows;
+        const size_t off = ((size_t)t * a.H + hk * group + h) * D + c * 8;
+        cp_async16(Qs + 16 * (tid + 256 * k), in ? (const void *)(a.q + off) : a.q, in ? 16 : 0);
+        cp_async16(dOs + 16 * (tid + 256 * k), in ? (const void *)(a.dout + off) : a.dout,
+                   in ? 16 : 0);
+        t += dt, h += dh;
+        if (h >= group) h -= group, t++;
+    }
+    if (tid < FROWS) { /* row tid */
+        size_t o = 0;
+        if (tid < nrows) {
+            const int q2 = it.cb + tid, t2 = bwd_div_small(q2, a.inv_group);
+            o = (size_t)(hk * group + q2 - t2 * group) * (a.n_blocks * a.B) + it.blk * a.B + t2;
+        }
+        cp_async4(Dr + tid, a.dsave + o, tid < nrows ? 4 : 0);
+        cp_async4(Lr + tid, a.lse + o, tid < nrows ? 4 : 0);
+    }
+}
+
+/* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
+ * visits of hit indices [h_lo, h_hi), nsplit pieces of the tile (dk, dv through acc and ticket
+ * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
+ * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
+ * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
+template <int D, bool PIPE>
+__device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, int hk, int k0,
+                                          int z, int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
     constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* row x d tiles as K-major operands */
     constexpr uint32_t LBO_T = 16 * D, SBO_T = 128; /* the same tiles as MN-major operands */
     constexpr uint32_t CMB = 128;                   /* bytes of a core matrix */
-    extern __shared__ __align__(1024) unsigned char sm[];
     unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
     unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
+    constexpr int PW = wgb_pair_w<D>();
     float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
-    float *Dr = stg_all + 8 * 16 * BLD, *Lr = Dr + 2 * FROWS;
-    const int warp = threadIdx.x / 32, wg = warp / 4, wq = warp % 4, lane = threadIdx.x % 32;
+    float *Dr = stg_all + 4 * PW, *Lr = Dr + 2 * FROWS;
+    nn_block_span *span_sm = (nn_block_span *)(Lr + 2 * FROWS);
+    /* wg through a shuffle: the compiler then knows it is warp-uniform (descriptors in uniform
+     * registers) */
+    const int warp = threadIdx.x / 32, wg = __shfl_sync(0xffffffffu, warp / 4, 0), wq = warp % 4;
+    const int lane = threadIdx.x % 32;
     const int tg = lane % 4;
-    const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
-    int nsplit, h_lo, h_hi;
-    if (a.by_block ? !bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
-                   : !attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
-                                       a.split_max, a.vps, nsplit, h_lo, h_hi))
-        return; /* uniform over the CTA */
     auto kvoff = [&](int r) -> long long {
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
     };
     load_cm2<D, WKT>(Ks, a.k, Vs, a.v, kvoff, threadIdx.x, blockDim.x);
     visit_item it = {-1, 0, h_lo};
-    if (h_lo < h_hi) it.blk = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
-    if (it.blk >= 0)
-        visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group, it,
-                                    hk, (bf16 *)Qs, (bf16 *)dOs, Dr, Lr);
+    /* The blocks this piece visits lie in [b_lo, b_hi): its block range (pieces by blocks; z is
+     * the piece) or all blocks (by hits). sp: their spans, from shared memory when they fit
+     * (indexed by block: sp + blk; sp itself may point before span_sm). */
+    const nn_block_span *sp = a.spans;
+    int b_lo = 0, b_hi = a.n_blocks;
+    if (a.by_block != BWD_PIECES_HITS) {
+        const int Z = a.split_max;
+        b_lo = (int)(((long long)z * a.n_blocks + Z - 1) / Z);
+        b_hi = (int)(((long long)(z + 1) * a.n_blocks + Z - 1) / Z);
+        if (b_hi - b_lo <= WSPANS) {
+            for (int i = threadIdx.x; i < b_hi - b_lo; i += blockDim.x)
+                span_sm[i] = a.spans[b_lo + i];
+            __syncthreads();
+            sp = span_sm - b_lo;
+        }
+    }
+    if (h_lo < h_hi) {
+        if (a.by_block == BWD_PIECES_HITS) {
+            it.blk = attn_nth_hit(sp, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
+        } else { /* the piece's first hit is its block range's */
+            it.blk = attn_nth_hit(sp + b_lo, b_hi - b_lo, a.B, k0, k0 + WKT, 0);
+            it.blk = it.blk < 0 ? -1 : b_lo + it.blk;
+        }
+    }
+    if (it.blk >= 0) wgb_visit_load<D>(a, it, hk, Qs, dOs, Dr, Lr);
     cp_commit();
 
     const float sl2 = a.scale * FLOG2E;
@@ -137,14 +241,40 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
             wg_ss_tt<64>(dq, dA + kk * (2 * NT * CMB / 16), dB + kk * (2 * (D / 8) * CMB / 16));
         wg_commit();
     };
-    /* dq (complete) of visit v (nr rows) into dqacc: lane r < 16 row 16 wq + r, columns 64 wg .. */
+    /* dq (complete) of visit v (nr rows) into dqacc. Warp wq of each warpgroup holds rows
+     * 16 wq .. + 15 of the visit, columns 64 wg ..; the two stage their halves into the pair's
+     * tile stg (row j at j D + 8 tk, tk = the row's query token counted from the pair's first:
+     * each token's rows, consecutive rows of dqacc, lie contiguous, and the 8 words after them
+     * spread the stores of different tokens over the banks), meet at named barrier 1 + wq, and
+     * lane 0 of warpgroup 0's warp hands each token's rows to the bulk-copy engine as one
+     * reduction (group x 512 bytes at most), one commit. That lane waits for their reads of stg
+     * (bulk_wait_read) before the CTA barrier that precedes the next dq_out. */
+    const int pr0 = 16 * wq; /* the pair's first visit row */
     auto dq_out = [&](const float(&dq)[8][4], visit_item v, int nr) {
-        float *dst = NULL;
-        if (lane < 16) {
-            dst = bwd_dq_row<D>(a, v, hk, nr, 16 * wq + lane);
-            if (dst) dst += 64 * wg;
+        float *stg = stg_all + wq * PW;
+        const int x0 = v.cb + pr0, h0 = x0 - bwd_div_small(x0, a.inv_group) * a.group;
+        const int g = lane / 4; /* h0: the head of the pair's first row */
+        float *w0 = stg + g * D + bwd_div_small(h0 + g, a.inv_group) * 8 + 64 * wg + 2 * tg;
+        float *w1 =
+            stg + (g + 8) * D + bwd_div_small(h0 + g + 8, a.inv_group) * 8 + 64 * wg + 2 * tg;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            *(float2 *)(w0 + n * 8) = make_float2(dq[n][0], dq[n][1]);
+            *(float2 *)(w1 + n * 8) = make_float2(dq[n][2], dq[n][3]);
         }
-        bwd_dq_bulk<8>(dq, stg_all + warp * 16 * BLD, dst);
+        fence_proxy_async(); /* the stores, for the bulk-copy engine */
+        named_bar(1 + wq, 64);
+        const int nv = min(16, nr - pr0); /* the pair's rows that are not padding */
+        if (wg == 0 && lane == 0 && nv > 0) {
+            float *dst = bwd_dq_row<D>(a, v, hk, nr, pr0); /* head h0 of the first token */
+            for (int j = 0, h = h0, tk = 0; j < nv; tk++) {
+                const int len = min(a.group - h, nv - j); /* rows of this token */
+                bulk_red_add_nc(dst, stg + j * D + tk * 8, len * D * (int)sizeof(float));
+                dst += (size_t)(a.H - h) * D; /* head 0 of the next token */
+                j += len, h = 0;
+            }
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
     };
     visit_item prev = it;
     int prev_rows = 0;
@@ -169,15 +299,13 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         if constexpr (WDQ) issue_dq(dp, (i + 1) % 2);
         wg_issue_s<D, FROWS>(s, dK, wg_desc(Qt, LBO_K, SBO_K)); /* S^T = K Q^T */
         /* while it runs: the next visit's loads into the other stage, this visit's key mask */
-        visit_item nx = visit_next<FROWS>(a.spans, a.n_blocks, a.B, a.group, it, k0, WKT, h_hi);
+        visit_item nx = visit_next<FROWS>(sp, b_hi, a.B, a.group, it, k0, WKT, h_hi);
         if (nx.blk >= 0)
-            visit_issue<D, FROWS, true>(a.q, a.dout, a.dsave, a.lse, a.n_blocks, a.B, a.H, a.group,
-                                        nx, hk, (bf16 *)(Qs + (1 - st) * QT),
-                                        (bf16 *)(dOs + (1 - st) * QT), Dr + (1 - st) * FROWS,
-                                        Lr + (1 - st) * FROWS);
+            wgb_visit_load<D>(a, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
+                              Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
         cp_commit();
         bool kvis[2];
-        bwd_keys_seen(a.spans + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
+        bwd_keys_seen(sp + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
         if constexpr (WDQ) {
             wg_wait<1>(); /* dQ of the previous visit is in */
             wg_pin_all(dp);
@@ -219,7 +347,8 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
             *(uint32_t *)(w + NT * CMB + n * CMB) = pack_bf16x2(dp[n][2], dp[n][3]);
         }
         fence_proxy_async(); /* the dS^T stores, for the tensor cores */
-        __syncthreads();     /* dS^T of all 128 keys is in */
+        if (wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging is free after the barrier */
+        __syncthreads(); /* dS^T of all 128 keys is in */
         if constexpr (!PIPE) {
             wg_fence();
             issue_dq(dp, 0);
@@ -251,10 +380,103 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     __syncthreads();
     dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
-                     a.acc, a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x);
+                     a.acc, ticket);
+}
+
+/* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
+ * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
+ * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
+template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fused(bwd_args a) {
+#if WG_DEVICE
+    extern __shared__ __align__(1024) unsigned char sm[];
+    const int nx = (a.Tk + WKT - 1) / WKT;
+    if (a.by_block != BWD_PIECES_SORTED) {
+        const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
+        int nsplit, h_lo, h_hi;
+        if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
+                       : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
+                                          a.split_max, a.vps, nsplit, h_lo, h_hi))
+            wgb_piece<D, PIPE>(a, sm, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
+                               a.tickets + (size_t)hk * nx + blockIdx.x);
+        return;
+    }
+    __shared__ int s_work;
+    for (;;) {
+        if (threadIdx.x == 0) s_work = atomicAdd(a.work, 1);
+        __syncthreads(); /* also: all threads are done with the previous piece */
+        const int w = s_work;
+        if (w >= a.work[1] * a.Hk) break; /* uniform */
+        const bwd_item it = a.items[w / a.Hk];
+        const int hk = w % a.Hk;
+        wgb_piece<D, PIPE>(a, sm, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
+                           a.tickets + (size_t)hk * nx + it.x);
+    }
 #else
     (void)a;
 #endif
+}
+
+/* The sorted schedule (pieces SORTED): for each key tile x (WKT keys) and piece z of Z (block
+ * ranges, bwd_piece_of), the number of blocks of the piece that see the tile, counted from each
+ * block's key ranges (one thread per block; counters cnt[x Z + z] in shared memory); the items
+ * (the pieces with a hit, and piece 0 of a tile nobody sees, which writes its zero dk, dv)
+ * sorted by that count, heaviest first (ties by piece, then tile, so that the CTAs running
+ * together add into neighbouring dq rows), into items; work[0] = 0 (the counter k_wgb_fused's
+ * CTAs take work from), work[1] = the item count. One CTA of 1024 threads, shared memory
+ * 8 nx Z bytes; nx Z <= WGB_PLAN_MAX and n_blocks < 2^19 (the sort keys fit 32 bits). */
+__global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
+    extern __shared__ int plan_sm[];
+    __shared__ int s_items;
+    const int n = nx * Z;
+    int *cnt = plan_sm;
+    unsigned *key = (unsigned *)(plan_sm + n);
+    for (int e = threadIdx.x; e < n; e += blockDim.x)
+        cnt[e] = 0;
+    if (threadIdx.x == 0) s_items = 0;
+    __syncthreads();
+    for (int blk = threadIdx.x; blk < a.n_blocks; blk += blockDim.x) {
+        int rg[4], last = -1; /* the last tile counted: two ranges may share one */
+        const int nr = attn_span_ranges(a.spans + blk, a.B, rg);
+        const int z = bwd_piece_of(blk, Z, a.n_blocks);
+        for (int r = 0; r < nr; r++) {
+            if (rg[2 * r + 1] <= rg[2 * r]) continue;
+            const int x0 = max(rg[2 * r] / WKT, last + 1);
+            const int x1 = min((rg[2 * r + 1] - 1) / WKT, nx - 1);
+            for (int x = x0; x <= x1; x++)
+                atomicAdd(&cnt[x * Z + z], 1);
+            last = max(last, x1);
+        }
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < nx; x += blockDim.x) {
+        bool any = false;
+        for (int z = 0; z < Z; z++)
+            any = any || cnt[x * Z + z] > 0;
+        for (int z = 0; z < Z; z++) {
+            const int c = cnt[x * Z + z];
+            key[x * Z + z] = c > 0 || (!any && z == 0)
+                                 ? (unsigned)(a.n_blocks - c) * (unsigned)n + (unsigned)(z * nx + x)
+                                 : 0xffffffffu;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const unsigned k = key[e];
+        if (k == 0xffffffffu) continue;
+        int rank = 0; /* keys are distinct */
+        for (int f = 0; f < n; f++)
+            rank += key[f] < k;
+        const int x = e / Z, z = e % Z;
+        int lo = 0, ns = 0;
+        for (int i = 0; i < Z; i++) {
+            lo += i < z ? cnt[x * Z + i] : 0;
+            ns += cnt[x * Z + i] > 0;
+        }
+        a.items[rank] = bwd_item{x, z, ns > 0 ? ns : 1, lo, lo + cnt[e]};
+        atomicAdd(&s_items, 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) a.work[0] = 0, a.work[1] = s_items;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -277,7 +499,19 @@ int cuda_wgb_attention_init(void) {
 
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     if (!g_wgb_ready) return -1;
-    dim3 grid((a->Tk + WKT - 1) / WKT, a->Hk, a->split_max);
+    const int nx = (a->Tk + WKT - 1) / WKT;
+    dim3 grid(nx, a->Hk, a->split_max);
+    if (a->by_block == BWD_PIECES_SORTED) {
+        int dev = 0, nsm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return -1;
+        const int Z = a->split_max;
+        assert(a->items && a->work && nx * Z <= WGB_PLAN_MAX && a->n_blocks < (1 << 19));
+        k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(*a, nx, Z);
+        CUDA_CHECK_LAUNCH();
+        grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
+    }
     if (pipe)
         k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(*a);
     else

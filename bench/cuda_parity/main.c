@@ -262,23 +262,35 @@ static void t_linear(int M, int K, int N, int bias) {
     free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
 }
 
-static void t_rope(void) {
-    int T = 100, nh = 4, d = 64, ld = 6 * 64;
-    size_t n = (size_t)T * ld;
-    float *hx = hrand(n, 1, 0), inv[32];
-    int32_t pos[100];
+/* per-head norm + RoPE, forward and backward (dw accumulated), then both in place: d 128 and
+ * 64 take the vector paths (2 and 4 rows per warp), d 40 the scalar ones */
+static void t_head_norm_rope(int T, int nh, int d) {
+    size_t n = (size_t)T * nh * d;
+    char name[64];
+    snprintf(name, sizeof name, "head_norm_rope T%d nh%d d%d", T, nh, d);
+    float *hx = hrand(n, 2, 0.1), *hw = hrand(d, 0.3, 1), *hdy = hrand(n, 1, 0);
+    float *hdw = hrand(d, 0.5, 0), inv[128];
+    int32_t *pos = malloc(T * sizeof(int32_t));
     rope_inv_freq(inv, d, 1e6, NULL);
     for (int t = 0; t < T; t++)
         pos[t] = (int32_t)(t * 29 % 3000);
-    pair x = pact(hx, n), p = praw(pos, T), f = praw(inv, d / 2);
-    CO->rope_fwd(CC, x.c, p.c, f.c, T, nh, d, ld);
-    GO->rope_fwd(GC, x.g, p.g, f.g, T, nh, d, ld);
-    cmp("rope T100 nh4 d64", "fwd x", &x, 1e-2);
-    CO->rope_bwd(CC, x.c, p.c, f.c, T, nh, d, ld);
-    GO->rope_bwd(GC, x.g, p.g, f.g, T, nh, d, ld);
-    cmp("rope T100 nh4 d64", "bwd(fwd x)", &x, 1e-2);
-    pfree(&x), pfree(&p), pfree(&f);
-    free(hx);
+    pair x = pact(hx, n), w = pact(hw, d), p = praw(pos, T), f = praw(inv, d / 2);
+    pair out = pact(NULL, n), dy = pact(hdy, n), dx = pact(NULL, n), dw = praw(hdw, d);
+    CO->head_norm_rope_fwd(CC, out.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_fwd(GC, out.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    cmp(name, "fwd out", &out, 1e-2);
+    CO->head_norm_rope_bwd(CC, dx.c, dw.c, dy.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_bwd(GC, dx.g, dw.g, dy.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    cmp(name, "bwd dx", &dx, 1e-2);
+    cmp(name, "bwd dw (acc)", &dw, 1e-3);
+    CO->head_norm_rope_bwd(CC, dy.c, NULL, dy.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_bwd(GC, dy.g, NULL, dy.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    cmp(name, "bwd dx in place", &dy, 1e-2);
+    CO->head_norm_rope_fwd(CC, x.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_fwd(GC, x.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    cmp(name, "fwd in place", &x, 1e-2);
+    pfree(&x), pfree(&w), pfree(&p), pfree(&f), pfree(&out), pfree(&dy), pfree(&dx), pfree(&dw);
+    free(hx), free(hw), free(hdy), free(hdw), free(pos);
 }
 
 /* the fused q|k|v split: rows of (H + 2 Hk) heads; norm weights or none (no qk-norm) */
@@ -635,7 +647,10 @@ int main(int argc, char **argv) {
         t_linear(257, 320, 192, 1);
         t_linear(64, 1024, 4096, 0);
         t_linear(1000, 48, 33, 0);
-        t_rope();
+        t_head_norm_rope(100, 32, 128); /* the drafter's q */
+        t_head_norm_rope(77, 8, 128);   /* its k: one pass of the block */
+        t_head_norm_rope(50, 4, 64);
+        t_head_norm_rope(30, 3, 40);
         t_qkv_norm_rope(32, 8, 128, 1); /* Qwen3: the vector path */
         t_qkv_norm_rope(6, 2, 64, 0);   /* Qwen2 / Llama: RoPE only */
         t_qkv_norm_rope(4, 2, 40, 1);   /* d 40: the scalar path */

@@ -22,10 +22,10 @@ enum {
     PO_ZERO, PO_SCATTER, PO_N
 };
 static const char *po_names[PO_N] = {
-    "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+acc)", "rope_fwd", "qkv_norm_rope_fwd",
+    "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+res)", "head_norm_rope_fwd", "qkv_norm_rope_fwd",
     "attention_causal_fwd",
     "attention_block_fwd", "swiglu_fwd", "rmsnorm_bwd", "linear_bwd",
-    "rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
+    "head_norm_rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
     "adamw", "f32_to_act", "copy", "copy2d", "zero", "rows_scatter"};
 
 #define PO_MAXEV 65536
@@ -92,9 +92,9 @@ static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m,
                       float clip, int t) {
     PO_WRAP(PO_ADAMW, 0, po_real->adamw_clip(c, p, pa, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
 }
-static void po_rope(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int T, int nh, int d,
-                    int ld) {
-    PO_WRAP(PO_ROPE, 0, po_real->rope_fwd(c, x, p, f, T, nh, d, ld));
+static void po_rope(nn_ctx *c, nn_buf *o, const nn_buf *x, const nn_buf *w, const int32_t *p,
+                    const float *f, int T, int nh, int d, float e) {
+    PO_WRAP(PO_ROPE, 0, po_real->head_norm_rope_fwd(c, o, x, w, p, f, T, nh, d, e));
 }
 static void po_qkv(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
                    const nn_buf *qn, const nn_buf *kn, const int32_t *p, const float *f, int T,
@@ -122,9 +122,10 @@ static void po_linb(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *d
     PO_WRAP(PO_LINB, 2.0 * M * K * N * ((dx ? 1 : 0) + (dw ? 1 : 0)),
             po_real->linear_bwd(c, dx, dw, db, dy, x, w, M, K, N, mode));
 }
-static void po_ropeb(nn_ctx *c, nn_buf *x, const int32_t *p, const float *f, int T, int nh, int d,
-                     int ld) {
-    PO_WRAP(PO_ROPEB, 0, po_real->rope_bwd(c, x, p, f, T, nh, d, ld));
+static void po_ropeb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
+                     const nn_buf *w, const int32_t *p, const float *f, int T, int nh, int d,
+                     float e) {
+    PO_WRAP(PO_ROPEB, 0, po_real->head_norm_rope_bwd(c, dx, dw, dy, x, w, p, f, T, nh, d, e));
 }
 static void po_swib(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R, int F) {
     PO_WRAP(PO_SWIB, 0, po_real->swiglu_bwd(c, dgu, dout, gu, R, F));
@@ -167,11 +168,11 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.copy = po_copy, po_tab.copy2d = po_copy2d, po_tab.zero = po_zero;
     po_tab.rows_scatter = po_scatter;
     po_tab.embedding_fwd = po_emb, po_tab.rmsnorm_fwd = po_rms, po_tab.linear_fwd = po_lin;
-    po_tab.rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
+    po_tab.head_norm_rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
     po_tab.qkv_norm_rope_fwd = po_qkv;
     po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi;
     po_tab.rmsnorm_bwd = po_rmsb, po_tab.linear_bwd = po_linb;
-    po_tab.rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
+    po_tab.head_norm_rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
     po_tab.linear_fwd_res = po_linr, po_tab.adamw_clip = po_adamwc;

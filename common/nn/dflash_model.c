@@ -231,10 +231,8 @@ static void plan_acts(dflash_model *m, plan *p) {
         a->rstd_in = take(p, Q * 4);
         a->qraw = take(p, Q * H * d * ab);
         a->q = take(p, Q * H * d * ab);
-        a->rstd_q = take(p, Q * H * 4);
         a->kraw = take(p, Tk * Hk * d * ab);
         a->k = take(p, Tk * Hk * d * ab);
-        a->rstd_k = take(p, Tk * Hk * 4);
         a->v = take(p, Tk * Hk * d * ab);
         a->att = take(p, Q * H * d * ab);
         a->lse = take(p, H * Q * 4);
@@ -491,10 +489,10 @@ static void attn_fwd(dflash_model *m, int l) {
     o->linear_fwd(m->ctx, row(m, a->kraw, Tc, Hk * d), a->xln, LW(m, l, DFL_K), NULL, Q, D, Hk * d);
     o->linear_fwd(m->ctx, a->v, m->Ht, LW(m, l, DFL_V), NULL, Tc, D, Hk * d);
     o->linear_fwd(m->ctx, row(m, a->v, Tc, Hk * d), a->xln, LW(m, l, DFL_V), NULL, Q, D, Hk * d);
-    o->rmsnorm_fwd(m->ctx, a->q, a->rstd_q, a->qraw, LW(m, l, DFL_Q_NORM), Q * H, d, eps);
-    o->rmsnorm_fwd(m->ctx, a->k, a->rstd_k, a->kraw, LW(m, l, DFL_K_NORM), Tk * Hk, d, eps);
-    o->rope_fwd(m->ctx, a->q, m->in_pos + Tc, m->inv_freq, Q, H, d, H * d);
-    o->rope_fwd(m->ctx, a->k, m->in_pos, m->inv_freq, Tk, Hk, d, Hk * d);
+    o->head_norm_rope_fwd(m->ctx, a->q, a->qraw, LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq,
+                          Q, H, d, eps);
+    o->head_norm_rope_fwd(m->ctx, a->k, a->kraw, LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk,
+                          Hk, d, eps);
     o->attention_block_fwd(m->ctx, a->att, a->lse, a->q, a->k, a->v, m->in_spans, nb, B, Tk, H, Hk,
                            d);
     o->linear_fwd_res(m->ctx, a->hmid, a->att, LW(m, l, DFL_O), h, Q, H * d, D);
@@ -514,12 +512,11 @@ static void attn_bwd(dflash_model *m, int l) {
     o->attention_block_bwd(m->ctx, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
                            m->in_spans, nb, B, Tk, H, Hk, d);
     /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
-    o->rope_bwd(m->ctx, m->dq, m->in_pos + Tc, m->inv_freq, Q, H, d, H * d);
-    o->rope_bwd(m->ctx, m->dk, m->in_pos, m->inv_freq, Tk, Hk, d, Hk * d);
-    o->rmsnorm_bwd(m->ctx, m->dqraw, LG(m, l, DFL_Q_NORM), m->dq, a->qraw, LW(m, l, DFL_Q_NORM),
-                   a->rstd_q, Q * H, d, NULL);
-    o->rmsnorm_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw, LW(m, l, DFL_K_NORM),
-                   a->rstd_k, Tk * Hk, d, NULL);
+    float eps = (float)c->rms_norm_eps;
+    o->head_norm_rope_bwd(m->ctx, m->dqraw, LG(m, l, DFL_Q_NORM), m->dq, a->qraw,
+                          LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq, Q, H, d, eps);
+    o->head_norm_rope_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw,
+                          LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk, Hk, d, eps);
     /* block rows: dxln from q, k, v projections (the first product of each weight sets it) */
     const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
     o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,

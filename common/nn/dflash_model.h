@@ -112,10 +112,8 @@ typedef struct dflash_layer_acts {
     float *rstd_in;          /* [Q] */
     nn_buf *qraw;            /* [Q, H*d] before q_norm */
     nn_buf *q;               /* [Q, H*d] after q_norm and rope */
-    float *rstd_q;           /* [Q*H] */
     nn_buf *kraw;            /* [Tk, Hk*d] before k_norm (context rows then block rows) */
     nn_buf *k;               /* [Tk, Hk*d] after k_norm and rope */
-    float *rstd_k;           /* [Tk*Hk] */
     nn_buf *v;               /* [Tk, Hk*d] */
     nn_buf *att;             /* [Q, H*d] attention output */
     float *lse;              /* [H, Q] */

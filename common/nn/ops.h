@@ -125,14 +125,17 @@ typedef struct nn_ops {
      * y += x . w^T); otherwise they must not overlap. */
     void (*linear_fwd_res)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w,
                            const nn_buf *res, int M, int K, int N);
-    /* In place on x[T, nh, d] (row stride ld elements between tokens, ld >= nh*d): rotate_half
-     * RoPE at positions pos[T] with inv_freq[d/2] (fp32). */
-    void (*rope_fwd)(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
-                     int nh, int d, int ld);
+    /* Per-head RMSNorm then RoPE, in one pass, on x[T, nh, d] (head rows of d, contiguous):
+     * out = rope(rmsnorm_fwd(x, w, eps) over rows of d) with rotate_half RoPE at positions
+     * pos[T] and inv_freq[d/2] (fp32): dimension i pairs with i + d/2 at angle pos * inv_freq[i].
+     * The norm's output is rounded to act before the rotation, as the two ops one after the
+     * other would. out may equal x. */
+    void (*head_norm_rope_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
+                               const int32_t *pos, const float *inv_freq, int T, int nh, int d,
+                               float eps);
     /* The output of one fused q|k|v projection, qkv[T, (H + 2 Hk) * d] (per token: H query
      * heads, Hk key heads, Hk value heads), split into q[T,H,d], k[T,Hk,d], v[T,Hk,d]: q and k
-     * through rmsnorm_fwd (rows of d, weights qn and kn; skipped when qn is NULL) then rope_fwd
-     * at pos; v copied. The same values as those ops one after the other. */
+     * through head_norm_rope_fwd (weights qn and kn; RoPE only when qn is NULL); v copied. */
     void (*qkv_norm_rope_fwd)(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
                               const nn_buf *qn, const nn_buf *kn, const int32_t *pos,
                               const float *inv_freq, int T, int H, int Hk, int d, float eps);
@@ -163,9 +166,12 @@ typedef struct nn_ops {
      * first product of a weight in a step then needs no zeroed gradient; M = 0 sets dw to 0). */
     void (*linear_bwd)(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
                        const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode);
-    /* In place: the transpose rotation of rope_fwd (rotation by -angle). */
-    void (*rope_bwd)(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
-                     int nh, int d, int ld);
+    /* Backward of head_norm_rope_fwd: dx = rmsnorm_bwd(rope^T(dy)) (the rotation by -angle,
+     * kept in fp32, then the norm's backward with its rstd recomputed from x and eps), dw[d] +=
+     * d/dw. dx may equal dy. */
+    void (*head_norm_rope_bwd)(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy,
+                               const nn_buf *x, const nn_buf *w, const int32_t *pos,
+                               const float *inv_freq, int T, int nh, int d, float eps);
     /* dgu[R, 2F] (dgate | dup per row, the layout of gu) from dout[R,F] and gu. */
     void (*swiglu_bwd)(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R,
                        int F);

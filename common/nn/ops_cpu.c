@@ -180,6 +180,14 @@ static void cpu_embedding_fwd(nn_ctx *c, nn_buf *out_, const int32_t *ids, const
 /* ------------------------------------------------------------------------------------------ */
 /* rmsnorm: out[R,C] = x * rstd[r] * w[C], rstd[r] = 1 / sqrt(mean_c(x^2) + eps) */
 
+/* 1 / rms of a row, in double as the reference */
+static float row_rstd(const float *x, int C, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < C; i++)
+        ss += (double)x[i] * x[i];
+    return (float)(1.0 / sqrt(ss / C + (double)eps));
+}
+
 static void cpu_rmsnorm_fwd(nn_ctx *c, nn_buf *out_, float *rstd, const nn_buf *x_,
                             const nn_buf *w_, int R, int C, float eps) {
     (void)c;
@@ -188,10 +196,7 @@ static void cpu_rmsnorm_fwd(nn_ctx *c, nn_buf *out_, float *rstd, const nn_buf *
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * C;
         float *orow = out + (size_t)r * C;
-        double ss = 0.0;
-        for (int i = 0; i < C; i++)
-            ss += (double)xr[i] * xr[i];
-        float rs = (float)(1.0 / sqrt(ss / C + (double)eps));
+        float rs = row_rstd(xr, C, eps);
         if (rstd) rstd[r] = rs;
         for (int i = 0; i < C; i++)
             orow[i] = (xr[i] * rs) * w[i];
@@ -316,14 +321,32 @@ static void rope_rotate(float *x, const int32_t *pos, const float *inv_freq, int
     }
 }
 
-static void cpu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
-                         int nh, int d, int ld) {
-    (void)c;
-    assert(d % 2 == 0 && ld >= nh * d);
-    rope_rotate(x, pos, inv_freq, T, nh, d, ld, 1.0f);
+/* head_norm_rope: rmsnorm_fwd over the head rows, then the rotation; backward: the rotation by
+ * -angle of dy into dx, then rmsnorm_bwd row by row in place with the forward's rstd */
+static void cpu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
+                                   const int32_t *pos, const float *inv_freq, int T, int nh, int d,
+                                   float eps) {
+    assert(d % 2 == 0);
+    cpu_rmsnorm_fwd(c, out, NULL, x, w, T * nh, d, eps);
+    rope_rotate(out, pos, inv_freq, T, nh, d, nh * d, 1.0f);
 }
 
-/* qkv[T, (H + 2 Hk) d] -> q, k (rmsnorm_fwd then rope_fwd), v: the two ops composed */
+static void cpu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy,
+                                   const nn_buf *x_, const nn_buf *w, const int32_t *pos,
+                                   const float *inv_freq, int T, int nh, int d, float eps) {
+    assert(d % 2 == 0);
+    float *dx = dx_;
+    const float *x = x_;
+    size_t rows = (size_t)T * nh;
+    if (dx != dy) memcpy(dx, dy, rows * d * sizeof(float));
+    rope_rotate(dx, pos, inv_freq, T, nh, d, nh * d, -1.0f);
+    for (size_t r = 0; r < rows; r++) {
+        float rs = row_rstd(x + r * d, d, eps);
+        cpu_rmsnorm_bwd(c, dx + r * d, dw, dx + r * d, x + r * d, w, &rs, 1, d, NULL);
+    }
+}
+
+/* qkv[T, (H + 2 Hk) d] -> q, k (head_norm_rope_fwd, or the rotation alone), v */
 static void cpu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q_, nn_buf *k_, nn_buf *v_,
                                   const nn_buf *qkv_, const nn_buf *qn, const nn_buf *kn,
                                   const int32_t *pos, const float *inv_freq, int T, int H, int Hk,
@@ -338,18 +361,12 @@ static void cpu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q_, nn_buf *k_, nn_buf *v_,
         memcpy(v + t * kd, src + qd + kd, kd * sizeof(float));
     }
     if (qn) {
-        cpu_rmsnorm_fwd(c, q, NULL, q, qn, T * H, d, eps);
-        cpu_rmsnorm_fwd(c, k, NULL, k, kn, T * Hk, d, eps);
+        cpu_head_norm_rope_fwd(c, q, q, qn, pos, inv_freq, T, H, d, eps);
+        cpu_head_norm_rope_fwd(c, k, k, kn, pos, inv_freq, T, Hk, d, eps);
+    } else {
+        rope_rotate(q, pos, inv_freq, T, H, d, H * d, 1.0f);
+        rope_rotate(k, pos, inv_freq, T, Hk, d, Hk * d, 1.0f);
     }
-    cpu_rope_fwd(c, q, pos, inv_freq, T, H, d, H * d);
-    cpu_rope_fwd(c, k, pos, inv_freq, T, Hk, d, Hk * d);
-}
-
-static void cpu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
-                         int nh, int d, int ld) {
-    (void)c;
-    assert(d % 2 == 0 && ld >= nh * d);
-    rope_rotate(dx, pos, inv_freq, T, nh, d, ld, -1.0f);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1020,14 +1037,14 @@ static const nn_ops cpu_ops = {
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .linear_fwd = cpu_linear_fwd,
     .linear_fwd_res = cpu_linear_fwd_res,
-    .rope_fwd = cpu_rope_fwd,
+    .head_norm_rope_fwd = cpu_head_norm_rope_fwd,
     .qkv_norm_rope_fwd = cpu_qkv_norm_rope_fwd,
     .attention_causal_fwd = cpu_attention_causal_fwd,
     .attention_block_fwd = cpu_attention_block_fwd,
     .swiglu_fwd = cpu_swiglu_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .linear_bwd = cpu_linear_bwd,
-    .rope_bwd = cpu_rope_bwd,
+    .head_norm_rope_bwd = cpu_head_norm_rope_bwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .attention_block_bwd = cpu_attention_block_bwd,
     .attention_block_plan = cpu_attention_block_plan,

@@ -722,118 +722,36 @@ static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* RoPE in place on x[T, nh, d] (token stride ld): thread per (t, i < d/2), loops over heads. */
+/* Per-head RMSNorm + RoPE: one block per token, whose rotation angles (sincosf of
+ * (float)pos * inv_freq) go to shared memory first. Vector path (d % 8 == 0, 16 <= d <= 256,
+ * 32 % (d / 8) == 0, 16-byte aligned rows): a group of L = d / 8 lanes owns a head row, 8
+ * elements per lane; the group reduces the sum of squares and fetches the RoPE partner (element
+ * i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs every shuffle and
+ * only loads and stores are predicated. Scalar path: a warp per row. Forward values:
+ * n = bf16(bf16(x rstd) w), then the rotation on n (what rmsnorm then RoPE would give). Users:
+ * the drafter's q and k (head_norm_rope_fwd/bwd) and the target's fused q|k|v split
+ * (qkv_norm_rope_fwd: rows past the roped ones are v, copied). */
 
-__global__ void k_rope(bf16 *x, const int32_t *pos, const float *inv_freq, int T, int nh, int d,
-                       int ld, float sign) {
-    int half = d / 2;
-    size_t n = (size_t)T * half;
-    for (size_t id = blockIdx.x * (size_t)blockDim.x + threadIdx.x; id < n;
-         id += (size_t)gridDim.x * blockDim.x) {
-        int t = (int)(id / half), i = (int)(id % half);
-        float a = (float)pos[t] * inv_freq[i];
-        double sd, cd;
-        sincos((double)a, &sd, &cd);
-        float cs = (float)cd, sn = sign * (float)sd;
-        bf16 *xt = x + (size_t)t * ld;
-        for (int h = 0; h < nh; h++) {
-            bf16 *xh = xt + (size_t)h * d;
-            float x1 = __bfloat162float(xh[i]), x2 = __bfloat162float(xh[i + half]);
-            xh[i] = __float2bfloat16(x1 * cs - x2 * sn);
-            xh[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
-        }
-    }
-}
-
-static void rope_launch(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
-                        int nh, int d, int ld, float sign) {
-    assert(d % 2 == 0 && ld >= nh * d && T >= 0);
-    if (T == 0 || nh == 0) return;
-    size_t n = (size_t)T * (d / 2);
-    k_rope<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)x, pos, inv_freq, T, nh, d, ld, sign);
-    CUDA_CHECK_LAUNCH();
-}
-
-static void cu_rope_fwd(nn_ctx *c, nn_buf *x, const int32_t *pos, const float *inv_freq, int T,
-                        int nh, int d, int ld) {
-    rope_launch(c, x, pos, inv_freq, T, nh, d, ld, 1.0f);
-}
-
-static void cu_rope_bwd(nn_ctx *c, nn_buf *dx, const int32_t *pos, const float *inv_freq, int T,
-                        int nh, int d, int ld) {
-    rope_launch(c, dx, pos, inv_freq, T, nh, d, ld, -1.0f);
-}
-
-/* q/k norm + RoPE + split of a fused q|k|v projection: one block per token. The token's
- * rotation angles go to shared memory first. Vector path (d % 8 ==
- * 0, 16 <= d <= 256, 32 % (d / 8) == 0, 16-byte aligned rows): a group of L = d / 8 lanes owns
- * a head row, 8 elements per lane; the group reduces the sum of squares and fetches the RoPE
- * partner (element i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs
- * every shuffle and only loads and stores are predicated. Scalar path: a warp per row, reading
- * x twice. Values: n = bf16(bf16(x rstd) w), then the rotation of k_rope on n: the same as
- * k_rmsnorm_fwd followed by k_rope, up to the order of the sum of squares and the angles'
- * sincosf (k_rope: sincos in double; the two agree to about an fp32 ulp). */
-/* the scalar path of k_qkv_norm_rope: a warp per head row */
-template <typename F>
-__device__ void scalar_qkv_rows(F dst_of, const bf16 *src, const bf16 *qn, const bf16 *kn,
-                                const float *rot, int H, int Hk, int d, float eps) {
-    const int half = d / 2, rows = H + 2 * Hk;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    for (int r = warp; r < rows; r += nw) {
-        const bf16 *x = src + (size_t)r * d;
-        bf16 *o = dst_of(r);
-        if (r >= H + Hk) {
-            for (int i = lane; i < d; i += 32)
-                o[i] = x[i];
-            continue;
-        }
-        float rs = 1.0f;
-        const bf16 *w = r < H ? qn : kn;
-        if (qn) {
-            float ss = 0.0f;
-            for (int i = lane; i < d; i += 32) {
-                float f = __bfloat162float(x[i]);
-                ss += f * f;
-            }
-            rs = rsqrtf(warp_sum(ss) / (float)d + eps);
-        }
-        auto normed = [&](int i) -> float {
-            float f = __bfloat162float(x[i]);
-            if (!qn) return f;
-            return __bfloat162float(__float2bfloat16(
-                __bfloat162float(__float2bfloat16(f * rs)) * __bfloat162float(w[i])));
-        };
-        for (int i = lane; i < half; i += 32) {
-            float x1 = normed(i), x2 = normed(i + half), cs = rot[i], sn = rot[half + i];
-            o[i] = __float2bfloat16(x1 * cs - x2 * sn);
-            o[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
-        }
-    }
-}
-
-template <bool VEC>
-__global__ void k_qkv_norm_rope(bf16 *__restrict__ q, bf16 *__restrict__ k, bf16 *__restrict__ v,
-                                const bf16 *__restrict__ qkv, const bf16 *__restrict__ qn,
-                                const bf16 *__restrict__ kn, const int32_t *pos,
-                                const float *inv_freq, int H, int Hk, int d, float eps) {
-    extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
-    const int t = blockIdx.x, half = d / 2, rows = H + 2 * Hk;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+__device__ __forceinline__ void rope_angles(float *rot, int32_t pos, const float *inv_freq,
+                                            int half) {
     for (int i = threadIdx.x; i < half; i += blockDim.x)
-        sincosf((float)pos[t] * inv_freq[i], &rot[half + i], &rot[i]);
-    __syncthreads();
-    const bf16 *src = qkv + (size_t)t * rows * d;
-    auto dst_of = [&](int r) -> bf16 * {
-        if (r < H) return q + ((size_t)t * H + r) * d;
-        if (r < H + Hk) return k + ((size_t)t * Hk + r - H) * d;
-        return v + ((size_t)t * Hk + r - H - Hk) * d;
-    };
+        sincosf((float)pos * inv_freq[i], &rot[half + i], &rot[i]);
+}
+
+/* One token's head rows [0, rows) of src (d each): row r goes to dst_of(r), normed with
+ * w_of(r) (none when NULL) and rotated when r < roped, copied otherwise. */
+template <bool VEC, typename Dst, typename Wt>
+__device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float *rot, int rows,
+                               int roped, int d, float eps) {
+    const int half = d / 2, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     if constexpr (VEC) {
         const int L = d / 8, per_warp = 32 / L, j = lane % L;
+        const bool first = j < L / 2;
+        const int i0 = first ? 8 * j : 8 * j - half;
 #pragma unroll 4
         for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
             const int r = r0 + lane / L;
-            const bool valid = r < rows, roped = r < H + Hk;
+            const bool valid = r < rows, rot_row = r < roped;
             float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (valid) load8(src + (size_t)r * d + 8 * j, x);
             float ss = 0.0f;
@@ -842,8 +760,8 @@ __global__ void k_qkv_norm_rope(bf16 *__restrict__ q, bf16 *__restrict__ k, bf16
                 ss += x[e] * x[e];
             for (int o = L / 2; o > 0; o >>= 1)
                 ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const bf16 *w = r < H ? qn : kn;
-            if (qn && valid && roped) {
+            const bf16 *w = valid && rot_row ? w_of(r) : NULL;
+            if (w) {
                 float g[8], rs = rsqrtf(ss / (float)d + eps);
                 load8(w + 8 * j, g);
 #pragma unroll
@@ -851,20 +769,223 @@ __global__ void k_qkv_norm_rope(bf16 *__restrict__ q, bf16 *__restrict__ k, bf16
                     x[e] = __bfloat162float(__float2bfloat16(
                                __bfloat162float(__float2bfloat16(x[e] * rs)) * g[e]));
             }
-            const bool first = j < L / 2;
-            const int i0 = first ? 8 * j : 8 * j - half;
             float out[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 float p = __shfl_xor_sync(0xffffffffu, x[e], L / 2);
                 float cs = rot[i0 + e], sn = rot[half + i0 + e];
-                out[e] = !roped ? x[e] : first ? x[e] * cs - p * sn : x[e] * cs + p * sn;
+                out[e] = !rot_row ? x[e] : first ? x[e] * cs - p * sn : x[e] * cs + p * sn;
             }
             if (valid) store8(dst_of(r) + 8 * j, out);
         }
     } else {
-        scalar_qkv_rows(dst_of, src, qn, kn, rot, H, Hk, d, eps);
+        for (int r = warp; r < rows; r += nw) {
+            const bf16 *x = src + (size_t)r * d;
+            bf16 *o = dst_of(r);
+            if (r >= roped) {
+                for (int i = lane; i < d; i += 32)
+                    o[i] = x[i];
+                continue;
+            }
+            const bf16 *w = w_of(r);
+            float rs = 1.0f;
+            if (w) {
+                float ss = 0.0f;
+                for (int i = lane; i < d; i += 32) {
+                    float f = __bfloat162float(x[i]);
+                    ss += f * f;
+                }
+                rs = rsqrtf(warp_sum(ss) / (float)d + eps);
+            }
+            auto normed = [&](int i) -> float {
+                float f = __bfloat162float(x[i]);
+                if (!w) return f;
+                return __bfloat162float(__float2bfloat16(
+                    __bfloat162float(__float2bfloat16(f * rs)) * __bfloat162float(w[i])));
+            };
+            for (int i = lane; i < half; i += 32) {
+                float x1 = normed(i), x2 = normed(i + half), cs = rot[i], sn = rot[half + i];
+                o[i] = __float2bfloat16(x1 * cs - x2 * sn);
+                o[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
+            }
+        }
     }
+}
+
+static bool norm_rope_vec(int d) {
+    return d % 8 == 0 && d >= 16 && d <= 256 && 32 % (d / 8) == 0;
+}
+
+template <bool VEC>
+__global__ void k_head_norm_rope_fwd(bf16 *out, const bf16 *x, const bf16 *w, const int32_t *pos,
+                                     const float *inv_freq, int nh, int d, float eps) {
+    extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
+    const int t = blockIdx.x;
+    rope_angles(rot, pos[t], inv_freq, d / 2);
+    __syncthreads();
+    const size_t base = (size_t)t * nh * d;
+    norm_rope_rows<VEC>([&](int r) { return out + base + (size_t)r * d; },
+                        [&](int) { return w; }, x + base, rot, nh, nh, d, eps);
+}
+
+static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
+                                  const int32_t *pos, const float *inv_freq, int T, int nh, int d,
+                                  float eps) {
+    assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
+    if (T == 0) return;
+    const size_t smem = sizeof(float) * (size_t)d;
+    if (norm_rope_vec(d) && vec_ok(out, x, w))
+        k_head_norm_rope_fwd<true><<<T, 128, smem, c->stream>>>(
+            (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, nh, d, eps);
+    else
+        k_head_norm_rope_fwd<false><<<T, 128, smem, c->stream>>>(
+            (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, nh, d, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Backward, vector path only (d as above): blocks take tokens in turn (grid-stride). Per head
+ * row: g = the rotation by -angle of dy (fp32), rs from x as the forward computed it,
+ * dx = rs (g w - xhat mean(g w xhat)), xhat = x rs; each lane sums g xhat over its rows for its
+ * 8 columns, the block adds them in shared memory and then into dw with one atomic per column. */
+__global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
+                                     const bf16 *w, const int32_t *pos, const float *inv_freq,
+                                     int T, int nh, int d, float eps) {
+    extern __shared__ float sh[]; /* cos [d/2], sin [d/2], dw partial [d] */
+    float *rot = sh, *dws = sh + d;
+    const int half = d / 2, L = d / 8, per_warp = 32 / L, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, nw = blockDim.x / 32, j = lane % L;
+    const bool first = j < L / 2;
+    const int i0 = first ? 8 * j : 8 * j - half;
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    load8(w + 8 * j, wv);
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        dws[i] = 0.0f;
+    for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        __syncthreads(); /* the previous token's angles are no longer read */
+        rope_angles(rot, pos[t], inv_freq, half);
+        __syncthreads();
+        for (int r0 = warp * per_warp; r0 < nh; r0 += nw * per_warp) {
+            const int r = r0 + lane / L;
+            const bool valid = r < nh;
+            const size_t off = ((size_t)t * nh + r) * d + 8 * j;
+            float xv[8] = {0, 0, 0, 0, 0, 0, 0, 0}, gv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (valid) load8(x + off, xv), load8(dy + off, gv);
+            float ss = 0.0f, g[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                ss += xv[e] * xv[e];
+                float p = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
+                float cs = rot[i0 + e], sn = rot[half + i0 + e];
+                g[e] = first ? gv[e] * cs + p * sn : gv[e] * cs - p * sn;
+            }
+            for (int o = L / 2; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float rs = rsqrtf(ss / (float)d + eps);
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                dot += g[e] * wv[e] * xv[e] * rs;
+            for (int o = L / 2; o > 0; o >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            const float mean = dot / (float)d;
+            float o8[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                o8[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
+                acc[e] += g[e] * xv[e] * rs; /* 0 for invalid rows (x, dy read as 0) */
+            }
+            if (valid) store8(dx + off, o8);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        atomicAdd(&dws[8 * j + e], acc[e]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < d && dw; i += blockDim.x)
+        atomicAdd(dw + i, dws[i]);
+}
+
+/* The scalar path: a warp per head row, dw by one atomic per element and row (slow; for head
+ * dims the vector path does not take). */
+__global__ void k_head_norm_rope_bwd_scalar(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
+                                            const bf16 *w, const int32_t *pos,
+                                            const float *inv_freq, int T, int nh, int d,
+                                            float eps) {
+    const int half = d / 2, lane = threadIdx.x % 32;
+    const size_t rows = (size_t)T * nh;
+    for (size_t r = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; r < rows;
+         r += (size_t)gridDim.x * blockDim.x / 32) {
+        const bf16 *xr = x + r * d, *dyr = dy + r * d;
+        const float p = (float)pos[r / nh];
+        float ss = 0.0f, dot = 0.0f;
+        for (int i = lane; i < d; i += 32) {
+            float f = __bfloat162float(xr[i]);
+            ss += f * f;
+        }
+        const float rs = rsqrtf(warp_sum(ss) / (float)d + eps);
+        auto grad = [&](int i, float *g1, float *g2) { /* the rotation by -angle of pair i */
+            float sn, cs, a = __bfloat162float(dyr[i]), b = __bfloat162float(dyr[i + half]);
+            sincosf(p * inv_freq[i], &sn, &cs);
+            *g1 = a * cs + b * sn, *g2 = b * cs - a * sn;
+        };
+        for (int i = lane; i < half; i += 32) {
+            float g1, g2;
+            grad(i, &g1, &g2);
+            dot += g1 * __bfloat162float(w[i]) * __bfloat162float(xr[i]) * rs +
+                   g2 * __bfloat162float(w[i + half]) * __bfloat162float(xr[i + half]) * rs;
+        }
+        const float mean = warp_sum(dot) / (float)d;
+        for (int i = lane; i < half; i += 32) {
+            float g[2], xv[2] = {__bfloat162float(xr[i]), __bfloat162float(xr[i + half])};
+            grad(i, &g[0], &g[1]);
+            for (int k = 0; k < 2; k++) {
+                int col = i + k * half;
+                dx[r * d + col] =
+                    __float2bfloat16(rs * (g[k] * __bfloat162float(w[col]) - xv[k] * rs * mean));
+                if (dw) atomicAdd(dw + col, g[k] * xv[k] * rs);
+            }
+        }
+    }
+}
+
+static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy,
+                                  const nn_buf *x, const nn_buf *w, const int32_t *pos,
+                                  const float *inv_freq, int T, int nh, int d, float eps) {
+    assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
+    if (T == 0) return;
+    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, w, w)) {
+        int grid = T < 1024 ? T : 1024; /* a few tokens per block: fewer dw atomics */
+        k_head_norm_rope_bwd<<<grid, 128, 2 * sizeof(float) * (size_t)d, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
+            nh, d, eps);
+    } else {
+        size_t rows = (size_t)T * nh;
+        k_head_norm_rope_bwd_scalar<<<grid_for(rows * 32, 256), 256, 0, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
+            nh, d, eps);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The target's fused q|k|v split: per token, rows [0, H) are q, [H, H + Hk) k (both normed
+ * with qn or kn when qn is set, and rotated), [H + Hk, H + 2 Hk) v (copied). */
+template <bool VEC>
+__global__ void k_qkv_norm_rope(bf16 *__restrict__ q, bf16 *__restrict__ k, bf16 *__restrict__ v,
+                                const bf16 *__restrict__ qkv, const bf16 *__restrict__ qn,
+                                const bf16 *__restrict__ kn, const int32_t *pos,
+                                const float *inv_freq, int H, int Hk, int d, float eps) {
+    extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
+    const int t = blockIdx.x;
+    rope_angles(rot, pos[t], inv_freq, d / 2);
+    __syncthreads();
+    auto dst_of = [&](int r) -> bf16 * {
+        if (r < H) return q + ((size_t)t * H + r) * d;
+        if (r < H + Hk) return k + ((size_t)t * Hk + r - H) * d;
+        return v + ((size_t)t * Hk + r - H - Hk) * d;
+    };
+    auto w_of = [&](int r) -> const bf16 * { return r < H ? qn : kn; };
+    norm_rope_rows<VEC>(dst_of, w_of, qkv + (size_t)t * (H + 2 * Hk) * d, rot, H + 2 * Hk, H + Hk,
+                        d, eps);
 }
 
 static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
@@ -873,8 +994,7 @@ static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, con
     assert(T >= 0 && H > 0 && Hk > 0 && d > 0 && d % 2 == 0 && (qn == NULL) == (kn == NULL));
     if (T == 0) return;
     const size_t smem = sizeof(float) * (size_t)d;
-    bool vec = d % 8 == 0 && d >= 16 && d <= 256 && 32 % (d / 8) == 0 && vec_ok(q, k, v) &&
-               vec_ok(qkv, qn ? qn : qkv, kn ? kn : qkv);
+    bool vec = norm_rope_vec(d) && vec_ok(q, k, v) && vec_ok(qkv, qn ? qn : qkv, kn ? kn : qkv);
     if (vec)
         k_qkv_norm_rope<true><<<T, 256, smem, c->stream>>>(
             (bf16 *)q, (bf16 *)k, (bf16 *)v, (const bf16 *)qkv, (const bf16 *)qn,
@@ -1353,14 +1473,14 @@ static nn_ops make_ops(void) {
     o.rmsnorm_fwd = cu_rmsnorm_fwd;
     o.linear_fwd = cu_linear_fwd;
     o.linear_fwd_res = cu_linear_fwd_res;
-    o.rope_fwd = cu_rope_fwd;
+    o.head_norm_rope_fwd = cu_head_norm_rope_fwd;
     o.qkv_norm_rope_fwd = cu_qkv_norm_rope_fwd;
     o.attention_causal_fwd = cu_attention_causal_fwd;
     o.attention_block_fwd = cu_attention_block_fwd;
     o.swiglu_fwd = cu_swiglu_fwd;
     o.rmsnorm_bwd = cu_rmsnorm_bwd;
     o.linear_bwd = cu_linear_bwd;
-    o.rope_bwd = cu_rope_bwd;
+    o.head_norm_rope_bwd = cu_head_norm_rope_bwd;
     o.swiglu_bwd = cu_swiglu_bwd;
     o.attention_block_bwd = cu_attention_block_bwd;
     o.attention_block_plan = cu_attention_block_plan;

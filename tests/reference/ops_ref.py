@@ -65,16 +65,19 @@ def rotate_half(x):
 
 
 def rope(dump):
-    T, nh, d, theta = 29, 3, 64, 1000000.0
+    # head_norm_rope: Qwen3's q/k path, a per-head RMSNorm then RoPE (Hugging Face's formulas)
+    T, nh, d, theta, eps = 29, 3, 64, 1000000.0, 1e-6
     pos = torch.randint(0, 4096, (T,), dtype=torch.int32)
     pos[0] = 0
-    x, dout = rnd(T, nh, d), rnd(T, nh, d)
+    x, w, dout = rnd(T, nh, d, scale=3), rnd(d), rnd(T, nh, d)
     inv_freq, cos, sin = rope_tables(pos, d, theta)
-    xl = leaf(x)
-    out = xl * cos[:, None, :] + rotate_half(xl) * sin[:, None, :]
+    xl, wl = leaf(x), leaf(w)
+    n = xl * torch.rsqrt(xl.pow(2).mean(-1, keepdim=True) + eps) * wl
+    out = n * cos[:, None, :] + rotate_half(n) * sin[:, None, :]
     out.backward(dout.to(f64))
-    for k, v in dict(x=x, pos=pos, dout=dout, theta=torch.tensor([theta]), inv_freq=inv_freq,
-                     out=out, dx=xl.grad).items():
+    for k, v in dict(x=x, w=w, pos=pos, dout=dout, theta=torch.tensor([theta]),
+                     eps=torch.tensor([eps]), inv_freq=inv_freq, out=out, dx=xl.grad,
+                     dw=wl.grad).items():
         dump.add("rope." + k, v)
 
 

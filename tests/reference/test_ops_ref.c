@@ -56,24 +56,27 @@ static int check_linear(const refdump *d) {
     return bad;
 }
 
+/* head_norm_rope (a per-head RMSNorm then RoPE, the q/k path): the dump's rope.* entries */
 static int check_rope(const refdump *d) {
     int T = refdump_dim(d, "rope.x", 0), nh = refdump_dim(d, "rope.x", 1),
         hd = refdump_dim(d, "rope.x", 2);
     size_t n = (size_t)T * nh * hd;
     const int32_t *pos = refdump_i32(d, "rope.pos", T);
-    float *inv = buf(hd / 2), *x = buf(n), *dx = buf(n);
+    float *inv = buf(hd / 2), *out = buf(n), *dx = buf(n), *dw = calloc(hd, sizeof(float));
     /* the host frequency table (rope.c) against Hugging Face's fp32 one; the op itself then runs
      * on Hugging Face's table, so that a last-bit difference of the table (which grows with the
      * position: ~3e-5 at 4096) does not hide or fake an error of the op */
     rope_inv_freq(inv, hd, refdump_scalar(d, "rope.theta"), NULL);
     int bad = refdump_check(d, "rope.inv_freq", inv, hd / 2, TOL);
     memcpy(inv, refdump_f32(d, "rope.inv_freq", hd / 2), hd / 2 * sizeof(float));
-    memcpy(x, refdump_f32(d, "rope.x", n), n * sizeof(float));
-    memcpy(dx, refdump_f32(d, "rope.dout", n), n * sizeof(float));
-    ops->rope_fwd(ctx, x, pos, inv, T, nh, hd, nh * hd);
-    ops->rope_bwd(ctx, dx, pos, inv, T, nh, hd, nh * hd);
-    bad += refdump_check(d, "rope.out", x, n, TOL) + refdump_check(d, "rope.dx", dx, n, TOL);
-    free(inv), free(x), free(dx);
+    const float *x = refdump_f32(d, "rope.x", n), *w = refdump_f32(d, "rope.w", hd),
+                *dout = refdump_f32(d, "rope.dout", n);
+    float eps = refdump_scalar(d, "rope.eps");
+    ops->head_norm_rope_fwd(ctx, out, x, w, pos, inv, T, nh, hd, eps);
+    ops->head_norm_rope_bwd(ctx, dx, dw, dout, x, w, pos, inv, T, nh, hd, eps);
+    bad += refdump_check(d, "rope.out", out, n, TOL) + refdump_check(d, "rope.dx", dx, n, TOL) +
+           refdump_check(d, "rope.dw", dw, hd, TOL);
+    free(inv), free(out), free(dx), free(dw);
     return bad;
 }
 

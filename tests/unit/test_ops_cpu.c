@@ -202,48 +202,67 @@ static void test_linear(void) {
     free(dx2), free(dw2), free(db2);
 }
 
-/* ---- rope ---- */
+/* ---- head_norm_rope ---- */
+
+/* The rotation by hand: dimension i pairs with i + d/2 at angle pos * inv_freq[i]. */
+static void rotate_ref(float *x, const int32_t *pos, const float *inv, int T, int nh, int d) {
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < d / 2; i++) {
+                float *r = x + ((size_t)t * nh + h) * d, a = (float)pos[t] * inv[i];
+                float x1 = r[i], x2 = r[i + d / 2];
+                r[i] = x1 * (float)cos(a) - x2 * (float)sin(a);
+                r[i + d / 2] = x2 * (float)cos(a) + x1 * (float)sin(a);
+            }
+}
 
 typedef struct {
-    float *x, *work, *R, *inv;
+    float *x, *w, *out, *R, *inv;
     int32_t *pos;
-    int T, nh, d, ld;
-} rope_t;
-static double rope_loss(void *a_) {
-    rope_t *a = a_;
-    memcpy(a->work, a->x, (size_t)a->T * a->ld * sizeof(float));
-    ops->rope_fwd(ctx, a->work, a->pos, a->inv, a->T, a->nh, a->d, a->ld);
-    return dot_d(a->work, a->R, (size_t)a->T * a->ld);
+    int T, nh, d;
+} hnr_t;
+static double hnr_loss(void *a_) {
+    hnr_t *a = a_;
+    ops->head_norm_rope_fwd(ctx, a->out, a->x, a->w, a->pos, a->inv, a->T, a->nh, a->d, 1e-6f);
+    return dot_d(a->out, a->R, (size_t)a->T * a->nh * a->d);
 }
 
-static void test_rope(void) {
-    int T = 4, nh = 3, d = 8, ld = nh * d + 5; /* a padded row: the tail is not touched */
-    size_t n = (size_t)T * ld;
-    rope_t a = {rnd(n, 1), zeros(n), rnd(n, 1), zeros(d / 2), malloc(T * 4), T, nh, d, ld};
-    rope_inv_freq(a.inv, d, 10000.0, NULL);
+static void test_head_norm_rope(void) {
+    int T = 4, nh = 3, d = 8;
+    size_t n = (size_t)T * nh * d;
     int32_t pos[4] = {0, 7, 300, 3071};
-    memcpy(a.pos, pos, sizeof(pos));
-    rope_loss(&a);
-    CHECK(max_diff(a.work, a.x, (size_t)nh * d) == 0.0);      /* position 0: identity */
-    CHECK(max_diff(a.work + ld - 5, a.x + ld - 5, 5) == 0.0); /* padding untouched */
-    /* dimension i pairs with i + d/2 at angle pos * inv_freq[i] */
-    float ang = 7.0f * a.inv[1], x1 = a.x[ld + 1], x2 = a.x[ld + 1 + d / 2];
-    CHECK_NEAR(a.work[ld + 1], x1 * cos(ang) - x2 * sin(ang), 1e-5);
-    CHECK_NEAR(a.work[ld + 1 + d / 2], x2 * cos(ang) + x1 * sin(ang), 1e-5);
+    hnr_t a = {rnd(n, 2), rnd(d, 1), zeros(n), rnd(n, 1), zeros(d / 2), pos, T, nh, d};
+    rope_inv_freq(a.inv, d, 10000.0, NULL);
+    hnr_loss(&a);
+    /* rmsnorm_fwd then the rotation by hand */
+    float *e = zeros(n);
+    ops->rmsnorm_fwd(ctx, e, NULL, a.x, a.w, T * nh, d, 1e-6f);
+    CHECK(max_diff(a.out, e, (size_t)nh * d) == 0.0); /* position 0: the norm alone */
+    rotate_ref(e, pos, a.inv, T, nh, d);
+    CHECK(max_diff(a.out, e, n) < 1e-5);
+    /* out may equal x */
+    float *xc = malloc(n * sizeof(float));
+    memcpy(xc, a.x, n * sizeof(float));
+    ops->head_norm_rope_fwd(ctx, xc, xc, a.w, pos, a.inv, T, nh, d, 1e-6f);
+    CHECK(max_diff(xc, a.out, n) == 0.0);
 
-    /* rope_bwd is the inverse of rope_fwd */
-    ops->rope_bwd(ctx, a.work, a.pos, a.inv, T, nh, d, ld);
-    CHECK(max_diff(a.work, a.x, n) < 1e-5);
-    /* and the gradient: dx = rope_bwd(dout) */
-    float *g = malloc(n * sizeof(float));
-    memcpy(g, a.R, n * sizeof(float));
-    ops->rope_bwd(ctx, g, a.pos, a.inv, T, nh, d, ld);
-    CHECK(fd_error("rope dx", a.x, g, n, rope_loss, &a, 1e-2f) < FD_TOL);
-    free(a.x), free(a.work), free(a.R), free(a.inv), free(a.pos), free(g);
+    /* the gradients against finite differences; dw accumulates, dx may equal dy */
+    float *dx = zeros(n), *dw = rnd(d, 1), *dw0 = malloc(d * sizeof(float));
+    memcpy(dw0, dw, d * sizeof(float));
+    ops->head_norm_rope_bwd(ctx, dx, dw, a.R, a.x, a.w, pos, a.inv, T, nh, d, 1e-6f);
+    for (int i = 0; i < d; i++)
+        dw[i] -= dw0[i];
+    CHECK(fd_error("head_norm_rope dx", a.x, dx, n, hnr_loss, &a, 1e-2f) < FD_TOL);
+    CHECK(fd_error("head_norm_rope dw", a.w, dw, d, hnr_loss, &a, 1e-2f) < FD_TOL);
+    memcpy(xc, a.R, n * sizeof(float));
+    ops->head_norm_rope_bwd(ctx, xc, NULL, xc, a.x, a.w, pos, a.inv, T, nh, d, 1e-6f);
+    CHECK(max_diff(xc, dx, n) == 0.0);
+    free(a.x), free(a.w), free(a.out), free(a.R), free(a.inv), free(e), free(xc), free(dx);
+    free(dw), free(dw0);
 }
 
-/* qkv_norm_rope_fwd: the q, k, v column ranges of each token's fused row, q and k normed and
- * rotated as rmsnorm_fwd then rope_fwd would, v untouched */
+/* qkv_norm_rope_fwd: the q, k, v column ranges of each token's fused row, q and k as
+ * head_norm_rope_fwd gives them (or only rotated without norm weights), v untouched */
 static void test_qkv_norm_rope(void) {
     int T = 3, H = 4, Hk = 2, d = 8, W = (H + 2 * Hk) * d;
     float *qkv = rnd((size_t)T * W, 2), *qn = rnd(d, 1), *kn = rnd(d, 1), inv[4];
@@ -262,13 +281,16 @@ static void test_qkv_norm_rope(void) {
                            (size_t)Hk * d) == 0.0);
         }
         if (norm) {
-            ops->rmsnorm_fwd(ctx, eq, NULL, eq, qn, T * H, d, 1e-6f);
-            ops->rmsnorm_fwd(ctx, ek, NULL, ek, kn, T * Hk, d, 1e-6f);
+            ops->head_norm_rope_fwd(ctx, eq, eq, qn, pos, inv, T, H, d, 1e-6f);
+            ops->head_norm_rope_fwd(ctx, ek, ek, kn, pos, inv, T, Hk, d, 1e-6f);
+            CHECK(max_diff(q, eq, (size_t)T * H * d) == 0.0);
+            CHECK(max_diff(k, ek, (size_t)T * Hk * d) == 0.0);
+        } else {
+            rotate_ref(eq, pos, inv, T, H, d);
+            rotate_ref(ek, pos, inv, T, Hk, d);
+            CHECK(max_diff(q, eq, (size_t)T * H * d) < 1e-5);
+            CHECK(max_diff(k, ek, (size_t)T * Hk * d) < 1e-5);
         }
-        ops->rope_fwd(ctx, eq, pos, inv, T, H, d, H * d);
-        ops->rope_fwd(ctx, ek, pos, inv, T, Hk, d, Hk * d);
-        CHECK(max_diff(q, eq, (size_t)T * H * d) == 0.0);
-        CHECK(max_diff(k, ek, (size_t)T * Hk * d) == 0.0);
     }
     free(qkv), free(qn), free(kn), free(q), free(k), free(v), free(eq), free(ek);
 }
@@ -720,7 +742,7 @@ int main(void) {
     CHECK(ctx != NULL);
     test_rmsnorm();
     test_linear();
-    test_rope();
+    test_head_norm_rope();
     test_qkv_norm_rope();
     test_swiglu();
     test_attention_causal();

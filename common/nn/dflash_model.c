@@ -12,6 +12,7 @@
 #include "hf_config.h"
 #include "log.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,6 +279,8 @@ static void plan_acts(dflash_model *m, plan *p) {
 /* ---------------------------------------------------------------------------------------------
  * creation */
 
+#define LM_SCRATCH_BYTES ((size_t)2500 << 20) /* the lm_head chunk's logits, at most */
+
 dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_ctx *ctx,
                                const nn_buf *embed, const nn_buf *lm_head, int max_tokens,
                                int max_blocks, uint64_t init_seed) {
@@ -301,8 +304,13 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->max_tokens = max_tokens;
     m->max_blocks = max_blocks;
     int Qmax = max_blocks * cfg->block_size;
-    const char *chunk = getenv("DFLASH_LM_CHUNK"); /* rows per lm_head chunk (default 2048) */
-    m->lm_chunk = chunk && atoi(chunk) >= 2 ? atoi(chunk) : 2048;
+    /* rows per lm_head chunk: as many as LM_SCRATCH_BYTES of logits hold (all 7680 loss rows of
+     * a 512-anchor step at Qwen3's vocabulary in bf16: one product each way instead of four),
+     * or DFLASH_LM_CHUNK */
+    const char *chunk = getenv("DFLASH_LM_CHUNK");
+    size_t fit = LM_SCRATCH_BYTES / ((size_t)cfg->vocab_size * ops->act_bytes);
+    if (fit > INT_MAX) fit = INT_MAX;
+    m->lm_chunk = chunk && atoi(chunk) >= 2 ? atoi(chunk) : fit < 2 ? 2 : (int)fit;
     if (m->lm_chunk > Qmax) m->lm_chunk = Qmax; /* >= 2: block_size >= 2 */
     int L = cfg->num_layers;
     m->tensors = calloc((size_t)(3 + L * DFL_N_LAYER_TENSORS), sizeof *m->tensors);

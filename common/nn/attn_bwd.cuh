@@ -96,13 +96,19 @@ __device__ __forceinline__ bool bwd_piece_blocks(const nn_block_span *spans, int
 #define BLD 72 /* row stride (fp32) of a warp's bulk dQ staging tile: 16 rows x 64 columns */
 
 /* Bulk-copy engine reduction: dst[0 .. bytes) += src (fp32, 16-byte aligned, bytes % 16 == 0),
- * in this thread's bulk group; src must not change before bulk_wait_read. */
-__device__ __forceinline__ void bulk_red_add(float *dst, const float *src, int bytes) {
+ * added to this thread's open bulk group, not committed; src must not change before
+ * bulk_wait_read. */
+__device__ __forceinline__ void bulk_red_add_nc(float *dst, const float *src, int bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(src);
     asm volatile(
         "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
         "r"(s), "r"(bytes)
         : "memory");
+}
+
+/* bulk_red_add_nc, then its bulk group committed. */
+__device__ __forceinline__ void bulk_red_add(float *dst, const float *src, int bytes) {
+    bulk_red_add_nc(dst, src, bytes);
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 

@@ -101,15 +101,6 @@ __device__ __forceinline__ void named_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* Bulk-copy reduction dst[0 .. bytes) += src without committing (see bulk_red_add). */
-__device__ __forceinline__ void bulk_red_add_nc(float *dst, const float *src, int bytes) {
-    unsigned sa = (unsigned)__cvta_generic_to_shared(src);
-    asm volatile(
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-        "r"(sa), "r"(bytes)
-        : "memory");
-}
-
 /* bf16 A fragments of k-steps 0 .. N / 2 - 1 from C-layout accumulators (the C layout of 8-column
  * blocks 2 kk, 2 kk + 1 is the A layout of k-step kk) */
 template <int N>

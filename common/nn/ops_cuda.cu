@@ -861,7 +861,7 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         dws[i] = 0.0f;
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
-        __syncthreads(); /* the previous token's angles are no longer read */
+        __syncthreads(); /* dws set; the previous token's angles are no longer read */
         rope_angles(rot, pos[t], inv_freq, half);
         __syncthreads();
         for (int r0 = warp * per_warp; r0 < nh; r0 += nw * per_warp) {
@@ -897,6 +897,7 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
             if (valid) store8(dx + off, o8);
         }
     }
+    __syncthreads(); /* dws set even where the block had no token */
 #pragma unroll
     for (int e = 0; e < 8; e++)
         atomicAdd(&dws[8 * j + e], acc[e]);

@@ -23,10 +23,9 @@ enum {
 };
 static const char *po_names[PO_N] = {
     "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+res)", "head_norm_rope_fwd", "qkv_norm_rope_fwd",
-    "attention_causal_fwd",
-    "attention_block_fwd", "swiglu_fwd", "rmsnorm_bwd", "linear_bwd",
-    "head_norm_rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax", "sumsq",
-    "adamw", "f32_to_act", "copy", "copy2d", "zero", "rows_scatter"};
+    "attention_causal_fwd", "attention_block_fwd", "swiglu_fwd", "rmsnorm_bwd", "linear_bwd",
+    "head_norm_rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax",
+    "sumsq", "adamw", "f32_to_act", "copy", "copy2d", "zero", "rows_scatter"};
 
 #define PO_MAXEV 65536
 static const nn_ops *po_real;
@@ -172,7 +171,8 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.qkv_norm_rope_fwd = po_qkv;
     po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi;
     po_tab.rmsnorm_bwd = po_rmsb, po_tab.linear_bwd = po_linb;
-    po_tab.head_norm_rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib, po_tab.attention_block_bwd = po_attbb;
+    po_tab.head_norm_rope_bwd = po_ropeb, po_tab.swiglu_bwd = po_swib;
+    po_tab.attention_block_bwd = po_attbb;
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
     po_tab.linear_fwd_res = po_linr, po_tab.adamw_clip = po_adamwc;

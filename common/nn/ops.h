@@ -18,7 +18,8 @@
  * Conventions: forward functions overwrite their output. Backward functions ACCUMULATE (+=)
  * into weight gradients (dw, db, dgamma) and OVERWRITE input gradients (dx) unless an argument
  * says otherwise (linear_bwd's mode, rmsnorm_bwd's dres). Every function runs on the context's
- * stream (cpu: synchronously on the caller's thread, possibly with internal threads). No function allocates; scratch comes from the caller.
+ * stream (cpu: synchronously on the caller's thread, possibly with internal threads). No function
+ * allocates; scratch comes from the caller.
  */
 #ifndef DFLASH_NN_OPS_H
 #define DFLASH_NN_OPS_H

@@ -7,9 +7,10 @@
  *            model runs are loaded (n_loaded = deepest captured + 1, or all with all_layers).
  *   acts     one backend allocation planned for T_max tokens: the residual stream h, the
  *            scratch x, q, k, v, att, gu (first the fused q|k|v projection's output, then the
- *            fused gate|up one), mid, the index buffers used by the _host entry points, and (with max_logit_rows) the head rows and their logits; for a generation
- *            model (all layers, max_logit_rows > 0) also the KV cache [L, T_max, Hk*d] x 2 and
- *            the decode spans.
+ *            fused gate|up one), mid, the index buffers used by the _host entry points, and
+ *            (with max_logit_rows) the head rows and their logits; for a generation model (all
+ *            layers, max_logit_rows > 0) also the KV cache [L, T_max, Hk*d] x 2 and the decode
+ *            spans.
  *   host     small host scratch for target_generate (packed ids, positions, offsets, logits).
  * Generation with the cache: sequence s owns cache rows [base_s, base_s + cap_s); a prefill over
  * the packed prompts stores every layer's (normed, rotated) k and v there, then each decode step

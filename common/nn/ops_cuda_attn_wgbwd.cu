@@ -101,19 +101,6 @@ __device__ __forceinline__ void named_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* bf16 A fragments of k-steps 0 .. N / 2 - 1 from C-layout accumulators (the C layout of 8-column
- * blocks 2 kk, 2 kk + 1 is the A layout of k-step kk) */
-template <int N>
-__device__ __forceinline__ void wgb_pack(uint32_t (&f)[N / 2][4], const float (&c)[N][4]) {
-#pragma unroll
-    for (int kk = 0; kk < N / 2; kk++) {
-        f[kk][0] = pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
-        f[kk][1] = pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
-        f[kk][2] = pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-        f[kk][3] = pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-    }
-}
-
 /* cp.async of visit it's Q and dO rows (q, dout [Q, H, D]) into the core-matrix tiles Qs, dOs
  * (load_cm2's layout; padding rows zero-filled) and of its saved D and lse (dsave, lse [H, Q]; as
  * saved) into Dr, Lr (padding rows 0, 0): visit_issue's work for 256 threads, with the address
@@ -315,7 +302,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
                 s[n][e] = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -(e & 1 ? l1 : l0))) : 0.0f;
         }
         uint32_t pa[NT / 2][4];
-        wgb_pack<NT>(pa, s);
+        wg_pack_a<NT>(pa, s);
         wg_fence();
         wg_issue_pv<D, FROWS>(dv, pa, wg_desc(dOt, LBO_T, SBO_T)); /* dV += P^T dO */
         wg_wait<1>();                                              /* dP^T is in */
@@ -328,7 +315,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
                 dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x)) * a.scale;
         }
         uint32_t da[NT / 2][4];
-        wgb_pack<NT>(da, dp);
+        wg_pack_a<NT>(da, dp);
         wg_fence();
         wg_issue_pv<D, FROWS>(dk, da, wg_desc(Qt, LBO_T, SBO_T)); /* dK += dS^T Q */
         unsigned char *w = dS + (PIPE ? st : 0) * DSB + dsw;

@@ -135,8 +135,7 @@ template <int D, int NWG, int KT, int NS> static size_t wg_smem(void) {
 }
 
 
-/* O *= corr per row, and P (s) packed into bf16 A fragments pa (the C layout of 8-column blocks
- * 2 kk, 2 kk + 1 is the A layout of k16 step kk) */
+/* O *= corr per row, and P (s) packed into bf16 A fragments pa (wg_pack_a) */
 template <int D, int KT>
 __device__ __forceinline__ void wg_rescale(float (&o)[D / 8][4], const float corr[2],
                                            const float (&s)[KT / 8][4],
@@ -147,13 +146,7 @@ __device__ __forceinline__ void wg_rescale(float (&o)[D / 8][4], const float cor
             o[dt][0] *= corr[0], o[dt][1] *= corr[0];
             o[dt][2] *= corr[1], o[dt][3] *= corr[1];
         }
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) {
-        pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    wg_pack_a<KT / 8>(pa, s);
 }
 
 /* min (op 0) or max (op 1) over the 32 lanes */

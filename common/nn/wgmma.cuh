@@ -1,8 +1,8 @@
 /* wgmma: the Hopper warpgroup-MMA building blocks (sm_90a) that the wgmma attention kernels share
  * (ops_cuda_attn_wgmma.cu, the causal forward; ops_cuda_attn_wgbwd.cu, the block backward):
  * PTX wrappers for wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulators; A and B from shared
- * memory through descriptors, or A from registers), its fence / commit / wait, mbarriers, the
- * async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
+ * memory through descriptors, or A from registers), its fence / commit / wait, the packing of
+ * accumulators into register A fragments (wg_pack_a), mbarriers, the async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
  * attn_spans.cuh).
  * Layout (no swizzle): a core matrix is 8 rows x 16 bytes, 128 contiguous bytes; a tile of ROWS
  * rows x D bf16 puts element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 + (row % 8) 16
@@ -230,6 +230,19 @@ __device__ __forceinline__ void wg_issue_pv(float (&o)[D / 8][4], const uint32_t
     for (int kk = 0; kk < KT / 16; kk++) /* k16 step: 16 keys = 2 core-matrix rows */
         wg_rs_t<D>(o, pa[kk], dv + kk * (2 * (D / 8) * 128 / 16));
     wg_commit();
+}
+
+/* bf16 A fragments of k16 steps 0 .. N / 2 - 1 from C-layout accumulators of N 8-column blocks
+ * (the C layout of blocks 2 kk, 2 kk + 1 is the A layout of step kk): P for P V, dS for dS Q */
+template <int N>
+__device__ __forceinline__ void wg_pack_a(uint32_t (&f)[N / 2][4], const float (&c)[N][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 2; kk++) {
+        f[kk][0] = pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
+        f[kk][1] = pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
+        f[kk][2] = pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+        f[kk][3] = pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+    }
 }
 
 template <int N> __device__ __forceinline__ void wg_pin_u(uint32_t (&x)[N][4]) {

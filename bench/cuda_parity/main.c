@@ -644,6 +644,8 @@ int main(int argc, char **argv) {
         t_rmsnorm(133, 300);
         t_rmsnorm(532, 64);
         t_rmsnorm(64, 4096);
+        t_rmsnorm(2000, 4096); /* several rows per block of the one-pass backward */
+        t_rmsnorm(9000, 256);
         t_linear(257, 320, 192, 1);
         t_linear(64, 1024, 4096, 0);
         t_linear(1000, 48, 33, 0);

@@ -78,6 +78,7 @@ struct nn_ctx {
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
     long drains;                  /* host waits for the whole stream (stream_drains) */
+    int sms;                      /* the device's multiprocessors (persistent grids) */
 };
 
 /* Every host wait for the whole stream goes through here, so stream_drains counts them. */
@@ -467,10 +468,65 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
     atomicAdd(dw + col, s);
 }
 
+/* dx and dw in one pass, for rows of C = 8 * blockDim.x (a multiple of 256, at most 8192) with
+ * rstd saved and 16-byte aligned rows: thread t owns columns 8t .. 8t + 7 of every row, so it
+ * reads each element of dy, x, dres once, keeps w in registers, and sums its columns' dw over
+ * the block's rows (rows blockIdx.x, + gridDim.x, ...) in registers: one atomicAdd per column
+ * and block instead of a second pass over dy and x. dx may equal dy or dres. */
+__global__ void k_rmsnorm_bwd_rows(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
+                                   const bf16 *w, const float *rstd, int R, int C,
+                                   const bf16 *dres) {
+    __shared__ float part[32];
+    int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    load8(w + col, wv);
+    for (int r = blockIdx.x; r < R; r += gridDim.x) {
+        size_t at = (size_t)r * C + col;
+        float g[8], xv[8], res[8] = {0, 0, 0, 0, 0, 0, 0, 0}, rs = rstd[r], dot = 0.0f;
+        load8(dy + at, g), load8(x + at, xv);
+        if (dres) load8(dres + at, res);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            xv[e] *= rs; /* xhat */
+            acc[e] += g[e] * xv[e];
+            dot += g[e] * wv[e] * xv[e];
+        }
+        dot = warp_sum(dot);
+        if (lane == 0) part[warp] = dot;
+        __syncthreads();
+        float mean = 0.0f;
+        for (int i = 0; i < nwarps; i++)
+            mean += part[i];
+        mean /= (float)C;
+        __syncthreads(); /* part is rewritten by the next row */
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            g[e] = rs * (g[e] * wv[e] - xv[e] * mean) + res[e];
+        store8(dx + at, g);
+    }
+    if (dw)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            atomicAdd(dw + col + e, acc[e]);
+}
+
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
                            const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
+    if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
+        vec_ok(w, w, dres ? dres : w)) {
+        int threads = C / 8, per_sm = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rmsnorm_bwd_rows, threads,
+                                                          0) != cudaSuccess || per_sm < 1)
+            per_sm = 1;
+        int blocks = c->sms * per_sm < R ? c->sms * per_sm : R; /* one wave */
+        k_rmsnorm_bwd_rows<<<blocks, threads, 0, c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy,
+                                                              (const bf16 *)x, (const bf16 *)w,
+                                                              rstd, R, C, (const bf16 *)dres);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (dw) { /* before dx: dx may overwrite dy */
         dim3 g((C + 127) / 128, (R + COLSUM_ROWS - 1) / COLSUM_ROWS);
         assert(g.y <= 65535);
@@ -519,6 +575,24 @@ static int cu_matmul_tune(nn_ctx *c, int candidates) {
     return was;
 }
 
+/* "algo A tile T stages S swizzle W cluster C" of a chosen algorithm, for the tuning log. */
+static void lt_algo_name(const cublasLtMatmulAlgo_t *a, char *buf, size_t len) {
+    int32_t id = 0;
+    uint32_t tile = 0, stages = 0, sw = 0;
+    uint16_t cluster = 0;
+    size_t got = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages,
+                                         &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &sw, sizeof sw,
+                                         &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof cluster, &got);
+    snprintf(buf, len, "algo %d tile %u stages %u swizzle %u cluster %u", id, tile, stages, sw,
+             cluster);
+}
+
 /* The fastest of n candidates for entry e, timed on the call's own A and B into a scratch copy
  * of D (so a beta = 1 product reads the same C): one warm-up and 3 timed runs each. Waits for
  * the stream (counted as a drain): meant for start-up, where every shape is warmed. */
@@ -557,11 +631,13 @@ static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicRe
     CUDA_CHECK(cudaEventDestroy(ev[0]));
     CUDA_CHECK(cudaEventDestroy(ev[1]));
     CUDA_CHECK(cudaFree(scratch));
+    char name[96];
+    lt_algo_name(&res[pick].algo, name, sizeof name);
     fprintf(stderr,
             "ops_cuda: matmul m %d n %d k %d%s: candidate %d of %d, %.3f ms (heuristic's first "
-            "%.3f ms)\n",
+            "%.3f ms); %s\n",
             e->key.m, e->key.n, e->key.k, e->key.beta_nz ? " beta 1" : "", pick, n, best / 3,
-            first / 3);
+            first / 3, name);
     return pick;
 }
 
@@ -1533,6 +1609,7 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
         cudaMalloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
         cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
         !events_new(c) ||
+        cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         cuda_attention_init() != 0) {
         fprintf(stderr, "ops_cuda: cannot set up device %d: %s\n", device,
                 cudaGetErrorString(cudaGetLastError()));

@@ -274,6 +274,13 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->out_sums = take(p, 2 * 4);
     m->out_sumsq = take(p, 4);
     m->inv_freq = take(p, d / 2 * 4);
+    size_t U = (size_t)m->u_cap;
+    m->in_umap = take(p, Q * 4);
+    m->in_uids = take(p, U * 4);
+    m->eye = take(p, U * U * ab);
+    m->sel = take(p, Q * U * ab);
+    m->du32 = take(p, U * (H + 2 * Hk) * d * 4);
+    m->du = take(p, U * (H + 2 * Hk) * d * ab);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -312,6 +319,10 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     if (fit > INT_MAX) fit = INT_MAX;
     m->lm_chunk = chunk && atoi(chunk) >= 2 ? atoi(chunk) : fit < 2 ? 2 : (int)fit;
     if (m->lm_chunk > Qmax) m->lm_chunk = Qmax; /* >= 2: block_size >= 2 */
+    /* layer 0 dedup: on unless DFLASH_LAYER0_DEDUP=0 or beyond 1024 blocks (sel grows as
+     * Q x u_cap) */
+    const char *dedup = getenv("DFLASH_LAYER0_DEDUP");
+    m->u_cap = (dedup && atoi(dedup) == 0) || max_blocks > 1024 ? 0 : (max_blocks + 1 + 7) & ~7;
     int L = cfg->num_layers;
     m->tensors = calloc((size_t)(3 + L * DFL_N_LAYER_TENSORS), sizeof *m->tensors);
     m->resid = calloc((size_t)L + 1, sizeof *m->resid);
@@ -332,9 +343,13 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->h_blk_seq = malloc((size_t)max_blocks * 4);
     m->h_blk_anchor = malloc((size_t)max_blocks * 4);
     m->h_cand = malloc((size_t)max_tokens * 4);
+    m->h_umap = malloc(Q * 4);
+    m->h_uids = malloc((size_t)m->u_cap * 4 + 4);
+    m->h_uhash = malloc((size_t)m->u_cap * 16 + 4);
     if (!m->h_ids || !m->h_labels || !m->h_correct || !m->h_argmax || !m->h_weights || !m->h_pos ||
         !m->h_loss_rows || !m->h_loss_labels || !m->h_loss_weights || !m->h_spans ||
-        !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand)
+        !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand || !m->h_umap || !m->h_uids ||
+        !m->h_uhash)
         goto fail;
     plan_params(m);
 
@@ -380,6 +395,15 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     }
     ops->upload_raw(ctx, m->master, host, pbytes);
     dflash_model_sync_params(m);
+    if (m->u_cap) { /* the identity sel gathers its rows from (u_cap^2 <= 1032^2 floats) */
+        size_t U = (size_t)m->u_cap;
+        float *eye = calloc(U * U, sizeof(float));
+        if (!eye) goto fail;
+        for (size_t i = 0; i < U; i++)
+            eye[i * U + i] = 1.0f;
+        ops->upload(ctx, m->eye, eye, U * U);
+        free(eye);
+    }
     float *inv = host; /* reuse for the rope table */
     rope_inv_freq(inv, cfg->head_dim, cfg->rope_theta, NULL);
     ops->upload_raw(ctx, m->inv_freq, inv, (size_t)cfg->head_dim / 2 * sizeof(float));
@@ -416,11 +440,39 @@ void dflash_model_destroy(dflash_model **pm) {
     free(m->h_blk_seq);
     free(m->h_blk_anchor);
     free(m->h_cand);
+    free(m->h_umap);
+    free(m->h_uids);
+    free(m->h_uhash);
     free(m->tensors);
     free(m->resid);
     free(m->la);
     free(m);
     *pm = NULL;
+}
+
+/* The distinct ids among noise_ids[Q] in order of first appearance: h_uids[u], and
+ * h_umap[r] = u of row r. Returns their count U, or 0 (no dedup) when dedup is off, U would
+ * exceed u_cap or 2 U > Q (layer 0's xln keeps the U distinct rows and their inputs in its
+ * first 2 U rows). */
+static int distinct_rows(dflash_model *m, const int32_t *ids, int Q) {
+    int cap = m->u_cap, U = 0, slots = 1;
+    if (!cap) return 0;
+    while (slots < 2 * cap) /* a power of two below 4 u_cap: h_uhash's size */
+        slots <<= 1;
+    uint32_t mask = (uint32_t)slots - 1;
+    memset(m->h_uhash, 0xff, (size_t)slots * sizeof(int32_t));
+    for (int r = 0; r < Q; r++) {
+        uint32_t h = ((uint32_t)ids[r] * 2654435761u) & mask;
+        while (m->h_uhash[h] >= 0 && m->h_uids[m->h_uhash[h]] != ids[r])
+            h = (h + 1) & mask;
+        if (m->h_uhash[h] < 0) {
+            if (U == cap || 2 * (U + 1) > Q) return 0;
+            m->h_uids[U] = ids[r];
+            m->h_uhash[h] = U++;
+        }
+        m->h_umap[r] = m->h_uhash[h];
+    }
+    return U;
 }
 
 int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *noise_ids,
@@ -447,6 +499,11 @@ int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *nois
     m->cur_tc = Tc;
     m->cur_nb = nb;
     m->cur_loss_rows = n;
+    m->cur_u = distinct_rows(m, noise_ids, (int)Q);
+    if (m->cur_u) {
+        o->upload_raw(m->ctx, m->in_umap, m->h_umap, Q * sizeof(int32_t));
+        o->upload_raw(m->ctx, m->in_uids, m->h_uids, (size_t)m->cur_u * sizeof(int32_t));
+    }
     return 0;
 }
 
@@ -479,6 +536,77 @@ static void context_bwd(dflash_model *m, const nn_buf *X) {
                   dflash_model_weight(m, m->t_fc), Tc, c->n_feat * D, D, NN_BWD_DW_SET);
 }
 
+/* Layer 0's input norm and q, k, v products of the block rows on the cur_u distinct rows
+ * (see dflash_model.h): xln keeps their norm output in rows [0, U) and their inputs (embedding
+ * rows) in [U, 2U) for the backward; the products go to backward scratch (free during the
+ * forward) and are gathered to every block row. */
+static void qkv_blocks_fwd_distinct(dflash_model *m) {
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    dflash_layer_acts *a = &m->la[0];
+    int Tc = m->cur_tc, Q = m->cur_nb * c->block_size, U = m->cur_u, D = c->hidden_size;
+    int Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
+    nn_buf *xu = row(m, a->xln, U, D);
+    o->embedding_fwd(m->ctx, xu, m->in_uids, m->embed, U, D);
+    o->rmsnorm_fwd(m->ctx, a->xln, a->rstd_in, xu, LW(m, 0, DFL_IN_LN), U, D,
+                   (float)c->rms_norm_eps);
+    o->linear_fwd(m->ctx, m->dqraw, a->xln, LW(m, 0, DFL_Q), NULL, U, D, Hd);
+    o->embedding_fwd(m->ctx, a->qraw, m->in_umap, m->dqraw, Q, Hd);
+    o->linear_fwd(m->ctx, m->dkraw, a->xln, LW(m, 0, DFL_K), NULL, U, D, Hkd);
+    o->embedding_fwd(m->ctx, row(m, a->kraw, Tc, Hkd), m->in_umap, m->dkraw, Q, Hkd);
+    o->linear_fwd(m->ctx, m->dv, a->xln, LW(m, 0, DFL_V), NULL, U, D, Hkd);
+    o->embedding_fwd(m->ctx, row(m, a->v, Tc, Hkd), m->in_umap, m->dv, Q, Hkd);
+}
+
+/* Backward of the block rows' q, k, v products and input norm, layer l: dqraw and the block
+ * rows of dkraw and dv in, dxln through the three products (the first sets it), then the
+ * norm's backward, which adds the residual's own gradient dh in place (dres = dx). */
+static void qkv_blocks_bwd(dflash_model *m, int l) {
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    dflash_layer_acts *a = &m->la[l];
+    int Tc = m->cur_tc, Q = m->cur_nb * c->block_size, D = c->hidden_size;
+    int Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
+    const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,
+                  Hd, set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hkd), a->xln,
+                  LW(m, l, DFL_K), Q, D, Hkd, add | set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hkd), a->xln,
+                  LW(m, l, DFL_V), Q, D, Hkd, add | set);
+    o->rmsnorm_bwd(m->ctx, m->dh, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l], LW(m, l, DFL_IN_LN),
+                   a->rstd_in, Q, D, m->dh);
+}
+
+/* The same for layer 0 on its distinct rows: the gradients of q, k, v are summed per distinct
+ * row (du = sel^T [dq | dk | dv], fp32, one product each with the one-hot rows sel, then
+ * rounded once), the products' backward runs on U rows, and the input norm's backward gives
+ * only its weight's gradient (resid[0], the frozen embedding, takes none). */
+static void qkv_blocks_bwd_distinct(dflash_model *m) {
+    const nn_ops *o = m->ops;
+    const dflash_config *c = &m->cfg;
+    dflash_layer_acts *a = &m->la[0];
+    int Tc = m->cur_tc, Q = m->cur_nb * c->block_size, U = m->cur_u, Uc = m->u_cap;
+    int D = c->hidden_size, Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
+    const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
+    float *sq = m->du32, *sk = sq + (size_t)Uc * Hd, *sv = sk + (size_t)Uc * Hkd;
+    nn_buf *uq = m->du, *uk = row(m, m->du, Uc, Hd), *uv = row(m, uk, Uc, Hkd);
+    o->embedding_fwd(m->ctx, m->sel, m->in_umap, m->eye, Q, Uc);
+    o->linear_bwd(m->ctx, NULL, sq, NULL, m->sel, m->dqraw, NULL, Q, Hd, Uc, set);
+    o->linear_bwd(m->ctx, NULL, sk, NULL, m->sel, row(m, m->dkraw, Tc, Hkd), NULL, Q, Hkd, Uc,
+                  set);
+    o->linear_bwd(m->ctx, NULL, sv, NULL, m->sel, row(m, m->dv, Tc, Hkd), NULL, Q, Hkd, Uc, set);
+    o->f32_to_act(m->ctx, m->du, m->du32, (size_t)Uc * (Hd + 2 * Hkd));
+    o->linear_bwd(m->ctx, m->dxln, LG(m, 0, DFL_Q), NULL, uq, a->xln, LW(m, 0, DFL_Q), U, D, Hd,
+                  set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, 0, DFL_K), NULL, uk, a->xln, LW(m, 0, DFL_K), U, D, Hkd,
+                  add | set);
+    o->linear_bwd(m->ctx, m->dxln, LG(m, 0, DFL_V), NULL, uv, a->xln, LW(m, 0, DFL_V), U, D, Hkd,
+                  add | set);
+    o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, 0, DFL_IN_LN), m->dxln, row(m, a->xln, U, D),
+                   LW(m, 0, DFL_IN_LN), a->rstd_in, U, D, NULL);
+}
+
 /* Attention with KV injection, layer l. Input resid[l] [Q,D], output hmid [Q,D].
  *   xln = rmsnorm(h); qraw = xln Wq^T; q = rope(rmsnorm_head(qraw))
  *   kraw = [Ht Wk^T ; xln Wk^T]; k = rope(rmsnorm_head(kraw)) at [ctx pos ; blk pos]
@@ -491,12 +619,18 @@ static void attn_fwd(dflash_model *m, int l) {
     int D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
     float eps = (float)c->rms_norm_eps;
     const nn_buf *h = m->resid[l];
-    o->rmsnorm_fwd(m->ctx, a->xln, a->rstd_in, h, LW(m, l, DFL_IN_LN), Q, D, eps);
-    o->linear_fwd(m->ctx, a->qraw, a->xln, LW(m, l, DFL_Q), NULL, Q, D, H * d);
+    if (l == 0 && m->cur_u) {
+        qkv_blocks_fwd_distinct(m);
+    } else {
+        o->rmsnorm_fwd(m->ctx, a->xln, a->rstd_in, h, LW(m, l, DFL_IN_LN), Q, D, eps);
+        o->linear_fwd(m->ctx, a->qraw, a->xln, LW(m, l, DFL_Q), NULL, Q, D, H * d);
+        o->linear_fwd(m->ctx, row(m, a->kraw, Tc, Hk * d), a->xln, LW(m, l, DFL_K), NULL, Q, D,
+                      Hk * d);
+        o->linear_fwd(m->ctx, row(m, a->v, Tc, Hk * d), a->xln, LW(m, l, DFL_V), NULL, Q, D,
+                      Hk * d);
+    }
     o->linear_fwd(m->ctx, a->kraw, m->Ht, LW(m, l, DFL_K), NULL, Tc, D, Hk * d);
-    o->linear_fwd(m->ctx, row(m, a->kraw, Tc, Hk * d), a->xln, LW(m, l, DFL_K), NULL, Q, D, Hk * d);
     o->linear_fwd(m->ctx, a->v, m->Ht, LW(m, l, DFL_V), NULL, Tc, D, Hk * d);
-    o->linear_fwd(m->ctx, row(m, a->v, Tc, Hk * d), a->xln, LW(m, l, DFL_V), NULL, Q, D, Hk * d);
     o->head_norm_rope_fwd(m->ctx, a->q, a->qraw, LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq,
                           Q, H, d, eps);
     o->head_norm_rope_fwd(m->ctx, a->k, a->kraw, LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk,
@@ -525,22 +659,16 @@ static void attn_bwd(dflash_model *m, int l) {
                           LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq, Q, H, d, eps);
     o->head_norm_rope_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw,
                           LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk, Hk, d, eps);
-    /* block rows: dxln from q, k, v projections (the first product of each weight sets it) */
-    const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
-    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,
-                  H * d, set);
-    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hk * d), a->xln,
-                  LW(m, l, DFL_K), Q, D, Hk * d, add | set);
-    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hk * d), a->xln,
-                  LW(m, l, DFL_V), Q, D, Hk * d, add | set);
-    /* context rows: dHt accumulates over layers, dWk and dWv over both row sets */
+    /* block rows (the first product of each weight sets its gradient), then the context rows:
+     * dHt accumulates over layers, dWk and dWv over both row sets */
+    if (l == 0 && m->cur_u)
+        qkv_blocks_bwd_distinct(m);
+    else
+        qkv_blocks_bwd(m, l);
     o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_K), NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc, D,
-                  Hk * d, add);
+                  Hk * d, NN_BWD_DX_ADD);
     o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D,
-                  Hk * d, add);
-    /* xln = rmsnorm(h); the residual's own gradient dh is added in place (dres = dx) */
-    o->rmsnorm_bwd(m->ctx, m->dh, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l], LW(m, l, DFL_IN_LN),
-                   a->rstd_in, Q, D, m->dh);
+                  Hk * d, NN_BWD_DX_ADD);
 }
 
 /* MLP, layer l: yln = rmsnorm(hmid); resid[l+1] = hmid + (silu(yln Wg^T) * yln Wu^T) Wd^T,
@@ -640,9 +768,10 @@ int dflash_model_tune(dflash_model *m, int candidates) {
     for (int j = 0; j < nb; j++) {
         int32_t anchor = 1 + (int32_t)((int64_t)j * (Tc - 1) / nb);
         m->h_spans[j] = (nn_block_span){0, anchor, Tc + j * B, 1};
+        int32_t token = j < c->mask_token_id ? j : j + 1; /* as training: distinct anchors */
         for (int i = 0; i < B; i++) {
             size_t r = (size_t)j * B + (size_t)i;
-            m->h_ids[r] = 0;
+            m->h_ids[r] = i == 0 ? token % c->vocab_size : c->mask_token_id;
             m->h_pos[Tc + r] = anchor + i;
             m->h_labels[r] = 0;
             m->h_weights[r] = i > 0 ? 1.0f : 0.0f;

@@ -177,6 +177,21 @@ typedef struct dflash_model {
     float *out_sums;         /* [2] loss_sum, weight_sum */
     float *out_sumsq;        /* [1] */
     float *inv_freq;         /* [d/2] */
+    /* layer 0 on distinct input rows: block rows are [anchor token, MASK x (B-1)], so the rows
+     * of resid[0] repeat and layer 0's norm and q, k, v products (forward and backward) run
+     * on the U distinct rows only (U <= nb + 1), gathered back to all Q rows after the
+     * products; their gradients are summed per distinct row first by a product with a one-hot
+     * selection matrix. u_cap: the planned U (0: off: DFLASH_LAYER0_DEDUP=0 or too many
+     * blocks). */
+    int u_cap;               /* nb_max + 1 rounded up to 8 (aligned rows of sel), or 0 */
+    int32_t *in_umap;        /* [Q] distinct row of each block row */
+    int32_t *in_uids;        /* [u_cap] token id of each distinct row */
+    nn_buf *eye;             /* [u_cap, u_cap] identity (the rows sel gathers) */
+    nn_buf *sel;             /* [Q, u_cap] one-hot rows: sel[r, in_umap[r]] = 1 */
+    float *du32;             /* [u_cap, H*d + 2*Hk*d] fp32 per-row gradient sums of q | k | v */
+    nn_buf *du;              /* the same in act */
+    int32_t *h_umap, *h_uids, *h_uhash; /* host staging; h_uhash: open addressing, 4 u_cap */
+    int cur_u;               /* distinct rows of the inputs set last (0: no dedup this step) */
     int cur_tc, cur_nb;      /* shape of the inputs set last */
     int cur_loss_rows;       /* their loss rows (0 without weights) */
     /* metrics of queued training steps on their way to the host (dflash_train.c owns them;

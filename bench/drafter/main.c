@@ -23,11 +23,12 @@
  *   + 4 * Qw * D * V                                         lm_head logits + dh (frozen)
  *   - 6 * (Q - U) * (D*H*d + 2*D*Hk*d)                       layer 0's q, k, v on U rows
  *   + 2 * Q * Ucap * (H + 2*Hk) * d                          their one-hot gradient sums
+ *   - 6 * (Q - Qc) * (H*d*D + 3*D*F)                         last layer's o, MLP on Qc rows
  * with Q = blocks * 16 and Qw the rows of weight > 0, the only ones the loss computes (15 of a
  * block's 16; the PyTorch reference computes and counts all Q, so its MFU counts 1/16 of its
  * lm_head work that ours skips: compare the two by time per step), and U the distinct input
  * rows of layer 0 (at most nb + 1: the anchors' tokens and MASK; dflash_model.h), Ucap its
- * padded capacity. MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
+ * padded capacity, Qc = blocks * 15 the rows the loss can read (all but each block's first). MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
  * device memory = memory in use after the steps (nothing is allocated in a step), including
  * the drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
  * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes.
@@ -152,6 +153,9 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
                 4.0 * T * (double)NF * D * D + 12.0 * H * HD * keys * layers +
                 4.0 * m->cur_loss_rows * D * (double)V - 6.0 * (Q - U) * qkv_row +
                 (m->cur_u ? 2.0 * Q * m->u_cap * (H + 2.0 * HK) * HD : 0.0);
+        /* the last layer's o_proj and MLP on the Qc rows the loss reads */
+        if (m->last_compact)
+            flop -= 6.0 * (Q - m->cur_qc) * ((double)H * HD * D + 3.0 * D * FF);
     }
     while (dflash_train_collect(m, &met) == 1) {
     }

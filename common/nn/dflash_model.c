@@ -275,6 +275,8 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->out_sumsq = take(p, 4);
     m->inv_freq = take(p, d / 2 * 4);
     size_t U = (size_t)m->u_cap;
+    m->in_rows_c = take(p, Q * 4);
+    m->in_loss_rows_c = take(p, Q * 4);
     m->in_umap = take(p, Q * 4);
     m->in_uids = take(p, U * 4);
     m->eye = take(p, U * U * ab);
@@ -323,6 +325,8 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
      * Q x u_cap) */
     const char *dedup = getenv("DFLASH_LAYER0_DEDUP");
     m->u_cap = (dedup && atoi(dedup) == 0) || max_blocks > 1024 ? 0 : (max_blocks + 1 + 7) & ~7;
+    const char *last = getenv("DFLASH_LAST_LAYER_ROWS");
+    m->last_rows_ok = !(last && !strcmp(last, "all"));
     int L = cfg->num_layers;
     m->tensors = calloc((size_t)(3 + L * DFL_N_LAYER_TENSORS), sizeof *m->tensors);
     m->resid = calloc((size_t)L + 1, sizeof *m->resid);
@@ -343,13 +347,15 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     m->h_blk_seq = malloc((size_t)max_blocks * 4);
     m->h_blk_anchor = malloc((size_t)max_blocks * 4);
     m->h_cand = malloc((size_t)max_tokens * 4);
+    m->h_rows_c = malloc(Q * 4);
+    m->h_loss_rows_c = malloc(Q * 4);
     m->h_umap = malloc(Q * 4);
     m->h_uids = malloc((size_t)m->u_cap * 4 + 4);
     m->h_uhash = malloc((size_t)m->u_cap * 16 + 4);
     if (!m->h_ids || !m->h_labels || !m->h_correct || !m->h_argmax || !m->h_weights || !m->h_pos ||
         !m->h_loss_rows || !m->h_loss_labels || !m->h_loss_weights || !m->h_spans ||
         !m->h_blk_seq || !m->h_blk_anchor || !m->h_cand || !m->h_umap || !m->h_uids ||
-        !m->h_uhash)
+        !m->h_uhash || !m->h_rows_c || !m->h_loss_rows_c)
         goto fail;
     plan_params(m);
 
@@ -440,6 +446,8 @@ void dflash_model_destroy(dflash_model **pm) {
     free(m->h_blk_seq);
     free(m->h_blk_anchor);
     free(m->h_cand);
+    free(m->h_rows_c);
+    free(m->h_loss_rows_c);
     free(m->h_umap);
     free(m->h_uids);
     free(m->h_uhash);
@@ -484,17 +492,28 @@ int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *nois
     o->upload_raw(m->ctx, m->in_ids, noise_ids, Q * sizeof(int32_t));
     o->upload_raw(m->ctx, m->in_pos, pos, ((size_t)Tc + Q) * sizeof(int32_t));
     o->upload_raw(m->ctx, m->in_spans, spans, (size_t)nb * sizeof(nn_block_span));
-    int n = 0;
+    int n = 0, B = m->cfg.block_size;
     for (size_t r = 0; labels && weights && r < Q; r++)
         if (weights[r] > 0.0f) {
             m->h_loss_rows[n] = (int32_t)r;
+            /* loss rows are never a block's first: their row among the Qc others */
+            m->h_loss_rows_c[n] = r % B ? (int32_t)(r / B * (B - 1) + r % B - 1) : -1;
             m->h_loss_labels[n] = labels[r];
             m->h_loss_weights[n++] = weights[r];
         }
+    m->cur_qc = nb * (B - 1);
+    for (int i = 0; i < n && m->cur_qc; i++)
+        if (m->h_loss_rows_c[i] < 0) m->cur_qc = 0; /* a weighted first row: no compaction */
+    for (int i = 0; i < m->cur_qc; i++)
+        m->h_rows_c[i] = i / (B - 1) * B + i % (B - 1) + 1;
     if (n) {
         o->upload_raw(m->ctx, m->in_loss_rows, m->h_loss_rows, (size_t)n * sizeof(int32_t));
         o->upload_raw(m->ctx, m->in_labels, m->h_loss_labels, (size_t)n * sizeof(int32_t));
         o->upload_raw(m->ctx, m->in_weights, m->h_loss_weights, (size_t)n * sizeof(float));
+    }
+    if (n && m->cur_qc) {
+        o->upload_raw(m->ctx, m->in_loss_rows_c, m->h_loss_rows_c, (size_t)n * sizeof(int32_t));
+        o->upload_raw(m->ctx, m->in_rows_c, m->h_rows_c, (size_t)m->cur_qc * sizeof(int32_t));
     }
     m->cur_tc = Tc;
     m->cur_nb = nb;
@@ -607,6 +626,16 @@ static void qkv_blocks_bwd_distinct(dflash_model *m) {
                    LW(m, 0, DFL_IN_LN), a->rstd_in, U, D, NULL);
 }
 
+/* Whether layer l's o_proj and MLP run on the Qc compact rows (last_compact, last layer). */
+static bool compact_layer(const dflash_model *m, int l) {
+    return m->last_compact && l == m->cfg.num_layers - 1;
+}
+
+/* Rows of layer l's o_proj output, MLP and (after the last layer) final norm: Qc or Q. */
+static int post_attn_rows(const dflash_model *m, int l) {
+    return compact_layer(m, l) ? m->cur_qc : m->cur_nb * m->cfg.block_size;
+}
+
 /* Attention with KV injection, layer l. Input resid[l] [Q,D], output hmid [Q,D].
  *   xln = rmsnorm(h); qraw = xln Wq^T; q = rope(rmsnorm_head(qraw))
  *   kraw = [Ht Wk^T ; xln Wk^T]; k = rope(rmsnorm_head(kraw)) at [ctx pos ; blk pos]
@@ -637,7 +666,13 @@ static void attn_fwd(dflash_model *m, int l) {
                           Hk, d, eps);
     o->attention_block_fwd(m->ctx, a->att, a->lse, a->q, a->k, a->v, m->in_spans, nb, B, Tk, H, Hk,
                            d);
-    o->linear_fwd_res(m->ctx, a->hmid, a->att, LW(m, l, DFL_O), h, Q, H * d, D);
+    if (compact_layer(m, l)) { /* att and h of the Qc rows: backward scratch until then */
+        o->embedding_fwd(m->ctx, m->dq, m->in_rows_c, a->att, m->cur_qc, H * d);
+        o->embedding_fwd(m->ctx, m->dtmp, m->in_rows_c, h, m->cur_qc, D);
+        o->linear_fwd_res(m->ctx, a->hmid, m->dq, LW(m, l, DFL_O), m->dtmp, m->cur_qc, H * d, D);
+    } else {
+        o->linear_fwd_res(m->ctx, a->hmid, a->att, LW(m, l, DFL_O), h, Q, H * d, D);
+    }
 }
 
 /* Backward of attn_fwd: dh [Q,D] holds d/d hmid on entry and d/d resid[l] on exit; dHt
@@ -649,8 +684,20 @@ static void attn_bwd(dflash_model *m, int l) {
     int Tc = m->cur_tc, nb = m->cur_nb, B = c->block_size, Q = nb * B, Tk = Tc + Q;
     int D = c->hidden_size, H = c->num_heads, Hk = c->num_kv_heads, d = c->head_dim;
     /* hmid = h + att Wo^T */
-    o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q, H * d,
-                  D, NN_BWD_DW_SET);
+    if (compact_layer(m, l)) { /* on the Qc rows, then both gradients spread to all Q rows */
+        int qc = m->cur_qc;
+        size_t ab = o->act_bytes;
+        o->linear_bwd(m->ctx, m->dqraw, LG(m, l, DFL_O), NULL, m->dh, m->dq, LW(m, l, DFL_O), qc,
+                      H * d, D, NN_BWD_DW_SET);
+        o->zero(m->ctx, m->datt, (size_t)Q * H * d * ab);
+        o->rows_scatter(m->ctx, m->datt, m->in_rows_c, m->dqraw, qc, (size_t)H * d * ab);
+        o->copy(m->ctx, m->dtmp, m->dh, (size_t)qc * D * ab);
+        o->zero(m->ctx, m->dh, (size_t)Q * D * ab);
+        o->rows_scatter(m->ctx, m->dh, m->in_rows_c, m->dtmp, qc, (size_t)D * ab);
+    } else {
+        o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q,
+                      H * d, D, NN_BWD_DW_SET);
+    }
     o->attention_block_bwd(m->ctx, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
                            m->in_spans, nb, B, Tk, H, Hk, d);
     /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
@@ -672,12 +719,12 @@ static void attn_bwd(dflash_model *m, int l) {
 }
 
 /* MLP, layer l: yln = rmsnorm(hmid); resid[l+1] = hmid + (silu(yln Wg^T) * yln Wu^T) Wd^T,
- * gate and up from one product (Wg and Wu lie back to back). */
+ * gate and up from one product (Wg and Wu lie back to back); on post_attn_rows rows. */
 static void mlp_fwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
-    int Q = m->cur_nb * c->block_size, D = c->hidden_size, F = c->intermediate_size;
+    int Q = post_attn_rows(m, l), D = c->hidden_size, F = c->intermediate_size;
     o->rmsnorm_fwd(m->ctx, a->yln, a->rstd_post, a->hmid, LW(m, l, DFL_POST_LN), Q, D,
                    (float)c->rms_norm_eps);
     o->linear_fwd(m->ctx, a->gu, a->yln, LW(m, l, DFL_GATE), NULL, Q, D, 2 * F);
@@ -690,7 +737,7 @@ static void mlp_bwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
-    int Q = m->cur_nb * c->block_size, D = c->hidden_size, F = c->intermediate_size;
+    int Q = post_attn_rows(m, l), D = c->hidden_size, F = c->intermediate_size;
     o->linear_bwd(m->ctx, m->dact, LG(m, l, DFL_DOWN), NULL, m->dh, a->act, LW(m, l, DFL_DOWN), Q,
                   F, D, NN_BWD_DW_SET);
     o->swiglu_bwd(m->ctx, m->dgu, m->dact, a->gu, Q, F);
@@ -701,17 +748,28 @@ static void mlp_bwd(dflash_model *m, int l) {
                    a->rstd_post, Q, D, m->dh);
 }
 
-void dflash_model_forward(dflash_model *m, const nn_buf *X) {
+static void forward_rows(dflash_model *m, const nn_buf *X, bool compact) {
     const dflash_config *c = &m->cfg;
-    int Q = m->cur_nb * c->block_size, D = c->hidden_size;
+    int Q = m->cur_nb * c->block_size, D = c->hidden_size, L = c->num_layers;
+    m->last_compact = compact;
     context_fwd(m, X);
     m->ops->embedding_fwd(m->ctx, m->resid[0], m->in_ids, m->embed, Q, D);
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < L; l++) {
         attn_fwd(m, l);
         mlp_fwd(m, l);
     }
-    m->ops->rmsnorm_fwd(m->ctx, m->out, m->rstd_out, m->resid[c->num_layers],
-                        dflash_model_weight(m, m->t_norm), Q, D, (float)c->rms_norm_eps);
+    m->ops->rmsnorm_fwd(m->ctx, m->out, m->rstd_out, m->resid[L],
+                        dflash_model_weight(m, m->t_norm), post_attn_rows(m, L - 1), D,
+                        (float)c->rms_norm_eps);
+}
+
+void dflash_model_forward(dflash_model *m, const nn_buf *X) {
+    forward_rows(m, X, false);
+}
+
+void dflash_model_forward_loss(dflash_model *m, const nn_buf *X, float inv_norm) {
+    forward_rows(m, X, m->last_rows_ok && m->cur_qc > 0 && m->cur_loss_rows > 0);
+    dflash_model_loss(m, inv_norm);
 }
 
 /* Final norm + lm_head + weighted CE: out = rmsnorm(h, norm); dh = d loss / d out. */
@@ -720,14 +778,18 @@ void dflash_model_loss(dflash_model *m, float inv_norm) {
     const dflash_config *c = &m->cfg;
     int Q = m->cur_nb * c->block_size, D = c->hidden_size, n = m->cur_loss_rows;
     size_t row_bytes = (size_t)D * o->act_bytes;
+    /* out's rows: all Q, or the Qc compact ones (last_compact) where the loss rows sit at
+     * in_loss_rows_c */
+    const int32_t *at = m->last_compact ? m->in_loss_rows_c : m->in_loss_rows;
+    int rows = post_attn_rows(m, c->num_layers - 1);
     /* the loss rows of out, packed into dtmp; their gradients into dxln (both backward scratch,
      * free until the backward starts), then spread into dh, zero elsewhere */
-    o->embedding_fwd(m->ctx, m->dtmp, m->in_loss_rows, m->out, n, D);
+    o->embedding_fwd(m->ctx, m->dtmp, at, m->out, n, D);
     o->lm_head_xent(m->ctx, m->dxln, m->out_sums, m->loss_correct, m->dtmp, m->lm_head,
                     m->in_labels, m->in_weights, inv_norm, m->lm_scratch, n, D, c->vocab_size,
                     m->lm_chunk);
-    o->zero(m->ctx, m->dh, (size_t)Q * row_bytes);
-    o->rows_scatter(m->ctx, m->dh, m->in_loss_rows, m->dxln, n, row_bytes);
+    o->zero(m->ctx, m->dh, (size_t)rows * row_bytes);
+    o->rows_scatter(m->ctx, m->dh, at, m->dxln, n, row_bytes);
     o->zero(m->ctx, m->out_correct, (size_t)Q * sizeof(int32_t));
     o->rows_scatter(m->ctx, m->out_correct, m->in_loss_rows, m->loss_correct, n, sizeof(int32_t));
 }
@@ -735,13 +797,14 @@ void dflash_model_loss(dflash_model *m, float inv_norm) {
 void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
-    int Q = m->cur_nb * c->block_size, D = c->hidden_size, L = c->num_layers;
+    int D = c->hidden_size, L = c->num_layers;
     /* the norm weights' gradients are sums of atomic adds: zeroed first; every matrix's first
      * product (NN_BWD_DW_SET) overwrites its gradient */
     o->zero(m->ctx, m->grads + m->n_decay, (m->n_params - m->n_decay) * sizeof(float));
     /* out = rmsnorm(resid[L], norm): dh <- d/d resid[L] (dx may equal dy) */
     o->rmsnorm_bwd(m->ctx, m->dh, dflash_model_grad(m, m->t_norm), m->dh, m->resid[L],
-                   dflash_model_weight(m, m->t_norm), m->rstd_out, Q, D, NULL);
+                   dflash_model_weight(m, m->t_norm), m->rstd_out, post_attn_rows(m, L - 1), D,
+                   NULL);
     o->zero(m->ctx, m->dHt, (size_t)m->cur_tc * D * o->act_bytes);
     for (int l = L - 1; l >= 0; l--) {
         mlp_bwd(m, l);
@@ -782,8 +845,7 @@ int dflash_model_tune(dflash_model *m, int candidates) {
     int rc = dflash_model_set_inputs(m, Tc, nb, m->h_ids, m->h_pos, m->h_spans, m->h_labels,
                                      m->h_weights);
     if (rc == 0) {
-        dflash_model_forward(m, X);
-        dflash_model_loss(m, (float)(1.0 / (double)(Q - (size_t)nb)));
+        dflash_model_forward_loss(m, X, (float)(1.0 / (double)(Q - (size_t)nb)));
         dflash_model_backward(m, X);
         o->sync(m->ctx);
     }

@@ -192,6 +192,16 @@ typedef struct dflash_model {
     nn_buf *du;              /* the same in act */
     int32_t *h_umap, *h_uids, *h_uhash; /* host staging; h_uhash: open addressing, 4 u_cap */
     int cur_u;               /* distinct rows of the inputs set last (0: no dedup this step) */
+    /* the last layer on the predicted rows: no loss reads a block's offset-0 row (it holds the
+     * anchor's own token), so in a training step (dflash_model_forward_loss) the last layer's
+     * o_proj, MLP and the final norm run on the Qc = nb * (B - 1) other rows, gathered
+     * (in_rows_c), and the loss reads them at in_loss_rows_c. Off: DFLASH_LAST_LAYER_ROWS=all */
+    bool last_rows_ok;       /* allowed (creation) */
+    bool last_compact;       /* the forward ran so: the backward follows it */
+    int cur_qc;              /* Qc of the inputs set last */
+    int32_t *in_rows_c;      /* [Q] block row of compact row i */
+    int32_t *in_loss_rows_c; /* [Q] compact row of loss row i */
+    int32_t *h_rows_c, *h_loss_rows_c; /* host staging */
     int cur_tc, cur_nb;      /* shape of the inputs set last */
     int cur_loss_rows;       /* their loss rows (0 without weights) */
     /* metrics of queued training steps on their way to the host (dflash_train.c owns them;
@@ -246,6 +256,11 @@ void dflash_model_loss(dflash_model *m, float inv_norm);
  * (overwrites them: a step needs no zeroing before; the padding between tensors stays 0).
  * X must be the forward's. */
 void dflash_model_backward(dflash_model *m, const nn_buf *X);
+/* A training step's forward and loss: dflash_model_forward then dflash_model_loss, except that
+ * the last layer's o_proj, MLP and final norm run on the rows the loss can read (every row but
+ * each block's first; see last_rows_ok), so out holds those rows only. dflash_model_backward
+ * then follows the same rows. */
+void dflash_model_forward_loss(dflash_model *m, const nn_buf *X, float inv_norm);
 /* Greedy lm_head argmax of every query row into out_argmax [Q] (backend memory). */
 void dflash_model_predict(dflash_model *m);
 /* Start-up tuning (cuda: matmul_tune): one forward, loss and backward at the planned maximum

@@ -358,8 +358,7 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     }
     size_t Q = (size_t)nb * (size_t)m->cfg.block_size;
     memcpy(r->weights, m->h_weights, Q * sizeof(float));
-    dflash_model_forward(m, b->hidden);
-    dflash_model_loss(m, (float)(1.0 / wsum));
+    dflash_model_forward_loss(m, b->hidden, (float)(1.0 / wsum));
     o->download_raw_async(m->ctx, r->h_sums, m->out_sums, 2 * sizeof(float));
     o->download_raw_async(m->ctx, r->h_correct, m->out_correct, Q * sizeof(int32_t));
     r->forward = true;

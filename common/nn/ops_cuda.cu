@@ -919,28 +919,35 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
     CUDA_CHECK_LAUNCH();
 }
 
-/* Backward, vector path only (d as above): blocks take tokens in turn (grid-stride). Per head
- * row: g = the rotation by -angle of dy (fp32), rs from x as the forward computed it,
- * dx = rs (g w - xhat mean(g w xhat)), xhat = x rs; each lane sums g xhat over its rows for its
- * 8 columns, the block adds them in shared memory and then into dw with one atomic per column. */
+/* Backward, vector path only (d as above): each warp takes tokens in turn (grid-stride over
+ * all warps), with no block barrier inside the loop: a lane computes the sincosf of its own 8
+ * columns' angles once per token (the same values as rope_angles) and keeps them in registers
+ * across the token's head rows. Per head row: g = the rotation by -angle of dy (fp32), rs from
+ * x as the forward computed it, dx = rs (g w - xhat mean(g w xhat)), xhat = x rs; each lane
+ * sums g xhat over its rows for its 8 columns, the block adds them in shared memory and then
+ * into dw with one atomic per column. */
 __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
                                      const bf16 *w, const int32_t *pos, const float *inv_freq,
                                      int T, int nh, int d, float eps) {
-    extern __shared__ float sh[]; /* cos [d/2], sin [d/2], dw partial [d] */
-    float *rot = sh, *dws = sh + d;
+    extern __shared__ float dws[]; /* dw partial [d] */
     const int half = d / 2, L = d / 8, per_warp = 32 / L, lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32, nw = blockDim.x / 32, j = lane % L;
+    const int nw = blockDim.x / 32, j = lane % L;
     const bool first = j < L / 2;
     const int i0 = first ? 8 * j : 8 * j - half;
-    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float wv[8], fr[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     load8(w + 8 * j, wv);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        fr[e] = inv_freq[i0 + e];
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         dws[i] = 0.0f;
-    for (int t = blockIdx.x; t < T; t += gridDim.x) {
-        __syncthreads(); /* dws set; the previous token's angles are no longer read */
-        rope_angles(rot, pos[t], inv_freq, half);
-        __syncthreads();
-        for (int r0 = warp * per_warp; r0 < nh; r0 += nw * per_warp) {
+    for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
+        float cs[8], sn[8];
+        const float p = (float)pos[t];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            sincosf(p * fr[e], &sn[e], &cs[e]);
+        for (int r0 = 0; r0 < nh; r0 += per_warp) {
             const int r = r0 + lane / L;
             const bool valid = r < nh;
             const size_t off = ((size_t)t * nh + r) * d + 8 * j;
@@ -950,9 +957,8 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 ss += xv[e] * xv[e];
-                float p = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
-                float cs = rot[i0 + e], sn = rot[half + i0 + e];
-                g[e] = first ? gv[e] * cs + p * sn : gv[e] * cs - p * sn;
+                float q = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
+                g[e] = first ? gv[e] * cs[e] + q * sn[e] : gv[e] * cs[e] - q * sn[e];
             }
             for (int o = L / 2; o > 0; o >>= 1)
                 ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -973,7 +979,7 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
             if (valid) store8(dx + off, o8);
         }
     }
-    __syncthreads(); /* dws set even where the block had no token */
+    __syncthreads(); /* dws set */
 #pragma unroll
     for (int e = 0; e < 8; e++)
         atomicAdd(&dws[8 * j + e], acc[e]);
@@ -1031,8 +1037,13 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
     if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, w, w)) {
-        int grid = T < 1024 ? T : 1024; /* a few tokens per block: fewer dw atomics */
-        k_head_norm_rope_bwd<<<grid, 128, 2 * sizeof(float) * (size_t)d, c->stream>>>(
+        size_t smem = sizeof(float) * (size_t)d;
+        int per_sm = 1, blocks = (T + 3) / 4; /* 4 warps per block, at most one wave */
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_head_norm_rope_bwd, 128,
+                                                          smem) != cudaSuccess || per_sm < 1)
+            per_sm = 1;
+        if (blocks > c->sms * per_sm) blocks = c->sms * per_sm;
+        k_head_norm_rope_bwd<<<blocks, 128, smem, c->stream>>>(
             (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
             nh, d, eps);
     } else {

@@ -379,10 +379,59 @@ __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 
     }
 }
 
+/* One pass, for rows of C = 8 * blockDim.x (a multiple of 256, at most 8192) and 16-byte aligned
+ * rows: thread t owns columns 8t .. 8t + 7, keeps its x and w in registers and the block adds
+ * the sum of squares, so x is read once (k_rmsnorm_fwd reads it twice). Rows blockIdx.x,
+ * + gridDim.x, ... out may equal x. */
+__global__ void k_rmsnorm_fwd_rows(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int R,
+                                   int C, float eps) {
+    __shared__ float part[32];
+    int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
+    float g[8];
+    load8(w + col, g);
+    for (int r = blockIdx.x; r < R; r += gridDim.x) {
+        size_t at = (size_t)r * C + col;
+        float v[8], ss = 0.0f;
+        load8(x + at, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            ss += v[k] * v[k];
+        ss = warp_sum(ss);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0.0f;
+        for (int i = 0; i < nwarps; i++)
+            ss += part[i];
+        __syncthreads(); /* part is rewritten by the next row */
+        float rs = rsqrtf(ss / (float)C + eps);
+        if (rstd && t == 0) rstd[r] = rs;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = __bfloat162float(__float2bfloat16(v[k] * rs)) * g[k];
+        store8(out + at, v);
+    }
+}
+
+/* Blocks for a grid-stride kernel k over n items, one item per block at least: one wave (SMs
+ * x the blocks of `threads` threads and smem dynamic bytes that fit on one), or n. */
+template <typename K> static int wave_grid(nn_ctx *c, K k, int threads, size_t smem, int n) {
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem) != cudaSuccess ||
+        per_sm < 1)
+        per_sm = 1;
+    return c->sms * per_sm < n ? c->sms * per_sm : n;
+}
+
 static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x, const nn_buf *w,
                            int R, int C, float eps) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
+    if (C % 256 == 0 && C <= 8192 && vec_ok(out, x, w)) {
+        k_rmsnorm_fwd_rows<<<wave_grid(c, k_rmsnorm_fwd_rows, C / 8, 0, R), C / 8, 0, c->stream>>>(
+            (bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, R, C, eps);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     int vec = C % 8 == 0 && vec_ok(out, x, w);
     k_rmsnorm_fwd<<<(R + 7) / 8, 256, 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
                                                       (const bf16 *)w, R, C, eps, vec);
@@ -516,11 +565,7 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
     if (R == 0) return;
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
         vec_ok(w, w, dres ? dres : w)) {
-        int threads = C / 8, per_sm = 1;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rmsnorm_bwd_rows, threads,
-                                                          0) != cudaSuccess || per_sm < 1)
-            per_sm = 1;
-        int blocks = c->sms * per_sm < R ? c->sms * per_sm : R; /* one wave */
+        int threads = C / 8, blocks = wave_grid(c, k_rmsnorm_bwd_rows, threads, 0, R);
         k_rmsnorm_bwd_rows<<<blocks, threads, 0, c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy,
                                                               (const bf16 *)x, (const bf16 *)w,
                                                               rstd, R, C, (const bf16 *)dres);
@@ -1038,11 +1083,7 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
     if (T == 0) return;
     if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, w, w)) {
         size_t smem = sizeof(float) * (size_t)d;
-        int per_sm = 1, blocks = (T + 3) / 4; /* 4 warps per block, at most one wave */
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_head_norm_rope_bwd, 128,
-                                                          smem) != cudaSuccess || per_sm < 1)
-            per_sm = 1;
-        if (blocks > c->sms * per_sm) blocks = c->sms * per_sm;
+        int blocks = wave_grid(c, k_head_norm_rope_bwd, 128, smem, (T + 3) / 4); /* 4 warps */
         k_head_norm_rope_bwd<<<blocks, 128, smem, c->stream>>>(
             (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
             nh, d, eps);

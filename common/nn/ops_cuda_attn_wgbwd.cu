@@ -72,17 +72,30 @@
 #include "ops_cuda.h"
 #include "wgmma.cuh"
 
+#include <cuda.h> /* CUtensorMap (the encoder is found through the runtime) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <assert.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
 #define WKT WGB_KEYS /* keys per CTA: 2 warpgroups x 64 */
 
 #define WSPANS 256 /* block spans a piece keeps in shared memory (more: read from global) */
+
+#define QCOL (FROWS * 16) /* bytes of one 16-byte column of a visit's Q or dO tile */
+
+/* The tensor maps of q and dout ([Q, H, D] bf16) for the visits' tensor-copy loads: dims (D, H,
+ * Q), box 8 x group x FROWS / group, one 16-byte column of a visit's rows (QCOL bytes). on: they
+ * are set (wgb_maps_make), else the visits load by cp.async. */
+struct wgb_maps {
+    CUtensorMap q, dout;
+    int on;
+};
 
 /* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
 template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
@@ -101,33 +114,47 @@ __device__ __forceinline__ void named_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* cp.async of visit it's Q and dO rows (q, dout [Q, H, D]) into the core-matrix tiles Qs, dOs
- * (load_cm2's layout; padding rows zero-filled) and of its saved D and lse (dsave, lse [H, Q]; as
- * saved) into Dr, Lr (padding rows 0, 0): visit_issue's work for 256 threads, with the address
- * arithmetic done once. Thread tid takes the 16-byte column block c = (tid / 8) % 16 of rows
- * r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3 (chunk tid + 256 k of the tile, at byte
- * 16 (tid + 256 k)), stepping its query token and head by 16 rows (16 / group tokens, 16 % group
- * heads); the divisions are bwd_div_small's (B group < 2^20). Left in flight (the caller
- * commits). */
+/* Loads of visit it's Q and dO rows (q, dout [Q, H, D]) into the tiles Qs, dOs (column-major
+ * core matrices: 16-byte column c of row r at byte c QCOL + 16 r; padding rows zero-filled) and
+ * of its saved D and lse (dsave, lse [H, Q]; as saved) into Dr, Lr (padding rows 0, 0): 256
+ * threads. With m.on, lane 0 of warp w copies columns 2 w, 2 w + 1 of both tiles by the tensor
+ * copy (their bytes complete on bar; a visit then has FROWS rows and its first row is a token's
+ * first head: wgb_maps_make's conditions); else by cp.async: thread tid takes column
+ * c = (tid / 8) % 16 of rows r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3, stepping its
+ * query token and head by 16 rows (16 / group tokens, 16 % group heads; bwd_div_small's
+ * divisions, B group < 2^20). D and lse by cp.async. Left in flight (the caller commits). */
 template <int D>
-__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it, int hk,
-                                               unsigned char *Qs, unsigned char *dOs, float *Dr,
-                                               float *Lr) {
-    static_assert(D == 128 && FROWS == 64, "4 chunks of 16 bytes per thread and tile");
+__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps &m,
+                                               visit_item it, int hk, unsigned char *Qs,
+                                               unsigned char *dOs, float *Dr, float *Lr,
+                                               uint64_t *bar) {
+    static_assert(D == 128 && FROWS == 64, "2 columns per warp, 4 chunks of 16 bytes per thread");
     const int tid = threadIdx.x, group = a.group, nrows = min(FROWS, a.B * group - it.cb);
-    const int r0 = 8 * (tid / 128) + tid % 8, c = (tid / 8) % (D / 8);
-    const int qr = it.cb + r0, dt = bwd_div_small(16, a.inv_group), dh = 16 - dt * group;
-    int t = bwd_div_small(qr, a.inv_group), h = qr - t * group;
-    t += it.blk * a.B;
+    if (m.on) {
+        if (tid % 32 == 0) {
+            const int w = tid / 32, t0 = it.blk * a.B + bwd_div_small(it.cb, a.inv_group);
+            mb_arrive_tx(bar, 4 * QCOL);
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const bool in = r0 + 16 * k < nrows;
-        const size_t off = ((size_t)t * a.H + hk * group + h) * D + c * 8;
-        cp_async16(Qs + 16 * (tid + 256 * k), in ? (const void *)(a.q + off) : a.q, in ? 16 : 0);
-        cp_async16(dOs + 16 * (tid + 256 * k), in ? (const void *)(a.dout + off) : a.dout,
-                   in ? 16 : 0);
-        t += dt, h += dh;
-        if (h >= group) h -= group, t++;
+            for (int c = 2 * w; c < 2 * w + 2; c++) {
+                tma_load_3d(Qs + c * QCOL, &m.q, 8 * c, hk * group, t0, bar);
+                tma_load_3d(dOs + c * QCOL, &m.dout, 8 * c, hk * group, t0, bar);
+            }
+        }
+    } else {
+        const int r0 = 8 * (tid / 128) + tid % 8, c = (tid / 8) % (D / 8);
+        const int qr = it.cb + r0, dt = bwd_div_small(16, a.inv_group), dh = 16 - dt * group;
+        int t = bwd_div_small(qr, a.inv_group), h = qr - t * group;
+        t += it.blk * a.B;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const bool in = r0 + 16 * k < nrows;
+            const size_t off = ((size_t)t * a.H + hk * group + h) * D + c * 8;
+            const int dst = c * QCOL + 16 * (r0 + 16 * k);
+            cp_async16(Qs + dst, in ? (const void *)(a.q + off) : a.q, in ? 16 : 0);
+            cp_async16(dOs + dst, in ? (const void *)(a.dout + off) : a.dout, in ? 16 : 0);
+            t += dt, h += dh;
+            if (h >= group) h -= group, t++;
+        }
     }
     if (tid < FROWS) { /* row tid */
         size_t o = 0;
@@ -146,13 +173,18 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it,
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
 template <int D, bool PIPE>
-__device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, int hk, int k0,
-                                          int z, int nsplit, int h_lo, int h_hi, int *ticket) {
+__device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
+                                          uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
+                                          int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
-    constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* row x d tiles as K-major operands */
+    constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* K, V (row x d) as K-major operands */
     constexpr uint32_t LBO_T = 16 * D, SBO_T = 128; /* the same tiles as MN-major operands */
     constexpr uint32_t CMB = 128;                   /* bytes of a core matrix */
+    /* the Q, dO tiles (column-major core matrices) as K-major and MN-major operands, and their
+     * descriptors' k16 steps (16-byte units) */
+    constexpr uint32_t QLBO_K = QCOL, QSBO_K = CMB, QLBO_T = CMB, QSBO_T = QCOL;
+    constexpr int QSTEP_K = 2 * QCOL / 16, QSTEP_T = 2 * CMB / 16;
     unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
     unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
     constexpr int PW = wgb_pair_w<D>();
@@ -193,7 +225,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
             it.blk = it.blk < 0 ? -1 : b_lo + it.blk;
         }
     }
-    if (it.blk >= 0) wgb_visit_load<D>(a, it, hk, Qs, dOs, Dr, Lr);
+    if (it.blk >= 0) wgb_visit_load<D>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
     cp_commit();
 
     const float sl2 = a.scale * FLOG2E;
@@ -263,6 +295,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         constexpr bool WDQ = decltype(wdq)::value;
         const int st = i % 2;
         cp_wait_all();
+        if (m.on) { /* the stage's tensor copies */
+            mb_wait(bar + st, (ph >> st) & 1);
+            ph ^= 1u << st;
+        }
         fence_proxy_async(); /* this thread's copies, for the tensor cores */
         /* stage st is complete for all threads, and all are done with the previous visit's
          * stage (1 - st) and with the dS^T buffer this visit writes */
@@ -275,23 +311,24 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         float s[NT][4], dp[NT][4];
         wg_fence();
         if constexpr (WDQ) issue_dq(dp, (i + 1) % 2);
-        wg_issue_s<D, FROWS>(s, dK, wg_desc(Qt, LBO_K, SBO_K)); /* S^T = K Q^T */
-        /* while it runs: the next visit's loads into the other stage, this visit's key mask */
-        visit_item nx = visit_next<FROWS>(sp, b_hi, a.B, a.group, it, k0, WKT, h_hi);
-        if (nx.blk >= 0)
-            wgb_visit_load<D>(a, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
-                              Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
-        cp_commit();
+        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
+        /* while it runs: this visit's key mask (its span read before the copies below queue in
+         * the LSU), the next visit's loads into the other stage */
         bool kvis[2];
         bwd_keys_seen(sp + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
+        visit_item nx = visit_next<FROWS>(sp, b_hi, a.B, a.group, it, k0, WKT, h_hi);
+        if (nx.blk >= 0)
+            wgb_visit_load<D>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
+                              Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
+        cp_commit();
         if constexpr (WDQ) {
             wg_wait<1>(); /* dQ of the previous visit is in */
             wg_pin_all(dp);
             dq_out(dp, prev, prev_rows);
             wg_fence();
         }
-        wg_issue_s<D, FROWS>(dp, dV, wg_desc(dOt, LBO_K, SBO_K)); /* dP^T = V dO^T */
-        wg_wait<1>();                                             /* S^T is in */
+        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        wg_wait<1>(); /* S^T is in */
         wg_pin_all(s);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -304,8 +341,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         uint32_t pa[NT / 2][4];
         wg_pack_a<NT>(pa, s);
         wg_fence();
-        wg_issue_pv<D, FROWS>(dv, pa, wg_desc(dOt, LBO_T, SBO_T)); /* dV += P^T dO */
-        wg_wait<1>();                                              /* dP^T is in */
+        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
+        wg_wait<1>(); /* dP^T is in */
         wg_pin_all(dp);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -317,7 +354,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         uint32_t da[NT / 2][4];
         wg_pack_a<NT>(da, dp);
         wg_fence();
-        wg_issue_pv<D, FROWS>(dk, da, wg_desc(Qt, LBO_T, SBO_T)); /* dK += dS^T Q */
+        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
         unsigned char *w = dS + (PIPE ? st : 0) * DSB + dsw;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -359,14 +396,24 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
     __syncthreads();
     dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
                      a.acc, ticket);
+    fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fused(bwd_args a) {
+template <int D, bool PIPE>
+__global__ void __launch_bounds__(256, 1)
+    k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
     extern __shared__ __align__(1024) unsigned char sm[];
+    __shared__ uint64_t bar[2]; /* the Q, dO stages' tensor copies (one arrival per warp) */
+    uint32_t ph = 0;            /* bit st: the parity of stage st's next phase */
+    if (threadIdx.x == 0) {
+        mb_init(bar, 8), mb_init(bar + 1, 8);
+        mb_init_fence();
+    }
+    __syncthreads();
     const int nx = (a.Tk + WKT - 1) / WKT;
     if (a.by_block != BWD_PIECES_SORTED) {
         const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
@@ -374,7 +421,7 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE>(a, sm, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
+            wgb_piece<D, PIPE>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
                                a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
@@ -386,11 +433,11 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE>(a, sm, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
+        wgb_piece<D, PIPE>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
                            a.tickets + (size_t)hk * nx + it.x);
     }
 #else
-    (void)a;
+    (void)a, (void)m;
 #endif
 }
 
@@ -461,9 +508,50 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
 
 static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
 
+/* cuTensorMapEncodeTiled (driver API, found through the runtime), or NULL: no tensor copies */
+typedef CUresult (*wgb_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static wgb_encode_fn g_encode;
+
+/* The tensor maps of a's q and dout (wgb_maps), when the encoder is there, every visit has FROWS
+ * rows starting at a token's first head (FROWS % group == 0, B group % FROWS == 0) and
+ * DFLASH_CUDA_ATTN_TMA is not 0; else m->on = 0 (cp.async). */
+static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_TMA");
+        env = !(e && e[0] == '0');
+    }
+    memset(m, 0, sizeof *m);
+    if (!env || !g_encode || FROWS % a->group || (a->B * a->group) % FROWS) return;
+    const cuuint64_t dims[3] = {128, (cuuint64_t)a->H, (cuuint64_t)a->n_blocks * a->B};
+    const cuuint64_t strides[2] = {128 * sizeof(bf16), (cuuint64_t)a->H * 128 * sizeof(bf16)};
+    const cuuint32_t box[3] = {8, (cuuint32_t)a->group, (cuuint32_t)(FROWS / a->group)};
+    const cuuint32_t one[3] = {1, 1, 1};
+    const bf16 *src[2] = {a->q, a->dout};
+    CUtensorMap *dst[2] = {&m->q, &m->dout};
+    for (int i = 0; i < 2; i++)
+        if (g_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)src[i], dims, strides,
+                     box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return; /* on stays 0 */
+    m->on = 1;
+}
+
 int cuda_wgb_attention_init(void) {
     g_wgb_ready = 0;
     if (!wg_device_runs_sm90a()) return 0;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult qr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &qr) == cudaSuccess &&
+        qr == cudaDriverEntryPointSuccess)
+        g_encode = (wgb_encode_fn)fn;
+    else
+        (void)cudaGetLastError(); /* the visits load by cp.async */
     if (cudaFuncSetAttribute(k_wgb_fused<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)wgb_smem<128, true>()) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -490,9 +578,11 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         CUDA_CHECK_LAUNCH();
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
+    wgb_maps m;
+    wgb_maps_make(a, &m);
     if (pipe)
-        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(*a);
+        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(*a, m);
     else
-        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(*a);
+        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(*a, m);
     return 0;
 }

@@ -84,9 +84,10 @@ template <int D> __global__ void __launch_bounds__(256) k_bwd_rowD(bwd_args a) {
     if (lane == 0) a.dsave_w[(size_t)h * Q + t] = s;
 }
 
-/* dq = bf16(dqacc); dqacc = 0 again. n4: elements / 4; a thread takes 4 float4 of its CTA's
+/* dq = bf16(mul dqacc); dqacc = 0 again. n4: elements / 4; a thread takes 4 float4 of its CTA's
  * 1024 (loads first, streaming). */
-__global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4) {
+__global__ void __launch_bounds__(256)
+    k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4, float mul) {
     const size_t i0 = (size_t)blockIdx.x * 1024 + threadIdx.x;
     float4 v[4];
 #pragma unroll
@@ -98,7 +99,8 @@ __global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size
         if (i >= n4) continue;
         __stcs((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
         __stcs((uint2 *)(dq + 4 * i),
-               make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w)));
+               make_uint2(pack_bf16x2(mul * v[u].x, mul * v[u].y),
+                          pack_bf16x2(mul * v[u].z, mul * v[u].w)));
     }
 }
 
@@ -506,7 +508,9 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
         else
             a.by_block = BWD_PIECES_BLOCKS, a.split_max = acc ? split_max : 1;
     }
+    float dq_mul = a.scale; /* k_wgb_fused sums dS K with dS unscaled */
     if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
+        dq_mul = 1.0f;
         a.by_block = bwd_pieces(BWD_MMA); /* k_bwd_fused, with its own pieces */
         a.split_max = acc ? split_max : 1;
         if (var >= 200)
@@ -518,7 +522,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     }
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;
-    k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4);
+    k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4, dq_mul);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -348,8 +348,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         for (int n = 0; n < NT; n++) {
             const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
 #pragma unroll
-            for (int e = 0; e < 4; e++) /* dS^T */
-                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x)) * a.scale;
+            for (int e = 0; e < 4; e++) /* dS^T / scale */
+                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x));
         }
         uint32_t da[NT / 2][4];
         wg_pack_a<NT>(da, dp);
@@ -394,6 +394,11 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     __syncthreads();
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) /* dS^T was left unscaled */
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[j][e] *= a.scale;
     dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
                      a.acc, ticket);
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */

@@ -86,8 +86,7 @@ template <int D> __global__ void __launch_bounds__(256) k_bwd_rowD(bwd_args a) {
 
 /* dq = bf16(mul dqacc); dqacc = 0 again. n4: elements / 4; a thread takes 4 float4 of its CTA's
  * 1024 (loads first, streaming). */
-__global__ void __launch_bounds__(256)
-    k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4, float mul) {
+__global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4, float mul) {
     const size_t i0 = (size_t)blockIdx.x * 1024 + threadIdx.x;
     float4 v[4];
 #pragma unroll
@@ -98,12 +97,10 @@ __global__ void __launch_bounds__(256)
         size_t i = i0 + 256 * u;
         if (i >= n4) continue;
         __stcs((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        __stcs((uint2 *)(dq + 4 * i),
-               make_uint2(pack_bf16x2(mul * v[u].x, mul * v[u].y),
-                          pack_bf16x2(mul * v[u].z, mul * v[u].w)));
+        __stcs((uint2 *)(dq + 4 * i), make_uint2(pack_bf16x2(mul * v[u].x, mul * v[u].y),
+                                                 pack_bf16x2(mul * v[u].z, mul * v[u].w)));
     }
 }
-
 
 /* K, V (16 NW keys), 2 stages of Q and dO rows, ds, 2 stages of D and lse; ST 2: the bulk dQ
  * staging, 16 x BLD fp32 per warp */

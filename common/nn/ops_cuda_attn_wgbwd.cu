@@ -124,10 +124,9 @@ __device__ __forceinline__ void named_bar(int id, int n) {
  * query token and head by 16 rows (16 / group tokens, 16 % group heads; bwd_div_small's
  * divisions, B group < 2^20). D and lse by cp.async. Left in flight (the caller commits). */
 template <int D>
-__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps &m,
-                                               visit_item it, int hk, unsigned char *Qs,
-                                               unsigned char *dOs, float *Dr, float *Lr,
-                                               uint64_t *bar) {
+__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps &m, visit_item it,
+                                               int hk, unsigned char *Qs, unsigned char *dOs,
+                                               float *Dr, float *Lr, uint64_t *bar) {
     static_assert(D == 128 && FROWS == 64, "2 columns per warp, 4 chunks of 16 bytes per thread");
     const int tid = threadIdx.x, group = a.group, nrows = min(FROWS, a.B * group - it.cb);
     if (m.on) {
@@ -328,7 +327,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             wg_fence();
         }
         wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
-        wg_wait<1>(); /* S^T is in */
+        wg_wait<1>();                                                        /* S^T is in */
         wg_pin_all(s);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -342,7 +341,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_pack_a<NT>(pa, s);
         wg_fence();
         wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
-        wg_wait<1>(); /* dP^T is in */
+        wg_wait<1>();                                                         /* dP^T is in */
         wg_pin_all(dp);
 #pragma unroll
         for (int n = 0; n < NT; n++) {

@@ -11,7 +11,8 @@
 # and per-SASS-instruction csv under $OUT), memcheck (sorted, SPLIT=1), memcheck_default,
 # parity_all (the whole parity run), step (`bench-cuda_ops 5 attn`: a 5-layer drafter step),
 # sass (the kernel's SASS). ops and step also run BIN_DIR/base/bench-cuda_ops when it is there
-# (the binary to compare with). A step whose timeout would end past BUDGET_S (default 240) is
+# (the binary to compare with). The DFLASH_CUDA_ATTN_TMA=0 runs (parity, ops): the visits' cp.async
+# loads instead of the tensor copies. A step whose timeout would end past BUDGET_S (default 240) is
 # skipped. Full log: $OUT/attn_sched.log; a summary comes last.
 set -uo pipefail
 bin=${1:?BIN_DIR}
@@ -36,6 +37,7 @@ for step in $steps; do
     run parity_hits_split1 30 DFLASH_CUDA_ATTN_FUSED_PIECES=hits $S1 "$P" attn
     run parity_seq_split1 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq $S1 "$P" attn
     run parity_mma_split1 30 DFLASH_CUDA_ATTN_BWD=mma $S1 "$P" attn
+    run parity_notma_split1 30 DFLASH_CUDA_ATTN_TMA=0 $S1 "$P" attn
     run parity_default 30 "$P" attn
     ;;
   ops)
@@ -47,6 +49,7 @@ for step in $steps; do
     run ops_sorted_split128 30 $SO DFLASH_CUDA_ATTN_SPLIT=128 "$B" 0 attn
     run ops_sorted_split40 30 $SO DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
     run ops_seq 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq "$B" 0 attn
+    run ops_notma 30 DFLASH_CUDA_ATTN_TMA=0 "$B" 0 attn
     ;;
   step)
     [ -x "$BASE" ] && run step_base 90 "$BASE" 5 attn

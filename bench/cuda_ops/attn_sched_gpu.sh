@@ -77,7 +77,7 @@ for step in $steps; do
     fi
     ;;
   sass)
-    cuobjdump --dump-sass --function '_Z11k_wgb_fusedILi128ELb1EEv8bwd_args' "$B" \
+    cuobjdump --dump-sass --function '_Z11k_wgb_fusedILi128ELb1EEv8bwd_args8wgb_maps' "$B" \
       >"$out/wgb.sass" 2>&1
     ;;
   esac

@@ -78,6 +78,7 @@
 
 #include <assert.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,9 +90,11 @@
 
 #define QCOL (FROWS * 16) /* bytes of one 16-byte column of a visit's Q or dO tile */
 
-/* The tensor maps of q and dout ([Q, H, D] bf16) for the visits' tensor-copy loads: dims (D, H,
- * Q), box 8 x group x FROWS / group, one 16-byte column of a visit's rows (QCOL bytes). on: they
- * are set (wgb_maps_make), else the visits load by cp.async. */
+/* The tensor maps of q and dout ([Q, H, D] bf16) for the visits' tensor-copy loads. on 2: dims
+ * (8, H, Q, D / 8), the last one's stride 16 bytes, box 8 x group x FROWS / group x D / 8, a whole
+ * tile in the column-major layout in one copy; on 1: dims (D, H, Q), box 8 x group x
+ * FROWS / group, one 16-byte column of a visit's rows (QCOL bytes) per copy; on 0: none, the
+ * visits load by cp.async (wgb_maps_make). */
 struct wgb_maps {
     CUtensorMap q, dout;
     int on;
@@ -117,9 +120,10 @@ __device__ __forceinline__ void named_bar(int id, int n) {
 /* Loads of visit it's Q and dO rows (q, dout [Q, H, D]) into the tiles Qs, dOs (column-major
  * core matrices: 16-byte column c of row r at byte c QCOL + 16 r; padding rows zero-filled) and
  * of its saved D and lse (dsave, lse [H, Q]; as saved) into Dr, Lr (padding rows 0, 0): 256
- * threads. With m.on, lane 0 of warp w copies columns 2 w, 2 w + 1 of both tiles by the tensor
- * copy (their bytes complete on bar; a visit then has FROWS rows and its first row is a token's
- * first head: wgb_maps_make's conditions); else by cp.async: thread tid takes column
+ * threads. By tensor copies (m.on; their bytes complete on bar, one arrival per warp; a visit
+ * then has FROWS rows and its first row is a token's first head: wgb_maps_make's conditions):
+ * lane 0 of warp 0 copies the Q tile, of warp 1 the dO tile (m.on 2), or lane 0 of warp w
+ * columns 2 w, 2 w + 1 of both (m.on 1); else by cp.async: thread tid takes column
  * c = (tid / 8) % 16 of rows r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3, stepping its
  * query token and head by 16 rows (16 / group tokens, 16 % group heads; bwd_div_small's
  * divisions, B group < 2^20). D and lse by cp.async. Left in flight (the caller commits). */
@@ -132,11 +136,16 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps
     if (m.on) {
         if (tid % 32 == 0) {
             const int w = tid / 32, t0 = it.blk * a.B + bwd_div_small(it.cb, a.inv_group);
-            mb_arrive_tx(bar, 4 * QCOL);
+            if (m.on == 2) {
+                mb_arrive_tx(bar, w < 2 ? D / 8 * QCOL : 0);
+                if (w < 2) tma_load_4d(w ? dOs : Qs, w ? &m.dout : &m.q, 0, hk * group, t0, 0, bar);
+            } else {
+                mb_arrive_tx(bar, 4 * QCOL);
 #pragma unroll
-            for (int c = 2 * w; c < 2 * w + 2; c++) {
-                tma_load_3d(Qs + c * QCOL, &m.q, 8 * c, hk * group, t0, bar);
-                tma_load_3d(dOs + c * QCOL, &m.dout, 8 * c, hk * group, t0, bar);
+                for (int c = 2 * w; c < 2 * w + 2; c++) {
+                    tma_load_3d(Qs + c * QCOL, &m.q, 8 * c, hk * group, t0, bar);
+                    tma_load_3d(dOs + c * QCOL, &m.dout, 8 * c, hk * group, t0, bar);
+                }
             }
         }
     } else {
@@ -521,28 +530,40 @@ static wgb_encode_fn g_encode;
 
 /* The tensor maps of a's q and dout (wgb_maps), when the encoder is there, every visit has FROWS
  * rows starting at a token's first head (FROWS % group == 0, B group % FROWS == 0) and
- * DFLASH_CUDA_ATTN_TMA is not 0; else m->on = 0 (cp.async). */
+ * DFLASH_CUDA_ATTN_TMA is not 0: one copy per tile (on 2) where the encoder takes its map, else
+ * one per column (on 1); else m->on = 0 (cp.async). DFLASH_CUDA_ATTN_TMA=1: on 1 at most. */
 static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_TMA");
-        env = !(e && e[0] == '0');
+        env = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
     }
     memset(m, 0, sizeof *m);
     if (!env || !g_encode || FROWS % a->group || (a->B * a->group) % FROWS) return;
-    const cuuint64_t dims[3] = {128, (cuuint64_t)a->H, (cuuint64_t)a->n_blocks * a->B};
-    const cuuint64_t strides[2] = {128 * sizeof(bf16), (cuuint64_t)a->H * 128 * sizeof(bf16)};
-    const cuuint32_t box[3] = {8, (cuuint32_t)a->group, (cuuint32_t)(FROWS / a->group)};
-    const cuuint32_t one[3] = {1, 1, 1};
+    const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
+    const cuuint64_t dims[4] = {8, H, (cuuint64_t)a->n_blocks * a->B, 128 / 8};
+    const cuuint64_t strides[3] = {row, H * row, 8 * sizeof(bf16)};
+    const cuuint32_t box[4] = {8, (cuuint32_t)a->group, (cuuint32_t)(FROWS / a->group), 128 / 8};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
     const bf16 *src[2] = {a->q, a->dout};
     CUtensorMap *dst[2] = {&m->q, &m->dout};
-    for (int i = 0; i < 2; i++)
-        if (g_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)src[i], dims, strides,
-                     box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-            return; /* on stays 0 */
-    m->on = 1;
+    for (int on = env; on > 0; on--) { /* on 2: 4 dims; on 1: the first 3 with d whole */
+        const cuuint64_t d3[3] = {128, H, dims[2]};
+        int ok = 1;
+        for (int i = 0; i < 2 && ok; i++)
+            ok = g_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, on + 2, (void *)src[i],
+                          on == 2 ? dims : d3, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+        if (ok) {
+            m->on = on;
+            return;
+        }
+        static int told;
+        if (!told++)
+            fprintf(stderr, "k_wgb_fused: the encoder refused the %d-dim tensor map of q, dout\n",
+                    on + 2);
+    }
 }
 
 int cuda_wgb_attention_init(void) {

@@ -124,6 +124,16 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const void *map, int c0, 
         : "memory");
 }
 
+/* tma_load_3d with a 4-dimensional map */
+__device__ __forceinline__ void tma_load_4d(void *dst, const void *map, int c0, int c1, int c2,
+                                            int c3, uint64_t *b) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"((uint32_t)__cvta_generic_to_shared(b))
+        : "memory");
+}
+
 /* d (64 x N, the warpgroup's accumulators) = A B (first) or += A B: A = 64 x 16 and B^T = N x 16,
  * both K-major in shared memory (descriptors da, db). */
 template <int N>

@@ -86,7 +86,7 @@
 
 #define WKT WGB_KEYS /* keys per CTA: 2 warpgroups x 64 */
 
-#define WSPANS 256 /* block spans a piece keeps in shared memory (more: read from global) */
+#define WLIST WGB_LIST /* the most blocks of a piece's visit list (wgb_list) */
 
 #define QCOL (FROWS * 16) /* bytes of one 16-byte column of a visit's Q or dO tile */
 
@@ -109,7 +109,7 @@ template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
 template <int D, bool PIPE> static constexpr size_t wgb_smem(void) {
     return (size_t)(2 * WKT + 4 * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
            (size_t)4 * wgb_pair_w<D>() * sizeof(float) + (size_t)4 * FROWS * sizeof(float) +
-           (size_t)WSPANS * sizeof(nn_block_span);
+           (size_t)WLIST * sizeof(int2);
 }
 
 /* bar.sync on named barrier id (1 .. 15; 0 is __syncthreads) for n threads (whole warps) */
@@ -175,6 +175,47 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps
     }
 }
 
+/* A piece's visit list: of the blocks from blk0 on, below b_end, those that see keys
+ * [k0, k0 + WKT) (attn_block_hits), in block order, the first min(lim, WLIST): lst[e] = {blk,
+ * keys}, keys the block's (up to two) key ranges [lo, hi) in the tile, counted from k0 and
+ * clipped to the tile and to Tk, one byte each (lo0 | hi0 << 8 | lo1 << 16 | hi1 << 24). Returns
+ * the number listed. All threads (256); rounds of a.list_round <= 256 blocks (one per thread),
+ * two CTA barriers each. */
+__device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int b_end, int lim,
+                                        int2 *lst) {
+    static_assert(WKT < 256, "key offsets in one byte");
+    __shared__ int cnt[8];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    lim = min(lim, WLIST);
+    int n = 0;
+    for (int b0 = blk0; b0 < b_end && n < lim; b0 += a.list_round) { /* uniform */
+        const int blk = b0 + tid;
+        bool hit = false;
+        uint32_t keys = 0;
+        if (tid < a.list_round && blk < b_end) {
+            int rg[4];
+            const int nr = attn_span_ranges(a.spans + blk, a.B, rg);
+            for (int r = 0; r < nr; r++) {
+                hit = hit || (rg[2 * r] < k0 + WKT && rg[2 * r + 1] > k0);
+                const int lo = min(max(rg[2 * r] - k0, 0), WKT);
+                const int hi = min(max(min(rg[2 * r + 1], a.Tk) - k0, 0), WKT);
+                keys |= (uint32_t)(lo | hi << 8) << (16 * r);
+            }
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) cnt[warp] = __popc(bal);
+        __syncthreads();
+        int e = n + __popc(bal & ((1u << lane) - 1));
+        for (int w = 0; w < 8; w++) {
+            e += w < warp ? cnt[w] : 0;
+            n += cnt[w];
+        }
+        if (hit && e < lim) lst[e] = make_int2(blk, (int)keys);
+        __syncthreads(); /* also: cnt is read before the next round writes it */
+    }
+    return min(n, lim);
+}
+
 /* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
  * visits of hit indices [h_lo, h_hi), nsplit pieces of the tile (dk, dv through acc and ticket
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
@@ -198,7 +239,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     constexpr int PW = wgb_pair_w<D>();
     float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
     float *Dr = stg_all + 4 * PW, *Lr = Dr + 2 * FROWS;
-    nn_block_span *span_sm = (nn_block_span *)(Lr + 2 * FROWS);
+    int2 *lst = (int2 *)(Lr + 2 * FROWS); /* the visit list (wgb_list) */
     /* wg through a shuffle: the compiler then knows it is warp-uniform (descriptors in uniform
      * registers) */
     const int warp = threadIdx.x / 32, wg = __shfl_sync(0xffffffffu, warp / 4, 0), wq = warp % 4;
@@ -208,33 +249,17 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
     };
     load_cm2<D, WKT>(Ks, a.k, Vs, a.v, kvoff, threadIdx.x, blockDim.x);
-    visit_item it = {-1, 0, h_lo};
-    /* The blocks this piece visits lie in [b_lo, b_hi): its block range (pieces by blocks; z is
-     * the piece) or all blocks (by hits). sp: their spans, from shared memory when they fit
-     * (indexed by block: sp + blk; sp itself may point before span_sm). */
-    const nn_block_span *sp = a.spans;
+    cp_commit();
+    /* The blocks this piece visits: from b_lo on, below b_hi, h_hi - h_lo of them: its block range
+     * (pieces by blocks; z is the piece) or all blocks from its first hit on (by hits). */
     int b_lo = 0, b_hi = a.n_blocks;
     if (a.by_block != BWD_PIECES_HITS) {
         const int Z = a.split_max;
         b_lo = (int)(((long long)z * a.n_blocks + Z - 1) / Z);
         b_hi = (int)(((long long)(z + 1) * a.n_blocks + Z - 1) / Z);
-        if (b_hi - b_lo <= WSPANS) {
-            for (int i = threadIdx.x; i < b_hi - b_lo; i += blockDim.x)
-                span_sm[i] = a.spans[b_lo + i];
-            __syncthreads();
-            sp = span_sm - b_lo;
-        }
+    } else if (h_lo < h_hi) {
+        b_lo = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
     }
-    if (h_lo < h_hi) {
-        if (a.by_block == BWD_PIECES_HITS) {
-            it.blk = attn_nth_hit(sp, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
-        } else { /* the piece's first hit is its block range's */
-            it.blk = attn_nth_hit(sp + b_lo, b_hi - b_lo, a.B, k0, k0 + WKT, 0);
-            it.blk = it.blk < 0 ? -1 : b_lo + it.blk;
-        }
-    }
-    if (it.blk >= 0) wgb_visit_load<D>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
-    cp_commit();
 
     const float sl2 = a.scale * FLOG2E;
     float dk[D / 8][4], dv[D / 8][4];
@@ -294,8 +319,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
     };
-    visit_item prev = it;
-    int prev_rows = 0;
+    visit_item it = {-1, 0, 0}, prev = it; /* it.hit_i: its block's entry in lst */
+    int prev_rows = 0, nlst = 0;
     /* visit i; WDQ (= PIPE): issues dQ of visit i - 1 first (for i = 0 a product of the unused
      * second dS^T buffer that goes nowhere: prev_rows 0; a peeled first visit made ptxas spill).
      * Ends with no wgmma in flight; with PIPE the visit's dQ is not issued yet. */
@@ -323,8 +348,22 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         /* while it runs: this visit's key mask (its span read before the copies below queue in
          * the LSU), the next visit's loads into the other stage */
         bool kvis[2];
-        bwd_keys_seen(sp + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
-        visit_item nx = visit_next<FROWS>(sp, b_hi, a.B, a.group, it, k0, WKT, h_hi);
+        {
+            const uint32_t keys = (uint32_t)lst[it.hit_i].y;
+#pragma unroll
+            for (int r = 0; r < 2; r++) { /* keys 16 warp + g (+ 8) of the tile */
+                const uint32_t key = 16 * warp + lane / 4 + 8 * r;
+                kvis[r] = (key >= (keys & 255u) && key < (keys >> 8 & 255u)) ||
+                          (key >= (keys >> 16 & 255u) && key < keys >> 24);
+            }
+        }
+        visit_item nx = it; /* the next visit: the block's next rows, else the next block */
+        if (it.cb + FROWS < a.B * a.group) {
+            nx.cb += FROWS;
+        } else {
+            nx.cb = 0, nx.hit_i++;
+            nx.blk = nx.hit_i < nlst ? lst[nx.hit_i].x : -1;
+        }
         if (nx.blk >= 0)
             wgb_visit_load<D>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
                               Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
@@ -388,6 +427,14 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         prev = it, prev_rows = nrows;
         it = nx;
     };
+    /* the piece's visits; the list of the next WLIST blocks when the last one is used up (one
+     * list for pieces of WLIST blocks or fewer), its first visit's loads into the next stage */
+    nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, lst) : 0;
+    if (nlst > 0) {
+        it = visit_item{lst[0].x, 0, 0};
+        wgb_visit_load<D>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
+        cp_commit();
+    }
     int i = 0;
     for (; it.blk >= 0; i++)
         step(i, std::integral_constant<bool, PIPE>());
@@ -590,6 +637,17 @@ int cuda_wgb_attention_init(void) {
 
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     if (!g_wgb_ready) return -1;
+    /* a piece's blocks (pieces by blocks) or hits (by hits: about n_hit / split_max, at least
+     * vps) fit its visit list */
+    const int len = (a->n_blocks + a->split_max - 1) / a->split_max;
+    if (len > WLIST || (a->by_block == BWD_PIECES_HITS && a->vps >= WLIST)) return -1;
+    bwd_args b = *a;
+    static int round = -1; /* DFLASH_CUDA_ATTN_LIST_ROUND=N (1 .. 256): tests of the rounds */
+    if (round < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_LIST_ROUND");
+        round = e && atoi(e) >= 1 && atoi(e) <= 256 ? atoi(e) : 256;
+    }
+    b.list_round = round;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
@@ -599,15 +657,15 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
             return -1;
         const int Z = a->split_max;
         assert(a->items && a->work && nx * Z <= WGB_PLAN_MAX && a->n_blocks < (1 << 19));
-        k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(*a, nx, Z);
+        k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(b, nx, Z);
         CUDA_CHECK_LAUNCH();
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
     wgb_maps m;
     wgb_maps_make(a, &m);
     if (pipe)
-        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(*a, m);
+        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(b, m);
     else
-        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(*a, m);
+        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

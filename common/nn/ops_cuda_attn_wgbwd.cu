@@ -326,7 +326,9 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * Ends with no wgmma in flight; with PIPE the visit's dQ is not issued yet. */
     auto step = [&](int i, auto wdq) {
         constexpr bool WDQ = decltype(wdq)::value;
-        const int st = i % 2;
+        /* through a shuffle: warp-uniform for the compiler, so the descriptors of the stage's
+         * tiles and their k-steps stay in uniform registers */
+        const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         cp_wait_all();
         if (m.on) { /* the stage's tensor copies */
             mb_wait(bar + st, (ph >> st) & 1);
@@ -343,11 +345,11 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         /* dp holds dQ of the previous visit first (WDQ), dP^T after it: fewer live registers */
         float s[NT][4], dp[NT][4];
         wg_fence();
-        if constexpr (WDQ) issue_dq(dp, (i + 1) % 2);
+        if constexpr (WDQ) issue_dq(dp, 1 - st);
         wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
         /* while it runs: this visit's key mask (its span read before the copies below queue in
          * the LSU), the next visit's loads into the other stage */
-        bool kvis[2];
+        bool kvis[2]; /* the block sees the thread's key r */
         {
             const uint32_t keys = (uint32_t)lst[it.hit_i].y;
 #pragma unroll
@@ -380,10 +382,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
-            const float l0 = l.x * FLOG2E, l1 = l.y * FLOG2E;
+            const float l0 = -l.x * FLOG2E, l1 = -l.y * FLOG2E;
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[n][e] = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -(e & 1 ? l1 : l0))) : 0.0f;
+            for (int e = 0; e < 4; e++) /* masked keys through a -inf bias: ex2 gives 0 */
+                s[n][e] = ex2(fmaf(s[n][e], sl2, kvis[e / 2] ? (e & 1 ? l1 : l0) : -INFINITY));
         }
         uint32_t pa[NT / 2][4];
         wg_pack_a<NT>(pa, s);

@@ -4,9 +4,10 @@
  * mma.sync, and k_bwd_plan, its schedule. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu)
  * runs it by default (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see
  * bwd_kernel there) and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a
- * image or device); it keeps the launches around it (k_bwd_rowD before: D = rowsum(dO * O);
- * k_bwd_dq_out after: dqacc to bf16 dq) and the split scratch and tickets of dk, dv. This file
- * and ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
+ * image or device, or a piece could visit more than WGB_LIST blocks); it keeps the launches
+ * around it (k_bwd_rowD before: D = rowsum(dO * O); k_bwd_dq_out after: dqacc to bf16 dq, times
+ * the scale for this kernel) and the split scratch and tickets of dk, dv. This file and
+ * ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
  *
  * Schedule (DFLASH_CUDA_ATTN_FUSED_PIECES): the blocks that see a key tile are cut into pieces
  * by block ranges (bwd_piece_of; piece z of Z). sorted (default): k_bwd_plan (one CTA) counts
@@ -16,8 +17,10 @@
  * no CTA is launched for an empty piece; its pieces are about 2 DFLASH_CUDA_ATTN_SPLIT blocks
  * long (fewer pieces: less K, V loading, dk, dv atomics and pipeline start per block). blocks /
  * hits: one CTA per (tile, kv head, piece) of the grid, pieces by block ranges or by hit index.
- * A piece of block range [b_lo, b_hi) copies those blocks' spans into shared memory (up to
- * WSPANS) and finds its visits there.
+ * A piece first lists its visits (wgb_list: all threads, a block each per round): the blocks of
+ * its range (by hits: from its first hit on) that see the tile, each with its key ranges in the
+ * tile as four bytes, so that a visit finds the next block and its key mask with two shared
+ * loads (the span walk and span decoding per visit were ~100 instructions per warp).
  *
  * CTA: 2 warpgroups (256 threads, one CTA per SM) own WKT = 128 keys k0 .. of kv head hk;
  * warpgroup w keys k0 + 64 w .. + 63, warp q of it keys + 16 q .. (the M rows of its
@@ -26,10 +29,11 @@
  * Per visit (64 query rows: one block's 16 tokens x 4 heads at group 4), per warpgroup:
  *   S^T = K Q^T and dP^T = V dO^T (m64n64k16, 8 k-steps each, both operands K-major in shared
  *     memory), two commit groups (with PIPE dP^T waits until the previous dQ is out, below);
- *   once S^T is in: P^T = exp2(S^T scale log2e - lse log2e) (0 for keys the block does not see),
- *     packed to bf16 A fragments; dV += P^T dO issued (m64n128k16, A from registers, dO the
- *     MN-major B) while dP^T may still run;
- *   once dP^T is in: dS^T = P^T (dP^T - D) scale, packed; dK += dS^T Q issued likewise; dS^T
+ *   once S^T is in: P^T = exp2(S^T scale log2e - lse log2e) (keys the block does not see get a
+ *     -inf bias instead of -lse log2e: 0), packed to bf16 A fragments; dV += P^T dO issued
+ *     (m64n128k16, A from registers, dO the MN-major B) while dP^T may still run;
+ *   once dP^T is in: dS^T = P^T (dP^T - D), packed (the scale is left for the ends: dk times it
+ *     before the tile end, dq in k_bwd_dq_out); dK += dS^T Q issued likewise; dS^T
  *     stored as bf16 to shared memory (core-matrix layout with the query rows contiguous:
  *     conflict-free 32-bit stores), fenced for the async proxy;
  *   one CTA barrier (all 128 keys of dS^T are in); dQ = dS K for the visit's 64 rows and the
@@ -44,26 +48,37 @@
  *     double-buffered. Visit 0 issues a dQ of the unused buffer that goes nowhere (a peeled
  *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
  * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
- * stage (cp.async, D and lse too, waited for and fenced for the async proxy by every thread) and
- * frees the other stage, whose loads for the next visit (wgb_visit_load: one division per
- * thread, then steps of 16 rows) are issued once S^T (and dQ) are (so that their address
- * arithmetic runs under the products); the second publishes dS^T (and, through the dQ lane's
- * wait before it, frees the dQ staging). No wgmma is in flight across a visit's end (ptxas
- * would serialise them). The kernel is bound by its instruction stream: 0.25-0.3 instructions
- * issued per cycle and scheduler (2 warps each, ncu), about 1050 per warp and visit (1400-1490
- * before wgb_visit_load and bwd_div_small), so fewer instructions per visit is what pays.
+ * stage and frees the other stage, whose loads for the next visit (wgb_visit_load) are issued
+ * once S^T (and dQ) are; the second publishes dS^T (and, through the dQ lane's wait before it,
+ * frees the dQ staging). Q and dO of a visit arrive by tensor copies (TMA; wgb_maps): one per
+ * tile through a 4-dimensional map of q, dout (d % 8, heads, tokens, d / 8: the box lands in
+ * the column-major core-matrix layout below), issued by one lane each of warps 0 and 1 and
+ * completing on the stage's mbarrier (one arrival per warp), which every thread waits for; per
+ * 16-byte column (4 copies per warp) where the encoder refuses that map
+ * (DFLASH_CUDA_ATTN_TMA=1), by cp.async (one division per thread, then steps of 16 rows) where
+ * a visit can hold padding rows or start inside a token (FROWS % group or B group % FROWS
+ * nonzero) or DFLASH_CUDA_ATTN_TMA=0. D and lse by cp.async (64 threads), waited for by every
+ * thread. No wgmma is in flight across a visit's end (ptxas would serialise them). The kernel
+ * is bound by its instruction stream: 0.25 instructions issued per cycle and scheduler (2 warps
+ * each, ncu), 842 per warp and visit with the tensor copies and visit lists (1050 before, 1400-1490
+ * before wgb_visit_load and bwd_div_small), so fewer instructions per visit is what pays; the
+ * stage index goes through a shuffle so that the stage tiles' descriptors stay in uniform
+ * registers (else each wgmma cost a 64-bit add, two R2UR and moves).
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
- * Shared memory (d 128), all wgmma tiles in the no-swizzle core-matrix layout of wgmma.cuh: K, V
- * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the
- * 4 warp pairs' dQ staging (34 KB), 2 stages of D and lse, the piece's spans (4 KB): 183 KB
- * (PIPE 199 KB). At the end K, V and the Q stages serve as the row-major staging of dk, dv
- * (stride D + 8, so dk at K and dv at the Q stages). Registers (ptxas): 254-255, no spills.
- * Numerics as k_bwd_fused: fp32 accumulators, P and dS rounded to bf16 as the products' inputs,
- * dq summed in fp32 over key tiles in any order (not bitwise reproducible), dk, dv one fp32 sum
- * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c; padding rows
- * load zero Q and dO (and D 0, lse 0), which makes their P^T dO, dS^T and dS^T Q zero whatever
- * P is.
+ * Shared memory (d 128), all wgmma tiles in no-swizzle core matrices (wgmma.cuh): K, V 32 KB
+ * each (WKT x D, the core-matrix layout of wgmma.cuh), 2 stages of Q and dO (16 KB each;
+ * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
+ * copy writes it), dS^T 16 KB (PIPE: 2 buffers), the 4 warp pairs' dQ staging (34 KB), 2
+ * stages of D and lse, the visit list (16 KB): 195 KB (PIPE 211 KB). At the end K, V and the Q
+ * stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q
+ * stages). Registers (ptxas): 250-254, no spills (a list rebuilt inside the visit loop, for
+ * pieces longer than one list, made ptxas spill 400-600 bytes: hence WGB_LIST).
+ * Numerics as k_bwd_fused: fp32 accumulators, P and dS (here unscaled) rounded to bf16 as the
+ * products' inputs, dq summed in fp32 over key tiles in any order (not bitwise reproducible),
+ * dk, dv one fp32 sum (split pieces: atomics) rounded once. Masks and conventions those of
+ * ops_cpu.c; padding rows (cp.async loads only) load zero Q and dO (and D 0, lse 0), which makes
+ * their P^T dO, dS^T and dS^T Q zero whatever P is.
  * Stream: the caller's.
  */
 #include "attn_bwd.cuh"

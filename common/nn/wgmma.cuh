@@ -2,8 +2,10 @@
  * (ops_cuda_attn_wgmma.cu, the causal forward; ops_cuda_attn_wgbwd.cu, the block backward):
  * PTX wrappers for wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulators; A and B from shared
  * memory through descriptors, or A from registers), its fence / commit / wait, the packing of
- * accumulators into register A fragments (wg_pack_a), mbarriers, the async-proxy fence
- * (load_cm, the cp.async loads into the core-matrix layout, is in attn_spans.cuh).
+ * accumulators into register A fragments (wg_pack_a), mbarriers (with expected transaction
+ * bytes), tensor copies (TMA, cp.async.bulk.tensor of 3 or 4 dimensions onto an mbarrier), the
+ * async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
+ * attn_spans.cuh).
  * Layout (no swizzle): a core matrix is 8 rows x 16 bytes, 128 contiguous bytes; a tile of ROWS
  * rows x D bf16 puts element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 + (row % 8) 16
  * + (col % 8) 2. A descriptor's LBO is the byte distance between core matrices adjacent along

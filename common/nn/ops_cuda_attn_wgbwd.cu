@@ -137,11 +137,13 @@ __device__ __forceinline__ void named_bar(int id, int n) {
  * of its saved D and lse (dsave, lse [H, Q]; as saved) into Dr, Lr (padding rows 0, 0): 256
  * threads. By tensor copies (m.on; their bytes complete on bar, one arrival per warp; a visit
  * then has FROWS rows and its first row is a token's first head: wgb_maps_make's conditions):
- * lane 0 of warp 0 copies the Q tile, of warp 1 the dO tile (m.on 2), or lane 0 of warp w
+ * lane 0 of warp 4 copies the Q tile, of warp 5 the dO tile (m.on 2), or lane 0 of warp w
  * columns 2 w, 2 w + 1 of both (m.on 1); else by cp.async: thread tid takes column
  * c = (tid / 8) % 16 of rows r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3, stepping its
  * query token and head by 16 rows (16 / group tokens, 16 % group heads; bwd_div_small's
- * divisions, B group < 2^20). D and lse by cp.async. Left in flight (the caller commits). */
+ * divisions, B group < 2^20). D and lse by cp.async, row r by thread 192 + r. The copies' issue
+ * sits in warpgroup 1 because warpgroup 0 issues the dQ reductions (dq_out): the warps meet
+ * at two CTA barriers per visit. Left in flight (the caller commits). */
 template <int D>
 __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps &m, visit_item it,
                                                int hk, unsigned char *Qs, unsigned char *dOs,
@@ -152,8 +154,11 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps
         if (tid % 32 == 0) {
             const int w = tid / 32, t0 = it.blk * a.B + bwd_div_small(it.cb, a.inv_group);
             if (m.on == 2) {
-                mb_arrive_tx(bar, w < 2 ? D / 8 * QCOL : 0);
-                if (w < 2) tma_load_4d(w ? dOs : Qs, w ? &m.dout : &m.q, 0, hk * group, t0, 0, bar);
+                const bool cp = w == 4 || w == 5; /* Q by warp 4, dO by warp 5 */
+                mb_arrive_tx(bar, cp ? D / 8 * QCOL : 0);
+                if (cp)
+                    tma_load_4d(w == 5 ? dOs : Qs, w == 5 ? &m.dout : &m.q, 0, hk * group, t0, 0,
+                                bar);
             } else {
                 mb_arrive_tx(bar, 4 * QCOL);
 #pragma unroll
@@ -179,14 +184,15 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps
             if (h >= group) h -= group, t++;
         }
     }
-    if (tid < FROWS) { /* row tid */
+    const int r = tid - (256 - FROWS);
+    if (r >= 0) { /* row r */
         size_t o = 0;
-        if (tid < nrows) {
-            const int q2 = it.cb + tid, t2 = bwd_div_small(q2, a.inv_group);
+        if (r < nrows) {
+            const int q2 = it.cb + r, t2 = bwd_div_small(q2, a.inv_group);
             o = (size_t)(hk * group + q2 - t2 * group) * (a.n_blocks * a.B) + it.blk * a.B + t2;
         }
-        cp_async4(Dr + tid, a.dsave + o, tid < nrows ? 4 : 0);
-        cp_async4(Lr + tid, a.lse + o, tid < nrows ? 4 : 0);
+        cp_async4(Dr + r, a.dsave + o, r < nrows ? 4 : 0);
+        cp_async4(Lr + r, a.lse + o, r < nrows ? 4 : 0);
     }
 }
 

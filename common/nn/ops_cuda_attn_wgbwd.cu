@@ -351,10 +351,6 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
          * tiles and their k-steps stay in uniform registers */
         const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         cp_wait_all();
-        if (threadIdx.x >= 256 - FROWS) { /* this thread's lse row: -lse log2e, once */
-            float *l = Lr + st * FROWS + threadIdx.x - (256 - FROWS);
-            *l *= -FLOG2E;
-        }
         if (m.on) { /* the stage's tensor copies */
             mb_wait(bar + st, (ph >> st) & 1);
             ph ^= 1u << st;
@@ -404,25 +400,13 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
         wg_wait<1>();                                                        /* S^T is in */
         wg_pin_all(s);
-        /* Lt: -lse log2e (above); masked keys through a -inf bias (ex2 gives 0), in the warps
-         * where some thread has one */
-        if (__all_sync(0xffffffffu, kvis[0] && kvis[1])) {
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
+        for (int n = 0; n < NT; n++) {
+            const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
+            const float l0 = -l.x * FLOG2E, l1 = -l.y * FLOG2E;
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[n][e] = ex2(fmaf(s[n][e], sl2, e & 1 ? l.y : l.x));
-            }
-        } else {
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg);
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[n][e] =
-                        ex2(fmaf(s[n][e], sl2, kvis[e / 2] ? (e & 1 ? l.y : l.x) : -INFINITY));
-            }
+            for (int e = 0; e < 4; e++) /* masked keys through a -inf bias: ex2 gives 0 */
+                s[n][e] = ex2(fmaf(s[n][e], sl2, kvis[e / 2] ? (e & 1 ? l1 : l0) : -INFINITY));
         }
         uint32_t pa[NT / 2][4];
         wg_pack_a<NT>(pa, s);

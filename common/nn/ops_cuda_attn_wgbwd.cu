@@ -58,12 +58,16 @@
  * (DFLASH_CUDA_ATTN_TMA=1), by cp.async (one division per thread, then steps of 16 rows) where
  * a visit can hold padding rows or start inside a token (FROWS % group or B group % FROWS
  * nonzero) or DFLASH_CUDA_ATTN_TMA=0. D and lse by cp.async (64 threads), waited for by every
- * thread. No wgmma is in flight across a visit's end (ptxas would serialise them). The kernel
- * is bound by its instruction stream: 0.25 instructions issued per cycle and scheduler (2 warps
- * each, ncu), 842 per warp and visit with the tensor copies and visit lists (1050 before, 1400-1490
- * before wgb_visit_load and bwd_div_small), so fewer instructions per visit is what pays; the
- * stage index goes through a shuffle so that the stage tiles' descriptors stay in uniform
- * registers (else each wgmma cost a 64-bit add, two R2UR and moves).
+ * thread. No wgmma is in flight across a visit's end (ptxas would serialise them). The stage
+ * index goes through a shuffle so that the stage tiles' descriptors stay in uniform registers
+ * (else each wgmma cost a 64-bit add, two R2UR and moves). Instructions per warp and visit
+ * (ncu): 1400-1490 before wgb_visit_load and bwd_div_small, 1050 with them, 842 with the tensor
+ * copies and visit lists, 704 with the uniform descriptors; at 0.21-0.25 issued per cycle and
+ * scheduler (2 warps each) the kernel was bound by that count down to about 840, but 669 (lse
+ * scaled once per row, the mask select only in warps with a masked key: tried, reverted) ran
+ * no faster than 704: the warps now wait on wgmma results, the barriers and shared loads (wait
+ * 19-21%, long scoreboard 19%, barrier 15%, short scoreboard 12-14% of the stall samples), so
+ * the next gains need more independent work per warp (warpgroup ping-pong, larger visits).
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), all wgmma tiles in no-swizzle core matrices (wgmma.cuh): K, V 32 KB

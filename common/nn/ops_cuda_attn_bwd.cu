@@ -27,8 +27,9 @@
  *   direct: float4 atomics from the C layout (lane pairs swap halves: 16 rows x 32 B per warp
  *     instruction); the L2 request count made it the slowest.
  * Launches (same stream): k_bwd_rowD (D = rowsum(dO * O) per row into dsave [H, Q], one warp
- * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, and dqacc zeroed again for the next
- * call: it is zero between calls, as the split scratch).
+ * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, times the scale where k_wgb_fused,
+ * which sums dS unscaled, ran; and dqacc zeroed again for the next call: it is zero between
+ * calls, as the split scratch).
  * CTA (DFLASH_CUDA_ATTN_FUSED = keys x phase-A rows): 128x64 (default) / 128x32: 8 warps own
  * KT = 128 keys of kv head hk, one CTA per SM (251 registers; 155 KB of shared memory, 191 KB
  * with the bulk staging); 64x64 / 64x32: 4 warps, 64 keys, 2 CTAs per SM (112 KB), twice the

@@ -11,7 +11,10 @@
 # and per-SASS-instruction csv under $OUT), memcheck (sorted, SPLIT=1), memcheck_default,
 # parity_all (the whole parity run), step (`bench-cuda_ops 5 attn`: a 5-layer drafter step),
 # sass (the kernel's SASS). ops and step also run BIN_DIR/base/bench-cuda_ops when it is there
-# (the binary to compare with). A step whose timeout would end past BUDGET_S (default 240) is
+# (the binary to compare with; ops also BIN_DIR/prev/bench-cuda_ops, an intermediate version).
+# DFLASH_CUDA_ATTN_TMA=0 and =1 runs (parity, ops): the visits' cp.async loads instead of the
+# tensor copies, and copies per column; DFLASH_CUDA_ATTN_LIST_ROUND=3 (parity): visit lists built
+# in rounds of 3 blocks. A step whose timeout would end past BUDGET_S (default 240) is
 # skipped. Full log: $OUT/attn_sched.log; a summary comes last.
 set -uo pipefail
 bin=${1:?BIN_DIR}
@@ -25,6 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 P="$bin/bench-cuda_parity"
 B="$bin/bench-cuda_ops"
 BASE="$bin/base/bench-cuda_ops" # optional: the binary of the commit before, for the same run
+PREV="$bin/prev/bench-cuda_ops" # optional: an intermediate version, timed in ops
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 SO="DFLASH_CUDA_ATTN_FUSED_PIECES=sorted"
 BL="DFLASH_CUDA_ATTN_FUSED_PIECES=blocks"
@@ -36,6 +40,11 @@ for step in $steps; do
     run parity_hits_split1 30 DFLASH_CUDA_ATTN_FUSED_PIECES=hits $S1 "$P" attn
     run parity_seq_split1 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq $S1 "$P" attn
     run parity_mma_split1 30 DFLASH_CUDA_ATTN_BWD=mma $S1 "$P" attn
+    run parity_notma_split1 30 DFLASH_CUDA_ATTN_TMA=0 $S1 "$P" attn
+    run parity_tma1_split1 30 DFLASH_CUDA_ATTN_TMA=1 $S1 "$P" attn
+    run parity_round3 30 DFLASH_CUDA_ATTN_LIST_ROUND=3 "$P" attn
+    run parity_hits_round3 30 DFLASH_CUDA_ATTN_FUSED_PIECES=hits DFLASH_CUDA_ATTN_LIST_ROUND=3 \
+      "$P" attn
     run parity_default 30 "$P" attn
     ;;
   ops)
@@ -47,6 +56,9 @@ for step in $steps; do
     run ops_sorted_split128 30 $SO DFLASH_CUDA_ATTN_SPLIT=128 "$B" 0 attn
     run ops_sorted_split40 30 $SO DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
     run ops_seq 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq "$B" 0 attn
+    run ops_notma 30 DFLASH_CUDA_ATTN_TMA=0 "$B" 0 attn
+    run ops_tma1 30 DFLASH_CUDA_ATTN_TMA=1 "$B" 0 attn
+    [ -x "$PREV" ] && run ops_prev 30 "$PREV" 0 attn
     ;;
   step)
     [ -x "$BASE" ] && run step_base 90 "$BASE" 5 attn
@@ -74,7 +86,7 @@ for step in $steps; do
     fi
     ;;
   sass)
-    cuobjdump --dump-sass --function '_Z11k_wgb_fusedILi128ELb1EEv8bwd_args' "$B" \
+    cuobjdump --dump-sass --function '_Z11k_wgb_fusedILi128ELb1EEv8bwd_args8wgb_maps' "$B" \
       >"$out/wgb.sass" 2>&1
     ;;
   esac

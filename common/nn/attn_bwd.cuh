@@ -45,6 +45,7 @@ typedef struct bwd_args {
     int by_block;    /* BWD_PIECES_*; SORTED: items and work are set */
     bwd_item *items; /* SORTED: the items, heaviest first (k_bwd_plan writes them) */
     int *work;       /* SORTED: [0] the next work index to take, [1] the item count */
+    int list_round;  /* k_wgb_fused: blocks per round of its visit lists (256; tests: fewer) */
     float scale;
 } bwd_args;
 
@@ -175,12 +176,15 @@ __device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, in
  * after k_bwd_plan when a->by_block is BWD_PIECES_SORTED (then a->items holds WGB_PLAN_MAX items,
  * a->work 2 ints, and tiles x split_max <= WGB_PLAN_MAX, n_blocks < 2^19: the caller's checks);
  * pipe: dQ of one visit overlapping the next (PIPE), else one visit after the other. -1 when
- * the kernel is not usable on this device (the caller runs k_bwd_fused). */
+ * the kernel is not usable on this device or a piece could visit more than WGB_LIST blocks (the
+ * caller runs k_bwd_fused). */
 int cuda_wgb_attention_init(void);
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe);
 /* keys per CTA of k_wgb_fused (the tiles of the sorted schedule); the most items (key tiles x
- * pieces) of that schedule */
+ * pieces) of that schedule; the most blocks a piece of k_wgb_fused may visit (its visit list:
+ * cuda_wgb_attention_launch declines larger pieces) */
 #define WGB_KEYS 128
 #define WGB_PLAN_MAX 4096
+#define WGB_LIST 2048
 
 #endif

@@ -27,8 +27,9 @@
  *   direct: float4 atomics from the C layout (lane pairs swap halves: 16 rows x 32 B per warp
  *     instruction); the L2 request count made it the slowest.
  * Launches (same stream): k_bwd_rowD (D = rowsum(dO * O) per row into dsave [H, Q], one warp
- * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, and dqacc zeroed again for the next
- * call: it is zero between calls, as the split scratch).
+ * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, times the scale where k_wgb_fused,
+ * which sums dS unscaled, ran; and dqacc zeroed again for the next call: it is zero between
+ * calls, as the split scratch).
  * CTA (DFLASH_CUDA_ATTN_FUSED = keys x phase-A rows): 128x64 (default) / 128x32: 8 warps own
  * KT = 128 keys of kv head hk, one CTA per SM (251 registers; 155 KB of shared memory, 191 KB
  * with the bulk staging); 64x64 / 64x32: 4 warps, 64 keys, 2 CTAs per SM (112 KB), twice the
@@ -84,9 +85,9 @@ template <int D> __global__ void __launch_bounds__(256) k_bwd_rowD(bwd_args a) {
     if (lane == 0) a.dsave_w[(size_t)h * Q + t] = s;
 }
 
-/* dq = bf16(dqacc); dqacc = 0 again. n4: elements / 4; a thread takes 4 float4 of its CTA's
+/* dq = bf16(mul dqacc); dqacc = 0 again. n4: elements / 4; a thread takes 4 float4 of its CTA's
  * 1024 (loads first, streaming). */
-__global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4) {
+__global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4, float mul) {
     const size_t i0 = (size_t)blockIdx.x * 1024 + threadIdx.x;
     float4 v[4];
 #pragma unroll
@@ -97,11 +98,10 @@ __global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size
         size_t i = i0 + 256 * u;
         if (i >= n4) continue;
         __stcs((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        __stcs((uint2 *)(dq + 4 * i),
-               make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w)));
+        __stcs((uint2 *)(dq + 4 * i), make_uint2(pack_bf16x2(mul * v[u].x, mul * v[u].y),
+                                                 pack_bf16x2(mul * v[u].z, mul * v[u].w)));
     }
 }
-
 
 /* K, V (16 NW keys), 2 stages of Q and dO rows, ds, 2 stages of D and lse; ST 2: the bulk dQ
  * staging, 16 x BLD fp32 per warp */
@@ -506,7 +506,9 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
         else
             a.by_block = BWD_PIECES_BLOCKS, a.split_max = acc ? split_max : 1;
     }
+    float dq_mul = a.scale; /* k_wgb_fused sums dS K with dS unscaled */
     if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
+        dq_mul = 1.0f;
         a.by_block = bwd_pieces(BWD_MMA); /* k_bwd_fused, with its own pieces */
         a.split_max = acc ? split_max : 1;
         if (var >= 200)
@@ -518,7 +520,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     }
     CUDA_CHECK_LAUNCH();
     const size_t n4 = rows * d / 4;
-    k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4);
+    k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4, dq_mul);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

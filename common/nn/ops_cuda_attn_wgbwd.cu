@@ -4,9 +4,10 @@
  * mma.sync, and k_bwd_plan, its schedule. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu)
  * runs it by default (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see
  * bwd_kernel there) and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a
- * image or device); it keeps the launches around it (k_bwd_rowD before: D = rowsum(dO * O);
- * k_bwd_dq_out after: dqacc to bf16 dq) and the split scratch and tickets of dk, dv. This file
- * and ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
+ * image or device, or a piece could visit more than WGB_LIST blocks); it keeps the launches
+ * around it (k_bwd_rowD before: D = rowsum(dO * O); k_bwd_dq_out after: dqacc to bf16 dq, times
+ * the scale for this kernel) and the split scratch and tickets of dk, dv. This file and
+ * ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
  *
  * Schedule (DFLASH_CUDA_ATTN_FUSED_PIECES): the blocks that see a key tile are cut into pieces
  * by block ranges (bwd_piece_of; piece z of Z). sorted (default): k_bwd_plan (one CTA) counts
@@ -16,8 +17,10 @@
  * no CTA is launched for an empty piece; its pieces are about 2 DFLASH_CUDA_ATTN_SPLIT blocks
  * long (fewer pieces: less K, V loading, dk, dv atomics and pipeline start per block). blocks /
  * hits: one CTA per (tile, kv head, piece) of the grid, pieces by block ranges or by hit index.
- * A piece of block range [b_lo, b_hi) copies those blocks' spans into shared memory (up to
- * WSPANS) and finds its visits there.
+ * A piece first lists its visits (wgb_list: all threads, a block each per round): the blocks of
+ * its range (by hits: from its first hit on) that see the tile, each with its key ranges in the
+ * tile as four bytes, so that a visit finds the next block and its key mask with two shared
+ * loads (the span walk and span decoding per visit were ~100 instructions per warp).
  *
  * CTA: 2 warpgroups (256 threads, one CTA per SM) own WKT = 128 keys k0 .. of kv head hk;
  * warpgroup w keys k0 + 64 w .. + 63, warp q of it keys + 16 q .. (the M rows of its
@@ -26,10 +29,11 @@
  * Per visit (64 query rows: one block's 16 tokens x 4 heads at group 4), per warpgroup:
  *   S^T = K Q^T and dP^T = V dO^T (m64n64k16, 8 k-steps each, both operands K-major in shared
  *     memory), two commit groups (with PIPE dP^T waits until the previous dQ is out, below);
- *   once S^T is in: P^T = exp2(S^T scale log2e - lse log2e) (0 for keys the block does not see),
- *     packed to bf16 A fragments; dV += P^T dO issued (m64n128k16, A from registers, dO the
- *     MN-major B) while dP^T may still run;
- *   once dP^T is in: dS^T = P^T (dP^T - D) scale, packed; dK += dS^T Q issued likewise; dS^T
+ *   once S^T is in: P^T = exp2(S^T scale log2e - lse log2e) (keys the block does not see get a
+ *     -inf bias instead of -lse log2e: 0), packed to bf16 A fragments; dV += P^T dO issued
+ *     (m64n128k16, A from registers, dO the MN-major B) while dP^T may still run;
+ *   once dP^T is in: dS^T = P^T (dP^T - D), packed (the scale is left for the ends: dk times it
+ *     before the tile end, dq in k_bwd_dq_out); dK += dS^T Q issued likewise; dS^T
  *     stored as bf16 to shared memory (core-matrix layout with the query rows contiguous:
  *     conflict-free 32-bit stores), fenced for the async proxy;
  *   one CTA barrier (all 128 keys of dS^T are in); dQ = dS K for the visit's 64 rows and the
@@ -44,26 +48,41 @@
  *     double-buffered. Visit 0 issues a dQ of the unused buffer that goes nowhere (a peeled
  *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
  * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
- * stage (cp.async, D and lse too, waited for and fenced for the async proxy by every thread) and
- * frees the other stage, whose loads for the next visit (wgb_visit_load: one division per
- * thread, then steps of 16 rows) are issued once S^T (and dQ) are (so that their address
- * arithmetic runs under the products); the second publishes dS^T (and, through the dQ lane's
- * wait before it, frees the dQ staging). No wgmma is in flight across a visit's end (ptxas
- * would serialise them). The kernel is bound by its instruction stream: 0.25-0.3 instructions
- * issued per cycle and scheduler (2 warps each, ncu), about 1050 per warp and visit (1400-1490
- * before wgb_visit_load and bwd_div_small), so fewer instructions per visit is what pays.
+ * stage and frees the other stage, whose loads for the next visit (wgb_visit_load) are issued
+ * once S^T (and dQ) are; the second publishes dS^T (and, through the dQ lane's wait before it,
+ * frees the dQ staging). Q and dO of a visit arrive by tensor copies (TMA; wgb_maps): one per
+ * tile through a 4-dimensional map of q, dout (d % 8, heads, tokens, d / 8: the box lands in
+ * the column-major core-matrix layout below), issued by one lane each of warps 0 and 1 and
+ * completing on the stage's mbarrier (one arrival per warp), which every thread waits for; per
+ * 16-byte column (4 copies per warp) where the encoder refuses that map
+ * (DFLASH_CUDA_ATTN_TMA=1), by cp.async (one division per thread, then steps of 16 rows) where
+ * a visit can hold padding rows or start inside a token (FROWS % group or B group % FROWS
+ * nonzero) or DFLASH_CUDA_ATTN_TMA=0. D and lse by cp.async (64 threads), waited for by every
+ * thread. No wgmma is in flight across a visit's end (ptxas would serialise them). The stage
+ * index goes through a shuffle so that the stage tiles' descriptors stay in uniform registers
+ * (else each wgmma cost a 64-bit add, two R2UR and moves). Instructions per warp and visit
+ * (ncu): 1400-1490 before wgb_visit_load and bwd_div_small, 1050 with them, 842 with the tensor
+ * copies and visit lists, 704 with the uniform descriptors; at 0.21-0.25 issued per cycle and
+ * scheduler (2 warps each) the kernel was bound by that count down to about 840, but 669 (lse
+ * scaled once per row, the mask select only in warps with a masked key: tried, reverted) ran
+ * no faster than 704: the warps now wait on wgmma results, the barriers and shared loads (wait
+ * 19-21%, long scoreboard 19%, barrier 15%, short scoreboard 12-14% of the stall samples), so
+ * the next gains need more independent work per warp (warpgroup ping-pong, larger visits).
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
- * Shared memory (d 128), all wgmma tiles in the no-swizzle core-matrix layout of wgmma.cuh: K, V
- * 32 KB each (WKT x D), 2 stages of Q and dO (16 KB each), dS^T 16 KB (PIPE: 2 buffers), the
- * 4 warp pairs' dQ staging (34 KB), 2 stages of D and lse, the piece's spans (4 KB): 183 KB
- * (PIPE 199 KB). At the end K, V and the Q stages serve as the row-major staging of dk, dv
- * (stride D + 8, so dk at K and dv at the Q stages). Registers (ptxas): 254-255, no spills.
- * Numerics as k_bwd_fused: fp32 accumulators, P and dS rounded to bf16 as the products' inputs,
- * dq summed in fp32 over key tiles in any order (not bitwise reproducible), dk, dv one fp32 sum
- * (split pieces: atomics) rounded once. Masks and conventions those of ops_cpu.c; padding rows
- * load zero Q and dO (and D 0, lse 0), which makes their P^T dO, dS^T and dS^T Q zero whatever
- * P is.
+ * Shared memory (d 128), all wgmma tiles in no-swizzle core matrices (wgmma.cuh): K, V 32 KB
+ * each (WKT x D, the core-matrix layout of wgmma.cuh), 2 stages of Q and dO (16 KB each;
+ * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
+ * copy writes it), dS^T 16 KB (PIPE: 2 buffers), the 4 warp pairs' dQ staging (34 KB), 2
+ * stages of D and lse, the visit list (16 KB): 195 KB (PIPE 211 KB). At the end K, V and the Q
+ * stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q
+ * stages). Registers (ptxas): 250-254, no spills (a list rebuilt inside the visit loop, for
+ * pieces longer than one list, made ptxas spill 400-600 bytes: hence WGB_LIST).
+ * Numerics as k_bwd_fused: fp32 accumulators, P and dS (here unscaled) rounded to bf16 as the
+ * products' inputs, dq summed in fp32 over key tiles in any order (not bitwise reproducible),
+ * dk, dv one fp32 sum (split pieces: atomics) rounded once. Masks and conventions those of
+ * ops_cpu.c; padding rows (cp.async loads only) load zero Q and dO (and D 0, lse 0), which makes
+ * their P^T dO, dS^T and dS^T Q zero whatever P is.
  * Stream: the caller's.
  */
 #include "attn_bwd.cuh"
@@ -72,17 +91,33 @@
 #include "ops_cuda.h"
 #include "wgmma.cuh"
 
+#include <cuda.h> /* CUtensorMap (the encoder is found through the runtime) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <assert.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
 #define WKT WGB_KEYS /* keys per CTA: 2 warpgroups x 64 */
 
-#define WSPANS 256 /* block spans a piece keeps in shared memory (more: read from global) */
+#define WLIST WGB_LIST /* the most blocks of a piece's visit list (wgb_list) */
+
+#define QCOL (FROWS * 16) /* bytes of one 16-byte column of a visit's Q or dO tile */
+
+/* The tensor maps of q and dout ([Q, H, D] bf16) for the visits' tensor-copy loads. on 2: dims
+ * (8, H, Q, D / 8), the last one's stride 16 bytes, box 8 x group x FROWS / group x D / 8, a whole
+ * tile in the column-major layout in one copy; on 1: dims (D, H, Q), box 8 x group x
+ * FROWS / group, one 16-byte column of a visit's rows (QCOL bytes) per copy; on 0: none, the
+ * visits load by cp.async (wgb_maps_make). */
+struct wgb_maps {
+    CUtensorMap q, dout;
+    int on;
+};
 
 /* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
 template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
@@ -93,7 +128,7 @@ template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
 template <int D, bool PIPE> static constexpr size_t wgb_smem(void) {
     return (size_t)(2 * WKT + 4 * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
            (size_t)4 * wgb_pair_w<D>() * sizeof(float) + (size_t)4 * FROWS * sizeof(float) +
-           (size_t)WSPANS * sizeof(nn_block_span);
+           (size_t)WLIST * sizeof(int2);
 }
 
 /* bar.sync on named barrier id (1 .. 15; 0 is __syncthreads) for n threads (whole warps) */
@@ -101,43 +136,109 @@ __device__ __forceinline__ void named_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* cp.async of visit it's Q and dO rows (q, dout [Q, H, D]) into the core-matrix tiles Qs, dOs
- * (load_cm2's layout; padding rows zero-filled) and of its saved D and lse (dsave, lse [H, Q]; as
- * saved) into Dr, Lr (padding rows 0, 0): visit_issue's work for 256 threads, with the address
- * arithmetic done once. Thread tid takes the 16-byte column block c = (tid / 8) % 16 of rows
- * r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3 (chunk tid + 256 k of the tile, at byte
- * 16 (tid + 256 k)), stepping its query token and head by 16 rows (16 / group tokens, 16 % group
- * heads); the divisions are bwd_div_small's (B group < 2^20). Left in flight (the caller
- * commits). */
+/* Loads of visit it's Q and dO rows (q, dout [Q, H, D]) into the tiles Qs, dOs (column-major
+ * core matrices: 16-byte column c of row r at byte c QCOL + 16 r; padding rows zero-filled) and
+ * of its saved D and lse (dsave, lse [H, Q]; as saved) into Dr, Lr (padding rows 0, 0): 256
+ * threads. By tensor copies (m.on; their bytes complete on bar, one arrival per warp; a visit
+ * then has FROWS rows and its first row is a token's first head: wgb_maps_make's conditions):
+ * lane 0 of warp 4 copies the Q tile, of warp 5 the dO tile (m.on 2), or lane 0 of warp w
+ * columns 2 w, 2 w + 1 of both (m.on 1); else by cp.async: thread tid takes column
+ * c = (tid / 8) % 16 of rows r0 + 16 k, r0 = 8 (tid / 128) + tid % 8, k = 0 .. 3, stepping its
+ * query token and head by 16 rows (16 / group tokens, 16 % group heads; bwd_div_small's
+ * divisions, B group < 2^20). D and lse by cp.async, row r by thread 192 + r. The copies' issue
+ * sits in warpgroup 1 because warpgroup 0 issues the dQ reductions (dq_out): the warps meet
+ * at two CTA barriers per visit. Left in flight (the caller commits). */
 template <int D>
-__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it, int hk,
-                                               unsigned char *Qs, unsigned char *dOs, float *Dr,
-                                               float *Lr) {
-    static_assert(D == 128 && FROWS == 64, "4 chunks of 16 bytes per thread and tile");
+__device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps &m, visit_item it,
+                                               int hk, unsigned char *Qs, unsigned char *dOs,
+                                               float *Dr, float *Lr, uint64_t *bar) {
+    static_assert(D == 128 && FROWS == 64, "2 columns per warp, 4 chunks of 16 bytes per thread");
     const int tid = threadIdx.x, group = a.group, nrows = min(FROWS, a.B * group - it.cb);
-    const int r0 = 8 * (tid / 128) + tid % 8, c = (tid / 8) % (D / 8);
-    const int qr = it.cb + r0, dt = bwd_div_small(16, a.inv_group), dh = 16 - dt * group;
-    int t = bwd_div_small(qr, a.inv_group), h = qr - t * group;
-    t += it.blk * a.B;
+    if (m.on) {
+        if (tid % 32 == 0) {
+            const int w = tid / 32, t0 = it.blk * a.B + bwd_div_small(it.cb, a.inv_group);
+            if (m.on == 2) {
+                const bool cp = w == 4 || w == 5; /* Q by warp 4, dO by warp 5 */
+                mb_arrive_tx(bar, cp ? D / 8 * QCOL : 0);
+                if (cp)
+                    tma_load_4d(w == 5 ? dOs : Qs, w == 5 ? &m.dout : &m.q, 0, hk * group, t0, 0,
+                                bar);
+            } else {
+                mb_arrive_tx(bar, 4 * QCOL);
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const bool in = r0 + 16 * k < nrows;
-        const size_t off = ((size_t)t * a.H + hk * group + h) * D + c * 8;
-        cp_async16(Qs + 16 * (tid + 256 * k), in ? (const void *)(a.q + off) : a.q, in ? 16 : 0);
-        cp_async16(dOs + 16 * (tid + 256 * k), in ? (const void *)(a.dout + off) : a.dout,
-                   in ? 16 : 0);
-        t += dt, h += dh;
-        if (h >= group) h -= group, t++;
+                for (int c = 2 * w; c < 2 * w + 2; c++) {
+                    tma_load_3d(Qs + c * QCOL, &m.q, 8 * c, hk * group, t0, bar);
+                    tma_load_3d(dOs + c * QCOL, &m.dout, 8 * c, hk * group, t0, bar);
+                }
+            }
+        }
+    } else {
+        const int r0 = 8 * (tid / 128) + tid % 8, c = (tid / 8) % (D / 8);
+        const int qr = it.cb + r0, dt = bwd_div_small(16, a.inv_group), dh = 16 - dt * group;
+        int t = bwd_div_small(qr, a.inv_group), h = qr - t * group;
+        t += it.blk * a.B;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const bool in = r0 + 16 * k < nrows;
+            const size_t off = ((size_t)t * a.H + hk * group + h) * D + c * 8;
+            const int dst = c * QCOL + 16 * (r0 + 16 * k);
+            cp_async16(Qs + dst, in ? (const void *)(a.q + off) : a.q, in ? 16 : 0);
+            cp_async16(dOs + dst, in ? (const void *)(a.dout + off) : a.dout, in ? 16 : 0);
+            t += dt, h += dh;
+            if (h >= group) h -= group, t++;
+        }
     }
-    if (tid < FROWS) { /* row tid */
+    const int r = tid - (256 - FROWS);
+    if (r >= 0) { /* row r */
         size_t o = 0;
-        if (tid < nrows) {
-            const int q2 = it.cb + tid, t2 = bwd_div_small(q2, a.inv_group);
+        if (r < nrows) {
+            const int q2 = it.cb + r, t2 = bwd_div_small(q2, a.inv_group);
             o = (size_t)(hk * group + q2 - t2 * group) * (a.n_blocks * a.B) + it.blk * a.B + t2;
         }
-        cp_async4(Dr + tid, a.dsave + o, tid < nrows ? 4 : 0);
-        cp_async4(Lr + tid, a.lse + o, tid < nrows ? 4 : 0);
+        cp_async4(Dr + r, a.dsave + o, r < nrows ? 4 : 0);
+        cp_async4(Lr + r, a.lse + o, r < nrows ? 4 : 0);
     }
+}
+
+/* A piece's visit list: of the blocks from blk0 on, below b_end, those that see keys
+ * [k0, k0 + WKT) (attn_block_hits), in block order, the first min(lim, WLIST): lst[e] = {blk,
+ * keys}, keys the block's (up to two) key ranges [lo, hi) in the tile, counted from k0 and
+ * clipped to the tile and to Tk, one byte each (lo0 | hi0 << 8 | lo1 << 16 | hi1 << 24). Returns
+ * the number listed. All threads (256); rounds of a.list_round <= 256 blocks (one per thread),
+ * two CTA barriers each. */
+__device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int b_end, int lim,
+                                        int2 *lst) {
+    static_assert(WKT < 256, "key offsets in one byte");
+    __shared__ int cnt[8];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    lim = min(lim, WLIST);
+    int n = 0;
+    for (int b0 = blk0; b0 < b_end && n < lim; b0 += a.list_round) { /* uniform */
+        const int blk = b0 + tid;
+        bool hit = false;
+        uint32_t keys = 0;
+        if (tid < a.list_round && blk < b_end) {
+            int rg[4];
+            const int nr = attn_span_ranges(a.spans + blk, a.B, rg);
+            for (int r = 0; r < nr; r++) {
+                hit = hit || (rg[2 * r] < k0 + WKT && rg[2 * r + 1] > k0);
+                const int lo = min(max(rg[2 * r] - k0, 0), WKT);
+                const int hi = min(max(min(rg[2 * r + 1], a.Tk) - k0, 0), WKT);
+                keys |= (uint32_t)(lo | hi << 8) << (16 * r);
+            }
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) cnt[warp] = __popc(bal);
+        __syncthreads();
+        int e = n + __popc(bal & ((1u << lane) - 1));
+        for (int w = 0; w < 8; w++) {
+            e += w < warp ? cnt[w] : 0;
+            n += cnt[w];
+        }
+        if (hit && e < lim) lst[e] = make_int2(blk, (int)keys);
+        __syncthreads(); /* also: cnt is read before the next round writes it */
+    }
+    return min(n, lim);
 }
 
 /* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
@@ -146,19 +247,24 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, visit_item it,
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
 template <int D, bool PIPE>
-__device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, int hk, int k0,
-                                          int z, int nsplit, int h_lo, int h_hi, int *ticket) {
+__device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
+                                          uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
+                                          int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
-    constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* row x d tiles as K-major operands */
+    constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* K, V (row x d) as K-major operands */
     constexpr uint32_t LBO_T = 16 * D, SBO_T = 128; /* the same tiles as MN-major operands */
     constexpr uint32_t CMB = 128;                   /* bytes of a core matrix */
+    /* the Q, dO tiles (column-major core matrices) as K-major and MN-major operands, and their
+     * descriptors' k16 steps (16-byte units) */
+    constexpr uint32_t QLBO_K = QCOL, QSBO_K = CMB, QLBO_T = CMB, QSBO_T = QCOL;
+    constexpr int QSTEP_K = 2 * QCOL / 16, QSTEP_T = 2 * CMB / 16;
     unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
     unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
     constexpr int PW = wgb_pair_w<D>();
     float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
     float *Dr = stg_all + 4 * PW, *Lr = Dr + 2 * FROWS;
-    nn_block_span *span_sm = (nn_block_span *)(Lr + 2 * FROWS);
+    int2 *lst = (int2 *)(Lr + 2 * FROWS); /* the visit list (wgb_list) */
     /* wg through a shuffle: the compiler then knows it is warp-uniform (descriptors in uniform
      * registers) */
     const int warp = threadIdx.x / 32, wg = __shfl_sync(0xffffffffu, warp / 4, 0), wq = warp % 4;
@@ -168,33 +274,17 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         return k0 + r < a.Tk ? ((long long)(k0 + r) * a.Hk + hk) * D : -1;
     };
     load_cm2<D, WKT>(Ks, a.k, Vs, a.v, kvoff, threadIdx.x, blockDim.x);
-    visit_item it = {-1, 0, h_lo};
-    /* The blocks this piece visits lie in [b_lo, b_hi): its block range (pieces by blocks; z is
-     * the piece) or all blocks (by hits). sp: their spans, from shared memory when they fit
-     * (indexed by block: sp + blk; sp itself may point before span_sm). */
-    const nn_block_span *sp = a.spans;
+    cp_commit();
+    /* The blocks this piece visits: from b_lo on, below b_hi, h_hi - h_lo of them: its block range
+     * (pieces by blocks; z is the piece) or all blocks from its first hit on (by hits). */
     int b_lo = 0, b_hi = a.n_blocks;
     if (a.by_block != BWD_PIECES_HITS) {
         const int Z = a.split_max;
         b_lo = (int)(((long long)z * a.n_blocks + Z - 1) / Z);
         b_hi = (int)(((long long)(z + 1) * a.n_blocks + Z - 1) / Z);
-        if (b_hi - b_lo <= WSPANS) {
-            for (int i = threadIdx.x; i < b_hi - b_lo; i += blockDim.x)
-                span_sm[i] = a.spans[b_lo + i];
-            __syncthreads();
-            sp = span_sm - b_lo;
-        }
+    } else if (h_lo < h_hi) {
+        b_lo = attn_nth_hit(a.spans, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
     }
-    if (h_lo < h_hi) {
-        if (a.by_block == BWD_PIECES_HITS) {
-            it.blk = attn_nth_hit(sp, a.n_blocks, a.B, k0, k0 + WKT, h_lo);
-        } else { /* the piece's first hit is its block range's */
-            it.blk = attn_nth_hit(sp + b_lo, b_hi - b_lo, a.B, k0, k0 + WKT, 0);
-            it.blk = it.blk < 0 ? -1 : b_lo + it.blk;
-        }
-    }
-    if (it.blk >= 0) wgb_visit_load<D>(a, it, hk, Qs, dOs, Dr, Lr);
-    cp_commit();
 
     const float sl2 = a.scale * FLOG2E;
     float dk[D / 8][4], dv[D / 8][4];
@@ -254,15 +344,21 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
     };
-    visit_item prev = it;
-    int prev_rows = 0;
+    visit_item it = {-1, 0, 0}, prev = it; /* it.hit_i: its block's entry in lst */
+    int prev_rows = 0, nlst = 0;
     /* visit i; WDQ (= PIPE): issues dQ of visit i - 1 first (for i = 0 a product of the unused
      * second dS^T buffer that goes nowhere: prev_rows 0; a peeled first visit made ptxas spill).
      * Ends with no wgmma in flight; with PIPE the visit's dQ is not issued yet. */
     auto step = [&](int i, auto wdq) {
         constexpr bool WDQ = decltype(wdq)::value;
-        const int st = i % 2;
+        /* through a shuffle: warp-uniform for the compiler, so the descriptors of the stage's
+         * tiles and their k-steps stay in uniform registers */
+        const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         cp_wait_all();
+        if (m.on) { /* the stage's tensor copies */
+            mb_wait(bar + st, (ph >> st) & 1);
+            ph ^= 1u << st;
+        }
         fence_proxy_async(); /* this thread's copies, for the tensor cores */
         /* stage st is complete for all threads, and all are done with the previous visit's
          * stage (1 - st) and with the dS^T buffer this visit writes */
@@ -274,50 +370,65 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         /* dp holds dQ of the previous visit first (WDQ), dP^T after it: fewer live registers */
         float s[NT][4], dp[NT][4];
         wg_fence();
-        if constexpr (WDQ) issue_dq(dp, (i + 1) % 2);
-        wg_issue_s<D, FROWS>(s, dK, wg_desc(Qt, LBO_K, SBO_K)); /* S^T = K Q^T */
-        /* while it runs: the next visit's loads into the other stage, this visit's key mask */
-        visit_item nx = visit_next<FROWS>(sp, b_hi, a.B, a.group, it, k0, WKT, h_hi);
+        if constexpr (WDQ) issue_dq(dp, 1 - st);
+        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
+        /* while it runs: this visit's key mask (its span read before the copies below queue in
+         * the LSU), the next visit's loads into the other stage */
+        bool kvis[2]; /* the block sees the thread's key r */
+        {
+            const uint32_t keys = (uint32_t)lst[it.hit_i].y;
+#pragma unroll
+            for (int r = 0; r < 2; r++) { /* keys 16 warp + g (+ 8) of the tile */
+                const uint32_t key = 16 * warp + lane / 4 + 8 * r;
+                kvis[r] = (key >= (keys & 255u) && key < (keys >> 8 & 255u)) ||
+                          (key >= (keys >> 16 & 255u) && key < keys >> 24);
+            }
+        }
+        visit_item nx = it; /* the next visit: the block's next rows, else the next block */
+        if (it.cb + FROWS < a.B * a.group) {
+            nx.cb += FROWS;
+        } else {
+            nx.cb = 0, nx.hit_i++;
+            nx.blk = nx.hit_i < nlst ? lst[nx.hit_i].x : -1;
+        }
         if (nx.blk >= 0)
-            wgb_visit_load<D>(a, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
-                              Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS);
+            wgb_visit_load<D>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
+                              Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
         cp_commit();
-        bool kvis[2];
-        bwd_keys_seen(sp + it.blk, a.B, a.Tk, k0 + warp * 16, kvis);
         if constexpr (WDQ) {
             wg_wait<1>(); /* dQ of the previous visit is in */
             wg_pin_all(dp);
             dq_out(dp, prev, prev_rows);
             wg_fence();
         }
-        wg_issue_s<D, FROWS>(dp, dV, wg_desc(dOt, LBO_K, SBO_K)); /* dP^T = V dO^T */
-        wg_wait<1>();                                             /* S^T is in */
+        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        wg_wait<1>();                                                        /* S^T is in */
         wg_pin_all(s);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
-            const float l0 = l.x * FLOG2E, l1 = l.y * FLOG2E;
+            const float l0 = -l.x * FLOG2E, l1 = -l.y * FLOG2E;
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[n][e] = kvis[e / 2] ? ex2(fmaf(s[n][e], sl2, -(e & 1 ? l1 : l0))) : 0.0f;
+            for (int e = 0; e < 4; e++) /* masked keys through a -inf bias: ex2 gives 0 */
+                s[n][e] = ex2(fmaf(s[n][e], sl2, kvis[e / 2] ? (e & 1 ? l1 : l0) : -INFINITY));
         }
         uint32_t pa[NT / 2][4];
         wg_pack_a<NT>(pa, s);
         wg_fence();
-        wg_issue_pv<D, FROWS>(dv, pa, wg_desc(dOt, LBO_T, SBO_T)); /* dV += P^T dO */
-        wg_wait<1>();                                              /* dP^T is in */
+        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
+        wg_wait<1>();                                                         /* dP^T is in */
         wg_pin_all(dp);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
 #pragma unroll
-            for (int e = 0; e < 4; e++) /* dS^T */
-                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x)) * a.scale;
+            for (int e = 0; e < 4; e++) /* dS^T / scale */
+                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x));
         }
         uint32_t da[NT / 2][4];
         wg_pack_a<NT>(da, dp);
         wg_fence();
-        wg_issue_pv<D, FROWS>(dk, da, wg_desc(Qt, LBO_T, SBO_T)); /* dK += dS^T Q */
+        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
         unsigned char *w = dS + (PIPE ? st : 0) * DSB + dsw;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -343,6 +454,14 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
         prev = it, prev_rows = nrows;
         it = nx;
     };
+    /* the piece's visits; the list of the next WLIST blocks when the last one is used up (one
+     * list for pieces of WLIST blocks or fewer), its first visit's loads into the next stage */
+    nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, lst) : 0;
+    if (nlst > 0) {
+        it = visit_item{lst[0].x, 0, 0};
+        wgb_visit_load<D>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
+        cp_commit();
+    }
     int i = 0;
     for (; it.blk >= 0; i++)
         step(i, std::integral_constant<bool, PIPE>());
@@ -357,16 +476,31 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, unsigned char *sm, 
     cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     __syncthreads();
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) /* dS^T was left unscaled */
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[j][e] *= a.scale;
     dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
                      a.acc, ticket);
+    fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fused(bwd_args a) {
+template <int D, bool PIPE>
+__global__ void __launch_bounds__(256, 1)
+    k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
     extern __shared__ __align__(1024) unsigned char sm[];
+    __shared__ uint64_t bar[2]; /* the Q, dO stages' tensor copies (one arrival per warp) */
+    uint32_t ph = 0;            /* bit st: the parity of stage st's next phase */
+    if (threadIdx.x == 0) {
+        mb_init(bar, 8), mb_init(bar + 1, 8);
+        mb_init_fence();
+    }
+    __syncthreads();
     const int nx = (a.Tk + WKT - 1) / WKT;
     if (a.by_block != BWD_PIECES_SORTED) {
         const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
@@ -374,7 +508,7 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE>(a, sm, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
+            wgb_piece<D, PIPE>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
                                a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
@@ -386,11 +520,11 @@ template <int D, bool PIPE> __global__ void __launch_bounds__(256, 1) k_wgb_fuse
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE>(a, sm, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
+        wgb_piece<D, PIPE>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
                            a.tickets + (size_t)hk * nx + it.x);
     }
 #else
-    (void)a;
+    (void)a, (void)m;
 #endif
 }
 
@@ -461,9 +595,62 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
 
 static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
 
+/* cuTensorMapEncodeTiled (driver API, found through the runtime), or NULL: no tensor copies */
+typedef CUresult (*wgb_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static wgb_encode_fn g_encode;
+
+/* The tensor maps of a's q and dout (wgb_maps), when the encoder is there, every visit has FROWS
+ * rows starting at a token's first head (FROWS % group == 0, B group % FROWS == 0) and
+ * DFLASH_CUDA_ATTN_TMA is not 0: one copy per tile (on 2) where the encoder takes its map, else
+ * one per column (on 1); else m->on = 0 (cp.async). DFLASH_CUDA_ATTN_TMA=1: on 1 at most. */
+static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_TMA");
+        env = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
+    }
+    memset(m, 0, sizeof *m);
+    if (!env || !g_encode || FROWS % a->group || (a->B * a->group) % FROWS) return;
+    const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
+    const cuuint64_t dims[4] = {8, H, (cuuint64_t)a->n_blocks * a->B, 128 / 8};
+    const cuuint64_t strides[3] = {row, H * row, 8 * sizeof(bf16)};
+    const cuuint32_t box[4] = {8, (cuuint32_t)a->group, (cuuint32_t)(FROWS / a->group), 128 / 8};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
+    const bf16 *src[2] = {a->q, a->dout};
+    CUtensorMap *dst[2] = {&m->q, &m->dout};
+    for (int on = env; on > 0; on--) { /* on 2: 4 dims; on 1: the first 3 with d whole */
+        const cuuint64_t d3[3] = {128, H, dims[2]};
+        int ok = 1;
+        for (int i = 0; i < 2 && ok; i++)
+            ok = g_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, on + 2, (void *)src[i],
+                          on == 2 ? dims : d3, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+        if (ok) {
+            m->on = on;
+            return;
+        }
+        static int told;
+        if (!told++)
+            fprintf(stderr, "k_wgb_fused: the encoder refused the %d-dim tensor map of q, dout\n",
+                    on + 2);
+    }
+}
+
 int cuda_wgb_attention_init(void) {
     g_wgb_ready = 0;
     if (!wg_device_runs_sm90a()) return 0;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult qr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &qr) == cudaSuccess &&
+        qr == cudaDriverEntryPointSuccess)
+        g_encode = (wgb_encode_fn)fn;
+    else
+        (void)cudaGetLastError(); /* the visits load by cp.async */
     if (cudaFuncSetAttribute(k_wgb_fused<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)wgb_smem<128, true>()) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -477,6 +664,17 @@ int cuda_wgb_attention_init(void) {
 
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     if (!g_wgb_ready) return -1;
+    /* a piece's blocks (pieces by blocks) or hits (by hits: about n_hit / split_max, at least
+     * vps) fit its visit list */
+    const int len = (a->n_blocks + a->split_max - 1) / a->split_max;
+    if (len > WLIST || (a->by_block == BWD_PIECES_HITS && a->vps >= WLIST)) return -1;
+    bwd_args b = *a;
+    static int round = -1; /* DFLASH_CUDA_ATTN_LIST_ROUND=N (1 .. 256): tests of the rounds */
+    if (round < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_LIST_ROUND");
+        round = e && atoi(e) >= 1 && atoi(e) <= 256 ? atoi(e) : 256;
+    }
+    b.list_round = round;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
@@ -486,13 +684,15 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
             return -1;
         const int Z = a->split_max;
         assert(a->items && a->work && nx * Z <= WGB_PLAN_MAX && a->n_blocks < (1 << 19));
-        k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(*a, nx, Z);
+        k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(b, nx, Z);
         CUDA_CHECK_LAUNCH();
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
+    wgb_maps m;
+    wgb_maps_make(a, &m);
     if (pipe)
-        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(*a);
+        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(b, m);
     else
-        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(*a);
+        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

@@ -2,8 +2,10 @@
  * (ops_cuda_attn_wgmma.cu, the causal forward; ops_cuda_attn_wgbwd.cu, the block backward):
  * PTX wrappers for wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulators; A and B from shared
  * memory through descriptors, or A from registers), its fence / commit / wait, the packing of
- * accumulators into register A fragments (wg_pack_a), mbarriers, the async-proxy fence
- * (load_cm, the cp.async loads into the core-matrix layout, is in attn_spans.cuh).
+ * accumulators into register A fragments (wg_pack_a), mbarriers (with expected transaction
+ * bytes), tensor copies (TMA, cp.async.bulk.tensor of 3 or 4 dimensions onto an mbarrier), the
+ * async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
+ * attn_spans.cuh).
  * Layout (no swizzle): a core matrix is 8 rows x 16 bytes, 128 contiguous bytes; a tile of ROWS
  * rows x D bf16 puts element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 + (row % 8) 16
  * + (col % 8) 2. A descriptor's LBO is the byte distance between core matrices adjacent along
@@ -97,6 +99,41 @@ __device__ __forceinline__ void mb_wait(uint64_t *b, int parity) {
                      : "r"(a), "r"(parity)
                      : "memory");
     } while (!done);
+}
+
+/* mbarrier arrival that also expects tx bytes of asynchronous copies in the current phase */
+__device__ __forceinline__ void mb_arrive_tx(uint64_t *b, uint32_t tx) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(tx)
+                 : "memory");
+}
+
+/* mb_init's barriers are visible to the async proxy (the tensor-copy engine) after the following
+ * barrier */
+__device__ __forceinline__ void mb_init_fence(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* Tensor copy (TMA) of the box of tensor map *map at element coordinates (c0, c1, c2) into
+ * shared memory at dst; its bytes complete on mbarrier b. map: a kernel parameter
+ * (__grid_constant__) or global memory. One thread. */
+__device__ __forceinline__ void tma_load_3d(void *dst, const void *map, int c0, int c1, int c2,
+                                            uint64_t *b) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"((uint32_t)__cvta_generic_to_shared(b))
+        : "memory");
+}
+
+/* tma_load_3d with a 4-dimensional map */
+__device__ __forceinline__ void tma_load_4d(void *dst, const void *map, int c0, int c1, int c2,
+                                            int c3, uint64_t *b) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"((uint32_t)__cvta_generic_to_shared(b))
+        : "memory");
 }
 
 /* d (64 x N, the warpgroup's accumulators) = A B (first) or += A B: A = 64 x 16 and B^T = N x 16,
@@ -212,23 +249,26 @@ __device__ __forceinline__ void wg_ss_tt<64>(float (&d)[8][4], uint64_t da, uint
 
 #endif /* WG_DEVICE */
 
-/* S = Q K^T of one key tile into s (issued and committed, not waited for) */
-template <int D, int KT>
+/* S = Q K^T of one key tile into s (issued and committed, not waited for). k16 step: 2 core
+ * matrices along d, 256 bytes in the layout above; BSTEP: the B descriptor's step (16-byte
+ * units) where B lies in another layout */
+template <int D, int KT, int BSTEP = 16>
 __device__ __forceinline__ void wg_issue_s(float (&s)[KT / 8][4], uint64_t dq, uint64_t dk) {
     wg_ss_first<KT>(s, dq, dk);
 #pragma unroll
-    for (int kk = 1; kk < D / 16; kk++) /* k16 step: 2 core matrices (256 bytes) along d */
-        wg_ss<KT>(s, dq + kk * 16, dk + kk * 16);
+    for (int kk = 1; kk < D / 16; kk++)
+        wg_ss<KT>(s, dq + kk * 16, dk + kk * BSTEP);
     wg_commit();
 }
 
-/* O += P V of one key tile (issued and committed, not waited for) */
-template <int D, int KT>
+/* O += P V of one key tile (issued and committed, not waited for). k16 step: 16 keys, 2
+ * core-matrix rows of the layout above; BSTEP as for wg_issue_s */
+template <int D, int KT, int BSTEP = 2 * (D / 8) * 128 / 16>
 __device__ __forceinline__ void wg_issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[KT / 16][4],
                                             uint64_t dv) {
 #pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) /* k16 step: 16 keys = 2 core-matrix rows */
-        wg_rs_t<D>(o, pa[kk], dv + kk * (2 * (D / 8) * 128 / 16));
+    for (int kk = 0; kk < KT / 16; kk++)
+        wg_rs_t<D>(o, pa[kk], dv + kk * BSTEP);
     wg_commit();
 }
 

@@ -254,7 +254,7 @@ void dflash_model_forward(dflash_model *m, const nn_buf *X);
 void dflash_model_loss(dflash_model *m, float inv_norm);
 /* Backward from dh (set by dflash_model_loss): WRITES every trainable gradient into grads
  * (overwrites them: a step needs no zeroing before; the padding between tensors stays 0).
- * X must be the forward's. */
+ * X must be the forward's; the backward follows its rows (dflash_model_forward_loss's). */
 void dflash_model_backward(dflash_model *m, const nn_buf *X);
 /* A training step's forward and loss: dflash_model_forward then dflash_model_loss, except that
  * the last layer's o_proj, MLP and final norm run on the rows the loss can read (every row but

@@ -724,12 +724,12 @@ static void mlp_fwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
-    int Q = post_attn_rows(m, l), D = c->hidden_size, F = c->intermediate_size;
-    o->rmsnorm_fwd(m->ctx, a->yln, a->rstd_post, a->hmid, LW(m, l, DFL_POST_LN), Q, D,
+    int R = post_attn_rows(m, l), D = c->hidden_size, F = c->intermediate_size;
+    o->rmsnorm_fwd(m->ctx, a->yln, a->rstd_post, a->hmid, LW(m, l, DFL_POST_LN), R, D,
                    (float)c->rms_norm_eps);
-    o->linear_fwd(m->ctx, a->gu, a->yln, LW(m, l, DFL_GATE), NULL, Q, D, 2 * F);
-    o->swiglu_fwd(m->ctx, a->act, a->gu, Q, F);
-    o->linear_fwd_res(m->ctx, m->resid[l + 1], a->act, LW(m, l, DFL_DOWN), a->hmid, Q, F, D);
+    o->linear_fwd(m->ctx, a->gu, a->yln, LW(m, l, DFL_GATE), NULL, R, D, 2 * F);
+    o->swiglu_fwd(m->ctx, a->act, a->gu, R, F);
+    o->linear_fwd_res(m->ctx, m->resid[l + 1], a->act, LW(m, l, DFL_DOWN), a->hmid, R, F, D);
 }
 
 /* Backward of mlp_fwd: dh holds d/d resid[l+1] on entry, d/d hmid on exit. */
@@ -737,15 +737,15 @@ static void mlp_bwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
-    int Q = post_attn_rows(m, l), D = c->hidden_size, F = c->intermediate_size;
-    o->linear_bwd(m->ctx, m->dact, LG(m, l, DFL_DOWN), NULL, m->dh, a->act, LW(m, l, DFL_DOWN), Q,
+    int R = post_attn_rows(m, l), D = c->hidden_size, F = c->intermediate_size;
+    o->linear_bwd(m->ctx, m->dact, LG(m, l, DFL_DOWN), NULL, m->dh, a->act, LW(m, l, DFL_DOWN), R,
                   F, D, NN_BWD_DW_SET);
-    o->swiglu_bwd(m->ctx, m->dgu, m->dact, a->gu, Q, F);
+    o->swiglu_bwd(m->ctx, m->dgu, m->dact, a->gu, R, F);
     /* gate and up: one product; the gradient at gate's offset covers both [2F, D] */
-    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_GATE), NULL, m->dgu, a->yln, LW(m, l, DFL_GATE), Q,
+    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_GATE), NULL, m->dgu, a->yln, LW(m, l, DFL_GATE), R,
                   D, 2 * F, NN_BWD_DW_SET);
     o->rmsnorm_bwd(m->ctx, m->dh, LG(m, l, DFL_POST_LN), m->dxln, a->hmid, LW(m, l, DFL_POST_LN),
-                   a->rstd_post, Q, D, m->dh);
+                   a->rstd_post, R, D, m->dh);
 }
 
 static void forward_rows(dflash_model *m, const nn_buf *X, bool compact) {

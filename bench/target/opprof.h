@@ -6,8 +6,8 @@
  * prof_end() is active (otherwise they only forward). A model built on that table runs as usual;
  * prof_end() synchronises, sums each op's event time and prints a table: calls, total ms, share
  * of the summed op time, and TFLOP/s for the matmuls (2*M*K*N forward; 2*M*K*N per product in
- * backward). Only an extra, untimed pass is profiled: the event records do not perturb the timed
- * passes. Gaps between ops (host launch latency) show as the difference between the wall time
+ * backward), then the same for every matmul shape (forward, backward dx, backward dw). Only an
+ * extra, untimed pass is profiled: the event records do not perturb the timed passes. Gaps between ops (host launch latency) show as the difference between the wall time
  * and the summed op time.
  */
 #ifndef DFLASH_BENCH_OPPROF_H
@@ -34,6 +34,7 @@ static cudaStream_t po_st;
 static cudaEvent_t po_ev[PO_MAXEV];
 static int po_op[PO_MAXEV / 2];
 static double po_flop[PO_MAXEV / 2];
+static int po_shape[PO_MAXEV / 2];
 static int po_n, po_on;
 static double po_ms[PO_N], po_tf[PO_N];
 static long po_calls[PO_N];
@@ -50,6 +51,34 @@ static void po_stop(int i, int op, double flop) {
     cudaEventRecord(po_ev[i + 1], po_st);
     po_op[i / 2] = op;
     po_flop[i / 2] = flop;
+    po_shape[i / 2] = -1;
+}
+
+/* Matmul shapes: each linear call's (kind, M, K, N) is recorded with its event pair, so that
+ * prof_end can print the time and rate per shape (kind: 0 forward, 1 forward + residual,
+ * 2 backward dx, 3 backward dw, 4 both). */
+#define PO_SHAPES 128
+typedef struct {
+    int kind, M, K, N;
+    long calls;
+    double ms, flop;
+} po_shape_row;
+static po_shape_row po_shapes[PO_SHAPES];
+static int po_nshapes;
+static const char *po_kind_names[5] = {"fwd", "fwd+res", "bwd dx", "bwd dw", "bwd dx+dw"};
+
+static void po_stop_shape(int i, int op, double flop, int kind, int M, int K, int N) {
+    po_stop(i, op, flop);
+    if (i < 0) return;
+    int s = 0;
+    while (s < po_nshapes && !(po_shapes[s].kind == kind && po_shapes[s].M == M &&
+                               po_shapes[s].K == K && po_shapes[s].N == N))
+        s++;
+    if (s == po_nshapes) {
+        if (po_nshapes == PO_SHAPES) return;
+        po_shapes[po_nshapes++] = (po_shape_row){kind, M, K, N, 0, 0, 0};
+    }
+    po_shape[i / 2] = s;
 }
 #define PO_WRAP(op, flop, call)                                                                    \
     do {                                                                                           \
@@ -80,11 +109,15 @@ static void po_rms(nn_ctx *c, nn_buf *o, float *r, const nn_buf *x, const nn_buf
 }
 static void po_lin(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b, int M,
                    int K, int N) {
-    PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd(c, y, x, w, b, M, K, N));
+    int i = po_start();
+    po_real->linear_fwd(c, y, x, w, b, M, K, N);
+    po_stop_shape(i, PO_LIN, 2.0 * M * K * N, 0, M, K, N);
 }
 static void po_linr(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *r,
                     int M, int K, int N) {
-    PO_WRAP(PO_LIN, 2.0 * M * K * N, po_real->linear_fwd_res(c, y, x, w, r, M, K, N));
+    int i = po_start();
+    po_real->linear_fwd_res(c, y, x, w, r, M, K, N);
+    po_stop_shape(i, PO_LIN, 2.0 * M * K * N, 1, M, K, N);
 }
 static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m, float *v,
                       size_t n, float lr, float b1, float b2, float eps, float wd, const float *sq,
@@ -118,8 +151,10 @@ static void po_rmsb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn
 }
 static void po_linb(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
                     const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode) {
-    PO_WRAP(PO_LINB, 2.0 * M * K * N * ((dx ? 1 : 0) + (dw ? 1 : 0)),
-            po_real->linear_bwd(c, dx, dw, db, dy, x, w, M, K, N, mode));
+    int i = po_start();
+    po_real->linear_bwd(c, dx, dw, db, dy, x, w, M, K, N, mode);
+    po_stop_shape(i, PO_LINB, 2.0 * M * K * N * ((dx ? 1 : 0) + (dw ? 1 : 0)),
+                  dx && dw ? 4 : dx ? 2 : 3, M, K, N);
 }
 static void po_ropeb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
                      const nn_buf *w, const int32_t *p, const float *f, int T, int nh, int d,
@@ -182,6 +217,8 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
 static void prof_begin(void) {
     memset(po_ms, 0, sizeof po_ms), memset(po_tf, 0, sizeof po_tf);
     memset(po_calls, 0, sizeof po_calls);
+    for (int s = 0; s < po_nshapes; s++)
+        po_shapes[s].calls = 0, po_shapes[s].ms = po_shapes[s].flop = 0;
     po_n = 0;
     po_on = 1;
 }
@@ -198,6 +235,9 @@ static void prof_end(const char *title, double wall_ms, int attn_op, double attn
         int op = po_op[i / 2];
         po_ms[op] += ms, po_tf[op] += po_flop[i / 2], po_calls[op]++;
         tot += ms;
+        int s = po_shape[i / 2];
+        if (s < 0) continue;
+        po_shapes[s].calls++, po_shapes[s].ms += ms, po_shapes[s].flop += po_flop[i / 2];
     }
     if (attn_op >= 0) po_tf[attn_op] += attn_flop;
     printf("-- op profile: %s (%d ops, summed op time %.1f ms, wall %.1f ms%s) --\n", title,
@@ -209,6 +249,14 @@ static void prof_end(const char *title, double wall_ms, int attn_op, double attn
         if (po_tf[op] > 0) snprintf(tf, sizeof tf, "%.1f", po_tf[op] / (po_ms[op] * 1e-3) / 1e12);
         printf("   %-22s %7ld %10.2f %5.1f%% %9s\n", po_names[op], po_calls[op], po_ms[op],
                100 * po_ms[op] / tot, tf);
+    }
+    printf("   matmuls by shape (M rows, K in, N out):\n");
+    printf("   %-10s %6s %6s %6s %6s %9s %9s\n", "kind", "M", "K", "N", "calls", "ms", "TFLOP/s");
+    for (int s = 0; s < po_nshapes; s++) {
+        const po_shape_row *r = &po_shapes[s];
+        if (!r->calls) continue;
+        printf("   %-10s %6d %6d %6d %6ld %9.3f %9.1f\n", po_kind_names[r->kind], r->M, r->K, r->N,
+               r->calls, r->ms, r->flop / (r->ms * 1e-3) / 1e12);
     }
     fflush(stdout);
 }

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # attn_pp_gpu.sh: one device call's worth of checks and timings for the block-attention
 # backward's warpgroup ping-pong (k_wgb_fused with PP, ops_cuda_attn_wgbwd.cu) against the
-# variants it grew from: DFLASH_CUDA_ATTN_PP=0 (the PIPE kernel), DFLASH_CUDA_ATTN_DQ_TMA=0 (dQ
-# by the warp pairs' bulk reductions), DFLASH_CUDA_ATTN_WGB_BAR2=1 (PIPE's second CTA barrier).
+# PIPE kernel it grew from (DFLASH_CUDA_ATTN_PP=0) and its own variants (PP=2: turns; PP=3: dQ
+# at the start of the next visit).
 # Usage on the GPU machine: bench/cuda_ops/attn_pp_gpu.sh BIN_DIR [BUDGET_S] [STEPS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/ and COMMIT, optionally
 # base/bench-cuda_ops (the commit before, timed in the same run). STEPS (default "parity ops")
 # lists the groups to run, in order: parity (attention checks per variant and fallback), ops
-# (`bench-cuda_ops 0 attn` per variant, base twice), memcheck (default and PP=2, SPLIT=1),
-# step (`bench-cuda_ops 5 attn`, base and new), ncu (one launch of the default kernel), sass.
+# (`bench-cuda_ops 0 attn` per variant, base twice), memcheck (default and PP=3, SPLIT=1),
+# step (`bench-cuda_ops 5 attn`, base and new), ncu (one launch of the default
+# kernel: details in the log, per-SASS-instruction counters in $OUT/wgb_sass.csv).
 # A step whose timeout would end past BUDGET_S (default 240) is skipped. Full log:
 # $OUT/attn_pp.log; a summary comes last.
 set -uo pipefail
@@ -29,12 +30,9 @@ for step in $steps; do
   parity)
     run par_pp1_split1 30 DFLASH_CUDA_ATTN_PP=1 $S1 "$P" attn
     run par_pp2_split1 30 DFLASH_CUDA_ATTN_PP=2 $S1 "$P" attn
+    run par_pp3_split1 30 DFLASH_CUDA_ATTN_PP=3 $S1 "$P" attn
     run par_pp0_split1 30 DFLASH_CUDA_ATTN_PP=0 $S1 "$P" attn
-    run par_pp0_dqpair 30 DFLASH_CUDA_ATTN_PP=0 DFLASH_CUDA_ATTN_DQ_TMA=0 "$P" attn
-    run par_pp0_bar2 30 DFLASH_CUDA_ATTN_PP=0 DFLASH_CUDA_ATTN_WGB_BAR2=1 "$P" attn
-    run par_pp1_dqpair 30 DFLASH_CUDA_ATTN_PP=1 DFLASH_CUDA_ATTN_DQ_TMA=0 "$P" attn
     run par_seq_split1 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq $S1 "$P" attn
-    run par_seq_dqpair 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq DFLASH_CUDA_ATTN_DQ_TMA=0 "$P" attn
     run par_mma_split1 30 DFLASH_CUDA_ATTN_BWD=mma $S1 "$P" attn
     run par_notma_split1 30 DFLASH_CUDA_ATTN_TMA=0 $S1 "$P" attn
     run par_tma1_split1 30 DFLASH_CUDA_ATTN_TMA=1 $S1 "$P" attn
@@ -42,23 +40,24 @@ for step in $steps; do
       "$P" attn
     run par_blocks_split1 30 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks $S1 "$P" attn
     run par_pp2_default 30 DFLASH_CUDA_ATTN_PP=2 "$P" attn
+    run par_pp3_default 30 DFLASH_CUDA_ATTN_PP=3 "$P" attn
     run par_default 30 "$P" attn
     ;;
   ops)
     for i in 1 2; do
       [ -x "$BASE" ] && run ops_base 30 "$BASE" 0 attn
       run ops_pp1 30 DFLASH_CUDA_ATTN_PP=1 "$B" 0 attn
-      run ops_pp2 30 DFLASH_CUDA_ATTN_PP=2 "$B" 0 attn
+      run ops_pp3 30 DFLASH_CUDA_ATTN_PP=3 "$B" 0 attn
     done
+    run ops_pp2 30 DFLASH_CUDA_ATTN_PP=2 "$B" 0 attn
     run ops_pp0 30 DFLASH_CUDA_ATTN_PP=0 "$B" 0 attn
-    run ops_pp0_dqpair 30 DFLASH_CUDA_ATTN_PP=0 DFLASH_CUDA_ATTN_DQ_TMA=0 "$B" 0 attn
-    run ops_pp0_bar2 30 DFLASH_CUDA_ATTN_PP=0 DFLASH_CUDA_ATTN_WGB_BAR2=1 "$B" 0 attn
-    run ops_pp0_bar2_dqpair 30 DFLASH_CUDA_ATTN_PP=0 DFLASH_CUDA_ATTN_WGB_BAR2=1 \
-      DFLASH_CUDA_ATTN_DQ_TMA=0 "$B" 0 attn
+    run ops_pp1_split128 30 DFLASH_CUDA_ATTN_SPLIT=128 "$B" 0 attn
+    run ops_pp1_split40 30 DFLASH_CUDA_ATTN_SPLIT=40 "$B" 0 attn
+    run ops_pp1_blocks 30 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks "$B" 0 attn
     ;;
   memcheck)
     run memcheck_default 60 compute-sanitizer --tool memcheck "$P" attn
-    run memcheck_pp2_split1 60 DFLASH_CUDA_ATTN_PP=2 $S1 compute-sanitizer --tool memcheck \
+    run memcheck_pp3_split1 60 DFLASH_CUDA_ATTN_PP=3 $S1 compute-sanitizer --tool memcheck \
       "$P" attn
     ;;
   step)
@@ -71,6 +70,8 @@ for step in $steps; do
       --section SourceCounters -f -o "$out/wgb" "$B" 0 attn
     if [ -f "$out/wgb.ncu-rep" ]; then
       ncu --import "$out/wgb.ncu-rep" --page details >"$out/wgb_details.txt" 2>&1
+      ncu --import "$out/wgb.ncu-rep" --page source --print-source sass --csv \
+        >"$out/wgb_sass.csv" 2>&1
       cat "$out/wgb_details.txt" >>"$log"
     fi
     ;;

@@ -117,8 +117,7 @@
 struct wgb_maps {
     CUtensorMap q, dout, dq;
     int on;
-    int dq_on; /* dq: the map of dqacc for the per-warp dQ reductions (wgb_maps_make) */
-    int bar2;  /* experiment: PIPE keeps the second CTA barrier per visit */
+    int dq_on; /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
     int order; /* PP: the warpgroups take turns issuing S^T, dP^T (named barriers 5, 6) */
 };
 
@@ -262,7 +261,7 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, bool PP>
+template <int D, bool PIPE, int PP>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -389,7 +388,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
     };
     auto dq_out = [&](const float(&dq)[8][4], visit_item v, int nr) {
-        if (m.dq_on)
+        if constexpr (PP)
             dq_out_tma(dq, v, nr);
         else
             dq_out_pair(dq, v, nr);
@@ -463,11 +462,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             ph ^= 1u << st;
         }
         fence_proxy_async(); /* this thread's copies, for the tensor cores */
-        if (PIPE && !m.bar2 && !m.dq_on && wg == 0 && lane == 0)
-            bulk_wait_read(); /* dq_out's staging is free after the barrier */
         /* stage st is complete for all threads, and all are done with the previous visit's
-         * stage (1 - st) and with the dS^T buffer this visit writes; PIPE: the previous visit's
-         * dS^T (all 128 keys) is in */
+         * stage (1 - st) and with the dS^T buffer this visit writes */
         __syncthreads();
         const int nrows = min(FROWS, a.B * a.group - it.cb);
         const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
@@ -509,10 +505,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_fence();
         wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
         ds_store(dp, PIPE ? st : 0);
-        if (!PIPE || m.bar2) {
-            if (!m.dq_on && wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging */
-            __syncthreads(); /* dS^T of all 128 keys is in */
-        }
+        if (wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging is free after the barrier */
+        __syncthreads();                            /* dS^T of all 128 keys is in */
         if constexpr (!PIPE) {
             wg_fence();
             issue_dq(dp, 0);
@@ -535,6 +529,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
      * wgmma in flight. */
     auto step_pp = [&](int i) {
+        constexpr bool TOP = PP == 2;
         const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         mb_wait(bar + st, (ph >> st) & 1);
         ph ^= 1u << st;
@@ -542,10 +537,18 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
         float s[NT][4], dp[NT][4];
-        if (m.order) named_bar(5 + wg, 256); /* the other warpgroup's S^T, dP^T are issued */
+        if (m.order) named_bar(5 + wg, 256); /* the other warpgroup's first products are issued */
         wg_fence();
-        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K));   /* S^T = K Q^T */
-        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        if constexpr (TOP) { /* dQ of visit i - 1 first, in dP^T's registers (as step) */
+            if (i > 0) {     /* dS^T of visit i - 1 is in */
+                mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
+                ph ^= 1u << (5 - st);
+            }
+            issue_dq(dp, 1 - st);
+        }
+        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
+        if constexpr (!TOP)
+            wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T */
         bool kvis[2];
         visit_keys(kvis);
         const visit_item nx = next_visit();
@@ -555,6 +558,13 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
             wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
                                     Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
+        }
+        if constexpr (TOP) {
+            wg_wait<1>(); /* dQ of visit i - 1 is in */
+            wg_pin_all(dp);
+            dq_out(dp, prev, prev_rows);
+            wg_fence();
+            wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T */
         }
         wg_wait<1>(); /* S^T is in */
         wg_pin_all(s);
@@ -576,20 +586,24 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
         ds_store(dp, st);
         mb_arrive(bar + 4 + st);
-        if (i > 0) { /* dS^T of visit i - 1 is in */
-            mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
-            ph ^= 1u << (5 - st);
+        if constexpr (!TOP) {
+            if (i > 0) { /* dS^T of visit i - 1 is in */
+                mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
+                ph ^= 1u << (5 - st);
+            }
+            wg_fence();
+            issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
         }
-        wg_fence();
-        issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
         wg_wait<0>();
+        mb_arrive(bar + 2 + st); /* visit i is done (dq_out needs none of its buffers) */
         wg_pin_all(dv);
         wg_pin_all(dk);
         wg_pin_u(pa);
         wg_pin_u(da);
-        wg_pin_all(dp);
-        dq_out(dp, prev, prev_rows);
-        mb_arrive(bar + 2 + st);
+        if constexpr (!TOP) {
+            wg_pin_all(dp);
+            dq_out(dp, prev, prev_rows);
+        }
         prev = it, prev_rows = nrows;
         it = nx;
     };
@@ -598,7 +612,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, lst) : 0;
     if (nlst > 0) {
         it = visit_item{lst[0].x, 0, 0};
-        if (!PP || wg == 1) wgb_visit_load<D, PP>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
+        if (!PP || wg == 1) wgb_visit_load<D, PP != 0>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
         cp_commit();
     }
     int i = 0;
@@ -643,7 +657,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, bool PP>
+template <int D, bool PIPE, int PP>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -762,20 +776,9 @@ static wgb_encode_fn g_encode;
 
 /* The tensor map of a's dqacc ([Q, H, 128] fp32) for dq_out_tma: dims (128, H, Q), box 32 x gh x
  * 16 / gh (gh = min(group, 16): a warp's 16 rows, which start at a token's first head when
- * group <= 16, else at head 16 k), 128-byte swizzle; m->dq_on = 1 where the encoder takes it and
- * DFLASH_CUDA_ATTN_DQ_TMA is not 0 (then the pairs' staging and bulk reductions). Experiment:
- * DFLASH_CUDA_ATTN_WGB_BAR2=1 keeps PIPE's second CTA barrier per visit. */
+ * group <= 16, else at head 16 k), 128-byte swizzle; m->dq_on = 1 where the encoder takes it
+ * (else PP does not run). */
 static void wgb_dq_map_make(const bwd_args *a, wgb_maps *m) {
-    static int env = -1, bar2 = -1;
-    if (env < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_DQ_TMA");
-        env = !(e && e[0] == '0');
-        e = getenv("DFLASH_CUDA_ATTN_WGB_BAR2");
-        bar2 = e && e[0] == '1';
-    }
-    m->bar2 = bar2;
-    m->dq_on = 0;
-    if (!env) return;
     const cuuint64_t row = 128 * sizeof(float), H = (cuuint64_t)a->H;
     const cuuint64_t dims[3] = {128, H, (cuuint64_t)a->n_blocks * a->B};
     const cuuint64_t strides[2] = {row, H * row};
@@ -841,11 +844,11 @@ int cuda_wgb_attention_init(void) {
     else
         (void)cudaGetLastError(); /* the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true>, lim, (int)wgb_smem<128, true>()) !=
-            cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, false>, lim, (int)wgb_smem<128, true>()) !=
-            cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, false, false>, lim, (int)wgb_smem<128, false>()) !=
+    const int SP = (int)wgb_smem<128, true>();
+    if (cudaFuncSetAttribute(k_wgb_fused<128, true, 2>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, 1>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, 0>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false, 0>, lim, (int)wgb_smem<128, false>()) !=
             cudaSuccess) {
         (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
         return 0;
@@ -882,17 +885,23 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     }
     wgb_maps m;
     wgb_maps_make(a, &m);
-    static int pp = -1; /* DFLASH_CUDA_ATTN_PP: 0 off, 1 on, 2 on with turns (m.order) */
+    /* DFLASH_CUDA_ATTN_PP: 0 the PIPE kernel; 1 (default) PP, dQ at the end of the next visit;
+     * 2 the same, the warpgroups taking turns (m.order); 3 PP, dQ at the start of the next */
+    static int pp = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 1;
+        pp = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 1;
     }
     m.order = pp == 2;
+    constexpr size_t SP = wgb_smem<128, true>();
     if (pipe && pp && m.on == 2 && m.dq_on)
-        k_wgb_fused<128, true, true><<<grid, 256, wgb_smem<128, true>(), st>>>(b, m);
+        if (pp == 3)
+            k_wgb_fused<128, true, 2><<<grid, 256, SP, st>>>(b, m);
+        else
+            k_wgb_fused<128, true, 1><<<grid, 256, SP, st>>>(b, m);
     else if (pipe)
-        k_wgb_fused<128, true, false><<<grid, 256, wgb_smem<128, true>(), st>>>(b, m);
+        k_wgb_fused<128, true, 0><<<grid, 256, SP, st>>>(b, m);
     else
-        k_wgb_fused<128, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
+        k_wgb_fused<128, false, 0><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

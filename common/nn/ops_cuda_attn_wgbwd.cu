@@ -3,11 +3,12 @@
  * ops_cuda_attn_bwd.cu (read that file's comment first) with the products on wgmma instead of
  * mma.sync, and k_bwd_plan, its schedule. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu)
  * runs it by default (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see
- * bwd_kernel there) and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a
- * image or device, or a piece could visit more than WGB_LIST blocks); it keeps the launches
- * around it (k_bwd_rowD before: D = rowsum(dO * O); k_bwd_dq_out after: dqacc to bf16 dq, times
- * the scale for this kernel) and the split scratch and tickets of dk, dv. This file and
- * ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
+ * bwd_kernel there; wgmma is PP, below, where it can run, else PIPE) and runs k_bwd_fused when
+ * cuda_wgb_attention_launch returns -1 (no sm_90a image or device, or a piece could visit more
+ * than WGB_LIST blocks); it keeps the launches around it (k_bwd_rowD before: D = rowsum(dO *
+ * O); k_bwd_dq_out after: dqacc to bf16 dq, times the scale for this kernel) and the split
+ * scratch and tickets of dk, dv. This file and ops_cuda_attn_wgmma.cu alone build for sm_90a
+ * (common/CMakeLists.txt).
  *
  * Schedule (DFLASH_CUDA_ATTN_FUSED_PIECES): the blocks that see a key tile are cut into pieces
  * by block ranges (bwd_piece_of; piece z of Z). sorted (default): k_bwd_plan (one CTA) counts
@@ -43,22 +44,22 @@
  *     query token's rows are contiguous, as in dqacc, and one lane hands each token's rows to
  *     the bulk-copy engine as one cp.reduce.async.bulk .add.f32 (4 per 16 rows at group 4; one
  *     per row and warp, lane by lane, cost 12% of the stall samples before).
- *     PIPE (default): dQ of visit i is issued at the start of visit i + 1 with S^T, its tile
+ *     PIPE: dQ of visit i is issued at the start of visit i + 1 with S^T, its tile
  *     leaves while S^T runs, and dP^T follows (its accumulators reuse dQ's registers); dS^T is
  *     double-buffered. Visit 0 issues a dQ of the unused buffer that goes nowhere (a peeled
  *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
- * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
- * stage and frees the other stage, whose loads for the next visit (wgb_visit_load) are issued
- * once S^T (and dQ) are; the second publishes dS^T (and, through the dQ lane's wait before it,
- * frees the dQ staging). Q and dO of a visit arrive by tensor copies (TMA; wgb_maps): one per
- * tile through a 4-dimensional map of q, dout (d % 8, heads, tokens, d / 8: the box lands in
- * the column-major core-matrix layout below), issued by one lane each of warps 0 and 1 and
+ * PIPE and wgmma_seq: two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's
+ * Q, dO, D, lse stage and frees the other stage, whose loads for the next visit (wgb_visit_load)
+ * are issued once S^T (and dQ) are; the second publishes dS^T (and, through the dQ lane's wait
+ * before it, frees the dQ staging). Q and dO of a visit arrive by tensor copies (TMA; wgb_maps):
+ * one per tile through a 4-dimensional map of q, dout (d % 8, heads, tokens, d / 8: the box lands
+ * in the column-major core-matrix layout below), issued by one lane each of warps 4 and 5 and
  * completing on the stage's mbarrier (one arrival per warp), which every thread waits for; per
- * 16-byte column (4 copies per warp) where the encoder refuses that map
- * (DFLASH_CUDA_ATTN_TMA=1), by cp.async (one division per thread, then steps of 16 rows) where
- * a visit can hold padding rows or start inside a token (FROWS % group or B group % FROWS
- * nonzero) or DFLASH_CUDA_ATTN_TMA=0. D and lse by cp.async (64 threads), waited for by every
- * thread. No wgmma is in flight across a visit's end (ptxas would serialise them). The stage
+ * 16-byte column (4 copies per warp) where the encoder refuses that map (DFLASH_CUDA_ATTN_TMA=1),
+ * by cp.async (one division per thread, then steps of 16 rows) where a visit can hold padding rows
+ * or start inside a token (FROWS % group or B group % FROWS nonzero) or DFLASH_CUDA_ATTN_TMA=0.
+ * D and lse by cp.async (64 threads), waited for by every thread (PP: through the stage's
+ * mbarrier). No wgmma is in flight across a visit's end (ptxas would serialise them). The stage
  * index goes through a shuffle so that the stage tiles' descriptors stay in uniform registers
  * (else each wgmma cost a 64-bit add, two R2UR and moves). Instructions per warp and visit
  * (ncu): 1400-1490 before wgb_visit_load and bwd_div_small, 1050 with them, 842 with the tensor
@@ -68,16 +69,39 @@
  * no faster than 704: the warps now wait on wgmma results, the barriers and shared loads (wait
  * 19-21%, long scoreboard 19%, barrier 15%, short scoreboard 12-14% of the stall samples), so
  * the next gains need more independent work per warp (warpgroup ping-pong, larger visits).
+ * PP, the default where every visit's Q and dO come by one tensor copy each (m.on 2: no padding
+ * rows) and the encoder takes the map of dqacc (DFLASH_CUDA_ATTN_PP=0: PIPE there too): the
+ * two warpgroups run with no CTA barrier in the visits, so one's elementwise work (P^T, dS^T,
+ * the dQ staging) overlaps the other's products and waits (FA3's ping-pong; here they drift
+ * apart on their own: making them take turns at issuing S^T, dP^T through named barriers ran
+ * no faster). mbarriers do what the barriers did (step_pp): bar[st], the stage (the 2 tensor
+ * copies, issued by warps 4 and 5, and the D, lse cp.async of threads 192-255 as
+ * cp.async.mbarrier.arrive: 66 arrivals); bar[2 + p], visit i (p = i % 2) done (256 arrivals
+ * after the visit's last wgmma wait: its stage, and the dS^T buffer that dQ of visit i - 1
+ * read, are free; warpgroup 1 waits for visit i - 1's before it loads visit i + 1, every
+ * thread before it stores dS^T of visit i); bar[4 + p], dS^T of visit i in (256 arrivals
+ * after the stores and the proxy fence). dQ of visit i - 1 is issued at the end of visit i,
+ * after dK, into dS^T's registers, once the other warpgroup's dS^T of visit i - 1 is in (by
+ * then, long since); issued at the start of visit i as in PIPE, that wait kept the warpgroups
+ * in step and ran slower than PIPE (1.66 against 1.64 ms; PP 1.50 ms, run 2 of the NOTES
+ * section "Block backward: warpgroup ping-pong"). A dQ left in flight into the next visit
+ * (waited for after the next S^T) made ptxas serialise the wgmma (C7514), so PP's visits too
+ * end with none in flight. PP's dQ leaves by tensor reductions per warp (dq_out_tma: each
+ * warp stages its 16 rows x 64 columns as two 16 x 32 boxes of a map of dqacc, in its 128-byte
+ * swizzle, and one lane issues two cp.reduce.async.bulk.tensor .add.f32), so warps need not
+ * meet in pairs; in PIPE the same reductions ran 1% slower than the pairs' (run 1), kept there.
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), all wgmma tiles in no-swizzle core matrices (wgmma.cuh): K, V 32 KB
  * each (WKT x D, the core-matrix layout of wgmma.cuh), 2 stages of Q and dO (16 KB each;
  * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
- * copy writes it), dS^T 16 KB (PIPE: 2 buffers), the 4 warp pairs' dQ staging (34 KB), 2
- * stages of D and lse, the visit list (16 KB): 195 KB (PIPE 211 KB). At the end K, V and the Q
- * stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q
- * stages). Registers (ptxas): 250-254, no spills (a list rebuilt inside the visit loop, for
- * pieces longer than one list, made ptxas spill 400-600 bytes: hence WGB_LIST).
+ * copy writes it), dS^T 16 KB (PIPE, PP: 2 buffers), the 4 warp pairs' dQ staging (34 KB; PP:
+ * the 8 warps' boxes, 4 KB each, at 1024-byte alignment for the swizzle), 2 stages of D and
+ * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB). At the end K, V and the Q stages
+ * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages).
+ * Registers (ptxas): 252 (PIPE, PP) and 254 (wgmma_seq), no spills (a list rebuilt inside the
+ * visit loop, for pieces longer than one list, made ptxas spill 400-600 bytes: hence
+ * WGB_LIST).
  * Numerics as k_bwd_fused: fp32 accumulators, P and dS (here unscaled) rounded to bf16 as the
  * products' inputs, dq summed in fp32 over key tiles in any order (not bitwise reproducible),
  * dk, dv one fp32 sum (split pieces: atomics) rounded once. Masks and conventions those of
@@ -118,7 +142,6 @@ struct wgb_maps {
     CUtensorMap q, dout, dq;
     int on;
     int dq_on; /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
-    int order; /* PP: the warpgroups take turns issuing S^T, dP^T (named barriers 5, 6) */
 };
 
 /* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
@@ -138,11 +161,6 @@ __device__ __forceinline__ void named_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* bar.arrive on named barrier id for n threads: counts this warp's arrival, does not wait */
-__device__ __forceinline__ void named_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 /* Loads of visit it's Q and dO rows (q, dout [Q, H, D]) into the tiles Qs, dOs (column-major
  * core matrices: 16-byte column c of row r at byte c QCOL + 16 r; padding rows zero-filled) and
  * of its saved D and lse (dsave, lse [H, Q]; as saved) into Dr, Lr (padding rows 0, 0): 256
@@ -154,7 +172,9 @@ __device__ __forceinline__ void named_arrive(int id, int n) {
  * query token and head by 16 rows (16 / group tokens, 16 % group heads; bwd_div_small's
  * divisions, B group < 2^20). D and lse by cp.async, row r by thread 192 + r. The copies' issue
  * sits in warpgroup 1 because warpgroup 0 issues the dQ reductions (dq_out): the warps meet
- * at two CTA barriers per visit. Left in flight (the caller commits). */
+ * at two CTA barriers per visit. Left in flight (the caller commits). PP: warpgroup 1 alone
+ * (m.on 2; lane 0 of warps 4, 5 the copies, threads 192-255 D and lse), the stage complete on
+ * bar after 66 arrivals (2 with the copies' bytes, 64 by cp.async.mbarrier.arrive). */
 template <int D, bool PP = false>
 __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps &m, visit_item it,
                                                int hk, unsigned char *Qs, unsigned char *dOs,
@@ -261,7 +281,7 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, int PP>
+template <int D, bool PIPE, bool PP>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -506,7 +526,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
         ds_store(dp, PIPE ? st : 0);
         if (wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging is free after the barrier */
-        __syncthreads();                            /* dS^T of all 128 keys is in */
+        __syncthreads(); /* dS^T of all 128 keys is in */
         if constexpr (!PIPE) {
             wg_fence();
             issue_dq(dp, 0);
@@ -529,7 +549,6 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
      * wgmma in flight. */
     auto step_pp = [&](int i) {
-        constexpr bool TOP = PP == 2;
         const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         mb_wait(bar + st, (ph >> st) & 1);
         ph ^= 1u << st;
@@ -537,34 +556,17 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
         float s[NT][4], dp[NT][4];
-        if (m.order) named_bar(5 + wg, 256); /* the other warpgroup's first products are issued */
         wg_fence();
-        if constexpr (TOP) { /* dQ of visit i - 1 first, in dP^T's registers (as step) */
-            if (i > 0) {     /* dS^T of visit i - 1 is in */
-                mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
-                ph ^= 1u << (5 - st);
-            }
-            issue_dq(dp, 1 - st);
-        }
-        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
-        if constexpr (!TOP)
-            wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T */
+        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K));   /* S^T = K Q^T */
+        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
         bool kvis[2];
         visit_keys(kvis);
         const visit_item nx = next_visit();
-        if (m.order && !(wg == 1 && nx.blk < 0)) named_arrive(6 - wg, 256);
         const int vp = 2 + (1 - st); /* bar[vp]: visit i - 1 is done */
         if (wg == 1 && nx.blk >= 0) {
             if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
             wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
                                     Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
-        }
-        if constexpr (TOP) {
-            wg_wait<1>(); /* dQ of visit i - 1 is in */
-            wg_pin_all(dp);
-            dq_out(dp, prev, prev_rows);
-            wg_fence();
-            wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T */
         }
         wg_wait<1>(); /* S^T is in */
         wg_pin_all(s);
@@ -586,24 +588,20 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
         ds_store(dp, st);
         mb_arrive(bar + 4 + st);
-        if constexpr (!TOP) {
-            if (i > 0) { /* dS^T of visit i - 1 is in */
-                mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
-                ph ^= 1u << (5 - st);
-            }
-            wg_fence();
-            issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
+        if (i > 0) { /* dS^T of visit i - 1 is in */
+            mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
+            ph ^= 1u << (5 - st);
         }
+        wg_fence();
+        issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
         wg_wait<0>();
         mb_arrive(bar + 2 + st); /* visit i is done (dq_out needs none of its buffers) */
         wg_pin_all(dv);
         wg_pin_all(dk);
         wg_pin_u(pa);
         wg_pin_u(da);
-        if constexpr (!TOP) {
-            wg_pin_all(dp);
-            dq_out(dp, prev, prev_rows);
-        }
+        wg_pin_all(dp);
+        dq_out(dp, prev, prev_rows);
         prev = it, prev_rows = nrows;
         it = nx;
     };
@@ -612,7 +610,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, lst) : 0;
     if (nlst > 0) {
         it = visit_item{lst[0].x, 0, 0};
-        if (!PP || wg == 1) wgb_visit_load<D, PP != 0>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
+        if (!PP || wg == 1) wgb_visit_load<D, PP>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
         cp_commit();
     }
     int i = 0;
@@ -620,7 +618,6 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         cp_wait_all(); /* K, V (no CTA barrier in the visits) */
         fence_proxy_async();
         __syncthreads();
-        if (m.order && wg == 1 && nlst > 0) named_arrive(5, 256); /* warpgroup 0 issues first */
         for (; it.blk >= 0; i++)
             step_pp(i);
         if (i > 0) {
@@ -657,7 +654,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, int PP>
+template <int D, bool PIPE, bool PP>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -845,10 +842,9 @@ int cuda_wgb_attention_init(void) {
         (void)cudaGetLastError(); /* the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
-    if (cudaFuncSetAttribute(k_wgb_fused<128, true, 2>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, 1>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, 0>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, false, 0>, lim, (int)wgb_smem<128, false>()) !=
+    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false, false>, lim, (int)wgb_smem<128, false>()) !=
             cudaSuccess) {
         (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
         return 0;
@@ -885,23 +881,18 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     }
     wgb_maps m;
     wgb_maps_make(a, &m);
-    /* DFLASH_CUDA_ATTN_PP: 0 the PIPE kernel; 1 (default) PP, dQ at the end of the next visit;
-     * 2 the same, the warpgroups taking turns (m.order); 3 PP, dQ at the start of the next */
+    /* DFLASH_CUDA_ATTN_PP=0: the PIPE kernel where PP could run */
     static int pp = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 1;
+        pp = !(e && e[0] == '0');
     }
-    m.order = pp == 2;
     constexpr size_t SP = wgb_smem<128, true>();
     if (pipe && pp && m.on == 2 && m.dq_on)
-        if (pp == 3)
-            k_wgb_fused<128, true, 2><<<grid, 256, SP, st>>>(b, m);
-        else
-            k_wgb_fused<128, true, 1><<<grid, 256, SP, st>>>(b, m);
+        k_wgb_fused<128, true, true><<<grid, 256, SP, st>>>(b, m);
     else if (pipe)
-        k_wgb_fused<128, true, 0><<<grid, 256, SP, st>>>(b, m);
+        k_wgb_fused<128, true, false><<<grid, 256, SP, st>>>(b, m);
     else
-        k_wgb_fused<128, false, 0><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
+        k_wgb_fused<128, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

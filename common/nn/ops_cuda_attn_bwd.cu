@@ -381,8 +381,9 @@ static int bwd_variant(void) {
 }
 
 /* DFLASH_CUDA_ATTN_BWD: which kernel makes dq, dk, dv: "wgmma" (k_wgb_fused of
- * ops_cuda_attn_wgbwd.cu, dQ of a visit overlapping the next, where the device runs sm_90a
- * code, else k_bwd_fused), "wgmma_seq" (the same, one visit after the other) or "mma"
+ * ops_cuda_attn_wgbwd.cu, dQ of a visit overlapping the next, its warpgroups without CTA
+ * barriers where they can (PP, DFLASH_CUDA_ATTN_PP), where the device runs sm_90a code, else
+ * k_bwd_fused), "wgmma_seq" (the same, one visit after the other) or "mma"
  * (k_bwd_fused, with the shape of bwd_variant). Unset or anything else: BWD_DEFAULT. */
 enum { BWD_MMA = 0, BWD_WGMMA = 1, BWD_WGMMA_SEQ = 2 };
 #define BWD_DEFAULT BWD_WGMMA

@@ -3,11 +3,12 @@
  * ops_cuda_attn_bwd.cu (read that file's comment first) with the products on wgmma instead of
  * mma.sync, and k_bwd_plan, its schedule. cuda_bwd_attention_block_bwd (ops_cuda_attn_bwd.cu)
  * runs it by default (DFLASH_CUDA_ATTN_BWD: wgmma, wgmma_seq = PIPE off, mma = k_bwd_fused; see
- * bwd_kernel there) and runs k_bwd_fused when cuda_wgb_attention_launch returns -1 (no sm_90a
- * image or device, or a piece could visit more than WGB_LIST blocks); it keeps the launches
- * around it (k_bwd_rowD before: D = rowsum(dO * O); k_bwd_dq_out after: dqacc to bf16 dq, times
- * the scale for this kernel) and the split scratch and tickets of dk, dv. This file and
- * ops_cuda_attn_wgmma.cu alone build for sm_90a (common/CMakeLists.txt).
+ * bwd_kernel there; wgmma is PP, below, where it can run, else PIPE) and runs k_bwd_fused when
+ * cuda_wgb_attention_launch returns -1 (no sm_90a image or device, or a piece could visit more
+ * than WGB_LIST blocks); it keeps the launches around it (k_bwd_rowD before: D = rowsum(dO *
+ * O); k_bwd_dq_out after: dqacc to bf16 dq, times the scale for this kernel) and the split
+ * scratch and tickets of dk, dv. This file and ops_cuda_attn_wgmma.cu alone build for sm_90a
+ * (common/CMakeLists.txt).
  *
  * Schedule (DFLASH_CUDA_ATTN_FUSED_PIECES): the blocks that see a key tile are cut into pieces
  * by block ranges (bwd_piece_of; piece z of Z). sorted (default): k_bwd_plan (one CTA) counts
@@ -43,22 +44,22 @@
  *     query token's rows are contiguous, as in dqacc, and one lane hands each token's rows to
  *     the bulk-copy engine as one cp.reduce.async.bulk .add.f32 (4 per 16 rows at group 4; one
  *     per row and warp, lane by lane, cost 12% of the stall samples before).
- *     PIPE (default): dQ of visit i is issued at the start of visit i + 1 with S^T, its tile
+ *     PIPE: dQ of visit i is issued at the start of visit i + 1 with S^T, its tile
  *     leaves while S^T runs, and dP^T follows (its accumulators reuse dQ's registers); dS^T is
  *     double-buffered. Visit 0 issues a dQ of the unused buffer that goes nowhere (a peeled
  *     first visit made ptxas spill). Without PIPE (wgmma_seq) dQ ends its own visit.
- * Two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's Q, dO, D, lse
- * stage and frees the other stage, whose loads for the next visit (wgb_visit_load) are issued
- * once S^T (and dQ) are; the second publishes dS^T (and, through the dQ lane's wait before it,
- * frees the dQ staging). Q and dO of a visit arrive by tensor copies (TMA; wgb_maps): one per
- * tile through a 4-dimensional map of q, dout (d % 8, heads, tokens, d / 8: the box lands in
- * the column-major core-matrix layout below), issued by one lane each of warps 0 and 1 and
+ * PIPE and wgmma_seq: two CTA barriers per visit, as k_bwd_fused: the first publishes the visit's
+ * Q, dO, D, lse stage and frees the other stage, whose loads for the next visit (wgb_visit_load)
+ * are issued once S^T (and dQ) are; the second publishes dS^T (and, through the dQ lane's wait
+ * before it, frees the dQ staging). Q and dO of a visit arrive by tensor copies (TMA; wgb_maps):
+ * one per tile through a 4-dimensional map of q, dout (d % 8, heads, tokens, d / 8: the box lands
+ * in the column-major core-matrix layout below), issued by one lane each of warps 4 and 5 and
  * completing on the stage's mbarrier (one arrival per warp), which every thread waits for; per
- * 16-byte column (4 copies per warp) where the encoder refuses that map
- * (DFLASH_CUDA_ATTN_TMA=1), by cp.async (one division per thread, then steps of 16 rows) where
- * a visit can hold padding rows or start inside a token (FROWS % group or B group % FROWS
- * nonzero) or DFLASH_CUDA_ATTN_TMA=0. D and lse by cp.async (64 threads), waited for by every
- * thread. No wgmma is in flight across a visit's end (ptxas would serialise them). The stage
+ * 16-byte column (4 copies per warp) where the encoder refuses that map (DFLASH_CUDA_ATTN_TMA=1),
+ * by cp.async (one division per thread, then steps of 16 rows) where a visit can hold padding rows
+ * or start inside a token (FROWS % group or B group % FROWS nonzero) or DFLASH_CUDA_ATTN_TMA=0.
+ * D and lse by cp.async (64 threads), waited for by every thread (PP: through the stage's
+ * mbarrier). No wgmma is in flight across a visit's end (ptxas would serialise them). The stage
  * index goes through a shuffle so that the stage tiles' descriptors stay in uniform registers
  * (else each wgmma cost a 64-bit add, two R2UR and moves). Instructions per warp and visit
  * (ncu): 1400-1490 before wgb_visit_load and bwd_div_small, 1050 with them, 842 with the tensor
@@ -68,16 +69,39 @@
  * no faster than 704: the warps now wait on wgmma results, the barriers and shared loads (wait
  * 19-21%, long scoreboard 19%, barrier 15%, short scoreboard 12-14% of the stall samples), so
  * the next gains need more independent work per warp (warpgroup ping-pong, larger visits).
+ * PP, the default where every visit's Q and dO come by one tensor copy each (m.on 2: no padding
+ * rows) and the encoder takes the map of dqacc (DFLASH_CUDA_ATTN_PP=0: PIPE there too): the
+ * two warpgroups run with no CTA barrier in the visits, so one's elementwise work (P^T, dS^T,
+ * the dQ staging) overlaps the other's products and waits (FA3's ping-pong; here they drift
+ * apart on their own: making them take turns at issuing S^T, dP^T through named barriers ran
+ * no faster). mbarriers do what the barriers did (step_pp): bar[st], the stage (the 2 tensor
+ * copies, issued by warps 4 and 5, and the D, lse cp.async of threads 192-255 as
+ * cp.async.mbarrier.arrive: 66 arrivals); bar[2 + p], visit i (p = i % 2) done (256 arrivals
+ * after the visit's last wgmma wait: its stage, and the dS^T buffer that dQ of visit i - 1
+ * read, are free; warpgroup 1 waits for visit i - 1's before it loads visit i + 1, every
+ * thread before it stores dS^T of visit i); bar[4 + p], dS^T of visit i in (256 arrivals
+ * after the stores and the proxy fence). dQ of visit i - 1 is issued at the end of visit i,
+ * after dK, into dS^T's registers, once the other warpgroup's dS^T of visit i - 1 is in (by
+ * then, long since); issued at the start of visit i as in PIPE, that wait kept the warpgroups
+ * in step and ran slower than PIPE (1.66 against 1.64 ms; PP 1.50 ms, run 2 of the NOTES
+ * section "Block backward: warpgroup ping-pong"). A dQ left in flight into the next visit
+ * (waited for after the next S^T) made ptxas serialise the wgmma (C7514), so PP's visits too
+ * end with none in flight. PP's dQ leaves by tensor reductions per warp (dq_out_tma: each
+ * warp stages its 16 rows x 64 columns as two 16 x 32 boxes of a map of dqacc, in its 128-byte
+ * swizzle, and one lane issues two cp.reduce.async.bulk.tensor .add.f32), so warps need not
+ * meet in pairs; in PIPE the same reductions ran 1% slower than the pairs' (run 1), kept there.
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), all wgmma tiles in no-swizzle core matrices (wgmma.cuh): K, V 32 KB
  * each (WKT x D, the core-matrix layout of wgmma.cuh), 2 stages of Q and dO (16 KB each;
  * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
- * copy writes it), dS^T 16 KB (PIPE: 2 buffers), the 4 warp pairs' dQ staging (34 KB), 2
- * stages of D and lse, the visit list (16 KB): 195 KB (PIPE 211 KB). At the end K, V and the Q
- * stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q
- * stages). Registers (ptxas): 250-254, no spills (a list rebuilt inside the visit loop, for
- * pieces longer than one list, made ptxas spill 400-600 bytes: hence WGB_LIST).
+ * copy writes it), dS^T 16 KB (PIPE, PP: 2 buffers), the 4 warp pairs' dQ staging (34 KB; PP:
+ * the 8 warps' boxes, 4 KB each, at 1024-byte alignment for the swizzle), 2 stages of D and
+ * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB). At the end K, V and the Q stages
+ * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages).
+ * Registers (ptxas): 252 (PIPE, PP) and 254 (wgmma_seq), no spills (a list rebuilt inside the
+ * visit loop, for pieces longer than one list, made ptxas spill 400-600 bytes: hence
+ * WGB_LIST).
  * Numerics as k_bwd_fused: fp32 accumulators, P and dS (here unscaled) rounded to bf16 as the
  * products' inputs, dq summed in fp32 over key tiles in any order (not bitwise reproducible),
  * dk, dv one fp32 sum (split pieces: atomics) rounded once. Masks and conventions those of
@@ -115,8 +139,9 @@
  * FROWS / group, one 16-byte column of a visit's rows (QCOL bytes) per copy; on 0: none, the
  * visits load by cp.async (wgb_maps_make). */
 struct wgb_maps {
-    CUtensorMap q, dout;
+    CUtensorMap q, dout, dq;
     int on;
+    int dq_on; /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
 };
 
 /* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
@@ -147,14 +172,23 @@ __device__ __forceinline__ void named_bar(int id, int n) {
  * query token and head by 16 rows (16 / group tokens, 16 % group heads; bwd_div_small's
  * divisions, B group < 2^20). D and lse by cp.async, row r by thread 192 + r. The copies' issue
  * sits in warpgroup 1 because warpgroup 0 issues the dQ reductions (dq_out): the warps meet
- * at two CTA barriers per visit. Left in flight (the caller commits). */
-template <int D>
+ * at two CTA barriers per visit. Left in flight (the caller commits). PP: warpgroup 1 alone
+ * (m.on 2; lane 0 of warps 4, 5 the copies, threads 192-255 D and lse), the stage complete on
+ * bar after 66 arrivals (2 with the copies' bytes, 64 by cp.async.mbarrier.arrive). */
+template <int D, bool PP = false>
 __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps &m, visit_item it,
                                                int hk, unsigned char *Qs, unsigned char *dOs,
                                                float *Dr, float *Lr, uint64_t *bar) {
     static_assert(D == 128 && FROWS == 64, "2 columns per warp, 4 chunks of 16 bytes per thread");
     const int tid = threadIdx.x, group = a.group, nrows = min(FROWS, a.B * group - it.cb);
-    if (m.on) {
+    if (PP) { /* warpgroup 1 alone, m.on 2; the stage is complete at 66 arrivals */
+        const int w = tid / 32;
+        if (tid % 32 == 0 && (w == 4 || w == 5)) {
+            const int t0 = it.blk * a.B + bwd_div_small(it.cb, a.inv_group);
+            mb_arrive_tx(bar, D / 8 * QCOL);
+            tma_load_4d(w == 5 ? dOs : Qs, w == 5 ? &m.dout : &m.q, 0, hk * group, t0, 0, bar);
+        }
+    } else if (m.on) {
         if (tid % 32 == 0) {
             const int w = tid / 32, t0 = it.blk * a.B + bwd_div_small(it.cb, a.inv_group);
             if (m.on == 2) {
@@ -197,6 +231,7 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps
         }
         cp_async4(Dr + r, a.dsave + o, r < nrows ? 4 : 0);
         cp_async4(Lr + r, a.lse + o, r < nrows ? 4 : 0);
+        if (PP) mb_arrive_cp_async(bar);
     }
 }
 
@@ -246,11 +281,12 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE>
+template <int D, bool PIPE, bool PP>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
+    static_assert(8 * 4096 <= 4 * wgb_pair_w<D>() * sizeof(float), "dq_out_tma's boxes fit");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
     constexpr uint32_t LBO_K = 128, SBO_K = 16 * D; /* K, V (row x d) as K-major operands */
     constexpr uint32_t LBO_T = 16 * D, SBO_T = 128; /* the same tiles as MN-major operands */
@@ -318,7 +354,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * reduction (group x 512 bytes at most), one commit. That lane waits for their reads of stg
      * (bulk_wait_read) before the CTA barrier that precedes the next dq_out. */
     const int pr0 = 16 * wq; /* the pair's first visit row */
-    auto dq_out = [&](const float(&dq)[8][4], visit_item v, int nr) {
+    auto dq_out_pair = [&](const float(&dq)[8][4], visit_item v, int nr) {
         float *stg = stg_all + wq * PW;
         const int x0 = v.cb + pr0, h0 = x0 - bwd_div_small(x0, a.inv_group) * a.group;
         const int g = lane / 4; /* h0: the head of the pair's first row */
@@ -344,8 +380,94 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
     };
+    /* The same by tensor reductions (m.dq_on: every visit has FROWS rows from a token's first
+     * head on): warp w stages its 16 rows x 64 columns alone, as two boxes of the map of dqacc
+     * (32 columns x gh heads x 16 / gh tokens, gh = min(group, 16): 16 rows of 128 bytes, in the
+     * map's 128-byte swizzle, so the float2 stores of a warp take the 2 wavefronts its 256 bytes
+     * need), and lane 0 hands both to the copy engine. No barrier between warps: lane 0 waits for
+     * the engine's reads of its previous boxes, then __syncwarp. */
+    auto dq_out_tma = [&](const float(&dq)[8][4], visit_item v, int nr) {
+        unsigned char *stg = (unsigned char *)stg_all + warp * 4096;
+        if (lane == 0) bulk_wait_read();
+        __syncwarp();
+        const int g = lane / 4;
+#pragma unroll
+        for (int n = 0; n < 8; n++) { /* box n / 4, 16-byte chunk 2 (n % 4) + tg / 2 of row g */
+            const int o = n / 4 * 2048 + g * 128 + ((2 * (n % 4) + tg / 2) ^ g) * 16 + tg % 2 * 8;
+            *(float2 *)(stg + o) = make_float2(dq[n][0], dq[n][1]);
+            *(float2 *)(stg + o + 8 * 128) = make_float2(dq[n][2], dq[n][3]);
+        }
+        fence_proxy_async(); /* the stores, for the copy engine */
+        __syncwarp();
+        if (lane == 0 && nr > 0) {
+            const int x0 = v.cb + pr0, t0 = bwd_div_small(x0, a.inv_group);
+            const int h = hk * a.group + x0 - t0 * a.group, t = v.blk * a.B + t0;
+            tma_red_add_3d(&m.dq, 64 * wg, h, t, stg);
+            tma_red_add_3d(&m.dq, 64 * wg + 32, h, t, stg + 2048);
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+    };
+    auto dq_out = [&](const float(&dq)[8][4], visit_item v, int nr) {
+        if constexpr (PP)
+            dq_out_tma(dq, v, nr);
+        else
+            dq_out_pair(dq, v, nr);
+    };
     visit_item it = {-1, 0, 0}, prev = it; /* it.hit_i: its block's entry in lst */
     int prev_rows = 0, nlst = 0;
+    /* whether visit it's block sees the thread's keys 16 warp + g and + 8 of the tile */
+    auto visit_keys = [&](bool(&kvis)[2]) {
+        const uint32_t keys = (uint32_t)lst[it.hit_i].y;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t key = 16 * warp + lane / 4 + 8 * r;
+            kvis[r] = (key >= (keys & 255u) && key < (keys >> 8 & 255u)) ||
+                      (key >= (keys >> 16 & 255u) && key < keys >> 24);
+        }
+    };
+    /* the visit after it: the block's next rows, else the next block of the list (blk -1) */
+    auto next_visit = [&]() {
+        visit_item nx = it;
+        if (it.cb + FROWS < a.B * a.group) {
+            nx.cb += FROWS;
+        } else {
+            nx.cb = 0, nx.hit_i++;
+            nx.blk = nx.hit_i < nlst ? lst[nx.hit_i].x : -1;
+        }
+        return nx;
+    };
+    /* P^T = exp2(S^T scale log2e - lse log2e) in place; masked keys through a -inf bias (ex2
+     * gives 0) */
+    auto p_of_s = [&](float(&s)[NT][4], const bool(&kvis)[2], const float *Lt) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
+            const float l0 = -l.x * FLOG2E, l1 = -l.y * FLOG2E;
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = ex2(fmaf(s[n][e], sl2, kvis[e / 2] ? (e & 1 ? l1 : l0) : -INFINITY));
+        }
+    };
+    /* dS^T / scale = P^T (dP^T - D) in place of dP^T */
+    auto ds_of_dp = [&](float(&dp)[NT][4], const float(&s)[NT][4], const float *Dt) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x));
+        }
+    };
+    /* dS^T as bf16 into buffer buf, fenced for the tensor cores */
+    auto ds_store = [&](const float(&dp)[NT][4], int buf) {
+        unsigned char *w = dS + buf * DSB + dsw;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            *(uint32_t *)(w + n * CMB) = pack_bf16x2(dp[n][0], dp[n][1]);
+            *(uint32_t *)(w + NT * CMB + n * CMB) = pack_bf16x2(dp[n][2], dp[n][3]);
+        }
+        fence_proxy_async();
+    };
     /* visit i; WDQ (= PIPE): issues dQ of visit i - 1 first (for i = 0 a product of the unused
      * second dS^T buffer that goes nowhere: prev_rows 0; a peeled first visit made ptxas spill).
      * Ends with no wgmma in flight; with PIPE the visit's dQ is not issued yet. */
@@ -374,23 +496,9 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
         /* while it runs: this visit's key mask (its span read before the copies below queue in
          * the LSU), the next visit's loads into the other stage */
-        bool kvis[2]; /* the block sees the thread's key r */
-        {
-            const uint32_t keys = (uint32_t)lst[it.hit_i].y;
-#pragma unroll
-            for (int r = 0; r < 2; r++) { /* keys 16 warp + g (+ 8) of the tile */
-                const uint32_t key = 16 * warp + lane / 4 + 8 * r;
-                kvis[r] = (key >= (keys & 255u) && key < (keys >> 8 & 255u)) ||
-                          (key >= (keys >> 16 & 255u) && key < keys >> 24);
-            }
-        }
-        visit_item nx = it; /* the next visit: the block's next rows, else the next block */
-        if (it.cb + FROWS < a.B * a.group) {
-            nx.cb += FROWS;
-        } else {
-            nx.cb = 0, nx.hit_i++;
-            nx.blk = nx.hit_i < nlst ? lst[nx.hit_i].x : -1;
-        }
+        bool kvis[2];
+        visit_keys(kvis);
+        const visit_item nx = next_visit();
         if (nx.blk >= 0)
             wgb_visit_load<D>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
                               Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
@@ -404,38 +512,19 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
         wg_wait<1>();                                                        /* S^T is in */
         wg_pin_all(s);
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
-            const float l0 = -l.x * FLOG2E, l1 = -l.y * FLOG2E;
-#pragma unroll
-            for (int e = 0; e < 4; e++) /* masked keys through a -inf bias: ex2 gives 0 */
-                s[n][e] = ex2(fmaf(s[n][e], sl2, kvis[e / 2] ? (e & 1 ? l1 : l0) : -INFINITY));
-        }
+        p_of_s(s, kvis, Lt);
         uint32_t pa[NT / 2][4];
         wg_pack_a<NT>(pa, s);
         wg_fence();
         wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
         wg_wait<1>();                                                         /* dP^T is in */
         wg_pin_all(dp);
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
-#pragma unroll
-            for (int e = 0; e < 4; e++) /* dS^T / scale */
-                dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x));
-        }
+        ds_of_dp(dp, s, Dt);
         uint32_t da[NT / 2][4];
         wg_pack_a<NT>(da, dp);
         wg_fence();
         wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
-        unsigned char *w = dS + (PIPE ? st : 0) * DSB + dsw;
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            *(uint32_t *)(w + n * CMB) = pack_bf16x2(dp[n][0], dp[n][1]);
-            *(uint32_t *)(w + NT * CMB + n * CMB) = pack_bf16x2(dp[n][2], dp[n][3]);
-        }
-        fence_proxy_async(); /* the dS^T stores, for the tensor cores */
+        ds_store(dp, PIPE ? st : 0);
         if (wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging is free after the barrier */
         __syncthreads(); /* dS^T of all 128 keys is in */
         if constexpr (!PIPE) {
@@ -454,17 +543,93 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         prev = it, prev_rows = nrows;
         it = nx;
     };
+    /* PP's visit i: no CTA barrier; mbarriers bar[st] (Q, dO, D, lse of the stage), bar[2 + p]
+     * (all threads are done with visit i, i % 2 = p: its stage and the dS^T buffer its dQ read
+     * are free), bar[4 + p] (all threads' dS^T of visit i is in buffer p). dQ of visit i - 1
+     * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
+     * wgmma in flight. */
+    auto step_pp = [&](int i) {
+        const int st = __shfl_sync(0xffffffffu, i % 2, 0);
+        mb_wait(bar + st, (ph >> st) & 1);
+        ph ^= 1u << st;
+        const int nrows = FROWS; /* PP runs only where visits have no padding rows */
+        const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
+        const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
+        float s[NT][4], dp[NT][4];
+        wg_fence();
+        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K));   /* S^T = K Q^T */
+        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        bool kvis[2];
+        visit_keys(kvis);
+        const visit_item nx = next_visit();
+        const int vp = 2 + (1 - st); /* bar[vp]: visit i - 1 is done */
+        if (wg == 1 && nx.blk >= 0) {
+            if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
+            wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
+                                    Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
+        }
+        wg_wait<1>(); /* S^T is in */
+        wg_pin_all(s);
+        p_of_s(s, kvis, Lt);
+        uint32_t pa[NT / 2][4];
+        wg_pack_a<NT>(pa, s);
+        wg_fence();
+        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
+        wg_wait<1>();                                                         /* dP^T is in */
+        wg_pin_all(dp);
+        ds_of_dp(dp, s, Dt);
+        uint32_t da[NT / 2][4];
+        wg_pack_a<NT>(da, dp);
+        wg_fence();
+        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
+        if (i > 0) { /* buffer st: dQ of visit i - 2 (in visit i - 1) is done */
+            mb_wait(bar + vp, (ph >> vp) & 1);
+            ph ^= 1u << vp;
+        }
+        ds_store(dp, st);
+        mb_arrive(bar + 4 + st);
+        if (i > 0) { /* dS^T of visit i - 1 is in */
+            mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
+            ph ^= 1u << (5 - st);
+        }
+        wg_fence();
+        issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
+        wg_wait<0>();
+        mb_arrive(bar + 2 + st); /* visit i is done (dq_out needs none of its buffers) */
+        wg_pin_all(dv);
+        wg_pin_all(dk);
+        wg_pin_u(pa);
+        wg_pin_u(da);
+        wg_pin_all(dp);
+        dq_out(dp, prev, prev_rows);
+        prev = it, prev_rows = nrows;
+        it = nx;
+    };
     /* the piece's visits; the list of the next WLIST blocks when the last one is used up (one
      * list for pieces of WLIST blocks or fewer), its first visit's loads into the next stage */
     nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, lst) : 0;
     if (nlst > 0) {
         it = visit_item{lst[0].x, 0, 0};
-        wgb_visit_load<D>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
+        if (!PP || wg == 1) wgb_visit_load<D, PP>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
         cp_commit();
     }
     int i = 0;
-    for (; it.blk >= 0; i++)
-        step(i, std::integral_constant<bool, PIPE>());
+    if constexpr (PP) {
+        cp_wait_all(); /* K, V (no CTA barrier in the visits) */
+        fence_proxy_async();
+        __syncthreads();
+        for (; it.blk >= 0; i++)
+            step_pp(i);
+        if (i > 0) {
+            const int lb = (i - 1) % 2;
+            mb_wait(bar + 4 + lb, (ph >> (4 + lb)) & 1); /* dS^T of the last visit is in */
+            ph ^= 1u << (4 + lb);
+            ph ^= 1u << (2 + lb); /* bar[2 + lb]: complete at the barrier below, never waited */
+        }
+    } else {
+        for (; it.blk >= 0; i++)
+            step(i, std::integral_constant<bool, PIPE>());
+    }
     if (PIPE && i > 0) { /* dQ of the last visit */
         float dq[8][4];
         wg_fence();
@@ -489,15 +654,19 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE>
+template <int D, bool PIPE, bool PP>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
     extern __shared__ __align__(1024) unsigned char sm[];
-    __shared__ uint64_t bar[2]; /* the Q, dO stages' tensor copies (one arrival per warp) */
-    uint32_t ph = 0;            /* bit st: the parity of stage st's next phase */
+    /* [0, 1]: the Q, dO stages' tensor copies (one arrival per warp; PP: 2 tensor copies and 64
+     * cp.async arrivals for D, lse); PP also [2, 3] visit done and [4, 5] dS^T in (step_pp) */
+    __shared__ uint64_t bar[6];
+    uint32_t ph = 0; /* bit b: the parity of bar[b]'s next phase to wait for */
     if (threadIdx.x == 0) {
-        mb_init(bar, 8), mb_init(bar + 1, 8);
+        mb_init(bar, PP ? 66 : 8), mb_init(bar + 1, PP ? 66 : 8);
+        for (int b = 2; b < 6; b++)
+            mb_init(bar + b, 256);
         mb_init_fence();
     }
     __syncthreads();
@@ -508,8 +677,8 @@ __global__ void __launch_bounds__(256, 1)
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
-                               a.tickets + (size_t)hk * nx + blockIdx.x);
+            wgb_piece<D, PIPE, PP>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
+                                   a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
     __shared__ int s_work;
@@ -520,8 +689,8 @@ __global__ void __launch_bounds__(256, 1)
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
-                           a.tickets + (size_t)hk * nx + it.x);
+        wgb_piece<D, PIPE, PP>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
+                               a.tickets + (size_t)hk * nx + it.x);
     }
 #else
     (void)a, (void)m;
@@ -602,6 +771,25 @@ typedef CUresult (*wgb_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static wgb_encode_fn g_encode;
 
+/* The tensor map of a's dqacc ([Q, H, 128] fp32) for dq_out_tma: dims (128, H, Q), box 32 x gh x
+ * 16 / gh (gh = min(group, 16): a warp's 16 rows, which start at a token's first head when
+ * group <= 16, else at head 16 k), 128-byte swizzle; m->dq_on = 1 where the encoder takes it
+ * (else PP does not run). */
+static void wgb_dq_map_make(const bwd_args *a, wgb_maps *m) {
+    const cuuint64_t row = 128 * sizeof(float), H = (cuuint64_t)a->H;
+    const cuuint64_t dims[3] = {128, H, (cuuint64_t)a->n_blocks * a->B};
+    const cuuint64_t strides[2] = {row, H * row};
+    const cuuint32_t gh = (cuuint32_t)(a->group < 16 ? a->group : 16);
+    const cuuint32_t box[3] = {32, gh, 16 / gh}, one[3] = {1, 1, 1};
+    m->dq_on = g_encode(&m->dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)a->dqacc, dims, strides,
+                        box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    static int told;
+    if (!m->dq_on && !told++)
+        fprintf(stderr, "k_wgb_fused: the encoder refused the tensor map of dqacc\n");
+}
+
 /* The tensor maps of a's q and dout (wgb_maps), when the encoder is there, every visit has FROWS
  * rows starting at a token's first head (FROWS % group == 0, B group % FROWS == 0) and
  * DFLASH_CUDA_ATTN_TMA is not 0: one copy per tile (on 2) where the encoder takes its map, else
@@ -631,6 +819,7 @@ static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
         if (ok) {
             m->on = on;
+            wgb_dq_map_make(a, m);
             return;
         }
         static int told;
@@ -651,10 +840,12 @@ int cuda_wgb_attention_init(void) {
         g_encode = (wgb_encode_fn)fn;
     else
         (void)cudaGetLastError(); /* the visits load by cp.async */
-    if (cudaFuncSetAttribute(k_wgb_fused<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)wgb_smem<128, true>()) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)wgb_smem<128, false>()) != cudaSuccess) {
+    const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    const int SP = (int)wgb_smem<128, true>();
+    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false, false>, lim, (int)wgb_smem<128, false>()) !=
+            cudaSuccess) {
         (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
         return 0;
     }
@@ -690,9 +881,18 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     }
     wgb_maps m;
     wgb_maps_make(a, &m);
-    if (pipe)
-        k_wgb_fused<128, true><<<grid, 256, wgb_smem<128, true>(), st>>>(b, m);
+    /* DFLASH_CUDA_ATTN_PP=0: the PIPE kernel where PP could run */
+    static int pp = -1;
+    if (pp < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_PP");
+        pp = !(e && e[0] == '0');
+    }
+    constexpr size_t SP = wgb_smem<128, true>();
+    if (pipe && pp && m.on == 2 && m.dq_on)
+        k_wgb_fused<128, true, true><<<grid, 256, SP, st>>>(b, m);
+    else if (pipe)
+        k_wgb_fused<128, true, false><<<grid, 256, SP, st>>>(b, m);
     else
-        k_wgb_fused<128, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
+        k_wgb_fused<128, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

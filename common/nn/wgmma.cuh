@@ -3,9 +3,10 @@
  * PTX wrappers for wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulators; A and B from shared
  * memory through descriptors, or A from registers), its fence / commit / wait, the packing of
  * accumulators into register A fragments (wg_pack_a), mbarriers (with expected transaction
- * bytes), tensor copies (TMA, cp.async.bulk.tensor of 3 or 4 dimensions onto an mbarrier), the
- * async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
- * attn_spans.cuh).
+ * bytes, or arrivals on the completion of a thread's cp.async), tensor copies (TMA,
+ * cp.async.bulk.tensor of 3 or 4 dimensions onto an mbarrier), tensor reductions
+ * (cp.reduce.async.bulk.tensor, 3 dimensions), the async-proxy fence (load_cm, the cp.async
+ * loads into the core-matrix layout, is in attn_spans.cuh).
  * Layout (no swizzle): a core matrix is 8 rows x 16 bytes, 128 contiguous bytes; a tile of ROWS
  * rows x D bf16 puts element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 + (row % 8) 16
  * + (col % 8) 2. A descriptor's LBO is the byte distance between core matrices adjacent along
@@ -101,6 +102,13 @@ __device__ __forceinline__ void mb_wait(uint64_t *b, int parity) {
     } while (!done);
 }
 
+/* mbarrier arrival made by the completion of all prior cp.async of this thread; not counted in
+ * advance (.noinc): mb_init's count includes it */
+__device__ __forceinline__ void mb_arrive_cp_async(uint64_t *b) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+
 /* mbarrier arrival that also expects tx bytes of asynchronous copies in the current phase */
 __device__ __forceinline__ void mb_arrive_tx(uint64_t *b, uint32_t tx) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
@@ -134,6 +142,18 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const void *map, int c0, 
         " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"((uint32_t)__cvta_generic_to_shared(b))
         : "memory");
+}
+
+/* Tensor reduction (TMA): the box of tensor map *map at element coordinates (c0, c1, c2) +=
+ * the box at src in shared memory (laid out, and swizzled, as the map says), element type and
+ * operation add as the map's type allows (f32 here); added to this thread's open bulk group,
+ * not committed; src must not change before bulk_wait_read. One thread. */
+__device__ __forceinline__ void tma_red_add_3d(const void *map, int c0, int c1, int c2,
+                                               const void *src) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group"
+                 " [%0, {%1, %2, %3}], [%4];\n" ::"l"(map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"((uint32_t)__cvta_generic_to_shared(src))
+                 : "memory");
 }
 
 /* d (64 x N, the warpgroup's accumulators) = A B (first) or += A B: A = 64 x 16 and B^T = N x 16,

@@ -1266,6 +1266,8 @@ static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv
 
 #define XENT_THREADS 512
 
+/* Running (max m, sum s of 2^(x - m), argmax i) of values x in the log2 domain (the loss
+ * scales logits by log2 e first; the argmax uses s = 0). */
 struct msi {
     float m, s;
     int i;
@@ -1280,8 +1282,8 @@ __device__ __forceinline__ msi msi_merge(msi a, msi b) {
         r.m = a.m;
         r.i = a.i;
     }
-    float sa = a.m == -INFINITY ? 0.0f : a.s * expf(a.m - r.m);
-    float sb = b.m == -INFINITY ? 0.0f : b.s * expf(b.m - r.m);
+    float sa = a.m == -INFINITY ? 0.0f : a.s * exp2f(a.m - r.m);
+    float sb = b.m == -INFINITY ? 0.0f : b.s * exp2f(b.m - r.m);
     r.s = sa + sb;
     return r;
 }
@@ -1312,7 +1314,12 @@ __device__ msi block_msi(msi v) {
 /* One row of bf16 logits (as PyTorch's bf16 autocast leaves them): max / sum-exp / argmax in
  * fp32 over 8-element (16-byte) loads when the row allows (V % 8 == 0; the caller aligns rows),
  * the loss, then dlogits written over the logits in place (each element by the thread that
- * read it). Ties of the argmax take the first index (ascending per thread, msi_merge). */
+ * read it). The sums run in the log2 domain (msi.m = max x log2 e, s = sum 2^(x log2 e - m)),
+ * so every exponential is one exp2f, and a load of 8 rescales the sum at most once. Ties of the
+ * argmax take the first index (ascending per thread, msi_merge). */
+#define XENT_LOG2E 1.4426950408889634f
+#define XENT_LN2 0.6931471805599453f
+
 template <bool VEC> __device__ __forceinline__ void xent_load(const bf16 *p, float x[8]) {
     if (VEC)
         load8(p, x);
@@ -1329,18 +1336,22 @@ __global__ void __launch_bounds__(XENT_THREADS)
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
     const int step = VEC ? 8 : 1;
     for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
-        float x[8];
+        float x[8], cm = -INFINITY;
+        int ci = 0;
         xent_load<VEC>(L + j, x);
 #pragma unroll
         for (int e = 0; e < step; e++) {
-            if (x[e] > v.m) {
-                v.s = (v.m == -INFINITY ? 0.0f : v.s * expf(v.m - x[e])) + 1.0f;
-                v.m = x[e];
-                v.i = j + e;
-            } else {
-                v.s += expf(x[e] - v.m);
-            }
+            x[e] *= XENT_LOG2E;
+            if (x[e] > cm) cm = x[e], ci = j + e;
         }
+        if (cm > v.m) {
+            v.s = v.m == -INFINITY ? 0.0f : v.s * exp2f(v.m - cm);
+            v.m = cm;
+            v.i = ci;
+        }
+#pragma unroll
+        for (int e = 0; e < step; e++)
+            v.s += exp2f(x[e] - v.m);
     }
     msi t = block_msi(v);
     int lab = labels[r];
@@ -1348,7 +1359,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
     if (threadIdx.x == 0) {
         if (correct) correct[r] = t.i == lab;
         if (w > 0.0f) {
-            float loss = w * (t.m + logf(t.s) - __bfloat162float(L[lab]));
+            float loss = w * ((t.m + log2f(t.s)) * XENT_LN2 - __bfloat162float(L[lab]));
             atomicAdd(out_sums, loss);
             atomicAdd(out_sums + 1, w);
         }
@@ -1361,7 +1372,8 @@ __global__ void __launch_bounds__(XENT_THREADS)
         xent_load<VEC>(L + j, x);
 #pragma unroll
         for (int e = 0; e < step; e++)
-            x[e] = g > 0.0f ? expf(x[e] - mx) * gs - (j + e == lab ? g : 0.0f) : 0.0f;
+            x[e] = g > 0.0f ? exp2f(fmaf(x[e], XENT_LOG2E, -mx)) * gs - (j + e == lab ? g : 0.0f)
+                            : 0.0f;
         if (VEC)
             store8(L + j, x);
         else

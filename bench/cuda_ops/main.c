@@ -7,7 +7,8 @@
  * of 3 such batches. Inputs are random (a 16M-element random block tiled over each buffer), never
  * zeros. FLOPs: 2*M*N*K per matmul; attention 4*d per (query row, head, visible key) forward,
  * 10*d backward (S, dP, dV, dK, dQ recomputation counted as 5 products); the lm_head loss
- * 4*Q*D*V (logits and dh). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
+ * 4*Q*D*V (logits and dh), timed at D 4096 and at D 64 (products nearly free: the softmax pass
+ * alone). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
  * [attn (only the peak GEMM and the attention ops)]. The causal attention rows also time the
  * target's shape (64 sequences of 2048 tokens); the block attention rows three anchor
  * distributions (see bench_attention: the one of the training step is labelled "(step)").
@@ -274,8 +275,9 @@ static void xent_run(void *p) {
                     a->scratch, a->Q, a->D, a->V, a->chunk);
 }
 
-static void bench_xent(void) {
-    xent_arg a = {.Q = 8192, .D = 4096, .V = 151936, .chunk = 2048};
+/* D 64 makes the two products nearly free: that row times the softmax pass between them. */
+static void bench_xent(int D) {
+    xent_arg a = {.Q = 8192, .D = D, .V = 151936, .chunk = 2048};
     a.h = act_rand((size_t)a.Q * a.D, 1.0f);
     a.W = act_rand((size_t)a.V * a.D, 0.02f);
     a.dh = O->alloc(C, (size_t)a.Q * a.D * 2);
@@ -292,7 +294,9 @@ static void bench_xent(void) {
     O->upload_raw(C, a.weights, w, (size_t)a.Q * 4);
     a.inv = 1.0f / a.Q;
     double ms = time_ms(xent_run, &a, 3);
-    row("lm_head_xent fwd+bwd", "Q8192 D4096 V151936 chunk2048", ms, 4.0 * a.Q * (double)a.D * a.V);
+    char shape[64];
+    snprintf(shape, sizeof shape, "Q8192 D%d V151936 chunk2048", D);
+    row("lm_head_xent fwd+bwd", shape, ms, 4.0 * a.Q * (double)a.D * a.V);
     O->free(C, a.h), O->free(C, a.W), O->free(C, a.dh), O->free(C, a.scratch);
     O->free(C, a.sums), O->free(C, a.correct), O->free(C, a.labels), O->free(C, a.weights);
     free(lab), free(w);
@@ -390,7 +394,7 @@ int main(int argc, char **argv) {
         bench_linear("linear_bwd down", 8192, 12288, 4096, 1);
     }
     bench_attention();
-    if (!attn_only) bench_xent();
+    if (!attn_only) bench_xent(4096), bench_xent(64);
     if (layers > 0) bench_step(layers);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", g_peak);
     nn_cuda_destroy(&C);

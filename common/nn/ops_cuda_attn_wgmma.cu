@@ -82,12 +82,14 @@
 #include "mma_frag.cuh" /* cp_commit, ex2, quad_max, quad_sum */
 #include "ops_cuda.h"
 
+#include <cuda.h> /* CUtensorMap (the encoder is found through the runtime) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,8 +166,10 @@ __device__ __forceinline__ int warp_minmax(int v, int op) {
  * (the bounds scratch): ib[r], ib[NWG + r] begin and end of context interval r (the blocks'
  * context ranges clipped to [0, Tk), sorted, overlapping or touching ones merged; nr of them),
  * ib[2 NWG + r] its first tile (ib[2 NWG + nr]: the number of context tiles), ib[3 NWG + 1] nr,
- * ib[3 NWG + 2 + w] the first own key of warpgroup w's block (-1: none or padding). */
-template <int NWG, int KT> __device__ void wg_block_setup(const wg_blk &bs, int blk0, int *ib) {
+ * ib[3 NWG + 2 + w] the first own key of warpgroup w's block (-1: none or padding). Interval
+ * begins are rounded down to a multiple of AL (the tensor copies' 8-key groups; masked keys). */
+template <int NWG, int KT, int AL = 1>
+__device__ void wg_block_setup(const wg_blk &bs, int blk0, int *ib) {
     int nr = 0;
     for (int w = 0; w < NWG; w++) {
         int blk = blk0 + w, own = -1;
@@ -175,6 +179,7 @@ template <int NWG, int KT> __device__ void wg_block_setup(const wg_blk &bs, int 
                 own = sp.blk_begin;
                 int c0 = max(sp.ctx_begin, 0), c1 = min(sp.ctx_end, bs.Tk), j = nr++;
                 if (c0 >= c1) nr--, j = -1;
+                c0 = c0 / AL * AL;
                 for (; j > 0 && ib[j - 1] > c0; j--) /* insertion by begin */
                     ib[j] = ib[j - 1], ib[NWG + j] = ib[NWG + j - 1];
                 if (j >= 0) ib[j] = c0, ib[NWG + j] = c1;
@@ -543,6 +548,202 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_block(wg_args a, wg_blk bs)
     wg_fwd<D, NWG, KT, MODE, NS, DIST, true>(a, bs);
 }
 
+/* ---- block mode with a producer warpgroup (k_wg_block_tma) ---- */
+
+/* The tensor maps of k and v ([Tk, Hk, D] bf16) for k_wg_block_tma: 5 dims (d % 8, kv head,
+ * key % 8, d / 8, key / 8), box 8 x 1 x 8 x D / 8 x KT / 8: one copy lands a tile of KT keys
+ * (from a multiple of 8) in the core-matrix layout above; keys past Tk are zero-filled. */
+struct wg_kv_maps {
+    CUtensorMap k, v;
+};
+
+/* Shared memory of k_wg_block_tma: as wg_smem (Q of NWG warpgroups, NS stages, the schedule,
+ * 2 NS mbarriers) */
+template <int D, int NWG, int KT, int NS> static size_t wgt_smem(void) {
+    return wg_smem<D, NWG, KT, NS>();
+}
+
+/* bar.sync on named barrier id (1 .. 15) for n threads (whole warps) */
+__device__ __forceinline__ void wg_bar(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* One CTA of the block forward with a producer: warpgroups 0 .. NWG - 1 consume (warpgroup w the
+ * rows of block NWG c + w, as k_wg_block), warpgroup NWG produces. Its first warp fills stage
+ * j % NS with tile j once the consumers released tile j - NS: a context tile by two tensor
+ * copies (lane 0; full[s] counts one arrival plus the bytes), the own-keys tile by cp.async
+ * (the warp's 32 lanes, zero-filled; wait, async-proxy fence, one arrival). Registers: the
+ * producer gives back to RP per thread, the consumers take RC (setmaxnreg; NWG 128 RC + 128 RP
+ * is the pool fixed at launch). The consumer loop is mode 3's without loads: wait full[i],
+ * S of tile i with P V of tile i - 1, mask and softmax, each warp arrives on empty[i - 1]. */
+template <int D, int NWG, int KT, int NS, int RC, int RP>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1)
+    k_wg_block_tma(wg_args a, wg_blk bs, const __grid_constant__ wg_kv_maps mp) {
+#if WG_DEVICE
+    constexpr int TILE_B = KT * D * 2, LD = D + 8, CPR = D / 8;
+    static_assert(NWG * 128 * RC + 128 * RP <= 65536, "the register pool");
+    extern __shared__ __align__(1024) unsigned char sm[];
+    unsigned char *Qs = sm, *KV = sm + 64 * NWG * D * 2;
+    int *red = (int *)(KV + NS * 2 * TILE_B); /* the key schedule (wg_block_setup) */
+    uint64_t *full = (uint64_t *)(red + 4 * NWG * 4), *empty = full + NS;
+    const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, wq = warp % 4;
+    const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    const int hk = blockIdx.y, group = a.group, c = gridDim.x - 1 - blockIdx.x;
+    if (threadIdx.x == 0) {
+        for (int j = 0; j < NS; j++)
+            mb_init(full + j, 1), mb_init(empty + j, NWG * 4);
+        mb_init_fence();
+        wg_block_setup<NWG, KT, 8>(bs, c * NWG, red);
+    }
+    __syncthreads(); /* the schedule and the mbarriers' init are visible */
+    const int nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], n_tiles = n_ctx + 1;
+
+    if (wg == NWG) { /* the producer */
+        wg_setmaxnreg_dec<RP>();
+        if (warp != 4 * NWG) return;
+        for (int j = 0; j < n_tiles; j++) {
+            unsigned char *st = KV + (j % NS) * 2 * TILE_B;
+            if (j >= NS) mb_wait(empty + j % NS, (j / NS - 1) & 1);
+            if (j < n_ctx) {
+                if (lane == 0) {
+                    int kb, re;
+                    wg_block_tile<NWG, KT>(red, nr, j, kb, re);
+                    mb_arrive_tx(full + j % NS, 2 * TILE_B);
+                    tma_load_5d(st, &mp.k, 0, hk, 0, 0, kb / 8, full + j % NS);
+                    tma_load_5d(st + TILE_B, &mp.v, 0, hk, 0, 0, kb / 8, full + j % NS);
+                }
+            } else {
+                issue_own<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
+                cp_commit();
+                cp_wait<0>();
+                fence_async_smem();
+                __syncwarp();
+                if (lane == 0) mb_arrive(full + j % NS);
+            }
+        }
+        return;
+    }
+
+    wg_setmaxnreg_inc<RC>();
+    const int myblk = c * NWG + wg, NR = bs.B * group;
+    load_cm<D, 64>(
+        Qs + wg * 64 * D * 2, a.q,
+        [&](int rl) -> long long {
+            if (rl >= NR || myblk >= bs.n_blocks) return -1;
+            int t = myblk * bs.B + rl / group, h = hk * group + rl % group;
+            return ((long long)t * a.H + h) * D;
+        },
+        threadIdx.x % 128, 128);
+    cp_commit();
+    /* mk (the scratch after the schedule, 8 per warpgroup; read per tile, which spares
+     * registers): the block's context [klo, khi) less its own keys [xlo, xhi), its slots
+     * [glo, ghi) of the own-keys tile, keep */
+    int *mk = red + 16 + 8 * wg;
+    if (threadIdx.x % 128 == 0) {
+        nn_block_span sp = {0, 0, 0, 0};
+        if (myblk < bs.n_blocks) sp = bs.spans[myblk];
+        mk[0] = sp.ctx_begin, mk[1] = min(sp.ctx_end, bs.Tk);
+        mk[2] = sp.blk_begin, mk[3] = sp.blk_begin + bs.B;
+        mk[4] = wg * bs.B, mk[5] = mk[4] + max(0, min(bs.B, bs.Tk - sp.blk_begin));
+        mk[6] = sp.keep;
+    }
+    int lo[2] = {0, 0}, hi[2] = {0, 0};
+    cp_wait<0>();
+    fence_async_smem();
+    wg_bar(1 + wg, 128); /* this warpgroup's Q landed */
+
+    const float sl2 = a.scale * LOG2E;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    const uint64_t dq = wg_desc(Qs + wg * 64 * D * 2, 128, 16 * D);
+    uint32_t pa[KT / 16][4];
+    float s[KT / 8][4], corr[2];
+    uint64_t pv = 0;
+    auto step = [&](int i, auto with_pv) {
+        mb_wait(full + i % NS, (i / NS) & 1);
+        const unsigned char *Kt = KV + (i % NS) * 2 * TILE_B, *Vt = Kt + TILE_B;
+        wg_fence();
+        wg_issue_s<D, KT>(s, dq, wg_desc(Kt, 128, 16 * D));
+        if constexpr (decltype(with_pv)::value) {
+            wg_issue_pv<D, KT>(o, pa, pv);
+            wg_wait<1>();
+        } else {
+            wg_wait<0>();
+        }
+        wg_pin_all(s);
+        const volatile int *vk = mk;
+        const int klo = vk[0], khi = vk[1], xlo = vk[2], xhi = vk[3];
+        bool rv[2]; /* rows g, g + 8 have keys */
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            rv[e] = vk[6] && 16 * wq + g + 8 * e < NR;
+        if (i < n_ctx) {
+            int cb, re;
+            wg_block_tile<NWG, KT>(red, nr, i, cb, re);
+            const int h = min(khi, re);
+            if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h && (cb + KT <= xlo || cb >= xhi)))
+                wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
+        } else {
+            wg_block_mask<KT>(s, 0, rv, vk[4], vk[5], 0, 0);
+        }
+        online_softmax<KT>(s, m, l, corr, 0, lo, hi, true, sl2);
+        wg_wait<0>();
+        wg_pin_all(o);
+        wg_pin_u(pa);
+        if (decltype(with_pv)::value && lane == 0)
+            mb_arrive(empty + (i - 1) % NS); /* this warp is done with tile i - 1 */
+        wg_rescale<D, KT>(o, corr, s, pa);
+        pv = wg_desc(Vt, 16 * D, 128);
+    };
+    step(0, std::false_type());
+    for (int i = 1; i < n_tiles; i++)
+        step(i, std::true_type());
+    wg_fence();
+    wg_issue_pv<D, KT>(o, pa, pv);
+    wg_wait<0>();
+    wg_pin_all(o);
+    wg_pin_u(pa);
+    wg_bar(1 + NWG, NWG * 128); /* every consumer is done: stage the output rows (stride LD) */
+
+    bf16 *St = (bf16 *)sm + (64 * wg + 16 * wq) * LD;
+    float lt[2], inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lt[r] = quad_sum(l[r]);
+        inv[r] = lt[r] > 0.0f ? 1.0f / lt[r] : 0.0f;
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        *(uint32_t *)(St + g * LD + dt * 8 + 2 * tg) =
+            pack_bf16x2(o[dt][0] * inv[0], o[dt][1] * inv[0]);
+        *(uint32_t *)(St + (g + 8) * LD + dt * 8 + 2 * tg) =
+            pack_bf16x2(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+    }
+    __syncwarp();
+    if (myblk >= bs.n_blocks) return;
+    for (int idx = lane; idx < 16 * CPR; idx += 32) {
+        int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
+        if (r >= NR) continue;
+        int t = myblk * bs.B + r / group, h = hk * group + r % group;
+        *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
+            *(const uint4 *)(St + rr * LD + cc * 8);
+    }
+    if (bs.lse && tg == 0) /* lse [H, n_blocks B] = (m + log2 l) ln 2; no keys: +INF */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = 16 * wq + g + 8 * i;
+            if (r >= NR) continue;
+            int t = myblk * bs.B + r / group, h = hk * group + r % group;
+            bs.lse[(size_t)h * bs.n_blocks * bs.B + t] =
+                lt[i] > 0.0f ? (m[i] + log2f(lt[i])) * LN2 : INFINITY;
+        }
+#else
+    (void)a, (void)bs, (void)mp;
+#endif
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 /* The kernels: DFLASH_CUDA_ATTN_CAUSAL name, d, rows per CTA, and their shared-memory limit
@@ -598,25 +799,95 @@ static const wg_kernel *wg_pick(int d) {
     return named && !known ? NULL : dflt;
 }
 
-/* The block forward's kernel: d 128, 3 warpgroups (blocks) of 64 rows, 64-key tiles, mode 3,
- * NS 4, DIST 2 (as wg3x64r). */
+/* The block forward's cp.async kernel (k_wg_block): d 128, 3 warpgroups (blocks) of 64 rows,
+ * 64-key tiles, mode 3, NS 4, DIST 2 (as wg3x64r). */
 #define WG_BLOCK_K 128, 3, 64, 3, 4, 2
 #define WG_BLOCK_NWG 3
 
-static int wg_block_attr(void) {
-    return cudaFuncSetAttribute(k_wg_block<WG_BLOCK_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wg_smem<128, 3, 64, 4>()) != cudaSuccess;
+/* The block forward's producer kernels (k_wg_block_tma): DFLASH_CUDA_ATTN_BLOCK name, blocks
+ * (consumer warpgroups) per CTA, keys per tile; the first is the default. */
+typedef struct wgt_kernel {
+    const char *name;
+    int nwg, kt;
+    int (*attr)(void);
+    void (*launch)(cudaStream_t, const wg_args &, const wg_blk &, const wg_kv_maps &);
+} wgt_kernel;
+
+template <int NWG, int KT, int NS, int RC, int RP> static int wgt_attr(void) {
+    return cudaFuncSetAttribute(k_wg_block_tma<128, NWG, KT, NS, RC, RP>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)wgt_smem<128, NWG, KT, NS>()) != cudaSuccess;
 }
 
-/* DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": this kernel; anything else ("mma", or a
- * mma.sync shape such as 4x16): none, the mma.sync kernel serves. */
-static bool wg_block_on(void) {
+template <int NWG, int KT, int NS, int RC, int RP>
+static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, const wg_kv_maps &mp) {
+    dim3 grid((bs.n_blocks + NWG - 1) / NWG, a.Hk);
+    k_wg_block_tma<128, NWG, KT, NS, RC, RP>
+        <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS>(), st>>>(a, bs, mp);
+}
+
+#define WGT_K(name, NWG, KT, NS, RC, RP)                                                           \
+    { name, NWG, KT, wgt_attr<NWG, KT, NS, RC, RP>, wgt_launch<NWG, KT, NS, RC, RP> }
+static const wgt_kernel wgt_kernels[] = {
+    WGT_K("wgt3x64", 3, 64, 4, 160, 32),
+    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32),
+    WGT_K("wgt2x128", 2, 128, 3, 240, 24),
+};
+#define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
+
+static int wg_block_attr(void) {
+    int bad = cudaFuncSetAttribute(k_wg_block<WG_BLOCK_K>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)wg_smem<128, 3, 64, 4>()) != cudaSuccess;
+    for (int i = 0; i < N_WGT_KERNELS; i++)
+        bad |= wgt_kernels[i].attr();
+    return bad;
+}
+
+/* DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": the default producer kernel, else (no tensor
+ * copies) the cp.async one; a name of wgt_kernels: that one; "wgcp": the cp.async kernel;
+ * anything else ("mma", or a mma.sync shape such as 4x16): none, the mma.sync kernel serves.
+ * Returns 0 none, 1 the cp.async kernel, 2 a producer kernel (*k). */
+static int wg_block_pick(const wgt_kernel **k) {
     static int on = -1;
+    static const wgt_kernel *pk;
     if (on < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_BLOCK");
-        on = !e || !*e || strcmp(e, "wgmma") == 0;
+        on = !e || !*e || strcmp(e, "wgmma") == 0 ? 2 : strcmp(e, "wgcp") == 0 ? 1 : 0;
+        pk = &wgt_kernels[0];
+        for (int i = 0; e && i < N_WGT_KERNELS; i++)
+            if (strcmp(e, wgt_kernels[i].name) == 0) on = 2, pk = &wgt_kernels[i];
     }
+    *k = pk;
     return on;
+}
+
+/* cuTensorMapEncodeTiled (driver API, found through the runtime, as in ops_cuda_attn_wgbwd.cu),
+ * or NULL: the cp.async kernel serves */
+typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                 const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                 const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static wg_encode_fn g_wg_encode;
+
+/* The maps of k and v (wg_kv_maps) for tiles of kt keys; 0, or -1 where the encoder refuses */
+static int wg_kv_maps_make(wg_kv_maps *mp, const bf16 *k, const bf16 *v, int Tk, int Hk, int kt) {
+    const cuuint64_t row = 128 * sizeof(bf16);
+    const cuuint64_t dims[5] = {8, (cuuint64_t)Hk, 8, 128 / 8, (cuuint64_t)Tk / 8};
+    const cuuint64_t strides[4] = {row, Hk * row, 8 * sizeof(bf16), 8 * Hk * row};
+    const cuuint32_t box[5] = {8, 1, 8, 128 / 8, (cuuint32_t)kt / 8}, one[5] = {1, 1, 1, 1, 1};
+    const bf16 *src[2] = {k, v};
+    CUtensorMap *dst[2] = {&mp->k, &mp->v};
+    for (int i = 0; i < 2; i++)
+        if (g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, (void *)src[i], dims, strides,
+                        box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+            static int told;
+            if (!told++) fprintf(stderr, "k_wg_block_tma: the encoder refused the map of k, v\n");
+            return -1;
+        }
+    return 0;
 }
 
 static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_90a code */
@@ -624,6 +895,14 @@ static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_
 int cuda_wg_attention_init(void) {
     g_wg_ready = 0;
     if (!wg_device_runs_sm90a()) return 0;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult qr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &qr) == cudaSuccess &&
+        qr == cudaDriverEntryPointSuccess)
+        g_wg_encode = (wg_encode_fn)fn;
+    else
+        (void)cudaGetLastError(); /* the block forward loads by cp.async */
     int bad = 0;
     for (int i = 0; i < N_WG_KERNELS; i++)
         bad |= wg_kernels[i].attr();
@@ -656,8 +935,10 @@ int cuda_wg_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
 int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q,
                                 const bf16 *k, const bf16 *v, const nn_block_span *spans,
                                 int n_blocks, int B, int Tk, int H, int Hk, int d) {
-    if (!g_wg_ready || !wg_block_on() || d != 128 || Hk <= 0 || H % Hk != 0 || n_blocks <= 0 ||
-        B <= 0 || Tk <= 0)
+    const wgt_kernel *kt = NULL;
+    int on = wg_block_pick(&kt);
+    if (!g_wg_ready || !on || d != 128 || Hk <= 0 || H % Hk != 0 || n_blocks <= 0 || B <= 0 ||
+        Tk <= 0)
         return -1;
     const uintptr_t al = (uintptr_t)out | (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
     /* a block's rows fit one warpgroup, the CTA's own keys one tile */
@@ -667,8 +948,15 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf
     a.H = H, a.Hk = Hk, a.group = H / Hk, a.scale = 1.0f / sqrtf((float)d);
     a.lbo_qk = 128, a.sbo_qk = 16 * d, a.lbo_v = 16 * d, a.sbo_v = 128;
     wg_blk bs = {lse, spans, n_blocks, B, Tk};
-    dim3 grid((n_blocks + WG_BLOCK_NWG - 1) / WG_BLOCK_NWG, Hk);
-    k_wg_block<WG_BLOCK_K><<<grid, WG_BLOCK_NWG * 128, wg_smem<128, 3, 64, 4>(), st>>>(a, bs);
+    wg_kv_maps mp;
+    /* the producer kernels: 8-key groups of whole tensor-copy boxes (Tk % 8 == 0) */
+    if (on == 2 && g_wg_encode && Tk % 8 == 0 && kt->nwg * B <= kt->kt &&
+        wg_kv_maps_make(&mp, k, v, Tk, Hk, kt->kt) == 0) {
+        kt->launch(st, a, bs, mp);
+    } else {
+        dim3 grid((n_blocks + WG_BLOCK_NWG - 1) / WG_BLOCK_NWG, Hk);
+        k_wg_block<WG_BLOCK_K><<<grid, WG_BLOCK_NWG * 128, wg_smem<128, 3, 64, 4>(), st>>>(a, bs);
+    }
     CUDA_CHECK_LAUNCH();
     return 0;
 }

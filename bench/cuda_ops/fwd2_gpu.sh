@@ -5,9 +5,9 @@
 #   bench/cuda_ops/fwd2_gpu.sh BIN_DIR [BUDGET_S] [STEPS] [VARIANTS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/, COMMIT and optionally
 # base/bench-cuda_ops. STEPS (default "parity ops sass") in order: parity (attention checks with
-# the default, each of VARIANTS (DFLASH_CUDA_ATTN_BLOCK names, default "wgt3x64s5 wgt2x128"),
-# wgcp and mma), ops (`bench-cuda_ops 0 attn`: base and default twice, interleaved, then each
-# variant and wgcp once), sass (the producer kernels' SASS under $OUT), memcheck (the attention
+# the default, each of VARIANTS (DFLASH_CUDA_ATTN_BLOCK names, default "wgt3x64"), the default
+# with DFLASH_CUDA_ATTN_BLOCK_ORDER=head, wgcp and mma), ops (`bench-cuda_ops 0 attn`: base and
+# default twice, interleaved, then each variant, ORDER=head and wgcp once), sass (the producer kernels' SASS under $OUT), memcheck (the attention
 # parity under compute-sanitizer), step (`bench-cuda_ops 5 attn`, base then default),
 # parity_all (the whole parity run), ncu (one launch of the default kernel). A step whose
 # timeout would end past BUDGET_S (default 240) is skipped. Log: $OUT/fwd2.log; summary last.
@@ -15,7 +15,7 @@ set -uo pipefail
 bin=${1:?BIN_DIR}
 budget=${2:-240}
 steps=${3:-parity ops sass}
-variants=${4:-wgt3x64s5 wgt2x128}
+variants=${4:-wgt3x64}
 out=${OUT:-.}
 log=$out/fwd2.log
 . "$(dirname "$0")/gpu_run.sh"
@@ -31,6 +31,7 @@ for step in $steps; do
   parity)
     run parity_default 40 "$P" attn
     for k in $variants wgcp mma; do run "parity_$k" 40 "$V=$k" "$P" attn; done
+    run parity_order_head 40 DFLASH_CUDA_ATTN_BLOCK_ORDER=head "$P" attn
     ;;
   ops)
     for i in 1 2; do
@@ -38,6 +39,7 @@ for step in $steps; do
       run ops_default 40 "$B" 0 attn
     done
     for k in $variants wgcp; do run "ops_$k" 40 "$V=$k" "$B" 0 attn; done
+    run ops_order_head 40 DFLASH_CUDA_ATTN_BLOCK_ORDER=head "$B" 0 attn
     ;;
   sass)
     cuobjdump --dump-sass "$B" 2>/dev/null | awk '/Function : .*k_wg_block/{p=1} \

@@ -114,6 +114,7 @@ typedef struct wg_blk {
     float *lse; /* [H, n_blocks B], may be NULL */
     const nn_block_span *spans;
     int n_blocks, B, Tk;
+    int by_head; /* k_wg_block_tma: CTAs by kv head, then heaviest first (else heaviest first) */
 } wg_blk;
 
 #include "wgmma.cuh" /* the wgmma PTX wrappers, load_cm */
@@ -166,15 +167,16 @@ __device__ __forceinline__ int warp_minmax(int v, int op) {
  * (the bounds scratch): ib[r], ib[NWG + r] begin and end of context interval r (the blocks'
  * context ranges clipped to [0, Tk), sorted, overlapping or touching ones merged; nr of them),
  * ib[2 NWG + r] its first tile (ib[2 NWG + nr]: the number of context tiles), ib[3 NWG + 1] nr,
- * ib[3 NWG + 2 + w] the first own key of warpgroup w's block (-1: none or padding). Interval
+ * ib[3 NWG + 2 + w] the first own key of warpgroup w's block (-1: none or padding); sp0[w]
+ * is the span of block blk0 + w (read where blk0 + w < n_blocks). Interval
  * begins are rounded down to a multiple of AL (the tensor copies' 8-key groups; masked keys). */
 template <int NWG, int KT, int AL = 1>
-__device__ void wg_block_setup(const wg_blk &bs, int blk0, int *ib) {
+__device__ void wg_block_setup(const wg_blk &bs, int blk0, int *ib, const nn_block_span *sp0) {
     int nr = 0;
     for (int w = 0; w < NWG; w++) {
         int blk = blk0 + w, own = -1;
         if (blk < bs.n_blocks) {
-            nn_block_span sp = bs.spans[blk];
+            nn_block_span sp = sp0[w];
             if (sp.keep) {
                 own = sp.blk_begin;
                 int c0 = max(sp.ctx_begin, 0), c1 = min(sp.ctx_end, bs.Tk), j = nr++;
@@ -270,7 +272,8 @@ __device__ __forceinline__ void wg_fwd(const wg_args &a, const wg_blk &bs) {
     int t_a, R, nr, rng[4] = {0, 0, 0, 0};
     int n_ctx = 0, myblk = 0; /* BLOCK: context tiles; this warpgroup's block */
     if constexpr (BLOCK) {
-        if (threadIdx.x == 0) wg_block_setup<NWG, KT>(bs, tile * NWG, red);
+        if (threadIdx.x == 0)
+            wg_block_setup<NWG, KT>(bs, tile * NWG, red, bs.spans + tile * NWG);
         __syncthreads(); /* the schedule (and the mbarriers' init) are visible */
         nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], myblk = tile * NWG + wg;
         t_a = 0, R = 0;
@@ -558,9 +561,9 @@ struct wg_kv_maps {
 };
 
 /* Shared memory of k_wg_block_tma: as wg_smem (Q of NWG warpgroups, NS stages, the schedule,
- * 2 NS mbarriers) */
+ * 2 NS mbarriers), then the spans of the CTA's blocks */
 template <int D, int NWG, int KT, int NS> static size_t wgt_smem(void) {
-    return wg_smem<D, NWG, KT, NS>();
+    return wg_smem<D, NWG, KT, NS>() + NWG * sizeof(nn_block_span);
 }
 
 /* bar.sync on named barrier id (1 .. 15) for n threads (whole warps) */
@@ -588,13 +591,33 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     uint64_t *full = (uint64_t *)(red + 4 * NWG * 4), *empty = full + NS;
     const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, wq = warp % 4;
     const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
-    const int hk = blockIdx.y, group = a.group, c = gridDim.x - 1 - blockIdx.x;
-    if (threadIdx.x == 0) {
+    /* CTAs in a 1-dim grid, heaviest first over all kv heads: c descending, hk fastest (by_head:
+     * hk slowest, the order of a grid (n_c, Hk)) */
+    const int n_c = (bs.n_blocks + NWG - 1) / NWG, group = a.group, bid = blockIdx.x;
+    const int c = n_c - 1 - (bs.by_head ? bid % n_c : bid / a.Hk);
+    const int hk = bs.by_head ? bid / n_c : bid % a.Hk;
+    nn_block_span *ssp = (nn_block_span *)(empty + NS);
+    /* mk (8 ints per consumer warpgroup after the schedule; read per tile from shared memory,
+     * which spares registers): the block's context [klo, khi) less its own keys [xlo, xhi), its
+     * slots [glo, ghi) of the own-keys tile, keep */
+    if (threadIdx.x < NWG) {
+        const int w = threadIdx.x, blk = c * NWG + w;
+        nn_block_span sp = {0, 0, 0, 0};
+        if (blk < bs.n_blocks) sp = bs.spans[blk];
+        ssp[w] = sp;
+        int *mk = red + 16 + 8 * w;
+        mk[0] = sp.ctx_begin, mk[1] = min(sp.ctx_end, bs.Tk);
+        mk[2] = sp.blk_begin, mk[3] = sp.blk_begin + bs.B;
+        mk[4] = w * bs.B, mk[5] = mk[4] + max(0, min(bs.B, bs.Tk - sp.blk_begin));
+        mk[6] = sp.keep;
+    }
+    if (threadIdx.x == 32) {
         for (int j = 0; j < NS; j++)
             mb_init(full + j, 1), mb_init(empty + j, NWG * 4);
         mb_init_fence();
-        wg_block_setup<NWG, KT, 8>(bs, c * NWG, red);
     }
+    __syncthreads(); /* the spans */
+    if (threadIdx.x == 0) wg_block_setup<NWG, KT, 8>(bs, c * NWG, red, ssp);
     __syncthreads(); /* the schedule and the mbarriers' init are visible */
     const int nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], n_tiles = n_ctx + 1;
 
@@ -635,18 +658,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         },
         threadIdx.x % 128, 128);
     cp_commit();
-    /* mk (the scratch after the schedule, 8 per warpgroup; read per tile, which spares
-     * registers): the block's context [klo, khi) less its own keys [xlo, xhi), its slots
-     * [glo, ghi) of the own-keys tile, keep */
-    int *mk = red + 16 + 8 * wg;
-    if (threadIdx.x % 128 == 0) {
-        nn_block_span sp = {0, 0, 0, 0};
-        if (myblk < bs.n_blocks) sp = bs.spans[myblk];
-        mk[0] = sp.ctx_begin, mk[1] = min(sp.ctx_end, bs.Tk);
-        mk[2] = sp.blk_begin, mk[3] = sp.blk_begin + bs.B;
-        mk[4] = wg * bs.B, mk[5] = mk[4] + max(0, min(bs.B, bs.Tk - sp.blk_begin));
-        mk[6] = sp.keep;
-    }
+    const int *mk = red + 16 + 8 * wg;
     int lo[2] = {0, 0}, hi[2] = {0, 0};
     cp_wait<0>();
     fence_async_smem();
@@ -821,7 +833,7 @@ template <int NWG, int KT, int NS, int RC, int RP> static int wgt_attr(void) {
 
 template <int NWG, int KT, int NS, int RC, int RP>
 static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, const wg_kv_maps &mp) {
-    dim3 grid((bs.n_blocks + NWG - 1) / NWG, a.Hk);
+    dim3 grid((bs.n_blocks + NWG - 1) / NWG * a.Hk);
     k_wg_block_tma<128, NWG, KT, NS, RC, RP>
         <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS>(), st>>>(a, bs, mp);
 }
@@ -829,9 +841,8 @@ static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, cons
 #define WGT_K(name, NWG, KT, NS, RC, RP)                                                           \
     { name, NWG, KT, wgt_attr<NWG, KT, NS, RC, RP>, wgt_launch<NWG, KT, NS, RC, RP> }
 static const wgt_kernel wgt_kernels[] = {
-    WGT_K("wgt3x64", 3, 64, 4, 160, 32),
     WGT_K("wgt3x64s5", 3, 64, 5, 160, 32),
-    WGT_K("wgt2x128", 2, 128, 3, 240, 24),
+    WGT_K("wgt3x64", 3, 64, 4, 160, 32),
 };
 #define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
 
@@ -947,7 +958,13 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf
     a.out = out, a.q = q, a.k = k, a.v = v, a.T = n_blocks * B;
     a.H = H, a.Hk = Hk, a.group = H / Hk, a.scale = 1.0f / sqrtf((float)d);
     a.lbo_qk = 128, a.sbo_qk = 16 * d, a.lbo_v = 16 * d, a.sbo_v = 128;
-    wg_blk bs = {lse, spans, n_blocks, B, Tk};
+    static int by_head = -1; /* DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' CTAs by
+                                kv head (for comparison) */
+    if (by_head < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_BLOCK_ORDER");
+        by_head = e && strcmp(e, "head") == 0;
+    }
+    wg_blk bs = {lse, spans, n_blocks, B, Tk, by_head};
     wg_kv_maps mp;
     /* the producer kernels: 8-key groups of whole tensor-copy boxes (Tk % 8 == 0) */
     if (on == 2 && g_wg_encode && Tk % 8 == 0 && kt->nwg * B <= kt->kt &&

@@ -5,7 +5,8 @@
 #   bench/cuda_ops/fwd2_gpu.sh BIN_DIR [BUDGET_S] [STEPS] [VARIANTS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/, COMMIT and optionally
 # base/bench-cuda_ops. STEPS (default "parity ops sass") in order: parity (attention checks with
-# the default, each of VARIANTS (DFLASH_CUDA_ATTN_BLOCK names, default "wgt3x64"), the default
+# the default, each of VARIANTS (DFLASH_CUDA_ATTN_BLOCK names, default
+# "wgt3x64 wgt3x64s5n"), the default
 # with DFLASH_CUDA_ATTN_BLOCK_ORDER=head, wgcp and mma), ops (`bench-cuda_ops 0 attn`: base and
 # default twice, interleaved, then each variant, ORDER=head and wgcp once), sass (the producer kernels' SASS under $OUT), memcheck (the attention
 # parity under compute-sanitizer), step (`bench-cuda_ops 5 attn`, base then default),
@@ -15,7 +16,7 @@ set -uo pipefail
 bin=${1:?BIN_DIR}
 budget=${2:-240}
 steps=${3:-parity ops sass}
-variants=${4:-wgt3x64}
+variants=${4:-wgt3x64 wgt3x64s5n}
 out=${OUT:-.}
 log=$out/fwd2.log
 . "$(dirname "$0")/gpu_run.sh"

@@ -408,8 +408,8 @@ static void t_block(int H, int Hk, int d, int B) {
 /* Spans no training step makes but the kernels must handle: 13 blocks (the wgmma forward takes
  * 3 per CTA: a CTA with one block), contexts of up to 9 tiles, a context that covers part of its
  * own block, one after its own block (over another block's keys), a CTA whose three contexts
- * are disjoint, one straddling two sequences. Tc 704 makes Tk a multiple of 8 (the wgmma
- * forward's tensor copies; 700: its cp.async kernel). */
+ * are disjoint, one straddling two sequences. Tc 704 makes Tk a multiple of 8 (the unswizzled
+ * tensor-copy variant wgt3x64s5n needs it; with 700 that variant runs the cp.async kernel). */
 static void t_block_mixed(int H, int Hk, int d, int B, int Tc) {
     char name[64];
     snprintf(name, sizeof name, "attn_blkmix H%d/%d d%d B%d Tc%d", H, Hk, d, B, Tc);

@@ -227,6 +227,23 @@ __device__ __forceinline__ void issue_own(const wg_args &a, const wg_blk &bs, co
     load_cm<D, KT>(st + KT * D * 2, a.v, off, tid, nth);
 }
 
+/* issue_own into the 128-byte-swizzled layout of tiles of KT keys (wg_desc_sw128): 16-byte
+ * chunk c of row j at (c / 8) KT 128 + 128 j + 16 ((c % 8) ^ (j % 8)) */
+template <int D, int NWG, int KT>
+__device__ __forceinline__ void issue_own_sw(const wg_args &a, const wg_blk &bs, const int *ib,
+                                             int hk, unsigned char *st, int tid, int nth) {
+    static_assert(D == 128, "16 chunks per row: nth / 16 rows per round");
+    const int c = tid % 16;
+    for (int r = tid / 16; r < KT; r += nth / 16) {
+        int w = r / bs.B, own = w < NWG ? ib[3 * NWG + 2 + w] : -1, key = own + r % bs.B;
+        bool in = own >= 0 && key < bs.Tk;
+        size_t o = in ? ((size_t)key * a.Hk + hk) * D + c * 8 : 0;
+        int b = (c / 8) * KT * 128 + 128 * r + 16 * ((c % 8) ^ (r % 8));
+        cp_async16(st + b, a.k + o, in ? 16 : 0);
+        cp_async16(st + KT * D * 2 + b, a.v + o, in ? 16 : 0);
+    }
+}
+
 /* Block-mode mask of one tile's scores (accumulator layout): key kb + column is seen by row
  * e / 2 of this thread when the row has keys (rv), lo <= key < hi and key is outside
  * [xlo, xhi) */
@@ -553,9 +570,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_block(wg_args a, wg_blk bs)
 
 /* ---- block mode with a producer warpgroup (k_wg_block_tma) ---- */
 
-/* The tensor maps of k and v ([Tk, Hk, D] bf16) for k_wg_block_tma: 5 dims (d % 8, kv head,
- * key % 8, d / 8, key / 8), box 8 x 1 x 8 x D / 8 x KT / 8: one copy lands a tile of KT keys
- * (from a multiple of 8) in the core-matrix layout above; keys past Tk are zero-filled. */
+/* The tensor maps of k and v ([Tk, Hk, D] bf16) for k_wg_block_tma. SW (the default): 4 dims
+ * (d % 64, kv head, key, d / 64), box 64 x 1 x KT x D / 64, 128-byte swizzle: one copy lands a
+ * tile of KT keys as D / 64 blocks of KT rows of 128 bytes (wg_desc_sw128's layout). Else 5
+ * dims (d % 8, kv head, key % 8, d / 8, key / 8), box 8 x 1 x 8 x D / 8 x KT / 8: a tile from a
+ * multiple of 8 keys in the core-matrix layout above (16-byte pieces: twice the L2 sectors).
+ * Keys past Tk are zero-filled. */
 struct wg_kv_maps {
     CUtensorMap k, v;
 };
@@ -579,7 +599,7 @@ __device__ __forceinline__ void wg_bar(int id, int n) {
  * producer gives back to RP per thread, the consumers take RC (setmaxnreg; NWG 128 RC + 128 RP
  * is the pool fixed at launch). The consumer loop is mode 3's without loads: wait full[i],
  * S of tile i with P V of tile i - 1, mask and softmax, each warp arrives on empty[i - 1]. */
-template <int D, int NWG, int KT, int NS, int RC, int RP>
+template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     k_wg_block_tma(wg_args a, wg_blk bs, const __grid_constant__ wg_kv_maps mp) {
 #if WG_DEVICE
@@ -617,7 +637,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         mb_init_fence();
     }
     __syncthreads(); /* the spans */
-    if (threadIdx.x == 0) wg_block_setup<NWG, KT, 8>(bs, c * NWG, red, ssp);
+    if (threadIdx.x == 0) wg_block_setup<NWG, KT, SW ? 1 : 8>(bs, c * NWG, red, ssp);
     __syncthreads(); /* the schedule and the mbarriers' init are visible */
     const int nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], n_tiles = n_ctx + 1;
 
@@ -632,11 +652,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     int kb, re;
                     wg_block_tile<NWG, KT>(red, nr, j, kb, re);
                     mb_arrive_tx(full + j % NS, 2 * TILE_B);
-                    tma_load_5d(st, &mp.k, 0, hk, 0, 0, kb / 8, full + j % NS);
-                    tma_load_5d(st + TILE_B, &mp.v, 0, hk, 0, 0, kb / 8, full + j % NS);
+                    if constexpr (SW) {
+                        tma_load_4d(st, &mp.k, 0, hk, kb, 0, full + j % NS);
+                        tma_load_4d(st + TILE_B, &mp.v, 0, hk, kb, 0, full + j % NS);
+                    } else {
+                        tma_load_5d(st, &mp.k, 0, hk, 0, 0, kb / 8, full + j % NS);
+                        tma_load_5d(st + TILE_B, &mp.v, 0, hk, 0, 0, kb / 8, full + j % NS);
+                    }
                 }
             } else {
-                issue_own<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
+                if constexpr (SW)
+                    issue_own_sw<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
+                else
+                    issue_own<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
                 cp_commit();
                 cp_wait<0>();
                 fence_async_smem();
@@ -664,7 +692,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fence_async_smem();
     wg_bar(1 + wg, 128); /* this warpgroup's Q landed */
 
-    const float sl2 = a.scale * LOG2E;
+    const float sl2 = 1.0f / sqrtf((float)D) * LOG2E; /* a.scale, the launcher's 1 / sqrt(d) */
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4];
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++)
@@ -677,9 +705,22 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         mb_wait(full + i % NS, (i / NS) & 1);
         const unsigned char *Kt = KV + (i % NS) * 2 * TILE_B, *Vt = Kt + TILE_B;
         wg_fence();
-        wg_issue_s<D, KT>(s, dq, wg_desc(Kt, 128, 16 * D));
+        if constexpr (SW) { /* k16 step kk: 32 kk bytes into the 128-byte rows of d / 64 */
+            const unsigned char *k0 = Kt;
+            wg_ss_first<KT>(s, dq, wg_desc_sw128(k0, 16, 1024));
+#pragma unroll
+            for (int kk = 1; kk < D / 16; kk++)
+                wg_ss<KT>(s, dq + kk * 16,
+                          wg_desc_sw128(k0 + (kk / 4) * KT * 128 + (kk % 4) * 32, 16, 1024));
+            wg_commit();
+        } else {
+            wg_issue_s<D, KT>(s, dq, wg_desc(Kt, 128, 16 * D));
+        }
         if constexpr (decltype(with_pv)::value) {
-            wg_issue_pv<D, KT>(o, pa, pv);
+            if constexpr (SW) /* k16 step: 16 rows of 128 bytes */
+                wg_issue_pv<D, KT, 128>(o, pa, pv);
+            else
+                wg_issue_pv<D, KT>(o, pa, pv);
             wg_wait<1>();
         } else {
             wg_wait<0>();
@@ -707,13 +748,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if (decltype(with_pv)::value && lane == 0)
             mb_arrive(empty + (i - 1) % NS); /* this warp is done with tile i - 1 */
         wg_rescale<D, KT>(o, corr, s, pa);
-        pv = wg_desc(Vt, 16 * D, 128);
+        pv = SW ? wg_desc_sw128(Vt, KT * 128, 1024) : wg_desc(Vt, 16 * D, 128);
     };
     step(0, std::false_type());
     for (int i = 1; i < n_tiles; i++)
         step(i, std::true_type());
     wg_fence();
-    wg_issue_pv<D, KT>(o, pa, pv);
+    if constexpr (SW)
+        wg_issue_pv<D, KT, 128>(o, pa, pv);
+    else
+        wg_issue_pv<D, KT>(o, pa, pv);
     wg_wait<0>();
     wg_pin_all(o);
     wg_pin_u(pa);
@@ -820,29 +864,31 @@ static const wg_kernel *wg_pick(int d) {
  * (consumer warpgroups) per CTA, keys per tile; the first is the default. */
 typedef struct wgt_kernel {
     const char *name;
-    int nwg, kt;
+    int nwg, kt, sw;
     int (*attr)(void);
     void (*launch)(cudaStream_t, const wg_args &, const wg_blk &, const wg_kv_maps &);
 } wgt_kernel;
 
-template <int NWG, int KT, int NS, int RC, int RP> static int wgt_attr(void) {
-    return cudaFuncSetAttribute(k_wg_block_tma<128, NWG, KT, NS, RC, RP>,
+template <int NWG, int KT, int NS, int RC, int RP, bool SW> static int wgt_attr(void) {
+    return cudaFuncSetAttribute(k_wg_block_tma<128, NWG, KT, NS, RC, RP, SW>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)wgt_smem<128, NWG, KT, NS>()) != cudaSuccess;
 }
 
-template <int NWG, int KT, int NS, int RC, int RP>
+template <int NWG, int KT, int NS, int RC, int RP, bool SW>
 static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, const wg_kv_maps &mp) {
     dim3 grid((bs.n_blocks + NWG - 1) / NWG * a.Hk);
-    k_wg_block_tma<128, NWG, KT, NS, RC, RP>
+    k_wg_block_tma<128, NWG, KT, NS, RC, RP, SW>
         <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS>(), st>>>(a, bs, mp);
 }
 
-#define WGT_K(name, NWG, KT, NS, RC, RP)                                                           \
-    { name, NWG, KT, wgt_attr<NWG, KT, NS, RC, RP>, wgt_launch<NWG, KT, NS, RC, RP> }
+#define WGT_K(name, NWG, KT, NS, RC, RP, SW)                                                       \
+    { name, NWG, KT, SW, wgt_attr<NWG, KT, NS, RC, RP, SW>, wgt_launch<NWG, KT, NS, RC, RP, SW> }
+/* names: NWG x KT, s5: NS 5 (else 4), n: no swizzle (5-dim maps, 16-byte pieces) */
 static const wgt_kernel wgt_kernels[] = {
-    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32),
-    WGT_K("wgt3x64", 3, 64, 4, 160, 32),
+    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true),
+    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true),
+    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false),
 };
 #define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
 
@@ -881,17 +927,24 @@ typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static wg_encode_fn g_wg_encode;
 
-/* The maps of k and v (wg_kv_maps) for tiles of kt keys; 0, or -1 where the encoder refuses */
-static int wg_kv_maps_make(wg_kv_maps *mp, const bf16 *k, const bf16 *v, int Tk, int Hk, int kt) {
-    const cuuint64_t row = 128 * sizeof(bf16);
-    const cuuint64_t dims[5] = {8, (cuuint64_t)Hk, 8, 128 / 8, (cuuint64_t)Tk / 8};
-    const cuuint64_t strides[4] = {row, Hk * row, 8 * sizeof(bf16), 8 * Hk * row};
+/* The maps of k and v (wg_kv_maps) for tiles of kt keys, swizzled (sw) or not; 0, or -1 where
+ * the encoder refuses */
+static int wg_kv_maps_make(wg_kv_maps *mp, const bf16 *k, const bf16 *v, int Tk, int Hk, int kt,
+                           int sw) {
+    const cuuint64_t row = 128 * sizeof(bf16), hk = (cuuint64_t)Hk;
+    const cuuint64_t dims_s[4] = {64, hk, (cuuint64_t)Tk, 2};
+    const cuuint64_t strides_s[3] = {row, hk * row, 64 * sizeof(bf16)};
+    const cuuint32_t box_s[4] = {64, 1, (cuuint32_t)kt, 2};
+    const cuuint64_t dims[5] = {8, hk, 8, 128 / 8, (cuuint64_t)Tk / 8};
+    const cuuint64_t strides[4] = {row, hk * row, 8 * sizeof(bf16), 8 * hk * row};
     const cuuint32_t box[5] = {8, 1, 8, 128 / 8, (cuuint32_t)kt / 8}, one[5] = {1, 1, 1, 1, 1};
     const bf16 *src[2] = {k, v};
     CUtensorMap *dst[2] = {&mp->k, &mp->v};
     for (int i = 0; i < 2; i++)
-        if (g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, (void *)src[i], dims, strides,
-                        box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+        if (g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, sw ? 4 : 5, (void *)src[i],
+                        sw ? dims_s : dims, sw ? strides_s : strides, sw ? box_s : box, one,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        sw ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
             static int told;
@@ -966,9 +1019,9 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf
     }
     wg_blk bs = {lse, spans, n_blocks, B, Tk, by_head};
     wg_kv_maps mp;
-    /* the producer kernels: 8-key groups of whole tensor-copy boxes (Tk % 8 == 0) */
-    if (on == 2 && g_wg_encode && Tk % 8 == 0 && kt->nwg * B <= kt->kt &&
-        wg_kv_maps_make(&mp, k, v, Tk, Hk, kt->kt) == 0) {
+    /* the producer kernels (without the swizzle: whole 8-key groups, Tk % 8 == 0) */
+    if (on == 2 && g_wg_encode && (kt->sw || Tk % 8 == 0) && kt->nwg * B <= kt->kt &&
+        wg_kv_maps_make(&mp, k, v, Tk, Hk, kt->kt, kt->sw) == 0) {
         kt->launch(st, a, bs, mp);
     } else {
         dim3 grid((n_blocks + WG_BLOCK_NWG - 1) / WG_BLOCK_NWG, Hk);

@@ -42,6 +42,14 @@ __device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_
            ((uint64_t)(sbo >> 4) << 32);
 }
 
+/* The same for a 128-byte-swizzled layout (rows of 128 bytes, 16-byte chunk c of row r at chunk
+ * c ^ (r % 8), in 1024-byte-aligned groups of 8 rows; the layout of tensor copies with
+ * CU_TENSOR_MAP_SWIZZLE_128B). K-major: SBO 1024 between 8-row groups, LBO unused (16);
+ * MN-major: LBO between 64-element column blocks, SBO 1024 between 8-row groups along K. */
+__device__ __forceinline__ uint64_t wg_desc_sw128(const void *p, uint32_t lbo, uint32_t sbo) {
+    return wg_desc(p, lbo, sbo) | (1ull << 62);
+}
+
 __device__ __forceinline__ void wg_fence(void) {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -142,8 +150,8 @@ __device__ __forceinline__ void tma_load_5d(void *dst, const void *map, int c0, 
     asm volatile(
         "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
-        ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
-        "r"((uint32_t)__cvta_generic_to_shared(b))
+        ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2),
+        "r"(c3), "r"(c4), "r"((uint32_t)__cvta_generic_to_shared(b))
         : "memory");
 }
 

@@ -3,8 +3,8 @@
  * PTX wrappers for wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulators; A and B from shared
  * memory through descriptors, or A from registers), its fence / commit / wait, the packing of
  * accumulators into register A fragments (wg_pack_a), mbarriers (with expected transaction
- * bytes), tensor copies (TMA, cp.async.bulk.tensor of 3, 4 or 5 dimensions onto an mbarrier),
- * setmaxnreg, the async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
+ * bytes), tensor copies (TMA, cp.async.bulk.tensor of 3 or 4 dimensions onto an mbarrier), the
+ * async-proxy fence (load_cm, the cp.async loads into the core-matrix layout, is in
  * attn_spans.cuh).
  * Layout (no swizzle): a core matrix is 8 rows x 16 bytes, 128 contiguous bytes; a tile of ROWS
  * rows x D bf16 puts element (row, col) at byte ((row / 8) (D / 8) + col / 8) 128 + (row % 8) 16
@@ -12,6 +12,8 @@
  * K, its SBO between those adjacent along M or N: a K-major operand (the contiguous 16 bytes run
  * along K) of such a tile has LBO 128 and SBO 16 D; an MN-major one (the transpose bit set) LBO
  * 16 D and SBO 128, D being the tile's width in elements.
+ * Also: 5-dimensional tensor copies, setmaxnreg, and descriptors of the 128-byte-swizzled layout
+ * (wg_desc_sw128) for the block forward's producer kernel.
  * Accumulators: per warp the mma.sync C layout (thread lane holds rows 16 (warp % 4) + lane / 4
  * and + 8, columns 8 j + 2 (lane % 4) + {0, 1}); A from registers: the mma.sync A layout.
  * Header-only device code (no -rdc in this build), plus the host check wg_device_runs_sm90a;
@@ -122,6 +124,27 @@ __device__ __forceinline__ void mb_init_fence(void) {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+/* A tensor copy as tma_load_3d (below) with a 5-dimensional map */
+__device__ __forceinline__ void tma_load_5d(void *dst, const void *map, int c0, int c1, int c2,
+                                            int c3, int c4, uint64_t *b) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+        ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2),
+        "r"(c3), "r"(c4), "r"((uint32_t)__cvta_generic_to_shared(b))
+        : "memory");
+}
+
+/* This warpgroup's register limit per thread becomes N (all its threads; N a multiple of 8 in
+ * 24 .. 256): inc waits until the CTA's pool, fixed at launch, has the registers that another
+ * warpgroup's dec gave back. */
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc(void) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec(void) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 /* Tensor copy (TMA) of the box of tensor map *map at element coordinates (c0, c1, c2) into
  * shared memory at dst; its bytes complete on mbarrier b. map: a kernel parameter
  * (__grid_constant__) or global memory. One thread. */
@@ -142,27 +165,6 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const void *map, int c0, 
         " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"((uint32_t)__cvta_generic_to_shared(b))
         : "memory");
-}
-
-/* tma_load_3d with a 5-dimensional map */
-__device__ __forceinline__ void tma_load_5d(void *dst, const void *map, int c0, int c1, int c2,
-                                            int c3, int c4, uint64_t *b) {
-    asm volatile(
-        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
-        ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2),
-        "r"(c3), "r"(c4), "r"((uint32_t)__cvta_generic_to_shared(b))
-        : "memory");
-}
-
-/* This warpgroup's register limit per thread becomes N (all its threads; N a multiple of 8 in
- * 24 .. 256): inc waits until the CTA's pool, fixed at launch, has the registers that another
- * warpgroup's dec gave back. */
-template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc(void) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec(void) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 /* d (64 x N, the warpgroup's accumulators) = A B (first) or += A B: A = 64 x 16 and B^T = N x 16,

@@ -5,13 +5,13 @@
 #   bench/cuda_ops/fwd2_gpu.sh BIN_DIR [BUDGET_S] [STEPS] [VARIANTS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/, COMMIT and optionally
 # base/bench-cuda_ops. STEPS (default "parity ops sass") in order: parity (attention checks with
-# the default, each of VARIANTS (DFLASH_CUDA_ATTN_BLOCK names, default
-# "wgt3x64 wgt3x64s5n"), the default
-# with DFLASH_CUDA_ATTN_BLOCK_ORDER=head, wgcp and mma), ops (`bench-cuda_ops 0 attn`: base and
-# default twice, interleaved, then each variant, ORDER=head and wgcp once), sass (the producer kernels' SASS under $OUT), memcheck (the attention
-# parity under compute-sanitizer), step (`bench-cuda_ops 5 attn`, base then default),
-# parity_all (the whole parity run), ncu (one launch of the default kernel). A step whose
-# timeout would end past BUDGET_S (default 240) is skipped. Log: $OUT/fwd2.log; summary last.
+# the default, each of VARIANTS (DFLASH_CUDA_ATTN_BLOCK names, default "wgt3x64 wgt3x64s5n"),
+# wgcp, mma, and the default with DFLASH_CUDA_ATTN_BLOCK_ORDER=head), ops (`bench-cuda_ops 0
+# attn`: base and default twice, interleaved, then each variant, wgcp and ORDER=head once), sass
+# (the block kernels' SASS under $OUT), memcheck (the attention parity under compute-sanitizer),
+# step (`bench-cuda_ops 5 attn`, base then default), parity_all (the whole parity run), ncu (one
+# launch of the default kernel). A step whose timeout would end past BUDGET_S (default 240) is
+# skipped. Log: $OUT/fwd2.log; a summary comes last.
 set -uo pipefail
 bin=${1:?BIN_DIR}
 budget=${2:-240}

@@ -5,8 +5,9 @@
  * -1 (another head dim, a group wider than a CTA, buffers not 16-byte aligned, a device without
  * sm_90a code, DFLASH_CUDA_ATTN_CAUSAL naming a mma.sync shape such as 4x32, or
  * DFLASH_CUDA_ATTN_BLOCK=mma; see the block mode below). This file alone builds for sm_90a
- * (common/CMakeLists.txt). Both kernels are one body, wg_fwd<..., BLOCK>; the causal kernels'
- * PTX is the same as before the block mode was added (register numbering aside).
+ * (common/CMakeLists.txt). The causal kernels and the block mode's cp.async kernel are one body,
+ * wg_fwd<..., BLOCK>; the block forward's default is its own kernel, k_wg_block_tma (a producer
+ * warpgroup with tensor copies; below).
  *
  * Rows: as in ops_cuda_attn_mma.cu, a CTA owns TQ = 64 NWG query rows = RT tokens x the `group`
  * query heads of kv head hk (row r: token t_a + r / group, head hk * group + r % group) and
@@ -53,9 +54,10 @@
  * 185 and 185; the mma.sync 4x32 kernel 203 and 208.
  * Resources (ptxas, d 128): wg3x64r 160 registers, 176 KB shared; wg3x64r5 157, 208 KB;
  * wg3x64m 168, 176 KB; wg3x64p 159, 144 KB; wg3x64 168 with a 24-byte spill, 144 KB; d 64
- * wg2x128 168, 112 KB; the block kernel 156, 176 KB. One CTA per SM (launch bounds NWG x 128,
- * 1).
- * Block mode (k_wg_block, attention_block_fwd; mode 3, NWG 3, KT 64, NS 4, DIST 2 as wg3x64r):
+ * wg2x128 168, 112 KB; the block kernel 156, 176 KB; k_wg_block_tma 128 at entry, 160 / 32
+ * after setmaxnreg, 208 KB (NS 5). No spills. One CTA per SM (launch bounds NWG x 128, 1;
+ * k_wg_block_tma (NWG + 1) x 128, 1).
+ * Block mode (attention_block_fwd; k_wg_block: mode 3, NWG 3, KT 64, NS 4, DIST 2 as wg3x64r):
  *   the rows of block j (B query tokens x the group heads of kv head hk, B x group <= 64) see the
  *   keys of its span: context [ctx_begin, ctx_end) and its own [blk_begin, blk_begin + B),
  *   each key once (nn_block_span, ops.h). A CTA takes NWG = 3 consecutive blocks (3 c .. 3 c +
@@ -72,10 +74,37 @@
  *   contexts differ by a few keys, so a CTA streams about one block's context once for 3 blocks.
  *   End: as causal, plus lse [H, n_blocks B] = (m + log2 l) ln 2 per row (+INF without keys),
  *   the layout of the mma.sync forward that ops_cuda_attn_bwd.cu reads.
- *   DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": this kernel where it applies; "mma" (or a
- *   mma.sync shape, 4x16 or 2x32): the mma.sync kernel. Measured on the H200 (NOTES.md,
- *   512 x 16 queries, 3072 context tokens, H 32 / 8, d 128): 0.644 ms, 317 TFLOP/s, against
- *   1.21 ms, 169 TFLOP/s for the mma.sync 4x16 kernel.
+ * Block mode with a producer (k_wg_block_tma, the default): the same CTAs, schedule, masks and
+ *   consumer loop (3 warpgroups, one block each, mode 3's order: S of tile i with P V of tile
+ *   i - 1, the softmax under P V), plus a fourth warpgroup that only loads. Its first warp
+ *   fills stage j % NS with tile j once the 12 consumer warps released tile j - NS (per stage a
+ *   "full" mbarrier, one arrival plus the copies' bytes, and an "empty" one, one arrival per
+ *   consumer warp after its P V of the tile): a context tile by two tensor copies (lane 0;
+ *   wg_kv_maps: 4-dim maps of k and v, box 64 x 1 x KT x 2, 128-byte swizzle, so every copy
+ *   reads whole 128-byte rows; keys past Tk zero-filled, past the interval masked), the
+ *   own-keys tile by cp.async of the warp into the same swizzled layout (zero-filled, waited,
+ *   async-proxy fence, one arrival). K and V stages are read through 128-byte-swizzle
+ *   descriptors (wg_desc_sw128: S steps 32 bytes along a 128-byte row, then to the second 64
+ *   columns of d; P V steps 16 rows of 2048 bytes, LBO KT 128 between the d halves); Q stays in
+ *   the core-matrix layout above (cp.async by its warpgroup). setmaxnreg: the producer drops to
+ *   32 registers, the consumers rise to 160 (launch bounds 512 threads: 128 each at entry).
+ *   Per-warpgroup mask bounds sit in shared memory (mk) and are read per tile: kept in
+ *   registers they made ptxas spill. The spans of the CTA's blocks are read once into shared
+ *   memory by threads 0 .. 2. CTAs run in a 1-dim grid, heaviest first over all kv heads (c
+ *   descending, hk fastest), so the last CTAs are the shortest of every head. Output: O
+ *   through shared memory after a barrier of the consumers (bar 4), lse as k_wg_block.
+ *   Variants (DFLASH_CUDA_ATTN_BLOCK names): wgt3x64s5 (default: NS 5, 208 KB shared),
+ *   wgt3x64 (NS 4, 176 KB), wgt3x64s5n (no swizzle: 5-dim maps (d % 8, head, key % 8, d / 8,
+ *   key / 8) into the core-matrix layout, interval begins rounded down to 8 keys, Tk % 8 == 0;
+ *   its 16-byte pieces read every 32-byte L2 sector twice: ncu L2 throughput 75%).
+ *   DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": the default producer kernel where it
+ *   applies (the encoder found, NWG B <= KT), else k_wg_block; "wgcp": k_wg_block; a variant's
+ *   name: that one; "mma" (or a mma.sync shape, 4x16 or 2x32): the mma.sync kernel.
+ *   DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' CTAs by kv head (the old order,
+ *   for comparison). Measured on the H200 (NOTES.md, 512 x 16 queries, 3072 context tokens,
+ *   anchors as the step draws them, H 32 / 8, d 128): wgt3x64s5 0.476-0.481 ms, 427-430
+ *   TFLOP/s; wgt3x64 0.472; wgt3x64s5n 0.562; k_wg_block 0.645-0.658 (313-318); the mma.sync
+ *   4x16 kernel 1.21 ms, 169 TFLOP/s.
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"

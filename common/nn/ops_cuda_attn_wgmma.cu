@@ -5,8 +5,9 @@
  * -1 (another head dim, a group wider than a CTA, buffers not 16-byte aligned, a device without
  * sm_90a code, DFLASH_CUDA_ATTN_CAUSAL naming a mma.sync shape such as 4x32, or
  * DFLASH_CUDA_ATTN_BLOCK=mma; see the block mode below). This file alone builds for sm_90a
- * (common/CMakeLists.txt). Both kernels are one body, wg_fwd<..., BLOCK>; the causal kernels'
- * PTX is the same as before the block mode was added (register numbering aside).
+ * (common/CMakeLists.txt). The causal kernels and the block mode's cp.async kernel are one body,
+ * wg_fwd<..., BLOCK>; the block forward's default is its own kernel, k_wg_block_tma (a producer
+ * warpgroup with tensor copies; below).
  *
  * Rows: as in ops_cuda_attn_mma.cu, a CTA owns TQ = 64 NWG query rows = RT tokens x the `group`
  * query heads of kv head hk (row r: token t_a + r / group, head hk * group + r % group) and
@@ -53,9 +54,10 @@
  * 185 and 185; the mma.sync 4x32 kernel 203 and 208.
  * Resources (ptxas, d 128): wg3x64r 160 registers, 176 KB shared; wg3x64r5 157, 208 KB;
  * wg3x64m 168, 176 KB; wg3x64p 159, 144 KB; wg3x64 168 with a 24-byte spill, 144 KB; d 64
- * wg2x128 168, 112 KB; the block kernel 156, 176 KB. One CTA per SM (launch bounds NWG x 128,
- * 1).
- * Block mode (k_wg_block, attention_block_fwd; mode 3, NWG 3, KT 64, NS 4, DIST 2 as wg3x64r):
+ * wg2x128 168, 112 KB; the block kernel 156, 176 KB; k_wg_block_tma 128 at entry, 160 / 32
+ * after setmaxnreg, 208 KB (NS 5). No spills. One CTA per SM (launch bounds NWG x 128, 1;
+ * k_wg_block_tma (NWG + 1) x 128, 1).
+ * Block mode (attention_block_fwd; k_wg_block: mode 3, NWG 3, KT 64, NS 4, DIST 2 as wg3x64r):
  *   the rows of block j (B query tokens x the group heads of kv head hk, B x group <= 64) see the
  *   keys of its span: context [ctx_begin, ctx_end) and its own [blk_begin, blk_begin + B),
  *   each key once (nn_block_span, ops.h). A CTA takes NWG = 3 consecutive blocks (3 c .. 3 c +
@@ -72,22 +74,51 @@
  *   contexts differ by a few keys, so a CTA streams about one block's context once for 3 blocks.
  *   End: as causal, plus lse [H, n_blocks B] = (m + log2 l) ln 2 per row (+INF without keys),
  *   the layout of the mma.sync forward that ops_cuda_attn_bwd.cu reads.
- *   DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": this kernel where it applies; "mma" (or a
- *   mma.sync shape, 4x16 or 2x32): the mma.sync kernel. Measured on the H200 (NOTES.md,
- *   512 x 16 queries, 3072 context tokens, H 32 / 8, d 128): 0.644 ms, 317 TFLOP/s, against
- *   1.21 ms, 169 TFLOP/s for the mma.sync 4x16 kernel.
+ * Block mode with a producer (k_wg_block_tma, the default): the same CTAs, schedule, masks and
+ *   consumer loop (3 warpgroups, one block each, mode 3's order: S of tile i with P V of tile
+ *   i - 1, the softmax under P V), plus a fourth warpgroup that only loads. Its first warp
+ *   fills stage j % NS with tile j once the 12 consumer warps released tile j - NS (per stage a
+ *   "full" mbarrier, one arrival plus the copies' bytes, and an "empty" one, one arrival per
+ *   consumer warp after its P V of the tile): a context tile by two tensor copies (lane 0;
+ *   wg_kv_maps: 4-dim maps of k and v, box 64 x 1 x KT x 2, 128-byte swizzle, so every copy
+ *   reads whole 128-byte rows; keys past Tk zero-filled, past the interval masked), the
+ *   own-keys tile by cp.async of the warp into the same swizzled layout (zero-filled, waited,
+ *   async-proxy fence, one arrival). K and V stages are read through 128-byte-swizzle
+ *   descriptors (wg_desc_sw128: S steps 32 bytes along a 128-byte row, then to the second 64
+ *   columns of d; P V steps 16 rows of 2048 bytes, LBO KT 128 between the d halves); Q stays in
+ *   the core-matrix layout above (cp.async by its warpgroup). setmaxnreg: the producer drops to
+ *   32 registers, the consumers rise to 160 (launch bounds 512 threads: 128 each at entry).
+ *   Per-warpgroup mask bounds sit in shared memory (mk) and are read per tile: kept in
+ *   registers they made ptxas spill. The spans of the CTA's blocks are read once into shared
+ *   memory by threads 0 .. 2. CTAs run in a 1-dim grid, heaviest first over all kv heads (c
+ *   descending, hk fastest), so the last CTAs are the shortest of every head. Output: O
+ *   through shared memory after a barrier of the consumers (bar 4), lse as k_wg_block.
+ *   Variants (DFLASH_CUDA_ATTN_BLOCK names): wgt3x64s5 (default: NS 5, 208 KB shared),
+ *   wgt3x64 (NS 4, 176 KB), wgt3x64s5n (no swizzle: 5-dim maps (d % 8, head, key % 8, d / 8,
+ *   key / 8) into the core-matrix layout, interval begins rounded down to 8 keys, Tk % 8 == 0;
+ *   its 16-byte pieces read every 32-byte L2 sector twice: ncu L2 throughput 75%).
+ *   DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": the default producer kernel where it
+ *   applies (the encoder found, NWG B <= KT), else k_wg_block; "wgcp": k_wg_block; a variant's
+ *   name: that one; "mma" (or a mma.sync shape, 4x16 or 2x32): the mma.sync kernel.
+ *   DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' CTAs by kv head (the old order,
+ *   for comparison). Measured on the H200 (NOTES.md, 512 x 16 queries, 3072 context tokens,
+ *   anchors as the step draws them, H 32 / 8, d 128): wgt3x64s5 0.476-0.481 ms, 427-430
+ *   TFLOP/s; wgt3x64 0.472; wgt3x64s5n 0.562; k_wg_block 0.645-0.658 (313-318); the mma.sync
+ *   4x16 kernel 1.21 ms, 169 TFLOP/s.
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"
 #include "mma_frag.cuh" /* cp_commit, ex2, quad_max, quad_sum */
 #include "ops_cuda.h"
 
+#include <cuda.h> /* CUtensorMap (the encoder is found through the runtime) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +143,7 @@ typedef struct wg_blk {
     float *lse; /* [H, n_blocks B], may be NULL */
     const nn_block_span *spans;
     int n_blocks, B, Tk;
+    int by_head; /* k_wg_block_tma: CTAs by kv head, then heaviest first (else heaviest first) */
 } wg_blk;
 
 #include "wgmma.cuh" /* the wgmma PTX wrappers, load_cm */
@@ -164,17 +196,21 @@ __device__ __forceinline__ int warp_minmax(int v, int op) {
  * (the bounds scratch): ib[r], ib[NWG + r] begin and end of context interval r (the blocks'
  * context ranges clipped to [0, Tk), sorted, overlapping or touching ones merged; nr of them),
  * ib[2 NWG + r] its first tile (ib[2 NWG + nr]: the number of context tiles), ib[3 NWG + 1] nr,
- * ib[3 NWG + 2 + w] the first own key of warpgroup w's block (-1: none or padding). */
-template <int NWG, int KT> __device__ void wg_block_setup(const wg_blk &bs, int blk0, int *ib) {
+ * ib[3 NWG + 2 + w] the first own key of warpgroup w's block (-1: none or padding); sp0[w]
+ * is the span of block blk0 + w (read where blk0 + w < n_blocks). Interval
+ * begins are rounded down to a multiple of AL (the tensor copies' 8-key groups; masked keys). */
+template <int NWG, int KT, int AL = 1>
+__device__ void wg_block_setup(const wg_blk &bs, int blk0, int *ib, const nn_block_span *sp0) {
     int nr = 0;
     for (int w = 0; w < NWG; w++) {
         int blk = blk0 + w, own = -1;
         if (blk < bs.n_blocks) {
-            nn_block_span sp = bs.spans[blk];
+            nn_block_span sp = sp0[w];
             if (sp.keep) {
                 own = sp.blk_begin;
                 int c0 = max(sp.ctx_begin, 0), c1 = min(sp.ctx_end, bs.Tk), j = nr++;
                 if (c0 >= c1) nr--, j = -1;
+                c0 = c0 / AL * AL;
                 for (; j > 0 && ib[j - 1] > c0; j--) /* insertion by begin */
                     ib[j] = ib[j - 1], ib[NWG + j] = ib[NWG + j - 1];
                 if (j >= 0) ib[j] = c0, ib[NWG + j] = c1;
@@ -218,6 +254,23 @@ __device__ __forceinline__ void issue_own(const wg_args &a, const wg_blk &bs, co
     };
     load_cm<D, KT>(st, a.k, off, tid, nth);
     load_cm<D, KT>(st + KT * D * 2, a.v, off, tid, nth);
+}
+
+/* issue_own into the 128-byte-swizzled layout of tiles of KT keys (wg_desc_sw128): 16-byte
+ * chunk c of row j at (c / 8) KT 128 + 128 j + 16 ((c % 8) ^ (j % 8)) */
+template <int D, int NWG, int KT>
+__device__ __forceinline__ void issue_own_sw(const wg_args &a, const wg_blk &bs, const int *ib,
+                                             int hk, unsigned char *st, int tid, int nth) {
+    static_assert(D == 128, "16 chunks per row: nth / 16 rows per round");
+    const int c = tid % 16;
+    for (int r = tid / 16; r < KT; r += nth / 16) {
+        int w = r / bs.B, own = w < NWG ? ib[3 * NWG + 2 + w] : -1, key = own + r % bs.B;
+        bool in = own >= 0 && key < bs.Tk;
+        size_t o = in ? ((size_t)key * a.Hk + hk) * D + c * 8 : 0;
+        int b = (c / 8) * KT * 128 + 128 * r + 16 * ((c % 8) ^ (r % 8));
+        cp_async16(st + b, a.k + o, in ? 16 : 0);
+        cp_async16(st + KT * D * 2 + b, a.v + o, in ? 16 : 0);
+    }
 }
 
 /* Block-mode mask of one tile's scores (accumulator layout): key kb + column is seen by row
@@ -265,7 +318,8 @@ __device__ __forceinline__ void wg_fwd(const wg_args &a, const wg_blk &bs) {
     int t_a, R, nr, rng[4] = {0, 0, 0, 0};
     int n_ctx = 0, myblk = 0; /* BLOCK: context tiles; this warpgroup's block */
     if constexpr (BLOCK) {
-        if (threadIdx.x == 0) wg_block_setup<NWG, KT>(bs, tile * NWG, red);
+        if (threadIdx.x == 0)
+            wg_block_setup<NWG, KT>(bs, tile * NWG, red, bs.spans + tile * NWG);
         __syncthreads(); /* the schedule (and the mbarriers' init) are visible */
         nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], myblk = tile * NWG + wg;
         t_a = 0, R = 0;
@@ -543,6 +597,238 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_block(wg_args a, wg_blk bs)
     wg_fwd<D, NWG, KT, MODE, NS, DIST, true>(a, bs);
 }
 
+/* ---- block mode with a producer warpgroup (k_wg_block_tma) ---- */
+
+/* The tensor maps of k and v ([Tk, Hk, D] bf16) for k_wg_block_tma. SW (the default): 4 dims
+ * (d % 64, kv head, key, d / 64), box 64 x 1 x KT x D / 64, 128-byte swizzle: one copy lands a
+ * tile of KT keys as D / 64 blocks of KT rows of 128 bytes (wg_desc_sw128's layout). Else 5
+ * dims (d % 8, kv head, key % 8, d / 8, key / 8), box 8 x 1 x 8 x D / 8 x KT / 8: a tile from a
+ * multiple of 8 keys in the core-matrix layout above (16-byte pieces: twice the L2 sectors).
+ * Keys past Tk are zero-filled. */
+struct wg_kv_maps {
+    CUtensorMap k, v;
+};
+
+/* Shared memory of k_wg_block_tma: as wg_smem (Q of NWG warpgroups, NS stages, the schedule,
+ * 2 NS mbarriers), then the spans of the CTA's blocks */
+template <int D, int NWG, int KT, int NS> static size_t wgt_smem(void) {
+    return wg_smem<D, NWG, KT, NS>() + NWG * sizeof(nn_block_span);
+}
+
+/* bar.sync on named barrier id (1 .. 15) for n threads (whole warps) */
+__device__ __forceinline__ void wg_bar(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* One CTA of the block forward with a producer: warpgroups 0 .. NWG - 1 consume (warpgroup w the
+ * rows of block NWG c + w, as k_wg_block), warpgroup NWG produces. Its first warp fills stage
+ * j % NS with tile j once the consumers released tile j - NS: a context tile by two tensor
+ * copies (lane 0; full[s] counts one arrival plus the bytes), the own-keys tile by cp.async
+ * (the warp's 32 lanes, zero-filled; wait, async-proxy fence, one arrival). Registers: the
+ * producer gives back to RP per thread, the consumers take RC (setmaxnreg; NWG 128 RC + 128 RP
+ * is the pool fixed at launch). The consumer loop is mode 3's without loads: wait full[i],
+ * S of tile i with P V of tile i - 1, mask and softmax, each warp arrives on empty[i - 1]. */
+template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1)
+    k_wg_block_tma(wg_args a, wg_blk bs, const __grid_constant__ wg_kv_maps mp) {
+#if WG_DEVICE
+    constexpr int TILE_B = KT * D * 2, LD = D + 8, CPR = D / 8;
+    static_assert(NWG * 128 * RC + 128 * RP <= 65536, "the register pool");
+    extern __shared__ __align__(1024) unsigned char sm[];
+    unsigned char *Qs = sm, *KV = sm + 64 * NWG * D * 2;
+    int *red = (int *)(KV + NS * 2 * TILE_B); /* the key schedule (wg_block_setup) */
+    uint64_t *full = (uint64_t *)(red + 4 * NWG * 4), *empty = full + NS;
+    const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, wq = warp % 4;
+    const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    /* CTAs in a 1-dim grid, heaviest first over all kv heads: c descending, hk fastest (by_head:
+     * hk slowest, the order of a grid (n_c, Hk)) */
+    const int n_c = (bs.n_blocks + NWG - 1) / NWG, group = a.group, bid = blockIdx.x;
+    const int c = n_c - 1 - (bs.by_head ? bid % n_c : bid / a.Hk);
+    const int hk = bs.by_head ? bid / n_c : bid % a.Hk;
+    nn_block_span *ssp = (nn_block_span *)(empty + NS);
+    /* mk (8 ints per consumer warpgroup after the schedule; read per tile from shared memory,
+     * which spares registers): the block's context [klo, khi) less its own keys [xlo, xhi), its
+     * slots [glo, ghi) of the own-keys tile, keep */
+    if (threadIdx.x < NWG) {
+        const int w = threadIdx.x, blk = c * NWG + w;
+        nn_block_span sp = {0, 0, 0, 0};
+        if (blk < bs.n_blocks) sp = bs.spans[blk];
+        ssp[w] = sp;
+        int *mk = red + 16 + 8 * w;
+        mk[0] = sp.ctx_begin, mk[1] = min(sp.ctx_end, bs.Tk);
+        mk[2] = sp.blk_begin, mk[3] = sp.blk_begin + bs.B;
+        mk[4] = w * bs.B, mk[5] = mk[4] + max(0, min(bs.B, bs.Tk - sp.blk_begin));
+        mk[6] = sp.keep;
+    }
+    if (threadIdx.x == 32) {
+        for (int j = 0; j < NS; j++)
+            mb_init(full + j, 1), mb_init(empty + j, NWG * 4);
+        mb_init_fence();
+    }
+    __syncthreads(); /* the spans */
+    if (threadIdx.x == 0) wg_block_setup<NWG, KT, SW ? 1 : 8>(bs, c * NWG, red, ssp);
+    __syncthreads(); /* the schedule and the mbarriers' init are visible */
+    const int nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], n_tiles = n_ctx + 1;
+
+    if (wg == NWG) { /* the producer */
+        wg_setmaxnreg_dec<RP>();
+        if (warp != 4 * NWG) return;
+        for (int j = 0; j < n_tiles; j++) {
+            unsigned char *st = KV + (j % NS) * 2 * TILE_B;
+            if (j >= NS) mb_wait(empty + j % NS, (j / NS - 1) & 1);
+            if (j < n_ctx) {
+                if (lane == 0) {
+                    int kb, re;
+                    wg_block_tile<NWG, KT>(red, nr, j, kb, re);
+                    mb_arrive_tx(full + j % NS, 2 * TILE_B);
+                    if constexpr (SW) {
+                        tma_load_4d(st, &mp.k, 0, hk, kb, 0, full + j % NS);
+                        tma_load_4d(st + TILE_B, &mp.v, 0, hk, kb, 0, full + j % NS);
+                    } else {
+                        tma_load_5d(st, &mp.k, 0, hk, 0, 0, kb / 8, full + j % NS);
+                        tma_load_5d(st + TILE_B, &mp.v, 0, hk, 0, 0, kb / 8, full + j % NS);
+                    }
+                }
+            } else {
+                if constexpr (SW)
+                    issue_own_sw<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
+                else
+                    issue_own<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
+                cp_commit();
+                cp_wait<0>();
+                fence_async_smem();
+                __syncwarp();
+                if (lane == 0) mb_arrive(full + j % NS);
+            }
+        }
+        return;
+    }
+
+    wg_setmaxnreg_inc<RC>();
+    const int myblk = c * NWG + wg, NR = bs.B * group;
+    load_cm<D, 64>(
+        Qs + wg * 64 * D * 2, a.q,
+        [&](int rl) -> long long {
+            if (rl >= NR || myblk >= bs.n_blocks) return -1;
+            int t = myblk * bs.B + rl / group, h = hk * group + rl % group;
+            return ((long long)t * a.H + h) * D;
+        },
+        threadIdx.x % 128, 128);
+    cp_commit();
+    const int *mk = red + 16 + 8 * wg;
+    int lo[2] = {0, 0}, hi[2] = {0, 0};
+    cp_wait<0>();
+    fence_async_smem();
+    wg_bar(1 + wg, 128); /* this warpgroup's Q landed */
+
+    const float sl2 = 1.0f / sqrtf((float)D) * LOG2E; /* a.scale, the launcher's 1 / sqrt(d) */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    const uint64_t dq = wg_desc(Qs + wg * 64 * D * 2, 128, 16 * D);
+    uint32_t pa[KT / 16][4];
+    float s[KT / 8][4], corr[2];
+    uint64_t pv = 0;
+    auto step = [&](int i, auto with_pv) {
+        mb_wait(full + i % NS, (i / NS) & 1);
+        const unsigned char *Kt = KV + (i % NS) * 2 * TILE_B, *Vt = Kt + TILE_B;
+        wg_fence();
+        if constexpr (SW) { /* k16 step kk: 32 kk bytes into the 128-byte rows of d / 64 */
+            const unsigned char *k0 = Kt;
+            wg_ss_first<KT>(s, dq, wg_desc_sw128(k0, 16, 1024));
+#pragma unroll
+            for (int kk = 1; kk < D / 16; kk++)
+                wg_ss<KT>(s, dq + kk * 16,
+                          wg_desc_sw128(k0 + (kk / 4) * KT * 128 + (kk % 4) * 32, 16, 1024));
+            wg_commit();
+        } else {
+            wg_issue_s<D, KT>(s, dq, wg_desc(Kt, 128, 16 * D));
+        }
+        if constexpr (decltype(with_pv)::value) {
+            if constexpr (SW) /* k16 step: 16 rows of 128 bytes */
+                wg_issue_pv<D, KT, 128>(o, pa, pv);
+            else
+                wg_issue_pv<D, KT>(o, pa, pv);
+            wg_wait<1>();
+        } else {
+            wg_wait<0>();
+        }
+        wg_pin_all(s);
+        const volatile int *vk = mk;
+        const int klo = vk[0], khi = vk[1], xlo = vk[2], xhi = vk[3];
+        bool rv[2]; /* rows g, g + 8 have keys */
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            rv[e] = vk[6] && 16 * wq + g + 8 * e < NR;
+        if (i < n_ctx) {
+            int cb, re;
+            wg_block_tile<NWG, KT>(red, nr, i, cb, re);
+            const int h = min(khi, re);
+            if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h && (cb + KT <= xlo || cb >= xhi)))
+                wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
+        } else {
+            wg_block_mask<KT>(s, 0, rv, vk[4], vk[5], 0, 0);
+        }
+        online_softmax<KT>(s, m, l, corr, 0, lo, hi, true, sl2);
+        wg_wait<0>();
+        wg_pin_all(o);
+        wg_pin_u(pa);
+        if (decltype(with_pv)::value && lane == 0)
+            mb_arrive(empty + (i - 1) % NS); /* this warp is done with tile i - 1 */
+        wg_rescale<D, KT>(o, corr, s, pa);
+        pv = SW ? wg_desc_sw128(Vt, KT * 128, 1024) : wg_desc(Vt, 16 * D, 128);
+    };
+    step(0, std::false_type());
+    for (int i = 1; i < n_tiles; i++)
+        step(i, std::true_type());
+    wg_fence();
+    if constexpr (SW)
+        wg_issue_pv<D, KT, 128>(o, pa, pv);
+    else
+        wg_issue_pv<D, KT>(o, pa, pv);
+    wg_wait<0>();
+    wg_pin_all(o);
+    wg_pin_u(pa);
+    wg_bar(1 + NWG, NWG * 128); /* every consumer is done: stage the output rows (stride LD) */
+
+    bf16 *St = (bf16 *)sm + (64 * wg + 16 * wq) * LD;
+    float lt[2], inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lt[r] = quad_sum(l[r]);
+        inv[r] = lt[r] > 0.0f ? 1.0f / lt[r] : 0.0f;
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        *(uint32_t *)(St + g * LD + dt * 8 + 2 * tg) =
+            pack_bf16x2(o[dt][0] * inv[0], o[dt][1] * inv[0]);
+        *(uint32_t *)(St + (g + 8) * LD + dt * 8 + 2 * tg) =
+            pack_bf16x2(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+    }
+    __syncwarp();
+    if (myblk >= bs.n_blocks) return;
+    for (int idx = lane; idx < 16 * CPR; idx += 32) {
+        int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
+        if (r >= NR) continue;
+        int t = myblk * bs.B + r / group, h = hk * group + r % group;
+        *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
+            *(const uint4 *)(St + rr * LD + cc * 8);
+    }
+    if (bs.lse && tg == 0) /* lse [H, n_blocks B] = (m + log2 l) ln 2; no keys: +INF */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = 16 * wq + g + 8 * i;
+            if (r >= NR) continue;
+            int t = myblk * bs.B + r / group, h = hk * group + r % group;
+            bs.lse[(size_t)h * bs.n_blocks * bs.B + t] =
+                lt[i] > 0.0f ? (m[i] + log2f(lt[i])) * LN2 : INFINITY;
+        }
+#else
+    (void)a, (void)bs, (void)mp;
+#endif
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 /* The kernels: DFLASH_CUDA_ATTN_CAUSAL name, d, rows per CTA, and their shared-memory limit
@@ -598,25 +884,103 @@ static const wg_kernel *wg_pick(int d) {
     return named && !known ? NULL : dflt;
 }
 
-/* The block forward's kernel: d 128, 3 warpgroups (blocks) of 64 rows, 64-key tiles, mode 3,
- * NS 4, DIST 2 (as wg3x64r). */
+/* The block forward's cp.async kernel (k_wg_block): d 128, 3 warpgroups (blocks) of 64 rows,
+ * 64-key tiles, mode 3, NS 4, DIST 2 (as wg3x64r). */
 #define WG_BLOCK_K 128, 3, 64, 3, 4, 2
 #define WG_BLOCK_NWG 3
 
-static int wg_block_attr(void) {
-    return cudaFuncSetAttribute(k_wg_block<WG_BLOCK_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wg_smem<128, 3, 64, 4>()) != cudaSuccess;
+/* The block forward's producer kernels (k_wg_block_tma): DFLASH_CUDA_ATTN_BLOCK name, blocks
+ * (consumer warpgroups) per CTA, keys per tile; the first is the default. */
+typedef struct wgt_kernel {
+    const char *name;
+    int nwg, kt, sw;
+    int (*attr)(void);
+    void (*launch)(cudaStream_t, const wg_args &, const wg_blk &, const wg_kv_maps &);
+} wgt_kernel;
+
+template <int NWG, int KT, int NS, int RC, int RP, bool SW> static int wgt_attr(void) {
+    return cudaFuncSetAttribute(k_wg_block_tma<128, NWG, KT, NS, RC, RP, SW>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)wgt_smem<128, NWG, KT, NS>()) != cudaSuccess;
 }
 
-/* DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": this kernel; anything else ("mma", or a
- * mma.sync shape such as 4x16): none, the mma.sync kernel serves. */
-static bool wg_block_on(void) {
+template <int NWG, int KT, int NS, int RC, int RP, bool SW>
+static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, const wg_kv_maps &mp) {
+    dim3 grid((bs.n_blocks + NWG - 1) / NWG * a.Hk);
+    k_wg_block_tma<128, NWG, KT, NS, RC, RP, SW>
+        <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS>(), st>>>(a, bs, mp);
+}
+
+#define WGT_K(name, NWG, KT, NS, RC, RP, SW)                                                       \
+    { name, NWG, KT, SW, wgt_attr<NWG, KT, NS, RC, RP, SW>, wgt_launch<NWG, KT, NS, RC, RP, SW> }
+/* names: NWG x KT, s5: NS 5 (else 4), n: no swizzle (5-dim maps, 16-byte pieces) */
+static const wgt_kernel wgt_kernels[] = {
+    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true),
+    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true),
+    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false),
+};
+#define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
+
+static int wg_block_attr(void) {
+    int bad = cudaFuncSetAttribute(k_wg_block<WG_BLOCK_K>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)wg_smem<128, 3, 64, 4>()) != cudaSuccess;
+    for (int i = 0; i < N_WGT_KERNELS; i++)
+        bad |= wgt_kernels[i].attr();
+    return bad;
+}
+
+/* DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": the default producer kernel, else (no tensor
+ * copies) the cp.async one; a name of wgt_kernels: that one; "wgcp": the cp.async kernel;
+ * anything else ("mma", or a mma.sync shape such as 4x16): none, the mma.sync kernel serves.
+ * Returns 0 none, 1 the cp.async kernel, 2 a producer kernel (*k). */
+static int wg_block_pick(const wgt_kernel **k) {
     static int on = -1;
+    static const wgt_kernel *pk;
     if (on < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_BLOCK");
-        on = !e || !*e || strcmp(e, "wgmma") == 0;
+        on = !e || !*e || strcmp(e, "wgmma") == 0 ? 2 : strcmp(e, "wgcp") == 0 ? 1 : 0;
+        pk = &wgt_kernels[0];
+        for (int i = 0; e && i < N_WGT_KERNELS; i++)
+            if (strcmp(e, wgt_kernels[i].name) == 0) on = 2, pk = &wgt_kernels[i];
     }
+    *k = pk;
     return on;
+}
+
+/* cuTensorMapEncodeTiled (driver API, found through the runtime, as in ops_cuda_attn_wgbwd.cu),
+ * or NULL: the cp.async kernel serves */
+typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                 const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                 const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static wg_encode_fn g_wg_encode;
+
+/* The maps of k and v (wg_kv_maps) for tiles of kt keys, swizzled (sw) or not; 0, or -1 where
+ * the encoder refuses */
+static int wg_kv_maps_make(wg_kv_maps *mp, const bf16 *k, const bf16 *v, int Tk, int Hk, int kt,
+                           int sw) {
+    const cuuint64_t row = 128 * sizeof(bf16), hk = (cuuint64_t)Hk;
+    const cuuint64_t dims_s[4] = {64, hk, (cuuint64_t)Tk, 2};
+    const cuuint64_t strides_s[3] = {row, hk * row, 64 * sizeof(bf16)};
+    const cuuint32_t box_s[4] = {64, 1, (cuuint32_t)kt, 2};
+    const cuuint64_t dims[5] = {8, hk, 8, 128 / 8, (cuuint64_t)Tk / 8};
+    const cuuint64_t strides[4] = {row, hk * row, 8 * sizeof(bf16), 8 * hk * row};
+    const cuuint32_t box[5] = {8, 1, 8, 128 / 8, (cuuint32_t)kt / 8}, one[5] = {1, 1, 1, 1, 1};
+    const bf16 *src[2] = {k, v};
+    CUtensorMap *dst[2] = {&mp->k, &mp->v};
+    for (int i = 0; i < 2; i++)
+        if (g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, sw ? 4 : 5, (void *)src[i],
+                        sw ? dims_s : dims, sw ? strides_s : strides, sw ? box_s : box, one,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        sw ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+            static int told;
+            if (!told++) fprintf(stderr, "k_wg_block_tma: the encoder refused the map of k, v\n");
+            return -1;
+        }
+    return 0;
 }
 
 static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_90a code */
@@ -624,6 +988,14 @@ static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_
 int cuda_wg_attention_init(void) {
     g_wg_ready = 0;
     if (!wg_device_runs_sm90a()) return 0;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult qr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &qr) == cudaSuccess &&
+        qr == cudaDriverEntryPointSuccess)
+        g_wg_encode = (wg_encode_fn)fn;
+    else
+        (void)cudaGetLastError(); /* the block forward loads by cp.async */
     int bad = 0;
     for (int i = 0; i < N_WG_KERNELS; i++)
         bad |= wg_kernels[i].attr();
@@ -656,8 +1028,10 @@ int cuda_wg_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, cons
 int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q,
                                 const bf16 *k, const bf16 *v, const nn_block_span *spans,
                                 int n_blocks, int B, int Tk, int H, int Hk, int d) {
-    if (!g_wg_ready || !wg_block_on() || d != 128 || Hk <= 0 || H % Hk != 0 || n_blocks <= 0 ||
-        B <= 0 || Tk <= 0)
+    const wgt_kernel *kt = NULL;
+    int on = wg_block_pick(&kt);
+    if (!g_wg_ready || !on || d != 128 || Hk <= 0 || H % Hk != 0 || n_blocks <= 0 || B <= 0 ||
+        Tk <= 0)
         return -1;
     const uintptr_t al = (uintptr_t)out | (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
     /* a block's rows fit one warpgroup, the CTA's own keys one tile */
@@ -666,9 +1040,22 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf
     a.out = out, a.q = q, a.k = k, a.v = v, a.T = n_blocks * B;
     a.H = H, a.Hk = Hk, a.group = H / Hk, a.scale = 1.0f / sqrtf((float)d);
     a.lbo_qk = 128, a.sbo_qk = 16 * d, a.lbo_v = 16 * d, a.sbo_v = 128;
-    wg_blk bs = {lse, spans, n_blocks, B, Tk};
-    dim3 grid((n_blocks + WG_BLOCK_NWG - 1) / WG_BLOCK_NWG, Hk);
-    k_wg_block<WG_BLOCK_K><<<grid, WG_BLOCK_NWG * 128, wg_smem<128, 3, 64, 4>(), st>>>(a, bs);
+    static int by_head = -1; /* DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' CTAs by
+                                kv head (for comparison) */
+    if (by_head < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_BLOCK_ORDER");
+        by_head = e && strcmp(e, "head") == 0;
+    }
+    wg_blk bs = {lse, spans, n_blocks, B, Tk, by_head};
+    wg_kv_maps mp;
+    /* the producer kernels (without the swizzle: whole 8-key groups, Tk % 8 == 0) */
+    if (on == 2 && g_wg_encode && (kt->sw || Tk % 8 == 0) && kt->nwg * B <= kt->kt &&
+        wg_kv_maps_make(&mp, k, v, Tk, Hk, kt->kt, kt->sw) == 0) {
+        kt->launch(st, a, bs, mp);
+    } else {
+        dim3 grid((n_blocks + WG_BLOCK_NWG - 1) / WG_BLOCK_NWG, Hk);
+        k_wg_block<WG_BLOCK_K><<<grid, WG_BLOCK_NWG * 128, wg_smem<128, 3, 64, 4>(), st>>>(a, bs);
+    }
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -13,6 +13,8 @@
  * K, its SBO between those adjacent along M or N: a K-major operand (the contiguous 16 bytes run
  * along K) of such a tile has LBO 128 and SBO 16 D; an MN-major one (the transpose bit set) LBO
  * 16 D and SBO 128, D being the tile's width in elements.
+ * Also: 5-dimensional tensor copies, setmaxnreg, and descriptors of the 128-byte-swizzled layout
+ * (wg_desc_sw128) for the block forward's producer kernel.
  * Accumulators: per warp the mma.sync C layout (thread lane holds rows 16 (warp % 4) + lane / 4
  * and + 8, columns 8 j + 2 (lane % 4) + {0, 1}); A from registers: the mma.sync A layout.
  * Header-only device code (no -rdc in this build), plus the host check wg_device_runs_sm90a;
@@ -41,6 +43,14 @@ __device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
            ((uint64_t)(sbo >> 4) << 32);
+}
+
+/* The same for a 128-byte-swizzled layout (rows of 128 bytes, 16-byte chunk c of row r at chunk
+ * c ^ (r % 8), in 1024-byte-aligned groups of 8 rows; the layout of tensor copies with
+ * CU_TENSOR_MAP_SWIZZLE_128B). K-major: SBO 1024 between 8-row groups, LBO unused (16);
+ * MN-major: LBO between 64-element column blocks, SBO 1024 between 8-row groups along K. */
+__device__ __forceinline__ uint64_t wg_desc_sw128(const void *p, uint32_t lbo, uint32_t sbo) {
+    return wg_desc(p, lbo, sbo) | (1ull << 62);
 }
 
 __device__ __forceinline__ void wg_fence(void) {
@@ -120,6 +130,27 @@ __device__ __forceinline__ void mb_arrive_tx(uint64_t *b, uint32_t tx) {
  * barrier */
 __device__ __forceinline__ void mb_init_fence(void) {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* A tensor copy as tma_load_3d (below) with a 5-dimensional map */
+__device__ __forceinline__ void tma_load_5d(void *dst, const void *map, int c0, int c1, int c2,
+                                            int c3, int c4, uint64_t *b) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+        ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2),
+        "r"(c3), "r"(c4), "r"((uint32_t)__cvta_generic_to_shared(b))
+        : "memory");
+}
+
+/* This warpgroup's register limit per thread becomes N (all its threads; N a multiple of 8 in
+ * 24 .. 256): inc waits until the CTA's pool, fixed at launch, has the registers that another
+ * warpgroup's dec gave back. */
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc(void) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec(void) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 /* Tensor copy (TMA) of the box of tensor map *map at element coordinates (c0, c1, c2) into

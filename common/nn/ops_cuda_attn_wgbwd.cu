@@ -471,6 +471,25 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     /* visit i; WDQ (= PIPE): issues dQ of visit i - 1 first (for i = 0 a product of the unused
      * second dS^T buffer that goes nowhere: prev_rows 0; a peeled first visit made ptxas spill).
      * Ends with no wgmma in flight; with PIPE the visit's dQ is not issued yet. */
+    /* A visit's middle, once S^T and dP^T are issued (two commit groups in flight): P^T from
+     * S^T, dV += P^T dO issued, dS^T from dP^T, dK += dS^T Q issued. pa and dS^T's da are the
+     * products' A fragments: the caller keeps them live until its last wait. */
+    auto dv_dk = [&](float(&s)[NT][4], float(&dp)[NT][4], uint32_t(&pa)[NT / 2][4],
+                     uint32_t(&da)[NT / 2][4], const bool(&kvis)[2], const unsigned char *Qt,
+                     const unsigned char *dOt, const float *Dt, const float *Lt) {
+        wg_wait<1>(); /* S^T is in */
+        wg_pin_all(s);
+        p_of_s(s, kvis, Lt);
+        wg_pack_a<NT>(pa, s);
+        wg_fence();
+        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
+        wg_wait<1>();                                                         /* dP^T is in */
+        wg_pin_all(dp);
+        ds_of_dp(dp, s, Dt);
+        wg_pack_a<NT>(da, dp);
+        wg_fence();
+        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
+    };
     auto step = [&](int i, auto wdq) {
         constexpr bool WDQ = decltype(wdq)::value;
         /* through a shuffle: warp-uniform for the compiler, so the descriptors of the stage's
@@ -510,20 +529,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             wg_fence();
         }
         wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
-        wg_wait<1>();                                                        /* S^T is in */
-        wg_pin_all(s);
-        p_of_s(s, kvis, Lt);
-        uint32_t pa[NT / 2][4];
-        wg_pack_a<NT>(pa, s);
-        wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
-        wg_wait<1>();                                                         /* dP^T is in */
-        wg_pin_all(dp);
-        ds_of_dp(dp, s, Dt);
-        uint32_t da[NT / 2][4];
-        wg_pack_a<NT>(da, dp);
-        wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
+        uint32_t pa[NT / 2][4], da[NT / 2][4];
+        dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
         ds_store(dp, PIPE ? st : 0);
         if (wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging is free after the barrier */
         __syncthreads(); /* dS^T of all 128 keys is in */
@@ -568,20 +575,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
                                     Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
         }
-        wg_wait<1>(); /* S^T is in */
-        wg_pin_all(s);
-        p_of_s(s, kvis, Lt);
-        uint32_t pa[NT / 2][4];
-        wg_pack_a<NT>(pa, s);
-        wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
-        wg_wait<1>();                                                         /* dP^T is in */
-        wg_pin_all(dp);
-        ds_of_dp(dp, s, Dt);
-        uint32_t da[NT / 2][4];
-        wg_pack_a<NT>(da, dp);
-        wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
+        uint32_t pa[NT / 2][4], da[NT / 2][4];
+        dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
         if (i > 0) { /* buffer st: dQ of visit i - 2 (in visit i - 1) is done */
             mb_wait(bar + vp, (ph >> vp) & 1);
             ph ^= 1u << vp;

@@ -243,6 +243,21 @@ __device__ __forceinline__ void wg_block_tile(const int *ib, int nr, int i, int 
     kb = ib[r] + (i - ib[2 * NWG + r]) * KT, re = ib[NWG + r];
 }
 
+/* A block-mode thread's two rows 16 wq + g and + 8 (of the warpgroup's NR) into lse [H,
+ * n_blocks B] = (m + log2 l) ln 2 (l the quad's sum; no keys: +INF); lane tg 0 of a quad. */
+__device__ __forceinline__ void block_lse_out(const wg_blk &bs, int myblk, int hk, int group,
+                                              int NR, int wq, int g, const float m[2],
+                                              const float lt[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = 16 * wq + g + 8 * i;
+        if (r >= NR) continue;
+        int t = myblk * bs.B + r / group, h = hk * group + r % group;
+        bs.lse[(size_t)h * bs.n_blocks * bs.B + t] =
+            lt[i] > 0.0f ? (m[i] + log2f(lt[i])) * LN2 : INFINITY;
+    }
+}
+
 /* The own-keys tile (the last of a block-mode CTA) into stage st: row j < NWG B holds key
  * own + j % B of warpgroup j / B's block (own from ib), zero where it has none or past Tk */
 template <int D, int NWG, int KT>
@@ -570,17 +585,10 @@ __device__ __forceinline__ void wg_fwd(const wg_args &a, const wg_blk &bs) {
         *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + c * 8) =
             *(const uint4 *)(St + rr * LD + c * 8);
     }
-    if constexpr (BLOCK) { /* lse [H, n_blocks B] = (m + log2 l) ln 2; no keys: +INF */
+    if constexpr (BLOCK) {
         const float lt[2] = {quad_sum(l[0]), quad_sum(l[1])};
         if (bs.lse && tg == 0 && myblk < bs.n_blocks)
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int r = 16 * wq + g + 8 * i;
-                if (r >= NR) continue;
-                int t = myblk * bs.B + r / group, h = hk * group + r % group;
-                bs.lse[(size_t)h * bs.n_blocks * bs.B + t] =
-                    lt[i] > 0.0f ? (m[i] + log2f(lt[i])) * LN2 : INFINITY;
-            }
+            block_lse_out(bs, myblk, hk, group, NR, wq, g, m, lt);
     }
 #else
     (void)a, (void)bs;
@@ -815,15 +823,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
             *(const uint4 *)(St + rr * LD + cc * 8);
     }
-    if (bs.lse && tg == 0) /* lse [H, n_blocks B] = (m + log2 l) ln 2; no keys: +INF */
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int r = 16 * wq + g + 8 * i;
-            if (r >= NR) continue;
-            int t = myblk * bs.B + r / group, h = hk * group + r % group;
-            bs.lse[(size_t)h * bs.n_blocks * bs.B + t] =
-                lt[i] > 0.0f ? (m[i] + log2f(lt[i])) * LN2 : INFINITY;
-        }
+    if (bs.lse && tg == 0) block_lse_out(bs, myblk, hk, group, NR, wq, g, m, lt);
 #else
     (void)a, (void)bs, (void)mp;
 #endif

@@ -759,12 +759,7 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
 
 static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
 
-/* cuTensorMapEncodeTiled (driver API, found through the runtime), or NULL: no tensor copies */
-typedef CUresult (*wgb_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static wgb_encode_fn g_encode;
+static wg_encode_fn g_encode; /* wg_tensor_map_encoder's; NULL: no tensor copies */
 
 /* The tensor map of a's dqacc ([Q, H, 128] fp32) for dq_out_tma: dims (128, H, Q), box 32 x gh x
  * 16 / gh (gh = min(group, 16): a warp's 16 rows, which start at a token's first head when
@@ -827,14 +822,7 @@ static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
 int cuda_wgb_attention_init(void) {
     g_wgb_ready = 0;
     if (!wg_device_runs_sm90a()) return 0;
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult qr;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &qr) == cudaSuccess &&
-        qr == cudaDriverEntryPointSuccess)
-        g_encode = (wgb_encode_fn)fn;
-    else
-        (void)cudaGetLastError(); /* the visits load by cp.async */
+    g_encode = wg_tensor_map_encoder(); /* NULL: the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
     if (cudaFuncSetAttribute(k_wgb_fused<128, true, true>, lim, SP) != cudaSuccess ||

@@ -948,13 +948,7 @@ static int wg_block_pick(const wgt_kernel **k) {
     return on;
 }
 
-/* cuTensorMapEncodeTiled (driver API, found through the runtime, as in ops_cuda_attn_wgbwd.cu),
- * or NULL: the cp.async kernel serves */
-typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                 const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                 const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static wg_encode_fn g_wg_encode;
+static wg_encode_fn g_wg_encode; /* wg_tensor_map_encoder's; NULL: the cp.async kernel */
 
 /* The maps of k and v (wg_kv_maps) for tiles of kt keys, swizzled (sw) or not; 0, or -1 where
  * the encoder refuses */
@@ -988,14 +982,7 @@ static int g_wg_ready; /* 1: the kernels' limits are set and the device runs sm_
 int cuda_wg_attention_init(void) {
     g_wg_ready = 0;
     if (!wg_device_runs_sm90a()) return 0;
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult qr;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &qr) == cudaSuccess &&
-        qr == cudaDriverEntryPointSuccess)
-        g_wg_encode = (wg_encode_fn)fn;
-    else
-        (void)cudaGetLastError(); /* the block forward loads by cp.async */
+    g_wg_encode = wg_tensor_map_encoder(); /* NULL: the block forward loads by cp.async */
     int bad = 0;
     for (int i = 0; i < N_WG_KERNELS; i++)
         bad |= wg_kernels[i].attr();

@@ -17,8 +17,8 @@
  * (wg_desc_sw128) for the block forward's producer kernel.
  * Accumulators: per warp the mma.sync C layout (thread lane holds rows 16 (warp % 4) + lane / 4
  * and + 8, columns 8 j + 2 (lane % 4) + {0, 1}); A from registers: the mma.sync A layout.
- * Header-only device code (no -rdc in this build), plus the host check wg_device_runs_sm90a;
- * include only from sm_90a translation units.
+ * Header-only device code (no -rdc in this build), plus two host helpers, wg_device_runs_sm90a
+ * and wg_tensor_map_encoder; include only from sm_90a translation units.
  */
 #ifndef DFLASH_WGMMA_CUH
 #define DFLASH_WGMMA_CUH
@@ -26,7 +26,9 @@
 #include "attn_spans.cuh"
 #include "mma_frag.cuh"
 
+#include <cuda.h> /* CUtensorMap (the encoder is found through the runtime) */
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 /* Device code needs sm_90a; other targets (none in this build) get an empty kernel. */
@@ -355,6 +357,23 @@ static inline bool wg_device_runs_sm90a(void) {
         return false;
     }
     return major == 9 && minor == 0;
+}
+
+/* cuTensorMapEncodeTiled (driver API), found through the runtime: the encoder of the tensor
+ * maps of the tensor copies; NULL (the CUDA error cleared) where the driver has none. */
+typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                 const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                 const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static inline wg_encode_fn wg_tensor_map_encoder(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult qr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &qr) == cudaSuccess &&
+        qr == cudaDriverEntryPointSuccess)
+        return (wg_encode_fn)fn;
+    (void)cudaGetLastError();
+    return NULL;
 }
 
 #endif

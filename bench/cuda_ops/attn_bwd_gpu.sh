@@ -10,9 +10,6 @@ bin=${1:?BIN_DIR}
 budget=${2:-185}
 log=${OUT:-.}/attn_bwd.log
 . "$(dirname "$0")/gpu_run.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$log"
-P="$bin/bench-cuda_parity"
-B="$bin/bench-cuda_ops"
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 V="DFLASH_CUDA_ATTN_FUSED"
 # parity of the fused default (128x64, pieces by hits; the run of 2026-12-01 had staged dq as

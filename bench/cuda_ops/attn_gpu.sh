@@ -10,7 +10,6 @@ bin=${1:?BIN_DIR}
 layers=${2:-5}
 log=${OUT:-.}/attn_gpu.log
 . "$(dirname "$0")/gpu_run.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$log"
 san() { # name timeout tool env... (attention checks only)
   local name=$1 to=$2 tool=$3; shift 3
   command -v compute-sanitizer >/dev/null || return 0

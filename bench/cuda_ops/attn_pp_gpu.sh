@@ -19,11 +19,6 @@ steps=${3:-parity ops}
 out=${OUT:-.}
 log=$out/attn_pp.log
 . "$(dirname "$0")/gpu_run.sh"
-echo "binaries of commit $(cat "$bin/COMMIT" 2>/dev/null)" | tee -a "$log"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
-P="$bin/bench-cuda_parity"
-B="$bin/bench-cuda_ops"
-BASE="$bin/base/bench-cuda_ops"
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 for step in $steps; do
   case $step in

@@ -23,11 +23,6 @@ steps=${3:-parity ops ncu memcheck}
 out=${OUT:-.}
 log=$out/attn_sched.log
 . "$(dirname "$0")/gpu_run.sh"
-echo "binaries of commit $(cat "$bin/COMMIT" 2>/dev/null)" | tee -a "$log"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
-P="$bin/bench-cuda_parity"
-B="$bin/bench-cuda_ops"
-BASE="$bin/base/bench-cuda_ops" # optional: the binary of the commit before, for the same run
 PREV="$bin/prev/bench-cuda_ops" # optional: an intermediate version, timed in ops
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 SO="DFLASH_CUDA_ATTN_FUSED_PIECES=sorted"

@@ -12,10 +12,6 @@ bin=${1:?BIN_DIR}
 budget=${2:-200}
 log=${OUT:-.}/attn_wgb.log
 . "$(dirname "$0")/gpu_run.sh"
-echo "binaries of commit $(cat "$bin/COMMIT" 2>/dev/null)" | tee -a "$log"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$log"
-P="$bin/bench-cuda_parity"
-B="$bin/bench-cuda_ops"
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 WG="DFLASH_CUDA_ATTN_BWD=wgmma"
 WS="DFLASH_CUDA_ATTN_BWD=wgmma_seq"

@@ -20,12 +20,6 @@ variants=${4:-wgt3x64 wgt3x64s5n}
 out=${OUT:-.}
 log=$out/fwd2.log
 . "$(dirname "$0")/gpu_run.sh"
-echo "binaries of commit $(cat "$bin/COMMIT" 2>/dev/null)" | tee -a "$log"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader \
-  | tee -a "$log"
-P="$bin/bench-cuda_parity"
-B="$bin/bench-cuda_ops"
-BASE="$bin/base/bench-cuda_ops"
 V=DFLASH_CUDA_ATTN_BLOCK
 for step in $steps; do
   case $step in

@@ -1,6 +1,9 @@
 # gpu_run.sh: what the device scripts of this folder share; each sources it after setting bin
 # (the carried binaries, with devlibs/), log (its log file) and, optionally, budget (seconds).
-# It sets the loader and OpenBLAS environment, empties the log and defines
+# It sets the loader and OpenBLAS environment, empties the log, writes the binaries' commit (from
+# $bin/COMMIT, when there) and the GPU to it and the terminal, names the binaries P
+# (bench-cuda_parity), B (bench-cuda_ops) and BASE ($bin/base/bench-cuda_ops: the binary to
+# compare with, where a script carries one) and defines
 #   run NAME TIMEOUT [VAR=value ...] CMD ...
 # which runs CMD under `timeout` with the assignments, appending "=== NAME: CMD", its output and
 # "rc STATUS (N s)" (seconds since the start) to the log; a step whose timeout would end past
@@ -8,6 +11,12 @@
 export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
 : >"$log"
+[ -f "$bin/COMMIT" ] && echo "binaries of commit $(cat "$bin/COMMIT")" | tee -a "$log"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader |
+  tee -a "$log"
+P="$bin/bench-cuda_parity"
+B="$bin/bench-cuda_ops"
+BASE="$bin/base/bench-cuda_ops"
 t0=$(date +%s)
 run() {
   local name=$1 to=$2; shift 2

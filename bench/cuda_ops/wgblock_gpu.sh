@@ -11,7 +11,6 @@ set -uo pipefail
 bin=${1:?BIN_DIR}
 log=${OUT:-.}/wgblock_gpu.log
 . "$(dirname "$0")/gpu_run.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
 run parity_wgmma 40 DFLASH_CUDA_ATTN_BLOCK=wgmma "$bin/bench-cuda_parity" attn
 run parity_mma 40 DFLASH_CUDA_ATTN_BLOCK=mma "$bin/bench-cuda_parity" attn
 for i in 1 2; do

@@ -9,7 +9,6 @@ set -uo pipefail
 bin=${1:?BIN_DIR}
 log=${OUT:-.}/wgmma_gpu.log
 . "$(dirname "$0")/gpu_run.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
 # wgmma: the default kernel; the rest by name (4x32: the mma.sync kernel). WG_SHAPES, WG_AGAIN
 # (timed twice), WG_SAN (memcheck) override the lists.
 shapes=${WG_SHAPES:-wgmma wg3x64r5 wg3x64m wg3x64p wg3x64 4x32}

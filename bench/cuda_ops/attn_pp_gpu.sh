@@ -51,15 +51,7 @@ for step in $steps; do
     run step_default 90 "$B" 5 attn
     ;;
   ncu)
-    run ncu_default 90 ncu --clock-control none -k regex:k_wgb_fused -s 2 -c 1 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-      --section SourceCounters -f -o "$out/wgb" "$B" 0 attn
-    if [ -f "$out/wgb.ncu-rep" ]; then
-      ncu --import "$out/wgb.ncu-rep" --page details >"$out/wgb_details.txt" 2>&1
-      ncu --import "$out/wgb.ncu-rep" --page source --print-source sass --csv \
-        >"$out/wgb_sass.csv" 2>&1
-      cat "$out/wgb_details.txt" >>"$log"
-    fi
+    ncu_one wgb k_wgb_fused 2 "$B" 0 attn
     ;;
   esac
 done

@@ -7,8 +7,8 @@
 # "parity ops ncu memcheck") lists the groups to run, in order: parity (attention checks with
 # SPLIT=1, every tile split into pieces, for each schedule and kernel, and with the defaults),
 # ops (`bench-cuda_ops 0 attn`, three anchor distributions, per variant), ncu (one
-# launch of the default kernel: speed of light, warp states, source counters; report, details
-# and per-SASS-instruction csv under $OUT), memcheck (sorted, SPLIT=1), memcheck_default,
+# launch of the default kernel, gpu_run.sh's ncu_one: details in the log, report and
+# per-SASS-instruction csv under $OUT), memcheck (sorted, SPLIT=1), memcheck_default,
 # parity_all (the whole parity run), step (`bench-cuda_ops 5 attn`: a 5-layer drafter step),
 # sass (the kernel's SASS). ops and step also run BIN_DIR/base/bench-cuda_ops when it is there
 # (the binary to compare with; ops also BIN_DIR/prev/bench-cuda_ops, an intermediate version).
@@ -69,16 +69,7 @@ for step in $steps; do
     run parity_all 90 "$P"
     ;;
   ncu)
-    run ncu_default 90 ncu --clock-control none -k regex:k_wgb_fused -s 2 -c 1 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section SourceCounters -f -o "$out/wgb" "$B" 0 attn
-    if [ -f "$out/wgb.ncu-rep" ]; then
-      ncu --import "$out/wgb.ncu-rep" --page details >"$out/wgb_details.txt" 2>&1
-      ncu --import "$out/wgb.ncu-rep" --page source --print-source sass --csv \
-        >"$out/wgb_sass.csv" 2>&1
-      cat "$out/wgb_details.txt" >>"$log"
-    fi
+    ncu_one wgb k_wgb_fused 2 "$B" 0 attn
     ;;
   sass)
     cuobjdump --dump-sass --function '_Z11k_wgb_fusedILi128ELb1EEv8bwd_args8wgb_maps' "$B" \

@@ -51,11 +51,7 @@ for step in $steps; do
     run parity_all 90 "$P"
     ;;
   ncu)
-    run ncu_default 90 ncu --clock-control none -k regex:k_wg_block -s 1 -c 1 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis -f -o "$out/wgf" \
-      "$B" 0 attn
-    [ -f "$out/wgf.ncu-rep" ] && ncu --import "$out/wgf.ncu-rep" --page details >>"$log" 2>&1
+    ncu_one wgf k_wg_block 1 "$B" 0 attn
     ;;
   esac
 done

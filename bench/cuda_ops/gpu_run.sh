@@ -7,7 +7,12 @@
 #   run NAME TIMEOUT [VAR=value ...] CMD ...
 # which runs CMD under `timeout` with the assignments, appending "=== NAME: CMD", its output and
 # "rc STATUS (N s)" (seconds since the start) to the log; a step whose timeout would end past
-# $budget seconds is skipped ("=== NAME: skipped (budget)"). No budget: every step runs.
+# $budget seconds is skipped ("=== NAME: skipped (budget)"). No budget: every step runs. And
+#   ncu_one NAME KERNEL_REGEX SKIP CMD ...
+# which profiles one launch of the kernel (after SKIP others) under ncu, clocks not held (speed
+# of light, warp states, schedulers, compute and memory workload, source counters) into
+# $out/NAME.ncu-rep, appends its details to the log and writes its per-SASS-instruction csv to
+# $out/NAME_sass.csv.
 export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
 : >"$log"
@@ -27,4 +32,15 @@ run() {
   echo "=== $name: $*" >>"$log"
   timeout "$to" env "$@" >>"$log" 2>&1
   echo "rc $? ($(($(date +%s) - t0)) s)" >>"$log"
+}
+ncu_one() {
+  local name=$1 kernel=$2 skip=$3; shift 3
+  run "ncu_$name" 90 ncu --clock-control none -k "regex:$kernel" -s "$skip" -c 1 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section SourceCounters -f -o "$out/$name" "$@"
+  [ -f "$out/$name.ncu-rep" ] || return 0
+  ncu --import "$out/$name.ncu-rep" --page details >>"$log" 2>&1
+  ncu --import "$out/$name.ncu-rep" --page source --print-source sass --csv \
+    >"$out/${name}_sass.csv" 2>&1
 }

@@ -25,6 +25,7 @@
 #include "err.h"
 #include "log.h"
 #include "monotime.h"
+#include "safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -376,7 +377,10 @@ static void shm_close(dp_comm *c) {
 /* ---------------------------------------------------------------------------------------------
  * shm: reduce and broadcast, chunk by chunk */
 
-typedef enum { ELEM_F32, ELEM_F64 } elem_type;
+/* Element types of a reduction: fp32 and fp64 are summed as they are; bf16 (bit patterns, the
+ * upper half of an fp32) is widened to fp32 while staging in, summed in fp32 and rounded once
+ * to bf16 (nearest even) while staging out. */
+typedef enum { ELEM_F32, ELEM_F64, ELEM_BF16 } elem_type;
 
 static void stage_in(void *dst, const void *src, size_t bytes, const dp_host_io *io) {
     if (io) io->to_host(io->ctx, dst, src, bytes);
@@ -388,28 +392,44 @@ static void stage_out(void *dst, const void *src, size_t bytes, const dp_host_io
     else memcpy(dst, src, bytes);
 }
 
+/* This rank's k elements of buf (at src) into its input region as summands: fp32 and bf16
+ * multiplied by scale in fp32. bf16 lands in the region's upper half [2k, 4k) bytes and is
+ * widened in place, front to back: float j's bytes [4j, 4j + 4) only cover bf16 elements
+ * 2j - k and 2j - k + 1, both <= j, so already read. */
+static void stage_summands(char *mine, const char *src, size_t k, elem_type t, float scale,
+                           const dp_host_io *io) {
+    float *x = (float *)mine;
+    if (t == ELEM_BF16) {
+        const uint16_t *h = (const uint16_t *)(mine + 2 * k);
+        stage_in(mine + 2 * k, src, 2 * k, io);
+        for (size_t j = 0; j < k; j++)
+            x[j] = safetensors_bf16_to_f32(h[j]) * scale;
+        return;
+    }
+    stage_in(mine, src, k * (t == ELEM_F32 ? sizeof(float) : sizeof(double)), io);
+    if (t == ELEM_F32 && scale != 1.0f)
+        for (size_t j = 0; j < k; j++)
+            x[j] *= scale;
+}
+
 static int shm_reduce(dp_comm *c, void *buf, size_t n, elem_type t, float scale,
                       const dp_host_io *io) {
     if (c->broken) return DFLASH_EPEER;
-    size_t esz = t == ELEM_F32 ? sizeof(float) : sizeof(double);
+    /* sizes in the shared regions (the sum's type) and in buf */
+    size_t esz = t == ELEM_F64 ? sizeof(double) : sizeof(float), bsz = t == ELEM_BF16 ? 2 : esz;
     size_t per = hdr_of(c)->chunk_bytes / esz;
     int W = c->world;
     for (size_t off = 0; off < n; off += per) {
         size_t k = n - off < per ? n - off : per;
-        char *mine = region_of(c, c->rank), *src = (char *)buf + off * esz;
-        stage_in(mine, src, k * esz, io);
-        if (t == ELEM_F32 && scale != 1.0f) {
-            float *x = (float *)mine;
-            for (size_t j = 0; j < k; j++)
-                x[j] *= scale;
-        }
+        char *mine = region_of(c, c->rank), *src = (char *)buf + off * bsz;
+        stage_summands(mine, src, k, t, scale, io);
         int rc = shm_barrier(c);
         if (rc) return rc;
         /* this rank's slice of the chunk, summed over ranks 0..W-1 in order */
         size_t slice = (k + (size_t)W - 1) / (size_t)W;
         size_t lo = (size_t)c->rank * slice, hi = lo + slice < k ? lo + slice : k;
         if (lo < hi) {
-            if (t == ELEM_F32) {
+            if (t != ELEM_F64) {
                 float *out = (float *)region_of(c, W);
                 memcpy(out + lo, (float *)region_of(c, 0) + lo, (hi - lo) * esz);
                 for (int r = 1; r < W; r++) {
@@ -429,7 +449,16 @@ static int shm_reduce(dp_comm *c, void *buf, size_t n, elem_type t, float scale,
         }
         rc = shm_barrier(c);
         if (rc) return rc;
-        stage_out(src, region_of(c, W), k * esz, io);
+        const char *res = region_of(c, W);
+        if (t == ELEM_BF16) { /* rounded into this rank's own input region: no peer reads it
+                               * after the barrier above */
+            const float *sum = (const float *)res;
+            uint16_t *h = (uint16_t *)mine;
+            for (size_t j = 0; j < k; j++)
+                h[j] = safetensors_f32_to_bf16(sum[j]);
+            res = mine;
+        }
+        stage_out(src, res, k * bsz, io);
     }
     return 0;
 }
@@ -530,10 +559,24 @@ int dp_comm_allreduce_scaled_f32(dp_comm *c, float *buf, size_t n, float scale,
     if (n == 0) return 0;
     if (!buf) return DFLASH_EINVAL;
 #ifdef DFLASH_HAVE_NCCL
-    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_allreduce(c->nccl, buf, n, false, scale, stream));
+    if (c->kind == DP_COMM_NCCL)
+        return track(c, dp_nccl_allreduce(c->nccl, buf, n, DP_NCCL_F32, scale, stream));
 #endif
     (void)stream;
     return track(c, shm_reduce(c, buf, n, ELEM_F32, scale, io));
+}
+
+int dp_comm_allreduce_scaled_bf16(dp_comm *c, void *buf, size_t n, float scale,
+                                  const dp_host_io *io, void *stream) {
+    if (c->broken) return DFLASH_EPEER;
+    if (n == 0) return 0;
+    if (!buf) return DFLASH_EINVAL;
+#ifdef DFLASH_HAVE_NCCL
+    if (c->kind == DP_COMM_NCCL)
+        return track(c, dp_nccl_allreduce(c->nccl, buf, n, DP_NCCL_BF16, scale, stream));
+#endif
+    (void)stream;
+    return track(c, shm_reduce(c, buf, n, ELEM_BF16, scale, io));
 }
 
 int dp_comm_allreduce_f32(dp_comm *c, float *buf, size_t n, void *stream) {
@@ -545,7 +588,8 @@ int dp_comm_allreduce_host_f64(dp_comm *c, double *v, int n) {
     if (n < 0 || (n > 0 && !v)) return DFLASH_EINVAL;
     if (n == 0) return 0;
 #ifdef DFLASH_HAVE_NCCL
-    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_allreduce(c->nccl, v, (size_t)n, true, 1.0f, NULL));
+    if (c->kind == DP_COMM_NCCL)
+        return track(c, dp_nccl_allreduce(c->nccl, v, (size_t)n, DP_NCCL_F64_HOST, 1.0f, NULL));
 #endif
     return track(c, shm_reduce(c, v, (size_t)n, ELEM_F64, 1.0f, NULL));
 }

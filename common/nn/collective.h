@@ -8,7 +8,7 @@
  *         short sleeps against a deadline: a dead peer gives DFLASH_ETIMEOUT, never a hang), and
  *         world + 1 regions of DP_SHM_CHUNK_BYTES: one input region per rank and one result
  *         region. A reduction goes chunk by chunk: every rank copies its chunk into its input
- *         region, barrier, rank r sums slice r of the chunk over all input regions in rank order
+ *         region (bf16 data widened to fp32 there), barrier, rank r sums slice r of the chunk over all input regions in rank order
  *         0..world-1 into the result region, barrier, every rank copies the result back. So each
  *         element is summed once, in a fixed order: the results are deterministic and
  *         bit-identical on every rank, and the segment size does not depend on the model. A
@@ -32,9 +32,9 @@
  * daemon's group code (services/drafter), the tests.
  *
  * Additions to the agreed interface (nothing agreed was changed): dp_comm_kind_of,
- * dp_comm_barrier, dp_comm_set_timeout, dp_comm_allreduce_scaled_f32 and dp_comm_broadcast_io
- * (a per-rank pre-scale and copies through caller-supplied host i/o, used by dflash_dp),
- * dp_comm_have_nccl.
+ * dp_comm_barrier, dp_comm_set_timeout, dp_comm_allreduce_scaled_f32, _scaled_bf16 and
+ * dp_comm_broadcast_io (a per-rank pre-scale, bf16 data, and copies through caller-supplied host
+ * i/o, used by dflash_dp), dp_comm_have_nccl.
  */
 #ifndef DFLASH_NN_COLLECTIVE_H
 #define DFLASH_NN_COLLECTIVE_H
@@ -104,6 +104,16 @@ typedef struct dp_host_io {
  * buffer of n floats is ever allocated. nccl ignores io. Returns as dp_comm_allreduce_f32. */
 int dp_comm_allreduce_scaled_f32(dp_comm *c, float *buf, size_t n, float scale,
                                  const dp_host_io *io, void *stream);
+
+/* The same for n bf16 values (bit patterns, the upper half of an fp32; a cuda model's weight
+ * gradients). shm: each rank's values are widened to fp32 and multiplied by scale while staged
+ * in, summed in fp32 in rank order and rounded once to bf16 (nearest even) while staged out.
+ * nccl: ncclBfloat16 with PreMulSum, whose scalar has the data's type: scale is rounded to
+ * bf16 first (a relative error of at most 2^-9 in this rank's factor, the size of one rounding
+ * of the values themselves), each product is rounded to bf16 and the ring's partial sums are
+ * too (world - 1 additions in NCCL's order). Bit-identical on every rank with either backend. */
+int dp_comm_allreduce_scaled_bf16(dp_comm *c, void *buf, size_t n, float scale,
+                                  const dp_host_io *io, void *stream);
 
 /* Same for a few host doubles (loss sums, weight sums): always host memory on both backends. */
 int dp_comm_allreduce_host_f64(dp_comm *c, double *v, int n);

@@ -21,6 +21,7 @@
 #include "err.h"
 #include "log.h"
 #include "monotime.h"
+#include "safetensors.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -165,14 +166,14 @@ fail:
     return rc;
 }
 
-int dp_nccl_allreduce(void *impl, void *buf, size_t n_el, bool f64_host, float scale,
+int dp_nccl_allreduce(void *impl, void *buf, size_t n_el, dp_nccl_elem t, float scale,
                       void *stream) {
     dp_nccl *n = impl;
     if (n->aborted) return DFLASH_EPEER;
     int prev = 0, rc = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(n->device);
-    if (f64_host) { /* stage chunk by chunk through the device buffer on our stream */
+    if (t == DP_NCCL_F64_HOST) { /* stage chunk by chunk through the device buffer on our stream */
         size_t per = STAGING_BYTES / sizeof(double);
         for (size_t off = 0; off < n_el && !rc; off += per) {
             size_t k = n_el - off < per ? n_el - off : per;
@@ -198,15 +199,19 @@ int dp_nccl_allreduce(void *impl, void *buf, size_t n_el, bool f64_host, float s
     } else {
         cudaStream_t st = (cudaStream_t)stream;
         ncclRedOp_t op = ncclSum;
-        bool premul = scale != 1.0f;
+        bool bf = t == DP_NCCL_BF16;
+        ncclDataType_t type = bf ? ncclBfloat16 : ncclFloat32;
+        uint16_t scale_bf16 = safetensors_f32_to_bf16(scale); /* the scalar in the data's type */
+        bool premul = bf ? scale_bf16 != safetensors_f32_to_bf16(1.0f) : scale != 1.0f;
         if (premul) {
-            ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &scale, ncclFloat32,
-                                                      ncclScalarHostImmediate, n->comm);
+            void *scalar = bf ? (void *)&scale_bf16 : (void *)&scale;
+            ncclResult_t r = ncclRedOpCreatePreMulSum(&op, scalar, type, ncclScalarHostImmediate,
+                                                      n->comm);
             rc = wait_async(n, r, "ncclRedOpCreatePreMulSum", monotime_s() + n->timeout_s);
         }
         if (!rc) {
-            ncclResult_t r = ncclAllReduce(buf, buf, n_el, ncclFloat32, op, n->comm, st);
-            rc = wait_done(n, r, st, "allreduce f32");
+            ncclResult_t r = ncclAllReduce(buf, buf, n_el, type, op, n->comm, st);
+            rc = wait_done(n, r, st, bf ? "allreduce bf16" : "allreduce f32");
         }
         if (premul && !n->aborted) ncclRedOpDestroy(op, n->comm);
     }
@@ -255,7 +260,7 @@ int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, 
 int dp_nccl_barrier(void *impl) {
     dp_nccl *n = impl;
     double one = 1.0;
-    return dp_nccl_allreduce(n, &one, 1, true, 1.0f, NULL);
+    return dp_nccl_allreduce(n, &one, 1, DP_NCCL_F64_HOST, 1.0f, NULL);
 }
 
 void dp_nccl_set_timeout(void *impl, double timeout_s) { ((dp_nccl *)impl)->timeout_s = timeout_s; }

@@ -15,8 +15,12 @@
 int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
 int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
                  double timeout_s, void **impl, char *err, size_t errlen);
-/* f64: buf is n host doubles; else buf is n device floats pre-scaled by scale. */
-int dp_nccl_allreduce(void *impl, void *buf, size_t n, bool f64_host, float scale, void *stream);
+/* What dp_nccl_allreduce's buf holds: n host doubles, or n device fp32 / bf16 values. */
+typedef enum { DP_NCCL_F64_HOST, DP_NCCL_F32, DP_NCCL_BF16 } dp_nccl_elem;
+/* Host doubles: a plain sum. Device values: each pre-scaled by scale (PreMulSum; for bf16 the
+ * scalar is scale rounded to bf16), summed in their own type, on stream. */
+int dp_nccl_allreduce(void *impl, void *buf, size_t n, dp_nccl_elem t, float scale,
+                      void *stream);
 int dp_nccl_broadcast(void *impl, void *buf, size_t bytes, int root, bool host, void *stream);
 int dp_nccl_barrier(void *impl);
 void dp_nccl_set_timeout(void *impl, double timeout_s);

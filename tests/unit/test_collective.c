@@ -7,6 +7,9 @@
  *     bit, the sum of all ranks' inputs in rank order 0..world-1 (so ranks agree bitwise), with
  *     inputs of mixed magnitude and sign so that a different order would show;
  *   - allreduce_scaled_f32 (a per-rank pre-scale), also through a dp_host_io;
+ *   - allreduce_scaled_bf16 on host memory and through a dp_host_io: every rank's result is,
+ *     bit for bit, the fp32 sum in rank order of the widened, pre-scaled inputs rounded once
+ *     to bf16 (chunks of the fp32 width: 2 chunks + 777 values);
  *   - allreduce_host_f64, broadcast (larger than a chunk, from the last rank), broadcast_host,
  *     barrier; 500 rounds of a reduction then a broadcast, back to back;
  *   - failures: a rank that never joins (the others' open times out within the timeout), a rank
@@ -18,6 +21,7 @@
 #include "collective.h"
 #include "err.h"
 #include "monotime.h"
+#include "safetensors.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -121,6 +125,39 @@ static void rank_main(const uint8_t *id, int rank, int world) {
             }
         }
     }
+    /* bf16: widened, scaled and summed in fp32 in rank order, rounded once */
+    uint16_t *hb = malloc(nmax * sizeof(uint16_t));
+    for (int via_io = 0; via_io < 2; via_io++) {
+        for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++) {
+            size_t n = SIZES[si];
+            for (size_t j = 0; j < n; j++) {
+                hb[j] = safetensors_f32_to_bf16(input(rank, j));
+                ref[j] = 0.0f;
+                for (int r = 0; r < world; r++) {
+                    float x = safetensors_bf16_to_f32(safetensors_f32_to_bf16(input(r, j)));
+                    ref[j] = r == 0 ? x * scale_of(r) : ref[j] + x * scale_of(r);
+                }
+            }
+            io_count cnt = {0, 0};
+            dp_host_io io = {io_to, io_from, &cnt};
+            rc = dp_comm_allreduce_scaled_bf16(c, hb, n, scale_of(rank), via_io ? &io : NULL,
+                                               NULL);
+            CHECK_EQ_INT(rc, 0);
+            size_t bad = 0;
+            for (size_t j = 0; j < n; j++)
+                bad += hb[j] != safetensors_f32_to_bf16(ref[j]);
+            if (bad)
+                fprintf(stderr, "rank %d world %d n %zu bf16 io %d: %zu elements differ\n", rank,
+                        world, n, via_io, bad);
+            CHECK_EQ_INT(bad, 0);
+            if (via_io) {
+                long chunks = (long)((n + CHUNK_F - 1) / CHUNK_F);
+                CHECK_EQ_INT(cnt.to, chunks);
+                CHECK_EQ_INT(cnt.from, chunks);
+            }
+        }
+    }
+    free(hb);
     /* host doubles */
     double v[3] = {rank, 1.0 + rank * 0.1, -(double)rank * rank}, vr[3] = {0, 0, 0};
     for (int r = 0; r < world; r++)

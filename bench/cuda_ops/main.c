@@ -129,8 +129,7 @@ static void row(const char *name, const char *shape, double ms, double flop) {
 /* ---- GEMMs ---- */
 
 typedef struct lin_arg {
-    void *x, *w, *y, *dy;
-    float *dw;
+    void *x, *w, *y, *dy, *dw;
     int M, K, N, bwd;
 } lin_arg;
 
@@ -148,13 +147,13 @@ static double bench_linear(const char *name, int M, int K, int N, int bwd) {
     a.w = act_rand((size_t)N * K, 0.02f);
     if (bwd) {
         a.dy = act_rand((size_t)M * N, 1.0f);
-        a.dw = O->alloc(C, (size_t)N * K * sizeof(float));
+        a.dw = O->alloc(C, (size_t)N * K * O->act_bytes);
     } else
         a.y = O->alloc(C, (size_t)M * N * O->act_bytes);
     double flop = 2.0 * M * K * N * (bwd ? 2 : 1);
     double ms = time_ms(lin_run, &a, 10);
     char shape[64];
-    snprintf(shape, sizeof shape, "M%d K%d N%d%s", M, K, N, bwd ? " dx+dw(f32)" : "");
+    snprintf(shape, sizeof shape, "M%d K%d N%d%s", M, K, N, bwd ? " dx+dw" : "");
     if (!g_peak) g_peak = flop / (ms * 1e-3) / 1e12;
     row(name, shape, ms, flop);
     O->free(C, a.x), O->free(C, a.w), O->free(C, a.y), O->free(C, a.dy), O->free(C, a.dw);

@@ -124,6 +124,12 @@ static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m,
                       float clip, int t) {
     PO_WRAP(PO_ADAMW, 0, po_real->adamw_clip(c, p, pa, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
 }
+static void po_adamwca(nn_ctx *c, float *p, nn_buf *pa, const nn_buf *g, float *m, float *v,
+                       size_t n, float lr, float b1, float b2, float eps, float wd,
+                       const float *sq, float clip, int t) {
+    PO_WRAP(PO_ADAMW, 0,
+            po_real->adamw_clip_act(c, p, pa, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
+}
 static void po_rope(nn_ctx *c, nn_buf *o, const nn_buf *x, const nn_buf *w, const int32_t *p,
                     const float *f, int T, int nh, int d, float e) {
     PO_WRAP(PO_ROPE, 0, po_real->head_norm_rope_fwd(c, o, x, w, p, f, T, nh, d, e));
@@ -149,7 +155,7 @@ static void po_rmsb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn
                     const nn_buf *w, const float *r, int R, int C, const nn_buf *dres) {
     PO_WRAP(PO_RMSB, 0, po_real->rmsnorm_bwd(c, dx, dw, dy, x, w, r, R, C, dres));
 }
-static void po_linb(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+static void po_linb(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn_buf *dy,
                     const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode) {
     int i = po_start();
     po_real->linear_bwd(c, dx, dw, db, dy, x, w, M, K, N, mode);
@@ -182,8 +188,8 @@ static void po_argmax(nn_ctx *c, int32_t *o, const nn_buf *h, const nn_buf *W, n
                       int D, int V, int ch) {
     PO_WRAP(PO_ARGMAX, 2.0 * Q * D * (double)V, po_real->lm_head_argmax(c, o, h, W, scr, Q, D, V, ch));
 }
-static void po_sumsq(nn_ctx *c, float *o, const float *g, size_t n) {
-    PO_WRAP(PO_SUMSQ, 0, po_real->sumsq(c, o, g, n));
+static void po_sumsq(nn_ctx *c, float *o, const nn_buf *ga, size_t na, const float *g, size_t n) {
+    PO_WRAP(PO_SUMSQ, 0, po_real->sumsq(c, o, ga, na, g, n));
 }
 static void po_adamw(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m, float *v, size_t n,
                      float lr, float b1, float b2, float eps, float wd, float gs, int t) {
@@ -211,6 +217,7 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
     po_tab.linear_fwd_res = po_linr, po_tab.adamw_clip = po_adamwc;
+    po_tab.adamw_clip_act = po_adamwca;
     return &po_tab;
 }
 

@@ -89,23 +89,39 @@ static void group_metrics(dflash_metrics *met, const double *v, long step) {
     }
 }
 
+/* The gradients' all-reduce, each rank's scaled by scale: the matrices' act-typed part (bf16
+ * on cuda: dp_comm_allreduce_scaled_bf16; fp32 on cpu) and the vectors' fp32 part. */
+static int allreduce_grads(dflash_model *m, dp_comm *comm, float scale, const dp_host_io *io,
+                           void *stream) {
+    size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
+    int rc = m->ops->act_bytes == sizeof(float)
+                 ? dp_comm_allreduce_scaled_f32(comm, (float *)m->grads, nd, scale, io, stream)
+                 : dp_comm_allreduce_scaled_bf16(comm, m->grads, nd, scale, io, stream);
+    return rc ? rc : dp_comm_allreduce_scaled_f32(comm, m->grads_vec, nr, scale, io, stream);
+}
+
 /* Global-norm clipping of the reduced gradient with rank 0's norm: dflash_train_apply would
  * take each rank's own sum of squares of the (identical) gradient, but a backend's sum of
  * squares need not be bit-reproducible across processes or devices (the cuda one used float
  * atomics until c6ce6ed), and a clip factor that differs in the last bit makes the ranks'
  * weights drift apart. Costs one sum of squares and an 8-byte broadcast per step. The factor is
  * the one dflash_train_apply's adamw_clip forms (NN_CLIP_SCALE, fp32), applied with the ops'
- * scale_f32: the same fp32 product AdamW would form. *norm: the group's gradient norm. */
+ * scale_act / scale_f32: the same fp32 product AdamW would form (the act-typed part is then
+ * rounded to act again). *norm: the group's gradient norm. */
 static int group_clip(dflash_model *m, const dflash_train_cfg *tc, dp_comm *comm, double *norm) {
     float sq;
-    m->ops->sumsq(m->ctx, m->out_sumsq, m->grads, m->n_params);
+    size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
+    m->ops->sumsq(m->ctx, m->out_sumsq, m->grads, nd, m->grads_vec, nr);
     m->ops->download_raw(m->ctx, &sq, m->out_sumsq, sizeof sq);
     double sqd = sq;
     int rc = dp_comm_broadcast_host(comm, &sqd, sizeof sqd, 0);
     if (rc) return rc;
     *norm = sqrt(sqd);
     float f = NN_CLIP_SCALE((float)sqd, (float)tc->clip); /* exactly what adamw_clip computes */
-    if (f != 1.0f) m->ops->scale_f32(m->ctx, m->grads, m->n_params, f);
+    if (f != 1.0f) {
+        m->ops->scale_act(m->ctx, m->grads, nd, f);
+        m->ops->scale_f32(m->ctx, m->grads_vec, nr, f);
+    }
     return 0;
 }
 
@@ -137,7 +153,7 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
     /* grads_r is dL_r/dp with L_r = sum_r w*CE / W_r; no anchors (grads left as they were) or
      * zero weight: zero, so this rank adds nothing to the sum */
     if (loc.n_blocks == 0 || !(loc.weight_sum > 0))
-        m->ops->zero(m->ctx, m->grads, m->n_params * sizeof(float));
+        m->ops->zero(m->ctx, m->grads, m->grad_bytes);
 
     /* 2. the weight sums and metric counts of the group */
     double v[V_N];
@@ -161,7 +177,7 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
 
     /* 3. sum over ranks of (W_r / W) * grads_r = dL/dp for the global L */
     float scale = loc.weight_sum > 0 ? (float)(loc.weight_sum / W) : 0.0f;
-    rc = dp_comm_allreduce_scaled_f32(comm, m->grads, m->n_params, scale, io, stream);
+    rc = allreduce_grads(m, comm, scale, io, stream);
     if (rc) return rc;
 
     /* 4. clipping with one norm for the whole group (see dflash_dp.h, step 4) */

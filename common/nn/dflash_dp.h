@@ -10,13 +10,14 @@
  *   2. allreduce (host doubles) of [W_r, loss_r * W_r, failed_r, and the metric counts];
  *   3. allreduce of the gradients, each rank's scaled by W_r / W on the way in (the collective's
  *      pre-scaled sum: NCCL PreMulSum on the device, or while staging on shm), giving the
- *      gradient of L above, bit-identical on every rank;
+ *      gradient of L above, bit-identical on every rank; the matrices' act-typed part (bf16 on
+ *      cuda) and the vectors' fp32 part are two calls (collective.h: how bf16 is summed);
  *   4. clipping with ONE norm for the group: rank 0's sum of squares of that gradient is used
  *      by all ranks (a backend's sum of squares need not be bit-reproducible across processes
  *      or devices, as the cuda one was with float atomics before c6ce6ed, and a clip factor
  *      differing in the last bit makes the ranks drift apart: seen on the H200); on a step that
  *      clips, the gradient is scaled here by
- *      clip / (norm + 1e-6) (ops->scale_f32);
+ *      clip / (norm + 1e-6) (ops->scale_act and scale_f32);
  *   5. dflash_train_apply with clipping off: AdamW sees the same global gradient on every
  *      rank, so master weights, moments and step stay bit-identical.
  * If W == 0 every rank skips the update (met->skipped) consistently. If a rank fails locally

@@ -163,7 +163,8 @@ static void plan_params(dflash_model *m) {
                 off = m->tensors[t].offset + m->tensors[t].numel;
         }
     }
-    m->n_decay = off;
+    /* the vectors' gradients (fp32) follow the matrices' (act) 256-byte aligned in either type */
+    m->n_decay = off = (off + 127) & ~(size_t)127;
     m->t_hidden_norm = add_tensor(m, "hidden_norm.weight", 1, D, 0, &off);
     m->t_norm = add_tensor(m, "norm.weight", 1, D, 0, &off);
     for (int l = 0; l < L; l++) {
@@ -191,8 +192,18 @@ nn_buf *dflash_model_weight(const dflash_model *m, int i) {
 float *dflash_model_master(const dflash_model *m, int i) {
     return m->master + m->tensors[i].offset;
 }
-float *dflash_model_grad(const dflash_model *m, int i) {
-    return m->grads + m->tensors[i].offset;
+void *dflash_model_grad(const dflash_model *m, int i) {
+    const dflash_tensor *t = &m->tensors[i];
+    if (t->decay) return (char *)m->grads + t->offset * m->ops->act_bytes;
+    return m->grads_vec + (t->offset - m->n_decay);
+}
+
+void dflash_model_grad_download(const dflash_model *m, int i, float *dst) {
+    const dflash_tensor *t = &m->tensors[i];
+    if (t->decay)
+        m->ops->download(m->ctx, dst, dflash_model_grad(m, i), t->numel);
+    else
+        m->ops->download_raw(m->ctx, dst, dflash_model_grad(m, i), t->numel * sizeof(float));
 }
 
 void dflash_model_sync_params(dflash_model *m) {
@@ -200,7 +211,7 @@ void dflash_model_sync_params(dflash_model *m) {
         m->ops->f32_to_act(m->ctx, m->params, m->master, m->n_params);
 }
 
-/* Short names for the act-typed weights and fp32 grads used below. */
+/* Short names for the act-typed weights and the grads (act matrices, fp32 vectors) below. */
 #define LW(m, l, k) dflash_model_weight(m, (m)->t_layer[l][k])
 #define LG(m, l, k) dflash_model_grad(m, (m)->t_layer[l][k])
 
@@ -281,7 +292,6 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->in_uids = take(p, U * 4);
     m->eye = take(p, U * U * ab);
     m->sel = take(p, Q * U * ab);
-    m->du32 = take(p, U * (H + 2 * Hk) * d * 4);
     m->du = take(p, U * (H + 2 * Hk) * d * ab);
 }
 
@@ -361,9 +371,11 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
 
     size_t pbytes = m->n_params * sizeof(float);
     m->master = ops->alloc(ctx, pbytes);
-    m->grads = ops->alloc(ctx, pbytes);
+    m->grad_bytes = m->n_decay * ops->act_bytes + (m->n_params - m->n_decay) * sizeof(float);
+    m->grads = ops->alloc(ctx, m->grad_bytes);
     m->adam_m = ops->alloc(ctx, pbytes);
     m->adam_v = ops->alloc(ctx, pbytes);
+    m->grads_vec = m->grads ? (float *)((char *)m->grads + m->n_decay * ops->act_bytes) : NULL;
     if (ops->act_bytes == sizeof(float))
         m->params = m->master;
     else
@@ -598,9 +610,10 @@ static void qkv_blocks_bwd(dflash_model *m, int l) {
 }
 
 /* The same for layer 0 on its distinct rows: the gradients of q, k, v are summed per distinct
- * row (du = sel^T [dq | dk | dv], fp32, one product each with the one-hot rows sel, then
- * rounded once), the products' backward runs on U rows, and the input norm's backward gives
- * only its weight's gradient (resid[0], the frozen embedding, takes none). */
+ * row (du = sel^T [dq | dk | dv], one product each with the one-hot rows sel, accumulated in
+ * fp32 and rounded once as linear_bwd's dw), the products' backward runs on U rows, and the
+ * input norm's backward gives only its weight's gradient (resid[0], the frozen embedding,
+ * takes none). */
 static void qkv_blocks_bwd_distinct(dflash_model *m) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
@@ -608,14 +621,12 @@ static void qkv_blocks_bwd_distinct(dflash_model *m) {
     int Tc = m->cur_tc, Q = m->cur_nb * c->block_size, U = m->cur_u, Uc = m->u_cap;
     int D = c->hidden_size, Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
     const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
-    float *sq = m->du32, *sk = sq + (size_t)Uc * Hd, *sv = sk + (size_t)Uc * Hkd;
     nn_buf *uq = m->du, *uk = row(m, m->du, Uc, Hd), *uv = row(m, uk, Uc, Hkd);
     o->embedding_fwd(m->ctx, m->sel, m->in_umap, m->eye, Q, Uc);
-    o->linear_bwd(m->ctx, NULL, sq, NULL, m->sel, m->dqraw, NULL, Q, Hd, Uc, set);
-    o->linear_bwd(m->ctx, NULL, sk, NULL, m->sel, row(m, m->dkraw, Tc, Hkd), NULL, Q, Hkd, Uc,
+    o->linear_bwd(m->ctx, NULL, uq, NULL, m->sel, m->dqraw, NULL, Q, Hd, Uc, set);
+    o->linear_bwd(m->ctx, NULL, uk, NULL, m->sel, row(m, m->dkraw, Tc, Hkd), NULL, Q, Hkd, Uc,
                   set);
-    o->linear_bwd(m->ctx, NULL, sv, NULL, m->sel, row(m, m->dv, Tc, Hkd), NULL, Q, Hkd, Uc, set);
-    o->f32_to_act(m->ctx, m->du, m->du32, (size_t)Uc * (Hd + 2 * Hkd));
+    o->linear_bwd(m->ctx, NULL, uv, NULL, m->sel, row(m, m->dv, Tc, Hkd), NULL, Q, Hkd, Uc, set);
     o->linear_bwd(m->ctx, m->dxln, LG(m, 0, DFL_Q), NULL, uq, a->xln, LW(m, 0, DFL_Q), U, D, Hd,
                   set);
     o->linear_bwd(m->ctx, m->dxln, LG(m, 0, DFL_K), NULL, uk, a->xln, LW(m, 0, DFL_K), U, D, Hkd,
@@ -707,7 +718,9 @@ static void attn_bwd(dflash_model *m, int l) {
     o->head_norm_rope_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw,
                           LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk, Hk, d, eps);
     /* block rows (the first product of each weight sets its gradient), then the context rows:
-     * dHt accumulates over layers, dWk and dWv over both row sets */
+     * dHt accumulates over layers, dWk and dWv over both row sets (the second product reads the
+     * first's act-rounded sum and rounds again: on cuda two bf16 roundings, accepted; one
+     * product over [Ht ; xln] would need the rows in one buffer) */
     if (l == 0 && m->cur_u)
         qkv_blocks_bwd_distinct(m);
     else
@@ -800,7 +813,7 @@ void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     int D = c->hidden_size, L = c->num_layers;
     /* the norm weights' gradients are sums of atomic adds: zeroed first; every matrix's first
      * product (NN_BWD_DW_SET) overwrites its gradient */
-    o->zero(m->ctx, m->grads + m->n_decay, (m->n_params - m->n_decay) * sizeof(float));
+    o->zero(m->ctx, m->grads_vec, (m->n_params - m->n_decay) * sizeof(float));
     /* out = rmsnorm(resid[L], norm): dh <- d/d resid[L] (dx may equal dy) */
     o->rmsnorm_bwd(m->ctx, m->dh, dflash_model_grad(m, m->t_norm), m->dh, m->resid[L],
                    dflash_model_weight(m, m->t_norm), m->rstd_out, post_attn_rows(m, L - 1), D,

@@ -19,9 +19,14 @@
  * Memory (llm.c style): four large allocations, each pointed into from a size table planned once
  * at creation for (max_tokens, max_blocks):
  *   master  fp32 parameters (trainable only), one flat array; the tensor table gives offsets.
- *           Order: all matrices first (weight decay applies), then all norm vectors (none).
+ *           Order: all matrices first (weight decay applies), then, from n_decay (a multiple
+ *           of 128), all norm vectors (none).
  *   params  act-typed copy used by the ops (cpu: the same memory as master).
- *   grads, adam_m, adam_v   fp32, same layout as master.
+ *   adam_m, adam_v   fp32, same layout as master.
+ *   grads   the matrices' gradients act-typed (ops.h: cuda bf16, one rounding per product),
+ *           [n_decay] elements, then grads_vec, the vectors' fp32 [n_params - n_decay]: one
+ *           allocation of grad_bytes, the same offsets as master. On cpu (act fp32) it is one
+ *           fp32 array [n_params], as master.
  *   acts    activations and backward scratch (act type), stats (fp32), inputs (int32/spans).
  * Nothing is allocated after dflash_model_new.
  *
@@ -85,7 +90,8 @@ typedef struct dflash_tensor {
     char name[64]; /* checkpoint name (dflash.md 2.2), e.g. "layers.0.self_attn.q_proj.weight" */
     int ndim;      /* 1 or 2 */
     int shape[2];  /* [out, in] for linear weights, [n] for norms */
-    size_t offset; /* elements from the start of master / grads / moments / params */
+    size_t offset; /* elements from the start of master / moments / params / grads (matrices;
+                      a vector's gradient is at offset - n_decay in grads_vec) */
     size_t numel;
     bool decay; /* weight decay applies (matrices) */
 } dflash_tensor;
@@ -139,10 +145,12 @@ typedef struct dflash_model {
     dflash_tensor *tensors;
     int t_fc, t_hidden_norm, t_norm;
     int t_layer[DFLASH_MAX_LAYERS][DFL_N_LAYER_TENSORS];
-    size_t n_params, n_decay; /* all; the first n_decay take weight decay */
+    size_t n_params, n_decay; /* all; the first n_decay take weight decay (the matrices) */
     float *master;            /* fp32 [n_params] backend memory */
     nn_buf *params;           /* act [n_params]; == master when act_bytes == 4 */
-    float *grads;             /* fp32 [n_params] */
+    nn_buf *grads;            /* act [n_decay]: the matrices' gradients, then grads_vec */
+    float *grads_vec;         /* fp32 [n_params - n_decay], at grads + n_decay * act_bytes */
+    size_t grad_bytes;        /* grads and grads_vec together (one allocation) */
     float *adam_m, *adam_v;
     long step; /* optimizer steps taken */
 
@@ -188,8 +196,7 @@ typedef struct dflash_model {
     int32_t *in_uids;        /* [u_cap] token id of each distinct row */
     nn_buf *eye;             /* [u_cap, u_cap] identity (the rows sel gathers) */
     nn_buf *sel;             /* [Q, u_cap] one-hot rows: sel[r, in_umap[r]] = 1 */
-    float *du32;             /* [u_cap, H*d + 2*Hk*d] fp32 per-row gradient sums of q | k | v */
-    nn_buf *du;              /* the same in act */
+    nn_buf *du;              /* [u_cap, H*d + 2*Hk*d] per-row gradient sums of q | k | v */
     int32_t *h_umap, *h_uids, *h_uhash; /* host staging; h_uhash: open addressing, 4 u_cap */
     int cur_u;               /* distinct rows of the inputs set last (0: no dedup this step) */
     /* the last layer on the predicted rows: no loss reads a block's offset-0 row (it holds the
@@ -231,10 +238,14 @@ void dflash_model_destroy(dflash_model **m);
 
 /* Tensor lookup by checkpoint name; -1 when absent. */
 int dflash_model_find(const dflash_model *m, const char *name);
-/* Act-typed weight, fp32 master and gradient of tensor i (backend memory). */
+/* Act-typed weight, fp32 master and gradient of tensor i (backend memory). The gradient is
+ * act-typed (nn_buf) for a matrix (tensors[i].decay) and fp32 for a vector. */
 nn_buf *dflash_model_weight(const dflash_model *m, int i);
 float *dflash_model_master(const dflash_model *m, int i);
-float *dflash_model_grad(const dflash_model *m, int i);
+void *dflash_model_grad(const dflash_model *m, int i);
+/* Tensor i's gradient as fp32 host values dst[numel], whatever its type (ops download or
+ * download_raw: waits for the device). For tests, checks and tools. */
+void dflash_model_grad_download(const dflash_model *m, int i, float *dst);
 /* Refreshes the act copies from the masters (after writing masters directly, e.g. a load). */
 void dflash_model_sync_params(dflash_model *m);
 
@@ -252,8 +263,9 @@ void dflash_model_forward(dflash_model *m, const nn_buf *X);
  * correct 0) with the labels/weights set last; writes dh and out_sums {sum w*CE, sum w},
  * out_correct. inv_norm scales the gradient (1 / sum w). */
 void dflash_model_loss(dflash_model *m, float inv_norm);
-/* Backward from dh (set by dflash_model_loss): WRITES every trainable gradient into grads
- * (overwrites them: a step needs no zeroing before; the padding between tensors stays 0).
+/* Backward from dh (set by dflash_model_loss): WRITES every trainable gradient into grads and
+ * grads_vec (overwrites them: a step needs no zeroing before; the padding between tensors stays
+ * 0).
  * X must be the forward's; the backward follows its rows (dflash_model_forward_loss's). */
 void dflash_model_backward(dflash_model *m, const nn_buf *X);
 /* A training step's forward and loss: dflash_model_forward then dflash_model_loss, except that

@@ -337,7 +337,7 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     dflash_metrics *met = &r->met;
     met->step = m->step;
     met->n_blocks = nb;
-    const size_t grad_bytes = m->n_params * sizeof(float);
+    const size_t grad_bytes = m->grad_bytes;
     if (nb == 0) {
         o->zero(m->ctx, m->grads, grad_bytes);
         met->skipped = true;
@@ -370,18 +370,19 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
  * host memory). */
 static void queue_apply(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r) {
     const nn_ops *o = m->ops;
-    o->sumsq(m->ctx, m->out_sumsq, m->grads, m->n_params);
+    size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
+    o->sumsq(m->ctx, m->out_sumsq, m->grads, nd, m->grads_vec, nr);
     if (r->h_sums) o->download_raw_async(m->ctx, r->h_sums + 2, m->out_sumsq, sizeof(float));
     double lr = dflash_train_lr(tc, m->step);
     int t = (int)(m->step + 1);
     bool alias = (void *)m->params == (void *)m->master;
-    size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
     float clip = tc->clip > 0 ? (float)tc->clip : 0.0f;
-    o->adamw_clip(m->ctx, m->master, alias ? NULL : m->params, m->grads, m->adam_m, m->adam_v, nd,
-                  (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps,
-                  (float)tc->weight_decay, m->out_sumsq, clip, t);
+    /* the matrices (act-typed gradients, weight decay), then the vectors (fp32, none) */
+    o->adamw_clip_act(m->ctx, m->master, alias ? NULL : m->params, m->grads, m->adam_m, m->adam_v,
+                      nd, (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps,
+                      (float)tc->weight_decay, m->out_sumsq, clip, t);
     o->adamw_clip(m->ctx, m->master + nd,
-                  alias ? NULL : (nn_buf *)((char *)m->params + nd * o->act_bytes), m->grads + nd,
+                  alias ? NULL : (nn_buf *)((char *)m->params + nd * o->act_bytes), m->grads_vec,
                   m->adam_m + nd, m->adam_v + nd, nr, (float)lr, (float)tc->beta1,
                   (float)tc->beta2, (float)tc->eps, 0.0f, m->out_sumsq, clip, t);
     m->step++;

@@ -12,7 +12,8 @@
  *      Only kept blocks are packed (no padding blocks), so keep is 1 for every block.
  *   3. forward, loss = sum w*CE / sum w over the whole batch, backward (dflash_model).
  *   4. grad norm over all trainable tensors, clipping to `clip`, AdamW (fp32 master and moments;
- *      weight decay on matrices only), learning rate from the warmup + cosine schedule.
+ *      the matrices' gradients act-typed, ops.h; weight decay on matrices only), learning rate
+ *      from the warmup + cosine schedule.
  * No step waits for the device: results come back asynchronously (see dflash_train_step_async).
  * Metrics (host, once the step has run): loss, accuracy over w > 0
  * (undecayed), per-offset accuracy, acceptance length of the training blocks (1 + leading correct

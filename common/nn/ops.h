@@ -3,11 +3,19 @@
  * One model definition per architecture (target forward, DFlash drafter forward/backward) calls
  * these through an nn_ops table; two backends implement the table:
  *   cpu  (ops_cpu.c): fp32 everywhere, OpenBLAS sgemm for linear layers. The reference.
- *   cuda (ops_cuda.cu, later): bf16 activations and weights, fp32 accumulation, fp32 master
- *        weights, gradients and AdamW moments.
+ *   cuda (ops_cuda.cu): bf16 activations, weights and matrix weight gradients, fp32
+ *        accumulation, fp32 master weights, vector gradients and AdamW moments.
  * A "buffer" (nn_buf) is backend memory holding `act` elements (cpu: float; cuda: bf16). Buffers
- * typed `float *` are fp32 on every backend (weight gradients, master weights, optimizer moments,
- * softmax statistics, loss sums). Index arrays (`const int32_t *`) are backend memory too.
+ * typed `float *` are fp32 on every backend (vector weight gradients, master weights, optimizer
+ * moments, softmax statistics, loss sums). Index arrays (`const int32_t *`) are backend memory
+ * too.
+ * Weight gradients: a matrix's (linear_bwd's dw) is act-typed: each product accumulates in fp32
+ * and rounds once when it stores (cuda: bf16, half the bytes of fp32 for the product to write
+ * and for sumsq and AdamW to read; cpu: fp32, as before). A product that adds to a stored
+ * gradient reads the rounded value, adds in fp32 and rounds again. PyTorch's autocast, the
+ * reference we race, rounds its weight gradients to bf16 the same way (a bf16 matmul's weight
+ * gradient is a bf16 tensor), so the comparison is fair. Vector gradients (rmsnorm_bwd's and
+ * head_norm_rope_bwd's dw, linear_bwd's db) stay fp32: they are sums of many atomic adds.
  * Host<->backend transfers go through upload/download (and download_raw_async, which a training
  * step uses so that it never waits for the device).
  *
@@ -161,11 +169,12 @@ typedef struct nn_ops {
      * rstd. dx may equal dy or dres. */
     void (*rmsnorm_bwd)(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
                         const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres);
-    /* dx[M,K] = dy . w (skipped if dx NULL), dw[N,K] += dy^T . x (skipped if NULL),
-     * db[N] += sum_rows(dy) (skipped if NULL). mode (NN_BWD_*, or-ed) chooses how dx and dw
-     * are written: dx overwritten unless NN_BWD_DX_ADD, dw added to unless NN_BWD_DW_SET (the
-     * first product of a weight in a step then needs no zeroed gradient; M = 0 sets dw to 0). */
-    void (*linear_bwd)(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+    /* dx[M,K] = dy . w (skipped if dx NULL), dw[N,K] += dy^T . x (act; skipped if NULL),
+     * db[N] += sum_rows(dy) (fp32; skipped if NULL). mode (NN_BWD_*, or-ed) chooses how dx and
+     * dw are written: dx overwritten unless NN_BWD_DX_ADD, dw added to unless NN_BWD_DW_SET (the
+     * first product of a weight in a step then needs no zeroed gradient; M = 0 sets dw to 0).
+     * dw is rounded to act once per call (see the weight gradients note above). */
+    void (*linear_bwd)(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn_buf *dy,
                        const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode);
     /* Backward of head_norm_rope_fwd: dx = rmsnorm_bwd(rope^T(dy)) (the rotation by -angle,
      * kept in fp32, then the norm's backward with its rstd recomputed from x and eps), dw[d] +=
@@ -204,9 +213,11 @@ typedef struct nn_ops {
     void (*lm_head_argmax)(nn_ctx *c, int32_t *out, const nn_buf *h, const nn_buf *W,
                            nn_buf *scratch, int Q, int D, int V, int chunk);
 
-    /* ---- optimizer (fp32) ---- */
-    /* out[0] = sum(g[i]^2) over n (overwrite). */
-    void (*sumsq)(nn_ctx *c, float *out, const float *g, size_t n);
+    /* ---- optimizer (fp32 state) ---- */
+    /* out[0] = sum(ga[i]^2) over na act elements + sum(g[i]^2) over n fp32 ones (overwrite),
+     * in fp32 or wider, in a fixed order (the same bits every run): a gradient's norm over its
+     * act-typed matrices and fp32 vectors at once. */
+    void (*sumsq)(nn_ctx *c, float *out, const nn_buf *ga, size_t na, const float *g, size_t n);
     /* AdamW on fp32 master p with moments m, v: grad scaled by grad_scale (clipping) first;
      * decoupled weight decay wd; bias correction with step t (1-based). Writes the act-typed
      * copy p_act (may be NULL on cpu where p is the weight itself). */
@@ -218,8 +229,14 @@ typedef struct nn_ops {
     void (*adamw_clip)(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                        size_t n, float lr, float beta1, float beta2, float eps, float wd,
                        const float *sumsq, float clip, int t);
+    /* adamw_clip on an act-typed gradient g (the matrices'; widened to fp32 as it is read). */
+    void (*adamw_clip_act)(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
+                           float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                           float wd, const float *sumsq, float clip, int t);
     /* x[n] *= a (fp32), e.g. gradients rescaled for a data-parallel loss normaliser. */
     void (*scale_f32)(nn_ctx *c, float *x, size_t n, float a);
+    /* x[n] = act(x * a), the product in fp32 (cpu: scale_f32). */
+    void (*scale_act)(nn_ctx *c, nn_buf *x, size_t n, float a);
     /* dst act[n] <- fp32 src[n] (weights to act copies). */
     void (*f32_to_act)(nn_ctx *c, nn_buf *dst, const float *src, size_t n);
 } nn_ops;

@@ -268,10 +268,10 @@ static void cpu_linear_fwd_res(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_b
 }
 
 /* dx[M,K] (=|+=) dy[M,N] . w[N,K]; dw[N,K] (+=|=) dy^T . x[M,K]; db[N] += sum_m dy */
-static void cpu_linear_bwd(nn_ctx *c, nn_buf *dx_, float *dw, float *db, const nn_buf *dy_,
+static void cpu_linear_bwd(nn_ctx *c, nn_buf *dx_, nn_buf *dw_, float *db, const nn_buf *dy_,
                            const nn_buf *x_, const nn_buf *w_, int M, int K, int N, int mode) {
     (void)c;
-    float *dx = dx_;
+    float *dx = dx_, *dw = dw_;
     const float *dy = dy_, *x = x_, *w = w_;
     float beta = mode & NN_BWD_DX_ADD ? 1.0f : 0.0f, dw_beta = mode & NN_BWD_DW_SET ? 0.0f : 1.0f;
     if (K <= 0) return;
@@ -941,9 +941,14 @@ static void cpu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h_, const 
 /* ------------------------------------------------------------------------------------------ */
 /* optimizer */
 
-static void cpu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
+/* One double sum over ga then g, in element order. */
+static void cpu_sumsq(nn_ctx *c, float *out, const nn_buf *ga_, size_t na, const float *g,
+                      size_t n) {
     (void)c;
+    const float *ga = ga_;
     double s = 0.0;
+    for (size_t i = 0; i < na; i++)
+        s += (double)ga[i] * ga[i];
     for (size_t i = 0; i < n; i++)
         s += (double)g[i] * g[i];
     out[0] = (float)s;
@@ -953,6 +958,10 @@ static void cpu_scale_f32(nn_ctx *c, float *x, size_t n, float a) {
     (void)c;
     for (size_t i = 0; i < n; i++)
         x[i] *= a;
+}
+
+static void cpu_scale_act(nn_ctx *c, nn_buf *x, size_t n, float a) {
+    cpu_scale_f32(c, x, n, a);
 }
 
 /* torch.optim.AdamW: p *= 1 - lr*wd; g' = g*grad_scale; m = b1 m + (1-b1) g';
@@ -981,6 +990,12 @@ static void cpu_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, f
                            const float *sumsq, float clip, int t) {
     cpu_adamw(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, NN_CLIP_SCALE(sumsq[0], clip),
               t);
+}
+
+static void cpu_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
+                               float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                               float wd, const float *sumsq, float clip, int t) {
+    cpu_adamw_clip(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, sumsq, clip, t);
 }
 
 static void cpu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
@@ -1062,7 +1077,9 @@ static const nn_ops cpu_ops = {
     .order_after = cpu_order_after,
     .stream_drains = cpu_stream_drains,
     .adamw_clip = cpu_adamw_clip,
+    .adamw_clip_act = cpu_adamw_clip_act,
     .scale_f32 = cpu_scale_f32,
+    .scale_act = cpu_scale_act,
 };
 
 const nn_ops *nn_cpu_ops(void) {

@@ -1,6 +1,7 @@
 /* ops_cuda: the cuda backend of ops.h, everything but attention (ops_cuda_attn.cu).
  *
- * Types: nn_buf = bf16; weight gradients, master weights, moments, rstd, lse, loss sums fp32.
+ * Types: nn_buf = bf16, also the matrices' weight gradients (ops.h); vector weight gradients,
+ * master weights, moments, rstd, lse, loss sums fp32.
  * Every kernel computes in fp32 and rounds once when it stores a bf16.
  *
  * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
@@ -17,8 +18,8 @@
  *   linear_fwd  y[M,N]  = x[M,K] w[N,K]^T   ->  y^T (N x M) = op_T(w: K x N) * x^T (K x M)
  *   linear_bwd  dx[M,K] = dy[M,N] w[N,K]    -> dx^T (K x M) = w^T (K x N) * dy^T (N x M)
  *               dw[N,K] += dy^T x           -> dw^T (K x N) = x^T (K x M) * op_T(dy^T: N x M)
- * dw is fp32 output with beta = 1 (accumulate; 0 with NN_BWD_DW_SET); dx is bf16 with beta 0
- * (1 with NN_BWD_DX_ADD).
+ * dw is bf16 output with beta = 1 (accumulate: the stored bf16 is read, added in fp32, rounded
+ * again; 0 with NN_BWD_DW_SET); dx is bf16 with beta 0 (1 with NN_BWD_DX_ADD).
  *
  * Choices where ops.h leaves room (matching ops_cpu.c): rows of weight <= 0 give no loss and
  * dh = 0; correct[] is written for every row; argmax ties take the first index; RMSNorm's rstd
@@ -817,14 +818,14 @@ __global__ void k_colsum(float *db, const bf16 *dy, int M, int N) {
     atomicAdd(db + col, s);
 }
 
-static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_buf *dy,
+static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn_buf *dy,
                           const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode) {
     assert(M >= 0 && K >= 0 && N >= 0);
     float beta = mode & NN_BWD_DX_ADD ? 1.0f : 0.0f, dw_beta = mode & NN_BWD_DW_SET ? 0.0f : 1.0f;
     if (K == 0) return;
     if (M == 0) {
         if (dw && N > 0 && dw_beta == 0.0f)
-            CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t)N * K * sizeof(float), c->stream));
+            CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t)N * K * sizeof(bf16), c->stream));
         return;
     }
     if (N == 0) {
@@ -833,7 +834,7 @@ static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, float *dw, float *db, const nn_
         return;
     }
     if (dx) lt_matmul(c, 0, 0, K, M, N, w, K, dy, N, dx, K, 0, beta);
-    if (dw) lt_matmul(c, 0, 1, K, N, M, x, K, dy, N, dw, K, 1, dw_beta);
+    if (dw) lt_matmul(c, 0, 1, K, N, M, x, K, dy, N, dw, K, 0, dw_beta);
     if (db) {
         dim3 g((N + 127) / 128, (M + COLSUM_ROWS - 1) / COLSUM_ROWS);
         assert(g.y <= 65535);
@@ -1449,14 +1450,28 @@ __device__ float block_sum(float s) {
 
 /* Sum of squares in two fixed-order passes (no float atomics): every run, and every rank of a
  * data-parallel group holding the same gradients, gets the same bits, so the clipping factor
- * (and thus the weights) agree bit for bit. Pass 1: block b writes its partial to part[b]. */
-/* Pass 1: block partial sums; with vec (g 16-byte aligned) 16-byte loads, then what is left
- * (the n % 4 tail, or everything) one element at a time. */
-__global__ void k_sumsq(float *part, const float *g, size_t n, int vec) {
+ * (and thus the weights) agree bit for bit. Pass 1: block b writes its partial to part[b]: each
+ * thread sums its share of the bf16 part ga[na] then of the fp32 part g[n]; with vec (both
+ * 16-byte aligned) 16-byte loads (8 bf16, 4 fp32), then what is left (the tails, or
+ * everything) one element at a time. */
+__global__ void k_sumsq(float *part, const bf16 *ga, size_t na, const float *g, size_t n,
+                        int vec) {
     float s = 0.0f;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t0 = blockIdx.x * (size_t)blockDim.x +
+                                                                threadIdx.x;
+    const size_t na8 = vec ? na / 8 : 0, n4 = vec ? n / 4 : 0;
+    for (size_t i = t0; i < na8; i += stride) {
+        float x[8];
+        load8(ga + 8 * i, x);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            s += x[e] * x[e];
+    }
+    for (size_t i = na8 * 8 + t0; i < na; i += stride) {
+        float x = __bfloat162float(ga[i]);
+        s += x * x;
+    }
     const float4 *g4 = reinterpret_cast<const float4 *>(g);
-    const size_t stride = (size_t)gridDim.x * blockDim.x, n4 = vec ? n / 4 : 0,
-                 t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     for (size_t i = t0; i < n4; i += stride) {
         float4 x = g4[i];
         s += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
@@ -1475,15 +1490,16 @@ __global__ void k_sum_parts(float *out, const float *part, unsigned nb) {
 
 #define SUMSQ_BLOCKS 1024u /* partials live in the context's staging buffer */
 
-static void cu_sumsq(nn_ctx *c, float *out, const float *g, size_t n) {
-    if (n == 0) {
+static void cu_sumsq(nn_ctx *c, float *out, const nn_buf *ga, size_t na, const float *g,
+                     size_t n) {
+    if (na + n == 0) {
         CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), c->stream));
         return;
     }
-    int vec = ((uintptr_t)g & 15u) == 0;
-    unsigned blocks = grid_for(vec ? n / 4 + 1 : n, 256);
+    int vec = (((uintptr_t)ga | (uintptr_t)g) & 15u) == 0;
+    unsigned blocks = grid_for(vec ? na / 8 + n / 4 + 1 : na + n, 256);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    k_sumsq<<<blocks, 256, 0, c->stream>>>(c->stage, g, n, vec);
+    k_sumsq<<<blocks, 256, 0, c->stream>>>(c->stage, (const bf16 *)ga, na, g, n, vec);
     CUDA_CHECK_LAUNCH();
     k_sum_parts<<<1, SUMSQ_BLOCKS, 0, c->stream>>>(out, c->stage, blocks);
     CUDA_CHECK_LAUNCH();
@@ -1499,12 +1515,26 @@ __device__ __forceinline__ float adamw_one(float &p, float g, float &m, float &v
     return p;
 }
 
+/* Four gradient elements from index 4i (G float or bf16), widened to fp32. */
+__device__ __forceinline__ float4 grad4(const float *g, size_t i) {
+    return reinterpret_cast<const float4 *>(g)[i];
+}
+__device__ __forceinline__ float4 grad4(const bf16 *g, size_t i) {
+    uint2 u = reinterpret_cast<const uint2 *>(g)[i];
+    float2 lo = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u.x));
+    float2 hi = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ float grad1(const float *g, size_t i) { return g[i]; }
+__device__ __forceinline__ float grad1(const bf16 *g, size_t i) { return __bfloat162float(g[i]); }
+
 /* grad_scale is used as given, or, with sumsq non-NULL, taken from the device-side global norm
- * (adamw_clip: no host round trip). VEC: 4 elements per thread with 16-byte loads and stores
- * (p, g, m, v 16-byte and p_act 8-byte aligned: the caller checks), the n % 4 tail scalar by
- * the first threads. The update is memory-bound (30 bytes per element). */
-template <bool VEC>
-__global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n,
+ * (adamw_clip: no host round trip). G: the gradient's type (fp32, or bf16 for the matrices).
+ * VEC: 4 elements per thread with 16-byte loads and stores (p, m, v 16-byte, g 4 elements and
+ * p_act 8-byte aligned: the caller checks), the n % 4 tail scalar by the first threads. The
+ * update is memory-bound (30 bytes per element with an fp32 gradient, 28 with bf16). */
+template <bool VEC, typename G>
+__global__ void k_adamw(float *p, bf16 *p_act, const G *g, float *m, float *v, size_t n,
                         float beta1, float beta2, float eps, float decay, float step,
                         float bc2_sqrt, float grad_scale, const float *sumsq, float clip) {
     if (sumsq) grad_scale = NN_CLIP_SCALE(sumsq[0], clip);
@@ -1514,7 +1544,7 @@ __global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *
     if (VEC) {
         const size_t n4 = n / 4;
         for (size_t i = t0; i < n4; i += stride) {
-            float4 pi = reinterpret_cast<float4 *>(p)[i], gi = reinterpret_cast<const float4 *>(g)[i];
+            float4 pi = reinterpret_cast<float4 *>(p)[i], gi = grad4(g, i);
             float4 mi = reinterpret_cast<float4 *>(m)[i], vi = reinterpret_cast<float4 *>(v)[i];
             adamw_one(pi.x, gi.x * grad_scale, mi.x, vi.x, beta1, beta2, eps, decay, step, bc2_sqrt);
             adamw_one(pi.y, gi.y * grad_scale, mi.y, vi.y, beta1, beta2, eps, decay, step, bc2_sqrt);
@@ -1535,13 +1565,14 @@ __global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *
         done = n4 * 4;
     }
     for (size_t i = done + t0; i < n; i += stride) {
-        float pi = adamw_one(p[i], g[i] * grad_scale, m[i], v[i], beta1, beta2, eps, decay, step,
-                             bc2_sqrt);
+        float pi = adamw_one(p[i], grad1(g, i) * grad_scale, m[i], v[i], beta1, beta2, eps, decay,
+                             step, bc2_sqrt);
         if (p_act) p_act[i] = __float2bfloat16(pi);
     }
 }
 
-static void adamw_launch(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+template <typename G>
+static void adamw_launch(nn_ctx *c, float *p, nn_buf *p_act, const G *g, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps, float wd,
                          float grad_scale, const float *sumsq, float clip, int t) {
     assert(t >= 1);
@@ -1549,13 +1580,13 @@ static void adamw_launch(nn_ctx *c, float *p, nn_buf *p_act, const float *g, flo
     float bc1 = (float)(1.0 - pow((double)beta1, t));
     float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
     float step = lr / bc1, decay = 1.0f - lr * wd;
-    uintptr_t al = (uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
-    if (al % 16 == 0 && (uintptr_t)p_act % 8 == 0)
-        k_adamw<true><<<grid_for(n / 4 + 1, 256), 256, 0, c->stream>>>(
+    uintptr_t al = (uintptr_t)p | (uintptr_t)m | (uintptr_t)v;
+    if (al % 16 == 0 && (uintptr_t)g % (4 * sizeof(G)) == 0 && (uintptr_t)p_act % 8 == 0)
+        k_adamw<true, G><<<grid_for(n / 4 + 1, 256), 256, 0, c->stream>>>(
             p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale,
             sumsq, clip);
     else
-        k_adamw<false><<<grid_for(n, 256), 256, 0, c->stream>>>(
+        k_adamw<false, G><<<grid_for(n, 256), 256, 0, c->stream>>>(
             p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale,
             sumsq, clip);
     CUDA_CHECK_LAUNCH();
@@ -1573,6 +1604,13 @@ static void cu_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, fl
     adamw_launch(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, 1.0f, sumsq, clip, t);
 }
 
+static void cu_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
+                              float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                              float wd, const float *sumsq, float clip, int t) {
+    adamw_launch(c, p, p_act, (const bf16 *)g, m, v, n, lr, beta1, beta2, eps, wd, 1.0f, sumsq,
+                 clip, t);
+}
+
 __global__ void k_scale_f32(float *x, size_t n, float a) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
@@ -1582,6 +1620,18 @@ __global__ void k_scale_f32(float *x, size_t n, float a) {
 static void cu_scale_f32(nn_ctx *c, float *x, size_t n, float a) {
     if (n == 0) return;
     k_scale_f32<<<grid_for(n, 256), 256, 0, c->stream>>>(x, n, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void k_scale_bf16(bf16 *x, size_t n, float a) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16(__bfloat162float(x[i]) * a);
+}
+
+static void cu_scale_act(nn_ctx *c, nn_buf *x, size_t n, float a) {
+    if (n == 0) return;
+    k_scale_bf16<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)x, n, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1639,7 +1689,9 @@ static nn_ops make_ops(void) {
     o.order_after = cu_order_after;
     o.stream_drains = cu_stream_drains;
     o.adamw_clip = cu_adamw_clip;
+    o.adamw_clip_act = cu_adamw_clip_act;
     o.scale_f32 = cu_scale_f32;
+    o.scale_act = cu_scale_act;
     return o;
 }
 

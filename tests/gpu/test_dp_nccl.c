@@ -1,8 +1,8 @@
 /* test_dp_nccl (GPU, label gpu): the data-parallel drafter step on the cuda backend, through
  * both collectives, with ranks as forked processes (the parent never touches CUDA: a forked
  * child cannot use its parent's CUDA context; a probe child counts the GPUs).
- *   1. nccl, world 1, GPU 0: open, allreduce (plain and pre-scaled, device memory on the
- *      context's stream), allreduce_host_f64, broadcast (device), broadcast_host, barrier, close;
+ *   1. nccl, world 1, GPU 0: open, allreduce (plain and pre-scaled, fp32 and bf16, device
+ *      memory on the context's stream), allreduce_host_f64, broadcast (device), broadcast_host, barrier, close;
  *      then a world of 2 whose rank 1 never joins: rank 0's open returns DFLASH_ETIMEOUT.
  *   2. shm, world 2, both ranks on GPU 0 with the cuda backend: a small drafter (D 128, 2
  *      layers, head dim 64, B 8) trains N steps on different batches per rank; the gradients
@@ -26,6 +26,7 @@
 #include "monotime.h"
 #include "ops.h"
 #include "ops_cuda.h"
+#include "safetensors.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -135,13 +136,13 @@ static void make_batch(gworld *w, gbatch *b, int rank, int step) {
                                   .ld = NF * D};
 }
 
-/* FNV-1a of n device floats (diagnostics: which array differs first). */
-static uint64_t buf_hash(gworld *w, const float *dev, size_t n) {
-    float *h = malloc(n * sizeof(float));
-    w->ops->download_raw(w->ctx, h, dev, n * sizeof(float));
+/* FNV-1a of n bytes of device memory (diagnostics: which array differs first). */
+static uint64_t buf_hash(gworld *w, const void *dev, size_t n) {
+    unsigned char *h = malloc(n);
+    w->ops->download_raw(w->ctx, h, dev, n);
     uint64_t x = 0xcbf29ce484222325ull;
-    const unsigned char *b = (const unsigned char *)h;
-    for (size_t i = 0; i < n * sizeof(float); i++)
+    const unsigned char *b = h;
+    for (size_t i = 0; i < n; i++)
         x = (x ^ b[i]) * 0x100000001b3ull;
     free(h);
     return x;
@@ -188,8 +189,8 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
         S->gnorm[rank][s] = met.grad_norm;
         S->lr[rank][s] = met.lr;
         S->hash[rank][s] = dflash_dp_state_hash(m);
-        S->ghash[rank][s] = buf_hash(&w, m->grads, m->n_params);
-        S->mhash[rank][s] = buf_hash(&w, m->master, m->n_params);
+        S->ghash[rank][s] = buf_hash(&w, m->grads, m->grad_bytes);
+        S->mhash[rank][s] = buf_hash(&w, m->master, m->n_params * sizeof(float));
     }
     dp_comm_close(&c);
     dflash_model_destroy(&m);
@@ -231,6 +232,22 @@ static void nccl_world1(void) {
     for (int i = 0; i < N; i++)
         bad += back[i] != h[i] * 0.5f;
     CHECK_EQ_INT(bad, 0);
+    /* bf16 (a cuda model's matrix gradients): a plain sum of one rank is the identity, a
+     * pre-scale by 0.5 (exact in bf16) halves every value */
+    uint16_t *hb = malloc(N * sizeof(uint16_t)), *bb = malloc(N * sizeof(uint16_t));
+    for (int i = 0; i < N; i++)
+        hb[i] = safetensors_f32_to_bf16(h[i]);
+    w.ops->upload_raw(w.ctx, dev, hb, N * sizeof(uint16_t));
+    CHECK_EQ_INT(dp_comm_allreduce_scaled_bf16(c, dev, N, 1.0f, NULL, st), 0);
+    w.ops->download_raw(w.ctx, bb, dev, N * sizeof(uint16_t));
+    CHECK(memcmp(hb, bb, N * sizeof(uint16_t)) == 0);
+    CHECK_EQ_INT(dp_comm_allreduce_scaled_bf16(c, dev, N, 0.5f, NULL, st), 0);
+    w.ops->download_raw(w.ctx, bb, dev, N * sizeof(uint16_t));
+    bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += safetensors_bf16_to_f32(bb[i]) != safetensors_bf16_to_f32(hb[i]) * 0.5f;
+    CHECK_EQ_INT(bad, 0);
+    free(hb), free(bb);
     double v[3] = {1.5, -2.0, 1e300};
     CHECK_EQ_INT(dp_comm_allreduce_host_f64(c, v, 3), 0);
     CHECK(v[0] == 1.5 && v[1] == -2.0 && v[2] == 1e300);
@@ -244,7 +261,8 @@ static void nccl_world1(void) {
     w.ops->free(w.ctx, dev);
     free(h), free(back);
     gworld_free(&w);
-    printf("nccl world 1: open, allreduce (plain, pre-scaled), host f64, broadcasts, close ok\n");
+    printf("nccl world 1: open, allreduce (plain, pre-scaled; f32 and bf16), host f64, "
+           "broadcasts, close ok\n");
 
     /* a group of 2 whose rank 1 never comes: rank 0's open times out (and aborts), no hang */
     CHECK_EQ_INT(dp_comm_make_id(DP_COMM_NCCL, id, err, sizeof err), 0);

@@ -235,7 +235,7 @@ static void ab_reference(int idx) {
             CHECK(nb > 0);
             CHECK_EQ_INT(dflash_train_grads(m, &w.tc, &b.view, nb, m->h_blk_seq, m->h_blk_anchor,
                                             &met[r]), 0);
-            memcpy(g[r], m->grads, n * sizeof(float));
+            memcpy(g[r], m->grads, n * sizeof(float)); /* cpu: one fp32 array (act fp32) */
         }
         double W = met[0].weight_sum + met[1].weight_sum;
         for (int r = 0; r < 2; r++) {
@@ -380,7 +380,7 @@ static void d_rank(int rank) {
     for (int s = 0; s < D_STEPS; s++) {
         make_batch(&b, 0, s, rank == 1); /* rank 0: rank 0's batches; rank 1: no anchors */
         for (size_t j = 0; j < m->n_params; j++) /* stale gradients must not leak in */
-            m->grads[j] = 1.0f;
+            ((float *)m->grads)[j] = 1.0f;
         dflash_metrics met, loc;
         CHECK_EQ_INT(dflash_train_step_dp_ex(m, &w.tc, &b.view, 0, key_of(0, s), c, &met, &loc), 0);
         CHECK(!met.skipped);

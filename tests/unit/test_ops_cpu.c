@@ -688,8 +688,10 @@ static void test_adamw(void) {
     CHECK_NEAR(p[0], 0.899 * 0.999 - 0.1, 1e-6);
 
     float s;
-    ops->sumsq(ctx, &s, (float[]){3, -4, 12}, 3);
+    ops->sumsq(ctx, &s, NULL, 0, (float[]){3, -4, 12}, 3);
     CHECK_NEAR(s, 169.0, 1e-6);
+    ops->sumsq(ctx, &s, (float[]){1, 2}, 2, (float[]){3, -4, 12}, 3); /* act part + fp32 part */
+    CHECK_NEAR(s, 174.0, 1e-6);
 
     /* adamw_clip: the clip factor from sumsq equals an explicit grad_scale; under the clip
      * threshold the gradient is used as is */
@@ -705,6 +707,11 @@ static void test_adamw(void) {
     ops->adamw(ctx, pb, NULL, ga, mb, vb, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 2);
     CHECK(pa[0] == pb[0] && ma[1] == mb[1]);
     CHECK_NEAR(NN_CLIP_SCALE(25.0f, 0.0f), 1.0, 0); /* clip <= 0: none */
+    /* adamw_clip_act: the same update from an act gradient (fp32 on cpu) */
+    ops->adamw_clip_act(ctx, pa, NULL, ga, ma, va, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, &sq, 1.0f,
+                        3);
+    ops->adamw_clip(ctx, pb, NULL, ga, mb, vb, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, &sq, 1.0f, 3);
+    CHECK(pa[0] == pb[0] && pa[1] == pb[1] && ma[0] == mb[0] && va[1] == vb[1]);
 
     /* linear_fwd_res: y = res + x w^T, in place (res = y) or not */
     float yl[2] = {10.0f, 20.0f}, xl[3] = {1, 2, 3}, wl[6] = {1, 0, 0, 0, 1, 1}, y2[2];
@@ -715,6 +722,8 @@ static void test_adamw(void) {
     float x[3] = {1, -2, 4};
     ops->scale_f32(ctx, x, 3, 0.5f);
     CHECK(x[0] == 0.5f && x[1] == -1.0f && x[2] == 2.0f);
+    ops->scale_act(ctx, x, 3, 2.0f);
+    CHECK(x[0] == 1.0f && x[1] == -2.0f && x[2] == 4.0f);
 }
 
 static void test_embedding_and_memory(void) {

@@ -1,7 +1,7 @@
 /* bench-cuda_parity: the cuda backend against the cpu reference, op by op and for a whole DFlash
  * training step. Run on the GPU machine (scripts/gpu-parity); exits non-zero on any FAIL.
- * Usage: bench-cuda_parity [attn|loss] (only the attention or the loss checks, e.g. under a
- * sanitizer).
+ * Usage: bench-cuda_parity [attn|loss|optim] (only the attention, the loss or the optimizer
+ * checks, e.g. under a sanitizer).
  *
  * Method: every input is drawn at random on the host, rounded to bf16 there, and given to both
  * backends, so they compute on identical values; the cpu backend then works in fp32 and the cuda
@@ -649,8 +649,9 @@ static void t_train_step(void) {
 }
 
 int main(int argc, char **argv) {
-    int attn_only = argc > 1 && strcmp(argv[1], "attn") == 0; /* only the attention checks */
-    int loss_only = argc > 1 && strcmp(argv[1], "loss") == 0;  /* only the lm_head checks */
+    const char *only = argc > 1 ? argv[1] : NULL; /* attn, loss or optim: that group alone */
+    int all = !only, do_attn = all || !strcmp(only, "attn");
+    int do_loss = all || !strcmp(only, "loss"), do_optim = all || !strcmp(only, "optim");
     const char *attn = getenv("DFLASH_CUDA_ATTN");
     printf("attention kernels: %s\n",
            attn && strcmp(attn, "simple") == 0    ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"
@@ -673,7 +674,7 @@ int main(int argc, char **argv) {
     }
     printf("%-22s %-14s %11s %11s %11s %9s  %s\n", "op", "tensor", "max abs", "max rel", "l2 rel",
            "tol(l2)", "verdict");
-    if (!attn_only && !loss_only) {
+    if (all) {
         t_embedding();
         t_rmsnorm(133, 300);
         t_rmsnorm(532, 64);
@@ -693,7 +694,7 @@ int main(int argc, char **argv) {
         t_swiglu(517);
         t_swiglu(1024);
     }
-    if (!loss_only) {
+    if (do_attn) {
         t_causal(8, 2, 64, 0);
         t_causal(4, 4, 128, 0);
         t_causal(4, 1, 32, 0);
@@ -713,16 +714,14 @@ int main(int argc, char **argv) {
         t_block_mixed(16, 8, 128, 16, 704);
         t_block_mixed(16, 2, 128, 16, 700); /* group 8: not for the wgmma forward */
     }
-    if (!attn_only) {
+    if (do_loss) {
         t_lm_head(300, 5000, 64);
         t_lm_head(37, 24, 8);
         t_lm_head(50, 5001, 16);
         t_lm_head(64, 151936, 16);
     }
-    if (!attn_only && !loss_only) {
-        t_optim();
-        t_train_step();
-    }
+    if (do_optim) t_optim(); /* sumsq, AdamW, scaling */
+    if (all) t_train_step();
     printf("%d of %d checks failed\n", n_fail, n_rows);
     nn_cuda_destroy(&GC);
     nn_cpu_destroy(&CC);

@@ -8,8 +8,9 @@
  *         short sleeps against a deadline: a dead peer gives DFLASH_ETIMEOUT, never a hang), and
  *         world + 1 regions of DP_SHM_CHUNK_BYTES: one input region per rank and one result
  *         region. A reduction goes chunk by chunk: every rank copies its chunk into its input
- *         region (bf16 data widened to fp32 there), barrier, rank r sums slice r of the chunk over all input regions in rank order
- *         0..world-1 into the result region, barrier, every rank copies the result back. So each
+ *         region (bf16 data widened to fp32 there), barrier, rank r sums slice r of the chunk
+ *         over all input regions in rank order 0..world-1 into the result region, barrier,
+ *         every rank copies the result back (bf16: rounded once on the way). So each
  *         element is summed once, in a fixed order: the results are deterministic and
  *         bit-identical on every rank, and the segment size does not depend on the model. A
  *         broadcast goes through the root's input region, two barriers per chunk. The

@@ -2,7 +2,8 @@
  * both collectives, with ranks as forked processes (the parent never touches CUDA: a forked
  * child cannot use its parent's CUDA context; a probe child counts the GPUs).
  *   1. nccl, world 1, GPU 0: open, allreduce (plain and pre-scaled, fp32 and bf16, device
- *      memory on the context's stream), allreduce_host_f64, broadcast (device), broadcast_host, barrier, close;
+ *      memory on the context's stream), allreduce_host_f64, broadcast (device),
+ *      broadcast_host, barrier, close;
  *      then a world of 2 whose rank 1 never joins: rank 0's open returns DFLASH_ETIMEOUT.
  *   2. shm, world 2, both ranks on GPU 0 with the cuda backend: a small drafter (D 128, 2
  *      layers, head dim 64, B 8) trains N steps on different batches per rank; the gradients

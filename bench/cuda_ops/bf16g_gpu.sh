@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # bf16g_gpu.sh: one device call for the bf16 weight gradients (branch bf16grad): the whole parity
 # run, the optimizer checks (the new kernels) under compute-sanitizer memcheck, the data-parallel
-# test (nccl world 1, shm world 2 on one GPU) and bench-drafter 5
-# s3072_a512 8 of main (base/) and of the branch, interleaved base new base new, with op
-# profiles. Steps are skipped once the elapsed time plus their timeout passes BUDGET_S.
+# test (nccl world 1, shm world 2 on one GPU) and `bench-drafter 5 s3072_a512 8` of main (base/)
+# and of the branch, interleaved base new base new, with op profiles. Steps are skipped once the elapsed time plus their timeout passes BUDGET_S.
 # Usage (repository root on the GPU machine): bench/cuda_ops/bf16g_gpu.sh BIN [BUDGET_S], BIN
 # holding bench-cuda_parity, bench-drafter, test_dp_nccl, devlibs/ (libopenblas may be .xz),
 # COMMIT and base/bench-drafter. Log: $OUT/bf16g.log; a summary comes last.

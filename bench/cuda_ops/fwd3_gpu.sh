@@ -2,13 +2,13 @@
 # fwd3_gpu.sh: one device call's worth of checks and timings for the block-attention forward's
 # Q-by-tensor-copy and persistent producer kernels (k_wg_block_tma, ops_cuda_attn_wgmma.cu)
 # against the binary of the commit before. Usage on the GPU machine:
-#   bench/cuda_ops/fwd3_gpu.sh BIN_DIR [BUDGET_S] [STEPS] [NEW]
+#   bench/cuda_ops/fwd3_gpu.sh BIN_DIR [BUDGET_S] [STEPS] [NEW] [OTHERS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/, COMMIT and base/bench-cuda_ops.
 # NEW (default wgt3x64p) is the DFLASH_CUDA_ATTN_BLOCK name under test. STEPS (default "parity
 # ops memcheck step ncu") in order: parity (the attention checks with the default, NEW, NEW on
 # 3 and on 1 CTA (DFLASH_CUDA_ATTN_BLOCK_CTAS: many items per CTA, and the work counter's reset
-# between launches), NEW by head, wgt3x64q, wgt3x64s5q, wgt3x64), ops (`bench-cuda_ops 0 attn`:
-# base, default and NEW twice, interleaved, then wgt3x64q, wgt3x64s5q and wgt3x64 once), memcheck
+# between launches), NEW by head, each of OTHERS (default "wgt3x64q wgt3x64s5q wgt3x64")), ops
+# (`bench-cuda_ops 0 attn`: base, default and NEW twice, interleaved, then OTHERS once), memcheck
 # (the attention parity under compute-sanitizer with NEW on 3 CTAs), step (`bench-cuda_ops 5
 # attn`, base then NEW), ncu (one launch of NEW). A step whose timeout would end past BUDGET_S
 # (default 165) is skipped. Log: $OUT/fwd3.log; a summary comes last.
@@ -17,6 +17,7 @@ bin=${1:?BIN_DIR}
 budget=${2:-165}
 steps=${3:-parity ops memcheck step ncu}
 new=${4:-wgt3x64p}
+others=${5-wgt3x64q wgt3x64s5q wgt3x64}
 out=${OUT:-.}
 log=$out/fwd3.log
 . "$(dirname "$0")/gpu_run.sh"
@@ -37,7 +38,7 @@ for step in $steps; do
       run "parity_${new}_1cta" 30 "$V=$new" "$N=1" "$P" attn
       run "parity_${new}_head" 30 "$V=$new" DFLASH_CUDA_ATTN_BLOCK_ORDER=head "$P" attn
     fi
-    for k in wgt3x64q wgt3x64s5q wgt3x64; do
+    for k in $others; do
       run "parity_$k" 30 "$V=$k" "$P" attn
       check "$k"
     done
@@ -48,7 +49,7 @@ for step in $steps; do
       run ops_default 30 "$B" 0 attn
       live "$new" && run "ops_$new" 30 "$V=$new" "$B" 0 attn
     done
-    for k in wgt3x64q wgt3x64s5q wgt3x64; do
+    for k in $others; do
       live "$k" && run "ops_$k" 30 "$V=$k" "$B" 0 attn
     done
     ;;

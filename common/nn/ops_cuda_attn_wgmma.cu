@@ -643,6 +643,11 @@ __device__ __forceinline__ void wg_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+/* bar.arrive: this warp counts towards named barrier id's n threads without waiting */
+__device__ __forceinline__ void wg_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
 /* The persistent kernels' work counter (next item less the grid, CTAs finished); the last CTA of
  * a launch to finish resets both, so launches on one device must not overlap. */
 __device__ int g_wgt_ctr[2];
@@ -666,7 +671,7 @@ __device__ int g_wgt_ctr[2];
  * swizzled by tensor copies, the output staged in the warpgroup's own Q rows (16-byte chunks
  * XOR-swizzled by row); else cp.async by the consumers into the core-matrix layout and the
  * output staged through padded rows after a barrier of all consumers. */
-template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER>
+template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER, bool RING>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     k_wg_block_tma(wg_args a, wg_blk bs, const __grid_constant__ wg_kv_maps mp) {
 #if WG_DEVICE
@@ -782,6 +787,17 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     }
 
     wg_setmaxnreg_inc<RC>();
+    /* RING: warpgroup w issues its products between bar.sync on barrier 5 + w and bar.arrive on
+     * that of w + 1 (256 threads: the one that waits and the one before it), so the products
+     * reach the tensor cores in turn, warpgroup 0, 1, .., NWG - 1, 0, .., and each one's
+     * softmax runs under the others' products; the last one opens the first turn */
+    auto turn = [&]() {
+        if constexpr (RING) wg_bar(5 + wg, 256);
+    };
+    auto pass = [&]() {
+        if constexpr (RING) wg_bar_arrive(5 + (wg + 1) % NWG, 256);
+    };
+    if (RING && wg == NWG - 1) wg_bar_arrive(5, 256);
     int seq = 0; /* tiles consumed by this CTA before the item's first */
     for (int n = 0;; n++) {
         const int b = n % NQ;
@@ -825,6 +841,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             const int sg = (seq + i) % NS;
             mb_wait(full + sg, ((seq + i) / NS) & 1);
             const unsigned char *Kt = KV + sg * 2 * TILE_B, *Vt = Kt + TILE_B;
+            turn();
             wg_fence();
             if constexpr (QT) { /* k16 step kk: 32 kk bytes into the 128-byte rows of d / 64 */
                 wg_ss_first<KT>(s, wg_desc_sw128(Qw, 16, 1024), wg_desc_sw128(Kt, 16, 1024));
@@ -850,8 +867,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     wg_issue_pv<D, KT, 128>(o, pa, pv);
                 else
                     wg_issue_pv<D, KT>(o, pa, pv);
+                pass();
                 wg_wait<1>();
             } else {
+                pass();
                 wg_wait<0>();
             }
             wg_pin_all(s);
@@ -883,11 +902,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         step(0, std::false_type());
         for (int i = 1; i < n_tiles; i++)
             step(i, std::true_type());
+        turn();
         wg_fence();
         if constexpr (SW)
             wg_issue_pv<D, KT, 128>(o, pa, pv);
         else
             wg_issue_pv<D, KT>(o, pa, pv);
+        pass();
         wg_wait<0>();
         wg_pin_all(o);
         wg_pin_u(pa);
@@ -1030,8 +1051,8 @@ typedef struct wgt_kernel {
  * fewer CTAs, so that each takes many items) */
 static int g_wg_nsm;
 
-#define WGT_T NWG, KT, NS, RC, RP, SW, QT, PER
-#define WGT_TP int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER
+#define WGT_T NWG, KT, NS, RC, RP, SW, QT, PER, RING
+#define WGT_TP int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER, bool RING
 template <WGT_TP> static int wgt_attr(void) {
     return cudaFuncSetAttribute(k_wg_block_tma<128, WGT_T>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1046,20 +1067,21 @@ static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, cons
         <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS, PER ? 2 : 1>(), st>>>(a, bs, mp);
 }
 
-#define WGT_K(name, NWG, KT, NS, RC, RP, SW, QT, PER)                                              \
+#define WGT_K(name, NWG, KT, NS, RC, RP, SW, QT, PER, RING)                                        \
     {                                                                                              \
-        name, NWG, KT, SW, QT, PER, wgt_attr<NWG, KT, NS, RC, RP, SW, QT, PER>,                    \
-            wgt_launch<NWG, KT, NS, RC, RP, SW, QT, PER>                                           \
+        name, NWG, KT, SW, QT, PER, wgt_attr<NWG, KT, NS, RC, RP, SW, QT, PER, RING>,              \
+            wgt_launch<NWG, KT, NS, RC, RP, SW, QT, PER, RING>                                     \
     }
 /* names: NWG x KT, s5: NS 5 (else 4), n: no swizzle (5-dim maps, 16-byte pieces), q: Q by tensor
- * copies (swizzled), p: persistent (with q; two Q buffers, so NS 4) */
+ * copies (swizzled), p: persistent (with q; two Q buffers, so NS 4), r: products in turn */
 static const wgt_kernel wgt_kernels[] = {
-    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true, false, false),
-    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true, false, false),
-    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false, false, false),
-    WGT_K("wgt3x64s5q", 3, 64, 5, 160, 32, true, true, false),
-    WGT_K("wgt3x64q", 3, 64, 4, 160, 32, true, true, false),
-    WGT_K("wgt3x64p", 3, 64, 4, 160, 32, true, true, true),
+    WGT_K("wgt3x64p", 3, 64, 4, 160, 32, true, true, true, false),
+    WGT_K("wgt3x64pr", 3, 64, 4, 160, 32, true, true, true, true),
+    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true, false, false, false),
+    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true, false, false, false),
+    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false, false, false, false),
+    WGT_K("wgt3x64s5q", 3, 64, 5, 160, 32, true, true, false, false),
+    WGT_K("wgt3x64q", 3, 64, 4, 160, 32, true, true, false, false),
 };
 #define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
 

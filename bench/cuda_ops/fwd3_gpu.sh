@@ -18,6 +18,7 @@ budget=${2:-165}
 steps=${3:-parity ops memcheck step ncu}
 new=${4:-wgt3x64p}
 others=${5-wgt3x64q wgt3x64s5q wgt3x64}
+pt=${PARITY_TIMEOUT:-30} # seconds per parity run (about 1 on the H200)
 out=${OUT:-.}
 log=$out/fwd3.log
 . "$(dirname "$0")/gpu_run.sh"
@@ -30,16 +31,16 @@ live() { case "$hung" in *" $1 "*) return 1 ;; esac; }
 for step in $steps; do
   case $step in
   parity)
-    run parity_default 30 "$P" attn
-    run "parity_$new" 30 "$V=$new" "$P" attn
+    run parity_default "$pt" "$P" attn
+    run "parity_$new" "$pt" "$V=$new" "$P" attn
     check "$new"
     if live "$new"; then
-      run "parity_${new}_3ctas" 30 "$V=$new" "$N=3" "$P" attn
-      run "parity_${new}_1cta" 30 "$V=$new" "$N=1" "$P" attn
-      run "parity_${new}_head" 30 "$V=$new" DFLASH_CUDA_ATTN_BLOCK_ORDER=head "$P" attn
+      run "parity_${new}_3ctas" "$pt" "$V=$new" "$N=3" "$P" attn
+      run "parity_${new}_1cta" "$pt" "$V=$new" "$N=1" "$P" attn
+      run "parity_${new}_head" "$pt" "$V=$new" DFLASH_CUDA_ATTN_BLOCK_ORDER=head "$P" attn
     fi
     for k in $others; do
-      run "parity_$k" 30 "$V=$k" "$P" attn
+      run "parity_$k" "$pt" "$V=$k" "$P" attn
       check "$k"
     done
     ;;

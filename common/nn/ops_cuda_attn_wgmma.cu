@@ -55,8 +55,8 @@
  * Resources (ptxas, d 128): wg3x64r 160 registers, 176 KB shared; wg3x64r5 157, 208 KB;
  * wg3x64m 168, 176 KB; wg3x64p 159, 144 KB; wg3x64 168 with a 24-byte spill, 144 KB; d 64
  * wg2x128 168, 112 KB; the block kernel 156, 176 KB; k_wg_block_tma 128 at entry, 160 / 32
- * after setmaxnreg, 208 KB (NS 5). No spills. One CTA per SM (launch bounds NWG x 128, 1;
- * k_wg_block_tma (NWG + 1) x 128, 1).
+ * after setmaxnreg, 208 KB (NS 5), 225 KB (p). No spills. One CTA per SM (launch bounds NWG x
+ * 128, 1; k_wg_block_tma (NWG + 1) x 128, 1).
  * Block mode (attention_block_fwd; k_wg_block: mode 3, NWG 3, KT 64, NS 4, DIST 2 as wg3x64r):
  *   the rows of block j (B query tokens x the group heads of kv head hk, B x group <= 64) see the
  *   keys of its span: context [ctx_begin, ctx_end) and its own [blk_begin, blk_begin + B),
@@ -74,37 +74,56 @@
  *   contexts differ by a few keys, so a CTA streams about one block's context once for 3 blocks.
  *   End: as causal, plus lse [H, n_blocks B] = (m + log2 l) ln 2 per row (+INF without keys),
  *   the layout of the mma.sync forward that ops_cuda_attn_bwd.cu reads.
- * Block mode with a producer (k_wg_block_tma, the default): the same CTAs, schedule, masks and
- *   consumer loop (3 warpgroups, one block each, mode 3's order: S of tile i with P V of tile
- *   i - 1, the softmax under P V), plus a fourth warpgroup that only loads. Its first warp
- *   fills stage j % NS with tile j once the 12 consumer warps released tile j - NS (per stage a
- *   "full" mbarrier, one arrival plus the copies' bytes, and an "empty" one, one arrival per
- *   consumer warp after its P V of the tile): a context tile by two tensor copies (lane 0;
- *   wg_kv_maps: 4-dim maps of k and v, box 64 x 1 x KT x 2, 128-byte swizzle, so every copy
- *   reads whole 128-byte rows; keys past Tk zero-filled, past the interval masked), the
- *   own-keys tile by cp.async of the warp into the same swizzled layout (zero-filled, waited,
- *   async-proxy fence, one arrival). K and V stages are read through 128-byte-swizzle
+ * Block mode with a producer (k_wg_block_tma, the default): the same CTAs' work, schedule,
+ *   masks and consumer loop (3 warpgroups, one block each, mode 3's order: S of tile i with P V
+ *   of tile i - 1, the softmax under P V), plus a fourth warpgroup that only loads. A work item
+ *   is one former CTA (c, kv head hk), heaviest first over all kv heads (c descending, hk
+ *   fastest), so the last items are the shortest of every head. The producer's first warp
+ *   writes an item's record into shared memory (lane 0: the spans of its 3 blocks, the
+ *   per-warpgroup mask bounds mk, read per tile by the consumers since in registers they made
+ *   ptxas spill, and wg_block_setup's schedule) and announces it on an "ifull" mbarrier, then
+ *   fills stage s % NS with the CTA's s-th tile once the 12 consumer warps released tile s - NS
+ *   (per stage a "full" mbarrier, one arrival plus the copies' bytes, and an "empty" one, one
+ *   arrival per consumer warp after its P V of the tile): a context tile by two tensor copies
+ *   (lane 0; wg_kv_maps: 4-dim maps of k and v, box 64 x 1 x KT x 2, 128-byte swizzle, so
+ *   every copy reads whole 128-byte rows; keys past Tk zero-filled, past the interval masked),
+ *   the own-keys tile by cp.async of the warp into the same swizzled layout (zero-filled,
+ *   waited, async-proxy fence, one arrival). K and V stages are read through 128-byte-swizzle
  *   descriptors (wg_desc_sw128: S steps 32 bytes along a 128-byte row, then to the second 64
- *   columns of d; P V steps 16 rows of 2048 bytes, LBO KT 128 between the d halves); Q stays in
- *   the core-matrix layout above (cp.async by its warpgroup). setmaxnreg: the producer drops to
- *   32 registers, the consumers rise to 160 (launch bounds 512 threads: 128 each at entry).
- *   Per-warpgroup mask bounds sit in shared memory (mk) and are read per tile: kept in
- *   registers they made ptxas spill. The spans of the CTA's blocks are read once into shared
- *   memory by threads 0 .. 2. CTAs run in a 1-dim grid, heaviest first over all kv heads (c
- *   descending, hk fastest), so the last CTAs are the shortest of every head. Output: O
- *   through shared memory after a barrier of the consumers (bar 4), lse as k_wg_block.
- *   Variants (DFLASH_CUDA_ATTN_BLOCK names): wgt3x64s5 (default: NS 5, 208 KB shared),
- *   wgt3x64 (NS 4, 176 KB), wgt3x64s5n (no swizzle: 5-dim maps (d % 8, head, key % 8, d / 8,
- *   key / 8) into the core-matrix layout, interval begins rounded down to 8 keys, Tk % 8 == 0;
- *   its 16-byte pieces read every 32-byte L2 sector twice: ncu L2 throughput 75%).
+ *   columns of d; P V steps 16 rows of 2048 bytes, LBO KT 128 between the d halves).
+ *   setmaxnreg: the producer drops to 32 registers, the consumers rise to 160 (launch bounds 512
+ *   threads: 128 each at entry). Q and the output, by variant:
+ *   - q (QT): the producer loads Q with the record, 2 tensor copies per block (map of q: 4 dims
+ *     (d % 64, head, token, d / 64), box 64 x group x B x 1, 128-byte swizzle; completing on
+ *     ifull), read through the same swizzled descriptors as K; each consumer warpgroup stages
+ *     its output in its own 64 Q rows once all its warps passed their last S (16-byte chunks
+ *     XOR-swizzled by row: no bank conflicts, no barrier of all consumers).
+ *   - else: Q by cp.async of its warpgroup into the core-matrix layout above, the output through
+ *     padded rows after a barrier of the consumers (bar 4).
+ *   - p (persistent, with q; the default): a grid of one CTA per SM; a CTA takes item
+ *     blockIdx.x, then the next from a device counter (g_wgt_ctr: taken items less the grid;
+ *     the last CTA of a launch resets it, so block forwards on one device must not overlap, as
+ *     with the backward's plan) until none is left. Records and Q buffers alternate (2 of each:
+ *     224 KB at NS 4): the producer writes item n + 1's while the consumers run item n and
+ *     rewrites one after the consumers released it ("iempty", after their output), and the
+ *     stage ring runs on across items, so an item's spans, schedule, Q and first tiles load
+ *     under the previous item's last tiles and output. Without p: one item per CTA, a CTA per
+ *     item. DFLASH_CUDA_ATTN_BLOCK_CTAS=N (tests only) caps the persistent grid at N CTAs.
+ *   Variants (DFLASH_CUDA_ATTN_BLOCK names): wgt3x64p (default: NS 4, 225 KB shared), wgt3x64q
+ *   (NS 4), wgt3x64s5q (NS 5), wgt3x64s5 (Q by cp.async, NS 5, the default before p), wgt3x64
+ *   (the same with NS 4), wgt3x64s5n (no swizzle: 5-dim maps (d % 8, head, key % 8, d / 8, key
+ *   / 8) into the core-matrix layout, interval begins rounded down to 8 keys, Tk % 8 == 0; its
+ *   16-byte pieces read every 32-byte L2 sector twice: ncu L2 throughput 75%).
  *   DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": the default producer kernel where it
  *   applies (the encoder found, NWG B <= KT), else k_wg_block; "wgcp": k_wg_block; a variant's
  *   name: that one; "mma" (or a mma.sync shape, 4x16 or 2x32): the mma.sync kernel.
- *   DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' CTAs by kv head (the old order,
+ *   DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' items by kv head (the old order,
  *   for comparison). Measured on the H200 (NOTES.md, 512 x 16 queries, 3072 context tokens,
- *   anchors as the step draws them, H 32 / 8, d 128): wgt3x64s5 0.476-0.481 ms, 427-430
- *   TFLOP/s; wgt3x64 0.472; wgt3x64s5n 0.562; k_wg_block 0.645-0.658 (313-318); the mma.sync
- *   4x16 kernel 1.21 ms, 169 TFLOP/s.
+ *   anchors as the step draws them, H 32 / 8, d 128): wgt3x64p 0.406-0.408 ms, 504-506 TFLOP/s;
+ *   wgt3x64q 0.449, wgt3x64s5q 0.450, wgt3x64s5 0.457-0.465, wgt3x64 0.461 (main's wgt3x64s5,
+ *   whose prologue read the spans and schedule before two CTA barriers, 0.476-0.485);
+ *   wgt3x64s5n 0.562; k_wg_block 0.645-0.658 (313-318); the mma.sync 4x16 kernel 1.21 ms, 169
+ *   TFLOP/s.
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"
@@ -643,11 +662,6 @@ __device__ __forceinline__ void wg_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* bar.arrive: this warp counts towards named barrier id's n threads without waiting */
-__device__ __forceinline__ void wg_bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 /* The persistent kernels' work counter (next item less the grid, CTAs finished); the last CTA of
  * a launch to finish resets both, so launches on one device must not overlap. */
 __device__ int g_wgt_ctr[2];
@@ -671,7 +685,7 @@ __device__ int g_wgt_ctr[2];
  * swizzled by tensor copies, the output staged in the warpgroup's own Q rows (16-byte chunks
  * XOR-swizzled by row); else cp.async by the consumers into the core-matrix layout and the
  * output staged through padded rows after a barrier of all consumers. */
-template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER, bool RING>
+template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     k_wg_block_tma(wg_args a, wg_blk bs, const __grid_constant__ wg_kv_maps mp) {
 #if WG_DEVICE
@@ -787,17 +801,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     }
 
     wg_setmaxnreg_inc<RC>();
-    /* RING: warpgroup w issues its products between bar.sync on barrier 5 + w and bar.arrive on
-     * that of w + 1 (256 threads: the one that waits and the one before it), so the products
-     * reach the tensor cores in turn, warpgroup 0, 1, .., NWG - 1, 0, .., and each one's
-     * softmax runs under the others' products; the last one opens the first turn */
-    auto turn = [&]() {
-        if constexpr (RING) wg_bar(5 + wg, 256);
-    };
-    auto pass = [&]() {
-        if constexpr (RING) wg_bar_arrive(5 + (wg + 1) % NWG, 256);
-    };
-    if (RING && wg == NWG - 1) wg_bar_arrive(5, 256);
     int seq = 0; /* tiles consumed by this CTA before the item's first */
     for (int n = 0;; n++) {
         const int b = n % NQ;
@@ -841,7 +844,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             const int sg = (seq + i) % NS;
             mb_wait(full + sg, ((seq + i) / NS) & 1);
             const unsigned char *Kt = KV + sg * 2 * TILE_B, *Vt = Kt + TILE_B;
-            turn();
             wg_fence();
             if constexpr (QT) { /* k16 step kk: 32 kk bytes into the 128-byte rows of d / 64 */
                 wg_ss_first<KT>(s, wg_desc_sw128(Qw, 16, 1024), wg_desc_sw128(Kt, 16, 1024));
@@ -867,10 +869,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     wg_issue_pv<D, KT, 128>(o, pa, pv);
                 else
                     wg_issue_pv<D, KT>(o, pa, pv);
-                pass();
                 wg_wait<1>();
             } else {
-                pass();
                 wg_wait<0>();
             }
             wg_pin_all(s);
@@ -902,13 +902,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         step(0, std::false_type());
         for (int i = 1; i < n_tiles; i++)
             step(i, std::true_type());
-        turn();
         wg_fence();
         if constexpr (SW)
             wg_issue_pv<D, KT, 128>(o, pa, pv);
         else
             wg_issue_pv<D, KT>(o, pa, pv);
-        pass();
         wg_wait<0>();
         wg_pin_all(o);
         wg_pin_u(pa);
@@ -1051,8 +1049,8 @@ typedef struct wgt_kernel {
  * fewer CTAs, so that each takes many items) */
 static int g_wg_nsm;
 
-#define WGT_T NWG, KT, NS, RC, RP, SW, QT, PER, RING
-#define WGT_TP int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER, bool RING
+#define WGT_T NWG, KT, NS, RC, RP, SW, QT, PER
+#define WGT_TP int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER
 template <WGT_TP> static int wgt_attr(void) {
     return cudaFuncSetAttribute(k_wg_block_tma<128, WGT_T>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1067,21 +1065,20 @@ static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, cons
         <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS, PER ? 2 : 1>(), st>>>(a, bs, mp);
 }
 
-#define WGT_K(name, NWG, KT, NS, RC, RP, SW, QT, PER, RING)                                        \
+#define WGT_K(name, NWG, KT, NS, RC, RP, SW, QT, PER)                                              \
     {                                                                                              \
-        name, NWG, KT, SW, QT, PER, wgt_attr<NWG, KT, NS, RC, RP, SW, QT, PER, RING>,              \
-            wgt_launch<NWG, KT, NS, RC, RP, SW, QT, PER, RING>                                     \
+        name, NWG, KT, SW, QT, PER, wgt_attr<NWG, KT, NS, RC, RP, SW, QT, PER>,                    \
+            wgt_launch<NWG, KT, NS, RC, RP, SW, QT, PER>                                           \
     }
 /* names: NWG x KT, s5: NS 5 (else 4), n: no swizzle (5-dim maps, 16-byte pieces), q: Q by tensor
- * copies (swizzled), p: persistent (with q; two Q buffers, so NS 4), r: products in turn */
+ * copies (swizzled), p: persistent (with q; two Q buffers, so NS 4) */
 static const wgt_kernel wgt_kernels[] = {
-    WGT_K("wgt3x64p", 3, 64, 4, 160, 32, true, true, true, false),
-    WGT_K("wgt3x64pr", 3, 64, 4, 160, 32, true, true, true, true),
-    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true, false, false, false),
-    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true, false, false, false),
-    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false, false, false, false),
-    WGT_K("wgt3x64s5q", 3, 64, 5, 160, 32, true, true, false, false),
-    WGT_K("wgt3x64q", 3, 64, 4, 160, 32, true, true, false, false),
+    WGT_K("wgt3x64p", 3, 64, 4, 160, 32, true, true, true),
+    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true, false, false),
+    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true, false, false),
+    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false, false, false),
+    WGT_K("wgt3x64s5q", 3, 64, 5, 160, 32, true, true, false),
+    WGT_K("wgt3x64q", 3, 64, 4, 160, 32, true, true, false),
 };
 #define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
 

@@ -20,7 +20,7 @@
  * loss, accuracy (absolute, within 0.02), gradient norm and several gradient tensors are
  * compared (tolerance 5e-2 on l2: the cuda side rounds every activation to bf16 through 2
  * layers forward and backward; the matrices' gradients are stored in bf16 besides, which adds
- * ~2^-9 (two roundings for k and v: ~2^-8), small against that).
+ * ~2^-9 (two roundings for layer 0's k and v: ~2^-8), small against that).
  */
 #include "ops.h"
 
@@ -629,7 +629,7 @@ static void t_train_step(void) {
                            "layers.1.mlp.gate_proj.weight",
                            "layers.1.input_layernorm.weight"};
     /* every tensor at 5e-2 (l2): the matrices' gradients (fc, q, k, v, o, down, gate) are bf16
-     * on cuda (k and v: two roundings), the vectors' (the norms) fp32 */
+     * on cuda (layer 0's k and v: two roundings), the vectors' (the norms) fp32 */
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         cmp_grad(mc, mg, names[i], 5e-2);
     /* the optimizer step: same grad norm within tolerance, and a whole step runs on cuda */

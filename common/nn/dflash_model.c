@@ -239,7 +239,9 @@ static void plan_acts(dflash_model *m, plan *p) {
         m->resid[l] = take(p, Q * D * ab);
     for (int l = 0; l < c->num_layers; l++) {
         dflash_layer_acts *a = &m->la[l];
-        a->xln = take(p, Q * D * ab);
+        /* xln [Q, D] after Tc_max rows for the context's Ht (ctx_rows) */
+        char *xc = take(p, Tk * D * ab);
+        a->xln = xc ? xc + Tc * D * ab : NULL;
         a->rstd_in = take(p, Q * 4);
         a->qraw = take(p, Q * H * d * ab);
         a->q = take(p, Q * H * d * ab);
@@ -261,7 +263,8 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->rstd_out = take(p, Q * 4);
     m->dh = take(p, Q * D * ab);
     m->dtmp = take(p, Q * D * ab);
-    m->dxln = take(p, Q * D * ab);
+    char *dhx = take(p, Tk * D * ab); /* dxln [Q, D] after Tc_max rows for dHt (ctx_rows) */
+    m->dxln = dhx ? dhx + Tc * D * ab : NULL;
     m->datt = take(p, Q * H * d * ab);
     m->dq = take(p, Q * H * d * ab);
     m->dqraw = take(p, Q * H * d * ab);
@@ -270,7 +273,6 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->dv = take(p, Tk * Hk * d * ab);
     m->dact = take(p, Q * F * ab);
     m->dgu = take(p, Q * 2 * F * ab);
-    m->dHt = take(p, Tc * D * ab);
     m->dZ = take(p, Tc * D * ab);
     m->lm_scratch = take(p, (size_t)m->lm_chunk * V * ab);
     m->in_ids = take(p, Q * 4);
@@ -546,6 +548,13 @@ static nn_buf *row(const dflash_model *m, const nn_buf *b, size_t r, size_t cols
     return (char *)b + r * cols * m->ops->act_bytes;
 }
 
+/* The cur_tc rows right before b, a [Q, D] buffer planned after Tc_max spare rows (a layer's
+ * xln, dxln): there a copy of Ht and dHt sit right before the block rows, so one k or v product
+ * and its backward run over the Tk = Tc + Q rows [context ; block] at once. */
+static nn_buf *ctx_rows(const dflash_model *m, const nn_buf *b) {
+    return (char *)b - (size_t)m->cur_tc * m->cfg.hidden_size * m->ops->act_bytes;
+}
+
 /* Context fusion. Forward: Z[Tc,D] = X[Tc,nF*D] Wfc^T; Ht = rmsnorm(Z, hidden_norm).
  * Backward: dZ = rmsnorm_bwd(dHt); dWfc = dZ^T X (no dX: the target features are frozen). */
 static void context_fwd(dflash_model *m, const nn_buf *X) {
@@ -561,8 +570,8 @@ static void context_bwd(dflash_model *m, const nn_buf *X) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     int Tc = m->cur_tc, D = c->hidden_size;
-    o->rmsnorm_bwd(m->ctx, m->dZ, dflash_model_grad(m, m->t_hidden_norm), m->dHt, m->Z,
-                   dflash_model_weight(m, m->t_hidden_norm), m->rstd_h, Tc, D, NULL);
+    o->rmsnorm_bwd(m->ctx, m->dZ, dflash_model_grad(m, m->t_hidden_norm), ctx_rows(m, m->dxln),
+                   m->Z, dflash_model_weight(m, m->t_hidden_norm), m->rstd_h, Tc, D, NULL);
     o->linear_bwd(m->ctx, NULL, dflash_model_grad(m, m->t_fc), NULL, m->dZ, X,
                   dflash_model_weight(m, m->t_fc), Tc, c->n_feat * D, D, NN_BWD_DW_SET);
 }
@@ -587,24 +596,28 @@ static void qkv_blocks_fwd_distinct(dflash_model *m) {
     o->embedding_fwd(m->ctx, row(m, a->kraw, Tc, Hkd), m->in_umap, m->dkraw, Q, Hkd);
     o->linear_fwd(m->ctx, m->dv, a->xln, LW(m, 0, DFL_V), NULL, U, D, Hkd);
     o->embedding_fwd(m->ctx, row(m, a->v, Tc, Hkd), m->in_umap, m->dv, Q, Hkd);
+    o->linear_fwd(m->ctx, a->kraw, m->Ht, LW(m, 0, DFL_K), NULL, Tc, D, Hkd);
+    o->linear_fwd(m->ctx, a->v, m->Ht, LW(m, 0, DFL_V), NULL, Tc, D, Hkd);
 }
 
-/* Backward of the block rows' q, k, v products and input norm, layer l: dqraw and the block
- * rows of dkraw and dv in, dxln through the three products (the first sets it), then the
- * norm's backward, which adds the residual's own gradient dh in place (dres = dx). */
-static void qkv_blocks_bwd(dflash_model *m, int l) {
+/* Backward of the q, k, v products and input norm, layer l, with k and v over the Tk rows
+ * [context ; block] at once (see ctx_rows): dqraw, dkraw and dv in; dxln through the three
+ * products (q sets it), dHt (the rows before it) accumulating the k and v products over layers;
+ * then the norm's backward, which adds the residual's own gradient dh in place (dres = dx). */
+static void qkv_bwd(dflash_model *m, int l) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     dflash_layer_acts *a = &m->la[l];
-    int Tc = m->cur_tc, Q = m->cur_nb * c->block_size, D = c->hidden_size;
-    int Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
+    int Tk = m->cur_tc + m->cur_nb * c->block_size, Q = m->cur_nb * c->block_size;
+    int D = c->hidden_size, Hd = c->num_heads * c->head_dim, Hkd = c->num_kv_heads * c->head_dim;
     const int add = NN_BWD_DX_ADD, set = NN_BWD_DW_SET;
+    nn_buf *dhx = ctx_rows(m, m->dxln), *xc = ctx_rows(m, a->xln);
     o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_Q), NULL, m->dqraw, a->xln, LW(m, l, DFL_Q), Q, D,
                   Hd, set);
-    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_K), NULL, row(m, m->dkraw, Tc, Hkd), a->xln,
-                  LW(m, l, DFL_K), Q, D, Hkd, add | set);
-    o->linear_bwd(m->ctx, m->dxln, LG(m, l, DFL_V), NULL, row(m, m->dv, Tc, Hkd), a->xln,
-                  LW(m, l, DFL_V), Q, D, Hkd, add | set);
+    o->linear_bwd(m->ctx, dhx, LG(m, l, DFL_K), NULL, m->dkraw, xc, LW(m, l, DFL_K), Tk, D, Hkd,
+                  add | set);
+    o->linear_bwd(m->ctx, dhx, LG(m, l, DFL_V), NULL, m->dv, xc, LW(m, l, DFL_V), Tk, D, Hkd,
+                  add | set);
     o->rmsnorm_bwd(m->ctx, m->dh, LG(m, l, DFL_IN_LN), m->dxln, m->resid[l], LW(m, l, DFL_IN_LN),
                    a->rstd_in, Q, D, m->dh);
 }
@@ -635,6 +648,14 @@ static void qkv_blocks_bwd_distinct(dflash_model *m) {
                   add | set);
     o->rmsnorm_bwd(m->ctx, m->dtmp, LG(m, 0, DFL_IN_LN), m->dxln, row(m, a->xln, U, D),
                    LW(m, 0, DFL_IN_LN), a->rstd_in, U, D, NULL);
+    /* the context rows' k, v products on their own: dHt accumulates, dWk and dWv add (to the
+     * act-rounded sum of the distinct rows' product, rounded again: on cuda two bf16 roundings,
+     * accepted; layers >= 1 take both row sets in one product) */
+    nn_buf *dHt = ctx_rows(m, m->dxln);
+    o->linear_bwd(m->ctx, dHt, LG(m, 0, DFL_K), NULL, m->dkraw, m->Ht, LW(m, 0, DFL_K), Tc, D, Hkd,
+                  add);
+    o->linear_bwd(m->ctx, dHt, LG(m, 0, DFL_V), NULL, m->dv, m->Ht, LW(m, 0, DFL_V), Tc, D, Hkd,
+                  add);
 }
 
 /* Whether layer l's o_proj and MLP run on the Qc compact rows (last_compact, last layer). */
@@ -661,16 +682,14 @@ static void attn_fwd(dflash_model *m, int l) {
     const nn_buf *h = m->resid[l];
     if (l == 0 && m->cur_u) {
         qkv_blocks_fwd_distinct(m);
-    } else {
+    } else { /* k and v over [Ht ; xln] at once: Ht copied to the rows before xln */
+        nn_buf *xc = ctx_rows(m, a->xln);
         o->rmsnorm_fwd(m->ctx, a->xln, a->rstd_in, h, LW(m, l, DFL_IN_LN), Q, D, eps);
+        o->copy(m->ctx, xc, m->Ht, (size_t)Tc * D * o->act_bytes);
         o->linear_fwd(m->ctx, a->qraw, a->xln, LW(m, l, DFL_Q), NULL, Q, D, H * d);
-        o->linear_fwd(m->ctx, row(m, a->kraw, Tc, Hk * d), a->xln, LW(m, l, DFL_K), NULL, Q, D,
-                      Hk * d);
-        o->linear_fwd(m->ctx, row(m, a->v, Tc, Hk * d), a->xln, LW(m, l, DFL_V), NULL, Q, D,
-                      Hk * d);
+        o->linear_fwd(m->ctx, a->kraw, xc, LW(m, l, DFL_K), NULL, Tk, D, Hk * d);
+        o->linear_fwd(m->ctx, a->v, xc, LW(m, l, DFL_V), NULL, Tk, D, Hk * d);
     }
-    o->linear_fwd(m->ctx, a->kraw, m->Ht, LW(m, l, DFL_K), NULL, Tc, D, Hk * d);
-    o->linear_fwd(m->ctx, a->v, m->Ht, LW(m, l, DFL_V), NULL, Tc, D, Hk * d);
     o->head_norm_rope_fwd(m->ctx, a->q, a->qraw, LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq,
                           Q, H, d, eps);
     o->head_norm_rope_fwd(m->ctx, a->k, a->kraw, LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk,
@@ -717,18 +736,11 @@ static void attn_bwd(dflash_model *m, int l) {
                           LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq, Q, H, d, eps);
     o->head_norm_rope_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw,
                           LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk, Hk, d, eps);
-    /* block rows (the first product of each weight sets its gradient), then the context rows:
-     * dHt accumulates over layers, dWk and dWv over both row sets (the second product reads the
-     * first's act-rounded sum and rounds again: on cuda two bf16 roundings, accepted; one
-     * product over [Ht ; xln] would need the rows in one buffer) */
+    /* dHt accumulates the context rows' share over layers; dWk and dWv cover both row sets */
     if (l == 0 && m->cur_u)
         qkv_blocks_bwd_distinct(m);
     else
-        qkv_blocks_bwd(m, l);
-    o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_K), NULL, m->dkraw, m->Ht, LW(m, l, DFL_K), Tc, D,
-                  Hk * d, NN_BWD_DX_ADD);
-    o->linear_bwd(m->ctx, m->dHt, LG(m, l, DFL_V), NULL, m->dv, m->Ht, LW(m, l, DFL_V), Tc, D,
-                  Hk * d, NN_BWD_DX_ADD);
+        qkv_bwd(m, l);
 }
 
 /* MLP, layer l: yln = rmsnorm(hmid); resid[l+1] = hmid + (silu(yln Wg^T) * yln Wu^T) Wd^T,
@@ -818,7 +830,7 @@ void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     o->rmsnorm_bwd(m->ctx, m->dh, dflash_model_grad(m, m->t_norm), m->dh, m->resid[L],
                    dflash_model_weight(m, m->t_norm), m->rstd_out, post_attn_rows(m, L - 1), D,
                    NULL);
-    o->zero(m->ctx, m->dHt, (size_t)m->cur_tc * D * o->act_bytes);
+    o->zero(m->ctx, ctx_rows(m, m->dxln), (size_t)m->cur_tc * D * o->act_bytes); /* dHt */
     for (int l = L - 1; l >= 0; l--) {
         mlp_bwd(m, l);
         attn_bwd(m, l);

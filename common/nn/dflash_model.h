@@ -114,7 +114,7 @@ enum {
 
 /* Saved activations of one layer (pointers into the acts allocation). */
 typedef struct dflash_layer_acts {
-    nn_buf *xln;             /* [Q, D] input_layernorm output */
+    nn_buf *xln;             /* [Q, D] input_layernorm output, after Tc_max rows for Ht */
     float *rstd_in;          /* [Q] */
     nn_buf *qraw;            /* [Q, H*d] before q_norm */
     nn_buf *q;               /* [Q, H*d] after q_norm and rope */
@@ -163,12 +163,12 @@ typedef struct dflash_model {
     nn_buf *out;           /* [Q, D] final norm output */
     float *rstd_out;       /* [Q] */
     /* backward scratch */
-    nn_buf *dh, *dtmp, *dxln;   /* [Q, D] */
+    nn_buf *dh, *dtmp, *dxln;   /* [Q, D]; dxln after Tc_max rows, dHt's (ctx_rows) */
     nn_buf *datt, *dq, *dqraw;  /* [Q, H*d] */
     nn_buf *dk, *dkraw, *dv;    /* [Tk, Hk*d] */
     nn_buf *dact;               /* [Q, F] */
     nn_buf *dgu;                /* [Q, 2F] dgate | dup */
-    nn_buf *dHt, *dZ;           /* [Tc, D] */
+    nn_buf *dZ;                 /* [Tc, D] */
     nn_buf *lm_scratch;         /* [lm_chunk, V] */
     /* inputs (backend memory), filled by dflash_model_set_inputs */
     int32_t *in_ids;         /* [Q] noise ids */

@@ -55,8 +55,8 @@
  * Resources (ptxas, d 128): wg3x64r 160 registers, 176 KB shared; wg3x64r5 157, 208 KB;
  * wg3x64m 168, 176 KB; wg3x64p 159, 144 KB; wg3x64 168 with a 24-byte spill, 144 KB; d 64
  * wg2x128 168, 112 KB; the block kernel 156, 176 KB; k_wg_block_tma 128 at entry, 160 / 32
- * after setmaxnreg, 208 KB (NS 5). No spills. One CTA per SM (launch bounds NWG x 128, 1;
- * k_wg_block_tma (NWG + 1) x 128, 1).
+ * after setmaxnreg, 208 KB (NS 5), 225 KB (p). No spills. One CTA per SM (launch bounds NWG x
+ * 128, 1; k_wg_block_tma (NWG + 1) x 128, 1).
  * Block mode (attention_block_fwd; k_wg_block: mode 3, NWG 3, KT 64, NS 4, DIST 2 as wg3x64r):
  *   the rows of block j (B query tokens x the group heads of kv head hk, B x group <= 64) see the
  *   keys of its span: context [ctx_begin, ctx_end) and its own [blk_begin, blk_begin + B),
@@ -74,37 +74,56 @@
  *   contexts differ by a few keys, so a CTA streams about one block's context once for 3 blocks.
  *   End: as causal, plus lse [H, n_blocks B] = (m + log2 l) ln 2 per row (+INF without keys),
  *   the layout of the mma.sync forward that ops_cuda_attn_bwd.cu reads.
- * Block mode with a producer (k_wg_block_tma, the default): the same CTAs, schedule, masks and
- *   consumer loop (3 warpgroups, one block each, mode 3's order: S of tile i with P V of tile
- *   i - 1, the softmax under P V), plus a fourth warpgroup that only loads. Its first warp
- *   fills stage j % NS with tile j once the 12 consumer warps released tile j - NS (per stage a
- *   "full" mbarrier, one arrival plus the copies' bytes, and an "empty" one, one arrival per
- *   consumer warp after its P V of the tile): a context tile by two tensor copies (lane 0;
- *   wg_kv_maps: 4-dim maps of k and v, box 64 x 1 x KT x 2, 128-byte swizzle, so every copy
- *   reads whole 128-byte rows; keys past Tk zero-filled, past the interval masked), the
- *   own-keys tile by cp.async of the warp into the same swizzled layout (zero-filled, waited,
- *   async-proxy fence, one arrival). K and V stages are read through 128-byte-swizzle
+ * Block mode with a producer (k_wg_block_tma, the default): the same CTAs' work, schedule,
+ *   masks and consumer loop (3 warpgroups, one block each, mode 3's order: S of tile i with P V
+ *   of tile i - 1, the softmax under P V), plus a fourth warpgroup that only loads. A work item
+ *   is one former CTA (c, kv head hk), heaviest first over all kv heads (c descending, hk
+ *   fastest), so the last items are the shortest of every head. The producer's first warp
+ *   writes an item's record into shared memory (lane 0: the spans of its 3 blocks, the
+ *   per-warpgroup mask bounds mk, read per tile by the consumers since in registers they made
+ *   ptxas spill, and wg_block_setup's schedule) and announces it on an "ifull" mbarrier, then
+ *   fills stage s % NS with the CTA's s-th tile once the 12 consumer warps released tile s - NS
+ *   (per stage a "full" mbarrier, one arrival plus the copies' bytes, and an "empty" one, one
+ *   arrival per consumer warp after its P V of the tile): a context tile by two tensor copies
+ *   (lane 0; wg_kv_maps: 4-dim maps of k and v, box 64 x 1 x KT x 2, 128-byte swizzle, so
+ *   every copy reads whole 128-byte rows; keys past Tk zero-filled, past the interval masked),
+ *   the own-keys tile by cp.async of the warp into the same swizzled layout (zero-filled,
+ *   waited, async-proxy fence, one arrival). K and V stages are read through 128-byte-swizzle
  *   descriptors (wg_desc_sw128: S steps 32 bytes along a 128-byte row, then to the second 64
- *   columns of d; P V steps 16 rows of 2048 bytes, LBO KT 128 between the d halves); Q stays in
- *   the core-matrix layout above (cp.async by its warpgroup). setmaxnreg: the producer drops to
- *   32 registers, the consumers rise to 160 (launch bounds 512 threads: 128 each at entry).
- *   Per-warpgroup mask bounds sit in shared memory (mk) and are read per tile: kept in
- *   registers they made ptxas spill. The spans of the CTA's blocks are read once into shared
- *   memory by threads 0 .. 2. CTAs run in a 1-dim grid, heaviest first over all kv heads (c
- *   descending, hk fastest), so the last CTAs are the shortest of every head. Output: O
- *   through shared memory after a barrier of the consumers (bar 4), lse as k_wg_block.
- *   Variants (DFLASH_CUDA_ATTN_BLOCK names): wgt3x64s5 (default: NS 5, 208 KB shared),
- *   wgt3x64 (NS 4, 176 KB), wgt3x64s5n (no swizzle: 5-dim maps (d % 8, head, key % 8, d / 8,
- *   key / 8) into the core-matrix layout, interval begins rounded down to 8 keys, Tk % 8 == 0;
- *   its 16-byte pieces read every 32-byte L2 sector twice: ncu L2 throughput 75%).
+ *   columns of d; P V steps 16 rows of 2048 bytes, LBO KT 128 between the d halves).
+ *   setmaxnreg: the producer drops to 32 registers, the consumers rise to 160 (launch bounds 512
+ *   threads: 128 each at entry). Q and the output, by variant:
+ *   - q (QT): the producer loads Q with the record, 2 tensor copies per block (map of q: 4 dims
+ *     (d % 64, head, token, d / 64), box 64 x group x B x 1, 128-byte swizzle; completing on
+ *     ifull), read through the same swizzled descriptors as K; each consumer warpgroup stages
+ *     its output in its own 64 Q rows once all its warps passed their last S (16-byte chunks
+ *     XOR-swizzled by row: no bank conflicts, no barrier of all consumers).
+ *   - else: Q by cp.async of its warpgroup into the core-matrix layout above, the output through
+ *     padded rows after a barrier of the consumers (bar 4).
+ *   - p (persistent, with q; the default): a grid of one CTA per SM; a CTA takes item
+ *     blockIdx.x, then the next from a device counter (g_wgt_ctr: taken items less the grid;
+ *     the last CTA of a launch resets it, so block forwards on one device must not overlap, as
+ *     with the backward's plan) until none is left. Records and Q buffers alternate (2 of each:
+ *     224 KB at NS 4): the producer writes item n + 1's while the consumers run item n and
+ *     rewrites one after the consumers released it ("iempty", after their output), and the
+ *     stage ring runs on across items, so an item's spans, schedule, Q and first tiles load
+ *     under the previous item's last tiles and output. Without p: one item per CTA, a CTA per
+ *     item. DFLASH_CUDA_ATTN_BLOCK_CTAS=N (tests only) caps the persistent grid at N CTAs.
+ *   Variants (DFLASH_CUDA_ATTN_BLOCK names): wgt3x64p (default: NS 4, 225 KB shared), wgt3x64q
+ *   (NS 4), wgt3x64s5q (NS 5), wgt3x64s5 (Q by cp.async, NS 5, the default before p), wgt3x64
+ *   (the same with NS 4), wgt3x64s5n (no swizzle: 5-dim maps (d % 8, head, key % 8, d / 8, key
+ *   / 8) into the core-matrix layout, interval begins rounded down to 8 keys, Tk % 8 == 0; its
+ *   16-byte pieces read every 32-byte L2 sector twice: ncu L2 throughput 75%).
  *   DFLASH_CUDA_ATTN_BLOCK: unset, empty or "wgmma": the default producer kernel where it
  *   applies (the encoder found, NWG B <= KT), else k_wg_block; "wgcp": k_wg_block; a variant's
  *   name: that one; "mma" (or a mma.sync shape, 4x16 or 2x32): the mma.sync kernel.
- *   DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' CTAs by kv head (the old order,
+ *   DFLASH_CUDA_ATTN_BLOCK_ORDER=head: the producer kernels' items by kv head (the old order,
  *   for comparison). Measured on the H200 (NOTES.md, 512 x 16 queries, 3072 context tokens,
- *   anchors as the step draws them, H 32 / 8, d 128): wgt3x64s5 0.476-0.481 ms, 427-430
- *   TFLOP/s; wgt3x64 0.472; wgt3x64s5n 0.562; k_wg_block 0.645-0.658 (313-318); the mma.sync
- *   4x16 kernel 1.21 ms, 169 TFLOP/s.
+ *   anchors as the step draws them, H 32 / 8, d 128): wgt3x64p 0.406-0.408 ms, 504-506 TFLOP/s;
+ *   wgt3x64q 0.449, wgt3x64s5q 0.450, wgt3x64s5 0.457-0.465, wgt3x64 0.461 (main's wgt3x64s5,
+ *   whose prologue read the spans and schedule before two CTA barriers, 0.476-0.485);
+ *   wgt3x64s5n 0.562; k_wg_block 0.645-0.658 (313-318); the mma.sync 4x16 kernel 1.21 ms, 169
+ *   TFLOP/s.
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"
@@ -612,15 +631,30 @@ __global__ void __launch_bounds__(NWG * 128, 1) k_wg_block(wg_args a, wg_blk bs)
  * tile of KT keys as D / 64 blocks of KT rows of 128 bytes (wg_desc_sw128's layout). Else 5
  * dims (d % 8, kv head, key % 8, d / 8, key / 8), box 8 x 1 x 8 x D / 8 x KT / 8: a tile from a
  * multiple of 8 keys in the core-matrix layout above (16-byte pieces: twice the L2 sectors).
- * Keys past Tk are zero-filled. */
+ * Keys past Tk are zero-filled. QT kernels also take q ([n_blocks B, H, D]): 4 dims (d % 64,
+ * head, token, d / 64), box 64 x group x B x 1, 128-byte swizzle: one copy lands half of d of a
+ * block's B x group rows (row r: token r / group, head r % group) as rows of 128 bytes; tokens
+ * past the last block are zero-filled. */
 struct wg_kv_maps {
-    CUtensorMap k, v;
+    CUtensorMap k, v, q;
 };
 
-/* Shared memory of k_wg_block_tma: as wg_smem (Q of NWG warpgroups, NS stages, the schedule,
- * 2 NS mbarriers), then the spans of the CTA's blocks */
-template <int D, int NWG, int KT, int NS> static size_t wgt_smem(void) {
-    return wg_smem<D, NWG, KT, NS>() + NWG * sizeof(nn_block_span);
+/* A work item's record in shared memory (k_wg_block_tma): the key schedule (wg_block_setup; ib[15]
+ * the item, -1: none is left), per consumer warpgroup the mask bounds (mk: the block's context
+ * [klo, khi) less its own keys [xlo, xhi), its slots [glo, ghi) of the own-keys tile, keep), and
+ * the spans of the item's blocks. Written by the producer warp, read by the consumers. */
+template <int NWG> struct wgt_item {
+    int ib[16];
+    int mk[NWG][8];
+    nn_block_span sp[NWG];
+};
+
+/* Shared memory of k_wg_block_tma: NQ buffers of Q (NWG warpgroups of 64 rows), NS stages of K
+ * and V, NQ item records, then the mbarriers: full and empty per stage, ifull and iempty per
+ * item record */
+template <int D, int NWG, int KT, int NS, int NQ> static size_t wgt_smem(void) {
+    return (size_t)NQ * 64 * NWG * D * 2 + (size_t)NS * 2 * KT * D * 2 +
+           NQ * sizeof(wgt_item<NWG>) + (2 * NS + 2 * NQ) * sizeof(uint64_t);
 }
 
 /* bar.sync on named barrier id (1 .. 15) for n threads (whole warps) */
@@ -628,202 +662,314 @@ __device__ __forceinline__ void wg_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+/* The persistent kernels' work counter (next item less the grid, CTAs finished); the last CTA of
+ * a launch to finish resets both, so launches on one device must not overlap. */
+__device__ int g_wgt_ctr[2];
+
 /* One CTA of the block forward with a producer: warpgroups 0 .. NWG - 1 consume (warpgroup w the
- * rows of block NWG c + w, as k_wg_block), warpgroup NWG produces. Its first warp fills stage
- * j % NS with tile j once the consumers released tile j - NS: a context tile by two tensor
- * copies (lane 0; full[s] counts one arrival plus the bytes), the own-keys tile by cp.async
- * (the warp's 32 lanes, zero-filled; wait, async-proxy fence, one arrival). Registers: the
- * producer gives back to RP per thread, the consumers take RC (setmaxnreg; NWG 128 RC + 128 RP
- * is the pool fixed at launch). The consumer loop is mode 3's without loads: wait full[i],
- * S of tile i with P V of tile i - 1, mask and softmax, each warp arrives on empty[i - 1]. */
-template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW>
+ * rows of block NWG c + w of the work item, as k_wg_block), warpgroup NWG produces. Work items
+ * (c, kv head hk), heaviest first: item k is c = n_c - 1 - k / Hk, hk = k % Hk (by_head: c =
+ * n_c - 1 - k % n_c, hk = k / n_c). A CTA takes item blockIdx.x; PER: then more from
+ * g_wgt_ctr until none is left (grid: at most one CTA per SM), the stage ring running on across
+ * items. The producer's first warp writes an item's record (lane 0: spans, masks, schedule) and
+ * announces it on ifull (QT: with the tensor copies of the item's Q, 2 per block), then fills
+ * stage s % NS with the s-th tile of the CTA once the consumers released tile s - NS: a context
+ * tile by two tensor copies (lane 0; full counts one arrival plus the bytes), the own-keys tile
+ * by cp.async (the warp's 32 lanes, zero-filled; wait, async-proxy fence, one arrival). Item
+ * records and (QT) Q buffers alternate (NQ 2 with PER): the producer rewrites one after the
+ * consumers released it on iempty (after their output), so an item's prologue and first tiles
+ * load under the previous item's loop. Registers: the producer gives back to RP per thread, the
+ * consumers take RC (setmaxnreg; NWG 128 RC + 128 RP is the pool fixed at launch). The consumer
+ * loop is mode 3's without loads: wait full, S of tile i with P V of tile i - 1, mask and
+ * softmax, each warp arrives on empty of tile i - 1 (and of the last tile after its P V). Q: QT,
+ * swizzled by tensor copies, the output staged in the warpgroup's own Q rows (16-byte chunks
+ * XOR-swizzled by row); else cp.async by the consumers into the core-matrix layout and the
+ * output staged through padded rows after a barrier of all consumers. */
+template <int D, int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     k_wg_block_tma(wg_args a, wg_blk bs, const __grid_constant__ wg_kv_maps mp) {
 #if WG_DEVICE
-    constexpr int TILE_B = KT * D * 2, LD = D + 8, CPR = D / 8;
+    static_assert(!QT || SW, "swizzled Q with swizzled K and V");
+    static_assert(!PER || QT, "a persistent CTA stages its output in its own Q rows");
+    static_assert(4 * NWG + 2 <= 15, "ib[15] holds the item");
+    constexpr int TILE_B = KT * D * 2, LD = D + 8, CPR = D / 8, NQ = PER ? 2 : 1;
+    constexpr int QB = 64 * NWG * D * 2; /* one Q buffer */
     static_assert(NWG * 128 * RC + 128 * RP <= 65536, "the register pool");
     extern __shared__ __align__(1024) unsigned char sm[];
-    unsigned char *Qs = sm, *KV = sm + 64 * NWG * D * 2;
-    int *red = (int *)(KV + NS * 2 * TILE_B); /* the key schedule (wg_block_setup) */
-    uint64_t *full = (uint64_t *)(red + 4 * NWG * 4), *empty = full + NS;
+    unsigned char *Qs = sm, *KV = sm + NQ * QB;
+    wgt_item<NWG> *items = (wgt_item<NWG> *)(KV + NS * 2 * TILE_B);
+    uint64_t *full = (uint64_t *)(items + NQ), *empty = full + NS;
+    uint64_t *ifull = empty + NS, *iempty = ifull + NQ;
     const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, wq = warp % 4;
     const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
-    /* CTAs in a 1-dim grid, heaviest first over all kv heads: c descending, hk fastest (by_head:
-     * hk slowest, the order of a grid (n_c, Hk)) */
-    const int n_c = (bs.n_blocks + NWG - 1) / NWG, group = a.group, bid = blockIdx.x;
-    const int c = n_c - 1 - (bs.by_head ? bid % n_c : bid / a.Hk);
-    const int hk = bs.by_head ? bid / n_c : bid % a.Hk;
-    nn_block_span *ssp = (nn_block_span *)(empty + NS);
-    /* mk (8 ints per consumer warpgroup after the schedule; read per tile from shared memory,
-     * which spares registers): the block's context [klo, khi) less its own keys [xlo, xhi), its
-     * slots [glo, ghi) of the own-keys tile, keep */
-    if (threadIdx.x < NWG) {
-        const int w = threadIdx.x, blk = c * NWG + w;
-        nn_block_span sp = {0, 0, 0, 0};
-        if (blk < bs.n_blocks) sp = bs.spans[blk];
-        ssp[w] = sp;
-        int *mk = red + 16 + 8 * w;
-        mk[0] = sp.ctx_begin, mk[1] = min(sp.ctx_end, bs.Tk);
-        mk[2] = sp.blk_begin, mk[3] = sp.blk_begin + bs.B;
-        mk[4] = w * bs.B, mk[5] = mk[4] + max(0, min(bs.B, bs.Tk - sp.blk_begin));
-        mk[6] = sp.keep;
-    }
+    const int n_c = (bs.n_blocks + NWG - 1) / NWG, n_items = n_c * a.Hk, group = a.group;
+    const int NR = bs.B * group; /* rows of a block */
+    auto item_c = [&](int k) { return n_c - 1 - (bs.by_head ? k % n_c : k / a.Hk); };
+    auto item_hk = [&](int k) { return bs.by_head ? k / n_c : k % a.Hk; };
     if (threadIdx.x == 32) {
         for (int j = 0; j < NS; j++)
             mb_init(full + j, 1), mb_init(empty + j, NWG * 4);
+        for (int j = 0; j < NQ; j++)
+            mb_init(ifull + j, 1), mb_init(iempty + j, NWG * 4);
         mb_init_fence();
     }
-    __syncthreads(); /* the spans */
-    if (threadIdx.x == 0) wg_block_setup<NWG, KT, SW ? 1 : 8>(bs, c * NWG, red, ssp);
-    __syncthreads(); /* the schedule and the mbarriers' init are visible */
-    const int nr = red[3 * NWG + 1], n_ctx = red[2 * NWG + nr], n_tiles = n_ctx + 1;
+    __syncthreads(); /* the mbarriers' init is visible */
 
     if (wg == NWG) { /* the producer */
         wg_setmaxnreg_dec<RP>();
         if (warp != 4 * NWG) return;
-        for (int j = 0; j < n_tiles; j++) {
-            unsigned char *st = KV + (j % NS) * 2 * TILE_B;
-            if (j >= NS) mb_wait(empty + j % NS, (j / NS - 1) & 1);
-            if (j < n_ctx) {
-                if (lane == 0) {
-                    int kb, re;
-                    wg_block_tile<NWG, KT>(red, nr, j, kb, re);
-                    mb_arrive_tx(full + j % NS, 2 * TILE_B);
-                    if constexpr (SW) {
-                        tma_load_4d(st, &mp.k, 0, hk, kb, 0, full + j % NS);
-                        tma_load_4d(st + TILE_B, &mp.v, 0, hk, kb, 0, full + j % NS);
-                    } else {
-                        tma_load_5d(st, &mp.k, 0, hk, 0, 0, kb / 8, full + j % NS);
-                        tma_load_5d(st + TILE_B, &mp.v, 0, hk, 0, 0, kb / 8, full + j % NS);
-                    }
-                }
-            } else {
-                if constexpr (SW)
-                    issue_own_sw<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
-                else
-                    issue_own<D, NWG, KT>(a, bs, red, hk, st, lane, 32);
-                cp_commit();
-                cp_wait<0>();
-                fence_async_smem();
-                __syncwarp();
-                if (lane == 0) mb_arrive(full + j % NS);
+        int k = blockIdx.x, seq = 0; /* the item; tiles loaded (the next goes to seq % NS) */
+        for (int n = 0;; n++) {
+            const int b = n % NQ;
+            wgt_item<NWG> *it = items + b;
+            if (n >= NQ) mb_wait(iempty + b, (n / NQ - 1) & 1); /* item n - NQ is out */
+            if (n > 0) {
+                int nk = 0;
+                if (lane == 0) nk = gridDim.x + atomicAdd(g_wgt_ctr, 1);
+                k = __shfl_sync(0xffffffffu, nk, 0);
             }
+            if (k >= n_items) { /* PER: none left */
+                if (lane == 0) {
+                    it->ib[15] = -1;
+                    mb_arrive(ifull + b);
+                    __threadfence(); /* this CTA's last take precedes its count */
+                    if (atomicAdd(g_wgt_ctr + 1, 1) == (int)gridDim.x - 1)
+                        atomicExch(g_wgt_ctr, 0), atomicExch(g_wgt_ctr + 1, 0);
+                }
+                return;
+            }
+            const int c = item_c(k), hk = item_hk(k);
+            if (lane == 0) {
+                for (int w = 0; w < NWG; w++) {
+                    const int blk = c * NWG + w;
+                    nn_block_span sp = {0, 0, 0, 0};
+                    if (blk < bs.n_blocks) sp = bs.spans[blk];
+                    it->sp[w] = sp;
+                    int *mk = it->mk[w];
+                    mk[0] = sp.ctx_begin, mk[1] = min(sp.ctx_end, bs.Tk);
+                    mk[2] = sp.blk_begin, mk[3] = sp.blk_begin + bs.B;
+                    mk[4] = w * bs.B, mk[5] = mk[4] + max(0, min(bs.B, bs.Tk - sp.blk_begin));
+                    mk[6] = sp.keep;
+                }
+                wg_block_setup<NWG, KT, SW ? 1 : 8>(bs, c * NWG, it->ib, it->sp);
+                it->ib[15] = k;
+                if constexpr (QT) { /* the record, then Q: 2 copies (halves of d) per block */
+                    unsigned char *q = Qs + b * QB;
+                    mb_arrive_tx(ifull + b, NWG * (D / 64) * NR * 128);
+                    for (int w = 0; w < NWG; w++)
+                        for (int h = 0; h < D / 64; h++)
+                            tma_load_4d(q + w * 64 * D * 2 + h * 64 * 128, &mp.q, 0, hk * group,
+                                        (c * NWG + w) * bs.B, h, ifull + b);
+                } else {
+                    mb_arrive(ifull + b);
+                }
+            }
+            __syncwarp(); /* lane 0's record is visible to the warp */
+            const int *ib = it->ib;
+            const int nr = ib[3 * NWG + 1], n_ctx = ib[2 * NWG + nr];
+            for (int j = 0; j <= n_ctx; j++, seq++) {
+                const int sg = seq % NS;
+                unsigned char *st = KV + sg * 2 * TILE_B;
+                if (seq >= NS) mb_wait(empty + sg, (seq / NS - 1) & 1);
+                if (j < n_ctx) {
+                    if (lane == 0) {
+                        int kb, re;
+                        wg_block_tile<NWG, KT>(ib, nr, j, kb, re);
+                        mb_arrive_tx(full + sg, 2 * TILE_B);
+                        if constexpr (SW) {
+                            tma_load_4d(st, &mp.k, 0, hk, kb, 0, full + sg);
+                            tma_load_4d(st + TILE_B, &mp.v, 0, hk, kb, 0, full + sg);
+                        } else {
+                            tma_load_5d(st, &mp.k, 0, hk, 0, 0, kb / 8, full + sg);
+                            tma_load_5d(st + TILE_B, &mp.v, 0, hk, 0, 0, kb / 8, full + sg);
+                        }
+                    }
+                } else {
+                    if constexpr (SW)
+                        issue_own_sw<D, NWG, KT>(a, bs, ib, hk, st, lane, 32);
+                    else
+                        issue_own<D, NWG, KT>(a, bs, ib, hk, st, lane, 32);
+                    cp_commit();
+                    cp_wait<0>();
+                    fence_async_smem();
+                    __syncwarp();
+                    if (lane == 0) mb_arrive(full + sg);
+                }
+            }
+            if (!PER) return;
         }
-        return;
     }
 
     wg_setmaxnreg_inc<RC>();
-    const int myblk = c * NWG + wg, NR = bs.B * group;
-    load_cm<D, 64>(
-        Qs + wg * 64 * D * 2, a.q,
-        [&](int rl) -> long long {
-            if (rl >= NR || myblk >= bs.n_blocks) return -1;
-            int t = myblk * bs.B + rl / group, h = hk * group + rl % group;
-            return ((long long)t * a.H + h) * D;
-        },
-        threadIdx.x % 128, 128);
-    cp_commit();
-    const int *mk = red + 16 + 8 * wg;
-    int lo[2] = {0, 0}, hi[2] = {0, 0};
-    cp_wait<0>();
-    fence_async_smem();
-    wg_bar(1 + wg, 128); /* this warpgroup's Q landed */
+    int seq = 0; /* tiles consumed by this CTA before the item's first */
+    for (int n = 0;; n++) {
+        const int b = n % NQ;
+        const wgt_item<NWG> *it = items + b;
+        unsigned char *Qw = Qs + b * QB + wg * 64 * D * 2;
+        if constexpr (!QT) { /* one item, blockIdx.x: Q now, the record below */
+            const int myblk = item_c(blockIdx.x) * NWG + wg, hk = item_hk(blockIdx.x);
+            load_cm<D, 64>(
+                Qw, a.q,
+                [&](int rl) -> long long {
+                    if (rl >= NR || myblk >= bs.n_blocks) return -1;
+                    int t = myblk * bs.B + rl / group, h = hk * group + rl % group;
+                    return ((long long)t * a.H + h) * D;
+                },
+                threadIdx.x % 128, 128);
+            cp_commit();
+        }
+        mb_wait(ifull + b, (n / NQ) & 1); /* the record (QT: and Q) of item n */
+        const int *ib = it->ib;
+        const int k = ib[15];
+        if (k < 0) break; /* PER: none left */
+        const int hk = item_hk(k), myblk = item_c(k) * NWG + wg;
+        const int nr = ib[3 * NWG + 1], n_ctx = ib[2 * NWG + nr], n_tiles = n_ctx + 1;
+        if constexpr (!QT) {
+            cp_wait<0>();
+            fence_async_smem();
+            wg_bar(1 + wg, 128); /* this warpgroup's Q landed */
+        }
+        const int *mk = it->mk[wg];
+        int lo[2] = {0, 0}, hi[2] = {0, 0};
 
-    const float sl2 = 1.0f / sqrtf((float)D) * LOG2E; /* a.scale, the launcher's 1 / sqrt(d) */
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4];
+        const float sl2 = 1.0f / sqrtf((float)D) * LOG2E; /* a.scale, the launcher's 1 / sqrt(d) */
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4];
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++)
-        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    const uint64_t dq = wg_desc(Qs + wg * 64 * D * 2, 128, 16 * D);
-    uint32_t pa[KT / 16][4];
-    float s[KT / 8][4], corr[2];
-    uint64_t pv = 0;
-    auto step = [&](int i, auto with_pv) {
-        mb_wait(full + i % NS, (i / NS) & 1);
-        const unsigned char *Kt = KV + (i % NS) * 2 * TILE_B, *Vt = Kt + TILE_B;
-        wg_fence();
-        if constexpr (SW) { /* k16 step kk: 32 kk bytes into the 128-byte rows of d / 64 */
-            const unsigned char *k0 = Kt;
-            wg_ss_first<KT>(s, dq, wg_desc_sw128(k0, 16, 1024));
+        for (int dt = 0; dt < D / 8; dt++)
+            o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+        uint32_t pa[KT / 16][4];
+        float s[KT / 8][4], corr[2];
+        uint64_t pv = 0;
+        auto step = [&](int i, auto with_pv) {
+            const int sg = (seq + i) % NS;
+            mb_wait(full + sg, ((seq + i) / NS) & 1);
+            const unsigned char *Kt = KV + sg * 2 * TILE_B, *Vt = Kt + TILE_B;
+            wg_fence();
+            if constexpr (QT) { /* k16 step kk: 32 kk bytes into the 128-byte rows of d / 64 */
+                wg_ss_first<KT>(s, wg_desc_sw128(Qw, 16, 1024), wg_desc_sw128(Kt, 16, 1024));
 #pragma unroll
-            for (int kk = 1; kk < D / 16; kk++)
-                wg_ss<KT>(s, dq + kk * 16,
-                          wg_desc_sw128(k0 + (kk / 4) * KT * 128 + (kk % 4) * 32, 16, 1024));
-            wg_commit();
-        } else {
-            wg_issue_s<D, KT>(s, dq, wg_desc(Kt, 128, 16 * D));
-        }
-        if constexpr (decltype(with_pv)::value) {
-            if constexpr (SW) /* k16 step: 16 rows of 128 bytes */
-                wg_issue_pv<D, KT, 128>(o, pa, pv);
-            else
-                wg_issue_pv<D, KT>(o, pa, pv);
-            wg_wait<1>();
-        } else {
+                for (int kk = 1; kk < D / 16; kk++)
+                    wg_ss<KT>(s,
+                              wg_desc_sw128(Qw + (kk / 4) * 64 * 128 + (kk % 4) * 32, 16, 1024),
+                              wg_desc_sw128(Kt + (kk / 4) * KT * 128 + (kk % 4) * 32, 16, 1024));
+                wg_commit();
+            } else if constexpr (SW) {
+                const uint64_t dq = wg_desc(Qw, 128, 16 * D);
+                wg_ss_first<KT>(s, dq, wg_desc_sw128(Kt, 16, 1024));
+#pragma unroll
+                for (int kk = 1; kk < D / 16; kk++)
+                    wg_ss<KT>(s, dq + kk * 16,
+                              wg_desc_sw128(Kt + (kk / 4) * KT * 128 + (kk % 4) * 32, 16, 1024));
+                wg_commit();
+            } else {
+                wg_issue_s<D, KT>(s, wg_desc(Qw, 128, 16 * D), wg_desc(Kt, 128, 16 * D));
+            }
+            if constexpr (decltype(with_pv)::value) {
+                if constexpr (SW) /* k16 step: 16 rows of 128 bytes */
+                    wg_issue_pv<D, KT, 128>(o, pa, pv);
+                else
+                    wg_issue_pv<D, KT>(o, pa, pv);
+                wg_wait<1>();
+            } else {
+                wg_wait<0>();
+            }
+            wg_pin_all(s);
+            const volatile int *vk = mk;
+            const int klo = vk[0], khi = vk[1], xlo = vk[2], xhi = vk[3];
+            bool rv[2]; /* rows g, g + 8 have keys */
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                rv[e] = vk[6] && 16 * wq + g + 8 * e < NR;
+            if (i < n_ctx) {
+                int cb, re;
+                wg_block_tile<NWG, KT>(ib, nr, i, cb, re);
+                const int h = min(khi, re);
+                if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h &&
+                      (cb + KT <= xlo || cb >= xhi)))
+                    wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
+            } else {
+                wg_block_mask<KT>(s, 0, rv, vk[4], vk[5], 0, 0);
+            }
+            online_softmax<KT>(s, m, l, corr, 0, lo, hi, true, sl2);
             wg_wait<0>();
-        }
-        wg_pin_all(s);
-        const volatile int *vk = mk;
-        const int klo = vk[0], khi = vk[1], xlo = vk[2], xhi = vk[3];
-        bool rv[2]; /* rows g, g + 8 have keys */
-#pragma unroll
-        for (int e = 0; e < 2; e++)
-            rv[e] = vk[6] && 16 * wq + g + 8 * e < NR;
-        if (i < n_ctx) {
-            int cb, re;
-            wg_block_tile<NWG, KT>(red, nr, i, cb, re);
-            const int h = min(khi, re);
-            if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h && (cb + KT <= xlo || cb >= xhi)))
-                wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
-        } else {
-            wg_block_mask<KT>(s, 0, rv, vk[4], vk[5], 0, 0);
-        }
-        online_softmax<KT>(s, m, l, corr, 0, lo, hi, true, sl2);
+            wg_pin_all(o);
+            wg_pin_u(pa);
+            if (decltype(with_pv)::value && lane == 0)
+                mb_arrive(empty + (seq + i - 1) % NS); /* this warp is done with tile i - 1 */
+            wg_rescale<D, KT>(o, corr, s, pa);
+            pv = SW ? wg_desc_sw128(Vt, KT * 128, 1024) : wg_desc(Vt, 16 * D, 128);
+        };
+        step(0, std::false_type());
+        for (int i = 1; i < n_tiles; i++)
+            step(i, std::true_type());
+        wg_fence();
+        if constexpr (SW)
+            wg_issue_pv<D, KT, 128>(o, pa, pv);
+        else
+            wg_issue_pv<D, KT>(o, pa, pv);
         wg_wait<0>();
         wg_pin_all(o);
         wg_pin_u(pa);
-        if (decltype(with_pv)::value && lane == 0)
-            mb_arrive(empty + (i - 1) % NS); /* this warp is done with tile i - 1 */
-        wg_rescale<D, KT>(o, corr, s, pa);
-        pv = SW ? wg_desc_sw128(Vt, KT * 128, 1024) : wg_desc(Vt, 16 * D, 128);
-    };
-    step(0, std::false_type());
-    for (int i = 1; i < n_tiles; i++)
-        step(i, std::true_type());
-    wg_fence();
-    if constexpr (SW)
-        wg_issue_pv<D, KT, 128>(o, pa, pv);
-    else
-        wg_issue_pv<D, KT>(o, pa, pv);
-    wg_wait<0>();
-    wg_pin_all(o);
-    wg_pin_u(pa);
-    wg_bar(1 + NWG, NWG * 128); /* every consumer is done: stage the output rows (stride LD) */
+        if (lane == 0) mb_arrive(empty + (seq + n_tiles - 1) % NS); /* done with the last tile */
+        seq += n_tiles;
 
-    bf16 *St = (bf16 *)sm + (64 * wg + 16 * wq) * LD;
-    float lt[2], inv[2];
+        float lt[2], inv[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        lt[r] = quad_sum(l[r]);
-        inv[r] = lt[r] > 0.0f ? 1.0f / lt[r] : 0.0f;
-    }
+        for (int r = 0; r < 2; r++) {
+            lt[r] = quad_sum(l[r]);
+            inv[r] = lt[r] > 0.0f ? 1.0f / lt[r] : 0.0f;
+        }
+        if constexpr (QT) {
+            /* the warpgroup's Q rows are free once all its warps passed their last S: warp wq
+             * stages its rows 16 wq .. 16 wq + 15 there (256 bytes a row, 16-byte chunk j of row
+             * r at chunk j ^ (r % 8): conflict-free stores and loads) */
+            wg_bar(1 + wg, 128);
+            unsigned char *St = Qw + 16 * wq * D * 2;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-        *(uint32_t *)(St + g * LD + dt * 8 + 2 * tg) =
-            pack_bf16x2(o[dt][0] * inv[0], o[dt][1] * inv[0]);
-        *(uint32_t *)(St + (g + 8) * LD + dt * 8 + 2 * tg) =
-            pack_bf16x2(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+            for (int dt = 0; dt < D / 8; dt++) {
+                *(uint32_t *)(St + g * D * 2 + ((dt ^ g) * 16) + 4 * tg) =
+                    pack_bf16x2(o[dt][0] * inv[0], o[dt][1] * inv[0]);
+                *(uint32_t *)(St + (g + 8) * D * 2 + ((dt ^ g) * 16) + 4 * tg) =
+                    pack_bf16x2(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+            }
+            __syncwarp();
+            if (myblk < bs.n_blocks)
+                for (int idx = lane; idx < 16 * CPR; idx += 32) {
+                    int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
+                    if (r >= NR) continue;
+                    int t = myblk * bs.B + r / group, h = hk * group + r % group;
+                    *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
+                        *(const uint4 *)(St + rr * D * 2 + ((cc ^ (rr % 8)) * 16));
+                }
+            if (PER) { /* the item's record and Q buffer may be rewritten (by tensor copies) */
+                fence_async_smem();
+                __syncwarp();
+                if (lane == 0) mb_arrive(iempty + b);
+            }
+        } else {
+            wg_bar(1 + NWG, NWG * 128); /* every consumer is done: stage the rows (stride LD) */
+            bf16 *St = (bf16 *)sm + (64 * wg + 16 * wq) * LD;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                *(uint32_t *)(St + g * LD + dt * 8 + 2 * tg) =
+                    pack_bf16x2(o[dt][0] * inv[0], o[dt][1] * inv[0]);
+                *(uint32_t *)(St + (g + 8) * LD + dt * 8 + 2 * tg) =
+                    pack_bf16x2(o[dt][2] * inv[1], o[dt][3] * inv[1]);
+            }
+            __syncwarp();
+            if (myblk < bs.n_blocks)
+                for (int idx = lane; idx < 16 * CPR; idx += 32) {
+                    int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
+                    if (r >= NR) continue;
+                    int t = myblk * bs.B + r / group, h = hk * group + r % group;
+                    *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
+                        *(const uint4 *)(St + rr * LD + cc * 8);
+                }
+        }
+        if (bs.lse && tg == 0 && myblk < bs.n_blocks)
+            block_lse_out(bs, myblk, hk, group, NR, wq, g, m, lt);
+        if (!PER) break;
     }
-    __syncwarp();
-    if (myblk >= bs.n_blocks) return;
-    for (int idx = lane; idx < 16 * CPR; idx += 32) {
-        int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
-        if (r >= NR) continue;
-        int t = myblk * bs.B + r / group, h = hk * group + r % group;
-        *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
-            *(const uint4 *)(St + rr * LD + cc * 8);
-    }
-    if (bs.lse && tg == 0) block_lse_out(bs, myblk, hk, group, NR, wq, g, m, lt);
 #else
     (void)a, (void)bs, (void)mp;
 #endif
@@ -890,34 +1036,49 @@ static const wg_kernel *wg_pick(int d) {
 #define WG_BLOCK_NWG 3
 
 /* The block forward's producer kernels (k_wg_block_tma): DFLASH_CUDA_ATTN_BLOCK name, blocks
- * (consumer warpgroups) per CTA, keys per tile; the first is the default. */
+ * (consumer warpgroups) per CTA, keys per tile, swizzled K and V, Q by tensor copies,
+ * persistent; the first is the default. */
 typedef struct wgt_kernel {
     const char *name;
-    int nwg, kt, sw;
+    int nwg, kt, sw, qt, per;
     int (*attr)(void);
     void (*launch)(cudaStream_t, const wg_args &, const wg_blk &, const wg_kv_maps &);
 } wgt_kernel;
 
-template <int NWG, int KT, int NS, int RC, int RP, bool SW> static int wgt_attr(void) {
-    return cudaFuncSetAttribute(k_wg_block_tma<128, NWG, KT, NS, RC, RP, SW>,
+/* the persistent grid: the device's multiprocessors, or DFLASH_CUDA_ATTN_BLOCK_CTAS (tests only:
+ * fewer CTAs, so that each takes many items) */
+static int g_wg_nsm;
+
+#define WGT_T NWG, KT, NS, RC, RP, SW, QT, PER
+#define WGT_TP int NWG, int KT, int NS, int RC, int RP, bool SW, bool QT, bool PER
+template <WGT_TP> static int wgt_attr(void) {
+    return cudaFuncSetAttribute(k_wg_block_tma<128, WGT_T>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wgt_smem<128, NWG, KT, NS>()) != cudaSuccess;
+                                (int)wgt_smem<128, NWG, KT, NS, PER ? 2 : 1>()) != cudaSuccess;
 }
 
-template <int NWG, int KT, int NS, int RC, int RP, bool SW>
+template <WGT_TP>
 static void wgt_launch(cudaStream_t st, const wg_args &a, const wg_blk &bs, const wg_kv_maps &mp) {
-    dim3 grid((bs.n_blocks + NWG - 1) / NWG * a.Hk);
-    k_wg_block_tma<128, NWG, KT, NS, RC, RP, SW>
-        <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS>(), st>>>(a, bs, mp);
+    const int n_items = (bs.n_blocks + NWG - 1) / NWG * a.Hk;
+    dim3 grid(PER ? min(n_items, g_wg_nsm) : n_items);
+    k_wg_block_tma<128, WGT_T>
+        <<<grid, (NWG + 1) * 128, wgt_smem<128, NWG, KT, NS, PER ? 2 : 1>(), st>>>(a, bs, mp);
 }
 
-#define WGT_K(name, NWG, KT, NS, RC, RP, SW)                                                       \
-    { name, NWG, KT, SW, wgt_attr<NWG, KT, NS, RC, RP, SW>, wgt_launch<NWG, KT, NS, RC, RP, SW> }
-/* names: NWG x KT, s5: NS 5 (else 4), n: no swizzle (5-dim maps, 16-byte pieces) */
+#define WGT_K(name, NWG, KT, NS, RC, RP, SW, QT, PER)                                              \
+    {                                                                                              \
+        name, NWG, KT, SW, QT, PER, wgt_attr<NWG, KT, NS, RC, RP, SW, QT, PER>,                    \
+            wgt_launch<NWG, KT, NS, RC, RP, SW, QT, PER>                                           \
+    }
+/* names: NWG x KT, s5: NS 5 (else 4), n: no swizzle (5-dim maps, 16-byte pieces), q: Q by tensor
+ * copies (swizzled), p: persistent (with q; two Q buffers, so NS 4) */
 static const wgt_kernel wgt_kernels[] = {
-    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true),
-    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true),
-    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false),
+    WGT_K("wgt3x64p", 3, 64, 4, 160, 32, true, true, true),
+    WGT_K("wgt3x64s5", 3, 64, 5, 160, 32, true, false, false),
+    WGT_K("wgt3x64", 3, 64, 4, 160, 32, true, false, false),
+    WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false, false, false),
+    WGT_K("wgt3x64s5q", 3, 64, 5, 160, 32, true, true, false),
+    WGT_K("wgt3x64q", 3, 64, 4, 160, 32, true, true, false),
 };
 #define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
 
@@ -950,10 +1111,11 @@ static int wg_block_pick(const wgt_kernel **k) {
 
 static wg_encode_fn g_wg_encode; /* wg_tensor_map_encoder's; NULL: the cp.async kernel */
 
-/* The maps of k and v (wg_kv_maps) for tiles of kt keys, swizzled (sw) or not; 0, or -1 where
- * the encoder refuses */
+/* The maps of k and v (wg_kv_maps) for tiles of kt keys, swizzled (sw) or not, and where q is
+ * not NULL the map of q ([T, H, 128], blocks of B tokens, GQA group H / Hk); 0, or -1 where the
+ * encoder refuses */
 static int wg_kv_maps_make(wg_kv_maps *mp, const bf16 *k, const bf16 *v, int Tk, int Hk, int kt,
-                           int sw) {
+                           int sw, const bf16 *q, int T, int H, int B) {
     const cuuint64_t row = 128 * sizeof(bf16), hk = (cuuint64_t)Hk;
     const cuuint64_t dims_s[4] = {64, hk, (cuuint64_t)Tk, 2};
     const cuuint64_t strides_s[3] = {row, hk * row, 64 * sizeof(bf16)};
@@ -961,19 +1123,25 @@ static int wg_kv_maps_make(wg_kv_maps *mp, const bf16 *k, const bf16 *v, int Tk,
     const cuuint64_t dims[5] = {8, hk, 8, 128 / 8, (cuuint64_t)Tk / 8};
     const cuuint64_t strides[4] = {row, hk * row, 8 * sizeof(bf16), 8 * hk * row};
     const cuuint32_t box[5] = {8, 1, 8, 128 / 8, (cuuint32_t)kt / 8}, one[5] = {1, 1, 1, 1, 1};
-    const bf16 *src[2] = {k, v};
-    CUtensorMap *dst[2] = {&mp->k, &mp->v};
-    for (int i = 0; i < 2; i++)
-        if (g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, sw ? 4 : 5, (void *)src[i],
-                        sw ? dims_s : dims, sw ? strides_s : strides, sw ? box_s : box, one,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        sw ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+    const cuuint64_t dims_q[4] = {64, (cuuint64_t)H, (cuuint64_t)T, 2};
+    const cuuint64_t strides_q[3] = {row, (cuuint64_t)H * row, 64 * sizeof(bf16)};
+    const cuuint32_t box_q[4] = {64, (cuuint32_t)(H / Hk), (cuuint32_t)B, 1};
+    const bf16 *src[3] = {k, v, q};
+    CUtensorMap *dst[3] = {&mp->k, &mp->v, &mp->q};
+    for (int i = 0; i < (q ? 3 : 2); i++) {
+        const bool qi = i == 2, s = sw || qi;
+        if (g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, s ? 4 : 5, (void *)src[i],
+                        qi ? dims_q : s ? dims_s : dims, qi ? strides_q : s ? strides_s : strides,
+                        qi ? box_q : s ? box_s : box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        s ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
             static int told;
-            if (!told++) fprintf(stderr, "k_wg_block_tma: the encoder refused the map of k, v\n");
+            if (!told++)
+                fprintf(stderr, "k_wg_block_tma: the encoder refused the map of k, v or q\n");
             return -1;
         }
+    }
     return 0;
 }
 
@@ -987,6 +1155,11 @@ int cuda_wg_attention_init(void) {
     for (int i = 0; i < N_WG_KERNELS; i++)
         bad |= wg_kernels[i].attr();
     bad |= wg_block_attr();
+    int dev = 0;
+    bad |= cudaGetDevice(&dev) != cudaSuccess ||
+           cudaDeviceGetAttribute(&g_wg_nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess;
+    const char *e = getenv("DFLASH_CUDA_ATTN_BLOCK_CTAS");
+    if (e && atoi(e) > 0 && atoi(e) < g_wg_nsm) g_wg_nsm = atoi(e);
     if (bad) {
         (void)cudaGetLastError(); /* no usable image: the mma.sync kernels serve */
         return 0;
@@ -1037,7 +1210,8 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf
     wg_kv_maps mp;
     /* the producer kernels (without the swizzle: whole 8-key groups, Tk % 8 == 0) */
     if (on == 2 && g_wg_encode && (kt->sw || Tk % 8 == 0) && kt->nwg * B <= kt->kt &&
-        wg_kv_maps_make(&mp, k, v, Tk, Hk, kt->kt, kt->sw) == 0) {
+        wg_kv_maps_make(&mp, k, v, Tk, Hk, kt->kt, kt->sw, kt->qt ? q : NULL, n_blocks * B, H,
+                        B) == 0) {
         kt->launch(st, a, bs, mp);
     } else {
         dim3 grid((n_blocks + WG_BLOCK_NWG - 1) / WG_BLOCK_NWG, Hk);

@@ -142,6 +142,7 @@ struct wgb_maps {
     CUtensorMap q, dout, dq;
     int on;
     int dq_on; /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
+    int sw;    /* 1: q, dout by 128-byte-swizzled maps (on 2; PP's SW tiles, wgb_maps_make) */
 };
 
 /* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
@@ -281,7 +282,7 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, bool PP>
+template <int D, bool PIPE, bool PP, bool SW>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -295,6 +296,24 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * descriptors' k16 steps (16-byte units) */
     constexpr uint32_t QLBO_K = QCOL, QSBO_K = CMB, QLBO_T = CMB, QSBO_T = QCOL;
     constexpr int QSTEP_K = 2 * QCOL / 16, QSTEP_T = 2 * CMB / 16;
+    /* SW (PP only): the Q, dO tiles 128-byte-swizzled, D / 64 blocks of FROWS rows of 128 bytes
+     * (wg_desc_sw128): K-major LBO unused, SBO 1024; MN-major LBO the block distance, SBO 1024,
+     * k16 step 16 rows */
+    static_assert(!SW || PP, "the swizzled tiles come by PP's tensor copies");
+    constexpr int QSTEP_TS = SW ? 16 * 128 / 16 : QSTEP_T;
+    auto q_kmaj = [](const unsigned char *t) {
+        return SW ? wg_desc_sw128(t, 16, 1024) : wg_desc(t, QLBO_K, QSBO_K);
+    };
+    auto q_mnmaj = [](const unsigned char *t) {
+        return SW ? wg_desc_sw128(t, FROWS * 128, 1024) : wg_desc(t, QLBO_T, QSBO_T);
+    };
+    /* S^T = A Q^T (A = K or V, B = the Q or dO tile t, K-major) issued, committed */
+    auto issue_s = [&](float(&s)[NT][4], uint64_t dA, const unsigned char *t) {
+        if constexpr (SW)
+            wg_issue_s_sw<D, FROWS>(s, dA, q_kmaj(t));
+        else
+            wg_issue_s<D, FROWS, QSTEP_K>(s, dA, q_kmaj(t));
+    };
     unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
     unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
     constexpr int PW = wgb_pair_w<D>();
@@ -482,13 +501,13 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         p_of_s(s, kvis, Lt);
         wg_pack_a<NT>(pa, s);
         wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
+        wg_issue_pv<D, FROWS, QSTEP_TS>(dv, pa, q_mnmaj(dOt)); /* dV += P^T dO */
         wg_wait<1>();                                                         /* dP^T is in */
         wg_pin_all(dp);
         ds_of_dp(dp, s, Dt);
         wg_pack_a<NT>(da, dp);
         wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
+        wg_issue_pv<D, FROWS, QSTEP_TS>(dk, da, q_mnmaj(Qt)); /* dK += dS^T Q */
     };
     auto step = [&](int i, auto wdq) {
         constexpr bool WDQ = decltype(wdq)::value;
@@ -512,7 +531,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         float s[NT][4], dp[NT][4];
         wg_fence();
         if constexpr (WDQ) issue_dq(dp, 1 - st);
-        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
+        issue_s(s, dK, Qt); /* S^T = K Q^T */
         /* while it runs: this visit's key mask (its span read before the copies below queue in
          * the LSU), the next visit's loads into the other stage */
         bool kvis[2];
@@ -528,7 +547,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             dq_out(dp, prev, prev_rows);
             wg_fence();
         }
-        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         uint32_t pa[NT / 2][4], da[NT / 2][4];
         dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
         ds_store(dp, PIPE ? st : 0);
@@ -564,8 +583,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
         float s[NT][4], dp[NT][4];
         wg_fence();
-        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K));   /* S^T = K Q^T */
-        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        issue_s(s, dK, Qt);   /* S^T = K Q^T */
+        issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         bool kvis[2];
         visit_keys(kvis);
         const visit_item nx = next_visit();
@@ -649,7 +668,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, bool PP>
+template <int D, bool PIPE, bool PP, bool SW>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -672,7 +691,7 @@ __global__ void __launch_bounds__(256, 1)
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE, PP>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
+            wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
                                    a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
@@ -684,7 +703,7 @@ __global__ void __launch_bounds__(256, 1)
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE, PP>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
+        wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
                                a.tickets + (size_t)hk * nx + it.x);
     }
 #else
@@ -780,11 +799,38 @@ static void wgb_dq_map_make(const bwd_args *a, wgb_maps *m) {
         fprintf(stderr, "k_wgb_fused: the encoder refused the tensor map of dqacc\n");
 }
 
+/* The 128-byte-swizzled tensor maps of a's q and dout for PP's SW tiles: dims (64, H, Q, D / 64),
+ * the last one's stride 128 bytes, box 64 x group x FROWS / group x 2 (a tile: 2 blocks of FROWS
+ * rows of 128 bytes); m->on = 2, m->sw = 1 where the encoder takes them and the map of dqacc,
+ * else m->sw = 0 and m unchanged otherwise. */
+static void wgb_maps_make_sw(const bwd_args *a, wgb_maps *m) {
+    const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
+    const cuuint64_t dims[4] = {64, H, (cuuint64_t)a->n_blocks * a->B, 2};
+    const cuuint64_t strides[3] = {row, H * row, 64 * sizeof(bf16)};
+    const cuuint32_t box[4] = {64, (cuuint32_t)a->group, (cuuint32_t)(FROWS / a->group), 2};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
+    const bf16 *src[2] = {a->q, a->dout};
+    CUtensorMap *dst[2] = {&m->q, &m->dout};
+    int ok = 1;
+    for (int i = 0; i < 2 && ok; i++)
+        ok = g_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)src[i], dims, strides,
+                      box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                      CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    if (ok) wgb_dq_map_make(a, m);
+    m->sw = ok && m->dq_on;
+    if (m->sw) m->on = 2;
+    static int told;
+    if (!ok && !told++)
+        fprintf(stderr, "k_wgb_fused: the encoder refused the swizzled tensor maps of q, dout\n");
+}
+
 /* The tensor maps of a's q and dout (wgb_maps), when the encoder is there, every visit has FROWS
  * rows starting at a token's first head (FROWS % group == 0, B group % FROWS == 0) and
- * DFLASH_CUDA_ATTN_TMA is not 0: one copy per tile (on 2) where the encoder takes its map, else
- * one per column (on 1); else m->on = 0 (cp.async). DFLASH_CUDA_ATTN_TMA=1: on 1 at most. */
-static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
+ * DFLASH_CUDA_ATTN_TMA is not 0: swizzled where sw asks for them (PP's SW tiles) and the encoder
+ * takes them (wgb_maps_make_sw), else one copy per tile (on 2) where the encoder takes its map,
+ * else one per column (on 1); else m->on = 0 (cp.async). DFLASH_CUDA_ATTN_TMA=1: on 1 at most. */
+static void wgb_maps_make(const bwd_args *a, wgb_maps *m, int sw) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_TMA");
@@ -792,6 +838,10 @@ static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
     }
     memset(m, 0, sizeof *m);
     if (!env || !g_encode || FROWS % a->group || (a->B * a->group) % FROWS) return;
+    if (sw && env == 2) {
+        wgb_maps_make_sw(a, m);
+        if (m->sw) return;
+    }
     const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
     const cuuint64_t dims[4] = {8, H, (cuuint64_t)a->n_blocks * a->B, 128 / 8};
     const cuuint64_t strides[3] = {row, H * row, 8 * sizeof(bf16)};
@@ -825,9 +875,11 @@ int cuda_wgb_attention_init(void) {
     g_encode = wg_tensor_map_encoder(); /* NULL: the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
-    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, false>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, false, false>, lim, (int)wgb_smem<128, false>()) !=
+    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true, true>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, true, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, false, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false, false, false>, lim,
+                             (int)wgb_smem<128, false>()) !=
             cudaSuccess) {
         (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
         return 0;
@@ -862,20 +914,23 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         CUDA_CHECK_LAUNCH();
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
-    wgb_maps m;
-    wgb_maps_make(a, &m);
-    /* DFLASH_CUDA_ATTN_PP=0: the PIPE kernel where PP could run */
+    /* DFLASH_CUDA_ATTN_PP: 0 the PIPE kernel where PP could run, 1 PP with the Q, dO tiles in
+     * the core-matrix layout; else PP with them 128-byte-swizzled (SW) */
     static int pp = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = !(e && e[0] == '0');
+        pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
     }
+    wgb_maps m;
+    wgb_maps_make(a, &m, pipe && pp == 2);
     constexpr size_t SP = wgb_smem<128, true>();
-    if (pipe && pp && m.on == 2 && m.dq_on)
-        k_wgb_fused<128, true, true><<<grid, 256, SP, st>>>(b, m);
+    if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
+        k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
+    else if (pipe && pp && m.on == 2 && m.dq_on)
+        k_wgb_fused<128, true, true, false><<<grid, 256, SP, st>>>(b, m);
     else if (pipe)
-        k_wgb_fused<128, true, false><<<grid, 256, SP, st>>>(b, m);
+        k_wgb_fused<128, true, false, false><<<grid, 256, SP, st>>>(b, m);
     else
-        k_wgb_fused<128, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
+        k_wgb_fused<128, false, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

@@ -6,8 +6,9 @@
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/ and COMMIT, optionally
 # base/bench-cuda_ops (main's binary, timed in the same run). STEPS (default "parity ops") lists
 # the groups to run, in order: parity1 (the default, SPLIT=1 and default), parity (every variant
-# and fallback), ops1 (`bench-cuda_ops 0 attn`: base once, default twice, PP=1 once), ops (base
-# and default twice each, PP=1 and PP=0 once), memcheck (default and SPLIT=1), step
+# and fallback), parity2 / ops2 / memcheck2 / ncu2 (the PP variants 2-5 of run 2), ops1
+# (`bench-cuda_ops 0 attn`: base once, default twice, PP=1 once), ops (base and default twice
+# each, PP=1 once), memcheck (default and SPLIT=1), step
 # (`bench-cuda_ops 5 attn`, base and new), ncu (one launch of the default kernel and one of
 # PP=1: details in the log, per-SASS-instruction counters in $OUT/wgb_*_sass.csv).
 # A step whose timeout would end past BUDGET_S (default 240) is skipped. Full log:
@@ -40,6 +41,31 @@ for step in $steps; do
     run par_pp1_default 30 DFLASH_CUDA_ATTN_PP=1 "$P" attn
     run par_pp0_default 30 DFLASH_CUDA_ATTN_PP=0 "$P" attn
     run par_default 30 "$P" attn
+    ;;
+  parity2)
+    for v in 2 3 4 5; do
+      run par_pp${v}_split1 30 DFLASH_CUDA_ATTN_PP=$v $S1 "$P" attn
+      run par_pp${v}_default 30 DFLASH_CUDA_ATTN_PP=$v "$P" attn
+    done
+    run par_mma_split1 30 DFLASH_CUDA_ATTN_BWD=mma $S1 "$P" attn
+    ;;
+  ops2)
+    for i in 1 2; do
+      [ -x "$BASE" ] && run ops_base 30 "$BASE" 0 attn
+      for v in 2 3 4 5; do
+        run ops_pp$v 30 DFLASH_CUDA_ATTN_PP=$v "$B" 0 attn
+      done
+    done
+    ;;
+  memcheck2)
+    for v in 3 4 5; do
+      run memcheck_pp${v}_split1 60 DFLASH_CUDA_ATTN_PP=$v $S1 compute-sanitizer --tool memcheck \
+        "$P" attn
+    done
+    ;;
+  ncu2)
+    (export DFLASH_CUDA_ATTN_PP=5; ncu_one wgb_pp5 k_wgb_fused 2 "$B" 0 attn)
+    (export DFLASH_CUDA_ATTN_PP=4; ncu_one wgb_pp4 k_wgb_fused 2 "$B" 0 attn)
     ;;
   ops1)
     [ -x "$BASE" ] && run ops_base 30 "$BASE" 0 attn

@@ -282,7 +282,7 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, bool PP, bool SW>
+template <int D, bool PIPE, bool PP, bool SW, int PV>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -299,7 +299,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     /* SW (PP only): the Q, dO tiles 128-byte-swizzled, D / 64 blocks of FROWS rows of 128 bytes
      * (wg_desc_sw128): K-major LBO unused, SBO 1024; MN-major LBO the block distance, SBO 1024,
      * k16 step 16 rows */
-    static_assert(!SW || PP, "the swizzled tiles come by PP's tensor copies");
+    static_assert((!SW && !PV) || PP, "the swizzled tiles come by PP's tensor copies");
     constexpr int QSTEP_TS = SW ? 16 * 128 / 16 : QSTEP_T;
     auto q_kmaj = [](const unsigned char *t) {
         return SW ? wg_desc_sw128(t, 16, 1024) : wg_desc(t, QLBO_K, QSBO_K);
@@ -444,10 +444,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
                       (key >= (keys >> 16 & 255u) && key < keys >> 24);
         }
     };
-    /* the visit after it: the block's next rows, else the next block of the list (blk -1) */
-    auto next_visit = [&]() {
-        visit_item nx = it;
-        if (it.cb + FROWS < a.B * a.group) {
+    /* the visit after v: the block's next rows, else the next block of the list (blk -1) */
+    auto next_of = [&](visit_item v) {
+        visit_item nx = v;
+        if (v.cb + FROWS < a.B * a.group) {
             nx.cb += FROWS;
         } else {
             nx.cb = 0, nx.hit_i++;
@@ -455,12 +455,18 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
         return nx;
     };
+    auto next_visit = [&]() { return next_of(it); };
     /* P^T = exp2(S^T scale log2e - lse log2e) in place; masked keys through a -inf bias (ex2
      * gives 0) */
-    auto p_of_s = [&](float(&s)[NT][4], const bool(&kvis)[2], const float *Lt) {
+    auto rows2 = [&](float2(&v)[NT], const float *t) { /* rows 8 n + 2 tg, + 1 of t */
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            v[n] = *(const float2 *)(t + n * 8 + 2 * tg);
+    };
+    auto p_of_s = [&](float(&s)[NT][4], const bool(&kvis)[2], const float2(&lv)[NT]) {
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
+            const float2 l = lv[n]; /* rows 2 tg, + 1 */
             const float l0 = -l.x * FLOG2E, l1 = -l.y * FLOG2E;
 #pragma unroll
             for (int e = 0; e < 4; e++)
@@ -468,10 +474,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
     };
     /* dS^T / scale = P^T (dP^T - D) in place of dP^T */
-    auto ds_of_dp = [&](float(&dp)[NT][4], const float(&s)[NT][4], const float *Dt) {
+    auto ds_of_dp = [&](float(&dp)[NT][4], const float(&s)[NT][4], const float2(&dv2)[NT]) {
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
+            const float2 dd = dv2[n];
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x));
@@ -496,15 +502,22 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     auto dv_dk = [&](float(&s)[NT][4], float(&dp)[NT][4], uint32_t(&pa)[NT / 2][4],
                      uint32_t(&da)[NT / 2][4], const bool(&kvis)[2], const unsigned char *Qt,
                      const unsigned char *dOt, const float *Dt, const float *Lt) {
+        /* PV & 1: lse, D read before the waits for S^T, dP^T (the waits order all memory
+         * accesses: read after them, their latency is the warp's) */
+        float2 lv[NT], dv2[NT];
+        if constexpr (PV & 1) rows2(lv, Lt);
         wg_wait<1>(); /* S^T is in */
         wg_pin_all(s);
-        p_of_s(s, kvis, Lt);
+        if constexpr (!(PV & 1)) rows2(lv, Lt);
+        p_of_s(s, kvis, lv);
         wg_pack_a<NT>(pa, s);
         wg_fence();
         wg_issue_pv<D, FROWS, QSTEP_TS>(dv, pa, q_mnmaj(dOt)); /* dV += P^T dO */
-        wg_wait<1>();                                                         /* dP^T is in */
+        if constexpr (PV & 1) rows2(dv2, Dt);
+        wg_wait<1>(); /* dP^T is in */
         wg_pin_all(dp);
-        ds_of_dp(dp, s, Dt);
+        if constexpr (!(PV & 1)) rows2(dv2, Dt);
+        ds_of_dp(dp, s, dv2);
         wg_pack_a<NT>(da, dp);
         wg_fence();
         wg_issue_pv<D, FROWS, QSTEP_TS>(dk, da, q_mnmaj(Qt)); /* dK += dS^T Q */
@@ -573,7 +586,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * (all threads are done with visit i, i % 2 = p: its stage and the dS^T buffer its dQ read
      * are free), bar[4 + p] (all threads' dS^T of visit i is in buffer p). dQ of visit i - 1
      * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
-     * wgmma in flight. */
+     * wgmma in flight. Warpgroup 1 loads visit i + 1 into the other stage once visit i - 1 is
+     * done, after issuing S^T, dP^T; PV & 2: visit i + 2 into this stage once visit i is done,
+     * at its end (before dq_out: the loads start a dq_out and a visit start earlier). */
+    constexpr bool EL = PV & 2;
     auto step_pp = [&](int i) {
         const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         mb_wait(bar + st, (ph >> st) & 1);
@@ -589,7 +605,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         visit_keys(kvis);
         const visit_item nx = next_visit();
         const int vp = 2 + (1 - st); /* bar[vp]: visit i - 1 is done */
-        if (wg == 1 && nx.blk >= 0) {
+        if (!EL && wg == 1 && nx.blk >= 0) {
             if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
             wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
                                     Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
@@ -615,6 +631,14 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_pin_u(pa);
         wg_pin_u(da);
         wg_pin_all(dp);
+        if (EL && wg == 1) {
+            const visit_item n2 = next_of(nx);
+            if (n2.blk >= 0) {
+                mb_wait(bar + 2 + st, (ph >> (2 + st)) & 1); /* this stage is free */
+                wgb_visit_load<D, true>(a, m, n2, hk, Qs + st * QT, dOs + st * QT,
+                                        Dr + st * FROWS, Lr + st * FROWS, bar + st);
+            }
+        }
         dq_out(dp, prev, prev_rows);
         prev = it, prev_rows = nrows;
         it = nx;
@@ -625,6 +649,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     if (nlst > 0) {
         it = visit_item{lst[0].x, 0, 0};
         if (!PP || wg == 1) wgb_visit_load<D, PP>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
+        const visit_item n1 = next_of(it); /* EL: visit 1 into stage 1 as well */
+        if (EL && wg == 1 && n1.blk >= 0)
+            wgb_visit_load<D, true>(a, m, n1, hk, Qs + QT, dOs + QT, Dr + FROWS, Lr + FROWS,
+                                    bar + 1);
         cp_commit();
     }
     int i = 0;
@@ -668,7 +696,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, bool PP, bool SW>
+template <int D, bool PIPE, bool PP, bool SW, int PV>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -691,8 +719,8 @@ __global__ void __launch_bounds__(256, 1)
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
-                                   a.tickets + (size_t)hk * nx + blockIdx.x);
+            wgb_piece<D, PIPE, PP, SW, PV>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
+                                           h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
     __shared__ int s_work;
@@ -703,8 +731,8 @@ __global__ void __launch_bounds__(256, 1)
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
-                               a.tickets + (size_t)hk * nx + it.x);
+        wgb_piece<D, PIPE, PP, SW, PV>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
+                                       it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
     (void)a, (void)m;
@@ -777,6 +805,15 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
 /* ------------------------------------------------------------------------------------------ */
 
 static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
+
+/* The PP instances by DFLASH_CUDA_ATTN_PP - 1: unswizzled; swizzled (SW) with PV 0 .. 3 */
+typedef void (*wgb_kernel_fn)(bwd_args, const __grid_constant__ wgb_maps);
+#define WGB_NPP 5
+#define WGB_PP_DEFAULT 2
+static const wgb_kernel_fn wgb_pp_kernels[WGB_NPP] = {
+    k_wgb_fused<128, true, true, false, 0>, k_wgb_fused<128, true, true, true, 0>,
+    k_wgb_fused<128, true, true, true, 1>, k_wgb_fused<128, true, true, true, 2>,
+    k_wgb_fused<128, true, true, true, 3>};
 
 static wg_encode_fn g_encode; /* wg_tensor_map_encoder's; NULL: no tensor copies */
 
@@ -875,10 +912,12 @@ int cuda_wgb_attention_init(void) {
     g_encode = wg_tensor_map_encoder(); /* NULL: the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
-    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true, true>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, true, false>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, false, false>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, false, false, false>, lim,
+    int bad = 0;
+    for (int v = 0; v < WGB_NPP; v++)
+        bad |= cudaFuncSetAttribute(wgb_pp_kernels[v], lim, SP) != cudaSuccess;
+    if (bad ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, false, false, 0>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false, false, false, 0>, lim,
                              (int)wgb_smem<128, false>()) !=
             cudaSuccess) {
         (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
@@ -915,22 +954,21 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
     /* DFLASH_CUDA_ATTN_PP: 0 the PIPE kernel where PP could run, 1 PP with the Q, dO tiles in
-     * the core-matrix layout; else PP with them 128-byte-swizzled (SW) */
+     * the core-matrix layout, 2 .. 5 PP with them 128-byte-swizzled (SW) and variant PV = pp - 2
+     * (bit 0: lse, D read before the waits; bit 1: the loads two visits ahead) */
     static int pp = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
+        pp = e && e[0] >= '0' && e[0] <= '5' && !e[1] ? e[0] - '0' : WGB_PP_DEFAULT;
     }
     wgb_maps m;
-    wgb_maps_make(a, &m, pipe && pp == 2);
+    wgb_maps_make(a, &m, pipe && pp >= 2);
     constexpr size_t SP = wgb_smem<128, true>();
-    if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
-        k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
-    else if (pipe && pp && m.on == 2 && m.dq_on)
-        k_wgb_fused<128, true, true, false><<<grid, 256, SP, st>>>(b, m);
+    if (pipe && pp && m.on == 2 && m.dq_on)
+        wgb_pp_kernels[m.sw ? pp - 1 : 0]<<<grid, 256, SP, st>>>(b, m);
     else if (pipe)
-        k_wgb_fused<128, true, false, false><<<grid, 256, SP, st>>>(b, m);
+        k_wgb_fused<128, true, false, false, 0><<<grid, 256, SP, st>>>(b, m);
     else
-        k_wgb_fused<128, false, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
+        k_wgb_fused<128, false, false, false, 0><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

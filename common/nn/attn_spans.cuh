@@ -370,25 +370,27 @@ __device__ __forceinline__ void attn_split_finish(float *acc, size_t plane, int 
      * long for L2 */
     constexpr int V4 = D / 4, U = 4;
     const int n = 2 * kt * V4;
+    /* element idx: its float4 of acc (NULL past the end or Tk) and its bf16 offset */
+    auto at = [&](int idx, size_t &off) {
+        const int which = idx / (kt * V4), rem = idx % (kt * V4), key = k0 + rem / V4;
+        off = ((size_t)key * Hk + hk) * D + (rem % V4) * 4;
+        return idx < n && key < Tk ? (float4 *)(acc + which * plane + off) : (float4 *)NULL;
+    };
     for (int i0 = threadIdx.x; i0 < n; i0 += U * blockDim.x) {
         float4 v[U];
-        size_t off[U];
-        bool in[U];
-        int which[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int idx = i0 + u * blockDim.x, rem = idx % (kt * V4), key = k0 + rem / V4;
-            which[u] = idx / (kt * V4);
-            in[u] = idx < n && key < Tk;
-            off[u] = ((size_t)key * Hk + hk) * D + (rem % V4) * 4;
-            if (in[u]) v[u] = __ldcg((const float4 *)(acc + which[u] * plane + off[u]));
+            size_t off;
+            const float4 *g = at(i0 + u * blockDim.x, off);
+            if (g) v[u] = __ldcg(g);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (!in[u]) continue;
-            float4 *g = (float4 *)(acc + which[u] * plane + off[u]);
+            size_t off;
+            float4 *g = at(i0 + u * blockDim.x, off);
+            if (!g) continue;
             __stcg(g, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-            __nv_bfloat16 *dst = (which[u] ? dv : dk) + off[u];
+            __nv_bfloat16 *dst = (i0 + u * blockDim.x >= kt * V4 ? dv : dk) + off;
             *(uint2 *)dst = make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w));
         }
     }

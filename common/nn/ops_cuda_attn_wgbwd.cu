@@ -90,23 +90,34 @@
  * warp stages its 16 rows x 64 columns as two 16 x 32 boxes of a map of dqacc, in its 128-byte
  * swizzle, and one lane issues two cp.reduce.async.bulk.tensor .add.f32), so warps need not
  * meet in pairs; in PIPE the same reductions ran 1% slower than the pairs' (run 1), kept there.
+ * PP's Q, dO tiles are 128-byte-swizzled (SW, where the encoder takes those maps: box 64 x group
+ * x FROWS / group x 2 of a map (d % 64, heads, tokens, d / 64), two blocks of FROWS rows of 128
+ * bytes; S^T, dP^T read them K-major, 32 bytes per k16 step along the rows, then the second
+ * block; dV, dK MN-major, LBO the block distance, 2048 bytes per k16 step): the unswizzled box's
+ * 16-byte rows fetched every 32-byte sector twice (L2 throughput 66% -> 52%, -3%; NOTES section
+ * "Block backward: swizzled tiles, bulk split ends"). DFLASH_CUDA_ATTN_PP=1: PP unswizzled.
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
- * Shared memory (d 128), all wgmma tiles in no-swizzle core matrices (wgmma.cuh): K, V 32 KB
+ * Shared memory (d 128), the wgmma tiles in no-swizzle core matrices (wgmma.cuh; PP's Q, dO
+ * swizzled, above): K, V 32 KB
  * each (WKT x D, the core-matrix layout of wgmma.cuh), 2 stages of Q and dO (16 KB each;
  * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
  * copy writes it), dS^T 16 KB (PIPE, PP: 2 buffers), the 4 warp pairs' dQ staging (34 KB; PP:
  * the 8 warps' boxes, 4 KB each, at 1024-byte alignment for the swizzle), 2 stages of D and
  * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB). At the end K, V and the Q stages
- * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages).
- * Registers (ptxas): 252 (PIPE, PP) and 254 (wgmma_seq), no spills (a list rebuilt inside the
- * visit loop, for pieces longer than one list, made ptxas spill 400-600 bytes: hence
- * WGB_LIST).
+ * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages);
+ * a split piece (nsplit > 1) stages its fp32 partials over K, V, the Q, dO stages and dS^T
+ * (rows of 4 D + 16 bytes) and adds them into acc by one bulk reduction per key row and plane
+ * (wgb_split_out), instead of float4 atomics whose queue stalled the warps
+ * (DFLASH_CUDA_ATTN_SPLIT_OUT=atomics: those). Registers (ptxas): 255 (PIPE, PP; with 24-32
+ * bytes of stack: the end's unrolled loads of attn_split_finish tipped the allocation) and
+ * 255 (wgmma_seq, 104 bytes); before them 248-254 with no spills (a list rebuilt inside the
+ * visit loop, for pieces longer than one list, made ptxas spill 400-600 bytes: hence WGB_LIST).
  * Numerics as k_bwd_fused: fp32 accumulators, P and dS (here unscaled) rounded to bf16 as the
  * products' inputs, dq summed in fp32 over key tiles in any order (not bitwise reproducible),
- * dk, dv one fp32 sum (split pieces: atomics) rounded once. Masks and conventions those of
- * ops_cpu.c; padding rows (cp.async loads only) load zero Q and dO (and D 0, lse 0), which makes
- * their P^T dO, dS^T and dS^T Q zero whatever P is.
+ * dk, dv one fp32 sum (split pieces: bulk reductions or atomics) rounded once. Masks and
+ * conventions those of ops_cpu.c; padding rows (cp.async loads only) load zero Q and dO (and
+ * D 0, lse 0), which makes their P^T dO, dS^T and dS^T Q zero whatever P is.
  * Stream: the caller's.
  */
 #include "attn_bwd.cuh"
@@ -277,12 +288,47 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
     return min(n, lim);
 }
 
+/* The end of a split piece (nsplit > 1) by bulk reductions: its fp32 dk, dv partials (warp w
+ * keys 16 w .., the accumulator layout) staged at stg (key row r of plane p, 0 dk and 1 dv, at
+ * byte (p WKT + r) WRS; WRS = 4 D + 16, so a warp's float2 stores hit 32 distinct banks), then
+ * thread t adds row t % WKT of plane t / WKT into acc (as dkdv_tile_out: the dk plane, then the
+ * dv plane) by one cp.reduce.async.bulk .add.f32 of 4 D bytes, waits for its completion and
+ * makes it visible before attn_split_finish takes the ticket (the last piece converts). Replaces
+ * the 2 D / 8 float4 atomics per thread of dkdv_tile_out, whose queue stalled the warps (5% of
+ * the stall samples). All threads (2 WKT); stg free, 2 WKT WRS bytes. */
+template <int D>
+__device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&dk)[D / 8][4],
+                                              const float (&dv)[D / 8][4], unsigned char *stg,
+                                              int nsplit, int k0, int hk, int *ticket) {
+    constexpr int WRS = 4 * D + 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    unsigned char *w0 = stg + (16 * warp + g) * WRS + 8 * tg;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        *(float2 *)(w0 + 32 * j) = make_float2(dk[j][0], dk[j][1]);
+        *(float2 *)(w0 + 8 * WRS + 32 * j) = make_float2(dk[j][2], dk[j][3]);
+        *(float2 *)(w0 + WKT * WRS + 32 * j) = make_float2(dv[j][0], dv[j][1]);
+        *(float2 *)(w0 + (WKT + 8) * WRS + 32 * j) = make_float2(dv[j][2], dv[j][3]);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    const size_t plane = (size_t)a.Tk * a.Hk * D;
+    const int r = threadIdx.x % WKT, p = threadIdx.x / WKT;
+    if (k0 + r < a.Tk) {
+        float *dst = a.acc + p * plane + ((size_t)(k0 + r) * a.Hk + hk) * D;
+        bulk_red_add(dst, (const float *)(stg + (p * WKT + r) * WRS), D * (int)sizeof(float));
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    }
+    attn_split_finish<D>(a.acc, plane, ticket, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv);
+}
+
 /* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
  * visits of hit indices [h_lo, h_hi), nsplit pieces of the tile (dk, dv through acc and ticket
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, bool PP, bool SW, int PV>
+template <int D, bool PIPE, bool PP, bool SW>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -299,7 +345,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     /* SW (PP only): the Q, dO tiles 128-byte-swizzled, D / 64 blocks of FROWS rows of 128 bytes
      * (wg_desc_sw128): K-major LBO unused, SBO 1024; MN-major LBO the block distance, SBO 1024,
      * k16 step 16 rows */
-    static_assert((!SW && !PV) || PP, "the swizzled tiles come by PP's tensor copies");
+    static_assert(!SW || PP, "the swizzled tiles come by PP's tensor copies");
     constexpr int QSTEP_TS = SW ? 16 * 128 / 16 : QSTEP_T;
     auto q_kmaj = [](const unsigned char *t) {
         return SW ? wg_desc_sw128(t, 16, 1024) : wg_desc(t, QLBO_K, QSBO_K);
@@ -502,21 +548,17 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     auto dv_dk = [&](float(&s)[NT][4], float(&dp)[NT][4], uint32_t(&pa)[NT / 2][4],
                      uint32_t(&da)[NT / 2][4], const bool(&kvis)[2], const unsigned char *Qt,
                      const unsigned char *dOt, const float *Dt, const float *Lt) {
-        /* PV & 1: lse, D read before the waits for S^T, dP^T (the waits order all memory
-         * accesses: read after them, their latency is the warp's) */
         float2 lv[NT], dv2[NT];
-        if constexpr (PV & 1) rows2(lv, Lt);
         wg_wait<1>(); /* S^T is in */
         wg_pin_all(s);
-        if constexpr (!(PV & 1)) rows2(lv, Lt);
+        rows2(lv, Lt);
         p_of_s(s, kvis, lv);
         wg_pack_a<NT>(pa, s);
         wg_fence();
         wg_issue_pv<D, FROWS, QSTEP_TS>(dv, pa, q_mnmaj(dOt)); /* dV += P^T dO */
-        if constexpr (PV & 1) rows2(dv2, Dt);
         wg_wait<1>(); /* dP^T is in */
         wg_pin_all(dp);
-        if constexpr (!(PV & 1)) rows2(dv2, Dt);
+        rows2(dv2, Dt);
         ds_of_dp(dp, s, dv2);
         wg_pack_a<NT>(da, dp);
         wg_fence();
@@ -586,10 +628,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * (all threads are done with visit i, i % 2 = p: its stage and the dS^T buffer its dQ read
      * are free), bar[4 + p] (all threads' dS^T of visit i is in buffer p). dQ of visit i - 1
      * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
-     * wgmma in flight. Warpgroup 1 loads visit i + 1 into the other stage once visit i - 1 is
-     * done, after issuing S^T, dP^T; PV & 2: visit i + 2 into this stage once visit i is done,
-     * at its end (before dq_out: the loads start a dq_out and a visit start earlier). */
-    constexpr bool EL = PV & 2;
+     * wgmma in flight. */
     auto step_pp = [&](int i) {
         const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         mb_wait(bar + st, (ph >> st) & 1);
@@ -605,7 +644,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         visit_keys(kvis);
         const visit_item nx = next_visit();
         const int vp = 2 + (1 - st); /* bar[vp]: visit i - 1 is done */
-        if (!EL && wg == 1 && nx.blk >= 0) {
+        if (wg == 1 && nx.blk >= 0) {
             if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
             wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
                                     Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
@@ -631,14 +670,6 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_pin_u(pa);
         wg_pin_u(da);
         wg_pin_all(dp);
-        if (EL && wg == 1) {
-            const visit_item n2 = next_of(nx);
-            if (n2.blk >= 0) {
-                mb_wait(bar + 2 + st, (ph >> (2 + st)) & 1); /* this stage is free */
-                wgb_visit_load<D, true>(a, m, n2, hk, Qs + st * QT, dOs + st * QT,
-                                        Dr + st * FROWS, Lr + st * FROWS, bar + st);
-            }
-        }
         dq_out(dp, prev, prev_rows);
         prev = it, prev_rows = nrows;
         it = nx;
@@ -649,10 +680,6 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     if (nlst > 0) {
         it = visit_item{lst[0].x, 0, 0};
         if (!PP || wg == 1) wgb_visit_load<D, PP>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
-        const visit_item n1 = next_of(it); /* EL: visit 1 into stage 1 as well */
-        if (EL && wg == 1 && n1.blk >= 0)
-            wgb_visit_load<D, true>(a, m, n1, hk, Qs + QT, dOs + QT, Dr + FROWS, Lr + FROWS,
-                                    bar + 1);
         cp_commit();
     }
     int i = 0;
@@ -688,15 +715,19 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 #pragma unroll
         for (int e = 0; e < 4; e++)
             dk[j][e] *= a.scale;
-    dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
-                     a.acc, ticket);
+    static_assert(2 * WKT * (4 * D + 16) <= 2 * TILE + 4 * QT + DSB, "wgb_split_out's staging");
+    if (nsplit > 1 && a.split_bulk)
+        wgb_split_out<D>(a, dk, dv, sm, nsplit, k0, hk, ticket);
+    else
+        dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk,
+                         a.dv, a.acc, ticket);
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, bool PP, bool SW, int PV>
+template <int D, bool PIPE, bool PP, bool SW>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -719,7 +750,7 @@ __global__ void __launch_bounds__(256, 1)
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE, PP, SW, PV>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
+            wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
                                            h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
@@ -731,7 +762,7 @@ __global__ void __launch_bounds__(256, 1)
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE, PP, SW, PV>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
+        wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
                                        it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
@@ -805,15 +836,6 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
 /* ------------------------------------------------------------------------------------------ */
 
 static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
-
-/* The PP instances by DFLASH_CUDA_ATTN_PP - 1: unswizzled; swizzled (SW) with PV 0 .. 3 */
-typedef void (*wgb_kernel_fn)(bwd_args, const __grid_constant__ wgb_maps);
-#define WGB_NPP 5
-#define WGB_PP_DEFAULT 2
-static const wgb_kernel_fn wgb_pp_kernels[WGB_NPP] = {
-    k_wgb_fused<128, true, true, false, 0>, k_wgb_fused<128, true, true, true, 0>,
-    k_wgb_fused<128, true, true, true, 1>, k_wgb_fused<128, true, true, true, 2>,
-    k_wgb_fused<128, true, true, true, 3>};
 
 static wg_encode_fn g_encode; /* wg_tensor_map_encoder's; NULL: no tensor copies */
 
@@ -912,14 +934,11 @@ int cuda_wgb_attention_init(void) {
     g_encode = wg_tensor_map_encoder(); /* NULL: the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
-    int bad = 0;
-    for (int v = 0; v < WGB_NPP; v++)
-        bad |= cudaFuncSetAttribute(wgb_pp_kernels[v], lim, SP) != cudaSuccess;
-    if (bad ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, false, false, 0>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, false, false, false, 0>, lim,
-                             (int)wgb_smem<128, false>()) !=
-            cudaSuccess) {
+    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true, true>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, true, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, false, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false, false, false>, lim,
+                             (int)wgb_smem<128, false>()) != cudaSuccess) {
         (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
         return 0;
     }
@@ -940,6 +959,12 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         round = e && atoi(e) >= 1 && atoi(e) <= 256 ? atoi(e) : 256;
     }
     b.list_round = round;
+    static int bulk = -1; /* DFLASH_CUDA_ATTN_SPLIT_OUT=atomics: split pieces by float4 atomics */
+    if (bulk < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_SPLIT_OUT");
+        bulk = !(e && strcmp(e, "atomics") == 0);
+    }
+    b.split_bulk = bulk;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
@@ -954,21 +979,22 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
     /* DFLASH_CUDA_ATTN_PP: 0 the PIPE kernel where PP could run, 1 PP with the Q, dO tiles in
-     * the core-matrix layout, 2 .. 5 PP with them 128-byte-swizzled (SW) and variant PV = pp - 2
-     * (bit 0: lse, D read before the waits; bit 1: the loads two visits ahead) */
+     * the core-matrix layout; else PP with them 128-byte-swizzled (SW) */
     static int pp = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = e && e[0] >= '0' && e[0] <= '5' && !e[1] ? e[0] - '0' : WGB_PP_DEFAULT;
+        pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
     }
     wgb_maps m;
-    wgb_maps_make(a, &m, pipe && pp >= 2);
+    wgb_maps_make(a, &m, pipe && pp == 2);
     constexpr size_t SP = wgb_smem<128, true>();
-    if (pipe && pp && m.on == 2 && m.dq_on)
-        wgb_pp_kernels[m.sw ? pp - 1 : 0]<<<grid, 256, SP, st>>>(b, m);
+    if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
+        k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
+    else if (pipe && pp && m.on == 2 && m.dq_on)
+        k_wgb_fused<128, true, true, false><<<grid, 256, SP, st>>>(b, m);
     else if (pipe)
-        k_wgb_fused<128, true, false, false, 0><<<grid, 256, SP, st>>>(b, m);
+        k_wgb_fused<128, true, false, false><<<grid, 256, SP, st>>>(b, m);
     else
-        k_wgb_fused<128, false, false, false, 0><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
+        k_wgb_fused<128, false, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

@@ -751,7 +751,7 @@ __global__ void __launch_bounds__(256, 1)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
             wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
-                                           h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
+                                       h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
     __shared__ int s_work;
@@ -763,7 +763,7 @@ __global__ void __launch_bounds__(256, 1)
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
         wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
-                                       it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
+                                   it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
     (void)a, (void)m;
@@ -861,7 +861,7 @@ static void wgb_dq_map_make(const bwd_args *a, wgb_maps *m) {
 /* The 128-byte-swizzled tensor maps of a's q and dout for PP's SW tiles: dims (64, H, Q, D / 64),
  * the last one's stride 128 bytes, box 64 x group x FROWS / group x 2 (a tile: 2 blocks of FROWS
  * rows of 128 bytes); m->on = 2, m->sw = 1 where the encoder takes them and the map of dqacc,
- * else m->sw = 0 and m unchanged otherwise. */
+ * else m->sw = 0 (wgb_maps_make then encodes the unswizzled maps over them). */
 static void wgb_maps_make_sw(const bwd_args *a, wgb_maps *m) {
     const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
     const cuuint64_t dims[4] = {64, H, (cuuint64_t)a->n_blocks * a->B, 2};

@@ -46,6 +46,8 @@ typedef struct bwd_args {
     bwd_item *items; /* SORTED: the items, heaviest first (k_bwd_plan writes them) */
     int *work;       /* SORTED: [0] the next work index to take, [1] the item count */
     int list_round;  /* k_wgb_fused: blocks per round of its visit lists (256; tests: fewer) */
+    int split_bulk;  /* k_wgb_fused: split pieces' dk, dv into acc by bulk reductions (else
+                      * float4 atomics) */
     float scale;
 } bwd_args;
 

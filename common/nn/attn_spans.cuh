@@ -366,17 +366,33 @@ __device__ __forceinline__ void attn_split_finish(float *acc, size_t plane, int 
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    constexpr int V4 = D / 4;
-    for (int idx = threadIdx.x; idx < 2 * kt * V4; idx += blockDim.x) {
-        int which = idx / (kt * V4), rem = idx % (kt * V4), key = k0 + rem / V4;
-        int c = (rem % V4) * 4;
-        if (key >= Tk) continue;
-        size_t off = ((size_t)key * Hk + hk) * D + c;
-        float4 *g = (float4 *)(acc + which * plane + off);
-        float4 v = __ldcg(g);
-        __stcg(g, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        __nv_bfloat16 *dst = (which ? dv : dk) + off;
-        *(uint2 *)dst = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    /* U float4 per thread in flight: one load at a time made the last piece wait U times as
+     * long for L2 */
+    constexpr int V4 = D / 4, U = 4;
+    const int n = 2 * kt * V4;
+    /* element idx: its float4 of acc (NULL past the end or Tk) and its bf16 offset */
+    auto at = [&](int idx, size_t &off) {
+        const int which = idx / (kt * V4), rem = idx % (kt * V4), key = k0 + rem / V4;
+        off = ((size_t)key * Hk + hk) * D + (rem % V4) * 4;
+        return idx < n && key < Tk ? (float4 *)(acc + which * plane + off) : (float4 *)NULL;
+    };
+    for (int i0 = threadIdx.x; i0 < n; i0 += U * blockDim.x) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            size_t off;
+            const float4 *g = at(i0 + u * blockDim.x, off);
+            if (g) v[u] = __ldcg(g);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            size_t off;
+            float4 *g = at(i0 + u * blockDim.x, off);
+            if (!g) continue;
+            __stcg(g, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+            __nv_bfloat16 *dst = (i0 + u * blockDim.x >= kt * V4 ? dv : dk) + off;
+            *(uint2 *)dst = make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w));
+        }
     }
     if (threadIdx.x == 0) *ticket = 0;
 }

@@ -90,23 +90,34 @@
  * warp stages its 16 rows x 64 columns as two 16 x 32 boxes of a map of dqacc, in its 128-byte
  * swizzle, and one lane issues two cp.reduce.async.bulk.tensor .add.f32), so warps need not
  * meet in pairs; in PIPE the same reductions ran 1% slower than the pairs' (run 1), kept there.
+ * PP's Q, dO tiles are 128-byte-swizzled (SW, where the encoder takes those maps: box 64 x group
+ * x FROWS / group x 2 of a map (d % 64, heads, tokens, d / 64), two blocks of FROWS rows of 128
+ * bytes; S^T, dP^T read them K-major, 32 bytes per k16 step along the rows, then the second
+ * block; dV, dK MN-major, LBO the block distance, 2048 bytes per k16 step): the unswizzled box's
+ * 16-byte rows fetched every 32-byte sector twice (L2 throughput 66% -> 52%, -3%; NOTES section
+ * "Block backward: swizzled tiles, bulk split ends"). DFLASH_CUDA_ATTN_PP=1: PP unswizzled.
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
- * Shared memory (d 128), all wgmma tiles in no-swizzle core matrices (wgmma.cuh): K, V 32 KB
+ * Shared memory (d 128), the wgmma tiles in no-swizzle core matrices (wgmma.cuh; PP's Q, dO
+ * swizzled, above): K, V 32 KB
  * each (WKT x D, the core-matrix layout of wgmma.cuh), 2 stages of Q and dO (16 KB each;
  * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
  * copy writes it), dS^T 16 KB (PIPE, PP: 2 buffers), the 4 warp pairs' dQ staging (34 KB; PP:
  * the 8 warps' boxes, 4 KB each, at 1024-byte alignment for the swizzle), 2 stages of D and
  * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB). At the end K, V and the Q stages
- * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages).
- * Registers (ptxas): 252 (PIPE, PP) and 254 (wgmma_seq), no spills (a list rebuilt inside the
- * visit loop, for pieces longer than one list, made ptxas spill 400-600 bytes: hence
- * WGB_LIST).
+ * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages);
+ * a split piece (nsplit > 1) stages its fp32 partials over K, V, the Q, dO stages and dS^T
+ * (rows of 4 D + 16 bytes) and adds them into acc by one bulk reduction per key row and plane
+ * (wgb_split_out), instead of float4 atomics whose queue stalled the warps
+ * (DFLASH_CUDA_ATTN_SPLIT_OUT=atomics: those). Registers (ptxas): 255 (PIPE, PP; with 24-32
+ * bytes of stack: the end's unrolled loads of attn_split_finish tipped the allocation) and
+ * 255 (wgmma_seq, 104 bytes); before them 248-254 with no spills (a list rebuilt inside the
+ * visit loop, for pieces longer than one list, made ptxas spill 400-600 bytes: hence WGB_LIST).
  * Numerics as k_bwd_fused: fp32 accumulators, P and dS (here unscaled) rounded to bf16 as the
  * products' inputs, dq summed in fp32 over key tiles in any order (not bitwise reproducible),
- * dk, dv one fp32 sum (split pieces: atomics) rounded once. Masks and conventions those of
- * ops_cpu.c; padding rows (cp.async loads only) load zero Q and dO (and D 0, lse 0), which makes
- * their P^T dO, dS^T and dS^T Q zero whatever P is.
+ * dk, dv one fp32 sum (split pieces: bulk reductions or atomics) rounded once. Masks and
+ * conventions those of ops_cpu.c; padding rows (cp.async loads only) load zero Q and dO (and
+ * D 0, lse 0), which makes their P^T dO, dS^T and dS^T Q zero whatever P is.
  * Stream: the caller's.
  */
 #include "attn_bwd.cuh"
@@ -142,6 +153,7 @@ struct wgb_maps {
     CUtensorMap q, dout, dq;
     int on;
     int dq_on; /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
+    int sw;    /* 1: q, dout by 128-byte-swizzled maps (on 2; PP's SW tiles, wgb_maps_make) */
 };
 
 /* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
@@ -276,12 +288,47 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
     return min(n, lim);
 }
 
+/* The end of a split piece (nsplit > 1) by bulk reductions: its fp32 dk, dv partials (warp w
+ * keys 16 w .., the accumulator layout) staged at stg (key row r of plane p, 0 dk and 1 dv, at
+ * byte (p WKT + r) WRS; WRS = 4 D + 16, so a warp's float2 stores hit 32 distinct banks), then
+ * thread t adds row t % WKT of plane t / WKT into acc (as dkdv_tile_out: the dk plane, then the
+ * dv plane) by one cp.reduce.async.bulk .add.f32 of 4 D bytes, waits for its completion and
+ * makes it visible before attn_split_finish takes the ticket (the last piece converts). Replaces
+ * the 2 D / 8 float4 atomics per thread of dkdv_tile_out, whose queue stalled the warps (5% of
+ * the stall samples). All threads (2 WKT); stg free, 2 WKT WRS bytes. */
+template <int D>
+__device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&dk)[D / 8][4],
+                                              const float (&dv)[D / 8][4], unsigned char *stg,
+                                              int nsplit, int k0, int hk, int *ticket) {
+    constexpr int WRS = 4 * D + 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    unsigned char *w0 = stg + (16 * warp + g) * WRS + 8 * tg;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        *(float2 *)(w0 + 32 * j) = make_float2(dk[j][0], dk[j][1]);
+        *(float2 *)(w0 + 8 * WRS + 32 * j) = make_float2(dk[j][2], dk[j][3]);
+        *(float2 *)(w0 + WKT * WRS + 32 * j) = make_float2(dv[j][0], dv[j][1]);
+        *(float2 *)(w0 + (WKT + 8) * WRS + 32 * j) = make_float2(dv[j][2], dv[j][3]);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    const size_t plane = (size_t)a.Tk * a.Hk * D;
+    const int r = threadIdx.x % WKT, p = threadIdx.x / WKT;
+    if (k0 + r < a.Tk) {
+        float *dst = a.acc + p * plane + ((size_t)(k0 + r) * a.Hk + hk) * D;
+        bulk_red_add(dst, (const float *)(stg + (p * WKT + r) * WRS), D * (int)sizeof(float));
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    }
+    attn_split_finish<D>(a.acc, plane, ticket, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv);
+}
+
 /* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
  * visits of hit indices [h_lo, h_hi), nsplit pieces of the tile (dk, dv through acc and ticket
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, bool PP>
+template <int D, bool PIPE, bool PP, bool SW>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -295,6 +342,24 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * descriptors' k16 steps (16-byte units) */
     constexpr uint32_t QLBO_K = QCOL, QSBO_K = CMB, QLBO_T = CMB, QSBO_T = QCOL;
     constexpr int QSTEP_K = 2 * QCOL / 16, QSTEP_T = 2 * CMB / 16;
+    /* SW (PP only): the Q, dO tiles 128-byte-swizzled, D / 64 blocks of FROWS rows of 128 bytes
+     * (wg_desc_sw128): K-major LBO unused, SBO 1024; MN-major LBO the block distance, SBO 1024,
+     * k16 step 16 rows */
+    static_assert(!SW || PP, "the swizzled tiles come by PP's tensor copies");
+    constexpr int QSTEP_TS = SW ? 16 * 128 / 16 : QSTEP_T;
+    auto q_kmaj = [](const unsigned char *t) {
+        return SW ? wg_desc_sw128(t, 16, 1024) : wg_desc(t, QLBO_K, QSBO_K);
+    };
+    auto q_mnmaj = [](const unsigned char *t) {
+        return SW ? wg_desc_sw128(t, FROWS * 128, 1024) : wg_desc(t, QLBO_T, QSBO_T);
+    };
+    /* S^T = A Q^T (A = K or V, B = the Q or dO tile t, K-major) issued, committed */
+    auto issue_s = [&](float(&s)[NT][4], uint64_t dA, const unsigned char *t) {
+        if constexpr (SW)
+            wg_issue_s_sw<D, FROWS>(s, dA, q_kmaj(t));
+        else
+            wg_issue_s<D, FROWS, QSTEP_K>(s, dA, q_kmaj(t));
+    };
     unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
     unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
     constexpr int PW = wgb_pair_w<D>();
@@ -425,10 +490,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
                       (key >= (keys >> 16 & 255u) && key < keys >> 24);
         }
     };
-    /* the visit after it: the block's next rows, else the next block of the list (blk -1) */
-    auto next_visit = [&]() {
-        visit_item nx = it;
-        if (it.cb + FROWS < a.B * a.group) {
+    /* the visit after v: the block's next rows, else the next block of the list (blk -1) */
+    auto next_of = [&](visit_item v) {
+        visit_item nx = v;
+        if (v.cb + FROWS < a.B * a.group) {
             nx.cb += FROWS;
         } else {
             nx.cb = 0, nx.hit_i++;
@@ -436,12 +501,18 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
         return nx;
     };
+    auto next_visit = [&]() { return next_of(it); };
     /* P^T = exp2(S^T scale log2e - lse log2e) in place; masked keys through a -inf bias (ex2
      * gives 0) */
-    auto p_of_s = [&](float(&s)[NT][4], const bool(&kvis)[2], const float *Lt) {
+    auto rows2 = [&](float2(&v)[NT], const float *t) { /* rows 8 n + 2 tg, + 1 of t */
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            v[n] = *(const float2 *)(t + n * 8 + 2 * tg);
+    };
+    auto p_of_s = [&](float(&s)[NT][4], const bool(&kvis)[2], const float2(&lv)[NT]) {
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            const float2 l = *(const float2 *)(Lt + n * 8 + 2 * tg); /* rows 2 tg, + 1 */
+            const float2 l = lv[n]; /* rows 2 tg, + 1 */
             const float l0 = -l.x * FLOG2E, l1 = -l.y * FLOG2E;
 #pragma unroll
             for (int e = 0; e < 4; e++)
@@ -449,10 +520,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
     };
     /* dS^T / scale = P^T (dP^T - D) in place of dP^T */
-    auto ds_of_dp = [&](float(&dp)[NT][4], const float(&s)[NT][4], const float *Dt) {
+    auto ds_of_dp = [&](float(&dp)[NT][4], const float(&s)[NT][4], const float2(&dv2)[NT]) {
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            const float2 dd = *(const float2 *)(Dt + n * 8 + 2 * tg);
+            const float2 dd = dv2[n];
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x));
@@ -477,18 +548,21 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     auto dv_dk = [&](float(&s)[NT][4], float(&dp)[NT][4], uint32_t(&pa)[NT / 2][4],
                      uint32_t(&da)[NT / 2][4], const bool(&kvis)[2], const unsigned char *Qt,
                      const unsigned char *dOt, const float *Dt, const float *Lt) {
+        float2 lv[NT], dv2[NT];
         wg_wait<1>(); /* S^T is in */
         wg_pin_all(s);
-        p_of_s(s, kvis, Lt);
+        rows2(lv, Lt);
+        p_of_s(s, kvis, lv);
         wg_pack_a<NT>(pa, s);
         wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dv, pa, wg_desc(dOt, QLBO_T, QSBO_T)); /* dV += P^T dO */
-        wg_wait<1>();                                                         /* dP^T is in */
+        wg_issue_pv<D, FROWS, QSTEP_TS>(dv, pa, q_mnmaj(dOt)); /* dV += P^T dO */
+        wg_wait<1>(); /* dP^T is in */
         wg_pin_all(dp);
-        ds_of_dp(dp, s, Dt);
+        rows2(dv2, Dt);
+        ds_of_dp(dp, s, dv2);
         wg_pack_a<NT>(da, dp);
         wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_T>(dk, da, wg_desc(Qt, QLBO_T, QSBO_T)); /* dK += dS^T Q */
+        wg_issue_pv<D, FROWS, QSTEP_TS>(dk, da, q_mnmaj(Qt)); /* dK += dS^T Q */
     };
     auto step = [&](int i, auto wdq) {
         constexpr bool WDQ = decltype(wdq)::value;
@@ -512,7 +586,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         float s[NT][4], dp[NT][4];
         wg_fence();
         if constexpr (WDQ) issue_dq(dp, 1 - st);
-        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K)); /* S^T = K Q^T */
+        issue_s(s, dK, Qt); /* S^T = K Q^T */
         /* while it runs: this visit's key mask (its span read before the copies below queue in
          * the LSU), the next visit's loads into the other stage */
         bool kvis[2];
@@ -528,7 +602,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             dq_out(dp, prev, prev_rows);
             wg_fence();
         }
-        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         uint32_t pa[NT / 2][4], da[NT / 2][4];
         dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
         ds_store(dp, PIPE ? st : 0);
@@ -564,8 +638,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
         float s[NT][4], dp[NT][4];
         wg_fence();
-        wg_issue_s<D, FROWS, QSTEP_K>(s, dK, wg_desc(Qt, QLBO_K, QSBO_K));   /* S^T = K Q^T */
-        wg_issue_s<D, FROWS, QSTEP_K>(dp, dV, wg_desc(dOt, QLBO_K, QSBO_K)); /* dP^T = V dO^T */
+        issue_s(s, dK, Qt);   /* S^T = K Q^T */
+        issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         bool kvis[2];
         visit_keys(kvis);
         const visit_item nx = next_visit();
@@ -641,15 +715,19 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
 #pragma unroll
         for (int e = 0; e < 4; e++)
             dk[j][e] *= a.scale;
-    dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv,
-                     a.acc, ticket);
+    static_assert(2 * WKT * (4 * D + 16) <= 2 * TILE + 4 * QT + DSB, "wgb_split_out's staging");
+    if (nsplit > 1 && a.split_bulk)
+        wgb_split_out<D>(a, dk, dv, sm, nsplit, k0, hk, ticket);
+    else
+        dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk,
+                         a.dv, a.acc, ticket);
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, bool PP>
+template <int D, bool PIPE, bool PP, bool SW>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -672,8 +750,8 @@ __global__ void __launch_bounds__(256, 1)
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE, PP>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo, h_hi,
-                                   a.tickets + (size_t)hk * nx + blockIdx.x);
+            wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
+                                       h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
     __shared__ int s_work;
@@ -684,8 +762,8 @@ __global__ void __launch_bounds__(256, 1)
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE, PP>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit, it.h_lo, it.h_hi,
-                               a.tickets + (size_t)hk * nx + it.x);
+        wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
+                                   it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
     (void)a, (void)m;
@@ -780,11 +858,38 @@ static void wgb_dq_map_make(const bwd_args *a, wgb_maps *m) {
         fprintf(stderr, "k_wgb_fused: the encoder refused the tensor map of dqacc\n");
 }
 
+/* The 128-byte-swizzled tensor maps of a's q and dout for PP's SW tiles: dims (64, H, Q, D / 64),
+ * the last one's stride 128 bytes, box 64 x group x FROWS / group x 2 (a tile: 2 blocks of FROWS
+ * rows of 128 bytes); m->on = 2, m->sw = 1 where the encoder takes them and the map of dqacc,
+ * else m->sw = 0 (wgb_maps_make then encodes the unswizzled maps over them). */
+static void wgb_maps_make_sw(const bwd_args *a, wgb_maps *m) {
+    const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
+    const cuuint64_t dims[4] = {64, H, (cuuint64_t)a->n_blocks * a->B, 2};
+    const cuuint64_t strides[3] = {row, H * row, 64 * sizeof(bf16)};
+    const cuuint32_t box[4] = {64, (cuuint32_t)a->group, (cuuint32_t)(FROWS / a->group), 2};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
+    const bf16 *src[2] = {a->q, a->dout};
+    CUtensorMap *dst[2] = {&m->q, &m->dout};
+    int ok = 1;
+    for (int i = 0; i < 2 && ok; i++)
+        ok = g_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)src[i], dims, strides,
+                      box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                      CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    if (ok) wgb_dq_map_make(a, m);
+    m->sw = ok && m->dq_on;
+    if (m->sw) m->on = 2;
+    static int told;
+    if (!ok && !told++)
+        fprintf(stderr, "k_wgb_fused: the encoder refused the swizzled tensor maps of q, dout\n");
+}
+
 /* The tensor maps of a's q and dout (wgb_maps), when the encoder is there, every visit has FROWS
  * rows starting at a token's first head (FROWS % group == 0, B group % FROWS == 0) and
- * DFLASH_CUDA_ATTN_TMA is not 0: one copy per tile (on 2) where the encoder takes its map, else
- * one per column (on 1); else m->on = 0 (cp.async). DFLASH_CUDA_ATTN_TMA=1: on 1 at most. */
-static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
+ * DFLASH_CUDA_ATTN_TMA is not 0: swizzled where sw asks for them (PP's SW tiles) and the encoder
+ * takes them (wgb_maps_make_sw), else one copy per tile (on 2) where the encoder takes its map,
+ * else one per column (on 1); else m->on = 0 (cp.async). DFLASH_CUDA_ATTN_TMA=1: on 1 at most. */
+static void wgb_maps_make(const bwd_args *a, wgb_maps *m, int sw) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_TMA");
@@ -792,6 +897,10 @@ static void wgb_maps_make(const bwd_args *a, wgb_maps *m) {
     }
     memset(m, 0, sizeof *m);
     if (!env || !g_encode || FROWS % a->group || (a->B * a->group) % FROWS) return;
+    if (sw && env == 2) {
+        wgb_maps_make_sw(a, m);
+        if (m->sw) return;
+    }
     const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
     const cuuint64_t dims[4] = {8, H, (cuuint64_t)a->n_blocks * a->B, 128 / 8};
     const cuuint64_t strides[3] = {row, H * row, 8 * sizeof(bf16)};
@@ -825,10 +934,11 @@ int cuda_wgb_attention_init(void) {
     g_encode = wg_tensor_map_encoder(); /* NULL: the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
-    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, false>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, false, false>, lim, (int)wgb_smem<128, false>()) !=
-            cudaSuccess) {
+    if (cudaFuncSetAttribute(k_wgb_fused<128, true, true, true>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, true, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, false, false>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, false, false, false>, lim,
+                             (int)wgb_smem<128, false>()) != cudaSuccess) {
         (void)cudaGetLastError(); /* no usable image: k_bwd_fused serves */
         return 0;
     }
@@ -849,6 +959,12 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         round = e && atoi(e) >= 1 && atoi(e) <= 256 ? atoi(e) : 256;
     }
     b.list_round = round;
+    static int bulk = -1; /* DFLASH_CUDA_ATTN_SPLIT_OUT=atomics: split pieces by float4 atomics */
+    if (bulk < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_SPLIT_OUT");
+        bulk = !(e && strcmp(e, "atomics") == 0);
+    }
+    b.split_bulk = bulk;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
@@ -862,20 +978,23 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         CUDA_CHECK_LAUNCH();
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
-    wgb_maps m;
-    wgb_maps_make(a, &m);
-    /* DFLASH_CUDA_ATTN_PP=0: the PIPE kernel where PP could run */
+    /* DFLASH_CUDA_ATTN_PP: 0 the PIPE kernel where PP could run, 1 PP with the Q, dO tiles in
+     * the core-matrix layout; else PP with them 128-byte-swizzled (SW) */
     static int pp = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = !(e && e[0] == '0');
+        pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
     }
+    wgb_maps m;
+    wgb_maps_make(a, &m, pipe && pp == 2);
     constexpr size_t SP = wgb_smem<128, true>();
-    if (pipe && pp && m.on == 2 && m.dq_on)
-        k_wgb_fused<128, true, true><<<grid, 256, SP, st>>>(b, m);
+    if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
+        k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
+    else if (pipe && pp && m.on == 2 && m.dq_on)
+        k_wgb_fused<128, true, true, false><<<grid, 256, SP, st>>>(b, m);
     else if (pipe)
-        k_wgb_fused<128, true, false><<<grid, 256, SP, st>>>(b, m);
+        k_wgb_fused<128, true, false, false><<<grid, 256, SP, st>>>(b, m);
     else
-        k_wgb_fused<128, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
+        k_wgb_fused<128, false, false, false><<<grid, 256, wgb_smem<128, false>(), st>>>(b, m);
     return 0;
 }

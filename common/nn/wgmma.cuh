@@ -14,7 +14,8 @@
  * along K) of such a tile has LBO 128 and SBO 16 D; an MN-major one (the transpose bit set) LBO
  * 16 D and SBO 128, D being the tile's width in elements.
  * Also: 5-dimensional tensor copies, setmaxnreg, and descriptors of the 128-byte-swizzled layout
- * (wg_desc_sw128) for the block forward's producer kernel.
+ * (wg_desc_sw128, wg_issue_s_sw) for the block forward's producer kernel and the block
+ * backward's Q, dO tiles.
  * Accumulators: per warp the mma.sync C layout (thread lane holds rows 16 (warp % 4) + lane / 4
  * and + 8, columns 8 j + 2 (lane % 4) + {0, 1}); A from registers: the mma.sync A layout.
  * Header-only device code (no -rdc in this build), plus two host helpers, wg_device_runs_sm90a
@@ -311,6 +312,18 @@ __device__ __forceinline__ void wg_issue_s(float (&s)[KT / 8][4], uint64_t dq, u
 #pragma unroll
     for (int kk = 1; kk < D / 16; kk++)
         wg_ss<KT>(s, dq + kk * 16, dk + kk * BSTEP);
+    wg_commit();
+}
+
+/* wg_issue_s with B (KT rows x D) in the 128-byte-swizzled layout (D / 64 blocks of KT rows of
+ * 128 bytes; db = wg_desc_sw128(tile, 16, 1024), K-major): k16 step kk at 32 (kk % 4) bytes
+ * into the rows of block kk / 4 */
+template <int D, int KT>
+__device__ __forceinline__ void wg_issue_s_sw(float (&s)[KT / 8][4], uint64_t dq, uint64_t db) {
+    wg_ss_first<KT>(s, dq, db);
+#pragma unroll
+    for (int kk = 1; kk < D / 16; kk++)
+        wg_ss<KT>(s, dq + kk * 16, db + (kk / 4) * (KT * 128 / 16) + (kk % 4) * 2);
     wg_commit();
 }
 

@@ -553,30 +553,29 @@ int dp_comm_barrier(dp_comm *c) {
     return track(c, shm_barrier(c));
 }
 
-int dp_comm_allreduce_scaled_f32(dp_comm *c, float *buf, size_t n, float scale,
-                                 const dp_host_io *io, void *stream) {
+/* The scaled all-reduce of either element type: bf16 (true) or fp32. */
+static int allreduce_scaled(dp_comm *c, void *buf, size_t n, bool bf16, float scale,
+                            const dp_host_io *io, void *stream) {
     if (c->broken) return DFLASH_EPEER;
     if (n == 0) return 0;
     if (!buf) return DFLASH_EINVAL;
 #ifdef DFLASH_HAVE_NCCL
     if (c->kind == DP_COMM_NCCL)
-        return track(c, dp_nccl_allreduce(c->nccl, buf, n, DP_NCCL_F32, scale, stream));
+        return track(c, dp_nccl_allreduce(c->nccl, buf, n, bf16 ? DP_NCCL_BF16 : DP_NCCL_F32,
+                                          scale, stream));
 #endif
     (void)stream;
-    return track(c, shm_reduce(c, buf, n, ELEM_F32, scale, io));
+    return track(c, shm_reduce(c, buf, n, bf16 ? ELEM_BF16 : ELEM_F32, scale, io));
+}
+
+int dp_comm_allreduce_scaled_f32(dp_comm *c, float *buf, size_t n, float scale,
+                                 const dp_host_io *io, void *stream) {
+    return allreduce_scaled(c, buf, n, false, scale, io, stream);
 }
 
 int dp_comm_allreduce_scaled_bf16(dp_comm *c, void *buf, size_t n, float scale,
                                   const dp_host_io *io, void *stream) {
-    if (c->broken) return DFLASH_EPEER;
-    if (n == 0) return 0;
-    if (!buf) return DFLASH_EINVAL;
-#ifdef DFLASH_HAVE_NCCL
-    if (c->kind == DP_COMM_NCCL)
-        return track(c, dp_nccl_allreduce(c->nccl, buf, n, DP_NCCL_BF16, scale, stream));
-#endif
-    (void)stream;
-    return track(c, shm_reduce(c, buf, n, ELEM_BF16, scale, io));
+    return allreduce_scaled(c, buf, n, true, scale, io, stream);
 }
 
 int dp_comm_allreduce_f32(dp_comm *c, float *buf, size_t n, void *stream) {

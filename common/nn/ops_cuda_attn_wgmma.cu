@@ -919,6 +919,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             lt[r] = quad_sum(l[r]);
             inv[r] = lt[r] > 0.0f ? 1.0f / lt[r] : 0.0f;
         }
+        /* the warp's 16 staged rows of o / l out to a.out by 16-byte chunks, chunk c of row r at
+         * St + at(r, c) */
+        auto copy_out = [&](const unsigned char *St, auto at) {
+            __syncwarp();
+            if (myblk < bs.n_blocks)
+                for (int idx = lane; idx < 16 * CPR; idx += 32) {
+                    int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
+                    if (r >= NR) continue;
+                    int t = myblk * bs.B + r / group, h = hk * group + r % group;
+                    *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
+                        *(const uint4 *)(St + at(rr, cc));
+                }
+        };
         if constexpr (QT) {
             /* the warpgroup's Q rows are free once all its warps passed their last S: warp wq
              * stages its rows 16 wq .. 16 wq + 15 there (256 bytes a row, 16-byte chunk j of row
@@ -932,15 +945,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 *(uint32_t *)(St + (g + 8) * D * 2 + ((dt ^ g) * 16) + 4 * tg) =
                     pack_bf16x2(o[dt][2] * inv[1], o[dt][3] * inv[1]);
             }
-            __syncwarp();
-            if (myblk < bs.n_blocks)
-                for (int idx = lane; idx < 16 * CPR; idx += 32) {
-                    int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
-                    if (r >= NR) continue;
-                    int t = myblk * bs.B + r / group, h = hk * group + r % group;
-                    *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
-                        *(const uint4 *)(St + rr * D * 2 + ((cc ^ (rr % 8)) * 16));
-                }
+            copy_out(St, [&](int r, int c) { return r * D * 2 + ((c ^ (r % 8)) * 16); });
             if (PER) { /* the item's record and Q buffer may be rewritten (by tensor copies) */
                 fence_async_smem();
                 __syncwarp();
@@ -956,15 +961,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 *(uint32_t *)(St + (g + 8) * LD + dt * 8 + 2 * tg) =
                     pack_bf16x2(o[dt][2] * inv[1], o[dt][3] * inv[1]);
             }
-            __syncwarp();
-            if (myblk < bs.n_blocks)
-                for (int idx = lane; idx < 16 * CPR; idx += 32) {
-                    int rr = idx / CPR, cc = idx % CPR, r = 16 * wq + rr;
-                    if (r >= NR) continue;
-                    int t = myblk * bs.B + r / group, h = hk * group + r % group;
-                    *(uint4 *)(a.out + ((size_t)t * a.H + h) * D + cc * 8) =
-                        *(const uint4 *)(St + rr * LD + cc * 8);
-                }
+            copy_out((const unsigned char *)St, [&](int r, int c) { return (r * LD + c * 8) * 2; });
         }
         if (bs.lse && tg == 0 && myblk < bs.n_blocks)
             block_lse_out(bs, myblk, hk, group, NR, wq, g, m, lt);

@@ -25,13 +25,7 @@ for step in $steps; do
   parity)
     run par_pp1_split1 30 DFLASH_CUDA_ATTN_PP=1 $S1 "$P" attn
     run par_pp0_split1 30 DFLASH_CUDA_ATTN_PP=0 $S1 "$P" attn
-    run par_seq_split1 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq $S1 "$P" attn
-    run par_mma_split1 30 DFLASH_CUDA_ATTN_BWD=mma $S1 "$P" attn
-    run par_notma_split1 30 DFLASH_CUDA_ATTN_TMA=0 $S1 "$P" attn
-    run par_tma1_split1 30 DFLASH_CUDA_ATTN_TMA=1 $S1 "$P" attn
-    run par_hits_round3 30 DFLASH_CUDA_ATTN_FUSED_PIECES=hits DFLASH_CUDA_ATTN_LIST_ROUND=3 \
-      "$P" attn
-    run par_blocks_split1 30 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks $S1 "$P" attn
+    bwd_fallback_parity
     run par_pp0_default 30 DFLASH_CUDA_ATTN_PP=0 "$P" attn
     run par_default 30 "$P" attn
     ;;

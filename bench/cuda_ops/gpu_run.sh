@@ -13,6 +13,10 @@
 # of light, warp states, schedulers, compute and memory workload, source counters) into
 # $out/NAME.ncu-rep, appends its details to the log and writes its per-SASS-instruction csv to
 # $out/NAME_sass.csv.
+#   bwd_fallback_parity
+# which runs `bench-cuda_parity attn` on each fallback of the block backward (wgmma_seq, mma,
+# cp.async and per-column copies, hits pieces built in list rounds, blocks pieces), one query
+# block per piece (SPLIT=1) where the default split would leave a path untaken.
 export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
 : >"$log"
@@ -43,4 +47,14 @@ ncu_one() {
   ncu --import "$out/$name.ncu-rep" --page details >>"$log" 2>&1
   ncu --import "$out/$name.ncu-rep" --page source --print-source sass --csv \
     >"$out/${name}_sass.csv" 2>&1
+}
+bwd_fallback_parity() {
+  local s1="DFLASH_CUDA_ATTN_SPLIT=1"
+  run par_seq_split1 30 DFLASH_CUDA_ATTN_BWD=wgmma_seq $s1 "$P" attn
+  run par_mma_split1 30 DFLASH_CUDA_ATTN_BWD=mma $s1 "$P" attn
+  run par_notma_split1 30 DFLASH_CUDA_ATTN_TMA=0 $s1 "$P" attn
+  run par_tma1_split1 30 DFLASH_CUDA_ATTN_TMA=1 $s1 "$P" attn
+  run par_hits_round3 30 DFLASH_CUDA_ATTN_FUSED_PIECES=hits DFLASH_CUDA_ATTN_LIST_ROUND=3 \
+    "$P" attn
+  run par_blocks_split1 30 DFLASH_CUDA_ATTN_FUSED_PIECES=blocks $s1 "$P" attn
 }

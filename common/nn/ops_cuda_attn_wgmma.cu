@@ -854,13 +854,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                               wg_desc_sw128(Kt + (kk / 4) * KT * 128 + (kk % 4) * 32, 16, 1024));
                 wg_commit();
             } else if constexpr (SW) {
-                const uint64_t dq = wg_desc(Qw, 128, 16 * D);
-                wg_ss_first<KT>(s, dq, wg_desc_sw128(Kt, 16, 1024));
-#pragma unroll
-                for (int kk = 1; kk < D / 16; kk++)
-                    wg_ss<KT>(s, dq + kk * 16,
-                              wg_desc_sw128(Kt + (kk / 4) * KT * 128 + (kk % 4) * 32, 16, 1024));
-                wg_commit();
+                wg_issue_s_sw<D, KT>(s, wg_desc(Qw, 128, 16 * D), wg_desc_sw128(Kt, 16, 1024));
             } else {
                 wg_issue_s<D, KT>(s, wg_desc(Qw, 128, 16 * D), wg_desc(Kt, 128, 16 * D));
             }

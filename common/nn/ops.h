@@ -55,6 +55,7 @@ typedef struct nn_block_span {
 } nn_block_span;
 
 #define NN_FENCES 4
+#define NN_SIDE_MARKS 16
 /* Global-norm clipping factor from the sum of squared gradients (fp32, on host or device):
  * clip <= 0 disables clipping. */
 #define NN_CLIP_SCALE(sumsq, clip)                                                                 \
@@ -110,6 +111,21 @@ typedef struct nn_ops {
     /* Calls so far that made the host wait for everything queued on the stream (sync, download,
      * download_raw, upload, free, host_free; cpu: 0): a hot loop checks that it adds none. */
     long (*stream_drains)(nn_ctx *c);
+    /* A side stream for work that may overlap the next step's (the optimizer's, see
+     * dflash_train.c): after side_begin, ops run on a side stream that first waits, on the
+     * device, for everything queued so far; side_mark(k) (0 <= k < NN_SIDE_MARKS) marks the
+     * side work queued so far as stage k; side_end sends ops back to the main stream, which does
+     * not wait. side_wait(k) makes the main stream wait, on the device, for stage k's latest
+     * mark (a stage never marked: no wait); k < 0: for everything queued before the latest
+     * side_end. Every host wait (sync, download, download_raw, free, host_free, fence_wait)
+     * covers the side stream too; upload_raw and order_after do not (they order the main
+     * stream's inputs): a caller writing what side work writes (a checkpoint's masters) calls
+     * sync first. cpu, or cuda without DFLASH_CUDA_SIDE_STREAM=1: side ops run on the main
+     * stream in order, marks and waits do nothing. */
+    void (*side_begin)(nn_ctx *c);
+    void (*side_mark)(nn_ctx *c, int k);
+    void (*side_end)(nn_ctx *c);
+    void (*side_wait)(nn_ctx *c, int k);
     /* From now on each matmul shape met for the first time times the backend's first
      * `candidates` algorithms (cuda: cuBLASLt's heuristic list, at most 16) on its own operands
      * and keeps the fastest for later calls of that shape; that first call waits for the device

@@ -163,6 +163,16 @@ static void cpu_order_after(nn_ctx *c, void *stream) {
     (void)stream;
 }
 
+/* No side stream: side work runs in order with the rest. */
+static void cpu_side(nn_ctx *c) {
+    (void)c;
+}
+
+static void cpu_side_stage(nn_ctx *c, int k) {
+    (void)c;
+    assert(k < NN_SIDE_MARKS);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* embedding: out[T,D] = table[ids[t], :] (no backward: the embedding is frozen) */
 
@@ -1075,6 +1085,10 @@ static const nn_ops cpu_ops = {
     .fence_record = cpu_fence,
     .fence_wait = cpu_fence,
     .order_after = cpu_order_after,
+    .side_begin = cpu_side,
+    .side_mark = cpu_side_stage,
+    .side_end = cpu_side,
+    .side_wait = cpu_side_stage,
     .stream_drains = cpu_stream_drains,
     .adamw_clip = cpu_adamw_clip,
     .adamw_clip_act = cpu_adamw_clip_act,

@@ -4,13 +4,13 @@
  * master weights, moments, rstd, lse, loss sums fp32.
  * Every kernel computes in fp32 and rounds once when it stores a bf16.
  *
- * Context (nn_cuda_new): one stream, one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a
- * 32 MiB fp32 staging buffer for upload/download conversions, and a small cache of cuBLASLt
- * descriptors + chosen algorithm per matmul shape (filled on first use of a shape; host work
- * only, unless matmul_tune or DFLASH_LT_TUNE has it time the heuristic's candidates then: such
- * entries stay, untimed ones are replaced round robin). cuda_attention_init adds,
- * once per device, the fp32 scratch of attention_block_bwd (144 MiB of dk/dv split partials and
- * saved D rows, 128 MiB of fused-backward dq), which attention_block_plan grows to a model's
+ * Context (nn_cuda_new): a main stream and a side one (ops.h side_begin), one cuBLASLt handle, a
+ * 32 MiB cuBLASLt workspace, a 32 MiB fp32 staging buffer for upload/download conversions, and a
+ * small cache of cuBLASLt descriptors + chosen algorithm per matmul shape (filled on first use of
+ * a shape; host work only, unless matmul_tune or DFLASH_LT_TUNE has it time the heuristic's
+ * candidates then: such entries stay, untimed ones are replaced round robin). cuda_attention_init
+ * adds, once per device, the fp32 scratch of attention_block_bwd (144 MiB of dk/dv split partials
+ * and saved D rows, 128 MiB of fused-backward dq), which attention_block_plan grows to a model's
  * largest step when the model is created. Nothing else is allocated after nn_cuda_new except by
  * the caller through alloc (and, while tuning, a timing copy of a new shape's output).
  *
@@ -28,7 +28,8 @@
  * dlogits overwrite them in place); lm_head_argmax uses it as fp32 logits of chunk/2 rows (so
  * chunk must be >= 2).
  *
- * Stream: every op queues work on c->stream and returns; download, download_raw and sync wait.
+ * Streams: every op queues work on c->stream (the main stream, or the side one between side_begin
+ * and side_end) and returns; download, download_raw and sync wait for both.
  */
 #include "ops_cuda.h"
 
@@ -68,7 +69,9 @@ typedef struct lt_entry {
 
 struct nn_ctx {
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream; /* the current stream: main, or side between side_begin and side_end */
+    cudaStream_t main;   /* the main stream (high priority when there is a side stream) */
+    cudaStream_t side;   /* low priority, for the optimizer (DFLASH_CUDA_SIDE_STREAM=1; or NULL) */
     cublasLtHandle_t lt;
     void *ws;     /* cuBLASLt workspace, LT_WORKSPACE bytes */
     float *stage; /* STAGE_FLOATS fp32 for upload/download conversion */
@@ -78,14 +81,18 @@ struct nn_ctx {
     cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
+    cudaEvent_t side_fork, side_last, side_marks[NN_SIDE_MARKS], fence_side[NN_FENCES];
+    bool side_used, last_used, mark_used[NN_SIDE_MARKS];
     long drains;                  /* host waits for the whole stream (stream_drains) */
     int sms;                      /* the device's multiprocessors (persistent grids) */
 };
 
-/* Every host wait for the whole stream goes through here, so stream_drains counts them. */
+/* Every host wait for the whole stream goes through here, so stream_drains counts them. It
+ * waits for the side stream too. */
 static void drain(nn_ctx *c) {
     c->drains++;
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->main));
+    if (c->side_used) CUDA_CHECK(cudaStreamSynchronize(c->side));
 }
 
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line) {
@@ -227,7 +234,7 @@ static void cu_sync(nn_ctx *c) {
 /* asynchronous host traffic: pinned host buffers, fences, cross-stream order */
 
 static void *cu_stream(nn_ctx *c) {
-    return (void *)c->stream;
+    return (void *)c->main;
 }
 
 static void *cu_host_alloc(nn_ctx *c, size_t bytes) {
@@ -252,15 +259,19 @@ static void cu_download_raw_async(nn_ctx *c, void *dst, const void *src, size_t 
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
 }
 
+/* A fence covers both streams: an event on each (the side's once it has been used). */
 static void cu_fence_record(nn_ctx *c, int k) {
-    assert(k >= 0 && k < NN_FENCES);
-    CUDA_CHECK(cudaEventRecord(c->fence[k], c->stream));
+    assert(k >= 0 && k < NN_FENCES && c->stream == c->main);
+    CUDA_CHECK(cudaEventRecord(c->fence[k], c->main));
+    if (c->side_used) CUDA_CHECK(cudaEventRecord(c->fence_side[k], c->side));
     c->fence_used[k] = true;
 }
 
 static void cu_fence_wait(nn_ctx *c, int k) {
     assert(k >= 0 && k < NN_FENCES);
-    if (c->fence_used[k]) CUDA_CHECK(cudaEventSynchronize(c->fence[k]));
+    if (!c->fence_used[k]) return;
+    CUDA_CHECK(cudaEventSynchronize(c->fence[k]));
+    if (c->side_used) CUDA_CHECK(cudaEventSynchronize(c->fence_side[k]));
 }
 
 static long cu_stream_drains(nn_ctx *c) {
@@ -268,9 +279,41 @@ static long cu_stream_drains(nn_ctx *c) {
 }
 
 static void cu_order_after(nn_ctx *c, void *stream) {
-    if (!stream || stream == (void *)c->stream) return;
-    CUDA_CHECK(cudaEventRecord(c->order_ev, c->stream));
+    if (!stream || stream == (void *)c->main) return;
+    CUDA_CHECK(cudaEventRecord(c->order_ev, c->main));
     CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, c->order_ev, 0));
+}
+
+/* The side stream (ops.h): side_begin forks it from the main stream by an event; marks and the
+ * last event let the main stream wait for stages of it later. Without a side stream every call
+ * but side_begin's switch is a no-op and the work stays on the main stream. */
+static void cu_side_begin(nn_ctx *c) {
+    if (!c->side || c->stream == c->side) return;
+    CUDA_CHECK(cudaEventRecord(c->side_fork, c->main));
+    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
+    c->stream = c->side;
+    c->side_used = true;
+}
+
+static void cu_side_mark(nn_ctx *c, int k) {
+    assert(k >= 0 && k < NN_SIDE_MARKS);
+    if (c->stream != c->side || !c->side) return;
+    CUDA_CHECK(cudaEventRecord(c->side_marks[k], c->side));
+    c->mark_used[k] = true;
+}
+
+static void cu_side_end(nn_ctx *c) {
+    if (c->stream != c->side || !c->side) return;
+    CUDA_CHECK(cudaEventRecord(c->side_last, c->side));
+    c->last_used = true;
+    c->stream = c->main;
+}
+
+static void cu_side_wait(nn_ctx *c, int k) {
+    assert(k < NN_SIDE_MARKS && c->stream == c->main);
+    bool used = k < 0 ? c->last_used : c->mark_used[k];
+    if (c->side && used)
+        CUDA_CHECK(cudaStreamWaitEvent(c->main, k < 0 ? c->side_last : c->side_marks[k], 0));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1687,6 +1730,10 @@ static nn_ops make_ops(void) {
     o.fence_record = cu_fence_record;
     o.fence_wait = cu_fence_wait;
     o.order_after = cu_order_after;
+    o.side_begin = cu_side_begin;
+    o.side_mark = cu_side_mark;
+    o.side_end = cu_side_end;
+    o.side_wait = cu_side_wait;
     o.stream_drains = cu_stream_drains;
     o.adamw_clip = cu_adamw_clip;
     o.adamw_clip_act = cu_adamw_clip_act;
@@ -1702,10 +1749,45 @@ extern "C" const nn_ops *nn_cuda_ops(void) {
 }
 
 static bool events_new(nn_ctx *c) {
+    cudaEvent_t *evs[2 * NN_FENCES + NN_SIDE_MARKS + 3];
+    int n = 0;
     for (int k = 0; k < NN_FENCES; k++)
-        if (cudaEventCreateWithFlags(&c->fence[k], cudaEventDisableTiming) != cudaSuccess)
-            return false;
-    return cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming) == cudaSuccess;
+        evs[n++] = &c->fence[k], evs[n++] = &c->fence_side[k];
+    for (int k = 0; k < NN_SIDE_MARKS; k++)
+        evs[n++] = &c->side_marks[k];
+    evs[n++] = &c->order_ev, evs[n++] = &c->side_fork, evs[n++] = &c->side_last;
+    for (int i = 0; i < n; i++)
+        if (cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming) != cudaSuccess) return false;
+    return true;
+}
+
+static void events_destroy(nn_ctx *c) {
+    cudaEvent_t evs[] = {c->order_ev, c->side_fork, c->side_last};
+    for (cudaEvent_t e : evs)
+        if (e) cudaEventDestroy(e);
+    for (int k = 0; k < NN_FENCES; k++) {
+        if (c->fence[k]) cudaEventDestroy(c->fence[k]);
+        if (c->fence_side[k]) cudaEventDestroy(c->fence_side[k]);
+    }
+    for (int k = 0; k < NN_SIDE_MARKS; k++)
+        if (c->side_marks[k]) cudaEventDestroy(c->side_marks[k]);
+}
+
+/* The main stream, and with DFLASH_CUDA_SIDE_STREAM=1 the side stream: with both, the main one
+ * runs at the highest priority and the side one at the lowest, so the side's blocks take the
+ * multiprocessors the main stream's kernels leave idle. Off by default until its time on the
+ * H200 is measured (bench/cuda_ops/side_gpu.sh). */
+static bool streams_new(nn_ctx *c) {
+    const char *e = getenv("DFLASH_CUDA_SIDE_STREAM");
+    bool side = e && !strcmp(e, "1");
+    int least = 0, greatest = 0;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) return false;
+    if (cudaStreamCreateWithPriority(&c->main, cudaStreamNonBlocking, side ? greatest : 0) !=
+        cudaSuccess)
+        return false;
+    c->stream = c->main;
+    return !side ||
+           cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least) == cudaSuccess;
 }
 
 extern "C" nn_ctx *nn_cuda_new(int device) {
@@ -1720,7 +1802,7 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     c->device = device;
     c->tune = lt_tune_env();
     if (cudaSetDevice(device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        !streams_new(c) ||
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
         cudaMalloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
         cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
@@ -1738,7 +1820,8 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
 extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (!cp || !*cp) return;
     nn_ctx *c = *cp;
-    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->main) cudaStreamSynchronize(c->main);
+    if (c->side) cudaStreamSynchronize(c->side);
     for (int i = 0; i < LT_CACHE; i++)
         if (c->cache[i].used) {
             cublasLtMatmulDescDestroy(c->cache[i].op);
@@ -1749,14 +1832,13 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (c->ws) cudaFree(c->ws);
     if (c->stage) cudaFree(c->stage);
     if (c->lt) cublasLtDestroy(c->lt);
-    for (int k = 0; k < NN_FENCES; k++)
-        if (c->fence[k]) cudaEventDestroy(c->fence[k]);
-    if (c->order_ev) cudaEventDestroy(c->order_ev);
-    if (c->stream) cudaStreamDestroy(c->stream);
+    events_destroy(c);
+    if (c->side) cudaStreamDestroy(c->side);
+    if (c->main) cudaStreamDestroy(c->main);
     free(c);
     *cp = NULL;
 }
 
 extern "C" void *nn_cuda_stream(nn_ctx *c) {
-    return c ? (void *)c->stream : NULL;
+    return c ? (void *)c->main : NULL;
 }

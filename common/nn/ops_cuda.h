@@ -4,10 +4,11 @@
  * is fp32 device memory; index arrays and block spans are device memory. Accumulation is fp32
  * everywhere (cuBLASLt compute 32F, fp32 registers in our kernels).
  *
- * One context = one device, one non-blocking stream, one cuBLASLt handle and the scratch that is
- * planned once in nn_cuda_new (the 32 MiB cuBLASLt workspace, a conversion staging buffer for
- * upload/download). Every op is queued on the context's stream and returns without waiting,
- * except download / download_raw / sync, which wait for the stream (the caller reads the host
+ * One context = one device, a non-blocking main stream (and a low-priority side stream for the
+ * optimizer, ops.h side_begin), one cuBLASLt handle and the scratch that is planned once in
+ * nn_cuda_new (the 32 MiB cuBLASLt workspace, a conversion staging buffer for upload/download).
+ * Every op is queued on the context's current stream and returns without waiting, except
+ * download / download_raw / sync, which wait for both streams (the caller reads the host
  * result next). alloc/free are setup-time calls (cudaMalloc / cudaFree).
  *
  * Files: ops_cuda.cu (context, memory, elementwise ops, norms, rope, linear via cuBLASLt, loss,
@@ -30,9 +31,9 @@ const nn_ops *nn_cuda_ops(void);
 /* A context on CUDA device `device` (cudaSetDevice is called on the caller's thread). Returns
  * NULL after logging why (no device, out of memory). */
 nn_ctx *nn_cuda_new(int device);
-/* Waits for the stream, frees the context's scratch and handles; accepts NULL, nulls *c. */
+/* Waits for the streams, frees the context's scratch and handles; accepts NULL, nulls *c. */
 void nn_cuda_destroy(nn_ctx **c);
-/* The context's cudaStream_t, as void * so that C callers need no CUDA headers. */
+/* The context's main cudaStream_t, as void * so that C callers need no CUDA headers. */
 void *nn_cuda_stream(nn_ctx *c);
 
 #ifdef __cplusplus

@@ -545,6 +545,54 @@ static void cmp_grad(dflash_model *mc, dflash_model *mg, const char *tname, doub
     free(a), free(b);
 }
 
+/* Steps queued as the drafter daemon queues them (dflash_train_step_async, metrics collected a
+ * step late): on cuda each optimizer step runs on the side stream and overlaps the next step's
+ * forward, which waits for each layer's update before reading it. One batch, again and again,
+ * at a learning rate where one step moves its loss by far more than the tolerance: a forward
+ * that read a layer's weights before their update would show as a loss off the cpu's (the
+ * first call brings the cpu model to the cuda one's step). */
+static void train_steps_queued(dflash_model *mc, dflash_model *mg, const dflash_train_cfg *tc0,
+                               const dflash_batch_view *vc, const dflash_batch_view *vg) {
+    enum { STEPS = 5 };
+    dflash_metrics met;
+    if (dflash_train_step(mc, tc0, vc, 0, 8, &met)) {
+        printf("train steps: the cpu step failed\n");
+        n_fail++;
+        return;
+    }
+    dflash_train_cfg tc = *tc0;
+    tc.lr = 2e-2, tc.warmup_ratio = 0.0;
+    float lc[STEPS], lg[STEPS], nc[STEPS], ng[STEPS];
+    int got_c = 0, got_g = 0;
+    for (int k = 0; k <= STEPS; k++) {
+        if (k < STEPS && (dflash_train_step_async(mc, &tc, vc, 1, 20) ||
+                          dflash_train_step_async(mg, &tc, vg, 1, 20))) {
+            printf("train steps: step %d failed\n", k);
+            n_fail++;
+            return;
+        }
+        while (dflash_train_pending(mc) > (k < STEPS) && dflash_train_collect(mc, &met))
+            lc[got_c] = (float)met.loss, nc[got_c++] = (float)met.grad_norm;
+        while (dflash_train_pending(mg) > (k < STEPS) && dflash_train_collect(mg, &met))
+            lg[got_g] = (float)met.loss, ng[got_g++] = (float)met.grad_norm;
+    }
+    double moved = 0;
+    for (int k = 0; k < STEPS; k++) {
+        printf("train steps: queued step %d loss cpu %.5f cuda %.5f, grad norm cpu %.4f cuda "
+               "%.4f\n", k, lc[k], lg[k], nc[k], ng[k]);
+        if (k) moved = fmax(moved, fabs(lc[k] - lc[k - 1]) / lc[k - 1]);
+    }
+    printf("train steps: the loss moved by up to %.1f%% per step (the tolerance: 1%%)\n",
+           100 * moved);
+    if (got_c != STEPS || got_g != STEPS || moved < 0.03) {
+        printf("train steps: %d and %d steps collected; a check too weak to see a stale "
+               "weight fails\n", got_c, got_g);
+        n_fail++;
+    }
+    report("train steps", "losses", lg, lc, STEPS, 1e-2);
+    report("train steps", "grad norms", ng, nc, STEPS, 3e-2);
+}
+
 static void t_train_step(void) {
     enum { D = 256, NF = 3, V = 2000, T0 = 150, T1 = 110, T = T0 + T1 };
     dflash_config cfg = {0};
@@ -642,6 +690,7 @@ static void t_train_step(void) {
     printf("train step: a second full cuda step rc %d loss %.6f grad_norm %.4f\n", rg, m2.loss,
            m2.grad_norm);
     if (rg || !isfinite(m2.loss)) n_fail++;
+    train_steps_queued(mc, mg, &tc, &vc, &vg);
     dflash_model_destroy(&mc);
     dflash_model_destroy(&mg);
     pfree(&emb), pfree(&lm), pfree(&hid);
@@ -667,6 +716,11 @@ int main(int argc, char **argv) {
     printf("causal forward: %s\n", causal && *causal ? causal : "wgmma on Hopper (default)");
     CO = nn_cpu_ops(), GO = nn_cuda_ops();
     CC = nn_cpu_new(0);
+    /* the optimizer's side stream (ops.h side_begin) on, unless the caller chose: the queued
+     * training steps below check that each forward waits for its layers' updates */
+    setenv("DFLASH_CUDA_SIDE_STREAM", "1", 0);
+    printf("optimizer side stream: %s\n",
+           strcmp(getenv("DFLASH_CUDA_SIDE_STREAM"), "1") ? "off" : "on");
     GC = nn_cuda_new(0);
     if (!CC || !GC) {
         fprintf(stderr, "bench-cuda_parity: cannot create the contexts (is there a GPU?)\n");

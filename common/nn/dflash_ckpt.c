@@ -433,6 +433,7 @@ int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t
     float *host = calloc(m->n_params, sizeof(float));
     if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     if ((rc = load_all(m, st, "", host, err, errlen))) goto out;
+    m->ops->sync(m->ctx); /* a queued optimizer step (ops side stream) writes the masters */
     m->ops->upload_raw(m->ctx, m->master, host, m->n_params * sizeof(float));
     dflash_model_sync_params(m);
     m->ops->zero(m->ctx, m->adam_m, m->n_params * sizeof(float));
@@ -479,6 +480,7 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
         (rc = load_all(m, st, "exp_avg.", host + n, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)))
         goto out;
+    m->ops->sync(m->ctx); /* as in dflash_ckpt_load_weights */
     m->ops->upload_raw(m->ctx, m->master, host, n * sizeof(float));
     m->ops->upload_raw(m->ctx, m->adam_m, host + n, n * sizeof(float));
     m->ops->upload_raw(m->ctx, m->adam_v, host + 2 * n, n * sizeof(float));

@@ -207,8 +207,14 @@ void dflash_model_grad_download(const dflash_model *m, int i, float *dst) {
 }
 
 void dflash_model_sync_params(dflash_model *m) {
+    m->ops->side_wait(m->ctx, -1); /* a queued optimizer step writes params too */
     if ((void *)m->params != (void *)m->master)
         m->ops->f32_to_act(m->ctx, m->params, m->master, m->n_params);
+}
+
+size_t dflash_model_layer_offset(const dflash_model *m, int l) {
+    if (l >= m->cfg.num_layers) return m->n_decay;
+    return m->tensors[m->t_layer[l][DFL_Q]].offset;
 }
 
 /* Short names for the act-typed weights and the grads (act matrices, fp32 vectors) below. */
@@ -777,9 +783,11 @@ static void forward_rows(dflash_model *m, const nn_buf *X, bool compact) {
     const dflash_config *c = &m->cfg;
     int Q = m->cur_nb * c->block_size, D = c->hidden_size, L = c->num_layers;
     m->last_compact = compact;
-    context_fwd(m, X);
     m->ops->embedding_fwd(m->ctx, m->resid[0], m->in_ids, m->embed, Q, D);
+    m->ops->side_wait(m->ctx, 0); /* the previous step's update of the vectors and fc */
+    context_fwd(m, X);
     for (int l = 0; l < L; l++) {
+        m->ops->side_wait(m->ctx, dflash_opt_stage(l)); /* and of layer l's matrices */
         attn_fwd(m, l);
         mlp_fwd(m, l);
     }
@@ -823,6 +831,9 @@ void dflash_model_backward(dflash_model *m, const nn_buf *X) {
     const nn_ops *o = m->ops;
     const dflash_config *c = &m->cfg;
     int D = c->hidden_size, L = c->num_layers;
+    /* the gradients are the previous optimizer step's input (the forward waited for each of
+     * its stages already; this covers a backward without one) */
+    o->side_wait(m->ctx, -1);
     /* the norm weights' gradients are sums of atomic adds: zeroed first; every matrix's first
      * product (NN_BWD_DW_SET) overwrites its gradient */
     o->zero(m->ctx, m->grads_vec, (m->n_params - m->n_decay) * sizeof(float));

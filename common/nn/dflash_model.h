@@ -248,6 +248,17 @@ void *dflash_model_grad(const dflash_model *m, int i);
 void dflash_model_grad_download(const dflash_model *m, int i, float *dst);
 /* Refreshes the act copies from the masters (after writing masters directly, e.g. a load). */
 void dflash_model_sync_params(dflash_model *m);
+/* The optimizer's stages on the ops' side stream (ops.h side_begin; dflash_train.c queues
+ * them): stage 0 updates the vectors and fc, stage dflash_opt_stage(l) layer l's matrices
+ * (layers past NN_SIDE_MARKS - 2 share the last stage). A forward waits for each stage right
+ * before it reads that stage's weights, so the update of layer l overlaps the forward of the
+ * layers before it. */
+static inline int dflash_opt_stage(int l) {
+    return l + 1 < NN_SIDE_MARKS - 1 ? l + 1 : NN_SIDE_MARKS - 1;
+}
+/* Element offset of layer l's first matrix in master (layer l's matrices, padding included,
+ * are [this(l), this(l + 1)) ); l = num_layers gives n_decay, the end of the matrices. */
+size_t dflash_model_layer_offset(const dflash_model *m, int l);
 
 /* Uploads one batch's host arrays into the model's input buffers: noise_ids[nb*B],
  * pos[Tc + nb*B] (context positions then block positions), spans[nb], and optionally

@@ -327,6 +327,12 @@ static void pending_pop(dflash_model *m, dflash_metrics *met) {
     p->count--;
 }
 
+/* Zero gradients for a step without a backward (after the previous update has read them). */
+static void zero_grads(dflash_model *m) {
+    m->ops->side_wait(m->ctx, -1);
+    m->ops->zero(m->ctx, m->grads, m->grad_bytes);
+}
+
 /* Builds the blocks and queues forward, loss and backward (steps 2-3; the backward overwrites
  * the gradients); the loss sums and correct flags go to r asynchronously. A batch without
  * blocks or weight queues no forward (r->met.skipped) but still leaves zero gradients. */
@@ -337,22 +343,21 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     dflash_metrics *met = &r->met;
     met->step = m->step;
     met->n_blocks = nb;
-    const size_t grad_bytes = m->grad_bytes;
     if (nb == 0) {
-        o->zero(m->ctx, m->grads, grad_bytes);
+        zero_grads(m);
         met->skipped = true;
         return 0;
     }
     double wsum = 0.0;
     int rc = dflash_train_build(m, tc, b, nb, blk_seq, blk_anchor, &wsum);
     if (rc) {
-        o->zero(m->ctx, m->grads, grad_bytes);
+        zero_grads(m);
         return rc;
     }
     met->n_ctx_tokens = m->cur_tc;
     met->weight_sum = wsum;
     if (!(wsum > 0)) {
-        o->zero(m->ctx, m->grads, grad_bytes);
+        zero_grads(m);
         met->skipped = true;
         return 0;
     }
@@ -366,25 +371,49 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     return 0;
 }
 
+/* The act copy of the parameters from element a (NULL where master is the weight itself). */
+static nn_buf *params_at(const dflash_model *m, size_t a) {
+    if ((void *)m->params == (void *)m->master) return NULL;
+    return (char *)m->params + a * m->ops->act_bytes;
+}
+
+static float clip_of(const dflash_train_cfg *tc) {
+    return tc->clip > 0 ? (float)tc->clip : 0.0f;
+}
+
+/* AdamW with clipping over the matrices' elements [a, b) (act-typed gradients, weight decay). */
+static void adamw_matrices(dflash_model *m, const dflash_train_cfg *tc, size_t a, size_t b,
+                           float lr, int t) {
+    m->ops->adamw_clip_act(m->ctx, m->master + a, params_at(m, a),
+                           (const char *)m->grads + a * m->ops->act_bytes, m->adam_m + a,
+                           m->adam_v + a, b - a, lr, (float)tc->beta1, (float)tc->beta2,
+                           (float)tc->eps, (float)tc->weight_decay, m->out_sumsq, clip_of(tc), t);
+}
+
 /* Queues clipping and AdamW (step 4); the gradient norm goes to r asynchronously (when r has
- * host memory). */
+ * host memory). The updates run on the ops' side stream in the stages the next forward waits
+ * for (dflash_opt_stage): the vectors and fc first, then layer by layer, so that they overlap
+ * that forward's first layers instead of holding up its start. */
 static void queue_apply(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r) {
     const nn_ops *o = m->ops;
     size_t nd = m->n_decay, nr = m->n_params - m->n_decay;
     o->sumsq(m->ctx, m->out_sumsq, m->grads, nd, m->grads_vec, nr);
     if (r->h_sums) o->download_raw_async(m->ctx, r->h_sums + 2, m->out_sumsq, sizeof(float));
     double lr = dflash_train_lr(tc, m->step);
-    int t = (int)(m->step + 1);
-    bool alias = (void *)m->params == (void *)m->master;
-    float clip = tc->clip > 0 ? (float)tc->clip : 0.0f;
-    /* the matrices (act-typed gradients, weight decay), then the vectors (fp32, none) */
-    o->adamw_clip_act(m->ctx, m->master, alias ? NULL : m->params, m->grads, m->adam_m, m->adam_v,
-                      nd, (float)lr, (float)tc->beta1, (float)tc->beta2, (float)tc->eps,
-                      (float)tc->weight_decay, m->out_sumsq, clip, t);
-    o->adamw_clip(m->ctx, m->master + nd,
-                  alias ? NULL : (nn_buf *)((char *)m->params + nd * o->act_bytes), m->grads_vec,
-                  m->adam_m + nd, m->adam_v + nd, nr, (float)lr, (float)tc->beta1,
-                  (float)tc->beta2, (float)tc->eps, 0.0f, m->out_sumsq, clip, t);
+    int t = (int)(m->step + 1), L = m->cfg.num_layers;
+    o->side_begin(m->ctx);
+    /* stage 0: the vectors (fp32 gradients, no decay) and fc */
+    o->adamw_clip(m->ctx, m->master + nd, params_at(m, nd), m->grads_vec, m->adam_m + nd,
+                  m->adam_v + nd, nr, (float)lr, (float)tc->beta1, (float)tc->beta2,
+                  (float)tc->eps, 0.0f, m->out_sumsq, clip_of(tc), t);
+    adamw_matrices(m, tc, 0, dflash_model_layer_offset(m, 0), (float)lr, t);
+    o->side_mark(m->ctx, 0);
+    for (int l = 0; l < L; l++) {
+        adamw_matrices(m, tc, dflash_model_layer_offset(m, l), dflash_model_layer_offset(m, l + 1),
+                       (float)lr, t);
+        o->side_mark(m->ctx, dflash_opt_stage(l));
+    }
+    o->side_end(m->ctx);
     m->step++;
     r->applied = true;
     r->met.lr = lr;

@@ -6,6 +6,7 @@
  *   - anchor sampling: candidate rule, count, order, determinism by (seed, epoch, batch)
  *   - loss weights: decay, the anchor offset and positions past the sequence end never trained
  *   - AdamW steps reduce the loss on a fixed batch
+ *   - the optimizer on a side stream that lags as far as ops.h allows gives the same steps
  *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2)
  *   - a drafter that does not fit the target is refused with both values named
  */
@@ -542,6 +543,177 @@ static void test_async_step(world *w) {
     dflash_model_destroy(&b);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The optimizer on a side stream (ops.h side_begin): a cpu ops table whose side stream lags as
+ * far as the contract allows. Work queued between side_begin and side_end (the AdamW calls) is
+ * held back and runs only when a side_wait names a stage marked after it, or at a host wait
+ * (sync, downloads, frees, fence_wait). A training loop that reads a weight before its update,
+ * or overwrites a gradient before the update has read it, then computes something else. */
+
+enum { LAG_CAP = 64 };
+typedef struct lag_entry {
+    int kind; /* 0: a mark, 1: adamw_clip, 2: adamw_clip_act */
+    int stage;
+    float *p, *m, *v;
+    nn_buf *p_act;
+    const void *g;
+    size_t n;
+    float lr, beta1, beta2, eps, wd, clip;
+    const float *sumsq;
+    int t;
+} lag_entry;
+
+static struct {
+    const nn_ops *real;
+    nn_ops tab;
+    bool on;           /* between side_begin and side_end */
+    bool ignore_waits; /* the negative control: side_wait does nothing */
+    lag_entry q[LAG_CAP];
+    int n;
+} lag;
+
+static void lag_run(nn_ctx *c, int upto) { /* runs entries [0, upto) and drops them */
+    for (int i = 0; i < upto; i++) {
+        lag_entry *e = &lag.q[i];
+        if (e->kind == 1)
+            lag.real->adamw_clip(c, e->p, e->p_act, e->g, e->m, e->v, e->n, e->lr, e->beta1,
+                                 e->beta2, e->eps, e->wd, e->sumsq, e->clip, e->t);
+        else if (e->kind == 2)
+            lag.real->adamw_clip_act(c, e->p, e->p_act, e->g, e->m, e->v, e->n, e->lr, e->beta1,
+                                     e->beta2, e->eps, e->wd, e->sumsq, e->clip, e->t);
+    }
+    memmove(lag.q, lag.q + upto, (size_t)(lag.n - upto) * sizeof lag.q[0]);
+    lag.n -= upto;
+}
+
+static void lag_push(lag_entry e) {
+    CHECK(lag.n < LAG_CAP);
+    if (lag.n < LAG_CAP) lag.q[lag.n++] = e;
+}
+
+static void lag_side_begin(nn_ctx *c) {
+    (void)c;
+    lag.on = true;
+}
+static void lag_side_end(nn_ctx *c) {
+    (void)c;
+    lag_push((lag_entry){.kind = 0, .stage = -1});
+    lag.on = false;
+}
+static void lag_side_mark(nn_ctx *c, int k) {
+    (void)c;
+    lag_push((lag_entry){.kind = 0, .stage = k});
+}
+static void lag_side_wait(nn_ctx *c, int k) {
+    if (lag.ignore_waits) return;
+    int upto = 0;
+    for (int i = 0; i < lag.n; i++)
+        if (lag.q[i].kind == 0 && lag.q[i].stage == k) upto = i + 1;
+    lag_run(c, upto);
+}
+
+static void lag_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
+                           size_t n, float lr, float b1, float b2, float eps, float wd,
+                           const float *sumsq, float clip, int t) {
+    if (!lag.on) {
+        lag.real->adamw_clip(c, p, p_act, g, m, v, n, lr, b1, b2, eps, wd, sumsq, clip, t);
+        return;
+    }
+    lag_push((lag_entry){1, 0, p, m, v, p_act, g, n, lr, b1, b2, eps, wd, clip, sumsq, t});
+}
+static void lag_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
+                               float *v, size_t n, float lr, float b1, float b2, float eps,
+                               float wd, const float *sumsq, float clip, int t) {
+    if (!lag.on) {
+        lag.real->adamw_clip_act(c, p, p_act, g, m, v, n, lr, b1, b2, eps, wd, sumsq, clip, t);
+        return;
+    }
+    lag_push((lag_entry){2, 0, p, m, v, p_act, g, n, lr, b1, b2, eps, wd, clip, sumsq, t});
+}
+
+/* the host waits: everything queued first */
+static void lag_sync(nn_ctx *c) {
+    lag_run(c, lag.n);
+    lag.real->sync(c);
+}
+static void lag_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n) {
+    lag_run(c, lag.n);
+    lag.real->download(c, dst, src, n);
+}
+static void lag_download_raw(nn_ctx *c, void *dst, const void *src, size_t bytes) {
+    lag_run(c, lag.n);
+    lag.real->download_raw(c, dst, src, bytes);
+}
+static void lag_free(nn_ctx *c, void *p) {
+    lag_run(c, lag.n);
+    lag.real->free(c, p);
+}
+static void lag_host_free(nn_ctx *c, void *p) {
+    lag_run(c, lag.n);
+    lag.real->host_free(c, p);
+}
+static void lag_fence_wait(nn_ctx *c, int k) {
+    lag_run(c, lag.n);
+    lag.real->fence_wait(c, k);
+}
+
+static const nn_ops *lag_ops(const nn_ops *real) {
+    lag.real = real;
+    lag.tab = *real;
+    lag.tab.side_begin = lag_side_begin, lag.tab.side_end = lag_side_end;
+    lag.tab.side_mark = lag_side_mark, lag.tab.side_wait = lag_side_wait;
+    lag.tab.adamw_clip = lag_adamw_clip, lag.tab.adamw_clip_act = lag_adamw_clip_act;
+    lag.tab.sync = lag_sync, lag.tab.download = lag_download;
+    lag.tab.download_raw = lag_download_raw, lag.tab.free = lag_free;
+    lag.tab.host_free = lag_host_free, lag.tab.fence_wait = lag_fence_wait;
+    return &lag.tab;
+}
+
+/* Queued steps (the daemon's loop) with the lagging side stream give the weights, moments and
+ * metrics of the same steps run in order, bit for bit; with its waits ignored they do not (the
+ * check can fail). Checkpointing mid-run sees the updated weights. */
+static void test_side_stream(world *w) {
+    const nn_ops *lo = lag_ops(w->ops);
+    dflash_train_cfg tc = w->tc;
+    tc.lr = 2e-2;
+    tc.clip = 0.05;
+    float *ref_master = NULL;
+    for (int mode = 0; mode < 3; mode++) { /* in order; lagging; lagging without waits */
+        lag.ignore_waits = mode == 2;
+        const nn_ops *o = mode ? lo : w->ops;
+        dflash_model *m = dflash_model_new(&w->cfg, o, w->ctx, w->embed, w->lm_head, T, 8, 5);
+        if (!m) return;
+        static double loss[3][8];
+        dflash_metrics met;
+        int got = 0;
+        for (int s = 0; s < 8; s++) {
+            CHECK_EQ_INT(dflash_train_step_async(m, &tc, &w->view, 0, (uint64_t)(s % 2)), 0);
+            if (dflash_train_pending(m) == 2 && dflash_train_collect(m, &met) == 1)
+                loss[mode][got++] = met.loss;
+        }
+        while (dflash_train_collect(m, &met) == 1)
+            loss[mode][got++] = met.loss;
+        CHECK_EQ_INT(got, 8);
+        if (mode == 0) {
+            ref_master = malloc(m->n_params * sizeof(float));
+            memcpy(ref_master, m->master, m->n_params * sizeof(float));
+            CHECK(loss[0][7] < loss[0][1]); /* it trains */
+        } else {
+            /* what the host can see of the weights: a download is a host wait */
+            float *host = malloc(m->n_params * sizeof(float));
+            o->download_raw(w->ctx, host, m->master, m->n_params * sizeof(float));
+            bool same = !memcmp(host, ref_master, m->n_params * sizeof(float)) &&
+                        !memcmp(loss[mode], loss[0], sizeof loss[0]);
+            CHECK(mode == 1 ? same : !same);
+            CHECK_EQ_INT(lag.n, 0);
+            free(host);
+        }
+        dflash_model_destroy(&m);
+    }
+    lag.ignore_waits = false;
+    free(ref_master);
+}
+
 static void test_checkpoint(world *w) {
     char root[] = "/tmp/dflash_ckpt_XXXXXX";
     CHECK(mkdtemp(root) != NULL);
@@ -727,6 +899,7 @@ int main(void) {
     test_training_reduces_loss(w);
     test_mismatch(w);
     test_async_step(w);
+    test_side_stream(w);
     test_checkpoint(w);
     test_eval(w);
     test_slot_view(w);

@@ -359,12 +359,10 @@ __device__ __forceinline__ void attn_split_finish(float *acc, size_t plane, int 
                                                   int nsplit, int k0, int kt, int Tk, int Hk,
                                                   int hk, __nv_bfloat16 *dk, __nv_bfloat16 *dv)
 {
-    __shared__ int s_last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == nsplit - 1;
-    __syncthreads();
-    if (!s_last) return;
+    /* thread 0 takes the ticket; no static shared memory (k_wgb_fused's PP3 has none) */
+    if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(ticket, 1) == nsplit - 1)) return;
     __threadfence();
     /* U float4 per thread in flight: one load at a time made the last piece wait U times as
      * long for L2 */

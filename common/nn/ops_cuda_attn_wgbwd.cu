@@ -96,6 +96,18 @@
  * block; dV, dK MN-major, LBO the block distance, 2048 bytes per k16 step): the unswizzled box's
  * 16-byte rows fetched every 32-byte sector twice (L2 throughput 66% -> 52%, -3%; NOTES section
  * "Block backward: swizzled tiles, bulk split ends"). DFLASH_CUDA_ATTN_PP=1: PP unswizzled.
+ * PP3 (DFLASH_CUDA_ATTN_PP=3; the sorted schedule, pieces of at most WLIST3 blocks, else PP):
+ * PP's SW kernel with 3 stages of Q, dO, D, lse (bar[0 .. 2]; visit done bar[3 + p], dS^T in
+ * bar[5 + p]): warpgroup 1 loads visit i + 2 where PP loads visit i + 1 (into visit i - 1's
+ * stage, once that visit is done), so the loads have a visit longer to land before the leading
+ * warpgroup needs them (PP's leading warpgroup found 43% of its stages incomplete: 8.6% of the
+ * stall samples); a piece's end waits for its dQ reductions to have read their staging, not for
+ * the adds (DFLASH_CUDA_ATTN_END=full: for the adds). The third stage (+32.5 KB) takes the room
+ * of PP's 16 KB list (WLIST3 = 160 blocks, 1.25 KB: sorted pieces are at most 2 x 80 blocks
+ * long by default) and its pairs' dQ staging beyond the 8 warp boxes; it has no static shared
+ * memory (ptxas pads any to 1 KB), so its barriers, work slot and list counters sit in the
+ * dynamic block's tail and attn_split_finish votes its ticket (VOTE). ptxas: 250 registers, no
+ * spills (PP: 255 with 24 bytes of stack; PP3 has no grid-order path).
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), the wgmma tiles in no-swizzle core matrices (wgmma.cuh; PP's Q, dO
@@ -104,8 +116,9 @@
  * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
  * copy writes it), dS^T 16 KB (PIPE, PP: 2 buffers), the 4 warp pairs' dQ staging (34 KB; PP:
  * the 8 warps' boxes, 4 KB each, at 1024-byte alignment for the swizzle), 2 stages of D and
- * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB). At the end K, V and the Q stages
- * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages);
+ * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB; PP3 226.9 KB, above). At the end K, V
+ * and the Q stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at
+ * the Q stages);
  * a split piece (nsplit > 1) stages its fp32 partials over K, V, the Q, dO stages and dS^T
  * (rows of 4 D + 16 bytes) and adds them into acc by one bulk reduction per key row and plane
  * (wgb_split_out), instead of float4 atomics whose queue stalled the warps
@@ -161,8 +174,8 @@
 struct wgb_maps {
     CUtensorMap q, dout, dq;
     int on;
-    int dq_on; /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
-    int sw;    /* 1: q, dout by 128-byte-swizzled maps (on 2; PP's SW tiles, wgb_maps_make) */
+    int dq_on;    /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
+    int sw;       /* 1: q, dout by 128-byte-swizzled maps (on 2; PP's SW tiles, wgb_maps_make) */
     int end_read; /* PP3: a piece's end waits for its dQ reductions' reads only (else done) */
 };
 
@@ -173,7 +186,8 @@ template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
 
 /* Shared-memory bytes for head dim D and NST stages of Q, dO, D, lse (see the file comment for
  * the order; NST 3: PP3, the 8 warps' dQ boxes of 4 KB and a list of WLIST3 blocks). */
-template <int D, bool PIPE, int NST = 2> __host__ __device__ static constexpr size_t wgb_smem(void) {
+template <int D, bool PIPE, int NST = 2>
+__host__ __device__ static constexpr size_t wgb_smem(void) {
     return (size_t)(2 * WKT + 2 * NST * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
            (NST == 3 ? (size_t)8 * 4096 : (size_t)4 * wgb_pair_w<D>() * sizeof(float)) +
            (size_t)2 * NST * FROWS * sizeof(float) +
@@ -263,9 +277,8 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps
  * [k0, k0 + WKT) (attn_block_hits), in block order, the first min(lim, cap): lst[e] = {blk,
  * keys}, keys the block's (up to two) key ranges [lo, hi) in the tile, counted from k0 and
  * clipped to the tile and to Tk, one byte each (lo0 | hi0 << 8 | lo1 << 16 | hi1 << 24). Returns
- * the number listed. All threads (256), cnt 8 ints of shared memory; rounds of a.list_round <= 256
- * blocks (one per thread),
- * two CTA barriers each. */
+ * the number listed. All threads (256), cnt 8 ints of shared memory; rounds of a.list_round <=
+ * 256 blocks (one per thread), two CTA barriers each. */
 __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int b_end, int lim,
                                         int cap, int2 *lst, int *cnt) {
     static_assert(WKT < 256, "key offsets in one byte");
@@ -308,7 +321,7 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
  * makes it visible before attn_split_finish takes the ticket (the last piece converts). Replaces
  * the 2 D / 8 float4 atomics per thread of dkdv_tile_out, whose queue stalled the warps (5% of
  * the stall samples). All threads (2 WKT); stg free, 2 WKT WRS bytes. */
-template <int D>
+template <int D, bool VOTE>
 __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&dk)[D / 8][4],
                                               const float (&dv)[D / 8][4], unsigned char *stg,
                                               int nsplit, int k0, int hk, int *ticket) {
@@ -332,7 +345,7 @@ __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&d
         asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
     }
-    attn_split_finish<D>(a.acc, plane, ticket, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv);
+    attn_split_finish<D, VOTE>(a.acc, plane, ticket, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv);
 }
 
 /* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
@@ -665,16 +678,15 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             if (wg == 1 && nx.blk >= 0) {
                 if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
                 wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
-                                        Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS,
-                                        bar + 1 - st);
+                                        Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
             }
         } else if (wg == 1) { /* visit i + 2 into visit i - 1's stage */
             const visit_item ld = next_of(nx);
             const int ls = (st + 2) % 3;
             if (ld.blk >= 0) {
                 if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
-                wgb_visit_load<D, true>(a, m, ld, hk, Qs + ls * QT, dOs + ls * QT,
-                                        Dr + ls * FROWS, Lr + ls * FROWS, bar + ls);
+                wgb_visit_load<D, true>(a, m, ld, hk, Qs + ls * QT, dOs + ls * QT, Dr + ls * FROWS,
+                                        Lr + ls * FROWS, bar + ls);
             }
         }
         uint32_t pa[NT / 2][4], da[NT / 2][4];
@@ -704,9 +716,9 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     };
     /* the piece's visits; the list of the next WLIST blocks when the last one is used up (one
      * list for pieces of WLIST blocks or fewer), its first visit's loads into the next stage */
-    nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, NST == 3 ? WLIST3 : WLIST, lst,
-                                          cnt)
-                       : 0;
+    nlst = h_lo < h_hi
+               ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, NST == 3 ? WLIST3 : WLIST, lst, cnt)
+               : 0;
     if (nlst > 0) {
         it = visit_item{lst[0].x, 0, 0};
         if (!PP || wg == 1) wgb_visit_load<D, PP>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
@@ -758,10 +770,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             dk[j][e] *= a.scale;
     static_assert(2 * WKT * (4 * D + 16) <= 2 * TILE + 4 * QT + DSB, "wgb_split_out's staging");
     if (nsplit > 1 && a.split_bulk)
-        wgb_split_out<D>(a, dk, dv, sm, nsplit, k0, hk, ticket);
+        wgb_split_out<D, NST == 3>(a, dk, dv, sm, nsplit, k0, hk, ticket);
     else
-        dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk,
-                         a.dv, a.acc, ticket);
+        dkdv_tile_out<D, NST == 3>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk,
+                                   a.dk, a.dv, a.acc, ticket);
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
@@ -1046,7 +1058,7 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     static int pp = -1, end_read = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 3;
+        pp = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 2;
         e = getenv("DFLASH_CUDA_ATTN_END");
         end_read = !(e && strcmp(e, "full") == 0);
     }
@@ -1055,9 +1067,14 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     m.end_read = end_read;
     constexpr size_t SP = wgb_smem<128, true>();
     const bool pp3 = pp == 3 && g_wgb_pp3 && len <= WLIST3 && a->by_block == BWD_PIECES_SORTED;
+    static int told;
+    if (pipe && pp == 3 && !(pp3 && m.on == 2 && m.dq_on && m.sw) && !told++)
+        fprintf(stderr,
+                "k_wgb_fused: PP3 does not run here (shared memory %d, piece %d blocks, sorted %d, "
+                "maps %d/%d/%d): PP serves\n",
+                g_wgb_pp3, len, a->by_block == BWD_PIECES_SORTED, m.on, m.dq_on, m.sw);
     if (pipe && pp3 && m.on == 2 && m.dq_on && m.sw)
-        k_wgb_fused<128, true, true, true, 3>
-            <<<grid, 256, wgb_smem<128, true, 3>(), st>>>(b, m);
+        k_wgb_fused<128, true, true, true, 3><<<grid, 256, wgb_smem<128, true, 3>(), st>>>(b, m);
     else if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
         k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
     else if (pipe && pp && m.on == 2 && m.dq_on)

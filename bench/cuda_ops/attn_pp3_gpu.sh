@@ -19,6 +19,8 @@ budget=${2:-240}
 steps=${3:-parity ops}
 out=${OUT:-.}
 log=$out/attn_pp3.log
+xzb="$bin/devlibs/libopenblas.so.0.xz" # carried compressed (scripts/gpu-carry's note)
+[ -f "$xzb" ] && [ ! -f "${xzb%.xz}" ] && xz -dk "$xzb"
 . "$(dirname "$0")/gpu_run.sh"
 S1="DFLASH_CUDA_ATTN_SPLIT=1"
 P3="DFLASH_CUDA_ATTN_PP=3"

@@ -9,8 +9,8 @@
  * 10*d backward (S, dP, dV, dK, dQ recomputation counted as 5 products); the lm_head loss
  * 4*Q*D*V (logits and dh), timed at D 4096 and at D 64 (products nearly free: the softmax pass
  * alone). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
- * [attn|xent (only the peak GEMM and the attention ops, or the lm_head loss)]. The causal attention rows also time the
- * target's shape (64 sequences of 2048 tokens); the block attention rows three anchor
+ * [attn|xent (only the peak GEMM and the attention ops, or the lm_head loss)]. The causal
+ * attention rows also time the target's shape (64 sequences of 2048 tokens); the block attention rows three anchor
  * distributions (see bench_attention: the one of the training step is labelled "(step)").
  * The last rows time whole DFlash training steps (dflash_train_step) of a Qwen3-8B-shaped
  * drafter with that many layers (weights random), with the MFU by 6 * params * Q rows plus

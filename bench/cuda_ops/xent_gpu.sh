@@ -46,7 +46,7 @@ same() {
   if [ -z "$a" ] || [ -z "$b" ]; then
     echo "HASH $1 vs $2: missing (did both runs finish?)"
   elif [ "$a" = "$b" ]; then
-    echo "HASH $1 vs $2: dh, correct, dlogits bit for bit the same in all $(echo "$a" | wc -l) cases"
+    echo "HASH $1 vs $2: dh, correct, dlogits bit for bit alike in all $(echo "$a" | wc -l) cases"
   else
     echo "HASH $1 vs $2: differ in: $(diff <(echo "$a") <(echo "$b") | grep '^>' | cut -c3- |
       awk '{print $1, $2}' | tr '\n' ';')"

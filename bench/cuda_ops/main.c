@@ -9,8 +9,8 @@
  * 10*d backward (S, dP, dV, dK, dQ recomputation counted as 5 products); the lm_head loss
  * 4*Q*D*V (logits and dh), timed at D 4096 and at D 64 (products nearly free: the softmax pass
  * alone). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
- * [attn (only the peak GEMM and the attention ops)]. The causal attention rows also time the
- * target's shape (64 sequences of 2048 tokens); the block attention rows three anchor
+ * [attn|xent (only the peak GEMM and the attention ops, or the lm_head loss)]. The causal
+ * attention rows also time the target's shape (64 sequences of 2048 tokens); the block attention rows three anchor
  * distributions (see bench_attention: the one of the training step is labelled "(step)").
  * The last rows time whole DFlash training steps (dflash_train_step) of a Qwen3-8B-shaped
  * drafter with that many layers (weights random), with the MFU by 6 * params * Q rows plus
@@ -296,6 +296,10 @@ static void bench_xent(int D) {
     char shape[64];
     snprintf(shape, sizeof shape, "Q8192 D%d V151936 chunk2048", D);
     row("lm_head_xent fwd+bwd", shape, ms, 4.0 * a.Q * (double)a.D * a.V);
+    int in_smem = 0;
+    const char *k = nn_cuda_xent_last(C, &in_smem);
+    printf("  (softmax kernel %s, DFLASH_CUDA_XENT; %d logits of a row in shared memory)\n", k,
+           in_smem);
     O->free(C, a.h), O->free(C, a.W), O->free(C, a.dh), O->free(C, a.scratch);
     O->free(C, a.sums), O->free(C, a.correct), O->free(C, a.labels), O->free(C, a.weights);
     free(lab), free(w);
@@ -371,7 +375,8 @@ static void bench_step(int layers) {
 
 int main(int argc, char **argv) {
     int layers = argc > 1 ? atoi(argv[1]) : 1;
-    int attn_only = argc > 2 && strcmp(argv[2], "attn") == 0;
+    const char *only = argc > 2 ? argv[2] : "";
+    int attn_only = strcmp(only, "attn") == 0, xent_only = strcmp(only, "xent") == 0;
     O = nn_cuda_ops();
     C = nn_cuda_new(0);
     if (!C) {
@@ -383,7 +388,7 @@ int main(int argc, char **argv) {
         g_rand[i] = (float)urand();
     printf("%-26s %-34s %10s %9s %8s\n", "op", "shape", "ms", "TFLOP/s", "of peak");
     bench_linear("peak: linear_fwd", 8192, 8192, 8192, 0);
-    if (!attn_only) {
+    if (!attn_only && !xent_only) {
         bench_linear("linear_fwd q/o", 8192, 4096, 4096, 0);
         bench_linear("linear_fwd k/v ctx", 3072, 4096, 1024, 0);
         bench_linear("linear_fwd gate/up", 8192, 4096, 12288, 0);
@@ -392,7 +397,7 @@ int main(int argc, char **argv) {
         bench_linear("linear_bwd gate/up", 8192, 4096, 12288, 1);
         bench_linear("linear_bwd down", 8192, 12288, 4096, 1);
     }
-    bench_attention();
+    if (!xent_only) bench_attention();
     if (!attn_only) bench_xent(4096), bench_xent(64);
     if (layers > 0) bench_step(layers);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", g_peak);

@@ -217,6 +217,9 @@ struct broker {
     uint64_t zap_denied, steer_denied;
     uv_timer_t cron;
     bool cron_started, stopped;
+    uint64_t last_cron_ms;   /* when cron last ran (0: not yet) */
+    uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
+    uint64_t last_grace_ms;  /* when that grace was last given */
     uint64_t last_stats_ms, grants_at_last, stats_window_start;
     double claims_per_s;
 
@@ -1378,17 +1381,46 @@ static void on_router(void *zsock, void *arg)
     else send_reply(b, rid, (size_t)rlen, b->outbuf, (size_t)out);
 }
 
-static void cron(uv_timer_t *t)
+/* Whether cron holds its expiries: peers silent for longer than liveness heartbeats, and leases
+ * past their deadline, expire only while the broker could hear. When cron runs late (the broker
+ * itself stalled for more than half the shorter of the two windows, e.g. descheduled on a loaded
+ * machine), the heartbeats sent meanwhile are still waiting (libuv runs timers before socket
+ * reads; ZeroMQ's own thread may lag too), so nothing expires for half a window more. That grace
+ * is given at most once per window, so a broker that is always late still expires dead peers
+ * and leases (within about 1.5 windows). */
+static bool stall_hold(broker *b, uint64_t now)
 {
-    broker *b = t->data;
-    uint64_t now = now_ms(b);
+    uint64_t window = (uint64_t)b->cfg.heartbeat_ms * (uint64_t)b->cfg.liveness;
+    if ((uint64_t)b->cfg.lease_timeout_ms < window) window = (uint64_t)b->cfg.lease_timeout_ms;
+    uint64_t gap = b->last_cron_ms ? now - b->last_cron_ms : 0;
+    b->last_cron_ms = now;
+    if (gap > window / 2 && (!b->last_grace_ms || now - b->last_grace_ms >= window)) {
+        b->last_grace_ms = now;
+        b->judge_from_ms = now + window / 2;
+        LOG_WARN("the broker did not run for %" PRIu64 " ms (a stall): nothing expires for"
+                 " %" PRIu64 " ms more",
+                 gap, window / 2);
+    }
+    return now < b->judge_from_ms;
+}
+
+static void expire_peers(broker *b, uint64_t now)
+{
     uint64_t dead_after = (uint64_t)(b->cfg.heartbeat_ms * b->cfg.liveness);
     for (uint32_t i = 0; i < b->n_peers;) {
         peer *p = b->peers[i];
         if (now - p->last_seen_ms > dead_after) peer_remove(b, i, "expired (no heartbeat)");
         else i++;
     }
-    if (b->policy) policy_tick(b->policy, now);
+}
+
+static void cron(uv_timer_t *t)
+{
+    broker *b = t->data;
+    uint64_t now = now_ms(b);
+    bool hold = stall_hold(b, now);
+    if (!hold) expire_peers(b, now);
+    if (b->policy && !hold) policy_tick(b->policy, now);
     uint64_t grace = b->cfg.orphan_grace_ms ? (uint64_t)b->cfg.orphan_grace_ms
                                             : 2 * (uint64_t)b->cfg.lease_timeout_ms;
     if (!b->orphans_requeued && now - b->start_ms >= grace) {

@@ -1,0 +1,112 @@
+/* broker_stub: a broker driven in-process by a unit test (header-only, static; include once, after
+ * check.h): requests go straight to broker_dispatch (no sockets), the journal is in memory, and
+ * the libuv loop runs only when the test runs it (uv_run on stub_loop: the broker's cron).
+ *   stub_broker_new(tweak)  the config's defaults, journal none, min_ready 0, errors-only logs,
+ *                           then tweak(cfg) (may be NULL); the broker is stub_b
+ *   stub_init(t, role, inc) starts stub_req; stub_send(rid) sends it from routing id rid and
+ *                           unpacks the reply into stub_rep: 0 or the error code it carries
+ *   stub_status()           a ctl's status request
+ *   stub_pool(rid, inc, pool_inc, n_slots) a target registers a host pool of one 512-token
+ *                           bucket; stub_make_ready(rid, inc, pool_inc, n) makes n batches ready
+ *   stub_broker_free()      destroys broker and loop */
+#ifndef DFLASH_TEST_BROKER_STUB_H
+#define DFLASH_TEST_BROKER_STUB_H
+
+#include "broker.h"
+#include "config.h"
+#include "log.h"
+#include "wire.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+static broker *stub_b;
+static uv_loop_t stub_loop;
+static uint8_t stub_buf[WIRE_MAX_MSG], stub_out[WIRE_MAX_MSG];
+static wire_msg stub_req, stub_rep;
+static uint64_t stub_next_rid = 1;
+
+static __attribute__((unused)) void stub_broker_new(void (*tweak)(queue_config *cfg))
+{
+    log_init("test", LOG_ERROR);
+    queue_config cfg;
+    char *argv[] = {"test", NULL};
+    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 1, argv, NULL, 0, NULL), 0);
+    snprintf(cfg.journal, sizeof cfg.journal, "none");
+    cfg.min_ready = 0;
+    snprintf(cfg.log_level, sizeof cfg.log_level, "error");
+    if (tweak) tweak(&cfg);
+    uv_loop_init(&stub_loop);
+    stub_b = broker_new(&stub_loop, &cfg, NULL);
+    CHECK(stub_b != NULL);
+}
+
+static __attribute__((unused)) void stub_broker_free(void)
+{
+    broker_destroy(&stub_b);
+    uv_loop_close(&stub_loop);
+    wire_msg_clear(&stub_rep);
+}
+
+static __attribute__((unused)) void stub_init(wire_type t, wire_role role, uint64_t inc)
+{
+    wire_msg_init(&stub_req, t, role, inc, 0);
+}
+
+static __attribute__((unused)) int stub_send(const char *rid)
+{
+    stub_req.request_id = stub_next_rid++;
+    int n = wire_pack(&stub_req, stub_buf, sizeof stub_buf);
+    CHECK(n > 0);
+    int r = broker_dispatch(stub_b, (const uint8_t *)rid, strlen(rid), stub_buf, (size_t)n,
+                            stub_out, sizeof stub_out);
+    CHECK(r > 0);
+    wire_msg_clear(&stub_rep);
+    CHECK_EQ_INT(wire_unpack(stub_out, (size_t)r, &stub_rep, NULL, 0), 0);
+    CHECK_EQ_INT(stub_rep.request_id, stub_req.request_id);
+    return stub_rep.type == WIRE_ERROR ? stub_rep.u.error.code : 0;
+}
+
+static __attribute__((unused)) wire_status stub_status(void)
+{
+    stub_init(WIRE_STATUS_REQUEST, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
+    return stub_rep.u.status;
+}
+
+static __attribute__((unused)) void stub_pool(const char *rid, uint64_t inc, uint64_t pool_inc,
+                                              uint32_t n_slots)
+{
+    stub_init(WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, inc);
+    wire_pool *p = &stub_req.u.pool;
+    p->pool_incarnation = pool_inc;
+    p->backend = WIRE_BACKEND_HOST;
+    snprintf(p->shm_name, sizeof p->shm_name, "/dflash-test-stub");
+    p->slot_count = n_slots;
+    p->slot_size = 4096;
+    p->layout_version = 1;
+    p->token_budget = 1024;
+    p->n_buckets = 1;
+    p->bucket_upper[0] = 512;
+    p->bucket_share[0] = 1;
+    p->bucket_batches[0] = 1000;
+    p->epochs = 1;
+    CHECK_EQ_INT(stub_send(rid), 0);
+}
+
+static __attribute__((unused)) void stub_make_ready(const char *rid, uint64_t inc,
+                                                    uint64_t pool_inc, int n)
+{
+    for (int i = 0; i < n; i++) {
+        stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, inc);
+        stub_req.u.pool_incarnation = pool_inc;
+        CHECK_EQ_INT(stub_send(rid), 0);
+        wire_work_unit wu = stub_rep.u.work;
+        stub_init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, inc);
+        stub_req.u.ready = (wire_slot_ready){pool_inc, wu.slot, wu.unit, 100, 2};
+        CHECK_EQ_INT(stub_send(rid), 0);
+    }
+}
+
+#endif

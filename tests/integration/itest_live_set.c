@@ -39,7 +39,10 @@ int main(int argc, char **argv)
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
     snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
-    const char *extra[] = {"--journal=none", "--min-ready=2", "--max-depth=4", NULL};
+    /* liveness 100 (100 s): the target and drafter sessions stay quiet while the watcher and
+     * dflash-ctl start (seconds under ASan on a loaded machine); expiry is not what this tests */
+    const char *extra[] = {"--journal=none", "--min-ready=2", "--max-depth=4", "--liveness=100",
+                           NULL};
     pid_t q = h_start_queue(argv[1], dir, extra);
     CHECK(q > 0);
     if (q <= 0) CHECK_DONE();

@@ -296,10 +296,6 @@ static void bench_xent(int D) {
     char shape[64];
     snprintf(shape, sizeof shape, "Q8192 D%d V151936 chunk2048", D);
     row("lm_head_xent fwd+bwd", shape, ms, 4.0 * a.Q * (double)a.D * a.V);
-    int in_smem = 0;
-    const char *k = nn_cuda_xent_last(C, &in_smem);
-    printf("  (softmax kernel %s, DFLASH_CUDA_XENT; %d logits of a row in shared memory)\n", k,
-           in_smem);
     O->free(C, a.h), O->free(C, a.W), O->free(C, a.dh), O->free(C, a.scratch);
     O->free(C, a.sums), O->free(C, a.correct), O->free(C, a.labels), O->free(C, a.weights);
     free(lab), free(w);

@@ -10,7 +10,8 @@
 # several pieces run back to back with ph carried over, over 3000 random interleavings each.
 # Usage: python3 bench/cuda_ops/wgb_pp_model.py (prints "NST 2 ok", "NST 3 ok"). Mutations tried
 # (each fails): PP3 loading into (st + 1) % 3, loading without waiting for visit i - 1, the
-# prologue not loading visit 1. A model of the indices, not of the compiled code.
+# prologue not loading visit 1. A model of the indices, not of the compiled code. PP3 was
+# dropped after its H200 timing (2026-12-01: no faster; NOTES.md); NST 3 still models its design.
 import random
 
 class MB:

@@ -353,24 +353,18 @@ __device__ __forceinline__ int attn_nth_hit(const nn_block_span *spans, int n_bl
 
 /* End of a split piece, after its fp32 partials went into acc (dk at acc, dv at acc + plane):
  * the last piece of the tile (ticket counts the pieces) converts rows [k0, k0 + kt) to bf16 dk,
- * dv and zeroes acc and the ticket again. All threads of the CTA. VOTE: thread 0's ticket reaches
- * the others through __syncthreads_or instead of a static shared int (for kernels with no static
- * shared memory: k_wgb_fused's PP3). */
-template <int D, bool VOTE = false>
+ * dv and zeroes acc and the ticket again. All threads of the CTA. */
+template <int D>
 __device__ __forceinline__ void attn_split_finish(float *acc, size_t plane, int *ticket,
                                                   int nsplit, int k0, int kt, int Tk, int Hk,
                                                   int hk, __nv_bfloat16 *dk, __nv_bfloat16 *dv)
 {
+    __shared__ int s_last;
     __threadfence();
     __syncthreads();
-    if constexpr (VOTE) {
-        if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(ticket, 1) == nsplit - 1)) return;
-    } else {
-        __shared__ int s_last;
-        if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == nsplit - 1;
-        __syncthreads();
-        if (!s_last) return;
-    }
+    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == nsplit - 1;
+    __syncthreads();
+    if (!s_last) return;
     __threadfence();
     /* U float4 per thread in flight: one load at a time made the last piece wait U times as
      * long for L2 */

@@ -173,8 +173,7 @@ __device__ __forceinline__ float4 swap_pairs(const float c[4], int odd) {
  * + 15 (its dk, dv in C layout, fp32): one piece (nsplit 1): bf16 rows into gdk, gdv, staged
  * through Ks, Vs (no longer read: the caller waited for all cp.async and synchronised); split:
  * float4 atomics of the partials into acc (dk plane, then dv plane, Tk Hk D each), then the last
- * piece of the tile (ticket) converts (attn_split_finish; VOTE as there). All threads of the
- * CTA. */
+ * piece of the tile (ticket) converts (attn_split_finish). All threads of the CTA. */
 /* Zeroes N accumulator fragments (e.g. a warp's dk or dv of D / 8 column blocks). */
 template <int N> __device__ __forceinline__ void frag_zero(float (&acc)[N][4]) {
 #pragma unroll
@@ -184,7 +183,7 @@ template <int N> __device__ __forceinline__ void frag_zero(float (&acc)[N][4]) {
             acc[j][e] = 0.0f;
 }
 
-template <int D, bool VOTE = false>
+template <int D>
 __device__ __forceinline__ void dkdv_tile_out(const float dk[D / 8][4], const float dv[D / 8][4],
                                               bf16 *Ks, bf16 *Vs, int nsplit, int k0, int kt,
                                               int Tk, int Hk, int hk, bf16 *gdk, bf16 *gdv,
@@ -211,7 +210,7 @@ __device__ __forceinline__ void dkdv_tile_out(const float dk[D / 8][4], const fl
             atomicAdd((float4 *)(pk + plane + dt * 8), av);
         }
     }
-    attn_split_finish<D, VOTE>(acc, plane, ticket, nsplit, k0, kt, Tk, Hk, hk, gdk, gdv);
+    attn_split_finish<D>(acc, plane, ticket, nsplit, k0, kt, Tk, Hk, hk, gdk, gdv);
 }
 
 /* Online softmax of one tile of NKEYS keys from kb for the thread's rows g, g + 8 (s: raw Q K^T

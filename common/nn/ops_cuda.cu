@@ -85,9 +85,6 @@ struct nn_ctx {
     bool side_used, last_used, mark_used[NN_SIDE_MARKS];
     long drains;                  /* host waits for the whole stream (stream_drains) */
     int sms;                      /* the device's multiprocessors (persistent grids) */
-    int smem_optin;               /* shared memory a block may opt in to (0: not asked yet) */
-    int xent_last;                /* lm_head_xent's last softmax kernel (XENT_*; -1: none) */
-    int xent_last_smem;           /* ... and the elements per row it kept in shared memory */
 };
 
 /* Every host wait for the whole stream goes through here, so stream_drains counts them. It
@@ -1308,10 +1305,8 @@ static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv
  * loss, then dlogits in place as bf16; then dh = dlogits W (cuBLASLt). bf16 logits, as PyTorch's
  * autocast gives them, move half the bytes of fp32 ones through the memory-bound softmax pass
  * (with the drafter's loss-row selection: 33.7 -> 28.4 ms per 3072/512 step, bench/RESULTS.md;
- * the two were not timed apart). The softmax pass reads each row twice (k_xent_rows), or with
- * DFLASH_CUDA_XENT=smem / smem512 once plus the part that shared memory cannot hold
- * (k_xent_rows_smem). lm_head_argmax keeps fp32 logits (chunk / 2 rows of them in the bf16
- * scratch) so that greedy decoding sees no ties made by rounding. */
+ * the two were not timed apart). lm_head_argmax keeps fp32 logits (chunk / 2 rows of them in the
+ * bf16 scratch) so that greedy decoding sees no ties made by rounding. */
 
 #define XENT_THREADS 512
 
@@ -1376,57 +1371,6 @@ template <bool VEC> __device__ __forceinline__ void xent_load(const bf16 *p, flo
         x[0] = __bfloat162float(*p);
 }
 
-template <bool VEC> __device__ __forceinline__ void xent_store(bf16 *p, const float x[8]) {
-    if (VEC)
-        store8(p, x);
-    else
-        *p = __float2bfloat16(x[0]);
-}
-
-/* Pass 1 on the (1 or 8) logits x at row index j: x is scaled to the log2 domain in place and
- * merged into the thread's running v. Both softmax kernels call it on a thread's pieces in
- * ascending j. */
-template <bool VEC> __device__ __forceinline__ void xent_scan(float x[8], int j, msi &v) {
-    const int step = VEC ? 8 : 1;
-    float cm = -INFINITY;
-    int ci = 0;
-#pragma unroll
-    for (int e = 0; e < step; e++) {
-        x[e] *= XENT_LOG2E;
-        if (x[e] > cm) cm = x[e], ci = j + e;
-    }
-    if (cm > v.m) {
-        v.s = v.m == -INFINITY ? 0.0f : v.s * exp2f(v.m - cm);
-        v.m = cm;
-        v.i = ci;
-    }
-#pragma unroll
-    for (int e = 0; e < step; e++)
-        v.s += exp2f(x[e] - v.m);
-}
-
-/* Thread 0's end of pass 1: row r's accuracy and weighted loss from the block's t; L is the
- * row of logits (the label's is read only where the row has a loss). */
-__device__ __forceinline__ void xent_row_loss(msi t, int r, int lab, float w, const bf16 *L,
-                                              int32_t *correct, float *out_sums) {
-    if (correct) correct[r] = t.i == lab;
-    if (w > 0.0f) {
-        float loss = w * ((t.m + log2f(t.s)) * XENT_LN2 - __bfloat162float(L[lab]));
-        atomicAdd(out_sums, loss);
-        atomicAdd(out_sums + 1, w);
-    }
-}
-
-/* Pass 2 on the (1 or 8) logits x at row index j: dlogits in place. g = weight / norm (0: no
- * loss, dlogits 0), gs = g / t.s, mx = t.m. */
-template <bool VEC>
-__device__ __forceinline__ void xent_grad(float x[8], int j, int lab, float g, float gs, float mx) {
-#pragma unroll
-    for (int e = 0; e < (VEC ? 8 : 1); e++)
-        x[e] = g > 0.0f ? exp2f(fmaf(x[e], XENT_LOG2E, -mx)) * gs - (j + e == lab ? g : 0.0f)
-                        : 0.0f;
-}
-
 template <bool VEC>
 __global__ void __launch_bounds__(XENT_THREADS)
     k_xent_rows(bf16 *logits, int V, int r0, const int32_t *labels, const float *weights,
@@ -1436,137 +1380,48 @@ __global__ void __launch_bounds__(XENT_THREADS)
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
     const int step = VEC ? 8 : 1;
     for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
-        float x[8];
+        float x[8], cm = -INFINITY;
+        int ci = 0;
         xent_load<VEC>(L + j, x);
-        xent_scan<VEC>(x, j, v);
+#pragma unroll
+        for (int e = 0; e < step; e++) {
+            x[e] *= XENT_LOG2E;
+            if (x[e] > cm) cm = x[e], ci = j + e;
+        }
+        if (cm > v.m) {
+            v.s = v.m == -INFINITY ? 0.0f : v.s * exp2f(v.m - cm);
+            v.m = cm;
+            v.i = ci;
+        }
+#pragma unroll
+        for (int e = 0; e < step; e++)
+            v.s += exp2f(x[e] - v.m);
     }
     msi t = block_msi(v);
     int lab = labels[r];
     float w = weights[r];
-    if (threadIdx.x == 0)
-        xent_row_loss(t, r, lab, w, L, correct, out_sums);
+    if (threadIdx.x == 0) {
+        if (correct) correct[r] = t.i == lab;
+        if (w > 0.0f) {
+            float loss = w * ((t.m + log2f(t.s)) * XENT_LN2 - __bfloat162float(L[lab]));
+            atomicAdd(out_sums, loss);
+            atomicAdd(out_sums + 1, w);
+        }
+    }
     __syncthreads(); /* L[lab] is read before any thread overwrites it */
     if (!want_dh) return;
     float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
     for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
         float x[8];
         xent_load<VEC>(L + j, x);
-        xent_grad<VEC>(x, j, lab, g, gs, mx);
-        xent_store<VEC>(L + j, x);
-    }
-}
-
-/* The one-read variant (DFLASH_CUDA_XENT=smem: 1024 threads; smem512: 512). One block per row
- * again, each thread on the same pieces (j = thread x step + k x THREADS x step) in the same
- * order through the same xent_scan / xent_grad, but pass 1 also copies the row's first S
- * elements (S % 8 == 0 or S == V; the launcher's dynamic shared memory, up to the device's
- * opt-in limit: 116,032 of Qwen3's 151,936 on an H100/H200) into shared memory, and pass 2
- * takes them from there. Only the rest, j >= S, is read twice: those are each thread's last
- * reads of pass 1 and its first of pass 2, so they should still be in L2; pass 1 reads the
- * shared part with the evict-first hint (__ldcs: no later global read of it) to leave L2 to
- * the rest. A row that does not fit leaves room for one block per SM, so each block keeps
- * XENT_SMEM_BYTES_IN_FLIGHT in flight: U loads per thread, issued before any of them is used.
- * With 512 threads every sum is added in the order of k_xent_rows, so every output is bit for
- * bit the same. With 1024 the max, the argmax (ties to the first index: the smallest index of
- * the largest value, whatever the partition) and each dlogit's formula are the same, but the
- * fp32 sum-exp t.s is added in another order (another partition of the row over threads):
- * the loss and gs = g / t.s may differ by a few fp32 ulps, so a dlogit may round to the
- * neighbouring bf16 where it lies near a rounding boundary. Without dh the launcher keeps
- * k_xent_rows, which then reads each row once. */
-#define XENT_SMEM_BYTES_IN_FLIGHT 65536
-
-/* A raw piece of a row: 8 bf16 (VEC) or 1 (its bits in .x). */
-template <bool VEC> __device__ __forceinline__ uint4 xent_raw_load(const bf16 *p, bool once) {
-    uint4 q;
-    if (VEC)
-        q = once ? __ldcs(reinterpret_cast<const uint4 *>(p))
-                 : *reinterpret_cast<const uint4 *>(p);
-    else
-        q.x = *reinterpret_cast<const unsigned short *>(p);
-    return q;
-}
-
-template <bool VEC> __device__ __forceinline__ void xent_raw_store(bf16 *p, uint4 q) {
-    if (VEC)
-        *reinterpret_cast<uint4 *>(p) = q;
-    else
-        *reinterpret_cast<unsigned short *>(p) = (unsigned short)q.x;
-}
-
-template <bool VEC> __device__ __forceinline__ void xent_unpack(uint4 q, float x[8]) {
-    if (VEC) {
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&q);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float2 t = __bfloat1622float2(h[k]);
-            x[2 * k] = t.x, x[2 * k + 1] = t.y;
-        }
-    } else {
-        x[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)q.x));
-    }
-}
-
-template <bool VEC, int THREADS>
-__global__ void __launch_bounds__(THREADS)
-    k_xent_rows_smem(bf16 *logits, int V, int S, int r0, const int32_t *labels,
-                     const float *weights, int32_t *correct, float *out_sums, float inv_norm) {
-    extern __shared__ uint4 xent_row[]; /* the row's first S elements */
-    constexpr int step = VEC ? 8 : 1, stride = THREADS * step;
-    constexpr int U = XENT_SMEM_BYTES_IN_FLIGHT / (THREADS * 16);
-    bf16 *Ls = reinterpret_cast<bf16 *>(xent_row);
-    int i = blockIdx.x, r = r0 + i, j0 = threadIdx.x * step;
-    bf16 *L = logits + (size_t)i * V;
-    msi v = {-INFINITY, 0.0f, 0x7fffffff};
-    for (int jb = j0; jb < V; jb += U * stride) {
-        uint4 q[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int j = jb + u * stride;
-            if (j < V) q[u] = xent_raw_load<VEC>(L + j, j < S);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int j = jb + u * stride;
-            if (j < V) {
-                float x[8];
-                if (j < S) xent_raw_store<VEC>(Ls + j, q[u]);
-                xent_unpack<VEC>(q[u], x);
-                xent_scan<VEC>(x, j, v);
-            }
-        }
-    }
-    msi t = block_msi(v);
-    int lab = labels[r];
-    float w = weights[r];
-    if (threadIdx.x == 0)
-        xent_row_loss(t, r, lab, w, L, correct, out_sums);
-    __syncthreads(); /* L[lab] is read before any thread overwrites it */
-    float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
-    /* the rest first (from L2, U loads in flight), then the shared part */
-    int jr = j0 + (S > j0 ? (S - j0 + stride - 1) / stride * stride : 0);
-    for (int jb = jr; jb < V; jb += U * stride) {
-        uint4 q[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int j = jb + u * stride;
-            if (j < V) q[u] = xent_raw_load<VEC>(L + j, false);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int j = jb + u * stride;
-            if (j < V) {
-                float x[8];
-                xent_unpack<VEC>(q[u], x);
-                xent_grad<VEC>(x, j, lab, g, gs, mx);
-                xent_store<VEC>(L + j, x);
-            }
-        }
-    }
-    for (int j = j0; j < S; j += stride) {
-        float x[8];
-        xent_unpack<VEC>(xent_raw_load<VEC>(Ls + j, false), x);
-        xent_grad<VEC>(x, j, lab, g, gs, mx);
-        xent_store<VEC>(L + j, x);
+        for (int e = 0; e < step; e++)
+            x[e] = g > 0.0f ? exp2f(fmaf(x[e], XENT_LOG2E, -mx)) * gs - (j + e == lab ? g : 0.0f)
+                            : 0.0f;
+        if (VEC)
+            store8(L + j, x);
+        else
+            L[j] = __float2bfloat16(x[0]);
     }
 }
 
@@ -1582,52 +1437,6 @@ __global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0) 
     if (threadIdx.x == 0) out[r0 + blockIdx.x] = t.i;
 }
 
-/* DFLASH_CUDA_XENT: unset, empty or "rows" the two-read kernel k_xent_rows (the default until
- * the one-read one is timed on the H200); "smem" or "smem512" k_xent_rows_smem with 1024 or 512
- * threads. Another value is a configuration error: a message and exit. */
-enum { XENT_ROWS, XENT_SMEM, XENT_SMEM512 };
-static const char *const xent_names[] = {"rows", "smem", "smem512"};
-
-static int xent_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("DFLASH_CUDA_XENT");
-        for (int k = 0; k < 3 && mode < 0; k++)
-            if (!e || !*e || !strcmp(e, xent_names[k])) mode = k;
-        if (mode < 0) {
-            fprintf(stderr, "%s:%d: DFLASH_CUDA_XENT=%s is no softmax kernel\n", __FILE__,
-                    __LINE__, e);
-            fprintf(stderr, "hint: rows (the default), smem or smem512\n");
-            exit(2);
-        }
-    }
-    return mode;
-}
-
-/* Queues k_xent_rows_smem on rows [r0, r0 + n) of the chunk with as much of a row in dynamic
- * shared memory as the device's opt-in limit leaves beside the kernel's static shared memory
- * (queried at the first call); returns the elements per row kept there. */
-template <bool VEC, int THREADS>
-static int xent_smem_launch(nn_ctx *c, bf16 *logits, int V, int n, int r0, const int32_t *labels,
-                            const float *weights, int32_t *correct, float *out_sums,
-                            float inv_norm) {
-    auto k = k_xent_rows_smem<VEC, THREADS>;
-    if (!c->smem_optin)
-        CUDA_CHECK(cudaDeviceGetAttribute(&c->smem_optin,
-                                          cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
-    cudaFuncAttributes fa;
-    CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
-    assert((size_t)c->smem_optin > fa.sharedSizeBytes + 16);
-    size_t room = ((size_t)c->smem_optin - fa.sharedSizeBytes) / 16 * 16;
-    int S = (size_t)V * sizeof(bf16) <= room ? V : (int)(room / 16 * 8);
-    size_t bytes = ((size_t)S * sizeof(bf16) + 15) / 16 * 16;
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    k<<<n, THREADS, bytes, c->stream>>>(logits, V, S, r0, labels, weights, correct, out_sums,
-                                        inv_norm);
-    CUDA_CHECK_LAUNCH();
-    return S;
-}
-
 static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *correct,
                             const nn_buf *h, const nn_buf *W, const int32_t *labels,
                             const float *weights, float inv_norm, nn_buf *scratch, int Q, int D,
@@ -1637,25 +1446,10 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
     bf16 *logits = (bf16 *)scratch;
     const bf16 *hb = (const bf16 *)h;
     const bool vec = V % 8 == 0 && vec_ok(scratch, scratch, scratch);
-    int mode = xent_mode();
-    if (!dh) mode = XENT_ROWS; /* without dh k_xent_rows reads each row once already */
-    c->xent_last = mode, c->xent_last_smem = 0;
     for (int r0 = 0; r0 < Q; r0 += chunk) {
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 0, 0.0f);
-        if (mode == XENT_SMEM)
-            c->xent_last_smem =
-                vec ? xent_smem_launch<true, 1024>(c, logits, V, n, r0, labels, weights, correct,
-                                                   out_sums, inv_norm)
-                    : xent_smem_launch<false, 1024>(c, logits, V, n, r0, labels, weights,
-                                                    correct, out_sums, inv_norm);
-        else if (mode == XENT_SMEM512)
-            c->xent_last_smem =
-                vec ? xent_smem_launch<true, XENT_THREADS>(c, logits, V, n, r0, labels, weights,
-                                                           correct, out_sums, inv_norm)
-                    : xent_smem_launch<false, XENT_THREADS>(c, logits, V, n, r0, labels,
-                                                            weights, correct, out_sums, inv_norm);
-        else if (vec)
+        if (vec)
             k_xent_rows<true><<<n, XENT_THREADS, 0, c->stream>>>(
                 logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
         else
@@ -1665,11 +1459,6 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
         if (dh)
             lt_matmul(c, 0, 0, D, n, V, W, D, logits, V, (bf16 *)dh + (size_t)r0 * D, D, 0, 0.0f);
     }
-}
-
-extern "C" const char *nn_cuda_xent_last(const nn_ctx *c, int *row_smem) {
-    if (row_smem) *row_smem = c->xent_last_smem;
-    return c->xent_last < 0 ? NULL : xent_names[c->xent_last];
 }
 
 static void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn_buf *W,
@@ -2012,7 +1801,6 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     if (!c) return NULL;
     c->device = device;
     c->tune = lt_tune_env();
-    c->xent_last = -1;
     if (cudaSetDevice(device) != cudaSuccess ||
         !streams_new(c) ||
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||

@@ -35,10 +35,6 @@ nn_ctx *nn_cuda_new(int device);
 void nn_cuda_destroy(nn_ctx **c);
 /* The context's main cudaStream_t, as void * so that C callers need no CUDA headers. */
 void *nn_cuda_stream(nn_ctx *c);
-/* For checks: the softmax kernel of the context's last lm_head_xent ("rows", "smem" or "smem512",
- * ops_cuda.cu DFLASH_CUDA_XENT; NULL before any) and, in *row_smem when not NULL, the elements of
- * each row that it kept in shared memory (0 for rows). */
-const char *nn_cuda_xent_last(const nn_ctx *c, int *row_smem);
 
 #ifdef __cplusplus
 }

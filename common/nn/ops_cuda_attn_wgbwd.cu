@@ -96,18 +96,6 @@
  * block; dV, dK MN-major, LBO the block distance, 2048 bytes per k16 step): the unswizzled box's
  * 16-byte rows fetched every 32-byte sector twice (L2 throughput 66% -> 52%, -3%; NOTES section
  * "Block backward: swizzled tiles, bulk split ends"). DFLASH_CUDA_ATTN_PP=1: PP unswizzled.
- * PP3 (DFLASH_CUDA_ATTN_PP=3; the sorted schedule, pieces of at most WLIST3 blocks, else PP):
- * PP's SW kernel with 3 stages of Q, dO, D, lse (bar[0 .. 2]; visit done bar[3 + p], dS^T in
- * bar[5 + p]): warpgroup 1 loads visit i + 2 where PP loads visit i + 1 (into visit i - 1's
- * stage, once that visit is done), so the loads have a visit longer to land before the leading
- * warpgroup needs them (PP's leading warpgroup found 43% of its stages incomplete: 8.6% of the
- * stall samples); a piece's end waits for its dQ reductions to have read their staging, not for
- * the adds (DFLASH_CUDA_ATTN_END=full: for the adds). The third stage (+32.5 KB) takes the room
- * of PP's 16 KB list (WLIST3 = 160 blocks, 1.25 KB: sorted pieces are at most 2 x 80 blocks
- * long by default) and its pairs' dQ staging beyond the 8 warp boxes; it has no static shared
- * memory (ptxas pads any to 1 KB), so its barriers, work slot and list counters sit in the
- * dynamic block's tail and attn_split_finish votes its ticket (VOTE). ptxas: 250 registers, no
- * spills (PP: 255 with 24 bytes of stack; PP3 has no grid-order path).
  * Keys no row of the block sees (block-key tiles: 16 of 128 per visit; keys past Tk) are
  * computed and masked (P 0), never skipped: a branch around wgmma in flight serialises them.
  * Shared memory (d 128), the wgmma tiles in no-swizzle core matrices (wgmma.cuh; PP's Q, dO
@@ -116,9 +104,8 @@
  * column-major core matrices: 16-byte column c of row r at byte c QCOL + 16 r, as one tensor
  * copy writes it), dS^T 16 KB (PIPE, PP: 2 buffers), the 4 warp pairs' dQ staging (34 KB; PP:
  * the 8 warps' boxes, 4 KB each, at 1024-byte alignment for the swizzle), 2 stages of D and
- * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB; PP3 226.9 KB, above). At the end K, V
- * and the Q stages serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at
- * the Q stages);
+ * lse, the visit list (16 KB): 195 KB (PIPE, PP 211 KB). At the end K, V and the Q stages
+ * serve as the row-major staging of dk, dv (stride D + 8, so dk at K and dv at the Q stages);
  * a split piece (nsplit > 1) stages its fp32 partials over K, V, the Q, dO stages and dS^T
  * (rows of 4 D + 16 bytes) and adds them into acc by one bulk reduction per key row and plane
  * (wgb_split_out), instead of float4 atomics whose queue stalled the warps
@@ -155,15 +142,6 @@
 
 #define WLIST WGB_LIST /* the most blocks of a piece's visit list (wgb_list) */
 
-/* PP3 (3 stages of Q, dO, D, lse; see the file comment): the most blocks of its visit list, which
- * takes the room the third stage leaves (pieces of the sorted schedule are at most 2 x 80 blocks
- * long by default: cuda_bwd_attention_block_bwd); longer pieces run PP with 2 stages. PP3 has no
- * static shared memory (ptxas pads it to 1 KB beside the 1024-byte-aligned dynamic block, and
- * PP3 needs that room): its barriers, work slot and list counters are the last WTAIL3 bytes of
- * the dynamic block. */
-#define WLIST3 160
-#define WTAIL3 128
-
 #define QCOL (FROWS * 16) /* bytes of one 16-byte column of a visit's Q or dO tile */
 
 /* The tensor maps of q and dout ([Q, H, D] bf16) for the visits' tensor-copy loads. on 2: dims
@@ -174,9 +152,8 @@
 struct wgb_maps {
     CUtensorMap q, dout, dq;
     int on;
-    int dq_on;    /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
-    int sw;       /* 1: q, dout by 128-byte-swizzled maps (on 2; PP's SW tiles, wgb_maps_make) */
-    int end_read; /* PP3: a piece's end waits for its dQ reductions' reads only (else done) */
+    int dq_on; /* dq: the map of dqacc for PP's dQ reductions per warp (wgb_dq_map_make) */
+    int sw;    /* 1: q, dout by 128-byte-swizzled maps (on 2; PP's SW tiles, wgb_maps_make) */
 };
 
 /* fp32 of a warp pair's dQ staging (16 rows x D, 8 words after each query token's rows) */
@@ -184,14 +161,11 @@ template <int D> __host__ __device__ static constexpr int wgb_pair_w(void) {
     return 16 * D + 16 * 8;
 }
 
-/* Shared-memory bytes for head dim D and NST stages of Q, dO, D, lse (see the file comment for
- * the order; NST 3: PP3, the 8 warps' dQ boxes of 4 KB and a list of WLIST3 blocks). */
-template <int D, bool PIPE, int NST = 2>
-__host__ __device__ static constexpr size_t wgb_smem(void) {
-    return (size_t)(2 * WKT + 2 * NST * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
-           (NST == 3 ? (size_t)8 * 4096 : (size_t)4 * wgb_pair_w<D>() * sizeof(float)) +
-           (size_t)2 * NST * FROWS * sizeof(float) +
-           (NST == 3 ? (size_t)WLIST3 * sizeof(int2) + WTAIL3 : (size_t)WLIST * sizeof(int2));
+/* Shared-memory bytes for head dim D (see the file comment for the order). */
+template <int D, bool PIPE> static constexpr size_t wgb_smem(void) {
+    return (size_t)(2 * WKT + 4 * FROWS) * D * 2 + (size_t)(PIPE ? 2 : 1) * WKT * FROWS * 2 +
+           (size_t)4 * wgb_pair_w<D>() * sizeof(float) + (size_t)4 * FROWS * sizeof(float) +
+           (size_t)WLIST * sizeof(int2);
 }
 
 /* bar.sync on named barrier id (1 .. 15; 0 is __syncthreads) for n threads (whole warps) */
@@ -274,16 +248,17 @@ __device__ __forceinline__ void wgb_visit_load(const bwd_args &a, const wgb_maps
 }
 
 /* A piece's visit list: of the blocks from blk0 on, below b_end, those that see keys
- * [k0, k0 + WKT) (attn_block_hits), in block order, the first min(lim, cap): lst[e] = {blk,
+ * [k0, k0 + WKT) (attn_block_hits), in block order, the first min(lim, WLIST): lst[e] = {blk,
  * keys}, keys the block's (up to two) key ranges [lo, hi) in the tile, counted from k0 and
  * clipped to the tile and to Tk, one byte each (lo0 | hi0 << 8 | lo1 << 16 | hi1 << 24). Returns
- * the number listed. All threads (256), cnt 8 ints of shared memory; rounds of a.list_round <=
- * 256 blocks (one per thread), two CTA barriers each. */
+ * the number listed. All threads (256); rounds of a.list_round <= 256 blocks (one per thread),
+ * two CTA barriers each. */
 __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int b_end, int lim,
-                                        int cap, int2 *lst, int *cnt) {
+                                        int2 *lst) {
     static_assert(WKT < 256, "key offsets in one byte");
+    __shared__ int cnt[8];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    lim = min(lim, cap);
+    lim = min(lim, WLIST);
     int n = 0;
     for (int b0 = blk0; b0 < b_end && n < lim; b0 += a.list_round) { /* uniform */
         const int blk = b0 + tid;
@@ -321,7 +296,7 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
  * makes it visible before attn_split_finish takes the ticket (the last piece converts). Replaces
  * the 2 D / 8 float4 atomics per thread of dkdv_tile_out, whose queue stalled the warps (5% of
  * the stall samples). All threads (2 WKT); stg free, 2 WKT WRS bytes. */
-template <int D, bool VOTE>
+template <int D>
 __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&dk)[D / 8][4],
                                               const float (&dv)[D / 8][4], unsigned char *stg,
                                               int nsplit, int k0, int hk, int *ticket) {
@@ -345,7 +320,7 @@ __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&d
         asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
     }
-    attn_split_finish<D, VOTE>(a.acc, plane, ticket, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv);
+    attn_split_finish<D>(a.acc, plane, ticket, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk, a.dv);
 }
 
 /* One piece of one key tile (see the file comment): keys k0 .. k0 + WKT - 1 of kv head hk, the
@@ -353,10 +328,10 @@ __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&d
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, bool PP, bool SW, int NST>
+template <int D, bool PIPE, bool PP, bool SW>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
-                                          uint64_t *bar, int *cnt, uint32_t &ph, int hk, int k0,
-                                          int z, int nsplit, int h_lo, int h_hi, int *ticket) {
+                                          uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
+                                          int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
     static_assert(8 * 4096 <= 4 * wgb_pair_w<D>() * sizeof(float), "dq_out_tma's boxes fit");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
@@ -371,7 +346,6 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * (wg_desc_sw128): K-major LBO unused, SBO 1024; MN-major LBO the block distance, SBO 1024,
      * k16 step 16 rows */
     static_assert(!SW || PP, "the swizzled tiles come by PP's tensor copies");
-    static_assert(NST == 2 || (NST == 3 && PP), "3 stages: PP3 only");
     constexpr int QSTEP_TS = SW ? 16 * 128 / 16 : QSTEP_T;
     auto q_kmaj = [](const unsigned char *t) {
         return SW ? wg_desc_sw128(t, 16, 1024) : wg_desc(t, QLBO_K, QSBO_K);
@@ -386,12 +360,12 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         else
             wg_issue_s<D, FROWS, QSTEP_K>(s, dA, q_kmaj(t));
     };
-    unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + NST * QT;
-    unsigned char *dS = dOs + NST * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
+    unsigned char *Ks = sm, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * QT;
+    unsigned char *dS = dOs + 2 * QT; /* dS^T (PIPE: 2 buffers): key group x row group */
     constexpr int PW = wgb_pair_w<D>();
     float *stg_all = (float *)(dS + (PIPE ? 2 : 1) * DSB);
-    float *Dr = stg_all + (NST == 3 ? 8 * 1024 : 4 * PW), *Lr = Dr + NST * FROWS;
-    int2 *lst = (int2 *)(Lr + NST * FROWS); /* the visit list (wgb_list) */
+    float *Dr = stg_all + 4 * PW, *Lr = Dr + 2 * FROWS;
+    int2 *lst = (int2 *)(Lr + 2 * FROWS); /* the visit list (wgb_list) */
     /* wg through a shuffle: the compiler then knows it is warp-uniform (descriptors in uniform
      * registers) */
     const int warp = threadIdx.x / 32, wg = __shfl_sync(0xffffffffu, warp / 4, 0), wq = warp % 4;
@@ -650,17 +624,13 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         prev = it, prev_rows = nrows;
         it = nx;
     };
-    /* PP's visit i: no CTA barrier; mbarriers bar[st] (Q, dO, D, lse of the stage st = i % NST),
-     * bar[NST + p] (all threads are done with visit i, p = i % 2: its stage and the dS^T buffer
-     * its dQ read are free), bar[NST + 2 + p] (all threads' dS^T of visit i is in buffer p).
-     * Warpgroup 1 loads, once visit i - 1 is done, visit i + 1 into its stage (NST 2), or visit
-     * i + 2 (PP3: visit i + 1 came in during visit i - 1, so its loads have a visit longer to
-     * land). dQ of visit i - 1 ends the visit (for i = 0 one of buffer 1 that goes nowhere, as
-     * in step). Ends with no wgmma in flight. */
-    constexpr int BD = NST, BS = NST + 2; /* the first done and dS^T-in barriers */
+    /* PP's visit i: no CTA barrier; mbarriers bar[st] (Q, dO, D, lse of the stage), bar[2 + p]
+     * (all threads are done with visit i, i % 2 = p: its stage and the dS^T buffer its dQ read
+     * are free), bar[4 + p] (all threads' dS^T of visit i is in buffer p). dQ of visit i - 1
+     * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
+     * wgmma in flight. */
     auto step_pp = [&](int i) {
-        const int st = __shfl_sync(0xffffffffu, i % NST, 0);
-        const int p = NST == 2 ? st : __shfl_sync(0xffffffffu, i % 2, 0);
+        const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         mb_wait(bar + st, (ph >> st) & 1);
         ph ^= 1u << st;
         const int nrows = FROWS; /* PP runs only where visits have no padding rows */
@@ -673,38 +643,28 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         bool kvis[2];
         visit_keys(kvis);
         const visit_item nx = next_visit();
-        const int vp = BD + (1 - p); /* bar[vp]: visit i - 1 is done */
-        if constexpr (NST == 2) {
-            if (wg == 1 && nx.blk >= 0) {
-                if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
-                wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
-                                        Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
-            }
-        } else if (wg == 1) { /* visit i + 2 into visit i - 1's stage */
-            const visit_item ld = next_of(nx);
-            const int ls = (st + 2) % 3;
-            if (ld.blk >= 0) {
-                if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
-                wgb_visit_load<D, true>(a, m, ld, hk, Qs + ls * QT, dOs + ls * QT, Dr + ls * FROWS,
-                                        Lr + ls * FROWS, bar + ls);
-            }
+        const int vp = 2 + (1 - st); /* bar[vp]: visit i - 1 is done */
+        if (wg == 1 && nx.blk >= 0) {
+            if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1); /* its stage is free */
+            wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
+                                    Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
         }
         uint32_t pa[NT / 2][4], da[NT / 2][4];
         dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
-        if (i > 0) { /* buffer p: dQ of visit i - 2 (in visit i - 1) is done */
+        if (i > 0) { /* buffer st: dQ of visit i - 2 (in visit i - 1) is done */
             mb_wait(bar + vp, (ph >> vp) & 1);
             ph ^= 1u << vp;
         }
-        ds_store(dp, p);
-        mb_arrive(bar + BS + p);
+        ds_store(dp, st);
+        mb_arrive(bar + 4 + st);
         if (i > 0) { /* dS^T of visit i - 1 is in */
-            mb_wait(bar + BS + 1 - p, (ph >> (BS + 1 - p)) & 1);
-            ph ^= 1u << (BS + 1 - p);
+            mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
+            ph ^= 1u << (5 - st);
         }
         wg_fence();
-        issue_dq(dp, 1 - p); /* dQ of visit i - 1, in dS^T's registers */
+        issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
         wg_wait<0>();
-        mb_arrive(bar + BD + p); /* visit i is done (dq_out needs none of its buffers) */
+        mb_arrive(bar + 2 + st); /* visit i is done (dq_out needs none of its buffers) */
         wg_pin_all(dv);
         wg_pin_all(dk);
         wg_pin_u(pa);
@@ -716,18 +676,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     };
     /* the piece's visits; the list of the next WLIST blocks when the last one is used up (one
      * list for pieces of WLIST blocks or fewer), its first visit's loads into the next stage */
-    nlst = h_lo < h_hi
-               ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, NST == 3 ? WLIST3 : WLIST, lst, cnt)
-               : 0;
+    nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, lst) : 0;
     if (nlst > 0) {
         it = visit_item{lst[0].x, 0, 0};
         if (!PP || wg == 1) wgb_visit_load<D, PP>(a, m, it, hk, Qs, dOs, Dr, Lr, bar);
-        if (NST == 3 && wg == 1) { /* and the second visit's into stage 1 */
-            const visit_item v1 = next_of(it);
-            if (v1.blk >= 0)
-                wgb_visit_load<D, true>(a, m, v1, hk, Qs + QT, dOs + QT, Dr + FROWS, Lr + FROWS,
-                                        bar + 1);
-        }
         cp_commit();
     }
     int i = 0;
@@ -739,9 +691,9 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             step_pp(i);
         if (i > 0) {
             const int lb = (i - 1) % 2;
-            mb_wait(bar + BS + lb, (ph >> (BS + lb)) & 1); /* dS^T of the last visit is in */
-            ph ^= 1u << (BS + lb);
-            ph ^= 1u << (BD + lb); /* bar[BD + lb]: complete at the barrier below, never waited */
+            mb_wait(bar + 4 + lb, (ph >> (4 + lb)) & 1); /* dS^T of the last visit is in */
+            ph ^= 1u << (4 + lb);
+            ph ^= 1u << (2 + lb); /* bar[2 + lb]: complete at the barrier below, never waited */
         }
     } else {
         for (; it.blk >= 0; i++)
@@ -756,12 +708,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         dq_out(dq, prev, prev_rows);
     }
     cp_wait_all(); /* K, V of a CTA without visits may still be landing: staging reuses them */
-    /* the dQ reductions: nothing in this kernel reads dqacc, so PP3 waits for the reads of their
-     * staging alone (m.end_read), not for the adds (an L2 round trip on each piece's end) */
-    if (NST == 3 && m.end_read)
-        bulk_wait_read();
-    else
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < D / 8; j++) /* dS^T was left unscaled */
@@ -770,68 +717,53 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             dk[j][e] *= a.scale;
     static_assert(2 * WKT * (4 * D + 16) <= 2 * TILE + 4 * QT + DSB, "wgb_split_out's staging");
     if (nsplit > 1 && a.split_bulk)
-        wgb_split_out<D, NST == 3>(a, dk, dv, sm, nsplit, k0, hk, ticket);
+        wgb_split_out<D>(a, dk, dv, sm, nsplit, k0, hk, ticket);
     else
-        dkdv_tile_out<D, NST == 3>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk,
-                                   a.dk, a.dv, a.acc, ticket);
+        dkdv_tile_out<D>(dk, dv, (bf16 *)Ks, (bf16 *)Qs, nsplit, k0, WKT, a.Tk, a.Hk, hk, a.dk,
+                         a.dv, a.acc, ticket);
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
 /* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
  * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
  * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, bool PP, bool SW, int NST = 2>
+template <int D, bool PIPE, bool PP, bool SW>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
     extern __shared__ __align__(1024) unsigned char sm[];
-    /* [0, NST): the Q, dO stages' tensor copies (one arrival per warp; PP: 2 tensor copies and
-     * 64 cp.async arrivals for D, lse); PP also [NST, NST + 1] visit done and [NST + 2, NST + 3]
-     * dS^T in (step_pp). Then the work slot and wgb_list's counters; PP3: in the dynamic block's
-     * tail (WTAIL3) */
-    uint64_t *bar;
-    int *s_work;
-    if constexpr (NST == 3) {
-        static_assert(8 * (NST + 4) + 4 * 9 <= WTAIL3, "PP3's tail");
-        bar = (uint64_t *)(sm + wgb_smem<D, true, 3>() - WTAIL3);
-        s_work = (int *)(bar + NST + 4);
-    } else {
-        __shared__ uint64_t sbar[NST + 4];
-        __shared__ int swork[9];
-        bar = sbar, s_work = swork;
-    }
-    int *cnt = s_work + 1;
+    /* [0, 1]: the Q, dO stages' tensor copies (one arrival per warp; PP: 2 tensor copies and 64
+     * cp.async arrivals for D, lse); PP also [2, 3] visit done and [4, 5] dS^T in (step_pp) */
+    __shared__ uint64_t bar[6];
     uint32_t ph = 0; /* bit b: the parity of bar[b]'s next phase to wait for */
     if (threadIdx.x == 0) {
-        for (int b = 0; b < NST; b++)
-            mb_init(bar + b, PP ? 66 : 8);
-        for (int b = NST; b < NST + 4; b++)
+        mb_init(bar, PP ? 66 : 8), mb_init(bar + 1, PP ? 66 : 8);
+        for (int b = 2; b < 6; b++)
             mb_init(bar + b, 256);
         mb_init_fence();
     }
     __syncthreads();
     const int nx = (a.Tk + WKT - 1) / WKT;
-    if constexpr (NST == 3) { /* PP3 runs the sorted schedule alone (its helpers' statics) */
-        if (a.by_block != BWD_PIECES_SORTED) return;
-    } else if (a.by_block != BWD_PIECES_SORTED) {
+    if (a.by_block != BWD_PIECES_SORTED) {
         const int hk = blockIdx.y, k0 = blockIdx.x * WKT;
         int nsplit, h_lo, h_hi;
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE, PP, SW, NST>(a, m, sm, bar, cnt, ph, hk, k0, blockIdx.z, nsplit,
-                                            h_lo, h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
+            wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
+                                       h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
+    __shared__ int s_work;
     for (;;) {
-        if (threadIdx.x == 0) *s_work = atomicAdd(a.work, 1);
+        if (threadIdx.x == 0) s_work = atomicAdd(a.work, 1);
         __syncthreads(); /* also: all threads are done with the previous piece */
-        const int w = *s_work;
+        const int w = s_work;
         if (w >= a.work[1] * a.Hk) break; /* uniform */
         const bwd_item it = a.items[w / a.Hk];
         const int hk = w % a.Hk;
-        wgb_piece<D, PIPE, PP, SW, NST>(a, m, sm, bar, cnt, ph, hk, it.x * WKT, it.z, it.nsplit,
-                                        it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
+        wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
+                                   it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
     (void)a, (void)m;
@@ -904,7 +836,6 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
 /* ------------------------------------------------------------------------------------------ */
 
 static int g_wgb_ready; /* 1: the kernel's limit is set and the device runs sm_90a code */
-static int g_wgb_pp3;   /* 1: PP3's limit is set too (its shared memory fits) */
 
 static wg_encode_fn g_encode; /* wg_tensor_map_encoder's; NULL: no tensor copies */
 
@@ -998,7 +929,7 @@ static void wgb_maps_make(const bwd_args *a, wgb_maps *m, int sw) {
 }
 
 int cuda_wgb_attention_init(void) {
-    g_wgb_ready = 0, g_wgb_pp3 = 0;
+    g_wgb_ready = 0;
     if (!wg_device_runs_sm90a()) return 0;
     g_encode = wg_tensor_map_encoder(); /* NULL: the visits load by cp.async */
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
@@ -1012,9 +943,6 @@ int cuda_wgb_attention_init(void) {
         return 0;
     }
     g_wgb_ready = 1;
-    g_wgb_pp3 = cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 3>, lim,
-                                     (int)wgb_smem<128, true, 3>()) == cudaSuccess;
-    if (!g_wgb_pp3) (void)cudaGetLastError(); /* PP with 2 stages serves */
     return 0;
 }
 
@@ -1051,31 +979,16 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         grid = dim3((unsigned)min(nsm, nx * Z * a->Hk));
     }
     /* DFLASH_CUDA_ATTN_PP: 0 the PIPE kernel where PP could run, 1 PP with the Q, dO tiles in
-     * the core-matrix layout, 2 PP with them 128-byte-swizzled (SW); 3 PP3 (SW, 3 stages, the
-     * pieces' ends waiting for the dQ reductions' reads alone; DFLASH_CUDA_ATTN_END=full: for
-     * their completion, as PP) where its shared memory fits and a piece's blocks fit WLIST3,
-     * else as 2 */
-    static int pp = -1, end_read = -1;
+     * the core-matrix layout; else PP with them 128-byte-swizzled (SW) */
+    static int pp = -1;
     if (pp < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 2;
-        e = getenv("DFLASH_CUDA_ATTN_END");
-        end_read = !(e && strcmp(e, "full") == 0);
+        pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
     }
     wgb_maps m;
-    wgb_maps_make(a, &m, pipe && pp >= 2);
-    m.end_read = end_read;
+    wgb_maps_make(a, &m, pipe && pp == 2);
     constexpr size_t SP = wgb_smem<128, true>();
-    const bool pp3 = pp == 3 && g_wgb_pp3 && len <= WLIST3 && a->by_block == BWD_PIECES_SORTED;
-    static int told;
-    if (pipe && pp == 3 && !(pp3 && m.on == 2 && m.dq_on && m.sw) && !told++)
-        fprintf(stderr,
-                "k_wgb_fused: PP3 does not run here (shared memory %d, piece %d blocks, sorted %d, "
-                "maps %d/%d/%d): PP serves\n",
-                g_wgb_pp3, len, a->by_block == BWD_PIECES_SORTED, m.on, m.dq_on, m.sw);
-    if (pipe && pp3 && m.on == 2 && m.dq_on && m.sw)
-        k_wgb_fused<128, true, true, true, 3><<<grid, 256, wgb_smem<128, true, 3>(), st>>>(b, m);
-    else if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
+    if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
         k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
     else if (pipe && pp && m.on == 2 && m.dq_on)
         k_wgb_fused<128, true, true, false><<<grid, 256, SP, st>>>(b, m);

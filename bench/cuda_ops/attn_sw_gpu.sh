@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # attn_sw_gpu.sh: one device call's worth of checks and timings for the block-attention
-# backward's ping-pong kernel with 128-byte-swizzled Q, dO tiles and split pieces ended by bulk
-# reductions (k_wgb_fused PP with SW, the default) against the unswizzled PP
-# (DFLASH_CUDA_ATTN_PP=1), the atomics end (DFLASH_CUDA_ATTN_SPLIT_OUT=atomics) and main's binary.
+# backward's default kernel (k_wgb_fused, ping-pong, 128-byte-swizzled Q and dO tiles, split
+# pieces ended by bulk reductions) against the unswizzled ping-pong (DFLASH_CUDA_ATTN_PP=1), the
+# atomics end (DFLASH_CUDA_ATTN_SPLIT_OUT=atomics) and a base binary.
 # Usage on the GPU machine: bench/cuda_ops/attn_sw_gpu.sh BIN_DIR [BUDGET_S] [STEPS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/ and COMMIT, optionally
-# base/bench-cuda_ops (main's binary, timed in the same run). STEPS (default "parity ops") lists
-# the groups to run, in order: parity (attention checks per variant and fallback), parity_all
+# base/bench-cuda_ops (e.g. the commit before, timed in the same run). STEPS (default "parity
+# ops") lists the groups to run, in order: parity (attention checks per variant and fallback), parity_all
 # (every check of bench-cuda_parity), ops (`bench-cuda_ops 0 attn`: base and default twice each,
 # atomics twice, PP=1 once), memcheck (default with SPLIT=1 and default, atomics with SPLIT=1),
 # step (`bench-cuda_ops 5 attn`, base and new), ncu (one launch of the default kernel: details in
@@ -66,4 +66,6 @@ for step in $steps; do
     ;;
   esac
 done
-grep -E "^binaries|^=== |FAIL|checks failed|ERROR SUMMARY|^rc |^attention_block_bwd|H200|Duration|Issued|Eligible|Warp Cycles|L2 Cache Throughput|Compute \(SM\)|dflash_train_step|step loss|LDL/STL" "$log"
+grep -E "^binaries|^=== |FAIL|checks failed|ERROR SUMMARY|^rc |^attention_block_bwd|H200|\
+Duration|Issued|Eligible|Warp Cycles|L2 Cache Throughput|Compute \(SM\)|dflash_train_step|\
+step loss|LDL/STL" "$log"

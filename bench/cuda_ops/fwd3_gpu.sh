@@ -3,7 +3,8 @@
 # Q-by-tensor-copy and persistent producer kernels (k_wg_block_tma, ops_cuda_attn_wgmma.cu)
 # against the binary of the commit before. Usage on the GPU machine:
 #   bench/cuda_ops/fwd3_gpu.sh BIN_DIR [BUDGET_S] [STEPS] [NEW] [OTHERS]
-# BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/, COMMIT and base/bench-cuda_ops.
+# BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/, COMMIT and optionally
+# base/bench-cuda_ops (timed in the same run).
 # NEW (default wgt3x64p) is the DFLASH_CUDA_ATTN_BLOCK name under test. STEPS (default "parity
 # ops memcheck step ncu") in order: parity (the attention checks with the default, NEW, NEW on
 # 3 and on 1 CTA (DFLASH_CUDA_ATTN_BLOCK_CTAS: many items per CTA, and the work counter's reset
@@ -46,7 +47,7 @@ for step in $steps; do
     ;;
   ops)
     for i in 1 2; do
-      run ops_base 30 "$BASE" 0 attn
+      [ -x "$BASE" ] && run ops_base 30 "$BASE" 0 attn
       run ops_default 30 "$B" 0 attn
       live "$new" && run "ops_$new" 30 "$V=$new" "$B" 0 attn
     done
@@ -59,7 +60,7 @@ for step in $steps; do
       run "memcheck_$new" 60 "$V=$new" "$N=3" compute-sanitizer --tool memcheck "$P" attn
     ;;
   step)
-    run step_base 45 "$BASE" 5 attn
+    [ -x "$BASE" ] && run step_base 45 "$BASE" 5 attn
     live "$new" && run "step_$new" 45 "$V=$new" "$B" 5 attn
     ;;
   ncu)

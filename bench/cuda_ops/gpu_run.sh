@@ -1,5 +1,6 @@
 # gpu_run.sh: what the device scripts of this folder share; each sources it after setting bin
-# (the carried binaries, with devlibs/), log (its log file) and, optionally, budget (seconds).
+# (the carried binaries, with devlibs/), log (its log file) and, optionally, budget (seconds)
+# and out (the folder for ncu_one's reports; default $OUT, else .).
 # It sets the loader and OpenBLAS environment, empties the log, writes the binaries' commit (from
 # $bin/COMMIT, when there) and the GPU to it and the terminal, names the binaries P
 # (bench-cuda_parity), B (bench-cuda_ops) and BASE ($bin/base/bench-cuda_ops: the binary to
@@ -17,6 +18,7 @@
 # which runs `bench-cuda_parity attn` on each fallback of the block backward (wgmma_seq, mma,
 # cp.async and per-column copies, hits pieces built in list rounds, blocks pieces), one query
 # block per piece (SPLIT=1) where the default split would leave a path untaken.
+out=${out:-${OUT:-.}}
 export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
 : >"$log"

@@ -10,11 +10,11 @@
  * 4*Q*D*V (logits and dh), timed at D 4096 and at D 64 (products nearly free: the softmax pass
  * alone). Usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)]
  * [attn|xent (only the peak GEMM and the attention ops, or the lm_head loss)]. The causal
- * attention rows also time the target's shape (64 sequences of 2048 tokens); the block attention rows three anchor
- * distributions (see bench_attention: the one of the training step is labelled "(step)").
- * The last rows time whole DFlash training steps (dflash_train_step) of a Qwen3-8B-shaped
- * drafter with that many layers (weights random), with the MFU by 6 * params * Q rows plus
- * attention and lm_head FLOPs.
+ * attention rows also time the target's shape (64 sequences of 2048 tokens); the block attention
+ * rows three anchor distributions (see bench_attention: the one of the training step is labelled
+ * "(step)"). The last rows time whole DFlash training steps (dflash_train_step) of a
+ * Qwen3-8B-shaped drafter with that many layers (weights random), with the MFU by 6 * params * Q
+ * rows plus attention and lm_head FLOPs.
  */
 #include "ops.h"
 
@@ -363,7 +363,8 @@ static void bench_step(int layers) {
            "(drafter + target embed/lm_head + features)\n",
            met.loss, met.grad_norm, met.n_blocks, mem_used_gib());
     printf("step FLOPs: 6*Q*(q,k,v,o,gate,up,down params per layer)*layers + 6*T*(fc + ctx k,v) + "
-           "14*H*d per visible (row, key) per layer + 4*Qw*D*V (lm_head on the Qw rows of weight > 0)\n");
+           "14*H*d per visible (row, key) per layer + 4*Qw*D*V (lm_head on the Qw rows of weight > "
+           "0)\n");
     dflash_model_destroy(&m);
     O->free(C, emb), O->free(C, lm), O->free(C, hid);
     free(ids), free(lmask);

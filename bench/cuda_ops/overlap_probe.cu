@@ -4,12 +4,12 @@
  * optimizer (memory-bound, ~7.5 ms of the 3072/512 drafter step) could run on a side stream on
  * a few SMs while the next step's forward runs its matmuls on the rest with cuBLASLt's
  * CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET. This program times, on a board heated by 300 matmuls:
- * an 8192 x 4096 x 24576 bf16 matmul (the MLP's gate|up product) with SM targets 132 (device
- * default), 128, 124, 120, 116, 108; an AdamW-like kernel (fp32 p, g, m, v in, p, m, v and a
- * bf16 copy out: 30 bytes per parameter, 268M parameters) on all SMs and on 8-24 CTAs of 1024
- * threads; 40 matmuls then AdamW in one stream; and 40 matmuls at each SM target beside AdamW
- * on 8-24 CTAs in a second (lower-priority) stream. Not built by CMake:
- *   nvcc -O3 -arch=sm_90 -std=c++17 bench/cuda_ops/overlap_probe.cu -o overlap_probe -lcublasLt
+ * an 8192 x 4096 x 24576 bf16 matmul (the MLP's gate|up product) with SM targets 0 (the device
+ * default: all 132 on the H200), 128, 124, 120, 116, 108; an AdamW-like kernel (fp32 p, g, m, v in,
+ * p, m, v and a bf16 copy out: 30 bytes per parameter, 268M parameters) on all SMs and on 8-24 CTAs
+ * of 1024 threads; 40 matmuls then AdamW in one stream; and 40 matmuls at each SM target beside
+ * AdamW on 8-24 CTAs in a second (lower-priority) stream. Not built by CMake: nvcc -O3 -arch=sm_90
+ * -std=c++17 bench/cuda_ops/overlap_probe.cu -o overlap_probe -lcublasLt
  */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -90,6 +90,11 @@ static matmul make_matmul(int M, int N, int K, int sms) {
     cublasLtMatmulHeuristicResult_t h;
     int got = 0;
     LK(cublasLtMatmulAlgoGetHeuristic(lt, r.op, r.a, r.b, r.c, r.c, pref, 1, &h, &got));
+    LK(cublasLtMatmulPreferenceDestroy(pref));
+    if (got < 1) {
+        printf("no cuBLASLt algorithm for %dx%dx%d at SM target %d\n", M, K, N, sms);
+        exit(1);
+    }
     r.algo = h.algo;
     return r;
 }
@@ -117,6 +122,9 @@ int main() {
     CK(cudaMalloc(&Y, (size_t)M * N * 2));
     fill<<<1024, 256>>>(W, (size_t)N * K, 1);
     fill<<<1024, 256>>>(X, (size_t)M * K, 2);
+    CK(cudaGetLastError());
+    int sms = 0; /* the device's multiprocessors: the matmuls' default target, AdamW's grid */
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     size_t n = 256u << 20, n4 = n / 4;
     float *p, *g, *m, *v;
     __nv_bfloat16 *pb;
@@ -155,9 +163,10 @@ int main() {
                    targets[ti], ms, flop / (ms * 1e-3) / 1e12);
         }
     for (int ctas : {0, 8, 12, 16, 24}) {
-        int blocks = ctas ? ctas : 132 * 4, threads = ctas ? 1024 : 512;
+        int blocks = ctas ? ctas : sms * 4, threads = ctas ? 1024 : 512;
         CK(cudaEventRecord(e0, s1));
         adamw_like<<<blocks, threads, 0, s1>>>(p, pb, g, m, v, n4);
+        CK(cudaGetLastError());
         CK(cudaEventRecord(e1, s1));
         float ms = elapsed(e0, e1);
         printf("adamw alone, %d CTAs x %d: %.3f ms, %.2f TB/s\n", blocks, threads, ms,
@@ -168,17 +177,19 @@ int main() {
         CK(cudaEventRecord(e0, s0));
         for (int i = 0; i < R; i++)
             run_matmul(mms[0], W, X, Y, s0);
-        adamw_like<<<132 * 4, 512, 0, s0>>>(p, pb, g, m, v, n4);
+        adamw_like<<<sms * 4, 512, 0, s0>>>(p, pb, g, m, v, n4);
+        CK(cudaGetLastError());
         CK(cudaEventRecord(e1, s0));
         printf("serial: %d matmuls (all SMs) + adamw: %.3f ms\n", R, elapsed(e0, e1));
     }
     for (size_t ti = 1; ti < mms.size(); ti++)
         for (int ctas : {8, 12, 16, 24}) {
-            if (targets[ti] + ctas > 140) continue;
+            if (targets[ti] + ctas > sms + 8) continue;
             heat();
             CK(cudaEventRecord(e0, s0));
             CK(cudaStreamWaitEvent(s1, e0, 0));
             adamw_like<<<ctas, 1024, 0, s1>>>(p, pb, g, m, v, n4);
+            CK(cudaGetLastError());
             CK(cudaEventRecord(e2, s1));
             for (int i = 0; i < R; i++)
                 run_matmul(mms[ti], W, X, Y, s0);
@@ -190,5 +201,5 @@ int main() {
                    "done %.3f, adamw done %.3f)\n",
                    targets[ti], ctas, total, mm_done, ad_done);
         }
-    return 0;
+    return 0; /* the process's exit releases the device memory and handles */
 }

@@ -564,7 +564,7 @@ static void train_steps_queued(dflash_model *inorder, dflash_model *queued,
     dflash_metrics met;
     dflash_train_cfg tc = *tc0;
     tc.lr = 2e-2, tc.warmup_ratio = 0.0;
-    float li[STEPS], lq[STEPS], ni[STEPS], nq[STEPS];
+    float li[STEPS] = {0}, lq[STEPS] = {0}, ni[STEPS] = {0}, nq[STEPS] = {0};
     int got = 0;
     for (int k = 0; k < STEPS; k++) {
         if (dflash_train_step(inorder, &tc, vg, 1, 20, &met)) {
@@ -718,6 +718,10 @@ int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL; /* attn, loss or optim: that group alone */
     int all = !only, do_attn = all || !strcmp(only, "attn");
     int do_loss = all || !strcmp(only, "loss"), do_optim = all || !strcmp(only, "optim");
+    if (!all && !do_attn && !do_loss && !do_optim) {
+        fprintf(stderr, "usage: %s [attn|loss|optim]: unknown group '%s'\n", argv[0], only);
+        return 2;
+    }
     const char *attn = getenv("DFLASH_CUDA_ATTN");
     printf("attention kernels: %s\n",
            attn && strcmp(attn, "simple") == 0    ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"

@@ -20,12 +20,12 @@
 
 /* DFLASH_CUDA_ATTN: unset, empty or "fused" (any unknown value too): the mma.sync forwards
  * (ops_cuda_attn_mma.cu; each after the wgmma kernel of ops_cuda_attn_wgmma.cu, which
- * DFLASH_CUDA_ATTN_CAUSAL and DFLASH_CUDA_ATTN_BLOCK select or turn off) and the fused block backward of
- * ops_cuda_attn_bwd.cu (the mma.sync pair where it does not apply); "mma": the mma.sync kernels
- * for all three ops (dq and dk/dv as two kernels, the default before the fused one); "mma_dq":
- * mma.sync forwards and dq, WMMA dk/dv, to bisect; "tc_wmma": the WMMA kernels for everything;
- * "tc_sync": WMMA with plain tile loads; "tc_v1": WMMA with the unsplit dk/dv; "tc_nod": WMMA
- * split without the saved D; "simple": CUDA cores only. */
+ * DFLASH_CUDA_ATTN_CAUSAL and DFLASH_CUDA_ATTN_BLOCK select or turn off) and the fused block
+ * backward of ops_cuda_attn_bwd.cu (the mma.sync pair where it does not apply); "mma": the mma.sync
+ * kernels for all three ops (dq and dk/dv as two kernels, the default before the fused one);
+ * "mma_dq": mma.sync forwards and dq, WMMA dk/dv, to bisect; "tc_wmma": the WMMA kernels for
+ * everything; "tc_sync": WMMA with plain tile loads; "tc_v1": WMMA with the unsplit dk/dv;
+ * "tc_nod": WMMA split without the saved D; "simple": CUDA cores only. */
 enum {
     ATTN_SIMPLE = 0,
     ATTN_TC_SYNC,

@@ -599,7 +599,8 @@ int dp_comm_broadcast_io(dp_comm *c, void *buf, size_t bytes, int root, const dp
     if (root < 0 || root >= c->world || (bytes && !buf)) return DFLASH_EINVAL;
     if (bytes == 0) return 0;
 #ifdef DFLASH_HAVE_NCCL
-    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_broadcast(c->nccl, buf, bytes, root, false, stream));
+    if (c->kind == DP_COMM_NCCL)
+        return track(c, dp_nccl_broadcast(c->nccl, buf, bytes, root, false, stream));
 #endif
     (void)stream;
     return track(c, shm_broadcast(c, buf, bytes, root, io));
@@ -614,7 +615,8 @@ int dp_comm_broadcast_host(dp_comm *c, void *buf, size_t bytes, int root) {
     if (root < 0 || root >= c->world || (bytes && !buf)) return DFLASH_EINVAL;
     if (bytes == 0) return 0;
 #ifdef DFLASH_HAVE_NCCL
-    if (c->kind == DP_COMM_NCCL) return track(c, dp_nccl_broadcast(c->nccl, buf, bytes, root, true, NULL));
+    if (c->kind == DP_COMM_NCCL)
+        return track(c, dp_nccl_broadcast(c->nccl, buf, bytes, root, true, NULL));
 #endif
     return track(c, shm_broadcast(c, buf, bytes, root, NULL));
 }

@@ -6,7 +6,8 @@
  * The host allreduce vector of one step (doubles, summed over ranks):
  *   [0] W_r   [1] loss_r * W_r   [2] failed_r   [3] weighted positions   [4] correct positions
  *   [5] blocks   [6] sum of acceptance lengths   [7] context tokens
- *   [8, 8 + MB) per-offset counts   [8 + MB, 8 + 2 MB) per-offset correct    (MB = DFLASH_MAX_BLOCK)
+ *   [8, 8 + MB) per-offset counts   [8 + MB, 8 + 2 MB) per-offset correct
+ *   (MB = DFLASH_MAX_BLOCK)
  * Counts are integers far below 2^53, so their sums are exact.
  * Threads: the model's thread.
  */
@@ -20,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { V_W, V_LW, V_FAILED, V_NW, V_RIGHT, V_NB, V_ACCLEN, V_NCTX, V_POS, V_N = V_POS + 2 * DFLASH_MAX_BLOCK };
+enum { V_W, V_LW, V_FAILED, V_NW, V_RIGHT, V_NB, V_ACCLEN, V_NCTX, V_POS };
+enum { V_N = V_POS + 2 * DFLASH_MAX_BLOCK };
 
 static bool on_host(const dflash_model *m) { return strcmp(m->ops->name, "cpu") == 0; }
 

@@ -139,7 +139,8 @@ int dflash_train_sample_anchors(dflash_model *m, const dflash_train_cfg *tc,
                       m->max_blocks);
             return DFLASH_ERANGE;
         }
-        uint64_t st = rng_hash64(rng_hash64(rng_hash64(tc->seed ^ 0x616e63686f72ull) ^ epoch) ^ batch_key);
+        uint64_t st =
+            rng_hash64(rng_hash64(rng_hash64(tc->seed ^ 0x616e63686f72ull) ^ epoch) ^ batch_key);
         st = rng_hash64(st ^ (uint64_t)s);
         for (int i = 0; i < k; i++) { /* partial Fisher-Yates: a uniform k-subset */
             st = rng_hash64(st);

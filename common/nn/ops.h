@@ -121,7 +121,10 @@ typedef struct nn_ops {
      * covers the side stream too; upload_raw and order_after do not (they order the main
      * stream's inputs): a caller writing what side work writes (a checkpoint's masters) calls
      * sync first. cpu, or cuda without DFLASH_CUDA_SIDE_STREAM=1: side ops run on the main
-     * stream in order, marks and waits do nothing. */
+     * stream in order, marks and waits do nothing. Only ops that need no context scratch may
+     * run on the side stream: elementwise ops, copies, zero, scale_*, adamw*; cuda's matmuls
+     * (and lm_head_*), sumsq, upload, download and attention share the context's scratch with
+     * the main stream and assert that they run on it. */
     void (*side_begin)(nn_ctx *c);
     void (*side_mark)(nn_ctx *c, int k);
     void (*side_end)(nn_ctx *c);

@@ -4,15 +4,16 @@
  * master weights, moments, rstd, lse, loss sums fp32.
  * Every kernel computes in fp32 and rounds once when it stores a bf16.
  *
- * Context (nn_cuda_new): a main stream and a side one (ops.h side_begin), one cuBLASLt handle, a
- * 32 MiB cuBLASLt workspace, a 32 MiB fp32 staging buffer for upload/download conversions, and a
- * small cache of cuBLASLt descriptors + chosen algorithm per matmul shape (filled on first use of
- * a shape; host work only, unless matmul_tune or DFLASH_LT_TUNE has it time the heuristic's
- * candidates then: such entries stay, untimed ones are replaced round robin). cuda_attention_init
- * adds, once per device, the fp32 scratch of attention_block_bwd (144 MiB of dk/dv split partials
- * and saved D rows, 128 MiB of fused-backward dq), which attention_block_plan grows to a model's
- * largest step when the model is created. Nothing else is allocated after nn_cuda_new except by
- * the caller through alloc (and, while tuning, a timing copy of a new shape's output).
+ * Context (nn_cuda_new): a main stream (and, with DFLASH_CUDA_SIDE_STREAM=1, a side one: ops.h
+ * side_begin), one cuBLASLt handle, a 32 MiB cuBLASLt workspace, a 32 MiB fp32 staging buffer for
+ * upload/download conversions, and a small cache of cuBLASLt descriptors + chosen algorithm per
+ * matmul shape (filled on first use of a shape; host work only, unless matmul_tune or
+ * DFLASH_LT_TUNE has it time the heuristic's candidates then: such entries stay, untimed ones are
+ * replaced round robin). cuda_attention_init adds, once per device, the fp32 scratch of
+ * attention_block_bwd (144 MiB of dk/dv split partials and saved D rows, 128 MiB of fused-backward
+ * dq), which attention_block_plan grows to a model's largest step when the model is created.
+ * Nothing else is allocated after nn_cuda_new except by the caller through alloc (and, while
+ * tuning, a timing copy of a new shape's output).
  *
  * Matmuls (row-major, ops.h layout) are run as column-major cuBLASLt products of the transposes:
  *   linear_fwd  y[M,N]  = x[M,K] w[N,K]^T   ->  y^T (N x M) = op_T(w: K x N) * x^T (K x M)
@@ -29,9 +30,12 @@
  * chunk must be >= 2).
  *
  * Streams: every op queues work on c->stream (the main stream, or the side one between side_begin
- * and side_end) and returns; download, download_raw and sync wait for both.
+ * and side_end) and returns; download, download_raw and sync wait for both. Ops using the
+ * context's scratch assert that they run on the main stream (MAIN_STREAM_ONLY).
  */
 #include "ops_cuda.h"
+
+#include "cuda_elem.cuh"
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -87,6 +91,11 @@ struct nn_ctx {
     int sms;                      /* the device's multiprocessors (persistent grids) */
 };
 
+/* Ops that use the context's scratch (the cuBLASLt workspace, the staging buffer, the
+ * attention buffers) run on the main stream only (ops.h side_begin): side work reusing it would
+ * race the main stream's. */
+#define MAIN_STREAM_ONLY(c) assert((c)->stream == (c)->main)
+
 /* Every host wait for the whole stream goes through here, so stream_drains counts them. It
  * waits for the side stream too. */
 static void drain(nn_ctx *c) {
@@ -109,12 +118,6 @@ static void lt_check_at(cublasStatus_t s, const char *what, const char *file, in
     abort();
 }
 #define LT_CHECK(x) lt_check_at((x), #x, __FILE__, __LINE__)
-
-static inline unsigned grid_for(size_t n, unsigned threads) {
-    size_t g = (n + threads - 1) / threads;
-    if (g > 65535u * 16u) g = 65535u * 16u; /* grid-stride loops cover the rest */
-    return g ? (unsigned)g : 1u;
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* memory */
@@ -150,6 +153,7 @@ __global__ void k_bf16_to_f32(float *dst, const bf16 *src, size_t n) {
 }
 
 static void cu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
+    MAIN_STREAM_ONLY(c); /* c->stage */
     bf16 *d = (bf16 *)dst;
     for (size_t o = 0; o < n; o += STAGE_FLOATS) {
         size_t m = n - o < STAGE_FLOATS ? n - o : STAGE_FLOATS;
@@ -164,6 +168,7 @@ static void cu_upload(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
 }
 
 static void cu_download(nn_ctx *c, float *dst, const nn_buf *src, size_t n) {
+    MAIN_STREAM_ONLY(c); /* c->stage */
     const bf16 *s = (const bf16 *)src;
     for (size_t o = 0; o < n; o += STAGE_FLOATS) {
         size_t m = n - o < STAGE_FLOATS ? n - o : STAGE_FLOATS;
@@ -336,26 +341,7 @@ static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const n
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* 16-byte (8 x bf16) loads and stores for the memory-bound kernels below. */
-__device__ __forceinline__ void load8(const bf16 *p, float f[8]) {
-    uint4 v = *reinterpret_cast<const uint4 *>(p);
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 t = __bfloat1622float2(h[k]);
-        f[2 * k] = t.x, f[2 * k + 1] = t.y;
-    }
-}
-
-__device__ __forceinline__ void store8(bf16 *p, const float f[8]) {
-    uint4 v;
-    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&v);
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-    *reinterpret_cast<uint4 *>(p) = v;
-}
-
+/* 8-wide (16-byte) access of the memory-bound kernels below: load8 / store8 (cuda_elem.cuh) */
 static bool vec_enabled(void) {
     static int on = -1;
     if (on < 0) {
@@ -371,12 +357,6 @@ static bool vec_ok(const void *a, const void *b, const void *c) {
 }
 
 /* RMSNorm: one warp per row. out = bf16(bf16(x * rstd) * w) (HF Qwen3RMSNorm). */
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* vec: C % 8 == 0 and every row 16-byte aligned: each lane reads 8 elements at a time (the
  * sum of squares is then added in another order than the scalar loop's: same accuracy, other
@@ -797,6 +777,7 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void 
 static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
                       const void *B, int ldb, void *D, int ldc, int d_f32, float beta,
                       const void *C = NULL) {
+    MAIN_STREAM_ONLY(c); /* c->ws */
     if (m <= 0 || n <= 0) return;
     assert(k > 0);
     lt_key key;
@@ -1204,7 +1185,8 @@ __device__ __forceinline__ size_t swiglu_at(size_t i, int F) {
 }
 
 __global__ void k_swiglu_fwd(bf16 *out, const bf16 *gu, int F, size_t n, int vec) {
-    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x,
+           stride = (size_t)gridDim.x * blockDim.x;
     size_t nv = vec ? n / 8 : 0;
     for (size_t i = t; i < nv; i += stride) {
         size_t g = swiglu_at(8 * i, F);
@@ -1224,7 +1206,8 @@ __global__ void k_swiglu_fwd(bf16 *out, const bf16 *gu, int F, size_t n, int vec
 
 __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int F, size_t n,
                              int vec) {
-    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x,
+           stride = (size_t)gridDim.x * blockDim.x;
     size_t nv = vec ? n / 8 : 0;
     for (size_t i = t; i < nv; i += stride) {
         size_t g = swiglu_at(8 * i, F);
@@ -1273,6 +1256,7 @@ static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_b
 static void cu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,
                                     const nn_buf *v, const int32_t *seq_off, int n_seqs, int T,
                                     int H, int Hk, int d) {
+    MAIN_STREAM_ONLY(c);
     cuda_attention_causal_fwd(c->stream, (bf16 *)out, (const bf16 *)q, (const bf16 *)k,
                               (const bf16 *)v, seq_off, n_seqs, T, H, Hk, d);
 }
@@ -1280,6 +1264,7 @@ static void cu_attention_causal_fwd(nn_ctx *c, nn_buf *out, const nn_buf *q, con
 static void cu_attention_block_fwd(nn_ctx *c, nn_buf *out, float *lse, const nn_buf *q,
                                    const nn_buf *k, const nn_buf *v, const nn_block_span *spans,
                                    int n_blocks, int B, int Tk, int H, int Hk, int d) {
+    MAIN_STREAM_ONLY(c);
     cuda_attention_block_fwd(c->stream, (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
                              (const bf16 *)v, spans, n_blocks, B, Tk, H, Hk, d);
 }
@@ -1294,6 +1279,7 @@ static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv
                                    const nn_buf *v, const nn_buf *out, const float *lse,
                                    const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                                    int Hk, int d) {
+    MAIN_STREAM_ONLY(c);
     cuda_attention_block_bwd(c->stream, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout,
                              (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)out,
                              lse, spans, n_blocks, B, Tk, H, Hk, d);
@@ -1476,206 +1462,41 @@ static void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* optimizer */
-
-/* The sum of s over the block, in a fixed order, valid in thread 0. */
-__device__ float block_sum(float s) {
-    s = warp_sum(s);
-    __shared__ float w[32];
-    if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
-    __syncthreads();
-    float t = 0.0f;
-    if (threadIdx.x == 0)
-        for (int i = 0; i < (int)blockDim.x / 32; i++)
-            t += w[i];
-    return t;
-}
-
-/* Sum of squares in two fixed-order passes (no float atomics): every run, and every rank of a
- * data-parallel group holding the same gradients, gets the same bits, so the clipping factor
- * (and thus the weights) agree bit for bit. Pass 1: block b writes its partial to part[b]: each
- * thread sums its share of the bf16 part ga[na] then of the fp32 part g[n]; with vec (both
- * 16-byte aligned) 16-byte loads (8 bf16, 4 fp32), then what is left (the tails, or
- * everything) one element at a time. */
-__global__ void k_sumsq(float *part, const bf16 *ga, size_t na, const float *g, size_t n,
-                        int vec) {
-    float s = 0.0f;
-    const size_t stride = (size_t)gridDim.x * blockDim.x, t0 = blockIdx.x * (size_t)blockDim.x +
-                                                                threadIdx.x;
-    const size_t na8 = vec ? na / 8 : 0, n4 = vec ? n / 4 : 0;
-    for (size_t i = t0; i < na8; i += stride) {
-        float x[8];
-        load8(ga + 8 * i, x);
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            s += x[e] * x[e];
-    }
-    for (size_t i = na8 * 8 + t0; i < na; i += stride) {
-        float x = __bfloat162float(ga[i]);
-        s += x * x;
-    }
-    const float4 *g4 = reinterpret_cast<const float4 *>(g);
-    for (size_t i = t0; i < n4; i += stride) {
-        float4 x = g4[i];
-        s += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
-    }
-    for (size_t i = n4 * 4 + t0; i < n; i += stride)
-        s += g[i] * g[i];
-    float t = block_sum(s);
-    if (threadIdx.x == 0) part[blockIdx.x] = t;
-}
-
-/* Pass 2, one block of SUMSQ_BLOCKS threads: out[0] = sum of part[0..nb). */
-__global__ void k_sum_parts(float *out, const float *part, unsigned nb) {
-    float t = block_sum(threadIdx.x < nb ? part[threadIdx.x] : 0.0f);
-    if (threadIdx.x == 0) out[0] = t;
-}
-
-#define SUMSQ_BLOCKS 1024u /* partials live in the context's staging buffer */
+/* optimizer: ops_cuda_optim.cu */
 
 static void cu_sumsq(nn_ctx *c, float *out, const nn_buf *ga, size_t na, const float *g,
                      size_t n) {
-    if (na + n == 0) {
-        CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), c->stream));
-        return;
-    }
-    int vec = (((uintptr_t)ga | (uintptr_t)g) & 15u) == 0;
-    unsigned blocks = grid_for(vec ? na / 8 + n / 4 + 1 : na + n, 256);
-    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    k_sumsq<<<blocks, 256, 0, c->stream>>>(c->stage, (const bf16 *)ga, na, g, n, vec);
-    CUDA_CHECK_LAUNCH();
-    k_sum_parts<<<1, SUMSQ_BLOCKS, 0, c->stream>>>(out, c->stage, blocks);
-    CUDA_CHECK_LAUNCH();
-}
-
-/* One AdamW element update: moments m, v and master p in place; returns the new p. */
-__device__ __forceinline__ float adamw_one(float &p, float g, float &m, float &v, float beta1,
-                                           float beta2, float eps, float decay, float step,
-                                           float bc2_sqrt) {
-    m = beta1 * m + (1.0f - beta1) * g;
-    v = beta2 * v + (1.0f - beta2) * g * g;
-    p = p * decay - step * m / (sqrtf(v) / bc2_sqrt + eps);
-    return p;
-}
-
-/* Four gradient elements from index 4i (G float or bf16), widened to fp32. */
-__device__ __forceinline__ float4 grad4(const float *g, size_t i) {
-    return reinterpret_cast<const float4 *>(g)[i];
-}
-__device__ __forceinline__ float4 grad4(const bf16 *g, size_t i) {
-    uint2 u = reinterpret_cast<const uint2 *>(g)[i];
-    float2 lo = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u.x));
-    float2 hi = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-__device__ __forceinline__ float grad1(const float *g, size_t i) { return g[i]; }
-__device__ __forceinline__ float grad1(const bf16 *g, size_t i) { return __bfloat162float(g[i]); }
-
-/* grad_scale is used as given, or, with sumsq non-NULL, taken from the device-side global norm
- * (adamw_clip: no host round trip). G: the gradient's type (fp32, or bf16 for the matrices).
- * VEC: 4 elements per thread with 16-byte loads and stores (p, m, v 16-byte, g 4 elements and
- * p_act 8-byte aligned: the caller checks), the n % 4 tail scalar by the first threads. The
- * update is memory-bound (30 bytes per element with an fp32 gradient, 28 with bf16). */
-template <bool VEC, typename G>
-__global__ void k_adamw(float *p, bf16 *p_act, const G *g, float *m, float *v, size_t n,
-                        float beta1, float beta2, float eps, float decay, float step,
-                        float bc2_sqrt, float grad_scale, const float *sumsq, float clip) {
-    if (sumsq) grad_scale = NN_CLIP_SCALE(sumsq[0], clip);
-    const size_t stride = (size_t)gridDim.x * blockDim.x, t0 = blockIdx.x * (size_t)blockDim.x +
-                                                                threadIdx.x;
-    size_t done = 0;
-    if (VEC) {
-        const size_t n4 = n / 4;
-        for (size_t i = t0; i < n4; i += stride) {
-            float4 pi = reinterpret_cast<float4 *>(p)[i], gi = grad4(g, i);
-            float4 mi = reinterpret_cast<float4 *>(m)[i], vi = reinterpret_cast<float4 *>(v)[i];
-            adamw_one(pi.x, gi.x * grad_scale, mi.x, vi.x, beta1, beta2, eps, decay, step, bc2_sqrt);
-            adamw_one(pi.y, gi.y * grad_scale, mi.y, vi.y, beta1, beta2, eps, decay, step, bc2_sqrt);
-            adamw_one(pi.z, gi.z * grad_scale, mi.z, vi.z, beta1, beta2, eps, decay, step, bc2_sqrt);
-            adamw_one(pi.w, gi.w * grad_scale, mi.w, vi.w, beta1, beta2, eps, decay, step, bc2_sqrt);
-            reinterpret_cast<float4 *>(p)[i] = pi;
-            reinterpret_cast<float4 *>(m)[i] = mi;
-            reinterpret_cast<float4 *>(v)[i] = vi;
-            if (p_act) {
-                __nv_bfloat162 lo = __floats2bfloat162_rn(pi.x, pi.y);
-                __nv_bfloat162 hi = __floats2bfloat162_rn(pi.z, pi.w);
-                uint2 pk;
-                pk.x = *reinterpret_cast<uint32_t *>(&lo);
-                pk.y = *reinterpret_cast<uint32_t *>(&hi);
-                reinterpret_cast<uint2 *>(p_act)[i] = pk;
-            }
-        }
-        done = n4 * 4;
-    }
-    for (size_t i = done + t0; i < n; i += stride) {
-        float pi = adamw_one(p[i], grad1(g, i) * grad_scale, m[i], v[i], beta1, beta2, eps, decay,
-                             step, bc2_sqrt);
-        if (p_act) p_act[i] = __float2bfloat16(pi);
-    }
-}
-
-template <typename G>
-static void adamw_launch(nn_ctx *c, float *p, nn_buf *p_act, const G *g, float *m, float *v,
-                         size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                         float grad_scale, const float *sumsq, float clip, int t) {
-    assert(t >= 1);
-    if (n == 0) return;
-    float bc1 = (float)(1.0 - pow((double)beta1, t));
-    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
-    float step = lr / bc1, decay = 1.0f - lr * wd;
-    uintptr_t al = (uintptr_t)p | (uintptr_t)m | (uintptr_t)v;
-    if (al % 16 == 0 && (uintptr_t)g % (4 * sizeof(G)) == 0 && (uintptr_t)p_act % 8 == 0)
-        k_adamw<true, G><<<grid_for(n / 4 + 1, 256), 256, 0, c->stream>>>(
-            p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale,
-            sumsq, clip);
-    else
-        k_adamw<false, G><<<grid_for(n, 256), 256, 0, c->stream>>>(
-            p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale,
-            sumsq, clip);
-    CUDA_CHECK_LAUNCH();
+    MAIN_STREAM_ONLY(c); /* the partials go to c->stage */
+    cuda_sumsq(c->stream, out, c->stage, STAGE_FLOATS, (const bf16 *)ga, na, g, n);
 }
 
 static void cu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
                      float grad_scale, int t) {
-    adamw_launch(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, NULL, 0.0f, t);
+    cuda_adamw(c->stream, p, (bf16 *)p_act, g, NULL, m, v, n, lr, beta1, beta2, eps, wd,
+               grad_scale, NULL, 0.0f, t);
 }
 
 static void cu_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                           size_t n, float lr, float beta1, float beta2, float eps, float wd,
                           const float *sumsq, float clip, int t) {
-    adamw_launch(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, 1.0f, sumsq, clip, t);
+    cuda_adamw(c->stream, p, (bf16 *)p_act, g, NULL, m, v, n, lr, beta1, beta2, eps, wd, 1.0f,
+               sumsq, clip, t);
 }
 
 static void cu_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
                               float *v, size_t n, float lr, float beta1, float beta2, float eps,
                               float wd, const float *sumsq, float clip, int t) {
-    adamw_launch(c, p, p_act, (const bf16 *)g, m, v, n, lr, beta1, beta2, eps, wd, 1.0f, sumsq,
-                 clip, t);
-}
-
-__global__ void k_scale_f32(float *x, size_t n, float a) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] *= a;
+    cuda_adamw(c->stream, p, (bf16 *)p_act, NULL, (const bf16 *)g, m, v, n, lr, beta1, beta2, eps,
+               wd, 1.0f, sumsq, clip, t);
 }
 
 static void cu_scale_f32(nn_ctx *c, float *x, size_t n, float a) {
-    if (n == 0) return;
-    k_scale_f32<<<grid_for(n, 256), 256, 0, c->stream>>>(x, n, a);
-    CUDA_CHECK_LAUNCH();
-}
-
-__global__ void k_scale_bf16(bf16 *x, size_t n, float a) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __float2bfloat16(__bfloat162float(x[i]) * a);
+    cuda_scale(c->stream, x, NULL, n, a);
 }
 
 static void cu_scale_act(nn_ctx *c, nn_buf *x, size_t n, float a) {
-    if (n == 0) return;
-    k_scale_bf16<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)x, n, a);
-    CUDA_CHECK_LAUNCH();
+    cuda_scale(c->stream, NULL, (bf16 *)x, n, a);
 }
 
 static void cu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {

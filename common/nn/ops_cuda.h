@@ -4,17 +4,21 @@
  * is fp32 device memory; index arrays and block spans are device memory. Accumulation is fp32
  * everywhere (cuBLASLt compute 32F, fp32 registers in our kernels).
  *
- * One context = one device, a non-blocking main stream (and a low-priority side stream for the
- * optimizer, ops.h side_begin), one cuBLASLt handle and the scratch that is planned once in
+ * One context = one device, a non-blocking main stream (with DFLASH_CUDA_SIDE_STREAM=1 also a
+ * low-priority side stream for the optimizer, ops.h side_begin), one cuBLASLt handle and the
+ * scratch that is planned once in
  * nn_cuda_new (the 32 MiB cuBLASLt workspace, a conversion staging buffer for upload/download).
  * Every op is queued on the context's current stream and returns without waiting, except
  * download / download_raw / sync, which wait for both streams (the caller reads the host
  * result next). alloc/free are setup-time calls (cudaMalloc / cudaFree).
  *
  * Files: ops_cuda.cu (context, memory, elementwise ops, norms, rope, linear via cuBLASLt, loss,
- * optimizer, the vtable), ops_cuda_attn.cu (the causal and DFlash block attention kernels on
- * CUDA cores, any head dim <= 256), ops_cuda_attn_tc.cu (tensor-core versions for head dims 64
- * and 128, used first; DFLASH_CUDA_ATTN=simple in the environment forces the CUDA-core ones).
+ * the vtable), ops_cuda_optim.cu (sumsq, AdamW, scale), ops_cuda_attn.cu (the attention launchers and their CUDA-core kernels
+ * for any head dim <= 256). The launchers try, in order: the Hopper wgmma kernels
+ * (ops_cuda_attn_wgmma.cu: causal and block forward; ops_cuda_attn_wgbwd.cu: block backward,
+ * reached through ops_cuda_attn_bwd.cu), the mma.sync ones (ops_cuda_attn_mma.cu,
+ * ops_cuda_attn_bwd.cu), the WMMA ones (ops_cuda_attn_tc.cu), then the CUDA-core ones; each
+ * declines shapes or pointers it does not take. DFLASH_CUDA_ATTN (docs/operating.md) pins one.
  * Threads: one host thread uses a context at a time.
  */
 #ifndef DFLASH_NN_OPS_CUDA_H
@@ -80,6 +84,19 @@ int cuda_tc_attention_plan(int max_q, int max_tk, int H, int Hk, int d);
 void cuda_attention_block_plan(int max_q, int max_tk, int H, int Hk, int d);
 /* Raises the dynamic shared-memory limits of the attention kernels; once per device. */
 int cuda_attention_init(void);
+/* Internal: the optimizer kernels of ops_cuda_optim.cu, on stream st. cuda_sumsq: out[0] = the
+ * sum of squares of ga[na] (bf16) and g[n] (fp32), in a fixed order; part is device scratch of
+ * part_cap floats (>= 1024). cuda_adamw: one AdamW step (t >= 1) of master p, moments m, v and,
+ * where p_act is not NULL, its bf16 copy, from exactly one of g (fp32) and g_bf16, times
+ * grad_scale, or, with sumsq not NULL, times the clipping factor NN_CLIP_SCALE(*sumsq, clip)
+ * read on the device. cuda_scale: x *= a for exactly one of x (fp32) and x_bf16. */
+void cuda_sumsq(cudaStream_t st, float *out, float *part, size_t part_cap,
+                const __nv_bfloat16 *ga, size_t na, const float *g, size_t n);
+void cuda_adamw(cudaStream_t st, float *p, __nv_bfloat16 *p_act, const float *g,
+                const __nv_bfloat16 *g_bf16, float *m, float *v, size_t n, float lr, float beta1,
+                float beta2, float eps, float wd, float grad_scale, const float *sumsq, float clip,
+                int t);
+void cuda_scale(cudaStream_t st, float *x, __nv_bfloat16 *x_bf16, size_t n, float a);
 /* Aborts with file:line and the CUDA error string when e != cudaSuccess. */
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line);
 #define CUDA_CHECK(x) cuda_check_at((x), #x, __FILE__, __LINE__)

@@ -46,8 +46,8 @@
  * order), and dk, dv of split tiles (as in k_mma_dkdv); each is one fp32 sum rounded to bf16
  * once. dqacc: 128 MiB (Q H d <= 32 Mi fp32) per device, allocated in cuda_bwd_attention_init
  * (nn_cuda_new) in the fused mode and grown by cuda_bwd_attention_plan (the attention_block_plan
- * op, at a model's creation) to its largest Q, never in a step; one block backward at a time per device
- * (shared scratch). Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and
+ * op, at a model's creation) to its largest Q, never in a step; one block backward at a time per
+ * device (shared scratch). Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and
  * ops_cpu.c (rows without keys: dq 0; keys nobody sees: dk, dv 0).
  */
 #include "attn_bwd.cuh" /* bwd_args, the split into pieces, the bulk dQ out */

@@ -863,19 +863,9 @@ static void wgb_dq_map_make(const bwd_args *a, wgb_maps *m) {
  * rows of 128 bytes); m->on = 2, m->sw = 1 where the encoder takes them and the map of dqacc,
  * else m->sw = 0 (wgb_maps_make then encodes the unswizzled maps over them). */
 static void wgb_maps_make_sw(const bwd_args *a, wgb_maps *m) {
-    const cuuint64_t row = 128 * sizeof(bf16), H = (cuuint64_t)a->H;
-    const cuuint64_t dims[4] = {64, H, (cuuint64_t)a->n_blocks * a->B, 2};
-    const cuuint64_t strides[3] = {row, H * row, 64 * sizeof(bf16)};
-    const cuuint32_t box[4] = {64, (cuuint32_t)a->group, (cuuint32_t)(FROWS / a->group), 2};
-    const cuuint32_t one[4] = {1, 1, 1, 1};
-    const bf16 *src[2] = {a->q, a->dout};
-    CUtensorMap *dst[2] = {&m->q, &m->dout};
-    int ok = 1;
-    for (int i = 0; i < 2 && ok; i++)
-        ok = g_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)src[i], dims, strides,
-                      box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const int T = a->n_blocks * a->B, g = a->group;
+    int ok = wg_map_sw128(g_encode, &m->q, a->q, a->H, T, g, FROWS / g, 2) == 0 &&
+             wg_map_sw128(g_encode, &m->dout, a->dout, a->H, T, g, FROWS / g, 2) == 0;
     if (ok) wgb_dq_map_make(a, m);
     m->sw = ok && m->dq_on;
     if (m->sw) m->on = 2;

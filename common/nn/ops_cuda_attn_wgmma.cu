@@ -1108,30 +1108,24 @@ static wg_encode_fn g_wg_encode; /* wg_tensor_map_encoder's; NULL: the cp.async 
 static int wg_kv_maps_make(wg_kv_maps *mp, const bf16 *k, const bf16 *v, int Tk, int Hk, int kt,
                            int sw, const bf16 *q, int T, int H, int B) {
     const cuuint64_t row = 128 * sizeof(bf16), hk = (cuuint64_t)Hk;
-    const cuuint64_t dims_s[4] = {64, hk, (cuuint64_t)Tk, 2};
-    const cuuint64_t strides_s[3] = {row, hk * row, 64 * sizeof(bf16)};
-    const cuuint32_t box_s[4] = {64, 1, (cuuint32_t)kt, 2};
+    /* unswizzled k, v: core matrices of 8 rows x 16 bytes */
     const cuuint64_t dims[5] = {8, hk, 8, 128 / 8, (cuuint64_t)Tk / 8};
     const cuuint64_t strides[4] = {row, hk * row, 8 * sizeof(bf16), 8 * hk * row};
     const cuuint32_t box[5] = {8, 1, 8, 128 / 8, (cuuint32_t)kt / 8}, one[5] = {1, 1, 1, 1, 1};
-    const cuuint64_t dims_q[4] = {64, (cuuint64_t)H, (cuuint64_t)T, 2};
-    const cuuint64_t strides_q[3] = {row, (cuuint64_t)H * row, 64 * sizeof(bf16)};
-    const cuuint32_t box_q[4] = {64, (cuuint32_t)(H / Hk), (cuuint32_t)B, 1};
-    const bf16 *src[3] = {k, v, q};
-    CUtensorMap *dst[3] = {&mp->k, &mp->v, &mp->q};
-    for (int i = 0; i < (q ? 3 : 2); i++) {
-        const bool qi = i == 2, s = sw || qi;
-        if (g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, s ? 4 : 5, (void *)src[i],
-                        qi ? dims_q : s ? dims_s : dims, qi ? strides_q : s ? strides_s : strides,
-                        qi ? box_q : s ? box_s : box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        s ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-            static int told;
-            if (!told++)
-                fprintf(stderr, "k_wg_block_tma: the encoder refused the map of k, v or q\n");
-            return -1;
-        }
+    const bf16 *src[2] = {k, v};
+    CUtensorMap *dst[2] = {&mp->k, &mp->v};
+    bool ok = true;
+    for (int i = 0; i < 2 && ok; i++)
+        ok = sw ? wg_map_sw128(g_wg_encode, dst[i], src[i], Hk, Tk, 1, kt, 2) == 0
+                : g_wg_encode(dst[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, (void *)src[i], dims,
+                              strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    if (ok && q) ok = wg_map_sw128(g_wg_encode, &mp->q, q, H, T, H / Hk, B, 1) == 0;
+    if (!ok) {
+        static int told;
+        if (!told++) fprintf(stderr, "k_wg_block_tma: the encoder refused the map of k, v or q\n");
+        return -1;
     }
     return 0;
 }

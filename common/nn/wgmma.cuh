@@ -233,8 +233,8 @@ __device__ __forceinline__ void wg_rs_t(float (&d)[N / 8][4], const uint32_t (&a
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 /* scale-d predicate from operand P, then one wgmma of shape SHAPE on the registers REGS with the
  * A and B operands (and immediates) of TAIL */
-#define WG_ASM(P, SHAPE, REGS, TAIL)                                                              \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE             \
+#define WG_ASM(P, SHAPE, REGS, TAIL)                                                               \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE            \
     ".f32.bf16.bf16 " REGS ", " TAIL ";\n}\n"
 
 template <>
@@ -387,6 +387,26 @@ static inline wg_encode_fn wg_tensor_map_encoder(void) {
         return (wg_encode_fn)fn;
     (void)cudaGetLastError();
     return NULL;
+}
+
+/* The 128-byte-swizzled map of a bf16 tensor [tokens, heads, 128] (row-major): dims (64, heads,
+ * tokens, 2), the last one the two 64-column halves of a row (stride 128 bytes), box
+ * 64 x box_heads x box_tokens x box_halves; a tile lands as box_halves blocks of rows of 128
+ * bytes, as the wgmma descriptors of SWIZZLE_128B read them. 0, or -1 where enc refuses. */
+static inline int wg_map_sw128(wg_encode_fn enc, CUtensorMap *map, const void *base, int heads,
+                               int tokens, int box_heads, int box_tokens, int box_halves) {
+    const cuuint64_t row = 128 * 2, h = (cuuint64_t)heads; /* bytes of one head's row */
+    const cuuint64_t dims[4] = {64, h, (cuuint64_t)tokens, 2};
+    const cuuint64_t strides[3] = {row, h * row, 64 * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_heads, (cuuint32_t)box_tokens,
+                               (cuuint32_t)box_halves};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, one,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
 }
 
 #endif

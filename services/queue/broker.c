@@ -1383,18 +1383,23 @@ static void on_router(void *zsock, void *arg)
 
 /* Whether cron holds its expiries: peers silent for longer than liveness heartbeats, and leases
  * past their deadline, expire only while the broker could hear. When cron runs late (the broker
- * itself stalled for more than half the shorter of the two windows, e.g. descheduled on a loaded
- * machine), the heartbeats sent meanwhile are still waiting (libuv runs timers before socket
- * reads; ZeroMQ's own thread may lag too), so nothing expires for half a window more. That grace
- * is given at most once per window, so a broker that is always late still expires dead peers
- * and leases (within about 1.5 windows). */
+ * itself stalled for more than half the shorter of the two windows, and for more than two cron
+ * periods, e.g. descheduled on a loaded machine), the heartbeats sent meanwhile are still waiting
+ * (libuv runs timers before socket reads; ZeroMQ's own thread may lag too), so nothing expires
+ * for half a window more. That grace is given at most once per window (at least two periods), so
+ * a broker that is always late still expires dead peers and leases (within about 1.5 windows),
+ * and a lease timeout shorter than the period (a live setting) is not taken for a stall on every
+ * run. The hold also delays policy_tick's lifting of restart fences, by as much. */
 static bool stall_hold(broker *b, uint64_t now)
 {
     uint64_t window = (uint64_t)b->cfg.heartbeat_ms * (uint64_t)b->cfg.liveness;
     if ((uint64_t)b->cfg.lease_timeout_ms < window) window = (uint64_t)b->cfg.lease_timeout_ms;
+    uint64_t two_periods = 2 * uv_timer_get_repeat(&b->cron);
+    uint64_t late = window / 2 > two_periods ? window / 2 : two_periods;
+    uint64_t every = window > two_periods ? window : two_periods;
     uint64_t gap = b->last_cron_ms ? now - b->last_cron_ms : 0;
     b->last_cron_ms = now;
-    if (gap > window / 2 && (!b->last_grace_ms || now - b->last_grace_ms >= window)) {
+    if (gap > late && (!b->last_grace_ms || now - b->last_grace_ms >= every)) {
         b->last_grace_ms = now;
         b->judge_from_ms = now + window / 2;
         LOG_WARN("the broker did not run for %" PRIu64 " ms (a stall): nothing expires for"

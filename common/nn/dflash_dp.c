@@ -38,7 +38,8 @@ static void io_from_host(void *ctx, void *dst, const void *host_src, size_t byte
     m->ops->sync(m->ctx); /* the shm region is rewritten by the peers as soon as we return */
 }
 
-/* How the model's fp32 arrays reach the collective: *io (NULL: the backend reads them directly)
+/* How the model's arrays (fp32 state; gradients in the ops' activation type for the matrices,
+ * bf16 on cuda) reach the collective: *io (NULL: the backend reads them directly)
  * and the stream for nccl. DFLASH_EUNSUPPORTED for a cpu model on nccl. */
 static int mem_path(dflash_model *m, dp_comm *comm, dp_host_io *io_store, const dp_host_io **io,
                     void **stream) {
@@ -154,8 +155,7 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
     }
     /* grads_r is dL_r/dp with L_r = sum_r w*CE / W_r; no anchors (grads left as they were) or
      * zero weight: zero, so this rank adds nothing to the sum */
-    if (loc.n_blocks == 0 || !(loc.weight_sum > 0))
-        m->ops->zero(m->ctx, m->grads, m->grad_bytes);
+    if (loc.n_blocks == 0 || !(loc.weight_sum > 0)) dflash_train_zero_grads(m);
 
     /* 2. the weight sums and metric counts of the group */
     double v[V_N];
@@ -242,6 +242,7 @@ int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root) {
     void *stream;
     int rc = mem_path(m, comm, &io_store, &io, &stream);
     if (rc) return rc;
+    m->ops->sync(m->ctx); /* a queued optimizer step has written the state it sends */
     /* the same model on every rank? */
     uint64_t mine[2] = {layout_hash(m), m->n_params}, theirs[2] = {mine[0], mine[1]};
     rc = dp_comm_broadcast_host(comm, theirs, sizeof theirs, root);

@@ -328,8 +328,7 @@ static void pending_pop(dflash_model *m, dflash_metrics *met) {
     p->count--;
 }
 
-/* Zero gradients for a step without a backward (after the previous update has read them). */
-static void zero_grads(dflash_model *m) {
+void dflash_train_zero_grads(dflash_model *m) {
     m->ops->side_wait(m->ctx, -1);
     m->ops->zero(m->ctx, m->grads, m->grad_bytes);
 }
@@ -345,20 +344,20 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     met->step = m->step;
     met->n_blocks = nb;
     if (nb == 0) {
-        zero_grads(m);
+        dflash_train_zero_grads(m);
         met->skipped = true;
         return 0;
     }
     double wsum = 0.0;
     int rc = dflash_train_build(m, tc, b, nb, blk_seq, blk_anchor, &wsum);
     if (rc) {
-        zero_grads(m);
+        dflash_train_zero_grads(m);
         return rc;
     }
     met->n_ctx_tokens = m->cur_tc;
     met->weight_sum = wsum;
     if (!(wsum > 0)) {
-        zero_grads(m);
+        dflash_train_zero_grads(m);
         met->skipped = true;
         return 0;
     }

@@ -113,6 +113,9 @@ int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
 /* Clip, schedule and AdamW over the gradients (step 4); increments m->step; waits for it and
  * fills met->lr, grad_norm and step. Call after dflash_train_grads. */
 void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met);
+/* Queues zero gradients for a step without a backward, once the previous update (on the ops'
+ * side stream, if any) has read them. Model's thread. */
+void dflash_train_zero_grads(dflash_model *m);
 
 /* The whole step on a slot's batch: anchors from (tc->seed, epoch, batch_key), grads, apply.
  * batch_key identifies the batch within the epoch (e.g. bucket << 40 | batch index). A batch

@@ -168,7 +168,12 @@ static void cpu_side(nn_ctx *c) {
     (void)c;
 }
 
-static void cpu_side_stage(nn_ctx *c, int k) {
+static void cpu_side_mark(nn_ctx *c, int k) {
+    (void)c;
+    assert(k >= 0 && k < NN_SIDE_MARKS);
+}
+
+static void cpu_side_wait(nn_ctx *c, int k) { /* k < 0: everything */
     (void)c;
     assert(k < NN_SIDE_MARKS);
 }
@@ -1086,9 +1091,9 @@ static const nn_ops cpu_ops = {
     .fence_wait = cpu_fence,
     .order_after = cpu_order_after,
     .side_begin = cpu_side,
-    .side_mark = cpu_side_stage,
+    .side_mark = cpu_side_mark,
     .side_end = cpu_side,
-    .side_wait = cpu_side_stage,
+    .side_wait = cpu_side_wait,
     .stream_drains = cpu_stream_drains,
     .adamw_clip = cpu_adamw_clip,
     .adamw_clip_act = cpu_adamw_clip_act,

@@ -18,13 +18,10 @@
 #include "broker_stub.h"
 #include "config.h"
 #include "err.h"
-#include "log.h"
 #include "wire.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <uv.h>
-
 
 typedef struct {
     const char *rid, *name;
@@ -357,8 +354,10 @@ int main(void)
     for (int it = 0; it < 4000; it++) {
         stub_init(types[it % 5], WIRE_ROLE_DRAFTER, Bd.inc);
         snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
-        if (types[it % 5] == WIRE_GROUP_SET_ID) stub_req.u.set_id.id_len = 7, stub_req.u.set_id.epoch = 1;
-        else stub_req.u.gstep.epoch = stub_req.u.gstep.step = 1 + (uint64_t)(it % 7);
+        if (types[it % 5] == WIRE_GROUP_SET_ID)
+            stub_req.u.set_id.id_len = 7, stub_req.u.set_id.epoch = 1;
+        else
+            stub_req.u.gstep.epoch = stub_req.u.gstep.step = 1 + (uint64_t)(it % 7);
         stub_req.request_id = stub_next_rid++;
         int n = wire_pack(&stub_req, stub_buf, sizeof stub_buf);
         for (int k = 0; k < 1 + it % 4 && n > 0; k++) {

@@ -136,14 +136,18 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
     const int steps = 10;
-    double flop = 0, t0 = monotime_s();
+    double flop = 0, t0 = monotime_s(), t_queue = 0, t_collect = 0;
     for (int i = 0; i < steps; i++) { /* as the daemon: queued, metrics collected a step late */
+        double q0 = monotime_s();
         dflash_train_step_async(m, &tc, &v, 0, (uint64_t)(100 + i));
+        t_queue += monotime_s() - q0;
         int nb = m->cur_nb;
         double keys = 0;
         for (int j = 0; j < nb; j++)
             keys += (double)BS * (m->h_blk_anchor[j] + BS);
+        double c0 = monotime_s();
         if (dflash_train_pending(m) > 1) dflash_train_collect(m, &met);
+        t_collect += monotime_s() - c0;
         double Q = (double)nb * BS;
         double per_row = (double)D * H * HD + 2.0 * D * HK * HD + (double)H * HD * D +
                          3.0 * D * FF;
@@ -172,6 +176,12 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
            flop / sec / 1e12, 100 * mfu, gib, met.loss);
     printf("RESULT case=%s steps_per_s=%.3f samples_per_s=%.3f mfu=%.4f peak_gib=%.2f\n", name,
            1.0 / sec, n_seqs / sec, mfu, gib);
+    /* where the host spent the timed steps: queuing a step should take a few ms, the rest is
+     * the wait for the previous step's metrics; a queue time near the step time means the
+     * host waited for the stream while queuing (the GPU then ran dry) */
+    printf("host per timed step: %.2f ms queuing (dflash_train_step_async), %.2f ms waiting for "
+           "the previous step (dflash_train_collect)\n",
+           t_queue * 1e3 / steps, t_collect * 1e3 / steps);
     fflush(stdout);
     prof_begin();
     double ak = 0, p0 = monotime_s();

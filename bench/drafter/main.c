@@ -12,7 +12,8 @@
  *   lm_head and target features are random.
  * Timing: 3 untimed steps, then 10 steps queued as the drafter daemon does
  *   (dflash_train_step_async, each step's metrics collected once the next is queued) between
- *   stream syncs (host clock).
+ *   stream syncs (host clock); also printed: the host's time per timed step queuing the next
+ *   step and waiting for the previous one (a queue time near the step time: a bubble).
  *   samples/s = steps/s * sequences per step.
  * FLOPs per step (12 = fwd 4 + bwd 8 per (query row, head, visible key, d) for attention;
  *   recomputation inside the attention backward not counted):

@@ -669,6 +669,13 @@ static const nn_ops *lag_ops(const nn_ops *real) {
     return &lag.tab;
 }
 
+/* Removes a test's temporary directory tree (made by mkdtemp: no quoting needed). */
+static void rm_tree(const char *root) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 /* A checkpoint resumed into a model whose last update still lags on the side stream holds the
  * file's weights (the lagging update runs before the upload, not over it); with the lag's host
  * waits bypassed for the resume (run_late: the update runs after it) it does not. */
@@ -710,9 +717,7 @@ out:
         ;
     dflash_model_destroy(&m);
     dflash_model_destroy(&r);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    CHECK_EQ_INT(system(cmd), 0);
+    rm_tree(root);
 }
 
 /* Queued steps (the daemon's loop) with the lagging side stream give the weights, moments and
@@ -828,9 +833,7 @@ static void test_checkpoint(world *w) {
 
     dflash_model_destroy(&a);
     dflash_model_destroy(&b);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    CHECK_EQ_INT(system(cmd), 0);
+    rm_tree(root);
 }
 
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */

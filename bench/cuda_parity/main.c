@@ -755,6 +755,7 @@ int main(int argc, char **argv) {
         t_rmsnorm(532, 64);
         t_rmsnorm(64, 4096);
         t_rmsnorm(2000, 4096); /* several rows per block of the one-pass backward */
+        t_rmsnorm(1999, 4096); /* an odd count of rows */
         t_rmsnorm(9000, 256);
         t_linear(257, 320, 192, 1);
         t_linear(64, 1024, 4096, 0);

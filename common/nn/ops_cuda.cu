@@ -1,4 +1,5 @@
-/* ops_cuda: the cuda backend of ops.h, everything but attention (ops_cuda_attn.cu).
+/* ops_cuda: the cuda backend of ops.h (its vtable), everything but attention (ops_cuda_attn.cu)
+ * and the optimizer's kernels (ops_cuda_optim.cu).
  *
  * Types: nn_buf = bf16, also the matrices' weight gradients (ops.h); vector weight gradients,
  * master weights, moments, rstd, lse, loss sums fp32.

@@ -6,17 +6,16 @@
  *
  * One context = one device, a non-blocking main stream (with DFLASH_CUDA_SIDE_STREAM=1 also a
  * low-priority side stream for the optimizer, ops.h side_begin), one cuBLASLt handle and the
- * scratch that is planned once in
- * nn_cuda_new (the 32 MiB cuBLASLt workspace, a conversion staging buffer for upload/download).
- * Every op is queued on the context's current stream and returns without waiting, except
- * download / download_raw / sync, which wait for both streams (the caller reads the host
- * result next). alloc/free are setup-time calls (cudaMalloc / cudaFree).
+ * scratch that is planned once in nn_cuda_new (the 32 MiB cuBLASLt workspace, a conversion staging
+ * buffer for upload/download). Every op is queued on the context's current stream and returns
+ * without waiting, except download / download_raw / sync, which wait for both streams (the caller
+ * reads the host result next). alloc/free are setup-time calls (cudaMalloc / cudaFree).
  *
- * Files: ops_cuda.cu (context, memory, elementwise ops, norms, rope, linear via cuBLASLt, loss,
- * the vtable), ops_cuda_optim.cu (sumsq, AdamW, scale), ops_cuda_attn.cu (the attention launchers and their CUDA-core kernels
- * for any head dim <= 256). The launchers try, in order: the Hopper wgmma kernels
- * (ops_cuda_attn_wgmma.cu: causal and block forward; ops_cuda_attn_wgbwd.cu: block backward,
- * reached through ops_cuda_attn_bwd.cu), the mma.sync ones (ops_cuda_attn_mma.cu,
+ * Files: ops_cuda.cu (context, memory, elementwise ops, norms, rope, linear via cuBLASLt, loss, the
+ * vtable), ops_cuda_optim.cu (sumsq, AdamW, scale), ops_cuda_attn.cu (the attention launchers and
+ * their CUDA-core kernels for any head dim <= 256). The launchers try, in order: the Hopper wgmma
+ * kernels (ops_cuda_attn_wgmma.cu: causal and block forward; ops_cuda_attn_wgbwd.cu: block
+ * backward, reached through ops_cuda_attn_bwd.cu), the mma.sync ones (ops_cuda_attn_mma.cu,
  * ops_cuda_attn_bwd.cu), the WMMA ones (ops_cuda_attn_tc.cu), then the CUDA-core ones; each
  * declines shapes or pointers it does not take. DFLASH_CUDA_ATTN (docs/operating.md) pins one.
  * Threads: one host thread uses a context at a time.

@@ -324,6 +324,25 @@ __device__ __forceinline__ void wg_block_mask(float (&s)[KT / 8][4], int kb, con
         }
 }
 
+/* The mask of tile i of a block item (ib: its record, nr merged context intervals, n_ctx
+ * context tiles): a context tile is masked to [klo, min(khi, its interval's end)) outside
+ * [xlo, xhi), unless it lies wholly inside that with every row live; the own-keys tile (i ==
+ * n_ctx) to [glo, ghi). */
+template <int NWG, int KT>
+__device__ __forceinline__ void wg_block_mask_tile(float (&s)[KT / 8][4], const int *ib, int nr,
+                                                   int i, int n_ctx, const bool rv[2], int klo,
+                                                   int khi, int xlo, int xhi, int glo, int ghi) {
+    if (i < n_ctx) {
+        int cb, re;
+        wg_block_tile<NWG, KT>(ib, nr, i, cb, re);
+        const int h = min(khi, re);
+        if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h && (cb + KT <= xlo || cb >= xhi)))
+            wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
+    } else {
+        wg_block_mask<KT>(s, 0, rv, glo, ghi, 0, 0);
+    }
+}
+
 /* One CTA. Causal: TQ = 64 NWG query rows (RT tokens x group heads of kv head blockIdx.y), NWG
  * warpgroups of 64 rows. BLOCK: NWG consecutive blocks, warpgroup w the B x group rows of block
  * NWG c + w (c: the CTA's index, reversed), keys of the merged context intervals then the
@@ -541,16 +560,7 @@ __device__ __forceinline__ void wg_fwd(const wg_args &a, const wg_blk &bs) {
             }
             wg_pin_all(s);
             if constexpr (BLOCK) { /* mask here, then the softmax as of a full tile */
-                if (i < n_ctx) {
-                    int cb, re;
-                    wg_block_tile<NWG, KT>(red, nr, i, cb, re);
-                    const int h = min(khi, re);
-                    if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h &&
-                          (cb + KT <= xlo || cb >= xhi)))
-                        wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
-                } else {
-                    wg_block_mask<KT>(s, 0, rv, glo, ghi, 0, 0);
-                }
+                wg_block_mask_tile<NWG, KT>(s, red, nr, i, n_ctx, rv, klo, khi, xlo, xhi, glo, ghi);
                 online_softmax<KT>(s, m, l, corr, 0, lo, hi, true, sl2);
                 (void)full_tile;
             } else {
@@ -874,16 +884,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #pragma unroll
             for (int e = 0; e < 2; e++)
                 rv[e] = vk[6] && 16 * wq + g + 8 * e < NR;
-            if (i < n_ctx) {
-                int cb, re;
-                wg_block_tile<NWG, KT>(ib, nr, i, cb, re);
-                const int h = min(khi, re);
-                if (!(rv[0] && rv[1] && cb >= klo && cb + KT <= h &&
-                      (cb + KT <= xlo || cb >= xhi)))
-                    wg_block_mask<KT>(s, cb, rv, klo, h, xlo, xhi);
-            } else {
-                wg_block_mask<KT>(s, 0, rv, vk[4], vk[5], 0, 0);
-            }
+            wg_block_mask_tile<NWG, KT>(s, ib, nr, i, n_ctx, rv, klo, khi, xlo, xhi, vk[4], vk[5]);
             online_softmax<KT>(s, m, l, corr, 0, lo, hi, true, sl2);
             wg_wait<0>();
             wg_pin_all(o);

@@ -37,7 +37,6 @@
 #include "ops_cuda.h"
 
 #include "cuda_elem.cuh"
-#include "lt_enum.h"
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -84,7 +83,7 @@ struct nn_ctx {
     lt_entry cache[LT_CACHE];
     int cache_next;
     int tune; /* candidates timed for a new matmul shape (matmul_tune; <= 1: none) */
-    bool tune_enum; /* and enumerated configurations timed too (DFLASH_LT_ENUM=1, lt_enum.h) */
+    bool tune_heat; /* heat the board first, time in two passes (DFLASH_LT_TUNE_HEAT=1) */
     cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
@@ -629,15 +628,13 @@ static int ptr_align(const void *p) {
 }
 
 #define LT_TUNE_MAX 16
-#define LT_ENUM_MAX 512 /* enumerated configurations per shape (DFLASH_LT_ENUM=1) */
 
 static int lt_tune_clamp(int n) {
     return n < 1 ? 1 : n > LT_TUNE_MAX ? LT_TUNE_MAX : n;
 }
 
 /* The context's initial tuning: DFLASH_LT_TUNE=N (2..16) times the heuristic's first N
- * candidates on every new shape's first use (unset or 0: the heuristic's first, no timing);
- * DFLASH_LT_ENUM=1 adds the configurations lt_enum.h enumerates to whatever is timed */
+ * candidates on every new shape's first use (unset or 0: the heuristic's first, no timing) */
 static int lt_tune_env(void) {
     const char *e = getenv("DFLASH_LT_TUNE");
     return lt_tune_clamp(e ? atoi(e) : 0);
@@ -667,13 +664,34 @@ static float lt_time(nn_ctx *c, const lt_entry *e, const cublasLtMatmulAlgo_t *a
     return ms / runs;
 }
 
-/* The fastest of n candidates for entry e (the heuristic's n_heur first, then enumerated ones),
- * timed on the call's own A and B into a scratch copy of D (so a beta = 1 product reads the same
- * C): one warm-up and 3 timed runs each; of more than LT_TUNE_MAX, those LT_TUNE_MAX that one
- * timed run ranks first (and the heuristic's first). Waits for the stream (counted as a drain):
- * meant for start-up, where every shape is warmed. */
-static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulAlgo_t *cand, int n,
-                   int n_heur, const void *A, const void *B, const void *D, float beta) {
+/* "algo A tile T stages S swizzle W cluster C custom O" of a chosen algorithm, for the log. */
+static void lt_algo_name(const cublasLtMatmulAlgo_t *a, char *buf, size_t len) {
+    int32_t id = 0;
+    uint32_t tile = 0, stages = 0, sw = 0, custom = 0;
+    uint16_t cluster = 0;
+    size_t got = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages,
+                                         &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &sw, sizeof sw,
+                                         &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof cluster, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom,
+                                         sizeof custom, &got);
+    snprintf(buf, len, "algo %d tile %u stages %u swizzle %u cluster %u custom %u", id, tile,
+             stages, sw, (unsigned)cluster, custom);
+}
+
+/* The fastest of n candidates for entry e, timed on the call's own A and B into a scratch copy
+ * of D (so a beta = 1 product reads the same C): one warm-up and 3 timed runs each. With
+ * tune_heat, candidate 0 first runs untimed for >= 25 ms (an idle board starts at low clocks,
+ * which would count against the first candidate timed), then the candidates are timed in order
+ * and again in reverse (a drift counts alike for all). Waits for the stream (counted as a
+ * drain): meant for start-up, where every shape is warmed. */
+static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicResult_t *res,
+                   int n, const void *A, const void *B, const void *D, float beta) {
     size_t bytes = (size_t)e->key.ldc * e->key.n * (e->key.ctype ? 4 : 2);
     void *scratch = NULL;
     cudaEvent_t ev[2];
@@ -684,43 +702,35 @@ static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulAlgo_t *can
     CUDA_CHECK(cudaMemcpyAsync(scratch, D, bytes, cudaMemcpyDeviceToDevice, c->stream));
     CUDA_CHECK(cudaEventCreate(&ev[0]));
     CUDA_CHECK(cudaEventCreate(&ev[1]));
-    int *order = (int *)malloc((size_t)n * sizeof(int));
-    float *screen = (float *)malloc((size_t)n * sizeof(float));
-    if (!order || !screen) abort();
-    int m = n;
-    for (int i = 0; i < n; i++)
-        order[i] = i;
-    if (n > LT_TUNE_MAX) { /* screening: the heuristic's first stays in front */
-        for (int i = 0; i < n; i++)
-            screen[i] = i == 0 ? -1.0f : lt_time(c, e, &cand[i], A, B, scratch, beta, 1, ev);
-        for (int i = 1; i < n; i++) /* insertion sort by screened time */
-            for (int j = i; j > 0 && screen[order[j]] < screen[order[j - 1]]; j--) {
-                int t = order[j];
-                order[j] = order[j - 1], order[j - 1] = t;
-            }
-        m = LT_TUNE_MAX;
+    float ms[LT_TUNE_MAX] = {0};
+    int passes = 1;
+    if (c->tune_heat) {
+        float one = lt_time(c, e, &res[0].algo, A, B, scratch, beta, 1, ev);
+        int reps = isfinite(one) && one > 0.0f ? (int)ceilf(25.0f / one) : 0;
+        if (reps > 0) lt_time(c, e, &res[0].algo, A, B, scratch, beta, reps < 2000 ? reps : 2000,
+                              ev);
+        passes = 2;
     }
+    for (int p = 0; p < passes; p++)
+        for (int j = 0; j < n; j++) {
+            int i = p ? n - 1 - j : j;
+            ms[i] += lt_time(c, e, &res[i].algo, A, B, scratch, beta, 3, ev) / passes;
+        }
     int pick = 0;
-    float best = INFINITY, first = INFINITY;
-    for (int i = 0; i < m; i++) {
-        float ms = lt_time(c, e, &cand[order[i]], A, B, scratch, beta, 3, ev);
-        if (order[i] == 0) first = ms;
-        if (ms < best) best = ms, pick = order[i];
-    }
-    free(order);
-    free(screen);
+    for (int i = 1; i < n; i++)
+        if (ms[i] < ms[pick]) pick = i;
     c->drains++;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaEventDestroy(ev[0]));
     CUDA_CHECK(cudaEventDestroy(ev[1]));
     CUDA_CHECK(cudaFree(scratch));
-    char name[128];
-    lt_enum_name(&cand[pick], name, sizeof name);
+    char name[112];
+    lt_algo_name(&res[pick].algo, name, sizeof name);
     fprintf(stderr,
-            "ops_cuda: matmul m %d n %d k %d%s: candidate %d of %d%s, %.3f ms (heuristic's first "
+            "ops_cuda: matmul m %d n %d k %d%s: candidate %d of %d, %.3f ms (heuristic's first "
             "%.3f ms); %s\n",
-            e->key.m, e->key.n, e->key.k, e->key.beta_nz ? " beta 1" : "", pick, n,
-            pick >= n_heur ? " (enumerated)" : "", best, first, name);
+            e->key.m, e->key.n, e->key.k, e->key.beta_nz ? " beta 1" : "", pick, n, ms[pick],
+            ms[0], name);
     return pick;
 }
 
@@ -780,16 +790,8 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void 
                 key->m, key->n, key->k, key->lda, key->ldb, key->ldc);
         abort();
     }
-    cublasLtMatmulAlgo_t cand[LT_TUNE_MAX + LT_ENUM_MAX];
-    for (int i = 0; i < found; i++)
-        cand[i] = res[i].algo;
-    int n = found;
-    if (found > 1 && c->tune_enum)
-        n += lt_enum_configs(c->lt, e->op, e->A, e->B, e->C,
-                             key->ctype ? CUDA_R_32F : CUDA_R_16BF, cand, found, LT_WORKSPACE,
-                             cand + found, LT_ENUM_MAX);
-    e->algo = cand[n > 1 ? lt_tune(c, e, cand, n, found, A, B, D, beta) : 0];
-    e->tuned = n > 1;
+    e->algo = res[found > 1 ? lt_tune(c, e, res, found, A, B, D, beta) : 0].algo;
+    e->tuned = found > 1;
     e->used = 1;
     return e;
 }
@@ -1644,8 +1646,8 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     if (!c) return NULL;
     c->device = device;
     c->tune = lt_tune_env();
-    const char *en = getenv("DFLASH_LT_ENUM");
-    c->tune_enum = en && atoi(en) > 0;
+    const char *heat = getenv("DFLASH_LT_TUNE_HEAT");
+    c->tune_heat = heat && atoi(heat) > 0;
     if (cudaSetDevice(device) != cudaSuccess ||
         !streams_new(c) ||
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||

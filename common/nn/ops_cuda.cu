@@ -37,7 +37,6 @@
 #include "ops_cuda.h"
 
 #include "cuda_elem.cuh"
-#include "nvml_energy.h"
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -84,8 +83,6 @@ struct nn_ctx {
     lt_entry cache[LT_CACHE];
     int cache_next;
     int tune; /* candidates timed for a new matmul shape (matmul_tune; <= 1: none) */
-    bool tune_heat; /* heat the board first, time in two passes (DFLASH_LT_TUNE_HEAT=1) */
-    nvml_energy *energy; /* rank candidates by energy too (DFLASH_LT_TUNE_ENERGY=1; or NULL) */
     cudaEvent_t fence[NN_FENCES]; /* fence_record / fence_wait (timing disabled) */
     bool fence_used[NN_FENCES];
     cudaEvent_t order_ev;         /* order_after */
@@ -686,47 +683,11 @@ static void lt_algo_name(const cublasLtMatmulAlgo_t *a, char *buf, size_t len) {
              stages, sw, (unsigned)cluster, custom);
 }
 
-#define LT_ENERGY_MIN_MS 0.2f /* products shorter than this keep the timed pick */
-#define LT_ENERGY_WINDOW_MS 100.0f
-
-/* DFLASH_LT_TUNE_ENERGY=1: under the board's power limit (the drafter step runs there) a
- * product's time is about its energy over the limit, which the short timing on a cool board
- * does not show. Each candidate within 15% of the fastest runs for ~100 ms, twice (in order,
- * then reverse), under NVML's energy counter; the pick is the least max(cool time, energy per
- * product / power limit). */
-static int lt_energy_pick(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicResult_t *res,
-                          int n, const float *ms, int fastest, const void *A, const void *B,
-                          void *scratch, float beta, cudaEvent_t ev[2]) {
-    double mj[LT_TUNE_MAX] = {0}, limit = nvml_energy_limit_w(c->energy);
-    for (int p = 0; p < 2; p++)
-        for (int j = 0; j < n; j++) {
-            int i = p ? n - 1 - j : j;
-            if (!(ms[i] <= 1.15f * ms[fastest])) continue;
-            int reps = (int)ceilf(LT_ENERGY_WINDOW_MS / ms[i]);
-            double e0 = nvml_energy_mj(c->energy);
-            lt_time(c, e, &res[i].algo, A, B, scratch, beta, reps, ev); /* reps + 1 products */
-            double e1 = nvml_energy_mj(c->energy);
-            mj[i] += e0 < 0 || e1 < 0 ? INFINITY : (e1 - e0) / (reps + 1) / 2;
-        }
-    int pick = fastest;
-    double best = INFINITY;
-    for (int i = 0; i < n; i++) {
-        if (mj[i] <= 0.0) continue;
-        double at_limit = mj[i] / limit; /* mJ / W = ms */
-        double t = at_limit > ms[i] ? at_limit : ms[i];
-        fprintf(stderr, "ops_cuda:   candidate %d: %.3f ms, %.2f mJ per product (%.3f ms at %.0f W)\n",
-                i, ms[i], mj[i], at_limit, limit);
-        if (t < best) best = t, pick = i;
-    }
-    return pick;
-}
-
 /* The fastest of n candidates for entry e, timed on the call's own A and B into a scratch copy
- * of D (so a beta = 1 product reads the same C): one warm-up and 3 timed runs each. With
- * tune_heat, candidate 0 first runs untimed for >= 25 ms (an idle board starts at low clocks,
- * which would count against the first candidate timed), then the candidates are timed in order
- * and again in reverse (a drift counts alike for all). Waits for the stream (counted as a
- * drain): meant for start-up, where every shape is warmed. */
+ * of D (so a beta = 1 product reads the same C): one warm-up and 3 timed runs each. Waits for
+ * the stream (counted as a drain): meant for start-up, where every shape is warmed.
+ * Timing other ways picked worse products for the drafter step under the board's power limit
+ * (bench/cuda_ops/NOTES.md, "cuBLASLt picks and the power limit"). */
 static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicResult_t *res,
                    int n, const void *A, const void *B, const void *D, float beta) {
     size_t bytes = (size_t)e->key.ldc * e->key.n * (e->key.ctype ? 4 : 2);
@@ -739,25 +700,12 @@ static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicRe
     CUDA_CHECK(cudaMemcpyAsync(scratch, D, bytes, cudaMemcpyDeviceToDevice, c->stream));
     CUDA_CHECK(cudaEventCreate(&ev[0]));
     CUDA_CHECK(cudaEventCreate(&ev[1]));
-    float ms[LT_TUNE_MAX] = {0};
-    int passes = 1;
-    if (c->tune_heat) {
-        float one = lt_time(c, e, &res[0].algo, A, B, scratch, beta, 1, ev);
-        int reps = isfinite(one) && one > 0.0f ? (int)ceilf(25.0f / one) : 0;
-        if (reps > 0) lt_time(c, e, &res[0].algo, A, B, scratch, beta, reps < 2000 ? reps : 2000,
-                              ev);
-        passes = 2;
-    }
-    for (int p = 0; p < passes; p++)
-        for (int j = 0; j < n; j++) {
-            int i = p ? n - 1 - j : j;
-            ms[i] += lt_time(c, e, &res[i].algo, A, B, scratch, beta, 3, ev) / passes;
-        }
+    float ms[LT_TUNE_MAX];
     int pick = 0;
-    for (int i = 1; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        ms[i] = lt_time(c, e, &res[i].algo, A, B, scratch, beta, 3, ev);
         if (ms[i] < ms[pick]) pick = i;
-    if (c->energy && ms[pick] >= LT_ENERGY_MIN_MS) pick = lt_energy_pick(c, e, res, n, ms, pick,
-                                                                        A, B, scratch, beta, ev);
+    }
     c->drains++;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaEventDestroy(ev[0]));
@@ -1685,12 +1633,6 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     if (!c) return NULL;
     c->device = device;
     c->tune = lt_tune_env();
-    const char *heat = getenv("DFLASH_LT_TUNE_HEAT");
-    c->tune_heat = heat && atoi(heat) > 0;
-    const char *en = getenv("DFLASH_LT_TUNE_ENERGY");
-    char bus[32];
-    if (en && atoi(en) > 0 && cudaDeviceGetPCIBusId(bus, sizeof bus, device) == cudaSuccess)
-        c->energy = nvml_energy_open(bus);
     if (cudaSetDevice(device) != cudaSuccess ||
         !streams_new(c) ||
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
@@ -1722,7 +1664,6 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (c->ws) cudaFree(c->ws);
     if (c->stage) cudaFree(c->stage);
     if (c->lt) cublasLtDestroy(c->lt);
-    nvml_energy_close(&c->energy);
     events_destroy(c);
     if (c->side) cudaStreamDestroy(c->side);
     if (c->main) cudaStreamDestroy(c->main);

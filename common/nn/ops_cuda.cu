@@ -1422,6 +1422,110 @@ __global__ void __launch_bounds__(XENT_THREADS)
     }
 }
 
+/* The 16-byte path of k_xent_rows with fewer instructions per element and more loads in flight
+ * (V % 8 == 0, rows 16-byte aligned): each thread holds XENT_UNROLL groups of 8 raw before it
+ * converts any. Pass one takes a group's max on the raw values, rescales the running sum at most
+ * once per group, then adds 2^(x log2 e - m) with one fma and one ex2 per element; the argmax is
+ * the first index of the max inside the first group that reached it (re-read once at the end),
+ * so the thread's (max, sum, first index) are k_xent_rows' and block_msi merges them the same
+ * way. Pass two: one fma, one ex2 and one multiply per element; the label's element is fixed in
+ * the group that holds it. */
+#define XENT_UNROLL 4
+
+__device__ __forceinline__ float xent_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void xent_unpack(uint4 u, float x[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        x[2 * k] = __uint_as_float(w[k] << 16);
+        x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+
+__global__ void __launch_bounds__(XENT_THREADS)
+    k_xent_rows8(bf16 *logits, int V, int r0, const int32_t *labels, const float *weights,
+                 int32_t *correct, float *out_sums, float inv_norm, int want_dh) {
+    const int i = blockIdx.x, r = r0 + i, n8 = V / 8;
+    bf16 *L = logits + (size_t)i * V;
+    uint4 *G = reinterpret_cast<uint4 *>(L);
+    const int span = XENT_THREADS * XENT_UNROLL;
+    float m = -INFINITY, s = 0.0f; /* max of the raw x; s = sum 2^((x - m) log2 e) */
+    int best = -1;                 /* the first group whose max is m */
+    for (int g0 = threadIdx.x; g0 < n8; g0 += span) {
+        uint4 u[XENT_UNROLL];
+#pragma unroll
+        for (int k = 0; k < XENT_UNROLL; k++)
+            if (g0 + k * XENT_THREADS < n8) u[k] = G[g0 + k * XENT_THREADS];
+#pragma unroll
+        for (int k = 0; k < XENT_UNROLL; k++) {
+            if (g0 + k * XENT_THREADS >= n8) break;
+            float x[8];
+            xent_unpack(u[k], x);
+            float cm = fmaxf(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])),
+                             fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
+            if (cm > m) {
+                s = m == -INFINITY ? 0.0f : s * xent_ex2((m - cm) * XENT_LOG2E);
+                m = cm;
+                best = g0 + k * XENT_THREADS;
+            }
+            const float mb = m * XENT_LOG2E;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                s += xent_ex2(fmaf(x[e], XENT_LOG2E, -mb));
+        }
+    }
+    msi v = {m * XENT_LOG2E, s, 0x7fffffff};
+    if (best >= 0) {
+        float x[8];
+        xent_unpack(G[best], x);
+        int e = 0;
+        while (e < 7 && x[e] != m) e++;
+        v.i = 8 * best + e;
+    }
+    msi t = block_msi(v);
+    const int lab = labels[r];
+    const float w = weights[r];
+    if (threadIdx.x == 0) {
+        if (correct) correct[r] = t.i == lab;
+        if (w > 0.0f) {
+            float loss = w * ((t.m + log2f(t.s)) * XENT_LN2 - __bfloat162float(L[lab]));
+            atomicAdd(out_sums, loss);
+            atomicAdd(out_sums + 1, w);
+        }
+    }
+    __syncthreads(); /* L[lab] is read before any thread overwrites it */
+    if (!want_dh) return;
+    const float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
+    for (int g0 = threadIdx.x; g0 < n8; g0 += span) {
+        uint4 u[XENT_UNROLL];
+#pragma unroll
+        for (int k = 0; k < XENT_UNROLL; k++)
+            if (g0 + k * XENT_THREADS < n8) u[k] = G[g0 + k * XENT_THREADS];
+#pragma unroll
+        for (int k = 0; k < XENT_UNROLL; k++) {
+            const int gi = g0 + k * XENT_THREADS;
+            if (gi >= n8) break;
+            float x[8];
+            xent_unpack(u[k], x);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                x[e] = xent_ex2(fmaf(x[e], XENT_LOG2E, -mx)) * gs;
+            const unsigned at = (unsigned)(lab - 8 * gi);
+            if (at < 8u) {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    if (e == (int)at) x[e] -= g;
+            }
+            store8(L + 8 * (size_t)gi, x);
+        }
+    }
+}
+
 __global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0) {
     const float *L = logits + (size_t)blockIdx.x * V;
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
@@ -1443,10 +1547,15 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
     bf16 *logits = (bf16 *)scratch;
     const bf16 *hb = (const bf16 *)h;
     const bool vec = V % 8 == 0 && vec_ok(scratch, scratch, scratch);
+    static int xent_v1 = -1; /* DFLASH_XENT_V1=1: the first 16-byte kernel (for comparison) */
+    if (xent_v1 < 0) xent_v1 = getenv("DFLASH_XENT_V1") && atoi(getenv("DFLASH_XENT_V1")) == 1;
     for (int r0 = 0; r0 < Q; r0 += chunk) {
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 0, 0.0f);
-        if (vec)
+        if (vec && !xent_v1)
+            k_xent_rows8<<<n, XENT_THREADS, 0, c->stream>>>(
+                logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
+        else if (vec)
             k_xent_rows<true><<<n, XENT_THREADS, 0, c->stream>>>(
                 logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
         else

@@ -1,7 +1,7 @@
 /* bench-cuda_parity: the cuda backend against the cpu reference, op by op and for a whole DFlash
  * training step. Run on the GPU machine (scripts/gpu-parity); exits non-zero on any FAIL.
- * Usage: bench-cuda_parity [attn|loss|optim] (only the attention, the loss or the optimizer
- * checks, e.g. under a sanitizer).
+ * Usage: bench-cuda_parity [ops|attn|loss|optim] (only the other ops, the attention, the loss or
+ * the optimizer checks, e.g. under a sanitizer).
  *
  * Method: every input is drawn at random on the host, rounded to bf16 there, and given to both
  * backends, so they compute on identical values; the cpu backend then works in fp32 and the cuda
@@ -715,11 +715,12 @@ static void t_train_step(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *only = argc > 1 ? argv[1] : NULL; /* attn, loss or optim: that group alone */
-    int all = !only, do_attn = all || !strcmp(only, "attn");
+    /* ops, attn, loss or optim: that group alone (ops: every op outside the other three) */
+    const char *only = argc > 1 ? argv[1] : NULL;
+    int all = !only, do_attn = all || !strcmp(only, "attn"), do_ops = all || !strcmp(only, "ops");
     int do_loss = all || !strcmp(only, "loss"), do_optim = all || !strcmp(only, "optim");
-    if (!all && !do_attn && !do_loss && !do_optim) {
-        fprintf(stderr, "usage: %s [attn|loss|optim]: unknown group '%s'\n", argv[0], only);
+    if (!all && !do_ops && !do_attn && !do_loss && !do_optim) {
+        fprintf(stderr, "usage: %s [ops|attn|loss|optim]: unknown group '%s'\n", argv[0], only);
         return 2;
     }
     const char *attn = getenv("DFLASH_CUDA_ATTN");
@@ -749,7 +750,7 @@ int main(int argc, char **argv) {
     }
     printf("%-22s %-14s %11s %11s %11s %9s  %s\n", "op", "tensor", "max abs", "max rel", "l2 rel",
            "tol(l2)", "verdict");
-    if (all) {
+    if (do_ops) {
         t_embedding();
         t_rmsnorm(133, 300);
         t_rmsnorm(532, 64);
@@ -763,6 +764,7 @@ int main(int argc, char **argv) {
         t_head_norm_rope(100, 32, 128); /* the drafter's q */
         t_head_norm_rope(77, 8, 128);   /* its k: one pass of the block */
         t_head_norm_rope(50, 4, 64);
+        t_head_norm_rope(40, 6, 64); /* the second of a warp's two row sets partly past nh */
         t_head_norm_rope(30, 3, 40);
         t_qkv_norm_rope(32, 8, 128, 1); /* Qwen3: the vector path */
         t_qkv_norm_rope(6, 2, 64, 0);   /* Qwen2 / Llama: RoPE only */

@@ -985,13 +985,82 @@ __global__ void k_head_norm_rope_fwd(bf16 *out, const bf16 *x, const bf16 *w, co
                         [&](int) { return w; }, x + base, rot, nh, nh, d, eps);
 }
 
+/* The drafter's vector path (d as norm_rope_vec): each warp takes tokens in turn (grid-stride,
+ * no block barrier), a lane computes the sincosf of its own 8 columns' angles once per token (the
+ * values rope_angles gives) and loads two of its head rows before it computes either, so twice
+ * the bytes are in flight of a loop over single rows. Per row the values of norm_rope_rows. */
+#define ROPE_ROWS 2
+
+__global__ void k_head_norm_rope_fwd_warps(bf16 *out, const bf16 *x, const bf16 *w,
+                                           const int32_t *pos, const float *inv_freq, int T,
+                                           int nh, int d, float eps) {
+    const int half = d / 2, L = d / 8, per_warp = 32 / L, lane = threadIdx.x % 32;
+    const int nw = blockDim.x / 32, j = lane % L;
+    const bool first = j < L / 2;
+    const int i0 = first ? 8 * j : 8 * j - half;
+    float wv[8];
+    load8(w + 8 * j, wv);
+    for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
+        float cs[8], sn[8];
+        const float p = (float)pos[t];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            sincosf(p * inv_freq[i0 + e], &sn[e], &cs[e]);
+        for (int r0 = 0; r0 < nh; r0 += ROPE_ROWS * per_warp) {
+            float xv[ROPE_ROWS][8];
+#pragma unroll
+            for (int u = 0; u < ROPE_ROWS; u++) {
+                const int r = r0 + u * per_warp + lane / L;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    xv[u][e] = 0.0f;
+                if (r < nh) load8(x + ((size_t)t * nh + r) * d + 8 * j, xv[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < ROPE_ROWS; u++) {
+                const int r = r0 + u * per_warp + lane / L;
+                float ss = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    ss += xv[u][e] * xv[u][e];
+                for (int o = L / 2; o > 0; o >>= 1)
+                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                const float rs = rsqrtf(ss / (float)d + eps);
+                float n[8], o8[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    n[e] = __bfloat162float(
+                        __float2bfloat16(__bfloat162float(__float2bfloat16(xv[u][e] * rs)) * wv[e]));
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float q = __shfl_xor_sync(0xffffffffu, n[e], L / 2);
+                    o8[e] = first ? n[e] * cs[e] - q * sn[e] : n[e] * cs[e] + q * sn[e];
+                }
+                if (r < nh) store8(out + ((size_t)t * nh + r) * d + 8 * j, o8);
+            }
+        }
+    }
+}
+
+/* DFLASH_ROPE_V1=1: the drafter's head norm + RoPE kernels as before k_head_norm_rope_fwd_warps
+ * and the two-row backward (for comparison). */
+static bool rope_v1(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("DFLASH_ROPE_V1") && atoi(getenv("DFLASH_ROPE_V1")) == 1;
+    return v == 1;
+}
+
 static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
                                   const int32_t *pos, const float *inv_freq, int T, int nh, int d,
                                   float eps) {
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
     const size_t smem = sizeof(float) * (size_t)d;
-    if (norm_rope_vec(d) && vec_ok(out, x, w))
+    if (norm_rope_vec(d) && vec_ok(out, x, w) && !rope_v1()) {
+        int blocks = wave_grid(c, k_head_norm_rope_fwd_warps, 128, 0, (T + 3) / 4); /* 4 warps */
+        k_head_norm_rope_fwd_warps<<<blocks, 128, 0, c->stream>>>(
+            (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T, nh, d, eps);
+    } else if (norm_rope_vec(d) && vec_ok(out, x, w))
         k_head_norm_rope_fwd<true><<<T, 128, smem, c->stream>>>(
             (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, nh, d, eps);
     else
@@ -1007,6 +1076,7 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
  * x as the forward computed it, dx = rs (g w - xhat mean(g w xhat)), xhat = x rs; each lane
  * sums g xhat over its rows for its 8 columns, the block adds them in shared memory and then
  * into dw with one atomic per column. */
+template <int ROWS>
 __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
                                      const bf16 *w, const int32_t *pos, const float *inv_freq,
                                      int T, int nh, int d, float eps) {
@@ -1015,11 +1085,8 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
     const int nw = blockDim.x / 32, j = lane % L;
     const bool first = j < L / 2;
     const int i0 = first ? 8 * j : 8 * j - half;
-    float wv[8], fr[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     load8(w + 8 * j, wv);
-#pragma unroll
-    for (int e = 0; e < 8; e++)
-        fr[e] = inv_freq[i0 + e];
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         dws[i] = 0.0f;
     for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
@@ -1027,37 +1094,47 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
         const float p = (float)pos[t];
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            sincosf(p * fr[e], &sn[e], &cs[e]);
-        for (int r0 = 0; r0 < nh; r0 += per_warp) {
-            const int r = r0 + lane / L;
-            const bool valid = r < nh;
-            const size_t off = ((size_t)t * nh + r) * d + 8 * j;
-            float xv[8] = {0, 0, 0, 0, 0, 0, 0, 0}, gv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (valid) load8(x + off, xv), load8(dy + off, gv);
-            float ss = 0.0f, g[8];
+            sincosf(p * inv_freq[i0 + e], &sn[e], &cs[e]);
+        for (int r0 = 0; r0 < nh; r0 += ROWS * per_warp) {
+            float xv[ROWS][8], gv[ROWS][8]; /* ROWS rows' loads before any use */
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                ss += xv[e] * xv[e];
-                float q = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
-                g[e] = first ? gv[e] * cs[e] + q * sn[e] : gv[e] * cs[e] - q * sn[e];
+            for (int u = 0; u < ROWS; u++) {
+                const int r = r0 + u * per_warp + lane / L;
+                const size_t off = ((size_t)t * nh + r) * d + 8 * j;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    xv[u][e] = gv[u][e] = 0.0f;
+                if (r < nh) load8(x + off, xv[u]), load8(dy + off, gv[u]);
             }
-            for (int o = L / 2; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float rs = rsqrtf(ss / (float)d + eps);
-            float dot = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 8; e++)
-                dot += g[e] * wv[e] * xv[e] * rs;
-            for (int o = L / 2; o > 0; o >>= 1)
-                dot += __shfl_xor_sync(0xffffffffu, dot, o);
-            const float mean = dot / (float)d;
-            float o8[8];
+            for (int u = 0; u < ROWS; u++) {
+                const int r = r0 + u * per_warp + lane / L;
+                const size_t off = ((size_t)t * nh + r) * d + 8 * j;
+                float ss = 0.0f, g[8];
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                o8[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
-                acc[e] += g[e] * xv[e] * rs; /* 0 for invalid rows (x, dy read as 0) */
+                for (int e = 0; e < 8; e++) {
+                    ss += xv[u][e] * xv[u][e];
+                    float q = __shfl_xor_sync(0xffffffffu, gv[u][e], L / 2);
+                    g[e] = first ? gv[u][e] * cs[e] + q * sn[e] : gv[u][e] * cs[e] - q * sn[e];
+                }
+                for (int o = L / 2; o > 0; o >>= 1)
+                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                const float rs = rsqrtf(ss / (float)d + eps);
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    dot += g[e] * wv[e] * xv[u][e] * rs;
+                for (int o = L / 2; o > 0; o >>= 1)
+                    dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                const float mean = dot / (float)d;
+                float o8[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    o8[e] = rs * (g[e] * wv[e] - xv[u][e] * rs * mean);
+                    acc[e] += g[e] * xv[u][e] * rs; /* 0 for rows past nh (x, dy read as 0) */
+                }
+                if (r < nh) store8(dx + off, o8);
             }
-            if (valid) store8(dx + off, o8);
         }
     }
     __syncthreads(); /* dws set */
@@ -1119,10 +1196,10 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
     if (T == 0) return;
     if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, w, w)) {
         size_t smem = sizeof(float) * (size_t)d;
-        int blocks = wave_grid(c, k_head_norm_rope_bwd, 128, smem, (T + 3) / 4); /* 4 warps */
-        k_head_norm_rope_bwd<<<blocks, 128, smem, c->stream>>>(
-            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
-            nh, d, eps);
+        auto k = rope_v1() ? k_head_norm_rope_bwd<1> : k_head_norm_rope_bwd<ROPE_ROWS>;
+        int blocks = wave_grid(c, k, 128, smem, (T + 3) / 4); /* 4 warps */
+        k<<<blocks, 128, smem, c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
+                                            (const bf16 *)w, pos, inv_freq, T, nh, d, eps);
     } else {
         size_t rows = (size_t)T * nh;
         k_head_norm_rope_bwd_scalar<<<grid_for(rows * 32, 256), 256, 0, c->stream>>>(

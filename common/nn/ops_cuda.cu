@@ -985,82 +985,13 @@ __global__ void k_head_norm_rope_fwd(bf16 *out, const bf16 *x, const bf16 *w, co
                         [&](int) { return w; }, x + base, rot, nh, nh, d, eps);
 }
 
-/* The drafter's vector path (d as norm_rope_vec): each warp takes tokens in turn (grid-stride,
- * no block barrier), a lane computes the sincosf of its own 8 columns' angles once per token (the
- * values rope_angles gives) and loads two of its head rows before it computes either, so twice
- * the bytes are in flight of a loop over single rows. Per row the values of norm_rope_rows. */
-#define ROPE_ROWS 2
-
-__global__ void k_head_norm_rope_fwd_warps(bf16 *out, const bf16 *x, const bf16 *w,
-                                           const int32_t *pos, const float *inv_freq, int T,
-                                           int nh, int d, float eps) {
-    const int half = d / 2, L = d / 8, per_warp = 32 / L, lane = threadIdx.x % 32;
-    const int nw = blockDim.x / 32, j = lane % L;
-    const bool first = j < L / 2;
-    const int i0 = first ? 8 * j : 8 * j - half;
-    float wv[8];
-    load8(w + 8 * j, wv);
-    for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
-        float cs[8], sn[8];
-        const float p = (float)pos[t];
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            sincosf(p * inv_freq[i0 + e], &sn[e], &cs[e]);
-        for (int r0 = 0; r0 < nh; r0 += ROPE_ROWS * per_warp) {
-            float xv[ROPE_ROWS][8];
-#pragma unroll
-            for (int u = 0; u < ROPE_ROWS; u++) {
-                const int r = r0 + u * per_warp + lane / L;
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    xv[u][e] = 0.0f;
-                if (r < nh) load8(x + ((size_t)t * nh + r) * d + 8 * j, xv[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < ROPE_ROWS; u++) {
-                const int r = r0 + u * per_warp + lane / L;
-                float ss = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    ss += xv[u][e] * xv[u][e];
-                for (int o = L / 2; o > 0; o >>= 1)
-                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
-                const float rs = rsqrtf(ss / (float)d + eps);
-                float n[8], o8[8];
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    n[e] = __bfloat162float(
-                        __float2bfloat16(__bfloat162float(__float2bfloat16(xv[u][e] * rs)) * wv[e]));
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const float q = __shfl_xor_sync(0xffffffffu, n[e], L / 2);
-                    o8[e] = first ? n[e] * cs[e] - q * sn[e] : n[e] * cs[e] + q * sn[e];
-                }
-                if (r < nh) store8(out + ((size_t)t * nh + r) * d + 8 * j, o8);
-            }
-        }
-    }
-}
-
-/* DFLASH_ROPE_V1=1: the drafter's head norm + RoPE kernels as before k_head_norm_rope_fwd_warps
- * and the two-row backward (for comparison). */
-static bool rope_v1(void) {
-    static int v = -1;
-    if (v < 0) v = getenv("DFLASH_ROPE_V1") && atoi(getenv("DFLASH_ROPE_V1")) == 1;
-    return v == 1;
-}
-
 static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
                                   const int32_t *pos, const float *inv_freq, int T, int nh, int d,
                                   float eps) {
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
     const size_t smem = sizeof(float) * (size_t)d;
-    if (norm_rope_vec(d) && vec_ok(out, x, w) && !rope_v1()) {
-        int blocks = wave_grid(c, k_head_norm_rope_fwd_warps, 128, 0, (T + 3) / 4); /* 4 warps */
-        k_head_norm_rope_fwd_warps<<<blocks, 128, 0, c->stream>>>(
-            (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T, nh, d, eps);
-    } else if (norm_rope_vec(d) && vec_ok(out, x, w))
+    if (norm_rope_vec(d) && vec_ok(out, x, w))
         k_head_norm_rope_fwd<true><<<T, 128, smem, c->stream>>>(
             (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, nh, d, eps);
     else
@@ -1076,7 +1007,6 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
  * x as the forward computed it, dx = rs (g w - xhat mean(g w xhat)), xhat = x rs; each lane
  * sums g xhat over its rows for its 8 columns, the block adds them in shared memory and then
  * into dw with one atomic per column. */
-template <int ROWS>
 __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
                                      const bf16 *w, const int32_t *pos, const float *inv_freq,
                                      int T, int nh, int d, float eps) {
@@ -1085,8 +1015,11 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
     const int nw = blockDim.x / 32, j = lane % L;
     const bool first = j < L / 2;
     const int i0 = first ? 8 * j : 8 * j - half;
-    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float wv[8], fr[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     load8(w + 8 * j, wv);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        fr[e] = inv_freq[i0 + e];
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         dws[i] = 0.0f;
     for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
@@ -1094,47 +1027,37 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
         const float p = (float)pos[t];
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            sincosf(p * inv_freq[i0 + e], &sn[e], &cs[e]);
-        for (int r0 = 0; r0 < nh; r0 += ROWS * per_warp) {
-            float xv[ROWS][8], gv[ROWS][8]; /* ROWS rows' loads before any use */
+            sincosf(p * fr[e], &sn[e], &cs[e]);
+        for (int r0 = 0; r0 < nh; r0 += per_warp) {
+            const int r = r0 + lane / L;
+            const bool valid = r < nh;
+            const size_t off = ((size_t)t * nh + r) * d + 8 * j;
+            float xv[8] = {0, 0, 0, 0, 0, 0, 0, 0}, gv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (valid) load8(x + off, xv), load8(dy + off, gv);
+            float ss = 0.0f, g[8];
 #pragma unroll
-            for (int u = 0; u < ROWS; u++) {
-                const int r = r0 + u * per_warp + lane / L;
-                const size_t off = ((size_t)t * nh + r) * d + 8 * j;
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    xv[u][e] = gv[u][e] = 0.0f;
-                if (r < nh) load8(x + off, xv[u]), load8(dy + off, gv[u]);
+            for (int e = 0; e < 8; e++) {
+                ss += xv[e] * xv[e];
+                float q = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
+                g[e] = first ? gv[e] * cs[e] + q * sn[e] : gv[e] * cs[e] - q * sn[e];
             }
+            for (int o = L / 2; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float rs = rsqrtf(ss / (float)d + eps);
+            float dot = 0.0f;
 #pragma unroll
-            for (int u = 0; u < ROWS; u++) {
-                const int r = r0 + u * per_warp + lane / L;
-                const size_t off = ((size_t)t * nh + r) * d + 8 * j;
-                float ss = 0.0f, g[8];
+            for (int e = 0; e < 8; e++)
+                dot += g[e] * wv[e] * xv[e] * rs;
+            for (int o = L / 2; o > 0; o >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            const float mean = dot / (float)d;
+            float o8[8];
 #pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    ss += xv[u][e] * xv[u][e];
-                    float q = __shfl_xor_sync(0xffffffffu, gv[u][e], L / 2);
-                    g[e] = first ? gv[u][e] * cs[e] + q * sn[e] : gv[u][e] * cs[e] - q * sn[e];
-                }
-                for (int o = L / 2; o > 0; o >>= 1)
-                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
-                const float rs = rsqrtf(ss / (float)d + eps);
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    dot += g[e] * wv[e] * xv[u][e] * rs;
-                for (int o = L / 2; o > 0; o >>= 1)
-                    dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                const float mean = dot / (float)d;
-                float o8[8];
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    o8[e] = rs * (g[e] * wv[e] - xv[u][e] * rs * mean);
-                    acc[e] += g[e] * xv[u][e] * rs; /* 0 for rows past nh (x, dy read as 0) */
-                }
-                if (r < nh) store8(dx + off, o8);
+            for (int e = 0; e < 8; e++) {
+                o8[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
+                acc[e] += g[e] * xv[e] * rs; /* 0 for invalid rows (x, dy read as 0) */
             }
+            if (valid) store8(dx + off, o8);
         }
     }
     __syncthreads(); /* dws set */
@@ -1196,10 +1119,10 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
     if (T == 0) return;
     if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, w, w)) {
         size_t smem = sizeof(float) * (size_t)d;
-        auto k = rope_v1() ? k_head_norm_rope_bwd<1> : k_head_norm_rope_bwd<ROPE_ROWS>;
-        int blocks = wave_grid(c, k, 128, smem, (T + 3) / 4); /* 4 warps */
-        k<<<blocks, 128, smem, c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
-                                            (const bf16 *)w, pos, inv_freq, T, nh, d, eps);
+        int blocks = wave_grid(c, k_head_norm_rope_bwd, 128, smem, (T + 3) / 4); /* 4 warps */
+        k_head_norm_rope_bwd<<<blocks, 128, smem, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
+            nh, d, eps);
     } else {
         size_t rows = (size_t)T * nh;
         k_head_norm_rope_bwd_scalar<<<grid_for(rows * 32, 256), 256, 0, c->stream>>>(
@@ -1499,110 +1422,6 @@ __global__ void __launch_bounds__(XENT_THREADS)
     }
 }
 
-/* The 16-byte path of k_xent_rows with fewer instructions per element and more loads in flight
- * (V % 8 == 0, rows 16-byte aligned): each thread holds XENT_UNROLL groups of 8 raw before it
- * converts any. Pass one takes a group's max on the raw values, rescales the running sum at most
- * once per group, then adds 2^(x log2 e - m) with one fma and one ex2 per element; the argmax is
- * the first index of the max inside the first group that reached it (re-read once at the end),
- * so the thread's (max, sum, first index) are k_xent_rows' and block_msi merges them the same
- * way. Pass two: one fma, one ex2 and one multiply per element; the label's element is fixed in
- * the group that holds it. */
-#define XENT_UNROLL 4
-
-__device__ __forceinline__ float xent_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ void xent_unpack(uint4 u, float x[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        x[2 * k] = __uint_as_float(w[k] << 16);
-        x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-}
-
-__global__ void __launch_bounds__(XENT_THREADS)
-    k_xent_rows8(bf16 *logits, int V, int r0, const int32_t *labels, const float *weights,
-                 int32_t *correct, float *out_sums, float inv_norm, int want_dh) {
-    const int i = blockIdx.x, r = r0 + i, n8 = V / 8;
-    bf16 *L = logits + (size_t)i * V;
-    uint4 *G = reinterpret_cast<uint4 *>(L);
-    const int span = XENT_THREADS * XENT_UNROLL;
-    float m = -INFINITY, s = 0.0f; /* max of the raw x; s = sum 2^((x - m) log2 e) */
-    int best = -1;                 /* the first group whose max is m */
-    for (int g0 = threadIdx.x; g0 < n8; g0 += span) {
-        uint4 u[XENT_UNROLL];
-#pragma unroll
-        for (int k = 0; k < XENT_UNROLL; k++)
-            if (g0 + k * XENT_THREADS < n8) u[k] = G[g0 + k * XENT_THREADS];
-#pragma unroll
-        for (int k = 0; k < XENT_UNROLL; k++) {
-            if (g0 + k * XENT_THREADS >= n8) break;
-            float x[8];
-            xent_unpack(u[k], x);
-            float cm = fmaxf(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])),
-                             fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
-            if (cm > m) {
-                s = m == -INFINITY ? 0.0f : s * xent_ex2((m - cm) * XENT_LOG2E);
-                m = cm;
-                best = g0 + k * XENT_THREADS;
-            }
-            const float mb = m * XENT_LOG2E;
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                s += xent_ex2(fmaf(x[e], XENT_LOG2E, -mb));
-        }
-    }
-    msi v = {m * XENT_LOG2E, s, 0x7fffffff};
-    if (best >= 0) {
-        float x[8];
-        xent_unpack(G[best], x);
-        int e = 0;
-        while (e < 7 && x[e] != m) e++;
-        v.i = 8 * best + e;
-    }
-    msi t = block_msi(v);
-    const int lab = labels[r];
-    const float w = weights[r];
-    if (threadIdx.x == 0) {
-        if (correct) correct[r] = t.i == lab;
-        if (w > 0.0f) {
-            float loss = w * ((t.m + log2f(t.s)) * XENT_LN2 - __bfloat162float(L[lab]));
-            atomicAdd(out_sums, loss);
-            atomicAdd(out_sums + 1, w);
-        }
-    }
-    __syncthreads(); /* L[lab] is read before any thread overwrites it */
-    if (!want_dh) return;
-    const float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
-    for (int g0 = threadIdx.x; g0 < n8; g0 += span) {
-        uint4 u[XENT_UNROLL];
-#pragma unroll
-        for (int k = 0; k < XENT_UNROLL; k++)
-            if (g0 + k * XENT_THREADS < n8) u[k] = G[g0 + k * XENT_THREADS];
-#pragma unroll
-        for (int k = 0; k < XENT_UNROLL; k++) {
-            const int gi = g0 + k * XENT_THREADS;
-            if (gi >= n8) break;
-            float x[8];
-            xent_unpack(u[k], x);
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                x[e] = xent_ex2(fmaf(x[e], XENT_LOG2E, -mx)) * gs;
-            const unsigned at = (unsigned)(lab - 8 * gi);
-            if (at < 8u) {
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e == (int)at) x[e] -= g;
-            }
-            store8(L + 8 * (size_t)gi, x);
-        }
-    }
-}
-
 __global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0) {
     const float *L = logits + (size_t)blockIdx.x * V;
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
@@ -1624,15 +1443,10 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
     bf16 *logits = (bf16 *)scratch;
     const bf16 *hb = (const bf16 *)h;
     const bool vec = V % 8 == 0 && vec_ok(scratch, scratch, scratch);
-    static int xent_v1 = -1; /* DFLASH_XENT_V1=1: the first 16-byte kernel (for comparison) */
-    if (xent_v1 < 0) xent_v1 = getenv("DFLASH_XENT_V1") && atoi(getenv("DFLASH_XENT_V1")) == 1;
     for (int r0 = 0; r0 < Q; r0 += chunk) {
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 0, 0.0f);
-        if (vec && !xent_v1)
-            k_xent_rows8<<<n, XENT_THREADS, 0, c->stream>>>(
-                logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
-        else if (vec)
+        if (vec)
             k_xent_rows<true><<<n, XENT_THREADS, 0, c->stream>>>(
                 logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
         else

@@ -764,7 +764,7 @@ int main(int argc, char **argv) {
         t_head_norm_rope(100, 32, 128); /* the drafter's q */
         t_head_norm_rope(77, 8, 128);   /* its k: one pass of the block */
         t_head_norm_rope(50, 4, 64);
-        t_head_norm_rope(40, 6, 64); /* the second of a warp's two row sets partly past nh */
+        t_head_norm_rope(40, 6, 64); /* d 64: rows go in fours, the last four partly past nh */
         t_head_norm_rope(30, 3, 40);
         t_qkv_norm_rope(32, 8, 128, 1); /* Qwen3: the vector path */
         t_qkv_norm_rope(6, 2, 64, 0);   /* Qwen2 / Llama: RoPE only */

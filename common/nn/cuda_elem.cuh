@@ -38,11 +38,18 @@ static __device__ __forceinline__ void store8(__nv_bfloat16 *p, const float f[8]
     *reinterpret_cast<uint4 *>(p) = v;
 }
 
+/* The sum of v over aligned groups of L lanes (L a power of two, at most 32), in every lane of
+ * the group: butterfly steps unrolled, the ones at or past L skipped (warp-uniform). */
+static __device__ __forceinline__ float group_sum(float v, int L) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < L) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 /* The sum of v over the warp's 32 lanes, in every lane (butterfly: the same order each run). */
 static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    return group_sum(v, 32);
 }
 
 /* The sum of s over the block, in a fixed order, valid in thread 0. */

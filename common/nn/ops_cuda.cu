@@ -905,6 +905,7 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
         const int L = d / 8, per_warp = 32 / L, j = lane % L;
         const bool first = j < L / 2;
         const int i0 = first ? 8 * j : 8 * j - half;
+        const float inv_d = 1.0f / (float)d; /* exact: d is a power of two here */
 #pragma unroll 4
         for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
             const int r = r0 + lane / L;
@@ -915,11 +916,10 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 ss += x[e] * x[e];
-            for (int o = L / 2; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            ss = group_sum(ss, L);
             const bf16 *w = valid && rot_row ? w_of(r) : NULL;
             if (w) {
-                float g[8], rs = rsqrtf(ss / (float)d + eps);
+                float g[8], rs = rsqrtf(ss * inv_d + eps);
                 load8(w + 8 * j, g);
 #pragma unroll
                 for (int e = 0; e < 8; e++)
@@ -931,7 +931,7 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
             for (int e = 0; e < 8; e++) {
                 float p = __shfl_xor_sync(0xffffffffu, x[e], L / 2);
                 float cs = rot[i0 + e], sn = rot[half + i0 + e];
-                out[e] = !rot_row ? x[e] : first ? x[e] * cs - p * sn : x[e] * cs + p * sn;
+                out[e] = rot_row ? fmaf(p, first ? -sn : sn, x[e] * cs) : x[e];
             }
             if (valid) store8(dst_of(r) + 8 * j, out);
         }
@@ -1003,10 +1003,11 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
 /* Backward, vector path only (d as above): each warp takes tokens in turn (grid-stride over
  * all warps), with no block barrier inside the loop: a lane computes the sincosf of its own 8
  * columns' angles once per token (the same values as rope_angles) and keeps them in registers
- * across the token's head rows. Per head row: g = the rotation by -angle of dy (fp32), rs from
- * x as the forward computed it, dx = rs (g w - xhat mean(g w xhat)), xhat = x rs; each lane
- * sums g xhat over its rows for its 8 columns, the block adds them in shared memory and then
- * into dw with one atomic per column. */
+ * across the token's head rows, the sine with the sign of its half of the rotation. Per head
+ * row: g = the rotation by -angle of dy (fp32), rs from x as the forward computed it, xhat = x
+ * rs, dx = rs (g w - xhat mean(g w xhat)); each lane sums g xhat over its rows for its 8
+ * columns, the block adds them in shared memory and then into dw with one atomic per column.
+ * d is a power of two on this path (norm_rope_vec), so the means multiply by the exact 1 / d. */
 __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
                                      const bf16 *w, const int32_t *pos, const float *inv_freq,
                                      int T, int nh, int d, float eps) {
@@ -1015,6 +1016,7 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
     const int nw = blockDim.x / 32, j = lane % L;
     const bool first = j < L / 2;
     const int i0 = first ? 8 * j : 8 * j - half;
+    const float inv_d = 1.0f / (float)d;
     float wv[8], fr[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     load8(w + 8 * j, wv);
 #pragma unroll
@@ -1023,41 +1025,48 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         dws[i] = 0.0f;
     for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
-        float cs[8], sn[8];
+        float cs[8], sn[8]; /* sn: +sin in the first half (g = dy cos + partner sin), else -sin */
         const float p = (float)pos[t];
 #pragma unroll
-        for (int e = 0; e < 8; e++)
+        for (int e = 0; e < 8; e++) {
             sincosf(p * fr[e], &sn[e], &cs[e]);
+            if (!first) sn[e] = -sn[e];
+        }
         for (int r0 = 0; r0 < nh; r0 += per_warp) {
             const int r = r0 + lane / L;
             const bool valid = r < nh;
             const size_t off = ((size_t)t * nh + r) * d + 8 * j;
-            float xv[8] = {0, 0, 0, 0, 0, 0, 0, 0}, gv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (valid) load8(x + off, xv), load8(dy + off, gv);
+            float xv[8], gv[8];
+            if (valid) {
+                load8(x + off, xv), load8(dy + off, gv);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    xv[e] = gv[e] = 0.0f;
+            }
             float ss = 0.0f, g[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                ss += xv[e] * xv[e];
+                ss = fmaf(xv[e], xv[e], ss);
                 float q = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
-                g[e] = first ? gv[e] * cs[e] + q * sn[e] : gv[e] * cs[e] - q * sn[e];
+                g[e] = fmaf(q, sn[e], gv[e] * cs[e]);
             }
-            for (int o = L / 2; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float rs = rsqrtf(ss / (float)d + eps);
-            float dot = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                dot += g[e] * wv[e] * xv[e] * rs;
-            for (int o = L / 2; o > 0; o >>= 1)
-                dot += __shfl_xor_sync(0xffffffffu, dot, o);
-            const float mean = dot / (float)d;
-            float o8[8];
+            ss = group_sum(ss, L);
+            const float rs = rsqrtf(ss * inv_d + eps);
+            float dot = 0.0f, gw[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                o8[e] = rs * (g[e] * wv[e] - xv[e] * rs * mean);
-                acc[e] += g[e] * xv[e] * rs; /* 0 for invalid rows (x, dy read as 0) */
+                gw[e] = g[e] * wv[e];
+                xv[e] *= rs; /* xhat */
+                dot = fmaf(gw[e], xv[e], dot);
+                acc[e] = fmaf(g[e], xv[e], acc[e]); /* 0 for invalid rows (x, dy read as 0) */
             }
-            if (valid) store8(dx + off, o8);
+            dot = group_sum(dot, L);
+            const float mean = dot * inv_d;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                gw[e] = rs * fmaf(-xv[e], mean, gw[e]);
+            if (valid) store8(dx + off, gw);
         }
     }
     __syncthreads(); /* dws set */

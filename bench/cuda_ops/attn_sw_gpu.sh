@@ -6,8 +6,8 @@
 # Usage on the GPU machine: bench/cuda_ops/attn_sw_gpu.sh BIN_DIR [BUDGET_S] [STEPS]
 # BIN_DIR holds bench-cuda_parity, bench-cuda_ops, devlibs/ and COMMIT, optionally
 # base/bench-cuda_ops (e.g. the commit before, timed in the same run). STEPS (default "parity
-# ops") lists the groups to run, in order: parity (attention checks per variant and fallback), parity_all
-# (every check of bench-cuda_parity), ops (`bench-cuda_ops 0 attn`: base and default twice each,
+# ops") lists the groups to run, in order: parity (attention checks per variant and fallback),
+# parity_all (every check of bench-cuda_parity), ops (`bench-cuda_ops 0 attn`: base and default twice each,
 # atomics twice, PP=1 once), memcheck (default with SPLIT=1 and default, atomics with SPLIT=1),
 # step (`bench-cuda_ops 5 attn`, base and new), ncu (one launch of the default kernel: details in
 # the log, per-SASS-instruction counters in $OUT/wgb_sw_sass.csv), sass (local-memory

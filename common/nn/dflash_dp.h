@@ -26,7 +26,8 @@
  * Memory: cpu model + shm: m->grads (host) are reduced in place. cuda model + nccl: m->grads are
  * reduced on the device, on the model's stream (ops->stream). cuda model + shm: the gradients
  * move through the shm segment chunk by chunk with the ops' download_raw / upload_raw
- * (dp_host_io), so no host copy of the gradients is allocated at all. cpu model + nccl: refused (DFLASH_EUNSUPPORTED).
+ * (dp_host_io), so no host copy of the gradients is allocated at all. cpu model + nccl: refused
+ * (DFLASH_EUNSUPPORTED).
  * Threads: the model's thread. Callers: the drafter daemon's group worker (services/drafter),
  * the tests.
  */

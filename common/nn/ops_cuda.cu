@@ -1047,7 +1047,7 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
             float ss = 0.0f, g[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                ss = fmaf(xv[e], xv[e], ss);
+                ss += xv[e] * xv[e]; /* as the forward writes it (the same contraction) */
                 float q = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
                 g[e] = fmaf(q, sn[e], gv[e] * cs[e]);
             }

@@ -125,11 +125,11 @@ static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m,
                       float clip, int t) {
     PO_WRAP(PO_ADAMW, 0, po_real->adamw_clip(c, p, pa, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
 }
-static void po_adamwca(nn_ctx *c, float *p, nn_buf *pa, const nn_buf *g, float *m, float *v,
-                       size_t n, float lr, float b1, float b2, float eps, float wd,
+static void po_adamwca(nn_ctx *c, float *p, nn_buf *pa, uint16_t *lo, const nn_buf *g, float *m,
+                       float *v, size_t n, float lr, float b1, float b2, float eps, float wd,
                        const float *sq, float clip, int t) {
     PO_WRAP(PO_ADAMW, 0,
-            po_real->adamw_clip_act(c, p, pa, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
+            po_real->adamw_clip_act(c, p, pa, lo, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
 }
 static void po_rope(nn_ctx *c, nn_buf *o, const nn_buf *x, const nn_buf *w, const int32_t *p,
                     const float *f, int T, int nh, int d, float e) {

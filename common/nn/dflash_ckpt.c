@@ -304,7 +304,8 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
 
     /* host copies: master, exp_avg, exp_avg_sq */
     float *hm = host, *ha = host + n, *hv = host + 2 * n;
-    o->download_raw(m->ctx, hm, m->master, n * sizeof(float));
+    if ((rc = dflash_model_masters_download(m, hm)))
+        FAIL(rc, "checkpoint: out of memory for the masters' download");
     o->download_raw(m->ctx, ha, m->adam_m, n * sizeof(float));
     o->download_raw(m->ctx, hv, m->adam_v, n * sizeof(float));
     if (bf)
@@ -434,8 +435,8 @@ int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t
     if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     if ((rc = load_all(m, st, "", host, err, errlen))) goto out;
     m->ops->sync(m->ctx); /* a queued optimizer step (ops side stream) writes the masters */
-    m->ops->upload_raw(m->ctx, m->master, host, m->n_params * sizeof(float));
-    dflash_model_sync_params(m);
+    if ((rc = dflash_model_masters_upload(m, host)))
+        FAIL(rc, "checkpoint: out of memory for the masters' upload");
     m->ops->zero(m->ctx, m->adam_m, m->n_params * sizeof(float));
     m->ops->zero(m->ctx, m->adam_v, m->n_params * sizeof(float));
     m->step = 0;
@@ -481,10 +482,10 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
         (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)))
         goto out;
     m->ops->sync(m->ctx); /* as in dflash_ckpt_load_weights */
-    m->ops->upload_raw(m->ctx, m->master, host, n * sizeof(float));
+    if ((rc = dflash_model_masters_upload(m, host)))
+        FAIL(rc, "checkpoint: out of memory for the masters' upload");
     m->ops->upload_raw(m->ctx, m->adam_m, host + n, n * sizeof(float));
     m->ops->upload_raw(m->ctx, m->adam_v, host + 2 * n, n * sizeof(float));
-    dflash_model_sync_params(m);
     m->step = (long)step;
     if (tc) {
         /* the seed is exact in text (a double would round a 64-bit value) */

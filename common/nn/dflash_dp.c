@@ -210,6 +210,14 @@ int dflash_train_step_dp(dflash_model *m, const dflash_train_cfg *tc, const dfla
 /* ---------------------------------------------------------------------------------------------
  * state */
 
+/* The trainable state as byte ranges of backend memory: the masters as stored, the moments. */
+static int state_ranges(const dflash_model *m, void *ptr[5], size_t bytes[5]) {
+    int n = dflash_model_master_ranges(m, ptr, bytes);
+    ptr[n] = m->adam_m, bytes[n++] = m->n_params * sizeof(float);
+    ptr[n] = m->adam_v, bytes[n++] = m->n_params * sizeof(float);
+    return n;
+}
+
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++) {
@@ -257,10 +265,11 @@ int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root) {
     if (rc) return rc;
     if (bad > 0) return DFLASH_EMISMATCH;
 
-    size_t bytes = m->n_params * sizeof(float);
-    float *arrays[3] = {m->master, m->adam_m, m->adam_v};
-    for (int i = 0; i < 3; i++) {
-        rc = dp_comm_broadcast_io(comm, arrays[i], bytes, root, io, stream);
+    void *ranges[5];
+    size_t bytes[5];
+    int nr = state_ranges(m, ranges, bytes);
+    for (int i = 0; i < nr; i++) {
+        rc = dp_comm_broadcast_io(comm, ranges[i], bytes[i], root, io, stream);
         if (rc) return rc;
     }
     int64_t step = m->step;
@@ -273,19 +282,21 @@ int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root) {
 
 uint64_t dflash_dp_state_hash(const dflash_model *m) {
     uint64_t h = 0xcbf29ce484222325ull;
-    const float *arrays[3] = {m->master, m->adam_m, m->adam_v};
-    enum { CHUNK = 1 << 14 };
-    float *tmp = on_host(m) ? NULL : malloc(CHUNK * sizeof(float));
+    void *ranges[5];
+    size_t bytes[5];
+    int nr = state_ranges(m, ranges, bytes);
+    enum { CHUNK = 1 << 16 };
+    char *tmp = on_host(m) ? NULL : malloc(CHUNK);
     if (!on_host(m) && !tmp) return 0; /* out of memory: no hash */
-    for (int i = 0; i < 3; i++) {
-        for (size_t off = 0; off < m->n_params; off += CHUNK) {
-            size_t k = m->n_params - off < CHUNK ? m->n_params - off : CHUNK;
-            const float *p = arrays[i] + off;
+    for (int i = 0; i < nr; i++) {
+        for (size_t off = 0; off < bytes[i]; off += CHUNK) {
+            size_t k = bytes[i] - off < CHUNK ? bytes[i] - off : CHUNK;
+            const char *p = (const char *)ranges[i] + off;
             if (tmp) {
-                m->ops->download_raw(m->ctx, tmp, p, k * sizeof(float));
+                m->ops->download_raw(m->ctx, tmp, p, k);
                 p = tmp;
             }
-            h = fnv1a(h, p, k * sizeof(float));
+            h = fnv1a(h, p, k);
         }
     }
     free(tmp);

@@ -6,12 +6,14 @@
  * Tc context rows, Q = nb*B query rows, Tk = Tc + Q key rows, D, H, Hk, d, F, V, nF.
  */
 #include "dflash_model.h"
+#include "master_split.h"
 #include "rng.h"
 
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
 
+#include <assert.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -190,7 +192,84 @@ nn_buf *dflash_model_weight(const dflash_model *m, int i) {
     return (char *)m->params + m->tensors[i].offset * m->ops->act_bytes;
 }
 float *dflash_model_master(const dflash_model *m, int i) {
-    return m->master + m->tensors[i].offset;
+    const dflash_tensor *t = &m->tensors[i];
+    if (!t->decay) return m->master_vec + (t->offset - m->n_decay);
+    return m->master ? m->master + t->offset : NULL;
+}
+
+/* Host staging of the split masters' transfers: this many elements at a time. */
+#define SPLIT_CHUNK ((size_t)1 << 20)
+
+int dflash_model_masters_download(const dflash_model *m, float *dst) {
+    const nn_ops *o = m->ops;
+    size_t nd = m->n_decay, nv = m->n_params - nd;
+    o->download_raw(m->ctx, dst + nd, m->master_vec, nv * sizeof(float));
+    if (m->master) {
+        o->download_raw(m->ctx, dst, m->master, nd * sizeof(float));
+        return 0;
+    }
+    /* the low halves into dst's own bytes, the high ones chunk by chunk beside them */
+    uint16_t *hi = malloc(SPLIT_CHUNK * sizeof(uint16_t));
+    if (!hi) {
+        LOG_ERROR("drafter: out of host memory for the masters' download");
+        return DFLASH_ENOMEM;
+    }
+    for (size_t a = 0; a < nd; a += SPLIT_CHUNK) {
+        size_t k = nd - a < SPLIT_CHUNK ? nd - a : SPLIT_CHUNK;
+        uint16_t *lo = (uint16_t *)(dst + a); /* k halves in the first half of dst[a, a + k) */
+        o->download_raw(m->ctx, hi, (const char *)m->params + a * sizeof(uint16_t),
+                        k * sizeof(uint16_t));
+        o->download_raw(m->ctx, lo, m->master_lo + a, k * sizeof(uint16_t));
+        for (size_t j = k; j-- > 0;) { /* backwards: dst[a + j] covers lo[2j], lo[2j + 1] */
+            uint32_t u = nn_master_join(hi[j], lo[j]);
+            memcpy(dst + a + j, &u, sizeof u);
+        }
+    }
+    free(hi);
+    return 0;
+}
+
+int dflash_model_masters_upload(dflash_model *m, const float *src) {
+    const nn_ops *o = m->ops;
+    size_t nd = m->n_decay, nv = m->n_params - nd;
+    o->upload_raw(m->ctx, m->master_vec, src + nd, nv * sizeof(float));
+    if (m->master) {
+        o->upload_raw(m->ctx, m->master, src, nd * sizeof(float));
+    } else {
+        uint16_t *half = malloc(2 * SPLIT_CHUNK * sizeof(uint16_t));
+        if (!half) {
+            LOG_ERROR("drafter: out of host memory for the masters' upload");
+            return DFLASH_ENOMEM;
+        }
+        for (size_t a = 0; a < nd; a += SPLIT_CHUNK) {
+            size_t k = nd - a < SPLIT_CHUNK ? nd - a : SPLIT_CHUNK;
+            uint16_t *hi = half, *lo = half + SPLIT_CHUNK;
+            for (size_t j = 0; j < k; j++) {
+                uint32_t u;
+                memcpy(&u, src + a + j, sizeof u);
+                hi[j] = nn_master_hi(u), lo[j] = (uint16_t)u;
+            }
+            /* upload_raw returns once the source is staged: the next chunk may overwrite it */
+            o->upload_raw(m->ctx, (char *)m->params + a * sizeof(uint16_t), hi,
+                          k * sizeof(uint16_t));
+            o->upload_raw(m->ctx, m->master_lo + a, lo, k * sizeof(uint16_t));
+        }
+        free(half);
+    }
+    dflash_model_sync_params(m);
+    return 0;
+}
+
+int dflash_model_master_ranges(const dflash_model *m, void *ptr[3], size_t bytes[3]) {
+    if (m->master) {
+        ptr[0] = m->master, bytes[0] = m->n_params * sizeof(float);
+        return 1;
+    }
+    size_t nd = m->n_decay;
+    ptr[0] = m->params, bytes[0] = nd * m->ops->act_bytes;
+    ptr[1] = m->master_lo, bytes[1] = nd * sizeof(uint16_t);
+    ptr[2] = m->master_vec, bytes[2] = (m->n_params - nd) * sizeof(float);
+    return 3;
 }
 void *dflash_model_grad(const dflash_model *m, int i) {
     const dflash_tensor *t = &m->tensors[i];
@@ -208,8 +287,14 @@ void dflash_model_grad_download(const dflash_model *m, int i, float *dst) {
 
 void dflash_model_sync_params(dflash_model *m) {
     m->ops->side_wait(m->ctx, -1); /* a queued optimizer step writes params too */
-    if ((void *)m->params != (void *)m->master)
+    if ((void *)m->params == (void *)m->master) return;
+    if (m->master) {
         m->ops->f32_to_act(m->ctx, m->params, m->master, m->n_params);
+        return;
+    }
+    size_t nd = m->n_decay; /* split: the vectors' only */
+    m->ops->f32_to_act(m->ctx, (char *)m->params + nd * m->ops->act_bytes, m->master_vec,
+                       m->n_params - nd);
 }
 
 size_t dflash_model_layer_offset(const dflash_model *m, int l) {
@@ -377,8 +462,15 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
         goto fail;
     plan_params(m);
 
-    size_t pbytes = m->n_params * sizeof(float);
-    m->master = ops->alloc(ctx, pbytes);
+    size_t pbytes = m->n_params * sizeof(float), nd = m->n_decay;
+    if (ops->master_split) { /* the matrices' high halves are the act weights (params) */
+        assert(ops->act_bytes == sizeof(uint16_t));
+        m->master_lo = ops->alloc(ctx, nd * sizeof(uint16_t));
+        m->master_vec = ops->alloc(ctx, (m->n_params - nd) * sizeof(float));
+    } else {
+        m->master = ops->alloc(ctx, pbytes);
+        m->master_vec = m->master ? m->master + nd : NULL;
+    }
     m->grad_bytes = m->n_decay * ops->act_bytes + (m->n_params - m->n_decay) * sizeof(float);
     m->grads = ops->alloc(ctx, m->grad_bytes);
     m->adam_m = ops->alloc(ctx, pbytes);
@@ -391,7 +483,8 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     plan p = {0};
     plan_acts(m, &p);
     m->acts_mem = ops->alloc(ctx, p.off);
-    if (!m->master || !m->grads || !m->adam_m || !m->adam_v || !m->params || !m->acts_mem) {
+    if (!m->master_vec || (ops->master_split && !m->master_lo) || !m->grads || !m->adam_m ||
+        !m->adam_v || !m->params || !m->acts_mem) {
         LOG_ERROR("drafter: out of memory (%zu parameters, %zu activation bytes)", m->n_params,
                   p.off);
         goto fail;
@@ -419,8 +512,7 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
             }
         }
     }
-    ops->upload_raw(ctx, m->master, host, pbytes);
-    dflash_model_sync_params(m);
+    if (dflash_model_masters_upload(m, host)) goto fail;
     if (m->u_cap) { /* the identity sel gathers its rows from (u_cap^2 <= 1032^2 floats) */
         size_t U = (size_t)m->u_cap;
         float *eye = calloc(U * U, sizeof(float));
@@ -449,6 +541,8 @@ void dflash_model_destroy(dflash_model **pm) {
     if (m->pending_free) m->pending_free(m);
     if ((void *)m->params != (void *)m->master) m->ops->free(m->ctx, m->params);
     m->ops->free(m->ctx, m->master);
+    if (!m->master) m->ops->free(m->ctx, m->master_vec); /* its own array only where split */
+    m->ops->free(m->ctx, m->master_lo);
     m->ops->free(m->ctx, m->grads);
     m->ops->free(m->ctx, m->adam_m);
     m->ops->free(m->ctx, m->adam_v);

@@ -16,13 +16,17 @@
  * The K/V buffers are [context rows of all sequences | block rows of all blocks]; the span of
  * block j names its sequence's context rows strictly before the anchor and its own B rows.
  *
- * Memory (llm.c style): four large allocations, each pointed into from a size table planned once
+ * Memory (llm.c style): a few large allocations, each pointed into from a size table planned once
  * at creation for (max_tokens, max_blocks):
  *   master  fp32 parameters (trainable only), one flat array; the tensor table gives offsets.
  *           Order: all matrices first (weight decay applies), then, from n_decay (a multiple
- *           of 128), all norm vectors (none).
+ *           of 128), all norm vectors (none). Where the ops' master_split is set (cuda) the
+ *           matrices' masters are stored split (master_split.h): their high halves are the
+ *           act weights in params, their low halves master_lo [n_decay]; master is then NULL
+ *           and master_vec, the vectors' fp32 masters, its own array. Read and write the
+ *           masters as a whole with dflash_model_masters_download / _upload.
  *   params  act-typed copy used by the ops (cpu: the same memory as master).
- *   adam_m, adam_v   fp32, same layout as master.
+ *   adam_m, adam_v   fp32, the layout of master.
  *   grads   the matrices' gradients act-typed (ops.h: cuda bf16, one rounding per product),
  *           [n_decay] elements, then grads_vec, the vectors' fp32 [n_params - n_decay]: one
  *           allocation of grad_bytes, the same offsets as master. On cpu (act fp32) it is one
@@ -146,7 +150,9 @@ typedef struct dflash_model {
     int t_fc, t_hidden_norm, t_norm;
     int t_layer[DFLASH_MAX_LAYERS][DFL_N_LAYER_TENSORS];
     size_t n_params, n_decay; /* all; the first n_decay take weight decay (the matrices) */
-    float *master;            /* fp32 [n_params] backend memory */
+    float *master;            /* fp32 [n_params] backend memory; NULL where split */
+    float *master_vec;        /* the vectors' fp32 masters [n_params - n_decay] */
+    uint16_t *master_lo;      /* split: the matrices' low halves [n_decay]; else NULL */
     nn_buf *params;           /* act [n_params]; == master when act_bytes == 4 */
     nn_buf *grads;            /* act [n_decay]: the matrices' gradients, then grads_vec */
     float *grads_vec;         /* fp32 [n_params - n_decay], at grads + n_decay * act_bytes */
@@ -239,14 +245,26 @@ void dflash_model_destroy(dflash_model **m);
 /* Tensor lookup by checkpoint name; -1 when absent. */
 int dflash_model_find(const dflash_model *m, const char *name);
 /* Act-typed weight, fp32 master and gradient of tensor i (backend memory). The gradient is
- * act-typed (nn_buf) for a matrix (tensors[i].decay) and fp32 for a vector. */
+ * act-typed (nn_buf) for a matrix (tensors[i].decay) and fp32 for a vector. The master is NULL
+ * for a matrix whose master is split (master_lo). */
 nn_buf *dflash_model_weight(const dflash_model *m, int i);
 float *dflash_model_master(const dflash_model *m, int i);
 void *dflash_model_grad(const dflash_model *m, int i);
+/* All fp32 masters as host values dst[n_params], joined where split (waits for the device).
+ * 0, or DFLASH_ENOMEM (logged) without host memory for the staging. */
+int dflash_model_masters_download(const dflash_model *m, float *dst);
+/* Sets all fp32 masters from host src[n_params] (split where the model splits them) and the
+ * act copies from them. 0, or DFLASH_ENOMEM (logged; the masters then partly written). */
+int dflash_model_masters_upload(dflash_model *m, const float *src);
+/* The backend memory that holds the masters exactly, as up to 3 byte ranges (ptr[k], bytes[k]):
+ * master; or the matrices' act weights, master_lo and master_vec. Returns the count. For
+ * byte-wise copies and hashes of the state (dflash_dp). */
+int dflash_model_master_ranges(const dflash_model *m, void *ptr[3], size_t bytes[3]);
 /* Tensor i's gradient as fp32 host values dst[numel], whatever its type (ops download or
  * download_raw: waits for the device). For tests, checks and tools. */
 void dflash_model_grad_download(const dflash_model *m, int i, float *dst);
-/* Refreshes the act copies from the masters (after writing masters directly, e.g. a load). */
+/* Refreshes the act copies from the fp32 masters (after writing them directly, e.g. a load;
+ * a split master's act weights are its own high halves: nothing to refresh there). */
 void dflash_model_sync_params(dflash_model *m);
 /* The optimizer's stages on the ops' side stream (ops.h side_begin; dflash_train.c queues
  * them): stage 0 updates the vectors and fc, stage dflash_opt_stage(l) layer l's matrices

@@ -377,6 +377,14 @@ static nn_buf *params_at(const dflash_model *m, size_t a) {
     return (char *)m->params + a * m->ops->act_bytes;
 }
 
+/* The matrices' masters from element a (< n_decay): fp32, or split (master_lo) */
+static float *master_at(const dflash_model *m, size_t a) {
+    return m->master ? m->master + a : NULL;
+}
+static uint16_t *master_lo_at(const dflash_model *m, size_t a) {
+    return m->master_lo ? m->master_lo + a : NULL;
+}
+
 static float clip_of(const dflash_train_cfg *tc) {
     return tc->clip > 0 ? (float)tc->clip : 0.0f;
 }
@@ -384,7 +392,7 @@ static float clip_of(const dflash_train_cfg *tc) {
 /* AdamW with clipping over the matrices' elements [a, b) (act-typed gradients, weight decay). */
 static void adamw_matrices(dflash_model *m, const dflash_train_cfg *tc, size_t a, size_t b,
                            float lr, int t) {
-    m->ops->adamw_clip_act(m->ctx, m->master + a, params_at(m, a),
+    m->ops->adamw_clip_act(m->ctx, master_at(m, a), params_at(m, a), master_lo_at(m, a),
                            (const char *)m->grads + a * m->ops->act_bytes, m->adam_m + a,
                            m->adam_v + a, b - a, lr, (float)tc->beta1, (float)tc->beta2,
                            (float)tc->eps, (float)tc->weight_decay, m->out_sumsq, clip_of(tc), t);
@@ -403,7 +411,7 @@ static void queue_apply(dflash_model *m, const dflash_train_cfg *tc, pending_rec
     int t = (int)(m->step + 1), L = m->cfg.num_layers;
     o->side_begin(m->ctx);
     /* stage 0: the vectors (fp32 gradients, no decay) and fc */
-    o->adamw_clip(m->ctx, m->master + nd, params_at(m, nd), m->grads_vec, m->adam_m + nd,
+    o->adamw_clip(m->ctx, m->master_vec, params_at(m, nd), m->grads_vec, m->adam_m + nd,
                   m->adam_v + nd, nr, (float)lr, (float)tc->beta1, (float)tc->beta2,
                   (float)tc->eps, 0.0f, m->out_sumsq, clip_of(tc), t);
     adamw_matrices(m, tc, 0, dflash_model_layer_offset(m, 0), (float)lr, t);

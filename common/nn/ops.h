@@ -4,7 +4,8 @@
  * these through an nn_ops table; two backends implement the table:
  *   cpu  (ops_cpu.c): fp32 everywhere, OpenBLAS sgemm for linear layers. The reference.
  *   cuda (ops_cuda.cu): bf16 activations, weights and matrix weight gradients, fp32
- *        accumulation, fp32 master weights, vector gradients and AdamW moments.
+ *        accumulation, fp32 master weights (the matrices' split into the bf16 weight and a
+ *        low half: master_split.h), vector gradients and AdamW moments.
  * A "buffer" (nn_buf) is backend memory holding `act` elements (cpu: float; cuda: bf16). Buffers
  * typed `float *` are fp32 on every backend (vector weight gradients, master weights, optimizer
  * moments, softmax statistics, loss sums). Index arrays (`const int32_t *`) are backend memory
@@ -68,6 +69,9 @@ typedef struct nn_block_span {
 typedef struct nn_ops {
     const char *name; /* "cpu" or "cuda" */
     size_t act_bytes; /* sizeof one nn_buf element: 4 (cpu) or 2 (cuda) */
+    /* How a matrix's fp32 master is stored (adamw_clip_act): false (cpu), as the fp32 weight
+     * itself; true (cuda), split into the bf16 weight and a low half (master_split.h). */
+    bool master_split;
 
     /* ---- memory ---- */
     void *(*alloc)(nn_ctx *c, size_t bytes);        /* zeroed; NULL on failure */
@@ -248,10 +252,13 @@ typedef struct nn_ops {
     void (*adamw_clip)(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                        size_t n, float lr, float beta1, float beta2, float eps, float wd,
                        const float *sumsq, float clip, int t);
-    /* adamw_clip on an act-typed gradient g (the matrices'; widened to fp32 as it is read). */
-    void (*adamw_clip_act)(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
-                           float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                           float wd, const float *sumsq, float clip, int t);
+    /* adamw_clip for the matrices: an act-typed gradient g (widened to fp32 as it is read) and
+     * the fp32 master as master_split says: without it, p (fp32, the weight itself; p_lo
+     * NULL); with it, split (master_split.h) into the act weights p_act (bf16, the high half,
+     * rounded) and p_lo (the low 16 bits), both read and written (p NULL). */
+    void (*adamw_clip_act)(nn_ctx *c, float *p, nn_buf *p_act, uint16_t *p_lo, const nn_buf *g,
+                           float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                           float eps, float wd, const float *sumsq, float clip, int t);
     /* x[n] *= a (fp32), e.g. gradients rescaled for a data-parallel loss normaliser. */
     void (*scale_f32)(nn_ctx *c, float *x, size_t n, float a);
     /* x[n] = act(x * a), the product in fp32 (cpu: scale_f32). */

@@ -1007,9 +1007,12 @@ static void cpu_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, f
               t);
 }
 
-static void cpu_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
-                               float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                               float wd, const float *sumsq, float clip, int t) {
+static void cpu_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, uint16_t *p_lo,
+                               const nn_buf *g, float *m, float *v, size_t n, float lr,
+                               float beta1, float beta2, float eps, float wd, const float *sumsq,
+                               float clip, int t) {
+    assert(p && !p_lo); /* master_split is false: the fp32 master is the weight */
+    (void)p_lo;
     cpu_adamw_clip(c, p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, sumsq, clip, t);
 }
 
@@ -1051,6 +1054,7 @@ static int cpu_matmul_tune(nn_ctx *c, int candidates) {
 static const nn_ops cpu_ops = {
     .name = "cpu",
     .act_bytes = sizeof(float),
+    .master_split = false,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_upload,

@@ -1493,22 +1493,25 @@ static void cu_sumsq(nn_ctx *c, float *out, const nn_buf *ga, size_t na, const f
 static void cu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
                      float grad_scale, int t) {
-    cuda_adamw(c->stream, p, (bf16 *)p_act, g, NULL, m, v, n, lr, beta1, beta2, eps, wd,
-               grad_scale, NULL, 0.0f, t);
+    cuda_adamw(c->stream, p, (bf16 *)p_act, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale,
+               NULL, 0.0f, t);
 }
 
 static void cu_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
                           size_t n, float lr, float beta1, float beta2, float eps, float wd,
                           const float *sumsq, float clip, int t) {
-    cuda_adamw(c->stream, p, (bf16 *)p_act, g, NULL, m, v, n, lr, beta1, beta2, eps, wd, 1.0f,
-               sumsq, clip, t);
+    cuda_adamw(c->stream, p, (bf16 *)p_act, g, m, v, n, lr, beta1, beta2, eps, wd, 1.0f, sumsq,
+               clip, t);
 }
 
-static void cu_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
-                              float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                              float wd, const float *sumsq, float clip, int t) {
-    cuda_adamw(c->stream, p, (bf16 *)p_act, NULL, (const bf16 *)g, m, v, n, lr, beta1, beta2, eps,
-               wd, 1.0f, sumsq, clip, t);
+static void cu_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, uint16_t *p_lo,
+                              const nn_buf *g, float *m, float *v, size_t n, float lr,
+                              float beta1, float beta2, float eps, float wd, const float *sumsq,
+                              float clip, int t) {
+    assert(!p && p_act && p_lo); /* master_split */
+    (void)p;
+    cuda_adamw_split(c->stream, (bf16 *)p_act, p_lo, (const bf16 *)g, m, v, n, lr, beta1, beta2,
+                     eps, wd, sumsq, clip, t);
 }
 
 static void cu_scale_f32(nn_ctx *c, float *x, size_t n, float a) {
@@ -1532,6 +1535,7 @@ static nn_ops make_ops(void) {
     memset(&o, 0, sizeof o);
     o.name = "cuda";
     o.act_bytes = sizeof(bf16);
+    o.master_split = true;
     o.alloc = cu_alloc;
     o.free = cu_free;
     o.upload = cu_upload;

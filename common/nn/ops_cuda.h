@@ -86,15 +86,19 @@ int cuda_attention_init(void);
 /* Internal: the optimizer kernels of ops_cuda_optim.cu, on stream st. cuda_sumsq: out[0] = the
  * sum of squares of ga[na] (bf16) and g[n] (fp32), in a fixed order; part is device scratch of
  * part_cap floats (>= 1024). cuda_adamw: one AdamW step (t >= 1) of master p, moments m, v and,
- * where p_act is not NULL, its bf16 copy, from exactly one of g (fp32) and g_bf16, times
- * grad_scale, or, with sumsq not NULL, times the clipping factor NN_CLIP_SCALE(*sumsq, clip)
- * read on the device. cuda_scale: x *= a for exactly one of x (fp32) and x_bf16. */
+ * where p_act is not NULL, its bf16 copy, from the fp32 gradient g times grad_scale, or, with
+ * sumsq not NULL, times the clipping factor NN_CLIP_SCALE(*sumsq, clip) read on the device.
+ * cuda_adamw_split: the same from a bf16 gradient on a master split into p_hi and p_lo
+ * (master_split.h), clipped by sumsq. cuda_scale: x *= a for exactly one of x (fp32) and
+ * x_bf16. */
 void cuda_sumsq(cudaStream_t st, float *out, float *part, size_t part_cap,
                 const __nv_bfloat16 *ga, size_t na, const float *g, size_t n);
-void cuda_adamw(cudaStream_t st, float *p, __nv_bfloat16 *p_act, const float *g,
-                const __nv_bfloat16 *g_bf16, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float wd, float grad_scale, const float *sumsq, float clip,
-                int t);
+void cuda_adamw(cudaStream_t st, float *p, __nv_bfloat16 *p_act, const float *g, float *m,
+                float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                float grad_scale, const float *sumsq, float clip, int t);
+void cuda_adamw_split(cudaStream_t st, __nv_bfloat16 *p_hi, uint16_t *p_lo,
+                      const __nv_bfloat16 *g, float *m, float *v, size_t n, float lr, float beta1,
+                      float beta2, float eps, float wd, const float *sumsq, float clip, int t);
 void cuda_scale(cudaStream_t st, float *x, __nv_bfloat16 *x_bf16, size_t n, float a);
 /* Aborts with file:line and the CUDA error string when e != cudaSuccess. */
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line);

@@ -4,14 +4,18 @@
  * sumsq's partials, which the caller provides).
  *
  * sumsq: two fixed-order passes, no float atomics, so every run and every data-parallel rank
- * holding the same gradients gets the same bits. AdamW: memory-bound (30 bytes per element with
- * an fp32 gradient, 28 with bf16), 16-byte accesses where aligned; with sumsq given, the global
- * norm's clipping factor is read on the device (no host round trip). Every kernel computes in
- * fp32 and rounds once when it stores a bf16.
+ * holding the same gradients gets the same bits. AdamW: memory-bound, 16-byte accesses where
+ * aligned: the vectors' (k_adamw) 30 bytes per element (fp32 master, gradient and moments, the
+ * bf16 copy), the matrices' (k_adamw_split) 26 (the master split into the bf16 weight and its
+ * low half, master_split.h; bf16 gradient; fp32 moments); with sumsq given, the global norm's
+ * clipping factor is read on the device (no host round trip). Every kernel computes in fp32
+ * and rounds once when it stores a bf16 (the split master's high half: master_split.h's
+ * rounding).
  */
 #include "ops_cuda.h"
 
 #include "cuda_elem.cuh"
+#include "master_split.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -91,26 +95,13 @@ __device__ __forceinline__ float adamw_one(float &p, float g, float &m, float &v
     return p;
 }
 
-/* Four gradient elements from index 4i (G float or bf16), widened to fp32. */
-__device__ __forceinline__ float4 grad4(const float *g, size_t i) {
-    return reinterpret_cast<const float4 *>(g)[i];
-}
-__device__ __forceinline__ float4 grad4(const bf16 *g, size_t i) {
-    uint2 u = reinterpret_cast<const uint2 *>(g)[i];
-    float2 lo = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u.x));
-    float2 hi = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-__device__ __forceinline__ float grad1(const float *g, size_t i) { return g[i]; }
-__device__ __forceinline__ float grad1(const bf16 *g, size_t i) { return __bfloat162float(g[i]); }
-
 /* grad_scale is used as given, or, with sumsq non-NULL, taken from the device-side global norm
- * (adamw_clip: no host round trip). G: the gradient's type (fp32, or bf16 for the matrices).
- * VEC: 4 elements per thread with 16-byte loads and stores (p, m, v 16-byte, g 4 elements and
- * p_act 8-byte aligned: the caller checks), the n % 4 tail scalar by the first threads. The
- * update is memory-bound (30 bytes per element with an fp32 gradient, 28 with bf16). */
-template <bool VEC, typename G>
-__global__ void k_adamw(float *p, bf16 *p_act, const G *g, float *m, float *v, size_t n,
+ * (adamw_clip: no host round trip). VEC: 4 elements per thread with 16-byte loads and stores
+ * (p, m, v, g 16-byte and p_act 8-byte aligned: the caller checks), the n % 4 tail scalar by
+ * the first threads. The update is memory-bound: 30 bytes per element (the vectors: fp32
+ * master, gradient and moments, and the bf16 copy). */
+template <bool VEC>
+__global__ void k_adamw(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n,
                         float beta1, float beta2, float eps, float decay, float step,
                         float bc2_sqrt, float grad_scale, const float *sumsq, float clip) {
     if (sumsq) grad_scale = NN_CLIP_SCALE(sumsq[0], clip);
@@ -120,7 +111,8 @@ __global__ void k_adamw(float *p, bf16 *p_act, const G *g, float *m, float *v, s
     if (VEC) {
         const size_t n4 = n / 4;
         for (size_t i = t0; i < n4; i += stride) {
-            float4 pi = reinterpret_cast<float4 *>(p)[i], gi = grad4(g, i);
+            float4 pi = reinterpret_cast<float4 *>(p)[i];
+            float4 gi = reinterpret_cast<const float4 *>(g)[i];
             float4 mi = reinterpret_cast<float4 *>(m)[i], vi = reinterpret_cast<float4 *>(v)[i];
             adamw_one(pi.x, gi.x * grad_scale, mi.x, vi.x, beta1, beta2, eps, decay, step,
                       bc2_sqrt);
@@ -145,42 +137,107 @@ __global__ void k_adamw(float *p, bf16 *p_act, const G *g, float *m, float *v, s
         done = n4 * 4;
     }
     for (size_t i = done + t0; i < n; i += stride) {
-        float pi = adamw_one(p[i], grad1(g, i) * grad_scale, m[i], v[i], beta1, beta2, eps, decay,
-                             step, bc2_sqrt);
+        float pi = adamw_one(p[i], g[i] * grad_scale, m[i], v[i], beta1, beta2, eps, decay, step,
+                             bc2_sqrt);
         if (p_act) p_act[i] = __float2bfloat16(pi);
     }
 }
 
-template <typename G>
-static void adamw_launch(cudaStream_t st, float *p, bf16 *p_act, const G *g, float *m, float *v,
-                         size_t n, float beta1, float beta2, float eps, float decay, float step,
-                         float bc2_sqrt, float grad_scale, const float *sumsq, float clip) {
-    uintptr_t al = (uintptr_t)p | (uintptr_t)m | (uintptr_t)v;
-    if (al % 16 == 0 && (uintptr_t)g % (4 * sizeof(G)) == 0 && (uintptr_t)p_act % 8 == 0)
-        k_adamw<true, G><<<grid_for(n / 4 + 1, 256), 256, 0, st>>>(
-            p, p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale, sumsq,
-            clip);
+/* One AdamW element update of a split master (master_split.h): hi (bf16 bits) and lo in, out. */
+__device__ __forceinline__ void adamw_split_one(uint16_t &hi, uint16_t &lo, float g, float &m,
+                                                float &v, float beta1, float beta2, float eps,
+                                                float decay, float step, float bc2_sqrt) {
+    float p = __uint_as_float(nn_master_join(hi, lo));
+    adamw_one(p, g, m, v, beta1, beta2, eps, decay, step, bc2_sqrt);
+    const uint32_t u = __float_as_uint(p);
+    hi = nn_master_hi(u), lo = (uint16_t)u;
+}
+
+/* The matrices' AdamW: bf16 gradient g, the master split into the bf16 weights p_hi and the low
+ * halves p_lo (26 bytes per element). VEC: 8 elements per thread, every access 16 bytes (p_hi,
+ * p_lo, g, m, v 16-byte aligned: the caller checks), the n % 8 tail scalar. The clipping
+ * factor as k_adamw's. */
+template <bool VEC>
+__global__ void k_adamw_split(uint16_t *p_hi, uint16_t *p_lo, const bf16 *g, float *m, float *v,
+                              size_t n, float beta1, float beta2, float eps, float decay,
+                              float step, float bc2_sqrt, const float *sumsq, float clip) {
+    const float grad_scale = NN_CLIP_SCALE(sumsq[0], clip);
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t0 = blockIdx.x * (size_t)blockDim.x +
+                                                                threadIdx.x;
+    size_t done = 0;
+    if (VEC) {
+        const size_t n8 = n / 8;
+        for (size_t i = t0; i < n8; i += stride) {
+            union {
+                uint4 q;
+                uint16_t h[8];
+            } hi, lo;
+            hi.q = reinterpret_cast<const uint4 *>(p_hi)[i];
+            lo.q = reinterpret_cast<const uint4 *>(p_lo)[i];
+            float gi[8];
+            load8(g + 8 * i, gi);
+            float4 *m4 = reinterpret_cast<float4 *>(m) + 2 * i;
+            float4 *v4 = reinterpret_cast<float4 *>(v) + 2 * i;
+            float4 mv[4] = {m4[0], m4[1], v4[0], v4[1]};
+            float *mf = reinterpret_cast<float *>(&mv[0]), *vf = reinterpret_cast<float *>(&mv[2]);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                adamw_split_one(hi.h[e], lo.h[e], gi[e] * grad_scale, mf[e], vf[e], beta1, beta2,
+                                eps, decay, step, bc2_sqrt);
+            reinterpret_cast<uint4 *>(p_hi)[i] = hi.q;
+            reinterpret_cast<uint4 *>(p_lo)[i] = lo.q;
+            m4[0] = mv[0], m4[1] = mv[1], v4[0] = mv[2], v4[1] = mv[3];
+        }
+        done = n8 * 8;
+    }
+    for (size_t i = done + t0; i < n; i += stride)
+        adamw_split_one(p_hi[i], p_lo[i], __bfloat162float(g[i]) * grad_scale, m[i], v[i], beta1,
+                        beta2, eps, decay, step, bc2_sqrt);
+}
+
+/* The step size and decay of AdamW step t (bias corrections in double, as the cpu's). */
+struct adamw_consts {
+    float step, decay, bc2_sqrt;
+};
+static adamw_consts adamw_consts_of(float lr, float beta1, float beta2, float wd, int t) {
+    float bc1 = (float)(1.0 - pow((double)beta1, t));
+    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
+    return adamw_consts{lr / bc1, 1.0f - lr * wd, bc2_sqrt};
+}
+
+void cuda_adamw(cudaStream_t st, float *p, bf16 *p_act, const float *g, float *m, float *v,
+                size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                float grad_scale, const float *sumsq, float clip, int t) {
+    assert(t >= 1);
+    if (n == 0) return;
+    const adamw_consts k = adamw_consts_of(lr, beta1, beta2, wd, t);
+    uintptr_t al = (uintptr_t)p | (uintptr_t)m | (uintptr_t)v | (uintptr_t)g;
+    if (al % 16 == 0 && (uintptr_t)p_act % 8 == 0)
+        k_adamw<true><<<grid_for(n / 4 + 1, 256), 256, 0, st>>>(
+            p, p_act, g, m, v, n, beta1, beta2, eps, k.decay, k.step, k.bc2_sqrt, grad_scale,
+            sumsq, clip);
     else
-        k_adamw<false, G><<<grid_for(n, 256), 256, 0, st>>>(
-            p, p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt, grad_scale, sumsq,
-            clip);
+        k_adamw<false><<<grid_for(n, 256), 256, 0, st>>>(p, p_act, g, m, v, n, beta1, beta2, eps,
+                                                         k.decay, k.step, k.bc2_sqrt, grad_scale,
+                                                         sumsq, clip);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_adamw(cudaStream_t st, float *p, bf16 *p_act, const float *g, const bf16 *g_bf16,
-                float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                float wd, float grad_scale, const float *sumsq, float clip, int t) {
-    assert(t >= 1 && (g != NULL) != (g_bf16 != NULL));
+void cuda_adamw_split(cudaStream_t st, bf16 *p_hi, uint16_t *p_lo, const bf16 *g, float *m,
+                      float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                      const float *sumsq, float clip, int t) {
+    assert(t >= 1 && sumsq);
     if (n == 0) return;
-    float bc1 = (float)(1.0 - pow((double)beta1, t));
-    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
-    float step = lr / bc1, decay = 1.0f - lr * wd;
-    if (g)
-        adamw_launch(st, p, p_act, g, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt,
-                     grad_scale, sumsq, clip);
+    const adamw_consts k = adamw_consts_of(lr, beta1, beta2, wd, t);
+    uint16_t *hi = reinterpret_cast<uint16_t *>(p_hi);
+    uintptr_t al = (uintptr_t)p_hi | (uintptr_t)p_lo | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
+    if (al % 16 == 0)
+        k_adamw_split<true><<<grid_for(n / 8 + 1, 256), 256, 0, st>>>(
+            hi, p_lo, g, m, v, n, beta1, beta2, eps, k.decay, k.step, k.bc2_sqrt, sumsq, clip);
     else
-        adamw_launch(st, p, p_act, g_bf16, m, v, n, beta1, beta2, eps, decay, step, bc2_sqrt,
-                     grad_scale, sumsq, clip);
+        k_adamw_split<false><<<grid_for(n, 256), 256, 0, st>>>(
+            hi, p_lo, g, m, v, n, beta1, beta2, eps, k.decay, k.step, k.bc2_sqrt, sumsq, clip);
+    CUDA_CHECK_LAUNCH();
 }
 
 /* x *= a, in fp32, rounded once where T is bf16 */

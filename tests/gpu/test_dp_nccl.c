@@ -191,7 +191,12 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
         S->lr[rank][s] = met.lr;
         S->hash[rank][s] = dflash_dp_state_hash(m);
         S->ghash[rank][s] = buf_hash(&w, m->grads, m->grad_bytes);
-        S->mhash[rank][s] = buf_hash(&w, m->master, m->n_params * sizeof(float));
+        void *mr[3];
+        size_t mb[3];
+        uint64_t mh = 0;
+        for (int k = 0, nr = dflash_model_master_ranges(m, mr, mb); k < nr; k++)
+            mh = mh * 31 + buf_hash(&w, mr[k], mb[k]);
+        S->mhash[rank][s] = mh;
     }
     dp_comm_close(&c);
     dflash_model_destroy(&m);

@@ -556,6 +556,7 @@ typedef struct lag_entry {
     int stage;
     float *p, *m, *v;
     nn_buf *p_act;
+    uint16_t *p_lo;
     const void *g;
     size_t n;
     float lr, beta1, beta2, eps, wd, clip;
@@ -579,8 +580,8 @@ static void lag_run(nn_ctx *c, int upto) { /* runs entries [0, upto) and drops t
             lag.real->adamw_clip(c, e->p, e->p_act, e->g, e->m, e->v, e->n, e->lr, e->beta1,
                                  e->beta2, e->eps, e->wd, e->sumsq, e->clip, e->t);
         else if (e->kind == 2)
-            lag.real->adamw_clip_act(c, e->p, e->p_act, e->g, e->m, e->v, e->n, e->lr, e->beta1,
-                                     e->beta2, e->eps, e->wd, e->sumsq, e->clip, e->t);
+            lag.real->adamw_clip_act(c, e->p, e->p_act, e->p_lo, e->g, e->m, e->v, e->n, e->lr,
+                                     e->beta1, e->beta2, e->eps, e->wd, e->sumsq, e->clip, e->t);
     }
     memmove(lag.q, lag.q + upto, (size_t)(lag.n - upto) * sizeof lag.q[0]);
     lag.n -= upto;
@@ -619,16 +620,18 @@ static void lag_adamw_clip(nn_ctx *c, float *p, nn_buf *p_act, const float *g, f
         lag.real->adamw_clip(c, p, p_act, g, m, v, n, lr, b1, b2, eps, wd, sumsq, clip, t);
         return;
     }
-    lag_push((lag_entry){1, 0, p, m, v, p_act, g, n, lr, b1, b2, eps, wd, clip, sumsq, t});
+    lag_push((lag_entry){1, 0, p, m, v, p_act, NULL, g, n, lr, b1, b2, eps, wd, clip, sumsq, t});
 }
-static void lag_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, const nn_buf *g, float *m,
-                               float *v, size_t n, float lr, float b1, float b2, float eps,
-                               float wd, const float *sumsq, float clip, int t) {
+static void lag_adamw_clip_act(nn_ctx *c, float *p, nn_buf *p_act, uint16_t *p_lo,
+                               const nn_buf *g, float *m, float *v, size_t n, float lr, float b1,
+                               float b2, float eps, float wd, const float *sumsq, float clip,
+                               int t) {
     if (!lag.on) {
-        lag.real->adamw_clip_act(c, p, p_act, g, m, v, n, lr, b1, b2, eps, wd, sumsq, clip, t);
+        lag.real->adamw_clip_act(c, p, p_act, p_lo, g, m, v, n, lr, b1, b2, eps, wd, sumsq, clip,
+                                 t);
         return;
     }
-    lag_push((lag_entry){2, 0, p, m, v, p_act, g, n, lr, b1, b2, eps, wd, clip, sumsq, t});
+    lag_push((lag_entry){2, 0, p, m, v, p_act, p_lo, g, n, lr, b1, b2, eps, wd, clip, sumsq, t});
 }
 
 /* the host waits: everything queued first */

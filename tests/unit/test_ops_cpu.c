@@ -708,8 +708,8 @@ static void test_adamw(void) {
     CHECK(pa[0] == pb[0] && ma[1] == mb[1]);
     CHECK_NEAR(NN_CLIP_SCALE(25.0f, 0.0f), 1.0, 0); /* clip <= 0: none */
     /* adamw_clip_act: the same update from an act gradient (fp32 on cpu) */
-    ops->adamw_clip_act(ctx, pa, NULL, ga, ma, va, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, &sq, 1.0f,
-                        3);
+    ops->adamw_clip_act(ctx, pa, NULL, NULL, ga, ma, va, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, &sq,
+                        1.0f, 3);
     ops->adamw_clip(ctx, pb, NULL, ga, mb, vb, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, &sq, 1.0f, 3);
     CHECK(pa[0] == pb[0] && pa[1] == pb[1] && ma[0] == mb[0] && va[1] == vb[1]);
 

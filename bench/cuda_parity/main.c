@@ -265,6 +265,25 @@ static void t_linear(int M, int K, int N, int bias) {
     free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
 }
 
+/* RoPE's table (cos | sin rows) against the cpu's: both take the cosine and sine of the same
+ * fp32 angle (cpu in double, cuda sincosf within 2 ulp); positions past 105615 at inv_freq[0] = 1
+ * take sincosf's slow argument reduction */
+static void t_rope_table(int T, int d) {
+    char name[64];
+    snprintf(name, sizeof name, "rope_table T%d d%d", T, d);
+    float inv[128];
+    int32_t *pos = malloc(T * sizeof(int32_t));
+    rope_inv_freq(inv, d, 1e6, NULL);
+    for (int t = 0; t < T; t++)
+        pos[t] = t % 7 == 6 ? (int32_t)(100000 + t * 9973 % 100000) : (int32_t)(t * 29 % 40960);
+    pair p = praw(pos, T), f = praw(inv, d / 2), rot = praw(NULL, (size_t)T * d);
+    CO->rope_table(CC, rot.c, p.c, f.c, T, d);
+    GO->rope_table(GC, rot.g, p.g, f.g, T, d);
+    cmp(name, "cos | sin", &rot, 1e-6);
+    pfree(&p), pfree(&f), pfree(&rot);
+    free(pos);
+}
+
 /* per-head norm + RoPE, forward and backward (dw accumulated), then both in place, each backend
  * with its own rope_table: d 128 and 64 take the vector paths (2 and 4 rows per warp), d 40 the
  * scalar ones */
@@ -770,6 +789,8 @@ int main(int argc, char **argv) {
         t_linear(257, 320, 192, 1);
         t_linear(64, 1024, 4096, 0);
         t_linear(1000, 48, 33, 0);
+        t_rope_table(300, 128);
+        t_rope_table(50, 40);
         t_head_norm_rope(100, 32, 128); /* the drafter's q */
         t_head_norm_rope(77, 8, 128);   /* its k: one pass of the block */
         t_head_norm_rope(50, 4, 64);

@@ -233,7 +233,15 @@ static void test_head_norm_rope(void) {
     float inv[4];
     hnr_t a = {rnd(n, 2), rnd(d, 1), zeros(n), rnd(n, 1), rnd((size_t)T * d, 1), T, nh, d};
     rope_inv_freq(inv, d, 10000.0, NULL);
+    /* the table: per token cos | sin of (float)pos * inv_freq, every element written */
     ops->rope_table(ctx, a.rot, pos, inv, T, d);
+    int ok = 1;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < d / 2; i++) {
+            float ang = (float)pos[t] * inv[i], *r = a.rot + (size_t)t * d;
+            ok &= r[i] == (float)cos(ang) && r[d / 2 + i] == (float)sin(ang);
+        }
+    CHECK(ok);
     hnr_loss(&a);
     /* rmsnorm_fwd then the rotation by hand */
     float *e = zeros(n);

@@ -45,9 +45,9 @@ typedef struct nn_ctx nn_ctx; /* backend state: threads (cpu), stream + handles 
  *   inv_freq[d/2]: the frequencies, Llama-3 scaling already applied; built on the host by
  *     rope_inv_freq() (rope.c) and uploaded once.
  *   rot[T, d]: the rotation per token, filled by rope_table from positions once per batch and
- *     read by every RoPE op of it. Row t is [cos | sin]: rot[t d + i] = cos(a), rot[t d + d/2 +
- *     i] = sin(a), a = (float)pos[t] * inv_freq[i] (the product rounded to fp32, then the
- *     backend's cosine and sine of it). fp32 on every backend; a RoPE op given T tokens reads
+ *     read by every RoPE op of it. Row t is [cos | sin]: for i < d/2 and the fp32 angle
+ *     a = (float)pos[t] * inv_freq[i], rot[t d + i] = cos(a) and rot[t d + d/2 + i] = sin(a)
+ *     (the backend's cosine and sine). fp32 on every backend; a RoPE op given T tokens reads
  *     the T rows starting at its rot argument (the cuda ops' fast paths want it 16-byte
  *     aligned: a lane reads its 8 columns' cos and sin as 16-byte loads). */
 

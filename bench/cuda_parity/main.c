@@ -266,8 +266,28 @@ static void t_linear(int M, int K, int N, int bias) {
     free(hx), free(hw), free(hb), free(hdy), free(hdw), free(hdb), free(hdx0);
 }
 
-/* per-head norm + RoPE, forward and backward (dw accumulated), then both in place: d 128 and
- * 64 take the vector paths (2 and 4 rows per warp), d 40 the scalar ones */
+/* RoPE's table (cos | sin rows) against the cpu's: both take the cosine and sine of the same
+ * fp32 angle (cpu in double, cuda sincosf within 2 ulp); positions past 105615 at inv_freq[0] = 1
+ * take sincosf's slow argument reduction */
+static void t_rope_table(int T, int d) {
+    char name[64];
+    snprintf(name, sizeof name, "rope_table T%d d%d", T, d);
+    float inv[128];
+    int32_t *pos = malloc(T * sizeof(int32_t));
+    rope_inv_freq(inv, d, 1e6, NULL);
+    for (int t = 0; t < T; t++)
+        pos[t] = t % 7 == 6 ? (int32_t)(100000 + t * 9973 % 100000) : (int32_t)(t * 29 % 40960);
+    pair p = praw(pos, T), f = praw(inv, d / 2), rot = praw(NULL, (size_t)T * d);
+    CO->rope_table(CC, rot.c, p.c, f.c, T, d);
+    GO->rope_table(GC, rot.g, p.g, f.g, T, d);
+    cmp(name, "cos | sin", &rot, 1e-6);
+    pfree(&p), pfree(&f), pfree(&rot);
+    free(pos);
+}
+
+/* per-head norm + RoPE, forward and backward (dw accumulated), then both in place, each backend
+ * with its own rope_table: d 128 and 64 take the vector paths (2 and 4 rows per warp), d 40 the
+ * scalar ones */
 static void t_head_norm_rope(int T, int nh, int d) {
     size_t n = (size_t)T * nh * d;
     char name[64];
@@ -280,20 +300,24 @@ static void t_head_norm_rope(int T, int nh, int d) {
         pos[t] = (int32_t)(t * 29 % 3000);
     pair x = pact(hx, n), w = pact(hw, d), p = praw(pos, T), f = praw(inv, d / 2);
     pair out = pact(NULL, n), dy = pact(hdy, n), dx = pact(NULL, n), dw = praw(hdw, d);
-    CO->head_norm_rope_fwd(CC, out.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
-    GO->head_norm_rope_fwd(GC, out.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    pair rot = praw(NULL, (size_t)T * d);
+    CO->rope_table(CC, rot.c, p.c, f.c, T, d);
+    GO->rope_table(GC, rot.g, p.g, f.g, T, d);
+    CO->head_norm_rope_fwd(CC, out.c, x.c, w.c, rot.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_fwd(GC, out.g, x.g, w.g, rot.g, T, nh, d, 1e-6f);
     cmp(name, "fwd out", &out, 1e-2);
-    CO->head_norm_rope_bwd(CC, dx.c, dw.c, dy.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
-    GO->head_norm_rope_bwd(GC, dx.g, dw.g, dy.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    CO->head_norm_rope_bwd(CC, dx.c, dw.c, dy.c, x.c, w.c, rot.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_bwd(GC, dx.g, dw.g, dy.g, x.g, w.g, rot.g, T, nh, d, 1e-6f);
     cmp(name, "bwd dx", &dx, 1e-2);
     cmp(name, "bwd dw (acc)", &dw, 1e-3);
-    CO->head_norm_rope_bwd(CC, dy.c, NULL, dy.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
-    GO->head_norm_rope_bwd(GC, dy.g, NULL, dy.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    CO->head_norm_rope_bwd(CC, dy.c, NULL, dy.c, x.c, w.c, rot.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_bwd(GC, dy.g, NULL, dy.g, x.g, w.g, rot.g, T, nh, d, 1e-6f);
     cmp(name, "bwd dx in place", &dy, 1e-2);
-    CO->head_norm_rope_fwd(CC, x.c, x.c, w.c, p.c, f.c, T, nh, d, 1e-6f);
-    GO->head_norm_rope_fwd(GC, x.g, x.g, w.g, p.g, f.g, T, nh, d, 1e-6f);
+    CO->head_norm_rope_fwd(CC, x.c, x.c, w.c, rot.c, T, nh, d, 1e-6f);
+    GO->head_norm_rope_fwd(GC, x.g, x.g, w.g, rot.g, T, nh, d, 1e-6f);
     cmp(name, "fwd in place", &x, 1e-2);
     pfree(&x), pfree(&w), pfree(&p), pfree(&f), pfree(&out), pfree(&dy), pfree(&dx), pfree(&dw);
+    pfree(&rot);
     free(hx), free(hw), free(hdy), free(hdw), free(pos);
 }
 
@@ -307,17 +331,21 @@ static void t_qkv_norm_rope(int H, int Hk, int d, int norm) {
     for (int t = 0; t < T; t++)
         pos[t] = (int32_t)(t * 37 % 4000);
     pair x = pact(hx, n), qn = pact(hqn, d), kn = pact(hkn, d), p = praw(pos, T),
-         f = praw(inv, d / 2), q = pact(NULL, nq), k = pact(NULL, nk), v = pact(NULL, nk);
-    CO->qkv_norm_rope_fwd(CC, q.c, k.c, v.c, x.c, norm ? qn.c : NULL, norm ? kn.c : NULL, p.c,
-                          f.c, T, H, Hk, d, 1e-6f);
-    GO->qkv_norm_rope_fwd(GC, q.g, k.g, v.g, x.g, norm ? qn.g : NULL, norm ? kn.g : NULL, p.g,
-                          f.g, T, H, Hk, d, 1e-6f);
+         f = praw(inv, d / 2), q = pact(NULL, nq), k = pact(NULL, nk), v = pact(NULL, nk),
+         rot = praw(NULL, (size_t)T * d);
+    CO->rope_table(CC, rot.c, p.c, f.c, T, d);
+    GO->rope_table(GC, rot.g, p.g, f.g, T, d);
+    CO->qkv_norm_rope_fwd(CC, q.c, k.c, v.c, x.c, norm ? qn.c : NULL, norm ? kn.c : NULL, rot.c, T,
+                          H, Hk, d, 1e-6f);
+    GO->qkv_norm_rope_fwd(GC, q.g, k.g, v.g, x.g, norm ? qn.g : NULL, norm ? kn.g : NULL, rot.g, T,
+                          H, Hk, d, 1e-6f);
     char name[48];
     snprintf(name, sizeof name, "qkv_rope H%d/%d d%d%s", H, Hk, d, norm ? " norm" : "");
     cmp(name, "q", &q, 1e-2);
     cmp(name, "k", &k, 1e-2);
     cmp(name, "v", &v, 1e-2);
     pfree(&x), pfree(&qn), pfree(&kn), pfree(&p), pfree(&f), pfree(&q), pfree(&k), pfree(&v);
+    pfree(&rot);
     free(hx), free(hqn), free(hkn);
 }
 
@@ -806,6 +834,8 @@ int main(int argc, char **argv) {
         t_linear(257, 320, 192, 1);
         t_linear(64, 1024, 4096, 0);
         t_linear(1000, 48, 33, 0);
+        t_rope_table(300, 128);
+        t_rope_table(50, 40);
         t_head_norm_rope(100, 32, 128); /* the drafter's q */
         t_head_norm_rope(77, 8, 128);   /* its k: one pass of the block */
         t_head_norm_rope(50, 4, 64);

@@ -18,13 +18,14 @@
 #include <string.h>
 
 enum {
-    PO_EMB, PO_RMS, PO_LIN, PO_ROPE, PO_QKV, PO_ATTC, PO_ATTB, PO_SWI, PO_RMSB, PO_LINB, PO_ROPEB,
-    PO_SWIB, PO_ATTBB, PO_XENT, PO_ARGMAX, PO_SUMSQ, PO_ADAMW, PO_F2A, PO_COPY, PO_COPY2D,
+    PO_EMB, PO_RMS, PO_LIN, PO_ROPET, PO_ROPE, PO_QKV, PO_ATTC, PO_ATTB, PO_SWI, PO_RMSB, PO_LINB,
+    PO_ROPEB, PO_SWIB, PO_ATTBB, PO_XENT, PO_ARGMAX, PO_SUMSQ, PO_ADAMW, PO_F2A, PO_COPY, PO_COPY2D,
     PO_ZERO, PO_SCATTER, PO_N
 };
 static const char *po_names[PO_N] = {
-    "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+res)", "head_norm_rope_fwd", "qkv_norm_rope_fwd",
-    "attention_causal_fwd", "attention_block_fwd", "swiglu_fwd", "rmsnorm_bwd", "linear_bwd",
+    "embedding_fwd", "rmsnorm_fwd", "linear_fwd(+res)", "rope_table", "head_norm_rope_fwd",
+    "qkv_norm_rope_fwd", "attention_causal_fwd", "attention_block_fwd", "swiglu_fwd",
+    "rmsnorm_bwd", "linear_bwd",
     "head_norm_rope_bwd", "swiglu_bwd", "attention_block_bwd", "lm_head_xent", "lm_head_argmax",
     "sumsq", "adamw", "f32_to_act", "copy", "copy2d", "zero", "rows_scatter"};
 
@@ -131,14 +132,17 @@ static void po_adamwca(nn_ctx *c, float *p, nn_buf *pa, uint16_t *lo, const nn_b
     PO_WRAP(PO_ADAMW, 0,
             po_real->adamw_clip_act(c, p, pa, lo, g, m, v, n, lr, b1, b2, eps, wd, sq, clip, t));
 }
-static void po_rope(nn_ctx *c, nn_buf *o, const nn_buf *x, const nn_buf *w, const int32_t *p,
-                    const float *f, int T, int nh, int d, float e) {
-    PO_WRAP(PO_ROPE, 0, po_real->head_norm_rope_fwd(c, o, x, w, p, f, T, nh, d, e));
+static void po_ropet(nn_ctx *c, float *rot, const int32_t *p, const float *f, int T, int d) {
+    PO_WRAP(PO_ROPET, 0, po_real->rope_table(c, rot, p, f, T, d));
+}
+static void po_rope(nn_ctx *c, nn_buf *o, const nn_buf *x, const nn_buf *w, const float *rot,
+                    int T, int nh, int d, float e) {
+    PO_WRAP(PO_ROPE, 0, po_real->head_norm_rope_fwd(c, o, x, w, rot, T, nh, d, e));
 }
 static void po_qkv(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
-                   const nn_buf *qn, const nn_buf *kn, const int32_t *p, const float *f, int T,
-                   int H, int Hk, int d, float eps) {
-    PO_WRAP(PO_QKV, 0, po_real->qkv_norm_rope_fwd(c, q, k, v, qkv, qn, kn, p, f, T, H, Hk, d, eps));
+                   const nn_buf *qn, const nn_buf *kn, const float *rot, int T, int H, int Hk,
+                   int d, float eps) {
+    PO_WRAP(PO_QKV, 0, po_real->qkv_norm_rope_fwd(c, q, k, v, qkv, qn, kn, rot, T, H, Hk, d, eps));
 }
 static void po_attc(nn_ctx *c, nn_buf *o, const nn_buf *q, const nn_buf *k, const nn_buf *v,
                     const int32_t *so, int ns, int T, int H, int Hk, int d) {
@@ -164,9 +168,8 @@ static void po_linb(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn_buf *
                   dx && dw ? 4 : dx ? 2 : 3, M, K, N);
 }
 static void po_ropeb(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
-                     const nn_buf *w, const int32_t *p, const float *f, int T, int nh, int d,
-                     float e) {
-    PO_WRAP(PO_ROPEB, 0, po_real->head_norm_rope_bwd(c, dx, dw, dy, x, w, p, f, T, nh, d, e));
+                     const nn_buf *w, const float *rot, int T, int nh, int d, float e) {
+    PO_WRAP(PO_ROPEB, 0, po_real->head_norm_rope_bwd(c, dx, dw, dy, x, w, rot, T, nh, d, e));
 }
 static void po_swib(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R, int F) {
     PO_WRAP(PO_SWIB, 0, po_real->swiglu_bwd(c, dgu, dout, gu, R, F));
@@ -221,6 +224,7 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.copy = po_copy, po_tab.copy2d = po_copy2d, po_tab.zero = po_zero;
     po_tab.rows_scatter = po_scatter;
     po_tab.embedding_fwd = po_emb, po_tab.rmsnorm_fwd = po_rms, po_tab.linear_fwd = po_lin;
+    po_tab.rope_table = po_ropet;
     po_tab.head_norm_rope_fwd = po_rope, po_tab.attention_causal_fwd = po_attc;
     po_tab.qkv_norm_rope_fwd = po_qkv;
     po_tab.attention_block_fwd = po_attb, po_tab.swiglu_fwd = po_swi;

@@ -378,6 +378,7 @@ static void plan_acts(dflash_model *m, plan *p) {
     m->out_sums = take(p, 2 * 4);
     m->out_sumsq = take(p, 4);
     m->inv_freq = take(p, d / 2 * 4);
+    m->rope_rot = take(p, Tk * d * 4);
     size_t U = (size_t)m->u_cap;
     m->in_rows_c = take(p, Q * 4);
     m->in_loss_rows_c = take(p, Q * 4);
@@ -790,10 +791,9 @@ static void attn_fwd(dflash_model *m, int l) {
         o->linear_fwd(m->ctx, a->kraw, xc, LW(m, l, DFL_K), NULL, Tk, D, Hk * d);
         o->linear_fwd(m->ctx, a->v, xc, LW(m, l, DFL_V), NULL, Tk, D, Hk * d);
     }
-    o->head_norm_rope_fwd(m->ctx, a->q, a->qraw, LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq,
+    o->head_norm_rope_fwd(m->ctx, a->q, a->qraw, LW(m, l, DFL_Q_NORM), m->rope_rot + (size_t)Tc * d,
                           Q, H, d, eps);
-    o->head_norm_rope_fwd(m->ctx, a->k, a->kraw, LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk,
-                          Hk, d, eps);
+    o->head_norm_rope_fwd(m->ctx, a->k, a->kraw, LW(m, l, DFL_K_NORM), m->rope_rot, Tk, Hk, d, eps);
     o->attention_block_fwd(m->ctx, a->att, a->lse, a->q, a->k, a->v, m->in_spans, nb, B, Tk, H, Hk,
                            d);
     if (compact_layer(m, l)) { /* att and h of the Qc rows: backward scratch until then */
@@ -833,9 +833,9 @@ static void attn_bwd(dflash_model *m, int l) {
     /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
     float eps = (float)c->rms_norm_eps;
     o->head_norm_rope_bwd(m->ctx, m->dqraw, LG(m, l, DFL_Q_NORM), m->dq, a->qraw,
-                          LW(m, l, DFL_Q_NORM), m->in_pos + Tc, m->inv_freq, Q, H, d, eps);
+                          LW(m, l, DFL_Q_NORM), m->rope_rot + (size_t)Tc * d, Q, H, d, eps);
     o->head_norm_rope_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw,
-                          LW(m, l, DFL_K_NORM), m->in_pos, m->inv_freq, Tk, Hk, d, eps);
+                          LW(m, l, DFL_K_NORM), m->rope_rot, Tk, Hk, d, eps);
     /* dHt accumulates the context rows' share over layers; dWk and dWv cover both row sets */
     if (l == 0 && m->cur_u)
         qkv_blocks_bwd_distinct(m);
@@ -878,6 +878,9 @@ static void forward_rows(dflash_model *m, const nn_buf *X, bool compact) {
     int Q = m->cur_nb * c->block_size, D = c->hidden_size, L = c->num_layers;
     m->last_compact = compact;
     m->ops->embedding_fwd(m->ctx, m->resid[0], m->in_ids, m->embed, Q, D);
+    /* RoPE's table for the Tk = Tc + Q rows [context ; block], read by every layer's q and k
+     * norm + RoPE, forward and backward */
+    m->ops->rope_table(m->ctx, m->rope_rot, m->in_pos, m->inv_freq, m->cur_tc + Q, c->head_dim);
     m->ops->side_wait(m->ctx, 0); /* the previous step's update of the vectors and fc */
     context_fwd(m, X);
     for (int l = 0; l < L; l++) {

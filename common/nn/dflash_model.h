@@ -191,6 +191,7 @@ typedef struct dflash_model {
     float *out_sums;         /* [2] loss_sum, weight_sum */
     float *out_sumsq;        /* [1] */
     float *inv_freq;         /* [d/2] */
+    float *rope_rot;         /* [Tk, d] rope_table of in_pos, filled by each forward */
     /* layer 0 on distinct input rows: block rows are [anchor token, MASK x (B-1)], so the rows
      * of resid[0] repeat and layer 0's norm and q, k, v products (forward and backward) run
      * on the U distinct rows only (U <= nb + 1), gathered back to all Q rows after the

@@ -42,8 +42,15 @@ typedef void nn_buf; /* backend memory of the backend's activation type */
 
 typedef struct nn_ctx nn_ctx; /* backend state: threads (cpu), stream + handles (cuda) */
 
-/* RoPE frequency table for one head_dim: inv_freq[d/2], with Llama-3 scaling already applied.
- * Built on the host by rope_inv_freq() (rope.c) and uploaded. */
+/* RoPE tables for one head_dim d (rotate_half: dimension i pairs with i + d/2):
+ *   inv_freq[d/2]: the frequencies, Llama-3 scaling already applied; built on the host by
+ *     rope_inv_freq() (rope.c) and uploaded once.
+ *   rot[T, d]: the rotation per token, filled by rope_table from positions once per batch and
+ *     read by every RoPE op of it. Row t is [cos | sin]: for i < d/2 and the fp32 angle
+ *     a = (float)pos[t] * inv_freq[i], rot[t d + i] = cos(a) and rot[t d + d/2 + i] = sin(a)
+ *     (the backend's cosine and sine). fp32 on every backend; a RoPE op given T tokens reads
+ *     the T rows starting at its rot argument (the cuda ops' fast paths want it 16-byte
+ *     aligned: a lane reads its 8 columns' cos and sin as 16-byte loads). */
 
 /* One DFlash training/eval block: the B query rows q0..q0+B-1 attend to context keys
  * [ctx_begin, ctx_end) and to their own block keys [blk_begin, blk_begin + B). keep == 0 means
@@ -157,20 +164,22 @@ typedef struct nn_ops {
      * y += x . w^T); otherwise they must not overlap. */
     void (*linear_fwd_res)(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w,
                            const nn_buf *res, int M, int K, int N);
+    /* rot[T, d] = the RoPE rotation table (above) of positions pos[T] and inv_freq[d/2]. */
+    void (*rope_table)(nn_ctx *c, float *rot, const int32_t *pos, const float *inv_freq, int T,
+                       int d);
     /* Per-head RMSNorm then RoPE, in one pass, on x[T, nh, d] (head rows of d, contiguous):
-     * out = rope(rmsnorm_fwd(x, w, eps) over rows of d) with rotate_half RoPE at positions
-     * pos[T] and inv_freq[d/2] (fp32): dimension i pairs with i + d/2 at angle pos * inv_freq[i].
-     * The norm's output is rounded to act before the rotation, as the two ops one after the
-     * other would. out may equal x. */
+     * out = rope(rmsnorm_fwd(x, w, eps) over rows of d) with rotate_half RoPE by the table rows
+     * rot[T, d] (rope_table): (x_i, x_{i+d/2}) <- (x_i cos - x_{i+d/2} sin, x_{i+d/2} cos +
+     * x_i sin). The norm's output is rounded to act before the rotation, as the two ops one
+     * after the other would. out may equal x. */
     void (*head_norm_rope_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
-                               const int32_t *pos, const float *inv_freq, int T, int nh, int d,
-                               float eps);
+                               const float *rot, int T, int nh, int d, float eps);
     /* The output of one fused q|k|v projection, qkv[T, (H + 2 Hk) * d] (per token: H query
      * heads, Hk key heads, Hk value heads), split into q[T,H,d], k[T,Hk,d], v[T,Hk,d]: q and k
      * through head_norm_rope_fwd (weights qn and kn; RoPE only when qn is NULL); v copied. */
     void (*qkv_norm_rope_fwd)(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
-                              const nn_buf *qn, const nn_buf *kn, const int32_t *pos,
-                              const float *inv_freq, int T, int H, int Hk, int d, float eps);
+                              const nn_buf *qn, const nn_buf *kn, const float *rot, int T, int H,
+                              int Hk, int d, float eps);
     /* Causal GQA attention over packed sequences: tokens [seq_off[s], seq_off[s+1]) form
      * sequence s. q[T,H,d], k,v[T,Hk,d] -> out[T,H,d]. scale = 1/sqrt(d). */
     void (*attention_causal_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *q, const nn_buf *k,
@@ -200,11 +209,11 @@ typedef struct nn_ops {
     void (*linear_bwd)(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn_buf *dy,
                        const nn_buf *x, const nn_buf *w, int M, int K, int N, int mode);
     /* Backward of head_norm_rope_fwd: dx = rmsnorm_bwd(rope^T(dy)) (the rotation by -angle,
-     * kept in fp32, then the norm's backward with its rstd recomputed from x and eps), dw[d] +=
-     * d/dw. dx may equal dy. */
+     * from the forward's table rows rot, kept in fp32, then the norm's backward with its rstd
+     * recomputed from x and eps), dw[d] += d/dw. dx may equal dy. */
     void (*head_norm_rope_bwd)(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy,
-                               const nn_buf *x, const nn_buf *w, const int32_t *pos,
-                               const float *inv_freq, int T, int nh, int d, float eps);
+                               const nn_buf *x, const nn_buf *w, const float *rot, int T, int nh,
+                               int d, float eps);
     /* dgu[R, 2F] (dgate | dup per row, the layout of gu) from dout[R,F] and gu. */
     void (*swiglu_bwd)(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R,
                        int F);

@@ -27,8 +27,8 @@
  *   - linear_bwd: dw may be NULL as well (frozen weight: only dx wanted).
  *   - rmsnorm_bwd: rstd may be NULL (recomputed from x; eps is then unknown, so the saved rstd is
  *     what callers should pass; NULL uses eps = 1e-6).
- *   - RoPE: the angle is formed in fp32 as (float)pos * inv_freq[i] (as Hugging Face does), its
- *     cos/sin evaluated in double and rounded to float.
+ *   - RoPE (rope_table): the angle is formed in fp32 as (float)pos * inv_freq[i] (as Hugging
+ *     Face does), its cos/sin evaluated in double and rounded to float.
  */
 #include "ops.h"
 
@@ -313,19 +313,32 @@ static void cpu_linear_bwd(nn_ctx *c, nn_buf *dx_, nn_buf *dw_, float *db, const
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* rope: in place on x[T, nh, d] (token stride ld). For i < d/2, angle a = pos[t] * inv_freq[i]:
+/* rope: the table rot[T, d] (ops.h: per token cos | sin of a = pos[t] * inv_freq[i], i < d/2),
+ * then the rotation in place on x[T, nh, d] (token stride ld) by its rows:
  *   fwd: (x_i, x_{i+d/2}) <- (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a)
  *   bwd: the same with -a (the transpose, which is also the inverse). */
 
-static void rope_rotate(float *x, const int32_t *pos, const float *inv_freq, int T, int nh, int d,
-                        int ld, float sign) {
+static void cpu_rope_table(nn_ctx *c, float *rot, const int32_t *pos, const float *inv_freq,
+                           int T, int d) {
+    (void)c;
+    assert(d % 2 == 0);
+    int half = d / 2;
+    for (int t = 0; t < T; t++) {
+        float p = (float)pos[t], *r = rot + (size_t)t * d;
+        for (int i = 0; i < half; i++) {
+            float a = p * inv_freq[i];
+            r[i] = (float)cos((double)a), r[half + i] = (float)sin((double)a);
+        }
+    }
+}
+
+static void rope_rotate(float *x, const float *rot, int T, int nh, int d, int ld, float sign) {
     int half = d / 2;
     for (int t = 0; t < T; t++) {
         float *xt = x + (size_t)t * ld;
-        float p = (float)pos[t];
+        const float *r = rot + (size_t)t * d;
         for (int i = 0; i < half; i++) {
-            float a = p * inv_freq[i];
-            float cs = (float)cos((double)a), sn = sign * (float)sin((double)a);
+            float cs = r[i], sn = sign * r[half + i];
             for (int h = 0; h < nh; h++) {
                 float *xh = xt + (size_t)h * d;
                 float x1 = xh[i], x2 = xh[i + half];
@@ -339,22 +352,21 @@ static void rope_rotate(float *x, const int32_t *pos, const float *inv_freq, int
 /* head_norm_rope: rmsnorm_fwd over the head rows, then the rotation; backward: the rotation by
  * -angle of dy into dx, then rmsnorm_bwd row by row in place with the forward's rstd */
 static void cpu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
-                                   const int32_t *pos, const float *inv_freq, int T, int nh, int d,
-                                   float eps) {
+                                   const float *rot, int T, int nh, int d, float eps) {
     assert(d % 2 == 0);
     cpu_rmsnorm_fwd(c, out, NULL, x, w, T * nh, d, eps);
-    rope_rotate(out, pos, inv_freq, T, nh, d, nh * d, 1.0f);
+    rope_rotate(out, rot, T, nh, d, nh * d, 1.0f);
 }
 
 static void cpu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_buf *dy,
-                                   const nn_buf *x_, const nn_buf *w, const int32_t *pos,
-                                   const float *inv_freq, int T, int nh, int d, float eps) {
+                                   const nn_buf *x_, const nn_buf *w, const float *rot, int T,
+                                   int nh, int d, float eps) {
     assert(d % 2 == 0);
     float *dx = dx_;
     const float *x = x_;
     size_t rows = (size_t)T * nh;
     if (dx != dy) memcpy(dx, dy, rows * d * sizeof(float));
-    rope_rotate(dx, pos, inv_freq, T, nh, d, nh * d, -1.0f);
+    rope_rotate(dx, rot, T, nh, d, nh * d, -1.0f);
     for (size_t r = 0; r < rows; r++) {
         float rs = row_rstd(x + r * d, d, eps);
         cpu_rmsnorm_bwd(c, dx + r * d, dw, dx + r * d, x + r * d, w, &rs, 1, d, NULL);
@@ -364,8 +376,7 @@ static void cpu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx_, float *dw, const nn_b
 /* qkv[T, (H + 2 Hk) d] -> q, k (head_norm_rope_fwd, or the rotation alone), v */
 static void cpu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q_, nn_buf *k_, nn_buf *v_,
                                   const nn_buf *qkv_, const nn_buf *qn, const nn_buf *kn,
-                                  const int32_t *pos, const float *inv_freq, int T, int H, int Hk,
-                                  int d, float eps) {
+                                  const float *rot, int T, int H, int Hk, int d, float eps) {
     float *q = q_, *k = k_, *v = v_;
     const float *qkv = qkv_;
     size_t qd = (size_t)H * d, kd = (size_t)Hk * d;
@@ -376,11 +387,11 @@ static void cpu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q_, nn_buf *k_, nn_buf *v_,
         memcpy(v + t * kd, src + qd + kd, kd * sizeof(float));
     }
     if (qn) {
-        cpu_head_norm_rope_fwd(c, q, q, qn, pos, inv_freq, T, H, d, eps);
-        cpu_head_norm_rope_fwd(c, k, k, kn, pos, inv_freq, T, Hk, d, eps);
+        cpu_head_norm_rope_fwd(c, q, q, qn, rot, T, H, d, eps);
+        cpu_head_norm_rope_fwd(c, k, k, kn, rot, T, Hk, d, eps);
     } else {
-        rope_rotate(q, pos, inv_freq, T, H, d, H * d, 1.0f);
-        rope_rotate(k, pos, inv_freq, T, Hk, d, Hk * d, 1.0f);
+        rope_rotate(q, rot, T, H, d, H * d, 1.0f);
+        rope_rotate(k, rot, T, Hk, d, Hk * d, 1.0f);
     }
 }
 
@@ -1071,6 +1082,7 @@ static const nn_ops cpu_ops = {
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .linear_fwd = cpu_linear_fwd,
     .linear_fwd_res = cpu_linear_fwd_res,
+    .rope_table = cpu_rope_table,
     .head_norm_rope_fwd = cpu_head_norm_rope_fwd,
     .qkv_norm_rope_fwd = cpu_qkv_norm_rope_fwd,
     .attention_causal_fwd = cpu_attention_causal_fwd,

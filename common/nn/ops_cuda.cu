@@ -25,7 +25,8 @@
  *
  * Choices where ops.h leaves room (matching ops_cpu.c): rows of weight <= 0 give no loss and
  * dh = 0; correct[] is written for every row; argmax ties take the first index; RMSNorm's rstd
- * may be NULL in backward (recomputed with eps 1e-6); rope angles are (float)pos * inv_freq.
+ * may be NULL in backward (recomputed with eps 1e-6); rope_table's angles are
+ * (float)pos * inv_freq, their cos and sin from sincosf.
  * lm_head_xent keeps bf16 logits of chunk rows in the caller's scratch [chunk, V] bf16 (the
  * dlogits overwrite them in place); lm_head_argmax uses it as fp32 logits of chunk/2 rows (so
  * chunk must be >= 2).
@@ -903,24 +904,55 @@ static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Per-head RMSNorm + RoPE: one block per token, whose rotation angles (sincosf of
- * (float)pos * inv_freq) go to shared memory first. Vector path (d % 8 == 0, 16 <= d <= 256,
- * 32 % (d / 8) == 0, 16-byte aligned rows): a group of L = d / 8 lanes owns a head row, 8
- * elements per lane; the group reduces the sum of squares and fetches the RoPE partner (element
- * i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs every shuffle and
- * only loads and stores are predicated. Scalar path: a warp per row. Forward values:
- * n = bf16(bf16(x rstd) w), then the rotation on n (what rmsnorm then RoPE would give). Users:
- * the drafter's q and k (head_norm_rope_fwd/bwd) and the target's fused q|k|v split
- * (qkv_norm_rope_fwd: rows past the roped ones are v, copied). */
+/* RoPE. rope_table fills rot[T, d] (ops.h: per token [cos | sin] of d/2 angles each) once per
+ * batch, a block per token, with sincosf of (float)pos * inv_freq; the kernels below read their
+ * tokens' rows (a few MB, from L2) instead of evaluating sincosf themselves, so every RoPE op of
+ * a batch rotates by the very same values.
+ * Per-head RMSNorm + RoPE, forward: one block per token. Vector path (d % 8 == 0, 16 <= d <=
+ * 256, 32 % (d / 8) == 0, 16-byte aligned rows and table): a group of L = d / 8 lanes owns a
+ * head row, 8 elements per lane, and a lane loads its 8 columns' cos and sin once per token
+ * (rope_lane: four 16-byte loads); the group reduces the sum of squares and fetches the RoPE
+ * partner (element i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs
+ * every shuffle and only loads and stores are predicated. Scalar path: a warp per row. Forward
+ * values: n = bf16(bf16(x rstd) w), then the rotation on n (what rmsnorm then RoPE would
+ * give). Users: the drafter's q and k (head_norm_rope_fwd/bwd) and the target's fused q|k|v
+ * split (qkv_norm_rope_fwd: rows past the roped ones are v, copied). */
 
-__device__ __forceinline__ void rope_angles(float *rot, int32_t pos, const float *inv_freq,
-                                            int half) {
+__global__ void k_rope_table(float *rot, const int32_t *pos, const float *inv_freq, int half) {
+    float *r = rot + (size_t)blockIdx.x * 2 * half;
+    const int32_t p = pos[blockIdx.x];
     for (int i = threadIdx.x; i < half; i += blockDim.x)
-        sincosf((float)pos * inv_freq[i], &rot[half + i], &rot[i]);
+        sincosf((float)p * inv_freq[i], &r[half + i], &r[i]);
 }
 
-/* One token's head rows [0, rows) of src (d each): row r goes to dst_of(r), normed with
- * w_of(r) (none when NULL) and rotated when r < roped, copied otherwise. */
+static void cu_rope_table(nn_ctx *c, float *rot, const int32_t *pos, const float *inv_freq, int T,
+                          int d) {
+    assert(T >= 0 && d > 0 && d % 2 == 0);
+    if (T == 0) return;
+    k_rope_table<<<T, d / 2 < 128 ? d / 2 : 128, 0, c->stream>>>(rot, pos, inv_freq, d / 2);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The vector paths' lane share of one token's table row r: cs[e], sn[e] = the cos and sin of
+ * angle i0 + e (i0 % 4 == 0, r 16-byte aligned), the sine negated when neg. */
+__device__ __forceinline__ void rope_lane(const float *r, int half, int i0, bool neg, float cs[8],
+                                          float sn[8]) {
+    const float4 *c4 = reinterpret_cast<const float4 *>(r + i0);
+    const float4 *s4 = reinterpret_cast<const float4 *>(r + half + i0);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const float4 cv = __ldg(c4 + k), sv = __ldg(s4 + k);
+        cs[4 * k] = cv.x, cs[4 * k + 1] = cv.y, cs[4 * k + 2] = cv.z, cs[4 * k + 3] = cv.w;
+        sn[4 * k] = sv.x, sn[4 * k + 1] = sv.y, sn[4 * k + 2] = sv.z, sn[4 * k + 3] = sv.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        sn[e] = neg ? -sn[e] : sn[e];
+}
+
+/* One token's head rows [0, rows) of src (d each), rotated by its table row rot: row r goes to
+ * dst_of(r), normed with w_of(r) (none when NULL) and rotated when r < roped, copied
+ * otherwise. */
 template <bool VEC, typename Dst, typename Wt>
 __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float *rot, int rows,
                                int roped, int d, float eps) {
@@ -930,6 +962,8 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
         const bool first = j < L / 2;
         const int i0 = first ? 8 * j : 8 * j - half;
         const float inv_d = 1.0f / (float)d; /* exact: d is a power of two here */
+        float cs[8], sn[8]; /* sn: -sin in the first half (x cos - partner sin), else +sin */
+        rope_lane(rot, half, i0, first, cs, sn);
 #pragma unroll 4
         for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
             const int r = r0 + lane / L;
@@ -954,8 +988,7 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 float p = __shfl_xor_sync(0xffffffffu, x[e], L / 2);
-                float cs = rot[i0 + e], sn = rot[half + i0 + e];
-                out[e] = rot_row ? fmaf(p, first ? -sn : sn, x[e] * cs) : x[e];
+                out[e] = rot_row ? fmaf(p, sn[e], x[e] * cs[e]) : x[e];
             }
             if (valid) store8(dst_of(r) + 8 * j, out);
         }
@@ -993,69 +1026,57 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
     }
 }
 
+/* The vector paths' condition on d (the rows' and the table's alignment are checked apart). */
 static bool norm_rope_vec(int d) {
     return d % 8 == 0 && d >= 16 && d <= 256 && 32 % (d / 8) == 0;
 }
 
 template <bool VEC>
-__global__ void k_head_norm_rope_fwd(bf16 *out, const bf16 *x, const bf16 *w, const int32_t *pos,
-                                     const float *inv_freq, int nh, int d, float eps) {
-    extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
+__global__ void k_head_norm_rope_fwd(bf16 *out, const bf16 *x, const bf16 *w, const float *rot,
+                                     int nh, int d, float eps) {
     const int t = blockIdx.x;
-    rope_angles(rot, pos[t], inv_freq, d / 2);
-    __syncthreads();
     const size_t base = (size_t)t * nh * d;
     norm_rope_rows<VEC>([&](int r) { return out + base + (size_t)r * d; },
-                        [&](int) { return w; }, x + base, rot, nh, nh, d, eps);
+                        [&](int) { return w; }, x + base, rot + (size_t)t * d, nh, nh, d, eps);
 }
 
 static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
-                                  const int32_t *pos, const float *inv_freq, int T, int nh, int d,
-                                  float eps) {
+                                  const float *rot, int T, int nh, int d, float eps) {
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
-    const size_t smem = sizeof(float) * (size_t)d;
-    if (norm_rope_vec(d) && vec_ok(out, x, w))
-        k_head_norm_rope_fwd<true><<<T, 128, smem, c->stream>>>(
-            (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, nh, d, eps);
+    if (norm_rope_vec(d) && vec_ok(out, x, w) && vec_ok(rot, rot, rot))
+        k_head_norm_rope_fwd<true><<<T, 128, 0, c->stream>>>((bf16 *)out, (const bf16 *)x,
+                                                             (const bf16 *)w, rot, nh, d, eps);
     else
-        k_head_norm_rope_fwd<false><<<T, 128, smem, c->stream>>>(
-            (bf16 *)out, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, nh, d, eps);
+        k_head_norm_rope_fwd<false><<<T, 128, 0, c->stream>>>((bf16 *)out, (const bf16 *)x,
+                                                              (const bf16 *)w, rot, nh, d, eps);
     CUDA_CHECK_LAUNCH();
 }
 
 /* Backward, vector path only (d as above): each warp takes tokens in turn (grid-stride over
- * all warps), with no block barrier inside the loop: a lane computes the sincosf of its own 8
- * columns' angles once per token (the same values as rope_angles) and keeps them in registers
- * across the token's head rows, the sine with the sign of its half of the rotation. Per head
- * row: g = the rotation by -angle of dy (fp32), rs from x as the forward computed it, xhat = x
- * rs, dx = rs (g w - xhat mean(g w xhat)); each lane sums g xhat over its rows for its 8
- * columns, the block adds them in shared memory and then into dw with one atomic per column.
+ * all warps), with no block barrier inside the loop: a lane loads its own 8 columns' cos and
+ * sin once per token (rope_lane) and keeps them in registers across the token's head rows,
+ * the sine with the sign of its half of the rotation. Per head row: g = the rotation by -angle
+ * of dy (fp32), rs from x as the forward computed it, xhat = x rs, dx = rs (g w - xhat mean(g
+ * w xhat)); each lane sums g xhat over its rows for its 8 columns, the block adds them in
+ * shared memory and then into dw with one atomic per column.
  * d is a power of two on this path (norm_rope_vec), so the means multiply by the exact 1 / d. */
 __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
-                                     const bf16 *w, const int32_t *pos, const float *inv_freq,
-                                     int T, int nh, int d, float eps) {
+                                     const bf16 *w, const float *rot, int T, int nh, int d,
+                                     float eps) {
     extern __shared__ float dws[]; /* dw partial [d] */
     const int half = d / 2, L = d / 8, per_warp = 32 / L, lane = threadIdx.x % 32;
     const int nw = blockDim.x / 32, j = lane % L;
     const bool first = j < L / 2;
     const int i0 = first ? 8 * j : 8 * j - half;
     const float inv_d = 1.0f / (float)d;
-    float wv[8], fr[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     load8(w + 8 * j, wv);
-#pragma unroll
-    for (int e = 0; e < 8; e++)
-        fr[e] = inv_freq[i0 + e];
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         dws[i] = 0.0f;
     for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
         float cs[8], sn[8]; /* sn: +sin in the first half (g = dy cos + partner sin), else -sin */
-        const float p = (float)pos[t];
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            sincosf(p * fr[e], &sn[e], &cs[e]);
-            if (!first) sn[e] = -sn[e];
-        }
+        rope_lane(rot + (size_t)t * d, half, i0, !first, cs, sn);
         for (int r0 = 0; r0 < nh; r0 += per_warp) {
             const int r = r0 + lane / L;
             const bool valid = r < nh;
@@ -1105,15 +1126,14 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
 /* The scalar path: a warp per head row, dw by one atomic per element and row (slow; for head
  * dims the vector path does not take). */
 __global__ void k_head_norm_rope_bwd_scalar(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
-                                            const bf16 *w, const int32_t *pos,
-                                            const float *inv_freq, int T, int nh, int d,
+                                            const bf16 *w, const float *rot, int T, int nh, int d,
                                             float eps) {
     const int half = d / 2, lane = threadIdx.x % 32;
     const size_t rows = (size_t)T * nh;
     for (size_t r = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; r < rows;
          r += (size_t)gridDim.x * blockDim.x / 32) {
         const bf16 *xr = x + r * d, *dyr = dy + r * d;
-        const float p = (float)pos[r / nh];
+        const float *rr = rot + r / nh * d;
         float ss = 0.0f, dot = 0.0f;
         for (int i = lane; i < d; i += 32) {
             float f = __bfloat162float(xr[i]);
@@ -1121,8 +1141,8 @@ __global__ void k_head_norm_rope_bwd_scalar(bf16 *dx, float *dw, const bf16 *dy,
         }
         const float rs = rsqrtf(warp_sum(ss) / (float)d + eps);
         auto grad = [&](int i, float *g1, float *g2) { /* the rotation by -angle of pair i */
-            float sn, cs, a = __bfloat162float(dyr[i]), b = __bfloat162float(dyr[i + half]);
-            sincosf(p * inv_freq[i], &sn, &cs);
+            float cs = rr[i], sn = rr[half + i];
+            float a = __bfloat162float(dyr[i]), b = __bfloat162float(dyr[i + half]);
             *g1 = a * cs + b * sn, *g2 = b * cs - a * sn;
         };
         for (int i = lane; i < half; i += 32) {
@@ -1146,21 +1166,19 @@ __global__ void k_head_norm_rope_bwd_scalar(bf16 *dx, float *dw, const bf16 *dy,
 }
 
 static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy,
-                                  const nn_buf *x, const nn_buf *w, const int32_t *pos,
-                                  const float *inv_freq, int T, int nh, int d, float eps) {
+                                  const nn_buf *x, const nn_buf *w, const float *rot, int T, int nh,
+                                  int d, float eps) {
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
-    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, w, w)) {
+    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot)) {
         size_t smem = sizeof(float) * (size_t)d;
         int blocks = wave_grid(c, k_head_norm_rope_bwd, 128, smem, (T + 3) / 4); /* 4 warps */
         k_head_norm_rope_bwd<<<blocks, 128, smem, c->stream>>>(
-            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
-            nh, d, eps);
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
     } else {
         size_t rows = (size_t)T * nh;
         k_head_norm_rope_bwd_scalar<<<grid_for(rows * 32, 256), 256, 0, c->stream>>>(
-            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, pos, inv_freq, T,
-            nh, d, eps);
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -1170,37 +1188,34 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
 template <bool VEC>
 __global__ void k_qkv_norm_rope(bf16 *__restrict__ q, bf16 *__restrict__ k, bf16 *__restrict__ v,
                                 const bf16 *__restrict__ qkv, const bf16 *__restrict__ qn,
-                                const bf16 *__restrict__ kn, const int32_t *pos,
-                                const float *inv_freq, int H, int Hk, int d, float eps) {
-    extern __shared__ float rot[]; /* cos [d/2], then sin [d/2] */
+                                const bf16 *__restrict__ kn, const float *rot, int H, int Hk, int d,
+                                float eps) {
     const int t = blockIdx.x;
-    rope_angles(rot, pos[t], inv_freq, d / 2);
-    __syncthreads();
     auto dst_of = [&](int r) -> bf16 * {
         if (r < H) return q + ((size_t)t * H + r) * d;
         if (r < H + Hk) return k + ((size_t)t * Hk + r - H) * d;
         return v + ((size_t)t * Hk + r - H - Hk) * d;
     };
     auto w_of = [&](int r) -> const bf16 * { return r < H ? qn : kn; };
-    norm_rope_rows<VEC>(dst_of, w_of, qkv + (size_t)t * (H + 2 * Hk) * d, rot, H + 2 * Hk, H + Hk,
-                        d, eps);
+    norm_rope_rows<VEC>(dst_of, w_of, qkv + (size_t)t * (H + 2 * Hk) * d, rot + (size_t)t * d,
+                        H + 2 * Hk, H + Hk, d, eps);
 }
 
 static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
-                                 const nn_buf *qn, const nn_buf *kn, const int32_t *pos,
-                                 const float *inv_freq, int T, int H, int Hk, int d, float eps) {
+                                 const nn_buf *qn, const nn_buf *kn, const float *rot, int T, int H,
+                                 int Hk, int d, float eps) {
     assert(T >= 0 && H > 0 && Hk > 0 && d > 0 && d % 2 == 0 && (qn == NULL) == (kn == NULL));
     if (T == 0) return;
-    const size_t smem = sizeof(float) * (size_t)d;
-    bool vec = norm_rope_vec(d) && vec_ok(q, k, v) && vec_ok(qkv, qn ? qn : qkv, kn ? kn : qkv);
+    bool vec = norm_rope_vec(d) && vec_ok(q, k, v) && vec_ok(qkv, qn ? qn : qkv, kn ? kn : qkv) &&
+               vec_ok(rot, rot, rot);
     if (vec)
-        k_qkv_norm_rope<true><<<T, 256, smem, c->stream>>>(
+        k_qkv_norm_rope<true><<<T, 256, 0, c->stream>>>(
             (bf16 *)q, (bf16 *)k, (bf16 *)v, (const bf16 *)qkv, (const bf16 *)qn,
-            (const bf16 *)kn, pos, inv_freq, H, Hk, d, eps);
+            (const bf16 *)kn, rot, H, Hk, d, eps);
     else
-        k_qkv_norm_rope<false><<<T, 256, smem, c->stream>>>(
+        k_qkv_norm_rope<false><<<T, 256, 0, c->stream>>>(
             (bf16 *)q, (bf16 *)k, (bf16 *)v, (const bf16 *)qkv, (const bf16 *)qn,
-            (const bf16 *)kn, pos, inv_freq, H, Hk, d, eps);
+            (const bf16 *)kn, rot, H, Hk, d, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1576,6 +1591,7 @@ static nn_ops make_ops(void) {
     o.rmsnorm_fwd = cu_rmsnorm_fwd;
     o.linear_fwd = cu_linear_fwd;
     o.linear_fwd_res = cu_linear_fwd_res;
+    o.rope_table = cu_rope_table;
     o.head_norm_rope_fwd = cu_head_norm_rope_fwd;
     o.qkv_norm_rope_fwd = cu_qkv_norm_rope_fwd;
     o.attention_causal_fwd = cu_attention_causal_fwd;

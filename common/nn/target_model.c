@@ -7,10 +7,11 @@
  *            model runs are loaded (n_loaded = deepest captured + 1, or all with all_layers).
  *   acts     one backend allocation planned for T_max tokens: the residual stream h, the
  *            scratch x, q, k, v, att, gu (first the fused q|k|v projection's output, then the
- *            fused gate|up one), mid, the index buffers used by the _host entry points, and
- *            (with max_logit_rows) the head rows and their logits; for a generation model (all
- *            layers, max_logit_rows > 0) also the KV cache [L, T_max, Hk*d] x 2 and the decode
- *            spans.
+ *            fused gate|up one), mid, rot (RoPE's table of the forward's positions: rope_table
+ *            once per forward, read by every layer), the index buffers used by the _host entry
+ *            points, and (with max_logit_rows) the head rows and their logits; for a generation
+ *            model (all layers, max_logit_rows > 0) also the KV cache [L, T_max, Hk*d] x 2 and
+ *            the decode spans.
  *   host     small host scratch for target_generate (packed ids, positions, offsets, logits).
  * Generation with the cache: sequence s owns cache rows [base_s, base_s + cap_s); a prefill over
  * the packed prompts stores every layer's (normed, rotated) k and v there, then each decode step
@@ -74,6 +75,7 @@ struct target_model {
 
     void *acts;
     float *inv_freq;                /* [d/2] fp32, backend */
+    float *rot;                     /* [T, d] fp32, backend: rope_table of the forward's pos */
     nn_buf *h, *x;                  /* [T, D] */
     nn_buf *q, *att;                /* [T, H*d] */
     nn_buf *k, *v;                  /* [T, Hk*d] */
@@ -252,6 +254,7 @@ static size_t plan_acts(target_model *m, size_t *off) {
         kv * ab * (size_t)m->n_loaded * T * Kd, /* kcache */
         kv * ab * (size_t)m->n_loaded * T * Kd, /* vcache */
         kv * sizeof(nn_block_span) * R,         /* spans */
+        sizeof(float) * T * c->head_dim,        /* rot */
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -368,6 +371,7 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
         m->vcache = at(m->acts, off[15]);
         m->d_spans = (nn_block_span *)at(m->acts, off[16]);
     }
+    m->rot = (float *)at(m->acts, off[17]);
 
     float inv_freq[512];
     if (cfg->head_dim / 2 > (int)(sizeof inv_freq / sizeof inv_freq[0])) {
@@ -480,8 +484,16 @@ target_model *target_model_load(const char *dir, const target_model_opts *opts, 
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* First half of a decoder layer on rows h[T, D]: x = norm(h), q, k, v with q/k norm and RoPE. */
-static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos, int T) {
+/* The layers' inputs for T tokens: h[T, D] = the embeddings of ids, rot[T, d] = RoPE's table of
+ * pos (read by every layer's q|k|v split). */
+static void embed_rows(target_model *m, const int32_t *ids, const int32_t *pos, int T) {
+    m->ops->embedding_fwd(m->ctx, m->h, ids, m->embed, T, m->cfg.hidden_size);
+    m->ops->rope_table(m->ctx, m->rot, pos, m->inv_freq, T, m->cfg.head_dim);
+}
+
+/* First half of a decoder layer on rows h[T, D]: x = norm(h), q, k, v with q/k norm and RoPE
+ * (by the rows of rot that embed_rows filled). */
+static void layer_qkv(target_model *m, const target_layer *w, int T) {
     const nn_ops *ops = m->ops;
     nn_ctx *c = m->ctx;
     const model_config *cf = &m->cfg;
@@ -491,7 +503,7 @@ static void layer_qkv(target_model *m, const target_layer *w, const int32_t *pos
     /* one product for q|k|v (the weights lie back to back) into gu, then split */
     ops->linear_fwd(c, m->gu, m->x, w->wq, w->bq, T, D, (H + 2 * Hk) * d);
     ops->qkv_norm_rope_fwd(c, m->q, m->k, m->v, m->gu, cf->qk_norm ? w->q_norm : NULL,
-                           cf->qk_norm ? w->k_norm : NULL, pos, m->inv_freq, T, H, Hk, d, eps);
+                           cf->qk_norm ? w->k_norm : NULL, m->rot, T, H, Hk, d, eps);
 }
 
 /* Second half, after att[T, H*d] holds the attention output: o_proj, residual, MLP, residual. */
@@ -509,10 +521,10 @@ static void layer_out(target_model *m, const target_layer *w, int T) {
 }
 
 /* One decoder layer in place on the residual stream m->h[T, D]. */
-static void layer_fwd(target_model *m, const target_layer *w, const int32_t *pos,
-                      const int32_t *seq_off, int n_seqs, int T) {
+static void layer_fwd(target_model *m, const target_layer *w, const int32_t *seq_off, int n_seqs,
+                      int T) {
     const model_config *cf = &m->cfg;
-    layer_qkv(m, w, pos, T);
+    layer_qkv(m, w, T);
     m->ops->attention_causal_fwd(m->ctx, m->att, m->q, m->k, m->v, seq_off, n_seqs, T,
                                  cf->num_heads, cf->num_kv_heads, cf->head_dim);
     layer_out(m, w, T);
@@ -529,9 +541,9 @@ static void capture(target_model *m, nn_buf *out, size_t ld, int col, int T) {
 /* Embedding and layers [0, n_layers), capturing into out (when not NULL). */
 static void run(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
                 int n_seqs, int T, int n_layers, nn_buf *out, size_t out_ld) {
-    m->ops->embedding_fwd(m->ctx, m->h, ids, m->embed, T, m->cfg.hidden_size);
+    embed_rows(m, ids, pos, T);
     for (int l = 0; l < n_layers; l++) {
-        layer_fwd(m, &m->layers[l], pos, seq_off, n_seqs, T);
+        layer_fwd(m, &m->layers[l], seq_off, n_seqs, T);
         if (out && m->capture_col[l] >= 0) capture(m, out, out_ld, m->capture_col[l], T);
     }
 }
@@ -646,10 +658,10 @@ static void prefill_cached(target_model *m, int n, int T) {
     const model_config *cf = &m->cfg;
     size_t ab = ops->act_bytes, D = (size_t)cf->hidden_size;
     size_t Kd = (size_t)cf->num_kv_heads * cf->head_dim, layer = (size_t)m->T_max * Kd * ab;
-    ops->embedding_fwd(m->ctx, m->h, m->d_ids, m->embed, T, (int)D);
+    embed_rows(m, m->d_ids, m->d_pos, T);
     for (int l = 0; l < cf->num_layers; l++) {
         const target_layer *w = &m->layers[l];
-        layer_qkv(m, w, m->d_pos, T);
+        layer_qkv(m, w, T);
         for (int r = 0; r < n; r++) {
             size_t rows = (size_t)(m->g_off[r + 1] - m->g_off[r]);
             size_t dst = (size_t)l * layer + (size_t)m->g_base[r] * Kd * ab;
@@ -675,12 +687,12 @@ static void decode_cached(target_model *m, int n, int Tk) {
     const model_config *cf = &m->cfg;
     size_t ab = ops->act_bytes;
     size_t Kd = (size_t)cf->num_kv_heads * cf->head_dim, layer = (size_t)m->T_max * Kd * ab;
-    ops->embedding_fwd(m->ctx, m->h, m->d_ids, m->embed, n, cf->hidden_size);
+    embed_rows(m, m->d_ids, m->d_pos, n);
     for (int l = 0; l < cf->num_layers; l++) {
         const target_layer *w = &m->layers[l];
         char *kc = (char *)m->kcache + (size_t)l * layer,
              *vc = (char *)m->vcache + (size_t)l * layer;
-        layer_qkv(m, w, m->d_pos, n);
+        layer_qkv(m, w, n);
         for (int r = 0; r < n; r++) {
             size_t row = (size_t)(m->g_base[r] + m->g_pos[r]) * Kd * ab;
             ops->copy(m->ctx, kc + row, (char *)m->k + (size_t)r * Kd * ab, Kd * ab);

@@ -63,6 +63,7 @@ static int check_rope(const refdump *d) {
     size_t n = (size_t)T * nh * hd;
     const int32_t *pos = refdump_i32(d, "rope.pos", T);
     float *inv = buf(hd / 2), *out = buf(n), *dx = buf(n), *dw = calloc(hd, sizeof(float));
+    float *rot = buf((size_t)T * hd);
     /* the host frequency table (rope.c) against Hugging Face's fp32 one; the op itself then runs
      * on Hugging Face's table, so that a last-bit difference of the table (which grows with the
      * position: ~3e-5 at 4096) does not hide or fake an error of the op */
@@ -72,11 +73,12 @@ static int check_rope(const refdump *d) {
     const float *x = refdump_f32(d, "rope.x", n), *w = refdump_f32(d, "rope.w", hd),
                 *dout = refdump_f32(d, "rope.dout", n);
     float eps = refdump_scalar(d, "rope.eps");
-    ops->head_norm_rope_fwd(ctx, out, x, w, pos, inv, T, nh, hd, eps);
-    ops->head_norm_rope_bwd(ctx, dx, dw, dout, x, w, pos, inv, T, nh, hd, eps);
+    ops->rope_table(ctx, rot, pos, inv, T, hd);
+    ops->head_norm_rope_fwd(ctx, out, x, w, rot, T, nh, hd, eps);
+    ops->head_norm_rope_bwd(ctx, dx, dw, dout, x, w, rot, T, nh, hd, eps);
     bad += refdump_check(d, "rope.out", out, n, TOL) + refdump_check(d, "rope.dx", dx, n, TOL) +
            refdump_check(d, "rope.dw", dw, hd, TOL);
-    free(inv), free(out), free(dx), free(dw);
+    free(inv), free(out), free(dx), free(dw), free(rot);
     return bad;
 }
 

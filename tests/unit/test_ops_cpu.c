@@ -217,13 +217,12 @@ static void rotate_ref(float *x, const int32_t *pos, const float *inv, int T, in
 }
 
 typedef struct {
-    float *x, *w, *out, *R, *inv;
-    int32_t *pos;
+    float *x, *w, *out, *R, *rot;
     int T, nh, d;
 } hnr_t;
 static double hnr_loss(void *a_) {
     hnr_t *a = a_;
-    ops->head_norm_rope_fwd(ctx, a->out, a->x, a->w, a->pos, a->inv, a->T, a->nh, a->d, 1e-6f);
+    ops->head_norm_rope_fwd(ctx, a->out, a->x, a->w, a->rot, a->T, a->nh, a->d, 1e-6f);
     return dot_d(a->out, a->R, (size_t)a->T * a->nh * a->d);
 }
 
@@ -231,33 +230,43 @@ static void test_head_norm_rope(void) {
     int T = 4, nh = 3, d = 8;
     size_t n = (size_t)T * nh * d;
     int32_t pos[4] = {0, 7, 300, 3071};
-    hnr_t a = {rnd(n, 2), rnd(d, 1), zeros(n), rnd(n, 1), zeros(d / 2), pos, T, nh, d};
-    rope_inv_freq(a.inv, d, 10000.0, NULL);
+    float inv[4];
+    hnr_t a = {rnd(n, 2), rnd(d, 1), zeros(n), rnd(n, 1), rnd((size_t)T * d, 1), T, nh, d};
+    rope_inv_freq(inv, d, 10000.0, NULL);
+    /* the table: per token cos | sin of (float)pos * inv_freq, every element written */
+    ops->rope_table(ctx, a.rot, pos, inv, T, d);
+    int ok = 1;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < d / 2; i++) {
+            float ang = (float)pos[t] * inv[i], *r = a.rot + (size_t)t * d;
+            ok &= r[i] == (float)cos(ang) && r[d / 2 + i] == (float)sin(ang);
+        }
+    CHECK(ok);
     hnr_loss(&a);
     /* rmsnorm_fwd then the rotation by hand */
     float *e = zeros(n);
     ops->rmsnorm_fwd(ctx, e, NULL, a.x, a.w, T * nh, d, 1e-6f);
     CHECK(max_diff(a.out, e, (size_t)nh * d) == 0.0); /* position 0: the norm alone */
-    rotate_ref(e, pos, a.inv, T, nh, d);
+    rotate_ref(e, pos, inv, T, nh, d);
     CHECK(max_diff(a.out, e, n) < 1e-5);
     /* out may equal x */
     float *xc = malloc(n * sizeof(float));
     memcpy(xc, a.x, n * sizeof(float));
-    ops->head_norm_rope_fwd(ctx, xc, xc, a.w, pos, a.inv, T, nh, d, 1e-6f);
+    ops->head_norm_rope_fwd(ctx, xc, xc, a.w, a.rot, T, nh, d, 1e-6f);
     CHECK(max_diff(xc, a.out, n) == 0.0);
 
     /* the gradients against finite differences; dw accumulates, dx may equal dy */
     float *dx = zeros(n), *dw = rnd(d, 1), *dw0 = malloc(d * sizeof(float));
     memcpy(dw0, dw, d * sizeof(float));
-    ops->head_norm_rope_bwd(ctx, dx, dw, a.R, a.x, a.w, pos, a.inv, T, nh, d, 1e-6f);
+    ops->head_norm_rope_bwd(ctx, dx, dw, a.R, a.x, a.w, a.rot, T, nh, d, 1e-6f);
     for (int i = 0; i < d; i++)
         dw[i] -= dw0[i];
     CHECK(fd_error("head_norm_rope dx", a.x, dx, n, hnr_loss, &a, 1e-2f) < FD_TOL);
     CHECK(fd_error("head_norm_rope dw", a.w, dw, d, hnr_loss, &a, 1e-2f) < FD_TOL);
     memcpy(xc, a.R, n * sizeof(float));
-    ops->head_norm_rope_bwd(ctx, xc, NULL, xc, a.x, a.w, pos, a.inv, T, nh, d, 1e-6f);
+    ops->head_norm_rope_bwd(ctx, xc, NULL, xc, a.x, a.w, a.rot, T, nh, d, 1e-6f);
     CHECK(max_diff(xc, dx, n) == 0.0);
-    free(a.x), free(a.w), free(a.out), free(a.R), free(a.inv), free(e), free(xc), free(dx);
+    free(a.x), free(a.w), free(a.out), free(a.R), free(a.rot), free(e), free(xc), free(dx);
     free(dw), free(dw0);
 }
 
@@ -268,12 +277,13 @@ static void test_qkv_norm_rope(void) {
     float *qkv = rnd((size_t)T * W, 2), *qn = rnd(d, 1), *kn = rnd(d, 1), inv[4];
     float *q = zeros((size_t)T * H * d), *k = zeros((size_t)T * Hk * d);
     float *v = zeros((size_t)T * Hk * d), *eq = zeros((size_t)T * H * d);
-    float *ek = zeros((size_t)T * Hk * d);
+    float *ek = zeros((size_t)T * Hk * d), *rot = zeros((size_t)T * d);
     int32_t pos[3] = {5, 0, 2047};
     rope_inv_freq(inv, d, 10000.0, NULL);
+    ops->rope_table(ctx, rot, pos, inv, T, d);
     for (int norm = 0; norm < 2; norm++) {
-        ops->qkv_norm_rope_fwd(ctx, q, k, v, qkv, norm ? qn : NULL, norm ? kn : NULL, pos, inv, T,
-                               H, Hk, d, 1e-6f);
+        ops->qkv_norm_rope_fwd(ctx, q, k, v, qkv, norm ? qn : NULL, norm ? kn : NULL, rot, T, H, Hk,
+                               d, 1e-6f);
         for (int t = 0; t < T; t++) {
             memcpy(eq + (size_t)t * H * d, qkv + (size_t)t * W, sizeof(float) * H * d);
             memcpy(ek + (size_t)t * Hk * d, qkv + (size_t)t * W + H * d, sizeof(float) * Hk * d);
@@ -281,8 +291,8 @@ static void test_qkv_norm_rope(void) {
                            (size_t)Hk * d) == 0.0);
         }
         if (norm) {
-            ops->head_norm_rope_fwd(ctx, eq, eq, qn, pos, inv, T, H, d, 1e-6f);
-            ops->head_norm_rope_fwd(ctx, ek, ek, kn, pos, inv, T, Hk, d, 1e-6f);
+            ops->head_norm_rope_fwd(ctx, eq, eq, qn, rot, T, H, d, 1e-6f);
+            ops->head_norm_rope_fwd(ctx, ek, ek, kn, rot, T, Hk, d, 1e-6f);
             CHECK(max_diff(q, eq, (size_t)T * H * d) == 0.0);
             CHECK(max_diff(k, ek, (size_t)T * Hk * d) == 0.0);
         } else {
@@ -292,7 +302,7 @@ static void test_qkv_norm_rope(void) {
             CHECK(max_diff(k, ek, (size_t)T * Hk * d) < 1e-5);
         }
     }
-    free(qkv), free(qn), free(kn), free(q), free(k), free(v), free(eq), free(ek);
+    free(qkv), free(qn), free(kn), free(q), free(k), free(v), free(eq), free(ek), free(rot);
 }
 
 /* ---- swiglu ---- */

@@ -89,12 +89,6 @@ struct nn_ctx {
     cudaEvent_t order_ev;         /* order_after */
     cudaEvent_t side_fork, side_last, side_marks[NN_SIDE_MARKS], fence_side[NN_FENCES];
     bool side_used, last_used, mark_used[NN_SIDE_MARKS];
-    /* DFLASH_CUDA_DW_STREAM=1: linear_bwd's dw product on its own stream and workspace,
-     * forked from and joined back into the main stream around the dx product (their waves'
-     * tails overlap); else NULL */
-    cudaStream_t dw_stream;
-    void *dw_ws;
-    cudaEvent_t dw_fork, dw_join;
     long drains;                  /* host waits for the whole stream (stream_drains) */
     int sms;                      /* the device's multiprocessors (persistent grids) */
 };
@@ -791,10 +785,11 @@ static lt_entry *lt_get(nn_ctx *c, const lt_key *key, const void *A, const void 
 }
 
 /* Column-major D[m,n] = op(A) op(B) (+ C when beta = 1; C is D when NULL); A, B bf16; C/D bf16
- * or fp32, the same layout; on stream st with workspace ws (LT_WORKSPACE bytes). */
-static void lt_matmul_on(nn_ctx *c, cudaStream_t st, void *ws, int ta, int tb, int m, int n,
-                         int k, const void *A, int lda, const void *B, int ldb, void *D, int ldc,
-                         int d_f32, float beta, const void *C) {
+ * or fp32, the same layout. */
+static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
+                      const void *B, int ldb, void *D, int ldc, int d_f32, float beta,
+                      const void *C = NULL) {
+    MAIN_STREAM_ONLY(c); /* c->ws */
     if (m <= 0 || n <= 0) return;
     assert(k > 0);
     lt_key key;
@@ -809,15 +804,7 @@ static void lt_matmul_on(nn_ctx *c, cudaStream_t st, void *ws, int ta, int tb, i
     lt_entry *e = lt_get(c, &key, A, B, D, beta);
     float alpha = 1.0f;
     LT_CHECK(cublasLtMatmul(c->lt, e->op, &alpha, A, e->A, B, e->B, &beta, C ? C : D, e->C, D,
-                            e->C, &e->algo, ws, LT_WORKSPACE, st));
-}
-
-/* lt_matmul_on the context's stream (the main one) and workspace. */
-static void lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
-                      const void *B, int ldb, void *D, int ldc, int d_f32, float beta,
-                      const void *C = NULL) {
-    MAIN_STREAM_ONLY(c); /* c->ws */
-    lt_matmul_on(c, c->stream, c->ws, ta, tb, m, n, k, A, lda, B, ldb, D, ldc, d_f32, beta, C);
+                            e->C, &e->algo, c->ws, LT_WORKSPACE, c->stream));
 }
 
 __global__ void k_add_bias(bf16 *y, const bf16 *b, int M, int N) {
@@ -882,19 +869,8 @@ static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn
             CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)M * K * sizeof(bf16), c->stream));
         return;
     }
-    if (dx && dw && c->dw_stream) { /* dw beside dx (DFLASH_CUDA_DW_STREAM=1), joined below */
-        MAIN_STREAM_ONLY(c);
-        CUDA_CHECK(cudaEventRecord(c->dw_fork, c->stream));
-        CUDA_CHECK(cudaStreamWaitEvent(c->dw_stream, c->dw_fork, 0));
-        lt_matmul_on(c, c->dw_stream, c->dw_ws, 0, 1, K, N, M, x, K, dy, N, dw, K, 0, dw_beta,
-                     NULL);
-        CUDA_CHECK(cudaEventRecord(c->dw_join, c->dw_stream));
-        lt_matmul(c, 0, 0, K, M, N, w, K, dy, N, dx, K, 0, beta);
-        CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->dw_join, 0));
-    } else {
-        if (dx) lt_matmul(c, 0, 0, K, M, N, w, K, dy, N, dx, K, 0, beta);
-        if (dw) lt_matmul(c, 0, 1, K, N, M, x, K, dy, N, dw, K, 0, dw_beta);
-    }
+    if (dx) lt_matmul(c, 0, 0, K, M, N, w, K, dy, N, dx, K, 0, beta);
+    if (dw) lt_matmul(c, 0, 1, K, N, M, x, K, dy, N, dw, K, 0, dw_beta);
     if (db) {
         dim3 g((N + 127) / 128, (M + COLSUM_ROWS - 1) / COLSUM_ROWS);
         assert(g.y <= 65535);
@@ -1671,15 +1647,8 @@ static bool streams_new(nn_ctx *c) {
         cudaSuccess)
         return false;
     c->stream = c->main;
-    if (side && cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least) != cudaSuccess)
-        return false;
-    const char *d = getenv("DFLASH_CUDA_DW_STREAM");
-    if (!d || strcmp(d, "1")) return true;
-    return cudaStreamCreateWithPriority(&c->dw_stream, cudaStreamNonBlocking,
-                                        side ? greatest : 0) == cudaSuccess &&
-           cudaMalloc(&c->dw_ws, LT_WORKSPACE) == cudaSuccess &&
-           cudaEventCreateWithFlags(&c->dw_fork, cudaEventDisableTiming) == cudaSuccess &&
-           cudaEventCreateWithFlags(&c->dw_join, cudaEventDisableTiming) == cudaSuccess;
+    return !side ||
+           cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least) == cudaSuccess;
 }
 
 extern "C" nn_ctx *nn_cuda_new(int device) {
@@ -1726,10 +1695,6 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (c->lt) cublasLtDestroy(c->lt);
     events_destroy(c);
     if (c->side) cudaStreamDestroy(c->side);
-    if (c->dw_stream) cudaStreamDestroy(c->dw_stream);
-    if (c->dw_ws) cudaFree(c->dw_ws);
-    if (c->dw_fork) cudaEventDestroy(c->dw_fork);
-    if (c->dw_join) cudaEventDestroy(c->dw_join);
     if (c->main) cudaStreamDestroy(c->main);
     free(c);
     *cp = NULL;

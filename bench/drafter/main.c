@@ -14,9 +14,6 @@
  *   (dflash_train_step_async, each step's metrics collected once the next is queued) between
  *   stream syncs (host clock); also printed: the host's time per timed step queuing the next
  *   step and waiting for the previous one (a queue time near the step time: a bubble).
- *   DFLASH_BENCH_TIMED=sync times dflash_train_step instead (the host waits for every step),
- *   =events keeps the queue with the profile's CUDA event pair around every op: diagnostics of
- *   the gap between the timed steps and the profiled ones below.
  *   samples/s = steps/s * sequences per step.
  * FLOPs per step (12 = fwd 4 + bwd 8 per (query row, head, visible key, d) for attention;
  *   recomputation inside the attention backward not counted):
@@ -140,20 +137,10 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
     const int steps = 10;
-    /* DFLASH_BENCH_TIMED: how the timed steps run (a diagnostic): sync (dflash_train_step, the
-     * host waiting for each step) or events (queued, with the profile's event pair around every
-     * op, not printed); default queued as the daemon */
-    const char *tm = getenv("DFLASH_BENCH_TIMED");
-    bool sync_steps = tm && !strcmp(tm, "sync"), events = tm && !strcmp(tm, "events");
-    if (tm) printf("%s: timed steps %s\n", name, tm);
-    if (events) prof_begin();
     double flop = 0, t0 = monotime_s(), t_queue = 0, t_collect = 0;
     for (int i = 0; i < steps; i++) { /* as the daemon: queued, metrics collected a step late */
         double q0 = monotime_s();
-        if (sync_steps)
-            dflash_train_step(m, &tc, &v, 0, (uint64_t)(100 + i), &met);
-        else
-            dflash_train_step_async(m, &tc, &v, 0, (uint64_t)(100 + i));
+        dflash_train_step_async(m, &tc, &v, 0, (uint64_t)(100 + i));
         t_queue += monotime_s() - q0;
         int nb = m->cur_nb;
         double keys = 0;
@@ -179,7 +166,6 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     }
     O->sync(C);
     double sec = (monotime_s() - t0) / steps;
-    po_on = 0; /* the events mode's pairs: not read (prof_begin below starts over) */
     flop /= steps;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # final2_gpu.sh: the session's changes on the H200 in one call (the split masters and the RoPE
-# angle table): parity of everything, memcheck of the ops and optimizer groups, the
-# data-parallel test, the main job (`DEMO_BACKEND=cuda scripts/demo`, where the daemons are
-# carried), then the 3072/512 drafter step twice with the PyTorch reference between, and
-# $bin/base's step after each where a base is carried. (At 08d1c5f it also timed the dw-stream
-# option, since removed.)
+# angle table): parity of everything (and of the target forward, where carried), memcheck of
+# the ops and optimizer groups, the data-parallel test, the main job (`DEMO_BACKEND=cuda
+# scripts/demo`, where the daemons are carried), then the 3072/512 drafter step twice with the
+# PyTorch reference between, and $bin/base's step after each where a base is carried. (At
+# 08d1c5f it also timed the dw-stream option, since removed.)
 # Usage (GPU machine, repository root): bench/cuda_ops/final2_gpu.sh BIN_DIR [BUDGET_S]
 set -uo pipefail
 bin=${1:?usage: final2_gpu.sh BIN_DIR [BUDGET_S]}
@@ -14,6 +14,7 @@ log=${OUT:-.}/final2.log
 source "$(dirname "$0")/gpu_run.sh"
 D="$bin/bench-drafter"
 run parity 60 "$P"
+[ -x "$bin/bench-target_parity" ] && run target_parity 90 "$bin/bench-target_parity"
 run memcheck_ops 90 compute-sanitizer --tool memcheck "$P" ops
 run memcheck_optim 60 compute-sanitizer --tool memcheck "$P" optim
 [ -x "$bin/test_dp_nccl" ] && run dp 60 "$bin/test_dp_nccl"

@@ -198,7 +198,7 @@ float *dflash_model_master(const dflash_model *m, int i) {
 }
 
 /* Host staging of the split masters' transfers: this many elements at a time. */
-#define SPLIT_CHUNK ((size_t)1 << 20)
+#define SPLIT_CHUNK ((size_t)1 << 23)
 
 int dflash_model_masters_download(const dflash_model *m, float *dst) {
     const nn_ops *o = m->ops;

@@ -501,11 +501,7 @@ static void t_adamw_split(const pair *p, const pair *g, const pair *m, const pai
     float *hp = malloc(n * 4), *hj = malloc(n * 4), *hw = malloc(n * 4), *hc = malloc(n * 4);
     uint16_t *hi = malloc(n * 2), *lo = malloc(n * 2);
     CO->download_raw(CC, hp, (float *)p->c + a, n * 4);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, hp + i, 4);
-        hi[i] = nn_master_hi(u), lo[i] = (uint16_t)u;
-    }
+    nn_master_split_n(hp, hi, lo, n);
     uint16_t *ghi = GO->alloc(GC, n * 2), *glo = GO->alloc(GC, n * 2);
     GO->upload_raw(GC, ghi, hi, n * 2);
     GO->upload_raw(GC, glo, lo, n * 2);
@@ -518,10 +514,7 @@ static void t_adamw_split(const pair *p, const pair *g, const pair *m, const pai
     GO->download_raw(GC, lo, glo, n * 2);
     GO->download(GC, hw, ghi, n);
     CO->download_raw(CC, hc, (float *)p->c + a, n * 4);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = nn_master_join(hi[i], lo[i]);
-        memcpy(hj + i, &u, 4);
-    }
+    nn_master_join_n(hi, lo, hj, n);
     char op[32];
     snprintf(op, sizeof op, "adamw_clip_act @%zu", a);
     report(op, "p (fp32)", hj, hc, n, 1e-6);

@@ -220,10 +220,7 @@ int dflash_model_masters_download(const dflash_model *m, float *dst) {
         o->download_raw(m->ctx, hi, (const char *)m->params + a * sizeof(uint16_t),
                         k * sizeof(uint16_t));
         o->download_raw(m->ctx, lo, m->master_lo + a, k * sizeof(uint16_t));
-        for (size_t j = k; j-- > 0;) { /* backwards: dst[a + j] covers lo[2j], lo[2j + 1] */
-            uint32_t u = nn_master_join(hi[j], lo[j]);
-            memcpy(dst + a + j, &u, sizeof u);
-        }
+        nn_master_join_n(hi, lo, dst + a, k);
     }
     free(hi);
     return 0;
@@ -244,11 +241,7 @@ int dflash_model_masters_upload(dflash_model *m, const float *src) {
         for (size_t a = 0; a < nd; a += SPLIT_CHUNK) {
             size_t k = nd - a < SPLIT_CHUNK ? nd - a : SPLIT_CHUNK;
             uint16_t *hi = half, *lo = half + SPLIT_CHUNK;
-            for (size_t j = 0; j < k; j++) {
-                uint32_t u;
-                memcpy(&u, src + a + j, sizeof u);
-                hi[j] = nn_master_hi(u), lo[j] = (uint16_t)u;
-            }
+            nn_master_split_n(src + a, hi, lo, k);
             /* upload_raw returns once the source is staged: the next chunk may overwrite it */
             o->upload_raw(m->ctx, (char *)m->params + a * sizeof(uint16_t), hi,
                           k * sizeof(uint16_t));

@@ -17,7 +17,9 @@
 #ifndef DFLASH_NN_MASTER_SPLIT_H
 #define DFLASH_NN_MASTER_SPLIT_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define NN_HOST_DEVICE __host__ __device__
@@ -35,6 +37,23 @@ static inline NN_HOST_DEVICE uint16_t nn_master_hi(uint32_t u) {
 /* The fp32 bits the halves hi, lo came from. */
 static inline NN_HOST_DEVICE uint32_t nn_master_join(uint16_t hi, uint16_t lo) {
     return ((uint32_t)(uint16_t)(hi - (lo > 0x8000u)) << 16) | lo;
+}
+
+/* Host loops over n values: fp32 src into the halves hi, lo; and the halves back into fp32 dst,
+ * which may share its first bytes with lo (the loop runs backwards, so dst[j] overwrites only
+ * halves already read: lo = (uint16_t *)dst stages a chunk's low halves in place). */
+static inline void nn_master_split_n(const float *src, uint16_t *hi, uint16_t *lo, size_t n) {
+    for (size_t j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, src + j, sizeof u);
+        hi[j] = nn_master_hi(u), lo[j] = (uint16_t)u;
+    }
+}
+static inline void nn_master_join_n(const uint16_t *hi, const uint16_t *lo, float *dst, size_t n) {
+    for (size_t j = n; j-- > 0;) {
+        uint32_t u = nn_master_join(hi[j], lo[j]);
+        memcpy(dst + j, &u, sizeof u);
+    }
 }
 
 #endif

@@ -2,7 +2,8 @@
  * halves (the ties, their neighbours, the extremes) and a million random values: joining the two
  * halves gives the fp32 bits back exactly (NaN: a NaN), and the high half is the bf16 weight the
  * checkpoints write (safetensors_f32_to_bf16: round to nearest even) except at the ties the
- * rounding documents (low half 0x8000 under an odd high half: one unit lower).
+ * rounding documents (low half 0x8000 under an odd high half: one unit lower). The n-value
+ * loops give every value back when the join runs in place over the staged low halves.
  */
 #include "check.h"
 #include "master_split.h"
@@ -45,6 +46,20 @@ int main(void) {
         int b = check_one((uint32_t)(s >> 32));
         join_bad += b & 1, round_bad += (b >> 1) & 1;
     }
+    /* the loops, joining in place over the low halves (as dflash_model's download stages
+     * them): every value back */
+    enum { N = 1000 };
+    float src[N], dst[N];
+    uint16_t hi[N];
+    for (int i = 0; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = (uint32_t)(s >> 32) & 0xbfffffffu; /* finite: no NaN to compare */
+        memcpy(src + i, &u, sizeof u);
+    }
+    uint16_t *lo = (uint16_t *)dst;
+    nn_master_split_n(src, hi, lo, N);
+    nn_master_join_n(hi, lo, dst, N);
+    CHECK(!memcmp(src, dst, sizeof src));
     CHECK_EQ_INT(join_bad, 0);
     CHECK_EQ_INT(round_bad, 0);
     CHECK(ties > 30000); /* the ties-toward-zero cases were visited */

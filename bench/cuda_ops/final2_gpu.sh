@@ -10,7 +10,6 @@ set -uo pipefail
 bin=${1:?usage: final2_gpu.sh BIN_DIR [BUDGET_S]}
 budget=${2:-560}
 log=${OUT:-.}/final2.log
-[ -f "$bin/devlibs/libopenblas.so.0.xz" ] && xz -d -f "$bin/devlibs/libopenblas.so.0.xz"
 source "$(dirname "$0")/gpu_run.sh"
 D="$bin/bench-drafter"
 run parity 60 "$P"

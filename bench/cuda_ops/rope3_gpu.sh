@@ -9,7 +9,6 @@ set -uo pipefail
 bin=${1:?usage: rope3_gpu.sh BIN_DIR [BUDGET_S]}
 budget=${2:-540}
 log=${OUT:-.}/rope3.log
-[ -f "$bin/devlibs/libopenblas.so.0.xz" ] && xz -d -f "$bin/devlibs/libopenblas.so.0.xz"
 source "$(dirname "$0")/gpu_run.sh"
 D="$bin/bench-drafter"
 run parity 120 "$P"

@@ -32,7 +32,8 @@
  * padded capacity, Qc = blocks * 15 the rows the loss can read (all but each block's first). MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
  * device memory = memory in use after the steps (nothing is allocated in a step), including
  * the drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
- * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes.
+ * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes
+ * (DFLASH_PROF_SEQ=1: also the first of them op by op, in queue order).
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  */
 #include "monotime.h"

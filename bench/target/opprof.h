@@ -10,11 +10,14 @@
  * extra, untimed pass is profiled: the event records do not perturb the timed passes. Gaps
  * between ops (host launch latency) show as the difference between the wall time and the
  * summed op time. The profiled pass runs every op on the main stream (no side stream).
+ * DFLASH_PROF_SEQ=1 also lists the first profiled step's ops one by one in queue order (running
+ * time, op or matmul shape, ms, TFLOP/s): a product's rate by its place in the step.
  */
 #ifndef DFLASH_BENCH_OPPROF_H
 #define DFLASH_BENCH_OPPROF_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum {
@@ -266,6 +269,26 @@ static void prof_end(const char *title, double wall_ms, int attn_op, double attn
         po_shapes[s].calls++, po_shapes[s].ms += ms, po_shapes[s].flop += po_flop[i / 2];
     }
     if (attn_op >= 0) po_tf[attn_op] += attn_flop;
+    /* DFLASH_PROF_SEQ=1: every call of the first half of the profiled ops (the first of two
+     * profiled steps) in queue order, to see a product's rate by its place in the step */
+    const char *seq = getenv("DFLASH_PROF_SEQ");
+    if (seq && atoi(seq) > 0) {
+        double at = 0;
+        for (int i = 0; i < po_n / 2; i += 2) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, po_ev[i], po_ev[i + 1]);
+            int s = po_shape[i / 2];
+            at += ms;
+            if (s < 0) {
+                printf("   seq %4d %9.3f %-22s %8.3f ms\n", i / 2, at, po_names[po_op[i / 2]], ms);
+                continue;
+            }
+            const po_shape_row *r = &po_shapes[s];
+            printf("   seq %4d %9.3f %-10s %6d %6d %6d %8.3f ms %7.1f TFLOP/s\n", i / 2, at,
+                   po_kind_names[r->kind], r->M, r->K, r->N, ms,
+                   po_flop[i / 2] / (ms * 1e-3) / 1e12);
+        }
+    }
     printf("-- op profile: %s (%d ops, summed op time %.1f ms, wall %.1f ms%s) --\n", title,
            po_n / 2, tot, wall_ms, po_n + 2 > PO_MAXEV ? ", event pool full: partial" : "");
     printf("   %-22s %7s %10s %6s %9s\n", "op", "calls", "ms", "share", "TFLOP/s");

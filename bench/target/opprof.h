@@ -218,11 +218,6 @@ static void po_side_end(nn_ctx *c) {
     if (!po_on) po_real->side_end(c);
 }
 
-/* no graph while profiling: the event pairs time the ops one by one */
-static void po_graph_begin(nn_ctx *c) {
-    if (!po_on) po_real->graph_begin(c);
-}
-
 static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_real = real;
     po_tab = *real;
@@ -245,7 +240,6 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.adamw_clip_act = po_adamwca;
     po_tab.side_begin = po_side_begin, po_tab.side_mark = po_side_mark;
     po_tab.side_end = po_side_end; /* side_wait as it is: harmless in the profiled pass */
-    if (real->graph_begin) po_tab.graph_begin = po_graph_begin;
     return &po_tab;
 }
 

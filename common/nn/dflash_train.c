@@ -338,7 +338,7 @@ void dflash_train_zero_grads(dflash_model *m) {
  * blocks or weight queues no forward (r->met.skipped) but still leaves zero gradients. */
 static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
                        int nb, const int32_t *blk_seq, const int32_t *blk_anchor,
-                       pending_rec *r, bool graph) {
+                       pending_rec *r) {
     const nn_ops *o = m->ops;
     dflash_metrics *met = &r->met;
     met->step = m->step;
@@ -363,8 +363,6 @@ static int queue_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     }
     size_t Q = (size_t)nb * (size_t)m->cfg.block_size;
     memcpy(r->weights, m->h_weights, Q * sizeof(float));
-    /* the batch is uploaded: from here to the step's end the device work may be one graph */
-    if (graph && o->graph_begin) o->graph_begin(m->ctx);
     dflash_model_forward_loss(m, b->hidden, (float)(1.0 / wsum));
     o->download_raw_async(m->ctx, r->h_sums, m->out_sums, 2 * sizeof(float));
     o->download_raw_async(m->ctx, r->h_correct, m->out_correct, Q * sizeof(int32_t));
@@ -445,7 +443,7 @@ int dflash_train_grads(dflash_model *m, const dflash_train_cfg *tc, const dflash
     pending_rec *r;
     int rc = pending_open(m, &r);
     if (rc) return rc;
-    rc = queue_grads(m, tc, b, nb, blk_seq, blk_anchor, r, false);
+    rc = queue_grads(m, tc, b, nb, blk_seq, blk_anchor, r);
     if (rc) return rc;
     pending_push(m);
     pending_pop(m, met);
@@ -477,10 +475,9 @@ int dflash_train_step_async(dflash_model *m, const dflash_train_cfg *tc,
     if (rc) return rc;
     int nb = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
     if (nb < 0) return nb;
-    rc = queue_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, r, true);
+    rc = queue_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, r);
     if (rc) return rc;
     if (!r->met.skipped) queue_apply(m, tc, r);
-    if (m->ops->graph_end) m->ops->graph_end(m->ctx);
     pending_push(m);
     return 0;
 }

@@ -140,14 +140,6 @@ typedef struct nn_ops {
     void (*side_mark)(nn_ctx *c, int k);
     void (*side_end)(nn_ctx *c);
     void (*side_wait)(nn_ctx *c, int k);
-    /* One step as one graph (cuda, DFLASH_CUDA_GRAPH=1; NULL where a backend has none):
-     * graph_begin starts recording the work queued on the main stream instead of running it,
-     * graph_end launches what was recorded, both without a host wait. Between them: no host
-     * wait, no upload (their sources may be pageable), no side stream, no new matmul shape
-     * while tuning; the cuda backend then records nothing (graph_begin is a no-op) where the
-     * side stream or tuning is on. */
-    void (*graph_begin)(nn_ctx *c);
-    void (*graph_end)(nn_ctx *c);
     /* From now on each matmul shape met for the first time times the backend's first
      * `candidates` algorithms (cuda: cuBLASLt's heuristic list, at most 16) on its own operands
      * and keeps the fastest for later calls of that shape; that first call waits for the device

@@ -90,10 +90,6 @@ struct nn_ctx {
     cudaEvent_t side_fork, side_last, side_marks[NN_SIDE_MARKS], fence_side[NN_FENCES];
     bool side_used, last_used, mark_used[NN_SIDE_MARKS];
     long drains;                  /* host waits for the whole stream (stream_drains) */
-    bool graph_on;                /* DFLASH_CUDA_GRAPH=1: graph_begin records */
-    bool capturing;               /* between a recording graph_begin and its graph_end */
-    cudaGraphExec_t gexec[2];     /* alternate: the previous step's may still be running */
-    int gnext;
     int sms;                      /* the device's multiprocessors (persistent grids) */
 };
 
@@ -105,10 +101,6 @@ struct nn_ctx {
 /* Every host wait for the whole stream goes through here, so stream_drains counts them. It
  * waits for the side stream too. */
 static void drain(nn_ctx *c) {
-    if (c->capturing) {
-        fprintf(stderr, "ops_cuda: a host wait between graph_begin and graph_end (ops.h)\n");
-        abort();
-    }
     c->drains++;
     CUDA_CHECK(cudaStreamSynchronize(c->main));
     if (c->side_used) CUDA_CHECK(cudaStreamSynchronize(c->side));
@@ -329,38 +321,6 @@ static void cu_side_wait(nn_ctx *c, int k) {
     bool used = k < 0 ? c->last_used : c->mark_used[k];
     if (c->side && used)
         CUDA_CHECK(cudaStreamWaitEvent(c->main, k < 0 ? c->side_last : c->side_marks[k], 0));
-}
-
-/* A step as one graph (ops.h graph_begin): the main stream is captured, and graph_end updates
- * the older of two executable graphs with the capture (or instantiates it where the topology
- * changed) and launches it. Two, because the host queues a step while the previous one runs,
- * and an executable graph is not updated while a launch of it may be running; the one before
- * that has been waited for (the trainer keeps at most two steps in flight). */
-static void cu_graph_begin(nn_ctx *c) {
-    if (!c->graph_on || c->side || c->capturing || c->tune > 1) return;
-    assert(c->stream == c->main);
-    CUDA_CHECK(cudaStreamBeginCapture(c->main, cudaStreamCaptureModeRelaxed));
-    c->capturing = true;
-}
-
-static void cu_graph_end(nn_ctx *c) {
-    if (!c->capturing) return;
-    cudaGraph_t g = NULL;
-    c->capturing = false;
-    CUDA_CHECK(cudaStreamEndCapture(c->main, &g));
-    cudaGraphExec_t *e = &c->gexec[c->gnext];
-    c->gnext ^= 1;
-    if (*e) {
-        cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(*e, g, &info) != cudaSuccess) {
-            (void)cudaGetLastError();
-            CUDA_CHECK(cudaGraphExecDestroy(*e));
-            *e = NULL;
-        }
-    }
-    if (!*e) CUDA_CHECK(cudaGraphInstantiate(e, g, 0));
-    CUDA_CHECK(cudaGraphLaunch(*e, c->main));
-    CUDA_CHECK(cudaGraphDestroy(g));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1635,8 +1595,6 @@ static nn_ops make_ops(void) {
     o.side_mark = cu_side_mark;
     o.side_end = cu_side_end;
     o.side_wait = cu_side_wait;
-    o.graph_begin = cu_graph_begin;
-    o.graph_end = cu_graph_end;
     o.stream_drains = cu_stream_drains;
     o.adamw_clip = cu_adamw_clip;
     o.adamw_clip_act = cu_adamw_clip_act;
@@ -1689,8 +1647,6 @@ static bool streams_new(nn_ctx *c) {
         cudaSuccess)
         return false;
     c->stream = c->main;
-    const char *g = getenv("DFLASH_CUDA_GRAPH");
-    c->graph_on = g && !strcmp(g, "1");
     return !side ||
            cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least) == cudaSuccess;
 }
@@ -1738,8 +1694,6 @@ extern "C" void nn_cuda_destroy(nn_ctx **cp) {
     if (c->stage) cudaFree(c->stage);
     if (c->lt) cublasLtDestroy(c->lt);
     events_destroy(c);
-    for (int i = 0; i < 2; i++)
-        if (c->gexec[i]) cudaGraphExecDestroy(c->gexec[i]);
     if (c->side) cudaStreamDestroy(c->side);
     if (c->main) cudaStreamDestroy(c->main);
     free(c);

@@ -10,8 +10,9 @@
  * extra, untimed pass is profiled: the event records do not perturb the timed passes. Gaps
  * between ops (host launch latency) show as the difference between the wall time and the
  * summed op time. The profiled pass runs every op on the main stream (no side stream).
- * DFLASH_PROF_SEQ=1 also lists the first profiled step's ops one by one in queue order (running
- * time, op or matmul shape, ms, TFLOP/s): a product's rate by its place in the step.
+ * DFLASH_PROF_SEQ=1 also lists the first half of the profiled ops one by one in queue order
+ * (bench-drafter: its first of two profiled steps), each with the running sum of op times, the
+ * op or matmul shape, ms and TFLOP/s: a product's rate by its place in the step.
  */
 #ifndef DFLASH_BENCH_OPPROF_H
 #define DFLASH_BENCH_OPPROF_H
@@ -269,8 +270,7 @@ static void prof_end(const char *title, double wall_ms, int attn_op, double attn
         po_shapes[s].calls++, po_shapes[s].ms += ms, po_shapes[s].flop += po_flop[i / 2];
     }
     if (attn_op >= 0) po_tf[attn_op] += attn_flop;
-    /* DFLASH_PROF_SEQ=1: every call of the first half of the profiled ops (the first of two
-     * profiled steps) in queue order, to see a product's rate by its place in the step */
+    /* DFLASH_PROF_SEQ=1: the first half of the profiled ops one by one, in queue order */
     const char *seq = getenv("DFLASH_PROF_SEQ");
     if (seq && atoi(seq) > 0) {
         double at = 0;

@@ -12,6 +12,7 @@
 #ifndef DFLASH_ATTN_SPANS_CUH
 #define DFLASH_ATTN_SPANS_CUH
 
+#include "cp_async.cuh"
 #include "ops.h"
 
 #include <cuda_bf16.h>
@@ -167,15 +168,6 @@ __device__ __forceinline__ void attn_row_keys(const int32_t *seq_off, int n_seqs
         ke = Tk;
     else if (t >= seq_off[0] && t < seq_off[n_seqs])
         kb = seq_off[attn_seq_of(seq_off, n_seqs, t)], ke = t + 1;
-}
-
-/* 16 bytes global -> shared through cp.async; src_bytes 0 zero-fills. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
-{
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
 }
 
 /* ROWS rows of D bf16 into shared memory (stride D+8) in 16-byte pieces; row r comes from

@@ -1,7 +1,7 @@
 /* mma_frag: warp-level building blocks of the attention kernels (ops_cuda_attn_mma.cu,
  * ops_cuda_attn_bwd.cu; ops_cuda_attn_wgmma.cu and ops_cuda_attn_wgbwd.cu use the PTX wrappers,
  * the quad reductions, the online softmax and the backward's visit helpers): PTX wrappers for
- * mma.sync.m16n8k16 (bf16 in, fp32 accumulate), ldmatrix(.trans), ex2 and cp.async groups, quad
+ * mma.sync.m16n8k16 (bf16 in, fp32 accumulate), ldmatrix(.trans), ex2, quad
  * reductions, and fragment helpers: zeroed accumulators, A fragments of a shared tile, products
  * against shared rows (X^T as B) or through ldmatrix.trans (P X), bf16 row stores staged through
  * shared memory, and the lane-pair swap that turns two C-layout halves into 4 consecutive
@@ -51,19 +51,6 @@ __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
-}
-
-__device__ __forceinline__ void cp_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* all groups but the newest one are complete */
-__device__ __forceinline__ void cp_wait_prev(void) {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void cp_wait_all(void) {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
 __device__ __forceinline__ float quad_max(float v) {

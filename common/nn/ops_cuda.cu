@@ -37,6 +37,7 @@
  */
 #include "ops_cuda.h"
 
+#include "cp_async.cuh"
 #include "cuda_elem.cuh"
 
 #include <cublasLt.h>
@@ -438,6 +439,74 @@ __global__ void k_rmsnorm_fwd_rows(bf16 *out, float *rstd, const bf16 *x, const 
     }
 }
 
+/* The pipelined row kernels (k_rmsnorm_fwd_pipe, k_rmsnorm_bwd_pipe): a block of C / 8 threads
+ * takes rows r, r + grid, ... as the _rows kernels do, but each thread's 16 bytes of the next
+ * NORM_STAGES - 1 rows are already on their way into shared memory (cp.async, one commit group
+ * per row), so a block keeps rows in flight through its reductions and stores instead of
+ * loading each row after the last one's store. A thread reads back only the bytes it copied
+ * (no barrier for the data). Shared memory: NORM_STAGES x arrays x C x 2 bytes. */
+#define NORM_STAGES 4
+static void norm_pipe_attrs(void); /* their shared-memory limits, set once */
+
+/* Row stage s: the thread's 16 bytes at `at` of each of the N arrays, when ok; one commit group
+ * either way, so that there is one group per row. */
+template <int N>
+static __device__ __forceinline__ void norm_stage_issue(uint4 *stg, int s, const bf16 *const *a,
+                                                        size_t at, bool ok) {
+    const int nt = blockDim.x, t = threadIdx.x;
+    if (ok)
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            cp_async16(&stg[(s * N + k) * nt + t], a[k] + at, 16);
+    cp_commit();
+}
+
+/* Array k of row stage s, as 8 floats. */
+template <int N>
+static __device__ __forceinline__ void norm_stage_read(const uint4 *stg, int s, int k, float f[8]) {
+    load8(reinterpret_cast<const bf16 *>(&stg[(s * N + k) * blockDim.x + threadIdx.x]), f);
+}
+
+/* k_rmsnorm_fwd_rows with its loads NORM_STAGES - 1 rows ahead */
+__global__ void __launch_bounds__(1024) k_rmsnorm_fwd_pipe(bf16 *out, float *rstd, const bf16 *x,
+                                                           const bf16 *w, int R, int C, float eps) {
+    extern __shared__ uint4 stg[];
+    __shared__ float part[32];
+    int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
+    const int g = gridDim.x;
+    float gw[8];
+    load8(w + col, gw);
+    for (int k = 0; k < NORM_STAGES - 1; k++) {
+        int r = blockIdx.x + k * g;
+        norm_stage_issue<1>(stg, k, &x, (size_t)r * C + col, r < R);
+    }
+    for (int r = blockIdx.x, s = 0; r < R; r += g, s = (s + 1) % NORM_STAGES) {
+        int ra = r + (NORM_STAGES - 1) * g; /* into the stage this thread read last */
+        norm_stage_issue<1>(stg, (s + NORM_STAGES - 1) % NORM_STAGES, &x, (size_t)ra * C + col,
+                            ra < R);
+        cp_wait<NORM_STAGES - 1>(); /* row r's group */
+        float v[8], ss = 0.0f;
+        norm_stage_read<1>(stg, s, 0, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            ss += v[k] * v[k];
+        ss = warp_sum(ss);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0.0f;
+        for (int i = 0; i < nwarps; i++)
+            ss += part[i];
+        __syncthreads(); /* part is rewritten by the next row */
+        float rs = rsqrtf(ss / (float)C + eps);
+        if (rstd && t == 0) rstd[r] = rs;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = __bfloat162float(__float2bfloat16(v[k] * rs)) * gw[k];
+        store8(out + (size_t)r * C + col, v);
+    }
+    cp_wait<0>();
+}
+
 /* Blocks for a grid-stride kernel k over n items, one item per block at least: one wave (SMs
  * x the blocks of `threads` threads and smem dynamic bytes that fit on one), or n. */
 template <typename K> static int wave_grid(nn_ctx *c, K k, int threads, size_t smem, int n) {
@@ -448,10 +517,29 @@ template <typename K> static int wave_grid(nn_ctx *c, K k, int threads, size_t s
     return c->sms * per_sm < n ? c->sms * per_sm : n;
 }
 
+/* DFLASH_NORM_V1=1: the _rows kernels (loads after the previous row's store), for comparison */
+static bool norm_pipe_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DFLASH_NORM_V1");
+        on = !(e && !strcmp(e, "1"));
+    }
+    return on;
+}
+
 static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x, const nn_buf *w,
                            int R, int C, float eps) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
+    if (C % 256 == 0 && C <= 8192 && vec_ok(out, x, w) && norm_pipe_on()) {
+        size_t smem = (size_t)NORM_STAGES * C * sizeof(bf16);
+        norm_pipe_attrs();
+        k_rmsnorm_fwd_pipe<<<wave_grid(c, k_rmsnorm_fwd_pipe, C / 8, smem, R), C / 8, smem,
+                             c->stream>>>((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, R,
+                                          C, eps);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (C % 256 == 0 && C <= 8192 && vec_ok(out, x, w)) {
         k_rmsnorm_fwd_rows<<<wave_grid(c, k_rmsnorm_fwd_rows, C / 8, 0, R), C / 8, 0, c->stream>>>(
             (bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, R, C, eps);
@@ -585,10 +673,100 @@ __global__ void k_rmsnorm_bwd_rows(bf16 *dx, float *dw, const bf16 *dy, const bf
             atomicAdd(dw + col + e, acc[e]);
 }
 
+/* k_rmsnorm_bwd_rows with its loads NORM_STAGES - 1 rows ahead (RES: dres is read). dx may
+ * equal dy or dres: a row's bytes are read before its dx is stored, and the rows ahead are
+ * other rows. */
+template <bool RES>
+__global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, const bf16 *dy,
+                                                           const bf16 *x, const bf16 *w,
+                                                           const float *rstd, int R, int C,
+                                                           const bf16 *dres) {
+    constexpr int N = RES ? 3 : 2;
+    extern __shared__ uint4 stg[];
+    __shared__ float part[32];
+    const bf16 *const src[3] = {dy, x, dres};
+    int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
+    const int g = gridDim.x;
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    load8(w + col, wv);
+    for (int k = 0; k < NORM_STAGES - 1; k++) {
+        int r = blockIdx.x + k * g;
+        norm_stage_issue<N>(stg, k, src, (size_t)r * C + col, r < R);
+    }
+    for (int r = blockIdx.x, s = 0; r < R; r += g, s = (s + 1) % NORM_STAGES) {
+        const float rs = rstd[r]; /* in flight with the wait below */
+        int ra = r + (NORM_STAGES - 1) * g; /* into the stage this thread read last */
+        norm_stage_issue<N>(stg, (s + NORM_STAGES - 1) % NORM_STAGES, src, (size_t)ra * C + col,
+                            ra < R);
+        cp_wait<NORM_STAGES - 1>(); /* row r's group */
+        float gv[8], xv[8], res[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0.0f;
+        norm_stage_read<N>(stg, s, 0, gv);
+        norm_stage_read<N>(stg, s, 1, xv);
+        if (RES) norm_stage_read<N>(stg, s, 2, res);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            xv[e] *= rs; /* xhat */
+            acc[e] += gv[e] * xv[e];
+            dot += gv[e] * wv[e] * xv[e];
+        }
+        dot = warp_sum(dot);
+        if (lane == 0) part[warp] = dot;
+        __syncthreads();
+        float mean = 0.0f;
+        for (int i = 0; i < nwarps; i++)
+            mean += part[i];
+        mean /= (float)C;
+        __syncthreads(); /* part is rewritten by the next row */
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            gv[e] = rs * (gv[e] * wv[e] - xv[e] * mean) + res[e];
+        store8(dx + (size_t)r * C + col, gv);
+    }
+    cp_wait<0>();
+    if (dw)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            atomicAdd(dw + col + e, acc[e]);
+}
+
+/* The pipelined kernels may take their shared memory for rows of up to 8192 (once) */
+static void norm_pipe_attrs(void) {
+    static bool done = false;
+    if (done) return;
+    const int row = 8192 * (int)sizeof(bf16);
+    CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_fwd_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    NORM_STAGES * row));
+    CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    NORM_STAGES * 2 * row));
+    CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    NORM_STAGES * 3 * row));
+    done = true;
+}
+
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
                            const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
+    if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
+        vec_ok(w, w, dres ? dres : w) && norm_pipe_on()) {
+        size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
+        norm_pipe_attrs();
+        if (dres) {
+            k_rmsnorm_bwd_pipe<true>
+                <<<wave_grid(c, k_rmsnorm_bwd_pipe<true>, C / 8, smem, R), C / 8, smem,
+                   c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
+                                (const bf16 *)w, rstd, R, C, (const bf16 *)dres);
+        } else {
+            k_rmsnorm_bwd_pipe<false>
+                <<<wave_grid(c, k_rmsnorm_bwd_pipe<false>, C / 8, smem, R), C / 8, smem,
+                   c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
+                                (const bf16 *)w, rstd, R, C, NULL);
+        }
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
         vec_ok(w, w, dres ? dres : w)) {
         int threads = C / 8, blocks = wave_grid(c, k_rmsnorm_bwd_rows, threads, 0, R);

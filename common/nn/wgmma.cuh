@@ -86,10 +86,6 @@ __device__ __forceinline__ void fence_async_smem(void) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-template <int N> __device__ __forceinline__ void cp_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* mbarriers (MODE 2): init by one thread, arrive, and wait for the completion of the phase of
  * the given parity */
 __device__ __forceinline__ void mb_init(uint64_t *b, int count) {

@@ -406,45 +406,15 @@ __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 
     }
 }
 
-/* One pass, for rows of C = 8 * blockDim.x (a multiple of 256, at most 8192) and 16-byte aligned
- * rows: thread t owns columns 8t .. 8t + 7, keeps its x and w in registers and the block adds
- * the sum of squares, so x is read once (k_rmsnorm_fwd reads it twice). Rows blockIdx.x,
- * + gridDim.x, ... out may equal x. */
-__global__ void k_rmsnorm_fwd_rows(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int R,
-                                   int C, float eps) {
-    __shared__ float part[32];
-    int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
-    float g[8];
-    load8(w + col, g);
-    for (int r = blockIdx.x; r < R; r += gridDim.x) {
-        size_t at = (size_t)r * C + col;
-        float v[8], ss = 0.0f;
-        load8(x + at, v);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            ss += v[k] * v[k];
-        ss = warp_sum(ss);
-        if (lane == 0) part[warp] = ss;
-        __syncthreads();
-        ss = 0.0f;
-        for (int i = 0; i < nwarps; i++)
-            ss += part[i];
-        __syncthreads(); /* part is rewritten by the next row */
-        float rs = rsqrtf(ss / (float)C + eps);
-        if (rstd && t == 0) rstd[r] = rs;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            v[k] = __bfloat162float(__float2bfloat16(v[k] * rs)) * g[k];
-        store8(out + at, v);
-    }
-}
-
-/* The pipelined row kernels (k_rmsnorm_fwd_pipe, k_rmsnorm_bwd_pipe): a block of C / 8 threads
- * takes rows r, r + grid, ... as the _rows kernels do, but each thread's 16 bytes of the next
- * NORM_STAGES - 1 rows are already on their way into shared memory (cp.async, one commit group
- * per row), so a block keeps rows in flight through its reductions and stores instead of
- * loading each row after the last one's store. A thread reads back only the bytes it copied
- * (no barrier for the data). Shared memory: NORM_STAGES x arrays x C x 2 bytes. */
+/* The one-pass row kernels (k_rmsnorm_fwd_pipe, k_rmsnorm_bwd_pipe), for rows of C = 8 *
+ * blockDim.x (a multiple of 256, at most 8192) and 16-byte aligned rows: thread t owns columns
+ * 8t .. 8t + 7 of rows blockIdx.x, + gridDim.x, ..., keeps w in registers and reads each element
+ * once; the block adds the row's sums. Each thread's 16 bytes of its next NORM_STAGES - 1 rows
+ * are already on their way into shared memory (cp.async, one commit group per row), so a block
+ * keeps rows in flight through its reductions and stores; a thread reads back only the bytes
+ * it copied (no barrier for the data). Shared memory: NORM_STAGES x arrays x C x 2 bytes. Against
+ * loading each row after the last one's store: the forward 8% faster in the drafter's step, the
+ * backward the same (bench/cuda_ops/NOTES.md, "RMSNorm rows ahead"). */
 #define NORM_STAGES 4
 static void norm_pipe_attrs(void); /* their shared-memory limits, set once */
 
@@ -467,7 +437,8 @@ static __device__ __forceinline__ void norm_stage_read(const uint4 *stg, int s, 
     load8(reinterpret_cast<const bf16 *>(&stg[(s * N + k) * blockDim.x + threadIdx.x]), f);
 }
 
-/* k_rmsnorm_fwd_rows with its loads NORM_STAGES - 1 rows ahead */
+/* out = rmsnorm(x) * w, rstd saved when not NULL; out may equal x (a row is read before it
+ * is stored; the rows ahead are other rows) */
 __global__ void __launch_bounds__(1024) k_rmsnorm_fwd_pipe(bf16 *out, float *rstd, const bf16 *x,
                                                            const bf16 *w, int R, int C, float eps) {
     extern __shared__ uint4 stg[];
@@ -517,32 +488,16 @@ template <typename K> static int wave_grid(nn_ctx *c, K k, int threads, size_t s
     return c->sms * per_sm < n ? c->sms * per_sm : n;
 }
 
-/* DFLASH_NORM_V1=1: the _rows kernels (loads after the previous row's store), for comparison */
-static bool norm_pipe_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("DFLASH_NORM_V1");
-        on = !(e && !strcmp(e, "1"));
-    }
-    return on;
-}
-
 static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x, const nn_buf *w,
                            int R, int C, float eps) {
     assert(R >= 0 && C > 0);
     if (R == 0) return;
-    if (C % 256 == 0 && C <= 8192 && vec_ok(out, x, w) && norm_pipe_on()) {
+    if (C % 256 == 0 && C <= 8192 && vec_ok(out, x, w)) {
         size_t smem = (size_t)NORM_STAGES * C * sizeof(bf16);
         norm_pipe_attrs();
         k_rmsnorm_fwd_pipe<<<wave_grid(c, k_rmsnorm_fwd_pipe, C / 8, smem, R), C / 8, smem,
                              c->stream>>>((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, R,
                                           C, eps);
-        CUDA_CHECK_LAUNCH();
-        return;
-    }
-    if (C % 256 == 0 && C <= 8192 && vec_ok(out, x, w)) {
-        k_rmsnorm_fwd_rows<<<wave_grid(c, k_rmsnorm_fwd_rows, C / 8, 0, R), C / 8, 0, c->stream>>>(
-            (bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, R, C, eps);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -631,51 +586,9 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
     atomicAdd(dw + col, s);
 }
 
-/* dx and dw in one pass, for rows of C = 8 * blockDim.x (a multiple of 256, at most 8192) with
- * rstd saved and 16-byte aligned rows: thread t owns columns 8t .. 8t + 7 of every row, so it
- * reads each element of dy, x, dres once, keeps w in registers, and sums its columns' dw over
- * the block's rows (rows blockIdx.x, + gridDim.x, ...) in registers: one atomicAdd per column
- * and block instead of a second pass over dy and x. dx may equal dy or dres. */
-__global__ void k_rmsnorm_bwd_rows(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
-                                   const bf16 *w, const float *rstd, int R, int C,
-                                   const bf16 *dres) {
-    __shared__ float part[32];
-    int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
-    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    load8(w + col, wv);
-    for (int r = blockIdx.x; r < R; r += gridDim.x) {
-        size_t at = (size_t)r * C + col;
-        float g[8], xv[8], res[8] = {0, 0, 0, 0, 0, 0, 0, 0}, rs = rstd[r], dot = 0.0f;
-        load8(dy + at, g), load8(x + at, xv);
-        if (dres) load8(dres + at, res);
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            xv[e] *= rs; /* xhat */
-            acc[e] += g[e] * xv[e];
-            dot += g[e] * wv[e] * xv[e];
-        }
-        dot = warp_sum(dot);
-        if (lane == 0) part[warp] = dot;
-        __syncthreads();
-        float mean = 0.0f;
-        for (int i = 0; i < nwarps; i++)
-            mean += part[i];
-        mean /= (float)C;
-        __syncthreads(); /* part is rewritten by the next row */
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            g[e] = rs * (g[e] * wv[e] - xv[e] * mean) + res[e];
-        store8(dx + at, g);
-    }
-    if (dw)
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            atomicAdd(dw + col + e, acc[e]);
-}
-
-/* k_rmsnorm_bwd_rows with its loads NORM_STAGES - 1 rows ahead (RES: dres is read). dx may
- * equal dy or dres: a row's bytes are read before its dx is stored, and the rows ahead are
- * other rows. */
+/* dx (+ dres where RES) and dw in one pass with rstd saved: each thread sums its columns' dw over
+ * the block's rows in registers, one atomicAdd per column and block. dx may equal dy or dres
+ * (a row is read before its dx is stored; the rows ahead are other rows). */
 template <bool RES>
 __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, const bf16 *dy,
                                                            const bf16 *x, const bf16 *w,
@@ -750,7 +663,7 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
     assert(R >= 0 && C > 0);
     if (R == 0) return;
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
-        vec_ok(w, w, dres ? dres : w) && norm_pipe_on()) {
+        vec_ok(w, w, dres ? dres : w)) {
         size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
         norm_pipe_attrs();
         if (dres) {
@@ -764,15 +677,6 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
                    c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
                                 (const bf16 *)w, rstd, R, C, NULL);
         }
-        CUDA_CHECK_LAUNCH();
-        return;
-    }
-    if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
-        vec_ok(w, w, dres ? dres : w)) {
-        int threads = C / 8, blocks = wave_grid(c, k_rmsnorm_bwd_rows, threads, 0, R);
-        k_rmsnorm_bwd_rows<<<blocks, threads, 0, c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy,
-                                                              (const bf16 *)x, (const bf16 *)w,
-                                                              rstd, R, C, (const bf16 *)dres);
         CUDA_CHECK_LAUNCH();
         return;
     }

@@ -416,7 +416,6 @@ __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 
  * loading each row after the last one's store: the forward 8% faster in the drafter's step, the
  * backward the same (bench/cuda_ops/NOTES.md, "RMSNorm rows ahead"). */
 #define NORM_STAGES 4
-#define NORM_BWD_STAGES 3 /* 3 blocks of 512 threads per SM fit 3 x 72 KB */
 static void norm_pipe_attrs(void); /* their shared-memory limits, set once */
 
 /* Row stage s: the thread's 16 bytes at `at` of each of the N arrays, when ok; one commit group
@@ -590,69 +589,51 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
 /* dx (+ dres where RES) and dw in one pass with rstd saved: each thread sums its columns' dw over
  * the block's rows in registers, one atomicAdd per column and block. dx may equal dy or dres
  * (a row is read before its dx is stored; the rows ahead are other rows). */
-/* 4 consecutive bf16 (8 bytes, 8-byte aligned) as floats */
-static __device__ __forceinline__ void load4(const bf16 *p, float f[4]) {
-    uint2 v = *reinterpret_cast<const uint2 *>(p);
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v);
-    float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
-
 template <bool RES>
-__global__ void __maxnreg__(40) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, const bf16 *dy,
-                                                   const bf16 *x, const bf16 *w, const float *rstd,
-                                                   int R, int C, const bf16 *dres) {
-    constexpr int N = RES ? 3 : 2, NS = NORM_BWD_STAGES;
+__global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, const bf16 *dy,
+                                                           const bf16 *x, const bf16 *w,
+                                                           const float *rstd, int R, int C,
+                                                           const bf16 *dres) {
+    constexpr int N = RES ? 3 : 2;
     extern __shared__ uint4 stg[];
-    __shared__ float part[2][32]; /* by row parity: one barrier per row */
+    __shared__ float part[32];
     const bf16 *const src[3] = {dy, x, dres};
     int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
     const int g = gridDim.x;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int k = 0; k < NS - 1; k++) {
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    load8(w + col, wv);
+    for (int k = 0; k < NORM_STAGES - 1; k++) {
         int r = blockIdx.x + k * g;
         norm_stage_issue<N>(stg, k, src, (size_t)r * C + col, r < R);
     }
-    int p = 0;
-    for (int r = blockIdx.x, s = 0; r < R; r += g, s = (s + 1) % NS, p ^= 1) {
+    for (int r = blockIdx.x, s = 0; r < R; r += g, s = (s + 1) % NORM_STAGES) {
         const float rs = rstd[r]; /* in flight with the wait below */
-        int ra = r + (NS - 1) * g; /* into the stage this thread read last */
-        norm_stage_issue<N>(stg, (s + NS - 1) % NS, src, (size_t)ra * C + col, ra < R);
-        cp_wait<NS - 1>(); /* row r's group */
-        /* the thread's 8 columns of dy, x, dres in row stage s; w from global (L1) */
-        const bf16 *sg = reinterpret_cast<const bf16 *>(&stg[(s * N + 0) * blockDim.x + t]);
-        const bf16 *sx = reinterpret_cast<const bf16 *>(&stg[(s * N + 1) * blockDim.x + t]);
-        float dot = 0.0f;
+        int ra = r + (NORM_STAGES - 1) * g; /* into the stage this thread read last */
+        norm_stage_issue<N>(stg, (s + NORM_STAGES - 1) % NORM_STAGES, src, (size_t)ra * C + col,
+                            ra < R);
+        cp_wait<NORM_STAGES - 1>(); /* row r's group */
+        float gv[8], xv[8], res[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0.0f;
+        norm_stage_read<N>(stg, s, 0, gv);
+        norm_stage_read<N>(stg, s, 1, xv);
+        if (RES) norm_stage_read<N>(stg, s, 2, res);
 #pragma unroll
-        for (int h = 0; h < 8; h += 4) { /* in halves: fewer registers */
-            float gv[4], xv[4], wv[4];
-            load4(sg + h, gv), load4(sx + h, xv), load4(w + col + h, wv);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float xh = xv[e] * rs;
-                acc[h + e] += gv[e] * xh;
-                dot += gv[e] * wv[e] * xh;
-            }
+        for (int e = 0; e < 8; e++) {
+            xv[e] *= rs; /* xhat */
+            acc[e] += gv[e] * xv[e];
+            dot += gv[e] * wv[e] * xv[e];
         }
         dot = warp_sum(dot);
-        if (lane == 0) part[p][warp] = dot;
-        /* the next write of part[p] (two rows on) comes after every warp has passed the next
-         * row's barrier, so after this row's reads */
+        if (lane == 0) part[warp] = dot;
         __syncthreads();
-        const float mean = warp_sum(lane < nwarps ? part[p][lane] : 0.0f) / (float)C;
-        float o[8];
+        float mean = 0.0f;
+        for (int i = 0; i < nwarps; i++)
+            mean += part[i];
+        mean /= (float)C;
+        __syncthreads(); /* part is rewritten by the next row */
 #pragma unroll
-        for (int h = 0; h < 8; h += 4) {
-            float gv[4], xv[4], wv[4], res[4] = {0, 0, 0, 0};
-            load4(sg + h, gv), load4(sx + h, xv), load4(w + col + h, wv);
-            if (RES)
-                load4(reinterpret_cast<const bf16 *>(&stg[(s * N + 2) * blockDim.x + t]) + h,
-                      res);
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[h + e] = rs * (gv[e] * wv[e] - xv[e] * rs * mean) + res[e];
-        }
-        store8(dx + (size_t)r * C + col, o);
+        for (int e = 0; e < 8; e++)
+            gv[e] = rs * (gv[e] * wv[e] - xv[e] * mean) + res[e];
+        store8(dx + (size_t)r * C + col, gv);
     }
     cp_wait<0>();
     if (dw)
@@ -670,10 +651,10 @@ static void norm_pipe_attrs(void) {
                                     NORM_STAGES * row));
     CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    NORM_BWD_STAGES * 2 * row));
+                                    NORM_STAGES * 2 * row));
     CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    NORM_BWD_STAGES * 3 * row));
+                                    NORM_STAGES * 3 * row));
     done = true;
 }
 
@@ -683,7 +664,7 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
     if (R == 0) return;
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
         vec_ok(w, w, dres ? dres : w)) {
-        size_t smem = (size_t)NORM_BWD_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
+        size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
         norm_pipe_attrs();
         if (dres) {
             k_rmsnorm_bwd_pipe<true>

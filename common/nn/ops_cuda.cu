@@ -416,7 +416,6 @@ __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 
  * loading each row after the last one's store: the forward 8% faster in the drafter's step, the
  * backward the same (bench/cuda_ops/NOTES.md, "RMSNorm rows ahead"). */
 #define NORM_STAGES 4
-static void norm_pipe_attrs(void); /* their shared-memory limits, set once */
 
 /* Row stage s: the thread's 16 bytes at `at` of each of the N arrays, when ok; one commit group
  * either way, so that there is one group per row. */
@@ -494,7 +493,6 @@ static void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x,
     if (R == 0) return;
     if (C % 256 == 0 && C <= 8192 && vec_ok(out, x, w)) {
         size_t smem = (size_t)NORM_STAGES * C * sizeof(bf16);
-        norm_pipe_attrs();
         k_rmsnorm_fwd_pipe<<<wave_grid(c, k_rmsnorm_fwd_pipe, C / 8, smem, R), C / 8, smem,
                              c->stream>>>((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)w, R,
                                           C, eps);
@@ -642,20 +640,15 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, 
             atomicAdd(dw + col + e, acc[e]);
 }
 
-/* The pipelined kernels may take their shared memory for rows of up to 8192 (once) */
-static void norm_pipe_attrs(void) {
-    static bool done = false;
-    if (done) return;
+/* The pipelined kernels may take the shared memory of rows of up to 8192 on the current device
+ * (nn_cuda_new, once per context, as the attention kernels' limits) */
+static bool norm_pipe_attrs(void) {
     const int row = 8192 * (int)sizeof(bf16);
-    CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_fwd_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    NORM_STAGES * row));
-    CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    NORM_STAGES * 2 * row));
-    CUDA_CHECK(cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    NORM_STAGES * 3 * row));
-    done = true;
+    const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    return cudaFuncSetAttribute(k_rmsnorm_fwd_pipe, a, NORM_STAGES * row) == cudaSuccess &&
+           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false>, a, NORM_STAGES * 2 * row) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true>, a, NORM_STAGES * 3 * row) == cudaSuccess;
 }
 
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
@@ -665,7 +658,6 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
         vec_ok(w, w, dres ? dres : w)) {
         size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
-        norm_pipe_attrs();
         if (dres) {
             k_rmsnorm_bwd_pipe<true>
                 <<<wave_grid(c, k_rmsnorm_bwd_pipe<true>, C / 8, smem, R), C / 8, smem,
@@ -1751,7 +1743,7 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
         cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
         !events_new(c) ||
         cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cuda_attention_init() != 0) {
+        !norm_pipe_attrs() || cuda_attention_init() != 0) {
         fprintf(stderr, "ops_cuda: cannot set up device %d: %s\n", device,
                 cudaGetErrorString(cudaGetLastError()));
         nn_cuda_destroy(&c);

@@ -180,18 +180,20 @@ static void cmp_int(const char *op, const char *tensor, const pair *p, double mi
 
 /* ---- op tests ---- */
 
-static void t_embedding(void) {
-    int V = 1000, D = 200, T = 77;
+/* the rows move in 16-byte words (D 200, 4096), 4-byte or single bytes (D 33: rows of 66) */
+static void t_embedding(int V, int D, int T) {
+    char name[64];
+    snprintf(name, sizeof name, "embedding_fwd V%d D%d T%d", V, D, T);
     float *tab = hrand((size_t)V * D, 1, 0);
-    int32_t ids[77];
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
     for (int t = 0; t < T; t++)
         ids[t] = (int32_t)((t * 37 + 11) % V);
     pair table = pact(tab, (size_t)V * D), pid = praw(ids, T), out = pact(NULL, (size_t)T * D);
     CO->embedding_fwd(CC, out.c, pid.c, table.c, T, D);
     GO->embedding_fwd(GC, out.g, pid.g, table.g, T, D);
-    cmp("embedding_fwd", "out", &out, 1e-6);
+    cmp(name, "out", &out, 1e-6);
     pfree(&table), pfree(&pid), pfree(&out);
-    free(tab);
+    free(tab), free(ids);
 }
 
 static void t_rmsnorm(int R, int C) {
@@ -817,7 +819,9 @@ int main(int argc, char **argv) {
     printf("%-22s %-14s %11s %11s %11s %9s  %s\n", "op", "tensor", "max abs", "max rel", "l2 rel",
            "tol(l2)", "verdict");
     if (do_ops) {
-        t_embedding();
+        t_embedding(1000, 200, 77);
+        t_embedding(5000, 4096, 300);
+        t_embedding(999, 33, 50);
         t_rmsnorm(133, 300);
         t_rmsnorm(532, 64);
         t_rmsnorm(64, 4096);

@@ -205,30 +205,38 @@ static void cu_copy2d(nn_ctx *c, void *dst, size_t dst_pitch, const void *src, s
                                      cudaMemcpyDeviceToDevice, c->stream));
 }
 
-/* rows_scatter: one block per source row, in words of W bytes (16 when rows and pointers
- * allow, else 4, else 1) */
-template <typename W>
-__global__ void k_rows_scatter(W *dst, const int32_t *rows, const W *src, size_t words) {
-    const W *s = src + (size_t)blockIdx.x * words;
-    W *d = dst + (size_t)rows[blockIdx.x] * words;
-    for (size_t i = threadIdx.x; i < words; i += blockDim.x)
-        d[i] = s[i];
+/* Rows moved by index, one block per row, in words of W bytes (16 when rows and pointers allow,
+ * else 4, else 1): rows_scatter (GATHER false: dst row rows[i] = src row i) and embedding_fwd
+ * (GATHER: dst row i = src row rows[i]). */
+template <typename W, bool GATHER>
+__global__ void k_rows_move(W *dst, const int32_t *rows, const W *src, size_t words) {
+    const size_t i = blockIdx.x, r = (size_t)rows[blockIdx.x];
+    const W *s = src + (GATHER ? r : i) * words;
+    W *d = dst + (GATHER ? i : r) * words;
+    for (size_t k = threadIdx.x; k < words; k += blockDim.x)
+        d[k] = s[k];
+}
+
+template <bool GATHER>
+static void rows_move(nn_ctx *c, void *dst, const int32_t *rows, const void *src, int n,
+                      size_t row_bytes) {
+    if (n <= 0 || !row_bytes) return;
+    uintptr_t al = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)row_bytes;
+    if (al % 16 == 0)
+        k_rows_move<uint4, GATHER><<<n, 128, 0, c->stream>>>((uint4 *)dst, rows,
+                                                             (const uint4 *)src, row_bytes / 16);
+    else if (al % 4 == 0)
+        k_rows_move<uint32_t, GATHER><<<n, 128, 0, c->stream>>>(
+            (uint32_t *)dst, rows, (const uint32_t *)src, row_bytes / 4);
+    else
+        k_rows_move<uint8_t, GATHER><<<n, 128, 0, c->stream>>>((uint8_t *)dst, rows,
+                                                               (const uint8_t *)src, row_bytes);
+    CUDA_CHECK_LAUNCH();
 }
 
 static void cu_rows_scatter(nn_ctx *c, void *dst, const int32_t *rows, const void *src, int n,
                             size_t row_bytes) {
-    if (n <= 0 || !row_bytes) return;
-    uintptr_t al = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)row_bytes;
-    if (al % 16 == 0)
-        k_rows_scatter<<<n, 128, 0, c->stream>>>((uint4 *)dst, rows, (const uint4 *)src,
-                                                 row_bytes / 16);
-    else if (al % 4 == 0)
-        k_rows_scatter<<<n, 128, 0, c->stream>>>((uint32_t *)dst, rows, (const uint32_t *)src,
-                                                 row_bytes / 4);
-    else
-        k_rows_scatter<<<n, 128, 0, c->stream>>>((uint8_t *)dst, rows, (const uint8_t *)src,
-                                                 row_bytes);
-    CUDA_CHECK_LAUNCH();
+    rows_move<false>(c, dst, rows, src, n, row_bytes);
 }
 
 static void cu_zero(nn_ctx *c, void *p, size_t bytes) {
@@ -325,22 +333,12 @@ static void cu_side_wait(nn_ctx *c, int k) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* embedding: out[T,D] = table[ids[t], :], one block per token */
-
-__global__ void k_embedding(bf16 *out, const int32_t *ids, const bf16 *table, int D) {
-    int t = blockIdx.x;
-    const bf16 *src = table + (size_t)ids[t] * D;
-    bf16 *dst = out + (size_t)t * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x)
-        dst[i] = src[i];
-}
+/* embedding: out[T,D] = table[ids[t], :], a row gather (rows_move) */
 
 static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const nn_buf *table, int T,
                              int D) {
     assert(T >= 0 && D > 0);
-    if (T == 0) return;
-    k_embedding<<<T, 256, 0, c->stream>>>((bf16 *)out, ids, (const bf16 *)table, D);
-    CUDA_CHECK_LAUNCH();
+    rows_move<true>(c, out, ids, table, T, (size_t)D * sizeof(bf16));
 }
 
 /* ------------------------------------------------------------------------------------------ */

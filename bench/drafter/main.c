@@ -3,14 +3,15 @@
  * F 12288, B 16, 5 features, V 151936) on the cuda backend. bench/drafter/run.sh runs it with
  * the PyTorch reference (bench/drafter/torch_drafter_bench.py) and prints the ratio.
  *
- * Usage: bench-drafter [LAYERS=5] [CASE|all] [TUNE=8] (CASE: one of the case names below;
- *   TUNE: cuBLASLt candidates timed per matmul shape when the model is created, as the drafter
- *   daemon's --tune-matmuls does; 0: the heuristic's first)
+ * Usage: bench-drafter [LAYERS=5] [CASE|all] [TUNE=8] [STEPS=10] (CASE: one of the case names
+ *   below; TUNE: cuBLASLt candidates timed per matmul shape when the model is created, as the
+ *   drafter daemon's --tune-matmuls does; 0: the heuristic's first; STEPS: timed steps)
  * Cases: one sequence of 3072 tokens with 512 anchors; one of 768 tokens with 256 anchors
  *   (SpecForge's published shape); 4 packed sequences of 768 tokens with 256 anchors each.
- *   loss_mask is 1 except the first 64 tokens of each sequence (the prompt). Weights, embeddings,
- *   lm_head and target features are random.
- * Timing: 3 untimed steps, then 10 steps queued as the drafter daemon does
+ *   loss_mask is 1 except the first 64 tokens of each sequence (the prompt). Random values drawn
+ *   as the PyTorch reference draws them: target features uniform in [-1, 1), embeddings and
+ *   lm_head normal with sd 0.05 and 0.02, the drafter's matrices N(0, 0.02) (its own init).
+ * Timing: 3 untimed steps, then STEPS (10) steps queued as the drafter daemon does
  *   (dflash_train_step_async, each step's metrics collected once the next is queued) between
  *   stream syncs (host clock); also printed: the host's time per timed step queuing the next
  *   step and waiting for the previous one (a queue time near the step time: a bubble).
@@ -34,6 +35,10 @@
  * the drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
  * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes
  * (DFLASH_PROF_SEQ=1: also the first of them op by op, in queue order).
+ * Energy: the board's joules per timed step and mean power (NVML's counter, energy.h; the
+ * products run at the power limit, so time follows energy), "energy: n/a" without NVML.
+ * Curve: each timed step's loss, gradient norm and accuracy (the batch is the same every step,
+ * its anchors re-drawn: the PyTorch reference prints its losses and norms alike).
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  */
 #include "monotime.h"
@@ -46,10 +51,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include "../target/energy.h"
 #include "../target/opprof.h"
 #include "../target/gemm_peak.h"
 #endif
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +73,7 @@ int main(void) {
 
 static const nn_ops *O;
 static nn_ctx *C;
+static bench_energy g_energy; /* the board's counter (energy.h); none: rows say n/a */
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
 static float frand(void) {
@@ -72,7 +81,14 @@ static float frand(void) {
     return (float)((double)(rs >> 11) / 4503599627370496.0 - 1.0);
 }
 
-static void *act_rand(size_t n, float scale) {
+/* A normal draw (Box-Muller on two uniforms) */
+static float nrand(void) {
+    double u1 = 0.5 * (frand() + 1.0) + 1e-12, u2 = 0.5 * (frand() + 1.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* n act-typed values on the device: uniform in [-scale, scale), or normal with sd scale */
+static void *act_rand(size_t n, float scale, bool normal) {
     void *p = O->alloc(C, n * O->act_bytes);
     if (!p) {
         fprintf(stderr, "bench-drafter: out of device memory\n");
@@ -81,7 +97,7 @@ static void *act_rand(size_t n, float scale) {
     size_t chunk = (size_t)1 << 24;
     float *h = malloc(chunk * sizeof(float));
     for (size_t i = 0; i < chunk; i++)
-        h[i] = frand() * scale;
+        h[i] = (normal ? nrand() : frand()) * scale;
     for (size_t o = 0; o < n; o += chunk) {
         size_t m = n - o < chunk ? n - o : chunk;
         O->upload(C, (char *)p + o * O->act_bytes, h, m);
@@ -92,7 +108,27 @@ static void *act_rand(size_t n, float scale) {
 }
 
 enum { D = 4096, NF = 5, V = 151936, H = 32, HK = 8, HD = 128, FF = 12288, BS = 16 };
-static int g_tune = 8; /* cuBLASLt candidates per matmul shape (dflash_model_tune) */
+static int g_tune = 8;   /* cuBLASLt candidates per matmul shape (dflash_model_tune) */
+static int g_steps = 10; /* timed steps per case */
+
+/* The timed steps' losses, gradient norms and accuracies, printed after the row ("curve:
+ * ..."): with the reference's random draws and recipe, the two benches should learn alike */
+enum { CURVE_MAX = 64 };
+static double g_curve[CURVE_MAX][3];
+static int g_curve_n;
+static void curve_add(const dflash_metrics *met) {
+    if (g_curve_n < CURVE_MAX) {
+        g_curve[g_curve_n][0] = met->loss, g_curve[g_curve_n][1] = met->grad_norm;
+        g_curve[g_curve_n][2] = met->accuracy;
+        g_curve_n++;
+    }
+}
+static void curve_print(void) {
+    printf("curve (loss/grad norm/accuracy per timed step):");
+    for (int i = 0; i < g_curve_n; i++)
+        printf(" %.3f/%.2f/%.2f", g_curve[i][0], g_curve[i][1], g_curve[i][2]);
+    printf("\n");
+}
 
 static void run_case(const char *name, int layers, int n_seqs, int S, int anchors, double peak,
                      const void *emb, const void *lm) {
@@ -105,7 +141,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     cfg.num_target_layers = 36, cfg.mask_token_id = 151669, cfg.vocab_size = V;
     cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
     cfg.bos_token_id = cfg.eos_token_id = -1;
-    void *hid = act_rand((size_t)T * NF * D, 1.0f);
+    void *hid = act_rand((size_t)T * NF * D, 1.0f, false);
     dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, n_seqs * anchors, 1);
     if (!m) {
         printf("%s: dflash_model_new failed\n", name);
@@ -137,7 +173,9 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     for (int i = 0; i < 3; i++)
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
-    const int steps = 10;
+    const int steps = g_steps;
+    g_curve_n = 0;
+    double j0 = bench_energy_j(&g_energy);
     double flop = 0, t0 = monotime_s(), t_queue = 0, t_collect = 0;
     for (int i = 0; i < steps; i++) { /* as the daemon: queued, metrics collected a step late */
         double q0 = monotime_s();
@@ -148,7 +186,8 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         for (int j = 0; j < nb; j++)
             keys += (double)BS * (m->h_blk_anchor[j] + BS);
         double c0 = monotime_s();
-        if (dflash_train_pending(m) > 1) dflash_train_collect(m, &met);
+        if (dflash_train_pending(m) > 1 && dflash_train_collect(m, &met) == 1)
+            curve_add(&met);
         t_collect += monotime_s() - c0;
         double Q = (double)nb * BS;
         double per_row = (double)D * H * HD + 2.0 * D * HK * HD + (double)H * HD * D +
@@ -163,10 +202,10 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         if (m->last_compact)
             flop -= 6.0 * (Q - m->cur_qc) * ((double)H * HD * D + 3.0 * D * FF);
     }
-    while (dflash_train_collect(m, &met) == 1) {
-    }
+    while (dflash_train_collect(m, &met) == 1)
+        curve_add(&met);
     O->sync(C);
-    double sec = (monotime_s() - t0) / steps;
+    double sec = (monotime_s() - t0) / steps, j1 = bench_energy_j(&g_energy);
     flop /= steps;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
@@ -178,6 +217,8 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
            flop / sec / 1e12, 100 * mfu, gib, met.loss);
     printf("RESULT case=%s steps_per_s=%.3f samples_per_s=%.3f mfu=%.4f peak_gib=%.2f\n", name,
            1.0 / sec, n_seqs / sec, mfu, gib);
+    bench_energy_line(&g_energy, j0, j1, steps, sec);
+    curve_print();
     /* where the host spent the timed steps: queuing a step should take a few ms, the rest is
      * the wait for the previous step's metrics; a queue time near the step time means the
      * host waited for the stream while queuing (the GPU then ran dry) */
@@ -210,11 +251,19 @@ int main(int argc, char **argv) {
         return 77;
     }
     O = prof_ops(nn_cuda_ops(), C);
+    int dev = 0;
+    cudaGetDevice(&dev);
+    bench_energy_open(&g_energy, dev);
     double peak = gemm_peak_tflops(O, C);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
-    void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);
+    void *emb = act_rand((size_t)V * D, 0.05f, true), *lm = act_rand((size_t)V * D, 0.02f, true);
     const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* one case */
     if (argc > 3) g_tune = atoi(argv[3]);
+    if (argc > 4) g_steps = atoi(argv[4]);
+    if (g_steps < 1 || g_steps > 100000) {
+        fprintf(stderr, "bench-drafter: STEPS must be 1..100000\n");
+        return 2;
+    }
     if (!only || !strcmp(only, "s3072_a512"))
         run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);
     if (!only || !strcmp(only, "s768_a256"))

@@ -10,12 +10,16 @@ clipping at 1.0. Qwen3-8B drafter: D 4096, 5 layers, H 32 / Hk 8, d 128, F 12288
 Cases as bench-drafter: 1 x 3072 tokens / 512 anchors, 1 x 768 / 256, 4 x 768 / 256 (the four
 sequences are run as one packed batch: one block mask over all of them). Anchors are drawn
 uniformly (without replacement) each step from positions 64..S-2 and the block mask is rebuilt
-every step (inside the timed region). Timing: 3 untimed steps (compilation), then 10 steps,
+every step (inside the timed region). Timing: 3 untimed steps (compilation), then --steps (10),
 torch.cuda.synchronize around them. FLOPs and MFU: bench-drafter's formula (see its header) with
 this run's anchors, against --peak-tflops (bench-drafter's measured peak in the same run).
+Energy: the board's joules per timed step and mean power from NVML's counter (ctypes, as
+bench-drafter's energy.h), "energy: n/a" without it. Curve: each timed step's loss and gradient
+norm (read after the timed steps), as bench-drafter prints them.
 Last lines: RESULT case=... steps_per_s=... samples_per_s=... mfu=... peak_gib=...
 """
 import argparse
+import ctypes
 import math
 import time
 
@@ -27,6 +31,7 @@ ap.add_argument("--peak-tflops", type=float, default=0.0)
 ap.add_argument("--layers", type=int, default=5)
 ap.add_argument("--cases", default="s3072_a512,s768_a256,4xs768_a256")
 ap.add_argument("--no-compile", action="store_true")
+ap.add_argument("--steps", type=int, default=10, help="timed steps per case")
 a = ap.parse_args()
 
 try:
@@ -39,6 +44,32 @@ D, NF, V, H, HK, HD, FF, B, L = 4096, 5, 151936, 32, 8, 128, 12288, 16, a.layers
 EPS, THETA, MASK, GAMMA = 1e-6, 1e6, 151669, 7.0
 dev = "cuda"
 torch.manual_seed(0)
+
+
+def nvml_energy():
+    """A function giving the board's energy counter in joules (None without NVML) and the
+    enforced power limit in watts."""
+    try:
+        nv = ctypes.CDLL("libnvidia-ml.so.1")
+        assert nv.nvmlInit_v2() == 0
+        bus = torch.cuda.get_device_properties(torch.cuda.current_device())
+        pci = f"{bus.pci_domain_id:08x}:{bus.pci_bus_id:02x}:{bus.pci_device_id:02x}.0"
+        h = ctypes.c_void_p()
+        assert nv.nvmlDeviceGetHandleByPciBusId_v2(pci.encode(), ctypes.byref(h)) == 0
+        mw = ctypes.c_uint()
+        assert nv.nvmlDeviceGetEnforcedPowerLimit(h, ctypes.byref(mw)) == 0
+
+        def joules():
+            mj = ctypes.c_ulonglong()
+            ok = nv.nvmlDeviceGetTotalEnergyConsumption(h, ctypes.byref(mj)) == 0
+            return mj.value / 1000.0 if ok else None
+        return joules if joules() is not None else None, mw.value / 1000.0
+    except Exception as e:  # no driver library, no counter
+        print(f"energy: no NVML energy counter ({type(e).__name__} {e})", flush=True)
+        return None, 0.0
+
+
+energy_j, power_limit_w = nvml_energy()
 
 
 def rmsnorm(x, w):
@@ -158,7 +189,7 @@ def run_case(name, peak, embed, lm_head):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = fwd(X, noise, pos_blk, pos_ctx, embed, lm_head, labels, w, bm)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        state["norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         keys = float((B * (anc_h + B)).sum())
@@ -174,12 +205,16 @@ def run_case(name, peak, embed, lm_head):
     warm = time.time() - t0
     torch.cuda.reset_peak_memory_stats()
     state["flop"] = 0.0
-    steps = 10
+    steps = a.steps
+    j0 = energy_j() if energy_j else None
     t0 = time.time()
+    curve = []  # (loss, grad norm) tensors, read after the timed steps
     for _ in range(steps):
         loss = step()
+        curve.append((loss.detach(), state["norm"]))
     torch.cuda.synchronize()
     sec = (time.time() - t0) / steps
+    j1 = energy_j() if energy_j else None
     flop = state["flop"] / steps
     mfu = flop / sec / 1e12 / peak if peak > 0 else 0.0
     gib = torch.cuda.max_memory_allocated() / 2**30
@@ -189,6 +224,13 @@ def run_case(name, peak, embed, lm_head):
           f"(warm-up incl. compile {warm:.0f} s)", flush=True)
     print(f"RESULT case={name} steps_per_s={1 / sec:.3f} samples_per_s={nseq / sec:.3f} "
           f"mfu={mfu:.4f} peak_gib={gib:.2f}", flush=True)
+    print("curve (loss/grad norm per timed step): " +
+          " ".join(f"{l.item():.3f}/{n.item():.2f}" for l, n in curve), flush=True)
+    if j0 is None or j1 is None:
+        print("energy: n/a", flush=True)
+    else:
+        print(f"energy: {(j1 - j0) / steps:.2f} J/step, {(j1 - j0) / (steps * sec):.0f} W mean "
+              f"over the timed steps (board limit {power_limit_w:.0f} W)", flush=True)
     del model, opt, fwd
     torch.cuda.empty_cache()
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# energy_gpu.sh BIN [STEPS=40]: the drafter step's time and energy (bench-drafter's energy
+# line) against the PyTorch reference's in the same call, STEPS timed steps each (NVML's counter
+# is coarse over the default 10), 3072/512 (ours twice around PyTorch) and 768/256, with the
+# board's clock and power sampled every 100 ms into $OUT/power.csv.
+bin=${1:-build-gpu}
+steps=${2:-40}
+log=${OUT:-.}/energy.log
+source "$(dirname "$0")/gpu_run.sh"
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv -lms 100 \
+  >"${OUT:-.}/power.csv" 2>&1 &
+smi=$!
+T="python3 bench/drafter/torch_drafter_bench.py --peak-tflops 800 --steps $steps"
+run ours_3072_1 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps
+run torch_3072 240 $T --cases s3072_a512
+run ours_3072_2 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps
+run ours_768 150 "$bin/bench-drafter" 5 s768_a256 8 $steps
+run torch_768 240 $T --cases s768_a256
+kill $smi
+grep -E "^===|^rc |ms/step|energy|FAILED" "$log"

@@ -1,7 +1,9 @@
 /* bench-cuda_parity: the cuda backend against the cpu reference, op by op and for a whole DFlash
  * training step. Run on the GPU machine (scripts/gpu-parity); exits non-zero on any FAIL.
- * Usage: bench-cuda_parity [ops|attn|loss|optim] (only the other ops, the attention, the loss or
- * the optimizer checks, e.g. under a sanitizer).
+ * Usage: bench-cuda_parity [ops|attn|loss|optim|learn] (only the other ops, the attention, the
+ * loss, the optimizer checks, e.g. under a sanitizer, or the learning runs);
+ * bench-cuda_parity learn D H HK F L V S N STEPS CPU: one learning run of that size (CPU 1: with
+ * the cpu twin), to find the size where cuda training stalls (see t_learn).
  *
  * Method: every input is drawn at random on the host, rounded to bf16 there, and given to both
  * backends, so they compute on identical values; the cpu backend then works in fp32 and the cuda
@@ -782,14 +784,126 @@ static void t_train_step(void) {
     free(hemb), free(hlm), free(hhid);
 }
 
+/* ---- learning: bench-drafter's synthetic task, trained on cuda (and on the cpu) ---- */
+
+/* The drafter's size and the task's (see t_learn); cpu: also train a cpu twin */
+typedef struct learn_cfg {
+    int D, H, HK, F, L, V, S, N, steps, cpu;
+} learn_cfg;
+
+/* Trains the drafter (its own N(0, 0.02) init, the same on both backends) for k->steps steps on
+ * the synthetic task of bench-drafter and test_dflash_learns: one sequence of S tokens, token t
+ * = t * 7919 mod (V - 64) (so a block's labels follow from its anchor), a 64-token prompt,
+ * uniform random target features, embeddings normal (sd 0.05), lm_head normal with rows of norm
+ * ~1.28 (sd 0.02 at D 4096), N anchors re-drawn every step (the same on both backends), AdamW at
+ * a constant 6e-4 with clipping at 1. The PyTorch reference takes this task from ~12 to
+ * 0.01-0.4 in 43 steps at bench-drafter's full size, the cpu backend to ~0.01 in 40 steps at D
+ * 512; bf16 cuda training may trail the fp32 cpu but must not stall: the check is a last loss
+ * under 0.2 (and the cpu's under 0.2 where it runs), the curves are printed every 5 steps. */
+static void t_learn(const learn_cfg *k) {
+    enum { NF = 5 };
+    dflash_config cfg = {0};
+    cfg.hidden_size = k->D, cfg.num_layers = k->L, cfg.num_heads = k->H;
+    cfg.num_kv_heads = k->HK, cfg.head_dim = k->D / k->H, cfg.intermediate_size = k->F;
+    cfg.block_size = 16, cfg.n_feat = NF;
+    for (int i = 0; i < NF; i++)
+        cfg.target_layer_ids[i] = 1 + 8 * i;
+    cfg.num_target_layers = 36, cfg.mask_token_id = k->V - 1, cfg.vocab_size = k->V;
+    cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
+    cfg.bos_token_id = cfg.eos_token_id = -1;
+    const size_t VD = (size_t)k->V * k->D, XD = (size_t)k->S * NF * k->D;
+    float *h = malloc((VD > XD ? VD : XD) * sizeof(float));
+    void *emb[2] = {NULL, NULL}, *lm[2] = {NULL, NULL}, *hid[2] = {NULL, NULL}; /* cuda, cpu */
+    const nn_ops *ops[2] = {GO, CO};
+    nn_ctx *ctx[2] = {GC, CC};
+    const int sides = k->cpu ? 2 : 1;
+    const double lm_sd = 1.28 / sqrt((double)k->D);
+    for (int pass = 0; pass < 3; pass++) { /* embeddings, lm_head, features */
+        size_t n = pass < 2 ? VD : XD;
+        for (size_t i = 0; i < n; i += 2) { /* Box-Muller pairs, or uniforms for the features */
+            double u1 = 0.5 * (urand() + 1.0) + 1e-12, u2 = 0.5 * (urand() + 1.0);
+            double r = sqrt(-2.0 * log(u1)), sd = pass == 0 ? 0.05 : lm_sd;
+            h[i] = pass < 2 ? (float)(sd * r * cos(6.283185307179586 * u2)) : (float)urand();
+            if (i + 1 < n)
+                h[i + 1] = pass < 2 ? (float)(sd * r * sin(6.283185307179586 * u2))
+                                    : (float)urand();
+        }
+        for (int b = 0; b < sides; b++) {
+            void *d = ops[b]->alloc(ctx[b], n * ops[b]->act_bytes);
+            ops[b]->upload(ctx[b], d, h, n);
+            *(pass == 0 ? &emb[b] : pass == 1 ? &lm[b] : &hid[b]) = d;
+        }
+    }
+    free(h);
+    int32_t off[2] = {0, k->S}, *ids = malloc(sizeof(int32_t) * k->S);
+    uint8_t *lmask = malloc(k->S);
+    for (int t = 0; t < k->S; t++)
+        ids[t] = (int32_t)((t * 7919) % (k->V - 64)), lmask[t] = t >= 64;
+    dflash_train_cfg tc;
+    dflash_train_cfg_default(&tc);
+    tc.n_anchors = k->N;
+    char title[96];
+    snprintf(title, sizeof title, "learn D%d H%d/%d L%d V%d", k->D, k->H, k->HK, k->L, k->V);
+    double last[2] = {0, 0};
+    for (int b = 0; b < sides; b++) {
+        dflash_model *m = dflash_model_new(&cfg, ops[b], ctx[b], emb[b], lm[b], k->S, k->N, 1);
+        if (!m) {
+            printf("%s: dflash_model_new failed on %s\n", title, b ? "cpu" : "cuda");
+            n_fail++;
+            continue;
+        }
+        dflash_batch_view v = {.n_seqs = 1, .seq_off = off, .ids = ids, .positions = NULL,
+                               .loss_mask = lmask, .hidden = hid[b], .ld = (size_t)NF * k->D};
+        printf("%s, %s: loss/grad norm/accuracy every 5 steps:", title, b ? "cpu" : "cuda");
+        dflash_metrics met = {0};
+        for (int s = 0; s < k->steps; s++) {
+            if (dflash_train_step(m, &tc, &v, 0, (uint64_t)s, &met)) {
+                printf(" step %d failed", s);
+                n_fail++;
+                break;
+            }
+            if (s % 5 == 0 || s == k->steps - 1)
+                printf(" %d:%.3f/%.2f/%.2f", s, met.loss, met.grad_norm, met.accuracy);
+        }
+        printf("\n");
+        fflush(stdout);
+        last[b] = met.loss;
+        dflash_model_destroy(&m);
+    }
+    for (int b = 0; b < sides; b++) {
+        int ok = isfinite(last[b]) && last[b] < 0.2;
+        n_fail += !ok, n_rows++;
+        printf("%-22s %-14s %11.4f %11s %11s %9.1e  %s\n", title,
+               b ? "cpu last loss" : "cuda last loss", last[b], "", "", 0.2,
+               ok ? "PASS" : "FAIL");
+        ops[b]->free(ctx[b], emb[b]), ops[b]->free(ctx[b], lm[b]), ops[b]->free(ctx[b], hid[b]);
+    }
+    free(ids), free(lmask);
+}
+
 int main(int argc, char **argv) {
     /* ops, attn, loss or optim: that group alone (ops: every op outside the other three) */
     const char *only = argc > 1 ? argv[1] : NULL;
     int all = !only, do_attn = all || !strcmp(only, "attn"), do_ops = all || !strcmp(only, "ops");
     int do_loss = all || !strcmp(only, "loss"), do_optim = all || !strcmp(only, "optim");
-    if (!all && !do_ops && !do_attn && !do_loss && !do_optim) {
-        fprintf(stderr, "usage: %s [ops|attn|loss|optim]: unknown group '%s'\n", argv[0], only);
+    int do_learn = all || !strcmp(only, "learn");
+    if (!all && !do_ops && !do_attn && !do_loss && !do_optim && !do_learn) {
+        fprintf(stderr, "usage: %s [ops|attn|loss|optim|learn [D H HK F L V S N STEPS CPU]]: "
+                "unknown group '%s'\n", argv[0], only);
         return 2;
+    }
+    /* learn's sizes: the two default runs below, or one given on the command line */
+    learn_cfg lk = {0};
+    if (only && do_learn && argc > 2) {
+        int *f[] = {&lk.D, &lk.H, &lk.HK, &lk.F, &lk.L, &lk.V, &lk.S, &lk.N, &lk.steps, &lk.cpu};
+        for (int i = 0; i < 10 && 2 + i < argc; i++)
+            *f[i] = atoi(argv[2 + i]);
+        if (argc != 12 || lk.D < 16 || lk.H < 1 || lk.HK < 1 || lk.H % lk.HK || lk.D % lk.H ||
+            lk.F < 1 || lk.L < 1 || lk.V <= 64 || lk.S <= 66 || lk.N < 1 || lk.steps < 1) {
+            fprintf(stderr, "usage: %s learn D H HK F L V S N STEPS CPU (all ten; D %% H == 0, "
+                    "H %% HK == 0, V > 64, S > 66)\n", argv[0]);
+            return 2;
+        }
     }
     const char *attn = getenv("DFLASH_CUDA_ATTN");
     printf("attention kernels: %s\n",
@@ -875,6 +989,16 @@ int main(int argc, char **argv) {
     }
     if (do_optim) t_optim(); /* sumsq, AdamW, scaling */
     if (all) t_train_step();
+    if (do_learn && lk.D) {
+        t_learn(&lk);
+    } else if (do_learn) {
+        /* the cpu's twin at D 512 (d 128, group 4, 5 layers, 256 blocks: the bench's attention
+         * and block shapes) and the bench's own size on cuda alone (768 tokens, 256 anchors) */
+        const learn_cfg mid = {512, 4, 1, 1536, 5, 4096, 768, 256, 40, 1};
+        const learn_cfg full = {4096, 32, 8, 12288, 5, 151936, 768, 256, 40, 0};
+        t_learn(&mid);
+        t_learn(&full);
+    }
     printf("%d of %d checks failed\n", n_fail, n_rows);
     nn_cuda_destroy(&GC);
     nn_cpu_destroy(&CC);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # final2_gpu.sh: the session's changes on the H200 in one call (the split masters and the RoPE
-# angle table): parity of everything (and of the target forward, where carried), memcheck of
+# angle table): parity of everything (and of the target forward, where carried), the learning
+# runs (bench-cuda_parity learn, added 2026-12-02), memcheck of
 # the ops and optimizer groups, the data-parallel test, the main job (`DEMO_BACKEND=cuda
 # scripts/demo`, where the daemons are carried), then the 3072/512 drafter step twice with the
 # PyTorch reference between, and $bin/base's step after each where a base is carried. (At
@@ -13,6 +14,7 @@ log=${OUT:-.}/final2.log
 source "$(dirname "$0")/gpu_run.sh"
 D="$bin/bench-drafter"
 run parity 60 "$P"
+run learn 300 "$P" learn
 [ -x "$bin/bench-target_parity" ] && run target_parity 90 "$bin/bench-target_parity"
 run memcheck_ops 90 compute-sanitizer --tool memcheck "$P" ops
 run memcheck_optim 60 compute-sanitizer --tool memcheck "$P" optim

@@ -123,6 +123,15 @@ static void curve_add(const dflash_metrics *met) {
         g_curve_n++;
     }
 }
+/* The last step's accuracy at each block offset and its acceptance length: where a curve
+ * stalls, which offsets it leaves behind */
+static void offsets_print(const dflash_metrics *met) {
+    printf("last step: accept length %.2f, accuracy by offset:", met->accept_len);
+    for (int o = 1; o < BS && o < DFLASH_MAX_BLOCK; o++)
+        printf(" %d:%.2f", o, met->pos_acc[o]);
+    printf("\n");
+}
+
 static void curve_print(void) {
     printf("curve (loss/grad norm/accuracy per timed step):");
     for (int i = 0; i < g_curve_n; i++)
@@ -219,6 +228,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
            1.0 / sec, n_seqs / sec, mfu, gib);
     bench_energy_line(&g_energy, j0, j1, steps, sec);
     curve_print();
+    offsets_print(&met);
     /* where the host spent the timed steps: queuing a step should take a few ms, the rest is
      * the wait for the previous step's metrics; a queue time near the step time means the
      * host waited for the stream while queuing (the GPU then ran dry) */

@@ -1,7 +1,7 @@
 /* lt_shape_probe: does a product of the drafter step run faster in another decomposition?
  *
- * A one-off measurement behind bench/cuda_ops/NOTES.md, "The lm_head product by vocabulary
- * chunks". The step's cuBLASLt products run at 690-760 TFLOP/s under the board's power limit,
+ * A one-off measurement behind bench/cuda_ops/NOTES.md, "The products at the power limit, the
+ * step's energy, and a stall in cuda training". The step's cuBLASLt products run at 690-760 TFLOP/s under the board's power limit,
  * but not alike when cool: the lm_head forward (m 151936 n 7680 k 4096) took 13.2 ms in the
  * start-up tuning (726 TFLOP/s) where the gate|up forward (m 24576 n 8192 k 4096) took 1.96 ms
  * (843). One reading: with the vocabulary along m, a wave of tiles walks down the 1.24 GB

@@ -15,22 +15,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "probe_check.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#define CK(x) check_cuda((x), __LINE__)
-#define LK(x) check_lt((x), __LINE__)
-static void check_cuda(cudaError_t e, int line) {
-    if (e == cudaSuccess) return;
-    printf("line %d: %s\n", line, cudaGetErrorString(e));
-    exit(1);
-}
-static void check_lt(cublasStatus_t s, int line) {
-    if (s == CUBLAS_STATUS_SUCCESS) return;
-    printf("line %d: cuBLASLt status %d\n", line, (int)s);
-    exit(1);
-}
 
 __global__ void adamw_like(float *p, __nv_bfloat16 *pb, const float *g, float *m, float *v,
                            size_t n4) {

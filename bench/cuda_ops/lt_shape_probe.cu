@@ -1,18 +1,18 @@
 /* lt_shape_probe: does a product of the drafter step run faster in another decomposition?
  *
  * A one-off measurement behind bench/cuda_ops/NOTES.md, "The products at the power limit, the
- * step's energy, and a stall in cuda training". The step's cuBLASLt products run at 690-760 TFLOP/s under the board's power limit,
- * but not alike when cool: the lm_head forward (m 151936 n 7680 k 4096) took 13.2 ms in the
- * start-up tuning (726 TFLOP/s) where the gate|up forward (m 24576 n 8192 k 4096) took 1.96 ms
- * (843). One reading: with the vocabulary along m, a wave of tiles walks down the 1.24 GB
- * weight for a few token columns and streams it from DRAM once per column of tiles. This
- * program times each product as one call and as chunks of it (the same output, ld unchanged;
- * chunks along m, along n, or the transposed problem, for its rate only), each decomposition's
- * shapes tuned on a heated board (the best of the heuristic's 8 by 5 timed runs), then in 3
- * interleaved rounds of ~150 ms each. Mode `ncu`: every decomposition once with the heuristic's
- * first algorithm, for `ncu --metrics dram__bytes_read.sum,...`. Mode `cands`: each of the
- * heuristic's candidates (up to 8) for the step's largest shapes, its time in 3 runs after an
- * idle moment (as the start-up tuning times it) and its rate sustained over ~150 ms, twice,
+ * step's energy, and a stall from the bench's data". The step's cuBLASLt products run at 690-760
+ * TFLOP/s under the board's power limit, but not alike when cool: the lm_head forward (m 151936 n
+ * 7680 k 4096) took 13.2 ms in the start-up tuning (726 TFLOP/s) where the gate|up forward (m 24576
+ * n 8192 k 4096) took 1.96 ms (843). One reading (refuted: NOTES): with the vocabulary along m, a
+ * wave of tiles walks down the 1.24 GB weight for a few token columns and streams it from DRAM once
+ * per column of tiles. This program times each product as one call and as chunks of it (the same
+ * output, ld unchanged; chunks along m, along n, or the transposed problem, for its rate only),
+ * each decomposition's shapes tuned on a heated board (the best of the heuristic's 8 by 5 timed
+ * runs), then in 3 interleaved rounds of ~150 ms each. Mode `ncu`: every decomposition once with
+ * the heuristic's first algorithm, for `ncu --metrics dram__bytes_read.sum,...`. Mode `cands`: each
+ * of the heuristic's candidates (up to 8) for the step's largest shapes, its time in 3 runs after
+ * an idle moment (as the start-up tuning times it) and its rate sustained over ~150 ms, twice,
  * interleaved: under the power limit the sustained rate is the candidate's energy per FLOP.
  * Not built by CMake: nvcc -O3 -arch=sm_90 -std=c++17 bench/cuda_ops/lt_shape_probe.cu
  *   -o lt_shape_probe -lcublasLt

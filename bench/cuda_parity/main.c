@@ -3,8 +3,7 @@
  * Usage: bench-cuda_parity [ops|attn|loss|optim] (only the other ops, the attention, the loss or
  * the optimizer checks, e.g. under a sanitizer); bench-cuda_parity learn: the learning runs
  * (t_learn; minutes, so not part of the default run); bench-cuda_parity learn D H HK F L V S N
- * STEPS CPU: one learning run of that size (CPU 1: with the cpu twin), to find the size where
- * cuda training stalls.
+ * STEPS CPU: one learning run of that size (CPU 1: with the cpu twin).
  *
  * Method: every input is drawn at random on the host, rounded to bf16 there, and given to both
  * backends, so they compute on identical values; the cpu backend then works in fp32 and the cuda

@@ -9,8 +9,8 @@
  * at 1, anchors re-drawn every step. The PyTorch reference (torch_drafter_bench.py) takes this
  * task from ~12 to ~0.01 in 43 steps at the bench's full size, and so does this backend at the
  * small size below. The check: the last loss is under 0.1 and under 2% of the first, which a
- * training path that stalls (a plateau with vanishing gradients, as the cuda backend showed at
- * full size on 2026-12-02: bench/cuda_ops/NOTES.md) fails.
+ * training path that stalls fails (bench-drafter's loss stopped at 3.6 on 2026-12-02 because
+ * its lm_head rows repeated every 4,096 tokens: bench/cuda_ops/NOTES.md).
  *
  * Knobs, to try other sizes (defaults in brackets): L_D [128], L_LAYERS [3], L_H [4], L_HK [2],
  * L_NF [2], L_S [384], L_N anchors [64], L_V [1024], L_STEPS [50], L_THREADS [2].

@@ -6,6 +6,7 @@
 #ifndef DFLASH_RNG_H
 #define DFLASH_RNG_H
 
+#include <math.h>
 #include <stdint.h>
 
 #define RNG_GOLDEN 0x9e3779b97f4a7c15ull
@@ -27,10 +28,21 @@ static inline uint64_t rng_next(uint64_t *state)
     return r;
 }
 
-/* Uniform in (0, 1) with 53 random bits. */
+/* Uniform in (0, 1): (k + 0.5) / 2^52 for 52 random bits k, every value exact, so never 0 or
+ * 1. (With 53 bits the largest, 1 - 2^-54, rounded to 1.0: test_rng.) */
 static inline double rng_uniform01(uint64_t *state)
 {
-    return ((double)(rng_next(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    return ((double)(rng_next(state) >> 12) + 0.5) * (1.0 / 4503599627370496.0);
+}
+
+/* Two independent standard normals from the stream *state (Box-Muller on two draws of
+ * rng_uniform01, which is never 0 or 1, so the logarithm is finite and negative). */
+static inline void rng_normal_pair(uint64_t *state, double *z0, double *z1)
+{
+    double r = sqrt(-2.0 * log(rng_uniform01(state)));
+    double t = 6.283185307179586 * rng_uniform01(state);
+    *z0 = r * cos(t);
+    *z1 = r * sin(t);
 }
 
 #endif

@@ -501,8 +501,9 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
             if (t->ndim == 1) {
                 w[j] = 1.0f;
             } else {
-                double u1 = rng_uniform01(&s), u2 = rng_uniform01(&s);
-                w[j] = (float)(0.02 * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+                double z, unused;
+                rng_normal_pair(&s, &z, &unused); /* the pair's first only, as always */
+                w[j] = (float)(0.02 * z);
             }
         }
     }

@@ -25,6 +25,7 @@
  * ~2^-9 (two roundings for layer 0's k and v: ~2^-8), small against that).
  */
 #include "ops.h"
+#include "rng.h"
 
 #ifdef DFLASH_HAVE_CUDA
 #include "dflash_model.h"
@@ -818,15 +819,15 @@ static void t_learn(const learn_cfg *k) {
     nn_ctx *ctx[2] = {GC, CC};
     const int sides = k->cpu ? 2 : 1;
     const double lm_sd = 1.28 / sqrt((double)k->D);
+    uint64_t st = RNG_GOLDEN; /* rng.h's stream, as bench-drafter and test_dflash_learns */
     for (int pass = 0; pass < 3; pass++) { /* embeddings, lm_head, features */
         size_t n = pass < 2 ? VD : XD;
-        for (size_t i = 0; i < n; i += 2) { /* Box-Muller pairs, or uniforms for the features */
-            double a = urand(), b = urand();
-            if (pass < 2) {
-                double r = (pass == 0 ? 0.05 : lm_sd) * sqrt(-2.0 * log(0.5 * (a + 1.0) + 1e-12));
-                double t = 3.141592653589793 * (b + 1.0);
-                a = r * cos(t), b = r * sin(t);
-            }
+        for (size_t i = 0; i < n; i += 2) { /* normal pairs, or uniforms for the features */
+            double a, b, sd = pass == 0 ? 0.05 : lm_sd;
+            if (pass < 2)
+                rng_normal_pair(&st, &a, &b), a *= sd, b *= sd;
+            else
+                a = 2.0 * rng_uniform01(&st) - 1.0, b = 2.0 * rng_uniform01(&st) - 1.0;
             h[i] = (float)a;
             if (i + 1 < n) h[i + 1] = (float)b;
         }

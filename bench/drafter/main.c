@@ -38,10 +38,12 @@
  * Energy: the board's joules per timed step and mean power (NVML's counter, energy.h; the
  * products run at the power limit, so time follows energy), "energy: n/a" without NVML.
  * Curve: each timed step's loss, gradient norm and accuracy (the batch is the same every step,
- * its anchors re-drawn: the PyTorch reference prints its losses and norms alike).
+ * its anchors re-drawn: the PyTorch reference prints its losses and norms alike). A loss or
+ * gradient norm that is not finite prints a FAIL line, and the exit status is then 1.
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  */
 #include "monotime.h"
+#include "rng.h"
 #include "ops.h"
 
 #ifdef DFLASH_HAVE_CUDA
@@ -75,17 +77,14 @@ static const nn_ops *O;
 static nn_ctx *C;
 static bench_energy g_energy; /* the board's counter (energy.h); none: rows say n/a */
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static float frand(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (float)((double)(rs >> 11) / 4503599627370496.0 - 1.0);
-}
+static uint64_t rs = 0x9E3779B97F4A7C15ull; /* rng.h's stream state */
 
-/* n act-typed values on the device: uniform in [-scale, scale), or normal with sd scale (Box-
- * Muller, both draws of each pair), every value drawn afresh. (Until 2026-12-02 one 2^24-value
- * chunk was drawn and uploaded again and again, so the embedding and lm_head rows repeated every
- * 4,096 tokens: 37 tokens shared each logit, and no training could bring the loss under
- * ln 37 = 3.61; bench/cuda_ops/NOTES.md.) */
+/* n act-typed values on the device: uniform in [-scale, scale), or normal with sd scale (rng.h's
+ * Box-Muller pairs), every value drawn afresh. (Until 2026-12-02 one 2^24-value chunk was drawn
+ * and uploaded again and again, so the embedding and lm_head rows repeated every 4,096 tokens:
+ * 37 tokens shared each logit, and no training could bring the loss under ln 37 = 3.61; and
+ * then, for a few hours, a single-precision Box-Muller took the logarithm of values that rounded
+ * above 1, putting ~60 NaNs in each table; bench/cuda_ops/NOTES.md.) */
 static void *act_rand(size_t n, float scale, bool normal) {
     void *p = O->alloc(C, n * O->act_bytes);
     if (!p) {
@@ -97,14 +96,13 @@ static void *act_rand(size_t n, float scale, bool normal) {
     for (size_t o = 0; o < n; o += chunk) {
         size_t m = n - o < chunk ? n - o : chunk;
         for (size_t i = 0; i < m; i += 2) {
-            float a = frand(), b = frand();
-            if (normal) {
-                float r = sqrtf(-2.0f * logf(0.5f * (a + 1.0f) + 1e-7f));
-                float t = 3.14159265f * (b + 1.0f);
-                a = r * cosf(t), b = r * sinf(t);
-            }
-            h[i] = a * scale;
-            if (i + 1 < m) h[i + 1] = b * scale;
+            double a, b;
+            if (normal)
+                rng_normal_pair(&rs, &a, &b);
+            else
+                a = 2.0 * rng_uniform01(&rs) - 1.0, b = 2.0 * rng_uniform01(&rs) - 1.0;
+            h[i] = (float)(a * scale);
+            if (i + 1 < m) h[i + 1] = (float)(b * scale);
         }
         O->upload(C, (char *)p + o * O->act_bytes, h, m);
     }
@@ -122,6 +120,7 @@ static int g_steps = 10; /* timed steps per case */
 enum { CURVE_MAX = 64 };
 static double g_curve[CURVE_MAX][3];
 static int g_curve_n;
+static bool g_failed; /* a case whose loss or gradient norm was not finite: exit status 1 */
 static void curve_add(const dflash_metrics *met) {
     if (g_curve_n < CURVE_MAX) {
         g_curve[g_curve_n][0] = met->loss, g_curve[g_curve_n][1] = met->grad_norm;
@@ -235,6 +234,12 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     bench_energy_line(&g_energy, j0, j1, steps, sec);
     curve_print();
     offsets_print(&met);
+    for (int i = 0; i < g_curve_n; i++)
+        if (!isfinite(g_curve[i][0]) || !isfinite(g_curve[i][1])) {
+            printf("%s: FAIL: timed step %d's loss or gradient norm is not finite\n", name, i);
+            g_failed = true;
+            break;
+        }
     /* where the host spent the timed steps: queuing a step should take a few ms, the rest is
      * the wait for the previous step's metrics; a queue time near the step time means the
      * host waited for the stream while queuing (the GPU then ran dry) */
@@ -289,6 +294,6 @@ int main(int argc, char **argv) {
     printf("RESULT peak_tflops=%.1f\n", peak);
     O->free(C, emb), O->free(C, lm);
     nn_cuda_destroy(&C);
-    return 0;
+    return g_failed ? 1 : 0;
 }
 #endif

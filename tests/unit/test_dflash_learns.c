@@ -22,21 +22,14 @@
 #include "dflash_model.h"
 #include "dflash_train.h"
 #include "ops.h"
+#include "rng.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static double urand(void) { /* [-1, 1) */
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (double)(rs >> 11) / 4503599627370496.0 - 1.0;
-}
-static double nrand(void) {
-    double u1 = 0.5 * (urand() + 1.0) + 1e-12, u2 = 0.5 * (urand() + 1.0);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
+static uint64_t rs = 0x9E3779B97F4A7C15ull; /* rng.h's stream state */
 static int knob(const char *name, int dflt) {
     const char *e = getenv(name);
     return e && *e ? atoi(e) : dflt;
@@ -61,13 +54,16 @@ int main(void) {
     int32_t off[2] = {0, S}, *ids = malloc(sizeof(int32_t) * S);
     uint8_t *lmask = malloc(S);
     const double lm_sd = 1.28 / sqrt((double)D); /* a row's norm as sd 0.02 gives at D 4096 */
-    for (int i = 0; i < V * D; i++)
-        embed[i] = (float)(0.05 * nrand()), lm[i] = (float)(lm_sd * nrand());
+    for (int i = 0; i < V * D; i++) {
+        double a, b;
+        rng_normal_pair(&rs, &a, &b);
+        embed[i] = (float)(0.05 * a), lm[i] = (float)(lm_sd * b);
+    }
     const int rep = knob("L_REPEAT", 0); /* rows repeating every rep tokens (see the top) */
     for (int i = rep * D; rep > 0 && i < V * D; i++)
         embed[i] = embed[i % (rep * D)], lm[i] = lm[i % (rep * D)];
     for (int i = 0; i < S * NF * D; i++)
-        hid[i] = (float)urand();
+        hid[i] = (float)(2.0 * rng_uniform01(&rs) - 1.0);
     for (int t = 0; t < S; t++)
         ids[t] = (int32_t)((t * 7919) % (V - 64)), lmask[t] = t >= 64;
     dflash_batch_view v = {.n_seqs = 1, .seq_off = off, .ids = ids, .positions = NULL,

@@ -77,7 +77,7 @@ static const nn_ops *O;
 static nn_ctx *C;
 static bench_energy g_energy; /* the board's counter (energy.h); none: rows say n/a */
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull; /* rng.h's stream state */
+static uint64_t rs = RNG_GOLDEN; /* rng.h's stream state */
 
 /* n act-typed values on the device: uniform in [-scale, scale), or normal with sd scale (rng.h's
  * Box-Muller pairs), every value drawn afresh. (Until 2026-12-02 one 2^24-value chunk was drawn

@@ -502,7 +502,7 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
                 w[j] = 1.0f;
             } else {
                 double z, unused;
-                rng_normal_pair(&s, &z, &unused); /* the pair's first only, as always */
+                rng_normal_pair(&s, &z, &unused); /* the first of each pair: the values as before */
                 w[j] = (float)(0.02 * z);
             }
         }

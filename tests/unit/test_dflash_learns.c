@@ -29,7 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull; /* rng.h's stream state */
+static uint64_t rs = RNG_GOLDEN; /* rng.h's stream state */
 static int knob(const char *name, int dflt) {
     const char *e = getenv(name);
     return e && *e ? atoi(e) : dflt;

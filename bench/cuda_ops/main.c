@@ -15,6 +15,12 @@
  * "(step)"). The last rows time whole DFlash training steps (dflash_train_step) of a
  * Qwen3-8B-shaped drafter with that many layers (weights random), with the MFU by 6 * params * Q
  * rows plus attention and lm_head FLOPs.
+ * Energy (BENCH_ENERGY_S=S, S > 0): after each row's timing the op runs again for at least S
+ * seconds and the row adds its joules per call and the board's mean power (NVML's counter,
+ * ../target/energy.h; a window of ~1 s or more reads within a few %). At the board's power
+ * limit a step's time follows its energy, so this says which ops' joules a faster step must
+ * cut (bench/cuda_ops/NOTES.md, "The products at the power limit"). Isolated, an op runs on a
+ * board that its neighbours in the step do not heat: compare rows with each other.
  */
 #include "ops.h"
 
@@ -24,6 +30,8 @@
 #include "ops_cuda.h"
 
 #include <cuda_runtime_api.h>
+
+#include "../target/energy.h"
 #endif
 
 #include <math.h>
@@ -45,6 +53,9 @@ static nn_ctx *C;
 static float *g_rand; /* 16M random fp32, bf16-representable */
 #define RAND_N (16u << 20)
 static double g_peak;
+static bench_energy g_energy;          /* the board's counter; see BENCH_ENERGY_S at the top */
+static double g_energy_s;              /* BENCH_ENERGY_S: seconds of the energy window, 0 = none */
+static double g_call_j = -1, g_call_w; /* the last time_ms's joules per call and mean power */
 
 /* device memory in use on this GPU (all processes), GiB */
 static double mem_used_gib(void) {
@@ -99,6 +110,19 @@ static double time_ms(bench_fn fn, void *arg, int reps) {
         O->sync(C);
         t[b] = (now_s() - t0) * 1e3 / reps;
     }
+    g_call_j = -1;
+    if (g_energy_s > 0) { /* the energy window: whole batches of reps for >= g_energy_s */
+        long calls = 0;
+        double j0 = bench_energy_j(&g_energy), w0 = now_s(), el = 0;
+        while (el < g_energy_s) {
+            for (int i = 0; i < reps; i++)
+                fn(arg);
+            O->sync(C);
+            calls += reps, el = now_s() - w0;
+        }
+        double j1 = bench_energy_j(&g_energy);
+        if (j0 >= 0 && j1 >= 0) g_call_j = (j1 - j0) / calls, g_call_w = (j1 - j0) / el;
+    }
     /* median of 3 */
     double a = t[0], bb = t[1], c = t[2];
     if (a > bb) {
@@ -121,8 +145,10 @@ static double time_ms(bench_fn fn, void *arg, int reps) {
 
 static void row(const char *name, const char *shape, double ms, double flop) {
     double tf = flop / (ms * 1e-3) / 1e12;
-    printf("%-26s %-34s %10.3f %9.1f %7.1f%%\n", name, shape, ms, tf,
+    printf("%-26s %-34s %10.3f %9.1f %7.1f%%", name, shape, ms, tf,
            g_peak > 0 ? 100.0 * tf / g_peak : 100.0);
+    if (g_call_j >= 0) printf(" %9.3f %5.0f", g_call_j, g_call_w);
+    printf("\n");
     fflush(stdout);
 }
 
@@ -342,11 +368,13 @@ static void bench_step(int layers) {
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
     int steps = 5;
-    double s0 = now_s();
+    double j0 = g_energy_s > 0 ? bench_energy_j(&g_energy) : -1, s0 = now_s();
     for (int i = 0; i < steps; i++)
         dflash_train_step(m, &tc, &v, 0, (uint64_t)(10 + i), &met);
     O->sync(C);
-    double ms = (now_s() - s0) * 1e3 / steps;
+    double ms = (now_s() - s0) * 1e3 / steps, j1 = j0 >= 0 ? bench_energy_j(&g_energy) : -1;
+    g_call_j = -1; /* the row's joules: these 5 steps' (a short window: coarse) */
+    if (j0 >= 0 && j1 >= 0) g_call_j = (j1 - j0) / steps, g_call_w = g_call_j / (ms * 1e-3);
     /* matmul FLOPs: 6 * (per-row params) * rows; attention fwd+bwd; lm_head fwd+bwd */
     double Q = met.n_blocks * 16.0, Dd = D, F = 12288;
     double per_layer = Dd * (32 * 128) * 2 + Dd * (8 * 128) * 2 + 3 * Dd * F; /* q,o,k,v,mlp */
@@ -383,7 +411,14 @@ int main(int argc, char **argv) {
     g_rand = malloc(RAND_N * sizeof(float));
     for (size_t i = 0; i < RAND_N; i++)
         g_rand[i] = (float)urand();
-    printf("%-26s %-34s %10s %9s %8s\n", "op", "shape", "ms", "TFLOP/s", "of peak");
+    const char *es = getenv("BENCH_ENERGY_S");
+    g_energy_s = es && *es ? atof(es) : 0.0;
+    if (g_energy_s > 0 && bench_energy_open(&g_energy, 0) != 0) {
+        printf("BENCH_ENERGY_S: no energy counter, the rows go without joules\n");
+        g_energy_s = 0;
+    }
+    printf("%-26s %-34s %10s %9s %8s%s\n", "op", "shape", "ms", "TFLOP/s", "of peak",
+           g_energy_s > 0 ? "    J/call     W" : "");
     bench_linear("peak: linear_fwd", 8192, 8192, 8192, 0);
     if (!attn_only && !xent_only) {
         bench_linear("linear_fwd q/o", 8192, 4096, 4096, 0);

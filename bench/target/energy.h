@@ -24,7 +24,7 @@ typedef struct {
 } bench_energy;
 
 /* The counter of CUDA device `device`'s board: 0, or -1 after saying why on stderr. */
-static int bench_energy_open(bench_energy *e, int device) {
+static inline int bench_energy_open(bench_energy *e, int device) {
     e->dev = NULL, e->energy = NULL, e->limit_w = 0.0;
     char bus[32];
     if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) return -1;
@@ -54,7 +54,7 @@ static int bench_energy_open(bench_energy *e, int device) {
 }
 
 /* The counter in joules, or a negative value without one */
-static double bench_energy_j(const bench_energy *e) {
+static inline double bench_energy_j(const bench_energy *e) {
     unsigned long long mj = 0;
     if (!e->energy || e->energy(e->dev, &mj) != 0) return -1.0;
     return (double)mj / 1000.0;
@@ -62,8 +62,8 @@ static double bench_energy_j(const bench_energy *e) {
 
 /* Prints "energy: J per step, mean W (limit W)" for the window [j0, j1] of `steps` steps of
  * `sec` seconds each, or "energy: n/a". */
-static void bench_energy_line(const bench_energy *e, double j0, double j1, int steps,
-                              double sec) {
+static inline void bench_energy_line(const bench_energy *e, double j0, double j1, int steps,
+                                     double sec) {
     if (j0 < 0 || j1 < 0 || steps < 1 || sec <= 0)
         printf("energy: n/a\n");
     else

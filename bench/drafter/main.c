@@ -30,9 +30,10 @@
  * block's 16; the PyTorch reference computes and counts all Q, so its MFU counts 1/16 of its
  * lm_head work that ours skips: compare the two by time per step), and U the distinct input
  * rows of layer 0 (at most nb + 1: the anchors' tokens and MASK; dflash_model.h), Ucap its
- * padded capacity, Qc = blocks * 15 the rows the loss can read (all but each block's first). MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak
- * device memory = memory in use after the steps (nothing is allocated in a step), including
- * the drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
+ * padded capacity, Qc = blocks * 15 the rows the loss can read (all but each block's first).
+ * MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak device memory =
+ * memory in use after the steps (nothing is allocated in a step), including the drafter, its
+ * optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
  * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes
  * (DFLASH_PROF_SEQ=1: also the first of them op by op, in queue order).
  * Energy: the board's joules per timed step and mean power (NVML's counter, energy.h; the
@@ -43,8 +44,8 @@
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  */
 #include "monotime.h"
-#include "rng.h"
 #include "ops.h"
+#include "rng.h"
 
 #ifdef DFLASH_HAVE_CUDA
 #include "dflash_model.h"
@@ -119,9 +120,13 @@ static int g_steps = 10; /* timed steps per case */
  * ..."): with the reference's random draws and recipe, the two benches should learn alike */
 enum { CURVE_MAX = 64 };
 static double g_curve[CURVE_MAX][3];
-static int g_curve_n;
+static int g_curve_n, g_curve_steps; /* kept, and collected (every step is checked) */
+static int g_first_bad = -1;         /* the case's first step with a non-finite loss or norm */
 static bool g_failed; /* a case whose loss or gradient norm was not finite: exit status 1 */
 static void curve_add(const dflash_metrics *met) {
+    if (g_first_bad < 0 && !(isfinite(met->loss) && isfinite(met->grad_norm)))
+        g_first_bad = g_curve_steps;
+    g_curve_steps++;
     if (g_curve_n < CURVE_MAX) {
         g_curve[g_curve_n][0] = met->loss, g_curve[g_curve_n][1] = met->grad_norm;
         g_curve[g_curve_n][2] = met->accuracy;
@@ -188,7 +193,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
     const int steps = g_steps;
-    g_curve_n = 0;
+    g_curve_n = 0, g_curve_steps = 0, g_first_bad = -1;
     double j0 = bench_energy_j(&g_energy);
     double flop = 0, t0 = monotime_s(), t_queue = 0, t_collect = 0;
     for (int i = 0; i < steps; i++) { /* as the daemon: queued, metrics collected a step late */
@@ -234,12 +239,11 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     bench_energy_line(&g_energy, j0, j1, steps, sec);
     curve_print();
     offsets_print(&met);
-    for (int i = 0; i < g_curve_n; i++)
-        if (!isfinite(g_curve[i][0]) || !isfinite(g_curve[i][1])) {
-            printf("%s: FAIL: timed step %d's loss or gradient norm is not finite\n", name, i);
-            g_failed = true;
-            break;
-        }
+    if (g_first_bad >= 0) {
+        printf("%s: FAIL: timed step %d's loss or gradient norm is not finite\n", name,
+               g_first_bad);
+        g_failed = true;
+    }
     /* where the host spent the timed steps: queuing a step should take a few ms, the rest is
      * the wait for the previous step's metrics; a queue time near the step time means the
      * host waited for the stream while queuing (the GPU then ran dry) */

@@ -13,8 +13,8 @@
  * attention rows also time the target's shape (64 sequences of 2048 tokens); the block attention
  * rows three anchor distributions (see bench_attention: the one of the training step is labelled
  * "(step)"). The last rows time whole DFlash training steps (dflash_train_step) of a
- * Qwen3-8B-shaped drafter with that many layers (weights random), with the MFU by 6 * params * Q
- * rows plus attention and lm_head FLOPs.
+ * Qwen3-8B-shaped drafter with that many layers on dflash_task.h's synthetic task (the tables
+ * drawn afresh, not tiled), with the MFU by 6 * params * Q rows plus attention and lm_head FLOPs.
  * Energy (BENCH_ENERGY_S=S, S > 0): after each row's timing the op runs again for at least S
  * seconds and the row adds its joules per call and the board's mean power (NVML's counter,
  * ../target/energy.h; a window of ~1 s or more reads within a few %). At the board's power
@@ -26,8 +26,10 @@
 
 #ifdef DFLASH_HAVE_CUDA
 #include "dflash_model.h"
+#include "dflash_task.h"
 #include "dflash_train.h"
 #include "ops_cuda.h"
+#include "rng.h"
 
 #include <cuda_runtime_api.h>
 
@@ -331,16 +333,21 @@ static void bench_xent(int D) {
 
 static void bench_step(int layers) {
     enum { D = 4096, NF = 5, V = 151936, T = 3072 };
-    dflash_config cfg = {0};
-    cfg.hidden_size = D, cfg.num_layers = layers, cfg.num_heads = 32, cfg.num_kv_heads = 8;
-    cfg.head_dim = 128, cfg.intermediate_size = 12288, cfg.block_size = 16, cfg.n_feat = NF;
-    for (int i = 0; i < NF; i++)
-        cfg.target_layer_ids[i] = 1 + 8 * i;
-    cfg.num_target_layers = 36, cfg.mask_token_id = 151669, cfg.vocab_size = V;
-    cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
-    cfg.bos_token_id = cfg.eos_token_id = -1;
-    void *emb = act_rand((size_t)V * D, 0.05f), *lm = act_rand((size_t)V * D, 0.02f);
-    void *hid = act_rand((size_t)T * NF * D, 1.0f);
+    dflash_config cfg;
+    char msg[256];
+    if (dflash_task_config(&cfg, D, layers, 32, 8, 12288, NF, V, msg, sizeof msg) != 0) {
+        printf("drafter step: %s\n", msg);
+        return;
+    }
+    uint64_t st = RNG_GOLDEN; /* dflash_task.h's tables, as bench-drafter draws them */
+    void *emb = dflash_task_table(O, C, &st, (size_t)V * D, DFLASH_TASK_EMBED_SD, 1);
+    void *lm = dflash_task_table(O, C, &st, (size_t)V * D, dflash_task_lm_sd(D), 1);
+    void *hid = dflash_task_table(O, C, &st, (size_t)T * NF * D, 1.0, 0);
+    if (!emb || !lm || !hid) {
+        printf("drafter step: out of device memory\n");
+        O->free(C, emb), O->free(C, lm), O->free(C, hid);
+        return;
+    }
     double t0 = now_s();
     dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, 512, 1);
     if (!m) {
@@ -350,10 +357,9 @@ static void bench_step(int layers) {
     O->sync(C);
     printf("drafter of %d layers: %.2f M params, created in %.1f s\n", layers, m->n_params / 1e6,
            now_s() - t0);
-    int32_t seq_off[2] = {0, T}, *ids = malloc(T * 4);
+    int32_t seq_off[2], *ids = malloc(T * 4);
     uint8_t *lmask = malloc(T);
-    for (int t = 0; t < T; t++)
-        ids[t] = (int32_t)(t * 7919 % 151000), lmask[t] = t >= 64;
+    dflash_task_tokens(1, T, V, seq_off, ids, NULL, lmask);
     dflash_batch_view v = {.n_seqs = 1,
                            .seq_off = seq_off,
                            .ids = ids,

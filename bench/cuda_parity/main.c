@@ -29,6 +29,7 @@
 
 #ifdef DFLASH_HAVE_CUDA
 #include "dflash_model.h"
+#include "dflash_task.h"
 #include "dflash_train.h"
 #include "master_split.h"
 #include "ops_cuda.h"
@@ -793,65 +794,47 @@ typedef struct learn_cfg {
 } learn_cfg;
 
 /* Trains the drafter (its own N(0, 0.02) init, the same on both backends) for k->steps steps on
- * the synthetic task of bench-drafter and test_dflash_learns: one sequence of S tokens, token t
- * = t * 7919 mod (V - 64) (so a block's labels follow from its anchor), a 64-token prompt,
- * uniform random target features, embeddings normal (sd 0.05), lm_head normal with rows of norm
- * ~1.28 (sd 0.02 at D 4096), N anchors re-drawn every step (the same on both backends), AdamW at
- * a constant 6e-4 with clipping at 1. The PyTorch reference takes this task from ~12 to
- * 0.01-0.4 in 43 steps at bench-drafter's full size, the cpu backend to ~0.01 in 40 steps at D
- * 512; bf16 cuda training may trail the fp32 cpu but must not stall: the check is a last loss
- * under 0.2 (and the cpu's under 0.2 where it runs), the curves are printed every 5 steps. */
+ * dflash_task.h's synthetic task (bench-drafter's and test_dflash_learns's): one sequence of S
+ * tokens whose labels follow from a block's anchor, a 64-token prompt, the same tables on both
+ * backends, N anchors re-drawn every step (the same on both backends), AdamW at a constant 6e-4
+ * with clipping at 1. The PyTorch reference takes this task from ~12 to 0.01-0.4 in 43 steps at
+ * bench-drafter's full size, the cpu backend to ~0.01 in 40 steps at D 512; bf16 cuda training
+ * may trail the fp32 cpu but must not stall: the check is a last loss under 0.2 (and the cpu's
+ * under 0.2 where it runs), the curves are printed every 5 steps. */
 static void t_learn(const learn_cfg *k) {
     enum { NF = 5 };
-    dflash_config cfg = {0};
-    cfg.hidden_size = k->D, cfg.num_layers = k->L, cfg.num_heads = k->H;
-    cfg.num_kv_heads = k->HK, cfg.head_dim = k->D / k->H, cfg.intermediate_size = k->F;
-    cfg.block_size = 16, cfg.n_feat = NF;
-    for (int i = 0; i < NF; i++)
-        cfg.target_layer_ids[i] = 1 + 8 * i;
-    cfg.num_target_layers = 36, cfg.mask_token_id = k->V - 1, cfg.vocab_size = k->V;
-    cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
-    cfg.bos_token_id = cfg.eos_token_id = -1;
-    const size_t VD = (size_t)k->V * k->D, XD = (size_t)k->S * NF * k->D;
-    float *h = malloc((VD > XD ? VD : XD) * sizeof(float));
+    dflash_config cfg;
+    char title[96], msg[256];
+    snprintf(title, sizeof title, "learn D%d H%d/%d L%d V%d", k->D, k->H, k->HK, k->L, k->V);
+    if (dflash_task_config(&cfg, k->D, k->L, k->H, k->HK, k->F, NF, k->V, msg, sizeof msg)) {
+        printf("%s: %s\n", title, msg);
+        n_fail++, n_rows++;
+        return;
+    }
     void *emb[2] = {NULL, NULL}, *lm[2] = {NULL, NULL}, *hid[2] = {NULL, NULL}; /* cuda, cpu */
     const nn_ops *ops[2] = {GO, CO};
     nn_ctx *ctx[2] = {GC, CC};
     const int sides = k->cpu ? 2 : 1;
-    const double lm_sd = 1.28 / sqrt((double)k->D);
-    uint64_t st = RNG_GOLDEN; /* rng.h's stream, as bench-drafter and test_dflash_learns */
-    for (int pass = 0; pass < 3; pass++) { /* embeddings, lm_head, features */
-        size_t n = pass < 2 ? VD : XD;
-        for (size_t i = 0; i < n; i += 2) { /* normal pairs, or uniforms for the features */
-            double a, b, sd = pass == 0 ? 0.05 : lm_sd;
-            if (pass < 2)
-                rng_normal_pair(&st, &a, &b), a *= sd, b *= sd;
-            else
-                a = 2.0 * rng_uniform01(&st) - 1.0, b = 2.0 * rng_uniform01(&st) - 1.0;
-            h[i] = (float)a;
-            if (i + 1 < n) h[i + 1] = (float)b;
-        }
-        for (int b = 0; b < sides; b++) {
-            void *d = ops[b]->alloc(ctx[b], n * ops[b]->act_bytes);
-            ops[b]->upload(ctx[b], d, h, n);
-            *(pass == 0 ? &emb[b] : pass == 1 ? &lm[b] : &hid[b]) = d;
-        }
+    for (int b = 0; b < sides; b++) { /* the same stream, so the same values on both sides */
+        uint64_t st = RNG_GOLDEN;
+        emb[b] = dflash_task_table(ops[b], ctx[b], &st, (size_t)k->V * k->D,
+                                   DFLASH_TASK_EMBED_SD, 1);
+        lm[b] = dflash_task_table(ops[b], ctx[b], &st, (size_t)k->V * k->D,
+                                  dflash_task_lm_sd(k->D), 1);
+        hid[b] = dflash_task_table(ops[b], ctx[b], &st, (size_t)k->S * NF * k->D, 1.0, 0);
     }
-    free(h);
-    int32_t off[2] = {0, k->S}, *ids = malloc(sizeof(int32_t) * k->S);
+    int32_t off[2], *ids = malloc(sizeof(int32_t) * k->S);
     uint8_t *lmask = malloc(k->S);
-    for (int t = 0; t < k->S; t++)
-        ids[t] = (int32_t)((t * 7919) % (k->V - 64)), lmask[t] = t >= 64;
+    dflash_task_tokens(1, k->S, k->V, off, ids, NULL, lmask);
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
     tc.n_anchors = k->N;
-    char title[96];
-    snprintf(title, sizeof title, "learn D%d H%d/%d L%d V%d", k->D, k->H, k->HK, k->L, k->V);
     double last[2] = {NAN, NAN}; /* NaN: no run, or a failed step (a FAIL row) */
     for (int b = 0; b < sides; b++) {
-        dflash_model *m = dflash_model_new(&cfg, ops[b], ctx[b], emb[b], lm[b], k->S, k->N, 1);
+        dflash_model *m = emb[b] && lm[b] && hid[b] ? dflash_model_new(&cfg, ops[b], ctx[b],
+                                                    emb[b], lm[b], k->S, k->N, 1) : NULL;
         if (!m) {
-            printf("%s: dflash_model_new failed on %s\n", title, b ? "cpu" : "cuda");
+            printf("%s: no memory for the tables or the model on %s\n", title, b ? "cpu" : "cuda");
             continue;
         }
         dflash_batch_view v = {.n_seqs = 1, .seq_off = off, .ids = ids, .positions = NULL,

@@ -8,9 +8,10 @@
  *   drafter daemon's --tune-matmuls does; 0: the heuristic's first; STEPS: timed steps)
  * Cases: one sequence of 3072 tokens with 512 anchors; one of 768 tokens with 256 anchors
  *   (SpecForge's published shape); 4 packed sequences of 768 tokens with 256 anchors each.
- *   loss_mask is 1 except the first 64 tokens of each sequence (the prompt). Random values drawn
- *   as the PyTorch reference draws them: target features uniform in [-1, 1), embeddings and
- *   lm_head normal with sd 0.05 and 0.02, the drafter's matrices N(0, 0.02) (its own init).
+ *   The data are dflash_task.h's synthetic task, which the PyTorch reference draws alike:
+ *   token g of the batch g * 7919 mod 151000, a 64-token prompt per sequence (loss mask 0),
+ *   target features uniform in [-1, 1), embeddings and lm_head normal with sd 0.05 and 0.02,
+ *   the drafter's matrices N(0, 0.02) (its own init).
  * Timing: 3 untimed steps, then STEPS (10) steps queued as the drafter daemon does
  *   (dflash_train_step_async, each step's metrics collected once the next is queued) between
  *   stream syncs (host clock); also printed: the host's time per timed step queuing the next
@@ -49,6 +50,7 @@
 
 #ifdef DFLASH_HAVE_CUDA
 #include "dflash_model.h"
+#include "dflash_task.h"
 #include "dflash_train.h"
 #include "ops_cuda.h"
 
@@ -80,35 +82,18 @@ static bench_energy g_energy; /* the board's counter (energy.h); none: rows say 
 
 static uint64_t rs = RNG_GOLDEN; /* rng.h's stream state */
 
-/* n act-typed values on the device: uniform in [-scale, scale), or normal with sd scale (rng.h's
- * Box-Muller pairs), every value drawn afresh. (Until 2026-12-02 one 2^24-value chunk was drawn
+/* n act-typed values on the device: normal with sd scale, or uniform in [-scale, scale)
+ * (dflash_task_table: every value drawn afresh. Until 2026-12-02 one 2^24-value chunk was drawn
  * and uploaded again and again, so the embedding and lm_head rows repeated every 4,096 tokens:
  * 37 tokens shared each logit, and no training could bring the loss under ln 37 = 3.61; and
  * then, for a few hours, a single-precision Box-Muller took the logarithm of values that rounded
  * above 1, putting ~60 NaNs in each table; bench/cuda_ops/NOTES.md.) */
-static void *act_rand(size_t n, float scale, bool normal) {
-    void *p = O->alloc(C, n * O->act_bytes);
+static void *act_rand(size_t n, double scale, int normal) {
+    void *p = dflash_task_table(O, C, &rs, n, scale, normal);
     if (!p) {
         fprintf(stderr, "bench-drafter: out of device memory\n");
         exit(2);
     }
-    size_t chunk = (size_t)1 << 24; /* even */
-    float *h = malloc(chunk * sizeof(float));
-    for (size_t o = 0; o < n; o += chunk) {
-        size_t m = n - o < chunk ? n - o : chunk;
-        for (size_t i = 0; i < m; i += 2) {
-            double a, b;
-            if (normal)
-                rng_normal_pair(&rs, &a, &b);
-            else
-                a = 2.0 * rng_uniform01(&rs) - 1.0, b = 2.0 * rng_uniform01(&rs) - 1.0;
-            h[i] = (float)(a * scale);
-            if (i + 1 < m) h[i + 1] = (float)(b * scale);
-        }
-        O->upload(C, (char *)p + o * O->act_bytes, h, m);
-    }
-    O->sync(C);
-    free(h);
     return p;
 }
 
@@ -152,15 +137,13 @@ static void curve_print(void) {
 static void run_case(const char *name, int layers, int n_seqs, int S, int anchors, double peak,
                      const void *emb, const void *lm) {
     int T = n_seqs * S;
-    dflash_config cfg = {0};
-    cfg.hidden_size = D, cfg.num_layers = layers, cfg.num_heads = H, cfg.num_kv_heads = HK;
-    cfg.head_dim = HD, cfg.intermediate_size = FF, cfg.block_size = BS, cfg.n_feat = NF;
-    for (int i = 0; i < NF; i++)
-        cfg.target_layer_ids[i] = 1 + 8 * i;
-    cfg.num_target_layers = 36, cfg.mask_token_id = 151669, cfg.vocab_size = V;
-    cfg.max_position_embeddings = 40960, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
-    cfg.bos_token_id = cfg.eos_token_id = -1;
-    void *hid = act_rand((size_t)T * NF * D, 1.0f, false);
+    dflash_config cfg;
+    char msg[256];
+    if (dflash_task_config(&cfg, D, layers, H, HK, FF, NF, V, msg, sizeof msg) != 0) {
+        printf("%s: %s\n", name, msg);
+        return;
+    }
+    void *hid = act_rand((size_t)T * NF * D, 1.0, 0);
     dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, n_seqs * anchors, 1);
     if (!m) {
         printf("%s: dflash_model_new failed\n", name);
@@ -174,15 +157,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     int32_t *off = malloc(sizeof(int32_t) * (n_seqs + 1)), *ids = malloc(sizeof(int32_t) * T);
     int32_t *pos = malloc(sizeof(int32_t) * T);
     uint8_t *lmask = malloc(T);
-    off[0] = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        off[s + 1] = off[s] + S;
-        for (int t = 0; t < S; t++) {
-            ids[s * S + t] = (int32_t)((uint32_t)(s * 104729 + t * 7919) % 151000);
-            pos[s * S + t] = t;
-            lmask[s * S + t] = t >= 64;
-        }
-    }
+    dflash_task_tokens(n_seqs, S, V, off, ids, pos, lmask);
     dflash_batch_view v = {.n_seqs = n_seqs, .seq_off = off, .ids = ids, .positions = pos,
                            .loss_mask = lmask, .hidden = hid, .ld = (size_t)NF * D};
     dflash_train_cfg tc;
@@ -281,7 +256,8 @@ int main(int argc, char **argv) {
     bench_energy_open(&g_energy, dev);
     double peak = gemm_peak_tflops(O, C);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
-    void *emb = act_rand((size_t)V * D, 0.05f, true), *lm = act_rand((size_t)V * D, 0.02f, true);
+    void *emb = act_rand((size_t)V * D, DFLASH_TASK_EMBED_SD, 1);
+    void *lm = act_rand((size_t)V * D, dflash_task_lm_sd(D), 1);
     const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* one case */
     if (argc > 3) g_tune = atoi(argv[3]);
     if (argc > 4) g_steps = atoi(argv[4]);

@@ -7,7 +7,7 @@
  */
 #include "dflash_model.h"
 #include "master_split.h"
-#include "rng.h"
+#include "rng_fill.h"
 
 #include "err.h"
 #include "hf_config.h"
@@ -490,22 +490,20 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
         ops->attention_block_plan(ctx, Qmax, max_tokens + Qmax, cfg->num_heads, cfg->num_kv_heads,
                                   cfg->head_dim);
 
-    /* fresh weights (HF post_init): linear ~ N(0, 0.02), norms 1; generated on the host */
+    /* fresh weights (HF post_init): linear ~ N(0, 0.02), norms 1; generated on the host, the
+     * matrices in tensor order from one stream, the first normal of each pair (the values as
+     * before rng_fill, which draws them on threads) */
     host = calloc(m->n_params, sizeof(float));
     if (!host) goto fail;
     uint64_t s = init_seed ^ 0x6466666c61736864ull;
     for (int i = 0; i < m->n_tensors; i++) {
         const dflash_tensor *t = &m->tensors[i];
         float *w = host + t->offset;
-        for (size_t j = 0; j < t->numel; j++) {
-            if (t->ndim == 1) {
+        if (t->ndim == 1)
+            for (size_t j = 0; j < t->numel; j++)
                 w[j] = 1.0f;
-            } else {
-                double z, unused;
-                rng_normal_pair(&s, &z, &unused); /* the first of each pair: the values as before */
-                w[j] = (float)(0.02 * z);
-            }
-        }
+        else
+            rng_fill(&s, w, t->numel, 0.02, RNG_FILL_NORMAL_FIRST);
     }
     if (dflash_model_masters_upload(m, host)) goto fail;
     if (m->u_cap) { /* the identity sel gathers its rows from (u_cap^2 <= 1032^2 floats) */

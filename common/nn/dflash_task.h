@@ -11,11 +11,9 @@
  * the lm_head normal with sd 1.28 / sqrt(D) (0.02 at D 4096, rows of norm ~1.28 at any D, so the
  * logits can grow large enough for a low loss); the drafter's own N(0, 0.02) init.
  *
- * Tables are drawn from rng.h's splitmix64 stream, value k of a table from the state k draws on,
- * on several threads: the values are those of drawing them one by one (a normal takes two
- * uniforms, Box-Muller, rng_normal_pair), and the stream is advanced past them. So the same
- * starting state gives the same table on every backend (the cpu twin of `learn` relies on it),
- * and the Qwen3-8B tables (2 x 622 M values) take seconds rather than a minute.
+ * Tables are drawn by rng_fill (rng.h's stream, on several threads, the values of drawing them one
+ * by one), so the same starting state gives the same table on every backend (the cpu twin of
+ * `learn` relies on it), and the Qwen3-8B tables (2 x 622 M values) take seconds.
  */
 #ifndef DFLASH_NN_DFLASH_TASK_H
 #define DFLASH_NN_DFLASH_TASK_H
@@ -44,12 +42,9 @@ void dflash_task_tokens(int n_seqs, int S, int V, int32_t *seq_off, int32_t *ids
 /* The lm_head's standard deviation at hidden size D: 1.28 / sqrt(D). */
 double dflash_task_lm_sd(int D);
 
-/* n host floats: normal with sd `scale` (normal != 0) or uniform in [-scale, scale), the values
- * of stream *rs as drawn one by one, in pairs (two uniforms, or one Box-Muller pair); *rs is
- * advanced past them (an odd n draws one pair more than it keeps). */
-void dflash_task_draw(uint64_t *rs, float *out, size_t n, double scale, int normal);
-
-/* The same n values as a new act-typed buffer of backend ops (drawn and uploaded in chunks).
+/* n values of stream *rs as a new act-typed buffer of backend ops: normal with sd `scale`
+ * (normal != 0) or uniform in [-scale, scale), rng_fill's values (RNG_FILL_NORMAL or _UNIFORM),
+ * *rs advanced past them; drawn and uploaded in chunks.
  * Returns the buffer (free it with ops->free), or NULL when the backend cannot allocate it. */
 void *dflash_task_table(const nn_ops *ops, nn_ctx *ctx, uint64_t *rs, size_t n, double scale,
                         int normal);

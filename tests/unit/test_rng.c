@@ -3,13 +3,51 @@
  * and variance within 4 standard errors of 0 and 1, the share beyond 3 sd near 0.27%. (A
  * single-precision Box-Muller that took the logarithm of a uniform rounding above 1 put ~60
  * NaNs in each of bench-drafter's 622M-value tables on 2026-12-02; at 1e-7 a draw, 2^25 draws
- * would meet it about 3 times.)
+ * would meet it about 3 times.) rng_fill, drawing on threads, gives the values and the stream
+ * state of the one-by-one loops its header states, for each kind, at counts that are odd, even,
+ * under one thread's slice and cut into uneven slices.
  */
 #include "check.h"
 #include "rng.h"
+#include "rng_fill.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* rng_fill's stated loop, one value after the other */
+static void fill_serial(uint64_t *st, float *out, size_t n, double scale, rng_fill_kind kind) {
+    for (size_t k = 0; k < n; k += kind == RNG_FILL_NORMAL_FIRST ? 1 : 2) {
+        double a, b;
+        if (kind == RNG_FILL_UNIFORM)
+            a = 2.0 * rng_uniform01(st) - 1.0, b = 2.0 * rng_uniform01(st) - 1.0;
+        else
+            rng_normal_pair(st, &a, &b);
+        out[k] = (float)(a * scale);
+        if (kind != RNG_FILL_NORMAL_FIRST && k + 1 < n) out[k + 1] = (float)(b * scale);
+    }
+}
+
+static void check_fill(void) {
+    const size_t sizes[] = {1, 2, 7, 1000, (1u << 20) + 1, 3u * (1u << 20) + 6, 5u << 21};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        for (int kind = RNG_FILL_UNIFORM; kind <= RNG_FILL_NORMAL_FIRST; kind++) {
+            size_t n = sizes[i];
+            float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+            uint64_t sa = 99 + i, sb = 99 + i;
+            double scale = kind == RNG_FILL_UNIFORM ? 1.0 : 0.02;
+            rng_fill(&sa, a, n, scale, (rng_fill_kind)kind);
+            fill_serial(&sb, b, n, scale, (rng_fill_kind)kind);
+            size_t bad = 0;
+            for (size_t k = 0; k < n; k++)
+                bad += a[k] != b[k];
+            if (bad) printf("rng_fill n %zu kind %d: %zu values differ\n", n, kind, bad);
+            CHECK_EQ_INT((long)bad, 0);
+            CHECK(sa == sb);
+            free(a), free(b);
+        }
+}
 
 /* rng_uniform01's value for a raw 64-bit output r (its formula applied to r) */
 static double uniform_of(uint64_t r) {
@@ -17,6 +55,7 @@ static double uniform_of(uint64_t r) {
 }
 
 int main(void) {
+    check_fill();
     /* the formula's extremes: the smallest and largest raw outputs */
     CHECK(uniform_of(0) > 0.0);
     CHECK(uniform_of(UINT64_MAX) < 1.0);

@@ -668,8 +668,12 @@ static void train_steps_queued(dflash_model *inorder, dflash_model *queued,
                got);
         n_fail++;
     }
+    /* the norms at 2e-2: the fifth step's norm takes one of two values 1.8% apart with the
+     * atomics' order, side stream on or off (2.0705 or 2.0326, l2 over the steps 7.0e-3; seen on
+     * the H200 2026-12-02 in 2 of 6 runs, one of them with the side stream off); the losses,
+     * which a stale weight moves first, stay at 1e-3 */
     report("train steps", "queued losses", lq, li, STEPS, 1e-3);
-    report("train steps", "queued norms", nq, ni, STEPS, 1e-3);
+    report("train steps", "queued norms", nq, ni, STEPS, 2e-2);
 }
 
 static void t_train_step(void) {

@@ -1,32 +1,20 @@
 /* test_dflash_task: dflash_task.h's synthetic task. Its tables on the cpu backend (a normal one of
- * an odd count, then a uniform one from where the stream was left) hold the values of drawing
- * them one by one from rng.h's stream and leave the stream where that leaves it (rng_fill
- * itself: test_rng); the tokens follow the stated formula (the PyTorch reference's 151000
- * modulus at Qwen3's vocabulary, V - 64 below it), with each sequence's 64-token prompt masked;
- * the config validates, with Qwen3's MASK id where the vocabulary holds it.
+ * an odd count, then a uniform one from where the stream was left) hold rng_fill's values and
+ * leave the stream where rng_fill leaves it (rng_fill against one-by-one draws: test_rng); the
+ * tokens follow the stated formula (the PyTorch reference's 151000 modulus at Qwen3's
+ * vocabulary, V - 64 below it), with each sequence's 64-token prompt masked; the config
+ * validates, with Qwen3's MASK id where the vocabulary holds it.
  */
 #include "check.h"
 #include "dflash_task.h"
 #include "rng.h"
+#include "rng_fill.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 
-/* the one-by-one draws a table must equal: pairs, as bench-drafter drew them before */
-static void draw_serial(uint64_t *st, float *out, size_t n, double scale, int normal) {
-    for (size_t k = 0; k < n; k += 2) {
-        double a, b;
-        if (normal)
-            rng_normal_pair(st, &a, &b);
-        else
-            a = 2.0 * rng_uniform01(st) - 1.0, b = 2.0 * rng_uniform01(st) - 1.0;
-        out[k] = (float)(a * scale);
-        if (k + 1 < n) out[k + 1] = (float)(b * scale);
-    }
-}
-
 int main(void) {
-    /* tables on the cpu backend: the same values, the stream advanced alike */
+    /* tables on the cpu backend: rng_fill's values, the stream advanced alike */
     const nn_ops *ops = nn_cpu_ops();
     nn_ctx *ctx = nn_cpu_new(1);
     const size_t n = 3000001;
@@ -35,7 +23,7 @@ int main(void) {
     for (int normal = 1; normal >= 0; normal--) {
         float *t = dflash_task_table(ops, ctx, &sa, n, normal ? 0.05 : 1.0, normal);
         CHECK(t != NULL);
-        draw_serial(&sb, h, n, normal ? 0.05 : 1.0, normal);
+        rng_fill(&sb, h, n, normal ? 0.05 : 1.0, normal ? RNG_FILL_NORMAL : RNG_FILL_UNIFORM);
         size_t bad = 0;
         for (size_t k = 0; t && k < n; k++)
             bad += t[k] != h[k];

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #define DFLASH_TASK_PROMPT 64  /* tokens of each sequence with loss mask 0 */
-#define DFLASH_TASK_EMBED_SD 0.05
+#define DFLASH_TASK_EMBED_SD 0.05 /* the embeddings' standard deviation */
 
 /* The drafter of the task: hidden size D, `layers` layers, H / HK heads (head_dim D / H), MLP
  * width F, NF target features, vocabulary V (MASK: Qwen3's 151669 where V holds it, else V - 1).

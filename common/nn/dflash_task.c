@@ -23,7 +23,8 @@ int dflash_task_config(dflash_config *c, int D, int layers, int H, int HK, int F
 
 void dflash_task_tokens(int n_seqs, int S, int V, int32_t *seq_off, int32_t *ids,
                         int32_t *positions, uint8_t *loss_mask) {
-    const int64_t M = V - 64 < 151000 ? V - 64 : 151000;
+    int64_t M = V - 64 < 151000 ? V - 64 : 151000;
+    if (M < 1) M = 1; /* V <= 64: every id 0 (the header asks for V > 64) */
     seq_off[0] = 0;
     for (int s = 0; s < n_seqs; s++) {
         seq_off[s + 1] = seq_off[s] + S;

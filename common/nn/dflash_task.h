@@ -33,7 +33,7 @@
 int dflash_task_config(dflash_config *c, int D, int layers, int H, int HK, int F, int NF, int V,
                        char *msg, size_t msglen);
 
-/* The token ids of n_seqs packed sequences of S tokens each over vocabulary V: seq_off
+/* The token ids of n_seqs packed sequences of S tokens each over vocabulary V > 64: seq_off
  * [n_seqs + 1], ids [n_seqs * S], positions (NULL: not wanted) 0 .. S - 1 per sequence,
  * loss_mask 0 on each sequence's first DFLASH_TASK_PROMPT tokens and 1 after. */
 void dflash_task_tokens(int n_seqs, int S, int V, int32_t *seq_off, int32_t *ids,

@@ -43,6 +43,14 @@
  * its anchors re-drawn: the PyTorch reference prints its losses and norms alike). A loss or
  * gradient norm that is not finite prints a FAIL line, and the exit status is then 1.
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
+ * What-if (BENCH_FREE="SET;SET;...", each SET a comma-separated list of the profile's op names
+ *   or of none, attention, optimizer, memory, nonproducts: opprof.h's po_free_parse): after the
+ *   timed steps, the same number of steps again for each SET with its ops left out (their
+ *   outputs keep the last real call's values, so the products still run on real data), one
+ *   line each: ms and J per step against the run with all ops. At the power limit an op's
+ *   share of the step is not its time in the profile (every op runs at the clock the products
+ *   set); this measures what the step would take if that op cost nothing. The model keeps
+ *   training through the sets (AdamW too, unless left out): end with "none" to see the drift.
  */
 #include "monotime.h"
 #include "ops.h"
@@ -134,6 +142,66 @@ static void curve_print(void) {
     printf("\n");
 }
 
+/* BENCH_FREE (see the header): the op sets, as written and as opprof.h masks */
+enum { FREE_MAX = 16 };
+static char g_free_set[FREE_MAX][128];
+static unsigned g_free_mask[FREE_MAX];
+static int g_n_free;
+
+/* A case's first non-finite loss or gradient norm in the timed steps just run: FAIL line and
+ * exit status 1 */
+static void curve_check(const char *name) {
+    if (g_first_bad < 0) return;
+    printf("%s: FAIL: timed step %d's loss or gradient norm is not finite\n", name, g_first_bad);
+    g_failed = true;
+}
+
+typedef struct {
+    double sec, flop;          /* per timed step */
+    double j0, j1;             /* the board's counter around the steps (< 0: none) */
+    double t_queue, t_collect; /* host seconds, all steps */
+    dflash_metrics met;        /* the last step's */
+} timed_run;
+
+/* g_steps training steps queued as the drafter daemon queues them (each step's metrics
+ * collected once the next is queued), between stream syncs; the curve collects their metrics */
+static void timed_steps(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *v,
+                        int layers, int T, timed_run *r) {
+    const int steps = g_steps;
+    g_curve_n = 0, g_curve_steps = 0, g_first_bad = -1;
+    r->j0 = bench_energy_j(&g_energy);
+    double flop = 0, t0 = monotime_s();
+    r->t_queue = r->t_collect = 0;
+    for (int i = 0; i < steps; i++) {
+        double q0 = monotime_s();
+        dflash_train_step_async(m, tc, v, 0, (uint64_t)(100 + i));
+        r->t_queue += monotime_s() - q0;
+        int nb = m->cur_nb;
+        double keys = 0;
+        for (int j = 0; j < nb; j++)
+            keys += (double)BS * (m->h_blk_anchor[j] + BS);
+        double c0 = monotime_s();
+        if (dflash_train_pending(m) > 1 && dflash_train_collect(m, &r->met) == 1)
+            curve_add(&r->met);
+        r->t_collect += monotime_s() - c0;
+        double Q = (double)nb * BS;
+        double per_row = (double)D * H * HD + 2.0 * D * HK * HD + (double)H * HD * D + 3.0 * D * FF;
+        /* layer 0's block q, k, v run on its U distinct rows, plus the one-hot sums */
+        double qkv_row = (double)D * H * HD + 2.0 * D * HK * HD, U = m->cur_u ? m->cur_u : Q;
+        flop += 6.0 * Q * per_row * layers + 6.0 * T * 2.0 * D * HK * HD * layers +
+                4.0 * T * (double)NF * D * D + 12.0 * H * HD * keys * layers +
+                4.0 * m->cur_loss_rows * D * (double)V - 6.0 * (Q - U) * qkv_row +
+                (m->cur_u ? 2.0 * Q * m->u_cap * (H + 2.0 * HK) * HD : 0.0);
+        /* the last layer's o_proj and MLP on the Qc rows the loss reads */
+        if (m->last_compact) flop -= 6.0 * (Q - m->cur_qc) * ((double)H * HD * D + 3.0 * D * FF);
+    }
+    while (dflash_train_collect(m, &r->met) == 1)
+        curve_add(&r->met);
+    O->sync(C);
+    r->sec = (monotime_s() - t0) / steps, r->j1 = bench_energy_j(&g_energy);
+    r->flop = flop / steps;
+}
+
 static void run_case(const char *name, int layers, int n_seqs, int S, int anchors, double peak,
                      const void *emb, const void *lm) {
     int T = n_seqs * S;
@@ -158,8 +226,13 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     int32_t *pos = malloc(sizeof(int32_t) * T);
     uint8_t *lmask = malloc(T);
     dflash_task_tokens(n_seqs, S, V, off, ids, pos, lmask);
-    dflash_batch_view v = {.n_seqs = n_seqs, .seq_off = off, .ids = ids, .positions = pos,
-                           .loss_mask = lmask, .hidden = hid, .ld = (size_t)NF * D};
+    dflash_batch_view v = {.n_seqs = n_seqs,
+                           .seq_off = off,
+                           .ids = ids,
+                           .positions = pos,
+                           .loss_mask = lmask,
+                           .hidden = hid,
+                           .ld = (size_t)NF * D};
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
     tc.n_anchors = anchors;
@@ -167,64 +240,44 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     for (int i = 0; i < 3; i++)
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
+    timed_run r;
+    timed_steps(m, &tc, &v, layers, T, &r);
     const int steps = g_steps;
-    g_curve_n = 0, g_curve_steps = 0, g_first_bad = -1;
-    double j0 = bench_energy_j(&g_energy);
-    double flop = 0, t0 = monotime_s(), t_queue = 0, t_collect = 0;
-    for (int i = 0; i < steps; i++) { /* as the daemon: queued, metrics collected a step late */
-        double q0 = monotime_s();
-        dflash_train_step_async(m, &tc, &v, 0, (uint64_t)(100 + i));
-        t_queue += monotime_s() - q0;
-        int nb = m->cur_nb;
-        double keys = 0;
-        for (int j = 0; j < nb; j++)
-            keys += (double)BS * (m->h_blk_anchor[j] + BS);
-        double c0 = monotime_s();
-        if (dflash_train_pending(m) > 1 && dflash_train_collect(m, &met) == 1)
-            curve_add(&met);
-        t_collect += monotime_s() - c0;
-        double Q = (double)nb * BS;
-        double per_row = (double)D * H * HD + 2.0 * D * HK * HD + (double)H * HD * D +
-                         3.0 * D * FF;
-        /* layer 0's block q, k, v run on its U distinct rows, plus the one-hot sums */
-        double qkv_row = (double)D * H * HD + 2.0 * D * HK * HD, U = m->cur_u ? m->cur_u : Q;
-        flop += 6.0 * Q * per_row * layers + 6.0 * T * 2.0 * D * HK * HD * layers +
-                4.0 * T * (double)NF * D * D + 12.0 * H * HD * keys * layers +
-                4.0 * m->cur_loss_rows * D * (double)V - 6.0 * (Q - U) * qkv_row +
-                (m->cur_u ? 2.0 * Q * m->u_cap * (H + 2.0 * HK) * HD : 0.0);
-        /* the last layer's o_proj and MLP on the Qc rows the loss reads */
-        if (m->last_compact)
-            flop -= 6.0 * (Q - m->cur_qc) * ((double)H * HD * D + 3.0 * D * FF);
-    }
-    while (dflash_train_collect(m, &met) == 1)
-        curve_add(&met);
-    O->sync(C);
-    double sec = (monotime_s() - t0) / steps, j1 = bench_energy_j(&g_energy);
-    flop /= steps;
+    double sec = r.sec, flop = r.flop;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
     double gib = (double)(tot - fr) / (1024.0 * 1024 * 1024);
     double mfu = flop / sec / 1e12 / peak;
     printf("%-16s %d x %d tokens, %d anchors/seq, %d blocks: %.1f ms/step, %.2f steps/s, "
            "%.2f samples/s, %.1f TFLOP/s, MFU %.1f%%, memory in use %.2f GiB, loss %.3f\n",
-           name, n_seqs, S, anchors, met.n_blocks, sec * 1e3, 1.0 / sec, n_seqs / sec,
-           flop / sec / 1e12, 100 * mfu, gib, met.loss);
+           name, n_seqs, S, anchors, r.met.n_blocks, sec * 1e3, 1.0 / sec, n_seqs / sec,
+           flop / sec / 1e12, 100 * mfu, gib, r.met.loss);
     printf("RESULT case=%s steps_per_s=%.3f samples_per_s=%.3f mfu=%.4f peak_gib=%.2f\n", name,
            1.0 / sec, n_seqs / sec, mfu, gib);
-    bench_energy_line(&g_energy, j0, j1, steps, sec);
+    bench_energy_line(&g_energy, r.j0, r.j1, steps, sec);
     curve_print();
-    offsets_print(&met);
-    if (g_first_bad >= 0) {
-        printf("%s: FAIL: timed step %d's loss or gradient norm is not finite\n", name,
-               g_first_bad);
-        g_failed = true;
-    }
+    offsets_print(&r.met);
+    curve_check(name);
     /* where the host spent the timed steps: queuing a step should take a few ms, the rest is
      * the wait for the previous step's metrics; a queue time near the step time means the
      * host waited for the stream while queuing (the GPU then ran dry) */
     printf("host per timed step: %.2f ms queuing (dflash_train_step_async), %.2f ms waiting for "
            "the previous step (dflash_train_collect)\n",
-           t_queue * 1e3 / steps, t_collect * 1e3 / steps);
+           r.t_queue * 1e3 / steps, r.t_collect * 1e3 / steps);
+    for (int f = 0; f < g_n_free; f++) { /* BENCH_FREE: the same steps with ops left out */
+        po_free = g_free_mask[f];
+        timed_run x;
+        timed_steps(m, &tc, &v, layers, T, &x);
+        po_free = 0;
+        char en[96] = "energy n/a";
+        if (r.j0 >= 0 && r.j1 >= 0 && x.j0 >= 0 && x.j1 >= 0) {
+            double xj = (x.j1 - x.j0) / steps, rj = (r.j1 - r.j0) / steps;
+            snprintf(en, sizeof en, "%.2f J/step (%+.2f), %.0f W", xj, xj - rj, xj / x.sec);
+        }
+        printf("%-16s free=%s: %.1f ms/step (%+.1f ms against all ops), %s, loss %.3f\n", name,
+               g_free_set[f], x.sec * 1e3, (x.sec - sec) * 1e3, en, x.met.loss);
+        curve_check(name);
+    }
     fflush(stdout);
     prof_begin();
     double ak = 0, p0 = monotime_s();
@@ -245,6 +298,31 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
 
 int main(int argc, char **argv) {
     int layers = argc > 1 ? atoi(argv[1]) : 5;
+    const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* one case */
+    if (argc > 3) g_tune = atoi(argv[3]);
+    if (argc > 4) g_steps = atoi(argv[4]);
+    if (g_steps < 1 || g_steps > 100000) {
+        fprintf(stderr, "bench-drafter: STEPS must be 1..100000\n");
+        return 2;
+    }
+    const char *free_env = getenv("BENCH_FREE");
+    if (free_env && *free_env) {
+        char sets[FREE_MAX * 128], err[160];
+        snprintf(sets, sizeof sets, "%s", free_env);
+        for (char *save = NULL, *t = strtok_r(sets, ";", &save); t;
+             t = strtok_r(NULL, ";", &save)) {
+            if (g_n_free == FREE_MAX || strlen(t) >= sizeof g_free_set[0]) {
+                fprintf(stderr, "bench-drafter: BENCH_FREE: at most %d sets of < %zu characters\n",
+                        FREE_MAX, sizeof g_free_set[0]);
+                return 2;
+            }
+            if (po_free_parse(t, &g_free_mask[g_n_free], err, sizeof err) != 0) {
+                fprintf(stderr, "bench-drafter: BENCH_FREE: %s\n", err);
+                return 2;
+            }
+            snprintf(g_free_set[g_n_free++], sizeof g_free_set[0], "%s", t);
+        }
+    }
     C = nn_cuda_new(0);
     if (!C) {
         fprintf(stderr, "bench-drafter: no CUDA device\n");
@@ -258,13 +336,6 @@ int main(int argc, char **argv) {
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
     void *emb = act_rand((size_t)V * D, DFLASH_TASK_EMBED_SD, 1);
     void *lm = act_rand((size_t)V * D, dflash_task_lm_sd(D), 1);
-    const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* one case */
-    if (argc > 3) g_tune = atoi(argv[3]);
-    if (argc > 4) g_steps = atoi(argv[4]);
-    if (g_steps < 1 || g_steps > 100000) {
-        fprintf(stderr, "bench-drafter: STEPS must be 1..100000\n");
-        return 2;
-    }
     if (!only || !strcmp(only, "s3072_a512"))
         run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);
     if (!only || !strcmp(only, "s768_a256"))

@@ -86,12 +86,61 @@ static void po_stop_shape(int i, int op, double flop, int kind, int M, int K, in
     }
     po_shape[i / 2] = s;
 }
+/* Ops left out (bench-drafter's BENCH_FREE): while bit op of po_free is set, the wrapped calls
+ * of that op return at once, so a step runs as if it cost nothing, and its outputs keep what
+ * its last real call wrote (real values, so the products after it run on real data, not on
+ * zeros, which draw less power). The products (linear_fwd, linear_fwd_res, linear_bwd) are
+ * never left out; lm_head_xent can be. */
+static unsigned po_free;
+
 #define PO_WRAP(op, flop, call)                                                                    \
     do {                                                                                           \
+        if ((po_free >> (op)) & 1u) break;                                                         \
         int i_ = po_start();                                                                       \
         call;                                                                                      \
         po_stop(i_, op, flop);                                                                     \
     } while (0)
+
+/* The op set named by `set` (comma-separated op names of the profile's table, or: none;
+ * attention = the block attention forward and backward; optimizer = sumsq and adamw; memory =
+ * the memory-bound ops: norms, RoPE, SwiGLU, gathers, copies; nonproducts = everything but the
+ * products and lm_head_xent) as a po_free mask; -1 and a message for an unknown or product
+ * name. */
+static inline int po_free_parse(const char *set, unsigned *mask, char *err, size_t errlen) {
+    static const struct {
+        const char *name;
+        unsigned bits;
+    } alias[] = {
+        {"none", 0},
+        {"attention", 1u << PO_ATTB | 1u << PO_ATTBB},
+        {"optimizer", 1u << PO_SUMSQ | 1u << PO_ADAMW},
+        {"memory", 1u << PO_EMB | 1u << PO_RMS | 1u << PO_ROPET | 1u << PO_ROPE | 1u << PO_SWI |
+                       1u << PO_RMSB | 1u << PO_ROPEB | 1u << PO_SWIB | 1u << PO_F2A |
+                       1u << PO_COPY | 1u << PO_COPY2D | 1u << PO_ZERO | 1u << PO_SCATTER},
+        {"nonproducts", ((1u << PO_N) - 1) & ~(1u << PO_LIN | 1u << PO_LINB | 1u << PO_XENT)},
+    };
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", set);
+    *mask = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (size_t a = 0; a < sizeof alias / sizeof *alias && !found; a++)
+            if (!strcmp(t, alias[a].name)) *mask |= alias[a].bits, found = 1;
+        for (int op = 0; op < PO_N && !found; op++)
+            if (!strcmp(t, po_names[op])) {
+                if (op == PO_LIN || op == PO_LINB) {
+                    snprintf(err, errlen, "the products (%s) cannot be left out", t);
+                    return -1;
+                }
+                *mask |= 1u << op, found = 1;
+            }
+        if (!found) {
+            snprintf(err, errlen, "unknown op or op set '%s'", t);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 static void po_copy(nn_ctx *c, void *d, const void *s, size_t b) {
     PO_WRAP(PO_COPY, 0, po_real->copy(c, d, s, b));

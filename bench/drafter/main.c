@@ -49,8 +49,12 @@
  *   outputs keep the last real call's values, so the products still run on real data), one
  *   line each: ms and J per step against the run with all ops. At the power limit an op's
  *   share of the step is not its time in the profile (every op runs at the clock the products
- *   set); this measures what the step would take if that op cost nothing. The model keeps
- *   training through the sets (AdamW too, unless left out): end with "none" to see the drift.
+ *   set); this measures what the step would take if that op cost nothing. Each line gives
+ *   the difference against the run with all ops and against the first SET. The model keeps
+ *   training through a set unless the optimizer is left out, and the board's draw follows the
+ *   data (a model whose loss has gone back to ~12 ran 3 ms faster per step): put "optimizer"
+ *   in every SET, first alone, so that every set runs the same weights and steps, and end
+ *   with it again to see the drift.
  */
 #include "monotime.h"
 #include "ops.h"
@@ -264,18 +268,24 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     printf("host per timed step: %.2f ms queuing (dflash_train_step_async), %.2f ms waiting for "
            "the previous step (dflash_train_collect)\n",
            r.t_queue * 1e3 / steps, r.t_collect * 1e3 / steps);
-    for (int f = 0; f < g_n_free; f++) { /* BENCH_FREE: the same steps with ops left out */
+    timed_run first; /* BENCH_FREE: the same steps with ops left out, set by set */
+    for (int f = 0; f < g_n_free; f++) {
         po_free = g_free_mask[f];
         timed_run x;
         timed_steps(m, &tc, &v, layers, T, &x);
         po_free = 0;
-        char en[96] = "energy n/a";
+        if (f == 0) first = x;
+        char en[128] = "energy n/a";
         if (r.j0 >= 0 && r.j1 >= 0 && x.j0 >= 0 && x.j1 >= 0) {
             double xj = (x.j1 - x.j0) / steps, rj = (r.j1 - r.j0) / steps;
-            snprintf(en, sizeof en, "%.2f J/step (%+.2f), %.0f W", xj, xj - rj, xj / x.sec);
+            double fj = (first.j1 - first.j0) / steps;
+            snprintf(en, sizeof en, "%.2f J/step (%+.2f; %+.2f), %.0f W", xj, xj - rj, xj - fj,
+                     xj / x.sec);
         }
-        printf("%-16s free=%s: %.1f ms/step (%+.1f ms against all ops), %s, loss %.3f\n", name,
-               g_free_set[f], x.sec * 1e3, (x.sec - sec) * 1e3, en, x.met.loss);
+        printf("%-16s free=%s: %.1f ms/step (%+.1f ms against all ops; %+.1f against free=%s), "
+               "%s, loss %.3f\n",
+               name, g_free_set[f], x.sec * 1e3, (x.sec - sec) * 1e3, (x.sec - first.sec) * 1e3,
+               g_free_set[0], en, x.met.loss);
         curve_check(name);
     }
     fflush(stdout);

@@ -44,7 +44,8 @@
  * gradient norm that is not finite prints a FAIL line, and the exit status is then 1.
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  * What-if (BENCH_FREE="SET;SET;...", each SET a comma-separated list of the profile's op names
- *   or of none, attention, optimizer, memory, nonproducts: opprof.h's po_free_parse): after the
+ *   or of none, attention, optimizer, memory, movers, nonproducts: opprof.h's po_free_parse,
+ *   which says why sets with the movers can mislead; the loss shows it): after the
  *   timed steps, the same number of steps again for each SET with its ops left out (their
  *   outputs keep the last real call's values, so the products still run on real data), one
  *   line each: ms and J per step against the run with all ops. At the power limit an op's

@@ -103,22 +103,25 @@ static unsigned po_free;
 
 /* The op set named by `set` (comma-separated op names of the profile's table, or: none;
  * attention = the block attention forward and backward; optimizer = sumsq and adamw; memory =
- * the memory-bound ops: norms, RoPE, SwiGLU, gathers, copies; nonproducts = everything but the
- * products and lm_head_xent) as a po_free mask; -1 and a message for an unknown or product
- * name. */
+ * the norms, RoPE and SwiGLU; movers = the gathers, copies and zero fills; nonproducts =
+ * attention, optimizer and memory) as a po_free mask; -1 and a message for an unknown or
+ * product name. The movers write buffers that other ops reuse as scratch (the loss rows'
+ * gather, for one), so leaving them out can feed the products degenerate data, which draw less
+ * power (a loss of ln V: the lm_head saw equal logits); every other op's outputs are its own. */
 static inline int po_free_parse(const char *set, unsigned *mask, char *err, size_t errlen) {
+    enum {
+        ATTN = 1u << PO_ATTB | 1u << PO_ATTBB,
+        OPTIM = 1u << PO_SUMSQ | 1u << PO_ADAMW,
+        MEM = 1u << PO_RMS | 1u << PO_ROPET | 1u << PO_ROPE | 1u << PO_SWI | 1u << PO_RMSB |
+              1u << PO_ROPEB | 1u << PO_SWIB,
+        MOVE = 1u << PO_EMB | 1u << PO_F2A | 1u << PO_COPY | 1u << PO_COPY2D | 1u << PO_ZERO |
+               1u << PO_SCATTER,
+    };
     static const struct {
         const char *name;
         unsigned bits;
-    } alias[] = {
-        {"none", 0},
-        {"attention", 1u << PO_ATTB | 1u << PO_ATTBB},
-        {"optimizer", 1u << PO_SUMSQ | 1u << PO_ADAMW},
-        {"memory", 1u << PO_EMB | 1u << PO_RMS | 1u << PO_ROPET | 1u << PO_ROPE | 1u << PO_SWI |
-                       1u << PO_RMSB | 1u << PO_ROPEB | 1u << PO_SWIB | 1u << PO_F2A |
-                       1u << PO_COPY | 1u << PO_COPY2D | 1u << PO_ZERO | 1u << PO_SCATTER},
-        {"nonproducts", ((1u << PO_N) - 1) & ~(1u << PO_LIN | 1u << PO_LINB | 1u << PO_XENT)},
-    };
+    } alias[] = {{"none", 0},        {"attention", ATTN}, {"optimizer", OPTIM},
+                 {"memory", MEM},    {"movers", MOVE},    {"nonproducts", ATTN | OPTIM | MEM}};
     char buf[512];
     snprintf(buf, sizeof buf, "%s", set);
     *mask = 0;

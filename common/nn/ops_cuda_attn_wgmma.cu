@@ -1071,6 +1071,8 @@ static const wgt_kernel wgt_kernels[] = {
     WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false, false, false),
     WGT_K("wgt3x64s5q", 3, 64, 5, 160, 32, true, true, false),
     WGT_K("wgt3x64q", 3, 64, 4, 160, 32, true, true, false),
+    WGT_K("wgt2x128q", 2, 128, 3, 240, 32, true, true, false),
+    WGT_K("wgt2x128p", 2, 128, 2, 240, 32, true, true, true),
 };
 #define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
 

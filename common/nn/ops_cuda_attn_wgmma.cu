@@ -123,7 +123,10 @@
  *   wgt3x64q 0.449, wgt3x64s5q 0.450, wgt3x64s5 0.457-0.465, wgt3x64 0.461 (main's wgt3x64s5,
  *   whose prologue read the spans and schedule before two CTA barriers, 0.476-0.485);
  *   wgt3x64s5n 0.562; k_wg_block 0.645-0.658 (313-318); the mma.sync 4x16 kernel 1.21 ms, 169
- *   TFLOP/s.
+ *   TFLOP/s. Two consumer warpgroups at 232 registers with 128-key tiles (S as m64n128 products,
+ *   less shared-memory traffic per FLOP; 2026-12-02, removed) ran 0.528-0.534 ms (NS 3, Q by
+ *   tensor copies) and 0.678-0.683 (persistent, NS 2) against wgt3x64p's 0.412 in the same run:
+ *   three warpgroups hide more than the wider product saves.
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"
@@ -706,7 +709,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int QB = 64 * NWG * D * 2; /* one Q buffer */
     /* setmaxnreg moves registers within what the launch gave the CTA: its threads times the
      * per-thread count that the launch bounds allow (65536 / threads, down to a multiple of 8);
-     * more, and the consumers' increase waits forever (wgt2x128 at 240 hung) */
+     * more, and the consumers' increase waits forever (a 2 x 128 variant at 240 hung) */
     static_assert(NWG * 128 * RC + 128 * RP <=
                       (65536 / ((NWG + 1) * 128) / 8 * 8) * (NWG + 1) * 128,
                   "the register pool");
@@ -1076,8 +1079,6 @@ static const wgt_kernel wgt_kernels[] = {
     WGT_K("wgt3x64s5n", 3, 64, 5, 160, 32, false, false, false),
     WGT_K("wgt3x64s5q", 3, 64, 5, 160, 32, true, true, false),
     WGT_K("wgt3x64q", 3, 64, 4, 160, 32, true, true, false),
-    WGT_K("wgt2x128q", 2, 128, 3, 232, 32, true, true, false),
-    WGT_K("wgt2x128p", 2, 128, 2, 232, 32, true, true, true),
 };
 #define N_WGT_KERNELS (int)(sizeof wgt_kernels / sizeof wgt_kernels[0])
 

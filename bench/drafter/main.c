@@ -231,13 +231,8 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     int32_t *pos = malloc(sizeof(int32_t) * T);
     uint8_t *lmask = malloc(T);
     dflash_task_tokens(n_seqs, S, V, off, ids, pos, lmask);
-    dflash_batch_view v = {.n_seqs = n_seqs,
-                           .seq_off = off,
-                           .ids = ids,
-                           .positions = pos,
-                           .loss_mask = lmask,
-                           .hidden = hid,
-                           .ld = (size_t)NF * D};
+    dflash_batch_view v = {.n_seqs = n_seqs, .seq_off = off, .ids = ids, .positions = pos,
+                           .loss_mask = lmask, .hidden = hid, .ld = (size_t)NF * D};
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
     tc.n_anchors = anchors;

@@ -264,7 +264,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     printf("host per timed step: %.2f ms queuing (dflash_train_step_async), %.2f ms waiting for "
            "the previous step (dflash_train_collect)\n",
            r.t_queue * 1e3 / steps, r.t_collect * 1e3 / steps);
-    timed_run first; /* BENCH_FREE: the same steps with ops left out, set by set */
+    timed_run first = {0}; /* BENCH_FREE: the same steps with ops left out, set by set */
     for (int f = 0; f < g_n_free; f++) {
         po_free = g_free_mask[f];
         timed_run x;

@@ -51,7 +51,7 @@
  *   line each: ms and J per step against the run with all ops and against the first SET:
  *   what the step would take if those ops cost nothing, which at the power limit need not be
  *   their time in the profile (on the H200 the attention, norms, RoPE and SwiGLU gave back
- *   92-105% of theirs, the optimizer ~70%: bench/cuda_ops/NOTES.md). The model keeps
+ *   90-115% of theirs, the optimizer ~70%: bench/cuda_ops/NOTES.md). The model keeps
  *   training through a set unless the optimizer is left out, and the board's draw follows the
  *   data (a model whose loss has gone back to ~12 ran 3 ms faster per step): put "optimizer"
  *   in every SET, first alone, so that every set runs the same weights and steps, and end

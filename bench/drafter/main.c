@@ -314,6 +314,11 @@ int main(int argc, char **argv) {
     const char *free_env = getenv("BENCH_FREE");
     if (free_env && *free_env) {
         char sets[FREE_MAX * 128], err[160];
+        if (strlen(free_env) >= sizeof sets) { /* cut short, a set could name other ops */
+            fprintf(stderr, "bench-drafter: BENCH_FREE: more than %zu characters\n",
+                    sizeof sets - 1);
+            return 2;
+        }
         snprintf(sets, sizeof sets, "%s", free_env);
         for (char *save = NULL, *t = strtok_r(sets, ";", &save); t;
              t = strtok_r(NULL, ";", &save)) {

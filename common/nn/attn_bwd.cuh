@@ -172,6 +172,17 @@ __device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, in
     }
 }
 
+/* ops_cuda_attn_own.cu: the own keys of the DFlash layout in a kernel of their own (its comment
+ * says how). own_spans: checks that block j's own keys are Kc + j B .. and no kept context
+ * reaches past Kc (*ok 1), and writes to out the spans the fused kernel is to read: the
+ * contexts alone, else (*ok 0) the spans unchanged (n_blocks <= the caller's out). bwd_own:
+ * after the fused kernel, in place of k_bwd_dq_out (a->spans: the caller's spans; d 128,
+ * B <= 16, B group <= 64): the own keys' dq, dk, dv, and every row's dq from dqacc (times
+ * dq_mul, dqacc zeroed). Same stream. */
+void cuda_own_spans(cudaStream_t st, const nn_block_span *spans, nn_block_span *out, int *ok,
+                    int n_blocks, int B, int Kc);
+void cuda_bwd_own(cudaStream_t st, const bwd_args *a, const int *ok, int Kc, float dq_mul);
+
 /* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limits,
  * where the device runs sm_90a code (never fails: else the kernel stays unused). launch: queues
  * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller),

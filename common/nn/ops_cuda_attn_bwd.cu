@@ -341,6 +341,35 @@ static void plan_alloc(void) {
     }
 }
 
+/* The context-only spans and the layout flag of ops_cuda_attn_own.cu (OWN_SPANS_MAX blocks,
+ * then one int) of each device, allocated with the plan; NULL: the own-key kernel never runs */
+#define OWN_SPANS_MAX (1 << 16)
+static nn_block_span *g_own_spans[DQACC_DEVICES];
+
+static void own_alloc(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES ||
+        g_own_spans[dev]) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (cudaMalloc((void **)&g_own_spans[dev], OWN_SPANS_MAX * sizeof(nn_block_span) +
+                                                   sizeof(int)) != cudaSuccess) {
+        g_own_spans[dev] = NULL;
+        (void)cudaGetLastError();
+    }
+}
+
+/* DFLASH_CUDA_ATTN_OWN=0: the own keys stay in the fused kernel (k_bwd_dq_out after it) */
+static bool own_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_OWN");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on != 0;
+}
+
 /* dqacc of at least `elems` fp32 (zeroed) on the current device: a larger one replaces the old
  * (start-up only: it waits for the device). -1 (old scratch kept) when there is no memory. */
 static int dqacc_alloc(size_t elems) {
@@ -459,6 +488,7 @@ int cuda_bwd_attention_init(void) {
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     (void)dqacc_alloc(DQACC_ELEMS); /* without it block_bwd runs the mma.sync pair: no error */
     plan_alloc();
+    own_alloc();
     return 0;
 }
 
@@ -493,6 +523,17 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     a.split_max = acc ? split_max : 1, a.vps = vps;
     a.scale = 1.0f / sqrtf((float)d);
     const size_t rows = (size_t)n_blocks * B * H;
+    /* the DFlash layout's own keys (block j's at Kc + j B) by their own kernel where it applies:
+     * the fused kernel then reads the context-only spans (ops_cuda_attn_own.cu) */
+    const int Kc = Tk - n_blocks * B;
+    nn_block_span *own_sp = g_own_spans[dev];
+    const int *own_ok = (const int *)(own_sp + OWN_SPANS_MAX);
+    const bool own = own_enabled() && own_sp && n_blocks <= OWN_SPANS_MAX && Kc >= 0 && B <= 16 &&
+                     B * a.group <= 64;
+    if (own) {
+        cuda_own_spans(st, spans, own_sp, (int *)own_ok, n_blocks, B, Kc);
+        a.spans = own_sp;
+    }
     k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
     const int kern = bwd_kernel(), var = bwd_variant();
@@ -520,6 +561,11 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
             bwd_launch<0>(st, a, var);
     }
     CUDA_CHECK_LAUNCH();
+    if (own) {
+        a.spans = spans; /* the own kernel reads each block's keep */
+        cuda_bwd_own(st, &a, own_ok, Kc, dq_mul);
+        return 0;
+    }
     const size_t n4 = rows * d / 4;
     k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4, dq_mul);
     CUDA_CHECK_LAUNCH();

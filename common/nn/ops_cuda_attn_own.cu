@@ -1,0 +1,252 @@
+/* ops_cuda_attn_own: the block backward's own keys in a kernel of their own, for head dim 128.
+ *
+ * Why: in DFlash training a block's queries see the context before its anchor and their own
+ * block's B keys, and the keys are laid out [context ; block 0 ; block 1 ; ...], so block j's
+ * own keys are rows Kc + j B .. + B - 1 (Kc = Tk - n_blocks B) and nobody else sees them. The
+ * key-major fused backward (ops_cuda_attn_bwd.cu, ops_cuda_attn_wgbwd.cu) visits those keys as
+ * 128-key tiles of 8 blocks, each block's visit computing all 128 keys for its 16: ~7% of its
+ * visits for ~1% of the products. Here they cost one small CTA per (block, kv head) instead.
+ *
+ * How (cuda_bwd_attention_block_bwd runs these around the fused kernel, same stream):
+ *   k_own_spans (one CTA, before): checks that the spans have that layout (block j's own keys at
+ *     Kc + j B, no context past Kc) and writes the spans the fused kernel then reads: the same
+ *     contexts with no own keys (blk_begin -1, see attn_span_ranges), or, where the layout does
+ *     not hold, the spans unchanged; *ok says which. Blocks of the tail tiles then have no
+ *     visits: the fused kernel writes zero dk, dv there (keys nobody sees), overwritten below.
+ *   k_bwd_own (after the fused kernel, in place of k_bwd_dq_out): CTA (block j, kv head hk),
+ *     4 warps, the block's R = B x group query rows (row r: token j B + r / group, head
+ *     hk group + r % group; R <= 64, B <= 16) and its B own keys. Warp w, rows 16 w .. + 15,
+ *     on mma.sync.m16n8k16 (mma_frag.cuh), key-major as the fused kernels:
+ *       S^T = K Q^T, dP^T = V dO^T (16 keys x 16 rows, 8 k-steps of d), P^T = exp2(S^T scale
+ *       log2e - lse log2e) (0 for padding rows, keys past B, a padding block), dS^T = P^T
+ *       (dP^T - D) with D = rowsum(dO O) from k_bwd_rowD; dV_w = P^T dO_w, dK_w = dS^T Q_w
+ *       (summed over the 4 warps through shared memory in a fixed order, dK times the scale,
+ *       rounded once to bf16 into dk, dv: the only contributions those keys have); dQ_w = dS K
+ *       (A = dS from dS^T's registers by movmatrix.trans), and the row's dq = dq_mul dqacc +
+ *       scale dQ_w (dqacc: the fused kernel's sum, times dq_mul as k_bwd_dq_out would), bf16,
+ *       with dqacc zeroed for the next call. Without the layout (*ok 0): dq_out's work only.
+ *   Numerics as the fused kernels: P, dS rounded to bf16 as the products' inputs, fp32 sums.
+ */
+#include "attn_bwd.cuh"
+#include "attn_spans.cuh"
+#include "mma_frag.cuh"
+#include "ops_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#define OWN_D 128
+#define OWN_LD (OWN_D + 8)   /* bf16 row stride of the shared Q, dO, K, V tiles */
+#define OWN_RED (OWN_D + 4)  /* fp32 row stride of a warp's dK or dV partial (conflict-free) */
+#define OWN_ROWS 64          /* query rows per CTA (4 warps x 16) */
+#define OWN_KEYS 16          /* own keys per CTA (one m16 tile) */
+#define OWN_SMEM                                                                               \
+    ((size_t)(2 * OWN_ROWS + 2 * OWN_KEYS) * OWN_LD * sizeof(bf16))
+
+static_assert((size_t)4 * OWN_KEYS * OWN_RED * sizeof(float) <=
+                  (size_t)2 * OWN_ROWS * OWN_LD * sizeof(bf16),
+              "the partials fit where Q and dO were");
+
+__global__ void __launch_bounds__(1024) k_own_spans(const nn_block_span *spans, nn_block_span *out,
+                                                    int *ok, int n_blocks, int B, int Kc) {
+    bool good = true;
+    for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
+        const nn_block_span s = spans[j];
+        good = good && s.blk_begin == Kc + j * B && (!s.keep || s.ctx_end <= s.ctx_begin ||
+                                                     (s.ctx_begin >= 0 && s.ctx_end <= Kc));
+    }
+    good = __syncthreads_and(good);
+    for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
+        nn_block_span s = spans[j];
+        if (good) s.keep = s.keep && s.ctx_end > s.ctx_begin, s.blk_begin = -1;
+        out[j] = s;
+    }
+    if (threadIdx.x == 0) *ok = good;
+}
+
+/* movmatrix: the transpose of the 8 x 8 bf16 matrix whose fragment x is (ldmatrix layout) */
+__device__ __forceinline__ uint32_t movt(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+/* The 4 warps' fp32 partials (C layout, 16 keys x 128, in red) summed in warp order, times mul,
+ * rounded to bf16 rows key0 + i (i < nk) of dst [Tk, Hk, 128] at kv head hk. All threads. */
+__device__ __forceinline__ void own_keys_out(const float *red, bf16 *dst, int key0, int nk, int Hk,
+                                             int hk, float mul) {
+    const int i = threadIdx.x / 8, c0 = threadIdx.x % 8 * 16;
+    if (i >= nk) return;
+    float s[16];
+#pragma unroll
+    for (int e = 0; e < 16; e++)
+        s[e] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        const float *p = red + (w * OWN_KEYS + i) * OWN_RED + c0;
+#pragma unroll
+        for (int e = 0; e < 16; e += 4) {
+            const float4 v = *(const float4 *)(p + e);
+            s[e] += v.x, s[e + 1] += v.y, s[e + 2] += v.z, s[e + 3] += v.w;
+        }
+    }
+    uint4 o[2];
+    uint32_t *u = (uint32_t *)o;
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        u[e] = pack_bf16x2(mul * s[2 * e], mul * s[2 * e + 1]);
+    uint4 *g = (uint4 *)(dst + ((size_t)(key0 + i) * Hk + hk) * OWN_D + c0);
+    g[0] = o[0], g[1] = o[1];
+}
+
+/* A warp's 16 x 128 partial (C layout) into its slice of red. */
+__device__ __forceinline__ void own_red_store(float *red, const float (&acc)[OWN_D / 8][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4, w = threadIdx.x / 32;
+    float *p = red + w * OWN_KEYS * OWN_RED;
+#pragma unroll
+    for (int n = 0; n < OWN_D / 8; n++) {
+        *(float2 *)(p + g * OWN_RED + 8 * n + 2 * tg) = make_float2(acc[n][0], acc[n][1]);
+        *(float2 *)(p + (g + 8) * OWN_RED + 8 * n + 2 * tg) = make_float2(acc[n][2], acc[n][3]);
+    }
+}
+
+__global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int Kc, float dq_mul) {
+    extern __shared__ __align__(16) unsigned char own_sm[];
+    bf16 *Qs = (bf16 *)own_sm, *dOs = Qs + OWN_ROWS * OWN_LD, *Ks = dOs + OWN_ROWS * OWN_LD;
+    bf16 *Vs = Ks + OWN_KEYS * OWN_LD;
+    float *red = (float *)own_sm; /* over Q and dO once they are read */
+    const int j = blockIdx.x, hk = blockIdx.y, group = a.group, B = a.B, H = a.H;
+    const int R = B * group, Q = a.n_blocks * B, tid = threadIdx.x;
+    const int lane = tid % 32, w = tid / 32, g = lane / 4, tg = lane % 4;
+    /* dqacc row of CTA row r (r < R) */
+    auto dq_off = [&](int r) {
+        return ((size_t)(j * B + r / group) * H + hk * group + r % group) * OWN_D;
+    };
+    if (!*ok) { /* the fused kernel saw every key: dq = dq_mul dqacc, dqacc = 0 */
+        for (int e = tid; e < R * (OWN_D / 4); e += blockDim.x) {
+            const size_t o = dq_off(e / (OWN_D / 4)) + e % (OWN_D / 4) * 4;
+            const float4 v = __ldcs((const float4 *)(a.dqacc + o));
+            __stcs((float4 *)(a.dqacc + o), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+            *(uint2 *)(a.dq + o) = make_uint2(pack_bf16x2(dq_mul * v.x, dq_mul * v.y),
+                                              pack_bf16x2(dq_mul * v.z, dq_mul * v.w));
+        }
+        return;
+    }
+    /* Q, dO rows and K, V keys by cp.async (zero past R and B) */
+    for (int e = tid; e < OWN_ROWS * (OWN_D / 8); e += blockDim.x) {
+        const int r = e / (OWN_D / 8), c = e % (OWN_D / 8) * 8;
+        const bool in = r < R;
+        const size_t o = in ? dq_off(r) + c : 0;
+        cp_async16(Qs + r * OWN_LD + c, a.q + o, in ? 16 : 0);
+        cp_async16(dOs + r * OWN_LD + c, a.dout + o, in ? 16 : 0);
+    }
+    for (int e = tid; e < OWN_KEYS * (OWN_D / 8); e += blockDim.x) {
+        const int i = e / (OWN_D / 8), c = e % (OWN_D / 8) * 8;
+        const bool in = i < B;
+        const size_t o = in ? ((size_t)(Kc + j * B + i) * a.Hk + hk) * OWN_D + c : 0;
+        cp_async16(Ks + i * OWN_LD + c, a.k + o, in ? 16 : 0);
+        cp_async16(Vs + i * OWN_LD + c, a.v + o, in ? 16 : 0);
+    }
+    cp_commit();
+    /* the thread's rows 16 w + 8 n + 2 tg + e (columns of S^T): lse and D, scaled for exp2 */
+    float lse2[2][2], Dr[2][2];
+    bool rin[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = 16 * w + 8 * n + 2 * tg + e;
+            rin[n][e] = r < R;
+            const size_t o = rin[n][e] ? (size_t)(hk * group + r % group) * Q + j * B + r / group
+                                       : 0;
+            lse2[n][e] = rin[n][e] ? a.lse[o] * FLOG2E : 0.0f;
+            Dr[n][e] = rin[n][e] ? a.dsave[o] : 0.0f;
+        }
+    const bool keep = a.spans[j].keep != 0; /* the caller's spans (a.spans is theirs here) */
+    cp_wait_all();
+    __syncthreads();
+    /* S^T and dP^T: 16 keys x the warp's 16 rows */
+    float s[1][2][4], dp[1][2][4];
+    frag_zero(s[0]);
+    frag_zero(dp[0]);
+#pragma unroll
+    for (int kk = 0; kk < OWN_D / 16; kk++) {
+        uint32_t ak[1][4], av[1][4];
+        frag_a<OWN_LD>(ak[0], Ks, 0, 16 * kk);
+        frag_a<OWN_LD>(av[0], Vs, 0, 16 * kk);
+        mma_abt<1, 2, OWN_LD>(s, ak, Qs + 16 * w * OWN_LD, kk);
+        mma_abt<1, 2, OWN_LD>(dp, av, dOs + 16 * w * OWN_LD, kk);
+    }
+    const float sl2 = a.scale * FLOG2E;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = g + 8 * (e / 2), c = e % 2;
+            const bool vis = keep && key < B && rin[n][c];
+            const float p = vis ? ex2(s[0][n][e] * sl2 - lse2[n][c]) : 0.0f;
+            s[0][n][e] = p;                         /* P^T */
+            dp[0][n][e] = p * (dp[0][n][e] - Dr[n][c]); /* dS^T, unscaled */
+        }
+    /* dV_w = P^T dO_w, dK_w = dS^T Q_w: the warp's rows as the k dimension */
+    float dv[1][OWN_D / 8][4], dk[1][OWN_D / 8][4];
+    frag_zero(dv[0]);
+    frag_zero(dk[0]);
+    mma_px<OWN_D, 1, 1>(dv, s, dOs + 16 * w * OWN_LD);
+    mma_px<OWN_D, 1, 1>(dk, dp, Qs + 16 * w * OWN_LD);
+    __syncthreads(); /* Q, dO read by every warp: red may take their place */
+    const int key0 = Kc + j * B;
+    own_red_store(red, dv[0]);
+    __syncthreads();
+    own_keys_out(red, a.dv, key0, B, a.Hk, hk, 1.0f);
+    __syncthreads();
+    own_red_store(red, dk[0]);
+    __syncthreads();
+    own_keys_out(red, a.dk, key0, B, a.Hk, hk, a.scale);
+    /* dQ_w = dS K: A = dS (rows x keys), the transposes of dS^T's 8 x 8 quarters */
+    uint32_t ads[4];
+    ads[0] = movt(pack_bf16x2(dp[0][0][0], dp[0][0][1])); /* rows 0-7, keys 0-7 */
+    ads[1] = movt(pack_bf16x2(dp[0][1][0], dp[0][1][1])); /* rows 8-15, keys 0-7 */
+    ads[2] = movt(pack_bf16x2(dp[0][0][2], dp[0][0][3])); /* rows 0-7, keys 8-15 */
+    ads[3] = movt(pack_bf16x2(dp[0][1][2], dp[0][1][3])); /* rows 8-15, keys 8-15 */
+    float dq[OWN_D / 8][4];
+    frag_zero(dq);
+#pragma unroll
+    for (int dpair = 0; dpair < OWN_D / 16; dpair++) {
+        uint32_t b[4];
+        ldsm4t(b, Ks + (lane % 8 + 8 * ((lane / 8) % 2)) * OWN_LD + dpair * 16 + 8 * (lane / 16));
+        mma16816(dq[2 * dpair], ads, b[0], b[1]);
+        mma16816(dq[2 * dpair + 1], ads, b[2], b[3]);
+    }
+    /* dq of rows g, g + 8 of the warp: dq_mul dqacc + scale dQ_w; dqacc zeroed */
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        const int r = 16 * w + g + 8 * h2;
+        if (r >= R) continue;
+        const size_t o = dq_off(r);
+#pragma unroll
+        for (int n = 0; n < OWN_D / 8; n++) {
+            float2 *pa = (float2 *)(a.dqacc + o + 8 * n + 2 * tg);
+            const float2 acc = __ldcs(pa);
+            __stcs(pa, make_float2(0.0f, 0.0f));
+            *(uint32_t *)(a.dq + o + 8 * n + 2 * tg) =
+                pack_bf16x2(dq_mul * acc.x + a.scale * dq[n][2 * h2],
+                            dq_mul * acc.y + a.scale * dq[n][2 * h2 + 1]);
+        }
+    }
+}
+
+void cuda_own_spans(cudaStream_t st, const nn_block_span *spans, nn_block_span *out, int *ok,
+                    int n_blocks, int B, int Kc) {
+    k_own_spans<<<1, 1024, 0, st>>>(spans, out, ok, n_blocks, B, Kc);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_bwd_own(cudaStream_t st, const bwd_args *a, const int *ok, int Kc, float dq_mul) {
+    static_assert(OWN_SMEM <= 48 * 1024, "no opt-in needed");
+    k_bwd_own<<<dim3((unsigned)a->n_blocks, (unsigned)a->Hk), 128, OWN_SMEM, st>>>(*a, ok, Kc,
+                                                                                   dq_mul);
+    CUDA_CHECK_LAUNCH();
+}

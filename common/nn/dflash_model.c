@@ -613,9 +613,6 @@ int dflash_model_set_inputs(dflash_model *m, int Tc, int nb, const int32_t *nois
         if (m->h_loss_rows_c[i] < 0) m->cur_qc = 0; /* a weighted first row: no compaction */
     for (int i = 0; i < m->cur_qc; i++)
         m->h_rows_c[i] = i / (B - 1) * B + i % (B - 1) + 1;
-    m->cur_loss_all_c = m->cur_qc > 0 && n == m->cur_qc;
-    for (int i = 0; i < n && m->cur_loss_all_c; i++)
-        m->cur_loss_all_c = m->h_loss_rows_c[i] == i;
     if (n) {
         o->upload_raw(m->ctx, m->in_loss_rows, m->h_loss_rows, (size_t)n * sizeof(int32_t));
         o->upload_raw(m->ctx, m->in_labels, m->h_loss_labels, (size_t)n * sizeof(int32_t));
@@ -907,20 +904,14 @@ void dflash_model_loss(dflash_model *m, float inv_norm) {
      * in_loss_rows_c */
     const int32_t *at = m->last_compact ? m->in_loss_rows_c : m->in_loss_rows;
     int rows = post_attn_rows(m, c->num_layers - 1);
-    if (m->last_compact && m->cur_loss_all_c) { /* out's rows are the loss rows, in order */
-        o->lm_head_xent(m->ctx, m->dh, m->out_sums, m->loss_correct, m->out, m->lm_head,
-                        m->in_labels, m->in_weights, inv_norm, m->lm_scratch, n, D,
-                        c->vocab_size, m->lm_chunk);
-    } else {
-        /* the loss rows of out, packed into dtmp; their gradients into dxln (both backward
-         * scratch, free until the backward starts), then spread into dh, zero elsewhere */
-        o->embedding_fwd(m->ctx, m->dtmp, at, m->out, n, D);
-        o->lm_head_xent(m->ctx, m->dxln, m->out_sums, m->loss_correct, m->dtmp, m->lm_head,
-                        m->in_labels, m->in_weights, inv_norm, m->lm_scratch, n, D,
-                        c->vocab_size, m->lm_chunk);
-        o->zero(m->ctx, m->dh, (size_t)rows * row_bytes);
-        o->rows_scatter(m->ctx, m->dh, at, m->dxln, n, row_bytes);
-    }
+    /* the loss rows of out, packed into dtmp; their gradients into dxln (both backward scratch,
+     * free until the backward starts), then spread into dh, zero elsewhere */
+    o->embedding_fwd(m->ctx, m->dtmp, at, m->out, n, D);
+    o->lm_head_xent(m->ctx, m->dxln, m->out_sums, m->loss_correct, m->dtmp, m->lm_head,
+                    m->in_labels, m->in_weights, inv_norm, m->lm_scratch, n, D, c->vocab_size,
+                    m->lm_chunk);
+    o->zero(m->ctx, m->dh, (size_t)rows * row_bytes);
+    o->rows_scatter(m->ctx, m->dh, at, m->dxln, n, row_bytes);
     o->zero(m->ctx, m->out_correct, (size_t)Q * sizeof(int32_t));
     o->rows_scatter(m->ctx, m->out_correct, m->in_loss_rows, m->loss_correct, n, sizeof(int32_t));
 }

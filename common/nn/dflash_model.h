@@ -216,9 +216,6 @@ typedef struct dflash_model {
     int32_t *in_rows_c;      /* [Q] block row of compact row i */
     int32_t *in_loss_rows_c; /* [Q] compact row of loss row i */
     int32_t *h_rows_c, *h_loss_rows_c; /* host staging */
-    /* every compact row is a loss row, in order (in_loss_rows_c is 0 .. Qc - 1): the loss reads
-     * out and writes dh in place, without the gather, zero fill and scatter */
-    bool cur_loss_all_c;
     int cur_tc, cur_nb;      /* shape of the inputs set last */
     int cur_loss_rows;       /* their loss rows (0 without weights) */
     /* metrics of queued training steps on their way to the host (dflash_train.c owns them;

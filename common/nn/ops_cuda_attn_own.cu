@@ -45,9 +45,9 @@
 #define OWN_SMEM                                                                               \
     ((size_t)(2 * OWN_ROWS + 2 * OWN_KEYS) * OWN_LD * sizeof(bf16))
 
-static_assert((size_t)4 * OWN_KEYS * OWN_RED * sizeof(float) <=
+static_assert((size_t)OWN_ROWS * OWN_RED * sizeof(float) <=
                   (size_t)2 * OWN_ROWS * OWN_LD * sizeof(bf16),
-              "the partials fit where Q and dO were");
+              "the partials and the dQ rows fit where Q and dO were");
 
 __global__ void __launch_bounds__(1024) k_own_spans(const nn_block_span *spans, nn_block_span *out,
                                                     int *ok, int n_blocks, int B, int Kc) {
@@ -112,6 +112,36 @@ __device__ __forceinline__ void own_red_store(float *red, const float (&acc)[OWN
     }
 }
 
+/* dq of the CTA's R rows (row r at dqacc / dq offset off(r)): dq_mul dqacc (+ scale stg, the
+ * CTA's own dQ rows staged row-major with stride OWN_RED, when stg is not NULL), bf16; dqacc
+ * zeroed. Each thread issues all its loads (16 of 16 bytes) before it uses one: a load at a
+ * time left the kernel waiting on the memory's latency (1.78 ms for 4096 CTAs, 290 GB/s). All
+ * threads. */
+template <typename Off>
+__device__ __forceinline__ void own_dq_rows(const bwd_args &a, int R, float dq_mul, const float *stg,
+                                            Off off) {
+    constexpr int C4 = OWN_D / 4, PER = OWN_ROWS * C4 / 128;
+    float4 v[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int e = threadIdx.x + 128 * u, r = e / C4;
+        if (r < R) v[u] = __ldcs((const float4 *)(a.dqacc + off(r)) + e % C4);
+    }
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int e = threadIdx.x + 128 * u, r = e / C4, c = e % C4 * 4;
+        if (r >= R) continue;
+        float4 x = v[u];
+        x.x *= dq_mul, x.y *= dq_mul, x.z *= dq_mul, x.w *= dq_mul;
+        if (stg) {
+            const float4 o = *(const float4 *)(stg + r * OWN_RED + c);
+            x.x += a.scale * o.x, x.y += a.scale * o.y, x.z += a.scale * o.z, x.w += a.scale * o.w;
+        }
+        __stcs((float4 *)(a.dqacc + off(r) + c), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        *(uint2 *)(a.dq + off(r) + c) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
+    }
+}
+
 __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int Kc, float dq_mul) {
     extern __shared__ __align__(16) unsigned char own_sm[];
     bf16 *Qs = (bf16 *)own_sm, *dOs = Qs + OWN_ROWS * OWN_LD, *Ks = dOs + OWN_ROWS * OWN_LD;
@@ -125,13 +155,7 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
         return ((size_t)(j * B + r / group) * H + hk * group + r % group) * OWN_D;
     };
     if (!*ok) { /* the fused kernel saw every key: dq = dq_mul dqacc, dqacc = 0 */
-        for (int e = tid; e < R * (OWN_D / 4); e += blockDim.x) {
-            const size_t o = dq_off(e / (OWN_D / 4)) + e % (OWN_D / 4) * 4;
-            const float4 v = __ldcs((const float4 *)(a.dqacc + o));
-            __stcs((float4 *)(a.dqacc + o), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-            *(uint2 *)(a.dq + o) = make_uint2(pack_bf16x2(dq_mul * v.x, dq_mul * v.y),
-                                              pack_bf16x2(dq_mul * v.z, dq_mul * v.w));
-        }
+        own_dq_rows(a, R, dq_mul, NULL, dq_off);
         return;
     }
     /* Q, dO rows and K, V keys by cp.async (zero past R and B) */
@@ -220,22 +244,16 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
         mma16816(dq[2 * dpair], ads, b[0], b[1]);
         mma16816(dq[2 * dpair + 1], ads, b[2], b[3]);
     }
-    /* dq of rows g, g + 8 of the warp: dq_mul dqacc + scale dQ_w; dqacc zeroed */
+    /* the warp's dQ rows staged row-major over red (dk is out), then every row's dq */
+    __syncthreads();
 #pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        const int r = 16 * w + g + 8 * h2;
-        if (r >= R) continue;
-        const size_t o = dq_off(r);
-#pragma unroll
-        for (int n = 0; n < OWN_D / 8; n++) {
-            float2 *pa = (float2 *)(a.dqacc + o + 8 * n + 2 * tg);
-            const float2 acc = __ldcs(pa);
-            __stcs(pa, make_float2(0.0f, 0.0f));
-            *(uint32_t *)(a.dq + o + 8 * n + 2 * tg) =
-                pack_bf16x2(dq_mul * acc.x + a.scale * dq[n][2 * h2],
-                            dq_mul * acc.y + a.scale * dq[n][2 * h2 + 1]);
-        }
+    for (int n = 0; n < OWN_D / 8; n++) {
+        float *p = red + (16 * w + g) * OWN_RED + 8 * n + 2 * tg;
+        *(float2 *)p = make_float2(dq[n][0], dq[n][1]);
+        *(float2 *)(p + 8 * OWN_RED) = make_float2(dq[n][2], dq[n][3]);
     }
+    __syncthreads();
+    own_dq_rows(a, R, dq_mul, red, dq_off);
 }
 
 void cuda_own_spans(cudaStream_t st, const nn_block_span *spans, nn_block_span *out, int *ok,

@@ -5,27 +5,36 @@
  * own keys are rows Kc + j B .. + B - 1 (Kc = Tk - n_blocks B) and nobody else sees them. The
  * key-major fused backward (ops_cuda_attn_bwd.cu, ops_cuda_attn_wgbwd.cu) visits those keys as
  * 128-key tiles of 8 blocks, each block's visit computing all 128 keys for its 16: ~7% of its
- * visits for ~1% of the products. Here they cost one small CTA per (block, kv head) instead.
+ * visits for ~1% of the products (ncu: k_wgb_fused 1.22 -> 1.09 ms without them). Here they
+ * cost one small CTA per (block, kv head), which also does k_bwd_rowD's work and sets dqacc in
+ * place of the zero fill that k_bwd_dq_out otherwise leaves for the next call.
  *
- * How (cuda_bwd_attention_block_bwd runs these around the fused kernel, same stream):
- *   k_own_spans (one CTA, before): checks that the spans have that layout (block j's own keys at
- *     Kc + j B, no context past Kc) and writes the spans the fused kernel then reads: the same
- *     contexts with no own keys (blk_begin -1, see attn_span_ranges), or, where the layout does
- *     not hold, the spans unchanged; *ok says which. Blocks of the tail tiles then have no
- *     visits: the fused kernel writes zero dk, dv there (keys nobody sees), overwritten below.
- *   k_bwd_own (after the fused kernel, in place of k_bwd_dq_out): CTA (block j, kv head hk),
- *     4 warps, the block's R = B x group query rows (row r: token j B + r / group, head
- *     hk group + r % group; R <= 64, B <= 16) and its B own keys. Warp w, rows 16 w .. + 15,
- *     on mma.sync.m16n8k16 (mma_frag.cuh), key-major as the fused kernels:
+ * How (cuda_bwd_attention_block_bwd runs these where the sorted k_wgb_fused schedule runs, on
+ * its stream, before it; Kc_al = Kc rounded up to its 128-key tiles):
+ *   k_own_spans (one CTA): checks that the spans have that layout (block j's own keys at
+ *     Kc + j B, no kept context past Kc; *ok) and writes the spans k_wgb_fused then reads: for
+ *     the blocks whose own keys start at or past Kc_al, the same contexts with no own keys
+ *     (blk_begin -1, see attn_span_ranges); the others' (their keys share a tile with the
+ *     context) and, without the layout, every span unchanged. k_bwd_plan then makes no item for
+ *     the tiles from Kc_al on (bwd_args.tail_ok): their dk, dv are written here only.
+ *   k_bwd_own: CTA (block j, kv head hk), 4 warps, the block's R = B x group query rows (row r:
+ *     token j B + r / group, head hk group + r % group; R <= 64, B <= 16) and its B own keys.
+ *     Every CTA: D = rowsum(dO O) of its rows into dsave (dO through shared memory, O read by
+ *     rows, 16 loads per lane in flight). Where its keys are taken apart, warp w, rows 16 w ..
+ *     + 15, on mma.sync.m16n8k16 (mma_frag.cuh), key-major as the fused kernels:
  *       S^T = K Q^T, dP^T = V dO^T (16 keys x 16 rows, 8 k-steps of d), P^T = exp2(S^T scale
  *       log2e - lse log2e) (0 for padding rows, keys past B, a padding block), dS^T = P^T
- *       (dP^T - D) with D = rowsum(dO O) from k_bwd_rowD; dV_w = P^T dO_w, dK_w = dS^T Q_w
- *       (summed over the 4 warps through shared memory in a fixed order, dK times the scale,
- *       rounded once to bf16 into dk, dv: the only contributions those keys have); dQ_w = dS K
- *       (A = dS from dS^T's registers by movmatrix.trans), and the row's dq = dq_mul dqacc +
- *       scale dQ_w (dqacc: the fused kernel's sum, times dq_mul as k_bwd_dq_out would), bf16,
- *       with dqacc zeroed for the next call. Without the layout (*ok 0): dq_out's work only.
+ *       (dP^T - D); dV_w = P^T dO_w, dK_w = dS^T Q_w (summed over the 4 warps through shared
+ *       memory in a fixed order, dK times the scale, rounded once to bf16 into dk, dv: the only
+ *       contributions those keys have); dQ_w = dS K (A = dS from dS^T's registers by
+ *       movmatrix.trans), staged row-major and written as its rows' dqacc start (times own_mul:
+ *       dqacc holds k_wgb_fused's unscaled sums, to which it adds; k_bwd_dq_out scales).
+ *     Elsewhere the rows' dqacc start at zero. Without the layout the kernel is k_bwd_rowD
+ *     plus the zero fill.
  *   Numerics as the fused kernels: P, dS rounded to bf16 as the products' inputs, fp32 sums.
+ * An earlier form ran after the fused kernel and wrote dq itself (one dqacc load at a time:
+ * 1.78 ms; loads first: 164 us, the block backward 1.31 against 1.34 ms); this one reads dqacc
+ * nowhere and drops a 134 MB zero fill and k_bwd_rowD's 134 MB read.
  */
 #include "attn_bwd.cuh"
 #include "attn_spans.cuh"
@@ -43,14 +52,15 @@
 #define OWN_ROWS 64          /* query rows per CTA (4 warps x 16) */
 #define OWN_KEYS 16          /* own keys per CTA (one m16 tile) */
 #define OWN_SMEM                                                                               \
-    ((size_t)(2 * OWN_ROWS + 2 * OWN_KEYS) * OWN_LD * sizeof(bf16))
+    ((size_t)(2 * OWN_ROWS + 2 * OWN_KEYS) * OWN_LD * sizeof(bf16) + OWN_ROWS * sizeof(float))
 
 static_assert((size_t)OWN_ROWS * OWN_RED * sizeof(float) <=
                   (size_t)2 * OWN_ROWS * OWN_LD * sizeof(bf16),
               "the partials and the dQ rows fit where Q and dO were");
 
 __global__ void __launch_bounds__(1024) k_own_spans(const nn_block_span *spans, nn_block_span *out,
-                                                    int *ok, int n_blocks, int B, int Kc) {
+                                                    int *ok, int n_blocks, int B, int Kc,
+                                                    int Kc_al) {
     bool good = true;
     for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
         const nn_block_span s = spans[j];
@@ -60,7 +70,8 @@ __global__ void __launch_bounds__(1024) k_own_spans(const nn_block_span *spans, 
     good = __syncthreads_and(good);
     for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
         nn_block_span s = spans[j];
-        if (good) s.keep = s.keep && s.ctx_end > s.ctx_begin, s.blk_begin = -1;
+        if (good && s.blk_begin >= Kc_al) /* the contexts alone */
+            s.keep = s.keep && s.ctx_end > s.ctx_begin, s.blk_begin = -1;
         out[j] = s;
     }
     if (threadIdx.x == 0) *ok = good;
@@ -112,70 +123,91 @@ __device__ __forceinline__ void own_red_store(float *red, const float (&acc)[OWN
     }
 }
 
-/* dq of the CTA's R rows (row r at dqacc / dq offset off(r)): dq_mul dqacc (+ scale stg, the
- * CTA's own dQ rows staged row-major with stride OWN_RED, when stg is not NULL), bf16; dqacc
- * zeroed. Each thread issues all its loads (16 of 16 bytes) before it uses one: a load at a
- * time left the kernel waiting on the memory's latency (1.78 ms for 4096 CTAs, 290 GB/s). All
- * threads. */
+/* The CTA's R dqacc rows (row r at off(r)) set to mul stg (its rows row-major, stride OWN_RED)
+ * or to zero (stg NULL). All threads. */
 template <typename Off>
-__device__ __forceinline__ void own_dq_rows(const bwd_args &a, int R, float dq_mul, const float *stg,
-                                            Off off) {
-    constexpr int C4 = OWN_D / 4, PER = OWN_ROWS * C4 / 128;
-    float4 v[PER];
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        const int e = threadIdx.x + 128 * u, r = e / C4;
-        if (r < R) v[u] = __ldcs((const float4 *)(a.dqacc + off(r)) + e % C4);
-    }
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        const int e = threadIdx.x + 128 * u, r = e / C4, c = e % C4 * 4;
-        if (r >= R) continue;
-        float4 x = v[u];
-        x.x *= dq_mul, x.y *= dq_mul, x.z *= dq_mul, x.w *= dq_mul;
+__device__ __forceinline__ void own_dqacc_rows(const bwd_args &a, int R, float mul,
+                                               const float *stg, Off off) {
+    constexpr int C4 = OWN_D / 4;
+    for (int e = threadIdx.x; e < R * C4; e += blockDim.x) {
+        const int r = e / C4, c = e % C4 * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (stg) {
-            const float4 o = *(const float4 *)(stg + r * OWN_RED + c);
-            x.x += a.scale * o.x, x.y += a.scale * o.y, x.z += a.scale * o.z, x.w += a.scale * o.w;
+            x = *(const float4 *)(stg + r * OWN_RED + c);
+            x.x *= mul, x.y *= mul, x.z *= mul, x.w *= mul;
         }
-        __stcs((float4 *)(a.dqacc + off(r) + c), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        *(uint2 *)(a.dq + off(r) + c) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
+        *(float4 *)(a.dqacc + off(r) + c) = x;
     }
 }
 
-__global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int Kc, float dq_mul) {
+/* D = rowsum(dO O) of the warp's rows 16 w .. + 15 (dO in the shared tile, O from global memory,
+ * each lane 4 columns, the 16 rows' loads issued first) into Ds and dsave [H, Q] (rows < R).
+ * One warp. */
+template <typename Off>
+__device__ __forceinline__ void own_rowD(const bwd_args &a, const bf16 *dOs, float *Ds, int R,
+                                         Off off, int j, int hk) {
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, Q = a.n_blocks * a.B;
+    uint2 ov[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int r = 16 * w + i;
+        ov[i] = r < R ? *(const uint2 *)(a.o + off(r) + 4 * lane) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int r = 16 * w + i;
+        const uint2 dv = *(const uint2 *)(dOs + r * OWN_LD + 4 * lane);
+        const float2 o0 = __bfloat1622float2(*(const __nv_bfloat162 *)&ov[i].x);
+        const float2 o1 = __bfloat1622float2(*(const __nv_bfloat162 *)&ov[i].y);
+        const float2 d0 = __bfloat1622float2(*(const __nv_bfloat162 *)&dv.x);
+        const float2 d1 = __bfloat1622float2(*(const __nv_bfloat162 *)&dv.y);
+        float t = o0.x * d0.x + o0.y * d0.y + o1.x * d1.x + o1.y * d1.y;
+#pragma unroll
+        for (int sh = 16; sh > 0; sh >>= 1)
+            t += __shfl_xor_sync(0xffffffffu, t, sh);
+        if (lane == 0) {
+            Ds[r] = t;
+            const int h = hk * a.group + r % a.group, t0 = j * a.B + r / a.group;
+            if (r < R) a.dsave_w[(size_t)h * Q + t0] = t;
+        }
+    }
+    __syncwarp();
+}
+
+__global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int Kc, int Kc_al,
+                                                 float own_mul) {
     extern __shared__ __align__(16) unsigned char own_sm[];
     bf16 *Qs = (bf16 *)own_sm, *dOs = Qs + OWN_ROWS * OWN_LD, *Ks = dOs + OWN_ROWS * OWN_LD;
     bf16 *Vs = Ks + OWN_KEYS * OWN_LD;
+    float *Ds = (float *)(Vs + OWN_KEYS * OWN_LD);
     float *red = (float *)own_sm; /* over Q and dO once they are read */
     const int j = blockIdx.x, hk = blockIdx.y, group = a.group, B = a.B, H = a.H;
     const int R = B * group, Q = a.n_blocks * B, tid = threadIdx.x;
     const int lane = tid % 32, w = tid / 32, g = lane / 4, tg = lane % 4;
-    /* dqacc row of CTA row r (r < R) */
-    auto dq_off = [&](int r) {
+    /* dqacc (and q, dout, o) row of CTA row r (r < R) */
+    auto off = [&](int r) {
         return ((size_t)(j * B + r / group) * H + hk * group + r % group) * OWN_D;
     };
-    if (!*ok) { /* the fused kernel saw every key: dq = dq_mul dqacc, dqacc = 0 */
-        own_dq_rows(a, R, dq_mul, NULL, dq_off);
-        return;
-    }
-    /* Q, dO rows and K, V keys by cp.async (zero past R and B) */
+    const int key0 = Kc + j * B;
+    const bool own = *ok && key0 >= Kc_al; /* else the fused kernel visits the own keys */
+    /* dO (and Q) rows, K, V keys by cp.async (zero past R and B) */
     for (int e = tid; e < OWN_ROWS * (OWN_D / 8); e += blockDim.x) {
         const int r = e / (OWN_D / 8), c = e % (OWN_D / 8) * 8;
         const bool in = r < R;
-        const size_t o = in ? dq_off(r) + c : 0;
-        cp_async16(Qs + r * OWN_LD + c, a.q + o, in ? 16 : 0);
+        const size_t o = in ? off(r) + c : 0;
         cp_async16(dOs + r * OWN_LD + c, a.dout + o, in ? 16 : 0);
+        if (own) cp_async16(Qs + r * OWN_LD + c, a.q + o, in ? 16 : 0);
     }
-    for (int e = tid; e < OWN_KEYS * (OWN_D / 8); e += blockDim.x) {
+    for (int e = tid; own && e < OWN_KEYS * (OWN_D / 8); e += blockDim.x) {
         const int i = e / (OWN_D / 8), c = e % (OWN_D / 8) * 8;
         const bool in = i < B;
-        const size_t o = in ? ((size_t)(Kc + j * B + i) * a.Hk + hk) * OWN_D + c : 0;
+        const size_t o = in ? ((size_t)(key0 + i) * a.Hk + hk) * OWN_D + c : 0;
         cp_async16(Ks + i * OWN_LD + c, a.k + o, in ? 16 : 0);
         cp_async16(Vs + i * OWN_LD + c, a.v + o, in ? 16 : 0);
     }
     cp_commit();
-    /* the thread's rows 16 w + 8 n + 2 tg + e (columns of S^T): lse and D, scaled for exp2 */
-    float lse2[2][2], Dr[2][2];
+    /* the thread's rows 16 w + 8 n + 2 tg + e (columns of S^T): lse, scaled for exp2 */
+    float lse2[2][2];
     bool rin[2][2];
 #pragma unroll
     for (int n = 0; n < 2; n++)
@@ -185,12 +217,16 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
             rin[n][e] = r < R;
             const size_t o = rin[n][e] ? (size_t)(hk * group + r % group) * Q + j * B + r / group
                                        : 0;
-            lse2[n][e] = rin[n][e] ? a.lse[o] * FLOG2E : 0.0f;
-            Dr[n][e] = rin[n][e] ? a.dsave[o] : 0.0f;
+            lse2[n][e] = own && rin[n][e] ? a.lse[o] * FLOG2E : 0.0f;
         }
     const bool keep = a.spans[j].keep != 0; /* the caller's spans (a.spans is theirs here) */
     cp_wait_all();
     __syncthreads();
+    own_rowD(a, dOs, Ds, R, off, j, hk);
+    if (!own) { /* D only: dqacc's rows start at zero for the fused kernel */
+        own_dqacc_rows(a, R, 0.0f, NULL, off);
+        return;
+    }
     /* S^T and dP^T: 16 keys x the warp's 16 rows */
     float s[1][2][4], dp[1][2][4];
     frag_zero(s[0]);
@@ -211,8 +247,8 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
             const int key = g + 8 * (e / 2), c = e % 2;
             const bool vis = keep && key < B && rin[n][c];
             const float p = vis ? ex2(s[0][n][e] * sl2 - lse2[n][c]) : 0.0f;
-            s[0][n][e] = p;                         /* P^T */
-            dp[0][n][e] = p * (dp[0][n][e] - Dr[n][c]); /* dS^T, unscaled */
+            s[0][n][e] = p; /* P^T */
+            dp[0][n][e] = p * (dp[0][n][e] - Ds[16 * w + 8 * n + 2 * tg + c]); /* dS^T */
         }
     /* dV_w = P^T dO_w, dK_w = dS^T Q_w: the warp's rows as the k dimension */
     float dv[1][OWN_D / 8][4], dk[1][OWN_D / 8][4];
@@ -221,7 +257,6 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
     mma_px<OWN_D, 1, 1>(dv, s, dOs + 16 * w * OWN_LD);
     mma_px<OWN_D, 1, 1>(dk, dp, Qs + 16 * w * OWN_LD);
     __syncthreads(); /* Q, dO read by every warp: red may take their place */
-    const int key0 = Kc + j * B;
     own_red_store(red, dv[0]);
     __syncthreads();
     own_keys_out(red, a.dv, key0, B, a.Hk, hk, 1.0f);
@@ -244,7 +279,7 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
         mma16816(dq[2 * dpair], ads, b[0], b[1]);
         mma16816(dq[2 * dpair + 1], ads, b[2], b[3]);
     }
-    /* the warp's dQ rows staged row-major over red (dk is out), then every row's dq */
+    /* the warp's dQ rows staged row-major over red (dk is out), then written as dqacc's start */
     __syncthreads();
 #pragma unroll
     for (int n = 0; n < OWN_D / 8; n++) {
@@ -253,18 +288,19 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
         *(float2 *)(p + 8 * OWN_RED) = make_float2(dq[n][2], dq[n][3]);
     }
     __syncthreads();
-    own_dq_rows(a, R, dq_mul, red, dq_off);
+    own_dqacc_rows(a, R, own_mul, red, off);
 }
 
 void cuda_own_spans(cudaStream_t st, const nn_block_span *spans, nn_block_span *out, int *ok,
-                    int n_blocks, int B, int Kc) {
-    k_own_spans<<<1, 1024, 0, st>>>(spans, out, ok, n_blocks, B, Kc);
+                    int n_blocks, int B, int Kc, int Kc_al) {
+    k_own_spans<<<1, 1024, 0, st>>>(spans, out, ok, n_blocks, B, Kc, Kc_al);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_bwd_own(cudaStream_t st, const bwd_args *a, const int *ok, int Kc, float dq_mul) {
+void cuda_bwd_own(cudaStream_t st, const bwd_args *a, const int *ok, int Kc, int Kc_al,
+                  float own_mul) {
     static_assert(OWN_SMEM <= 48 * 1024, "no opt-in needed");
-    k_bwd_own<<<dim3((unsigned)a->n_blocks, (unsigned)a->Hk), 128, OWN_SMEM, st>>>(*a, ok, Kc,
-                                                                                   dq_mul);
+    k_bwd_own<<<dim3((unsigned)a->n_blocks, (unsigned)a->Hk), 128, OWN_SMEM, st>>>(
+        *a, ok, Kc, Kc_al, own_mul);
     CUDA_CHECK_LAUNCH();
 }

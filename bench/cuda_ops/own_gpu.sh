@@ -19,7 +19,7 @@ for i in 1 2; do
   run attn_off$i 40 $off "$B" 0 attn
 done
 K="regex:k_bwd_own|k_own_spans|k_wgb_fused|k_bwd_rowD|k_bwd_dq_out"
-run ncu_on 90 ncu --clock-control none -k "$K" -c 5 --section SpeedOfLight "$B" 0 attn
+run ncu_on 90 ncu --clock-control none -k "$K" -c 4 --section SpeedOfLight "$B" 0 attn
 run ncu_off 90 $off ncu --clock-control none -k "$K" -c 3 --section SpeedOfLight "$B" 0 attn
 run parity 120 "$P"
 D="$bin/bench-drafter 5 s3072_a512 8 40"

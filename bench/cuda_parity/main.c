@@ -428,10 +428,10 @@ static void t_block_run(const char *name, int H, int Hk, int d, int B, int nb, i
     free(hq), free(hk), free(hv), free(hdo), free(ho), free(hl);
 }
 
-static void t_block(int H, int Hk, int d, int B) {
+static void t_block_tc(int H, int Hk, int d, int B, int Tc) {
     char name[64];
-    snprintf(name, sizeof name, "attn_block H%d/%d d%d B%d", H, Hk, d, B);
-    int Tc = 200, nb = 12;
+    snprintf(name, sizeof name, "attn_block H%d/%d d%d B%d Tc%d", H, Hk, d, B, Tc);
+    int nb = 12;
     nn_block_span sp[12];
     for (int j = 0; j < nb; j++) {
         int seq_start = j < 6 ? 0 : 120; /* two sequences: [0,120) and [120,200) */
@@ -441,6 +441,12 @@ static void t_block(int H, int Hk, int d, int B) {
     sp[2].keep = 0;                  /* padding block */
     sp[7].ctx_end = sp[7].ctx_begin; /* no context */
     t_block_run(name, H, Hk, d, B, nb, Tc + nb * B, sp);
+}
+
+/* Tc 200: the first blocks' own keys share a 128-key tile with the context (the cuda backward
+ * keeps those in its fused kernel and takes the others apart: ops_cuda_attn_own.cu) */
+static void t_block(int H, int Hk, int d, int B) {
+    t_block_tc(H, Hk, d, B, 200);
 }
 
 /* Spans no training step makes but the kernels must handle: 13 blocks (the wgmma forward takes
@@ -961,6 +967,7 @@ int main(int argc, char **argv) {
         t_causal(8, 2, 128, 1);  /* the target's group, long sequences */
         t_block(8, 2, 64, 16);
         t_block(32, 8, 128, 16);
+        t_block_tc(32, 8, 128, 16, 256); /* every block's own keys past the context's tiles */
         t_block(4, 2, 8, 4);
         t_block(16, 4, 64, 10);
         t_block(16, 2, 128, 16); /* group 8: two row tiles per block */

@@ -179,16 +179,21 @@ __device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, in
 /* ops_cuda_attn_own.cu: the own keys of the DFlash layout in a kernel of their own (its comment
  * says how). own_spans: checks that block j's own keys are Kc + j B .. and no kept context
  * reaches past Kc (*ok 1), and writes to out the spans the fused kernel is to read: the
- * contexts alone for the blocks whose own keys start at or past Kc_al (Kc rounded up to the
- * fused kernel's tiles), the spans unchanged for the others and where *ok is 0 (n_blocks <= the
- * caller's out). bwd_own: before the fused kernel, in place of k_bwd_rowD (a->spans: the
- * caller's spans; d 128, B <= 16, B group <= 64): every row's D into dsave and its dqacc row
- * set (own_mul times the own keys' dQ where they are taken apart, else 0), and those own keys'
- * dk, dv. Same stream. */
+ * contexts alone, or where *ok is 0 the spans unchanged (n_blocks <= the caller's out).
+ * bwd_own: before the fused kernel, in place of k_bwd_rowD (a->spans: the caller's spans; d 128,
+ * B <= 16, B group <= 64, Hk <= OWN_SIDE_HK, Kc_al = Kc rounded up to the fused kernel's tiles):
+ * every row's D into dsave and its dqacc row set (own_mul times the own keys' dQ where *ok,
+ * else 0), and the own keys' dk, dv (those below Kc_al into side: OWN_SIDE rows x Hk x 128 of
+ * dk, then of dv). own_tail: after the fused kernel, those rows from side into dk, dv. Same
+ * stream. */
+#define OWN_SIDE 128
+#define OWN_SIDE_HK 64
 void cuda_own_spans(cudaStream_t st, const nn_block_span *spans, nn_block_span *out, int *ok,
-                    int n_blocks, int B, int Kc, int Kc_al);
+                    int n_blocks, int B, int Kc);
 void cuda_bwd_own(cudaStream_t st, const bwd_args *a, const int *ok, int Kc, int Kc_al,
-                  float own_mul);
+                  bf16 *side, float own_mul);
+void cuda_own_tail(cudaStream_t st, const int *ok, const bf16 *side, bf16 *dk, bf16 *dv, int Kc,
+                   int Kc_al, int Tk, int Hk);
 
 /* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limits,
  * where the device runs sm_90a code (never fails: else the kernel stays unused). launch: queues

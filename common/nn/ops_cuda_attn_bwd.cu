@@ -346,9 +346,11 @@ static void plan_alloc(void) {
     }
 }
 
-/* The context-only spans and the layout flag of ops_cuda_attn_own.cu (OWN_SPANS_MAX blocks,
- * then one int) of each device, allocated with the plan; NULL: the own-key kernel never runs */
+/* The context-only spans, the layout flag and the side planes of ops_cuda_attn_own.cu
+ * (OWN_SPANS_MAX blocks, one int, 16-byte aligned side) of each device, allocated with the
+ * plan; NULL: the own-key kernel never runs */
 #define OWN_SPANS_MAX (1 << 16)
+#define OWN_SIDE_BYTES ((size_t)2 * OWN_SIDE * OWN_SIDE_HK * 128 * sizeof(bf16))
 static nn_block_span *g_own_spans[DQACC_DEVICES];
 /* elements of dqacc that a call with the own-key kernel left set (not zeroed): a call without
  * it zeroes them first */
@@ -361,8 +363,8 @@ static void own_alloc(void) {
         (void)cudaGetLastError();
         return;
     }
-    if (cudaMalloc((void **)&g_own_spans[dev], OWN_SPANS_MAX * sizeof(nn_block_span) +
-                                                   sizeof(int)) != cudaSuccess) {
+    if (cudaMalloc((void **)&g_own_spans[dev], OWN_SPANS_MAX * sizeof(nn_block_span) + 16 +
+                                                   OWN_SIDE_BYTES) != cudaSuccess) {
         g_own_spans[dev] = NULL;
         (void)cudaGetLastError();
     }
@@ -550,11 +552,13 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     const int Kc = Tk - n_blocks * B, Kc_al = (Kc + WGB_KEYS - 1) / WGB_KEYS * WGB_KEYS;
     nn_block_span *own_sp = g_own_spans[dev];
     int *own_ok = (int *)(own_sp + OWN_SPANS_MAX);
+    bf16 *own_side = (bf16 *)((char *)own_sp + OWN_SPANS_MAX * sizeof(nn_block_span) + 16);
     const bool own = own_enabled() && own_sp && n_blocks <= OWN_SPANS_MAX && Kc >= 0 &&
-                     B <= 16 && B * a.group <= 64 && wgb && a.by_block == BWD_PIECES_SORTED;
+                     B <= 16 && B * a.group <= 64 && Hk <= OWN_SIDE_HK && wgb &&
+                     a.by_block == BWD_PIECES_SORTED;
     if (own) {
-        cuda_own_spans(st, spans, own_sp, own_ok, n_blocks, B, Kc, Kc_al);
-        cuda_bwd_own(st, &a, own_ok, Kc, Kc_al, 1.0f); /* dqacc in k_wgb_fused's units */
+        cuda_own_spans(st, spans, own_sp, own_ok, n_blocks, B, Kc);
+        cuda_bwd_own(st, &a, own_ok, Kc, Kc_al, own_side, 1.0f); /* k_wgb_fused's units */
         a.spans = own_sp, a.tail_ok = own_ok, a.tail_x = Kc_al / WGB_KEYS;
         if (g_dqacc_set[dev] < rows * d) g_dqacc_set[dev] = rows * d;
     } else {
@@ -579,6 +583,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
             bwd_launch<0>(st, a, var);
     }
     CUDA_CHECK_LAUNCH();
+    if (own) cuda_own_tail(st, own_ok, own_side, dk, dv, Kc, Kc_al, Tk, Hk);
     const size_t n4 = rows * d / 4;
     k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4, dq_mul, !own);
     CUDA_CHECK_LAUNCH();

@@ -10,18 +10,20 @@
  * place of the zero fill that k_bwd_dq_out otherwise leaves for the next call.
  *
  * How (cuda_bwd_attention_block_bwd runs these where the sorted k_wgb_fused schedule runs, on
- * its stream, before it; Kc_al = Kc rounded up to its 128-key tiles):
- *   k_own_spans (one CTA): checks that the spans have that layout (block j's own keys at
- *     Kc + j B, no kept context past Kc; *ok) and writes the spans k_wgb_fused then reads: for
- *     the blocks whose own keys start at or past Kc_al, the same contexts with no own keys
- *     (blk_begin -1, see attn_span_ranges); the others' (their keys share a tile with the
- *     context) and, without the layout, every span unchanged. k_bwd_plan then makes no item for
- *     the tiles from Kc_al on (bwd_args.tail_ok): their dk, dv are written here only.
- *   k_bwd_own: CTA (block j, kv head hk), 4 warps, the block's R = B x group query rows (row r:
- *     token j B + r / group, head hk group + r % group; R <= 64, B <= 16) and its B own keys.
- *     Every CTA: D = rowsum(dO O) of its rows into dsave (dO through shared memory, O read by
- *     rows, 16 loads per lane in flight). Where its keys are taken apart, warp w, rows 16 w ..
- *     + 15, on mma.sync.m16n8k16 (mma_frag.cuh), key-major as the fused kernels:
+ * its stream; Kc_al = Kc rounded up to its 128-key tiles):
+ *   k_own_spans (one CTA, first): checks that the spans have that layout (block j's own keys at
+ *     Kc + j B, no kept context past Kc; *ok) and writes the spans k_wgb_fused then reads: the
+ *     same contexts with no own keys (blk_begin -1, see attn_span_ranges), or, without the
+ *     layout, the spans unchanged. k_bwd_plan then makes no item for the tiles from Kc_al on
+ *     (bwd_args.tail_ok): their dk, dv are written here only. Keys Kc .. Kc_al - 1 share a tile
+ *     with the context, whose end writes zero dk, dv for them: k_bwd_own leaves theirs in side
+ *     planes and k_own_tail copies them over after k_wgb_fused.
+ *   k_bwd_own (second, in place of k_bwd_rowD): CTA (block j, kv head hk), 4 warps, the
+ *     block's R = B x group query rows (row r: token j B + r / group, head hk group + r % group;
+ *     R <= 64, B <= 16) and its B own keys. Every CTA: D = rowsum(dO O) of its rows into dsave
+ *     (dO through shared memory, O read by rows, 16 loads per lane in flight). With the layout,
+ *     warp w, rows 16 w .. + 15, on mma.sync.m16n8k16 (mma_frag.cuh), key-major as the fused
+ *     kernels:
  *       S^T = K Q^T, dP^T = V dO^T (16 keys x 16 rows, 8 k-steps of d), P^T = exp2(S^T scale
  *       log2e - lse log2e) (0 for padding rows, keys past B, a padding block), dS^T = P^T
  *       (dP^T - D); dV_w = P^T dO_w, dK_w = dS^T Q_w (summed over the 4 warps through shared
@@ -29,8 +31,8 @@
  *       contributions those keys have); dQ_w = dS K (A = dS from dS^T's registers by
  *       movmatrix.trans), staged row-major and written as its rows' dqacc start (times own_mul:
  *       dqacc holds k_wgb_fused's unscaled sums, to which it adds; k_bwd_dq_out scales).
- *     Elsewhere the rows' dqacc start at zero. Without the layout the kernel is k_bwd_rowD
- *     plus the zero fill.
+ *     Without the layout the rows' dqacc start at zero: the kernel is k_bwd_rowD plus the zero
+ *     fill that k_bwd_dq_out then leaves out.
  *   Numerics as the fused kernels: P, dS rounded to bf16 as the products' inputs, fp32 sums.
  * An earlier form ran after the fused kernel and wrote dq itself (one dqacc load at a time:
  * 1.78 ms; loads first: 164 us, the block backward 1.31 against 1.34 ms); this one reads dqacc
@@ -44,6 +46,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <assert.h>
 #include <stdint.h>
 
 #define OWN_D 128
@@ -59,8 +62,7 @@ static_assert((size_t)OWN_ROWS * OWN_RED * sizeof(float) <=
               "the partials and the dQ rows fit where Q and dO were");
 
 __global__ void __launch_bounds__(1024) k_own_spans(const nn_block_span *spans, nn_block_span *out,
-                                                    int *ok, int n_blocks, int B, int Kc,
-                                                    int Kc_al) {
+                                                    int *ok, int n_blocks, int B, int Kc) {
     bool good = true;
     for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
         const nn_block_span s = spans[j];
@@ -70,11 +72,24 @@ __global__ void __launch_bounds__(1024) k_own_spans(const nn_block_span *spans, 
     good = __syncthreads_and(good);
     for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
         nn_block_span s = spans[j];
-        if (good && s.blk_begin >= Kc_al) /* the contexts alone */
-            s.keep = s.keep && s.ctx_end > s.ctx_begin, s.blk_begin = -1;
+        if (good) s.keep = s.keep && s.ctx_end > s.ctx_begin, s.blk_begin = -1; /* contexts */
         out[j] = s;
     }
     if (threadIdx.x == 0) *ok = good;
+}
+
+/* dk, dv rows Kc .. Kc_al - 1 (below Tk) from k_bwd_own's side planes (row key - Kc), where *ok:
+ * after the fused kernel, whose tile Kc_al - 128 .. wrote zero there. One thread per 8 columns. */
+__global__ void k_own_tail(const int *ok, const bf16 *side, bf16 *dk, bf16 *dv, int Kc, int n,
+                           int Hk) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x, per = Hk * (OWN_D / 8);
+    if (!*ok || e >= 2 * n * per) return;
+    const int p = e / (n * per), f = e % (n * per), key = f / per;
+    const int hk = f % per / (OWN_D / 8), c = f % (OWN_D / 8) * 8;
+    const size_t src = ((size_t)key * Hk + hk) * OWN_D + c;
+    const size_t dst = ((size_t)(Kc + key) * Hk + hk) * OWN_D + c;
+    *(uint4 *)((p ? dv : dk) + dst) = *(const uint4 *)(side + (size_t)p * OWN_SIDE * Hk * OWN_D +
+                                                        src);
 }
 
 /* movmatrix: the transpose of the 8 x 8 bf16 matrix whose fragment x is (ldmatrix layout) */
@@ -85,9 +100,11 @@ __device__ __forceinline__ uint32_t movt(uint32_t x) {
 }
 
 /* The 4 warps' fp32 partials (C layout, 16 keys x 128, in red) summed in warp order, times mul,
- * rounded to bf16 rows key0 + i (i < nk) of dst [Tk, Hk, 128] at kv head hk. All threads. */
-__device__ __forceinline__ void own_keys_out(const float *red, bf16 *dst, int key0, int nk, int Hk,
-                                             int hk, float mul) {
+ * rounded to bf16 rows key0 + i (i < nk) of dst [Tk, Hk, 128] at kv head hk, or of the side
+ * plane [OWN_SIDE, Hk, 128] at row key - Kc for keys below Kc_al. All threads. */
+__device__ __forceinline__ void own_keys_out(const float *red, bf16 *dst, bf16 *side, int Kc,
+                                             int Kc_al, int key0, int nk, int Hk, int hk,
+                                             float mul) {
     const int i = threadIdx.x / 8, c0 = threadIdx.x % 8 * 16;
     if (i >= nk) return;
     float s[16];
@@ -108,7 +125,9 @@ __device__ __forceinline__ void own_keys_out(const float *red, bf16 *dst, int ke
 #pragma unroll
     for (int e = 0; e < 8; e++)
         u[e] = pack_bf16x2(mul * s[2 * e], mul * s[2 * e + 1]);
-    uint4 *g = (uint4 *)(dst + ((size_t)(key0 + i) * Hk + hk) * OWN_D + c0);
+    const int key = key0 + i;
+    uint4 *g = (uint4 *)(key < Kc_al ? side + ((size_t)(key - Kc) * Hk + hk) * OWN_D + c0
+                                     : dst + ((size_t)key * Hk + hk) * OWN_D + c0);
     g[0] = o[0], g[1] = o[1];
 }
 
@@ -174,8 +193,8 @@ __device__ __forceinline__ void own_rowD(const bwd_args &a, const bf16 *dOs, flo
     __syncwarp();
 }
 
-__global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int Kc, int Kc_al,
-                                                 float own_mul) {
+__global__ void __launch_bounds__(128, 5) k_bwd_own(bwd_args a, const int *ok, int Kc, int Kc_al,
+                                                    bf16 *side, float own_mul) {
     extern __shared__ __align__(16) unsigned char own_sm[];
     bf16 *Qs = (bf16 *)own_sm, *dOs = Qs + OWN_ROWS * OWN_LD, *Ks = dOs + OWN_ROWS * OWN_LD;
     bf16 *Vs = Ks + OWN_KEYS * OWN_LD;
@@ -189,7 +208,7 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
         return ((size_t)(j * B + r / group) * H + hk * group + r % group) * OWN_D;
     };
     const int key0 = Kc + j * B;
-    const bool own = *ok && key0 >= Kc_al; /* else the fused kernel visits the own keys */
+    const bool own = *ok; /* else the fused kernel visits every key */
     /* dO (and Q) rows, K, V keys by cp.async (zero past R and B) */
     for (int e = tid; e < OWN_ROWS * (OWN_D / 8); e += blockDim.x) {
         const int r = e / (OWN_D / 8), c = e % (OWN_D / 8) * 8;
@@ -259,11 +278,12 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
     __syncthreads(); /* Q, dO read by every warp: red may take their place */
     own_red_store(red, dv[0]);
     __syncthreads();
-    own_keys_out(red, a.dv, key0, B, a.Hk, hk, 1.0f);
+    own_keys_out(red, a.dv, side + (size_t)OWN_SIDE * a.Hk * OWN_D, Kc, Kc_al, key0, B, a.Hk, hk,
+                 1.0f);
     __syncthreads();
     own_red_store(red, dk[0]);
     __syncthreads();
-    own_keys_out(red, a.dk, key0, B, a.Hk, hk, a.scale);
+    own_keys_out(red, a.dk, side, Kc, Kc_al, key0, B, a.Hk, hk, a.scale);
     /* dQ_w = dS K: A = dS (rows x keys), the transposes of dS^T's 8 x 8 quarters */
     uint32_t ads[4];
     ads[0] = movt(pack_bf16x2(dp[0][0][0], dp[0][0][1])); /* rows 0-7, keys 0-7 */
@@ -292,15 +312,24 @@ __global__ void __launch_bounds__(128) k_bwd_own(bwd_args a, const int *ok, int 
 }
 
 void cuda_own_spans(cudaStream_t st, const nn_block_span *spans, nn_block_span *out, int *ok,
-                    int n_blocks, int B, int Kc, int Kc_al) {
-    k_own_spans<<<1, 1024, 0, st>>>(spans, out, ok, n_blocks, B, Kc, Kc_al);
+                    int n_blocks, int B, int Kc) {
+    k_own_spans<<<1, 1024, 0, st>>>(spans, out, ok, n_blocks, B, Kc);
     CUDA_CHECK_LAUNCH();
 }
 
 void cuda_bwd_own(cudaStream_t st, const bwd_args *a, const int *ok, int Kc, int Kc_al,
-                  float own_mul) {
+                  bf16 *side, float own_mul) {
     static_assert(OWN_SMEM <= 48 * 1024, "no opt-in needed");
+    assert(Kc_al - Kc <= OWN_SIDE && a->Hk <= OWN_SIDE_HK);
     k_bwd_own<<<dim3((unsigned)a->n_blocks, (unsigned)a->Hk), 128, OWN_SMEM, st>>>(
-        *a, ok, Kc, Kc_al, own_mul);
+        *a, ok, Kc, Kc_al, side, own_mul);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_own_tail(cudaStream_t st, const int *ok, const bf16 *side, bf16 *dk, bf16 *dv, int Kc,
+                   int Kc_al, int Tk, int Hk) {
+    const int n = min(Kc_al, Tk) - Kc, th = 2 * n * Hk * (OWN_D / 8);
+    if (n <= 0) return;
+    k_own_tail<<<(th + 255) / 256, 256, 0, st>>>(ok, side, dk, dv, Kc, n, Hk);
     CUDA_CHECK_LAUNCH();
 }

@@ -49,10 +49,6 @@ typedef struct bwd_args {
     int split_bulk;  /* k_wgb_fused: split pieces' dk, dv into acc by bulk reductions (else
                       * float4 atomics) */
     float scale;
-    /* SORTED: where *tail_ok is nonzero, k_bwd_plan makes no item for key tiles tail_x .. (their
-     * keys are ops_cuda_attn_own.cu's); NULL: every tile */
-    const int *tail_ok;
-    int tail_x;
 } bwd_args;
 
 /* floor(x / n) for 0 <= x < 2^20 and 1 <= n <= 64, given inv = 1.0f / n (IEEE, as the host
@@ -176,26 +172,6 @@ __device__ __forceinline__ void bwd_keys_seen(const nn_block_span *sp, int B, in
     }
 }
 
-/* ops_cuda_attn_own.cu: the own keys of the DFlash layout in a kernel of their own (its comment
- * says how). own_spans: checks that block j's own keys are Kc + j B .. and no kept context
- * reaches past Kc (*ok 1), and writes to out the spans the fused kernel is to read: the
- * contexts alone, or where *ok is 0 the spans unchanged (n_blocks <= the caller's out).
- * bwd_own: before the fused kernel, in place of k_bwd_rowD (a->spans: the caller's spans; d 128,
- * B <= 16, B group <= 64, Hk <= OWN_SIDE_HK, Kc_al = Kc rounded up to the fused kernel's tiles):
- * every row's D into dsave and its dqacc row set (own_mul times the own keys' dQ where *ok,
- * else 0), and the own keys' dk, dv (those below Kc_al into side: OWN_SIDE rows x Hk x 128 of
- * dk, then of dv). own_tail: after the fused kernel, those rows from side into dk, dv. Same
- * stream. */
-#define OWN_SIDE 128
-#define OWN_SIDE_HK 64
-void cuda_own_spans(cudaStream_t st, const nn_block_span *spans, nn_block_span *out, int *ok,
-                    int n_blocks, int B, int Kc);
-int cuda_bwd_own_init(void); /* 0: bwd_own can run on this device (once per process) */
-void cuda_bwd_own(cudaStream_t st, const bwd_args *a, const int *ok, int Kc, int Kc_al,
-                  bf16 *side, float own_mul);
-void cuda_own_tail(cudaStream_t st, const int *ok, const bf16 *side, bf16 *dk, bf16 *dv, int Kc,
-                   int Kc_al, int Tk, int Hk);
-
 /* ops_cuda_attn_wgbwd.cu (sm_90a): the wgmma backward kernel. init: its shared-memory limits,
  * where the device runs sm_90a code (never fails: else the kernel stays unused). launch: queues
  * k_wgb_fused for a (d 128, group <= 64 and 16-byte aligned buffers, checked by the caller),
@@ -206,8 +182,6 @@ void cuda_own_tail(cudaStream_t st, const int *ok, const bf16 *side, bf16 *dk, b
  * caller runs k_bwd_fused). */
 int cuda_wgb_attention_init(void);
 int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe);
-/* whether cuda_wgb_attention_launch would queue the kernel for a (1) or return -1 (0) */
-int cuda_wgb_attention_usable(const bwd_args *a);
 /* keys per CTA of k_wgb_fused (the tiles of the sorted schedule); the most items (key tiles x
  * pieces) of that schedule; the most blocks a piece of k_wgb_fused may visit (its visit list:
  * cuda_wgb_attention_launch declines larger pieces) */

@@ -95,17 +95,12 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat
                                  int B, int Tk, int H, int Hk, int d);
 
 /* The key ranges of one block span as up to two disjoint ascending [begin, end) pairs in r
- * (ops_cpu.c's block_key_ranges); returns how many (0 for a padding block). blk_begin < 0: no
- * own keys (the context-only spans that ops_cuda_attn_own.cu gives the fused backward). */
+ * (ops_cpu.c's block_key_ranges); returns how many (0 for a padding block). */
 __device__ __forceinline__ int attn_span_ranges(const nn_block_span *sp, int B, int r[4])
 {
     nn_block_span s = *sp;
     if (!s.keep) return 0;
     int c0 = s.ctx_begin, c1 = s.ctx_end, b0 = s.blk_begin, b1 = s.blk_begin + B;
-    if (b0 < 0) {
-        r[0] = c0, r[1] = c1;
-        return c1 > c0 ? 1 : 0;
-    }
     if (c1 <= c0) {
         r[0] = b0, r[1] = b1;
         return B > 0 ? 1 : 0;

@@ -29,10 +29,7 @@
  * Launches (same stream): k_bwd_rowD (D = rowsum(dO * O) per row into dsave [H, Q], one warp
  * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, times the scale where k_wgb_fused,
  * which sums dS unscaled, ran; and dqacc zeroed again for the next call: it is zero between
- * calls, as the split scratch). Where the sorted k_wgb_fused schedule runs on the DFlash key
- * layout, ops_cuda_attn_own.cu's kernels take k_bwd_rowD's place, the blocks' own keys and the
- * dqacc zero fill (DFLASH_CUDA_ATTN_OWN=0: not); a call without them zeroes what one with them
- * left set (g_dqacc_set).
+ * calls, as the split scratch).
  * CTA (DFLASH_CUDA_ATTN_FUSED = keys x phase-A rows): 128x64 (default) / 128x32: 8 warps own
  * KT = 128 keys of kv head hk, one CTA per SM (251 registers; 155 KB of shared memory, 191 KB
  * with the bulk staging); 64x64 / 64x32: 4 warps, 64 keys, 2 CTAs per SM (112 KB), twice the
@@ -61,7 +58,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <assert.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -89,10 +85,9 @@ template <int D> __global__ void __launch_bounds__(256) k_bwd_rowD(bwd_args a) {
     if (lane == 0) a.dsave_w[(size_t)h * Q + t] = s;
 }
 
-/* dq = bf16(mul dqacc); dqacc = 0 again where zero (else the next call's k_bwd_own sets it). n4:
- * elements / 4; a thread takes 4 float4 of its CTA's 1024 (loads first, streaming). */
-__global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4, float mul,
-                                                    bool zero) {
+/* dq = bf16(mul dqacc); dqacc = 0 again. n4: elements / 4; a thread takes 4 float4 of its CTA's
+ * 1024 (loads first, streaming). */
+__global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size_t n4, float mul) {
     const size_t i0 = (size_t)blockIdx.x * 1024 + threadIdx.x;
     float4 v[4];
 #pragma unroll
@@ -102,7 +97,7 @@ __global__ void __launch_bounds__(256) k_bwd_dq_out(float *dqacc, bf16 *dq, size
     for (int u = 0; u < 4; u++) {
         size_t i = i0 + 256 * u;
         if (i >= n4) continue;
-        if (zero) __stcs((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        __stcs((float4 *)dqacc + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
         __stcs((uint2 *)(dq + 4 * i), make_uint2(pack_bf16x2(mul * v[u].x, mul * v[u].y),
                                                  pack_bf16x2(mul * v[u].z, mul * v[u].w)));
     }
@@ -346,50 +341,6 @@ static void plan_alloc(void) {
     }
 }
 
-/* The context-only spans, the layout flag and the side planes of ops_cuda_attn_own.cu
- * (OWN_SPANS_MAX blocks, one int, 16-byte aligned side) of each device, allocated with the
- * plan; NULL: the own-key kernel never runs */
-#define OWN_SPANS_MAX (1 << 16)
-#define OWN_SIDE_BYTES ((size_t)2 * OWN_SIDE * OWN_SIDE_HK * 128 * sizeof(bf16))
-static nn_block_span *g_own_spans[DQACC_DEVICES];
-/* elements of dqacc that a call with the own-key kernel left set (not zeroed): a call without
- * it zeroes them first */
-static size_t g_dqacc_set[DQACC_DEVICES];
-
-static void own_alloc(void) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES ||
-        g_own_spans[dev]) {
-        (void)cudaGetLastError();
-        return;
-    }
-    if (cudaMalloc((void **)&g_own_spans[dev], OWN_SPANS_MAX * sizeof(nn_block_span) + 16 +
-                                                   OWN_SIDE_BYTES) != cudaSuccess) {
-        g_own_spans[dev] = NULL;
-        (void)cudaGetLastError();
-    }
-}
-
-static void own_free(void) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < DQACC_DEVICES &&
-        g_own_spans[dev]) {
-        CUDA_CHECK(cudaFree(g_own_spans[dev]));
-        g_own_spans[dev] = NULL;
-    }
-    (void)cudaGetLastError();
-}
-
-/* DFLASH_CUDA_ATTN_OWN=0: the own keys stay in the fused kernel (k_bwd_dq_out after it) */
-static bool own_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_OWN");
-        on = !(e && strcmp(e, "0") == 0);
-    }
-    return on != 0;
-}
-
 /* dqacc of at least `elems` fp32 (zeroed) on the current device: a larger one replaces the old
  * (start-up only: it waits for the device). -1 (old scratch kept) when there is no memory. */
 static int dqacc_alloc(size_t elems) {
@@ -405,7 +356,7 @@ static int dqacc_alloc(size_t elems) {
         return -1;
     }
     if (g_dqacc[dev]) CUDA_CHECK(cudaFree(g_dqacc[dev]));
-    g_dqacc[dev] = p, g_dqacc_cap[dev] = elems, g_dqacc_set[dev] = 0;
+    g_dqacc[dev] = p, g_dqacc_cap[dev] = elems;
     return 0;
 }
 
@@ -508,8 +459,6 @@ int cuda_bwd_attention_init(void) {
     if (cuda_attn_mode() != ATTN_FUSED) return 0;
     (void)dqacc_alloc(DQACC_ELEMS); /* without it block_bwd runs the mma.sync pair: no error */
     plan_alloc();
-    own_alloc();
-    if (cuda_bwd_own_init() != 0) own_free(); /* the own keys stay in the fused kernel */
     return 0;
 }
 
@@ -544,6 +493,8 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
     a.split_max = acc ? split_max : 1, a.vps = vps;
     a.scale = 1.0f / sqrtf((float)d);
     const size_t rows = (size_t)n_blocks * B * H;
+    k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
+    CUDA_CHECK_LAUNCH();
     const int kern = bwd_kernel(), var = bwd_variant();
     a.by_block = bwd_pieces(kern);
     if (a.by_block == BWD_PIECES_SORTED) {
@@ -556,33 +507,8 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
         else
             a.by_block = BWD_PIECES_BLOCKS, a.split_max = acc ? split_max : 1;
     }
-    const bool wgb = kern != BWD_MMA && cuda_wgb_attention_usable(&a);
-    /* The DFlash layout's own keys (block j's at Kc + j B) by their own kernel where the sorted
-     * wgmma schedule runs (it leaves their tiles alone: k_bwd_plan's tail_x); that kernel
-     * takes k_bwd_rowD's place and sets every dqacc row (ops_cuda_attn_own.cu) */
-    const int Kc = Tk - n_blocks * B, Kc_al = (Kc + WGB_KEYS - 1) / WGB_KEYS * WGB_KEYS;
-    nn_block_span *own_sp = g_own_spans[dev];
-    int *own_ok = (int *)(own_sp + OWN_SPANS_MAX);
-    bf16 *own_side = (bf16 *)((char *)own_sp + OWN_SPANS_MAX * sizeof(nn_block_span) + 16);
-    const bool own = own_enabled() && own_sp && n_blocks <= OWN_SPANS_MAX && Kc >= 0 &&
-                     B <= 16 && B * a.group <= 64 && Hk <= OWN_SIDE_HK && wgb &&
-                     a.by_block == BWD_PIECES_SORTED;
-    if (own) {
-        cuda_own_spans(st, spans, own_sp, own_ok, n_blocks, B, Kc);
-        cuda_bwd_own(st, &a, own_ok, Kc, Kc_al, own_side, 1.0f); /* k_wgb_fused's units */
-        a.spans = own_sp, a.tail_ok = own_ok, a.tail_x = Kc_al / WGB_KEYS;
-        if (g_dqacc_set[dev] < rows * d) g_dqacc_set[dev] = rows * d;
-    } else {
-        if (g_dqacc_set[dev]) { /* a call above left dqacc rows set: zero them */
-            CUDA_CHECK(cudaMemsetAsync(a.dqacc, 0, g_dqacc_set[dev] * sizeof(float), st));
-            g_dqacc_set[dev] = 0;
-        }
-        k_bwd_rowD<128><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
-        CUDA_CHECK_LAUNCH();
-    }
     float dq_mul = a.scale; /* k_wgb_fused sums dS K with dS unscaled */
-    if (!wgb || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
-        assert(!own);
+    if (kern == BWD_MMA || cuda_wgb_attention_launch(st, &a, kern == BWD_WGMMA) != 0) {
         dq_mul = 1.0f;
         a.by_block = bwd_pieces(BWD_MMA); /* k_bwd_fused, with its own pieces */
         a.split_max = acc ? split_max : 1;
@@ -594,9 +520,8 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
             bwd_launch<0>(st, a, var);
     }
     CUDA_CHECK_LAUNCH();
-    if (own) cuda_own_tail(st, own_ok, own_side, dk, dv, Kc, Kc_al, Tk, Hk);
     const size_t n4 = rows * d / 4;
-    k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4, dq_mul, !own);
+    k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4, dq_mul);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

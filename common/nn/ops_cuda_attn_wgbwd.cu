@@ -15,10 +15,8 @@
  * the blocks of every (tile, piece) and lists the non-empty ones heaviest first (bwd_item);
  * k_wgb_fused runs one CTA per SM, each taking items (x kv heads) from a counter until none is
  * left, so the heavy pieces (the first context tiles: every block sees tile 0) start first and
- * no CTA is launched for an empty piece (nor for the tiles of the own keys that
- * ops_cuda_attn_own.cu takes apart: bwd_args.tail_ok); its pieces are about 2
- * DFLASH_CUDA_ATTN_SPLIT blocks long (fewer pieces: less K, V loading, dk, dv atomics and
- * pipeline start per block). blocks /
+ * no CTA is launched for an empty piece; its pieces are about 2 DFLASH_CUDA_ATTN_SPLIT blocks
+ * long (fewer pieces: less K, V loading, dk, dv atomics and pipeline start per block). blocks /
  * hits: one CTA per (tile, kv head, piece) of the grid, pieces by block ranges or by hit index.
  * A piece first lists its visits (wgb_list: all threads, a block each per round): the blocks of
  * its range (by hits: from its first hit on) that see the tile, each with its key ranges in the
@@ -804,13 +802,7 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
         }
     }
     __syncthreads();
-    const int nxe = a.tail_ok && *a.tail_ok ? min(nx, a.tail_x) : nx; /* tiles with items */
     for (int x = threadIdx.x; x < nx; x += blockDim.x) {
-        if (x >= nxe) {
-            for (int z = 0; z < Z; z++)
-                key[x * Z + z] = 0xffffffffu;
-            continue;
-        }
         bool any = false;
         for (int z = 0; z < Z; z++)
             any = any || cnt[x * Z + z] > 0;
@@ -944,16 +936,12 @@ int cuda_wgb_attention_init(void) {
     return 0;
 }
 
-int cuda_wgb_attention_usable(const bwd_args *a) {
-    if (!g_wgb_ready) return 0;
+int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
+    if (!g_wgb_ready) return -1;
     /* a piece's blocks (pieces by blocks) or hits (by hits: about n_hit / split_max, at least
      * vps) fit its visit list */
     const int len = (a->n_blocks + a->split_max - 1) / a->split_max;
-    return !(len > WLIST || (a->by_block == BWD_PIECES_HITS && a->vps >= WLIST));
-}
-
-int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
-    if (!cuda_wgb_attention_usable(a)) return -1;
+    if (len > WLIST || (a->by_block == BWD_PIECES_HITS && a->vps >= WLIST)) return -1;
     bwd_args b = *a;
     static int round = -1; /* DFLASH_CUDA_ATTN_LIST_ROUND=N (1 .. 256): tests of the rounds */
     if (round < 0) {
@@ -971,8 +959,9 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
         int dev = 0, nsm = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return -1;
         const int Z = a->split_max;
         assert(a->items && a->work && nx * Z <= WGB_PLAN_MAX && a->n_blocks < (1 << 19));
         k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(b, nx, Z);

@@ -1171,6 +1171,81 @@ __global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const 
         atomicAdd(dw + i, dws[i]);
 }
 
+/* The same backward with each lane holding both columns of its RoPE pairs: lane j of a row's
+ * d / 16 lanes takes columns 8 j .. 8 j + 7 and d / 2 + 8 j .., so the rotation by -angle needs
+ * no partner shuffle and a warp takes 32 / (d / 16) rows at a time (k_head_norm_rope_bwd: 8
+ * partner shuffles per element pair and half the rows; ncu found it instruction- and
+ * latency-bound, bench/cuda_ops/NOTES.md). d % 16 == 0 and 32 % (d / 16) == 0. */
+__global__ void __launch_bounds__(128, 5)
+    k_head_norm_rope_bwd_pairs(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const bf16 *w,
+                               const float *rot, int T, int nh, int d, float eps) {
+    extern __shared__ float dws[]; /* dw partial [d], then w [d] in fp32 */
+    const int half = d / 2, L = d / 16, per_warp = 32 / L, lane = threadIdx.x % 32;
+    const int nw = blockDim.x / 32, j = lane % L, c1 = 8 * j, c2 = half + 8 * j;
+    const float inv_d = 1.0f / (float)d;
+    float a1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, a2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float *ws = dws + d; /* w read per row (with 5 CTAs per SM: 96 registers, no spills) */
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        dws[i] = 0.0f, ws[i] = __bfloat162float(w[i]);
+    __syncthreads();
+    for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
+        float cs[8], sn[8];
+        rope_lane(rot + (size_t)t * d, half, c1, false, cs, sn);
+        for (int r0 = 0; r0 < nh; r0 += per_warp) {
+            const int r = r0 + lane / L;
+            const bool valid = r < nh;
+            const size_t off = ((size_t)t * nh + r) * d;
+            float x1[8], x2[8], g1[8], g2[8];
+            if (valid) {
+                load8(x + off + c1, x1), load8(x + off + c2, x2);
+                load8(dy + off + c1, g1), load8(dy + off + c2, g2);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    x1[e] = x2[e] = g1[e] = g2[e] = 0.0f;
+            }
+            float ss = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                ss = fmaf(x1[e], x1[e], fmaf(x2[e], x2[e], ss));
+                const float a = g1[e], b = g2[e]; /* dy of the pair */
+                g1[e] = fmaf(b, sn[e], a * cs[e]);
+                g2[e] = fmaf(-a, sn[e], b * cs[e]);
+            }
+            const float rs = rsqrtf(group_sum(ss, L) * inv_d + eps);
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                x1[e] *= rs, x2[e] *= rs; /* xhat */
+                a1[e] = fmaf(g1[e], x1[e], a1[e]), a2[e] = fmaf(g2[e], x2[e], a2[e]);
+                g1[e] *= ws[c1 + e], g2[e] *= ws[c2 + e];
+                dot = fmaf(g1[e], x1[e], fmaf(g2[e], x2[e], dot));
+            }
+            const float mean = group_sum(dot, L) * inv_d;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                g1[e] = rs * fmaf(-x1[e], mean, g1[e]), g2[e] = rs * fmaf(-x2[e], mean, g2[e]);
+            if (valid) store8(dx + off + c1, g1), store8(dx + off + c2, g2);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        atomicAdd(&dws[c1 + e], a1[e]), atomicAdd(&dws[c2 + e], a2[e]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < d && dw; i += blockDim.x)
+        atomicAdd(dw + i, dws[i]);
+}
+
+/* DFLASH_CUDA_HNR_BWD=shuffles: k_head_norm_rope_bwd (the pairs kernel's A/B; to remove) */
+static bool hnr_bwd_pairs(int d) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DFLASH_CUDA_HNR_BWD");
+        on = !(e && strcmp(e, "shuffles") == 0);
+    }
+    return on && d % 16 == 0 && 32 % (d / 16) == 0;
+}
+
 /* The scalar path: a warp per head row, dw by one atomic per element and row (slow; for head
  * dims the vector path does not take). */
 __global__ void k_head_norm_rope_bwd_scalar(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
@@ -1218,7 +1293,12 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
                                   int d, float eps) {
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
-    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot)) {
+    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot) && hnr_bwd_pairs(d)) {
+        size_t smem = 2 * sizeof(float) * (size_t)d;
+        int blocks = wave_grid(c, k_head_norm_rope_bwd_pairs, 128, smem, (T + 3) / 4);
+        k_head_norm_rope_bwd_pairs<<<blocks, 128, smem, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
+    } else if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot)) {
         size_t smem = sizeof(float) * (size_t)d;
         int blocks = wave_grid(c, k_head_norm_rope_bwd, 128, smem, (T + 3) / 4); /* 4 warps */
         k_head_norm_rope_bwd<<<blocks, 128, smem, c->stream>>>(

@@ -1102,80 +1102,16 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
 }
 
 /* Backward, vector path only (d as above): each warp takes tokens in turn (grid-stride over
- * all warps), with no block barrier inside the loop: a lane loads its own 8 columns' cos and
- * sin once per token (rope_lane) and keeps them in registers across the token's head rows,
- * the sine with the sign of its half of the rotation. Per head row: g = the rotation by -angle
- * of dy (fp32), rs from x as the forward computed it, xhat = x rs, dx = rs (g w - xhat mean(g
- * w xhat)); each lane sums g xhat over its rows for its 8 columns, the block adds them in
- * shared memory and then into dw with one atomic per column.
- * d is a power of two on this path (norm_rope_vec), so the means multiply by the exact 1 / d. */
-__global__ void k_head_norm_rope_bwd(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
-                                     const bf16 *w, const float *rot, int T, int nh, int d,
-                                     float eps) {
-    extern __shared__ float dws[]; /* dw partial [d] */
-    const int half = d / 2, L = d / 8, per_warp = 32 / L, lane = threadIdx.x % 32;
-    const int nw = blockDim.x / 32, j = lane % L;
-    const bool first = j < L / 2;
-    const int i0 = first ? 8 * j : 8 * j - half;
-    const float inv_d = 1.0f / (float)d;
-    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    load8(w + 8 * j, wv);
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
-        dws[i] = 0.0f;
-    for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
-        float cs[8], sn[8]; /* sn: +sin in the first half (g = dy cos + partner sin), else -sin */
-        rope_lane(rot + (size_t)t * d, half, i0, !first, cs, sn);
-        for (int r0 = 0; r0 < nh; r0 += per_warp) {
-            const int r = r0 + lane / L;
-            const bool valid = r < nh;
-            const size_t off = ((size_t)t * nh + r) * d + 8 * j;
-            float xv[8], gv[8];
-            if (valid) {
-                load8(x + off, xv), load8(dy + off, gv);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    xv[e] = gv[e] = 0.0f;
-            }
-            float ss = 0.0f, g[8];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                ss += xv[e] * xv[e]; /* as the forward writes it (the same contraction) */
-                float q = __shfl_xor_sync(0xffffffffu, gv[e], L / 2);
-                g[e] = fmaf(q, sn[e], gv[e] * cs[e]);
-            }
-            ss = group_sum(ss, L);
-            const float rs = rsqrtf(ss * inv_d + eps);
-            float dot = 0.0f, gw[8];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                gw[e] = g[e] * wv[e];
-                xv[e] *= rs; /* xhat */
-                dot = fmaf(gw[e], xv[e], dot);
-                acc[e] = fmaf(g[e], xv[e], acc[e]); /* 0 for invalid rows (x, dy read as 0) */
-            }
-            dot = group_sum(dot, L);
-            const float mean = dot * inv_d;
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                gw[e] = rs * fmaf(-xv[e], mean, gw[e]);
-            if (valid) store8(dx + off, gw);
-        }
-    }
-    __syncthreads(); /* dws set */
-#pragma unroll
-    for (int e = 0; e < 8; e++)
-        atomicAdd(&dws[8 * j + e], acc[e]);
-    __syncthreads();
-    for (int i = threadIdx.x; i < d && dw; i += blockDim.x)
-        atomicAdd(dw + i, dws[i]);
-}
-
-/* The same backward with each lane holding both columns of its RoPE pairs: lane j of a row's
- * d / 16 lanes takes columns 8 j .. 8 j + 7 and d / 2 + 8 j .., so the rotation by -angle needs
- * no partner shuffle and a warp takes 32 / (d / 16) rows at a time (k_head_norm_rope_bwd: 8
- * partner shuffles per element pair and half the rows; ncu found it instruction- and
- * latency-bound, bench/cuda_ops/NOTES.md). d % 16 == 0 and 32 % (d / 16) == 0. */
+ * all warps), with no block barrier inside the loop. Lane j of a row's d / 16 lanes holds both
+ * columns of its RoPE pairs, 8 j .. 8 j + 7 and d / 2 + 8 j .., so the rotation by -angle needs
+ * no partner shuffle, and a warp takes 32 / (d / 16) head rows at a time; the lane loads its
+ * pairs' cos and sin once per token (rope_lane) and keeps them in registers. Per head row: g =
+ * the rotation by -angle of dy (fp32), rs from x, xhat = x rs, dx = rs (g w - xhat mean(g w
+ * xhat)); each lane sums g xhat over its rows for its 16 columns, the block adds them in shared
+ * memory and then into dw with one atomic per column. d is a power of two on this path
+ * (norm_rope_vec), so the means multiply by the exact 1 / d. The kernel before it (a lane per 8
+ * columns, the partner's by shuffles, 2 rows per warp at d 128; ncu: instruction- and
+ * latency-bound) took 1.26 ms per 2 drafter steps against this one's 1.16 (H200, 7153511). */
 __global__ void __launch_bounds__(128, 5)
     k_head_norm_rope_bwd_pairs(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const bf16 *w,
                                const float *rot, int T, int nh, int d, float eps) {
@@ -1236,16 +1172,6 @@ __global__ void __launch_bounds__(128, 5)
         atomicAdd(dw + i, dws[i]);
 }
 
-/* DFLASH_CUDA_HNR_BWD=shuffles: k_head_norm_rope_bwd (the pairs kernel's A/B; to remove) */
-static bool hnr_bwd_pairs(int d) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("DFLASH_CUDA_HNR_BWD");
-        on = !(e && strcmp(e, "shuffles") == 0);
-    }
-    return on && d % 16 == 0 && 32 % (d / 16) == 0;
-}
-
 /* The scalar path: a warp per head row, dw by one atomic per element and row (slow; for head
  * dims the vector path does not take). */
 __global__ void k_head_norm_rope_bwd_scalar(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
@@ -1293,15 +1219,11 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
                                   int d, float eps) {
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
-    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot) && hnr_bwd_pairs(d)) {
-        size_t smem = 2 * sizeof(float) * (size_t)d;
+    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot)) {
+        assert(d % 16 == 0 && 32 % (d / 16) == 0); /* every norm_rope_vec d is the kernel's */
+        size_t smem = 2 * sizeof(float) * (size_t)d; /* dw partial, w */
         int blocks = wave_grid(c, k_head_norm_rope_bwd_pairs, 128, smem, (T + 3) / 4);
         k_head_norm_rope_bwd_pairs<<<blocks, 128, smem, c->stream>>>(
-            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
-    } else if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot)) {
-        size_t smem = sizeof(float) * (size_t)d;
-        int blocks = wave_grid(c, k_head_norm_rope_bwd, 128, smem, (T + 3) / 4); /* 4 warps */
-        k_head_norm_rope_bwd<<<blocks, 128, smem, c->stream>>>(
             (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
     } else {
         size_t rows = (size_t)T * nh;

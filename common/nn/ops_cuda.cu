@@ -957,11 +957,12 @@ static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn
  * tokens' rows (a few MB, from L2) instead of evaluating sincosf themselves, so every RoPE op of
  * a batch rotates by the very same values.
  * Per-head RMSNorm + RoPE, forward: one block per token. Vector path (d % 8 == 0, 16 <= d <=
- * 256, 32 % (d / 8) == 0, 16-byte aligned rows and table): a group of L = d / 8 lanes owns a
- * head row, 8 elements per lane, and a lane loads its 8 columns' cos and sin once per token
- * (rope_lane: four 16-byte loads); the group reduces the sum of squares and fetches the RoPE
- * partner (element i +- d/2 sits in lane j ^ L/2) by shuffles, so every lane of the warp runs
- * every shuffle and only loads and stores are predicated. Scalar path: a warp per row. Forward
+ * 256, 32 % (d / 8) == 0, 16-byte aligned rows and table; so d is a power of two): a group of
+ * L = d / 16 lanes owns a head row, lane j both columns of its RoPE pairs (8 j .. 8 j + 7 and
+ * d / 2 + 8 j ..: the rotation needs no partner shuffle), and a lane loads its pairs' cos and
+ * sin once per token (rope_lane: four 16-byte loads); the group reduces the sum of squares by
+ * shuffles, so every lane of the warp runs every shuffle and only loads and stores are
+ * predicated. Scalar path: a warp per row. Forward
  * values: n = bf16(bf16(x rstd) w), then the rotation on n (what rmsnorm then RoPE would
  * give). Users: the drafter's q and k (head_norm_rope_fwd/bwd) and the target's fused q|k|v
  * split (qkv_norm_rope_fwd: rows past the roped ones are v, copied). */
@@ -982,8 +983,8 @@ static void cu_rope_table(nn_ctx *c, float *rot, const int32_t *pos, const float
 }
 
 /* The vector paths' lane share of one token's table row r: cs[e], sn[e] = the cos and sin of
- * angle i0 + e (i0 % 4 == 0, r 16-byte aligned), the sine negated when neg. */
-__device__ __forceinline__ void rope_lane(const float *r, int half, int i0, bool neg, float cs[8],
+ * angle i0 + e (i0 % 4 == 0, r 16-byte aligned). */
+__device__ __forceinline__ void rope_lane(const float *r, int half, int i0, float cs[8],
                                           float sn[8]) {
     const float4 *c4 = reinterpret_cast<const float4 *>(r + i0);
     const float4 *s4 = reinterpret_cast<const float4 *>(r + half + i0);
@@ -993,9 +994,6 @@ __device__ __forceinline__ void rope_lane(const float *r, int half, int i0, bool
         cs[4 * k] = cv.x, cs[4 * k + 1] = cv.y, cs[4 * k + 2] = cv.z, cs[4 * k + 3] = cv.w;
         sn[4 * k] = sv.x, sn[4 * k + 1] = sv.y, sn[4 * k + 2] = sv.z, sn[4 * k + 3] = sv.w;
     }
-#pragma unroll
-    for (int e = 0; e < 8; e++)
-        sn[e] = neg ? -sn[e] : sn[e];
 }
 
 /* One token's head rows [0, rows) of src (d each), rotated by its table row rot: row r goes to
@@ -1006,39 +1004,40 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
                                int roped, int d, float eps) {
     const int half = d / 2, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     if constexpr (VEC) {
-        const int L = d / 8, per_warp = 32 / L, j = lane % L;
-        const bool first = j < L / 2;
-        const int i0 = first ? 8 * j : 8 * j - half;
+        const int L = d / 16, per_warp = 32 / L, j = lane % L, c1 = 8 * j, c2 = half + 8 * j;
         const float inv_d = 1.0f / (float)d; /* exact: d is a power of two here */
-        float cs[8], sn[8]; /* sn: -sin in the first half (x cos - partner sin), else +sin */
-        rope_lane(rot, half, i0, first, cs, sn);
+        float cs[8], sn[8];                  /* of the lane's pairs c1 + e */
+        rope_lane(rot, half, c1, cs, sn);
 #pragma unroll 4
         for (int r0 = warp * per_warp; r0 < rows; r0 += nw * per_warp) {
             const int r = r0 + lane / L;
             const bool valid = r < rows, rot_row = r < roped;
-            float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (valid) load8(src + (size_t)r * d + 8 * j, x);
-            float ss = 0.0f;
+            float x1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (valid) load8(src + (size_t)r * d + c1, x1), load8(src + (size_t)r * d + c2, x2);
+            float ss = 0.0f; /* the backward's contraction: the same rs */
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                ss += x[e] * x[e];
+                ss = fmaf(x1[e], x1[e], fmaf(x2[e], x2[e], ss));
             ss = group_sum(ss, L);
             const bf16 *w = valid && rot_row ? w_of(r) : NULL;
             if (w) {
-                float g[8], rs = rsqrtf(ss * inv_d + eps);
-                load8(w + 8 * j, g);
+                float g1[8], g2[8], rs = rsqrtf(ss * inv_d + eps);
+                load8(w + c1, g1), load8(w + c2, g2);
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    x[e] = __bfloat162float(__float2bfloat16(
-                               __bfloat162float(__float2bfloat16(x[e] * rs)) * g[e]));
+                for (int e = 0; e < 8; e++) {
+                    x1[e] = __bfloat162float(__float2bfloat16(
+                        __bfloat162float(__float2bfloat16(x1[e] * rs)) * g1[e]));
+                    x2[e] = __bfloat162float(__float2bfloat16(
+                        __bfloat162float(__float2bfloat16(x2[e] * rs)) * g2[e]));
+                }
             }
-            float out[8];
+            float o1[8], o2[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                float p = __shfl_xor_sync(0xffffffffu, x[e], L / 2);
-                out[e] = rot_row ? fmaf(p, sn[e], x[e] * cs[e]) : x[e];
+                o1[e] = rot_row ? fmaf(x2[e], -sn[e], x1[e] * cs[e]) : x1[e];
+                o2[e] = rot_row ? fmaf(x1[e], sn[e], x2[e] * cs[e]) : x2[e];
             }
-            if (valid) store8(dst_of(r) + 8 * j, out);
+            if (valid) store8(dst_of(r) + c1, o1), store8(dst_of(r) + c2, o2);
         }
     } else {
         for (int r = warp; r < rows; r += nw) {
@@ -1126,7 +1125,7 @@ __global__ void __launch_bounds__(128, 5)
     __syncthreads();
     for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
         float cs[8], sn[8];
-        rope_lane(rot + (size_t)t * d, half, c1, false, cs, sn);
+        rope_lane(rot + (size_t)t * d, half, c1, cs, sn);
         for (int r0 = 0; r0 < nh; r0 += per_warp) {
             const int r = r0 + lane / L;
             const bool valid = r < nh;

@@ -1152,6 +1152,7 @@ __global__ void __launch_bounds__(128, 5)
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 x1[e] *= rs, x2[e] *= rs; /* xhat */
+                /* dw sums: 0 for invalid rows (x, dy read as 0) */
                 a1[e] = fmaf(g1[e], x1[e], a1[e]), a2[e] = fmaf(g2[e], x2[e], a2[e]);
                 g1[e] *= ws[c1 + e], g2[e] *= ws[c2 + e];
                 dot = fmaf(g1[e], x1[e], fmaf(g2[e], x2[e], dot));

@@ -996,6 +996,17 @@ __device__ __forceinline__ void rope_lane(const float *r, int half, int i0, floa
     }
 }
 
+/* The sum of squares of a head row held as RoPE pairs (x1: a lane's columns 8 j .., x2: d / 2 +
+ * 8 j ..) over its group of L lanes, in every lane: one contraction for the norm + RoPE forward
+ * and backward, so that both compute the same rstd. */
+__device__ __forceinline__ float pairs_sumsq(const float x1[8], const float x2[8], int L) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        ss = fmaf(x1[e], x1[e], fmaf(x2[e], x2[e], ss));
+    return group_sum(ss, L);
+}
+
 /* One token's head rows [0, rows) of src (d each), rotated by its table row rot: row r goes to
  * dst_of(r), normed with w_of(r) (none when NULL) and rotated when r < roped, copied
  * otherwise. */
@@ -1014,11 +1025,7 @@ __device__ void norm_rope_rows(Dst dst_of, Wt w_of, const bf16 *src, const float
             const bool valid = r < rows, rot_row = r < roped;
             float x1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (valid) load8(src + (size_t)r * d + c1, x1), load8(src + (size_t)r * d + c2, x2);
-            float ss = 0.0f; /* the backward's contraction: the same rs */
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                ss = fmaf(x1[e], x1[e], fmaf(x2[e], x2[e], ss));
-            ss = group_sum(ss, L);
+            const float ss = pairs_sumsq(x1, x2, L);
             const bf16 *w = valid && rot_row ? w_of(r) : NULL;
             if (w) {
                 float g1[8], g2[8], rs = rsqrtf(ss * inv_d + eps);
@@ -1139,15 +1146,13 @@ __global__ void __launch_bounds__(128, 5)
                 for (int e = 0; e < 8; e++)
                     x1[e] = x2[e] = g1[e] = g2[e] = 0.0f;
             }
-            float ss = 0.0f;
+            const float rs = rsqrtf(pairs_sumsq(x1, x2, L) * inv_d + eps);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                ss = fmaf(x1[e], x1[e], fmaf(x2[e], x2[e], ss));
                 const float a = g1[e], b = g2[e]; /* dy of the pair */
                 g1[e] = fmaf(b, sn[e], a * cs[e]);
                 g2[e] = fmaf(-a, sn[e], b * cs[e]);
             }
-            const float rs = rsqrtf(group_sum(ss, L) * inv_d + eps);
             float dot = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; e++) {

@@ -441,7 +441,7 @@ static void t_block_run(const char *name, int H, int Hk, int d, int B, int nb, i
     GO->attention_block_bwd(GC, dq.g, dk.g, dv.g, dout.g, q.g, k.g, v.g, o2.g, l2.g, s.g, nb, B, Tk,
                             H, Hk, d, &qg);
     cmp(name, "bwd q norm dx", &dx, 1e-2);
-    cmp(name, "bwd q norm dw (acc)", &dw, 1e-3);
+    cmp(name, "bwd q norm dw (acc)", &dw, 1e-2); /* sums dq's bf16-level differences over rows */
     cmp(name, "bwd dk (q norm)", &dk, 1e-2);
     pfree(&q), pfree(&k), pfree(&v), pfree(&s), pfree(&o), pfree(&lse), pfree(&o2), pfree(&l2),
         pfree(&dout), pfree(&dq), pfree(&dk), pfree(&dv);

@@ -1118,14 +1118,19 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
  * (norm_rope_vec), so the means multiply by the exact 1 / d. The kernel before it (a lane per 8
  * columns, the partner's by shuffles, 2 rows per warp at d 128; ncu: instruction- and
  * latency-bound) took 1.26 ms per 2 drafter steps against this one's 1.16 (H200, 7153511). */
-/* 8 fp32 of an accumulator (16-byte aligned) times mul into f, leaving them zero (read and
- * written once: streaming). */
-__device__ __forceinline__ void take8(float *acc, float mul, float f[8]) {
-    float4 *p = reinterpret_cast<float4 *>(acc);
-    const float4 a = __ldcs(p), b = __ldcs(p + 1), z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    __stcs(p, z), __stcs(p + 1, z);
+/* 8 fp32 of an accumulator (16-byte aligned) times mul into f; zero8 then clears them. Read
+ * and written once (streaming); the clearing comes after the values are in use, so that a store
+ * does not wait behind the load of its own address. */
+__device__ __forceinline__ void load8_scaled(const float *acc, float mul, float f[8]) {
+    const float4 *p = reinterpret_cast<const float4 *>(acc);
+    const float4 a = __ldcs(p), b = __ldcs(p + 1);
     f[0] = a.x * mul, f[1] = a.y * mul, f[2] = a.z * mul, f[3] = a.w * mul;
     f[4] = b.x * mul, f[5] = b.y * mul, f[6] = b.z * mul, f[7] = b.w * mul;
+}
+__device__ __forceinline__ void zero8(float *acc) {
+    float4 *p = reinterpret_cast<float4 *>(acc);
+    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __stcs(p, z), __stcs(p + 1, z);
 }
 
 /* ACC: dy is dyacc times dymul instead (fp32 [T, nh, d], the block backward's dq accumulator,
@@ -1155,7 +1160,8 @@ __global__ void __launch_bounds__(128, 5)
             if (valid) {
                 load8(x + off + c1, x1), load8(x + off + c2, x2);
                 if constexpr (ACC)
-                    take8(dyacc + off + c1, dymul, g1), take8(dyacc + off + c2, dymul, g2);
+                    load8_scaled(dyacc + off + c1, dymul, g1),
+                        load8_scaled(dyacc + off + c2, dymul, g2);
                 else
                     load8(dy + off + c1, g1), load8(dy + off + c2, g2);
             } else {
@@ -1184,6 +1190,7 @@ __global__ void __launch_bounds__(128, 5)
             for (int e = 0; e < 8; e++)
                 g1[e] = rs * fmaf(-x1[e], mean, g1[e]), g2[e] = rs * fmaf(-x2[e], mean, g2[e]);
             if (valid) store8(dx + off + c1, g1), store8(dx + off + c2, g2);
+            if (ACC && valid) zero8(dyacc + off + c1), zero8(dyacc + off + c2);
         }
     }
 #pragma unroll

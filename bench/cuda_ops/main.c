@@ -208,7 +208,7 @@ static void att_run(void *p) {
                                a->H, a->Hk, a->d);
     else
         O->attention_block_bwd(C, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->o, a->lse,
-                               a->spans, a->nb, a->B, a->Tk, a->H, a->Hk, a->d, NULL);
+                               a->spans, a->nb, a->B, a->Tk, a->H, a->Hk, a->d);
 }
 
 static int cmp_int(const void *a, const void *b) {

@@ -179,10 +179,10 @@ static void po_swib(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu
 static void po_attbb(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv, const nn_buf *dout,
                      const nn_buf *q, const nn_buf *k, const nn_buf *v, const nn_buf *out,
                      const float *lse, const nn_block_span *sp, int nb, int B, int Tk, int H,
-                     int Hk, int d, const nn_head_norm_rope_grad *qn) {
+                     int Hk, int d) {
     PO_WRAP(PO_ATTBB, 0,
             po_real->attention_block_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, sp, nb, B, Tk, H,
-                                         Hk, d, qn));
+                                         Hk, d));
 }
 static void po_xent(nn_ctx *c, nn_buf *dh, float *sums, int32_t *corr, const nn_buf *h,
                     const nn_buf *W, const int32_t *lab, const float *wt, float inv, nn_buf *scr,

@@ -13,7 +13,7 @@
 #define DFLASH_ATTN_SPANS_CUH
 
 #include "cp_async.cuh"
-#include "ops_cuda.h" /* cuda_dq_defer; ops.h */
+#include "ops.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -80,8 +80,7 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
 
 /* ops_cuda_attn_bwd.cu: the fused block backward (dq, dk, dv in one key-major pass; dq through
  * fp32 atomics into a per-device scratch). acc, tickets, split_max, vps as for
- * cuda_mma_attention_dkdv; dsave: [H, Q] fp32 scratch it fills with D = rowsum(dO * O); defer:
- * see ops_cuda.h (NULL: dq stored). Returns
+ * cuda_mma_attention_dkdv; dsave: [H, Q] fp32 scratch it fills with D = rowsum(dO * O). Returns
  * 0 when it queued the work, -1 when the shape, alignment or scratch is not one it handles.
  * init: kernel attributes, and the dq scratch (128 MiB) when the mode is ATTN_FUSED. */
 int cuda_bwd_attention_init(void);
@@ -93,7 +92,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat
                                  const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                                  const __nv_bfloat16 *v, const __nv_bfloat16 *out,
                                  const float *lse, const nn_block_span *spans, int n_blocks,
-                                 int B, int Tk, int H, int Hk, int d, cuda_dq_defer *defer);
+                                 int B, int Tk, int H, int Hk, int d);
 
 /* The key ranges of one block span as up to two disjoint ascending [begin, end) pairs in r
  * (ops_cpu.c's block_key_ranges); returns how many (0 for a padding block). */

@@ -820,13 +820,12 @@ static void attn_bwd(dflash_model *m, int l) {
         o->linear_bwd(m->ctx, m->datt, LG(m, l, DFL_O), NULL, m->dh, a->att, LW(m, l, DFL_O), Q,
                       H * d, D, NN_BWD_DW_SET);
     }
-    /* q = rope(rmsnorm_head(qraw)): its backward runs on the attention's dq, inside the op (the
-     * cuda backend reads dq from its fp32 accumulator); k likewise over all Tk rows */
-    float eps = (float)c->rms_norm_eps;
-    const nn_head_norm_rope_grad q_norm = {m->dqraw, LG(m, l, DFL_Q_NORM), a->qraw,
-                                           LW(m, l, DFL_Q_NORM), m->rope_rot + (size_t)Tc * d, eps};
     o->attention_block_bwd(m->ctx, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse,
-                           m->in_spans, nb, B, Tk, H, Hk, d, &q_norm);
+                           m->in_spans, nb, B, Tk, H, Hk, d);
+    /* q = rope(rmsnorm_head(qraw)); k likewise over all Tk rows */
+    float eps = (float)c->rms_norm_eps;
+    o->head_norm_rope_bwd(m->ctx, m->dqraw, LG(m, l, DFL_Q_NORM), m->dq, a->qraw,
+                          LW(m, l, DFL_Q_NORM), m->rope_rot + (size_t)Tc * d, Q, H, d, eps);
     o->head_norm_rope_bwd(m->ctx, m->dkraw, LG(m, l, DFL_K_NORM), m->dk, a->kraw,
                           LW(m, l, DFL_K_NORM), m->rope_rot, Tk, Hk, d, eps);
     /* dHt accumulates the context rows' share over layers; dWk and dWv cover both row sets */

@@ -62,18 +62,6 @@ typedef struct nn_block_span {
     int32_t keep;
 } nn_block_span;
 
-/* The queries' head norm + RoPE backward, handed to attention_block_bwd to run on its dq:
- * head_norm_rope_bwd(dx, dw, dq, x, w, rot, n_blocks B, H, d, eps). A backend may then read dq
- * from its fp32 accumulator instead of rounding it to act, storing it and reading it back. */
-typedef struct nn_head_norm_rope_grad {
-    nn_buf *dx;       /* d/d x [n_blocks B, H, d] (overwritten) */
-    float *dw;        /* d/d w [d] (added to) */
-    const nn_buf *x;  /* the norm's input: the forward's queries before norm and RoPE */
-    const nn_buf *w;  /* the norm's weight [d] */
-    const float *rot; /* the queries' RoPE table rows */
-    float eps;
-} nn_head_norm_rope_grad;
-
 #define NN_FENCES 4
 #define NN_SIDE_MARKS 16
 /* Global-norm clipping factor from the sum of squared gradients (fp32, on host or device):
@@ -230,14 +218,12 @@ typedef struct nn_ops {
     void (*swiglu_bwd)(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R,
                        int F);
     /* Backward of attention_block_fwd. dq overwritten; dk, dv overwritten (every key row either
-     * receives gradient or is set to zero). out and lse are the forward's. With q_norm (may be
-     * NULL) the queries' gradient goes on through that head norm + RoPE backward into
-     * q_norm->dx, and dq is scratch, left undefined. */
+     * receives gradient or is set to zero). out and lse are the forward's. */
     void (*attention_block_bwd)(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,
                                 const nn_buf *dout, const nn_buf *q, const nn_buf *k,
                                 const nn_buf *v, const nn_buf *out, const float *lse,
                                 const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                                int Hk, int d, const nn_head_norm_rope_grad *q_norm);
+                                int Hk, int d);
     /* Sizes the backend's scratch for attention_block_bwd calls of up to max_q query rows and
      * max_tk key rows (cuda: fp32 accumulators, allocated here, at start-up, never in a step;
      * larger calls still run, on slower paths; cpu: nothing). Called once by a model's

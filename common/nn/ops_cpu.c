@@ -801,7 +801,7 @@ static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *d
                                     const nn_buf *dout, const nn_buf *q, const nn_buf *k,
                                     const nn_buf *v, const nn_buf *out, const float *lse,
                                     const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                                    int Hk, int d, const nn_head_norm_rope_grad *q_norm) {
+                                    int Hk, int d) {
     assert(Hk > 0 && H % Hk == 0 && lse);
     block_job job = {.q = q,
                      .k = k,
@@ -822,9 +822,6 @@ static void cpu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *d
                      .d = d};
     double flops = 10.0 * B * block_visible_keys(spans, n_blocks, B, Tk) * H * d;
     cpu_parallel_for(c, Hk, 1, flops, block_bwd_kvheads, &job);
-    if (q_norm)
-        cpu_head_norm_rope_bwd(c, q_norm->dx, q_norm->dw, dq, q_norm->x, q_norm->w, q_norm->rot,
-                               n_blocks * B, H, d, q_norm->eps);
 }
 
 /* ------------------------------------------------------------------------------------------ */

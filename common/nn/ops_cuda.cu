@@ -1118,28 +1118,9 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
  * (norm_rope_vec), so the means multiply by the exact 1 / d. The kernel before it (a lane per 8
  * columns, the partner's by shuffles, 2 rows per warp at d 128; ncu: instruction- and
  * latency-bound) took 1.26 ms per 2 drafter steps against this one's 1.16 (H200, 7153511). */
-/* 8 fp32 of an accumulator (16-byte aligned) times mul into f; zero8 then clears them. Read
- * and written once (streaming); the clearing comes after the values are in use, so that a store
- * does not wait behind the load of its own address. */
-__device__ __forceinline__ void load8_scaled(const float *acc, float mul, float f[8]) {
-    const float4 *p = reinterpret_cast<const float4 *>(acc);
-    const float4 a = __ldcs(p), b = __ldcs(p + 1);
-    f[0] = a.x * mul, f[1] = a.y * mul, f[2] = a.z * mul, f[3] = a.w * mul;
-    f[4] = b.x * mul, f[5] = b.y * mul, f[6] = b.z * mul, f[7] = b.w * mul;
-}
-__device__ __forceinline__ void zero8(float *acc) {
-    float4 *p = reinterpret_cast<float4 *>(acc);
-    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    __stcs(p, z), __stcs(p + 1, z);
-}
-
-/* ACC: dy is dyacc times dymul instead (fp32 [T, nh, d], the block backward's dq accumulator,
- * left zero: attention_block_bwd's q_norm), so dq is never rounded to bf16 nor stored. */
-template <bool ACC>
 __global__ void __launch_bounds__(128, 5)
-    k_head_norm_rope_bwd_pairs(bf16 *dx, float *dw, const bf16 *dy, float *dyacc, float dymul,
-                               const bf16 *x, const bf16 *w, const float *rot, int T, int nh,
-                               int d, float eps) {
+    k_head_norm_rope_bwd_pairs(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const bf16 *w,
+                               const float *rot, int T, int nh, int d, float eps) {
     extern __shared__ float dws[]; /* dw partial [d], then w [d] in fp32 */
     const int half = d / 2, L = d / 16, per_warp = 32 / L, lane = threadIdx.x % 32;
     const int nw = blockDim.x / 32, j = lane % L, c1 = 8 * j, c2 = half + 8 * j;
@@ -1159,11 +1140,7 @@ __global__ void __launch_bounds__(128, 5)
             float x1[8], x2[8], g1[8], g2[8];
             if (valid) {
                 load8(x + off + c1, x1), load8(x + off + c2, x2);
-                if constexpr (ACC)
-                    load8_scaled(dyacc + off + c1, dymul, g1),
-                        load8_scaled(dyacc + off + c2, dymul, g2);
-                else
-                    load8(dy + off + c1, g1), load8(dy + off + c2, g2);
+                load8(dy + off + c1, g1), load8(dy + off + c2, g2);
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; e++)
@@ -1190,7 +1167,6 @@ __global__ void __launch_bounds__(128, 5)
             for (int e = 0; e < 8; e++)
                 g1[e] = rs * fmaf(-x1[e], mean, g1[e]), g2[e] = rs * fmaf(-x2[e], mean, g2[e]);
             if (valid) store8(dx + off + c1, g1), store8(dx + off + c2, g2);
-            if (ACC && valid) zero8(dyacc + off + c1), zero8(dyacc + off + c2);
         }
     }
 #pragma unroll
@@ -1243,39 +1219,22 @@ __global__ void k_head_norm_rope_bwd_scalar(bf16 *dx, float *dw, const bf16 *dy,
     }
 }
 
-/* Whether the backward's vector path (k_head_norm_rope_bwd_pairs) takes these buffers (dy
- * aside: the caller checks its own) */
-static bool norm_rope_bwd_vec(const nn_buf *dx, const nn_buf *x, const nn_buf *w,
-                              const float *rot, int d) {
-    return norm_rope_vec(d) && vec_ok(dx, x, x) && vec_ok(w, rot, rot);
-}
-
-/* k_head_norm_rope_bwd_pairs<ACC> on the context's stream (T > 0, norm_rope_bwd_vec) */
-template <bool ACC>
-static void norm_rope_bwd_pairs(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, float *dyacc,
-                                float dymul, const nn_buf *x, const nn_buf *w, const float *rot,
-                                int T, int nh, int d, float eps) {
-    assert(d % 16 == 0 && 32 % (d / 16) == 0); /* every norm_rope_vec d is the kernel's */
-    size_t smem = 2 * sizeof(float) * (size_t)d; /* dw partial, w */
-    int blocks = wave_grid(c, k_head_norm_rope_bwd_pairs<ACC>, 128, smem, (T + 3) / 4);
-    k_head_norm_rope_bwd_pairs<ACC><<<blocks, 128, smem, c->stream>>>(
-        (bf16 *)dx, dw, (const bf16 *)dy, dyacc, dymul, (const bf16 *)x, (const bf16 *)w, rot, T,
-        nh, d, eps);
-    CUDA_CHECK_LAUNCH();
-}
-
 static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy,
                                   const nn_buf *x, const nn_buf *w, const float *rot, int T, int nh,
                                   int d, float eps) {
     assert(T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     if (T == 0) return;
-    if (norm_rope_bwd_vec(dx, x, w, rot, d) && vec_ok(dy, dy, dy)) {
-        norm_rope_bwd_pairs<false>(c, dx, dw, dy, NULL, 1.0f, x, w, rot, T, nh, d, eps);
-        return;
+    if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot)) {
+        assert(d % 16 == 0 && 32 % (d / 16) == 0); /* every norm_rope_vec d is the kernel's */
+        size_t smem = 2 * sizeof(float) * (size_t)d; /* dw partial, w */
+        int blocks = wave_grid(c, k_head_norm_rope_bwd_pairs, 128, smem, (T + 3) / 4);
+        k_head_norm_rope_bwd_pairs<<<blocks, 128, smem, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
+    } else {
+        size_t rows = (size_t)T * nh;
+        k_head_norm_rope_bwd_scalar<<<grid_for(rows * 32, 256), 256, 0, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
     }
-    size_t rows = (size_t)T * nh;
-    k_head_norm_rope_bwd_scalar<<<grid_for(rows * 32, 256), 256, 0, c->stream>>>(
-        (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1429,29 +1388,15 @@ static void cu_attention_block_plan(nn_ctx *c, int max_q, int max_tk, int H, int
     cuda_attention_block_plan(max_q, max_tk, H, Hk, d);
 }
 
-/* With q_norm, the queries' norm + RoPE backward reads dq straight from the fused backward's
- * fp32 accumulator where that path ran (and zeroes it, in place of the backward's own last
- * pass), else from dq as head_norm_rope_bwd. */
 static void cu_attention_block_bwd(nn_ctx *c, nn_buf *dq, nn_buf *dk, nn_buf *dv,
                                    const nn_buf *dout, const nn_buf *q, const nn_buf *k,
                                    const nn_buf *v, const nn_buf *out, const float *lse,
                                    const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                                   int Hk, int d, const nn_head_norm_rope_grad *q_norm) {
+                                   int Hk, int d) {
     MAIN_STREAM_ONLY(c);
-    const int T = n_blocks > 0 && B > 0 ? n_blocks * B : 0;
-    cuda_dq_defer defer = {NULL, 1.0f};
-    const bool fold = q_norm && T > 0 &&
-                      norm_rope_bwd_vec(q_norm->dx, q_norm->x, q_norm->w, q_norm->rot, d);
     cuda_attention_block_bwd(c->stream, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout,
                              (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)out,
-                             lse, spans, n_blocks, B, Tk, H, Hk, d, fold ? &defer : NULL);
-    if (!q_norm) return;
-    if (defer.acc) /* fold: the vector path takes the buffers */
-        norm_rope_bwd_pairs<true>(c, q_norm->dx, q_norm->dw, NULL, defer.acc, defer.mul, q_norm->x,
-                                  q_norm->w, q_norm->rot, T, H, d, q_norm->eps);
-    else
-        cu_head_norm_rope_bwd(c, q_norm->dx, q_norm->dw, dq, q_norm->x, q_norm->w, q_norm->rot, T,
-                              H, d, q_norm->eps);
+                             lse, spans, n_blocks, B, Tk, H, Hk, d);
 }
 
 /* ------------------------------------------------------------------------------------------ */

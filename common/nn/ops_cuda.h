@@ -54,20 +54,12 @@ void cuda_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
                               const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                               const __nv_bfloat16 *v, const nn_block_span *spans, int n_blocks,
                               int B, int Tk, int H, int Hk, int d);
-/* dq left by the block backward in its fp32 accumulator instead of stored: given a defer, the
- * fused path (ops_cuda_attn_bwd.cu) skips its last pass and sets acc ([Q, H, d], dq = acc mul),
- * which the caller must read and leave zero before the next block backward; every other path
- * stores dq and sets acc NULL. */
-typedef struct {
-    float *acc;
-    float mul;
-} cuda_dq_defer;
 void cuda_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
                               __nv_bfloat16 *dv, const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
                               const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                               const __nv_bfloat16 *out, const float *lse,
                               const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                              int Hk, int d, cuda_dq_defer *defer);
+                              int Hk, int d);
 /* Tensor-core versions (ops_cuda_attn_tc.cu) for d 64 / 128 and 16-byte aligned buffers: return
  * 0 when they queued the work, -1 when the shape is not theirs (the caller falls back). */
 int cuda_tc_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
@@ -82,7 +74,7 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat1
                                 const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                                 const __nv_bfloat16 *v, const __nv_bfloat16 *out, const float *lse,
                                 const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                                int Hk, int d, cuda_dq_defer *defer);
+                                int Hk, int d);
 int cuda_tc_attention_init(void);
 /* Grows the block backward's split buffers (dk/dv partials, tickets, saved D) for these shapes;
  * -1 when there is no memory (the old buffers stay). */

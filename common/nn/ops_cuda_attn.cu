@@ -523,10 +523,9 @@ void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16
 void cuda_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                               const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
                               const float *lse, const nn_block_span *spans, int n_blocks, int B,
-                              int Tk, int H, int Hk, int d, cuda_dq_defer *defer) {
+                              int Tk, int H, int Hk, int d) {
     check_heads(H, Hk, d);
     assert(lse);
-    if (defer) defer->acc = NULL;
     if (Tk > 0 && (n_blocks <= 0 || B <= 0)) {
         CUDA_CHECK(cudaMemsetAsync(dk, 0, (size_t)Tk * Hk * d * sizeof(bf16), st));
         CUDA_CHECK(cudaMemsetAsync(dv, 0, (size_t)Tk * Hk * d * sizeof(bf16), st));
@@ -534,7 +533,7 @@ void cuda_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, con
     }
     if (n_blocks <= 0 || B <= 0) return;
     if (cuda_tc_attention_block_bwd(st, dq, dk, dv, dout, q, k, v, out, lse, spans, n_blocks, B, Tk,
-                                    H, Hk, d, defer) == 0)
+                                    H, Hk, d) == 0)
         return;
     attn_args a = block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = dq, a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse_in = lse;

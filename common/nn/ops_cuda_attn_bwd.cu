@@ -29,9 +29,7 @@
  * Launches (same stream): k_bwd_rowD (D = rowsum(dO * O) per row into dsave [H, Q], one warp
  * per row), k_bwd_fused, k_bwd_dq_out (dqacc to bf16 dq, times the scale where k_wgb_fused,
  * which sums dS unscaled, ran; and dqacc zeroed again for the next call: it is zero between
- * calls, as the split scratch), unless the caller gave a defer (ops_cuda.h): then dqacc is left
- * to it, which reads it and zeroes it in its own pass (ops_cuda.cu: the queries' head norm +
- * RoPE backward).
+ * calls, as the split scratch).
  * CTA (DFLASH_CUDA_ATTN_FUSED = keys x phase-A rows): 128x64 (default) / 128x32: 8 warps own
  * KT = 128 keys of kv head hk, one CTA per SM (251 registers; 155 KB of shared memory, 191 KB
  * with the bulk staging); 64x64 / 64x32: 4 warps, 64 keys, 2 CTAs per SM (112 KB), twice the
@@ -476,8 +474,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
                                  int *tickets, int split_max, int vps, float *dsave,
                                  const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                  const bf16 *out, const float *lse, const nn_block_span *spans,
-                                 int n_blocks, int B, int Tk, int H, int Hk, int d,
-                                 cuda_dq_defer *defer) {
+                                 int n_blocks, int B, int Tk, int H, int Hk, int d) {
     int dev = 0;
     if (d != 128 || Hk <= 0 || H % Hk || H / Hk > FROWS || !dsave || n_blocks <= 0 || B <= 0 ||
         (long long)B * (H / Hk) >= (1 << 20) || /* rows per block: bwd_div_small's range */
@@ -523,10 +520,6 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
             bwd_launch<0>(st, a, var);
     }
     CUDA_CHECK_LAUNCH();
-    if (defer) { /* the caller reads dqacc and leaves it zero (ops_cuda.h) */
-        defer->acc = a.dqacc, defer->mul = dq_mul;
-        return 0;
-    }
     const size_t n4 = rows * d / 4;
     k_bwd_dq_out<<<(unsigned)((n4 + 1023) / 1024), 256, 0, st>>>(a.dqacc, dq, n4, dq_mul);
     CUDA_CHECK_LAUNCH();

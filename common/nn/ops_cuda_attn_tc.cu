@@ -736,7 +736,7 @@ int cuda_tc_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf
 int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                 const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
                                 const float *lse, const nn_block_span *spans, int n_blocks, int B,
-                                int Tk, int H, int Hk, int d, cuda_dq_defer *defer) {
+                                int Tk, int H, int Hk, int d) {
     if (!tc_usable(H, Hk, d, dq, q, k, v, dout) || !al16(dk) || !al16(dv) || !al16(out) ||
         n_blocks <= 0 || B <= 0 || Tk <= 0)
         return -1;
@@ -758,8 +758,8 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
     dim3 gq(n_blocks * a.tiles_per_block, Hk), gk(n_kt, Hk, a.split_max);
     if (cuda_attn_mode() == ATTN_FUSED &&
         cuda_bwd_attention_block_bwd(st, dq, dk, dv, a.acc, a.tickets, a.split_max, a.vps, a.dsave,
-                                     dout, q, k, v, out, lse, spans, n_blocks, B, Tk, H, Hk, d,
-                                     defer) == 0)
+                                     dout, q, k, v, out, lse, spans, n_blocks, B, Tk, H, Hk,
+                                     d) == 0)
         return 0;
     bool mma_dq = cuda_attn_mode() >= ATTN_MMA &&
                   cuda_mma_attention_dq(st, dq, a.dsave, dout, q, k, v, out, lse, spans, n_blocks,

@@ -152,8 +152,7 @@ static int check_attention_block(const refdump *d) {
                 *dout = refdump_f32(d, "attention_block.dout", nq);
     float *out = buf(nq), *lse = buf((size_t)H * Q), *dq = buf(nq), *dk = buf(nk), *dv = buf(nk);
     ops->attention_block_fwd(ctx, out, lse, q, k, v, spans, nb, B, Tk, H, Hk, hd);
-    ops->attention_block_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, spans, nb, B, Tk, H, Hk, hd,
-                             NULL);
+    ops->attention_block_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, spans, nb, B, Tk, H, Hk, hd);
     int bad = refdump_check(d, "attention_block.out", out, nq, TOL) +
               refdump_check(d, "attention_block.lse", lse, (size_t)H * Q, TOL) +
               refdump_check(d, "attention_block.dq", dq, nq, TOL) +

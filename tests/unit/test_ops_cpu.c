@@ -468,7 +468,7 @@ static void blk_check(blk_t *a, const char *what, size_t step) {
 
     float *dq = rnd(a->nq, 7), *dk = rnd(a->nk, 7), *dv = rnd(a->nk, 7);
     ops->attention_block_bwd(ctx, dq, dk, dv, a->R, a->q, a->k, a->v, a->out, a->lse, a->spans,
-                             a->nb, a->B, a->Tk, a->H, a->Hk, a->d, NULL);
+                             a->nb, a->B, a->Tk, a->H, a->Hk, a->d);
     /* sampled finite differences: view every step-th element as its own 1-element check */
     double worst[3] = {0, 0, 0};
     float *x[3] = {a->q, a->k, a->v}, *g[3] = {dq, dk, dv};
@@ -532,28 +532,8 @@ static void test_attention_block(void) {
     /* keep = 0 rows get dq = 0 */
     float *dq = rnd(a.nq, 7), *dk = rnd(a.nk, 7), *dv = rnd(a.nk, 7);
     ops->attention_block_bwd(ctx, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, a.nb, a.B,
-                             a.Tk, a.H, a.Hk, a.d, NULL);
+                             a.Tk, a.H, a.Hk, a.d);
     CHECK(max_abs(dq + rowb, rowb) == 0.0);
-
-    /* with q_norm the queries' gradient goes on through that head norm + RoPE backward: the
-     * same bits as head_norm_rope_bwd on dq (all nb B rows, H heads, from rot's first row) */
-    float inv[8], *rot = zeros((size_t)a.Q * a.d), *qraw = rnd(a.nq, 2), *wq = rnd(a.d, 1);
-    float *dx_ref = zeros(a.nq), *dw_ref = rnd(a.d, 3), *dx = zeros(a.nq), *dw = zeros(a.d);
-    int32_t pos[12];
-    CHECK(a.Q <= 12 && a.d <= 16);
-    for (int t = 0; t < a.Q; t++)
-        pos[t] = 5 + 3 * t;
-    rope_inv_freq(inv, a.d, 10000.0, NULL);
-    ops->rope_table(ctx, rot, pos, inv, a.Q, a.d);
-    memcpy(dw, dw_ref, a.d * sizeof(float));
-    ops->head_norm_rope_bwd(ctx, dx_ref, dw_ref, dq, qraw, wq, rot, a.Q, a.H, a.d, 1e-6f);
-    const nn_head_norm_rope_grad qn = {dx, dw, qraw, wq, rot, 1e-6f};
-    float *dq2 = zeros(a.nq);
-    ops->attention_block_bwd(ctx, dq2, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, a.spans, a.nb,
-                             a.B, a.Tk, a.H, a.Hk, a.d, &qn);
-    CHECK(max_diff(dx, dx_ref, a.nq) == 0.0 && max_abs(dx, a.nq) > 0.0);
-    CHECK(max_diff(dw, dw_ref, a.d) == 0.0);
-    free(rot), free(qraw), free(wq), free(dx_ref), free(dw_ref), free(dx), free(dw), free(dq2);
     free(o0), free(dq), free(dk), free(dv);
     blk_free(&a);
 
@@ -598,7 +578,7 @@ static void test_attention_threads(void) {
         if (i == 0) memcpy(lse1, a.lse, (size_t)a.H * a.Q * sizeof(float));
         dq[i] = zeros(a.nq), dk[i] = zeros(a.nk), dv[i] = zeros(a.nk);
         ops->attention_block_bwd(ctx, dq[i], dk[i], dv[i], a.R, a.q, a.k, a.v, a.out, a.lse,
-                                 a.spans, a.nb, a.B, a.Tk, a.H, a.Hk, a.d, NULL);
+                                 a.spans, a.nb, a.B, a.Tk, a.H, a.Hk, a.d);
     }
     ctx = saved;
     int same = 1;

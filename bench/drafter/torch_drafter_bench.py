@@ -15,16 +15,20 @@ torch.cuda.synchronize around them. FLOPs and MFU: bench-drafter's formula (see 
 this run's anchors, against --peak-tflops (bench-drafter's measured peak in the same run).
 Energy: the board's joules per timed step and mean power from NVML's counter (ctypes, as
 bench-drafter's energy.h), "energy: n/a" without it. Curve: each timed step's loss and gradient
-norm (read after the timed steps), as bench-drafter prints them.
+norm (read after the timed steps), as bench-drafter prints them. --profile-steps N: N more steps
+under torch.profiler, then the GPU time per step by kernel group (products: cuBLAS / CUTLASS /
+nvjet GEMM kernels; attention: flex_attention's; optimizer; the rest) and the 12 largest
+kernels, for the side-by-side with bench-drafter's op profile.
 Last lines: RESULT case=... steps_per_s=... samples_per_s=... mfu=... peak_gib=...
 """
 import argparse
-import ctypes
 import math
 import time
 
 import torch
 import torch.nn.functional as F
+
+from nvml_energy import nvml_energy
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--peak-tflops", type=float, default=0.0)
@@ -32,6 +36,9 @@ ap.add_argument("--layers", type=int, default=5)
 ap.add_argument("--cases", default="s3072_a512,s768_a256,4xs768_a256")
 ap.add_argument("--no-compile", action="store_true")
 ap.add_argument("--steps", type=int, default=10, help="timed steps per case")
+ap.add_argument("--profile-steps", type=int, default=0,
+                help="after the timed steps, this many more under torch.profiler: GPU time per "
+                     "step by kernel group and the largest kernels")
 a = ap.parse_args()
 
 try:
@@ -46,30 +53,7 @@ dev = "cuda"
 torch.manual_seed(0)
 
 
-def nvml_energy():
-    """A function giving the board's energy counter in joules (None without NVML) and the
-    enforced power limit in watts."""
-    try:
-        nv = ctypes.CDLL("libnvidia-ml.so.1")
-        assert nv.nvmlInit_v2() == 0
-        bus = torch.cuda.get_device_properties(torch.cuda.current_device())
-        pci = f"{bus.pci_domain_id:08x}:{bus.pci_bus_id:02x}:{bus.pci_device_id:02x}.0"
-        h = ctypes.c_void_p()
-        assert nv.nvmlDeviceGetHandleByPciBusId_v2(pci.encode(), ctypes.byref(h)) == 0
-        mw = ctypes.c_uint()
-        assert nv.nvmlDeviceGetEnforcedPowerLimit(h, ctypes.byref(mw)) == 0
-
-        def joules():
-            mj = ctypes.c_ulonglong()
-            ok = nv.nvmlDeviceGetTotalEnergyConsumption(h, ctypes.byref(mj)) == 0
-            return mj.value / 1000.0 if ok else None
-        return joules if joules() is not None else None, mw.value / 1000.0
-    except Exception as e:  # no driver library, no counter
-        print(f"energy: no NVML energy counter ({type(e).__name__} {e})", flush=True)
-        return None, 0.0
-
-
-energy_j, power_limit_w = nvml_energy()
+energy_j, power_limit_w = nvml_energy(torch)
 
 
 def rmsnorm(x, w):
@@ -126,6 +110,47 @@ class Drafter(torch.nn.Module):
         logits = (out @ lm_head.T).float()
         ce = F.cross_entropy(logits, labels, reduction="none")
         return (w * ce).sum() / w.sum()
+
+
+KERNEL_GROUPS = (("products", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_")),
+                 ("attention", ("flex", "attention")),
+                 ("optimizer", ("adam", "multi_tensor")))
+
+
+def kernel_group(name):
+    low = name.lower()
+    for group, keys in KERNEL_GROUPS:
+        if any(k in low for k in keys):
+            return group
+    return "other"
+
+
+def print_profile(step, n):
+    """n steps under torch.profiler; GPU (self) time per step by kernel group and the largest
+    kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    kern = []
+    for e in prof.key_averages():  # the GPU's own events (kernels, copies, fills), not the ops
+        if "CUDA" not in str(getattr(e, "device_type", "")):
+            continue
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0.0)
+        if us > 0:
+            kern.append((us / 1e3 / n, e.count / n, e.key))
+    total = sum(k[0] for k in kern)
+    groups = {}
+    for ms, _, key in kern:
+        groups[kernel_group(key)] = groups.get(kernel_group(key), 0.0) + ms
+    print(f"profile ({n} steps, GPU time per step): {total:.1f} ms; " +
+          ", ".join(f"{g} {groups[g]:.1f}" for g in sorted(groups, key=lambda g: -groups[g])),
+          flush=True)
+    for ms, calls, key in sorted(kern, reverse=True)[:12]:
+        print(f"  {ms:8.2f} ms {calls:6.1f} calls  {kernel_group(key):9s} {key[:90]}", flush=True)
 
 
 def run_case(name, peak, embed, lm_head):
@@ -231,6 +256,8 @@ def run_case(name, peak, embed, lm_head):
     else:
         print(f"energy: {(j1 - j0) / steps:.2f} J/step, {(j1 - j0) / (steps * sec):.0f} W mean "
               f"over the timed steps (board limit {power_limit_w:.0f} W)", flush=True)
+    if a.profile_steps > 0:
+        print_profile(step, a.profile_steps)
     del model, opt, fwd
     torch.cuda.empty_cache()
 

@@ -53,9 +53,9 @@ def main():
     for name, m, k, n, bwd in ROWS:
         x, w = uniform((m, k), 1.0), uniform((n, k), 0.02)
         if bwd:
-            dy, dx, dw = uniform((m, n), 1.0), torch.empty(m, k, device="cuda",
-                                                           dtype=torch.bfloat16), \
-                torch.zeros(n, k, device="cuda", dtype=torch.bfloat16)
+            dy = uniform((m, n), 1.0)
+            dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+            dw = torch.zeros(n, k, device="cuda", dtype=torch.bfloat16)
 
             def fn():
                 torch.mm(dy, w, out=dx)

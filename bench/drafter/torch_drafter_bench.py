@@ -145,7 +145,8 @@ def print_profile(step, n):
     total = sum(k[0] for k in kern)
     groups = {}
     for ms, _, key in kern:
-        groups[kernel_group(key)] = groups.get(kernel_group(key), 0.0) + ms
+        g = kernel_group(key)
+        groups[g] = groups.get(g, 0.0) + ms
     print(f"profile ({n} steps, GPU time per step): {total:.1f} ms; " +
           ", ".join(f"{g} {groups[g]:.1f}" for g in sorted(groups, key=lambda g: -groups[g])),
           flush=True)

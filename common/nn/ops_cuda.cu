@@ -962,10 +962,10 @@ static void cu_linear_bwd(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn
  * d / 2 + 8 j ..: the rotation needs no partner shuffle), and a lane loads its pairs' cos and
  * sin once per token (rope_lane: four 16-byte loads); the group reduces the sum of squares by
  * shuffles, so every lane of the warp runs every shuffle and only loads and stores are
- * predicated. Scalar path: a warp per row. Forward
- * values: n = bf16(bf16(x rstd) w), then the rotation on n (what rmsnorm then RoPE would
- * give). Users: the drafter's q and k (head_norm_rope_fwd/bwd) and the target's fused q|k|v
- * split (qkv_norm_rope_fwd: rows past the roped ones are v, copied). */
+ * predicated. Scalar path: a warp per row. Forward values: n = bf16(bf16(x rstd) w), then the
+ * rotation on n (what rmsnorm then RoPE would give). Users: the drafter's q and k
+ * (head_norm_rope_fwd/bwd) and the target's fused q|k|v split (qkv_norm_rope_fwd: rows past
+ * the roped ones are v, copied). */
 
 __global__ void k_rope_table(float *rot, const int32_t *pos, const float *inv_freq, int half) {
     float *r = rot + (size_t)blockIdx.x * 2 * half;

@@ -36,14 +36,21 @@
 #include <cstdlib>
 #include <vector>
 
+#include <unistd.h>
+
 #define BM 128
 #define BN 256
 #define BK 64
-#define STAGES 4
 #define GROUP_M 16
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
-#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 1024 + 2 * STAGES * 8)
+#define STG_ROW (BN * 2 + 16) /* a staged output row: 16 bytes of padding against bank conflicts */
+#define STG_BYTES (BM * STG_ROW)
+
+/* Shared memory of a variant: STAGES stages, plus the output staging where STAGED */
+static constexpr int smem_bytes(int stages, bool staged) {
+    return stages * (A_BYTES + B_BYTES) + (staged ? STG_BYTES : 0) + 1024 + 2 * stages * 8;
+}
 
 struct tile_of {
     int m0, n0;
@@ -72,6 +79,7 @@ __device__ __forceinline__ void wg_ss128_scaled(float (&d)[16][4], uint64_t da, 
 #endif
 }
 
+template <int STAGES, bool STAGED>
 __global__ void __launch_bounds__(384, 1)
     k_wg_gemm(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
               __nv_bfloat16 *y, int M, int N, int K) {
@@ -79,7 +87,8 @@ __global__ void __launch_bounds__(384, 1)
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * A_BYTES;
-    uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
+    uint8_t *stg = sb + STAGES * B_BYTES; /* STG_BYTES where STAGED */
+    uint64_t *full = (uint64_t *)(stg + (STAGED ? STG_BYTES : 0)), *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int tm = M / BM, tn = (N + BN - 1) / BN, tiles = tm * tn, kb = K / BK;
     if (threadIdx.x == 0) {
@@ -131,17 +140,42 @@ __global__ void __launch_bounds__(384, 1)
         wg_pin_all<16>(acc0);
         wg_pin_all<16>(acc1);
         if (tid == 0) mb_arrive(&empty[(i - 1) % STAGES]);
-        int r = o.m0 + c * 64 + 16 * warp + lane / 4;
+        int rr = 16 * warp + lane / 4; /* this thread's first row in the consumer's 64 */
+        if (!STAGED) {
+            int r = o.m0 + c * 64 + rr;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                int col = o.n0 + 8 * j + 2 * (lane % 4);
+                const float *a = j < 16 ? acc0[j] : acc1[j - 16];
+                if (col < N) {
+                    *(__nv_bfloat162 *)&y[(size_t)r * N + col] =
+                        __floats2bfloat162_rn(a[0], a[1]);
+                    *(__nv_bfloat162 *)&y[(size_t)(r + 8) * N + col] =
+                        __floats2bfloat162_rn(a[2], a[3]);
+                }
+            }
+            continue;
+        }
+        /* staged: the consumer's 64 x 256 bf16 into its rows of stg, then 16-byte stores of
+         * whole rows (named barrier 1 + c: this consumer's 128 threads) */
+        uint8_t *mine = stg + c * 64 * STG_ROW;
 #pragma unroll
         for (int j = 0; j < 32; j++) {
-            int col = o.n0 + 8 * j + 2 * (lane % 4);
             const float *a = j < 16 ? acc0[j] : acc1[j - 16];
-            if (col < N) {
-                *(__nv_bfloat162 *)&y[(size_t)r * N + col] = __floats2bfloat162_rn(a[0], a[1]);
-                *(__nv_bfloat162 *)&y[(size_t)(r + 8) * N + col] =
-                    __floats2bfloat162_rn(a[2], a[3]);
-            }
+            int cb = (8 * j + 2 * (lane % 4)) * 2;
+            *(__nv_bfloat162 *)(mine + rr * STG_ROW + cb) = __floats2bfloat162_rn(a[0], a[1]);
+            *(__nv_bfloat162 *)(mine + (rr + 8) * STG_ROW + cb) =
+                __floats2bfloat162_rn(a[2], a[3]);
         }
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+#pragma unroll 4
+        for (int q = tid; q < 64 * (BN / 8); q += 128) {
+            int row = q / (BN / 8), col = o.n0 + (q % (BN / 8)) * 8;
+            if (col < N)
+                *(uint4 *)&y[(size_t)(o.m0 + c * 64 + row) * N + col] =
+                    *(const uint4 *)(mine + row * STG_ROW + (q % (BN / 8)) * 16);
+        }
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
     }
 #endif
 }
@@ -187,10 +221,25 @@ struct product {
     cublasLtMatmulAlgo_t algo;
 };
 
-static void run_ours(const product &p) {
+/* The variants timed: stages and epilogue */
+struct variant {
+    const char *name;
+    void (*kernel)(CUtensorMap, CUtensorMap, __nv_bfloat16 *, int, int, int);
+    int smem;
+};
+#define VARIANT(S, STG) \
+    { #S " stages, " #STG, (void (*)(CUtensorMap, CUtensorMap, __nv_bfloat16 *, int, int, \
+                                     int))k_wg_gemm<S, STG>, smem_bytes(S, STG) }
+static const variant variants[] = {VARIANT(4, false), VARIANT(3, false), VARIANT(3, true)};
+#define N_VARIANTS 3
+
+static void run_ours(const product &p, int v) {
     int tiles = (p.M / BM) * ((p.N + BN - 1) / BN);
-    k_wg_gemm<<<std::min(tiles, g_sms), 384, SMEM_BYTES>>>(p.mx, p.mw, p.Y, p.M, p.N, p.K);
-    CK(cudaGetLastError());
+    const variant &w = variants[v];
+    void *args[] = {(void *)&p.mx, (void *)&p.mw, (void *)&p.Y, (void *)&p.M, (void *)&p.N,
+                    (void *)&p.K};
+    CK(cudaLaunchKernel((const void *)w.kernel, dim3(std::min(tiles, g_sms)), dim3(384), args,
+                        (size_t)w.smem, 0));
 }
 
 static void run_lt(const product &p, __nv_bfloat16 *out) {
@@ -300,7 +349,9 @@ int main(int argc, char **argv) {
     wg_encode_fn enc = wg_tensor_map_encoder();
     if (!enc || bench_energy_open(&g_en, 0) != 0) return 1;
     CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaFuncSetAttribute(k_wg_gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+    for (const variant &v : variants)
+        CK(cudaFuncSetAttribute((const void *)v.kernel,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
     LK(cublasLtCreate(&lt));
     CK(cudaMalloc(&ws, ws_bytes));
     std::vector<product> ps = {{"check 256 x 512 x 128", 256, 512, 128},
@@ -309,39 +360,48 @@ int main(int argc, char **argv) {
                                {"gate|up 8192 x 24576 x 4096", 8192, 24576, 4096},
                                {"down 8192 x 4096 x 12288", 8192, 4096, 12288},
                                {"lm_head 7680 x 151936 x 4096", 7680, 151936, 4096}};
-    printf("tile %d x %d x %d, %d stages, %d SMs, board limit %.0f W, %.1f s sustained\n", BM, BN,
-           BK, STAGES, g_sms, g_en.limit_w, sec);
+    printf("tile %d x %d x %d, %d SMs, board limit %.0f W, %.1f s sustained\n", BM, BN, BK,
+           g_sms, g_en.limit_w, sec);
     bool ok = true;
     for (product &p : ps) {
         setup(p, enc);
-        run_ours(p);
         run_lt(p, p.Yref);
-        CK(cudaDeviceSynchronize());
-        double err = check(p);
-        bool good = err < 1e-2;
-        ok = ok && good;
-        printf("%-30s max error / max |ref| %.2e %s\n", p.name, err, good ? "ok" : "FAILED");
-        if (!good || p.M < 1024) {
-            CK(cudaFree(p.X)), CK(cudaFree(p.W)), CK(cudaFree(p.Y)), CK(cudaFree(p.Yref));
-            continue;
+        bool good = true;
+        for (int v = 0; v < N_VARIANTS; v++) {
+            CK(cudaMemset(p.Y, 0xff, (size_t)p.M * p.N * 2)); /* NaN where nothing is stored */
+            run_ours(p, v);
+            CK(cudaDeviceSynchronize());
+            double err = check(p);
+            good = good && err < 1e-2;
+            printf("%-30s %-18s max error / max |ref| %.2e %s\n", p.name, variants[v].name, err,
+                   err < 1e-2 ? "ok" : "FAILED");
         }
+        ok = ok && good;
         double flop = 2.0 * p.M * p.N * p.K;
-        for (int round = 0; round < 2; round++) {
-            float c_ours = cool_ms([&] { run_ours(p); }), c_lt = cool_ms([&] { run_lt(p, p.Y); });
-            double ms_o, j_o, ms_l, j_l;
-            if (round == 0) {
-                sustained([&] { run_ours(p); }, sec, &ms_o, &j_o);
-                sustained([&] { run_lt(p, p.Y); }, sec, &ms_l, &j_l);
-            } else {
-                sustained([&] { run_lt(p, p.Y); }, sec, &ms_l, &j_l);
-                sustained([&] { run_ours(p); }, sec, &ms_o, &j_o);
+        for (int round = 0; good && p.M >= 1024 && round < 2; round++) {
+            double ms[N_VARIANTS + 1], j[N_VARIANTS + 1];
+            for (int q = 0; q <= N_VARIANTS; q++) {
+                int v = round ? N_VARIANTS - q : q; /* cuBLASLt is v == N_VARIANTS */
+                if (v == N_VARIANTS)
+                    sustained([&] { run_lt(p, p.Y); }, sec, &ms[v], &j[v]);
+                else
+                    sustained([&] { run_ours(p, v); }, sec, &ms[v], &j[v]);
             }
-            printf("  round %d: ours cool %.3f ms (%.0f TFLOP/s), sustained %.3f ms, %.4f J "
-                   "(%.2f pJ/FLOP, %.0f W) | cuBLASLt cool %.3f ms (%.0f), sustained %.3f ms, "
-                   "%.4f J (%.2f pJ/FLOP, %.0f W) | J ours / cuBLASLt %.3f\n",
-                   round, c_ours, flop / c_ours / 1e9, ms_o, j_o, j_o / flop * 1e12,
-                   j_o / ms_o * 1e3, c_lt, flop / c_lt / 1e9, ms_l, j_l, j_l / flop * 1e12,
-                   j_l / ms_l * 1e3, j_o / j_l);
+            printf("  round %d: cuBLASLt %.3f ms, %.4f J (%.3f pJ/FLOP, %.0f W)", round,
+                   ms[N_VARIANTS], j[N_VARIANTS], j[N_VARIANTS] / flop * 1e12,
+                   j[N_VARIANTS] / ms[N_VARIANTS] * 1e3);
+            for (int v = 0; v < N_VARIANTS; v++)
+                printf(" | %s %.3f ms, %.4f J (%.0f W), J / cuBLASLt's %.3f", variants[v].name,
+                       ms[v], j[v], j[v] / ms[v] * 1e3, j[v] / j[N_VARIANTS]);
+            printf("\n");
+        }
+        for (int round = 0; good && p.M >= 1024 && round < 1; round++) {
+            CK(cudaDeviceSynchronize());
+            usleep(200000); /* a cooler board for the cool timings */
+            printf("  cool: cuBLASLt %.3f ms", cool_ms([&] { run_lt(p, p.Y); }));
+            for (int v = 0; v < N_VARIANTS; v++)
+                printf(" | %s %.3f ms", variants[v].name, cool_ms([&] { run_ours(p, v); }));
+            printf("\n");
         }
         CK(cudaFree(p.X)), CK(cudaFree(p.W)), CK(cudaFree(p.Y)), CK(cudaFree(p.Yref));
     }

@@ -45,11 +45,14 @@
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
 #define STG_ROW (BN * 2 + 16) /* a staged output row: 16 bytes of padding against bank conflicts */
-#define STG_BYTES (BM * STG_ROW)
 
-/* Shared memory of a variant: STAGES stages, plus the output staging where STAGED */
-static constexpr int smem_bytes(int stages, bool staged) {
-    return stages * (A_BYTES + B_BYTES) + (staged ? STG_BYTES : 0) + 1024 + 2 * stages * 8;
+enum { EPI_DIRECT, EPI_ROWS, EPI_TMA }; /* the epilogues (see the kernel) */
+
+/* Shared memory of a variant: STAGES stages, plus the output staging of its epilogue */
+static constexpr int smem_bytes(int stages, int epi) {
+    return stages * (A_BYTES + B_BYTES) +
+           (epi == EPI_ROWS ? BM * STG_ROW : epi == EPI_TMA ? BM * BN * 2 : 0) + 1024 +
+           2 * stages * 8;
 }
 
 struct tile_of {
@@ -66,6 +69,52 @@ __device__ __forceinline__ tile_of tile_at(int t, int tm, int tn) {
     return o;
 }
 
+/* Tensor store (TMA) of the box at smem src to tensor map *map at (c0, c1), in this thread's
+ * bulk group; bulk_commit closes the group, bulk_wait_read waits until no group of this thread
+ * still reads shared memory. */
+__device__ __forceinline__ void tma_store_2d(const void *map, int c0, int c1, const void *src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"((uint32_t)__cvta_generic_to_shared(src))
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit(void) {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read(void) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* tma_load_3d delivered to the same offset in every CTA of the cluster in mask, each CTA's
+ * barrier at b's offset receiving its bytes */
+__device__ __forceinline__ void tma_load_3d_mc(void *dst, const void *map, int c0, int c1, int c2,
+                                               uint64_t *b, uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+        ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2),
+        "r"((uint32_t)__cvta_generic_to_shared(b)), "h"(mask)
+        : "memory");
+}
+
+/* arrival on the barrier at b's offset in cluster CTA rank */
+__device__ __forceinline__ void mb_arrive_cluster(uint64_t *b, int rank) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(b), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(r)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ int cluster_rank(void) {
+    int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
 /* d (64 x 128) = A B + (add ? d : 0), both K-major in shared memory: wg_ss<128> with the
  * scale-d predicate taken at run time, so that the first k16 step of a tile is the same code
  * as the others (two code paths made ptxas insert warpgroup waits) */
@@ -79,46 +128,73 @@ __device__ __forceinline__ void wg_ss128_scaled(float (&d)[16][4], uint64_t da, 
 #endif
 }
 
-template <int STAGES, bool STAGED>
+/* Releases stage ps: one arrival per consumer warpgroup, on this CTA's barrier and (CL 2) on
+ * the peer's, whose producer multicasts into this CTA's stage too */
+template <int CL> __device__ __forceinline__ void release_stage(uint64_t *empty, int rank) {
+    mb_arrive(empty);
+    if (CL == 2) mb_arrive_cluster(empty, rank ^ 1);
+}
+
+/* CL = 2: clusters of two CTAs on vertically adjacent tiles (the same W tile): each loads its
+ * own X tile and one half of the W tile, multicast to both; a stage is free when the consumers
+ * of both CTAs are done with it. EPI: EPI_DIRECT stores bf16 pairs from the accumulators;
+ * EPI_ROWS stages them in shared memory and stores whole rows in 16-byte stores; EPI_TMA stages
+ * them as 64 x 64 swizzled boxes and stores them by tensor copies, waited for only before the
+ * next tile's staging. */
+template <int STAGES, int EPI, int CL>
 __global__ void __launch_bounds__(384, 1)
     k_wg_gemm(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
-              __nv_bfloat16 *y, int M, int N, int K) {
+              const __grid_constant__ CUtensorMap my, __nv_bfloat16 *y, int M, int N, int K) {
 #if WG_DEVICE
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * A_BYTES;
-    uint8_t *stg = sb + STAGES * B_BYTES; /* STG_BYTES where STAGED */
-    uint64_t *full = (uint64_t *)(stg + (STAGED ? STG_BYTES : 0)), *empty = full + STAGES;
+    uint8_t *stg = sb + STAGES * B_BYTES;
+    const int stg_bytes = EPI == EPI_ROWS ? BM * STG_ROW : EPI == EPI_TMA ? BM * BN * 2 : 0;
+    uint64_t *full = (uint64_t *)(stg + stg_bytes), *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const int tm = M / BM, tn = (N + BN - 1) / BN, tiles = tm * tn, kb = K / BK;
+    const int rank = CL == 2 ? cluster_rank() : 0;
+    /* work items: tiles (CL 1) or vertical pairs of tiles (CL 2), one per CTA group of CL */
+    const int tm = M / (BM * CL), tn = (N + BN - 1) / BN, items = tm * tn, kb = K / BK;
+    const int first = blockIdx.x / CL, step = gridDim.x / CL;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++)
-            mb_init(&full[s], 1), mb_init(&empty[s], 2);
+            mb_init(&full[s], 1), mb_init(&empty[s], 2 * CL);
         mb_init_fence();
     }
     __syncthreads();
+    if (CL == 2) cluster_sync();
     if (wg == 0) {
         wg_setmaxnreg_dec<24>();
-        if (tid != 0) return;
-        long i = 0;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-            tile_of o = tile_at(t, tm, tn);
-            for (int k = 0; k < kb; k++, i++) {
-                int s = (int)(i % STAGES);
-                if (i >= STAGES) mb_wait(&empty[s], (int)((i / STAGES - 1) & 1));
-                mb_arrive_tx(&full[s], A_BYTES + B_BYTES);
-                tma_load_3d(sa + s * A_BYTES, &mx, 0, o.m0, k, &full[s]);
-                tma_load_3d(sb + s * B_BYTES, &mw, 0, o.n0, k, &full[s]);
+        if (tid == 0) {
+            long i = 0;
+            for (int t = first; t < items; t += step) {
+                tile_of o = tile_at(t, tm, tn);
+                int m0 = o.m0 * CL + rank * BM;
+                for (int k = 0; k < kb; k++, i++) {
+                    int s = (int)(i % STAGES);
+                    if (i >= STAGES) mb_wait(&empty[s], (int)((i / STAGES - 1) & 1));
+                    mb_arrive_tx(&full[s], A_BYTES + B_BYTES);
+                    tma_load_3d(sa + s * A_BYTES, &mx, 0, m0, k, &full[s]);
+                    if (CL == 1)
+                        tma_load_3d(sb + s * B_BYTES, &mw, 0, o.n0, k, &full[s]);
+                    else
+                        tma_load_3d_mc(sb + s * B_BYTES + rank * (B_BYTES / 2), &mw, 0,
+                                       o.n0 + rank * (BN / 2), k, &full[s], 3);
+                }
             }
         }
+        __syncwarp();
+        if (CL == 2) cluster_sync(); /* the peer's last arrivals land before either exits */
         return;
     }
     wg_setmaxnreg_inc<240>();
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     float acc0[16][4], acc1[16][4];
     long i = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int t = first; t < items; t += step) {
         tile_of o = tile_at(t, tm, tn);
+        const int m0 = o.m0 * CL + rank * BM;
         for (int k = 0; k < kb; k++, i++) {
             int s = (int)(i % STAGES);
             mb_wait(&full[s], (int)((i / STAGES) & 1));
@@ -134,15 +210,15 @@ __global__ void __launch_bounds__(384, 1)
             }
             wg_commit();
             wg_wait<1>();
-            if (k > 0 && tid == 0) mb_arrive(&empty[(i - 1) % STAGES]);
+            if (k > 0 && tid == 0) release_stage<CL>(&empty[(i - 1) % STAGES], rank);
         }
         wg_wait<0>();
         wg_pin_all<16>(acc0);
         wg_pin_all<16>(acc1);
-        if (tid == 0) mb_arrive(&empty[(i - 1) % STAGES]);
+        if (tid == 0) release_stage<CL>(&empty[(i - 1) % STAGES], rank);
         int rr = 16 * warp + lane / 4; /* this thread's first row in the consumer's 64 */
-        if (!STAGED) {
-            int r = o.m0 + c * 64 + rr;
+        if (EPI == EPI_DIRECT) {
+            int r = m0 + c * 64 + rr;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 int col = o.n0 + 8 * j + 2 * (lane % 4);
@@ -154,29 +230,55 @@ __global__ void __launch_bounds__(384, 1)
                         __floats2bfloat162_rn(a[2], a[3]);
                 }
             }
-            continue;
-        }
-        /* staged: the consumer's 64 x 256 bf16 into its rows of stg, then 16-byte stores of
-         * whole rows (named barrier 1 + c: this consumer's 128 threads) */
-        uint8_t *mine = stg + c * 64 * STG_ROW;
+        } else if (EPI == EPI_ROWS) {
+            /* the consumer's 64 x 256 bf16 into its rows of stg, then 16-byte stores of whole
+             * rows (named barrier 1 + c: this consumer's 128 threads) */
+            uint8_t *mine = stg + c * 64 * STG_ROW;
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const float *a = j < 16 ? acc0[j] : acc1[j - 16];
-            int cb = (8 * j + 2 * (lane % 4)) * 2;
-            *(__nv_bfloat162 *)(mine + rr * STG_ROW + cb) = __floats2bfloat162_rn(a[0], a[1]);
-            *(__nv_bfloat162 *)(mine + (rr + 8) * STG_ROW + cb) =
-                __floats2bfloat162_rn(a[2], a[3]);
-        }
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+            for (int j = 0; j < 32; j++) {
+                const float *a = j < 16 ? acc0[j] : acc1[j - 16];
+                int cb = (8 * j + 2 * (lane % 4)) * 2;
+                *(__nv_bfloat162 *)(mine + rr * STG_ROW + cb) = __floats2bfloat162_rn(a[0], a[1]);
+                *(__nv_bfloat162 *)(mine + (rr + 8) * STG_ROW + cb) =
+                    __floats2bfloat162_rn(a[2], a[3]);
+            }
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
 #pragma unroll 4
-        for (int q = tid; q < 64 * (BN / 8); q += 128) {
-            int row = q / (BN / 8), col = o.n0 + (q % (BN / 8)) * 8;
-            if (col < N)
-                *(uint4 *)&y[(size_t)(o.m0 + c * 64 + row) * N + col] =
-                    *(const uint4 *)(mine + row * STG_ROW + (q % (BN / 8)) * 16);
+            for (int q = tid; q < 64 * (BN / 8); q += 128) {
+                int row = q / (BN / 8), col = o.n0 + (q % (BN / 8)) * 8;
+                if (col < N)
+                    *(uint4 *)&y[(size_t)(m0 + c * 64 + row) * N + col] =
+                        *(const uint4 *)(mine + row * STG_ROW + (q % (BN / 8)) * 16);
+            }
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+        } else {
+            /* four 64 x 64 boxes per consumer, 128-byte swizzled: element (row, col) of box
+             * col / 64 at row * 128 + ((col % 64 / 8) ^ (row % 8)) * 16 + col % 8 * 2 */
+            uint8_t *mine = stg + c * 4 * 8192;
+            if (tid == 0) bulk_wait_read(); /* the previous tile's boxes are read */
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const float *a = j < 16 ? acc0[j] : acc1[j - 16];
+                uint8_t *box = mine + (j / 8) * 8192;
+                int ch = j % 8, cb = 4 * (lane % 4);
+                *(__nv_bfloat162 *)(box + rr * 128 + ((ch ^ (rr % 8)) * 16) + cb) =
+                    __floats2bfloat162_rn(a[0], a[1]);
+                *(__nv_bfloat162 *)(box + (rr + 8) * 128 + ((ch ^ ((rr + 8) % 8)) * 16) + cb) =
+                    __floats2bfloat162_rn(a[2], a[3]);
+            }
+            fence_async_smem();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+            if (tid == 0) {
+                for (int b = 0; b < 4; b++)
+                    if (o.n0 + 64 * b < N)
+                        tma_store_2d(&my, o.n0 + 64 * b, m0 + c * 64, mine + b * 8192);
+                bulk_commit();
+            }
         }
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
     }
+    if (EPI == EPI_TMA && tid == 0) bulk_wait_read();
+    if (CL == 2) cluster_sync();
 #endif
 }
 
@@ -205,6 +307,20 @@ static CUtensorMap kblock_map(wg_encode_fn enc, const void *base, int rows, int 
     return m;
 }
 
+/* The 128-byte-swizzled map of the row-major [M, N] bf16 output, boxes of 64 x 64 */
+static CUtensorMap store_map(wg_encode_fn enc, const void *base, int M, int N) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * 2};
+    const cuuint32_t box[2] = {64, 64}, one[2] = {1, 1};
+    if (enc(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, one,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        printf("tensor map refused (output %d x %d)\n", M, N);
+        exit(1);
+    }
+    return m;
+}
+
 static cublasLtHandle_t lt;
 static void *ws;
 static size_t ws_bytes = 32 << 20;
@@ -215,31 +331,63 @@ struct product {
     const char *name;
     int M, N, K;
     __nv_bfloat16 *X, *W, *Y, *Yref;
-    CUtensorMap mx, mw;
+    CUtensorMap mx, mw, mw_half, my; /* W by 256 rows (CL 1) or 128 (CL 2); Y by 64 x 64 */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
 };
 
-/* The variants timed: stages and epilogue */
+/* The variants timed: stages, epilogue, cluster size */
+typedef void (*gemm_kernel)(CUtensorMap, CUtensorMap, CUtensorMap, __nv_bfloat16 *, int, int,
+                            int);
 struct variant {
     const char *name;
-    void (*kernel)(CUtensorMap, CUtensorMap, __nv_bfloat16 *, int, int, int);
-    int smem;
+    gemm_kernel kernel;
+    int smem, cl;
 };
-#define VARIANT(S, STG) \
-    { #S " stages, " #STG, (void (*)(CUtensorMap, CUtensorMap, __nv_bfloat16 *, int, int, \
-                                     int))k_wg_gemm<S, STG>, smem_bytes(S, STG) }
-static const variant variants[] = {VARIANT(4, false), VARIANT(3, false), VARIANT(3, true)};
-#define N_VARIANTS 3
+#define VARIANT(S, E, CL) \
+    { #S " stages " #E " cl " #CL, (gemm_kernel)k_wg_gemm<S, E, CL>, smem_bytes(S, E), CL }
+static const variant variants[] = {VARIANT(3, EPI_ROWS, 1), VARIANT(3, EPI_TMA, 1),
+                                   VARIANT(3, EPI_ROWS, 2), VARIANT(3, EPI_TMA, 2)};
+#define N_VARIANTS 4
+
+/* Clusters of each variant that fit on the device at once (cudaOccupancyMaxActiveClusters):
+ * a persistent grid of more would leave some waiting for others to finish all their work */
+static int g_max_clusters[16];
 
 static void run_ours(const product &p, int v) {
-    int tiles = (p.M / BM) * ((p.N + BN - 1) / BN);
     const variant &w = variants[v];
-    void *args[] = {(void *)&p.mx, (void *)&p.mw, (void *)&p.Y, (void *)&p.M, (void *)&p.N,
-                    (void *)&p.K};
-    CK(cudaLaunchKernel((const void *)w.kernel, dim3(std::min(tiles, g_sms)), dim3(384), args,
-                        (size_t)w.smem, 0));
+    int items = (p.M / (BM * w.cl)) * ((p.N + BN - 1) / BN);
+    const CUtensorMap *mw = w.cl == 2 ? &p.mw_half : &p.mw;
+    void *args[] = {(void *)&p.mx, (void *)mw, (void *)&p.my, (void *)&p.Y, (void *)&p.M,
+                    (void *)&p.N, (void *)&p.K};
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(std::min(items, g_max_clusters[v]) * w.cl);
+    cfg.blockDim = dim3(384);
+    cfg.dynamicSmemBytes = (size_t)w.smem;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)w.cl, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cfg.attrs = &at, cfg.numAttrs = w.cl > 1; /* CL 1: a plain launch */
+    CK(cudaLaunchKernelExC(&cfg, (const void *)w.kernel, args));
+}
+
+static void find_max_clusters(void) {
+    for (int v = 0; v < N_VARIANTS; v++) {
+        const variant &w = variants[v];
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(g_sms / w.cl * w.cl);
+        cfg.blockDim = dim3(384);
+        cfg.dynamicSmemBytes = (size_t)w.smem;
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = (unsigned)w.cl, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+        cfg.attrs = &at, cfg.numAttrs = 1;
+        int n = 0;
+        CK(cudaOccupancyMaxActiveClusters(&n, (const void *)w.kernel, &cfg));
+        g_max_clusters[v] = w.cl > 1 ? n : g_sms;
+        printf("%-22s at most %d clusters of %d at once\n", w.name, n, w.cl);
+    }
 }
 
 static void run_lt(const product &p, __nv_bfloat16 *out) {
@@ -299,6 +447,8 @@ static void setup(product &p, wg_encode_fn enc) {
     fill<<<1024, 256>>>(p.W, (size_t)p.N * p.K, 12);
     p.mx = kblock_map(enc, p.X, p.M, p.K, BM);
     p.mw = kblock_map(enc, p.W, p.N, p.K, BN);
+    p.mw_half = kblock_map(enc, p.W, p.N, p.K, BN / 2);
+    p.my = store_map(enc, p.Y, p.M, p.N);
     /* cuBLASLt, column-major: Y^T (N x M) = op_T(W: K x N) X^T (K x M), as ops_cuda runs it */
     LK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
@@ -354,8 +504,9 @@ int main(int argc, char **argv) {
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
     LK(cublasLtCreate(&lt));
     CK(cudaMalloc(&ws, ws_bytes));
+    find_max_clusters();
     std::vector<product> ps = {{"check 256 x 512 x 128", 256, 512, 128},
-                               {"check 384 x 600 x 4096", 384, 600, 4096},
+                               {"check 512 x 600 x 4096", 512, 600, 4096},
                                {"q/o 8192 x 4096 x 4096", 8192, 4096, 4096},
                                {"gate|up 8192 x 24576 x 4096", 8192, 24576, 4096},
                                {"down 8192 x 4096 x 12288", 8192, 4096, 12288},

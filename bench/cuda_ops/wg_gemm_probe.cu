@@ -128,6 +128,29 @@ __device__ __forceinline__ void wg_ss128_scaled(float (&d)[16][4], uint64_t da, 
 #endif
 }
 
+/* The 128 accumulator operands of an m64n256 wgmma (d[32][4]) and their register list */
+#define WG_ACC32(K, d) WG_ACC16(K, d), WG_ACC16(K, (d + 16))
+#define WG_REGS128 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
+    "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, " \
+    "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, " \
+    "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, " \
+    "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+/* wg_ss128_scaled for 64 x 256: one wgmma reads the A fragment once for all 256 columns */
+__device__ __forceinline__ void wg_ss256_scaled(float (&d)[32][4], uint64_t da, uint64_t db,
+                                                int add) {
+#if WG_DEVICE
+    asm volatile(WG_ASM(130, "m64n256k16", WG_REGS128, "%128, %129, p, 1, 1, 0, 0")
+                 : WG_ACC32("+f", d)
+                 : "l"(da), "l"(db), "r"(add)
+                 : "memory");
+#endif
+}
+
 /* Releases stage ps: one arrival per consumer warpgroup, on this CTA's barrier and (CL 2) on
  * the peer's, whose producer multicasts into this CTA's stage too */
 template <int CL> __device__ __forceinline__ void release_stage(uint64_t *empty, int rank) {
@@ -141,7 +164,7 @@ template <int CL> __device__ __forceinline__ void release_stage(uint64_t *empty,
  * EPI_ROWS stages them in shared memory and stores whole rows in 16-byte stores; EPI_TMA stages
  * them as 64 x 64 swizzled boxes and stores them by tensor copies, waited for only before the
  * next tile's staging. */
-template <int STAGES, int EPI, int CL>
+template <int STAGES, int EPI, int CL, bool WIDE>
 __global__ void __launch_bounds__(384, 1)
     k_wg_gemm(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
               const __grid_constant__ CUtensorMap my, __nv_bfloat16 *y, int M, int N, int K) {
@@ -190,7 +213,9 @@ __global__ void __launch_bounds__(384, 1)
     }
     wg_setmaxnreg_inc<240>();
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
-    float acc0[16][4], acc1[16][4];
+    float acc[32][4]; /* columns 0-127 in acc[0..15], 128-255 in acc[16..31] */
+    float(&acc0)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[0]);
+    float(&acc1)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[16]);
     long i = 0;
     for (int t = first; t < items; t += step) {
         tile_of o = tile_at(t, tm, tn);
@@ -205,16 +230,19 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
                 int add = k > 0 || kk > 0;
-                wg_ss128_scaled(acc0, da + kk * 2, db0 + kk * 2, add);
-                wg_ss128_scaled(acc1, da + kk * 2, db1 + kk * 2, add);
+                if (WIDE) {
+                    wg_ss256_scaled(acc, da + kk * 2, db0 + kk * 2, add);
+                } else {
+                    wg_ss128_scaled(acc0, da + kk * 2, db0 + kk * 2, add);
+                    wg_ss128_scaled(acc1, da + kk * 2, db1 + kk * 2, add);
+                }
             }
             wg_commit();
             wg_wait<1>();
             if (k > 0 && tid == 0) release_stage<CL>(&empty[(i - 1) % STAGES], rank);
         }
         wg_wait<0>();
-        wg_pin_all<16>(acc0);
-        wg_pin_all<16>(acc1);
+        wg_pin_all<32>(acc);
         if (tid == 0) release_stage<CL>(&empty[(i - 1) % STAGES], rank);
         int rr = 16 * warp + lane / 4; /* this thread's first row in the consumer's 64 */
         if (EPI == EPI_DIRECT) {
@@ -222,7 +250,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 int col = o.n0 + 8 * j + 2 * (lane % 4);
-                const float *a = j < 16 ? acc0[j] : acc1[j - 16];
+                const float *a = acc[j];
                 if (col < N) {
                     *(__nv_bfloat162 *)&y[(size_t)r * N + col] =
                         __floats2bfloat162_rn(a[0], a[1]);
@@ -236,7 +264,7 @@ __global__ void __launch_bounds__(384, 1)
             uint8_t *mine = stg + c * 64 * STG_ROW;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
-                const float *a = j < 16 ? acc0[j] : acc1[j - 16];
+                const float *a = acc[j];
                 int cb = (8 * j + 2 * (lane % 4)) * 2;
                 *(__nv_bfloat162 *)(mine + rr * STG_ROW + cb) = __floats2bfloat162_rn(a[0], a[1]);
                 *(__nv_bfloat162 *)(mine + (rr + 8) * STG_ROW + cb) =
@@ -259,7 +287,7 @@ __global__ void __launch_bounds__(384, 1)
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
 #pragma unroll
             for (int j = 0; j < 32; j++) {
-                const float *a = j < 16 ? acc0[j] : acc1[j - 16];
+                const float *a = acc[j];
                 uint8_t *box = mine + (j / 8) * 8192;
                 int ch = j % 8, cb = 4 * (lane % 4);
                 *(__nv_bfloat162 *)(box + rr * 128 + ((ch ^ (rr % 8)) * 16) + cb) =
@@ -345,10 +373,11 @@ struct variant {
     gemm_kernel kernel;
     int smem, cl;
 };
-#define VARIANT(S, E, CL) \
-    { #S " stages " #E " cl " #CL, (gemm_kernel)k_wg_gemm<S, E, CL>, smem_bytes(S, E), CL }
-static const variant variants[] = {VARIANT(3, EPI_ROWS, 1), VARIANT(3, EPI_TMA, 1),
-                                   VARIANT(3, EPI_ROWS, 2), VARIANT(3, EPI_TMA, 2)};
+#define VARIANT(S, E, CL, W) \
+    { #S " stages " #E " cl " #CL " n" #W, (gemm_kernel)k_wg_gemm<S, E, CL, W == 256>, \
+      smem_bytes(S, E), CL }
+static const variant variants[] = {VARIANT(3, EPI_TMA, 1, 128), VARIANT(3, EPI_TMA, 1, 256),
+                                   VARIANT(3, EPI_TMA, 2, 128), VARIANT(3, EPI_TMA, 2, 256)};
 #define N_VARIANTS 4
 
 /* Clusters of each variant that fit on the device at once (cudaOccupancyMaxActiveClusters):

@@ -46,13 +46,17 @@
 #define B_BYTES (BN * BK * 2)
 #define STG_ROW (BN * 2 + 16) /* a staged output row: 16 bytes of padding against bank conflicts */
 
-enum { EPI_DIRECT, EPI_ROWS, EPI_TMA }; /* the epilogues (see the kernel) */
+enum { EPI_DIRECT, EPI_ROWS, EPI_TMA, EPI_TMA_HALF }; /* the epilogues (see the kernel) */
 
 /* Shared memory of a variant: STAGES stages, plus the output staging of its epilogue */
+__host__ __device__ constexpr int staging_bytes(int epi) {
+    return epi == EPI_ROWS ? BM * STG_ROW
+           : epi == EPI_TMA ? BM * BN * 2
+           : epi == EPI_TMA_HALF ? BM * BN
+                                 : 0;
+}
 static constexpr int smem_bytes(int stages, int epi) {
-    return stages * (A_BYTES + B_BYTES) +
-           (epi == EPI_ROWS ? BM * STG_ROW : epi == EPI_TMA ? BM * BN * 2 : 0) + 1024 +
-           2 * stages * 8;
+    return stages * (A_BYTES + B_BYTES) + staging_bytes(epi) + 1024 + 2 * stages * 8;
 }
 
 struct tile_of {
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(384, 1)
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * A_BYTES;
     uint8_t *stg = sb + STAGES * B_BYTES;
-    const int stg_bytes = EPI == EPI_ROWS ? BM * STG_ROW : EPI == EPI_TMA ? BM * BN * 2 : 0;
+    const int stg_bytes = staging_bytes(EPI);
     uint64_t *full = (uint64_t *)(stg + stg_bytes), *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int rank = CL == 2 ? cluster_rank() : 0;
@@ -280,32 +284,38 @@ __global__ void __launch_bounds__(384, 1)
             }
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
         } else {
-            /* four 64 x 64 boxes per consumer, 128-byte swizzled: element (row, col) of box
-             * col / 64 at row * 128 + ((col % 64 / 8) ^ (row % 8)) * 16 + col % 8 * 2 */
-            uint8_t *mine = stg + c * 4 * 8192;
-            if (tid == 0) bulk_wait_read(); /* the previous tile's boxes are read */
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+            /* 64 x 64 boxes, 128-byte swizzled: element (row, col) of box col / 64 at row * 128
+             * + ((col % 64 / 8) ^ (row % 8)) * 16 + col % 8 * 2; EPI_TMA stages the consumer's
+             * four at once, EPI_TMA_HALF two at a time (half the staging, for a fourth stage) */
+            constexpr int per_pass = EPI == EPI_TMA ? 4 : 2;
+            uint8_t *mine = stg + c * per_pass * 8192;
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const float *a = acc[j];
-                uint8_t *box = mine + (j / 8) * 8192;
-                int ch = j % 8, cb = 4 * (lane % 4);
-                *(__nv_bfloat162 *)(box + rr * 128 + ((ch ^ (rr % 8)) * 16) + cb) =
-                    __floats2bfloat162_rn(a[0], a[1]);
-                *(__nv_bfloat162 *)(box + (rr + 8) * 128 + ((ch ^ ((rr + 8) % 8)) * 16) + cb) =
-                    __floats2bfloat162_rn(a[2], a[3]);
-            }
-            fence_async_smem();
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
-            if (tid == 0) {
-                for (int b = 0; b < 4; b++)
-                    if (o.n0 + 64 * b < N)
-                        tma_store_2d(&my, o.n0 + 64 * b, m0 + c * 64, mine + b * 8192);
-                bulk_commit();
+            for (int pass = 0; pass < 4 / per_pass; pass++) {
+                if (tid == 0) bulk_wait_read(); /* the staged boxes before are read */
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+#pragma unroll
+                for (int j = pass * 8 * per_pass; j < (pass + 1) * 8 * per_pass; j++) {
+                    const float *a = acc[j];
+                    uint8_t *box = mine + (j / 8 % per_pass) * 8192;
+                    int ch = j % 8, cb = 4 * (lane % 4);
+                    *(__nv_bfloat162 *)(box + rr * 128 + ((ch ^ (rr % 8)) * 16) + cb) =
+                        __floats2bfloat162_rn(a[0], a[1]);
+                    *(__nv_bfloat162 *)(box + (rr + 8) * 128 + ((ch ^ ((rr + 8) % 8)) * 16) +
+                                        cb) = __floats2bfloat162_rn(a[2], a[3]);
+                }
+                fence_async_smem();
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+                if (tid == 0) {
+                    for (int b = 0; b < per_pass; b++) {
+                        int col = o.n0 + 64 * (pass * per_pass + b);
+                        if (col < N) tma_store_2d(&my, col, m0 + c * 64, mine + b * 8192);
+                    }
+                    bulk_commit();
+                }
             }
         }
     }
-    if (EPI == EPI_TMA && tid == 0) bulk_wait_read();
+    if (EPI >= EPI_TMA && tid == 0) bulk_wait_read();
     if (CL == 2) cluster_sync();
 #endif
 }
@@ -376,9 +386,9 @@ struct variant {
 #define VARIANT(S, E, CL, W) \
     { #S " stages " #E " cl " #CL " n" #W, (gemm_kernel)k_wg_gemm<S, E, CL, W == 256>, \
       smem_bytes(S, E), CL }
-static const variant variants[] = {VARIANT(3, EPI_TMA, 1, 128), VARIANT(3, EPI_TMA, 1, 256),
-                                   VARIANT(3, EPI_TMA, 2, 128), VARIANT(3, EPI_TMA, 2, 256)};
-#define N_VARIANTS 4
+static const variant variants[] = {VARIANT(3, EPI_TMA, 1, 256), VARIANT(4, EPI_TMA_HALF, 1, 256),
+                                   VARIANT(4, EPI_TMA_HALF, 2, 256)};
+#define N_VARIANTS 3
 
 /* Clusters of each variant that fit on the device at once (cudaOccupancyMaxActiveClusters):
  * a persistent grid of more would leave some waiting for others to finish all their work */

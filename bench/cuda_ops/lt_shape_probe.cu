@@ -31,15 +31,6 @@
 #include <vector>
 
 
-__global__ void fill(__nv_bfloat16 *x, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        x[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.25f);
-    }
-}
-
 static cublasLtHandle_t lt;
 static void *ws;
 static size_t ws_bytes = 32 << 20;
@@ -209,12 +200,12 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&x, (size_t)M * D * 2));
     CK(cudaMalloc(&wgu, (size_t)F2 * D * 2));
     CK(cudaMalloc(&gu, (size_t)M * F2 * 2));
-    fill<<<2048, 256, 0, st>>>(W, (size_t)V * D, 1);
-    fill<<<2048, 256, 0, st>>>(h, (size_t)T * D, 2);
-    fill<<<2048, 256, 0, st>>>(logits, (size_t)V * T, 3);
-    fill<<<2048, 256, 0, st>>>(x, (size_t)M * D, 4);
-    fill<<<2048, 256, 0, st>>>(wgu, (size_t)F2 * D, 5);
-    fill<<<2048, 256, 0, st>>>(gu, (size_t)M * F2, 6);
+    probe_fill<<<2048, 256, 0, st>>>(W, (size_t)V * D, 1, 0.25f);
+    probe_fill<<<2048, 256, 0, st>>>(h, (size_t)T * D, 2, 0.25f);
+    probe_fill<<<2048, 256, 0, st>>>(logits, (size_t)V * T, 3, 0.25f);
+    probe_fill<<<2048, 256, 0, st>>>(x, (size_t)M * D, 4, 0.25f);
+    probe_fill<<<2048, 256, 0, st>>>(wgu, (size_t)F2 * D, 5, 0.25f);
+    probe_fill<<<2048, 256, 0, st>>>(gu, (size_t)M * F2, 6, 0.25f);
     CK(cudaGetLastError());
     if (cands) { /* the step's largest products (bench-drafter's op profile), as ops_cuda calls */
         const int F = F2 / 2;

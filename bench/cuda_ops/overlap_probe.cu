@@ -41,18 +41,8 @@ __global__ void adamw_like(float *p, __nv_bfloat16 *pb, const float *g, float *m
     }
 }
 
-__global__ void fill(__nv_bfloat16 *x, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        x[i] = __float2bfloat16((h & 0xffff) / 65536.0f - 0.5f);
-    }
-}
-
 struct matmul {
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, c;
+    probe_linear lin;
     cublasLtMatmulAlgo_t algo;
 };
 static cublasLtHandle_t lt;
@@ -63,36 +53,20 @@ static size_t ws_bytes = 64 << 20;
  * algorithm for SM target sms (0: the device's count). */
 static matmul make_matmul(int M, int N, int K, int sms) {
     matmul r;
-    LK(cublasLtMatmulDescCreate(&r.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    LK(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    LK(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n));
+    r.lin = probe_linear_make(M, N, K);
     if (sms)
-        LK(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms,
+        LK(cublasLtMatmulDescSetAttribute(r.lin.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms,
                                           sizeof sms));
-    LK(cublasLtMatrixLayoutCreate(&r.a, CUDA_R_16BF, K, N, K));
-    LK(cublasLtMatrixLayoutCreate(&r.b, CUDA_R_16BF, K, M, K));
-    LK(cublasLtMatrixLayoutCreate(&r.c, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &ws_bytes, sizeof ws_bytes));
     cublasLtMatmulHeuristicResult_t h;
-    int got = 0;
-    LK(cublasLtMatmulAlgoGetHeuristic(lt, r.op, r.a, r.b, r.c, r.c, pref, 1, &h, &got));
-    LK(cublasLtMatmulPreferenceDestroy(pref));
-    if (got < 1) {
-        printf("no cuBLASLt algorithm for %dx%dx%d at SM target %d\n", M, K, N, sms);
-        exit(1);
-    }
+    probe_linear_candidates(lt, r.lin, ws_bytes, &h, 1);
     r.algo = h.algo;
     return r;
 }
 
 static void run_matmul(const matmul &r, const void *W, const void *X, void *Y, cudaStream_t s) {
     float one = 1, zero = 0;
-    LK(cublasLtMatmul(lt, r.op, &one, W, r.a, X, r.b, &zero, Y, r.c, Y, r.c, &r.algo, ws,
-                      ws_bytes, s));
+    LK(cublasLtMatmul(lt, r.lin.op, &one, W, r.lin.a, X, r.lin.b, &zero, Y, r.lin.c, Y, r.lin.c,
+                      &r.algo, ws, ws_bytes, s));
 }
 
 static float elapsed(cudaEvent_t a, cudaEvent_t b) {
@@ -110,8 +84,8 @@ int main() {
     CK(cudaMalloc(&W, (size_t)N * K * 2));
     CK(cudaMalloc(&X, (size_t)M * K * 2));
     CK(cudaMalloc(&Y, (size_t)M * N * 2));
-    fill<<<1024, 256>>>(W, (size_t)N * K, 1);
-    fill<<<1024, 256>>>(X, (size_t)M * K, 2);
+    probe_fill<<<1024, 256>>>(W, (size_t)N * K, 1, 1.0f);
+    probe_fill<<<1024, 256>>>(X, (size_t)M * K, 2, 1.0f);
     CK(cudaGetLastError());
     int sms = 0; /* the device's multiprocessors: the matmuls' default target, AdamW's grid */
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

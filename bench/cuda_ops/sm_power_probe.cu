@@ -58,45 +58,11 @@ __global__ void adamw_split_like(uint16_t *hi, uint16_t *lo, float *m, float *v,
     }
 }
 
-__global__ void fill(__nv_bfloat16 *x, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        x[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.25f);
-    }
-}
-
 static cublasLtHandle_t lt;
 static void *ws;
 static size_t ws_bytes = 32 << 20;
-static cublasLtMatmulDesc_t op;
-static cublasLtMatrixLayout_t la, lb, lc;
+static probe_linear lin;
 static cublasLtMatmulAlgo_t algo;
-
-/* Y[M, N] = X[M, K] W[N, K]^T (row-major, as linear_fwd), the heuristic's first algorithm */
-static void make_matmul(int M, int N, int K) {
-    LK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n));
-    LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
-    LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-    LK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &ws_bytes, sizeof ws_bytes));
-    cublasLtMatmulHeuristicResult_t h;
-    int got = 0;
-    LK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &h, &got));
-    LK(cublasLtMatmulPreferenceDestroy(pref));
-    if (got < 1) {
-        printf("no cuBLASLt algorithm\n");
-        exit(1);
-    }
-    algo = h.algo;
-}
 
 struct shape {
     const char *name;
@@ -119,9 +85,12 @@ int main() {
     CK(cudaMalloc(&W, (size_t)N * K * 2));
     CK(cudaMalloc(&X, (size_t)M * K * 2));
     CK(cudaMalloc(&Y, (size_t)M * N * 2));
-    fill<<<1024, 256>>>(W, (size_t)N * K, 1);
-    fill<<<1024, 256>>>(X, (size_t)M * K, 2);
-    make_matmul(M, N, K);
+    probe_fill<<<1024, 256>>>(W, (size_t)N * K, 1, 0.25f);
+    probe_fill<<<1024, 256>>>(X, (size_t)M * K, 2, 0.25f);
+    lin = probe_linear_make(M, N, K);
+    cublasLtMatmulHeuristicResult_t h;
+    probe_linear_candidates(lt, lin, ws_bytes, &h, 1);
+    algo = h.algo; /* the heuristic's first */
     uint16_t *hi, *lo;
     float *m, *v;
     CK(cudaMalloc(&hi, n * 2));
@@ -129,9 +98,9 @@ int main() {
     CK(cudaMalloc(&g, n * 2));
     CK(cudaMalloc(&m, n * 4));
     CK(cudaMalloc(&v, n * 4));
-    fill<<<1024, 256>>>((__nv_bfloat16 *)hi, n, 3);
-    fill<<<1024, 256>>>((__nv_bfloat16 *)lo, n, 4);
-    fill<<<1024, 256>>>(g, n, 5);
+    probe_fill<<<1024, 256>>>((__nv_bfloat16 *)hi, n, 3, 0.25f);
+    probe_fill<<<1024, 256>>>((__nv_bfloat16 *)lo, n, 4, 0.25f);
+    probe_fill<<<1024, 256>>>(g, n, 5, 0.25f);
     CK(cudaMemset(m, 0, n * 4));
     CK(cudaMemset(v, 0, n * 4));
     CK(cudaDeviceSynchronize());
@@ -153,8 +122,8 @@ int main() {
     };
     float one = 1, zero = 0;
     auto gemm = [&]() {
-        LK(cublasLtMatmul(lt, op, &one, W, la, X, lb, &zero, Y, lc, Y, lc, &algo, ws, ws_bytes,
-                          0));
+        LK(cublasLtMatmul(lt, lin.op, &one, W, lin.a, X, lin.b, &zero, Y, lin.c, Y, lin.c, &algo,
+                          ws, ws_bytes, 0));
     };
     /* runs body until `sec` seconds have passed (synchronising every `batch` calls); returns
      * calls, fills ms per call and J per call */

@@ -320,15 +320,6 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-__global__ void fill(__nv_bfloat16 *x, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        x[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.25f);
-    }
-}
-
 /* The K-blocked, 128-byte-swizzled map of a row-major [rows, K] bf16 matrix: dims (64, rows,
  * K / 64), box 64 x box_rows x 1 */
 static CUtensorMap kblock_map(wg_encode_fn enc, const void *base, int rows, int K, int box_rows) {
@@ -370,8 +361,7 @@ struct product {
     int M, N, K;
     __nv_bfloat16 *X, *W, *Y, *Yref;
     CUtensorMap mx, mw, mw_half, my; /* W by 256 rows (CL 1) or 128 (CL 2); Y by 64 x 64 */
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
+    probe_linear lin; /* cuBLASLt's description; algo: the best of 8 by a cool timing */
     cublasLtMatmulAlgo_t algo;
 };
 
@@ -394,34 +384,38 @@ static const variant variants[] = {VARIANT(3, EPI_TMA, 1, 256), VARIANT(4, EPI_T
  * a persistent grid of more would leave some waiting for others to finish all their work */
 static int g_max_clusters[16];
 
+/* The launch of variant v on a grid of `clusters` clusters; a plain launch for cluster 1 (call
+ * 5's launches of size 1 with the attribute read slower, on another board: not isolated).
+ * cfg points into *at. */
+static cudaLaunchConfig_t launch_of(int v, int clusters, cudaLaunchAttribute *at) {
+    const variant &w = variants[v];
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(clusters * w.cl);
+    cfg.blockDim = dim3(384);
+    cfg.dynamicSmemBytes = (size_t)w.smem;
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = (unsigned)w.cl, at->val.clusterDim.y = 1, at->val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = w.cl > 1;
+    return cfg;
+}
+
 static void run_ours(const product &p, int v) {
     const variant &w = variants[v];
     int items = (p.M / (BM * w.cl)) * ((p.N + BN - 1) / BN);
     const CUtensorMap *mw = w.cl == 2 ? &p.mw_half : &p.mw;
     void *args[] = {(void *)&p.mx, (void *)mw, (void *)&p.my, (void *)&p.Y, (void *)&p.M,
                     (void *)&p.N, (void *)&p.K};
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(std::min(items, g_max_clusters[v]) * w.cl);
-    cfg.blockDim = dim3(384);
-    cfg.dynamicSmemBytes = (size_t)w.smem;
     cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = (unsigned)w.cl, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cfg.attrs = &at, cfg.numAttrs = w.cl > 1; /* CL 1: a plain launch */
+    cudaLaunchConfig_t cfg = launch_of(v, std::min(items, g_max_clusters[v]), &at);
     CK(cudaLaunchKernelExC(&cfg, (const void *)w.kernel, args));
 }
 
 static void find_max_clusters(void) {
     for (int v = 0; v < N_VARIANTS; v++) {
         const variant &w = variants[v];
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(g_sms / w.cl * w.cl);
-        cfg.blockDim = dim3(384);
-        cfg.dynamicSmemBytes = (size_t)w.smem;
         cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeClusterDimension;
-        at.val.clusterDim.x = (unsigned)w.cl, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-        cfg.attrs = &at, cfg.numAttrs = 1;
+        cudaLaunchConfig_t cfg = launch_of(v, g_sms / w.cl, &at);
+        cfg.numAttrs = 1; /* the occupancy query needs the cluster shape, 1 included */
         int n = 0;
         CK(cudaOccupancyMaxActiveClusters(&n, (const void *)w.kernel, &cfg));
         g_max_clusters[v] = w.cl > 1 ? n : g_sms;
@@ -431,8 +425,8 @@ static void find_max_clusters(void) {
 
 static void run_lt(const product &p, __nv_bfloat16 *out) {
     float one = 1, zero = 0;
-    LK(cublasLtMatmul(lt, p.op, &one, p.W, p.la, p.X, p.lb, &zero, out, p.lc, out, p.lc, &p.algo,
-                      ws, ws_bytes, 0));
+    LK(cublasLtMatmul(lt, p.lin.op, &one, p.W, p.lin.a, p.X, p.lin.b, &zero, out, p.lin.c, out,
+                      p.lin.c, &p.algo, ws, ws_bytes, 0));
 }
 
 static double now_s() {
@@ -482,28 +476,15 @@ static void setup(product &p, wg_encode_fn enc) {
     CK(cudaMalloc(&p.W, (size_t)p.N * p.K * 2));
     CK(cudaMalloc(&p.Y, (size_t)p.M * p.N * 2));
     CK(cudaMalloc(&p.Yref, (size_t)p.M * p.N * 2));
-    fill<<<1024, 256>>>(p.X, (size_t)p.M * p.K, 11);
-    fill<<<1024, 256>>>(p.W, (size_t)p.N * p.K, 12);
+    probe_fill<<<1024, 256>>>(p.X, (size_t)p.M * p.K, 11, 0.25f);
+    probe_fill<<<1024, 256>>>(p.W, (size_t)p.N * p.K, 12, 0.25f);
     p.mx = kblock_map(enc, p.X, p.M, p.K, BM);
     p.mw = kblock_map(enc, p.W, p.N, p.K, BN);
     p.mw_half = kblock_map(enc, p.W, p.N, p.K, BN / 2);
     p.my = store_map(enc, p.Y, p.M, p.N);
-    /* cuBLASLt, column-major: Y^T (N x M) = op_T(W: K x N) X^T (K x M), as ops_cuda runs it */
-    LK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    LK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    LK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n));
-    LK(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, p.K, p.N, p.K));
-    LK(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, p.K, p.M, p.K));
-    LK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, p.N, p.M, p.N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &ws_bytes, sizeof ws_bytes));
+    p.lin = probe_linear_make(p.M, p.N, p.K);
     cublasLtMatmulHeuristicResult_t res[8];
-    int found = 0;
-    LK(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 8, res, &found));
-    LK(cublasLtMatmulPreferenceDestroy(pref));
+    int found = probe_linear_candidates(lt, p.lin, ws_bytes, res, 8);
     float best = INFINITY;
     int pick = 0;
     for (int c = 0; c < found; c++) {

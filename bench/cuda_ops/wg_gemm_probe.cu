@@ -6,15 +6,18 @@
  * at the board's 700 W limit a product's time is its energy. Such fusions pay only if a kernel
  * of ours spends about cuBLASLt's joules per FLOP. This program times a plain one against
  * cuBLASLt (the best of the heuristic's 8 by a cool timing, as ops_cuda picks) on the step's
- * largest shapes: cool (median of 5 runs) and sustained (~1.5 s after 0.3 s of heating, joules
- * from NVML's counter, ../target/energy.h), and checks its output against cuBLASLt's.
+ * largest shapes: cool (median of 5 runs) and sustained (SECONDS, default 1.5, after 0.3 s of
+ * heating; joules from NVML's counter, ../target/energy.h), and checks its output against
+ * cuBLASLt's. Usage: wg_gemm_probe [SECONDS].
  *
  * The kernel: Y[M, N] = X[M, K] W[N, K]^T (row-major bf16, fp32 accumulation; linear_fwd's
  * product). Persistent CTAs of 3 warpgroups: a producer (one thread issues the tensor copies:
  * X tiles of 128 x 64 and W tiles of 256 x 64, 128-byte swizzled, STAGES deep) and two
- * consumers, each 64 rows x 256 columns as two m64n128k16 wgmma per k16 step, releasing a
- * stage when its wgmma group completes; tiles in groups of 16 along M for L2 reuse; the
- * epilogue stores bf16 pairs from the accumulators (no staging). Not built by CMake:
+ * consumers, each 64 rows x 256 columns, releasing a stage when its wgmma group completes;
+ * tiles in groups of 16 along M for L2 reuse. Template choices, each a variant timed in some
+ * call (bench/RESULTS.md): STAGES; the epilogue (EPI_*, see the kernel); clusters of 2 CTAs
+ * sharing the W tile by multicast; one m64n256k16 wgmma per k16 step or two m64n128k16. The
+ * variants list holds the last call's. Not built by CMake:
  *   nvcc -O3 -std=c++17 -arch=sm_90a -I. -Icommon/nn bench/cuda_ops/wg_gemm_probe.cu \
  *     -o wg_gemm_probe -lcublasLt -lcuda -ldl
  */
@@ -48,7 +51,8 @@
 
 enum { EPI_DIRECT, EPI_ROWS, EPI_TMA, EPI_TMA_HALF }; /* the epilogues (see the kernel) */
 
-/* Shared memory of a variant: STAGES stages, plus the output staging of its epilogue */
+/* The staging of epilogue epi, and the shared memory of a variant: its stages, the staging,
+ * the alignment slack and the barriers */
 __host__ __device__ constexpr int staging_bytes(int epi) {
     return epi == EPI_ROWS ? BM * STG_ROW
            : epi == EPI_TMA ? BM * BN * 2
@@ -155,8 +159,8 @@ __device__ __forceinline__ void wg_ss256_scaled(float (&d)[32][4], uint64_t da, 
 #endif
 }
 
-/* Releases stage ps: one arrival per consumer warpgroup, on this CTA's barrier and (CL 2) on
- * the peer's, whose producer multicasts into this CTA's stage too */
+/* Releases a stage (its empty barrier): one arrival per consumer warpgroup, on this CTA's
+ * barrier and (CL 2) on the peer's, whose producer multicasts into this CTA's stage too */
 template <int CL> __device__ __forceinline__ void release_stage(uint64_t *empty, int rank) {
     mb_arrive(empty);
     if (CL == 2) mb_arrive_cluster(empty, rank ^ 1);
@@ -167,7 +171,8 @@ template <int CL> __device__ __forceinline__ void release_stage(uint64_t *empty,
  * of both CTAs are done with it. EPI: EPI_DIRECT stores bf16 pairs from the accumulators;
  * EPI_ROWS stages them in shared memory and stores whole rows in 16-byte stores; EPI_TMA stages
  * them as 64 x 64 swizzled boxes and stores them by tensor copies, waited for only before the
- * next tile's staging. */
+ * next tile's staging; EPI_TMA_HALF the same two boxes at a time, in half the shared memory.
+ * WIDE: one m64n256k16 wgmma per k16 step (else two m64n128k16). */
 template <int STAGES, int EPI, int CL, bool WIDE>
 __global__ void __launch_bounds__(384, 1)
     k_wg_gemm(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,

@@ -8,7 +8,8 @@
  * cuBLASLt (the best of the heuristic's 8 by a cool timing, as ops_cuda picks) on the step's
  * largest shapes: cool (median of 5 runs) and sustained (SECONDS, default 1.5, after 0.3 s of
  * heating; joules from NVML's counter, ../target/energy.h), and checks its output against
- * cuBLASLt's. Usage: wg_gemm_probe [SECONDS].
+ * cuBLASLt's. Usage: wg_gemm_probe [SECONDS [swiglu]]; `swiglu` times only the fusion that
+ * the kernel is for (swiglu_test).
  *
  * The kernel: Y[M, N] = X[M, K] W[N, K]^T (row-major bf16, fp32 accumulation; linear_fwd's
  * product). Persistent CTAs of 3 warpgroups: a producer (one thread issues the tensor copies:
@@ -37,6 +38,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <unistd.h>
@@ -166,17 +168,44 @@ template <int CL> __device__ __forceinline__ void release_stage(uint64_t *empty,
     if (CL == 2) mb_arrive_cluster(empty, rank ^ 1);
 }
 
+/* silu(g) u of the bf16-rounded g and u (as a pass over the stored product reads them) */
+__device__ __forceinline__ float swiglu_of(float g, float u) {
+    g = __bfloat162float(__float2bfloat16(g)), u = __bfloat162float(__float2bfloat16(u));
+    return g / (1.0f + __expf(-g)) * u;
+}
+
+/* The pass the fusion saves: a[M, F] = silu(gu[:, :F]) gu[:, F:], 8 columns per thread */
+__global__ void k_swiglu_pass(const __nv_bfloat16 *gu, __nv_bfloat16 *a, int M, int F) {
+    size_t n8 = (size_t)M * F / 8;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / (F / 8), c = i % (F / 8) * 8;
+        uint4 G = *(const uint4 *)&gu[r * 2 * F + c], U = *(const uint4 *)&gu[r * 2 * F + F + c];
+        const __nv_bfloat16 *g = (const __nv_bfloat16 *)&G, *u = (const __nv_bfloat16 *)&U;
+        __nv_bfloat16 o[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            o[e] = __float2bfloat16(swiglu_of(__bfloat162float(g[e]), __bfloat162float(u[e])));
+        *(uint4 *)&a[r * F + c] = *(const uint4 *)o;
+    }
+}
+
 /* CL = 2: clusters of two CTAs on vertically adjacent tiles (the same W tile): each loads its
  * own X tile and one half of the W tile, multicast to both; a stage is free when the consumers
  * of both CTAs are done with it. EPI: EPI_DIRECT stores bf16 pairs from the accumulators;
  * EPI_ROWS stages them in shared memory and stores whole rows in 16-byte stores; EPI_TMA stages
  * them as 64 x 64 swizzled boxes and stores them by tensor copies, waited for only before the
  * next tile's staging; EPI_TMA_HALF the same two boxes at a time, in half the shared memory.
- * WIDE: one m64n256k16 wgmma per k16 step (else two m64n128k16). */
-template <int STAGES, int EPI, int CL, bool WIDE>
+ * WIDE: one m64n256k16 wgmma per k16 step (else two m64n128k16). SWIGLU (with EPI_TMA_HALF,
+ * CL 1): W is [gate; up] (N = 2F rows), a tile's 256 columns are the 128 gate rows of features
+ * f0 = n0 / 2 .. + 127 and the matching up rows, by two tensor copies of 128 rows (mw boxes of
+ * 128); the epilogue stores both into Y [M, 2F] and silu(gate) up, from their bf16 values,
+ * into A [M, F] (map ma). */
+template <int STAGES, int EPI, int CL, bool WIDE, bool SWIGLU = false>
 __global__ void __launch_bounds__(384, 1)
     k_wg_gemm(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
-              const __grid_constant__ CUtensorMap my, __nv_bfloat16 *y, int M, int N, int K) {
+              const __grid_constant__ CUtensorMap my, const __grid_constant__ CUtensorMap ma,
+              __nv_bfloat16 *y, int M, int N, int K) {
 #if WG_DEVICE
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -208,7 +237,11 @@ __global__ void __launch_bounds__(384, 1)
                     if (i >= STAGES) mb_wait(&empty[s], (int)((i / STAGES - 1) & 1));
                     mb_arrive_tx(&full[s], A_BYTES + B_BYTES);
                     tma_load_3d(sa + s * A_BYTES, &mx, 0, m0, k, &full[s]);
-                    if (CL == 1)
+                    if (SWIGLU) {
+                        tma_load_3d(sb + s * B_BYTES, &mw, 0, o.n0 / 2, k, &full[s]);
+                        tma_load_3d(sb + s * B_BYTES + B_BYTES / 2, &mw, 0, N / 2 + o.n0 / 2, k,
+                                    &full[s]);
+                    } else if (CL == 1)
                         tma_load_3d(sb + s * B_BYTES, &mw, 0, o.n0, k, &full[s]);
                     else
                         tma_load_3d_mc(sb + s * B_BYTES + rank * (B_BYTES / 2), &mw, 0,
@@ -293,27 +326,36 @@ __global__ void __launch_bounds__(384, 1)
              * + ((col % 64 / 8) ^ (row % 8)) * 16 + col % 8 * 2; EPI_TMA stages the consumer's
              * four at once, EPI_TMA_HALF two at a time (half the staging, for a fourth stage) */
             constexpr int per_pass = EPI == EPI_TMA ? 4 : 2;
+            constexpr int passes = SWIGLU ? 3 : 4 / per_pass; /* SWIGLU: gate, up, silu(g) u */
             uint8_t *mine = stg + c * per_pass * 8192;
 #pragma unroll
-            for (int pass = 0; pass < 4 / per_pass; pass++) {
+            for (int pass = 0; pass < passes; pass++) {
                 if (tid == 0) bulk_wait_read(); /* the staged boxes before are read */
                 asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
 #pragma unroll
-                for (int j = pass * 8 * per_pass; j < (pass + 1) * 8 * per_pass; j++) {
-                    const float *a = acc[j];
-                    uint8_t *box = mine + (j / 8 % per_pass) * 8192;
-                    int ch = j % 8, cb = 4 * (lane % 4);
+                for (int jj = 0; jj < 8 * per_pass; jj++) {
+                    int j = SWIGLU ? (pass == 1 ? 16 : 0) + jj : pass * 8 * per_pass + jj;
+                    float v[4] = {acc[j][0], acc[j][1], acc[j][2], acc[j][3]};
+                    if (SWIGLU && pass == 2)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            v[e] = swiglu_of(acc[jj][e], acc[jj + 16][e]);
+                    uint8_t *box = mine + (jj / 8) * 8192;
+                    int ch = jj % 8, cb = 4 * (lane % 4);
                     *(__nv_bfloat162 *)(box + rr * 128 + ((ch ^ (rr % 8)) * 16) + cb) =
-                        __floats2bfloat162_rn(a[0], a[1]);
+                        __floats2bfloat162_rn(v[0], v[1]);
                     *(__nv_bfloat162 *)(box + (rr + 8) * 128 + ((ch ^ ((rr + 8) % 8)) * 16) +
-                                        cb) = __floats2bfloat162_rn(a[2], a[3]);
+                                        cb) = __floats2bfloat162_rn(v[2], v[3]);
                 }
                 fence_async_smem();
                 asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
                 if (tid == 0) {
                     for (int b = 0; b < per_pass; b++) {
-                        int col = o.n0 + 64 * (pass * per_pass + b);
-                        if (col < N) tma_store_2d(&my, col, m0 + c * 64, mine + b * 8192);
+                        int col = SWIGLU ? (pass == 1 ? N / 2 : 0) + o.n0 / 2 + 64 * b
+                                         : o.n0 + 64 * (pass * per_pass + b);
+                        const CUtensorMap *map = SWIGLU && pass == 2 ? &ma : &my;
+                        if (col < (SWIGLU && pass == 2 ? N / 2 : N))
+                            tma_store_2d(map, col, m0 + c * 64, mine + b * 8192);
                     }
                     bulk_commit();
                 }
@@ -372,8 +414,8 @@ struct product {
 };
 
 /* The variants timed: stages, epilogue, cluster size */
-typedef void (*gemm_kernel)(CUtensorMap, CUtensorMap, CUtensorMap, __nv_bfloat16 *, int, int,
-                            int);
+typedef void (*gemm_kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, __nv_bfloat16 *,
+                            int, int, int);
 struct variant {
     const char *name;
     gemm_kernel kernel;
@@ -409,8 +451,8 @@ static void run_ours(const product &p, int v) {
     const variant &w = variants[v];
     int items = (p.M / (BM * w.cl)) * ((p.N + BN - 1) / BN);
     const CUtensorMap *mw = w.cl == 2 ? &p.mw_half : &p.mw;
-    void *args[] = {(void *)&p.mx, (void *)mw, (void *)&p.my, (void *)&p.Y, (void *)&p.M,
-                    (void *)&p.N, (void *)&p.K};
+    void *args[] = {(void *)&p.mx, (void *)mw,    (void *)&p.my, (void *)&p.my,
+                    (void *)&p.Y,  (void *)&p.M, (void *)&p.N,  (void *)&p.K};
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = launch_of(v, std::min(items, g_max_clusters[v]), &at);
     CK(cudaLaunchKernelExC(&cfg, (const void *)w.kernel, args));
@@ -501,12 +543,11 @@ static void setup(product &p, wg_encode_fn enc) {
     p.algo = res[pick].algo;
 }
 
-/* max |ours - cuBLASLt| over all outputs, relative to max |cuBLASLt| */
-static double check(const product &p) {
-    size_t n = (size_t)p.M * p.N;
+/* max |x - ref| over n bf16 values on the device, relative to max |ref| */
+static double rel_error(const __nv_bfloat16 *x_d, const __nv_bfloat16 *ref_d, size_t n) {
     std::vector<__nv_bfloat16> a(n), b(n);
-    CK(cudaMemcpy(a.data(), p.Y, n * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(b.data(), p.Yref, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(a.data(), x_d, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), ref_d, n * 2, cudaMemcpyDeviceToHost));
     double d = 0, ref = 0;
     for (size_t i = 0; i < n; i++) {
         double x = __bfloat162float(a[i]), r = __bfloat162float(b[i]);
@@ -514,6 +555,81 @@ static double check(const product &p) {
         ref = std::max(ref, std::fabs(r));
     }
     return d / ref;
+}
+
+/* max |ours - cuBLASLt| over all outputs, relative to max |cuBLASLt| */
+static double check(const product &p) {
+    return rel_error(p.Y, p.Yref, (size_t)p.M * p.N);
+}
+
+/* The fusion the kernel is for, measured: the gate|up product with SwiGLU in its epilogue
+ * (k_wg_gemm's SWIGLU) against the product, then k_swiglu_pass over its output (cuBLASLt's
+ * and ours, variant 1: 4 stages), each sustained as one unit; outputs checked against
+ * cuBLASLt + pass.
+ * Returns false where an output differs. */
+static bool swiglu_test(wg_encode_fn enc, double sec) {
+    product p = {"gate|up + SwiGLU 8192 x 24576 x 4096", 8192, 24576, 4096};
+    setup(p, enc);
+    const int F = p.N / 2;
+    const size_t na = (size_t)p.M * F;
+    __nv_bfloat16 *A, *Aref;
+    CK(cudaMalloc(&A, na * 2));
+    CK(cudaMalloc(&Aref, na * 2));
+    CUtensorMap ma = store_map(enc, A, p.M, F);
+    gemm_kernel fused = (gemm_kernel)k_wg_gemm<4, EPI_TMA_HALF, 1, true, true>;
+    const int smem = smem_bytes(4, EPI_TMA_HALF);
+    CK(cudaFuncSetAttribute((const void *)fused, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            smem));
+    auto pass = [&](const __nv_bfloat16 *gu, __nv_bfloat16 *a) {
+        k_swiglu_pass<<<g_sms * 8, 256>>>(gu, a, p.M, F);
+        CK(cudaGetLastError());
+    };
+    auto run_fused = [&] {
+        int tiles = (p.M / BM) * (p.N / BN);
+        void *args[] = {(void *)&p.mx, (void *)&p.mw_half, (void *)&p.my, (void *)&ma,
+                        (void *)&p.Y,  (void *)&p.M,       (void *)&p.N,  (void *)&p.K};
+        CK(cudaLaunchKernel((const void *)fused, dim3(std::min(tiles, g_sms)), dim3(384), args,
+                            (size_t)smem, 0));
+    };
+    run_lt(p, p.Yref);
+    pass(p.Yref, Aref);
+    CK(cudaMemset(p.Y, 0xff, (size_t)p.M * p.N * 2));
+    CK(cudaMemset(A, 0xff, na * 2));
+    run_fused();
+    CK(cudaDeviceSynchronize());
+    double e_gu = check(p), e_a = rel_error(A, Aref, na);
+    bool good = e_gu < 1e-2 && e_a < 1e-2;
+    printf("%s: fused gate|up max error / max |ref| %.2e, SwiGLU %.2e %s\n", p.name, e_gu, e_a,
+           good ? "ok" : "FAILED");
+    const char *names[3] = {"cuBLASLt + pass", "ours + pass", "ours fused"};
+    auto body = [&](int b) {
+        if (b == 0) run_lt(p, p.Y), pass(p.Y, A);
+        else if (b == 1) run_ours(p, 1), pass(p.Y, A);
+        else run_fused();
+    };
+    for (int round = 0; good && round < 2; round++) {
+        double ms[3], j[3];
+        for (int q = 0; q < 3; q++) {
+            int b = round ? 2 - q : q;
+            sustained([&] { body(b); }, sec, &ms[b], &j[b]);
+        }
+        printf("  round %d:", round);
+        for (int b = 0; b < 3; b++)
+            printf(" | %s %.3f ms, %.4f J (%.0f W), J / first's %.3f", names[b], ms[b], j[b],
+                   j[b] / ms[b] * 1e3, j[b] / j[0]);
+        printf("\n");
+    }
+    if (good) {
+        CK(cudaDeviceSynchronize());
+        usleep(200000);
+        printf("  cool:");
+        for (int b = 0; b < 3; b++)
+            printf(" | %s %.3f ms", names[b], cool_ms([&] { body(b); }));
+        printf("\n");
+    }
+    CK(cudaFree(p.X)), CK(cudaFree(p.W)), CK(cudaFree(p.Y)), CK(cudaFree(p.Yref));
+    CK(cudaFree(A)), CK(cudaFree(Aref));
+    return good;
 }
 
 int main(int argc, char **argv) {
@@ -531,6 +647,7 @@ int main(int argc, char **argv) {
     LK(cublasLtCreate(&lt));
     CK(cudaMalloc(&ws, ws_bytes));
     find_max_clusters();
+    if (argc > 2 && strcmp(argv[2], "swiglu") == 0) return swiglu_test(enc, sec) ? 0 : 1;
     std::vector<product> ps = {{"check 256 x 512 x 128", 256, 512, 128},
                                {"check 512 x 600 x 4096", 512, 600, 4096},
                                {"q/o 8192 x 4096 x 4096", 8192, 4096, 4096},

@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_elem.cuh"
 #include "probe_check.h"
 #include "wgmma.cuh"
 
@@ -168,25 +169,25 @@ template <int CL> __device__ __forceinline__ void release_stage(uint64_t *empty,
     if (CL == 2) mb_arrive_cluster(empty, rank ^ 1);
 }
 
-/* silu(g) u of the bf16-rounded g and u (as a pass over the stored product reads them) */
+/* silu(g) u of the bf16-rounded g and u, as swiglu_fwd computes it from the stored product */
 __device__ __forceinline__ float swiglu_of(float g, float u) {
-    g = __bfloat162float(__float2bfloat16(g)), u = __bfloat162float(__float2bfloat16(u));
-    return g / (1.0f + __expf(-g)) * u;
+    return swiglu_val(__bfloat162float(__float2bfloat16(g)), __bfloat162float(__float2bfloat16(u)));
 }
 
-/* The pass the fusion saves: a[M, F] = silu(gu[:, :F]) gu[:, F:], 8 columns per thread */
+/* The pass the fusion saves: a[M, F] = silu(gu[:, :F]) gu[:, F:], 8 columns per thread (the
+ * vector path of ops_cuda.cu's k_swiglu_fwd, which is not reachable from here) */
 __global__ void k_swiglu_pass(const __nv_bfloat16 *gu, __nv_bfloat16 *a, int M, int F) {
     size_t n8 = (size_t)M * F / 8;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / (F / 8), c = i % (F / 8) * 8;
-        uint4 G = *(const uint4 *)&gu[r * 2 * F + c], U = *(const uint4 *)&gu[r * 2 * F + F + c];
-        const __nv_bfloat16 *g = (const __nv_bfloat16 *)&G, *u = (const __nv_bfloat16 *)&U;
-        __nv_bfloat16 o[8];
+        float g[8], u[8];
+        load8(&gu[r * 2 * F + c], g);
+        load8(&gu[r * 2 * F + F + c], u);
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            o[e] = __float2bfloat16(swiglu_of(__bfloat162float(g[e]), __bfloat162float(u[e])));
-        *(uint4 *)&a[r * F + c] = *(const uint4 *)o;
+            g[e] = swiglu_val(g[e], u[e]);
+        store8(&a[r * F + c], g);
     }
 }
 

@@ -1,6 +1,7 @@
 /* cuda_elem: device helpers shared by the cuda backend's memory-bound kernels (ops_cuda.cu,
- * ops_cuda_optim.cu): grid sizes for grid-stride loops, 16-byte loads and stores of 8 bf16,
- * warp and block sums in a fixed order. Header-only (static inline); include from .cu files.
+ * ops_cuda_optim.cu; also bench/cuda_ops/wg_gemm_probe.cu): grid sizes for grid-stride loops,
+ * 16-byte loads and stores of 8 bf16, warp and block sums in a fixed order, SwiGLU's value.
+ * Header-only (static inline); include from .cu files.
  */
 #ifndef DFLASH_NN_CUDA_ELEM_CUH
 #define DFLASH_NN_CUDA_ELEM_CUH
@@ -63,6 +64,12 @@ static __device__ float block_sum(float s) {
         for (int i = 0; i < (int)blockDim.x / 32; i++)
             t += w[i];
     return t;
+}
+
+/* SwiGLU of one element: silu(g) u, the arithmetic of swiglu_fwd (one function, so that a
+ * kernel fusing it elsewhere gives the same bits) */
+static __device__ __forceinline__ float swiglu_val(float g, float u) {
+    return g * (1.0f / (1.0f + expf(-g))) * u;
 }
 
 #endif

@@ -1282,9 +1282,7 @@ static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, con
  * way, so both paths give the same bits. Gate and up come from one [R, 2F] buffer (gate in the
  * first F columns of each row, up in the last F), the output of one fused product. */
 
-__device__ __forceinline__ float swiglu_val(float g, float u) {
-    return g * (1.0f / (1.0f + expf(-g))) * u;
-}
+/* swiglu_val(g, u): cuda_elem.cuh */
 
 /* dgate = dy u s (1 + g (1 - s)), dup = dy g s with s = sigmoid(g), element i. */
 __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float *dg, float *du) {

@@ -15,10 +15,11 @@
  * product). Persistent CTAs of 3 warpgroups: a producer (one thread issues the tensor copies:
  * X tiles of 128 x 64 and W tiles of 256 x 64, 128-byte swizzled, STAGES deep) and two
  * consumers, each 64 rows x 256 columns, releasing a stage when its wgmma group completes;
- * tiles in groups of 16 along M for L2 reuse. Template choices, each a variant timed in some
- * call (bench/RESULTS.md): STAGES; the epilogue (EPI_*, see the kernel); clusters of 2 CTAs
- * sharing the W tile by multicast; one m64n256k16 wgmma per k16 step or two m64n128k16. The
- * variants list holds the last call's. Not built by CMake:
+ * tiles in groups of 16 along M for L2 reuse; one m64n256k16 wgmma per k16 step. Template
+ * choices, each a variant timed in some call (bench/RESULTS.md): STAGES; the epilogue (EPI_*,
+ * see the kernel); clusters of 2 CTAs sharing the W tile by multicast. The variants list holds
+ * the last call's; the variants of earlier calls (direct or row-staged stores, two m64n128k16
+ * per k16 step) are in the commits that RESULTS names. Not built by CMake:
  *   nvcc -O3 -std=c++17 -arch=sm_90a -I. -Icommon/nn bench/cuda_ops/wg_gemm_probe.cu \
  *     -o wg_gemm_probe -lcublasLt -lcuda -ldl
  */
@@ -50,17 +51,13 @@
 #define GROUP_M 16
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
-#define STG_ROW (BN * 2 + 16) /* a staged output row: 16 bytes of padding against bank conflicts */
 
-enum { EPI_DIRECT, EPI_ROWS, EPI_TMA, EPI_TMA_HALF }; /* the epilogues (see the kernel) */
+enum { EPI_TMA, EPI_TMA_HALF }; /* the epilogues (see the kernel) */
 
 /* The staging of epilogue epi, and the shared memory of a variant: its stages, the staging,
  * the alignment slack and the barriers */
 __host__ __device__ constexpr int staging_bytes(int epi) {
-    return epi == EPI_ROWS ? BM * STG_ROW
-           : epi == EPI_TMA ? BM * BN * 2
-           : epi == EPI_TMA_HALF ? BM * BN
-                                 : 0;
+    return epi == EPI_TMA ? BM * BN * 2 : BM * BN;
 }
 static constexpr int smem_bytes(int stages, int epi) {
     return stages * (A_BYTES + B_BYTES) + staging_bytes(epi) + 1024 + 2 * stages * 8;
@@ -126,19 +123,6 @@ __device__ __forceinline__ int cluster_rank(void) {
     return r;
 }
 
-/* d (64 x 128) = A B + (add ? d : 0), both K-major in shared memory: wg_ss<128> with the
- * scale-d predicate taken at run time, so that the first k16 step of a tile is the same code
- * as the others (two code paths made ptxas insert warpgroup waits) */
-__device__ __forceinline__ void wg_ss128_scaled(float (&d)[16][4], uint64_t da, uint64_t db,
-                                                int add) {
-#if WG_DEVICE
-    asm volatile(WG_ASM(66, "m64n128k16", WG_REGS64, "%64, %65, p, 1, 1, 0, 0")
-                 : WG_ACC16("+f", d)
-                 : "l"(da), "l"(db), "r"(add)
-                 : "memory");
-#endif
-}
-
 /* The 128 accumulator operands of an m64n256 wgmma (d[32][4]) and their register list */
 #define WG_ACC32(K, d) WG_ACC16(K, d), WG_ACC16(K, (d + 16))
 #define WG_REGS128 \
@@ -151,7 +135,9 @@ __device__ __forceinline__ void wg_ss128_scaled(float (&d)[16][4], uint64_t da, 
     "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, " \
     "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
-/* wg_ss128_scaled for 64 x 256: one wgmma reads the A fragment once for all 256 columns */
+/* d (64 x 256) = A B + (add ? d : 0), both K-major in shared memory, the scale-d predicate taken
+ * at run time: the first k16 step of a tile is the same code as the others (two code paths
+ * made ptxas insert warpgroup waits); one wgmma reads the A fragment once for all 256 columns */
 __device__ __forceinline__ void wg_ss256_scaled(float (&d)[32][4], uint64_t da, uint64_t db,
                                                 int add) {
 #if WG_DEVICE
@@ -191,22 +177,19 @@ __global__ void k_swiglu_pass(const __nv_bfloat16 *gu, __nv_bfloat16 *a, int M, 
     }
 }
 
-/* CL = 2: clusters of two CTAs on vertically adjacent tiles (the same W tile): each loads its
- * own X tile and one half of the W tile, multicast to both; a stage is free when the consumers
- * of both CTAs are done with it. EPI: EPI_DIRECT stores bf16 pairs from the accumulators;
- * EPI_ROWS stages them in shared memory and stores whole rows in 16-byte stores; EPI_TMA stages
- * them as 64 x 64 swizzled boxes and stores them by tensor copies, waited for only before the
- * next tile's staging; EPI_TMA_HALF the same two boxes at a time, in half the shared memory.
- * WIDE: one m64n256k16 wgmma per k16 step (else two m64n128k16). SWIGLU (with EPI_TMA_HALF,
- * CL 1): W is [gate; up] (N = 2F rows), a tile's 256 columns are the 128 gate rows of features
- * f0 = n0 / 2 .. + 127 and the matching up rows, by two tensor copies of 128 rows (mw boxes of
- * 128); the epilogue stores both into Y [M, 2F] and silu(gate) up, from their bf16 values,
- * into A [M, F] (map ma). */
-template <int STAGES, int EPI, int CL, bool WIDE, bool SWIGLU = false>
+/* CL = 2: clusters of two CTAs on vertically adjacent tiles (the same W tile): each loads its own
+ * X tile and one half of the W tile, multicast to both; a stage is free when the consumers of both
+ * CTAs are done with it. EPI: EPI_TMA stages the accumulators as 64 x 64 swizzled boxes and stores
+ * them by tensor copies, waited for only before the next tile's staging; EPI_TMA_HALF the same two
+ * boxes at a time, in half the shared memory. SWIGLU (with EPI_TMA_HALF, CL 1): W is [gate; up] (N
+ * = 2F rows), a tile's 256 columns are the 128 gate rows of features f0 = n0 / 2 .. + 127 and the
+ * matching up rows, by two tensor copies of 128 rows (mw boxes of 128); the epilogue stores both
+ * into Y [M, 2F] and silu(gate) up, from their bf16 values, into A [M, F] (map ma). */
+template <int STAGES, int EPI, int CL, bool SWIGLU = false>
 __global__ void __launch_bounds__(384, 1)
     k_wg_gemm(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
-              const __grid_constant__ CUtensorMap my, const __grid_constant__ CUtensorMap ma,
-              __nv_bfloat16 *y, int M, int N, int K) {
+              const __grid_constant__ CUtensorMap my, const __grid_constant__ CUtensorMap ma, int M,
+              int N, int K) {
 #if WG_DEVICE
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -256,9 +239,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     wg_setmaxnreg_inc<240>();
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
-    float acc[32][4]; /* columns 0-127 in acc[0..15], 128-255 in acc[16..31] */
-    float(&acc0)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[0]);
-    float(&acc1)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[16]);
+    float acc[32][4]; /* columns 8 j .. 8 j + 7 in acc[j] */
     long i = 0;
     for (int t = first; t < items; t += step) {
         tile_of o = tile_at(t, tm, tn);
@@ -267,19 +248,11 @@ __global__ void __launch_bounds__(384, 1)
             int s = (int)(i % STAGES);
             mb_wait(&full[s], (int)((i / STAGES) & 1));
             uint64_t da = wg_desc_sw128(sa + s * A_BYTES + c * 64 * 128, 16, 1024);
-            uint64_t db0 = wg_desc_sw128(sb + s * B_BYTES, 16, 1024);
-            uint64_t db1 = wg_desc_sw128(sb + s * B_BYTES + 128 * 128, 16, 1024);
+            uint64_t db = wg_desc_sw128(sb + s * B_BYTES, 16, 1024);
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) {
-                int add = k > 0 || kk > 0;
-                if (WIDE) {
-                    wg_ss256_scaled(acc, da + kk * 2, db0 + kk * 2, add);
-                } else {
-                    wg_ss128_scaled(acc0, da + kk * 2, db0 + kk * 2, add);
-                    wg_ss128_scaled(acc1, da + kk * 2, db1 + kk * 2, add);
-                }
-            }
+            for (int kk = 0; kk < BK / 16; kk++)
+                wg_ss256_scaled(acc, da + kk * 2, db + kk * 2, k > 0 || kk > 0);
             wg_commit();
             wg_wait<1>();
             if (k > 0 && tid == 0) release_stage<CL>(&empty[(i - 1) % STAGES], rank);
@@ -288,82 +261,46 @@ __global__ void __launch_bounds__(384, 1)
         wg_pin_all<32>(acc);
         if (tid == 0) release_stage<CL>(&empty[(i - 1) % STAGES], rank);
         int rr = 16 * warp + lane / 4; /* this thread's first row in the consumer's 64 */
-        if (EPI == EPI_DIRECT) {
-            int r = m0 + c * 64 + rr;
+        /* 64 x 64 boxes, 128-byte swizzled: element (row, col) of box col / 64 at row * 128
+         * + ((col % 64 / 8) ^ (row % 8)) * 16 + col % 8 * 2; EPI_TMA stages the consumer's
+         * four at once, EPI_TMA_HALF two at a time (half the staging, for a fourth stage) */
+        constexpr int per_pass = EPI == EPI_TMA ? 4 : 2;
+        constexpr int passes = SWIGLU ? 3 : 4 / per_pass; /* SWIGLU: gate, up, silu(g) u */
+        uint8_t *mine = stg + c * per_pass * 8192;
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
-                int col = o.n0 + 8 * j + 2 * (lane % 4);
-                const float *a = acc[j];
-                if (col < N) {
-                    *(__nv_bfloat162 *)&y[(size_t)r * N + col] =
-                        __floats2bfloat162_rn(a[0], a[1]);
-                    *(__nv_bfloat162 *)&y[(size_t)(r + 8) * N + col] =
-                        __floats2bfloat162_rn(a[2], a[3]);
-                }
-            }
-        } else if (EPI == EPI_ROWS) {
-            /* the consumer's 64 x 256 bf16 into its rows of stg, then 16-byte stores of whole
-             * rows (named barrier 1 + c: this consumer's 128 threads) */
-            uint8_t *mine = stg + c * 64 * STG_ROW;
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const float *a = acc[j];
-                int cb = (8 * j + 2 * (lane % 4)) * 2;
-                *(__nv_bfloat162 *)(mine + rr * STG_ROW + cb) = __floats2bfloat162_rn(a[0], a[1]);
-                *(__nv_bfloat162 *)(mine + (rr + 8) * STG_ROW + cb) =
-                    __floats2bfloat162_rn(a[2], a[3]);
-            }
+        for (int pass = 0; pass < passes; pass++) {
+            if (tid == 0) bulk_wait_read(); /* the staged boxes before are read */
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
-#pragma unroll 4
-            for (int q = tid; q < 64 * (BN / 8); q += 128) {
-                int row = q / (BN / 8), col = o.n0 + (q % (BN / 8)) * 8;
-                if (col < N)
-                    *(uint4 *)&y[(size_t)(m0 + c * 64 + row) * N + col] =
-                        *(const uint4 *)(mine + row * STG_ROW + (q % (BN / 8)) * 16);
+#pragma unroll
+            for (int jj = 0; jj < 8 * per_pass; jj++) {
+                int j = SWIGLU ? (pass == 1 ? 16 : 0) + jj : pass * 8 * per_pass + jj;
+                float v[4] = {acc[j][0], acc[j][1], acc[j][2], acc[j][3]};
+                if (SWIGLU && pass == 2)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        v[e] = swiglu_of(acc[jj][e], acc[jj + 16][e]);
+                uint8_t *box = mine + (jj / 8) * 8192;
+                int ch = jj % 8, cb = 4 * (lane % 4);
+                *(__nv_bfloat162 *)(box + rr * 128 + ((ch ^ (rr % 8)) * 16) + cb) =
+                    __floats2bfloat162_rn(v[0], v[1]);
+                *(__nv_bfloat162 *)(box + (rr + 8) * 128 + ((ch ^ ((rr + 8) % 8)) * 16) +
+                                    cb) = __floats2bfloat162_rn(v[2], v[3]);
             }
+            fence_async_smem();
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
-        } else {
-            /* 64 x 64 boxes, 128-byte swizzled: element (row, col) of box col / 64 at row * 128
-             * + ((col % 64 / 8) ^ (row % 8)) * 16 + col % 8 * 2; EPI_TMA stages the consumer's
-             * four at once, EPI_TMA_HALF two at a time (half the staging, for a fourth stage) */
-            constexpr int per_pass = EPI == EPI_TMA ? 4 : 2;
-            constexpr int passes = SWIGLU ? 3 : 4 / per_pass; /* SWIGLU: gate, up, silu(g) u */
-            uint8_t *mine = stg + c * per_pass * 8192;
-#pragma unroll
-            for (int pass = 0; pass < passes; pass++) {
-                if (tid == 0) bulk_wait_read(); /* the staged boxes before are read */
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
-#pragma unroll
-                for (int jj = 0; jj < 8 * per_pass; jj++) {
-                    int j = SWIGLU ? (pass == 1 ? 16 : 0) + jj : pass * 8 * per_pass + jj;
-                    float v[4] = {acc[j][0], acc[j][1], acc[j][2], acc[j][3]};
-                    if (SWIGLU && pass == 2)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            v[e] = swiglu_of(acc[jj][e], acc[jj + 16][e]);
-                    uint8_t *box = mine + (jj / 8) * 8192;
-                    int ch = jj % 8, cb = 4 * (lane % 4);
-                    *(__nv_bfloat162 *)(box + rr * 128 + ((ch ^ (rr % 8)) * 16) + cb) =
-                        __floats2bfloat162_rn(v[0], v[1]);
-                    *(__nv_bfloat162 *)(box + (rr + 8) * 128 + ((ch ^ ((rr + 8) % 8)) * 16) +
-                                        cb) = __floats2bfloat162_rn(v[2], v[3]);
+            if (tid == 0) {
+                for (int b = 0; b < per_pass; b++) {
+                    int col = SWIGLU ? (pass == 1 ? N / 2 : 0) + o.n0 / 2 + 64 * b
+                                     : o.n0 + 64 * (pass * per_pass + b);
+                    const CUtensorMap *map = SWIGLU && pass == 2 ? &ma : &my;
+                    if (col < (SWIGLU && pass == 2 ? N / 2 : N))
+                        tma_store_2d(map, col, m0 + c * 64, mine + b * 8192);
                 }
-                fence_async_smem();
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
-                if (tid == 0) {
-                    for (int b = 0; b < per_pass; b++) {
-                        int col = SWIGLU ? (pass == 1 ? N / 2 : 0) + o.n0 / 2 + 64 * b
-                                         : o.n0 + 64 * (pass * per_pass + b);
-                        const CUtensorMap *map = SWIGLU && pass == 2 ? &ma : &my;
-                        if (col < (SWIGLU && pass == 2 ? N / 2 : N))
-                            tma_store_2d(map, col, m0 + c * 64, mine + b * 8192);
-                    }
-                    bulk_commit();
-                }
+                bulk_commit();
             }
         }
     }
-    if (EPI >= EPI_TMA && tid == 0) bulk_wait_read();
+    if (tid == 0) bulk_wait_read();
     if (CL == 2) cluster_sync();
 #endif
 }
@@ -415,18 +352,17 @@ struct product {
 };
 
 /* The variants timed: stages, epilogue, cluster size */
-typedef void (*gemm_kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, __nv_bfloat16 *,
-                            int, int, int);
+typedef void (*gemm_kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, int, int, int);
 struct variant {
     const char *name;
     gemm_kernel kernel;
     int smem, cl;
 };
-#define VARIANT(S, E, CL, W) \
-    { #S " stages " #E " cl " #CL " n" #W, (gemm_kernel)k_wg_gemm<S, E, CL, W == 256>, \
+#define VARIANT(S, E, CL) \
+    { #S " stages " #E " cl " #CL, (gemm_kernel)k_wg_gemm<S, E, CL>, \
       smem_bytes(S, E), CL }
-static const variant variants[] = {VARIANT(3, EPI_TMA, 1, 256), VARIANT(4, EPI_TMA_HALF, 1, 256),
-                                   VARIANT(4, EPI_TMA_HALF, 2, 256)};
+static const variant variants[] = {VARIANT(3, EPI_TMA, 1), VARIANT(4, EPI_TMA_HALF, 1),
+                                   VARIANT(4, EPI_TMA_HALF, 2)};
 #define N_VARIANTS 3
 
 /* Clusters of each variant that fit on the device at once (cudaOccupancyMaxActiveClusters):
@@ -452,8 +388,8 @@ static void run_ours(const product &p, int v) {
     const variant &w = variants[v];
     int items = (p.M / (BM * w.cl)) * ((p.N + BN - 1) / BN);
     const CUtensorMap *mw = w.cl == 2 ? &p.mw_half : &p.mw;
-    void *args[] = {(void *)&p.mx, (void *)mw,    (void *)&p.my, (void *)&p.my,
-                    (void *)&p.Y,  (void *)&p.M, (void *)&p.N,  (void *)&p.K};
+    void *args[] = {(void *)&p.mx, (void *)mw,   (void *)&p.my, (void *)&p.my,
+                    (void *)&p.M,  (void *)&p.N, (void *)&p.K};
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = launch_of(v, std::min(items, g_max_clusters[v]), &at);
     CK(cudaLaunchKernelExC(&cfg, (const void *)w.kernel, args));
@@ -577,7 +513,7 @@ static bool swiglu_test(wg_encode_fn enc, double sec) {
     CK(cudaMalloc(&A, na * 2));
     CK(cudaMalloc(&Aref, na * 2));
     CUtensorMap ma = store_map(enc, A, p.M, F);
-    gemm_kernel fused = (gemm_kernel)k_wg_gemm<4, EPI_TMA_HALF, 1, true, true>;
+    gemm_kernel fused = (gemm_kernel)k_wg_gemm<4, EPI_TMA_HALF, 1, true>;
     const int smem = smem_bytes(4, EPI_TMA_HALF);
     CK(cudaFuncSetAttribute((const void *)fused, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             smem));
@@ -588,7 +524,7 @@ static bool swiglu_test(wg_encode_fn enc, double sec) {
     auto run_fused = [&] {
         int tiles = (p.M / BM) * (p.N / BN);
         void *args[] = {(void *)&p.mx, (void *)&p.mw_half, (void *)&p.my, (void *)&ma,
-                        (void *)&p.Y,  (void *)&p.M,       (void *)&p.N,  (void *)&p.K};
+                        (void *)&p.M,  (void *)&p.N,       (void *)&p.K};
         CK(cudaLaunchKernel((const void *)fused, dim3(std::min(tiles, g_sms)), dim3(384), args,
                             (size_t)smem, 0));
     };

@@ -374,24 +374,6 @@ static void t_swiglu(int F) {
     free(hgu), free(hd);
 }
 
-/* The MLP's gate|up product and SwiGLU in one call, x [M, K], w [2F, K]: the cuda side's own
- * kernel where K % 64 == 0 and F % 128 == 0 (rows past the last full tile of 128, several
- * k-blocks per stage ring, more tiles than SMs at 2048 x 2F 4096), cuBLASLt + swiglu_fwd
- * otherwise */
-static void t_linear_swiglu(int M, int K, int F) {
-    char name[64];
-    snprintf(name, sizeof name, "linear_swiglu %dx%dx2*%d", M, K, F);
-    size_t nx = (size_t)M * K, nw = (size_t)2 * F * K, ngu = (size_t)M * 2 * F;
-    float *hx = hrand(nx, 1, 0), *hw = hrand(nw, 0.1, 0);
-    pair x = pact(hx, nx), w = pact(hw, nw), gu = pact(NULL, ngu), o = pact(NULL, ngu / 2);
-    CO->linear_swiglu_fwd(CC, gu.c, o.c, x.c, w.c, M, K, F);
-    GO->linear_swiglu_fwd(GC, gu.g, o.g, x.g, w.g, M, K, F);
-    cmp(name, "fwd gate|up", &gu, 1e-2);
-    cmp(name, "fwd out", &o, 1e-2);
-    pfree(&x), pfree(&w), pfree(&gu), pfree(&o);
-    free(hx), free(hw);
-}
-
 /* T = 300 tokens in 3 sequences, or (long_seqs) 2200 in sequences of 7, 2043 and 140 tokens
  * (the last 10 outside): the wgmma kernel's CTAs then cycle through their shared-memory stages
  * and mbarrier phases many times */
@@ -975,9 +957,6 @@ int main(int argc, char **argv) {
         t_qkv_norm_rope(4, 2, 40, 1);   /* d 40: the scalar path */
         t_swiglu(517);
         t_swiglu(1024);
-        t_linear_swiglu(300, 1024, 768);
-        t_linear_swiglu(2048, 1024, 2048);
-        t_linear_swiglu(77, 100, 96); /* the fallback */
     }
     if (do_attn) {
         t_causal(8, 2, 64, 0);

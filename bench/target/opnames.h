@@ -21,8 +21,7 @@ static const char *po_names[PO_N] = {
 
 /* The op set named by `set` (comma-separated op names of the profile's table, or: none;
  * attention = the block attention forward and backward; optimizer = sumsq and adamw; memory =
- * the norms, RoPE and SwiGLU (swiglu_fwd only where a caller runs it apart: the drafter's and the
- * target's MLP call linear_swiglu_fwd, a product); movers = the gathers, copies and zero fills; nonproducts =
+ * the norms, RoPE and SwiGLU; movers = the gathers, copies and zero fills; nonproducts =
  * attention, optimizer and memory) as a po_free mask; -1 and a message for an unknown or
  * product name. The movers write buffers that other ops reuse as scratch (the loss rows'
  * gather, for one), so leaving them out can feed the products degenerate data, which draw less

@@ -52,8 +52,7 @@ static void po_stop(int i, int op, double flop) {
 
 /* Matmul shapes: each linear call's (kind, M, K, N) is recorded with its event pair, so that
  * prof_end can print the time and rate per shape (kind: 0 forward, 1 forward + residual,
- * 2 backward dx, 3 backward dw, 4 both, 5 forward + SwiGLU: linear_swiglu_fwd, profiled as a
- * product, linear_fwd's op, SwiGLU's pass included where it is not fused). */
+ * 2 backward dx, 3 backward dw, 4 both). */
 #define PO_SHAPES 128
 typedef struct {
     int kind, M, K, N;
@@ -62,8 +61,7 @@ typedef struct {
 } po_shape_row;
 static po_shape_row po_shapes[PO_SHAPES];
 static int po_nshapes;
-static const char *po_kind_names[6] = {"fwd",    "fwd+res",   "bwd dx",
-                                       "bwd dw", "bwd dx+dw", "fwd+swiglu"};
+static const char *po_kind_names[5] = {"fwd", "fwd+res", "bwd dx", "bwd dw", "bwd dx+dw"};
 
 static void po_stop_shape(int i, int op, double flop, int kind, int M, int K, int N) {
     po_stop(i, op, flop);
@@ -81,8 +79,8 @@ static void po_stop_shape(int i, int op, double flop, int kind, int M, int K, in
 /* Ops left out (bench-drafter's BENCH_FREE): while bit op of po_free is set, the wrapped calls
  * of that op return at once, so a step runs as if it cost nothing, and its outputs keep what
  * its last real call wrote (real values, so the products after it run on real data, not on
- * zeros, which draw less power). The products (linear_fwd, linear_fwd_res, linear_swiglu_fwd,
- * linear_bwd) are never left out; lm_head_xent can be. */
+ * zeros, which draw less power). The products (linear_fwd, linear_fwd_res, linear_bwd) are
+ * never left out; lm_head_xent can be. */
 static unsigned po_free;
 
 #define PO_WRAP(op, flop, call)                                                                    \
@@ -124,12 +122,6 @@ static void po_linr(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, cons
     int i = po_start();
     po_real->linear_fwd_res(c, y, x, w, r, M, K, N);
     po_stop_shape(i, PO_LIN, 2.0 * M * K * N, 1, M, K, N);
-}
-static void po_linswi(nn_ctx *c, nn_buf *gu, nn_buf *o, const nn_buf *x, const nn_buf *w, int M,
-                      int K, int F) {
-    int i = po_start();
-    po_real->linear_swiglu_fwd(c, gu, o, x, w, M, K, F);
-    po_stop_shape(i, PO_LIN, 4.0 * M * K * F, 5, M, K, 2 * F);
 }
 static void po_adamwc(nn_ctx *c, float *p, nn_buf *pa, const float *g, float *m, float *v,
                       size_t n, float lr, float b1, float b2, float eps, float wd, const float *sq,
@@ -243,8 +235,7 @@ static const nn_ops *prof_ops(const nn_ops *real, nn_ctx *ctx) {
     po_tab.attention_block_bwd = po_attbb;
     po_tab.lm_head_xent = po_xent, po_tab.lm_head_argmax = po_argmax, po_tab.sumsq = po_sumsq;
     po_tab.adamw = po_adamw, po_tab.f32_to_act = po_f2a;
-    po_tab.linear_fwd_res = po_linr, po_tab.linear_swiglu_fwd = po_linswi;
-    po_tab.adamw_clip = po_adamwc;
+    po_tab.linear_fwd_res = po_linr, po_tab.adamw_clip = po_adamwc;
     po_tab.adamw_clip_act = po_adamwca;
     po_tab.side_begin = po_side_begin, po_tab.side_mark = po_side_mark;
     po_tab.side_end = po_side_end; /* side_wait as it is: harmless in the profiled pass */

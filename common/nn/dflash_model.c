@@ -844,7 +844,8 @@ static void mlp_fwd(dflash_model *m, int l) {
     int R = post_attn_rows(m, l), D = c->hidden_size, F = c->intermediate_size;
     o->rmsnorm_fwd(m->ctx, a->yln, a->rstd_post, a->hmid, LW(m, l, DFL_POST_LN), R, D,
                    (float)c->rms_norm_eps);
-    o->linear_swiglu_fwd(m->ctx, a->gu, a->act, a->yln, LW(m, l, DFL_GATE), R, D, F);
+    o->linear_fwd(m->ctx, a->gu, a->yln, LW(m, l, DFL_GATE), NULL, R, D, 2 * F);
+    o->swiglu_fwd(m->ctx, a->act, a->gu, R, F);
     o->linear_fwd_res(m->ctx, m->resid[l + 1], a->act, LW(m, l, DFL_DOWN), a->hmid, R, F, D);
 }
 

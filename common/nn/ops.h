@@ -194,12 +194,6 @@ typedef struct nn_ops {
     /* out[R,F] = silu(gate) * up, where gu[R, 2F] holds per row gate in columns [0, F) and up in
      * [F, 2F): the output of one product with the gate and up weights back to back. */
     void (*swiglu_fwd)(nn_ctx *c, nn_buf *out, const nn_buf *gu, int R, int F);
-    /* gu[M, 2F] = x[M, K] . w[2F, K]^T (linear_fwd, no bias), then out[M, F] = swiglu_fwd of
-     * gu: the MLP's gate|up product and its activation in one call (cuda: one kernel, SwiGLU in
-     * the product's epilogue, where the device and the shapes allow). No two of gu, out, x, w
-     * overlap. */
-    void (*linear_swiglu_fwd)(nn_ctx *c, nn_buf *gu, nn_buf *out, const nn_buf *x,
-                              const nn_buf *w, int M, int K, int F);
 
     /* ---- backward ---- */
     /* dx[R,C] = d/dx (+ dres[R,C] when dres is not NULL: the gradient of a residual branch

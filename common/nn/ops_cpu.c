@@ -413,12 +413,6 @@ static void cpu_swiglu_fwd(nn_ctx *c, nn_buf *out_, const nn_buf *gu_, int R, in
     }
 }
 
-static void cpu_linear_swiglu_fwd(nn_ctx *c, nn_buf *gu, nn_buf *out, const nn_buf *x,
-                                  const nn_buf *w, int M, int K, int F) {
-    cpu_linear_fwd(c, gu, x, w, NULL, M, K, 2 * F);
-    cpu_swiglu_fwd(c, out, gu, M, F);
-}
-
 static void cpu_swiglu_bwd(nn_ctx *c, nn_buf *dgu_, const nn_buf *dout_, const nn_buf *gu_, int R,
                            int F) {
     (void)c;
@@ -1094,7 +1088,6 @@ static const nn_ops cpu_ops = {
     .attention_causal_fwd = cpu_attention_causal_fwd,
     .attention_block_fwd = cpu_attention_block_fwd,
     .swiglu_fwd = cpu_swiglu_fwd,
-    .linear_swiglu_fwd = cpu_linear_swiglu_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .linear_bwd = cpu_linear_bwd,
     .head_norm_rope_bwd = cpu_head_norm_rope_bwd,

@@ -1352,17 +1352,6 @@ static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gu, int R, int F
     CUDA_CHECK_LAUNCH();
 }
 
-/* One kernel of ours (ops_cuda_wg_gemm.cu) where it takes the call; else cuBLASLt's product
- * then the SwiGLU pass */
-static void cu_linear_swiglu_fwd(nn_ctx *c, nn_buf *gu, nn_buf *out, const nn_buf *x,
-                                 const nn_buf *w, int M, int K, int F) {
-    if (cuda_wg_linear_swiglu(c->stream, (bf16 *)gu, (bf16 *)out, (const bf16 *)x,
-                              (const bf16 *)w, M, K, F) == 0)
-        return;
-    cu_linear_fwd(c, gu, x, w, NULL, M, K, 2 * F);
-    cu_swiglu_fwd(c, out, gu, M, F);
-}
-
 static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_buf *gu, int R,
                           int F) {
     size_t n = (size_t)R * F;
@@ -1661,7 +1650,6 @@ static nn_ops make_ops(void) {
     o.attention_causal_fwd = cu_attention_causal_fwd;
     o.attention_block_fwd = cu_attention_block_fwd;
     o.swiglu_fwd = cu_swiglu_fwd;
-    o.linear_swiglu_fwd = cu_linear_swiglu_fwd;
     o.rmsnorm_bwd = cu_rmsnorm_bwd;
     o.linear_bwd = cu_linear_bwd;
     o.head_norm_rope_bwd = cu_head_norm_rope_bwd;
@@ -1758,7 +1746,7 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
         cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
         !events_new(c) ||
         cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        !norm_pipe_attrs() || cuda_attention_init() != 0 || cuda_wg_gemm_init() != 0) {
+        !norm_pipe_attrs() || cuda_attention_init() != 0) {
         fprintf(stderr, "ops_cuda: cannot set up device %d: %s\n", device,
                 cudaGetErrorString(cudaGetLastError()));
         nn_cuda_destroy(&c);

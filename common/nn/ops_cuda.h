@@ -13,9 +13,7 @@
  *
  * Files: ops_cuda.cu (context, memory, elementwise ops, norms, rope, linear via cuBLASLt, loss, the
  * vtable), ops_cuda_optim.cu (sumsq, AdamW, scale), ops_cuda_attn.cu (the attention launchers and
- * their CUDA-core kernels for any head dim <= 256), ops_cuda_wg_gemm.cu (a GEMM of our own,
- * wg_gemm.cuh, for the MLP's gate|up product with SwiGLU in its epilogue: linear_swiglu_fwd, where
- * it declines cuBLASLt + swiglu_fwd). The attention launchers try, in order: the Hopper wgmma
+ * their CUDA-core kernels for any head dim <= 256). The launchers try, in order: the Hopper wgmma
  * kernels (ops_cuda_attn_wgmma.cu: causal and block forward; ops_cuda_attn_wgbwd.cu: block
  * backward, reached through ops_cuda_attn_bwd.cu), the mma.sync ones (ops_cuda_attn_mma.cu,
  * ops_cuda_attn_bwd.cu), the WMMA ones (ops_cuda_attn_tc.cu), then the CUDA-core ones; each
@@ -85,14 +83,6 @@ int cuda_tc_attention_plan(int max_q, int max_tk, int H, int Hk, int d);
 void cuda_attention_block_plan(int max_q, int max_tk, int H, int Hk, int d);
 /* Raises the dynamic shared-memory limits of the attention kernels; once per device. */
 int cuda_attention_init(void);
-/* Internal: the GEMM of our own (ops_cuda_wg_gemm.cu). cuda_wg_gemm_init checks the device and
- * sets the kernel's limits, once per device (always 0: a device it cannot use only makes the
- * launchers decline). cuda_wg_linear_swiglu: gu[M, 2F] = x[M, K] w[2F, K]^T and act[M, F] =
- * silu(gate) up of it (linear_swiglu_fwd) in one kernel; 0 when it queued the work, -1 when the
- * device, the shapes or the alignments are not its (the caller falls back). */
-int cuda_wg_gemm_init(void);
-int cuda_wg_linear_swiglu(cudaStream_t st, __nv_bfloat16 *gu, __nv_bfloat16 *act,
-                          const __nv_bfloat16 *x, const __nv_bfloat16 *w, int M, int K, int F);
 /* Internal: the optimizer kernels of ops_cuda_optim.cu, on stream st. cuda_sumsq: out[0] = the
  * sum of squares of ga[na] (bf16) and g[n] (fp32), in a fixed order; part is device scratch of
  * part_cap floats (>= 1024). cuda_adamw: one AdamW step (t >= 1) of master p, moments m, v and,

@@ -515,7 +515,8 @@ static void layer_out(target_model *m, const target_layer *w, int T) {
     ops->linear_fwd_res(c, m->h, m->att, w->wo, m->h, T, Qd, D); /* h += att Wo^T */
     ops->rmsnorm_fwd(c, m->x, NULL, m->h, w->post_norm, T, D, (float)cf->rms_norm_eps);
     /* one product for gate|up (the weights lie back to back) */
-    ops->linear_swiglu_fwd(c, m->gu, m->mid, m->x, w->w_gate, T, D, F); /* gu[T,2F], mid[T,F] */
+    ops->linear_fwd(c, m->gu, m->x, w->w_gate, NULL, T, D, 2 * F); /* gu[T,2F] */
+    ops->swiglu_fwd(c, m->mid, m->gu, T, F);                        /* mid[T,F] */
     ops->linear_fwd_res(c, m->h, m->mid, w->w_down, m->h, T, F, D); /* h += mid Wdown^T */
 }
 

@@ -18,8 +18,10 @@
  * tiles in groups of 16 along M for L2 reuse; one m64n256k16 wgmma per k16 step. Template
  * choices, each a variant timed in some call (bench/RESULTS.md): STAGES; the epilogue (EPI_*,
  * see the kernel); clusters of 2 CTAs sharing the W tile by multicast. The variants list holds
- * the last call's; the variants of earlier calls (direct or row-staged stores, two m64n128k16
- * per k16 step) are in the commits that RESULTS names. Not built by CMake:
+ * the last call's (EPI_NONE: the product without its epilogue, a bound, not a product; the
+ * clusters of 2 stay in the kernel, last timed in call 7); the variants of earlier calls (direct
+ * or row-staged stores, two m64n128k16 per k16 step) are in the commits that RESULTS names. The
+ * SwiGLU kernel ran in the drafter step in ba96453 (reverted). Not built by CMake:
  *   nvcc -O3 -std=c++17 -arch=sm_90a -I. -Icommon/nn bench/cuda_ops/wg_gemm_probe.cu \
  *     -o wg_gemm_probe -lcublasLt -lcuda -ldl
  */

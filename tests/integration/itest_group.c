@@ -23,6 +23,7 @@
  * Usage: itest_group QUEUE CTL TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
 #include "check.h"
 #include "harness.h"
+#include "test_files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -116,24 +117,10 @@ static bool wait_group(client *c, uint32_t world, uint64_t min_done, int ms, wir
 }
 
 /* The whole file (NUL-terminated, caller frees) or NULL. */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 /* The last "final state at step N has hash H" of a drafter log. */
 static bool final_hash(const char *log, unsigned long long *step, unsigned long long *hash)
 {
-    char *s = slurp(log);
+    char *s = test_slurp(log, NULL);
     if (!s) return false;
     bool ok = false;
     for (char *p = s; (p = strstr(p, "final state at step ")); p++)
@@ -145,7 +132,7 @@ static bool final_hash(const char *log, unsigned long long *step, unsigned long 
 /* The hash db logged when it synced into `epoch` (or 0). */
 static unsigned long long sync_hash(const char *log, unsigned long long epoch)
 {
-    char *s = slurp(log);
+    char *s = test_slurp(log, NULL);
     if (!s) return 0;
     unsigned long long h = 0, e = 0, st = 0;
     int rank = 0, world = 0;
@@ -211,7 +198,7 @@ int main(int argc, char **argv)
     snprintf(ctllog, sizeof ctllog, "%s/ctl.log", dir);
     char *set1[] = {argv[2], rtflag, "set", "max_depth=1", NULL};
     CHECK_EQ_INT(run_tool(set1, ctllog), 1);
-    char *cl = slurp(ctllog);
+    char *cl = test_slurp(ctllog, NULL);
     CHECK(cl && strstr(cl, "max-depth 1 is smaller than one step"));
     free(cl);
     char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
@@ -287,7 +274,7 @@ int main(int argc, char **argv)
     CHECK(s.batches_todo + s.batches_inflight <= 1); /* < one step of two ranks */
     CHECK_EQ_INT(s.acks, done);
     CHECK_EQ_INT(s.quarantined, 0);
-    char *ql = slurp(qlog);
+    char *ql = test_slurp(qlog, NULL);
     CHECK(ql && !strstr(ql, "already trained"));
     free(ql);
     unsigned long long sa = 0, fa = 0, sb = 0, fb = 0;

@@ -5,6 +5,7 @@
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
+#include "test_files.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,18 +13,6 @@
 #include <unistd.h>
 
 static char dir[256], bin[512];
-
-static char *slurp(const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return calloc(1, 1);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *b = calloc(1, (size_t)n + 1);
-    if (fread(b, 1, (size_t)n, fp) != (size_t)n) b[0] = 0;
-    fclose(fp);
-    return b;
-}
 
 /* Runs the tool with args; returns its exit status; stdout/stderr go to dir/out, dir/err. */
 static int run(const char *args) {
@@ -77,7 +66,7 @@ int main(void) {
     char errp[300], outp[300];
     snprintf(errp, sizeof errp, "%s/err", dir);
     snprintf(outp, sizeof outp, "%s/out", dir);
-    char *err = slurp(errp), *out = slurp(outp);
+    char *err = test_slurp(errp, NULL), *out = test_slurp(outp, NULL);
     char want[600];
     const char *expect[] = {":2: not a JSON object",
                             ":4: token id 1000 at position 1 is outside the vocabulary of 1000",
@@ -121,7 +110,7 @@ int main(void) {
     unlink(shardp);
     snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --strict", jsonl, shardp);
     CHECK_EQ_INT(run(args), 1);
-    err = slurp(errp);
+    err = test_slurp(errp, NULL);
     snprintf(want, sizeof want, "%s:2: not a JSON object", jsonl);
     CHECK(strstr(err, want) != NULL);
     free(err);
@@ -140,7 +129,7 @@ int main(void) {
     CHECK_EQ_INT(hf_config_write(dir, &mc, NULL), 0);
     snprintf(args, sizeof args, "--in %s --out %s --model %s --max-len 2000", jsonl, shardp, dir);
     CHECK_EQ_INT(run(args), 0);
-    err = slurp(errp);
+    err = test_slurp(errp, NULL);
     snprintf(want, sizeof want, "%s:7: token id 500 at position 400", jsonl);
     CHECK(strstr(err, want) != NULL);
     free(err);

@@ -4,6 +4,7 @@
 #include "check.h"
 #include "err.h"
 #include "shard.h"
+#include "test_files.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,24 +14,6 @@ static char dir[256];
 
 static void path_of(char *buf, size_t len, const char *name) {
     snprintf(buf, len, "%s/%s", dir, name);
-}
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    *len = (size_t)ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *b = malloc(*len ? *len : 1);
-    if (fread(b, 1, *len, fp) != *len) *len = 0;
-    fclose(fp);
-    return b;
-}
-
-static void spill(const char *path, const char *b, size_t len) {
-    FILE *fp = fopen(path, "wb");
-    fwrite(b, 1, len, fp);
-    fclose(fp);
 }
 
 static void expect_bad(const char *path, const char *needle) {
@@ -125,46 +108,49 @@ static void test_corrupt(void) {
     path_of(good, sizeof good, "a.shard");
     path_of(path, sizeof path, "bad.shard");
     size_t len;
-    char *raw = slurp(good, &len);
-    CHECK(raw != NULL && len > 64);
-    if (!raw) return;
+    char *raw = test_slurp(good, &len);
+    CHECK(len > 64);
+    if (len <= 64) {
+        free(raw);
+        return;
+    }
 
     /* every truncation is refused */
     int opened = 0;
     for (size_t cut = 0; cut < len; cut++) {
-        spill(path, raw, cut);
+        test_spill(path, raw, cut);
         char err[512];
         shard *s = shard_open(path, err, sizeof err);
         if (s) opened++;
         shard_close(&s);
     }
     CHECK_EQ_INT(opened, 0);
-    spill(path, raw, 10);
+    test_spill(path, raw, 10);
     expect_bad(path, "truncated");
-    spill(path, raw, len - 1);
+    test_spill(path, raw, len - 1);
     expect_bad(path, "truncated or inconsistent");
     /* trailing garbage */
     char *longer = malloc(len + 8);
     memcpy(longer, raw, len);
     memset(longer + len, 0, 8);
-    spill(path, longer, len + 8);
+    test_spill(path, longer, len + 8);
     expect_bad(path, "truncated or inconsistent");
     free(longer);
 
     raw[0] ^= 1;
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     expect_bad(path, "bad magic");
     raw[0] ^= 1;
     raw[8] = 2; /* version */
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     expect_bad(path, "unsupported shard version 2");
     raw[8] = 1;
     raw[24] ^= 1; /* n_tokens */
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     expect_bad(path, "header disagrees");
     raw[24] ^= 1;
     raw[44] = 9; /* longest */
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     expect_bad(path, "header disagrees");
     raw[44] = 7;
     /* index entry 1: bump its offset */
@@ -172,28 +158,28 @@ static void test_corrupt(void) {
     for (int i = 7; i >= 0; i--)
         index_off = (index_off << 8) | (unsigned char)raw[32 + i];
     raw[index_off + 16] += 4;
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     expect_bad(path, "index entry 1 out of range");
     raw[index_off + 16] -= 4;
     /* index entry 2: a length running into the index */
     raw[index_off + 32 + 8] = 100;
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     expect_bad(path, "index entry 2 out of range");
     raw[index_off + 32 + 8] = 7;
     /* zero length */
     raw[index_off + 8] = 0;
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     expect_bad(path, "index entry 0");
     raw[index_off + 8] = 5;
     /* the repaired copy opens again: the edits above were the only problems */
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     char err[256];
     shard *s = shard_open(path, err, sizeof err);
     CHECK(s != NULL);
     shard_close(&s);
     /* a corrupt mask byte is found by verification */
     raw[64 + 5 * 4 + 1] = 3;
-    spill(path, raw, len);
+    test_spill(path, raw, len);
     s = shard_open(path, err, sizeof err);
     CHECK(s != NULL);
     CHECK_EQ_INT(shard_verify_tokens(s, 0, err, sizeof err), DFLASH_ERANGE);

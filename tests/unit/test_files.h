@@ -2,12 +2,18 @@
  * test_slurp returns a file's bytes plus a terminating NUL (so that text can be searched) and
  * their count in *len (len may be NULL); a file that cannot be read gives "" and 0, so that the
  * checks on a missing log fail instead of crashing. Free the result with free().
- * test_spill writes len bytes of b to path, replacing the file. */
+ * test_spill writes len bytes of b to path, replacing the file. test_file_size: the size of
+ * the file at path, 0 where it cannot be read. test_copy_prefix: dst becomes the first len bytes
+ * of src (all of src where it is shorter). */
 #ifndef DFLASH_TEST_FILES_H
 #define DFLASH_TEST_FILES_H
 
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static inline char *test_slurp(const char *path, size_t *len) {
     size_t n = 0;
@@ -30,6 +36,24 @@ static inline void test_spill(const char *path, const char *b, size_t len) {
     if (!fp) return;
     if (fwrite(b, 1, len, fp) != len) fprintf(stderr, "test_spill: short write to %s\n", path);
     fclose(fp);
+}
+
+static inline uint64_t test_file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static inline void test_copy_prefix(const char *src, const char *dst, uint64_t len) {
+    int in = open(src, O_RDONLY), out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    char buf[4096];
+    uint64_t done = 0;
+    while (in >= 0 && out >= 0 && done < len) {
+        ssize_t n = read(in, buf, len - done < sizeof buf ? len - done : sizeof buf);
+        if (n <= 0 || write(out, buf, (size_t)n) != n) break;
+        done += (uint64_t)n;
+    }
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
 }
 
 #endif

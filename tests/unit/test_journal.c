@@ -11,6 +11,7 @@
 #include "check.h"
 #include "err.h"
 #include "journal.h"
+#include "test_files.h"
 
 #include <uv.h>
 
@@ -42,27 +43,6 @@ static int refuse(void *ctx, uint16_t type, const void *payload, uint32_t len)
     return type == 3 ? DFLASH_EMISMATCH : 0;
 }
 
-static uint64_t file_size(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 ? (uint64_t)st.st_size : 0;
-}
-
-static void truncate_copy(const char *src, const char *dst, uint64_t len)
-{
-    int in = open(src, O_RDONLY), out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    char buf[4096];
-    uint64_t done = 0;
-    while (done < len) {
-        ssize_t n = read(in, buf, len - done < sizeof buf ? len - done : sizeof buf);
-        if (n <= 0) break;
-        if (write(out, buf, (size_t)n) != n) break;
-        done += (uint64_t)n;
-    }
-    close(in);
-    close(out);
-}
-
 static void test_roundtrip(void)
 {
     int err = 1;
@@ -78,7 +58,7 @@ static void test_roundtrip(void)
     CHECK_EQ_INT(journal_append(j, 4, big, JOURNAL_MAX_PAYLOAD + 1, false), DFLASH_EINVAL);
     CHECK_EQ_INT(journal_records(j), 3);
     uint64_t size = journal_size(j);
-    CHECK_EQ_INT(size, file_size(path));
+    CHECK_EQ_INT(size, test_file_size(path));
     journal_destroy(&j);
     CHECK(j == NULL);
 
@@ -123,7 +103,7 @@ static void test_torn_tail(void)
      * and the file is usable for appending again. */
     int bad = 0;
     for (uint64_t len = before; len <= after; len++) {
-        truncate_copy(path, cut, len);
+        test_copy_prefix(path, cut, len);
         seen s = {0};
         int err = 0;
         j = journal_open(cut, collect, &s, &err);
@@ -143,14 +123,14 @@ static void test_torn_tail(void)
     CHECK_EQ_INT(bad, 0);
     /* A crash while writing the header of a new journal. */
     for (uint64_t len = 0; len < JOURNAL_HEADER_BYTES; len++) {
-        truncate_copy(path, cut, len);
+        test_copy_prefix(path, cut, len);
         j = journal_open(cut, NULL, NULL, NULL);
         CHECK(j != NULL);
         if (j) CHECK_EQ_INT(journal_size(j), JOURNAL_HEADER_BYTES);
         journal_destroy(&j);
     }
     /* A flipped bit in the last record's payload is a torn tail too. */
-    truncate_copy(path, cut, after);
+    test_copy_prefix(path, cut, after);
     int fd = open(cut, O_RDWR);
     uint8_t byte;
     CHECK_EQ_INT(pread(fd, &byte, 1, (off_t)before + 9), 1);

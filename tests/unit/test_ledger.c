@@ -11,6 +11,7 @@
 #include "check.h"
 #include "err.h"
 #include "ledger.h"
+#include "test_files.h"
 
 static char dir[256];
 static char path[300];
@@ -241,27 +242,6 @@ static void test_replay_and_orphans(void)
     unlink(path);
 }
 
-static uint64_t file_size(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 ? (uint64_t)st.st_size : 0;
-}
-
-static void copy_prefix(const char *src, const char *dst, uint64_t len)
-{
-    int in = open(src, O_RDONLY), out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    char buf[4096];
-    uint64_t done = 0;
-    while (done < len) {
-        ssize_t n = read(in, buf, len - done < sizeof buf ? len - done : sizeof buf);
-        if (n <= 0) break;
-        if (write(out, buf, (size_t)n) != n) break;
-        done += (uint64_t)n;
-    }
-    close(in);
-    close(out);
-}
-
 static void test_truncation_every_byte(void)
 {
     unlink(path);
@@ -276,13 +256,13 @@ static void test_truncation_every_byte(void)
     CHECK_EQ_INT(ledger_ack(l, &b, 7), 0); /* the last record: an ACK */
     ledger_get_stats(l, &st);
     uint64_t after = st.journal_bytes;
-    CHECK_EQ_INT(after, file_size(path));
+    CHECK_EQ_INT(after, test_file_size(path));
     ledger_destroy(&l);
     char cut[320];
     snprintf(cut, sizeof cut, "%s.cut", path);
     int wrong = 0;
     for (uint64_t len = before; len <= after; len++) {
-        copy_prefix(path, cut, len);
+        test_copy_prefix(path, cut, len);
         l = open_ledger(cut, 0, 0);
         if (!l) {
             wrong++;

@@ -27,6 +27,7 @@
 #include "monotime.h"
 #include "ops.h"
 #include "ops_cuda.h"
+#include "rng.h"
 #include "safetensors.h"
 
 #include <math.h>
@@ -48,14 +49,6 @@ typedef struct shared {
     uint8_t id[DP_COMM_ID_BYTES];
 } shared;
 static shared *S;
-
-static uint64_t rng_next(uint64_t *s) {
-    *s += 0x9e3779b97f4a7c15ull;
-    uint64_t z = *s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static double unif(uint64_t *s) { return (double)(rng_next(s) >> 11) / 9007199254740992.0 * 2 - 1; }
 

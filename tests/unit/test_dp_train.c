@@ -26,6 +26,7 @@
 #include "dflash_train.h"
 #include "err.h"
 #include "ops.h"
+#include "rng.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -42,14 +43,6 @@ enum { D = 16, NF = 2, V = 11, MAXT = 27, MAXB = 16, NSTEP = 8, MAXP = 16384 };
 
 /* ---------------------------------------------------------------------------------------------
  * the tiny world */
-
-static uint64_t rng_next(uint64_t *s) {
-    *s += 0x9e3779b97f4a7c15ull;
-    uint64_t z = *s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static double unif(uint64_t *s) { return (double)(rng_next(s) >> 11) / 9007199254740992.0 * 2 - 1; }
 

@@ -33,6 +33,7 @@
 #include "dflash_train.h"
 #include "master_split.h"
 #include "ops_cuda.h"
+#include "safetensors.h"
 #endif
 
 #include <math.h>
@@ -61,14 +62,9 @@ static double urand(void) /* [-1, 1) */
     return (double)(rs >> 11) / 4503599627370496.0 - 1.0;
 }
 
+/* f rounded to the nearest bf16 (ties to even) */
 static float bf16r(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return f;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
+    return safetensors_bf16_to_f32(safetensors_f32_to_bf16(f));
 }
 
 static float *hrand(size_t n, double scale, double offset) {

@@ -20,6 +20,7 @@
 
 #ifdef DFLASH_HAVE_CUDA
 #include "ops_cuda.h"
+#include "safetensors.h"
 #include "target_model.h"
 #endif
 
@@ -36,14 +37,9 @@ int main(void) {
 }
 #else
 
+/* f rounded to the nearest bf16 (ties to even) */
 static float bf16r(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return f;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
+    return safetensors_bf16_to_f32(safetensors_f32_to_bf16(f));
 }
 
 static uint64_t mix(uint64_t z) {

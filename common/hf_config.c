@@ -329,6 +329,13 @@ int hf_config_dflash_layers(int L, int n, int *ids) {
 
 /* ---- writing ---- */
 
+void hf_config_json_token_id(cJSON *json, const char *key, int id) {
+    if (id >= 0)
+        cJSON_AddNumberToObject(json, key, id);
+    else
+        cJSON_AddNullToObject(json, key);
+}
+
 cJSON *hf_config_to_json(const model_config *c, const char *dtype) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
@@ -338,14 +345,8 @@ cJSON *hf_config_to_json(const model_config *c, const char *dtype) {
     cJSON_AddStringToObject(j, "model_type", family_names[c->family]);
     if (c->family != MODEL_QWEN2) cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    if (c->bos_token_id >= 0)
-        cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
-    else
-        cJSON_AddNullToObject(j, "bos_token_id");
-    if (c->eos_token_id >= 0)
-        cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
-    else
-        cJSON_AddNullToObject(j, "eos_token_id");
+    hf_config_json_token_id(j, "bos_token_id", c->bos_token_id);
+    hf_config_json_token_id(j, "eos_token_id", c->eos_token_id);
     cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);

@@ -56,6 +56,8 @@ void hf_config_defaults(model_config *c, model_family family);
  * transformers spelling ("bfloat16", "float16", "float32"; NULL means "bfloat16"). The caller
  * owns it (cJSON_Delete) and may add keys (e.g. the drafter's dflash_config). NULL on OOM. */
 struct cJSON *hf_config_to_json(const model_config *c, const char *dtype);
+/* Adds key: id to json, or key: null where id < 0 (a token id that config.json leaves unset). */
+void hf_config_json_token_id(struct cJSON *json, const char *key, int id);
 
 /* Writes dir/config.json from hf_config_to_json(c, dtype). 0 or negative. */
 int hf_config_write(const char *dir, const model_config *c, const char *dtype);

@@ -7,6 +7,7 @@
 #include "dflash_ckpt.h"
 
 #include "err.h"
+#include "hf_config.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -143,14 +144,8 @@ static cJSON *config_json(const dflash_config *c, const char *dtype) {
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     /* the drafter owns no embedding or lm_head: both are the target's */
     cJSON_AddFalseToObject(j, "tie_word_embeddings");
-    if (c->bos_token_id >= 0)
-        cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
-    else
-        cJSON_AddNullToObject(j, "bos_token_id");
-    if (c->eos_token_id >= 0)
-        cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
-    else
-        cJSON_AddNullToObject(j, "eos_token_id");
+    hf_config_json_token_id(j, "bos_token_id", c->bos_token_id);
+    hf_config_json_token_id(j, "eos_token_id", c->eos_token_id);
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
     cJSON_AddStringToObject(j, "dtype", dtype);
     cJSON_AddTrueToObject(j, "use_cache");

@@ -142,8 +142,6 @@ int main(void) {
     snprintf(args, sizeof args, "--in %s --out %s --buckets 512,100", jsonl, shardp);
     CHECK_EQ_INT(run(args), 2);
 
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    test_rmtree(dir);
     CHECK_DONE();
 }

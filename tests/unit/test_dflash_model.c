@@ -11,6 +11,7 @@
  *   - a drafter that does not fit the target is refused with both values named
  */
 #include "check.h"
+#include "test_files.h"
 #include "dflash_ckpt.h"
 #include "dflash_eval.h"
 #include "dflash_model.h"
@@ -672,13 +673,6 @@ static const nn_ops *lag_ops(const nn_ops *real) {
     return &lag.tab;
 }
 
-/* Removes a test's temporary directory tree (made by mkdtemp: no quoting needed). */
-static void rm_tree(const char *root) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    CHECK_EQ_INT(system(cmd), 0);
-}
-
 /* A checkpoint resumed into a model whose last update still lags on the side stream holds the
  * file's weights (the lagging update runs before the upload, not over it); with the lag's host
  * waits bypassed for the resume (run_late: the update runs after it) it does not. */
@@ -720,7 +714,7 @@ out:
         ;
     dflash_model_destroy(&m);
     dflash_model_destroy(&r);
-    rm_tree(root);
+    CHECK_EQ_INT(test_rmtree(root), 0);
 }
 
 /* Queued steps (the daemon's loop) with the lagging side stream give the weights, moments and
@@ -836,7 +830,7 @@ static void test_checkpoint(world *w) {
 
     dflash_model_destroy(&a);
     dflash_model_destroy(&b);
-    rm_tree(root);
+    CHECK_EQ_INT(test_rmtree(root), 0);
 }
 
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */

@@ -4,11 +4,13 @@
  * checks on a missing log fail instead of crashing. Free the result with free().
  * test_spill writes len bytes of b to path, replacing the file. test_file_size: the size of
  * the file at path, 0 where it cannot be read. test_copy_prefix: dst becomes the first len bytes
- * of src (all of src where it is shorter). */
+ * of src (all of src where it is shorter). test_rmtree removes a test's temporary directory
+ * tree (files, links and folders, without following links); 0, or -1 with a message. */
 #ifndef DFLASH_TEST_FILES_H
 #define DFLASH_TEST_FILES_H
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +56,18 @@ static inline void test_copy_prefix(const char *src, const char *dst, uint64_t l
     }
     if (in >= 0) close(in);
     if (out >= 0) close(out);
+}
+
+static inline int test_rmtree_entry(const char *path, const struct stat *st, int flag,
+                                    struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static inline int test_rmtree(const char *dir) {
+    if (nftw(dir, test_rmtree_entry, 16, FTW_DEPTH | FTW_PHYS) == 0) return 0;
+    fprintf(stderr, "cleanup of %s failed\n", dir);
+    return -1;
 }
 
 #endif

@@ -2,6 +2,7 @@
  * architecture flags; invalid or unsupported ones are refused naming the field; what
  * hf_config_write writes loads back identically; the weight-name table matches HF checkpoints. */
 #include "check.h"
+#include "test_files.h"
 #include "err.h"
 #include "hf_config.h"
 
@@ -264,8 +265,6 @@ int main(void) {
     test_bad_configs();
     test_write_round_trip();
     test_weights();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    test_rmtree(dir);
     CHECK_DONE();
 }

@@ -4,6 +4,7 @@
  * exactly the HF tensor names with the right shapes, values look like the HF init, the same seed
  * gives the same bytes, a sharded checkpoint holds the same values as a single file. */
 #include "check.h"
+#include "test_files.h"
 #include "hf_config.h"
 #include "safetensors.h"
 
@@ -176,8 +177,6 @@ int main(void) {
     CHECK_EQ_INT(run(args), 2);
     CHECK_EQ_INT(run("--preset tiny"), 2);
 
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    test_rmtree(dir);
     CHECK_DONE();
 }

@@ -378,8 +378,6 @@ int main(void) {
     test_streaming();
     test_corrupt();
     test_sharded();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    test_rmtree(dir);
     CHECK_DONE();
 }

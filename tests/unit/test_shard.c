@@ -237,8 +237,6 @@ int main(void) {
     test_round_trip();
     test_corrupt();
     test_set();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    test_rmtree(dir);
     CHECK_DONE();
 }

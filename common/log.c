@@ -21,6 +21,17 @@ void log_init(const char *program, log_level level)
     g_level = level;
 }
 
+int log_init_named(const char *program, const char *level_name)
+{
+    log_level lvl;
+    if (log_level_parse(level_name, &lvl) != 0) {
+        fprintf(stderr, "%s: bad --log-level '%s'\n", program ? program : g_program, level_name);
+        return DFLASH_EINVAL;
+    }
+    log_init(program, lvl);
+    return 0;
+}
+
 void log_set_level(log_level level)
 {
     g_level = level;

@@ -15,6 +15,10 @@ typedef enum { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_FATAL } log_lev
 void log_init(const char *program, log_level level);
 /* Parses "debug", "info", "warn", "error". Returns 0 or DFLASH_EINVAL. */
 int log_level_parse(const char *s, log_level *out);
+/* log_init with the level a --log-level option names (log_level_parse's names); program NULL
+ * keeps the tag. A bad name prints "TAG: bad --log-level 'NAME'" to stderr (TAG: program, else
+ * the current tag) and changes nothing. Returns 0 or DFLASH_EINVAL. */
+int log_init_named(const char *program, const char *level_name);
 void log_set_level(log_level level);
 bool log_enabled(log_level level);
 

@@ -318,12 +318,7 @@ static int eval_main(int argc, char **argv)
     int rc = config_load(&eval_table, &ec, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
-    log_level lvl;
-    if (log_level_parse(ec.log_level, &lvl) != 0) {
-        fprintf(stderr, "dflash-drafter eval: bad --log-level '%s'\n", ec.log_level);
-        return 2;
-    }
-    log_set_level(lvl);
+    if (log_init_named(NULL, ec.log_level) != 0) return 2;
     if (!ec.model[0] || !ec.data[0] || (!ec.checkpoint[0] && !ec.init_only)) {
         fprintf(stderr, "dflash-drafter eval: needs --model TARGET_DIR, --data SHARD[,...] and "
                 "--checkpoint DIR (or --init-only)\n");
@@ -370,12 +365,7 @@ int main(int argc, char **argv)
     int rc = config_load(&drafter_table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
-    log_level lvl;
-    if (log_level_parse(cfg.log_level, &lvl) != 0) {
-        fprintf(stderr, "dflash-drafter: bad --log-level '%s'\n", cfg.log_level);
-        return 2;
-    }
-    log_set_level(lvl);
+    if (log_init_named(NULL, cfg.log_level) != 0) return 2;
 
     worker_loop_config lc;
     memset(&lc, 0, sizeof lc);

@@ -146,12 +146,7 @@ int main(int argc, char **argv) {
     data_cfg c;
     int rc = config_load(&data_table, &c, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
-    log_level lvl = LOG_INFO;
-    if (log_level_parse(c.log_level, &lvl)) {
-        fprintf(stderr, "dflash-data: bad --log-level '%s'\n", c.log_level);
-        return 2;
-    }
-    log_init("dflash-data", lvl);
+    if (log_init_named("dflash-data", c.log_level) != 0) return 2;
     if (!c.in[0] || !c.out[0]) {
         LOG_ERROR("--in FILE.jsonl and --out FILE.shard are required");
         return 2;

@@ -341,12 +341,7 @@ int main(int argc, char **argv)
     gen_ctx g = {0};
     int rc = config_load(&gen_table, &g.cfg, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
-    log_level lvl = LOG_INFO;
-    if (log_level_parse(g.cfg.log_level, &lvl)) {
-        fprintf(stderr, "dflash-gen: bad --log-level '%s'\n", g.cfg.log_level);
-        return 2;
-    }
-    log_init("dflash-gen", lvl);
+    if (log_init_named("dflash-gen", g.cfg.log_level) != 0) return 2;
     if (gen_validate(&g.cfg)) return 2;
     const gen_cfg *c = &g.cfg;
 

@@ -307,12 +307,7 @@ int main(int argc, char **argv) {
     mk_cfg cfg;
     int rc = config_load(&mk_table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
-    log_level lvl = LOG_INFO;
-    if (log_level_parse(cfg.log_level, &lvl)) {
-        fprintf(stderr, "dflash-mkmodel: bad --log-level '%s'\n", cfg.log_level);
-        return 2;
-    }
-    log_init("dflash-mkmodel", lvl);
+    if (log_init_named("dflash-mkmodel", cfg.log_level) != 0) return 2;
     if (!cfg.out[0]) {
         LOG_ERROR("--out DIR is required");
         return 2;

@@ -66,8 +66,7 @@ int main(int argc, char **argv)
     int rc = config_load(table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
-    log_level lvl;
-    if (log_level_parse(cfg.log_level, &lvl) == 0) log_set_level(lvl);
+    if (log_init_named(NULL, cfg.log_level) != 0) return 2;
 
     resolve_paths(&cfg);
     char why[400];

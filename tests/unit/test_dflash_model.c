@@ -11,7 +11,6 @@
  *   - a drafter that does not fit the target is refused with both values named
  */
 #include "check.h"
-#include "test_files.h"
 #include "dflash_ckpt.h"
 #include "dflash_eval.h"
 #include "dflash_model.h"
@@ -19,6 +18,7 @@
 #include "err.h"
 #include "ops.h"
 #include "safetensors.h"
+#include "test_files.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -2,9 +2,9 @@
  * architecture flags; invalid or unsupported ones are refused naming the field; what
  * hf_config_write writes loads back identically; the weight-name table matches HF checkpoints. */
 #include "check.h"
-#include "test_files.h"
 #include "err.h"
 #include "hf_config.h"
+#include "test_files.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,9 +4,9 @@
  * exactly the HF tensor names with the right shapes, values look like the HF init, the same seed
  * gives the same bytes, a sharded checkpoint holds the same values as a single file. */
 #include "check.h"
-#include "test_files.h"
 #include "hf_config.h"
 #include "safetensors.h"
+#include "test_files.h"
 
 #include <math.h>
 #include <stdlib.h>

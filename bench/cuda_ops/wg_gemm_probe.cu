@@ -187,9 +187,10 @@ __device__ float g_sink; /* EPI_NONE's store (never made) */
  * them by tensor copies, waited for only before the next tile's staging; EPI_TMA_HALF the same two
  * boxes at a time, in half the shared memory; EPI_NONE stores nothing (a measurement of what
  * the epilogue costs: the product's time and joules without it; its output is not checked).
- * EPI_NONE adds each tile's accumulators into a sum that a store depends on: with no reader of
- * the accumulators ptxas drops the wgmmas (a first form ran the lm_head at 1,010 TFLOP/s). SWIGLU (with EPI_TMA_HALF, CL 1): W is [gate; up] (N
- * = 2F rows), a tile's 256 columns are the 128 gate rows of features f0 = n0 / 2 .. + 127 and the
+ * EPI_NONE adds each tile's accumulators into a sum that a store depends on: a first form
+ * without a reader of the accumulators ran the lm_head at 1,010 TFLOP/s, as if ptxas had
+ * dropped the wgmmas. SWIGLU (with EPI_TMA_HALF, CL 1): W is [gate; up] (N = 2F rows), a
+ * tile's 256 columns are the 128 gate rows of features f0 = n0 / 2 .. + 127 and the
  * matching up rows, by two tensor copies of 128 rows (mw boxes of 128); the epilogue stores both
  * into Y [M, 2F] and silu(gate) up, from their bf16 values, into A [M, F] (map ma). */
 template <int STAGES, int EPI, int CL, bool SWIGLU = false>

@@ -469,12 +469,21 @@ static void t_block_mixed(int H, int Hk, int d, int B, int Tc) {
 }
 
 /* V 5000, 24 (rows of three 8-wide loads) and 151936 (the drafter's vocabulary): the softmax
- * pass's 8-wide loads; V 5001 and 151937 (V % 8 != 0): its scalar path. */
-static void t_lm_head(int Q, int V, int chunk) {
+ * pass's 8-wide loads; V 5001 and 151937 (V % 8 != 0): its scalar path. peak > 0: every row's
+ * last logit is exactly peak (h[r][0] = 1, W[V - 1] = (peak, 0, ...)), past the first segment
+ * from which the cuda pass takes its shift (k_xent_rows): 60 stays on its one-read path with
+ * large exponentials, 100 takes its fallback, 130 the fallback with exponentials that overflow. */
+static void t_lm_head_peak(int Q, int V, int chunk, float peak) {
     int D = 128;
     char name[64];
-    snprintf(name, sizeof name, "lm_head_xent Q%d V%d", Q, V);
+    snprintf(name, sizeof name, "lm_head_xent Q%d V%d peak %g", Q, V, peak);
     float *hh = hrand((size_t)Q * D, 1, 0), *hW = hrand((size_t)V * D, 0.3, 0);
+    if (peak > 0) {
+        for (int r = 0; r < Q; r++)
+            hh[(size_t)r * D] = 1.0f;
+        for (int k = 0; k < D; k++)
+            hW[(size_t)(V - 1) * D + k] = k == 0 ? peak : 0.0f;
+    }
     int32_t *lab = malloc(Q * 4);
     float *wt = malloc(Q * 4);
     double wsum = 0;
@@ -498,6 +507,10 @@ static void t_lm_head(int Q, int V, int chunk) {
     pfree(&h), pfree(&W), pfree(&L), pfree(&w), pfree(&dh), pfree(&sums), pfree(&corr), pfree(&am),
         pfree(&scr);
     free(hh), free(hW), free(lab), free(wt);
+}
+
+static void t_lm_head(int Q, int V, int chunk) {
+    t_lm_head_peak(Q, V, chunk, 0.0f);
 }
 
 /* adamw_clip_act on elements [a, a + n) of p (fp32 master), g (act), m, v: the cpu updates p
@@ -982,6 +995,10 @@ int main(int argc, char **argv) {
         t_lm_head(64, 151936, 16);
         uint64_t keep = rs; /* the checks after this one draw the inputs they drew before it */
         t_lm_head(6, 151937, 4);
+        t_lm_head_peak(40, 5000, 16, 60.0f);
+        t_lm_head_peak(40, 5000, 16, 100.0f);
+        t_lm_head_peak(40, 5000, 16, 130.0f);
+        t_lm_head_peak(40, 5001, 16, 130.0f);
         rs = keep;
     }
     if (do_optim) t_optim(); /* sumsq, AdamW, scaling */

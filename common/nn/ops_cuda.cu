@@ -1456,21 +1456,20 @@ __device__ msi block_msi(msi v) {
 }
 
 /* One row of bf16 logits (as PyTorch's bf16 autocast leaves them), read once. The row's first
- * segment (each thread's first load) gives a shift c = its max + XENT_SHIFT (log2 domain: x =
- * logit log2 e); one pass then keeps max / argmax by comparisons and the sum S of
- * E = 2^(x - c) (one exp2f per logit), and, when dh is wanted, writes E over the logits in
- * place. The unnormalised E lets the pass skip a second read of the row: with Z = S, dlogits =
- * g (E / Z - onehot) = (g / Z) (E - Z onehot), so the pass rewrites the label's element as
- * E - Z once the row is done and leaves g / Z in dh_scale[row], which k_xent_scale applies to
- * dh = E W after the product (PyTorch's bf16 dlogits round after the division; here E rounds
- * before it and dh twice: both bf16-level). The loss and argmax come from the exact max and
- * S (msi below), as a two-pass softmax would give them. Safety: E, S and the product stay
- * finite while every x <= c + XENT_SAFE (2^96 per element); a row with a larger logit (one
- * more than ~89 nats above its first segment's max) takes a fallback that reads the row again,
- * taking x back from E as c + log2 E (E = inf, over ~111 nats above it: the row's max), and
- * writes normalised dlogits with scale 1. Values that flush to 0 lie over 70 nats below that
- * max and add under 2^-101 to the row. Ties of the argmax take the first index (ascending per
- * thread, msi_merge). */
+ * segment (each thread's first load) gives a shift c = its max m0 + XENT_SHIFT (log2 domain:
+ * x = logit log2 e); one pass then keeps max / argmax by comparisons and the sum S of
+ * E = 2^(x - c) (one exp2f per logit) and, when dh is wanted, writes E over the logits in
+ * place. The unnormalised E spares the pass a second read of the row (each row came from DRAM
+ * twice before): with Z = S, dlogits = g (E / Z - onehot) = (g / Z) (E - Z onehot), so the
+ * pass rewrites the label's element as E - Z once the row is done and leaves g / Z in
+ * dh_scale[row], which k_xent_scale applies to dh = E W after the product (E rounds to bf16
+ * before the division and dh rounds twice, where the two-read pass rounded dlogits after it:
+ * both at bf16 level). The loss and argmax come from the exact max and S (msi below). Safety:
+ * E, S and the product stay finite while every x <= c + XENT_SAFE (E <= 2^96); a row with a
+ * larger logit (over ~89 nats above m0) takes a fallback that reads the row again, takes x back
+ * from E as c + log2 E (E = inf, over ~111 nats above m0: the row's max), and writes normalised
+ * dlogits with scale 1. E flushes to 0 for logits over ~70 nats below m0 (each under 2^-101 of
+ * the row's sum). Ties of the argmax take the first index (ascending per thread, msi_merge). */
 #define XENT_LOG2E 1.4426950408889634f
 #define XENT_LN2 0.6931471805599453f
 #define XENT_SHIFT 32.0f
@@ -1600,61 +1599,6 @@ template <bool VEC> __global__ void k_xent_scale(bf16 *dh, const float *scale, i
     }
 }
 
-/* The previous two-read pass (DFLASH_CUDA_XENT=2: A/B timing only, to be removed). */
-template <bool VEC>
-__global__ void __launch_bounds__(XENT_THREADS)
-    k_xent_rows2(bf16 *logits, int V, int r0, const int32_t *labels, const float *weights,
-                int32_t *correct, float *out_sums, float inv_norm, int want_dh) {
-    int i = blockIdx.x, r = r0 + i;
-    bf16 *L = logits + (size_t)i * V;
-    msi v = {-INFINITY, 0.0f, 0x7fffffff};
-    const int step = VEC ? 8 : 1;
-    for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
-        float x[8], cm = -INFINITY;
-        int ci = 0;
-        xent_load<VEC>(L + j, x);
-#pragma unroll
-        for (int e = 0; e < step; e++) {
-            x[e] *= XENT_LOG2E;
-            if (x[e] > cm) cm = x[e], ci = j + e;
-        }
-        if (cm > v.m) {
-            v.s = v.m == -INFINITY ? 0.0f : v.s * exp2f(v.m - cm);
-            v.m = cm;
-            v.i = ci;
-        }
-#pragma unroll
-        for (int e = 0; e < step; e++)
-            v.s += exp2f(x[e] - v.m);
-    }
-    msi t = block_msi(v);
-    int lab = labels[r];
-    float w = weights[r];
-    if (threadIdx.x == 0) {
-        if (correct) correct[r] = t.i == lab;
-        if (w > 0.0f) {
-            float loss = w * ((t.m + log2f(t.s)) * XENT_LN2 - __bfloat162float(L[lab]));
-            atomicAdd(out_sums, loss);
-            atomicAdd(out_sums + 1, w);
-        }
-    }
-    __syncthreads(); /* L[lab] is read before any thread overwrites it */
-    if (!want_dh) return;
-    float g = w > 0.0f ? w * inv_norm : 0.0f, gs = g / t.s, mx = t.m;
-    for (int j = threadIdx.x * step; j < V; j += blockDim.x * step) {
-        float x[8];
-        xent_load<VEC>(L + j, x);
-#pragma unroll
-        for (int e = 0; e < step; e++)
-            x[e] = g > 0.0f ? exp2f(fmaf(x[e], XENT_LOG2E, -mx)) * gs - (j + e == lab ? g : 0.0f)
-                            : 0.0f;
-        if (VEC)
-            store8(L + j, x);
-        else
-            L[j] = __float2bfloat16(x[0]);
-    }
-}
-
 __global__ void k_argmax_rows(int32_t *out, const float *logits, int V, int r0) {
     const float *L = logits + (size_t)blockIdx.x * V;
     msi v = {-INFINITY, 0.0f, 0x7fffffff};
@@ -1676,8 +1620,6 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
     bf16 *logits = (bf16 *)scratch;
     const bf16 *hb = (const bf16 *)h;
     const bool vec = V % 8 == 0 && vec_ok(scratch, scratch, scratch);
-    static int two = -1;
-    if (two < 0) two = getenv("DFLASH_CUDA_XENT") && !strcmp(getenv("DFLASH_CUDA_XENT"), "2");
     float *scale = NULL; /* per row of a chunk: dh's factor g / Z (k_xent_rows) */
     if (dh) {
         MAIN_STREAM_ONLY(c); /* the scales go to c->stage */
@@ -1687,14 +1629,7 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
     for (int r0 = 0; r0 < Q; r0 += chunk) {
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 0, 0.0f);
-        if (two) {
-            if (vec)
-                k_xent_rows2<true><<<n, XENT_THREADS, 0, c->stream>>>(
-                    logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
-            else
-                k_xent_rows2<false><<<n, XENT_THREADS, 0, c->stream>>>(
-                    logits, V, r0, labels, weights, correct, out_sums, inv_norm, dh != NULL);
-        } else if (vec)
+        if (vec)
             k_xent_rows<true><<<n, XENT_THREADS, 0, c->stream>>>(
                 logits, V, r0, labels, weights, correct, out_sums, inv_norm, scale);
         else
@@ -1704,7 +1639,6 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
         if (!dh) continue;
         bf16 *dr = (bf16 *)dh + (size_t)r0 * D;
         lt_matmul(c, 0, 0, D, n, V, W, D, logits, V, dr, D, 0, 0.0f);
-        if (two) continue;
         const int vd = D % 8 == 0 && vec_ok(dr, dr, dr) ? 8 : 1;
         const unsigned grid = grid_for((size_t)n * D / vd, 256);
         if (vd == 8)

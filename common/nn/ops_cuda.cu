@@ -585,43 +585,27 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
 
 /* dx (+ dres where RES) and dw in one pass with rstd saved: each thread sums its columns' dw over
  * the block's rows in registers, one atomicAdd per column and block. dx may equal dy or dres
- * (a row is read before its dx is stored; the rows ahead are other rows). MODE (A/B, to be
- * settled): 0 rstd[r] loaded in the row's own iteration; 1 loaded NORM_STAGES - 1 rows ahead
- * into a register ring; 2 as 1, with one barrier per row (the warps' partials double-buffered). */
-template <bool RES, int MODE>
+ * (a row is read before its dx is stored; the rows ahead are other rows). */
+template <bool RES>
 __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, const bf16 *dy,
                                                            const bf16 *x, const bf16 *w,
                                                            const float *rstd, int R, int C,
                                                            const bf16 *dres) {
     constexpr int N = RES ? 3 : 2;
     extern __shared__ uint4 stg[];
-    __shared__ float part[2][32];
+    __shared__ float part[32];
     const bf16 *const src[3] = {dy, x, dres};
     int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
     const int g = gridDim.x;
-    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, rq[NORM_STAGES - 1];
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     load8(w + col, wv);
     for (int k = 0; k < NORM_STAGES - 1; k++) {
         int r = blockIdx.x + k * g;
         norm_stage_issue<N>(stg, k, src, (size_t)r * C + col, r < R);
     }
-#pragma unroll
-    for (int k = 0; k < NORM_STAGES - 1; k++) {
-        int r = blockIdx.x + k * g;
-        rq[k] = MODE > 0 && r < R ? rstd[r] : 0.0f;
-    }
-    for (int r = blockIdx.x, s = 0, p = 0; r < R; r += g, s = (s + 1) % NORM_STAGES, p ^= 1) {
+    for (int r = blockIdx.x, s = 0; r < R; r += g, s = (s + 1) % NORM_STAGES) {
+        const float rs = rstd[r]; /* in flight with the wait below */
         int ra = r + (NORM_STAGES - 1) * g; /* into the stage this thread read last */
-        float rs;
-        if (MODE > 0) {
-            rs = rq[0];
-#pragma unroll
-            for (int k = 0; k < NORM_STAGES - 2; k++)
-                rq[k] = rq[k + 1];
-            rq[NORM_STAGES - 2] = ra < R ? rstd[ra] : 0.0f;
-        } else {
-            rs = rstd[r]; /* in flight with the wait below */
-        }
         norm_stage_issue<N>(stg, (s + NORM_STAGES - 1) % NORM_STAGES, src, (size_t)ra * C + col,
                             ra < R);
         cp_wait<NORM_STAGES - 1>(); /* row r's group */
@@ -636,14 +620,13 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, 
             dot += gv[e] * wv[e] * xv[e];
         }
         dot = warp_sum(dot);
-        const int pb = MODE == 2 ? p : 0;
-        if (lane == 0) part[pb][warp] = dot;
+        if (lane == 0) part[warp] = dot;
         __syncthreads();
         float mean = 0.0f;
         for (int i = 0; i < nwarps; i++)
-            mean += part[pb][i];
+            mean += part[i];
         mean /= (float)C;
-        if (MODE != 2) __syncthreads(); /* part is rewritten by the next row */
+        __syncthreads(); /* part is rewritten by the next row */
 #pragma unroll
         for (int e = 0; e < 8; e++)
             gv[e] = rs * (gv[e] * wv[e] - xv[e] * mean) + res[e];
@@ -656,38 +639,15 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, 
             atomicAdd(dw + col + e, acc[e]);
 }
 
-template <int MODE> static bool norm_bwd_attrs(cudaFuncAttribute a, int row) {
-    return cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false, MODE>, a, NORM_STAGES * 2 * row) ==
-               cudaSuccess &&
-           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true, MODE>, a, NORM_STAGES * 3 * row) ==
-               cudaSuccess;
-}
-
-template <int MODE>
-static void norm_bwd_launch(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
-                            const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres) {
-    size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
-    if (dres) {
-        k_rmsnorm_bwd_pipe<true, MODE>
-            <<<wave_grid(c, k_rmsnorm_bwd_pipe<true, MODE>, C / 8, smem, R), C / 8, smem,
-               c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w,
-                            rstd, R, C, (const bf16 *)dres);
-    } else {
-        k_rmsnorm_bwd_pipe<false, MODE>
-            <<<wave_grid(c, k_rmsnorm_bwd_pipe<false, MODE>, C / 8, smem, R), C / 8, smem,
-               c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w,
-                            rstd, R, C, NULL);
-    }
-    CUDA_CHECK_LAUNCH();
-}
-
 /* The pipelined kernels may take the shared memory of rows of up to 8192 on the current device
  * (nn_cuda_new, once per context, as the attention kernels' limits) */
 static bool norm_pipe_attrs(void) {
     const int row = 8192 * (int)sizeof(bf16);
     const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
     return cudaFuncSetAttribute(k_rmsnorm_fwd_pipe, a, NORM_STAGES * row) == cudaSuccess &&
-           norm_bwd_attrs<0>(a, row) && norm_bwd_attrs<1>(a, row) && norm_bwd_attrs<2>(a, row);
+           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false>, a, NORM_STAGES * 2 * row) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true>, a, NORM_STAGES * 3 * row) == cudaSuccess;
 }
 
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
@@ -696,17 +656,19 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
     if (R == 0) return;
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
         vec_ok(w, w, dres ? dres : w)) {
-        static int mode = -1;
-        if (mode < 0) {
-            const char *e = getenv("DFLASH_CUDA_NORM_BWD");
-            mode = e && *e >= '0' && *e <= '2' ? *e - '0' : 2;
+        size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
+        if (dres) {
+            k_rmsnorm_bwd_pipe<true>
+                <<<wave_grid(c, k_rmsnorm_bwd_pipe<true>, C / 8, smem, R), C / 8, smem,
+                   c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
+                                (const bf16 *)w, rstd, R, C, (const bf16 *)dres);
+        } else {
+            k_rmsnorm_bwd_pipe<false>
+                <<<wave_grid(c, k_rmsnorm_bwd_pipe<false>, C / 8, smem, R), C / 8, smem,
+                   c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
+                                (const bf16 *)w, rstd, R, C, NULL);
         }
-        if (mode == 0)
-            norm_bwd_launch<0>(c, dx, dw, dy, x, w, rstd, R, C, dres);
-        else if (mode == 1)
-            norm_bwd_launch<1>(c, dx, dw, dy, x, w, rstd, R, C, dres);
-        else
-            norm_bwd_launch<2>(c, dx, dw, dy, x, w, rstd, R, C, dres);
+        CUDA_CHECK_LAUNCH();
         return;
     }
     if (dw) { /* before dx: dx may overwrite dy */
@@ -1534,7 +1496,7 @@ __device__ __forceinline__ float xent_back(float held, bool wrote, float c, floa
     return isinf(held) ? row_max : c + log2f(held);
 }
 
-template <bool VEC, bool PF>
+template <bool VEC>
 __global__ void __launch_bounds__(XENT_THREADS)
     k_xent_rows(bf16 *logits, int V, int r0, const int32_t *labels, const float *weights,
                 int32_t *correct, float *out_sums, float inv_norm, float *dh_scale) {
@@ -1559,8 +1521,6 @@ __global__ void __launch_bounds__(XENT_THREADS)
     int ix = 0x7fffffff;
     bool over = false;
     while (j < V) {
-        float y[8]; /* PF: the next load in flight while this one is used */
-        if (PF && j + stride < V) xent_load<VEC>(L + j + stride, y);
 #pragma unroll
         for (int e = 0; e < step; e++) {
             float xe = x[e] * XENT_LOG2E;
@@ -1572,13 +1532,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
         }
         if (write) xent_store<VEC>(L + j, x);
         j += stride;
-        if (PF) {
-#pragma unroll
-            for (int e = 0; e < step; e++)
-                x[e] = y[e];
-        } else if (j < V) {
-            xent_load<VEC>(L + j, x);
-        }
+        if (j < V) xent_load<VEC>(L + j, x);
     }
     /* the thread's sum relative to its own max, for msi_merge (s >= 2^(mx - c) unless it
      * flushed to 0, over 101 below c) */
@@ -1666,8 +1620,6 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
     bf16 *logits = (bf16 *)scratch;
     const bf16 *hb = (const bf16 *)h;
     const bool vec = V % 8 == 0 && vec_ok(scratch, scratch, scratch);
-    static int pf = -1; /* A/B, to be settled: DFLASH_CUDA_XENT_PF=0 one load in flight */
-    if (pf < 0) pf = !(getenv("DFLASH_CUDA_XENT_PF") && *getenv("DFLASH_CUDA_XENT_PF") == '0');
     float *scale = NULL; /* per row of a chunk: dh's factor g / Z (k_xent_rows) */
     if (dh) {
         MAIN_STREAM_ONLY(c); /* the scales go to c->stage */
@@ -1677,14 +1629,11 @@ static void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *cor
     for (int r0 = 0; r0 < Q; r0 += chunk) {
         int n = Q - r0 < chunk ? Q - r0 : chunk;
         lt_matmul(c, 1, 0, V, n, D, W, D, hb + (size_t)r0 * D, D, logits, V, 0, 0.0f);
-        if (vec && pf)
-            k_xent_rows<true, true><<<n, XENT_THREADS, 0, c->stream>>>(
-                logits, V, r0, labels, weights, correct, out_sums, inv_norm, scale);
-        else if (vec)
-            k_xent_rows<true, false><<<n, XENT_THREADS, 0, c->stream>>>(
+        if (vec)
+            k_xent_rows<true><<<n, XENT_THREADS, 0, c->stream>>>(
                 logits, V, r0, labels, weights, correct, out_sums, inv_norm, scale);
         else
-            k_xent_rows<false, false><<<n, XENT_THREADS, 0, c->stream>>>(
+            k_xent_rows<false><<<n, XENT_THREADS, 0, c->stream>>>(
                 logits, V, r0, labels, weights, correct, out_sums, inv_norm, scale);
         CUDA_CHECK_LAUNCH();
         if (!dh) continue;

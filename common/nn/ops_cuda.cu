@@ -1534,8 +1534,8 @@ __global__ void __launch_bounds__(XENT_THREADS)
         j += stride;
         if (j < V) xent_load<VEC>(L + j, x);
     }
-    /* the thread's sum relative to its own max, for msi_merge (s >= 2^(mx - c) unless it
-     * flushed to 0, over 101 below c) */
+    /* the thread's sum relative to its own max, for msi_merge (s >= 2^(mx - c) unless all of
+     * the thread's values lie so far below c that their fp32 exponentials underflow) */
     msi v = {mx, s > 0.0f ? exp2f(log2f(s) + c - mx) : 0.0f, ix};
     msi t = block_msi(v);
     over = __syncthreads_or(over);

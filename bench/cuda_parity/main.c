@@ -212,11 +212,14 @@ static void t_rmsnorm(int R, int C) {
     GO->rmsnorm_bwd(GC, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, R, C, NULL);
     cmp(name, "bwd dx", &dx, 1e-2);
     cmp(name, "bwd dw (acc)", &dw, 1e-3);
-    /* dres: a residual branch's gradient added, into another buffer and in place */
-    pair dres = pact(hx, n), dxr = pact(NULL, n);
-    CO->rmsnorm_bwd(CC, dxr.c, NULL, dy.c, x.c, w.c, rstd.c, R, C, dres.c);
-    GO->rmsnorm_bwd(GC, dxr.g, NULL, dy.g, x.g, w.g, rstd.g, R, C, dres.g);
+    /* dres: a residual branch's gradient added, into another buffer (with dw, as the drafter's
+     * layers call it) and in place */
+    pair dres = pact(hx, n), dxr = pact(NULL, n), dw2 = praw(hdw, C);
+    CO->rmsnorm_bwd(CC, dxr.c, dw2.c, dy.c, x.c, w.c, rstd.c, R, C, dres.c);
+    GO->rmsnorm_bwd(GC, dxr.g, dw2.g, dy.g, x.g, w.g, rstd.g, R, C, dres.g);
     cmp(name, "bwd dx + dres", &dxr, 1e-2);
+    cmp(name, "bwd dw (acc) with dres", &dw2, 1e-3);
+    pfree(&dw2);
     CO->rmsnorm_bwd(CC, dres.c, NULL, dy.c, x.c, w.c, rstd.c, R, C, dres.c);
     GO->rmsnorm_bwd(GC, dres.g, NULL, dy.g, x.g, w.g, rstd.g, R, C, dres.g);
     cmp(name, "bwd dx + dres in place", &dres, 1e-2);

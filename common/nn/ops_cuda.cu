@@ -585,27 +585,45 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
 
 /* dx (+ dres where RES) and dw in one pass with rstd saved: each thread sums its columns' dw over
  * the block's rows in registers, one atomicAdd per column and block. dx may equal dy or dres
- * (a row is read before its dx is stored; the rows ahead are other rows). */
-template <bool RES>
+ * (a row is read before its dx is stored; the rows ahead are other rows). MODE (A/B, to be
+ * settled): 0 rstd[r] loaded in the row's own iteration; 1 loaded NORM_STAGES - 1 rows ahead
+ * into a register ring; 2 as 1, with one barrier per row (the warps' partials double-buffered);
+ * 3 as 2, with the block's dw sums stored to dw_part[block, C] for k_norm_dw_sum instead of added
+ * into dw by atomics (all blocks added the same C columns at once at their end). */
+template <bool RES, int MODE>
 __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, const bf16 *dy,
                                                            const bf16 *x, const bf16 *w,
                                                            const float *rstd, int R, int C,
-                                                           const bf16 *dres) {
+                                                           const bf16 *dres, float *dw_part) {
     constexpr int N = RES ? 3 : 2;
     extern __shared__ uint4 stg[];
-    __shared__ float part[32];
+    __shared__ float part[2][32];
     const bf16 *const src[3] = {dy, x, dres};
     int t = threadIdx.x, lane = t % 32, warp = t / 32, nwarps = blockDim.x / 32, col = 8 * t;
     const int g = gridDim.x;
-    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float wv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, rq[NORM_STAGES - 1];
     load8(w + col, wv);
     for (int k = 0; k < NORM_STAGES - 1; k++) {
         int r = blockIdx.x + k * g;
         norm_stage_issue<N>(stg, k, src, (size_t)r * C + col, r < R);
     }
-    for (int r = blockIdx.x, s = 0; r < R; r += g, s = (s + 1) % NORM_STAGES) {
-        const float rs = rstd[r]; /* in flight with the wait below */
+#pragma unroll
+    for (int k = 0; k < NORM_STAGES - 1; k++) {
+        int r = blockIdx.x + k * g;
+        rq[k] = MODE > 0 && r < R ? rstd[r] : 0.0f;
+    }
+    for (int r = blockIdx.x, s = 0, p = 0; r < R; r += g, s = (s + 1) % NORM_STAGES, p ^= 1) {
         int ra = r + (NORM_STAGES - 1) * g; /* into the stage this thread read last */
+        float rs;
+        if (MODE > 0) {
+            rs = rq[0];
+#pragma unroll
+            for (int k = 0; k < NORM_STAGES - 2; k++)
+                rq[k] = rq[k + 1];
+            rq[NORM_STAGES - 2] = ra < R ? rstd[ra] : 0.0f;
+        } else {
+            rs = rstd[r]; /* in flight with the wait below */
+        }
         norm_stage_issue<N>(stg, (s + NORM_STAGES - 1) % NORM_STAGES, src, (size_t)ra * C + col,
                             ra < R);
         cp_wait<NORM_STAGES - 1>(); /* row r's group */
@@ -620,23 +638,83 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, 
             dot += gv[e] * wv[e] * xv[e];
         }
         dot = warp_sum(dot);
-        if (lane == 0) part[warp] = dot;
+        const int pb = MODE >= 2 ? p : 0;
+        if (lane == 0) part[pb][warp] = dot;
         __syncthreads();
         float mean = 0.0f;
         for (int i = 0; i < nwarps; i++)
-            mean += part[i];
+            mean += part[pb][i];
         mean /= (float)C;
-        __syncthreads(); /* part is rewritten by the next row */
+        if (MODE < 2) __syncthreads(); /* part is rewritten by the next row */
 #pragma unroll
         for (int e = 0; e < 8; e++)
             gv[e] = rs * (gv[e] * wv[e] - xv[e] * mean) + res[e];
         store8(dx + (size_t)r * C + col, gv);
     }
     cp_wait<0>();
-    if (dw)
+    if (dw && MODE == 3) {
+        float4 *o = reinterpret_cast<float4 *>(dw_part + (size_t)blockIdx.x * C + col);
+        o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else if (dw) {
 #pragma unroll
         for (int e = 0; e < 8; e++)
             atomicAdd(dw + col + e, acc[e]);
+    }
+}
+
+/* dw[c] += the sum over b < G of part[b, c], in a fixed order (the same bits every run): a block
+ * of 256 threads takes 32 columns, its 8 warps every 8th b, then warp 0 adds the 8 sums. */
+__global__ void __launch_bounds__(256) k_norm_dw_sum(float *dw, const float *part, int G, int C) {
+    __shared__ float sum[8][32];
+    const int lane = threadIdx.x % 32, g = threadIdx.x / 32, c = blockIdx.x * 32 + lane;
+    float s = 0.0f;
+#pragma unroll 4
+    for (int b = g; b < G; b += 8)
+        s += part[(size_t)b * C + c];
+    sum[g][lane] = s;
+    __syncthreads();
+    if (g == 0) {
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++)
+            t += sum[k][lane];
+        dw[c] += t;
+    }
+}
+
+template <int MODE> static bool norm_bwd_attrs(cudaFuncAttribute a, int row) {
+    return cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false, MODE>, a, NORM_STAGES * 2 * row) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true, MODE>, a, NORM_STAGES * 3 * row) ==
+               cudaSuccess;
+}
+
+template <int MODE>
+static void norm_bwd_launch(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
+                            const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres) {
+    size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
+    const int G = dres ? wave_grid(c, k_rmsnorm_bwd_pipe<true, MODE>, C / 8, smem, R)
+                       : wave_grid(c, k_rmsnorm_bwd_pipe<false, MODE>, C / 8, smem, R);
+    float *part = NULL;
+    if (MODE == 3 && dw) {
+        MAIN_STREAM_ONLY(c); /* the partial sums go to c->stage */
+        assert((size_t)G * C <= STAGE_FLOATS);
+        part = c->stage;
+    }
+    if (dres) {
+        k_rmsnorm_bwd_pipe<true, MODE><<<G, C / 8, smem, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C,
+            (const bf16 *)dres, part);
+    } else {
+        k_rmsnorm_bwd_pipe<false, MODE><<<G, C / 8, smem, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C, NULL,
+            part);
+    }
+    CUDA_CHECK_LAUNCH();
+    if (part) {
+        k_norm_dw_sum<<<C / 32, 256, 0, c->stream>>>(dw, part, G, C);
+        CUDA_CHECK_LAUNCH();
+    }
 }
 
 /* The pipelined kernels may take the shared memory of rows of up to 8192 on the current device
@@ -645,9 +723,8 @@ static bool norm_pipe_attrs(void) {
     const int row = 8192 * (int)sizeof(bf16);
     const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
     return cudaFuncSetAttribute(k_rmsnorm_fwd_pipe, a, NORM_STAGES * row) == cudaSuccess &&
-           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false>, a, NORM_STAGES * 2 * row) ==
-               cudaSuccess &&
-           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true>, a, NORM_STAGES * 3 * row) == cudaSuccess;
+           norm_bwd_attrs<0>(a, row) && norm_bwd_attrs<1>(a, row) && norm_bwd_attrs<2>(a, row) &&
+           norm_bwd_attrs<3>(a, row);
 }
 
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
@@ -656,19 +733,19 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
     if (R == 0) return;
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
         vec_ok(w, w, dres ? dres : w)) {
-        size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
-        if (dres) {
-            k_rmsnorm_bwd_pipe<true>
-                <<<wave_grid(c, k_rmsnorm_bwd_pipe<true>, C / 8, smem, R), C / 8, smem,
-                   c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
-                                (const bf16 *)w, rstd, R, C, (const bf16 *)dres);
-        } else {
-            k_rmsnorm_bwd_pipe<false>
-                <<<wave_grid(c, k_rmsnorm_bwd_pipe<false>, C / 8, smem, R), C / 8, smem,
-                   c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
-                                (const bf16 *)w, rstd, R, C, NULL);
+        static int mode = -1;
+        if (mode < 0) {
+            const char *e = getenv("DFLASH_CUDA_NORM_BWD");
+            mode = e && *e >= '0' && *e <= '3' ? *e - '0' : 3;
         }
-        CUDA_CHECK_LAUNCH();
+        if (mode == 0)
+            norm_bwd_launch<0>(c, dx, dw, dy, x, w, rstd, R, C, dres);
+        else if (mode == 1)
+            norm_bwd_launch<1>(c, dx, dw, dy, x, w, rstd, R, C, dres);
+        else if (mode == 2)
+            norm_bwd_launch<2>(c, dx, dw, dy, x, w, rstd, R, C, dres);
+        else
+            norm_bwd_launch<3>(c, dx, dw, dy, x, w, rstd, R, C, dres);
         return;
     }
     if (dw) { /* before dx: dx may overwrite dy */

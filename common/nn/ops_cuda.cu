@@ -25,7 +25,8 @@
  *
  * Choices where ops.h leaves room (matching ops_cpu.c): rows of weight <= 0 give no loss and
  * dh = 0; correct[] is written for every row; argmax ties take the first index; RMSNorm's rstd
- * may be NULL in backward (recomputed with eps 1e-6); rope_table's angles are
+ * may be NULL in backward (recomputed with eps 1e-6), and its dw sums go through c->stage in a
+ * fixed order where rstd is given; rope_table's angles are
  * (float)pos * inv_freq, their cos and sin from sincosf.
  * lm_head_xent keeps bf16 logits of chunk rows in the caller's scratch [chunk, V] bf16 (their
  * unnormalised exponentials overwrite them in place) and each row's dh factor in c->stage (so it
@@ -584,17 +585,19 @@ __global__ void k_rmsnorm_bwd_dw(float *dw, const bf16 *dy, const bf16 *x, const
 }
 
 /* dx (+ dres where RES) and dw in one pass with rstd saved: each thread sums its columns' dw over
- * the block's rows in registers, one atomicAdd per column and block. dx may equal dy or dres
- * (a row is read before its dx is stored; the rows ahead are other rows). MODE (A/B, to be
- * settled): 0 rstd[r] loaded in the row's own iteration; 1 loaded NORM_STAGES - 1 rows ahead
- * into a register ring; 2 as 1, with one barrier per row (the warps' partials double-buffered);
- * 3 as 2, with the block's dw sums stored to dw_part[block, C] for k_norm_dw_sum instead of added
- * into dw by atomics (all blocks added the same C columns at once at their end). */
-template <bool RES, int MODE>
-__global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, const bf16 *dy,
-                                                           const bf16 *x, const bf16 *w,
-                                                           const float *rstd, int R, int C,
-                                                           const bf16 *dres, float *dw_part) {
+ * the block's rows in registers and stores them to dw_part[block, C] at the end, which
+ * k_norm_dw_sum adds into dw (when dw is wanted). dx may equal dy or dres (a row is read before
+ * its dx is stored; the rows ahead are other rows). rstd comes NORM_STAGES - 1 rows ahead into a
+ * register ring, and the warps' partial dots are double-buffered so that a row needs one barrier.
+ * Against one atomicAdd per column and block into dw (all blocks added the same C columns at once
+ * at their end: the drain took ~28% of ncu's stall samples, the rstd load of the row's own
+ * iteration 27%): 91-112 -> 62 us per launch at 8192 x 4096, 2.35 -> 1.65 ms per 2 drafter
+ * steps (H200; bench/cuda_ops/NOTES.md, "RMSNorm's backward without the dw atomics"). */
+template <bool RES>
+__global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw_part,
+                                                           const bf16 *dy, const bf16 *x,
+                                                           const bf16 *w, const float *rstd,
+                                                           int R, int C, const bf16 *dres) {
     constexpr int N = RES ? 3 : 2;
     extern __shared__ uint4 stg[];
     __shared__ float part[2][32];
@@ -610,20 +613,15 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, 
 #pragma unroll
     for (int k = 0; k < NORM_STAGES - 1; k++) {
         int r = blockIdx.x + k * g;
-        rq[k] = MODE > 0 && r < R ? rstd[r] : 0.0f;
+        rq[k] = r < R ? rstd[r] : 0.0f;
     }
     for (int r = blockIdx.x, s = 0, p = 0; r < R; r += g, s = (s + 1) % NORM_STAGES, p ^= 1) {
         int ra = r + (NORM_STAGES - 1) * g; /* into the stage this thread read last */
-        float rs;
-        if (MODE > 0) {
-            rs = rq[0];
+        const float rs = rq[0];
 #pragma unroll
-            for (int k = 0; k < NORM_STAGES - 2; k++)
-                rq[k] = rq[k + 1];
-            rq[NORM_STAGES - 2] = ra < R ? rstd[ra] : 0.0f;
-        } else {
-            rs = rstd[r]; /* in flight with the wait below */
-        }
+        for (int k = 0; k < NORM_STAGES - 2; k++)
+            rq[k] = rq[k + 1];
+        rq[NORM_STAGES - 2] = ra < R ? rstd[ra] : 0.0f;
         norm_stage_issue<N>(stg, (s + NORM_STAGES - 1) % NORM_STAGES, src, (size_t)ra * C + col,
                             ra < R);
         cp_wait<NORM_STAGES - 1>(); /* row r's group */
@@ -638,28 +636,22 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_bwd_pipe(bf16 *dx, float *dw, 
             dot += gv[e] * wv[e] * xv[e];
         }
         dot = warp_sum(dot);
-        const int pb = MODE >= 2 ? p : 0;
-        if (lane == 0) part[pb][warp] = dot;
+        if (lane == 0) part[p][warp] = dot; /* part[p] is next written two rows on */
         __syncthreads();
         float mean = 0.0f;
         for (int i = 0; i < nwarps; i++)
-            mean += part[pb][i];
+            mean += part[p][i];
         mean /= (float)C;
-        if (MODE < 2) __syncthreads(); /* part is rewritten by the next row */
 #pragma unroll
         for (int e = 0; e < 8; e++)
             gv[e] = rs * (gv[e] * wv[e] - xv[e] * mean) + res[e];
         store8(dx + (size_t)r * C + col, gv);
     }
     cp_wait<0>();
-    if (dw && MODE == 3) {
+    if (dw_part) {
         float4 *o = reinterpret_cast<float4 *>(dw_part + (size_t)blockIdx.x * C + col);
         o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    } else if (dw) {
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            atomicAdd(dw + col + e, acc[e]);
     }
 }
 
@@ -682,34 +674,27 @@ __global__ void __launch_bounds__(256) k_norm_dw_sum(float *dw, const float *par
     }
 }
 
-template <int MODE> static bool norm_bwd_attrs(cudaFuncAttribute a, int row) {
-    return cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false, MODE>, a, NORM_STAGES * 2 * row) ==
-               cudaSuccess &&
-           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true, MODE>, a, NORM_STAGES * 3 * row) ==
-               cudaSuccess;
-}
-
-template <int MODE>
-static void norm_bwd_launch(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
-                            const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres) {
-    size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
-    const int G = dres ? wave_grid(c, k_rmsnorm_bwd_pipe<true, MODE>, C / 8, smem, R)
-                       : wave_grid(c, k_rmsnorm_bwd_pipe<false, MODE>, C / 8, smem, R);
+/* The pipelined backward and, with dw, its column sum (the partials in c->stage). */
+static void norm_bwd_pipe_launch(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy,
+                                 const nn_buf *x, const nn_buf *w, const float *rstd, int R, int C,
+                                 const nn_buf *dres) {
+    const size_t smem = (size_t)NORM_STAGES * (dres ? 3 : 2) * C * sizeof(bf16);
+    const int G = dres ? wave_grid(c, k_rmsnorm_bwd_pipe<true>, C / 8, smem, R)
+                       : wave_grid(c, k_rmsnorm_bwd_pipe<false>, C / 8, smem, R);
     float *part = NULL;
-    if (MODE == 3 && dw) {
+    if (dw) {
         MAIN_STREAM_ONLY(c); /* the partial sums go to c->stage */
         assert((size_t)G * C <= STAGE_FLOATS);
         part = c->stage;
     }
-    if (dres) {
-        k_rmsnorm_bwd_pipe<true, MODE><<<G, C / 8, smem, c->stream>>>(
-            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C,
-            (const bf16 *)dres, part);
-    } else {
-        k_rmsnorm_bwd_pipe<false, MODE><<<G, C / 8, smem, c->stream>>>(
-            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C, NULL,
-            part);
-    }
+    if (dres)
+        k_rmsnorm_bwd_pipe<true><<<G, C / 8, smem, c->stream>>>(
+            (bf16 *)dx, part, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C,
+            (const bf16 *)dres);
+    else
+        k_rmsnorm_bwd_pipe<false><<<G, C / 8, smem, c->stream>>>(
+            (bf16 *)dx, part, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, R, C,
+            NULL);
     CUDA_CHECK_LAUNCH();
     if (part) {
         k_norm_dw_sum<<<C / 32, 256, 0, c->stream>>>(dw, part, G, C);
@@ -723,8 +708,9 @@ static bool norm_pipe_attrs(void) {
     const int row = 8192 * (int)sizeof(bf16);
     const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
     return cudaFuncSetAttribute(k_rmsnorm_fwd_pipe, a, NORM_STAGES * row) == cudaSuccess &&
-           norm_bwd_attrs<0>(a, row) && norm_bwd_attrs<1>(a, row) && norm_bwd_attrs<2>(a, row) &&
-           norm_bwd_attrs<3>(a, row);
+           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<false>, a, NORM_STAGES * 2 * row) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(k_rmsnorm_bwd_pipe<true>, a, NORM_STAGES * 3 * row) == cudaSuccess;
 }
 
 static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
@@ -733,19 +719,7 @@ static void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, c
     if (R == 0) return;
     if (rstd && C % 256 == 0 && C <= 8192 && vec_ok(dx, dy, x) &&
         vec_ok(w, w, dres ? dres : w)) {
-        static int mode = -1;
-        if (mode < 0) {
-            const char *e = getenv("DFLASH_CUDA_NORM_BWD");
-            mode = e && *e >= '0' && *e <= '3' ? *e - '0' : 3;
-        }
-        if (mode == 0)
-            norm_bwd_launch<0>(c, dx, dw, dy, x, w, rstd, R, C, dres);
-        else if (mode == 1)
-            norm_bwd_launch<1>(c, dx, dw, dy, x, w, rstd, R, C, dres);
-        else if (mode == 2)
-            norm_bwd_launch<2>(c, dx, dw, dy, x, w, rstd, R, C, dres);
-        else
-            norm_bwd_launch<3>(c, dx, dw, dy, x, w, rstd, R, C, dres);
+        norm_bwd_pipe_launch(c, dx, dw, dy, x, w, rstd, R, C, dres);
         return;
     }
     if (dw) { /* before dx: dx may overwrite dy */

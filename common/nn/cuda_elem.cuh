@@ -67,9 +67,12 @@ static __device__ float block_sum(float s) {
 }
 
 /* SwiGLU of one element: silu(g) u, the arithmetic of swiglu_fwd (one function, so that a
- * kernel fusing it elsewhere gives the same bits) */
+ * kernel fusing it elsewhere gives the same bits). __expf and __fdividef: with expf and an IEEE
+ * division the pass was bound by their instructions (swiglu_fwd 1.77 -> 1.38 ms per 2 drafter
+ * steps, H200; the bf16 outputs' error against the cpu unchanged). __fdividef gives 0 where
+ * 1 + e^-g passes 2^126 (g < -87), where silu(g) u is under 1e-36 |u|. */
 static __device__ __forceinline__ float swiglu_val(float g, float u) {
-    return g * (1.0f / (1.0f + expf(-g))) * u;
+    return __fdividef(g, 1.0f + __expf(-g)) * u;
 }
 
 #endif

@@ -1348,34 +1348,28 @@ __device__ __forceinline__ size_t swiglu_at(size_t i, int F) {
     return i + i / (size_t)F * (size_t)F;
 }
 
-/* The same for the 8-wide item i (F % 8 == 0): with MODE > 0 (the item count below 2^32) by a
- * 32-bit division, a few instructions where the 64-bit one above is a long emulated sequence.
- * A/B, to be settled (DFLASH_CUDA_SWIGLU: 0 the 64-bit form, 1 this, 2 this with __expf and
- * __fdividef in the forward). */
-template <int MODE> __device__ __forceinline__ size_t swiglu_at8(size_t i, int F) {
-    if (MODE == 0) return swiglu_at(8 * i, F);
+/* The same for the 8-wide item i (F % 8 == 0). I32 (the item count below 2^32): by a 32-bit
+ * division, a few instructions where the 64-bit one is a long emulated sequence (~1% of the
+ * passes' time in the drafter's step, H200). */
+template <bool I32> __device__ __forceinline__ size_t swiglu_at8(size_t i, int F) {
+    if (!I32) return swiglu_at(8 * i, F);
     const unsigned f8 = (unsigned)F / 8u, row = (unsigned)i / f8;
     return 8 * i + (size_t)row * (size_t)F;
 }
 
-template <int MODE> __device__ __forceinline__ float swiglu_val_m(float g, float u) {
-    if (MODE == 2) return __fdividef(g, 1.0f + __expf(-g)) * u;
-    return swiglu_val(g, u);
-}
-
-template <int MODE>
+template <bool I32>
 __global__ void k_swiglu_fwd(bf16 *out, const bf16 *gu, int F, size_t n, int vec) {
     size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x,
            stride = (size_t)gridDim.x * blockDim.x;
     size_t nv = vec ? n / 8 : 0;
     for (size_t i = t; i < nv; i += stride) {
-        size_t g = swiglu_at8<MODE>(i, F);
+        size_t g = swiglu_at8<I32>(i, F);
         float x[8], y[8];
         load8(gu + g, x);
         load8(gu + g + F, y);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            x[k] = swiglu_val_m<MODE>(x[k], y[k]);
+            x[k] = swiglu_val(x[k], y[k]);
         store8(out + 8 * i, x);
     }
     for (size_t i = nv * 8 + t; i < n; i += stride) {
@@ -1384,14 +1378,14 @@ __global__ void k_swiglu_fwd(bf16 *out, const bf16 *gu, int F, size_t n, int vec
     }
 }
 
-template <int MODE>
+template <bool I32>
 __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int F, size_t n,
                              int vec) {
     size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x,
            stride = (size_t)gridDim.x * blockDim.x;
     size_t nv = vec ? n / 8 : 0;
     for (size_t i = t; i < nv; i += stride) {
-        size_t g = swiglu_at8<MODE>(i, F);
+        size_t g = swiglu_at8<I32>(i, F);
         float dy[8], gg[8], uu[8], a[8], b[8];
         load8(dout + 8 * i, dy);
         load8(gu + g, gg);
@@ -1412,28 +1406,20 @@ __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int F,
     }
 }
 
-/* DFLASH_CUDA_SWIGLU (A/B), 0 where the 8-wide item count reaches 2^32 */
-static int swiglu_mode(size_t n) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("DFLASH_CUDA_SWIGLU");
-        mode = e && *e >= '0' && *e <= '2' ? *e - '0' : 1;
-    }
-    return n / 8 >= ((size_t)1 << 32) ? 0 : mode;
+/* whether the 8-wide items of n elements can be indexed in 32 bits (swiglu_at8) */
+static bool swiglu_i32(size_t n) {
+    return n / 8 < ((size_t)1 << 32);
 }
 
 static void cu_swiglu_fwd(nn_ctx *c, nn_buf *out, const nn_buf *gu, int R, int F) {
     size_t n = (size_t)R * F;
     if (n == 0) return;
     int vec = F % 8 == 0 && vec_ok(out, gu, gu);
-    const int m = swiglu_mode(n);
     const unsigned grid = grid_for(vec ? (n + 7) / 8 : n, 256);
-    if (m == 0)
-        k_swiglu_fwd<0><<<grid, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gu, F, n, vec);
-    else if (m == 1)
-        k_swiglu_fwd<1><<<grid, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gu, F, n, vec);
+    if (swiglu_i32(n))
+        k_swiglu_fwd<true><<<grid, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gu, F, n, vec);
     else
-        k_swiglu_fwd<2><<<grid, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gu, F, n, vec);
+        k_swiglu_fwd<false><<<grid, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)gu, F, n, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1443,12 +1429,12 @@ static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_b
     if (n == 0) return;
     int vec = F % 8 == 0 && vec_ok(dgu, dout, gu);
     const unsigned grid = grid_for(vec ? (n + 7) / 8 : n, 256);
-    if (swiglu_mode(n) == 0)
-        k_swiglu_bwd<0><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                     (const bf16 *)gu, F, n, vec);
+    if (swiglu_i32(n))
+        k_swiglu_bwd<true><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
+                                                        (const bf16 *)gu, F, n, vec);
     else
-        k_swiglu_bwd<1><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                     (const bf16 *)gu, F, n, vec);
+        k_swiglu_bwd<false><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
+                                                         (const bf16 *)gu, F, n, vec);
     CUDA_CHECK_LAUNCH();
 }
 

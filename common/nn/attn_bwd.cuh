@@ -48,8 +48,6 @@ typedef struct bwd_args {
     int list_round;  /* k_wgb_fused: blocks per round of its visit lists (256; tests: fewer) */
     int split_bulk;  /* k_wgb_fused: split pieces' dk, dv into acc by bulk reductions (else
                       * float4 atomics) */
-    int skip_dead;   /* k_wgb_fused (PP): a warpgroup none of whose keys a visit's block sees
-                      * skips that visit's products (else it computes them masked) */
     float scale;
 } bwd_args;
 

@@ -288,14 +288,6 @@ __device__ __forceinline__ int wgb_list(const bwd_args &a, int k0, int blk0, int
     return min(n, lim);
 }
 
-/* Whether a block whose key ranges in the tile are keys (wgb_list's bytes) sees any of
- * warpgroup wg's keys 64 wg .. 64 wg + 63 of it. */
-__device__ __forceinline__ bool wg_keys_seen(int keys, int wg) {
-    const uint32_t k = (uint32_t)keys, w0 = 64u * wg, w1 = w0 + 64u;
-    const uint32_t lo0 = k & 255u, hi0 = k >> 8 & 255u, lo1 = k >> 16 & 255u, hi1 = k >> 24;
-    return (lo0 < hi0 && lo0 < w1 && hi0 > w0) || (lo1 < hi1 && lo1 < w1 && hi1 > w0);
-}
-
 /* The end of a split piece (nsplit > 1) by bulk reductions: its fp32 dk, dv partials (warp w
  * keys 16 w .., the accumulator layout) staged at stg (key row r of plane p, 0 dk and 1 dv, at
  * byte (p WKT + r) WRS; WRS = 4 D + 16, so a warp's float2 stores hit 32 distinct banks), then
@@ -637,8 +629,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * are free), bar[4 + p] (all threads' dS^T of visit i is in buffer p). dQ of visit i - 1
      * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
      * wgmma in flight. */
-    auto step_pp = [&](int i, auto live_t) {
-        constexpr bool LIVE = decltype(live_t)::value;
+    auto step_pp = [&](int i) {
         const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         mb_wait(bar + st, (ph >> st) & 1);
         ph ^= 1u << st;
@@ -646,13 +637,9 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
         float s[NT][4], dp[NT][4];
-        /* LIVE: the visit's block sees some of this warpgroup's 64 keys; else its P^T and
-         * dS^T are all 0, so its products add nothing and dS^T is stored as zeros */
-        if constexpr (LIVE) {
-            wg_fence();
-            issue_s(s, dK, Qt);   /* S^T = K Q^T */
-            issue_s(dp, dV, dOt); /* dP^T = V dO^T */
-        }
+        wg_fence();
+        issue_s(s, dK, Qt);   /* S^T = K Q^T */
+        issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         bool kvis[2];
         visit_keys(kvis);
         const visit_item nx = next_visit();
@@ -663,10 +650,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
                                     Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
         }
         uint32_t pa[NT / 2][4], da[NT / 2][4];
-        if constexpr (LIVE)
-            dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
-        else
-            frag_zero(dp);
+        dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
         if (i > 0) { /* buffer st: dQ of visit i - 2 (in visit i - 1) is done */
             mb_wait(bar + vp, (ph >> vp) & 1);
             ph ^= 1u << vp;
@@ -703,12 +687,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         cp_wait_all(); /* K, V (no CTA barrier in the visits) */
         fence_proxy_async();
         __syncthreads();
-        for (; it.blk >= 0; i++) {
-            if (!a.skip_dead || wg_keys_seen(lst[it.hit_i].y, wg))
-                step_pp(i, std::true_type());
-            else
-                step_pp(i, std::false_type());
-        }
+        for (; it.blk >= 0; i++)
+            step_pp(i);
         if (i > 0) {
             const int lb = (i - 1) % 2;
             mb_wait(bar + 4 + lb, (ph >> (4 + lb)) & 1); /* dS^T of the last visit is in */
@@ -975,12 +955,6 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         bulk = !(e && strcmp(e, "atomics") == 0);
     }
     b.split_bulk = bulk;
-    static int skip = -1; /* DFLASH_CUDA_ATTN_SKIP=0: PP computes every visit's keys, masked */
-    if (skip < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_SKIP");
-        skip = !(e && e[0] == '0');
-    }
-    b.skip_dead = skip;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {

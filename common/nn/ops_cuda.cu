@@ -207,41 +207,16 @@ static void cu_copy2d(nn_ctx *c, void *dst, size_t dst_pitch, const void *src, s
                                      cudaMemcpyDeviceToDevice, c->stream));
 }
 
-/* A/B, to be settled on the H200: DFLASH_CUDA_AB=0 runs the forms before the change (row moves
- * one word at a time, SwiGLU's backward by expf and an IEEE division, head norm + RoPE's
- * backward one row group per iteration); unset or 1 the new ones. */
-static bool ab_new(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("DFLASH_CUDA_AB");
-        on = !(e && e[0] == '0');
-    }
-    return on;
-}
-
 /* Rows moved by index, one block per row, in words of W bytes (16 when rows and pointers allow,
  * else 4, else 1): rows_scatter (GATHER false: dst row rows[i] = src row i) and embedding_fwd
- * (GATHER: dst row i = src row rows[i]). U4: each thread loads 4 words before storing any (the
- * stores could alias the loads, so the compiler keeps a plain loop's copies in turn). */
-template <typename W, bool GATHER, bool U4>
+ * (GATHER: dst row i = src row rows[i]). */
+template <typename W, bool GATHER>
 __global__ void k_rows_move(W *dst, const int32_t *rows, const W *src, size_t words) {
     const size_t i = blockIdx.x, r = (size_t)rows[blockIdx.x];
     const W *s = src + (GATHER ? r : i) * words;
     W *d = dst + (GATHER ? i : r) * words;
-    if (!U4) {
-        for (size_t k = threadIdx.x; k < words; k += blockDim.x)
-            d[k] = s[k];
-        return;
-    }
-    for (size_t k0 = threadIdx.x; k0 < words; k0 += 4 * (size_t)blockDim.x) {
-        W v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (k0 + u * blockDim.x < words) v[u] = s[k0 + u * blockDim.x];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (k0 + u * blockDim.x < words) d[k0 + u * blockDim.x] = v[u];
-    }
+    for (size_t k = threadIdx.x; k < words; k += blockDim.x)
+        d[k] = s[k];
 }
 
 template <bool GATHER>
@@ -249,18 +224,15 @@ static void rows_move(nn_ctx *c, void *dst, const int32_t *rows, const void *src
                       size_t row_bytes) {
     if (n <= 0 || !row_bytes) return;
     uintptr_t al = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)row_bytes;
-    if (al % 16 == 0 && ab_new())
-        k_rows_move<uint4, GATHER, true><<<n, 128, 0, c->stream>>>(
-            (uint4 *)dst, rows, (const uint4 *)src, row_bytes / 16);
-    else if (al % 16 == 0)
-        k_rows_move<uint4, GATHER, false><<<n, 128, 0, c->stream>>>(
-            (uint4 *)dst, rows, (const uint4 *)src, row_bytes / 16);
+    if (al % 16 == 0)
+        k_rows_move<uint4, GATHER><<<n, 128, 0, c->stream>>>((uint4 *)dst, rows,
+                                                             (const uint4 *)src, row_bytes / 16);
     else if (al % 4 == 0)
-        k_rows_move<uint32_t, GATHER, false><<<n, 128, 0, c->stream>>>(
+        k_rows_move<uint32_t, GATHER><<<n, 128, 0, c->stream>>>(
             (uint32_t *)dst, rows, (const uint32_t *)src, row_bytes / 4);
     else
-        k_rows_move<uint8_t, GATHER, false><<<n, 128, 0, c->stream>>>(
-            (uint8_t *)dst, rows, (const uint8_t *)src, row_bytes);
+        k_rows_move<uint8_t, GATHER><<<n, 128, 0, c->stream>>>((uint8_t *)dst, rows,
+                                                               (const uint8_t *)src, row_bytes);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1198,8 +1170,7 @@ static void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const
  * (norm_rope_vec), so the means multiply by the exact 1 / d. The kernel before it (a lane per 8
  * columns, the partner's by shuffles, 2 rows per warp at d 128; ncu: instruction- and
  * latency-bound) took 1.26 ms per 2 drafter steps against this one's 1.16 (H200, 7153511). */
-template <int RG>
-__global__ void __launch_bounds__(128, RG == 1 ? 5 : 3)
+__global__ void __launch_bounds__(128, 5)
     k_head_norm_rope_bwd_pairs(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const bf16 *w,
                                const float *rot, int T, int nh, int d, float eps) {
     extern __shared__ float dws[]; /* dw partial [d], then w [d] in fp32 */
@@ -1214,51 +1185,40 @@ __global__ void __launch_bounds__(128, RG == 1 ? 5 : 3)
     for (int t = blockIdx.x * nw + threadIdx.x / 32; t < T; t += gridDim.x * nw) {
         float cs[8], sn[8];
         rope_lane(rot + (size_t)t * d, half, c1, cs, sn);
-        for (int r0 = 0; r0 < nh; r0 += RG * per_warp) { /* RG row groups' loads, then each */
-            float x1[RG][8], x2[RG][8], g1[RG][8], g2[RG][8];
-            size_t off[RG];
-            bool valid[RG];
+        for (int r0 = 0; r0 < nh; r0 += per_warp) {
+            const int r = r0 + lane / L;
+            const bool valid = r < nh;
+            const size_t off = ((size_t)t * nh + r) * d;
+            float x1[8], x2[8], g1[8], g2[8];
+            if (valid) {
+                load8(x + off + c1, x1), load8(x + off + c2, x2);
+                load8(dy + off + c1, g1), load8(dy + off + c2, g2);
+            } else {
 #pragma unroll
-            for (int q = 0; q < RG; q++) {
-                const int r = r0 + q * per_warp + lane / L;
-                valid[q] = r < nh;
-                off[q] = ((size_t)t * nh + r) * d;
-                if (valid[q]) {
-                    load8(x + off[q] + c1, x1[q]), load8(x + off[q] + c2, x2[q]);
-                    load8(dy + off[q] + c1, g1[q]), load8(dy + off[q] + c2, g2[q]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        x1[q][e] = x2[q][e] = g1[q][e] = g2[q][e] = 0.0f;
-                }
+                for (int e = 0; e < 8; e++)
+                    x1[e] = x2[e] = g1[e] = g2[e] = 0.0f;
             }
+            const float rs = rsqrtf(pairs_sumsq(x1, x2, L) * inv_d + eps);
 #pragma unroll
-            for (int q = 0; q < RG; q++) {
-                const float rs = rsqrtf(pairs_sumsq(x1[q], x2[q], L) * inv_d + eps);
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const float a = g1[q][e], b = g2[q][e]; /* dy of the pair */
-                    g1[q][e] = fmaf(b, sn[e], a * cs[e]);
-                    g2[q][e] = fmaf(-a, sn[e], b * cs[e]);
-                }
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    x1[q][e] *= rs, x2[q][e] *= rs; /* xhat */
-                    /* dw sums: 0 for invalid rows (x, dy read as 0) */
-                    a1[e] = fmaf(g1[q][e], x1[q][e], a1[e]);
-                    a2[e] = fmaf(g2[q][e], x2[q][e], a2[e]);
-                    g1[q][e] *= ws[c1 + e], g2[q][e] *= ws[c2 + e];
-                    dot = fmaf(g1[q][e], x1[q][e], fmaf(g2[q][e], x2[q][e], dot));
-                }
-                const float mean = group_sum(dot, L) * inv_d;
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    g1[q][e] = rs * fmaf(-x1[q][e], mean, g1[q][e]);
-                    g2[q][e] = rs * fmaf(-x2[q][e], mean, g2[q][e]);
-                }
-                if (valid[q]) store8(dx + off[q] + c1, g1[q]), store8(dx + off[q] + c2, g2[q]);
+            for (int e = 0; e < 8; e++) {
+                const float a = g1[e], b = g2[e]; /* dy of the pair */
+                g1[e] = fmaf(b, sn[e], a * cs[e]);
+                g2[e] = fmaf(-a, sn[e], b * cs[e]);
             }
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                x1[e] *= rs, x2[e] *= rs; /* xhat */
+                /* dw sums: 0 for invalid rows (x, dy read as 0) */
+                a1[e] = fmaf(g1[e], x1[e], a1[e]), a2[e] = fmaf(g2[e], x2[e], a2[e]);
+                g1[e] *= ws[c1 + e], g2[e] *= ws[c2 + e];
+                dot = fmaf(g1[e], x1[e], fmaf(g2[e], x2[e], dot));
+            }
+            const float mean = group_sum(dot, L) * inv_d;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                g1[e] = rs * fmaf(-x1[e], mean, g1[e]), g2[e] = rs * fmaf(-x2[e], mean, g2[e]);
+            if (valid) store8(dx + off + c1, g1), store8(dx + off + c2, g2);
         }
     }
 #pragma unroll
@@ -1319,10 +1279,9 @@ static void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf
     if (norm_rope_vec(d) && vec_ok(dx, dy, x) && vec_ok(w, rot, rot)) {
         assert(d % 16 == 0 && 32 % (d / 16) == 0); /* every norm_rope_vec d is the kernel's */
         size_t smem = 2 * sizeof(float) * (size_t)d; /* dw partial, w */
-        auto kern = ab_new() ? k_head_norm_rope_bwd_pairs<2> : k_head_norm_rope_bwd_pairs<1>;
-        int blocks = wave_grid(c, kern, 128, smem, (T + 3) / 4);
-        kern<<<blocks, 128, smem, c->stream>>>((bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x,
-                                               (const bf16 *)w, rot, T, nh, d, eps);
+        int blocks = wave_grid(c, k_head_norm_rope_bwd_pairs, 128, smem, (T + 3) / 4);
+        k_head_norm_rope_bwd_pairs<<<blocks, 128, smem, c->stream>>>(
+            (bf16 *)dx, dw, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rot, T, nh, d, eps);
     } else {
         size_t rows = (size_t)T * nh;
         k_head_norm_rope_bwd_scalar<<<grid_for(rows * 32, 256), 256, 0, c->stream>>>(
@@ -1377,11 +1336,12 @@ static void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, con
 
 /* swiglu_val(g, u): cuda_elem.cuh */
 
-/* dgate = dy u s (1 + g (1 - s)), dup = dy g s with s = sigmoid(g), element i. FAST: s by
- * __expf and __fdividef as in swiglu_val (0 where g < -87, the true s under 2e-38). */
-template <bool FAST = false>
+/* dgate = dy u s (1 + g (1 - s)), dup = dy g s with s = sigmoid(g), element i; s by __expf and
+ * __fdividef as in swiglu_val (0 where g < -87, the true s under 2e-38): the backward's pass
+ * took 2.30-2.31 ms per 2 drafter steps against 2.46-2.48 with expf and an IEEE division (H200,
+ * 1dfa2e0). */
 __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float *dg, float *du) {
-    float s = FAST ? __fdividef(1.0f, 1.0f + __expf(-g)) : 1.0f / (1.0f + expf(-g));
+    float s = __fdividef(1.0f, 1.0f + __expf(-g));
     *dg = dy * u * s * (1.0f + g * (1.0f - s));
     *du = dy * g * s;
 }
@@ -1421,7 +1381,7 @@ __global__ void k_swiglu_fwd(bf16 *out, const bf16 *gu, int F, size_t n, int vec
     }
 }
 
-template <bool I32, bool FAST>
+template <bool I32>
 __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int F, size_t n,
                              int vec) {
     size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x,
@@ -1435,15 +1395,15 @@ __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int F,
         load8(gu + g + F, uu);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            swiglu_grad<FAST>(dy[k], gg[k], uu[k], &a[k], &b[k]);
+            swiglu_grad(dy[k], gg[k], uu[k], &a[k], &b[k]);
         store8(dgu + g, a);
         store8(dgu + g + F, b);
     }
     for (size_t i = nv * 8 + t; i < n; i += stride) {
         size_t g = swiglu_at(i, F);
         float a, b;
-        swiglu_grad<FAST>(__bfloat162float(dout[i]), __bfloat162float(gu[g]),
-                          __bfloat162float(gu[g + F]), &a, &b);
+        swiglu_grad(__bfloat162float(dout[i]), __bfloat162float(gu[g]),
+                    __bfloat162float(gu[g + F]), &a, &b);
         dgu[g] = __float2bfloat16(a);
         dgu[g + F] = __float2bfloat16(b);
     }
@@ -1472,15 +1432,12 @@ static void cu_swiglu_bwd(nn_ctx *c, nn_buf *dgu, const nn_buf *dout, const nn_b
     if (n == 0) return;
     int vec = F % 8 == 0 && vec_ok(dgu, dout, gu);
     const unsigned grid = grid_for(vec ? (n + 7) / 8 : n, 256);
-    if (swiglu_i32(n) && ab_new())
-        k_swiglu_bwd<true, true><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                              (const bf16 *)gu, F, n, vec);
-    else if (swiglu_i32(n))
-        k_swiglu_bwd<true, false><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                               (const bf16 *)gu, F, n, vec);
+    if (swiglu_i32(n))
+        k_swiglu_bwd<true><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
+                                                        (const bf16 *)gu, F, n, vec);
     else
-        k_swiglu_bwd<false, false><<<grid, 256, 0, c->stream>>>(
-            (bf16 *)dgu, (const bf16 *)dout, (const bf16 *)gu, F, n, vec);
+        k_swiglu_bwd<false><<<grid, 256, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dout,
+                                                         (const bf16 *)gu, F, n, vec);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -97,8 +97,7 @@ __global__ void adamw_split_like(uint16_t *hi, uint16_t *lo, float *m, float *v,
 
 /* 1-dimensional bulk copies: global to shared completing on mbarrier b (which expects the
  * bytes), and shared to global in this thread's bulk group */
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes,
-                                          uint64_t *b) {
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1], %2, [%3];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
                  "l"(src), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(b))
@@ -110,12 +109,14 @@ __device__ __forceinline__ void bulk_store(void *dst, const void *src, uint32_t 
                  : "memory");
 }
 
+template <int N> struct alignas(N) bytes_of { unsigned char b[N]; }; /* a vector load of N */
+
 /* The pass by bulk copies: CTA b takes chunks b, b + grid, ... of CH parameters; stage k % S
  * holds chunk k's hi, lo, g (2 CH bytes each), m, v (4 CH each). Thread 0 keeps S - 1 chunks'
- * loads in flight; every thread updates 8 parameters of the chunk in shared memory; thread 0
- * stores the chunk's hi, lo, m, v back and, once the stores of the chunk before have read
- * their stage (wait_group.read 1), loads chunk k + S - 1 into it. n % CH == 0. */
-template <int N> struct alignas(N) bytes_of { unsigned char b[N]; }; /* a vector load of N */
+ * loads in flight; each of the CH / P threads updates P parameters of the chunk in shared
+ * memory; thread 0 stores the chunk's hi, lo, m, v back and, once the stores of the chunk
+ * before have read their stage (wait_group.read 1), loads chunk k + S - 1 into it.
+ * n % CH == 0. */
 
 template <int S, int CH, int P>
 __global__ void __launch_bounds__(CH / P, 1)
@@ -151,10 +152,19 @@ __global__ void __launch_bounds__(CH / P, 1)
         /* this thread's P parameters of each array, by vector loads and stores */
         using B2 = bytes_of<2 * P>;
         using B4 = bytes_of<(4 * P < 16 ? 4 * P : 16)>;
-        union { B2 w; uint16_t x[P]; } H, L;
-        union { B2 w; __nv_bfloat16 x[P]; } G;
-        union { B4 w[P / 4 > 0 ? P / 4 : 1]; float x[P]; } M, V;
-        constexpr int NW = P / 4 > 0 ? P / 4 : 1;
+        constexpr int NW = P / 4 > 0 ? P / 4 : 1; /* B4 words of P floats */
+        union {
+            B2 w;
+            uint16_t x[P];
+        } H, L;
+        union {
+            B2 w;
+            __nv_bfloat16 x[P];
+        } G;
+        union {
+            B4 w[NW];
+            float x[P];
+        } M, V;
         H.w = ((B2 *)st)[t], L.w = ((B2 *)(st + 2 * CH))[t], G.w = ((B2 *)(st + 4 * CH))[t];
         B4 *ms = (B4 *)(st + 6 * CH), *vs = (B4 *)(st + 10 * CH);
 #pragma unroll
@@ -199,9 +209,9 @@ struct shape {
 };
 
 /* the bulk pass's dynamic shared memory, set once per instance */
-template <int S, int CH, int P> static void bulk_pass(const shape &s, uint16_t *hi, uint16_t *lo,
-                                               float *m, float *v, const __nv_bfloat16 *g,
-                                               size_t n) {
+template <int S, int CH, int P>
+static void bulk_pass(const shape &s, uint16_t *hi, uint16_t *lo, float *m, float *v,
+                      const __nv_bfloat16 *g, size_t n) {
     constexpr int SMEM = S * 14 * CH;
     static bool set = false;
     if (!set) {

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <vector>
 
 /* One AdamW update of P parameters (h, l: the split master's halves as in adamw_split_like; m,
@@ -344,6 +345,20 @@ int main(int argc, char **argv) {
         printf("  %-22s %4ld passes: %.3f ms, %.2f TB/s, %.3f J per pass, %.0f W\n", s.name, c,
                ms, 26.0 * n / (ms * 1e-3) / 1e12, j, j / (ms * 1e-3));
     };
+    /* GEMMS products, then the pass of set[k] (k -1: none), looped ~4 s for each k in order */
+    auto after_products = [&](const shape *set, std::initializer_list<int> order) {
+        for (int k : order) {
+            auto loop = [&] {
+                for (int i = 0; i < GEMMS; i++)
+                    gemm();
+                if (k >= 0) pass(set[k]);
+            };
+            sustain(0.5, 1, loop, &ms, &j);
+            long c = sustain(4.0, 1, loop, &ms, &j);
+            printf("  %-22s %3ld loops: %.3f ms, %.3f J per loop, %.0f W\n",
+                   k < 0 ? "products only" : set[k].name, c, ms, j, j / (ms * 1e-3));
+        }
+    };
     if (only_d) {
         /* correctness: the first ns parameters' state, copied, through the step's pass and
          * through each bulk form; every output byte must agree */
@@ -389,18 +404,7 @@ int main(int argc, char **argv) {
         for (const shape &s : bulk)
             alone(s);
         printf("\npart D, after %d gate|up products, looped ~4 s; two rounds\n", GEMMS);
-        const int order_d[] = {-1, 0, 1, 3, 2, 2, 3, 1, 0, -1};
-        for (int k : order_d) {
-            auto loop = [&] {
-                for (int i = 0; i < GEMMS; i++)
-                    gemm();
-                if (k >= 0) pass(bulk[k]);
-            };
-            sustain(0.5, 1, loop, &ms, &j);
-            long c = sustain(4.0, 1, loop, &ms, &j);
-            printf("  %-22s %3ld loops: %.3f ms, %.3f J per loop, %.0f W\n",
-                   k < 0 ? "products only" : bulk[k].name, c, ms, j, j / (ms * 1e-3));
-        }
+        after_products(bulk, {-1, 0, 1, 3, 2, 2, 3, 1, 0, -1});
         return 0;
     }
     if (only_c) {
@@ -413,17 +417,6 @@ int main(int argc, char **argv) {
     for (const shape &s : shapes)
         alone(s);
     printf("\npart B: %d gate|up products then the pass, looped ~4 s; two rounds\n", GEMMS);
-    const int order[] = {-1, 0, 2, 4, 5, 5, 4, 2, 0, -1};
-    for (int k : order) {
-        auto loop = [&] {
-            for (int i = 0; i < GEMMS; i++)
-                gemm();
-            if (k >= 0) pass(shapes[k]);
-        };
-        sustain(0.5, 1, loop, &ms, &j);
-        long c = sustain(4.0, 1, loop, &ms, &j);
-        printf("  %-22s %3ld loops: %.3f ms, %.3f J per loop, %.0f W\n",
-               k < 0 ? "products only" : shapes[k].name, c, ms, j, j / (ms * 1e-3));
-    }
+    after_products(shapes, {-1, 0, 2, 4, 5, 5, 4, 2, 0, -1});
     return 0; /* the process's exit releases the device memory and handles */
 }

@@ -328,7 +328,9 @@ __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&d
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-template <int D, bool PIPE, bool PP, bool SW>
+/* ABL (probe only, to be removed): 1 S^T of one k16 step of the 8, 2 no dQ product or reduction, 3
+ * dQ computed and staged but not reduced into dqacc. Results wrong; for timing. */
+template <int D, bool PIPE, bool PP, bool SW, int ABL = 0>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -467,8 +469,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         if (lane == 0 && nr > 0) {
             const int x0 = v.cb + pr0, t0 = bwd_div_small(x0, a.inv_group);
             const int h = hk * a.group + x0 - t0 * a.group, t = v.blk * a.B + t0;
-            tma_red_add_3d(&m.dq, 64 * wg, h, t, stg);
-            tma_red_add_3d(&m.dq, 64 * wg + 32, h, t, stg + 2048);
+            if (ABL != 3) {
+                tma_red_add_3d(&m.dq, 64 * wg, h, t, stg);
+                tma_red_add_3d(&m.dq, 64 * wg + 32, h, t, stg + 2048);
+            }
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
     };
@@ -638,7 +642,12 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
         float s[NT][4], dp[NT][4];
         wg_fence();
-        issue_s(s, dK, Qt);   /* S^T = K Q^T */
+        if constexpr (ABL == 1) { /* one k16 step of the 8 */
+            wg_ss_first<FROWS>(s, dK, q_kmaj(Qt));
+            wg_commit();
+        } else {
+            issue_s(s, dK, Qt); /* S^T = K Q^T */
+        }
         issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         bool kvis[2];
         visit_keys(kvis);
@@ -662,7 +671,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
             ph ^= 1u << (5 - st);
         }
         wg_fence();
-        issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
+        if constexpr (ABL != 2) issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
         wg_wait<0>();
         mb_arrive(bar + 2 + st); /* visit i is done (dq_out needs none of its buffers) */
         wg_pin_all(dv);
@@ -670,7 +679,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         wg_pin_u(pa);
         wg_pin_u(da);
         wg_pin_all(dp);
-        dq_out(dp, prev, prev_rows);
+        if constexpr (ABL != 2) dq_out(dp, prev, prev_rows);
         prev = it, prev_rows = nrows;
         it = nx;
     };
@@ -699,7 +708,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         for (; it.blk >= 0; i++)
             step(i, std::integral_constant<bool, PIPE>());
     }
-    if (PIPE && i > 0) { /* dQ of the last visit */
+    if (PIPE && ABL != 2 && i > 0) { /* dQ of the last visit */
         float dq[8][4];
         wg_fence();
         issue_dq(dq, (i - 1) % 2);
@@ -724,10 +733,12 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
-/* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
- * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
- * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
-template <int D, bool PIPE, bool PP, bool SW>
+/* The kernel: pieces SORTED, persistent CTAs take work items (w counted up by a.work[0]; with
+ * G = a.head_group, the items of a.items in order for kv heads 0 .. G - 1, head fastest, then
+ * for the next G heads: G = Hk is item w / Hk, head w % Hk) until none is left; else the one
+ * piece of the CTA's grid coordinates (tile blockIdx.x, kv head blockIdx.y, piece
+ * blockIdx.z). */
+template <int D, bool PIPE, bool PP, bool SW, int ABL = 0>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -750,7 +761,7 @@ __global__ void __launch_bounds__(256, 1)
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
+            wgb_piece<D, PIPE, PP, SW, ABL>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
                                        h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
@@ -758,11 +769,13 @@ __global__ void __launch_bounds__(256, 1)
     for (;;) {
         if (threadIdx.x == 0) s_work = atomicAdd(a.work, 1);
         __syncthreads(); /* also: all threads are done with the previous piece */
-        const int w = s_work;
-        if (w >= a.work[1] * a.Hk) break; /* uniform */
-        const bwd_item it = a.items[w / a.Hk];
-        const int hk = w % a.Hk;
-        wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
+        const int w = s_work, n_items = a.work[1], G = a.head_group;
+        if (w >= n_items * a.Hk) break; /* uniform */
+        /* heads g G .. g G + G - 1 over the items in order, head fastest */
+        const int g = w / (n_items * G), r = w - g * n_items * G;
+        const bwd_item it = a.items[r / G];
+        const int hk = g * G + r % G;
+        wgb_piece<D, PIPE, PP, SW, ABL>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
                                    it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
@@ -925,6 +938,9 @@ int cuda_wgb_attention_init(void) {
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
     if (cudaFuncSetAttribute(k_wgb_fused<128, true, true, true>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 1>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 2>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 3>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, true, false>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, false, false>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, false, false, false>, lim,
@@ -955,6 +971,15 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         bulk = !(e && strcmp(e, "atomics") == 0);
     }
     b.split_bulk = bulk;
+    /* DFLASH_CUDA_ATTN_HEAD_GROUP=G (a divisor of Hk; default Hk): the sorted schedule's kv
+     * heads G at a time, so that the CTAs running together share fewer heads' Q, dO and dq
+     * rows in L2 */
+    static int hg = -1;
+    if (hg < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_HEAD_GROUP");
+        hg = e && atoi(e) >= 1 ? atoi(e) : 0;
+    }
+    b.head_group = hg > 0 && a->Hk % hg == 0 ? hg : a->Hk;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
@@ -975,11 +1000,21 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
         pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
     }
+    static int abl = -1; /* DFLASH_CUDA_ATTN_ABLATE=1|2|3: the probe's kernels (ABL) */
+    if (abl < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_ABLATE");
+        abl = e ? atoi(e) : 0;
+    }
     wgb_maps m;
     wgb_maps_make(a, &m, pipe && pp == 2);
     constexpr size_t SP = wgb_smem<128, true>();
     if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
-        k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
+        switch (abl) {
+        case 1: k_wgb_fused<128, true, true, true, 1><<<grid, 256, SP, st>>>(b, m); break;
+        case 2: k_wgb_fused<128, true, true, true, 2><<<grid, 256, SP, st>>>(b, m); break;
+        case 3: k_wgb_fused<128, true, true, true, 3><<<grid, 256, SP, st>>>(b, m); break;
+        default: k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
+        }
     else if (pipe && pp && m.on == 2 && m.dq_on)
         k_wgb_fused<128, true, true, false><<<grid, 256, SP, st>>>(b, m);
     else if (pipe)

@@ -683,6 +683,76 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         prev = it, prev_rows = nrows;
         it = nx;
     };
+    /* ABL 4 (A/B): PP's visit with dQ of visit i - 1 issued after dS^T is computed (into S^T's
+     * registers, free by then) and before dK, so that its staging and reduction run while dK
+     * does; dS^T stored from dK's A fragments (the same bf16 words). */
+    auto step_pp_eq = [&](int i) {
+        const int st = __shfl_sync(0xffffffffu, i % 2, 0);
+        mb_wait(bar + st, (ph >> st) & 1);
+        ph ^= 1u << st;
+        const int nrows = FROWS;
+        const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
+        const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
+        float s[NT][4], dp[NT][4];
+        wg_fence();
+        issue_s(s, dK, Qt);   /* S^T = K Q^T */
+        issue_s(dp, dV, dOt); /* dP^T = V dO^T */
+        bool kvis[2];
+        visit_keys(kvis);
+        const visit_item nx = next_visit();
+        const int vp = 2 + (1 - st);
+        if (wg == 1 && nx.blk >= 0) {
+            if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1);
+            wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
+                                    Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
+        }
+        uint32_t pa[NT / 2][4], da[NT / 2][4];
+        float2 lv[NT], dv2[NT];
+        wg_wait<1>(); /* S^T is in */
+        wg_pin_all(s);
+        rows2(lv, Lt);
+        p_of_s(s, kvis, lv);
+        wg_pack_a<NT>(pa, s);
+        wg_fence();
+        wg_issue_pv<D, FROWS, QSTEP_TS>(dv, pa, q_mnmaj(dOt)); /* dV += P^T dO */
+        wg_wait<1>(); /* dP^T is in */
+        wg_pin_all(dp);
+        rows2(dv2, Dt);
+        ds_of_dp(dp, s, dv2);
+        wg_pack_a<NT>(da, dp);
+        if (i > 0) { /* dS^T of visit i - 1 is in */
+            mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
+            ph ^= 1u << (5 - st);
+        }
+        wg_fence();
+        issue_dq(s, 1 - st);                                  /* dQ of visit i - 1 */
+        wg_issue_pv<D, FROWS, QSTEP_TS>(dk, da, q_mnmaj(Qt)); /* dK += dS^T Q */
+        if (i > 0) { /* buffer st: dQ of visit i - 2 (in visit i - 1) is done */
+            mb_wait(bar + vp, (ph >> vp) & 1);
+            ph ^= 1u << vp;
+        }
+        unsigned char *w = dS + st * DSB + dsw; /* dS^T as bf16, from da */
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++) {
+            *(uint32_t *)(w + 2 * kk * CMB) = da[kk][0];
+            *(uint32_t *)(w + NT * CMB + 2 * kk * CMB) = da[kk][1];
+            *(uint32_t *)(w + (2 * kk + 1) * CMB) = da[kk][2];
+            *(uint32_t *)(w + NT * CMB + (2 * kk + 1) * CMB) = da[kk][3];
+        }
+        fence_proxy_async();
+        mb_arrive(bar + 4 + st);
+        wg_wait<1>(); /* dV and dQ are in, dK may run */
+        wg_pin_all(s);
+        dq_out(s, prev, prev_rows);
+        wg_wait<0>();
+        mb_arrive(bar + 2 + st); /* visit i is done */
+        wg_pin_all(dv);
+        wg_pin_all(dk);
+        wg_pin_u(pa);
+        wg_pin_u(da);
+        prev = it, prev_rows = nrows;
+        it = nx;
+    };
     /* the piece's visits; the list of the next WLIST blocks when the last one is used up (one
      * list for pieces of WLIST blocks or fewer), its first visit's loads into the next stage */
     nlst = h_lo < h_hi ? wgb_list(a, k0, b_lo, b_hi, h_hi - h_lo, lst) : 0;
@@ -696,8 +766,12 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         cp_wait_all(); /* K, V (no CTA barrier in the visits) */
         fence_proxy_async();
         __syncthreads();
-        for (; it.blk >= 0; i++)
-            step_pp(i);
+        for (; it.blk >= 0; i++) {
+            if constexpr (ABL == 4)
+                step_pp_eq(i);
+            else
+                step_pp(i);
+        }
         if (i > 0) {
             const int lb = (i - 1) % 2;
             mb_wait(bar + 4 + lb, (ph >> (4 + lb)) & 1); /* dS^T of the last visit is in */
@@ -941,6 +1015,7 @@ int cuda_wgb_attention_init(void) {
         cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 1>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 2>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 3>, lim, SP) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 4>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, true, false>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, false, false>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, false, false, false>, lim,
@@ -1013,6 +1088,7 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         case 1: k_wgb_fused<128, true, true, true, 1><<<grid, 256, SP, st>>>(b, m); break;
         case 2: k_wgb_fused<128, true, true, true, 2><<<grid, 256, SP, st>>>(b, m); break;
         case 3: k_wgb_fused<128, true, true, true, 3><<<grid, 256, SP, st>>>(b, m); break;
+        case 4: k_wgb_fused<128, true, true, true, 4><<<grid, 256, SP, st>>>(b, m); break;
         default: k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
         }
     else if (pipe && pp && m.on == 2 && m.dq_on)

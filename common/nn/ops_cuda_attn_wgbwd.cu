@@ -80,11 +80,14 @@
  * after the visit's last wgmma wait: its stage, and the dS^T buffer that dQ of visit i - 1
  * read, are free; warpgroup 1 waits for visit i - 1's before it loads visit i + 1, every
  * thread before it stores dS^T of visit i); bar[4 + p], dS^T of visit i in (256 arrivals
- * after the stores and the proxy fence). dQ of visit i - 1 is issued at the end of visit i,
- * after dK, into dS^T's registers, once the other warpgroup's dS^T of visit i - 1 is in (by
- * then, long since); issued at the start of visit i as in PIPE, that wait kept the warpgroups
- * in step and ran slower than PIPE (1.66 against 1.64 ms; PP 1.50 ms, run 2 of the NOTES
- * section "Block backward: warpgroup ping-pong"). A dQ left in flight into the next visit
+ * after the stores and the proxy fence). dQ of visit i - 1 is issued in visit i once its dS^T
+ * is computed, into S^T's registers (free by then), after the wait for the other warpgroup's
+ * dS^T of visit i - 1 and before dK, so that its staging and reduction run while dK does
+ * (-3% alone, -6% in the step's profile against dQ issued after dK and waited for with it;
+ * NOTES "What a visit's parts cost"). dS^T is stored from dK's A fragments. Issued at the
+ * start of visit i as in PIPE, that wait kept the warpgroups in step and ran slower than PIPE
+ * (1.66 against 1.64 ms; PP 1.50 ms, run 2 of the NOTES section "Block backward: warpgroup
+ * ping-pong"). A dQ left in flight into the next visit
  * (waited for after the next S^T) made ptxas serialise the wgmma (C7514), so PP's visits too
  * end with none in flight. PP's dQ leaves by tensor reductions per warp (dq_out_tma: each
  * warp stages its 16 rows x 64 columns as two 16 x 32 boxes of a map of dqacc, in its 128-byte
@@ -328,9 +331,7 @@ __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&d
  * when more than one). PIPE: dQ of visit i - 1 is issued with S^T of visit i and leaves while it
  * runs (dS^T double-buffered), else at the end of its own visit. All threads of the CTA; sm is
  * the kernel's shared memory, free at entry; ends with the dk, dv tile out. */
-/* ABL (probe only, to be removed): 1 S^T of one k16 step of the 8, 2 no dQ product or reduction, 3
- * dQ computed and staged but not reduced into dqacc. Results wrong; for timing. */
-template <int D, bool PIPE, bool PP, bool SW, int ABL = 0>
+template <int D, bool PIPE, bool PP, bool SW>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
                                           int nsplit, int h_lo, int h_hi, int *ticket) {
@@ -469,10 +470,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         if (lane == 0 && nr > 0) {
             const int x0 = v.cb + pr0, t0 = bwd_div_small(x0, a.inv_group);
             const int h = hk * a.group + x0 - t0 * a.group, t = v.blk * a.B + t0;
-            if (ABL != 3) {
-                tma_red_add_3d(&m.dq, 64 * wg, h, t, stg);
-                tma_red_add_3d(&m.dq, 64 * wg + 32, h, t, stg + 2048);
-            }
+            tma_red_add_3d(&m.dq, 64 * wg, h, t, stg);
+            tma_red_add_3d(&m.dq, 64 * wg + 32, h, t, stg + 2048);
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
     };
@@ -534,12 +533,15 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
     };
     /* dS^T as bf16 into buffer buf, fenced for the tensor cores */
-    auto ds_store = [&](const float(&dp)[NT][4], int buf) {
+    /* (from da, dK's A fragments: k16 step kk holds row groups 2 kk and 2 kk + 1) */
+    auto ds_store = [&](const uint32_t(&da)[NT / 2][4], int buf) {
         unsigned char *w = dS + buf * DSB + dsw;
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            *(uint32_t *)(w + n * CMB) = pack_bf16x2(dp[n][0], dp[n][1]);
-            *(uint32_t *)(w + NT * CMB + n * CMB) = pack_bf16x2(dp[n][2], dp[n][3]);
+        for (int kk = 0; kk < NT / 2; kk++) {
+            *(uint32_t *)(w + 2 * kk * CMB) = da[kk][0];
+            *(uint32_t *)(w + NT * CMB + 2 * kk * CMB) = da[kk][1];
+            *(uint32_t *)(w + (2 * kk + 1) * CMB) = da[kk][2];
+            *(uint32_t *)(w + NT * CMB + (2 * kk + 1) * CMB) = da[kk][3];
         }
         fence_proxy_async();
     };
@@ -547,11 +549,12 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
      * second dS^T buffer that goes nowhere: prev_rows 0; a peeled first visit made ptxas spill).
      * Ends with no wgmma in flight; with PIPE the visit's dQ is not issued yet. */
     /* A visit's middle, once S^T and dP^T are issued (two commit groups in flight): P^T from
-     * S^T, dV += P^T dO issued, dS^T from dP^T, dK += dS^T Q issued. pa and dS^T's da are the
-     * products' A fragments: the caller keeps them live until its last wait. */
-    auto dv_dk = [&](float(&s)[NT][4], float(&dp)[NT][4], uint32_t(&pa)[NT / 2][4],
-                     uint32_t(&da)[NT / 2][4], const bool(&kvis)[2], const unsigned char *Qt,
-                     const unsigned char *dOt, const float *Dt, const float *Lt) {
+     * S^T, dV += P^T dO issued, dS^T from dP^T into da, dK's A fragments (S^T's registers are
+     * free after it). pa and da are the products' A fragments: the caller keeps them live
+     * until its last wait. */
+    auto dv_ds = [&](float(&s)[NT][4], float(&dp)[NT][4], uint32_t(&pa)[NT / 2][4],
+                     uint32_t(&da)[NT / 2][4], const bool(&kvis)[2], const unsigned char *dOt,
+                     const float *Dt, const float *Lt) {
         float2 lv[NT], dv2[NT];
         wg_wait<1>(); /* S^T is in */
         wg_pin_all(s);
@@ -565,8 +568,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         rows2(dv2, Dt);
         ds_of_dp(dp, s, dv2);
         wg_pack_a<NT>(da, dp);
-        wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_TS>(dk, da, q_mnmaj(Qt)); /* dK += dS^T Q */
+    };
+    /* dK += dS^T Q, issued and committed (after a wg_fence) */
+    auto issue_dk = [&](const uint32_t(&da)[NT / 2][4], const unsigned char *Qt) {
+        wg_issue_pv<D, FROWS, QSTEP_TS>(dk, da, q_mnmaj(Qt));
     };
     auto step = [&](int i, auto wdq) {
         constexpr bool WDQ = decltype(wdq)::value;
@@ -608,8 +613,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         }
         issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         uint32_t pa[NT / 2][4], da[NT / 2][4];
-        dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
-        ds_store(dp, PIPE ? st : 0);
+        dv_ds(s, dp, pa, da, kvis, dOt, Dt, Lt);
+        wg_fence();
+        issue_dk(da, Qt);
+        ds_store(da, PIPE ? st : 0);
         if (wg == 0 && lane == 0) bulk_wait_read(); /* dq_out's staging is free after the barrier */
         __syncthreads(); /* dS^T of all 128 keys is in */
         if constexpr (!PIPE) {
@@ -630,9 +637,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     };
     /* PP's visit i: no CTA barrier; mbarriers bar[st] (Q, dO, D, lse of the stage), bar[2 + p]
      * (all threads are done with visit i, i % 2 = p: its stage and the dS^T buffer its dQ read
-     * are free), bar[4 + p] (all threads' dS^T of visit i is in buffer p). dQ of visit i - 1
-     * ends the visit (for i = 0 one of buffer 1 that goes nowhere, as in step). Ends with no
-     * wgmma in flight. */
+     * are free), bar[4 + p] (all threads' dS^T of visit i is in buffer p). dQ of visit i - 1 is
+     * issued once this visit's dS^T is computed (into S^T's registers, free by then; for i = 0
+     * one of buffer 1 that goes nowhere, as in step) and before dK, so that its staging and
+     * reduction run while dK does. Ends with no wgmma in flight. */
     auto step_pp = [&](int i) {
         const int st = __shfl_sync(0xffffffffu, i % 2, 0);
         mb_wait(bar + st, (ph >> st) & 1);
@@ -642,12 +650,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
         float s[NT][4], dp[NT][4];
         wg_fence();
-        if constexpr (ABL == 1) { /* one k16 step of the 8 */
-            wg_ss_first<FROWS>(s, dK, q_kmaj(Qt));
-            wg_commit();
-        } else {
-            issue_s(s, dK, Qt); /* S^T = K Q^T */
-        }
+        issue_s(s, dK, Qt);   /* S^T = K Q^T */
         issue_s(dp, dV, dOt); /* dP^T = V dO^T */
         bool kvis[2];
         visit_keys(kvis);
@@ -659,89 +662,21 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
                                     Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
         }
         uint32_t pa[NT / 2][4], da[NT / 2][4];
-        dv_dk(s, dp, pa, da, kvis, Qt, dOt, Dt, Lt);
-        if (i > 0) { /* buffer st: dQ of visit i - 2 (in visit i - 1) is done */
-            mb_wait(bar + vp, (ph >> vp) & 1);
-            ph ^= 1u << vp;
-        }
-        ds_store(dp, st);
-        mb_arrive(bar + 4 + st);
+        dv_ds(s, dp, pa, da, kvis, dOt, Dt, Lt);
         if (i > 0) { /* dS^T of visit i - 1 is in */
             mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
             ph ^= 1u << (5 - st);
         }
         wg_fence();
-        if constexpr (ABL != 2) issue_dq(dp, 1 - st); /* dQ of visit i - 1, in dS^T's registers */
-        wg_wait<0>();
-        mb_arrive(bar + 2 + st); /* visit i is done (dq_out needs none of its buffers) */
-        wg_pin_all(dv);
-        wg_pin_all(dk);
-        wg_pin_u(pa);
-        wg_pin_u(da);
-        wg_pin_all(dp);
-        if constexpr (ABL != 2) dq_out(dp, prev, prev_rows);
-        prev = it, prev_rows = nrows;
-        it = nx;
-    };
-    /* ABL 4 (A/B): PP's visit with dQ of visit i - 1 issued after dS^T is computed (into S^T's
-     * registers, free by then) and before dK, so that its staging and reduction run while dK
-     * does; dS^T stored from dK's A fragments (the same bf16 words). */
-    auto step_pp_eq = [&](int i) {
-        const int st = __shfl_sync(0xffffffffu, i % 2, 0);
-        mb_wait(bar + st, (ph >> st) & 1);
-        ph ^= 1u << st;
-        const int nrows = FROWS;
-        const unsigned char *Qt = Qs + st * QT, *dOt = dOs + st * QT;
-        const float *Dt = Dr + st * FROWS, *Lt = Lr + st * FROWS;
-        float s[NT][4], dp[NT][4];
-        wg_fence();
-        issue_s(s, dK, Qt);   /* S^T = K Q^T */
-        issue_s(dp, dV, dOt); /* dP^T = V dO^T */
-        bool kvis[2];
-        visit_keys(kvis);
-        const visit_item nx = next_visit();
-        const int vp = 2 + (1 - st);
-        if (wg == 1 && nx.blk >= 0) {
-            if (i > 0) mb_wait(bar + vp, (ph >> vp) & 1);
-            wgb_visit_load<D, true>(a, m, nx, hk, Qs + (1 - st) * QT, dOs + (1 - st) * QT,
-                                    Dr + (1 - st) * FROWS, Lr + (1 - st) * FROWS, bar + 1 - st);
-        }
-        uint32_t pa[NT / 2][4], da[NT / 2][4];
-        float2 lv[NT], dv2[NT];
-        wg_wait<1>(); /* S^T is in */
-        wg_pin_all(s);
-        rows2(lv, Lt);
-        p_of_s(s, kvis, lv);
-        wg_pack_a<NT>(pa, s);
-        wg_fence();
-        wg_issue_pv<D, FROWS, QSTEP_TS>(dv, pa, q_mnmaj(dOt)); /* dV += P^T dO */
-        wg_wait<1>(); /* dP^T is in */
-        wg_pin_all(dp);
-        rows2(dv2, Dt);
-        ds_of_dp(dp, s, dv2);
-        wg_pack_a<NT>(da, dp);
-        if (i > 0) { /* dS^T of visit i - 1 is in */
-            mb_wait(bar + 5 - st, (ph >> (5 - st)) & 1);
-            ph ^= 1u << (5 - st);
-        }
-        wg_fence();
-        issue_dq(s, 1 - st);                                  /* dQ of visit i - 1 */
-        wg_issue_pv<D, FROWS, QSTEP_TS>(dk, da, q_mnmaj(Qt)); /* dK += dS^T Q */
+        issue_dq(s, 1 - st); /* dQ of visit i - 1 */
+        issue_dk(da, Qt);
         if (i > 0) { /* buffer st: dQ of visit i - 2 (in visit i - 1) is done */
             mb_wait(bar + vp, (ph >> vp) & 1);
             ph ^= 1u << vp;
         }
-        unsigned char *w = dS + st * DSB + dsw; /* dS^T as bf16, from da */
-#pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) {
-            *(uint32_t *)(w + 2 * kk * CMB) = da[kk][0];
-            *(uint32_t *)(w + NT * CMB + 2 * kk * CMB) = da[kk][1];
-            *(uint32_t *)(w + (2 * kk + 1) * CMB) = da[kk][2];
-            *(uint32_t *)(w + NT * CMB + (2 * kk + 1) * CMB) = da[kk][3];
-        }
-        fence_proxy_async();
+        ds_store(da, st);
         mb_arrive(bar + 4 + st);
-        wg_wait<1>(); /* dV and dQ are in, dK may run */
+        wg_wait<1>(); /* dV and dQ are in; dK may run */
         wg_pin_all(s);
         dq_out(s, prev, prev_rows);
         wg_wait<0>();
@@ -766,12 +701,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         cp_wait_all(); /* K, V (no CTA barrier in the visits) */
         fence_proxy_async();
         __syncthreads();
-        for (; it.blk >= 0; i++) {
-            if constexpr (ABL == 4)
-                step_pp_eq(i);
-            else
-                step_pp(i);
-        }
+        for (; it.blk >= 0; i++)
+            step_pp(i);
         if (i > 0) {
             const int lb = (i - 1) % 2;
             mb_wait(bar + 4 + lb, (ph >> (4 + lb)) & 1); /* dS^T of the last visit is in */
@@ -782,7 +713,7 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         for (; it.blk >= 0; i++)
             step(i, std::integral_constant<bool, PIPE>());
     }
-    if (PIPE && ABL != 2 && i > 0) { /* dQ of the last visit */
+    if (PIPE && i > 0) { /* dQ of the last visit */
         float dq[8][4];
         wg_fence();
         issue_dq(dq, (i - 1) % 2);
@@ -807,12 +738,10 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
-/* The kernel: pieces SORTED, persistent CTAs take work items (w counted up by a.work[0]; with
- * G = a.head_group, the items of a.items in order for kv heads 0 .. G - 1, head fastest, then
- * for the next G heads: G = Hk is item w / Hk, head w % Hk) until none is left; else the one
- * piece of the CTA's grid coordinates (tile blockIdx.x, kv head blockIdx.y, piece
- * blockIdx.z). */
-template <int D, bool PIPE, bool PP, bool SW, int ABL = 0>
+/* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
+ * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
+ * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
+template <int D, bool PIPE, bool PP, bool SW>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
 #if WG_DEVICE
@@ -835,7 +764,7 @@ __global__ void __launch_bounds__(256, 1)
         if (a.by_block ? bwd_piece_blocks(a.spans, a.n_blocks, a.B, k0, WKT, nsplit, h_lo, h_hi)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
-            wgb_piece<D, PIPE, PP, SW, ABL>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
+            wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
                                        h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
@@ -843,13 +772,11 @@ __global__ void __launch_bounds__(256, 1)
     for (;;) {
         if (threadIdx.x == 0) s_work = atomicAdd(a.work, 1);
         __syncthreads(); /* also: all threads are done with the previous piece */
-        const int w = s_work, n_items = a.work[1], G = a.head_group;
-        if (w >= n_items * a.Hk) break; /* uniform */
-        /* heads g G .. g G + G - 1 over the items in order, head fastest */
-        const int g = w / (n_items * G), r = w - g * n_items * G;
-        const bwd_item it = a.items[r / G];
-        const int hk = g * G + r % G;
-        wgb_piece<D, PIPE, PP, SW, ABL>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
+        const int w = s_work;
+        if (w >= a.work[1] * a.Hk) break; /* uniform */
+        const bwd_item it = a.items[w / a.Hk];
+        const int hk = w % a.Hk;
+        wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
                                    it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
@@ -1012,10 +939,6 @@ int cuda_wgb_attention_init(void) {
     const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
     const int SP = (int)wgb_smem<128, true>();
     if (cudaFuncSetAttribute(k_wgb_fused<128, true, true, true>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 1>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 2>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 3>, lim, SP) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgb_fused<128, true, true, true, 4>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, true, false>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, true, false, false>, lim, SP) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgb_fused<128, false, false, false>, lim,
@@ -1046,15 +969,6 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         bulk = !(e && strcmp(e, "atomics") == 0);
     }
     b.split_bulk = bulk;
-    /* DFLASH_CUDA_ATTN_HEAD_GROUP=G (a divisor of Hk; default Hk): the sorted schedule's kv
-     * heads G at a time, so that the CTAs running together share fewer heads' Q, dO and dq
-     * rows in L2 */
-    static int hg = -1;
-    if (hg < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_HEAD_GROUP");
-        hg = e && atoi(e) >= 1 ? atoi(e) : 0;
-    }
-    b.head_group = hg > 0 && a->Hk % hg == 0 ? hg : a->Hk;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
@@ -1075,22 +989,11 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         const char *e = getenv("DFLASH_CUDA_ATTN_PP");
         pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
     }
-    static int abl = -1; /* DFLASH_CUDA_ATTN_ABLATE=1|2|3: the probe's kernels (ABL) */
-    if (abl < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_ABLATE");
-        abl = e ? atoi(e) : 0;
-    }
     wgb_maps m;
     wgb_maps_make(a, &m, pipe && pp == 2);
     constexpr size_t SP = wgb_smem<128, true>();
     if (pipe && pp && m.on == 2 && m.dq_on && m.sw)
-        switch (abl) {
-        case 1: k_wgb_fused<128, true, true, true, 1><<<grid, 256, SP, st>>>(b, m); break;
-        case 2: k_wgb_fused<128, true, true, true, 2><<<grid, 256, SP, st>>>(b, m); break;
-        case 3: k_wgb_fused<128, true, true, true, 3><<<grid, 256, SP, st>>>(b, m); break;
-        case 4: k_wgb_fused<128, true, true, true, 4><<<grid, 256, SP, st>>>(b, m); break;
-        default: k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
-        }
+        k_wgb_fused<128, true, true, true><<<grid, 256, SP, st>>>(b, m);
     else if (pipe && pp && m.on == 2 && m.dq_on)
         k_wgb_fused<128, true, true, false><<<grid, 256, SP, st>>>(b, m);
     else if (pipe)

@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
 # split_energy_gpu.sh: joules per call of the block backward with shorter pieces
 # (DFLASH_CUDA_ATTN_SPLIT: pieces of 2 N blocks; default N 80) and kv heads in groups
-# (DFLASH_CUDA_ATTN_HEAD_GROUP, bf7ad20's binary in abl/): `BENCH_ENERGY_S=1.5 bench-cuda_ops 0
-# attn`. Usage on the GPU machine: bench/cuda_ops/split_energy_gpu.sh BIN_DIR. Log:
+# (DFLASH_CUDA_ATTN_HEAD_GROUP, branch headgroup's binaries in hg/): `BENCH_ENERGY_S=1.5
+# bench-cuda_ops 0 attn`; then the 3072/512 step with the configuration of the fewest joules
+# against the default, twice, interleaved.
+# Usage on the GPU machine: bench/cuda_ops/split_energy_gpu.sh BIN_DIR. Log:
 # $OUT/split_energy.log.
 set -uo pipefail
 bin=${1:?BIN_DIR}
 log=${OUT:-.}/split_energy.log
 . "$(dirname "$0")/gpu_run.sh"
-E=BENCH_ENERGY_S=1.5
-A="$bin/abl/bench-cuda_ops"
-S=DFLASH_CUDA_ATTN_SPLIT
-G=DFLASH_CUDA_ATTN_HEAD_GROUP
-run g8_a 60 $E "$A" 0 attn
-run s32_g8 60 $E $S=32 "$A" 0 attn
-run s32_g2 60 $E $S=32 $G=2 "$A" 0 attn
-run s32_g1 60 $E $S=32 $G=1 "$A" 0 attn
-run s16_g2 60 $E $S=16 $G=2 "$A" 0 attn
-run s16_g1 60 $E $S=16 $G=1 "$A" 0 attn
-run g2 60 $E $G=2 "$A" 0 attn
-run g8_b 60 $E "$A" 0 attn
+H="$bin/hg/bench-cuda_ops"
+configs=("" "DFLASH_CUDA_ATTN_SPLIT=32 DFLASH_CUDA_ATTN_HEAD_GROUP=2"
+  "DFLASH_CUDA_ATTN_SPLIT=32 DFLASH_CUDA_ATTN_HEAD_GROUP=1"
+  "DFLASH_CUDA_ATTN_SPLIT=16 DFLASH_CUDA_ATTN_HEAD_GROUP=1"
+  "DFLASH_CUDA_ATTN_SPLIT=16 DFLASH_CUDA_ATTN_HEAD_GROUP=2" "DFLASH_CUDA_ATTN_HEAD_GROUP=2"
+  "DFLASH_CUDA_ATTN_SPLIT=32")
+best="" bestj=9
+for i in "${!configs[@]}"; do
+  c=${configs[$i]}
+  # shellcheck disable=SC2086 # the configuration's assignments
+  run "cfg$i ${c:-default}" 60 BENCH_ENERGY_S=1.5 $c "$H" 0 attn
+  j=$(awk '/=== cfg'"$i"' /{f=1} f && /attention_block_bwd .*\(step\)/{print $(NF-1); exit}' "$log")
+  echo "cfg$i ${c:-default}: $j J" >>"$log"
+  if [ -n "$j" ] && awk -v a="$j" -v b="$bestj" 'BEGIN{exit !(a < b)}'; then best=$c bestj=$j; fi
+done
+echo "=== least joules: ${best:-default} ($bestj J)" >>"$log"
+D="$bin/hg/bench-drafter 5 s3072_a512 8 40"
+if [ -n "$best" ]; then
+  for r in 1 2; do
+    # shellcheck disable=SC2086
+    run "step_best_$r" 60 $best $D
+    run "step_default_$r" 60 $D
+  done
+fi
 echo "=== summary" >>"$log"
-grep -E "^=== |attention_block_bwd .*step" "$log" | grep -v "^=== summary" >>"$log"
+grep -E "^=== |^cfg|attention_block_bwd .*step|ms/step|energy:|attention_block_bwd +10" "$log" |
+  grep -v "^=== summary" >>"$log"

@@ -532,8 +532,8 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
                 dp[n][e] = s[n][e] * (dp[n][e] - (e & 1 ? dd.y : dd.x));
         }
     };
-    /* dS^T as bf16 into buffer buf, fenced for the tensor cores */
-    /* (from da, dK's A fragments: k16 step kk holds row groups 2 kk and 2 kk + 1) */
+    /* dS^T as bf16 into buffer buf, fenced for the tensor cores, from da (dK's A fragments:
+     * k16 step kk holds row groups 2 kk and 2 kk + 1) */
     auto ds_store = [&](const uint32_t(&da)[NT / 2][4], int buf) {
         unsigned char *w = dS + buf * DSB + dsw;
 #pragma unroll

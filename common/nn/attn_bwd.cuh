@@ -45,6 +45,8 @@ typedef struct bwd_args {
     int by_block;    /* BWD_PIECES_*; SORTED: items and work are set */
     bwd_item *items; /* SORTED: the items, heaviest first (k_bwd_plan writes them) */
     int *work;       /* SORTED: [0] the next work index to take, [1] the item count */
+    int head_group;  /* SORTED: kv heads taken together (divides Hk): the work runs the items
+                      * for heads 0 .. head_group - 1, then the next head_group heads */
     int list_round;  /* k_wgb_fused: blocks per round of its visit lists (256; tests: fewer) */
     int split_bulk;  /* k_wgb_fused: split pieces' dk, dv into acc by bulk reductions (else
                       * float4 atomics) */

@@ -738,9 +738,11 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
-/* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
- * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
- * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
+/* The kernel: pieces SORTED, persistent CTAs take work items (w counted up by a.work[0]; with
+ * G = a.head_group, the items of a.items in order for kv heads 0 .. G - 1, head fastest, then
+ * for the next G heads: G = Hk is item w / Hk, head w % Hk) until none is left; else the one
+ * piece of the CTA's grid coordinates (tile blockIdx.x, kv head blockIdx.y, piece
+ * blockIdx.z). */
 template <int D, bool PIPE, bool PP, bool SW>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
@@ -772,10 +774,12 @@ __global__ void __launch_bounds__(256, 1)
     for (;;) {
         if (threadIdx.x == 0) s_work = atomicAdd(a.work, 1);
         __syncthreads(); /* also: all threads are done with the previous piece */
-        const int w = s_work;
-        if (w >= a.work[1] * a.Hk) break; /* uniform */
-        const bwd_item it = a.items[w / a.Hk];
-        const int hk = w % a.Hk;
+        const int w = s_work, n_items = a.work[1], G = a.head_group;
+        if (w >= n_items * a.Hk) break; /* uniform */
+        /* heads g G .. g G + G - 1 over the items in order, head fastest */
+        const int g = w / (n_items * G), r = w - g * n_items * G;
+        const bwd_item it = a.items[r / G];
+        const int hk = g * G + r % G;
         wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
                                    it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
@@ -969,6 +973,15 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         bulk = !(e && strcmp(e, "atomics") == 0);
     }
     b.split_bulk = bulk;
+    /* DFLASH_CUDA_ATTN_HEAD_GROUP=G (a divisor of Hk; default Hk): the sorted schedule's kv
+     * heads G at a time, so that the CTAs running together share fewer heads' Q, dO and dq
+     * rows in L2 */
+    static int hg = -1;
+    if (hg < 0) {
+        const char *e = getenv("DFLASH_CUDA_ATTN_HEAD_GROUP");
+        hg = e && atoi(e) >= 1 ? atoi(e) : 0;
+    }
+    b.head_group = hg > 0 && a->Hk % hg == 0 ? hg : a->Hk;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {

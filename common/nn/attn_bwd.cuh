@@ -45,11 +45,6 @@ typedef struct bwd_args {
     int by_block;    /* BWD_PIECES_*; SORTED: items and work are set */
     bwd_item *items; /* SORTED: the items, heaviest first (k_bwd_plan writes them) */
     int *work;       /* SORTED: [0] the next work index to take, [1] the item count */
-    int head_group;  /* SORTED: kv heads taken together (divides Hk; Hk: all) */
-    int *order;      /* SORTED, head_group < Hk: k_bwd_plan's work order of (item, head group)
-                      * pairs, item << 4 | group, heaviest items first (NULL: every item for
-                      * heads 0 .. head_group - 1, then the next head_group heads) */
-    int prefetch;    /* SORTED: a CTA takes its next work index before its piece's end */
     int list_round;  /* k_wgb_fused: blocks per round of its visit lists (256; tests: fewer) */
     int split_bulk;  /* k_wgb_fused: split pieces' dk, dv into acc by bulk reductions (else
                       * float4 atomics) */
@@ -192,7 +187,6 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe);
  * cuda_wgb_attention_launch declines larger pieces) */
 #define WGB_KEYS 128
 #define WGB_PLAN_MAX 4096
-#define WGB_PLAN_GROUPS 16 /* the most head groups of bwd_args.order */
 #define WGB_LIST 2048
 
 #endif

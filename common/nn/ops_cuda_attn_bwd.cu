@@ -323,8 +323,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) k_bwd_fused(bwd_args
 #define DQACC_DEVICES 64
 static float *g_dqacc[DQACC_DEVICES];
 static size_t g_dqacc_cap[DQACC_DEVICES]; /* elements */
-/* the sorted schedule's items (WGB_PLAN_MAX), work counters (2 ints after them) and work
- * order by head groups (WGB_PLAN_MAX x WGB_PLAN_GROUPS ints after those) */
+/* the sorted schedule's items (WGB_PLAN_MAX) and work counters (2 ints after them) */
 static bwd_item *g_plan[DQACC_DEVICES];
 
 /* g_plan of the current device (start-up only); without it the wgmma kernel takes pieces by
@@ -335,9 +334,8 @@ static void plan_alloc(void) {
         (void)cudaGetLastError();
         return;
     }
-    const size_t bytes = WGB_PLAN_MAX * sizeof(bwd_item) + 2 * sizeof(int) +
-                         (size_t)WGB_PLAN_MAX * WGB_PLAN_GROUPS * sizeof(int);
-    if (cudaMalloc((void **)&g_plan[dev], bytes) != cudaSuccess) {
+    if (cudaMalloc((void **)&g_plan[dev], WGB_PLAN_MAX * sizeof(bwd_item) + 2 * sizeof(int)) !=
+        cudaSuccess) {
         g_plan[dev] = NULL;
         (void)cudaGetLastError();
     }
@@ -505,8 +503,7 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
         const int nx = (Tk + WGB_KEYS - 1) / WGB_KEYS, len = 2 * (vps > 0 ? vps : 1);
         a.split_max = min(a.split_max, (n_blocks + len - 1) / len);
         if (g_plan[dev] && (long long)nx * a.split_max <= WGB_PLAN_MAX && n_blocks < (1 << 19))
-            a.items = g_plan[dev], a.work = (int *)(g_plan[dev] + WGB_PLAN_MAX),
-            a.order = a.work + 2;
+            a.items = g_plan[dev], a.work = (int *)(g_plan[dev] + WGB_PLAN_MAX);
         else
             a.by_block = BWD_PIECES_BLOCKS, a.split_max = acc ? split_max : 1;
     }

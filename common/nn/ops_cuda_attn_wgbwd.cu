@@ -334,8 +334,7 @@ __device__ __forceinline__ void wgb_split_out(const bwd_args &a, const float (&d
 template <int D, bool PIPE, bool PP, bool SW>
 __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, unsigned char *sm,
                                           uint64_t *bar, uint32_t &ph, int hk, int k0, int z,
-                                          int nsplit, int h_lo, int h_hi, int *ticket,
-                                          int *next_work) {
+                                          int nsplit, int h_lo, int h_hi, int *ticket) {
     static_assert(FROWS == 64, "one m64 wgmma per visit for dQ, n64 for S^T and dP^T");
     static_assert(8 * 4096 <= 4 * wgb_pair_w<D>() * sizeof(float), "dq_out_tma's boxes fit");
     constexpr int TILE = WKT * D * 2, QT = FROWS * D * 2, NT = FROWS / 8, DSB = WKT * FROWS * 2;
@@ -714,7 +713,6 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
         for (; it.blk >= 0; i++)
             step(i, std::integral_constant<bool, PIPE>());
     }
-    if (next_work && threadIdx.x == 0) *next_work = atomicAdd(a.work, 1); /* before the end */
     if (PIPE && i > 0) { /* dQ of the last visit */
         float dq[8][4];
         wg_fence();
@@ -740,13 +738,9 @@ __device__ __forceinline__ void wgb_piece(const bwd_args &a, const wgb_maps &m, 
     fence_proxy_async(); /* the staging's generic accesses before the next piece's tensor copies */
 }
 
-/* The kernel: pieces SORTED, persistent CTAs take work items (w counted up by a.work[0]; with
- * G = a.head_group: G = Hk, item w / Hk of a.items, head w % Hk; else entry w / G of a.order,
- * heads G at a time, or without it the items in order for kv heads 0 .. G - 1, head fastest,
- * then for the next G heads) until none is left; a.prefetch: thread 0 takes the next w once
- * the piece's visits are issued, so that the atomic's round trip overlaps the piece's end.
- * Else the one piece of the CTA's grid coordinates (tile blockIdx.x, kv head blockIdx.y, piece
- * blockIdx.z). */
+/* The kernel: pieces SORTED, persistent CTAs take work items (item w / Hk of a.items, kv head
+ * w % Hk, w counted up by a.work[0]) until none is left; else the one piece of the CTA's grid
+ * coordinates (tile blockIdx.x, kv head blockIdx.y, piece blockIdx.z). */
 template <int D, bool PIPE, bool PP, bool SW>
 __global__ void __launch_bounds__(256, 1)
     k_wgb_fused(bwd_args a, const __grid_constant__ wgb_maps m) {
@@ -771,31 +765,19 @@ __global__ void __launch_bounds__(256, 1)
                        : attn_split_piece(a.spans, a.n_blocks, a.B, k0, WKT, a.acc != NULL,
                                           a.split_max, a.vps, nsplit, h_lo, h_hi))
             wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, k0, blockIdx.z, nsplit, h_lo,
-                                       h_hi, a.tickets + (size_t)hk * nx + blockIdx.x, nullptr);
+                                       h_hi, a.tickets + (size_t)hk * nx + blockIdx.x);
         return;
     }
     __shared__ int s_work;
-    int next = -1; /* thread 0: the work index taken ahead (a.prefetch) */
     for (;;) {
-        if (threadIdx.x == 0) s_work = next >= 0 ? next : atomicAdd(a.work, 1);
+        if (threadIdx.x == 0) s_work = atomicAdd(a.work, 1);
         __syncthreads(); /* also: all threads are done with the previous piece */
-        const int w = s_work, n_items = a.work[1], G = a.head_group;
-        if (w >= n_items * a.Hk) break; /* uniform */
-        int item, hk;
-        if (G == a.Hk) {
-            item = w / G, hk = w % G;
-        } else if (a.order) { /* entry w / G: an item and a head group, heads G at a time */
-            const int e = a.order[w / G];
-            item = e >> 4, hk = (e & 15) * G + w % G;
-        } else { /* heads g G .. g G + G - 1 over the items in order, head fastest */
-            const int g = w / (n_items * G), r = w - g * n_items * G;
-            item = r / G, hk = g * G + r % G;
-        }
-        const bwd_item it = a.items[item];
-        next = -1;
+        const int w = s_work;
+        if (w >= a.work[1] * a.Hk) break; /* uniform */
+        const bwd_item it = a.items[w / a.Hk];
+        const int hk = w % a.Hk;
         wgb_piece<D, PIPE, PP, SW>(a, m, sm, bar, ph, hk, it.x * WKT, it.z, it.nsplit,
-                                   it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x,
-                                   a.prefetch ? &next : nullptr);
+                                   it.h_lo, it.h_hi, a.tickets + (size_t)hk * nx + it.x);
     }
 #else
     (void)a, (void)m;
@@ -862,40 +844,7 @@ __global__ void __launch_bounds__(1024) k_bwd_plan(bwd_args a, int nx, int Z) {
         atomicAdd(&s_items, 1);
     }
     __syncthreads();
-    const int NG = a.Hk / a.head_group, ni = s_items;
-    if (a.order && NG > 1) {
-        /* the items' counts by rank (non-increasing), over the keys (all read above) */
-        int *rc = (int *)key;
-        for (int i = threadIdx.x; i < ni; i += blockDim.x)
-            rc[i] = a.items[i].h_hi - a.items[i].h_lo;
-        __syncthreads();
-        /* item i of the run r0 .. r1 - 1 of its count: entry r0 NG + g (r1 - r0) + i - r0 for
-         * head group g, so that each run of equal items goes head group by head group */
-        for (int i = threadIdx.x; i < ni; i += blockDim.x) {
-            const int c = rc[i];
-            int lo = 0, hi = i; /* r0: the first index whose count is c */
-            while (lo < hi) {
-                const int mid = (lo + hi) / 2;
-                if (rc[mid] > c)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            const int r0 = lo;
-            lo = i + 1, hi = ni; /* r1: the first index whose count is below c */
-            while (lo < hi) {
-                const int mid = (lo + hi) / 2;
-                if (rc[mid] >= c)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            const int len = lo - r0;
-            for (int g = 0; g < NG; g++)
-                a.order[r0 * NG + g * len + i - r0] = i << 4 | g;
-        }
-    }
-    if (threadIdx.x == 0) a.work[0] = 0, a.work[1] = ni;
+    if (threadIdx.x == 0) a.work[0] = 0, a.work[1] = s_items;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1020,27 +969,6 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
         bulk = !(e && strcmp(e, "atomics") == 0);
     }
     b.split_bulk = bulk;
-    /* DFLASH_CUDA_ATTN_HEAD_GROUP=G (a divisor of Hk; default Hk): the sorted schedule's kv
-     * heads G at a time, so that the CTAs running together share fewer heads' Q, dO and dq
-     * rows in L2 */
-    static int hg = -1;
-    if (hg < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_HEAD_GROUP");
-        hg = e && atoi(e) >= 1 ? atoi(e) : 0;
-    }
-    b.head_group = hg > 0 && a->Hk % hg == 0 && a->Hk / hg <= WGB_PLAN_GROUPS ? hg : a->Hk;
-    /* DFLASH_CUDA_ATTN_HEAD_ORDER=groups: every item for one head group, then the next (else
-     * k_bwd_plan's order: the heaviest items first, head group by head group within a run of
-     * equal items); DFLASH_CUDA_ATTN_PREFETCH=1: work indices taken ahead */
-    static int by_groups = -1, prefetch = -1;
-    if (by_groups < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_HEAD_ORDER");
-        const char *f = getenv("DFLASH_CUDA_ATTN_PREFETCH");
-        by_groups = e && strcmp(e, "groups") == 0;
-        prefetch = f && atoi(f) == 1;
-    }
-    if (by_groups || b.head_group == a->Hk) b.order = NULL;
-    b.prefetch = prefetch;
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {

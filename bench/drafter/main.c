@@ -42,6 +42,8 @@
  * Curve: each timed step's loss, gradient norm and accuracy (the batch is the same every step,
  * its anchors re-drawn: the PyTorch reference prints its losses and norms alike). A loss or
  * gradient norm that is not finite prints a FAIL line, and the exit status is then 1.
+ * BENCH_SEED=N (default 0) draws other tables, drafter weights and anchors (the reference's
+ *   --seed N likewise), so that several draws of each show how far the curve's end spreads.
  * Lines, machine-readable: RESULT case=... steps_per_s=... samples_per_s=... mfu=...
  * What-if (BENCH_FREE="SET;SET;...", each SET a comma-separated list of the profile's op names
  *   or of none, attention, optimizer, memory, movers, nonproducts: opprof.h's po_free_parse,
@@ -94,6 +96,9 @@ static nn_ctx *C;
 static bench_energy g_energy; /* the board's counter (energy.h); none: rows say n/a */
 
 static uint64_t rs = RNG_GOLDEN; /* rng.h's stream state */
+/* BENCH_SEED: N != 0 draws other tables (rs), drafter weights (init seed N + 1; 1 by default)
+ * and anchors (train seed N) */
+static uint64_t g_seed;
 
 /* n act-typed values on the device: normal with sd scale, or uniform in [-scale, scale)
  * (dflash_task_table: every value drawn afresh. Until 2026-12-02 one 2^24-value chunk was drawn
@@ -217,7 +222,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         return;
     }
     void *hid = act_rand((size_t)T * NF * D, 1.0, 0);
-    dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, n_seqs * anchors, 1);
+    dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, n_seqs * anchors, 1 + g_seed);
     if (!m) {
         printf("%s: dflash_model_new failed\n", name);
         O->free(C, hid);
@@ -236,6 +241,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
     tc.n_anchors = anchors;
+    tc.seed = g_seed;
     dflash_metrics met;
     for (int i = 0; i < 3; i++)
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
@@ -310,6 +316,16 @@ int main(int argc, char **argv) {
     if (g_steps < 1 || g_steps > 100000) {
         fprintf(stderr, "bench-drafter: STEPS must be 1..100000\n");
         return 2;
+    }
+    const char *seed_env = getenv("BENCH_SEED");
+    if (seed_env && *seed_env) {
+        char *end;
+        g_seed = strtoull(seed_env, &end, 10);
+        if (*end) {
+            fprintf(stderr, "bench-drafter: BENCH_SEED must be a non-negative integer\n");
+            return 2;
+        }
+        if (g_seed) rs = rng_hash64(RNG_GOLDEN ^ g_seed);
     }
     const char *free_env = getenv("BENCH_FREE");
     if (free_env && *free_env) {

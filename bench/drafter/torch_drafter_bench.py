@@ -10,7 +10,9 @@ clipping at 1.0. Qwen3-8B drafter: D 4096, 5 layers, H 32 / Hk 8, d 128, F 12288
 Cases as bench-drafter: 1 x 3072 tokens / 512 anchors, 1 x 768 / 256, 4 x 768 / 256 (the four
 sequences are run as one packed batch: one block mask over all of them). Anchors are drawn
 uniformly (without replacement) each step from positions 64..S-2 and the block mask is rebuilt
-every step (inside the timed region). Timing: 3 untimed steps (compilation), then --steps (10),
+every step (inside the timed region). The anchors are drawn on the host and copied from pageable
+memory, a copy that waits for the GPU to finish the step before; --anchors-ahead draws them all
+before the loop into pinned memory and copies them without that wait (the same draws). Timing: 3 untimed steps (compilation), then --steps (10),
 torch.cuda.synchronize around them. FLOPs and MFU: bench-drafter's formula (see its header) with
 this run's anchors, against --peak-tflops (bench-drafter's measured peak in the same run).
 Energy: the board's joules per timed step and mean power from NVML's counter (ctypes, as
@@ -38,6 +40,10 @@ ap.add_argument("--no-compile", action="store_true")
 ap.add_argument("--steps", type=int, default=10, help="timed steps per case")
 ap.add_argument("--seed", type=int, default=0,
                 help="torch's seed (tables, init); the anchors' generator takes seed + 1")
+ap.add_argument("--anchors-ahead", action="store_true",
+                help="draw every step's anchors before the timed loop into pinned memory and "
+                     "copy them without a host wait (the step as written copies them from "
+                     "pageable memory, which waits for the step before)")
 ap.add_argument("--profile-steps", type=int, default=0,
                 help="after the timed steps, this many more under torch.profiler: GPU time per "
                      "step by kernel group and the largest kernels")
@@ -184,11 +190,18 @@ def run_case(name, peak, embed, lm_head):
         blk_ok = (kv_idx >= T) & ((kv_idx - T) // B == j)
         return ctx_ok | blk_ok
 
-    def step():
+    def draw_anchors():
         # anchors per sequence, sorted; absolute context row = seq_start + anchor
-        anc_h = torch.stack([torch.randperm(S - 1 - 64, generator=gen)[:N].sort().values + 64
-                             for _ in range(nseq)])  # [nseq, N] on the host
-        anc = anc_h.to(dev)
+        return torch.stack([torch.randperm(S - 1 - 64, generator=gen)[:N].sort().values + 64
+                            for _ in range(nseq)])  # [nseq, N] on the host
+
+    # --anchors-ahead: the same draws, made before the loop (3 warm-up + timed + profiled)
+    ahead = [draw_anchors().pin_memory() for _ in range(3 + a.steps + a.profile_steps)] \
+        if a.anchors_ahead else []
+
+    def step():
+        anc_h = ahead.pop(0) if a.anchors_ahead else draw_anchors()
+        anc = anc_h.to(dev, non_blocking=a.anchors_ahead)
         blk_seq = torch.arange(nseq, device=dev).repeat_interleave(N)
         anc_f = anc.reshape(-1)
         abs_anchor = seq_start[blk_seq] + anc_f  # [nb]

@@ -321,7 +321,7 @@ int main(int argc, char **argv) {
     if (seed_env && *seed_env) {
         char *end;
         g_seed = strtoull(seed_env, &end, 10);
-        if (*end) {
+        if (*end || seed_env[0] == '-') {
             fprintf(stderr, "bench-drafter: BENCH_SEED must be a non-negative integer\n");
             return 2;
         }

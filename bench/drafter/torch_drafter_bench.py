@@ -12,9 +12,10 @@ sequences are run as one packed batch: one block mask over all of them). Anchors
 uniformly (without replacement) each step from positions 64..S-2 and the block mask is rebuilt
 every step (inside the timed region). The anchors are drawn on the host and copied from pageable
 memory, a copy that waits for the GPU to finish the step before; --anchors-ahead draws them all
-before the loop into pinned memory and copies them without that wait (the same draws). Timing: 3 untimed steps (compilation), then --steps (10),
-torch.cuda.synchronize around them. FLOPs and MFU: bench-drafter's formula (see its header) with
-this run's anchors, against --peak-tflops (bench-drafter's measured peak in the same run).
+before the loop into pinned memory and copies them without that wait (the same draws).
+Timing: 3 untimed steps (compilation), then --steps (10), torch.cuda.synchronize around them.
+FLOPs and MFU: bench-drafter's formula (see its header) with this run's anchors, against
+--peak-tflops (bench-drafter's measured peak in the same run).
 Energy: the board's joules per timed step and mean power from NVML's counter (ctypes, as
 bench-drafter's energy.h), "energy: n/a" without it. Curve: each timed step's loss and gradient
 norm (read after the timed steps), as bench-drafter prints them. --profile-steps N: N more steps

@@ -10,9 +10,12 @@ clipping at 1.0. Qwen3-8B drafter: D 4096, 5 layers, H 32 / Hk 8, d 128, F 12288
 Cases as bench-drafter: 1 x 3072 tokens / 512 anchors, 1 x 768 / 256, 4 x 768 / 256 (the four
 sequences are run as one packed batch: one block mask over all of them). Anchors are drawn
 uniformly (without replacement) each step from positions 64..S-2 and the block mask is rebuilt
-every step (inside the timed region). The anchors are drawn on the host and copied from pageable
-memory, a copy that waits for the GPU to finish the step before; --anchors-ahead draws them all
-before the loop into pinned memory and copies them without that wait (the same draws).
+every step (inside the timed region). The anchors are drawn on the host, all of them before the
+loop (the same draws), into pinned memory, and each step copies its own without a host wait, as
+bench-drafter's step does. --anchors-in-step draws each step's anchors in the step and copies
+them from pageable memory, a copy that waits for the GPU to finish the step before: the
+reference as written until 2026-12-03, which that wait made ~5 ms (3072/512) to ~7 ms (768/256)
+slower per step on the H200 (bench/RESULTS.md).
 Timing: 3 untimed steps (compilation), then --steps (10), torch.cuda.synchronize around them.
 FLOPs and MFU: bench-drafter's formula (see its header) with this run's anchors, against
 --peak-tflops (bench-drafter's measured peak in the same run).
@@ -41,10 +44,10 @@ ap.add_argument("--no-compile", action="store_true")
 ap.add_argument("--steps", type=int, default=10, help="timed steps per case")
 ap.add_argument("--seed", type=int, default=0,
                 help="torch's seed (tables, init); the anchors' generator takes seed + 1")
-ap.add_argument("--anchors-ahead", action="store_true",
-                help="draw every step's anchors before the timed loop into pinned memory and "
-                     "copy them without a host wait (the step as written copies them from "
-                     "pageable memory, which waits for the step before)")
+ap.add_argument("--anchors-in-step", action="store_true",
+                help="draw each step's anchors in the step and copy them from pageable memory, "
+                     "which waits for the step before (the reference until 2026-12-03); by "
+                     "default all are drawn ahead into pinned memory and copied without a wait")
 ap.add_argument("--profile-steps", type=int, default=0,
                 help="after the timed steps, this many more under torch.profiler: GPU time per "
                      "step by kernel group and the largest kernels")
@@ -196,13 +199,13 @@ def run_case(name, peak, embed, lm_head):
         return torch.stack([torch.randperm(S - 1 - 64, generator=gen)[:N].sort().values + 64
                             for _ in range(nseq)])  # [nseq, N] on the host
 
-    # --anchors-ahead: the same draws, made before the loop (3 warm-up + timed + profiled)
-    ahead = [draw_anchors().pin_memory() for _ in range(3 + a.steps + a.profile_steps)] \
-        if a.anchors_ahead else []
+    # the same draws, made before the loop (3 warm-up + timed + profiled) unless --anchors-in-step
+    ahead = [] if a.anchors_in_step else \
+        [draw_anchors().pin_memory() for _ in range(3 + a.steps + a.profile_steps)]
 
     def step():
-        anc_h = ahead.pop(0) if a.anchors_ahead else draw_anchors()
-        anc = anc_h.to(dev, non_blocking=a.anchors_ahead)
+        anc_h = draw_anchors() if a.anchors_in_step else ahead.pop(0)
+        anc = anc_h.to(dev, non_blocking=not a.anchors_in_step)
         blk_seq = torch.arange(nseq, device=dev).repeat_interleave(N)
         anc_f = anc.reshape(-1)
         abs_anchor = seq_start[blk_seq] + anc_f  # [nb]

@@ -15,7 +15,9 @@ loop (the same draws), into pinned memory, and each step copies its own without 
 bench-drafter's step does. --anchors-in-step draws each step's anchors in the step and copies
 them from pageable memory, a copy that waits for the GPU to finish the step before: the
 reference as written until 2026-12-03, which that wait made ~5 ms (3072/512) to ~7 ms (768/256)
-slower per step on the H200 (bench/RESULTS.md).
+slower per step on the H200 (bench/RESULTS.md). --compile-mode picks torch.compile's mode; the
+default mode is the fastest measured: reduce-overhead (CUDA graphs over the compiled forward and
+backward) ran 79.3 against 75.1 ms at 768/256 and 186.5 against 149.2 ms at 3072/512.
 Timing: 3 untimed steps (compilation), then --steps (10), torch.cuda.synchronize around them.
 FLOPs and MFU: bench-drafter's formula (see its header) with this run's anchors, against
 --peak-tflops (bench-drafter's measured peak in the same run).
@@ -41,6 +43,9 @@ ap.add_argument("--peak-tflops", type=float, default=0.0)
 ap.add_argument("--layers", type=int, default=5)
 ap.add_argument("--cases", default="s3072_a512,s768_a256,4xs768_a256")
 ap.add_argument("--no-compile", action="store_true")
+ap.add_argument("--compile-mode", default="default",
+                help="torch.compile's mode for forward + loss: default, reduce-overhead (CUDA "
+                     "graphs over the compiled forward and backward), max-autotune-no-cudagraphs")
 ap.add_argument("--steps", type=int, default=10, help="timed steps per case")
 ap.add_argument("--seed", type=int, default=0,
                 help="torch's seed (tables, init); the anchors' generator takes seed + 1")
@@ -174,7 +179,7 @@ def run_case(name, peak, embed, lm_head):
     model = Drafter()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.0, fused=True)
-    fwd = model if a.no_compile else torch.compile(model)
+    fwd = model if a.no_compile else torch.compile(model, mode=a.compile_mode)
     X = (torch.rand(T, NF * D, device=dev) * 2 - 1).to(torch.bfloat16)
     ids = ((torch.arange(T, device=dev) * 7919) % 151000).long()
     pos_ctx = torch.cat([torch.arange(S, device=dev)] * nseq)
@@ -204,6 +209,8 @@ def run_case(name, peak, embed, lm_head):
         [draw_anchors().pin_memory() for _ in range(3 + a.steps + a.profile_steps)]
 
     def step():
+        if a.compile_mode == "reduce-overhead":  # a new step: the last one's graph outputs die
+            torch.compiler.cudagraph_mark_step_begin()
         anc_h = draw_anchors() if a.anchors_in_step else ahead.pop(0)
         anc = anc_h.to(dev, non_blocking=not a.anchors_in_step)
         blk_seq = torch.arange(nseq, device=dev).repeat_interleave(N)
@@ -256,7 +263,7 @@ def run_case(name, peak, embed, lm_head):
     curve = []  # (loss, grad norm) tensors, read after the timed steps
     for _ in range(steps):
         loss = step()
-        curve.append((loss.detach(), state["norm"]))
+        curve.append((loss.detach().clone(), state["norm"]))  # graph outputs get reused
     torch.cuda.synchronize()
     sec = (time.time() - t0) / steps
     j1 = energy_j() if energy_j else None
@@ -284,7 +291,7 @@ def run_case(name, peak, embed, lm_head):
 
 print(f"torch {torch.__version__}, attention: "
       f"{'flex_attention + block mask' if HAVE_FLEX else 'SDPA + boolean mask'}, "
-      f"{'eager' if a.no_compile else 'torch.compile'}", flush=True)
+      f"{'eager' if a.no_compile else 'torch.compile, mode ' + a.compile_mode}", flush=True)
 embed = (torch.randn(V, D, device=dev) * 0.05).to(torch.bfloat16)
 lm_head = (torch.randn(V, D, device=dev) * 0.02).to(torch.bfloat16)
 for c in a.cases.split(","):

@@ -84,6 +84,10 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
  * 0 when it queued the work, -1 when the shape, alignment or scratch is not one it handles.
  * init: kernel attributes, and the dq scratch (128 MiB) when the mode is ATTN_FUSED. */
 int cuda_bwd_attention_init(void);
+/* DFLASH_CUDA_ATTN_SPLIT=N (N >= 1) from the environment (ops_cuda_attn_tc.cu), 0 when unset:
+ * the fused backward then picks its own piece length (cuda_bwd_attention_block_bwd) */
+int cuda_attn_split_env(void);
+#define ATTN_SPLIT_MAX 32 /* the most pieces a key tile's dk, dv are split into */
 /* grows the dq scratch to q_h_d fp32 (Q H d of the largest call); -1: no memory */
 int cuda_bwd_attention_plan(size_t q_h_d);
 int cuda_bwd_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,

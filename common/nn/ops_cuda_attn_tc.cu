@@ -590,15 +590,21 @@ static int tc_mode(void) {
 /* Query blocks per dk/dv piece (the split of k_tc_dkdv and k_mma_dkdv): DFLASH_CUDA_ATTN_SPLIT=N
  * in the environment (N >= 1; tests use a small N so that their few blocks still get cut),
  * default 40 for the WMMA kernel and 80 for the mma.sync one (its visits are cheaper, so fewer
- * pieces and atomics pay: measured 5.35 against 5.72 ms for the whole block backward). */
-static int tc_vps(void) {
-    static int vps = -1;
-    if (vps < 0) {
+ * pieces and atomics pay: measured 5.35 against 5.72 ms for the whole block backward); the
+ * wgmma backward's sorted pieces, 2 N blocks long, are shorter in a small call when N is not
+ * given (ops_cuda_attn_bwd.cu's bwd_piece_len). */
+int cuda_attn_split_env(void) {
+    static int n = -1;
+    if (n < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN_SPLIT");
-        int m = cuda_attn_mode();
-        vps = e && atoi(e) >= 1 ? atoi(e) : m == ATTN_MMA || m == ATTN_FUSED ? 80 : 40;
+        n = e && atoi(e) >= 1 ? atoi(e) : 0;
     }
-    return vps;
+    return n;
+}
+
+static int tc_vps(void) {
+    int m = cuda_attn_mode(), n = cuda_attn_split_env();
+    return n ? n : m == ATTN_MMA || m == ATTN_FUSED ? 80 : 40;
 }
 
 static bool al16(const void *p) {
@@ -750,7 +756,7 @@ int cuda_tc_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, c
         (size_t)n_kt * Hk <= g_split_cap[dev][2]) {
         a.acc = g_split_acc[dev], a.tickets = g_split_tickets[dev];
         a.split_max = (n_blocks + a.vps - 1) / a.vps;
-        if (a.split_max > 32) a.split_max = 32;
+        if (a.split_max > ATTN_SPLIT_MAX) a.split_max = ATTN_SPLIT_MAX;
         if (a.split_max < 1) a.split_max = 1;
         if (tc_mode() == ATTN_TC && (size_t)H * n_blocks * B <= g_split_cap[dev][1])
             a.dsave = g_split_d[dev];

@@ -16,7 +16,8 @@
  * k_wgb_fused runs one CTA per SM, each taking items (x kv heads) from a counter until none is
  * left, so the heavy pieces (the first context tiles: every block sees tile 0) start first and
  * no CTA is launched for an empty piece; its pieces are about 2 DFLASH_CUDA_ATTN_SPLIT blocks
- * long (fewer pieces: less K, V loading, dk, dv atomics and pipeline start per block). blocks /
+ * long (fewer pieces: less K, V loading, dk, dv atomics and pipeline start per block), shorter
+ * in a small call unless that is given (bwd_piece_len in ops_cuda_attn_bwd.cu). blocks /
  * hits: one CTA per (tile, kv head, piece) of the grid, pieces by block ranges or by hit index.
  * A piece first lists its visits (wgb_list: all threads, a block each per round): the blocks of
  * its range (by hits: from its first hit on) that see the tile, each with its key ranges in the

@@ -88,6 +88,9 @@ int cuda_bwd_attention_init(void);
  * the fused backward then picks its own piece length (cuda_bwd_attention_block_bwd) */
 int cuda_attn_split_env(void);
 #define ATTN_SPLIT_MAX 32 /* the most pieces a key tile's dk, dv are split into */
+/* The current device's SM count, asked of the driver once per device (ops_cuda_attn_bwd.cu);
+ * 0 when the driver does not say */
+int cuda_attn_sm_count(void);
 /* grows the dq scratch to q_h_d fp32 (Q H d of the largest call); -1: no memory */
 int cuda_bwd_attention_plan(size_t q_h_d);
 int cuda_bwd_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,

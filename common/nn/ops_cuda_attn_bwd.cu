@@ -480,15 +480,18 @@ static bool al16(const void *p) {
  * the context: n_blocks (ctx / 2 / 128 + 1) per kv head, ctx = Tk - n_blocks B (packed
  * sequences see less: an overestimate, which errs towards long pieces). A given
  * DFLASH_CUDA_ATTN_SPLIT keeps len_max. */
+int cuda_attn_sm_count(void) {
+    static int sms[DQACC_DEVICES]; /* 0: not asked yet (or the driver said nothing) */
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
+    if (dev < DQACC_DEVICES && sms[dev] > 0) return sms[dev];
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+    if (dev < DQACC_DEVICES) sms[dev] = n;
+    return n;
+}
+
 static int bwd_piece_len(int len_max, int n_blocks, int B, int Tk, int Hk) {
-    static int nsm = -1;
-    if (nsm < 0) {
-        int dev = 0, n = 0;
-        nsm = cudaGetDevice(&dev) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess
-                  ? n
-                  : 0;
-    }
+    const int nsm = cuda_attn_sm_count();
     if (cuda_attn_split_env() || nsm <= 0) return len_max;
     const long long ctx = (long long)Tk - (long long)n_blocks * B;
     const long long visits = (long long)n_blocks * ((ctx > 0 ? ctx : 0) / (2 * WGB_KEYS) + 1);

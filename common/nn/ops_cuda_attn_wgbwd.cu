@@ -973,10 +973,8 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     const int nx = (a->Tk + WKT - 1) / WKT;
     dim3 grid(nx, a->Hk, a->split_max);
     if (a->by_block == BWD_PIECES_SORTED) {
-        int dev = 0, nsm = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            return -1;
+        const int nsm = cuda_attn_sm_count();
+        if (nsm <= 0) return -1;
         const int Z = a->split_max;
         assert(a->items && a->work && nx * Z <= WGB_PLAN_MAX && a->n_blocks < (1 << 19));
         k_bwd_plan<<<1, 1024, (size_t)8 * nx * Z, st>>>(b, nx, Z);

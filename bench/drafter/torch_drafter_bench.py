@@ -16,8 +16,12 @@ bench-drafter's step does. --anchors-in-step draws each step's anchors in the st
 them from pageable memory, a copy that waits for the GPU to finish the step before: the
 reference as written until 2026-12-03, which that wait made ~5 ms (3072/512) to ~7 ms (768/256)
 slower per step on the H200 (bench/RESULTS.md). --compile-mode picks torch.compile's mode; the
-default mode is the fastest measured: reduce-overhead (CUDA graphs over the compiled forward and
-backward) ran 79.3 against 75.1 ms at 768/256 and 186.5 against 149.2 ms at 3072/512.
+default mode is as fast as any measured: reduce-overhead (CUDA graphs over the compiled forward
+and backward) ran 79.3 against 75.1 ms at 768/256 and 186.5 against 149.2 ms at 3072/512;
+max-autotune-no-cudagraphs (its autotuning beat cuBLAS on at most one product per run, by
+0.3-1.5%, so it was timed with TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN; it re-tiles
+flex_attention) ran 74.3 and 144.1 ms, within the default mode's spread over boards (73.3-76.8
+and 143.0-149.2 ms), after 200-300 s of compilation per case against the default's ~40 s.
 Timing: 3 untimed steps (compilation), then --steps (10), torch.cuda.synchronize around them.
 FLOPs and MFU: bench-drafter's formula (see its header) with this run's anchors, against
 --peak-tflops (bench-drafter's measured peak in the same run).

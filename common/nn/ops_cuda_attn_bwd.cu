@@ -470,16 +470,7 @@ static bool al16(const void *p) {
     return ((uintptr_t)p & 15u) == 0;
 }
 
-/* The sorted schedule's piece length in blocks: longest (at most len_max) where the call has
- * visits enough, but no longer than 2/3 of the visits an SM gets on average, so that the
- * heaviest pieces (the first context tiles, which every block sees) do not outlast the others.
- * Measured on the H200 at 768 tokens / 256 anchors (~62 visits per SM): the call 0.50 ms with
- * 160-block pieces, 0.39 with 40 (this rule's 41: the same 7 pieces), 0.40 with 31, 0.43 with
- * 16; at 3072/512 and 4 x 768 / 256 the rule keeps 160, which was best there (4 x 768: 1.45
- * ms against 1.57 with 80). The visits are estimated from the shape as each block seeing half
- * the context: n_blocks (ctx / 2 / 128 + 1) per kv head, ctx = Tk - n_blocks B (packed
- * sequences see less: an overestimate, which errs towards long pieces). A given
- * DFLASH_CUDA_ATTN_SPLIT keeps len_max. */
+/* cuda_attn_sm_count (attn_spans.cuh): cached per device, 0 until the driver answers */
 int cuda_attn_sm_count(void) {
     static int sms[DQACC_DEVICES]; /* 0: not asked yet (or the driver said nothing) */
     int dev = 0, n = 0;
@@ -490,6 +481,16 @@ int cuda_attn_sm_count(void) {
     return n;
 }
 
+/* The sorted schedule's piece length in blocks: longest (at most len_max) where the call has
+ * visits enough, but no longer than 2/3 of the visits an SM gets on average, so that the
+ * heaviest pieces (the first context tiles, which every block sees) do not outlast the others.
+ * Measured on the H200 at 768 tokens / 256 anchors (~62 visits per SM): the call 0.50 ms with
+ * 160-block pieces, 0.39 with 40 (this rule's 41: the same 7 pieces), 0.40 with 31, 0.43 with
+ * 16; at 3072/512 and 4 x 768 / 256 the rule keeps 160, which was best there (4 x 768: 1.45
+ * ms against 1.57 with 80). The visits are estimated from the shape as each block seeing half
+ * the context: n_blocks (ctx / 2 / 128 + 1) per kv head, ctx = Tk - n_blocks B (packed
+ * sequences see less: an overestimate, which errs towards long pieces). A given
+ * DFLASH_CUDA_ATTN_SPLIT keeps len_max. */
 static int bwd_piece_len(int len_max, int n_blocks, int B, int Tk, int Hk) {
     const int nsm = cuda_attn_sm_count();
     if (cuda_attn_split_env() || nsm <= 0) return len_max;

@@ -1,9 +1,9 @@
 # gpu_run.sh: what the device scripts of this folder share; each sources it after setting bin
 # (the carried binaries, with devlibs/), log (its log file) and, optionally, budget (seconds)
 # and out (the folder for ncu_one's reports; default $OUT, else .).
-# It unpacks $bin/devlibs/libopenblas.so.0.xz where the carry compressed it, sets the loader and
-# OpenBLAS environment, empties the log, writes the binaries' commit (from
-# $bin/COMMIT, when there) and the GPU to it and the terminal, names the binaries P
+# It sets the loader and OpenBLAS environment (gpu_env of scripts/gpu-lib.sh), empties the log,
+# writes the binaries' commit (from $bin/COMMIT, when there) and the GPU to it and the terminal,
+# names the binaries P
 # (bench-cuda_parity), B (bench-cuda_ops) and BASE ($bin/base/bench-cuda_ops: the binary to
 # compare with, where a script carries one) and defines
 #   run NAME TIMEOUT [VAR=value ...] CMD ...
@@ -20,10 +20,9 @@
 # cp.async and per-column copies, hits pieces built in list rounds, blocks pieces), one query
 # block per piece (SPLIT=1) where the default split would leave a path untaken.
 out=${out:-${OUT:-.}}
-# the carried OpenBLAS may come xz-compressed (to fit the device tool's carry limit): unpack it
-[ -f "$bin/devlibs/libopenblas.so.0.xz" ] && xz -d -f "$bin/devlibs/libopenblas.so.0.xz"
-export LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/gpu-lib.sh"
+gpu_env "$bin"
+export LD_LIBRARY_PATH="$GPU_DEVLIBS:$LD_LIBRARY_PATH"
 : >"$log"
 [ -f "$bin/COMMIT" ] && echo "binaries of commit $(cat "$bin/COMMIT")" | tee -a "$log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader |

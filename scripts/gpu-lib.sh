@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # gpu-lib.sh: what the scripts run on the GPU machine share (sourced by scripts/gpu-check,
 # scripts/gpu-bench, scripts/gpu-parity and bench/cuda_ops/gpu_run.sh). The binaries come from
 # the build machine (scripts/gpu-carry: one flat folder of stripped binaries plus devlibs/, the

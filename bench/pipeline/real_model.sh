@@ -107,6 +107,11 @@ print("RESULT side=end_to_end steps_per_s=%.2f tokens_per_s=%.0f (steps %d..%d)"
 ideal = 1.0 / (1.0 / tgt_t + 1.0 / d_t) if tgt_t > 0 and d_t > 0 else nan
 print("one GPU shared: the best a serial share can do is 1/(1/target + 1/drafter) = %.0f tokens/s; "
       "end to end reaches %.1f%% of it" % (ideal, 100.0 * e_t / ideal))
+import os
+lo, hi = os.environ.get("LEN_MIN", "64"), os.environ.get("LEN_MAX", "3072")
+if lo != hi:
+    print("(lengths %s..%s: each phase trains on the mix its window happened to hold, so this share "
+          "does not compare like with like; LEN_MIN = LEN_MAX does)" % (lo, hi))
 print("loss first %.3f last %.3f" % (recs[0]["loss"], recs[-1]["loss"]))
 EOF
 grep -h "host waits for the whole compute stream" "$out/target.log" "$out/drafter.log" |

@@ -12,14 +12,15 @@
 #   gpu_tree BIN_DIR
 # prints a build-tree layout of BIN_DIR (services/queue/dflash-queue, tools/dflash-ctl, ... as
 # CMake lays them out, which the test scripts expect): BIN_DIR itself when it is a build tree,
-# else a temporary folder of links to the flat folder's binaries. And
+# else a temporary folder of links to the flat folder's binaries (the caller removes it). And
 #   gpu_step NAME MAX_S CMD ...
 # which runs CMD when GPU_STEPS (",a,b,": the names to run; empty: all) names it, cut off at
 # MAX_S or at what is left of GPU_BUDGET seconds (since the script started; empty: no budget)
 # less 5, its output in $GPU_OUT/NAME.log and its tail on the terminal, and adds
 # "NAME(status)" to gpu_failed when it does not exit 0; gpu_summary prints the failures and
-# returns non-zero when there were any.
+# returns non-zero when there were any, or when no step ran (STEPS named none of the script's).
 gpu_failed=()
+gpu_ran=0
 
 gpu_env() {
   local bin=$1 extra=/usr/local/cuda/lib64 p l
@@ -74,6 +75,7 @@ gpu_step() {
     fi
   fi
   echo "== $name ($t s max): $*"
+  gpu_ran=$((gpu_ran + 1))
   t0=$SECONDS
   timeout -k 5 "$t" "$@" > "$GPU_OUT/$name.log" 2>&1
   rc=$?
@@ -83,6 +85,10 @@ gpu_step() {
 }
 
 gpu_summary() {
+  if [ "$gpu_ran" -eq 0 ] && [ ${#gpu_failed[@]} -eq 0 ]; then
+    echo "no step ran: STEPS (${GPU_STEPS:-}) names none of this script's steps"
+    return 1
+  fi
   echo "failed: ${gpu_failed[*]:-none}"
   [ ${#gpu_failed[@]} -eq 0 ]
 }

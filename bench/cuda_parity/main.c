@@ -920,8 +920,6 @@ int main(int argc, char **argv) {
     const char *attn = getenv("DFLASH_CUDA_ATTN");
     printf("attention kernels: %s\n",
            attn && strcmp(attn, "simple") == 0    ? "CUDA cores (DFLASH_CUDA_ATTN=simple)"
-           : attn && strcmp(attn, "tc_sync") == 0 ? "tensor cores, plain tile loads (tc_sync)"
-           : attn && strcmp(attn, "tc_wmma") == 0 ? "WMMA tensor cores with cp.async (tc_wmma)"
            : attn && *attn && strcmp(attn, "mma") != 0
                ? attn
                : "mma.sync tensor cores for d 64/128 (default)");

@@ -1,5 +1,5 @@
-/* attn_spans: what the three cuda attention files share (ops_cuda_attn.cu on CUDA cores,
- * ops_cuda_attn_tc.cu on WMMA tensor cores, ops_cuda_attn_mma.cu on mma.sync tensor cores):
+/* attn_spans: what the cuda attention files share (ops_cuda_attn.cu on CUDA cores,
+ * ops_cuda_attn_mma.cu and ops_cuda_attn_bwd.cu on mma.sync tensor cores, the wgmma files):
  *   - device helpers: the key ranges of a block span, the sequence of a token, a CTA's query
  *     tokens and key ranges, a query row's key limits, cp.async tile loads (row-major, or the
  *     core-matrix layout of the wgmma kernels), bf16 packing, and
@@ -24,19 +24,9 @@
  * DFLASH_CUDA_ATTN_CAUSAL and DFLASH_CUDA_ATTN_BLOCK select or turn off) and the fused block
  * backward of ops_cuda_attn_bwd.cu (the mma.sync pair where it does not apply); "mma": the mma.sync
  * kernels for all three ops (dq and dk/dv as two kernels, the default before the fused one);
- * "mma_dq": mma.sync forwards and dq, WMMA dk/dv, to bisect; "tc_wmma": the WMMA kernels for
- * everything; "tc_sync": WMMA with plain tile loads; "tc_v1": WMMA with the unsplit dk/dv;
- * "tc_nod": WMMA split without the saved D; "simple": CUDA cores only. */
-enum {
-    ATTN_SIMPLE = 0,
-    ATTN_TC_SYNC,
-    ATTN_TC,
-    ATTN_TC_V1,
-    ATTN_TC_NOD,
-    ATTN_MMA,
-    ATTN_MMA_DQ,
-    ATTN_FUSED
-};
+ * "simple": CUDA cores only. (The WMMA kernels and their modes tc_wmma, tc_sync, tc_v1, tc_nod and
+ * mma_dq left the tree after 7beb742, superseded by the mma.sync ones for the same shapes.) */
+enum { ATTN_SIMPLE = 0, ATTN_MMA, ATTN_FUSED };
 int cuda_attn_mode(void);
 
 /* ops_cuda_attn_mma.cu; each returns 0 when it launched, -1 when the shape or alignment is not
@@ -55,7 +45,7 @@ int cuda_mma_attention_dq(cudaStream_t st, __nv_bfloat16 *dq, float *dsave,
                           int n_blocks, int B, int Tk, int H, int Hk, int d);
 
 /* dk and dv of attention_block_bwd from the D saved by cuda_mma_attention_dq (required); acc,
- * tickets, split_max, vps: the split scratch and schedule of ops_cuda_attn_tc.cu (acc NULL: one
+ * tickets, split_max, vps: the split scratch and schedule of ops_cuda_attn_split.cu (acc NULL: one
  * piece per key tile of 64). */
 int cuda_mma_attention_dkdv(cudaStream_t st, __nv_bfloat16 *dk, __nv_bfloat16 *dv, float *acc,
                             int *tickets, int split_max, int vps, const float *dsave,
@@ -84,7 +74,7 @@ int cuda_wg_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
  * 0 when it queued the work, -1 when the shape, alignment or scratch is not one it handles.
  * init: kernel attributes, and the dq scratch (128 MiB) when the mode is ATTN_FUSED. */
 int cuda_bwd_attention_init(void);
-/* DFLASH_CUDA_ATTN_SPLIT=N (N >= 1) from the environment (ops_cuda_attn_tc.cu), 0 when unset:
+/* DFLASH_CUDA_ATTN_SPLIT=N (N >= 1) from the environment (ops_cuda_attn_split.cu), 0 when unset:
  * the fused backward then picks its own piece length (cuda_bwd_attention_block_bwd) */
 int cuda_attn_split_env(void);
 #define ATTN_SPLIT_MAX 32 /* the most pieces a key tile's dk, dv are split into */

@@ -16,8 +16,8 @@
  * their CUDA-core kernels for any head dim <= 256). The launchers try, in order: the Hopper wgmma
  * kernels (ops_cuda_attn_wgmma.cu: causal and block forward; ops_cuda_attn_wgbwd.cu: block
  * backward, reached through ops_cuda_attn_bwd.cu), the mma.sync ones (ops_cuda_attn_mma.cu,
- * ops_cuda_attn_bwd.cu), the WMMA ones (ops_cuda_attn_tc.cu), then the CUDA-core ones; each
- * declines shapes or pointers it does not take. DFLASH_CUDA_ATTN (docs/operating.md) pins one.
+ * ops_cuda_attn_bwd.cu; the block backward's entry and scratch: ops_cuda_attn_split.cu), then
+ * the CUDA-core ones; each declines shapes or pointers it does not take. DFLASH_CUDA_ATTN (docs/operating.md) pins one.
  * Threads: one host thread uses a context at a time.
  */
 #ifndef DFLASH_NN_OPS_CUDA_H
@@ -60,25 +60,20 @@ void cuda_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 
                               const __nv_bfloat16 *out, const float *lse,
                               const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                               int Hk, int d);
-/* Tensor-core versions (ops_cuda_attn_tc.cu) for d 64 / 128 and 16-byte aligned buffers: return
- * 0 when they queued the work, -1 when the shape is not theirs (the caller falls back). */
-int cuda_tc_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
-                                 const __nv_bfloat16 *k, const __nv_bfloat16 *v,
-                                 const int32_t *seq_off, int n_seqs, int T, int H, int Hk, int d);
-int cuda_tc_attention_block_fwd(cudaStream_t st, __nv_bfloat16 *out, float *lse,
-                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                                const __nv_bfloat16 *v, const nn_block_span *spans, int n_blocks,
-                                int B, int Tk, int H, int Hk, int d);
-int cuda_tc_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
-                                __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
-                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                                const __nv_bfloat16 *v, const __nv_bfloat16 *out, const float *lse,
-                                const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
-                                int Hk, int d);
-int cuda_tc_attention_init(void);
-/* Grows the block backward's split buffers (dk/dv partials, tickets, saved D) for these shapes;
- * -1 when there is no memory (the old buffers stay). */
-int cuda_tc_attention_plan(int max_q, int max_tk, int H, int Hk, int d);
+/* The tensor-core block backward (ops_cuda_attn_split.cu: the fused kernel, else the mma.sync
+ * pair) for d 64 / 128 and 16-byte aligned buffers: 0 when it queued the work, -1 when the shape
+ * is not its own (the caller falls back to the CUDA-core kernels). */
+int cuda_tensor_attention_block_bwd(cudaStream_t st, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
+                                    __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
+                                    const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                                    const __nv_bfloat16 *v, const __nv_bfloat16 *out,
+                                    const float *lse, const nn_block_span *spans, int n_blocks,
+                                    int B, int Tk, int H, int Hk, int d);
+/* Allocates the block backward's split scratch (dk/dv partials, tickets, saved D) on the
+ * current device; without memory the backward runs unsplit. */
+void cuda_attn_split_init(void);
+/* Grows that scratch for these shapes; -1 when there is no memory (the old buffers stay). */
+int cuda_attn_split_plan(int max_q, int max_tk, int H, int Hk, int d);
 /* attention_block_plan of ops.h: the split buffers and the fused backward's dq scratch. */
 void cuda_attention_block_plan(int max_q, int max_tk, int H, int Hk, int d);
 /* Raises the dynamic shared-memory limits of the attention kernels; once per device. */

@@ -25,9 +25,9 @@
  * Stream: the caller's. Shapes are checked in the launchers; d <= 256, even. The launchers try
  * the tensor-core kernels first (d 64 / 128, aligned buffers): by default the wgmma causal
  * and block forwards of ops_cuda_attn_wgmma.cu (Hopper), the mma.sync kernels of
- * ops_cuda_attn_mma.cu and the fused block backward of ops_cuda_attn_bwd.cu (d 128), then the
- * WMMA ones of ops_cuda_attn_tc.cu; DFLASH_CUDA_ATTN (parsed here, cuda_attn_mode; values in attn_spans.cuh)
- * picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal forward,
+ * ops_cuda_attn_mma.cu and the block backward of ops_cuda_attn_split.cu (the fused kernel of
+ * ops_cuda_attn_bwd.cu, d 128, else the mma.sync pair); DFLASH_CUDA_ATTN (parsed here,
+ * cuda_attn_mode; values in attn_spans.cuh) picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal forward,
  * DFLASH_CUDA_ATTN_BLOCK a block forward (wgmma, or mma for the mma.sync one).
  */
 #include "attn_spans.cuh"
@@ -84,14 +84,9 @@ int cuda_attn_mode(void) {
     if (mode < 0) {
         const char *e = getenv("DFLASH_CUDA_ATTN");
         mode = !e || !*e                   ? ATTN_FUSED
-               : strcmp(e, "simple") == 0  ? ATTN_SIMPLE
-               : strcmp(e, "tc_sync") == 0 ? ATTN_TC_SYNC
-               : strcmp(e, "tc_wmma") == 0 ? ATTN_TC
-               : strcmp(e, "tc_v1") == 0   ? ATTN_TC_V1
-               : strcmp(e, "tc_nod") == 0  ? ATTN_TC_NOD
-               : strcmp(e, "mma_dq") == 0  ? ATTN_MMA_DQ
-               : strcmp(e, "mma") == 0     ? ATTN_MMA
-                                           : ATTN_FUSED;
+               : strcmp(e, "simple") == 0 ? ATTN_SIMPLE
+               : strcmp(e, "mma") == 0    ? ATTN_MMA
+                                          : ATTN_FUSED;
     }
     return mode;
 }
@@ -441,7 +436,7 @@ int cuda_attention_init(void) {
     bad |= set_q_attr<32, MODE_DQ>() | set_q_attr<64, MODE_DQ>() | set_q_attr<128, MODE_DQ>() |
            set_q_attr<256, MODE_DQ>();
     bad |= set_kv_attr<32>() | set_kv_attr<64>() | set_kv_attr<128>() | set_kv_attr<256>();
-    bad |= cuda_tc_attention_init() != 0;
+    cuda_attn_split_init();
     bad |= cuda_mma_attention_init() != 0;
     bad |= cuda_wg_attention_init() != 0;
     bad |= cuda_bwd_attention_init() != 0;
@@ -449,7 +444,7 @@ int cuda_attention_init(void) {
 }
 
 void cuda_attention_block_plan(int max_q, int max_tk, int H, int Hk, int d) {
-    if (cuda_tc_attention_plan(max_q, max_tk, H, Hk, d) != 0 ||
+    if (cuda_attn_split_plan(max_q, max_tk, H, Hk, d) != 0 ||
         cuda_bwd_attention_plan((size_t)max_q * H * d) != 0)
         fprintf(stderr, "ops_cuda: no memory for the attention backward's scratch at %d query "
                         "and %d key rows: larger steps take a slower path\n",
@@ -474,7 +469,6 @@ void cuda_attention_causal_fwd(cudaStream_t st, bf16 *out, const bf16 *q, const 
                                                                n_seqs, T, NULL, 0, 0, T, H, Hk,
                                                                d) == 0)
         return;
-    if (cuda_tc_attention_causal_fwd(st, out, q, k, v, seq_off, n_seqs, T, H, Hk, d) == 0) return;
     if (n_seqs <= 0) {
         CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)T * H * d * sizeof(bf16), st));
         return;
@@ -512,8 +506,6 @@ void cuda_attention_block_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16
                                                                spans, n_blocks, B, Tk, H, Hk,
                                                                d) == 0)
         return;
-    if (cuda_tc_attention_block_fwd(st, out, lse, q, k, v, spans, n_blocks, B, Tk, H, Hk, d) == 0)
-        return;
     attn_args a = block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = out, a.lse = lse, a.q = q, a.k = k, a.v = v;
     dim3 grid(n_blocks * a.tiles_per_block, Hk);
@@ -532,8 +524,8 @@ void cuda_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, con
         return;
     }
     if (n_blocks <= 0 || B <= 0) return;
-    if (cuda_tc_attention_block_bwd(st, dq, dk, dv, dout, q, k, v, out, lse, spans, n_blocks, B, Tk,
-                                    H, Hk, d) == 0)
+    if (cuda_tensor_attention_block_bwd(st, dq, dk, dv, dout, q, k, v, out, lse, spans, n_blocks,
+                                        B, Tk, H, Hk, d) == 0)
         return;
     attn_args a = block_args(spans, n_blocks, B, Tk, H, Hk, d);
     a.out = dq, a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse_in = lse;

@@ -1,6 +1,6 @@
 /* ops_cuda_attn_bwd: the fused DFlash block-attention backward (dq, dk, dv in one key-major
  * pass) on mma.sync.m16n8k16, for head dim 128: the default (DFLASH_CUDA_ATTN unset or "fused";
- * see cuda_attn_mode). cuda_tc_attention_block_bwd (ops_cuda_attn_tc.cu) calls it first and
+ * see cuda_attn_mode). cuda_tensor_attention_block_bwd (ops_cuda_attn_split.cu) calls it first and
  * falls back to the mma.sync pair of ops_cuda_attn_mma.cu when it returns -1 (other head dims,
  * unaligned buffers, no scratch, a shape over the scratch); DFLASH_CUDA_ATTN=mma keeps the pair.
  * On Hopper the same pass runs on wgmma by default (k_wgb_fused, ops_cuda_attn_wgbwd.cu; its

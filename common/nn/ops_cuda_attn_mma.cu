@@ -2,13 +2,12 @@
  * accumulate) for head dims 64 and 128: the causal and block forwards (one kernel) and the block
  * backward (dq; dk/dv). ops_cuda_attn.cu calls these first (DFLASH_CUDA_ATTN unset: the
  * forwards, and the block backward where the fused one of ops_cuda_attn_bwd.cu does not apply;
- * "mma": all three; "mma_dq" keeps the WMMA dk/dv, "tc_wmma" selects the WMMA kernels of
- * ops_cuda_attn_tc.cu for everything) and falls back when they return -1 (other head dims,
+ * "mma": all three) and falls back when they return -1 (other head dims,
  * buffers not 16-byte aligned, no sequence, no split scratch for dk/dv). On sm_90 the wgmma
  * forwards of ops_cuda_attn_wgmma.cu run before these where they apply (DFLASH_CUDA_ATTN_CAUSAL,
  * DFLASH_CUDA_ATTN_BLOCK select these instead).
  *
- * Rows: as in the other two files, a CTA owns TQ query rows = RT tokens x the `group` query heads
+ * Rows: as in ops_cuda_attn.cu, a CTA owns TQ query rows = RT tokens x the `group` query heads
  * of kv head hk (row r: token t_a + r / group, head hk * group + r % group); every row of a CTA
  * shares one key set up to a per-row causal limit. A warp owns MT m16 tiles of 16 rows (MT 1 or
  * 2): each thread holds rows g = lane / 4 and g + 8 of each (the mma C layout) and all per-row
@@ -38,16 +37,16 @@
  *     Per tile S = Q K^T, dP = dO V^T, P = exp2(S log2e scale - lse log2e),
  *     dS = P (dP - D) scale as bf16 A fragments, dq += dS K (K through ldmatrix.trans).
  *   dk/dv (key-major): a CTA owns KT keys (warp w: keys 16 w ..; the m16 rows of its products)
- *     and visits the blocks that see them, with the work split of ops_cuda_attn_tc.cu (a tile
+ *     and visits the blocks that see them, with the work split of ops_cuda_attn_split.cu (a tile
  *     seen by many blocks is cut into pieces whose fp32 partials meet in its scratch; the last
  *     piece converts; attn_split_* in attn_spans.cuh). Per visit of 64 query rows (two halves
  *     of 32 to bound registers): S^T = K Q^T, dP^T = V dO^T, P^T from the saved lse, dS^T with
  *     the saved D, dV += P^T dO, dK += dS^T Q, all from registers; the next visit's Q, dO, D,
  *     lse load (cp.async) during this one; a piece starts at its first hit through a warp
  *     ballot (attn_nth_hit); split partials go out as float4 atomics (lane pairs swap halves).
- *     248 registers at d 128 (2 CTAs per SM). Blocks per piece: 80 by default (tc_vps).
+ *     248 registers at d 128 (2 CTAs per SM). Blocks per piece: 80 by default (split_vps).
  * Masks and the zero / +INF conventions are those of ops_cuda_attn.cu and ops_cpu.c. dk/dv of
- * split tiles are not bitwise reproducible run to run (fp32 atomics), as with the WMMA kernel.
+ * split tiles are not bitwise reproducible run to run (fp32 atomics).
  */
 #include "attn_spans.cuh"
 #include "mma_frag.cuh"
@@ -78,7 +77,7 @@ typedef struct mma_args {
     const nn_block_span *spans;
     int n_blocks, B, T, Tk, H, Hk, group, RT, tiles_per_block;
     float scale;
-    /* dk/dv: outputs and the WMMA file's split scratch (acc NULL: one piece per key tile) */
+    /* dk/dv: outputs and ops_cuda_attn_split.cu's scratch (acc NULL: one piece per key tile) */
     bf16 *dk, *dv;
     float *acc;
     int *tickets;

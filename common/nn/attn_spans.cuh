@@ -29,6 +29,11 @@
 enum { ATTN_SIMPLE = 0, ATTN_MMA, ATTN_FUSED };
 int cuda_attn_mode(void);
 
+/* 16-byte alignment, which the tensor-core kernels' vector and tensor copies need of a buffer */
+static inline bool attn_al16(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
 /* ops_cuda_attn_mma.cu; each returns 0 when it launched, -1 when the shape or alignment is not
  * one it handles (the caller falls back). causal: seq_off/n_seqs/T; else spans/n_blocks/B/Tk. */
 int cuda_mma_attention_init(void);

@@ -27,8 +27,9 @@
  * and block forwards of ops_cuda_attn_wgmma.cu (Hopper), the mma.sync kernels of
  * ops_cuda_attn_mma.cu and the block backward of ops_cuda_attn_split.cu (the fused kernel of
  * ops_cuda_attn_bwd.cu, d 128, else the mma.sync pair); DFLASH_CUDA_ATTN (parsed here,
- * cuda_attn_mode; values in attn_spans.cuh) picks another set for bisecting, DFLASH_CUDA_ATTN_CAUSAL a causal forward,
- * DFLASH_CUDA_ATTN_BLOCK a block forward (wgmma, or mma for the mma.sync one).
+ * cuda_attn_mode; values in attn_spans.cuh) picks another set for bisecting,
+ * DFLASH_CUDA_ATTN_CAUSAL a causal forward, DFLASH_CUDA_ATTN_BLOCK a block forward (wgmma, or
+ * mma for the mma.sync one).
  */
 #include "attn_spans.cuh"
 #include "ops_cuda.h"

@@ -466,10 +466,6 @@ int cuda_bwd_attention_plan(size_t q_h_d) {
     return cuda_attn_mode() == ATTN_FUSED ? dqacc_alloc(q_h_d) : 0;
 }
 
-static bool al16(const void *p) {
-    return ((uintptr_t)p & 15u) == 0;
-}
-
 /* cuda_attn_sm_count (attn_spans.cuh): cached per device, 0 until the driver answers */
 int cuda_attn_sm_count(void) {
     static int sms[DQACC_DEVICES]; /* 0: not asked yet (or the driver said nothing) */
@@ -511,8 +507,8 @@ int cuda_bwd_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, 
         Tk <= 0 || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES ||
         !g_dqacc[dev] || (size_t)n_blocks * B * H * d > g_dqacc_cap[dev])
         return -1;
-    if (!al16(dq) || !al16(dk) || !al16(dv) || !al16(dout) || !al16(q) || !al16(k) || !al16(v) ||
-        !al16(out))
+    if (!attn_al16(dq) || !attn_al16(dk) || !attn_al16(dv) || !attn_al16(dout) || !attn_al16(q) ||
+        !attn_al16(k) || !attn_al16(v) || !attn_al16(out))
         return -1;
     bwd_args a = {};
     a.q = q, a.k = k, a.v = v, a.dout = dout, a.o = out, a.lse = lse;

@@ -540,10 +540,6 @@ template <int D> static void fwd_launch(cudaStream_t st, dim3 grid, const mma_ar
     else fwd_launch<D, 8, 1>(st, grid, a);
 }
 
-static bool al16(const void *p) {
-    return ((uintptr_t)p & 15u) == 0;
-}
-
 static bool mma_usable(int H, int Hk, int d, int rows) {
     return (d == 64 || d == 128) && Hk > 0 && H % Hk == 0 && H / Hk <= rows;
 }
@@ -581,7 +577,8 @@ int cuda_mma_attention_fwd(cudaStream_t st, bf16 *out, float *lse, const bf16 *q
                            int d) {
     const int shape = fwd_shape(seq_off != NULL);
     const int rows = shape / 16 * 16 * (shape % 16);
-    if (!mma_usable(H, Hk, d, rows) || !al16(out) || !al16(q) || !al16(k) || !al16(v))
+    if (!mma_usable(H, Hk, d, rows) || !attn_al16(out) || !attn_al16(q) || !attn_al16(k) ||
+        !attn_al16(v))
         return -1;
     mma_args a = {};
     a.out = out, a.lse = lse, a.q = q, a.k = k, a.v = v;
@@ -607,8 +604,8 @@ int cuda_mma_attention_dq(cudaStream_t st, bf16 *dq, float *dsave, const bf16 *d
                           const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
                           const float *lse, const nn_block_span *spans, int n_blocks, int B,
                           int Tk, int H, int Hk, int d) {
-    if (!mma_usable(H, Hk, d, 16 * DQ_WARPS) || n_blocks <= 0 || B <= 0 || !al16(dq) ||
-        !al16(dout) || !al16(q) || !al16(k) || !al16(v) || !al16(out))
+    if (!mma_usable(H, Hk, d, 16 * DQ_WARPS) || n_blocks <= 0 || B <= 0 || !attn_al16(dq) ||
+        !attn_al16(dout) || !attn_al16(q) || !attn_al16(k) || !attn_al16(v) || !attn_al16(out))
         return -1;
     mma_args a = {};
     block_tiling(a, spans, n_blocks, B, Tk, H, Hk, d, 16 * DQ_WARPS);
@@ -627,7 +624,8 @@ int cuda_mma_attention_dkdv(cudaStream_t st, bf16 *dk, bf16 *dv, float *acc, int
                             const nn_block_span *spans, int n_blocks, int B, int Tk, int H,
                             int Hk, int d) {
     if (!mma_usable(H, Hk, d, KV_ROWS) || !dsave || n_blocks <= 0 || B <= 0 || Tk <= 0 ||
-        !al16(dk) || !al16(dv) || !al16(dout) || !al16(q) || !al16(k) || !al16(v))
+        !attn_al16(dk) || !attn_al16(dv) || !attn_al16(dout) || !attn_al16(q) || !attn_al16(k) ||
+        !attn_al16(v))
         return -1;
     mma_args a = {};
     block_tiling(a, spans, n_blocks, B, Tk, H, Hk, d, KV_ROWS);

@@ -64,10 +64,6 @@ static int split_vps(void) {
     return n ? n : 80;
 }
 
-static bool al16(const void *p) {
-    return ((uintptr_t)p & 15u) == 0;
-}
-
 /* The scratch with room for at least these sizes on the current device: larger ones replace the
  * old set (start-up only: it waits for the device); -1 (old set kept) when there is no memory. */
 static int split_alloc(size_t elems, size_t drows, size_t tickets) {
@@ -113,22 +109,21 @@ void cuda_attn_split_init(void) {
     if (cuda_attn_mode() != ATTN_SIMPLE) (void)split_alloc(SPLIT_ELEMS, SPLIT_DROWS, SPLIT_TICKETS);
 }
 
-int cuda_tensor_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv,
-                                    const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
-                                    const bf16 *out, const float *lse, const nn_block_span *spans,
-                                    int n_blocks, int B, int Tk, int H, int Hk, int d) {
+int cuda_tensor_attention_block_bwd(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
+                                    const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                                    const float *lse, const nn_block_span *spans, int n_blocks,
+                                    int B, int Tk, int H, int Hk, int d) {
     if (cuda_attn_mode() == ATTN_SIMPLE || (d != 64 && d != 128) || Hk <= 0 || H % Hk ||
         H / Hk > MAX_GROUP || n_blocks <= 0 || B <= 0 || Tk <= 0)
         return -1;
-    if (!al16(dq) || !al16(dk) || !al16(dv) || !al16(dout) || !al16(q) || !al16(k) || !al16(v) ||
-        !al16(out))
+    if (!attn_al16(dq) || !attn_al16(dk) || !attn_al16(dv) || !attn_al16(dout) || !attn_al16(q) ||
+        !attn_al16(k) || !attn_al16(v) || !attn_al16(out))
         return -1;
     float *acc = NULL, *dsave = NULL;
     int *tickets = NULL, split_max = 1, vps = split_vps(), dev = 0;
     size_t n_kt = (size_t)(Tk + KEY_TILE - 1) / KEY_TILE;
-    if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < SPLIT_DEVICES &&
-        g_split_acc[dev] && (size_t)Tk * Hk * d <= g_split_cap[dev][0] &&
-        n_kt * Hk <= g_split_cap[dev][2]) {
+    if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < SPLIT_DEVICES && g_split_acc[dev] &&
+        (size_t)Tk * Hk * d <= g_split_cap[dev][0] && n_kt * Hk <= g_split_cap[dev][2]) {
         acc = g_split_acc[dev], tickets = g_split_tickets[dev];
         split_max = (n_blocks + vps - 1) / vps;
         if (split_max > ATTN_SPLIT_MAX) split_max = ATTN_SPLIT_MAX;

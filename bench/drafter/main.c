@@ -33,8 +33,9 @@
  * rows of layer 0 (at most nb + 1: the anchors' tokens and MASK; dflash_model.h), Ucap its
  * padded capacity, Qc = blocks * 15 the rows the loss can read (all but each block's first).
  * MFU against a 8192^3 bf16 linear_fwd measured first in this run. Peak device memory =
- * memory in use after the steps (nothing is allocated in a step), including the drafter, its
- * optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
+ * memory in use after the steps (nothing is allocated in a step: the backend's allocation
+ * count over the timed steps is printed, and a FAIL line when it is not 0), including the
+ * drafter, its optimizer state, the borrowed embed/lm_head (2 x 1.2 GB) and the features.
  * Then 2 more steps run with per-op CUDA events (../target/opprof.h): where the GPU time goes
  * (DFLASH_PROF_SEQ=1: also the first of them op by op, in queue order).
  * Energy: the board's joules per timed step and mean power (NVML's counter, energy.h; the
@@ -125,7 +126,8 @@ enum { CURVE_MAX = 64 };
 static double g_curve[CURVE_MAX][3];
 static int g_curve_n, g_curve_steps; /* kept, and collected (every step is checked) */
 static int g_first_bad = -1;         /* the case's first step with a non-finite loss or norm */
-static bool g_failed; /* a case whose loss or gradient norm was not finite: exit status 1 */
+static bool g_failed; /* a case with a non-finite loss or gradient norm, or allocating in its timed
+                       * steps: exit status 1 */
 static void curve_add(const dflash_metrics *met) {
     if (g_first_bad < 0 && !(isfinite(met->loss) && isfinite(met->grad_norm)))
         g_first_bad = g_curve_steps;
@@ -170,6 +172,7 @@ typedef struct {
     double sec, flop;          /* per timed step */
     double j0, j1;             /* the board's counter around the steps (< 0: none) */
     double t_queue, t_collect; /* host seconds, all steps */
+    long allocs;               /* memory allocations during the steps (ops.h allocs) */
     dflash_metrics met;        /* the last step's */
 } timed_run;
 
@@ -181,6 +184,7 @@ static void timed_steps(dflash_model *m, const dflash_train_cfg *tc, const dflas
     g_curve_n = 0, g_curve_steps = 0, g_first_bad = -1;
     r->j0 = bench_energy_j(&g_energy);
     double flop = 0, t0 = monotime_s();
+    long allocs0 = O->allocs(C);
     r->t_queue = r->t_collect = 0;
     for (int i = 0; i < steps; i++) {
         double q0 = monotime_s();
@@ -209,6 +213,7 @@ static void timed_steps(dflash_model *m, const dflash_train_cfg *tc, const dflas
         curve_add(&r->met);
     O->sync(C);
     r->sec = (monotime_s() - t0) / steps, r->j1 = bench_energy_j(&g_energy);
+    r->allocs = O->allocs(C) - allocs0;
     r->flop = flop / steps;
 }
 
@@ -268,8 +273,14 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
      * the wait for the previous step's metrics; a queue time near the step time means the
      * host waited for the stream while queuing (the GPU then ran dry) */
     printf("host per timed step: %.2f ms queuing (dflash_train_step_async), %.2f ms waiting for "
-           "the previous step (dflash_train_collect)\n",
-           r.t_queue * 1e3 / steps, r.t_collect * 1e3 / steps);
+           "the previous step (dflash_train_collect); memory allocations in the timed steps: "
+           "%ld\n",
+           r.t_queue * 1e3 / steps, r.t_collect * 1e3 / steps, r.allocs);
+    if (r.allocs) { /* the memory in use above would then not be the peak */
+        printf("%s: FAIL: %ld memory allocations in the timed steps (planned memory: 0)\n", name,
+               r.allocs);
+        g_failed = true;
+    }
     timed_run first = {0}; /* BENCH_FREE: the same steps with ops left out, set by set */
     for (int f = 0; f < g_n_free; f++) {
         po_free = g_free_mask[f];

@@ -4,9 +4,10 @@
  * (bench/target/hf_target_bench.py) on the same lengths and prints the ratio.
  *
  * Usage: bench-target MODEL_DIR [BUDGET=16384] [N_SEQS=160] [LENGTHS_OUT] [UNIFORM_LEN=0]
- *   UNIFORM_LEN > 0: every sequence has that length instead of the mix. The lengths are drawn from a fixed seed: 20% short (64..511), 45% medium (512..1535), 35%
- *   long (1536..3072); they are packed first-fit (longest first) into slots of BUDGET tokens and
- *   written one per line to LENGTHS_OUT (for the transformers run) when given.
+ *   UNIFORM_LEN > 0: every sequence has that length instead of the mix. The lengths are drawn
+ *   from a fixed seed: 20% short (64..511), 45% medium (512..1535), 35% long (1536..3072);
+ *   they are packed first-fit (longest first) into slots of BUDGET tokens and written one per
+ *   line to LENGTHS_OUT (for the transformers run) when given.
  * Timing: one untimed pass over all slots (warm-up), then 3 timed passes between stream syncs;
  *   the median pass. tokens/s counts real tokens.
  * FLOPs per token (forward, layers 0..33 = 34 layers run, embedding not counted):
@@ -14,7 +15,8 @@
  *   + 4 * H * d * (p + 1) per layer for the causal attention at position p (QK^T and PV).
  * MFU = FLOPs / time / peak, peak = a 8192^3 bf16 linear_fwd through the same cuBLASLt path,
  * measured first in this run. Peak device memory = device memory in use after the timed passes
- * (nothing is allocated in a forward, so this is the peak; includes the CUDA context).
+ * (nothing is allocated in a forward, so this is the peak; includes the CUDA context; the
+ * backend's allocation count over the passes is printed, and the bench fails when it is not 0).
  * After the timed passes, one more pass runs with per-op CUDA events (opprof.h) and prints where
  * the GPU time goes. A machine-readable line: RESULT tokens_per_s=... mfu=... peak_gib=...
  */
@@ -168,6 +170,7 @@ int main(int argc, char **argv) {
         }
     O->sync(C);
     double t[3];
+    long allocs0 = O->allocs(C);
     for (int r = 0; r < 3; r++) {
         double a = monotime_s();
         for (int s = 0; s < n_slots; s++)
@@ -182,9 +185,14 @@ int main(int argc, char **argv) {
     cudaMemGetInfo(&fr, &tot);
     double gib = (double)(tot - fr) / (1024.0 * 1024 * 1024);
     double tps = total / med, mfu = flop_total / med / 1e12 / peak;
+    long allocs = O->allocs(C) - allocs0;
     printf("ours: pass %.3f s (median of %.3f %.3f %.3f), %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% "
-           "of %.1f, device memory in use %.2f GiB\n",
-           med, t[0], t[1], t[2], tps, flop_total / med / 1e12, 100 * mfu, peak, gib);
+           "of %.1f, device memory in use %.2f GiB, memory allocations in the passes %ld\n",
+           med, t[0], t[1], t[2], tps, flop_total / med / 1e12, 100 * mfu, peak, gib, allocs);
+    if (allocs) { /* the memory in use above would then not be the peak */
+        fprintf(stderr, "bench-target: FAIL: %ld memory allocations in the timed passes\n", allocs);
+        return 1;
+    }
     printf("RESULT tokens_per_s=%.1f mfu=%.4f peak_gib=%.2f peak_tflops=%.1f\n", tps, mfu, gib,
            peak);
     prof_begin();

@@ -122,6 +122,11 @@ typedef struct nn_ops {
     /* Calls so far that made the host wait for everything queued on the stream (sync, download,
      * download_raw, upload, free, host_free; cpu: 0): a hot loop checks that it adds none. */
     long (*stream_drains)(nn_ctx *c);
+    /* Memory allocations so far by this process's backend (cpu: alloc and host_alloc; cuda:
+     * every cudaMalloc and cudaMallocHost, the contexts' and the attention's scratch and the
+     * matmul tuning's copies included). Memory is planned at start-up: a hot loop checks that
+     * it adds none. Process-wide (the attention's scratch is per device, not per context). */
+    long (*allocs)(nn_ctx *c);
     /* A side stream for work that may overlap the next step's (the optimizer's, see
      * dflash_train.c): after side_begin, ops run on a side stream that first waits, on the
      * device, for everything queued so far; side_mark(k) (0 <= k < NN_SIDE_MARKS) marks the

@@ -103,8 +103,11 @@ static void cpu_parallel_for(nn_ctx *c, int n, int grain, double flops, cpu_rang
 /* ------------------------------------------------------------------------------------------ */
 /* memory */
 
+static atomic_long cpu_allocs_so_far; /* ops.h allocs */
+
 static void *cpu_alloc(nn_ctx *c, size_t bytes) {
     (void)c;
+    atomic_fetch_add(&cpu_allocs_so_far, 1);
     size_t n = (bytes + 63) / 64 * 64;
     if (n == 0) n = 64;
     void *p = aligned_alloc(64, n);
@@ -156,6 +159,11 @@ static void cpu_fence(nn_ctx *c, int k) {
 static long cpu_stream_drains(nn_ctx *c) {
     (void)c;
     return 0;
+}
+
+static long cpu_allocs(nn_ctx *c) {
+    (void)c;
+    return atomic_load(&cpu_allocs_so_far);
 }
 
 static void cpu_order_after(nn_ctx *c, void *stream) {
@@ -1111,6 +1119,7 @@ static const nn_ops cpu_ops = {
     .side_end = cpu_side,
     .side_wait = cpu_side_wait,
     .stream_drains = cpu_stream_drains,
+    .allocs = cpu_allocs,
     .adamw_clip = cpu_adamw_clip,
     .adamw_clip_act = cpu_adamw_clip_act,
     .scale_f32 = cpu_scale_f32,

@@ -127,10 +127,22 @@ static void lt_check_at(cublasStatus_t s, const char *what, const char *file, in
 /* ------------------------------------------------------------------------------------------ */
 /* memory */
 
+static long g_allocs; /* ops.h allocs: cuda_malloc and cu_host_alloc calls, all devices */
+
+cudaError_t cuda_malloc(void **p, size_t bytes) {
+    __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
+    return cudaMalloc(p, bytes);
+}
+
+static long cu_allocs(nn_ctx *c) {
+    (void)c;
+    return __atomic_load_n(&g_allocs, __ATOMIC_RELAXED);
+}
+
 static void *cu_alloc(nn_ctx *c, size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 256;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    if (cuda_malloc(&p, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         fprintf(stderr, "ops_cuda: cudaMalloc of %zu bytes failed\n", bytes);
         return NULL;
@@ -258,6 +270,7 @@ static void *cu_stream(nn_ctx *c) {
 static void *cu_host_alloc(nn_ctx *c, size_t bytes) {
     (void)c;
     void *p = NULL;
+    __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
     if (cudaMallocHost(&p, bytes ? bytes : 64) != cudaSuccess) {
         (void)cudaGetLastError();
         fprintf(stderr, "ops_cuda: cudaMallocHost of %zu bytes failed\n", bytes);
@@ -818,7 +831,7 @@ static int lt_tune(nn_ctx *c, const lt_entry *e, const cublasLtMatmulHeuristicRe
     size_t bytes = (size_t)e->key.ldc * e->key.n * (e->key.ctype ? 4 : 2);
     void *scratch = NULL;
     cudaEvent_t ev[2];
-    if (cudaMalloc(&scratch, bytes) != cudaSuccess) {
+    if (cuda_malloc(&scratch, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
@@ -1841,6 +1854,7 @@ static nn_ops make_ops(void) {
     o.side_end = cu_side_end;
     o.side_wait = cu_side_wait;
     o.stream_drains = cu_stream_drains;
+    o.allocs = cu_allocs;
     o.adamw_clip = cu_adamw_clip;
     o.adamw_clip_act = cu_adamw_clip_act;
     o.scale_f32 = cu_scale_f32;
@@ -1910,8 +1924,8 @@ extern "C" nn_ctx *nn_cuda_new(int device) {
     if (cudaSetDevice(device) != cudaSuccess ||
         !streams_new(c) ||
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
-        cudaMalloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
-        cudaMalloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
+        cuda_malloc(&c->ws, LT_WORKSPACE) != cudaSuccess ||
+        cuda_malloc((void **)&c->stage, STAGE_FLOATS * sizeof(float)) != cudaSuccess ||
         !events_new(c) ||
         cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         !norm_pipe_attrs() || cuda_attention_init() != 0) {

@@ -47,6 +47,9 @@ void *nn_cuda_stream(nn_ctx *c);
 /* Internal: the attention launchers of ops_cuda_attn.cu, used by the vtable in ops_cuda.cu. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+/* cudaMalloc, counted by the allocs op (ops.h): every device allocation of the backend goes
+ * through it. */
+cudaError_t cuda_malloc(void **p, size_t bytes);
 void cuda_attention_causal_fwd(cudaStream_t st, __nv_bfloat16 *out, const __nv_bfloat16 *q,
                                const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                                const int32_t *seq_off, int n_seqs, int T, int H, int Hk, int d);

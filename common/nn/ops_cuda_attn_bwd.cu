@@ -334,7 +334,7 @@ static void plan_alloc(void) {
         (void)cudaGetLastError();
         return;
     }
-    if (cudaMalloc((void **)&g_plan[dev], WGB_PLAN_MAX * sizeof(bwd_item) + 2 * sizeof(int)) !=
+    if (cuda_malloc((void **)&g_plan[dev], WGB_PLAN_MAX * sizeof(bwd_item) + 2 * sizeof(int)) !=
         cudaSuccess) {
         g_plan[dev] = NULL;
         (void)cudaGetLastError();
@@ -348,7 +348,7 @@ static int dqacc_alloc(size_t elems) {
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DQACC_DEVICES) return -1;
     if (g_dqacc[dev] && g_dqacc_cap[dev] >= elems) return 0;
     float *p = NULL;
-    if (cudaMalloc((void **)&p, elems * sizeof(float)) != cudaSuccess ||
+    if (cuda_malloc((void **)&p, elems * sizeof(float)) != cudaSuccess ||
         cudaMemset(p, 0, elems * sizeof(float)) != cudaSuccess ||
         cudaDeviceSynchronize() != cudaSuccess) {
         if (p) cudaFree(p);

@@ -76,9 +76,9 @@ static int split_alloc(size_t elems, size_t drows, size_t tickets) {
     if (tickets < cap[2]) tickets = cap[2];
     float *acc = NULL, *dd = NULL;
     int *tk = NULL;
-    if (cudaMalloc((void **)&acc, 2 * elems * sizeof(float)) != cudaSuccess ||
-        cudaMalloc((void **)&dd, drows * sizeof(float)) != cudaSuccess ||
-        cudaMalloc((void **)&tk, tickets * sizeof(int)) != cudaSuccess ||
+    if (cuda_malloc((void **)&acc, 2 * elems * sizeof(float)) != cudaSuccess ||
+        cuda_malloc((void **)&dd, drows * sizeof(float)) != cudaSuccess ||
+        cuda_malloc((void **)&tk, tickets * sizeof(int)) != cudaSuccess ||
         cudaMemset(acc, 0, 2 * elems * sizeof(float)) != cudaSuccess ||
         cudaMemset(tk, 0, tickets * sizeof(int)) != cudaSuccess ||
         cudaDeviceSynchronize() != cudaSuccess) {

@@ -50,6 +50,7 @@ typedef struct trainer {
     int note_head, note_count;
     double last_done; /* when the previous step's metrics came back */
     long drains;      /* host waits for the whole compute stream inside steps (should be 0) */
+    long allocs;      /* memory allocations inside steps (ops.h allocs; should be 0) */
     char ckpt_root[1024];
     int64_t ckpt_every;
     int keep_last;
@@ -232,7 +233,7 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
 static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     trainer *t = vctx;
     const slot_layout *l = &t->layout;
-    long drains0 = t->ops->stream_drains(t->nn);
+    long drains0 = t->ops->stream_drains(t->nn), allocs0 = t->ops->allocs(t->nn);
     const void *host = b->staged;
     const void *hidden = (const char *)b->staged + l->off_hidden;
     if (t->backend == POOL_CUDA) {
@@ -285,6 +286,7 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     while (dflash_train_pending(t->m) > keep)
         report_oldest(t);
     t->drains += t->ops->stream_drains(t->nn) - drains0;
+    t->allocs += t->ops->allocs(t->nn) - allocs0;
     if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) {
         rc = save_checkpoint(t); /* its download waits for the queued steps */
         if (rc < 0) return rc;
@@ -313,10 +315,11 @@ static int train_finish(void *vctx) {
     if (t->met) metrics_flush(t->met);
     LOG_INFO("training: %ld steps in this run (%ld .. %ld), %ld skipped batches, %.3f s per step; "
              "loss first %.4f last %.4f; training-block acceptance first %.3f last %.3f; "
-             "host waits for the whole compute stream inside steps: %ld",
+             "host waits for the whole compute stream inside steps: %ld; memory allocations "
+             "inside steps: %ld",
              t->steps_here, t->start_step, t->m->step, t->skipped,
              t->steps_here ? t->step_s / t->steps_here : 0.0, t->loss_first, t->loss_last,
-             t->tau_first, t->tau_last, t->drains);
+             t->tau_first, t->tau_last, t->drains, t->allocs);
     return rc;
 }
 

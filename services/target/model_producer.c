@@ -37,6 +37,7 @@ struct model_producer {
     uint8_t *mask;      /* [token_budget] */
     slot_header *hdr;   /* one slot's header bytes (host) */
     long fills, drains; /* batches filled; host waits for the whole stream inside fills */
+    long allocs;        /* memory allocations inside fills (ops.h allocs) */
 };
 
 static slot_dtype backend_dtype(const nn_ops *ops) {
@@ -139,7 +140,8 @@ void model_producer_destroy(model_producer **pp) {
     model_producer *p = *pp;
     if (p->fills)
         LOG_INFO("target: %ld batches filled; host waits for the whole compute stream inside "
-                 "them: %ld", p->fills, p->drains);
+                 "them: %ld; memory allocations inside them: %ld",
+                 p->fills, p->drains, p->allocs);
     target_model_destroy(&p->model);
     batch_plan_destroy(&p->plan);
     shard_set_close(&p->shards);
@@ -207,7 +209,7 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
     if (T < 0) return T;
 
     const nn_ops *ops = p->ops;
-    long drains0 = ops->stream_drains(p->ctx);
+    long drains0 = ops->stream_drains(p->ctx), allocs0 = ops->allocs(p->ctx);
     int32_t *d_off = slot_seq_offsets(base, l), *d_pos = slot_positions(base, l);
     int32_t *d_ids = slot_token_ids(base, l);
     ops->upload_raw(p->ctx, d_off, p->seq_off, sizeof(int32_t) * (n + 1));
@@ -223,6 +225,7 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
     ops->upload_raw(p->ctx, base, p->hdr, sizeof *p->hdr);
     p->fills++;
     p->drains += ops->stream_drains(p->ctx) - drains0;
+    p->allocs += ops->allocs(p->ctx) - allocs0;
     if (n_seqs) *n_seqs = n;
     return T;
 }

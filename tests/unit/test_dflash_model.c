@@ -544,6 +544,41 @@ static void test_async_step(world *w) {
     dflash_model_destroy(&b);
 }
 
+/* Memory is planned at creation (and dflash_train_prepare): steps of any batch shape within the
+ * planned maximum, synchronous or queued, allocate nothing (ops.h allocs counts the backend's
+ * allocations; the trainer and the target report the same count for their hot loops). */
+static void test_no_alloc_in_steps(world *w) {
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 16, 5);
+    if (!m) return;
+    CHECK_EQ_INT(dflash_train_prepare(m), 0);
+    /* the whole batch, its first sequence alone, its second alone */
+    int32_t off0[2] = {0, T0}, off1[2] = {0, T1};
+    dflash_batch_view views[3] = {w->view, w->view, w->view};
+    views[1].n_seqs = 1, views[1].seq_off = off0;
+    views[2].n_seqs = 1, views[2].seq_off = off1, views[2].ids = w->ids + T0;
+    views[2].loss_mask = w->loss_mask + T0, views[2].hidden = w->hidden + T0 * NF * D;
+    long before = w->ops->allocs(w->ctx);
+    dflash_train_cfg tc = w->tc;
+    dflash_metrics met;
+    for (int s = 0; s < 12; s++) {
+        tc.n_anchors = 1 + s % 8;
+        if (s % 2)
+            CHECK_EQ_INT(dflash_train_step(m, &tc, &views[s % 3], 0, (uint64_t)s, &met), 0);
+        else
+            CHECK_EQ_INT(dflash_train_step_async(m, &tc, &views[s % 3], 0, (uint64_t)s), 0);
+        while (dflash_train_pending(m) > 1)
+            CHECK_EQ_INT(dflash_train_collect(m, &met), 1);
+    }
+    while (dflash_train_pending(m) > 0)
+        CHECK_EQ_INT(dflash_train_collect(m, &met), 1);
+    CHECK_EQ_INT(w->ops->allocs(w->ctx) - before, 0);
+    /* the counter sees an allocation (so the check above can fail) */
+    void *p = w->ops->alloc(w->ctx, 64);
+    CHECK_EQ_INT(w->ops->allocs(w->ctx) - before, 1);
+    w->ops->free(w->ctx, p);
+    dflash_model_destroy(&m);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The optimizer on a side stream (ops.h side_begin): a cpu ops table whose side stream lags as
  * far as the contract allows. Work queued between side_begin and side_end (the AdamW calls) is
@@ -948,6 +983,7 @@ int main(void) {
     test_training_reduces_loss(w);
     test_mismatch(w);
     test_async_step(w);
+    test_no_alloc_in_steps(w);
     test_side_stream(w);
     test_checkpoint(w);
     test_eval(w);

@@ -3,8 +3,9 @@
  * F 12288, B 16, 5 features, V 151936) on the cuda backend. bench/drafter/run.sh runs it with
  * the PyTorch reference (bench/drafter/torch_drafter_bench.py) and prints the ratio.
  *
- * Usage: bench-drafter [LAYERS=5] [CASE|all] [TUNE=8] [STEPS=10] (CASE: one of the case names
- *   below; TUNE: cuBLASLt candidates timed per matmul shape when the model is created, as the
+ * Usage: bench-drafter [LAYERS=5] [CASES|all] [TUNE=8] [STEPS=10] (CASES: comma-separated
+ *   names of the cases below, s3072_a512, s768_a256, 4xs768_a256; an unknown name exits 2;
+ *   TUNE: cuBLASLt candidates timed per matmul shape when the model is created, as the
  *   drafter daemon's --tune-matmuls does; 0: the heuristic's first; STEPS: timed steps)
  * Cases: one sequence of 3072 tokens with 512 anchors; one of 768 tokens with 256 anchors
  *   (SpecForge's published shape); 4 packed sequences of 768 tokens with 256 anchors each.
@@ -319,9 +320,45 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     free(off), free(ids), free(pos), free(lmask);
 }
 
+static const char *const CASES[] = {"s3072_a512", "s768_a256", "4xs768_a256"};
+enum { N_CASES = sizeof CASES / sizeof CASES[0] };
+
+/* The comma-separated list's item after the one at p, or NULL. */
+static const char *next_item(const char *p) {
+    const char *comma = strchr(p, ',');
+    return comma ? comma + 1 : NULL;
+}
+
+/* Whether the comma-separated list names case i (a NULL list names every case). */
+static bool case_listed(const char *list, int i) {
+    size_t n = strlen(CASES[i]);
+    for (const char *p = list; p; p = next_item(p))
+        if (strcspn(p, ",") == n && !strncmp(p, CASES[i], n)) return true;
+    return list == NULL;
+}
+
+/* 0 when every item of the comma-separated list is a case, else -1 after saying which is not. */
+static int cases_check(const char *list) {
+    for (const char *p = list; p; p = next_item(p)) {
+        size_t n = strcspn(p, ",");
+        bool known = false;
+        for (int i = 0; i < N_CASES; i++)
+            known |= strlen(CASES[i]) == n && !strncmp(p, CASES[i], n);
+        if (!known) {
+            fprintf(stderr,
+                    "bench-drafter: unknown case \"%.*s\" (cases: s3072_a512, s768_a256, "
+                    "4xs768_a256, all)\n",
+                    (int)n, p);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int layers = argc > 1 ? atoi(argv[1]) : 5;
-    const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* one case */
+    const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* NULL: all */
+    if (only && cases_check(only) != 0) return 2;
     if (argc > 3) g_tune = atoi(argv[3]);
     if (argc > 4) g_steps = atoi(argv[4]);
     if (g_steps < 1 || g_steps > 100000) {
@@ -374,12 +411,9 @@ int main(int argc, char **argv) {
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
     void *emb = act_rand((size_t)V * D, DFLASH_TASK_EMBED_SD, 1);
     void *lm = act_rand((size_t)V * D, dflash_task_lm_sd(D), 1);
-    if (!only || !strcmp(only, "s3072_a512"))
-        run_case("s3072_a512", layers, 1, 3072, 512, peak, emb, lm);
-    if (!only || !strcmp(only, "s768_a256"))
-        run_case("s768_a256", layers, 1, 768, 256, peak, emb, lm);
-    if (!only || !strcmp(only, "4xs768_a256"))
-        run_case("4xs768_a256", layers, 4, 768, 256, peak, emb, lm);
+    if (case_listed(only, 0)) run_case(CASES[0], layers, 1, 3072, 512, peak, emb, lm);
+    if (case_listed(only, 1)) run_case(CASES[1], layers, 1, 768, 256, peak, emb, lm);
+    if (case_listed(only, 2)) run_case(CASES[2], layers, 4, 768, 256, peak, emb, lm);
     printf("RESULT peak_tflops=%.1f\n", peak);
     O->free(C, emb), O->free(C, lm);
     nn_cuda_destroy(&C);

@@ -3,16 +3,21 @@
 # PyTorch reference made fast (torch_drafter_bench.py: bf16 autocast, torch.compile,
 # flex_attention), same shapes, same FLOP formula, same measured peak; last line the ratio of
 # samples/s at 512 anchors x 3072 tokens.
-# Usage (GPU machine, repository root): bench/drafter/run.sh BIN_DIR [TORCH_CASES]
+# Usage (GPU machine, repository root): bench/drafter/run.sh BIN_DIR [CASES]
+#   CASES: comma-separated (default all three); STEPS (environment, default 40): timed steps on
+#   each side. Ten steps read up to 6% fast at the board's power limit (bench/RESULTS.md, "the
+#   drafter against PyTorch on the current code"); 40 is the window the RESULTS ratios use.
 set -uo pipefail
-bin=${1:?usage: bench/drafter/run.sh BIN_DIR [TORCH_CASES]}
+bin=${1:?usage: bench/drafter/run.sh BIN_DIR [CASES]}
 cases=${2:-s3072_a512,s768_a256,4xs768_a256}
+steps=${STEPS:-40}
 out=${OUT:-.}
 here=$(cd "$(dirname "$0")" && pwd)
 LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}" OPENBLAS_CORETYPE=Haswell \
-  "$bin/bench-drafter" 5 2>&1 | tee "$out/bench_drafter.log"
+  "$bin/bench-drafter" 5 "$cases" 8 "$steps" 2>&1 | tee "$out/bench_drafter.log"
 peak=$(grep -o 'RESULT peak_tflops=[0-9.]*' "$out/bench_drafter.log" | cut -d= -f2)
-python3 "$here/torch_drafter_bench.py" --peak-tflops "${peak:-0}" --cases "$cases" 2>&1 |
+python3 "$here/torch_drafter_bench.py" --peak-tflops "${peak:-0}" --cases "$cases" \
+  --steps "$steps" 2>&1 |
   grep -v "Warning\|warn(" | tee "$out/torch_drafter.log"
 for c in $(echo "${cases//,/ }" | tr " " "\n" | tac); do  # the 3072/512 case last
   o=$(grep -o "RESULT case=$c steps_per_s=[0-9.]* samples_per_s=[0-9.]*" "$out/bench_drafter.log" | sed 's/.*samples_per_s=//')

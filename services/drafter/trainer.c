@@ -333,9 +333,11 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
         report_oldest(t);
     dflash_metrics dm;
     double t0 = monotime_s();
+    long allocs0 = t->ops->allocs(t->nn); /* the group step waits by design, allocates nothing */
     int rc = dflash_train_step_dp(t->m, &t->tc, v, b->wu.epoch, dflash_batch_key(&b->wu),
                                   t->comm, &dm);
     double dt = monotime_s() - t0;
+    t->allocs += t->ops->allocs(t->nn) - allocs0;
     if (rc < 0) {
         LOG_WARN("group training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch,
                  b->wu.bucket, (unsigned long long)b->wu.batch, err_str(rc));

@@ -172,11 +172,15 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
     CHECK_EQ_INT(dflash_dp_sync_state(m, c, 0), 0);
     S->synced[rank] = dflash_dp_state_hash(m);
     gbatch b;
+    CHECK_EQ_INT(dflash_train_prepare(m), 0);
+    long step_allocs = 0; /* memory is planned: a group step allocates nothing */
     for (int s = 0; s < n_steps; s++) {
         make_batch(&w, &b, rank, s);
         dflash_metrics met;
+        long allocs0 = w.ops->allocs(w.ctx);
         rc = dflash_train_step_dp(m, &w.tc, &b.view, 0, (uint64_t)s << 8 | (uint64_t)rank, c,
                                   &met);
+        step_allocs += w.ops->allocs(w.ctx) - allocs0;
         CHECK_EQ_INT(rc, 0);
         CHECK(!met.skipped);
         S->loss[rank][s] = met.loss;
@@ -191,6 +195,7 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
             mh = mh * 31 + buf_hash(&w, mr[k], mb[k]);
         S->mhash[rank][s] = mh;
     }
+    CHECK_EQ_INT(step_allocs, 0);
     dp_comm_close(&c);
     dflash_model_destroy(&m);
     gworld_free(&w);

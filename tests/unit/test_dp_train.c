@@ -187,6 +187,8 @@ static void ab_rank(int rank) {
     dflash_model *m = tiny_model(&w, 7);
     dp_comm *c = join(rank, 2);
     if (!m || !c) return;
+    CHECK_EQ_INT(dflash_train_prepare(m), 0);
+    long allocs0 = w.ops->allocs(w.ctx); /* a group step allocates nothing (the daemon counts) */
     batch b;
     for (int s = 0; s < NSTEP; s++) {
         make_batch(&b, rank, s, false);
@@ -204,6 +206,7 @@ static void ab_rank(int rank) {
         CHECK_EQ_INT(dp_comm_allreduce_host_f64(c, &wsum, 1), 0);
         CHECK(wsum == met.weight_sum);
     }
+    CHECK_EQ_INT(w.ops->allocs(w.ctx) - allocs0, 0);
     save_state(&R[rank], m);
     dp_comm_close(&c);
     dflash_model_destroy(&m);

@@ -408,6 +408,11 @@ int main(int argc, char **argv) {
     int layers = argc > 1 ? atoi(argv[1]) : 1;
     const char *only = argc > 2 ? argv[2] : "";
     int attn_only = strcmp(only, "attn") == 0, xent_only = strcmp(only, "xent") == 0;
+    if (layers < 0 || (*only && !attn_only && !xent_only)) {
+        fprintf(stderr, "usage: bench-cuda_ops [drafter_layers (default 1; 0 skips the step)] "
+                        "[attn|xent]\n");
+        return 2;
+    }
     O = nn_cuda_ops();
     C = nn_cuda_new(0);
     if (!C) {

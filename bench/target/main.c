@@ -62,14 +62,23 @@ typedef struct slot {
 } slot;
 
 int main(int argc, char **argv) {
+    const char *usage = "usage: bench-target MODEL_DIR [BUDGET=16384] [N_SEQS=160] [LENGTHS_OUT] "
+                        "[UNIFORM_LEN=0]\n";
     if (argc < 2) {
-        fprintf(stderr, "usage: bench-target MODEL_DIR [BUDGET] [N_SEQS] [LENGTHS_OUT]\n");
+        fputs(usage, stderr);
         return 2;
     }
     const char *dir = argv[1];
     int budget = argc > 2 ? atoi(argv[2]) : 16384, n_seqs = argc > 3 ? atoi(argv[3]) : 160;
     const char *lengths_out = argc > 4 ? argv[4] : NULL;
     int uniform = argc > 5 ? atoi(argv[5]) : 0;
+    if (budget < 3072 || n_seqs < 1 || uniform < 0 || uniform > 3072) {
+        fprintf(stderr,
+                "bench-target: BUDGET must be >= 3072 (the longest sequence), N_SEQS >= 1, "
+                "UNIFORM_LEN 0..3072\n%s",
+                usage);
+        return 2;
+    }
     nn_ctx *C = nn_cuda_new(0);
     if (!C) {
         fprintf(stderr, "bench-target: no CUDA device\n");
@@ -96,11 +105,13 @@ int main(int argc, char **argv) {
     qsort(len, n_seqs, sizeof(int), cmp_desc);
     if (lengths_out) {
         FILE *f = fopen(lengths_out, "w");
-        if (f) {
-            for (int i = 0; i < n_seqs; i++)
-                fprintf(f, "%d\n", len[i]);
-            fclose(f);
+        if (!f) { /* the transformers run would then time other lengths */
+            fprintf(stderr, "bench-target: cannot write %s\n", lengths_out);
+            return 1;
         }
+        for (int i = 0; i < n_seqs; i++)
+            fprintf(f, "%d\n", len[i]);
+        fclose(f);
     }
     /* first-fit packing */
     slot *sl = calloc(n_seqs, sizeof(slot));

@@ -61,6 +61,10 @@ ap.add_argument("--profile-steps", type=int, default=0,
                 help="after the timed steps, this many more under torch.profiler: GPU time per "
                      "step by kernel group and the largest kernels")
 a = ap.parse_args()
+CASES = ("s3072_a512", "s768_a256", "4xs768_a256")  # bench-drafter's, and only those
+unknown = [c for c in a.cases.split(",") if c not in CASES]
+if unknown:
+    ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
 
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention

@@ -4,13 +4,14 @@
 # flex_attention), same shapes, same FLOP formula, same measured peak; last line the ratio of
 # samples/s at 512 anchors x 3072 tokens.
 # Usage (GPU machine, repository root): bench/drafter/run.sh BIN_DIR [CASES]
-#   CASES: comma-separated (default all three); STEPS (environment, default 40): timed steps on
-#   each side. Ten steps read up to 6% fast at the board's power limit (bench/RESULTS.md, "the
-#   drafter against PyTorch on the current code"); 40 is the window the RESULTS ratios use.
+#   CASES: comma-separated (default all three); BENCH_STEPS (environment, default 40): timed
+#   steps on each side. Ten steps read up to 6% fast at the board's power limit
+#   (bench/RESULTS.md, "the drafter against PyTorch on the current code"); 40 is the window the
+#   RESULTS ratios use.
 set -uo pipefail
 bin=${1:?usage: bench/drafter/run.sh BIN_DIR [CASES]}
 cases=${2:-s3072_a512,s768_a256,4xs768_a256}
-steps=${STEPS:-40}
+steps=${BENCH_STEPS:-40}
 out=${OUT:-.}
 here=$(cd "$(dirname "$0")" && pwd)
 LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}" OPENBLAS_CORETYPE=Haswell \

@@ -230,6 +230,17 @@ static void report_oldest(trainer *t) {
 static int train_consume_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
                                uint64_t *step);
 
+/* Adds the allocations made since allocs0 (ops.h allocs) to the step count, warning at the
+ * first: memory planned at start-up should cover every batch the broker can send. */
+static void count_allocs(trainer *t, long allocs0) {
+    long n = t->ops->allocs(t->nn) - allocs0;
+    if (n > 0 && t->allocs == 0)
+        LOG_WARN("step %ld allocated memory (%ld allocations) though memory is planned at "
+                 "start-up; the exit summary counts every step's",
+                 t->m->step, n);
+    t->allocs += n;
+}
+
 static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     trainer *t = vctx;
     const slot_layout *l = &t->layout;
@@ -286,7 +297,7 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     while (dflash_train_pending(t->m) > keep)
         report_oldest(t);
     t->drains += t->ops->stream_drains(t->nn) - drains0;
-    t->allocs += t->ops->allocs(t->nn) - allocs0;
+    count_allocs(t, allocs0);
     if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) {
         rc = save_checkpoint(t); /* its download waits for the queued steps */
         if (rc < 0) return rc;
@@ -337,7 +348,7 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
     int rc = dflash_train_step_dp(t->m, &t->tc, v, b->wu.epoch, dflash_batch_key(&b->wu),
                                   t->comm, &dm);
     double dt = monotime_s() - t0;
-    t->allocs += t->ops->allocs(t->nn) - allocs0;
+    count_allocs(t, allocs0);
     if (rc < 0) {
         LOG_WARN("group training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch,
                  b->wu.bucket, (unsigned long long)b->wu.batch, err_str(rc));

@@ -225,7 +225,12 @@ int model_producer_fill(model_producer *p, void *base, const slot_layout *l,
     ops->upload_raw(p->ctx, base, p->hdr, sizeof *p->hdr);
     p->fills++;
     p->drains += ops->stream_drains(p->ctx) - drains0;
-    p->allocs += ops->allocs(p->ctx) - allocs0;
+    long allocs = ops->allocs(p->ctx) - allocs0;
+    if (allocs > 0 && p->allocs == 0)
+        LOG_WARN("target: filling batch (%u, %u, %llu) allocated memory (%ld allocations) though "
+                 "memory is planned at start-up; the exit summary counts every fill's",
+                 wu->epoch, wu->bucket, (unsigned long long)wu->batch, allocs);
+    p->allocs += allocs;
     if (n_seqs) *n_seqs = n;
     return T;
 }

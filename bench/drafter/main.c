@@ -320,7 +320,12 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     free(off), free(ids), free(pos), free(lmask);
 }
 
-static const char *const CASES[] = {"s3072_a512", "s768_a256", "4xs768_a256"};
+/* The cases: name, packed sequences, tokens per sequence, anchors per sequence. */
+static const struct bench_case {
+    const char *name;
+    int n_seqs, S, anchors;
+} CASES[] = {
+    {"s3072_a512", 1, 3072, 512}, {"s768_a256", 1, 768, 256}, {"4xs768_a256", 4, 768, 256}};
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
 /* The comma-separated list's item after the one at p, or NULL. */
@@ -329,29 +334,29 @@ static const char *next_item(const char *p) {
     return comma ? comma + 1 : NULL;
 }
 
+/* The case that the list's item at p names, or -1. */
+static int case_at(const char *p) {
+    size_t n = strcspn(p, ",");
+    for (int i = 0; i < N_CASES; i++)
+        if (strlen(CASES[i].name) == n && !strncmp(p, CASES[i].name, n)) return i;
+    return -1;
+}
+
 /* Whether the comma-separated list names case i (a NULL list names every case). */
 static bool case_listed(const char *list, int i) {
-    size_t n = strlen(CASES[i]);
     for (const char *p = list; p; p = next_item(p))
-        if (strcspn(p, ",") == n && !strncmp(p, CASES[i], n)) return true;
+        if (case_at(p) == i) return true;
     return list == NULL;
 }
 
 /* 0 when every item of the comma-separated list is a case, else -1 after saying which is not. */
 static int cases_check(const char *list) {
-    for (const char *p = list; p; p = next_item(p)) {
-        size_t n = strcspn(p, ",");
-        bool known = false;
-        for (int i = 0; i < N_CASES; i++)
-            known |= strlen(CASES[i]) == n && !strncmp(p, CASES[i], n);
-        if (!known) {
-            fprintf(stderr,
-                    "bench-drafter: unknown case \"%.*s\" (cases: s3072_a512, s768_a256, "
-                    "4xs768_a256, all)\n",
-                    (int)n, p);
+    for (const char *p = list; p; p = next_item(p))
+        if (case_at(p) < 0) {
+            fprintf(stderr, "bench-drafter: unknown case \"%.*s\" (cases: %s, %s, %s, all)\n",
+                    (int)strcspn(p, ","), p, CASES[0].name, CASES[1].name, CASES[2].name);
             return -1;
         }
-    }
     return 0;
 }
 
@@ -411,9 +416,10 @@ int main(int argc, char **argv) {
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", peak);
     void *emb = act_rand((size_t)V * D, DFLASH_TASK_EMBED_SD, 1);
     void *lm = act_rand((size_t)V * D, dflash_task_lm_sd(D), 1);
-    if (case_listed(only, 0)) run_case(CASES[0], layers, 1, 3072, 512, peak, emb, lm);
-    if (case_listed(only, 1)) run_case(CASES[1], layers, 1, 768, 256, peak, emb, lm);
-    if (case_listed(only, 2)) run_case(CASES[2], layers, 4, 768, 256, peak, emb, lm);
+    for (int i = 0; i < N_CASES; i++)
+        if (case_listed(only, i))
+            run_case(CASES[i].name, layers, CASES[i].n_seqs, CASES[i].S, CASES[i].anchors, peak,
+                     emb, lm);
     printf("RESULT peak_tflops=%.1f\n", peak);
     O->free(C, emb), O->free(C, lm);
     nn_cuda_destroy(&C);

@@ -129,8 +129,12 @@ static void lt_check_at(cublasStatus_t s, const char *what, const char *file, in
 
 static long g_allocs; /* ops.h allocs: cuda_malloc and cu_host_alloc calls, all devices */
 
-cudaError_t cuda_malloc(void **p, size_t bytes) {
+static void count_alloc(void) {
     __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
+}
+
+cudaError_t cuda_malloc(void **p, size_t bytes) {
+    count_alloc();
     return cudaMalloc(p, bytes);
 }
 
@@ -270,7 +274,7 @@ static void *cu_stream(nn_ctx *c) {
 static void *cu_host_alloc(nn_ctx *c, size_t bytes) {
     (void)c;
     void *p = NULL;
-    __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
+    count_alloc();
     if (cudaMallocHost(&p, bytes ? bytes : 64) != cudaSuccess) {
         (void)cudaGetLastError();
         fprintf(stderr, "ops_cuda: cudaMallocHost of %zu bytes failed\n", bytes);

@@ -80,6 +80,19 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
                             .max_seqs = o->max_seqs,
                             .seed = o->seed};
     p->plan = batch_plan_new(lens, n, &bp, err, errlen);
+    if (p->plan && batch_plan_dropped(p->plan)) {
+        uint32_t last = o->bucket_bounds[o->n_buckets - 1];
+        uint64_t tokens = 0, dropped_tokens = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            tokens += lens[i];
+            if (lens[i] > last) dropped_tokens += lens[i];
+        }
+        LOG_WARN("%llu of %llu sequences (%.1f%% of the tokens) are longer than the last "
+                 "bucket's %u tokens and are left out of training: give --buckets a larger "
+                 "last bound (and the slots the --token-budget for it) to keep them",
+                 (unsigned long long)batch_plan_dropped(p->plan), (unsigned long long)n,
+                 tokens ? 100.0 * (double)dropped_tokens / (double)tokens : 0.0, last);
+    }
     free(lens);
     lens = NULL;
     if (!p->plan) goto fail;

@@ -242,7 +242,7 @@ static uint64_t layout_hash(const dflash_model *m) {
     return h;
 }
 
-int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root) {
+int dflash_dp_sync_state(dflash_model *m, dflash_train_cfg *tc, dp_comm *comm, int root) {
     if (!comm) return 0;
     if (root < 0 || root >= dp_comm_world(comm)) return DFLASH_EINVAL;
     dp_host_io io_store;
@@ -277,6 +277,20 @@ int dflash_dp_sync_state(dflash_model *m, dp_comm *comm, int root) {
     if (rc) return rc;
     m->step = (long)step;
     dflash_model_sync_params(m);
+    if (tc) {
+        dflash_train_cfg root_tc = *tc; /* plain numbers: the same bytes on every rank */
+        rc = dp_comm_broadcast_host(comm, &root_tc, sizeof root_tc, root);
+        if (rc) return rc;
+        if (root_tc.lr != tc->lr || root_tc.total_steps != tc->total_steps ||
+            root_tc.n_anchors != tc->n_anchors || root_tc.clip != tc->clip ||
+            root_tc.warmup_ratio != tc->warmup_ratio || root_tc.min_lr_ratio != tc->min_lr_ratio ||
+            root_tc.weight_decay != tc->weight_decay || root_tc.gamma != tc->gamma)
+            LOG_WARN("dflash_dp rank %d: taking rank %d's training settings (lr %g, schedule %ld "
+                     "steps, %d anchors, clip %g) over this rank's (lr %g, %ld, %d, %g)",
+                     dp_comm_rank(comm), root, root_tc.lr, root_tc.total_steps, root_tc.n_anchors,
+                     root_tc.clip, tc->lr, tc->total_steps, tc->n_anchors, tc->clip);
+        *tc = root_tc;
+    }
     return 0;
 }
 

@@ -375,7 +375,7 @@ static int train_sync_state(void *vctx, int root) {
     trainer *t = vctx;
     while (dflash_train_pending(t->m) > 0)
         report_oldest(t);
-    return dflash_dp_sync_state(t->m, t->comm, root);
+    return dflash_dp_sync_state(t->m, &t->tc, t->comm, root);
 }
 
 static uint64_t train_model_step(void *vctx) {

@@ -169,7 +169,7 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return;
     }
-    CHECK_EQ_INT(dflash_dp_sync_state(m, c, 0), 0);
+    CHECK_EQ_INT(dflash_dp_sync_state(m, NULL, c, 0), 0);
     S->synced[rank] = dflash_dp_state_hash(m);
     gbatch b;
     CHECK_EQ_INT(dflash_train_prepare(m), 0);

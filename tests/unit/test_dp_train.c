@@ -8,8 +8,9 @@
  *       accumulates the same global objective: grads(A) * W_A/W + grads(B) * W_B/W, then one
  *       apply (tolerance 1e-6 relative, measured: identical); and the group loss is shown to
  *       differ from the mean of the per-rank losses (the normalisation the test guards);
- *   (c) dflash_dp_sync_state: rank 1 starts from other weights, moments and step; afterwards it
- *       holds rank 0's state bit for bit, and a DP step keeps the two equal; a drafter of another
+ *   (c) dflash_dp_sync_state: rank 1 starts from other weights, moments, step and training
+ *       settings (lr, schedule, clip); afterwards it holds rank 0's state bit for bit and its
+ *       settings, and a DP step keeps the two equal; a drafter of another
  *       shape is refused on both ranks (DFLASH_EMISMATCH) and the group still works;
  *   (d) a rank whose batch has no anchors (stale gradients left in its buffer) joins with zero
  *       gradients: the group step equals dflash_train_step on the other rank's batch alone; when
@@ -329,7 +330,10 @@ static void c_rank(int rank) {
     R[rank].pre_hash = dflash_dp_state_hash(m);
     dp_comm *c = join(rank, 2);
     if (!c) return;
-    CHECK_EQ_INT(dflash_dp_sync_state(m, c, 0), 0);
+    dflash_train_cfg tc = w.tc; /* rank 1's settings differ: it takes rank 0's */
+    if (rank == 1) tc.lr *= 2, tc.total_steps += 7, tc.clip = 0.5;
+    CHECK_EQ_INT(dflash_dp_sync_state(m, &tc, c, 0), 0);
+    CHECK(tc.lr == w.tc.lr && tc.total_steps == w.tc.total_steps && tc.clip == w.tc.clip);
     R[rank].hash[0] = dflash_dp_state_hash(m);
     R[rank].step = m->step;
     make_batch(&b, rank, 5, false);
@@ -340,7 +344,7 @@ static void c_rank(int rank) {
     tiny_init(&w1, rank == 0 ? 2 : 1);
     dflash_model *other = tiny_model(&w1, 5);
     uint64_t before = dflash_dp_state_hash(other);
-    CHECK_EQ_INT(dflash_dp_sync_state(other, c, 0), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(dflash_dp_sync_state(other, NULL, c, 0), DFLASH_EMISMATCH);
     CHECK(dflash_dp_state_hash(other) == before);
     CHECK_EQ_INT(dp_comm_barrier(c), 0);
     dflash_model_destroy(&other);

@@ -565,7 +565,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) {
-        LOG_ERROR("dflash-drafter: a batch failed verification: %s", err_str(rc));
+        LOG_ERROR("dflash-drafter: a batch failed verification or did not fit the drafter: %s",
+                  err_str(rc));
         return 3;
     }
     if (rc < 0) {

@@ -261,7 +261,7 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     if (rc < 0) {
         LOG_ERROR("batch (%u, %u, %llu) does not fit the drafter: %s", b->wu.epoch, b->wu.bucket,
                   (unsigned long long)b->wu.batch, err);
-        return rc;
+        return rc == DFLASH_ERANGE ? DFLASH_EMISMATCH : rc; /* the daemon's exit 3 */
     }
     const slot_header *h = host;
     if (h->wu.epoch != b->wu.epoch || h->wu.bucket != b->wu.bucket || h->wu.batch != b->wu.batch) {
@@ -285,7 +285,8 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     if (rc < 0) {
         LOG_ERROR("training step on batch (%u, %u, %llu) failed: %s", b->wu.epoch, b->wu.bucket,
                   (unsigned long long)b->wu.batch, err_str(rc));
-        return rc;
+        /* out of range: the batch's blocks or tokens exceed the plan (exit 3) */
+        return rc == DFLASH_ERANGE ? DFLASH_EMISMATCH : rc;
     }
     t->notes[(t->note_head + t->note_count) % 2] = (struct step_note){
         .epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs,

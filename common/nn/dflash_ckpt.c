@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +382,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     int cnt = list_steps(root, &names);
     for (int i = 0; i < cnt - keep; i++) {
         snprintf(p, sizeof p, "%s/%s", root, names[i]);
+        if (strcmp(p, fin) == 0) continue; /* never the one just written */
         remove_dir(p);
     }
     free_names(names, cnt);
@@ -450,6 +452,50 @@ static int meta_double(const safetensors *st, const char *key, double *out) {
     return *end ? DFLASH_EFORMAT : 0;
 }
 
+/* The step and the training settings in the metadata of st (training_state.safetensors at p). */
+static int read_train_meta(const safetensors *st, const char *p, dflash_train_cfg *tc, long *step,
+                           char *err, size_t errlen) {
+    int rc = 0;
+    const char *fmt = safetensors_metadata(st, "format");
+    if (!fmt || strcmp(fmt, STATE_FORMAT))
+        FAIL(DFLASH_EVERSION, "%s: format %s, expected %s", p, fmt ? fmt : "(none)", STATE_FORMAT);
+    double s, v[12];
+    const char *keys[12] = {"seed",         "n_anchors",   "gamma",        "lr",
+                            "warmup_ratio", "total_steps", "min_lr_ratio", "clip",
+                            "beta1",        "beta2",       "eps",          "weight_decay"};
+    if (meta_double(st, "step", &s)) FAIL(DFLASH_EFORMAT, "%s: metadata step missing", p);
+    for (int k = 0; k < 12; k++)
+        if (meta_double(st, keys[k], &v[k]))
+            FAIL(DFLASH_EFORMAT, "%s: metadata %s missing", p, keys[k]);
+    *step = (long)s;
+    /* the seed is exact in text (a double would round a 64-bit value) */
+    tc->seed = strtoull(safetensors_metadata(st, "seed"), NULL, 10);
+    tc->n_anchors = (int)v[1];
+    tc->gamma = v[2];
+    tc->lr = v[3];
+    tc->warmup_ratio = v[4];
+    tc->total_steps = (long)v[5];
+    tc->min_lr_ratio = v[6];
+    tc->clip = v[7];
+    tc->beta1 = v[8];
+    tc->beta2 = v[9];
+    tc->eps = v[10];
+    tc->weight_decay = v[11];
+out:
+    return rc;
+}
+
+int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step, char *err,
+                               size_t errlen) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/training_state.safetensors", dir);
+    safetensors *st = safetensors_open(p, err, errlen);
+    if (!st) return DFLASH_EFORMAT;
+    int rc = read_train_meta(st, p, tc, step, err, errlen);
+    safetensors_close(&st);
+    return rc;
+}
+
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
                        size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
@@ -459,20 +505,12 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
     safetensors *st = safetensors_open(p, err, errlen);
     if (!st) return DFLASH_EFORMAT;
     size_t n = m->n_params;
+    dflash_train_cfg saved;
+    long step = 0;
     float *host = calloc(3 * n, sizeof(float));
     if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
-    const char *fmt = safetensors_metadata(st, "format");
-    if (!fmt || strcmp(fmt, STATE_FORMAT))
-        FAIL(DFLASH_EVERSION, "%s: format %s, expected %s", p, fmt ? fmt : "(none)", STATE_FORMAT);
-    double step, v[12];
-    const char *keys[12] = {"seed",         "n_anchors",   "gamma",        "lr",
-                            "warmup_ratio", "total_steps", "min_lr_ratio", "clip",
-                            "beta1",        "beta2",       "eps",          "weight_decay"};
-    if (meta_double(st, "step", &step)) FAIL(DFLASH_EFORMAT, "%s: metadata step missing", p);
-    for (int k = 0; k < 12; k++)
-        if (meta_double(st, keys[k], &v[k]))
-            FAIL(DFLASH_EFORMAT, "%s: metadata %s missing", p, keys[k]);
-    if ((rc = load_all(m, st, "master.", host, err, errlen)) ||
+    if ((rc = read_train_meta(st, p, &saved, &step, err, errlen)) ||
+        (rc = load_all(m, st, "master.", host, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg.", host + n, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)))
         goto out;
@@ -481,22 +519,8 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
         FAIL(rc, "checkpoint: out of memory for the masters' upload");
     m->ops->upload_raw(m->ctx, m->adam_m, host + n, n * sizeof(float));
     m->ops->upload_raw(m->ctx, m->adam_v, host + 2 * n, n * sizeof(float));
-    m->step = (long)step;
-    if (tc) {
-        /* the seed is exact in text (a double would round a 64-bit value) */
-        tc->seed = strtoull(safetensors_metadata(st, "seed"), NULL, 10);
-        tc->n_anchors = (int)v[1];
-        tc->gamma = v[2];
-        tc->lr = v[3];
-        tc->warmup_ratio = v[4];
-        tc->total_steps = (long)v[5];
-        tc->min_lr_ratio = v[6];
-        tc->clip = v[7];
-        tc->beta1 = v[8];
-        tc->beta2 = v[9];
-        tc->eps = v[10];
-        tc->weight_decay = v[11];
-    }
+    m->step = step;
+    if (tc) *tc = saved;
     LOG_INFO("drafter: resumed from %s at step %ld", dir, m->step);
 out:
     free(host);
@@ -519,4 +543,55 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen) {
     }
     free_names(names, n);
     return rc;
+}
+
+/* A save's leftover name: ".tmp-step-N-PID" (tmp) or ".old-step-N-PID" (old); its step name
+ * "step-N" into step and whether PID is gone (no such process, or this one: a restarted
+ * daemon in a container often gets its predecessor's PID). */
+static bool leftover(const char *name, const char *prefix, char *step, size_t steplen, bool *gone) {
+    size_t pl = strlen(prefix);
+    if (strncmp(name, prefix, pl)) return false;
+    const char *dash = strrchr(name, '-');
+    if (!dash || dash <= name + pl) return false;
+    char *end;
+    long pid = strtol(dash + 1, &end, 10);
+    if (*end || pid <= 0) return false;
+    const char *s = name + pl - 5; /* "step-N" */
+    snprintf(step, steplen, "%.*s", (int)(dash - s), s);
+    if (!is_step_name(step)) return false;
+    *gone = pid == (long)getpid() || (kill((pid_t)pid, 0) < 0 && errno == ESRCH);
+    return true;
+}
+
+int dflash_ckpt_recover(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    char step[256], p[4200], q[4200];
+    while ((e = readdir(d))) {
+        bool gone = false;
+        if (leftover(e->d_name, ".tmp-step-", step, sizeof step, &gone) && gone) {
+            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+            remove_dir(p);
+            LOG_WARN("checkpoint: removed %s, a save its writer did not finish", p);
+            n++;
+        } else if (leftover(e->d_name, ".old-step-", step, sizeof step, &gone) && gone) {
+            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+            snprintf(q, sizeof q, "%s/%s", root, step);
+            struct stat sb;
+            if (stat(q, &sb) < 0 && errno == ENOENT && rename(p, q) == 0) {
+                LOG_WARN("checkpoint: %s restored from %s (its writer stopped while replacing "
+                         "it)",
+                         q, p);
+            } else {
+                remove_dir(p);
+                LOG_WARN("checkpoint: removed %s, a replaced checkpoint", p);
+            }
+            n++;
+        }
+    }
+    closedir(d);
+    if (n) fsync_path(root);
+    return n;
 }

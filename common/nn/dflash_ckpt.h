@@ -60,7 +60,20 @@ int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
                        size_t errlen);
 
+/* The step and the training settings (seed, anchors, schedule, optimizer) of the checkpoint in
+ * DIR, from its training state's metadata, without a model: what an exact resume would restore.
+ * 0, or a negative code with a message in err. */
+int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step, char *err,
+                               size_t errlen);
+
 /* The newest complete checkpoint under root into path. 0, or DFLASH_ENOTFOUND when none. */
 int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
+
+/* Cleans up after saves whose writer died (SIGKILL, power loss) under root: removes
+ * ".tmp-step-*" directories of processes that are gone (an unfinished save), and renames a
+ * ".old-step-N-*" back to step-N where step-N is missing (the writer stopped between moving
+ * the old checkpoint aside and publishing the new one), else removes it. Returns how many it
+ * handled. Call before dflash_ckpt_latest at start-up. */
+int dflash_ckpt_recover(const char *root);
 
 #endif

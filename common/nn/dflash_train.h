@@ -39,7 +39,8 @@ typedef struct dflash_train_cfg {
     double gamma;             /* loss decay; <= 0: 7 for B 16, 5 for B 10, 4 for B 8, else 7*B/16 */
     double lr;                /* peak learning rate (6e-4) */
     double warmup_ratio;      /* fraction of total_steps warming up linearly (0.04) */
-    long total_steps;         /* schedule length; 0: constant lr after warmup (no cosine) */
+    long total_steps;         /* schedule length; 0: constant lr (no cosine, and no warmup:
+                               * it is warmup_ratio of 0 steps) */
     double min_lr_ratio;      /* cosine floor as a fraction of lr (0) */
     double clip;              /* global gradient-norm clip (1.0); <= 0: none */
     double beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8) */

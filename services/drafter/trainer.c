@@ -401,30 +401,71 @@ static void train_destroy(void *vctx) {
     free(t);
 }
 
-/* Step 4 of the start-up: exact resume, warm start or fresh weights. */
-static int restore(trainer *t, const trainer_opts *o, char *err, size_t errlen) {
-    char dir[1200] = "";
+/* The checkpoint an exact resume starts from, into dir ("" when none): --resume (a step
+ * directory or a root), else the newest under --checkpoint-dir; with its step and training
+ * settings in *saved. Refuses a --resume older than the newest checkpoint in --checkpoint-dir:
+ * the next restart would resume from that one, and the retention, which keeps the newest names,
+ * would delete this run's new checkpoints. */
+static int resume_source(const trainer *t, const trainer_opts *o, char *dir, size_t dirlen,
+                         dflash_train_cfg *saved, long *saved_step, char *err, size_t errlen) {
+    dir[0] = 0;
+    if (t->ckpt_root[0] && is_dir(t->ckpt_root)) dflash_ckpt_recover(t->ckpt_root);
     if (o->resume && o->resume[0]) {
-        snprintf(dir, sizeof dir, "%s", o->resume);
-        if (!has_config(dir) && dflash_ckpt_latest(o->resume, dir, sizeof dir) < 0) {
+        snprintf(dir, dirlen, "%s", o->resume);
+        if (!has_config(dir) && dflash_ckpt_latest(o->resume, dir, dirlen) < 0) {
             snprintf(err, errlen, "--resume %s: no checkpoint there", o->resume);
             return DFLASH_ENOTFOUND;
         }
     } else if (t->ckpt_root[0] && is_dir(t->ckpt_root)) {
-        if (dflash_ckpt_latest(t->ckpt_root, dir, sizeof dir) < 0) dir[0] = 0;
+        if (dflash_ckpt_latest(t->ckpt_root, dir, dirlen) < 0) dir[0] = 0;
     }
-    if (dir[0]) {
+    if (!dir[0]) return 0;
+    int rc = dflash_ckpt_train_settings(dir, saved, saved_step, err, errlen);
+    if (rc < 0) return rc;
+    char newest[1200];
+    dflash_train_cfg nc;
+    long newest_step;
+    if (o->resume && o->resume[0] && t->ckpt_root[0] && is_dir(t->ckpt_root) &&
+        dflash_ckpt_latest(t->ckpt_root, newest, sizeof newest) == 0 &&
+        dflash_ckpt_train_settings(newest, &nc, &newest_step, err, errlen) == 0 &&
+        newest_step > *saved_step) {
+        snprintf(err, errlen,
+                 "--resume %s (step %ld) into --checkpoint-dir %s, which holds the newer %s "
+                 "(step %ld) of the run resumed from: a restart would resume from that one and "
+                 "the retention would delete the new run's checkpoints; give another "
+                 "--checkpoint-dir, or move the newer ones away",
+                 dir, *saved_step, t->ckpt_root, newest, newest_step);
+        return DFLASH_ECONFIG;
+    }
+    return 0;
+}
+
+/* Step 4 of the start-up: exact resume from dir (resume_source), warm start or fresh weights. */
+static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, char *err,
+                   size_t errlen) {
+    char dir[1200] = "";
+    if (resume_dir[0]) {
         dflash_config cc;
-        int rc = dflash_ckpt_load_config(dir, &cc, err, errlen);
+        int rc = dflash_ckpt_load_config(resume_dir, &cc, err, errlen);
         if (rc == 0) rc = dflash_ckpt_check_config(&t->m->cfg, &cc, err, errlen);
-        if (rc == 0) rc = dflash_ckpt_resume(t->m, &t->tc, dir, err, errlen);
+        if (rc == 0) rc = dflash_ckpt_resume(t->m, &t->tc, resume_dir, err, errlen);
         if (rc < 0) return rc;
         t->start_step = t->saved_step = t->committed = t->m->step;
         if (o->init_weights && o->init_weights[0])
-            LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights, dir);
-        LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps; the "
-                 "checkpoint's training settings win over the flags)",
-                 dir, t->m->step, t->tc.lr, t->tc.total_steps);
+            LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights,
+                     resume_dir);
+        LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps, %d anchors; "
+                 "the checkpoint's training settings win over the flags)",
+                 resume_dir, t->m->step, t->tc.lr, t->tc.total_steps, t->tc.n_anchors);
+        if (t->max_steps > 0 && t->tc.total_steps > 0 && t->max_steps > t->tc.total_steps) {
+            snprintf(err, errlen,
+                     "--max-steps %ld is past the resumed run's schedule of %ld steps, after "
+                     "which its learning rate stays at %g; to train on, start a new run from "
+                     "its weights (--init-weights %s, another --checkpoint-dir and the new "
+                     "schedule)",
+                     t->max_steps, t->tc.total_steps, t->tc.lr * t->tc.min_lr_ratio, resume_dir);
+            return DFLASH_ECONFIG;
+        }
         return 0;
     }
     if (o->init_weights && o->init_weights[0]) {
@@ -483,7 +524,15 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                  o->model_dir);
         goto fail;
     }
-    long blocks = (long)o->train.n_anchors * o->layout->max_seqs;
+    /* an exact resume takes the checkpoint's settings, its anchor count among them: the
+     * blocks are planned for those */
+    char resume_dir[1200];
+    dflash_train_cfg saved;
+    long saved_step = 0;
+    if (resume_source(t, o, resume_dir, sizeof resume_dir, &saved, &saved_step, err, errlen) < 0)
+        goto fail;
+    int anchors = resume_dir[0] ? saved.n_anchors : o->train.n_anchors;
+    long blocks = (long)anchors * o->layout->max_seqs;
     if (blocks > (long)o->layout->token_budget) blocks = o->layout->token_budget;
     t->m = dflash_model_new(&dc, t->ops, t->nn, target_model_embed_tokens(t->target),
                             target_model_lm_head(t->target), (int)o->layout->token_budget,
@@ -493,7 +542,15 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
         goto fail;
     }
     if (t->tc.total_steps == 0 && o->max_steps > 0) t->tc.total_steps = o->max_steps;
-    if (restore(t, o, err, errlen) < 0) goto fail;
+    if (restore(t, o, resume_dir, err, errlen) < 0) goto fail;
+    if (t->tc.total_steps == 0)
+        LOG_WARN("no --total-steps or --max-steps: the learning rate stays at %g from the first "
+                 "step, with neither the recipe's warmup nor its cosine decay (both are "
+                 "fractions of the schedule's length)",
+                 t->tc.lr);
+    if (!t->ckpt_root[0])
+        LOG_WARN("no --checkpoint-dir: the trained drafter is saved nowhere, and a restart "
+                 "starts over");
     if (t->backend == POOL_CUDA) {
         size_t feat = (size_t)t->layout.token_budget * t->layout.n_layers * t->layout.hidden *
                       t->ops->act_bytes;

@@ -7,8 +7,13 @@ dflash-queue, dflash-target --model and dflash-drafter --train with --checkpoint
 a checkpoint >= 6 is written and a batch was acked after it (trained, not yet
 checkpointed), the drafter is SIGKILLed and started again with the same flags. It must resume
 exactly from its newest checkpoint, tell the broker (resume_from) before claiming, and train
-the rest. When the ledger has nothing left to do the broker is drained; the drafter saves its
-final checkpoint, reports it, and exits 0.
+the rest. The restart asks for fewer anchors (--anchors 2): an exact resume takes the
+checkpoint's settings, its 8 anchors among them, and must plan its blocks for those. When the
+ledger has nothing left to do the broker is drained; the drafter saves its final checkpoint,
+reports it, and exits 0. Two start-ups that must be refused follow (exit 2, before any
+training): a --resume of the older checkpoint into the same --checkpoint-dir, which holds a
+newer one (a restart would resume from that one and the retention would delete the new run's),
+and a --max-steps past the resumed run's 24-step schedule (its learning rate is 0 there).
 
 Pass conditions:
   * the restarted drafter logs "resumed exactly from .../step-S" and "resume from step S";
@@ -17,11 +22,12 @@ Pass conditions:
   * the final checkpoint's step equals the number of batches in the epoch: each batch was in
     exactly one optimizer step of the final model (the ones trained after S were rewound and
     trained again, not counted twice), and no ack was refused as "already trained";
-  * every daemon exits 0.
+  * every daemon exits 0; the two refused start-ups exit 2 naming their reason.
 Usage: e2e_resume.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
 """
 import os
 import re
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,12 +58,13 @@ def main():
         target = Daemon("target", [build.target, "--name", f"e2eresume{os.getpid()}", "--model",
                                    env.path("target"), "--shards", env.path("train.shard"),
                                    "--slots", "3", "--epochs", "1", *slots], env.tmp)
-        drafter = Daemon("drafter", [build.drafter, "--train", "--model", env.path("target"),
-                                     "--name", "trainer", "--block-size", "4", "--anchors", "8",
-                                     "--lr", "3e-3", "--checkpoint-every", "6", "--keep-last",
-                                     "2", "--checkpoint-dir", env.path("ckpt"), "--metrics-dir",
-                                     env.path("metrics"), "--progress-ms", "0", "--log-level",
-                                     "debug", *slots], env.tmp)
+        common = [build.drafter, "--train", "--model", env.path("target"), "--block-size", "4",
+                  "--lr", "3e-3", "--total-steps", "24", *slots]
+        ckpt_args = ["--checkpoint-every", "6", "--keep-last", "2", "--checkpoint-dir",
+                     env.path("ckpt"), "--metrics-dir", env.path("metrics"), "--progress-ms",
+                     "0", "--log-level", "debug"]
+        drafter = Daemon("drafter", [*common, "--name", "trainer", "--anchors", "8",
+                                     *ckpt_args], env.tmp)
         env.daemons = [queue, target, drafter]
         queue.start()
         if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
@@ -92,6 +99,8 @@ def main():
         if st["batches_trained"] == 0:
             failures.append("no batch was trained after the last commit when the drafter was "
                             "killed: the rewind was not exercised")
+        # the restart asks for fewer anchors: the checkpoint's 8 win and are planned for
+        drafter.argv = [*common, "--name", "trainer", "--anchors", "2", *ckpt_args]
         drafter.start()
 
         def all_trained():
@@ -119,7 +128,8 @@ def main():
             failures.append(f"ledger not clean after the drain: {st}")
         text = drafter.text()
         second = text[text.rfind("==== start"):]
-        m = re.search(r"resumed exactly from (\S+step-0*(\d+)) at step (\d+)", second)
+        m = re.search(r"resumed exactly from (\S+step-0*(\d+)) at step (\d+) \(lr \S+, "
+                      r"schedule 24 steps, 8 anchors", second)
         if not m or f"resume from step {m.group(3)}" not in second:
             failures.append("the restarted drafter did not resume from a checkpoint and tell the "
                             f"broker:\n{tail(drafter.log_path, 40)}")
@@ -138,6 +148,7 @@ def main():
                             f"{final_step}")
         if "already trained" in text:
             failures.append("an ack was refused as already trained")
+        refused_startups(build, env, common, finals, failures)
         qrc = queue.stop()
         if qrc != 0:
             failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")
@@ -146,6 +157,28 @@ def main():
     finally:
         env.cleanup(keep or bool(failures))
     return report(env, failures)
+
+
+def refused_startups(build, env, common, finals, failures):
+    """Start-ups the drafter must refuse (exit 2, before it trains) with their reason."""
+    if len(finals) < 2:
+        failures.append(f"expected two checkpoints (--keep-last 2), found {finals}")
+        return
+    older, newest = env.path("ckpt", finals[0]), env.path("ckpt", finals[-1])
+    cases = [("a --resume of an older checkpoint into a --checkpoint-dir holding a newer one",
+              ["--resume", older, "--checkpoint-dir", env.path("ckpt")], "holds the newer"),
+             ("a --max-steps past the resumed run's schedule",
+              ["--resume", newest, "--checkpoint-dir", env.path("ckpt-extended"),
+               "--max-steps", "30"], "past the resumed run's schedule of 24 steps")]
+    for what, args, reason in cases:
+        p = subprocess.run([*common, "--name", "refused", *args], capture_output=True,
+                           text=True, timeout=60, cwd=env.tmp)
+        out = p.stdout + p.stderr
+        if p.returncode != 2 or reason not in out:
+            failures.append(f"{what}: exit {p.returncode}, expected 2 with '{reason}':\n"
+                            f"{out[-2000:]}")
+        else:
+            log("e2e", f"refused as expected: {what}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <sys/wait.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -395,6 +396,11 @@ static cJSON *read_json(const char *path) {
 static int json_int(const cJSON *o, const char *k) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(v) ? (int)v->valuedouble : -12345;
+}
+
+static bool test_is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
 static int count_steps(const char *root) {
@@ -837,6 +843,41 @@ static void test_checkpoint(world *w) {
     dflash_train_step(b, &tb, &w->view, 0, 3, &mb);
     CHECK(ma.loss == mb.loss && ma.lr == mb.lr);
     CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+
+    /* the settings alone, without a model (what the drafter plans its blocks from) */
+    dflash_train_cfg ts;
+    long ts_step = -1;
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
+    CHECK(ts_step == 3 && ts.seed == tc.seed && ts.total_steps == 20 && ts.lr == tc.lr &&
+          ts.n_anchors == tc.n_anchors && ts.clip == tc.clip);
+
+    /* a save older than the newest kept one does not delete itself (keep_last 1) */
+    long a_step = a->step;
+    a->step = 1;
+    dflash_ckpt_opts keep1 = {.keep_last = 1};
+    char older[512];
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &keep1, older, sizeof older, err, sizeof err), 0);
+    CHECK(test_is_dir(older));
+    CHECK_EQ_INT(test_rmtree(older), 0);
+    a->step = a_step;
+
+    /* leftovers of saves whose writer died: an unfinished one is removed, a checkpoint moved
+     * aside for its replacement is put back, a live writer's is left alone */
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    char tmp_ours[600], tmp_live[600], old_dead[600], gone_step[600];
+    snprintf(tmp_ours, sizeof tmp_ours, "%s/.tmp-step-000000009-%d", root, (int)getpid());
+    snprintf(tmp_live, sizeof tmp_live, "%s/.tmp-step-000000009-%d", root, (int)getppid());
+    snprintf(old_dead, sizeof old_dead, "%s/.old-step-000000003-%d", root, (int)dead);
+    snprintf(gone_step, sizeof gone_step, "%s/step-000000003", root);
+    CHECK(mkdir(tmp_ours, 0755) == 0 && mkdir(tmp_live, 0755) == 0);
+    CHECK(rename(gone_step, old_dead) == 0);
+    CHECK_EQ_INT(dflash_ckpt_recover(root), 2);
+    CHECK(!test_is_dir(tmp_ours) && test_is_dir(tmp_live) && !test_is_dir(old_dead));
+    CHECK(test_is_dir(gone_step));
+    check_ckpt_files(a, gone_step);
+    CHECK_EQ_INT(test_rmtree(tmp_live), 0);
 
     /* warm start: bf16 weights, fresh optimizer */
     dflash_model *c = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);

@@ -447,6 +447,13 @@ static wire_unit to_unit(const batch_id *id)
     return u;
 }
 
+/* False for a batch of an epoch past the target's (or --max-epochs): a peer's batch is not
+ * adopted then (the ledger refuses far epochs too). Unknown epochs (no target yet) pass. */
+static bool in_epochs(const broker *b, const batch_id *id)
+{
+    return !b->epochs || id->epoch < b->epochs;
+}
+
 static void on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     /* A new incarnation of the same role+name replaces the old session. */
@@ -465,7 +472,7 @@ static void on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     /* A drafter re-registering after a broker restart: the batches it trains are not orphans. */
     for (uint32_t i = 0; i < m->u.hello.n_held; i++) {
         batch_id id = to_batch(&m->u.hello.held[i]);
-        int rc = ledger_adopt(b->ledger, &id);
+        int rc = in_epochs(b, &id) ? ledger_adopt(b->ledger, &id) : DFLASH_ERANGE;
         if (rc == 0 || rc == DFLASH_EEXISTS) {
             bool known = false;
             for (uint32_t k = 0; k < p->n_held; k++) known |= same_batch(&p->held[k], &id);
@@ -622,7 +629,7 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
                            "broker restart: drop it", s->slot);
     if (!policy_is_filling(b->policy, (uint32_t)p->pool_id, &id)) {
         /* Filled for a previous broker incarnation: adopt it if nobody else has it. */
-        if ((rc = ledger_adopt(b->ledger, &id)))
+        if ((rc = in_epochs(b, &id) ? ledger_adopt(b->ledger, &id) : DFLASH_ERANGE))
             return reply_error(b, r, m->request_id, rc, "batch not adoptable: drop the slot");
     }
     rc = policy_slot_ready(b->policy, (uint32_t)p->pool_id, s->pool_incarnation, s->slot, &id,

@@ -279,6 +279,9 @@ static int apply_adopt(ledger *l, const batch_id *b)
 {
     if (l->n_buckets == 0 || b->bucket >= l->n_buckets || b->index >= l->per[b->bucket])
         return DFLASH_ERANGE;
+    /* The epoch comes from a peer: open at most the next one (hand-outs a power loss forgot),
+     * never every epoch up to a far one. */
+    if (b->epoch > l->n_epochs) return DFLASH_ERANGE;
     int rc = ensure_epoch(l, b->epoch);
     if (rc) return rc == DFLASH_ERANGE ? DFLASH_ERANGE : rc;
     epoch_rec *E;

@@ -106,7 +106,8 @@ int ledger_next_todo(ledger *l, uint32_t bucket, batch_id *out);
 
 /* A re-registering target reports a filled slot with batch b: TODO or orphaned IN_FLIGHT ->
  * IN_FLIGHT. DFLASH_EEXISTS (already handed out elsewhere: drop the slot), DFLASH_ESTALE
- * (already trained/committed: drop the slot), DFLASH_EQUARANTINED, DFLASH_ERANGE (not in plan). */
+ * (already trained/committed: drop the slot), DFLASH_EQUARANTINED, DFLASH_ERANGE (not in plan,
+ * or an epoch past the next one to open: nothing is opened for it). */
 int ledger_adopt(ledger *l, const batch_id *b);
 
 /* IN_FLIGHT -> TODO (its target died, its slot was dropped). DFLASH_ESTATE in other states

@@ -131,6 +131,27 @@ static void test_ack_commit_rewind(void)
     ledger_destroy(&l);
 }
 
+/* A peer may name a batch of any epoch: adopting one beyond the next epoch is refused and opens
+ * nothing (it once allocated every epoch up to it, journaled, so each restart did it again). */
+static void test_adopt_far_epoch(void)
+{
+    ledger *l = open_ledger(NULL, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){4}), 0);
+    batch_id b;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0); /* epoch 0 open */
+    CHECK_EQ_INT(ledger_adopt(l, &(batch_id){100000, 0, 0}), DFLASH_ERANGE);
+    CHECK_EQ_INT(ledger_adopt(l, &(batch_id){2, 0, 0}), DFLASH_ERANGE);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.epochs_opened, 1);
+    /* The next epoch may have been opened by hand-outs a power loss forgot. */
+    CHECK_EQ_INT(ledger_adopt(l, &(batch_id){1, 0, 0}), 0);
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.epochs_opened, 2);
+    CHECK_EQ_INT(st.in_flight, 2);
+    ledger_destroy(&l);
+}
+
 static void test_quarantine(void)
 {
     ledger *l = open_ledger(NULL, 0, 0);
@@ -423,6 +444,7 @@ int main(void)
     snprintf(path, sizeof path, "%s/ledger.journal", dir);
     test_handout_and_epochs();
     test_ack_commit_rewind();
+    test_adopt_far_epoch();
     test_quarantine();
     test_replay_and_orphans();
     test_truncation_every_byte();

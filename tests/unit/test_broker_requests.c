@@ -1,0 +1,53 @@
+/* test_broker_requests: a peer's or operator's bad input at run time is refused, and the broker
+ * keeps serving with its state intact (broker_dispatch without sockets, journal in memory, a
+ * target with one bucket of 1000 batches and one epoch).
+ *
+ * What a user would notice if it broke:
+ *   - a drafter's Hello or a target's SlotReady naming a batch of a far epoch freezes the broker
+ *     for seconds and allocates every epoch up to it (and the journal repeats it at each
+ *     restart): such a batch is refused, the epochs stay as they were.
+ */
+#include "check.h"
+#include "broker_stub.h"
+#include "err.h"
+
+enum { TARGET_INC = 11, DRAFTER_INC = 22, POOL_INC = 111 };
+
+static int hello(wire_role role, uint64_t inc, const char *name, const wire_unit *held,
+                 uint32_t n_held)
+{
+    stub_init(WIRE_HELLO, role, inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", name);
+    stub_req.u.hello.n_held = n_held;
+    for (uint32_t i = 0; i < n_held; i++) stub_req.u.hello.held[i] = held[i];
+    return stub_send(name);
+}
+
+/* Held batches of an epoch past the target's are not adopted; one of epoch 0 is. */
+static void test_far_epochs(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 8);
+    const wire_unit held[] = {{100000, 0, 0}, {1, 0, 1}, {0, 0, 2}};
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", held, 3), 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_total, 1000);
+    CHECK_EQ_INT(s.batches_inflight, 1);
+
+    /* The target reports a filled slot of a far epoch (as after a broker restart). */
+    stub_init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.ready = (wire_slot_ready){POOL_INC, 0, {100000, 0, 3}, 100, 2};
+    CHECK_EQ_INT(stub_send("t"), DFLASH_ERANGE);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_total, 1000);
+    CHECK_EQ_INT(s.batches_inflight, 1);
+    stub_broker_free();
+}
+
+int main(void)
+{
+    test_far_epochs();
+    CHECK_DONE();
+}

@@ -95,7 +95,8 @@ static const cfg_option queue_options[] = {
      "steer)",
      offsetof(queue_config, insecure_tcp), 0},
     OPT_I("min-ready", "30", 0, 1 << 20, true,
-          "mixing reservoir: claims are served while at least this many slots are ready",
+          "mixing reservoir: claims are served while at least this many slots are ready "
+          "(at most max-depth)",
           min_ready),
     OPT_I("max-depth", "90", 1, 1 << 20, true, "cap on filling+ready+leased slots", max_depth),
     OPT_I("lease-timeout-ms", "5000", 1, 3600000, true,
@@ -133,6 +134,21 @@ static const cfg_table queue_table = {
 
 const cfg_table *broker_config_table(void) { return &queue_table; }
 
+/* The reservoir must fit under the depth cap: a claim waits for min_ready ready slots, a group
+ * step of world ranks for min_ready + world - 1, and at most max_depth slots are ever filled.
+ * Returns 0 or DFLASH_ERANGE with why (optional) set. */
+static int depth_check(const queue_config *c, uint32_t world, char *why, size_t why_len)
+{
+    int64_t need = c->min_ready + (world > 1 ? world - 1 : 0);
+    if (need <= c->max_depth) return 0;
+    if (why)
+        snprintf(why, why_len, "min-ready %lld needs %lld ready slots for a step of %u rank(s) "
+                 "but max-depth is %lld: every claim would wait forever (lower min-ready or "
+                 "raise max-depth)", (long long)c->min_ready, (long long)need,
+                 world > 1 ? world : 1, (long long)c->max_depth);
+    return DFLASH_ERANGE;
+}
+
 int broker_config_check(const queue_config *c, char *why, size_t why_len)
 {
     bool curve = c->curve_secret_key[0] || c->curve_clients[0];
@@ -160,6 +176,7 @@ int broker_config_check(const queue_config *c, char *why, size_t why_len)
         snprintf(why, why_len, "--admin-keys needs CURVE (--curve-secret-key, --curve-clients)");
         return DFLASH_ECONFIG;
     }
+    if (depth_check(c, 1, why, why_len)) return DFLASH_ECONFIG;
     return 0;
 }
 
@@ -846,15 +863,18 @@ static void on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter joins a group");
     group *g;
     group_outcome o;
+    /* A step of R ranks needs min_ready + R - 1 ready slots (depth_check) */
+    int64_t max_world = b->cfg.max_depth - (b->cfg.min_ready ? b->cfg.min_ready - 1 : 0);
     int rc = group_join(b->groups, j->group, p->incarnation, p->name, j->step, j->failed_epoch,
-                        (uint32_t)b->cfg.max_depth, &g, &o);
+                        (uint32_t)max_world, &g, &o);
     if (rc == DFLASH_EFULL) {
         const group *cur = group_find(b->groups, j->group);
         return reply_error(b, r, m->request_id, rc,
-                           "group %s would have %u ranks but max-depth is %lld: one step needs "
-                           "one slot per rank (raise max-depth first)",
+                           "group %s would have %u ranks but max-depth is %lld and min-ready "
+                           "%lld: one step needs min-ready - 1 + one slot per rank (raise "
+                           "max-depth or lower min-ready first)",
                            j->group, (cur ? cur->n_members : 0) + 1,
-                           (long long)b->cfg.max_depth);
+                           (long long)b->cfg.max_depth, (long long)b->cfg.min_ready);
     }
     if (rc == DFLASH_EEXISTS)
         return reply_error(b, r, m->request_id, rc, "%s is in another group", p->name);
@@ -1113,6 +1133,8 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
                      "reserved", (long long)next.max_depth, largest);
         return DFLASH_ERANGE;
     }
+    int rc = depth_check(&next, largest, err, err_len);
+    if (rc) return rc;
     b->cfg = next;
     apply_live(b, &b->cfg);
     for (uint32_t i = 0; i < set->n; i++)

@@ -5,10 +5,13 @@
  * What a user would notice if it broke:
  *   - a drafter's Hello or a target's SlotReady naming a batch of a far epoch freezes the broker
  *     for seconds and allocates every epoch up to it (and the journal repeats it at each
- *     restart): such a batch is refused, the epochs stay as they were.
+ *     restart): such a batch is refused, the epochs stay as they were;
+ *   - min_ready above max_depth (the reservoir can never fill: every claim waits forever) is
+ *     refused at start-up and by `set`.
  */
 #include "check.h"
 #include "broker_stub.h"
+#include "config.h"
 #include "err.h"
 
 enum { TARGET_INC = 11, DRAFTER_INC = 22, POOL_INC = 111 };
@@ -46,8 +49,43 @@ static void test_far_epochs(void)
     stub_broker_free();
 }
 
+static int set1(const char *key, const char *value)
+{
+    stub_init(WIRE_SET_CONFIG, WIRE_ROLE_CTL, 99);
+    stub_req.u.settings.n = 1;
+    snprintf(stub_req.u.settings.kv[0].key, WIRE_MAX_KEY, "%s", key);
+    snprintf(stub_req.u.settings.kv[0].value, WIRE_MAX_VALUE, "%s", value);
+    return stub_send("ctl-c-99");
+}
+
+static void test_reservoir_over_depth(void)
+{
+    queue_config cfg;
+    char *argv[] = {"test", "--min-ready", "5", "--max-depth", "4", NULL};
+    char why[400] = "";
+    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 5, argv, NULL, 0, NULL), 0);
+    CHECK(broker_config_check(&cfg, why, sizeof why) != 0);
+    CHECK(strstr(why, "min-ready 5") != NULL);
+    cfg.min_ready = 4;
+    CHECK_EQ_INT(broker_config_check(&cfg, why, sizeof why), 0);
+
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 16);
+    CHECK_EQ_INT(set1("max-depth", "4"), 0);
+    CHECK_EQ_INT(set1("min-ready", "5"), DFLASH_ERANGE);
+    CHECK_EQ_INT(set1("min-ready", "4"), 0);
+    CHECK_EQ_INT(set1("max-depth", "3"), DFLASH_ERANGE);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.min_ready, 4);
+    CHECK_EQ_INT(s.max_depth, 4);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
+    test_reservoir_over_depth();
     CHECK_DONE();
 }

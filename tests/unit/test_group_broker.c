@@ -5,7 +5,8 @@
  *   - whole-step reservation: a group step gets exactly one slot per rank, reserved at once and
  *     only when that many are eligible (no rank ever waits on a partial step); a retried claim
  *     gets the same lease; every rank gets its own lease;
- *   - max_depth smaller than a group's step is refused, by `set` and by a join;
+ *   - max_depth smaller than a group's step, or than min_ready plus a step, is refused, by
+ *     `set` and by a join;
  *   - membership changes only at step boundaries: a join while a step is in flight waits, the
  *     epoch moves when the step is done; rank 0's id reaches the other ranks;
  *   - StepDone acks all R units once (a duplicate is harmless, a non-rank-0 is refused);
@@ -79,14 +80,16 @@ static int release(const drafter *d, uint64_t lease)
     return stub_send(d->rid);
 }
 
-static int set_depth(int depth)
+static int set_int(const char *key, int v)
 {
     stub_init(WIRE_SET_CONFIG, WIRE_ROLE_CTL, 99);
     stub_req.u.settings.n = 1;
-    snprintf(stub_req.u.settings.kv[0].key, WIRE_MAX_KEY, "max-depth");
-    snprintf(stub_req.u.settings.kv[0].value, WIRE_MAX_VALUE, "%d", depth);
+    snprintf(stub_req.u.settings.kv[0].key, WIRE_MAX_KEY, "%s", key);
+    snprintf(stub_req.u.settings.kv[0].value, WIRE_MAX_VALUE, "%d", v);
     return stub_send("ctl-c-99");
 }
+
+static int set_depth(int depth) { return set_int("max-depth", depth); }
 
 /* The target makes n more batches ready. */
 static void make_ready(int n) { stub_make_ready("target-t-7", 7, 0x77, n); }
@@ -230,6 +233,14 @@ int main(void)
     CHECK_EQ_INT(join(&C, 0, 0, NULL), DFLASH_EFULL);
     CHECK(strstr(stub_rep.u.error.message, "max-depth is 2") != NULL);
     CHECK_EQ_INT(set_depth(8), 0);
+    /* ... and so is a reservoir that leaves no room for a step: a step of 2 ranks needs
+     * min_ready + 1 ready slots, of at most max_depth (8) */
+    CHECK_EQ_INT(set_int("min-ready", 8), DFLASH_ERANGE);
+    CHECK(strstr(stub_rep.u.error.message, "min-ready 8") != NULL);
+    CHECK_EQ_INT(set_int("min-ready", 7), 0);
+    CHECK_EQ_INT(join(&C, 0, 0, NULL), DFLASH_EFULL); /* 3 ranks need 9 */
+    CHECK(strstr(stub_rep.u.error.message, "min-ready") != NULL);
+    CHECK_EQ_INT(set_int("min-ready", 0), 0);
 
     /* whole-step reservation: one ready slot is not a step for two ranks */
     make_ready(1);

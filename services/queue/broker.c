@@ -184,6 +184,8 @@ int broker_config_check(const queue_config *c, char *why, size_t why_len)
 
 typedef enum { PEER_NEW = 0, PEER_LIVE, PEER_GONE } peer_state;
 
+#define PEER_RECENT_RELEASES 8 /* a retried release of one of these is answered Ok */
+
 typedef struct peer {
     uint8_t rid[256];
     size_t rid_len;
@@ -195,6 +197,11 @@ typedef struct peer {
     int32_t pool_id;   /* target: its pool, -1 none */
     batch_id *held;    /* drafter: released, not acked */
     uint32_t n_held, cap_held;
+    struct {
+        uint64_t lease_id;
+        batch_id batch;
+    } released[PEER_RECENT_RELEASES]; /* drafter: its last releases (ring, n_released % N) */
+    uint32_t n_released;
     uint64_t journal_ticket; /* ticket of its last reply (see the header) */
 } peer;
 
@@ -711,14 +718,33 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         for (uint32_t i = 0; i < b->n_peers; i++) held_remove(b->peers[i], &g.where.batch);
 }
 
+/* True when p released lease_id recently and still holds its batch: a retry whose first reply
+ * was lost (the release is done; Stale would make the drafter drop a batch it holds). */
+static bool released_before(const peer *p, uint64_t lease_id)
+{
+    uint32_t n = p->n_released < PEER_RECENT_RELEASES ? p->n_released : PEER_RECENT_RELEASES;
+    for (uint32_t i = 0; i < n; i++) {
+        if (p->released[i].lease_id != lease_id) continue;
+        for (uint32_t k = 0; k < p->n_held; k++)
+            if (same_batch(&p->held[k], &p->released[i].batch)) return true;
+    }
+    return false;
+}
+
 static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown lease");
+    if (released_before(p, m->u.lease_id)) return reply_ok(b, r, m->request_id, 0);
     policy_slot_ref where;
     int rc = policy_release(b->policy, m->u.lease_id, &where);
     if (rc) return reply_error(b, r, m->request_id, rc, "lease %" PRIu64 " unknown or expired",
                                m->u.lease_id);
-    if (p->role == WIRE_ROLE_DRAFTER) held_add(p, &where.batch);
+    if (p->role == WIRE_ROLE_DRAFTER) {
+        held_add(p, &where.batch);
+        uint32_t k = p->n_released++ % PEER_RECENT_RELEASES;
+        p->released[k].lease_id = m->u.lease_id;
+        p->released[k].batch = where.batch;
+    }
     group_slot *gs = group_slot_of_lease(b->groups, m->u.lease_id);
     if (gs) gs->released = true;
     reply_ok(b, r, m->request_id, 0);

@@ -7,7 +7,10 @@
  *     for seconds and allocates every epoch up to it (and the journal repeats it at each
  *     restart): such a batch is refused, the epochs stay as they were;
  *   - min_ready above max_depth (the reservoir can never fill: every claim waits forever) is
- *     refused at start-up and by `set`.
+ *     refused at start-up and by `set`;
+ *   - a SlotRelease retried after its reply was lost gets Stale, the drafter drops its copy, and
+ *     the batch stays in flight as held by that drafter until it exits: a retry from the same
+ *     drafter of a release it made is answered Ok.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -83,9 +86,43 @@ static void test_reservoir_over_depth(void)
     stub_broker_free();
 }
 
+static int release(const char *rid, uint64_t inc, uint64_t lease)
+{
+    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, inc);
+    stub_req.u.lease_id = lease;
+    return stub_send(rid);
+}
+
+static void test_release_retry(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "e", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), 0);
+    wire_grant g = stub_rep.u.grant;
+    CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);
+    CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);         /* the reply was lost */
+    CHECK_EQ_INT(release("e", DRAFTER_INC + 1, g.lease_id), DFLASH_ESTALE); /* not e's */
+    CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id + 1), DFLASH_ESTALE); /* never granted */
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.ack = (wire_ack){g.unit, 1};
+    CHECK_EQ_INT(stub_send("d"), 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), DFLASH_ESTALE); /* acked since */
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
     test_reservoir_over_depth();
+    test_release_retry();
     CHECK_DONE();
 }

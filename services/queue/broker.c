@@ -774,6 +774,10 @@ static void on_commit(broker *b, const wire_msg *m, wire_msg *r)
 static void on_resume_from(broker *b, const wire_msg *m, wire_msg *r)
 {
     int64_t n = ledger_rewind(b->ledger, m->u.step);
+    if (n == DFLASH_ESTATE)
+        return reply_error(b, r, m->request_id, (int)n, "step %" PRIu64 " is older than a "
+                           "finished epoch's last batch: resume from a later checkpoint",
+                           m->u.step);
     if (n < 0) return reply_error(b, r, m->request_id, (int)n, "rewind failed");
     LOG_INFO("drafter resumes from step %" PRIu64 ": %" PRId64 " batches back to to-do",
              m->u.step, n);
@@ -907,8 +911,12 @@ static void on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc) return reply_error(b, r, m->request_id, rc, "join refused");
     if (o.created) {
         int64_t n = ledger_rewind(b->ledger, j->step);
-        LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained after "
-                 "it back to to-do", j->group, p->name, j->step, n);
+        if (n < 0)
+            LOG_WARN("group %s created by %s at step %" PRIu64 ": rewind refused (%s)", j->group,
+                     p->name, j->step, err_str((int)n));
+        else
+            LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained "
+                     "after it back to to-do", j->group, p->name, j->step, n);
     }
     apply_outcome(b, j->group, &o);
     if (o.new_epoch) log_epoch(g);

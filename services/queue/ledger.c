@@ -4,13 +4,15 @@
  * epochs. An epoch holds, per bucket, one entry per batch {state, orphan flag, step} plus counters
  * (batches per state, TODO per bucket, a lower bound on the first TODO index per bucket) so that
  * hand-out and stats do not scan. An epoch whose batches are all COMMITTED is *done*: its entries
- * are freed (COMMITTED is final, nothing can change there) and it costs a few counters, in memory
- * and in snapshots. Epochs open lazily: the open epoch is the lowest one with TODO
- * batches; when none has any, the next one is allocated (up to max_epochs).
+ * are freed (nothing but a rewind before its done_step could change there, and that is refused)
+ * and it costs a few counters, in memory and in snapshots. Epochs open lazily: the open epoch is
+ * the lowest one with TODO batches; when none has any, the next one is allocated (up to
+ * max_epochs).
  *
  * Transitions (assert()ed in set_state; the table with its triggers is in ledger.h):
  *   TODO -> IN_FLIGHT | TRAINED;  IN_FLIGHT -> TODO | TRAINED | QUARANTINED;
- *   TRAINED -> TODO | COMMITTED;  QUARANTINED -> TODO | TRAINED;  COMMITTED is final.
+ *   TRAINED -> TODO | COMMITTED;  QUARANTINED -> TODO | TRAINED;  COMMITTED -> TODO (a rewind
+ *   below the commit; never in a done epoch, which keeps only its largest step, done_step).
  *
  * Durability: every public mutation first changes memory then appends one journal record (a
  * record describes the operation, e.g. COMMIT(step), not its effects); replay at open runs the
@@ -26,6 +28,7 @@
 #include "ledger.h"
 
 #include <assert.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,7 +50,7 @@ enum {
     REC_SNAP_CHUNK = 11, /* compaction: states of a run of batches of one (epoch, bucket) */
     REC_ORPHANS = 12,    /* requeue_orphans */
     REC_BOOT = 13,       /* a ledger_new: everything in flight became orphaned */
-    REC_SNAP_DONE = 14,  /* compaction: an epoch whose every batch is committed */
+    REC_SNAP_DONE = 14,  /* compaction: an epoch whose every batch is committed (+ done_step) */
 };
 #define SNAP_ORPHAN 0x80 /* state byte flag in snapshot chunks */
 
@@ -67,6 +70,7 @@ typedef struct {
     uint64_t count[N_STATES];
     uint64_t orphans;
     bool done; /* every batch COMMITTED: entries freed, all reads answer COMMITTED */
+    uint64_t done_step; /* done: the largest step of its batches (a rewind below it is refused) */
 } epoch_rec;
 
 struct ledger {
@@ -117,7 +121,7 @@ static bool legal(batch_state from, batch_state to)
         return to == BATCH_TODO || to == BATCH_TRAINED || to == BATCH_QUARANTINED;
     case BATCH_TRAINED: return to == BATCH_TODO || to == BATCH_COMMITTED;
     case BATCH_QUARANTINED: return to == BATCH_TODO || to == BATCH_TRAINED;
-    case BATCH_COMMITTED: return false;
+    case BATCH_COMMITTED: return to == BATCH_TODO;
     }
     return false;
 }
@@ -187,7 +191,10 @@ static entry *find(const ledger *l, const batch_id *b, epoch_rec **E)
 
 static void mark_done(ledger *l, epoch_rec *E)
 {
+    E->done_step = 0;
     for (uint32_t b = 0; b < l->n_buckets; b++) {
+        for (uint32_t i = 0; i < l->per[b]; i++)
+            if (E->e[b][i].step > E->done_step) E->done_step = E->e[b][i].step;
         free(E->e[b]);
         E->e[b] = NULL;
         E->todo[b] = 0;
@@ -333,7 +340,7 @@ static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t 
     int64_t n = 0;
     for (uint32_t e = 0; e < l->n_epochs; e++) {
         epoch_rec *E = &l->ep[e];
-        if (E->count[from] == 0) continue;
+        if (E->count[from] == 0 || E->done) continue;
         for (uint32_t b = 0; b < l->n_buckets; b++)
             for (uint32_t i = 0; i < l->per[b]; i++) {
                 entry *x = &E->e[b][i];
@@ -344,6 +351,25 @@ static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t 
             }
         if (E->count[BATCH_COMMITTED] == l->batches_per_epoch) mark_done(l, E);
     }
+    return n;
+}
+
+/* A drafter resumed from checkpoint step: every TRAINED or COMMITTED batch trained after it ->
+ * TODO, and the last commit is no later than step. DFLASH_ESTATE (nothing changed) when a done
+ * epoch has a batch trained after step: which ones is no longer known. */
+static int64_t apply_rewind(ledger *l, uint64_t step)
+{
+    for (uint32_t e = 0; e < l->n_epochs; e++)
+        if (l->ep[e].done && l->ep[e].done_step > step) {
+            LOG_WARN("ledger: cannot rewind to step %" PRIu64 ": epoch %u was finished with "
+                     "batches trained up to step %" PRIu64 " and its per-batch steps are not "
+                     "kept (resume from a checkpoint at or after that step)",
+                     step, e, l->ep[e].done_step);
+            return DFLASH_ESTATE;
+        }
+    int64_t n = apply_bulk(l, BATCH_TRAINED, BATCH_TODO, step, true);
+    n += apply_bulk(l, BATCH_COMMITTED, BATCH_TODO, step, true);
+    if (step < l->last_commit_step) l->last_commit_step = step;
     return n;
 }
 
@@ -440,7 +466,7 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
         break;
     case REC_REWIND:
         if (len != 8) return DFLASH_ECORRUPT;
-        apply_bulk(l, BATCH_TRAINED, BATCH_TODO, get64(p), true);
+        if (apply_rewind(l, get64(p)) < 0) rc = DFLASH_ESTATE;
         break;
     case REC_ORPHANS:
         if (len != 0) return DFLASH_ECORRUPT;
@@ -496,11 +522,13 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
         break;
     }
     case REC_SNAP_DONE:
-        if (len != 4 || !l->n_buckets) return DFLASH_ECORRUPT;
+        if ((len != 4 && len != 12) || !l->n_buckets) return DFLASH_ECORRUPT;
         if (ensure_epoch(l, get32(p)) != 0 || l->ep[get32(p)].count[BATCH_TODO] !=
                                                    l->batches_per_epoch)
             return DFLASH_ECORRUPT;
         mark_done(l, &l->ep[get32(p)]);
+        /* Older snapshots have no step: the last commit (after SNAP_META) bounds it. */
+        l->ep[get32(p)].done_step = len == 12 ? get64(p + 4) : l->last_commit_step;
         break;
     default:
         LOG_ERROR("ledger: unknown journal record type %u", type);
@@ -645,7 +673,8 @@ int64_t ledger_commit(ledger *l, uint64_t step)
 
 int64_t ledger_rewind(ledger *l, uint64_t step)
 {
-    int64_t n = apply_bulk(l, BATCH_TRAINED, BATCH_TODO, step, true);
+    int64_t n = apply_rewind(l, step);
+    if (n < 0) return n;
     uint8_t p[8];
     put64(p, step);
     if (l->j && journal_append(l->j, REC_REWIND, p, 8, l->params.fsync) != 0) return DFLASH_EIO;
@@ -696,8 +725,9 @@ static int emit_snapshot(void *ctx, journal *t)
     if (!buf) return DFLASH_ENOMEM;
     for (uint32_t e = 0; e < l->n_epochs && !rc; e++) {
         if (!l->ep[e].done) continue;
-        uint8_t d[4];
+        uint8_t d[12];
         put32(d, e);
+        put64(d + 4, l->ep[e].done_step);
         rc = journal_append(t, REC_SNAP_DONE, d, sizeof d, false);
     }
     for (uint32_t e = 0; e < l->n_epochs && !rc; e++)

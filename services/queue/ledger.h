@@ -8,11 +8,13 @@
  *   TODO           -      hand-out   ack(*)     -          -
  *   IN_FLIGHT    requeue    -        ack        -       quarantine
  *   TRAINED      rewind     -         -       commit        -
- *   COMMITTED       -       -         -         -           -
+ *   COMMITTED   rewind(***) -         -         -           -
  *   QUARANTINED  rewind(**) -        ack        -           -
  *   (*) a late ack of a batch that was requeued (its target died after the drafter copied it):
  *       the batch was trained, so it is recorded trained and not handed out again.
  *   (**) ledger_release_quarantine() only.
+ *   (***) a drafter resumed from a checkpoint older than the commit; never in a finished epoch
+ *       (all COMMITTED: its per-batch steps are freed), where such a rewind is refused.
  * Acking a TRAINED or COMMITTED batch is rejected (DFLASH_EEXISTS) and counted: nothing is
  * recorded as trained twice. Batches of an epoch are handed out only from the *open epoch*: the
  * lowest epoch that still has TODO batches (a rewind can reopen an older one); a new epoch opens
@@ -131,8 +133,10 @@ int ledger_release_quarantine(ledger *l, const batch_id *b);
  * Journaled with fsync. Returns the number committed (>= 0) or a negative code (DFLASH_EIO). */
 int64_t ledger_commit(ledger *l, uint64_t step);
 
-/* A drafter resumed from checkpoint step: every TRAINED batch with step > step -> TODO.
- * Journaled with fsync. Returns the number rewound (>= 0) or a negative code. */
+/* A drafter resumed from checkpoint step: every TRAINED or COMMITTED batch with step > step ->
+ * TODO (the resumed model lacks them), and last_commit_step is at most step. Journaled with
+ * fsync. Returns the number rewound (>= 0) or a negative code: DFLASH_ESTATE, nothing changed,
+ * when a finished epoch holds a batch trained after step (which ones is no longer known). */
 int64_t ledger_rewind(ledger *l, uint64_t step);
 
 /* State (and training step, 0 unless TRAINED/COMMITTED) of b; either out pointer may be NULL.

@@ -117,7 +117,9 @@ static void test_ack_commit_rewind(void)
     CHECK_EQ_INT(ledger_ack(l, &b[3], 30), DFLASH_EEXISTS);
     CHECK_EQ_INT(ledger_requeue(l, &b[3]), DFLASH_ESTATE);
     CHECK_EQ_INT(ledger_adopt(l, &b[3]), DFLASH_ESTALE);
-    CHECK_EQ_INT(ledger_rewind(l, 0), 0);
+    /* ... but cannot go back before it: which of its batches came after step 0 is forgotten. */
+    CHECK_EQ_INT(ledger_rewind(l, 0), DFLASH_ESTATE);
+    CHECK_EQ_INT(ledger_rewind(l, 21), 0);
     /* An ack outside the plan is counted, not applied. */
     batch_id bogus = {0, 0, 6};
     CHECK_EQ_INT(ledger_ack(l, &bogus, 1), DFLASH_ERANGE);
@@ -129,6 +131,72 @@ static void test_ack_commit_rewind(void)
     CHECK_EQ_INT(st.epochs_committed, 1);
     CHECK_EQ_INT(st.last_commit_step, 21);
     ledger_destroy(&l);
+}
+
+static uint64_t committed_count(ledger *l)
+{
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    return st.committed;
+}
+
+/* A drafter resumed from a checkpoint older than the last commit (--resume of an older
+ * checkpoint into another directory): the batches committed after that step are not in its
+ * model and are trained again, also after a restart and a compaction. In a finished epoch, whose
+ * per-batch steps are forgotten, a rewind before its last batch is refused and changes nothing. */
+static void test_rewind_below_commit(void)
+{
+    char jp[320];
+    snprintf(jp, sizeof jp, "%s/rewind.journal", dir);
+    unlink(jp);
+    ledger *l = open_ledger(jp, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){20}), 0);
+    batch_id b;
+    for (uint64_t s = 1; s <= 10; s++) {
+        CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+        CHECK_EQ_INT(ledger_ack(l, &b, s), 0);
+    }
+    CHECK_EQ_INT(ledger_commit(l, 10), 10);
+    CHECK_EQ_INT(ledger_rewind(l, 5), 5);
+    CHECK_EQ_INT(committed_count(l), 5);
+    CHECK_EQ_INT(state_of(l, 0, 0, 4, NULL), BATCH_COMMITTED);
+    CHECK_EQ_INT(state_of(l, 0, 0, 5, NULL), BATCH_TODO);
+    for (int round = 0; round < 2; round++) { /* replayed, then from a snapshot */
+        ledger_destroy(&l);
+        l = open_ledger(jp, 0, 0);
+        if (!l) return;
+        CHECK_EQ_INT(committed_count(l), 5);
+        CHECK_EQ_INT(state_of(l, 0, 0, 5, NULL), BATCH_TODO);
+        ledger_stats st;
+        ledger_get_stats(l, &st);
+        CHECK_EQ_INT(st.todo, 15);
+        CHECK_EQ_INT(st.last_commit_step, 5);
+        if (round == 0) CHECK_EQ_INT(ledger_compact(l), 0);
+    }
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK_EQ_INT(b.index, 5);
+    ledger_destroy(&l);
+
+    unlink(jp);
+    l = open_ledger(jp, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){4}), 0);
+    for (uint64_t s = 1; s <= 4; s++) {
+        CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+        CHECK_EQ_INT(ledger_ack(l, &b, s), 0);
+    }
+    CHECK_EQ_INT(ledger_commit(l, 4), 4);
+    CHECK(ledger_epoch_committed(l, 0));
+    for (int round = 0; round < 2; round++) { /* live, then from a snapshot */
+        CHECK_EQ_INT(ledger_rewind(l, 2), DFLASH_ESTATE);
+        CHECK_EQ_INT(committed_count(l), 4);
+        CHECK_EQ_INT(ledger_rewind(l, 4), 0);
+        CHECK_EQ_INT(ledger_compact(l), 0);
+        ledger_destroy(&l);
+        l = open_ledger(jp, 0, 0);
+        if (!l) return;
+    }
+    ledger_destroy(&l);
+    unlink(jp);
 }
 
 /* A peer may name a batch of any epoch: adopting one beyond the next epoch is refused and opens
@@ -444,6 +512,7 @@ int main(void)
     snprintf(path, sizeof path, "%s/ledger.journal", dir);
     test_handout_and_epochs();
     test_ack_commit_rewind();
+    test_rewind_below_commit();
     test_adopt_far_epoch();
     test_quarantine();
     test_replay_and_orphans();

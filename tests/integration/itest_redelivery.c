@@ -3,7 +3,8 @@
  * The real dflash-queue runs in a temp runtime dir (lease 800 ms, heartbeat 100 ms). This
  * process registers a pool and makes one batch ready; a child consumer (this binary in
  * "consumer" mode) claims it, prints the granted unit and hangs. It is SIGKILLed; a second
- * consumer then claims and must get the very same batch, and the broker counts the redelivery. */
+ * consumer then claims and must get the very same batch, and the broker counts the redelivery;
+ * `dflash-ctl watch` then shows no lease held (the expired one once counted as leased). */
 #include "check.h"
 #include "harness.h"
 
@@ -98,6 +99,23 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_status(d, &s), 0);
     CHECK(s.redeliveries >= 1);
     CHECK_EQ_INT(s.batches_trained, 1);
+
+    /* dflash-ctl watch counts the leases held now: the expired one is not (2 grants, 1
+     * release, 1 expiry: 0 leased) */
+    char rt[128], line[512] = "";
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    char *wargv[] = {argv[2], rt, "--count=1", "watch", NULL};
+    int wfd = -1;
+    pid_t watcher = h_spawn(wargv, &wfd);
+    struct pollfd wp = {.fd = wfd, .events = POLLIN};
+    for (uint64_t until = h_now_ms() + 10000; h_now_ms() < until && poll(&wp, 1, 50) == 0;)
+        client_poll(t), client_poll(d);
+    FILE *wout = fdopen(wfd, "r");
+    CHECK(fgets(line, sizeof line, wout) != NULL);
+    CHECK(strstr(line, "stats") == line && strstr(line, " leased 0 ") != NULL);
+    if (!strstr(line, " leased 0 ")) fprintf(stderr, "watch printed: %s", line);
+    h_kill(watcher, SIGTERM);
+    fclose(wout);
 
     client_destroy(&d);
     client_destroy(&t);

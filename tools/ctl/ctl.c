@@ -246,11 +246,15 @@ static int cmd_watch(const ctl_config *c, client *cl)
             print_json(o);
         } else if (m.type == WIRE_STATUS_REPLY) {
             const wire_status *s = &m.u.status;
+            uint64_t leased = 0; /* held now (grants - releases also counts expired leases) */
             printf("stats   %-8s ready", state_name(s->state));
-            for (uint32_t i = 0; i < s->n_buckets; i++) printf(" %u", s->buckets[i].ready);
+            for (uint32_t i = 0; i < s->n_buckets; i++) {
+                printf(" %u", s->buckets[i].ready);
+                leased += s->buckets[i].leased;
+            }
             printf("  leased %" PRIu64 "  claims/s %.1f  TV %.4f  trained %" PRIu64
                    "  committed %" PRIu64 "\n",
-                   s->grants - s->releases, s->claims_per_s, s->tv_distance, s->batches_trained,
+                   leased, s->claims_per_s, s->tv_distance, s->batches_trained,
                    s->batches_committed);
         } else if (m.type == WIRE_SLOT_READY) {
             printf("ready   slot %u  batch %u/%u/%" PRIu64 "  %u tokens\n", m.u.ready.slot,

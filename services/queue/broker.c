@@ -53,6 +53,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +105,9 @@ static const cfg_option queue_options[] = {
     OPT_I("max-redeliveries", "3", 0, 1000, true,
           "a batch redelivered more often is quarantined", max_redeliveries),
     OPT_S("shares", "", true,
-          "bucket token shares, comma separated (default: as the target reports)", shares),
+          "bucket token shares, comma separated, finite and >= 0, one per bucket (default, or "
+          "when the count does not fit: as the target reports)",
+          shares),
     OPT_I("mix-window", "1000", 1, 65536, false, "claims in the TV-distance window", mix_window),
     OPT_I("heartbeat-ms", "1000", 10, 60000, false, "heartbeat interval peers are told",
           heartbeat_ms),
@@ -149,6 +152,8 @@ static int depth_check(const queue_config *c, uint32_t world, char *why, size_t 
     return DFLASH_ERANGE;
 }
 
+static int parse_shares(const char *s, uint32_t n, double *out);
+
 int broker_config_check(const queue_config *c, char *why, size_t why_len)
 {
     bool curve = c->curve_secret_key[0] || c->curve_clients[0];
@@ -177,6 +182,12 @@ int broker_config_check(const queue_config *c, char *why, size_t why_len)
         return DFLASH_ECONFIG;
     }
     if (depth_check(c, 1, why, why_len)) return DFLASH_ECONFIG;
+    double sh[WIRE_MAX_BUCKETS];
+    if (c->shares[0] && parse_shares(c->shares, 0, sh)) {
+        snprintf(why, why_len, "--shares '%s': need finite non-negative numbers, comma separated",
+                 c->shares);
+        return DFLASH_ECONFIG;
+    }
     return 0;
 }
 
@@ -383,19 +394,21 @@ static void sink_quarantine(void *ctx, const batch_id *id, uint32_t pool_id, uin
     ledger_quarantine(b->ledger, id);
 }
 
+/* n finite non-negative numbers into out; n 0: any count up to WIRE_MAX_BUCKETS (the bucket
+ * count is not known yet; out has room for that many). 0 or DFLASH_EINVAL. */
 static int parse_shares(const char *s, uint32_t n, double *out)
 {
-    uint32_t k = 0;
+    uint32_t k = 0, max = n ? n : WIRE_MAX_BUCKETS;
     const char *p = s;
     while (*p) {
         char *end;
         double v = strtod(p, &end);
-        if (end == p || k >= n || v < 0) return DFLASH_EINVAL;
+        if (end == p || k >= max || !(v >= 0) || !isfinite(v)) return DFLASH_EINVAL;
         out[k++] = v;
         p = end;
         while (*p == ',' || *p == ' ') p++;
     }
-    return k == n ? 0 : DFLASH_EINVAL;
+    return (n ? k == n : k > 0) ? 0 : DFLASH_EINVAL;
 }
 
 static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, const double *share)
@@ -415,10 +428,14 @@ static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, c
     if (!b->policy) return DFLASH_EINVAL;
     b->n_buckets = n_buckets;
     double sh[WIRE_MAX_BUCKETS];
-    if (b->cfg.shares[0] && parse_shares(b->cfg.shares, n_buckets, sh) == 0)
-        policy_set_shares(b->policy, n_buckets, sh);
-    else
-        policy_set_shares(b->policy, n_buckets, share);
+    if (b->cfg.shares[0] && (parse_shares(b->cfg.shares, n_buckets, sh) ||
+                             policy_set_shares(b->policy, n_buckets, sh))) {
+        /* Known only now: drop it, so the config and later sets show and check what is used. */
+        LOG_WARN("shares '%s' do not fit the target's %u buckets: using the target's shares",
+                 b->cfg.shares, n_buckets);
+        b->cfg.shares[0] = '\0';
+    }
+    if (!b->cfg.shares[0]) policy_set_shares(b->policy, n_buckets, share);
     policy_set_mode(b->policy, b->pending_mode);
     return 0;
 }
@@ -1152,10 +1169,14 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
         double sh[WIRE_MAX_BUCKETS];
         uint32_t n = b->policy ? b->n_buckets : 0;
         double sum = 0;
-        int rc = n ? parse_shares(next.shares, n, sh) : 0;
+        int rc = parse_shares(next.shares, n, sh);
         for (uint32_t i = 0; i < n && !rc; i++) sum += sh[i];
         if (rc || (n && sum <= 0)) {
-            if (err) snprintf(err, err_len, "shares: need %u non-negative numbers", n);
+            if (err && n)
+                snprintf(err, err_len, "shares: need %u finite non-negative numbers, not all 0",
+                         n);
+            else if (err)
+                snprintf(err, err_len, "shares: need finite non-negative numbers, comma separated");
             return DFLASH_EINVAL;
         }
     }

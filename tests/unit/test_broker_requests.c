@@ -10,7 +10,9 @@
  *     refused at start-up and by `set`;
  *   - a SlotRelease retried after its reply was lost gets Stale, the drafter drops its copy, and
  *     the batch stays in flight as held by that drafter until it exits: a retry from the same
- *     drafter of a release it made is answered Ok.
+ *     drafter of a release it made is answered Ok;
+ *   - bad shares: `set shares=nan` answered Ok and was then ignored; --shares with a count the
+ *     target's buckets do not have was ignored silently, and made every later `set` fail.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -119,10 +121,65 @@ static void test_release_retry(void)
     stub_broker_free();
 }
 
+static void three_shares(queue_config *cfg)
+{
+    snprintf(cfg->shares, sizeof cfg->shares, "1,1,1");
+}
+
+/* A target with two buckets, shares 3:1. */
+static void pool_two_buckets(void)
+{
+    stub_init(WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, TARGET_INC);
+    wire_pool *p = &stub_req.u.pool;
+    p->pool_incarnation = POOL_INC;
+    p->backend = WIRE_BACKEND_HOST;
+    snprintf(p->shm_name, sizeof p->shm_name, "/dflash-test-stub");
+    p->slot_count = 8;
+    p->slot_size = 4096;
+    p->layout_version = 1;
+    p->token_budget = 1024;
+    p->n_buckets = 2;
+    p->bucket_upper[0] = 512;
+    p->bucket_upper[1] = 1024;
+    p->bucket_share[0] = 0.75;
+    p->bucket_share[1] = 0.25;
+    p->bucket_batches[0] = p->bucket_batches[1] = 100;
+    p->epochs = 1;
+    CHECK_EQ_INT(stub_send("t"), 0);
+}
+
+static void test_bad_shares(void)
+{
+    queue_config cfg;
+    char *argv[] = {"test", "--shares", "1,nan", NULL};
+    char why[400] = "";
+    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 3, argv, NULL, 0, NULL), 0);
+    CHECK(broker_config_check(&cfg, why, sizeof why) != 0);
+    snprintf(cfg.shares, sizeof cfg.shares, "1,inf");
+    CHECK(broker_config_check(&cfg, why, sizeof why) != 0);
+    snprintf(cfg.shares, sizeof cfg.shares, "1,2,3");
+    CHECK_EQ_INT(broker_config_check(&cfg, why, sizeof why), 0); /* buckets unknown yet */
+
+    stub_broker_new(three_shares); /* the target will have two buckets */
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    pool_two_buckets();
+    wire_status s = stub_status();
+    CHECK_NEAR(s.buckets[0].share, 0.75, 1e-9); /* the target's */
+    CHECK_EQ_INT(set1("min-ready", "1"), 0);     /* the bad --shares does not block it */
+    CHECK_EQ_INT(set1("shares", "nan,1"), DFLASH_EINVAL);
+    CHECK_EQ_INT(set1("shares", "1,inf"), DFLASH_EINVAL);
+    CHECK_EQ_INT(set1("shares", "1,1"), 0);
+    s = stub_status();
+    CHECK_NEAR(s.buckets[0].share, 0.5, 1e-9);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
     test_reservoir_over_depth();
     test_release_retry();
+    test_bad_shares();
     CHECK_DONE();
 }

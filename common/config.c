@@ -311,7 +311,10 @@ void config_print_help(const cfg_table *t, FILE *out)
         const cfg_option *o = &t->options[i];
         static const char *const types[] = {"INT", "NUM", "BOOL", "STR"};
         char flag[96];
-        snprintf(flag, sizeof flag, "--%s %s", o->name, types[o->type]);
+        if (o->type == CFG_BOOL) /* no separate value: --NAME, --no-NAME or --NAME=BOOL */
+            snprintf(flag, sizeof flag, "--[no-]%s", o->name);
+        else
+            snprintf(flag, sizeof flag, "--%s %s", o->name, types[o->type]);
         fprintf(out, "  %-34s %s (default: %s%s%s)\n", flag, o->help, *o->def ? o->def : "\"\"",
                 o->live ? ", live" : "", "");
     }

@@ -75,6 +75,21 @@ int main(void)
     CHECK_EQ_INT(config_get(&demo, &c, "min-ready", v, sizeof v), 0);
     CHECK(strcmp(v, "11") == 0);
 
+    /* --help shows each flag as it is written: a BOOL takes no separate value (--fsync false
+     * used to be shown as --fsync BOOL, and exits 2), it is --[no-]NAME or --NAME=BOOL */
+    char *help = NULL;
+    size_t help_len = 0;
+    FILE *hf = open_memstream(&help, &help_len);
+    config_print_help(&demo, hf);
+    fclose(hf);
+    CHECK(strstr(help, "--min-ready INT ") != NULL);
+    CHECK(strstr(help, "--[no-]verbose ") != NULL);
+    CHECK(strstr(help, "--verbose BOOL") == NULL);
+    free(help);
+    char *argv_no[] = {"demo", "--verbose", "--no-verbose", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 3, argv_no, NULL, 0, NULL), 0);
+    CHECK(!c.verbose);
+
     int ids[3];
     CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3), 3);
     CHECK(ids[0] == 1 && ids[1] == 9 && ids[2] == 17);

@@ -149,7 +149,9 @@ static void set_state(epoch_rec *E, uint32_t bucket, uint32_t index, batch_state
 static int ensure_epoch(ledger *l, uint32_t epoch)
 {
     if (l->n_buckets == 0) return DFLASH_ESTATE;
-    if (l->params.max_epochs && epoch >= l->params.max_epochs) return DFLASH_ERANGE;
+    /* Replay reopens what the journal opened, also under a lower max_epochs than then. */
+    if (l->params.max_epochs && epoch >= l->params.max_epochs && !l->replaying)
+        return DFLASH_ERANGE;
     while (l->n_epochs <= epoch) {
         if (l->n_epochs == l->cap_epochs) {
             uint32_t cap = l->cap_epochs ? 2 * l->cap_epochs : 4;
@@ -205,12 +207,15 @@ static void mark_done(ledger *l, epoch_rec *E)
     E->done = true;
 }
 
-/* Lowest epoch with TODO batches, opening a new one if none has any. -1 if none can open. */
+/* Lowest epoch with TODO batches, opening a new one if none has any; never one at or past
+ * max_epochs (a journal may hold such epochs from a run with a higher limit). -1 if none. */
 static int64_t open_epoch(ledger *l)
 {
     if (l->n_buckets == 0) return -1;
-    for (uint32_t e = 0; e < l->n_epochs; e++)
+    for (uint32_t e = 0; e < l->n_epochs; e++) {
+        if (l->params.max_epochs && e >= l->params.max_epochs) return -1;
         if (l->ep[e].count[BATCH_TODO]) return e;
+    }
     if (ensure_epoch(l, l->n_epochs) != 0) return -1;
     return (int64_t)l->n_epochs - 1;
 }

@@ -18,7 +18,8 @@
  * Acking a TRAINED or COMMITTED batch is rejected (DFLASH_EEXISTS) and counted: nothing is
  * recorded as trained twice. Batches of an epoch are handed out only from the *open epoch*: the
  * lowest epoch that still has TODO batches (a rewind can reopen an older one); a new epoch opens
- * when no epoch has TODO left, up to max_epochs (0 = unlimited).
+ * when no epoch has TODO left, up to max_epochs (0 = unlimited). Epochs a journal opened past a
+ * lower max_epochs (a restart with a smaller limit) come back on replay but hand out nothing.
  *
  * Replay: the journal is replayed at ledger_new. IN_FLIGHT batches come back *orphaned*: the
  * broker restarted and does not know whether a target still holds them or a drafter is training

@@ -199,6 +199,40 @@ static void test_rewind_below_commit(void)
     unlink(jp);
 }
 
+/* A restart with a lower --max-epochs than the journal already opened: the journal is not
+ * corrupt (it was reported so once compacted), its epochs come back as they were, and nothing
+ * is handed out from an epoch at or past the new limit. */
+static void test_lower_max_epochs(void)
+{
+    char jp[320];
+    snprintf(jp, sizeof jp, "%s/epochs.journal", dir);
+    for (int compact = 0; compact < 2; compact++) {
+        unlink(jp);
+        ledger *l = open_ledger(jp, 0, 0);
+        CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){2}), 0);
+        batch_id b;
+        for (uint64_t s = 1; s <= 5; s++) { /* epochs 0 and 1 trained, 2 has one in flight */
+            ledger_todo_mask(l);
+            CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+            if (s < 5) CHECK_EQ_INT(ledger_ack(l, &b, s), 0);
+        }
+        if (compact) CHECK_EQ_INT(ledger_compact(l), 0);
+        ledger_destroy(&l);
+        l = open_ledger(jp, 2, 0);
+        CHECK(l != NULL);
+        if (!l) continue;
+        ledger_stats st;
+        ledger_get_stats(l, &st);
+        CHECK_EQ_INT(st.epochs_opened, 3);
+        CHECK_EQ_INT(st.trained, 4);
+        CHECK_EQ_INT(ledger_requeue_orphans(l), 1); /* epoch 2's batch back to to-do */
+        CHECK_EQ_INT(ledger_todo_mask(l), 0);       /* ... but not handed out */
+        CHECK_EQ_INT(ledger_next_todo(l, 0, &b), DFLASH_ENOTFOUND);
+        ledger_destroy(&l);
+    }
+    unlink(jp);
+}
+
 /* A peer may name a batch of any epoch: adopting one beyond the next epoch is refused and opens
  * nothing (it once allocated every epoch up to it, journaled, so each restart did it again). */
 static void test_adopt_far_epoch(void)
@@ -513,6 +547,7 @@ int main(void)
     test_handout_and_epochs();
     test_ack_commit_rewind();
     test_rewind_below_commit();
+    test_lower_max_epochs();
     test_adopt_far_epoch();
     test_quarantine();
     test_replay_and_orphans();

@@ -668,14 +668,19 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc == 0 && st == SLOT_FENCED) /* checked before adopting: the batch stays orphaned */
         return reply_error(b, r, m->request_id, DFLASH_ESTATE, "slot %u is fenced after a "
                            "broker restart: drop it", s->slot);
+    bool adopted = false;
     if (!policy_is_filling(b->policy, (uint32_t)p->pool_id, &id)) {
         /* Filled for a previous broker incarnation: adopt it if nobody else has it. */
         if ((rc = in_epochs(b, &id) ? ledger_adopt(b->ledger, &id) : DFLASH_ERANGE))
             return reply_error(b, r, m->request_id, rc, "batch not adoptable: drop the slot");
+        adopted = true;
     }
     rc = policy_slot_ready(b->policy, (uint32_t)p->pool_id, s->pool_incarnation, s->slot, &id,
                            s->n_tokens);
-    if (rc) return reply_error(b, r, m->request_id, rc, "slot ready refused");
+    if (rc) {
+        if (adopted) ledger_requeue(b->ledger, &id); /* no slot holds it: back to to-do */
+        return reply_error(b, r, m->request_id, rc, "slot ready refused");
+    }
     d->n_seqs[s->slot] = s->n_seqs;
     reply_ok(b, r, m->request_id, 0);
     wire_msg a;

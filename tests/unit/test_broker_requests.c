@@ -12,7 +12,9 @@
  *     the batch stays in flight as held by that drafter until it exits: a retry from the same
  *     drafter of a release it made is answered Ok;
  *   - bad shares: `set shares=nan` answered Ok and was then ignored; --shares with a count the
- *     target's buckets do not have was ignored silently, and made every later `set` fail.
+ *     target's buckets do not have was ignored silently, and made every later `set` fail;
+ *   - a SlotReady whose batch the broker adopts but whose slot it then refuses (the slot is
+ *     READY with another batch) left that batch in flight for ever: it returns to to-do.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -175,11 +177,29 @@ static void test_bad_shares(void)
     stub_broker_free();
 }
 
+static void test_ready_refused_after_adopt(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1); /* batch (0,0,0) READY in its slot */
+    uint32_t slot = stub_rep.type == WIRE_OK ? stub_req.u.ready.slot : 0;
+    stub_init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.ready = (wire_slot_ready){POOL_INC, slot, {0, 0, 7}, 100, 2};
+    CHECK_EQ_INT(stub_send("t"), DFLASH_ESTATE);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, 1); /* (0,0,0) only */
+    CHECK_EQ_INT(s.batches_todo, 999);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
     test_reservoir_over_depth();
     test_release_retry();
     test_bad_shares();
+    test_ready_refused_after_adopt();
     CHECK_DONE();
 }

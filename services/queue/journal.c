@@ -182,6 +182,19 @@ static int read_file(int fd, uint8_t **out, uint64_t *len)
     return 0;
 }
 
+/* True when a whole record with a matching CRC starts in buf[from, len): what follows a bad
+ * record is then more than a torn tail. Only a bad record's tail is scanned (at open). */
+static bool record_after(const uint8_t *buf, uint64_t from, uint64_t len)
+{
+    for (uint64_t p = from; p + JOURNAL_RECORD_OVERHEAD <= len; p++) {
+        uint32_t plen = get_u32(buf + p);
+        if (plen > JOURNAL_MAX_PAYLOAD || plen + JOURNAL_RECORD_OVERHEAD > len - p) continue;
+        if (journal_crc32(0, buf + p, 8 + (uint64_t)plen) == get_u32(buf + p + 8 + plen))
+            return true;
+    }
+    return false;
+}
+
 /* Walks the records of buf, replaying each valid one; sets *good to the end of the last valid
  * record. A bad record at the very end is a torn tail; a bad record followed by more bytes is
  * corruption. */
@@ -200,6 +213,11 @@ static int replay(journal *j, const uint8_t *buf, uint64_t len, journal_replay_f
             return DFLASH_ECORRUPT;
         }
         uint64_t rlen = (uint64_t)plen + JOURNAL_RECORD_OVERHEAD;
+        if (rlen > left && record_after(buf, off + 1, len)) {
+            LOG_ERROR("journal %s: record at byte %llu claims %u bytes, past the end, and whole "
+                      "records follow it", j->path, (unsigned long long)off, plen);
+            return DFLASH_ECORRUPT;
+        }
         if (rlen > left) break; /* torn: the record runs past the end */
         uint32_t want = get_u32(buf + off + 8 + plen);
         uint32_t crc = journal_crc32(0, buf + off, 8 + (uint64_t)plen);

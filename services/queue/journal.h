@@ -8,7 +8,9 @@
  * matches. At open, every valid record is handed to the replay callback in file order. A final
  * record that is incomplete or fails its CRC (a torn write: the process died mid-append) is cut
  * off with a warning and appending resumes at the last good record. A bad record that is followed
- * by more data is corruption, not a torn tail: open fails with DFLASH_ECORRUPT.
+ * by more data is corruption, not a torn tail: open fails with DFLASH_ECORRUPT. (A record whose
+ * length runs past the end is "followed by more data" when a whole valid record starts anywhere
+ * after its first byte.)
  * journal_rewrite() compacts: the caller emits a fresh set of records into a temporary file,
  * which is fsynced and renamed over the journal (atomic on POSIX).
  *

@@ -164,6 +164,24 @@ static void test_corrupt(void)
     j = journal_open(path, NULL, NULL, &err);
     CHECK(j == NULL);
     CHECK_EQ_INT(err, DFLASH_ECORRUPT);
+    /* A length field that runs past the end, with whole records after it: not a torn tail
+     * (every record after it was once cut off as one); refuse and leave the file as it is. */
+    unlink(path);
+    j = journal_open(path, NULL, NULL, NULL);
+    CHECK_EQ_INT(journal_append(j, 1, "first", 5, false), 0);
+    CHECK_EQ_INT(journal_append(j, 2, "second", 6, false), 0);
+    CHECK_EQ_INT(journal_append(j, 3, "third", 5, false), 0);
+    journal_destroy(&j);
+    uint64_t size = test_file_size(path);
+    fd = open(path, O_RDWR);
+    uint8_t big[4] = {0, 0x10, 0, 0}; /* 4096 bytes: < JOURNAL_MAX_PAYLOAD, past the end */
+    CHECK_EQ_INT(pwrite(fd, big, 4, JOURNAL_HEADER_BYTES), 4);
+    close(fd);
+    j = journal_open(path, NULL, NULL, &err);
+    CHECK(j == NULL);
+    CHECK_EQ_INT(err, DFLASH_ECORRUPT);
+    CHECK_EQ_INT(test_file_size(path), size);
+    journal_destroy(&j);
     /* Not a journal at all. */
     fd = open(path, O_WRONLY | O_TRUNC);
     CHECK_EQ_INT(write(fd, "hello, this is not a journal", 28), 28);

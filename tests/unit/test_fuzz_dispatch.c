@@ -4,7 +4,10 @@
  * A corpus of valid envelopes (a target and a drafter session: hello, pool registration, work,
  * slot ready, claim, release, ack, commit, rewind, status, set, pause/resume/drain) is replayed
  * and mutated (bit flips, byte overwrites with interesting values, truncation, insertion,
- * splicing two messages, random bytes), from a few routing ids. Each input must get a reply that
+ * splicing two messages, random bytes), from a few routing ids: a valid envelope comes from its
+ * session's id, a mutated one mostly from its seed's and sometimes from another (the choice is
+ * not taken from the envelope, whose first byte is the same in every valid one; libFuzzer: the
+ * input's first byte picks the id, the rest is the envelope). Each input must get a reply that
  * is itself a valid envelope from the broker; an input wire_unpack rejects must get an ERROR and
  * bump the malformed counter. Runs under ASan/UBSan in CI. Iterations: DFLASH_FUZZ_ITERS
  * (default 30000, a few seconds). Built with -DDFLASH_LIBFUZZER and clang -fsanitize=fuzzer,
@@ -38,11 +41,13 @@ static broker *fz_setup(void)
     return broker_new(&fz_loop, &cfg, NULL);
 }
 
-/* One input through the broker; checks the reply. rid is chosen by the first byte. */
-static void fz_one(const uint8_t *data, size_t len)
+enum { RID_TARGET, RID_DRAFTER, RID_CTL, RID_OTHER, N_RIDS };
+
+/* One input through the broker from routing id number pick (mod N_RIDS); checks the reply. */
+static void fz_one(unsigned pick, const uint8_t *data, size_t len)
 {
     static const char *const rids[] = {"target-t-1", "drafter-d-2", "ctl-c-3", "drafter-e-4"};
-    const char *rid = rids[len ? data[0] % 4 : 0];
+    const char *rid = rids[pick % N_RIDS];
     wire_msg m;
     int unpack_rc = wire_unpack(data, len, &m, NULL, 0);
     wire_msg_clear(&m);
@@ -68,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 {
     if (!fz_broker) fz_broker = fz_setup();
-    fz_one(data, len);
+    if (len) fz_one(data[0], data + 1, len - 1);
     return 0;
 }
 
@@ -77,6 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 typedef struct {
     uint8_t data[4096];
     size_t len;
+    unsigned rid; /* its session's routing id */
 } seed;
 
 static seed corpus[64];
@@ -84,12 +90,18 @@ static int n_corpus;
 
 static void add(wire_msg *m)
 {
-    int n = wire_pack(m, corpus[n_corpus].data, sizeof corpus[n_corpus].data);
-    if (n > 0) corpus[n_corpus++].len = (size_t)n;
+    seed *s = &corpus[n_corpus];
+    int n = wire_pack(m, s->data, sizeof s->data);
+    if (n <= 0) return;
+    s->len = (size_t)n;
+    s->rid = m->role == WIRE_ROLE_TARGET ? RID_TARGET
+             : m->role == WIRE_ROLE_CTL  ? RID_CTL
+                                         : RID_DRAFTER;
+    n_corpus++;
 }
 
-/* Valid sessions. The target uses incarnation 1 and the drafter 2, matching the rids above only
- * by chance of the first byte: mismatches exercise the STALE paths too. */
+/* Valid sessions: the target uses incarnation 1, the drafter 2, each from its own routing id;
+ * mutated inputs sent from another id exercise the STALE paths too. */
 static void build_corpus(void)
 {
     wire_msg m;
@@ -101,22 +113,11 @@ static void build_corpus(void)
     m.u.hello.n_held = 2;
     m.u.hello.held[1] = (wire_unit){0, 1, 3};
     add(&m);
+    uint8_t ev[2][WIRE_HANDLE_BYTES] = {{1}, {2}};
+    /* a CUDA pool first; the host pool then replaces it (a new pool incarnation) and is the
+     * one the work requests below name */
     wire_msg_init(&m, WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, 1, 2);
     wire_pool *p = &m.u.pool;
-    p->pool_incarnation = 9;
-    p->backend = WIRE_BACKEND_HOST;
-    strcpy(p->shm_name, "/f");
-    p->slot_count = 8;
-    p->slot_size = 4096;
-    p->n_buckets = 2;
-    p->bucket_upper[0] = 512, p->bucket_upper[1] = 1024;
-    p->bucket_share[0] = 0.5, p->bucket_share[1] = 0.5;
-    p->bucket_batches[0] = p->bucket_batches[1] = 4;
-    p->epochs = 2;
-    add(&m);
-    uint8_t ev[2][WIRE_HANDLE_BYTES] = {{1}, {2}};
-    wire_msg_init(&m, WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, 1, 2);
-    *p = (wire_pool){0};
     p->pool_incarnation = 10;
     p->backend = WIRE_BACKEND_CUDA;
     p->event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])ev;
@@ -128,6 +129,19 @@ static void build_corpus(void)
     p->bucket_share[0] = 0.25, p->bucket_share[1] = 0.75;
     p->bucket_batches[0] = p->bucket_batches[1] = 4;
     p->epochs = 1;
+    add(&m);
+    wire_msg_init(&m, WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, 1, 2);
+    *p = (wire_pool){0};
+    p->pool_incarnation = 9;
+    p->backend = WIRE_BACKEND_HOST;
+    strcpy(p->shm_name, "/f");
+    p->slot_count = 8;
+    p->slot_size = 4096;
+    p->n_buckets = 2;
+    p->bucket_upper[0] = 512, p->bucket_upper[1] = 1024;
+    p->bucket_share[0] = 0.5, p->bucket_share[1] = 0.5;
+    p->bucket_batches[0] = p->bucket_batches[1] = 4;
+    p->epochs = 2;
     add(&m);
     for (int i = 0; i < 4; i++) {
         wire_msg_init(&m, WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, 1, 3);
@@ -229,11 +243,16 @@ int main(void)
     long iters = it ? atol(it) : 30000;
     /* The valid corpus first, in order, twice (sessions get established). */
     for (int rep = 0; rep < 2; rep++)
-        for (int i = 0; i < n_corpus; i++) fz_one(corpus[i].data, corpus[i].len);
+        for (int i = 0; i < n_corpus; i++) fz_one(corpus[i].rid, corpus[i].data, corpus[i].len);
     CHECK_EQ_INT(bad_replies, 0);
+    wire_status est; /* the sessions exist: the pool's slots, a drafter's grant */
+    broker_status(fz_broker, &est);
+    CHECK(est.slot_count > 0);
+    CHECK(est.grants > 0);
     static uint8_t buf[8192];
     for (long i = 0; i < iters; i++) {
         const seed *s = &corpus[rnd() % n_corpus];
+        unsigned pick = rnd() % 4 ? s->rid : rnd();
         size_t len;
         if (rnd() % 16 == 0) { /* pure noise */
             len = rnd() % 256;
@@ -242,10 +261,10 @@ int main(void)
             memcpy(buf, s->data, s->len);
             len = mutate(buf, s->len, sizeof buf);
         }
-        fz_one(buf, len);
+        fz_one(pick, buf, len);
         if (rnd() % 64 == 0) { /* keep the sessions alive so deep paths stay reachable */
             int k = (int)(rnd() % n_corpus);
-            fz_one(corpus[k].data, corpus[k].len);
+            fz_one(corpus[k].rid, corpus[k].data, corpus[k].len);
         }
     }
     printf("%ld inputs, %llu rejected by the wire checks\n", iters, (unsigned long long)rejected);

@@ -16,6 +16,8 @@ Pass conditions (each a user-visible promise of DESIGN.md section 5):
   * no drafter ever reports a corrupt or mismatched batch (exit 3 / "VERIFY FAILED"),
   * the ledger (dflash-ctl status --json) has every batch committed, none to do, in flight or
     quarantined, and no drafter saw a second ack of a batch refused ("already trained"),
+  * no daemon ends on its own with a non-zero status (a crash, a sanitizer's abort), during the
+    chaos or after it; ending with 0 (a drafter that saw the epoch drained) is allowed,
   * every daemon exits 0 on SIGTERM, and no /dev/shm segment of the pool is left behind.
 
 Usage: chaos_compose.py BUILD_DIR [--seconds 90] [--min-kills 10] [--seed N] [--keep]
@@ -98,7 +100,7 @@ class Service:
         self.proc = None
         self.kills = 0
         self.starts = 0
-        self.bad_exits = []
+        self.bad_exits = []  # non-zero statuses of ends on its own (each one a failure)
 
     def start(self):
         logf = open(self.log_path, "a")
@@ -243,7 +245,8 @@ def main():
             for s in svcs:  # a daemon that ended on its own: what compose would see
                 rc = s.exited()
                 if rc is not None:
-                    s.bad_exits.append(rc)
+                    if rc != 0:
+                        s.bad_exits.append(rc)
                     log(f"{s.name} exited on its own with status {rc}; restarting")
                     if rc == 3:
                         failures.append(f"{s.name} found a corrupt batch (exit 3)")
@@ -283,7 +286,11 @@ def main():
         # first), where SIGTERM's default action kills it whatever the code does; compose would
         # see that too, so give a fresh process until its first log line before judging it.
         for s in reversed(svcs):
-            if s.proc and s.proc.poll() is None:
+            rc = s.proc.poll() if s.proc else None
+            if rc not in (None, 0):  # ended on its own, not restarted
+                s.bad_exits.append(rc)
+                log(f"{s.name} had exited on its own with status {rc}")
+            if s.proc and rc is None:
                 wait_until(lambda: s.started_logging() or s.proc.poll() is not None, 10)
                 s.proc.send_signal(signal.SIGTERM)
                 try:
@@ -313,6 +320,9 @@ def main():
         failures.append(f"batches acked twice: {twice[:5]}")
 
     for s in svcs:
+        if s.bad_exits:
+            failures.append(f"{s.name} exited on its own with status {s.bad_exits} "
+                            f"(see {s.log_path})")
         text = s.log_text()
         if "VERIFY FAILED" in text:
             failures.append(f"{s.name}: a batch failed verification (see {s.log_path})")

@@ -16,7 +16,8 @@ for the last decoder layer transformers returns the final-normed state there, so
 is taken from the hook instead.
 
   python3 tests/reference/hf_target_check.py --build build      (one command; exit 0 = pass)
-Prints SKIPPED and exits 0 when transformers or torch is absent. Runs on the CPU by default
+Prints SKIPPED and exits 77 (not a pass) when transformers, torch or numpy is absent, like
+dflash_logits_check.py. Runs on the CPU by default
 (exact fp32, no TF32); --device cuda is allowed.
 """
 import argparse
@@ -182,7 +183,7 @@ def main():
         import transformers
     except ImportError as e:
         print("SKIPPED: hf_target_check needs torch, numpy and transformers (%s)" % e)
-        return 0
+        return 77
     from refdump import RefDump
     exe = find_binary(args.build)
     if not exe:

@@ -69,11 +69,28 @@ static __attribute__((unused)) pid_t h_spawn(char *const argv[], int *out_fd)
     return pid;
 }
 
+/* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point). */
 static __attribute__((unused)) void h_kill(pid_t pid, int sig)
 {
     if (pid <= 0) return;
     kill(pid, sig);
     waitpid(pid, NULL, 0);
+}
+
+/* Stops pid with SIGTERM and reaps it. Returns its wait status: 0 when it exited 0 (a daemon's
+ * clean shutdown; a sanitizer's report or a crash gives non-zero), -1 when pid <= 0 or the wait
+ * fails. */
+static __attribute__((unused)) int h_stop(pid_t pid)
+{
+    int status = -1;
+    if (pid <= 0) return -1;
+    kill(pid, SIGTERM);
+    if (waitpid(pid, &status, 0) != pid) return -1;
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        fprintf(stderr, "pid %d exited %d on SIGTERM\n", (int)pid, WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        fprintf(stderr, "pid %d ended by signal %d on SIGTERM\n", (int)pid, WTERMSIG(status));
+    return status;
 }
 
 /* Waits until a ctl client gets a hello answer from endpoint, up to deadline_ms. Returns the

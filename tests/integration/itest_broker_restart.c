@@ -183,7 +183,7 @@ int main(int argc, char **argv)
     h_kill(prod, SIGKILL);
     h_kill(cons, SIGKILL);
     fclose(in);
-    h_kill(q, SIGTERM);
+    CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();
 }

@@ -141,7 +141,7 @@ int main(int argc, char **argv)
         char *a[] = {(char *)queue, rt, "--journal=none", bind, "--insecure-tcp", NULL};
         pid_t q = h_spawn(a, NULL);
         CHECK(wait_up(tcp_ep, NULL, NULL, 10000));
-        h_kill(q, SIGTERM);
+        CHECK_EQ_INT(h_stop(q), 0);
     }
 
     /* the CURVE broker: tcp:// (CURVE) and the default ipc:// endpoint */
@@ -235,7 +235,7 @@ int main(int argc, char **argv)
     client_destroy(&local);
     client_destroy(&r);
     client_destroy(&a);
-    h_kill(q, SIGTERM);
+    CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();
 }

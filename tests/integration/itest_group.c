@@ -285,7 +285,7 @@ int main(int argc, char **argv)
     printf("final: both ranks at step %llu with state hash %016llx\n", sa, fa);
 
     client_destroy(&c);
-    h_kill(qp, SIGTERM);
+    CHECK_EQ_INT(h_stop(qp), 0);
     if (check_failed) fprintf(stderr, "logs kept in %s\n", dir);
     else h_rmdir(dir);
     CHECK_DONE();

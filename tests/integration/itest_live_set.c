@@ -105,7 +105,7 @@ int main(int argc, char **argv)
 
     client_destroy(&d);
     client_destroy(&t);
-    h_kill(q, SIGTERM);
+    CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();
 }

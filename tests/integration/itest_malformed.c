@@ -83,7 +83,7 @@ int main(int argc, char **argv)
 
     zmq_close(s);
     zmq_ctx_term(ctx);
-    h_kill(q, SIGTERM);
+    CHECK_EQ_INT(h_stop(q), 0);
 
     /* no broker: ping gives up after its timeout with exit 2 (healthcheck), not a hang */
     char *pargv[] = {argv[2], rt, "--timeout-ms=300", "ping", NULL};

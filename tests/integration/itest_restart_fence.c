@@ -122,7 +122,7 @@ int main(int argc, char **argv)
 
     client_destroy(&t);
     client_destroy(&d);
-    h_kill(q, SIGTERM);
+    CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();
 }

@@ -54,7 +54,7 @@ int main(int argc, char **argv)
 
     client_destroy(&t1);
     client_destroy(&t2);
-    h_kill(q, SIGTERM);
+    CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();
 }

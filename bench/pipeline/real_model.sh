@@ -75,7 +75,7 @@ pipe_stop_target
 
 # ---- results
 python3 - "$out/metrics/metrics.jsonl" "$slots" "$t_first" "$t_full" "$n_first" "$n_full" \
-  "$tok_first" "$tok_full" <<'EOF'
+  "$tok_first" "$tok_full" <<'EOF' || pipe_die "the results could not be computed"
 import json, statistics, sys
 path, slots = sys.argv[1], int(sys.argv[2])
 t_first, t_full = float(sys.argv[3]), float(sys.argv[4])

@@ -798,7 +798,8 @@ static void on_resume_from(broker *b, const wire_msg *m, wire_msg *r)
     int64_t n = ledger_rewind(b->ledger, m->u.step);
     if (n == DFLASH_ESTATE)
         return reply_error(b, r, m->request_id, (int)n, "step %" PRIu64 " is older than a "
-                           "finished epoch's last batch: resume from a later checkpoint",
+                           "finished epoch's last batch: resume from a later checkpoint (a "
+                           "new run starts the broker on a new --journal)",
                            m->u.step);
     if (n < 0) return reply_error(b, r, m->request_id, (int)n, "rewind failed");
     LOG_INFO("drafter resumes from step %" PRIu64 ": %" PRId64 " batches back to to-do",

@@ -361,10 +361,11 @@ static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t 
 
 /* A drafter resumed from checkpoint step: every TRAINED or COMMITTED batch trained after it ->
  * TODO, and the last commit is no later than step. DFLASH_ESTATE (nothing changed) when a done
- * epoch has a batch trained after step: which ones is no longer known. */
+ * epoch has a batch trained after step: which ones is no longer known. Replay applies what the
+ * live call did and refuses nothing (an older snapshot's done_step is only a bound). */
 static int64_t apply_rewind(ledger *l, uint64_t step)
 {
-    for (uint32_t e = 0; e < l->n_epochs; e++)
+    for (uint32_t e = 0; e < l->n_epochs && !l->replaying; e++)
         if (l->ep[e].done && l->ep[e].done_step > step) {
             LOG_WARN("ledger: cannot rewind to step %" PRIu64 ": epoch %u was finished with "
                      "batches trained up to step %" PRIu64 " and its per-batch steps are not "
@@ -471,7 +472,7 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
         break;
     case REC_REWIND:
         if (len != 8) return DFLASH_ECORRUPT;
-        if (apply_rewind(l, get64(p)) < 0) rc = DFLASH_ESTATE;
+        apply_rewind(l, get64(p));
         break;
     case REC_ORPHANS:
         if (len != 0) return DFLASH_ECORRUPT;

@@ -75,8 +75,10 @@ static __attribute__((unused)) wire_status stub_status(void)
     return stub_rep.u.status;
 }
 
-static __attribute__((unused)) void stub_pool(const char *rid, uint64_t inc, uint64_t pool_inc,
-                                              uint32_t n_slots)
+/* A PoolRegister request of a host pool with one bucket (<= 512 tokens, 1000 batches, one
+ * epoch), to adjust before stub_send. */
+static __attribute__((unused)) wire_pool *stub_pool_request(uint64_t inc, uint64_t pool_inc,
+                                                            uint32_t n_slots)
 {
     stub_init(WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, inc);
     wire_pool *p = &stub_req.u.pool;
@@ -92,6 +94,13 @@ static __attribute__((unused)) void stub_pool(const char *rid, uint64_t inc, uin
     p->bucket_share[0] = 1;
     p->bucket_batches[0] = 1000;
     p->epochs = 1;
+    return p;
+}
+
+static __attribute__((unused)) void stub_pool(const char *rid, uint64_t inc, uint64_t pool_inc,
+                                              uint32_t n_slots)
+{
+    stub_pool_request(inc, pool_inc, n_slots);
     CHECK_EQ_INT(stub_send(rid), 0);
 }
 

@@ -131,22 +131,12 @@ static void three_shares(queue_config *cfg)
 /* A target with two buckets, shares 3:1. */
 static void pool_two_buckets(void)
 {
-    stub_init(WIRE_POOL_REGISTER, WIRE_ROLE_TARGET, TARGET_INC);
-    wire_pool *p = &stub_req.u.pool;
-    p->pool_incarnation = POOL_INC;
-    p->backend = WIRE_BACKEND_HOST;
-    snprintf(p->shm_name, sizeof p->shm_name, "/dflash-test-stub");
-    p->slot_count = 8;
-    p->slot_size = 4096;
-    p->layout_version = 1;
-    p->token_budget = 1024;
+    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 8);
     p->n_buckets = 2;
-    p->bucket_upper[0] = 512;
     p->bucket_upper[1] = 1024;
     p->bucket_share[0] = 0.75;
     p->bucket_share[1] = 0.25;
     p->bucket_batches[0] = p->bucket_batches[1] = 100;
-    p->epochs = 1;
     CHECK_EQ_INT(stub_send("t"), 0);
 }
 

@@ -109,6 +109,25 @@ static bool get_bool(rd *r, const char *key, bool def) {
     return cJSON_IsTrue(v);
 }
 
+/* eos_token_id as a list (Llama-3 Instruct ends a turn with any of three): every id into
+ * eos_ids, the first also as eos_token_id (get_int took it); one id: a list of one. */
+static void read_eos_list(rd *r, model_config *c) {
+    c->n_eos_ids = 0;
+    if (c->eos_token_id >= 0) c->eos_ids[c->n_eos_ids++] = c->eos_token_id;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->j, "eos_token_id");
+    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    for (int i = 1; i < n && !r->rc; i++) {
+        const cJSON *e = cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble > INT_MAX) {
+            err_fmt(r->err, r->errlen, "%s: eos_token_id[%d] is not a token id", r->where, i);
+            r->rc = DFLASH_ECONFIG;
+        } else if (c->n_eos_ids < MODEL_MAX_EOS_IDS) {
+            c->eos_ids[c->n_eos_ids++] = (int32_t)e->valuedouble;
+        }
+    }
+}
+
 /* rope scaling from rope_scaling or rope_parameters; only "default"/null and "llama3". */
 static void read_rope(rd *r, model_config *c) {
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->j, "rope_parameters");
@@ -138,8 +157,8 @@ static void read_rope(rd *r, model_config *c) {
     s->factor = get_num(r, rs, "factor", 0, &f1);
     s->low_freq_factor = get_num(r, rs, "low_freq_factor", 0, &f2);
     s->high_freq_factor = get_num(r, rs, "high_freq_factor", 0, &f3);
-    s->original_max_position_embeddings =
-        (int)get_num(r, rs, "original_max_position_embeddings", 0, &f4);
+    double omax = get_num(r, rs, "original_max_position_embeddings", 0, &f4);
+    s->original_max_position_embeddings = omax > 0 && omax <= INT_MAX ? (int)omax : 0;
     if (!(f1 && f2 && f3 && f4) && !r->rc) {
         err_fmt(r->err, r->errlen,
              "%s: llama3 rope_scaling needs factor, low_freq_factor, high_freq_factor and "
@@ -184,6 +203,7 @@ int hf_config_from_json(const cJSON *json, const char *where, model_config *out,
     c.tie_word_embeddings = get_bool(&r, "tie_word_embeddings", false);
     c.bos_token_id = get_int(&r, "bos_token_id", false, -1);
     c.eos_token_id = get_int(&r, "eos_token_id", false, -1);
+    read_eos_list(&r, &c);
     read_rope(&r, &c);
     if (r.rc) return r.rc;
 
@@ -300,6 +320,9 @@ int hf_config_validate(const model_config *c, char *err, size_t errlen) {
     NEED(c->rope_theta > 0, "rope_theta %g must be positive", c->rope_theta);
     NEED(c->bos_token_id < c->vocab_size && c->eos_token_id < c->vocab_size,
          "bos/eos token id outside the vocabulary of %d", c->vocab_size);
+    for (int i = 0; i < c->n_eos_ids; i++)
+        NEED(c->eos_ids[i] >= 0 && c->eos_ids[i] < c->vocab_size,
+             "eos_token_id[%d] %d outside the vocabulary of %d", i, c->eos_ids[i], c->vocab_size);
     if (c->rope_scaling.enabled) {
         const rope_llama3_scaling *s = &c->rope_scaling;
         NEED(s->factor >= 1, "rope_scaling.factor %g must be >= 1", s->factor);
@@ -346,7 +369,13 @@ cJSON *hf_config_to_json(const model_config *c, const char *dtype) {
     if (c->family != MODEL_QWEN2) cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
     hf_config_json_token_id(j, "bos_token_id", c->bos_token_id);
-    hf_config_json_token_id(j, "eos_token_id", c->eos_token_id);
+    if (c->n_eos_ids > 1) {
+        cJSON *eos = cJSON_AddArrayToObject(j, "eos_token_id");
+        for (int i = 0; eos && i < c->n_eos_ids; i++)
+            cJSON_AddItemToArray(eos, cJSON_CreateNumber(c->eos_ids[i]));
+    } else {
+        hf_config_json_token_id(j, "eos_token_id", c->eos_token_id);
+    }
     cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);

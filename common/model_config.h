@@ -11,6 +11,9 @@
 #define DFLASH_MODEL_CONFIG_H
 
 #include <stdbool.h>
+#include <stdint.h>
+
+#define MODEL_MAX_EOS_IDS 8 /* eos ids kept from a list (more are ignored, with a warning) */
 
 typedef enum { MODEL_QWEN3 = 0, MODEL_QWEN2, MODEL_LLAMA } model_family;
 
@@ -38,7 +41,9 @@ typedef struct model_config {
     bool qk_norm;             /* Qwen3 */
     bool qkv_bias;            /* Qwen2 */
     bool tie_word_embeddings; /* lm_head shares embed_tokens */
-    int bos_token_id, eos_token_id; /* -1 when absent */
+    int bos_token_id, eos_token_id; /* -1 when absent; eos: the first of eos_ids */
+    int n_eos_ids;                  /* eos_token_id as a list (Llama-3 Instruct: three) */
+    int32_t eos_ids[MODEL_MAX_EOS_IDS];
 } model_config;
 
 #endif

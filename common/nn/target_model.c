@@ -707,18 +707,22 @@ static void decode_cached(target_model *m, int n, int Tk) {
 
 /* Appends the token picked from logits row r to sequence g_seq[r]; updates done. */
 static void take(target_model *m, int r, int32_t **seqs, int *len, const int *cap, int *added,
-                 bool *done, int max_new, int eos_id, float temperature, uint64_t *rng) {
+                 bool *done, int max_new, const int32_t *eos, int n_eos, float temperature,
+                 uint64_t *rng) {
     int V = m->cfg.vocab_size, s = m->g_seq[r];
     int32_t tok = pick_token(m->g_logits + (size_t)r * V, V, temperature, rng);
     seqs[s][len[s]++] = tok;
     added[s]++;
-    if (added[s] >= max_new || len[s] >= cap[s] || (eos_id >= 0 && tok == eos_id)) done[s] = true;
+    bool at_eos = false;
+    for (int i = 0; i < n_eos; i++)
+        at_eos |= tok == eos[i];
+    if (added[s] >= max_new || len[s] >= cap[s] || at_eos) done[s] = true;
 }
 
 /* Generation with the KV cache: one prefill, then one token per sequence per step. */
 static int generate_cached(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
-                           int *added, bool *done, int max_new, int eos_id, float temperature,
-                           uint64_t *rng) {
+                           int *added, bool *done, int max_new, const int32_t *eos, int n_eos,
+                           float temperature, uint64_t *rng) {
     const nn_ops *ops = m->ops;
     int seq_base[n_seqs], Tk = 0, n = 0, T = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -741,7 +745,7 @@ static int generate_cached(target_model *m, int32_t **seqs, int *len, const int 
     if (rc) return rc;
     prefill_cached(m, n, T);
     for (int r = 0; r < n; r++)
-        take(m, r, seqs, len, cap, added, done, max_new, eos_id, temperature, rng);
+        take(m, r, seqs, len, cap, added, done, max_new, eos, n_eos, temperature, rng);
     /* decode: the newest token of every unfinished sequence, at position len - 1 */
     for (;;) {
         n = 0;
@@ -766,12 +770,12 @@ static int generate_cached(target_model *m, int32_t **seqs, int *len, const int 
         ops->upload_raw(m->ctx, m->d_spans, m->g_spans, sizeof(nn_block_span) * (size_t)n);
         decode_cached(m, n, Tk);
         for (int r = 0; r < n; r++)
-            take(m, r, seqs, len, cap, added, done, max_new, eos_id, temperature, rng);
+            take(m, r, seqs, len, cap, added, done, max_new, eos, n_eos, temperature, rng);
     }
 }
 
 int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
-                    int max_new, int eos_id, float temperature, uint64_t *rng) {
+                    int max_new, const int32_t *eos, int n_eos, float temperature, uint64_t *rng) {
     if (!m || n_seqs < 1 || n_seqs > m->R_max || n_seqs > m->S_max || max_new < 0 ||
         (temperature > 0 && !rng))
         return DFLASH_EINVAL;
@@ -785,8 +789,8 @@ int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, i
         cache_rows += cap[s];
     }
     if (m->kcache && cache_rows <= m->T_max)
-        return generate_cached(m, seqs, len, cap, n_seqs, added, done, max_new, eos_id, temperature,
-                               rng);
+        return generate_cached(m, seqs, len, cap, n_seqs, added, done, max_new, eos, n_eos,
+                               temperature, rng);
     /* without room for the cache: recompute the whole batch for every token */
     for (;;) {
         int n = 0, T = 0;
@@ -809,6 +813,6 @@ int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, i
         int rc = target_logits(m, m->g_ids, m->g_pos, m->g_off, n, T, m->g_rows, n, m->g_logits);
         if (rc) return rc;
         for (int r = 0; r < n; r++)
-            take(m, r, seqs, len, cap, added, done, max_new, eos_id, temperature, rng);
+            take(m, r, seqs, len, cap, added, done, max_new, eos, n_eos, temperature, rng);
     }
 }

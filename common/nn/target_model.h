@@ -112,14 +112,14 @@ int target_logits(target_model *m, const int32_t *ids, const int32_t *pos, const
                   int n_seqs, int T, const int32_t *rows, int n_rows, float *logits);
 
 /* Extends n_seqs host sequences in place. seqs[s] has room for cap[s] tokens and holds
- * len[s] >= 1 on entry; len[s] grows until max_new tokens were added, eos_id (if >= 0) was
- * emitted (it is kept) or cap[s] is reached. temperature <= 0: greedy (lowest id wins ties);
- * otherwise sampling from softmax(logits / temperature) with a splitmix64 stream seeded by *rng.
- * With room for a KV cache (sum of cap[s] <= max_tokens) it runs one prefill and then one token
- * per sequence per step; otherwise it recomputes the whole batch for every token (the total
+ * len[s] >= 1 on entry; len[s] grows until max_new tokens were added, one of the n_eos ids
+ * eos[] was emitted (it is kept) or cap[s] is reached. temperature <= 0: greedy (lowest id wins
+ * ties); otherwise sampling from softmax(logits / temperature) with a splitmix64 stream seeded by
+ * *rng. With room for a KV cache (sum of cap[s] <= max_tokens) it runs one prefill and then one
+ * token per sequence per step; otherwise it recomputes the whole batch for every token (the total
  * current length must then fit max_tokens). Needs all_layers and max_logit_rows >= n_seqs.
  * Returns 0 or a negative code. */
 int target_generate(target_model *m, int32_t **seqs, int *len, const int *cap, int n_seqs,
-                    int max_new, int eos_id, float temperature, uint64_t *rng);
+                    int max_new, const int32_t *eos, int n_eos, float temperature, uint64_t *rng);
 
 #endif

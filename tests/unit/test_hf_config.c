@@ -70,6 +70,7 @@ static void test_real_configs(void) {
     CHECK_NEAR(c.rope_theta, 1e6, 0);
     CHECK(c.qk_norm && !c.qkv_bias && !c.tie_word_embeddings && !c.rope_scaling.enabled);
     CHECK_EQ_INT(c.eos_token_id, 151645);
+    CHECK(c.n_eos_ids == 1 && c.eos_ids[0] == 151645);
 
     CHECK_EQ_INT(load_text(qwen25_05b, &c, err, sizeof err), 0);
     CHECK_EQ_INT(c.family, MODEL_QWEN2);
@@ -89,6 +90,8 @@ static void test_real_configs(void) {
     CHECK_NEAR(c.rope_theta, 500000, 0);
     CHECK_NEAR(c.rms_norm_eps, 1e-5, 0);
     CHECK_EQ_INT(c.eos_token_id, 128001); /* first of the list */
+    CHECK(c.n_eos_ids == 3 && c.eos_ids[0] == 128001 && c.eos_ids[1] == 128008 &&
+          c.eos_ids[2] == 128009); /* all of it: generation stops at <|eot_id|> 128009 too */
 
     /* rope_theta: default 10000, or rope_parameters (newer transformers) */
     CHECK_EQ_INT(load_text("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,"
@@ -137,6 +140,10 @@ static void test_bad_configs(void) {
     expect_bad(qwen3_8b, "\"num_key_value_heads\":8", "\"num_key_value_heads\":5", DFLASH_ECONFIG,
                "not a multiple of num_key_value_heads 5");
     expect_bad(qwen3_8b, "\"head_dim\":128", "\"head_dim\":127", DFLASH_ECONFIG, "head_dim 127");
+    expect_bad(llama31_8b, "[128001,128008,128009]", "[128001,128008,\"x\"]", DFLASH_ECONFIG,
+               "eos_token_id[2] is not a token id");
+    expect_bad(llama31_8b, "[128001,128008,128009]", "[128001,999999999]", DFLASH_ECONFIG,
+               "eos_token_id[1] 999999999 outside the vocabulary");
     expect_bad(qwen3_8b, "\"hidden_size\":4096,", "", DFLASH_ECONFIG, "missing field hidden_size");
     expect_bad(qwen3_8b, "\"vocab_size\":151936", "\"vocab_size\":0", DFLASH_ECONFIG,
                "vocab_size 0");
@@ -176,7 +183,8 @@ static bool same(const model_config *a, const model_config *b) {
                b->rope_scaling.original_max_position_embeddings &&
            a->qk_norm == b->qk_norm && a->qkv_bias == b->qkv_bias &&
            a->tie_word_embeddings == b->tie_word_embeddings && a->bos_token_id == b->bos_token_id &&
-           a->eos_token_id == b->eos_token_id;
+           a->eos_token_id == b->eos_token_id && a->n_eos_ids == b->n_eos_ids &&
+           memcmp(a->eos_ids, b->eos_ids, (size_t)a->n_eos_ids * sizeof a->eos_ids[0]) == 0;
 }
 
 static void test_write_round_trip(void) {

@@ -391,7 +391,7 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx) {
     int32_t a[20] = {3, 14, 15}, b[20] = {9}, c2[20] = {3, 14, 15};
     int32_t *seqs[3] = {a, b, c2};
     int len[3] = {3, 1, 3}, cap[3] = {20, 20, 5};
-    CHECK_EQ_INT(target_generate(m, seqs, len, cap, 3, 6, -1, 0.0f, NULL), 0);
+    CHECK_EQ_INT(target_generate(m, seqs, len, cap, 3, 6, NULL, 0, 0.0f, NULL), 0);
     CHECK_EQ_INT(len[0], 9);
     CHECK_EQ_INT(len[1], 7);
     CHECK_EQ_INT(len[2], 5);                        /* stopped by its capacity */
@@ -422,7 +422,7 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx) {
         int32_t ra[20] = {3, 14, 15}, rb[20] = {9}, rc2[20] = {3, 14, 15};
         int32_t *rs[3] = {ra, rb, rc2};
         int rlen[3] = {3, 1, 3};
-        CHECK_EQ_INT(target_generate(rm, rs, rlen, cap, 3, 6, -1, 0.0f, NULL), 0);
+        CHECK_EQ_INT(target_generate(rm, rs, rlen, cap, 3, 6, NULL, 0, 0.0f, NULL), 0);
         CHECK(rlen[0] == len[0] && rlen[1] == len[1] && rlen[2] == len[2]);
         CHECK(memcmp(ra, a, sizeof(int32_t) * 9) == 0);
         CHECK(memcmp(rb, b, sizeof(int32_t) * 7) == 0);
@@ -435,8 +435,8 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx) {
     int32_t *p1 = s1, *p2 = s2;
     int l1 = 2, l2 = 2, cp = 40;
     uint64_t r1 = 99, r2 = 99;
-    CHECK_EQ_INT(target_generate(m, &p1, &l1, &cp, 1, 30, -1, 1.5f, &r1), 0);
-    CHECK_EQ_INT(target_generate(m, &p2, &l2, &cp, 1, 30, -1, 1.5f, &r2), 0);
+    CHECK_EQ_INT(target_generate(m, &p1, &l1, &cp, 1, 30, NULL, 0, 1.5f, &r1), 0);
+    CHECK_EQ_INT(target_generate(m, &p2, &l2, &cp, 1, 30, NULL, 0, 1.5f, &r2), 0);
     CHECK_EQ_INT(l1, 32);
     CHECK(l1 == l2 && memcmp(s1, s2, sizeof s1) == 0);
     bool range_ok = true;
@@ -446,12 +446,17 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx) {
     int first_eos = -1;
     for (int i = 2; i < l1 && first_eos < 0; i++)
         if (s1[i] == s1[5]) first_eos = i;
-    /* replay with eos = the token sampled at index 5: stops right after its first occurrence */
+    /* replay with eos = the token sampled at index 5: stops right after its first occurrence;
+     * as the second of two eos ids (Llama-3 Instruct's list), the same */
     int32_t s3[40] = {1, 2};
     int32_t *p3 = s3;
     int l3 = 2;
     uint64_t r3 = 99;
-    CHECK_EQ_INT(target_generate(m, &p3, &l3, &cp, 1, 30, s1[5], 1.5f, &r3), 0);
+    CHECK_EQ_INT(target_generate(m, &p3, &l3, &cp, 1, 30, &s1[5], 1, 1.5f, &r3), 0);
+    CHECK_EQ_INT(l3, first_eos + 1);
+    int32_t eos2[2] = {c.vocab_size + 1, s1[5]}; /* the first never sampled */
+    l3 = 2, r3 = 99;
+    CHECK_EQ_INT(target_generate(m, &p3, &l3, &cp, 1, 30, eos2, 2, 1.5f, &r3), 0);
     CHECK_EQ_INT(l3, first_eos + 1);
     target_model_destroy(&m);
 }

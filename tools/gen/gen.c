@@ -9,7 +9,8 @@
  * uniform in [0, vocab), all from --seed) or the "input_ids" arrays of a JSONL file (truncated
  * to prompt-max; lines with ids outside the vocabulary are reported and skipped). The target
  * continues each prompt by temperature sampling (default) or greedy decoding (--greedy) for up
- * to --max-new tokens, stopping early at the config's eos token (kept) unless --no-stop-at-eos.
+ * to --max-new tokens, stopping early at the config's eos token, any of them when it lists
+ * several (kept), unless --no-stop-at-eos.
  * Output: one line per sample, {"input_ids":[prompt..., generated...],"loss_mask":[0..., 1...]}
  * (loss on generated tokens only), which dflash-data turns into shards. The file is written
  * under a temporary name and renamed when complete.
@@ -255,7 +256,8 @@ static int gen_run(gen_ctx *g)
 {
     const gen_cfg *c = &g->cfg;
     int B = (int)c->batch, N = g->prompts.n;
-    int eos = c->stop_at_eos ? g->mc.eos_token_id : -1;
+    int n_eos = c->stop_at_eos ? g->mc.n_eos_ids : 0; /* the config's eos ids, all of them */
+    const int32_t *eos = g->mc.eos_ids;
     float temperature = c->greedy ? 0.0f : (float)c->temperature;
     uint64_t rng = (uint64_t)c->seed * 0x9E3779B97F4A7C15ull + 0x6e6u;
     int32_t **seqs = calloc((size_t)B, sizeof *seqs);
@@ -282,7 +284,7 @@ static int gen_run(gen_ctx *g)
             len[s] = p->len;
         }
         if (rc) break;
-        rc = target_generate(g->model, seqs, len, cap, nb, (int)c->max_new, eos, temperature,
+        rc = target_generate(g->model, seqs, len, cap, nb, (int)c->max_new, eos, n_eos, temperature,
                              &rng);
         if (rc) {
             LOG_ERROR("generation of samples %d..%d failed: %s", first, first + nb - 1,
@@ -296,7 +298,8 @@ static int gen_run(gen_ctx *g)
                 continue;
             }
             new_tokens += len[s] - plen;
-            if (eos >= 0 && seqs[s][len[s] - 1] == eos) at_eos++;
+            for (int i = 0; i < n_eos; i++)
+                at_eos += seqs[s][len[s] - 1] == eos[i];
             rc = write_sample(g->out, seqs[s], plen, len[s]);
             written++;
         }

@@ -18,6 +18,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -101,6 +102,35 @@ static int make_dirs(const char *dir)
     }
     if (mkdir(path, 0755) && errno != EEXIST) return DFLASH_EIO;
     return 0;
+}
+
+/* A file appended to across restarts ends in a line cut short when the last writer was killed
+ * (its buffer flushes at any byte): that partial line is cut off, so the next record starts a
+ * line and every line stays JSON. Returns the bytes cut (0: none or no file). */
+static long trim_torn_line(const char *path)
+{
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return 0;
+    struct stat sb;
+    off_t end = fstat(fd, &sb) == 0 ? sb.st_size : 0, keep = end;
+    char chunk[4096];
+    while (keep > 0) {
+        off_t from = keep > (off_t)sizeof chunk ? keep - (off_t)sizeof chunk : 0;
+        ssize_t n = pread(fd, chunk, (size_t)(keep - from), from);
+        if (n != (ssize_t)(keep - from)) {
+            keep = end; /* unreadable: leave the file as it is */
+            break;
+        }
+        while (n > 0 && chunk[n - 1] != '\n') n--;
+        if (n > 0) {
+            keep = from + n;
+            break;
+        }
+        keep = from;
+    }
+    long cut = keep < end && ftruncate(fd, keep) == 0 ? (long)(end - keep) : 0;
+    close(fd);
+    return cut;
 }
 
 static FILE *open_buffered(const char *path, const char *mode, char **buf)
@@ -313,6 +343,11 @@ metrics *metrics_new(const metrics_opts *o)
     }
     if (o->dir && o->jsonl) {
         snprintf(m->jsonl_path, sizeof m->jsonl_path, "%s/metrics.jsonl", o->dir);
+        long cut = trim_torn_line(m->jsonl_path);
+        if (cut > 0)
+            LOG_WARN("metrics: cut %ld bytes of a line left unfinished at the end of %s (its "
+                     "writer was killed)",
+                     cut, m->jsonl_path);
         m->jsonl = open_buffered(m->jsonl_path, "a", &m->jsonl_buf);
         if (!m->jsonl) {
             LOG_ERROR("metrics: cannot open %s: %s", m->jsonl_path, strerror(errno));

@@ -307,6 +307,47 @@ static void test_buffered_until_flush(void)
     CHECK_EQ_INT(system(cmd), 0);
 }
 
+/* A writer killed mid-record leaves a line cut short at the end of metrics.jsonl; the next
+ * writer cuts it off, so every line stays one JSON object. */
+static void test_torn_line_after_kill(void)
+{
+    char dir[] = "/tmp/dflash-test-metrics-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char jsonl[4096];
+    snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(jsonl, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"lo", f); /* killed mid-record */
+    fclose(f);
+    metrics_opts o = metrics_opts_default();
+    o.dir = dir;
+    o.progress = false;
+    o.tensorboard = false;
+    o.flush_interval_s = 0;
+    metrics *m = metrics_new(&o);
+    CHECK(m != NULL);
+    if (!m) return;
+    metrics_step st = {.step = 2, .loss = 1.5};
+    CHECK_EQ_INT(metrics_write(m, &st), 0);
+    metrics_destroy(&m);
+    size_t n = 0;
+    char *text = read_all(jsonl, &n);
+    int lines = 0, parsed = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        lines++;
+        cJSON *j = cJSON_Parse(line);
+        parsed += j != NULL;
+        cJSON_Delete(j);
+    }
+    CHECK_EQ_INT(lines, 2);
+    CHECK_EQ_INT(parsed, 2);
+    free(text);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 static void test_bad_dir(void)
 {
     metrics_opts o = metrics_opts_default();
@@ -329,6 +370,7 @@ int main(void)
     test_crc();
     test_write_and_read_back();
     test_buffered_until_flush();
+    test_torn_line_after_kill();
     test_bad_dir();
     CHECK_DONE();
 }

@@ -48,7 +48,7 @@ static int set_value(const cfg_option *o, void *cfg, const char *value, char *er
     errno = 0;
     switch (o->type) {
     case CFG_INT: {
-        long long v = strtoll(value, &end, 0);
+        long long v = strtoll(value, &end, 10); /* "010" is ten, as a user means it */
         if (errno || end == value || *end) {
             if (err) snprintf(err, len, "%s: '%s' is not an integer", o->name, value);
             return DFLASH_EINVAL;
@@ -145,8 +145,13 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
     int lineno = 0, rc = 0;
     while (fgets(line, sizeof line, f)) {
         lineno++;
-        char *hash = strchr(line, '#');
-        if (hash) *hash = 0;
+        /* a comment starts at a '#' that begins the line or follows a blank: a value may hold
+         * one (a path "a#b", as --dump-config prints it, loads back) */
+        for (char *h = line; (h = strchr(h, '#')); h++)
+            if (h == line || isspace((unsigned char)h[-1])) {
+                *h = 0;
+                break;
+            }
         char *key = line;
         while (isspace((unsigned char)*key)) key++;
         if (!*key) continue;

@@ -38,7 +38,7 @@ int main(void)
     char path[] = "/tmp/dflash-test-config-XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
-    const char *text = "# comment\nmin_ready 7\nratio 0.25  # trailing\nendpoint tcp://a:1\n";
+    const char *text = "# comment\nmin_ready 7\nratio 0.25  # trailing\nendpoint tcp://a#1\n";
     CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
     close(fd);
     setenv("DFLASH_RATIO", "0.75", 1);
@@ -49,7 +49,7 @@ int main(void)
     CHECK_EQ_INT(c.min_ready, 9);
     CHECK_NEAR(c.ratio, 0.75, 0);
     CHECK(c.verbose);
-    CHECK(strcmp(c.endpoint, "tcp://a:1") == 0);
+    CHECK(strcmp(c.endpoint, "tcp://a#1") == 0); /* a '#' inside a value is kept */
     CHECK_EQ_INT(npos, 1);
     CHECK(npos == 1 && strcmp(pos[0], "pos") == 0);
     unsetenv("DFLASH_RATIO");
@@ -64,6 +64,11 @@ int main(void)
     CHECK_EQ_INT(config_load(&demo, &c, 3, argv4, NULL, 0, NULL), DFLASH_EINVAL);
     char *argv5[] = {"demo", "stray", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 2, argv5, NULL, 0, NULL), DFLASH_EINVAL);
+
+    /* integers are decimal: a leading zero is not octal, 0x is no number */
+    CHECK_EQ_INT(config_set(&demo, &c, "min_ready", "010", false, NULL, 0), 0);
+    CHECK_EQ_INT(c.min_ready, 10);
+    CHECK_EQ_INT(config_set(&demo, &c, "min_ready", "0x10", false, NULL, 0), DFLASH_EINVAL);
 
     /* live sets */
     char err[128];

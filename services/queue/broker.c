@@ -541,6 +541,19 @@ static int pool_slot_for(broker *b, const char *owner)
     return -1;
 }
 
+/* Warns when the targets' slots cannot hold min_ready ready ones: claims then wait until more
+ * slots register (another target, or a lower min_ready by `set`). */
+static void warn_reservoir(const broker *b)
+{
+    uint64_t slots = 0;
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (b->pools[i].registered) slots += b->pools[i].desc.slot_count;
+    if (slots && (uint64_t)b->cfg.min_ready > slots)
+        LOG_WARN("min-ready %lld is more than the %" PRIu64 " slots the targets registered: no "
+                 "claim is served until more slots register or min_ready is lowered",
+                 (long long)b->cfg.min_ready, slots);
+}
+
 static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_pool *w = &m->u.pool;
@@ -605,6 +618,7 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     LOG_INFO("pool %d of %s: incarnation %016" PRIx64 ", %u slots of %" PRIu64 " bytes, %s", id,
              p->name, w->pool_incarnation, w->slot_count, w->slot_size,
              w->backend == WIRE_BACKEND_CUDA ? "cuda" : w->shm_name);
+    warn_reservoir(b);
     reply_ok(b, r, m->request_id, (uint64_t)id);
 }
 
@@ -1198,6 +1212,7 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
     if (rc) return rc;
     b->cfg = next;
     apply_live(b, &b->cfg);
+    warn_reservoir(b);
     for (uint32_t i = 0; i < set->n; i++)
         LOG_INFO("set %s = %s", set->kv[i].key, set->kv[i].value);
     return 0;

@@ -6,9 +6,14 @@
  *                  Every live pool is also linked into a process-local registry (mutex-guarded)
  *                  so an importer in the same process uses raw pointers instead of opening its
  *                  own IPC handle, which CUDA refuses (infra.md 2.1).
- *   pool_importer  up to IMPORT_MAX mappings, each keyed by (incarnation, arena): the mapped base
- *                  and lazily opened per-slot events. Invariant: at most one mapping per pool
- *                  name; attaching a new incarnation of a name closes the old one first.
+ *   pool_importer  up to POOL_IMPORT_MAX mappings, each keyed by incarnation and named by its
+ *                  pool (the broker serves one pool per target, and grants alternate between
+ *                  them): the mapped base and lazily opened per-slot events. Invariants: at most
+ *                  one mapping per pool name (a new incarnation of a name closes the old one: that
+ *                  exporter is gone); a mapping of unknown name (a cuda grant from an older
+ *                  broker) is alone. When all are taken, the least recently used (last_use, from
+ *                  the importer's clock, bumped by attach and copy) is closed for room. Nothing
+ *                  is closed while a copy is in flight (it is waited for first).
  *                  One copy in flight at a time (in_flight), tracked by done_event (cuda).
  * The descriptor's wire form is little-endian and fixed-order (pool_desc_encode).
  */
@@ -34,7 +39,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define IMPORT_MAX 8
 #define SHM_PREFIX "dflash."
 #define DESC_MAGIC "DFLPOOL1"
 #define DESC_VERSION 1u
@@ -51,7 +55,8 @@ typedef struct pool_mapping {
     bool used;
     bool local; /* raw pointers into a pool of this process */
     uint64_t incarnation;
-    char name[POOL_NAME_MAX];
+    uint64_t last_use;            /* importer clock at the last attach or copy (LRU) */
+    char name[POOL_SHM_NAME_MAX]; /* the pool's identity; "" unknown */
     uint32_t n_slots;
     uint64_t slot_bytes, arena_bytes;
     int device; /* exporter's device (local cuda pools) */
@@ -66,7 +71,9 @@ struct pool_importer {
     void *stream;     /* cuda copy stream */
     void *done_event; /* cuda: recorded after each copy */
     bool in_flight;
-    pool_mapping maps[IMPORT_MAX];
+    uint64_t opens; /* arenas mapped (not local), pool_importer_opens */
+    uint64_t clock; /* bumped at every attach and copy; orders mappings by last use */
+    pool_mapping maps[POOL_IMPORT_MAX];
 };
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -504,7 +511,7 @@ void pool_importer_destroy(pool_importer **pimp)
     if (!pimp || !*pimp) return;
     pool_importer *imp = *pimp;
     if (imp->in_flight) pool_copy_wait(imp);
-    for (int i = 0; i < IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
+    for (uint32_t i = 0; i < POOL_IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
     pool_cuda_event_destroy(imp->done_event);
     pool_cuda_stream_destroy(imp->stream);
     free(imp);
@@ -513,7 +520,7 @@ void pool_importer_destroy(pool_importer **pimp)
 
 static pool_mapping *mapping_find(pool_importer *imp, uint64_t incarnation)
 {
-    for (int i = 0; i < IMPORT_MAX; i++)
+    for (uint32_t i = 0; i < POOL_IMPORT_MAX; i++)
         if (imp->maps[i].used && imp->maps[i].incarnation == incarnation) return &imp->maps[i];
     return NULL;
 }
@@ -544,18 +551,52 @@ static int host_map(pool_mapping *m, const char *shm_name, uint64_t arena_bytes)
     return 0;
 }
 
+/* Whether mappings named a and b may be incarnations of one pool ("" is unknown: any pool). */
+static bool same_pool(const char *a, const char *b)
+{
+    return !a[0] || !b[0] || strcmp(a, b) == 0;
+}
+
+/* Closes one mapping, after the copy in flight (which may read it). */
+static void mapping_drop(pool_importer *imp, pool_mapping *m)
+{
+    if (imp->in_flight) pool_copy_wait(imp);
+    mapping_close(imp, m);
+}
+
+/* Stores the freshly opened mapping nm of a new incarnation: first closes every mapping it
+ * supersedes (an older incarnation of the same pool: that exporter is gone), then, if all
+ * entries are still taken, the least recently used one. Returns the entry. */
+static pool_mapping *mapping_insert(pool_importer *imp, const pool_mapping *nm)
+{
+    pool_mapping *free_m = NULL, *lru = NULL;
+    for (uint32_t i = 0; i < POOL_IMPORT_MAX; i++) {
+        pool_mapping *m = &imp->maps[i];
+        if (m->used && same_pool(m->name, nm->name)) mapping_drop(imp, m);
+        if (!m->used) {
+            if (!free_m) free_m = m;
+        } else if (!lru || m->last_use < lru->last_use) {
+            lru = m;
+        }
+    }
+    if (!free_m) {
+        mapping_drop(imp, lru); /* evicted for room; a later grant maps it again */
+        free_m = lru;
+    }
+    *free_m = *nm;
+    free_m->used = true;
+    free_m->last_use = ++imp->clock;
+    return free_m;
+}
+
 int pool_importer_attach(pool_importer *imp, const pool_desc *d)
 {
     if (d->backend != imp->backend) return DFLASH_EMISMATCH;
-    if (mapping_find(imp, d->incarnation)) return 0;
-    assert(!imp->in_flight);
-    pool_mapping *slot = NULL;
-    for (int i = 0; i < IMPORT_MAX; i++) {
-        pool_mapping *m = &imp->maps[i];
-        if (m->used && strcmp(m->name, d->name) == 0) mapping_close(imp, m); /* old incarnation */
-        if (!m->used && !slot) slot = m;
+    pool_mapping *hit = mapping_find(imp, d->incarnation);
+    if (hit) {
+        hit->last_use = ++imp->clock;
+        return 0;
     }
-    if (!slot) return DFLASH_EFULL;
     pool_mapping m;
     memset(&m, 0, sizeof m);
     m.incarnation = d->incarnation;
@@ -574,8 +615,8 @@ int pool_importer_attach(pool_importer *imp, const pool_desc *d)
         rc = pool_cuda_open_mem(imp->device, d->mem_handle, &m.base);
     }
     if (rc < 0) return rc;
-    m.used = true;
-    *slot = m;
+    if (!m.local) imp->opens++;
+    mapping_insert(imp, &m);
     return 0;
 }
 
@@ -584,12 +625,17 @@ int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref)
     if (ref->backend != imp->backend) return DFLASH_EMISMATCH;
     if (ref->slot >= POOL_MAX_SLOTS) return DFLASH_ERANGE;
     pool_mapping *m = mapping_find(imp, ref->incarnation);
-    if (!m) {
-        if (imp->in_flight) pool_copy_wait(imp);
-        for (int i = 0; i < IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
+    if (m) {
+        m->last_use = ++imp->clock;
+    } else {
         pool_mapping nm;
         memset(&nm, 0, sizeof nm);
         nm.incarnation = ref->incarnation;
+        if (memchr(ref->pool_name, 0, sizeof ref->pool_name) && ref->pool_name[0])
+            snprintf(nm.name, sizeof nm.name, "%s", ref->pool_name);
+        else if (ref->backend == POOL_HOST && ref->shm_name[0] == '/' &&
+                 parse_shm_entry(ref->shm_name + 1, nm.name, sizeof nm.name) < 0)
+            nm.name[0] = '\0'; /* not one of ours: unknown, so it supersedes every mapping */
         nm.n_slots = POOL_MAX_SLOTS; /* unknown from a grant: bounded by the table */
         nm.device = ref->device;
         int rc = 0;
@@ -597,9 +643,8 @@ int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref)
         else if (ref->backend == POOL_HOST) rc = host_map(&nm, ref->shm_name, 0);
         else rc = pool_cuda_open_mem(imp->device, ref->mem_handle, &nm.base);
         if (rc < 0) return rc;
-        nm.used = true;
-        imp->maps[0] = nm;
-        m = &imp->maps[0];
+        if (!nm.local) imp->opens++;
+        m = mapping_insert(imp, &nm);
     }
     if (!m->local && ref->backend == POOL_CUDA && !m->events[ref->slot])
         memcpy(m->ev_handles[ref->slot], ref->event_handle, POOL_HANDLE_BYTES);
@@ -617,14 +662,19 @@ void pool_importer_forget(pool_importer *imp, uint64_t incarnation)
 void pool_importer_forget_all(pool_importer *imp)
 {
     if (imp->in_flight) pool_copy_wait(imp);
-    for (int i = 0; i < IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
+    for (uint32_t i = 0; i < POOL_IMPORT_MAX; i++) mapping_close(imp, &imp->maps[i]);
 }
 
 int pool_importer_mappings(const pool_importer *imp)
 {
     int n = 0;
-    for (int i = 0; i < IMPORT_MAX; i++) n += imp->maps[i].used;
+    for (uint32_t i = 0; i < POOL_IMPORT_MAX; i++) n += imp->maps[i].used;
     return n;
+}
+
+uint64_t pool_importer_opens(const pool_importer *imp)
+{
+    return imp->opens;
 }
 
 void *pool_importer_stream(pool_importer *imp)
@@ -638,6 +688,7 @@ int pool_copy_start(pool_importer *imp, uint64_t incarnation, uint32_t slot, uin
     if (imp->in_flight) return DFLASH_ESTATE;
     pool_mapping *m = mapping_find(imp, incarnation);
     if (!m) return DFLASH_ESTALE;
+    m->last_use = ++imp->clock;
     if (slot >= m->n_slots || bytes == 0) return DFLASH_ERANGE;
     if (m->slot_bytes && (offset != (uint64_t)slot * m->slot_bytes || bytes > m->slot_bytes))
         return DFLASH_ERANGE; /* slot geometry known from a descriptor */

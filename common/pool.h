@@ -17,10 +17,12 @@
  *   never rewrites a slot until the broker returns it FREE (the lease is the reference count).
  *   pool_destroy frees the arena and unlinks the shm object.
  * Importer (drafter, its main thread; one private copy stream per importer):
- *   pool_importer_new -> on a grant: pool_importer_attach(desc) (maps once per (incarnation,
- *   arena) and caches it; attaching a new incarnation of the same pool name closes the old
- *   mapping) -> pool_copy_start (stream-waits on the slot event, async copy into staging) ->
- *   pool_copy_wait / pool_copy_poll -> release the slot at once -> train -> ack.
+ *   pool_importer_new -> on a grant: pool_importer_attach(desc) or pool_importer_attach_slot
+ *   (maps once per (incarnation, arena) and caches it; one importer keeps the mappings of up to
+ *   POOL_IMPORT_MAX pools at once, one per pool name, evicting the least recently used; a new
+ *   incarnation of a pool name closes that name's old mapping) -> pool_copy_start (stream-waits
+ *   on the slot event, async copy into staging) -> pool_copy_wait / pool_copy_poll -> release
+ *   the slot at once -> train -> ack.
  *   A handle is never opened in its exporter's own process: pools created in this process are
  *   found in a process-local registry and used through raw pointers (single-process mode).
  * Single copy in flight per importer. Not thread-safe: one thread per pool / importer object.
@@ -39,6 +41,7 @@
 #define POOL_SHM_NAME_MAX 64u /* == WIRE_MAX_NAME: it travels in the protocol */
 #define POOL_ARENA_ALIGN (2u << 20)
 #define POOL_DESC_MAX_BYTES (256u + POOL_MAX_SLOTS * POOL_HANDLE_BYTES)
+#define POOL_IMPORT_MAX 8u     /* pools one importer keeps mapped at once (LRU beyond) */
 
 typedef enum { POOL_HOST = 1, POOL_CUDA = 2 } pool_backend;
 
@@ -118,8 +121,9 @@ pool_importer *pool_importer_new(pool_backend backend, int device, int *err);
 void pool_importer_destroy(pool_importer **imp);
 /* Makes the pool described by d available (maps the arena and events once; cached by
  * (incarnation, arena)). A different incarnation with the same pool name closes the old
- * mapping first. Returns 0, DFLASH_EMISMATCH (backend), DFLASH_ENOTFOUND (shm object gone:
- * the exporter died), DFLASH_EIO, DFLASH_ECUDA. */
+ * mapping first (that exporter is gone); mappings of other names stay, the least recently used
+ * one is closed when POOL_IMPORT_MAX are held. Returns 0, DFLASH_EMISMATCH (backend),
+ * DFLASH_ENOTFOUND (shm object gone: the exporter died), DFLASH_EIO, DFLASH_ECUDA. */
 int pool_importer_attach(pool_importer *imp, const pool_desc *d);
 /* What a broker grant says about one slot (DESIGN §2 step 4): enough to map the pool and wait
  * on that slot's event without the full descriptor. */
@@ -129,15 +133,20 @@ typedef struct pool_slot_ref {
     uint32_t slot;
     uint64_t offset, bytes;
     int32_t device;
+    char pool_name[POOL_SHM_NAME_MAX];         /* the pool's identity (its target's name);
+                                                  "" unknown (an older broker) */
     char shm_name[POOL_SHM_NAME_MAX];          /* host */
     uint8_t mem_handle[POOL_HANDLE_BYTES];   /* cuda */
     uint8_t event_handle[POOL_HANDLE_BYTES]; /* cuda: this slot's event */
 } pool_slot_ref;
 
 /* Attach for a grant: maps the arena of ref's incarnation unless cached, and remembers the
- * slot's event handle (opened on first copy). A grant of a new incarnation means the exporter
- * restarted: every mapping of other incarnations is closed first. Pools of this process are
- * used through raw pointers. Returns as pool_importer_attach, or DFLASH_ERANGE (slot index). */
+ * slot's event handle (opened on first copy). Mappings are cached per pool as by
+ * pool_importer_attach, so grants alternating between pools map each one once. A new
+ * incarnation of ref's pool_name means that exporter restarted: its old mapping is closed. The
+ * name of a host pool is also read from its shm name; a cuda grant without pool_name (older
+ * broker) cannot be told apart from a restart, so it closes every other mapping. Pools of this
+ * process are used through raw pointers. Returns as pool_importer_attach, or DFLASH_ERANGE. */
 int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref);
 /* Closes the mapping of one incarnation (its exporter is known dead). No-op if unknown. */
 void pool_importer_forget(pool_importer *imp, uint64_t incarnation);
@@ -145,6 +154,9 @@ void pool_importer_forget(pool_importer *imp, uint64_t incarnation);
 void pool_importer_forget_all(pool_importer *imp);
 /* Number of cached mappings (for tests and status). */
 int pool_importer_mappings(const pool_importer *imp);
+/* How many arenas this importer has mapped so far (shm_open+mmap or cudaIpcOpenMemHandle;
+ * pools of this process do not count), for tests and status. */
+uint64_t pool_importer_opens(const pool_importer *imp);
 
 /* Starts copying bytes [offset, offset+bytes) of the pool with that incarnation into dst (a
  * staging buffer from pool_staging_alloc): cuda makes the copy stream wait on the slot's event

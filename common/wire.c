@@ -139,6 +139,8 @@ static int check_grant(const wire_grant *g, char *why, size_t len)
         return fail(why, len, DFLASH_ERANGE, "grant backend %d", (int)g->backend);
     if (!terminated(g->shm_name, sizeof g->shm_name))
         return fail(why, len, DFLASH_ERANGE, "shm name");
+    if (!terminated(g->pool_name, sizeof g->pool_name))
+        return fail(why, len, DFLASH_ERANGE, "pool name");
     return check_unit(&g->unit, why, len);
 }
 
@@ -368,6 +370,7 @@ static void grant_to_pb(Dflash__Grant *pb, Dflash__Unit *unit_pb, const wire_gra
     } else {
         pb->shm_name = (char *)g->shm_name;
     }
+    if (g->pool_name[0]) pb->pool_name = (char *)g->pool_name;
 }
 
 int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
@@ -773,6 +776,7 @@ static int grant_from_pb(wire_grant *w, const Dflash__Grant *g)
     w->backend = (wire_backend)g->backend;
     w->device = g->device;
     if (copy_str(w->shm_name, WIRE_MAX_NAME, g->shm_name) ||
+        copy_str(w->pool_name, WIRE_MAX_NAME, g->pool_name) ||
         copy_handle(w->mem_handle, g->has_mem_handle, g->mem_handle) ||
         copy_handle(w->event_handle, g->has_event_handle, g->event_handle))
         return DFLASH_ERANGE;

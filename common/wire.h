@@ -158,6 +158,7 @@ typedef struct wire_grant {
     uint8_t event_handle[WIRE_HANDLE_BYTES];
     int32_t device;
     char shm_name[WIRE_MAX_NAME];
+    char pool_name[WIRE_MAX_NAME]; /* the pool's target name; "" from an older broker */
 } wire_grant;
 
 typedef struct wire_ack {

@@ -151,6 +151,7 @@ static pool_slot_ref grant_slot_ref(const wire_grant *g)
                          .incarnation = g->pool_incarnation, .slot = g->slot, .offset = g->offset,
                          .bytes = g->size, .device = g->device};
     snprintf(ref.shm_name, sizeof ref.shm_name, "%s", g->shm_name);
+    snprintf(ref.pool_name, sizeof ref.pool_name, "%s", g->pool_name);
     memcpy(ref.mem_handle, g->mem_handle, POOL_HANDLE_BYTES);
     memcpy(ref.event_handle, g->event_handle, POOL_HANDLE_BYTES);
     return ref;

@@ -726,6 +726,7 @@ static void fill_grant(broker *b, const policy_grant *g, wire_grant *w)
         memcpy(w->event_handle, d->events[g->where.slot], WIRE_HANDLE_BYTES);
     w->device = d->desc.device;
     memcpy(w->shm_name, d->desc.shm_name, sizeof w->shm_name);
+    memcpy(w->pool_name, d->owner, sizeof w->pool_name);
     if (!w->size) w->size = 1;
 }
 

@@ -109,6 +109,7 @@ static void test_release_retry(void)
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
     CHECK_EQ_INT(stub_send("d"), 0);
     wire_grant g = stub_rep.u.grant;
+    CHECK(strcmp(g.pool_name, "t") == 0); /* the pool's identity: its target's name */
     CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);
     CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);         /* the reply was lost */
     CHECK_EQ_INT(release("e", DRAFTER_INC + 1, g.lease_id), DFLASH_ESTALE); /* not e's */

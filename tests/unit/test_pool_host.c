@@ -4,7 +4,10 @@
  * the producer wrote anything, so it sees the batches only through the shared object); it also
  * maps a slot from grant fields alone. Also: single-process mode, a new incarnation replaces the
  * old mapping, a SIGKILLed exporter's segment is swept, descriptors are range-checked, and
- * destroying the pool leaves nothing in /dev/shm. */
+ * destroying the pool leaves nothing in /dev/shm. And the grant path with several pools (the
+ * broker serves one per target): grants alternating between two pools map each pool once, a
+ * new incarnation of one pool drops only that pool's old mapping, the least recently used pool
+ * is evicted beyond POOL_IMPORT_MAX, and no mapping outlives the importer. */
 #include "check.h"
 #include "err.h"
 #include "pool.h"
@@ -85,6 +88,141 @@ static int consumer(int rfd, const slot_layout *l)
     pool_staging_free(POOL_HOST, 0, &stage);
     pool_importer_destroy(&imp);
     return failures;
+}
+
+/* Mappings of pool shm objects in this process, from /proc/self/maps. */
+static int shm_maps(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "/dev/shm/dflash.")) n++;
+    fclose(f);
+    return n;
+}
+
+/* The grant the broker would send for slot 0 of d; named: with the pool's name. */
+static pool_slot_ref grant_for(const pool_desc *d, bool named)
+{
+    pool_slot_ref ref = {.backend = POOL_HOST, .incarnation = d->incarnation, .slot = 0,
+                         .offset = 0, .bytes = d->slot_bytes, .device = -1};
+    if (named) snprintf(ref.pool_name, sizeof ref.pool_name, "%s", d->name);
+    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", d->shm_name);
+    return ref;
+}
+
+/* Attaches d's slot 0 from a grant and copies it; true if the copy holds d's fill byte. */
+static bool grant_copy(pool_importer *imp, const pool_desc *d, bool named, uint8_t *stage)
+{
+    pool_slot_ref ref = grant_for(d, named);
+    if (pool_importer_attach_slot(imp, &ref) != 0) return false;
+    if (pool_copy_start(imp, ref.incarnation, 0, 0, ref.bytes, stage) != 0) return false;
+    if (pool_copy_wait(imp) != 0) return false;
+    return stage[0] == (uint8_t)(d->incarnation & 0xff) && stage[ref.bytes - 1] == stage[0];
+}
+
+#define N_EXTRA POOL_IMPORT_MAX
+
+/* The importer side of test_many_pools, in a process of its own (pools of this process would be
+ * used through raw pointers and never opened). a1 and a2 are two incarnations of one pool name,
+ * b another pool, extra[] more pools. Returns its failures as the exit status. */
+static int many_pools_importer(const pool_desc *a1, const pool_desc *a2, const pool_desc *b,
+                               const pool_desc *extra)
+{
+    check_passed = check_failed = 0;
+    int inherited = shm_maps(); /* the exporters' own mappings, inherited through fork */
+    pool_importer *imp = pool_importer_new(POOL_HOST, 0, NULL);
+    uint8_t *stage = pool_staging_alloc(POOL_HOST, 0, a1->slot_bytes);
+    CHECK(imp && stage && inherited >= 0);
+    if (!imp || !stage) return 1;
+    /* two targets: the broker's grants alternate between their pools */
+    for (int i = 0; i < 10; i++) {
+        CHECK(grant_copy(imp, a1, true, stage));
+        CHECK(grant_copy(imp, b, true, stage));
+    }
+    CHECK_EQ_INT(pool_importer_opens(imp), 2); /* each pool mapped once, not once per switch */
+    CHECK_EQ_INT(pool_importer_mappings(imp), 2);
+    CHECK_EQ_INT(shm_maps(), inherited + 2);
+    /* pool a restarts: a grant of its new incarnation drops its old mapping, not b's */
+    CHECK(grant_copy(imp, a2, true, stage));
+    CHECK_EQ_INT(pool_importer_opens(imp), 3);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 2);
+    CHECK_EQ_INT(pool_copy_start(imp, a1->incarnation, 0, 0, 64, stage), DFLASH_ESTALE);
+    for (int i = 0; i < 5; i++) {
+        CHECK(grant_copy(imp, b, true, stage));
+        CHECK(grant_copy(imp, a2, true, stage));
+    }
+    CHECK_EQ_INT(pool_importer_opens(imp), 3);
+    CHECK_EQ_INT(shm_maps(), inherited + 2);
+    /* a grant without the pool name (older broker): a host pool's name is in its shm name, so
+     * a1 supersedes a2 and b stays */
+    CHECK(grant_copy(imp, a1, false, stage));
+    CHECK_EQ_INT(pool_importer_opens(imp), 4);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 2);
+    CHECK_EQ_INT(pool_copy_start(imp, a2->incarnation, 0, 0, 64, stage), DFLASH_ESTALE);
+    CHECK(grant_copy(imp, b, false, stage));
+    CHECK_EQ_INT(pool_importer_opens(imp), 4);
+    /* more pools than the cache holds: the least recently used is closed for room (a1, b were
+     * used last in that order, so extra[N_EXTRA-2] evicts a1 and extra[N_EXTRA-1] evicts b) */
+    for (uint32_t i = 0; i < N_EXTRA; i++) CHECK(grant_copy(imp, &extra[i], true, stage));
+    CHECK_EQ_INT(pool_importer_opens(imp), 4 + N_EXTRA);
+    CHECK_EQ_INT(pool_importer_mappings(imp), POOL_IMPORT_MAX);
+    CHECK_EQ_INT(shm_maps(), inherited + (int)POOL_IMPORT_MAX);
+    CHECK_EQ_INT(pool_copy_start(imp, a1->incarnation, 0, 0, 64, stage), DFLASH_ESTALE);
+    CHECK_EQ_INT(pool_copy_start(imp, b->incarnation, 0, 0, 64, stage), DFLASH_ESTALE);
+    CHECK(grant_copy(imp, &extra[0], true, stage)); /* a hit: extra[1] is now the oldest */
+    CHECK(grant_copy(imp, b, true, stage));
+    CHECK_EQ_INT(pool_importer_opens(imp), 5 + N_EXTRA);
+    CHECK_EQ_INT(pool_copy_start(imp, extra[1].incarnation, 0, 0, 64, stage), DFLASH_ESTALE);
+    CHECK_EQ_INT(pool_copy_start(imp, extra[0].incarnation, 0, 0, 64, stage), 0);
+    CHECK_EQ_INT(pool_copy_wait(imp), 0);
+    /* destroy closes them all */
+    pool_importer_destroy(&imp);
+    CHECK_EQ_INT(shm_maps(), inherited);
+    pool_staging_free(POOL_HOST, 0, (void **)&stage);
+    printf("many pools importer: %d passed, %d failed\n", check_passed, check_failed);
+    return check_failed ? 1 : 0;
+}
+
+/* Exporters of several pools in this process, the importer forked (see many_pools_importer).
+ * Slot 0 of each pool is filled with the low byte of its incarnation. */
+static void test_many_pools(void)
+{
+    char an[32], bn[32];
+    snprintf(an, sizeof an, "umanyA%d", (int)getpid());
+    snprintf(bn, sizeof bn, "umanyB%d", (int)getpid());
+    pool *pools[3 + N_EXTRA] = {0};
+    pool_config cfg = {.backend = POOL_HOST, .n_slots = 2, .slot_bytes = 4096};
+    for (uint32_t i = 0; i < 3 + N_EXTRA; i++) {
+        char xn[32];
+        snprintf(xn, sizeof xn, "umanyX%u-%d", i, (int)getpid());
+        cfg.name = i == 0 || i == 2 ? an : i == 1 ? bn : xn; /* pools[2]: a's next incarnation */
+        cfg.incarnation = 0x1000 + i;                        /* distinct low bytes */
+        pools[i] = pool_new(&cfg, NULL);
+        CHECK(pools[i] != NULL);
+        if (!pools[i]) goto out;
+        memset(pool_slot_ptr(pools[i], 0), (int)(0x1000 + i) & 0xff, 4096);
+        CHECK_EQ_INT(pool_slot_publish(pools[i], 0, NULL), 0);
+    }
+    pool_desc extra[N_EXTRA];
+    for (uint32_t i = 0; i < N_EXTRA; i++) extra[i] = *pool_descriptor(pools[3 + i]);
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0)
+        _exit(many_pools_importer(pool_descriptor(pools[0]), pool_descriptor(pools[2]),
+                                  pool_descriptor(pools[1]), extra));
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+out:
+    for (uint32_t i = 0; i < 3 + N_EXTRA; i++) {
+        char shm[POOL_SHM_NAME_MAX] = "";
+        if (pools[i]) snprintf(shm, sizeof shm, "%s", pool_descriptor(pools[i])->shm_name);
+        pool_destroy(&pools[i]);
+        if (shm[0]) CHECK(!shm_exists(shm));
+    }
 }
 
 int main(void)
@@ -230,6 +368,8 @@ int main(void)
     bc = cfg;
     bc.n_slots = POOL_MAX_SLOTS + 1;
     CHECK(pool_new(&bc, &err) == NULL && err == DFLASH_EINVAL);
+
+    test_many_pools();
 
     char last_shm[POOL_SHM_NAME_MAX];
     snprintf(last_shm, sizeof last_shm, "%s", d->shm_name);

@@ -123,8 +123,10 @@ int main(void)
     g->n_seqs = 7;
     g->backend = WIRE_BACKEND_HOST;
     strcpy(g->shm_name, "/dflash-test");
+    strcpy(g->pool_name, "target0");
     if (roundtrip(&in, &out)) {
         CHECK_EQ_INT(out.u.grant.lease_id, 123);
+        CHECK(strcmp(out.u.grant.pool_name, "target0") == 0);
         CHECK_EQ_INT(out.u.grant.offset, 4 << 20);
         CHECK_EQ_INT(out.u.grant.unit.index, 3);
         CHECK_EQ_INT(out.u.grant.n_seqs, 7);

@@ -19,6 +19,13 @@ Namespaces and restarts (a daemon's exit must not kill the others):
     design and must stay down (`unless-stopped`/`always` would start a target that registers,
     is told to shut down and exits again, over and over).
 
+Training (docker-compose.yml with docker-compose.train.yml over it, given a model and shards):
+  * a target that runs a model has DFLASH_SHARDS, and its model and shards lie on its mounts;
+  * a drafter that does not verify has DFLASH_MODEL (the target's), DFLASH_CHECKPOINT_DIR and
+    DFLASH_METRICS_DIR, each on a mount (else nothing survives the container); a verifying
+    drafter needs the synthetic target;
+  * the override refuses to resolve without DFLASH_TARGET_MODEL or DFLASH_SHARDS.
+
 Usage: compose_rules.py SOURCE_DIR   exit 0 pass, 1 fail, 77 skipped (no PyYAML)
 """
 import copy
@@ -136,6 +143,69 @@ def check_namespaces(cfg):
     return errs
 
 
+def env_of(svc):
+    return {k: ("" if v is None else str(v)) for k, v in (svc.get("environment") or {}).items()}
+
+
+def mounts(svc):
+    """Container paths of SVC's volumes (short "src:dst[:mode]" or long syntax)."""
+    out = []
+    for v in svc.get("volumes") or []:
+        out.append(v.get("target", "") if isinstance(v, dict) else str(v).split(":")[1])
+    return out
+
+
+def on_mount(path, svc):
+    return any(m and (path == m or path.startswith(m.rstrip("/") + "/")) for m in mounts(svc))
+
+
+def falsy(v):
+    return v.strip().lower() in ("", "0", "false", "no", "off")
+
+
+def check_training(cfg):
+    errs = []
+    targets = by_daemon(cfg, "dflash-target")
+    target_models = {env_of(s).get("DFLASH_MODEL", "synthetic") for _, s in targets}
+    for name, svc in targets:
+        e = env_of(svc)
+        model = e.get("DFLASH_MODEL", "synthetic")
+        if model == "synthetic":
+            continue
+        if not e.get("DFLASH_SHARDS"):
+            errs.append(f"{name}: DFLASH_MODEL {model} without DFLASH_SHARDS: the target refuses "
+                        f"to start (--model needs --shards)")
+        for path in [model] + [p for p in e.get("DFLASH_SHARDS", "").split(",") if p]:
+            if not on_mount(path, svc):
+                errs.append(f"{name}: {path} is on no volume of the service")
+    for name, svc in by_daemon(cfg, "dflash-drafter"):
+        e = env_of(svc)
+        if not falsy(e.get("DFLASH_VERIFY", "false")):
+            if target_models != {"synthetic"}:
+                errs.append(f"{name}: verifies, but the target runs {sorted(target_models)}; "
+                            f"--verify needs the synthetic target")
+            continue
+        if falsy(e.get("DFLASH_TRAIN", "false")) and not e.get("DFLASH_MODEL"):
+            errs.append(f"{name}: neither verifies nor trains: without DFLASH_MODEL the drafter "
+                        f"refuses to start (choose one mode)")
+            continue
+        model = e.get("DFLASH_MODEL", "")
+        if not model:
+            errs.append(f"{name}: trains without DFLASH_MODEL (the target's checkpoint)")
+        elif model not in target_models:
+            errs.append(f"{name}: DFLASH_MODEL {model} is not the target's "
+                        f"({sorted(target_models)})")
+        elif not on_mount(model, svc):
+            errs.append(f"{name}: {model} is on no volume of the service")
+        for key in ("DFLASH_CHECKPOINT_DIR", "DFLASH_METRICS_DIR"):
+            path = e.get(key, "")
+            if not path:
+                errs.append(f"{name}: trains without {key}: nothing of it is saved")
+            elif not on_mount(path, svc):
+                errs.append(f"{name}: {key} {path} is on no volume: lost with the container")
+    return errs
+
+
 def expect(label, errs, want=None):
     """Pass when ERRS is empty, or, with WANT, when one of ERRS contains WANT."""
     if want is not None:
@@ -172,6 +242,27 @@ def main():
         print(f"FAIL: {e}")
         return 1
     rc |= expect("namespaces and restart policies", check_namespaces(cfg))
+    rc |= expect("the synthetic verify run", check_training(cfg))
+
+    # training: the override if there is one; DFLASH_VERIFY=false was the older README's recipe
+    train_files = [base] + [f for f in [os.path.join(deploy, "docker-compose.train.yml")]
+                            if os.path.exists(f)]
+    train_env = {"DFLASH_TARGET_MODEL": "/models/target", "DFLASH_SHARDS": "/data/train.shard",
+                 "DFLASH_VERIFY": "false"}
+    try:
+        train = resolve(train_files, train_env)
+    except ValueError as e:
+        print(f"FAIL: the training configuration does not resolve: {e}")
+        return 1
+    rc |= expect("the training configuration (" + " + ".join(map(os.path.basename, train_files))
+                 + ")", check_training(train) + check_namespaces(train))
+    for var in ("DFLASH_TARGET_MODEL", "DFLASH_SHARDS"):
+        try:
+            resolve(train_files, {k: v for k, v in train_env.items() if k != var})
+            print(f"FAIL: the training configuration resolves without {var}")
+            rc = 1
+        except ValueError:
+            print(f"ok: refused: the training configuration without {var}")
 
     # each rule must be able to fail: the old layout (drafters in the target's namespaces) and
     # the old policy (the target back after a drain)
@@ -185,6 +276,19 @@ def main():
     broken["services"][target]["restart"] = "unless-stopped"
     rc |= expect("refused: a target restarted unless-stopped", check_namespaces(broken),
                  "must stay down")
+    tname = by_daemon(train, "dflash-target")[0][0]
+    dname = by_daemon(train, "dflash-drafter")[0][0]
+    for svc, var, want in ((tname, "DFLASH_SHARDS", "without DFLASH_SHARDS"),
+                           (dname, "DFLASH_MODEL", "without DFLASH_MODEL"),
+                           (dname, "DFLASH_CHECKPOINT_DIR", "without DFLASH_CHECKPOINT_DIR"),
+                           (dname, "DFLASH_METRICS_DIR", "without DFLASH_METRICS_DIR")):
+        broken = copy.deepcopy(train)
+        broken["services"][svc]["environment"].pop(var, None)
+        rc |= expect(f"refused: training without the {svc}'s {var}", check_training(broken), want)
+    broken = copy.deepcopy(train)
+    broken["services"][dname]["volumes"] = [v for v in broken["services"][dname]["volumes"]
+                                            if "checkpoints" not in str(v)]
+    rc |= expect("refused: checkpoints on no volume", check_training(broken), "lost with")
     return rc
 
 

@@ -26,6 +26,9 @@ Training (docker-compose.yml with docker-compose.train.yml over it, given a mode
     drafter needs the synthetic target;
   * the override refuses to resolve without DFLASH_TARGET_MODEL or DFLASH_SHARDS.
 
+Steering: the defaults and every `dflash-ctl set min_ready=M max_depth=D` in deploy/README.md
+keep min_ready <= max_depth <= the target's DFLASH_SLOTS (min_ready above the slots stalls).
+
 Usage: compose_rules.py SOURCE_DIR   exit 0 pass, 1 fail, 77 skipped (no PyYAML)
 """
 import copy
@@ -206,6 +209,21 @@ def check_training(cfg):
     return errs
 
 
+def check_depth(cfg, readme_text):
+    errs = []
+    queue = by_daemon(cfg, "dflash-queue")[0][1]
+    slots = sum(int(env_of(s).get("DFLASH_SLOTS", 0)) for _, s in by_daemon(cfg, "dflash-target"))
+    q = env_of(queue)
+    cases = [("the defaults", int(q["DFLASH_MIN_READY"]), int(q["DFLASH_MAX_DEPTH"]))]
+    for m in re.finditer(r"dflash-ctl set min_ready=(\d+) max_depth=(\d+)", readme_text):
+        cases.append((m.group(0), int(m.group(1)), int(m.group(2))))
+    for what, min_ready, max_depth in cases:
+        if not min_ready <= max_depth <= slots:
+            errs.append(f"{what}: min_ready {min_ready}, max_depth {max_depth} with {slots} "
+                        f"slots (needs min_ready <= max_depth <= slots)")
+    return errs
+
+
 def expect(label, errs, want=None):
     """Pass when ERRS is empty, or, with WANT, when one of ERRS contains WANT."""
     if want is not None:
@@ -243,6 +261,10 @@ def main():
         return 1
     rc |= expect("namespaces and restart policies", check_namespaces(cfg))
     rc |= expect("the synthetic verify run", check_training(cfg))
+    readme = open(os.path.join(deploy, "README.md")).read()
+    rc |= expect("min_ready and max_depth fit the slots", check_depth(cfg, readme))
+    rc |= expect("refused: min_ready above the slots",
+                 check_depth(cfg, "dflash-ctl set min_ready=30 max_depth=90"), "min_ready 30")
 
     # training: the override if there is one; DFLASH_VERIFY=false was the older README's recipe
     train_files = [base] + [f for f in [os.path.join(deploy, "docker-compose.train.yml")]

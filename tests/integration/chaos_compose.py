@@ -24,7 +24,8 @@ Usage: chaos_compose.py BUILD_DIR [--seconds 90] [--min-kills 10] [--seed N] [--
        [--batches-per-bucket N] [--target-rate R] [--drafter-rate R] [--backend host|cuda]
        [--drafter-gpu N]
 With --seconds 0 --min-kills 0 it is a plain smoke test of the deployment (no kills).
-Exit 0 pass, 1 fail, 77 skipped (no docker-compose and no PyYAML to read the compose file).
+Exit 0 pass, 1 fail, 77 skipped (no docker-compose and no PyYAML to read the compose file, or
+--backend cuda without a GPU).
 """
 import argparse
 import json
@@ -158,6 +159,15 @@ def wait_until(cond, deadline_s, step=0.2):
     return None
 
 
+def gpu_visible():
+    """True when nvidia-smi lists a GPU (the cuda backend's daemons would exit 1 without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -175,6 +185,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
+    if a.backend == "cuda" and not gpu_visible():
+        log("--backend cuda needs a GPU and none is visible (nvidia-smi -L): skipped")
+        return 77
     rng = random.Random(a.seed)
     log(f"seed {a.seed}")
 

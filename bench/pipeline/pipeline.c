@@ -6,8 +6,11 @@
  * and the same per-batch work (synthetic fill / byte-exact verify of one slot), then the
  * end-to-end rate of committed batches from the broker's ledger over --seconds after a warm-up.
  * Prints one table; the last line is end-to-end / slower side alone (goal >= 97%).
+ * --targets N runs N targets (pools of their own, named bench-t0..): the drafters' grants then
+ * alternate between pools, which their importers keep mapped side by side. Exit 1 when a daemon
+ * does not exit 0 on SIGTERM or a drafter found a batch that failed verification.
  *   bench-pipeline [--producer-rate 200] [--consumer-rate 120] [--drafters 2] [--seconds 10]
- *                  [--backend host|cuda] [--drafter-device N]
+ *                  [--targets 1] [--backend host|cuda] [--drafter-device N]
  * The daemons are found next to this program's build tree (BUILD/bench/..), or via
  * --build-dir.
  */
@@ -32,7 +35,7 @@
 
 typedef struct bench_config {
     double producer_rate, consumer_rate;
-    int64_t drafters;
+    int64_t drafters, targets;
     double seconds, warmup;
     int64_t token_budget, hidden, layers, slots, min_ready, max_depth;
     char build_dir[PATH_MAX];
@@ -47,6 +50,7 @@ static const cfg_option bench_options[] = {
     OPT("consumer-rate", CFG_DOUBLE, "120", 0, 1e6, "batches/s per drafter (0 = unpaced)",
         consumer_rate),
     OPT("drafters", CFG_INT, "2", 1, 16, "verifying drafters", drafters),
+    OPT("targets", CFG_INT, "1", 1, 4, "synthetic targets, each with its own pool", targets),
     OPT("seconds", CFG_DOUBLE, "10", 1, 3600, "measurement window", seconds),
     OPT("warmup", CFG_DOUBLE, "3", 0, 600, "seconds before measuring", warmup),
     OPT("token-budget", CFG_INT, "1024", 16, 1 << 20, "tokens per slot", token_budget),
@@ -191,11 +195,15 @@ int main(int argc, char **argv)
     double until = monotime_s() + 10;
     wire_status st;
     while (client_status(c, &st) != 0 && monotime_s() < until) usleep(50000);
-    char *ta[] = {t, rt, be, lay[0], lay[1], lay[2], lay[3], rate_p, slots,
-                  "--buckets=128,256,512,1024", "--batches-per-bucket=200000", "--progress-ms=0",
-                  NULL};
-    snprintf(logf, sizeof logf, "%s/target.log", dir);
-    pids[np++] = spawn(t, ta, logf);
+    char tnames[4][32];
+    for (int i = 0; i < cfg.targets; i++) {
+        snprintf(tnames[i], 32, "--name=bench-t%d", i);
+        char *ta[] = {t, rt, be, lay[0], lay[1], lay[2], lay[3], rate_p, slots, tnames[i],
+                      "--buckets=128,256,512,1024", "--batches-per-bucket=200000",
+                      "--progress-ms=0", NULL};
+        snprintf(logf, sizeof logf, "%s/target%d.log", dir, i);
+        pids[np++] = spawn(t, ta, logf);
+    }
     char names[16][32];
     for (int i = 0; i < cfg.drafters; i++) {
         snprintf(names[i], 32, "--name=bench-d%d", i);
@@ -211,9 +219,16 @@ int main(int argc, char **argv)
     uint64_t c1 = committed(c);
     double e2e = c1 >= c0 ? (double)(c1 - c0) / (monotime_s() - t0) : 0;
     client_destroy(&c);
+    int bad = 0; /* every daemon exits 0 on SIGTERM (a drafter whose batch failed: 3) */
     for (int i = np - 1; i >= 0; i--) {
         kill(pids[i], SIGTERM);
-        waitpid(pids[i], NULL, 0);
+        int status = 0;
+        waitpid(pids[i], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "bench-pipeline: daemon %d of %d (pid %d) ended with status 0x%x "
+                    "(logs in %s)\n", i, np, (int)pids[i], status, dir);
+            bad++;
+        }
     }
     double slower = prod_alone < cons_alone ? prod_alone : cons_alone;
     printf("| side | batches/s |\n|---|---|\n");
@@ -224,6 +239,7 @@ int main(int argc, char **argv)
     printf("| end to end (%s, committed, %.0f s window, slot %.2f MiB) | %.1f |\n", cfg.backend,
            cfg.seconds, l.slot_bytes / 1048576.0, e2e);
     printf("end-to-end / slower side alone: %.1f%% (goal >= 97%%)\n", 100 * e2e / slower);
+    if (bad) return 1; /* the logs stay for a look */
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (getenv("BENCH_KEEP")) printf("logs in %s\n", dir);

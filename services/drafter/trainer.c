@@ -445,10 +445,8 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
                    size_t errlen) {
     char dir[1200] = "";
     if (resume_dir[0]) {
-        dflash_config cc;
-        int rc = dflash_ckpt_load_config(resume_dir, &cc, err, errlen);
-        if (rc == 0) rc = dflash_ckpt_check_config(&t->m->cfg, &cc, err, errlen);
-        if (rc == 0) rc = dflash_ckpt_resume(t->m, &t->tc, resume_dir, err, errlen);
+        /* checks the checkpoint's config against the drafter's first */
+        int rc = dflash_ckpt_resume(t->m, &t->tc, resume_dir, err, errlen);
         if (rc < 0) return rc;
         t->start_step = t->saved_step = t->committed = t->m->step;
         if (o->init_weights && o->init_weights[0])

@@ -13,6 +13,7 @@
 #include "check.h"
 #include "err.h"
 #include "metrics.h"
+#include "test_files.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -275,9 +276,7 @@ static void test_write_and_read_back(void)
         free(text);
     }
 
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ_INT(system(cmd), 0);
+    CHECK_EQ_INT(test_rmtree(dir), 0);
 }
 
 /* With a long flush interval records stay in the writer's buffer (no write(2) per record) until
@@ -302,9 +301,7 @@ static void test_buffered_until_flush(void)
     CHECK_EQ_INT(metrics_flush(m), 0);
     CHECK(stat(jsonl, &sb) == 0 && sb.st_size > 0);
     metrics_destroy(&m);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ_INT(system(cmd), 0);
+    CHECK_EQ_INT(test_rmtree(dir), 0);
 }
 
 /* A writer killed mid-record leaves a line cut short at the end of metrics.jsonl; the next
@@ -343,9 +340,7 @@ static void test_torn_line_after_kill(void)
     CHECK_EQ_INT(lines, 2);
     CHECK_EQ_INT(parsed, 2);
     free(text);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ_INT(system(cmd), 0);
+    CHECK_EQ_INT(test_rmtree(dir), 0);
 }
 
 static void test_bad_dir(void)

@@ -7,11 +7,20 @@
  *   4. target_forward reading ids / positions / offsets from the slot itself and writing the
  *      captured layers into slot_hidden at column j*D of each row (row stride n_layers*D);
  *   5. the header (slot_header_write on a host copy, then upload_raw), last.
+ *
+ * Batch numbering: the broker's ledger keeps the batch count registered for each bucket (epoch
+ * 0's, batch_plan_count) for every epoch, but a reshuffled epoch may pack into more or fewer
+ * batches. plan_batch reconciles them so that indexes [0, count of epoch 0) hold every sequence
+ * of the bucket exactly once in every epoch: an epoch with fewer batches gives the missing
+ * indexes one sequence each, taken from the end of its last batches (each keeps at least one);
+ * an epoch with more uses epoch 0's batches, rotated by a seeded offset. A pure function of the
+ * plan, so the verifier (model_producer_verify) sees the same batches.
  */
 #include "model_producer.h"
 
 #include "err.h"
 #include "log.h"
+#include "rng.h"
 #include "shard.h"
 #include "target_loop.h"
 
@@ -29,9 +38,15 @@ struct model_producer {
     uint32_t token_budget, max_seqs;
     uint32_t bounds[BATCH_PLAN_MAX_BUCKETS];
     int n_buckets;
+    uint64_t seed;
+    uint32_t per_epoch[BATCH_PLAN_MAX_BUCKETS]; /* batches registered: epoch 0's count */
+    uint32_t cnt_epoch[BATCH_PLAN_MAX_BUCKETS]; /* epoch whose own count is in cnt (cached) */
+    uint32_t cnt[BATCH_PLAN_MAX_BUCKETS];
+    bool cnt_valid[BATCH_PLAN_MAX_BUCKETS];
     slot_layout layout;
     /* host staging for one batch */
     uint32_t *seq_ids;  /* [max_seqs] */
+    uint32_t *scratch;  /* [max_seqs]: plan_batch's look at other batches */
     int32_t *seq_off;   /* [max_seqs + 1] */
     int32_t *pos, *ids; /* [token_budget] */
     uint8_t *mask;      /* [token_budget] */
@@ -96,8 +111,9 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     free(lens);
     lens = NULL;
     if (!p->plan) goto fail;
+    p->seed = o->seed;
     for (int b = 0; b < o->n_buckets; b++) /* the broker mixes every bucket: none may be empty */
-        if (batch_plan_count(p->plan, 0, b) == 0) {
+        if ((p->per_epoch[b] = batch_plan_count(p->plan, 0, b)) == 0) {
             snprintf(err, errlen,
                      "no sequence of the data falls in bucket %d (<= %u tokens): leave it out of "
                      "--buckets (dflash-data prints the data's length histogram)",
@@ -132,12 +148,14 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     }
 
     p->seq_ids = malloc(sizeof(uint32_t) * p->max_seqs);
+    p->scratch = malloc(sizeof(uint32_t) * p->max_seqs);
     p->seq_off = malloc(sizeof(int32_t) * (p->max_seqs + 1));
     p->pos = malloc(sizeof(int32_t) * p->token_budget);
     p->ids = malloc(sizeof(int32_t) * p->token_budget);
     p->mask = malloc(p->token_budget);
     p->hdr = calloc(1, sizeof *p->hdr);
-    if (!p->seq_ids || !p->seq_off || !p->pos || !p->ids || !p->mask || !p->hdr) goto fail_nomem;
+    if (!p->seq_ids || !p->scratch || !p->seq_off || !p->pos || !p->ids || !p->mask || !p->hdr)
+        goto fail_nomem;
     return p;
 
 fail_nomem:
@@ -159,6 +177,7 @@ void model_producer_destroy(model_producer **pp) {
     batch_plan_destroy(&p->plan);
     shard_set_close(&p->shards);
     free(p->seq_ids);
+    free(p->scratch);
     free(p->seq_off);
     free(p->pos);
     free(p->ids);
@@ -187,15 +206,52 @@ static bool same_layout(const slot_layout *a, const slot_layout *b) {
            a->slot_bytes == b->slot_bytes;
 }
 
+/* Batch (epoch, b, index) as the broker numbers it (see the top): its sequence ids into
+ * seq_ids[0..*n). 0 or DFLASH_ERANGE (no such bucket or index). */
+static int plan_batch(model_producer *p, uint32_t epoch, int b, uint64_t index, uint32_t *n) {
+    if (b < 0 || b >= p->n_buckets || index >= p->per_epoch[b]) return DFLASH_ERANGE;
+    uint32_t want = p->per_epoch[b], i = (uint32_t)index;
+    if (!p->cnt_valid[b] || p->cnt_epoch[b] != epoch) {
+        p->cnt[b] = batch_plan_count(p->plan, epoch, b);
+        p->cnt_epoch[b] = epoch;
+        p->cnt_valid[b] = true;
+    }
+    uint32_t have = p->cnt[b];
+    if (have > want) { /* epoch 0's batches, rotated */
+        uint64_t key = rng_hash64(rng_hash64(p->seed ^ 0x70a7e0ull) ^ epoch) + (uint64_t)b;
+        uint32_t j = (uint32_t)((i + rng_hash64(key) % want) % want);
+        return batch_plan_get(p->plan, 0, b, j, p->seq_ids, p->max_seqs, n, NULL);
+    }
+    /* have < want: the last batches give the trailing sequences, one per missing index:
+     * missing index have + k gets the k-th given, counting from the end of the plan */
+    uint32_t need = want - have, given = 0, m;
+    for (uint32_t j = have; j-- > 0 && given < need;) {
+        int rc = batch_plan_get(p->plan, epoch, b, j, p->scratch, p->max_seqs, &m, NULL);
+        if (rc) return rc;
+        uint32_t give = m - 1 < need - given ? m - 1 : need - given;
+        if (j == i) {
+            *n = m - give;
+            memcpy(p->seq_ids, p->scratch, sizeof(uint32_t) * *n);
+            return 0;
+        }
+        if (i >= have && i - have >= given && i - have < given + give) {
+            p->seq_ids[0] = p->scratch[m - 1 - (i - have - given)];
+            *n = 1;
+            return 0;
+        }
+        given += give;
+    }
+    if (i >= have) return DFLASH_EINTERNAL; /* fewer sequences than epoch 0 has batches */
+    return batch_plan_get(p->plan, epoch, b, i, p->seq_ids, p->max_seqs, n, NULL);
+}
+
 /* Batch wu into the host staging: seq_off[n+1], pos, ids, mask of T tokens, positions
  * restarting per sequence. Returns T > 0 with *n_seqs, or a negative code. */
 static int materialise(model_producer *p, const slot_work_unit *wu, uint32_t *n_seqs) {
     uint32_t n = 0;
-    uint64_t tokens = 0;
-    int rc = batch_plan_get(p->plan, wu->epoch, (int)wu->bucket, (uint32_t)wu->batch, p->seq_ids,
-                            p->max_seqs, &n, &tokens);
+    int rc = plan_batch(p, wu->epoch, (int)wu->bucket, wu->batch, &n);
     if (rc) return rc;
-    if (n == 0 || tokens == 0 || tokens > p->token_budget) return DFLASH_EINTERNAL;
+    if (n == 0) return DFLASH_EINTERNAL;
     uint32_t T = 0;
     p->seq_off[0] = 0;
     for (uint32_t s = 0; s < n; s++) {

@@ -76,9 +76,9 @@ int model_producer_verify(model_producer *p, const void *slot, const slot_layout
  * the daemon reports ready. Start-up only. 0 or negative. */
 int model_producer_warmup(model_producer *p);
 
-/* Fills the loop config's layout and buckets (bounds, token shares, batches of epoch 0; the
- * packing, and so the count, may differ by a batch or so in other epochs: batch_plan_count on
- * model_producer_plan has the exact number). 0 or DFLASH_ERANGE (too many buckets). */
+/* Fills the loop config's layout and buckets (bounds, token shares, batches of epoch 0: the
+ * count the broker keeps for every epoch; fill numbers the batches of other epochs to match, see
+ * model_producer.c). 0 or DFLASH_ERANGE (too many buckets). */
 struct target_loop_config;
 int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg);
 

@@ -11,6 +11,8 @@
  *   - a sharded bf16 checkpoint (how real targets ship) loads to other weights than it holds;
  *   - a loaded checkpoint computes something else than the same weights given directly;
  *   - bad token ids or oversize batches are accepted;
+ *   - an epoch that packs into another number of batches than the target registered makes the
+ *     target exit or leaves sequences out of training;
  *   - greedy generation disagrees with the logits (KV-cached and recomputing paths alike), or
  *     sampling is not reproducible from its seed.
  * Correctness against PyTorch is tests/reference/test_target_ref.c.
@@ -549,10 +551,10 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     batch_plan *plan = model_producer_plan(p);
     int seen[N] = {0}, batches = 0;
     bool arrays_ok = true, rows_ok = true;
-    for (int b = 0; b < 2; b++) {
-        uint32_t nb = batch_plan_count(plan, 1, b);
+    for (int b = 0; b < 2; b++) { /* epoch 0, numbered as the plan (others: _epochs below) */
+        uint32_t nb = batch_plan_count(plan, 0, b);
         for (uint32_t i = 0; i < nb; i++) {
-            slot_work_unit wu = {.epoch = 1, .bucket = (uint32_t)b, .batch = i};
+            slot_work_unit wu = {.epoch = 0, .bucket = (uint32_t)b, .batch = i};
             uint32_t n_seqs = 0;
             int T = model_producer_fill(p, slot, &l, &wu, 0xabc, &n_seqs);
             CHECK(T > 0);
@@ -566,7 +568,7 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
                   h.wu.bucket == (uint32_t)b && h.producer == 0xabc);
             /* the slot holds the plan's sequences, in order, with their ids and masks */
             uint32_t ids[8], n = 0;
-            CHECK_EQ_INT(batch_plan_get(plan, 1, b, i, ids, 8, &n, NULL), 0);
+            CHECK_EQ_INT(batch_plan_get(plan, 0, b, i, ids, 8, &n, NULL), 0);
             CHECK_EQ_INT(n, n_seqs);
             const int32_t *off = slot_seq_offsets(slot, &l), *tok = slot_token_ids(slot, &l);
             const uint8_t *mask = slot_loss_mask(slot, &l);
@@ -659,6 +661,91 @@ out:
     rmdir(dir);
 }
 
+/* Every epoch, as the broker numbers it: the broker keeps the batch count the target registered
+ * (epoch 0's) for every epoch, while a reshuffled epoch may pack into more or fewer batches.
+ * Every batch index below the registered count must fill, and together they must hold each
+ * sequence exactly once, in epochs that pack into fewer batches (the target used to fail on
+ * the first missing index and exit) and in epochs that pack into more (their last batches were
+ * never asked for: sequences silently left out). */
+static void test_producer_epochs(const nn_ops *ops, nn_ctx *ctx) {
+    char dir[] = "/tmp/test_target_epochs.XXXXXX", shard_path[600];
+    CHECK(mkdtemp(dir) != NULL);
+    model_config c = tiny_config();
+    CHECK_EQ_INT(write_checkpoint(dir, &c), 0);
+    enum { N = 24, EPOCHS = 6 };
+    uint32_t lens[N];
+    for (int i = 0; i < N; i++)
+        lens[i] = 3 + (uint32_t)(i * 37) % 29; /* 3..31 tokens */
+    snprintf(shard_path, sizeof shard_path, "%s/data.shard", dir);
+    CHECK_EQ_INT(write_shard(shard_path, lens, N, c.vocab_size, false), 0);
+    const uint32_t bounds[1] = {32};
+    int cap[1] = {1};
+    model_producer_opts po = {.model_dir = dir,
+                              .shards = shard_path,
+                              .bucket_bounds = bounds,
+                              .n_buckets = 1,
+                              .token_budget = 32,
+                              .max_seqs = 4,
+                              .seed = 7, /* packs into 17 18 17 16 16 15 batches in epochs 0..5 */
+                              .layer_ids = cap,
+                              .n_layer_ids = 1};
+    char err[512] = "";
+    model_producer *p = model_producer_new(&po, ops, ctx, err, sizeof err);
+    if (!p) fprintf(stderr, "model_producer_new: %s\n", err);
+    CHECK(p != NULL);
+    if (!p) goto out;
+    target_loop_config lc;
+    memset(&lc, 0, sizeof lc);
+    CHECK_EQ_INT(model_producer_loop_config(p, &lc), 0);
+    uint32_t per_epoch = (uint32_t)lc.bucket_batches[0];
+    /* the data must make the epochs differ both ways, or this test proves nothing */
+    bool fewer = false, more = false;
+    for (uint32_t e = 1; e < EPOCHS; e++) {
+        uint32_t k = batch_plan_count(model_producer_plan(p), e, 0);
+        fewer |= k < per_epoch;
+        more |= k > per_epoch;
+    }
+    CHECK(fewer && more);
+    slot_layout l;
+    model_producer_layout(p, &l);
+    void *slot = ops->alloc(ctx, l.slot_bytes);
+    for (uint32_t e = 0; slot && e < EPOCHS; e++) {
+        int seen[N] = {0};
+        bool filled = true;
+        for (uint32_t i = 0; i < per_epoch; i++) {
+            slot_work_unit wu = {.epoch = e, .bucket = 0, .batch = i};
+            uint32_t n_seqs = 0;
+            int T = model_producer_fill(p, slot, &l, &wu, 1, &n_seqs);
+            filled &= T > 0 && T <= 32 && n_seqs >= 1 && n_seqs <= 4;
+            if (T <= 0) continue;
+            const int32_t *off = slot_seq_offsets(slot, &l), *tok = slot_token_ids(slot, &l);
+            for (uint32_t s = 0; s < n_seqs; s++) /* which sequence: its length and first id */
+                for (int q = 0; q < N; q++)
+                    if ((uint32_t)(off[s + 1] - off[s]) == lens[q] &&
+                        tok[off[s]] == (int32_t)(((uint32_t)q * 7 + 1) % 50u))
+                        seen[q]++;
+            char verr[256] = "";
+            CHECK_EQ_INT(model_producer_verify(p, slot, &l, 0.0, NULL, verr, sizeof verr), 0);
+        }
+        bool once = true;
+        for (int q = 0; q < N; q++)
+            once &= seen[q] == 1;
+        if (!filled || !once) fprintf(stderr, "epoch %u: filled %d, once %d\n", e, filled, once);
+        CHECK(filled);
+        CHECK(once);
+    }
+    ops->free(ctx, slot);
+out:
+    model_producer_destroy(&p);
+    char path[700];
+    const char *files[] = {"config.json", "model.safetensors", "data.shard"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 int main(void) {
     log_init("test_target_model", LOG_WARN);
     const nn_ops *ops = nn_cpu_ops();
@@ -669,6 +756,7 @@ int main(void) {
     test_load_sharded_bf16(ops, ctx);
     test_generate(ops, ctx);
     test_producer(ops, ctx);
+    test_producer_epochs(ops, ctx);
     nn_cpu_destroy(&ctx);
     CHECK_DONE();
 }

@@ -330,6 +330,11 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     for (int i = 0; i < n_params; i++) {
         param_entry *e = &table[i];
         *e->ptr = at(m->params, e->offset);
+        if (o->stop && *o->stop) {
+            LOG_INFO("target model: stop requested: loading abandoned at tensor %d of %d", i,
+                     n_params);
+            goto fail;
+        }
         int rc = fetch(user, e->name, e->shape, e->ndim, staging);
         if (rc) {
             LOG_ERROR("target model: cannot load tensor %s: %s", e->name, err_str(rc));

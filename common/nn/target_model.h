@@ -30,6 +30,7 @@
 #include "model_config.h"
 #include "ops.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,6 +50,9 @@ typedef struct target_model_opts {
     int max_logit_rows; /* rows per target_logits call; 0: no logits (lm_head still loaded) */
     bool all_layers;    /* keep every decoder layer (needed by target_logits / generate) */
     bool no_head;       /* skip model.norm and lm_head (a capture-only target daemon saves V*D) */
+    /* A daemon's stop flag (may be NULL): once it is set, loading gives up before the next
+     * tensor and creation returns NULL, so SIGINT/SIGTERM do not wait for a large checkpoint. */
+    volatile sig_atomic_t *stop;
 } target_model_opts;
 
 /* Fills dst[numel(shape)] (fp32, host) with tensor `name` after checking that it exists and has

@@ -3,9 +3,10 @@
  * build the slot layout and the producer chosen by --model ("synthetic" is the deterministic
  * stand-in of synthetic.h; a checkpoint directory is the real target forward of model_producer.h
  * over --shards, on the cpu ops for the host backend or the cuda ops for the cuda one, warmed up
- * for every bucket shape before registering), log the
- * effective config, run target_loop until drained or SIGINT/SIGTERM, shut down in reverse (the
- * pool's shared memory is removed). Exit status: 0 done, 1 fatal error, 2 bad configuration.
+ * for every bucket shape before registering; SIGINT/SIGTERM end the loading and warm-up early),
+ * log the effective config, run target_loop until drained or SIGINT/SIGTERM, shut down in
+ * reverse (the pool's shared memory is removed). Exit status: 0 done or stopped, 1 fatal error,
+ * 2 bad configuration.
  * The only global is the stop flag. */
 #include "client.h"
 #include "config.h"
@@ -193,15 +194,25 @@ int main(int argc, char **argv)
                                   .token_budget = (uint32_t)cfg.token_budget,
                                   .max_seqs = (uint32_t)cfg.max_seqs, .seed = (uint64_t)cfg.seed,
                                   .layer_ids = n_ids ? ids : NULL, .n_layer_ids = n_ids,
-                                  .drafter_layers = n_ids ? n_ids : (int)cfg.layers};
+                                  .drafter_layers = n_ids ? n_ids : (int)cfg.layers,
+                                  .stop = stop};
         char err[512] = "";
         model_producer *mp = model_producer_new(&mo, ops, nn, err, sizeof err);
+        if (!mp && *stop) {
+            LOG_INFO("stopped while loading the target model");
+            return 0;
+        }
         if (!mp) {
             LOG_ERROR("cannot load the target model %s: %s", cfg.model, err);
             return 1;
         }
         rc = model_producer_loop_config(mp, &lc); /* layout and buckets come from the model */
         if (rc == 0) rc = model_producer_warmup(mp);
+        if (rc == DFLASH_ESHUTDOWN) {
+            LOG_INFO("stopped while warming up the target model");
+            model_producer_destroy(&mp);
+            return 0;
+        }
         if (rc < 0) {
             LOG_ERROR("target model %s: %s", cfg.model, err_str(rc));
             model_producer_destroy(&mp);

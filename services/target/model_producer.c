@@ -53,6 +53,7 @@ struct model_producer {
     slot_header *hdr;   /* one slot's header bytes (host) */
     long fills, drains; /* batches filled; host waits for the whole stream inside fills */
     long allocs;        /* memory allocations inside fills (ops.h allocs) */
+    volatile sig_atomic_t *stop; /* may be NULL */
 };
 
 static slot_dtype backend_dtype(const nn_ops *ops) {
@@ -69,6 +70,7 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     }
     p->ops = ops;
     p->ctx = ctx;
+    p->stop = o->stop;
     p->token_budget = o->token_budget;
     p->max_seqs = o->max_seqs;
     if (o->n_buckets < 1 || o->n_buckets > BATCH_PLAN_MAX_BUCKETS || !o->bucket_bounds) {
@@ -126,7 +128,8 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
                             .drafter_layers = o->drafter_layers,
                             .max_tokens = (int)o->token_budget,
                             .max_seqs = (int)o->max_seqs,
-                            .no_head = true};
+                            .no_head = true,
+                            .stop = o->stop};
     p->model = target_model_load(o->model_dir, &mo, ops, ctx);
     if (!p->model) {
         snprintf(err, errlen, "%s: cannot load the target model (see the log above)", o->model_dir);
@@ -399,6 +402,10 @@ int model_producer_warmup(model_producer *p) {
     int32_t *d_ids = slot_token_ids(base, l);
     int rc = 0;
     for (int b = 0; b < p->n_buckets && !rc; b++) {
+        if (p->stop && *p->stop) {
+            rc = DFLASH_ESHUTDOWN;
+            break;
+        }
         /* the bucket's full batch: sequences of the bound's length while they fit */
         uint32_t len = p->bounds[b] < p->token_budget ? p->bounds[b] : p->token_budget;
         uint32_t n = 0, T = 0;

@@ -21,6 +21,7 @@
 #include "slot.h"
 #include "target_model.h"
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,10 +38,11 @@ typedef struct model_producer_opts {
     const int *layer_ids;  /* captured ids (NULL: DFlash's rule for drafter_layers) */
     int n_layer_ids;
     int drafter_layers;
+    volatile sig_atomic_t *stop; /* the daemon's stop flag (may be NULL): ends loading, warmup */
 } model_producer_opts;
 
 /* Loads the model and the shards and builds the plan. NULL with the reason in err (bad
- * checkpoint, shard, token id outside the vocabulary, bounds). */
+ * checkpoint, shard, token id outside the vocabulary, bounds, or *o->stop set while loading). */
 model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
                                    char *err, size_t errlen);
 void model_producer_destroy(model_producer **p);
@@ -73,7 +75,8 @@ int model_producer_verify(model_producer *p, const void *slot, const slot_layout
 
 /* Runs one forward per bucket at its full-batch shape (sequences of the bound's length while they
  * fit the budget) into a scratch slot allocated and freed here, so every shape is warm before
- * the daemon reports ready. Start-up only. 0 or negative. */
+ * the daemon reports ready. Start-up only. 0, DFLASH_ESHUTDOWN (the stop flag was set) or
+ * negative. */
 int model_producer_warmup(model_producer *p);
 
 /* Fills the loop config's layout and buckets (bounds, token shares, batches of epoch 0: the

@@ -11,6 +11,7 @@
  *   - a sharded bf16 checkpoint (how real targets ship) loads to other weights than it holds;
  *   - a loaded checkpoint computes something else than the same weights given directly;
  *   - bad token ids or oversize batches are accepted;
+ *   - a stop requested during a long load is not looked at until the load is done;
  *   - an epoch that packs into another number of batches than the target registered makes the
  *     target exit or leaves sequences out of training;
  *   - greedy generation disagrees with the logits (KV-cached and recomputing paths alike), or
@@ -661,6 +662,35 @@ out:
     rmdir(dir);
 }
 
+/* Sets the stop flag (user) after the second tensor, as SIGTERM would during a long load. */
+static volatile sig_atomic_t load_stop;
+static int load_calls;
+static int fetch_then_stop(void *user, const char *name, const int64_t *shape, int ndim,
+                           float *dst) {
+    (void)user;
+    if (++load_calls == 2) load_stop = 1;
+    fill(name, shape, ndim, dst);
+    return 0;
+}
+
+/* A stop requested while the weights load ends the load at the next tensor (dflash-target used
+ * to load every tensor and warm up before it looked at its stop flag: minutes for a large
+ * checkpoint); without a stop the same load completes. */
+static void test_load_stop(const nn_ops *ops, nn_ctx *ctx) {
+    model_config c = tiny_config();
+    int cap[1] = {3};
+    target_model_opts o = {.layer_ids = cap, .n_layer_ids = 1, .max_tokens = 8, .stop = &load_stop};
+    target_model *m = target_model_new(&c, &o, ops, ctx, fetch_then_stop, NULL);
+    CHECK(m == NULL);
+    CHECK_EQ_INT(load_calls, 2);
+    target_model_destroy(&m);
+    load_stop = 0;
+    load_calls = -100; /* never reaches 2 again: no stop */
+    m = target_model_new(&c, &o, ops, ctx, fetch_then_stop, NULL);
+    CHECK(m != NULL);
+    target_model_destroy(&m);
+}
+
 /* Every epoch, as the broker numbers it: the broker keeps the batch count the target registered
  * (epoch 0's) for every epoch, while a reshuffled epoch may pack into more or fewer batches.
  * Every batch index below the registered count must fill, and together they must hold each
@@ -757,6 +787,7 @@ int main(void) {
     test_generate(ops, ctx);
     test_producer(ops, ctx);
     test_producer_epochs(ops, ctx);
+    test_load_stop(ops, ctx);
     nn_cpu_destroy(&ctx);
     CHECK_DONE();
 }

@@ -2,15 +2,18 @@
  * or $DFLASH_MKMODEL_BIN) for each family and checks that what it writes is what the target
  * loader expects: config.json loads back with the asked-for architecture, the safetensors hold
  * exactly the HF tensor names with the right shapes, values look like the HF init, the same seed
- * gives the same bytes, a sharded checkpoint holds the same values as a single file. */
+ * gives the same bytes, a sharded checkpoint holds the same values as a single file, a stop
+ * (SIGTERM) while writing leaves no temporary file and no shard behind and exits 1. */
 #include "check.h"
 #include "hf_config.h"
 #include "safetensors.h"
 #include "test_files.h"
+#include "test_stop.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -167,6 +170,27 @@ int main(void) {
     a = check_model("ll1", &mc);
     CHECK(mc.family == MODEL_QWEN3);
     safetensors_close(&a);
+
+    /* SIGTERM while writing: exit 1, no temporary file (it used to stay, as large as the file
+     * being written) and, sharded, no shard this run had finished */
+    char stopped[400], log[400];
+    snprintf(stopped, sizeof stopped, "%s/stopped", dir);
+    snprintf(log, sizeof log, "%s/stopped.log", dir);
+    CHECK(mkdir(stopped, 0755) == 0);
+    char *single[] = {bin,    "--vocab",    "65536", "--hidden",   "1024", "--heads",
+                      "8",    "--kv-heads", "4",     "--head-dim", "128",  "--intermediate",
+                      "1024", "--layers",   "1",     "--dtype",    "f32",  "--threads",
+                      "1",    "--out",      stopped, NULL};
+    CHECK_EQ_INT(test_stop_while_writing(single, stopped, ".tmp.", log), 1);
+    CHECK(!test_dir_has(stopped, ".tmp."));
+    CHECK(!test_dir_has(stopped, "safetensors"));
+    char *sharded[] = {bin,    "--vocab",         "512", "--hidden",   "1024",  "--heads",
+                       "8",    "--kv-heads",      "4",   "--head-dim", "128",   "--intermediate",
+                       "4096", "--layers",        "2",   "--dtype",    "f32",   "--threads",
+                       "1",    "--shard-size-mb", "8",   "--out",      stopped, NULL};
+    CHECK_EQ_INT(test_stop_while_writing(sharded, stopped, "-00002-of-", log), 1);
+    CHECK(!test_dir_has(stopped, ".tmp."));
+    CHECK(!test_dir_has(stopped, "safetensors"));
 
     /* refusals */
     snprintf(args, sizeof args, "--family qwen3 --heads 5 --kv-heads 2 --out %s/bad", dir);

@@ -22,6 +22,8 @@
  * Progress is logged every few seconds for big models. Threads: the main thread writes; each
  * chunk's values are drawn by --threads workers over disjoint element ranges (the values are a
  * function of the element index, so the bytes do not depend on the thread count).
+ * SIGINT/SIGTERM stop it between chunks: the temporary file and the shards this run wrote are
+ * removed and it exits 1 (a killed run used to leave PATH.tmp.<pid>, up to a shard's size).
  */
 #include "config.h"
 #include "rng.h"
@@ -29,6 +31,7 @@
 #include "hf_config.h"
 #include "log.h"
 #include "safetensors.h"
+#include "signals.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -200,6 +203,7 @@ typedef struct mk_ctx {
     float *fbuf;
     unsigned char *obuf;
     int threads; /* workers per chunk, 1..MAX_THREADS */
+    volatile sig_atomic_t *stop; /* set by SIGINT/SIGTERM */
 } mk_ctx;
 
 #define CHUNK (1u << 24)
@@ -267,6 +271,7 @@ static int write_tensor(mk_ctx *m, safetensors_writer *wr, size_t i) {
     size_t es = safetensors_dtype_size(m->dt);
     bool half = m->dt == SAFETENSORS_BF16 || m->dt == SAFETENSORS_F16;
     for (uint64_t s = 0; s < n; s += CHUNK) {
+        if (*m->stop) return DFLASH_ESHUTDOWN;
         size_t k = n - s < CHUNK ? (size_t)(n - s) : CHUNK;
         fill_chunk(m, d, key, s, k);
         const void *src = half ? (const void *)m->obuf : (const void *)m->fbuf;
@@ -304,6 +309,7 @@ static const char *transformers_dtype(safetensors_dtype dt) {
 }
 
 int main(int argc, char **argv) {
+    volatile sig_atomic_t *stop = signals_install_stop_flag();
     mk_cfg cfg;
     int rc = config_load(&mk_table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
@@ -312,7 +318,7 @@ int main(int argc, char **argv) {
         LOG_ERROR("--out DIR is required");
         return 2;
     }
-    mk_ctx m = {.cfg = &cfg};
+    mk_ctx m = {.cfg = &cfg, .stop = stop};
     model_config mc;
     if (build_config(&cfg, &mc)) return 2;
     m.mc = &mc;
@@ -369,6 +375,10 @@ int main(int argc, char **argv) {
     if (m.n_shards == 1 && !limit) {
         snprintf(path, sizeof path, "%s/model.safetensors", cfg.out);
         rc = write_shard(&m, 0, path);
+        if (rc == DFLASH_ESHUTDOWN) {
+            LOG_ERROR("stopped: %s not written", path);
+            return 1;
+        }
         if (rc) LOG_FATAL("cannot write %s: %s", path, err_str(rc));
     } else {
         char(*names)[64] = calloc((size_t)m.n_shards, sizeof *names);
@@ -380,6 +390,14 @@ int main(int argc, char **argv) {
                      m.n_shards);
             snprintf(path, sizeof path, "%s/%s", cfg.out, names[s]);
             rc = write_shard(&m, s, path);
+            if (rc == DFLASH_ESHUTDOWN) { /* this run's shards are no checkpoint: remove them */
+                for (int k = 0; k < s; k++) {
+                    snprintf(path, sizeof path, "%s/%s", cfg.out, names[k]);
+                    unlink(path);
+                }
+                LOG_ERROR("stopped: no checkpoint written in %s", cfg.out);
+                return 1;
+            }
             if (rc) LOG_FATAL("cannot write %s: %s", path, err_str(rc));
         }
         for (size_t i = 0; i < m.n_tensors; i++) {

@@ -6,7 +6,8 @@
  *   - greedy output does not depend on how prompts are packed (--batch 1 vs 3);
  *   - prompts from a JSONL file are kept as prefixes (truncated to prompt-max); a non-JSON line
  *     and a line with an id outside the vocabulary are skipped and do not count towards --n;
- *   - a missing model directory fails with a non-zero exit and leaves no output file.
+ *   - a missing model directory fails with a non-zero exit and leaves no output file;
+ *   - a stop (SIGTERM) while generating exits 1 and leaves neither output nor temporary file.
  * The tiny checkpoint is written here with the safetensors writer and hf_config_write (the same
  * pieces dflash-mkmodel uses). dflash-gen is found beside this test's build folder
  * (<build>/tools/dflash-gen); when it is not built the test says so and fails.
@@ -15,6 +16,7 @@
 #include "err.h"
 #include "hf_config.h"
 #include "safetensors.h"
+#include "test_stop.h"
 
 #include <cjson/cJSON.h>
 #include <libgen.h>
@@ -238,6 +240,17 @@ int main(int argc, char **argv)
     CHECK(run_gen(args) != 0);
     snprintf(args, sizeof args, "%s/none.jsonl", dir);
     CHECK(access(args, F_OK) != 0);
+
+    /* SIGTERM while generating: exit 1, neither the output nor its temporary file (which used
+     * to stay behind) */
+    char stopped[PATH_MAX], log[PATH_MAX];
+    snprintf(stopped, sizeof stopped, "%s/stopped.jsonl", dir);
+    snprintf(log, sizeof log, "%s/stopped.log", dir);
+    char *argv_stop[] = {gen_bin,  "--model",   model, "--out",       stopped, "--n",
+                         "100000", "--threads", "1",   "--log-level", "warn",  NULL};
+    CHECK_EQ_INT(test_stop_while_writing(argv_stop, dir, ".tmp.", log), 1);
+    CHECK(!test_dir_has(dir, ".tmp."));
+    CHECK(access(stopped, F_OK) != 0);
 
     if (getenv("DFLASH_TEST_KEEP")) { /* for a look at the files */
         printf("kept %s\n", dir);

@@ -22,6 +22,7 @@
  * recomputes the whole prefix each step, fine for the small targets this tool is for).
  * One thread apart from the backend's own; no globals. A prompt that already reaches the
  * model's max_position_embeddings has no room for a response and is left out (counted).
+ * SIGINT/SIGTERM stop it between batches: the temporary file is removed and it exits 1.
  */
 #include "config.h"
 #include "monotime.h"
@@ -115,6 +116,7 @@ typedef struct gen_ctx {
     model_config mc;
     prompt_set prompts;
     FILE *out;
+    volatile sig_atomic_t *stop; /* set by SIGINT/SIGTERM */
     char tmp_path[1100];
     int written; /* samples in the output */
 } gen_ctx;
@@ -268,6 +270,11 @@ static int gen_run(gen_ctx *g)
     double t0 = monotime_s();
     gen_progress prog = {.t0 = t0, .tty = isatty(STDERR_FILENO)};
     for (int first = 0; !rc && first < N; first += B) {
+        if (*g->stop) {
+            LOG_ERROR("stopped after %d of %d samples: %s not written", first, N, c->out);
+            rc = DFLASH_ESHUTDOWN;
+            break;
+        }
         int nb = N - first < B ? N - first : B;
         for (int s = 0; s < nb; s++) {
             const prompt *p = &g->prompts.p[first + s];
@@ -340,8 +347,7 @@ static int gen_validate(const gen_cfg *c)
 int main(int argc, char **argv)
 {
     blas_select_fast_kernels(argv);
-    signals_install_stop(NULL);
-    gen_ctx g = {0};
+    gen_ctx g = {.stop = signals_install_stop_flag()};
     int rc = config_load(&gen_table, &g.cfg, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
     if (log_init_named("dflash-gen", g.cfg.log_level) != 0) return 2;

@@ -203,7 +203,8 @@ int main(int argc, char **argv)
             return 0;
         }
         if (!mp) {
-            LOG_ERROR("cannot load the target model %s: %s", cfg.model, err);
+            LOG_ERROR("cannot start the target on model %s and shards %s: %s", cfg.model,
+                      cfg.shards, err);
             return 1;
         }
         rc = model_producer_loop_config(mp, &lc); /* layout and buckets come from the model */

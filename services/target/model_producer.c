@@ -96,7 +96,9 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
                             .token_budget = o->token_budget,
                             .max_seqs = o->max_seqs,
                             .seed = o->seed};
-    p->plan = batch_plan_new(lens, n, &bp, err, errlen);
+    char perr[400] = "";
+    p->plan = batch_plan_new(lens, n, &bp, perr, sizeof perr);
+    if (!p->plan) snprintf(err, errlen, "%s: %s", o->shards, perr); /* name the data */
     if (p->plan && batch_plan_dropped(p->plan)) {
         uint32_t last = o->bucket_bounds[o->n_buckets - 1];
         uint64_t tokens = 0, dropped_tokens = 0;
@@ -117,9 +119,9 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     for (int b = 0; b < o->n_buckets; b++) /* the broker mixes every bucket: none may be empty */
         if ((p->per_epoch[b] = batch_plan_count(p->plan, 0, b)) == 0) {
             snprintf(err, errlen,
-                     "no sequence of the data falls in bucket %d (<= %u tokens): leave it out of "
+                     "%s: no sequence falls in bucket %d (<= %u tokens): leave it out of "
                      "--buckets (dflash-data prints the data's length histogram)",
-                     b, o->bucket_bounds[b]);
+                     o->shards, b, o->bucket_bounds[b]);
             goto fail;
         }
 

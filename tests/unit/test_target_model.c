@@ -12,6 +12,7 @@
  *   - a loaded checkpoint computes something else than the same weights given directly;
  *   - bad token ids or oversize batches are accepted;
  *   - a stop requested during a long load is not looked at until the load is done;
+ *   - data that fits no bucket is reported without naming the shard file;
  *   - an epoch that packs into another number of batches than the target registered makes the
  *     target exit or leaves sequences out of training;
  *   - greedy generation disagrees with the logits (KV-cached and recomputing paths alike), or
@@ -531,6 +532,16 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     model_producer *empty = model_producer_new(&eo, ops, ctx, eerr, sizeof eerr);
     CHECK(empty == NULL);
     CHECK(strstr(eerr, "bucket 0 (<= 1 tokens)") != NULL);
+    CHECK(strstr(eerr, "data.shard") != NULL);
+    model_producer_destroy(&empty);
+    /* data that fits no bucket at all: the error names the shard file, not only "batch plan" */
+    const uint32_t below[1] = {1};
+    eo.bucket_bounds = below;
+    eo.n_buckets = 1;
+    eerr[0] = 0;
+    empty = model_producer_new(&eo, ops, ctx, eerr, sizeof eerr);
+    CHECK(empty == NULL);
+    CHECK(strstr(eerr, "data.shard") != NULL);
     model_producer_destroy(&empty);
     if (!p) goto out;
 

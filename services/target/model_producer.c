@@ -84,6 +84,12 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
                  o->token_budget, o->max_seqs);
         goto fail;
     }
+    int n_capture = o->layer_ids ? o->n_layer_ids : o->drafter_layers;
+    if (n_capture > SLOT_MAX_LAYER_IDS) { /* before the load, not after it */
+        snprintf(err, errlen, "%d captured layers: a slot holds at most %d", n_capture,
+                 SLOT_MAX_LAYER_IDS);
+        goto fail;
+    }
 
     p->shards = shard_set_open_list(o->shards, err, errlen);
     if (!p->shards) goto fail;

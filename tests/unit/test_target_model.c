@@ -13,6 +13,7 @@
  *   - bad token ids or oversize batches are accepted;
  *   - a stop requested during a long load is not looked at until the load is done;
  *   - data that fits no bucket is reported without naming the shard file;
+ *   - more captured layers than a slot records fail with "invalid argument";
  *   - an epoch that packs into another number of batches than the target registered makes the
  *     target exit or leaves sequences out of training;
  *   - greedy generation disagrees with the logits (KV-cached and recomputing paths alike), or
@@ -542,6 +543,19 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     empty = model_producer_new(&eo, ops, ctx, eerr, sizeof eerr);
     CHECK(empty == NULL);
     CHECK(strstr(eerr, "data.shard") != NULL);
+    model_producer_destroy(&empty);
+    /* more captured layers than a slot records: said so, before loading (was "slot layout ...:
+     * invalid argument" after the load); the ids need not exist for that */
+    int many[SLOT_MAX_LAYER_IDS + 1];
+    for (int i = 0; i <= SLOT_MAX_LAYER_IDS; i++)
+        many[i] = i;
+    model_producer_opts mo2 = po;
+    mo2.layer_ids = many;
+    mo2.n_layer_ids = SLOT_MAX_LAYER_IDS + 1;
+    eerr[0] = 0;
+    empty = model_producer_new(&mo2, ops, ctx, eerr, sizeof eerr);
+    CHECK(empty == NULL);
+    CHECK(strstr(eerr, "at most 24") != NULL);
     model_producer_destroy(&empty);
     if (!p) goto out;
 

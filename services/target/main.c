@@ -219,6 +219,15 @@ int main(int argc, char **argv)
             model_producer_destroy(&mp);
             return 1;
         }
+        /* the model decides the slot's hidden size and captured layers: dump those */
+        cfg.hidden = lc.layout.hidden;
+        cfg.layers = lc.layout.n_layers;
+        int n_cap;
+        const int *cap = target_model_layer_ids(model_producer_model(mp), &n_cap);
+        size_t used = 0;
+        for (int i = 0; i < n_cap && used < sizeof cfg.capture; i++)
+            used += (size_t)snprintf(cfg.capture + used, sizeof cfg.capture - used, "%s%d",
+                                     i ? "," : "", cap[i]);
         prod = model_producer_as_target(&mp, 0);
         model_producer_destroy(&mp); /* NULL after a successful hand-over */
     }

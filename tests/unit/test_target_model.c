@@ -14,6 +14,7 @@
  *   - a stop requested during a long load is not looked at until the load is done;
  *   - data that fits no bucket is reported without naming the shard file;
  *   - more captured layers than a slot records fail with "invalid argument";
+ *   - dflash-target's effective configuration shows --hidden / --layers where the model decides;
  *   - an epoch that packs into another number of batches than the target registered makes the
  *     target exit or leaves sequences out of training;
  *   - greedy generation disagrees with the logits (KV-cached and recomputing paths alike), or
@@ -34,9 +35,12 @@
 #include "target_loop.h"
 #include "target_model.h"
 
+#include <libgen.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- deterministic random weights, by tensor name ---- */
@@ -801,6 +805,48 @@ out:
     rmdir(dir);
 }
 
+/* dflash-target's dump of its effective configuration shows the hidden size and captured layers
+ * the model gives the slots, not --hidden / --layers, which a model overrides (it printed the
+ * flags' 256 and 3). The daemon runs against no broker and gives up after 100 ms. */
+static void test_daemon_dump(void) {
+    char exe[PATH_MAX], bin[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    snprintf(bin, sizeof bin, "%s/../services/target/dflash-target", dirname(exe));
+    CHECK(access(bin, X_OK) == 0);
+    char dir[] = "/tmp/test_target_dump.XXXXXX", path[600], cmd[3000];
+    CHECK(mkdtemp(dir) != NULL);
+    model_config c = tiny_config();
+    CHECK_EQ_INT(write_checkpoint(dir, &c), 0);
+    const uint32_t lens[4] = {5, 9, 12, 7};
+    snprintf(path, sizeof path, "%s/data.shard", dir);
+    CHECK_EQ_INT(write_shard(path, lens, 4, c.vocab_size, false), 0);
+    snprintf(cmd, sizeof cmd,
+             "'%s' --runtime-dir '%s' --model '%s' --shards '%s' --backend host --threads 1 "
+             "--buckets 16 --token-budget 32 --max-seqs 4 --capture-layers 2,0 --hidden 256 "
+             "--layers 3 --broker-wait-ms 100 --name dumptest >'%s/out' 2>&1",
+             bin, dir, dir, path, dir);
+    CHECK(system(cmd) != -1);
+    snprintf(path, sizeof path, "%s/out", dir);
+    FILE *f = fopen(path, "r");
+    char line[512];
+    bool hidden = false, layers = false, ids = false, stale = false;
+    while (f && fgets(line, sizeof line, f)) {
+        hidden |= strcmp(line, "hidden 32\n") == 0;
+        layers |= strcmp(line, "layers 2\n") == 0;
+        ids |= strcmp(line, "capture-layers 2,0\n") == 0;
+        stale |= strcmp(line, "hidden 256\n") == 0 || strcmp(line, "layers 3\n") == 0;
+    }
+    if (f) fclose(f);
+    CHECK(hidden && layers && ids && !stale);
+    const char *files[] = {"config.json", "model.safetensors", "data.shard", "out"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 int main(void) {
     log_init("test_target_model", LOG_WARN);
     const nn_ops *ops = nn_cpu_ops();
@@ -812,6 +858,7 @@ int main(void) {
     test_generate(ops, ctx);
     test_producer(ops, ctx);
     test_producer_epochs(ops, ctx);
+    test_daemon_dump();
     test_load_stop(ops, ctx);
     nn_cpu_destroy(&ctx);
     CHECK_DONE();

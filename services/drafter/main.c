@@ -347,11 +347,13 @@ static int eval_main(int argc, char **argv)
     }
     const char *what = ec.init_only ? "untrained" : ec.checkpoint;
     if (ec.json)
-        printf("{\"tau\": %.4f, \"cycles\": %ld, \"sequences\": %ld, \"block_size\": %d, "
-               "\"seconds\": %.2f}\n", r.tau, r.cycles, r.sequences, r.block_size, r.seconds);
+        printf("{\"tau\": %.4f, \"cycles\": %ld, \"sequences\": %ld, \"skipped\": %ld, "
+               "\"block_size\": %d, \"seconds\": %.2f}\n",
+               r.tau, r.cycles, r.sequences, r.skipped, r.block_size, r.seconds);
     else
-        printf("tau %.4f (%ld draft cycles over %ld held-out sequences, block %d, drafter %s) "
-               "in %.1f s\n", r.tau, r.cycles, r.sequences, r.block_size, what, r.seconds);
+        printf("tau %.4f (%ld draft cycles over %ld held-out sequences, %ld without a response "
+               "skipped, block %d, drafter %s) in %.1f s\n",
+               r.tau, r.cycles, r.sequences, r.skipped, r.block_size, what, r.seconds);
     return 0;
 }
 

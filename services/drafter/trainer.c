@@ -685,7 +685,10 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     for (uint64_t i = 0; i < n; i++) {
         shard_seq s;
         if ((rc = shard_set_get(set, i, &s)) < 0) goto out;
-        if (s.len < 2) continue;
+        if (s.len < 2) {
+            out->skipped++;
+            continue;
+        }
         int32_t off[2] = {0, (int32_t)s.len};
         rc = target_forward_host(tm, s.ids, pos, off, 1, (int)s.len, (nn_buf *)hidden, ld);
         if (rc < 0) {
@@ -700,12 +703,24 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
                                .loss_mask = s.mask,
                                .hidden = (const nn_buf *)hidden,
                                .ld = ld};
+        long cycles0 = acc.cycles;
         if ((rc = dflash_eval_tau(m, &v, NULL, &acc)) < 0) {
             snprintf(err, errlen, "tau of held-out sequence %llu: %s", (unsigned long long)i,
                      err_str(rc));
             goto out;
         }
-        out->sequences++;
+        if (acc.cycles > cycles0)
+            out->sequences++;
+        else
+            out->skipped++;
+    }
+    if (acc.cycles == 0) { /* tau = mean(a + 1) over no cycle: undefined, not 0 */
+        snprintf(err, errlen,
+                 "no draft cycle in %llu held-out sequences of %s: none has a loss-masked "
+                 "(response) token with a token after it, so tau is undefined",
+                 (unsigned long long)n, o->data);
+        rc = DFLASH_EINVAL;
+        goto out;
     }
     out->tau = dflash_tau_value(&acc);
     out->cycles = acc.cycles;

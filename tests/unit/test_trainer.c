@@ -1,0 +1,113 @@
+/* test_trainer: the drafter daemon's trainer (services/drafter/trainer.h) against a tiny random
+ * target written by dflash-mkmodel (../tools/dflash-mkmodel from the ctest working directory, or
+ * $DFLASH_MKMODEL_BIN), without a broker:
+ *   - `eval` on held-out sets where no draft cycle can be walked (every loss mask 0, sequences
+ *     too short, no sequence) is an error naming the cause, never a tau of 0 (tau lies in
+ *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated.
+ */
+#include "check.h"
+#include "err.h"
+#include "shard.h"
+#include "test_files.h"
+#include "trainer.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[256], target[300];
+
+/* Writes a shard of n sequences (ids[i] of lens[i] tokens, masks[i]) to DIR/name. */
+static void write_shard(const char *name, int n, const int32_t *const *ids,
+                        const uint8_t *const *masks, const uint32_t *lens) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    shard_writer *w = shard_writer_new(path, 0);
+    CHECK(w != NULL);
+    if (!w) return;
+    for (int i = 0; i < n; i++)
+        CHECK_EQ_INT(shard_writer_add(w, ids[i], masks[i], lens[i]), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+}
+
+static int eval(const char *shard, trainer_eval_result *r, char *err, size_t errlen) {
+    char data[400];
+    snprintf(data, sizeof data, "%s/%s", dir, shard);
+    trainer_eval_opts o = {.model_dir = target,
+                           .data = data,
+                           .threads = 1,
+                           .draft_layers = 1,
+                           .block_size = 4,
+                           .mask_token_id = -1,
+                           .n_feat = 2,
+                           .init_seed = 1};
+    err[0] = 0;
+    return trainer_eval(&o, r, err, errlen);
+}
+
+static void test_eval_without_cycles(void) {
+    enum { L = 24 };
+    int32_t ids[L];
+    uint8_t resp[L], none[L] = {0};
+    for (int t = 0; t < L; t++)
+        ids[t] = (t * 37 + 5) % 200, resp[t] = t >= 6;
+    const uint8_t last[2] = {0, 1};
+    /* every loss mask 0; a 1-token and a 2-token sequence whose only response token ends it */
+    const int32_t *mi[2] = {ids, ids};
+    const uint8_t *mm[2] = {none, none};
+    const uint32_t ml[2] = {L, L};
+    write_shard("masked.shard", 2, mi, mm, ml);
+    const uint8_t *tm[2] = {resp, last};
+    const uint32_t tl[2] = {1, 2};
+    write_shard("tiny.shard", 2, mi, tm, tl);
+    write_shard("empty.shard", 0, NULL, NULL, NULL);
+    /* one evaluable sequence beside a masked one */
+    const uint8_t *xm[2] = {resp, none};
+    write_shard("mixed.shard", 2, mi, xm, ml);
+
+    trainer_eval_result r;
+    char err[512];
+    const char *bad[3] = {"masked.shard", "tiny.shard", "empty.shard"};
+    for (int i = 0; i < 3; i++) {
+        int rc = eval(bad[i], &r, err, sizeof err);
+        printf("eval on %s: %s, tau %.4f over %ld cycles: %s\n", bad[i], err_str(rc), r.tau,
+               r.cycles, err);
+        CHECK(rc < 0);
+        CHECK(strstr(err, "no draft cycle") != NULL);
+    }
+    CHECK_EQ_INT(eval("mixed.shard", &r, err, sizeof err), 0);
+    printf("eval on mixed.shard: tau %.4f, %ld cycles, %ld sequences, %ld skipped\n", r.tau,
+           r.cycles, r.sequences, r.skipped);
+    CHECK(r.tau >= 1.0 && r.tau <= 4.0);
+    CHECK(r.cycles > 0);
+    CHECK_EQ_INT(r.sequences, 1);
+    CHECK_EQ_INT(r.skipped, 1);
+}
+
+int main(void) {
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    char bin[512];
+    const char *env = getenv("DFLASH_MKMODEL_BIN");
+    snprintf(bin, sizeof bin, "%s", env ? env : "../tools/dflash-mkmodel");
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "dflash-mkmodel not found at %s (set DFLASH_MKMODEL_BIN)\n", bin);
+        return 1;
+    }
+    snprintf(dir, sizeof dir, "/tmp/test_trainer.%d", (int)getpid());
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(target, sizeof target, "%s/target", dir);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s --family qwen3 --layers 6 --seed 1 --threads 1 --out %s "
+             "--log-level warn",
+             bin, target);
+    int st = system(cmd);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+    test_eval_without_cycles();
+
+    test_rmtree(dir);
+    CHECK_DONE();
+}

@@ -119,8 +119,8 @@ static const cfg_option drafter_options[] = {
     OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate", lr),
     OPT("warmup-ratio", CFG_DOUBLE, "0.04", 0, 1, "train: warmup fraction of the schedule",
         warmup_ratio),
-    OPT("total-steps", CFG_INT, "0", 0, 1e15, "train: cosine schedule length (0 = --max-steps; "
-        "both 0: constant lr, no warmup)", total_steps),
+    OPT("total-steps", CFG_INT, "0", 0, 1e15, "train: cosine schedule length, at least "
+        "--max-steps (0 = --max-steps; both 0: constant lr, no warmup)", total_steps),
     OPT("min-lr-ratio", CFG_DOUBLE, "0", 0, 1, "train: cosine floor as a fraction of --lr",
         min_lr_ratio),
     OPT("clip", CFG_DOUBLE, "1.0", 0, 1e9, "train: gradient-norm clip (0 = none)", clip),

@@ -540,6 +540,17 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
         goto fail;
     }
     if (t->tc.total_steps == 0 && o->max_steps > 0) t->tc.total_steps = o->max_steps;
+    /* restore() refuses to resume such a run, so it must not start either */
+    if (!resume_dir[0] && t->max_steps > 0 && t->tc.total_steps > 0 &&
+        t->max_steps > t->tc.total_steps) {
+        snprintf(err, errlen,
+                 "--max-steps %ld is past --total-steps %ld: the last %ld steps would train at "
+                 "the schedule's floor (lr %g), and the same command could not resume the run; "
+                 "give --total-steps >= --max-steps (0 = --max-steps)",
+                 (long)t->max_steps, t->tc.total_steps, (long)t->max_steps - t->tc.total_steps,
+                 t->tc.lr * t->tc.min_lr_ratio);
+        goto fail;
+    }
     if (restore(t, o, resume_dir, err, errlen) < 0) goto fail;
     if (t->tc.total_steps == 0)
         LOG_WARN("no --total-steps or --max-steps: the learning rate stays at %g from the first "

@@ -3,10 +3,13 @@
  * $DFLASH_MKMODEL_BIN), without a broker:
  *   - `eval` on held-out sets where no draft cycle can be walked (every loss mask 0, sequences
  *     too short, no sequence) is an error naming the cause, never a tau of 0 (tau lies in
- *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated.
+ *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated;
+ *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
+ *     resume would be (the same command must be able to resume it).
  */
 #include "check.h"
 #include "err.h"
+#include "hf_config.h"
 #include "shard.h"
 #include "test_files.h"
 #include "trainer.h"
@@ -86,6 +89,44 @@ static void test_eval_without_cycles(void) {
     CHECK_EQ_INT(r.skipped, 1);
 }
 
+/* trainer_new for a fresh run with the given schedule; NULL with err when refused. */
+static worker_consumer *fresh(long total_steps, long max_steps, char *err, size_t errlen) {
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, errlen), 0);
+    slot_layout l;
+    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    trainer_opts o = {.model_dir = target,
+                      .backend = POOL_HOST,
+                      .threads = 1,
+                      .layout = &l,
+                      .draft_layers = 1,
+                      .block_size = 4,
+                      .mask_token_id = -1,
+                      .init_seed = 1,
+                      .max_steps = max_steps};
+    dflash_train_cfg_default(&o.train);
+    o.train.n_anchors = 8;
+    o.train.total_steps = total_steps;
+    err[0] = 0;
+    return trainer_new(&o, err, errlen);
+}
+
+static void test_schedule_past_max_steps(void) {
+    char err[512];
+    worker_consumer *c = fresh(4, 8, err, sizeof err);
+    printf("--total-steps 4 --max-steps 8: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, "--max-steps 8") && strstr(err, "--total-steps 4"));
+    worker_consumer_destroy(&c);
+    long ok[3][2] = {{8, 8}, {0, 8}, {12, 8}};
+    for (int i = 0; i < 3; i++) {
+        c = fresh(ok[i][0], ok[i][1], err, sizeof err);
+        CHECK(c != NULL);
+        if (!c) printf("--total-steps %ld --max-steps %ld refused: %s\n", ok[i][0], ok[i][1], err);
+        worker_consumer_destroy(&c);
+    }
+}
+
 int main(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     char bin[512];
@@ -107,6 +148,7 @@ int main(void) {
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 
     test_eval_without_cycles();
+    test_schedule_past_max_steps();
 
     test_rmtree(dir);
     CHECK_DONE();

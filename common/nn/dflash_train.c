@@ -73,6 +73,10 @@ int dflash_view_from_slot(const dflash_model *m, const void *host_base, const sl
                      h.n_tokens, h.n_seqs, m->max_tokens);
         return DFLASH_ERANGE;
     }
+    /* the arrays must describe the header's tokens: offsets ending past n_tokens would train
+     * on rows the slot does not hold for this batch (a copy stops at n_tokens) */
+    rc = slot_arrays_check(host_base, l, (uint32_t)c->vocab_size, err, errlen);
+    if (rc) return rc;
     void *base = (void *)host_base;
     *v = (dflash_batch_view){.n_seqs = (int)h.n_seqs,
                              .seq_off = slot_seq_offsets(base, l),

@@ -79,9 +79,10 @@ void dflash_train_cfg_default(dflash_train_cfg *tc);
  * header and small arrays: seq offsets, positions, ids, loss mask); hidden is its hidden-state
  * array in backend memory (cpu: slot_hidden(host_base, l)). Checks the header
  * (slot_header_check) and that the slot fits the drafter: hidden size, captured layers, the
- * backend's dtype (f32 on cpu, bf16 on cuda) and tokens within m->max_tokens. Returns 0 or
- * DFLASH_EMISMATCH / DFLASH_ERANGE / a slot_header_check code, with a message naming both values
- * in err. */
+ * backend's dtype (f32 on cpu, bf16 on cuda), tokens within m->max_tokens, and the arrays
+ * against the header (slot_arrays_check: offsets ending at n_tokens, positions, token ids in the
+ * vocabulary, 0/1 loss mask). Returns 0 or DFLASH_EMISMATCH / DFLASH_ERANGE / DFLASH_ECORRUPT /
+ * a slot_header_check code, with a message naming both values in err. */
 int dflash_view_from_slot(const dflash_model *m, const void *host_base, const slot_layout *l,
                           const void *hidden, dflash_batch_view *v, char *err, size_t errlen);
 /* The batch key of a work unit for dflash_train_step (bucket and batch index; the epoch is

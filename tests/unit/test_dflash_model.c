@@ -9,6 +9,7 @@
  *   - the optimizer on a side stream that lags as far as ops.h allows gives the same steps
  *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2)
  *   - a drafter that does not fit the target is refused with both values named
+ *   - a slot's view: trains like the batch it holds; arrays that disagree with its header refused
  */
 #include "check.h"
 #include "dflash_ckpt.h"
@@ -1004,6 +1005,19 @@ static void test_slot_view(world *w) {
     CHECK_EQ_INT(dflash_train_step(b, &w->tc, &w->view, wu.epoch, key, &mb), 0);
     CHECK(ma.loss == mb.loss && ma.n_blocks == mb.n_blocks);
     CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+    /* arrays that disagree with the header are refused, not trained on: offsets running past
+     * its n_tokens (rows a copy of the slot's used bytes does not bring), positions that do not
+     * restart per sequence */
+    slot_header_write(base, &l, &wu, 2, T - 3, 77);
+    CHECK_EQ_INT(dflash_view_from_slot(a, base, &l, slot_hidden(base, &l), &v, err, sizeof err),
+                 DFLASH_ECORRUPT);
+    printf("offsets past n_tokens: %s\n", err);
+    slot_header_write(base, &l, &wu, 2, T, 77);
+    pos[T0] = T0;
+    CHECK_EQ_INT(dflash_view_from_slot(a, base, &l, slot_hidden(base, &l), &v, err, sizeof err),
+                 DFLASH_ECORRUPT);
+    printf("positions: %s\n", err);
+    pos[T0] = 0;
     slot_header_write(base, &bad, &wu, 2, T, 77);
     CHECK_EQ_INT(dflash_view_from_slot(a, base, &bad, slot_hidden(base, &bad), &v, err, sizeof err),
                  DFLASH_EMISMATCH);

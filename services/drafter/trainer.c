@@ -270,6 +270,14 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
                   b->wu.bucket, (unsigned long long)b->wu.batch);
         return DFLASH_EMISMATCH;
     }
+    if (h->n_tokens != b->n_tokens || h->n_seqs != b->n_seqs) {
+        /* the copy stopped at the announced tokens: rows past them are an earlier batch's */
+        LOG_ERROR("batch (%u, %u, %llu): the slot holds %u tokens in %u sequences but the grant "
+                  "announced %u tokens in %u sequences",
+                  b->wu.epoch, b->wu.bucket, (unsigned long long)b->wu.batch, h->n_tokens,
+                  h->n_seqs, b->n_tokens, b->n_seqs);
+        return DFLASH_ECORRUPT;
+    }
     if (t->backend == POOL_CUDA) {
         /* The step reads its own copy of the features, taken first on the compute stream; the
          * next slot copy into the staging buffer waits (on the device) only for this copy, so

@@ -5,7 +5,9 @@
  *     too short, no sequence) is an error naming the cause, never a tau of 0 (tau lies in
  *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
- *     resume would be (the same command must be able to resume it).
+ *     resume would be (the same command must be able to resume it);
+ *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
+ *     when its header holds more or fewer tokens or sequences than the grant said.
  */
 #include "check.h"
 #include "err.h"
@@ -127,6 +129,54 @@ static void test_schedule_past_max_steps(void) {
     }
 }
 
+/* A staged slot of layout l holding one sequence of n tokens (a 4-token prompt, then response)
+ * of batch wu; hidden rows random. */
+static void *staged_slot(const slot_layout *l, const slot_work_unit *wu, uint32_t n) {
+    void *base = aligned_alloc(SLOT_ALIGN, l->slot_bytes);
+    if (!base) return NULL;
+    memset(base, 0, l->slot_bytes);
+    slot_header_write(base, l, wu, 1, n, 7);
+    int32_t *so = slot_seq_offsets(base, l), *pos = slot_positions(base, l);
+    int32_t *ids = slot_token_ids(base, l);
+    uint8_t *mask = slot_loss_mask(base, l);
+    so[0] = 0, so[1] = (int32_t)n;
+    for (uint32_t t = 0; t < n; t++)
+        pos[t] = (int32_t)t, ids[t] = (int32_t)((t * 37 + 5) % 200), mask[t] = t >= 4;
+    float *hid = slot_hidden(base, l);
+    for (size_t i = 0; i < (size_t)n * l->n_layers * l->hidden; i++)
+        hid[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    return base;
+}
+
+static void test_slot_against_grant(void) {
+    char err[512];
+    worker_consumer *c = fresh(0, 0, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
+    slot_layout l;
+    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 5};
+    void *base = staged_slot(&l, &wu, 20);
+    CHECK(base != NULL);
+    if (!base) return;
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t step = 0;
+    CHECK_EQ_INT(c->consume(c->ctx, &b, &step), 0);
+    CHECK_EQ_INT(step, 1);
+    /* the grant announced 12 tokens (the copy brings 12 rows), the header says 20; or 2 seqs */
+    const uint32_t said[2][2] = {{12, 1}, {20, 2}};
+    for (int i = 0; i < 2; i++) {
+        b.n_tokens = said[i][0], b.n_seqs = said[i][1];
+        step = 0;
+        CHECK_EQ_INT(c->consume(c->ctx, &b, &step), DFLASH_ECORRUPT);
+        CHECK_EQ_INT(step, 0);
+    }
+    free(base);
+    worker_consumer_destroy(&c);
+}
+
 int main(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     char bin[512];
@@ -149,6 +199,7 @@ int main(void) {
 
     test_eval_without_cycles();
     test_schedule_past_max_steps();
+    test_slot_against_grant();
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -1,8 +1,10 @@
 /* worker_loop: see worker_loop.h for the loop, its states and the consumer interface.
  *
  * Held batch: between a successful release and the ack, the batch lives only in this process
- * (`held`). If the broker restarts in that window, hello carries it so the broker's ledger can
- * accept the late ack instead of handing the batch out again. A release answered ESTALE without
+ * (`held`, with the step that trained it). If the broker restarts in that window, hello carries
+ * it so the broker's ledger can accept the late ack instead of handing the batch out again. An
+ * ack that no broker answered keeps the batch held: it is acked again before the next claim
+ * (and at the end), never dropped while the model holds it. A release answered ESTALE without
  * a broker restart means our lease expired and the batch was redelivered: the copy is dropped.
  * The importer, the staging buffer, the client and its heartbeat thread (so a long consume()
  * does not get us expired) are the session's (worker_session.h), shared with the group loop. */
@@ -34,6 +36,9 @@ typedef struct worker_loop {
     worker_stats st;
     bool holding;
     wire_unit held;
+    uint64_t held_step;   /* the step that trained it (once consumed) */
+    uint32_t held_tokens; /* its tokens, counted when acked */
+    int held_acks;        /* acks sent for it so far */
     uint64_t committed_reported;
     double lat[LAT_RING]; /* grant-to-copy-done seconds, last LAT_RING batches */
     uint64_t n_lat;
@@ -98,13 +103,66 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
     return 0;
 }
 
+/* Acks the held (trained) batch at its step; a retry after a lost reply (timeout, broker
+ * restart) may find an earlier ack recorded: EEXISTS then means "done", not "trained twice".
+ * Returns 0 when the broker has the ack, DFLASH_ETIMEOUT when no broker answered (the batch
+ * stays held, to be acked again), or the broker's refusal (logged; the batch is let go). A stop
+ * signal still gets a few attempts out: the final checkpoint will hold this batch. */
+static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
+{
+    const wire_unit *u = &w->held;
+    int rc = DFLASH_ETIMEOUT;
+    for (int attempt = 0; attempt < 50 && (!*stop || attempt < 3); attempt++) {
+        w->held_acks++;
+        rc = client_ack(w->client, u, w->held_step);
+        if (rc == DFLASH_ETIMEOUT) continue;
+        if (rc == DFLASH_ESTALE && client_broker_restarted(w->client)) {
+            while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
+            continue;
+        }
+        break;
+    }
+    if (rc == DFLASH_ETIMEOUT || (rc == DFLASH_ESTALE && client_broker_restarted(w->client))) {
+        LOG_WARN("ack of batch (%u, %u, %llu): %s (%s); still held, acked again when the "
+                 "broker answers", u->epoch, u->bucket, (unsigned long long)u->index,
+                 err_str(rc), client_last_error(w->client));
+        return DFLASH_ETIMEOUT;
+    }
+    if (rc == DFLASH_EEXISTS && w->held_acks > 1) {
+        LOG_INFO("batch (%u, %u, %llu): our earlier ack was recorded before its reply was lost",
+                 u->epoch, u->bucket, (unsigned long long)u->index);
+        rc = 0;
+    } else if (rc == DFLASH_EEXISTS) {
+        LOG_ERROR("batch (%u, %u, %llu) was already trained: the broker refused a second ack",
+                  u->epoch, u->bucket, (unsigned long long)u->index);
+    } else if (rc < 0) {
+        LOG_WARN("ack of batch (%u, %u, %llu): %s (%s)", u->epoch, u->bucket,
+                 (unsigned long long)u->index, err_str(rc), client_last_error(w->client));
+    }
+    if (rc == 0) {
+        LOG_DEBUG("acked batch (%u, %u, %llu)", u->epoch, u->bucket, (unsigned long long)u->index);
+        w->st.batches++;
+        w->st.tokens += w->held_tokens;
+    }
+    w->holding = false;
+    return rc;
+}
+
 /* The loop ended without a fatal error: the consumer's finish() (final checkpoint), then one
  * last commit report. Runs after a stop signal too, so a few attempts ignore *stop. */
-static int finish(worker_loop *w)
+static int finish(worker_loop *w, volatile sig_atomic_t *stop)
 {
     if (w->cons->finish) {
         int rc = w->cons->finish(w->cons->ctx);
         if (rc < 0) return rc;
+    }
+    if (w->holding && client_broker_incarnation(w->client)) {
+        wire_unit u = w->held;
+        int rc = ack_held(w, stop);
+        if (rc < 0)
+            LOG_WARN("batch (%u, %u, %llu) is in the final checkpoint but not acked: the broker "
+                     "will hand it out again", u.epoch, u.bucket, (unsigned long long)u.index);
+        if (rc == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report either */
     }
     if (!w->cons->committed || !client_broker_incarnation(w->client)) return 0;
     uint64_t cs = w->cons->committed(w->cons->ctx);
@@ -155,48 +213,17 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     }
     w->holding = true;
     w->held = g->unit;
+    w->held_step = 0;
+    w->held_tokens = g->n_tokens;
+    w->held_acks = 0;
 
     uint64_t step = 0;
     rc = worker_session_consume(w->s, w->cons, g, &step);
     if (rc < 0) return rc;
     LOG_DEBUG("consumed batch (%u, %u, %llu) step %llu", g->unit.epoch, g->unit.bucket,
               (unsigned long long)g->unit.index, (unsigned long long)step);
-
-    /* ack; a retry after a lost reply (timeout, broker restart) may find the first ack
-     * recorded: EEXISTS then means "done", not "trained twice" */
-    bool retried = false; /* a stop signal during the step still gets the ack out (3 tries):
-                             the final checkpoint will hold this batch */
-    for (int attempt = 0; attempt < 50 && (!*stop || attempt < 3); attempt++) {
-        rc = client_ack(w->client, &g->unit, step);
-        if (rc == DFLASH_ETIMEOUT) {
-            retried = true;
-            continue;
-        }
-        if (rc == DFLASH_ESTALE && client_broker_restarted(w->client)) {
-            retried = true;
-            while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
-            continue;
-        }
-        break;
-    }
-    if (rc == DFLASH_EEXISTS && retried) {
-        LOG_INFO("batch (%u, %u, %llu): our earlier ack was recorded before its reply was lost",
-                 g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
-        rc = 0;
-    } else if (rc == DFLASH_EEXISTS) {
-        LOG_ERROR("batch (%u, %u, %llu) was already trained: the broker refused a second ack",
-                  g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
-    } else if (rc < 0 && !*stop) {
-        LOG_WARN("ack of batch (%u, %u, %llu): %s (%s)", g->unit.epoch, g->unit.bucket,
-                 (unsigned long long)g->unit.index, err_str(rc), client_last_error(w->client));
-    }
-    if (rc == 0) {
-        LOG_DEBUG("acked batch (%u, %u, %llu)", g->unit.epoch, g->unit.bucket,
-                  (unsigned long long)g->unit.index);
-        w->holding = false;
-        w->st.batches++;
-        w->st.tokens += g->n_tokens;
-    }
+    w->held_step = step;
+    ack_held(w, stop);
     if (w->cons->committed) {
         uint64_t cs = w->cons->committed(w->cons->ctx);
         if (cs > w->committed_reported) {
@@ -283,6 +310,15 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             set_state(&w, WL_DONE);
             break;
         }
+        if (w.holding) { /* an earlier ack no broker answered: ack it before claiming more */
+            double t0 = monotime_s();
+            if (ack_held(&w, stop) == DFLASH_ETIMEOUT) {
+                monotime_sleep_ms(backoff);
+                backoff = backoff < 20 ? backoff * 2 : 20;
+                w.st.wait_grant_s += monotime_s() - t0;
+            }
+            continue;
+        }
         wire_grant g;
         double t0 = monotime_s();
         rc = client_claim(w.client, &g);
@@ -315,7 +351,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             rc = 0;
         }
     }
-    if (rc == 0) rc = finish(&w);
+    if (rc == 0) rc = finish(&w, stop);
 out_session:
     worker_session_destroy(&w.s);
 out:

@@ -3,7 +3,9 @@
  * Pending step (rank 0 only): between a trained step and the answer to its StepDone, the step's
  * units (StepGrant.units, all ranks') live only here. If the broker restarts in that window, the
  * hello carries them (the new broker adopts them from its journal instead of handing them out
- * again) and plain Acks at the step record them, as a solo drafter's late ack would.
+ * again) and plain Acks at the step record them, as a solo drafter's late ack would. A StepDone
+ * no broker answered keeps the step pending: it is sent again before the next claim (and at the
+ * end); a GroupJoin answered by the same broker resolves it instead (by our model step).
  * The importer, the staging buffer, the client and its heartbeat thread are the session's
  * (worker_session.h), shared with the solo loop.
  */
@@ -126,6 +128,7 @@ static int joining(gw *g)
         monotime_sleep_ms(100);
         return 0;
     }
+    g->pending = false; /* the broker resolved a step in flight by the model step we reported */
     uint8_t id[DP_COMM_ID_BYTES];
     memset(id, 0, sizeof id);
     char err[300] = "";
@@ -181,10 +184,46 @@ static int joining(gw *g)
     return 0;
 }
 
+/* Rank 0: reports the pending step done. Keeps it pending while no broker answers (0 then:
+ * sent again before the next claim); a restarted broker gets it through the hello. 0 or
+ * fatal. */
+static int step_done(gw *g)
+{
+    uint64_t s = g->pending_step, acked = 0;
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 50 && rc == DFLASH_ETIMEOUT && (!*g->stop || a < 3); a++)
+        rc = client_step_done(g->cl, g->cfg->group, g->epoch, s, &acked);
+    if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
+        close_comm(g);
+        set_state(g, GW_REGISTER); /* hello carries the units; they are acked then */
+        return 0;
+    }
+    if (rc == DFLASH_ETIMEOUT) {
+        LOG_WARN("step %llu of epoch %llu: no broker answered its StepDone (%s); kept, reported "
+                 "again when the broker answers", (unsigned long long)s,
+                 (unsigned long long)g->epoch, client_last_error(g->cl));
+        return 0;
+    }
+    g->pending = false;
+    if (rc == 0) {
+        LOG_DEBUG("group step %llu done: %llu units acked", (unsigned long long)s,
+                  (unsigned long long)acked);
+    } else {
+        LOG_ERROR("the broker did not take step %llu of epoch %llu as done: %s (%s); our model "
+                  "has it", (unsigned long long)s, (unsigned long long)g->epoch, err_str(rc),
+                  client_last_error(g->cl));
+        if (rc == DFLASH_ESTALE) reform(g, "step done refused");
+        return 0;
+    }
+    uint64_t cs = g->cons->committed ? g->cons->committed(g->cons->ctx) : 0;
+    if (cs > g->committed_reported && worker_session_commit(g->s, cs, 20) == 0)
+        g->committed_reported = cs;
+    return 0;
+}
+
 /* Copies our slot of the step, releases it, trains, and (rank 0) reports the step done. */
 static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
 {
-    const worker_loop_config *c = g->cfg;
     const wire_grant *gr = &sg->grant;
     int rc = worker_session_copy(g->s, gr, NULL);
     int rrc = DFLASH_ETIMEOUT;
@@ -224,31 +263,7 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
     g->pending_step = s;
     g->n_pending = sg->n_units;
     memcpy(g->pending_units, sg->units, sg->n_units * sizeof *sg->units);
-    uint64_t acked = 0;
-    rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 50 && rc == DFLASH_ETIMEOUT && (!*g->stop || a < 3); a++)
-        rc = client_step_done(g->cl, c->group, g->epoch, s, &acked);
-    if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
-        close_comm(g);
-        set_state(g, GW_REGISTER); /* hello carries the units; they are acked then */
-        return 0;
-    }
-    if (rc == 0) {
-        g->pending = false;
-        LOG_DEBUG("group step %llu done: %llu units acked", (unsigned long long)s,
-                  (unsigned long long)acked);
-    } else {
-        g->pending = false;
-        LOG_ERROR("the broker did not take step %llu of epoch %llu as done: %s (%s); our model "
-                  "has it", (unsigned long long)s, (unsigned long long)g->epoch, err_str(rc),
-                  client_last_error(g->cl));
-        if (rc == DFLASH_ESTALE) reform(g, "step done refused");
-        return 0;
-    }
-    uint64_t cs = g->cons->committed ? g->cons->committed(g->cons->ctx) : 0;
-    if (cs > g->committed_reported && worker_session_commit(g->s, cs, 20) == 0)
-        g->committed_reported = cs;
-    return 0;
+    return step_done(g);
 }
 
 /* One STEPPING iteration. 0 or a fatal code. */
@@ -260,6 +275,16 @@ static int stepping(gw *g, double *backoff)
         (k->done && k->done(k->ctx))) {
         set_state(g, GW_DONE);
         return 0;
+    }
+    if (g->pending) { /* rank 0: a StepDone no broker answered goes first */
+        double t0 = monotime_s();
+        int rc = step_done(g);
+        if (rc == 0 && g->pending) {
+            monotime_sleep_ms(*backoff);
+            *backoff = *backoff < 20 ? *backoff * 2 : 20;
+            g->st.wait_grant_s += monotime_s() - t0;
+        }
+        return rc;
     }
     uint64_t s = k->model_step(k->ctx) + 1;
     static wire_step_grant sg; /* main thread only; large */
@@ -311,6 +336,19 @@ static int finish(gw *g)
     worker_consumer *k = g->cons;
     int rc = k->finish ? k->finish(k->ctx) : 0;
     if (rc < 0) return rc;
+    if (g->pending && client_broker_incarnation(g->cl)) { /* the final checkpoint has it */
+        int src = DFLASH_ETIMEOUT;
+        for (int a = 0; a < 3 && src == DFLASH_ETIMEOUT; a++)
+            src = client_step_done(g->cl, g->cfg->group, g->epoch, g->pending_step, NULL);
+        if (src == DFLASH_ESTALE && client_broker_restarted(g->cl) && do_register(g) == 0)
+            src = 0; /* the hello carried the units, acked at the step */
+        if (src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE) {
+            LOG_WARN("step %llu is in the final checkpoint but no broker took it as done: %s",
+                     (unsigned long long)g->pending_step, err_str(src));
+            if (src == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report, no goodbye */
+        }
+        g->pending = false;
+    }
     if (k->state_hash)
         LOG_INFO("group %s: final state at step %llu has hash %016llx", g->cfg->group,
                  (unsigned long long)k->model_step(k->ctx),

@@ -1,17 +1,18 @@
 /* itest_ack_outage: a batch the drafter trained while the broker was gone is acked once the
  * broker is back, however long it was gone, not left unacked (then handed out again: trained
- * twice).
+ * twice). Both loops: the solo worker loop (Ack) and a data-parallel group of one (StepDone).
  *
  * The real dflash-queue (with a journal) and the real dflash-target (--model synthetic) run in a
- * temp dir; this process runs the drafter's worker loop (worker_loop_run, 50 ms request
- * timeout) with a consumer that SIGKILLs the broker while it "trains" its first batch. The ack
- * of that batch then finds no broker for all of its attempts; the consumer's committed() hook,
- * which the loop calls right after the ack, restarts the broker on the same journal. The loop
- * re-registers (hello carries the batch) and goes on until 3 batches are acked. Checks: every
- * batch the consumer trained is acked (the loop's count), and the broker's ledger holds as many
- * trained batches. Without the re-ack, the first batch stays held by the drafter, unacked, and
- * a fourth batch is trained. */
+ * temp dir; this process runs the drafter's loop (worker_loop_run, 50 ms request timeout) with a
+ * consumer that SIGKILLs the broker while it "trains" its first batch. The ack (or StepDone) of
+ * that batch then finds no broker for all of its attempts; a consumer hook the loop calls right
+ * after it (committed() solo, done() in the group) restarts the broker on the same journal. The
+ * loop re-registers (hello carries the batch) and goes on until 3 batches are trained. Checks:
+ * every batch the consumer trained is acked (the loop's count), and the broker's ledger holds as
+ * many trained batches. Without the re-ack, the first batch stays unacked (solo: held by the
+ * drafter, and a fourth batch is trained; group: an orphan the broker hands out again). */
 #include "check.h"
+#include "collective.h"
 #include "harness.h"
 #include "slot.h"
 #include "worker_loop.h"
@@ -41,19 +42,44 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
     return 0;
 }
 
-static uint64_t committed(void *ctx)
+/* After the first batch's ack or StepDone has given up: the broker comes back. */
+static void restart(outage *o)
 {
-    outage *o = ctx;
-    if (o->killed && !o->restarted) { /* the ack of the first batch has given up by now */
+    if (o->killed && !o->restarted) {
         o->queue = h_start_queue(o->queue_bin, o->dir, o->extra);
         o->restarted = true;
     }
+}
+
+static uint64_t committed(void *ctx)
+{
+    restart(ctx); /* solo: called right after the ack */
     return 0;
 }
 
-int main(int argc, char **argv)
+static bool done(void *ctx)
 {
-    if (argc < 4) return 2;
+    restart(ctx); /* group: called before the next claim */
+    return false;
+}
+
+/* the group hooks of a consumer without a model: steps are the batches consumed */
+static void set_group(void *ctx, struct dp_comm *comm, int rank, int world)
+{
+    (void)ctx, (void)comm, (void)rank, (void)world;
+}
+static int sync_state(void *ctx, int root)
+{
+    (void)ctx, (void)root;
+    return 0;
+}
+static uint64_t model_step(void *ctx)
+{
+    return (uint64_t)((outage *)ctx)->consumed;
+}
+
+static void scenario(const char *queue_bin, const char *target_bin, bool group)
+{
     char dir[64], ep[128], journal[128], rt[128];
     h_tempdir(dir, sizeof dir);
     snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
@@ -61,14 +87,14 @@ int main(int argc, char **argv)
     const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--lease-timeout-ms=2000",
                            "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=warn",
                            NULL};
-    outage o = {.queue_bin = argv[1], .dir = dir, .extra = extra};
-    o.queue = h_start_queue(argv[1], dir, extra);
+    outage o = {.queue_bin = queue_bin, .dir = dir, .extra = extra};
+    o.queue = h_start_queue(queue_bin, dir, extra);
     CHECK(o.queue > 0);
-    if (o.queue <= 0) CHECK_DONE();
+    if (o.queue <= 0) return;
 
     /* the synthetic target: 2 buckets of 4 batches, slots as the drafter's layout below */
     snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
-    char *targv[] = {argv[3], rt, "--name=outage", "--model=synthetic", "--slots=2",
+    char *targv[] = {(char *)target_bin, rt, "--name=outage", "--model=synthetic", "--slots=2",
                      "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
                      "--buckets=64,256", "--batches-per-bucket=4", "--backend=host",
                      "--timeout-ms=200", "--progress-ms=0", "--log-level=warn", NULL};
@@ -78,15 +104,27 @@ int main(int argc, char **argv)
     worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
                              .timeout_ms = 50, .max_batches = BATCHES,
                              .exit_when_drained = true};
+    if (group) {
+        lc.group = "outage";
+        lc.comm_kind = DP_COMM_SHM;
+        lc.comm_timeout_s = 10;
+    }
     CHECK_EQ_INT(slot_layout_compute(256, 4, 8, 2, SLOT_DTYPE_F32, &lc.layout), 0);
-    worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume,
-                            .committed = committed};
+    worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume};
+    if (group) {
+        cons.done = done;
+        cons.set_group = set_group;
+        cons.sync_state = sync_state;
+        cons.model_step = model_step;
+    } else {
+        cons.committed = committed;
+    }
     volatile sig_atomic_t stop = 0;
     worker_stats st;
     CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &st), 0);
     CHECK(o.killed && o.restarted && o.queue > 0);
-    printf("trained %d batches, acked %llu, %llu registrations\n", o.consumed,
-           (unsigned long long)st.batches, (unsigned long long)st.registrations);
+    printf("%s: trained %d batches, %llu counted, %llu registrations\n", group ? "group" : "solo",
+           o.consumed, (unsigned long long)st.batches, (unsigned long long)st.registrations);
     CHECK_EQ_INT(st.batches, o.consumed);
     CHECK_EQ_INT(o.consumed, BATCHES);
 
@@ -98,14 +136,22 @@ int main(int argc, char **argv)
         if ((rc = client_hello(c, NULL, 0)) == 0) rc = client_status(c, &s);
     CHECK_EQ_INT(rc, 0);
     if (rc == 0) {
-        printf("ledger: trained %llu, in flight %llu, to-do %llu, acks %llu\n",
-               (unsigned long long)s.batches_trained, (unsigned long long)s.batches_inflight,
-               (unsigned long long)s.batches_todo, (unsigned long long)s.acks);
+        printf("%s: ledger trained %llu, in flight %llu, to-do %llu, acks %llu\n",
+               group ? "group" : "solo", (unsigned long long)s.batches_trained,
+               (unsigned long long)s.batches_inflight, (unsigned long long)s.batches_todo,
+               (unsigned long long)s.acks);
         CHECK_EQ_INT(s.batches_trained, o.consumed);
     }
     client_destroy(&c);
     CHECK_EQ_INT(h_stop(target), 0);
     CHECK_EQ_INT(h_stop(o.queue), 0);
     h_rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) return 2;
+    scenario(argv[1], argv[3], false);
+    scenario(argv[1], argv[3], true);
     CHECK_DONE();
 }

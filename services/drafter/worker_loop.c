@@ -219,7 +219,10 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
 
     uint64_t step = 0;
     rc = worker_session_consume(w->s, w->cons, g, &step);
-    if (rc < 0) return rc;
+    if (rc < 0) {
+        w->holding = false; /* not trained: the broker hands it out again once we are gone */
+        return rc;
+    }
     LOG_DEBUG("consumed batch (%u, %u, %llu) step %llu", g->unit.epoch, g->unit.bucket,
               (unsigned long long)g->unit.index, (unsigned long long)step);
     w->held_step = step;
@@ -326,6 +329,12 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             backoff = 1;
             unreachable_since = monotime_s();
             rc = handle_grant(&w, &g, stop);
+            if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) {
+                /* a bad batch, refused before use: keep what the model has trained */
+                if (finish(&w, stop) < 0)
+                    LOG_ERROR("the final checkpoint after the bad batch failed too");
+                goto out_session;
+            }
             if (rc < 0) goto out_session;
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
             monotime_sleep_ms(backoff);

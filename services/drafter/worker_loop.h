@@ -48,8 +48,8 @@ typedef struct worker_batch {
 /* What is done with a staged batch. consume() trains on (or checks) b and sets *step to the
  * optimizer step that includes it; the loop then acks (wu, step). Returns 0, or a negative
  * DFLASH_E* code: DFLASH_ECORRUPT / DFLASH_EMISMATCH mean the data plane delivered a bad batch
- * (the loop logs it and exits with the code: it is a bug or a misconfiguration), anything else is
- * fatal too. committed() (optional) returns the newest step that is durable (checkpointed):
+ * (the loop calls finish(), logs it and exits with the code: it is a bug or a misconfiguration),
+ * anything else is fatal too. committed() (optional) returns the newest step that is durable (checkpointed):
  * the loop reports it with client_checkpoint_committed. destroy() frees ctx.
  * Optional hooks (NULL = none):
  *   resume_step()  the checkpoint step this consumer started from (0 for a fresh start), or -1
@@ -58,9 +58,11 @@ typedef struct worker_batch {
  *                  that step go back to to-do;
  *   done()         true when the consumer wants no more batches (e.g. --max-steps reached): the
  *                  loop ends as if drained;
- *   finish()       called once when the loop ends without a fatal error (drained, stopped, done),
- *                  before the client closes: e.g. save a final checkpoint. The loop then reports
- *                  committed() once more (also after a stop signal). 0 or a negative code. */
+ *   finish()       called once when the loop ends without a fatal error (drained, stopped, done)
+ *                  or on a bad batch (consume() returned DFLASH_ECORRUPT / DFLASH_EMISMATCH: it
+ *                  refused the batch without using it), before the client closes: e.g. save a
+ *                  final checkpoint. The loop then reports committed() once more (also after a
+ *                  stop signal). 0 or a negative code. */
 typedef struct worker_consumer {
     const char *name; /* "verify", "train" */
     void *ctx;

@@ -324,6 +324,11 @@ static int eval_main(int argc, char **argv)
                 "--checkpoint DIR (or --init-only)\n");
         return 2;
     }
+    if (ec.checkpoint[0] && ec.init_only) {
+        fprintf(stderr, "dflash-drafter eval: --checkpoint %s and --init-only name two drafters: "
+                "give one\n", ec.checkpoint);
+        return 2;
+    }
     int ids[64];
     int n_ids = config_parse_int_list(ec.capture, ids, 64);
     if (n_ids < 0) {

@@ -3,7 +3,9 @@
  * $DFLASH_MKMODEL_BIN), without a broker:
  *   - `eval` on held-out sets where no draft cycle can be walked (every loss mask 0, sequences
  *     too short, no sequence) is an error naming the cause, never a tau of 0 (tau lies in
- *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated;
+ *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated; and
+ *     `dflash-drafter eval` (../services/drafter/dflash-drafter) refuses --checkpoint together
+ *     with --init-only (exit 2) instead of evaluating the untrained drafter;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
@@ -50,6 +52,34 @@ static int eval(const char *shard, trainer_eval_result *r, char *err, size_t err
                            .init_seed = 1};
     err[0] = 0;
     return trainer_eval(&o, r, err, errlen);
+}
+
+/* `dflash-drafter eval ARGS` from the ctest working directory: its exit status. */
+static int run_eval(const char *args) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "../services/drafter/dflash-drafter eval %s >%s/eval.out 2>&1", args,
+             dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_eval_two_drafters(void) {
+    char args[1024];
+    snprintf(args, sizeof args,
+             "--model %s --data %s/mixed.shard --threads 1 --draft-layers 1 --block-size 4 "
+             "--layers 2",
+             target, dir);
+    char one[1200], both[1300];
+    snprintf(one, sizeof one, "%s --init-only", args);
+    CHECK_EQ_INT(run_eval(one), 0); /* the untrained drafter */
+    snprintf(both, sizeof both, "%s --checkpoint %s/no-such-checkpoint", one, dir);
+    CHECK_EQ_INT(run_eval(both), 2);
+    char path[400];
+    snprintf(path, sizeof path, "%s/eval.out", dir);
+    char *out = test_slurp(path, NULL);
+    printf("--init-only with --checkpoint: %s", out);
+    CHECK(strstr(out, "--init-only") != NULL);
+    free(out);
 }
 
 static void test_eval_without_cycles(void) {
@@ -198,6 +228,7 @@ int main(void) {
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 
     test_eval_without_cycles();
+    test_eval_two_drafters();
     test_schedule_past_max_steps();
     test_slot_against_grant();
 

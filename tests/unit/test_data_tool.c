@@ -1,7 +1,8 @@
 /* test_data_tool: runs the dflash-data binary (../tools/dflash-data from the ctest working
  * directory, or $DFLASH_DATA_BIN) on a JSONL file with good and bad lines: bad lines are reported
  * with their line number and reason and skipped, good ones land in the shard exactly, the
- * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary. */
+ * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary,
+ * a line holding more than one object (files joined without a newline) is bad, not cut short. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -136,6 +137,32 @@ int main(void) {
     s = shard_open(shardp, e, sizeof e);
     CHECK(s != NULL && shard_count(s) == 1 && shard_vocab(s) == 500);
     shard_close(&s);
+
+    /* two files joined when the first lacks its final newline: the line holds two objects. The
+     * second used to be dropped without a word (and the first kept), --strict or not. */
+    fp = fopen(jsonl, "w");
+    fprintf(fp,
+            "{\"input_ids\": [1], \"loss_mask\": [1]}{\"input_ids\": [2], \"loss_mask\": [1]}\n");
+    fprintf(fp, "{\"input_ids\": [3], \"loss_mask\": [1]} junk\n");
+    fprintf(fp, "{\"input_ids\": [4], \"loss_mask\": [1]} \t\r\n");
+    fclose(fp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    err = test_slurp(errp, NULL);
+    snprintf(want, sizeof want, "%s:1: text after the JSON object at column 37", jsonl);
+    CHECK(strstr(err, want) != NULL);
+    snprintf(want, sizeof want, "%s:2: text after the JSON object", jsonl);
+    CHECK(strstr(err, want) != NULL);
+    CHECK(strstr(err, ":3:") == NULL);
+    if (!strstr(err, want)) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    s = shard_open(shardp, e, sizeof e);
+    CHECK(s != NULL && shard_count(s) == 1);
+    shard_close(&s);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --strict", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 1);
+    CHECK(access(shardp, F_OK) != 0);
 
     /* bad usage */
     CHECK_EQ_INT(run("--in x.jsonl"), 2);

@@ -3,11 +3,12 @@
  *   dflash-data --in train.jsonl --out train.shard --model /models/qwen3-8b
  *   dflash-data --in x.jsonl --out x.shard --vocab 512 --max-len 3072 --strict
  *
- * Each line is checked: valid JSON object, input_ids a non-empty array of integers inside the
- * vocabulary (--vocab, or vocab_size of --model's config.json; unchecked when neither is given),
- * loss_mask an array of 0/1 of the same length, at most --max-len tokens. A bad line is reported
- * with its line number and skipped (counted; the first --show-errors are printed), or, with
- * --strict, stops the conversion (exit 1, nothing written). Blank lines are ignored.
+ * Each line is checked: one JSON object and nothing after it, input_ids a non-empty array of
+ * integers inside the vocabulary (--vocab, or vocab_size of --model's config.json; unchecked when
+ * neither is given), loss_mask an array of 0/1 of the same length, at most --max-len tokens. A
+ * bad line is reported with its line number and skipped (counted; the first --show-errors are
+ * printed), or, with --strict, stops the conversion (exit 1, nothing written). Blank lines are
+ * ignored.
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
  * the last bound. The shard is written under a temporary name and renamed when complete.
@@ -21,6 +22,7 @@
 #include "shard.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -72,10 +74,17 @@ typedef struct line_buf {
 /* Parses one line into lb; returns its length, or -1 with the reason in why. */
 static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t vocab,
                        line_buf *lb, char *why, size_t whylen) {
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
     long n = -1;
     if (!j || !cJSON_IsObject(j)) {
         snprintf(why, whylen, "not a JSON object");
+        goto out;
+    }
+    while (end < text + len && isspace((unsigned char)*end))
+        end++;
+    if (end < text + len) { /* e.g. two objects on one line: files joined without a newline */
+        snprintf(why, whylen, "text after the JSON object at column %ld", (long)(end - text) + 1);
         goto out;
     }
     cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");

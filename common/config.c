@@ -302,9 +302,14 @@ int config_parse_int_list(const char *s, int *out, int max)
 void config_dump(const cfg_table *t, const void *cfg, FILE *out)
 {
     for (size_t i = 0; i < t->n_options; i++) {
-        char v[512];
-        config_get(t, cfg, t->options[i].name, v, sizeof v);
-        fprintf(out, "%s %s\n", t->options[i].name, v);
+        const cfg_option *o = &t->options[i];
+        char v[64]; /* numbers and bools; a string is printed whole, however long */
+        if (o->type == CFG_STRING) {
+            fprintf(out, "%s %s\n", o->name, (const char *)cfg + o->offset);
+            continue;
+        }
+        config_get(t, cfg, o->name, v, sizeof v);
+        fprintf(out, "%s %s\n", o->name, v);
     }
 }
 

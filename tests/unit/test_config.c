@@ -24,6 +24,16 @@ static const cfg_option demo_options[] = {
 };
 static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4};
 
+typedef struct long_cfg {
+    char shards[2048];
+} long_cfg;
+
+static const cfg_option long_options[] = {
+    {"shards", CFG_STRING, "", 1, 0, false, "a long list", offsetof(long_cfg, shards),
+     sizeof(((long_cfg *)0)->shards)},
+};
+static const cfg_table long_table = {"long", "long values", "[options]", long_options, 1};
+
 int main(void)
 {
     demo_cfg c;
@@ -94,6 +104,26 @@ int main(void)
     char *argv_no[] = {"demo", "--verbose", "--no-verbose", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 3, argv_no, NULL, 0, NULL), 0);
     CHECK(!c.verbose);
+
+    /* --dump-config prints a long string whole: a list of 45 shard paths (1349 characters) used
+     * to come out cut at 511, and loaded back as a different, shorter list */
+    long_cfg lc;
+    char *argv_long[] = {"long", "--shards", NULL, NULL};
+    char list[2048] = "";
+    for (int i = 0; i < 45; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s/data/shards/train-%04d.shard",
+                 i ? "," : "", i);
+    argv_long[2] = list;
+    CHECK_EQ_INT(config_load(&long_table, &lc, 3, argv_long, NULL, 0, NULL), 0);
+    char *dump = NULL;
+    size_t dump_len = 0;
+    FILE *df = open_memstream(&dump, &dump_len);
+    config_dump(&long_table, &lc, df);
+    fclose(df);
+    char want[2100];
+    snprintf(want, sizeof want, "shards %s\n", list);
+    CHECK(strstr(dump, want) != NULL);
+    free(dump);
 
     int ids[3];
     CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3), 3);

@@ -141,9 +141,10 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
                 strerror(errno));
         return DFLASH_EIO;
     }
-    char line[1024];
+    char *line = NULL; /* any length: a value may be a long list of paths */
+    size_t cap = 0;
     int lineno = 0, rc = 0;
-    while (fgets(line, sizeof line, f)) {
+    while (getline(&line, &cap, f) >= 0) {
         lineno++;
         /* a comment starts at a '#' that begins the line or follows a blank: a value may hold
          * one (a path "a#b", as --dump-config prints it, loads back) */
@@ -169,6 +170,7 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
             break;
         }
     }
+    free(line);
     fclose(f);
     return rc;
 }

@@ -123,7 +123,18 @@ int main(void)
     char want[2100];
     snprintf(want, sizeof want, "shards %s\n", list);
     CHECK(strstr(dump, want) != NULL);
+    /* and a config file line of any length loads: lines used to be read in 1023-byte pieces,
+     * the rest of the list parsed as an option of its own ("unknown option '...shard,...'") */
+    char lpath[] = "/tmp/dflash-test-config-long-XXXXXX";
+    int lfd = mkstemp(lpath);
+    CHECK(lfd >= 0 && write(lfd, dump, dump_len) == (ssize_t)dump_len);
+    close(lfd);
     free(dump);
+    long_cfg back;
+    char *argv_back[] = {"long", "--config", lpath, NULL};
+    CHECK_EQ_INT(config_load(&long_table, &back, 3, argv_back, NULL, 0, NULL), 0);
+    CHECK(strcmp(back.shards, list) == 0);
+    unlink(lpath);
 
     int ids[3];
     CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3), 3);

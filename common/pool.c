@@ -191,9 +191,15 @@ static int host_create(pool *p)
         return DFLASH_EIO;
     }
     int rc = 0;
-    if (ftruncate(fd, (off_t)d->arena_bytes) != 0) {
-        LOG_ERROR("ftruncate %s to %" PRIu64 " bytes: %s", d->shm_name, d->arena_bytes,
-                  strerror(errno));
+    /* Reserve the pages now: a sparse ftruncate succeeds beyond what /dev/shm holds (64 MiB
+     * in a container by default) and the first slot write past it dies of SIGBUS. */
+    int e;
+    while ((e = posix_fallocate(fd, 0, (off_t)d->arena_bytes)) == EINTR)
+        ;
+    if (e != 0) {
+        LOG_ERROR("cannot reserve %" PRIu64 " bytes of shared memory for %s: %s (/dev/shm too "
+                  "small? raise the container's shm size, or lower --slots or --token-budget)",
+                  d->arena_bytes, d->shm_name, strerror(e));
         rc = DFLASH_EIO;
         goto fail_unlink;
     }

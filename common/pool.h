@@ -82,8 +82,9 @@ bool pool_cuda_available(void);
 /* ---- exporter ---- */
 
 /* Creates and exports the arena and events. Returns the pool or NULL with *err (optional):
- * DFLASH_EINVAL, DFLASH_EUNSUPPORTED (cuda without CUDA), DFLASH_EIO (shm), DFLASH_ECUDA,
- * DFLASH_ENOMEM. Main thread of the exporter. */
+ * DFLASH_EINVAL, DFLASH_EUNSUPPORTED (cuda without CUDA), DFLASH_EIO (shm, including a
+ * /dev/shm too small for the arena: host pages are reserved here, not at first write),
+ * DFLASH_ECUDA, DFLASH_ENOMEM. Main thread of the exporter. */
 pool *pool_new(const pool_config *cfg, int *err);
 /* Frees the arena, destroys events, unlinks the shm object. Accepts NULL; NULLs *p. */
 void pool_destroy(pool **p);

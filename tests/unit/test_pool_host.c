@@ -7,17 +7,20 @@
  * destroying the pool leaves nothing in /dev/shm. And the grant path with several pools (the
  * broker serves one per target): grants alternating between two pools map each pool once, a
  * new incarnation of one pool drops only that pool's old mapping, the least recently used pool
- * is evicted beyond POOL_IMPORT_MAX, and no mapping outlives the importer. */
+ * is evicted beyond POOL_IMPORT_MAX, and no mapping outlives the importer. A pool larger than
+ * /dev/shm is refused at creation. */
 #include "check.h"
 #include "err.h"
 #include "pool.h"
 #include "synthetic.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -350,6 +353,34 @@ int main(void)
     gone.incarnation = 99;
     gone.owner_pid = child;
     CHECK_EQ_INT(pool_importer_attach(imp, &gone), DFLASH_ENOTFOUND);
+
+    /* a pool larger than /dev/shm can hold is refused at creation. A sparse ftruncate used to
+     * accept it, and the target died of SIGBUS writing a slot (a container's /dev/shm is 64 MiB
+     * unless raised). The size is the file system's whole size, so nothing gets allocated. */
+    struct statvfs sv;
+    if (statvfs("/dev/shm", &sv) == 0 && sv.f_blocks > 0) {
+        uint64_t fs_bytes = (uint64_t)sv.f_blocks * sv.f_frsize;
+        pool_config bc = cfg;
+        char big_name[32];
+        snprintf(big_name, sizeof big_name, "ubig%d", (int)getpid());
+        bc.name = big_name;
+        bc.n_slots = 2;
+        bc.slot_bytes = fs_bytes / 2 + POOL_ARENA_ALIGN;
+        if (bc.slot_bytes <= (1ull << 40)) {
+            err = 0;
+            pool *bp = pool_new(&bc, &err);
+            CHECK(bp == NULL);
+            CHECK_EQ_INT(err, DFLASH_EIO);
+            pool_destroy(&bp);
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "dflash.%s.", big_name);
+            DIR *dir = opendir("/dev/shm");
+            struct dirent *de;
+            while (dir && (de = readdir(dir)))
+                CHECK(strncmp(de->d_name, prefix, strlen(prefix)) != 0);
+            if (dir) closedir(dir);
+        }
+    }
 
     /* the cuda backend is refused cleanly where there is no GPU */
     if (!pool_cuda_available()) {

@@ -76,9 +76,9 @@ static void on_sigint(int sig)
 
 static int exit_code(int rc) { return rc == 0 ? 0 : rc == DFLASH_ETIMEOUT ? 2 : 1; }
 
-static int fail(const ctl_config *c, client *cl, const char *verb, int rc)
+/* Reports a failure (JSON on stdout with --json, a line on stderr); returns the exit status. */
+static int fail_msg(const ctl_config *c, const char *verb, int rc, const char *msg)
 {
-    const char *msg = cl ? client_last_error(cl) : "";
     if (c->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "ok", 0);
@@ -93,6 +93,11 @@ static int fail(const ctl_config *c, client *cl, const char *verb, int rc)
     fprintf(stderr, "dflash-ctl %s: %s%s%s\n", verb, err_str(rc), msg && *msg ? ": " : "",
             msg ? msg : "");
     return exit_code(rc);
+}
+
+static int fail(const ctl_config *c, client *cl, const char *verb, int rc)
+{
+    return fail_msg(c, verb, rc, cl ? client_last_error(cl) : "");
 }
 
 static const char *state_name(uint32_t s)
@@ -273,26 +278,35 @@ static int cmd_watch(const ctl_config *c, client *cl)
     return 0;
 }
 
-static int cmd_set(const ctl_config *c, client *cl, int n, char **kvs)
+/* Parses set's KEY=VALUE arguments into set before any broker is asked: bad arguments are
+ * exit 1 whether or not a broker answers. */
+static int parse_set(const ctl_config *c, int n, char **kvs, wire_settings *set)
 {
-    static wire_settings set, applied;
-    memset(&set, 0, sizeof set);
+    char msg[WIRE_MAX_KEY + WIRE_MAX_VALUE + 64];
+    memset(set, 0, sizeof *set);
     if (n < 1 || n > WIRE_MAX_SETTINGS) {
-        fprintf(stderr, "dflash-ctl set: give 1 to %d KEY=VALUE pairs\n", WIRE_MAX_SETTINGS);
-        return 1;
+        snprintf(msg, sizeof msg, "give 1 to %d KEY=VALUE pairs", WIRE_MAX_SETTINGS);
+        return fail_msg(c, "set", DFLASH_EINVAL, msg);
     }
     for (int i = 0; i < n; i++) {
         const char *eq = strchr(kvs[i], '=');
         if (!eq || eq == kvs[i] || (size_t)(eq - kvs[i]) >= WIRE_MAX_KEY ||
             strlen(eq + 1) >= WIRE_MAX_VALUE) {
-            fprintf(stderr, "dflash-ctl set: '%s' is not KEY=VALUE\n", kvs[i]);
-            return 1;
+            snprintf(msg, sizeof msg, "'%.*s' is not KEY=VALUE", WIRE_MAX_KEY + WIRE_MAX_VALUE,
+                     kvs[i]);
+            return fail_msg(c, "set", DFLASH_EINVAL, msg);
         }
-        snprintf(set.kv[i].key, WIRE_MAX_KEY, "%.*s", (int)(eq - kvs[i]), kvs[i]);
-        snprintf(set.kv[i].value, WIRE_MAX_VALUE, "%s", eq + 1);
+        snprintf(set->kv[i].key, WIRE_MAX_KEY, "%.*s", (int)(eq - kvs[i]), kvs[i]);
+        snprintf(set->kv[i].value, WIRE_MAX_VALUE, "%s", eq + 1);
     }
-    set.n = (uint32_t)n;
-    int rc = client_set(cl, &set, &applied);
+    set->n = (uint32_t)n;
+    return 0;
+}
+
+static int cmd_set(const ctl_config *c, client *cl, const wire_settings *set)
+{
+    static wire_settings applied;
+    int rc = client_set(cl, set, &applied);
     if (rc) return fail(c, cl, "set", rc);
     if (c->json) {
         cJSON *o = cJSON_CreateObject();
@@ -359,6 +373,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "dflash-ctl %s: takes no arguments\n", verb);
         return 1;
     }
+    static wire_settings set;
+    if (strcmp(verb, "set") == 0 && (rc = parse_set(&c, npos - 1, pos + 1, &set))) return rc;
     resolve_endpoint(&c);
     char name[32];
     snprintf(name, sizeof name, "ctl-%d", (int)getpid());
@@ -404,7 +420,7 @@ int main(int argc, char **argv)
             print_status(&s, client_broker_incarnation(cl));
         }
     } else if (strcmp(verb, "set") == 0) {
-        out = cmd_set(&c, cl, npos - 1, pos + 1);
+        out = cmd_set(&c, cl, &set);
     } else if (strcmp(verb, "watch") == 0) {
         out = cmd_watch(&c, cl);
     } else {

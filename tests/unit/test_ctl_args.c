@@ -1,0 +1,59 @@
+/* test_ctl_args: runs the dflash-ctl binary (../tools/dflash-ctl from the ctest working
+ * directory, or $DFLASH_CTL_BIN) with bad `set` arguments against a runtime directory where no
+ * broker listens: bad arguments are exit 1 (the documented "bad arguments"), never exit 2 (no
+ * broker answering), so a healthcheck or retry loop does not take a typo for a broker that is
+ * down; with --json the failure is one JSON object on stdout. */
+#include "check.h"
+#include "test_files.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[256], bin[512];
+
+/* Runs dflash-ctl with args; returns its exit status; stdout/stderr go to dir/out, dir/err. */
+static int run(const char *args) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s --runtime-dir %s --timeout-ms 100 %s >%s/out 2>%s/err", bin, dir,
+             args, dir, dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int main(void) {
+    const char *env = getenv("DFLASH_CTL_BIN");
+    snprintf(bin, sizeof bin, "%s", env ? env : "../tools/dflash-ctl");
+    CHECK(access(bin, X_OK) == 0);
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "dflash-ctl not found at %s (set DFLASH_CTL_BIN)\n", bin);
+        CHECK_DONE();
+    }
+    snprintf(dir, sizeof dir, "/tmp/dflash-test-ctl-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    char outp[300], errp[300];
+    snprintf(outp, sizeof outp, "%s/out", dir);
+    snprintf(errp, sizeof errp, "%s/err", dir);
+
+    /* no broker: a well-formed set times out (2); malformed ones are bad arguments (1) */
+    CHECK_EQ_INT(run("set min_ready=3"), 2);
+    CHECK_EQ_INT(run("set min_ready"), 1);
+    char *err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "'min_ready' is not KEY=VALUE") != NULL);
+    if (!strstr(err, "not KEY=VALUE")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    CHECK_EQ_INT(run("set =5"), 1);
+    CHECK_EQ_INT(run("set"), 1);
+
+    /* --json: the failure is a JSON object on stdout too */
+    CHECK_EQ_INT(run("--json set min_ready"), 1);
+    char *out = test_slurp(outp, NULL);
+    CHECK(strstr(out, "{\"ok\":false,\"verb\":\"set\",\"error\":\"INVAL\"") == out);
+    if (strstr(out, "{\"ok\":false") != out) fprintf(stderr, "stdout was:\n%s\n", out);
+    free(out);
+
+    test_rmtree(dir);
+    CHECK_DONE();
+}

@@ -217,16 +217,24 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
 
     /* The config file comes first whatever its place on the command line. */
     const char *file = getenv("DFLASH_CONFIG");
-    bool help = false, dump = false;
+    bool help = false, dump = false, no_file = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) file = argv[++i];
-        else if (strncmp(argv[i], "--config=", 9) == 0) file = argv[i] + 9;
-        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) help = true;
-        else if (strcmp(argv[i], "--dump-config") == 0) dump = true;
+        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
+            file = argv[i][8] == '=' ? argv[i] + 9 : i + 1 < argc ? argv[++i] : "";
+            no_file = !*file; /* `--config "$UNSET"` must not quietly mean the defaults */
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            help = true;
+        } else if (strcmp(argv[i], "--dump-config") == 0) {
+            dump = true;
+        }
     }
     if (help) {
         config_print_help(t, stdout);
         return 1;
+    }
+    if (no_file) {
+        fprintf(stderr, "%s: --config needs a file name\n", t->program);
+        return DFLASH_EINVAL;
     }
     int rc;
     if (file && *file && (rc = load_file(t, cfg, file))) return rc;

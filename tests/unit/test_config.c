@@ -74,6 +74,14 @@ int main(void)
     CHECK_EQ_INT(config_load(&demo, &c, 3, argv4, NULL, 0, NULL), DFLASH_EINVAL);
     char *argv5[] = {"demo", "stray", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 2, argv5, NULL, 0, NULL), DFLASH_EINVAL);
+    /* --config with no file name (`--config $UNSET`, `--config "$UNSET"`) is an error; it used
+     * to run on the defaults without a word */
+    char *argv6[] = {"demo", "--min-ready", "5", "--config", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 4, argv6, NULL, 0, NULL), DFLASH_EINVAL);
+    char *argv7[] = {"demo", "--config", "", "--min-ready", "5", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 5, argv7, NULL, 0, NULL), DFLASH_EINVAL);
+    char *argv8[] = {"demo", "--config=", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 2, argv8, NULL, 0, NULL), DFLASH_EINVAL);
 
     /* integers are decimal: a leading zero is not octal, 0x is no number */
     CHECK_EQ_INT(config_set(&demo, &c, "min_ready", "010", false, NULL, 0), 0);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# train_script: scripts/train run twice on the same --out, as a user fixing a flag does. The
+# first run asks for a token budget the samples do not fit (dflash-data keeps none, the run
+# fails); the second, with a budget that fits, must convert the JSONL again and train. It used to
+# reuse the shard of the first run (the JSONL was not newer), and failed the same way forever.
+#   train_script.sh BUILD_DIR SOURCE_ROOT
+set -euo pipefail
+BUILD=$1
+ROOT=$2
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-train.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+"$BUILD/tools/dflash-mkmodel" --family qwen3 --layers 8 --seed 1 --out "$WORK/target" \
+    >"$WORK/mkmodel.log" 2>&1
+python3 - "$WORK/data.jsonl" <<'EOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for s in range(24):
+        ids = [(s * 7 + k * 13) % 500 for k in range(40)]
+        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * 32}) + "\n")
+EOF
+train() {
+    bash "$ROOT/scripts/train" --model "$WORK/target" --data "$WORK/data.jsonl" --out "$WORK/run" \
+        --build "$BUILD" --backend host --steps 2 --draft-layers 1 --features 3 --block-size 4 \
+        --anchors 8 --max-seqs 2 --slots 2 --checkpoint-every 2 "$@"
+}
+if train --token-budget 32 --buckets 32 >"$WORK/first.log" 2>&1; then
+    echo "FAIL: the first run trained on samples longer than its token budget" >&2
+    exit 1
+fi
+if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
+    echo "FAIL: the second run, with a token budget that fits, did not train:" >&2
+    tail -n 20 "$WORK/second.log" >&2
+    exit 1
+fi
+grep -q "converting" "$WORK/second.log" || { echo "FAIL: not converted again" >&2; exit 1; }
+grep -q "24 sequences" "$WORK/second.log" || { echo "FAIL: sequences missing" >&2; exit 1; }
+echo "ok: converted again with the new token budget and trained"

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@ typedef struct jjob {
 
 struct journal {
     int fd;
+    int lock_fd; /* "<path>.lock", flock'ed for the journal's lifetime (one owner at a time) */
     char *path;
     uint64_t size;
     uint64_t records;
@@ -238,6 +240,36 @@ static int replay(journal *j, const uint8_t *buf, uint64_t len, journal_replay_f
     return 0;
 }
 
+/* One process at a time may own the journal: a second broker started on it would cut what it
+ * takes for a torn tail of the first one's append and write over its records. The lock is on a
+ * side file, as a rewrite renames a new file over the journal; the kernel drops it when its
+ * owner dies, SIGKILL included, so a restart never finds it stale. */
+static int lock_owner(journal *j)
+{
+    size_t n = strlen(j->path) + sizeof ".lock";
+    char *lock_path = malloc(n);
+    if (!lock_path) return DFLASH_ENOMEM;
+    snprintf(lock_path, n, "%s.lock", j->path);
+    int rc = 0;
+    j->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (j->lock_fd < 0) {
+        LOG_ERROR("journal %s: cannot open %s: %s", j->path, lock_path, strerror(errno));
+        rc = DFLASH_EIO;
+    } else if (flock(j->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) {
+            LOG_ERROR("journal %s is in use by another process (%s is locked): is another "
+                      "dflash-queue running with this journal or runtime dir?",
+                      j->path, lock_path);
+            rc = DFLASH_EEXISTS;
+        } else {
+            LOG_ERROR("journal %s: cannot lock %s: %s", j->path, lock_path, strerror(errno));
+            rc = DFLASH_EIO;
+        }
+    }
+    free(lock_path);
+    return rc;
+}
+
 journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *err)
 {
     int rc = DFLASH_ENOMEM;
@@ -245,8 +277,10 @@ journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *er
     journal *j = calloc(1, sizeof *j);
     if (!j) goto fail;
     j->fd = -1;
+    j->lock_fd = -1;
     j->path = strdup(path);
     if (!j->path) goto fail;
+    if ((rc = lock_owner(j))) goto fail;
     j->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (j->fd < 0) {
         LOG_ERROR("journal %s: cannot open: %s", path, strerror(errno));
@@ -316,6 +350,7 @@ void journal_destroy(journal **jp)
     journal *j = *jp;
     journal_writer_stop(j);
     if (j->fd >= 0) close(j->fd);
+    if (j->lock_fd >= 0) close(j->lock_fd);
     free(j->mem);
     free(j->path);
     free(j);

@@ -27,6 +27,10 @@
  * (journal_last_seq); a record is durable once done_seq >= its number. A write or sync failure
  * breaks the journal: fail_seq records the first failed number, later appends fail at once.
  *
+ * One owner: journal_open takes an exclusive flock on "<path>.lock" (created beside the journal,
+ * never removed) and holds it until journal_destroy or the process's death; a second open of the
+ * same journal, in any process, fails with DFLASH_EEXISTS.
+ *
  * Thread: the owner's thread for every call (in writer mode: the loop thread given to
  * journal_writer_start); the writer thread is internal (mutex + condition variable around the
  * FIFO and the done/fail numbers). Callers: ledger.c. The journal knows nothing of batches:
@@ -53,7 +57,8 @@ typedef int (*journal_replay_fn)(void *ctx, uint16_t type, const void *payload, 
 
 /* Opens (creating with mode 0600 if missing) the journal at path and replays it through fn (may
  * be NULL). Returns the journal ready for appending, or NULL with *err (optional) set:
- * DFLASH_EIO, DFLASH_EFORMAT (bad magic), DFLASH_EVERSION, DFLASH_ECORRUPT, or fn's code. */
+ * DFLASH_EIO, DFLASH_EEXISTS (another owner holds it), DFLASH_EFORMAT (bad magic),
+ * DFLASH_EVERSION, DFLASH_ECORRUPT, or fn's code. */
 journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *err);
 
 /* Closes the file (no extra fsync) and frees; accepts NULL and NULLs *j. */

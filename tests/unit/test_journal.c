@@ -1,7 +1,7 @@
 /* test_journal: the broker's journal gives back exactly what was appended after a restart; a
  * crash mid-append (torn final record, cut at any byte) loses only that record; corruption in the
  * middle, a foreign file or a future version refuse to start instead of silently losing batches;
- * compaction replaces the file atomically. */
+ * compaction replaces the file atomically; a journal has one owner at a time. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,6 +333,27 @@ static void test_writer(void)
     unlink(path);
 }
 
+/* One owner at a time: a second open of a journal in use (a second dflash-queue started on the
+ * same runtime dir) used to succeed, cut the first one's tail as "torn" and write over its
+ * records. It is refused while the first is open and allowed once it is closed. */
+static void test_single_owner(void)
+{
+    int err = 0;
+    journal *a = journal_open(path, NULL, NULL, &err);
+    CHECK(a != NULL);
+    CHECK_EQ_INT(journal_append(a, 1, "a", 1, true), 0);
+    journal *b = journal_open(path, NULL, NULL, &err);
+    CHECK(b == NULL);
+    CHECK_EQ_INT(err, DFLASH_EEXISTS);
+    journal_destroy(&b);
+    journal_destroy(&a);
+    seen s = {0};
+    b = journal_open(path, collect, &s, &err);
+    CHECK(b != NULL);
+    CHECK_EQ_INT(s.n, 1);
+    journal_destroy(&b);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -346,6 +367,7 @@ int main(void)
     test_rewrite();
     test_writer();
     unlink(path);
-    rmdir(dir);
+    test_single_owner();
+    test_rmtree(dir); /* the journals' .lock files stay beside them */
     CHECK_DONE();
 }

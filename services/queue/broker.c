@@ -57,6 +57,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <zmq.h>
 
 /* --- config table --------------------------------------------------------------------------- */
@@ -1645,10 +1648,33 @@ static int security_start(broker *b, const queue_config *cfg)
     return 0;
 }
 
+/* True when a process accepts connections on the ipc:// endpoint's socket file. ZeroMQ's bind
+ * removes an existing socket file, a live broker's too: the second broker on a runtime dir
+ * would take the path over and leave the first one unreachable. A file nobody listens on (its
+ * broker died) is fair to replace. */
+static bool ipc_endpoint_live(const char *endpoint)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strncmp(endpoint, "ipc://", 6) != 0 || strlen(endpoint + 6) >= sizeof a.sun_path)
+        return false;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", endpoint + 6);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    bool live = connect(fd, (const struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return live;
+}
+
 /* Binds s to endpoint; a tcp:// endpoint gets CURVE (server side) when it is on. ZeroMQ copies
  * the mechanism options at bind time, so ipc:// and tcp:// endpoints of one socket differ. */
 static int bind_endpoint(broker *b, void *s, const char *endpoint)
 {
+    if (ipc_endpoint_live(endpoint)) {
+        LOG_ERROR("cannot bind %s: a running process listens there (another dflash-queue on "
+                  "this runtime dir?)",
+                  endpoint);
+        return DFLASH_EEXISTS;
+    }
     int curve = b->curve_on && curve_endpoint_is_tcp(endpoint);
     zmq_setsockopt(s, ZMQ_CURVE_SERVER, &curve, sizeof curve);
     if (curve) {
@@ -1675,10 +1701,11 @@ static void *bind_socket(broker *b, int type, const char *endpoint, int *err)
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
         zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     }
-    if (bind_endpoint(b, s, endpoint) != 0 ||
-        (type == ZMQ_ROUTER && b->cfg.bind[0] && bind_endpoint(b, s, b->cfg.bind) != 0)) {
+    int rc = bind_endpoint(b, s, endpoint);
+    if (!rc && type == ZMQ_ROUTER && b->cfg.bind[0]) rc = bind_endpoint(b, s, b->cfg.bind);
+    if (rc) {
         zmq_close(s);
-        return *err = DFLASH_EZMQ, NULL;
+        return *err = rc, NULL;
     }
     return s;
 }

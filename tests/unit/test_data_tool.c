@@ -2,12 +2,14 @@
  * directory, or $DFLASH_DATA_BIN) on a JSONL file with good and bad lines: bad lines are reported
  * with their line number and reason and skipped, good ones land in the shard exactly, the
  * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary,
- * a line holding more than one object (files joined without a newline) is bad, not cut short. */
+ * a line holding more than one object (files joined without a newline) is bad, not cut short,
+ * and SIGTERM leaves no temporary file. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
 #include "test_files.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -163,6 +165,37 @@ int main(void) {
     snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --strict", jsonl, shardp);
     CHECK_EQ_INT(run(args), 1);
     CHECK(access(shardp, F_OK) != 0);
+
+    /* SIGTERM (or ^C) mid-conversion: exit 1 and no temporary shard left behind. It used to die
+     * of the signal and leave OUT.tmp.PID, as big as what it had converted, for good. The tool
+     * reads stdin, which the test holds open, so it is waiting for a line when the signal comes. */
+    int in_pipe[2];
+    CHECK(pipe(in_pipe) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(in_pipe[0], 0);
+        close(in_pipe[0]);
+        close(in_pipe[1]);
+        if (!freopen("/dev/null", "w", stderr)) _exit(126);
+        execl(bin, bin, "--in", "-", "--out", shardp, (char *)NULL);
+        _exit(127);
+    }
+    close(in_pipe[0]);
+    const char *line = "{\"input_ids\": [1, 2], \"loss_mask\": [0, 1]}\n";
+    CHECK(write(in_pipe[1], line, strlen(line)) == (ssize_t)strlen(line));
+    char tmp[450];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", shardp, (int)pid);
+    for (int i = 0; i < 10000 && access(tmp, F_OK) != 0; i++) /* until the writer has begun */
+        usleep(1000);
+    CHECK(access(tmp, F_OK) == 0);
+    kill(pid, SIGTERM);
+    close(in_pipe[1]); /* EOF, should the signal land just before a read */
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    CHECK(access(tmp, F_OK) != 0);
+    CHECK(access(shardp, F_OK) != 0);
+    unlink(tmp);
 
     /* bad usage */
     CHECK_EQ_INT(run("--in x.jsonl"), 2);

@@ -11,7 +11,8 @@
  * ignored.
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
- * the last bound. The shard is written under a temporary name and renamed when complete.
+ * the last bound. The shard is written under a temporary name and renamed when complete; an
+ * error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of that name as it was.
  * One thread; memory: one line at a time.
  */
 #include "batch_plan.h"
@@ -20,6 +21,7 @@
 #include "hf_config.h"
 #include "log.h"
 #include "shard.h"
+#include "signals.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -152,6 +154,8 @@ out:
 }
 
 int main(int argc, char **argv) {
+    /* SIGINT/SIGTERM stop the loop, so the temporary shard is removed, not left behind */
+    volatile sig_atomic_t *stop = signals_install_stop_flag();
     data_cfg c;
     int rc = config_load(&data_table, &c, argc, argv, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : 2;
@@ -197,7 +201,7 @@ int main(int argc, char **argv) {
     size_t cap = 0;
     ssize_t len;
     int status = 0;
-    while ((len = getline(&line, &cap, in)) >= 0) {
+    while (!*stop && (len = getline(&line, &cap, in)) >= 0) {
         lineno++;
         size_t l = (size_t)len;
         while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' '))
@@ -234,6 +238,10 @@ int main(int argc, char **argv) {
             b++;
         seqs[b]++;
         toks[b] += (uint64_t)n;
+    }
+    if (!status && *stop) {
+        LOG_ERROR("interrupted at %s:%llu: nothing written", c.in, (unsigned long long)lineno);
+        status = 1;
     }
     if (!status && ferror(in)) {
         LOG_ERROR("read error on %s", c.in);

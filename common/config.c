@@ -274,6 +274,11 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
             fprintf(stderr, "%s: unknown option --%s (see --help)\n", t->program, name);
             return DFLASH_EINVAL;
         }
+        if (eq && negated) { /* --no-fsync=true used to mean fsync true: refuse the riddle */
+            fprintf(stderr, "%s: --no-%s takes no value (write --%s=BOOL)\n", t->program, o->name,
+                    o->name);
+            return DFLASH_EINVAL;
+        }
         if (eq) value = eq + 1;
         else if (o->type == CFG_BOOL) value = negated ? "false" : "true";
         else if (i + 1 < argc) value = argv[++i];

@@ -8,7 +8,7 @@
  * Option "min-ready" is flag --min-ready, variable DFLASH_MIN_READY, file key min-ready or
  * min_ready. Config files hold `key value` lines; '#' at the start or after a blank starts a
  * comment. Integers are decimal. A BOOL flag takes no separate value: --name, --no-name or
- * --name=BOOL (--help shows it as --[no-]name).
+ * --name=BOOL (--help shows it as --[no-]name); --no-name=BOOL is an error.
  *
  * Strings are fixed char arrays inside the struct (size given in the table), so the struct can be
  * copied and needs no cleanup. Not thread-safe: a daemon owns its config on its loop thread.

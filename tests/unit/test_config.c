@@ -112,6 +112,9 @@ int main(void)
     char *argv_no[] = {"demo", "--verbose", "--no-verbose", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 3, argv_no, NULL, 0, NULL), 0);
     CHECK(!c.verbose);
+    /* --no-NAME=BOOL is refused: --no-verbose=true used to turn verbose on */
+    char *argv_nov[] = {"demo", "--no-verbose=true", NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 2, argv_nov, NULL, 0, NULL), DFLASH_EINVAL);
 
     /* --dump-config prints a long string whole: a list of 45 shard paths (1349 characters) used
      * to come out cut at 511, and loaded back as a different, shorter list */

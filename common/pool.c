@@ -233,10 +233,21 @@ static int cuda_create(pool *p)
 pool *pool_new(const pool_config *cfg, int *err)
 {
     int rc = DFLASH_EINVAL;
-    if (!cfg || !name_valid(cfg->name) || cfg->n_slots == 0 || cfg->n_slots > POOL_MAX_SLOTS ||
-        cfg->slot_bytes == 0 || cfg->slot_bytes > (1ull << 40) ||
-        (cfg->backend != POOL_HOST && cfg->backend != POOL_CUDA))
+    if (!cfg || (cfg->backend != POOL_HOST && cfg->backend != POOL_CUDA)) goto fail;
+    /* say which setting is wrong: the caller only sees "invalid argument" */
+    if (!name_valid(cfg->name)) {
+        LOG_ERROR("pool name '%s': give 1 to %u letters, digits, '-' or '_'",
+                  cfg->name ? cfg->name : "", POOL_NAME_MAX - 1);
         goto fail;
+    }
+    if (cfg->n_slots == 0 || cfg->n_slots > POOL_MAX_SLOTS) {
+        LOG_ERROR("pool of %u slots: give 1 to %u", cfg->n_slots, POOL_MAX_SLOTS);
+        goto fail;
+    }
+    if (cfg->slot_bytes == 0 || cfg->slot_bytes > (1ull << 40)) {
+        LOG_ERROR("slots of %" PRIu64 " bytes: give 1 byte to 1 TiB", cfg->slot_bytes);
+        goto fail;
+    }
     if (cfg->backend == POOL_CUDA && !pool_cuda_available()) {
         LOG_ERROR("cuda pool requested but no CUDA runtime or device is available");
         rc = DFLASH_EUNSUPPORTED;

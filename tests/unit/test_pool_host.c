@@ -34,6 +34,25 @@ static bool shm_exists(const char *shm_name)
     return stat(path, &st) == 0;
 }
 
+/* pool_new with stderr captured: *log gets what it logged (malloc'ed, NUL-terminated). */
+static pool *pool_new_logged(const pool_config *c, int *err, char **log)
+{
+    char path[] = "/tmp/dflash-test-pool-log-XXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    fflush(stderr);
+    dup2(fd, 2);
+    pool *p = pool_new(c, err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    off_t n = lseek(fd, 0, SEEK_END);
+    *log = calloc(1, (size_t)n + 1);
+    if (*log && pread(fd, *log, (size_t)n, 0) != n) (*log)[0] = 0;
+    close(fd);
+    unlink(path);
+    return p;
+}
+
 static const synthetic_params sp = {.vocab_size = 32000, .min_seq_len = 16, .max_seq_len = 100};
 
 static bool read_full(int fd, void *buf, size_t n)
@@ -392,13 +411,19 @@ int main(void)
         CHECK_EQ_INT(err, DFLASH_EUNSUPPORTED);
     }
 
-    /* bad configs */
+    /* bad configs, each named in the error line (dflash-target --name a.b used to say only
+     * "cannot create the host slot pool (...): invalid argument") */
     pool_config bc = cfg;
     bc.name = "has/slash";
-    CHECK(pool_new(&bc, &err) == NULL && err == DFLASH_EINVAL);
+    char *msg = NULL;
+    CHECK(pool_new_logged(&bc, &err, &msg) == NULL && err == DFLASH_EINVAL);
+    CHECK(msg && strstr(msg, "pool name 'has/slash'") != NULL);
+    free(msg);
     bc = cfg;
     bc.n_slots = POOL_MAX_SLOTS + 1;
-    CHECK(pool_new(&bc, &err) == NULL && err == DFLASH_EINVAL);
+    CHECK(pool_new_logged(&bc, &err, &msg) == NULL && err == DFLASH_EINVAL);
+    CHECK(msg && strstr(msg, "pool of 257 slots") != NULL);
+    free(msg);
 
     test_many_pools();
 

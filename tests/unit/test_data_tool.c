@@ -3,7 +3,7 @@
  * with their line number and reason and skipped, good ones land in the shard exactly, the
  * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary,
  * a line holding more than one object (files joined without a newline) is bad, not cut short,
- * and SIGTERM leaves no temporary file. */
+ * SIGTERM leaves no temporary file, and an --out that is no regular file is left alone. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -196,6 +197,17 @@ int main(void) {
     CHECK(access(tmp, F_OK) != 0);
     CHECK(access(shardp, F_OK) != 0);
     unlink(tmp);
+
+    /* --out that is no regular file (a FIFO here; /dev/null for a dry run as root) is refused
+     * and left alone: the finished shard used to be renamed over it */
+    char fifo[420];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, fifo);
+    CHECK_EQ_INT(run(args), 2);
+    struct stat fst;
+    CHECK(stat(fifo, &fst) == 0 && S_ISFIFO(fst.st_mode));
+    unlink(fifo);
 
     /* bad usage */
     CHECK_EQ_INT(run("--in x.jsonl"), 2);

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct data_cfg {
     char in[1024];
@@ -162,6 +163,14 @@ int main(int argc, char **argv) {
     if (log_init_named("dflash-data", c.log_level) != 0) return 2;
     if (!c.in[0] || !c.out[0]) {
         LOG_ERROR("--in FILE.jsonl and --out FILE.shard are required");
+        return 2;
+    }
+    /* the shard is renamed onto --out: that would replace a device node (as root, --out
+     * /dev/null for a dry run replaced /dev/null with the shard) or a FIFO */
+    struct stat st;
+    if (stat(c.out, &st) == 0 && !S_ISREG(st.st_mode)) {
+        LOG_ERROR("--out %s exists and is not a regular file: give the path of a shard file",
+                  c.out);
         return 2;
     }
     uint32_t bounds[BATCH_PLAN_MAX_BUCKETS];

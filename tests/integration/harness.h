@@ -112,6 +112,20 @@ static __attribute__((unused)) uint64_t h_wait_broker(const char *endpoint, int 
     return inc;
 }
 
+/* The broker's status through a fresh ctl client (hello, then status; up to 20 attempts of 1 s
+ * each, for a broker that is still coming back). 0 or the last error. */
+static __attribute__((unused)) int h_broker_status(const char *endpoint, wire_status *s)
+{
+    client *c = client_new(endpoint, WIRE_ROLE_CTL, "check");
+    if (!c) return DFLASH_ENOMEM;
+    client_set_timeout(c, 1000);
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 20 && rc; a++)
+        if ((rc = client_hello(c, NULL, 0)) == 0) rc = client_status(c, s);
+    client_destroy(&c);
+    return rc;
+}
+
 /* Starts dflash-queue with runtime dir `dir` plus extra "--flag=value" args (NULL-terminated)
  * and waits until it answers. Returns its pid (or -1). */
 static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *dir, const char *const *extra)

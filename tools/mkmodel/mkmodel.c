@@ -375,17 +375,16 @@ int main(int argc, char **argv) {
     if (m.n_shards == 1 && !limit) {
         snprintf(path, sizeof path, "%s/model.safetensors", cfg.out);
         rc = write_shard(&m, 0, path);
-        if (rc == DFLASH_ESHUTDOWN) {
+        if (rc == DFLASH_ESHUTDOWN)
             LOG_ERROR("stopped: %s not written", path);
-            return 1;
-        }
-        if (rc) LOG_FATAL("cannot write %s: %s", path, err_str(rc));
+        else if (rc)
+            LOG_FATAL("cannot write %s: %s", path, err_str(rc));
     } else {
         char(*names)[64] = calloc((size_t)m.n_shards, sizeof *names);
         const char **files = calloc(m.n_tensors, sizeof *files);
         const char **tnames = calloc(m.n_tensors, sizeof *tnames);
         if (!names || !files || !tnames) LOG_FATAL("out of memory");
-        for (int s = 0; s < m.n_shards; s++) {
+        for (int s = 0; s < m.n_shards && rc != DFLASH_ESHUTDOWN; s++) {
             snprintf(names[s], sizeof names[s], "model-%05d-of-%05d.safetensors", s + 1,
                      m.n_shards);
             snprintf(path, sizeof path, "%s/%s", cfg.out, names[s]);
@@ -396,27 +395,31 @@ int main(int argc, char **argv) {
                     unlink(path);
                 }
                 LOG_ERROR("stopped: no checkpoint written in %s", cfg.out);
-                return 1;
+            } else if (rc) {
+                LOG_FATAL("cannot write %s: %s", path, err_str(rc));
             }
-            if (rc) LOG_FATAL("cannot write %s: %s", path, err_str(rc));
         }
         for (size_t i = 0; i < m.n_tensors; i++) {
             tnames[i] = m.w[i].name;
             files[i] = names[m.shard_of[i]];
         }
-        rc = safetensors_write_index(cfg.out, tnames, files, m.n_tensors, m.total_bytes);
-        if (rc) LOG_FATAL("cannot write the index in %s: %s", cfg.out, err_str(rc));
+        if (rc != DFLASH_ESHUTDOWN)
+            rc = safetensors_write_index(cfg.out, tnames, files, m.n_tensors, m.total_bytes);
+        if (rc && rc != DFLASH_ESHUTDOWN)
+            LOG_FATAL("cannot write the index in %s: %s", cfg.out, err_str(rc));
         free(names);
         free(files);
         free(tnames);
     }
-    rc = hf_config_write(cfg.out, &mc, transformers_dtype(m.dt));
-    if (rc) LOG_FATAL("cannot write %s/config.json: %s", cfg.out, err_str(rc));
-    LOG_INFO("wrote %s (%.3f GB, %lds)", cfg.out, m.total_bytes / 1e9,
-             (long)(time(NULL) - m.started));
+    if (rc != DFLASH_ESHUTDOWN) {
+        rc = hf_config_write(cfg.out, &mc, transformers_dtype(m.dt));
+        if (rc) LOG_FATAL("cannot write %s/config.json: %s", cfg.out, err_str(rc));
+        LOG_INFO("wrote %s (%.3f GB, %lds)", cfg.out, m.total_bytes / 1e9,
+                 (long)(time(NULL) - m.started));
+    }
     free(m.w);
     free(m.shard_of);
     free(m.fbuf);
     free(m.obuf);
-    return 0;
+    return rc == DFLASH_ESHUTDOWN ? 1 : 0;
 }

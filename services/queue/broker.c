@@ -106,7 +106,9 @@ static const cfg_option queue_options[] = {
     OPT_I("lease-timeout-ms", "5000", 1, 3600000, true,
           "a lease not released or heartbeated within this time is redelivered", lease_timeout_ms),
     OPT_I("max-redeliveries", "3", 0, 1000, true,
-          "a batch redelivered more often is quarantined", max_redeliveries),
+          "a batch whose deliveries end untrained more often (lease expired, drafter gone "
+          "holding it) is quarantined",
+          max_redeliveries),
     OPT_S("shares", "", true,
           "bucket token shares, comma separated, finite and >= 0, one per bucket (default, or "
           "when the count does not fit: as the target reports)",
@@ -355,6 +357,25 @@ static bool held_remove(peer *p, const batch_id *id)
 static void groups_peer_gone(broker *b, peer *p);
 static bool group_step_owns(broker *b, const batch_id *id);
 
+/* A delivery of in-flight batch id ended untrained (a lease expired, a drafter left holding it):
+ * counted in the ledger, so re-producing the batch into a fresh slot or restarting the broker
+ * does not reset it. Past max_redeliveries the batch is quarantined (a batch that makes every
+ * drafter fail must not stop training forever); otherwise, with requeue, it goes back to to-do.
+ * Returns true when quarantined. */
+static bool batch_failed(broker *b, const batch_id *id, bool requeue)
+{
+    int n = ledger_fail(b->ledger, id);
+    if (n > 0 && (int64_t)n > b->cfg.max_redeliveries) {
+        LOG_WARN("batch %u/%u/%u quarantined: %d of its deliveries ended untrained "
+                 "(max-redeliveries %" PRId64 ")", id->epoch, id->bucket, id->index, n,
+                 b->cfg.max_redeliveries);
+        if (requeue) ledger_quarantine(b->ledger, id);
+        return true;
+    }
+    if (requeue) ledger_requeue(b->ledger, id);
+    return false;
+}
+
 /* Ends a peer's session: drafter leases end and its held batches return to to-do; a target's
  * pool is dropped. Frees the entry (index i). */
 static void peer_remove(broker *b, uint32_t i, const char *why)
@@ -366,7 +387,7 @@ static void peer_remove(broker *b, uint32_t i, const char *why)
         groups_peer_gone(b, p);
         if (b->policy) policy_drop_worker(b->policy, p->incarnation);
         for (uint32_t k = 0; k < p->n_held; k++)
-            if (!group_step_owns(b, &p->held[k])) ledger_requeue(b->ledger, &p->held[k]);
+            if (!group_step_owns(b, &p->held[k])) batch_failed(b, &p->held[k], true);
     } else if (p->role == WIRE_ROLE_TARGET && p->pool_id >= 0) {
         if (b->policy) policy_pool_drop(b->policy, (uint32_t)p->pool_id);
         b->pools[p->pool_id].registered = false;
@@ -395,6 +416,11 @@ static void sink_quarantine(void *ctx, const batch_id *id, uint32_t pool_id, uin
     LOG_WARN("batch %u/%u/%u quarantined after too many redeliveries (pool %u slot %u)",
              id->epoch, id->bucket, id->index, pool_id, slot);
     ledger_quarantine(b->ledger, id);
+}
+
+static bool sink_failed(void *ctx, const batch_id *id)
+{
+    return batch_failed(ctx, id, false);
 }
 
 /* n finite non-negative numbers into out; n 0: any count up to WIRE_MAX_BUCKETS (the bucket
@@ -426,7 +452,7 @@ static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, c
     pp.max_redeliveries = (uint32_t)b->cfg.max_redeliveries;
     pp.mix_window = (uint32_t)b->cfg.mix_window;
     pp.first_lease_id = (b->incarnation & 0xffffff0000000000ull) | 1;
-    policy_sink sink = {b, sink_requeue, sink_quarantine};
+    policy_sink sink = {b, sink_requeue, sink_quarantine, sink_failed};
     b->policy = policy_new(&pp, &sink);
     if (!b->policy) return DFLASH_EINVAL;
     b->n_buckets = n_buckets;

@@ -23,6 +23,11 @@
  * the last checkpoint (those batches are not committed and a drafter resuming from that
  * checkpoint retrains them anyway).
  *
+ * Failed deliveries: each entry counts the deliveries of its batch that ended untrained (a lease
+ * that expired, a drafter that died holding it), journaled as FAIL records, so the count
+ * survives requeues (the batch is produced into a fresh slot) and broker restarts; the broker
+ * quarantines a batch past max_redeliveries of them.
+ *
  * Thread: the broker's loop thread only. Callers: broker.c, tests, bench.
  */
 #include "ledger.h"
@@ -51,6 +56,8 @@ enum {
     REC_ORPHANS = 12,    /* requeue_orphans */
     REC_BOOT = 13,       /* a ledger_new: everything in flight became orphaned */
     REC_SNAP_DONE = 14,  /* compaction: an epoch whose every batch is committed (+ done_step) */
+    REC_FAIL = 15,       /* a delivery of an in-flight batch ended untrained */
+    REC_SNAP_FAILS = 16, /* compaction: a batch's failed deliveries (batch + u16 count) */
 };
 #define SNAP_ORPHAN 0x80 /* state byte flag in snapshot chunks */
 
@@ -61,6 +68,7 @@ typedef struct {
     uint64_t step;
     uint8_t state; /* batch_state */
     uint8_t orphan;
+    uint16_t fails; /* deliveries that ended untrained (saturates); kept across requeues */
 } entry;
 
 typedef struct {
@@ -178,7 +186,7 @@ static int ensure_epoch(ledger *l, uint32_t epoch)
 
 /* What every batch of a done epoch reads as. Never written: callers check the state first and
  * COMMITTED allows no transition. */
-static entry committed_entry = {0, BATCH_COMMITTED, 0};
+static entry committed_entry = {0, BATCH_COMMITTED, 0, 0};
 
 /* Entry of b, or NULL when outside the plan or in an epoch not opened. */
 static entry *find(const ledger *l, const batch_id *b, epoch_rec **E)
@@ -339,6 +347,17 @@ static int apply_ack(ledger *l, const batch_id *b, uint64_t step)
     return 0;
 }
 
+/* One more failed delivery of an IN_FLIGHT batch. Returns the new count (>= 1) or a code. */
+static int apply_fail(ledger *l, const batch_id *b)
+{
+    epoch_rec *E;
+    entry *x = find(l, b, &E);
+    if (!x) return DFLASH_ERANGE;
+    if (x->state != BATCH_IN_FLIGHT) return DFLASH_ESTATE;
+    if (x->fails < UINT16_MAX) x->fails++;
+    return x->fails;
+}
+
 /* Moves every batch in state from that satisfies pred(step) to state to. */
 static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t step, bool above)
 {
@@ -464,7 +483,21 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
     case REC_UNQUARANTINE:
         if (len != 12) return DFLASH_ECORRUPT;
         rc = apply_simple(l, &b, BATCH_QUARANTINED, BATCH_TODO);
+        if (rc == 0) l->ep[b.epoch].e[b.bucket][b.index].fails = 0;
         break;
+    case REC_FAIL:
+        if (len != 12) return DFLASH_ECORRUPT;
+        rc = apply_fail(l, &b);
+        if (rc > 0) rc = 0;
+        break;
+    case REC_SNAP_FAILS: {
+        if (len != 14) return DFLASH_ECORRUPT;
+        epoch_rec *E;
+        entry *x = find(l, &b, &E);
+        if (!x || E->done) return DFLASH_ECORRUPT;
+        x->fails = (uint16_t)(p[12] | p[13] << 8);
+        break;
+    }
     case REC_COMMIT:
         if (len != 8) return DFLASH_ECORRUPT;
         apply_bulk(l, BATCH_TRAINED, BATCH_COMMITTED, get64(p), false);
@@ -663,8 +696,26 @@ int ledger_quarantine(ledger *l, const batch_id *b)
 int ledger_release_quarantine(ledger *l, const batch_id *b)
 {
     int rc = apply_simple(l, b, BATCH_QUARANTINED, BATCH_TODO);
-    if (rc == 0) log_batch(l, REC_UNQUARANTINE, b);
+    if (rc == 0) {
+        l->ep[b->epoch].e[b->bucket][b->index].fails = 0; /* a fresh set of tries */
+        log_batch(l, REC_UNQUARANTINE, b);
+    }
     return rc;
+}
+
+int ledger_fail(ledger *l, const batch_id *b)
+{
+    int rc = apply_fail(l, b);
+    if (rc > 0) log_batch(l, REC_FAIL, b);
+    return rc;
+}
+
+uint32_t ledger_failures(const ledger *l, const batch_id *b)
+{
+    if (l->n_buckets == 0 || b->bucket >= l->n_buckets || b->index >= l->per[b->bucket] ||
+        b->epoch >= l->n_epochs || l->ep[b->epoch].done)
+        return 0;
+    return l->ep[b->epoch].e[b->bucket][b->index].fails;
 }
 
 int64_t ledger_commit(ledger *l, uint64_t step)
@@ -754,6 +805,17 @@ static int emit_snapshot(void *ctx, journal *t)
                 put32(buf + 8, i0);
                 put32(buf + 12, n);
                 rc = journal_append(t, REC_SNAP_CHUNK, buf, 16 + 9 * n, false);
+            }
+    /* Failure counts after the chunks (a chunk replays over fresh entries only). */
+    for (uint32_t e = 0; e < l->n_epochs && !rc; e++)
+        for (uint32_t b = 0; b < l->n_buckets && !rc && !l->ep[e].done; b++)
+            for (uint32_t i = 0; i < l->per[b] && !rc; i++) {
+                if (!l->ep[e].e[b][i].fails) continue;
+                uint8_t f[14];
+                pack_batch(f, &(batch_id){e, b, i});
+                f[12] = (uint8_t)l->ep[e].e[b][i].fails;
+                f[13] = (uint8_t)(l->ep[e].e[b][i].fails >> 8);
+                rc = journal_append(t, REC_SNAP_FAILS, f, sizeof f, false);
             }
     free(buf);
     return rc;

@@ -27,7 +27,7 @@
  * ack trains them, and ledger_requeue_orphans() (called by the broker once peers had a grace
  * period, e.g. two lease timeouts) returns the rest to TODO.
  *
- * Journal records: PLAN, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE,
+ * Journal records: PLAN, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE, FAIL,
  * COMMIT(step) and REWIND(step) (fsynced), SNAPSHOT (compaction). Replay reapplies them in order.
  *
  * Durability: by default every record is written (COMMIT, REWIND and PLAN also fdatasynced)
@@ -127,8 +127,17 @@ int ledger_ack(ledger *l, const batch_id *b, uint64_t step);
 
 /* IN_FLIGHT -> QUARANTINED (redelivered too often). DFLASH_ESTATE otherwise. */
 int ledger_quarantine(ledger *l, const batch_id *b);
-/* QUARANTINED -> TODO (an operator lets it through again). DFLASH_ESTATE otherwise. */
+/* QUARANTINED -> TODO (an operator lets it through again; its failure count restarts at 0).
+ * DFLASH_ESTATE otherwise. */
 int ledger_release_quarantine(ledger *l, const batch_id *b);
+
+/* A delivery of IN_FLIGHT batch b ended without training it (lease expired, its drafter died
+ * holding it): counts it, journaled; the count survives requeues and restarts. Returns the
+ * count (>= 1, saturating at 65535), DFLASH_ESTATE (not IN_FLIGHT), DFLASH_ERANGE. The caller
+ * decides on quarantine (broker: count > max_redeliveries). */
+int ledger_fail(ledger *l, const batch_id *b);
+/* Failed deliveries of b so far (0 outside the plan or in a finished epoch). */
+uint32_t ledger_failures(const ledger *l, const batch_id *b);
 
 /* A durable checkpoint at step exists: every TRAINED batch with step <= step -> COMMITTED.
  * Journaled with fsync. Returns the number committed (>= 0) or a negative code (DFLASH_EIO). */

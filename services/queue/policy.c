@@ -681,10 +681,13 @@ static void expire(policy *p, slot *s)
     uint32_t redelivered = s->redelivered;
     (void)set_state(p, s, SLOT_READY, true);
     s->redelivered = redelivered;
-    if (s->redelivered > p->prm.max_redeliveries) {
+    bool quarantine = p->sink.failed ? p->sink.failed(p->sink.ctx, &s->batch)
+                                     : s->redelivered > p->prm.max_redeliveries;
+    if (quarantine) {
         batch_id b = s->batch;
-        LOG_WARN("policy: batch (%u,%u,%u) redelivered %u times: quarantined", b.epoch, b.bucket,
-                 b.index, s->redelivered);
+        LOG_WARN("policy: batch (%u,%u,%u) failed too often (redelivered %u times from this "
+                 "slot): quarantined",
+                 b.epoch, b.bucket, b.index, s->redelivered);
         (void)set_state(p, s, SLOT_FREE, false);
         p->quarantined++;
         if (p->sink.quarantine)

@@ -35,7 +35,8 @@
  * dataset share most (lag = share(b)*consumed_total - consumed(b), counted since the shares were
  * last set), oldest slot first. A lease lasts lease_timeout_ms past the grant or the worker's last
  * heartbeat; an expired lease (or a dead worker) puts the slot back to READY and counts a
- * redelivery of its batch; past max_redeliveries the batch is quarantined: the slot goes FREE and
+ * redelivery of its batch; past max_redeliveries (or when sink->failed says so: the broker's count
+ * in the ledger, which survives re-production) the batch is quarantined: the slot goes FREE and
  * the sink is told (the broker tells the ledger and returns the slot to its target).
  *
  * Mode: RUNNING (normal), PAUSED (no work units, no grants; leases run on), DRAINING (no work
@@ -84,6 +85,10 @@ typedef struct {
      * (pool_id, incarnation, slot) is FREE now and must be handed back to its target. */
     void (*quarantine)(void *ctx, const batch_id *b, uint32_t pool_id, uint64_t incarnation,
                        uint32_t slot);
+    /* A lease of b ended without a release (expired, or its worker dropped). Returns true to
+     * quarantine b now. NULL: the policy's own count decides (redelivered > max_redeliveries);
+     * the broker counts in the ledger instead, so the count survives re-production. */
+    bool (*failed)(void *ctx, const batch_id *b);
 } policy_sink;
 
 /* Where a batch lives: returned by work_start, release, claim. */

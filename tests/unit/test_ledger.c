@@ -280,6 +280,44 @@ static void test_quarantine(void)
     ledger_destroy(&l);
 }
 
+/* A batch's failed deliveries are counted across requeues, broker restarts (journal replay) and
+ * compaction; releasing it from quarantine starts the count again. */
+static void test_fail_count_survives(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){4}), 0);
+    batch_id b, c;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK_EQ_INT(ledger_fail(l, &b), 1);
+    CHECK_EQ_INT(ledger_requeue(l, &b), 0);
+    CHECK_EQ_INT(ledger_fail(l, &b), DFLASH_ESTATE); /* TODO: not in flight */
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &c), 0);     /* produced again */
+    CHECK(c.index == b.index);
+    CHECK_EQ_INT(ledger_fail(l, &b), 2);
+    CHECK_EQ_INT(ledger_requeue(l, &b), 0);
+    ledger_destroy(&l);
+    for (int round = 0; round < 2; round++) { /* replay, then replay of a snapshot */
+        l = open_ledger(path, 0, 0);
+        CHECK(l != NULL);
+        if (!l) return;
+        CHECK_EQ_INT(ledger_failures(l, &b), 2);
+        if (round == 0) CHECK_EQ_INT(ledger_compact(l), 0);
+        ledger_destroy(&l);
+    }
+    l = open_ledger(path, 0, 0);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &c), 0);
+    CHECK_EQ_INT(ledger_fail(l, &c), 3);
+    CHECK_EQ_INT(ledger_quarantine(l, &c), 0);
+    CHECK_EQ_INT(ledger_release_quarantine(l, &c), 0);
+    CHECK_EQ_INT(ledger_failures(l, &c), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK_EQ_INT(ledger_failures(l, &c), 0);
+    CHECK_EQ_INT(state_of(l, 0, 0, 0, NULL), BATCH_TODO);
+    ledger_destroy(&l);
+}
+
 /* Fingerprint of every batch's state and step, to compare ledgers. */
 static uint64_t fingerprint(ledger *l, uint32_t epochs, uint32_t n_buckets, const uint32_t *per)
 {
@@ -550,6 +588,7 @@ int main(void)
     test_lower_max_epochs();
     test_adopt_far_epoch();
     test_quarantine();
+    test_fail_count_survives();
     test_replay_and_orphans();
     test_truncation_every_byte();
     test_exactly_once();

@@ -56,7 +56,7 @@ static policy *make(uint32_t n_buckets, const double *shares, uint32_t min_ready
     prm.mix_window = 100;
     memset(&ev, 0, sizeof ev);
     memset(next_index, 0, sizeof next_index);
-    policy_sink sink = {&ev, on_requeue, on_quarantine};
+    policy_sink sink = {&ev, on_requeue, on_quarantine, NULL};
     policy *p = policy_new(&prm, &sink);
     if (p && shares) policy_set_shares(p, n_buckets, shares);
     if (p) policy_pool_add(p, POOL, INC, 256, 1 << 20);

@@ -1,0 +1,99 @@
+/* itest_poison: a batch that makes every drafter fail is quarantined after max-redeliveries
+ * failed deliveries, however the drafter fails, instead of stopping training forever.
+ *
+ * The real dflash-queue (--max-redeliveries=1) and dflash-target (--model synthetic) run in a
+ * temp dir; this process runs the worker loop again and again, as a supervisor restarts a
+ * drafter (docker-compose restart: on-failure), with a consumer that refuses one batch (the first
+ * it sees: DFLASH_ECORRUPT, the daemon's exit 3) and trains the others. Each refusal ends the
+ * run holding the batch; the next run's hello replaces the session and the batch goes back to
+ * to-do, is produced into a fresh slot and delivered again. Checks: the refused batch is
+ * delivered exactly max-redeliveries + 1 = 2 times (the count survives re-production), later
+ * runs train without it, and `status` counts it quarantined. */
+#include "check.h"
+#include "harness.h"
+#include "slot.h"
+#include "worker_loop.h"
+
+#include <signal.h>
+
+#define RUNS 6
+
+typedef struct poison {
+    bool have;
+    slot_work_unit bad; /* the batch refused */
+    int seen;           /* deliveries of it */
+    uint64_t steps;
+} poison;
+
+static int consume(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    poison *k = ctx;
+    if (!k->have) {
+        k->have = true;
+        k->bad = b->wu;
+    }
+    if (b->wu.epoch == k->bad.epoch && b->wu.bucket == k->bad.bucket &&
+        b->wu.batch == k->bad.batch) {
+        k->seen++;
+        return DFLASH_ECORRUPT;
+    }
+    *step = ++k->steps;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) return 2;
+    char dir[64], ep[128], journal[128], rt[128];
+    h_tempdir(dir, sizeof dir);
+    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
+    const char *extra[] = {journal,           "--min-ready=1",          "--max-depth=2",
+                           "--heartbeat-ms=100", "--max-redeliveries=1", "--stats-interval-ms=0",
+                           "--log-level=warn",   NULL};
+    pid_t q = h_start_queue(argv[1], dir, extra);
+    CHECK(q > 0);
+    if (q <= 0) CHECK_DONE();
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    char *targv[] = {argv[3], rt, "--name=poison", "--model=synthetic", "--slots=2",
+                     "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
+                     "--buckets=64,256", "--batches-per-bucket=64", "--backend=host",
+                     "--timeout-ms=500", "--progress-ms=0", "--log-level=warn", NULL};
+    pid_t target = h_spawn(targv, NULL);
+    CHECK(target > 0);
+
+    worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
+                             .timeout_ms = 1000, .max_batches = 8};
+    CHECK_EQ_INT(slot_layout_compute(256, 4, 8, 2, SLOT_DTYPE_F32, &lc.layout), 0);
+    poison k = {0};
+    worker_consumer cons = {.name = "poison", .ctx = &k, .consume = consume};
+    volatile sig_atomic_t stop = 0;
+    int refusals = 0;
+    for (int run = 0; run < RUNS; run++) {
+        int rc = worker_loop_run(&lc, &cons, &stop, NULL);
+        CHECK(rc == 0 || rc == DFLASH_ECORRUPT);
+        refusals += rc == DFLASH_ECORRUPT;
+        printf("run %d: %s, refused batch delivered %d times so far, %llu trained\n", run,
+               rc ? err_str(rc) : "ok", k.seen, (unsigned long long)k.steps);
+    }
+    CHECK_EQ_INT(k.seen, 2);
+    CHECK_EQ_INT(refusals, 2);
+
+    client *c = client_new(ep, WIRE_ROLE_CTL, "check");
+    client_set_timeout(c, 1000);
+    wire_status s;
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 20 && rc; a++)
+        if ((rc = client_hello(c, NULL, 0)) == 0) rc = client_status(c, &s);
+    CHECK_EQ_INT(rc, 0);
+    if (rc == 0) {
+        printf("ledger: %llu quarantined, %llu trained\n", (unsigned long long)s.quarantined,
+               (unsigned long long)s.batches_trained);
+        CHECK_EQ_INT(s.quarantined, 1);
+    }
+    client_destroy(&c);
+    CHECK_EQ_INT(h_stop(target), 0);
+    CHECK_EQ_INT(h_stop(q), 0);
+    h_rmdir(dir);
+    CHECK_DONE();
+}

@@ -336,6 +336,19 @@ int client_release(client *c, uint64_t lease_id)
     LOCKED(c, do_u64(c, WIRE_SLOT_RELEASE, lease_id, NULL));
 }
 
+static int do_release_unread(client *c, uint64_t lease_id)
+{
+    req_init(c, WIRE_SLOT_RELEASE);
+    c->req.u.lease_id = lease_id;
+    c->req.u.release_unread = true;
+    return call(c, WIRE_OK);
+}
+
+int client_release_unread(client *c, uint64_t lease_id)
+{
+    LOCKED(c, do_release_unread(c, lease_id));
+}
+
 static int do_ack(client *c, const wire_unit *u, uint64_t step)
 {
     req_init(c, WIRE_ACK);

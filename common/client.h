@@ -117,6 +117,10 @@ int client_claim(client *c, wire_grant *out);
 /* Drafter: the slot is copied; gives it back. Extra: DFLASH_ESTALE (lease expired meanwhile:
  * the batch was redelivered; drop the copy). */
 int client_release(client *c, uint64_t lease_id);
+/* Drafter: the slot could not be read (copy failed); gives the lease back unread, so the broker
+ * returns the batch to to-do instead of counting it as held by us. Extra: DFLASH_ESTALE (lease
+ * expired meanwhile). An older broker takes it as a plain release. */
+int client_release_unread(client *c, uint64_t lease_id);
 /* Drafter: the batch is trained in optimizer step `step`. */
 int client_ack(client *c, const wire_unit *unit, uint64_t step);
 /* Drafter: a durable checkpoint of step `step` exists; commits everything trained up to it. */

@@ -528,6 +528,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         dflash__slot_release__init(&rel);
         rel.has_lease_id = 1;
         rel.lease_id = m->u.lease_id;
+        rel.has_unread = m->u.release_unread;
+        rel.unread = m->u.release_unread;
         env.slot_release = &rel;
         break;
     case WIRE_ACK:
@@ -888,6 +890,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
     case DFLASH__ENVELOPE__BODY_SLOT_RELEASE:
         m->type = WIRE_SLOT_RELEASE;
         m->u.lease_id = env->slot_release->lease_id;
+        m->u.release_unread = env->slot_release->has_unread && env->slot_release->unread;
         break;
     case DFLASH__ENVELOPE__BODY_ACK:
         m->type = WIRE_ACK;

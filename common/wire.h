@@ -276,7 +276,10 @@ typedef struct wire_msg {
         wire_work_unit work;
         wire_slot_ready ready;
         wire_grant grant;
-        uint64_t lease_id; /* SLOT_RELEASE */
+        struct {
+            uint64_t lease_id;   /* SLOT_RELEASE */
+            bool release_unread; /* SLOT_RELEASE: given back unread (protocol.md) */
+        };
         wire_ack ack;
         uint64_t step;      /* CHECKPOINT_COMMITTED, RESUME_FROM */
         uint64_t sent_ms;   /* HEARTBEAT */

@@ -43,6 +43,7 @@ typedef struct worker_loop {
     double lat[LAT_RING]; /* grant-to-copy-done seconds, last LAT_RING batches */
     uint64_t n_lat;
     bool resume_told; /* cons->resume_step went to the broker (once per process) */
+    double copy_backoff_ms; /* pause after a failed copy; doubles up to 1 s, 1 after a success */
 } worker_loop;
 
 static void set_state(worker_loop *w, wl_state to)
@@ -184,14 +185,19 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     double copy_s = 0;
     int rc = worker_session_copy(w->s, g, &copy_s);
     if (rc < 0) {
-        /* the exporter is gone (shm removed) or the grant is bad: give the slot back unread */
-        LOG_WARN("cannot copy slot %u of pool %016llx: %s; releasing it", g->slot,
+        /* The exporter is gone (shm removed) or the grant is bad: give the slot back unread, so
+         * the broker returns the batch to to-do instead of counting it as ours until we exit.
+         * Then wait a little: the next grant may name the same unreadable pool. */
+        LOG_WARN("cannot copy slot %u of pool %016llx: %s; giving it back unread", g->slot,
                  (unsigned long long)g->pool_incarnation, err_str(rc));
         int rrc = 0;
-        RETRY_CALL(w, stop, rrc, client_release(w->client, g->lease_id));
+        RETRY_CALL(w, stop, rrc, client_release_unread(w->client, g->lease_id));
         (void)rrc;
+        monotime_sleep_ms(w->copy_backoff_ms);
+        w->copy_backoff_ms = w->copy_backoff_ms < 1000 ? w->copy_backoff_ms * 2 : 1000;
         return 0;
     }
+    w->copy_backoff_ms = 1;
     w->lat[w->n_lat++ % LAT_RING] = copy_s;
 
     rc = DFLASH_ESHUTDOWN; /* stays so when a stop signal prevents the release */
@@ -279,7 +285,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
                     volatile sig_atomic_t *stop, worker_stats *stats)
 {
     if (cfg->group && cfg->group[0]) return group_worker_run(cfg, cons, stop, stats);
-    worker_loop w = {.cfg = cfg, .cons = cons, .state = WL_REGISTER};
+    worker_loop w = {.cfg = cfg, .cons = cons, .state = WL_REGISTER, .copy_backoff_ms = 1};
     int rc = 0;
     double start = monotime_s();
     w.s = worker_session_new(cfg, &w.st, &rc);

@@ -805,6 +805,18 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     int rc = policy_release(b->policy, m->u.lease_id, &where);
     if (rc) return reply_error(b, r, m->request_id, rc, "lease %" PRIu64 " unknown or expired",
                                m->u.lease_id);
+    if (m->u.release_unread) {
+        /* The drafter could not read the slot: nobody holds the batch; the slot is FREE (the
+         * target rewrites it) and the batch is produced again. Not the batch's failure: the
+         * slot is unreadable to this drafter, e.g. its pool cannot be mapped. (A group step's
+         * slot stays unreleased: the step cannot be acked with it, and its abort finds nothing
+         * more to give back.) */
+        LOG_WARN("%s could not read slot %u of pool %u: batch %u/%u/%u back to to-do", p->name,
+                 where.slot, where.pool_id, where.batch.epoch, where.batch.bucket,
+                 where.batch.index);
+        ledger_requeue(b->ledger, &where.batch);
+        return reply_ok(b, r, m->request_id, 0);
+    }
     if (p->role == WIRE_ROLE_DRAFTER) {
         held_add(p, &where.batch);
         uint32_t k = p->n_released++ % PEER_RECENT_RELEASES;

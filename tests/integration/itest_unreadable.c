@@ -1,0 +1,111 @@
+/* itest_unreadable: a drafter that cannot read a granted slot (the target's shared memory
+ * segment was removed) gives the lease back unread, and the broker returns the batch to to-do
+ * instead of counting it as held by that drafter until it exits.
+ *
+ * The real dflash-queue and dflash-target (--model synthetic, host pool) run in a temp dir. A
+ * raw drafter client claims one slot to learn the pool's shm name, unlinks it, and trains that
+ * batch (acks it). Then this process runs the worker loop in a thread: it cannot map the pool,
+ * so every grant fails to copy. Checks, from one status reply once 6 grants failed: the ledger
+ * has at most max-depth (2) batches in flight (the ones in slots), not one per failed grant, and
+ * the consumer never ran. */
+#include "check.h"
+#include "harness.h"
+#include "slot.h"
+#include "worker_loop.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+
+typedef struct blind {
+    worker_loop_config lc;
+    worker_consumer cons;
+    volatile sig_atomic_t stop;
+    int consumed, rc;
+} blind;
+
+static int consume(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    blind *k = ctx;
+    (void)b;
+    *step = (uint64_t)++k->consumed;
+    return 0;
+}
+
+static void *run_loop(void *arg)
+{
+    blind *k = arg;
+    k->rc = worker_loop_run(&k->lc, &k->cons, &k->stop, NULL);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) return 2;
+    char dir[64], ep[128], journal[128], rt[128];
+    h_tempdir(dir, sizeof dir);
+    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
+    const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--heartbeat-ms=100",
+                           "--stats-interval-ms=0", "--log-level=error", NULL};
+    pid_t q = h_start_queue(argv[1], dir, extra);
+    CHECK(q > 0);
+    if (q <= 0) CHECK_DONE();
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    char *targv[] = {argv[3], rt, "--name=t", "--model=synthetic", "--slots=2",
+                     "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
+                     "--buckets=64,256", "--batches-per-bucket=64", "--backend=host",
+                     "--timeout-ms=500", "--progress-ms=0", "--log-level=warn", NULL};
+    pid_t target = h_spawn(targv, NULL);
+    CHECK(target > 0);
+
+    /* Learn the pool's segment from one grant, remove it, and train that batch. */
+    client *peek = client_new(ep, WIRE_ROLE_DRAFTER, "peek");
+    client_set_timeout(peek, 1000);
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 50 && rc; a++) rc = client_hello(peek, NULL, 0);
+    CHECK_EQ_INT(rc, 0);
+    wire_grant g;
+    uint64_t deadline = h_now_ms() + 30000;
+    while ((rc = client_claim(peek, &g)) != 0 && h_now_ms() < deadline) h_sleep_ms(10);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) CHECK_DONE();
+    printf("pool segment %s\n", g.shm_name);
+    CHECK_EQ_INT(shm_unlink(g.shm_name), 0);
+    CHECK_EQ_INT(client_release(peek, g.lease_id), 0);
+    CHECK_EQ_INT(client_ack(peek, &g.unit, 1), 0);
+
+    blind k = {.lc = {.endpoint = ep, .name = "blind", .backend = POOL_HOST, .timeout_ms = 1000}};
+    CHECK_EQ_INT(slot_layout_compute(256, 4, 8, 2, SLOT_DTYPE_F32, &k.lc.layout), 0);
+    k.cons = (worker_consumer){.name = "blind", .ctx = &k, .consume = consume};
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &k), 0);
+
+    client *c = client_new(ep, WIRE_ROLE_CTL, "check");
+    client_set_timeout(c, 1000);
+    rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 20 && rc; a++) rc = client_hello(c, NULL, 0);
+    CHECK_EQ_INT(rc, 0);
+    wire_status s = {0};
+    deadline = h_now_ms() + 60000;
+    do {
+        h_sleep_ms(20);
+        rc = client_status(c, &s);
+    } while ((rc || s.grants < 7) && h_now_ms() < deadline); /* peek's grant + 6 failed ones */
+    printf("grants %llu, releases %llu, ledger: %llu in flight, %llu trained, %llu to do\n",
+           (unsigned long long)s.grants, (unsigned long long)s.releases,
+           (unsigned long long)s.batches_inflight, (unsigned long long)s.batches_trained,
+           (unsigned long long)s.batches_todo);
+    CHECK(s.grants >= 7);
+    CHECK(s.batches_inflight <= 2);
+    CHECK_EQ_INT(s.batches_trained, 1);
+    k.stop = 1;
+    pthread_join(th, NULL);
+    CHECK_EQ_INT(k.consumed, 0);
+    client_destroy(&c);
+    client_destroy(&peek);
+    CHECK_EQ_INT(h_stop(target), 0);
+    CHECK_EQ_INT(h_stop(q), 0);
+    h_rmdir(dir);
+    CHECK_DONE();
+}

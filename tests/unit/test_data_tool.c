@@ -3,7 +3,8 @@
  * with their line number and reason and skipped, good ones land in the shard exactly, the
  * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary,
  * a line holding more than one object (files joined without a newline) is bad, not cut short,
- * SIGTERM leaves no temporary file, and an --out that is no regular file is left alone. */
+ * SIGTERM leaves no temporary file, an --out that is no regular file is left alone, and a run
+ * that keeps no line fails (exit 3) instead of writing an empty shard. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -208,6 +209,36 @@ int main(void) {
     struct stat fst;
     CHECK(stat(fifo, &fst) == 0 && S_ISFIFO(fst.st_mode));
     unlink(fifo);
+
+    /* no line kept (every line bad, here too long for --max-len; or an empty input): exit 3
+     * with the reason and no shard. It used to write an empty shard and exit 0, and the run
+     * failed later in the target with "batch plan: 0 sequences". */
+    fp = fopen(jsonl, "w");
+    put_seq(fp, 40, 0);
+    fprintf(fp, "\n");
+    put_seq(fp, 50, 0);
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --max-len 32", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 3);
+    err = test_slurp(errp, NULL);
+    snprintf(want, sizeof want,
+             "no line kept: all 2 lines of %s are bad (the first, line 1: too long: 40 tokens, "
+             "--max-len is 32); nothing written",
+             jsonl);
+    CHECK(strstr(err, want) != NULL);
+    if (!strstr(err, want)) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    CHECK(access(shardp, F_OK) != 0);
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "\n");
+    fclose(fp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 3);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "holds no JSONL line; nothing written") != NULL);
+    free(err);
+    CHECK(access(shardp, F_OK) != 0);
 
     /* bad usage */
     CHECK_EQ_INT(run("--in x.jsonl"), 2);

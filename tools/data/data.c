@@ -13,6 +13,8 @@
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
  * the last bound. The shard is written under a temporary name and renamed when complete; an
  * error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of that name as it was.
+ * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad or the input
+ * empty: nothing written, the first bad line's reason is printed).
  * One thread; memory: one line at a time.
  */
 #include "batch_plan.h"
@@ -65,8 +67,10 @@ static const cfg_option data_options[] = {
      STR_OPT(log_level)},
 };
 static const cfg_table data_table = {
-    "dflash-data", "convert JSONL input_ids/loss_mask lines into a shard", "[options]",
-    data_options, sizeof data_options / sizeof data_options[0]};
+    "dflash-data",
+    "convert JSONL input_ids/loss_mask lines into a shard\n"
+    "exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (nothing written)",
+    "[options]", data_options, sizeof data_options / sizeof data_options[0]};
 
 typedef struct line_buf {
     int32_t *ids;
@@ -204,7 +208,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint64_t seqs[BATCH_PLAN_MAX_BUCKETS + 1] = {0}, toks[BATCH_PLAN_MAX_BUCKETS + 1] = {0};
-    uint64_t lineno = 0, bad = 0, kept = 0, kept_tokens = 0, no_loss = 0;
+    uint64_t lineno = 0, bad = 0, kept = 0, kept_tokens = 0, no_loss = 0, first_bad = 0;
+    char first_why[256] = "";
     line_buf lb = {0};
     char *line = NULL;
     size_t cap = 0;
@@ -219,7 +224,10 @@ int main(int argc, char **argv) {
         char why[256];
         long n = parse_line(line, l, &c, vocab, &lb, why, sizeof why);
         if (n < 0) {
-            bad++;
+            if (!bad++) {
+                first_bad = lineno;
+                snprintf(first_why, sizeof first_why, "%s", why);
+            }
             if (c.strict) {
                 LOG_ERROR("%s:%llu: %s (--strict: stopping, nothing written)", c.in,
                           (unsigned long long)lineno, why);
@@ -255,6 +263,16 @@ int main(int argc, char **argv) {
     if (!status && ferror(in)) {
         LOG_ERROR("read error on %s", c.in);
         status = 1;
+    }
+    /* an empty shard only fails later, in the target ("batch plan: 0 sequences") */
+    if (!status && kept == 0) {
+        if (bad)
+            LOG_ERROR("no line kept: all %llu lines of %s are bad (the first, line %llu: %s); "
+                      "nothing written",
+                      (unsigned long long)bad, c.in, (unsigned long long)first_bad, first_why);
+        else
+            LOG_ERROR("no line kept: %s holds no JSONL line; nothing written", c.in);
+        status = 3;
     }
     if (in != stdin) fclose(in);
     free(line);

@@ -213,7 +213,15 @@ struct shard_writer {
     unsigned char *index; /* n * 16 bytes */
     uint64_t n, cap;
     bool failed, committed;
+    int sys_errno; /* errno of the first failed write, fsync, close or rename; 0 if none */
 };
+
+/* Marks w failed, keeping the first system error (a full disk is ENOSPC, not just "I/O"). */
+static int writer_failed(shard_writer *w) {
+    if (!w->failed) w->sys_errno = errno ? errno : EIO;
+    w->failed = true;
+    return DFLASH_EIO;
+}
 
 shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
     shard_writer *w = calloc(1, sizeof *w);
@@ -228,7 +236,8 @@ shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
         return NULL;
     }
     static const unsigned char zero[SHARD_HEADER_BYTES];
-    if (fwrite(zero, 1, sizeof zero, w->fp) != sizeof zero) w->failed = true;
+    errno = 0;
+    if (fwrite(zero, 1, sizeof zero, w->fp) != sizeof zero) writer_failed(w);
     w->offset = SHARD_HEADER_BYTES;
     return w;
 }
@@ -248,6 +257,10 @@ uint64_t shard_writer_count(const shard_writer *w) {
     return w ? w->n : 0;
 }
 
+int shard_writer_errno(const shard_writer *w) {
+    return w ? w->sys_errno : 0;
+}
+
 int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, uint32_t len) {
     if (!w || w->committed) return DFLASH_ESTATE;
     if (w->failed) return DFLASH_EIO;
@@ -264,6 +277,7 @@ int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, u
         w->cap = nc;
     }
     unsigned char buf[4096];
+    errno = 0;
     for (uint32_t i = 0; i < len;) { /* ids, little-endian */
         uint32_t k = 0;
         for (; i < len && k + 4 <= sizeof buf; i++, k += 4)
@@ -284,14 +298,14 @@ int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, u
     if (len > w->max_len) w->max_len = len;
     return 0;
 io:
-    w->failed = true;
-    return DFLASH_EIO;
+    return writer_failed(w);
 }
 
 int shard_writer_commit(shard_writer *w) {
     if (!w || w->committed) return DFLASH_ESTATE;
     int rc = DFLASH_EIO;
     if (w->failed) goto fail;
+    errno = 0;
     static const unsigned char zero[8];
     uint64_t index_off = (w->offset + 7) & ~(uint64_t)7;
     if (index_off > w->offset &&
@@ -316,10 +330,10 @@ int shard_writer_commit(shard_writer *w) {
     fs_sync_parent_dir(w->path);
     return 0;
 fail:
+    writer_failed(w); /* before fclose and unlink change errno */
     if (w->fp) fclose(w->fp);
     w->fp = NULL;
     unlink(w->tmp);
-    w->failed = true;
     return rc;
 }
 

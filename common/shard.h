@@ -62,6 +62,9 @@ shard_writer *shard_writer_new(const char *path, uint32_t vocab);
  * DFLASH_EINVAL / DFLASH_ERANGE leave the writer usable; DFLASH_EIO does not. */
 int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, uint32_t len);
 uint64_t shard_writer_count(const shard_writer *w);
+/* After DFLASH_EIO: the errno of the first failed system call (ENOSPC for a full disk), for
+ * strerror; 0 when nothing failed. */
+int shard_writer_errno(const shard_writer *w);
 /* Writes the index and header, fsyncs, renames onto path. 0 or negative (temp file removed). */
 int shard_writer_commit(shard_writer *w);
 /* Frees; removes the temporary file unless committed. Accepts NULL. */

@@ -4,12 +4,14 @@
  * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary,
  * a line holding more than one object (files joined without a newline) is bad, not cut short,
  * SIGTERM leaves no temporary file, an --out that is no regular file is left alone, and a run
- * that keeps no line fails (exit 3) instead of writing an empty shard. */
+ * that keeps no line fails (exit 3) instead of writing an empty shard, and a failed write says
+ * why (the errno, e.g. a full disk). */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
 #include "test_files.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,6 +241,29 @@ int main(void) {
     CHECK(strstr(err, "holds no JSONL line; nothing written") != NULL);
     free(err);
     CHECK(access(shardp, F_OK) != 0);
+
+    /* a write that fails (here past the file size limit; a full disk alike) is reported with
+     * the system's reason ("File too large", "No space left on device"); it used to be
+     * "input/output error" for all. Once while adding (2 MB of sequences), once while
+     * committing (under 4 KiB, still in the stdio buffer until the final flush). */
+    for (int big = 1; big >= 0; big--) {
+        fp = fopen(jsonl, "w");
+        for (int i = 0; i < (big ? 400 : 30); i++)
+            put_seq(fp, big ? 1000 : 10, i);
+        fclose(fp);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd,
+                 "trap '' XFSZ; ulimit -f 1 && %s --in %s --out %s --vocab 1000 >%s/out 2>%s/err",
+                 bin, jsonl, shardp, dir, dir);
+        int st = system(cmd);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+        err = test_slurp(errp, NULL);
+        snprintf(want, sizeof want, "cannot write %s: %s", shardp, strerror(EFBIG));
+        CHECK(strstr(err, want) != NULL);
+        if (!strstr(err, want)) fprintf(stderr, "stderr was:\n%s\n", err);
+        free(err);
+        CHECK(access(shardp, F_OK) != 0);
+    }
 
     /* bad usage */
     CHECK_EQ_INT(run("--in x.jsonl"), 2);

@@ -158,6 +158,12 @@ out:
     return n;
 }
 
+/* The reason a write failed: the system's (e.g. "No space left on device") when there is one. */
+static const char *write_error(const shard_writer *w, int rc) {
+    int e = rc == DFLASH_EIO ? shard_writer_errno(w) : 0;
+    return e ? strerror(e) : err_str(rc);
+}
+
 int main(int argc, char **argv) {
     /* SIGINT/SIGTERM stop the loop, so the temporary shard is removed, not left behind */
     volatile sig_atomic_t *stop = signals_install_stop_flag();
@@ -240,7 +246,7 @@ int main(int argc, char **argv) {
         }
         rc = shard_writer_add(w, lb.ids, lb.mask, (uint32_t)n);
         if (rc) {
-            LOG_ERROR("cannot write %s: %s", c.out, err_str(rc));
+            LOG_ERROR("cannot write %s: %s", c.out, write_error(w, rc));
             status = 1;
             break;
         }
@@ -279,7 +285,7 @@ int main(int argc, char **argv) {
     free(lb.ids);
     free(lb.mask);
     if (!status && (rc = shard_writer_commit(w))) {
-        LOG_ERROR("cannot write %s: %s", c.out, err_str(rc));
+        LOG_ERROR("cannot write %s: %s", c.out, write_error(w, rc));
         status = 1;
     }
     shard_writer_destroy(&w);

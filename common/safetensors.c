@@ -740,11 +740,17 @@ struct safetensors_writer {
     char tmp[PATH_MAX];
     int fd;
     bool begun, committed, failed;
+    int sys_errno; /* errno of the first failed open, write, fsync, close or rename; 0 if none */
     cJSON *meta;
     wr_tensor *t;
     size_t n, cap;
     size_t cur, cur_done; /* streaming cursor: tensor index, bytes of it written */
 };
+
+/* Keeps the errno of the first system failure (a full disk is ENOSPC, not just "I/O"). */
+static void keep_errno(safetensors_writer *w) {
+    if (!w->sys_errno) w->sys_errno = errno ? errno : EIO;
+}
 
 safetensors_writer *safetensors_writer_new(const char *path) {
     safetensors_writer *w = calloc(1, sizeof *w);
@@ -867,13 +873,17 @@ int safetensors_writer_begin(safetensors_writer *w) {
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", w->path, (long)getpid());
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
+        keep_errno(w);
         free(hdr);
         return DFLASH_EIO;
     }
     w->begun = true;
     int rc = write_all(w->fd, hdr, 8 + padded);
+    if (rc) {
+        keep_errno(w);
+        w->failed = true;
+    }
     free(hdr);
-    if (rc) w->failed = true;
     return rc;
 }
 
@@ -886,6 +896,7 @@ int safetensors_writer_write(safetensors_writer *w, const void *data, size_t byt
     if (bytes > left) return DFLASH_ERANGE;
     int rc = write_all(w->fd, data, bytes);
     if (rc) {
+        keep_errno(w);
         w->failed = true;
         return rc;
     }
@@ -921,16 +932,19 @@ int safetensors_writer_commit(safetensors_writer *w) {
     }
     if (fsync(w->fd) != 0) {
         rc = DFLASH_EIO;
+        keep_errno(w);
         goto fail;
     }
     if (close(w->fd) != 0) {
         w->fd = -1;
         rc = DFLASH_EIO;
+        keep_errno(w);
         goto fail;
     }
     w->fd = -1;
     if (rename(w->tmp, w->path) != 0) {
         rc = DFLASH_EIO;
+        keep_errno(w);
         goto fail;
     }
     w->committed = true;
@@ -943,6 +957,10 @@ fail:
     w->committed = false;
     w->begun = true; /* nothing more may be written */
     return rc;
+}
+
+int safetensors_writer_errno(const safetensors_writer *w) {
+    return w ? w->sys_errno : 0;
 }
 
 static int write_atomic(const char *path, const void *buf, size_t len) {

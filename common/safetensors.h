@@ -117,6 +117,9 @@ int safetensors_writer_write(safetensors_writer *w, const void *data, size_t byt
  * data remains unwritten), fsyncs, renames onto path, fsyncs the directory. 0 or negative;
  * on failure the temporary file is removed. */
 int safetensors_writer_commit(safetensors_writer *w);
+/* After DFLASH_EIO from begin, write or commit: the errno of the first failed system call
+ * (ENOSPC for a full disk), for strerror; 0 when none failed. */
+int safetensors_writer_errno(const safetensors_writer *w);
 /* Frees the writer; removes the temporary file when not committed. Accepts NULL. */
 void safetensors_writer_destroy(safetensors_writer **w);
 

@@ -35,11 +35,13 @@
 /* ---------------------------------------------------------------------------------------------
  * small file helpers */
 
+/* The helpers below return DFLASH_EIO with errno set to the cause (strerror for the message). */
 static int fsync_path(const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return DFLASH_EIO;
-    int r = fsync(fd);
+    int r = fsync(fd), e = errno;
     close(fd);
+    errno = e;
     return r ? DFLASH_EIO : 0;
 }
 
@@ -47,9 +49,22 @@ static int write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     if (!f) return DFLASH_EIO;
     size_t n = strlen(text);
-    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = (fclose(f) == 0) && ok;
-    return ok ? 0 : DFLASH_EIO;
+    errno = 0;
+    bool ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int e = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
+    if (ok) return 0;
+    errno = e ? e : EIO;
+    return DFLASH_EIO;
+}
+
+/* Why a safetensors write failed: the system's reason (e.g. a full disk) when there is one. */
+static const char *writer_error(const safetensors_writer *w, int rc) {
+    int e = rc == DFLASH_EIO ? safetensors_writer_errno(w) : 0;
+    return e ? strerror(e) : err_str(rc);
 }
 
 /* Removes dir and the plain files in it (checkpoints have no subdirectories). */
@@ -313,7 +328,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     text = j ? cJSON_Print(j) : NULL;
     if (!text) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     snprintf(p, sizeof p, "%s/config.json", tmp);
-    if ((rc = write_file(p, text))) FAIL(rc, "checkpoint: cannot write %s", p);
+    if ((rc = write_file(p, text))) FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
 
     /* model.safetensors */
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);
@@ -327,7 +342,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
                                           bf + t->offset);
     }
     if (rc || (rc = safetensors_writer_commit(w)))
-        FAIL(rc, "checkpoint: cannot write %s: %s", p, err_str(rc));
+        FAIL(rc, "checkpoint: cannot write %s: %s", p, writer_error(w, rc));
     safetensors_writer_destroy(&w);
 
     /* training_state.safetensors */
@@ -365,16 +380,16 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
                                         host + (size_t)k * n + t->offset);
         }
     if (rc || (rc = safetensors_writer_commit(w)))
-        FAIL(rc, "checkpoint: cannot write %s: %s", p, err_str(rc));
+        FAIL(rc, "checkpoint: cannot write %s: %s", p, writer_error(w, rc));
 
     /* publish: an existing checkpoint of the same step is replaced */
-    if (fsync_path(tmp)) FAIL(DFLASH_EIO, "checkpoint: fsync %s failed", tmp);
+    if (fsync_path(tmp)) FAIL(DFLASH_EIO, "checkpoint: fsync %s: %s", tmp, strerror(errno));
     snprintf(old, sizeof old, "%s/.old-step-%09ld-%d", root, m->step, (int)getpid());
     bool had_old = rename(fin, old) == 0;
     if (rename(tmp, fin)) FAIL(DFLASH_EIO, "checkpoint: rename %s: %s", tmp, strerror(errno));
     made_tmp = false;
     if (had_old) remove_dir(old);
-    if (fsync_path(root)) FAIL(DFLASH_EIO, "checkpoint: fsync %s failed", root);
+    if (fsync_path(root)) FAIL(DFLASH_EIO, "checkpoint: fsync %s: %s", root, strerror(errno));
     if (path) snprintf(path, pathlen, "%s", fin);
 
     /* keep the newest `keep` */

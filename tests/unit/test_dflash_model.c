@@ -7,7 +7,8 @@
  *   - loss weights: decay, the anchor offset and positions past the sequence end never trained
  *   - AdamW steps reduce the loss on a fixed batch
  *   - the optimizer on a side stream that lags as far as ops.h allows gives the same steps
- *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2)
+ *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2);
+ *     a save that cannot write names the system's reason
  *   - a drafter that does not fit the target is refused with both values named
  *   - a slot's view: trains like the batch it holds; arrays that disagree with its header refused
  */
@@ -23,6 +24,10 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <stdint.h>
@@ -904,6 +909,36 @@ static void test_checkpoint(world *w) {
     dflash_config back;
     CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
     CHECK_EQ_INT(dflash_ckpt_check_config(&w->cfg, &back, err, sizeof err), 0);
+
+    /* a save that cannot write (past a file size limit here, a full disk alike) says why, once
+     * failing in config.json and once in model.safetensors; it used to say "input/output error"
+     * or nothing. Nothing is published. */
+    struct stat cj, ms;
+    char f[600];
+    snprintf(f, sizeof f, "%s/config.json", path);
+    CHECK(stat(f, &cj) == 0);
+    snprintf(f, sizeof f, "%s/model.safetensors", path);
+    CHECK(stat(f, &ms) == 0);
+    CHECK(ms.st_size > cj.st_size + 64);
+    struct rlimit lim0, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &lim0) == 0);
+    void (*xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
+    const char *where[2] = {"config.json", "model.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        lim = lim0;
+        lim.rlim_cur = k ? (rlim_t)cj.st_size + 64 : 1;
+        CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+        a->step = 50 + k;
+        int rc = dflash_ckpt_save(a, &tc, root, &opts, f, sizeof f, err, sizeof err);
+        CHECK(setrlimit(RLIMIT_FSIZE, &lim0) == 0);
+        CHECK_EQ_INT(rc, DFLASH_EIO);
+        CHECK(strstr(err, where[k]) != NULL && strstr(err, strerror(EFBIG)) != NULL);
+        if (!strstr(err, strerror(EFBIG))) fprintf(stderr, "  message was: %s\n", err);
+        CHECK_EQ_INT(dflash_ckpt_latest(root, f, sizeof f), 0);
+        CHECK(!strcmp(f, path));
+    }
+    signal(SIGXFSZ, xfsz);
+    a->step = a_step;
 
     dflash_model_destroy(&a);
     dflash_model_destroy(&b);

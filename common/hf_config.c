@@ -69,7 +69,11 @@ static int get_int(rd *r, const char *key, bool required, int def) {
         }
         return def;
     }
-    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0); /* eos_token_id may be a list */
+    if (cJSON_IsArray(v)) { /* eos_token_id may be a list; an empty one, as transformers reads
+                             * it, means none */
+        if (cJSON_GetArraySize(v) == 0 && !required) return def;
+        v = cJSON_GetArrayItem(v, 0);
+    }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
         fabs(v->valuedouble) > INT_MAX) {
         if (!r->rc) {
@@ -110,7 +114,8 @@ static bool get_bool(rd *r, const char *key, bool def) {
 }
 
 /* eos_token_id as a list (Llama-3 Instruct ends a turn with any of three): every id into
- * eos_ids, the first also as eos_token_id (get_int took it); one id: a list of one. */
+ * eos_ids, the first also as eos_token_id (get_int took it); one id: a list of one; [] or
+ * null: none (dflash-gen then stops only at its length limit). */
 static void read_eos_list(rd *r, model_config *c) {
     c->n_eos_ids = 0;
     if (c->eos_token_id >= 0) c->eos_ids[c->n_eos_ids++] = c->eos_token_id;

@@ -92,6 +92,16 @@ static void test_real_configs(void) {
     CHECK_EQ_INT(c.eos_token_id, 128001); /* first of the list */
     CHECK(c.n_eos_ids == 3 && c.eos_ids[0] == 128001 && c.eos_ids[1] == 128008 &&
           c.eos_ids[2] == 128009); /* all of it: generation stops at <|eot_id|> 128009 too */
+    /* an empty list means no eos, as transformers reads it (was "not an integer") */
+    char text[4096];
+    const char *at = strstr(llama31_8b, "[128001,128008,128009]");
+    CHECK(at != NULL);
+    snprintf(text, sizeof text, "%.*s[]%s", (int)(at - llama31_8b), llama31_8b,
+             at + strlen("[128001,128008,128009]"));
+    int rc = load_text(text, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) fprintf(stderr, "  message was: %s\n", err);
+    CHECK(c.eos_token_id == -1 && c.n_eos_ids == 0 && c.bos_token_id == 128000);
 
     /* rope_theta: default 10000, or rope_parameters (newer transformers) */
     CHECK_EQ_INT(load_text("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,"

@@ -216,24 +216,54 @@ int batch_plan_get(batch_plan *plan, uint32_t epoch, int b, uint32_t index, uint
     return 0;
 }
 
-int batch_plan_parse_bounds(const char *text, uint32_t *bounds, int max) {
+static void not_a_length(const char *p, char *err, size_t errlen) {
+    int n = (int)strcspn(p, ",");
+    if (n == 0)
+        err_fmt(err, errlen, "an empty entry between commas");
+    else
+        err_fmt(err, errlen, "'%.*s' is not a positive length", n, p);
+}
+
+int batch_plan_parse_bounds(const char *text, uint32_t *bounds, int max, char *err, size_t errlen) {
     int n = 0;
     const char *p = text;
-    if (!p || !*p) return DFLASH_EINVAL;
+    if (!p || !*p) {
+        err_fmt(err, errlen, "empty list: give ascending lengths like 512,1024,2048");
+        return DFLASH_EINVAL;
+    }
     while (*p) {
+        while (*p == ' ')
+            p++;
+        const char *entry = p;
         char *end;
         unsigned long v = strtoul(p, &end, 10);
-        if (end == p || v == 0 || v > UINT32_MAX || n >= max || (n && v <= bounds[n - 1]))
+        if (end == p || *p == '-' || v == 0 || v > UINT32_MAX) {
+            not_a_length(p, err, errlen);
             return DFLASH_EINVAL;
+        }
+        if (n >= max) {
+            err_fmt(err, errlen, "too many buckets: at most %d", max);
+            return DFLASH_EINVAL;
+        }
+        if (n && v <= bounds[n - 1]) {
+            err_fmt(err, errlen, "%lu after %u: give ascending lengths like 512,1024,2048", v,
+                    bounds[n - 1]);
+            return DFLASH_EINVAL;
+        }
         bounds[n++] = (uint32_t)v;
         p = end;
         while (*p == ' ')
             p++;
         if (*p == ',') {
             p++;
-            if (!*p) return DFLASH_EINVAL;
-        } else if (*p)
+            if (!*p) {
+                err_fmt(err, errlen, "a comma with no length after it");
+                return DFLASH_EINVAL;
+            }
+        } else if (*p) {
+            not_a_length(entry, err, errlen);
             return DFLASH_EINVAL;
+        }
     }
     return n;
 }

@@ -59,7 +59,8 @@ uint32_t batch_plan_count(batch_plan *plan, uint32_t epoch, int bucket);
 int batch_plan_get(batch_plan *plan, uint32_t epoch, int bucket, uint32_t index, uint32_t *ids,
                    uint32_t cap, uint32_t *n, uint64_t *tokens);
 
-/* Parses "512,1024,2048,3072" into bounds (at most max). Returns the count or DFLASH_EINVAL. */
-int batch_plan_parse_bounds(const char *text, uint32_t *bounds, int max);
+/* Parses "512,1024,2048,3072" into bounds (at most max). Returns the count, or DFLASH_EINVAL
+ * with the reason in err (e.g. "more than 16 buckets (at most 16)"). */
+int batch_plan_parse_bounds(const char *text, uint32_t *bounds, int max, char *err, size_t errlen);
 
 #endif

@@ -157,7 +157,8 @@ static const cfg_option drafter_options[] = {
     OPT("hidden", CFG_INT, "256", 1, 1 << 20, "hidden size of the captured layers (as the target)",
         hidden),
     OPT("layers", CFG_INT, "3", 1, 1024, "captured layers per token (as the target)", layers),
-    OPTS("buckets", "256,512,1024,2048", "sequence-length buckets (as the target)", buckets),
+    OPTS("buckets", "256,512,1024,2048", "sequence-length buckets (as the target; at most 16)",
+         buckets),
     OPT("vocab-size", CFG_INT, "32000", 1, 1 << 24, "verify: token ids lie below this (as the "
         "target)", vocab_size),
     OPT("rate", CFG_DOUBLE, "0", 0, 1e9, "verify: batches per second (0 = as fast as possible)",
@@ -405,11 +406,11 @@ int main(int argc, char **argv)
         return 2;
     }
     uint32_t upper[WORKER_MAX_BUCKETS], n_buckets = 0;
-    int nb = batch_plan_parse_bounds(cfg.buckets, upper, WORKER_MAX_BUCKETS);
+    char why[256];
+    int nb = batch_plan_parse_bounds(cfg.buckets, upper, WORKER_MAX_BUCKETS, why, sizeof why);
     if (nb > 0) n_buckets = (uint32_t)nb;
     else {
-        fprintf(stderr, "dflash-drafter: --buckets '%s' must be ascending positive integers "
-                "separated by commas\n", cfg.buckets);
+        fprintf(stderr, "dflash-drafter: --buckets '%s': %s\n", cfg.buckets, why);
         return 2;
     }
     lc.progress_ms = cfg.progress_ms;

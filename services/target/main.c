@@ -80,8 +80,8 @@ static const cfg_option target_options[] = {
     OPT("max-seqs", CFG_INT, "64", 1, 65536, "sequences per slot", max_seqs),
     OPT("hidden", CFG_INT, "256", 1, 1 << 20, "hidden size of the captured layers", hidden),
     OPT("layers", CFG_INT, "3", 1, 1024, "captured layers per token", layers),
-    OPTS("buckets", "256,512,1024,2048", "sequence-length buckets, inclusive upper bounds",
-         buckets),
+    OPTS("buckets", "256,512,1024,2048",
+         "sequence-length buckets, inclusive upper bounds (at most 16)", buckets),
     OPT("batches-per-bucket", CFG_INT, "64", 1, 1 << 30, "synthetic: batches per bucket and "
         "epoch", batches_per_bucket),
     OPT("epochs", CFG_INT, "1", 1, 1 << 20, "epochs to produce", epochs),
@@ -127,11 +127,12 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
                 (long long)c->max_seqs, (long long)c->hidden, (long long)c->layers, err_str(rc));
         return DFLASH_ECONFIG;
     }
-    int nb = batch_plan_parse_bounds(c->buckets, lc->bucket_upper, TARGET_MAX_BUCKETS);
+    char why[256];
+    int nb =
+        batch_plan_parse_bounds(c->buckets, lc->bucket_upper, TARGET_MAX_BUCKETS, why, sizeof why);
     lc->n_buckets = nb > 0 ? (uint32_t)nb : 0;
     if (nb <= 0) {
-        fprintf(stderr, "dflash-target: --buckets '%s' must be ascending positive integers "
-                "separated by commas (at most %d)\n", c->buckets, TARGET_MAX_BUCKETS);
+        fprintf(stderr, "dflash-target: --buckets '%s': %s\n", c->buckets, why);
         return DFLASH_ECONFIG;
     }
     /* synthetic: every bucket has the same number of batches; its token share follows its

@@ -171,13 +171,32 @@ static void test_refusals(void) {
     batch_plan_params r = {bounds, 4, 4096, 0, 1};
     CHECK(batch_plan_new(lens, 0, &r, err, sizeof err) == NULL);
     uint32_t b[8];
-    CHECK_EQ_INT(batch_plan_parse_bounds("512,1024, 2048,3072", b, 8), 4);
+    CHECK_EQ_INT(batch_plan_parse_bounds("512,1024, 2048,3072", b, 8, err, sizeof err), 4);
     CHECK(b[0] == 512 && b[3] == 3072);
-    CHECK_EQ_INT(batch_plan_parse_bounds("512,256", b, 8), DFLASH_EINVAL);
-    CHECK_EQ_INT(batch_plan_parse_bounds("512,", b, 8), DFLASH_EINVAL);
-    CHECK_EQ_INT(batch_plan_parse_bounds("abc", b, 8), DFLASH_EINVAL);
-    CHECK_EQ_INT(batch_plan_parse_bounds("1,2,3", b, 2), DFLASH_EINVAL);
-    CHECK_EQ_INT(batch_plan_parse_bounds("-5", b, 2), DFLASH_EINVAL);
+    /* each refusal says what is wrong; too many bounds names the maximum (it used to say
+     * "give ascending positive lengths" for all) */
+    struct {
+        const char *text;
+        int max;
+        const char *why;
+    } bad[] = {{"512,256", 8, "256 after 512"},
+               {"512,", 8, "a comma with no length"},
+               {"abc", 8, "'abc' is not a positive length"},
+               {"1,2,3", 2, "too many buckets: at most 2"},
+               {"-5", 2, "'-5' is not a positive length"},
+               {"64, -5", 2, "'-5' is not a positive length"},
+               {"0", 2, "'0' is not a positive length"},
+               {"512,,1024", 8, "an empty entry"},
+               {"512,1024x", 8, "'1024x' is not a positive length"},
+               {"", 2, "empty list"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        CHECK_EQ_INT(batch_plan_parse_bounds(bad[i].text, b, bad[i].max, err, sizeof err),
+                     DFLASH_EINVAL);
+        CHECK(strstr(err, bad[i].why) != NULL);
+        if (!strstr(err, bad[i].why))
+            fprintf(stderr, "  '%s': message was '%s'\n", bad[i].text, err);
+    }
 }
 
 int main(void) {

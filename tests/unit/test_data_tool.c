@@ -269,6 +269,13 @@ int main(void) {
     CHECK_EQ_INT(run("--in x.jsonl"), 2);
     snprintf(args, sizeof args, "--in %s --out %s --buckets 512,100", jsonl, shardp);
     CHECK_EQ_INT(run(args), 2);
+    /* more buckets than the daemons take: the message names the maximum */
+    snprintf(args, sizeof args,
+             "--in %s --out %s --buckets 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 2);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "too many buckets: at most 16") != NULL);
+    free(err);
 
     test_rmtree(dir);
     CHECK_DONE();

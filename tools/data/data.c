@@ -58,7 +58,7 @@ static const cfg_option data_options[] = {
     {"max-len", CFG_INT, "3072", 1, 1 << 24, false, "longest sequence kept (tokens)",
      offsetof(data_cfg, max_len), 0},
     {"buckets", CFG_STRING, "512,1024,2048,3072", 1, 0, false,
-     "bucket upper bounds for the length histogram", STR_OPT(buckets)},
+     "bucket upper bounds for the length histogram (at most 16)", STR_OPT(buckets)},
     {"strict", CFG_BOOL, "false", 1, 0, false, "stop at the first bad line instead of skipping it",
      offsetof(data_cfg, strict), 0},
     {"show-errors", CFG_INT, "20", 0, 1e9, false, "bad lines reported individually",
@@ -184,9 +184,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     uint32_t bounds[BATCH_PLAN_MAX_BUCKETS];
-    int nb = batch_plan_parse_bounds(c.buckets, bounds, BATCH_PLAN_MAX_BUCKETS);
+    char berr[256];
+    int nb = batch_plan_parse_bounds(c.buckets, bounds, BATCH_PLAN_MAX_BUCKETS, berr, sizeof berr);
     if (nb < 0) {
-        LOG_ERROR("--buckets '%s': give ascending positive lengths like 512,1024,2048", c.buckets);
+        LOG_ERROR("--buckets '%s': %s", c.buckets, berr);
         return 2;
     }
     uint32_t vocab = (uint32_t)c.vocab;

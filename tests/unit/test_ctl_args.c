@@ -2,7 +2,8 @@
  * directory, or $DFLASH_CTL_BIN) with bad `set` arguments against a runtime directory where no
  * broker listens: bad arguments are exit 1 (the documented "bad arguments"), never exit 2 (no
  * broker answering), so a healthcheck or retry loop does not take a typo for a broker that is
- * down; with --json the failure is one JSON object on stdout. */
+ * down; with --json the failure is one JSON object on stdout; an unknown verb's message lists
+ * every verb. */
 #include "check.h"
 #include "test_files.h"
 
@@ -53,6 +54,14 @@ int main(void) {
     CHECK(strstr(out, "{\"ok\":false,\"verb\":\"set\",\"error\":\"INVAL\"") == out);
     if (strstr(out, "{\"ok\":false") != out) fprintf(stderr, "stdout was:\n%s\n", out);
     free(out);
+
+    /* an unknown verb is exit 1 and the message lists every verb, keygen included */
+    CHECK_EQ_INT(run("bogus"), 1);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "unknown verb 'bogus' (status, watch, set, pause, resume, drain, ping, "
+                      "keygen)") != NULL);
+    if (!strstr(err, "keygen")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -363,9 +363,11 @@ int main(int argc, char **argv)
                                         "resume", "drain", "ping", "keygen"};
     bool known = false;
     for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) known |= strcmp(verb, verbs[i]) == 0;
-    if (!known) {
-        fprintf(stderr, "dflash-ctl: unknown verb '%s' (status, watch, set, pause, resume, drain, "
-                        "ping)\n", verb);
+    if (!known) { /* the list from verbs[], so it names every verb (keygen was left out) */
+        fprintf(stderr, "dflash-ctl: unknown verb '%s' (", verb);
+        for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++)
+            fprintf(stderr, "%s%s", i ? ", " : "", verbs[i]);
+        fprintf(stderr, ")\n");
         return 1;
     }
     if (strcmp(verb, "keygen") == 0) return cmd_keygen(npos - 1, pos + 1);

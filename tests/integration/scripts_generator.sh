@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# scripts_generator: scripts/train and scripts/test share build/, so they must configure it with
+# the same CMake generator. scripts/train used the default (Unix Makefiles) and scripts/test
+# Ninja: after scripts/train, scripts/test failed with "Does not match the generator used
+# previously". Runs the real scripts and the real cmake configure on a copy of the tree (the
+# sources linked, the scripts copied); a cmake wrapper stops at the build step (exit 3), so
+# nothing is compiled. Also: a build/ made by hand with Unix Makefiles keeps working with both.
+#   scripts_generator.sh SOURCE_ROOT
+set -euo pipefail
+SRC=$1
+CMAKE=$(command -v cmake)
+command -v ninja > /dev/null || { echo "skipped: ninja not installed"; exit 77; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-gen.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+ROOT=$WORK/root
+mkdir -p "$ROOT/scripts" "$WORK/bin" "$WORK/model"
+for f in "$SRC"/*; do
+    case $(basename "$f") in build* | scripts) ;; *) ln -s "$f" "$ROOT/" ;; esac
+done
+cp "$SRC/scripts/train" "$SRC/scripts/test" "$ROOT/scripts/"
+cat > "$WORK/bin/cmake" << EOF
+#!/usr/bin/env bash
+if [ "\$1" = --build ]; then echo "build \$2" >> "$WORK/builds"; exit 3; fi
+exec "$CMAKE" "\$@"
+EOF
+chmod +x "$WORK/bin/cmake"
+echo '{}' > "$WORK/model/config.json"
+echo '{"input_ids": [1], "loss_mask": [1]}' > "$WORK/data.jsonl"
+export PATH=$WORK/bin:$PATH
+unset CMAKE_GENERATOR
+
+failed=0
+# run NAME SCRIPT ARGS...: the script must get past its configure to the build step (exit 3)
+run() {
+    local name=$1 rc=0
+    shift
+    : > "$WORK/builds"
+    (cd "$ROOT" && "$@") > "$WORK/$name.log" 2>&1 || rc=$?
+    if [ "$rc" = 3 ] && [ -s "$WORK/builds" ]; then
+        echo "ok: $name configured $(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' \
+            "$ROOT/build/CMakeCache.txt")"
+    else
+        echo "FAIL: $name: exit $rc before its build step:"
+        tail -n 5 "$WORK/$name.log"
+        failed=$((failed + 1))
+    fi
+}
+train() {
+    run "$1" bash scripts/train --model "$WORK/model" --data "$WORK/data.jsonl" \
+        --out "$WORK/out" --build build
+}
+
+# a new build/ from scripts/train, then scripts/test
+train "train on a new build dir"
+run "test after train" bash scripts/test
+# a build/ made by hand with Unix Makefiles
+rm -rf "$ROOT/build"
+"$CMAKE" -S "$ROOT" -B "$ROOT/build" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release > /dev/null
+run "test on a Makefiles build dir" bash scripts/test
+train "train on a Makefiles build dir"
+[ "$failed" = 0 ] || exit 1
+echo "ok: scripts/train and scripts/test share build/"

@@ -3,13 +3,15 @@
  * loader expects: config.json loads back with the asked-for architecture, the safetensors hold
  * exactly the HF tensor names with the right shapes, values look like the HF init, the same seed
  * gives the same bytes, a sharded checkpoint holds the same values as a single file, a stop
- * (SIGTERM) while writing leaves no temporary file and no shard behind and exits 1. */
+ * (SIGTERM) while writing leaves no temporary file and no shard behind and exits 1, a failed
+ * write names the system's reason. */
 #include "check.h"
 #include "hf_config.h"
 #include "safetensors.h"
 #include "test_files.h"
 #include "test_stop.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +193,21 @@ int main(void) {
     CHECK_EQ_INT(test_stop_while_writing(sharded, stopped, "-00002-of-", log), 1);
     CHECK(!test_dir_has(stopped, ".tmp."));
     CHECK(!test_dir_has(stopped, "safetensors"));
+
+    /* a write that fails (past a file size limit here, a full disk alike) says why; it used
+     * to be "input/output error" */
+    char cmd[2048], outp[400];
+    snprintf(cmd, sizeof cmd,
+             "trap '' XFSZ; ulimit -f 4 && %s --preset tiny --out %s/full >%s/out 2>&1", bin, dir,
+             dir);
+    int ws = system(cmd);
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 1);
+    snprintf(outp, sizeof outp, "%s/out", dir);
+    char *out = test_slurp(outp, NULL), want[200];
+    snprintf(want, sizeof want, "model.safetensors: %s", strerror(EFBIG));
+    CHECK(out && strstr(out, want) != NULL);
+    if (out && !strstr(out, want)) fprintf(stderr, "output was:\n%s\n", out);
+    free(out);
 
     /* refusals */
     snprintf(args, sizeof args, "--family qwen3 --heads 5 --kv-heads 2 --out %s/bad", dir);

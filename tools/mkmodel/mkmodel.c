@@ -300,8 +300,15 @@ static int write_shard(mk_ctx *m, int s, const char *path) {
     for (size_t i = 0; i < m->n_tensors && !rc; i++)
         if (m->shard_of[i] == s) rc = write_tensor(m, wr, i);
     if (!rc) rc = safetensors_writer_commit(wr);
+    int e = safetensors_writer_errno(wr);
     safetensors_writer_destroy(&wr);
+    errno = e; /* the system's reason for DFLASH_EIO (a full disk: ENOSPC), for write_error */
     return rc;
+}
+
+/* What a failed write_shard reports: strerror of its errno when it has one. */
+static const char *write_error(int rc) {
+    return rc == DFLASH_EIO && errno ? strerror(errno) : err_str(rc);
 }
 
 static const char *transformers_dtype(safetensors_dtype dt) {
@@ -378,7 +385,7 @@ int main(int argc, char **argv) {
         if (rc == DFLASH_ESHUTDOWN)
             LOG_ERROR("stopped: %s not written", path);
         else if (rc)
-            LOG_FATAL("cannot write %s: %s", path, err_str(rc));
+            LOG_FATAL("cannot write %s: %s", path, write_error(rc));
     } else {
         char(*names)[64] = calloc((size_t)m.n_shards, sizeof *names);
         const char **files = calloc(m.n_tensors, sizeof *files);
@@ -396,7 +403,7 @@ int main(int argc, char **argv) {
                 }
                 LOG_ERROR("stopped: no checkpoint written in %s", cfg.out);
             } else if (rc) {
-                LOG_FATAL("cannot write %s: %s", path, err_str(rc));
+                LOG_FATAL("cannot write %s: %s", path, write_error(rc));
             }
         }
         for (size_t i = 0; i < m.n_tensors; i++) {

@@ -73,15 +73,20 @@ static void reform(gw *g, const char *why)
     set_state(g, GW_JOINING);
 }
 
-/* hello (rank 0: with a pending step's units), then the late acks of that step. 0 or
- * DFLASH_EAGAIN (try again). */
+/* hello (rank 0: with a pending step's units), then the late acks of that step. 0,
+ * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name: fatal). */
 static int do_register(gw *g)
 {
     char note[WIRE_MAX_NAME + 16];
     snprintf(note, sizeof note, " for group %s", g->cfg->group);
-    if (worker_session_hello(g->s, g->pending ? g->pending_units : NULL,
-                             g->pending ? g->n_pending : 0, note) < 0)
-        return DFLASH_EAGAIN;
+    int rc = worker_session_hello(g->s, g->pending ? g->pending_units : NULL,
+                                  g->pending ? g->n_pending : 0, note);
+    if (rc == DFLASH_EEXISTS) { /* another live drafter has our name: fatal */
+        LOG_ERROR("the broker refused our hello: %s", client_last_error(g->cl));
+        g->st.name_in_use = true;
+        return rc;
+    }
+    if (rc < 0) return DFLASH_EAGAIN;
     if (g->pending) {
         for (uint32_t i = 0; i < g->n_pending; i++) {
             int arc = DFLASH_ETIMEOUT;
@@ -388,11 +393,13 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
             unreachable_since = monotime_s(); /* the broker's silence counts from here */
         was = g.state;
         if (g.state == GW_REGISTER) {
-            if (do_register(&g) == 0) {
+            rc = do_register(&g);
+            if (rc == 0) {
                 unreachable_since = monotime_s();
                 set_state(&g, GW_JOINING);
                 continue;
             }
+            if (rc == DFLASH_EEXISTS) goto out_comm;
             rc = worker_session_await_broker(g.s, unreachable_since);
             if (rc < 0) goto out_comm;
             continue;

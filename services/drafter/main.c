@@ -14,7 +14,8 @@
  * Subcommand: `dflash-drafter eval --model TARGET --data SHARDS [--checkpoint DIR | --init-only]`
  * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards.
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
- * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong).
+ * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
+ * 4 another live drafter has our --name (the broker refused our hello).
  * The only global is the stop flag. */
 #include "batch_plan.h"
 #include "blas_env.h"
@@ -568,6 +569,7 @@ int main(int argc, char **argv)
              st.wait_grant_s,
              (unsigned long long)st.stale_releases, (unsigned long long)st.registrations);
     worker_consumer_destroy(&cons);
+    if (st.name_in_use) return 4;
     if (rc == DFLASH_ECONFIG || (cfg.group[0] && rc == DFLASH_EFULL)) {
         LOG_ERROR("dflash-drafter: %s (see above)", err_str(rc));
         return 2;

@@ -67,6 +67,7 @@ static int do_register(worker_loop *w)
     if (rc < 0)
         LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc),
                   client_last_error(w->client));
+    if (rc == DFLASH_EEXISTS) w->st.name_in_use = true;
     return rc;
 }
 
@@ -356,7 +357,8 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             w.st.wait_grant_s += monotime_s() - t0;
             rc = 0;
         } else if (rc == DFLASH_ESTALE) {
-            LOG_WARN("the broker restarted or forgot us: registering again");
+            LOG_WARN("the broker does not know us (it restarted, expired us, or another "
+                     "drafter with our --name replaced us): registering again");
             unreachable_since = monotime_s();
             set_state(&w, WL_REGISTER);
             rc = 0;

@@ -3,6 +3,10 @@
  * zloop) and the cron timer.
  *
  * Peer table: a small array searched linearly by routing id (a node has a handful of peers).
+ * A hello from a new incarnation of a live peer's role+name replaces that peer (a restart); the
+ * new entry remembers the incarnations it replaced (PEER_REPLACED, inherited from the one it
+ * replaced), and a hello from one of those is refused EXISTS: it is a second live process with
+ * the name (defect: two of them replaced each other on every request, for ever).
  * Pool table: indexed by pool id, one per target name, kept across target incarnations so the
  * policy sees a restart as "same pool, new incarnation".
  *
@@ -201,6 +205,7 @@ int broker_config_check(const queue_config *c, char *why, size_t why_len)
 typedef enum { PEER_NEW = 0, PEER_LIVE, PEER_GONE } peer_state;
 
 #define PEER_RECENT_RELEASES 8 /* a retried release of one of these is answered Ok */
+#define PEER_REPLACED 8        /* replaced incarnations remembered per name (duplicates) */
 
 typedef struct peer {
     uint8_t rid[256];
@@ -219,6 +224,8 @@ typedef struct peer {
     } released[PEER_RECENT_RELEASES]; /* drafter: its last releases (ring, n_released % N) */
     uint32_t n_released;
     uint64_t journal_ticket; /* ticket of its last reply (see the header) */
+    uint64_t replaced[PEER_REPLACED]; /* incarnations of its name it replaced (ring) */
+    uint32_t n_replaced;
 } peer;
 
 typedef struct pool_desc {
@@ -524,13 +531,44 @@ static bool in_epochs(const broker *b, const batch_id *id)
     return !b->epochs || id->epoch < b->epochs;
 }
 
-static void on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+static bool peer_replaced(const peer *o, uint64_t incarnation)
 {
-    /* A new incarnation of the same role+name replaces the old session. */
+    uint32_t n = o->n_replaced < PEER_REPLACED ? o->n_replaced : PEER_REPLACED;
+    for (uint32_t k = 0; k < n; k++)
+        if (o->replaced[k] == incarnation) return true;
+    return false;
+}
+
+static void peer_note_replaced(peer *p, uint64_t incarnation)
+{
+    if (!peer_replaced(p, incarnation)) p->replaced[p->n_replaced++ % PEER_REPLACED] = incarnation;
+}
+
+/* False when the hello is refused (r holds the error; p must be forgotten by the caller). */
+static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    /* A new incarnation of the same role+name replaces the old session (a restart); an
+     * incarnation that was replaced and still says hello is a second live process with that
+     * name (duplicates replaced each other for ever): refused, the newer one keeps the name. */
     for (uint32_t i = 0; i < b->n_peers; i++) {
         peer *o = b->peers[i];
         if (o != p && o->role == m->role && strcmp(o->name, m->u.hello.name) == 0 &&
             o->incarnation != m->incarnation) {
+            if (o->state == PEER_LIVE && peer_replaced(o, m->incarnation)) {
+                LOG_WARN("hello from %s %s (incarnation %016" PRIx64 ") refused: incarnation "
+                         "%016" PRIx64 " replaced it and holds the name",
+                         wire_role_name(m->role), m->u.hello.name, m->incarnation,
+                         o->incarnation);
+                reply_error(b, r, m->request_id, DFLASH_EEXISTS,
+                            "the %s name '%s' is in use by another live process (incarnation "
+                            "%016" PRIx64 "): give each %s its own --name",
+                            wire_role_name(m->role), m->u.hello.name, o->incarnation,
+                            wire_role_name(m->role));
+                return false;
+            }
+            for (uint32_t k = 0; k < o->n_replaced && k < PEER_REPLACED; k++)
+                peer_note_replaced(p, o->replaced[k]);
+            peer_note_replaced(p, o->incarnation);
             peer_remove(b, i, "replaced by a new incarnation");
             break;
         }
@@ -556,6 +594,7 @@ static void on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     r->u.hello.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
     r->u.hello.lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms;
     snprintf(r->u.hello.pub_endpoint, sizeof r->u.hello.pub_endpoint, "%s", b->cfg.pub_endpoint);
+    return true;
 }
 
 static int pool_slot_for(broker *b, const char *owner)
@@ -1379,7 +1418,16 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
             break;
         }
         p->last_seen_ms = now_ms(b);
-        on_hello(b, p, &m, &r);
+        if (!on_hello(b, p, &m, &r) && p->state == PEER_NEW) {
+            for (uint32_t i = 0; i < b->n_peers; i++)
+                if (b->peers[i] == p) {
+                    b->peers[i] = b->peers[--b->n_peers];
+                    break;
+                }
+            free(p->held);
+            free(p);
+            p = NULL;
+        }
         break;
     case WIRE_POOL_REGISTER: on_pool_register(b, p, &m, &r); break;
     case WIRE_WORK_REQUEST: on_work_request(b, p, &m, &r); break;

@@ -6,7 +6,7 @@
  * for every bucket shape before registering; SIGINT/SIGTERM end the loading and warm-up early),
  * log the effective config, run target_loop until drained or SIGINT/SIGTERM, shut down in
  * reverse (the pool's shared memory is removed). Exit status: 0 done or stopped, 1 fatal error,
- * 2 bad configuration.
+ * 2 bad configuration, 4 another live target has our --name (the broker refused our hello).
  * The only global is the stop flag. */
 #include "client.h"
 #include "config.h"
@@ -250,6 +250,7 @@ int main(int argc, char **argv)
 #ifdef DFLASH_HAVE_CUDA
     if (nn && lc.backend == POOL_CUDA) nn_cuda_destroy(&nn);
 #endif
+    if (st.name_in_use) return 4;
     if (rc < 0) {
         LOG_ERROR("dflash-target: %s", err_str(rc));
         return 1;

@@ -97,6 +97,11 @@ static void fill_wire_pool(const target_loop *t, wire_pool *wp)
 static int do_register(target_loop *t)
 {
     int rc = client_hello(t->client, NULL, 0);
+    if (rc == DFLASH_EEXISTS) {
+        LOG_ERROR("the broker refused our hello: %s", client_last_error(t->client));
+        t->st.name_in_use = true;
+        return rc;
+    }
     if (rc < 0) return rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE ? DFLASH_EAGAIN : rc;
     wire_pool wp;
     fill_wire_pool(t, &wp);
@@ -259,7 +264,8 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             set_state(&t, TL_DONE);
             rc = 0;
         } else if (rc == DFLASH_ESTALE) {
-            LOG_WARN("the broker restarted or forgot us: registering again");
+            LOG_WARN("the broker does not know us (it restarted, expired us, or another "
+                     "target with our --name replaced us): registering again");
             set_state(&t, TL_REGISTER);
             rc = 0;
         } else {

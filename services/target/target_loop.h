@@ -70,6 +70,7 @@ typedef struct target_stats {
     uint64_t batches, tokens;
     double fill_s, wait_slot_s, elapsed_s;
     uint64_t registrations;
+    bool name_in_use; /* the broker refused our hello: another live target has our name */
 } target_stats;
 
 /* Runs the loop until drained, stopped or a fatal error. The pool is created inside (and its

@@ -14,7 +14,9 @@
  *   - bad shares: `set shares=nan` answered Ok and was then ignored; --shares with a count the
  *     target's buckets do not have was ignored silently, and made every later `set` fail;
  *   - a SlotReady whose batch the broker adopts but whose slot it then refuses (the slot is
- *     READY with another batch) left that batch in flight for ever: it returns to to-do.
+ *     READY with another batch) left that batch in flight for ever: it returns to to-do;
+ *   - two live processes with one role and name replaced each other for ever: the replaced one
+ *     is refused when it says hello again.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -63,6 +65,50 @@ static int set1(const char *key, const char *value)
     snprintf(stub_req.u.settings.kv[0].key, WIRE_MAX_KEY, "%s", key);
     snprintf(stub_req.u.settings.kv[0].value, WIRE_MAX_VALUE, "%s", value);
     return stub_send("ctl-c-99");
+}
+
+/* The same hello as hello(), sent from routing id rid (one per process, as clients do). */
+static int hello_from(const char *rid, wire_role role, uint64_t inc, const char *name)
+{
+    stub_init(WIRE_HELLO, role, inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", name);
+    return stub_send(rid);
+}
+
+/* Two live processes with one name (two targets left at the default --name, or drafters given
+ * the same one) replaced each other on every request, both re-registering about 50 times a
+ * second and neither told why. A new incarnation still replaces the old one (a restart), but
+ * the replaced incarnation saying hello again is refused EXISTS; the one that replaced it keeps
+ * its session and pool. */
+static void test_duplicate_name(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello_from("t-a", WIRE_ROLE_TARGET, TARGET_INC, "t"), 0);
+    stub_pool("t-a", TARGET_INC, POOL_INC, 8);
+    CHECK_EQ_INT(hello_from("t-b", WIRE_ROLE_TARGET, TARGET_INC + 1, "t"), 0); /* replaces */
+    stub_pool("t-b", TARGET_INC + 1, POOL_INC + 1, 8);
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    CHECK_EQ_INT(stub_send("t-a"), DFLASH_ESTALE);
+    CHECK_EQ_INT(hello_from("t-a", WIRE_ROLE_TARGET, TARGET_INC, "t"), DFLASH_EEXISTS);
+    CHECK(strstr(stub_rep.u.error.message, "--name") != NULL);
+    stub_make_ready("t-b", TARGET_INC + 1, POOL_INC + 1, 1); /* b was not replaced */
+    CHECK_EQ_INT(stub_status().peers, 1);
+    CHECK_EQ_INT(hello_from("t-b", WIRE_ROLE_TARGET, TARGET_INC + 1, "t"), 0); /* re-hello */
+
+    /* Drafters with one --name; a third incarnation inherits what the second replaced. */
+    CHECK_EQ_INT(hello_from("d-a", WIRE_ROLE_DRAFTER, DRAFTER_INC, "d"), 0);
+    CHECK_EQ_INT(hello_from("d-b", WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "d"), 0);
+    CHECK_EQ_INT(hello_from("d-c", WIRE_ROLE_DRAFTER, DRAFTER_INC + 2, "d"), 0);
+    CHECK_EQ_INT(hello_from("d-a", WIRE_ROLE_DRAFTER, DRAFTER_INC, "d"), DFLASH_EEXISTS);
+    CHECK_EQ_INT(hello_from("d-b", WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "d"), DFLASH_EEXISTS);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC + 2);
+    CHECK_EQ_INT(stub_send("d-c"), 0);
+    CHECK_EQ_INT(stub_status().peers, 2);
+    /* A target may be named like a drafter: roles do not share names. */
+    CHECK_EQ_INT(hello_from("x-t", WIRE_ROLE_TARGET, 77, "d"), 0);
+    stub_broker_free();
 }
 
 static void test_reservoir_over_depth(void)
@@ -192,5 +238,6 @@ int main(void)
     test_release_retry();
     test_bad_shares();
     test_ready_refused_after_adopt();
+    test_duplicate_name();
     CHECK_DONE();
 }

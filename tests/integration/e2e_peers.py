@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""e2e_peers: what the daemons and dflash-ctl do when a peer is a duplicate or the broker goes.
+
+Cases (one per ctest test, chosen by the second argument):
+  duplicate    two dflash-target with the same --name on one broker (two started with the
+               default name, or `docker compose --scale target=2` with one DFLASH_NAME) used to
+               replace each other about 50 times a second for ever, each logging that the broker
+               "restarted or forgot us". Now one of them exits 4 saying the name is in use and
+               the other keeps producing; the same for two drafters given one --name.
+  broker_gone  a broker SIGKILLed mid-run: the target's progress line said "waiting for a free
+               slot 100%" and nothing else. Now it says it is waiting for the broker, and once a
+               new broker answers it registers again and produces.
+  watch        `dflash-ctl watch --count N` hung for ever when the broker went away: it now
+               says so and exits 2 (no broker answering), as the other verbs do.
+Usage: e2e_peers.py BUILD_DIR CASE [--keep]. Exit 0 pass, 1 fail.
+"""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import Build, Daemon, Env, log, report, tail, wait_until  # noqa: E402
+
+NAME = "e2e-peers"
+
+
+def start(env, d):
+    env.daemons.append(d)
+    d.start()
+    return d
+
+
+def queue(build, env, tag="queue"):
+    q = start(env, Daemon(tag, [build.queue, "--runtime-dir", env.run, "--journal", "none",
+                                "--min-ready", "0", "--stats-interval-ms", "200"], env.tmp))
+    if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 30):
+        raise RuntimeError(f"the broker did not answer:\n{tail(q.log_path)}")
+    return q
+
+
+def target(build, env, tag, *extra):
+    return start(env, Daemon(tag, [build.target, "--runtime-dir", env.run, "--backend", "host",
+                                   "--model", "synthetic", "--rate", "50", "--hidden", "8",
+                                   "--layers", "1", "--token-budget", "256", "--buckets",
+                                   "64,256", "--slots", "4", *extra], env.tmp))
+
+
+def case_duplicate(build, env, failures):
+    queue(build, env)
+    a = target(build, env, "target-a")
+    if not wait_until(lambda: "registered pool" in a.text(), 30):
+        failures.append(f"the first target did not register:\n{tail(a.log_path)}")
+        return
+    b = target(build, env, "target-b")  # same default --name
+    gone = wait_until(lambda: [d for d in (a, b) if not d.alive()], 30)
+    if not gone:
+        failures.append("two targets with one --name both kept running (replacing each other):"
+                        f"\n{tail(a.log_path, 8)}\n{tail(b.log_path, 8)}")
+        return
+    loser = gone[0]
+    winner = b if loser is a else a
+    rc = loser.wait(10)
+    if rc != 4:
+        failures.append(f"the duplicate target exited {rc}, want 4:\n{tail(loser.log_path)}")
+    if "--name" not in loser.text():
+        failures.append(f"the duplicate target did not say to give another --name:\n"
+                        f"{tail(loser.log_path)}")
+    if not winner.alive():
+        failures.append(f"the remaining target exited:\n{tail(winner.log_path)}")
+
+    # two drafters given one --name: one exits 4, the other serves on
+    drafters = [start(env, Daemon(f"drafter-{i}", [
+        build.drafter, "--runtime-dir", env.run, "--backend", "host", "--verify", "--name",
+        "twin", "--hidden", "8", "--layers", "1", "--token-budget", "256", "--buckets", "64,256"],
+        env.tmp)) for i in range(2)]
+    gone = wait_until(lambda: [d for d in drafters if not d.alive()], 60)
+    if not gone:
+        failures.append("two drafters with one --name both kept running")
+        return
+    rc = gone[0].wait(10)
+    if rc != 4 or "--name" not in gone[0].text():
+        failures.append(f"the duplicate drafter exited {rc}, want 4 naming --name:\n"
+                        f"{tail(gone[0].log_path)}")
+    other = drafters[1] if gone[0] is drafters[0] else drafters[0]
+    if not other.alive():
+        failures.append(f"both drafters exited:\n{tail(other.log_path)}")
+
+
+def case_broker_gone(build, env, failures):
+    q = queue(build, env)
+    t = target(build, env, "target", "--progress-ms", "200")
+    if not wait_until(lambda: "registered pool" in t.text(), 30):
+        failures.append(f"the target did not register:\n{tail(t.log_path)}")
+        return
+    q.kill9()
+    mark = len(t.text())
+    if not wait_until(lambda: "waiting for the broker" in t.text()[mark:], 30):
+        failures.append(f"after the broker died the target did not say it waits for it:\n"
+                        f"{tail(t.log_path)}")
+    if "waiting for a free slot 100%" in t.text()[mark:]:
+        failures.append(f"the target blamed a full pool for a missing broker:\n"
+                        f"{tail(t.log_path)}")
+    queue(build, env, "queue2")
+    if not wait_until(lambda: t.text().count("registered pool") >= 2, 30):
+        failures.append(f"the target did not register with the new broker:\n{tail(t.log_path)}")
+    if not t.alive():
+        failures.append(f"the target exited:\n{tail(t.log_path)}")
+
+
+def case_watch(build, env, failures):
+    q = queue(build, env)
+    out = env.path("watch.out")
+    with open(out, "w") as f:
+        w = subprocess.Popen([build.ctl, "--runtime-dir", env.run, "--timeout-ms", "1000",
+                              "--count", "1000000", "watch"], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        if not wait_until(lambda: "stats" in open(out).read(), 30):
+            failures.append(f"watch printed no stats line:\n{tail(out)}")
+            return
+        q.kill9()
+        try:
+            rc = w.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            failures.append(f"watch did not notice that the broker is gone:\n{tail(out)}")
+            return
+        if rc != 2:
+            failures.append(f"watch exited {rc} after the broker went, want 2:\n{tail(out)}")
+        if "broker" not in open(out).read().split("stats")[-1]:
+            failures.append(f"watch did not say the broker went:\n{tail(out)}")
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+
+
+def main():
+    build = Build(sys.argv[1])
+    case = sys.argv[2] if len(sys.argv) > 2 else ""
+    cases = {"duplicate": case_duplicate, "broker_gone": case_broker_gone, "watch": case_watch}
+    if case not in cases:
+        print(f"usage: e2e_peers.py BUILD_DIR {'|'.join(cases)} [--keep]", file=sys.stderr)
+        return 2
+    env = Env(f"peers-{case}")
+    failures = []
+    try:
+        log(NAME, case)
+        cases[case](build, env, failures)
+    except Exception as e:  # noqa: BLE001 - reported as a failure with the logs kept
+        failures.append(f"{type(e).__name__}: {e}")
+    finally:
+        env.cleanup(keep=bool(failures) or "--keep" in sys.argv)
+    return report(env, failures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,9 @@
  * Every verb says hello first (which also tells the broker's PUB endpoint for `watch`). Exit
  * status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout (no broker answering):
  * `dflash-ctl ping` is a healthcheck. A broker that is not there costs one timeout and one line
- * on stderr. Output: a readable table, or one JSON object per line with --json.
+ * on stderr; `watch` asks the broker after every --timeout-ms without an announcement and exits 2
+ * when it does not answer (a restarted broker is watched on). Output: a readable table, or one
+ * JSON object per line with --json.
  * Single-threaded; the only global is the stop flag for `watch`.
  */
 #include "client.h"
@@ -53,7 +55,9 @@ static const cfg_option ctl_options[] = {
      offsetof(ctl_config, timeout_ms), 0},
     {"json", CFG_BOOL, "false", 1, 0, false, "print JSON instead of tables",
      offsetof(ctl_config, json), 0},
-    {"count", CFG_INT, "0", 0, 1e9, false, "watch: stop after N announcements (0 = never)",
+    {"count", CFG_INT, "0", 0, 1e9, false,
+     "watch: stop after N announcements (0 = never); a broker that stops answering ends watch "
+     "with exit 2",
      offsetof(ctl_config, count), 0},
 };
 
@@ -219,6 +223,23 @@ static void print_groups(const wire_status *s)
     }
 }
 
+/* Asks the broker whether it is still there after `watch` heard nothing for timeout-ms (its PUB
+ * socket cannot tell "quiet" from "gone"). 0 while it answers (a restarted broker: said once on
+ * stderr, then watched on), or fail()'s exit status. */
+static int watch_check_broker(const ctl_config *c, client *cl)
+{
+    int rc = client_heartbeat(cl);
+    if (rc == DFLASH_ESTALE && client_broker_restarted(cl)) {
+        rc = client_hello(cl, NULL, 0);
+        if (!rc)
+            fprintf(stderr, "dflash-ctl watch: the broker restarted (now %016" PRIx64 ")\n",
+                    client_broker_incarnation(cl));
+    }
+    if (!rc) return 0;
+    fprintf(stderr, "dflash-ctl watch: the broker at %s stopped answering\n", c->endpoint);
+    return fail(c, cl, "watch", rc);
+}
+
 static int cmd_watch(const ctl_config *c, client *cl)
 {
     client_sub *sub = client_sub_new_curve(client_pub_endpoint(cl), "", cl);
@@ -230,10 +251,17 @@ static int cmd_watch(const ctl_config *c, client *cl)
     signal(SIGTERM, on_sigint);
     static wire_msg m;
     int64_t seen = 0;
+    int out = 0;
+    uint64_t quiet_ms = 0; /* since the last announcement or broker answer */
     while (!stop_flag && (!c->count || seen < c->count)) {
         char topic[32];
         int rc = client_sub_recv(sub, topic, sizeof topic, &m, 200);
+        if (rc == DFLASH_ETIMEOUT && (quiet_ms += 200) >= (uint64_t)c->timeout_ms) {
+            quiet_ms = 0;
+            if ((out = watch_check_broker(c, cl))) break;
+        }
         if (rc) continue;
+        quiet_ms = 0;
         seen++;
         if (c->json) {
             cJSON *o = m.type == WIRE_STATUS_REPLY ? status_json(&m.u.status) : cJSON_CreateObject();
@@ -275,7 +303,7 @@ static int cmd_watch(const ctl_config *c, client *cl)
         wire_msg_clear(&m);
     }
     client_sub_destroy(&sub);
-    return 0;
+    return out;
 }
 
 /* Parses set's KEY=VALUE arguments into set before any broker is asked: bad arguments are

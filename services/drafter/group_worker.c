@@ -400,8 +400,13 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                 continue;
             }
             if (rc == DFLASH_EEXISTS) goto out_comm;
-            rc = worker_session_await_broker(g.s, unreachable_since);
-            if (rc < 0) goto out_comm;
+            /* --broker-wait-ms covers the start-up only: a broker lost later is waited for */
+            if (g.st.registrations) {
+                monotime_sleep_ms(100);
+                rc = 0;
+            } else if ((rc = worker_session_await_broker(g.s, unreachable_since)) < 0) {
+                goto out_comm;
+            }
             continue;
         }
         rc = g.state == GW_JOINING ? joining(&g) : stepping(&g, &backoff);

@@ -169,8 +169,9 @@ static const cfg_option drafter_options[] = {
     OPT("timeout-ms", CFG_INT, "2000", 10, 600000, "broker request timeout", timeout_ms),
     OPT("max-batches", CFG_INT, "0", 0, 1e15, "stop after this many batches (0 = until the "
         "broker drains)", max_batches),
-    OPT("broker-wait-ms", CFG_INT, "120000", 0, 1e9, "exit with an error when no broker "
-        "answers for this long (0 = wait forever)", broker_wait_ms),
+    OPT("broker-wait-ms", CFG_INT, "120000", 0, 1e9, "at start-up: exit with an error when no "
+        "broker answers for this long (0 = wait forever); a broker lost after the first "
+        "registration is waited for as long as it takes, and logged", broker_wait_ms),
     OPT("exit-when-drained", CFG_BOOL, "true", 1, 0, "exit 0 when the broker reports drained",
         exit_when_drained),
     OPTS("group", "", "train: join this data-parallel drafter group (one process per rank; the "

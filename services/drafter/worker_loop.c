@@ -44,6 +44,7 @@ typedef struct worker_loop {
     uint64_t n_lat;
     bool resume_told; /* cons->resume_step went to the broker (once per process) */
     double copy_backoff_ms; /* pause after a failed copy; doubles up to 1 s, 1 after a success */
+    double silent_since; /* registered once, then no reply from the broker since; 0 = answers */
 } worker_loop;
 
 static void set_state(worker_loop *w, wl_state to)
@@ -56,6 +57,19 @@ static void set_state(worker_loop *w, wl_state to)
     };
     assert(legal[w->state][to]);
     w->state = to;
+}
+
+/* The broker answered (any reply) or did not (DFLASH_ETIMEOUT): says once when it went silent
+ * after we had registered, and when it answers again. */
+static void broker_heard(worker_loop *w, int rc)
+{
+    if (rc != DFLASH_ETIMEOUT && w->silent_since > 0) {
+        LOG_INFO("the broker answers again after %.1f s", monotime_s() - w->silent_since);
+        w->silent_since = 0;
+    } else if (rc == DFLASH_ETIMEOUT && w->silent_since == 0 && w->st.registrations) {
+        w->silent_since = monotime_s();
+        LOG_WARN("%s: waiting for the broker to come back", client_last_error(w->client));
+    }
 }
 
 /* hello with the held batch. 0, DFLASH_EAGAIN (transient) or a fatal code. */
@@ -77,6 +91,7 @@ static int do_register(worker_loop *w)
     do {                                                                                           \
         for (int attempt_ = 0; attempt_ < 50 && !*(stop); attempt_++) {                            \
             rc = (call);                                                                           \
+            broker_heard((w), rc);                                                                 \
             if (rc == DFLASH_ETIMEOUT) continue;                                                   \
             if (rc == DFLASH_ESTALE && client_broker_restarted((w)->client)) {                     \
                 while (!*(stop) && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);                 \
@@ -117,6 +132,7 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
     for (int attempt = 0; attempt < 50 && (!*stop || attempt < 3); attempt++) {
         w->held_acks++;
         rc = client_ack(w->client, u, w->held_step);
+        broker_heard(w, rc);
         if (rc == DFLASH_ETIMEOUT) continue;
         if (rc == DFLASH_ESTALE && client_broker_restarted(w->client)) {
             while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
@@ -275,11 +291,15 @@ static void progress(worker_loop *w)
     double dt, p50, p99;
     if (!worker_session_progress_due(w->s, &d, &dt)) return;
     latency_pcts(w, d.batches, &p50, &p99);
+    char silent[64] = "";
+    if (w->silent_since > 0)
+        snprintf(silent, sizeof silent, ", waiting for the broker (silent for %.0f s)",
+                 monotime_s() - w->silent_since);
     LOG_INFO("batches %llu (+%llu), %.0f tokens/s, copy %.2f GB/s, grant to copy done p50 %.2f "
-             "ms p99 %.2f ms, waiting for a grant %.0f%%",
+             "ms p99 %.2f ms, waiting for a grant %.0f%%%s",
              (unsigned long long)w->st.batches, (unsigned long long)d.batches,
              (double)d.tokens / dt, d.copy_s > 0 ? (double)d.bytes_copied / d.copy_s / 1e9 : 0.0,
-             p50, p99, 100.0 * d.wait_grant_s / dt);
+             p50, p99, 100.0 * d.wait_grant_s / dt, silent);
 }
 
 int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
@@ -307,12 +327,19 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
                 if (rc < 0) goto out_session;
             }
             if (rc == 0) {
+                broker_heard(&w, 0);
                 set_state(&w, WL_CLAIMING);
                 continue;
             }
             if (rc != DFLASH_EAGAIN) goto out_session;
-            rc = worker_session_await_broker(w.s, unreachable_since);
-            if (rc < 0) goto out_session;
+            broker_heard(&w, DFLASH_ETIMEOUT);
+            /* --broker-wait-ms covers the start-up only: a broker lost later is waited for */
+            if (w.st.registrations) {
+                monotime_sleep_ms(100);
+                rc = 0;
+            } else if ((rc = worker_session_await_broker(w.s, unreachable_since)) < 0) {
+                goto out_session;
+            }
             continue;
         }
         if ((cfg->max_batches > 0 && (int64_t)w.st.batches >= cfg->max_batches) ||
@@ -332,6 +359,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
         wire_grant g;
         double t0 = monotime_s();
         rc = client_claim(w.client, &g);
+        broker_heard(&w, rc);
         if (rc == 0) {
             backoff = 1;
             unreachable_since = monotime_s();
@@ -346,7 +374,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
             monotime_sleep_ms(backoff);
             backoff = backoff < 20 ? backoff * 2 : 20;
-            w.st.wait_grant_s += monotime_s() - t0;
+            if (rc == DFLASH_EAGAIN) w.st.wait_grant_s += monotime_s() - t0; /* not the broker's */
             rc = 0;
         } else if (rc == DFLASH_ESHUTDOWN && cfg->exit_when_drained) {
             LOG_INFO("the broker has drained: done");

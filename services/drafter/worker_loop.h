@@ -95,7 +95,8 @@ typedef struct worker_loop_config {
     int64_t progress_ms;  /* 0 = no progress lines */
     int64_t timeout_ms;   /* per broker request */
     int64_t max_batches;  /* stop after this many (tests, bench); 0 = until drained */
-    int64_t broker_wait_ms; /* give up if no broker answers this long; 0 = never */
+    int64_t broker_wait_ms; /* before the first hello: give up if no broker answers this long;
+                             * 0 = never. Later a silent broker is waited for (logged). */
     bool exit_when_drained; /* ESHUTDOWN ends the loop (default true) */
     const char *group;      /* data-parallel group name (group_worker.h); NULL/"" = solo */
     int comm_kind;          /* dp_comm_kind of the group's collective */

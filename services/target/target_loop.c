@@ -32,6 +32,7 @@ typedef struct target_loop {
     pthread_t hb_thread;
     bool hb_started;
     uint64_t busy[WIRE_MAX_SLOTS / 64]; /* published, not handed back since (main thread) */
+    double silent_since; /* registered once, then no reply from the broker since; 0 = answers */
 } target_loop;
 
 static const char *state_name(tl_state s)
@@ -120,15 +121,33 @@ static int do_register(target_loop *t)
     return 0;
 }
 
+/* The broker answered (any reply) or did not (DFLASH_ETIMEOUT): says once when it went silent
+ * after we had registered, and when it answers again. */
+static void broker_heard(target_loop *t, int rc)
+{
+    if (rc != DFLASH_ETIMEOUT && t->silent_since > 0) {
+        LOG_INFO("the broker answers again after %.1f s", monotime_s() - t->silent_since);
+        t->silent_since = 0;
+    } else if (rc == DFLASH_ETIMEOUT && t->silent_since == 0 && t->st.registrations) {
+        t->silent_since = monotime_s();
+        LOG_WARN("%s: waiting for the broker to come back", client_last_error(t->client));
+    }
+}
+
 static void progress(target_loop *t, double *last_t, uint64_t *last_b, uint64_t *last_tok,
                      double *last_wait)
 {
     double now = monotime_s(), dt = now - *last_t;
     if (dt <= 0) return;
-    LOG_INFO("batches %llu (+%llu), %.0f tokens/s, %.1f batches/s, waiting for a free slot %.0f%%",
+    char silent[64] = "";
+    if (t->silent_since > 0)
+        snprintf(silent, sizeof silent, ", waiting for the broker (silent for %.0f s)",
+                 now - t->silent_since);
+    LOG_INFO("batches %llu (+%llu), %.0f tokens/s, %.1f batches/s, waiting for a free slot "
+             "%.0f%%%s",
              (unsigned long long)t->st.batches, (unsigned long long)(t->st.batches - *last_b),
              (double)(t->st.tokens - *last_tok) / dt, (double)(t->st.batches - *last_b) / dt,
-             100.0 * (t->st.wait_slot_s - *last_wait) / dt);
+             100.0 * (t->st.wait_slot_s - *last_wait) / dt, silent);
     *last_t = now;
     *last_b = t->st.batches;
     *last_tok = t->st.tokens;
@@ -221,7 +240,9 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         if (cfg->progress_ms > 0 && (monotime_s() - last_t) * 1000 >= cfg->progress_ms)
             progress(&t, &last_t, &last_b, &last_tok, &last_wait);
         if (t.state == TL_REGISTER) {
+            bool first = t.st.registrations == 0;
             rc = do_register(&t);
+            broker_heard(&t, rc == DFLASH_EAGAIN ? DFLASH_ETIMEOUT : rc);
             if (rc == 0) {
                 set_state(&t, TL_WORKING);
                 unreachable_since = monotime_s();
@@ -229,7 +250,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             }
             if (rc != DFLASH_EAGAIN) goto out_client;
             rc = 0;
-            if (cfg->register_fail_exit_ms > 0 &&
+            if (first && cfg->register_fail_exit_ms > 0 &&
                 (monotime_s() - unreachable_since) * 1000 > cfg->register_fail_exit_ms) {
                 LOG_ERROR("no broker answered at %s for %lld ms (is dflash-queue running?)",
                           cfg->endpoint, (long long)cfg->register_fail_exit_ms);
@@ -246,6 +267,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         wire_work_unit w;
         double t0 = monotime_s();
         rc = client_request_work(t.client, pool_descriptor(t.pool)->incarnation, &w);
+        broker_heard(&t, rc);
         if (rc == 0) {
             set_state(&t, TL_WORKING);
             backoff = 1;
@@ -257,7 +279,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             set_state(&t, TL_WAITING);
             monotime_sleep_ms(backoff);
             backoff = backoff < 20 ? backoff * 2 : 20;
-            t.st.wait_slot_s += monotime_s() - t0;
+            if (rc != DFLASH_ETIMEOUT) t.st.wait_slot_s += monotime_s() - t0; /* not the broker's */
             rc = 0;
         } else if (rc == DFLASH_ESHUTDOWN) {
             LOG_INFO("the broker is draining: done");

@@ -62,8 +62,9 @@ typedef struct target_loop_config {
     int64_t progress_ms;    /* progress line interval; 0 = none */
     int64_t timeout_ms;     /* per broker request */
     int64_t max_batches;    /* stop after this many (tests, bench); 0 = until drained */
-    int64_t register_fail_exit_ms; /* give up if the broker cannot be reached for this long; 0 =
-                                      never */
+    int64_t register_fail_exit_ms; /* before the first registration: give up if the broker
+                                    * cannot be reached this long; 0 = never. Later a silent
+                                    * broker is waited for (logged). */
 } target_loop_config;
 
 typedef struct target_stats {

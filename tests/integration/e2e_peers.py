@@ -8,8 +8,8 @@ Cases (one per ctest test, chosen by the second argument):
                "restarted or forgot us". Now one of them exits 4 saying the name is in use and
                the other keeps producing; the same for two drafters given one --name.
   broker_gone  a broker SIGKILLed mid-run: the target's progress line said "waiting for a free
-               slot 100%" and nothing else. Now it says it is waiting for the broker, and once a
-               new broker answers it registers again and produces.
+               slot 100%" (the drafter's "waiting for a grant 100%") and nothing else. Now both
+               say they wait for the broker, and once a new broker answers they register again.
   watch        `dflash-ctl watch --count N` hung for ever when the broker went away: it now
                says so and exits 2 (no broker answering), as the other verbs do.
 Usage: e2e_peers.py BUILD_DIR CASE [--keep]. Exit 0 pass, 1 fail.
@@ -88,23 +88,35 @@ def case_duplicate(build, env, failures):
 
 def case_broker_gone(build, env, failures):
     q = queue(build, env)
-    t = target(build, env, "target", "--progress-ms", "200")
-    if not wait_until(lambda: "registered pool" in t.text(), 30):
-        failures.append(f"the target did not register:\n{tail(t.log_path)}")
-        return
+    t = target(build, env, "target", "--progress-ms", "200", "--batches-per-bucket", "100000")
+    d = start(env, Daemon("drafter", [
+        build.drafter, "--runtime-dir", env.run, "--backend", "host", "--verify", "--hidden", "8",
+        "--layers", "1", "--token-budget", "256", "--buckets", "64,256", "--rate", "20",
+        "--progress-ms", "200"], env.tmp))
+    registered = {t: "registered pool", d: "registered with broker"}
+    for p, line in registered.items():
+        if not wait_until(lambda: line in p.text(), 30):
+            failures.append(f"{p.name} did not register:\n{tail(p.log_path)}")
+            return
+    if not wait_until(lambda: "batches" in d.text(), 30):
+        failures.append(f"the drafter got no batch:\n{tail(d.log_path)}")
     q.kill9()
-    mark = len(t.text())
-    if not wait_until(lambda: "waiting for the broker" in t.text()[mark:], 30):
-        failures.append(f"after the broker died the target did not say it waits for it:\n"
-                        f"{tail(t.log_path)}")
-    if "waiting for a free slot 100%" in t.text()[mark:]:
-        failures.append(f"the target blamed a full pool for a missing broker:\n"
-                        f"{tail(t.log_path)}")
+    marks = {p: len(p.text()) for p in registered}
+    for p in registered:
+        if not wait_until(lambda: "waiting for the broker" in p.text()[marks[p]:], 30):
+            failures.append(f"after the broker died {p.name} did not say it waits for it:\n"
+                            f"{tail(p.log_path)}")
+    for p, blame in ((t, "waiting for a free slot 100%"), (d, "waiting for a grant 100%")):
+        if blame in p.text()[marks[p]:]:
+            failures.append(f"{p.name} blamed its peers for a missing broker:\n"
+                            f"{tail(p.log_path)}")
     queue(build, env, "queue2")
-    if not wait_until(lambda: t.text().count("registered pool") >= 2, 30):
-        failures.append(f"the target did not register with the new broker:\n{tail(t.log_path)}")
-    if not t.alive():
-        failures.append(f"the target exited:\n{tail(t.log_path)}")
+    for p, line in registered.items():
+        if not wait_until(lambda: p.text().count(line) >= 2, 30):
+            failures.append(f"{p.name} did not register with the new broker:\n"
+                            f"{tail(p.log_path)}")
+        if not p.alive():
+            failures.append(f"{p.name} exited:\n{tail(p.log_path)}")
 
 
 def case_watch(build, env, failures):

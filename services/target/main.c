@@ -63,7 +63,8 @@ typedef struct target_config {
                           sizeof(((target_config *)0)->m)}
 static const cfg_option target_options[] = {
     CLIENT_CONNECTION_OPTIONS(OPTS),
-    OPTS("name", "target0", "peer and pool name (letters, digits, - and _)", name),
+    OPTS("name", "", "peer and pool name, unique per broker: letters, digits, - and _ (default "
+         "target-<host>; give each target on one host its own)", name),
     OPTS("model", "synthetic", "target checkpoint directory, or 'synthetic' for deterministic "
          "test data", model),
     OPTS("shards", "", "model: comma-separated token shard files (dflash-data)", shards),
@@ -102,6 +103,22 @@ static const cfg_option target_options[] = {
 static const cfg_table target_table = {
     "dflash-target", "fills slot pools with target hidden states for the DFlash broker",
     "[options]", target_options, sizeof target_options / sizeof target_options[0]};
+
+/* The default --name: target-<host> (the host name up to its first dot, other characters than
+ * letters, digits, - and _ as -), at most 31 characters (POOL_NAME_MAX). Stable across restarts
+ * on one host, so a restart takes over its session and pool; unique per container, so
+ * `docker compose --scale target=N` gives each replica its own pool. */
+static void default_name(char *name, size_t len)
+{
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    host[strcspn(host, ".")] = '\0';
+    for (char *h = host; *h; h++)
+        if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || (*h >= '0' && *h <= '9') ||
+              *h == '_' || *h == '-'))
+            *h = '-';
+    snprintf(name, len < POOL_NAME_MAX ? len : POOL_NAME_MAX, "target-%s", host[0] ? host : "0");
+}
 
 static int build_loop_config(const target_config *c, target_loop_config *lc, char *endpoint,
                              size_t ep_len)
@@ -160,6 +177,7 @@ int main(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
+    if (!cfg.name[0]) default_name(cfg.name, sizeof cfg.name);
 
     target_loop_config lc;
     char endpoint[300];

@@ -49,7 +49,7 @@ typedef struct target_producer {
 typedef struct target_loop_config {
     const char *endpoint; /* broker ROUTER */
     const char *curve_server_key, *curve_key; /* CURVE key files (client.h); NULL/"" = none */
-    const char *name;     /* peer and pool name, e.g. "target0" */
+    const char *name;     /* peer and pool name, e.g. "target-node1" */
     pool_backend backend;
     int device;
     uint32_t n_slots;

@@ -17,7 +17,9 @@ Namespaces and restarts (a daemon's exit must not kill the others):
     whose holder has `ipc: shareable`, `init: true` and the `shm_size`;
   * target and drafters restart `on-failure` only: a drained target or drafter exits 0 by
     design and must stay down (`unless-stopped`/`always` would start a target that registers,
-    is told to shut down and exits again, over and over).
+    is told to shut down and exits again, over and over);
+  * no target or drafter sets a fixed DFLASH_NAME: the replicas of `--scale` would share it, and
+    the broker lets only one process hold a name (the others exit 4, then come back).
 
 Training (docker-compose.yml with docker-compose.train.yml over it, given a model and shards):
   * a target that runs a model has DFLASH_SHARDS, and its model and shards lie on its mounts;
@@ -146,6 +148,18 @@ def check_namespaces(cfg):
     return errs
 
 
+def check_names(cfg):
+    """No target or drafter has a fixed DFLASH_NAME: `--scale` replicas would share it."""
+    errs = []
+    for name, svc in by_daemon(cfg, "dflash-target") + by_daemon(cfg, "dflash-drafter"):
+        fixed = env_of(svc).get("DFLASH_NAME")
+        if fixed:
+            errs.append(f"{name}: DFLASH_NAME {fixed}: every replica of `--scale {name}=N` gets "
+                        f"that name; the broker lets one run, the others exit 4 and restart "
+                        f"(on-failure) to take the name over, again and again")
+    return errs
+
+
 def env_of(svc):
     return {k: ("" if v is None else str(v)) for k, v in (svc.get("environment") or {}).items()}
 
@@ -261,6 +275,7 @@ def main():
         return 1
     rc |= expect("namespaces and restart policies", check_namespaces(cfg))
     rc |= expect("the synthetic verify run", check_training(cfg))
+    rc |= expect("every replica gets its own peer name", check_names(cfg))
     readme = open(os.path.join(deploy, "README.md")).read()
     rc |= expect("min_ready and max_depth fit the slots", check_depth(cfg, readme))
     rc |= expect("refused: min_ready above the slots",
@@ -294,6 +309,9 @@ def main():
         s["pid"] = s["ipc"] = f"service:{target}"
     rc |= expect("refused: drafters in the target's namespaces", check_namespaces(broken),
                  "SIGKILLs every process of")
+    broken = copy.deepcopy(cfg)
+    broken["services"][target].setdefault("environment", {})["DFLASH_NAME"] = "target0"
+    rc |= expect("refused: a fixed target name", check_names(broken), "DFLASH_NAME target0")
     broken = copy.deepcopy(cfg)
     broken["services"][target]["restart"] = "unless-stopped"
     rc |= expect("refused: a target restarted unless-stopped", check_namespaces(broken),

@@ -6,7 +6,8 @@ Cases (one per ctest test, chosen by the second argument):
                default name, or `docker compose --scale target=2` with one DFLASH_NAME) used to
                replace each other about 50 times a second for ever, each logging that the broker
                "restarted or forgot us". Now one of them exits 4 saying the name is in use and
-               the other keeps producing; the same for two drafters given one --name.
+               the other keeps producing; the same for two drafters given one --name. The
+               default target name is target-<host> (was target0 everywhere).
   broker_gone  a broker SIGKILLed mid-run: the target's progress line said "waiting for a free
                slot 100%" (the drafter's "waiting for a grant 100%") and nothing else. Now both
                say they wait for the broker, and once a new broker answers they register again.
@@ -15,6 +16,8 @@ Cases (one per ctest test, chosen by the second argument):
 Usage: e2e_peers.py BUILD_DIR CASE [--keep]. Exit 0 pass, 1 fail.
 """
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -65,6 +68,12 @@ def case_duplicate(build, env, failures):
     if "--name" not in loser.text():
         failures.append(f"the duplicate target did not say to give another --name:\n"
                         f"{tail(loser.log_path)}")
+    # the default name follows the host (one per container under compose), not "target0"
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0]) or "0"
+    want = f"target-{host}"[:31]
+    if f"'{want}" not in loser.text():
+        failures.append(f"the duplicate target's name is not the default target-<host> "
+                        f"({want}):\n{tail(loser.log_path)}")
     if not winner.alive():
         failures.append(f"the remaining target exited:\n{tail(winner.log_path)}")
 

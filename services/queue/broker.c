@@ -8,7 +8,8 @@
  * replaced), and a hello from one of those is refused EXISTS: it is a second live process with
  * the name (defect: two of them replaced each other on every request, for ever).
  * Pool table: indexed by pool id, one per target name, kept across target incarnations so the
- * policy sees a restart as "same pool, new incarnation".
+ * policy sees a restart as "same pool, new incarnation"; an entry no live target holds is given
+ * to a new name when all MAX_POOLS are taken.
  *
  * Policy: created at the first pool registration, because the bucket count comes from the
  * target; settings made before then are kept in cfg and applied at creation.
@@ -597,16 +598,29 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     return true;
 }
 
+/* True while pool i is registered or a live target holds it. */
+static bool pool_held(const broker *b, int i)
+{
+    if (b->pools[i].registered) return true;
+    for (uint32_t k = 0; k < b->n_peers; k++)
+        if (b->peers[k]->pool_id == i) return true;
+    return false;
+}
+
+/* The pool id of target `owner`: its own, else an unused one, else one that no live target
+ * holds (its pool was dropped when its target went; defect: the table kept every name it had
+ * seen, so after 64 names no target could register). -1 when all are held. */
 static int pool_slot_for(broker *b, const char *owner)
 {
     for (int i = 0; i < MAX_POOLS; i++)
         if (b->pools[i].owner[0] && strcmp(b->pools[i].owner, owner) == 0) return i;
-    for (int i = 0; i < MAX_POOLS; i++)
-        if (!b->pools[i].owner[0]) {
-            snprintf(b->pools[i].owner, sizeof b->pools[i].owner, "%s", owner);
-            return i;
-        }
-    return -1;
+    int reuse = -1;
+    for (int i = 0; i < MAX_POOLS && reuse < 0; i++)
+        if (!b->pools[i].owner[0]) reuse = i;
+    for (int i = 0; i < MAX_POOLS && reuse < 0; i++)
+        if (!pool_held(b, i)) reuse = i;
+    if (reuse >= 0) snprintf(b->pools[reuse].owner, sizeof b->pools[reuse].owner, "%s", owner);
+    return reuse;
 }
 
 /* Warns when the targets' slots cannot hold min_ready ready ones: claims then wait until more

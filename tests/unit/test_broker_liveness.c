@@ -9,7 +9,8 @@
  *     the drafters are training, although each peer's heartbeats were waiting in the socket;
  *   - or, the other way, a dead peer never expires and its lease is never redelivered, also
  *     when the broker runs late again and again, or when the lease timeout is shorter than the
- *     cron's period (heartbeat 1000 ms: a 250 ms period; lease timeout 200 ms).
+ *     cron's period (heartbeat 1000 ms: a 250 ms period; lease timeout 200 ms);
+ *   - after 64 targets of different names had come and gone, no other could register.
  * Expiries are waited for (polled up to a deadline of several windows), never timed.
  */
 #include "check.h"
@@ -96,6 +97,41 @@ static bool wait_for(int peers, int leased, int ms, int step_ms)
     return false;
 }
 
+static void tiny_windows(queue_config *cfg)
+{
+    cfg->heartbeat_ms = 10;
+    cfg->liveness = 1;
+}
+
+/* Targets of 70 names one after the other, each gone (expired) before the next: the broker's
+ * table of 64 pools kept every name it had seen, so the 65th target was refused "too many
+ * pools" (a target named after its container's host gets a new name whenever compose
+ * recreates the container). A pool no live target holds is reused. */
+static void test_many_target_names(void)
+{
+    stub_broker_new(tiny_windows);
+    if (!stub_b) return;
+    for (int i = 0; i < 70; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", i);
+        stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, 100 + (uint64_t)i);
+        snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", name);
+        CHECK_EQ_INT(stub_send(name), 0);
+        stub_pool_request(100 + (uint64_t)i, 1000 + (uint64_t)i, 2);
+        int rc = stub_send(name);
+        CHECK_EQ_INT(rc, 0);
+        if (rc) break;
+        bool gone = false;
+        for (uint64_t end = monotime_ms() + 5000; !gone && monotime_ms() < end;) {
+            uv_run(&stub_loop, UV_RUN_NOWAIT);
+            gone = stub_status().peers == 0;
+            if (!gone) sleep_ms(2);
+        }
+        CHECK(gone);
+    }
+    stub_broker_free();
+}
+
 int main(void)
 {
     stub_broker_new(short_windows);
@@ -144,5 +180,6 @@ int main(void)
     CHECK(wait_for(2, 0, 3000, 20));
     CHECK(stub_status().lease_expiries >= 1);
     stub_broker_free();
+    test_many_target_names();
     CHECK_DONE();
 }

@@ -11,6 +11,7 @@
 #include "worker_loop.h"
 #include "group_worker.h"
 #include "monotime.h"
+#include "broker_silence.h"
 #include "client.h"
 #include "err.h"
 #include "log.h"
@@ -44,7 +45,7 @@ typedef struct worker_loop {
     uint64_t n_lat;
     bool resume_told; /* cons->resume_step went to the broker (once per process) */
     double copy_backoff_ms; /* pause after a failed copy; doubles up to 1 s, 1 after a success */
-    double silent_since; /* registered once, then no reply from the broker since; 0 = answers */
+    broker_silence silence; /* the broker quiet since we registered (broker_silence.h) */
 } worker_loop;
 
 static void set_state(worker_loop *w, wl_state to)
@@ -59,17 +60,10 @@ static void set_state(worker_loop *w, wl_state to)
     w->state = to;
 }
 
-/* The broker answered (any reply) or did not (DFLASH_ETIMEOUT): says once when it went silent
- * after we had registered, and when it answers again. */
+/* Every request's result, for the log lines about a silent broker (broker_silence.h). */
 static void broker_heard(worker_loop *w, int rc)
 {
-    if (rc != DFLASH_ETIMEOUT && w->silent_since > 0) {
-        LOG_INFO("the broker answers again after %.1f s", monotime_s() - w->silent_since);
-        w->silent_since = 0;
-    } else if (rc == DFLASH_ETIMEOUT && w->silent_since == 0 && w->st.registrations) {
-        w->silent_since = monotime_s();
-        LOG_WARN("%s: waiting for the broker to come back", client_last_error(w->client));
-    }
+    broker_silence_note(&w->silence, rc, w->st.registrations > 0, client_last_error(w->client));
 }
 
 /* hello with the held batch. 0, DFLASH_EAGAIN (transient) or a fatal code. */
@@ -291,10 +285,8 @@ static void progress(worker_loop *w)
     double dt, p50, p99;
     if (!worker_session_progress_due(w->s, &d, &dt)) return;
     latency_pcts(w, d.batches, &p50, &p99);
-    char silent[64] = "";
-    if (w->silent_since > 0)
-        snprintf(silent, sizeof silent, ", waiting for the broker (silent for %.0f s)",
-                 monotime_s() - w->silent_since);
+    char silent[64];
+    broker_silence_suffix(&w->silence, silent, sizeof silent);
     LOG_INFO("batches %llu (+%llu), %.0f tokens/s, copy %.2f GB/s, grant to copy done p50 %.2f "
              "ms p99 %.2f ms, waiting for a grant %.0f%%%s",
              (unsigned long long)w->st.batches, (unsigned long long)d.batches,

@@ -6,6 +6,7 @@
  * as PoolRegister.busy_slots so that a restarted broker fences those slots (docs/protocol.md). */
 #include "target_loop.h"
 #include "monotime.h"
+#include "broker_silence.h"
 #include "client.h"
 #include "err.h"
 #include "log.h"
@@ -32,7 +33,7 @@ typedef struct target_loop {
     pthread_t hb_thread;
     bool hb_started;
     uint64_t busy[WIRE_MAX_SLOTS / 64]; /* published, not handed back since (main thread) */
-    double silent_since; /* registered once, then no reply from the broker since; 0 = answers */
+    broker_silence silence; /* the broker quiet since we registered (broker_silence.h) */
 } target_loop;
 
 static const char *state_name(tl_state s)
@@ -121,17 +122,10 @@ static int do_register(target_loop *t)
     return 0;
 }
 
-/* The broker answered (any reply) or did not (DFLASH_ETIMEOUT): says once when it went silent
- * after we had registered, and when it answers again. */
+/* Every request's result, for the log lines about a silent broker (broker_silence.h). */
 static void broker_heard(target_loop *t, int rc)
 {
-    if (rc != DFLASH_ETIMEOUT && t->silent_since > 0) {
-        LOG_INFO("the broker answers again after %.1f s", monotime_s() - t->silent_since);
-        t->silent_since = 0;
-    } else if (rc == DFLASH_ETIMEOUT && t->silent_since == 0 && t->st.registrations) {
-        t->silent_since = monotime_s();
-        LOG_WARN("%s: waiting for the broker to come back", client_last_error(t->client));
-    }
+    broker_silence_note(&t->silence, rc, t->st.registrations > 0, client_last_error(t->client));
 }
 
 static void progress(target_loop *t, double *last_t, uint64_t *last_b, uint64_t *last_tok,
@@ -139,10 +133,8 @@ static void progress(target_loop *t, double *last_t, uint64_t *last_b, uint64_t 
 {
     double now = monotime_s(), dt = now - *last_t;
     if (dt <= 0) return;
-    char silent[64] = "";
-    if (t->silent_since > 0)
-        snprintf(silent, sizeof silent, ", waiting for the broker (silent for %.0f s)",
-                 now - t->silent_since);
+    char silent[64];
+    broker_silence_suffix(&t->silence, silent, sizeof silent);
     LOG_INFO("batches %llu (+%llu), %.0f tokens/s, %.1f batches/s, waiting for a free slot "
              "%.0f%%%s",
              (unsigned long long)t->st.batches, (unsigned long long)(t->st.batches - *last_b),

@@ -149,6 +149,28 @@ static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *
     return pid;
 }
 
+/* The slot shape of h_start_small_target's pool, for slot_layout_compute in the worker-loop
+ * tests: 256 tokens, 4 sequences, hidden 8, 2 captured layers. */
+#define H_SMALL_LAYOUT 256, 4, 8, 2
+
+/* A synthetic host-backend dflash-target on the broker of runtime dir `dir`: peer and pool
+ * `name`, 2 slots of H_SMALL_LAYOUT, buckets 64 and 256 of `batches` batches each, request
+ * timeout timeout_ms. Returns its pid (or -1). */
+static __attribute__((unused)) pid_t h_start_small_target(const char *bin, const char *dir,
+                                                          const char *name, int batches,
+                                                          int timeout_ms)
+{
+    char rt[300], nm[96], bpb[64], to[64];
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    snprintf(nm, sizeof nm, "--name=%s", name);
+    snprintf(bpb, sizeof bpb, "--batches-per-bucket=%d", batches);
+    snprintf(to, sizeof to, "--timeout-ms=%d", timeout_ms);
+    char *argv[] = {(char *)bin, rt, nm, "--model=synthetic", "--slots=2", "--token-budget=256",
+                    "--max-seqs=4", "--hidden=8", "--layers=2", "--buckets=64,256", bpb,
+                    "--backend=host", to, "--progress-ms=0", "--log-level=warn", NULL};
+    return h_spawn(argv, NULL);
+}
+
 /* A host-backend pool of n_slots slots, n_buckets equal buckets of `batches` batches each. */
 static __attribute__((unused)) void h_pool(wire_pool *p, uint64_t inc, uint32_t n_slots, uint32_t n_buckets,
                    uint32_t batches, uint32_t epochs)

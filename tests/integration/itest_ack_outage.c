@@ -80,7 +80,7 @@ static uint64_t model_step(void *ctx)
 
 static void scenario(const char *queue_bin, const char *target_bin, bool group)
 {
-    char dir[64], ep[128], journal[128], rt[128];
+    char dir[64], ep[128], journal[128];
     h_tempdir(dir, sizeof dir);
     snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
@@ -93,12 +93,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
     if (o.queue <= 0) return;
 
     /* the synthetic target: 2 buckets of 4 batches, slots as the drafter's layout below */
-    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
-    char *targv[] = {(char *)target_bin, rt, "--name=outage", "--model=synthetic", "--slots=2",
-                     "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
-                     "--buckets=64,256", "--batches-per-bucket=4", "--backend=host",
-                     "--timeout-ms=200", "--progress-ms=0", "--log-level=warn", NULL};
-    pid_t target = h_spawn(targv, NULL);
+    pid_t target = h_start_small_target(target_bin, dir, "outage", 4, 200);
     CHECK(target > 0);
 
     worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
@@ -109,7 +104,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
         lc.comm_kind = DP_COMM_SHM;
         lc.comm_timeout_s = 10;
     }
-    CHECK_EQ_INT(slot_layout_compute(256, 4, 8, 2, SLOT_DTYPE_F32, &lc.layout), 0);
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
     worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume};
     if (group) {
         cons.done = done;

@@ -44,7 +44,7 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    char dir[64], ep[128], journal[128], rt[128];
+    char dir[64], ep[128], journal[128];
     h_tempdir(dir, sizeof dir);
     snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
@@ -54,17 +54,12 @@ int main(int argc, char **argv)
     pid_t q = h_start_queue(argv[1], dir, extra);
     CHECK(q > 0);
     if (q <= 0) CHECK_DONE();
-    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
-    char *targv[] = {argv[3], rt, "--name=poison", "--model=synthetic", "--slots=2",
-                     "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
-                     "--buckets=64,256", "--batches-per-bucket=64", "--backend=host",
-                     "--timeout-ms=500", "--progress-ms=0", "--log-level=warn", NULL};
-    pid_t target = h_spawn(targv, NULL);
+    pid_t target = h_start_small_target(argv[3], dir, "poison", 64, 500);
     CHECK(target > 0);
 
     worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
                              .timeout_ms = 1000, .max_batches = 8};
-    CHECK_EQ_INT(slot_layout_compute(256, 4, 8, 2, SLOT_DTYPE_F32, &lc.layout), 0);
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
     poison k = {0};
     worker_consumer cons = {.name = "poison", .ctx = &k, .consume = consume};
     volatile sig_atomic_t stop = 0;

@@ -42,7 +42,7 @@ static void *run_loop(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    char dir[64], ep[128], journal[128], rt[128];
+    char dir[64], ep[128], journal[128];
     h_tempdir(dir, sizeof dir);
     snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
@@ -51,12 +51,7 @@ int main(int argc, char **argv)
     pid_t q = h_start_queue(argv[1], dir, extra);
     CHECK(q > 0);
     if (q <= 0) CHECK_DONE();
-    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
-    char *targv[] = {argv[3], rt, "--name=t", "--model=synthetic", "--slots=2",
-                     "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
-                     "--buckets=64,256", "--batches-per-bucket=64", "--backend=host",
-                     "--timeout-ms=500", "--progress-ms=0", "--log-level=warn", NULL};
-    pid_t target = h_spawn(targv, NULL);
+    pid_t target = h_start_small_target(argv[3], dir, "t", 64, 500);
     CHECK(target > 0);
 
     /* Learn the pool's segment from one grant, remove it, and train that batch. */
@@ -76,7 +71,7 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_ack(peek, &g.unit, 1), 0);
 
     blind k = {.lc = {.endpoint = ep, .name = "blind", .backend = POOL_HOST, .timeout_ms = 1000}};
-    CHECK_EQ_INT(slot_layout_compute(256, 4, 8, 2, SLOT_DTYPE_F32, &k.lc.layout), 0);
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &k.lc.layout), 0);
     k.cons = (worker_consumer){.name = "blind", .ctx = &k, .consume = consume};
     pthread_t th;
     CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &k), 0);

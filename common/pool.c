@@ -16,6 +16,12 @@
  *                  is closed while a copy is in flight (it is waited for first).
  *                  One copy in flight at a time (in_flight), tracked by done_event (cuda).
  * The descriptor's wire form is little-endian and fixed-order (pool_desc_encode).
+ *
+ * Stale segments: a SIGKILLed host exporter cannot unlink its shm object. Its owner holds a
+ * shared flock on the object for the pool's life (owner_fd), so an exporter starting later
+ * (pool_sweep_stale, every pool name) removes an object only when the pid in its name is gone
+ * and nobody holds that lock: the lock protects a live owner whose pid this process cannot see
+ * (another PID namespace sharing /dev/shm), the pid check an owner of a version without it.
  */
 #include "pool.h"
 #include "err.h"
@@ -34,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -48,6 +55,7 @@ struct pool {
     pool_desc desc;
     void *base;                   /* host: mmap of the shm object; cuda: the cudaMalloc arena */
     void *events[POOL_MAX_SLOTS]; /* cuda: interprocess events, one per slot */
+    int owner_fd;                 /* host: the shm object, flock'ed shared while we own it */
     struct pool *next;            /* registry link */
 };
 
@@ -191,6 +199,11 @@ static int host_create(pool *p)
         return DFLASH_EIO;
     }
     int rc = 0;
+    if (flock(fd, LOCK_SH) != 0) { /* "owned by a live process" for pool_sweep_stale */
+        LOG_ERROR("flock %s: %s", d->shm_name, strerror(errno));
+        rc = DFLASH_EIO;
+        goto fail_unlink;
+    }
     /* Reserve the pages now: a sparse ftruncate succeeds beyond what /dev/shm holds (64 MiB
      * in a container by default) and the first slot write past it dies of SIGBUS. */
     int e;
@@ -210,7 +223,7 @@ static int host_create(pool *p)
         rc = DFLASH_EIO;
         goto fail_unlink;
     }
-    close(fd);
+    p->owner_fd = fd; /* kept open: the lock lasts until pool_destroy or our death */
     return 0;
 fail_unlink:
     shm_unlink(d->shm_name);
@@ -259,6 +272,7 @@ pool *pool_new(const pool_config *cfg, int *err)
         goto fail;
     }
     pool_desc *d = &p->desc;
+    p->owner_fd = -1;
     registry_add(p); /* first, so pool_destroy on a failed start can unlink it */
     d->backend = cfg->backend;
     d->n_slots = cfg->n_slots;
@@ -269,7 +283,7 @@ pool *pool_new(const pool_config *cfg, int *err)
     d->owner_pid = (int32_t)getpid();
     snprintf(d->name, sizeof d->name, "%s", cfg->name);
     if (cfg->backend == POOL_HOST) {
-        pool_sweep_stale(d->name);
+        pool_sweep_stale(NULL);
         rc = host_create(p);
     } else {
         rc = cuda_create(p);
@@ -295,6 +309,7 @@ void pool_destroy(pool **pp)
             munmap(p->base, p->desc.arena_bytes);
             shm_unlink(p->desc.shm_name);
         }
+        if (p->owner_fd >= 0) close(p->owner_fd);
     } else {
         for (uint32_t i = 0; i < p->desc.n_slots; i++) {
             if (p->events[i]) {
@@ -372,7 +387,11 @@ int pool_sweep_stale(const char *name)
         if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to judge) */
         char path[POOL_SHM_NAME_MAX + 8];
         snprintf(path, sizeof path, "/%s", e->d_name);
-        if (shm_unlink(path) == 0) {
+        int fd = shm_open(path, O_RDONLY, 0);
+        if (fd < 0) continue;
+        bool owned = flock(fd, LOCK_EX | LOCK_NB) != 0; /* a live owner we cannot see */
+        close(fd);
+        if (!owned && shm_unlink(path) == 0) {
             LOG_INFO("removed stale shared memory %s of dead process %d", path, pid);
             removed++;
         }

@@ -100,8 +100,10 @@ int pool_slot_publish(pool *p, uint32_t slot, void *stream);
 int pool_slot_sync(pool *p, uint32_t slot);
 
 /* Removes shm objects "/dev/shm/dflash.<name>.<pid>.*" left by dead processes (a SIGKILLed
- * exporter cannot unlink its own). name NULL sweeps every pool name. Returns how many were
- * removed (>= 0). Exporters call it at start-up. */
+ * exporter cannot unlink its own): those whose pid is gone and whose owner lock (a shared flock
+ * a live exporter holds on its object) nobody holds. name NULL sweeps every pool name. Returns
+ * how many were removed (>= 0). Host exporters call it with NULL at start-up, so a target that
+ * comes back under another name (target-<host> in a new container) still frees its old one. */
 int pool_sweep_stale(const char *name);
 
 /* ---- descriptor wire format ---- */

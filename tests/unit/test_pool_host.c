@@ -69,6 +69,30 @@ static bool read_full(int fd, void *buf, size_t n)
     return true;
 }
 
+/* Forks a process that exports a host pool like cfg named `name`, tells its segment's name (into
+ * shm; "" when it failed) and waits for a signal. Returns its pid: SIGKILL it to leave the
+ * segment stale. */
+static pid_t spawn_exporter(const pool_config *cfg, const char *name, char shm[POOL_SHM_NAME_MAX]) {
+    int fds[2];
+    shm[0] = '\0';
+    if (pipe(fds) != 0) return -1;
+    pid_t child = fork();
+    if (child == 0) {
+        pool_config dc = *cfg;
+        dc.name = name;
+        pool *dp = pool_new(&dc, NULL);
+        char s[POOL_SHM_NAME_MAX] = "";
+        if (dp) snprintf(s, sizeof s, "%s", pool_descriptor(dp)->shm_name);
+        if (write(fds[1], s, sizeof s) != (ssize_t)sizeof s) _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(fds[1]);
+    if (child < 0 || !read_full(fds[0], shm, POOL_SHM_NAME_MAX)) shm[0] = '\0';
+    close(fds[0]);
+    return child;
+}
+
 /* The consumer process: returns the number of failures as its exit status. */
 static int consumer(int rfd, const slot_layout *l)
 {
@@ -345,23 +369,9 @@ int main(void)
     /* an exporter killed with SIGKILL leaves its segment; the next exporter sweeps it */
     char dead_name[32];
     snprintf(dead_name, sizeof dead_name, "udead%d", (int)getpid());
-    CHECK(pipe(fds) == 0);
-    child = fork();
-    if (child == 0) {
-        pool_config dc = cfg;
-        dc.name = dead_name;
-        pool *dp = pool_new(&dc, NULL);
-        char shm[POOL_SHM_NAME_MAX] = "";
-        if (dp) snprintf(shm, sizeof shm, "%s", pool_descriptor(dp)->shm_name);
-        if (write(fds[1], shm, sizeof shm) != (ssize_t)sizeof shm) _exit(1);
-        pause();
-        _exit(0);
-    }
-    close(fds[1]);
-    char dead_shm[POOL_SHM_NAME_MAX] = "";
-    CHECK(read_full(fds[0], dead_shm, sizeof dead_shm));
-    close(fds[0]);
-    CHECK(dead_shm[0] == '/' && shm_exists(dead_shm));
+    char dead_shm[POOL_SHM_NAME_MAX];
+    child = spawn_exporter(&cfg, dead_name, dead_shm);
+    CHECK(child > 0 && dead_shm[0] == '/' && shm_exists(dead_shm));
     kill(child, SIGKILL);
     waitpid(child, &status, 0);
     pool_desc gone;
@@ -373,27 +383,15 @@ int main(void)
 
     /* a dead exporter's segment of another name goes too: a target back under a new name
      * (target-<host> in a new container) used to leave its old pool in /dev/shm for good */
-    CHECK(pipe(fds) == 0);
-    pid_t other = fork();
-    if (other == 0) {
-        pool_config dc = cfg;
-        dc.name = "uoldname";
-        pool *dp = pool_new(&dc, NULL);
-        char shm[POOL_SHM_NAME_MAX] = "";
-        if (dp) snprintf(shm, sizeof shm, "%s", pool_descriptor(dp)->shm_name);
-        if (write(fds[1], shm, sizeof shm) != (ssize_t)sizeof shm) _exit(1);
-        pause();
-        _exit(0);
-    }
-    close(fds[1]);
-    char other_shm[POOL_SHM_NAME_MAX] = "";
-    CHECK(read_full(fds[0], other_shm, sizeof other_shm));
-    close(fds[0]);
-    CHECK(other_shm[0] == '/' && shm_exists(other_shm));
+    char old_name[32], new_name[32], other_shm[POOL_SHM_NAME_MAX];
+    snprintf(old_name, sizeof old_name, "uold%d", (int)getpid());
+    snprintf(new_name, sizeof new_name, "unew%d", (int)getpid());
+    pid_t other = spawn_exporter(&cfg, old_name, other_shm);
+    CHECK(other > 0 && other_shm[0] == '/' && shm_exists(other_shm));
     kill(other, SIGKILL);
     waitpid(other, &status, 0);
     pool_config nc = cfg;
-    nc.name = "unewname";
+    nc.name = new_name;
     pool *np = pool_new(&nc, &err);
     CHECK(np != NULL);
     CHECK(!shm_exists(other_shm));

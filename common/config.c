@@ -299,15 +299,26 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
     return 0;
 }
 
-int config_parse_int_list(const char *s, int *out, int max)
+int config_parse_int_list(const char *s, int *out, int max, char *err, size_t errlen)
 {
     int n = 0;
     for (const char *c = s; *c;) {
         char *end;
         errno = 0;
         long v = strtol(c, &end, 10);
-        if (end == c || errno || v < 0 || v > INT32_MAX || n >= max || (*end && *end != ','))
+        int len = (int)strcspn(c, ",");
+        if (end == c || errno || v > INT32_MAX || (*end && *end != ',')) {
+            if (err) err_fmt(err, errlen, "'%.*s' is not a number", len, c);
             return DFLASH_EINVAL;
+        }
+        if (v < 0) {
+            if (err) err_fmt(err, errlen, "%ld is negative", v);
+            return DFLASH_EINVAL;
+        }
+        if (n >= max) {
+            if (err) err_fmt(err, errlen, "more than %d entries", max);
+            return DFLASH_EINVAL;
+        }
         out[n++] = (int)v;
         c = *end ? end + 1 : end;
     }

@@ -67,8 +67,9 @@ int config_get(const cfg_table *t, const void *cfg, const char *name, char *out,
 const cfg_option *config_find(const cfg_table *t, const char *name);
 
 /* Parses a comma-separated list of non-negative integers ("1,9,17"; "" gives 0 entries) into
- * out[0..max). Returns the count or DFLASH_EINVAL (not a number, negative, too many). */
-int config_parse_int_list(const char *s, int *out, int max);
+ * out[0..max). Returns the count or DFLASH_EINVAL with the reason in err (may be NULL): not a
+ * number, negative, too many. */
+int config_parse_int_list(const char *s, int *out, int max, char *err, size_t errlen);
 
 /* `key value` lines of the effective config, loadable again as a config file. */
 void config_dump(const cfg_table *t, const void *cfg, FILE *out);

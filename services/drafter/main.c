@@ -333,9 +333,10 @@ static int eval_main(int argc, char **argv)
         return 2;
     }
     int ids[64];
-    int n_ids = config_parse_int_list(ec.capture, ids, 64);
+    char why[128];
+    int n_ids = config_parse_int_list(ec.capture, ids, 64, why, sizeof why);
     if (n_ids < 0) {
-        fprintf(stderr, "dflash-drafter eval: bad --capture-layers '%s'\n", ec.capture);
+        fprintf(stderr, "dflash-drafter eval: bad --capture-layers '%s': %s\n", ec.capture, why);
         return 2;
     }
     trainer_eval_opts eo = {.checkpoint = ec.init_only ? NULL : ec.checkpoint,
@@ -440,9 +441,9 @@ int main(int argc, char **argv)
     }
 
     int ids[64];
-    int n_ids = config_parse_int_list(cfg.capture, ids, 64);
+    int n_ids = config_parse_int_list(cfg.capture, ids, 64, why, sizeof why);
     if (n_ids < 0) {
-        fprintf(stderr, "dflash-drafter: bad --capture-layers '%s'\n", cfg.capture);
+        fprintf(stderr, "dflash-drafter: bad --capture-layers '%s': %s\n", cfg.capture, why);
         return 2;
     }
     if (cfg.model[0] && !cfg.verify && !cfg.verify_model) cfg.train = true;

@@ -204,9 +204,10 @@ int main(int argc, char **argv)
             return 2;
         }
         int ids[64];
-        int n_ids = config_parse_int_list(cfg.capture, ids, 64);
+        char why[128];
+        int n_ids = config_parse_int_list(cfg.capture, ids, 64, why, sizeof why);
         if (n_ids < 0) {
-            fprintf(stderr, "dflash-target: bad --capture-layers '%s'\n", cfg.capture);
+            fprintf(stderr, "dflash-target: bad --capture-layers '%s': %s\n", cfg.capture, why);
             return 2;
         }
         model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,

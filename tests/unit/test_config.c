@@ -148,12 +148,19 @@ int main(void)
     unlink(lpath);
 
     int ids[3];
-    CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3), 3);
+    CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3, NULL, 0), 3);
     CHECK(ids[0] == 1 && ids[1] == 9 && ids[2] == 17);
-    CHECK_EQ_INT(config_parse_int_list("", ids, 3), 0);
-    CHECK_EQ_INT(config_parse_int_list("1,2,3,4", ids, 3), DFLASH_EINVAL);
-    CHECK_EQ_INT(config_parse_int_list("1,-2", ids, 3), DFLASH_EINVAL);
-    CHECK_EQ_INT(config_parse_int_list("1,x", ids, 3), DFLASH_EINVAL);
+    CHECK_EQ_INT(config_parse_int_list("", ids, 3, NULL, 0), 0);
+    /* each refusal says why (the daemons printed only "bad --capture-layers") */
+    char why[128] = "";
+    CHECK_EQ_INT(config_parse_int_list("1,2,3,4", ids, 3, why, sizeof why), DFLASH_EINVAL);
+    CHECK(strcmp(why, "more than 3 entries") == 0);
+    CHECK_EQ_INT(config_parse_int_list("1,-2", ids, 3, why, sizeof why), DFLASH_EINVAL);
+    CHECK(strcmp(why, "-2 is negative") == 0);
+    CHECK_EQ_INT(config_parse_int_list("1,x", ids, 3, why, sizeof why), DFLASH_EINVAL);
+    CHECK(strcmp(why, "'x' is not a number") == 0);
+    CHECK_EQ_INT(config_parse_int_list("1,2x,3", ids, 3, why, sizeof why), DFLASH_EINVAL);
+    CHECK(strcmp(why, "'2x' is not a number") == 0);
 
     CHECK(strcmp(err_str(DFLASH_EINVAL), "invalid argument") == 0);
     CHECK(strcmp(err_name(DFLASH_ETIMEOUT), "TIMEOUT") == 0);

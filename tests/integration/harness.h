@@ -126,6 +126,12 @@ static __attribute__((unused)) int h_broker_status(const char *endpoint, wire_st
     return rc;
 }
 
+/* The broker's endpoint in runtime dir `dir` (dflash-queue's default: ipc://DIR/queue.sock). */
+static __attribute__((unused)) void h_queue_endpoint(const char *dir, char *ep, size_t len)
+{
+    snprintf(ep, len, "ipc://%s/queue.sock", dir);
+}
+
 /* Starts dflash-queue with runtime dir `dir` plus extra "--flag=value" args (NULL-terminated)
  * and waits until it answers. Returns its pid (or -1). */
 static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *dir, const char *const *extra)
@@ -140,7 +146,7 @@ static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *
     argv[n] = NULL;
     pid_t pid = h_spawn(argv, NULL);
     char ep[300];
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     if (!h_wait_broker(ep, 10000)) {
         fprintf(stderr, "dflash-queue did not come up\n");
         h_kill(pid, SIGKILL);

@@ -82,7 +82,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
 {
     char dir[64], ep[128], journal[128];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
     const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--lease-timeout-ms=2000",
                            "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=warn",

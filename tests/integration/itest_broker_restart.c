@@ -111,7 +111,7 @@ int main(int argc, char **argv)
     if (argc < 2) return 2;
     char dir[64], ep[128], journal[128];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
     const char *extra[] = {journal, "--min-ready=0", "--max-depth=6", "--lease-timeout-ms=500",
                            "--heartbeat-ms=200", "--liveness=5", "--orphan-grace-ms=1500",

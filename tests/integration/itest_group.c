@@ -159,7 +159,7 @@ int main(int argc, char **argv)
     h_tempdir(dir, sizeof dir);
     snprintf(rt, sizeof rt, "%s/run", dir);
     mkdir(rt, 0700);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", rt);
+    h_queue_endpoint(rt, ep, sizeof ep);
     char tools_log[128], model[128], jsonl[128], shard[128], journal[128], qlog[128], tlog[128];
     snprintf(tools_log, sizeof tools_log, "%s/tools.log", dir);
     snprintf(model, sizeof model, "%s/target", dir);

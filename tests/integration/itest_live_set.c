@@ -38,7 +38,7 @@ int main(int argc, char **argv)
     if (argc < 3) return 2;
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     /* liveness 100 (100 s): the target and drafter sessions stay quiet while the watcher and
      * dflash-ctl start (seconds under ASan on a loaded machine); expiry is not what this tests */
     const char *extra[] = {"--journal=none", "--min-ready=2", "--max-depth=4", "--liveness=100",

@@ -28,7 +28,7 @@ int main(int argc, char **argv)
     if (argc < 3) return 2;
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     const char *extra[] = {"--journal=none", NULL};
     pid_t q = h_start_queue(argv[1], dir, extra);
     CHECK(q > 0);

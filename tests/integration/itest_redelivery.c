@@ -35,7 +35,7 @@ int main(int argc, char **argv)
     if (argc < 2) return 2;
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     const char *extra[] = {"--journal=none", "--min-ready=0", "--lease-timeout-ms=800",
                            "--heartbeat-ms=100", "--liveness=3", NULL};
     pid_t q = h_start_queue(argv[1], dir, extra);

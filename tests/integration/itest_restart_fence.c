@@ -32,7 +32,7 @@ int main(int argc, char **argv)
     if (argc < 2) return 2;
     char dir[64], ep[128], journal[128], lease[64];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
     snprintf(lease, sizeof lease, "--lease-timeout-ms=%d", LEASE_MS);
     const char *extra[] = {journal, "--min-ready=0", "--max-depth=8", lease, "--heartbeat-ms=100",

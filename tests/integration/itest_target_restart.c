@@ -9,7 +9,7 @@ int main(int argc, char **argv)
     if (argc < 2) return 2;
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     const char *extra[] = {"--journal=none", "--min-ready=0", NULL};
     pid_t q = h_start_queue(argv[1], dir, extra);
     CHECK(q > 0);

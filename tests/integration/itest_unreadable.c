@@ -44,7 +44,7 @@ int main(int argc, char **argv)
     if (argc < 4) return 2;
     char dir[64], ep[128], journal[128];
     h_tempdir(dir, sizeof dir);
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
     const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--heartbeat-ms=100",
                            "--stats-interval-ms=0", "--log-level=error", NULL};

@@ -235,6 +235,7 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
     for (int a = 0; a < 20 && rrc == DFLASH_ETIMEOUT && !*g->stop; a++)
         rrc = client_release(g->cl, gr->lease_id);
     if (rc < 0) {
+        if (worker_session_copy_hopeless(g->s, rc)) return DFLASH_EPEER;
         reform(g, "cannot copy our slot of the step");
         return 0;
     }

@@ -86,6 +86,7 @@ typedef struct drafter_config {
     int64_t timeout_ms;
     int64_t max_batches;
     int64_t broker_wait_ms;
+    int64_t max_copy_failures;
     bool exit_when_drained;
     char group[48];
     char comm[16];
@@ -172,6 +173,10 @@ static const cfg_option drafter_options[] = {
     OPT("broker-wait-ms", CFG_INT, "120000", 0, 1e9, "at start-up: exit with an error when no "
         "broker answers for this long (0 = wait forever); a broker lost after the first "
         "registration is waited for as long as it takes, and logged", broker_wait_ms),
+    OPT("max-copy-failures", CFG_INT, "60", 0, 1 << 30, "exit with an error after this many "
+        "granted slots in a row could not be copied (this drafter cannot map the target's "
+        "memory: another host, no shared /dev/shm or IPC namespace, a GPU that cannot reach "
+        "the target's); 0 = retry forever", max_copy_failures),
     OPT("exit-when-drained", CFG_BOOL, "true", 1, 0, "exit 0 when the broker reports drained",
         exit_when_drained),
     OPTS("group", "", "train: join this data-parallel drafter group (one process per rank; the "
@@ -420,6 +425,7 @@ int main(int argc, char **argv)
     lc.timeout_ms = cfg.timeout_ms;
     lc.max_batches = cfg.max_batches;
     lc.broker_wait_ms = cfg.broker_wait_ms;
+    lc.max_copy_failures = cfg.max_copy_failures;
     lc.exit_when_drained = cfg.exit_when_drained;
     if (cfg.group[0]) {
         dp_comm_kind kind = DP_COMM_SHM;

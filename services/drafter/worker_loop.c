@@ -204,6 +204,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
         int rrc = 0;
         RETRY_CALL(w, stop, rrc, client_release_unread(w->client, g->lease_id));
         (void)rrc;
+        if (worker_session_copy_hopeless(w->s, rc)) return DFLASH_EPEER;
         monotime_sleep_ms(w->copy_backoff_ms);
         w->copy_backoff_ms = w->copy_backoff_ms < 1000 ? w->copy_backoff_ms * 2 : 1000;
         return 0;

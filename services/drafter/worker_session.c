@@ -29,6 +29,7 @@ struct worker_session {
     bool hb_started;
     worker_stats last; /* progress window: the stats when it started ... */
     double last_t;     /* ... and when */
+    int64_t copy_fail_run; /* slot copies failed since the last that succeeded */
 };
 
 static void *heartbeat_main(void *arg)
@@ -179,13 +180,28 @@ int worker_session_copy(worker_session *s, const wire_grant *g, double *secs)
     if (rc < 0) {
         /* the exporter is gone (shm removed) or the grant is bad */
         pool_importer_forget(s->imp, ref.incarnation);
+        s->copy_fail_run++;
         return rc;
     }
+    s->copy_fail_run = 0;
     double dt = monotime_s() - t0;
     s->st->copy_s += dt;
     s->st->bytes_copied += bytes;
     if (secs) *secs = dt;
     return 0;
+}
+
+bool worker_session_copy_hopeless(const worker_session *s, int last_rc)
+{
+    int64_t limit = s->cfg->max_copy_failures;
+    if (limit <= 0 || s->copy_fail_run < limit) return false;
+    LOG_ERROR("no slot could be copied in %lld grants in a row (the last: %s); this drafter "
+              "cannot map the target's slots: it must run on the target's host with its shared "
+              "memory (compose: ipc: host, or a shared /dev/shm) and, on the cuda backend, a GPU "
+              "that can reach the target's (the same device or peer access). Giving up "
+              "(--max-copy-failures %lld)",
+              (long long)s->copy_fail_run, err_str(last_rc), (long long)limit);
+    return true;
 }
 
 int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_grant *g,

@@ -55,6 +55,10 @@ int worker_session_await_broker(const worker_session *s, double since);
  * duration; or a negative code after forgetting the incarnation: the slot was not read, and the
  * caller still holds (and must release) its lease. */
 int worker_session_copy(worker_session *s, const wire_grant *g, double *secs);
+/* After a failed worker_session_copy (last_rc its code): true, after logging why and what to
+ * check, when cfg->max_copy_failures (> 0) copies in a row have failed with none succeeding in
+ * between: the drafter cannot map any slot it is granted and should exit. */
+bool worker_session_copy_hopeless(const worker_session *s, int last_rc);
 /* Hands the staged copy of g to cons->consume (timed into consume_s); returns its result, with
  * *step as consume() set it. Call after worker_session_copy succeeded for g. */
 int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_grant *g,

@@ -7,7 +7,8 @@
  * batch (acks it). Then this process runs the worker loop in a thread: it cannot map the pool,
  * so every grant fails to copy. Checks, from one status reply once 6 grants failed: the ledger
  * has at most max-depth (2) batches in flight (the ones in slots), not one per failed grant, and
- * the consumer never ran. */
+ * the consumer never ran. Then the loop, whose max_copy_failures is 10, ends by itself with
+ * DFLASH_EPEER (a drafter that cannot map any slot gives up instead of retrying for ever). */
 #include "check.h"
 #include "harness.h"
 #include "slot.h"
@@ -22,6 +23,7 @@ typedef struct blind {
     worker_consumer cons;
     volatile sig_atomic_t stop;
     int consumed, rc;
+    volatile int ended;
 } blind;
 
 static int consume(void *ctx, const worker_batch *b, uint64_t *step)
@@ -36,6 +38,7 @@ static void *run_loop(void *arg)
 {
     blind *k = arg;
     k->rc = worker_loop_run(&k->lc, &k->cons, &k->stop, NULL);
+    k->ended = 1;
     return NULL;
 }
 
@@ -70,7 +73,8 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_release(peek, g.lease_id), 0);
     CHECK_EQ_INT(client_ack(peek, &g.unit, 1), 0);
 
-    blind k = {.lc = {.endpoint = ep, .name = "blind", .backend = POOL_HOST, .timeout_ms = 1000}};
+    blind k = {.lc = {.endpoint = ep, .name = "blind", .backend = POOL_HOST, .timeout_ms = 1000,
+                      .max_copy_failures = 10}};
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &k.lc.layout), 0);
     k.cons = (worker_consumer){.name = "blind", .ctx = &k, .consume = consume};
     pthread_t th;
@@ -94,8 +98,13 @@ int main(int argc, char **argv)
     CHECK(s.grants >= 7);
     CHECK(s.batches_inflight <= 2);
     CHECK_EQ_INT(s.batches_trained, 1);
+    /* failures 7 to 10 wait 64 ms to 512 ms after the one before: ~1 s more */
+    deadline = h_now_ms() + 30000;
+    while (!k.ended && h_now_ms() < deadline) h_sleep_ms(20);
+    CHECK(k.ended);
     k.stop = 1;
     pthread_join(th, NULL);
+    CHECK_EQ_INT(k.rc, DFLASH_EPEER);
     CHECK_EQ_INT(k.consumed, 0);
     client_destroy(&c);
     client_destroy(&peek);

@@ -175,22 +175,49 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
     return rc;
 }
 
+/* DFLASH_<SCOPE><NAME> into var: name upper-cased with '-' as '_'; scope "" or e.g. "MKMODEL_". */
+static void env_var_name(const char *scope, const char *name, char *var, size_t size)
+{
+    size_t n = (size_t)snprintf(var, size, "DFLASH_%s", scope);
+    for (const char *p = name; *p && n + 1 < size; p++)
+        var[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    var[n < size ? n : size - 1] = 0;
+}
+
+/* The program's scope of its variables: "dflash-mkmodel" gives "MKMODEL_", "dflash-drafter eval"
+ * "DRAFTER_EVAL_" (letters and digits upper-cased, anything else '_'). */
+static void env_scope(const cfg_table *t, char *scope, size_t size)
+{
+    const char *p = t->program;
+    if (strncmp(p, "dflash-", 7) == 0) p += 7;
+    size_t n = 0;
+    for (; *p && n + 2 < size; p++)
+        scope[n++] = isalnum((unsigned char)*p) ? (char)toupper((unsigned char)*p) : '_';
+    scope[n++] = '_';
+    scope[n] = 0;
+}
+
+/* DFLASH_<NAME> for every option, then DFLASH_<PROGRAM>_<NAME>, which wins: a shell that runs
+ * several programs can give each its own value of an option they share by name (--layers is
+ * the captured layers to the daemons, the decoder layers to dflash-mkmodel). */
 static int load_env(const cfg_table *t, void *cfg)
 {
-    for (size_t i = 0; i < t->n_options; i++) {
-        const cfg_option *o = &t->options[i];
-        char var[128] = "DFLASH_";
-        size_t n = strlen(var);
-        for (const char *p = o->name; *p && n + 1 < sizeof var; p++)
-            var[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
-        var[n] = 0;
-        const char *v = getenv(var);
-        if (!v) continue;
-        char err[256];
-        int r = set_value(o, cfg, v, err, sizeof err);
-        if (r) {
-            fprintf(stderr, "%s: environment %s: %s\n", t->program, var, err);
-            return r;
+    char scope[64];
+    env_scope(t, scope, sizeof scope);
+    const char *scopes[] = {"", scope};
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < t->n_options; i++) {
+            const cfg_option *o = &t->options[i];
+            char var[160];
+            env_var_name(scopes[k], o->name, var, sizeof var);
+            const char *v = getenv(var);
+            if (!v) continue;
+            char err[256];
+            int r = set_value(o, cfg, v, err, sizeof err);
+            if (r) {
+                fprintf(stderr, "%s: environment %s: %s\n", t->program, var, err);
+                return r;
+            }
         }
     }
     return 0;
@@ -341,8 +368,11 @@ void config_dump(const cfg_table *t, const void *cfg, FILE *out)
 
 void config_print_help(const cfg_table *t, FILE *out)
 {
-    fprintf(out, "usage: %s %s\n%s\n\noptions (flag, DFLASH_* variable or config-file key):\n",
-            t->program, t->usage ? t->usage : "[options]", t->summary ? t->summary : "");
+    char scope[64];
+    env_scope(t, scope, sizeof scope);
+    fprintf(out, "usage: %s %s\n%s\n\noptions (flag; variable DFLASH_NAME, or DFLASH_%sNAME for "
+            "this program alone; config-file key):\n", t->program,
+            t->usage ? t->usage : "[options]", t->summary ? t->summary : "", scope);
     for (size_t i = 0; i < t->n_options; i++) {
         const cfg_option *o = &t->options[i];
         static const char *const types[] = {"INT", "NUM", "BOOL", "STR"};

@@ -65,6 +65,23 @@ int main(void)
     unsetenv("DFLASH_RATIO");
     unlink(path);
 
+    /* DFLASH_<PROGRAM>_<NAME> beats DFLASH_<NAME>; another program's scoped variable is not
+     * ours */
+    setenv("DFLASH_RATIO", "0.75", 1);
+    setenv("DFLASH_DEMO_RATIO", "0.125", 1);
+    setenv("DFLASH_OTHER_MIN_READY", "11", 1);
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK_NEAR(c.ratio, 0.125, 0);
+    CHECK_EQ_INT(c.min_ready, 4);
+    unsetenv("DFLASH_DEMO_RATIO");
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK_NEAR(c.ratio, 0.75, 0);
+    setenv("DFLASH_DEMO_RATIO", "2", 1); /* named as such in the error */
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), DFLASH_ERANGE);
+    unsetenv("DFLASH_DEMO_RATIO");
+    unsetenv("DFLASH_RATIO");
+    unsetenv("DFLASH_OTHER_MIN_READY");
+
     /* errors */
     char *argv2[] = {"demo", "--min-ready", "5000", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 3, argv2, NULL, 0, NULL), DFLASH_ERANGE);

@@ -2,7 +2,8 @@
 # scripts_generator: scripts/train and scripts/test share build/, so they must configure it with
 # the same CMake generator. scripts/train used the default (Unix Makefiles) and scripts/test
 # Ninja: after scripts/train, scripts/test failed with "Does not match the generator used
-# previously". Runs the real scripts and the real cmake configure on a copy of the tree (the
+# previously". Both (and scripts/demo, scripts/gpu-carry) now configure through
+# scripts/build-lib.sh. Runs the real scripts and the real cmake configure on a copy of the tree (the
 # sources linked, the scripts copied); a cmake wrapper stops at the build step (exit 3), so
 # nothing is compiled. Also: a build/ made by hand with Unix Makefiles keeps working with both.
 #   scripts_generator.sh SOURCE_ROOT
@@ -17,7 +18,7 @@ mkdir -p "$ROOT/scripts" "$WORK/bin" "$WORK/model"
 for f in "$SRC"/*; do
     case $(basename "$f") in build* | scripts) ;; *) ln -s "$f" "$ROOT/" ;; esac
 done
-cp "$SRC/scripts/train" "$SRC/scripts/test" "$ROOT/scripts/"
+cp "$SRC/scripts/train" "$SRC/scripts/test" "$SRC/scripts/build-lib.sh" "$ROOT/scripts/"
 cat > "$WORK/bin/cmake" << EOF
 #!/usr/bin/env bash
 if [ "\$1" = --build ]; then echo "build \$2" >> "$WORK/builds"; exit 3; fi

@@ -786,6 +786,15 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 }
 
 /* What the importer needs to map the granted slot. */
+/* True when draining and nothing is left to hand out: no slot filling, ready or leased, or no
+ * pool at all (a broker restarted after its targets exited at a drain knows none, and no target
+ * will register and produce while it drains). Claims are then answered SHUTDOWN. */
+static bool drained(const broker *b)
+{
+    if (b->pending_mode != POLICY_DRAINING) return false;
+    return !b->policy || policy_drained(b->policy);
+}
+
 static void fill_grant(broker *b, const policy_grant *g, wire_grant *w)
 {
     const pool_desc *d = &b->pools[g->where.pool_id];
@@ -819,14 +828,12 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (group_of_peer(b->groups, p->incarnation))
         return reply_error(b, r, m->request_id, DFLASH_EDENIED,
                            "a group member claims whole steps (StepClaim), not single slots");
+    if (drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
     policy_grant g;
     int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);
-    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE) {
-        if (policy_drained(b->policy) && policy_get_mode(b->policy) == POLICY_DRAINING)
-            return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE)
         return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing eligible");
-    }
     if (rc) return reply_error(b, r, m->request_id, rc, "claim refused");
     reply_init(b, r, WIRE_GRANT, m->request_id);
     fill_grant(b, &g, &r->u.grant);
@@ -1095,13 +1102,11 @@ static void on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
                            (unsigned long long)c->step);
     if (rc) return reply_error(b, r, m->request_id, rc, "step claim refused");
     if (!mine) { /* reserve the whole step: one slot per rank, all or nothing */
+        if (drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
         if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
-        if (policy_claimable(b->policy) < g->world) {
-            if (policy_drained(b->policy) && policy_get_mode(b->policy) == POLICY_DRAINING)
-                return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+        if (policy_claimable(b->policy) < g->world)
             return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
                                "fewer than %u slots eligible for a step", g->world);
-        }
         group_slot slots[GROUP_MAX_WORLD];
         uint64_t now = now_ms(b), taken[GROUP_MAX_WORLD];
         uint32_t n_taken = 0;

@@ -16,7 +16,10 @@
  *   - a SlotReady whose batch the broker adopts but whose slot it then refuses (the slot is
  *     READY with another batch) left that batch in flight for ever: it returns to to-do;
  *   - two live processes with one role and name replaced each other for ever: the replaced one
- *     is refused when it says hello again.
+ *     is refused when it says hello again;
+ *   - a drain given to a broker that knows no pool (restarted after the target had already
+ *     exited at the first drain) left every drafter waiting for ever on "no pool yet": its
+ *     claims and step claims are answered SHUTDOWN, so the drafters checkpoint and exit.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -231,6 +234,39 @@ static void test_ready_refused_after_adopt(void)
     stub_broker_free();
 }
 
+/* A broker restarted during a drain forgets the drain and no target comes back to register a
+ * pool (targets exit at a drain); `dflash-ctl drain` again must end the drafters' claims. */
+static void test_drain_without_pool(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN); /* running: a target may still register */
+
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "g0", NULL, 0), 0);
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    CHECK_EQ_INT(stub_send("g0"), 0);
+    uint64_t epoch = stub_rep.u.view.epoch, step = stub_rep.u.view.step + 1;
+    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
+    stub_req.u.set_id.epoch = epoch;
+    stub_req.u.set_id.id_len = 1;
+    CHECK_EQ_INT(stub_send("g0"), 0);
+
+    stub_init(WIRE_DRAIN, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN);
+    stub_init(WIRE_STEP_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
+    stub_req.u.gstep.epoch = epoch;
+    stub_req.u.gstep.step = step;
+    CHECK_EQ_INT(stub_send("g0"), DFLASH_ESHUTDOWN);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
@@ -239,5 +275,6 @@ int main(void)
     test_bad_shares();
     test_ready_refused_after_adopt();
     test_duplicate_name();
+    test_drain_without_pool();
     CHECK_DONE();
 }

@@ -276,6 +276,8 @@ struct broker {
     group_table *groups;      /* data-parallel drafter groups (group.h) */
     policy_mode pending_mode;
     uint32_t n_buckets;
+    double target_share[WIRE_MAX_BUCKETS]; /* the last registered target's: used while
+                                              cfg.shares is empty */
     uint32_t epochs;          /* from the target (0 unknown) */
     bool orphans_requeued;
 
@@ -472,6 +474,7 @@ static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, c
                  b->cfg.shares, n_buckets);
         b->cfg.shares[0] = '\0';
     }
+    memcpy(b->target_share, share, n_buckets * sizeof *share);
     if (!b->cfg.shares[0]) policy_set_shares(b->policy, n_buckets, share);
     policy_set_mode(b->policy, b->pending_mode);
     return 0;
@@ -695,6 +698,7 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     }
     d->registered = true;
     p->pool_id = id;
+    memcpy(b->target_share, w->bucket_share, w->n_buckets * sizeof *w->bucket_share);
     if (!b->cfg.shares[0]) policy_set_shares(b->policy, w->n_buckets, w->bucket_share);
     b->epochs = b->cfg.max_epochs ? (uint32_t)b->cfg.max_epochs : w->epochs;
     LOG_INFO("pool %d of %s: incarnation %016" PRIx64 ", %u slots of %" PRIu64 " bytes, %s", id,
@@ -1248,8 +1252,9 @@ void broker_status(broker *b, wire_status *s)
     }
 }
 
-/* Applies cfg's live values to the policy and the log. */
-static int apply_live(broker *b, const queue_config *c)
+/* Applies cfg's live values to the policy and the log; the shares (which restart the mix
+ * accounting) only when shares_changed: cfg.shares, or the target's when it is empty. */
+static int apply_live(broker *b, const queue_config *c, bool shares_changed)
 {
     log_level lvl;
     if (strcmp(c->log_level, b->cfg_applied_log) != 0 && log_level_parse(c->log_level, &lvl) == 0) {
@@ -1261,11 +1266,11 @@ static int apply_live(broker *b, const queue_config *c)
     policy_set_max_depth(b->policy, (uint32_t)c->max_depth);
     policy_set_lease_timeout(b->policy, (uint32_t)c->lease_timeout_ms);
     policy_set_max_redeliveries(b->policy, (uint32_t)c->max_redeliveries);
-    if (c->shares[0]) {
-        double sh[WIRE_MAX_BUCKETS];
-        if (parse_shares(c->shares, b->n_buckets, sh) == 0)
-            policy_set_shares(b->policy, b->n_buckets, sh);
-    }
+    double sh[WIRE_MAX_BUCKETS];
+    if (!shares_changed) return 0;
+    if (!c->shares[0]) policy_set_shares(b->policy, b->n_buckets, b->target_share);
+    else if (parse_shares(c->shares, b->n_buckets, sh) == 0)
+        policy_set_shares(b->policy, b->n_buckets, sh);
     return 0;
 }
 
@@ -1310,8 +1315,9 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
     }
     int rc = depth_check(&next, largest, err, err_len);
     if (rc) return rc;
+    bool shares_changed = strcmp(next.shares, b->cfg.shares) != 0;
     b->cfg = next;
-    apply_live(b, &b->cfg);
+    apply_live(b, &b->cfg, shares_changed);
     warn_reservoir(b);
     for (uint32_t i = 0; i < set->n; i++)
         LOG_INFO("set %s = %s", set->kv[i].key, set->kv[i].value);

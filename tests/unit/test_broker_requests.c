@@ -13,6 +13,8 @@
  *     drafter of a release it made is answered Ok;
  *   - bad shares: `set shares=nan` answered Ok and was then ignored; --shares with a count the
  *     target's buckets do not have was ignored silently, and made every later `set` fail;
+ *   - `set shares=` (back to the target's shares, as the reply and the config then say) kept
+ *     the shares set before it: the mix followed numbers nobody could see any more;
  *   - a SlotReady whose batch the broker adopts but whose slot it then refuses (the slot is
  *     READY with another batch) left that batch in flight for ever: it returns to to-do;
  *   - two live processes with one role and name replaced each other for ever: the replaced one
@@ -217,6 +219,23 @@ static void test_bad_shares(void)
     stub_broker_free();
 }
 
+/* An empty shares setting is the default: the shares the target reported. */
+static void test_shares_reset(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    pool_two_buckets();
+    CHECK_NEAR(stub_status().buckets[0].share, 0.75, 1e-9);
+    CHECK_EQ_INT(set1("shares", "1,1"), 0);
+    CHECK_NEAR(stub_status().buckets[0].share, 0.5, 1e-9);
+    CHECK_EQ_INT(set1("min-ready", "1"), 0);
+    CHECK_NEAR(stub_status().buckets[0].share, 0.5, 1e-9);
+    CHECK_EQ_INT(set1("shares", ""), 0);
+    CHECK_NEAR(stub_status().buckets[0].share, 0.75, 1e-9);
+    stub_broker_free();
+}
+
 static void test_ready_refused_after_adopt(void)
 {
     stub_broker_new(NULL);
@@ -273,6 +292,7 @@ int main(void)
     test_reservoir_over_depth();
     test_release_retry();
     test_bad_shares();
+    test_shares_reset();
     test_ready_refused_after_adopt();
     test_duplicate_name();
     test_drain_without_pool();

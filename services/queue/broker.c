@@ -268,7 +268,7 @@ struct broker {
     uint64_t last_cron_ms;   /* when cron last ran (0: not yet) */
     uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
     uint64_t last_grace_ms;  /* when that grace was last given */
-    uint64_t last_stats_ms, grants_at_last, stats_window_start;
+    uint64_t last_stats_ms, grants_at_last; /* claims/s: when last measured, grants then */
     double claims_per_s;
 
     ledger *ledger;
@@ -1653,7 +1653,10 @@ static void cron(uv_timer_t *t)
         uint64_t n = ledger_requeue_orphans(b->ledger);
         if (n) LOG_INFO("%" PRIu64 " batches in flight before the restart went back to to-do", n);
     }
-    if (b->cfg.stats_interval_ms && now - b->last_stats_ms >= (uint64_t)b->cfg.stats_interval_ms) {
+    /* claims/s is measured over the stats interval, or each second when stats are off (status
+     * shows it either way) */
+    uint64_t window = b->cfg.stats_interval_ms ? (uint64_t)b->cfg.stats_interval_ms : 1000;
+    if (now - b->last_stats_ms >= window) {
         static wire_msg s;
         reply_init(b, &s, WIRE_STATUS_REPLY, 0);
         broker_status(b, &s.u.status);
@@ -1662,7 +1665,7 @@ static void cron(uv_timer_t *t)
         s.u.status.claims_per_s = b->claims_per_s;
         b->grants_at_last = s.u.status.grants;
         b->last_stats_ms = now;
-        publish(b, "stats", &s);
+        if (b->cfg.stats_interval_ms) publish(b, "stats", &s);
     }
 }
 

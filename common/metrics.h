@@ -11,8 +11,8 @@
  * caller has already copied them off the device asynchronously (DESIGN.md section 6: read a step
  * later). A record is formatted into stdio's buffers (64 KiB per file) on the calling thread; no
  * fsync ever happens, and fflush runs at most once per flush interval (default 1 s) or when
- * metrics_flush() is called, e.g. from the daemon's cron timer so a stalled run's last records
- * reach the disk. A record costs a few microseconds; nothing here waits on the device.
+ * metrics_flush() is called (dflash-drafter: whenever it waits for a batch) so a stalled run's
+ * last records reach the disk. A record costs a few microseconds; nothing here waits on the device.
  *
  * A metrics writer is owned by one thread (the drafter's training loop); it is not thread-safe.
  * Tags in the event file: train/loss, train/accuracy, train/acceptance_length, train/lr,

@@ -301,6 +301,7 @@ static int stepping(gw *g, double *backoff)
         return run_step(g, &sg, s);
     }
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
+        if (k->idle) k->idle(k->ctx);
         monotime_sleep_ms(*backoff);
         *backoff = *backoff < 20 ? *backoff * 2 : 20;
         g->st.wait_grant_s += monotime_s() - t0;

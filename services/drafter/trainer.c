@@ -327,6 +327,15 @@ static bool train_done(void *vctx) {
     return t->max_steps > 0 && t->m->step >= t->max_steps;
 }
 
+/* The loop waits for data: the last step's metrics (read a step later while steps come) are
+ * written and the files flushed, so a stalled run's metrics are current. */
+static void train_idle(void *vctx) {
+    trainer *t = vctx;
+    while (dflash_train_pending(t->m) > 0)
+        report_oldest(t);
+    if (t->met) metrics_flush(t->met);
+}
+
 static int train_finish(void *vctx) {
     trainer *t = vctx;
     while (dflash_train_pending(t->m) > 0)
@@ -618,6 +627,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .resume_step = train_resume_step,
                            .done = train_done,
                            .finish = train_finish,
+                           .idle = train_idle,
                            .set_group = train_set_group,
                            .sync_state = train_sync_state,
                            .model_step = train_model_step,

@@ -24,6 +24,7 @@
  *   reports the optimizer step that included the batch. Every checkpoint_every steps it saves a
  *   checkpoint (dflash_ckpt_save: temporary name + rename, last K kept); committed() then
  *   returns that step and the loop tells the broker. finish() saves the final checkpoint.
+ *   idle() (the loop waits for a batch) writes the last step's metrics and flushes them.
  *   resume_step() is the step the model started from: the loop tells the broker (resume_from)
  *   before the first claim, so batches trained after the last checkpoint are trained again.
  * In a data-parallel group (group_worker.h, the consumer's group hooks) consume() runs

@@ -72,6 +72,10 @@ typedef struct worker_consumer {
     int64_t (*resume_step)(void *ctx);
     bool (*done)(void *ctx);
     int (*finish)(void *ctx);
+    /* (optional) the loop waits for a grant or for the broker: write what is pending (e.g. the
+     * last step's metrics) so that a stalled run's files are current. Called every few ms while
+     * waiting; cheap when there is nothing to write. */
+    void (*idle)(void *ctx);
     /* Data-parallel group hooks (group_worker.h); NULL: the consumer cannot train in a group.
      *   set_group(comm, rank, world) from now on each consume() is this rank's share of one
      *                  group step, trained with the collective comm (NULL: alone again); only

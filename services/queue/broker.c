@@ -268,7 +268,7 @@ struct broker {
     uint64_t last_cron_ms;   /* when cron last ran (0: not yet) */
     uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
     uint64_t last_grace_ms;  /* when that grace was last given */
-    uint64_t last_stats_ms, grants_at_last, stats_window_start;
+    uint64_t last_stats_ms, grants_at_last; /* claims/s: when last measured, grants then */
     double claims_per_s;
 
     ledger *ledger;
@@ -276,6 +276,8 @@ struct broker {
     group_table *groups;      /* data-parallel drafter groups (group.h) */
     policy_mode pending_mode;
     uint32_t n_buckets;
+    double target_share[WIRE_MAX_BUCKETS]; /* the last registered target's: used while
+                                              cfg.shares is empty */
     uint32_t epochs;          /* from the target (0 unknown) */
     bool orphans_requeued;
 
@@ -472,6 +474,7 @@ static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, c
                  b->cfg.shares, n_buckets);
         b->cfg.shares[0] = '\0';
     }
+    memcpy(b->target_share, share, n_buckets * sizeof *share);
     if (!b->cfg.shares[0]) policy_set_shares(b->policy, n_buckets, share);
     policy_set_mode(b->policy, b->pending_mode);
     return 0;
@@ -695,6 +698,7 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     }
     d->registered = true;
     p->pool_id = id;
+    memcpy(b->target_share, w->bucket_share, w->n_buckets * sizeof *w->bucket_share);
     if (!b->cfg.shares[0]) policy_set_shares(b->policy, w->n_buckets, w->bucket_share);
     b->epochs = b->cfg.max_epochs ? (uint32_t)b->cfg.max_epochs : w->epochs;
     LOG_INFO("pool %d of %s: incarnation %016" PRIx64 ", %u slots of %" PRIu64 " bytes, %s", id,
@@ -786,6 +790,15 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 }
 
 /* What the importer needs to map the granted slot. */
+/* True when draining and nothing is left to hand out: no slot filling, ready or leased, or no
+ * pool at all (a broker restarted after its targets exited at a drain knows none, and no target
+ * will register and produce while it drains). Claims are then answered SHUTDOWN. */
+static bool drained(const broker *b)
+{
+    if (b->pending_mode != POLICY_DRAINING) return false;
+    return !b->policy || policy_drained(b->policy);
+}
+
 static void fill_grant(broker *b, const policy_grant *g, wire_grant *w)
 {
     const pool_desc *d = &b->pools[g->where.pool_id];
@@ -819,14 +832,12 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (group_of_peer(b->groups, p->incarnation))
         return reply_error(b, r, m->request_id, DFLASH_EDENIED,
                            "a group member claims whole steps (StepClaim), not single slots");
+    if (drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
     policy_grant g;
     int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);
-    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE) {
-        if (policy_drained(b->policy) && policy_get_mode(b->policy) == POLICY_DRAINING)
-            return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE)
         return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing eligible");
-    }
     if (rc) return reply_error(b, r, m->request_id, rc, "claim refused");
     reply_init(b, r, WIRE_GRANT, m->request_id);
     fill_grant(b, &g, &r->u.grant);
@@ -1095,13 +1106,11 @@ static void on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
                            (unsigned long long)c->step);
     if (rc) return reply_error(b, r, m->request_id, rc, "step claim refused");
     if (!mine) { /* reserve the whole step: one slot per rank, all or nothing */
+        if (drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
         if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
-        if (policy_claimable(b->policy) < g->world) {
-            if (policy_drained(b->policy) && policy_get_mode(b->policy) == POLICY_DRAINING)
-                return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+        if (policy_claimable(b->policy) < g->world)
             return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
                                "fewer than %u slots eligible for a step", g->world);
-        }
         group_slot slots[GROUP_MAX_WORLD];
         uint64_t now = now_ms(b), taken[GROUP_MAX_WORLD];
         uint32_t n_taken = 0;
@@ -1243,8 +1252,9 @@ void broker_status(broker *b, wire_status *s)
     }
 }
 
-/* Applies cfg's live values to the policy and the log. */
-static int apply_live(broker *b, const queue_config *c)
+/* Applies cfg's live values to the policy and the log; the shares (which restart the mix
+ * accounting) only when shares_changed: cfg.shares, or the target's when it is empty. */
+static int apply_live(broker *b, const queue_config *c, bool shares_changed)
 {
     log_level lvl;
     if (strcmp(c->log_level, b->cfg_applied_log) != 0 && log_level_parse(c->log_level, &lvl) == 0) {
@@ -1256,11 +1266,11 @@ static int apply_live(broker *b, const queue_config *c)
     policy_set_max_depth(b->policy, (uint32_t)c->max_depth);
     policy_set_lease_timeout(b->policy, (uint32_t)c->lease_timeout_ms);
     policy_set_max_redeliveries(b->policy, (uint32_t)c->max_redeliveries);
-    if (c->shares[0]) {
-        double sh[WIRE_MAX_BUCKETS];
-        if (parse_shares(c->shares, b->n_buckets, sh) == 0)
-            policy_set_shares(b->policy, b->n_buckets, sh);
-    }
+    double sh[WIRE_MAX_BUCKETS];
+    if (!shares_changed) return 0;
+    if (!c->shares[0]) policy_set_shares(b->policy, b->n_buckets, b->target_share);
+    else if (parse_shares(c->shares, b->n_buckets, sh) == 0)
+        policy_set_shares(b->policy, b->n_buckets, sh);
     return 0;
 }
 
@@ -1305,8 +1315,9 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
     }
     int rc = depth_check(&next, largest, err, err_len);
     if (rc) return rc;
+    bool shares_changed = strcmp(next.shares, b->cfg.shares) != 0;
     b->cfg = next;
-    apply_live(b, &b->cfg);
+    apply_live(b, &b->cfg, shares_changed);
     warn_reservoir(b);
     for (uint32_t i = 0; i < set->n; i++)
         LOG_INFO("set %s = %s", set->kv[i].key, set->kv[i].value);
@@ -1642,7 +1653,10 @@ static void cron(uv_timer_t *t)
         uint64_t n = ledger_requeue_orphans(b->ledger);
         if (n) LOG_INFO("%" PRIu64 " batches in flight before the restart went back to to-do", n);
     }
-    if (b->cfg.stats_interval_ms && now - b->last_stats_ms >= (uint64_t)b->cfg.stats_interval_ms) {
+    /* claims/s is measured over the stats interval, or each second when stats are off (status
+     * shows it either way) */
+    uint64_t window = b->cfg.stats_interval_ms ? (uint64_t)b->cfg.stats_interval_ms : 1000;
+    if (now - b->last_stats_ms >= window) {
         static wire_msg s;
         reply_init(b, &s, WIRE_STATUS_REPLY, 0);
         broker_status(b, &s.u.status);
@@ -1651,7 +1665,7 @@ static void cron(uv_timer_t *t)
         s.u.status.claims_per_s = b->claims_per_s;
         b->grants_at_last = s.u.status.grants;
         b->last_stats_ms = now;
-        publish(b, "stats", &s);
+        if (b->cfg.stats_interval_ms) publish(b, "stats", &s);
     }
 }
 

@@ -1,7 +1,8 @@
 /* dflash-queue: the broker daemon. main() is the table of contents: load the config table
  * (defaults < file < DFLASH_* < flags), resolve the runtime directory and endpoints, refuse a
  * tcp:// endpoint without CURVE (broker_config_check), open the
- * broker (which replays the journal and binds), log the effective config, run the loop until
+ * broker (which replays the journal and binds), log the effective config (and warn about a
+ * journal left at its default place, the runtime dir), run the loop until
  * SIGINT/SIGTERM, shut down in reverse. Everything else lives in broker.c (server loop),
  * policy.c (buckets, leases) and ledger.c/journal.c (the training ledger). */
 #include "broker.h"
@@ -51,6 +52,17 @@ static void resolve_paths(queue_config *c)
         snprintf(c->journal, sizeof c->journal, "%.200s/queue.journal", c->runtime_dir);
 }
 
+/* The default journal lives in the runtime dir, on most systems a tmpfs ($XDG_RUNTIME_DIR is
+ * emptied at logout, /tmp often at reboot): a broker restarted after that would start a fresh
+ * ledger and hand out every batch again. Said at start-up; an explicit --journal is trusted. */
+static void warn_default_journal(const queue_config *c)
+{
+    LOG_WARN("journal %s: the default, in the runtime dir, which the system may empty (logout, "
+             "reboot, tmp cleaning); a broker restarted after that forgets which batches were "
+             "trained: give --journal a file on persistent storage (or --journal none)",
+             c->journal);
+}
+
 static void on_signal(uv_signal_t *s, int signum)
 {
     LOG_INFO("signal %d: shutting down", signum);
@@ -68,6 +80,7 @@ int main(int argc, char **argv)
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
 
+    bool journal_default = !cfg.journal[0];
     resolve_paths(&cfg);
     char why[400];
     if (broker_config_check(&cfg, why, sizeof why)) { /* e.g. tcp:// without CURVE */
@@ -78,6 +91,7 @@ int main(int argc, char **argv)
 
     LOG_INFO("effective configuration:");
     config_dump(table, &cfg, stderr);
+    if (journal_default) warn_default_journal(&cfg);
 
     uv_loop_t *loop = uv_default_loop();
     broker *b = broker_new(loop, &cfg, &rc);

@@ -69,6 +69,22 @@ static __attribute__((unused)) pid_t h_spawn(char *const argv[], int *out_fd)
     return pid;
 }
 
+/* fork+exec argv with its stdout and stderr appended to the file at log_path. */
+static __attribute__((unused)) pid_t h_spawn_logged(char *const argv[], const char *log_path)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = fopen(log_path, "a");
+        if (!f) _exit(127);
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+        execv(argv[0], argv);
+        perror("execv");
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point). */
 static __attribute__((unused)) void h_kill(pid_t pid, int sig)
 {

@@ -13,10 +13,15 @@
  *     drafter of a release it made is answered Ok;
  *   - bad shares: `set shares=nan` answered Ok and was then ignored; --shares with a count the
  *     target's buckets do not have was ignored silently, and made every later `set` fail;
+ *   - `set shares=` (back to the target's shares, as the reply and the config then say) kept
+ *     the shares set before it: the mix followed numbers nobody could see any more;
  *   - a SlotReady whose batch the broker adopts but whose slot it then refuses (the slot is
  *     READY with another batch) left that batch in flight for ever: it returns to to-do;
  *   - two live processes with one role and name replaced each other for ever: the replaced one
- *     is refused when it says hello again.
+ *     is refused when it says hello again;
+ *   - a drain given to a broker that knows no pool (restarted after the target had already
+ *     exited at the first drain) left every drafter waiting for ever on "no pool yet": its
+ *     claims and step claims are answered SHUTDOWN, so the drafters checkpoint and exit.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -214,6 +219,23 @@ static void test_bad_shares(void)
     stub_broker_free();
 }
 
+/* An empty shares setting is the default: the shares the target reported. */
+static void test_shares_reset(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    pool_two_buckets();
+    CHECK_NEAR(stub_status().buckets[0].share, 0.75, 1e-9);
+    CHECK_EQ_INT(set1("shares", "1,1"), 0);
+    CHECK_NEAR(stub_status().buckets[0].share, 0.5, 1e-9);
+    CHECK_EQ_INT(set1("min-ready", "1"), 0);
+    CHECK_NEAR(stub_status().buckets[0].share, 0.5, 1e-9);
+    CHECK_EQ_INT(set1("shares", ""), 0);
+    CHECK_NEAR(stub_status().buckets[0].share, 0.75, 1e-9);
+    stub_broker_free();
+}
+
 static void test_ready_refused_after_adopt(void)
 {
     stub_broker_new(NULL);
@@ -231,13 +253,48 @@ static void test_ready_refused_after_adopt(void)
     stub_broker_free();
 }
 
+/* A broker restarted during a drain forgets the drain and no target comes back to register a
+ * pool (targets exit at a drain); `dflash-ctl drain` again must end the drafters' claims. */
+static void test_drain_without_pool(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN); /* running: a target may still register */
+
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "g0", NULL, 0), 0);
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    CHECK_EQ_INT(stub_send("g0"), 0);
+    uint64_t epoch = stub_rep.u.view.epoch, step = stub_rep.u.view.step + 1;
+    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
+    stub_req.u.set_id.epoch = epoch;
+    stub_req.u.set_id.id_len = 1;
+    CHECK_EQ_INT(stub_send("g0"), 0);
+
+    stub_init(WIRE_DRAIN, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN);
+    stub_init(WIRE_STEP_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
+    stub_req.u.gstep.epoch = epoch;
+    stub_req.u.gstep.step = step;
+    CHECK_EQ_INT(stub_send("g0"), DFLASH_ESHUTDOWN);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
     test_reservoir_over_depth();
     test_release_retry();
     test_bad_shares();
+    test_shares_reset();
     test_ready_refused_after_adopt();
     test_duplicate_name();
+    test_drain_without_pool();
     CHECK_DONE();
 }

@@ -2,8 +2,8 @@
  * directory, or $DFLASH_CTL_BIN) with bad `set` arguments against a runtime directory where no
  * broker listens: bad arguments are exit 1 (the documented "bad arguments"), never exit 2 (no
  * broker answering), so a healthcheck or retry loop does not take a typo for a broker that is
- * down; with --json the failure is one JSON object on stdout; an unknown verb's message lists
- * every verb. */
+ * down; with --json every failure is one JSON object on stdout (bad arguments, an unknown verb
+ * or an unusable endpoint included); an unknown verb's message lists every verb. */
 #include "check.h"
 #include "test_files.h"
 
@@ -62,6 +62,24 @@ int main(void) {
                       "keygen)") != NULL);
     if (!strstr(err, "keygen")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
+
+    /* --json: every refused invocation a script can make prints its JSON failure (an unknown
+     * verb, arguments to a verb that takes none, an endpoint that cannot be used printed
+     * nothing on stdout, so `dflash-ctl --json ... | jq` read an empty document) */
+    static const char *const refused[][2] = {
+        {"--json bogus", "{\"ok\":false,\"verb\":\"bogus\",\"error\":\"INVAL\""},
+        {"--json pause now", "{\"ok\":false,\"verb\":\"pause\",\"error\":\"INVAL\""},
+        {"--json --endpoint nope://x status",
+         "{\"ok\":false,\"verb\":\"status\",\"error\":\"INVAL\""},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        CHECK_EQ_INT(run(refused[i][0]), 1);
+        out = test_slurp(outp, NULL);
+        CHECK(strstr(out, refused[i][1]) == out);
+        if (strstr(out, refused[i][1]) != out)
+            fprintf(stderr, "%s: stdout was:\n%s\n", refused[i][0], out);
+        free(out);
+    }
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -9,7 +9,11 @@
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
- *     when its header holds more or fewer tokens or sequences than the grant said.
+ *     when its header holds more or fewer tokens or sequences than the grant said;
+ *   - a drafter that trained a few steps and then waits for data (a slow or restarting target)
+ *     left metrics.jsonl without those steps for as long as it waited: the last step's record
+ *     is read a step later and the file was flushed only when a record came; waiting (idle())
+ *     writes and flushes them.
  */
 #include "check.h"
 #include "err.h"
@@ -122,7 +126,9 @@ static void test_eval_without_cycles(void) {
 }
 
 /* trainer_new for a fresh run with the given schedule; NULL with err when refused. */
-static worker_consumer *fresh(long total_steps, long max_steps, char *err, size_t errlen) {
+/* A trainer of a fresh drafter; metrics_dir NULL: no metrics files. */
+static worker_consumer *fresh(long total_steps, long max_steps, const char *metrics_dir,
+                              char *err, size_t errlen) {
     model_config mc;
     CHECK_EQ_INT(hf_config_load(target, &mc, err, errlen), 0);
     slot_layout l;
@@ -135,7 +141,8 @@ static worker_consumer *fresh(long total_steps, long max_steps, char *err, size_
                       .block_size = 4,
                       .mask_token_id = -1,
                       .init_seed = 1,
-                      .max_steps = max_steps};
+                      .max_steps = max_steps,
+                      .metrics_dir = metrics_dir};
     dflash_train_cfg_default(&o.train);
     o.train.n_anchors = 8;
     o.train.total_steps = total_steps;
@@ -145,14 +152,14 @@ static worker_consumer *fresh(long total_steps, long max_steps, char *err, size_
 
 static void test_schedule_past_max_steps(void) {
     char err[512];
-    worker_consumer *c = fresh(4, 8, err, sizeof err);
+    worker_consumer *c = fresh(4, 8, NULL, err, sizeof err);
     printf("--total-steps 4 --max-steps 8: %s\n", c ? "started" : err);
     CHECK(c == NULL);
     CHECK(strstr(err, "--max-steps 8") && strstr(err, "--total-steps 4"));
     worker_consumer_destroy(&c);
     long ok[3][2] = {{8, 8}, {0, 8}, {12, 8}};
     for (int i = 0; i < 3; i++) {
-        c = fresh(ok[i][0], ok[i][1], err, sizeof err);
+        c = fresh(ok[i][0], ok[i][1], NULL, err, sizeof err);
         CHECK(c != NULL);
         if (!c) printf("--total-steps %ld --max-steps %ld refused: %s\n", ok[i][0], ok[i][1], err);
         worker_consumer_destroy(&c);
@@ -180,7 +187,7 @@ static void *staged_slot(const slot_layout *l, const slot_work_unit *wu, uint32_
 
 static void test_slot_against_grant(void) {
     char err[512];
-    worker_consumer *c = fresh(0, 0, err, sizeof err);
+    worker_consumer *c = fresh(0, 0, NULL, err, sizeof err);
     CHECK(c != NULL);
     if (!c) return;
     model_config mc;
@@ -204,6 +211,41 @@ static void test_slot_against_grant(void) {
         CHECK_EQ_INT(step, 0);
     }
     free(base);
+    worker_consumer_destroy(&c);
+}
+
+/* Lines of DIR/metrics/metrics.jsonl on disk now. */
+static int jsonl_lines(void) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/metrics/metrics.jsonl", dir);
+    char *text = test_slurp(path, NULL);
+    int n = 0;
+    for (const char *p = text; p && *p; p++) n += *p == '\n';
+    free(text);
+    return n;
+}
+
+static void test_metrics_when_idle(void) {
+    char err[512], mdir[400];
+    snprintf(mdir, sizeof mdir, "%s/metrics", dir);
+    worker_consumer *c = fresh(0, 0, mdir, err, sizeof err);
+    CHECK(c != NULL && c->idle != NULL);
+    if (!c || !c->idle) return;
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
+    slot_layout l;
+    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    for (uint32_t i = 0; i < 2; i++) {
+        slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = i};
+        void *base = staged_slot(&l, &wu, 20);
+        worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+        uint64_t step = 0;
+        CHECK(base && c->consume(c->ctx, &b, &step) == 0);
+        free(base);
+    }
+    CHECK(jsonl_lines() < 2); /* the second step's record comes a step later */
+    c->idle(c->ctx);
+    CHECK_EQ_INT(jsonl_lines(), 2);
     worker_consumer_destroy(&c);
 }
 
@@ -231,6 +273,7 @@ int main(void) {
     test_eval_two_drafters();
     test_schedule_past_max_steps();
     test_slot_against_grant();
+    test_metrics_when_idle();
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -244,8 +244,10 @@ static int cmd_watch(const ctl_config *c, client *cl)
 {
     client_sub *sub = client_sub_new_curve(client_pub_endpoint(cl), "", cl);
     if (!sub) {
-        fprintf(stderr, "dflash-ctl watch: cannot subscribe to '%s'\n", client_pub_endpoint(cl));
-        return 1;
+        char msg[400];
+        snprintf(msg, sizeof msg, "cannot subscribe to the broker's announcements at '%.300s'",
+                 client_pub_endpoint(cl));
+        return fail_msg(c, "watch", DFLASH_EIO, msg);
     }
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
@@ -391,18 +393,17 @@ int main(int argc, char **argv)
                                         "resume", "drain", "ping", "keygen"};
     bool known = false;
     for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) known |= strcmp(verb, verbs[i]) == 0;
+    char msg[400];
     if (!known) { /* the list from verbs[], so it names every verb (keygen was left out) */
-        fprintf(stderr, "dflash-ctl: unknown verb '%s' (", verb);
-        for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++)
-            fprintf(stderr, "%s%s", i ? ", " : "", verbs[i]);
-        fprintf(stderr, ")\n");
-        return 1;
+        size_t off = (size_t)snprintf(msg, sizeof msg, "unknown verb '%.64s' (", verb);
+        for (size_t i = 0; i < sizeof verbs / sizeof *verbs && off < sizeof msg; i++)
+            off += (size_t)snprintf(msg + off, sizeof msg - off, "%s%s", i ? ", " : "", verbs[i]);
+        if (off < sizeof msg) snprintf(msg + off, sizeof msg - off, ")");
+        return fail_msg(&c, verb, DFLASH_EINVAL, msg);
     }
     if (strcmp(verb, "keygen") == 0) return cmd_keygen(npos - 1, pos + 1);
-    if (strcmp(verb, "set") != 0 && npos > 1) {
-        fprintf(stderr, "dflash-ctl %s: takes no arguments\n", verb);
-        return 1;
-    }
+    if (strcmp(verb, "set") != 0 && npos > 1)
+        return fail_msg(&c, verb, DFLASH_EINVAL, "takes no arguments");
     static wire_settings set;
     if (strcmp(verb, "set") == 0 && (rc = parse_set(&c, npos - 1, pos + 1, &set))) return rc;
     resolve_endpoint(&c);
@@ -410,15 +411,16 @@ int main(int argc, char **argv)
     snprintf(name, sizeof name, "ctl-%d", (int)getpid());
     client *cl = client_new(c.endpoint, WIRE_ROLE_CTL, name);
     if (!cl) {
-        fprintf(stderr, "dflash-ctl: cannot use endpoint '%s'\n", c.endpoint);
-        return 1;
+        snprintf(msg, sizeof msg, "cannot use endpoint '%.300s' (ipc://PATH or tcp://HOST:PORT)",
+                 c.endpoint);
+        return fail_msg(&c, verb, DFLASH_EINVAL, msg);
     }
     client_set_timeout(cl, (int)c.timeout_ms);
     if ((c.curve_server_key[0] || c.curve_key[0]) &&
         (rc = client_set_curve_files(cl, c.curve_server_key, c.curve_key))) {
-        fprintf(stderr, "dflash-ctl: %s\n", client_last_error(cl));
+        int out = fail_msg(&c, verb, DFLASH_EINVAL, client_last_error(cl));
         client_destroy(&cl);
-        return 1;
+        return out;
     }
     rc = client_hello(cl, NULL, 0);
     int out = 0;

@@ -789,7 +789,6 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     publish(b, "ready", &a);
 }
 
-/* What the importer needs to map the granted slot. */
 /* True when draining and nothing is left to hand out: no slot filling, ready or leased, or no
  * pool at all (a broker restarted after its targets exited at a drain knows none, and no target
  * will register and produce while it drains). Claims are then answered SHUTDOWN. */
@@ -799,6 +798,7 @@ static bool drained(const broker *b)
     return !b->policy || policy_drained(b->policy);
 }
 
+/* What the importer needs to map the granted slot. */
 static void fill_grant(broker *b, const policy_grant *g, wire_grant *w)
 {
     const pool_desc *d = &b->pools[g->where.pool_id];

@@ -307,11 +307,16 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
         report_oldest(t);
     t->drains += t->ops->stream_drains(t->nn) - drains0;
     count_allocs(t, allocs0);
-    if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) {
-        rc = save_checkpoint(t); /* its download waits for the queued steps */
-        if (rc < 0) return rc;
-    }
     return 0;
+}
+
+/* The loop holds no batch the broker has not taken (worker_loop.h): the periodic checkpoint,
+ * when a multiple of checkpoint_every was passed since the last one (its download waits for
+ * the queued steps). */
+static int train_settled(void *vctx) {
+    trainer *t = vctx;
+    if (t->ckpt_every <= 0 || t->m->step / t->ckpt_every <= t->saved_step / t->ckpt_every) return 0;
+    return save_checkpoint(t);
 }
 
 static uint64_t train_committed(void *vctx) {
@@ -366,7 +371,6 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
     *step = (uint64_t)t->m->step;
     struct step_note n = {.epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs};
     record_step(t, &dm, &n, dt);
-    if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) return save_checkpoint(t);
     return 0;
 }
 
@@ -617,6 +621,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .destroy = train_destroy,
                            .resume_step = train_resume_step,
                            .done = train_done,
+                           .settled = train_settled,
                            .finish = train_finish,
                            .set_group = train_set_group,
                            .sync_state = train_sync_state,

@@ -289,6 +289,23 @@ out:
 /* ---------------------------------------------------------------------------------------------
  * save */
 
+int dflash_ckpt_check_root(const char *root, char *err, size_t errlen) {
+    int rc = 0;
+    struct stat sb;
+    char probe[4200];
+    if (mkdir(root, 0755) && errno != EEXIST)
+        FAIL(DFLASH_EIO, "cannot create %s: %s%s", root, strerror(errno),
+             errno == ENOENT ? " (its parent directory does not exist: create it first)" : "");
+    if (stat(root, &sb) || !S_ISDIR(sb.st_mode)) FAIL(DFLASH_EIO, "%s is not a directory", root);
+    snprintf(probe, sizeof probe, "%s/.write-test-%d", root, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) FAIL(DFLASH_EIO, "cannot write in %s: %s", root, strerror(errno));
+    close(fd);
+    unlink(probe);
+out:
+    return rc;
+}
+
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
                      const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
                      size_t errlen) {

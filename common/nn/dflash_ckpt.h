@@ -37,6 +37,12 @@ typedef struct dflash_ckpt_opts {
     bool weights_f32; /* model.safetensors in fp32 instead of bf16 */
 } dflash_ckpt_opts;
 
+/* Makes sure checkpoints can be written under root before any training: creates root when
+ * missing (not its parents) and writes and removes a probe file in it. 0, or DFLASH_EIO with
+ * the path and the system's reason in err (a missing parent, not a directory, read-only,
+ * permission denied). */
+int dflash_ckpt_check_root(const char *root, char *err, size_t errlen);
+
 /* Writes ROOT/step-<m->step> (see top). path (may be NULL) receives the final directory.
  * Returns 0 or a negative code with a message in err. */
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,

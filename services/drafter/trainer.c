@@ -507,6 +507,12 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     t->keep_last = o->keep_last > 0 ? o->keep_last : 3;
     t->max_steps = o->max_steps;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s", o->checkpoint_dir ? o->checkpoint_dir : "");
+    /* found out now, not at the first checkpoint, after hours of training */
+    char why[600];
+    if (t->ckpt_root[0] && dflash_ckpt_check_root(t->ckpt_root, why, sizeof why) < 0) {
+        snprintf(err, errlen, "--checkpoint-dir: %s", why);
+        goto fail;
+    }
 
     dflash_config dc;
     if (trainer_drafter_config(o->model_dir, o->draft_layers, o->block_size, o->mask_token_id,

@@ -8,6 +8,9 @@
  *     with --init-only (exit 2) instead of evaluating the untrained drafter;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
+ *   - a --checkpoint-dir that cannot be written (its parent missing, a file) is refused at
+ *     start-up naming the path and the reason, not at the first checkpoint after hours of
+ *     training; a missing one under an existing parent is created;
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said.
  */
@@ -121,8 +124,10 @@ static void test_eval_without_cycles(void) {
     CHECK_EQ_INT(r.skipped, 1);
 }
 
-/* trainer_new for a fresh run with the given schedule; NULL with err when refused. */
-static worker_consumer *fresh(long total_steps, long max_steps, char *err, size_t errlen) {
+/* trainer_new for a fresh run with the given schedule and checkpoint dir (NULL: none); NULL
+ * with err when refused. */
+static worker_consumer *fresh(long total_steps, long max_steps, const char *ckpt, char *err,
+                              size_t errlen) {
     model_config mc;
     CHECK_EQ_INT(hf_config_load(target, &mc, err, errlen), 0);
     slot_layout l;
@@ -135,6 +140,7 @@ static worker_consumer *fresh(long total_steps, long max_steps, char *err, size_
                       .block_size = 4,
                       .mask_token_id = -1,
                       .init_seed = 1,
+                      .checkpoint_dir = ckpt,
                       .max_steps = max_steps};
     dflash_train_cfg_default(&o.train);
     o.train.n_anchors = 8;
@@ -145,18 +151,38 @@ static worker_consumer *fresh(long total_steps, long max_steps, char *err, size_
 
 static void test_schedule_past_max_steps(void) {
     char err[512];
-    worker_consumer *c = fresh(4, 8, err, sizeof err);
+    worker_consumer *c = fresh(4, 8, NULL, err, sizeof err);
     printf("--total-steps 4 --max-steps 8: %s\n", c ? "started" : err);
     CHECK(c == NULL);
     CHECK(strstr(err, "--max-steps 8") && strstr(err, "--total-steps 4"));
     worker_consumer_destroy(&c);
     long ok[3][2] = {{8, 8}, {0, 8}, {12, 8}};
     for (int i = 0; i < 3; i++) {
-        c = fresh(ok[i][0], ok[i][1], err, sizeof err);
+        c = fresh(ok[i][0], ok[i][1], NULL, err, sizeof err);
         CHECK(c != NULL);
         if (!c) printf("--total-steps %ld --max-steps %ld refused: %s\n", ok[i][0], ok[i][1], err);
         worker_consumer_destroy(&c);
     }
+}
+
+static void test_checkpoint_dir(void) {
+    char err[512], bad[2][400], fine[400];
+    snprintf(bad[0], sizeof bad[0], "%s/no/such/ckpt", dir);
+    snprintf(bad[1], sizeof bad[1], "%s/target/config.json", dir);
+    const char *why[2] = {"its parent directory does not exist", "is not a directory"};
+    for (int i = 0; i < 2; i++) {
+        worker_consumer *c = fresh(0, 0, bad[i], err, sizeof err);
+        printf("--checkpoint-dir %s: %s\n", bad[i], c ? "started" : err);
+        CHECK(c == NULL);
+        CHECK(strstr(err, bad[i]) && strstr(err, why[i]));
+        worker_consumer_destroy(&c);
+    }
+    snprintf(fine, sizeof fine, "%s/ckpt", dir);
+    worker_consumer *c = fresh(0, 0, fine, err, sizeof err);
+    CHECK(c != NULL);
+    struct stat sb;
+    CHECK(stat(fine, &sb) == 0 && S_ISDIR(sb.st_mode));
+    worker_consumer_destroy(&c);
 }
 
 /* A staged slot of layout l holding one sequence of n tokens (a 4-token prompt, then response)
@@ -180,7 +206,7 @@ static void *staged_slot(const slot_layout *l, const slot_work_unit *wu, uint32_
 
 static void test_slot_against_grant(void) {
     char err[512];
-    worker_consumer *c = fresh(0, 0, err, sizeof err);
+    worker_consumer *c = fresh(0, 0, NULL, err, sizeof err);
     CHECK(c != NULL);
     if (!c) return;
     model_config mc;
@@ -230,6 +256,7 @@ int main(void) {
     test_eval_without_cycles();
     test_eval_two_drafters();
     test_schedule_past_max_steps();
+    test_checkpoint_dir();
     test_slot_against_grant();
 
     test_rmtree(dir);

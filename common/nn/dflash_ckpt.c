@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -288,6 +289,36 @@ out:
 
 /* ---------------------------------------------------------------------------------------------
  * save */
+
+int dflash_ckpt_lock_root(const char *root, int *fd, char *err, size_t errlen) {
+    int rc = 0;
+    char p[4200], pid[32] = "";
+    snprintf(p, sizeof p, "%s/.lock", root);
+    *fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) FAIL(DFLASH_EIO, "cannot open %s: %s", p, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        ssize_t n = pread(*fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        if (e == EWOULDBLOCK)
+            FAIL(DFLASH_EEXISTS,
+                 "%s is in use by another drafter (pid %s; %s is locked): two drafters "
+                 "writing one directory replace and delete each other's checkpoints; give each "
+                 "its own",
+                 root, pid[0] ? pid : "unknown", p);
+        FAIL(DFLASH_EIO, "cannot lock %s: %s", p, strerror(e));
+    }
+    snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, pid, strlen(pid), 0) != (ssize_t)strlen(pid))
+        FAIL(DFLASH_EIO, "cannot write %s: %s", p, strerror(errno));
+out:
+    if (rc && *fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+    return rc;
+}
 
 int dflash_ckpt_check_root(const char *root, char *err, size_t errlen) {
     int rc = 0;

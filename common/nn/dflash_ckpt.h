@@ -13,7 +13,7 @@
  *                             "dflash-training-state-1")
  * It is written into ROOT/.tmp-step-N-PID, every file fsync'd, then renamed to its final name and
  * ROOT fsync'd: a reader sees a complete checkpoint or none. Afterwards only the newest
- * keep_last step-* directories are kept.
+ * keep_last step-* directories are kept. A root has one writer (dflash_ckpt_lock_root).
  *
  * Two ways back, kept separate:
  *   dflash_ckpt_resume       exact resume: master weights, moments, step, seed and schedule, so
@@ -42,6 +42,13 @@ typedef struct dflash_ckpt_opts {
  * the path and the system's reason in err (a missing parent, not a directory, read-only,
  * permission denied). */
 int dflash_ckpt_check_root(const char *root, char *err, size_t errlen);
+
+/* Makes this process the only writer of root: an exclusive flock on root/.lock (created when
+ * missing; the kernel drops it when the process dies, SIGKILL included), our pid written in it.
+ * Two drafters saving into one root would replace each other's step-N and delete each other's
+ * through the retention. *fd receives the lock's descriptor (close it to let go). 0,
+ * DFLASH_EEXISTS when another live process holds it (its pid named in err), or DFLASH_EIO. */
+int dflash_ckpt_lock_root(const char *root, int *fd, char *err, size_t errlen);
 
 /* Writes ROOT/step-<m->step> (see top). path (may be NULL) receives the final directory.
  * Returns 0 or a negative code with a message in err. */

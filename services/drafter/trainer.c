@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct trainer {
     pool_backend backend;
@@ -52,6 +53,7 @@ typedef struct trainer {
     long drains;      /* host waits for the whole compute stream inside steps (should be 0) */
     long allocs;      /* memory allocations inside steps (ops.h allocs; should be 0) */
     char ckpt_root[1024];
+    int ckpt_lock; /* dflash_ckpt_lock_root's descriptor: we are ckpt_root's only writer; -1 */
     int64_t ckpt_every;
     int keep_last;
     int64_t max_steps;
@@ -410,6 +412,7 @@ static void train_destroy(void *vctx) {
         t->ops->host_free(t->nn, t->host);
     }
     close_backend(t->backend, &t->nn);
+    if (t->ckpt_lock >= 0) close(t->ckpt_lock);
     free(t);
 }
 
@@ -496,6 +499,7 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
 worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     worker_consumer *c = calloc(1, sizeof *c);
     trainer *t = calloc(1, sizeof *t);
+    if (t) t->ckpt_lock = -1;
     if (!c || !t) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -509,7 +513,9 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s", o->checkpoint_dir ? o->checkpoint_dir : "");
     /* found out now, not at the first checkpoint, after hours of training */
     char why[600];
-    if (t->ckpt_root[0] && dflash_ckpt_check_root(t->ckpt_root, why, sizeof why) < 0) {
+    if (t->ckpt_root[0] &&
+        (dflash_ckpt_check_root(t->ckpt_root, why, sizeof why) < 0 ||
+         dflash_ckpt_lock_root(t->ckpt_root, &t->ckpt_lock, why, sizeof why) < 0)) {
         snprintf(err, errlen, "--checkpoint-dir: %s", why);
         goto fail;
     }

@@ -10,7 +10,8 @@
  *     resume would be (the same command must be able to resume it);
  *   - a --checkpoint-dir that cannot be written (its parent missing, a file) is refused at
  *     start-up naming the path and the reason, not at the first checkpoint after hours of
- *     training; a missing one under an existing parent is created;
+ *     training; a missing one under an existing parent is created; one another live drafter
+ *     writes is refused naming its pid (they would replace each other's checkpoints);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said.
  */
@@ -182,6 +183,17 @@ static void test_checkpoint_dir(void) {
     CHECK(c != NULL);
     struct stat sb;
     CHECK(stat(fine, &sb) == 0 && S_ISDIR(sb.st_mode));
+    /* a second drafter on the same directory is refused while the first lives, naming it */
+    worker_consumer *twin = fresh(0, 0, fine, err, sizeof err);
+    printf("a second drafter on %s: %s\n", fine, twin ? "started" : err);
+    CHECK(twin == NULL);
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %d", (int)getpid());
+    CHECK(strstr(err, "in use by another drafter") && strstr(err, pid));
+    worker_consumer_destroy(&twin);
+    worker_consumer_destroy(&c);
+    c = fresh(0, 0, fine, err, sizeof err); /* the first one's lock went with it */
+    CHECK(c != NULL);
     worker_consumer_destroy(&c);
 }
 

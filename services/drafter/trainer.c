@@ -416,6 +416,25 @@ static void train_destroy(void *vctx) {
     free(t);
 }
 
+/* err (why checkpoint dir cannot be resumed) with the checkpoint named and what to do; rc. */
+static int resume_refused(const char *dir, int rc, char *err, size_t errlen) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", err);
+    if (rc == DFLASH_EMISMATCH)
+        snprintf(err, errlen,
+                 "cannot resume from %s: %s; give the drafter the --model and flags that run was "
+                 "trained with, or another --checkpoint-dir to start a new run",
+                 dir, why);
+    else if (rc == DFLASH_EVERSION)
+        snprintf(err, errlen, "cannot resume from %s: %s", dir, why);
+    else
+        snprintf(err, errlen,
+                 "cannot resume from %s: %s; the checkpoint is damaged: move it out of its "
+                 "directory to resume from the one before it",
+                 dir, why);
+    return rc;
+}
+
 /* The checkpoint an exact resume starts from, into dir ("" when none): --resume (a step
  * directory or a root), else the newest under --checkpoint-dir; with its step and training
  * settings in *saved. Refuses a --resume older than the newest checkpoint in --checkpoint-dir:
@@ -436,7 +455,7 @@ static int resume_source(const trainer *t, const trainer_opts *o, char *dir, siz
     }
     if (!dir[0]) return 0;
     int rc = dflash_ckpt_train_settings(dir, saved, saved_step, err, errlen);
-    if (rc < 0) return rc;
+    if (rc < 0) return resume_refused(dir, rc, err, errlen);
     char newest[1200];
     dflash_train_cfg nc;
     long newest_step;
@@ -462,7 +481,7 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
     if (resume_dir[0]) {
         /* checks the checkpoint's config against the drafter's first */
         int rc = dflash_ckpt_resume(t->m, &t->tc, resume_dir, err, errlen);
-        if (rc < 0) return rc;
+        if (rc < 0) return resume_refused(resume_dir, rc, err, errlen);
         t->start_step = t->saved_step = t->committed = t->m->step;
         if (o->init_weights && o->init_weights[0])
             LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights,

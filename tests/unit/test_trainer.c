@@ -12,6 +12,8 @@
  *     start-up naming the path and the reason, not at the first checkpoint after hours of
  *     training; a missing one under an existing parent is created; one another live drafter
  *     writes is refused naming its pid (they would replace each other's checkpoints);
+ *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file) is refused
+ *     naming the checkpoint and what to do;
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said.
  */
@@ -245,6 +247,59 @@ static void test_slot_against_grant(void) {
     worker_consumer_destroy(&c);
 }
 
+/* Replaces the first `from` in the file at path by `to`. */
+static void edit_file(const char *path, const char *from, const char *to) {
+    size_t n;
+    char *text = test_slurp(path, &n), *at = strstr(text, from), out[8192];
+    CHECK(at != NULL);
+    if (at) {
+        snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+        test_spill(path, out, strlen(out));
+    }
+    free(text);
+}
+
+/* A checkpoint that cannot be resumed names itself and says what to do: the flags of its run
+ * when its drafter differs, moving it away when it is damaged. */
+static void test_resume_refused(void) {
+    char err[1024], root[400], step[500], path[600];
+    snprintf(root, sizeof root, "%s/ckpt-resume", dir);
+    worker_consumer *c = fresh(0, 0, root, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
+    slot_layout l;
+    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 1};
+    void *base = staged_slot(&l, &wu, 20);
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t s = 0;
+    CHECK(base && c->consume(c->ctx, &b, &s) == 0);
+    CHECK_EQ_INT(c->finish(c->ctx), 0); /* the final checkpoint, step 1 */
+    free(base);
+    worker_consumer_destroy(&c);
+    snprintf(step, sizeof step, "%s/step-000000001", root);
+
+    snprintf(path, sizeof path, "%s/config.json", step);
+    edit_file(path, "\"block_size\":\t4", "\"block_size\":\t8");
+    c = fresh(0, 0, root, err, sizeof err);
+    printf("resume of another block size: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, step) && strstr(err, "block_size") &&
+          strstr(err, "flags that run was trained with"));
+    worker_consumer_destroy(&c);
+    edit_file(path, "\"block_size\":\t8", "\"block_size\":\t4");
+
+    snprintf(path, sizeof path, "%s/training_state.safetensors", step);
+    CHECK(truncate(path, 1000) == 0);
+    c = fresh(0, 0, root, err, sizeof err);
+    printf("resume of a truncated checkpoint: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, step) && strstr(err, "truncated") && strstr(err, "damaged"));
+    worker_consumer_destroy(&c);
+}
+
 int main(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     char bin[512];
@@ -269,6 +324,7 @@ int main(void) {
     test_eval_two_drafters();
     test_schedule_past_max_steps();
     test_checkpoint_dir();
+    test_resume_refused();
     test_slot_against_grant();
 
     test_rmtree(dir);

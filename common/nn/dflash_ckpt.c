@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -609,9 +608,8 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen) {
 }
 
 /* A save's leftover name: ".tmp-step-N-PID" (tmp) or ".old-step-N-PID" (old); its step name
- * "step-N" into step and whether PID is gone (no such process, or this one: a restarted
- * daemon in a container often gets its predecessor's PID). */
-static bool leftover(const char *name, const char *prefix, char *step, size_t steplen, bool *gone) {
+ * "step-N" into step. */
+static bool leftover(const char *name, const char *prefix, char *step, size_t steplen) {
     size_t pl = strlen(prefix);
     if (strncmp(name, prefix, pl)) return false;
     const char *dash = strrchr(name, '-');
@@ -621,9 +619,7 @@ static bool leftover(const char *name, const char *prefix, char *step, size_t st
     if (*end || pid <= 0) return false;
     const char *s = name + pl - 5; /* "step-N" */
     snprintf(step, steplen, "%.*s", (int)(dash - s), s);
-    if (!is_step_name(step)) return false;
-    *gone = pid == (long)getpid() || (kill((pid_t)pid, 0) < 0 && errno == ESRCH);
-    return true;
+    return is_step_name(step);
 }
 
 int dflash_ckpt_recover(const char *root) {
@@ -633,13 +629,12 @@ int dflash_ckpt_recover(const char *root) {
     struct dirent *e;
     char step[256], p[4200], q[4200];
     while ((e = readdir(d))) {
-        bool gone = false;
-        if (leftover(e->d_name, ".tmp-step-", step, sizeof step, &gone) && gone) {
+        if (leftover(e->d_name, ".tmp-step-", step, sizeof step)) {
             snprintf(p, sizeof p, "%s/%s", root, e->d_name);
             remove_dir(p);
             LOG_WARN("checkpoint: removed %s, a save its writer did not finish", p);
             n++;
-        } else if (leftover(e->d_name, ".old-step-", step, sizeof step, &gone) && gone) {
+        } else if (leftover(e->d_name, ".old-step-", step, sizeof step)) {
             snprintf(p, sizeof p, "%s/%s", root, e->d_name);
             snprintf(q, sizeof q, "%s/%s", root, step);
             struct stat sb;

@@ -83,10 +83,12 @@ int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step
 int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
 
 /* Cleans up after saves whose writer died (SIGKILL, power loss) under root: removes
- * ".tmp-step-*" directories of processes that are gone (an unfinished save), and renames a
- * ".old-step-N-*" back to step-N where step-N is missing (the writer stopped between moving
- * the old checkpoint aside and publishing the new one), else removes it. Returns how many it
- * handled. Call before dflash_ckpt_latest at start-up. */
+ * ".tmp-step-*" directories (an unfinished save), and renames a ".old-step-N-*" back to step-N
+ * where step-N is missing (the writer stopped between moving the old checkpoint aside and
+ * publishing the new one), else removes it. Returns how many it handled. Call at start-up,
+ * holding root's lock (dflash_ckpt_lock_root) and before dflash_ckpt_latest: no other live
+ * process writes root then, so every leftover is a dead writer's, whatever process now has
+ * the PID in its name (after a reboot, or in another container's PID namespace). */
 int dflash_ckpt_recover(const char *root);
 
 #endif

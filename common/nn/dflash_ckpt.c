@@ -282,6 +282,15 @@ int dflash_ckpt_check_config(const dflash_config *a, const dflash_config *b, cha
     for (int i = 0; i < a->n_feat; i++)
         SAME(target_layer_ids[i], "target_layer_id");
 #undef SAME
+    /* the target's, shaping the drafter's function though not its tensors */
+#define SAME_D(field, key)                                                                         \
+    if (a->field != b->field)                                                                      \
+    FAIL(DFLASH_EMISMATCH, "drafter " key " %g (the target's) does not match checkpoint " key      \
+         " %g",                                                                                    \
+         a->field, b->field)
+    SAME_D(rope_theta, "rope_theta");
+    SAME_D(rms_norm_eps, "rms_norm_eps");
+#undef SAME_D
 out:
     return rc;
 }

@@ -60,8 +60,9 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
  * JSON or a missing field) or DFLASH_ECONFIG, with file and field named in err. */
 int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t errlen);
 
-/* Checks that the checkpoint's config equals the model's: any architectural difference is
- * DFLASH_EMISMATCH naming the field and both values. */
+/* Checks that the checkpoint's config equals the model's: any architectural difference, or
+ * another rope_theta or rms_norm_eps (taken from the target), is DFLASH_EMISMATCH naming the
+ * field and both values. */
 int dflash_ckpt_check_config(const dflash_config *model, const dflash_config *ckpt, char *err,
                              size_t errlen);
 

@@ -906,6 +906,13 @@ static void test_checkpoint(world *w) {
     CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, err, sizeof err), DFLASH_EMISMATCH);
     CHECK(strstr(err, "intermediate_size") && strstr(err, "40") && strstr(err, "24"));
     dflash_model_destroy(&c);
+    /* the same shapes for a target of another rope_theta (its RoPE): refused too */
+    other = w->cfg;
+    other.rope_theta = w->cfg.rope_theta * 2;
+    c = dflash_model_new(&other, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, err, sizeof err), DFLASH_EMISMATCH);
+    CHECK(strstr(err, "rope_theta") != NULL);
+    dflash_model_destroy(&c);
     dflash_config back;
     CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
     CHECK_EQ_INT(dflash_ckpt_check_config(&w->cfg, &back, err, sizeof err), 0);

@@ -16,10 +16,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -282,12 +282,68 @@ int dflash_ckpt_check_config(const dflash_config *a, const dflash_config *b, cha
     for (int i = 0; i < a->n_feat; i++)
         SAME(target_layer_ids[i], "target_layer_id");
 #undef SAME
+    /* the target's, shaping the drafter's function though not its tensors */
+#define SAME_D(field, key)                                                                         \
+    if (a->field != b->field)                                                                      \
+    FAIL(DFLASH_EMISMATCH, "drafter " key " %g (the target's) does not match checkpoint " key      \
+         " %g",                                                                                    \
+         a->field, b->field)
+    SAME_D(rope_theta, "rope_theta");
+    SAME_D(rms_norm_eps, "rms_norm_eps");
+#undef SAME_D
 out:
     return rc;
 }
 
 /* ---------------------------------------------------------------------------------------------
  * save */
+
+int dflash_ckpt_lock_root(const char *root, int *fd, char *err, size_t errlen) {
+    int rc = 0;
+    char p[4200], pid[32] = "";
+    snprintf(p, sizeof p, "%s/.lock", root);
+    *fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) FAIL(DFLASH_EIO, "cannot open %s: %s", p, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        ssize_t n = pread(*fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        if (e == EWOULDBLOCK)
+            FAIL(DFLASH_EEXISTS,
+                 "%s is in use by another drafter (pid %s; %s is locked): two drafters "
+                 "writing one directory replace and delete each other's checkpoints; give each "
+                 "its own",
+                 root, pid[0] ? pid : "unknown", p);
+        FAIL(DFLASH_EIO, "cannot lock %s: %s", p, strerror(e));
+    }
+    snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, pid, strlen(pid), 0) != (ssize_t)strlen(pid))
+        FAIL(DFLASH_EIO, "cannot write %s: %s", p, strerror(errno));
+out:
+    if (rc && *fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+    return rc;
+}
+
+int dflash_ckpt_check_root(const char *root, char *err, size_t errlen) {
+    int rc = 0;
+    struct stat sb;
+    char probe[4200];
+    if (mkdir(root, 0755) && errno != EEXIST)
+        FAIL(DFLASH_EIO, "cannot create %s: %s%s", root, strerror(errno),
+             errno == ENOENT ? " (its parent directory does not exist: create it first)" : "");
+    if (stat(root, &sb) || !S_ISDIR(sb.st_mode)) FAIL(DFLASH_EIO, "%s is not a directory", root);
+    snprintf(probe, sizeof probe, "%s/.write-test-%d", root, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) FAIL(DFLASH_EIO, "cannot write in %s: %s", root, strerror(errno));
+    close(fd);
+    unlink(probe);
+out:
+    return rc;
+}
 
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
                      const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
@@ -561,9 +617,8 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen) {
 }
 
 /* A save's leftover name: ".tmp-step-N-PID" (tmp) or ".old-step-N-PID" (old); its step name
- * "step-N" into step and whether PID is gone (no such process, or this one: a restarted
- * daemon in a container often gets its predecessor's PID). */
-static bool leftover(const char *name, const char *prefix, char *step, size_t steplen, bool *gone) {
+ * "step-N" into step. */
+static bool leftover(const char *name, const char *prefix, char *step, size_t steplen) {
     size_t pl = strlen(prefix);
     if (strncmp(name, prefix, pl)) return false;
     const char *dash = strrchr(name, '-');
@@ -573,9 +628,7 @@ static bool leftover(const char *name, const char *prefix, char *step, size_t st
     if (*end || pid <= 0) return false;
     const char *s = name + pl - 5; /* "step-N" */
     snprintf(step, steplen, "%.*s", (int)(dash - s), s);
-    if (!is_step_name(step)) return false;
-    *gone = pid == (long)getpid() || (kill((pid_t)pid, 0) < 0 && errno == ESRCH);
-    return true;
+    return is_step_name(step);
 }
 
 int dflash_ckpt_recover(const char *root) {
@@ -585,13 +638,12 @@ int dflash_ckpt_recover(const char *root) {
     struct dirent *e;
     char step[256], p[4200], q[4200];
     while ((e = readdir(d))) {
-        bool gone = false;
-        if (leftover(e->d_name, ".tmp-step-", step, sizeof step, &gone) && gone) {
+        if (leftover(e->d_name, ".tmp-step-", step, sizeof step)) {
             snprintf(p, sizeof p, "%s/%s", root, e->d_name);
             remove_dir(p);
             LOG_WARN("checkpoint: removed %s, a save its writer did not finish", p);
             n++;
-        } else if (leftover(e->d_name, ".old-step-", step, sizeof step, &gone) && gone) {
+        } else if (leftover(e->d_name, ".old-step-", step, sizeof step)) {
             snprintf(p, sizeof p, "%s/%s", root, e->d_name);
             snprintf(q, sizeof q, "%s/%s", root, step);
             struct stat sb;

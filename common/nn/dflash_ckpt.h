@@ -13,7 +13,7 @@
  *                             "dflash-training-state-1")
  * It is written into ROOT/.tmp-step-N-PID, every file fsync'd, then renamed to its final name and
  * ROOT fsync'd: a reader sees a complete checkpoint or none. Afterwards only the newest
- * keep_last step-* directories are kept.
+ * keep_last step-* directories are kept. A root has one writer (dflash_ckpt_lock_root).
  *
  * Two ways back, kept separate:
  *   dflash_ckpt_resume       exact resume: master weights, moments, step, seed and schedule, so
@@ -37,6 +37,19 @@ typedef struct dflash_ckpt_opts {
     bool weights_f32; /* model.safetensors in fp32 instead of bf16 */
 } dflash_ckpt_opts;
 
+/* Makes sure checkpoints can be written under root before any training: creates root when
+ * missing (not its parents) and writes and removes a probe file in it. 0, or DFLASH_EIO with
+ * the path and the system's reason in err (a missing parent, not a directory, read-only,
+ * permission denied). */
+int dflash_ckpt_check_root(const char *root, char *err, size_t errlen);
+
+/* Makes this process the only writer of root: an exclusive flock on root/.lock (created when
+ * missing; the kernel drops it when the process dies, SIGKILL included), our pid written in it.
+ * Two drafters saving into one root would replace each other's step-N and delete each other's
+ * through the retention. *fd receives the lock's descriptor (close it to let go). 0,
+ * DFLASH_EEXISTS when another live process holds it (its pid named in err), or DFLASH_EIO. */
+int dflash_ckpt_lock_root(const char *root, int *fd, char *err, size_t errlen);
+
 /* Writes ROOT/step-<m->step> (see top). path (may be NULL) receives the final directory.
  * Returns 0 or a negative code with a message in err. */
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
@@ -47,8 +60,9 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
  * JSON or a missing field) or DFLASH_ECONFIG, with file and field named in err. */
 int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t errlen);
 
-/* Checks that the checkpoint's config equals the model's: any architectural difference is
- * DFLASH_EMISMATCH naming the field and both values. */
+/* Checks that the checkpoint's config equals the model's: any architectural difference, or
+ * another rope_theta or rms_norm_eps (taken from the target), is DFLASH_EMISMATCH naming the
+ * field and both values. */
 int dflash_ckpt_check_config(const dflash_config *model, const dflash_config *ckpt, char *err,
                              size_t errlen);
 
@@ -70,10 +84,12 @@ int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step
 int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
 
 /* Cleans up after saves whose writer died (SIGKILL, power loss) under root: removes
- * ".tmp-step-*" directories of processes that are gone (an unfinished save), and renames a
- * ".old-step-N-*" back to step-N where step-N is missing (the writer stopped between moving
- * the old checkpoint aside and publishing the new one), else removes it. Returns how many it
- * handled. Call before dflash_ckpt_latest at start-up. */
+ * ".tmp-step-*" directories (an unfinished save), and renames a ".old-step-N-*" back to step-N
+ * where step-N is missing (the writer stopped between moving the old checkpoint aside and
+ * publishing the new one), else removes it. Returns how many it handled. Call at start-up,
+ * holding root's lock (dflash_ckpt_lock_root) and before dflash_ckpt_latest: no other live
+ * process writes root then, so every leftover is a dead writer's, whatever process now has
+ * the PID in its name (after a reboot, or in another container's PID namespace). */
 int dflash_ckpt_recover(const char *root);
 
 #endif

@@ -218,10 +218,22 @@ static int step_done(gw *g)
                   "has it", (unsigned long long)s, (unsigned long long)g->epoch, err_str(rc),
                   client_last_error(g->cl));
         if (rc == DFLASH_ESTALE) reform(g, "step done refused");
-        return 0;
     }
-    uint64_t cs = g->cons->committed ? g->cons->committed(g->cons->ctx) : 0;
-    if (cs > g->committed_reported && worker_session_commit(g->s, cs, 20) == 0)
+    return 0;
+}
+
+/* No step pending: the consumer's settled() (rank 0: a periodic checkpoint, written only once
+ * the broker has the step, worker_loop.h), then rank 0's commit report of a new checkpoint. 0
+ * or the consumer's fatal code. */
+static int settle(gw *g)
+{
+    worker_consumer *k = g->cons;
+    if (k->settled) {
+        int rc = k->settled(k->ctx);
+        if (rc < 0) return rc;
+    }
+    uint64_t cs = k->committed ? k->committed(k->ctx) : 0;
+    if (g->rank == 0 && cs > g->committed_reported && worker_session_commit(g->s, cs, 20) == 0)
         g->committed_reported = cs;
     return 0;
 }
@@ -292,10 +304,12 @@ static int stepping(gw *g, double *backoff)
         }
         return rc;
     }
+    int rc = settle(g);
+    if (rc < 0) return rc;
     uint64_t s = k->model_step(k->ctx) + 1;
     static wire_step_grant sg; /* main thread only; large */
     double t0 = monotime_s();
-    int rc = client_step_claim(g->cl, c->group, g->epoch, s, &sg);
+    rc = client_step_claim(g->cl, c->group, g->epoch, s, &sg);
     if (rc == 0) {
         *backoff = 1;
         return run_step(g, &sg, s);
@@ -336,26 +350,27 @@ static void progress(gw *g)
              100.0 * d.wait_grant_s / dt);
 }
 
-/* The loop ended without a fatal error: final checkpoint (rank 0; the consumer knows), its
- * commit, goodbye to the group. */
+/* The loop ended without a fatal error: the pending step's StepDone (first, as before
+ * settle()), the final checkpoint (rank 0; the consumer knows), its commit, goodbye to the
+ * group. */
 static int finish(gw *g)
 {
     worker_consumer *k = g->cons;
-    int rc = k->finish ? k->finish(k->ctx) : 0;
-    if (rc < 0) return rc;
+    int src = 0;
     if (g->pending && client_broker_incarnation(g->cl)) { /* the final checkpoint has it */
-        int src = DFLASH_ETIMEOUT;
+        src = DFLASH_ETIMEOUT;
         for (int a = 0; a < 3 && src == DFLASH_ETIMEOUT; a++)
             src = client_step_done(g->cl, g->cfg->group, g->epoch, g->pending_step, NULL);
         if (src == DFLASH_ESTALE && client_broker_restarted(g->cl) && do_register(g) == 0)
             src = 0; /* the hello carried the units, acked at the step */
-        if (src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE) {
-            LOG_WARN("step %llu is in the final checkpoint but no broker took it as done: %s",
+        if (src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE)
+            LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done: %s",
                      (unsigned long long)g->pending_step, err_str(src));
-            if (src == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report, no goodbye */
-        }
         g->pending = false;
     }
+    int rc = k->finish ? k->finish(k->ctx) : 0;
+    if (rc < 0) return rc;
+    if (src == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report, no goodbye */
     if (k->state_hash)
         LOG_INFO("group %s: final state at step %llu has hash %016llx", g->cfg->group,
                  (unsigned long long)k->model_step(k->ctx),

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct trainer {
     pool_backend backend;
@@ -52,6 +53,7 @@ typedef struct trainer {
     long drains;      /* host waits for the whole compute stream inside steps (should be 0) */
     long allocs;      /* memory allocations inside steps (ops.h allocs; should be 0) */
     char ckpt_root[1024];
+    int ckpt_lock; /* dflash_ckpt_lock_root's descriptor: we are ckpt_root's only writer; -1 */
     int64_t ckpt_every;
     int keep_last;
     int64_t max_steps;
@@ -307,11 +309,16 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
         report_oldest(t);
     t->drains += t->ops->stream_drains(t->nn) - drains0;
     count_allocs(t, allocs0);
-    if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) {
-        rc = save_checkpoint(t); /* its download waits for the queued steps */
-        if (rc < 0) return rc;
-    }
     return 0;
+}
+
+/* The loop holds no batch the broker has not taken (worker_loop.h): the periodic checkpoint,
+ * when a multiple of checkpoint_every was passed since the last one (its download waits for
+ * the queued steps). */
+static int train_settled(void *vctx) {
+    trainer *t = vctx;
+    if (t->ckpt_every <= 0 || t->m->step / t->ckpt_every <= t->saved_step / t->ckpt_every) return 0;
+    return save_checkpoint(t);
 }
 
 static uint64_t train_committed(void *vctx) {
@@ -375,7 +382,6 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
     *step = (uint64_t)t->m->step;
     struct step_note n = {.epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs};
     record_step(t, &dm, &n, dt);
-    if (t->ckpt_every > 0 && t->m->step % t->ckpt_every == 0) return save_checkpoint(t);
     return 0;
 }
 
@@ -415,7 +421,27 @@ static void train_destroy(void *vctx) {
         t->ops->host_free(t->nn, t->host);
     }
     close_backend(t->backend, &t->nn);
+    if (t->ckpt_lock >= 0) close(t->ckpt_lock);
     free(t);
+}
+
+/* err (why checkpoint dir cannot be resumed) with the checkpoint named and what to do; rc. */
+static int resume_refused(const char *dir, int rc, char *err, size_t errlen) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", err);
+    if (rc == DFLASH_EMISMATCH)
+        snprintf(err, errlen,
+                 "cannot resume from %s: %s; give the drafter the --model and flags that run was "
+                 "trained with, or another --checkpoint-dir to start a new run",
+                 dir, why);
+    else if (rc == DFLASH_EVERSION)
+        snprintf(err, errlen, "cannot resume from %s: %s", dir, why);
+    else
+        snprintf(err, errlen,
+                 "cannot resume from %s: %s; the checkpoint is damaged: move it out of its "
+                 "directory to resume from the one before it",
+                 dir, why);
+    return rc;
 }
 
 /* The checkpoint an exact resume starts from, into dir ("" when none): --resume (a step
@@ -438,7 +464,7 @@ static int resume_source(const trainer *t, const trainer_opts *o, char *dir, siz
     }
     if (!dir[0]) return 0;
     int rc = dflash_ckpt_train_settings(dir, saved, saved_step, err, errlen);
-    if (rc < 0) return rc;
+    if (rc < 0) return resume_refused(dir, rc, err, errlen);
     char newest[1200];
     dflash_train_cfg nc;
     long newest_step;
@@ -464,7 +490,7 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
     if (resume_dir[0]) {
         /* checks the checkpoint's config against the drafter's first */
         int rc = dflash_ckpt_resume(t->m, &t->tc, resume_dir, err, errlen);
-        if (rc < 0) return rc;
+        if (rc < 0) return resume_refused(resume_dir, rc, err, errlen);
         t->start_step = t->saved_step = t->committed = t->m->step;
         if (o->init_weights && o->init_weights[0])
             LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights,
@@ -501,6 +527,7 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
 worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     worker_consumer *c = calloc(1, sizeof *c);
     trainer *t = calloc(1, sizeof *t);
+    if (t) t->ckpt_lock = -1;
     if (!c || !t) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -512,6 +539,14 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     t->keep_last = o->keep_last > 0 ? o->keep_last : 3;
     t->max_steps = o->max_steps;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s", o->checkpoint_dir ? o->checkpoint_dir : "");
+    /* found out now, not at the first checkpoint, after hours of training */
+    char why[600];
+    if (t->ckpt_root[0] &&
+        (dflash_ckpt_check_root(t->ckpt_root, why, sizeof why) < 0 ||
+         dflash_ckpt_lock_root(t->ckpt_root, &t->ckpt_lock, why, sizeof why) < 0)) {
+        snprintf(err, errlen, "--checkpoint-dir: %s", why);
+        goto fail;
+    }
 
     dflash_config dc;
     if (trainer_drafter_config(o->model_dir, o->draft_layers, o->block_size, o->mask_token_id,
@@ -626,6 +661,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .destroy = train_destroy,
                            .resume_step = train_resume_step,
                            .done = train_done,
+                           .settled = train_settled,
                            .finish = train_finish,
                            .idle = train_idle,
                            .set_group = train_set_group,

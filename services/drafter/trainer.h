@@ -21,9 +21,10 @@
  * consume(): views the staged slot (dflash_view_from_slot; a cuda slot's small arrays are read
  *   to the host first), runs dflash_train_step with the batch identity (epoch, bucket, index) as
  *   the anchor seed, writes a metrics record (metrics.h: JSONL, TensorBoard, progress line) and
- *   reports the optimizer step that included the batch. Every checkpoint_every steps it saves a
- *   checkpoint (dflash_ckpt_save: temporary name + rename, last K kept); committed() then
- *   returns that step and the loop tells the broker. finish() saves the final checkpoint.
+ *   reports the optimizer step that included the batch. Every checkpoint_every steps, once
+ *   the loop has that step's batch acked (settled()), it saves a checkpoint (dflash_ckpt_save:
+ *   temporary name + rename, last K kept); committed() then returns that step and the loop
+ *   tells the broker. finish() saves the final checkpoint.
  *   idle() (the loop waits for a batch) writes the last step's metrics and flushes them.
  *   resume_step() is the step the model started from: the loop tells the broker (resume_from)
  *   before the first claim, so batches trained after the last checkpoint are trained again.

@@ -160,22 +160,43 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
     return rc;
 }
 
-/* The loop ended without a fatal error: the consumer's finish() (final checkpoint), then one
- * last commit report. Runs after a stop signal too, so a few attempts ignore *stop. */
+/* Nothing held: the consumer's settled() (a periodic checkpoint), then the commit report of
+ * the newest checkpoint if it is new. 0 or the consumer's fatal code. */
+static int settle(worker_loop *w, volatile sig_atomic_t *stop)
+{
+    if (w->cons->settled) {
+        int rc = w->cons->settled(w->cons->ctx);
+        if (rc < 0) return rc;
+    }
+    if (!w->cons->committed) return 0;
+    uint64_t cs = w->cons->committed(w->cons->ctx);
+    if (cs > w->committed_reported) {
+        int crc = DFLASH_ETIMEOUT;
+        RETRY_CALL(w, stop, crc, client_checkpoint_committed(w->client, cs));
+        if (crc == 0) w->committed_reported = cs;
+    }
+    return 0;
+}
+
+/* The loop ended without a fatal error: the ack of a held batch, the consumer's finish() (final
+ * checkpoint), then one last commit report. The ack goes first, as before settle(). Runs after
+ * a stop signal too, so a few attempts ignore *stop. */
 static int finish(worker_loop *w, volatile sig_atomic_t *stop)
 {
+    int ack = 0;
+    if (w->holding && client_broker_incarnation(w->client)) {
+        wire_unit u = w->held;
+        ack = ack_held(w, stop);
+        if (ack < 0)
+            LOG_WARN("batch (%u, %u, %llu) goes into the final checkpoint but is not acked: the "
+                     "broker will hand it out again", u.epoch, u.bucket,
+                     (unsigned long long)u.index);
+    }
     if (w->cons->finish) {
         int rc = w->cons->finish(w->cons->ctx);
         if (rc < 0) return rc;
     }
-    if (w->holding && client_broker_incarnation(w->client)) {
-        wire_unit u = w->held;
-        int rc = ack_held(w, stop);
-        if (rc < 0)
-            LOG_WARN("batch (%u, %u, %llu) is in the final checkpoint but not acked: the broker "
-                     "will hand it out again", u.epoch, u.bucket, (unsigned long long)u.index);
-        if (rc == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report either */
-    }
+    if (ack == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report either */
     if (!w->cons->committed || !client_broker_incarnation(w->client)) return 0;
     uint64_t cs = w->cons->committed(w->cons->ctx);
     if (cs == 0 || cs < w->committed_reported) return 0;
@@ -245,14 +266,6 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
               (unsigned long long)g->unit.index, (unsigned long long)step);
     w->held_step = step;
     ack_held(w, stop);
-    if (w->cons->committed) {
-        uint64_t cs = w->cons->committed(w->cons->ctx);
-        if (cs > w->committed_reported) {
-            int crc = DFLASH_ETIMEOUT;
-            RETRY_CALL(w, stop, crc, client_checkpoint_committed(w->client, cs));
-            if (crc == 0) w->committed_reported = cs;
-        }
-    }
     return 0;
 }
 
@@ -349,6 +362,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             }
             continue;
         }
+        if ((rc = settle(&w, stop)) < 0) goto out_session;
         wire_grant g;
         double t0 = monotime_s();
         rc = client_claim(w.client, &g);

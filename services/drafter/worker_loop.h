@@ -58,9 +58,15 @@ typedef struct worker_batch {
  *                  that step go back to to-do;
  *   done()         true when the consumer wants no more batches (e.g. --max-steps reached): the
  *                  loop ends as if drained;
+ *   settled()      called before each claim while the loop holds no trained batch the broker
+ *                  has not taken (solo: every ack answered; group: rank 0's StepDone answered):
+ *                  the place for a periodic checkpoint. A checkpoint written earlier, between
+ *                  consume() and the ack, would hold a batch that a crash right then leaves
+ *                  unacked, and the broker hands out again: trained twice. 0 or a fatal code;
  *   finish()       called once when the loop ends without a fatal error (drained, stopped, done)
  *                  or on a bad batch (consume() returned DFLASH_ECORRUPT / DFLASH_EMISMATCH: it
- *                  refused the batch without using it), before the client closes: e.g. save a
+ *                  refused the batch without using it), before the client closes, after the
+ *                  ack of the last batch (for the same reason as settled()): e.g. save a
  *                  final checkpoint. The loop then reports committed() once more (also after a
  *                  stop signal). 0 or a negative code. */
 typedef struct worker_consumer {
@@ -71,6 +77,7 @@ typedef struct worker_consumer {
     void (*destroy)(void *ctx);
     int64_t (*resume_step)(void *ctx);
     bool (*done)(void *ctx);
+    int (*settled)(void *ctx);
     int (*finish)(void *ctx);
     /* (optional) the loop waits for a grant or for the broker: write what is pending (e.g. the
      * last step's metrics) so that a stalled run's files are current. Called every few ms while

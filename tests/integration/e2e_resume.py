@@ -8,15 +8,20 @@ a checkpoint >= 6 is written and a batch was acked after it (trained, not yet
 checkpointed), the drafter is SIGKILLed and started again with the same flags. It must resume
 exactly from its newest checkpoint, tell the broker (resume_from) before claiming, and train
 the rest. The restart asks for fewer anchors (--anchors 2): an exact resume takes the
-checkpoint's settings, its 8 anchors among them, and must plan its blocks for those. When the
-ledger has nothing left to do the broker is drained; the drafter saves its final checkpoint,
-reports it, and exits 0. Two start-ups that must be refused follow (exit 2, before any
+checkpoint's settings, its 8 anchors among them, and must plan its blocks for those. It
+checkpoints every step (--checkpoint-every 1) and is SIGKILLed again in the narrowest window,
+together with the broker (a node lost): it has trained a batch whose ack the broker never got
+(the broker is frozen with SIGSTOP until the drafter's log shows a batch consumed and not acked,
+then both are killed, and the broker restarts on its journal). A checkpoint written before the
+ack would hold that batch while the broker hands it out again: trained twice. A third start
+resumes and trains the rest. When the ledger has nothing left to do the broker is drained; the
+drafter saves its final checkpoint, reports it, and exits 0. Two start-ups that must be refused follow (exit 2, before any
 training): a --resume of the older checkpoint into the same --checkpoint-dir, which holds a
 newer one (a restart would resume from that one and the retention would delete the new run's),
 and a --max-steps past the resumed run's 24-step schedule (its learning rate is 0 there).
 
 Pass conditions:
-  * the restarted drafter logs "resumed exactly from .../step-S" and "resume from step S";
+  * the last started drafter logs "resumed exactly from .../step-S" and "resume from step S";
   * the ledger (dflash-ctl status --json) ends with every batch of the epoch committed, none to
     do, in flight, trained-uncommitted or quarantined;
   * the final checkpoint's step equals the number of batches in the epoch: each batch was in
@@ -26,9 +31,12 @@ Pass conditions:
 Usage: e2e_resume.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
 """
 import os
+import random
 import re
+import signal
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
@@ -99,7 +107,13 @@ def main():
         if st["batches_trained"] == 0:
             failures.append("no batch was trained after the last commit when the drafter was "
                             "killed: the rewind was not exercised")
-        # the restart asks for fewer anchors: the checkpoint's 8 win and are planned for
+        # the restart asks for fewer anchors: the checkpoint's 8 win and are planned for; it
+        # checkpoints every step, so the kill below lands between a checkpoint and an ack if
+        # the drafter writes one there
+        drafter.argv = [*common, "--name", "trainer", "--anchors", "2", *ckpt_args,
+                        "--checkpoint-every", "1"]
+        drafter.start()
+        kill_waiting_for_ack(build, env, drafter, queue)
         drafter.argv = [*common, "--name", "trainer", "--anchors", "2", *ckpt_args]
         drafter.start()
 
@@ -157,6 +171,45 @@ def main():
     finally:
         env.cleanup(keep or bool(failures))
     return report(env, failures)
+
+
+def kill_waiting_for_ack(build, env, drafter, queue):
+    """SIGKILLs the drafter and the broker while the drafter waits for the ack of a batch it
+    trained, then restarts the broker. The broker is frozen (SIGSTOP) at random moments, each
+    time for a few ms: where the drafter was between the release of a slot and the ack of its
+    batch, its log (since its last start) shows a consumed batch after its last acked one soon
+    after (with the broker frozen that ack cannot be answered; killed, the broker never reads
+    it); anywhere else (claiming, releasing) the broker is thawed and the next moment tried."""
+    def own_log():
+        text = drafter.text()
+        return text[text.rfind("==== start"):]
+
+    def awaiting_ack():
+        text = own_log()
+        return text.rfind("consumed batch") > text.rfind("acked batch") >= 0
+
+    if not wait_until(lambda: "acked batch" in own_log(), 60, 0.01):
+        raise RuntimeError(f"the restarted drafter acked nothing:\n{tail(drafter.log_path)}")
+    rng = random.Random(os.getpid())
+    end = time.monotonic() + 90
+    attempt = 0
+    while time.monotonic() < end:
+        if not drafter.alive():
+            raise RuntimeError(f"the restarted drafter exited:\n{tail(drafter.log_path)}")
+        attempt += 1
+        time.sleep(rng.uniform(0, 0.01))
+        os.kill(queue.proc.pid, signal.SIGSTOP)
+        if wait_until(awaiting_ack, 0.03, 0.002):  # a step takes a few ms
+            drafter.kill9()
+            queue.kill9()
+            log("e2e", f"SIGKILL drafter waiting for an ack, and the broker (attempt {attempt})")
+            queue.start()
+            if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
+                raise RuntimeError("the restarted broker did not answer ping within 10 s:\n" +
+                                   tail(queue.log_path))
+            return
+        os.kill(queue.proc.pid, signal.SIGCONT)
+    raise RuntimeError(f"never caught the drafter waiting for an ack in {attempt} attempts")
 
 
 def refused_startups(build, env, common, finals, failures):

@@ -5,8 +5,8 @@
  * The real dflash-queue (with a journal) and the real dflash-target (--model synthetic) run in a
  * temp dir; this process runs the drafter's loop (worker_loop_run, 50 ms request timeout) with a
  * consumer that SIGKILLs the broker while it "trains" its first batch. The ack (or StepDone) of
- * that batch then finds no broker for all of its attempts; a consumer hook the loop calls right
- * after it (committed() solo, done() in the group) restarts the broker on the same journal. The
+ * that batch then finds no broker for all of its attempts; a consumer hook the loop calls before
+ * it claims again, or acks again (done()), restarts the broker on the same journal. The
  * loop re-registers (hello carries the batch) and goes on until 3 batches are trained. Checks:
  * every batch the consumer trained is acked (the loop's count), and the broker's ledger holds as
  * many trained batches. Without the re-ack, the first batch stays unacked (solo: held by the
@@ -51,15 +51,9 @@ static void restart(outage *o)
     }
 }
 
-static uint64_t committed(void *ctx)
-{
-    restart(ctx); /* solo: called right after the ack */
-    return 0;
-}
-
 static bool done(void *ctx)
 {
-    restart(ctx); /* group: called before the next claim */
+    restart(ctx); /* called before the next claim or ack */
     return false;
 }
 
@@ -105,14 +99,11 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
         lc.comm_timeout_s = 10;
     }
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
-    worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume};
+    worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume, .done = done};
     if (group) {
-        cons.done = done;
         cons.set_group = set_group;
         cons.sync_state = sync_state;
         cons.model_step = model_step;
-    } else {
-        cons.committed = committed;
     }
     volatile sig_atomic_t stop = 0;
     worker_stats st;

@@ -28,7 +28,6 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -867,23 +866,24 @@ static void test_checkpoint(world *w) {
     CHECK_EQ_INT(test_rmtree(older), 0);
     a->step = a_step;
 
-    /* leftovers of saves whose writer died: an unfinished one is removed, a checkpoint moved
-     * aside for its replacement is put back, a live writer's is left alone */
-    pid_t dead = fork();
-    if (dead == 0) _exit(0);
-    waitpid(dead, NULL, 0);
-    char tmp_ours[600], tmp_live[600], old_dead[600], gone_step[600];
+    /* leftovers of saves whose writer died, the root locked (we are its only writer): an
+     * unfinished one is removed and a checkpoint moved aside for its replacement is put back,
+     * also where a live process now has the PID in their names (after a reboot, or in another
+     * container's PID namespace) */
+    int lock = -1;
+    CHECK_EQ_INT(dflash_ckpt_lock_root(root, &lock, err, sizeof err), 0);
+    char tmp_ours[600], tmp_live[600], old_live[600], gone_step[600];
     snprintf(tmp_ours, sizeof tmp_ours, "%s/.tmp-step-000000009-%d", root, (int)getpid());
     snprintf(tmp_live, sizeof tmp_live, "%s/.tmp-step-000000009-%d", root, (int)getppid());
-    snprintf(old_dead, sizeof old_dead, "%s/.old-step-000000003-%d", root, (int)dead);
+    snprintf(old_live, sizeof old_live, "%s/.old-step-000000003-%d", root, (int)getppid());
     snprintf(gone_step, sizeof gone_step, "%s/step-000000003", root);
     CHECK(mkdir(tmp_ours, 0755) == 0 && mkdir(tmp_live, 0755) == 0);
-    CHECK(rename(gone_step, old_dead) == 0);
-    CHECK_EQ_INT(dflash_ckpt_recover(root), 2);
-    CHECK(!test_is_dir(tmp_ours) && test_is_dir(tmp_live) && !test_is_dir(old_dead));
+    CHECK(rename(gone_step, old_live) == 0);
+    CHECK_EQ_INT(dflash_ckpt_recover(root), 3);
+    CHECK(!test_is_dir(tmp_ours) && !test_is_dir(tmp_live) && !test_is_dir(old_live));
     CHECK(test_is_dir(gone_step));
     check_ckpt_files(a, gone_step);
-    CHECK_EQ_INT(test_rmtree(tmp_live), 0);
+    close(lock);
 
     /* warm start: bf16 weights, fresh optimizer */
     dflash_model *c = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
@@ -905,6 +905,13 @@ static void test_checkpoint(world *w) {
     c = dflash_model_new(&other, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
     CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, err, sizeof err), DFLASH_EMISMATCH);
     CHECK(strstr(err, "intermediate_size") && strstr(err, "40") && strstr(err, "24"));
+    dflash_model_destroy(&c);
+    /* the same shapes for a target of another rope_theta (its RoPE): refused too */
+    other = w->cfg;
+    other.rope_theta = w->cfg.rope_theta * 2;
+    c = dflash_model_new(&other, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, err, sizeof err), DFLASH_EMISMATCH);
+    CHECK(strstr(err, "rope_theta") != NULL);
     dflash_model_destroy(&c);
     dflash_config back;
     CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);

@@ -8,6 +8,12 @@
  *     with --init-only (exit 2) instead of evaluating the untrained drafter;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
+ *   - a --checkpoint-dir that cannot be written (its parent missing, a file) is refused at
+ *     start-up naming the path and the reason, not at the first checkpoint after hours of
+ *     training; a missing one under an existing parent is created; one another live drafter
+ *     writes is refused naming its pid (they would replace each other's checkpoints);
+ *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file) is refused
+ *     naming the checkpoint and what to do;
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said;
  *   - a drafter that trained a few steps and then waits for data (a slow or restarting target)
@@ -125,10 +131,10 @@ static void test_eval_without_cycles(void) {
     CHECK_EQ_INT(r.skipped, 1);
 }
 
-/* trainer_new for a fresh run with the given schedule; NULL with err when refused. */
-/* A trainer of a fresh drafter; metrics_dir NULL: no metrics files. */
-static worker_consumer *fresh(long total_steps, long max_steps, const char *metrics_dir,
-                              char *err, size_t errlen) {
+/* trainer_new for a fresh run with the given schedule, checkpoint dir and metrics dir (NULL:
+ * none); NULL with err when refused. */
+static worker_consumer *fresh(long total_steps, long max_steps, const char *ckpt,
+                              const char *metrics_dir, char *err, size_t errlen) {
     model_config mc;
     CHECK_EQ_INT(hf_config_load(target, &mc, err, errlen), 0);
     slot_layout l;
@@ -141,6 +147,7 @@ static worker_consumer *fresh(long total_steps, long max_steps, const char *metr
                       .block_size = 4,
                       .mask_token_id = -1,
                       .init_seed = 1,
+                      .checkpoint_dir = ckpt,
                       .max_steps = max_steps,
                       .metrics_dir = metrics_dir};
     dflash_train_cfg_default(&o.train);
@@ -152,18 +159,49 @@ static worker_consumer *fresh(long total_steps, long max_steps, const char *metr
 
 static void test_schedule_past_max_steps(void) {
     char err[512];
-    worker_consumer *c = fresh(4, 8, NULL, err, sizeof err);
+    worker_consumer *c = fresh(4, 8, NULL, NULL, err, sizeof err);
     printf("--total-steps 4 --max-steps 8: %s\n", c ? "started" : err);
     CHECK(c == NULL);
     CHECK(strstr(err, "--max-steps 8") && strstr(err, "--total-steps 4"));
     worker_consumer_destroy(&c);
     long ok[3][2] = {{8, 8}, {0, 8}, {12, 8}};
     for (int i = 0; i < 3; i++) {
-        c = fresh(ok[i][0], ok[i][1], NULL, err, sizeof err);
+        c = fresh(ok[i][0], ok[i][1], NULL, NULL, err, sizeof err);
         CHECK(c != NULL);
         if (!c) printf("--total-steps %ld --max-steps %ld refused: %s\n", ok[i][0], ok[i][1], err);
         worker_consumer_destroy(&c);
     }
+}
+
+static void test_checkpoint_dir(void) {
+    char err[512], bad[2][400], fine[400];
+    snprintf(bad[0], sizeof bad[0], "%s/no/such/ckpt", dir);
+    snprintf(bad[1], sizeof bad[1], "%s/target/config.json", dir);
+    const char *why[2] = {"its parent directory does not exist", "is not a directory"};
+    for (int i = 0; i < 2; i++) {
+        worker_consumer *c = fresh(0, 0, bad[i], NULL, err, sizeof err);
+        printf("--checkpoint-dir %s: %s\n", bad[i], c ? "started" : err);
+        CHECK(c == NULL);
+        CHECK(strstr(err, bad[i]) && strstr(err, why[i]));
+        worker_consumer_destroy(&c);
+    }
+    snprintf(fine, sizeof fine, "%s/ckpt", dir);
+    worker_consumer *c = fresh(0, 0, fine, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    struct stat sb;
+    CHECK(stat(fine, &sb) == 0 && S_ISDIR(sb.st_mode));
+    /* a second drafter on the same directory is refused while the first lives, naming it */
+    worker_consumer *twin = fresh(0, 0, fine, NULL, err, sizeof err);
+    printf("a second drafter on %s: %s\n", fine, twin ? "started" : err);
+    CHECK(twin == NULL);
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %d", (int)getpid());
+    CHECK(strstr(err, "in use by another drafter") && strstr(err, pid));
+    worker_consumer_destroy(&twin);
+    worker_consumer_destroy(&c);
+    c = fresh(0, 0, fine, NULL, err, sizeof err); /* the first one's lock went with it */
+    CHECK(c != NULL);
+    worker_consumer_destroy(&c);
 }
 
 /* A staged slot of layout l holding one sequence of n tokens (a 4-token prompt, then response)
@@ -187,7 +225,7 @@ static void *staged_slot(const slot_layout *l, const slot_work_unit *wu, uint32_
 
 static void test_slot_against_grant(void) {
     char err[512];
-    worker_consumer *c = fresh(0, 0, NULL, err, sizeof err);
+    worker_consumer *c = fresh(0, 0, NULL, NULL, err, sizeof err);
     CHECK(c != NULL);
     if (!c) return;
     model_config mc;
@@ -214,6 +252,59 @@ static void test_slot_against_grant(void) {
     worker_consumer_destroy(&c);
 }
 
+/* Replaces the first `from` in the file at path by `to`. */
+static void edit_file(const char *path, const char *from, const char *to) {
+    size_t n;
+    char *text = test_slurp(path, &n), *at = strstr(text, from), out[8192];
+    CHECK(at != NULL);
+    if (at) {
+        snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+        test_spill(path, out, strlen(out));
+    }
+    free(text);
+}
+
+/* A checkpoint that cannot be resumed names itself and says what to do: the flags of its run
+ * when its drafter differs, moving it away when it is damaged. */
+static void test_resume_refused(void) {
+    char err[1024], root[400], step[500], path[600];
+    snprintf(root, sizeof root, "%s/ckpt-resume", dir);
+    worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
+    slot_layout l;
+    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 1};
+    void *base = staged_slot(&l, &wu, 20);
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t s = 0;
+    CHECK(base && c->consume(c->ctx, &b, &s) == 0);
+    CHECK_EQ_INT(c->finish(c->ctx), 0); /* the final checkpoint, step 1 */
+    free(base);
+    worker_consumer_destroy(&c);
+    snprintf(step, sizeof step, "%s/step-000000001", root);
+
+    snprintf(path, sizeof path, "%s/config.json", step);
+    edit_file(path, "\"block_size\":\t4", "\"block_size\":\t8");
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume of another block size: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, step) && strstr(err, "block_size") &&
+          strstr(err, "flags that run was trained with"));
+    worker_consumer_destroy(&c);
+    edit_file(path, "\"block_size\":\t8", "\"block_size\":\t4");
+
+    snprintf(path, sizeof path, "%s/training_state.safetensors", step);
+    CHECK(truncate(path, 1000) == 0);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume of a truncated checkpoint: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, step) && strstr(err, "truncated") && strstr(err, "damaged"));
+    worker_consumer_destroy(&c);
+}
+
 /* Lines of DIR/metrics/metrics.jsonl on disk now. */
 static int jsonl_lines(void) {
     char path[400];
@@ -228,7 +319,7 @@ static int jsonl_lines(void) {
 static void test_metrics_when_idle(void) {
     char err[512], mdir[400];
     snprintf(mdir, sizeof mdir, "%s/metrics", dir);
-    worker_consumer *c = fresh(0, 0, mdir, err, sizeof err);
+    worker_consumer *c = fresh(0, 0, NULL, mdir, err, sizeof err);
     CHECK(c != NULL && c->idle != NULL);
     if (!c || !c->idle) return;
     model_config mc;
@@ -272,6 +363,8 @@ int main(void) {
     test_eval_without_cycles();
     test_eval_two_drafters();
     test_schedule_past_max_steps();
+    test_checkpoint_dir();
+    test_resume_refused();
     test_slot_against_grant();
     test_metrics_when_idle();
 

@@ -24,12 +24,14 @@
 #include "config.h"
 #include "hf_config.h"
 #include "err.h"
+#include "fsutil.h"
 #include "log.h"
 #include "signals.h"
 #include "model_producer.h"
 #include "trainer.h"
 #include "worker_loop.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,6 +278,18 @@ static worker_consumer *model_verify_new(model_producer **p, nn_ctx **nn,
                            .committed = model_verify_committed, .destroy = model_verify_destroy,
                            .finish = model_verify_finish};
     return c;
+}
+
+/* Creates --checkpoint-dir (with its parents) and checks that we can write into it, at start-up:
+ * a bad path found at the first checkpoint would cost every step trained until then. Returns 0,
+ * or -1 after saying what is wrong. An empty dir is fine (the trainer warns: nothing saved). */
+static int checkpoint_dir_prepare(const char *dir)
+{
+    if (!dir[0]) return 0;
+    if (fs_make_dirs(dir) == 0 && access(dir, W_OK | X_OK) == 0) return 0;
+    fprintf(stderr, "dflash-drafter: --checkpoint-dir %s: cannot create it or write into it: %s "
+            "(give a writable directory)\n", dir, strerror(errno));
+    return -1;
 }
 
 /* ------------------------------------------------------------------------ eval subcommand */
@@ -530,6 +544,7 @@ int main(int argc, char **argv)
         model_producer_destroy(&mp);
         nn_cpu_destroy(&nn);
     } else {
+        if (checkpoint_dir_prepare(cfg.checkpoint_dir)) return 2;
         trainer_opts to = {.model_dir = cfg.model, .backend = lc.backend, .device = lc.device,
                            .threads = (int)cfg.threads, .layout = &lc.layout,
                            .draft_layers = (int)cfg.draft_layers,

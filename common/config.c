@@ -223,6 +223,17 @@ static int load_env(const cfg_table *t, void *cfg)
     return 0;
 }
 
+/* The config file named by the environment: DFLASH_<PROGRAM>_CONFIG, else DFLASH_CONFIG, as for
+ * every option (a shell that runs several programs can give each its own file). NULL if neither. */
+static const char *config_file_from_env(const cfg_table *t)
+{
+    char scope[64], var[160];
+    env_scope(t, scope, sizeof scope);
+    env_var_name(scope, "config", var, sizeof var);
+    const char *file = getenv(var);
+    return file ? file : getenv("DFLASH_CONFIG");
+}
+
 static void set_defaults(const cfg_table *t, void *cfg)
 {
     for (size_t i = 0; i < t->n_options; i++) {
@@ -243,7 +254,7 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
     if (n_positional) *n_positional = 0;
 
     /* The config file comes first whatever its place on the command line. */
-    const char *file = getenv("DFLASH_CONFIG");
+    const char *file = config_file_from_env(t);
     bool help = false, dump = false, no_file = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {

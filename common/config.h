@@ -4,8 +4,8 @@
  * A program declares a plain struct of settings and a cfg_option table describing each member:
  * name, type, default, range, whether it may change live, help line and offsetof() into the
  * struct. Defaults live only in that table. Precedence, lowest first:
- *   table default < config file (`--config FILE` or DFLASH_CONFIG) < DFLASH_<NAME>
- *     < DFLASH_<PROGRAM>_<NAME> < --name VALUE
+ *   table default < config file (`--config FILE`, else DFLASH_<PROGRAM>_CONFIG, else
+ *     DFLASH_CONFIG) < DFLASH_<NAME> < DFLASH_<PROGRAM>_<NAME> < --name VALUE
  * Option "min-ready" is flag --min-ready, variables DFLASH_MIN_READY and (dflash-queue's)
  * DFLASH_QUEUE_MIN_READY, file key min-ready or min_ready. PROGRAM is the table's program
  * name without "dflash-", upper-cased, other characters as '_' ("dflash-drafter eval":

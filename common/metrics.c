@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "monotime.h"
 #include "err.h"
+#include "fsutil.h"
 #include "log.h"
 
 #include "tensorboard.pb-c.h"
@@ -87,21 +88,6 @@ static double now_wall(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* mkdir -p. Returns 0 or DFLASH_EIO with errno set. */
-static int make_dirs(const char *dir)
-{
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return DFLASH_EINVAL;
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(path, 0755) && errno != EEXIST) return DFLASH_EIO;
-        *p = '/';
-    }
-    if (mkdir(path, 0755) && errno != EEXIST) return DFLASH_EIO;
-    return 0;
 }
 
 /* A file appended to across restarts ends in a line cut short when the last writer was killed
@@ -336,7 +322,7 @@ metrics *metrics_new(const metrics_opts *o)
     m->last_flush = monotime_s();
 
     if (o->dir && (o->jsonl || o->tensorboard)) {
-        if (make_dirs(o->dir)) {
+        if (fs_make_dirs(o->dir)) {
             LOG_ERROR("metrics: cannot create directory %s: %s", o->dir, strerror(errno));
             goto fail;
         }

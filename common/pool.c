@@ -113,6 +113,18 @@ bool pool_cuda_available(void)
     return pool_cuda_device_count() > 0;
 }
 
+/* Why a cuda pool (what) cannot be made here, and what to do instead. */
+static void log_no_cuda(const char *what)
+{
+    LOG_ERROR("cuda %s requested, but %s: use --backend host (or auto)", what,
+#ifdef DFLASH_HAVE_CUDA
+              "no CUDA device is visible"
+#else
+              "this build has no CUDA (built without nvcc)"
+#endif
+    );
+}
+
 static bool name_valid(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
@@ -262,7 +274,7 @@ pool *pool_new(const pool_config *cfg, int *err)
         goto fail;
     }
     if (cfg->backend == POOL_CUDA && !pool_cuda_available()) {
-        LOG_ERROR("cuda pool requested but no CUDA runtime or device is available");
+        log_no_cuda("pool");
         rc = DFLASH_EUNSUPPORTED;
         goto fail;
     }
@@ -502,6 +514,7 @@ pool_importer *pool_importer_new(pool_backend backend, int device, int *err)
     int rc = DFLASH_EINVAL;
     if (backend != POOL_HOST && backend != POOL_CUDA) goto fail;
     if (backend == POOL_CUDA && !pool_cuda_available()) {
+        log_no_cuda("pool importer");
         rc = DFLASH_EUNSUPPORTED;
         goto fail;
     }

@@ -7,6 +7,7 @@
 #include "dflash_ckpt.h"
 
 #include "err.h"
+#include "fsutil.h"
 #include "hf_config.h"
 #include "log.h"
 #include "safetensors.h"
@@ -332,10 +333,11 @@ int dflash_ckpt_check_root(const char *root, char *err, size_t errlen) {
     int rc = 0;
     struct stat sb;
     char probe[4200];
-    if (mkdir(root, 0755) && errno != EEXIST)
-        FAIL(DFLASH_EIO, "cannot create %s: %s%s", root, strerror(errno),
-             errno == ENOENT ? " (its parent directory does not exist: create it first)" : "");
-    if (stat(root, &sb) || !S_ISDIR(sb.st_mode)) FAIL(DFLASH_EIO, "%s is not a directory", root);
+    if (fs_make_dirs(root) != 0) {
+        if (stat(root, &sb) == 0 && !S_ISDIR(sb.st_mode))
+            FAIL(DFLASH_EIO, "%s is not a directory", root);
+        FAIL(DFLASH_EIO, "cannot create %s: %s", root, strerror(errno));
+    }
     snprintf(probe, sizeof probe, "%s/.write-test-%d", root, (int)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) FAIL(DFLASH_EIO, "cannot write in %s: %s", root, strerror(errno));

@@ -391,7 +391,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     double start = monotime_s();
     if (!cons->set_group || !cons->sync_state || !cons->model_step) {
         LOG_ERROR("--group: the %s mode cannot train in a group (use --train)", cons->name);
-        rc = DFLASH_EINVAL;
+        rc = DFLASH_ECONFIG; /* the flags: exit 2 */
         goto out;
     }
     g.s = worker_session_new(cfg, &g.st, &rc);

@@ -47,7 +47,8 @@ static bool has_curve_keys(const worker_loop_config *cfg)
     return (cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key);
 }
 
-/* The client with the config's timeout and CURVE keys. 0 or a negative code, logged. */
+/* The client with the config's timeout and CURVE keys. 0 or a negative code, logged
+ * (DFLASH_ECONFIG: the key files cannot be used). */
 static int open_client(worker_session *s)
 {
     const worker_loop_config *cfg = s->cfg;
@@ -58,9 +59,9 @@ static int open_client(worker_session *s)
     }
     client_set_timeout(s->client, (int)cfg->timeout_ms);
     if (!has_curve_keys(cfg)) return 0;
-    int rc = client_set_curve_files(s->client, cfg->curve_server_key, cfg->curve_key);
-    if (rc) LOG_ERROR("CURVE keys: %s", client_last_error(s->client));
-    return rc;
+    if (client_set_curve_files(s->client, cfg->curve_server_key, cfg->curve_key) == 0) return 0;
+    LOG_ERROR("CURVE keys: %s", client_last_error(s->client));
+    return DFLASH_ECONFIG; /* the operator's key files: bad configuration, exit 2 */
 }
 
 /* The importer, the staging buffer and the client. 0 or a negative code, logged. */

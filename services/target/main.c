@@ -273,7 +273,7 @@ int main(int argc, char **argv)
     if (st.name_in_use) return 4;
     if (rc < 0) {
         LOG_ERROR("dflash-target: %s", err_str(rc));
-        return 1;
+        return rc == DFLASH_ECONFIG ? 2 : 1;
     }
     return 0;
 }

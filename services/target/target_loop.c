@@ -213,9 +213,10 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
     }
     client_set_timeout(t.client, (int)cfg->timeout_ms);
     if (((cfg->curve_server_key && *cfg->curve_server_key) || (cfg->curve_key && *cfg->curve_key)) &&
-        (rc = client_set_curve_files(t.client, cfg->curve_server_key, cfg->curve_key))) {
+        client_set_curve_files(t.client, cfg->curve_server_key, cfg->curve_key)) {
         LOG_ERROR("CURVE keys: %s", client_last_error(t.client));
         client_destroy(&t.client);
+        rc = DFLASH_ECONFIG; /* the operator's key files: bad configuration, exit 2 */
         goto out_pool;
     }
     atomic_store(&t.hb_run, true);

@@ -13,6 +13,8 @@ Cases (one per ctest test, chosen by the second argument):
                say they wait for the broker, and once a new broker answers they register again.
   watch        `dflash-ctl watch --count N` hung for ever when the broker went away: it now
                says so and exits 2 (no broker answering), as the other verbs do.
+  curve_keys   a target or drafter given a CURVE key file it cannot use (mode 0644) exited 1,
+               as for a fatal run-time error; it is bad configuration: exit 2, naming the file.
 Usage: e2e_peers.py BUILD_DIR CASE [--keep]. Exit 0 pass, 1 fail.
 """
 import os
@@ -154,10 +156,35 @@ def case_watch(build, env, failures):
             w.wait()
 
 
+def case_curve_keys(build, env, failures):
+    keys = env.path("keys")
+    os.mkdir(keys)
+    for name in ("broker", "node"):
+        p = subprocess.run([build.ctl, "keygen", keys, name], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"dflash-ctl keygen {name}: {p.stdout}{p.stderr}")
+    node_key = os.path.join(keys, "node.key")
+    os.chmod(node_key, 0o644)
+    curve = ["--endpoint", "tcp://127.0.0.1:1", "--curve-server-key",
+             os.path.join(keys, "broker.pub"), "--curve-key", node_key, "--broker-wait-ms", "2000"]
+    for what, argv in (("dflash-target", [build.target, "--backend", "host", "--runtime-dir",
+                                          env.run, *curve]),
+                       ("dflash-drafter", [build.drafter, "--verify", "--backend", "host",
+                                           "--runtime-dir", env.run, *curve])):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=env.tmp)
+        out = p.stdout + p.stderr
+        if p.returncode != 2 or "node.key must be ours with mode 0600" not in out:
+            failures.append(f"{what} with a 0644 key file: exit {p.returncode}, want 2 naming "
+                            f"the file:\n{out[-2000:]}")
+        else:
+            log(NAME, f"{what} refused the 0644 key file, exit 2")
+
+
 def main():
     build = Build(sys.argv[1])
     case = sys.argv[2] if len(sys.argv) > 2 else ""
-    cases = {"duplicate": case_duplicate, "broker_gone": case_broker_gone, "watch": case_watch}
+    cases = {"duplicate": case_duplicate, "broker_gone": case_broker_gone, "watch": case_watch,
+             "curve_keys": case_curve_keys}
     if case not in cases:
         print(f"usage: e2e_peers.py BUILD_DIR {'|'.join(cases)} [--keep]", file=sys.stderr)
         return 2

@@ -15,10 +15,12 @@ together with the broker (a node lost): it has trained a batch whose ack the bro
 then both are killed, and the broker restarts on its journal). A checkpoint written before the
 ack would hold that batch while the broker hands it out again: trained twice. A third start
 resumes and trains the rest. When the ledger has nothing left to do the broker is drained; the
-drafter saves its final checkpoint, reports it, and exits 0. Two start-ups that must be refused follow (exit 2, before any
+drafter saves its final checkpoint, reports it, and exits 0. Three start-ups that must be
+refused follow (exit 2, before any
 training): a --resume of the older checkpoint into the same --checkpoint-dir, which holds a
 newer one (a restart would resume from that one and the retention would delete the new run's),
-and a --max-steps past the resumed run's 24-step schedule (its learning rate is 0 there).
+a --max-steps past the resumed run's 24-step schedule (its learning rate is 0 there), and a
+--checkpoint-dir that cannot be created (a file stands in its path).
 
 Pass conditions:
   * the last started drafter logs "resumed exactly from .../step-S" and "resume from step S";
@@ -27,7 +29,7 @@ Pass conditions:
   * the final checkpoint's step equals the number of batches in the epoch: each batch was in
     exactly one optimizer step of the final model (the ones trained after S were rewound and
     trained again, not counted twice), and no ack was refused as "already trained";
-  * every daemon exits 0; the two refused start-ups exit 2 naming their reason.
+  * every daemon exits 0; the three refused start-ups exit 2 naming their reason.
 Usage: e2e_resume.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
 """
 import os
@@ -223,6 +225,12 @@ def refused_startups(build, env, common, finals, failures):
              ("a --max-steps past the resumed run's schedule",
               ["--resume", newest, "--checkpoint-dir", env.path("ckpt-extended"),
                "--max-steps", "30"], "past the resumed run's schedule of 24 steps")]
+    # a --checkpoint-dir that cannot be made is found at start-up, not at the first checkpoint
+    # (which used to fail then, exit 1, losing every step trained before it)
+    blocker = env.path("not-a-dir")
+    open(blocker, "w").close()
+    cases.append(("a --checkpoint-dir that cannot be created (a file is in the way)",
+                  ["--checkpoint-dir", os.path.join(blocker, "ckpt")], "cannot create"))
     for what, args, reason in cases:
         p = subprocess.run([*common, "--name", "refused", *args], capture_output=True,
                            text=True, timeout=60, cwd=env.tmp)

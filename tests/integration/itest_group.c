@@ -7,7 +7,8 @@
  * 300 ms); drafters da and db with --group g --comm-timeout-s 3, each with its own checkpoint dir;
  * then dflash-target for 8 epochs (192 batches).
  * Phases, each waiting for a condition (never a fixed sleep):
- *   1. the group forms with world 2 (`dflash-ctl set max_depth=1` is then refused) and trains
+ *   1. the group forms with world 2 (`dflash-ctl set max_depth=1` is then refused, and so is a
+ *      --verify drafter with --group: exit 2) and trains
  *      >= 5 steps; the ledger shows every batch acked once (acks == trained + committed);
  *   2. db is SIGKILLed; da re-forms alone (world 1: its collective times out or the broker tells
  *      it) and trains >= 3 more steps;
@@ -201,6 +202,16 @@ int main(int argc, char **argv)
     char *cl = test_slurp(ctllog, NULL);
     CHECK(cl && strstr(cl, "max-depth 1 is smaller than one step"));
     free(cl);
+    /* --group with a mode that cannot train is bad configuration: exit 2 (was 1, as for a
+     * fatal run-time error), with the reason */
+    char vlog[128];
+    snprintf(vlog, sizeof vlog, "%s/drafter-verify.log", dir);
+    char *vg[] = {(char *)drafter_bin, "--verify", "--group", "g", "--name", "dv", rtflag,
+                  "--backend", "host", NULL};
+    CHECK_EQ_INT(run_tool(vg, vlog), 2);
+    char *vl = test_slurp(vlog, NULL);
+    CHECK(vl && strstr(vl, "cannot train in a group"));
+    free(vl);
     char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
                  "--slots", "4", "--epochs", "8", "--buckets", "32", "--token-budget", "128",
                  "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",

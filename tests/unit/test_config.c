@@ -82,6 +82,32 @@ int main(void)
     unsetenv("DFLASH_RATIO");
     unsetenv("DFLASH_OTHER_MIN_READY");
 
+    /* the config file by variable, as every option: DFLASH_<PROGRAM>_CONFIG beats DFLASH_CONFIG
+     * and another program's is not ours (DFLASH_DEMO_CONFIG used to be ignored without a word,
+     * so a shell running several programs could only give all of them one file) */
+    char ours[] = "/tmp/dflash-test-config-XXXXXX", shared[] = "/tmp/dflash-test-config-XXXXXX";
+    int fo = mkstemp(ours), fs = mkstemp(shared);
+    CHECK(fo >= 0 && fs >= 0);
+    CHECK(write(fo, "min-ready 21\n", 13) == 13);
+    CHECK(write(fs, "min-ready 22\n", 13) == 13);
+    close(fo);
+    close(fs);
+    setenv("DFLASH_CONFIG", shared, 1);
+    setenv("DFLASH_OTHER_CONFIG", "/nonexistent/other.conf", 1);
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK_EQ_INT(c.min_ready, 22);
+    setenv("DFLASH_DEMO_CONFIG", ours, 1);
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK_EQ_INT(c.min_ready, 21);
+    char *argv_cf[] = {"demo", "--config", shared, NULL}; /* the flag still wins */
+    CHECK_EQ_INT(config_load(&demo, &c, 3, argv_cf, NULL, 0, NULL), 0);
+    CHECK_EQ_INT(c.min_ready, 22);
+    unsetenv("DFLASH_DEMO_CONFIG");
+    unsetenv("DFLASH_OTHER_CONFIG");
+    unsetenv("DFLASH_CONFIG");
+    unlink(ours);
+    unlink(shared);
+
     /* errors */
     char *argv2[] = {"demo", "--min-ready", "5000", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 3, argv2, NULL, 0, NULL), DFLASH_ERANGE);

@@ -38,21 +38,41 @@ static bool shm_exists(const char *shm_name)
 }
 
 /* pool_new with stderr captured: *log gets what it logged (malloc'ed, NUL-terminated). */
+/* stderr into a temp file between capture_begin and capture_end, which returns what was
+ * written (malloc'd; "" if unreadable). */
+typedef struct capture {
+    int fd, saved;
+    char path[40];
+} capture;
+
+static capture capture_begin(void)
+{
+    capture c = {.path = "/tmp/dflash-test-pool-log-XXXXXX"};
+    c.fd = mkstemp(c.path);
+    c.saved = dup(2);
+    fflush(stderr);
+    dup2(c.fd, 2);
+    return c;
+}
+
+static char *capture_end(capture *c)
+{
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    off_t n = lseek(c->fd, 0, SEEK_END);
+    char *log = calloc(1, (size_t)n + 1);
+    if (log && pread(c->fd, log, (size_t)n, 0) != n) log[0] = 0;
+    close(c->fd);
+    unlink(c->path);
+    return log;
+}
+
 static pool *pool_new_logged(const pool_config *c, int *err, char **log)
 {
-    char path[] = "/tmp/dflash-test-pool-log-XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    fflush(stderr);
-    dup2(fd, 2);
+    capture cap = capture_begin();
     pool *p = pool_new(c, err);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    off_t n = lseek(fd, 0, SEEK_END);
-    *log = calloc(1, (size_t)n + 1);
-    if (*log && pread(fd, *log, (size_t)n, 0) != n) (*log)[0] = 0;
-    close(fd);
-    unlink(path);
+    *log = capture_end(&cap);
     return p;
 }
 
@@ -442,14 +462,24 @@ int main(void)
         }
     }
 
-    /* the cuda backend is refused cleanly where there is no GPU */
+    /* the cuda backend is refused cleanly where there is no GPU, saying why and what to do on
+     * both sides (the importer of dflash-drafter --verify --backend cuda used to log only
+     * "cannot create the cuda pool importer on device 0: not supported") */
     if (!pool_cuda_available()) {
         pool_config cc = cfg;
         cc.backend = POOL_CUDA;
-        CHECK(pool_new(&cc, &err) == NULL);
+        char *why = NULL;
+        CHECK(pool_new_logged(&cc, &err, &why) == NULL);
         CHECK_EQ_INT(err, DFLASH_EUNSUPPORTED);
+        CHECK(why && strstr(why, "use --backend host") != NULL);
+        free(why);
+        capture cap = capture_begin();
         CHECK(pool_importer_new(POOL_CUDA, 0, &err) == NULL);
+        why = capture_end(&cap);
         CHECK_EQ_INT(err, DFLASH_EUNSUPPORTED);
+        CHECK(why && strstr(why, "cuda pool importer requested") != NULL &&
+              strstr(why, "use --backend host") != NULL);
+        free(why);
     }
 
     /* bad configs, each named in the error line (dflash-target --name a.b used to say only

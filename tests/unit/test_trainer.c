@@ -8,9 +8,9 @@
  *     with --init-only (exit 2) instead of evaluating the untrained drafter;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
- *   - a --checkpoint-dir that cannot be written (its parent missing, a file) is refused at
+ *   - a --checkpoint-dir that cannot be written (a file, or a file in its path) is refused at
  *     start-up naming the path and the reason, not at the first checkpoint after hours of
- *     training; a missing one under an existing parent is created; one another live drafter
+ *     training; a missing one is created with its parents; one another live drafter
  *     writes is refused naming its pid (they would replace each other's checkpoints);
  *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file) is refused
  *     naming the checkpoint and what to do;
@@ -175,9 +175,9 @@ static void test_schedule_past_max_steps(void) {
 
 static void test_checkpoint_dir(void) {
     char err[512], bad[2][400], fine[400];
-    snprintf(bad[0], sizeof bad[0], "%s/no/such/ckpt", dir);
+    snprintf(bad[0], sizeof bad[0], "%s/target/config.json/ckpt", dir);
     snprintf(bad[1], sizeof bad[1], "%s/target/config.json", dir);
-    const char *why[2] = {"its parent directory does not exist", "is not a directory"};
+    const char *why[2] = {"cannot create", "is not a directory"};
     for (int i = 0; i < 2; i++) {
         worker_consumer *c = fresh(0, 0, bad[i], NULL, err, sizeof err);
         printf("--checkpoint-dir %s: %s\n", bad[i], c ? "started" : err);
@@ -185,7 +185,7 @@ static void test_checkpoint_dir(void) {
         CHECK(strstr(err, bad[i]) && strstr(err, why[i]));
         worker_consumer_destroy(&c);
     }
-    snprintf(fine, sizeof fine, "%s/ckpt", dir);
+    snprintf(fine, sizeof fine, "%s/new/parent/ckpt", dir); /* made with its parents */
     worker_consumer *c = fresh(0, 0, fine, NULL, err, sizeof err);
     CHECK(c != NULL);
     struct stat sb;

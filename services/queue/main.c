@@ -31,7 +31,7 @@ static int runtime_dir_prepare(const char *dir)
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         LOG_ERROR("runtime dir %s is not a directory", dir);
-        return DFLASH_EIO;
+        return DFLASH_ECONFIG;
     }
     if (st.st_uid != geteuid() || (st.st_mode & 077)) {
         LOG_ERROR("runtime dir %s must be owned by us with mode 0700 (chmod 700 %s)", dir, dir);
@@ -87,7 +87,8 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", why);
         return 2;
     }
-    if (runtime_dir_prepare(cfg.runtime_dir)) return 1;
+    rc = runtime_dir_prepare(cfg.runtime_dir);
+    if (rc) return rc == DFLASH_EIO ? 1 : 2; /* a file there, or open to others: configuration */
 
     LOG_INFO("effective configuration:");
     config_dump(table, &cfg, stderr);
@@ -97,7 +98,7 @@ int main(int argc, char **argv)
     broker *b = broker_new(loop, &cfg, &rc);
     if (!b) {
         LOG_ERROR("cannot start: %s", err_str(rc));
-        return 1;
+        return rc == DFLASH_ECONFIG ? 2 : 1; /* e.g. a CURVE key file it cannot use */
     }
     uv_signal_t sigint, sigterm;
     uv_signal_init(loop, &sigint);

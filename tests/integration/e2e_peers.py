@@ -15,6 +15,8 @@ Cases (one per ctest test, chosen by the second argument):
                says so and exits 2 (no broker answering), as the other verbs do.
   curve_keys   a target or drafter given a CURVE key file it cannot use (mode 0644) exited 1,
                as for a fatal run-time error; it is bad configuration: exit 2, naming the file.
+               The same for dflash-queue's secret key file, and for a runtime dir that others
+               can enter (mode 0755): the broker exited 1 for both.
 Usage: e2e_peers.py BUILD_DIR CASE [--keep]. Exit 0 pass, 1 fail.
 """
 import os
@@ -178,6 +180,23 @@ def case_curve_keys(build, env, failures):
                             f"the file:\n{out[-2000:]}")
         else:
             log(NAME, f"{what} refused the 0644 key file, exit 2")
+    broker_key = os.path.join(keys, "broker.key")
+    os.chmod(broker_key, 0o644)
+    open_dir = env.path("open-run")
+    os.mkdir(open_dir, 0o755)
+    os.chmod(open_dir, 0o755)
+    for what, argv, says in (
+            ("dflash-queue with a 0644 secret key", [build.queue, "--runtime-dir", env.run,
+             "--journal", "none", "--bind", "tcp://127.0.0.1:0", "--curve-secret-key",
+             broker_key, "--curve-clients", keys], "broker.key"),
+            ("dflash-queue on a 0755 runtime dir", [build.queue, "--runtime-dir", open_dir,
+             "--journal", "none"], "mode 0700")):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=env.tmp)
+        out = p.stdout + p.stderr
+        if p.returncode != 2 or says not in out:
+            failures.append(f"{what}: exit {p.returncode}, want 2 saying {says!r}:\n{out[-2000:]}")
+        else:
+            log(NAME, f"{what}: refused, exit 2")
 
 
 def main():

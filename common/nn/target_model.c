@@ -189,29 +189,37 @@ static int check_config(const model_config *c) {
     return 0;
 }
 
+int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errlen) {
+    if (n < 1 || n > TARGET_MAX_CAPTURE) {
+        err_fmt(err, errlen, "%d captured layers given, need 1..%d", n, TARGET_MAX_CAPTURE);
+        return DFLASH_ECONFIG;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= L) {
+            err_fmt(err, errlen, "captured layer id %d outside [0, %d) (ids are 0-based decoder "
+                    "layer outputs of this %d-layer target)", ids[i], L, L);
+            return DFLASH_ECONFIG;
+        }
+        for (int j = 0; j < i; j++)
+            if (ids[j] == ids[i]) {
+                err_fmt(err, errlen, "captured layer id %d given twice", ids[i]);
+                return DFLASH_ECONFIG;
+            }
+    }
+    return 0;
+}
+
 static int pick_layers(target_model *m, const target_model_opts *o) {
     int L = m->cfg.num_layers;
     if (o->layer_ids) {
-        if (o->n_layer_ids < 1 || o->n_layer_ids > TARGET_MAX_CAPTURE) {
-            LOG_ERROR("target model: %d captured layers given, need 1..%d", o->n_layer_ids,
-                      TARGET_MAX_CAPTURE);
-            return DFLASH_EINVAL;
+        char why[160];
+        int rc = target_layer_ids_check(o->layer_ids, o->n_layer_ids, L, why, sizeof why);
+        if (rc) {
+            LOG_ERROR("target model: %s", why);
+            return rc;
         }
         m->n_capture = o->n_layer_ids;
-        for (int i = 0; i < m->n_capture; i++) {
-            m->layer_ids[i] = o->layer_ids[i];
-            if (o->layer_ids[i] < 0 || o->layer_ids[i] >= L) {
-                LOG_ERROR("target model: captured layer id %d outside [0, %d) (ids are 0-based "
-                          "decoder layer outputs)",
-                          o->layer_ids[i], L);
-                return DFLASH_EINVAL;
-            }
-            for (int j = 0; j < i; j++)
-                if (o->layer_ids[j] == o->layer_ids[i]) {
-                    LOG_ERROR("target model: captured layer id %d given twice", o->layer_ids[i]);
-                    return DFLASH_EINVAL;
-                }
-        }
+        memcpy(m->layer_ids, o->layer_ids, (size_t)m->n_capture * sizeof *m->layer_ids);
     } else {
         int rc = target_default_layer_ids(L, o->drafter_layers, m->layer_ids);
         if (rc) {

@@ -68,6 +68,12 @@ typedef int (*target_tensor_fn)(void *user, const char *name, const int64_t *sha
  * and inside [0, L) (very shallow targets: give the ids explicitly). */
 int target_default_layer_ids(int L, int n, int *ids);
 
+/* Checks captured ids given by hand against an L-layer target: 1..TARGET_MAX_CAPTURE of them,
+ * each in [0, L), none twice. Returns 0, or DFLASH_ECONFIG with the reason in err (may be
+ * NULL). The daemons call it on the target's config.json before the load (a bad list is bad
+ * configuration, found before minutes of loading); target_model_load applies it too. */
+int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errlen);
+
 /* Builds a model for cfg on the backend, reading every parameter through fetch(user, ...).
  * Returns NULL after logging why (bad opts, shape mismatch, out of memory). */
 target_model *target_model_new(const model_config *cfg, const target_model_opts *opts,

@@ -714,6 +714,13 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         rc = DFLASH_ENOMEM;
         goto out;
     }
+    /* the drafter against the target's config.json first: a checkpoint of another target is a
+     * mismatch (exit 2), not a load failure */
+    model_config tc;
+    if ((rc = hf_config_load(o->model_dir, &tc, err, errlen)) < 0 ||
+        (rc = dflash_config_check_target(&dc, &tc, dc.target_layer_ids, dc.n_feat, err,
+                                         errlen)) < 0)
+        goto out;
     target_model_opts to = {.layer_ids = dc.target_layer_ids,
                             .n_layer_ids = dc.n_feat,
                             .max_tokens = (int)max_len,
@@ -724,9 +731,6 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         rc = DFLASH_EIO;
         goto out;
     }
-    rc = dflash_config_check_target(&dc, target_model_config(tm), dc.target_layer_ids, dc.n_feat,
-                                    err, errlen);
-    if (rc < 0) goto out;
     m = dflash_model_new(&dc, ops, nn, target_model_embed_tokens(tm), target_model_lm_head(tm),
                          (int)max_len, 256, o->init_seed);
     if (!m) {

@@ -10,12 +10,14 @@
  * The only global is the stop flag. */
 #include "client.h"
 #include "config.h"
+#include "hf_config.h"
 #include "err.h"
 #include "batch_plan.h"
 #include "blas_env.h"
 #include "log.h"
 #include "signals.h"
 #include "model_producer.h"
+#include "target_model.h"
 #include "ops.h"
 #include "target_loop.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -208,6 +210,14 @@ int main(int argc, char **argv)
         int n_ids = config_parse_int_list(cfg.capture, ids, 64, why, sizeof why);
         if (n_ids < 0) {
             fprintf(stderr, "dflash-target: bad --capture-layers '%s': %s\n", cfg.capture, why);
+            return 2;
+        }
+        model_config mc;
+        char cerr[512];
+        if (n_ids > 0 && hf_config_load(cfg.model, &mc, cerr, sizeof cerr) == 0 &&
+            target_layer_ids_check(ids, n_ids, mc.num_layers, cerr, sizeof cerr) < 0) {
+            fprintf(stderr, "dflash-target: bad --capture-layers '%s' for %s: %s\n", cfg.capture,
+                    cfg.model, cerr);
             return 2;
         }
         model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,

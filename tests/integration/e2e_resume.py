@@ -29,7 +29,8 @@ Pass conditions:
   * the final checkpoint's step equals the number of batches in the epoch: each batch was in
     exactly one optimizer step of the final model (the ones trained after S were rewound and
     trained again, not counted twice), and no ack was refused as "already trained";
-  * every daemon exits 0; the three refused start-ups exit 2 naming their reason.
+  * every daemon exits 0; the three refused start-ups exit 2 naming their reason, and so does
+    a dflash-target given a captured layer its model lacks (--capture-layers 1,99).
 Usage: e2e_resume.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
 """
 import os
@@ -240,6 +241,18 @@ def refused_startups(build, env, common, finals, failures):
                             f"{out[-2000:]}")
         else:
             log("e2e", f"refused as expected: {what}")
+    # the target: a captured layer its model lacks is bad configuration (exit 2), found from
+    # config.json before the load (it was the load's failure: exit 1)
+    p = subprocess.run([build.target, "--name", "refused-target", "--model", env.path("target"),
+                        "--shards", env.path("train.shard"), "--runtime-dir", env.run,
+                        "--backend", "host", "--buckets", "32", "--capture-layers", "1,99"],
+                       capture_output=True, text=True, timeout=60, cwd=env.tmp)
+    out = p.stdout + p.stderr
+    if p.returncode != 2 or "captured layer id 99 outside [0, 6)" not in out:
+        failures.append(f"dflash-target --capture-layers 1,99 on a 6-layer target: exit "
+                        f"{p.returncode}, expected 2 naming the id:\n{out[-2000:]}")
+    else:
+        log("e2e", "refused as expected: dflash-target --capture-layers 1,99")
 
 
 if __name__ == "__main__":

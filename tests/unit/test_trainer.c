@@ -13,7 +13,8 @@
  *     training; a missing one is created with its parents; one another live drafter
  *     writes is refused naming its pid (they would replace each other's checkpoints);
  *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file) is refused
- *     naming the checkpoint and what to do;
+ *     naming the checkpoint and what to do; `eval` of a checkpoint made for another target (a
+ *     captured layer this one lacks) exits 2 (mismatch), not 1 (the target's load failing);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said;
  *   - a drafter that trained a few steps and then waits for data (a slow or restarting target)
@@ -295,6 +296,23 @@ static void test_resume_refused(void) {
           strstr(err, "flags that run was trained with"));
     worker_consumer_destroy(&c);
     edit_file(path, "\"block_size\":\t8", "\"block_size\":\t4");
+
+    /* a checkpoint of another target (a captured layer this one lacks): eval says mismatch,
+     * exit 2, instead of failing the target's load (exit 1) */
+    edit_file(path, "[1, 3]", "[1, 33]");
+    edit_file(path, "\"num_target_layers\":\t6", "\"num_target_layers\":\t36");
+    char args[1200];
+    snprintf(args, sizeof args, "--checkpoint %s --model %s --data %s/mixed.shard --threads 1",
+             step, target, dir);
+    CHECK_EQ_INT(run_eval(args), 2);
+    snprintf(path, sizeof path, "%s/eval.out", dir);
+    char *said = test_slurp(path, NULL);
+    printf("eval of a checkpoint for another target: %s", said ? said : "(nothing)\n");
+    CHECK(said && strstr(said, "does not match target num_hidden_layers 6"));
+    free(said);
+    snprintf(path, sizeof path, "%s/config.json", step);
+    edit_file(path, "[1, 33]", "[1, 3]");
+    edit_file(path, "\"num_target_layers\":\t36", "\"num_target_layers\":\t6");
 
     snprintf(path, sizeof path, "%s/training_state.safetensors", step);
     CHECK(truncate(path, 1000) == 0);

@@ -125,7 +125,7 @@ static void log_no_cuda(const char *what)
     );
 }
 
-static bool name_valid(const char *s)
+bool pool_name_valid(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
     if (n == 0 || n >= POOL_NAME_MAX) return false;
@@ -260,7 +260,7 @@ pool *pool_new(const pool_config *cfg, int *err)
     int rc = DFLASH_EINVAL;
     if (!cfg || (cfg->backend != POOL_HOST && cfg->backend != POOL_CUDA)) goto fail;
     /* say which setting is wrong: the caller only sees "invalid argument" */
-    if (!name_valid(cfg->name)) {
+    if (!pool_name_valid(cfg->name)) {
         LOG_ERROR("pool name '%s': give 1 to %u letters, digits, '-' or '_'",
                   cfg->name ? cfg->name : "", POOL_NAME_MAX - 1);
         goto fail;
@@ -493,7 +493,7 @@ int pool_desc_decode(const uint8_t *buf, size_t len, pool_desc *out)
         return DFLASH_ERANGE;
     if (d.arena_bytes % POOL_ARENA_ALIGN || d.arena_bytes < d.slot_bytes * d.n_slots)
         return DFLASH_ERANGE;
-    if (memchr(d.name, 0, POOL_NAME_MAX) == NULL || !name_valid(d.name)) return DFLASH_ERANGE;
+    if (memchr(d.name, 0, POOL_NAME_MAX) == NULL || !pool_name_valid(d.name)) return DFLASH_ERANGE;
     if (memchr(d.shm_name, 0, POOL_SHM_NAME_MAX) == NULL) return DFLASH_ERANGE;
     if (d.backend == POOL_HOST && strncmp(d.shm_name, "/" SHM_PREFIX, strlen(SHM_PREFIX) + 1))
         return DFLASH_ERANGE;

@@ -79,6 +79,10 @@ int pool_backend_parse(const char *s, pool_backend *out);
 /* True when this build has CUDA and a device is visible. */
 bool pool_cuda_available(void);
 
+/* True when s can name a pool (a target's --name): 1..POOL_NAME_MAX-1 characters, each a letter,
+ * a digit, '-' or '_'. */
+bool pool_name_valid(const char *s);
+
 /* ---- exporter ---- */
 
 /* Creates and exports the arena and events. Returns the pool or NULL with *err (optional):

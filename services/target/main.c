@@ -131,6 +131,11 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
     lc->curve_server_key = c->curve_server_key;
     lc->curve_key = c->curve_key;
     lc->name = c->name;
+    if (!pool_name_valid(c->name)) { /* it names the slot pool: found here, not at its creation */
+        fprintf(stderr, "dflash-target: --name '%s': give 1 to %u letters, digits, '-' or '_'\n",
+                c->name, POOL_NAME_MAX - 1);
+        return DFLASH_ECONFIG;
+    }
     if (pool_backend_parse(c->backend, &lc->backend) < 0) {
         fprintf(stderr, "dflash-target: --backend must be host, cuda or auto, not '%s'\n",
                 c->backend);

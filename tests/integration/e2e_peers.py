@@ -16,7 +16,8 @@ Cases (one per ctest test, chosen by the second argument):
   curve_keys   a target or drafter given a CURVE key file it cannot use (mode 0644) exited 1,
                as for a fatal run-time error; it is bad configuration: exit 2, naming the file.
                The same for dflash-queue's secret key file, and for a runtime dir that others
-               can enter (mode 0755): the broker exited 1 for both.
+               can enter (mode 0755): the broker exited 1 for both; and for a dflash-target
+               --name that cannot name a pool ('a b'), refused when the pool was made (exit 1).
 Usage: e2e_peers.py BUILD_DIR CASE [--keep]. Exit 0 pass, 1 fail.
 """
 import os
@@ -190,7 +191,9 @@ def case_curve_keys(build, env, failures):
              "--journal", "none", "--bind", "tcp://127.0.0.1:0", "--curve-secret-key",
              broker_key, "--curve-clients", keys], "broker.key"),
             ("dflash-queue on a 0755 runtime dir", [build.queue, "--runtime-dir", open_dir,
-             "--journal", "none"], "mode 0700")):
+             "--journal", "none"], "mode 0700"),
+            ("dflash-target named 'a b'", [build.target, "--name", "a b", "--backend", "host",
+             "--runtime-dir", env.run, "--broker-wait-ms", "100"], "--name 'a b'")):
         p = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=env.tmp)
         out = p.stdout + p.stderr
         if p.returncode != 2 or says not in out:

@@ -165,6 +165,8 @@ static cJSON *config_json(const dflash_config *c, const char *dtype) {
     hf_config_json_token_id(j, "eos_token_id", c->eos_token_id);
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
     cJSON_AddStringToObject(j, "dtype", dtype);
+    /* the same under its name before transformers 4.56, which older loaders read */
+    cJSON_AddStringToObject(j, "torch_dtype", dtype);
     cJSON_AddTrueToObject(j, "use_cache");
     return j;
 }

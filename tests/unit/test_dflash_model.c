@@ -458,6 +458,9 @@ static void check_ckpt_files(const dflash_model *m, const char *dir) {
     CHECK(!strcmp(cJSON_GetArrayItem(lt, 0)->valuestring, "full_attention"));
     CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(j, "hidden_act")->valuestring, "silu"));
     CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(j, "dtype")->valuestring, "bfloat16"));
+    /* and as torch_dtype, the name transformers read before 4.56 (older SGLang / vLLM) */
+    const cJSON *td = cJSON_GetObjectItemCaseSensitive(j, "torch_dtype");
+    CHECK(cJSON_IsString(td) && !strcmp(td->valuestring, "bfloat16"));
     CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "attention_bias")));
     CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")));
     CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "rope_scaling")));

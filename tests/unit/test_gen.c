@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -240,6 +241,26 @@ int main(int argc, char **argv)
     CHECK(run_gen(args) != 0);
     snprintf(args, sizeof args, "%s/none.jsonl", dir);
     CHECK(access(args, F_OK) != 0);
+
+    /* a config.json dflash-gen cannot use is named with its problem, without the hint for a
+     * missing directory ("is --model a Hugging Face checkpoint directory?"), which misled */
+    char bad_dir[PATH_MAX], cmd[2 * PATH_MAX + 256];
+    snprintf(bad_dir, sizeof bad_dir, "%s/yarn", dir);
+    CHECK(mkdir(bad_dir, 0755) == 0);
+    snprintf(cmd, sizeof cmd, "%s/config.json", bad_dir);
+    FILE *cf = fopen(cmd, "w");
+    CHECK(cf != NULL);
+    if (cf) {
+        fputs("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"rope_type\": \"yarn\"}}\n", cf);
+        fclose(cf);
+    }
+    snprintf(cmd, sizeof cmd, "'%s' --model '%s' --out '%s/yarn.jsonl' --n 1 2>'%s/yarn.err'",
+             gen_bin, bad_dir, dir, dir);
+    CHECK(system(cmd) != 0);
+    snprintf(cmd, sizeof cmd, "%s/yarn.err", dir);
+    char *said = read_all(cmd);
+    CHECK(said && strstr(said, "config.json") && !strstr(said, "checkpoint directory?"));
+    free(said);
 
     /* SIGTERM while generating: exit 1, neither the output nor its temporary file (which used
      * to stay behind) */

@@ -362,7 +362,9 @@ int main(int argc, char **argv)
      * model's plan. Random prompts are at most prompt-max long. */
     char err[512];
     rc = hf_config_load(c->model, &g.mc, err, sizeof err);
-    if (rc) LOG_FATAL("%s (is --model a Hugging Face checkpoint directory?)", err);
+    if (rc) /* the hint only where the file is missing: the message names any other problem */
+        LOG_FATAL("%s%s", err,
+                  rc == DFLASH_ENOTFOUND ? " (is --model a Hugging Face checkpoint directory?)" : "");
     int V = g.mc.vocab_size;
     rc = c->prompts[0] ? prompts_load(&g.prompts, c->prompts, (int)c->n, (int)c->prompt_max, V)
                        : prompts_random(&g.prompts, (int)c->n, (int)c->prompt_min,

@@ -41,3 +41,30 @@ int fs_make_dirs(const char *dir)
     if (!S_ISDIR(st.st_mode)) return errno = ENOTDIR, DFLASH_EIO;
     return 0;
 }
+
+int fs_write_atomic(const char *path, const void *buf, size_t len)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return DFLASH_EINVAL;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return DFLASH_EIO;
+    const char *p = buf;
+    int rc = 0;
+    while (len && !rc) {
+        ssize_t k = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) rc = DFLASH_EIO;
+        else p += k, len -= (size_t)k;
+    }
+    if (!rc && fsync(fd) != 0) rc = DFLASH_EIO;
+    int e = errno;
+    if (close(fd) != 0 && !rc) rc = DFLASH_EIO, e = errno;
+    if (!rc && rename(tmp, path) != 0) rc = DFLASH_EIO, e = errno;
+    if (rc) {
+        unlink(tmp);
+        errno = e; /* the failing call's reason, not unlink's */
+        return rc;
+    }
+    return fs_sync_parent_dir(path);
+}

@@ -1,11 +1,13 @@
 /* fsutil: file-system steps shared by the writers. The durability step of every atomic file
  * writer (safetensors, shards, config files, checkpoints, journal compaction): after `write tmp,
  * fsync, rename`, the directory that holds the new name must be fsync'd too, or a crash can lose
- * the rename. And `mkdir -p` for the output directories a daemon writes into (metrics,
+ * the rename; fs_write_atomic does all of it for a small file. And `mkdir -p` for the output directories a daemon writes into (metrics,
  * checkpoints), created at start-up so that a bad path is an error then, not hours later.
  * Thread-safe. */
 #ifndef DFLASH_FSUTIL_H
 #define DFLASH_FSUTIL_H
+
+#include <stddef.h>
 
 /* fsyncs the directory containing path ("." for a bare name). Returns 0 or DFLASH_EIO (a file
  * system that cannot fsync directories, EINVAL, counts as success). */
@@ -15,5 +17,10 @@ int fs_sync_parent_dir(const char *path);
  * DFLASH_EIO with errno set when a component cannot be created (or is not a directory),
  * DFLASH_EINVAL for a path over PATH_MAX. */
 int fs_make_dirs(const char *dir);
+
+/* Writes len bytes of buf to path atomically: path.tmp.PID, fsync, rename, fsync of the
+ * directory. Returns 0, or DFLASH_EIO with errno kept as the failing call left it (a full disk:
+ * ENOSPC) and no temporary file left behind. */
+int fs_write_atomic(const char *path, const void *buf, size_t len);
 
 #endif

@@ -10,7 +10,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 static const char *const family_names[] = {"qwen3", "qwen2", "llama"};
 static const char *const family_archs[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM",
@@ -422,37 +420,13 @@ cJSON *hf_config_to_json(const model_config *c, const char *dtype) {
 int hf_config_write_json(const char *path, const cJSON *json) {
     char *text = cJSON_Print(json);
     if (!text) return DFLASH_ENOMEM;
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int rc = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(text);
-        return DFLASH_EIO;
-    }
     size_t len = strlen(text);
-    text[len] = '\n';
-    const char *p = text;
-    size_t left = len + 1;
-    while (left) {
-        ssize_t k = write(fd, p, left);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) {
-            rc = DFLASH_EIO;
-            break;
-        }
-        p += k;
-        left -= (size_t)k;
-    }
+    text[len] = '\n'; /* the terminator's place: the written length is exact */
+    int rc = fs_write_atomic(path, text, len + 1);
+    int e = errno;
     free(text);
-    if (!rc && fsync(fd) != 0) rc = DFLASH_EIO;
-    if (close(fd) != 0 && !rc) rc = DFLASH_EIO;
-    if (!rc && rename(tmp, path) != 0) rc = DFLASH_EIO;
-    if (rc) {
-        unlink(tmp);
-        return rc;
-    }
-    fs_sync_parent_dir(path);
-    return 0;
+    errno = e;
+    return rc;
 }
 
 int hf_config_write(const char *dir, const model_config *c, const char *dtype) {

@@ -62,7 +62,8 @@ void hf_config_json_token_id(struct cJSON *json, const char *key, int id);
 /* Writes dir/config.json from hf_config_to_json(c, dtype). 0 or negative. */
 int hf_config_write(const char *dir, const model_config *c, const char *dtype);
 
-/* Pretty-prints json into path atomically (temp name, fsync, rename, directory fsync). */
+/* Pretty-prints json into path atomically (fs_write_atomic: temp name, fsync, rename, directory
+ * fsync). 0, DFLASH_ENOMEM, or DFLASH_EIO with errno saying why (a full disk: ENOSPC). */
 int hf_config_write_json(const char *path, const struct cJSON *json);
 
 /* "qwen3", "qwen2", "llama"; and the reverse (0 or DFLASH_EUNSUPPORTED). */

@@ -832,8 +832,6 @@ static int write_all(int fd, const void *buf, size_t len) {
     return 0;
 }
 
-/* Writes text to path atomically: tmp file, fsync, rename, fsync of the directory. */
-static int write_atomic(const char *path, const void *buf, size_t len);
 
 int safetensors_writer_begin(safetensors_writer *w) {
     if (!w || w->begun) return DFLASH_ESTATE;
@@ -963,22 +961,6 @@ int safetensors_writer_errno(const safetensors_writer *w) {
     return w ? w->sys_errno : 0;
 }
 
-static int write_atomic(const char *path, const void *buf, size_t len) {
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return DFLASH_EIO;
-    int rc = write_all(fd, buf, len);
-    if (!rc && fsync(fd) != 0) rc = DFLASH_EIO;
-    if (close(fd) != 0 && !rc) rc = DFLASH_EIO;
-    if (!rc && rename(tmp, path) != 0) rc = DFLASH_EIO;
-    if (rc) {
-        unlink(tmp);
-        return rc;
-    }
-    return fs_sync_parent_dir(path);
-}
-
 int safetensors_write_index(const char *dir, const char *const *names, const char *const *files,
                             size_t n, uint64_t total_size) {
     cJSON *root = cJSON_CreateObject();
@@ -995,7 +977,7 @@ int safetensors_write_index(const char *dir, const char *const *names, const cha
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     size_t jl = strlen(json);
     json[jl] = '\n'; /* replace the terminator: written length is exact */
-    int rc = write_atomic(path, json, jl + 1);
+    int rc = fs_write_atomic(path, json, jl + 1);
     free(json);
     return rc;
 }

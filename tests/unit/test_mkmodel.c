@@ -209,6 +209,18 @@ int main(void) {
     if (out && !strstr(out, want)) fprintf(stderr, "output was:\n%s\n", out);
     free(out);
 
+    /* config.json that cannot be written (here a directory stands at its name) says why too;
+     * it used to be "input/output error" for config.json and the shards' index */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/dirconf/config.json/sub && %s --preset tiny --out "
+             "%s/dirconf >%s/out 2>&1", dir, bin, dir, dir);
+    ws = system(cmd);
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 1);
+    out = test_slurp(outp, NULL);
+    snprintf(want, sizeof want, "config.json: %s", strerror(EISDIR));
+    CHECK(out && strstr(out, want) != NULL);
+    if (out && !strstr(out, want)) fprintf(stderr, "output was:\n%s\n", out);
+    free(out);
+
     /* refusals */
     snprintf(args, sizeof args, "--family qwen3 --heads 5 --kv-heads 2 --out %s/bad", dir);
     CHECK_EQ_INT(run(args), 2);

@@ -307,7 +307,8 @@ static int write_shard(mk_ctx *m, int s, const char *path) {
     return rc;
 }
 
-/* What a failed write_shard reports: strerror of its errno when it has one. */
+/* What a failed write reports (a shard, the index, config.json): strerror of its errno when it
+ * has one. */
 static const char *write_error(int rc) {
     return rc == DFLASH_EIO && errno ? strerror(errno) : err_str(rc);
 }
@@ -414,14 +415,14 @@ int main(int argc, char **argv) {
         if (rc != DFLASH_ESHUTDOWN)
             rc = safetensors_write_index(cfg.out, tnames, files, m.n_tensors, m.total_bytes);
         if (rc && rc != DFLASH_ESHUTDOWN)
-            LOG_FATAL("cannot write the index in %s: %s", cfg.out, err_str(rc));
+            LOG_FATAL("cannot write the index in %s: %s", cfg.out, write_error(rc));
         free(names);
         free(files);
         free(tnames);
     }
     if (rc != DFLASH_ESHUTDOWN) {
         rc = hf_config_write(cfg.out, &mc, transformers_dtype(m.dt));
-        if (rc) LOG_FATAL("cannot write %s/config.json: %s", cfg.out, err_str(rc));
+        if (rc) LOG_FATAL("cannot write %s/config.json: %s", cfg.out, write_error(rc));
         LOG_INFO("wrote %s (%.3f GB, %lds)", cfg.out, m.total_bytes / 1e9,
                  (long)(time(NULL) - m.started));
     }

@@ -600,6 +600,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         }
         st.n_groups = s->n_groups;
         st.groups = gs_ptr;
+        if (s->journal_error[0]) st.journal_error = (char *)s->journal_error;
         env.status_reply = &st;
         break;
     }
@@ -950,6 +951,8 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
                 if (copy_str(o->members[k], WIRE_MAX_NAME, g->members[k]))
                     return fail(why, len, DFLASH_ERANGE, "status: group member name");
         }
+        if (copy_str(w->journal_error, WIRE_MAX_TEXT, s->journal_error))
+            return fail(why, len, DFLASH_ERANGE, "status: journal_error too long");
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_JOIN: {

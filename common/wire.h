@@ -207,6 +207,7 @@ typedef struct wire_status {
     uint64_t pool_incarnation;
     uint32_t n_groups; /* <= WIRE_MAX_GROUPS */
     wire_group_stat groups[WIRE_MAX_GROUPS];
+    char journal_error[WIRE_MAX_TEXT]; /* "": the journal is healthy (or none); else why not */
 } wire_status;
 
 typedef struct wire_kv {

@@ -269,6 +269,7 @@ struct broker {
     uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
     uint64_t last_grace_ms;  /* when that grace was last given */
     uint64_t last_stats_ms, grants_at_last; /* claims/s: when last measured, grants then */
+    uint64_t journal_alarm_ms; /* when a broken journal was last said (journal_alarm) */
     double claims_per_s;
 
     ledger *ledger;
@@ -1189,6 +1190,8 @@ void broker_status(broker *b, wire_status *s)
     s->claims_per_s = b->claims_per_s;
     s->malformed = b->malformed;
     s->acks = b->acks;
+    const char *jf = b->ledger ? ledger_journal_failure(b->ledger) : NULL;
+    if (jf) snprintf(s->journal_error, sizeof s->journal_error, "%s: %s", b->cfg.journal, jf);
     uint32_t live = 0;
     for (uint32_t i = 0; i < b->n_peers; i++) live += b->peers[i]->state == PEER_LIVE;
     s->peers = live;
@@ -1639,6 +1642,20 @@ static void expire_peers(broker *b, uint64_t now)
     }
 }
 
+/* A journal that stopped taking records (a full disk, an I/O error) is said once a minute, not
+ * only at the failure: the ledger lives on in memory, but a restarted broker would not see what
+ * changed since (batches trained again, commits forgotten). Status carries it too
+ * (journal_error), and dflash-ctl ping fails on it, so the healthcheck shows it. */
+static void journal_alarm(broker *b, uint64_t now)
+{
+    const char *jf = b->ledger ? ledger_journal_failure(b->ledger) : NULL;
+    if (!jf || (b->journal_alarm_ms && now - b->journal_alarm_ms < 60000)) return;
+    b->journal_alarm_ms = now;
+    LOG_ERROR("journal %s: %s; since then the ledger lives in memory only. Once the disk has "
+              "room, restart the broker: it replays what was written, and the batches trained "
+              "since are handed out again", b->cfg.journal, jf);
+}
+
 static void cron(uv_timer_t *t)
 {
     broker *b = t->data;
@@ -1653,6 +1670,7 @@ static void cron(uv_timer_t *t)
         uint64_t n = ledger_requeue_orphans(b->ledger);
         if (n) LOG_INFO("%" PRIu64 " batches in flight before the restart went back to to-do", n);
     }
+    journal_alarm(b, now);
     /* claims/s is measured over the stats interval, or each second when stats are off (status
      * shows it either way) */
     uint64_t window = b->cfg.stats_interval_ms ? (uint64_t)b->cfg.stats_interval_ms : 1000;

@@ -8,8 +8,8 @@
  * Writer mode (journal.h): a FIFO of jobs (one encoded record, or a whole new file image for a
  * rewrite) guarded by `mu`; the writer thread owns `fd` and `path` from journal_writer_start to
  * journal_writer_stop and reports w_done/w_fail/w_broken under `mu`; the loop thread copies them
- * into done_seq/fail_seq/broken in the uv_async callback. Owner-thread fields: seq, size,
- * records, done_seq, fail_seq, broken. A memory journal (`is_mem`) is the image a rewrite emits
+ * into done_seq/fail_seq/broken (and w_why, the reason, into why) in the uv_async callback.
+ * Owner-thread fields: seq, size, records, done_seq, fail_seq, broken, why. A memory journal (`is_mem`) is the image a rewrite emits
  * into in writer mode. Called by ledger.c.
  */
 #include "journal.h"
@@ -44,6 +44,7 @@ struct journal {
     uint64_t records;
     uint64_t torn;
     bool broken;
+    char why[160];                    /* owner thread: the first failure, when broken */
     uint64_t seq, done_seq, fail_seq; /* owner thread */
     journal_sync_fn sync_fn;
     void *sync_ctx;
@@ -60,6 +61,7 @@ struct journal {
     bool stop;                  /* under mu */
     uint64_t w_done, w_fail;    /* under mu, written by the writer thread */
     bool w_broken;              /* under mu */
+    char w_why[160];            /* under mu: the writer's first failure */
     uv_async_t *async;
     journal_done_fn done_fn;
     void *done_ctx;
@@ -424,7 +426,8 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
         if (rec != small) free(rec);
         if (rc == 0 && sync) rc = do_sync(j->sync_fn, j->sync_ctx, j->fd);
         if (rc) {
-            LOG_ERROR("journal %s: append failed: %s", j->path, strerror(errno));
+            snprintf(j->why, sizeof j->why, "append failed: %s", strerror(errno));
+            LOG_ERROR("journal %s: %s", j->path, j->why);
             j->broken = true;
             if (!j->fail_seq) j->fail_seq = j->seq;
             j->done_seq = j->seq; /* processed (and failed): nobody waits for it */
@@ -583,6 +586,7 @@ static void *writer_main(void *arg)
 
         uint64_t first = batch->seq, last = 0, fail = 0;
         bool need_sync = false;
+        char why[160] = "";
         while (batch) {
             jjob *x = batch;
             batch = x->next;
@@ -595,7 +599,8 @@ static void *writer_main(void *arg)
                 else LOG_WARN("journal %s: compaction failed (%s); keeping the long journal",
                               j->path, err_str(rc));
             } else if (write_all(j->fd, x->buf, x->len) != 0) {
-                LOG_ERROR("journal %s: append failed: %s", j->path, strerror(errno));
+                snprintf(why, sizeof why, "append failed: %s", strerror(errno));
+                LOG_ERROR("journal %s: %s", j->path, why);
                 broken = true;
                 fail = x->seq;
             } else {
@@ -604,9 +609,11 @@ static void *writer_main(void *arg)
             free(x->buf);
             free(x);
         }
+        errno = 0; /* a sync hook may fail without saying why */
         int src = !broken && need_sync ? do_sync(sync_fn, sync_ctx, j->fd) : 0;
         if (src) {
-            LOG_ERROR("journal %s: fdatasync failed (%s)", j->path, err_str(src));
+            snprintf(why, sizeof why, "fdatasync failed: %s", errno ? strerror(errno) : err_str(src));
+            LOG_ERROR("journal %s: %s", j->path, why);
             broken = true;
             fail = first; /* nothing of this batch is known durable */
         }
@@ -614,6 +621,7 @@ static void *writer_main(void *arg)
         pthread_mutex_lock(&j->mu);
         j->w_done = last;
         if (fail && !j->w_fail) j->w_fail = fail;
+        if (why[0] && !j->w_why[0]) memcpy(j->w_why, why, sizeof why);
         j->w_broken = broken;
         uv_async_send(j->async);
     }
@@ -628,6 +636,7 @@ static void take_progress(journal *j)
     j->done_seq = j->w_done;
     if (j->w_fail && !j->fail_seq) j->fail_seq = j->w_fail;
     if (j->w_broken) j->broken = true;
+    if (j->w_why[0] && !j->why[0]) memcpy(j->why, j->w_why, sizeof j->why);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -692,3 +701,9 @@ void journal_writer_stop(journal *j)
 uint64_t journal_last_seq(const journal *j) { return j->seq; }
 uint64_t journal_done_seq(const journal *j) { return j->done_seq; }
 uint64_t journal_fail_seq(const journal *j) { return j->fail_seq; }
+
+const char *journal_failure(const journal *j)
+{
+    if (!j->broken) return NULL;
+    return j->why[0] ? j->why : "a write failed";
+}

@@ -114,6 +114,9 @@ uint64_t journal_last_seq(const journal *j);
  * Inline mode: equal to journal_last_seq / the first failed append. */
 uint64_t journal_done_seq(const journal *j);
 uint64_t journal_fail_seq(const journal *j);
+/* NULL while every write succeeded; else why the journal broke (e.g. "append failed: No space
+ * left on device"), as seen by the owner's thread: nothing after that is durable. */
+const char *journal_failure(const journal *j);
 
 /* CRC-32 (IEEE 802.3, reflected, as zlib's crc32) of data, continuing from crc (start with 0). */
 uint32_t journal_crc32(uint32_t crc, const void *data, uint64_t len);

@@ -857,6 +857,11 @@ void ledger_journal_progress(const ledger *l, uint64_t *done_seq, uint64_t *fail
     *fail_seq = l->j ? journal_fail_seq(l->j) : 0;
 }
 
+const char *ledger_journal_failure(const ledger *l)
+{
+    return l->j ? journal_failure(l->j) : NULL;
+}
+
 void ledger_set_sync_hook(ledger *l, journal_sync_fn fn, void *ctx)
 {
     if (l->j) journal_set_sync_hook(l->j, fn, ctx);

@@ -169,6 +169,9 @@ void ledger_writer_stop(ledger *l);
 uint64_t ledger_journal_seq(const ledger *l);
 /* Durable / first failed record numbers as last reported to the loop thread (0 in memory). */
 void ledger_journal_progress(const ledger *l, uint64_t *done_seq, uint64_t *fail_seq);
+/* NULL while the journal (if any) takes every record; else why it stopped (journal_failure):
+ * what changed since is in memory only, and a broker restart would not see it. */
+const char *ledger_journal_failure(const ledger *l);
 /* Replaces fdatasync for the journal (tests). No-op in memory. */
 void ledger_set_sync_hook(ledger *l, journal_sync_fn fn, void *ctx);
 

@@ -7,7 +7,8 @@
  * then a Heartbeat without waiting; while the commit's fsync is held, drafter B's Heartbeat is
  * answered (the loop is not blocked) and A has no reply. Once the fsync is let go, A gets the
  * commit's Ok and then its Heartbeat echo, in that order. Finally a failing fsync turns the next
- * commit's reply into Error IO instead of a false Ok. */
+ * commit's reply into Error IO instead of a false Ok, and the broker's status names the failure
+ * (journal_error), empty while the journal is healthy. */
 #include "broker.h"
 #include "check.h"
 #include "config.h"
@@ -155,6 +156,12 @@ int main(void)
     CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_HELLO);
 
+    /* a healthy journal: no journal_error */
+    send_msg(b, WIRE_STATUS_REQUEST, 0xb2, 19, 0);
+    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_STATUS_REPLY);
+    CHECK_EQ_INT(r.u.status.journal_error[0], 0);
+
     /* A: commit, then a heartbeat, pipelined; the commit's fsync is held */
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 10, 4);
     send_msg(a, WIRE_HEARTBEAT, 0xa1, 11, 0);
@@ -191,6 +198,14 @@ int main(void)
     send_msg(b, WIRE_HEARTBEAT, 0xb2, 21, 0);
     CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
     CHECK_EQ_INT(r.request_id, 21);
+    /* and says so in its status (journal_error: the reason), where it used to look healthy;
+     * before the failure the field is empty (checked on a status taken first, below) */
+    send_msg(b, WIRE_STATUS_REQUEST, 0xb2, 22, 0);
+    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_STATUS_REPLY);
+    printf("status after the failed fsync: journal_error \"%s\"\n", r.u.status.journal_error);
+    CHECK(strstr(r.u.status.journal_error, "q.journal") &&
+          strstr(r.u.status.journal_error, "fdatasync failed"));
 
     zmq_close(a);
     zmq_close(b);

@@ -137,6 +137,7 @@ static cJSON *status_json(const wire_status *s)
 #undef N
         cJSON_AddItemToArray(arr, x);
     }
+    cJSON_AddStringToObject(o, "journal_error", s->journal_error); /* "": healthy */
     cJSON *groups = cJSON_AddArrayToObject(o, "groups");
     for (uint32_t i = 0; i < s->n_groups; i++) {
         const wire_group_stat *g = &s->groups[i];
@@ -181,8 +182,11 @@ static void print_status(const wire_status *s, uint64_t incarnation)
     printf("leases    grants %" PRIu64 "  releases %" PRIu64 "  expiries %" PRIu64
            "  redeliveries %" PRIu64 "  claims/s %.1f  acks %" PRIu64 "\n",
            s->grants, s->releases, s->lease_expiries, s->redeliveries, s->claims_per_s, s->acks);
-    printf("health    mix TV distance %.4f  malformed messages %" PRIu64 "\n", s->tv_distance,
-           s->malformed);
+    printf("health    mix TV distance %.4f  malformed messages %" PRIu64 "  journal %s\n",
+           s->tv_distance, s->malformed, s->journal_error[0] ? "FAILING" : "ok");
+    if (s->journal_error[0])
+        printf("JOURNAL   %s: nothing since is durable; once the disk has room, restart the "
+               "broker\n", s->journal_error);
     print_buckets(s);
     print_groups(s);
 }
@@ -427,8 +431,14 @@ int main(int argc, char **argv)
     if (rc) {
         out = fail(&c, cl, verb, rc);
     } else if (strcmp(verb, "ping") == 0) {
-        if ((rc = client_heartbeat(cl))) out = fail(&c, cl, verb, rc);
-        else if (c.json) {
+        static wire_status s;
+        if ((rc = client_heartbeat(cl)) || (rc = client_status(cl, &s))) {
+            out = fail(&c, cl, verb, rc);
+        } else if (s.journal_error[0]) { /* answering, but what it records is not durable */
+            char msg[WIRE_MAX_TEXT + 64];
+            snprintf(msg, sizeof msg, "the broker's journal failed: %s", s.journal_error);
+            out = fail_msg(&c, verb, DFLASH_EIO, msg);
+        } else if (c.json) {
             cJSON *o = cJSON_CreateObject();
             cJSON_AddBoolToObject(o, "ok", 1);
             char inc[24];

@@ -85,6 +85,7 @@ struct ledger {
     ledger_params params;
     journal *j;
     bool replaying;
+    bool append_failed_said; /* the first failed append was logged (the rest are not) */
     uint32_t n_buckets;
     uint32_t per[LEDGER_MAX_BUCKETS];
     uint64_t batches_per_epoch;
@@ -435,8 +436,13 @@ static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, b
     if (!l->j || l->replaying) return;
     int rc = journal_append(l->j, type, p, len, sync && l->params.fsync);
     if (rc) {
-        /* Memory stays authoritative for this run; a restart would lose this operation. */
-        LOG_ERROR("ledger: journal append failed (%s); state since is not durable", err_str(rc));
+        /* Memory stays authoritative for this run; a restart would lose this operation. Said
+         * once: every later record fails alike (the broker repeats it once a minute, and its
+         * status carries it: ledger_journal_failure) */
+        if (!l->append_failed_said)
+            LOG_ERROR("ledger: journal append failed (%s); state since is not durable",
+                      err_str(rc));
+        l->append_failed_said = true;
         return;
     }
     if (l->compact_at && journal_size(l->j) > l->compact_at) (void)ledger_compact(l);

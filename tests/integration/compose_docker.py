@@ -20,8 +20,9 @@ container and in one drafter's (from the host, as a crash), and checks:
 
 Usage: compose_docker.py [--image dflash:cpu-test] [--base-image IMAGE [--libuv-package P]]
        [--batches-per-bucket N] [--keep]
---base-image builds the image first from deploy/Dockerfile on that Debian/Ubuntu image (no
-CUDA: the cpu backend only); without it the image must exist. Exit 0 pass, 1 fail, 77 skipped
+--base-image (default: $DFLASH_TEST_BASE_IMAGE) builds the image first from deploy/Dockerfile on
+that Debian/Ubuntu image (no CUDA: the cpu backend only), so that it holds this tree's daemons;
+without it an existing image is used as it is. Exit 0 pass, 1 fail, 77 skipped
 (no Docker daemon, no compose, or no image and no base to build it from).
 """
 import argparse
@@ -55,7 +56,7 @@ def compose_command():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--image", default="dflash:cpu-test")
-    ap.add_argument("--base-image", default="")
+    ap.add_argument("--base-image", default=os.environ.get("DFLASH_TEST_BASE_IMAGE", ""))
     ap.add_argument("--libuv-package", default="libuv1")
     ap.add_argument("--batches-per-bucket", type=int, default=150)
     ap.add_argument("--keep", action="store_true", help="leave the containers and volumes")
@@ -81,6 +82,9 @@ def main():
     elif run("docker", "image", "inspect", a.image).returncode != 0:
         log(f"no image {a.image} and no --base-image to build it from: skipped")
         return 77
+    else:
+        log(f"the existing image {a.image}, not rebuilt from this tree (--base-image or "
+            "DFLASH_TEST_BASE_IMAGE rebuilds it)")
 
     test_vars = dict(cc.TEST_VARS, DFLASH_IMAGE=a.image, DFLASH_SHM_SIZE="256m",
                      DFLASH_BATCHES_PER_BUCKET=str(a.batches_per_bucket))

@@ -227,6 +227,7 @@ typedef struct peer {
     uint64_t journal_ticket; /* ticket of its last reply (see the header) */
     uint64_t replaced[PEER_REPLACED]; /* incarnations of its name it replaced (ring) */
     uint32_t n_replaced;
+    bool trains; /* drafter: it sent ResumeFrom (a trainer; verifiers and group ranks do not) */
 } peer;
 
 typedef struct pool_desc {
@@ -914,8 +915,28 @@ static void on_commit(broker *b, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, (uint64_t)n);
 }
 
-static void on_resume_from(broker *b, const wire_msg *m, wire_msg *r)
+/* One broker serves one model: a second live solo trainer's rewind would return the batches the
+ * first trained after the step to to-do (the ledger's steps are not per drafter). Said, not
+ * refused: a restarted trainer under a new name (a container's new pid) meets its predecessor
+ * here until the broker expires it. */
+static void warn_other_trainers(broker *b, const peer *p, uint64_t step)
 {
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        const peer *q = b->peers[i];
+        if (q == p || !q->trains || q->state != PEER_LIVE) continue;
+        LOG_WARN("drafter %s resumes from step %" PRIu64 " while drafter %s also trains on this "
+                 "broker: the batches %s trained after that step go back to to-do. One broker "
+                 "serves one model; to train it on several GPUs give every drafter --group G",
+                 p->name, step, q->name, q->name);
+    }
+}
+
+static void on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    if (p) {
+        warn_other_trainers(b, p, m->u.step);
+        p->trains = true;
+    }
     int64_t n = ledger_rewind(b->ledger, m->u.step);
     if (n == DFLASH_ESTATE)
         return reply_error(b, r, m->request_id, (int)n, "step %" PRIu64 " is older than a "
@@ -1464,7 +1485,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_SLOT_RELEASE: on_release(b, p, &m, &r); break;
     case WIRE_ACK: on_ack(b, p, &m, &r); break;
     case WIRE_CHECKPOINT_COMMITTED: on_commit(b, &m, &r); break;
-    case WIRE_RESUME_FROM: on_resume_from(b, &m, &r); break;
+    case WIRE_RESUME_FROM: on_resume_from(b, p, &m, &r); break;
     case WIRE_GROUP_JOIN: on_group_join(b, p, &m, &r); break;
     case WIRE_GROUP_SET_ID: on_group_set_id(b, p, &m, &r); break;
     case WIRE_STEP_CLAIM: on_step_claim(b, p, &m, &r); break;

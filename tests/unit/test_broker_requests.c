@@ -28,6 +28,9 @@
 #include "config.h"
 #include "err.h"
 
+#include <stdio.h>
+#include <unistd.h>
+
 enum { TARGET_INC = 11, DRAFTER_INC = 22, POOL_INC = 111 };
 
 static int hello(wire_role role, uint64_t inc, const char *name, const wire_unit *held,
@@ -286,6 +289,55 @@ static void test_drain_without_pool(void)
     stub_broker_free();
 }
 
+/* Stderr while fn runs, into out (at most cap - 1 bytes): the broker's log lines. */
+static void capture_log(void (*fn)(void), char *out, size_t cap)
+{
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    CHECK(tmp && saved >= 0);
+    if (!tmp || saved < 0) return;
+    dup2(fileno(tmp), 2);
+    fn();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, cap - 1, tmp);
+    out[n] = 0;
+    fclose(tmp);
+}
+
+static void resume_both(void)
+{
+    log_set_level(LOG_WARN);
+    stub_init(WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.step = 0;
+    CHECK_EQ_INT(stub_send("t1"), 0);
+    stub_init(WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    stub_req.u.step = 0;
+    CHECK_EQ_INT(stub_send("t2"), 0);
+    log_set_level(LOG_ERROR);
+}
+
+/* Two solo trainers on one broker rewound each other's batches without a word (each resume
+ * returns every batch trained after its step to to-do, whoever trained it): the second one's
+ * resume is now warned about, naming both; the first one's is not. */
+static void test_second_trainer_warned(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello_from("t1", WIRE_ROLE_DRAFTER, DRAFTER_INC, "trainer-a"), 0);
+    CHECK_EQ_INT(hello_from("t2", WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "trainer-b"), 0);
+    static char said[8192];
+    capture_log(resume_both, said, sizeof said);
+    printf("two trainers: %s", said);
+    CHECK(strstr(said, "drafter trainer-b resumes from step 0 while drafter trainer-a also "
+                       "trains") != NULL);
+    CHECK(strstr(said, "drafter trainer-a resumes") == NULL);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
@@ -296,5 +348,6 @@ int main(void)
     test_ready_refused_after_adopt();
     test_duplicate_name();
     test_drain_without_pool();
+    test_second_trainer_warned();
     CHECK_DONE();
 }

@@ -197,10 +197,10 @@ bool worker_session_copy_hopeless(const worker_session *s, int last_rc)
     int64_t limit = s->cfg->max_copy_failures;
     if (limit <= 0 || s->copy_fail_run < limit) return false;
     LOG_ERROR("no slot could be copied in %lld grants in a row (the last: %s); this drafter "
-              "cannot map the target's slots: it must run on the target's host with its shared "
-              "memory (compose: ipc: host, or a shared /dev/shm) and, on the cuda backend, a GPU "
-              "that can reach the target's (the same device or peer access). Giving up "
-              "(--max-copy-failures %lld)",
+              "cannot map the target's slots: it must run on the target's host in its IPC "
+              "namespace (deploy/docker-compose.yml joins the namespaces service's) and, on the "
+              "cuda backend, on a GPU that can reach the target's (the same device or peer "
+              "access). Giving up (--max-copy-failures %lld)",
               (long long)s->copy_fail_run, err_str(last_rc), (long long)limit);
     return true;
 }

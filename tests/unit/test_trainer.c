@@ -132,14 +132,22 @@ static void test_eval_without_cycles(void) {
     CHECK_EQ_INT(r.skipped, 1);
 }
 
+/* The slots every trainer here takes: 128 tokens, 4 sequences, 2 captured layers of the
+ * target's hidden size, f32. */
+static slot_layout slots(void) {
+    char err[512];
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
+    slot_layout l;
+    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    return l;
+}
+
 /* trainer_new for a fresh run with the given schedule, checkpoint dir and metrics dir (NULL:
  * none); NULL with err when refused. */
 static worker_consumer *fresh(long total_steps, long max_steps, const char *ckpt,
                               const char *metrics_dir, char *err, size_t errlen) {
-    model_config mc;
-    CHECK_EQ_INT(hf_config_load(target, &mc, err, errlen), 0);
-    slot_layout l;
-    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    slot_layout l = slots();
     trainer_opts o = {.model_dir = target,
                       .backend = POOL_HOST,
                       .threads = 1,
@@ -229,10 +237,7 @@ static void test_slot_against_grant(void) {
     worker_consumer *c = fresh(0, 0, NULL, NULL, err, sizeof err);
     CHECK(c != NULL);
     if (!c) return;
-    model_config mc;
-    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
-    slot_layout l;
-    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    slot_layout l = slots();
     slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 5};
     void *base = staged_slot(&l, &wu, 20);
     CHECK(base != NULL);
@@ -273,10 +278,7 @@ static void test_resume_refused(void) {
     worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
     CHECK(c != NULL);
     if (!c) return;
-    model_config mc;
-    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
-    slot_layout l;
-    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    slot_layout l = slots();
     slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 1};
     void *base = staged_slot(&l, &wu, 20);
     worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
@@ -340,10 +342,7 @@ static void test_metrics_when_idle(void) {
     worker_consumer *c = fresh(0, 0, NULL, mdir, err, sizeof err);
     CHECK(c != NULL && c->idle != NULL);
     if (!c || !c->idle) return;
-    model_config mc;
-    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
-    slot_layout l;
-    CHECK_EQ_INT(slot_layout_compute(128, 4, (uint32_t)mc.hidden_size, 2, SLOT_DTYPE_F32, &l), 0);
+    slot_layout l = slots();
     for (uint32_t i = 0; i < 2; i++) {
         slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = i};
         void *base = staged_slot(&l, &wu, 20);

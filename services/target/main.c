@@ -122,6 +122,15 @@ static void default_name(char *name, size_t len)
     snprintf(name, len < POOL_NAME_MAX ? len : POOL_NAME_MAX, "target-%s", host[0] ? host : "0");
 }
 
+/* Frees the model's compute context (NULL for the synthetic target); nulls it. */
+static void close_nn(pool_backend backend, nn_ctx **nn)
+{
+    if (*nn && backend == POOL_HOST) nn_cpu_destroy(nn);
+#ifdef DFLASH_HAVE_CUDA
+    if (*nn && backend == POOL_CUDA) nn_cuda_destroy(nn);
+#endif
+}
+
 static int build_loop_config(const target_config *c, target_loop_config *lc, char *endpoint,
                              size_t ep_len)
 {
@@ -196,16 +205,7 @@ int main(int argc, char **argv)
     if (strcmp(cfg.model, "synthetic") == 0) {
         prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size, cfg.rate);
     } else {
-        if (lc.backend == POOL_HOST) {
-            ops = nn_cpu_ops();
-            nn = nn_cpu_new((int)cfg.threads);
-        } else {
-#ifdef DFLASH_HAVE_CUDA
-            ops = nn_cuda_ops();
-            nn = nn_cuda_new(lc.device);
-#endif
-        }
-        if (!nn) LOG_FATAL("no %s compute backend for the target model", cfg.backend);
+        /* the flags first, then the compute context (nothing to free on a refusal) */
         if (!cfg.shards[0]) {
             fprintf(stderr, "dflash-target: --model %s needs --shards FILE[,FILE...]\n", cfg.model);
             return 2;
@@ -225,6 +225,16 @@ int main(int argc, char **argv)
                     cfg.model, cerr);
             return 2;
         }
+        if (lc.backend == POOL_HOST) {
+            ops = nn_cpu_ops();
+            nn = nn_cpu_new((int)cfg.threads);
+        } else {
+#ifdef DFLASH_HAVE_CUDA
+            ops = nn_cuda_ops();
+            nn = nn_cuda_new(lc.device);
+#endif
+        }
+        if (!nn) LOG_FATAL("no %s compute backend for the target model", cfg.backend);
         model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,
                                   .bucket_bounds = lc.bucket_upper, .n_buckets = (int)lc.n_buckets,
                                   .token_budget = (uint32_t)cfg.token_budget,
@@ -234,25 +244,26 @@ int main(int argc, char **argv)
                                   .stop = stop};
         char err[512] = "";
         model_producer *mp = model_producer_new(&mo, ops, nn, err, sizeof err);
-        if (!mp && *stop) {
-            LOG_INFO("stopped while loading the target model");
-            return 0;
-        }
         if (!mp) {
-            LOG_ERROR("cannot start the target on model %s and shards %s: %s", cfg.model,
-                      cfg.shards, err);
-            return 1;
+            if (*stop) LOG_INFO("stopped while loading the target model");
+            else
+                LOG_ERROR("cannot start the target on model %s and shards %s: %s", cfg.model,
+                          cfg.shards, err);
+            close_nn(lc.backend, &nn);
+            return *stop ? 0 : 1;
         }
         rc = model_producer_loop_config(mp, &lc); /* layout and buckets come from the model */
         if (rc == 0) rc = model_producer_warmup(mp);
         if (rc == DFLASH_ESHUTDOWN) {
             LOG_INFO("stopped while warming up the target model");
             model_producer_destroy(&mp);
+            close_nn(lc.backend, &nn);
             return 0;
         }
         if (rc < 0) {
             LOG_ERROR("target model %s: %s", cfg.model, err_str(rc));
             model_producer_destroy(&mp);
+            close_nn(lc.backend, &nn);
             return 1;
         }
         /* the model decides the slot's hidden size and captured layers: dump those */
@@ -281,10 +292,7 @@ int main(int argc, char **argv)
              st.elapsed_s > 0 ? st.tokens / st.elapsed_s : 0.0, st.fill_s, st.wait_slot_s,
              (unsigned long long)st.registrations);
     target_producer_destroy(&prod);
-    if (nn && lc.backend == POOL_HOST) nn_cpu_destroy(&nn);
-#ifdef DFLASH_HAVE_CUDA
-    if (nn && lc.backend == POOL_CUDA) nn_cuda_destroy(&nn);
-#endif
+    close_nn(lc.backend, &nn);
     if (st.name_in_use) return 4;
     if (rc < 0) {
         LOG_ERROR("dflash-target: %s", err_str(rc));

@@ -425,8 +425,9 @@ static void sink_quarantine(void *ctx, const batch_id *id, uint32_t pool_id, uin
 {
     broker *b = ctx;
     (void)inc;
-    LOG_WARN("batch %u/%u/%u quarantined after too many redeliveries (pool %u slot %u)",
-             id->epoch, id->bucket, id->index, pool_id, slot);
+    /* count_failure said why, with the batch's count of failed deliveries: here only where */
+    LOG_DEBUG("batch %u/%u/%u quarantined: its slot %u of pool %u is free again", id->epoch,
+              id->bucket, id->index, slot, pool_id);
     ledger_quarantine(b->ledger, id);
 }
 

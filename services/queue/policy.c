@@ -685,9 +685,10 @@ static void expire(policy *p, slot *s)
                                      : s->redelivered > p->prm.max_redeliveries;
     if (quarantine) {
         batch_id b = s->batch;
-        LOG_WARN("policy: batch (%u,%u,%u) failed too often (redelivered %u times from this "
-                 "slot): quarantined",
-                 b.epoch, b.bucket, b.index, s->redelivered);
+        if (!p->sink.failed) /* else the sink decided, and said so with its own count */
+            LOG_WARN("policy: batch (%u,%u,%u) failed too often (redelivered %u times from this "
+                     "slot): quarantined",
+                     b.epoch, b.bucket, b.index, s->redelivered);
         (void)set_state(p, s, SLOT_FREE, false);
         p->quarantined++;
         if (p->sink.quarantine)

@@ -338,12 +338,9 @@ static int eval_main(int argc, char **argv)
         return 2;
     }
     int ids[64];
-    char why[128];
-    int n_ids = config_parse_int_list(ec.capture, ids, 64, why, sizeof why);
-    if (n_ids < 0) {
-        fprintf(stderr, "dflash-drafter eval: bad --capture-layers '%s': %s\n", ec.capture, why);
-        return 2;
-    }
+    int n_ids = config_parse_flag_int_list("dflash-drafter eval", "capture-layers", ec.capture,
+                                           ids, 64);
+    if (n_ids < 0) return 2;
     trainer_eval_opts eo = {.checkpoint = ec.init_only ? NULL : ec.checkpoint,
                             .model_dir = ec.model, .data = ec.data, .threads = (int)ec.threads,
                             .max_seqs = ec.max_seqs, .draft_layers = (int)ec.draft_layers,
@@ -447,11 +444,9 @@ int main(int argc, char **argv)
     }
 
     int ids[64];
-    int n_ids = config_parse_int_list(cfg.capture, ids, 64, why, sizeof why);
-    if (n_ids < 0) {
-        fprintf(stderr, "dflash-drafter: bad --capture-layers '%s': %s\n", cfg.capture, why);
-        return 2;
-    }
+    int n_ids = config_parse_flag_int_list("dflash-drafter", "capture-layers", cfg.capture, ids,
+                                           64);
+    if (n_ids < 0) return 2;
     if (cfg.model[0] && !cfg.verify && !cfg.verify_model) cfg.train = true;
     if (cfg.verify + cfg.train + cfg.verify_model != 1) {
         fprintf(stderr, "dflash-drafter: choose one mode: --train (with --model), --verify or "

@@ -211,12 +211,9 @@ int main(int argc, char **argv)
             return 2;
         }
         int ids[64];
-        char why[128];
-        int n_ids = config_parse_int_list(cfg.capture, ids, 64, why, sizeof why);
-        if (n_ids < 0) {
-            fprintf(stderr, "dflash-target: bad --capture-layers '%s': %s\n", cfg.capture, why);
-            return 2;
-        }
+        int n_ids = config_parse_flag_int_list("dflash-target", "capture-layers", cfg.capture,
+                                               ids, 64);
+        if (n_ids < 0) return 2;
         model_config mc;
         char cerr[512];
         if (n_ids > 0 && hf_config_load(cfg.model, &mc, cerr, sizeof cerr) == 0 &&

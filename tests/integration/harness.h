@@ -171,6 +171,22 @@ static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *
     return pid;
 }
 
+/* h_start_queue with the small worker-loop tests' broker: its journal at DIR/queue.journal,
+ * min-ready 1, max-depth 2, heartbeat 100 ms, no stats announcements, then `more` (NULL-
+ * terminated, e.g. the log level; may be NULL). */
+static __attribute__((unused)) pid_t h_start_small_queue(const char *bin, const char *dir,
+                                                         const char *const *more)
+{
+    static char journal[300];
+    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
+    const char *extra[24] = {journal, "--min-ready=1", "--max-depth=2", "--heartbeat-ms=100",
+                             "--stats-interval-ms=0"};
+    int n = 5;
+    for (int i = 0; more && more[i] && n < 23; i++) extra[n++] = more[i];
+    extra[n] = NULL;
+    return h_start_queue(bin, dir, extra);
+}
+
 /* The slot shape of h_start_small_target's pool, for slot_layout_compute in the worker-loop
  * tests: 256 tokens, 4 sequences, hidden 8, 2 captured layers. */
 #define H_SMALL_LAYOUT 256, 4, 8, 2

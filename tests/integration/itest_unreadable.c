@@ -45,13 +45,11 @@ static void *run_loop(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    char dir[64], ep[128], journal[128];
+    char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
     h_queue_endpoint(dir, ep, sizeof ep);
-    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
-    const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--heartbeat-ms=100",
-                           "--stats-interval-ms=0", "--log-level=error", NULL};
-    pid_t q = h_start_queue(argv[1], dir, extra);
+    const char *more[] = {"--log-level=error", NULL};
+    pid_t q = h_start_small_queue(argv[1], dir, more);
     CHECK(q > 0);
     if (q <= 0) CHECK_DONE();
     pid_t target = h_start_small_target(argv[3], dir, "t", 64, 500);

@@ -2,7 +2,8 @@
  *
  * Everything goes through host copies: the masters and moments are downloaded once per save
  * (fp32), converted to bf16 for model.safetensors, and written with the safetensors writer
- * (each file itself temp + fsync + rename). config.json is built with cJSON.
+ * (each file itself temp + fsync + rename). config.json is built with cJSON. dflash.py, which
+ * config.json's auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in.
  */
 #include "dflash_ckpt.h"
 
@@ -11,6 +12,8 @@
 #include "hf_config.h"
 #include "log.h"
 #include "safetensors.h"
+
+#include "dflash_hf_py.h" /* generated: dflash_hf_py[], the text of nn/dflash_hf.py */
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -389,6 +392,11 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     if (!text) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     snprintf(p, sizeof p, "%s/config.json", tmp);
     if ((rc = write_file(p, text))) FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
+
+    /* dflash.py: the drafter for AutoModel.from_pretrained(..., trust_remote_code=True) */
+    snprintf(p, sizeof p, "%s/dflash.py", tmp);
+    if ((rc = write_file(p, (const char *)dflash_hf_py)))
+        FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
 
     /* model.safetensors */
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);

@@ -5,6 +5,9 @@
  *   config.json               dflash.md 2.1: architectures ["DFlashDraftModel"], model_type qwen3,
  *                             block_size, num_target_layers, dflash_config {mask_token_id,
  *                             target_layer_ids}, the Qwen3 fields with this drafter's values
+ *   dflash.py                 the drafter as a transformers model (nn/dflash_hf.py), which
+ *                             config.json's auto_map names: AutoModel.from_pretrained(DIR,
+ *                             trust_remote_code=True) loads the checkpoint
  *   model.safetensors         the trainable tensors under the names of 2.2 (no "model." prefix),
  *                             bf16 by default (fp32 on request); no embed_tokens / lm_head
  *   training_state.safetensors  fp32 master weights ("master.NAME"), AdamW moments ("exp_avg.NAME",

@@ -10,9 +10,17 @@ Without them, `dflash_logits --make-tiny` writes a random tiny checkpoint (the C
 The script draws random target features, token ids and anchors, runs our drafter through the
 dflash_logits program and the reference in float64 on the same (bf16-stored) weights, and
 compares: max|ours - ref| / max|ref| over all logits <= tol, and the argmax of every row where the
-reference's top-2 margin is clear. Exit 0 pass, 1 mismatch, 77 when torch is missing.
+reference's top-2 margin is clear.
+Then the checkpoint's own dflash.py (the module config.json's auto_map names): loaded with
+transformers' AutoModel.from_pretrained(trust_remote_code=True) where transformers is installed,
+else imported from the file with the weights of model.safetensors; each block is run alone, the
+way a server drafts (its context = the sequence's features before the anchor), and its logits
+must match the reference's rows of that block: in float64 to 1e-9, and in bfloat16 (on the GPU
+when there is one) to 5e-2.
+Exit 0 pass, 1 mismatch, 77 when torch is missing.
 """
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -99,6 +107,61 @@ def read_refdump(path):
     return out
 
 
+def load_shipped_module(ckpt, params, tmp, dtype):
+    """The checkpoint's dflash.py as a model in dtype: through AutoModel when transformers is
+    installed (what a user runs), else the file imported directly. Returns (model, how)."""
+    # transformers copies remote code into its module cache: keep that out of the user's home
+    os.environ.setdefault("HF_MODULES_CACHE", os.path.join(tmp, "hf_modules"))
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        transformers = None
+    if transformers is not None:
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained(ckpt, trust_remote_code=True, dtype=dtype)
+        return model.eval(), "AutoModel (transformers %s)" % transformers.__version__
+    spec = importlib.util.spec_from_file_location("dflash_shipped", os.path.join(ckpt,
+                                                                                 "dflash.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cj = json.load(open(os.path.join(ckpt, "config.json")))
+    model = mod.DFlashDraftModel(type("Config", (), cj)())
+    missing, unexpected = model.load_state_dict(params, strict=False)
+    if missing or unexpected:
+        raise SystemExit("FAIL: dflash.py's tensors differ from model.safetensors: missing %s, "
+                         "unexpected %s" % (missing[:5], unexpected[:5]))
+    return model.to(dtype).eval(), "dflash.py imported (no transformers)"
+
+
+def check_shipped_module(ckpt, params, embed, lm_head, X, ids, seq_off, anchors, ref, tmp):
+    """ref: the reference's logits, rows block by block in anchor order. The module runs twice:
+    in float64 on the CPU (must match to 1e-9) and in bfloat16 on the GPU when there is one (to
+    5e-2, bf16's rounding through the layers). True when both match."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ok = True
+    for dtype, where, tol in ((torch.float64, "cpu", 1e-9), (torch.bfloat16, dev, 5e-2)):
+        model, how = load_shipped_module(ckpt, params, tmp, dtype)
+        model = model.to(where)
+        B = model.block_size
+        rows, err = 0, 0.0
+        scale = max(float(np.abs(ref).max()), 1e-30)
+        with torch.no_grad():
+            for s, anc in enumerate(anchors):
+                a0 = seq_off[s]
+                for a in anc.tolist():
+                    noise = embed[model.block_ids(ids[a0 + a:a0 + a + 1])].reshape(1, B, -1)
+                    out = model(noise.to(where, dtype), X[a0:a0 + a][None].to(where, dtype))
+                    got = (out[0].double().cpu() @ lm_head.T).numpy()
+                    err = max(err, float(np.abs(got - ref[rows:rows + B]).max()) / scale)
+                    rows += B
+        print("dflash_logits_check: the checkpoint's dflash.py through %s, %s on %s, %d blocks "
+              "drafted one by one: max rel err %.2e against the reference (tol %.0e): %s"
+              % (how, str(dtype).replace("torch.", ""), where, rows // B, err, tol,
+                 "PASS" if err <= tol else "FAIL"))
+        ok = ok and err <= tol
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--prog", required=True)
@@ -180,6 +243,8 @@ def main():
           "argmax differs on %d of %d clear rows: %s"
           % (ckpt, lo.shape[0], lo.shape[1], err, a.tol, am_bad, int(clear.sum()),
              "PASS" if ok else "FAIL"))
+    ok = check_shipped_module(ckpt, params, embed, lm_head, X32, ids, seq_off, anchors, ref,
+                              tmp) and ok
     shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
 

@@ -388,14 +388,20 @@ static void test_mismatch(world *w) {
     CHECK(z[0] == 1 && z[1] == 9 && z[2] == 17 && z[3] == 25 && z[4] == 33);
 }
 
-static cJSON *read_json(const char *path) {
+/* The file's text (up to 64 KiB) in a static buffer, or NULL. */
+static const char *read_text(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     static char text[65536];
     size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     text[n] = 0;
-    return cJSON_Parse(text);
+    return text;
+}
+
+static cJSON *read_json(const char *path) {
+    const char *text = read_text(path);
+    return text ? cJSON_Parse(text) : NULL;
 }
 
 static int json_int(const cJSON *o, const char *k) {
@@ -469,6 +475,11 @@ static void check_ckpt_files(const dflash_model *m, const char *dir) {
     CHECK(cJSON_GetObjectItemCaseSensitive(j, "rope_theta")->valuedouble == c->rope_theta);
     CHECK(!cJSON_GetObjectItemCaseSensitive(j, "eagle_aux_hidden_state_layer_ids"));
     cJSON_Delete(j);
+
+    /* the module auto_map names (its maths: dflash_logits_check) */
+    snprintf(p, sizeof p, "%s/dflash.py", dir);
+    const char *py = read_text(p);
+    CHECK(py && strstr(py, "\nclass DFlashDraftModel(_Base):"));
 
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     char err[256];
@@ -920,23 +931,26 @@ static void test_checkpoint(world *w) {
     CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
     CHECK_EQ_INT(dflash_ckpt_check_config(&w->cfg, &back, err, sizeof err), 0);
 
-    /* a save that cannot write (past a file size limit here, a full disk alike) says why, once
-     * failing in config.json and once in model.safetensors; it used to say "input/output error"
-     * or nothing. Nothing is published. */
-    struct stat cj, ms;
+    /* a save that cannot write (past a file size limit here, a full disk alike) says why,
+     * failing in config.json, in dflash.py and in model.safetensors (each limit above the files
+     * before); it used to say "input/output error" or nothing. Nothing is published. */
+    struct stat cj, py, ms;
     char f[600];
     snprintf(f, sizeof f, "%s/config.json", path);
     CHECK(stat(f, &cj) == 0);
+    snprintf(f, sizeof f, "%s/dflash.py", path);
+    CHECK(stat(f, &py) == 0);
     snprintf(f, sizeof f, "%s/model.safetensors", path);
     CHECK(stat(f, &ms) == 0);
-    CHECK(ms.st_size > cj.st_size + 64);
+    CHECK(py.st_size > cj.st_size + 64 && ms.st_size > py.st_size + 64);
     struct rlimit lim0, lim;
     CHECK(getrlimit(RLIMIT_FSIZE, &lim0) == 0);
     void (*xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
-    const char *where[2] = {"config.json", "model.safetensors"};
-    for (int k = 0; k < 2; k++) {
+    const char *where[3] = {"config.json", "dflash.py", "model.safetensors"};
+    const rlim_t limit[3] = {1, (rlim_t)cj.st_size + 64, (rlim_t)py.st_size + 64};
+    for (int k = 0; k < 3; k++) {
         lim = lim0;
-        lim.rlim_cur = k ? (rlim_t)cj.st_size + 64 : 1;
+        lim.rlim_cur = limit[k];
         CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
         a->step = 50 + k;
         int rc = dflash_ckpt_save(a, &tc, root, &opts, f, sizeof f, err, sizeof err);

@@ -181,7 +181,14 @@ class DFlashDraftModel(_Base):
 
     def target_features(self, hidden_states):
         """target_hidden from a target's output_hidden_states: the outputs of the decoder layers
-        target_layer_ids (hidden_states[k + 1]) concatenated on the last axis."""
+        target_layer_ids (hidden_states[k + 1]) concatenated on the last axis. transformers
+        puts the final-normed state, not the last layer's output, at the end of hidden_states:
+        a drafter that captures the last layer needs a forward hook on it instead."""
+        last = len(hidden_states) - 2
+        if last in self.target_layer_ids:
+            raise ValueError("dflash.py: target layer %d is the target's last: its output is not "
+                             "in output_hidden_states (the final norm is applied there); take "
+                             "it with a forward hook on that decoder layer" % last)
         return torch.cat([hidden_states[k + 1] for k in self.target_layer_ids], dim=-1)
 
     def block_ids(self, anchor_ids):

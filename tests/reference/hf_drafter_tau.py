@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""hf_drafter_tau: a trained checkpoint drafts through transformers as it does in our eval.
+
+The user's path: the target loaded with AutoModelForCausalLM, our drafter checkpoint with
+AutoModel.from_pretrained(trust_remote_code=True) (the checkpoint's dflash.py), one block drafted
+at a time as dflash.py's docstring shows. Over the held-out sequences (the target's own greedy
+continuations) it replays greedy speculative decoding: from the response start p, draft a block
+anchored at p with the context features of positions < p, accept the leading drafted tokens equal
+to the sequence's next tokens (a), go on at p + a + 1; tau = mean(a + 1). The same trajectory
+method as `dflash-drafter eval` (common/nn/dflash_eval.h), which this script runs on the same
+data and checkpoint; the two tau must agree within --tol (bf16 storage on our side, float32
+here: a handful of near-tied argmax may differ).
+
+  hf_drafter_tau.py --build BUILD [--demo DIR] [--tol 0.05]
+BUILD: a build tree (its services/drafter/dflash-drafter runs the eval). DIR: a work directory
+of scripts/demo (target/, eval.jsonl, eval.shard, checkpoints/step-*); without it the script
+first runs `scripts/demo --quick` with BUILD's binaries (the cuda backend when there is a GPU)
+into a temporary one, which trains the drafter it checks.
+Exit 0 when they agree, 1 when not, 77 (SKIPPED) without torch or transformers.
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+except ImportError:
+    print("SKIPPED: torch or transformers not installed")
+    sys.exit(77)
+
+
+def walk(drafter, target, ids, P, dev):
+    """(cycles, accepted) of one sequence's greedy trajectory from response start P."""
+    B = drafter.block_size
+    S = len(ids)
+    seq = torch.tensor(ids, device=dev)[None]
+    with torch.no_grad():
+        hs = target(seq, output_hidden_states=True).hidden_states
+        feats = drafter.target_features(hs)
+        embed = target.get_input_embeddings()
+        cycles = accepted = 0
+        p = P
+        while p < S - 1:
+            block = embed(drafter.block_ids(seq[:, p]))
+            draft = target.lm_head(drafter(block, feats[:, :p])).argmax(-1)[0, 1:].tolist()
+            a = 0
+            while a < B - 1 and p + a + 1 < S and draft[a] == ids[p + a + 1]:
+                a += 1
+            cycles += 1
+            accepted += a + 1
+            p += a + 1
+    return cycles, accepted
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", required=True, help="a build tree")
+    ap.add_argument("--demo", help="a scripts/demo work directory (default: run the demo)")
+    ap.add_argument("--tol", type=float, default=0.05)
+    a = ap.parse_args()
+    drafter_bin = os.path.join(a.build, "services", "drafter", "dflash-drafter")
+    if not a.demo:
+        a.demo = tempfile.mkdtemp(prefix="hf_drafter_tau_")
+        demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                            "demo")
+        env = dict(os.environ, DEMO_BACKEND="cuda" if torch.cuda.is_available() else "host")
+        run = subprocess.run([demo, "--build", a.build, "--no-build", "--quick", "--out", a.demo],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if run.returncode != 0:
+            print(run.stdout.decode()[-3000:])
+            print("hf_drafter_tau: FAIL: scripts/demo --quick exited %d" % run.returncode)
+            return 1
+    ckpt = sorted(glob.glob(os.path.join(a.demo, "checkpoints", "step-*")))[-1]
+    target_dir = os.path.join(a.demo, "target")
+    ours = json.loads(subprocess.check_output(
+        [drafter_bin, "eval", "--checkpoint", ckpt, "--model", target_dir,
+         "--data", os.path.join(a.demo, "eval.shard"), "--json"]).decode().strip().splitlines()[-1])
+
+    os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="hf_modules_"))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(dev).eval()
+    drafter = AutoModel.from_pretrained(ckpt, trust_remote_code=True,
+                                        dtype=torch.float32).to(dev).eval()
+    cycles = accepted = seqs = 0
+    with open(os.path.join(a.demo, "eval.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            ids, mask = row["input_ids"], row["loss_mask"]
+            if 1 not in mask:
+                continue
+            c, acc = walk(drafter, target, ids, mask.index(1), dev)
+            cycles += c
+            accepted += acc
+            seqs += 1
+    tau = accepted / max(cycles, 1)
+    ok = abs(tau - ours["tau"]) <= a.tol and cycles > 0
+    print("hf_drafter_tau: %s through transformers (AutoModel + the target's AutoModelForCausalLM"
+          ", float32 on %s): tau %.4f over %d cycles of %d sequences; dflash-drafter eval: tau "
+          "%.4f over %d cycles; |difference| %.4f (tol %.2f): %s"
+          % (ckpt, dev, tau, cycles, seqs, ours["tau"], ours["cycles"], abs(tau - ours["tau"]),
+             a.tol, "PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -393,11 +393,6 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     snprintf(p, sizeof p, "%s/config.json", tmp);
     if ((rc = write_file(p, text))) FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
 
-    /* dflash.py: the drafter for AutoModel.from_pretrained(..., trust_remote_code=True) */
-    snprintf(p, sizeof p, "%s/dflash.py", tmp);
-    if ((rc = write_file(p, (const char *)dflash_hf_py)))
-        FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
-
     /* model.safetensors */
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);
     w = safetensors_writer_new(p);
@@ -412,6 +407,11 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     if (rc || (rc = safetensors_writer_commit(w)))
         FAIL(rc, "checkpoint: cannot write %s: %s", p, writer_error(w, rc));
     safetensors_writer_destroy(&w);
+
+    /* dflash.py: the drafter for AutoModel.from_pretrained(..., trust_remote_code=True) */
+    snprintf(p, sizeof p, "%s/dflash.py", tmp);
+    if ((rc = write_file(p, (const char *)dflash_hf_py)))
+        FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
 
     /* training_state.safetensors */
     snprintf(p, sizeof p, "%s/training_state.safetensors", tmp);

@@ -932,8 +932,9 @@ static void test_checkpoint(world *w) {
     CHECK_EQ_INT(dflash_ckpt_check_config(&w->cfg, &back, err, sizeof err), 0);
 
     /* a save that cannot write (past a file size limit here, a full disk alike) says why,
-     * failing in config.json, in dflash.py and in model.safetensors (each limit above the files
-     * before); it used to say "input/output error" or nothing. Nothing is published. */
+     * failing in config.json, in model.safetensors and in dflash.py (written in that order; each
+     * limit above the files before); it used to say "input/output error" or nothing. Nothing is
+     * published. */
     struct stat cj, py, ms;
     char f[600];
     snprintf(f, sizeof f, "%s/config.json", path);
@@ -942,12 +943,12 @@ static void test_checkpoint(world *w) {
     CHECK(stat(f, &py) == 0);
     snprintf(f, sizeof f, "%s/model.safetensors", path);
     CHECK(stat(f, &ms) == 0);
-    CHECK(py.st_size > cj.st_size + 64 && ms.st_size > py.st_size + 64);
+    CHECK(ms.st_size > cj.st_size + 64 && py.st_size > ms.st_size + 64);
     struct rlimit lim0, lim;
     CHECK(getrlimit(RLIMIT_FSIZE, &lim0) == 0);
     void (*xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
-    const char *where[3] = {"config.json", "dflash.py", "model.safetensors"};
-    const rlim_t limit[3] = {1, (rlim_t)cj.st_size + 64, (rlim_t)py.st_size + 64};
+    const char *where[3] = {"config.json", "model.safetensors", "dflash.py"};
+    const rlim_t limit[3] = {1, (rlim_t)cj.st_size + 64, (rlim_t)ms.st_size + 64};
     for (int k = 0; k < 3; k++) {
         lim = lim0;
         lim.rlim_cur = limit[k];

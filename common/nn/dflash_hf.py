@@ -38,8 +38,14 @@ Drafting one block after the prompt ids [1, S+1] (its last token is the anchor):
     emb = target.get_input_embeddings()(drafter.block_ids(ids[:, -1]))
     draft = target.lm_head(drafter(emb, ctx)).argmax(-1)[:, 1:]   # block_size - 1 tokens
 
-This is a loader and a reference forward, not a generation loop: no KV cache, attention in plain
-matrix products (memory grows with Q x (S + Q)). Without transformers installed the classes still
+or the whole greedy speculative decoding loop, the target verifying every block (the output is
+the target's own greedy continuation; self.acceptance holds each cycle's accepted length):
+    out = drafter.spec_generate(input_ids=ids, target=target, max_new_tokens=512,
+                                stop_token_ids=[tokenizer.eos_token_id])
+
+A reference implementation, not a fast one: the drafter keeps no KV cache (each block attends
+over the whole context again), attention is plain matrix products (memory grows with
+Q x (S + Q)), one prompt at a time, greedy only. Serve with SGLang or vLLM. Without transformers installed the classes still
 import (the base class is then torch.nn.Module), which is how dflash's own tests check the maths
 against the training code.
 """
@@ -223,3 +229,50 @@ class DFlashDraftModel(_Base):
         for layer in self.layers:
             h = layer(h, ctx, cos, sin, attention_mask.bool())
         return self.norm(h)
+
+    @torch.no_grad()
+    def spec_generate(self, input_ids, target, max_new_tokens=256, temperature=0.0,
+                      stop_token_ids=None):
+        """Greedy speculative decoding of one prompt input_ids [1, n] with target (the
+        transformers causal LM this drafter was trained on). Each cycle drafts a block after the
+        last committed token, the target scores the block in one forward over its KV cache, and
+        the drafted tokens that equal the target's greedy choice are kept, plus the target's
+        token after them. Returns the prompt and the generated ids [1, n + new] (new <=
+        max_new_tokens; it ends after a token of stop_token_ids). self.acceptance: the tokens
+        each cycle committed (accepted drafts + 1); their mean is the acceptance length tau."""
+        if temperature and temperature > 0:
+            raise ValueError("dflash.py: spec_generate decodes greedily (temperature 0); sample "
+                             "with SGLang or vLLM")
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError("dflash.py: spec_generate takes one prompt, input_ids [1, n]")
+        if max_new_tokens < 1:
+            return input_ids
+        stops = set(stop_token_ids or [])
+        dev = input_ids.device
+        embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+        out = target(input_ids, use_cache=True, output_hidden_states=True)
+        cache, feats = out.past_key_values, self.target_features(out.hidden_states)
+        tokens = input_ids[0].tolist()
+        anchor = int(out.logits[0, -1].argmax())
+        made = [anchor]
+        self.acceptance = []
+        while len(made) < max_new_tokens and anchor not in stops:
+            block = embed(self.block_ids(torch.tensor([anchor], device=dev)))
+            hidden = self(block, feats)
+            draft = head(hidden.to(head.weight.dtype)).argmax(-1)[0, 1:]
+            verify = torch.cat([torch.tensor([anchor], device=dev), draft])[None]
+            out = target(verify, past_key_values=cache, use_cache=True, output_hidden_states=True)
+            greedy = out.logits[0].argmax(-1)
+            a = 0
+            while a < draft.shape[0] and int(draft[a]) == int(greedy[a]):
+                a += 1
+            feats = torch.cat([feats, self.target_features(out.hidden_states)[:, :a + 1]], dim=1)
+            cache.crop(len(tokens) + len(made) + a)  # through the last accepted draft
+            before = len(made)
+            for t in draft[:a].tolist() + [int(greedy[a])]:
+                if len(made) == max_new_tokens or made[-1] in stops:
+                    break
+                made.append(t)
+            self.acceptance.append(len(made) - before)
+            anchor = made[-1]
+        return torch.tensor([tokens + made], device=dev)

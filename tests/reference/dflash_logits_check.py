@@ -17,6 +17,12 @@ else imported from the file with the weights of model.safetensors; each block is
 way a server drafts (its context = the sequence's features before the anchor), and its logits
 must match the reference's rows of that block: in float64 to 1e-9, and in bfloat16 (on the GPU
 when there is one) to 5e-2.
+Last, dflash.py's spec_generate (greedy speculative decoding, the target verifying each block)
+with a float64 stand-in target of transformers' calling convention (target_ref.py's Qwen3
+forward, the KV cache being the token prefix): its output must be exactly the target's greedy
+decoding, and what each cycle accepted what the offline trajectory over that output finds (the
+drafter given the right context). The stand-in's lm_head ranks only two tokens, so drafts and target agree often and
+cycles accept several tokens.
 Exit 0 pass, 1 mismatch, 77 when torch is missing.
 """
 import argparse
@@ -39,6 +45,7 @@ except ImportError:
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dflash_ref import DFlashRef  # noqa: E402
 from refdump import RefDump  # noqa: E402
+import target_ref  # noqa: E402
 
 
 def read_safetensors(path):
@@ -162,6 +169,104 @@ def check_shipped_module(ckpt, params, embed, lm_head, X, ids, seq_off, anchors,
     return ok
 
 
+class PrefixCache:
+    """The stand-in's KV cache: the tokens seen so far (crop keeps the first n)."""
+
+    def __init__(self):
+        self.ids = []
+
+    def crop(self, n):
+        self.ids = self.ids[:n]
+
+
+class StandInTarget:
+    """A causal LM with transformers' calling convention (logits, past_key_values,
+    hidden_states with the embeddings first and the final-normed state last) over
+    target_ref.forward_one in float64; each call recomputes the whole prefix."""
+
+    def __init__(self, cfg, weights):
+        self.cfg, self.W = cfg, weights
+        self.embed = torch.nn.Embedding.from_pretrained(weights["model.embed_tokens.weight"])
+        self.head = torch.nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False).double()
+        self.head.weight.data = weights["lm_head.weight"]
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def __call__(self, ids, past_key_values=None, use_cache=False, output_hidden_states=False):
+        cache = past_key_values or PrefixCache()
+        full = cache.ids + ids[0].tolist()
+        outs, logits = target_ref.forward_one(torch, self.cfg, self.W, torch.tensor(full),
+                                              torch.arange(len(full)))
+        n = ids.shape[1]
+        eps = self.cfg["rms_norm_eps"]
+        last = target_ref.rmsnorm(torch, outs[-1], self.W["model.norm.weight"], eps)
+        hs = [self.W["model.embed_tokens.weight"][full]] + outs[:-1] + [last]
+        cache.ids = full
+        return argparse.Namespace(logits=logits[-n:][None], past_key_values=cache,
+                                  hidden_states=tuple(h[-n:][None] for h in hs))
+
+
+def trajectory(model, target, seq, P):
+    """What each cycle of greedy speculative decoding of seq (prompt of P tokens) commits,
+    found offline: the block anchored at p drafted from the features of positions < p (one
+    forward over the whole sequence), a = its leading tokens equal to seq's next ones, the cycle
+    commits a + 1 tokens (at most up to the end of seq), and the next anchor is p + a + 1."""
+    S = len(seq)
+    ids = torch.tensor([seq])
+    feats = model.target_features(target(ids).hidden_states)
+    head = target.get_output_embeddings()
+    out, p = [], P
+    while p < S - 1:
+        block = target.get_input_embeddings()(model.block_ids(ids[0, p:p + 1]))
+        draft = head(model(block, feats[:, :p])).argmax(-1)[0, 1:].tolist()
+        a = 0
+        while a < len(draft) and p + a + 1 < S and draft[a] == seq[p + a + 1]:
+            a += 1
+        out.append(min(a + 1, S - 1 - p))
+        p += a + 1
+    return out
+
+
+def check_spec_generate(ckpt, params, tmp):
+    """spec_generate against the stand-in target's greedy decoding, over a few prompts."""
+    model, how = load_shipped_module(ckpt, params, tmp, torch.float64)
+    cj = json.load(open(os.path.join(ckpt, "config.json")))
+    tcfg = dict(target_ref.FAMILIES["qwen3"][0], hidden_size=cj["hidden_size"],
+                vocab_size=cj["vocab_size"], num_hidden_layers=cj["num_target_layers"],
+                tie_word_embeddings=False)
+    W = {n: t.double() for n, t in target_ref.random_weights(torch, tcfg, 7)}
+    g = torch.Generator().manual_seed(11)
+    head = torch.zeros(tcfg["vocab_size"], tcfg["hidden_size"], dtype=torch.float64)
+    v = torch.randn(tcfg["hidden_size"], generator=g, dtype=torch.float64)
+    head[3], head[5] = v, -v  # every argmax is token 3 or 5
+    W["lm_head.weight"] = head
+    target = StandInTarget(tcfg, W)
+    same, cycles, longest, n_prompts, new = 0, [], 0, 4, 24
+    for k in range(n_prompts):
+        prompt = torch.randint(0, tcfg["vocab_size"], (1, 5 + 3 * k), generator=g)
+        out = target(prompt, use_cache=True)
+        ref = prompt[0].tolist()
+        while len(ref) < prompt.shape[1] + new:  # greedy, one token per call
+            ref.append(int(out.logits[0, -1].argmax()))
+            out = target(torch.tensor([ref[-1:]]), past_key_values=out.past_key_values)
+        got = model.spec_generate(input_ids=prompt, target=target, max_new_tokens=new)
+        same += int(got[0].tolist() == ref and
+                    model.acceptance == trajectory(model, target, ref, prompt.shape[1]))
+        cycles += model.acceptance
+        longest = max(longest, max(model.acceptance))
+    ok = same == n_prompts and longest > 1 and sum(cycles) == n_prompts * (new - 1)
+    print("dflash_logits_check: the checkpoint's dflash.py spec_generate (%s) with a float64 "
+          "stand-in target: %d of %d outputs equal its greedy decoding (with the trajectory's "
+          "accepted lengths), %d cycles, mean accepted "
+          "%.2f, longest %d: %s" % (how, same, n_prompts, len(cycles),
+                                    sum(cycles) / len(cycles), longest, "PASS" if ok else "FAIL"))
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--prog", required=True)
@@ -245,6 +350,7 @@ def main():
              "PASS" if ok else "FAIL"))
     ok = check_shipped_module(ckpt, params, embed, lm_head, X32, ids, seq_off, anchors, ref,
                               tmp) and ok
+    ok = check_spec_generate(ckpt, params, tmp) and ok
     shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
 

@@ -10,6 +10,9 @@ to the sequence's next tokens (a), go on at p + a + 1; tau = mean(a + 1). The sa
 method as `dflash-drafter eval` (common/nn/dflash_eval.h), which this script runs on the same
 data and checkpoint; the two tau must agree within --tol (bf16 storage on our side, float32
 here: a handful of near-tied argmax may differ).
+Then dflash.py's spec_generate (the target verifying each drafted block over its KV cache) on
+every held-out prompt must return exactly the target's own greedy decoding, and its
+mean accepted length must agree with the tau above within --tol.
 
   hf_drafter_tau.py --build BUILD [--demo DIR] [--tol 0.05]
 BUILD: a build tree (its services/drafter/dflash-drafter runs the eval). DIR: a work directory
@@ -104,7 +107,48 @@ def main():
           "%.4f over %d cycles; |difference| %.4f (tol %.2f): %s"
           % (ckpt, dev, tau, cycles, seqs, ours["tau"], ours["cycles"], abs(tau - ours["tau"]),
              a.tol, "PASS" if ok else "FAIL"))
-    return 0 if ok else 1
+    return 0 if check_spec_generate(drafter, target, a.demo, dev, ours["tau"], a.tol) and ok \
+        else 1
+
+
+def greedy(target, prompt, n):
+    """The target's greedy continuation by n tokens, one token per forward over its KV cache
+    (generate() without its logits processors: no end-of-sequence rule)."""
+    with torch.no_grad():
+        out = target(prompt, use_cache=True)
+        ids = [int(out.logits[0, -1].argmax())]
+        while len(ids) < n:
+            out = target(torch.tensor([[ids[-1]]], device=prompt.device),
+                         past_key_values=out.past_key_values, use_cache=True)
+            ids.append(int(out.logits[0, -1].argmax()))
+    return torch.cat([prompt, torch.tensor([ids], device=prompt.device)], dim=1)
+
+
+def check_spec_generate(drafter, target, demo, dev, tau, tol):
+    """spec_generate on every held-out prompt against the target's greedy decoding (as many new
+    tokens as the sequence's response). True when every output is the same and the mean
+    accepted length is within tol of tau."""
+    same = prompts = 0
+    lengths = []
+    with open(os.path.join(demo, "eval.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            if 1 not in row["loss_mask"]:
+                continue
+            P = row["loss_mask"].index(1)
+            n = len(row["input_ids"]) - P
+            prompt = torch.tensor(row["input_ids"][:P], device=dev)[None]
+            ref = greedy(target, prompt, n)
+            got = drafter.spec_generate(input_ids=prompt, target=target, max_new_tokens=n)
+            prompts += 1
+            same += int(got.shape == ref.shape and bool((got == ref).all()))
+            lengths += drafter.acceptance
+    mean = sum(lengths) / max(len(lengths), 1)
+    ok = same == prompts and prompts > 0 and abs(mean - tau) <= tol
+    print("hf_drafter_tau: dflash.py's spec_generate: %d of %d outputs equal the target's "
+          "greedy decoding; mean accepted length %.4f over %d cycles (eval tau %.4f, tol %.2f): %s"
+          % (same, prompts, mean, len(lengths), tau, tol, "PASS" if ok else "FAIL"))
+    return ok
 
 
 if __name__ == "__main__":

@@ -267,7 +267,8 @@ class DFlashDraftModel(_Base):
             while a < draft.shape[0] and int(draft[a]) == int(greedy[a]):
                 a += 1
             feats = torch.cat([feats, self.target_features(out.hidden_states)[:, :a + 1]], dim=1)
-            cache.crop(len(tokens) + len(made) + a)  # through the last accepted draft
+            if a + 1 < verify.shape[1]:  # keep the cache through the last accepted draft
+                cache.crop(a + 1 - verify.shape[1])
             before = len(made)
             for t in draft[:a].tolist() + [int(greedy[a])]:
                 if len(made) == max_new_tokens or made[-1] in stops:

@@ -170,13 +170,15 @@ def check_shipped_module(ckpt, params, embed, lm_head, X, ids, seq_off, anchors,
 
 
 class PrefixCache:
-    """The stand-in's KV cache: the tokens seen so far (crop keeps the first n)."""
+    """The stand-in's KV cache: the tokens seen so far. crop(-n) drops the last n (a positive
+    length is refused: transformers deprecated it in 5.17 and drops it in 5.18)."""
 
     def __init__(self):
         self.ids = []
 
     def crop(self, n):
-        self.ids = self.ids[:n]
+        assert n < 0, "crop(%d): transformers 5.18 takes only negative counts" % n
+        self.ids = self.ids[:len(self.ids) + n]
 
 
 class StandInTarget:

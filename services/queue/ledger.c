@@ -21,7 +21,8 @@
  * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND and PLAN are fsynced: a
  * power loss can forget recent hand-outs (a target's re-registration adopts them) and acks after
  * the last checkpoint (those batches are not committed and a drafter resuming from that
- * checkpoint retrains them anyway).
+ * checkpoint retrains them anyway). A failed append leaves memory ahead of the journal; the
+ * snapshot that ledger_journal_heal writes is taken from memory, so it holds those operations.
  *
  * Failed deliveries: each entry counts the deliveries of its batch that ended untrained (a lease
  * that expired, a drafter that died holding it), journaled as FAIL records, so the count
@@ -445,6 +446,7 @@ static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, b
         l->append_failed_said = true;
         return;
     }
+    l->append_failed_said = false; /* taken (again, after a heal): a new failure is said */
     if (l->compact_at && journal_size(l->j) > l->compact_at) (void)ledger_compact(l);
 }
 
@@ -827,6 +829,16 @@ static int emit_snapshot(void *ctx, journal *t)
     return rc;
 }
 
+/* After a rewrite: compact again only once the journal doubled past its compacted size (no
+ * thrashing). */
+static void compacted(ledger *l)
+{
+    if (l->params.compact_bytes) {
+        uint64_t twice = 2 * journal_size(l->j);
+        l->compact_at = twice > l->params.compact_bytes ? twice : l->params.compact_bytes;
+    }
+}
+
 int ledger_compact(ledger *l)
 {
     if (!l->j) return 0;
@@ -837,12 +849,16 @@ int ledger_compact(ledger *l)
         l->compact_at = l->compact_at ? 2 * l->compact_at : 0;
         return rc;
     }
-    /* Compact again only once the journal doubled past its compacted size (no thrashing). */
-    if (l->params.compact_bytes) {
-        uint64_t twice = 2 * journal_size(l->j);
-        l->compact_at = twice > l->params.compact_bytes ? twice : l->params.compact_bytes;
-    }
+    compacted(l);
     return 0;
+}
+
+int ledger_journal_heal(ledger *l)
+{
+    if (!l->j || !journal_failure(l->j)) return 0;
+    int rc = journal_rewrite(l->j, emit_snapshot, l);
+    if (rc == 0) compacted(l);
+    return rc;
 }
 
 int ledger_writer_start(ledger *l, uv_loop_t *loop, journal_done_fn done, void *ctx)

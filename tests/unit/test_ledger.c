@@ -1,7 +1,8 @@
 /* test_ledger: the training ledger keeps the promise of DESIGN section 5: after any sequence of
  * broker, target and drafter kills, every batch of every epoch ends in the final model exactly
  * once. Also: hand-out order and epochs, double acks rejected, commit and rewind, quarantine,
- * orphans after a broker restart, replay after a crash at every byte of the last record. */
+ * orphans after a broker restart, replay after a crash at every byte of the last record, a
+ * failed journal healed from memory. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -576,6 +577,55 @@ static void test_exactly_once(void)
     unlink(path);
 }
 
+/* A disk that is full while *ctx: syncs fail (a journal sync hook). */
+static int full_disk_sync(void *ctx, int fd)
+{
+    if (*(const bool *)ctx) return DFLASH_EIO;
+    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
+}
+
+/* A journal that failed (a full disk) used to stay broken until a restart, which replayed it as
+ * written before the failure: acks and commits since were lost. ledger_journal_heal rewrites it
+ * from memory once the disk takes it; a restart then sees what changed while it was failing. */
+static void test_journal_heals(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 0);
+    bool full = false;
+    ledger_set_sync_hook(l, full_disk_sync, &full);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){4}), 0);
+    batch_id b[4];
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(ledger_next_todo(l, 0, &b[i]), 0);
+    CHECK_EQ_INT(ledger_ack(l, &b[0], 1), 0);
+    CHECK_EQ_INT(ledger_journal_heal(l), 0); /* nothing to heal */
+    full = true;
+    CHECK_EQ_INT(ledger_commit(l, 1), DFLASH_EIO); /* the journal breaks here */
+    CHECK(ledger_journal_failure(l) != NULL);
+    CHECK_EQ_INT(ledger_ack(l, &b[1], 2), 0); /* in memory only, for now */
+    CHECK_EQ_INT(ledger_ack(l, &b[2], 3), 0);
+    CHECK_EQ_INT(ledger_journal_heal(l), DFLASH_EIO); /* the disk is still full */
+    CHECK(ledger_journal_failure(l) != NULL);
+    full = false;
+    CHECK_EQ_INT(ledger_journal_heal(l), 0);
+    CHECK(ledger_journal_failure(l) == NULL);
+    CHECK_EQ_INT(ledger_commit(l, 2), 1); /* records are taken again: b[1] */
+    ledger_destroy(&l);
+
+    l = open_ledger(path, 0, 0);
+    uint64_t step = 0;
+    CHECK_EQ_INT(state_of(l, 0, 0, 0, NULL), BATCH_COMMITTED);
+    CHECK_EQ_INT(state_of(l, 0, 0, 1, NULL), BATCH_COMMITTED);
+    CHECK_EQ_INT(state_of(l, 0, 0, 2, &step), BATCH_TRAINED); /* acked while it was failing */
+    CHECK_EQ_INT(step, 3);
+    CHECK_EQ_INT(state_of(l, 0, 0, 3, NULL), BATCH_IN_FLIGHT); /* an orphan of the restart */
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.last_commit_step, 2);
+    CHECK_EQ_INT(st.orphaned, 1);
+    ledger_destroy(&l);
+    unlink(path);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -592,6 +642,7 @@ int main(void)
     test_replay_and_orphans();
     test_truncation_every_byte();
     test_exactly_once();
+    test_journal_heals();
     test_rmtree(dir); /* the journals' .lock files stay beside them */
     CHECK_DONE();
 }

@@ -1,7 +1,9 @@
 /* journal: an append-only file of typed, checksummed records (format and rules in journal.h).
  *
  * Structure: one open file descriptor positioned at the end of the last valid record; size and
- * record counters (logical: as if everything queued were written). A failed write leaves
+ * record counters of the file in use (in writer mode: plus what is queued for it, and while a
+ * rewrite is queued, as if it will succeed; take_progress sets them from what the writer reports
+ * once none is, so a failed rewrite leaves the long file's). A failed write leaves
  * `broken` set: the on-disk tail may be torn, and every later append fails with DFLASH_EIO
  * rather than writing after garbage (the next open cuts the torn tail). A rewrite that succeeds
  * clears it: the new file replaces the torn one and holds everything (journal.h, "Healing").
@@ -10,6 +12,8 @@
  * rewrite) guarded by `mu`; the writer thread owns `fd` and `path` from journal_writer_start to
  * journal_writer_stop and reports w_done/w_fail/w_broken under `mu`; the loop thread copies them
  * into done_seq/fail_seq/broken (and w_why, the reason, into why) in the uv_async callback.
+ * The writer keeps w_size/w_records (the file in use, as written) and w_bytes/w_recs (appends
+ * it has taken, written or not); the owner counts q_bytes/q_records (appends queued).
  * While w_broken, appends are refused unless a rewrite is queued (w_rewrites: rewrite jobs not
  * yet reported): records queued behind a rewrite are written if it heals the journal.
  * Owner-thread fields: seq, size, records, done_seq, fail_seq, broken, why, rewrite_seq. A memory
@@ -36,6 +40,7 @@ typedef struct jjob {
     bool sync;     /* fdatasync before it counts as done */
     bool rewrite;  /* buf is a whole new file (header + records) */
     size_t len;
+    uint64_t records; /* rewrite: records in the image */
     uint8_t *buf;  /* owned */
 } jjob;
 
@@ -50,6 +55,9 @@ struct journal {
     char why[160];                    /* owner thread: the first failure, when broken */
     uint64_t seq, done_seq, fail_seq; /* owner thread */
     uint64_t rewrite_seq;             /* owner thread: the last rewrite queued (writer mode) */
+    uint64_t q_bytes, q_records;      /* owner thread: appends queued (writer mode) */
+    uint64_t rewrite_fails;           /* owner thread: rewrites that failed here, and ... */
+    uint64_t rewrite_fails_seen;      /* ... in the writer, as last reported */
     journal_sync_fn sync_fn;
     void *sync_ctx;
     /* memory image (a rewrite's emit target in writer mode) */
@@ -66,6 +74,9 @@ struct journal {
     uint64_t w_done, w_fail;    /* under mu, written by the writer thread */
     bool w_broken;              /* under mu */
     uint32_t w_rewrites;        /* under mu: rewrite jobs queued and not yet reported */
+    uint64_t w_size, w_records; /* under mu: the file in use, as written */
+    uint64_t w_bytes, w_recs;   /* under mu: appends taken (written or not) */
+    uint64_t w_rewrite_fails;   /* under mu: rewrites the writer failed to write */
     char w_why[160];            /* under mu: the writer's first failure */
     uv_async_t *async;
     journal_done_fn done_fn;
@@ -422,6 +433,8 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
         job->len = total;
         job->sync = sync;
         if ((rc = enqueue(j, job))) return rc;
+        j->q_bytes += total;
+        j->q_records++;
     } else {
         uint8_t small[256];
         uint8_t *rec = total <= sizeof small ? small : malloc(total);
@@ -477,6 +490,7 @@ static int rewrite_queued(journal *j, int (*emit)(void *ctx, journal *tmp), void
     job->rewrite = true;
     job->buf = t->mem;
     job->len = t->mem_len;
+    job->records = t->records;
     t->mem = NULL;
     if ((rc = enqueue(j, job))) goto out;
     j->rewrite_seq = j->seq;
@@ -527,12 +541,9 @@ static void heal(journal *j)
     j->fail_seq = 0;
 }
 
-int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
+/* Inline mode: the whole rewrite on the caller's thread. */
+static int rewrite_inline(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
 {
-    if (j->writer) {
-        if (j->broken && j->rewrite_seq > j->done_seq) return 0; /* one is under way */
-        return rewrite_queued(j, emit, ctx);
-    }
     size_t plen = strlen(j->path);
     char *tmp_path = malloc(plen + 5);
     if (!tmp_path) return DFLASH_ENOMEM;
@@ -578,6 +589,24 @@ out_path:
     return rc;
 }
 
+int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
+{
+    int rc;
+    if (j->writer) {
+        if (j->broken && j->rewrite_seq > j->done_seq) return 0; /* one is under way */
+        rc = rewrite_queued(j, emit, ctx);
+    } else {
+        rc = rewrite_inline(j, emit, ctx);
+    }
+    if (rc) j->rewrite_fails++;
+    return rc;
+}
+
+uint64_t journal_rewrite_failures(const journal *j)
+{
+    return j->rewrite_fails + j->rewrite_fails_seen;
+}
+
 uint64_t journal_size(const journal *j) { return j->size; }
 uint64_t journal_records(const journal *j) { return j->records; }
 uint64_t journal_torn_bytes(const journal *j) { return j->torn; }
@@ -604,34 +633,43 @@ static void *writer_main(void *arg)
         bool broken = j->w_broken;
         journal_sync_fn sync_fn = j->sync_fn;
         void *sync_ctx = j->sync_ctx;
+        uint64_t size = j->w_size, records = j->w_records, taken_bytes = 0, taken = 0;
         pthread_mutex_unlock(&j->mu);
 
         uint64_t unsynced = batch->seq, last = 0, fail = 0;
-        uint32_t rewrites = 0;
+        uint32_t rewrites = 0, rewrite_fails = 0;
         bool need_sync = false, healed = false;
         char why[160] = "";
         while (batch) {
             jjob *x = batch;
             batch = x->next;
             last = x->seq;
+            if (!x->rewrite) {
+                taken_bytes += x->len;
+                taken++;
+            }
             if (x->rewrite) {
                 rewrites++;
                 int rc = write_new_file(j, x->buf, x->len, sync_fn, sync_ctx);
                 if (rc == 0) {
                     /* the fsynced image holds every record before it, the failed ones too (it
                      * was taken from memory after they were applied): the journal is whole */
+                    size = x->len;
+                    records = x->records;
                     need_sync = false;
                     unsynced = x->seq + 1;
                     healed |= broken;
                     broken = false;
                     fail = 0;
                     why[0] = '\0';
-                } else if (broken) {
-                    LOG_DEBUG("journal %s: rewrite failed (%s); still broken", j->path,
-                              err_str(rc));
                 } else {
-                    LOG_WARN("journal %s: compaction failed (%s); keeping the long journal",
-                             j->path, err_str(rc));
+                    rewrite_fails++;
+                    if (broken)
+                        LOG_DEBUG("journal %s: rewrite failed (%s); still broken", j->path,
+                                  err_str(rc));
+                    else
+                        LOG_WARN("journal %s: compaction failed (%s); keeping the long journal",
+                                 j->path, err_str(rc));
                 }
             } else if (broken) {
                 /* nothing after a failure is written, until a rewrite heals the journal */
@@ -641,6 +679,8 @@ static void *writer_main(void *arg)
                 broken = true;
                 fail = x->seq;
             } else {
+                size += x->len;
+                records++;
                 need_sync |= x->sync;
             }
             free(x->buf);
@@ -658,6 +698,11 @@ static void *writer_main(void *arg)
         pthread_mutex_lock(&j->mu);
         j->w_done = last;
         j->w_rewrites -= rewrites;
+        j->w_rewrite_fails += rewrite_fails;
+        j->w_size = size;
+        j->w_records = records;
+        j->w_bytes += taken_bytes;
+        j->w_recs += taken;
         if (healed) {
             j->w_fail = 0;
             j->w_why[0] = '\0';
@@ -680,6 +725,11 @@ static void take_progress(journal *j)
     j->fail_seq = j->w_fail;
     j->broken = j->w_broken;
     memcpy(j->why, j->w_why, sizeof j->why);
+    j->rewrite_fails_seen = j->w_rewrite_fails;
+    if (j->rewrite_seq <= j->done_seq) { /* no rewrite in flight: the file in use, and its queue */
+        j->size = j->w_size + (j->q_bytes - j->w_bytes);
+        j->records = j->w_records + (j->q_records - j->w_recs);
+    }
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -710,6 +760,10 @@ int journal_writer_start(journal *j, uv_loop_t *loop, journal_done_fn done, void
     j->w_fail = j->fail_seq;
     j->w_broken = j->broken;
     j->w_rewrites = 0;
+    j->w_size = j->size;
+    j->w_records = j->records;
+    j->w_rewrite_fails = j->rewrite_fails_seen;
+    j->q_bytes = j->q_records = j->w_bytes = j->w_recs = 0;
     memcpy(j->w_why, j->why, sizeof j->why);
     j->stop = false;
     pthread_mutex_init(&j->mu, NULL);

@@ -89,10 +89,15 @@ int journal_sync(journal *j);
  * rewrite is still queued. */
 int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx);
 
-/* Bytes in the file (header + valid records). */
+/* Bytes in the file in use (header + valid records). Writer mode: plus the appends queued for
+ * it, and while a rewrite is queued, as if it will succeed (corrected once the writer reports a
+ * failed one, and no other is queued). */
 uint64_t journal_size(const journal *j);
-/* Records replayed at open plus records appended since (reset by journal_rewrite). */
+/* Records replayed at open plus records appended since (reset by journal_rewrite); writer mode
+ * as journal_size. */
 uint64_t journal_records(const journal *j);
+/* Rewrites that failed so far (writer mode: those the writer reported too). Owner's thread. */
+uint64_t journal_rewrite_failures(const journal *j);
 /* Bytes cut off at open as a torn final record (0 when the file was clean). */
 uint64_t journal_torn_bytes(const journal *j);
 

@@ -391,6 +391,38 @@ static void test_writer_heals(void)
     unlink(path);
 }
 
+/* Writer mode: a compaction that fails (its temporary file cannot be synced) keeps the long
+ * journal, and journal_size says so: it used to report the snapshot's size, as if the rewrite
+ * had succeeded, while the file in use kept growing from its old size. */
+static void test_writer_failed_compaction_size(void)
+{
+    unlink(path);
+    journal *j = journal_open(path, NULL, NULL, NULL);
+    for (int i = 0; i < 100; i++) CHECK_EQ_INT(journal_append(j, 1, "long", 4, false), 0);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    writer_seen w = {.loop = &loop};
+    journal_set_sync_hook(j, full_disk_sync, NULL);
+    CHECK_EQ_INT(journal_writer_start(j, &loop, on_done_until, &w), 0);
+    __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
+    CHECK_EQ_INT(journal_rewrite(j, emit_two, NULL), 0); /* queued; fails in the writer */
+    CHECK_EQ_INT(journal_append(j, 9, "after", 5, false), 0);
+    w.until = journal_last_seq(j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    __atomic_store_n(&disk_full, false, __ATOMIC_SEQ_CST);
+    CHECK(journal_failure(j) == NULL); /* a failed compaction does not break the journal */
+    struct stat st;
+    CHECK_EQ_INT(stat(path, &st), 0);
+    printf("after the failed compaction: journal_size %llu, file %llu bytes\n",
+           (unsigned long long)journal_size(j), (unsigned long long)st.st_size);
+    CHECK_EQ_INT(journal_size(j), (uint64_t)st.st_size);
+    CHECK_EQ_INT(journal_records(j), 101);
+    journal_destroy(&j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_EQ_INT(uv_loop_close(&loop), 0);
+    unlink(path);
+}
+
 /* One owner at a time: a second open of a journal in use (a second dflash-queue started on the
  * same runtime dir) used to succeed, cut the first one's tail as "torn" and write over its
  * records. It is refused while the first is open and allowed once it is closed. */
@@ -425,6 +457,7 @@ int main(void)
     test_rewrite();
     test_writer();
     test_writer_heals();
+    test_writer_failed_compaction_size();
     unlink(path);
     test_single_owner();
     test_rmtree(dir); /* the journals' .lock files stay beside them */

@@ -35,7 +35,10 @@
  * keep their order (its tickets never decrease), and other peers' claims, releases and
  * heartbeats are answered during an fsync. A reply thus never reports state less durable than
  * before the change (records written before the reply; COMMIT/REWIND/PLAN fdatasynced). If the record of a
- * CheckpointCommitted or ResumeFrom could not be written or synced, its reply is Error IO.
+ * CheckpointCommitted or ResumeFrom could not be written or synced, its reply is Error IO, unless
+ * a healing rewrite made it durable before the failure was reported (journal_watch: the reply is
+ * then the handler's). A journal that failed is rewritten from memory every journal_retry_ms
+ * until that succeeds (journal_watch).
  * Without sockets (broker_dispatch from tests and the fuzz harness) the journal stays inline.
  *
  * Groups ("groups" below; group.h holds the state machine): the handlers turn GroupJoin,
@@ -134,6 +137,9 @@ static const cfg_option queue_options[] = {
      offsetof(queue_config, fsync), 0},
     OPT_I("compact-bytes", "67108864", 0, 1ll << 40, false,
           "rewrite the journal as a snapshot past this size (0 = never)", compact_bytes),
+    OPT_I("journal-retry-ms", "15000", 10, 3600000, false,
+          "while the journal is failing (a full disk), rewrite it whole from memory this often "
+          "until it takes it", journal_retry_ms),
     OPT_S("log-level", "info", true, "debug, info, warn or error", log_level),
 };
 
@@ -270,7 +276,9 @@ struct broker {
     uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
     uint64_t last_grace_ms;  /* when that grace was last given */
     uint64_t last_stats_ms, grants_at_last; /* claims/s: when last measured, grants then */
-    uint64_t journal_alarm_ms; /* when a broken journal was last said (journal_alarm) */
+    uint64_t journal_alarm_ms; /* when a broken journal was last said (journal_watch) */
+    uint64_t journal_heal_ms;  /* when a heal of it was last tried */
+    bool journal_failing;      /* it was broken at the last cron */
     double claims_per_s;
 
     ledger *ledger;
@@ -1558,9 +1566,12 @@ static void flush_deferred(broker *b, uint64_t done_seq, uint64_t fail_seq)
     }
 }
 
+static void journal_note_recovery(broker *b);
+
 static void on_journal_done(void *ctx, uint64_t done_seq, uint64_t fail_seq)
 {
     flush_deferred(ctx, done_seq, fail_seq);
+    journal_note_recovery(ctx);
 }
 
 /* Queues the reply in b->outbuf until the journal reaches b->dispatch_ticket. */
@@ -1664,18 +1675,44 @@ static void expire_peers(broker *b, uint64_t now)
     }
 }
 
-/* A journal that stopped taking records (a full disk, an I/O error) is said once a minute, not
- * only at the failure: the ledger lives on in memory, but a restarted broker would not see what
- * changed since (batches trained again, commits forgotten). Status carries it too
- * (journal_error), and dflash-ctl ping fails on it, so the healthcheck shows it. */
-static void journal_alarm(broker *b, uint64_t now)
+/* A journal that stopped taking records (a full disk, an I/O error) heals itself: every
+ * journal_retry_ms the ledger rewrites it whole from memory (ledger_journal_heal), and once that
+ * succeeds it holds everything, what changed during the failure too, and takes records again
+ * (said once, INFO). Until then the failure is said once a minute, not only at the failure: the
+ * ledger lives on in memory, and a broker restarted now would not see what changed since
+ * (batches trained again, commits forgotten). Status carries it too (journal_error), and
+ * dflash-ctl ping fails on it, so the healthcheck shows it. */
+static void journal_watch(broker *b, uint64_t now)
 {
     const char *jf = b->ledger ? ledger_journal_failure(b->ledger) : NULL;
-    if (!jf || (b->journal_alarm_ms && now - b->journal_alarm_ms < 60000)) return;
+    if (jf && now - b->journal_heal_ms >= (uint64_t)b->cfg.journal_retry_ms) {
+        b->journal_heal_ms = now;
+        (void)ledger_journal_heal(b->ledger); /* inline: done now; writer mode: queued */
+        jf = ledger_journal_failure(b->ledger);
+    }
+    if (!jf) {
+        journal_note_recovery(b);
+        return;
+    }
+    b->journal_failing = true;
+    if (b->journal_alarm_ms && now - b->journal_alarm_ms < 60000) return;
     b->journal_alarm_ms = now;
-    LOG_ERROR("journal %s: %s; since then the ledger lives in memory only. Once the disk has "
-              "room, restart the broker: it replays what was written, and the batches trained "
-              "since are handed out again", b->cfg.journal, jf);
+    LOG_ERROR("journal %s: %s; since then the ledger lives in memory only (a restart now would "
+              "hand out again the batches trained since). The broker rewrites the journal from "
+              "memory every %lld ms and recovers once the disk takes it: free space or fix the "
+              "disk, and do not restart it before it says it recovered",
+              b->cfg.journal, jf, (long long)b->cfg.journal_retry_ms);
+}
+
+/* Says once that a journal journal_watch saw failing takes records again (from cron, or as
+ * soon as the writer reports the healing rewrite done). Loop thread. */
+static void journal_note_recovery(broker *b)
+{
+    if (!b->journal_failing || ledger_journal_failure(b->ledger)) return;
+    b->journal_failing = false;
+    b->journal_alarm_ms = 0;
+    LOG_INFO("journal %s recovered: rewritten whole from memory, it holds every change made "
+             "while it was failing and takes records again", b->cfg.journal);
 }
 
 static void cron(uv_timer_t *t)
@@ -1692,7 +1729,7 @@ static void cron(uv_timer_t *t)
         uint64_t n = ledger_requeue_orphans(b->ledger);
         if (n) LOG_INFO("%" PRIu64 " batches in flight before the restart went back to to-do", n);
     }
-    journal_alarm(b, now);
+    journal_watch(b, now);
     /* claims/s is measured over the stats interval, or each second when stats are off (status
      * shows it either way) */
     uint64_t window = b->cfg.stats_interval_ms ? (uint64_t)b->cfg.stats_interval_ms : 1000;

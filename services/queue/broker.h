@@ -77,6 +77,7 @@ typedef struct queue_config {
     int64_t max_epochs;                  /* 0 = as the target says */
     bool fsync;
     int64_t compact_bytes;
+    int64_t journal_retry_ms;            /* a failing journal is rewritten from memory this often */
     char log_level[16];                  /* live */
 } queue_config;
 

@@ -1,16 +1,23 @@
 /* journal: an append-only file of typed, checksummed records (format and rules in journal.h).
  *
  * Structure: one open file descriptor positioned at the end of the last valid record; size and
- * record counters (logical: as if everything queued were written). A failed write leaves
+ * record counters of the file in use (in writer mode: plus what is queued for it, and while a
+ * rewrite is queued, as if it will succeed; take_progress sets them from what the writer reports
+ * once none is, so a failed rewrite leaves the long file's). A failed write leaves
  * `broken` set: the on-disk tail may be torn, and every later append fails with DFLASH_EIO
- * rather than writing after garbage (the next open cuts the torn tail).
+ * rather than writing after garbage (the next open cuts the torn tail). A rewrite that succeeds
+ * clears it: the new file replaces the torn one and holds everything (journal.h, "Healing").
  *
  * Writer mode (journal.h): a FIFO of jobs (one encoded record, or a whole new file image for a
  * rewrite) guarded by `mu`; the writer thread owns `fd` and `path` from journal_writer_start to
  * journal_writer_stop and reports w_done/w_fail/w_broken under `mu`; the loop thread copies them
  * into done_seq/fail_seq/broken (and w_why, the reason, into why) in the uv_async callback.
- * Owner-thread fields: seq, size, records, done_seq, fail_seq, broken, why. A memory journal (`is_mem`) is the image a rewrite emits
- * into in writer mode. Called by ledger.c.
+ * The writer keeps w_size/w_records (the file in use, as written) and w_bytes/w_recs (appends
+ * it has taken, written or not); the owner counts q_bytes/q_records (appends queued).
+ * While w_broken, appends are refused unless a rewrite is queued (w_rewrites: rewrite jobs not
+ * yet reported): records queued behind a rewrite are written if it heals the journal.
+ * Owner-thread fields: seq, size, records, done_seq, fail_seq, broken, why, rewrite_seq. A memory
+ * journal (`is_mem`) is the image a rewrite emits into in writer mode. Called by ledger.c.
  */
 #include "journal.h"
 
@@ -33,6 +40,7 @@ typedef struct jjob {
     bool sync;     /* fdatasync before it counts as done */
     bool rewrite;  /* buf is a whole new file (header + records) */
     size_t len;
+    uint64_t records; /* rewrite: records in the image */
     uint8_t *buf;  /* owned */
 } jjob;
 
@@ -46,6 +54,10 @@ struct journal {
     bool broken;
     char why[160];                    /* owner thread: the first failure, when broken */
     uint64_t seq, done_seq, fail_seq; /* owner thread */
+    uint64_t rewrite_seq;             /* owner thread: the last rewrite queued (writer mode) */
+    uint64_t q_bytes, q_records;      /* owner thread: appends queued (writer mode) */
+    uint64_t rewrite_fails;           /* owner thread: rewrites that failed here, and ... */
+    uint64_t rewrite_fails_seen;      /* ... in the writer, as last reported */
     journal_sync_fn sync_fn;
     void *sync_ctx;
     /* memory image (a rewrite's emit target in writer mode) */
@@ -61,6 +73,10 @@ struct journal {
     bool stop;                  /* under mu */
     uint64_t w_done, w_fail;    /* under mu, written by the writer thread */
     bool w_broken;              /* under mu */
+    uint32_t w_rewrites;        /* under mu: rewrite jobs queued and not yet reported */
+    uint64_t w_size, w_records; /* under mu: the file in use, as written */
+    uint64_t w_bytes, w_recs;   /* under mu: appends taken (written or not) */
+    uint64_t w_rewrite_fails;   /* under mu: rewrites the writer failed to write */
     char w_why[160];            /* under mu: the writer's first failure */
     uv_async_t *async;
     journal_done_fn done_fn;
@@ -374,17 +390,19 @@ static int mem_append(journal *j, uint16_t type, const void *payload, uint32_t l
     return 0;
 }
 
-/* Writer mode: queues a job. Takes ownership of job (freed on failure). */
+/* Writer mode: queues a job. Takes ownership of job (freed on failure). A broken journal
+ * takes rewrites (each may heal it) and the appends queued behind one. */
 static int enqueue(journal *j, jjob *job)
 {
     pthread_mutex_lock(&j->mu);
-    if (j->w_broken) {
+    if (j->w_broken && !job->rewrite && !j->w_rewrites) {
         pthread_mutex_unlock(&j->mu);
         free(job->buf);
         free(job);
         j->broken = true;
         return DFLASH_EIO;
     }
+    if (job->rewrite) j->w_rewrites++;
     job->seq = ++j->seq;
     job->next = NULL;
     if (j->tail) j->tail->next = job;
@@ -398,7 +416,7 @@ static int enqueue(journal *j, jjob *job)
 int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len, bool sync)
 {
     if (len > JOURNAL_MAX_PAYLOAD || (len && !payload)) return DFLASH_EINVAL;
-    if (j->broken) return DFLASH_EIO;
+    if (j->broken && !j->writer) return DFLASH_EIO; /* writer mode: enqueue decides */
     size_t total = (size_t)len + JOURNAL_RECORD_OVERHEAD;
     int rc;
     if (j->is_mem) {
@@ -415,6 +433,8 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
         job->len = total;
         job->sync = sync;
         if ((rc = enqueue(j, job))) return rc;
+        j->q_bytes += total;
+        j->q_records++;
     } else {
         uint8_t small[256];
         uint8_t *rec = total <= sizeof small ? small : malloc(total);
@@ -470,8 +490,10 @@ static int rewrite_queued(journal *j, int (*emit)(void *ctx, journal *tmp), void
     job->rewrite = true;
     job->buf = t->mem;
     job->len = t->mem_len;
+    job->records = t->records;
     t->mem = NULL;
     if ((rc = enqueue(j, job))) goto out;
+    j->rewrite_seq = j->seq;
     j->size = t->size;
     j->records = t->records;
 out:
@@ -508,10 +530,20 @@ out:
     return rc;
 }
 
-int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
+/* The journal holds everything again (a rewrite of the whole state succeeded). Owner thread,
+ * inline mode; the writer clears its own fields. */
+static void heal(journal *j)
 {
-    if (j->broken) return DFLASH_EIO;
-    if (j->writer) return rewrite_queued(j, emit, ctx);
+    if (!j->broken) return;
+    LOG_DEBUG("journal %s: rewritten whole after \"%s\"", j->path, j->why);
+    j->broken = false;
+    j->why[0] = '\0';
+    j->fail_seq = 0;
+}
+
+/* Inline mode: the whole rewrite on the caller's thread. */
+static int rewrite_inline(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
+{
     size_t plen = strlen(j->path);
     char *tmp_path = malloc(plen + 5);
     if (!tmp_path) return DFLASH_ENOMEM;
@@ -530,7 +562,7 @@ int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
     t->size = JOURNAL_HEADER_BYTES;
     rc = emit(ctx, t);
     if (rc) goto out_unlink;
-    if (t->broken || fsync(t->fd) != 0) {
+    if (t->broken || do_sync(j->sync_fn, j->sync_ctx, t->fd) != 0) {
         rc = DFLASH_EIO;
         goto out_unlink;
     }
@@ -544,6 +576,7 @@ int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
     j->size = t->size;
     j->records = t->records;
     t->fd = -1;
+    heal(j);
     rc = 0;
     goto out_tmp;
 out_unlink:
@@ -554,6 +587,24 @@ out_tmp:
 out_path:
     free(tmp_path);
     return rc;
+}
+
+int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
+{
+    int rc;
+    if (j->writer) {
+        if (j->broken && j->rewrite_seq > j->done_seq) return 0; /* one is under way */
+        rc = rewrite_queued(j, emit, ctx);
+    } else {
+        rc = rewrite_inline(j, emit, ctx);
+    }
+    if (rc) j->rewrite_fails++;
+    return rc;
+}
+
+uint64_t journal_rewrite_failures(const journal *j)
+{
+    return j->rewrite_fails + j->rewrite_fails_seen;
 }
 
 uint64_t journal_size(const journal *j) { return j->size; }
@@ -582,28 +633,54 @@ static void *writer_main(void *arg)
         bool broken = j->w_broken;
         journal_sync_fn sync_fn = j->sync_fn;
         void *sync_ctx = j->sync_ctx;
+        uint64_t size = j->w_size, records = j->w_records, taken_bytes = 0, taken = 0;
         pthread_mutex_unlock(&j->mu);
 
-        uint64_t first = batch->seq, last = 0, fail = 0;
-        bool need_sync = false;
+        uint64_t unsynced = batch->seq, last = 0, fail = 0;
+        uint32_t rewrites = 0, rewrite_fails = 0;
+        bool need_sync = false, healed = false;
         char why[160] = "";
         while (batch) {
             jjob *x = batch;
             batch = x->next;
             last = x->seq;
-            if (broken) {
-                /* nothing after a failure is written */
-            } else if (x->rewrite) {
+            if (!x->rewrite) {
+                taken_bytes += x->len;
+                taken++;
+            }
+            if (x->rewrite) {
+                rewrites++;
                 int rc = write_new_file(j, x->buf, x->len, sync_fn, sync_ctx);
-                if (rc == 0) need_sync = false; /* the fsynced image holds all before it */
-                else LOG_WARN("journal %s: compaction failed (%s); keeping the long journal",
-                              j->path, err_str(rc));
+                if (rc == 0) {
+                    /* the fsynced image holds every record before it, the failed ones too (it
+                     * was taken from memory after they were applied): the journal is whole */
+                    size = x->len;
+                    records = x->records;
+                    need_sync = false;
+                    unsynced = x->seq + 1;
+                    healed |= broken;
+                    broken = false;
+                    fail = 0;
+                    why[0] = '\0';
+                } else {
+                    rewrite_fails++;
+                    if (broken)
+                        LOG_DEBUG("journal %s: rewrite failed (%s); still broken", j->path,
+                                  err_str(rc));
+                    else
+                        LOG_WARN("journal %s: compaction failed (%s); keeping the long journal",
+                                 j->path, err_str(rc));
+                }
+            } else if (broken) {
+                /* nothing after a failure is written, until a rewrite heals the journal */
             } else if (write_all(j->fd, x->buf, x->len) != 0) {
                 snprintf(why, sizeof why, "append failed: %s", strerror(errno));
                 LOG_ERROR("journal %s: %s", j->path, why);
                 broken = true;
                 fail = x->seq;
             } else {
+                size += x->len;
+                records++;
                 need_sync |= x->sync;
             }
             free(x->buf);
@@ -615,11 +692,21 @@ static void *writer_main(void *arg)
             snprintf(why, sizeof why, "fdatasync failed: %s", errno ? strerror(errno) : err_str(src));
             LOG_ERROR("journal %s: %s", j->path, why);
             broken = true;
-            fail = first; /* nothing of this batch is known durable */
+            fail = unsynced; /* nothing of this batch since its last rewrite is durable */
         }
 
         pthread_mutex_lock(&j->mu);
         j->w_done = last;
+        j->w_rewrites -= rewrites;
+        j->w_rewrite_fails += rewrite_fails;
+        j->w_size = size;
+        j->w_records = records;
+        j->w_bytes += taken_bytes;
+        j->w_recs += taken;
+        if (healed) {
+            j->w_fail = 0;
+            j->w_why[0] = '\0';
+        }
         if (fail && !j->w_fail) j->w_fail = fail;
         if (why[0] && !j->w_why[0]) memcpy(j->w_why, why, sizeof why);
         j->w_broken = broken;
@@ -629,14 +716,20 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-/* Copies the writer's progress to the owner's fields. Loop thread. */
+/* Copies the writer's progress to the owner's fields (the writer's are the truth: a failure
+ * there is sticky until a rewrite heals it). Loop thread. */
 static void take_progress(journal *j)
 {
     pthread_mutex_lock(&j->mu);
     j->done_seq = j->w_done;
-    if (j->w_fail && !j->fail_seq) j->fail_seq = j->w_fail;
-    if (j->w_broken) j->broken = true;
-    if (j->w_why[0] && !j->why[0]) memcpy(j->why, j->w_why, sizeof j->why);
+    j->fail_seq = j->w_fail;
+    j->broken = j->w_broken;
+    memcpy(j->why, j->w_why, sizeof j->why);
+    j->rewrite_fails_seen = j->w_rewrite_fails;
+    if (j->rewrite_seq <= j->done_seq) { /* no rewrite in flight: the file in use, and its queue */
+        j->size = j->w_size + (j->q_bytes - j->w_bytes);
+        j->records = j->w_records + (j->q_records - j->w_recs);
+    }
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -666,6 +759,12 @@ int journal_writer_start(journal *j, uv_loop_t *loop, journal_done_fn done, void
     j->w_done = j->done_seq = j->seq;
     j->w_fail = j->fail_seq;
     j->w_broken = j->broken;
+    j->w_rewrites = 0;
+    j->w_size = j->size;
+    j->w_records = j->records;
+    j->w_rewrite_fails = j->rewrite_fails_seen;
+    j->q_bytes = j->q_records = j->w_bytes = j->w_recs = 0;
+    memcpy(j->w_why, j->why, sizeof j->why);
     j->stop = false;
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);

@@ -27,6 +27,13 @@
  * (journal_last_seq); a record is durable once done_seq >= its number. A write or sync failure
  * breaks the journal: fail_seq records the first failed number, later appends fail at once.
  *
+ * Healing: a rewrite is a whole snapshot of the caller's state, so one that succeeds while the
+ * journal is broken makes it whole again: the new file holds every record before the rewrite,
+ * failed ones included, and broken, journal_failure and fail_seq are cleared (done_seq >= a
+ * record's number then means durable again, whether it was written or is in the snapshot). In
+ * writer mode a broken journal takes a rewrite and the appends queued behind it; those are
+ * written if the rewrite succeeds and fail with it if not. The caller retries journal_rewrite.
+ *
  * One owner: journal_open takes an exclusive flock on "<path>.lock" (created beside the journal,
  * never removed) and holds it until journal_destroy or the process's death; a second open of the
  * same journal, in any process, fails with DFLASH_EEXISTS.
@@ -77,13 +84,20 @@ int journal_sync(journal *j);
  * the whole journal (via journal_append on tmp), fsyncs and renames it over path, then continues
  * appending to the new file. On any failure the old journal stays in use. Returns 0 or code.
  * Writer mode: emit fills a memory image; the file work is queued (returns 0 once queued; a
- * later failure is logged by the writer and the old journal stays in use). */
+ * later failure is logged by the writer and the old journal stays in use). On a broken journal
+ * it is the way back ("Healing" above); writer mode: 0 without a new image while an earlier
+ * rewrite is still queued. */
 int journal_rewrite(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx);
 
-/* Bytes in the file (header + valid records). */
+/* Bytes in the file in use (header + valid records). Writer mode: plus the appends queued for
+ * it, and while a rewrite is queued, as if it will succeed (corrected once the writer reports a
+ * failed one, and no other is queued). */
 uint64_t journal_size(const journal *j);
-/* Records replayed at open plus records appended since (reset by journal_rewrite). */
+/* Records replayed at open plus records appended since (reset by journal_rewrite); writer mode
+ * as journal_size. */
 uint64_t journal_records(const journal *j);
+/* Rewrites that failed so far (writer mode: those the writer reported too). Owner's thread. */
+uint64_t journal_rewrite_failures(const journal *j);
 /* Bytes cut off at open as a torn final record (0 when the file was clean). */
 uint64_t journal_torn_bytes(const journal *j);
 
@@ -91,7 +105,8 @@ uint64_t journal_torn_bytes(const journal *j);
  * the thread that syncs; returns 0 or a negative code. */
 typedef int (*journal_sync_fn)(void *ctx, int fd);
 /* Called on the loop thread when records up to done_seq are durable; fail_seq is the first
- * record that failed to be written or synced (0: none so far). */
+ * record that failed to be written or synced since the journal was last whole (0: none; a
+ * healing rewrite resets it, and every record up to done_seq is then durable). */
 typedef void (*journal_done_fn)(void *ctx, uint64_t done_seq, uint64_t fail_seq);
 
 /* Replaces fdatasync for this journal (NULL restores it); takes effect from the writer's next
@@ -114,8 +129,9 @@ uint64_t journal_last_seq(const journal *j);
  * Inline mode: equal to journal_last_seq / the first failed append. */
 uint64_t journal_done_seq(const journal *j);
 uint64_t journal_fail_seq(const journal *j);
-/* NULL while every write succeeded; else why the journal broke (e.g. "append failed: No space
- * left on device"), as seen by the owner's thread: nothing after that is durable. */
+/* NULL while the journal takes every record; else why it broke (e.g. "append failed: No space
+ * left on device"), as seen by the owner's thread: nothing after that is durable until a
+ * rewrite heals it (NULL again). */
 const char *journal_failure(const journal *j);
 
 /* CRC-32 (IEEE 802.3, reflected, as zlib's crc32) of data, continuing from crc (start with 0). */

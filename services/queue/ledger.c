@@ -21,7 +21,8 @@
  * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND and PLAN are fsynced: a
  * power loss can forget recent hand-outs (a target's re-registration adopts them) and acks after
  * the last checkpoint (those batches are not committed and a drafter resuming from that
- * checkpoint retrains them anyway).
+ * checkpoint retrains them anyway). A failed append leaves memory ahead of the journal; the
+ * snapshot that ledger_journal_heal writes is taken from memory, so it holds those operations.
  *
  * Failed deliveries: each entry counts the deliveries of its batch that ended untrained (a lease
  * that expired, a drafter that died holding it), journaled as FAIL records, so the count
@@ -93,6 +94,7 @@ struct ledger {
     uint32_t n_epochs, cap_epochs;
     uint64_t double_acks, stale_acks, last_commit_step, replayed;
     uint64_t compact_at;
+    uint64_t compactions_failed; /* journal_rewrite_failures when compact_at was last set */
 };
 
 const char *batch_state_name(batch_state s)
@@ -230,6 +232,7 @@ static int64_t open_epoch(ledger *l)
 }
 
 static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, bool sync);
+static void maybe_compact(ledger *l);
 
 static void pack_batch(uint8_t *p, const batch_id *b)
 {
@@ -445,7 +448,8 @@ static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, b
         l->append_failed_said = true;
         return;
     }
-    if (l->compact_at && journal_size(l->j) > l->compact_at) (void)ledger_compact(l);
+    l->append_failed_said = false; /* taken (again, after a heal): a new failure is said */
+    maybe_compact(l);
 }
 
 static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t len)
@@ -610,7 +614,7 @@ ledger *ledger_new(const ledger_params *params, int *err)
         apply_boot(l);
         journal_rec(l, REC_BOOT, NULL, 0, false);
         if (params->compact_bytes) l->compact_at = params->compact_bytes;
-        if (l->compact_at && journal_size(l->j) > l->compact_at) (void)ledger_compact(l);
+        maybe_compact(l);
     }
     if (err) *err = 0;
     return l;
@@ -827,6 +831,30 @@ static int emit_snapshot(void *ctx, journal *t)
     return rc;
 }
 
+/* Compact again only once the journal doubled past its size now (no thrashing): after a
+ * rewrite, its compacted size; after a failed one, the long journal's. */
+static void compacted(ledger *l)
+{
+    if (l->params.compact_bytes) {
+        uint64_t twice = 2 * journal_size(l->j);
+        l->compact_at = twice > l->params.compact_bytes ? twice : l->params.compact_bytes;
+    }
+}
+
+/* Compacts past compact_at. A compaction that failed (in writer mode known only once the
+ * writer reports it, when journal_size is the long file's again) first moves compact_at, so a
+ * disk that refuses rewrites is not asked again at every record. */
+static void maybe_compact(ledger *l)
+{
+    if (!l->compact_at) return;
+    uint64_t failed = journal_rewrite_failures(l->j);
+    if (failed != l->compactions_failed) {
+        l->compactions_failed = failed;
+        compacted(l);
+    }
+    if (journal_size(l->j) > l->compact_at) (void)ledger_compact(l);
+}
+
 int ledger_compact(ledger *l)
 {
     if (!l->j) return 0;
@@ -834,15 +862,18 @@ int ledger_compact(ledger *l)
     if (rc) {
         LOG_WARN("ledger: journal compaction failed (%s); keeping the long journal",
                  err_str(rc));
-        l->compact_at = l->compact_at ? 2 * l->compact_at : 0;
-        return rc;
+        return rc; /* maybe_compact backs off */
     }
-    /* Compact again only once the journal doubled past its compacted size (no thrashing). */
-    if (l->params.compact_bytes) {
-        uint64_t twice = 2 * journal_size(l->j);
-        l->compact_at = twice > l->params.compact_bytes ? twice : l->params.compact_bytes;
-    }
+    compacted(l);
     return 0;
+}
+
+int ledger_journal_heal(ledger *l)
+{
+    if (!l->j || !journal_failure(l->j)) return 0;
+    int rc = journal_rewrite(l->j, emit_snapshot, l);
+    if (rc == 0) compacted(l);
+    return rc;
 }
 
 int ledger_writer_start(ledger *l, uv_loop_t *loop, journal_done_fn done, void *ctx)

@@ -34,7 +34,9 @@
  * before the call returns. After ledger_writer_start the journal's disk I/O runs on its writer
  * thread (journal.h): calls return once the record is queued, ledger_journal_seq() names the
  * last record queued, and the done callback (loop thread) reports which are durable; a caller
- * that promises durability (the broker's replies) waits for it.
+ * that promises durability (the broker's replies) waits for it. A journal that fails (a full
+ * disk, an I/O error) takes no more records and memory stays authoritative; ledger_journal_heal
+ * rewrites it whole from memory, which makes it durable again (the broker retries it).
  *
  * Thread: single-threaded (the broker's loop thread). Callers: broker.c; tests; bench.
  */
@@ -159,6 +161,12 @@ bool ledger_epoch_committed(const ledger *l, uint32_t epoch);
  * Returns 0 or a code; a no-op for an in-memory ledger. */
 int ledger_compact(ledger *l);
 
+/* While the journal is broken (ledger_journal_failure), rewrites it whole from memory, which
+ * holds every operation, the ones whose records failed too: 0 when there is nothing to heal, it
+ * healed (inline) or the rewrite is queued or already under way (writer mode: the failure clears
+ * once the writer has done it); else a code (the journal stays broken; call again later). */
+int ledger_journal_heal(ledger *l);
+
 /* Journal writer thread (see the header comment). 0 and a no-op for an in-memory ledger; else
  * journal_writer_start's codes. done runs on loop's thread. */
 int ledger_writer_start(ledger *l, uv_loop_t *loop, journal_done_fn done, void *ctx);
@@ -170,7 +178,8 @@ uint64_t ledger_journal_seq(const ledger *l);
 /* Durable / first failed record numbers as last reported to the loop thread (0 in memory). */
 void ledger_journal_progress(const ledger *l, uint64_t *done_seq, uint64_t *fail_seq);
 /* NULL while the journal (if any) takes every record; else why it stopped (journal_failure):
- * what changed since is in memory only, and a broker restart would not see it. */
+ * what changed since is in memory only, and a broker restart would not see it, until
+ * ledger_journal_heal succeeds. */
 const char *ledger_journal_failure(const ledger *l);
 /* Replaces fdatasync for the journal (tests). No-op in memory. */
 void ledger_set_sync_hook(ledger *l, journal_sync_fn fn, void *ctx);

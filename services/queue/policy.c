@@ -663,7 +663,11 @@ int policy_heartbeat(policy *p, uint64_t worker_id, uint64_t now_ms)
     return 0;
 }
 
-/* A detached lease ended without a release: its batch goes back to to-do. */
+/* A detached lease ended without a release: its batch goes back to to-do, not counted as a
+ * failed delivery (sink->failed): its target died while it was leased, which the batch cannot
+ * cause (the target is done with a slot once it is ready), and a drafter that could not copy the
+ * dead target's slot, or died of it, is no sign of a bad batch. A batch that fails its drafter
+ * does so after the copy: it is then held, and counted when that drafter goes (broker.c). */
 static void expire_detached(policy *p, uint32_t i)
 {
     batch_id b = p->detached[i].where.batch;

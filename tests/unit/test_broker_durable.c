@@ -8,7 +8,10 @@
  * answered (the loop is not blocked) and A has no reply. Once the fsync is let go, A gets the
  * commit's Ok and then its Heartbeat echo, in that order. Finally a failing fsync turns the next
  * commit's reply into Error IO instead of a false Ok, and the broker's status names the failure
- * (journal_error), empty while the journal is healthy. */
+ * (journal_error), empty while the journal is healthy. While the disk stays full the broker's
+ * retries of a rewrite from memory fail too; once syncs succeed again the journal heals
+ * (journal_error empty, commits answered Ok), and a broker restarted on it replays the commits
+ * made after the failure. */
 #include "broker.h"
 #include "check.h"
 #include "config.h"
@@ -110,6 +113,24 @@ static int recv_msg(void *sock, int timeout_ms, wire_msg *out)
     return rc ? -1 : 0;
 }
 
+static int syncs_entered(void)
+{
+    pthread_mutex_lock(&mu);
+    int n = entered;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* The broker's journal_error, asked as peer s (request id rid). */
+static void journal_error_of(void *s, uint64_t rid, char *out, size_t len)
+{
+    wire_msg r;
+    send_msg(s, WIRE_STATUS_REQUEST, 0xb2, rid, 0);
+    CHECK_EQ_INT(recv_msg(s, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_STATUS_REPLY);
+    snprintf(out, len, "%s", r.type == WIRE_STATUS_REPLY ? r.u.status.journal_error : "?");
+}
+
 static void *dealer(void *ctx, const char *ep, const char *id)
 {
     void *s = zmq_socket(ctx, ZMQ_DEALER);
@@ -134,6 +155,7 @@ int main(void)
     cfg.stats_interval_ms = 0;
     cfg.heartbeat_ms = 1000;
     cfg.liveness = 60;
+    cfg.journal_retry_ms = 50;
     snprintf(cfg.log_level, sizeof cfg.log_level, "warn");
     uv_loop_init(&loop);
     int err = 0;
@@ -207,11 +229,44 @@ int main(void)
     CHECK(strstr(r.u.status.journal_error, "q.journal") &&
           strstr(r.u.status.journal_error, "fdatasync failed"));
 
+    /* the broker retries a rewrite from memory; with the disk still full those fail */
+    CHECK(wait_entered(syncs_entered() + 2));
+    char jerr[WIRE_MAX_TEXT];
+    journal_error_of(b, 23, jerr, sizeof jerr);
+    CHECK(jerr[0] != 0);
+    /* space returns: the next retry heals the journal, and status says so */
+    release_syncs(false);
+    for (int i = 0; i < 100 && jerr[0]; i++) {
+        usleep(50 * 1000);
+        journal_error_of(b, 24 + (uint64_t)i, jerr, sizeof jerr);
+    }
+    CHECK_EQ_INT(jerr[0], 0);
+    /* records are durable again: a commit is answered Ok */
+    send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 14, 10);
+    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_OK);
+    CHECK_EQ_INT(r.request_id, 14);
+
     zmq_close(a);
     zmq_close(b);
     zmq_ctx_term(zctx);
     uv_async_send(&stopper);
     pthread_join(th, NULL);
+    broker_destroy(&the_broker);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+
+    /* a broker restarted on the journal replays the state made during and after the failure */
+    cfg.endpoint[0] = cfg.pub_endpoint[0] = '\0';
+    uv_loop_init(&loop);
+    the_broker = broker_new(&loop, &cfg, &err);
+    CHECK(the_broker != NULL);
+    if (the_broker) {
+        static wire_status st;
+        broker_status(the_broker, &st);
+        CHECK_EQ_INT(st.committed_step, 10);
+        CHECK_EQ_INT(st.journal_error[0], 0);
+    }
     broker_destroy(&the_broker);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);

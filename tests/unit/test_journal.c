@@ -1,7 +1,8 @@
 /* test_journal: the broker's journal gives back exactly what was appended after a restart; a
  * crash mid-append (torn final record, cut at any byte) loses only that record; corruption in the
  * middle, a foreign file or a future version refuse to start instead of silently losing batches;
- * compaction replaces the file atomically; a journal has one owner at a time. */
+ * compaction replaces the file atomically, and heals a journal a failed write broke; a journal
+ * has one owner at a time. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,6 +334,95 @@ static void test_writer(void)
     unlink(path);
 }
 
+/* Writer mode, a disk that fails and comes back: a failed sync breaks the journal (later appends
+ * fail at once); a rewrite queued then heals it once the disk takes it, and the record queued
+ * behind that rewrite is written too (it used to be refused, and the journal stayed broken). */
+static bool disk_full;
+static int full_disk_sync(void *ctx, int fd)
+{
+    (void)ctx;
+    if (__atomic_load_n(&disk_full, __ATOMIC_SEQ_CST)) return DFLASH_EIO;
+    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
+}
+
+static void on_done_until(void *ctx, uint64_t done, uint64_t fail)
+{
+    writer_seen *w = ctx;
+    (void)fail;
+    w->done = done;
+    if (done >= w->until) uv_stop(w->loop);
+}
+
+static void test_writer_heals(void)
+{
+    unlink(path);
+    journal *j = journal_open(path, NULL, NULL, NULL);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    writer_seen w = {.loop = &loop};
+    journal_set_sync_hook(j, full_disk_sync, NULL);
+    CHECK_EQ_INT(journal_writer_start(j, &loop, on_done_until, &w), 0);
+    __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
+    CHECK_EQ_INT(journal_append(j, 1, "lost", 4, true), 0);
+    w.until = journal_last_seq(j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK(journal_failure(j) != NULL);
+    CHECK_EQ_INT(journal_fail_seq(j), 1);
+    CHECK_EQ_INT(journal_append(j, 2, "refused", 7, false), DFLASH_EIO);
+    __atomic_store_n(&disk_full, false, __ATOMIC_SEQ_CST);
+    CHECK_EQ_INT(journal_rewrite(j, emit_two, NULL), 0);
+    CHECK_EQ_INT(journal_rewrite(j, emit_two, NULL), 0); /* one is under way: not queued again */
+    CHECK_EQ_INT(journal_last_seq(j), 2);
+    CHECK_EQ_INT(journal_append(j, 9, "behind", 6, true), 0);
+    w.until = journal_last_seq(j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK(journal_failure(j) == NULL);
+    CHECK_EQ_INT(journal_fail_seq(j), 0);
+    CHECK_EQ_INT(journal_done_seq(j), 3);
+    journal_destroy(&j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_EQ_INT(uv_loop_close(&loop), 0);
+    seen s = {0};
+    j = journal_open(path, collect, &s, NULL);
+    CHECK_EQ_INT(s.n, 3); /* the snapshot's two records, then the one behind it */
+    CHECK_EQ_INT(s.type[0], 7);
+    CHECK_EQ_INT(s.type[2], 9);
+    journal_destroy(&j);
+    unlink(path);
+}
+
+/* Writer mode: a compaction that fails (its temporary file cannot be synced) keeps the long
+ * journal, and journal_size says so: it used to report the snapshot's size, as if the rewrite
+ * had succeeded, while the file in use kept growing from its old size. */
+static void test_writer_failed_compaction_size(void)
+{
+    unlink(path);
+    journal *j = journal_open(path, NULL, NULL, NULL);
+    for (int i = 0; i < 100; i++) CHECK_EQ_INT(journal_append(j, 1, "long", 4, false), 0);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    writer_seen w = {.loop = &loop};
+    journal_set_sync_hook(j, full_disk_sync, NULL);
+    CHECK_EQ_INT(journal_writer_start(j, &loop, on_done_until, &w), 0);
+    __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
+    CHECK_EQ_INT(journal_rewrite(j, emit_two, NULL), 0); /* queued; fails in the writer */
+    CHECK_EQ_INT(journal_append(j, 9, "after", 5, false), 0);
+    w.until = journal_last_seq(j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    __atomic_store_n(&disk_full, false, __ATOMIC_SEQ_CST);
+    CHECK(journal_failure(j) == NULL); /* a failed compaction does not break the journal */
+    struct stat st;
+    CHECK_EQ_INT(stat(path, &st), 0);
+    printf("after the failed compaction: journal_size %llu, file %llu bytes\n",
+           (unsigned long long)journal_size(j), (unsigned long long)st.st_size);
+    CHECK_EQ_INT(journal_size(j), (uint64_t)st.st_size);
+    CHECK_EQ_INT(journal_records(j), 101);
+    journal_destroy(&j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_EQ_INT(uv_loop_close(&loop), 0);
+    unlink(path);
+}
+
 /* One owner at a time: a second open of a journal in use (a second dflash-queue started on the
  * same runtime dir) used to succeed, cut the first one's tail as "torn" and write over its
  * records. It is refused while the first is open and allowed once it is closed. */
@@ -366,6 +456,8 @@ int main(void)
     test_corrupt();
     test_rewrite();
     test_writer();
+    test_writer_heals();
+    test_writer_failed_compaction_size();
     unlink(path);
     test_single_owner();
     test_rmtree(dir); /* the journals' .lock files stay beside them */

@@ -1,7 +1,8 @@
 /* test_ledger: the training ledger keeps the promise of DESIGN section 5: after any sequence of
  * broker, target and drafter kills, every batch of every epoch ends in the final model exactly
  * once. Also: hand-out order and epochs, double acks rejected, commit and rewind, quarantine,
- * orphans after a broker restart, replay after a crash at every byte of the last record. */
+ * orphans after a broker restart, replay after a crash at every byte of the last record, a
+ * failed journal healed from memory, a failed compaction not retried at every record. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,8 @@
 #include "err.h"
 #include "ledger.h"
 #include "test_files.h"
+
+#include <uv.h>
 
 static char dir[256];
 static char path[300];
@@ -576,6 +579,122 @@ static void test_exactly_once(void)
     unlink(path);
 }
 
+/* A disk that is full while *ctx: syncs fail (a journal sync hook). */
+static int full_disk_sync(void *ctx, int fd)
+{
+    if (__atomic_load_n((const bool *)ctx, __ATOMIC_SEQ_CST)) return DFLASH_EIO;
+    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
+}
+
+/* A journal that failed (a full disk) used to stay broken until a restart, which replayed it as
+ * written before the failure: acks and commits since were lost. ledger_journal_heal rewrites it
+ * from memory once the disk takes it; a restart then sees what changed while it was failing. */
+static void test_journal_heals(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 0);
+    bool full = false;
+    ledger_set_sync_hook(l, full_disk_sync, &full);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){4}), 0);
+    batch_id b[4];
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(ledger_next_todo(l, 0, &b[i]), 0);
+    CHECK_EQ_INT(ledger_ack(l, &b[0], 1), 0);
+    CHECK_EQ_INT(ledger_journal_heal(l), 0); /* nothing to heal */
+    full = true;
+    CHECK_EQ_INT(ledger_commit(l, 1), DFLASH_EIO); /* the journal breaks here */
+    CHECK(ledger_journal_failure(l) != NULL);
+    CHECK_EQ_INT(ledger_ack(l, &b[1], 2), 0); /* in memory only, for now */
+    CHECK_EQ_INT(ledger_ack(l, &b[2], 3), 0);
+    CHECK_EQ_INT(ledger_journal_heal(l), DFLASH_EIO); /* the disk is still full */
+    CHECK(ledger_journal_failure(l) != NULL);
+    full = false;
+    CHECK_EQ_INT(ledger_journal_heal(l), 0);
+    CHECK(ledger_journal_failure(l) == NULL);
+    CHECK_EQ_INT(ledger_commit(l, 2), 1); /* records are taken again: b[1] */
+    ledger_destroy(&l);
+
+    l = open_ledger(path, 0, 0);
+    uint64_t step = 0;
+    CHECK_EQ_INT(state_of(l, 0, 0, 0, NULL), BATCH_COMMITTED);
+    CHECK_EQ_INT(state_of(l, 0, 0, 1, NULL), BATCH_COMMITTED);
+    CHECK_EQ_INT(state_of(l, 0, 0, 2, &step), BATCH_TRAINED); /* acked while it was failing */
+    CHECK_EQ_INT(step, 3);
+    CHECK_EQ_INT(state_of(l, 0, 0, 3, NULL), BATCH_IN_FLIGHT); /* an orphan of the restart */
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.last_commit_step, 2);
+    CHECK_EQ_INT(st.orphaned, 1);
+    ledger_destroy(&l);
+    unlink(path);
+}
+
+/* The loop runs until the journal reports *until done. */
+typedef struct {
+    uv_loop_t *loop;
+    uint64_t until;
+} done_wait;
+
+static void done_until(void *ctx, uint64_t done, uint64_t fail)
+{
+    done_wait *w = ctx;
+    (void)fail;
+    if (done >= w->until) uv_stop(w->loop);
+}
+
+/* Runs the loop until every journal record queued so far is reported done. */
+static void run_until_done(ledger *l, done_wait *w)
+{
+    uint64_t done, fail;
+    w->until = ledger_journal_seq(l);
+    ledger_journal_progress(l, &done, &fail);
+    if (done < w->until) uv_run(w->loop, UV_RUN_DEFAULT);
+}
+
+/* One record each: hands out a batch, or gives it back (a long journal of a small ledger). */
+static void churn(ledger *l, int i, batch_id *b)
+{
+    if (i % 2 == 0) CHECK_EQ_INT(ledger_next_todo(l, 0, b), 0);
+    else CHECK_EQ_INT(ledger_requeue(l, b), 0);
+}
+
+/* Writer mode: a compaction the disk refuses leaves the long journal, journal_bytes says so (it
+ * used to report the failed snapshot's size), and the ledger waits for the journal to double
+ * before it tries again instead of queuing a new snapshot at every record. */
+static void test_failed_compaction_backs_off(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 4096);
+    bool full = false;
+    ledger_set_sync_hook(l, full_disk_sync, &full);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    done_wait w = {&loop, 0};
+    CHECK_EQ_INT(ledger_writer_start(l, &loop, done_until, &w), 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){10}), 0);
+    run_until_done(l, &w);
+    __atomic_store_n(&full, true, __ATOMIC_SEQ_CST); /* each compaction's temporary file fails */
+    batch_id b;
+    uint64_t expect = ledger_journal_seq(l);
+    int i = 0;
+    for (; i < 1000 && ledger_journal_seq(l) == expect; i++, expect++) churn(l, i, &b);
+    CHECK(i < 1000); /* a compaction was queued */
+    run_until_done(l, &w); /* the writer fails it */
+    CHECK(ledger_journal_failure(l) == NULL);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    struct stat fst;
+    CHECK_EQ_INT(stat(path, &fst), 0);
+    CHECK_EQ_INT(st.journal_bytes, (uint64_t)fst.st_size); /* the long journal is in use */
+    uint64_t seq = ledger_journal_seq(l);
+    for (int k = 0; k < 20; k++) churn(l, i + k, &b);
+    CHECK_EQ_INT(ledger_journal_seq(l) - seq, 20); /* 20 records, no new compaction */
+    run_until_done(l, &w);
+    ledger_destroy(&l);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_EQ_INT(uv_loop_close(&loop), 0);
+    unlink(path);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -592,6 +711,8 @@ int main(void)
     test_replay_and_orphans();
     test_truncation_every_byte();
     test_exactly_once();
+    test_journal_heals();
+    test_failed_compaction_backs_off();
     test_rmtree(dir); /* the journals' .lock files stay beside them */
     CHECK_DONE();
 }

@@ -185,8 +185,8 @@ static void print_status(const wire_status *s, uint64_t incarnation)
     printf("health    mix TV distance %.4f  malformed messages %" PRIu64 "  journal %s\n",
            s->tv_distance, s->malformed, s->journal_error[0] ? "FAILING" : "ok");
     if (s->journal_error[0])
-        printf("JOURNAL   %s: nothing since is durable; once the disk has room, restart the "
-               "broker\n", s->journal_error);
+        printf("JOURNAL   %s: nothing since is durable; the broker retries and recovers once "
+               "the disk has room (do not restart it before)\n", s->journal_error);
     print_buckets(s);
     print_groups(s);
 }

@@ -39,15 +39,15 @@ Drafting one block after the prompt ids [1, S+1] (its last token is the anchor):
     draft = target.lm_head(drafter(emb, ctx)).argmax(-1)[:, 1:]   # block_size - 1 tokens
 
 or the whole greedy speculative decoding loop, the target verifying every block (the output is
-the target's own greedy continuation; self.acceptance holds each cycle's accepted length):
+the target's own greedy continuation; drafter.acceptance holds each cycle's accepted length):
     out = drafter.spec_generate(input_ids=ids, target=target, max_new_tokens=512,
                                 stop_token_ids=[tokenizer.eos_token_id])
 
 A reference implementation, not a fast one: the drafter keeps no KV cache (each block attends
 over the whole context again), attention is plain matrix products (memory grows with
-Q x (S + Q)), one prompt at a time, greedy only. Serve with SGLang or vLLM. Without transformers installed the classes still
-import (the base class is then torch.nn.Module), which is how dflash's own tests check the maths
-against the training code.
+Q x (S + Q)), one prompt at a time, greedy only. Serve with SGLang or vLLM.
+Without transformers installed the classes still import (the base class is then
+torch.nn.Module), which is how dflash's own tests check the maths against the training code.
 """
 import math
 

@@ -21,8 +21,8 @@ Last, dflash.py's spec_generate (greedy speculative decoding, the target verifyi
 with a float64 stand-in target of transformers' calling convention (target_ref.py's Qwen3
 forward, the KV cache being the token prefix): its output must be exactly the target's greedy
 decoding, and what each cycle accepted what the offline trajectory over that output finds (the
-drafter given the right context). The stand-in's lm_head ranks only two tokens, so drafts and target agree often and
-cycles accept several tokens.
+drafter given the right context). The stand-in's lm_head ranks only two tokens, so drafts and
+target agree often and cycles accept several tokens.
 Exit 0 pass, 1 mismatch, 77 when torch is missing.
 """
 import argparse

@@ -18,11 +18,16 @@
  * record describes the operation, e.g. COMMIT(step), not its effects); replay at open runs the
  * same apply_* functions, so memory after replay equals memory before the crash minus at most the
  * torn final record. Each open appends a BOOT record, which on replay orphans what was in flight
- * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND and PLAN are fsynced: a
- * power loss can forget recent hand-outs (a target's re-registration adopts them) and acks after
- * the last checkpoint (those batches are not committed and a drafter resuming from that
- * checkpoint retrains them anyway). A failed append leaves memory ahead of the journal; the
+ * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND, PLAN and SETTINGS are
+ * fsynced: a power loss can forget recent hand-outs (a target's re-registration adopts them) and
+ * acks after the last checkpoint (those batches are not committed and a drafter resuming from
+ * that checkpoint retrains them anyway). A failed append leaves memory ahead of the journal; the
  * snapshot that ledger_journal_heal writes is taken from memory, so it holds those operations.
+ *
+ * Broker settings: the operator's runtime steering (dflash-ctl set, pause, resume, drain) is an
+ * opaque payload the broker encodes (steering.h); the ledger keeps the last one, journals it as
+ * a SETTINGS record (fsynced, like COMMIT), hands the replayed one back and repeats it in every
+ * snapshot, so a compaction or a heal keeps it.
  *
  * Failed deliveries: each entry counts the deliveries of its batch that ended untrained (a lease
  * that expired, a drafter that died holding it), journaled as FAIL records, so the count
@@ -59,6 +64,7 @@ enum {
     REC_SNAP_DONE = 14,  /* compaction: an epoch whose every batch is committed (+ done_step) */
     REC_FAIL = 15,       /* a delivery of an in-flight batch ended untrained */
     REC_SNAP_FAILS = 16, /* compaction: a batch's failed deliveries (batch + u16 count) */
+    REC_SETTINGS = 17,   /* the broker's runtime settings: an opaque payload, the last one wins */
 };
 #define SNAP_ORPHAN 0x80 /* state byte flag in snapshot chunks */
 
@@ -95,6 +101,8 @@ struct ledger {
     uint64_t double_acks, stale_acks, last_commit_step, replayed;
     uint64_t compact_at;
     uint64_t compactions_failed; /* journal_rewrite_failures when compact_at was last set */
+    uint8_t *settings;           /* the broker's last settings payload (NULL: none) */
+    uint32_t settings_len;
 };
 
 const char *batch_state_name(batch_state s)
@@ -231,7 +239,7 @@ static int64_t open_epoch(ledger *l)
     return (int64_t)l->n_epochs - 1;
 }
 
-static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, bool sync);
+static int journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, bool sync);
 static void maybe_compact(ledger *l);
 
 static void pack_batch(uint8_t *p, const batch_id *b)
@@ -431,12 +439,26 @@ static uint64_t apply_orphans(ledger *l)
     return n;
 }
 
+/* Replaces the kept settings payload with a copy of p. 0 or DFLASH_ENOMEM (the old one kept). */
+static int keep_settings(ledger *l, const void *p, uint32_t len)
+{
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!copy) return DFLASH_ENOMEM;
+    if (len) memcpy(copy, p, len);
+    free(l->settings);
+    l->settings = copy;
+    l->settings_len = len;
+    return 0;
+}
+
 /* --- journal glue --------------------------------------------------------------------------- */
 
 
-static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, bool sync)
+/* Appends one record (see "Durability"). 0, or the append's code: the record is in memory only
+ * (said once; the callers that promise durability report it). */
+static int journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, bool sync)
 {
-    if (!l->j || l->replaying) return;
+    if (!l->j || l->replaying) return 0;
     int rc = journal_append(l->j, type, p, len, sync && l->params.fsync);
     if (rc) {
         /* Memory stays authoritative for this run; a restart would lose this operation. Said
@@ -446,10 +468,11 @@ static void journal_rec(ledger *l, uint16_t type, const void *p, uint32_t len, b
             LOG_ERROR("ledger: journal append failed (%s); state since is not durable",
                       err_str(rc));
         l->append_failed_said = true;
-        return;
+        return rc;
     }
     l->append_failed_said = false; /* taken (again, after a heal): a new failure is said */
     maybe_compact(l);
+    return 0;
 }
 
 static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t len)
@@ -579,6 +602,9 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
         /* Older snapshots have no step: the last commit (after SNAP_META) bounds it. */
         l->ep[get32(p)].done_step = len == 12 ? get64(p + 4) : l->last_commit_step;
         break;
+    case REC_SETTINGS:
+        if (keep_settings(l, p, len)) return DFLASH_ENOMEM;
+        break;
     default:
         LOG_ERROR("ledger: unknown journal record type %u", type);
         return DFLASH_ECORRUPT;
@@ -627,6 +653,7 @@ void ledger_destroy(ledger **lp)
     for (uint32_t e = 0; e < l->n_epochs; e++)
         for (uint32_t b = 0; b < l->n_buckets; b++) free(l->ep[e].e[b]);
     free(l->ep);
+    free(l->settings);
     journal_destroy(&l->j);
     free(l);
     *lp = NULL;
@@ -748,6 +775,20 @@ int64_t ledger_rewind(ledger *l, uint64_t step)
     return n;
 }
 
+int ledger_set_settings(ledger *l, const void *p, uint32_t len)
+{
+    if (len > JOURNAL_MAX_PAYLOAD) return DFLASH_EINVAL;
+    int rc = keep_settings(l, p, len);
+    if (rc) return rc;
+    return journal_rec(l, REC_SETTINGS, p, len, true) ? DFLASH_EIO : 0;
+}
+
+const void *ledger_settings(const ledger *l, uint32_t *len)
+{
+    *len = l->settings ? l->settings_len : 0;
+    return l->settings;
+}
+
 int ledger_get(const ledger *l, const batch_id *b, batch_state *state, uint64_t *step)
 {
     if (l->n_buckets == 0 || b->bucket >= l->n_buckets || b->index >= l->per[b->bucket] ||
@@ -788,6 +829,9 @@ static int emit_snapshot(void *ctx, journal *t)
     put64(meta + 16, l->stale_acks);
     put32(meta + 24, l->n_epochs);
     if ((rc = journal_append(t, REC_SNAP_META, meta, sizeof meta, false))) return rc;
+    if (l->settings &&
+        (rc = journal_append(t, REC_SETTINGS, l->settings, l->settings_len, false)))
+        return rc;
     uint8_t *buf = malloc(16 + 9ull * SNAP_CHUNK);
     if (!buf) return DFLASH_ENOMEM;
     for (uint32_t e = 0; e < l->n_epochs && !rc; e++) {

@@ -28,9 +28,13 @@
  * period, e.g. two lease timeouts) returns the rest to TODO.
  *
  * Journal records: PLAN, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE, FAIL,
- * COMMIT(step) and REWIND(step) (fsynced), SNAPSHOT (compaction). Replay reapplies them in order.
+ * COMMIT(step) and REWIND(step) (fsynced), SETTINGS (the broker's runtime settings, an opaque
+ * payload; fsynced), SNAPSHOT (compaction). Replay reapplies them in order. A journal holding a
+ * record type this build does not know (written by a newer one) does not open: DFLASH_ECORRUPT,
+ * logged as "unknown journal record type".
  *
- * Durability: by default every record is written (COMMIT, REWIND and PLAN also fdatasynced)
+ * Durability: by default every record is written (COMMIT, REWIND, PLAN and SETTINGS also
+ * fdatasynced)
  * before the call returns. After ledger_writer_start the journal's disk I/O runs on its writer
  * thread (journal.h): calls return once the record is queued, ledger_journal_seq() names the
  * last record queued, and the done callback (loop thread) reports which are durable; a caller
@@ -70,7 +74,7 @@ typedef struct ledger ledger;
 typedef struct {
     const char *journal_path; /* NULL: in memory only (tests, bench) */
     uint32_t max_epochs;      /* 0 = unlimited */
-    bool fsync;               /* fsync COMMIT and REWIND records (true in production) */
+    bool fsync;               /* fsync COMMIT, REWIND, PLAN, SETTINGS (true in production) */
     uint64_t compact_bytes;   /* rewrite the journal as a snapshot past this size; 0 = never */
 } ledger_params;
 
@@ -150,6 +154,17 @@ int64_t ledger_commit(ledger *l, uint64_t step);
  * fsync. Returns the number rewound (>= 0) or a negative code: DFLASH_ESTATE, nothing changed,
  * when a finished epoch holds a batch trained after step (which ones is no longer known). */
 int64_t ledger_rewind(ledger *l, uint64_t step);
+
+/* The broker's runtime settings (steering.h; opaque here): keeps a copy of the len bytes at p as
+ * the last settings, journals them (fsynced like COMMIT) and repeats them in every snapshot.
+ * Returns 0, DFLASH_EINVAL (longer than a journal record), DFLASH_ENOMEM (nothing changed), or
+ * DFLASH_EIO: kept in memory, but the journal is failing (ledger_journal_failure), so they are
+ * durable only once ledger_journal_heal succeeds. In writer mode 0 means queued: durable when
+ * the writer reports ledger_journal_seq() done, failed when it reports it failed. */
+int ledger_set_settings(ledger *l, const void *p, uint32_t len);
+/* The last settings kept (set, or replayed from the journal at ledger_new), with their length in
+ * *len; NULL (and 0) when none. Valid until the next ledger_set_settings or ledger_destroy. */
+const void *ledger_settings(const ledger *l, uint32_t *len);
 
 /* State (and training step, 0 unless TRAINED/COMMITTED) of b; either out pointer may be NULL.
  * A batch of an epoch not opened yet is TODO. DFLASH_ERANGE outside the plan (or no plan). */

@@ -2,7 +2,8 @@
  * broker, target and drafter kills, every batch of every epoch ends in the final model exactly
  * once. Also: hand-out order and epochs, double acks rejected, commit and rewind, quarantine,
  * orphans after a broker restart, replay after a crash at every byte of the last record, a
- * failed journal healed from memory, a failed compaction not retried at every record. */
+ * failed journal healed from memory, a failed compaction not retried at every record, the
+ * broker's settings payload kept across reopens, compactions and heals. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -628,6 +629,46 @@ static void test_journal_heals(void)
     unlink(path);
 }
 
+/* True when l's settings payload is the string want (with its NUL). */
+static bool settings_are(const ledger *l, const char *want)
+{
+    uint32_t len;
+    const void *p = ledger_settings(l, &len);
+    return p && len == strlen(want) + 1 && memcmp(p, want, len) == 0;
+}
+
+/* The broker's runtime settings (an opaque payload; the last one counts) survive a reopen, a
+ * compaction, and a journal that failed while they were set and was healed from memory. */
+static void test_settings_kept(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 0);
+    uint32_t len = 1;
+    CHECK(ledger_settings(l, &len) == NULL && len == 0);
+    CHECK_EQ_INT(ledger_set_settings(l, "paused", 7), 0);
+    CHECK_EQ_INT(ledger_set_settings(l, "draining", 9), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(settings_are(l, "draining"));
+    CHECK_EQ_INT(ledger_compact(l), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(settings_are(l, "draining")); /* from the snapshot */
+
+    bool full = true;
+    ledger_set_sync_hook(l, full_disk_sync, &full);
+    CHECK_EQ_INT(ledger_set_settings(l, "running", 8), DFLASH_EIO); /* fsynced: the journal breaks */
+    CHECK(ledger_journal_failure(l) != NULL);
+    CHECK(settings_are(l, "running")); /* memory holds it */
+    full = false;
+    CHECK_EQ_INT(ledger_journal_heal(l), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(settings_are(l, "running"));
+    ledger_destroy(&l);
+    unlink(path);
+}
+
 /* The loop runs until the journal reports *until done. */
 typedef struct {
     uv_loop_t *loop;
@@ -712,6 +753,7 @@ int main(void)
     test_truncation_every_byte();
     test_exactly_once();
     test_journal_heals();
+    test_settings_kept();
     test_failed_compaction_backs_off();
     test_rmtree(dir); /* the journals' .lock files stay beside them */
     CHECK_DONE();

@@ -14,6 +14,16 @@
  * Policy: created at the first pool registration, because the bucket count comes from the
  * target; settings made before then are kept in cfg and applied at creation.
  *
+ * Runtime steering (steering.h): every set, pause, resume and drain journals the mode and the
+ * live values that differ from `configured` (cfg as the flags, env and file gave it) as the
+ * ledger's settings record, and is answered like a commit: once that record is durable, Error IO
+ * when it could not be (the change is in force anyway). broker_new restores the record after the
+ * replay (restore_steering): a value whose configuration is unchanged since it was set comes
+ * back, a changed configuration wins (all configured values win when the restored ones do not
+ * fit together, live_check), the mode comes back as it was. A restored drain keeps today's
+ * semantics: pending_mode is DRAINING before any pool registers, so claims end at once
+ * (drained()) and a target that registers gets SHUTDOWN.
+ *
  * Restart fence (defect: a re-registering target's slots were all taken as FREE, so a slot a
  * drafter was still copying under the old broker's lease could be handed out for refilling):
  * PoolRegister carries busy_slots, the slots the target published and was not handed back in a
@@ -34,8 +44,9 @@
  * into a list) and sent by on_journal_done once the writer reports it durable; a peer's replies
  * keep their order (its tickets never decrease), and other peers' claims, releases and
  * heartbeats are answered during an fsync. A reply thus never reports state less durable than
- * before the change (records written before the reply; COMMIT/REWIND/PLAN fdatasynced). If the record of a
- * CheckpointCommitted or ResumeFrom could not be written or synced, its reply is Error IO, unless
+ * before the change (records written before the reply; COMMIT/REWIND/PLAN/SETTINGS fdatasynced).
+ * If the record of a CheckpointCommitted, ResumeFrom or steering verb could not be written or
+ * synced, its reply is Error IO, unless
  * a healing rewrite made it durable before the failure was reported (journal_watch: the reply is
  * then the handler's). A journal that failed is rewritten from memory every journal_retry_ms
  * until that succeeds (journal_watch).
@@ -55,6 +66,7 @@
 #include "ledger.h"
 #include "log.h"
 #include "policy.h"
+#include "steering.h"
 #include "zloop.h"
 
 #include <assert.h>
@@ -251,7 +263,7 @@ typedef struct deferred_reply {
     struct deferred_reply *next;
     uint64_t ticket;
     uint64_t request_id;
-    bool fail_on_io;  /* CheckpointCommitted / ResumeFrom: Error IO if the record failed */
+    bool fail_on_io;  /* CheckpointCommitted, ResumeFrom, steering: Error IO if the record failed */
     size_t rid_len, len;
     uint8_t rid[256];
     uint8_t msg[];    /* the packed reply */
@@ -260,6 +272,7 @@ typedef struct deferred_reply {
 struct broker {
     uv_loop_t *loop;
     queue_config cfg;
+    queue_config configured;       /* cfg as configured at start-up (flags, env, file) */
     uint64_t incarnation;
     uint64_t start_ms;
     void *zctx, *router, *pub, *zap;
@@ -1307,27 +1320,20 @@ static int apply_live(broker *b, const queue_config *c, bool shares_changed)
     return 0;
 }
 
-int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
+/* Whether next's live values may run together on b (log level, shares, depth against the
+ * largest group and the reservoir). 0 or a code with the reason in err (may be NULL). */
+static int live_check(broker *b, const queue_config *next, char *err, size_t err_len)
 {
-    queue_config next = b->cfg;
-    for (uint32_t i = 0; i < set->n; i++) {
-        int rc = config_set(&queue_table, &next, set->kv[i].key, set->kv[i].value, true, err,
-                            err_len);
-        if (rc == DFLASH_ENOTFOUND && err) snprintf(err, err_len, "%s: no such option", set->kv[i].key);
-        if (rc == DFLASH_EDENIED && err)
-            snprintf(err, err_len, "%s: not live (restart with the new value)", set->kv[i].key);
-        if (rc) return rc;
-    }
     log_level lvl;
-    if (log_level_parse(next.log_level, &lvl)) {
-        if (err) snprintf(err, err_len, "log-level: '%s' unknown", next.log_level);
+    if (log_level_parse(next->log_level, &lvl)) {
+        if (err) snprintf(err, err_len, "log-level: '%s' unknown", next->log_level);
         return DFLASH_EINVAL;
     }
-    if (next.shares[0]) {
+    if (next->shares[0]) {
         double sh[WIRE_MAX_BUCKETS];
         uint32_t n = b->policy ? b->n_buckets : 0;
         double sum = 0;
-        int rc = parse_shares(next.shares, n, sh);
+        int rc = parse_shares(next->shares, n, sh);
         for (uint32_t i = 0; i < n && !rc; i++) sum += sh[i];
         if (rc || (n && sum <= 0)) {
             if (err && n)
@@ -1339,14 +1345,56 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
         }
     }
     uint32_t largest = group_largest(b->groups);
-    if (next.max_depth < (int64_t)largest) {
+    if (next->max_depth < (int64_t)largest) {
         if (err)
             snprintf(err, err_len, "max-depth %lld is smaller than one step of the largest "
                      "drafter group (%u ranks, one slot each): its steps could never be "
-                     "reserved", (long long)next.max_depth, largest);
+                     "reserved", (long long)next->max_depth, largest);
         return DFLASH_ERANGE;
     }
-    int rc = depth_check(&next, largest, err, err_len);
+    return depth_check(next, largest, err, err_len);
+}
+
+/* Journals the runtime steering (mode, live values that differ from the configured ones) as
+ * the ledger's settings record (fsynced; the reply waits for it: "Journal and replies"); a
+ * restarted broker restores it (restore_steering). Returns 0, or a code with why (may be NULL)
+ * telling the operator the change is in force but a restart would not keep it.
+ * steering_payload: that payload in buf; its length or DFLASH_ENOMEM. */
+static int steering_payload(broker *b, uint8_t *buf, size_t cap)
+{
+    steering_state st;
+    steering_capture(&queue_table, &b->configured, &b->cfg, b->pending_mode, &st);
+    return steering_encode(&st, buf, cap);
+}
+
+static int journal_steering(broker *b, char *why, size_t why_len)
+{
+    static uint8_t buf[STEERING_PAYLOAD_MAX]; /* loop thread only */
+    int n = steering_payload(b, buf, sizeof buf);
+    int rc = n < 0 ? n : ledger_set_settings(b->ledger, buf, (uint32_t)n);
+    if (!rc) return 0;
+    const char *jf = ledger_journal_failure(b->ledger);
+    char msg[400];
+    snprintf(msg, sizeof msg, "in force, but the journal did not take it (%s): a broker restart "
+             "would forget it until the journal heals (dflash-ctl status)",
+             jf ? jf : err_str(rc));
+    LOG_WARN("runtime settings %s", msg);
+    if (why) snprintf(why, why_len, "%s", msg);
+    return rc;
+}
+
+int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
+{
+    queue_config next = b->cfg;
+    for (uint32_t i = 0; i < set->n; i++) {
+        int rc = config_set(&queue_table, &next, set->kv[i].key, set->kv[i].value, true, err,
+                            err_len);
+        if (rc == DFLASH_ENOTFOUND && err) snprintf(err, err_len, "%s: no such option", set->kv[i].key);
+        if (rc == DFLASH_EDENIED && err)
+            snprintf(err, err_len, "%s: not live (restart with the new value)", set->kv[i].key);
+        if (rc) return rc;
+    }
+    int rc = live_check(b, &next, err, err_len);
     if (rc) return rc;
     bool shares_changed = strcmp(next.shares, b->cfg.shares) != 0;
     b->cfg = next;
@@ -1354,14 +1402,14 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
     warn_reservoir(b);
     for (uint32_t i = 0; i < set->n; i++)
         LOG_INFO("set %s = %s", set->kv[i].key, set->kv[i].value);
-    return 0;
+    return journal_steering(b, err, err_len);
 }
 
 static void on_set(broker *b, const wire_msg *m, wire_msg *r)
 {
-    char err[200] = "";
+    char err[400] = "";
     int rc = broker_set(b, &m->u.settings, err, sizeof err);
-    if (rc) return reply_error(b, r, m->request_id, rc, "%s", err);
+    if (rc && rc != DFLASH_EIO) return reply_error(b, r, m->request_id, rc, "%s", err);
     reply_init(b, r, WIRE_SET_CONFIG_REPLY, m->request_id);
     r->u.settings.n = m->u.settings.n;
     for (uint32_t i = 0; i < m->u.settings.n; i++) {
@@ -1370,6 +1418,7 @@ static void on_set(broker *b, const wire_msg *m, wire_msg *r)
         config_get(&queue_table, &b->cfg, kv->key, kv->value, sizeof kv->value);
     }
     publish(b, "config", r);
+    if (rc) reply_error(b, r, m->request_id, rc, "%s", err); /* in force, not durable */
 }
 
 static void on_mode(broker *b, const wire_msg *m, wire_msg *r, policy_mode mode)
@@ -1380,7 +1429,11 @@ static void on_mode(broker *b, const wire_msg *m, wire_msg *r, policy_mode mode)
         if (rc) return reply_error(b, r, m->request_id, rc, "mode change refused");
     }
     LOG_INFO("mode: %s", policy_mode_name(mode));
-    reply_ok(b, r, m->request_id, 0);
+    char why[400];
+    if (journal_steering(b, why, sizeof why))
+        reply_error(b, r, m->request_id, DFLASH_EIO, "%s", why);
+    else
+        reply_ok(b, r, m->request_id, 0);
     wire_msg a;
     reply_init(b, &a, WIRE_SET_CONFIG_REPLY, 0);
     a.u.settings.n = 1;
@@ -1523,7 +1576,8 @@ out:
         b->dispatch_ticket = p ? p->journal_ticket : 0;
     if (p) p->journal_ticket = b->dispatch_ticket;
     b->dispatch_request_id = m.request_id;
-    b->dispatch_fail_on_io = m.type == WIRE_CHECKPOINT_COMMITTED || m.type == WIRE_RESUME_FROM;
+    b->dispatch_fail_on_io = m.type == WIRE_CHECKPOINT_COMMITTED || m.type == WIRE_RESUME_FROM ||
+                             is_steering(m.type);
     wire_msg_clear(&m);
     return wire_pack(&r, out, cap);
 }
@@ -1901,6 +1955,42 @@ static void *bind_socket(broker *b, int type, const char *endpoint, int *err)
     return s;
 }
 
+/* The steering a previous broker journaled (dflash-ctl set, pause, drain), back in force by the
+ * rule of steering.h; journaled again when the configuration won somewhere, so that a later
+ * restart compares with what is in force now. Runtime values that do not fit together with the
+ * configuration now (e.g. a restored min-ready above a lowered max-depth) are all dropped. */
+static void restore_steering(broker *b)
+{
+    uint32_t len;
+    const void *p = ledger_settings(b->ledger, &len);
+    steering_state js;
+    if (!p) return;
+    if (steering_decode(p, len, &js)) {
+        LOG_WARN("the journal's runtime settings record is damaged: running with the "
+                 "configuration, not paused or draining (give dflash-ctl set/pause/drain again "
+                 "if they are still wanted)");
+        return;
+    }
+    queue_config next = b->cfg;
+    char why[400];
+    if (steering_restore(&queue_table, &js, &next) && live_check(b, &next, why, sizeof why)) {
+        LOG_WARN("the runtime settings restored from the journal do not fit the configuration "
+                 "now (%s): running with the configured values", why);
+        next = b->cfg;
+    }
+    b->cfg = next;
+    b->pending_mode = js.mode;
+    apply_live(b, &b->cfg, false); /* the log level; the policy comes with the first pool */
+    if (js.mode == POLICY_PAUSED)
+        LOG_WARN("was paused before the restart: still paused; `dflash-ctl resume` to continue");
+    else if (js.mode == POLICY_DRAINING)
+        LOG_WARN("was draining before the restart: still draining (no work units; claims end "
+                 "once nothing is left to hand out); `dflash-ctl resume` to run again");
+    static uint8_t now[STEERING_PAYLOAD_MAX]; /* loop thread only */
+    int n = steering_payload(b, now, sizeof now);
+    if (n >= 0 && ((uint32_t)n != len || memcmp(now, p, len) != 0)) journal_steering(b, NULL, 0);
+}
+
 broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
 {
     int dummy;
@@ -1910,6 +2000,7 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
     if (!b) return *err = DFLASH_ENOMEM, NULL;
     b->loop = loop;
     b->cfg = *cfg;
+    b->configured = *cfg;
     snprintf(b->cfg_applied_log, sizeof b->cfg_applied_log, "%s", cfg->log_level);
     b->incarnation = wire_new_incarnation();
     b->start_ms = now_ms(b);
@@ -1939,6 +2030,7 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
         *err = DFLASH_ENOMEM;
         goto fail;
     }
+    restore_steering(b);
     if (cfg->endpoint[0]) {
         b->zctx = zmq_ctx_new();
         if (!b->zctx) {

@@ -32,6 +32,10 @@
  * key gets ERROR DENIED for the steering verbs (set, pause, resume, drain); other verbs are
  * allowed. A tcp:// endpoint without CURVE is refused at start-up unless insecure-tcp (tests).
  *
+ * Steering (set, pause, resume, drain) is journaled and restored by a broker started again on
+ * the same journal (steering.h has the rule: an unchanged configuration lets the runtime value
+ * win, a changed one wins; paused and draining come back).
+ *
  * Thread: everything runs on the libuv loop thread given to broker_new. One cron timer does the
  * periodic work: peer expiry, lease expiry (policy_tick), the orphan grace period after a restart,
  * stats on PUB. Journal writes and fsyncs run on the journal's writer thread (journal.h); a reply
@@ -110,8 +114,10 @@ void broker_stop(broker *b);
 int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t *msg,
                     size_t len, uint8_t *out, size_t cap);
 
-/* Applies live settings (all or nothing). Returns 0 or DFLASH_ENOTFOUND/EINVAL/ERANGE/EDENIED
- * with a message in err. */
+/* Applies live settings (all or nothing) and journals the runtime steering (steering.h), so a
+ * restarted broker keeps them. Returns 0 or DFLASH_ENOTFOUND/EINVAL/ERANGE/EDENIED (nothing
+ * changed), or DFLASH_EIO (in force, but the journal is failing: not durable), with a message in
+ * err. */
 int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len);
 
 /* Fills the status (same as the STATUS reply). */

@@ -1,7 +1,10 @@
 /* itest_live_set: `dflash-ctl set min_ready=30 max_depth=90` changes the broker's behaviour
  * while it runs: before, the target gets FULL after 4 work units and a drafter is served while
  * 2 slots are ready; after, the target fills 90 slots and claims stop when 29 are left ready.
- * `dflash-ctl --json watch` started before the change sees the config announcement. */
+ * `dflash-ctl --json watch` started before the change sees the config announcement. Then
+ * `dflash-ctl pause`, and the broker is killed (SIGKILL) and started again with the same
+ * command line, as docker-compose restarts it: it is still paused with min_ready 30 and
+ * max_depth 90 (journaled), and runs again after `dflash-ctl resume`. */
 #include "check.h"
 #include "harness.h"
 
@@ -41,8 +44,9 @@ int main(int argc, char **argv)
     h_queue_endpoint(dir, ep, sizeof ep);
     /* liveness 100 (100 s): the target and drafter sessions stay quiet while the watcher and
      * dflash-ctl start (seconds under ASan on a loaded machine); expiry is not what this tests */
-    const char *extra[] = {"--journal=none", "--min-ready=2", "--max-depth=4", "--liveness=100",
-                           NULL};
+    char journal[128];
+    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
+    const char *extra[] = {journal, "--min-ready=2", "--max-depth=4", "--liveness=100", NULL};
     pid_t q = h_start_queue(argv[1], dir, extra);
     CHECK(q > 0);
     if (q <= 0) CHECK_DONE();
@@ -105,6 +109,19 @@ int main(int argc, char **argv)
 
     client_destroy(&d);
     client_destroy(&t);
+
+    /* the steering survives a crash and a restart with the same command line */
+    CHECK_EQ_INT(run_ctl(argv[2], dir, "pause", NULL, NULL), 0);
+    h_kill(q, SIGKILL);
+    q = h_start_queue(argv[1], dir, extra);
+    CHECK(q > 0);
+    CHECK_EQ_INT(h_broker_status(ep, &s), 0);
+    CHECK_EQ_INT(s.state, WIRE_STATE_PAUSED);
+    CHECK_EQ_INT(s.min_ready, 30);
+    CHECK_EQ_INT(s.max_depth, 90);
+    CHECK_EQ_INT(run_ctl(argv[2], dir, "resume", NULL, NULL), 0);
+    CHECK_EQ_INT(h_broker_status(ep, &s), 0);
+    CHECK_EQ_INT(s.state, WIRE_STATE_RUNNING);
     CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();

@@ -8,7 +8,9 @@
  *   stub_status()           a ctl's status request
  *   stub_pool(rid, inc, pool_inc, n_slots) a target registers a host pool of one 512-token
  *                           bucket; stub_make_ready(rid, inc, pool_inc, n) makes n batches ready
- *   stub_broker_free()      destroys broker and loop */
+ *   stub_broker_free()      destroys broker and loop
+ *   stub_capture_log(fn, out, cap) runs fn with stderr (the broker's log lines) captured into
+ *                           out (at most cap - 1 bytes, NUL-terminated) */
 #ifndef DFLASH_TEST_BROKER_STUB_H
 #define DFLASH_TEST_BROKER_STUB_H
 
@@ -19,6 +21,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 static broker *stub_b;
@@ -116,6 +119,24 @@ static __attribute__((unused)) void stub_make_ready(const char *rid, uint64_t in
         stub_req.u.ready = (wire_slot_ready){pool_inc, wu.slot, wu.unit, 100, 2};
         CHECK_EQ_INT(stub_send(rid), 0);
     }
+}
+
+static __attribute__((unused)) void stub_capture_log(void (*fn)(void), char *out, size_t cap)
+{
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    CHECK(tmp && saved >= 0);
+    if (!tmp || saved < 0) return;
+    dup2(fileno(tmp), 2);
+    fn();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, cap - 1, tmp);
+    out[n] = 0;
+    fclose(tmp);
 }
 
 #endif

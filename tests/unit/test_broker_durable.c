@@ -11,12 +11,15 @@
  * (journal_error), empty while the journal is healthy. While the disk stays full the broker's
  * retries of a rewrite from memory fail too; once syncs succeed again the journal heals
  * (journal_error empty, commits answered Ok), and a broker restarted on it replays the commits
- * made after the failure. */
+ * made after the failure. `dflash-ctl pause` (a steering record, steering.h) is answered like a
+ * commit: Ok only once durable, Error IO when the journal failed (the resume sent then is in
+ * force, and is in the journal once it is healed). */
 #include "broker.h"
 #include "check.h"
 #include "config.h"
 #include "err.h"
 #include "log.h"
+#include "policy.h"
 #include "wire.h"
 
 #include <pthread.h>
@@ -60,6 +63,14 @@ static bool wait_entered(int n)
     return ok;
 }
 
+/* Syncs from now on wait for the next release_syncs. */
+static void hold_syncs(void)
+{
+    pthread_mutex_lock(&mu);
+    released = false;
+    pthread_mutex_unlock(&mu);
+}
+
 static void release_syncs(bool fail)
 {
     pthread_mutex_lock(&mu);
@@ -86,10 +97,11 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
-static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid, uint64_t step)
+static void send_as(void *sock, wire_role role, wire_type t, uint64_t inc, uint64_t rid,
+                    uint64_t step)
 {
     wire_msg m;
-    wire_msg_init(&m, t, WIRE_ROLE_DRAFTER, inc, rid);
+    wire_msg_init(&m, t, role, inc, rid);
     if (t == WIRE_HELLO) snprintf(m.u.hello.name, sizeof m.u.hello.name, "d%llx",
                                   (unsigned long long)inc);
     if (t == WIRE_CHECKPOINT_COMMITTED) m.u.step = step;
@@ -98,6 +110,11 @@ static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid, uint64
     int n = wire_pack(&m, buf, sizeof buf);
     CHECK(n > 0);
     if (n > 0) CHECK_EQ_INT(zmq_send(sock, buf, (size_t)n, 0), n);
+}
+
+static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid, uint64_t step)
+{
+    send_as(sock, WIRE_ROLE_DRAFTER, t, inc, rid, step);
 }
 
 /* Receives one reply within timeout_ms: 0 and *out, or -1 (nothing came). */
@@ -170,6 +187,7 @@ int main(void)
     void *zctx = zmq_ctx_new();
     void *a = dealer(zctx, cfg.endpoint, "drafter-a-1");
     void *b = dealer(zctx, cfg.endpoint, "drafter-b-2");
+    void *c = dealer(zctx, cfg.endpoint, "ctl-c-3");
     wire_msg r;
     send_msg(a, WIRE_HELLO, 0xa1, 1, 0);
     CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
@@ -205,6 +223,17 @@ int main(void)
     CHECK_EQ_INT(r.type, WIRE_HEARTBEAT);
     CHECK_EQ_INT(r.request_id, 11);
 
+    /* `dflash-ctl pause` is answered once its record is durable (a restart stays paused) */
+    hold_syncs();
+    int synced = syncs_entered();
+    send_as(c, WIRE_ROLE_CTL, WIRE_PAUSE, 0xc3, 30, 0);
+    CHECK(wait_entered(synced + 1));
+    CHECK_EQ_INT(recv_msg(c, 100, &r), -1);
+    release_syncs(false);
+    CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_OK);
+    CHECK_EQ_INT(r.request_id, 30);
+
     /* a commit whose fsync fails is answered Error IO, not Ok */
     release_syncs(true);
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 12, 8);
@@ -220,6 +249,11 @@ int main(void)
     send_msg(b, WIRE_HEARTBEAT, 0xb2, 21, 0);
     CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
     CHECK_EQ_INT(r.request_id, 21);
+    /* a resume takes effect but its record cannot be written: Error IO, not a false Ok */
+    send_as(c, WIRE_ROLE_CTL, WIRE_RESUME, 0xc3, 31, 0);
+    CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_ERROR);
+    CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
     /* and says so in its status (journal_error: the reason), where it used to look healthy;
      * before the failure the field is empty (checked on a status taken first, below) */
     send_msg(b, WIRE_STATUS_REQUEST, 0xb2, 22, 0);
@@ -249,6 +283,7 @@ int main(void)
 
     zmq_close(a);
     zmq_close(b);
+    zmq_close(c);
     zmq_ctx_term(zctx);
     uv_async_send(&stopper);
     pthread_join(th, NULL);
@@ -266,6 +301,7 @@ int main(void)
         broker_status(the_broker, &st);
         CHECK_EQ_INT(st.committed_step, 10);
         CHECK_EQ_INT(st.journal_error[0], 0);
+        CHECK_EQ_INT(st.state, POLICY_RUNNING); /* the resume, healed into the journal */
     }
     broker_destroy(&the_broker);
     uv_run(&loop, UV_RUN_DEFAULT);

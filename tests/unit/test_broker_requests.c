@@ -289,25 +289,6 @@ static void test_drain_without_pool(void)
     stub_broker_free();
 }
 
-/* Stderr while fn runs, into out (at most cap - 1 bytes): the broker's log lines. */
-static void capture_log(void (*fn)(void), char *out, size_t cap)
-{
-    fflush(stderr);
-    FILE *tmp = tmpfile();
-    int saved = dup(2);
-    CHECK(tmp && saved >= 0);
-    if (!tmp || saved < 0) return;
-    dup2(fileno(tmp), 2);
-    fn();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(tmp);
-    size_t n = fread(out, 1, cap - 1, tmp);
-    out[n] = 0;
-    fclose(tmp);
-}
-
 static void resume_both(void)
 {
     log_set_level(LOG_WARN);
@@ -330,7 +311,7 @@ static void test_second_trainer_warned(void)
     CHECK_EQ_INT(hello_from("t1", WIRE_ROLE_DRAFTER, DRAFTER_INC, "trainer-a"), 0);
     CHECK_EQ_INT(hello_from("t2", WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "trainer-b"), 0);
     static char said[8192];
-    capture_log(resume_both, said, sizeof said);
+    stub_capture_log(resume_both, said, sizeof said);
     printf("two trainers: %s", said);
     CHECK(strstr(said, "drafter trainer-b resumes from step 0 while drafter trainer-a also "
                        "trains") != NULL);

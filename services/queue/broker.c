@@ -46,10 +46,9 @@
  * heartbeats are answered during an fsync. A reply thus never reports state less durable than
  * before the change (records written before the reply; COMMIT/REWIND/PLAN/SETTINGS fdatasynced).
  * If the record of a CheckpointCommitted, ResumeFrom or steering verb could not be written or
- * synced, its reply is Error IO, unless
- * a healing rewrite made it durable before the failure was reported (journal_watch: the reply is
- * then the handler's). A journal that failed is rewritten from memory every journal_retry_ms
- * until that succeeds (journal_watch).
+ * synced, its reply is Error IO, unless a healing rewrite made it durable before the failure was
+ * reported (journal_watch: the reply is then the handler's). A journal that failed is rewritten
+ * from memory every journal_retry_ms until that succeeds (journal_watch).
  * Without sockets (broker_dispatch from tests and the fuzz harness) the journal stays inline.
  *
  * Groups ("groups" below; group.h holds the state machine): the handlers turn GroupJoin,
@@ -496,6 +495,8 @@ static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, c
         /* Known only now: drop it, so the config and later sets show and check what is used. */
         LOG_WARN("shares '%s' do not fit the target's %u buckets: using the target's shares",
                  b->cfg.shares, n_buckets);
+        /* the configured ones too: dropped, they are no runtime change to journal */
+        if (strcmp(b->configured.shares, b->cfg.shares) == 0) b->configured.shares[0] = '\0';
         b->cfg.shares[0] = '\0';
     }
     memcpy(b->target_share, share, n_buckets * sizeof *share);

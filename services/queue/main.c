@@ -1,10 +1,11 @@
 /* dflash-queue: the broker daemon. main() is the table of contents: load the config table
  * (defaults < file < DFLASH_* < flags), resolve the runtime directory and endpoints, refuse a
- * tcp:// endpoint without CURVE (broker_config_check), open the
- * broker (which replays the journal and binds), log the effective config (and warn about a
- * journal left at its default place, the runtime dir), run the loop until
- * SIGINT/SIGTERM, shut down in reverse. Everything else lives in broker.c (server loop),
- * policy.c (buckets, leases) and ledger.c/journal.c (the training ledger). */
+ * tcp:// endpoint without CURVE (broker_config_check), log the effective config (and warn about
+ * a journal left at its default place, the runtime dir), open the broker (which replays the
+ * journal, restores the operator's runtime steering over that config, saying so per value, and
+ * binds), run the loop until SIGINT/SIGTERM, shut down in reverse. Everything else lives in
+ * broker.c (server loop), policy.c (buckets, leases), steering.c (set/pause/drain kept across
+ * restarts) and ledger.c/journal.c (the training ledger). */
 #include "broker.h"
 #include "client.h"
 #include "config.h"

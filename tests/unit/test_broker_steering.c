@@ -29,6 +29,7 @@ enum { TARGET_INC = 11, DRAFTER_INC = 22, POOL_INC = 111 };
 static char dir[256], journal_path[300];
 static int64_t configured_min_ready = 2, configured_max_depth = 90; /* the next start's flags */
 static int64_t compact_bytes;
+static const char *configured_shares = "";
 static char said[16384]; /* the log of the last start */
 
 static void tweak(queue_config *cfg)
@@ -37,6 +38,7 @@ static void tweak(queue_config *cfg)
     cfg->min_ready = configured_min_ready;
     cfg->max_depth = configured_max_depth;
     cfg->compact_bytes = compact_bytes;
+    snprintf(cfg->shares, sizeof cfg->shares, "%s", configured_shares);
     log_set_level(LOG_INFO); /* the restore lines are INFO */
 }
 
@@ -187,6 +189,22 @@ static void test_restored_values_must_fit(void)
     CHECK_EQ_INT(s.max_depth, 50);
 }
 
+/* Configured shares that do not fit the target's buckets are dropped when it registers: that
+ * is no runtime change, so a restart after a pause does not "restore" the empty shares. */
+static void test_dropped_shares_not_journaled(void)
+{
+    fresh_journal();
+    configured_shares = "0.2,0.3,0.5";
+    restart();
+    CHECK_EQ_INT(hello("t", WIRE_ROLE_TARGET, TARGET_INC), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 8); /* one bucket: the shares are dropped */
+    CHECK_EQ_INT(ctl(WIRE_PAUSE), 0);
+    restart();
+    configured_shares = "";
+    CHECK(strstr(said, "shares") == NULL);
+    CHECK(strstr(said, "still paused"));
+}
+
 /* A journal compacted (a snapshot) after set + pause keeps them. */
 static void test_compaction_keeps_steering(void)
 {
@@ -249,6 +267,7 @@ int main(void)
     test_set_and_pause_restored();
     test_configuration_changed_wins();
     test_restored_values_must_fit();
+    test_dropped_shares_not_journaled();
     test_compaction_keeps_steering();
     test_drain_survives();
     if (stub_b) stub_broker_free();

@@ -22,7 +22,8 @@
  * back, a changed configuration wins (all configured values win when the restored ones do not
  * fit together, live_check), the mode comes back as it was. A restored drain keeps today's
  * semantics: pending_mode is DRAINING before any pool registers, so claims end at once
- * (drained()) and a target that registers gets SHUTDOWN.
+ * (drained()) and a target that registers gets SHUTDOWN. A deliberate stop (broker_shutdown,
+ * SIGTERM) journals the end of a drain, so only a crash leaves one for the next start.
  *
  * Restart fence (defect: a re-registering target's slots were all taken as FREE, so a slot a
  * drafter was still copying under the old broker's lease could be handed out for refilling):
@@ -2088,6 +2089,18 @@ void broker_stop(broker *b)
         uv_timer_stop(&b->cron);
         uv_close((uv_handle_t *)&b->cron, NULL);
     }
+}
+
+void broker_shutdown(broker *b)
+{
+    if (!b || b->stopped) return;
+    if (b->pending_mode == POLICY_DRAINING) {
+        b->pending_mode = POLICY_RUNNING; /* for the record only: nothing is served after this */
+        if (journal_steering(b, NULL, 0) == 0)
+            LOG_INFO("the drain ends with this stop: a broker started again on this journal runs "
+                     "(a crash, unlike a stop, leaves it draining)");
+    }
+    broker_stop(b);
 }
 
 void broker_destroy(broker **bp)

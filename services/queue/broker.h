@@ -108,6 +108,11 @@ void broker_destroy(broker **b);
 /* Stops serving: closes the watchers and the timer so uv_run returns. Safe to call twice. */
 void broker_stop(broker *b);
 
+/* A deliberate stop (SIGTERM, SIGINT): a drain under way is over with it, journaled as running,
+ * so a broker started again on this journal runs (a pause stays: it is still in force after the
+ * restart); then broker_stop. A crash skips this: a broker restarted after one keeps draining. */
+void broker_shutdown(broker *b);
+
 /* Handles one request from routing id (rid, rid_len) and writes the packed reply into out.
  * Returns the reply length (> 0; every request gets a reply, malformed ones an ERROR) or a
  * negative code if out is too small. The socket loop and the fuzz harness both use it. */

@@ -67,7 +67,7 @@ static void warn_default_journal(const queue_config *c)
 static void on_signal(uv_signal_t *s, int signum)
 {
     LOG_INFO("signal %d: shutting down", signum);
-    broker_stop(s->data);
+    broker_shutdown(s->data);
     uv_stop(s->loop);
 }
 

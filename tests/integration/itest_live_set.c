@@ -4,7 +4,8 @@
  * `dflash-ctl --json watch` started before the change sees the config announcement. Then
  * `dflash-ctl pause`, and the broker is killed (SIGKILL) and started again with the same
  * command line, as docker-compose restarts it: it is still paused with min_ready 30 and
- * max_depth 90 (journaled), and runs again after `dflash-ctl resume`. */
+ * max_depth 90 (journaled), and runs again after `dflash-ctl resume`. A drain outlives a
+ * SIGKILL too, but a SIGTERM (a deliberate stop) ends it: the broker started next runs. */
 #include "check.h"
 #include "harness.h"
 
@@ -120,6 +121,19 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(s.min_ready, 30);
     CHECK_EQ_INT(s.max_depth, 90);
     CHECK_EQ_INT(run_ctl(argv[2], dir, "resume", NULL, NULL), 0);
+    CHECK_EQ_INT(h_broker_status(ep, &s), 0);
+    CHECK_EQ_INT(s.state, WIRE_STATE_RUNNING);
+
+    /* a drain survives a crash, but a deliberate stop (SIGTERM) ends it: the next run is served */
+    CHECK_EQ_INT(run_ctl(argv[2], dir, "drain", NULL, NULL), 0);
+    h_kill(q, SIGKILL);
+    q = h_start_queue(argv[1], dir, extra);
+    CHECK(q > 0);
+    CHECK_EQ_INT(h_broker_status(ep, &s), 0);
+    CHECK_EQ_INT(s.state, WIRE_STATE_DRAINING);
+    CHECK_EQ_INT(h_stop(q), 0);
+    q = h_start_queue(argv[1], dir, extra);
+    CHECK(q > 0);
     CHECK_EQ_INT(h_broker_status(ep, &s), 0);
     CHECK_EQ_INT(s.state, WIRE_STATE_RUNNING);
     CHECK_EQ_INT(h_stop(q), 0);

@@ -14,7 +14,10 @@
  *     for ever) are dropped, the configuration runs;
  *   - a compaction of the journal (a snapshot) dropped the steering;
  *   - a draining broker stopped draining: it keeps draining (claims end at once while no target
- *     is registered, work requests are answered SHUTDOWN) until `resume`, which is journaled.
+ *     is registered, work requests are answered SHUTDOWN) until `resume`, which is journaled;
+ *   - a drain outlived the deliberate stop that ends it (SIGTERM: broker_shutdown): a run started
+ *     again on the journal (scripts/train's resume, `docker compose up`) would end at once. A
+ *     pause outlives it.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -258,6 +261,26 @@ static void test_drain_survives(void)
     CHECK_EQ_INT(claim(), DFLASH_EAGAIN); /* running: waits for a target */
 }
 
+/* A deliberate stop ends a drain (journaled); a pause stays. */
+static void test_stop_ends_drain(void)
+{
+    fresh_journal();
+    restart();
+    CHECK_EQ_INT(ctl(WIRE_DRAIN), 0);
+    broker_shutdown(stub_b);
+    restart();
+    CHECK(strstr(said, "draining") == NULL);
+    CHECK_EQ_INT(stub_status().state, POLICY_RUNNING);
+    CHECK_EQ_INT(hello("d", WIRE_ROLE_DRAFTER, DRAFTER_INC), 0);
+    CHECK_EQ_INT(claim(), DFLASH_EAGAIN); /* running: waits for a target */
+
+    CHECK_EQ_INT(ctl(WIRE_PAUSE), 0);
+    broker_shutdown(stub_b);
+    restart();
+    CHECK(strstr(said, "was paused before the restart: still paused"));
+    CHECK_EQ_INT(stub_status().state, POLICY_PAUSED);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -270,6 +293,7 @@ int main(void)
     test_dropped_shares_not_journaled();
     test_compaction_keeps_steering();
     test_drain_survives();
+    test_stop_ends_drain();
     if (stub_b) stub_broker_free();
     test_rmtree(dir);
     CHECK_DONE();

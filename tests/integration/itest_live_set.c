@@ -37,6 +37,19 @@ static int fill(client *t, uint64_t inc)
     return n;
 }
 
+/* Stops broker q with sig (SIGKILL: a crash; SIGTERM: a deliberate stop), starts it again with
+ * the same command line, as docker-compose would, and reads its status into s. The new pid. */
+static pid_t restart_queue(pid_t q, int sig, const char *bin, const char *dir,
+                           const char *const *extra, const char *ep, wire_status *s)
+{
+    if (sig == SIGKILL) h_kill(q, SIGKILL);
+    else CHECK_EQ_INT(h_stop(q), 0);
+    q = h_start_queue(bin, dir, extra);
+    CHECK(q > 0);
+    CHECK_EQ_INT(h_broker_status(ep, s), 0);
+    return q;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) return 2;
@@ -113,10 +126,7 @@ int main(int argc, char **argv)
 
     /* the steering survives a crash and a restart with the same command line */
     CHECK_EQ_INT(run_ctl(argv[2], dir, "pause", NULL, NULL), 0);
-    h_kill(q, SIGKILL);
-    q = h_start_queue(argv[1], dir, extra);
-    CHECK(q > 0);
-    CHECK_EQ_INT(h_broker_status(ep, &s), 0);
+    q = restart_queue(q, SIGKILL, argv[1], dir, extra, ep, &s);
     CHECK_EQ_INT(s.state, WIRE_STATE_PAUSED);
     CHECK_EQ_INT(s.min_ready, 30);
     CHECK_EQ_INT(s.max_depth, 90);
@@ -126,15 +136,9 @@ int main(int argc, char **argv)
 
     /* a drain survives a crash, but a deliberate stop (SIGTERM) ends it: the next run is served */
     CHECK_EQ_INT(run_ctl(argv[2], dir, "drain", NULL, NULL), 0);
-    h_kill(q, SIGKILL);
-    q = h_start_queue(argv[1], dir, extra);
-    CHECK(q > 0);
-    CHECK_EQ_INT(h_broker_status(ep, &s), 0);
+    q = restart_queue(q, SIGKILL, argv[1], dir, extra, ep, &s);
     CHECK_EQ_INT(s.state, WIRE_STATE_DRAINING);
-    CHECK_EQ_INT(h_stop(q), 0);
-    q = h_start_queue(argv[1], dir, extra);
-    CHECK(q > 0);
-    CHECK_EQ_INT(h_broker_status(ep, &s), 0);
+    q = restart_queue(q, SIGTERM, argv[1], dir, extra, ep, &s);
     CHECK_EQ_INT(s.state, WIRE_STATE_RUNNING);
     CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);

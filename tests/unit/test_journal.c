@@ -353,16 +353,23 @@ static void on_done_until(void *ctx, uint64_t done, uint64_t fail)
     if (done >= w->until) uv_stop(w->loop);
 }
 
+/* Starts j's writer on loop with the full-disk sync hook, the disk full from now on. */
+static void start_writer_disk_full(journal *j, uv_loop_t *loop, writer_seen *w)
+{
+    uv_loop_init(loop);
+    *w = (writer_seen){.loop = loop};
+    journal_set_sync_hook(j, full_disk_sync, NULL);
+    CHECK_EQ_INT(journal_writer_start(j, loop, on_done_until, w), 0);
+    __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
+}
+
 static void test_writer_heals(void)
 {
     unlink(path);
     journal *j = journal_open(path, NULL, NULL, NULL);
     uv_loop_t loop;
-    uv_loop_init(&loop);
-    writer_seen w = {.loop = &loop};
-    journal_set_sync_hook(j, full_disk_sync, NULL);
-    CHECK_EQ_INT(journal_writer_start(j, &loop, on_done_until, &w), 0);
-    __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
+    writer_seen w;
+    start_writer_disk_full(j, &loop, &w);
     CHECK_EQ_INT(journal_append(j, 1, "lost", 4, true), 0);
     w.until = journal_last_seq(j);
     uv_run(&loop, UV_RUN_DEFAULT);
@@ -400,11 +407,8 @@ static void test_writer_failed_compaction_size(void)
     journal *j = journal_open(path, NULL, NULL, NULL);
     for (int i = 0; i < 100; i++) CHECK_EQ_INT(journal_append(j, 1, "long", 4, false), 0);
     uv_loop_t loop;
-    uv_loop_init(&loop);
-    writer_seen w = {.loop = &loop};
-    journal_set_sync_hook(j, full_disk_sync, NULL);
-    CHECK_EQ_INT(journal_writer_start(j, &loop, on_done_until, &w), 0);
-    __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
+    writer_seen w;
+    start_writer_disk_full(j, &loop, &w);
     CHECK_EQ_INT(journal_rewrite(j, emit_two, NULL), 0); /* queued; fails in the writer */
     CHECK_EQ_INT(journal_append(j, 9, "after", 5, false), 0);
     w.until = journal_last_seq(j);

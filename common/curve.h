@@ -9,8 +9,8 @@
  *
  * Keys are handled as Z85 text (CURVE_Z85_LEN chars + NUL), which libzmq accepts for
  * ZMQ_CURVE_* options and which the broker's ZAP handler sets as the connection's User-Id.
- * No state, no threads: any thread may call these. Callers: client.c, services/queue (broker.c,
- * main.c), tools/ctl (keygen), tests.
+ * No state, no threads: any thread may call these. Callers: client.c, services/queue
+ * (broker_config.c, broker_security.c, broker.c, main.c), tools/ctl (keygen), tests.
  */
 #ifndef DFLASH_CURVE_H
 #define DFLASH_CURVE_H

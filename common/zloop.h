@@ -12,7 +12,8 @@
  * callback (which can consume the fd's edge) never strands a pending message. The budget keeps
  * one busy socket from starving timers and the other sockets.
  *
- * Thread: the loop's thread only (ZeroMQ sockets are not thread-safe). Callers: broker.c.
+ * Thread: the loop's thread only (ZeroMQ sockets are not thread-safe). Callers: broker.c,
+ * broker_security.c.
  */
 #ifndef DFLASH_ZLOOP_H
 #define DFLASH_ZLOOP_H

@@ -1,7 +1,7 @@
 /* group: the broker's data-parallel drafter groups (issue 7; docs/protocol.md "Groups"). Pure
- * logic like policy.h: no sockets, no clock, no ledger or policy calls. The broker (broker.c,
- * "groups") turns requests into calls here and carries out the outcomes they return (reserve
- * the step's slots in the policy, ack or requeue the step's batches in the ledger).
+ * logic like policy.h: no sockets, no clock, no ledger or policy calls. The broker
+ * (broker_groups.c) turns requests into calls here and carries out the outcomes they return
+ * (reserve the step's slots in the policy, ack or requeue the step's batches in the ledger).
  *
  * A group is a named set of drafter peers training one model: the members (in join order), an
  * epoch, the ranks 0..world-1 of that epoch (join order of the admitted members), the rendezvous
@@ -28,7 +28,7 @@
  * back to to-do). If no admitted member survives, the step is aborted. So the ledger always
  * matches the model the group continues with: no batch is lost and none is trained twice.
  *
- * Thread: the broker's loop thread. Callers: broker.c, tests.
+ * Thread: the broker's loop thread. Callers: broker_groups.c, broker.c, tests.
  */
 #ifndef DFLASH_QUEUE_GROUP_H
 #define DFLASH_QUEUE_GROUP_H

@@ -4,7 +4,8 @@
  * a journal left at its default place, the runtime dir), open the broker (which replays the
  * journal, restores the operator's runtime steering over that config, saying so per value, and
  * binds), run the loop until SIGINT/SIGTERM, shut down in reverse. Everything else lives in
- * broker.c (server loop), policy.c (buckets, leases), steering.c (set/pause/drain kept across
+ * broker.c (server loop; its parts broker_config.c, broker_groups.c, broker_steering.c,
+ * broker_security.c), policy.c (buckets, leases), steering.c (set/pause/drain kept across
  * restarts) and ledger.c/journal.c (the training ledger). */
 #include "broker.h"
 #include "client.h"

@@ -13,10 +13,11 @@
  * equals the configured value recorded with it ("restored min_ready=4 from the journal (set at
  * runtime; configured 2)"); otherwise the configuration changed since and wins ("configured
  * min_ready=3 replaces the runtime value 4: ..."). One INFO line per entry. The mode comes back
- * as it was; the broker says so (broker.c).
+ * as it was; the broker says so (broker_steering.c).
  *
  * Thread: the broker's loop thread (plain functions over a config table and its struct).
- * Callers: broker.c (capture at every set/pause/resume/drain, restore in broker_new), tests.
+ * Callers: broker_steering.c (capture at every set/pause/resume/drain, restore at start-up),
+ * tests.
  */
 #ifndef DFLASH_QUEUE_STEERING_H
 #define DFLASH_QUEUE_STEERING_H

@@ -1,0 +1,260 @@
+/* broker_groups: the broker's side of data-parallel drafter groups (group.h holds the state
+ * machine; docs/protocol.md "Groups"). The handlers turn GroupJoin, GroupSetId, StepClaim,
+ * StepDone and GroupLeave into group.c calls and carry out the outcome (apply_outcome): ledger
+ * acks of a step's units once for the group, or requeue/revoke on an abort. A step's
+ * reservation is all or nothing (policy_claimable first). A dead drafter's copied units of a
+ * step in flight stay in flight until the step is resolved (broker.c's peer_remove skips the
+ * units broker_group_step_owns names).
+ * Thread: the broker's loop thread. Callers: broker.c (dispatch, peer_remove).
+ */
+#include "broker_state.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <string.h>
+
+/* True when id is a released unit of a step in flight: the step owns it until it is resolved
+ * (a dead member's copy may be in the model the group continues with). */
+bool broker_group_step_owns(broker *b, const batch_id *id)
+{
+    for (uint32_t i = 0; i < group_count(b->groups); i++) {
+        const group *g = group_at(b->groups, i);
+        if (!g->step_active) continue;
+        for (uint32_t r = 0; r < g->step_world; r++)
+            if (g->slots[r].released && same_batch(&g->slots[r].batch, id)) return true;
+    }
+    return false;
+}
+
+/* Carries out what a group call decided (group.h, group_outcome): ACK records every unit of the
+ * step as trained at the step (once for the whole group), ABORT gives unreleased leases back
+ * (READY again) and returns released units to to-do. Returns the units recorded as trained. */
+static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *o)
+{
+    if (o->verdict == GROUP_KEEP) return 0;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < o->n_slots; r++) {
+        const group_slot *s = &o->slots[r];
+        bool revoked = b->policy && policy_lease_revoke(b->policy, s->lease_id) == 0;
+        if (o->verdict == GROUP_ACK && s->released) {
+            int rc = ledger_ack(b->ledger, &s->batch, o->step);
+            if (rc == DFLASH_EEXISTS) {
+                b->double_acks++;
+                LOG_WARN("group %s: batch %u/%u/%u of step %" PRIu64 " was already trained: "
+                         "not recorded twice", name, s->batch.epoch, s->batch.bucket,
+                         s->batch.index, o->step);
+            } else if (rc == 0) {
+                n++;
+            }
+            if (rc && rc != DFLASH_EEXISTS)
+                LOG_WARN("group %s: ack of %u/%u/%u at step %" PRIu64 ": %s", name,
+                         s->batch.epoch, s->batch.bucket, s->batch.index, o->step, err_str(rc));
+        } else if (o->verdict == GROUP_ACK) {
+            /* the rank never released its slot, so it cannot have trained it */
+            LOG_WARN("group %s: step %" PRIu64 " acked but rank %u never copied its slot: batch "
+                     "%u/%u/%u not recorded", name, o->step, r, s->batch.epoch, s->batch.bucket,
+                     s->batch.index);
+            if (!revoked) ledger_requeue(b->ledger, &s->batch);
+        } else if (!revoked && s->released) {
+            ledger_requeue(b->ledger, &s->batch);
+        }
+        broker_held_remove_all(b, &s->batch);
+    }
+    b->acks += n;
+    if (o->verdict == GROUP_ACK)
+        LOG_INFO("group %s: step %" PRIu64 " done: %u batches trained", name, o->step, n);
+    else
+        LOG_INFO("group %s: step %" PRIu64 " aborted: its %u batches go back to to-do", name,
+                 o->step, o->n_slots);
+    return n;
+}
+
+static void log_epoch(const group *g)
+{
+    char ranks[512] = "";
+    size_t off = 0;
+    for (uint32_t i = 0; i < g->n_members && off < sizeof ranks; i++)
+        if (g->members[i].admitted)
+            off += (size_t)snprintf(ranks + off, sizeof ranks - off, "%s%u=%s", off ? " " : "",
+                                    g->members[i].rank, g->members[i].name);
+    LOG_INFO("group %s: epoch %" PRIu64 ", world %u, next step %" PRIu64 ": %s", g->name,
+             g->epoch, g->world, g->base_step + 1, ranks);
+}
+
+/* A drafter left (expired, replaced or said goodbye): its group re-forms. */
+void broker_groups_peer_gone(broker *b, peer *p)
+{
+    group *g = group_of_peer(b->groups, p->incarnation);
+    if (!g) return;
+    char name[GROUP_MAX_NAME];
+    snprintf(name, sizeof name, "%s", g->name);
+    group_outcome o;
+    group_leave(b->groups, p->incarnation, &o);
+    LOG_INFO("group %s: %s left", name, p->name);
+    apply_outcome(b, name, &o);
+    if (o.new_epoch && (g = group_find(b->groups, name))) log_epoch(g);
+}
+
+static void reply_view(broker *b, const group *g, const group_entry *e, uint64_t rid, wire_msg *r)
+{
+    reply_init(b, r, WIRE_GROUP_VIEW, rid);
+    wire_group_view *v = &r->u.view;
+    snprintf(v->group, sizeof v->group, "%s", g->name);
+    v->epoch = g->epoch;
+    v->rank = e->rank;
+    v->world = g->world;
+    v->step = g->base_step;
+    v->id_len = g->id_len;
+    memcpy(v->id, g->id, g->id_len);
+}
+
+void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_join *j = &m->u.join;
+    if (p->role != WIRE_ROLE_DRAFTER)
+        return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter joins a group");
+    group *g;
+    group_outcome o;
+    /* A step of R ranks needs min_ready + R - 1 ready slots (depth_check) */
+    int64_t max_world = b->cfg.max_depth - (b->cfg.min_ready ? b->cfg.min_ready - 1 : 0);
+    int rc = group_join(b->groups, j->group, p->incarnation, p->name, j->step, j->failed_epoch,
+                        (uint32_t)max_world, &g, &o);
+    if (rc == DFLASH_EFULL) {
+        const group *cur = group_find(b->groups, j->group);
+        return reply_error(b, r, m->request_id, rc,
+                           "group %s would have %u ranks but max-depth is %lld and min-ready "
+                           "%lld: one step needs min-ready - 1 + one slot per rank (raise "
+                           "max-depth or lower min-ready first)",
+                           j->group, (cur ? cur->n_members : 0) + 1,
+                           (long long)b->cfg.max_depth, (long long)b->cfg.min_ready);
+    }
+    if (rc == DFLASH_EEXISTS)
+        return reply_error(b, r, m->request_id, rc, "%s is in another group", p->name);
+    if (rc) return reply_error(b, r, m->request_id, rc, "join refused");
+    if (o.created) {
+        int64_t n = ledger_rewind(b->ledger, j->step);
+        if (n < 0)
+            LOG_WARN("group %s created by %s at step %" PRIu64 ": rewind refused (%s)", j->group,
+                     p->name, j->step, err_str((int)n));
+        else
+            LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained "
+                     "after it back to to-do", j->group, p->name, j->step, n);
+    }
+    apply_outcome(b, j->group, &o);
+    if (o.new_epoch) log_epoch(g);
+    const group_entry *e = group_entry_of(g, p->incarnation);
+    if (e && e->admitted && g->state != GROUP_REFORMING) return reply_view(b, g, e, m->request_id, r);
+    if (g->state == GROUP_REFORMING)
+        return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                           "group %s is re-forming: waiting for its first rank to finish or "
+                           "abandon step %" PRIu64, g->name, g->step);
+    return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                       "waiting for step %" PRIu64 " of group %s to finish", g->step, g->name);
+}
+
+void broker_on_group_set_id(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_set_id *s = &m->u.set_id;
+    group *g = group_find(b->groups, s->group);
+    if (!g) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "no group %s: join", s->group);
+    int rc = group_set_id(g, p->incarnation, s->epoch, s->id, s->id_len);
+    if (rc == DFLASH_ESTALE)
+        return reply_error(b, r, m->request_id, rc, "epoch %llu of group %s is over (now %llu): "
+                           "re-form", (unsigned long long)s->epoch, g->name,
+                           (unsigned long long)g->epoch);
+    if (rc) return reply_error(b, r, m->request_id, rc, "only rank 0 sets the id, once");
+    reply_ok(b, r, m->request_id, 0);
+}
+
+void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_step *c = &m->u.gstep;
+    group *g = group_find(b->groups, c->group);
+    if (!g) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "no group %s: join", c->group);
+    group_slot *mine;
+    int rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);
+    if (rc == DFLASH_ESTALE)
+        return reply_error(b, r, m->request_id, rc, "epoch %llu of group %s is over: re-form",
+                           (unsigned long long)c->epoch, g->name);
+    if (rc == DFLASH_EAGAIN)
+        return reply_error(b, r, m->request_id, rc, "group %s: waiting for %s", g->name,
+                           g->step_active ? "rank 0's StepDone" : "rank 0's id");
+    if (rc == DFLASH_ESTATE)
+        return reply_error(b, r, m->request_id, rc, "group %s: the next step is %llu, not %llu",
+                           g->name, (unsigned long long)(g->step_active ? g->step : g->base_step + 1),
+                           (unsigned long long)c->step);
+    if (rc) return reply_error(b, r, m->request_id, rc, "step claim refused");
+    if (!mine) { /* reserve the whole step: one slot per rank, all or nothing */
+        if (broker_drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+        if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
+        if (policy_claimable(b->policy) < g->world)
+            return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                               "fewer than %u slots eligible for a step", g->world);
+        group_slot slots[GROUP_MAX_WORLD];
+        uint64_t now = now_ms(b), taken[GROUP_MAX_WORLD];
+        uint32_t n_taken = 0;
+        for (uint32_t i = 0; i < g->n_members; i++) {
+            const group_entry *e = &g->members[i];
+            if (!e->admitted) continue;
+            policy_grant pg;
+            rc = policy_claim(b->policy, e->peer, now, &pg); /* policy_claimable said it would */
+            if (rc) { /* only out of memory: give back what was taken, reserve nothing */
+                while (n_taken) policy_lease_revoke(b->policy, taken[--n_taken]);
+                return reply_error(b, r, m->request_id, rc, "step reservation failed");
+            }
+            taken[n_taken++] = pg.lease_id;
+            slots[e->rank] = (group_slot){.peer = e->peer, .lease_id = pg.lease_id,
+                                          .batch = pg.where.batch, .pool_id = pg.where.pool_id,
+                                          .slot = pg.where.slot, .n_tokens = pg.where.n_tokens,
+                                          .pool_incarnation = pg.where.incarnation};
+            if (pg.deliveries > 1) broker_held_remove_all(b, &pg.where.batch);
+        }
+        group_step_begin(g, c->step, slots);
+        rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);
+        assert(rc == 0 && mine);
+    }
+    reply_init(b, r, WIRE_STEP_GRANT, m->request_id);
+    wire_step_grant *w = &r->u.sgrant;
+    w->epoch = g->step_epoch;
+    w->step = g->step;
+    w->world = g->step_world;
+    w->rank = (uint32_t)(mine - g->slots);
+    w->n_units = g->step_world;
+    for (uint32_t k = 0; k < g->step_world; k++) w->units[k] = to_unit(&g->slots[k].batch);
+    policy_grant pg = {.lease_id = mine->lease_id, .worker_id = mine->peer,
+                       .deadline_ms = now_ms(b) + (uint64_t)b->cfg.lease_timeout_ms,
+                       .where = {.pool_id = mine->pool_id, .incarnation = mine->pool_incarnation,
+                                 .slot = mine->slot, .batch = mine->batch,
+                                 .n_tokens = mine->n_tokens}};
+    broker_fill_grant(b, &pg, &w->grant);
+}
+
+void broker_on_step_done(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    const wire_group_step *d = &m->u.gstep;
+    group *g = group_find(b->groups, d->group);
+    if (!g) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "no group %s", d->group);
+    group_outcome o;
+    int rc = group_step_done(b->groups, g, p->incarnation, d->epoch, d->step, &o);
+    if (rc == DFLASH_EDENIED)
+        return reply_error(b, r, m->request_id, rc, "only rank 0 reports a step done");
+    if (rc)
+        return reply_error(b, r, m->request_id, rc, "step %llu of epoch %llu was aborted or is "
+                           "unknown: re-form", (unsigned long long)d->step,
+                           (unsigned long long)d->epoch);
+    uint32_t n = apply_outcome(b, g->name, &o);
+    if (o.new_epoch) log_epoch(g);
+    reply_ok(b, r, m->request_id, n);
+}
+
+void broker_on_group_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    group *g = group_of_peer(b->groups, p->incarnation);
+    if (!g || strcmp(g->name, m->u.gstep.group) != 0)
+        return reply_ok(b, r, m->request_id, 0);
+    broker_groups_peer_gone(b, p);
+    reply_ok(b, r, m->request_id, 1);
+}

@@ -1,0 +1,208 @@
+/* broker_state: the broker's state and the helpers its files share. Private to the broker:
+ * broker.c (peers, pools, request dispatch, the socket loop and cron) and its parts,
+ * broker_config.c (the options table and its checks), broker_groups.c (data-parallel drafter
+ * groups), broker_steering.c (set, pause, resume, drain: applied, journaled, restored) and
+ * broker_security.c (CURVE, the ZAP handler, binding endpoints). broker.h is the public face;
+ * broker.c's top comment has the model (peer table, pool table, journal and replies).
+ *
+ * Thread: the broker's loop thread, like everything of the broker.
+ */
+#ifndef DFLASH_QUEUE_BROKER_STATE_H
+#define DFLASH_QUEUE_BROKER_STATE_H
+
+#include "broker.h"
+#include "curve.h"
+#include "err.h"
+#include "group.h"
+#include "ledger.h"
+#include "policy.h"
+#include "zloop.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+typedef enum { PEER_NEW = 0, PEER_LIVE, PEER_GONE } peer_state;
+
+#define PEER_RECENT_RELEASES 8 /* a retried release of one of these is answered Ok */
+#define PEER_REPLACED 8        /* replaced incarnations remembered per name (duplicates) */
+
+typedef struct peer {
+    uint8_t rid[256];
+    size_t rid_len;
+    peer_state state;
+    wire_role role;
+    uint64_t incarnation;
+    char name[WIRE_MAX_NAME];
+    uint64_t last_seen_ms;
+    int32_t pool_id;   /* target: its pool, -1 none */
+    batch_id *held;    /* drafter: released, not acked */
+    uint32_t n_held, cap_held;
+    struct {
+        uint64_t lease_id;
+        batch_id batch;
+    } released[PEER_RECENT_RELEASES]; /* drafter: its last releases (ring, n_released % N) */
+    uint32_t n_released;
+    uint64_t journal_ticket; /* ticket of its last reply (see the header) */
+    uint64_t replaced[PEER_REPLACED]; /* incarnations of its name it replaced (ring) */
+    uint32_t n_replaced;
+    bool trains; /* drafter: it sent ResumeFrom (a trainer; verifiers and group ranks do not) */
+} peer;
+
+typedef struct pool_desc {
+    char owner[WIRE_MAX_NAME]; /* target name */
+    bool registered;
+    wire_pool desc;            /* event_handles points to events below */
+    uint8_t (*events)[WIRE_HANDLE_BYTES];
+    uint32_t *n_seqs;          /* per slot, from its last SLOT_READY (for the Grant) */
+} pool_desc;
+
+#define MAX_POOLS 64
+
+/* A reply waiting for the journal: sent when done_seq >= ticket (see the header). */
+typedef struct deferred_reply {
+    struct deferred_reply *next;
+    uint64_t ticket;
+    uint64_t request_id;
+    bool fail_on_io;  /* CheckpointCommitted, ResumeFrom, steering: Error IO if the record failed */
+    size_t rid_len, len;
+    uint8_t rid[256];
+    uint8_t msg[];    /* the packed reply */
+} deferred_reply;
+
+struct broker {
+    uv_loop_t *loop;
+    queue_config cfg;
+    queue_config configured;       /* cfg as configured at start-up (flags, env, file) */
+    uint64_t incarnation;
+    uint64_t start_ms;
+    void *zctx, *router, *pub, *zap;
+    zloop_sock *router_watch, *zap_watch;
+    bool curve_on;                 /* tcp:// endpoints are bound with CURVE */
+    curve_key curve_secret;        /* the broker's secret key (Z85) */
+    curve_keyset curve_clients;    /* keys the ZAP handler accepts */
+    curve_keyset admin_keys;       /* keys that may steer (also accepted by ZAP) */
+    char dispatch_user[CURVE_Z85_LEN + 1]; /* CURVE key of the request being dispatched, or "" */
+    uint64_t zap_denied, steer_denied;
+    uv_timer_t cron;
+    bool cron_started, stopped;
+    uint64_t last_cron_ms;   /* when cron last ran (0: not yet) */
+    uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
+    uint64_t last_grace_ms;  /* when that grace was last given */
+    uint64_t last_stats_ms, grants_at_last; /* claims/s: when last measured, grants then */
+    uint64_t journal_alarm_ms; /* when a broken journal was last said (journal_watch) */
+    uint64_t journal_heal_ms;  /* when a heal of it was last tried */
+    bool journal_failing;      /* it was broken at the last cron */
+    double claims_per_s;
+
+    ledger *ledger;
+    policy *policy;
+    group_table *groups;      /* data-parallel drafter groups (group.h) */
+    policy_mode pending_mode;
+    uint32_t n_buckets;
+    double target_share[WIRE_MAX_BUCKETS]; /* the last registered target's: used while
+                                              cfg.shares is empty */
+    uint32_t epochs;          /* from the target (0 unknown) */
+    bool orphans_requeued;
+
+    peer **peers;
+    uint32_t n_peers, cap_peers;
+    pool_desc pools[MAX_POOLS];
+
+    uint64_t malformed, acks, double_acks, unroutable, requests;
+    deferred_reply *dq_head, *dq_tail; /* in deferral order; each peer's tickets ascending */
+    uint64_t dispatch_ticket;          /* of the last broker_dispatch */
+    uint64_t dispatch_request_id;
+    bool dispatch_fail_on_io;
+    uint8_t *inbuf, *outbuf;
+    char cfg_applied_log[16]; /* log level last applied by a live set */
+};
+
+static inline uint64_t now_ms(broker *b)
+{
+    uv_update_time(b->loop);
+    return uv_now(b->loop);
+}
+
+static inline bool same_batch(const batch_id *a, const batch_id *b)
+{
+    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
+}
+
+static inline void reply_init(broker *b, wire_msg *r, wire_type t, uint64_t rid)
+{
+    wire_msg_init(r, t, WIRE_ROLE_BROKER, b->incarnation, rid);
+}
+
+static inline void reply_error(broker *b, wire_msg *r, uint64_t rid, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static inline void reply_error(broker *b, wire_msg *r, uint64_t rid, int code, const char *fmt, ...)
+{
+    reply_init(b, r, WIRE_ERROR, rid);
+    r->u.error.code = code < 0 ? code : DFLASH_EINTERNAL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->u.error.message, sizeof r->u.error.message, fmt, ap);
+    va_end(ap);
+}
+
+static inline void reply_ok(broker *b, wire_msg *r, uint64_t rid, uint64_t value)
+{
+    reply_init(b, r, WIRE_OK, rid);
+    r->u.value = value;
+}
+
+static inline batch_id to_batch(const wire_unit *u)
+{
+    batch_id id = {u->epoch, u->bucket, (uint32_t)u->index};
+    return id;
+}
+
+static inline wire_unit to_unit(const batch_id *id)
+{
+    wire_unit u = {id->epoch, id->bucket, id->index};
+    return u;
+}
+
+/* --- shared between the broker's files ------------------------------------------------------ */
+
+/* broker.c */
+void broker_publish(broker *b, const char *topic, const wire_msg *m);
+/* Removes batch id from every drafter's held list. */
+void broker_held_remove_all(broker *b, const batch_id *id);
+/* True when draining and nothing is left to hand out (claims are answered SHUTDOWN). */
+bool broker_drained(const broker *b);
+/* What the importer needs to map the granted slot. */
+void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w);
+/* Warns when the registered slots cannot hold min_ready ready ones. */
+void broker_warn_reservoir(const broker *b);
+
+/* broker_config.c: the reservoir against the depth cap for a step of world ranks (0 or
+ * DFLASH_ERANGE with why, optional, set); bucket shares from text (0 or DFLASH_EINVAL). */
+int broker_depth_check(const queue_config *c, uint32_t world, char *why, size_t why_len);
+int broker_parse_shares(const char *s, uint32_t n, double *out);
+
+/* broker_groups.c: the group requests (each fills *r); a drafter gone; a released unit of a
+ * step in flight. */
+void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r);
+void broker_on_group_set_id(broker *b, peer *p, const wire_msg *m, wire_msg *r);
+void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r);
+void broker_on_step_done(broker *b, peer *p, const wire_msg *m, wire_msg *r);
+void broker_on_group_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r);
+void broker_groups_peer_gone(broker *b, peer *p);
+bool broker_group_step_owns(broker *b, const batch_id *id);
+
+/* broker_steering.c: Set and Pause/Resume/Drain (each fills *r); the steering journaled as the
+ * ledger's settings record (0, or a code with why, optional, saying it is not durable); the
+ * journaled steering back in force at start-up. */
+void broker_on_set(broker *b, const wire_msg *m, wire_msg *r);
+void broker_on_mode(broker *b, const wire_msg *m, wire_msg *r, policy_mode mode);
+int broker_journal_steering(broker *b, char *why, size_t why_len);
+void broker_restore_steering(broker *b);
+
+/* broker_security.c: loads the CURVE keys and starts the ZAP handler (before any CURVE bind;
+ * 0 or DFLASH_ECONFIG/EZMQ, logged); a socket of type bound to endpoint (and cfg.bind for the
+ * ROUTER), NULL with *err set. */
+int broker_security_start(broker *b, const queue_config *cfg);
+void *broker_bind_socket(broker *b, int type, const char *endpoint, int *err);
+
+#endif

@@ -1,7 +1,8 @@
 /* ops_cuda_ctx: what the .cu files of the cuda backend whose ops take a context share
- * (ops_cuda.cu): the context struct nn_ctx and the cuBLASLt cache entries it embeds, the sizes
- * of its scratch, the bf16 typedef and MAIN_STREAM_ONLY. The attention and optimizer files take
- * a stream, not a context (ops_cuda.h). CUDA only: include from .cu files.
+ * (ops_cuda.cu, ops_cuda_linear.cu): the context struct nn_ctx and the cuBLASLt cache entries it
+ * embeds, the sizes of its scratch, the bf16 typedef, MAIN_STREAM_ONLY, and the functions each
+ * file gives the others (the ops for the vtable, make_ops in ops_cuda.cu). The attention and
+ * optimizer files take a stream, not a context (ops_cuda.h). CUDA only: include from .cu files.
  *
  * nn_ctx is made by nn_cuda_new (ops_cuda.cu, whose top comment lists what it holds). One host
  * thread uses a context at a time; every op queues its work on c->stream (ops_cuda.cu,
@@ -65,5 +66,27 @@ struct nn_ctx {
  * attention buffers) run on the main stream only (ops.h side_begin): side work reusing it would
  * race the main stream's. */
 #define MAIN_STREAM_ONLY(c) assert((c)->stream == (c)->main)
+
+/* The chunk of rows that a block of the column-sum kernels adds up (blockIdx.y per chunk):
+ * k_rmsnorm_bwd_dw (ops_cuda.cu) and k_colsum (ops_cuda_linear.cu). */
+#define COLSUM_ROWS 128
+
+/* ops_cuda_linear.cu: the vtable's matmul_tune, linear_fwd, linear_fwd_res and linear_bwd (ops.h),
+ * queued on c->stream; their products run on the main stream only. */
+int cu_matmul_tune(nn_ctx *c, int candidates);
+void cu_linear_fwd(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *b, int M,
+                   int K, int N);
+void cu_linear_fwd_res(nn_ctx *c, nn_buf *y, const nn_buf *x, const nn_buf *w, const nn_buf *res,
+                       int M, int K, int N);
+void cu_linear_bwd(nn_ctx *c, nn_buf *dx, nn_buf *dw, float *db, const nn_buf *dy, const nn_buf *x,
+                   const nn_buf *w, int M, int K, int N, int mode);
+/* Column-major D[m,n] = op(A) op(B) (+ C when beta = 1; C is D when NULL) by cuBLASLt, with the
+ * context's cached descriptors, queued on the main stream (asserted); lm_head's products too. */
+void cu_lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
+                  const void *B, int ldb, void *D, int ldc, int d_f32, float beta,
+                  const void *C = NULL);
+/* The candidates a new context times per new matmul shape (nn_cuda_new): DFLASH_LT_TUNE clamped
+ * to 1..16 (unset: 1, no timing). */
+int cu_lt_tune_env(void);
 
 #endif

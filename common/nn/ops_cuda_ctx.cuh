@@ -1,8 +1,9 @@
 /* ops_cuda_ctx: what the .cu files of the cuda backend whose ops take a context share
- * (ops_cuda.cu, ops_cuda_linear.cu): the context struct nn_ctx and the cuBLASLt cache entries it
- * embeds, the sizes of its scratch, the bf16 typedef, MAIN_STREAM_ONLY, and the functions each
- * file gives the others (the ops for the vtable, make_ops in ops_cuda.cu). The attention and
- * optimizer files take a stream, not a context (ops_cuda.h). CUDA only: include from .cu files.
+ * (ops_cuda.cu, ops_cuda_linear.cu, ops_cuda_norm.cu): the context struct nn_ctx and the
+ * cuBLASLt cache entries it embeds, the sizes of its scratch, the bf16 typedef, MAIN_STREAM_ONLY,
+ * vec_ok, and the functions each file gives the others (the ops for the vtable, make_ops in
+ * ops_cuda.cu). The attention and optimizer files take a stream, not a context (ops_cuda.h). CUDA
+ * only: include from .cu files.
  *
  * nn_ctx is made by nn_cuda_new (ops_cuda.cu, whose top comment lists what it holds). One host
  * thread uses a context at a time; every op queues its work on c->stream (ops_cuda.cu,
@@ -18,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <assert.h>
+#include <stdint.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -68,8 +70,17 @@ struct nn_ctx {
 #define MAIN_STREAM_ONLY(c) assert((c)->stream == (c)->main)
 
 /* The chunk of rows that a block of the column-sum kernels adds up (blockIdx.y per chunk):
- * k_rmsnorm_bwd_dw (ops_cuda.cu) and k_colsum (ops_cuda_linear.cu). */
+ * k_rmsnorm_bwd_dw (ops_cuda_norm.cu) and k_colsum (ops_cuda_linear.cu). */
 #define COLSUM_ROWS 128
+
+/* ops_cuda.cu: whether 8-wide (16-byte) access is allowed at all: DFLASH_CUDA_VEC, read once
+ * (0: off; unset: on). */
+bool cu_vec_enabled(void);
+
+/* True when 8-wide access is allowed for all of these pointers. */
+static inline bool vec_ok(const void *a, const void *b, const void *c) {
+    return cu_vec_enabled() && ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+}
 
 /* ops_cuda_linear.cu: the vtable's matmul_tune, linear_fwd, linear_fwd_res and linear_bwd (ops.h),
  * queued on c->stream; their products run on the main stream only. */
@@ -88,5 +99,23 @@ void cu_lt_matmul(nn_ctx *c, int ta, int tb, int m, int n, int k, const void *A,
 /* The candidates a new context times per new matmul shape (nn_cuda_new): DFLASH_LT_TUNE clamped
  * to 1..16 (unset: 1, no timing). */
 int cu_lt_tune_env(void);
+
+/* ops_cuda_norm.cu: the vtable's rmsnorm_fwd, rmsnorm_bwd, rope_table, head_norm_rope_fwd,
+ * head_norm_rope_bwd and qkv_norm_rope_fwd (ops.h), queued on c->stream. */
+void cu_rmsnorm_fwd(nn_ctx *c, nn_buf *out, float *rstd, const nn_buf *x, const nn_buf *w, int R,
+                    int C, float eps);
+void cu_rmsnorm_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
+                    const nn_buf *w, const float *rstd, int R, int C, const nn_buf *dres);
+void cu_rope_table(nn_ctx *c, float *rot, const int32_t *pos, const float *inv_freq, int T, int d);
+void cu_head_norm_rope_fwd(nn_ctx *c, nn_buf *out, const nn_buf *x, const nn_buf *w,
+                           const float *rot, int T, int nh, int d, float eps);
+void cu_head_norm_rope_bwd(nn_ctx *c, nn_buf *dx, float *dw, const nn_buf *dy, const nn_buf *x,
+                           const nn_buf *w, const float *rot, int T, int nh, int d, float eps);
+void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_buf *qkv,
+                          const nn_buf *qn, const nn_buf *kn, const float *rot, int T, int H,
+                          int Hk, int d, float eps);
+/* Raises the pipelined RMSNorm kernels' shared-memory limits on the current device (once per
+ * context, nn_cuda_new); false when CUDA refuses. */
+bool cu_norm_pipe_attrs(void);
 
 #endif

@@ -1,9 +1,9 @@
 /* ops_cuda_ctx: what the .cu files of the cuda backend whose ops take a context share
- * (ops_cuda.cu, ops_cuda_linear.cu, ops_cuda_norm.cu): the context struct nn_ctx and the
- * cuBLASLt cache entries it embeds, the sizes of its scratch, the bf16 typedef, MAIN_STREAM_ONLY,
- * vec_ok, and the functions each file gives the others (the ops for the vtable, make_ops in
- * ops_cuda.cu). The attention and optimizer files take a stream, not a context (ops_cuda.h). CUDA
- * only: include from .cu files.
+ * (ops_cuda.cu, ops_cuda_linear.cu, ops_cuda_norm.cu, ops_cuda_xent.cu): the context struct
+ * nn_ctx and the cuBLASLt cache entries it embeds, the sizes of its scratch, the bf16 typedef,
+ * MAIN_STREAM_ONLY, vec_ok, and the functions each file gives the others (the ops for the vtable,
+ * make_ops in ops_cuda.cu). The attention and optimizer files take a stream, not a context
+ * (ops_cuda.h). CUDA only: include from .cu files.
  *
  * nn_ctx is made by nn_cuda_new (ops_cuda.cu, whose top comment lists what it holds). One host
  * thread uses a context at a time; every op queues its work on c->stream (ops_cuda.cu,
@@ -117,5 +117,13 @@ void cu_qkv_norm_rope_fwd(nn_ctx *c, nn_buf *q, nn_buf *k, nn_buf *v, const nn_b
 /* Raises the pipelined RMSNorm kernels' shared-memory limits on the current device (once per
  * context, nn_cuda_new); false when CUDA refuses. */
 bool cu_norm_pipe_attrs(void);
+
+/* ops_cuda_xent.cu: the vtable's lm_head_xent and lm_head_argmax (ops.h); their products run on
+ * the main stream only. */
+void cu_lm_head_xent(nn_ctx *c, nn_buf *dh, float *out_sums, int32_t *correct, const nn_buf *h,
+                     const nn_buf *W, const int32_t *labels, const float *weights, float inv_norm,
+                     nn_buf *scratch, int Q, int D, int V, int chunk);
+void cu_lm_head_argmax(nn_ctx *c, int32_t *out, const nn_buf *h, const nn_buf *W, nn_buf *scratch,
+                       int Q, int D, int V, int chunk);
 
 #endif

@@ -1,7 +1,7 @@
 /* cp_async: the Ampere-style asynchronous copies global -> shared (cp.async, 16 bytes per thread
  * and instruction) and their commit groups, shared by the attention kernels (attn_spans.cuh,
- * mma_frag.cuh, wgmma.cuh) and the row kernels of ops_cuda.cu that keep rows in flight through
- * shared memory. sm_80 and later. Header-only device code (no -rdc in this build).
+ * mma_frag.cuh, wgmma.cuh) and the RMSNorm row kernels of ops_cuda_norm.cu that keep rows in
+ * flight through shared memory. sm_80 and later. Header-only device code (no -rdc in this build).
  */
 #ifndef DFLASH_CP_ASYNC_CUH
 #define DFLASH_CP_ASYNC_CUH

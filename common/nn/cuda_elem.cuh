@@ -1,5 +1,6 @@
 /* cuda_elem: device helpers shared by the cuda backend's memory-bound kernels (ops_cuda.cu,
- * ops_cuda_optim.cu; also bench/cuda_ops/wg_gemm_probe.cu): grid sizes for grid-stride loops,
+ * ops_cuda_linear.cu, ops_cuda_norm.cu, ops_cuda_xent.cu, ops_cuda_optim.cu; also
+ * bench/cuda_ops/wg_gemm_probe.cu): grid sizes for grid-stride loops,
  * 16-byte loads and stores of 8 bf16, warp and block sums in a fixed order, SwiGLU's value.
  * Header-only (static inline); include from .cu files.
  */

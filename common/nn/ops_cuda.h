@@ -11,15 +11,16 @@
  * without waiting, except download / download_raw / sync, which wait for both streams (the caller
  * reads the host result next). alloc/free are setup-time calls (cudaMalloc / cudaFree).
  *
- * Files: ops_cuda.cu (context, memory, copies, SwiGLU, the vtable), ops_cuda_linear.cu (linear via
- * cuBLASLt), ops_cuda_norm.cu (RMSNorm, RoPE, head norm + RoPE), ops_cuda_xent.cu (lm_head with
- * the loss or argmax), ops_cuda_ctx.cuh (the context struct these four share), ops_cuda_optim.cu
- * (sumsq, AdamW, scale), ops_cuda_attn.cu (the attention launchers and
- * their CUDA-core kernels for any head dim <= 256). The launchers try, in order: the Hopper wgmma
+ * Files: ops_cuda.cu (context, memory, copies, SwiGLU, the vtable), ops_cuda_linear.cu (linear
+ * via cuBLASLt), ops_cuda_norm.cu (RMSNorm, RoPE, head norm + RoPE), ops_cuda_xent.cu (lm_head
+ * with the loss or argmax), ops_cuda_ctx.cuh (the context struct these four share),
+ * ops_cuda_optim.cu (sumsq, AdamW, scale), ops_cuda_attn.cu (the attention launchers and their
+ * CUDA-core kernels for any head dim <= 256). The launchers try, in order: the Hopper wgmma
  * kernels (ops_cuda_attn_wgmma.cu: causal and block forward; ops_cuda_attn_wgbwd.cu: block
  * backward, reached through ops_cuda_attn_bwd.cu), the mma.sync ones (ops_cuda_attn_mma.cu,
  * ops_cuda_attn_bwd.cu; the block backward's entry and scratch: ops_cuda_attn_split.cu), then
- * the CUDA-core ones; each declines shapes or pointers it does not take. DFLASH_CUDA_ATTN (docs/operating.md) pins one.
+ * the CUDA-core ones; each declines shapes or pointers it does not take. DFLASH_CUDA_ATTN
+ * (docs/operating.md) pins one.
  * Threads: one host thread uses a context at a time.
  */
 #ifndef DFLASH_NN_OPS_CUDA_H

@@ -237,6 +237,7 @@ static void test_row_savings(world *w) {
  * sequence, nor on which other blocks are packed with it. */
 static void test_mask(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 1);
+    CHECK(m != NULL);
     if (!m) return;
     randomise(m);
     int B = w->cfg.block_size;
@@ -280,6 +281,7 @@ static void test_mask(world *w) {
 
 static void test_anchors_and_weights(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 32, 1);
+    CHECK(m != NULL);
     if (!m) return;
     dflash_train_cfg tc = w->tc;
     tc.n_anchors = 100; /* more than the candidates: all of them */
@@ -304,12 +306,21 @@ static void test_anchors_and_weights(world *w) {
     dflash_train_sample_anchors(m, &w->tc, &w->view, 4, 17);
     memcpy(a2, m->h_blk_anchor, sizeof a2);
     CHECK(!memcmp(a1, a2, sizeof a1));
-    int differs = 0;
+    /* each of the three changes the draw (seq 0 picks 3 of 6 candidates: 1 in 20 draws alike) */
+    int differs_epoch = 0, differs_batch = 0, differs_seed = 0;
     for (int e = 5; e < 15; e++) {
         dflash_train_sample_anchors(m, &w->tc, &w->view, (uint64_t)e, 17);
-        differs += memcmp(a1, m->h_blk_anchor, sizeof a1) != 0;
+        differs_epoch += memcmp(a1, m->h_blk_anchor, sizeof a1) != 0;
+        dflash_train_sample_anchors(m, &w->tc, &w->view, 4, (uint64_t)e + 13);
+        differs_batch += memcmp(a1, m->h_blk_anchor, sizeof a1) != 0;
+        dflash_train_cfg seeded = w->tc;
+        seeded.seed += (uint64_t)e;
+        dflash_train_sample_anchors(m, &seeded, &w->view, 4, 17);
+        differs_seed += memcmp(a1, m->h_blk_anchor, sizeof a1) != 0;
     }
-    CHECK(differs >= 5);
+    CHECK(differs_epoch >= 5);
+    CHECK(differs_batch >= 5);
+    CHECK(differs_seed >= 5);
     /* weights of block (seq 1, anchor 2): offsets 1 (t=3), 2 (t=4 masked), 3 (t=5) */
     int32_t bs = 1, ba = 2;
     double ws;
@@ -337,6 +348,7 @@ static void test_anchors_and_weights(world *w) {
 
 static void test_training_reduces_loss(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 3);
+    CHECK(m != NULL);
     if (!m) return;
     dflash_train_cfg tc = w->tc;
     tc.lr = 1e-2;
@@ -536,6 +548,7 @@ static void check_ckpt_files(const dflash_model *m, const char *dir) {
 static void test_async_step(world *w) {
     dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
     dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+    CHECK(a != NULL && b != NULL);
     if (!a || !b) return;
     dflash_train_cfg tc = w->tc;
     tc.lr = 3e-3;
@@ -574,6 +587,7 @@ static void test_async_step(world *w) {
  * allocations; the trainer and the target report the same count for their hot loops). */
 static void test_no_alloc_in_steps(world *w) {
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 16, 5);
+    CHECK(m != NULL);
     if (!m) return;
     CHECK_EQ_INT(dflash_train_prepare(m), 0);
     /* the whole batch, its first sequence alone, its second alone */
@@ -830,6 +844,7 @@ static void test_checkpoint(world *w) {
     CHECK(mkdtemp(root) != NULL);
     dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
     dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    CHECK(a != NULL && b != NULL);
     if (!a || !b) return;
     dflash_train_cfg tc = w->tc;
     tc.lr = 3e-3;
@@ -995,6 +1010,7 @@ static void test_eval(world *w) {
 
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 32, 3);
     dflash_model *s = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 3, 3);
+    CHECK(m != NULL && s != NULL);
     if (!m || !s) return;
     dflash_tau before = {0}, after = {0}, small = {0}, naive = {0};
     CHECK_EQ_INT(dflash_eval_tau(m, &w->view, NULL, &before), 0);
@@ -1055,6 +1071,7 @@ static void test_slot_view(world *w) {
         pos[t] = t < T0 ? t : t - T0;
     dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 4);
     dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 4);
+    CHECK(a != NULL && b != NULL);
     if (!a || !b) return;
     dflash_batch_view v;
     char err[256];

@@ -75,8 +75,12 @@ static void tiny_init(tiny *w, int layers) {
     w->tc.clip = CLIP;
 }
 
+/* A failed creation is a failed check (the callers then return early). */
 static dflash_model *tiny_model(tiny *w, uint64_t seed) {
-    return dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, MAXT, MAXB, seed);
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, MAXT, MAXB,
+                                       seed);
+    CHECK(m != NULL);
+    return m;
 }
 
 static void tiny_free(tiny *w) { nn_cpu_destroy(&w->ctx); }
@@ -458,6 +462,7 @@ static size_t n_differ(const float *a, const float *b, size_t n) {
 static void test_empty_rank(void) {
     CHECK_EQ_INT(run_procs(3, d_proc), 0);
     size_t n = R[0].n_params;
+    CHECK(n > 0 && n <= MAXP && R[1].n_params == n && R[2].n_params == n);
     if (!(n > 0 && n <= MAXP)) return;
     for (int s = 0; s < D_STEPS; s++) {
         CHECK_NEAR(R[0].loss[s], R[2].loss[s], 1e-12 * R[2].loss[s]);

@@ -168,6 +168,7 @@ static void test_rewind_below_commit(void)
     for (int round = 0; round < 2; round++) { /* replayed, then from a snapshot */
         ledger_destroy(&l);
         l = open_ledger(jp, 0, 0);
+        CHECK(l != NULL);
         if (!l) return;
         CHECK_EQ_INT(committed_count(l), 5);
         CHECK_EQ_INT(state_of(l, 0, 0, 5, NULL), BATCH_TODO);
@@ -197,6 +198,7 @@ static void test_rewind_below_commit(void)
         CHECK_EQ_INT(ledger_compact(l), 0);
         ledger_destroy(&l);
         l = open_ledger(jp, 0, 0);
+        CHECK(l != NULL);
         if (!l) return;
     }
     ledger_destroy(&l);

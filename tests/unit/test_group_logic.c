@@ -2,7 +2,8 @@
  * broker-level test (test_group_broker.c) does not reach:
  *   - a rank whose communicator failed to open while FORMING re-forms the group at once;
  *   - the resolver of a step in flight dies: the next surviving first rank resolves it;
- *   - every rank dies with a step in flight: it is aborted and the empty group is deleted;
+ *   - every admitted rank dies with a step in flight: it is aborted, a pending joiner forms the
+ *     next epoch alone; with no joiner the empty group is deleted;
  *   - a pending joiner that dies changes nothing (no new epoch);
  *   - a step claim for the step after the one in flight waits (EAGAIN) instead of failing;
  *   - the max-world limit and "one group per peer". */
@@ -109,8 +110,22 @@ int main(void)
     CHECK_EQ_INT(group_count(t2), 0);
     CHECK(!group_leave(t2, 12, &o));
 
+    /* a group's only member dies with a step in flight: the step is aborted (its slot handed
+     * back to the broker) and the empty group is deleted */
+    group_table *t3 = group_table_new();
+    uint64_t solo = 20;
+    g = form(t3, &solo, 1);
+    group_slot s1[1] = {slot_of(20, 0)};
+    group_step_begin(g, 1, s1);
+    CHECK(group_leave(t3, 20, &o));
+    CHECK_EQ_INT(o.verdict, GROUP_ABORT);
+    CHECK_EQ_INT(o.n_slots, 1);
+    CHECK_EQ_INT(group_count(t3), 0);
+    CHECK(group_find(t3, "g") == NULL);
+
     group_table_destroy(&t);
     group_table_destroy(&t2);
+    group_table_destroy(&t3);
     CHECK(t == NULL);
     CHECK_DONE();
 }

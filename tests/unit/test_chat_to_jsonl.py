@@ -109,9 +109,10 @@ with tempfile.TemporaryDirectory() as d:
     log = io.StringIO()
     written, skipped, tokens, trained = c2j.run(tok, src, dst, {}, 0, log=log)
     check((written, skipped) == (2, 3), f"2 written, 3 skipped: {written}, {skipped}")
-    reasons = log.getvalue()
+    reasons = log.getvalue().splitlines()
     for n, why in ((2, "not JSON"), (3, "unknown role 'tool'"), (4, "no assistant reply")):
-        check(f"{src}:{n}: skipped: " in reasons and why in reasons, f"line {n}: {why}")
+        said = [r for r in reasons if r.startswith(f"{src}:{n}: skipped: ")]
+        check(len(said) == 1 and why in said[0], f"line {n}: {why}")
     with open(dst) as f:
         out = [json.loads(x) for x in f]
     check(len(out) == 2 and all(set(o) == {"input_ids", "loss_mask"} for o in out),

@@ -364,7 +364,9 @@ static void test_training_reduces_loss(world *w) {
            last, met.accuracy, met.accept_len, met.step);
     CHECK(last < 0.5 * first);
     CHECK_EQ_INT(met.step, 40);
-    CHECK(met.accept_len >= 1.0 && met.accept_len <= 4.0);
+    /* [1, B] holds by construction; a model that learned the batch accepts well past 1 (this
+     * run: accuracy ~0.92, accept length ~2.67 of 4) */
+    CHECK(met.accept_len > 1.5 && met.accept_len <= 4.0);
     /* schedule: warmup ceil(0.04*40)=2 steps, then cosine to 0 at step 40 */
     CHECK_NEAR(dflash_train_lr(&tc, 0), 0.5e-2, 1e-12);
     CHECK_NEAR(dflash_train_lr(&tc, 1), 1e-2, 1e-12);

@@ -4,7 +4,8 @@
  * Every backward is checked by central differences of a scalar loss L = sum(out * R) with a
  * fixed random R (so dout = R): analytic gradient vs (L(x+e) - L(x-e)) / 2e for every input
  * element, error measured relative to the largest gradient. Properties a model author relies on
- * are checked directly: rope_bwd undoes rope_fwd, packed causal attention equals per-sequence
+ * are checked directly: the RoPE table is cos | sin of each angle, head norm + RoPE is the norm
+ * then the rotation worked by hand (and in place), packed causal attention equals per-sequence
  * attention, the DFlash block mask (context range + own block, keep = 0 gives zeros), zero-weight
  * rows of the loss give no gradient, AdamW matches torch's formula worked by hand.
  */

@@ -197,7 +197,11 @@ int main(int argc, char **argv)
     }
     int status = 0;
     waitpid(probe, &status, 0);
-    int n_dev = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+    if (!WIFEXITED(status)) { /* a crashing probe is a failure, not a machine without a GPU */
+        fprintf(stderr, "the CUDA device probe died (signal %d)\n", WTERMSIG(status));
+        return 1;
+    }
+    int n_dev = WEXITSTATUS(status);
     if (n_dev == 0) {
         printf("no CUDA device: skipped\n");
         return 77;

@@ -8,9 +8,12 @@
  * call says DFLASH_ESTALE, and retry on timeouts, as the real daemons do. The parent kills the
  * broker with SIGKILL after 12 trained batches, restarts it on the same journal, and waits until
  * all 40 batches are trained. Checks: every unit trained exactly once, and the restarted broker's
- * ledger has 40 trained-or-committed, none to-do or in flight. */
+ * ledger has 40 trained-or-committed, none to-do or in flight, and nothing is granted again in the
+ * second after that. */
 #include "check.h"
 #include "harness.h"
+
+#include <fcntl.h>
 
 #define BATCHES 20
 #define BUCKETS 2
@@ -176,6 +179,20 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(s.batches_todo, 0);
     CHECK_EQ_INT(s.batches_inflight, 0);
     CHECK(s.batches_committed > 0);
+    /* and no batch is granted again once all are trained: the consumer prints nothing more
+     * (a second training after the 40th distinct one would otherwise go unread) */
+    int late = 0;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    for (uint64_t quiet = h_now_ms() + 1000; h_now_ms() < quiet;) {
+        if (fgets(line, sizeof line, in)) {
+            late++;
+            fprintf(stderr, "after all batches were trained: %s", line);
+        } else {
+            clearerr(in);
+            h_sleep_ms(20);
+        }
+    }
+    CHECK_EQ_INT(late, 0);
     printf("%d trainings of %d batches, %llu committed, broker restarted once\n", trained, TOTAL,
            (unsigned long long)s.batches_committed);
     client_destroy(&c);

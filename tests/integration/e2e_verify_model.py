@@ -96,6 +96,12 @@ def main():
                 f"{matched}")
             if len(matched) != 6 or "6 slots verified" not in text:
                 failures.append(f"expected 6 verified slots:\n{tail(good.log_path)}")
+            # both buckets, so both slot shapes, were among them
+            buckets = set(re.findall(r"batch \(\d+, (\d+), \d+\): \d+ tokens, \d+ sequences "
+                                     r"match a direct forward", text))
+            if buckets != {"0", "1"}:
+                failures.append(f"the verified slots cover buckets {sorted(buckets)}, want "
+                                f"both (0 and 1):\n{tail(good.log_path)}")
         bad.start()
         rc = bad.wait(120)
         if rc != 3 or "VERIFY FAILED" not in bad.text():

@@ -31,15 +31,19 @@ export PATH=$WORK/bin:$PATH
 unset CMAKE_GENERATOR
 
 failed=0
-# run NAME SCRIPT ARGS...: the script must get past its configure to the build step (exit 3)
+# run NAME WANT SCRIPT ARGS...: the script must get past its configure to the build step (exit 3)
+# with build/ configured for the generator WANT
 run() {
-    local name=$1 rc=0
-    shift
+    local name=$1 want=$2 rc=0 gen
+    shift 2
     : > "$WORK/builds"
     (cd "$ROOT" && "$@") > "$WORK/$name.log" 2>&1 || rc=$?
-    if [ "$rc" = 3 ] && [ -s "$WORK/builds" ]; then
-        echo "ok: $name configured $(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' \
-            "$ROOT/build/CMakeCache.txt")"
+    gen=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$ROOT/build/CMakeCache.txt" 2>/dev/null)
+    if [ "$rc" = 3 ] && [ -s "$WORK/builds" ] && [ "$gen" = "$want" ]; then
+        echo "ok: $name configured $gen"
+    elif [ "$rc" = 3 ] && [ -s "$WORK/builds" ]; then
+        echo "FAIL: $name configured '$gen', want '$want'"
+        failed=$((failed + 1))
     else
         echo "FAIL: $name: exit $rc before its build step:"
         tail -n 5 "$WORK/$name.log"
@@ -47,17 +51,20 @@ run() {
     fi
 }
 train() {
-    run "$1" bash scripts/train --model "$WORK/model" --data "$WORK/data.jsonl" \
+    run "$1" "$2" bash scripts/train --model "$WORK/model" --data "$WORK/data.jsonl" \
         --out "$WORK/out" --build build
 }
 
-# a new build/ from scripts/train, then scripts/test
-train "train on a new build dir"
-run "test after train" bash scripts/test
+# a new build/ from scripts/train, then scripts/test; and the other way round
+train "train on a new build dir" Ninja
+run "test after train" Ninja bash scripts/test
+rm -rf "$ROOT/build"
+run "test on a new build dir" Ninja bash scripts/test
+train "train after test" Ninja
 # a build/ made by hand with Unix Makefiles
 rm -rf "$ROOT/build"
 "$CMAKE" -S "$ROOT" -B "$ROOT/build" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release > /dev/null
-run "test on a Makefiles build dir" bash scripts/test
-train "train on a Makefiles build dir"
+run "test on a Makefiles build dir" "Unix Makefiles" bash scripts/test
+train "train on a Makefiles build dir" "Unix Makefiles"
 [ "$failed" = 0 ] || exit 1
 echo "ok: scripts/train and scripts/test share build/"

@@ -28,6 +28,12 @@ if train --token-budget 32 --buckets 32 >"$WORK/first.log" 2>&1; then
     echo "FAIL: the first run trained on samples longer than its token budget" >&2
     exit 1
 fi
+# ... and failed where the regression starts: its conversion kept no sample
+if ! grep -q "converting" "$WORK/first.log" || ! grep -q "no line kept" "$WORK/first.log"; then
+    echo "FAIL: the first run did not fail in its conversion (no line kept):" >&2
+    tail -n 20 "$WORK/first.log" >&2
+    exit 1
+fi
 if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
     echo "FAIL: the second run, with a token budget that fits, did not train:" >&2
     tail -n 20 "$WORK/second.log" >&2

@@ -316,8 +316,44 @@ def main():
     broken["services"][target]["restart"] = "unless-stopped"
     rc |= expect("refused: a target restarted unless-stopped", check_namespaces(broken),
                  "must stay down")
+    # the namespace holder: each of its four settings taken away in turn
+    holder = joined(by_daemon(cfg, "dflash-target")[0][1], "ipc")
+    for key, value, want in (("ipc", "private", "needs ipc: shareable"),
+                             ("init", False, "needs init: True"),
+                             ("shm_size", None, "needs shm_size"),
+                             ("restart", "no", "must come back")):
+        broken = copy.deepcopy(cfg)
+        if value is None:
+            broken["services"][holder].pop(key, None)
+        else:
+            broken["services"][holder][key] = value
+        rc |= expect(f"refused: the holder with {key} {value}", check_namespaces(broken), want)
+    broken = copy.deepcopy(cfg)
+    for n, s in by_daemon(broken, "dflash-drafter"):
+        s.pop("ipc", None)
+    rc |= expect("refused: drafters outside the holder's IPC namespace",
+                 check_namespaces(broken), "do not all join one ipc namespace holder")
     tname = by_daemon(train, "dflash-target")[0][0]
     dname = by_daemon(train, "dflash-drafter")[0][0]
+    broken = copy.deepcopy(train)
+    broken["services"][dname]["environment"]["DFLASH_VERIFY"] = "true"
+    rc |= expect("refused: a verifying drafter beside a real target", check_training(broken),
+                 "--verify needs the synthetic target")
+    broken = copy.deepcopy(train)
+    broken["services"][dname]["environment"]["DFLASH_MODEL"] = "/models/other"
+    rc |= expect("refused: a drafter trained for another model", check_training(broken),
+                 "is not the target's")
+    for svc in (tname, dname):
+        broken = copy.deepcopy(train)
+        broken["services"][svc]["volumes"] = [v for v in broken["services"][svc]["volumes"]
+                                              if "/models" not in str(v)]
+        rc |= expect(f"refused: the {svc}'s model on no volume", check_training(broken),
+                     "/models/target is on no volume")
+    broken = copy.deepcopy(train)
+    broken["services"][tname]["volumes"] = [v for v in broken["services"][tname]["volumes"]
+                                            if "/data" not in str(v)]
+    rc |= expect("refused: the shards on no volume", check_training(broken),
+                 "/data/train.shard is on no volume")
     for svc, var, want in ((tname, "DFLASH_SHARDS", "without DFLASH_SHARDS"),
                            (dname, "DFLASH_MODEL", "without DFLASH_MODEL"),
                            (dname, "DFLASH_CHECKPOINT_DIR", "without DFLASH_CHECKPOINT_DIR"),

@@ -3,8 +3,10 @@
  * Runs the real daemons as processes on the host backend: dflash-queue, dflash-target --model
  * synthetic paced at --producer-rate batches/s, and --drafters dflash-drafter --verify each paced
  * at --consumer-rate. First it measures each side alone, in this process, with the same pacing
- * and the same per-batch work (synthetic fill / byte-exact verify of one slot), then the
- * end-to-end rate of committed batches from the broker's ledger over --seconds after a warm-up.
+ * and the same per-batch work (synthetic fill / byte-exact verify of one slot, the buckets in
+ * turn), then the end-to-end rate of committed batches from the broker's ledger over --seconds
+ * after a warm-up. With --backend cuda the daemons also move each slot to and from the GPU,
+ * which the sides alone (host work only) leave out: there, the ratio is against the host work.
  * Prints one table; the last line is end-to-end / slower side alone (goal >= 97%).
  * --targets N runs N targets (pools of their own, named bench-t0..): the drafters' grants then
  * alternate between pools, which their importers keep mapped side by side. Exit 1 when a daemon
@@ -88,35 +90,45 @@ static void pace(double period, double *next)
     *next += period;
 }
 
-/* One side alone: fill (producer) or verify (consumer) paced at rate for `secs`. */
+/* One side alone: fill (producer) or verify (consumer) paced at rate for `secs`, both over the
+ * buckets in turn (the daemons' mix: every bucket holds the same number of batches), the
+ * consumer on slots filled beforehand, one per bucket. The work is the daemons' per-batch work
+ * on the host; -1 when a fill or a verification fails. */
 static double side_alone(const slot_layout *l, double rate, bool producer, double secs)
 {
-    void *slot = aligned_alloc(256, l->slot_bytes);
+    void *slot[N_BUCKETS] = {NULL};
+    synthetic_params sp[N_BUCKETS];
+    double r = -1;
+    for (uint32_t b = 0; b < N_BUCKETS; b++) {
+        slot[b] = aligned_alloc(256, l->slot_bytes);
+        if (!slot[b]) goto out;
+        sp[b] = synthetic_bucket_params(BUCKETS, N_BUCKETS, b, 32000, l->token_budget);
+        slot_work_unit wu = {0, b, 0};
+        if (!producer && synthetic_fill(slot[b], l, &wu, &sp[b], 0) <= 0) goto out;
+    }
     double t0 = monotime_s(), next = t0, period = rate > 0 ? 1 / rate : 0;
     uint64_t n = 0;
-    slot_work_unit wu = {0, 0, 0};
-    synthetic_params sp = synthetic_bucket_params(BUCKETS, N_BUCKETS, 0, 32000, l->token_budget);
-    if (!producer) synthetic_fill(slot, l, &wu, &sp, 0);
     while (monotime_s() - t0 < secs) {
         pace(period, &next);
-        wu.bucket = (uint32_t)(n % N_BUCKETS);
-        if (producer) {
-            sp = synthetic_bucket_params(BUCKETS, N_BUCKETS, wu.bucket, 32000, l->token_budget);
-            synthetic_fill(slot, l, &wu, &sp, 0);
-        } else {
-            wu.bucket = 0;
-            synthetic_verify(slot, l, &wu, &sp, NULL, NULL, 0);
-        }
+        uint32_t b = (uint32_t)(n % N_BUCKETS);
+        slot_work_unit wu = {0, b, 0};
+        if (producer ? synthetic_fill(slot[b], l, &wu, &sp[b], 0) <= 0
+                     : synthetic_verify(slot[b], l, &wu, &sp[b], NULL, NULL, 0) != 0)
+            goto out;
         n++;
     }
-    double r = n / (monotime_s() - t0);
-    free(slot);
+    r = n / (monotime_s() - t0);
+out:
+    for (uint32_t b = 0; b < N_BUCKETS; b++)
+        free(slot[b]);
     return r;
 }
 
+/* The child's pid, or -1 (said) when fork fails. */
 static pid_t spawn(const char *path, char *const argv[], const char *logfile)
 {
     pid_t pid = fork();
+    if (pid < 0) perror("bench-pipeline: fork");
     if (pid == 0) {
         FILE *f = freopen(logfile, "w", stderr);
         (void)f;
@@ -126,13 +138,18 @@ static pid_t spawn(const char *path, char *const argv[], const char *logfile)
     return pid;
 }
 
-/* Committed batches from the broker's ledger, retrying a few times; 0 if it never answers. */
-static uint64_t committed(client *c)
+/* Committed batches from the broker's ledger into *n, retrying a few times; false (said) if it
+ * never answers. */
+static bool committed(client *c, uint64_t *n)
 {
     wire_status st;
     for (int i = 0; i < 10; i++)
-        if (client_status(c, &st) == 0) return st.batches_committed;
-    return 0;
+        if (client_status(c, &st) == 0) {
+            *n = st.batches_committed;
+            return true;
+        }
+    fprintf(stderr, "bench-pipeline: the broker did not answer status\n");
+    return false;
 }
 
 int main(int argc, char **argv)
@@ -164,6 +181,10 @@ int main(int argc, char **argv)
     }
     double prod_alone = side_alone(&l, cfg.producer_rate, true, 2);
     double cons_one = side_alone(&l, cfg.consumer_rate, false, 2);
+    if (prod_alone < 0 || cons_one < 0) {
+        fprintf(stderr, "bench-pipeline: a synthetic fill or verification failed alone\n");
+        return 1;
+    }
     double cons_alone = cons_one * (double)cfg.drafters;
 
     char dir[] = "/tmp/bench-pipeline-XXXXXX";
@@ -183,7 +204,7 @@ int main(int argc, char **argv)
     snprintf(mr, 32, "--min-ready=%lld", (long long)cfg.min_ready);
     snprintf(md, 32, "--max-depth=%lld", (long long)cfg.max_depth);
     snprintf(slots, 32, "--slots=%lld", (long long)cfg.slots);
-    pid_t pids[20];
+    pid_t pids[1 + 4 + 16]; /* the broker, --targets (<= 4), --drafters (<= 16) */
     int np = 0;
     char *qa[] = {q, rt, "--journal=none", mr, md, NULL};
     snprintf(logf, sizeof logf, "%s/queue.log", dir);
@@ -213,14 +234,19 @@ int main(int argc, char **argv)
         pids[np++] = spawn(d, da, logf);
     }
     usleep((useconds_t)(cfg.warmup * 1e6));
-    uint64_t c0 = committed(c);
+    uint64_t c0 = 0, c1 = 0;
+    bool counted = committed(c, &c0);
     double t0 = monotime_s();
     usleep((useconds_t)(cfg.seconds * 1e6));
-    uint64_t c1 = committed(c);
-    double e2e = c1 >= c0 ? (double)(c1 - c0) / (monotime_s() - t0) : 0;
+    counted = counted && committed(c, &c1) && c1 >= c0;
+    double e2e = counted ? (double)(c1 - c0) / (monotime_s() - t0) : 0;
     client_destroy(&c);
-    int bad = 0; /* every daemon exits 0 on SIGTERM (a drafter whose batch failed: 3) */
+    int bad = !counted; /* every daemon exits 0 on SIGTERM (a drafter whose batch failed: 3) */
     for (int i = np - 1; i >= 0; i--) {
+        if (pids[i] <= 0) { /* never started (said by spawn): never kill(-1) or kill(0) */
+            bad++;
+            continue;
+        }
         kill(pids[i], SIGTERM);
         int status = 0;
         waitpid(pids[i], &status, 0);

@@ -14,7 +14,7 @@
  * rows three anchor distributions (see bench_attention: the one of the training step is labelled
  * "(step)"). The last rows time whole DFlash training steps (dflash_train_step) of a
  * Qwen3-8B-shaped drafter with that many layers on dflash_task.h's synthetic task (the tables
- * drawn afresh, not tiled), with the MFU by 6 * params * Q rows plus attention and lm_head FLOPs.
+ * drawn afresh, not tiled), with the MFU by bench-drafter's FLOPs per step (step_flops.h).
  * Energy (BENCH_ENERGY_S=S, S > 0): after each row's timing the op runs again for at least S
  * seconds and the row adds its joules per call and the board's mean power (NVML's counter,
  * ../target/energy.h; a window of ~1 s or more reads within a few %). At the board's power
@@ -34,9 +34,11 @@
 #include <cuda_runtime_api.h>
 
 #include "../target/energy.h"
+#include "../drafter/step_flops.h"
 #endif
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,7 @@ static double g_peak;
 static bench_energy g_energy;          /* the board's counter; see BENCH_ENERGY_S at the top */
 static double g_energy_s;              /* BENCH_ENERGY_S: seconds of the energy window, 0 = none */
 static double g_call_j = -1, g_call_w; /* the last time_ms's joules per call and mean power */
+static bool g_failed;                  /* the step row could not run or its steps failed: exit 1 */
 
 /* device memory in use on this GPU (all processes), GiB */
 static double mem_used_gib(void) {
@@ -337,6 +340,7 @@ static void bench_step(int layers) {
     char msg[256];
     if (dflash_task_config(&cfg, D, layers, 32, 8, 12288, NF, V, msg, sizeof msg) != 0) {
         printf("drafter step: %s\n", msg);
+        g_failed = true;
         return;
     }
     uint64_t st = RNG_GOLDEN; /* dflash_task.h's tables, as bench-drafter draws them */
@@ -345,6 +349,7 @@ static void bench_step(int layers) {
     void *hid = dflash_task_table(O, C, &st, (size_t)T * NF * D, 1.0, 0);
     if (!emb || !lm || !hid) {
         printf("drafter step: out of device memory\n");
+        g_failed = true;
         O->free(C, emb), O->free(C, lm), O->free(C, hid);
         return;
     }
@@ -352,6 +357,8 @@ static void bench_step(int layers) {
     dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, 512, 1);
     if (!m) {
         printf("drafter step: dflash_model_new failed\n");
+        g_failed = true;
+        O->free(C, emb), O->free(C, lm), O->free(C, hid);
         return;
     }
     O->sync(C);
@@ -373,32 +380,27 @@ static void bench_step(int layers) {
     for (int i = 0; i < 2; i++)
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
-    int steps = 5;
-    double j0 = g_energy_s > 0 ? bench_energy_j(&g_energy) : -1, s0 = now_s();
-    for (int i = 0; i < steps; i++)
-        dflash_train_step(m, &tc, &v, 0, (uint64_t)(10 + i), &met);
+    int steps = 5, failed_steps = 0;
+    double flop = 0, j0 = g_energy_s > 0 ? bench_energy_j(&g_energy) : -1, s0 = now_s();
+    for (int i = 0; i < steps; i++) {
+        failed_steps += dflash_train_step(m, &tc, &v, 0, (uint64_t)(10 + i), &met) != 0;
+        flop += dflash_step_flops(m, T) / steps; /* bench-drafter's formula, this step's rows */
+    }
     O->sync(C);
+    if (failed_steps || !isfinite(met.loss)) {
+        printf("drafter step: %d of %d steps failed, loss %g\n", failed_steps, steps, met.loss);
+        g_failed = true;
+    }
     double ms = (now_s() - s0) * 1e3 / steps, j1 = j0 >= 0 ? bench_energy_j(&g_energy) : -1;
     g_call_j = -1; /* the row's joules: these 5 steps' (a short window: coarse) */
     if (j0 >= 0 && j1 >= 0) g_call_j = (j1 - j0) / steps, g_call_w = g_call_j / (ms * 1e-3);
-    /* matmul FLOPs: 6 * (per-row params) * rows; attention fwd+bwd; lm_head fwd+bwd */
-    double Q = met.n_blocks * 16.0, Dd = D, F = 12288;
-    double per_layer = Dd * (32 * 128) * 2 + Dd * (8 * 128) * 2 + 3 * Dd * F; /* q,o,k,v,mlp */
-    double flop = 6.0 * Q * per_layer * layers;
-    flop += 6.0 * T * (Dd * NF * Dd + layers * 2 * Dd * 8 * 128); /* fc, context k/v */
-    double keys = 0; /* ~ blocks see half the context on average */
-    keys = Q * (T / 2.0 + 16);
-    flop += layers * keys * 32 * 128 * 14.0;
-    flop += 4.0 * m->cur_loss_rows * Dd * V; /* the rows of weight > 0: all the loss computes */
     char shape[64];
     snprintf(shape, sizeof shape, "%d layers, %d blocks, T%d", layers, met.n_blocks, T);
     row("dflash_train_step", shape, ms, flop);
     printf("step loss %.4f grad_norm %.4f (%d blocks); device memory in use %.2f GiB "
            "(drafter + target embed/lm_head + features)\n",
            met.loss, met.grad_norm, met.n_blocks, mem_used_gib());
-    printf("step FLOPs: 6*Q*(q,k,v,o,gate,up,down params per layer)*layers + 6*T*(fc + ctx k,v) + "
-           "14*H*d per visible (row, key) per layer + 4*Qw*D*V (lm_head on the Qw rows of weight > "
-           "0)\n");
+    printf("step FLOPs: bench-drafter's formula (bench/drafter/step_flops.h)\n");
     dflash_model_destroy(&m);
     O->free(C, emb), O->free(C, lm), O->free(C, hid);
     free(ids), free(lmask);
@@ -445,6 +447,6 @@ int main(int argc, char **argv) {
     if (layers > 0) bench_step(layers);
     printf("peak (measured 8192^3 bf16 linear_fwd): %.1f TFLOP/s\n", g_peak);
     nn_cuda_destroy(&C);
-    return 0;
+    return g_failed ? 1 : 0;
 }
 #endif

@@ -76,6 +76,7 @@
 #include "../target/energy.h"
 #include "../target/opprof.h"
 #include "../target/gemm_peak.h"
+#include "step_flops.h"
 #endif
 
 #include <math.h>
@@ -180,7 +181,7 @@ typedef struct {
 /* g_steps training steps queued as the drafter daemon queues them (each step's metrics
  * collected once the next is queued), between stream syncs; the curve collects their metrics */
 static void timed_steps(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *v,
-                        int layers, int T, timed_run *r) {
+                        int T, timed_run *r) {
     const int steps = g_steps;
     g_curve_n = 0, g_curve_steps = 0, g_first_bad = -1;
     r->j0 = bench_energy_j(&g_energy);
@@ -191,24 +192,11 @@ static void timed_steps(dflash_model *m, const dflash_train_cfg *tc, const dflas
         double q0 = monotime_s();
         dflash_train_step_async(m, tc, v, 0, (uint64_t)(100 + i));
         r->t_queue += monotime_s() - q0;
-        int nb = m->cur_nb;
-        double keys = 0;
-        for (int j = 0; j < nb; j++)
-            keys += (double)BS * (m->h_blk_anchor[j] + BS);
+        flop += dflash_step_flops(m, T); /* the step just queued: its blocks and rows */
         double c0 = monotime_s();
         if (dflash_train_pending(m) > 1 && dflash_train_collect(m, &r->met) == 1)
             curve_add(&r->met);
         r->t_collect += monotime_s() - c0;
-        double Q = (double)nb * BS;
-        double per_row = (double)D * H * HD + 2.0 * D * HK * HD + (double)H * HD * D + 3.0 * D * FF;
-        /* layer 0's block q, k, v run on its U distinct rows, plus the one-hot sums */
-        double qkv_row = (double)D * H * HD + 2.0 * D * HK * HD, U = m->cur_u ? m->cur_u : Q;
-        flop += 6.0 * Q * per_row * layers + 6.0 * T * 2.0 * D * HK * HD * layers +
-                4.0 * T * (double)NF * D * D + 12.0 * H * HD * keys * layers +
-                4.0 * m->cur_loss_rows * D * (double)V - 6.0 * (Q - U) * qkv_row +
-                (m->cur_u ? 2.0 * Q * m->u_cap * (H + 2.0 * HK) * HD : 0.0);
-        /* the last layer's o_proj and MLP on the Qc rows the loss reads */
-        if (m->last_compact) flop -= 6.0 * (Q - m->cur_qc) * ((double)H * HD * D + 3.0 * D * FF);
     }
     while (dflash_train_collect(m, &r->met) == 1)
         curve_add(&r->met);
@@ -225,17 +213,22 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     char msg[256];
     if (dflash_task_config(&cfg, D, layers, H, HK, FF, NF, V, msg, sizeof msg) != 0) {
         printf("%s: %s\n", name, msg);
+        g_failed = true;
         return;
     }
     void *hid = act_rand((size_t)T * NF * D, 1.0, 0);
     dflash_model *m = dflash_model_new(&cfg, O, C, emb, lm, T, n_seqs * anchors, 1 + g_seed);
     if (!m) {
         printf("%s: dflash_model_new failed\n", name);
+        g_failed = true;
         O->free(C, hid);
         return;
     }
     double tune0 = monotime_s();
-    if (dflash_model_tune(m, g_tune) < 0) printf("%s: matmul tuning failed\n", name);
+    if (dflash_model_tune(m, g_tune) < 0) {
+        printf("%s: matmul tuning failed\n", name);
+        g_failed = true;
+    }
     printf("%s: matmuls tuned with %d candidates per shape in %.1f s\n", name, g_tune,
            monotime_s() - tune0);
     int32_t *off = malloc(sizeof(int32_t) * (n_seqs + 1)), *ids = malloc(sizeof(int32_t) * T);
@@ -253,7 +246,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
         dflash_train_step(m, &tc, &v, 0, (uint64_t)i, &met);
     O->sync(C);
     timed_run r;
-    timed_steps(m, &tc, &v, layers, T, &r);
+    timed_steps(m, &tc, &v, T, &r);
     const int steps = g_steps;
     double sec = r.sec, flop = r.flop;
     size_t fr = 0, tot = 0;
@@ -286,7 +279,7 @@ static void run_case(const char *name, int layers, int n_seqs, int S, int anchor
     for (int f = 0; f < g_n_free; f++) {
         po_free = g_free_mask[f];
         timed_run x;
-        timed_steps(m, &tc, &v, layers, T, &x);
+        timed_steps(m, &tc, &v, T, &x);
         po_free = 0;
         if (f == 0) first = x;
         char en[128] = "energy n/a";

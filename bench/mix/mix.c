@@ -137,6 +137,7 @@ static uint32_t batch_tokens(uint32_t b) { return TOKENS - (uint32_t)(uniform() 
 static int run(const bench_cfg *c, const double *share, const run_spec *spec, run_result *out)
 {
     rng_state = (uint64_t)c->seed * 0x9E3779B97F4A7C15ull + 1;
+    bool deadlocked = false;
     policy *p = NULL;
     fifo q = {0};
     if (spec->use_policy) {
@@ -280,6 +281,7 @@ static int run(const bench_cfg *c, const double *share, const run_spec *spec, ru
         if (!t_next && ds == D_WAIT) {
             LOG_ERROR("bench-mix: deadlock (target blocked, drafter waiting) in run %s",
                       spec->name);
+            deadlocked = true;
             break;
         }
         double next = t_next ? t_target : t_drafter;
@@ -329,7 +331,7 @@ static int run(const bench_cfg *c, const double *share, const run_spec *spec, ru
     free(q.b);
     free(q.tok);
     free(win);
-    return 0;
+    return deadlocked ? -1 : 0; /* a cut-off run's figures are not the run's */
 }
 
 static int parse_shares(const char *s, double *share)

@@ -87,5 +87,19 @@ pipe_target() {
 # After a drain: waits up to 30 s for the target to exit.
 pipe_stop_target() {
   for _ in $(seq 150); do kill -0 $tpid 2>/dev/null || break; sleep 0.2; done
-  wait $tpid || echo "${0##*/}: dflash-target exit status $?"
+  wait $tpid || pipe_die "dflash-target exit status $? after the drain"
+}
+
+# pipe_hot_loops LOG...: each daemon log's summary line counts host waits for the whole compute
+# stream and memory allocations inside its hot loop (the target's fills, the drafter's steps);
+# prints them and dies unless every count is 0.
+pipe_hot_loops() {
+  local f counts
+  for f in "$@"; do
+    counts=$(grep -a "host waits for the whole compute stream" "$f" | tail -n 1 |
+      grep -o "inside [a-z]*: [0-9]*" || true)
+    echo "${f##*/}: $(echo $counts)"
+    [ "$(echo "$counts" | grep -c ': 0$')" = 2 ] ||
+      pipe_die "${f##*/}: host waits and allocations in the hot loop must be 0, 0"
+  done
 }

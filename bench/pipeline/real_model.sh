@@ -11,8 +11,9 @@
 #      drafter trains on the SLOTS ready batches: steps/s from the drafter's metrics.
 #   3. end to end: the target continues (SIGCONT) and both run together for E2E_STEPS steps.
 # Then the drafter exits at its --max-steps, the broker drains, and the logs' "host waits for the
-# whole compute stream" lines are printed for both hot loops (the goal is 0 inside steps and
-# fills; checkpoints outside steps wait by design).
+# whole compute stream" lines are printed for both hot loops: each count must be 0 inside steps
+# and fills (checkpoints outside steps wait by design), or the script exits 1, as it does when
+# the drain fails or a daemon exits with an error.
 #
 # Usage (GPU machine, repository root): bench/pipeline/real_model.sh BIN_DIR [MODEL_DIR]
 #   BIN_DIR holds dflash-queue, dflash-target, dflash-drafter, dflash-ctl, dflash-data and
@@ -70,7 +71,7 @@ done
 sleep 1 # the last ready batch's step runs
 kill -CONT $tpid
 wait $dpid || pipe_die "dflash-drafter failed"
-pipe_ctl drain > /dev/null
+pipe_ctl drain > /dev/null || pipe_die "dflash-ctl drain failed"
 pipe_stop_target
 
 # ---- results
@@ -114,5 +115,4 @@ if lo != hi:
           "does not compare like with like; LEN_MIN = LEN_MAX does)" % (lo, hi))
 print("loss first %.3f last %.3f" % (recs[0]["loss"], recs[-1]["loss"]))
 EOF
-grep -h "host waits for the whole compute stream" "$out/target.log" "$out/drafter.log" |
-  sed 's/.*\(INFO\|WARN\) *//'
+pipe_hot_loops "$out/target.log" "$out/drafter.log"

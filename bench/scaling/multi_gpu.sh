@@ -68,7 +68,7 @@ fi
 for p in "${gpids[@]}"; do wait "$p" || pipe_die "a group drafter failed"; done
 [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
 tv=$(pipe_status | python3 -c "import json,sys; print(json.load(sys.stdin)['tv_distance'])")
-pipe_ctl drain > /dev/null
+pipe_ctl drain > /dev/null || pipe_die "dflash-ctl drain failed"
 pipe_stop_target
 
 python3 - "$out" "$drafters" "$util" "$tv" <<'EOF'
@@ -92,8 +92,18 @@ if os.path.exists(util) and os.path.getsize(util):
     print("RESULT target_gpu_busy=%.1f%% (nvidia-smi utilization of GPU 0, %d samples)" % (sum(v) / len(v), len(v)))
 print("RESULT mix_tv_distance=%.4f" % tv)
 EOF
-grep -h "state hash\|training:" "$out"/rank*.log | sed 's/.*\(INFO\|WARN\) *//' | tail -n $((2 * drafters))
+grep -h "final state at step\|training:" "$out"/rank*.log | sed 's/.*\(INFO\|WARN\) *//' |
+  tail -n $((2 * drafters))
+# the group's ranks end at the same step with the same state (each logs its final hash)
+finals=$(for f in "$out"/rank*.log; do
+  grep -o "final state at step [0-9]* has hash [0-9a-f]*" "$f" | tail -n 1; done)
+[ "$(echo "$finals" | grep -c .)" = "$drafters" ] ||
+  pipe_die "not every rank logged its final state ($(echo "$finals" | grep -c .) of $drafters)"
+[ "$(echo "$finals" | sort -u | wc -l)" = 1 ] ||
+  pipe_die "the ranks end apart: $(echo "$finals" | tr '\n' ';')"
+echo "ranks agree: $(echo "$finals" | head -n 1)"
 if [ "$backend" = cuda ] && [ -x "$bin/test_pool_cuda" ]; then
   echo "== cross-GPU slot hand-off (GPU 0 arena, importers on GPU 0 and GPU 1)"
-  "$bin/test_pool_cuda" 64 200 | tail -n 12
+  "$bin/test_pool_cuda" 64 200 > "$out/pool_cuda.log" 2>&1 || pipe_die "test_pool_cuda failed"
+  tail -n 12 "$out/pool_cuda.log"
 fi

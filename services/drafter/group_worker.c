@@ -320,7 +320,7 @@ static int stepping(gw *g, double *backoff)
         *backoff = *backoff < 20 ? *backoff * 2 : 20;
         g->st.wait_grant_s += monotime_s() - t0;
     } else if (rc == DFLASH_ESHUTDOWN && c->exit_when_drained) {
-        LOG_INFO("the broker has drained: done");
+        LOG_INFO("the broker has nothing more for us (%s): done", client_last_error(g->cl));
         set_state(g, GW_DONE);
     } else if (rc == DFLASH_ESHUTDOWN) {
         monotime_sleep_ms(100);

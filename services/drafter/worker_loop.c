@@ -385,7 +385,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             if (rc == DFLASH_EAGAIN) w.st.wait_grant_s += monotime_s() - t0; /* not the broker's */
             rc = 0;
         } else if (rc == DFLASH_ESHUTDOWN && cfg->exit_when_drained) {
-            LOG_INFO("the broker has drained: done");
+            LOG_INFO("the broker has nothing more for us (%s): done", client_last_error(w.client));
             set_state(&w, WL_DONE);
             rc = 0;
         } else if (rc == DFLASH_ESHUTDOWN) {

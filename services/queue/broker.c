@@ -439,6 +439,32 @@ static bool epochs_done(broker *b)
     return ls.todo == 0 && ls.epochs_opened >= b->epochs;
 }
 
+/* True when the target's plan is finished: every batch of every planned epoch trained,
+ * committed or quarantined, none to do, in flight or orphaned. A claim then ends the drafter's
+ * run as a drain does (DFLASH_ESHUTDOWN, a drafter with --exit-when-drained exits and saves);
+ * it is not a state of its own: a rewind (a drafter resuming from an older checkpoint) puts
+ * batches back to do and claims are served again. */
+bool broker_plan_done(broker *b)
+{
+    ledger_stats ls;
+    ledger_get_stats(b->ledger, &ls);
+    bool done = epochs_done(b) && ls.in_flight == 0 && ls.orphaned == 0;
+    if (!done) b->plan_done_said = false;
+    return done;
+}
+
+/* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */
+void reply_plan_done(broker *b, wire_msg *r, uint64_t rid)
+{
+    if (!b->plan_done_said)
+        LOG_INFO("every batch of the %u planned epochs is trained: claims now end the drafters' "
+                 "runs (their checkpoints hold it all)", b->epochs);
+    b->plan_done_said = true;
+    reply_error(b, r, rid, DFLASH_ESHUTDOWN,
+                "every batch of the %u planned epochs is trained: nothing left to claim (a "
+                "target with more --epochs continues)", b->epochs);
+}
+
 static pool_desc *peer_pool(broker *b, peer *p, uint64_t incarnation)
 {
     if (p->role != WIRE_ROLE_TARGET || p->pool_id < 0 || !b->policy) return NULL;
@@ -554,6 +580,7 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED,
                            "a group member claims whole steps (StepClaim), not single slots");
     if (broker_drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
+    if (broker_plan_done(b)) return reply_plan_done(b, r, m->request_id);
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
     policy_grant g;
     int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);

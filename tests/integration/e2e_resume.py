@@ -14,8 +14,9 @@ together with the broker (a node lost): it has trained a batch whose ack the bro
 (the broker is frozen with SIGSTOP until the drafter's log shows a batch consumed and not acked,
 then both are killed, and the broker restarts on its journal). A checkpoint written before the
 ack would hold that batch while the broker hands it out again: trained twice. A third start
-resumes and trains the rest. When the ledger has nothing left to do the broker is drained; the
-drafter saves its final checkpoint, reports it, and exits 0. Three start-ups that must be
+resumes and trains the rest. When the ledger has nothing left to do the drafter's next claim
+learns that every batch of the epoch is trained (or, first, the broker is drained); the drafter
+saves its final checkpoint, reports it, and exits 0. Three start-ups that must be
 refused follow (exit 2, before any
 training): a --resume of the older checkpoint into the same --checkpoint-dir, which holds a
 newer one (a restart would resume from that one and the retention would delete the new run's),
@@ -122,7 +123,10 @@ def main():
 
         def all_trained():
             st = env.status(build)
-            if not drafter.alive():
+            # the drafter may end by itself: its last claim learns the epoch is all trained
+            if not drafter.alive() and (drafter.wait(1) != 0 or
+                                        "every batch of the 1 planned epochs is trained"
+                                        not in drafter.text()):
                 raise RuntimeError(f"the restarted drafter exited:\n{tail(drafter.log_path)}")
             if st and st["batches_todo"] == 0 and st["batches_inflight"] == 0 and \
                     st["batches_committed"] + st["batches_trained"] == st["batches_total"]:

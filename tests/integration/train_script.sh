@@ -41,4 +41,12 @@ if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
 fi
 grep -q "converting" "$WORK/second.log" || { echo "FAIL: not converted again" >&2; exit 1; }
 grep -q "24 sequences" "$WORK/second.log" || { echo "FAIL: sequences missing" >&2; exit 1; }
+# a run whose data runs out before --steps (one epoch of 12 batches, 1000 steps) is no success
+if train --token-budget 64 --buckets 64 --out "$WORK/short" --steps 1000 --epochs 1 \
+    >"$WORK/third.log" 2>&1; then
+    echo "FAIL: a run that stopped short of --steps exited 0" >&2
+    exit 1
+fi
+grep -q "the data ran out" "$WORK/third.log" ||
+    { echo "FAIL: the short run did not say why:" >&2; tail -n 20 "$WORK/third.log" >&2; exit 1; }
 echo "ok: converted again with the new token budget and trained"

@@ -19,6 +19,9 @@
  *     READY with another batch) left that batch in flight for ever: it returns to to-do;
  *   - two live processes with one role and name replaced each other for ever: the replaced one
  *     is refused when it says hello again;
+ *   - every batch of the target's epochs trained left the drafters waiting for ever on "nothing
+ *     eligible" (and scripts/train with them): their claims are answered SHUTDOWN saying so,
+ *     until a rewind puts batches back to do;
  *   - a drain given to a broker that knows no pool (restarted after the target had already
  *     exited at the first drain) left every drafter waiting for ever on "no pool yet": its
  *     claims and step claims are answered SHUTDOWN, so the drafters checkpoint and exit.
@@ -178,6 +181,55 @@ static void test_release_retry(void)
     stub_broker_free();
 }
 
+/* Claim, release and ack one ready batch as drafter d at step; 0 or the first error. */
+static int train_one(uint64_t step)
+{
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    int rc = stub_send("d");
+    if (rc) return rc;
+    wire_grant g = stub_rep.u.grant;
+    if ((rc = release("d", DRAFTER_INC, g.lease_id))) return rc;
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.ack = (wire_ack){g.unit, step};
+    return stub_send("d");
+}
+
+/* Every batch of the target's one epoch trained: a claim ends the drafter's run (SHUTDOWN,
+ * saying why) instead of waiting for ever; a rewind puts batches back and claims wait again. */
+static void test_plan_done(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 4);
+    p->bucket_batches[0] = 2;
+    CHECK_EQ_INT(stub_send("t"), 0);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    CHECK_EQ_INT(train_one(1), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN); /* one batch still to do */
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    CHECK_EQ_INT(train_one(2), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN);
+    CHECK(strstr(stub_rep.u.error.message, "every batch of the 1 planned epochs is trained"));
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC); /* the target waits, up */
+    stub_req.u.pool_incarnation = POOL_INC;
+    CHECK_EQ_INT(stub_send("t"), DFLASH_EAGAIN);
+    /* the drafter resumes from step 1: batch 2 is to do again, claims wait for it */
+    stub_init(WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.step = 1;
+    CHECK_EQ_INT(stub_send("d"), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    CHECK_EQ_INT(train_one(2), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN);
+    stub_broker_free();
+}
+
 static void three_shares(queue_config *cfg)
 {
     snprintf(cfg->shares, sizeof cfg->shares, "1,1,1");
@@ -324,6 +376,7 @@ int main(void)
     test_far_epochs();
     test_reservoir_over_depth();
     test_release_retry();
+    test_plan_done();
     test_bad_shares();
     test_shares_reset();
     test_ready_refused_after_adopt();

@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv -lms 100 \
   >"${OUT:-.}/power.csv" 2>&1 &
 smi=$!
 [ -x "$B" ] && run ops_energy 200 BENCH_ENERGY_S=1.5 "$B" 0
-T="python3 bench/drafter/torch_drafter_bench.py --peak-tflops 800 --steps $steps"
+T="python3 bench/drafter/torch_drafter_bench.py --steps $steps"
 run ours_3072_1 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps
 run torch_3072 240 $T --cases s3072_a512
 run ours_3072_2 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps

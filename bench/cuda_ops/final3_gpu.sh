@@ -12,7 +12,7 @@ bin=${1:?usage: final3_gpu.sh BIN_DIR}
 log=${OUT:-.}/final3.log
 source "$(dirname "$0")/gpu_run.sh"
 D="$bin/bench-drafter 5"
-T="python3 bench/drafter/torch_drafter_bench.py --peak-tflops 800 --steps 40"
+T="python3 bench/drafter/torch_drafter_bench.py --steps 40"
 run parity 90 "$P"
 run target_parity 60 "$bin/bench-target_parity"
 bwd_fallback_parity

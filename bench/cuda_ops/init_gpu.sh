@@ -9,7 +9,7 @@ log=${OUT:-.}/init.log
 source "$(dirname "$0")/gpu_run.sh"
 run normal_1 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps
 run uniform_1 150 "$bin/base/bench-drafter" 5 s3072_a512 8 $steps
-run torch 240 python3 bench/drafter/torch_drafter_bench.py --peak-tflops 800 --steps $steps \
+run torch 240 python3 bench/drafter/torch_drafter_bench.py --steps $steps \
   --cases s3072_a512
 run normal_2 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps
 run uniform_2 150 "$bin/base/bench-drafter" 5 s3072_a512 8 $steps

@@ -9,7 +9,7 @@ bin=${1:?usage: learn_gpu.sh BIN [BUDGET_S]}
 budget=${2:-500}
 log=${OUT:-.}/learn.log
 source "$(dirname "$0")/gpu_run.sh"
-T="python3 bench/drafter/torch_drafter_bench.py --peak-tflops 800 --steps 40"
+T="python3 bench/drafter/torch_drafter_bench.py --steps 40"
 [ "${LEARN:-1}" = 0 ] || run learn 300 "$P" learn
 run fresh_768 120 "$bin/bench-drafter" 5 s768_a256 0 40
 [ -x "$bin/base/bench-drafter" ] && run repeated_768 120 "$bin/base/bench-drafter" 5 s768_a256 0 40

@@ -16,7 +16,7 @@ run memcheck_ops 120 compute-sanitizer --tool memcheck "$P" ops
 for r in 1 2; do
   run "step_new$r" 80 "$D" 5 s3072_a512 8
   run "step_base$r" 80 "$bin/base/bench-drafter" 5 s3072_a512 8
-  [ $r = 1 ] && run torch 110 python3 bench/drafter/torch_drafter_bench.py --peak-tflops 800 \
+  [ $r = 1 ] && run torch 110 python3 bench/drafter/torch_drafter_bench.py \
     --cases s3072_a512
 done
 run ncu_rope 120 ncu --clock-control none -k "regex:k_head_norm_rope" -s 8 -c 4 \

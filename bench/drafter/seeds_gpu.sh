@@ -12,7 +12,7 @@ bin=${1:?usage: seeds_gpu.sh BIN_DIR [STEPS]}
 steps=${2:-60}
 log=${OUT:-.}/seeds.log
 source "$(dirname "$0")/../cuda_ops/gpu_run.sh"
-T="python3 bench/drafter/torch_drafter_bench.py --peak-tflops 800 --steps $steps"
+T="python3 bench/drafter/torch_drafter_bench.py --steps $steps"
 T="$T --cases s3072_a512"
 for s in 0 1 2 3; do
   run "ours_seed$s" 90 BENCH_SEED=$s "$bin/bench-drafter" 5 s3072_a512 8 "$steps"

@@ -24,7 +24,8 @@ flex_attention) ran 74.3 and 144.1 ms, within the default mode's spread over boa
 and 143.0-149.2 ms), after 200-300 s of compilation per case against the default's ~40 s.
 Timing: 3 untimed steps (compilation), then --steps (10), torch.cuda.synchronize around them.
 FLOPs and MFU: bench-drafter's formula (see its header) with this run's anchors, against
---peak-tflops (bench-drafter's measured peak in the same run).
+--peak-tflops (bench-drafter's measured peak in the same run); without it, against the peak
+this script measures as gemm_peak.h does (an 8192^3 bf16 matmul, best of 3 timings of 10).
 Energy: the board's joules per timed step and mean power from NVML's counter (ctypes, as
 bench-drafter's energy.h), "energy: n/a" without it. Curve: each timed step's loss and gradient
 norm (read after the timed steps), as bench-drafter prints them. --profile-steps N: N more steps
@@ -35,6 +36,7 @@ Last lines: RESULT case=... steps_per_s=... samples_per_s=... mfu=... peak_gib=.
 """
 import argparse
 import math
+import sys
 import time
 
 import torch
@@ -302,9 +304,35 @@ print(f"torch {torch.__version__}, attention: "
       f"{'eager' if a.no_compile else 'torch.compile, mode ' + a.compile_mode}", flush=True)
 embed = (torch.randn(V, D, device=dev) * 0.05).to(torch.bfloat16)
 lm_head = (torch.randn(V, D, device=dev) * 0.02).to(torch.bfloat16)
+def measured_peak_tflops():
+    """gemm_peak.h's measurement in torch: 8192^3 bf16 matmul, 3 warm-ups, best of 3 x 10."""
+    n = 8192
+    x = torch.rand(n, n, device=dev).sub_(0.5).to(torch.bfloat16)
+    w = torch.rand(n, n, device=dev).sub_(0.5).to(torch.bfloat16)
+    for _ in range(3):
+        y = x @ w.t()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            y = x @ w.t()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / 10)
+    del x, w, y
+    return 2.0 * n ** 3 / best / 1e12
+
+
+peak = a.peak_tflops
+if peak <= 0:
+    peak = measured_peak_tflops()
+    print(f"peak (measured 8192^3 bf16 matmul): {peak:.1f} TFLOP/s", flush=True)
+failed = 0
 for c in a.cases.split(","):
     try:
-        run_case(c, a.peak_tflops, embed, lm_head)
-    except Exception as e:  # report and go on with the next case
+        run_case(c, peak, embed, lm_head)
+    except Exception as e:  # report and go on with the next case; the exit status says so
         print(f"{c}: FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
+        failed += 1
         torch.cuda.empty_cache()
+sys.exit(1 if failed else 0)

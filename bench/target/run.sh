@@ -24,11 +24,13 @@ fi
 LD_LIBRARY_PATH="$bin/devlibs:${LD_LIBRARY_PATH:-}" OPENBLAS_CORETYPE=Haswell \
   "$bin/bench-target" "$model" "$budget" "$nseqs" "$out/target_lengths.txt" "$uniform" 2>&1 |
   tee "$out/bench_target.log"
+rc=${PIPESTATUS[0]}
 ours=$(grep -o 'RESULT tokens_per_s=[0-9.]*' "$out/bench_target.log" | cut -d= -f2)
 peak=$(grep -o 'peak_tflops=[0-9.]*' "$out/bench_target.log" | cut -d= -f2)
-[ -n "$ours" ] || { echo "bench-target gave no result"; exit 1; }
+[ "$rc" = 0 ] && [ -n "$ours" ] || { echo "bench-target failed (exit $rc) or gave no result"; exit 1; }
 python3 "$here/hf_target_bench.py" "$model" "$out/target_lengths.txt" --budget "$budget" \
   --peak-tflops "$peak" 2>&1 | grep -v "Warning\|warn(" | tee "$out/hf_target.log"
+rc=${PIPESTATUS[0]}
 hf=$(grep -o 'RESULT tokens_per_s=[0-9.]*' "$out/hf_target.log" | cut -d= -f2)
-[ -n "$hf" ] || { echo "transformers gave no result"; exit 1; }
+[ "$rc" = 0 ] && [ -n "$hf" ] || { echo "transformers failed (exit $rc) or gave no result"; exit 1; }
 python3 -c "print('ratio ours / transformers (tokens/s): %.2fx (%s / %s)' % ($ours / $hf, '$ours', '$hf'))"

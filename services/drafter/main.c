@@ -177,7 +177,8 @@ static const cfg_option drafter_options[] = {
         "granted slots in a row could not be copied (this drafter cannot map the target's "
         "memory: another host, no shared /dev/shm or IPC namespace, a GPU that cannot reach "
         "the target's); 0 = retry forever", max_copy_failures),
-    OPT("exit-when-drained", CFG_BOOL, "true", 1, 0, "exit 0 when the broker reports drained, or every batch of the target's epochs trained",
+    OPT("exit-when-drained", CFG_BOOL, "true", 1, 0,
+        "exit 0 when the broker reports drained, or every batch of the target's epochs trained",
         exit_when_drained),
     OPTS("group", "", "train: join this data-parallel drafter group (one process per rank; the "
          "broker hands out whole steps, gradients are averaged; docs/protocol.md \"Groups\"); "

@@ -454,15 +454,15 @@ bool broker_plan_done(broker *b)
 }
 
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */
-void reply_plan_done(broker *b, wire_msg *r, uint64_t rid)
+void broker_reply_plan_done(broker *b, wire_msg *r, uint64_t rid)
 {
     if (!b->plan_done_said)
-        LOG_INFO("every batch of the %u planned epochs is trained: claims now end the drafters' "
-                 "runs (their checkpoints hold it all)", b->epochs);
+        LOG_INFO("every batch of the target's planned epochs (%u) is trained: claims now end the "
+                 "drafters' runs (their checkpoints hold it all)", b->epochs);
     b->plan_done_said = true;
     reply_error(b, r, rid, DFLASH_ESHUTDOWN,
-                "every batch of the %u planned epochs is trained: nothing left to claim (a "
-                "target with more --epochs continues)", b->epochs);
+                "every batch of the target's planned epochs (%u) is trained: nothing left to "
+                "claim (a target with more --epochs continues)", b->epochs);
 }
 
 static pool_desc *peer_pool(broker *b, peer *p, uint64_t incarnation)
@@ -580,7 +580,7 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED,
                            "a group member claims whole steps (StepClaim), not single slots");
     if (broker_drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
-    if (broker_plan_done(b)) return reply_plan_done(b, r, m->request_id);
+    if (broker_plan_done(b)) return broker_reply_plan_done(b, r, m->request_id);
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
     policy_grant g;
     int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);

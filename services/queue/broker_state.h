@@ -173,10 +173,10 @@ void broker_held_remove_all(broker *b, const batch_id *id);
 /* True when draining and nothing is left to hand out (claims are answered SHUTDOWN). */
 bool broker_drained(const broker *b);
 /* True when every batch of the target's planned epochs is trained (claims are answered
- * SHUTDOWN, reply_plan_done); false again after a rewind. */
+ * SHUTDOWN, broker_reply_plan_done); false again after a rewind. */
 bool broker_plan_done(broker *b);
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */
-void reply_plan_done(broker *b, wire_msg *r, uint64_t rid);
+void broker_reply_plan_done(broker *b, wire_msg *r, uint64_t rid);
 /* What the importer needs to map the granted slot. */
 void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w);
 /* Warns when the registered slots cannot hold min_ready ready ones. */

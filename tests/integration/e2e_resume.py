@@ -124,9 +124,8 @@ def main():
         def all_trained():
             st = env.status(build)
             # the drafter may end by itself: its last claim learns the epoch is all trained
-            if not drafter.alive() and (drafter.wait(1) != 0 or
-                                        "every batch of the 1 planned epochs is trained"
-                                        not in drafter.text()):
+            plan_done = "every batch of the target's planned epochs (1) is trained"
+            if not drafter.alive() and (drafter.wait(1) != 0 or plan_done not in drafter.text()):
                 raise RuntimeError(f"the restarted drafter exited:\n{tail(drafter.log_path)}")
             if st and st["batches_todo"] == 0 and st["batches_inflight"] == 0 and \
                     st["batches_committed"] + st["batches_trained"] == st["batches_total"]:

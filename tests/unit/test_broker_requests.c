@@ -213,7 +213,7 @@ static void test_plan_done(void)
     CHECK_EQ_INT(train_one(2), 0);
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
     CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN);
-    CHECK(strstr(stub_rep.u.error.message, "every batch of the 1 planned epochs is trained"));
+    CHECK(strstr(stub_rep.u.error.message, "every batch of the target's planned epochs (1) is trained"));
     stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC); /* the target waits, up */
     stub_req.u.pool_incarnation = POOL_INC;
     CHECK_EQ_INT(stub_send("t"), DFLASH_EAGAIN);

@@ -431,12 +431,17 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 
 /* True when asking the ledger for work would open an epoch beyond the target's plan: no to-do
  * left in any opened epoch and all planned epochs opened. */
+static bool epochs_done_in(const broker *b, const ledger_stats *ls)
+{
+    return b->epochs && ls->todo == 0 && ls->epochs_opened >= b->epochs;
+}
+
 static bool epochs_done(broker *b)
 {
     if (!b->epochs) return false;
     ledger_stats ls;
     ledger_get_stats(b->ledger, &ls);
-    return ls.todo == 0 && ls.epochs_opened >= b->epochs;
+    return epochs_done_in(b, &ls);
 }
 
 /* True when the target's plan is finished: every batch of every planned epoch trained,
@@ -447,8 +452,8 @@ static bool epochs_done(broker *b)
 bool broker_plan_done(broker *b)
 {
     ledger_stats ls;
-    ledger_get_stats(b->ledger, &ls);
-    bool done = epochs_done(b) && ls.in_flight == 0 && ls.orphaned == 0;
+    if (b->epochs) ledger_get_stats(b->ledger, &ls);
+    bool done = b->epochs && epochs_done_in(b, &ls) && ls.in_flight == 0 && ls.orphaned == 0;
     if (!done) b->plan_done_said = false;
     return done;
 }
@@ -580,12 +585,13 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED,
                            "a group member claims whole steps (StepClaim), not single slots");
     if (broker_drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
-    if (broker_plan_done(b)) return broker_reply_plan_done(b, r, m->request_id);
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
     policy_grant g;
     int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);
-    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE)
-        return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing eligible");
+    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE) /* the plan's end: only then nothing is ready */
+        return broker_plan_done(b) ? broker_reply_plan_done(b, r, m->request_id)
+                                   : reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                                                 "nothing eligible");
     if (rc) return reply_error(b, r, m->request_id, rc, "claim refused");
     reply_init(b, r, WIRE_GRANT, m->request_id);
     broker_fill_grant(b, &g, &r->u.grant);

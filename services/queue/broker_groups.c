@@ -189,11 +189,12 @@ void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc) return reply_error(b, r, m->request_id, rc, "step claim refused");
     if (!mine) { /* reserve the whole step: one slot per rank, all or nothing */
         if (broker_drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
-        if (broker_plan_done(b)) return broker_reply_plan_done(b, r, m->request_id);
         if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
         if (policy_claimable(b->policy) < g->world)
-            return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
-                               "fewer than %u slots eligible for a step", g->world);
+            return broker_plan_done(b) ? broker_reply_plan_done(b, r, m->request_id)
+                                       : reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                                                     "fewer than %u slots eligible for a step",
+                                                     g->world);
         group_slot slots[GROUP_MAX_WORLD];
         uint64_t now = now_ms(b), taken[GROUP_MAX_WORLD];
         uint32_t n_taken = 0;

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "fsutil.h"
 #include "log.h"
 
 typedef struct jjob {
@@ -52,6 +53,7 @@ struct journal {
     uint64_t records;
     uint64_t torn;
     bool broken;
+    bool dir_unsynced; /* fd's owner: a compaction's rename is not yet durable (sync_journal) */
     char why[160];                    /* owner thread: the first failure, when broken */
     uint64_t seq, done_seq, fail_seq; /* owner thread */
     uint64_t rewrite_seq;             /* owner thread: the last rewrite queued (writer mode) */
@@ -161,22 +163,26 @@ static void encode(uint8_t *rec, uint16_t type, const void *payload, uint32_t le
     put_u32(rec + 8 + len, journal_crc32(0, rec, 8 + (uint64_t)len));
 }
 
-/* Makes a rename in path's directory durable. Best effort. */
-static void sync_dir(char *path)
+/* Syncs the journal's file (fd): the data, and once after a compaction whose directory fsync
+ * failed, the directory too, so that the rename is durable before any record that follows it
+ * counts as durable. Called by whichever thread owns fd. */
+static int sync_journal(journal *j, journal_sync_fn fn, void *ctx, int fd)
 {
-    char *slash = strrchr(path, '/');
-    int dfd = -1;
-    if (slash) {
-        *slash = '\0';
-        dfd = open(slash == path ? "/" : path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        *slash = '/';
-    } else {
-        dfd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = do_sync(fn, ctx, fd);
+    if (rc == 0 && j->dir_unsynced) {
+        if (fs_sync_parent_dir(j->path) != 0) return DFLASH_EIO;
+        j->dir_unsynced = false;
     }
-    if (dfd >= 0) {
-        (void)fsync(dfd);
-        close(dfd);
-    }
+    return rc;
+}
+
+/* After the rename of a compaction: fsyncs the directory, or leaves that to the next sync. */
+static void sync_dir_after_rename(journal *j)
+{
+    if (fs_sync_parent_dir(j->path) == 0) return;
+    j->dir_unsynced = true;
+    LOG_WARN("journal %s: cannot fsync its directory after compaction (%s): the next sync "
+             "tries again and fails if it cannot", j->path, strerror(errno));
 }
 
 /* Reads the whole file into memory (journals are compacted, so this stays modest). */
@@ -216,35 +222,33 @@ static bool record_after(const uint8_t *buf, uint64_t from, uint64_t len)
 }
 
 /* Walks the records of buf, replaying each valid one; sets *good to the end of the last valid
- * record. A bad record at the very end is a torn tail; a bad record followed by more bytes is
- * corruption. */
+ * record. A bad record (a length past the end or over the maximum, or a checksum mismatch) with
+ * no whole record after it is a torn tail: what a crash leaves of appends not yet fsynced, which
+ * some file systems fill with zeros or stale blocks. A bad record followed by a whole record is
+ * corruption: a later fsync made everything before it durable. */
 static int replay(journal *j, const uint8_t *buf, uint64_t len, journal_replay_fn fn, void *ctx,
-                  uint64_t *good)
+                  uint64_t *good, bool *garbled)
 {
+    *garbled = false;
     uint64_t off = JOURNAL_HEADER_BYTES;
     while (off < len) {
         uint64_t left = len - off;
         if (left < JOURNAL_RECORD_OVERHEAD) break; /* torn: not even a header and CRC */
         uint32_t plen = get_u32(buf + off);
         uint16_t type = get_u16(buf + off + 4);
-        if (plen > JOURNAL_MAX_PAYLOAD) {
-            LOG_ERROR("journal %s: record at byte %llu claims %u bytes", j->path,
-                      (unsigned long long)off, plen);
-            return DFLASH_ECORRUPT;
-        }
         uint64_t rlen = (uint64_t)plen + JOURNAL_RECORD_OVERHEAD;
-        if (rlen > left && record_after(buf, off + 1, len)) {
-            LOG_ERROR("journal %s: record at byte %llu claims %u bytes, past the end, and whole "
-                      "records follow it", j->path, (unsigned long long)off, plen);
-            return DFLASH_ECORRUPT;
-        }
-        if (rlen > left) break; /* torn: the record runs past the end */
-        uint32_t want = get_u32(buf + off + 8 + plen);
-        uint32_t crc = journal_crc32(0, buf + off, 8 + (uint64_t)plen);
-        if (crc != want) {
-            if (off + rlen == len) break; /* the final record: torn */
-            LOG_ERROR("journal %s: checksum mismatch at byte %llu with %llu bytes after it",
-                      j->path, (unsigned long long)off, (unsigned long long)(len - off - rlen));
+        const char *bad = NULL;
+        if (plen > JOURNAL_MAX_PAYLOAD) bad = "claims more than the largest record";
+        else if (rlen > left) bad = "runs past the end";
+        else if (journal_crc32(0, buf + off, 8 + (uint64_t)plen) != get_u32(buf + off + 8 + plen))
+            bad = "fails its checksum";
+        if (bad) {
+            if (!record_after(buf, off + 1, len)) { /* torn */
+                *garbled = rlen <= left || plen > JOURNAL_MAX_PAYLOAD; /* not a short write */
+                break;
+            }
+            LOG_ERROR("journal %s: the record at byte %llu (%u bytes) %s, and whole records "
+                      "follow it", j->path, (unsigned long long)off, plen, bad);
             return DFLASH_ECORRUPT;
         }
         if (fn) {
@@ -256,6 +260,20 @@ static int replay(journal *j, const uint8_t *buf, uint64_t len, journal_replay_f
     }
     *good = off < len ? off : len;
     return 0;
+}
+
+/* A tail that is not a short final write (zeros or stale blocks where unsynced appends were, or
+ * a whole record failing its checksum) is cut like a torn record, but its bytes are kept in
+ * "<path>.torn-<offset>" first, for whoever wants to look. */
+static void save_torn_tail(const char *path, const uint8_t *tail, uint64_t n, uint64_t at)
+{
+    char keep[4096];
+    snprintf(keep, sizeof keep, "%s.torn-%llu", path, (unsigned long long)at);
+    bool kept = fs_write_atomic(keep, tail, n) == 0;
+    LOG_WARN("journal %s: cutting %llu bytes at byte %llu that hold no whole record (what a crash "
+             "leaves of appends not yet fsynced); %s %s", path, (unsigned long long)n,
+             (unsigned long long)at, kept ? "kept in" : "cannot keep them:",
+             kept ? keep : strerror(errno));
 }
 
 /* One process at a time may own the journal: a second broker started on it would cut what it
@@ -334,12 +352,15 @@ journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *er
             rc = DFLASH_EVERSION;
             goto fail;
         }
-        rc = replay(j, buf, len, fn, ctx, &good);
+        bool garbled;
+        rc = replay(j, buf, len, fn, ctx, &good, &garbled);
         if (rc) goto fail;
         if (good < len) {
             j->torn = len - good;
-            LOG_WARN("journal %s: ignoring a torn final record (%llu bytes at byte %llu)", path,
-                     (unsigned long long)j->torn, (unsigned long long)good);
+            if (garbled) save_torn_tail(path, buf + good, j->torn, good);
+            else
+                LOG_WARN("journal %s: ignoring a torn final record (%llu bytes at byte %llu)",
+                         path, (unsigned long long)j->torn, (unsigned long long)good);
             if (ftruncate(j->fd, (off_t)good) != 0) {
                 rc = DFLASH_EIO;
                 goto fail;
@@ -444,7 +465,7 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
         /* One write per record keeps a crash's damage to the final record. */
         rc = write_all(j->fd, rec, total);
         if (rec != small) free(rec);
-        if (rc == 0 && sync) rc = do_sync(j->sync_fn, j->sync_ctx, j->fd);
+        if (rc == 0 && sync) rc = sync_journal(j, j->sync_fn, j->sync_ctx, j->fd);
         if (rc) {
             snprintf(j->why, sizeof j->why, "append failed: %s", strerror(errno));
             LOG_ERROR("journal %s: %s", j->path, j->why);
@@ -464,7 +485,7 @@ int journal_sync(journal *j)
 {
     if (j->writer) return DFLASH_ESTATE;
     if (j->broken) return DFLASH_EIO;
-    return do_sync(j->sync_fn, j->sync_ctx, j->fd);
+    return sync_journal(j, j->sync_fn, j->sync_ctx, j->fd);
 }
 
 /* Writer mode: emit into a memory image and queue it as one rewrite job. */
@@ -521,7 +542,7 @@ static int write_new_file(journal *j, const uint8_t *buf, size_t len, journal_sy
         unlink(tmp_path);
         goto out;
     }
-    sync_dir(j->path);
+    sync_dir_after_rename(j);
     close(j->fd);
     j->fd = fd;
     rc = 0;
@@ -570,7 +591,7 @@ static int rewrite_inline(journal *j, int (*emit)(void *ctx, journal *tmp), void
         rc = DFLASH_EIO;
         goto out_unlink;
     }
-    sync_dir(j->path); /* make the rename durable */
+    sync_dir_after_rename(j); /* make the rename durable */
     close(j->fd);
     j->fd = t->fd;
     j->size = t->size;
@@ -687,7 +708,7 @@ static void *writer_main(void *arg)
             free(x);
         }
         errno = 0; /* a sync hook may fail without saying why */
-        int src = !broken && need_sync ? do_sync(sync_fn, sync_ctx, j->fd) : 0;
+        int src = !broken && need_sync ? sync_journal(j, sync_fn, sync_ctx, j->fd) : 0;
         if (src) {
             snprintf(why, sizeof why, "fdatasync failed: %s", errno ? strerror(errno) : err_str(src));
             LOG_ERROR("journal %s: %s", j->path, why);

@@ -5,12 +5,13 @@
  *   record  : u32 payload_len, u16 type, u16 reserved(0), payload[payload_len],
  *             u32 crc32 (IEEE) over the 8 header bytes of the record and the payload
  * Invariants: records are only ever appended; a record is valid when it is complete and its CRC
- * matches. At open, every valid record is handed to the replay callback in file order. A final
- * record that is incomplete or fails its CRC (a torn write: the process died mid-append) is cut
- * off with a warning and appending resumes at the last good record. A bad record that is followed
- * by more data is corruption, not a torn tail: open fails with DFLASH_ECORRUPT. (A record whose
- * length runs past the end is "followed by more data" when a whole valid record starts anywhere
- * after its first byte.)
+ * matches. At open, every valid record is handed to the replay callback in file order. A bad
+ * record (incomplete, over the maximum length or failing its CRC) with no whole valid record
+ * starting anywhere after its first byte is a torn tail (the process died mid-append, or a crash
+ * left zeros or stale blocks where appends not yet fsynced were): it is cut off with a warning
+ * (a tail that is more than a short final write is first kept in "<path>.torn-<offset>") and
+ * appending resumes at the last good record. A bad record followed by a whole valid record is
+ * corruption, not a torn tail: open fails with DFLASH_ECORRUPT.
  * journal_rewrite() compacts: the caller emits a fresh set of records into a temporary file,
  * which is fsynced and renamed over the journal (atomic on POSIX).
  *

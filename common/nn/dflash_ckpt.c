@@ -674,3 +674,32 @@ int dflash_ckpt_recover(const char *root) {
     if (n) fsync_path(root);
     return n;
 }
+
+int dflash_ckpt_set_aside_after(const char *root, long step, char *err, size_t errlen) {
+    char **names;
+    int cnt = list_steps(root, &names), moved = 0, rc = 0;
+    for (int i = 0; i < cnt && rc == 0; i++) {
+        if (strtol(names[i] + 5, NULL, 10) <= step) continue;
+        char from[4200], to[4300];
+        snprintf(from, sizeof from, "%s/%s", root, names[i]);
+        snprintf(to, sizeof to, "%s/superseded-%s", root, names[i]);
+        struct stat sb;
+        for (int k = 2; stat(to, &sb) == 0; k++)
+            snprintf(to, sizeof to, "%s/superseded-%s.%d", root, names[i], k);
+        if (rename(from, to) != 0) {
+            snprintf(err, errlen, "checkpoint: cannot rename %s to %s: %s", from, to,
+                     strerror(errno));
+            rc = DFLASH_EIO;
+            break;
+        }
+        LOG_WARN("checkpoint: %s is ahead of the model's step %ld, which came from another "
+                 "rank: moved to %s (delete it when you do not need it)", from, step, to);
+        moved++;
+    }
+    free_names(names, cnt);
+    if (rc == 0 && moved && fsync_path(root) != 0) {
+        snprintf(err, errlen, "checkpoint: fsync %s: %s", root, strerror(errno));
+        rc = DFLASH_EIO;
+    }
+    return rc ? rc : moved;
+}

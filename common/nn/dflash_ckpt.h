@@ -95,4 +95,12 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
  * the PID in its name (after a reboot, or in another container's PID namespace). */
 int dflash_ckpt_recover(const char *root);
 
+/* Renames every step-N under root with N > step to superseded-step-N (superseded-step-N.2, ...
+ * when taken): the model was just replaced by one at step (a data-parallel group's rank 0's), so
+ * those checkpoints belong to a history the model no longer has; left as they are, the next
+ * restart would resume from them and the retention, which keeps the newest names, would delete
+ * the new ones. Nothing is deleted. Returns how many were moved, or DFLASH_EIO with the name and
+ * the system's reason in err. Hold root's lock. */
+int dflash_ckpt_set_aside_after(const char *root, long step, char *err, size_t errlen);
+
 #endif

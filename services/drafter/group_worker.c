@@ -40,6 +40,7 @@ typedef struct gw {
     uint32_t n_pending;
     wire_unit pending_units[WIRE_MAX_WORLD];
     uint64_t committed_reported;
+    uint64_t wait_said_ms; /* when a join's wait was last logged */
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -115,6 +116,11 @@ static int joining(gw *g)
     uint64_t ms = k->model_step(k->ctx);
     int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, 0, &v);
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
+        uint64_t now = monotime_ms();
+        if (rc == DFLASH_EAGAIN && now - g->wait_said_ms >= 10000) { /* the broker's reason */
+            LOG_INFO("group %s: %s", c->group, client_last_error(g->cl));
+            g->wait_said_ms = now;
+        }
         monotime_sleep_ms(20);
         return 0;
     }
@@ -123,6 +129,7 @@ static int joining(gw *g)
         return 0;
     }
     if (rc == DFLASH_EFULL || rc == DFLASH_EEXISTS || rc == DFLASH_EDENIED ||
+        rc == DFLASH_ESTATE || /* the ledger cannot go back to our step */
         rc == DFLASH_EPROTO) { /* PROTO: a broker from before groups existed */
         LOG_ERROR("the broker refused to let us join group %s: %s (%s)", c->group, err_str(rc),
                   client_last_error(g->cl));

@@ -395,11 +395,19 @@ static void train_set_group(void *vctx, dp_comm *comm, int rank, int world) {
     }
 }
 
+/* Takes rank root's model and training state; our checkpoints past its step then belong to a
+ * history we no longer have, and are set aside (dflash_ckpt_set_aside_after). */
 static int train_sync_state(void *vctx, int root) {
     trainer *t = vctx;
     while (dflash_train_pending(t->m) > 0)
         report_oldest(t);
-    return dflash_dp_sync_state(t->m, &t->tc, t->comm, root);
+    int rc = dflash_dp_sync_state(t->m, &t->tc, t->comm, root);
+    if (rc < 0 || !t->ckpt_root[0] || !is_dir(t->ckpt_root)) return rc;
+    char err[4600];
+    if (dflash_ckpt_set_aside_after(t->ckpt_root, t->m->step, err, sizeof err) < 0)
+        LOG_ERROR("%s: move the checkpoints of --checkpoint-dir %s past step %ld away before the "
+                  "next restart, or it resumes from them", err, t->ckpt_root, t->m->step);
+    return rc;
 }
 
 static uint64_t train_model_step(void *vctx) {

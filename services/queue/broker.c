@@ -683,19 +683,26 @@ static void warn_other_trainers(broker *b, const peer *p, uint64_t step)
     }
 }
 
+int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
+{
+    int64_t n = ledger_rewind(b->ledger, step);
+    if (n == DFLASH_ESTATE)
+        reply_error(b, r, rid, (int)n, "step %" PRIu64 " is older than a finished epoch's last "
+                    "batch: resume from a later checkpoint (a new run starts the broker on a "
+                    "new --journal)", step);
+    else if (n < 0)
+        reply_error(b, r, rid, (int)n, "rewind failed");
+    return n;
+}
+
 static void on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     if (p) {
         warn_other_trainers(b, p, m->u.step);
         p->trains = true;
     }
-    int64_t n = ledger_rewind(b->ledger, m->u.step);
-    if (n == DFLASH_ESTATE)
-        return reply_error(b, r, m->request_id, (int)n, "step %" PRIu64 " is older than a "
-                           "finished epoch's last batch: resume from a later checkpoint (a "
-                           "new run starts the broker on a new --journal)",
-                           m->u.step);
-    if (n < 0) return reply_error(b, r, m->request_id, (int)n, "rewind failed");
+    int64_t n = broker_rewind_to(b, m->u.step, r, m->request_id);
+    if (n < 0) return;
     LOG_INFO("drafter resumes from step %" PRIu64 ": %" PRId64 " batches back to to-do",
              m->u.step, n);
     reply_ok(b, r, m->request_id, (uint64_t)n);

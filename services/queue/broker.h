@@ -79,6 +79,7 @@ typedef struct queue_config {
     int64_t stats_interval_ms;           /* live; 0 = no stats on PUB */
     int64_t orphan_grace_ms;             /* 0 = two lease timeouts */
     int64_t max_epochs;                  /* 0 = as the target says */
+    int64_t group_hold_ms; /* a group's creator below the last commit waits this long (0: no) */
     bool fsync;
     int64_t compact_bytes;
     int64_t journal_retry_ms;            /* a failing journal is rewritten from memory this often */

@@ -75,6 +75,10 @@ static const cfg_option queue_options[] = {
           orphan_grace_ms),
     OPT_I("max-epochs", "0", 0, 1000000, false, "stop after N epochs (0 = as the target says)",
           max_epochs),
+    OPT_I("group-hold-ms", "120000", 0, 3600000, false,
+          "a drafter that would create a group at a step below the newest committed checkpoint "
+          "waits this long for a member resuming from it, which becomes rank 0 (0 = no wait)",
+          group_hold_ms),
     {"fsync", CFG_BOOL, "true", 1, 0, false, "fsync the journal on commits and rewinds",
      offsetof(queue_config, fsync), 0},
     OPT_I("compact-bytes", "67108864", 0, 1ll << 40, false,

@@ -111,11 +111,59 @@ static void reply_view(broker *b, const group *g, const group_entry *e, uint64_t
     memcpy(v->id, g->id, g->id_len);
 }
 
+/* Whether p's join, which would create group j->group at p's model step, waits instead. Only
+ * rank 0 writes checkpoints, so after the whole group went down a member with no checkpoint of
+ * its own (a former rank 1..R-1, back at step 0) may come back first; created at its step, the
+ * group would rewind the ledger past its commits (or, refused, train on with those batches
+ * committed but in no model) and then replace the checkpoint holder's weights with its own when
+ * it joins. So a creator below the newest committed checkpoint's step waits up to group-hold-ms
+ * for a member that resumes from it; past that it creates the group as a solo drafter resumes,
+ * the rewind refused when an epoch it would reopen is finished. True when r holds the wait. */
+static bool hold_creation(broker *b, peer *p, const wire_group_join *j, uint64_t rid, wire_msg *r)
+{
+    ledger_stats ls;
+    ledger_get_stats(b->ledger, &ls);
+    if (j->step >= ls.last_commit_step || b->cfg.group_hold_ms <= 0) return false;
+    uint64_t now = now_ms(b), hold = (uint64_t)b->cfg.group_hold_ms;
+    if (!p->group_hold_since_ms) {
+        p->group_hold_since_ms = now;
+        LOG_WARN("group %s: %s would create it at step %" PRIu64 ", below the newest committed "
+                 "checkpoint (step %" PRIu64 "): waiting up to %" PRIu64 " ms for a member "
+                 "resuming from that checkpoint", j->group, p->name, j->step,
+                 ls.last_commit_step, hold);
+    }
+    uint64_t waited = now - p->group_hold_since_ms;
+    if (waited >= hold) {
+        LOG_WARN("group %s: no member resuming from step %" PRIu64 " came in %" PRIu64 " ms: %s "
+                 "creates it at step %" PRIu64, j->group, ls.last_commit_step, waited, p->name,
+                 j->step);
+        return false;
+    }
+    reply_error(b, r, rid, DFLASH_EAGAIN, "group %s: the newest committed checkpoint is at step "
+                "%" PRIu64 " and this drafter is at step %" PRIu64 ": waiting %" PRIu64 " s more "
+                "for a member resuming from it (it becomes rank 0)", j->group,
+                ls.last_commit_step, j->step, (hold - waited + 999) / 1000);
+    return true;
+}
+
 void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_group_join *j = &m->u.join;
     if (p->role != WIRE_ROLE_DRAFTER)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter joins a group");
+    bool creates = !group_find(b->groups, j->group) && !group_of_peer(b->groups, p->incarnation);
+    if (creates) {
+        if (hold_creation(b, p, j, m->request_id, r)) return;
+        /* the group continues from its creator's model: batches trained after it are redone */
+        int64_t n = broker_rewind_to(b, j->step, r, m->request_id);
+        if (n < 0) {
+            LOG_WARN("group %s: %s cannot create it at step %" PRIu64 ": %s", j->group, p->name,
+                     j->step, r->u.error.message);
+            return;
+        }
+        LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained after "
+                 "it back to to-do", j->group, p->name, j->step, n);
+    }
     group *g;
     group_outcome o;
     /* A step of R ranks needs min_ready + R - 1 ready slots (depth_check) */
@@ -134,15 +182,7 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc == DFLASH_EEXISTS)
         return reply_error(b, r, m->request_id, rc, "%s is in another group", p->name);
     if (rc) return reply_error(b, r, m->request_id, rc, "join refused");
-    if (o.created) {
-        int64_t n = ledger_rewind(b->ledger, j->step);
-        if (n < 0)
-            LOG_WARN("group %s created by %s at step %" PRIu64 ": rewind refused (%s)", j->group,
-                     p->name, j->step, err_str((int)n));
-        else
-            LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained "
-                     "after it back to to-do", j->group, p->name, j->step, n);
-    }
+    p->group_hold_since_ms = 0;
     apply_outcome(b, j->group, &o);
     if (o.new_epoch) log_epoch(g);
     const group_entry *e = group_entry_of(g, p->incarnation);

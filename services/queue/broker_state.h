@@ -46,6 +46,7 @@ typedef struct peer {
     uint64_t replaced[PEER_REPLACED]; /* incarnations of its name it replaced (ring) */
     uint32_t n_replaced;
     bool trains; /* drafter: it sent ResumeFrom (a trainer; verifiers and group ranks do not) */
+    uint64_t group_hold_since_ms; /* drafter: when its creating a group was first held (0) */
 } peer;
 
 typedef struct pool_desc {
@@ -177,6 +178,10 @@ bool broker_drained(const broker *b);
 bool broker_plan_done(broker *b);
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */
 void broker_reply_plan_done(broker *b, wire_msg *r, uint64_t rid);
+/* The ledger back to a drafter's model step (ResumeFrom, a group's creation): the batches
+ * trained after it return to to-do. Returns how many, or a negative code with the error reply
+ * (why it was refused) already in r. */
+int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid);
 /* What the importer needs to map the granted slot. */
 void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w);
 /* Warns when the registered slots cannot hold min_ready ready ones. */

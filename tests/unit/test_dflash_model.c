@@ -914,6 +914,24 @@ static void test_checkpoint(world *w) {
     CHECK(!test_is_dir(tmp_ours) && !test_is_dir(tmp_live) && !test_is_dir(old_live));
     CHECK(test_is_dir(gone_step));
     check_ckpt_files(a, gone_step);
+
+    /* a model replaced by one at step 2 (a data-parallel group's rank 0's): step-3 (the only
+     * one left) is moved to superseded-step-3, not deleted, and no longer one a restart resumes
+     * from; a second one of the same step gets its own name */
+    char aside[600], aside2[600];
+    snprintf(aside, sizeof aside, "%s/superseded-step-000000003", root);
+    snprintf(aside2, sizeof aside2, "%s/superseded-step-000000003.2", root);
+    CHECK_EQ_INT(dflash_ckpt_set_aside_after(root, 2, err, sizeof err), 1);
+    CHECK(!test_is_dir(gone_step) && test_is_dir(aside));
+    CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), DFLASH_ENOTFOUND);
+    CHECK_EQ_INT(dflash_ckpt_set_aside_after(root, 2, err, sizeof err), 0);
+    CHECK(rename(aside, gone_step) == 0);
+    CHECK_EQ_INT(dflash_ckpt_set_aside_after(root, 3, err, sizeof err), 0);
+    CHECK(mkdir(aside, 0755) == 0);
+    CHECK_EQ_INT(dflash_ckpt_set_aside_after(root, 1, err, sizeof err), 1);
+    CHECK(test_is_dir(aside2) && !test_is_dir(gone_step));
+    CHECK(rmdir(aside) == 0 && rename(aside2, gone_step) == 0);
+    check_ckpt_files(a, gone_step);
     close(lock);
 
     /* warm start: bf16 weights, fresh optimizer */

@@ -13,7 +13,9 @@
  *   - a member that dies or leaves mid-step: the step is aborted when the surviving first rank
  *     says its model did not take it (every unit back to to-do or READY, none acked), or acked
  *     when its model did; nothing is lost or acked twice;
- *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields).
+ *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields);
+ *   - a group restarted whole waits for the member holding the newest committed checkpoint
+ *     to be its rank 0 (a former rank 1 has none), for group-hold-ms at most.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -23,6 +25,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     const char *rid, *name;
@@ -188,9 +191,92 @@ static void test_wire_checks(void)
     CHECK(u.u.sgrant.n_units == 2 && u.u.sgrant.units[1].index == 9);
 }
 
+static void short_hold(queue_config *cfg)
+{
+    big_liveness(cfg);
+    cfg->group_hold_ms = 300;
+}
+
+static wire_status commit(const drafter *d, uint64_t step)
+{
+    stub_init(WIRE_CHECKPOINT_COMMITTED, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.step = step;
+    CHECK_EQ_INT(stub_send(d->rid), 0);
+    return stub_status();
+}
+
+/* The whole group went down and comes back. Only rank 0 writes checkpoints, so a former rank 1
+ * is back at step 0: if it joins first, the group waits (group-hold-ms) for the member resuming
+ * from the newest committed checkpoint, which becomes rank 0, and nothing committed is rewound;
+ * a creator below the commit is accepted only once the hold is over, rewinding as a solo
+ * drafter's resume does. */
+static void test_restart_order(void)
+{
+    stub_broker_new(short_hold);
+    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, 7);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    stub_pool("target-t-7", 7, 0x77, 16);
+    drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&Bd), 0);
+    wire_group_view va, vb;
+    /* a first run: A (rank 0) and B train step 1, A checkpoints it */
+    CHECK_EQ_INT(join(&A, 0, 0, &va), 0);
+    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
+    CHECK_EQ_INT(join(&A, 0, va.epoch, &va), 0);
+    CHECK(va.rank == 0 && va.world == 2);
+    CHECK_EQ_INT(set_id(&A, va.epoch, 0x11), 0);
+    make_ready(2);
+    wire_step_grant ga, gb;
+    CHECK_EQ_INT(claim(&A, va.epoch, 1, &ga), 0);
+    CHECK_EQ_INT(claim(&Bd, va.epoch, 1, &gb), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&Bd, gb.grant.lease_id), 0);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, va.epoch, 1), 0);
+    wire_status s = commit(&A, 1);
+    CHECK_EQ_INT(s.batches_committed, 2);
+    uint64_t todo = s.batches_todo;
+    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(gstep(&Bd, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(stub_status().n_groups, 0);
+
+    /* B, back at step 0, comes first: it waits, nothing is rewound */
+    CHECK_EQ_INT(join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "committed checkpoint is at step 1") != NULL);
+    s = stub_status();
+    CHECK_EQ_INT(s.n_groups, 0);
+    CHECK_EQ_INT(s.batches_committed, 2);
+    /* A resumes from its checkpoint at step 1: it creates the group, rank 0; B joins as rank 1 */
+    CHECK_EQ_INT(join(&A, 1, 0, &va), 0);
+    CHECK(va.rank == 0 && va.world == 1 && va.step == 1);
+    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
+    CHECK(vb.rank == 1 && vb.world == 2 && vb.step == 1);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_committed, 2);
+    CHECK_EQ_INT(s.batches_todo, todo);
+
+    /* nobody holds the checkpoint any more (both gone, B fresh): after the hold, B creates the
+     * group at step 0 and the ledger rewinds to it, as ResumeFrom(0) would */
+    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(gstep(&Bd, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
+    usleep(150 * 1000);
+    CHECK_EQ_INT(join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_status().batches_committed, 2);
+    usleep(200 * 1000);
+    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
+    CHECK(vb.rank == 0 && vb.step == 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_committed, 0);
+    CHECK_EQ_INT(s.batches_todo, todo + 2);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_wire_checks();
+    test_restart_order();
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
             C = {"drafter-c-3", "c", 0xc3};

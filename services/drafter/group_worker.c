@@ -118,7 +118,7 @@ static int joining(gw *g)
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         uint64_t now = monotime_ms();
         if (rc == DFLASH_EAGAIN && now - g->wait_said_ms >= 10000) { /* the broker's reason */
-            LOG_INFO("group %s: %s", c->group, client_last_error(g->cl));
+            LOG_INFO("joining: %s", client_last_error(g->cl)); /* it names the group */
             g->wait_said_ms = now;
         }
         monotime_sleep_ms(20);

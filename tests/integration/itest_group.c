@@ -15,6 +15,10 @@
  *   3. the broker is paused; db is started again: it joins at a step boundary, the group
  *      re-forms to world 2 and db takes rank 0's state (its "in sync" hash equals da's of that
  *      epoch); resume; >= 3 more steps with world 2;
+ *   3b. once rank 0 (da) has a committed checkpoint, both are SIGKILLed; the broker expires
+ *      them; db (no checkpoints of its own) is started first and must wait (the broker holds a
+ *      group's creation below the newest committed checkpoint); da resumes from its checkpoint,
+ *      creates the group as rank 0 and db syncs from it; nothing committed is rewound;
  *   4. once no batch is left to do (at most world - 1 ready batches can be left over: a step
  *      needs one per rank), drain: both drafters exit 0.
  * Checks at the end: every batch is committed/trained exactly once or left over (todo +
@@ -130,14 +134,16 @@ static bool final_hash(const char *log, unsigned long long *step, unsigned long 
     return ok;
 }
 
-/* The hash db logged when it synced into `epoch` (or 0). */
-static unsigned long long sync_hash(const char *log, unsigned long long epoch)
+/* The hash a drafter logged when it synced into `epoch` (or 0), looked for from byte `from` of
+ * its log on (a group created again counts its epochs from 1 again). */
+static unsigned long long sync_hash(const char *log, unsigned long long epoch, size_t from)
 {
-    char *s = test_slurp(log, NULL);
+    size_t len = 0;
+    char *s = test_slurp(log, &len);
     if (!s) return 0;
     unsigned long long h = 0, e = 0, st = 0;
     int rank = 0, world = 0;
-    for (char *p = s; (p = strstr(p, "group g epoch ")); p++)
+    for (char *p = s + (from < len ? from : len); (p = strstr(p, "group g epoch ")); p++)
         if (sscanf(p, "group g epoch %llu: rank %d of %d in sync at step %llu (state hash %llx)", &e,
                    &rank, &world, &st, &h) == 5 &&
             e == epoch)
@@ -246,7 +252,7 @@ int main(int argc, char **argv)
     snprintf(dblog, sizeof dblog, "%s/drafter-db.log", dir);
     unsigned long long ha = 0, hb = 0;
     uint64_t end = h_now_ms() + 20000;
-    while (h_now_ms() < end && (!(ha = sync_hash(dalog, epoch2)) || !(hb = sync_hash(dblog, epoch2))))
+    while (h_now_ms() < end && (!(ha = sync_hash(dalog, epoch2, 0)) || !(hb = sync_hash(dblog, epoch2, 0))))
         h_sleep_ms(50);
     CHECK(ha != 0 && ha == hb);
     printf("phase 3: db rejoined: epoch %llu, world 2, both in sync with state hash %016llx\n",
@@ -254,6 +260,60 @@ int main(int argc, char **argv)
     done_before = group_g(&s)->steps_done;
     CHECK_EQ_INT(client_resume(c), 0);
     CHECK(wait_group(c, 2, done_before + 3, 30000, &s));
+
+    /* 3b. the whole group goes down (SIGKILL both) once rank 0 (da) has a committed checkpoint;
+     * db, the rank without checkpoints, comes back first: it waits for da, which resumes from
+     * its checkpoint, creates the group as rank 0 and gives db its state; the ledger keeps its
+     * commits (only batches trained after da's checkpoint are redone) */
+    end = h_now_ms() + 60000;
+    while (h_now_ms() < end && (!get_status(c, &s) || s.committed_step < 10)) h_sleep_ms(50);
+    CHECK(s.committed_step >= 10);
+    CHECK_EQ_INT(client_pause(c), 0);
+    h_kill(da, SIGKILL);
+    h_kill(db, SIGKILL);
+    wait_exit(da, 5000);
+    wait_exit(db, 5000);
+    end = h_now_ms() + 20000; /* the broker expires both: the group is gone */
+    while (h_now_ms() < end && (!get_status(c, &s) || group_g(&s))) h_sleep_ms(50);
+    CHECK(group_g(&s) == NULL);
+    uint64_t commit_before = s.committed_step, committed_before = s.batches_committed;
+    size_t da_from = (size_t)test_file_size(dalog), db_from = (size_t)test_file_size(dblog);
+    db = start_drafter("db");
+    bool held = false;
+    end = h_now_ms() + 30000;
+    while (h_now_ms() < end && !held) {
+        char *l = test_slurp(dblog, NULL);
+        held = l && strstr(l, "newest committed checkpoint is at step");
+        free(l);
+        h_sleep_ms(50);
+    }
+    CHECK(held);
+    CHECK(get_status(c, &s) && group_g(&s) == NULL); /* db did not create it */
+    CHECK_EQ_INT(s.batches_committed, committed_before);
+    da = start_drafter("da");
+    CHECK(wait_group(c, 2, 0, 30000, &s));
+    uint64_t epoch3 = group_g(&s)->epoch;
+    ha = hb = 0;
+    end = h_now_ms() + 20000;
+    while (h_now_ms() < end && (!(ha = sync_hash(dalog, epoch3, da_from)) ||
+                                     !(hb = sync_hash(dblog, epoch3, db_from))))
+        h_sleep_ms(50);
+    CHECK(ha != 0 && ha == hb);
+    CHECK(get_status(c, &s));
+    CHECK(s.committed_step >= commit_before);
+    CHECK(s.batches_committed >= committed_before);
+    char *qlg = test_slurp(qlog, NULL);
+    unsigned long long created_at = 0, rewound = 0;
+    for (char *p = qlg; p && (p = strstr(p, "group g created by da at step ")); p++)
+        sscanf(p, "group g created by da at step %llu: %llu batches", &created_at, &rewound);
+    free(qlg);
+    CHECK(created_at >= commit_before);
+    printf("phase 3b: whole group killed at committed step %llu; db back first waited; da "
+           "created epoch %llu at step %llu (%llu batches trained after it redone), both in "
+           "sync (%016llx)\n", (unsigned long long)commit_before, (unsigned long long)epoch3,
+           created_at, rewound, ha);
+    done_before = group_g(&s)->steps_done;
+    CHECK_EQ_INT(client_resume(c), 0);
 
     /* 4. until nothing is left to do, then drain */
     end = h_now_ms() + 120000;
@@ -283,7 +343,7 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(total, 192);
     CHECK_EQ_INT(done + s.batches_todo + s.batches_inflight, total);
     CHECK(s.batches_todo + s.batches_inflight <= 1); /* < one step of two ranks */
-    CHECK_EQ_INT(s.acks, done);
+    CHECK_EQ_INT(s.acks, done + rewound); /* the batches redone in 3b were acked twice */
     CHECK_EQ_INT(s.quarantined, 0);
     char *ql = test_slurp(qlog, NULL);
     CHECK(ql && !strstr(ql, "already trained"));

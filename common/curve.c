@@ -2,6 +2,7 @@
  * (no window where a secret is world-readable), read whole with one read(). */
 #include "curve.h"
 #include "err.h"
+#include "fsutil.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -42,7 +43,9 @@ static int write_new(const char *path, const char *text, mode_t mode, char *why,
         return errno == EEXIST ? DFLASH_EEXISTS : DFLASH_EIO;
     }
     size_t n = strlen(text);
-    bool ok = write(fd, text, n) == (ssize_t)n && fchmod(fd, mode) == 0 && fsync(fd) == 0;
+    ssize_t wrote = write(fd, text, n);
+    if (wrote >= 0 && wrote < (ssize_t)n) errno = ENOSPC; /* a short write says no reason */
+    bool ok = wrote == (ssize_t)n && fchmod(fd, mode) == 0 && fsync(fd) == 0;
     if (close(fd) != 0) ok = false;
     if (!ok) {
         WHY("cannot write %s: %s", path, strerror(errno));
@@ -76,6 +79,11 @@ int curve_keygen(const char *dir, const char *name, curve_key public_out, char *
         WHY("%s exists: refusing to overwrite a key", ppath);
         return DFLASH_EEXISTS;
     }
+    if (stat(kpath, &st) == 0) {
+        WHY("%s exists without %s (a keygen that did not finish?): remove it and run again",
+            kpath, ppath);
+        return DFLASH_EEXISTS;
+    }
     snprintf(line, sizeof line, "%s\n", sec);
     int rc = write_new(kpath, line, 0600, why, why_len);
     if (rc) return rc;
@@ -83,6 +91,10 @@ int curve_keygen(const char *dir, const char *name, curve_key public_out, char *
     if ((rc = write_new(ppath, line, 0644, why, why_len))) {
         unlink(kpath);
         return rc;
+    }
+    if (fs_sync_parent_dir(ppath) != 0) {
+        WHY("cannot fsync %s: %s", dir, strerror(errno));
+        return DFLASH_EIO;
     }
     if (public_out) memcpy(public_out, pub, sizeof pub);
     return 0;

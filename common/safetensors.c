@@ -946,7 +946,11 @@ int safetensors_writer_commit(safetensors_writer *w) {
         goto fail;
     }
     w->committed = true;
-    return fs_sync_parent_dir(w->path);
+    if (fs_sync_parent_dir(w->path) != 0) { /* the rename may not last */
+        keep_errno(w);
+        return DFLASH_EIO;
+    }
+    return 0;
 fail:
     if (w->fd >= 0) close(w->fd);
     w->fd = -1;

@@ -327,7 +327,7 @@ int shard_writer_commit(shard_writer *w) {
     w->fp = NULL;
     if (c != 0 || rename(w->tmp, w->path) != 0) goto fail;
     w->committed = true;
-    fs_sync_parent_dir(w->path);
+    if (fs_sync_parent_dir(w->path) != 0) return writer_failed(w); /* the rename may not last */
     return 0;
 fail:
     writer_failed(w); /* before fclose and unlink change errno */

@@ -343,6 +343,8 @@ int dflash_ckpt_check_root(const char *root, char *err, size_t errlen) {
             FAIL(DFLASH_EIO, "%s is not a directory", root);
         FAIL(DFLASH_EIO, "cannot create %s: %s", root, strerror(errno));
     }
+    if (fs_sync_parent_dir(root) != 0) /* a root just made must outlive a crash too */
+        FAIL(DFLASH_EIO, "cannot fsync the directory holding %s: %s", root, strerror(errno));
     snprintf(probe, sizeof probe, "%s/.write-test-%d", root, (int)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) FAIL(DFLASH_EIO, "cannot write in %s: %s", root, strerror(errno));

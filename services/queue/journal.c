@@ -335,7 +335,9 @@ journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *er
             goto fail;
         }
         if (ftruncate(j->fd, 0) != 0 || lseek(j->fd, 0, SEEK_SET) != 0 ||
-            write_header(j->fd) != 0 || fdatasync(j->fd) != 0) {
+            write_header(j->fd) != 0 || fdatasync(j->fd) != 0 ||
+            fs_sync_parent_dir(path) != 0) { /* a new file's name must last too */
+            LOG_ERROR("journal %s: cannot start it: %s", path, strerror(errno));
             rc = DFLASH_EIO;
             goto fail;
         }

@@ -60,6 +60,8 @@
  * (apply_outcome): ledger acks of a step's units once for the group, or requeue/revoke on an
  * abort. A step's reservation is all or nothing (policy_claimable first). A dead drafter's copied
  * units of a step in flight stay in flight until the step is resolved (peer_remove skips them).
+ * A rank's StepClaim whose reservation names a pool incarnation that is no longer registered is
+ * answered Stale (on_step_claim): its grant would describe the new arena.
  */
 #include "broker_state.h"
 
@@ -249,13 +251,6 @@ void broker_publish(broker *b, const char *topic, const wire_msg *m)
 
 /* --- handlers: each fills *r ---------------------------------------------------------------- */
 
-/* False for a batch of an epoch past the target's (or --max-epochs): a peer's batch is not
- * adopted then (the ledger refuses far epochs too). Unknown epochs (no target yet) pass. */
-static bool in_epochs(const broker *b, const batch_id *id)
-{
-    return !b->epochs || id->epoch < b->epochs;
-}
-
 static bool peer_replaced(const peer *o, uint64_t incarnation)
 {
     uint32_t n = o->n_replaced < PEER_REPLACED ? o->n_replaced : PEER_REPLACED;
@@ -267,6 +262,35 @@ static bool peer_replaced(const peer *o, uint64_t incarnation)
 static void peer_note_replaced(peer *p, uint64_t incarnation)
 {
     if (!peer_replaced(p, incarnation)) p->replaced[p->n_replaced++ % PEER_REPLACED] = incarnation;
+}
+
+/* A drafter re-registering after a broker restart: the batches it trains are not orphans. The
+ * ledger adopts one unit at a time and each may open the epoch after the last one opened, so
+ * the bound is taken once for the whole hello (defect: units of epochs 0..255 opened 256 epochs
+ * in one message): a unit past the next epoch the ledger would open is ignored, counted and
+ * logged. The ledger refuses epochs past the target's plan itself (ledger_set_max_epochs). */
+static void adopt_held(broker *b, peer *p, const wire_hello *h)
+{
+    ledger_stats ls;
+    ledger_get_stats(b->ledger, &ls);
+    uint32_t far = 0, first_far = 0;
+    for (uint32_t i = 0; i < h->n_held; i++) {
+        batch_id id = to_batch(&h->held[i]);
+        if (id.epoch > ls.epochs_opened) {
+            if (!far++) first_far = id.epoch;
+            continue;
+        }
+        int rc = ledger_adopt(b->ledger, &id);
+        if (rc == 0 || rc == DFLASH_EEXISTS) {
+            bool known = false;
+            for (uint32_t k = 0; k < p->n_held; k++) known |= same_batch(&p->held[k], &id);
+            if (!known) held_add(p, &id);
+        }
+    }
+    if (far)
+        LOG_WARN("hello from %s %s: %u held units ignored (the first of epoch %u): past epoch %u, "
+                 "the next one the ledger would open", wire_role_name(p->role), p->name, far,
+                 first_far, ls.epochs_opened);
 }
 
 /* False when the hello is refused (r holds the error; p must be forgotten by the caller). */
@@ -302,16 +326,7 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     p->role = m->role;
     p->incarnation = m->incarnation;
     peer_set_state(p, PEER_LIVE);
-    /* A drafter re-registering after a broker restart: the batches it trains are not orphans. */
-    for (uint32_t i = 0; i < m->u.hello.n_held; i++) {
-        batch_id id = to_batch(&m->u.hello.held[i]);
-        int rc = in_epochs(b, &id) ? ledger_adopt(b->ledger, &id) : DFLASH_ERANGE;
-        if (rc == 0 || rc == DFLASH_EEXISTS) {
-            bool known = false;
-            for (uint32_t k = 0; k < p->n_held; k++) known |= same_batch(&p->held[k], &id);
-            if (!known) held_add(p, &id);
-        }
-    }
+    adopt_held(b, p, &m->u.hello);
     LOG_INFO("hello from %s %s (incarnation %016" PRIx64 ", %u held)", wire_role_name(p->role),
              p->name, p->incarnation, m->u.hello.n_held);
     reply_init(b, r, WIRE_HELLO, m->request_id);
@@ -422,26 +437,12 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     memcpy(b->target_share, w->bucket_share, w->n_buckets * sizeof *w->bucket_share);
     if (!b->cfg.shares[0]) policy_set_shares(b->policy, w->n_buckets, w->bucket_share);
     b->epochs = b->cfg.max_epochs ? (uint32_t)b->cfg.max_epochs : w->epochs;
+    ledger_set_max_epochs(b->ledger, b->epochs); /* nothing past the plan is handed out */
     LOG_INFO("pool %d of %s: incarnation %016" PRIx64 ", %u slots of %" PRIu64 " bytes, %s", id,
              p->name, w->pool_incarnation, w->slot_count, w->slot_size,
              w->backend == WIRE_BACKEND_CUDA ? "cuda" : w->shm_name);
     broker_warn_reservoir(b);
     reply_ok(b, r, m->request_id, (uint64_t)id);
-}
-
-/* True when asking the ledger for work would open an epoch beyond the target's plan: no to-do
- * left in any opened epoch and all planned epochs opened. */
-static bool epochs_done_in(const broker *b, const ledger_stats *ls)
-{
-    return b->epochs && ls->todo == 0 && ls->epochs_opened >= b->epochs;
-}
-
-static bool epochs_done(broker *b)
-{
-    if (!b->epochs) return false;
-    ledger_stats ls;
-    ledger_get_stats(b->ledger, &ls);
-    return epochs_done_in(b, &ls);
 }
 
 /* True when the target's plan is finished: every batch of every planned epoch trained,
@@ -453,7 +454,9 @@ bool broker_plan_done(broker *b)
 {
     ledger_stats ls;
     if (b->epochs) ledger_get_stats(b->ledger, &ls);
-    bool done = b->epochs && epochs_done_in(b, &ls) && ls.in_flight == 0 && ls.orphaned == 0;
+    /* ls.todo counts the planned epochs only (ledger_set_max_epochs) */
+    bool done = b->epochs && ls.epochs_opened >= b->epochs && ls.todo == 0 && ls.in_flight == 0 &&
+                ls.orphaned == 0;
     if (!done) b->plan_done_said = false;
     return done;
 }
@@ -486,7 +489,7 @@ static void on_work_request(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (mode == POLICY_DRAINING)
         return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "draining");
     if (mode == POLICY_PAUSED) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "paused");
-    uint32_t mask = epochs_done(b) ? 0 : ledger_todo_mask(b->ledger);
+    uint32_t mask = ledger_todo_mask(b->ledger); /* 0 past the plan's epochs too */
     policy_set_flush(b->policy, mask == 0);
     if (!mask) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "nothing to do now");
     uint32_t bucket, slot;
@@ -523,7 +526,7 @@ static void on_slot_ready(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     bool adopted = false;
     if (!policy_is_filling(b->policy, (uint32_t)p->pool_id, &id)) {
         /* Filled for a previous broker incarnation: adopt it if nobody else has it. */
-        if ((rc = in_epochs(b, &id) ? ledger_adopt(b->ledger, &id) : DFLASH_ERANGE))
+        if ((rc = ledger_adopt(b->ledger, &id)))
             return reply_error(b, r, m->request_id, rc, "batch not adoptable: drop the slot");
         adopted = true;
     }
@@ -550,7 +553,9 @@ bool broker_drained(const broker *b)
     return !b->policy || policy_drained(b->policy);
 }
 
-/* What the importer needs to map the granted slot. */
+/* What the importer needs to map the granted slot: from the pool's current descriptor, so the
+ * caller has checked that g's incarnation is still the registered one (policy_claim's grants
+ * are; a group step's reservation may be older: on_step_claim). */
 void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w)
 {
     const pool_desc *d = &b->pools[g->where.pool_id];
@@ -575,6 +580,34 @@ void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w)
     memcpy(w->shm_name, d->desc.shm_name, sizeof w->shm_name);
     memcpy(w->pool_name, d->owner, sizeof w->pool_name);
     if (!w->size) w->size = 1;
+}
+
+/* StepClaim (broker_groups.c answers it from the step's reservation). A rank that claims late
+ * (or again) after the step's pool was dropped or re-registered by its target got a grant
+ * mixing the two arenas (defect): the reservation's pool incarnation and lease, the new arena's
+ * shm name and memory and event handles, so the drafter copied unrelated bytes, failed its
+ * header check and exited. Such a grant is refused Stale instead: the rank re-forms and the
+ * step's resolver aborts it (its units go back to to-do), and the next step is reserved in the
+ * pool as it is now. */
+static void on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
+{
+    broker_on_step_claim(b, p, m, r);
+    if (r->type != WIRE_STEP_GRANT) return;
+    const group *g = group_find(b->groups, m->u.gstep.group);
+    const group_slot *mine = &g->slots[r->u.sgrant.rank];
+    const pool_desc *d = &b->pools[mine->pool_id];
+    if (d->registered && d->desc.pool_incarnation == mine->pool_incarnation) return;
+    uint64_t step = r->u.sgrant.step;
+    if (!d->registered)
+        return reply_error(b, r, m->request_id, DFLASH_ESTALE,
+                           "step %" PRIu64 " of group %s was reserved in pool %u of %s, which is "
+                           "not registered now (its target went): re-form", step, g->name,
+                           mine->pool_id, d->owner);
+    reply_error(b, r, m->request_id, DFLASH_ESTALE,
+                "step %" PRIu64 " of group %s was reserved in incarnation %016" PRIx64 " of pool "
+                "%u, re-registered since by %s (incarnation %016" PRIx64 "): re-form", step,
+                g->name, mine->pool_incarnation, mine->pool_id, d->owner,
+                d->desc.pool_incarnation);
 }
 
 static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
@@ -893,7 +926,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_RESUME_FROM: on_resume_from(b, p, &m, &r); break;
     case WIRE_GROUP_JOIN: broker_on_group_join(b, p, &m, &r); break;
     case WIRE_GROUP_SET_ID: broker_on_group_set_id(b, p, &m, &r); break;
-    case WIRE_STEP_CLAIM: broker_on_step_claim(b, p, &m, &r); break;
+    case WIRE_STEP_CLAIM: on_step_claim(b, p, &m, &r); break;
     case WIRE_STEP_DONE: broker_on_step_done(b, p, &m, &r); break;
     case WIRE_GROUP_LEAVE: broker_on_group_leave(b, p, &m, &r); break;
     case WIRE_HEARTBEAT:

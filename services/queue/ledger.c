@@ -7,7 +7,9 @@
  * are freed (nothing but a rewind before its done_step could change there, and that is refused)
  * and it costs a few counters, in memory and in snapshots. Epochs open lazily: the open epoch is
  * the lowest one with TODO batches; when none has any, the next one is allocated (up to
- * max_epochs).
+ * epoch_limit: max_epochs at first, the target's planned epochs once the broker knows them,
+ * ledger_set_max_epochs). Epochs at or past the limit (opened by a journal, or by an adopt
+ * before the limit was known) hand out nothing and their TODO batches are not counted as to do.
  *
  * Transitions (assert()ed in set_state; the table with its triggers is in ledger.h):
  *   TODO -> IN_FLIGHT | TRAINED;  IN_FLIGHT -> TODO | TRAINED | QUARANTINED;
@@ -98,6 +100,7 @@ struct ledger {
     uint64_t batches_per_epoch;
     epoch_rec *ep;
     uint32_t n_epochs, cap_epochs;
+    uint32_t epoch_limit; /* no hand-out, adopt or new epoch at or past it; 0 = none */
     uint64_t double_acks, stale_acks, last_commit_step, replayed;
     uint64_t compact_at;
     uint64_t compactions_failed; /* journal_rewrite_failures when compact_at was last set */
@@ -165,12 +168,16 @@ static void set_state(epoch_rec *E, uint32_t bucket, uint32_t index, batch_state
     x->state = (uint8_t)to;
 }
 
+static bool past_limit(const ledger *l, uint32_t epoch)
+{
+    return l->epoch_limit && epoch >= l->epoch_limit;
+}
+
 static int ensure_epoch(ledger *l, uint32_t epoch)
 {
     if (l->n_buckets == 0) return DFLASH_ESTATE;
-    /* Replay reopens what the journal opened, also under a lower max_epochs than then. */
-    if (l->params.max_epochs && epoch >= l->params.max_epochs && !l->replaying)
-        return DFLASH_ERANGE;
+    /* Replay reopens what the journal opened, also under a lower limit than then. */
+    if (past_limit(l, epoch) && !l->replaying) return DFLASH_ERANGE;
     while (l->n_epochs <= epoch) {
         if (l->n_epochs == l->cap_epochs) {
             uint32_t cap = l->cap_epochs ? 2 * l->cap_epochs : 4;
@@ -227,12 +234,13 @@ static void mark_done(ledger *l, epoch_rec *E)
 }
 
 /* Lowest epoch with TODO batches, opening a new one if none has any; never one at or past
- * max_epochs (a journal may hold such epochs from a run with a higher limit). -1 if none. */
+ * epoch_limit (a journal, or an adopt before the limit was known, may hold such epochs). -1 if
+ * none. */
 static int64_t open_epoch(ledger *l)
 {
     if (l->n_buckets == 0) return -1;
     for (uint32_t e = 0; e < l->n_epochs; e++) {
-        if (l->params.max_epochs && e >= l->params.max_epochs) return -1;
+        if (past_limit(l, e)) return -1;
         if (l->ep[e].count[BATCH_TODO]) return e;
     }
     if (ensure_epoch(l, l->n_epochs) != 0) return -1;
@@ -626,6 +634,7 @@ ledger *ledger_new(const ledger_params *params, int *err)
     }
     l->params = *params;
     l->params.journal_path = NULL; /* not kept: the journal owns its copy */
+    l->epoch_limit = params->max_epochs;
     if (params->journal_path) {
         int rc = 0;
         l->replaying = true;
@@ -672,6 +681,8 @@ int ledger_set_plan(ledger *l, uint32_t n, const uint32_t *per)
 }
 
 bool ledger_has_plan(const ledger *l) { return l->n_buckets > 0; }
+
+void ledger_set_max_epochs(ledger *l, uint32_t max_epochs) { l->epoch_limit = max_epochs; }
 
 uint32_t ledger_todo_mask(ledger *l)
 {
@@ -792,7 +803,7 @@ const void *ledger_settings(const ledger *l, uint32_t *len)
 int ledger_get(const ledger *l, const batch_id *b, batch_state *state, uint64_t *step)
 {
     if (l->n_buckets == 0 || b->bucket >= l->n_buckets || b->index >= l->per[b->bucket] ||
-        (l->params.max_epochs && b->epoch >= l->params.max_epochs))
+        past_limit(l, b->epoch))
         return DFLASH_ERANGE;
     batch_state s = BATCH_TODO;
     uint64_t st = 0;
@@ -954,15 +965,16 @@ void ledger_get_stats(const ledger *l, ledger_stats *out)
     out->n_buckets = l->n_buckets;
     for (uint32_t b = 0; b < l->n_buckets; b++) out->batches_per_bucket[b] = l->per[b];
     out->epochs_opened = l->n_epochs;
-    out->open_epoch = l->n_epochs ? l->n_epochs - 1 : 0;
+    uint32_t handed = past_limit(l, l->n_epochs) ? l->epoch_limit : l->n_epochs;
+    out->open_epoch = handed ? handed - 1 : 0;
     bool found = false;
     for (uint32_t e = 0; e < l->n_epochs; e++) {
         const epoch_rec *E = &l->ep[e];
-        if (!found && E->count[BATCH_TODO]) {
+        if (!found && E->count[BATCH_TODO] && !past_limit(l, e)) {
             out->open_epoch = e;
             found = true;
         }
-        out->todo += E->count[BATCH_TODO];
+        if (!past_limit(l, e)) out->todo += E->count[BATCH_TODO];
         out->in_flight += E->count[BATCH_IN_FLIGHT];
         out->orphaned += E->orphans;
         out->trained += E->count[BATCH_TRAINED];

@@ -18,8 +18,10 @@
  * Acking a TRAINED or COMMITTED batch is rejected (DFLASH_EEXISTS) and counted: nothing is
  * recorded as trained twice. Batches of an epoch are handed out only from the *open epoch*: the
  * lowest epoch that still has TODO batches (a rewind can reopen an older one); a new epoch opens
- * when no epoch has TODO left, up to max_epochs (0 = unlimited). Epochs a journal opened past a
- * lower max_epochs (a restart with a smaller limit) come back on replay but hand out nothing.
+ * when no epoch has TODO left, up to max_epochs (0 = unlimited; the broker sets it to the
+ * target's planned epochs once it knows them, ledger_set_max_epochs). Epochs opened past a lower
+ * limit (by a journal of a run with a higher one, or by an adopt before the target's plan was
+ * known) hand out and adopt nothing, and their TODO batches are not counted as to do.
  *
  * Replay: the journal is replayed at ledger_new. IN_FLIGHT batches come back *orphaned*: the
  * broker restarted and does not know whether a target still holds them or a drafter is training
@@ -82,6 +84,7 @@ typedef struct {
     uint32_t n_buckets;
     uint32_t batches_per_bucket[LEDGER_MAX_BUCKETS];
     uint32_t open_epoch;            /* epoch handed out now (== epochs opened - 1, or rewound) */
+    /* todo counts the epochs below max_epochs only: those past it hand out nothing */
     uint32_t epochs_opened;
     uint32_t epochs_committed;      /* epochs whose every batch is COMMITTED */
     uint64_t todo, in_flight, orphaned, trained, committed, quarantined; /* all opened epochs */
@@ -103,6 +106,11 @@ void ledger_destroy(ledger **l);
  * DFLASH_EINVAL for n_buckets 0 or > LEDGER_MAX_BUCKETS or a bucket with 0 batches. */
 int ledger_set_plan(ledger *l, uint32_t n_buckets, const uint32_t *batches_per_bucket);
 bool ledger_has_plan(const ledger *l);
+
+/* Replaces max_epochs (0 = unlimited): from now on nothing is handed out or adopted, and no
+ * epoch opened, at or past it (the broker passes the target's planned epochs, or --max-epochs,
+ * at each registration). Not journaled: epochs already opened stay. */
+void ledger_set_max_epochs(ledger *l, uint32_t max_epochs);
 
 /* Bit b set when bucket b has a TODO batch in the open epoch, opening the next epoch first if
  * the current one has no TODO left (and max_epochs allows). 0: nothing to hand out now. */

@@ -6,6 +6,12 @@
  *   - a drafter's Hello or a target's SlotReady naming a batch of a far epoch freezes the broker
  *     for seconds and allocates every epoch up to it (and the journal repeats it at each
  *     restart): such a batch is refused, the epochs stay as they were;
+ *   - one Hello listing held units of epochs 0..255 opened 256 epochs at once (each unit
+ *     allowed the epoch after the one before it), a full allocation each, and repeating it grew
+ *     memory without bound: a Hello opens at most the next epoch, the rest is ignored and logged;
+ *   - after a broker restart, a Hello before the target re-registered opened an epoch past the
+ *     target's plan, and the target was then asked to produce batches of it, and the plan's end
+ *     never came: nothing is handed out past the plan, and claims end once it is trained;
  *   - min_ready above max_depth (the reservoir can never fill: every claim waits forever) is
  *     refused at start-up and by `set`;
  *   - a SlotRelease retried after its reply was lost gets Stale, the drafter drops its copy, and
@@ -30,6 +36,7 @@
 #include "broker_stub.h"
 #include "config.h"
 #include "err.h"
+#include "test_files.h"
 
 #include <stdio.h>
 #include <unistd.h>
@@ -192,6 +199,105 @@ static int train_one(uint64_t step)
     stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, DRAFTER_INC);
     stub_req.u.ack = (wire_ack){g.unit, step};
     return stub_send("d");
+}
+
+/* Held units {first + k, 0, index} for k < n (n <= WIRE_MAX_HELD), in one Hello. */
+static int hello_holding_epochs(uint64_t inc, const char *name, uint32_t first, uint32_t n,
+                                uint32_t index)
+{
+    static wire_unit held[WIRE_MAX_HELD];
+    for (uint32_t k = 0; k < n; k++) held[k] = (wire_unit){first + k, 0, index};
+    return hello(WIRE_ROLE_DRAFTER, inc, name, held, n);
+}
+
+static char hello_log[8192];
+
+static void hello_far_held(void)
+{
+    CHECK_EQ_INT(hello_holding_epochs(DRAFTER_INC, "d", 0, 256, 0), 0);
+}
+
+/* Units of many epochs in one Hello (the target plans 100): the first opens epoch 0, the rest
+ * are ignored, with a warning that counts them; a second Hello opens at most one more. */
+static void test_hello_opens_one_epoch(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    stub_pool_request(TARGET_INC, POOL_INC, 8)->epochs = 100;
+    CHECK_EQ_INT(stub_send("t"), 0);
+    log_set_level(LOG_WARN);
+    stub_capture_log(hello_far_held, hello_log, sizeof hello_log);
+    log_set_level(LOG_ERROR);
+    printf("hello with 256 epochs: %s", hello_log);
+    CHECK(strstr(hello_log, "255 held units ignored") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, 1);
+    CHECK_EQ_INT(s.batches_todo, 999);
+    CHECK_EQ_INT(hello_holding_epochs(DRAFTER_INC + 1, "e", 1, 256, 0), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, 2);
+    CHECK_EQ_INT(s.batches_todo, 2 * 999);
+    stub_broker_free();
+}
+
+static char restart_journal[400];
+
+static void journal_in_tmp(queue_config *cfg)
+{
+    snprintf(cfg->journal, sizeof cfg->journal, "%s", restart_journal);
+}
+
+/* A broker restarted before its target re-registers does not know the target's epochs: a
+ * drafter's Hello may open the next epoch (the target's plan is one epoch of 4 batches). Once
+ * the target registers, nothing of that epoch is produced, and when epoch 0 is trained the
+ * claims end the run. */
+static void test_restart_plan_bounds(void)
+{
+    const char *t = getenv("TMPDIR");
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/test_broker_requests.XXXXXX", t && *t ? t : "/tmp");
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(restart_journal, sizeof restart_journal, "%s/q.journal", dir);
+    stub_broker_new(journal_in_tmp);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool_request(TARGET_INC, POOL_INC, 4)->bucket_batches[0] = 4;
+    CHECK_EQ_INT(stub_send("t"), 0);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    CHECK_EQ_INT(train_one(1), 0); /* epoch 0 is open, batch 0 trained */
+    stub_broker_free();
+
+    stub_broker_new(journal_in_tmp);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello_holding_epochs(DRAFTER_INC + 5, "holder", 0, 256, 1), 0);
+    CHECK_EQ_INT(stub_status().batches_inflight, 2); /* epochs 0 and 1: the plan is unknown */
+    /* the holder restarts holding nothing: its units go back to to-do */
+    CHECK_EQ_INT(hello_from("holder-2", WIRE_ROLE_DRAFTER, DRAFTER_INC + 6, "holder"), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC + 1, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool_request(TARGET_INC + 1, POOL_INC + 1, 4)->bucket_batches[0] = 4;
+    CHECK_EQ_INT(stub_send("t"), 0);
+    uint32_t produced = 0, past_plan = 0;
+    for (uint64_t step = 2; step < 20; step++) {
+        stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC + 1);
+        stub_req.u.pool_incarnation = POOL_INC + 1;
+        if (stub_send("t")) break;
+        wire_work_unit wu = stub_rep.u.work;
+        produced++;
+        past_plan += wu.unit.epoch >= 1;
+        stub_init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, TARGET_INC + 1);
+        stub_req.u.ready = (wire_slot_ready){POOL_INC + 1, wu.slot, wu.unit, 100, 2};
+        CHECK_EQ_INT(stub_send("t"), 0);
+        CHECK_EQ_INT(train_one(step), 0);
+    }
+    CHECK_EQ_INT(past_plan, 0);
+    CHECK_EQ_INT(produced, 3); /* epoch 0's batches 1..3 */
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN); /* the plan is done */
+    stub_broker_free();
+    test_rmtree(dir);
 }
 
 /* Every batch of the target's one epoch trained: a claim ends the drafter's run (SHUTDOWN,
@@ -374,6 +480,8 @@ static void test_second_trainer_warned(void)
 int main(void)
 {
     test_far_epochs();
+    test_hello_opens_one_epoch();
+    test_restart_plan_bounds();
     test_reservoir_over_depth();
     test_release_retry();
     test_plan_done();

@@ -15,7 +15,11 @@
  *     when its model did; nothing is lost or acked twice;
  *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields);
  *   - a group restarted whole waits for the member holding the newest committed checkpoint
- *     to be its rank 0 (a former rank 1 has none), for group-hold-ms at most.
+ *     to be its rank 0 (a former rank 1 has none), for group-hold-ms at most;
+ *   - a target that restarted between a step's reservation and a late rank's StepClaim: the
+ *     grant named the old pool incarnation with the new arena's shm name and handles, the rank
+ *     copied unrelated bytes and exited; the claim is refused Stale, the group re-forms, the
+ *     step is aborted and the next one is granted in the new pool.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -273,10 +277,63 @@ static void test_restart_order(void)
     stub_broker_free();
 }
 
+/* A and B form a group over the target's pool; A's claim reserves step 1 and A copies its
+ * slot; then the target restarts (a new incarnation of its name, with a new arena) before B
+ * claims. */
+static void test_step_after_target_restart(void)
+{
+    setup();
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    wire_group_view va, vb;
+    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    uint64_t e = vb.epoch;
+    CHECK_EQ_INT(set_id(&A, e, 0x11), 0);
+    make_ready(2);
+    wire_step_grant ga, gb;
+    CHECK_EQ_INT(claim(&A, e, 1, &ga), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+
+    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, 8);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
+    CHECK_EQ_INT(stub_send("target-t-8"), 0);
+    CHECK_EQ_INT(claim(&B, e, 1, &gb), DFLASH_ESTALE); /* its pool is gone */
+    printf("late claim, pool gone: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "not registered") != NULL);
+    wire_pool *p = stub_pool_request(8, 0x88, 16);
+    snprintf(p->shm_name, sizeof p->shm_name, "/dflash-test-stub-2");
+    CHECK_EQ_INT(stub_send("target-t-8"), 0);
+    CHECK_EQ_INT(claim(&B, e, 1, &gb), DFLASH_ESTALE); /* not the new arena's either */
+    printf("late claim, pool back: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "re-registered") != NULL);
+
+    /* B re-forms; A, the step's resolver, learns it from its collective: its model did not take
+     * step 1, which is aborted: every unit is to do again, none leased, none trained */
+    CHECK_EQ_INT(join(&B, 0, e, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(join(&A, 0, e, &va), 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.groups[0].steps_aborted, 1);
+    CHECK_EQ_INT(s.batches_trained, 0);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(leased_total(&s), 0);
+    CHECK_EQ_INT(set_id(&A, va.epoch, 0x22), 0);
+    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    CHECK(vb.epoch == va.epoch && vb.rank == 1);
+    stub_make_ready("target-t-8", 8, 0x88, 2);
+    CHECK_EQ_INT(claim(&B, vb.epoch, 1, &gb), 0);
+    CHECK_EQ_INT(claim(&A, va.epoch, 1, &ga), 0);
+    CHECK(ga.grant.pool_incarnation == 0x88 && gb.grant.pool_incarnation == 0x88);
+    CHECK(strcmp(gb.grant.shm_name, "/dflash-test-stub-2") == 0);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_wire_checks();
     test_restart_order();
+    test_step_after_target_restart();
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
             C = {"drafter-c-3", "c", 0xc3};

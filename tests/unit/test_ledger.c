@@ -3,7 +3,8 @@
  * once. Also: hand-out order and epochs, double acks rejected, commit and rewind, quarantine,
  * orphans after a broker restart, replay after a crash at every byte of the last record, a
  * failed journal healed from memory, a failed compaction not retried at every record, the
- * broker's settings payload kept across reopens, compactions and heals. */
+ * broker's settings payload kept across reopens, compactions and heals, an epoch limit set after
+ * an epoch past it was opened. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -738,6 +739,38 @@ static void test_failed_compaction_backs_off(void)
     unlink(path);
 }
 
+/* The broker learns the target's epochs only at its registration: an epoch opened before (an
+ * adopt after a restart) hands out nothing once the limit is set below it, its TODO batches are
+ * not counted as to do (or the plan's end never comes), and a higher limit later opens it. */
+static void test_limit_set_later(void)
+{
+    ledger *l = open_ledger(NULL, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){2}), 0);
+    batch_id b;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0); /* 0/0/0 */
+    CHECK_EQ_INT(ledger_adopt(l, &(batch_id){1, 0, 1}), 0); /* opens epoch 1: no limit yet */
+    CHECK_EQ_INT(ledger_requeue(l, &(batch_id){1, 0, 1}), 0);
+    ledger_set_max_epochs(l, 1);
+    CHECK_EQ_INT(ledger_adopt(l, &(batch_id){1, 0, 1}), DFLASH_ERANGE);
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.epochs_opened, 2);
+    CHECK_EQ_INT(st.todo, 1); /* epoch 0's batch 1 only */
+    CHECK_EQ_INT(st.open_epoch, 0);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK(b.epoch == 0 && b.index == 1);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), DFLASH_ENOTFOUND);
+    CHECK_EQ_INT(ledger_todo_mask(l), 0);
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.todo, 0);
+    CHECK_EQ_INT(st.open_epoch, 0);
+    ledger_set_max_epochs(l, 3); /* a target with more epochs */
+    CHECK_EQ_INT(ledger_todo_mask(l), 1);
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK(b.epoch == 1 && b.index == 0);
+    ledger_destroy(&l);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -749,6 +782,7 @@ int main(void)
     test_rewind_below_commit();
     test_lower_max_epochs();
     test_adopt_far_epoch();
+    test_limit_set_later();
     test_quarantine();
     test_fail_count_survives();
     test_replay_and_orphans();

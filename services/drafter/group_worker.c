@@ -334,6 +334,7 @@ static int stepping(gw *g, double *backoff)
     }
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         if (k->idle) k->idle(k->ctx);
+        worker_session_close_stale_pools(g->s);
         monotime_sleep_ms(*backoff);
         *backoff = *backoff < 20 ? *backoff * 2 : 20;
         g->st.wait_grant_s += monotime_s() - t0;

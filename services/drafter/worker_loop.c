@@ -396,6 +396,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             if (rc < 0) goto out_session;
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
             if (cons->idle) cons->idle(cons->ctx);
+            worker_session_close_stale_pools(w.s);
             monotime_sleep_ms(backoff);
             backoff = backoff < 20 ? backoff * 2 : 20;
             if (rc == DFLASH_EAGAIN) w.st.wait_grant_s += monotime_s() - t0; /* not the broker's */

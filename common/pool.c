@@ -14,7 +14,17 @@
  *                  broker) is alone. When all are taken, the least recently used (last_use, from
  *                  the importer's clock, bumped by attach and copy) is closed for room. Nothing
  *                  is closed while a copy is in flight (it is waited for first).
- *                  One copy in flight at a time (in_flight), tracked by done_event (cuda).
+ *                  One copy in flight at a time (in_flight, reading copy_incarnation's pool),
+ *                  tracked by done_event (cuda).
+ *
+ * Gone pools: a mapping keeps its pool's memory alive after the exporter is gone (host: the
+ * pages of an unlinked shm object stay in /dev/shm while mapped, and a restarted target may not
+ * find room for its own pool; cuda: an IPC mapping keeps the dead exporter's allocation). So a
+ * host mapping keeps its shm object open (shm_fd) and pool_importer_close_stale closes those
+ * whose object was unlinked (fstat: no links left), and any mapping unused for a while (used_ms;
+ * for cuda the only sign, as an exporter's death cannot be seen from here). It runs before every
+ * new mapping and whenever the drafter calls it.
+ *
  * The descriptor's wire form is little-endian and fixed-order (pool_desc_encode).
  *
  * Stale segments: a SIGKILLed host exporter cannot unlink its shm object. Its owner holds a
@@ -26,6 +36,7 @@
 #include "pool.h"
 #include "err.h"
 #include "log.h"
+#include "monotime.h"
 #include "pool_cuda.h"
 
 #include <assert.h>
@@ -64,6 +75,8 @@ typedef struct pool_mapping {
     bool local; /* raw pointers into a pool of this process */
     uint64_t incarnation;
     uint64_t last_use;            /* importer clock at the last attach or copy (LRU) */
+    uint64_t used_ms;             /* monotime_ms of the same moment (idle mappings) */
+    int shm_fd;                   /* host, mapped here: the shm object (to see it unlinked); -1 */
     char name[POOL_SHM_NAME_MAX]; /* the pool's identity; "" unknown */
     uint32_t n_slots;
     uint64_t slot_bytes, arena_bytes;
@@ -79,6 +92,7 @@ struct pool_importer {
     void *stream;     /* cuda copy stream */
     void *done_event; /* cuda: recorded after each copy */
     bool in_flight;
+    uint64_t copy_incarnation; /* the pool the copy in flight reads */
     uint64_t opens; /* arenas mapped (not local), pool_importer_opens */
     uint64_t clock; /* bumped at every attach and copy; orders mappings by last use */
     pool_mapping maps[POOL_IMPORT_MAX];
@@ -543,6 +557,7 @@ fail:
 static void mapping_close(pool_importer *imp, pool_mapping *m)
 {
     if (!m->used) return;
+    if (m->shm_fd >= 0) close(m->shm_fd);
     if (!m->local) {
         if (imp->backend == POOL_HOST) {
             munmap(m->base, m->arena_bytes);
@@ -574,7 +589,8 @@ static pool_mapping *mapping_find(pool_importer *imp, uint64_t incarnation)
     return NULL;
 }
 
-/* Maps the shm object; arena_bytes 0 means "take the object's size". */
+/* Maps the shm object and keeps it open in m->shm_fd; arena_bytes 0 means "take the object's
+ * size". */
 static int host_map(pool_mapping *m, const char *shm_name, uint64_t arena_bytes)
 {
     int fd = shm_open(shm_name, O_RDWR, 0600);
@@ -591,12 +607,13 @@ static int host_map(pool_mapping *m, const char *shm_name, uint64_t arena_bytes)
     }
     m->arena_bytes = (uint64_t)st.st_size;
     void *b = mmap(NULL, m->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (b == MAP_FAILED) {
         LOG_WARN("mmap %s: %s", shm_name, strerror(errno));
+        close(fd);
         return DFLASH_EIO;
     }
     m->base = b;
+    m->shm_fd = fd;
     return 0;
 }
 
@@ -613,11 +630,58 @@ static void mapping_drop(pool_importer *imp, pool_mapping *m)
     mapping_close(imp, m);
 }
 
-/* Stores the freshly opened mapping nm of a new incarnation: first closes every mapping it
- * supersedes (an older incarnation of the same pool: that exporter is gone), then, if all
- * entries are still taken, the least recently used one. Returns the entry. */
+/* A mapping not yet opened: of incarnation, nothing held. */
+static void mapping_init(pool_mapping *m, uint64_t incarnation)
+{
+    memset(m, 0, sizeof *m);
+    m->incarnation = incarnation;
+    m->shm_fd = -1;
+}
+
+/* Records a use of m (attach or copy), for the LRU order and the idle time. */
+static void mapping_touch(pool_importer *imp, pool_mapping *m)
+{
+    m->last_use = ++imp->clock;
+    m->used_ms = monotime_ms();
+}
+
+/* True when m's shm object has been unlinked: its exporter is gone, only mappings hold it. */
+static bool mapping_unlinked(const pool_mapping *m)
+{
+    struct stat st;
+    return m->shm_fd >= 0 && fstat(m->shm_fd, &st) == 0 && st.st_nlink == 0;
+}
+
+int pool_importer_close_stale(pool_importer *imp, uint64_t idle_ms)
+{
+    uint64_t now = monotime_ms();
+    int closed = 0;
+    for (uint32_t i = 0; i < POOL_IMPORT_MAX; i++) {
+        pool_mapping *m = &imp->maps[i];
+        if (!m->used || (imp->in_flight && m->incarnation == imp->copy_incarnation)) continue;
+        bool unlinked = mapping_unlinked(m);
+        uint64_t idle = now - m->used_ms;
+        if (!unlinked && idle < idle_ms) continue;
+        if (unlinked)
+            LOG_INFO("closing the mapping of pool %s (incarnation %016" PRIx64 "): its shared "
+                     "memory was removed (its exporter is gone)", m->name[0] ? m->name : "?",
+                     m->incarnation);
+        else
+            LOG_INFO("closing the mapping of pool %s (incarnation %016" PRIx64 "): unused for "
+                     "%" PRIu64 " ms", m->name[0] ? m->name : "?", m->incarnation, idle);
+        mapping_close(imp, m);
+        closed++;
+    }
+    return closed;
+}
+
+/* Stores the freshly opened mapping nm of a new incarnation: first closes the mappings of gone
+ * or idle pools (pool_importer_close_stale) and every mapping nm supersedes (an older
+ * incarnation of the same pool: that exporter is gone), then, if all entries are still taken,
+ * the least recently used one. Returns the entry. */
 static pool_mapping *mapping_insert(pool_importer *imp, const pool_mapping *nm)
 {
+    pool_importer_close_stale(imp, POOL_IMPORT_IDLE_MS);
     pool_mapping *free_m = NULL, *lru = NULL;
     for (uint32_t i = 0; i < POOL_IMPORT_MAX; i++) {
         pool_mapping *m = &imp->maps[i];
@@ -634,7 +698,7 @@ static pool_mapping *mapping_insert(pool_importer *imp, const pool_mapping *nm)
     }
     *free_m = *nm;
     free_m->used = true;
-    free_m->last_use = ++imp->clock;
+    mapping_touch(imp, free_m);
     return free_m;
 }
 
@@ -643,12 +707,11 @@ int pool_importer_attach(pool_importer *imp, const pool_desc *d)
     if (d->backend != imp->backend) return DFLASH_EMISMATCH;
     pool_mapping *hit = mapping_find(imp, d->incarnation);
     if (hit) {
-        hit->last_use = ++imp->clock;
+        mapping_touch(imp, hit);
         return 0;
     }
     pool_mapping m;
-    memset(&m, 0, sizeof m);
-    m.incarnation = d->incarnation;
+    mapping_init(&m, d->incarnation);
     snprintf(m.name, sizeof m.name, "%s", d->name);
     m.n_slots = d->n_slots;
     m.slot_bytes = d->slot_bytes;
@@ -675,11 +738,10 @@ int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref)
     if (ref->slot >= POOL_MAX_SLOTS) return DFLASH_ERANGE;
     pool_mapping *m = mapping_find(imp, ref->incarnation);
     if (m) {
-        m->last_use = ++imp->clock;
+        mapping_touch(imp, m);
     } else {
         pool_mapping nm;
-        memset(&nm, 0, sizeof nm);
-        nm.incarnation = ref->incarnation;
+        mapping_init(&nm, ref->incarnation);
         if (memchr(ref->pool_name, 0, sizeof ref->pool_name) && ref->pool_name[0])
             snprintf(nm.name, sizeof nm.name, "%s", ref->pool_name);
         else if (ref->backend == POOL_HOST && ref->shm_name[0] == '/' &&
@@ -737,7 +799,7 @@ int pool_copy_start(pool_importer *imp, uint64_t incarnation, uint32_t slot, uin
     if (imp->in_flight) return DFLASH_ESTATE;
     pool_mapping *m = mapping_find(imp, incarnation);
     if (!m) return DFLASH_ESTALE;
-    m->last_use = ++imp->clock;
+    mapping_touch(imp, m);
     if (slot >= m->n_slots || bytes == 0) return DFLASH_ERANGE;
     if (m->slot_bytes && (offset != (uint64_t)slot * m->slot_bytes || bytes > m->slot_bytes))
         return DFLASH_ERANGE; /* slot geometry known from a descriptor */
@@ -757,6 +819,7 @@ int pool_copy_start(pool_importer *imp, uint64_t incarnation, uint32_t slot, uin
     int rc = pool_cuda_copy_async(dst, src, bytes, m->events[slot], imp->stream, imp->done_event);
     if (rc < 0) return rc;
     imp->in_flight = true;
+    imp->copy_incarnation = incarnation;
     return 0;
 }
 

@@ -22,7 +22,8 @@
  *   POOL_IMPORT_MAX pools at once, one per pool name, evicting the least recently used; a new
  *   incarnation of a pool name closes that name's old mapping) -> pool_copy_start (stream-waits
  *   on the slot event, async copy into staging) -> pool_copy_wait / pool_copy_poll -> release
- *   the slot at once -> train -> ack.
+ *   the slot at once -> train -> ack. Now and then (and before each new mapping):
+ *   pool_importer_close_stale, so that no mapping keeps a gone exporter's memory alive.
  *   A handle is never opened in its exporter's own process: pools created in this process are
  *   found in a process-local registry and used through raw pointers (single-process mode).
  * Single copy in flight per importer. Not thread-safe: one thread per pool / importer object.
@@ -42,6 +43,7 @@
 #define POOL_ARENA_ALIGN (2u << 20)
 #define POOL_DESC_MAX_BYTES (256u + POOL_MAX_SLOTS * POOL_HANDLE_BYTES)
 #define POOL_IMPORT_MAX 8u     /* pools one importer keeps mapped at once (LRU beyond) */
+#define POOL_IMPORT_IDLE_MS 60000u /* a mapping unused this long is closed (close_stale) */
 
 typedef enum { POOL_HOST = 1, POOL_CUDA = 2 } pool_backend;
 
@@ -129,7 +131,8 @@ void pool_importer_destroy(pool_importer **imp);
 /* Makes the pool described by d available (maps the arena and events once; cached by
  * (incarnation, arena)). A different incarnation with the same pool name closes the old
  * mapping first (that exporter is gone); mappings of other names stay, the least recently used
- * one is closed when POOL_IMPORT_MAX are held. Returns 0, DFLASH_EMISMATCH (backend),
+ * one is closed when POOL_IMPORT_MAX are held. A new mapping first closes those of gone or idle
+ * pools (pool_importer_close_stale). Returns 0, DFLASH_EMISMATCH (backend),
  * DFLASH_ENOTFOUND (shm object gone: the exporter died), DFLASH_EIO, DFLASH_ECUDA. */
 int pool_importer_attach(pool_importer *imp, const pool_desc *d);
 /* What a broker grant says about one slot (DESIGN §2 step 4): enough to map the pool and wait
@@ -159,6 +162,15 @@ int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref);
 void pool_importer_forget(pool_importer *imp, uint64_t incarnation);
 /* Closes every mapping (the broker restarted and pools will be re-announced). */
 void pool_importer_forget_all(pool_importer *imp);
+/* Closes the mappings of pools that are gone or idle: a host pool whose shm object was unlinked
+ * (its exporter's pool_destroy, or the next exporter's sweep after its death: the mapping alone
+ * would keep its pages in /dev/shm, where a restarted target may then find no room), and any
+ * pool not used (attached or copied from) for idle_ms (for cuda the only sign: an IPC mapping
+ * keeps a dead exporter's allocation, and its death cannot be seen from here). Never the pool
+ * a copy in flight reads. A later grant of a closed pool maps it again. Cheap (one fstat per
+ * host mapping); every new mapping runs it first with POOL_IMPORT_IDLE_MS. Returns how many
+ * mappings it closed. */
+int pool_importer_close_stale(pool_importer *imp, uint64_t idle_ms);
 /* Number of cached mappings (for tests and status). */
 int pool_importer_mappings(const pool_importer *imp);
 /* How many arenas this importer has mapped so far (shm_open+mmap or cudaIpcOpenMemHandle;

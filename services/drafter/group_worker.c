@@ -3,9 +3,14 @@
  * Pending step (rank 0 only): between a trained step and the answer to its StepDone, the step's
  * units (StepGrant.units, all ranks') live only here. If the broker restarts in that window, the
  * hello carries them (the new broker adopts them from its journal instead of handing them out
- * again) and plain Acks at the step record them, as a solo drafter's late ack would. A StepDone
- * no broker answered keeps the step pending: it is sent again before the next claim (and at the
- * end); a GroupJoin answered by the same broker resolves it instead (by our model step).
+ * again) and plain Acks at the step record them, as a solo drafter's late ack would. The same
+ * goes for a group of one whose StepDone the same broker answers STALE: it expired us while we
+ * trained (a network blip, a paused process) and, with no other rank to resolve the step,
+ * aborted it; the units went back to to-do although our model has them. With other ranks the
+ * step is theirs to resolve (group.h): the first survivor acks it or aborts it by its model.
+ * A StepDone no broker answered keeps the step pending: it is sent again before the next claim
+ * (and at the end); a GroupJoin answered by the same broker resolves it instead (by our model
+ * step).
  * The importer, the staging buffer, the client and its heartbeat thread are the session's
  * (worker_session.h), shared with the solo loop.
  */
@@ -95,7 +100,7 @@ static int do_register(gw *g)
                 arc = client_ack(g->cl, &g->pending_units[i], g->pending_step);
             if (arc && arc != DFLASH_EEXISTS) return DFLASH_EAGAIN;
         }
-        LOG_INFO("step %llu (whose StepDone the old broker did not answer): %u units acked",
+        LOG_INFO("step %llu (whose StepDone the broker did not take): %u units acked",
                  (unsigned long long)g->pending_step, g->n_pending);
         g->pending = false;
     }
@@ -196,16 +201,29 @@ static int joining(gw *g)
     return 0;
 }
 
+/* After a StepDone answered STALE: true when the pending step's units go to the broker through
+ * the hello and plain acks (do_register): the broker restarted, or we trained the step alone
+ * and nobody else can resolve it. False: the epoch's other ranks resolve it. */
+static bool step_needs_late_acks(const gw *g)
+{
+    return client_broker_restarted(g->cl) || g->world == 1;
+}
+
 /* Rank 0: reports the pending step done. Keeps it pending while no broker answers (0 then:
- * sent again before the next claim); a restarted broker gets it through the hello. 0 or
- * fatal. */
+ * sent again before the next claim); a restarted broker, or one that forgot a group of one,
+ * gets it through the hello. 0 or fatal. */
 static int step_done(gw *g)
 {
     uint64_t s = g->pending_step, acked = 0;
     int rc = DFLASH_ETIMEOUT;
     for (int a = 0; a < 50 && rc == DFLASH_ETIMEOUT && (!*g->stop || a < 3); a++)
         rc = client_step_done(g->cl, g->cfg->group, g->epoch, s, &acked);
-    if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
+    if (rc == DFLASH_ESTALE && step_needs_late_acks(g)) {
+        if (!client_broker_restarted(g->cl))
+            LOG_WARN("step %llu of epoch %llu: the broker aborted it (%s), it expired us while "
+                     "we trained it alone: registering again with its units to ack them late",
+                     (unsigned long long)s, (unsigned long long)g->epoch,
+                     client_last_error(g->cl));
         close_comm(g);
         set_state(g, GW_REGISTER); /* hello carries the units; they are acked then */
         return 0;
@@ -323,6 +341,7 @@ static int stepping(gw *g, double *backoff)
     }
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         if (k->idle) k->idle(k->ctx);
+        worker_session_close_stale_pools(g->s);
         monotime_sleep_ms(*backoff);
         *backoff = *backoff < 20 ? *backoff * 2 : 20;
         g->st.wait_grant_s += monotime_s() - t0;
@@ -368,7 +387,7 @@ static int finish(gw *g)
         src = DFLASH_ETIMEOUT;
         for (int a = 0; a < 3 && src == DFLASH_ETIMEOUT; a++)
             src = client_step_done(g->cl, g->cfg->group, g->epoch, g->pending_step, NULL);
-        if (src == DFLASH_ESTALE && client_broker_restarted(g->cl) && do_register(g) == 0)
+        if (src == DFLASH_ESTALE && step_needs_late_acks(g) && do_register(g) == 0)
             src = 0; /* the hello carried the units, acked at the step */
         if (src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE)
             LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done: %s",

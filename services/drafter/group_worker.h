@@ -10,7 +10,8 @@
  * died: the collective times out), a "re-form" answer (Error STALE) or a refused release closes
  * the communicator and joins again, naming the failed epoch. Only rank 0 writes checkpoints and
  * reports them (CheckpointCommitted). A broker restart: hello again (rank 0 with the units of a
- * step whose StepDone was not answered), plain Acks for those units, then join again.
+ * step whose StepDone was not answered), plain Acks for those units, then join again; the same
+ * when the broker expired a group of one while it trained (its StepDone answered STALE).
  *
  * Loop states (one set_state, transitions asserted):
  *   REGISTER -> JOINING           hello succeeded

@@ -4,8 +4,13 @@
  * (`held`, with the step that trained it). If the broker restarts in that window, hello carries
  * it so the broker's ledger can accept the late ack instead of handing the batch out again. An
  * ack that no broker answered keeps the batch held: it is acked again before the next claim
- * (and at the end), never dropped while the model holds it. A release answered ESTALE without
- * a broker restart means our lease expired and the batch was redelivered: the copy is dropped.
+ * (and at the end), never dropped while the model holds it. An ack answered ESTALE without a
+ * broker restart means the broker expired us (silent past its liveness window: a network blip,
+ * a paused process) and gave the batch back to to-do: we say hello again, holding it, and ack
+ * it once more (the ledger takes that as a late ack) instead of letting it be trained twice.
+ * A release answered ESTALE without a broker restart means our lease ended (it expired, or the
+ * broker expired us and our leases with us) and the slot's batch is handed out again: the copy
+ * is dropped. A hello holding it could not take the slot back, so it would be trained twice.
  * The importer, the staging buffer, the client and its heartbeat thread (so a long consume()
  * does not get us expired) are the session's (worker_session.h), shared with the group loop. */
 #include "worker_loop.h"
@@ -39,7 +44,7 @@ typedef struct worker_loop {
     wire_unit held;
     uint64_t held_step;   /* the step that trained it (once consumed) */
     uint32_t held_tokens; /* its tokens, counted when acked */
-    int held_acks;        /* acks sent for it so far */
+    int held_acks_lost;   /* acks of it whose reply never came (the broker may have one) */
     uint64_t committed_reported;
     double lat[LAT_RING]; /* grant-to-copy-done seconds, last LAT_RING batches */
     uint64_t n_lat;
@@ -114,8 +119,10 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
     return 0;
 }
 
-/* Acks the held (trained) batch at its step; a retry after a lost reply (timeout, broker
- * restart) may find an earlier ack recorded: EEXISTS then means "done", not "trained twice".
+/* Acks the held (trained) batch at its step; a retry after a lost reply (timeout) may find an
+ * earlier ack recorded: EEXISTS then means "done", not "trained twice". An ack answered ESTALE
+ * (never recorded) re-registers, the hello holding the batch, and is sent again: always after a
+ * broker restart, once when the same broker had forgotten us (it expired us while we trained).
  * Returns 0 when the broker has the ack, DFLASH_ETIMEOUT when no broker answered (the batch
  * stays held, to be acked again), or the broker's refusal (logged; the batch is let go). A stop
  * signal still gets a few attempts out: the final checkpoint will hold this batch. */
@@ -123,16 +130,25 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
 {
     const wire_unit *u = &w->held;
     int rc = DFLASH_ETIMEOUT;
+    bool forgotten = false; /* re-registered because this broker no longer knew us */
     for (int attempt = 0; attempt < 50 && (!*stop || attempt < 3); attempt++) {
-        w->held_acks++;
         rc = client_ack(w->client, u, w->held_step);
         broker_heard(w, rc);
-        if (rc == DFLASH_ETIMEOUT) continue;
-        if (rc == DFLASH_ESTALE && client_broker_restarted(w->client)) {
-            while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
+        if (rc == DFLASH_ETIMEOUT) {
+            w->held_acks_lost++;
             continue;
         }
-        break;
+        bool restarted = rc == DFLASH_ESTALE && client_broker_restarted(w->client);
+        bool forgotten_now = rc == DFLASH_ESTALE && !restarted && !forgotten;
+        if (!restarted && !forgotten_now) break;
+        if (forgotten_now) {
+            LOG_WARN("ack of batch (%u, %u, %llu): the broker no longer knows us (%s), it "
+                     "expired us while we trained: registering again, holding the batch, to ack "
+                     "it late", u->epoch, u->bucket, (unsigned long long)u->index,
+                     client_last_error(w->client));
+            forgotten = true;
+        }
+        while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
     }
     if (rc == DFLASH_ETIMEOUT || (rc == DFLASH_ESTALE && client_broker_restarted(w->client))) {
         LOG_WARN("ack of batch (%u, %u, %llu): %s (%s); still held, acked again when the "
@@ -140,7 +156,7 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
                  err_str(rc), client_last_error(w->client));
         return DFLASH_ETIMEOUT;
     }
-    if (rc == DFLASH_EEXISTS && w->held_acks > 1) {
+    if (rc == DFLASH_EEXISTS && w->held_acks_lost > 0) {
         LOG_INFO("batch (%u, %u, %llu): our earlier ack was recorded before its reply was lost",
                  u->epoch, u->bucket, (unsigned long long)u->index);
         rc = 0;
@@ -254,7 +270,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     w->held = g->unit;
     w->held_step = 0;
     w->held_tokens = g->n_tokens;
-    w->held_acks = 0;
+    w->held_acks_lost = 0;
 
     uint64_t step = 0;
     rc = worker_session_consume(w->s, w->cons, g, &step);
@@ -380,6 +396,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             if (rc < 0) goto out_session;
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
             if (cons->idle) cons->idle(cons->ctx);
+            worker_session_close_stale_pools(w.s);
             monotime_sleep_ms(backoff);
             backoff = backoff < 20 ? backoff * 2 : 20;
             if (rc == DFLASH_EAGAIN) w.st.wait_grant_s += monotime_s() - t0; /* not the broker's */

@@ -9,8 +9,8 @@
  * release the slot as soon as the copy is done, hand the staged copy to the *consumer*, and ack
  * the batch with the step the consumer reports. It waits and retries while
  * nothing is eligible (counted as "waiting for a grant"), re-registers (hello, with the batches
- * it holds) when the broker restarts, and returns when the broker has drained, when *stop
- * becomes non-zero, or on a fatal error.
+ * it holds) when the broker restarts or has expired it (an ack then goes again: a late ack),
+ * and returns when the broker has drained, when *stop becomes non-zero, or on a fatal error.
  *
  * Loop states (one set_state, transitions asserted):
  *   REGISTER -> CLAIMING         hello succeeded

@@ -189,7 +189,13 @@ int worker_session_copy(worker_session *s, const wire_grant *g, double *secs)
     s->st->copy_s += dt;
     s->st->bytes_copied += bytes;
     if (secs) *secs = dt;
+    worker_session_close_stale_pools(s);
     return 0;
+}
+
+void worker_session_close_stale_pools(worker_session *s)
+{
+    pool_importer_close_stale(s->imp, POOL_IMPORT_IDLE_MS);
 }
 
 bool worker_session_copy_hopeless(const worker_session *s, int last_rc)

@@ -3,7 +3,9 @@
  * (group_worker.c). Each loop keeps its own state machine; the session holds no loop state.
  *
  * It owns, from worker_session_new to worker_session_destroy:
- *   - the pool importer (pool.h): maps each pool incarnation a grant names, once;
+ *   - the pool importer (pool.h): maps each pool incarnation a grant names, once, and closes
+ *     the mappings of pools whose target is gone (or that sat idle) after each copy and
+ *     whenever a claim finds nothing, so that no dead target's memory stays pinned here;
  *   - the staging buffer: one slot's bytes (host or device memory, as the backend);
  *   - the broker client (client.h), with the request timeout and the CURVE keys of the config;
  *   - a heartbeat thread that calls client_poll every 100 ms once the broker knows us, so that a
@@ -50,11 +52,17 @@ int worker_session_hello(worker_session *s, const wire_unit *held, uint32_t n_he
 int worker_session_await_broker(const worker_session *s, double since);
 
 /* Copies the slot that g grants into the staging buffer: attaches g's pool incarnation (mapping
- * it if new), makes the copy wait on the slot's event, copies the bytes g's batch uses and waits.
+ * it if new), makes the copy wait on the slot's event, copies the bytes g's batch uses and waits,
+ * then closes the mappings of gone pools (worker_session_close_stale_pools).
  * Returns 0, counting the copy (copy_s, bytes_copied) and setting *secs (may be NULL) to its
  * duration; or a negative code after forgetting the incarnation: the slot was not read, and the
  * caller still holds (and must release) its lease. */
 int worker_session_copy(worker_session *s, const wire_grant *g, double *secs);
+/* Closes the importer's mappings of pools whose target is gone (its shared memory unlinked) or
+ * that sat unused for POOL_IMPORT_IDLE_MS (pool_importer_close_stale): a dead target's pool is
+ * freed only once no drafter maps it, and its restarted successor needs the room. Cheap; the
+ * loops call it whenever a claim finds nothing. */
+void worker_session_close_stale_pools(worker_session *s);
 /* After a failed worker_session_copy (last_rc its code): true, after logging why and what to
  * check, when cfg->max_copy_failures (> 0) copies in a row have failed with none succeeding in
  * between: the drafter cannot map any slot it is granted and should exit. */

@@ -7,8 +7,9 @@
  * destroying the pool leaves nothing in /dev/shm. And the grant path with several pools (the
  * broker serves one per target): grants alternating between two pools map each pool once, a
  * new incarnation of one pool drops only that pool's old mapping, the least recently used pool
- * is evicted beyond POOL_IMPORT_MAX, and no mapping outlives the importer. A pool larger than
- * /dev/shm is refused at creation. */
+ * is evicted beyond POOL_IMPORT_MAX, and no mapping outlives the importer. A dead exporter's
+ * pool is no longer mapped once its segment is swept (its pages go back to /dev/shm). A pool
+ * larger than /dev/shm is refused at creation. */
 #include "check.h"
 #include "err.h"
 #include "pool.h"
@@ -89,26 +90,33 @@ static bool read_full(int fd, void *buf, size_t n)
     return true;
 }
 
-/* Forks a process that exports a host pool like cfg named `name`, tells its segment's name (into
- * shm; "" when it failed) and waits for a signal. Returns its pid: SIGKILL it to leave the
- * segment stale. */
-static pid_t spawn_exporter(const pool_config *cfg, const char *name, char shm[POOL_SHM_NAME_MAX]) {
+/* Forks a process that exports a host pool like cfg named `name`, fills slot 0 with the low
+ * byte of its incarnation (as grant_copy expects), tells its descriptor (into *d; shm_name ""
+ * when it failed) and waits for a signal. Returns its pid: SIGKILL it to leave the segment
+ * stale. */
+static pid_t spawn_exporter(const pool_config *cfg, const char *name, pool_desc *d)
+{
     int fds[2];
-    shm[0] = '\0';
+    memset(d, 0, sizeof *d);
     if (pipe(fds) != 0) return -1;
     pid_t child = fork();
     if (child == 0) {
         pool_config dc = *cfg;
         dc.name = name;
         pool *dp = pool_new(&dc, NULL);
-        char s[POOL_SHM_NAME_MAX] = "";
-        if (dp) snprintf(s, sizeof s, "%s", pool_descriptor(dp)->shm_name);
-        if (write(fds[1], s, sizeof s) != (ssize_t)sizeof s) _exit(1);
+        pool_desc cd;
+        memset(&cd, 0, sizeof cd);
+        if (dp) {
+            cd = *pool_descriptor(dp);
+            memset(pool_slot_ptr(dp, 0), (int)(cd.incarnation & 0xff), cd.slot_bytes);
+            pool_slot_publish(dp, 0, NULL);
+        }
+        if (write(fds[1], &cd, sizeof cd) != (ssize_t)sizeof cd) _exit(1);
         pause();
         _exit(0);
     }
     close(fds[1]);
-    if (child < 0 || !read_full(fds[0], shm, POOL_SHM_NAME_MAX)) shm[0] = '\0';
+    if (child < 0 || !read_full(fds[0], d, sizeof *d)) d->shm_name[0] = '\0';
     close(fds[0]);
     return child;
 }
@@ -294,6 +302,76 @@ out:
     }
 }
 
+/* Kills an exporter of spawn_exporter and sweeps its segment, as the next target would. */
+static void kill_and_sweep(pid_t exporter, const pool_desc *d)
+{
+    kill(exporter, SIGKILL);
+    waitpid(exporter, NULL, 0);
+    pool_sweep_stale(d->name);
+    CHECK(!shm_exists(d->shm_name));
+}
+
+/* An importer's mapping of a dead exporter's pool is closed once the segment is unlinked, so
+ * that /dev/shm gets its pages back (a restarted target used to find no room for its pool
+ * while a drafter still mapped the dead one): by pool_importer_close_stale (the drafter's
+ * periodic call) and before any new mapping; live pools stay mapped until they sit idle. The
+ * exporters are forked (pools of this process would be used through raw pointers). */
+static void test_gone_pools(const pool_config *cfg)
+{
+    char an[32], bn[32], cn[32];
+    snprintf(an, sizeof an, "ugoneA%d", (int)getpid());
+    snprintf(bn, sizeof bn, "ugoneB%d", (int)getpid());
+    snprintf(cn, sizeof cn, "ugoneC%d", (int)getpid());
+    int inherited = shm_maps();
+    pool_importer *imp = pool_importer_new(POOL_HOST, 0, NULL);
+    uint8_t *stage = pool_staging_alloc(POOL_HOST, 0, cfg->slot_bytes);
+    pool_desc a, b, c;
+    pid_t pa = spawn_exporter(cfg, an, &a), pb = spawn_exporter(cfg, bn, &b), pc = -1;
+    CHECK(imp && stage && inherited >= 0 && pa > 0 && pb > 0 && a.shm_name[0] && b.shm_name[0]);
+    if (!imp || !stage || pa <= 0 || pb <= 0 || !a.shm_name[0] || !b.shm_name[0]) goto out;
+    CHECK(grant_copy(imp, &a, true, stage));
+    CHECK(grant_copy(imp, &b, true, stage));
+    CHECK_EQ_INT(pool_importer_mappings(imp), 2);
+    CHECK_EQ_INT(shm_maps(), inherited + 2);
+    CHECK_EQ_INT(pool_importer_close_stale(imp, POOL_IMPORT_IDLE_MS), 0); /* both alive */
+
+    /* target a dies and its segment is swept: our mapping alone holds its pages, until the
+     * periodic call closes it; b stays */
+    kill_and_sweep(pa, &a);
+    pa = -1;
+    CHECK_EQ_INT(shm_maps(), inherited + 2);
+    CHECK_EQ_INT(pool_importer_close_stale(imp, POOL_IMPORT_IDLE_MS), 1);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 1);
+    CHECK_EQ_INT(shm_maps(), inherited + 1);
+    CHECK_EQ_INT(pool_copy_start(imp, a.incarnation, 0, 0, 64, stage), DFLASH_ESTALE);
+    CHECK(grant_copy(imp, &b, true, stage));
+
+    /* target b dies too and target c (another name) comes up: mapping c closes b's first */
+    kill_and_sweep(pb, &b);
+    pb = -1;
+    pc = spawn_exporter(cfg, cn, &c);
+    CHECK(pc > 0 && c.shm_name[0]);
+    if (pc <= 0 || !c.shm_name[0]) goto out;
+    CHECK(grant_copy(imp, &c, true, stage));
+    CHECK_EQ_INT(pool_importer_mappings(imp), 1);
+    CHECK_EQ_INT(shm_maps(), inherited + 1);
+    CHECK_EQ_INT(pool_copy_start(imp, b.incarnation, 0, 0, 64, stage), DFLASH_ESTALE);
+
+    /* a live pool is closed only once idle (here: unused for 0 ms), and mapped again at need */
+    CHECK_EQ_INT(pool_importer_close_stale(imp, POOL_IMPORT_IDLE_MS), 0);
+    CHECK_EQ_INT(pool_importer_close_stale(imp, 0), 1);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 0);
+    CHECK_EQ_INT(shm_maps(), inherited);
+    CHECK(grant_copy(imp, &c, true, stage));
+out:
+    pool_importer_destroy(&imp);
+    CHECK_EQ_INT(shm_maps(), inherited);
+    pool_staging_free(POOL_HOST, 0, (void **)&stage);
+    if (pa > 0) kill_and_sweep(pa, &a);
+    if (pb > 0) kill_and_sweep(pb, &b);
+    if (pc > 0) kill_and_sweep(pc, &c);
+}
+
 int main(void)
 {
     char name[32];
@@ -389,8 +467,9 @@ int main(void)
     /* an exporter killed with SIGKILL leaves its segment; the next exporter sweeps it */
     char dead_name[32];
     snprintf(dead_name, sizeof dead_name, "udead%d", (int)getpid());
-    char dead_shm[POOL_SHM_NAME_MAX];
-    child = spawn_exporter(&cfg, dead_name, dead_shm);
+    pool_desc dead;
+    child = spawn_exporter(&cfg, dead_name, &dead);
+    const char *dead_shm = dead.shm_name;
     CHECK(child > 0 && dead_shm[0] == '/' && shm_exists(dead_shm));
     kill(child, SIGKILL);
     waitpid(child, &status, 0);
@@ -403,10 +482,12 @@ int main(void)
 
     /* a dead exporter's segment of another name goes too: a target back under a new name
      * (target-<host> in a new container) used to leave its old pool in /dev/shm for good */
-    char old_name[32], new_name[32], other_shm[POOL_SHM_NAME_MAX];
+    char old_name[32], new_name[32];
     snprintf(old_name, sizeof old_name, "uold%d", (int)getpid());
     snprintf(new_name, sizeof new_name, "unew%d", (int)getpid());
-    pid_t other = spawn_exporter(&cfg, old_name, other_shm);
+    pool_desc other_pool;
+    pid_t other = spawn_exporter(&cfg, old_name, &other_pool);
+    const char *other_shm = other_pool.shm_name;
     CHECK(other > 0 && other_shm[0] == '/' && shm_exists(other_shm));
     kill(other, SIGKILL);
     waitpid(other, &status, 0);
@@ -497,6 +578,7 @@ int main(void)
     free(msg);
 
     test_many_pools();
+    test_gone_pools(&cfg);
 
     char last_shm[POOL_SHM_NAME_MAX];
     snprintf(last_shm, sizeof last_shm, "%s", d->shm_name);

@@ -233,6 +233,12 @@ int main(int argc, char **argv)
         snprintf(logf, sizeof logf, "%s/drafter%d.log", dir, i);
         pids[np++] = spawn(d, da, logf);
     }
+    /* every daemon registered before the warmup counts (a loaded machine may take seconds to
+     * start them; one stopped before its signal handlers exist would end by SIGTERM) */
+    until = monotime_s() + 60;
+    while (monotime_s() < until &&
+           (client_status(c, &st) != 0 || st.peers < (uint32_t)(cfg.targets + cfg.drafters)))
+        usleep(50000);
     usleep((useconds_t)(cfg.warmup * 1e6));
     uint64_t c0 = 0, c1 = 0;
     bool counted = committed(c, &c0);

@@ -144,6 +144,7 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
     char *line = NULL; /* any length: a value may be a long list of paths */
     size_t cap = 0;
     int lineno = 0, rc = 0;
+    errno = 0;
     while (getline(&line, &cap, f) >= 0) {
         lineno++;
         /* a comment starts at a '#' that begins the line or follows a blank: a value may hold
@@ -169,6 +170,13 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
             rc = r;
             break;
         }
+        errno = 0;
+    }
+    /* a directory opens, then fails its first read (EISDIR): it is no empty config file */
+    if (!rc && ferror(f)) {
+        fprintf(stderr, "%s: cannot read config file %s: %s\n", t->program, path,
+                strerror(errno ? errno : EIO));
+        rc = DFLASH_EIO;
     }
     free(line);
     fclose(f);

@@ -1,5 +1,6 @@
 /* test_config: the config table gives flags, DFLASH_* variables, config files, precedence,
- * range checks, live-only sets and the dump; err_str covers the table. */
+ * range checks, live-only sets and the dump; a config file that cannot be read (a directory) is
+ * an error, not an empty file; err_str covers the table. */
 #include "check.h"
 #include "config.h"
 #include "err.h"
@@ -107,6 +108,17 @@ int main(void)
     unsetenv("DFLASH_CONFIG");
     unlink(ours);
     unlink(shared);
+
+    /* a directory as the config file is an error (exit 2 in the daemons), by flag or by
+     * variable: it opened, its first read failed (EISDIR) and it used to count as empty */
+    char cdir[] = "/tmp/dflash-test-config-dir-XXXXXX";
+    CHECK(mkdtemp(cdir) != NULL);
+    char *argv_dir[] = {"demo", "--config", cdir, NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 3, argv_dir, NULL, 0, NULL), DFLASH_EIO);
+    setenv("DFLASH_CONFIG", cdir, 1);
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), DFLASH_EIO);
+    unsetenv("DFLASH_CONFIG");
+    rmdir(cdir);
 
     /* errors */
     char *argv2[] = {"demo", "--min-ready", "5000", NULL};

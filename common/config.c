@@ -3,6 +3,7 @@
  * unknown names are errors with a message naming the option and where the value came from. */
 #include "config.h"
 #include "err.h"
+#include "log.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -415,4 +416,21 @@ void config_print_help(const cfg_table *t, FILE *out)
     fprintf(out, "  %-34s %s\n", "--config FILE", "read `key value` lines from FILE first");
     fprintf(out, "  %-34s %s\n", "--dump-config", "print the effective configuration and exit");
     fprintf(out, "  %-34s %s\n", "--help", "print this help and exit");
+}
+
+int64_t config_env_int(const char *var, int64_t min, int64_t max, int64_t def)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return def;
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (!errno && end != v && !*end && n >= min && n <= max) return n;
+    if (min == 0 && max == 1)
+        LOG_ERROR("environment %s='%s': give 0 (off) or 1 (on), or unset it for the default",
+                  var, v);
+    else
+        LOG_ERROR("environment %s='%s': give a whole number in [%lld, %lld], or unset it for the "
+                  "default", var, v, (long long)min, (long long)max);
+    exit(2);
 }

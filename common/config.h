@@ -24,6 +24,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" { /* config_env_int is read by the cuda backend's .cu files too */
+#endif
+
 typedef enum {
     CFG_INT,    /* int64_t member */
     CFG_DOUBLE, /* double member */
@@ -81,5 +85,17 @@ int config_parse_flag_int_list(const char *program, const char *flag, const char
 /* `key value` lines of the effective config, loadable again as a config file. */
 void config_dump(const cfg_table *t, const void *cfg, FILE *out);
 void config_print_help(const cfg_table *t, FILE *out);
+
+/* A DFLASH_* variable outside every option table (the compute backends' switches and sizes:
+ * DFLASH_LM_CHUNK, DFLASH_LAYER0_DEDUP, DFLASH_CUDA_VEC, ...), read where it is used: unset or
+ * empty gives def; a whole decimal number in [min, max] gives that number (a switch is [0, 1]).
+ * Anything else ("on", "true", "4k", out of range) is bad configuration: it logs an error
+ * naming the variable, its value and what it takes, and exits 2, since a kernel or size other
+ * than the one asked for must not run silently. Thread-safe (reads the environment only). */
+int64_t config_env_int(const char *var, int64_t min, int64_t max, int64_t def);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -202,6 +202,18 @@ int main(void)
     CHECK(strcmp(back.shards, list) == 0);
     unlink(lpath);
 
+    /* a DFLASH_* switch or size outside the tables: unset or empty is the default, a whole
+     * number in range is taken (a bad one exits 2: test_dflash_model) */
+    unsetenv("DFLASH_TEST_SWITCH");
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 0, 1, 1), 1);
+    setenv("DFLASH_TEST_SWITCH", "", 1);
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 0, 1, 1), 1);
+    setenv("DFLASH_TEST_SWITCH", "0", 1);
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 0, 1, 1), 0);
+    setenv("DFLASH_TEST_SWITCH", "4096", 1);
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 2, 1 << 30, 8), 4096);
+    unsetenv("DFLASH_TEST_SWITCH");
+
     int ids[3];
     CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3, NULL, 0), 3);
     CHECK(ids[0] == 1 && ids[1] == 9 && ids[2] == 17);

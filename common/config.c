@@ -31,6 +31,17 @@ const cfg_option *config_find(const cfg_table *t, const char *name)
     return NULL;
 }
 
+bool config_given(const cfg_table *t, const char *name)
+{
+    const cfg_option *o = config_find(t, name);
+    return o && t->given && t->given[o - t->options];
+}
+
+static void mark_given(const cfg_table *t, const cfg_option *o)
+{
+    if (t->given && o) t->given[o - t->options] = true;
+}
+
 static int parse_bool(const char *s, bool *out)
 {
     static const char *const yes[] = {"true", "1", "yes", "on"};
@@ -171,6 +182,7 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
             rc = r;
             break;
         }
+        mark_given(t, config_find(t, key));
         errno = 0;
     }
     /* a directory opens, then fails its first read (EISDIR): it is no empty config file */
@@ -227,6 +239,7 @@ static int load_env(const cfg_table *t, void *cfg)
                 fprintf(stderr, "%s: environment %s: %s\n", t->program, var, err);
                 return r;
             }
+            mark_given(t, o);
         }
     }
     return 0;
@@ -246,6 +259,7 @@ static const char *config_file_from_env(const cfg_table *t)
 static void set_defaults(const cfg_table *t, void *cfg)
 {
     for (size_t i = 0; i < t->n_options; i++) {
+        if (t->given) t->given[i] = false;
         char err[256];
         int r = set_value(&t->options[i], cfg, t->options[i].def, err, sizeof err);
         /* A default outside its own range is a bug in the table. */
@@ -338,6 +352,7 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
             fprintf(stderr, "%s: --%s\n", t->program, err);
             return rc;
         }
+        mark_given(t, o);
     }
     if (dump) {
         config_dump(t, cfg, stdout);

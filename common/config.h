@@ -52,6 +52,8 @@ typedef struct cfg_table {
     const char *usage;   /* e.g. "[options]" or "[options] COMMAND" */
     const cfg_option *options;
     size_t n_options;
+    bool *given; /* optional, n_options entries: which options config_load took from the config
+                    file, the environment or a flag rather than the default (config_given) */
 } cfg_table;
 
 /* Fills cfg from defaults, then the config file, the environment, then argv.
@@ -72,6 +74,11 @@ int config_set(const cfg_table *t, void *cfg, const char *name, const char *valu
 int config_get(const cfg_table *t, const void *cfg, const char *name, char *out, size_t len);
 
 const cfg_option *config_find(const cfg_table *t, const char *name);
+
+/* True when the last config_load set option name from the config file, the environment or a
+ * flag, even to its default value; false when it kept the default, and for a table without
+ * `given`. For "an explicit --hidden disagrees with the model" checks. */
+bool config_given(const cfg_table *t, const char *name);
 
 /* Parses a comma-separated list of non-negative integers ("1,9,17"; "" gives 0 entries) into
  * out[0..max). Returns the count or DFLASH_EINVAL with the reason in err (may be NULL): not a

@@ -192,7 +192,9 @@ static const cfg_option drafter_options[] = {
 };
 static const cfg_table drafter_table = {
     "dflash-drafter", "copies slots from the DFlash broker and trains (or verifies) on them",
-    "[options]", drafter_options, sizeof drafter_options / sizeof drafter_options[0]};
+    "[options]\n       dflash-drafter eval [options]   offline tau of a checkpoint on held-out "
+    "shards (eval --help)", drafter_options, sizeof drafter_options / sizeof drafter_options[0],
+    NULL};
 
 /* ------------------------------------------------------------ the --verify-model consumer */
 
@@ -319,7 +321,7 @@ static const cfg_option eval_options[] = {
 static const cfg_table eval_table = {
     "dflash-drafter eval", "offline acceptance length tau (dflash.md 4.2) of a drafter checkpoint "
     "on held-out shards", "[options]", eval_options,
-    sizeof eval_options / sizeof eval_options[0]};
+    sizeof eval_options / sizeof eval_options[0], NULL};
 
 static int eval_main(int argc, char **argv)
 {
@@ -376,7 +378,10 @@ int main(int argc, char **argv)
     log_init("dflash-drafter", LOG_INFO);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     drafter_config cfg;
-    int rc = config_load(&drafter_table, &cfg, argc, argv, NULL, 0, NULL);
+    bool given[sizeof drafter_options / sizeof drafter_options[0]];
+    cfg_table table = drafter_table; /* with `given`: which flags were set, not defaulted */
+    table.given = given;
+    int rc = config_load(&table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
@@ -469,7 +474,7 @@ int main(int argc, char **argv)
             return 2;
         }
         if ((uint32_t)tcfg.hidden_size != lc.layout.hidden) {
-            if (cfg.hidden != 256) { /* given explicitly (256 is the default) */
+            if (config_given(&table, "hidden")) {
                 fprintf(stderr, "dflash-drafter: --hidden %lld does not match the target's "
                         "hidden_size %d\n", (long long)cfg.hidden, tcfg.hidden_size);
                 return 2;

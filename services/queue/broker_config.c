@@ -91,6 +91,7 @@ static const cfg_table queue_table = {
     "[options]",
     queue_options,
     sizeof queue_options / sizeof *queue_options,
+    NULL,
 };
 
 const cfg_table *broker_config_table(void) { return &queue_table; }

@@ -1,5 +1,5 @@
 /* test_config: the config table gives flags, DFLASH_* variables, config files, precedence,
- * range checks, live-only sets and the dump; a config file that cannot be read (a directory) is
+ * range checks, live-only sets, which options were given and the dump; a config file that cannot be read (a directory) is
  * an error, not an empty file; err_str covers the table. */
 #include "check.h"
 #include "config.h"
@@ -23,7 +23,7 @@ static const cfg_option demo_options[] = {
     {"endpoint", CFG_STRING, "ipc:///tmp/x", 1, 0, false, "where",
      offsetof(demo_cfg, endpoint), sizeof(((demo_cfg *)0)->endpoint)},
 };
-static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4};
+static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4, NULL};
 
 typedef struct long_cfg {
     char shards[2048];
@@ -33,7 +33,7 @@ static const cfg_option long_options[] = {
     {"shards", CFG_STRING, "", 1, 0, false, "a long list", offsetof(long_cfg, shards),
      sizeof(((long_cfg *)0)->shards)},
 };
-static const cfg_table long_table = {"long", "long values", "[options]", long_options, 1};
+static const cfg_table long_table = {"long", "long values", "[options]", long_options, 1, NULL};
 
 int main(void)
 {
@@ -119,6 +119,20 @@ int main(void)
     CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), DFLASH_EIO);
     unsetenv("DFLASH_CONFIG");
     rmdir(cdir);
+
+    /* which options were given, even at their default value (an explicit --hidden 256 is not
+     * the default 256): flags, variables and the config file count, the default does not */
+    bool given[4];
+    const cfg_table demo_given = {"demo", "a demo", "[options]", demo_options, 4, given};
+    char *argv_given[] = {"demo", "--ratio", "0.5", NULL};
+    setenv("DFLASH_VERBOSE", "false", 1);
+    CHECK_EQ_INT(config_load(&demo_given, &c, 3, argv_given, NULL, 0, NULL), 0);
+    CHECK(config_given(&demo_given, "ratio") && config_given(&demo_given, "verbose"));
+    CHECK(!config_given(&demo_given, "min-ready") && !config_given(&demo_given, "endpoint"));
+    CHECK(!config_given(&demo, "ratio")); /* a table without `given` */
+    unsetenv("DFLASH_VERBOSE");
+    CHECK_EQ_INT(config_load(&demo_given, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK(!config_given(&demo_given, "ratio") && !config_given(&demo_given, "verbose"));
 
     /* errors */
     char *argv2[] = {"demo", "--min-ready", "5000", NULL};

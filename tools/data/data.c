@@ -70,7 +70,7 @@ static const cfg_table data_table = {
     "dflash-data",
     "convert JSONL input_ids/loss_mask lines into a shard\n"
     "exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (nothing written)",
-    "[options]", data_options, sizeof data_options / sizeof data_options[0]};
+    "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL};
 
 typedef struct line_buf {
     int32_t *ids;

@@ -94,7 +94,7 @@ static const cfg_option gen_options[] = {
 };
 static const cfg_table gen_table = {
     "dflash-gen", "generate a training set with the target model's own continuations",
-    "[options]", gen_options, sizeof gen_options / sizeof gen_options[0]};
+    "[options]", gen_options, sizeof gen_options / sizeof gen_options[0], NULL};
 
 /* One prompt: ids[len], owned. */
 typedef struct prompt {

@@ -401,9 +401,10 @@ int main(int argc, char **argv)
     lc.curve_server_key = cfg.curve_server_key;
     lc.curve_key = cfg.curve_key;
     lc.name = name;
-    if (pool_backend_parse(cfg.backend, &lc.backend) < 0) {
-        fprintf(stderr, "dflash-drafter: --backend must be host, cuda or auto, not '%s'\n",
-                cfg.backend);
+    int brc = pool_backend_parse(cfg.backend, &lc.backend);
+    if (brc < 0) {
+        fprintf(stderr, "dflash-drafter: --backend %s: %s\n", cfg.backend,
+                pool_backend_refusal(brc));
         return 2;
     }
     lc.device = (int)cfg.device;

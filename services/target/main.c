@@ -172,9 +172,9 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
                 c->name, POOL_NAME_MAX - 1);
         return DFLASH_ECONFIG;
     }
-    if (pool_backend_parse(c->backend, &lc->backend) < 0) {
-        fprintf(stderr, "dflash-target: --backend must be host, cuda or auto, not '%s'\n",
-                c->backend);
+    int brc = pool_backend_parse(c->backend, &lc->backend);
+    if (brc < 0) {
+        fprintf(stderr, "dflash-target: --backend %s: %s\n", c->backend, pool_backend_refusal(brc));
         return DFLASH_ECONFIG;
     }
     lc->device = (int)c->device;
@@ -248,6 +248,13 @@ int main(int argc, char **argv)
         if (hf_config_load(cfg.model, &mc, cerr, sizeof cerr) == 0 &&
             check_shape_flags(&table, &cfg, &mc, ids, n_ids) < 0)
             return 2;
+        batch_plan_params bp = {.bucket_bounds = lc.bucket_upper, .n_buckets = (int)lc.n_buckets,
+                                .token_budget = (uint64_t)cfg.token_budget};
+        if (batch_plan_params_check(&bp, cerr, sizeof cerr) < 0) { /* before the load */
+            fprintf(stderr, "dflash-target: --token-budget %lld, --buckets %s: %s\n",
+                    (long long)cfg.token_budget, cfg.buckets, cerr);
+            return 2;
+        }
         if (lc.backend == POOL_HOST) {
             ops = nn_cpu_ops();
             nn = nn_cpu_new((int)cfg.threads);

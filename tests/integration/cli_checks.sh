@@ -3,9 +3,10 @@
 # section 7) and a message naming the flag, what they used to take silently or fail on later
 # with another status. No broker runs: a daemon that gets past its checks waits
 # --broker-wait-ms (short here) and exits 1, which fails the check.
-#   cli_checks.sh BUILD_DIR
+#   cli_checks.sh BUILD_DIR HAVE_CUDA (ON or OFF: the build's DFLASH_HAVE_CUDA)
 set -uo pipefail
 BUILD=$1
+HAVE_CUDA=${2:-ON}
 Q=$BUILD/services/queue/dflash-queue
 T=$BUILD/services/target/dflash-target
 D=$BUILD/services/drafter/dflash-drafter
@@ -58,6 +59,17 @@ expect target_capture_synthetic 2 "bad --capture-layers 'abc'" "$T" "${COMMON[@]
 # the drafter took an explicit --hidden 256 (the default's value) for "not given"
 expect drafter_hidden_256 2 "--hidden 256 does not match" "$D" "${COMMON[@]}" \
     --model "$WORK/target" --hidden 256 --buckets 64 --token-budget 64 --max-seqs 2
+# a token budget below the largest bucket failed in the batch plan, after the flags (exit 1)
+expect target_budget 2 "--token-budget 100, --buckets 32,128: .*smaller than the largest" \
+    "$T" "${COMMON[@]}" "${MODEL[@]}" --buckets 32,128 --token-budget 100
+# --backend cuda in a build without CUDA failed when the pool was made (exit 1)
+if [ "$HAVE_CUDA" = OFF ]; then
+    expect target_cuda_cpu_build 2 "this build has no CUDA" "$T" "${COMMON[@]}" --backend cuda
+    expect drafter_cuda_cpu_build 2 "this build has no CUDA" "$D" "${COMMON[@]}" --verify \
+        --backend cuda
+else
+    echo "skip --backend cuda in a build without CUDA: this build has CUDA"
+fi
 # --help names the eval subcommand
 expect drafter_help_eval 0 "dflash-drafter eval" "$D" --help
 

@@ -144,8 +144,9 @@ static const cfg_option drafter_options[] = {
          resume),
     OPTS("init-weights", "", "train: warm start (weights only) from this checkpoint", init_weights),
     OPTS("metrics-dir", "", "train: metrics.jsonl and TensorBoard events go here", metrics_dir),
-    OPT("max-steps", CFG_INT, "0", 0, 1e15, "train: stop at this optimizer step (0 = until the "
-        "broker drains)", max_steps),
+    OPT("max-steps", CFG_INT, "0", 0, 1e15, "train: stop at this optimizer step (0 = at the end "
+        "of the schedule, --total-steps or a resumed run's; with neither, when the broker "
+        "drains)", max_steps),
     OPT("verify-tol", CFG_DOUBLE, "1e-4", 0, 1, "verify-model: max relative error per captured "
         "row", verify_tol),
     OPT("verify-slots", CFG_INT, "4", 1, 1 << 30, "verify-model: slots to check", verify_slots),

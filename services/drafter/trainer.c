@@ -329,9 +329,17 @@ static int64_t train_resume_step(void *vctx) {
     return ((trainer *)vctx)->start_step;
 }
 
+/* The step the run stops at: --max-steps, else the end of the schedule (--total-steps; a
+ * resumed run's from its checkpoint, a group's from rank 0 once it synced), past which the
+ * learning rate stays at its floor (0 by default): --max-steps 0 does not mean training on at
+ * that rate until the data runs out. 0 when neither is set (constant lr: until drained). */
+static long step_limit(const trainer *t) {
+    return t->max_steps > 0 ? (long)t->max_steps : t->tc.total_steps;
+}
+
 static bool train_done(void *vctx) {
     trainer *t = vctx;
-    return t->max_steps > 0 && t->m->step >= t->max_steps;
+    return step_limit(t) > 0 && t->m->step >= step_limit(t);
 }
 
 /* The loop waits for data: the last step's metrics (read a step later while steps come) are
@@ -609,6 +617,10 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                  "step, with neither the recipe's warmup nor its cosine decay (both are "
                  "fractions of the schedule's length)",
                  t->tc.lr);
+    else if (t->max_steps == 0)
+        LOG_INFO("no --max-steps: the run stops at step %ld, the end of its schedule (the "
+                 "learning rate would stay at %g after it)",
+                 t->tc.total_steps, t->tc.lr * t->tc.min_lr_ratio);
     if (!t->ckpt_root[0])
         LOG_WARN("no --checkpoint-dir: the trained drafter is saved nowhere, and a restart "
                  "starts over");
@@ -640,7 +652,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
         mo.dir = o->metrics_dir && o->metrics_dir[0] ? o->metrics_dir : NULL;
         mo.jsonl = mo.tensorboard = mo.dir != NULL;
         mo.progress = o->progress;
-        mo.total_steps = t->max_steps;
+        mo.total_steps = step_limit(t);
         t->met = metrics_new(&mo);
         if (!t->met) {
             snprintf(err, errlen, "cannot write metrics to %s", o->metrics_dir);

@@ -8,6 +8,9 @@
  *     with --init-only (exit 2) instead of evaluating the untrained drafter;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
+ *   - without --max-steps a run stops at the end of its schedule, fresh (--total-steps) or
+ *     resumed (the checkpoint's): it trained on at the floor learning rate (0) until the data
+ *     ran out;
  *   - a --checkpoint-dir that cannot be written (a file, or a file in its path) is refused at
  *     start-up naming the path and the reason, not at the first checkpoint after hours of
  *     training; a missing one is created with its parents; one another live drafter
@@ -258,6 +261,42 @@ static void test_slot_against_grant(void) {
     worker_consumer_destroy(&c);
 }
 
+/* Trains one step on a fresh batch; the consumer's done() after it. */
+static bool train_step_done(worker_consumer *c, uint32_t batch) {
+    slot_layout l = slots();
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = batch};
+    void *base = staged_slot(&l, &wu, 20);
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t step = 0;
+    CHECK(base && c->consume(c->ctx, &b, &step) == 0 && step == batch + 1);
+    free(base);
+    return c->done(c->ctx);
+}
+
+static void test_stop_at_schedule_end(void) {
+    char err[512], root[400];
+    worker_consumer *c = fresh(2, 0, NULL, NULL, err, sizeof err); /* --total-steps 2 alone */
+    CHECK(c != NULL && c->done != NULL);
+    if (!c || !c->done) return;
+    CHECK(!train_step_done(c, 0));
+    CHECK(train_step_done(c, 1)); /* step 2: the schedule's end */
+    worker_consumer_destroy(&c);
+    /* resumed without --max-steps: the checkpoint's schedule (3 steps) ends the run */
+    snprintf(root, sizeof root, "%s/ckpt-schedule", dir);
+    c = fresh(3, 3, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK(!train_step_done(c, 0));
+    CHECK_EQ_INT(c->finish(c->ctx), 0); /* checkpoint step 1 */
+    worker_consumer_destroy(&c);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK(!train_step_done(c, 1));
+    CHECK(train_step_done(c, 2)); /* step 3 */
+    worker_consumer_destroy(&c);
+}
+
 /* Replaces the first `from` in the file at path by `to`. */
 static void edit_file(const char *path, const char *from, const char *to) {
     size_t n;
@@ -381,6 +420,7 @@ int main(void) {
     test_eval_two_drafters();
     test_schedule_past_max_steps();
     test_checkpoint_dir();
+    test_stop_at_schedule_end();
     test_resume_refused();
     test_slot_against_grant();
     test_metrics_when_idle();

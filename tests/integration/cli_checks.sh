@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# cli_checks: the daemons refuse at start-up, with exit 2 (bad configuration, docs/operating.md
-# section 7) and a message naming the flag, what they used to take silently or fail on later
-# with another status. No broker runs: a daemon that gets past its checks waits
-# --broker-wait-ms (short here) and exits 1, which fails the check.
+# cli_checks: what the daemons say and how they exit, as a user sees it.
+#   - they refuse at start-up, with exit 2 (bad configuration, docs/operating.md section 7) and
+#     a message naming the flag, what they used to take silently or fail on later with another
+#     status. No broker runs there: a daemon that gets past its checks waits --broker-wait-ms
+#     (short here) and exits 1, which fails the check;
+#   - with no broker, "no broker answered ... for T" states the time waited (a request timeout
+#     of 1 s is past a --broker-wait-ms of 100), not the configured wait;
+#   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
+#     (the percentiles' ranks used to cross with few samples).
 #   cli_checks.sh BUILD_DIR HAVE_CUDA (ON or OFF: the build's DFLASH_HAVE_CUDA)
 set -uo pipefail
 BUILD=$1
@@ -11,7 +16,13 @@ Q=$BUILD/services/queue/dflash-queue
 T=$BUILD/services/target/dflash-target
 D=$BUILD/services/drafter/dflash-drafter
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-cli.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null; done
+    wait 2> /dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
 mkdir -m 700 "$WORK/run"
 failed=0
 
@@ -72,5 +83,29 @@ else
 fi
 # --help names the eval subcommand
 expect drafter_help_eval 0 "dflash-drafter eval" "$D" --help
+
+# the time actually waited for the broker (a 1 s request timeout), not --broker-wait-ms 100
+WAITED="no broker answered at .* for [1-9][0-9]*\.[0-9] s \(--broker-wait-ms 100"
+expect target_waited 1 "$WAITED" "$T" "${COMMON[@]}" --broker-wait-ms 100 --timeout-ms 1000
+expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 100 \
+    --timeout-ms 1000
+
+# p50 and p99 of two copies: nearest rank; v[n/2] and v[(n-1)*0.99] gave p99 < p50
+"$Q" --runtime-dir "$WORK/run" --journal none --min-ready 1 --max-depth 4 \
+    > "$WORK/queue.log" 2>&1 &
+PIDS+=($!)
+SLOTS=(--buckets 64 --token-budget 64 --max-seqs 2 --hidden 16 --layers 2)
+"$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 4 --epochs 1 \
+    > "$WORK/target.log" 2>&1 &
+PIDS+=($!)
+expect drafter_percentiles 0 "grant to copy done p50" "$D" --runtime-dir "$WORK/run" \
+    --backend host "${SLOTS[@]}" --verify --max-batches 2 --progress-ms 0
+read -r P50 P99 < <(sed -nE 's/.*grant to copy done p50 ([0-9.]+) ms, p99 ([0-9.]+) ms.*/\1 \2/p' \
+    "$WORK/drafter_percentiles.log")
+if ! python3 -c 'import sys; sys.exit(not float(sys.argv[2]) >= float(sys.argv[1]))' \
+    "${P50:-x}" "${P99:-x}"; then
+    echo "FAIL drafter_percentiles: p99 ${P99:-?} ms is below p50 ${P50:-?} ms" >&2
+    failed=1
+fi
 
 exit $failed

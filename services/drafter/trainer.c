@@ -17,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
+#include "progress.h"
 #include "shard.h"
 #include "target_model.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -721,6 +722,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     dflash_model *m = NULL;
     float *hidden = NULL;
     int32_t *pos = NULL;
+    progress prog = {0}; /* a line every 10 s (0.2 s on a terminal), as the training's */
     if (!nn) {
         snprintf(err, errlen, "cannot create the cpu compute context");
         rc = DFLASH_ENOMEM;
@@ -763,7 +765,15 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         pos[i] = (int32_t)i;
     dflash_tau acc;
     memset(&acc, 0, sizeof acc);
+    progress_start(&prog, stderr);
     for (uint64_t i = 0; i < n; i++) {
+        if (progress_due(&prog)) {
+            double el = progress_elapsed(&prog);
+            progress_printf(&prog, "eval %llu/%llu held-out sequences, %ld draft cycles, tau so "
+                            "far %.3f, ETA %.0fs", (unsigned long long)i, (unsigned long long)n,
+                            acc.cycles, acc.cycles ? dflash_tau_value(&acc) : 0.0,
+                            i ? el * (double)(n - i) / (double)i : 0.0);
+        }
         shard_seq s;
         if ((rc = shard_set_get(set, i, &s)) < 0) goto out;
         if (s.len < 2) {
@@ -808,6 +818,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     out->block_size = dc.block_size;
     out->seconds = monotime_s() - t0;
 out:
+    progress_end(&prog);
     free(pos);
     if (hidden) ops->free(nn, hidden);
     dflash_model_destroy(&m);

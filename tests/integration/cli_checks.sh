@@ -4,6 +4,7 @@
 #     a message naming the flag, what they used to take silently or fail on later with another
 #     status. No broker runs there: a daemon that gets past its checks waits --broker-wait-ms
 #     (short here) and exits 1, which fails the check;
+#   - the target reports its warm-up after loading the model;
 #   - with no broker, "no broker answered ... for T" states the time waited (a request timeout
 #     of 1 s is past a --broker-wait-ms of 100), not the configured wait;
 #   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
@@ -84,6 +85,10 @@ fi
 # --help names the eval subcommand
 expect drafter_help_eval 0 "dflash-drafter eval" "$D" --help
 
+# after loading, the target reports the warm-up of each bucket (it was silent for minutes on a
+# large model), then waits for the broker
+expect target_warmup 1 "warm-up bucket 1/1 \(2 sequences of 40 tokens\)" "$T" "${COMMON[@]}" \
+    "${MODEL[@]}" --buckets 40 --token-budget 80 --capture-layers 1,2
 # the time actually waited for the broker (a 1 s request timeout), not --broker-wait-ms 100
 WAITED="no broker answered at .* for [1-9][0-9]*\.[0-9] s \(--broker-wait-ms 100"
 expect target_waited 1 "$WAITED" "$T" "${COMMON[@]}" --broker-wait-ms 100 --timeout-ms 1000

@@ -5,7 +5,8 @@
  *     too short, no sequence) is an error naming the cause, never a tau of 0 (tau lies in
  *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated; and
  *     `dflash-drafter eval` (../services/drafter/dflash-drafter) refuses --checkpoint together
- *     with --init-only (exit 2) instead of evaluating the untrained drafter;
+ *     with --init-only (exit 2) instead of evaluating the untrained drafter; a long `eval`
+ *     reports its progress (on a terminal, `script`'s, every 0.2 s): it was silent until tau;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
  *   - without --max-steps a run stops at the end of its schedule, fresh (--total-steps) or
@@ -93,6 +94,41 @@ static void test_eval_two_drafters(void) {
     char *out = test_slurp(path, NULL);
     printf("--init-only with --checkpoint: %s", out);
     CHECK(strstr(out, "--init-only") != NULL);
+    free(out);
+}
+
+/* `dflash-drafter eval` of 3000 held-out sequences (about a second) on a terminal shows its
+ * progress line before the result. */
+static void test_eval_progress(void) {
+    if (system("command -v script >/dev/null") != 0) {
+        printf("eval progress: not checked (no `script` for a terminal)\n");
+        return;
+    }
+    enum { N = 3000, L = 24 };
+    static int32_t ids[L];
+    static uint8_t resp[L];
+    for (int t = 0; t < L; t++)
+        ids[t] = (t * 37 + 5) % 200, resp[t] = t >= 6;
+    static const int32_t *mi[N];
+    static const uint8_t *mm[N];
+    static uint32_t ml[N];
+    for (int i = 0; i < N; i++)
+        mi[i] = ids, mm[i] = resp, ml[i] = L;
+    write_shard("long.shard", N, mi, mm, ml);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "script -qec '../services/drafter/dflash-drafter eval --init-only --model %s "
+             "--data %s/long.shard --threads 1 --draft-layers 1 --block-size 4 --layers 2' "
+             "/dev/null >%s/progress.out 2>&1",
+             target, dir, dir);
+    int st = system(cmd);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/progress.out", dir);
+    char *out = test_slurp(path, NULL);
+    char *line = strstr(out, "\reval "), *tau = strstr(out, "draft cycles over");
+    if (line) printf("eval progress: %.60s\n", line + 1);
+    CHECK(line && strstr(line, "held-out sequences") && tau && line < tau);
     free(out);
 }
 
@@ -418,6 +454,7 @@ int main(void) {
 
     test_eval_without_cycles();
     test_eval_two_drafters();
+    test_eval_progress();
     test_schedule_past_max_steps();
     test_checkpoint_dir();
     test_stop_at_schedule_end();

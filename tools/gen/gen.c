@@ -34,6 +34,7 @@
 #include "hf_config.h"
 #include "log.h"
 #include "ops.h"
+#include "progress.h"
 #include "blas_env.h"
 #include "signals.h"
 #include "target_model.h"
@@ -254,23 +255,15 @@ static int64_t seq_cap(int64_t prompt_len, int64_t max_new, int64_t max_pos)
     return cap > prompt_len ? cap : prompt_len;
 }
 
-/* The progress line on stderr: rewritten in place every 0.2 s on a tty, a plain line every 10 s
- * otherwise; the final call always prints. */
-typedef struct gen_progress {
-    double t0, last;
-    bool tty;
-} gen_progress;
-
-static void progress(gen_progress *p, int done, int total, long tokens, bool final)
+/* The progress line (progress.h) after a batch; the final call always prints. */
+static void report(progress *p, int done, int total, long tokens, bool final)
 {
-    bool tty = p->tty;
-    double now = monotime_s();
-    if (!final && p->last > 0 && now - p->last < (tty ? 0.2 : 10.0)) return;
-    p->last = now;
-    double el = now - p->t0, rate = el > 0 ? (double)tokens / el : 0;
+    if (!final && !progress_due(p)) return;
+    double el = progress_elapsed(p), rate = el > 0 ? (double)tokens / el : 0;
     double eta = done > 0 ? el * (double)(total - done) / done : 0;
-    fprintf(stderr, "%sgen %d/%d samples, %ld new tokens, %.0f tok/s, ETA %.0fs%s", tty ? "\r" : "",
-            done, total, tokens, rate, eta, tty ? (final ? "\033[K\n" : "\033[K") : "\n");
+    progress_printf(p, "gen %d/%d samples, %ld new tokens, %.0f tok/s, ETA %.0fs", done, total,
+                    tokens, rate, eta);
+    if (final) progress_end(p);
 }
 
 /* Generates every prompt in batches and writes the samples in prompt order. */
@@ -288,9 +281,11 @@ static int gen_run(gen_ctx *g)
     long new_tokens = 0;
     int at_eos = 0, no_room = 0, written = 0;
     double t0 = monotime_s();
-    gen_progress prog = {.t0 = t0, .tty = isatty(STDERR_FILENO)};
+    progress prog;
+    progress_start(&prog, stderr);
     for (int first = 0; !rc && first < N; first += B) {
         if (*g->stop) {
+            progress_end(&prog);
             LOG_ERROR("stopped after %d of %d samples: %s not written", first, N, c->out);
             rc = DFLASH_ESHUTDOWN;
             break;
@@ -312,6 +307,7 @@ static int gen_run(gen_ctx *g)
         rc = target_generate(g->model, seqs, len, cap, nb, (int)c->max_new, eos, n_eos, temperature,
                              &rng);
         if (rc) {
+            progress_end(&prog);
             LOG_ERROR("generation of samples %d..%d failed: %s", first, first + nb - 1,
                       err_str(rc));
             break;
@@ -326,10 +322,14 @@ static int gen_run(gen_ctx *g)
             for (int i = 0; i < n_eos; i++)
                 at_eos += seqs[s][len[s] - 1] == eos[i];
             rc = write_sample(g->out, seqs[s], plen, len[s]);
-            if (rc) LOG_ERROR("cannot write %s: %s", g->tmp_path, strerror(errno));
+            if (rc) {
+                int e = errno;
+                progress_end(&prog);
+                LOG_ERROR("cannot write %s: %s", g->tmp_path, strerror(e));
+            }
             written++;
         }
-        progress(&prog, first + nb, N, new_tokens, first + nb >= N);
+        report(&prog, first + nb, N, new_tokens, first + nb >= N);
     }
     for (int s = 0; seqs && s < B; s++) free(seqs[s]);
     free(seqs);

@@ -46,24 +46,29 @@ int batch_plan_bucket_of(const batch_plan *plan, uint32_t len) {
     return -1;
 }
 
-batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_plan_params *p,
-                           char *err, size_t errlen) {
+int batch_plan_params_check(const batch_plan_params *p, char *err, size_t errlen) {
     if (!p || p->n_buckets < 1 || p->n_buckets > BATCH_PLAN_MAX_BUCKETS || !p->bucket_bounds) {
         err_fmt(err, errlen, "batch plan: need 1..%d buckets", BATCH_PLAN_MAX_BUCKETS);
-        return NULL;
+        return DFLASH_EINVAL;
     }
     for (int i = 0; i < p->n_buckets; i++)
         if (p->bucket_bounds[i] == 0 || (i && p->bucket_bounds[i] <= p->bucket_bounds[i - 1])) {
             err_fmt(err, errlen, "batch plan: bucket bounds must be positive and strictly ascending");
-            return NULL;
+            return DFLASH_EINVAL;
         }
     if (p->token_budget < p->bucket_bounds[p->n_buckets - 1]) {
         err_fmt(err, errlen,
              "batch plan: token budget %llu is smaller than the largest bucket bound %u: such "
              "sequences would not fit a slot",
              (unsigned long long)p->token_budget, p->bucket_bounds[p->n_buckets - 1]);
-        return NULL;
+        return DFLASH_EINVAL;
     }
+    return 0;
+}
+
+batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_plan_params *p,
+                           char *err, size_t errlen) {
+    if (batch_plan_params_check(p, err, errlen) < 0) return NULL;
     if (n_seqs == 0 || n_seqs > UINT32_MAX || !lens) {
         err_fmt(err, errlen, "batch plan: %llu sequences (need 1..2^32-1)",
              (unsigned long long)n_seqs);

@@ -33,8 +33,12 @@ typedef struct batch_plan_params {
     uint64_t seed;
 } batch_plan_params;
 
-/* Builds the plan; lens is copied. NULL with the reason in err (bad bounds, budget < largest
- * bound, no sequences, too many sequences for 32-bit ids). */
+/* The parameters on their own, before any data is read (a daemon's start-up checks): 0, or
+ * DFLASH_EINVAL with the reason in err (bad bounds, budget < largest bound). */
+int batch_plan_params_check(const batch_plan_params *p, char *err, size_t errlen);
+
+/* Builds the plan; lens is copied. NULL with the reason in err (batch_plan_params_check's, no
+ * sequences, too many sequences for 32-bit ids). */
 batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_plan_params *p,
                            char *err, size_t errlen);
 void batch_plan_destroy(batch_plan **plan);

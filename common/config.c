@@ -3,6 +3,7 @@
  * unknown names are errors with a message naming the option and where the value came from. */
 #include "config.h"
 #include "err.h"
+#include "log.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -28,6 +29,17 @@ const cfg_option *config_find(const cfg_table *t, const char *name)
     for (size_t i = 0; i < t->n_options; i++)
         if (name_eq(t->options[i].name, name)) return &t->options[i];
     return NULL;
+}
+
+bool config_given(const cfg_table *t, const char *name)
+{
+    const cfg_option *o = config_find(t, name);
+    return o && t->given && t->given[o - t->options];
+}
+
+static void mark_given(const cfg_table *t, const cfg_option *o)
+{
+    if (t->given && o) t->given[o - t->options] = true;
 }
 
 static int parse_bool(const char *s, bool *out)
@@ -144,6 +156,7 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
     char *line = NULL; /* any length: a value may be a long list of paths */
     size_t cap = 0;
     int lineno = 0, rc = 0;
+    errno = 0;
     while (getline(&line, &cap, f) >= 0) {
         lineno++;
         /* a comment starts at a '#' that begins the line or follows a blank: a value may hold
@@ -169,6 +182,14 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
             rc = r;
             break;
         }
+        mark_given(t, config_find(t, key));
+        errno = 0;
+    }
+    /* a directory opens, then fails its first read (EISDIR): it is no empty config file */
+    if (!rc && ferror(f)) {
+        fprintf(stderr, "%s: cannot read config file %s: %s\n", t->program, path,
+                strerror(errno ? errno : EIO));
+        rc = DFLASH_EIO;
     }
     free(line);
     fclose(f);
@@ -218,6 +239,7 @@ static int load_env(const cfg_table *t, void *cfg)
                 fprintf(stderr, "%s: environment %s: %s\n", t->program, var, err);
                 return r;
             }
+            mark_given(t, o);
         }
     }
     return 0;
@@ -237,6 +259,7 @@ static const char *config_file_from_env(const cfg_table *t)
 static void set_defaults(const cfg_table *t, void *cfg)
 {
     for (size_t i = 0; i < t->n_options; i++) {
+        if (t->given) t->given[i] = false;
         char err[256];
         int r = set_value(&t->options[i], cfg, t->options[i].def, err, sizeof err);
         /* A default outside its own range is a bug in the table. */
@@ -329,6 +352,7 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
             fprintf(stderr, "%s: --%s\n", t->program, err);
             return rc;
         }
+        mark_given(t, o);
     }
     if (dump) {
         config_dump(t, cfg, stdout);
@@ -407,4 +431,21 @@ void config_print_help(const cfg_table *t, FILE *out)
     fprintf(out, "  %-34s %s\n", "--config FILE", "read `key value` lines from FILE first");
     fprintf(out, "  %-34s %s\n", "--dump-config", "print the effective configuration and exit");
     fprintf(out, "  %-34s %s\n", "--help", "print this help and exit");
+}
+
+int64_t config_env_int(const char *var, int64_t min, int64_t max, int64_t def)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return def;
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (!errno && end != v && !*end && n >= min && n <= max) return n;
+    if (min == 0 && max == 1)
+        LOG_ERROR("environment %s='%s': give 0 (off) or 1 (on), or unset it for the default",
+                  var, v);
+    else
+        LOG_ERROR("environment %s='%s': give a whole number in [%lld, %lld], or unset it for the "
+                  "default", var, v, (long long)min, (long long)max);
+    exit(2);
 }

@@ -24,6 +24,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" { /* config_env_int is read by the cuda backend's .cu files too */
+#endif
+
 typedef enum {
     CFG_INT,    /* int64_t member */
     CFG_DOUBLE, /* double member */
@@ -48,6 +52,8 @@ typedef struct cfg_table {
     const char *usage;   /* e.g. "[options]" or "[options] COMMAND" */
     const cfg_option *options;
     size_t n_options;
+    bool *given; /* optional, n_options entries: which options config_load took from the config
+                    file, the environment or a flag rather than the default (config_given) */
 } cfg_table;
 
 /* Fills cfg from defaults, then the config file, the environment, then argv.
@@ -69,6 +75,11 @@ int config_get(const cfg_table *t, const void *cfg, const char *name, char *out,
 
 const cfg_option *config_find(const cfg_table *t, const char *name);
 
+/* True when the last config_load set option name from the config file, the environment or a
+ * flag, even to its default value; false when it kept the default, and for a table without
+ * `given`. For "an explicit --hidden disagrees with the model" checks. */
+bool config_given(const cfg_table *t, const char *name);
+
 /* Parses a comma-separated list of non-negative integers ("1,9,17"; "" gives 0 entries) into
  * out[0..max). Returns the count or DFLASH_EINVAL with the reason in err (may be NULL): not a
  * number, negative, too many. */
@@ -81,5 +92,17 @@ int config_parse_flag_int_list(const char *program, const char *flag, const char
 /* `key value` lines of the effective config, loadable again as a config file. */
 void config_dump(const cfg_table *t, const void *cfg, FILE *out);
 void config_print_help(const cfg_table *t, FILE *out);
+
+/* A DFLASH_* variable outside every option table (the compute backends' switches and sizes:
+ * DFLASH_LM_CHUNK, DFLASH_LAYER0_DEDUP, DFLASH_CUDA_VEC, ...), read where it is used: unset or
+ * empty gives def; a whole decimal number in [min, max] gives that number (a switch is [0, 1]).
+ * Anything else ("on", "true", "4k", out of range) is bad configuration: it logs an error
+ * naming the variable, its value and what it takes, and exits 2, since a kernel or size other
+ * than the one asked for must not run silently. Thread-safe (reads the environment only). */
+int64_t config_env_int(const char *var, int64_t min, int64_t max, int64_t def);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

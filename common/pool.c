@@ -117,9 +117,20 @@ int pool_backend_parse(const char *s, pool_backend *out)
         return 0;
     }
     if (strcmp(s, "host") == 0 || strcmp(s, "cpu") == 0) *out = POOL_HOST;
+#ifdef DFLASH_HAVE_CUDA
     else if (strcmp(s, "cuda") == 0) *out = POOL_CUDA;
+#else
+    else if (strcmp(s, "cuda") == 0) return DFLASH_EUNSUPPORTED;
+#endif
     else return DFLASH_EINVAL;
     return 0;
+}
+
+const char *pool_backend_refusal(int rc)
+{
+    return rc == DFLASH_EUNSUPPORTED ? "this build has no CUDA (built without nvcc): use "
+                                       "--backend host (or auto)"
+                                     : "give host, cuda or auto";
 }
 
 bool pool_cuda_available(void)

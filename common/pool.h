@@ -75,9 +75,13 @@ typedef struct pool pool;
 typedef struct pool_importer pool_importer;
 
 /* "host" / "cuda" <-> enum. Parse also takes "cpu" (= host) and "auto" (cuda when this build has
- * the cuda compute backend and a GPU is visible, else host); returns 0 or DFLASH_EINVAL. */
+ * the cuda compute backend and a GPU is visible, else host); returns 0, DFLASH_EINVAL (no such
+ * backend) or DFLASH_EUNSUPPORTED ("cuda" in a build without CUDA: bad configuration, found
+ * at start-up rather than when the pool is made). pool_backend_refusal: what to tell the user
+ * for parse's code. */
 const char *pool_backend_name(pool_backend b);
 int pool_backend_parse(const char *s, pool_backend *out);
+const char *pool_backend_refusal(int rc);
 /* True when this build has CUDA and a device is visible. */
 bool pool_cuda_available(void);
 

@@ -178,6 +178,8 @@ def main(argv=None):
                     help='JSON object passed to apply_chat_template, e.g. \'{"enable_thinking": '
                          'false}\'')
     a = ap.parse_args(argv)
+    if a.max_len < 0:  # ids[:-N] would cut N tokens off every conversation
+        ap.error(f"--max-len must be 0 (all) or a positive token count, not {a.max_len}")
     try:
         kwargs = json.loads(a.template_kwargs)
         assert isinstance(kwargs, dict)

@@ -9,6 +9,7 @@
 #include "master_split.h"
 #include "rng_fill.h"
 
+#include "config.h"
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
@@ -413,15 +414,14 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     /* rows per lm_head chunk: as many as LM_SCRATCH_BYTES of logits hold (all 7680 loss rows of
      * a 512-anchor step at Qwen3's vocabulary in bf16: one product each way instead of four),
      * or DFLASH_LM_CHUNK */
-    const char *chunk = getenv("DFLASH_LM_CHUNK");
     size_t fit = LM_SCRATCH_BYTES / ((size_t)cfg->vocab_size * ops->act_bytes);
     if (fit > INT_MAX) fit = INT_MAX;
-    m->lm_chunk = chunk && atoi(chunk) >= 2 ? atoi(chunk) : fit < 2 ? 2 : (int)fit;
+    m->lm_chunk = (int)config_env_int("DFLASH_LM_CHUNK", 2, INT_MAX, fit < 2 ? 2 : (int64_t)fit);
     if (m->lm_chunk > Qmax) m->lm_chunk = Qmax; /* >= 2: block_size >= 2 */
     /* layer 0 dedup: on unless DFLASH_LAYER0_DEDUP=0 or beyond 1024 blocks (sel grows as
      * Q x u_cap) */
-    const char *dedup = getenv("DFLASH_LAYER0_DEDUP");
-    m->u_cap = (dedup && atoi(dedup) == 0) || max_blocks > 1024 ? 0 : (max_blocks + 1 + 7) & ~7;
+    bool dedup = config_env_int("DFLASH_LAYER0_DEDUP", 0, 1, 1);
+    m->u_cap = !dedup || max_blocks > 1024 ? 0 : (max_blocks + 1 + 7) & ~7;
     const char *last = getenv("DFLASH_LAST_LAYER_ROWS");
     m->last_rows_ok = !(last && !strcmp(last, "all"));
     int L = cfg->num_layers;

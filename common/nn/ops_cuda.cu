@@ -23,6 +23,7 @@
  * context's scratch assert that they run on the main stream (MAIN_STREAM_ONLY).
  */
 #include "ops_cuda.h"
+#include "config.h"
 #include "ops_cuda_ctx.cuh"
 
 #include "cuda_elem.cuh"
@@ -295,8 +296,7 @@ static void cu_embedding_fwd(nn_ctx *c, nn_buf *out, const int32_t *ids, const n
 bool cu_vec_enabled(void) {
     static int on = -1;
     if (on < 0) {
-        const char *e = getenv("DFLASH_CUDA_VEC");
-        on = !(e && !strcmp(e, "0"));
+        on = (int)config_env_int("DFLASH_CUDA_VEC", 0, 1, 1);
     }
     return on != 0;
 }
@@ -595,8 +595,7 @@ static void events_destroy(nn_ctx *c) {
  * multiprocessors the main stream's kernels leave idle. Off by default until its time on the
  * H200 is measured (bench/cuda_ops/side_gpu.sh). */
 static bool streams_new(nn_ctx *c) {
-    const char *e = getenv("DFLASH_CUDA_SIDE_STREAM");
-    bool side = e && !strcmp(e, "1");
+    bool side = config_env_int("DFLASH_CUDA_SIDE_STREAM", 0, 1, 0);
     int least = 0, greatest = 0;
     if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) return false;
     if (cudaStreamCreateWithPriority(&c->main, cudaStreamNonBlocking, side ? greatest : 0) !=

@@ -24,11 +24,13 @@
  * on one device at the same time (one trainer per device does not).
  */
 #include "attn_spans.cuh"
+#include "config.h"
 #include "ops_cuda.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -53,8 +55,7 @@ static size_t g_split_cap[SPLIT_DEVICES][3]; /* elements per tensor, D rows, tic
 int cuda_attn_split_env(void) {
     static int n = -1;
     if (n < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_SPLIT");
-        n = e && atoi(e) >= 1 ? atoi(e) : 0;
+        n = (int)config_env_int("DFLASH_CUDA_ATTN_SPLIT", 1, INT_MAX, 0);
     }
     return n;
 }

@@ -126,6 +126,7 @@
  */
 #include "attn_bwd.cuh"
 #include "attn_spans.cuh"
+#include "config.h"
 #include "mma_frag.cuh"
 #include "ops_cuda.h"
 #include "wgmma.cuh"
@@ -897,8 +898,7 @@ static void wgb_maps_make_sw(const bwd_args *a, wgb_maps *m) {
 static void wgb_maps_make(const bwd_args *a, wgb_maps *m, int sw) {
     static int env = -1;
     if (env < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_TMA");
-        env = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
+        env = (int)config_env_int("DFLASH_CUDA_ATTN_TMA", 0, 2, 2);
     }
     memset(m, 0, sizeof *m);
     if (!env || !g_encode || FROWS % a->group || (a->B * a->group) % FROWS) return;
@@ -960,8 +960,7 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
     bwd_args b = *a;
     static int round = -1; /* DFLASH_CUDA_ATTN_LIST_ROUND=N (1 .. 256): tests of the rounds */
     if (round < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_LIST_ROUND");
-        round = e && atoi(e) >= 1 && atoi(e) <= 256 ? atoi(e) : 256;
+        round = (int)config_env_int("DFLASH_CUDA_ATTN_LIST_ROUND", 1, 256, 256);
     }
     b.list_round = round;
     static int bulk = -1; /* DFLASH_CUDA_ATTN_SPLIT_OUT=atomics: split pieces by float4 atomics */
@@ -985,8 +984,7 @@ int cuda_wgb_attention_launch(cudaStream_t st, const bwd_args *a, int pipe) {
      * the core-matrix layout; else PP with them 128-byte-swizzled (SW) */
     static int pp = -1;
     if (pp < 0) {
-        const char *e = getenv("DFLASH_CUDA_ATTN_PP");
-        pp = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : 2;
+        pp = (int)config_env_int("DFLASH_CUDA_ATTN_PP", 0, 2, 2);
     }
     wgb_maps m;
     wgb_maps_make(a, &m, pipe && pp == 2);

@@ -130,6 +130,7 @@
  * Stream: the caller's.
  */
 #include "attn_spans.cuh"
+#include "config.h"
 #include "mma_frag.cuh" /* cp_commit, ex2, quad_max, quad_sum */
 #include "ops_cuda.h"
 
@@ -1152,8 +1153,8 @@ int cuda_wg_attention_init(void) {
     int dev = 0;
     bad |= cudaGetDevice(&dev) != cudaSuccess ||
            cudaDeviceGetAttribute(&g_wg_nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess;
-    const char *e = getenv("DFLASH_CUDA_ATTN_BLOCK_CTAS");
-    if (e && atoi(e) > 0 && atoi(e) < g_wg_nsm) g_wg_nsm = atoi(e);
+    const int ctas = (int)config_env_int("DFLASH_CUDA_ATTN_BLOCK_CTAS", 1, INT_MAX, g_wg_nsm);
+    if (ctas < g_wg_nsm) g_wg_nsm = ctas;
     if (bad) {
         (void)cudaGetLastError(); /* no usable image: the mma.sync kernels serve */
         return 0;

@@ -19,6 +19,7 @@
  * vtable (ops_cuda.cu) by the host thread that owns the context.
  */
 #include "ops_cuda_ctx.cuh"
+#include "config.h"
 
 #include "cuda_elem.cuh"
 
@@ -60,8 +61,7 @@ static int lt_tune_clamp(int n) {
 /* The context's initial tuning: DFLASH_LT_TUNE=N (2..16) times the heuristic's first N
  * candidates on every new shape's first use (unset or 0: the heuristic's first, no timing) */
 int cu_lt_tune_env(void) {
-    const char *e = getenv("DFLASH_LT_TUNE");
-    return lt_tune_clamp(e ? atoi(e) : 0);
+    return lt_tune_clamp((int)config_env_int("DFLASH_LT_TUNE", 0, LT_TUNE_MAX, 0));
 }
 
 int cu_matmul_tune(nn_ctx *c, int candidates) {

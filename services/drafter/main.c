@@ -144,8 +144,9 @@ static const cfg_option drafter_options[] = {
          resume),
     OPTS("init-weights", "", "train: warm start (weights only) from this checkpoint", init_weights),
     OPTS("metrics-dir", "", "train: metrics.jsonl and TensorBoard events go here", metrics_dir),
-    OPT("max-steps", CFG_INT, "0", 0, 1e15, "train: stop at this optimizer step (0 = until the "
-        "broker drains)", max_steps),
+    OPT("max-steps", CFG_INT, "0", 0, 1e15, "train: stop at this optimizer step (0 = at the end "
+        "of the schedule, --total-steps or a resumed run's; with neither, when the broker "
+        "drains)", max_steps),
     OPT("verify-tol", CFG_DOUBLE, "1e-4", 0, 1, "verify-model: max relative error per captured "
         "row", verify_tol),
     OPT("verify-slots", CFG_INT, "4", 1, 1 << 30, "verify-model: slots to check", verify_slots),
@@ -192,7 +193,9 @@ static const cfg_option drafter_options[] = {
 };
 static const cfg_table drafter_table = {
     "dflash-drafter", "copies slots from the DFlash broker and trains (or verifies) on them",
-    "[options]", drafter_options, sizeof drafter_options / sizeof drafter_options[0]};
+    "[options]\n       dflash-drafter eval [options]   offline tau of a checkpoint on held-out "
+    "shards (eval --help)", drafter_options, sizeof drafter_options / sizeof drafter_options[0],
+    NULL};
 
 /* ------------------------------------------------------------ the --verify-model consumer */
 
@@ -319,7 +322,7 @@ static const cfg_option eval_options[] = {
 static const cfg_table eval_table = {
     "dflash-drafter eval", "offline acceptance length tau (dflash.md 4.2) of a drafter checkpoint "
     "on held-out shards", "[options]", eval_options,
-    sizeof eval_options / sizeof eval_options[0]};
+    sizeof eval_options / sizeof eval_options[0], NULL};
 
 static int eval_main(int argc, char **argv)
 {
@@ -376,7 +379,10 @@ int main(int argc, char **argv)
     log_init("dflash-drafter", LOG_INFO);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     drafter_config cfg;
-    int rc = config_load(&drafter_table, &cfg, argc, argv, NULL, 0, NULL);
+    bool given[sizeof drafter_options / sizeof drafter_options[0]];
+    cfg_table table = drafter_table; /* with `given`: which flags were set, not defaulted */
+    table.given = given;
+    int rc = config_load(&table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
@@ -396,9 +402,10 @@ int main(int argc, char **argv)
     lc.curve_server_key = cfg.curve_server_key;
     lc.curve_key = cfg.curve_key;
     lc.name = name;
-    if (pool_backend_parse(cfg.backend, &lc.backend) < 0) {
-        fprintf(stderr, "dflash-drafter: --backend must be host, cuda or auto, not '%s'\n",
-                cfg.backend);
+    int brc = pool_backend_parse(cfg.backend, &lc.backend);
+    if (brc < 0) {
+        fprintf(stderr, "dflash-drafter: --backend %s: %s\n", cfg.backend,
+                pool_backend_refusal(brc));
         return 2;
     }
     lc.device = (int)cfg.device;
@@ -469,7 +476,7 @@ int main(int argc, char **argv)
             return 2;
         }
         if ((uint32_t)tcfg.hidden_size != lc.layout.hidden) {
-            if (cfg.hidden != 256) { /* given explicitly (256 is the default) */
+            if (config_given(&table, "hidden")) {
                 fprintf(stderr, "dflash-drafter: --hidden %lld does not match the target's "
                         "hidden_size %d\n", (long long)cfg.hidden, tcfg.hidden_size);
                 return 2;

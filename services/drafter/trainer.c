@@ -17,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
+#include "progress.h"
 #include "shard.h"
 #include "target_model.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -329,9 +330,17 @@ static int64_t train_resume_step(void *vctx) {
     return ((trainer *)vctx)->start_step;
 }
 
+/* The step the run stops at: --max-steps, else the end of the schedule (--total-steps; a
+ * resumed run's from its checkpoint, a group's from rank 0 once it synced), past which the
+ * learning rate stays at its floor (0 by default): --max-steps 0 does not mean training on at
+ * that rate until the data runs out. 0 when neither is set (constant lr: until drained). */
+static long step_limit(const trainer *t) {
+    return t->max_steps > 0 ? (long)t->max_steps : t->tc.total_steps;
+}
+
 static bool train_done(void *vctx) {
     trainer *t = vctx;
-    return t->max_steps > 0 && t->m->step >= t->max_steps;
+    return step_limit(t) > 0 && t->m->step >= step_limit(t);
 }
 
 /* The loop waits for data: the last step's metrics (read a step later while steps come) are
@@ -617,6 +626,10 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                  "step, with neither the recipe's warmup nor its cosine decay (both are "
                  "fractions of the schedule's length)",
                  t->tc.lr);
+    else if (t->max_steps == 0)
+        LOG_INFO("no --max-steps: the run stops at step %ld, the end of its schedule (the "
+                 "learning rate would stay at %g after it)",
+                 t->tc.total_steps, t->tc.lr * t->tc.min_lr_ratio);
     if (!t->ckpt_root[0])
         LOG_WARN("no --checkpoint-dir: the trained drafter is saved nowhere, and a restart "
                  "starts over");
@@ -648,7 +661,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
         mo.dir = o->metrics_dir && o->metrics_dir[0] ? o->metrics_dir : NULL;
         mo.jsonl = mo.tensorboard = mo.dir != NULL;
         mo.progress = o->progress;
-        mo.total_steps = t->max_steps;
+        mo.total_steps = step_limit(t);
         t->met = metrics_new(&mo);
         if (!t->met) {
             snprintf(err, errlen, "cannot write metrics to %s", o->metrics_dir);
@@ -717,6 +730,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     dflash_model *m = NULL;
     float *hidden = NULL;
     int32_t *pos = NULL;
+    progress prog = {0}; /* a line every 10 s (0.2 s on a terminal), as the training's */
     if (!nn) {
         snprintf(err, errlen, "cannot create the cpu compute context");
         rc = DFLASH_ENOMEM;
@@ -759,7 +773,15 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         pos[i] = (int32_t)i;
     dflash_tau acc;
     memset(&acc, 0, sizeof acc);
+    progress_start(&prog, stderr);
     for (uint64_t i = 0; i < n; i++) {
+        if (progress_due(&prog)) {
+            double el = progress_elapsed(&prog);
+            progress_printf(&prog, "eval %llu/%llu held-out sequences, %ld draft cycles, tau so "
+                            "far %.3f, ETA %.0fs", (unsigned long long)i, (unsigned long long)n,
+                            acc.cycles, acc.cycles ? dflash_tau_value(&acc) : 0.0,
+                            i ? el * (double)(n - i) / (double)i : 0.0);
+        }
         shard_seq s;
         if ((rc = shard_set_get(set, i, &s)) < 0) goto out;
         if (s.len < 2) {
@@ -804,6 +826,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     out->block_size = dc.block_size;
     out->seconds = monotime_s() - t0;
 out:
+    progress_end(&prog);
     free(pos);
     if (hidden) ops->free(nn, hidden);
     dflash_model_destroy(&m);

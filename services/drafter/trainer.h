@@ -67,7 +67,9 @@ typedef struct trainer_opts {
     const char *init_weights; /* warm start; NULL/"" = none */
     const char *metrics_dir;  /* NULL/"" = no files */
     bool progress;            /* progress line on stderr */
-    int64_t max_steps;        /* stop at this optimizer step; 0 = until drained */
+    int64_t max_steps;        /* stop at this optimizer step; 0 = at the schedule's end
+                                 (train.total_steps, or the resumed checkpoint's), with no
+                                 schedule until drained */
 } trainer_opts;
 
 /* Builds the training consumer (see top). NULL with the reason in err: unreadable target,

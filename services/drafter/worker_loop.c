@@ -291,6 +291,13 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The pct-th percentile of n >= 1 sorted values by nearest rank, v[ceil(pct n / 100) - 1]: a
+ * higher percentile is never below a lower one, however few the values. */
+static double nearest_rank(const double *v, uint64_t n, unsigned pct)
+{
+    return v[(pct * n + 99) / 100 - 1];
+}
+
 /* p50 and p99 of the last `n` grant-to-copy-done latencies, in ms (0 when none). */
 static void latency_pcts(const worker_loop *w, uint64_t n, double *p50, double *p99)
 {
@@ -302,8 +309,8 @@ static void latency_pcts(const worker_loop *w, uint64_t n, double *p50, double *
     if (!v) return;
     for (uint64_t i = 0; i < n; i++) v[i] = w->lat[(w->n_lat - 1 - i) % LAT_RING];
     qsort(v, n, sizeof *v, cmp_double);
-    *p50 = v[n / 2] * 1e3;
-    *p99 = v[(uint64_t)((double)(n - 1) * 0.99)] * 1e3;
+    *p50 = nearest_rank(v, n, 50) * 1e3;
+    *p99 = nearest_rank(v, n, 99) * 1e3;
     free(v);
 }
 

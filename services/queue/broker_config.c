@@ -95,6 +95,7 @@ static const cfg_table queue_table = {
     "[options]",
     queue_options,
     sizeof queue_options / sizeof *queue_options,
+    NULL,
 };
 
 const cfg_table *broker_config_table(void) { return &queue_table; }
@@ -114,19 +115,25 @@ int broker_depth_check(const queue_config *c, uint32_t world, char *why, size_t 
     return DFLASH_ERANGE;
 }
 
-/* n finite non-negative numbers into out; n 0: any count up to WIRE_MAX_BUCKETS (the bucket
- * count is not known yet; out has room for that many). 0 or DFLASH_EINVAL. */
+/* n finite non-negative numbers into out, one per comma-separated entry (blanks around them
+ * allowed, an empty entry is not: "1,,2" is no pair); n 0: any count up to WIRE_MAX_BUCKETS
+ * (the bucket count is not known yet; out has room for that many). 0 or DFLASH_EINVAL. */
 int broker_parse_shares(const char *s, uint32_t n, double *out)
 {
     uint32_t k = 0, max = n ? n : WIRE_MAX_BUCKETS;
     const char *p = s;
     while (*p) {
         char *end;
-        double v = strtod(p, &end);
+        double v = strtod(p, &end); /* skips the blanks before the number */
         if (end == p || k >= max || !(v >= 0) || !isfinite(v)) return DFLASH_EINVAL;
         out[k++] = v;
-        p = end;
-        while (*p == ',' || *p == ' ') p++;
+        p = end + strspn(end, " ");
+        if (*p == ',') {
+            p++;
+            if (!p[strspn(p, " ")]) return DFLASH_EINVAL; /* "1,2,": an empty last entry */
+        } else if (*p) {
+            return DFLASH_EINVAL; /* "1 2" or "1x" */
+        }
     }
     return (n ? k == n : k > 0) ? 0 : DFLASH_EINVAL;
 }

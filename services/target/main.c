@@ -104,7 +104,7 @@ static const cfg_option target_options[] = {
 };
 static const cfg_table target_table = {
     "dflash-target", "fills slot pools with target hidden states for the DFlash broker",
-    "[options]", target_options, sizeof target_options / sizeof target_options[0]};
+    "[options]", target_options, sizeof target_options / sizeof target_options[0], NULL};
 
 /* The default --name: target-<host> (the host name up to its first dot, other characters than
  * letters, digits, - and _ as -), at most 31 characters (POOL_NAME_MAX). Stable across restarts
@@ -131,6 +131,33 @@ static void close_nn(pool_backend backend, nn_ctx **nn)
 #endif
 }
 
+/* The model decides the slots' hidden size, and --capture-layers the number of captured
+ * layers: a --hidden or --layers given explicitly (not defaulted) that disagrees is refused
+ * rather than silently replaced; so are layer ids the model lacks. 0 or DFLASH_ECONFIG after
+ * printing why. */
+static int check_shape_flags(const cfg_table *t, const target_config *c, const model_config *mc,
+                             const int *ids, int n_ids)
+{
+    char why[512];
+    if (config_given(t, "hidden") && c->hidden != mc->hidden_size) {
+        fprintf(stderr, "dflash-target: --hidden %lld does not match %s's hidden_size %d (leave "
+                "it out: the model decides)\n", (long long)c->hidden, c->model, mc->hidden_size);
+        return DFLASH_ECONFIG;
+    }
+    if (n_ids > 0 && config_given(t, "layers") && c->layers != n_ids) {
+        fprintf(stderr, "dflash-target: --layers %lld disagrees with the %d ids of "
+                "--capture-layers '%s' (give one of them)\n", (long long)c->layers, n_ids,
+                c->capture);
+        return DFLASH_ECONFIG;
+    }
+    if (n_ids > 0 && target_layer_ids_check(ids, n_ids, mc->num_layers, why, sizeof why) < 0) {
+        fprintf(stderr, "dflash-target: bad --capture-layers '%s' for %s: %s\n", c->capture,
+                c->model, why);
+        return DFLASH_ECONFIG;
+    }
+    return 0;
+}
+
 static int build_loop_config(const target_config *c, target_loop_config *lc, char *endpoint,
                              size_t ep_len)
 {
@@ -145,9 +172,9 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
                 c->name, POOL_NAME_MAX - 1);
         return DFLASH_ECONFIG;
     }
-    if (pool_backend_parse(c->backend, &lc->backend) < 0) {
-        fprintf(stderr, "dflash-target: --backend must be host, cuda or auto, not '%s'\n",
-                c->backend);
+    int brc = pool_backend_parse(c->backend, &lc->backend);
+    if (brc < 0) {
+        fprintf(stderr, "dflash-target: --backend %s: %s\n", c->backend, pool_backend_refusal(brc));
         return DFLASH_ECONFIG;
     }
     lc->device = (int)c->device;
@@ -189,7 +216,10 @@ int main(int argc, char **argv)
     volatile sig_atomic_t *stop = signals_install_stop_flag();
     log_init("dflash-target", LOG_INFO);
     target_config cfg;
-    int rc = config_load(&target_table, &cfg, argc, argv, NULL, 0, NULL);
+    bool given[sizeof target_options / sizeof target_options[0]];
+    cfg_table table = target_table; /* with `given`: which flags were set, not defaulted */
+    table.given = given;
+    int rc = config_load(&table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
@@ -202,6 +232,9 @@ int main(int argc, char **argv)
     target_producer *prod = NULL;
     const nn_ops *ops = NULL;
     nn_ctx *nn = NULL;
+    int ids[64]; /* checked whatever the model: the synthetic one must not take "abc" either */
+    int n_ids = config_parse_flag_int_list("dflash-target", "capture-layers", cfg.capture, ids, 64);
+    if (n_ids < 0) return 2;
     if (strcmp(cfg.model, "synthetic") == 0) {
         prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size, cfg.rate);
     } else {
@@ -210,16 +243,16 @@ int main(int argc, char **argv)
             fprintf(stderr, "dflash-target: --model %s needs --shards FILE[,FILE...]\n", cfg.model);
             return 2;
         }
-        int ids[64];
-        int n_ids = config_parse_flag_int_list("dflash-target", "capture-layers", cfg.capture,
-                                               ids, 64);
-        if (n_ids < 0) return 2;
         model_config mc;
         char cerr[512];
-        if (n_ids > 0 && hf_config_load(cfg.model, &mc, cerr, sizeof cerr) == 0 &&
-            target_layer_ids_check(ids, n_ids, mc.num_layers, cerr, sizeof cerr) < 0) {
-            fprintf(stderr, "dflash-target: bad --capture-layers '%s' for %s: %s\n", cfg.capture,
-                    cfg.model, cerr);
+        if (hf_config_load(cfg.model, &mc, cerr, sizeof cerr) == 0 &&
+            check_shape_flags(&table, &cfg, &mc, ids, n_ids) < 0)
+            return 2;
+        batch_plan_params bp = {.bucket_bounds = lc.bucket_upper, .n_buckets = (int)lc.n_buckets,
+                                .token_budget = (uint64_t)cfg.token_budget};
+        if (batch_plan_params_check(&bp, cerr, sizeof cerr) < 0) { /* before the load */
+            fprintf(stderr, "dflash-target: --token-budget %lld, --buckets %s: %s\n",
+                    (long long)cfg.token_budget, cfg.buckets, cerr);
             return 2;
         }
         if (lc.backend == POOL_HOST) {

@@ -20,6 +20,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "monotime.h"
 #include "rng.h"
 #include "shard.h"
 #include "target_loop.h"
@@ -409,11 +410,14 @@ int model_producer_warmup(model_producer *p) {
     int32_t *d_off = slot_seq_offsets(base, l), *d_pos = slot_positions(base, l);
     int32_t *d_ids = slot_token_ids(base, l);
     int rc = 0;
+    double t0 = monotime_s();
+    LOG_INFO("target: warming up, one full batch per bucket (%d buckets)", p->n_buckets);
     for (int b = 0; b < p->n_buckets && !rc; b++) {
         if (p->stop && *p->stop) {
             rc = DFLASH_ESHUTDOWN;
             break;
         }
+        double tb = monotime_s();
         /* the bucket's full batch: sequences of the bound's length while they fit */
         uint32_t len = p->bounds[b] < p->token_budget ? p->bounds[b] : p->token_budget;
         uint32_t n = 0, T = 0;
@@ -430,8 +434,13 @@ int model_producer_warmup(model_producer *p) {
         ops->upload_raw(p->ctx, d_ids, p->ids, sizeof(int32_t) * T);
         rc = target_forward(p->model, d_ids, d_pos, d_off, (int)n, (int)T, slot_hidden(base, l),
                             (size_t)l->n_layers * l->hidden);
+        ops->sync(p->ctx); /* the time of this bucket's forward, not of its queueing */
+        if (!rc)
+            LOG_INFO("target: warm-up bucket %d/%d (%u sequences of %u tokens) in %.1f s", b + 1,
+                     p->n_buckets, n, len, monotime_s() - tb);
     }
     ops->sync(p->ctx);
+    if (!rc) LOG_INFO("target: warmed up in %.1f s", monotime_s() - t0);
     ops->free(p->ctx, base);
     return rc;
 }

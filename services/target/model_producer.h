@@ -75,7 +75,8 @@ int model_producer_verify(model_producer *p, const void *slot, const slot_layout
 
 /* Runs one forward per bucket at its full-batch shape (sequences of the bound's length while they
  * fit the budget) into a scratch slot allocated and freed here, so every shape is warm before
- * the daemon reports ready. Start-up only. 0, DFLASH_ESHUTDOWN (the stop flag was set) or
+ * the daemon reports ready; logs each bucket's time as it goes (on a large model on the cpu
+ * this takes minutes). Start-up only. 0, DFLASH_ESHUTDOWN (the stop flag was set) or
  * negative. */
 int model_producer_warmup(model_producer *p);
 

@@ -123,9 +123,12 @@ def main():
 
         def all_trained():
             st = env.status(build)
-            # the drafter may end by itself: its last claim learns the epoch is all trained
-            plan_done = "every batch of the target's planned epochs (1) is trained"
-            if not drafter.alive() and (drafter.wait(1) != 0 or plan_done not in drafter.text()):
+            # the drafter may end by itself: its last claim learns the epoch is all trained, or
+            # it reaches the end of its schedule (--total-steps 24 without --max-steps)
+            ends = ("every batch of the target's planned epochs (1) is trained",
+                    "the run stops at step 24, the end of its schedule")
+            if not drafter.alive() and (drafter.wait(1) != 0 or
+                                        not any(e in drafter.text() for e in ends)):
                 raise RuntimeError(f"the restarted drafter exited:\n{tail(drafter.log_path)}")
             if st and st["batches_todo"] == 0 and st["batches_inflight"] == 0 and \
                     st["batches_committed"] + st["batches_trained"] == st["batches_total"]:

@@ -19,6 +19,7 @@
  *     drafter of a release it made is answered Ok;
  *   - bad shares: `set shares=nan` answered Ok and was then ignored; --shares with a count the
  *     target's buckets do not have was ignored silently, and made every later `set` fail;
+ *     --shares 1,,2 was taken as two shares;
  *   - `set shares=` (back to the target's shares, as the reply and the config then say) kept
  *     the shares set before it: the mix followed numbers nobody could see any more;
  *   - a SlotReady whose batch the broker adopts but whose slot it then refuses (the slot is
@@ -364,6 +365,14 @@ static void test_bad_shares(void)
     CHECK(broker_config_check(&cfg, why, sizeof why) != 0);
     snprintf(cfg.shares, sizeof cfg.shares, "1,2,3");
     CHECK_EQ_INT(broker_config_check(&cfg, why, sizeof why), 0); /* buckets unknown yet */
+    /* an empty entry is no share: "1,,2" was taken as the two shares 1 and 2 */
+    const char *empty[] = {"1,,2", "1,2,", ",1,2", "1, ,2", "1 2"};
+    for (size_t i = 0; i < sizeof empty / sizeof *empty; i++) {
+        snprintf(cfg.shares, sizeof cfg.shares, "%s", empty[i]);
+        CHECK(broker_config_check(&cfg, why, sizeof why) != 0);
+    }
+    snprintf(cfg.shares, sizeof cfg.shares, " 3 , 1 "); /* blanks around entries are fine */
+    CHECK_EQ_INT(broker_config_check(&cfg, why, sizeof why), 0);
 
     stub_broker_new(three_shares); /* the target will have two buckets */
     if (!stub_b) return;

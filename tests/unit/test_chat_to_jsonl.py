@@ -7,7 +7,7 @@ rendering is not the rendering of the history), the markers as single tokens, ev
 character one token, with offsets. Checks: the masked characters are exactly each reply and its
 <|im_end|> (not the reasoning block, not a user message that contains the reply's text, not the
 newline after the marker); ShareGPT and OpenAI styles and a JSON array; the skipped lines and
-their reasons; --max-len truncation; a straddling token; the output written atomically and not
+their reasons; --max-len truncation, a negative one refused; a straddling token; the output written atomically and not
 at all when nothing is kept. Needs no transformers (the real tokenizer is checked on the GPU
 machine by tests/reference/chat_to_jsonl_hf.py)."""
 import io
@@ -132,6 +132,21 @@ with tempfile.TemporaryDirectory() as d:
     written, skipped, _, _ = c2j.run(tok, src, dst, {}, 0, log=io.StringIO())
     check(written == 0 and not os.path.exists(dst) and not os.path.exists(dst + ".tmp"),
           "nothing kept: no output file")
+
+# a negative --max-len is refused (usage error, exit 2) before any tokenizer is loaded: it used
+# to cut that many tokens off the end of every conversation (ids[:-5])
+err = io.StringIO()
+stderr, sys.stderr = sys.stderr, err
+try:
+    c2j.main(["--tokenizer", "none", "--in", src, "--out", dst, "--max-len", "-5"])
+    code = 0
+except SystemExit as e:
+    code = e.code
+except Exception as e:  # noqa: BLE001 (got past the options: the tokenizer's load failed)
+    code = repr(e)
+finally:
+    sys.stderr = stderr
+check(code == 2 and "--max-len" in err.getvalue(), f"--max-len -5 refused, exit 2: {code!r}")
 
 print("ok" if not failed else f"{failed} failed")
 sys.exit(1 if failed else 0)

@@ -1,5 +1,6 @@
 /* test_config: the config table gives flags, DFLASH_* variables, config files, precedence,
- * range checks, live-only sets and the dump; err_str covers the table. */
+ * range checks, live-only sets, which options were given and the dump; a config file that cannot be read (a directory) is
+ * an error, not an empty file; err_str covers the table. */
 #include "check.h"
 #include "config.h"
 #include "err.h"
@@ -22,7 +23,7 @@ static const cfg_option demo_options[] = {
     {"endpoint", CFG_STRING, "ipc:///tmp/x", 1, 0, false, "where",
      offsetof(demo_cfg, endpoint), sizeof(((demo_cfg *)0)->endpoint)},
 };
-static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4};
+static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4, NULL};
 
 typedef struct long_cfg {
     char shards[2048];
@@ -32,7 +33,7 @@ static const cfg_option long_options[] = {
     {"shards", CFG_STRING, "", 1, 0, false, "a long list", offsetof(long_cfg, shards),
      sizeof(((long_cfg *)0)->shards)},
 };
-static const cfg_table long_table = {"long", "long values", "[options]", long_options, 1};
+static const cfg_table long_table = {"long", "long values", "[options]", long_options, 1, NULL};
 
 int main(void)
 {
@@ -107,6 +108,31 @@ int main(void)
     unsetenv("DFLASH_CONFIG");
     unlink(ours);
     unlink(shared);
+
+    /* a directory as the config file is an error (exit 2 in the daemons), by flag or by
+     * variable: it opened, its first read failed (EISDIR) and it used to count as empty */
+    char cdir[] = "/tmp/dflash-test-config-dir-XXXXXX";
+    CHECK(mkdtemp(cdir) != NULL);
+    char *argv_dir[] = {"demo", "--config", cdir, NULL};
+    CHECK_EQ_INT(config_load(&demo, &c, 3, argv_dir, NULL, 0, NULL), DFLASH_EIO);
+    setenv("DFLASH_CONFIG", cdir, 1);
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), DFLASH_EIO);
+    unsetenv("DFLASH_CONFIG");
+    rmdir(cdir);
+
+    /* which options were given, even at their default value (an explicit --hidden 256 is not
+     * the default 256): flags, variables and the config file count, the default does not */
+    bool given[4];
+    const cfg_table demo_given = {"demo", "a demo", "[options]", demo_options, 4, given};
+    char *argv_given[] = {"demo", "--ratio", "0.5", NULL};
+    setenv("DFLASH_VERBOSE", "false", 1);
+    CHECK_EQ_INT(config_load(&demo_given, &c, 3, argv_given, NULL, 0, NULL), 0);
+    CHECK(config_given(&demo_given, "ratio") && config_given(&demo_given, "verbose"));
+    CHECK(!config_given(&demo_given, "min-ready") && !config_given(&demo_given, "endpoint"));
+    CHECK(!config_given(&demo, "ratio")); /* a table without `given` */
+    unsetenv("DFLASH_VERBOSE");
+    CHECK_EQ_INT(config_load(&demo_given, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK(!config_given(&demo_given, "ratio") && !config_given(&demo_given, "verbose"));
 
     /* errors */
     char *argv2[] = {"demo", "--min-ready", "5000", NULL};
@@ -189,6 +215,18 @@ int main(void)
     CHECK_EQ_INT(config_load(&long_table, &back, 3, argv_back, NULL, 0, NULL), 0);
     CHECK(strcmp(back.shards, list) == 0);
     unlink(lpath);
+
+    /* a DFLASH_* switch or size outside the tables: unset or empty is the default, a whole
+     * number in range is taken (a bad one exits 2: test_dflash_model) */
+    unsetenv("DFLASH_TEST_SWITCH");
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 0, 1, 1), 1);
+    setenv("DFLASH_TEST_SWITCH", "", 1);
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 0, 1, 1), 1);
+    setenv("DFLASH_TEST_SWITCH", "0", 1);
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 0, 1, 1), 0);
+    setenv("DFLASH_TEST_SWITCH", "4096", 1);
+    CHECK_EQ_INT(config_env_int("DFLASH_TEST_SWITCH", 2, 1 << 30, 8), 4096);
+    unsetenv("DFLASH_TEST_SWITCH");
 
     int ids[3];
     CHECK_EQ_INT(config_parse_int_list("1,9,17", ids, 3, NULL, 0), 3);

@@ -5,7 +5,8 @@
  * a line holding more than one object (files joined without a newline) is bad, not cut short,
  * SIGTERM leaves no temporary file, an --out that is no regular file is left alone, and a run
  * that keeps no line fails (exit 3) instead of writing an empty shard, and a failed write says
- * why (the errno, e.g. a full disk). */
+ * why (the errno, e.g. a full disk); reading a large input (40 MB) on a terminal shows a
+ * progress line (it was silent until the histogram). */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -263,6 +264,28 @@ int main(void) {
         if (!strstr(err, want)) fprintf(stderr, "stderr was:\n%s\n", err);
         free(err);
         CHECK(access(shardp, F_OK) != 0);
+    }
+
+    /* progress while reading: on a terminal (`script`'s) a line every 0.2 s */
+    if (system("command -v script >/dev/null") == 0) {
+        fp = fopen(jsonl, "w");
+        for (int i = 0; i < 7000; i++)
+            put_seq(fp, 1000, i);
+        fclose(fp);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd,
+                 "script -qec '%s --in %s --out %s --vocab 1000' /dev/null >%s/out 2>&1", bin,
+                 jsonl, shardp, dir);
+        int st = system(cmd);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        snprintf(want, sizeof want, "%s/out", dir);
+        char *out = test_slurp(want, NULL), *line = strstr(out, "\rdata: ");
+        if (line) printf("progress: %.60s\n", line + 1);
+        CHECK(line && strstr(line, "lines read"));
+        free(out);
+        unlink(shardp);
+    } else {
+        printf("progress: not checked (no `script` for a terminal)\n");
     }
 
     /* bad usage */

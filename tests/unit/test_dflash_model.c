@@ -11,6 +11,7 @@
  *     a save that cannot write names the system's reason
  *   - a drafter that does not fit the target is refused with both values named
  *   - a slot's view: trains like the batch it holds; arrays that disagree with its header refused
+ *   - DFLASH_LM_CHUNK and DFLASH_LAYER0_DEDUP: a value they do not take ("on", "4k") exits 2
  */
 #include "check.h"
 #include "dflash_ckpt.h"
@@ -28,6 +29,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -231,6 +233,34 @@ static void test_row_savings(world *w) {
     free(ga), free(gb);
     for (int k = 0; k < 4; k++)
         dflash_model_destroy(&m[k]);
+}
+
+/* The model's switches and sizes from the environment take only what they mean: a value like
+ * "on" or "4k" stops the process (exit 2) naming the variable. atoi() read "on" and "true" as
+ * 0 (DFLASH_LAYER0_DEDUP off) and "4k" as 4 rows per lm_head chunk, without a word. */
+static void test_env_values(world *w) {
+    setenv("DFLASH_LM_CHUNK", "4", 1);
+    dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 1);
+    unsetenv("DFLASH_LM_CHUNK");
+    CHECK(m && m->lm_chunk == 4);
+    dflash_model_destroy(&m);
+    const char *bad[][2] = {{"DFLASH_LAYER0_DEDUP", "on"}, {"DFLASH_LAYER0_DEDUP", "true"},
+                            {"DFLASH_LAYER0_DEDUP", "2"},  {"DFLASH_LM_CHUNK", "4k"},
+                            {"DFLASH_LM_CHUNK", "1"},      {"DFLASH_LM_CHUNK", "-8"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            setenv(bad[i][0], bad[i][1], 1);
+            m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 1);
+            _exit(m ? 0 : 1);
+        }
+        int st = 0;
+        CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 2)
+            fprintf(stderr, "%s=%s: the model was made (status %d)\n", bad[i][0], bad[i][1], st);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    }
 }
 
 /* Outputs of block j must not depend on context rows at/after its anchor, nor on the other
@@ -1130,6 +1160,7 @@ int main(void) {
     world_init(w);
     test_gradients(w);
     test_row_savings(w);
+    test_env_values(w);
     test_mask(w);
     test_anchors_and_weights(w);
     test_training_reduces_loss(w);

@@ -7,6 +7,12 @@
  *   - prompts from a JSONL file are kept as prefixes (truncated to prompt-max); a non-JSON line
  *     and a line with an id outside the vocabulary are skipped and do not count towards --n;
  *   - a missing model directory fails with a non-zero exit and leaves no output file;
+ *   - --max-new far past max_position_embeddings (1e6) sizes its buffers for the model's
+ *     positions, not for 1e6 tokens a sequence (gigabytes; the product overflowed an int): it
+ *     runs within 2 GB of address space and each sequence stops at max_position_embeddings;
+ *   - --out that is a directory, or in a directory that does not exist, is refused (exit 2)
+ *     before the model loads; a --prompts that is a directory is reported as unreadable (not as
+ *     "no usable prompts"); a write that fails (a file size limit) names the file and reason;
  *   - a stop (SIGTERM) while generating exits 1 and leaves neither output nor temporary file.
  * The tiny checkpoint is written here with the safetensors writer and hf_config_write (the same
  * pieces dflash-mkmodel uses). dflash-gen is found beside this test's build folder
@@ -87,6 +93,17 @@ static int run_gen(const char *args)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Runs `LIMITS; dflash-gen ARGS` in a shell (LIMITS: ulimit and trap commands), its stderr in
+ * log; returns its exit status. */
+static int run_gen_limited(const char *limits, const char *args, const char *log)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "bash -c \"%s; exec '%s' --log-level warn %s\" 2>'%s'", limits,
+             gen_bin, args, log);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 static char *read_all(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -99,6 +116,16 @@ static char *read_all(const char *path)
     if (buf) buf[len] = 0;
     fclose(f);
     return buf;
+}
+
+/* The log at path holds what. */
+static bool log_has(const char *path, const char *what)
+{
+    char *text = read_all(path);
+    bool has = text && strstr(text, what);
+    if (!has) fprintf(stderr, "%s lacks \"%s\":\n%s\n", path, what, text ? text : "(none)");
+    free(text);
+    return has;
 }
 
 typedef struct sample {
@@ -261,6 +288,50 @@ int main(int argc, char **argv)
     char *said = read_all(cmd);
     CHECK(said && strstr(said, "config.json") && !strstr(said, "checkpoint directory?"));
     free(said);
+
+    /* --max-new 1e6 with max_position_embeddings 256: buffers for 256 positions a sequence
+     * (they were sized for 1e6 tokens each, gigabytes, refused under this address-space limit) */
+    char huge[PATH_MAX], huge_log[PATH_MAX];
+    snprintf(huge, sizeof huge, "%s/huge.jsonl", dir);
+    snprintf(huge_log, sizeof huge_log, "%s/huge.log", dir);
+    snprintf(args, sizeof args,
+             "--model '%s' --out '%s' --n 3 --batch 3 --greedy --max-new 1000000 --threads 1",
+             model, huge);
+    CHECK_EQ_INT(run_gen_limited("ulimit -v 2000000", args, huge_log), 0);
+    char *text = read_all(huge);
+    int lines = 0;
+    for (char *save = NULL, *l = text ? strtok_r(text, "\n", &save) : NULL; l;
+         l = strtok_r(NULL, "\n", &save), lines++) {
+        cJSON *j = cJSON_Parse(l);
+        const cJSON *ids = cJSON_GetObjectItem(j, "input_ids");
+        int n = cJSON_GetArraySize(ids);
+        int last = n ? cJSON_GetArrayItem(ids, n - 1)->valueint : -1;
+        CHECK(n == 256 || (n < 256 && last == EOS)); /* max_position_embeddings of the model */
+        cJSON_Delete(j);
+    }
+    free(text);
+    CHECK_EQ_INT(lines, 3);
+
+    /* --out checked before the model loads: a directory, a directory that does not exist */
+    char out_log[PATH_MAX];
+    snprintf(out_log, sizeof out_log, "%s/out.log", dir);
+    snprintf(args, sizeof args, "--model '%s' --out '%s' --n 2", model, dir);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2);
+    CHECK(log_has(out_log, "is a directory"));
+    snprintf(args, sizeof args, "--model '%s' --out '%s/none/x.jsonl' --n 2", model, dir);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2);
+    CHECK(log_has(out_log, "cannot write into") && log_has(out_log, "No such file"));
+    /* a --prompts that cannot be read is said so, not "no usable prompts" */
+    snprintf(args, sizeof args, "--model '%s' --out '%s' --prompts '%s' --n 0", model, c, dir);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 1);
+    CHECK(log_has(out_log, "cannot read prompts") && log_has(out_log, "Is a directory"));
+    /* a write that fails (EFBIG past a 1 KiB file size limit) names the file and the reason;
+     * it used to exit 1 without a word */
+    snprintf(args, sizeof args, "--model '%s' --out '%s' --n 40 --max-new 12 --threads 1", model,
+             c);
+    CHECK_EQ_INT(run_gen_limited("trap '' XFSZ; ulimit -f 1", args, out_log), 1);
+    CHECK(log_has(out_log, "cannot write") && log_has(out_log, "File too large"));
+    CHECK(!test_dir_has(dir, ".tmp."));
 
     /* SIGTERM while generating: exit 1, neither the output nor its temporary file (which used
      * to stay behind) */

@@ -806,8 +806,9 @@ out:
 }
 
 /* dflash-target's dump of its effective configuration shows the hidden size and captured layers
- * the model gives the slots, not --hidden / --layers, which a model overrides (it printed the
- * flags' 256 and 3). The daemon runs against no broker and gives up after 100 ms. */
+ * the model gives the slots, not the defaults of --hidden / --layers, which a model overrides
+ * (it printed 256 and 3; given explicitly and different, they are refused: cli_checks). The
+ * daemon runs against no broker and gives up after 100 ms. */
 static void test_daemon_dump(void) {
     char exe[PATH_MAX], bin[PATH_MAX + 64];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -823,8 +824,8 @@ static void test_daemon_dump(void) {
     CHECK_EQ_INT(write_shard(path, lens, 4, c.vocab_size, false), 0);
     snprintf(cmd, sizeof cmd,
              "'%s' --runtime-dir '%s' --model '%s' --shards '%s' --backend host --threads 1 "
-             "--buckets 16 --token-budget 32 --max-seqs 4 --capture-layers 2,0 --hidden 256 "
-             "--layers 3 --broker-wait-ms 100 --name dumptest >'%s/out' 2>&1",
+             "--buckets 16 --token-budget 32 --max-seqs 4 --capture-layers 2,0 "
+             "--broker-wait-ms 100 --name dumptest >'%s/out' 2>&1",
              bin, dir, dir, path, dir);
     CHECK(system(cmd) != -1);
     snprintf(path, sizeof path, "%s/out", dir);

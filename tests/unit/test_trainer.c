@@ -5,9 +5,13 @@
  *     too short, no sequence) is an error naming the cause, never a tau of 0 (tau lies in
  *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated; and
  *     `dflash-drafter eval` (../services/drafter/dflash-drafter) refuses --checkpoint together
- *     with --init-only (exit 2) instead of evaluating the untrained drafter;
+ *     with --init-only (exit 2) instead of evaluating the untrained drafter; a long `eval`
+ *     reports its progress (on a terminal, `script`'s, every 0.2 s): it was silent until tau;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
+ *   - without --max-steps a run stops at the end of its schedule, fresh (--total-steps) or
+ *     resumed (the checkpoint's): it trained on at the floor learning rate (0) until the data
+ *     ran out;
  *   - a --checkpoint-dir that cannot be written (a file, or a file in its path) is refused at
  *     start-up naming the path and the reason, not at the first checkpoint after hours of
  *     training; a missing one is created with its parents; one another live drafter
@@ -90,6 +94,41 @@ static void test_eval_two_drafters(void) {
     char *out = test_slurp(path, NULL);
     printf("--init-only with --checkpoint: %s", out);
     CHECK(strstr(out, "--init-only") != NULL);
+    free(out);
+}
+
+/* `dflash-drafter eval` of 3000 held-out sequences (about a second) on a terminal shows its
+ * progress line before the result. */
+static void test_eval_progress(void) {
+    if (system("command -v script >/dev/null") != 0) {
+        printf("eval progress: not checked (no `script` for a terminal)\n");
+        return;
+    }
+    enum { N = 3000, L = 24 };
+    static int32_t ids[L];
+    static uint8_t resp[L];
+    for (int t = 0; t < L; t++)
+        ids[t] = (t * 37 + 5) % 200, resp[t] = t >= 6;
+    static const int32_t *mi[N];
+    static const uint8_t *mm[N];
+    static uint32_t ml[N];
+    for (int i = 0; i < N; i++)
+        mi[i] = ids, mm[i] = resp, ml[i] = L;
+    write_shard("long.shard", N, mi, mm, ml);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "script -qec '../services/drafter/dflash-drafter eval --init-only --model %s "
+             "--data %s/long.shard --threads 1 --draft-layers 1 --block-size 4 --layers 2' "
+             "/dev/null >%s/progress.out 2>&1",
+             target, dir, dir);
+    int st = system(cmd);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/progress.out", dir);
+    char *out = test_slurp(path, NULL);
+    char *line = strstr(out, "\reval "), *tau = strstr(out, "draft cycles over");
+    if (line) printf("eval progress: %.60s\n", line + 1);
+    CHECK(line && strstr(line, "held-out sequences") && tau && line < tau);
     free(out);
 }
 
@@ -258,6 +297,42 @@ static void test_slot_against_grant(void) {
     worker_consumer_destroy(&c);
 }
 
+/* Trains one step on a fresh batch; the consumer's done() after it. */
+static bool train_step_done(worker_consumer *c, uint32_t batch) {
+    slot_layout l = slots();
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = batch};
+    void *base = staged_slot(&l, &wu, 20);
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t step = 0;
+    CHECK(base && c->consume(c->ctx, &b, &step) == 0 && step == batch + 1);
+    free(base);
+    return c->done(c->ctx);
+}
+
+static void test_stop_at_schedule_end(void) {
+    char err[512], root[400];
+    worker_consumer *c = fresh(2, 0, NULL, NULL, err, sizeof err); /* --total-steps 2 alone */
+    CHECK(c != NULL && c->done != NULL);
+    if (!c || !c->done) return;
+    CHECK(!train_step_done(c, 0));
+    CHECK(train_step_done(c, 1)); /* step 2: the schedule's end */
+    worker_consumer_destroy(&c);
+    /* resumed without --max-steps: the checkpoint's schedule (3 steps) ends the run */
+    snprintf(root, sizeof root, "%s/ckpt-schedule", dir);
+    c = fresh(3, 3, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK(!train_step_done(c, 0));
+    CHECK_EQ_INT(c->finish(c->ctx), 0); /* checkpoint step 1 */
+    worker_consumer_destroy(&c);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK(!train_step_done(c, 1));
+    CHECK(train_step_done(c, 2)); /* step 3 */
+    worker_consumer_destroy(&c);
+}
+
 /* Replaces the first `from` in the file at path by `to`. */
 static void edit_file(const char *path, const char *from, const char *to) {
     size_t n;
@@ -379,8 +454,10 @@ int main(void) {
 
     test_eval_without_cycles();
     test_eval_two_drafters();
+    test_eval_progress();
     test_schedule_past_max_steps();
     test_checkpoint_dir();
+    test_stop_at_schedule_end();
     test_resume_refused();
     test_slot_against_grant();
     test_metrics_when_idle();

@@ -68,6 +68,7 @@ static const cfg_table ctl_table = {
     "[options] VERB [KEY=VALUE...]",
     ctl_options,
     sizeof ctl_options / sizeof *ctl_options,
+    NULL,
 };
 
 static volatile sig_atomic_t stop_flag;

@@ -11,7 +11,8 @@
  * ignored.
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
- * the last bound. The shard is written under a temporary name and renamed when complete; an
+ * the last bound. While it reads, a progress line on stderr (progress.h: every 10 s, 0.2 s on a
+ * terminal) gives the lines and megabytes read so far. The shard is written under a temporary name and renamed when complete; an
  * error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of that name as it was.
  * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad or the input
  * empty: nothing written, the first bad line's reason is printed).
@@ -22,6 +23,7 @@
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
+#include "progress.h"
 #include "shard.h"
 #include "signals.h"
 
@@ -70,7 +72,7 @@ static const cfg_table data_table = {
     "dflash-data",
     "convert JSONL input_ids/loss_mask lines into a shard\n"
     "exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (nothing written)",
-    "[options]", data_options, sizeof data_options / sizeof data_options[0]};
+    "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL};
 
 typedef struct line_buf {
     int32_t *ids;
@@ -222,8 +224,20 @@ int main(int argc, char **argv) {
     size_t cap = 0;
     ssize_t len;
     int status = 0;
+    struct stat in_st; /* the input's size, for the progress line (0: a pipe) */
+    double in_mb = fstat(fileno(in), &in_st) == 0 && S_ISREG(in_st.st_mode)
+                       ? (double)in_st.st_size / 1e6 : 0;
+    progress prog;
+    progress_start(&prog, stderr);
     while (!*stop && (len = getline(&line, &cap, in)) >= 0) {
         lineno++;
+        if (progress_due(&prog)) {
+            char of[32] = "";
+            if (in_mb > 0) snprintf(of, sizeof of, " of %.0f", in_mb);
+            progress_printf(&prog, "data: %llu lines read (%.0f%s MB), %llu kept, %llu bad",
+                            (unsigned long long)lineno, (double)ftello(in) / 1e6, of,
+                            (unsigned long long)kept, (unsigned long long)bad);
+        }
         size_t l = (size_t)len;
         while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' '))
             l--;
@@ -235,6 +249,7 @@ int main(int argc, char **argv) {
                 first_bad = lineno;
                 snprintf(first_why, sizeof first_why, "%s", why);
             }
+            progress_end(&prog); /* the line a terminal shows ends before a message */
             if (c.strict) {
                 LOG_ERROR("%s:%llu: %s (--strict: stopping, nothing written)", c.in,
                           (unsigned long long)lineno, why);
@@ -247,6 +262,7 @@ int main(int argc, char **argv) {
         }
         rc = shard_writer_add(w, lb.ids, lb.mask, (uint32_t)n);
         if (rc) {
+            progress_end(&prog);
             LOG_ERROR("cannot write %s: %s", c.out, write_error(w, rc));
             status = 1;
             break;
@@ -263,6 +279,7 @@ int main(int argc, char **argv) {
         seqs[b]++;
         toks[b] += (uint64_t)n;
     }
+    progress_end(&prog);
     if (!status && *stop) {
         LOG_ERROR("interrupted at %s:%llu: nothing written", c.in, (unsigned long long)lineno);
         status = 1;

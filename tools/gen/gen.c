@@ -12,14 +12,16 @@
  * to --max-new tokens, stopping early at the config's eos token, any of them when it lists
  * several (kept), unless --no-stop-at-eos.
  * Output: one line per sample, {"input_ids":[prompt..., generated...],"loss_mask":[0..., 1...]}
- * (loss on generated tokens only), which dflash-data turns into shards. The file is written
- * under a temporary name and renamed when complete.
+ * (loss on generated tokens only), which dflash-data turns into shards. --out is checked before
+ * the model loads (not a directory, in a writable directory); the file is written under a
+ * temporary name, fsynced, renamed when complete and its directory fsynced.
  *
  * Determinism: the same model, options and seed give the same file. Greedy output does not
  * depend on --batch; sampled output does (one random stream is shared by a packed batch).
  *
  * Compute: the cpu backend; --batch prompts are packed into one forward (target_generate
- * recomputes the whole prefix each step, fine for the small targets this tool is for).
+ * recomputes the whole prefix each step, fine for the small targets this tool is for). Buffers
+ * are sized for --batch sequences of min(prompt + max-new, max_position_embeddings) tokens.
  * One thread apart from the backend's own; no globals. A prompt that already reaches the
  * model's max_position_embeddings has no room for a response and is left out (counted).
  * SIGINT/SIGTERM stop it between batches: the temporary file is removed and it exits 1.
@@ -28,9 +30,11 @@
 #include "monotime.h"
 #include "rng.h"
 #include "err.h"
+#include "fsutil.h"
 #include "hf_config.h"
 #include "log.h"
 #include "ops.h"
+#include "progress.h"
 #include "blas_env.h"
 #include "signals.h"
 #include "target_model.h"
@@ -38,11 +42,14 @@
 #include <cblas.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -94,7 +101,7 @@ static const cfg_option gen_options[] = {
 };
 static const cfg_table gen_table = {
     "dflash-gen", "generate a training set with the target model's own continuations",
-    "[options]", gen_options, sizeof gen_options / sizeof gen_options[0]};
+    "[options]", gen_options, sizeof gen_options / sizeof gen_options[0], NULL};
 
 /* One prompt: ids[len], owned. */
 typedef struct prompt {
@@ -216,11 +223,16 @@ static int prompts_load(prompt_set *ps, const char *path, int n, int max_len, in
             break;
         }
     }
+    if (!rc && ferror(f)) { /* a directory opens, then fails its first read (EISDIR) */
+        LOG_ERROR("cannot read prompts %s: %s", path, strerror(errno ? errno : EIO));
+        rc = DFLASH_EIO;
+    }
     free(line);
     fclose(f);
     return rc;
 }
 
+/* One sample line. 0, or DFLASH_EIO with errno as the failing write left it. */
 static int write_sample(FILE *out, const int32_t *ids, int prompt_len, int len)
 {
     fputs("{\"input_ids\":[", out);
@@ -234,23 +246,24 @@ static int write_sample(FILE *out, const int32_t *ids, int prompt_len, int len)
     return ferror(out) ? DFLASH_EIO : 0;
 }
 
-/* The progress line on stderr: rewritten in place every 0.2 s on a tty, a plain line every 10 s
- * otherwise; the final call always prints. */
-typedef struct gen_progress {
-    double t0, last;
-    bool tty;
-} gen_progress;
-
-static void progress(gen_progress *p, int done, int total, long tokens, bool final)
+/* Tokens one sequence may reach: its prompt plus max_new, at most max_pos (a prompt already
+ * that long keeps its length: it has no room and is left out). In 64 bits: --max-new is up
+ * to 1e6, and the batch's buffers are sized from it. */
+static int64_t seq_cap(int64_t prompt_len, int64_t max_new, int64_t max_pos)
 {
-    bool tty = p->tty;
-    double now = monotime_s();
-    if (!final && p->last > 0 && now - p->last < (tty ? 0.2 : 10.0)) return;
-    p->last = now;
-    double el = now - p->t0, rate = el > 0 ? (double)tokens / el : 0;
+    int64_t cap = prompt_len + max_new < max_pos ? prompt_len + max_new : max_pos;
+    return cap > prompt_len ? cap : prompt_len;
+}
+
+/* The progress line (progress.h) after a batch; the final call always prints. */
+static void report(progress *p, int done, int total, long tokens, bool final)
+{
+    if (!final && !progress_due(p)) return;
+    double el = progress_elapsed(p), rate = el > 0 ? (double)tokens / el : 0;
     double eta = done > 0 ? el * (double)(total - done) / done : 0;
-    fprintf(stderr, "%sgen %d/%d samples, %ld new tokens, %.0f tok/s, ETA %.0fs%s", tty ? "\r" : "",
-            done, total, tokens, rate, eta, tty ? (final ? "\033[K\n" : "\033[K") : "\n");
+    progress_printf(p, "gen %d/%d samples, %ld new tokens, %.0f tok/s, ETA %.0fs", done, total,
+                    tokens, rate, eta);
+    if (final) progress_end(p);
 }
 
 /* Generates every prompt in batches and writes the samples in prompt order. */
@@ -268,9 +281,11 @@ static int gen_run(gen_ctx *g)
     long new_tokens = 0;
     int at_eos = 0, no_room = 0, written = 0;
     double t0 = monotime_s();
-    gen_progress prog = {.t0 = t0, .tty = isatty(STDERR_FILENO)};
+    progress prog;
+    progress_start(&prog, stderr);
     for (int first = 0; !rc && first < N; first += B) {
         if (*g->stop) {
+            progress_end(&prog);
             LOG_ERROR("stopped after %d of %d samples: %s not written", first, N, c->out);
             rc = DFLASH_ESHUTDOWN;
             break;
@@ -278,9 +293,7 @@ static int gen_run(gen_ctx *g)
         int nb = N - first < B ? N - first : B;
         for (int s = 0; s < nb; s++) {
             const prompt *p = &g->prompts.p[first + s];
-            cap[s] = p->len + (int)c->max_new;
-            if (cap[s] > g->mc.max_position_embeddings) cap[s] = g->mc.max_position_embeddings;
-            if (cap[s] < p->len) cap[s] = p->len;
+            cap[s] = (int)seq_cap(p->len, c->max_new, g->mc.max_position_embeddings);
             free(seqs[s]);
             seqs[s] = malloc((size_t)cap[s] * sizeof **seqs);
             if (!seqs[s]) {
@@ -294,6 +307,7 @@ static int gen_run(gen_ctx *g)
         rc = target_generate(g->model, seqs, len, cap, nb, (int)c->max_new, eos, n_eos, temperature,
                              &rng);
         if (rc) {
+            progress_end(&prog);
             LOG_ERROR("generation of samples %d..%d failed: %s", first, first + nb - 1,
                       err_str(rc));
             break;
@@ -308,9 +322,14 @@ static int gen_run(gen_ctx *g)
             for (int i = 0; i < n_eos; i++)
                 at_eos += seqs[s][len[s] - 1] == eos[i];
             rc = write_sample(g->out, seqs[s], plen, len[s]);
+            if (rc) {
+                int e = errno;
+                progress_end(&prog);
+                LOG_ERROR("cannot write %s: %s", g->tmp_path, strerror(e));
+            }
             written++;
         }
-        progress(&prog, first + nb, N, new_tokens, first + nb >= N);
+        report(&prog, first + nb, N, new_tokens, first + nb >= N);
     }
     for (int s = 0; seqs && s < B; s++) free(seqs[s]);
     free(seqs);
@@ -324,6 +343,61 @@ static int gen_run(gen_ctx *g)
                  written, monotime_s() - t0, at_eos);
     g->written = written;
     return rc;
+}
+
+/* --out before the model loads and the generation runs (it was found out at the end): not a
+ * directory, and in a directory that exists and that we may write (the temporary file and the
+ * rename go there). 0 or DFLASH_ECONFIG after saying why. */
+static int check_out(const char *out)
+{
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "dflash-gen: --out %s is a directory: give a file name\n", out);
+        return DFLASH_ECONFIG;
+    }
+    char copy[sizeof ((gen_cfg *)0)->out];
+    snprintf(copy, sizeof copy, "%s", out);
+    const char *dir = dirname(copy);
+    int why = stat(dir, &st) != 0                 ? errno
+              : !S_ISDIR(st.st_mode)              ? ENOTDIR
+              : access(dir, W_OK | X_OK) != 0     ? errno
+                                                  : 0;
+    if (why) {
+        fprintf(stderr, "dflash-gen: --out %s: cannot write into %s: %s\n", out, dir,
+                strerror(why));
+        return DFLASH_ECONFIG;
+    }
+    return 0;
+}
+
+/* Makes the finished temporary file c->out: flush, fsync, close, rename, fsync of the directory
+ * (a crash then leaves the old file or the whole new one). On a failure (rc already set, or
+ * any step here) it says which, removes the temporary file and returns the code. */
+static int finish_output(gen_ctx *g, int rc)
+{
+    const char *out = g->cfg.out;
+    if (!rc && (fflush(g->out) != 0 || fsync(fileno(g->out)) != 0)) {
+        LOG_ERROR("cannot write %s: %s", g->tmp_path, strerror(errno));
+        rc = DFLASH_EIO;
+    }
+    if (fclose(g->out) != 0 && !rc) {
+        LOG_ERROR("cannot write %s: %s", g->tmp_path, strerror(errno));
+        rc = DFLASH_EIO;
+    }
+    g->out = NULL;
+    if (!rc && rename(g->tmp_path, out) != 0) {
+        LOG_ERROR("cannot rename %s to %s: %s", g->tmp_path, out, strerror(errno));
+        rc = DFLASH_EIO;
+    }
+    if (rc) {
+        unlink(g->tmp_path);
+        return rc;
+    }
+    if (fs_sync_parent_dir(out) != 0) {
+        LOG_ERROR("cannot sync the directory of %s: %s", out, strerror(errno));
+        return DFLASH_EIO;
+    }
+    return 0;
 }
 
 static int gen_validate(const gen_cfg *c)
@@ -341,7 +415,7 @@ static int gen_validate(const gen_cfg *c)
         fprintf(stderr, "dflash-gen: --n 0 (all lines) needs --prompts\n");
         return DFLASH_ECONFIG;
     }
-    return 0;
+    return check_out(c->out);
 }
 
 int main(int argc, char **argv)
@@ -378,9 +452,14 @@ int main(int argc, char **argv)
     g.cfg.batch = B;
 
     int layer0 = 0; /* nothing is captured; generation runs every layer */
+    int64_t max_tokens =
+        (int64_t)B * seq_cap(g.prompts.max_len, c->max_new, g.mc.max_position_embeddings);
+    if (max_tokens > INT_MAX)
+        LOG_FATAL("--batch %d sequences of up to %lld tokens are too many for one forward: "
+                  "lower --batch", B, (long long)(max_tokens / B));
     target_model_opts mo = {.layer_ids = &layer0,
                             .n_layer_ids = 1,
-                            .max_tokens = B * (g.prompts.max_len + (int)c->max_new),
+                            .max_tokens = (int)max_tokens,
                             .max_seqs = B,
                             .max_logit_rows = B,
                             .all_layers = true};
@@ -398,15 +477,8 @@ int main(int argc, char **argv)
     g.out = fopen(g.tmp_path, "w");
     if (!g.out) LOG_FATAL("cannot create %s: %s", g.tmp_path, strerror(errno));
 
-    rc = gen_run(&g);
-
-    if (fclose(g.out) && !rc) rc = DFLASH_EIO;
-    if (!rc && rename(g.tmp_path, c->out)) {
-        LOG_ERROR("cannot rename %s to %s: %s", g.tmp_path, c->out, strerror(errno));
-        rc = DFLASH_EIO;
-    }
-    if (rc) unlink(g.tmp_path);
-    else LOG_INFO("wrote %d samples to %s", g.written, c->out);
+    rc = finish_output(&g, gen_run(&g));
+    if (!rc) LOG_INFO("wrote %d samples to %s", g.written, c->out);
 
     target_model_destroy(&g.model);
     nn_cpu_destroy(&g.nn);

@@ -117,7 +117,7 @@ static const cfg_option mk_options[] = {
 };
 static const cfg_table mk_table = {
     "dflash-mkmodel", "write a random seeded checkpoint in Hugging Face layout", "[options]",
-    mk_options, sizeof mk_options / sizeof mk_options[0]};
+    mk_options, sizeof mk_options / sizeof mk_options[0], NULL};
 
 typedef struct preset {
     const char *name;

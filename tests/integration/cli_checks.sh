@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# cli_checks: what the daemons say and how they exit, as a user sees it.
+#   - they refuse at start-up, with exit 2 (bad configuration, docs/operating.md section 7) and
+#     a message naming the flag, what they used to take silently or fail on later with another
+#     status. No broker runs there: a daemon that gets past its checks waits --broker-wait-ms
+#     (short here) and exits 1, which fails the check;
+#   - the target reports its warm-up after loading the model;
+#   - with no broker, "no broker answered ... for T" states the time waited (a request timeout
+#     of 1 s is past a --broker-wait-ms of 100), not the configured wait;
+#   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
+#     (the percentiles' ranks used to cross with few samples).
+#   cli_checks.sh BUILD_DIR HAVE_CUDA (ON or OFF: the build's DFLASH_HAVE_CUDA)
+set -uo pipefail
+BUILD=$1
+HAVE_CUDA=${2:-ON}
+Q=$BUILD/services/queue/dflash-queue
+T=$BUILD/services/target/dflash-target
+D=$BUILD/services/drafter/dflash-drafter
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-cli.XXXXXX")
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null; done
+    wait 2> /dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -m 700 "$WORK/run"
+failed=0
+
+# expect NAME STATUS PATTERN CMD...: CMD exits STATUS and its output matches PATTERN (grep -E)
+expect() {
+    local name=$1 want=$2 pattern=$3
+    shift 3
+    "$@" > "$WORK/$name.log" 2>&1
+    local got=$?
+    if [ "$got" != "$want" ] || ! grep -qE -- "$pattern" "$WORK/$name.log"; then
+        echo "FAIL $name: exit $got (want $want), output should match '$pattern':" >&2
+        tail -n 8 "$WORK/$name.log" >&2
+        failed=1
+    else
+        echo "ok   $name: $(grep -E -m1 -- "$pattern" "$WORK/$name.log")"
+    fi
+}
+
+"$BUILD/tools/dflash-mkmodel" --family qwen3 --layers 4 --seed 1 --out "$WORK/target" \
+    > "$WORK/mkmodel.log" 2>&1 || { cat "$WORK/mkmodel.log"; exit 1; }
+HIDDEN=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["hidden_size"])' \
+    "$WORK/target/config.json")
+[ "$HIDDEN" != 256 ] || { echo "the test needs a target whose hidden size is not 256" >&2; exit 1; }
+python3 - "$WORK/data.jsonl" << 'EOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for s in range(8):
+        f.write(json.dumps({"input_ids": [(s + 3 * k) % 100 for k in range(40)],
+                            "loss_mask": [0] * 8 + [1] * 32}) + "\n")
+EOF
+"$BUILD/tools/dflash-data" --in "$WORK/data.jsonl" --out "$WORK/data.shard" \
+    --model "$WORK/target" > "$WORK/data.log" 2>&1 || { cat "$WORK/data.log"; exit 1; }
+COMMON=(--runtime-dir "$WORK/run" --broker-wait-ms 300 --timeout-ms 100 --threads 1
+    --backend host)
+MODEL=(--model "$WORK/target" --shards "$WORK/data.shard" --buckets 64 --token-budget 64
+    --max-seqs 2)
+
+# an explicit shape flag that disagrees with the model was replaced by the model's value
+expect target_hidden 2 "--hidden 999 does not match" "$T" "${COMMON[@]}" "${MODEL[@]}" --hidden 999
+expect target_layers 2 "--layers 5 disagrees" "$T" "${COMMON[@]}" "${MODEL[@]}" --layers 5 \
+    --capture-layers 1,2
+# the synthetic target never parsed --capture-layers
+expect target_capture_synthetic 2 "bad --capture-layers 'abc'" "$T" "${COMMON[@]}" \
+    --capture-layers abc
+# the drafter took an explicit --hidden 256 (the default's value) for "not given"
+expect drafter_hidden_256 2 "--hidden 256 does not match" "$D" "${COMMON[@]}" \
+    --model "$WORK/target" --hidden 256 --buckets 64 --token-budget 64 --max-seqs 2
+# a token budget below the largest bucket failed in the batch plan, after the flags (exit 1)
+expect target_budget 2 "--token-budget 100, --buckets 32,128: .*smaller than the largest" \
+    "$T" "${COMMON[@]}" "${MODEL[@]}" --buckets 32,128 --token-budget 100
+# --backend cuda in a build without CUDA failed when the pool was made (exit 1)
+if [ "$HAVE_CUDA" = OFF ]; then
+    expect target_cuda_cpu_build 2 "this build has no CUDA" "$T" "${COMMON[@]}" --backend cuda
+    expect drafter_cuda_cpu_build 2 "this build has no CUDA" "$D" "${COMMON[@]}" --verify \
+        --backend cuda
+else
+    echo "skip --backend cuda in a build without CUDA: this build has CUDA"
+fi
+# --help names the eval subcommand
+expect drafter_help_eval 0 "dflash-drafter eval" "$D" --help
+
+# after loading, the target reports the warm-up of each bucket (it was silent for minutes on a
+# large model), then waits for the broker
+expect target_warmup 1 "warm-up bucket 1/1 \(2 sequences of 40 tokens\)" "$T" "${COMMON[@]}" \
+    "${MODEL[@]}" --buckets 40 --token-budget 80 --capture-layers 1,2
+# the time actually waited for the broker (a 1 s request timeout), not --broker-wait-ms 100
+WAITED="no broker answered at .* for [1-9][0-9]*\.[0-9] s \(--broker-wait-ms 100"
+expect target_waited 1 "$WAITED" "$T" "${COMMON[@]}" --broker-wait-ms 100 --timeout-ms 1000
+expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 100 \
+    --timeout-ms 1000
+
+# p50 and p99 of two copies: nearest rank; v[n/2] and v[(n-1)*0.99] gave p99 < p50
+"$Q" --runtime-dir "$WORK/run" --journal none --min-ready 1 --max-depth 4 \
+    > "$WORK/queue.log" 2>&1 &
+PIDS+=($!)
+SLOTS=(--buckets 64 --token-budget 64 --max-seqs 2 --hidden 16 --layers 2)
+"$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 4 --epochs 1 \
+    > "$WORK/target.log" 2>&1 &
+PIDS+=($!)
+expect drafter_percentiles 0 "grant to copy done p50" "$D" --runtime-dir "$WORK/run" \
+    --backend host "${SLOTS[@]}" --verify --max-batches 2 --progress-ms 0
+read -r P50 P99 < <(sed -nE 's/.*grant to copy done p50 ([0-9.]+) ms, p99 ([0-9.]+) ms.*/\1 \2/p' \
+    "$WORK/drafter_percentiles.log")
+if ! python3 -c 'import sys; sys.exit(not float(sys.argv[2]) >= float(sys.argv[1]))' \
+    "${P50:-x}" "${P99:-x}"; then
+    echo "FAIL drafter_percentiles: p99 ${P99:-?} ms is below p50 ${P50:-?} ms" >&2
+    failed=1
+fi
+
+exit $failed

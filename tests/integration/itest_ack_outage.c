@@ -58,15 +58,6 @@ static bool done(void *ctx)
 }
 
 /* the group hooks of a consumer without a model: steps are the batches consumed */
-static void set_group(void *ctx, struct dp_comm *comm, int rank, int world)
-{
-    (void)ctx, (void)comm, (void)rank, (void)world;
-}
-static int sync_state(void *ctx, int root)
-{
-    (void)ctx, (void)root;
-    return 0;
-}
 static uint64_t model_step(void *ctx)
 {
     return (uint64_t)((outage *)ctx)->consumed;
@@ -101,8 +92,8 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
     worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume, .done = done};
     if (group) {
-        cons.set_group = set_group;
-        cons.sync_state = sync_state;
+        cons.set_group = h_set_group_none;
+        cons.sync_state = h_sync_state_none;
         cons.model_step = model_step;
     }
     volatile sig_atomic_t stop = 0;

@@ -41,15 +41,6 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 }
 
 /* the group hooks of a consumer without a model: steps are the batches consumed */
-static void set_group(void *ctx, struct dp_comm *comm, int rank, int world)
-{
-    (void)ctx, (void)comm, (void)rank, (void)world;
-}
-static int sync_state(void *ctx, int root)
-{
-    (void)ctx, (void)root;
-    return 0;
-}
 static uint64_t model_step(void *ctx)
 {
     return (uint64_t)((child_report *)ctx)->consumed;
@@ -69,8 +60,8 @@ static void run_drafter(const char *ep, bool group, child_report *r)
     if (slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout) != 0) _exit(3);
     worker_consumer cons = {.name = "expired", .ctx = r, .consume = consume};
     if (group) {
-        cons.set_group = set_group;
-        cons.sync_state = sync_state;
+        cons.set_group = h_set_group_none;
+        cons.sync_state = h_sync_state_none;
         cons.model_step = model_step;
     }
     volatile sig_atomic_t stop = 0;

@@ -121,14 +121,17 @@ static void big_liveness(queue_config *cfg)
     cfg->liveness = 1000;
 }
 
-static void setup(void)
+/* A broker (tweak sets its config) with target "target" and its pool of 16 slots. */
+static void setup_with(void (*tweak)(queue_config *cfg))
 {
-    stub_broker_new(big_liveness);
+    stub_broker_new(tweak);
     stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, 7);
     snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
     CHECK_EQ_INT(stub_send("target-t-7"), 0);
     stub_pool("target-t-7", 7, 0x77, 16);
 }
+
+static void setup(void) { setup_with(big_liveness); }
 
 /* The new messages' range checks, through wire_pack and wire_unpack. */
 static void test_wire_checks(void)
@@ -216,11 +219,7 @@ static wire_status commit(const drafter *d, uint64_t step)
  * drafter's resume does. */
 static void test_restart_order(void)
 {
-    stub_broker_new(short_hold);
-    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, 7);
-    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
-    CHECK_EQ_INT(stub_send("target-t-7"), 0);
-    stub_pool("target-t-7", 7, 0x77, 16);
+    setup_with(short_hold);
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2};
     CHECK_EQ_INT(hello(&A), 0);
     CHECK_EQ_INT(hello(&Bd), 0);

@@ -186,6 +186,22 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     apply_outcome(b, j->group, &o);
     if (o.new_epoch) log_epoch(g);
     const group_entry *e = group_entry_of(g, p->incarnation);
+    if (e && e->admitted && e->rank == 0 && g->state != GROUP_REFORMING && !g->step_active &&
+        j->step < g->base_step) {
+        /* The group continues from rank 0's model, and ours is older: every member that had the
+         * group's model is gone (the whole group went down and this one, without a checkpoint of
+         * its own, came back before the broker had expired the old rank 0). Created again, the
+         * group takes the member resuming from the newest checkpoint as rank 0 (hold_creation). */
+        LOG_WARN("group %s: rank 0 (%s) is at step %" PRIu64 ", below the group's step %" PRIu64
+                 ": no member has the group's model; dissolved, to be created again",
+                 g->name, p->name, j->step, g->base_step);
+        uint64_t base = g->base_step;
+        group_dissolve(b->groups, g);
+        return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
+                           "group %s was at step %" PRIu64 " and this drafter, its only rank 0 "
+                           "left, is at step %" PRIu64 ": dissolved; join again", j->group, base,
+                           j->step);
+    }
     if (e && e->admitted && g->state != GROUP_REFORMING) return reply_view(b, g, e, m->request_id, r);
     if (g->state == GROUP_REFORMING)
         return reply_error(b, r, m->request_id, DFLASH_EAGAIN,

@@ -1,7 +1,7 @@
 /* group: see group.h for the model, the states and the resolution rule of a step in flight.
  *
  * Storage: the table is an array of heap-allocated groups (pointers stay valid until the group
- * is deleted, which only group_leave does when the last member leaves); a group's members are a
+ * is deleted: by group_leave when the last member leaves, or by group_dissolve); a group's members are a
  * fixed array in join order (removal shifts), so "ranks in join order" is a plain scan.
  */
 #include "group.h"
@@ -233,6 +233,12 @@ bool group_leave(group_table *t, uint64_t peer, group_outcome *out)
         table_remove(t, g);
     }
     return true;
+}
+
+void group_dissolve(group_table *t, group *g)
+{
+    assert(!g->step_active);
+    table_remove(t, g);
 }
 
 int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uint32_t len)

@@ -124,6 +124,10 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
                uint64_t model_step, uint64_t failed_epoch, uint32_t max_world, group **g,
                group_outcome *out);
 
+/* Deletes g (no step in flight): its members are none, their next group request finds no group
+ * (a join creates it anew). For a group whose every member lacks its model (broker_groups.c). */
+void group_dissolve(group_table *t, group *g);
+
 /* The peer died, was replaced, or said goodbye: it leaves its group (if any); the epoch ends if
  * it was a rank; a step in flight is resolved or waits for its resolver. A group left empty is
  * deleted after the outcome is filled. Returns true if the peer was in a group. */

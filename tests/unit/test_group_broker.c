@@ -259,16 +259,41 @@ static void test_restart_order(void)
     CHECK_EQ_INT(s.batches_committed, 2);
     CHECK_EQ_INT(s.batches_todo, todo);
 
+    /* the window the hold cannot see: B comes back (fresh, step 0) while the broker still
+     * lists A, dead: B joins the old group behind A; when A goes, B is its rank 0 at step 0 of a
+     * group at step 1, with nobody left holding the group's model: the group is dissolved, and
+     * is created again as after a whole restart (B waits, A resumes and creates it) */
+    drafter B2 = {"drafter-b-3", "b", 0xb3}, A2 = {"drafter-a-4", "a", 0xa4};
+    CHECK_EQ_INT(hello(&B2), 0); /* replaces B's session, which leaves the group */
+    CHECK_EQ_INT(join(&B2, 0, 0, &vb), 0);
+    CHECK(vb.rank == 1 && vb.world == 2 && vb.step == 1);
+    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0); /* the broker expires A */
+    CHECK_EQ_INT(join(&B2, 0, vb.epoch, NULL), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "dissolved") != NULL);
+    s = stub_status();
+    CHECK_EQ_INT(s.n_groups, 0);
+    CHECK_EQ_INT(s.batches_committed, 2);
+    CHECK_EQ_INT(join(&B2, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "committed checkpoint is at step 1") != NULL);
+    CHECK_EQ_INT(hello(&A2), 0); /* A restarted, resuming from its checkpoint at step 1 */
+    CHECK_EQ_INT(join(&A2, 1, 0, &va), 0);
+    CHECK(va.rank == 0 && va.step == 1);
+    CHECK_EQ_INT(join(&B2, 0, 0, &vb), 0);
+    CHECK(vb.rank == 1 && vb.step == 1);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_committed, 2);
+    CHECK_EQ_INT(s.batches_todo, todo);
+
     /* nobody holds the checkpoint any more (both gone, B fresh): after the hold, B creates the
      * group at step 0 and the ledger rewinds to it, as ResumeFrom(0) would */
-    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
-    CHECK_EQ_INT(gstep(&Bd, WIRE_GROUP_LEAVE, 0, 0), 0);
-    CHECK_EQ_INT(join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(gstep(&A2, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(gstep(&B2, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(join(&B2, 0, 0, NULL), DFLASH_EAGAIN);
     usleep(150 * 1000);
-    CHECK_EQ_INT(join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(join(&B2, 0, 0, NULL), DFLASH_EAGAIN);
     CHECK_EQ_INT(stub_status().batches_committed, 2);
     usleep(200 * 1000);
-    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
+    CHECK_EQ_INT(join(&B2, 0, 0, &vb), 0);
     CHECK(vb.rank == 0 && vb.step == 0);
     s = stub_status();
     CHECK_EQ_INT(s.batches_committed, 0);

@@ -198,9 +198,9 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         uint64_t base = g->base_step;
         group_dissolve(b->groups, g);
         return reply_error(b, r, m->request_id, DFLASH_EAGAIN,
-                           "group %s was at step %" PRIu64 " and this drafter, its only rank 0 "
-                           "left, is at step %" PRIu64 ": dissolved; join again", j->group, base,
-                           j->step);
+                           "group %s was at step %" PRIu64 " and its rank 0 now, this drafter, "
+                           "is at step %" PRIu64 " (every member with the group's model is gone): "
+                           "dissolved; join again", j->group, base, j->step);
     }
     if (e && e->admitted && g->state != GROUP_REFORMING) return reply_view(b, g, e, m->request_id, r);
     if (g->state == GROUP_REFORMING)

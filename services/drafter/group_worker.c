@@ -427,6 +427,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     double backoff = 1, unreachable_since = monotime_s();
     gw_state was = g.state;
     while (g.state != GW_DONE) {
+        worker_session_alive(g.s);
         if (*stop) {
             set_state(&g, GW_DONE);
             break;

@@ -86,6 +86,7 @@ typedef struct drafter_config {
     int64_t timeout_ms;
     int64_t max_batches;
     int64_t broker_wait_ms;
+    double stall_exit_s;
     int64_t max_copy_failures;
     bool exit_when_drained;
     char group[48];
@@ -174,6 +175,9 @@ static const cfg_option drafter_options[] = {
     OPT("broker-wait-ms", CFG_INT, "120000", 0, 1e9, "at start-up: exit with an error when no "
         "broker answers for this long (0 = wait forever); a broker lost after the first "
         "registration is waited for as long as it takes, and logged", broker_wait_ms),
+    OPT("stall-exit-s", CFG_DOUBLE, "1800", 0, 604800, "exit with status 5 when the main loop "
+        "makes no progress for this long (a hung GPU call, a deadlock): the broker gives its "
+        "work to others and a supervisor restarts it (0 = never)", stall_exit_s),
     OPT("max-copy-failures", CFG_INT, "60", 0, 1 << 30, "exit with an error after this many "
         "granted slots in a row could not be copied (this drafter cannot map the target's "
         "memory: another host, no shared /dev/shm or IPC namespace, a GPU that cannot reach "
@@ -430,6 +434,7 @@ int main(int argc, char **argv)
     lc.timeout_ms = cfg.timeout_ms;
     lc.max_batches = cfg.max_batches;
     lc.broker_wait_ms = cfg.broker_wait_ms;
+    lc.stall_exit_s = cfg.stall_exit_s;
     lc.max_copy_failures = cfg.max_copy_failures;
     lc.exit_when_drained = cfg.exit_when_drained;
     if (cfg.group[0]) {

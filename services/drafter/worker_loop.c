@@ -344,6 +344,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
 
     double backoff = 1, unreachable_since = monotime_s();
     while (w.state != WL_DONE) {
+        worker_session_alive(w.s);
         if (*stop) {
             set_state(&w, WL_DONE);
             break;

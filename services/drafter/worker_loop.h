@@ -110,6 +110,7 @@ typedef struct worker_loop_config {
                              * 0 = never. Later a silent broker is waited for (logged). */
     int64_t max_copy_failures; /* slot copies failing in a row that end the loop with
                                 * DFLASH_EPEER (the slots cannot be mapped here); 0 = never */
+    double stall_exit_s; /* no loop iteration this long: exit 5 (heartbeat.h); 0 = never */
     bool exit_when_drained; /* ESHUTDOWN ends the loop (default true) */
     const char *group;      /* data-parallel group name (group_worker.h); NULL/"" = solo */
     int comm_kind;          /* dp_comm_kind of the group's collective */

@@ -1,19 +1,19 @@
 /* worker_session: see worker_session.h for what a session owns and who calls it.
  *
  * Start-up order (importer, staging, client, heartbeat) and its reverse in destroy: the
- * heartbeat thread uses the client, so it is joined before the client goes. A failed step of
+ * heartbeat thread (heartbeat.h, with its watchdog) uses the client, so it is joined before the
+ * client goes. A failed step of
  * new() undoes the earlier ones through destroy, which accepts a half-built session.
  * The progress window keeps a snapshot of the loop's stats (`last`) and when it was taken.
  */
 #include "worker_session.h"
 
 #include "err.h"
+#include "heartbeat.h"
 #include "log.h"
 #include "monotime.h"
 #include "pool.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,23 +24,11 @@ struct worker_session {
     pool_importer *imp;
     void *staging;
     client *client;
-    atomic_bool hb_run;
-    pthread_t hb_thread;
-    bool hb_started;
+    heartbeat *hb;
     worker_stats last; /* progress window: the stats when it started ... */
     double last_t;     /* ... and when */
     int64_t copy_fail_run; /* slot copies failed since the last that succeeded */
 };
-
-static void *heartbeat_main(void *arg)
-{
-    worker_session *s = arg;
-    while (atomic_load(&s->hb_run)) {
-        monotime_sleep_ms(100);
-        if (client_broker_incarnation(s->client)) client_poll(s->client);
-    }
-    return NULL;
-}
 
 static bool has_curve_keys(const worker_loop_config *cfg)
 {
@@ -98,8 +86,7 @@ worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *
         worker_session_destroy(&s);
         return NULL;
     }
-    atomic_store(&s->hb_run, true);
-    s->hb_started = pthread_create(&s->hb_thread, NULL, heartbeat_main, s) == 0;
+    s->hb = heartbeat_start(s->client, cfg->stall_exit_s, "the drafter's loop");
     s->last = *st;
     s->last_t = monotime_s();
     return s;
@@ -109,8 +96,7 @@ void worker_session_destroy(worker_session **sp)
 {
     if (!sp || !*sp) return;
     worker_session *s = *sp;
-    atomic_store(&s->hb_run, false);
-    if (s->hb_started) pthread_join(s->hb_thread, NULL);
+    heartbeat_stop(&s->hb);
     client_destroy(&s->client);
     pool_staging_free(s->cfg->backend, s->cfg->device, &s->staging);
     pool_importer_destroy(&s->imp);
@@ -126,6 +112,7 @@ client *worker_session_client(const worker_session *s)
 int worker_session_hello(worker_session *s, const wire_unit *held, uint32_t n_held,
                          const char *note)
 {
+    heartbeat_alive(s->hb); /* waiting for a broker (retried hellos) is no hang */
     int rc = client_hello(s->client, held, n_held);
     if (rc < 0) return rc;
     s->st->registrations++;
@@ -192,6 +179,8 @@ int worker_session_copy(worker_session *s, const wire_grant *g, double *secs)
     worker_session_close_stale_pools(s);
     return 0;
 }
+
+void worker_session_alive(worker_session *s) { heartbeat_alive(s->hb); }
 
 void worker_session_close_stale_pools(worker_session *s)
 {

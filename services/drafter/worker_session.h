@@ -67,6 +67,8 @@ void worker_session_close_stale_pools(worker_session *s);
  * check, when cfg->max_copy_failures (> 0) copies in a row have failed with none succeeding in
  * between: the drafter cannot map any slot it is granted and should exit. */
 bool worker_session_copy_hopeless(const worker_session *s, int last_rc);
+/* The loop made progress: every iteration calls it, for the watchdog (heartbeat.h). */
+void worker_session_alive(worker_session *s);
 /* Hands the staged copy of g to cons->consume (timed into consume_s); returns its result, with
  * *step as consume() set it. Call after worker_session_copy succeeded for g. */
 int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_grant *g,

@@ -57,6 +57,7 @@ typedef struct target_config {
     int64_t timeout_ms;
     int64_t max_batches;
     int64_t broker_wait_ms;
+    double stall_exit_s;
     char log_level[16];
 } target_config;
 
@@ -100,6 +101,9 @@ static const cfg_option target_options[] = {
     OPT("broker-wait-ms", CFG_INT, "120000", 0, 1e9, "at start-up: exit with an error when no "
         "broker answers for this long (0 = wait forever); a broker lost after the first "
         "registration is waited for as long as it takes, and logged", broker_wait_ms),
+    OPT("stall-exit-s", CFG_DOUBLE, "1800", 0, 604800, "exit with status 5 when the main loop "
+        "makes no progress for this long (a hung GPU call, a deadlock): the broker gives its "
+        "work to others and a supervisor restarts it (0 = never)", stall_exit_s),
     OPTS("log-level", "info", "debug, info, warn or error", log_level),
 };
 static const cfg_table target_table = {
@@ -207,6 +211,7 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
     lc->timeout_ms = c->timeout_ms;
     lc->max_batches = c->max_batches;
     lc->register_fail_exit_ms = c->broker_wait_ms;
+    lc->stall_exit_s = c->stall_exit_s;
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* target_loop: see target_loop.h for the loop, its states and the producer interface.
- * A small heartbeat thread calls client_poll (the client serialises calls) so that a producer
- * busy for longer than the broker's heartbeat interval does not get the target expired.
+ * A heartbeat thread (heartbeat.h) calls client_poll so that a producer busy for longer than the
+ * broker's heartbeat interval does not get the target expired; its watchdog ends a target
+ * whose loop stopped going round (--stall-exit-s).
  * Busy bitmap (busy[]): bit s is set once slot s is published and cleared when a work unit
  * names s again (the broker hands a slot out only once it is FREE); every registration sends it
  * as PoolRegister.busy_slots so that a restarted broker fences those slots (docs/protocol.md). */
@@ -9,12 +10,11 @@
 #include "broker_silence.h"
 #include "client.h"
 #include "err.h"
+#include "heartbeat.h"
 #include "log.h"
 #include "synthetic.h"
 
 #include <assert.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +29,7 @@ typedef struct target_loop {
     client *client;
     tl_state state;
     target_stats st;
-    atomic_bool hb_run;
-    pthread_t hb_thread;
-    bool hb_started;
+    heartbeat *hb;
     uint64_t busy[WIRE_MAX_SLOTS / 64]; /* published, not handed back since (main thread) */
     broker_silence silence; /* the broker quiet since we registered (broker_silence.h) */
 } target_loop;
@@ -54,16 +52,6 @@ static void set_state(target_loop *t, tl_state to)
     assert(legal[t->state][to]);
     if (t->state != to) LOG_DEBUG("target loop %s -> %s", state_name(t->state), state_name(to));
     t->state = to;
-}
-
-static void *heartbeat_main(void *arg)
-{
-    target_loop *t = arg;
-    while (atomic_load(&t->hb_run)) {
-        monotime_sleep_ms(100);
-        if (client_broker_incarnation(t->client)) client_poll(t->client);
-    }
-    return NULL;
 }
 
 static void fill_wire_pool(const target_loop *t, wire_pool *wp)
@@ -219,13 +207,13 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         rc = DFLASH_ECONFIG; /* the operator's key files: bad configuration, exit 2 */
         goto out_pool;
     }
-    atomic_store(&t.hb_run, true);
-    t.hb_started = pthread_create(&t.hb_thread, NULL, heartbeat_main, &t) == 0;
+    t.hb = heartbeat_start(t.client, cfg->stall_exit_s, "the target's loop");
 
     double backoff = 1, unreachable_since = monotime_s();
     double last_t = monotime_s(), last_wait = 0;
     uint64_t last_b = 0, last_tok = 0;
     while (t.state != TL_DONE) {
+        heartbeat_alive(t.hb);
         if (*stop) {
             set_state(&t, TL_DONE);
             break;
@@ -292,8 +280,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         }
     }
 out_client:
-    atomic_store(&t.hb_run, false);
-    if (t.hb_started) pthread_join(t.hb_thread, NULL);
+    heartbeat_stop(&t.hb);
     client_destroy(&t.client);
 out_pool:
     pool_destroy(&t.pool);

@@ -65,6 +65,7 @@ typedef struct target_loop_config {
     int64_t register_fail_exit_ms; /* before the first registration: give up if the broker
                                     * cannot be reached this long; 0 = never. Later a silent
                                     * broker is waited for (logged). */
+    double stall_exit_s; /* no loop iteration this long: exit 5 (heartbeat.h); 0 = never */
 } target_loop_config;
 
 typedef struct target_stats {

@@ -61,7 +61,7 @@
  * abort. A step's reservation is all or nothing (policy_claimable first). A dead drafter's copied
  * units of a step in flight stay in flight until the step is resolved (peer_remove skips them).
  * A rank's StepClaim whose reservation names a pool incarnation that is no longer registered is
- * answered Stale (on_step_claim): its grant would describe the new arena.
+ * answered Stale (broker_on_step_claim): its grant would describe the new arena.
  */
 #include "broker_state.h"
 
@@ -555,7 +555,7 @@ bool broker_drained(const broker *b)
 
 /* What the importer needs to map the granted slot: from the pool's current descriptor, so the
  * caller has checked that g's incarnation is still the registered one (policy_claim's grants
- * are; a group step's reservation may be older: on_step_claim). */
+ * are; a group step's reservation may be older: broker_on_step_claim). */
 void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w)
 {
     const pool_desc *d = &b->pools[g->where.pool_id];
@@ -580,34 +580,6 @@ void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w)
     memcpy(w->shm_name, d->desc.shm_name, sizeof w->shm_name);
     memcpy(w->pool_name, d->owner, sizeof w->pool_name);
     if (!w->size) w->size = 1;
-}
-
-/* StepClaim (broker_groups.c answers it from the step's reservation). A rank that claims late
- * (or again) after the step's pool was dropped or re-registered by its target got a grant
- * mixing the two arenas (defect): the reservation's pool incarnation and lease, the new arena's
- * shm name and memory and event handles, so the drafter copied unrelated bytes, failed its
- * header check and exited. Such a grant is refused Stale instead: the rank re-forms and the
- * step's resolver aborts it (its units go back to to-do), and the next step is reserved in the
- * pool as it is now. */
-static void on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
-{
-    broker_on_step_claim(b, p, m, r);
-    if (r->type != WIRE_STEP_GRANT) return;
-    const group *g = group_find(b->groups, m->u.gstep.group);
-    const group_slot *mine = &g->slots[r->u.sgrant.rank];
-    const pool_desc *d = &b->pools[mine->pool_id];
-    if (d->registered && d->desc.pool_incarnation == mine->pool_incarnation) return;
-    uint64_t step = r->u.sgrant.step;
-    if (!d->registered)
-        return reply_error(b, r, m->request_id, DFLASH_ESTALE,
-                           "step %" PRIu64 " of group %s was reserved in pool %u of %s, which is "
-                           "not registered now (its target went): re-form", step, g->name,
-                           mine->pool_id, d->owner);
-    reply_error(b, r, m->request_id, DFLASH_ESTALE,
-                "step %" PRIu64 " of group %s was reserved in incarnation %016" PRIx64 " of pool "
-                "%u, re-registered since by %s (incarnation %016" PRIx64 "): re-form", step,
-                g->name, mine->pool_incarnation, mine->pool_id, d->owner,
-                d->desc.pool_incarnation);
 }
 
 static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
@@ -926,7 +898,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_RESUME_FROM: on_resume_from(b, p, &m, &r); break;
     case WIRE_GROUP_JOIN: broker_on_group_join(b, p, &m, &r); break;
     case WIRE_GROUP_SET_ID: broker_on_group_set_id(b, p, &m, &r); break;
-    case WIRE_STEP_CLAIM: on_step_claim(b, p, &m, &r); break;
+    case WIRE_STEP_CLAIM: broker_on_step_claim(b, p, &m, &r); break;
     case WIRE_STEP_DONE: broker_on_step_done(b, p, &m, &r); break;
     case WIRE_GROUP_LEAVE: broker_on_group_leave(b, p, &m, &r); break;
     case WIRE_HEARTBEAT:

@@ -274,6 +274,23 @@ void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);
         assert(rc == 0 && mine);
     }
+    /* A rank that claims late (or again) after the step's pool was dropped or re-registered by
+     * its target would get a grant mixing the two arenas: the reservation's incarnation and
+     * lease, the new arena's shm name and handles (it copied unrelated bytes and exited). Stale
+     * instead: the rank re-forms, the step's resolver aborts it (its units back to to-do), and
+     * the next step is reserved in the pool as it is now. */
+    const pool_desc *d = &b->pools[mine->pool_id];
+    if (!d->registered)
+        return reply_error(b, r, m->request_id, DFLASH_ESTALE,
+                           "step %" PRIu64 " of group %s was reserved in pool %u of %s, which is "
+                           "not registered now (its target went): re-form", g->step, g->name,
+                           mine->pool_id, d->owner);
+    if (d->desc.pool_incarnation != mine->pool_incarnation)
+        return reply_error(b, r, m->request_id, DFLASH_ESTALE,
+                           "step %" PRIu64 " of group %s was reserved in incarnation %016" PRIx64
+                           " of pool %u, re-registered since by %s (incarnation %016" PRIx64 "): "
+                           "re-form", g->step, g->name, mine->pool_incarnation, mine->pool_id,
+                           d->owner, d->desc.pool_incarnation);
     reply_init(b, r, WIRE_STEP_GRANT, m->request_id);
     wire_step_grant *w = &r->u.sgrant;
     w->epoch = g->step_epoch;

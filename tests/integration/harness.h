@@ -230,6 +230,19 @@ static __attribute__((unused)) void h_pool(wire_pool *p, uint64_t inc, uint32_t 
     p->epochs = epochs;
 }
 
+/* The broker's status into *s and its ledger in one line, prefixed by what; 0 or the client's
+ * error (nothing printed then). */
+static __attribute__((unused)) int h_print_ledger(const char *endpoint, const char *what,
+                                                  wire_status *s)
+{
+    int rc = h_broker_status(endpoint, s);
+    if (rc == 0)
+        printf("%s: ledger trained %llu, in flight %llu, to-do %llu, acks %llu\n", what,
+               (unsigned long long)s->batches_trained, (unsigned long long)s->batches_inflight,
+               (unsigned long long)s->batches_todo, (unsigned long long)s->acks);
+    return rc;
+}
+
 /* The group hooks of a worker_consumer without a model (a test's consume() only counts its
  * batches): nothing to take from rank 0; pair them with a model_step returning that count. */
 struct dp_comm;

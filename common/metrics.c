@@ -10,6 +10,7 @@
  *   u64 length | u32 masked_crc32c(length bytes) | data[length] | u32 masked_crc32c(data)
  */
 #include "metrics.h"
+#include "crc.h"
 #include "monotime.h"
 #include "err.h"
 #include "fsutil.h"
@@ -21,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -53,28 +53,7 @@ struct metrics {
     int values_cap, pos_tags_n;
 };
 
-/* ---- CRC32C ---- */
-
-static uint32_t crc_table[256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_table_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[i] = c;
-    }
-}
-
-uint32_t metrics_crc32c(uint32_t crc, const void *data, size_t n)
-{
-    pthread_once(&crc_once, crc_table_init);
-    const uint8_t *p = data;
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-    return ~crc;
-}
+/* ---- TFRecord ---- */
 
 uint32_t metrics_crc_mask(uint32_t crc)
 {
@@ -149,8 +128,8 @@ static int tfrecord_write(metrics *m, const uint8_t *data, size_t n)
     uint8_t head[12], tail[4];
     uint64_t len = n;
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)(len >> (8 * i));
-    put_le32(head + 8, metrics_crc_mask(metrics_crc32c(0, head, 8)));
-    put_le32(tail, metrics_crc_mask(metrics_crc32c(0, data, n)));
+    put_le32(head + 8, metrics_crc_mask(crc32c(0, head, 8)));
+    put_le32(tail, metrics_crc_mask(crc32c(0, data, n)));
     if (fwrite(head, 1, 12, m->events) != 12 || fwrite(data, 1, n, m->events) != n ||
         fwrite(tail, 1, 4, m->events) != 4)
         return io_failed(m, m->event_path);

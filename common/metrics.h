@@ -91,10 +91,7 @@ const char *metrics_event_path(const metrics *m);
 /* Flushes, ends the progress line, closes the files, frees, sets *m to NULL. Accepts NULL. */
 void metrics_destroy(metrics **m);
 
-/* CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of data, continuing from crc (start 0).
- * metrics_crc32c(0, "123456789", 9) == 0xE3069283. Thread-safe. */
-uint32_t metrics_crc32c(uint32_t crc, const void *data, size_t n);
-/* The TFRecord mask: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
+/* The TFRecord mask of a crc32c (crc.h): ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
 uint32_t metrics_crc_mask(uint32_t crc);
 
 #endif

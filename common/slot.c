@@ -1,6 +1,7 @@
 /* slot: layout arithmetic and the header every reader checks. See slot.h for the byte layout.
  * Pure functions; the header crc is computed over the header bytes before the crc field. */
 #include "slot.h"
+#include "crc.h"
 #include "err.h"
 
 #include <assert.h>
@@ -10,24 +11,6 @@
 
 _Static_assert(sizeof(slot_header) == 128, "slot_header is a fixed 128-byte wire layout");
 _Static_assert(sizeof(slot_header) <= SLOT_ALIGN, "header must fit before the first array");
-
-uint32_t slot_crc32(uint32_t crc, const void *data, size_t n)
-{
-    static uint32_t table[256];
-    static int ready; /* benign race: every thread computes identical values */
-    if (!ready) {
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
-        }
-        ready = 1;
-    }
-    const uint8_t *p = data;
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
 
 size_t slot_dtype_size(slot_dtype dtype)
 {
@@ -127,7 +110,7 @@ void slot_header_write(void *base, const slot_layout *l, const slot_work_unit *w
     h.wu = *wu;
     h.producer = producer;
     memcpy(h.layer_ids, l->layer_ids, sizeof h.layer_ids);
-    h.crc = slot_crc32(0, &h, offsetof(slot_header, crc));
+    h.crc = crc32_ieee(0, &h, offsetof(slot_header, crc));
     memcpy(base, &h, sizeof h);
 }
 
@@ -145,7 +128,7 @@ int slot_header_check(const void *base, const slot_layout *expect, slot_header *
                 SLOT_VERSION);
         return DFLASH_EVERSION;
     }
-    uint32_t crc = slot_crc32(0, &h, offsetof(slot_header, crc));
+    uint32_t crc = crc32_ieee(0, &h, offsetof(slot_header, crc));
     if (crc != h.crc) {
         err_fmt(err, err_len, "slot header: crc mismatch (stored %08x, computed %08x): torn or "
                 "corrupt header", h.crc, crc);

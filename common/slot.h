@@ -68,7 +68,7 @@ typedef struct slot_header {
     slot_work_unit wu;
     uint64_t producer; /* the pool's incarnation, for diagnostics */
     uint16_t layer_ids[SLOT_MAX_LAYER_IDS]; /* the layout's layer_ids */
-    uint32_t crc; /* crc32 of all bytes above */
+    uint32_t crc; /* crc32_ieee (crc.h) of all bytes above */
 } slot_header;
 
 /* Bytes per element of dtype (4 or 2), 0 for an unknown dtype. */
@@ -133,8 +133,5 @@ static inline size_t slot_used_bytes(const slot_layout *l, uint32_t n_tokens)
 {
     return l->off_hidden + (size_t)n_tokens * l->row_bytes;
 }
-
-/* crc32 (IEEE) of n bytes, continuing from crc (start with 0). */
-uint32_t slot_crc32(uint32_t crc, const void *data, size_t n);
 
 #endif

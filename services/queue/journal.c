@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "crc.h"
 #include "err.h"
 #include "fsutil.h"
 #include "log.h"
@@ -84,24 +85,6 @@ struct journal {
     journal_done_fn done_fn;
     void *done_ctx;
 };
-
-uint32_t journal_crc32(uint32_t crc, const void *data, uint64_t len)
-{
-    static uint32_t table[256];
-    static bool ready;
-    if (!ready) {
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
-        }
-        ready = true;
-    }
-    const uint8_t *p = data;
-    crc = ~crc;
-    for (uint64_t i = 0; i < len; i++) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-    return ~crc;
-}
 
 static void put_u32(uint8_t *p, uint32_t v)
 {
@@ -160,7 +143,7 @@ static void encode(uint8_t *rec, uint16_t type, const void *payload, uint32_t le
     put_u16(rec + 4, type);
     put_u16(rec + 6, 0);
     if (len) memcpy(rec + 8, payload, len);
-    put_u32(rec + 8 + len, journal_crc32(0, rec, 8 + (uint64_t)len));
+    put_u32(rec + 8 + len, crc32_ieee(0, rec, 8 + (uint64_t)len));
 }
 
 /* Syncs the journal's file (fd): the data, and once after a compaction whose directory fsync
@@ -215,7 +198,7 @@ static bool record_after(const uint8_t *buf, uint64_t from, uint64_t len)
     for (uint64_t p = from; p + JOURNAL_RECORD_OVERHEAD <= len; p++) {
         uint32_t plen = get_u32(buf + p);
         if (plen > JOURNAL_MAX_PAYLOAD || plen + JOURNAL_RECORD_OVERHEAD > len - p) continue;
-        if (journal_crc32(0, buf + p, 8 + (uint64_t)plen) == get_u32(buf + p + 8 + plen))
+        if (crc32_ieee(0, buf + p, 8 + (uint64_t)plen) == get_u32(buf + p + 8 + plen))
             return true;
     }
     return false;
@@ -240,7 +223,7 @@ static int replay(journal *j, const uint8_t *buf, uint64_t len, journal_replay_f
         const char *bad = NULL;
         if (plen > JOURNAL_MAX_PAYLOAD) bad = "claims more than the largest record";
         else if (rlen > left) bad = "runs past the end";
-        else if (journal_crc32(0, buf + off, 8 + (uint64_t)plen) != get_u32(buf + off + 8 + plen))
+        else if (crc32_ieee(0, buf + off, 8 + (uint64_t)plen) != get_u32(buf + off + 8 + plen))
             bad = "fails its checksum";
         if (bad) {
             if (!record_after(buf, off + 1, len)) { /* torn */

@@ -135,7 +135,4 @@ uint64_t journal_fail_seq(const journal *j);
  * rewrite heals it (NULL again). */
 const char *journal_failure(const journal *j);
 
-/* CRC-32 (IEEE 802.3, reflected, as zlib's crc32) of data, continuing from crc (start with 0). */
-uint32_t journal_crc32(uint32_t crc, const void *data, uint64_t len);
-
 #endif

@@ -5,16 +5,25 @@
  * loading so safetensors_find is a binary search. Invariant after open: every tensor lies inside
  * its file's data section, the tensors of a file tile its data section exactly, names are unique.
  *
- * Writer data structures: the declared tensor list (name, dtype, shape, bytes, borrowed data),
- * a cursor (tensor index, bytes written into it) for streaming, the temporary file descriptor.
+ * Checksums (format in safetensors.h): at open, a file's "crc32c.NAME" metadata entries are
+ * parsed into its tensors (all or none: a file with some must have one for every tensor, and
+ * each must name one); safetensors_verify recomputes them over the mapping on request.
+ *
+ * Writer data structures: the declared tensor list (name, dtype, shape, bytes, borrowed data,
+ * the crc32c of the bytes written so far), a cursor (tensor index, bytes written into it) for
+ * streaming, the temporary file descriptor and the header's length. The header is written at
+ * begin with every checksum "00000000" and written again over itself at commit with the real
+ * ones (same length: fixed-width hex), so the data is read once, as it is written.
  *
  * Called from the target loader and tools at start-up; not on any hot path.
  */
 #include "safetensors.h"
 
+#include "crc.h"
 #include "err.h"
 #include "fsutil.h"
 
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +37,9 @@
 #include <unistd.h>
 
 #define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
+#define CRC_KEY_PREFIX "crc32c."   /* __metadata__ key of a tensor's checksum: prefix + name */
+#define CRC_HEX_DIGITS 8
+#define WRITE_CHUNK (4u << 20) /* checksummed, then written while still in the cache */
 
 static const struct {
     const char *name;
@@ -181,6 +193,63 @@ static bool json_u64(const cJSON *j, uint64_t *out) {
     if (!(d >= 0) || d > 9007199254740992.0 || d != (double)(uint64_t)d) return false;
     *out = (uint64_t)d;
     return true;
+}
+
+static bool is_crc_key(const char *key) {
+    return key && strncmp(key, CRC_KEY_PREFIX, sizeof CRC_KEY_PREFIX - 1) == 0;
+}
+
+/* Exactly CRC_HEX_DIGITS hex digits into *out. */
+static bool parse_crc_hex(const char *s, uint32_t *out) {
+    uint32_t v = 0;
+    for (int i = 0; i < CRC_HEX_DIGITS; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint32_t)d;
+    }
+    if (s[CRC_HEX_DIGITS]) return false;
+    *out = v;
+    return true;
+}
+
+/* Sets the checksums of the file's tensors st->tensors[first..] from its metadata meta (may be
+ * NULL). A file with no "crc32c." key has none; one with any must have one per tensor, each
+ * naming a tensor of the file: a key missing, extra or malformed is a damaged header. */
+static int read_checksums(safetensors *st, size_t first, const cJSON *meta, const char *path,
+                          char *err, size_t errlen) {
+    size_t keys = 0;
+    for (const cJSON *e = meta ? meta->child : NULL; e; e = e->next)
+        keys += is_crc_key(e->string);
+    if (!keys) return 0;
+    for (size_t i = first; i < st->n_tensors; i++) {
+        safetensors_tensor *t = &st->tensors[i];
+        char key[1024];
+        snprintf(key, sizeof key, "%s%s", CRC_KEY_PREFIX, t->name);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+        if (!cJSON_IsString(v)) {
+            err_fmt(err, errlen,
+                    "%s: tensor %s: no %s entry in __metadata__, which has checksums for other "
+                    "tensors: damaged header", path, t->name, key);
+            return DFLASH_EFORMAT;
+        }
+        if (!parse_crc_hex(v->valuestring, &t->crc32c)) {
+            err_fmt(err, errlen, "%s: tensor %s: checksum \"%s\" is not %d hex digits", path,
+                    t->name, v->valuestring, CRC_HEX_DIGITS);
+            return DFLASH_EFORMAT;
+        }
+        t->has_crc32c = true;
+    }
+    if (keys != st->n_tensors - first) {
+        err_fmt(err, errlen,
+                "%s: __metadata__ has %zu checksums for %zu tensors: one names no tensor of the "
+                "file or repeats one: damaged header", path, keys, st->n_tensors - first);
+        return DFLASH_EFORMAT;
+    }
+    return 0;
 }
 
 /* Maps one file, parses and validates its header and appends its tensors.
@@ -407,6 +476,9 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
              path, data_len - covered, data_len, covered);
         goto fail;
     }
+    rc = read_checksums(st, first, cJSON_GetObjectItemCaseSensitive(root, "__metadata__"), path,
+                        err, errlen);
+    if (rc) goto fail;
     for (size_t i = first; i < st->n_tensors; i++)
         st->tensors[i].file = f.path;
 
@@ -665,6 +737,25 @@ const char *safetensors_metadata(const safetensors *st, const char *key) {
     return NULL;
 }
 
+int safetensors_verify(const safetensors *st, size_t *checked, char *err, size_t errlen) {
+    size_t n = 0;
+    if (checked) *checked = 0;
+    for (size_t i = 0; st && i < st->n_tensors; i++) {
+        const safetensors_tensor *t = &st->tensors[i];
+        if (!t->has_crc32c) continue;
+        uint32_t crc = crc32c(0, t->data, t->bytes);
+        if (crc != t->crc32c) {
+            err_fmt(err, errlen,
+                    "%s: tensor %s: data checksum mismatch (crc32c of the data %08x, stored %08x)",
+                    t->file, t->name, crc, t->crc32c);
+            return DFLASH_ECORRUPT;
+        }
+        n++;
+    }
+    if (checked) *checked = n;
+    return 0;
+}
+
 int safetensors_expect(const safetensors *st, const char *name, int ndim, const int64_t *shape,
                        const safetensors_tensor **out, char *err, size_t errlen) {
     const safetensors_tensor *t = safetensors_find(st, name);
@@ -733,6 +824,7 @@ typedef struct wr_tensor {
     int64_t shape[SAFETENSORS_MAX_DIMS];
     size_t bytes;
     const void *data;
+    uint32_t crc32c; /* of the bytes written so far */
 } wr_tensor;
 
 struct safetensors_writer {
@@ -745,6 +837,7 @@ struct safetensors_writer {
     wr_tensor *t;
     size_t n, cap;
     size_t cur, cur_done; /* streaming cursor: tensor index, bytes of it written */
+    size_t header_bytes;  /* 8 + padded JSON, as written at begin */
 };
 
 /* Keeps the errno of the first system failure (a full disk is ENOSPC, not just "I/O"). */
@@ -780,7 +873,8 @@ void safetensors_writer_destroy(safetensors_writer **pw) {
 }
 
 int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *value) {
-    if (!w || w->begun || !key || !value || strcmp(key, "__metadata__") == 0) return DFLASH_EINVAL;
+    if (!w || w->begun || !key || !value || strcmp(key, "__metadata__") == 0 || is_crc_key(key))
+        return DFLASH_EINVAL;
     cJSON_DeleteItemFromObjectCaseSensitive(w->meta, key);
     return cJSON_AddStringToObject(w->meta, key, value) ? 0 : DFLASH_ENOMEM;
 }
@@ -832,14 +926,40 @@ static int write_all(int fd, const void *buf, size_t len) {
     return 0;
 }
 
+static int pwrite_all(int fd, const void *buf, size_t len, off_t off) {
+    const char *p = buf;
+    while (len) {
+        ssize_t k = pwrite(fd, p, len, off);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return DFLASH_EIO;
+        }
+        p += k;
+        off += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
 
-int safetensors_writer_begin(safetensors_writer *w) {
-    if (!w || w->begun) return DFLASH_ESTATE;
+/* The header as it stands: the 8-byte length, then the JSON padded with spaces to a multiple
+ * of 8, its __metadata__ holding each tensor's crc32c of the bytes written so far (fixed-width
+ * hex: the length does not depend on the values). *len receives its size; NULL when out of
+ * memory. */
+static unsigned char *header_build(const safetensors_writer *w, size_t *len) {
     cJSON *root = cJSON_CreateObject();
-    if (!root) return DFLASH_ENOMEM;
-    if (!cJSON_GetObjectItemCaseSensitive(w->meta, "format"))
-        cJSON_AddStringToObject(w->meta, "format", "pt");
-    cJSON_AddItemToObject(root, "__metadata__", cJSON_Duplicate(w->meta, true));
+    if (!root) return NULL;
+    cJSON *meta = cJSON_Duplicate(w->meta, true);
+    if (!meta) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddItemToObject(root, "__metadata__", meta);
+    for (size_t i = 0; i < w->n; i++) {
+        char key[1024], hex[CRC_HEX_DIGITS + 1];
+        snprintf(key, sizeof key, "%s%s", CRC_KEY_PREFIX, w->t[i].name);
+        snprintf(hex, sizeof hex, "%08x", w->t[i].crc32c);
+        cJSON_AddStringToObject(meta, key, hex);
+    }
     uint64_t off = 0;
     for (size_t i = 0; i < w->n; i++) {
         cJSON *e = cJSON_CreateObject();
@@ -855,18 +975,26 @@ int safetensors_writer_begin(safetensors_writer *w) {
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!json) return DFLASH_ENOMEM;
+    if (!json) return NULL;
     size_t jl = strlen(json), padded = (jl + 7) & ~(size_t)7;
     unsigned char *hdr = malloc(8 + padded);
-    if (!hdr) {
-        free(json);
-        return DFLASH_ENOMEM;
+    if (hdr) {
+        for (int i = 0; i < 8; i++)
+            hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+        memcpy(hdr + 8, json, jl);
+        memset(hdr + 8 + jl, ' ', padded - jl);
+        *len = 8 + padded;
     }
-    for (int i = 0; i < 8; i++)
-        hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    memcpy(hdr + 8, json, jl);
-    memset(hdr + 8 + jl, ' ', padded - jl);
     free(json);
+    return hdr;
+}
+
+int safetensors_writer_begin(safetensors_writer *w) {
+    if (!w || w->begun) return DFLASH_ESTATE;
+    if (!cJSON_GetObjectItemCaseSensitive(w->meta, "format"))
+        cJSON_AddStringToObject(w->meta, "format", "pt");
+    unsigned char *hdr = header_build(w, &w->header_bytes);
+    if (!hdr) return DFLASH_ENOMEM;
 
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", w->path, (long)getpid());
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -876,13 +1004,21 @@ int safetensors_writer_begin(safetensors_writer *w) {
         return DFLASH_EIO;
     }
     w->begun = true;
-    int rc = write_all(w->fd, hdr, 8 + padded);
+    int rc = write_all(w->fd, hdr, w->header_bytes);
     if (rc) {
         keep_errno(w);
         w->failed = true;
     }
     free(hdr);
     return rc;
+}
+
+/* Moves the streaming cursor past the tensors whose bytes are all written (empty ones too). */
+static void cursor_advance(safetensors_writer *w) {
+    while (w->cur < w->n && w->cur_done >= w->t[w->cur].bytes) {
+        w->cur_done -= w->t[w->cur].bytes;
+        w->cur++;
+    }
 }
 
 int safetensors_writer_write(safetensors_writer *w, const void *data, size_t bytes) {
@@ -892,18 +1028,38 @@ int safetensors_writer_write(safetensors_writer *w, const void *data, size_t byt
         left += w->t[i].bytes;
     left -= w->cur_done;
     if (bytes > left) return DFLASH_ERANGE;
-    int rc = write_all(w->fd, data, bytes);
-    if (rc) {
-        keep_errno(w);
-        w->failed = true;
-        return rc;
+    const unsigned char *p = data;
+    while (bytes) {
+        cursor_advance(w); /* bytes <= left: a tensor with room remains */
+        wr_tensor *t = &w->t[w->cur];
+        size_t k = t->bytes - w->cur_done;
+        if (k > bytes) k = bytes;
+        if (k > WRITE_CHUNK) k = WRITE_CHUNK;
+        t->crc32c = crc32c(t->crc32c, p, k);
+        int rc = write_all(w->fd, p, k);
+        if (rc) {
+            keep_errno(w);
+            w->failed = true;
+            return rc;
+        }
+        p += k;
+        bytes -= k;
+        w->cur_done += k;
     }
-    w->cur_done += bytes;
-    while (w->cur < w->n && w->cur_done >= w->t[w->cur].bytes) {
-        w->cur_done -= w->t[w->cur].bytes;
-        w->cur++;
-    }
+    cursor_advance(w);
     return 0;
+}
+
+/* Writes the header again, over the first one, now with every tensor's final checksum. */
+static int header_finish(safetensors_writer *w) {
+    size_t len = 0;
+    unsigned char *hdr = header_build(w, &len);
+    if (!hdr) return DFLASH_ENOMEM;
+    assert(len == w->header_bytes); /* fixed-width checksums: the data offsets stay valid */
+    int rc = pwrite_all(w->fd, hdr, len, 0);
+    if (rc) keep_errno(w);
+    free(hdr);
+    return rc;
 }
 
 int safetensors_writer_commit(safetensors_writer *w) {
@@ -928,6 +1084,7 @@ int safetensors_writer_commit(safetensors_writer *w) {
         if ((rc = safetensors_writer_write(w, (const char *)t->data + done, t->bytes - done)))
             goto fail;
     }
+    if ((rc = header_finish(w))) goto fail;
     if (fsync(w->fd) != 0) {
         rc = DFLASH_EIO;
         keep_errno(w);

@@ -4,6 +4,12 @@
  *   {"__metadata__": {...}, "name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [begin,
  * end]}} then the data section; offsets are relative to the data section start (8 + N).
  *
+ * Checksums (our addition, within the format: metadata values are strings): the writer puts
+ * "crc32c.NAME": "xxxxxxxx" in __metadata__ for every tensor NAME, the CRC-32C (crc.h) of the
+ * tensor's data bytes as 8 lowercase hex digits. Other readers (safetensors, transformers,
+ * SGLang, vLLM) ignore them. Ours parses them at open (a file has one for every tensor or none;
+ * anything between is a damaged header) and checks the data on request (safetensors_verify).
+ *
  * Reader: safetensors_open() takes a .safetensors file, a model.safetensors.index.json (its
  * weight_map names the shard files, all opened and mmapped read-only) or a directory (index if
  * present, else model.safetensors). Every header is validated at open: length bounded by the file
@@ -15,8 +21,10 @@
  *
  * Writer: declare tensors (name, dtype, shape, optionally data), then either commit (writes all
  * data pointers given) or begin + write chunks in declaration order (streaming, for checkpoints
- * larger than memory) + commit. The file is written to PATH.tmp.<pid>, fsync'd, renamed onto
- * PATH and the directory fsync'd, so readers see the old file or the complete new one.
+ * larger than memory) + commit. The checksums are computed as the data is written (no second
+ * read) and the header rewritten in place at commit. The file is written to PATH.tmp.<pid>,
+ * fsync'd, renamed onto PATH and the directory fsync'd, so readers see the old file or the
+ * complete new one.
  *
  * Callers: the target loader (weights), dflash-mkmodel, the drafter checkpoint writer, tests.
  */
@@ -46,6 +54,8 @@ typedef struct safetensors_tensor {
     const void *data; /* into the read-only mapping; may be unaligned for BF16/F16 */
     size_t bytes;     /* numel * dtype size */
     const char *file; /* path of the file holding it */
+    bool has_crc32c;  /* its file carries checksums (see top) */
+    uint32_t crc32c;  /* the stored checksum of the data bytes, when has_crc32c */
 } safetensors_tensor;
 
 typedef struct safetensors safetensors;
@@ -83,6 +93,11 @@ const char *safetensors_path(const safetensors *st);
 /* Value of key in a file's "__metadata__" (the first file that has it), or NULL. */
 const char *safetensors_metadata(const safetensors *st, const char *key);
 
+/* Recomputes the checksum of every tensor that has one (reads all their data). 0 with *checked
+ * (may be NULL) = how many were checked, 0 when the files carry none; or DFLASH_ECORRUPT at the
+ * first mismatch, with "FILE: tensor NAME: data checksum mismatch (...)" in err. */
+int safetensors_verify(const safetensors *st, size_t *checked, char *err, size_t errlen);
+
 /* Finds name and checks its shape is [shape[0..ndim)]. Returns 0 with *out set, DFLASH_ENOTFOUND
  * ("PATH: tensor NAME not found") or DFLASH_EMISMATCH ("FILE: tensor NAME has shape [a,b],
  * expected [c,d]") with the message in err. out may be NULL. */
@@ -101,7 +116,8 @@ int safetensors_load_f32(const safetensors *st, const char *name, int ndim, cons
 
 /* A writer for path (nothing is created until begin/commit). NULL on out of memory. */
 safetensors_writer *safetensors_writer_new(const char *path);
-/* Adds a "__metadata__" string entry (default: {"format": "pt"}). Before begin. 0 or negative. */
+/* Adds a "__metadata__" string entry (default: {"format": "pt"}). Before begin. 0 or negative
+ * (DFLASH_EINVAL for a "crc32c." key: the writer owns those). */
 int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *value);
 /* Declares the next tensor. data (numel * dtype size bytes) is borrowed until commit, or NULL
  * when the bytes will be streamed with safetensors_writer_write. Refuses duplicate names,

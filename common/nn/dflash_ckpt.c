@@ -2,8 +2,10 @@
  *
  * Everything goes through host copies: the masters and moments are downloaded once per save
  * (fp32), converted to bf16 for model.safetensors, and written with the safetensors writer
- * (each file itself temp + fsync + rename). config.json is built with cJSON. dflash.py, which
- * config.json's auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in.
+ * (each file itself temp + fsync + rename; the writer adds every tensor's crc32c to the file's
+ * metadata as it writes). config.json is built with cJSON. dflash.py, which config.json's
+ * auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in. The loaders open a
+ * file through open_verified, which checks every tensor's checksum before anything is used.
  */
 #include "dflash_ckpt.h"
 
@@ -499,6 +501,30 @@ static int load_all(const dflash_model *m, const safetensors *st, const char *pr
     return 0;
 }
 
+/* Opens DIR/NAME, one of the checkpoint's safetensors files, and checks every tensor's data
+ * against its checksum. A file written before checkpoints had checksums loads unverified (said
+ * in the log). NULL with *rc: DFLASH_EFORMAT when it cannot be opened or its header is bad,
+ * DFLASH_ECORRUPT when a tensor's data is damaged; err names the file and the tensor. */
+static safetensors *open_verified(const char *dir, const char *name, int *rc, char *err,
+                                  size_t errlen) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    safetensors *st = safetensors_open(p, err, errlen);
+    if (!st) {
+        *rc = DFLASH_EFORMAT;
+        return NULL;
+    }
+    size_t checked = 0;
+    if ((*rc = safetensors_verify(st, &checked, err, errlen))) {
+        safetensors_close(&st);
+        return NULL;
+    }
+    if (!checked)
+        LOG_INFO("checkpoint: %s carries no checksums (written before they were added): its "
+                 "data is loaded unverified", p);
+    return st;
+}
+
 static int check_dir_config(const dflash_model *m, const char *dir, char *err, size_t errlen) {
     dflash_config c;
     int rc = dflash_ckpt_load_config(dir, &c, err, errlen);
@@ -509,10 +535,8 @@ static int check_dir_config(const dflash_model *m, const char *dir, char *err, s
 int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
-    char p[4200];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    safetensors *st = safetensors_open(p, err, errlen);
-    if (!st) return DFLASH_EFORMAT;
+    safetensors *st = open_verified(dir, "model.safetensors", &rc, err, errlen);
+    if (!st) return rc;
     float *host = calloc(m->n_params, sizeof(float));
     if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     if ((rc = load_all(m, st, "", host, err, errlen))) goto out;
@@ -585,16 +609,14 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
                        size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
-    char p[4200];
-    snprintf(p, sizeof p, "%s/training_state.safetensors", dir);
-    safetensors *st = safetensors_open(p, err, errlen);
-    if (!st) return DFLASH_EFORMAT;
+    safetensors *st = open_verified(dir, "training_state.safetensors", &rc, err, errlen);
+    if (!st) return rc;
     size_t n = m->n_params;
     dflash_train_cfg saved;
     long step = 0;
     float *host = calloc(3 * n, sizeof(float));
     if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
-    if ((rc = read_train_meta(st, p, &saved, &step, err, errlen)) ||
+    if ((rc = read_train_meta(st, safetensors_path(st), &saved, &step, err, errlen)) ||
         (rc = load_all(m, st, "master.", host, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg.", host + n, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)))

@@ -14,6 +14,12 @@
  *                             "exp_avg_sq.NAME") and, in its metadata, the step, the anchor seed
  *                             and every schedule / optimizer setting ("format":
  *                             "dflash-training-state-1")
+ * Both safetensors files carry, in their __metadata__, "crc32c.NAME": 8 lowercase hex digits, the
+ * CRC-32C of tensor NAME's data bytes, for every tensor (safetensors.h; docs/formats.md); other
+ * loaders ignore these strings. dflash_ckpt_load_weights checks every tensor of model.safetensors
+ * and dflash_ckpt_resume every tensor of training_state.safetensors before using any: a mismatch
+ * is DFLASH_ECORRUPT naming the file and the tensor. Checkpoints written before the checksums
+ * load unverified (an info line says so). dflash_ckpt_train_settings reads only metadata.
  * It is written into ROOT/.tmp-step-N-PID, every file fsync'd, then renamed to its final name and
  * ROOT fsync'd: a reader sees a complete checkpoint or none. Afterwards only the newest
  * keep_last step-* directories are kept. A root has one writer (dflash_ckpt_lock_root).
@@ -69,11 +75,13 @@ int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t
 int dflash_ckpt_check_config(const dflash_config *model, const dflash_config *ckpt, char *err,
                              size_t errlen);
 
-/* Warm start from DIR/model.safetensors: weights only; moments zeroed, m->step = 0. */
+/* Warm start from DIR/model.safetensors: weights only; moments zeroed, m->step = 0. Every
+ * tensor's checksum is checked first: DFLASH_ECORRUPT naming the file and the tensor. */
 int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen);
 
 /* Exact resume from DIR: fp32 masters, moments, m->step, and tc's seed, schedule and optimizer
- * settings (tc may be NULL to keep the caller's). */
+ * settings (tc may be NULL to keep the caller's). Every tensor of training_state.safetensors is
+ * checked against its checksum first: DFLASH_ECORRUPT naming the file and the tensor. */
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
                        size_t errlen);
 

@@ -9,6 +9,8 @@
  *   - the optimizer on a side stream that lags as far as ops.h allows gives the same steps
  *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2);
  *     a save that cannot write names the system's reason
+ *   - checkpoint checksums: a bit flipped in a tensor's data of either file is refused by the
+ *     loader that reads it, naming the file and the tensor; a checkpoint without them loads
  *   - a drafter that does not fit the target is refused with both values named
  *   - a slot's view: trains like the batch it holds; arrays that disagree with its header refused
  *   - DFLASH_LM_CHUNK and DFLASH_LAYER0_DEDUP: a value they do not take ("on", "4k") exits 2
@@ -1034,6 +1036,131 @@ static void test_checkpoint(world *w) {
     dflash_model_destroy(&b);
     CHECK_EQ_INT(test_rmtree(root), 0);
 }
+/* The header length of the safetensors file at path (its first 8 bytes, little-endian). */
+static uint64_t header_length(const char *path) {
+    unsigned char b[8] = {0};
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        if (fread(b, 1, 8, f) != 8) memset(b, 0, 8);
+        fclose(f);
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | b[i];
+    return n;
+}
+
+/* The offset in the file at path of byte `at` of tensor name's data (the data section starts
+ * after the header; the tensors tile it from its first byte); 0 when there is no such tensor. */
+static uint64_t tensor_file_offset(const char *path, const char *name, size_t at) {
+    char err[512];
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    const safetensors_tensor *t = safetensors_find(st, name);
+    uint64_t off = 0;
+    if (t && at < t->bytes) {
+        const char *start = t->data;
+        for (size_t i = 0; i < safetensors_count(st); i++)
+            if ((const char *)safetensors_at(st, i)->data < start)
+                start = safetensors_at(st, i)->data;
+        off = 8 + header_length(path) + (uint64_t)((const char *)t->data - start) + at;
+    }
+    safetensors_close(&st);
+    return off;
+}
+
+/* Makes path a file of a checkpoint written before the checksums: its __metadata__ without the
+ * "crc32c." entries, the data as it was. */
+static void strip_checksums(const char *path) {
+    size_t len = 0;
+    char *b = test_slurp(path, &len);
+    uint64_t hlen = header_length(path);
+    cJSON *root = hlen + 8 <= len ? cJSON_ParseWithLength(b + 8, hlen) : NULL;
+    cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+    CHECK(meta != NULL);
+    for (cJSON *e = meta ? meta->child : NULL, *next; e; e = next) {
+        next = e->next;
+        if (!strncmp(e->string, "crc32c.", 7)) cJSON_Delete(cJSON_DetachItemViaPointer(meta, e));
+    }
+    char *json = cJSON_PrintUnformatted(root);
+    size_t jl = json ? strlen(json) : 0, padded = (jl + 7) & ~(size_t)7;
+    size_t data = len - 8 - hlen, n = 8 + padded + data;
+    char *out = malloc(n);
+    if (json && out) {
+        for (int i = 0; i < 8; i++)
+            out[i] = (char)((uint64_t)padded >> (8 * i));
+        memcpy(out + 8, json, jl);
+        memset(out + 8 + jl, ' ', padded - jl);
+        memcpy(out + 8 + padded, b + 8 + hlen, data);
+        test_spill(path, out, n);
+    }
+    free(out);
+    free(json);
+    cJSON_Delete(root);
+    free(b);
+}
+
+/* Both files of a checkpoint carry every tensor's crc32c. A bit flipped in a tensor's data is
+ * refused by the loader that reads that file (DFLASH_ECORRUPT, naming the file and the tensor)
+ * instead of training on or serving a damaged weight or moment, which no shape or header check
+ * sees. A checkpoint from before the checksums still loads, to the same values. */
+static void test_checkpoint_checksums(world *w) {
+    char root[] = "/tmp/dflash_ckpt_crc_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    CHECK(a != NULL && b != NULL);
+    if (!a || !b) return;
+    dflash_train_cfg tc = w->tc, tb;
+    dflash_metrics ma;
+    dflash_train_step(a, &tc, &w->view, 0, 0, &ma); /* moments not zero */
+    char path[512], err[512], file[600], name[200];
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, NULL, path, sizeof path, err, sizeof err), 0);
+    const dflash_tensor *mid = &a->tensors[a->n_tensors / 2];
+
+    /* model.safetensors, read by the warm start and eval (and by SGLang, vLLM) */
+    snprintf(file, sizeof file, "%s/model.safetensors", path);
+    uint64_t off = tensor_file_offset(file, mid->name, mid->numel); /* mid-tensor (bf16) */
+    CHECK(off > 0);
+    CHECK_EQ_INT(test_flip_bit(file, off, 5), 0);
+    CHECK_EQ_INT(dflash_ckpt_load_weights(b, path, err, sizeof err), DFLASH_ECORRUPT);
+    printf("warm start from a flipped bit: %s\n", err);
+    CHECK(strstr(err, file) && strstr(err, mid->name) && strstr(err, "checksum mismatch"));
+    CHECK_EQ_INT(test_flip_bit(file, off, 5), 0);
+    CHECK_EQ_INT(dflash_ckpt_load_weights(b, path, err, sizeof err), 0);
+
+    /* training_state.safetensors, read by the exact resume: a second moment this time */
+    snprintf(file, sizeof file, "%s/training_state.safetensors", path);
+    snprintf(name, sizeof name, "exp_avg_sq.%s", mid->name);
+    off = tensor_file_offset(file, name, 2 * mid->numel); /* mid-tensor (fp32) */
+    CHECK(off > 0);
+    CHECK_EQ_INT(test_flip_bit(file, off, 1), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), DFLASH_ECORRUPT);
+    printf("resume from a flipped bit: %s\n", err);
+    CHECK(strstr(err, file) && strstr(err, name) && strstr(err, "checksum mismatch"));
+    CHECK_EQ_INT(test_flip_bit(file, off, 1), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), 0);
+
+    /* written before the checksums: loads, unverified, to the same values */
+    strip_checksums(file);
+    snprintf(file, sizeof file, "%s/model.safetensors", path);
+    strip_checksums(file);
+    safetensors *st = safetensors_open(file, err, sizeof err);
+    CHECK(st && safetensors_count(st) == (size_t)a->n_tensors &&
+          !safetensors_at(st, 0)->has_crc32c);
+    safetensors_close(&st);
+    dflash_model_destroy(&b);
+    b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), 0);
+    CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+    CHECK(!memcmp(a->adam_v, b->adam_v, a->n_params * sizeof(float)));
+    CHECK_EQ_INT(b->step, 1);
+    CHECK_EQ_INT(dflash_ckpt_load_weights(b, path, err, sizeof err), 0);
+
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+    CHECK_EQ_INT(test_rmtree(root), 0);
+}
+
 
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
 static void test_eval(world *w) {
@@ -1168,6 +1295,7 @@ int main(void) {
     test_async_step(w);
     test_no_alloc_in_steps(w);
     test_side_stream(w);
+    test_checkpoint_checksums(w);
     test_checkpoint(w);
     test_eval(w);
     test_slot_view(w);

@@ -4,8 +4,10 @@
  * checks on a missing log fail instead of crashing. Free the result with free().
  * test_spill writes len bytes of b to path, replacing the file. test_file_size: the size of
  * the file at path, 0 where it cannot be read. test_copy_prefix: dst becomes the first len bytes
- * of src (all of src where it is shorter). test_rmtree removes a test's temporary directory
- * tree (files, links and folders, without following links); 0, or -1 with a message. */
+ * of src (all of src where it is shorter). test_flip_bit inverts bit (0-7) of the byte at
+ * offset in path, in place (damage that keeps the size); 0, or -1 where it cannot. test_rmtree
+ * removes a test's temporary directory tree (files, links and folders, without following
+ * links); 0, or -1 with a message. */
 #ifndef DFLASH_TEST_FILES_H
 #define DFLASH_TEST_FILES_H
 
@@ -56,6 +58,16 @@ static inline void test_copy_prefix(const char *src, const char *dst, uint64_t l
     }
     if (in >= 0) close(in);
     if (out >= 0) close(out);
+}
+
+static inline int test_flip_bit(const char *path, uint64_t offset, int bit) {
+    int fd = open(path, O_RDWR);
+    unsigned char b;
+    int rc = fd >= 0 && pread(fd, &b, 1, (off_t)offset) == 1 ? 0 : -1;
+    b ^= (unsigned char)(1u << bit);
+    if (rc == 0 && pwrite(fd, &b, 1, (off_t)offset) != 1) rc = -1;
+    if (fd >= 0) close(fd);
+    return rc;
 }
 
 static inline int test_rmtree_entry(const char *path, const struct stat *st, int flag,

@@ -1,13 +1,17 @@
 /* test_safetensors: round trips through the writer and reader (plain, streamed, sharded), the
  * half-precision conversions, and that corrupt, truncated or inconsistent files are refused with
- * messages that name the file, the tensor and the problem. */
+ * messages that name the file, the tensor and the problem; the writer's per-tensor checksums
+ * (right when streamed across tensor boundaries, a flipped data bit caught by
+ * safetensors_verify, a file with some but not all of them refused, one with none accepted). */
 #include "check.h"
+#include "crc.h"
 #include "err.h"
 #include "safetensors.h"
 #include "test_files.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -370,12 +374,111 @@ static void test_sharded(void) {
     unlink(p2);
 }
 
+/* Every tensor of path carries the crc32c of its data, in __metadata__ as 8 hex digits. */
+static void expect_checksummed(const char *path, size_t n_tensors) {
+    char err[512] = "";
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL);
+    if (!st) return;
+    for (size_t i = 0; i < safetensors_count(st); i++) {
+        const safetensors_tensor *t = safetensors_at(st, i);
+        char key[300], hex[16];
+        snprintf(key, sizeof key, "crc32c.%s", t->name);
+        snprintf(hex, sizeof hex, "%08x", crc32c(0, t->data, t->bytes));
+        const char *v = safetensors_metadata(st, key);
+        CHECK(t->has_crc32c && t->crc32c == crc32c(0, t->data, t->bytes));
+        CHECK(v && strcasecmp(v, hex) == 0);
+    }
+    size_t checked = 0;
+    CHECK_EQ_INT(safetensors_verify(st, &checked, err, sizeof err), 0);
+    CHECK_EQ_INT(checked, n_tensors);
+    safetensors_close(&st);
+}
+
+static void test_checksums(void) {
+    char path[300], err[512];
+    /* streamed in chunks across tensor boundaries, with an empty tensor (test_streaming) */
+    path_of(path, sizeof path, "stream.safetensors");
+    expect_checksummed(path, 3);
+
+    /* from data pointers; the checksum keys are the writer's own */
+    path_of(path, sizeof path, "crc.safetensors");
+    static float a[300], b[77];
+    for (int i = 0; i < 300; i++)
+        a[i] = (float)i - 7.25f;
+    for (int i = 0; i < 77; i++)
+        b[i] = 1.0f / (float)(i + 1);
+    safetensors_writer *w = safetensors_writer_new(path);
+    CHECK_EQ_INT(safetensors_writer_meta(w, "crc32c.a", "00000000"), DFLASH_EINVAL);
+    CHECK_EQ_INT(safetensors_writer_add(w, "a", SAFETENSORS_F32, 1, (int64_t[]){300}, a), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "b", SAFETENSORS_F32, 1, (int64_t[]){77}, b), 0);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+    expect_checksummed(path, 2);
+
+    /* one bit of b's data flipped (b follows a's 1200 bytes): verify names the file and b */
+    size_t len = 0;
+    char *bytes = test_slurp(path, &len);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | (unsigned char)bytes[i];
+    free(bytes);
+    CHECK_EQ_INT(test_flip_bit(path, 8 + hlen + 1200 + 101, 3), 0);
+    safetensors *st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL);
+    size_t checked = 99;
+    CHECK_EQ_INT(safetensors_verify(st, &checked, err, sizeof err), DFLASH_ECORRUPT);
+    CHECK(strstr(err, path) && strstr(err, "tensor b:") && strstr(err, "checksum"));
+    printf("a flipped bit: %s\n", err);
+    safetensors_close(&st);
+
+    /* raw files: checksums for every tensor or none, each 8 hex digits naming a tensor */
+    char hdr[512], ca[16], cb[16];
+    const char *ta = "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}";
+    const char *tb = "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}";
+    unsigned char data[16];
+    for (int i = 0; i < 16; i++)
+        data[i] = (unsigned char)i; /* write_raw's bytes */
+    snprintf(ca, sizeof ca, "%08x", crc32c(0, data, 8));
+    snprintf(cb, sizeof cb, "%08X", crc32c(0, data + 8, 8)); /* upper case is read too */
+    path_of(path, sizeof path, "raw.safetensors");
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"crc32c.a\":\"%s\",\"crc32c.b\":\"%s\"},%s,%s}",
+             ca, cb, ta, tb);
+    write_raw(path, hdr, 16, -1);
+    expect_checksummed(path, 2);
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"crc32c.a\":\"%s\"},%s,%s}", ca, ta, tb);
+    write_raw(path, hdr, 16, -1);
+    expect_bad(path, "tensor b", "damaged header");
+    snprintf(hdr, sizeof hdr,
+             "{\"__metadata__\":{\"crc32c.a\":\"%s\",\"crc32c.b\":\"%s\",\"crc32c.c\":\"%s\"},"
+             "%s,%s}",
+             ca, cb, cb, ta, tb);
+    write_raw(path, hdr, 16, -1);
+    expect_bad(path, "3 checksums for 2 tensors", "damaged header");
+    snprintf(hdr, sizeof hdr,
+             "{\"__metadata__\":{\"crc32c.a\":\"%s\",\"crc32c.b\":\"%.7s\"},%s,%s}", ca, cb, ta,
+             tb);
+    write_raw(path, hdr, 16, -1);
+    expect_bad(path, "tensor b", "not 8 hex digits");
+    /* none: a file from elsewhere (or from before the checksums) opens and verifies nothing */
+    snprintf(hdr, sizeof hdr, "{%s,%s}", ta, tb);
+    write_raw(path, hdr, 16, -1);
+    st = safetensors_open(path, err, sizeof err);
+    CHECK(st != NULL);
+    checked = 99;
+    CHECK_EQ_INT(safetensors_verify(st, &checked, err, sizeof err), 0);
+    CHECK_EQ_INT(checked, 0);
+    CHECK(st && !safetensors_find(st, "a")->has_crc32c);
+    safetensors_close(&st);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-st-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_conversions();
     test_round_trip();
     test_streaming();
+    test_checksums();
     test_corrupt();
     test_sharded();
     test_rmtree(dir);

@@ -16,9 +16,10 @@
  *     start-up naming the path and the reason, not at the first checkpoint after hours of
  *     training; a missing one is created with its parents; one another live drafter
  *     writes is refused naming its pid (they would replace each other's checkpoints);
- *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file) is refused
- *     naming the checkpoint and what to do; `eval` of a checkpoint made for another target (a
- *     captured layer this one lacks) exits 2 (mismatch), not 1 (the target's load failing);
+ *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file, a bit flipped
+ *     in a tensor's data) is refused naming the checkpoint and what to do; `eval` of a
+ *     checkpoint made for another target (a captured layer this one lacks) exits 2 (mismatch),
+ *     not 1 (the target's load failing);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said;
  *   - a drafter that trained a few steps and then waits for data (a slow or restarting target)
@@ -391,7 +392,19 @@ static void test_resume_refused(void) {
     edit_file(path, "[1, 33]", "[1, 3]");
     edit_file(path, "\"num_target_layers\":\t36", "\"num_target_layers\":\t6");
 
+    /* one bit flipped in the data of the file's last tensor (a second moment): its checksum
+     * fails, and the message names it and says what to do */
     snprintf(path, sizeof path, "%s/training_state.safetensors", step);
+    uint64_t last = test_file_size(path) - 1;
+    CHECK_EQ_INT(test_flip_bit(path, last, 4), 0);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume of a checkpoint with a flipped bit: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, step) && strstr(err, "tensor exp_avg_sq.") &&
+          strstr(err, "data checksum mismatch") && strstr(err, "the checkpoint is damaged"));
+    worker_consumer_destroy(&c);
+    CHECK_EQ_INT(test_flip_bit(path, last, 4), 0);
+
     CHECK(truncate(path, 1000) == 0);
     c = fresh(0, 0, root, NULL, err, sizeof err);
     printf("resume of a truncated checkpoint: %s\n", c ? "started" : err);

@@ -59,7 +59,8 @@
  * GroupSetId, StepClaim, StepDone and GroupLeave into group.c calls and carry out the outcome
  * (apply_outcome): ledger acks of a step's units once for the group, or requeue/revoke on an
  * abort. A step's reservation is all or nothing (policy_claimable first). A dead drafter's copied
- * units of a step in flight stay in flight until the step is resolved (peer_remove skips them).
+ * units of a step in flight, or orphaned (group.h), stay in flight until the step is resolved
+ * (peer_remove skips them).
  * A rank's StepClaim whose reservation names a pool incarnation that is no longer registered is
  * answered Stale (broker_on_step_claim): its grant would describe the new arena.
  */
@@ -168,7 +169,7 @@ static void peer_remove(broker *b, uint32_t i, const char *why)
         broker_groups_peer_gone(b, p);
         if (b->policy) policy_drop_worker(b->policy, p->incarnation);
         for (uint32_t k = 0; k < p->n_held; k++)
-            if (!broker_group_step_owns(b, &p->held[k])) batch_failed(b, &p->held[k], true);
+            if (!group_owns_batch(b->groups, &p->held[k])) batch_failed(b, &p->held[k], true);
     } else if (p->role == WIRE_ROLE_TARGET && p->pool_id >= 0) {
         if (b->policy) policy_pool_drop(b->policy, (uint32_t)p->pool_id);
         b->pools[p->pool_id].registered = false;

@@ -3,8 +3,8 @@
  * StepDone and GroupLeave into group.c calls and carry out the outcome (apply_outcome): ledger
  * acks of a step's units once for the group, or requeue/revoke on an abort. A step's
  * reservation is all or nothing (policy_claimable first). A dead drafter's copied units of a
- * step in flight stay in flight until the step is resolved (broker.c's peer_remove skips the
- * units broker_group_step_owns names).
+ * step in flight, or of a step orphaned by the group's last member, stay in flight until the
+ * step is resolved (broker.c's peer_remove skips the units group_owns_batch names).
  * Thread: the broker's loop thread. Callers: broker.c (dispatch, peer_remove).
  */
 #include "broker_state.h"
@@ -16,24 +16,20 @@
 #include <inttypes.h>
 #include <string.h>
 
-/* True when id is a released unit of a step in flight: the step owns it until it is resolved
- * (a dead member's copy may be in the model the group continues with). */
-bool broker_group_step_owns(broker *b, const batch_id *id)
-{
-    for (uint32_t i = 0; i < group_count(b->groups); i++) {
-        const group *g = group_at(b->groups, i);
-        if (!g->step_active) continue;
-        for (uint32_t r = 0; r < g->step_world; r++)
-            if (g->slots[r].released && same_batch(&g->slots[r].batch, id)) return true;
-    }
-    return false;
-}
-
 /* Carries out what a group call decided (group.h, group_outcome): ACK records every unit of the
  * step as trained at the step (once for the whole group), ABORT gives unreleased leases back
  * (READY again) and returns released units to to-do. Returns the units recorded as trained. */
 static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *o)
 {
+    if (o->orphan && o->verdict == GROUP_KEEP)
+        LOG_WARN("group %s: its last member left while step %" PRIu64 " was in flight: the step "
+                 "waits, its units in flight, for the group to be created again (the ranks may "
+                 "be alive and have it: the creator's model step says whether it happened)",
+                 name, o->step);
+    else if (o->orphan)
+        LOG_INFO("group %s: created again by a member at a model step %s %" PRIu64 ": the "
+                 "orphaned step %s", name, o->verdict == GROUP_ACK ? ">=" : "<", o->step,
+                 o->verdict == GROUP_ACK ? "happened" : "did not happen");
     if (o->verdict == GROUP_KEEP) return 0;
     uint32_t n = 0;
     for (uint32_t r = 0; r < o->n_slots; r++) {

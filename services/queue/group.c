@@ -1,8 +1,10 @@
 /* group: see group.h for the model, the states and the resolution rule of a step in flight.
  *
  * Storage: the table is an array of heap-allocated groups (pointers stay valid until the group
- * is deleted: by group_leave when the last member leaves, or by group_dissolve); a group's members are a
- * fixed array in join order (removal shifts), so "ranks in join order" is a plain scan.
+ * is deleted: by group_leave when the last member leaves, or by group_dissolve); a group's members
+ * are a fixed array in join order (removal shifts), so "ranks in join order" is a plain scan.
+ * Orphaned steps (group.h) are a second array of heap-allocated records, at most one per group
+ * name and only while no group of that name exists: the join that creates it takes the record.
  */
 #include "group.h"
 
@@ -13,9 +15,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A step orphaned when the last member of its group left (group.h): what its resolution needs. */
+typedef struct group_orphan {
+    char name[GROUP_MAX_NAME];
+    uint64_t step;
+    uint32_t n_slots;
+    group_slot slots[GROUP_MAX_WORLD];
+} group_orphan;
+
 struct group_table {
     group *g[GROUP_MAX_GROUPS];
     uint32_t n;
+    group_orphan *orphans[GROUP_MAX_GROUPS];
+    uint32_t n_orphans;
 };
 
 const char *group_state_name(group_state s)
@@ -42,6 +54,7 @@ void group_table_destroy(group_table **t)
 {
     if (!t || !*t) return;
     for (uint32_t i = 0; i < (*t)->n; i++) free((*t)->g[i]);
+    for (uint32_t i = 0; i < (*t)->n_orphans; i++) free((*t)->orphans[i]);
     free(*t);
     *t = NULL;
 }
@@ -85,14 +98,21 @@ static group_entry *first_admitted(group *g)
     return NULL;
 }
 
+/* out tells the broker to carry out verdict v on the n slots of step. */
+static void set_verdict(group_outcome *out, group_verdict v, uint64_t step,
+                        const group_slot *slots, uint32_t n)
+{
+    out->verdict = v;
+    out->step = step;
+    out->n_slots = n;
+    memcpy(out->slots, slots, n * sizeof *slots);
+}
+
 /* The step in flight ends with verdict v; out gets what the broker must do. */
 static void resolve(group *g, group_verdict v, group_outcome *out)
 {
     assert(g->step_active);
-    out->verdict = v;
-    out->step = g->step;
-    out->n_slots = g->step_world;
-    memcpy(out->slots, g->slots, g->step_world * sizeof *g->slots);
+    set_verdict(out, v, g->step, g->slots, g->step_world);
     if (v == GROUP_ACK) {
         g->done_epoch = g->step_epoch;
         g->done_step = g->step;
@@ -120,16 +140,67 @@ static void new_epoch(group *g, group_outcome *out)
     out->new_epoch = true;
 }
 
+/* Keeps the step in flight of g, whose last member just left, as an orphan for the join that
+ * creates the group again. False when it cannot be kept: a rank never copied its unit (so nobody
+ * trained the step), or no room. */
+static bool orphan_keep(group_table *t, group *g)
+{
+    for (uint32_t r = 0; r < g->step_world; r++)
+        if (!g->slots[r].released) return false;
+    group_orphan *o = t->n_orphans < GROUP_MAX_GROUPS ? malloc(sizeof *o) : NULL;
+    if (!o) return false;
+    snprintf(o->name, sizeof o->name, "%s", g->name);
+    o->step = g->step;
+    o->n_slots = g->step_world;
+    memcpy(o->slots, g->slots, g->step_world * sizeof *g->slots);
+    t->orphans[t->n_orphans++] = o;
+    g->step_active = false;
+    g->resolver = 0;
+    return true;
+}
+
+/* The step in flight has no admitted member left to resolve it. Members left (joiners waiting
+ * for the boundary) form the next epoch from their own models, which never had the step: ABORT.
+ * With nobody left the ranks may be alive (expired while they trained, their models updated):
+ * the step is orphaned (out->orphan), else aborted. */
+static void no_resolver(group_table *t, group *g, group_outcome *out)
+{
+    if (!g->n_members && orphan_keep(t, g)) {
+        out->orphan = true;
+        out->step = g->step;
+        return;
+    }
+    resolve(g, GROUP_ABORT, out);
+}
+
+/* The group name was just created by a join from a member at model_step: a step orphaned under
+ * that name is resolved by the creator's model, which the group continues from. */
+static void resolve_orphan(group_table *t, group *g, uint64_t model_step, group_outcome *out)
+{
+    for (uint32_t i = 0; i < t->n_orphans; i++) {
+        group_orphan *o = t->orphans[i];
+        if (strcmp(o->name, g->name) != 0) continue;
+        group_verdict v = model_step >= o->step ? GROUP_ACK : GROUP_ABORT;
+        set_verdict(out, v, o->step, o->slots, o->n_slots);
+        out->orphan = true;
+        if (v == GROUP_ACK) g->steps_done++;
+        else g->steps_aborted++;
+        free(o);
+        t->orphans[i] = t->orphans[--t->n_orphans];
+        return;
+    }
+}
+
 /* The current epoch is over (a rank left or failed). A step in flight waits for its resolver,
- * the first admitted member left; with none, it is aborted. */
-static void end_epoch(group *g, group_outcome *out)
+ * the first admitted member left (no_resolver with none). */
+static void end_epoch(group_table *t, group *g, group_outcome *out)
 {
     if (g->state == GROUP_REFORMING) return;
     set_state(g, GROUP_REFORMING);
     if (!g->step_active) return;
     group_entry *l = first_admitted(g);
     if (l) g->resolver = l->peer;
-    else resolve(g, GROUP_ABORT, out);
+    else no_resolver(t, g, out);
 }
 
 /* Forms the next epoch when membership changed and no step is in flight. */
@@ -192,13 +263,14 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
         m->peer = peer;
         snprintf(m->name, sizeof m->name, "%s", peer_name ? peer_name : "");
         m->join_seq = g->next_seq++;
+        if (out->created) resolve_orphan(t, g, model_step, out);
         try_form(g, out);
         *gp = g;
         return 0;
     }
     if (m->admitted && failed_epoch && failed_epoch == g->epoch &&
         (g->state == GROUP_FORMING || g->state == GROUP_ACTIVE))
-        end_epoch(g, out);
+        end_epoch(t, g, out);
     if (g->state == GROUP_REFORMING && g->step_active && g->resolver == peer) {
         resolve(g, model_step >= g->step ? GROUP_ACK : GROUP_ABORT, out);
         g->base_step = model_step; /* the next epoch starts from this member's model */
@@ -220,11 +292,11 @@ bool group_leave(group_table *t, uint64_t peer, group_outcome *out)
     g->n_members--;
     if (admitted) {
         if (g->state == GROUP_FORMING || g->state == GROUP_ACTIVE) {
-            end_epoch(g, out);
+            end_epoch(t, g, out);
         } else if (g->state == GROUP_REFORMING && g->step_active && g->resolver == peer) {
             group_entry *l = first_admitted(g);
             if (l) g->resolver = l->peer;
-            else resolve(g, GROUP_ABORT, out);
+            else no_resolver(t, g, out);
         }
     }
     try_form(g, out);
@@ -281,6 +353,28 @@ void group_step_begin(group *g, uint64_t step, const group_slot *slots)
     g->step_epoch = g->epoch;
     g->step_world = g->world;
     memcpy(g->slots, slots, g->world * sizeof *slots);
+}
+
+static bool same_batch(const batch_id *a, const batch_id *b)
+{
+    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
+}
+
+static bool slots_hold(const group_slot *slots, uint32_t n, const batch_id *id)
+{
+    for (uint32_t r = 0; r < n; r++)
+        if (slots[r].released && same_batch(&slots[r].batch, id)) return true;
+    return false;
+}
+
+bool group_owns_batch(const group_table *t, const batch_id *id)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->g[i]->step_active && slots_hold(t->g[i]->slots, t->g[i]->step_world, id))
+            return true;
+    for (uint32_t i = 0; i < t->n_orphans; i++)
+        if (slots_hold(t->orphans[i]->slots, t->orphans[i]->n_slots, id)) return true;
+    return false;
 }
 
 group_slot *group_slot_of_lease(group_table *t, uint64_t lease_id)

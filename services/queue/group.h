@@ -25,8 +25,15 @@
  * becomes rank 0; it is rank 0 of the ending epoch whenever that one is alive). Its StepDone
  * means the update happened (ACK: all world units trained at that step); its GroupJoin reports
  * its model step: >= the step's number means the update happened (ACK), else ABORT (every unit
- * back to to-do). If no admitted member survives, the step is aborted. So the ledger always
- * matches the model the group continues with: no batch is lost and none is trained twice.
+ * back to to-do). If no admitted member survives, the group continues from the model of whoever
+ * forms its next epoch: a joiner waiting for the boundary (the step is aborted: its model never
+ * had it), or, with nobody left, whoever creates the group again. In that last case the ranks
+ * may well be alive (all expired by the broker while they trained: a paused node, a network
+ * blip) and their models updated, so the step is *orphaned*, not aborted: its units stay in
+ * flight (not produced again) and the join that creates the group again resolves it by the
+ * creator's model step as above (ACK or ABORT). A step with a unit no rank copied cannot have
+ * been trained: it is aborted at once. So the ledger always matches the model the group
+ * continues with: no batch is lost and none is trained twice.
  *
  * Thread: the broker's loop thread. Callers: broker_groups.c, broker.c, tests.
  */
@@ -97,6 +104,7 @@ typedef struct group_outcome {
     group_slot slots[GROUP_MAX_WORLD];
     bool created;
     bool new_epoch; /* a new epoch formed */
+    bool orphan;    /* step `step` was orphaned now (KEEP), or the verdict resolves an orphan */
 } group_outcome;
 
 typedef struct group_table group_table;
@@ -114,12 +122,13 @@ group *group_of_peer(group_table *t, uint64_t peer);
 uint32_t group_largest(const group_table *t);
 
 /* GroupJoin from peer (model_step: its optimizer steps; failed_epoch: the epoch whose
- * collective failed there, 0 none). Creates the group, adds the peer (pending) or treats a
- * member's join as a poll, a failure (failed_epoch == epoch while FORMING/ACTIVE: the epoch
- * ends) or the resolver's word on a step in flight; forms a new epoch when it can. max_world:
- * refuse growing past it. Returns 0 (*g set; the peer's view is current when its member entry
- * is admitted and the group is FORMING or ACTIVE), DFLASH_EFULL (max_world), DFLASH_EEXISTS
- * (peer is in another group), DFLASH_ENOMEM (too many groups). out gets the outcome. */
+ * collective failed there, 0 none). Creates the group (resolving a step orphaned under its name
+ * by model_step), adds the peer (pending) or treats a member's join as a poll, a failure
+ * (failed_epoch == epoch while FORMING/ACTIVE: the epoch ends) or the resolver's word on a step
+ * in flight; forms a new epoch when it can. max_world: refuse growing past it. Returns 0 (*g
+ * set; the peer's view is current when its member entry is admitted and the group is FORMING or
+ * ACTIVE), DFLASH_EFULL (max_world), DFLASH_EEXISTS (peer is in another group), DFLASH_ENOMEM
+ * (too many groups). out gets the outcome. */
 int group_join(group_table *t, const char *name, uint64_t peer, const char *peer_name,
                uint64_t model_step, uint64_t failed_epoch, uint32_t max_world, group **g,
                group_outcome *out);
@@ -129,8 +138,9 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
 void group_dissolve(group_table *t, group *g);
 
 /* The peer died, was replaced, or said goodbye: it leaves its group (if any); the epoch ends if
- * it was a rank; a step in flight is resolved or waits for its resolver. A group left empty is
- * deleted after the outcome is filled. Returns true if the peer was in a group. */
+ * it was a rank; a step in flight is resolved, waits for its resolver, or is orphaned (the peer
+ * was the last member). A group left empty is deleted after the outcome is filled. Returns true
+ * if the peer was in a group. */
 bool group_leave(group_table *t, uint64_t peer, group_outcome *out);
 
 /* Rank 0 posts the rendezvous id of epoch: FORMING -> ACTIVE. 0, DFLASH_ESTALE (another epoch or
@@ -145,6 +155,9 @@ int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uin
 int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, group_slot **slot);
 /* Records the reserved slots (by rank, world entries) as the step in flight. */
 void group_step_begin(group *g, uint64_t step, const group_slot *slots);
+/* True when id is a copied unit of a step in flight or orphaned: the step owns it until it is
+ * resolved (a dead member's copy may be in the model the group continues with). */
+bool group_owns_batch(const group_table *t, const batch_id *id);
 /* The slot of a released lease (any group), or NULL. */
 group_slot *group_slot_of_lease(group_table *t, uint64_t lease_id);
 

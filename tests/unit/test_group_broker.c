@@ -16,6 +16,10 @@
  *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields);
  *   - a group restarted whole waits for the member holding the newest committed checkpoint
  *     to be its rank 0 (a former rank 1 has none), for group-hold-ms at most;
+ *   - every rank of a group expired mid-step (a paused node) and back: the step is trained once,
+ *     acked when the model the group is created again from has it (whichever rank creates it),
+ *     its units to do again when that model lacks it; never produced and trained again while
+ *     the models have it;
  *   - a target that restarted between a step's reservation and a late rank's StepClaim: the
  *     grant named the old pool incarnation with the new arena's shm name and handles, the rank
  *     copied unrelated bytes and exited; the claim is refused Stale, the group re-forms, the
@@ -25,6 +29,7 @@
 #include "broker_stub.h"
 #include "config.h"
 #include "err.h"
+#include "monotime.h"
 #include "wire.h"
 
 #include <stdlib.h>
@@ -353,9 +358,116 @@ static void test_step_after_target_restart(void)
     stub_broker_free();
 }
 
+static void quick_expiry(queue_config *cfg)
+{
+    big_liveness(cfg);
+    cfg->heartbeat_ms = 20;
+    cfg->liveness = 3;
+}
+
+/* Runs the broker's cron, the target beating, until the drafters are expired (only the target
+ * is left), for 5 s at most; whether they were. */
+static bool expire_drafters(void)
+{
+    for (uint64_t end = monotime_ms() + 5000; monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, 7);
+        stub_req.u.step = monotime_ms();
+        CHECK_EQ_INT(stub_send("target-t-7"), 0);
+        if (stub_status().peers == 1) return true;
+        usleep(5 * 1000);
+    }
+    return false;
+}
+
+static bool same_unit(const wire_unit *a, const wire_unit *b)
+{
+    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
+}
+
+/* Both ranks of a group copied their slots of step 1 and train it; the broker expires both (all
+ * SIGSTOPped, a paused node, a network blip of the whole node): nobody is left to resolve the
+ * step. The ranks were alive and went on: their models took the update. They come back (same
+ * incarnations), rank 0's StepDone is answered Stale (unknown peer), they say hello and join
+ * again; `creator` (0: the old rank 0, 1: the old rank 1) comes first, at `creator_step` (1: its
+ * model has step 1; 0: its collective failed and its model did not take it). The group is
+ * created at that step: step 1's units must then be trained exactly when that model has them
+ * (defect: the step was aborted when the last rank expired, its units went back to to-do and
+ * were produced and trained again, by models that already had them). */
+static void all_ranks_expired(int creator, uint64_t creator_step)
+{
+    setup_with(quick_expiry);
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    wire_group_view va, vb;
+    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    CHECK_EQ_INT(set_id(&A, vb.epoch, 0x11), 0);
+    make_ready(2);
+    wire_step_grant ga, gb;
+    CHECK_EQ_INT(claim(&A, vb.epoch, 1, &ga), 0);
+    CHECK_EQ_INT(claim(&B, vb.epoch, 1, &gb), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&B, gb.grant.lease_id), 0);
+    uint64_t todo = stub_status().batches_todo;
+
+    bool expired = expire_drafters();
+    CHECK(expired);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.n_groups, 0);
+    CHECK_EQ_INT(s.batches_trained, 0);
+    CHECK_EQ_INT(s.batches_inflight, 2); /* not produced again while nobody can say */
+    CHECK_EQ_INT(s.batches_todo, todo);
+
+    /* they come back */
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, vb.epoch, 1), DFLASH_ESTALE); /* unknown peer */
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    const drafter *first = creator == 0 ? &A : &B, *second = creator == 0 ? &B : &A;
+    CHECK_EQ_INT(join(first, creator_step, 0, &va), 0);
+    CHECK(va.rank == 0 && va.step == creator_step);
+    s = stub_status();
+    printf("all ranks expired, rank %d creates the group again at step %llu: %llu trained, "
+           "%llu in flight, %llu to do (%llu before)\n", creator,
+           (unsigned long long)creator_step, (unsigned long long)s.batches_trained,
+           (unsigned long long)s.batches_inflight, (unsigned long long)s.batches_todo,
+           (unsigned long long)todo);
+    CHECK_EQ_INT(s.batches_trained, creator_step == 1 ? 2 : 0);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_todo, creator_step == 1 ? todo : todo + 2);
+
+    /* the group goes on from the creator's model: step creator_step + 1, two new units unless
+     * step 1 was aborted (then they are step 1's, to be trained for the first time) */
+    CHECK_EQ_INT(join(second, 0, 0, &vb), 0);
+    CHECK_EQ_INT(join(first, creator_step, 0, &va), 0);
+    CHECK(va.epoch == vb.epoch && va.world == 2 && vb.rank == 1 && vb.step == creator_step);
+    CHECK_EQ_INT(set_id(first, va.epoch, 0x22), 0);
+    make_ready(2);
+    wire_step_grant g1, g2;
+    uint64_t next = creator_step + 1;
+    CHECK_EQ_INT(claim(first, va.epoch, next, &g1), 0);
+    CHECK_EQ_INT(claim(second, vb.epoch, next, &g2), 0);
+    int again = 0;
+    for (uint32_t k = 0; k < g1.n_units; k++)
+        again += same_unit(&g1.units[k], &ga.units[0]) + same_unit(&g1.units[k], &ga.units[1]);
+    CHECK_EQ_INT(again, creator_step == 1 ? 0 : 2);
+    CHECK_EQ_INT(release(first, g1.grant.lease_id), 0);
+    CHECK_EQ_INT(release(second, g2.grant.lease_id), 0);
+    CHECK_EQ_INT(gstep(first, WIRE_STEP_DONE, va.epoch, next), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 2);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, creator_step == 1 ? 4 : 2);
+    CHECK_EQ_INT(s.acks, s.batches_trained); /* none acked twice */
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_wire_checks();
+    all_ranks_expired(0, 1);
+    all_ranks_expired(1, 1);
+    all_ranks_expired(0, 0);
     test_restart_order();
     test_step_after_target_restart();
     setup();

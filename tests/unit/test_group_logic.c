@@ -3,7 +3,9 @@
  *   - a rank whose communicator failed to open while FORMING re-forms the group at once;
  *   - the resolver of a step in flight dies: the next surviving first rank resolves it;
  *   - every admitted rank dies with a step in flight: it is aborted, a pending joiner forms the
- *     next epoch alone; with no joiner the empty group is deleted;
+ *     next epoch alone; with no joiner the empty group is deleted, and the step is orphaned when
+ *     every rank had copied its unit: the join that creates the group again resolves it by its
+ *     model step (aborted at once when a unit was never copied);
  *   - a pending joiner that dies changes nothing (no new epoch);
  *   - a step claim for the step after the one in flight waits (EAGAIN) instead of failing;
  *   - the max-world limit and "one group per peer". */
@@ -123,9 +125,42 @@ int main(void)
     CHECK_EQ_INT(group_count(t3), 0);
     CHECK(group_find(t3, "g") == NULL);
 
+    /* both ranks die after copying their units of step 1: nobody is left, the step is
+     * orphaned (its units stay owned); the join that creates the group again resolves it: at
+     * model step 1 it happened, at 0 it did not. A step of another group name is not touched. */
+    group_table *t4 = group_table_new();
+    uint64_t pair[2] = {30, 31};
+    for (int creator_step = 1; creator_step >= 0; creator_step--) {
+        g = form(t4, pair, 2);
+        group_slot s2[2] = {slot_of(30, 0), slot_of(31, 1)};
+        s2[0].released = s2[1].released = true;
+        group_step_begin(g, 1, s2);
+        CHECK(group_leave(t4, 30, &o));
+        CHECK(!o.orphan && o.verdict == GROUP_KEEP);
+        CHECK(group_leave(t4, 31, &o));
+        CHECK(o.orphan && o.verdict == GROUP_KEEP && o.step == 1);
+        CHECK_EQ_INT(group_count(t4), 0);
+        CHECK(group_owns_batch(t4, &s2[1].batch));
+        CHECK_EQ_INT(group_join(t4, "other", 32, "x", 5, 0, 8, &h, &o), 0);
+        CHECK(o.created && !o.orphan && o.verdict == GROUP_KEEP);
+        CHECK(group_leave(t4, 32, &o));
+        CHECK_EQ_INT(group_join(t4, "g", 31, "b", (uint64_t)creator_step, 0, 8, &g, &o), 0);
+        CHECK(o.created && o.orphan && o.step == 1 && o.n_slots == 2);
+        CHECK_EQ_INT(o.verdict, creator_step == 1 ? GROUP_ACK : GROUP_ABORT);
+        CHECK_EQ_INT(g->steps_done, creator_step == 1 ? 1 : 0);
+        CHECK_EQ_INT(g->steps_aborted, creator_step == 1 ? 0 : 1);
+        CHECK(!group_owns_batch(t4, &s2[1].batch));
+        CHECK(group_leave(t4, 31, &o)); /* no step in flight: nothing orphaned */
+        CHECK(!o.orphan && group_count(t4) == 0);
+        CHECK_EQ_INT(group_join(t4, "g", 31, "b", 1, 0, 8, &g, &o), 0);
+        CHECK(o.created && !o.orphan && o.verdict == GROUP_KEEP);
+        CHECK(group_leave(t4, 31, &o));
+    }
+
     group_table_destroy(&t);
     group_table_destroy(&t2);
     group_table_destroy(&t3);
+    group_table_destroy(&t4);
     CHECK(t == NULL);
     CHECK_DONE();
 }

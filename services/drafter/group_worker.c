@@ -3,14 +3,15 @@
  * Pending step (rank 0 only): between a trained step and the answer to its StepDone, the step's
  * units (StepGrant.units, all ranks') live only here. If the broker restarts in that window, the
  * hello carries them (the new broker adopts them from its journal instead of handing them out
- * again) and plain Acks at the step record them, as a solo drafter's late ack would. The same
- * goes for a group of one whose StepDone the same broker answers STALE: it expired us while we
- * trained (a network blip, a paused process) and, with no other rank to resolve the step,
- * aborted it; the units went back to to-do although our model has them. With other ranks the
- * step is theirs to resolve (group.h): the first survivor acks it or aborts it by its model.
- * A StepDone no broker answered keeps the step pending: it is sent again before the next claim
- * (and at the end); a GroupJoin answered by the same broker resolves it instead (by our model
- * step).
+ * again) and plain Acks at the step record them, as a solo drafter's late ack would. A StepDone
+ * the same broker answers STALE is never acked late: the step was resolved without us, by the
+ * model the group goes on from (group.h). A surviving rank's model decided it (ABORT: it lacks
+ * the update, and we will be synced to it), or, when the broker expired every rank while we
+ * trained (a paused node, a network blip; a group of one included), the step is orphaned and
+ * the join that creates the group again decides it by the model step it reports: ours when we
+ * come back first. A StepDone no broker answered keeps the step pending: it is sent again
+ * before the next claim (and at the end); a GroupJoin answered by the same broker resolves it
+ * instead (by our model step).
  * The importer, the staging buffer, the client and its heartbeat thread are the session's
  * (worker_session.h), shared with the solo loop.
  */
@@ -201,29 +202,16 @@ static int joining(gw *g)
     return 0;
 }
 
-/* After a StepDone answered STALE: true when the pending step's units go to the broker through
- * the hello and plain acks (do_register): the broker restarted, or we trained the step alone
- * and nobody else can resolve it. False: the epoch's other ranks resolve it. */
-static bool step_needs_late_acks(const gw *g)
-{
-    return client_broker_restarted(g->cl) || g->world == 1;
-}
-
 /* Rank 0: reports the pending step done. Keeps it pending while no broker answers (0 then:
- * sent again before the next claim); a restarted broker, or one that forgot a group of one,
- * gets it through the hello. 0 or fatal. */
+ * sent again before the next claim); a restarted broker gets it through the hello (late acks).
+ * 0 or fatal. */
 static int step_done(gw *g)
 {
     uint64_t s = g->pending_step, acked = 0;
     int rc = DFLASH_ETIMEOUT;
     for (int a = 0; a < 50 && rc == DFLASH_ETIMEOUT && (!*g->stop || a < 3); a++)
         rc = client_step_done(g->cl, g->cfg->group, g->epoch, s, &acked);
-    if (rc == DFLASH_ESTALE && step_needs_late_acks(g)) {
-        if (!client_broker_restarted(g->cl))
-            LOG_WARN("step %llu of epoch %llu: the broker aborted it (%s), it expired us while "
-                     "we trained it alone: registering again with its units to ack them late",
-                     (unsigned long long)s, (unsigned long long)g->epoch,
-                     client_last_error(g->cl));
+    if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
         close_comm(g);
         set_state(g, GW_REGISTER); /* hello carries the units; they are acked then */
         return 0;
@@ -238,11 +226,17 @@ static int step_done(gw *g)
     if (rc == 0) {
         LOG_DEBUG("group step %llu done: %llu units acked", (unsigned long long)s,
                   (unsigned long long)acked);
+    } else if (rc == DFLASH_ESTALE) {
+        LOG_WARN("step %llu of epoch %llu: the broker did not take it as done (%s); the model "
+                 "the group goes on from decides it: a surviving rank's, or, if the broker "
+                 "expired every rank, the one that creates the group again (ours when we join "
+                 "first: the join reports our model step)", (unsigned long long)s,
+                 (unsigned long long)g->epoch, client_last_error(g->cl));
+        reform(g, "step done refused");
     } else {
         LOG_ERROR("the broker did not take step %llu of epoch %llu as done: %s (%s); our model "
                   "has it", (unsigned long long)s, (unsigned long long)g->epoch, err_str(rc),
                   client_last_error(g->cl));
-        if (rc == DFLASH_ESTALE) reform(g, "step done refused");
     }
     return 0;
 }
@@ -387,11 +381,12 @@ static int finish(gw *g)
         src = DFLASH_ETIMEOUT;
         for (int a = 0; a < 3 && src == DFLASH_ETIMEOUT; a++)
             src = client_step_done(g->cl, g->cfg->group, g->epoch, g->pending_step, NULL);
-        if (src == DFLASH_ESTALE && step_needs_late_acks(g) && do_register(g) == 0)
+        if (src == DFLASH_ESTALE && client_broker_restarted(g->cl) && do_register(g) == 0)
             src = 0; /* the hello carried the units, acked at the step */
         if (src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE)
-            LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done: %s",
-                     (unsigned long long)g->pending_step, err_str(src));
+            LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done: %s "
+                     "(a group created again from that checkpoint acks it, if the broker "
+                     "orphaned it)", (unsigned long long)g->pending_step, err_str(src));
         g->pending = false;
     }
     int rc = k->finish ? k->finish(k->ctx) : 0;

@@ -10,8 +10,10 @@
  * died: the collective times out), a "re-form" answer (Error STALE) or a refused release closes
  * the communicator and joins again, naming the failed epoch. Only rank 0 writes checkpoints and
  * reports them (CheckpointCommitted). A broker restart: hello again (rank 0 with the units of a
- * step whose StepDone was not answered), plain Acks for those units, then join again; the same
- * when the broker expired a group of one while it trained (its StepDone answered STALE).
+ * step whose StepDone was not answered), plain Acks for those units, then join again. A
+ * StepDone the same broker answers STALE (it expired us while we trained) is not acked late:
+ * the broker resolves the step by the model the group goes on from, reported in a GroupJoin
+ * (see group_worker.c).
  *
  * Loop states (one set_state, transitions asserted):
  *   REGISTER -> JOINING           hello succeeded

@@ -1,7 +1,7 @@
 /* itest_drafter_expired: a live drafter that the broker expired while it trained (silent past
  * liveness x heartbeat: a paused container, a network blip) still gets its batch acked, instead
- * of the broker handing it out again (trained twice). Both loops: the solo worker loop (Ack) and
- * a data-parallel group of one (StepDone).
+ * of the broker handing it out again (trained twice). Both loops: the solo worker loop (Ack), a
+ * data-parallel group of one and a group of two whose ranks are both expired mid-step (StepDone).
  *
  * The real dflash-queue (heartbeat 100 ms, liveness 3) and the real dflash-target (--model
  * synthetic) run in a temp dir. A forked child runs the drafter's loop (worker_loop_run) with a
@@ -12,7 +12,12 @@
  * did not restart; the loop says hello again, holding the batch, and acks it late. Checks: every
  * batch the consumer trained is acked (the loop's count) and the broker's ledger holds as many
  * trained batches. Without the late ack, the solo loop drops the first batch (4 trained, 3
- * acked) and the group leaves its step's unit in to-do (3 trained, 2 in the ledger). */
+ * acked) and the group leaves its step's unit in to-do (3 trained, 2 in the ledger).
+ * The group of two: both ranks stop in their first step (the target starts once the group has
+ * formed, so that step is their first); the broker expires both and, nobody being left to
+ * resolve the step, keeps it orphaned; back, the ranks re-register and the first to join creates
+ * the group again at its model step (1), which acks the step. Without that, the step's 2 units
+ * went back to to-do and were trained a second time (6 batches trained, 4 in the ledger). */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
@@ -24,32 +29,47 @@
 
 #define BATCHES 3
 
-/* What the drafter child reports, in memory shared with this process. */
+/* What the drafter child reports, in memory shared with this process; and its model: a step
+ * count, taken by a joiner from rank 0 (sync_state), one step per batch in lockstep with the
+ * other ranks (a barrier stands for the step's all-reduce). */
 typedef struct child_report {
-    int consumed;
+    int consumed; /* batches trained here */
     int rc;
     worker_stats st;
+    uint64_t step; /* the model's optimizer steps */
+    dp_comm *comm; /* the child's own pointer: the epoch's communicator, or NULL */
 } child_report;
 
 static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 {
     child_report *r = ctx;
     (void)b;
-    if (++r->consumed == 1) raise(SIGSTOP); /* the paused container; the parent resumes us */
-    *step = (uint64_t)r->consumed;
+    if (!r->consumed && !r->step) raise(SIGSTOP); /* the paused container; the parent resumes */
+    int rc = r->comm ? dp_comm_barrier(r->comm) : 0;
+    if (rc < 0) return rc;
+    r->consumed++;
+    *step = ++r->step;
     return 0;
 }
 
-/* the group hooks of a consumer without a model: steps are the batches consumed */
-static uint64_t model_step(void *ctx)
+static uint64_t model_step(void *ctx) { return ((child_report *)ctx)->step; }
+
+static void set_group(void *ctx, struct dp_comm *comm, int rank, int world)
 {
-    return (uint64_t)((child_report *)ctx)->consumed;
+    (void)rank, (void)world;
+    ((child_report *)ctx)->comm = comm;
+}
+
+static int sync_state(void *ctx, int root)
+{
+    child_report *r = ctx;
+    return dp_comm_broadcast_host(r->comm, &r->step, sizeof r->step, root);
 }
 
 /* The drafter process: its loop, its totals into *r. Exit status 0 when the loop returned 0. */
-static void run_drafter(const char *ep, bool group, child_report *r)
+static void run_drafter(const char *ep, const char *name, bool group, child_report *r)
 {
-    worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
+    worker_loop_config lc = {.endpoint = ep, .name = name, .backend = POOL_HOST,
                              .timeout_ms = 500, .max_batches = BATCHES,
                              .exit_when_drained = true};
     if (group) {
@@ -60,13 +80,26 @@ static void run_drafter(const char *ep, bool group, child_report *r)
     if (slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout) != 0) _exit(3);
     worker_consumer cons = {.name = "expired", .ctx = r, .consume = consume};
     if (group) {
-        cons.set_group = h_set_group_none;
-        cons.sync_state = h_sync_state_none;
+        cons.set_group = set_group;
+        cons.sync_state = sync_state;
         cons.model_step = model_step;
     }
     volatile sig_atomic_t stop = 0;
     r->rc = worker_loop_run(&lc, &cons, &stop, &r->st);
     _exit(r->rc == 0 ? 0 : 1);
+}
+
+/* Waits until the broker at ep has a group of world ranks, up to 10 s. */
+static bool wait_group(const char *ep, uint32_t world)
+{
+    uint64_t end = h_now_ms() + 10000;
+    wire_status s;
+    while (h_now_ms() < end) {
+        if (h_broker_status(ep, &s) == 0 && s.n_groups == 1 && s.groups[0].world == world)
+            return true;
+        h_sleep_ms(20);
+    }
+    return false;
 }
 
 /* Waits until the broker at ep counts `peers` peers, up to 10 s. */
@@ -81,50 +114,66 @@ static bool wait_peers(const char *ep, uint32_t peers)
     return false;
 }
 
-static void scenario(const char *queue_bin, const char *target_bin, bool group)
+/* n drafters (solo, or ranks of one group when group) stop in their first batch, are expired and
+ * go on; every batch they trained must be in the ledger once. */
+static void scenario(const char *queue_bin, const char *target_bin, bool group, int n)
 {
-    const char *mode = group ? "group" : "solo";
+    const char *mode = !group ? "solo" : n == 1 ? "group of one" : "group of two";
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
     h_queue_endpoint(dir, ep, sizeof ep);
-    const char *more[] = {"--liveness=3", "--lease-timeout-ms=2000", "--log-level=warn", NULL};
+    /* liveness 1 s: the second rank claims its slot of the step before the broker could expire
+     * the first one, stopped already */
+    const char *more[] = {"--liveness=10", "--lease-timeout-ms=2000", "--log-level=warn", NULL};
     pid_t queue = h_start_small_queue(queue_bin, dir, more);
     CHECK(queue > 0);
     if (queue <= 0) return;
+
+    child_report *r = mmap(NULL, 2 * sizeof *r, PROT_READ | PROT_WRITE,
+                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(r != MAP_FAILED);
+    if (r == MAP_FAILED) return;
+    memset(r, 0, 2 * sizeof *r);
+    pid_t drafter[2];
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "drafter-%d", i);
+        fflush(NULL);
+        drafter[i] = fork();
+        if (drafter[i] == 0) run_drafter(ep, name, group, &r[i]);
+    }
+    /* a group trains its first step with all its ranks: slots come once it has formed */
+    if (group) CHECK(wait_group(ep, (uint32_t)n));
     /* the synthetic target: 2 buckets of 4 batches, slots as the drafter's layout */
     pid_t target = h_start_small_target(target_bin, dir, "expired", 4, 200);
     CHECK(target > 0);
 
-    child_report *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                           -1, 0);
-    CHECK(r != MAP_FAILED);
-    if (r == MAP_FAILED) return;
-    memset(r, 0, sizeof *r);
-    fflush(NULL);
-    pid_t drafter = fork();
-    if (drafter == 0) run_drafter(ep, group, r);
-
-    /* the drafter stops itself in its first consume(); the broker then expires it */
+    /* each drafter stops itself in its first consume(); the broker then expires them */
     int status = 0;
-    CHECK(waitpid(drafter, &status, WUNTRACED) == drafter && WIFSTOPPED(status));
+    for (int i = 0; i < n; i++)
+        CHECK(waitpid(drafter[i], &status, WUNTRACED) == drafter[i] && WIFSTOPPED(status));
     bool expired = wait_peers(ep, 1);
     CHECK(expired);
-    printf("%s: drafter stopped while training its first batch; broker expired it: %s\n", mode,
+    printf("%s: stopped while training their first batch; broker expired them: %s\n", mode,
            expired ? "yes" : "no");
-    kill(drafter, SIGCONT);
-    CHECK(waitpid(drafter, &status, 0) == drafter);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-
-    printf("%s: trained %d batches, %llu counted, %llu registrations\n", mode, r->consumed,
-           (unsigned long long)r->st.batches, (unsigned long long)r->st.registrations);
-    CHECK_EQ_INT(r->consumed, BATCHES);
-    CHECK_EQ_INT(r->st.batches, r->consumed);
-    CHECK(r->st.registrations >= 2); /* the late ack went through a second hello */
+    for (int i = 0; i < n; i++) kill(drafter[i], SIGCONT);
+    int consumed = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(waitpid(drafter[i], &status, 0) == drafter[i]);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        printf("%s: drafter-%d trained %d batches, %llu counted, %llu registrations\n", mode, i,
+               r[i].consumed, (unsigned long long)r[i].st.batches,
+               (unsigned long long)r[i].st.registrations);
+        CHECK_EQ_INT(r[i].consumed, BATCHES);
+        CHECK_EQ_INT(r[i].st.batches, r[i].consumed);
+        CHECK(r[i].st.registrations >= 2); /* expired: a second hello */
+        consumed += r[i].consumed;
+    }
     wire_status s;
     int rc = h_print_ledger(ep, mode, &s);
     CHECK_EQ_INT(rc, 0);
-    if (rc == 0) CHECK_EQ_INT(s.batches_trained, r->consumed);
-    munmap(r, sizeof *r);
+    if (rc == 0) CHECK_EQ_INT(s.batches_trained, consumed);
+    munmap(r, 2 * sizeof *r);
     CHECK_EQ_INT(h_stop(target), 0);
     CHECK_EQ_INT(h_stop(queue), 0);
     h_rmdir(dir);
@@ -133,7 +182,8 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    scenario(argv[1], argv[3], false);
-    scenario(argv[1], argv[3], true);
+    scenario(argv[1], argv[3], false, 1);
+    scenario(argv[1], argv[3], true, 1);
+    scenario(argv[1], argv[3], true, 2);
     CHECK_DONE();
 }

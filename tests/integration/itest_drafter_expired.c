@@ -15,8 +15,9 @@
  * acked) and the group leaves its step's unit in to-do (3 trained, 2 in the ledger).
  * The group of two: both ranks stop in their first step (the target starts once the group has
  * formed, so that step is their first); the broker expires both and, nobody being left to
- * resolve the step, keeps it orphaned; back, the ranks re-register and the first to join creates
- * the group again at its model step (1), which acks the step. Without that, the step's 2 units
+ * resolve the step, keeps it orphaned; back (the broker paused until both are in the group
+ * again, so that they train every later step together), the ranks re-register and the first to
+ * join creates the group again at its model step (1), which acks the step. Without that, the step's 2 units
  * went back to to-do and were trained a second time (6 batches trained, 4 in the ledger). */
 #include "check.h"
 #include "collective.h"
@@ -102,6 +103,17 @@ static bool wait_group(const char *ep, uint32_t world)
     return false;
 }
 
+/* Pauses (or resumes) the broker at ep as dflash-ctl would. 0 or the error. */
+static int steer(const char *ep, bool pause)
+{
+    client *c = client_new(ep, WIRE_ROLE_CTL, "steer");
+    if (!c) return DFLASH_ENOMEM;
+    int rc = client_hello(c, NULL, 0);
+    if (rc == 0) rc = pause ? client_pause(c) : client_resume(c);
+    client_destroy(&c);
+    return rc;
+}
+
 /* Waits until the broker at ep counts `peers` peers, up to 10 s. */
 static bool wait_peers(const char *ep, uint32_t peers)
 {
@@ -156,7 +168,15 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
     CHECK(expired);
     printf("%s: stopped while training their first batch; broker expired them: %s\n", mode,
            expired ? "yes" : "no");
+    /* a group goes on only once all its ranks are back in it (paused till then): a rank that
+     * trained on alone and stopped would take its steps with it, its peer left to start again
+     * from its own model, and the batches would not add up */
+    if (n > 1) CHECK_EQ_INT(steer(ep, true), 0);
     for (int i = 0; i < n; i++) kill(drafter[i], SIGCONT);
+    if (n > 1) {
+        CHECK(wait_group(ep, (uint32_t)n));
+        CHECK_EQ_INT(steer(ep, false), 0);
+    }
     int consumed = 0;
     for (int i = 0; i < n; i++) {
         CHECK(waitpid(drafter[i], &status, 0) == drafter[i]);

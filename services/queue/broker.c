@@ -1124,6 +1124,7 @@ static void cron(uv_timer_t *t)
     uint64_t now = now_ms(b);
     bool hold = stall_hold(b, now);
     if (!hold) expire_peers(b, now);
+    if (!hold) broker_groups_tick(b, now);
     if (b->policy && !hold) policy_tick(b->policy, now);
     uint64_t grace = b->cfg.orphan_grace_ms ? (uint64_t)b->cfg.orphan_grace_ms
                                             : 2 * (uint64_t)b->cfg.lease_timeout_ms;

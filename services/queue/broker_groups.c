@@ -68,6 +68,21 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
     return n;
 }
 
+void broker_groups_tick(broker *b, uint64_t now)
+{
+    char name[GROUP_MAX_NAME];
+    group_outcome o;
+    uint64_t wait = b->cfg.group_hold_ms > 0 ? (uint64_t)b->cfg.group_hold_ms : 0;
+    while (group_orphan_expire(b->groups, now, wait, name, &o)) {
+        LOG_WARN("group %s: nobody created it again within %" PRIu64 " ms (--group-hold-ms) of "
+                 "its last member leaving while step %" PRIu64 " was in flight: the step is "
+                 "aborted (its ranks are taken for gone; one that comes back later holding the "
+                 "step trains its batches again)", name, wait, o.step);
+        o.orphan = false; /* said above; apply_outcome's orphan lines are the join's */
+        apply_outcome(b, name, &o);
+    }
+}
+
 static void log_epoch(const group *g)
 {
     char ranks[512] = "";

@@ -200,6 +200,8 @@ void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 void broker_on_step_done(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 void broker_on_group_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 void broker_groups_peer_gone(broker *b, peer *p);
+/* From the broker's cron: aborts the orphaned steps (group.h) nobody came back for. */
+void broker_groups_tick(broker *b, uint64_t now);
 
 /* broker_steering.c: Set and Pause/Resume/Drain (each fills *r); the steering journaled as the
  * ledger's settings record (0, or a code with why, optional, saying it is not durable); the

@@ -19,6 +19,8 @@
 typedef struct group_orphan {
     char name[GROUP_MAX_NAME];
     uint64_t step;
+    bool stamped;      /* since_ms is set (group_orphan_expire's first look at it) */
+    uint64_t since_ms; /* the caller's clock when group_orphan_expire first saw it */
     uint32_t n_slots;
     group_slot slots[GROUP_MAX_WORLD];
 } group_orphan;
@@ -364,6 +366,27 @@ static bool slots_hold(const group_slot *slots, uint32_t n, const batch_id *id)
 {
     for (uint32_t r = 0; r < n; r++)
         if (slots[r].released && same_batch(&slots[r].batch, id)) return true;
+    return false;
+}
+
+bool group_orphan_expire(group_table *t, uint64_t now_ms, uint64_t wait_ms,
+                         char name[GROUP_MAX_NAME], group_outcome *out)
+{
+    memset(out, 0, sizeof *out);
+    for (uint32_t i = 0; i < t->n_orphans; i++) {
+        group_orphan *o = t->orphans[i];
+        if (!o->stamped) {
+            o->stamped = true;
+            o->since_ms = now_ms;
+        }
+        if (now_ms - o->since_ms < wait_ms) continue;
+        set_verdict(out, GROUP_ABORT, o->step, o->slots, o->n_slots);
+        out->orphan = true;
+        snprintf(name, GROUP_MAX_NAME, "%s", o->name);
+        free(o);
+        t->orphans[i] = t->orphans[--t->n_orphans];
+        return true;
+    }
     return false;
 }
 

@@ -31,8 +31,9 @@
  * may well be alive (all expired by the broker while they trained: a paused node, a network
  * blip) and their models updated, so the step is *orphaned*, not aborted: its units stay in
  * flight (not produced again) and the join that creates the group again resolves it by the
- * creator's model step as above (ACK or ABORT). A step with a unit no rank copied cannot have
- * been trained: it is aborted at once. So the ledger always matches the model the group
+ * creator's model step as above (ACK or ABORT); one nobody comes back for within the broker's
+ * --group-hold-ms is aborted (group_orphan_expire). A step with a unit no rank copied cannot
+ * have been trained: it is aborted at once. So the ledger always matches the model the group
  * continues with: no batch is lost and none is trained twice.
  *
  * Thread: the broker's loop thread. Callers: broker_groups.c, broker.c, tests.
@@ -155,6 +156,14 @@ int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uin
 int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, group_slot **slot);
 /* Records the reserved slots (by rank, world entries) as the step in flight. */
 void group_step_begin(group *g, uint64_t step, const group_slot *slots);
+/* An orphaned step whose group nobody created again within wait_ms is aborted (its units back
+ * to to-do, trained by whoever trains next): the ranks are taken for gone (restarted from a
+ * checkpoint, whose model lacks the step, or stopped for good), and the plan's epochs could not
+ * end while the units stay in flight. Called periodically with the caller's clock: an orphan's
+ * wait counts from the first call that sees it. True with out (ABORT, orphan) and the group's
+ * name filled for one expired orphan (call again until false). */
+bool group_orphan_expire(group_table *t, uint64_t now_ms, uint64_t wait_ms,
+                         char name[GROUP_MAX_NAME], group_outcome *out);
 /* True when id is a copied unit of a step in flight or orphaned: the step owns it until it is
  * resolved (a dead member's copy may be in the model the group continues with). */
 bool group_owns_batch(const group_table *t, const batch_id *id);

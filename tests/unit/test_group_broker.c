@@ -462,9 +462,56 @@ static void all_ranks_expired(int creator, uint64_t creator_step)
     stub_broker_free();
 }
 
+static void quick_expiry_short_hold(queue_config *cfg)
+{
+    quick_expiry(cfg);
+    cfg->group_hold_ms = 300;
+}
+
+/* Both ranks expire mid-step (as above) and nobody creates the group again: after the broker's
+ * --group-hold-ms the orphaned step is aborted, its units back to to-do (before, they stayed in
+ * flight for good and the plan's epochs could never end). */
+static void orphan_expires(void)
+{
+    setup_with(quick_expiry_short_hold);
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    wire_group_view vb;
+    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    CHECK_EQ_INT(set_id(&A, vb.epoch, 0x11), 0);
+    make_ready(2);
+    wire_step_grant ga, gb;
+    CHECK_EQ_INT(claim(&A, vb.epoch, 1, &ga), 0);
+    CHECK_EQ_INT(claim(&B, vb.epoch, 1, &gb), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&B, gb.grant.lease_id), 0);
+    uint64_t todo = stub_status().batches_todo;
+    CHECK(expire_drafters());
+    CHECK_EQ_INT(stub_status().batches_inflight, 2);
+    wire_status s = stub_status();
+    for (uint64_t end = monotime_ms() + 3000; monotime_ms() < end && s.batches_inflight;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, 7);
+        stub_req.u.step = monotime_ms();
+        CHECK_EQ_INT(stub_send("target-t-7"), 0);
+        usleep(20 * 1000);
+        s = stub_status();
+    }
+    printf("orphaned step, nobody back within the hold: %llu in flight, %llu to do (%llu "
+           "before)\n", (unsigned long long)s.batches_inflight,
+           (unsigned long long)s.batches_todo, (unsigned long long)todo);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_todo, todo + 2);
+    CHECK_EQ_INT(s.batches_trained, 0);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_wire_checks();
+    orphan_expires();
     all_ranks_expired(0, 1);
     all_ranks_expired(1, 1);
     all_ranks_expired(0, 0);

@@ -157,6 +157,28 @@ int main(void)
         CHECK(group_leave(t4, 31, &o));
     }
 
+    /* an orphan nobody comes back for is aborted once it has waited wait_ms, counted from the
+     * first look at it */
+    g = form(t4, pair, 2);
+    group_slot s4[2] = {slot_of(30, 0), slot_of(31, 1)};
+    s4[0].released = s4[1].released = true;
+    group_step_begin(g, 1, s4);
+    CHECK(group_leave(t4, 30, &o));
+    CHECK(group_leave(t4, 31, &o));
+    CHECK(o.orphan && o.verdict == GROUP_KEEP);
+    char oname[GROUP_MAX_NAME] = "";
+    CHECK(!group_orphan_expire(t4, 1000, 500, oname, &o));
+    CHECK(!group_orphan_expire(t4, 1499, 500, oname, &o));
+    CHECK(group_owns_batch(t4, &s4[0].batch));
+    CHECK(group_orphan_expire(t4, 1500, 500, oname, &o));
+    CHECK(o.orphan && o.verdict == GROUP_ABORT && o.step == 1 && o.n_slots == 2);
+    CHECK(strcmp(oname, "g") == 0);
+    CHECK(!group_owns_batch(t4, &s4[0].batch));
+    CHECK(!group_orphan_expire(t4, 99999, 500, oname, &o));
+    CHECK_EQ_INT(group_join(t4, "g", 31, "b", 1, 0, 8, &g, &o), 0);
+    CHECK(o.created && !o.orphan && o.verdict == GROUP_KEEP); /* nothing left to resolve */
+    CHECK(group_leave(t4, 31, &o));
+
     group_table_destroy(&t);
     group_table_destroy(&t2);
     group_table_destroy(&t3);

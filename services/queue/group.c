@@ -149,7 +149,7 @@ static bool orphan_keep(group_table *t, group *g)
 {
     for (uint32_t r = 0; r < g->step_world; r++)
         if (!g->slots[r].released) return false;
-    group_orphan *o = t->n_orphans < GROUP_MAX_GROUPS ? malloc(sizeof *o) : NULL;
+    group_orphan *o = t->n_orphans < GROUP_MAX_GROUPS ? calloc(1, sizeof *o) : NULL;
     if (!o) return false;
     snprintf(o->name, sizeof o->name, "%s", g->name);
     o->step = g->step;

@@ -58,6 +58,7 @@ typedef struct trainer {
     int64_t ckpt_every;
     int keep_last;
     int64_t max_steps;
+    const volatile sig_atomic_t *stop; /* trainer_opts.stop */
     long start_step; /* step resumed from (0: fresh or warm start) */
     long saved_step; /* newest checkpoint written by this process or resumed from */
     long committed;  /* newest durable step (the loop reports it) */
@@ -365,6 +366,18 @@ static int train_finish(void *vctx) {
              t->steps_here, t->start_step, t->m->step, t->skipped,
              t->steps_here ? t->step_s / t->steps_here : 0.0, t->loss_first, t->loss_last,
              t->tau_first, t->tau_last, t->drains, t->allocs);
+    /* the loop ended short of the step limit without a stop signal: the broker had no batch
+     * left (the target's planned epochs all trained, or a drain) */
+    long limit = step_limit(t);
+    if (limit > 0 && t->m->step < limit && !(t->stop && *t->stop))
+        LOG_WARN("the schedule is not finished: training stopped at step %ld of %ld (lr still "
+                 "%g) because the broker has no batch left for us (its reason is above). If "
+                 "every batch of the target's planned epochs is trained, continue with more "
+                 "epochs: restart dflash-target with a larger --epochs and this drafter with "
+                 "the same flags; it resumes from %s",
+                 t->m->step, limit, dflash_train_lr(&t->tc, t->m->step),
+                 t->ckpt_root[0] ? "its newest checkpoint under --checkpoint-dir"
+                                 : "step 0 (no --checkpoint-dir: nothing was saved)");
     return rc;
 }
 
@@ -555,6 +568,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     t->ckpt_every = o->checkpoint_every;
     t->keep_last = o->keep_last > 0 ? o->keep_last : 3;
     t->max_steps = o->max_steps;
+    t->stop = o->stop;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s", o->checkpoint_dir ? o->checkpoint_dir : "");
     /* found out now, not at the first checkpoint, after hours of training */
     char why[600];

@@ -24,7 +24,11 @@
  *   reports the optimizer step that included the batch. Every checkpoint_every steps, once
  *   the loop has that step's batch acked (settled()), it saves a checkpoint (dflash_ckpt_save:
  *   temporary name + rename, last K kept); committed() then returns that step and the loop
- *   tells the broker. finish() saves the final checkpoint.
+ *   tells the broker. finish() saves the final checkpoint; when the run ends before its step
+ *   limit (--max-steps or the schedule's end) for another reason than a stop signal (the broker
+ *   has no batch left: every batch of the target's planned epochs is trained, or a drain), it
+ *   says so at WARN: the step reached of the limit, the learning rate still in force, and how
+ *   to continue.
  *   idle() (the loop waits for a batch) writes the last step's metrics and flushes them.
  *   resume_step() is the step the model started from: the loop tells the broker (resume_from)
  *   before the first claim, so batches trained after the last checkpoint are trained again.
@@ -42,6 +46,7 @@
 #include "dflash_train.h"
 #include "worker_loop.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -70,6 +75,8 @@ typedef struct trainer_opts {
     int64_t max_steps;        /* stop at this optimizer step; 0 = at the schedule's end
                                  (train.total_steps, or the resumed checkpoint's), with no
                                  schedule until drained */
+    const volatile sig_atomic_t *stop; /* the daemon's stop flag (NULL: none): finish() tells a
+                                          stop signal from the broker running out of batches */
 } trainer_opts;
 
 /* Builds the training consumer (see top). NULL with the reason in err: unreadable target,

@@ -3,6 +3,8 @@
 # first run asks for a token budget the samples do not fit (dflash-data keeps none, the run
 # fails); the second, with a budget that fits, must convert the JSONL again and train. It used to
 # reuse the shard of the first run (the JSONL was not newer), and failed the same way forever.
+# Then: a run whose data runs out before --steps fails and says why (the drafter's WARN that the
+# schedule is not finished among the lines shown).
 #   train_script.sh BUILD_DIR SOURCE_ROOT
 set -euo pipefail
 BUILD=$1
@@ -49,4 +51,8 @@ if train --token-budget 64 --buckets 64 --out "$WORK/short" --steps 1000 --epoch
 fi
 grep -q "the data ran out" "$WORK/third.log" ||
     { echo "FAIL: the short run did not say why:" >&2; tail -n 20 "$WORK/third.log" >&2; exit 1; }
-echo "ok: converted again with the new token budget and trained"
+grep -q "WARN.*the schedule is not finished: training stopped at step [0-9]* of 1000 (lr still" \
+    "$WORK/third.log" ||
+    { echo "FAIL: no WARN that the schedule is unfinished:" >&2; tail -n 20 "$WORK/third.log" >&2
+      exit 1; }
+echo "ok: converted again with the new token budget and trained; a short run said why"

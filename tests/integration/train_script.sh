@@ -4,7 +4,9 @@
 # fails); the second, with a budget that fits, must convert the JSONL again and train. It used to
 # reuse the shard of the first run (the JSONL was not newer), and failed the same way forever.
 # Then: a run whose data runs out before --steps fails and says why (the drafter's WARN that the
-# schedule is not finished among the lines shown).
+# schedule is not finished among the lines shown); a resumed run asked for more steps fails
+# with the drafter's reason and the way to train longer; --init-from warm-starts a new run from
+# the finished one's weights.
 #   train_script.sh BUILD_DIR SOURCE_ROOT
 set -euo pipefail
 BUILD=$1
@@ -55,4 +57,21 @@ grep -q "WARN.*the schedule is not finished: training stopped at step [0-9]* of 
     "$WORK/third.log" ||
     { echo "FAIL: no WARN that the schedule is unfinished:" >&2; tail -n 20 "$WORK/third.log" >&2
       exit 1; }
-echo "ok: converted again with the new token budget and trained; a short run said why"
+# more steps on the finished run: refused by the drafter, its reason shown with the way out
+if train --token-budget 64 --buckets 64 --steps 4 >"$WORK/fourth.log" 2>&1; then
+    echo "FAIL: a resumed run trained past its schedule" >&2
+    exit 1
+fi
+grep -q "exited with status 2: .*past the resumed run's schedule of 2 steps" "$WORK/fourth.log" &&
+    grep -q -- "--init-from $WORK/run --out NEW_DIR" "$WORK/fourth.log" ||
+    { echo "FAIL: the refusal's reason or way out missing:" >&2; cat "$WORK/fourth.log" >&2
+      exit 1; }
+if ! train --token-budget 64 --buckets 64 --out "$WORK/more" --init-from "$WORK/run" --steps 4 \
+    >"$WORK/fifth.log" 2>&1; then
+    echo "FAIL: --init-from did not train a new run:" >&2
+    tail -n 20 "$WORK/fifth.log" >&2
+    exit 1
+fi
+grep -q "warm start: weights from $WORK/run/checkpoints/step-0*2" "$WORK/more/drafter.log" ||
+    { echo "FAIL: the new run did not start from the old weights" >&2; exit 1; }
+echo "ok: converted again with the new token budget and trained; short runs, longer runs said"

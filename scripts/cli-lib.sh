@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # cli-lib.sh: the command line every script here shares (train, test, install-deps, gpu-carry,
-# gpu-check, gpu-bench), sourced by each before it parses its arguments. A script's usage is
+# gpu-check, gpu-bench, gpu-parity), sourced by each before it parses its arguments. A script's usage is
 # its leading comment block; a usage error exits 2, as the daemons' bad configuration does.
 #   cli_usage             prints that block without the leading '# ' (for -h / --help)
 #   cli_help_or_refuse A  for an argument A the script does not take: -h / --help prints the

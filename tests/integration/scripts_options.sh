@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts_options: the command line of scripts/{train,test,install-deps,gpu-carry,gpu-check,
-# gpu-bench}: -h and --help print the usage (exit 0), an unknown option is refused (exit 2)
+# gpu-bench,gpu-parity}: -h and --help print the usage (exit 0), an unknown option is refused (exit 2)
 # before the script does anything; scripts/train refuses an option without its value ("$2:
 # unbound variable" under set -u) and a bad number (--steps 0 made its final check pass always)
 # before it builds or starts a daemon, and its help says which --data names are JSONL.
@@ -34,7 +34,7 @@ expect() {
     fi
 }
 
-for s in train test install-deps gpu-carry gpu-check gpu-bench; do
+for s in train test install-deps gpu-carry gpu-check gpu-bench gpu-parity; do
     expect "$s -h" 0 "^(scripts/)?$s: " "$s" -h
     expect "$s --help" 0 "^(scripts/)?$s: " "$s" --help
     expect "$s --bogus" 2 "unknown option --bogus" "$s" --bogus
@@ -44,5 +44,9 @@ expect "train --steps (no value)" 2 "--steps needs a value" "${T[@]}" --steps
 expect "train --steps 0" 2 "--steps must be a whole number >= 1" "${T[@]}" --steps 0
 expect "train --epochs x" 2 "--epochs must be a whole number" "${T[@]}" --epochs x
 expect "train --help on --data" 0 "ending in .jsonl is JSONL" train --help
+expect "train --help on training longer" 0 "--init-from OLD_OUT" train --help
+expect "train --init-from (no value)" 2 "--init-from needs a value" "${T[@]}" --init-from
 expect "test -R (no value)" 2 "-R needs a value" test -R
+expect "gpu-parity (no binaries)" 2 "no bench-cuda_parity in build-gpu" gpu-parity
+expect "gpu-parity x" 2 "DRAFTER_LAYERS must be a whole number" gpu-parity bin x
 exit $failed

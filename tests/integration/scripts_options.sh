@@ -6,6 +6,11 @@
 # before it builds or starts a daemon, and its help says which --data names are JSONL.
 # cmake, apt-get, dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch
 # working directory: a script that got past its arguments stops at once.
+# scripts/gpu-carry's OUT: with a cmake that "builds" (stand-in binaries) and a strip that does
+# nothing, a failing DEVICE_LIBS tool or a missing one named by DEVICE_LIBS leaves an existing
+# OUT as it was; one that works replaces it; none at the default place (a copy of scripts/ with
+# no ../shared beside it) warns and carries the binaries without devlibs/ (it failed with 127
+# after the build, OUT half filled).
 #   scripts_options.sh SOURCE_ROOT
 set -uo pipefail
 SRC=$1
@@ -49,4 +54,59 @@ expect "train --init-from (no value)" 2 "--init-from needs a value" "${T[@]}" --
 expect "test -R (no value)" 2 "-R needs a value" test -R
 expect "gpu-parity (no binaries)" 2 "no bench-cuda_parity in build-gpu" gpu-parity
 expect "gpu-parity x" 2 "DRAFTER_LAYERS must be a whole number" gpu-parity bin x
+
+# gpu-carry's OUT (see the top): a copy of scripts/ in a tree with no ../shared/tools
+mkdir -p "$WORK/carry/bin" "$WORK/carry/repo"
+cp -r "$SRC/scripts" "$WORK/carry/repo/"
+cat > "$WORK/carry/bin/cmake" <<'EOF'
+#!/bin/sh
+# configure (-B DIR): makes DIR; --build DIR: the binaries gpu-carry gathers, as stand-ins
+prev=""
+for a; do [ "$prev" = -B ] && mkdir -p "$a"; prev=$a; done
+[ "$1" = --build ] || exit 0
+mkdir -p "$2/bin"
+for n in dflash-queue dflash-target; do printf '#!/bin/sh\n' > "$2/bin/$n"; chmod +x "$2/bin/$n"; done
+EOF
+printf '#!/bin/sh\nexit 0\n' > "$WORK/carry/bin/strip"
+printf '#!/bin/sh\nexit 1\n' > "$WORK/carry/bin/libs-fail"
+printf '#!/bin/sh\nmkdir -p "$1" && touch "$1/libzmq.so.5"\n' > "$WORK/carry/bin/libs-ok"
+chmod +x "$WORK/carry/bin"/*
+# carry NAME STATUS PATTERN [VAR=VALUE...]: gpu-carry into cwd/out (which holds old/ before)
+carry() {
+    local name=$1 want=$2 pattern=$3 got
+    shift 3
+    rm -rf "$WORK/cwd/out" && mkdir -p "$WORK/cwd/out/old"
+    (cd "$WORK/cwd" && env PATH="$WORK/carry/bin:$PATH" "$@" timeout 60 \
+        bash "$WORK/carry/repo/scripts/gpu-carry" b out dflash-queue,dflash-target) \
+        > "$WORK/out" 2>&1
+    got=$?
+    if [ "$got" != "$want" ] || ! grep -qE -- "$pattern" "$WORK/out"; then
+        echo "FAIL $name: exit $got (want $want), output should match '$pattern':" >&2
+        head -n 5 "$WORK/out" >&2
+        failed=1
+    else
+        echo "ok   $name"
+    fi
+}
+gone() { [ ! -e "$WORK/cwd/out/old" ] || { echo "FAIL $1: the old OUT was not replaced" >&2; failed=1; }; }
+kept() {
+    if [ ! -e "$WORK/cwd/out/old" ] || [ -e "$WORK/cwd/out/dflash-queue" ]; then
+        echo "FAIL $1: OUT was touched" >&2
+        failed=1
+    fi
+}
+carry "gpu-carry DEVICE_LIBS missing" 2 "DEVICE_LIBS=/nonexistent is not an executable" \
+    DEVICE_LIBS=/nonexistent
+kept "gpu-carry DEVICE_LIBS missing"
+carry "gpu-carry DEVICE_LIBS failing" 1 "failed; out left as it was" \
+    DEVICE_LIBS="$WORK/carry/bin/libs-fail"
+kept "gpu-carry DEVICE_LIBS failing"
+carry "gpu-carry DEVICE_LIBS" 0 "gpu-carry: 3 entries in out" DEVICE_LIBS="$WORK/carry/bin/libs-ok"
+gone "gpu-carry DEVICE_LIBS"
+[ -f "$WORK/cwd/out/devlibs/libzmq.so.5" ] && [ -x "$WORK/cwd/out/dflash-target" ] ||
+    { echo "FAIL gpu-carry DEVICE_LIBS: binaries or devlibs missing in OUT" >&2; failed=1; }
+carry "gpu-carry without device-libs" 0 "WARNING: no device-libs tool at .*shared/tools/device-libs"
+gone "gpu-carry without device-libs"
+[ ! -e "$WORK/cwd/out/devlibs" ] && [ -x "$WORK/cwd/out/dflash-queue" ] ||
+    { echo "FAIL gpu-carry without device-libs: OUT is not the binaries alone" >&2; failed=1; }
 exit $failed

@@ -9,7 +9,7 @@ Input: JSONL, one conversation per line, or one JSON array of them; each is an o
 conversation, {"input_ids": [...], "loss_mask": [...]}, the conversation rendered by the
 tokenizer's own chat template (Hugging Face transformers, a fast tokenizer) and tokenized; the
 loss mask is 1 on the tokens of each assistant reply and the end-of-turn marker after it (what
-the target generates; dflash.md section 3 trains only there), 0 on everything else (system and
+the target generates; the DFlash recipe trains only there), 0 on everything else (system and
 user turns, the template's markup, the generation prompt).
 
 How the replies are found: the template may rewrite a conversation's history (Qwen3's drops

@@ -324,7 +324,7 @@ static const cfg_option eval_options[] = {
     EOPTS("log-level", "warn", "debug, info, warn or error", log_level),
 };
 static const cfg_table eval_table = {
-    "dflash-drafter eval", "offline acceptance length tau (dflash.md 4.2) of a drafter checkpoint "
+    "dflash-drafter eval", "offline acceptance length tau (docs/operating.md section 5) of a drafter checkpoint "
     "on held-out shards", "[options]", eval_options,
     sizeof eval_options / sizeof eval_options[0], NULL};
 

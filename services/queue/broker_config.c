@@ -156,7 +156,7 @@ int broker_config_check(const queue_config *c, char *why, size_t why_len)
     }
     if (tcp && !curve && !c->insecure_tcp) {
         snprintf(why, why_len,
-                 "%s is a tcp:// endpoint: TCP needs CURVE (DESIGN.md section 5). Give "
+                 "%s is a tcp:// endpoint: TCP needs CURVE (docs/protocol.md, \"Security\"). Give "
                  "--curve-secret-key FILE and --curve-clients DIR (keys: dflash-ctl keygen DIR "
                  "NAME), or --insecure-tcp for tests on loopback only",
                  tcp);

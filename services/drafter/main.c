@@ -294,7 +294,7 @@ typedef struct eval_config {
     char data[2048];
     bool init_only;
     int64_t threads;
-    int64_t max_seqs;
+    int64_t eval_seqs;
     int64_t draft_layers, block_size, mask_token_id, layers, init_seed;
     char capture[256];
     bool json;
@@ -312,7 +312,9 @@ static const cfg_option eval_options[] = {
     EOPT("init-only", CFG_BOOL, "false", 1, 0, "evaluate the untrained drafter that training "
          "starts from (same --draft-layers, --block-size, --layers, --init-seed)", init_only),
     EOPT("threads", CFG_INT, "0", 0, 1024, "cpu threads (0 = all cores)", threads),
-    EOPT("max-seqs", CFG_INT, "0", 0, 1e12, "evaluate the first N sequences (0 = all)", max_seqs),
+    /* not "max-seqs": that is the slot layout's, set in DFLASH_MAX_SEQS for every service */
+    EOPT("eval-seqs", CFG_INT, "0", 0, 1e12, "evaluate the first N sequences (0 = all)",
+         eval_seqs),
     EOPT("draft-layers", CFG_INT, "1", 1, 64, "init-only: drafter layers", draft_layers),
     EOPT("block-size", CFG_INT, "16", 2, 64, "init-only: block size", block_size),
     EOPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "init-only: MASK row (-1 = vocab - 1)",
@@ -328,10 +330,32 @@ static const cfg_table eval_table = {
     "on held-out shards", "[options]", eval_options,
     sizeof eval_options / sizeof eval_options[0], NULL};
 
+/* eval's count was --max-seqs, the name of the slot layout's sequences per slot: a deployment's
+ * DFLASH_MAX_SEQS changed how many sequences eval read. It is --eval-seqs now; the old flag (and
+ * eval's own variable) are refused naming it, so an old command is not silently another count.
+ * 0 or the exit status (2). */
+static int eval_refuse_max_seqs(int argc, char **argv)
+{
+    const char *var = "DFLASH_DRAFTER_EVAL_MAX_SEQS", *how = NULL;
+    for (int i = 1; i < argc && !how; i++) {
+        if (strcmp(argv[i], "--") == 0) break;
+        if (strcmp(argv[i], "--max-seqs") == 0 || strncmp(argv[i], "--max-seqs=", 11) == 0)
+            how = "--max-seqs";
+    }
+    if (!how && getenv(var)) how = var;
+    if (!how) return 0;
+    fprintf(stderr, "dflash-drafter eval: %s is not eval's option (--max-seqs is the slot "
+            "layout's sequences per slot): evaluate the first N sequences with --eval-seqs N "
+            "(DFLASH_EVAL_SEQS)\n", how);
+    return 2;
+}
+
 static int eval_main(int argc, char **argv)
 {
     eval_config ec;
-    int rc = config_load(&eval_table, &ec, argc, argv, NULL, 0, NULL);
+    int rc = eval_refuse_max_seqs(argc, argv);
+    if (rc) return rc;
+    rc = config_load(&eval_table, &ec, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, ec.log_level) != 0) return 2;
@@ -351,7 +375,7 @@ static int eval_main(int argc, char **argv)
     if (n_ids < 0) return 2;
     trainer_eval_opts eo = {.checkpoint = ec.init_only ? NULL : ec.checkpoint,
                             .model_dir = ec.model, .data = ec.data, .threads = (int)ec.threads,
-                            .max_seqs = ec.max_seqs, .draft_layers = (int)ec.draft_layers,
+                            .eval_seqs = ec.eval_seqs, .draft_layers = (int)ec.draft_layers,
                             .block_size = (int)ec.block_size,
                             .mask_token_id = (int)ec.mask_token_id,
                             .n_feat = n_ids ? n_ids : (int)ec.layers,

@@ -733,7 +733,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     shard_set *set = shard_set_open_list(o->data, err, errlen);
     if (!set) return DFLASH_EIO;
     uint64_t n = shard_set_count(set);
-    if (o->max_seqs > 0 && (uint64_t)o->max_seqs < n) n = (uint64_t)o->max_seqs;
+    if (o->eval_seqs > 0 && (uint64_t)o->eval_seqs < n) n = (uint64_t)o->eval_seqs;
     uint32_t max_len = 1;
     for (uint64_t i = 0; i < n; i++)
         if (shard_set_len(set, i) > max_len) max_len = shard_set_len(set, i);

@@ -94,7 +94,7 @@ typedef struct trainer_eval_opts {
     const char *model_dir;  /* the target */
     const char *data;       /* comma-separated shards of held-out greedy continuations */
     int threads;
-    int64_t max_seqs; /* 0 = all sequences */
+    int64_t eval_seqs; /* the first N sequences; 0 = all */
     /* the untrained drafter (checkpoint NULL): same meaning as in trainer_opts */
     int draft_layers, block_size, mask_token_id, n_feat;
     const int *capture_ids;

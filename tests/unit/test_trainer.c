@@ -70,13 +70,66 @@ static int eval(const char *shard, trainer_eval_result *r, char *err, size_t err
     return trainer_eval(&o, r, err, errlen);
 }
 
-/* `dflash-drafter eval ARGS` from the ctest working directory: its exit status. */
-static int run_eval(const char *args) {
+/* `ENV dflash-drafter eval ARGS` from the ctest working directory (ENV: "" or VAR=VALUE...):
+ * its exit status; its output in DIR/eval.out. */
+static int run_eval_env(const char *env, const char *args) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "../services/drafter/dflash-drafter eval %s >%s/eval.out 2>&1", args,
-             dir);
+    snprintf(cmd, sizeof cmd, "%s ../services/drafter/dflash-drafter eval %s >%s/eval.out 2>&1",
+             env, args, dir);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int run_eval(const char *args) { return run_eval_env("", args); }
+
+/* The "sequences" of eval's --json line in DIR/eval.out (-1: none). */
+static long eval_sequences(void) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/eval.out", dir);
+    char *out = test_slurp(path, NULL);
+    const char *k = out ? strstr(out, "\"sequences\": ") : NULL;
+    long n = k ? strtol(k + 13, NULL, 10) : -1;
+    free(out);
+    return n;
+}
+
+/* The slot layout's DFLASH_MAX_SEQS (deploy/docker-compose.yml sets it for every service) does
+ * not change how many sequences eval reads: that is --eval-seqs (DFLASH_EVAL_SEQS); eval's old
+ * --max-seqs, and DFLASH_DRAFTER_EVAL_MAX_SEQS, are refused naming it. */
+static void test_eval_seqs_not_layout(void) {
+    enum { N = 3, L = 24 };
+    int32_t ids[L];
+    uint8_t resp[L];
+    for (int t = 0; t < L; t++)
+        ids[t] = (t * 37 + 5) % 200, resp[t] = t >= 6;
+    const int32_t *mi[N] = {ids, ids, ids};
+    const uint8_t *mm[N] = {resp, resp, resp};
+    const uint32_t ml[N] = {L, L, L};
+    write_shard("three.shard", N, mi, mm, ml);
+    char args[1024], more[1100];
+    snprintf(args, sizeof args,
+             "--init-only --model %s --data %s/three.shard --threads 1 --draft-layers 1 "
+             "--block-size 4 --layers 2 --json",
+             target, dir);
+    CHECK_EQ_INT(run_eval_env("DFLASH_MAX_SEQS=1", args), 0);
+    printf("eval with DFLASH_MAX_SEQS=1: %ld sequences\n", eval_sequences());
+    CHECK_EQ_INT(eval_sequences(), N);
+    snprintf(more, sizeof more, "%s --eval-seqs 2", args);
+    CHECK_EQ_INT(run_eval_env("DFLASH_MAX_SEQS=1", more), 0);
+    CHECK_EQ_INT(eval_sequences(), 2);
+    CHECK_EQ_INT(run_eval_env("DFLASH_EVAL_SEQS=1", args), 0);
+    CHECK_EQ_INT(eval_sequences(), 1);
+    snprintf(more, sizeof more, "%s --max-seqs 2", args);
+    const char *old[2][2] = {{"", more}, {"DFLASH_DRAFTER_EVAL_MAX_SEQS=2", args}};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(run_eval_env(old[i][0], old[i][1]), 2);
+        char path[400];
+        snprintf(path, sizeof path, "%s/eval.out", dir);
+        char *out = test_slurp(path, NULL);
+        printf("eval's old count option: %s", out ? out : "(nothing)\n");
+        CHECK(out && strstr(out, "--eval-seqs N") != NULL);
+        free(out);
+    }
 }
 
 static void test_eval_two_drafters(void) {
@@ -467,6 +520,7 @@ int main(void) {
 
     test_eval_without_cycles();
     test_eval_two_drafters();
+    test_eval_seqs_not_layout();
     test_eval_progress();
     test_schedule_past_max_steps();
     test_checkpoint_dir();

@@ -25,7 +25,7 @@ struct client {
     char rid[128];
     uint64_t incarnation, broker_incarnation, next_request;
     bool restarted;
-    uint32_t heartbeat_ms, lease_timeout_ms;
+    uint32_t heartbeat_ms, lease_timeout_ms, stats_interval_ms;
     char pub_endpoint[WIRE_MAX_TEXT];
     char last_error[WIRE_MAX_TEXT];
     int timeout_ms;
@@ -165,6 +165,7 @@ bool client_broker_restarted(const client *c) { return c->restarted; }
 uint32_t client_heartbeat_ms(const client *c) { return c->heartbeat_ms; }
 uint32_t client_lease_timeout_ms(const client *c) { return c->lease_timeout_ms; }
 const char *client_pub_endpoint(const client *c) { return c->pub_endpoint; }
+uint32_t client_stats_interval_ms(const client *c) { return c->stats_interval_ms; }
 const char *client_last_error(const client *c) { return c->last_error; }
 
 /* Sends c->req and waits for the matching reply in c->rep. Caller holds the mutex and has
@@ -266,6 +267,7 @@ static int do_hello(client *c, const wire_unit *held, uint32_t n_held)
     c->heartbeat_ms = c->rep.u.hello.heartbeat_ms;
     c->lease_timeout_ms = c->rep.u.hello.lease_timeout_ms;
     snprintf(c->pub_endpoint, sizeof c->pub_endpoint, "%s", c->rep.u.hello.pub_endpoint);
+    c->stats_interval_ms = c->rep.u.hello.stats_interval_ms;
     return 0;
 }
 
@@ -526,7 +528,8 @@ client_sub *client_sub_new_curve(const char *pub_endpoint, const char *topic, co
     zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, topic ? topic : "", topic ? strlen(topic) : 0);
-    if (keys && keys->curve &&
+    /* an ipc:// PUB is a NULL-mechanism socket (broker.h): CURVE there fails the handshake */
+    if (keys && keys->curve && curve_endpoint_is_tcp(pub_endpoint) &&
         (zmq_setsockopt(s->sock, ZMQ_CURVE_SERVERKEY, keys->server_public, CURVE_Z85_LEN) ||
          zmq_setsockopt(s->sock, ZMQ_CURVE_PUBLICKEY, keys->public_, CURVE_Z85_LEN) ||
          zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, keys->secret, CURVE_Z85_LEN)))

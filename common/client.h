@@ -92,6 +92,9 @@ uint32_t client_heartbeat_ms(const client *c);
 uint32_t client_lease_timeout_ms(const client *c);
 /* The broker's PUB endpoint from its hello reply ("" before hello). */
 const char *client_pub_endpoint(const client *c);
+/* How often the broker announces stats on PUB, from its hello reply (0: never, or before hello,
+ * or a broker older than the field). */
+uint32_t client_stats_interval_ms(const client *c);
 /* Message of the last ERROR reply ("" if none). Valid until the next call. */
 const char *client_last_error(const client *c);
 
@@ -174,8 +177,8 @@ int client_drain(client *c);
 typedef struct client_sub client_sub;
 /* Subscribes to topic prefix `topic` ("" for all). NULL on error. */
 client_sub *client_sub_new(const char *pub_endpoint, const char *topic);
-/* The same, using the CURVE keys of `keys` (NULL or a client without CURVE: none), for a
- * broker whose PUB endpoint is tcp://. */
+/* The same, using the CURVE keys of `keys` (NULL or a client without CURVE: none) when
+ * pub_endpoint is tcp:// (an ipc:// PUB gets none, as the broker binds it without CURVE). */
 client_sub *client_sub_new_curve(const char *pub_endpoint, const char *topic, const client *keys);
 void client_sub_destroy(client_sub **s);
 /* Waits up to timeout_ms for one announcement: 0 and *msg filled (wire_msg_clear it),

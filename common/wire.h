@@ -93,6 +93,7 @@ typedef struct wire_hello {
     uint32_t n_held;           /* drafter re-registration: units in training, not acked */
     wire_unit held[WIRE_MAX_HELD];
     char pub_endpoint[WIRE_MAX_TEXT]; /* broker's reply: its PUB endpoint */
+    uint32_t stats_interval_ms;       /* broker's reply: stats on PUB every N ms (0 = never) */
 } wire_hello;
 
 typedef struct wire_pool {

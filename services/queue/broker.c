@@ -335,6 +335,7 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     r->u.hello.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
     r->u.hello.lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms;
     snprintf(r->u.hello.pub_endpoint, sizeof r->u.hello.pub_endpoint, "%s", b->cfg.pub_endpoint);
+    r->u.hello.stats_interval_ms = (uint32_t)b->cfg.stats_interval_ms;
     return true;
 }
 
@@ -837,6 +838,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
         r.u.hello.lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms;
         snprintf(r.u.hello.pub_endpoint, sizeof r.u.hello.pub_endpoint, "%s",
                  b->cfg.pub_endpoint);
+        r.u.hello.stats_interval_ms = (uint32_t)b->cfg.stats_interval_ms; /* watch's deadline */
         goto out;
     }
     if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid)

@@ -4,7 +4,11 @@
  *   (c) set/pause from a non-admin key get ERROR DENIED and change nothing; set with the admin
  *       key works and status shows it; the ipc:// endpoint (0700 dir) still steers;
  *   (d) a tcp:// bind without CURVE options is refused at start-up (exit 2), and starts only
- *       with --insecure-tcp.
+ *       with --insecure-tcp;
+ *   (e) `dflash-ctl watch` where the broker announces: over tcp with the default ipc:// PUB it
+ *       watches on the broker's host and exits 2 at once naming --pub-endpoint where the socket
+ *       file is not there (another host); with --pub-endpoint tcp:// it watches over tcp, and a
+ *       keyless ctl over ipc:// exits 2 within three stats intervals instead of hanging.
  * Keys come from `dflash-ctl keygen` (the operator's path) into a temp dir. Loopback only; every
  * wait has a deadline (no fixed sleeps). */
 #include "check.h"
@@ -49,6 +53,34 @@ static int run_wait(char *const argv[], int deadline_ms)
         }
         h_sleep_ms(10);
     }
+}
+
+/* run_wait with stdout and stderr in the file at log (read back into out, NUL-terminated). */
+static int run_logged(char *const argv[], int deadline_ms, const char *log, char *out, size_t len)
+{
+    unlink(log);
+    pid_t pid = h_spawn_logged(argv, log);
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    int st = 0, rc = -1;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            break;
+        }
+        if (r < 0 || h_now_ms() >= end) {
+            h_kill(pid, SIGKILL);
+            break;
+        }
+        h_sleep_ms(10);
+    }
+    out[0] = 0;
+    FILE *f = fopen(log, "r");
+    if (f) {
+        out[fread(out, 1, len - 1, f)] = 0;
+        fclose(f);
+    }
+    return rc;
 }
 
 static int keygen(const char *ctl, const char *dir, const char *name)
@@ -235,6 +267,48 @@ int main(int argc, char **argv)
     client_destroy(&local);
     client_destroy(&r);
     client_destroy(&a);
+
+    /* (e) watch over tcp; the broker announces on its default ipc:// PUB. On its host the
+     * socket file is there and watch subscribes to it (it hung: CURVE on an ipc socket) */
+    char log[300], said[4096], ep[80], sv[300], k1[300], ipc_pub[300], hidden[310];
+    snprintf(log, sizeof log, "%s/ctl.log", dir);
+    snprintf(ep, sizeof ep, "--endpoint=%s", tcp_ep);
+    snprintf(sv, sizeof sv, "--curve-server-key=%s", broker_pub);
+    snprintf(k1, sizeof k1, "--curve-key=%s", alice);
+    char *w1[] = {(char *)ctl, ep, sv, k1, "--count=1", "watch", NULL};
+    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said), 0);
+    CHECK(strncmp(said, "stats ", 6) == 0);
+    /* from another host the file is not there (hidden here): exit 2 at once, naming the flag
+     * (it hung, the broker answering every heartbeat) */
+    snprintf(ipc_pub, sizeof ipc_pub, "%s/rt/queue-pub.sock", dir);
+    snprintf(hidden, sizeof hidden, "%s.hidden", ipc_pub);
+    CHECK(rename(ipc_pub, hidden) == 0);
+    uint64_t t0 = h_now_ms();
+    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said), 2);
+    CHECK(h_now_ms() - t0 < 5000);
+    CHECK(strstr(said, "--pub-endpoint tcp://") != NULL);
+    if (!strstr(said, "--pub-endpoint")) fprintf(stderr, "watch said: %s\n", said);
+    CHECK(rename(hidden, ipc_pub) == 0);
+    CHECK_EQ_INT(h_stop(q), 0);
+
+    /* the broker announcing on tcp:// too (docs/operating.md's across-hosts example): watch over
+     * tcp with the client key works; a ctl over ipc:// has no keys for that CURVE PUB and exits 2
+     * within three stats intervals and a second, saying why */
+    char pubf[80];
+    int pub_port = free_port();
+    snprintf(pubf, sizeof pubf, "--pub-endpoint=tcp://127.0.0.1:%d", pub_port);
+    char *qb[] = {(char *)queue, rt, "--journal=none", bind, pubf, "--stats-interval-ms=100", sk,
+                  cl, ad, NULL};
+    q = h_spawn(qb, NULL);
+    CHECK(wait_up(tcp_ep, broker_pub, alice, 10000));
+    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said), 0);
+    CHECK(strncmp(said, "stats ", 6) == 0);
+    char *w2[] = {(char *)ctl, rt, "--count=1", "watch", NULL};
+    t0 = h_now_ms();
+    CHECK_EQ_INT(run_logged(w2, 15000, log, said, sizeof said), 2);
+    CHECK(h_now_ms() - t0 < 5000);
+    CHECK(strstr(said, "no announcement came") != NULL && strstr(said, "--curve-key") != NULL);
+    if (!strstr(said, "no announcement came")) fprintf(stderr, "watch said: %s\n", said);
     CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();

@@ -130,6 +130,7 @@ int main(void)
     in.u.hello.held[0] = (wire_unit){4, 1, 7};
     in.u.hello.held[1] = (wire_unit){3, 2, 99};
     strcpy(in.u.hello.pub_endpoint, "ipc:///tmp/x/pub.sock");
+    in.u.hello.stats_interval_ms = 1500;
     if (roundtrip(&in, &out)) {
         CHECK(same_payload(&in, &out));
         CHECK(strcmp(out.u.hello.name, "drafter-0") == 0);
@@ -137,6 +138,7 @@ int main(void)
         CHECK_EQ_INT(out.u.hello.held[1].index, 99);
         CHECK_EQ_INT(out.u.hello.held[1].epoch, 3);
         CHECK(strcmp(out.u.hello.pub_endpoint, "ipc:///tmp/x/pub.sock") == 0);
+        CHECK_EQ_INT(out.u.hello.stats_interval_ms, 1500);
     }
 
     /* host pool */

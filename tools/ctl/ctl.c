@@ -7,12 +7,16 @@
  * Over tcp:// the broker wants CURVE: --curve-server-key (its .pub file) and --curve-key (our
  * .key file). set/pause/resume/drain then need a key in the broker's --admin-keys dir.
  *
- * Every verb says hello first (which also tells the broker's PUB endpoint for `watch`). Exit
- * status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout (no broker answering):
- * `dflash-ctl ping` is a healthcheck. A broker that is not there costs one timeout and one line
- * on stderr; `watch` asks the broker after every --timeout-ms without an announcement and exits 2
- * when it does not answer (a restarted broker is watched on). Output: a readable table, or one
- * JSON object per line with --json.
+ * Every verb says hello first (which also tells the broker's PUB endpoint and stats interval for
+ * `watch`). Exit status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout (no broker
+ * answering, or `watch` cannot hear its announcements): `dflash-ctl ping` is a healthcheck. A
+ * broker that is not there costs one timeout and one line on stderr; `watch` asks the broker
+ * after every --timeout-ms without an announcement and exits 2 when it does not answer (a
+ * restarted broker is watched on). `watch` also exits 2, naming the PUB endpoint and the flag
+ * that fixes it, when the broker announces where this ctl cannot subscribe: an ipc:// PUB (a
+ * socket file on the broker's host) reached over tcp://, or nothing heard within three stats
+ * intervals (plus a second) while the broker answers. Output: a readable table, or one JSON
+ * object per line with --json.
  * Single-threaded; the only global is the stop flag for `watch`.
  */
 #include "client.h"
@@ -26,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct ctl_config {
@@ -79,7 +84,12 @@ static void on_sigint(int sig)
     stop_flag = 1;
 }
 
-static int exit_code(int rc) { return rc == 0 ? 0 : rc == DFLASH_ETIMEOUT ? 2 : 1; }
+/* EPEER: the broker answers but its announcements cannot reach `watch` (exit 2 like a broker
+ * that is not there: for a script nothing will be heard either way). */
+static int exit_code(int rc)
+{
+    return rc == 0 ? 0 : rc == DFLASH_ETIMEOUT || rc == DFLASH_EPEER ? 2 : 1;
+}
 
 /* Reports a failure (JSON on stdout with --json, a line on stderr); returns the exit status. */
 static int fail_msg(const ctl_config *c, const char *verb, int rc, const char *msg)
@@ -245,27 +255,100 @@ static int watch_check_broker(const ctl_config *c, client *cl)
     return fail(c, cl, "watch", rc);
 }
 
+/* Why this ctl may not hear announcements on pub, with the flag that fixes it, into why. */
+static void watch_pub_hint(const ctl_config *c, const char *pub, char *why, size_t len)
+{
+    bool router_tcp = curve_endpoint_is_tcp(c->endpoint), pub_tcp = curve_endpoint_is_tcp(pub);
+    if (router_tcp && !pub_tcp)
+        snprintf(why, len, "the broker announces on %.200s, a socket on its own host, and this "
+                 "ctl reaches it over tcp: start dflash-queue with --pub-endpoint "
+                 "tcp://HOST:PORT (a second port, CURVE like --bind) to watch from other hosts, "
+                 "or watch on the broker's host with --runtime-dir", pub);
+    else if (!router_tcp && pub_tcp)
+        snprintf(why, len, "the broker announces only on %.200s, a CURVE server, and this ctl "
+                 "on %.200s has no keys: watch over tcp (--endpoint tcp://HOST:PORT of its "
+                 "--bind, --curve-server-key FILE, --curve-key FILE)", pub, c->endpoint);
+    else if (pub_tcp)
+        snprintf(why, len, "is %.200s reachable from here (a firewall, the host name the broker "
+                 "bound), and is --curve-key's public key in the broker's --curve-clients?", pub);
+    else
+        snprintf(why, len, "is %.200s the socket of the broker at %.200s (another runtime dir?)",
+                 pub, c->endpoint);
+}
+
+/* Before subscribing: an ipc:// PUB reached over tcp:// is a file on the broker's host; absent
+ * here, no announcement can come (on the same host it can: subscribed to as is). 0 or the
+ * exit status. */
+static int watch_check_pub(const ctl_config *c, const char *pub)
+{
+    struct stat st;
+    if (!curve_endpoint_is_tcp(c->endpoint) || strncmp(pub, "ipc://", 6) != 0 ||
+        stat(pub + 6, &st) == 0)
+        return 0;
+    char why[700], msg[900];
+    watch_pub_hint(c, pub, why, sizeof why);
+    snprintf(msg, sizeof msg, "cannot subscribe to %s from here: %s", pub, why);
+    return fail_msg(c, "watch", DFLASH_EPEER, msg);
+}
+
+/* Nothing heard since subscribing, for the deadline, while the broker answers: asks its stats
+ * interval again (a live `set stats_interval_ms=0` is not a fault). 0: watch on (*deadline_ms
+ * re-armed, 0 = none), or the exit status. */
+static int watch_nothing_heard(const ctl_config *c, client *cl, const char *pub,
+                               uint64_t *deadline_ms)
+{
+    uint32_t was = client_stats_interval_ms(cl);
+    if (client_hello(cl, NULL, 0) == 0 && client_stats_interval_ms(cl) != was) {
+        uint32_t now = client_stats_interval_ms(cl);
+        *deadline_ms = now ? 3 * (uint64_t)now + 1000 : 0;
+        return 0;
+    }
+    char why[700], msg[1000];
+    watch_pub_hint(c, pub, why, sizeof why);
+    snprintf(msg, sizeof msg, "subscribed to %s, but no announcement came in %.1f s (the broker "
+             "announces stats every %.1f s and answers requests): %s", pub,
+             (double)*deadline_ms / 1000.0, (double)was / 1000.0, why);
+    return fail_msg(c, "watch", DFLASH_EPEER, msg);
+}
+
 static int cmd_watch(const ctl_config *c, client *cl)
 {
-    client_sub *sub = client_sub_new_curve(client_pub_endpoint(cl), "", cl);
+    char pub[WIRE_MAX_TEXT];
+    snprintf(pub, sizeof pub, "%s", client_pub_endpoint(cl));
+    int out = watch_check_pub(c, pub);
+    if (out) return out;
+    client_sub *sub = client_sub_new_curve(pub, "", cl);
     if (!sub) {
         char msg[400];
         snprintf(msg, sizeof msg, "cannot subscribe to the broker's announcements at '%.300s'",
-                 client_pub_endpoint(cl));
+                 pub);
         return fail_msg(c, "watch", DFLASH_EIO, msg);
     }
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
+    uint32_t stats_ms = client_stats_interval_ms(cl);
+    /* the first announcement proves the subscription: stats are due within an interval, the
+     * second is margin for the connection (a CURVE handshake) */
+    uint64_t first_deadline_ms = stats_ms ? 3 * (uint64_t)stats_ms + 1000 : 0;
+    if (!stats_ms)
+        fprintf(stderr, "dflash-ctl watch: the broker announces no stats (stats_interval_ms 0): "
+                "only ready slots and settings changes will show\n");
     static wire_msg m;
     int64_t seen = 0;
-    int out = 0;
-    uint64_t quiet_ms = 0; /* since the last announcement or broker answer */
+    uint64_t quiet_ms = 0;   /* since the last announcement or broker answer */
+    uint64_t unheard_ms = 0; /* since subscribing, until the first announcement */
     while (!stop_flag && (!c->count || seen < c->count)) {
         char topic[32];
         int rc = client_sub_recv(sub, topic, sizeof topic, &m, 200);
         if (rc == DFLASH_ETIMEOUT && (quiet_ms += 200) >= (uint64_t)c->timeout_ms) {
             quiet_ms = 0;
             if ((out = watch_check_broker(c, cl))) break;
+        }
+        if (rc == DFLASH_ETIMEOUT && !seen && first_deadline_ms &&
+            (unheard_ms += 200) >= first_deadline_ms) {
+            if ((out = watch_check_broker(c, cl))) break; /* gone: said as such */
+            if ((out = watch_nothing_heard(c, cl, pub, &first_deadline_ms))) break;
+            unheard_ms = 0;
         }
         if (rc) continue;
         quiet_ms = 0;

@@ -24,12 +24,10 @@ done
 export PATH=$WORK/bin:$PATH
 failed=0
 
-# expect NAME STATUS PATTERN SCRIPT ARGS...: the script exits STATUS, its output matches PATTERN
-expect() {
-    local name=$1 want=$2 pattern=$3 got
-    shift 3
-    (cd "$WORK/cwd" && timeout 60 bash "$SRC/scripts/$@") > "$WORK/out" 2>&1
-    got=$?
+# verdict NAME STATUS PATTERN GOT: the run that wrote $WORK/out exited GOT; it should have
+# exited STATUS with output matching PATTERN
+verdict() {
+    local name=$1 want=$2 pattern=$3 got=$4
     if [ "$got" != "$want" ] || ! grep -qE -- "$pattern" "$WORK/out"; then
         echo "FAIL $name: exit $got (want $want), output should match '$pattern':" >&2
         head -n 5 "$WORK/out" >&2
@@ -37,6 +35,14 @@ expect() {
     else
         echo "ok   $name"
     fi
+}
+
+# expect NAME STATUS PATTERN SCRIPT ARGS...: the script exits STATUS, its output matches PATTERN
+expect() {
+    local name=$1 want=$2 pattern=$3
+    shift 3
+    (cd "$WORK/cwd" && timeout 60 bash "$SRC/scripts/$@") > "$WORK/out" 2>&1
+    verdict "$name" "$want" "$pattern" $?
 }
 
 for s in train test install-deps gpu-carry gpu-check gpu-bench gpu-parity; do
@@ -73,20 +79,13 @@ printf '#!/bin/sh\nmkdir -p "$1" && touch "$1/libzmq.so.5"\n' > "$WORK/carry/bin
 chmod +x "$WORK/carry/bin"/*
 # carry NAME STATUS PATTERN [VAR=VALUE...]: gpu-carry into cwd/out (which holds old/ before)
 carry() {
-    local name=$1 want=$2 pattern=$3 got
+    local name=$1 want=$2 pattern=$3
     shift 3
     rm -rf "$WORK/cwd/out" && mkdir -p "$WORK/cwd/out/old"
     (cd "$WORK/cwd" && env PATH="$WORK/carry/bin:$PATH" "$@" timeout 60 \
         bash "$WORK/carry/repo/scripts/gpu-carry" b out dflash-queue,dflash-target) \
         > "$WORK/out" 2>&1
-    got=$?
-    if [ "$got" != "$want" ] || ! grep -qE -- "$pattern" "$WORK/out"; then
-        echo "FAIL $name: exit $got (want $want), output should match '$pattern':" >&2
-        head -n 5 "$WORK/out" >&2
-        failed=1
-    else
-        echo "ok   $name"
-    fi
+    verdict "$name" "$want" "$pattern" $?
 }
 gone() { [ ! -e "$WORK/cwd/out/old" ] || { echo "FAIL $1: the old OUT was not replaced" >&2; failed=1; }; }
 kept() {

@@ -367,13 +367,18 @@ static void quick_expiry(queue_config *cfg)
 
 /* Runs the broker's cron, the target beating, until the drafters are expired (only the target
  * is left), for 5 s at most; whether they were. */
+static void cron_with_target_beating(void)
+{
+    uv_run(&stub_loop, UV_RUN_NOWAIT);
+    stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, 7);
+    stub_req.u.step = monotime_ms();
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+}
+
 static bool expire_drafters(void)
 {
     for (uint64_t end = monotime_ms() + 5000; monotime_ms() < end;) {
-        uv_run(&stub_loop, UV_RUN_NOWAIT);
-        stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, 7);
-        stub_req.u.step = monotime_ms();
-        CHECK_EQ_INT(stub_send("target-t-7"), 0);
+        cron_with_target_beating();
         if (stub_status().peers == 1) return true;
         usleep(5 * 1000);
     }
@@ -394,26 +399,36 @@ static bool same_unit(const wire_unit *a, const wire_unit *b)
  * created at that step: step 1's units must then be trained exactly when that model has them
  * (defect: the step was aborted when the last rank expired, its units went back to to-do and
  * were produced and trained again, by models that already had them). */
-static void all_ranks_expired(int creator, uint64_t creator_step)
+/* A broker set up with cfg; A and B form a group of two and copy their units of step 1 (grants
+ * ga, gb; B's view vb), then fall silent until the broker expires them both. The batches to do
+ * before the expiry, into *todo. */
+static void group_expired_mid_step(void (*cfg)(queue_config *), const drafter *A,
+                                   const drafter *B, wire_group_view *vb, wire_step_grant *ga,
+                                   wire_step_grant *gb, uint64_t *todo)
 {
-    setup_with(quick_expiry);
-    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
-    CHECK_EQ_INT(hello(&A), 0);
-    CHECK_EQ_INT(hello(&B), 0);
-    wire_group_view va, vb;
-    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
-    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
-    CHECK_EQ_INT(set_id(&A, vb.epoch, 0x11), 0);
+    setup_with(cfg);
+    CHECK_EQ_INT(hello(A), 0);
+    CHECK_EQ_INT(hello(B), 0);
+    CHECK_EQ_INT(join(A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(join(B, 0, 0, vb), 0);
+    CHECK_EQ_INT(set_id(A, vb->epoch, 0x11), 0);
     make_ready(2);
-    wire_step_grant ga, gb;
-    CHECK_EQ_INT(claim(&A, vb.epoch, 1, &ga), 0);
-    CHECK_EQ_INT(claim(&B, vb.epoch, 1, &gb), 0);
-    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
-    CHECK_EQ_INT(release(&B, gb.grant.lease_id), 0);
-    uint64_t todo = stub_status().batches_todo;
-
+    CHECK_EQ_INT(claim(A, vb->epoch, 1, ga), 0);
+    CHECK_EQ_INT(claim(B, vb->epoch, 1, gb), 0);
+    CHECK_EQ_INT(release(A, ga->grant.lease_id), 0);
+    CHECK_EQ_INT(release(B, gb->grant.lease_id), 0);
+    *todo = stub_status().batches_todo;
     bool expired = expire_drafters();
     CHECK(expired);
+}
+
+static void all_ranks_expired(int creator, uint64_t creator_step)
+{
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    wire_group_view va, vb;
+    wire_step_grant ga, gb;
+    uint64_t todo;
+    group_expired_mid_step(quick_expiry, &A, &B, &vb, &ga, &gb, &todo);
     wire_status s = stub_status();
     CHECK_EQ_INT(s.n_groups, 0);
     CHECK_EQ_INT(s.batches_trained, 0);
@@ -473,29 +488,15 @@ static void quick_expiry_short_hold(queue_config *cfg)
  * flight for good and the plan's epochs could never end). */
 static void orphan_expires(void)
 {
-    setup_with(quick_expiry_short_hold);
     drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
-    CHECK_EQ_INT(hello(&A), 0);
-    CHECK_EQ_INT(hello(&B), 0);
     wire_group_view vb;
-    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
-    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
-    CHECK_EQ_INT(set_id(&A, vb.epoch, 0x11), 0);
-    make_ready(2);
     wire_step_grant ga, gb;
-    CHECK_EQ_INT(claim(&A, vb.epoch, 1, &ga), 0);
-    CHECK_EQ_INT(claim(&B, vb.epoch, 1, &gb), 0);
-    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
-    CHECK_EQ_INT(release(&B, gb.grant.lease_id), 0);
-    uint64_t todo = stub_status().batches_todo;
-    CHECK(expire_drafters());
+    uint64_t todo;
+    group_expired_mid_step(quick_expiry_short_hold, &A, &B, &vb, &ga, &gb, &todo);
     CHECK_EQ_INT(stub_status().batches_inflight, 2);
     wire_status s = stub_status();
     for (uint64_t end = monotime_ms() + 3000; monotime_ms() < end && s.batches_inflight;) {
-        uv_run(&stub_loop, UV_RUN_NOWAIT);
-        stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, 7);
-        stub_req.u.step = monotime_ms();
-        CHECK_EQ_INT(stub_send("target-t-7"), 0);
+        cron_with_target_beating();
         usleep(20 * 1000);
         s = stub_status();
     }

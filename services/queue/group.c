@@ -131,6 +131,11 @@ static void resolve(group *g, group_verdict v, group_outcome *out)
 static void new_epoch(group *g, group_outcome *out)
 {
     assert(!g->step_active);
+    /* rank 0 a joiner (no rank of the last epoch is left): the group goes on from its model.
+     * Ahead of the group (a former rank that took steps the group then resolved without it):
+     * from its step. Below it: the broker dissolves the group (broker_groups.c). */
+    if (g->n_members && !g->members[0].admitted && g->members[0].model_step > g->base_step)
+        g->base_step = g->members[0].model_step;
     g->epoch++;
     g->world = 0;
     for (uint32_t i = 0; i < g->n_members; i++) {
@@ -162,9 +167,10 @@ static bool orphan_keep(group_table *t, group *g)
 }
 
 /* The step in flight has no admitted member left to resolve it. Members left (joiners waiting
- * for the boundary) form the next epoch from their own models, which never had the step: ABORT.
- * With nobody left the ranks may be alive (expired while they trained, their models updated):
- * the step is orphaned (out->orphan), else aborted. */
+ * for the boundary) form the next epoch from the first one's model, which decides the step by
+ * the model step it reported: a former rank that expired and came back has the update (ACK), a
+ * newcomer does not (ABORT). With nobody left the ranks may be alive (expired while they
+ * trained, their models updated): the step is orphaned (out->orphan), else aborted. */
 static void no_resolver(group_table *t, group *g, group_outcome *out)
 {
     if (!g->n_members && orphan_keep(t, g)) {
@@ -172,7 +178,8 @@ static void no_resolver(group_table *t, group *g, group_outcome *out)
         out->step = g->step;
         return;
     }
-    resolve(g, GROUP_ABORT, out);
+    bool had = g->n_members && g->members[0].model_step >= g->step;
+    resolve(g, had ? GROUP_ACK : GROUP_ABORT, out);
 }
 
 /* The group name was just created by a join from a member at model_step: a step orphaned under
@@ -265,11 +272,13 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
         m->peer = peer;
         snprintf(m->name, sizeof m->name, "%s", peer_name ? peer_name : "");
         m->join_seq = g->next_seq++;
+        m->model_step = model_step;
         if (out->created) resolve_orphan(t, g, model_step, out);
         try_form(g, out);
         *gp = g;
         return 0;
     }
+    m->model_step = model_step;
     if (m->admitted && failed_epoch && failed_epoch == g->epoch &&
         (g->state == GROUP_FORMING || g->state == GROUP_ACTIVE))
         end_epoch(t, g, out);

@@ -26,8 +26,9 @@
  * means the update happened (ACK: all world units trained at that step); its GroupJoin reports
  * its model step: >= the step's number means the update happened (ACK), else ABORT (every unit
  * back to to-do). If no admitted member survives, the group continues from the model of whoever
- * forms its next epoch: a joiner waiting for the boundary (the step is aborted: its model never
- * had it), or, with nobody left, whoever creates the group again. In that last case the ranks
+ * forms its next epoch: the first joiner waiting for the boundary (the step is resolved by the
+ * model step its GroupJoin reported, as above: a former rank that expired and came back holds
+ * the update, a newcomer does not), or, with nobody left, whoever creates the group again. In that last case the ranks
  * may well be alive (all expired by the broker while they trained: a paused node, a network
  * blip) and their models updated, so the step is *orphaned*, not aborted: its units stay in
  * flight (not produced again) and the join that creates the group again resolves it by the
@@ -58,6 +59,7 @@ typedef struct group_entry {
     char name[GROUP_MAX_NAME];
     uint64_t join_seq;
     bool admitted;  /* a rank of the current epoch (false: waiting for a step boundary) */
+    uint64_t model_step; /* the model step its last GroupJoin reported */
     uint32_t rank;  /* when admitted */
 } group_entry;
 

@@ -179,6 +179,50 @@ int main(void)
     CHECK(o.created && !o.orphan && o.verdict == GROUP_KEEP); /* nothing left to resolve */
     CHECK(group_leave(t4, 31, &o));
 
+    /* staggered expiry: rank 0 (40) expires, comes back at its model step 1 and waits for the
+     * boundary; then rank 1 (41), the resolver, expires too. The returning rank 0, which forms
+     * the next epoch, has step 1: ACK, and the group goes on from step 1 (it was aborted, and
+     * base_step stayed 0 while 40's model was at 1: its claims of step 2 were refused for
+     * good). A newcomer in its place (model step 0) aborts it. */
+    for (int back_step = 1; back_step >= 0; back_step--) {
+        group_table *t5 = group_table_new();
+        uint64_t ab[2] = {40, 41};
+        g = form(t5, ab, 2);
+        group_slot s5[2] = {slot_of(40, 0), slot_of(41, 1)};
+        s5[0].released = s5[1].released = true;
+        group_step_begin(g, 1, s5);
+        CHECK(group_leave(t5, 40, &o));
+        CHECK(o.verdict == GROUP_KEEP && g->resolver == 41);
+        CHECK_EQ_INT(group_join(t5, "g", 40, "a", (uint64_t)back_step, 0, 8, &g, &o), 0);
+        CHECK(!o.created && o.verdict == GROUP_KEEP && g->state == GROUP_REFORMING);
+        CHECK(group_leave(t5, 41, &o));
+        CHECK(!o.orphan && o.new_epoch);
+        CHECK_EQ_INT(o.verdict, back_step == 1 ? GROUP_ACK : GROUP_ABORT);
+        CHECK_EQ_INT(g->base_step, (uint64_t)back_step);
+        uint8_t id5[4] = {5, 6, 7, 8};
+        CHECK_EQ_INT(group_set_id(g, 40, g->epoch, id5, 4), 0);
+        group_slot *sl = NULL;
+        CHECK_EQ_INT(group_step_check(g, 40, g->epoch, (uint64_t)back_step + 1, &sl), 0);
+        group_table_destroy(&t5);
+    }
+
+    /* a joiner ahead of the group (model step 7, the group at step 1 in flight) waiting for the
+     * boundary, which becomes rank 0 when every rank has left: the step is acked by its model
+     * step and the group goes on from its step 7, not 1 (its claims of step 8 would be refused
+     * for good) */
+    group_table *t6 = group_table_new();
+    uint64_t cd[2] = {50, 51};
+    g = form(t6, cd, 2);
+    group_slot s6[2] = {slot_of(50, 0), slot_of(51, 1)};
+    s6[0].released = s6[1].released = true;
+    group_step_begin(g, 1, s6);
+    CHECK_EQ_INT(group_join(t6, "g", 52, "c", 7, 0, 8, &h, &o), 0);
+    CHECK(group_leave(t6, 50, &o));
+    CHECK(group_leave(t6, 51, &o));
+    CHECK_EQ_INT(o.verdict, GROUP_ACK);
+    CHECK(o.new_epoch && g->base_step == 7 && g->world == 1);
+    group_table_destroy(&t6);
+
     group_table_destroy(&t);
     group_table_destroy(&t2);
     group_table_destroy(&t3);

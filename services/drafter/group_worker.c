@@ -47,6 +47,7 @@ typedef struct gw {
     wire_unit pending_units[WIRE_MAX_WORLD];
     uint64_t committed_reported;
     uint64_t wait_said_ms; /* when a join's wait was last logged */
+    bool refused_step;     /* rank 0: a StepDone this broker answered STALE, no GroupJoin since */
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -108,6 +109,35 @@ static int do_register(gw *g)
     return 0;
 }
 
+/* The run ends (its last step, or a stop) after this broker answered our StepDone STALE and
+ * before we joined again: the step may be orphaned (the broker expired every rank while we
+ * trained it) and only a GroupJoin reporting our model step resolves it; unresolved, the broker
+ * gives its batches back after --group-hold-ms, though our final checkpoint has them. One join
+ * (registering again first when the broker forgot us; the goodbye follows in finish()). */
+static void report_refused_step(gw *g)
+{
+    if (!g->refused_step) return;
+    wire_group_view v;
+    uint64_t ms = g->cons->model_step(g->cons->ctx);
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 20 && rc != 0; a++) {
+        rc = client_group_join(g->cl, g->cfg->group, ms, 0, 0, &v);
+        if (rc == DFLASH_ESTALE && do_register(g) < 0) break;
+        if (rc != 0) monotime_sleep_ms(50);
+    }
+    if (rc == 0) {
+        g->refused_step = false;
+        LOG_INFO("group %s: joined once more before the end, at model step %llu, so the broker "
+                 "can resolve the step it did not take as done", g->cfg->group,
+                 (unsigned long long)ms);
+    } else {
+        LOG_WARN("group %s: could not join once more before the end (%s: %s): if the broker "
+                 "orphaned our last step, its batches go back to to-do after --group-hold-ms "
+                 "although the final checkpoint has them", g->cfg->group, err_str(rc),
+                 client_last_error(g->cl));
+    }
+}
+
 /* One JOINING iteration: poll the view; rank 0 posts the id; open and sync. 0 or fatal. */
 static int joining(gw *g)
 {
@@ -115,6 +145,7 @@ static int joining(gw *g)
     worker_consumer *k = g->cons;
     close_comm(g);
     if (k->done && k->done(k->ctx)) {
+        report_refused_step(g);
         set_state(g, GW_DONE);
         return 0;
     }
@@ -147,6 +178,7 @@ static int joining(gw *g)
         return 0;
     }
     g->pending = false; /* the broker resolved a step in flight by the model step we reported */
+    g->refused_step = false;
     uint8_t id[DP_COMM_ID_BYTES];
     memset(id, 0, sizeof id);
     char err[300] = "";
@@ -232,6 +264,7 @@ static int step_done(gw *g)
                  "expired every rank, the one that creates the group again (ours when we join "
                  "first: the join reports our model step)", (unsigned long long)s,
                  (unsigned long long)g->epoch, client_last_error(g->cl));
+        g->refused_step = true;
         reform(g, "step done refused");
     } else {
         LOG_ERROR("the broker did not take step %llu of epoch %llu as done: %s (%s); our model "
@@ -383,12 +416,16 @@ static int finish(gw *g)
             src = client_step_done(g->cl, g->cfg->group, g->epoch, g->pending_step, NULL);
         if (src == DFLASH_ESTALE && client_broker_restarted(g->cl) && do_register(g) == 0)
             src = 0; /* the hello carried the units, acked at the step */
+        if (src == DFLASH_ESTALE && !client_broker_restarted(g->cl)) {
+            g->refused_step = true; /* resolved below by a join */
+            src = 0;
+        }
         if (src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE)
-            LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done: %s "
-                     "(a group created again from that checkpoint acks it, if the broker "
-                     "orphaned it)", (unsigned long long)g->pending_step, err_str(src));
+            LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done: %s",
+                     (unsigned long long)g->pending_step, err_str(src));
         g->pending = false;
     }
+    if (client_broker_incarnation(g->cl)) report_refused_step(g); /* a stop before the join */
     int rc = k->finish ? k->finish(k->ctx) : 0;
     if (rc < 0) return rc;
     if (src == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report, no goodbye */

@@ -3,22 +3,28 @@
  * of the broker handing it out again (trained twice). Both loops: the solo worker loop (Ack), a
  * data-parallel group of one and a group of two whose ranks are both expired mid-step (StepDone).
  *
- * The real dflash-queue (heartbeat 100 ms, liveness 3) and the real dflash-target (--model
+ * The real dflash-queue (heartbeat 100 ms, liveness 30) and the real dflash-target (--model
  * synthetic) run in a temp dir. A forked child runs the drafter's loop (worker_loop_run) with a
  * consumer that stops its own process (SIGSTOP: every thread, the heartbeat thread too) while it
  * "trains" its first batch. This process waits until the broker has expired the drafter (its
  * peer count drops to the target alone), then lets the child go on (SIGCONT) until it has trained
  * 3 batches. The ack (or StepDone) of the first batch is then answered STALE by a broker that
- * did not restart; the loop says hello again, holding the batch, and acks it late. Checks: every
- * batch the consumer trained is acked (the loop's count) and the broker's ledger holds as many
- * trained batches. Without the late ack, the solo loop drops the first batch (4 trained, 3
- * acked) and the group leaves its step's unit in to-do (3 trained, 2 in the ledger).
+ * did not restart. The solo loop says hello again, holding the batch, and acks it late; a
+ * group's step was orphaned by the broker (group.h) and the join that creates the group again
+ * acks it by the model step it reports. Checks: every batch the consumer trained is acked (the
+ * loop's count) and the broker's ledger holds as many trained batches. Without the late ack the
+ * solo loop drops the first batch (4 trained, 3 acked); with the step aborted, not orphaned, the
+ * group leaves its step's unit in to-do (3 trained, 2 in the ledger).
  * The group of two: both ranks stop in their first step (the target starts once the group has
  * formed, so that step is their first); the broker expires both and, nobody being left to
  * resolve the step, keeps it orphaned; back (the broker paused until both are in the group
  * again, so that they train every later step together), the ranks re-register and the first to
  * join creates the group again at its model step (1), which acks the step. Without that, the step's 2 units
- * went back to to-do and were trained a second time (6 batches trained, 4 in the ledger). */
+ * went back to to-do and were trained a second time (6 batches trained, 4 in the ledger).
+ * A group of one whose stopped step is its last (its run ends at model step 1, as a trainer's
+ * --max-steps): the loop joins once more before it ends, which resolves the orphaned step;
+ * without that join the step stayed orphaned (0 in the ledger) until --group-hold-ms gave its
+ * batch back to to-do, though the drafter's final model had it. */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
@@ -38,6 +44,7 @@ typedef struct child_report {
     int rc;
     worker_stats st;
     uint64_t step; /* the model's optimizer steps */
+    uint64_t limit; /* done() once step reaches it (0: never), as a trainer's --max-steps */
     dp_comm *comm; /* the child's own pointer: the epoch's communicator, or NULL */
 } child_report;
 
@@ -54,6 +61,12 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 }
 
 static uint64_t model_step(void *ctx) { return ((child_report *)ctx)->step; }
+
+static bool done(void *ctx)
+{
+    const child_report *r = ctx;
+    return r->limit && r->step >= r->limit;
+}
 
 static void set_group(void *ctx, struct dp_comm *comm, int rank, int world)
 {
@@ -79,7 +92,7 @@ static void run_drafter(const char *ep, const char *name, bool group, child_repo
         lc.comm_timeout_s = 10;
     }
     if (slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout) != 0) _exit(3);
-    worker_consumer cons = {.name = "expired", .ctx = r, .consume = consume};
+    worker_consumer cons = {.name = "expired", .ctx = r, .consume = consume, .done = done};
     if (group) {
         cons.set_group = set_group;
         cons.sync_state = sync_state;
@@ -127,16 +140,22 @@ static bool wait_peers(const char *ep, uint32_t peers)
 }
 
 /* n drafters (solo, or ranks of one group when group) stop in their first batch, are expired and
- * go on; every batch they trained must be in the ledger once. */
-static void scenario(const char *queue_bin, const char *target_bin, bool group, int n)
+ * go on; every batch they trained must be in the ledger once. limit: their runs end at that
+ * model step (0: after BATCHES batches); 1 makes the stopped step their last. */
+static void scenario(const char *queue_bin, const char *target_bin, bool group, int n,
+                     uint64_t limit)
 {
-    const char *mode = !group ? "solo" : n == 1 ? "group of one" : "group of two";
+    const char *mode = !group ? "solo" : limit == 1 ? "group of one, its last step"
+                                       : n == 1     ? "group of one"
+                                                    : "group of two";
+    int batches = limit ? (int)limit : BATCHES;
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
     h_queue_endpoint(dir, ep, sizeof ep);
-    /* liveness 1 s: the second rank claims its slot of the step before the broker could expire
-     * the first one, stopped already */
-    const char *more[] = {"--liveness=10", "--lease-timeout-ms=2000", "--log-level=warn", NULL};
+    /* liveness 3 s: the second rank claims its slot of the step before the broker could expire
+     * the first one, stopped already (1 s was short for a loaded machine: an ASan build, a
+     * parallel ctest on 2 cores) */
+    const char *more[] = {"--liveness=30", "--lease-timeout-ms=2000", "--log-level=warn", NULL};
     pid_t queue = h_start_small_queue(queue_bin, dir, more);
     CHECK(queue > 0);
     if (queue <= 0) return;
@@ -146,6 +165,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
     CHECK(r != MAP_FAILED);
     if (r == MAP_FAILED) return;
     memset(r, 0, 2 * sizeof *r);
+    r[0].limit = r[1].limit = limit;
     pid_t drafter[2];
     for (int i = 0; i < n; i++) {
         char name[32];
@@ -184,7 +204,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
         printf("%s: drafter-%d trained %d batches, %llu counted, %llu registrations\n", mode, i,
                r[i].consumed, (unsigned long long)r[i].st.batches,
                (unsigned long long)r[i].st.registrations);
-        CHECK_EQ_INT(r[i].consumed, BATCHES);
+        CHECK_EQ_INT(r[i].consumed, batches);
         CHECK_EQ_INT(r[i].st.batches, r[i].consumed);
         CHECK(r[i].st.registrations >= 2); /* expired: a second hello */
         consumed += r[i].consumed;
@@ -202,8 +222,9 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    scenario(argv[1], argv[3], false, 1);
-    scenario(argv[1], argv[3], true, 1);
-    scenario(argv[1], argv[3], true, 2);
+    scenario(argv[1], argv[3], false, 1, 0);
+    scenario(argv[1], argv[3], true, 1, 0);
+    scenario(argv[1], argv[3], true, 2, 0);
+    scenario(argv[1], argv[3], true, 1, 1);
     CHECK_DONE();
 }

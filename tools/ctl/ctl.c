@@ -331,8 +331,9 @@ static int cmd_watch(const ctl_config *c, client *cl)
      * second is margin for the connection (a CURVE handshake) */
     uint64_t first_deadline_ms = stats_ms ? 3 * (uint64_t)stats_ms + 1000 : 0;
     if (!stats_ms)
-        fprintf(stderr, "dflash-ctl watch: the broker announces no stats (stats_interval_ms 0): "
-                "only ready slots and settings changes will show\n");
+        fprintf(stderr, "dflash-ctl watch: the broker did not say it announces stats (its "
+                "stats_interval_ms is 0, or it is older than this ctl): only what it announces "
+                "will show, and a silence is not taken for a fault\n");
     static wire_msg m;
     int64_t seen = 0;
     uint64_t quiet_ms = 0;   /* since the last announcement or broker answer */

@@ -25,7 +25,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* DFLASH_CRC_PORTABLE_ONLY builds the tables alone, as on a machine without the instruction
+ * (tests/CMakeLists.txt's test_crc_portable: the build and results other CPUs get). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&                        \
+    !defined(DFLASH_CRC_PORTABLE_ONLY)
 #define CRC_HAVE_SSE42_PATH 1
 #include <nmmintrin.h>
 #endif
@@ -39,7 +42,6 @@ typedef uint32_t slice8_table[8][256];
 
 static slice8_table table_ieee, table_castagnoli;
 static bool use_sse42;
-static uint32_t shift_stride[4][256]; /* x -> shift(x, SSE42_STRIDE) as x's bytes' images */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void slice8_table_build(slice8_table t, uint32_t poly) {
@@ -66,6 +68,9 @@ static uint32_t slice8_update(const slice8_table t, uint32_t crc, const uint8_t 
     return crc;
 }
 
+#ifdef CRC_HAVE_SSE42_PATH
+static uint32_t shift_stride[4][256]; /* x -> shift(x, SSE42_STRIDE) as x's bytes' images */
+
 /* The register after n zero bytes from reg, through the tables: shift(reg, n) of the top. */
 static uint32_t castagnoli_after_zeros(uint32_t reg, size_t n) {
     static const uint8_t zeros[256];
@@ -89,6 +94,7 @@ static void shift_stride_build(void) {
             shift_stride[k][b] = x;
         }
 }
+#endif
 
 static void crc_init(void) {
     slice8_table_build(table_ieee, POLY_IEEE);

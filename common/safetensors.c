@@ -23,7 +23,6 @@
 #include "err.h"
 #include "fsutil.h"
 
-#include <assert.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +37,8 @@
 
 #define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
 #define CRC_KEY_PREFIX "crc32c."   /* __metadata__ key of a tensor's checksum: prefix + name */
+#define CRC_MARKER_KEY "dflash.checksums" /* present (value CRC_MARKER_VALUE): the keys count */
+#define CRC_MARKER_VALUE "crc32c"
 #define CRC_HEX_DIGITS 8
 #define WRITE_CHUNK (4u << 20) /* checksummed, then written while still in the cache */
 
@@ -196,7 +197,16 @@ static bool json_u64(const cJSON *j, uint64_t *out) {
 }
 
 static bool is_crc_key(const char *key) {
-    return key && strncmp(key, CRC_KEY_PREFIX, sizeof CRC_KEY_PREFIX - 1) == 0;
+    return key && (strncmp(key, CRC_KEY_PREFIX, sizeof CRC_KEY_PREFIX - 1) == 0 ||
+                   strcmp(key, CRC_MARKER_KEY) == 0);
+}
+
+/* "crc32c." + name, allocated (names have no length limit); NULL when out of memory. */
+static char *crc_key_of(const char *name) {
+    size_t n = sizeof CRC_KEY_PREFIX + strlen(name);
+    char *k = malloc(n);
+    if (k) snprintf(k, n, "%s%s", CRC_KEY_PREFIX, name);
+    return k;
 }
 
 /* Exactly CRC_HEX_DIGITS hex digits into *out. */
@@ -217,23 +227,35 @@ static bool parse_crc_hex(const char *s, uint32_t *out) {
 }
 
 /* Sets the checksums of the file's tensors st->tensors[first..] from its metadata meta (may be
- * NULL). A file with no "crc32c." key has none; one with any must have one per tensor, each
- * naming a tensor of the file: a key missing, extra or malformed is a damaged header. */
+ * NULL). Only a file our writer marked ("dflash.checksums": "crc32c") has them, and then one per
+ * tensor, each naming a tensor of the file: a key missing, extra or malformed is a damaged
+ * header. Unmarked "crc32c." keys (another tool's, or ours carried over by a tool that re-saved
+ * the file with other tensors) are ignored. */
 static int read_checksums(safetensors *st, size_t first, const cJSON *meta, const char *path,
                           char *err, size_t errlen) {
+    const cJSON *mark = meta ? cJSON_GetObjectItemCaseSensitive(meta, CRC_MARKER_KEY) : NULL;
+    if (!mark) return 0;
+    if (!cJSON_IsString(mark) || strcmp(mark->valuestring, CRC_MARKER_VALUE) != 0) {
+        err_fmt(err, errlen, "%s: __metadata__ %s is not \"%s\": damaged header", path,
+                CRC_MARKER_KEY, CRC_MARKER_VALUE);
+        return DFLASH_EFORMAT;
+    }
     size_t keys = 0;
-    for (const cJSON *e = meta ? meta->child : NULL; e; e = e->next)
-        keys += is_crc_key(e->string);
-    if (!keys) return 0;
+    for (const cJSON *e = meta->child; e; e = e->next)
+        keys += is_crc_key(e->string) && e != mark;
     for (size_t i = first; i < st->n_tensors; i++) {
         safetensors_tensor *t = &st->tensors[i];
-        char key[1024];
-        snprintf(key, sizeof key, "%s%s", CRC_KEY_PREFIX, t->name);
+        char *key = crc_key_of(t->name);
+        if (!key) {
+            err_fmt(err, errlen, "%s: out of memory", path);
+            return DFLASH_ENOMEM;
+        }
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+        free(key);
         if (!cJSON_IsString(v)) {
             err_fmt(err, errlen,
-                    "%s: tensor %s: no %s entry in __metadata__, which has checksums for other "
-                    "tensors: damaged header", path, t->name, key);
+                    "%s: tensor %s: no %s%s entry in __metadata__, which says every tensor has "
+                    "one: damaged header", path, t->name, CRC_KEY_PREFIX, t->name);
             return DFLASH_EFORMAT;
         }
         if (!parse_crc_hex(v->valuestring, &t->crc32c)) {
@@ -737,20 +759,24 @@ const char *safetensors_metadata(const safetensors *st, const char *key) {
     return NULL;
 }
 
+int safetensors_verify_tensor(const safetensors_tensor *t, char *err, size_t errlen) {
+    if (!t->has_crc32c) return 0;
+    uint32_t crc = crc32c(0, t->data, t->bytes);
+    if (crc == t->crc32c) return 0;
+    err_fmt(err, errlen,
+            "%s: tensor %s: data checksum mismatch (crc32c of the data %08x, stored %08x)",
+            t->file, t->name, crc, t->crc32c);
+    return DFLASH_ECORRUPT;
+}
+
 int safetensors_verify(const safetensors *st, size_t *checked, char *err, size_t errlen) {
     size_t n = 0;
     if (checked) *checked = 0;
     for (size_t i = 0; st && i < st->n_tensors; i++) {
         const safetensors_tensor *t = &st->tensors[i];
-        if (!t->has_crc32c) continue;
-        uint32_t crc = crc32c(0, t->data, t->bytes);
-        if (crc != t->crc32c) {
-            err_fmt(err, errlen,
-                    "%s: tensor %s: data checksum mismatch (crc32c of the data %08x, stored %08x)",
-                    t->file, t->name, crc, t->crc32c);
-            return DFLASH_ECORRUPT;
-        }
-        n++;
+        int rc = safetensors_verify_tensor(t, err, errlen);
+        if (rc) return rc;
+        n += t->has_crc32c;
     }
     if (checked) *checked = n;
     return 0;
@@ -954,11 +980,16 @@ static unsigned char *header_build(const safetensors_writer *w, size_t *len) {
         return NULL;
     }
     cJSON_AddItemToObject(root, "__metadata__", meta);
-    for (size_t i = 0; i < w->n; i++) {
-        char key[1024], hex[CRC_HEX_DIGITS + 1];
-        snprintf(key, sizeof key, "%s%s", CRC_KEY_PREFIX, w->t[i].name);
+    bool ok = cJSON_AddStringToObject(meta, CRC_MARKER_KEY, CRC_MARKER_VALUE) != NULL;
+    for (size_t i = 0; ok && i < w->n; i++) {
+        char hex[CRC_HEX_DIGITS + 1], *key = crc_key_of(w->t[i].name);
         snprintf(hex, sizeof hex, "%08x", w->t[i].crc32c);
-        cJSON_AddStringToObject(meta, key, hex);
+        ok = key && cJSON_AddStringToObject(meta, key, hex);
+        free(key);
+    }
+    if (!ok) {
+        cJSON_Delete(root);
+        return NULL;
     }
     uint64_t off = 0;
     for (size_t i = 0; i < w->n; i++) {
@@ -1055,7 +1086,10 @@ static int header_finish(safetensors_writer *w) {
     size_t len = 0;
     unsigned char *hdr = header_build(w, &len);
     if (!hdr) return DFLASH_ENOMEM;
-    assert(len == w->header_bytes); /* fixed-width checksums: the data offsets stay valid */
+    if (len != w->header_bytes) { /* fixed-width checksums: never, or the data is overwritten */
+        free(hdr);
+        return DFLASH_EINVAL;
+    }
     int rc = pwrite_all(w->fd, hdr, len, 0);
     if (rc) keep_errno(w);
     free(hdr);

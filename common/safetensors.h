@@ -5,10 +5,12 @@
  * end]}} then the data section; offsets are relative to the data section start (8 + N).
  *
  * Checksums (our addition, within the format: metadata values are strings): the writer puts
- * "crc32c.NAME": "xxxxxxxx" in __metadata__ for every tensor NAME, the CRC-32C (crc.h) of the
- * tensor's data bytes as 8 lowercase hex digits. Other readers (safetensors, transformers,
- * SGLang, vLLM) ignore them. Ours parses them at open (a file has one for every tensor or none;
- * anything between is a damaged header) and checks the data on request (safetensors_verify).
+ * "dflash.checksums": "crc32c" and, for every tensor NAME, "crc32c.NAME": "xxxxxxxx" in
+ * __metadata__: the CRC-32C (crc.h) of the tensor's data bytes as 8 lowercase hex digits. Other
+ * readers (safetensors, transformers, SGLang, vLLM) ignore them. Ours parses them at open when
+ * the marker is there (then one for every tensor; a key missing, extra or malformed is a
+ * damaged header; without the marker "crc32c." keys are ignored) and checks the data on request
+ * (safetensors_verify_tensor, safetensors_verify).
  *
  * Reader: safetensors_open() takes a .safetensors file, a model.safetensors.index.json (its
  * weight_map names the shard files, all opened and mmapped read-only) or a directory (index if
@@ -93,6 +95,9 @@ const char *safetensors_path(const safetensors *st);
 /* Value of key in a file's "__metadata__" (the first file that has it), or NULL. */
 const char *safetensors_metadata(const safetensors *st, const char *key);
 
+/* Recomputes t's checksum if it has one (reads its data): 0 (also when it has none), or
+ * DFLASH_ECORRUPT with "FILE: tensor NAME: data checksum mismatch (...)" in err. */
+int safetensors_verify_tensor(const safetensors_tensor *t, char *err, size_t errlen);
 /* Recomputes the checksum of every tensor that has one (reads all their data). 0 with *checked
  * (may be NULL) = how many were checked, 0 when the files carry none; or DFLASH_ECORRUPT at the
  * first mismatch, with "FILE: tensor NAME: data checksum mismatch (...)" in err. */
@@ -117,7 +122,7 @@ int safetensors_load_f32(const safetensors *st, const char *name, int ndim, cons
 /* A writer for path (nothing is created until begin/commit). NULL on out of memory. */
 safetensors_writer *safetensors_writer_new(const char *path);
 /* Adds a "__metadata__" string entry (default: {"format": "pt"}). Before begin. 0 or negative
- * (DFLASH_EINVAL for a "crc32c." key: the writer owns those). */
+ * (DFLASH_EINVAL for a "crc32c." key or "dflash.checksums": the writer owns those). */
 int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *value);
 /* Declares the next tensor. data (numel * dtype size bytes) is borrowed until commit, or NULL
  * when the bytes will be streamed with safetensors_writer_write. Refuses duplicate names,

@@ -4,8 +4,8 @@
  * (fp32), converted to bf16 for model.safetensors, and written with the safetensors writer
  * (each file itself temp + fsync + rename; the writer adds every tensor's crc32c to the file's
  * metadata as it writes). config.json is built with cJSON. dflash.py, which config.json's
- * auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in. The loaders open a
- * file through open_verified, which checks every tensor's checksum before anything is used.
+ * auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in. The loaders check
+ * every tensor's checksum as they convert it (load_all), before anything reaches the model.
  */
 #include "dflash_ckpt.h"
 
@@ -487,7 +487,10 @@ out:
 /* ---------------------------------------------------------------------------------------------
  * load */
 
-/* Loads tensor prefix+name of every trainable tensor into dst (host layout of the masters). */
+/* Loads tensor prefix+name of every trainable tensor into dst (host layout of the masters),
+ * each checked against its checksum first (one read of the file: the data is checked and
+ * converted while in the cache). DFLASH_ECORRUPT names the file and the tensor of a damaged
+ * one; nothing reaches the model before every tensor is loaded (the callers upload at the end). */
 static int load_all(const dflash_model *m, const safetensors *st, const char *prefix, float *dst,
                     char *err, size_t errlen) {
     for (int i = 0; i < m->n_tensors; i++) {
@@ -495,18 +498,20 @@ static int load_all(const dflash_model *m, const safetensors *st, const char *pr
         int64_t shp[2] = {t->shape[0], t->shape[1]};
         char name[128];
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
-        int rc = safetensors_load_f32(st, name, t->ndim, shp, dst + t->offset, err, errlen);
+        const safetensors_tensor *st_t = NULL;
+        int rc = safetensors_expect(st, name, t->ndim, shp, &st_t, err, errlen);
+        if (!rc) rc = safetensors_verify_tensor(st_t, err, errlen);
+        if (!rc) rc = safetensors_load_f32(st, name, t->ndim, shp, dst + t->offset, err, errlen);
         if (rc) return rc;
     }
     return 0;
 }
 
-/* Opens DIR/NAME, one of the checkpoint's safetensors files, and checks every tensor's data
- * against its checksum. A file written before checkpoints had checksums loads unverified (said
- * in the log). NULL with *rc: DFLASH_EFORMAT when it cannot be opened or its header is bad,
- * DFLASH_ECORRUPT when a tensor's data is damaged; err names the file and the tensor. */
-static safetensors *open_verified(const char *dir, const char *name, int *rc, char *err,
-                                  size_t errlen) {
+/* Opens DIR/NAME, one of the checkpoint's safetensors files (load_all checks its tensors'
+ * checksums); a file written before checkpoints had checksums loads unverified (said in the
+ * log). NULL with *rc = DFLASH_EFORMAT when it cannot be opened or its header is bad. */
+static safetensors *open_checked(const char *dir, const char *name, int *rc, char *err,
+                                 size_t errlen) {
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     safetensors *st = safetensors_open(p, err, errlen);
@@ -514,12 +519,7 @@ static safetensors *open_verified(const char *dir, const char *name, int *rc, ch
         *rc = DFLASH_EFORMAT;
         return NULL;
     }
-    size_t checked = 0;
-    if ((*rc = safetensors_verify(st, &checked, err, errlen))) {
-        safetensors_close(&st);
-        return NULL;
-    }
-    if (!checked)
+    if (safetensors_count(st) && !safetensors_at(st, 0)->has_crc32c)
         LOG_INFO("checkpoint: %s carries no checksums (written before they were added): its "
                  "data is loaded unverified", p);
     return st;
@@ -535,7 +535,7 @@ static int check_dir_config(const dflash_model *m, const char *dir, char *err, s
 int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
-    safetensors *st = open_verified(dir, "model.safetensors", &rc, err, errlen);
+    safetensors *st = open_checked(dir, "model.safetensors", &rc, err, errlen);
     if (!st) return rc;
     float *host = calloc(m->n_params, sizeof(float));
     if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
@@ -609,7 +609,7 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
                        size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
-    safetensors *st = open_verified(dir, "training_state.safetensors", &rc, err, errlen);
+    safetensors *st = open_checked(dir, "training_state.safetensors", &rc, err, errlen);
     if (!st) return rc;
     size_t n = m->n_params;
     dflash_train_cfg saved;

@@ -14,8 +14,9 @@
  *                             "exp_avg_sq.NAME") and, in its metadata, the step, the anchor seed
  *                             and every schedule / optimizer setting ("format":
  *                             "dflash-training-state-1")
- * Both safetensors files carry, in their __metadata__, "crc32c.NAME": 8 lowercase hex digits, the
- * CRC-32C of tensor NAME's data bytes, for every tensor (safetensors.h; docs/formats.md); other
+ * Both safetensors files carry, in their __metadata__, the marker "dflash.checksums": "crc32c"
+ * and "crc32c.NAME": 8 lowercase hex digits, the CRC-32C of tensor NAME's data bytes, for every
+ * tensor (safetensors.h; docs/formats.md); other
  * loaders ignore these strings. dflash_ckpt_load_weights checks every tensor of model.safetensors
  * and dflash_ckpt_resume every tensor of training_state.safetensors before using any: a mismatch
  * is DFLASH_ECORRUPT naming the file and the tensor. Checkpoints written before the checksums

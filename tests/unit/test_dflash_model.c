@@ -1069,7 +1069,7 @@ static uint64_t tensor_file_offset(const char *path, const char *name, size_t at
 }
 
 /* Makes path a file of a checkpoint written before the checksums: its __metadata__ without the
- * "crc32c." entries, the data as it was. */
+ * "crc32c." entries and their marker, the data as it was. */
 static void strip_checksums(const char *path) {
     size_t len = 0;
     char *b = test_slurp(path, &len);
@@ -1079,7 +1079,8 @@ static void strip_checksums(const char *path) {
     CHECK(meta != NULL);
     for (cJSON *e = meta ? meta->child : NULL, *next; e; e = next) {
         next = e->next;
-        if (!strncmp(e->string, "crc32c.", 7)) cJSON_Delete(cJSON_DetachItemViaPointer(meta, e));
+        if (!strncmp(e->string, "crc32c.", 7) || !strcmp(e->string, "dflash.checksums"))
+            cJSON_Delete(cJSON_DetachItemViaPointer(meta, e));
     }
     char *json = cJSON_PrintUnformatted(root);
     size_t jl = json ? strlen(json) : 0, padded = (jl + 7) & ~(size_t)7;

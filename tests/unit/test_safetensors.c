@@ -382,7 +382,7 @@ static void expect_checksummed(const char *path, size_t n_tensors) {
     if (!st) return;
     for (size_t i = 0; i < safetensors_count(st); i++) {
         const safetensors_tensor *t = safetensors_at(st, i);
-        char key[300], hex[16];
+        char key[1300], hex[16];
         snprintf(key, sizeof key, "crc32c.%s", t->name);
         snprintf(hex, sizeof hex, "%08x", crc32c(0, t->data, t->bytes));
         const char *v = safetensors_metadata(st, key);
@@ -394,6 +394,8 @@ static void expect_checksummed(const char *path, size_t n_tensors) {
     CHECK_EQ_INT(checked, n_tensors);
     safetensors_close(&st);
 }
+
+#define MARK "\"dflash.checksums\":\"crc32c\","
 
 static void test_checksums(void) {
     char path[300], err[512];
@@ -410,6 +412,7 @@ static void test_checksums(void) {
         b[i] = 1.0f / (float)(i + 1);
     safetensors_writer *w = safetensors_writer_new(path);
     CHECK_EQ_INT(safetensors_writer_meta(w, "crc32c.a", "00000000"), DFLASH_EINVAL);
+    CHECK_EQ_INT(safetensors_writer_meta(w, "dflash.checksums", "none"), DFLASH_EINVAL);
     CHECK_EQ_INT(safetensors_writer_add(w, "a", SAFETENSORS_F32, 1, (int64_t[]){300}, a), 0);
     CHECK_EQ_INT(safetensors_writer_add(w, "b", SAFETENSORS_F32, 1, (int64_t[]){77}, b), 0);
     CHECK_EQ_INT(safetensors_writer_commit(w), 0);
@@ -432,7 +435,35 @@ static void test_checksums(void) {
     printf("a flipped bit: %s\n", err);
     safetensors_close(&st);
 
-    /* raw files: checksums for every tensor or none, each 8 hex digits naming a tensor */
+    /* one write across three tensors: one over the writer's 4 MiB piece, an empty one, a small
+     * one; and names too long for any fixed buffer, alike in their first 1100 characters */
+    path_of(path, sizeof path, "crc_big.safetensors");
+    enum { BIG = (5 << 20) / 4 + 3, SMALL = 100 };
+    float *buf = malloc((BIG + SMALL) * sizeof *buf);
+    CHECK(buf != NULL);
+    if (!buf) return;
+    for (int i = 0; i < BIG + SMALL; i++)
+        buf[i] = (float)(i % 1000) * 0.25f;
+    char long1[1200], long2[1200];
+    memset(long1, 'x', 1100);
+    snprintf(long1 + 1100, sizeof long1 - 1100, "_one");
+    memset(long2, 'x', 1100);
+    snprintf(long2 + 1100, sizeof long2 - 1100, "_two");
+    w = safetensors_writer_new(path);
+    CHECK_EQ_INT(safetensors_writer_add(w, long1, SAFETENSORS_F32, 1, (int64_t[]){BIG}, NULL), 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, "mid_empty", SAFETENSORS_F32, 1, (int64_t[]){0}, NULL),
+                 0);
+    CHECK_EQ_INT(safetensors_writer_add(w, long2, SAFETENSORS_F32, 1, (int64_t[]){SMALL}, NULL), 0);
+    CHECK_EQ_INT(safetensors_writer_begin(w), 0);
+    CHECK_EQ_INT(safetensors_writer_write(w, buf, (BIG + SMALL) * sizeof *buf), 0);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+    free(buf);
+    expect_checksummed(path, 3);
+
+    /* raw files: with the marker, checksums for every tensor, each 8 hex digits naming a tensor;
+     * without it "crc32c." keys are not ours to check (another tool's, or ours carried over by a
+     * tool that re-saved the file with other tensors) */
     char hdr[512], ca[16], cb[16];
     const char *ta = "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}";
     const char *tb = "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}";
@@ -442,32 +473,43 @@ static void test_checksums(void) {
     snprintf(ca, sizeof ca, "%08x", crc32c(0, data, 8));
     snprintf(cb, sizeof cb, "%08X", crc32c(0, data + 8, 8)); /* upper case is read too */
     path_of(path, sizeof path, "raw.safetensors");
-    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"crc32c.a\":\"%s\",\"crc32c.b\":\"%s\"},%s,%s}",
-             ca, cb, ta, tb);
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{" MARK "\"crc32c.a\":\"%s\",\"crc32c.b\":"
+             "\"%s\"},%s,%s}", ca, cb, ta, tb);
     write_raw(path, hdr, 16, -1);
     expect_checksummed(path, 2);
-    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"crc32c.a\":\"%s\"},%s,%s}", ca, ta, tb);
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"dflash.checksums\":\"md5\",\"crc32c.a\":"
+             "\"%s\",\"crc32c.b\":\"%s\"},%s,%s}", ca, cb, ta, tb);
+    write_raw(path, hdr, 16, -1);
+    expect_bad(path, "dflash.checksums", "damaged header");
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{" MARK "\"crc32c.a\":\"%s\"},%s,%s}", ca, ta,
+             tb);
     write_raw(path, hdr, 16, -1);
     expect_bad(path, "tensor b", "damaged header");
     snprintf(hdr, sizeof hdr,
-             "{\"__metadata__\":{\"crc32c.a\":\"%s\",\"crc32c.b\":\"%s\",\"crc32c.c\":\"%s\"},"
-             "%s,%s}",
+             "{\"__metadata__\":{" MARK "\"crc32c.a\":\"%s\",\"crc32c.b\":\"%s\",\"crc32c.c\":"
+             "\"%s\"},%s,%s}",
              ca, cb, cb, ta, tb);
     write_raw(path, hdr, 16, -1);
     expect_bad(path, "3 checksums for 2 tensors", "damaged header");
     snprintf(hdr, sizeof hdr,
-             "{\"__metadata__\":{\"crc32c.a\":\"%s\",\"crc32c.b\":\"%.7s\"},%s,%s}", ca, cb, ta,
-             tb);
+             "{\"__metadata__\":{" MARK "\"crc32c.a\":\"%s\",\"crc32c.b\":\"%.7s\"},%s,%s}", ca,
+             cb, ta, tb);
     write_raw(path, hdr, 16, -1);
     expect_bad(path, "tensor b", "not 8 hex digits");
-    /* none: a file from elsewhere (or from before the checksums) opens and verifies nothing */
-    snprintf(hdr, sizeof hdr, "{%s,%s}", ta, tb);
-    write_raw(path, hdr, 16, -1);
+    /* none, or keys without the marker (here a stale one of a tensor the file no longer has):
+     * a file from elsewhere (or from before the checksums) opens and verifies nothing */
+    const char *unmarked[2] = {"{%s,%s}", "{\"__metadata__\":{\"crc32c.gone\":\"0000000\"},%s,%s}"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(hdr, sizeof hdr, unmarked[k], ta, tb);
+        write_raw(path, hdr, 16, -1);
+        st = safetensors_open(path, err, sizeof err);
+        CHECK(st != NULL);
+        checked = 99;
+        CHECK_EQ_INT(safetensors_verify(st, &checked, err, sizeof err), 0);
+        CHECK_EQ_INT(checked, 0);
+        safetensors_close(&st);
+    }
     st = safetensors_open(path, err, sizeof err);
-    CHECK(st != NULL);
-    checked = 99;
-    CHECK_EQ_INT(safetensors_verify(st, &checked, err, sizeof err), 0);
-    CHECK_EQ_INT(checked, 0);
     CHECK(st && !safetensors_find(st, "a")->has_crc32c);
     safetensors_close(&st);
 }

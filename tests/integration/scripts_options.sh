@@ -10,7 +10,11 @@
 # nothing, a failing DEVICE_LIBS tool or a missing one named by DEVICE_LIBS leaves an existing
 # OUT as it was; one that works replaces it; none at the default place (a copy of scripts/ with
 # no ../shared beside it) warns and carries the binaries without devlibs/ (it failed with 127
-# after the build, OUT half filled).
+# after the build, OUT half filled). A failing strip or xz exits 1 (it exited with their status)
+# and leaves OUT as it was; no temporary folder (OUT.tmp.*, formerly .gpu-carry.* in the
+# repository root, not ignored by git) is left by a failure or a success; an old OUT that cannot
+# be removed after the swap only warns (OUT was removed first: a failing rm left it half
+# deleted).
 #   scripts_options.sh SOURCE_ROOT
 set -uo pipefail
 SRC=$1
@@ -75,8 +79,16 @@ for n in dflash-queue dflash-target; do printf '#!/bin/sh\n' > "$2/bin/$n"; chmo
 EOF
 printf '#!/bin/sh\nexit 0\n' > "$WORK/carry/bin/strip"
 printf '#!/bin/sh\nexit 1\n' > "$WORK/carry/bin/libs-fail"
-printf '#!/bin/sh\nmkdir -p "$1" && touch "$1/libzmq.so.5"\n' > "$WORK/carry/bin/libs-ok"
-chmod +x "$WORK/carry/bin"/*
+printf '#!/bin/sh\nmkdir -p "$1" && touch "$1/libzmq.so.5" "$1/libopenblas.so.0"\n' \
+    > "$WORK/carry/bin/libs-ok"
+# failing stand-ins, each in its own folder put first on PATH: strip and xz exit 3; rm refuses
+# the old OUT moved aside (*.old)
+mkdir -p "$WORK/carry/strip-fail" "$WORK/carry/xz-fail" "$WORK/carry/rm-fail"
+printf '#!/bin/sh\nexit 3\n' > "$WORK/carry/strip-fail/strip"
+printf '#!/bin/sh\nexit 3\n' > "$WORK/carry/xz-fail/xz"
+printf '#!/bin/sh\nfor a; do case "$a" in *.old) exit 1 ;; esac; done\nexec %s "$@"\n' \
+    "$(command -v rm)" > "$WORK/carry/rm-fail/rm"
+chmod +x "$WORK/carry/bin"/* "$WORK/carry"/*-fail/*
 # carry NAME STATUS PATTERN [VAR=VALUE...]: gpu-carry into cwd/out (which holds old/ before)
 carry() {
     local name=$1 want=$2 pattern=$3
@@ -86,6 +98,19 @@ carry() {
         bash "$WORK/carry/repo/scripts/gpu-carry" b out dflash-queue,dflash-target) \
         > "$WORK/out" 2>&1
     verdict "$name" "$want" "$pattern" $?
+    leftover "$name" "${CARRY_LEFT:-}"
+}
+# leftover NAME [ALLOWED]: no temporary folder of gpu-carry (OUT.tmp.*, or the old .gpu-carry.*)
+# in cwd but one matching the glob ALLOWED
+leftover() {
+    local f left=""
+    for f in "$WORK/cwd"/*.tmp.* "$WORK/cwd"/.gpu-carry.*; do
+        [ -e "$f" ] || continue
+        # shellcheck disable=SC2053 # ALLOWED is a glob
+        [ -n "${2:-}" ] && [[ "$f" == $2 ]] && continue
+        left+=" ${f##*/}"
+    done
+    [ -z "$left" ] || { echo "FAIL $1: temporary folders left:$left" >&2; failed=1; }
 }
 gone() { [ ! -e "$WORK/cwd/out/old" ] || { echo "FAIL $1: the old OUT was not replaced" >&2; failed=1; }; }
 kept() {
@@ -100,6 +125,13 @@ kept "gpu-carry DEVICE_LIBS missing"
 carry "gpu-carry DEVICE_LIBS failing" 1 "failed; out left as it was" \
     DEVICE_LIBS="$WORK/carry/bin/libs-fail"
 kept "gpu-carry DEVICE_LIBS failing"
+carry "gpu-carry strip failing" 1 "stripping .* failed; out left as it was" \
+    PATH="$WORK/carry/strip-fail:$WORK/carry/bin:$PATH"
+kept "gpu-carry strip failing"
+carry "gpu-carry xz failing" 1 "xz of libopenblas.so.0 failed; out left as it was" \
+    PATH="$WORK/carry/xz-fail:$WORK/carry/bin:$PATH" GPU_CARRY_XZ=1 \
+    DEVICE_LIBS="$WORK/carry/bin/libs-ok"
+kept "gpu-carry xz failing"
 carry "gpu-carry DEVICE_LIBS" 0 "gpu-carry: 3 entries in out" DEVICE_LIBS="$WORK/carry/bin/libs-ok"
 gone "gpu-carry DEVICE_LIBS"
 [ -f "$WORK/cwd/out/devlibs/libzmq.so.5" ] && [ -x "$WORK/cwd/out/dflash-target" ] ||
@@ -108,4 +140,20 @@ carry "gpu-carry without device-libs" 0 "WARNING: no device-libs tool at .*share
 gone "gpu-carry without device-libs"
 [ ! -e "$WORK/cwd/out/devlibs" ] && [ -x "$WORK/cwd/out/dflash-queue" ] ||
     { echo "FAIL gpu-carry without device-libs: OUT is not the binaries alone" >&2; failed=1; }
+# the old OUT cannot be removed after the swap: a warning, the new OUT in place, the old one kept
+# aside (and only that left behind)
+CARRY_LEFT="$WORK/cwd/out.tmp.*.old" carry "gpu-carry old OUT not removable" 0 \
+    "WARNING: the old out, moved to out\.tmp\..*\.old, could not" \
+    PATH="$WORK/carry/rm-fail:$WORK/carry/bin:$PATH"
+gone "gpu-carry old OUT not removable"
+[ -x "$WORK/cwd/out/dflash-queue" ] && [ -d "$WORK/cwd"/out.tmp.*.old/old ] ||
+    { echo "FAIL gpu-carry old OUT not removable: the new OUT or the old one aside missing" >&2
+      failed=1; }
+rm -rf "$WORK/cwd"/out.tmp.*.old
+# the default OUT's temporary folder (build-gpu.tmp.*) is ignored by git, where this is a checkout
+if git -C "$SRC" rev-parse --git-dir > /dev/null 2>&1 &&
+    ! git -C "$SRC" check-ignore -q --no-index build-gpu.tmp.x1Y2z3/bin; then
+    echo "FAIL gpu-carry: the default OUT's temporary folder build-gpu.tmp.* is not gitignored" >&2
+    failed=1
+fi
 exit $failed

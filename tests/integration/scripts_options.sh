@@ -3,7 +3,8 @@
 # gpu-bench,gpu-parity}: -h and --help print the usage (exit 0), an unknown option is refused (exit 2)
 # before the script does anything; scripts/train refuses an option without its value ("$2:
 # unbound variable" under set -u) and a bad number (--steps 0 made its final check pass always)
-# before it builds or starts a daemon, and its help says which --data names are JSONL.
+# before it builds or starts a daemon, and its help says which --data names are JSONL; its
+# --init-from is refused when it names --out or a path inside it.
 # cmake, apt-get, dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch
 # working directory: a script that got past its arguments stops at once.
 # scripts/gpu-carry's OUT: with a cmake that "builds" (stand-in binaries) and a strip that does
@@ -61,6 +62,18 @@ expect "train --epochs x" 2 "--epochs must be a whole number" "${T[@]}" --epochs
 expect "train --help on --data" 0 "ending in .jsonl is JSONL" train --help
 expect "train --help on training longer" 0 "--init-from OLD_OUT" train --help
 expect "train --init-from (no value)" 2 "--init-from needs a value" "${T[@]}" --init-from
+# --init-from OUT, OUT/checkpoints, a checkpoint in it or a link into it: refused (the drafter
+# would resume OUT's newest checkpoint and ignore the weights; only OUT/checkpoints was); a run
+# beside OUT whose name begins with OUT's is not OUT's (it gets to the build: stand-in cmake)
+mkdir -p "$WORK/m" "$WORK/o/checkpoints/step-2" "$WORK/old/checkpoints/step-2"
+echo '{}' > "$WORK/m/config.json"
+: > "$WORK/d.jsonl"
+ln -s "$WORK/o/checkpoints" "$WORK/link"
+for from in o o/checkpoints o/checkpoints/step-2 o/checkpoints/step-2/ link/step-2; do
+    expect "train --init-from $from of --out" 2 "names --out's own checkpoints" "${T[@]}" \
+        --init-from "$WORK/$from"
+done
+expect "train --init-from another run" 99 "stand-in cmake ran" "${T[@]}" --init-from "$WORK/old"
 expect "test -R (no value)" 2 "-R needs a value" test -R
 expect "gpu-parity (no binaries)" 2 "no bench-cuda_parity in build-gpu" gpu-parity
 expect "gpu-parity x" 2 "DRAFTER_LAYERS must be a whole number" gpu-parity bin x

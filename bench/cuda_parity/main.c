@@ -1,5 +1,6 @@
 /* bench-cuda_parity: the cuda backend against the cpu reference, op by op and for a whole DFlash
- * training step. Run on the GPU machine (scripts/gpu-parity); exits non-zero on any FAIL.
+ * training step. Run on the GPU machine (scripts/gpu-parity); exits non-zero on any FAIL, 77
+ * (ctest's skip) without CUDA or a visible GPU, 2 when a GPU is there but no context can be made.
  * Usage: bench-cuda_parity [ops|attn|loss|optim] (only the other ops, the attention, the loss or
  * the optimizer checks, e.g. under a sanitizer); bench-cuda_parity learn: the learning runs
  * (t_learn; minutes, so not part of the default run); bench-cuda_parity learn D H HK F L V S N
@@ -935,10 +936,15 @@ int main(int argc, char **argv) {
     setenv("DFLASH_CUDA_SIDE_STREAM", "1", 0);
     printf("optimizer side stream: %s\n",
            strcmp(getenv("DFLASH_CUDA_SIDE_STREAM"), "1") ? "off" : "on");
-    GC = nn_cuda_new(0);
-    if (!GC) { /* ctest's skip code, as bench-target_parity and test_dp_nccl */
+    int gpus = nn_cuda_device_count();
+    if (gpus == 0) { /* ctest's skip code, as bench-target_parity and test_dp_nccl */
         printf("bench-cuda_parity: no GPU\n");
         return 77;
+    }
+    GC = gpus > 0 ? nn_cuda_new(0) : NULL;
+    if (!GC) { /* a GPU that is there but fails (driver, memory) fails the run, no skip */
+        fprintf(stderr, "bench-cuda_parity: no cuda context on GPU 0 (why: above)\n");
+        return 2;
     }
     if (!CC) {
         fprintf(stderr, "bench-cuda_parity: cannot create the cpu context\n");

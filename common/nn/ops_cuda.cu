@@ -606,6 +606,23 @@ static bool streams_new(nn_ctx *c) {
            cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least) == cudaSuccess;
 }
 
+extern "C" int nn_cuda_device_count(void) {
+    int n = 0, driver = 0, runtime = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    (void)cudaGetLastError();
+    if (e == cudaSuccess) return n;
+    if (e == cudaErrorNoDevice) return 0;
+    /* without libcuda the runtime says "insufficient driver" (or finds a stub library); the
+     * driver version is then 0 */
+    (void)cudaDriverGetVersion(&driver);
+    (void)cudaRuntimeGetVersion(&runtime);
+    if ((e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary) && driver == 0) return 0;
+    fprintf(stderr, "ops_cuda: a CUDA driver is installed but cannot count the devices: %s "
+            "(the driver supports CUDA %d.%d, the runtime is %d.%d)\n", cudaGetErrorString(e),
+            driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+    return -1;
+}
+
 extern "C" nn_ctx *nn_cuda_new(int device) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {

@@ -34,6 +34,12 @@ extern "C" {
 
 /* The cuda backend's table. */
 const nn_ops *nn_cuda_ops(void);
+/* The CUDA devices this process sees, without making a context: 0 when there is none (no
+ * driver installed, or the driver sees no device), -1 after logging why when a driver is there
+ * but cannot be used (older than the runtime, or another error). A GPU test skips (ctest's 77)
+ * only on 0: a device that is there but fails is a failure. Any thread; it initializes CUDA in
+ * the process (one that forks CUDA users asks from a child, as tests/gpu/test_dp_nccl.c). */
+int nn_cuda_device_count(void);
 /* A context on CUDA device `device` (cudaSetDevice is called on the caller's thread). Returns
  * NULL after logging why (no device, out of memory). */
 nn_ctx *nn_cuda_new(int device);

@@ -13,8 +13,9 @@
  *   3. with >= 2 GPUs: the same training with nccl, rank r on GPU r (rank 0 makes the id and
  *      hands it to rank 1 through a pipe), gradients reduced on the device; hashes equal after
  *      every step.
- * Exit 0 all good, 1 failures, 77 no GPU (ctest SKIP_RETURN_CODE). Without NCCL in the build
- * the nccl parts are reported as skipped and the shm part still runs.
+ * Exit 0 all good, 1 failures (also a GPU that is visible but cannot be used), 77 no GPU (ctest
+ * SKIP_RETURN_CODE). Without NCCL in the build the nccl parts are reported as skipped and the
+ * shm part still runs.
  * Run on the GPU machine: ctest --test-dir build -L gpu -R dp_nccl --output-on-failure
  * or directly: build/tests/gpu/test_dp_nccl [steps]
  */
@@ -314,20 +315,27 @@ static int run_children(int n, child_fn fn) {
     return failed;
 }
 
+/* in the probe child: the visible GPUs (at most 8), -1 when the driver or one of them cannot be
+ * used (nn_cuda_device_count or nn_cuda_new logged why) */
 static void probe(int idx, int rd, int wr) {
     (void)idx, (void)rd;
-    int n = 0;
-    nn_ctx *c;
-    while (n < 8 && (c = nn_cuda_new(n)) != NULL) { /* logs once when it runs out */
+    int n = nn_cuda_device_count();
+    if (n > 8) n = 8;
+    for (int d = 0; d < n; d++) {
+        nn_ctx *c = nn_cuda_new(d);
+        if (!c) {
+            n = -1;
+            break;
+        }
         nn_cuda_destroy(&c);
-        n++;
     }
     CHECK(write(wr, &n, sizeof n) == sizeof n);
 }
 
+/* the probe's answer; -1 also when it died before answering */
 static int gpu_count(void) {
-    int p[2], n = 0;
-    if (pipe(p) != 0) return 0;
+    int p[2], n = -1;
+    if (pipe(p) != 0) return -1;
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
@@ -335,7 +343,7 @@ static int gpu_count(void) {
         _exit(0);
     }
     close(p[1]);
-    if (read(p[0], &n, sizeof n) != sizeof n) n = 0;
+    if (read(p[0], &n, sizeof n) != sizeof n) n = -1;
     close(p[0]);
     waitpid(pid, NULL, 0);
     return n;
@@ -374,6 +382,10 @@ int main(int argc, char **argv) {
     S = mmap(NULL, sizeof *S, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (S == MAP_FAILED) return 1;
     int gpus = gpu_count();
+    if (gpus < 0) { /* a GPU that is there but fails is a failure, not a skip */
+        printf("a GPU is visible but cannot be used (why: above): FAIL\n");
+        return 1;
+    }
     printf("%d GPU(s) visible; NCCL in this build: %s\n", gpus, dp_comm_have_nccl() ? "yes" : "no");
     if (gpus < 1) {
         printf("no GPU: skipped\n");

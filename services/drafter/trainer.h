@@ -26,7 +26,8 @@
  *   temporary name + rename, last K kept); committed() then returns that step and the loop
  *   tells the broker. finish() saves the final checkpoint; when the run ends before its step
  *   limit (--max-steps or the schedule's end) for another reason than a stop signal (the broker
- *   has no batch left: every batch of the target's planned epochs is trained, or a drain), it
+ *   has no batch left: every batch of the target's planned epochs is trained, or a drain;
+ *   --max-batches; an error), it
  *   says so at WARN: the step reached of the limit, the learning rate still in force, and how
  *   to continue.
  *   idle() (the loop waits for a batch) writes the last step's metrics and flushes them.

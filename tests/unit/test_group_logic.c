@@ -35,6 +35,19 @@ static group *form(group_table *t, const uint64_t *peers, int n)
     return g;
 }
 
+/* Forms an active pair of ranks a and b and begins step 1, both units copied; its slots into
+ * slots (may be NULL). */
+static group *form_pair_in_step(group_table *t, uint64_t a, uint64_t b, group_slot slots[2])
+{
+    uint64_t peers[2] = {a, b};
+    group *g = form(t, peers, 2);
+    group_slot s[2] = {slot_of(a, 0), slot_of(b, 1)};
+    s[0].released = s[1].released = true;
+    group_step_begin(g, 1, s);
+    if (slots) memcpy(slots, s, sizeof s);
+    return g;
+}
+
 int main(void)
 {
     group_table *t = group_table_new();
@@ -131,10 +144,8 @@ int main(void)
     group_table *t4 = group_table_new();
     uint64_t pair[2] = {30, 31};
     for (int creator_step = 1; creator_step >= 0; creator_step--) {
-        g = form(t4, pair, 2);
-        group_slot s2[2] = {slot_of(30, 0), slot_of(31, 1)};
-        s2[0].released = s2[1].released = true;
-        group_step_begin(g, 1, s2);
+        group_slot s2[2];
+        g = form_pair_in_step(t4, pair[0], pair[1], s2);
         CHECK(group_leave(t4, 30, &o));
         CHECK(!o.orphan && o.verdict == GROUP_KEEP);
         CHECK(group_leave(t4, 31, &o));
@@ -159,10 +170,8 @@ int main(void)
 
     /* an orphan nobody comes back for is aborted once it has waited wait_ms, counted from the
      * first look at it */
-    g = form(t4, pair, 2);
-    group_slot s4[2] = {slot_of(30, 0), slot_of(31, 1)};
-    s4[0].released = s4[1].released = true;
-    group_step_begin(g, 1, s4);
+    group_slot s4[2];
+    g = form_pair_in_step(t4, pair[0], pair[1], s4);
     CHECK(group_leave(t4, 30, &o));
     CHECK(group_leave(t4, 31, &o));
     CHECK(o.orphan && o.verdict == GROUP_KEEP);
@@ -186,11 +195,7 @@ int main(void)
      * good). A newcomer in its place (model step 0) aborts it. */
     for (int back_step = 1; back_step >= 0; back_step--) {
         group_table *t5 = group_table_new();
-        uint64_t ab[2] = {40, 41};
-        g = form(t5, ab, 2);
-        group_slot s5[2] = {slot_of(40, 0), slot_of(41, 1)};
-        s5[0].released = s5[1].released = true;
-        group_step_begin(g, 1, s5);
+        g = form_pair_in_step(t5, 40, 41, NULL);
         CHECK(group_leave(t5, 40, &o));
         CHECK(o.verdict == GROUP_KEEP && g->resolver == 41);
         CHECK_EQ_INT(group_join(t5, "g", 40, "a", (uint64_t)back_step, 0, 8, &g, &o), 0);
@@ -211,11 +216,7 @@ int main(void)
      * step and the group goes on from its step 7, not 1 (its claims of step 8 would be refused
      * for good) */
     group_table *t6 = group_table_new();
-    uint64_t cd[2] = {50, 51};
-    g = form(t6, cd, 2);
-    group_slot s6[2] = {slot_of(50, 0), slot_of(51, 1)};
-    s6[0].released = s6[1].released = true;
-    group_step_begin(g, 1, s6);
+    g = form_pair_in_step(t6, 50, 51, NULL);
     CHECK_EQ_INT(group_join(t6, "g", 52, "c", 7, 0, 8, &h, &o), 0);
     CHECK(group_leave(t6, 50, &o));
     CHECK(group_leave(t6, 51, &o));

@@ -7,7 +7,7 @@
  *
  * Checksums (format in safetensors.h): at open, a file's "crc32c.NAME" metadata entries are
  * parsed into its tensors (all or none: a file with some must have one for every tensor, and
- * each must name one); safetensors_verify recomputes them over the mapping on request.
+ * each must name one); safetensors_verify_tensor recomputes one over the mapping on request.
  *
  * Writer data structures: the declared tensor list (name, dtype, shape, bytes, borrowed data,
  * the crc32c of the bytes written so far), a cursor (tensor index, bytes written into it) for
@@ -767,19 +767,6 @@ int safetensors_verify_tensor(const safetensors_tensor *t, char *err, size_t err
             "%s: tensor %s: data checksum mismatch (crc32c of the data %08x, stored %08x)",
             t->file, t->name, crc, t->crc32c);
     return DFLASH_ECORRUPT;
-}
-
-int safetensors_verify(const safetensors *st, size_t *checked, char *err, size_t errlen) {
-    size_t n = 0;
-    if (checked) *checked = 0;
-    for (size_t i = 0; st && i < st->n_tensors; i++) {
-        const safetensors_tensor *t = &st->tensors[i];
-        int rc = safetensors_verify_tensor(t, err, errlen);
-        if (rc) return rc;
-        n += t->has_crc32c;
-    }
-    if (checked) *checked = n;
-    return 0;
 }
 
 int safetensors_expect(const safetensors *st, const char *name, int ndim, const int64_t *shape,

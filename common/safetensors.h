@@ -10,7 +10,7 @@
  * readers (safetensors, transformers, SGLang, vLLM) ignore them. Ours parses them at open when
  * the marker is there (then one for every tensor; a key missing, extra or malformed is a
  * damaged header; without the marker "crc32c." keys are ignored) and checks the data on request
- * (safetensors_verify_tensor, safetensors_verify).
+ * (safetensors_verify_tensor).
  *
  * Reader: safetensors_open() takes a .safetensors file, a model.safetensors.index.json (its
  * weight_map names the shard files, all opened and mmapped read-only) or a directory (index if
@@ -98,10 +98,6 @@ const char *safetensors_metadata(const safetensors *st, const char *key);
 /* Recomputes t's checksum if it has one (reads its data): 0 (also when it has none), or
  * DFLASH_ECORRUPT with "FILE: tensor NAME: data checksum mismatch (...)" in err. */
 int safetensors_verify_tensor(const safetensors_tensor *t, char *err, size_t errlen);
-/* Recomputes the checksum of every tensor that has one (reads all their data). 0 with *checked
- * (may be NULL) = how many were checked, 0 when the files carry none; or DFLASH_ECORRUPT at the
- * first mismatch, with "FILE: tensor NAME: data checksum mismatch (...)" in err. */
-int safetensors_verify(const safetensors *st, size_t *checked, char *err, size_t errlen);
 
 /* Finds name and checks its shape is [shape[0..ndim)]. Returns 0 with *out set, DFLASH_ENOTFOUND
  * ("PATH: tensor NAME not found") or DFLASH_EMISMATCH ("FILE: tensor NAME has shape [a,b],

@@ -7,7 +7,9 @@
  * of src (all of src where it is shorter). test_flip_bit inverts bit (0-7) of the byte at
  * offset in path, in place (damage that keeps the size); 0, or -1 where it cannot. test_rmtree
  * removes a test's temporary directory tree (files, links and folders, without following
- * links); 0, or -1 with a message. */
+ * links); 0, or -1 with a message. test_capture_begin sends stderr (what the code under test
+ * logs) into a temporary file until test_capture_end, which puts it back and returns what was
+ * written (malloc'd, NUL-terminated; "" where unreadable). */
 #ifndef DFLASH_TEST_FILES_H
 #define DFLASH_TEST_FILES_H
 
@@ -80,6 +82,32 @@ static inline int test_rmtree(const char *dir) {
     if (nftw(dir, test_rmtree_entry, 16, FTW_DEPTH | FTW_PHYS) == 0) return 0;
     fprintf(stderr, "cleanup of %s failed\n", dir);
     return -1;
+}
+
+typedef struct test_capture {
+    int fd, saved;
+    char path[40];
+} test_capture;
+
+static inline test_capture test_capture_begin(void) {
+    test_capture c = {.path = "/tmp/dflash-test-log-XXXXXX"};
+    c.fd = mkstemp(c.path);
+    c.saved = dup(2);
+    fflush(stderr);
+    dup2(c.fd, 2);
+    return c;
+}
+
+static inline char *test_capture_end(test_capture *c) {
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    off_t n = lseek(c->fd, 0, SEEK_END);
+    char *log = calloc(1, n > 0 ? (size_t)n + 1 : 1);
+    if (log && n > 0 && pread(c->fd, log, (size_t)n, 0) != n) log[0] = 0;
+    close(c->fd);
+    unlink(c->path);
+    return log;
 }
 
 #endif

@@ -14,6 +14,7 @@
 #include "err.h"
 #include "pool.h"
 #include "synthetic.h"
+#include "test_files.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -39,41 +40,11 @@ static bool shm_exists(const char *shm_name)
 }
 
 /* pool_new with stderr captured: *log gets what it logged (malloc'ed, NUL-terminated). */
-/* stderr into a temp file between capture_begin and capture_end, which returns what was
- * written (malloc'd; "" if unreadable). */
-typedef struct capture {
-    int fd, saved;
-    char path[40];
-} capture;
-
-static capture capture_begin(void)
-{
-    capture c = {.path = "/tmp/dflash-test-pool-log-XXXXXX"};
-    c.fd = mkstemp(c.path);
-    c.saved = dup(2);
-    fflush(stderr);
-    dup2(c.fd, 2);
-    return c;
-}
-
-static char *capture_end(capture *c)
-{
-    fflush(stderr);
-    dup2(c->saved, 2);
-    close(c->saved);
-    off_t n = lseek(c->fd, 0, SEEK_END);
-    char *log = calloc(1, (size_t)n + 1);
-    if (log && pread(c->fd, log, (size_t)n, 0) != n) log[0] = 0;
-    close(c->fd);
-    unlink(c->path);
-    return log;
-}
-
 static pool *pool_new_logged(const pool_config *c, int *err, char **log)
 {
-    capture cap = capture_begin();
+    test_capture cap = test_capture_begin();
     pool *p = pool_new(c, err);
-    *log = capture_end(&cap);
+    *log = test_capture_end(&cap);
     return p;
 }
 
@@ -554,9 +525,9 @@ int main(void)
         CHECK_EQ_INT(err, DFLASH_EUNSUPPORTED);
         CHECK(why && strstr(why, "use --backend host") != NULL);
         free(why);
-        capture cap = capture_begin();
+        test_capture cap = test_capture_begin();
         CHECK(pool_importer_new(POOL_CUDA, 0, &err) == NULL);
-        why = capture_end(&cap);
+        why = test_capture_end(&cap);
         CHECK_EQ_INT(err, DFLASH_EUNSUPPORTED);
         CHECK(why && strstr(why, "cuda pool importer requested") != NULL &&
               strstr(why, "use --backend host") != NULL);

@@ -274,6 +274,32 @@ static int read_checksums(safetensors *st, size_t first, const cJSON *meta, cons
     return 0;
 }
 
+/* Opens path for reading, refusing anything but a regular file (a FIFO is not waited on): the
+ * descriptor with its size in *size, or -1 with *rc (DFLASH_ENOTFOUND when it does not exist,
+ * else DFLASH_EIO) and the reason in err. */
+static int open_regular(const char *path, size_t *size, char *err, size_t errlen, int *rc) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        *rc = e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        err_fmt(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+    } else if (!S_ISREG(sb.st_mode)) {
+        err_fmt(err, errlen, "%s: cannot read: %s, not a regular file", path,
+                S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket");
+    } else {
+        *size = (size_t)sb.st_size;
+        return fd;
+    }
+    close(fd);
+    *rc = DFLASH_EIO;
+    return -1;
+}
+
 /* Maps one file, parses and validates its header and appends its tensors.
  * only: when non-NULL, the file must contain at least the names listed (checked by the caller). */
 static int load_file(safetensors *st, const char *path, char *err, size_t errlen) {
@@ -283,20 +309,12 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
     size_t first = st->n_tensors;
 
     f.path = dup_str(path);
-    if (!f.path) return DFLASH_ENOMEM;
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        rc = errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
-        goto fail;
+    if (!f.path) {
+        err_fmt(err, errlen, "%s: out of memory", path);
+        return DFLASH_ENOMEM;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        err_fmt(err, errlen, "%s: not a regular file", path);
-        rc = DFLASH_EIO;
-        goto fail;
-    }
-    f.size = (size_t)sb.st_size;
+    fd = open_regular(path, &f.size, err, errlen, &rc);
+    if (fd < 0) goto fail;
     if (f.size < 8) {
         err_fmt(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path,
              f.size);
@@ -549,10 +567,14 @@ void safetensors_close(safetensors **pst) {
 }
 
 static char *read_text(const char *path, size_t max, char *err, size_t errlen, int *rc) {
-    FILE *fp = fopen(path, "rb");
+    size_t size;
+    int fd = open_regular(path, &size, err, errlen, rc);
+    if (fd < 0) return NULL;
+    FILE *fp = fdopen(fd, "rb");
     if (!fp) {
-        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        *rc = errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
+        err_fmt(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        close(fd);
+        *rc = DFLASH_EIO;
         return NULL;
     }
     char *buf = NULL;
@@ -580,10 +602,11 @@ static char *read_text(const char *path, size_t max, char *err, size_t errlen, i
             return NULL;
         }
     }
+    int read_errno = errno;
     bool bad = ferror(fp);
     fclose(fp);
     if (bad) {
-        err_fmt(err, errlen, "%s: read error", path);
+        err_fmt(err, errlen, "%s: cannot read: %s", path, strerror(read_errno));
         free(buf);
         *rc = DFLASH_EIO;
         return NULL;
@@ -685,16 +708,20 @@ out:
     return rc;
 }
 
-safetensors *safetensors_open(const char *path, char *err, size_t errlen) {
+safetensors *safetensors_open(const char *path, int *rcp, char *err, size_t errlen) {
+    int rc_ignored, *out_rc = rcp ? rcp : &rc_ignored;
+    *out_rc = 0;
     if (err && errlen) err[0] = 0;
     if (!path) {
         err_fmt(err, errlen, "safetensors_open: no path");
+        *out_rc = DFLASH_EINVAL;
         return NULL;
     }
     safetensors *st = calloc(1, sizeof *st);
     if (!st || !(st->path = dup_str(path))) {
         free(st);
         err_fmt(err, errlen, "%s: out of memory", path);
+        *out_rc = DFLASH_ENOMEM;
         return NULL;
     }
     int rc;
@@ -716,10 +743,11 @@ safetensors *safetensors_open(const char *path, char *err, size_t errlen) {
     }
     if (rc) goto fail;
     qsort(st->tensors, st->n_tensors, sizeof *st->tensors, cmp_tensor_name);
-    if (check_dups(st, path, err, errlen)) goto fail;
+    if ((rc = check_dups(st, path, err, errlen))) goto fail;
     return st;
 fail:
     safetensors_close(&st);
+    *out_rc = rc;
     return NULL;
 }
 

@@ -18,8 +18,10 @@
  * size, JSON syntax, known dtype, shape product * dtype size == end - begin, offsets inside the
  * data section, tensors covering the data section contiguously with no overlap or gap, no
  * duplicate names (across shards too), index entries present in the shard they name. Errors name
- * the file, the tensor and what is wrong. Tensors are kept sorted by name; lookup is a binary
- * search. The object is immutable after open: lookups are thread-safe.
+ * the file, the tensor and what is wrong, and say which kind they are: a file that cannot be read
+ * (DFLASH_EIO, DFLASH_ENOTFOUND) is not one whose bytes are wrong (DFLASH_EFORMAT). Tensors are
+ * kept sorted by name; lookup is a binary search. The object is immutable after open: lookups
+ * are thread-safe.
  *
  * Writer: declare tensors (name, dtype, shape, optionally data), then either commit (writes all
  * data pointers given) or begin + write chunks in declaration order (streaming, for checkpoints
@@ -80,8 +82,16 @@ uint16_t safetensors_f32_to_f16(float f);
 /* --- reader --- */
 
 /* Opens and validates a file, an index json or a directory (see top). Returns the object or NULL
- * with the reason ("PATH: tensor NAME: ...") in err (may be NULL). */
-safetensors *safetensors_open(const char *path, char *err, size_t errlen);
+ * with the reason ("PATH: tensor NAME: ...") in err (may be NULL) and its kind in *rc (may be
+ * NULL), so callers can tell a file they cannot read from one whose bytes are wrong:
+ *   DFLASH_ENOTFOUND  the file (or a shard the index names) does not exist;
+ *   DFLASH_EIO        it cannot be read: open, stat, read or mmap failed (permissions, an I/O
+ *                     error, too many open files...; the system's reason in err), or the path is
+ *                     a directory or a FIFO where a file should be;
+ *   DFLASH_EFORMAT    its bytes are wrong: truncated, a bad header or index (a damaged file);
+ *   DFLASH_EUNSUPPORTED a dtype we do not read;  DFLASH_ENOMEM, DFLASH_EINVAL (no path).
+ * *rc is 0 on success. */
+safetensors *safetensors_open(const char *path, int *rc, char *err, size_t errlen);
 /* Unmaps everything; accepts NULL and *st == NULL; sets *st = NULL. Tensor pointers die. */
 void safetensors_close(safetensors **st);
 

@@ -6,6 +6,7 @@
  * metadata as it writes). config.json is built with cJSON. dflash.py, which config.json's
  * auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in. The loaders check
  * every tensor's checksum as they convert it (load_all), before anything reaches the model.
+ * A failure keeps its kind from safetensors_open (unreadable, missing, damaged) to the caller.
  */
 #include "dflash_ckpt.h"
 
@@ -30,6 +31,7 @@
 #include <unistd.h>
 
 #define STATE_FORMAT "dflash-training-state-1"
+#define STATE_FILE "training_state.safetensors"
 
 #define FAIL(code, ...)                                                                            \
     do {                                                                                           \
@@ -190,26 +192,53 @@ static bool get_dbl(const cJSON *o, const char *k, double *out) {
     return true;
 }
 
+/* DIR/config.json parsed into *out (the caller deletes it; path receives its path). 0,
+ * DFLASH_ENOTFOUND or DFLASH_EIO (cannot be read: the system's reason in err), DFLASH_EFORMAT (not
+ * a JSON object) or DFLASH_ENOMEM. */
+static int read_config_json(const char *dir, char *path, size_t pathlen, cJSON **out, char *err,
+                            size_t errlen) {
+    int rc = 0;
+    char *text = NULL;
+    *out = NULL;
+    snprintf(path, pathlen, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        FAIL(e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO, "%s: %s", path, strerror(e));
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        FAIL(DFLASH_EIO, "%s: cannot read: not a regular file", path);
+    }
+    text = malloc((size_t)sb.st_size + 1);
+    if (!text) {
+        fclose(f);
+        FAIL(DFLASH_ENOMEM, "%s: out of memory", path);
+    }
+    errno = 0;
+    size_t got = fread(text, 1, (size_t)sb.st_size, f);
+    int e = errno;
+    fclose(f);
+    if (got != (size_t)sb.st_size)
+        FAIL(DFLASH_EIO, "%s: cannot read: %s", path, e ? strerror(e) : "shorter than its size");
+    text[got] = 0;
+    *out = cJSON_Parse(text);
+    if (!cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        FAIL(DFLASH_EFORMAT, "%s: not a JSON object", path);
+    }
+out:
+    free(text);
+    return rc;
+}
+
 int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t errlen) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    int rc = 0;
     cJSON *j = NULL;
-    char *text = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) FAIL(errno == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO, "%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    text = malloc((size_t)n + 1);
-    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        FAIL(DFLASH_EIO, "%s: read failed", path);
-    }
-    fclose(f);
-    text[n] = 0;
-    j = cJSON_Parse(text);
-    if (!cJSON_IsObject(j)) FAIL(DFLASH_EFORMAT, "%s: not a JSON object", path);
+    int rc = read_config_json(dir, path, sizeof path, &j, err, errlen);
+    if (rc) return rc;
     memset(c, 0, sizeof *c);
     const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
 #define REQ_INT(key, dst)                                                                          \
@@ -265,7 +294,6 @@ int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t
     if (dflash_config_validate(c, msg, sizeof msg)) FAIL(DFLASH_ECONFIG, "%s: %s", path, msg);
 out:
     cJSON_Delete(j);
-    free(text);
     return rc;
 }
 
@@ -418,7 +446,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
         FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
 
     /* training_state.safetensors */
-    snprintf(p, sizeof p, "%s/training_state.safetensors", tmp);
+    snprintf(p, sizeof p, "%s/%s", tmp, STATE_FILE);
     w = safetensors_writer_new(p);
     if (!w) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     safetensors_writer_meta(w, "format", STATE_FORMAT);
@@ -507,18 +535,29 @@ static int load_all(const dflash_model *m, const safetensors *st, const char *pr
     return 0;
 }
 
+/* err for a checkpoint directory without its training state: a save never publishes one (it
+ * writes .tmp-step-N-PID and renames it whole; dflash_ckpt_recover removes what a dead writer
+ * left), so the directory was copied in part, had files removed, or holds weights only. Returns
+ * DFLASH_ENOTFOUND. */
+static int state_missing(const char *dir, char *err, size_t errlen) {
+    if (err)
+        snprintf(err, errlen,
+                 "%s has no %s: not a whole checkpoint (a save publishes one only with all its "
+                 "files), so it was copied in part, had files removed, or holds weights only",
+                 dir, STATE_FILE);
+    return DFLASH_ENOTFOUND;
+}
+
 /* Opens DIR/NAME, one of the checkpoint's safetensors files (load_all checks its tensors'
  * checksums); a file written before checkpoints had checksums loads unverified (said in the
- * log). NULL with *rc = DFLASH_EFORMAT when it cannot be opened or its header is bad. */
+ * log). NULL with *rc the kind of failure (safetensors_open): DFLASH_ENOTFOUND or DFLASH_EIO
+ * when it cannot be read, DFLASH_EFORMAT when its bytes are wrong. */
 static safetensors *open_checked(const char *dir, const char *name, int *rc, char *err,
                                  size_t errlen) {
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    safetensors *st = safetensors_open(p, err, errlen);
-    if (!st) {
-        *rc = DFLASH_EFORMAT;
-        return NULL;
-    }
+    safetensors *st = safetensors_open(p, rc, err, errlen);
+    if (!st) return NULL;
     if (safetensors_count(st) && !safetensors_at(st, 0)->has_crc32c)
         LOG_INFO("checkpoint: %s carries no checksums (written before they were added): its "
                  "data is loaded unverified", p);
@@ -597,10 +636,11 @@ out:
 int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step, char *err,
                                size_t errlen) {
     char p[4200];
-    snprintf(p, sizeof p, "%s/training_state.safetensors", dir);
-    safetensors *st = safetensors_open(p, err, errlen);
-    if (!st) return DFLASH_EFORMAT;
-    int rc = read_train_meta(st, p, tc, step, err, errlen);
+    int rc;
+    snprintf(p, sizeof p, "%s/%s", dir, STATE_FILE);
+    safetensors *st = safetensors_open(p, &rc, err, errlen);
+    if (!st) return rc == DFLASH_ENOTFOUND ? state_missing(dir, err, errlen) : rc;
+    rc = read_train_meta(st, p, tc, step, err, errlen);
     safetensors_close(&st);
     return rc;
 }
@@ -609,8 +649,8 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
                        size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
-    safetensors *st = open_checked(dir, "training_state.safetensors", &rc, err, errlen);
-    if (!st) return rc;
+    safetensors *st = open_checked(dir, STATE_FILE, &rc, err, errlen);
+    if (!st) return rc == DFLASH_ENOTFOUND ? state_missing(dir, err, errlen) : rc;
     size_t n = m->n_params;
     dflash_train_cfg saved;
     long step = 0;
@@ -641,7 +681,7 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen) {
     for (int i = n - 1; i >= 0; i--) {
         char p[4200];
         struct stat sb;
-        snprintf(p, sizeof p, "%s/%s/training_state.safetensors", root, names[i]);
+        snprintf(p, sizeof p, "%s/%s/%s", root, names[i], STATE_FILE);
         if (stat(p, &sb) == 0) {
             snprintf(path, pathlen, "%s/%s", root, names[i]);
             rc = 0;

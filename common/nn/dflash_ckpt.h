@@ -19,8 +19,10 @@
  * tensor (safetensors.h; docs/formats.md); other
  * loaders ignore these strings. dflash_ckpt_load_weights checks every tensor of model.safetensors
  * and dflash_ckpt_resume every tensor of training_state.safetensors before using any: a mismatch
- * is DFLASH_ECORRUPT naming the file and the tensor. Checkpoints written before the checksums
- * load unverified (an info line says so). dflash_ckpt_train_settings reads only metadata.
+ * is DFLASH_ECORRUPT naming the file and the tensor. Checkpoints written before the checksums load unverified (an info line says so).
+ * dflash_ckpt_train_settings reads only metadata. Failure kinds: a file that cannot be read is
+ * DFLASH_EIO (DFLASH_ENOTFOUND when missing), never DFLASH_EFORMAT / DFLASH_ECORRUPT, which mean
+ * its bytes are wrong (safetensors_open).
  * It is written into ROOT/.tmp-step-N-PID, every file fsync'd, then renamed to its final name and
  * ROOT fsync'd: a reader sees a complete checkpoint or none. Afterwards only the newest
  * keep_last step-* directories are kept. A root has one writer (dflash_ckpt_lock_root).
@@ -77,18 +79,22 @@ int dflash_ckpt_check_config(const dflash_config *model, const dflash_config *ck
                              size_t errlen);
 
 /* Warm start from DIR/model.safetensors: weights only; moments zeroed, m->step = 0. Every
- * tensor's checksum is checked first: DFLASH_ECORRUPT naming the file and the tensor. */
+ * tensor's checksum is checked first: DFLASH_ECORRUPT naming the file and the tensor;
+ * DFLASH_EFORMAT for a damaged header, DFLASH_ENOTFOUND / DFLASH_EIO for a file missing or
+ * unreadable (the system's reason in err). */
 int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen);
 
 /* Exact resume from DIR: fp32 masters, moments, m->step, and tc's seed, schedule and optimizer
  * settings (tc may be NULL to keep the caller's). Every tensor of training_state.safetensors is
- * checked against its checksum first: DFLASH_ECORRUPT naming the file and the tensor. */
+ * checked against its checksum first: DFLASH_ECORRUPT naming the file and the tensor
+ * (DFLASH_EFORMAT: a damaged header; DFLASH_EIO: unreadable; DFLASH_ENOTFOUND: missing, which a
+ * save never leaves: err says the directory is not a whole checkpoint). */
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
                        size_t errlen);
 
 /* The step and the training settings (seed, anchors, schedule, optimizer) of the checkpoint in
  * DIR, from its training state's metadata, without a model: what an exact resume would restore.
- * 0, or a negative code with a message in err. */
+ * 0, or a negative code with a message in err (the kinds of dflash_ckpt_resume). */
 int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step, char *err,
                                size_t errlen);
 

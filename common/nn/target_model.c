@@ -481,7 +481,7 @@ target_model *target_model_load(const char *dir, const target_model_opts *opts, 
         LOG_ERROR("target model: %s", err);
         return NULL;
     }
-    safetensors *st = safetensors_open(dir, err, sizeof err);
+    safetensors *st = safetensors_open(dir, NULL, err, sizeof err);
     if (!st) {
         LOG_ERROR("target model: %s", err);
         return NULL;

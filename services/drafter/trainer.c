@@ -455,22 +455,45 @@ static void train_destroy(void *vctx) {
     free(t);
 }
 
-/* err (why checkpoint dir cannot be resumed) with the checkpoint named and what to do; rc. */
+/* err (why checkpoint dir cannot be resumed) with the checkpoint named and what to do, by the
+ * kind of failure rc; returns rc. A file that cannot be read (DFLASH_EIO: permissions, a volume
+ * mounted for another uid, an I/O error) is not a damaged checkpoint: moving it away would lose
+ * a good one. */
 static int resume_refused(const char *dir, int rc, char *err, size_t errlen) {
     char why[1024];
     snprintf(why, sizeof why, "%s", err);
-    if (rc == DFLASH_EMISMATCH)
+    switch (rc) {
+    case DFLASH_EMISMATCH:
         snprintf(err, errlen,
                  "cannot resume from %s: %s; give the drafter the --model and flags that run was "
                  "trained with, or another --checkpoint-dir to start a new run",
                  dir, why);
-    else if (rc == DFLASH_EVERSION)
-        snprintf(err, errlen, "cannot resume from %s: %s", dir, why);
-    else
+        break;
+    case DFLASH_EIO:
+        snprintf(err, errlen,
+                 "cannot resume from %s: %s; a file of the checkpoint cannot be read or written "
+                 "(this is not a damaged checkpoint: keep it): fix the access to it (permissions, "
+                 "owner, the volume's mount, free space) and start again",
+                 dir, why);
+        break;
+    case DFLASH_ENOTFOUND:
+        snprintf(err, errlen,
+                 "cannot resume from %s: %s; complete the checkpoint (e.g. finish its copy), or "
+                 "move it out of its directory to resume from the one before it",
+                 dir, why);
+        break;
+    case DFLASH_EFORMAT:
+    case DFLASH_ECONFIG: /* config.json's values */
+    case DFLASH_ECORRUPT:
+    case DFLASH_EUNSUPPORTED:
         snprintf(err, errlen,
                  "cannot resume from %s: %s; the checkpoint is damaged: move it out of its "
                  "directory to resume from the one before it",
                  dir, why);
+        break;
+    default: /* DFLASH_EVERSION, DFLASH_ENOMEM, ...: the message says it all */
+        snprintf(err, errlen, "cannot resume from %s: %s", dir, why);
+    }
     return rc;
 }
 

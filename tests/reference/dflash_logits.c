@@ -108,7 +108,7 @@ static int load_embed(const char *src, int V, int D, float *emb, float *lm) {
         return 0;
     }
     char err[512];
-    safetensors *st = safetensors_open(src, err, sizeof err);
+    safetensors *st = safetensors_open(src, NULL, err, sizeof err);
     if (!st) {
         fprintf(stderr, "dflash_logits: %s\n", err);
         return 1;

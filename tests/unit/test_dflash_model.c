@@ -529,7 +529,7 @@ static void check_ckpt_files(const dflash_model *m, const char *dir) {
 
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     char err[256];
-    safetensors *st = safetensors_open(p, err, sizeof err);
+    safetensors *st = safetensors_open(p, NULL, err, sizeof err);
     CHECK(st != NULL);
     if (!st) return;
     int L = c->num_layers, Dd = c->hidden_size, Hd = c->num_heads * c->head_dim;
@@ -1054,7 +1054,7 @@ static uint64_t header_length(const char *path) {
  * after the header; the tensors tile it from its first byte); 0 when there is no such tensor. */
 static uint64_t tensor_file_offset(const char *path, const char *name, size_t at) {
     char err[512];
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    safetensors *st = safetensors_open(path, NULL, err, sizeof err);
     const safetensors_tensor *t = safetensors_find(st, name);
     uint64_t off = 0;
     if (t && at < t->bytes) {
@@ -1145,7 +1145,7 @@ static void test_checkpoint_checksums(world *w) {
     strip_checksums(file);
     snprintf(file, sizeof file, "%s/model.safetensors", path);
     strip_checksums(file);
-    safetensors *st = safetensors_open(file, err, sizeof err);
+    safetensors *st = safetensors_open(file, NULL, err, sizeof err);
     CHECK(st && safetensors_count(st) == (size_t)a->n_tensors &&
           !safetensors_at(st, 0)->has_crc32c);
     safetensors_close(&st);
@@ -1161,7 +1161,6 @@ static void test_checkpoint_checksums(world *w) {
     dflash_model_destroy(&b);
     CHECK_EQ_INT(test_rmtree(root), 0);
 }
-
 
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
 static void test_eval(world *w) {

@@ -33,7 +33,7 @@ static safetensors *check_model(const char *name, model_config *mc) {
     char path[400], err[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     CHECK_EQ_INT(hf_config_load(path, mc, err, sizeof err), 0);
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    safetensors *st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st != NULL);
     if (!st) {
         fprintf(stderr, "  %s\n", err);

@@ -9,9 +9,11 @@
 #include "safetensors.h"
 #include "test_files.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,13 +37,17 @@ static void write_raw(const char *path, const char *header, size_t data_len, lon
     fclose(fp);
 }
 
-/* Opening must fail and the message must contain every needle (NULL-terminated list). */
-static void expect_bad(const char *path, const char *n1, const char *n2) {
+/* Opening must fail with the kind want (DFLASH_EFORMAT: the bytes are wrong; DFLASH_EIO or
+ * DFLASH_ENOTFOUND: the file cannot be read) and a message naming path and n1, n2 (each may be
+ * NULL). */
+static void expect_bad(const char *path, int want, const char *n1, const char *n2) {
     char err[512] = "";
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    int rc = 0;
+    safetensors *st = safetensors_open(path, &rc, err, sizeof err);
     CHECK(st == NULL);
     if (st) fprintf(stderr, "  unexpectedly opened %s\n", path);
     safetensors_close(&st);
+    CHECK_EQ_INT(rc, want);
     CHECK(strstr(err, path) != NULL);
     if (n1) CHECK(strstr(err, n1) != NULL);
     if (n2) CHECK(strstr(err, n2) != NULL);
@@ -116,7 +122,7 @@ static void test_round_trip(void) {
     CHECK_EQ_INT(len, 8 + hl + 24 + 8 + 8 + 12);
     free(raw);
 
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    safetensors *st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st != NULL);
     if (!st) {
         fprintf(stderr, "  %s\n", err);
@@ -187,7 +193,7 @@ static void test_streaming(void) {
     CHECK_EQ_INT(safetensors_writer_write(w, big, 1), DFLASH_ERANGE);
     CHECK_EQ_INT(safetensors_writer_commit(w), 0);
     safetensors_writer_destroy(&w);
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    safetensors *st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st != NULL);
     const safetensors_tensor *p = safetensors_find(st, "p"), *q = safetensors_find(st, "q");
     CHECK(p && memcmp(p->data, big, N * 4) == 0);
@@ -200,7 +206,7 @@ static void test_streaming(void) {
     safetensors_writer_add(w, "p", SAFETENSORS_F32, 1, (int64_t[]){N}, NULL);
     CHECK(safetensors_writer_commit(w) < 0);
     safetensors_writer_destroy(&w);
-    st = safetensors_open(path, err, sizeof err);
+    st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st != NULL && safetensors_count(st) == 3);
     safetensors_close(&st);
     /* an abandoned writer removes its temporary file */
@@ -220,56 +226,56 @@ static void test_corrupt(void) {
     /* a good baseline the raw writer produces */
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, -1);
     char err[512];
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    safetensors *st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st != NULL);
     if (!st) fprintf(stderr, "  baseline: %s\n", err);
     safetensors_close(&st);
 
     write_raw(path, "{}", 0, 1000);
-    expect_bad(path, "header length 1000", NULL);
+    expect_bad(path, DFLASH_EFORMAT, "header length 1000", NULL);
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, -1);
-    expect_bad(path, "not valid JSON", NULL);
+    expect_bad(path, DFLASH_EFORMAT, "not valid JSON", NULL);
     write_raw(path, "{\"a\":{\"dtype\":\"F8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, -1);
-    expect_bad(path, "tensor a", "unsupported dtype");
+    expect_bad(path, DFLASH_EUNSUPPORTED, "tensor a", "unsupported dtype");
     write_raw(path, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, -1);
-    expect_bad(path, "tensor a", "needs 4");
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "needs 4");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,-1],\"data_offsets\":[0,8]}}", 8, -1);
-    expect_bad(path, "tensor a", "shape entry 1");
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "shape entry 1");
     write_raw(path,
               "{\"a\":{\"dtype\":\"I64\",\"shape\":[4294967296,4294967296],"
               "\"data_offsets\":[0,0]}}",
               0, -1);
-    expect_bad(path, "tensor a", "absurdly large");
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "absurdly large");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, -1);
-    expect_bad(path, "tensor a", "truncated");
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "truncated");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, -1);
-    expect_bad(path, "tensor a", "before begin");
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "before begin");
     write_raw(path,
               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
               12, -1);
-    expect_bad(path, "overlaps tensor", NULL);
+    expect_bad(path, DFLASH_EFORMAT, "overlaps tensor", NULL);
     write_raw(path,
               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
               "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
               12, -1);
-    expect_bad(path, "tensor b", "gap of 4 bytes");
+    expect_bad(path, DFLASH_EFORMAT, "tensor b", "gap of 4 bytes");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 12, -1);
-    expect_bad(path, "8 bytes after the last tensor", NULL);
+    expect_bad(path, DFLASH_EFORMAT, "8 bytes after the last tensor", NULL);
     write_raw(path,
               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
               "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
               8, -1);
-    expect_bad(path, "tensor a", "defined twice");
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "defined twice");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, -1);
-    expect_bad(path, "tensor a", "data_offsets");
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "data_offsets");
     write_raw(path, "[1,2]", 0, -1);
-    expect_bad(path, "not a JSON object", NULL);
+    expect_bad(path, DFLASH_EFORMAT, "not a JSON object", NULL);
     write_raw(path, "{\"__metadata__\":3}", 0, -1);
-    expect_bad(path, "__metadata__", NULL);
+    expect_bad(path, DFLASH_EFORMAT, "__metadata__", NULL);
     test_spill(path, "abc", 3);
-    expect_bad(path, "truncated", NULL);
-    expect_bad("/nonexistent/x.safetensors", "cannot open", NULL);
+    expect_bad(path, DFLASH_EFORMAT, "truncated", NULL);
+    expect_bad("/nonexistent/x.safetensors", DFLASH_ENOTFOUND, "cannot open", NULL);
 
     /* truncating a real file anywhere is caught */
     char good[300];
@@ -284,7 +290,7 @@ static void test_corrupt(void) {
     size_t cuts[] = {0, 4, 8, 9, 20, len / 2, len - 12, len - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         test_spill(path, raw, cuts[i]);
-        expect_bad(path, NULL, NULL);
+        expect_bad(path, DFLASH_EFORMAT, NULL, NULL);
     }
     /* flipping any header byte never crashes and never yields a tensor outside the file */
     uint64_t hl = 0;
@@ -296,7 +302,7 @@ static void test_corrupt(void) {
         raw[i] = (char)(raw[i] ^ 0x5a);
         test_spill(path, raw, len);
         raw[i] = saved;
-        st = safetensors_open(path, err, sizeof err);
+        st = safetensors_open(path, NULL, err, sizeof err);
         if (!st) {
             refused++;
             CHECK(strstr(err, path) != NULL);
@@ -332,7 +338,7 @@ static void test_sharded(void) {
     CHECK_EQ_INT(safetensors_write_index(dir, names, files, 2, 20), 0);
 
     /* the directory prefers the index */
-    safetensors *st = safetensors_open(dir, err, sizeof err);
+    safetensors *st = safetensors_open(dir, NULL, err, sizeof err);
     CHECK(st != NULL);
     if (!st) fprintf(stderr, "  %s\n", err);
     CHECK_EQ_INT(safetensors_count(st), 2);
@@ -348,13 +354,13 @@ static void test_sharded(void) {
     CHECK_EQ_INT(safetensors_write_index(dir, names, wrong, 2, 20), 0);
     char idx[300];
     path_of(idx, sizeof idx, "model.safetensors.index.json");
-    expect_bad(idx, "tensor model.a", "does not hold it");
+    expect_bad(idx, DFLASH_EFORMAT, "tensor model.a", "does not hold it");
     /* index naming a missing shard */
     const char *missing[] = {"model-00001-of-00002.safetensors", "gone.safetensors"};
     CHECK_EQ_INT(safetensors_write_index(dir, names, missing, 2, 20), 0);
     char gone[300];
     path_of(gone, sizeof gone, "gone.safetensors");
-    expect_bad(idx, gone, "cannot open");
+    expect_bad(idx, DFLASH_ENOTFOUND, gone, "cannot open");
     /* the same name in two shards */
     w = safetensors_writer_new(p2);
     safetensors_writer_add(w, "model.a", SAFETENSORS_F32, 1, (int64_t[]){2}, v2);
@@ -368,7 +374,7 @@ static void test_sharded(void) {
                                "model-00002-of-00002.safetensors"};
     const char *dup_names[] = {"model.a", "model.x"};
     CHECK_EQ_INT(safetensors_write_index(dir, dup_names, dup_files, 2, 20), 0);
-    expect_bad(idx, "model.a", "defined twice");
+    expect_bad(idx, DFLASH_EFORMAT, "model.a", "defined twice");
     unlink(idx);
     unlink(p1);
     unlink(p2);
@@ -390,7 +396,7 @@ static int verify_all(const safetensors *st, size_t *checked, char *err, size_t 
 /* Every tensor of path carries the crc32c of its data, in __metadata__ as 8 hex digits. */
 static void expect_checksummed(const char *path, size_t n_tensors) {
     char err[512] = "";
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    safetensors *st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st != NULL);
     if (!st) return;
     for (size_t i = 0; i < safetensors_count(st); i++) {
@@ -440,7 +446,7 @@ static void test_checksums(void) {
         hlen = hlen << 8 | (unsigned char)bytes[i];
     free(bytes);
     CHECK_EQ_INT(test_flip_bit(path, 8 + hlen + 1200 + 101, 3), 0);
-    safetensors *st = safetensors_open(path, err, sizeof err);
+    safetensors *st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st != NULL);
     size_t checked = 99;
     CHECK_EQ_INT(verify_all(st, &checked, err, sizeof err), DFLASH_ECORRUPT);
@@ -493,38 +499,97 @@ static void test_checksums(void) {
     snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"dflash.checksums\":\"md5\",\"crc32c.a\":"
              "\"%s\",\"crc32c.b\":\"%s\"},%s,%s}", ca, cb, ta, tb);
     write_raw(path, hdr, 16, -1);
-    expect_bad(path, "dflash.checksums", "damaged header");
+    expect_bad(path, DFLASH_EFORMAT, "dflash.checksums", "damaged header");
     snprintf(hdr, sizeof hdr, "{\"__metadata__\":{" MARK "\"crc32c.a\":\"%s\"},%s,%s}", ca, ta,
              tb);
     write_raw(path, hdr, 16, -1);
-    expect_bad(path, "tensor b", "damaged header");
+    expect_bad(path, DFLASH_EFORMAT, "tensor b", "damaged header");
     snprintf(hdr, sizeof hdr,
              "{\"__metadata__\":{" MARK "\"crc32c.a\":\"%s\",\"crc32c.b\":\"%s\",\"crc32c.c\":"
              "\"%s\"},%s,%s}",
              ca, cb, cb, ta, tb);
     write_raw(path, hdr, 16, -1);
-    expect_bad(path, "3 checksums for 2 tensors", "damaged header");
+    expect_bad(path, DFLASH_EFORMAT, "3 checksums for 2 tensors", "damaged header");
     snprintf(hdr, sizeof hdr,
              "{\"__metadata__\":{" MARK "\"crc32c.a\":\"%s\",\"crc32c.b\":\"%.7s\"},%s,%s}", ca,
              cb, ta, tb);
     write_raw(path, hdr, 16, -1);
-    expect_bad(path, "tensor b", "not 8 hex digits");
+    expect_bad(path, DFLASH_EFORMAT, "tensor b", "not 8 hex digits");
     /* none, or keys without the marker (here a stale one of a tensor the file no longer has):
      * a file from elsewhere (or from before the checksums) opens and verifies nothing */
     const char *unmarked[2] = {"{%s,%s}", "{\"__metadata__\":{\"crc32c.gone\":\"0000000\"},%s,%s}"};
     for (int k = 0; k < 2; k++) {
         snprintf(hdr, sizeof hdr, unmarked[k], ta, tb);
         write_raw(path, hdr, 16, -1);
-        st = safetensors_open(path, err, sizeof err);
+        st = safetensors_open(path, NULL, err, sizeof err);
         CHECK(st != NULL);
         checked = 99;
         CHECK_EQ_INT(verify_all(st, &checked, err, sizeof err), 0);
         CHECK_EQ_INT(checked, 0);
         safetensors_close(&st);
     }
-    st = safetensors_open(path, err, sizeof err);
+    st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(st && !safetensors_find(st, "a")->has_crc32c);
     safetensors_close(&st);
+}
+
+/* A file that cannot be read is DFLASH_EIO (or DFLASH_ENOTFOUND) naming it and the system's
+ * reason, never DFLASH_EFORMAT, the damaged file a checkpoint loader tells the user to move away:
+ * no descriptor left (EMFILE), a FIFO where the file, a shard or the index should be (opened
+ * without waiting for a writer), a file without read permission (when not root, who reads it
+ * anyway). All but the last fail as root too. */
+static void test_unreadable(void) {
+    char path[300], idx[300], shard[300], err[512];
+    path_of(path, sizeof path, "unreadable.safetensors");
+    float v[2] = {1, 2};
+    safetensors_writer *w = safetensors_writer_new(path);
+    safetensors_writer_add(w, "a", SAFETENSORS_F32, 1, (int64_t[]){2}, v);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+
+    /* out of descriptors: the soft limit at the lowest free one */
+    struct rlimit saved;
+    CHECK_EQ_INT(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    int lowest = dup(0);
+    CHECK(lowest >= 0);
+    close(lowest);
+    struct rlimit none = {.rlim_cur = (rlim_t)lowest, .rlim_max = saved.rlim_max};
+    CHECK_EQ_INT(setrlimit(RLIMIT_NOFILE, &none), 0);
+    int rc = 0;
+    safetensors *st = safetensors_open(path, &rc, err, sizeof err);
+    CHECK_EQ_INT(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    CHECK(st == NULL && rc == DFLASH_EIO);
+    CHECK(strstr(err, path) && strstr(err, strerror(EMFILE)));
+    printf("out of descriptors: %s\n", err);
+    safetensors_close(&st);
+
+    CHECK_EQ_INT(chmod(path, 0), 0);
+    if (access(path, R_OK) != 0)
+        expect_bad(path, DFLASH_EIO, "cannot open", strerror(EACCES));
+    else
+        printf("unreadable file: not checked (root reads it anyway)\n");
+    CHECK_EQ_INT(chmod(path, 0644), 0);
+    st = safetensors_open(path, &rc, err, sizeof err);
+    CHECK(st != NULL && rc == 0);
+    safetensors_close(&st);
+    unlink(path);
+
+    CHECK_EQ_INT(mkfifo(path, 0600), 0);
+    expect_bad(path, DFLASH_EIO, "cannot read", "FIFO");
+    CHECK_EQ_INT(unlink(path), 0);
+
+    /* an index naming a shard that is a FIFO, and an index that is one */
+    const char *names[] = {"a"}, *files[] = {"fifo-shard.safetensors"};
+    CHECK_EQ_INT(safetensors_write_index(dir, names, files, 1, 8), 0);
+    path_of(idx, sizeof idx, "model.safetensors.index.json");
+    path_of(shard, sizeof shard, "fifo-shard.safetensors");
+    CHECK_EQ_INT(mkfifo(shard, 0600), 0);
+    expect_bad(idx, DFLASH_EIO, shard, "FIFO");
+    CHECK_EQ_INT(unlink(shard), 0);
+    CHECK_EQ_INT(unlink(idx), 0);
+    CHECK_EQ_INT(mkfifo(idx, 0600), 0);
+    expect_bad(idx, DFLASH_EIO, "cannot read", "FIFO");
+    CHECK_EQ_INT(unlink(idx), 0);
 }
 
 int main(void) {
@@ -536,6 +601,7 @@ int main(void) {
     test_checksums();
     test_corrupt();
     test_sharded();
+    test_unreadable();
     test_rmtree(dir);
     CHECK_DONE();
 }

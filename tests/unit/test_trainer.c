@@ -17,7 +17,9 @@
  *     training; a missing one is created with its parents; one another live drafter
  *     writes is refused naming its pid (they would replace each other's checkpoints);
  *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file, a bit flipped
- *     in a tensor's data) is refused naming the checkpoint and what to do; `eval` of a
+ *     in a tensor's data) is refused naming the checkpoint and what to do; one with a file it
+ *     cannot read (a FIFO in its place) is refused as an I/O failure to fix, not as damaged;
+ *     one without its training state as not a whole checkpoint; `eval` of a
  *     checkpoint made for another target (a captured layer this one lacks) exits 2 (mismatch),
  *     not 1 (the target's load failing);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
@@ -236,10 +238,11 @@ static slot_layout slots(void) {
     return l;
 }
 
-/* trainer_new for a fresh run with the given schedule, checkpoint dir and metrics dir (NULL:
- * none); NULL with err when refused. */
-static worker_consumer *fresh(long total_steps, long max_steps, const char *ckpt,
-                              const char *metrics_dir, char *err, size_t errlen) {
+/* trainer_new with the given schedule, checkpoint dir, metrics dir and --resume (NULL: none);
+ * NULL with err when refused. */
+static worker_consumer *start(long total_steps, long max_steps, const char *ckpt,
+                              const char *metrics_dir, const char *resume, char *err,
+                              size_t errlen) {
     slot_layout l = slots();
     trainer_opts o = {.model_dir = target,
                       .backend = POOL_HOST,
@@ -251,12 +254,19 @@ static worker_consumer *fresh(long total_steps, long max_steps, const char *ckpt
                       .init_seed = 1,
                       .checkpoint_dir = ckpt,
                       .max_steps = max_steps,
-                      .metrics_dir = metrics_dir};
+                      .metrics_dir = metrics_dir,
+                      .resume = resume};
     dflash_train_cfg_default(&o.train);
     o.train.n_anchors = 8;
     o.train.total_steps = total_steps;
     err[0] = 0;
     return trainer_new(&o, err, errlen);
+}
+
+/* start() of a run without --resume: fresh, or resumed from the newest checkpoint in ckpt. */
+static worker_consumer *fresh(long total_steps, long max_steps, const char *ckpt,
+                              const char *metrics_dir, char *err, size_t errlen) {
+    return start(total_steps, max_steps, ckpt, metrics_dir, NULL, err, errlen);
 }
 
 static void test_schedule_past_max_steps(void) {
@@ -457,6 +467,29 @@ static void test_resume_refused(void) {
           strstr(err, "data checksum mismatch") && strstr(err, "the checkpoint is damaged"));
     worker_consumer_destroy(&c);
     CHECK_EQ_INT(test_flip_bit(path, last, 4), 0);
+
+    /* a file that cannot be read (a FIFO in its place: no read waits on it, root's neither) is
+     * no damaged checkpoint, which the user would move away: the message says to fix the
+     * access */
+    char saved[700];
+    snprintf(saved, sizeof saved, "%s.saved", path);
+    CHECK_EQ_INT(rename(path, saved), 0);
+    CHECK_EQ_INT(mkfifo(path, 0600), 0);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume of an unreadable training state: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, path) && strstr(err, "FIFO") && strstr(err, "not a damaged checkpoint") &&
+          strstr(err, "fix the access") && !strstr(err, "move it out"));
+    worker_consumer_destroy(&c);
+    CHECK_EQ_INT(unlink(path), 0);
+
+    /* missing beside config.json (a --resume of the step): not a whole checkpoint */
+    c = start(0, 0, root, NULL, step, err, sizeof err);
+    printf("resume without a training state: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, step) && strstr(err, "not a whole checkpoint") && !strstr(err, "damaged"));
+    worker_consumer_destroy(&c);
+    CHECK_EQ_INT(rename(saved, path), 0);
 
     CHECK(truncate(path, 1000) == 0);
     c = fresh(0, 0, root, NULL, err, sizeof err);

@@ -6,6 +6,8 @@
  * metadata as it writes). config.json is built with cJSON. dflash.py, which config.json's
  * auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in. The loaders check
  * every tensor's checksum as they convert it (load_all), before anything reaches the model.
+ * model.safetensors is written by write_weights, from the save and from the resume when the
+ * checkpoint's copy is missing or damaged (check_weights_file): one writer, so the same bytes.
  * A failure keeps its kind from safetensors_open (unreadable, missing, damaged) to the caller.
  */
 #include "dflash_ckpt.h"
@@ -334,6 +336,38 @@ out:
 /* ---------------------------------------------------------------------------------------------
  * save */
 
+/* Writes model.safetensors at path from masters (fp32, the masters' host layout): every
+ * trainable tensor under its name, bf16 (round to nearest even) or, with f32, fp32, each with its
+ * checksum. The safetensors writer replaces path atomically (path.tmp.PID, fsync, rename, fsync
+ * of the directory): a reader sees the old file or the whole new one. The bytes depend on the
+ * masters alone: the same masters write the same file. 0, or a negative code with the file and
+ * the reason in err. */
+static int write_weights(const dflash_model *m, const float *masters, bool f32, const char *path,
+                         char *err, size_t errlen) {
+    int rc = 0;
+    size_t n = m->n_params;
+    uint16_t *bf = f32 ? NULL : malloc(n * sizeof(uint16_t));
+    safetensors_writer *w = safetensors_writer_new(path);
+    if (!w || (!f32 && !bf)) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory for %s", path);
+    if (bf)
+        for (size_t i = 0; i < n; i++)
+            bf[i] = safetensors_f32_to_bf16(masters[i]);
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        int64_t shp[2] = {t->shape[0], t->shape[1]};
+        rc = f32 ? safetensors_writer_add(w, t->name, SAFETENSORS_F32, t->ndim, shp,
+                                          masters + t->offset)
+                 : safetensors_writer_add(w, t->name, SAFETENSORS_BF16, t->ndim, shp,
+                                          bf + t->offset);
+    }
+    if (rc || (rc = safetensors_writer_commit(w)))
+        FAIL(rc, "checkpoint: cannot write %s: %s", path, writer_error(w, rc));
+out:
+    safetensors_writer_destroy(&w);
+    free(bf);
+    return rc;
+}
+
 int dflash_ckpt_lock_root(const char *root, int *fd, char *err, size_t errlen) {
     int rc = 0;
     char p[4200], pid[32] = "";
@@ -393,12 +427,11 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     char tmp[4096], fin[4096], old[4096], p[4200], val[64];
     size_t n = m->n_params;
     float *host = malloc(3 * n * sizeof(float));
-    uint16_t *bf = f32 ? NULL : malloc(n * sizeof(uint16_t));
     safetensors_writer *w = NULL;
     cJSON *j = NULL;
     char *text = NULL;
     bool made_tmp = false;
-    if (!host || (!f32 && !bf)) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
+    if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     if (mkdir(root, 0755) && errno != EEXIST)
         FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", root, strerror(errno));
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%09ld-%d", root, m->step, (int)getpid());
@@ -414,9 +447,6 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
         FAIL(rc, "checkpoint: out of memory for the masters' download");
     o->download_raw(m->ctx, ha, m->adam_m, n * sizeof(float));
     o->download_raw(m->ctx, hv, m->adam_v, n * sizeof(float));
-    if (bf)
-        for (size_t i = 0; i < n; i++)
-            bf[i] = safetensors_f32_to_bf16(hm[i]);
 
     /* config.json */
     j = config_json(&m->cfg, f32 ? "float32" : "bfloat16");
@@ -427,18 +457,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
 
     /* model.safetensors */
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);
-    w = safetensors_writer_new(p);
-    if (!w) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
-    for (int i = 0; i < m->n_tensors && !rc; i++) {
-        const dflash_tensor *t = &m->tensors[i];
-        int64_t shp[2] = {t->shape[0], t->shape[1]};
-        rc = f32 ? safetensors_writer_add(w, t->name, SAFETENSORS_F32, t->ndim, shp, hm + t->offset)
-                 : safetensors_writer_add(w, t->name, SAFETENSORS_BF16, t->ndim, shp,
-                                          bf + t->offset);
-    }
-    if (rc || (rc = safetensors_writer_commit(w)))
-        FAIL(rc, "checkpoint: cannot write %s: %s", p, writer_error(w, rc));
-    safetensors_writer_destroy(&w);
+    if ((rc = write_weights(m, hm, f32, p, err, errlen))) goto out;
 
     /* dflash.py: the drafter for AutoModel.from_pretrained(..., trust_remote_code=True) */
     snprintf(p, sizeof p, "%s/dflash.py", tmp);
@@ -507,7 +526,6 @@ out:
     if (made_tmp) remove_dir(tmp);
     free(text);
     cJSON_Delete(j);
-    free(bf);
     free(host);
     return rc;
 }
@@ -645,6 +663,78 @@ int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step
     return rc;
 }
 
+/* Whether DIR's model.safetensors is fp32 (bf16 otherwise): config.json's "dtype", written with
+ * it by the same save. */
+static int weights_dtype_f32(const char *dir, bool *f32, char *err, size_t errlen) {
+    char path[4096];
+    cJSON *j = NULL;
+    int rc = read_config_json(dir, path, sizeof path, &j, err, errlen);
+    if (rc) return rc;
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+    if (!cJSON_IsString(d)) d = cJSON_GetObjectItemCaseSensitive(j, "torch_dtype");
+    *f32 = cJSON_IsString(d) && strcmp(d->valuestring, "float32") == 0;
+    cJSON_Delete(j);
+    return 0;
+}
+
+/* Every trainable tensor of st (model.safetensors) present with its shape and checksum: 0, or
+ * the first failure's code with the file and the tensor named in err. */
+static int verify_weights(const dflash_model *m, const safetensors *st, char *err,
+                          size_t errlen) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        int64_t shp[2] = {t->shape[0], t->shape[1]};
+        const safetensors_tensor *st_t = NULL;
+        int rc = safetensors_expect(st, t->name, t->ndim, shp, &st_t, err, errlen);
+        if (!rc) rc = safetensors_verify_tensor(st_t, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* The exact resume's check of DIR/model.safetensors, the weights the checkpoint is served from,
+ * which the resume itself does not read: every tensor's checksum (one read of the file). A file
+ * missing or damaged (a bad header, a tensor missing, a checksum mismatch) is written again from
+ * masters, the verified fp32 masters of the training state, as the save writes it (same bytes),
+ * with a warning naming the file and the tensor; 0 then, or the write's failure naming the file.
+ * A file that cannot be read (DFLASH_EIO: permissions, an I/O error) is not damaged: that error,
+ * and nothing is written. */
+static int check_weights_file(const dflash_model *m, const char *dir, const float *masters,
+                              char *err, size_t errlen) {
+    char p[4200], why[1024] = "";
+    int rc;
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    safetensors *st = safetensors_open(p, &rc, why, sizeof why);
+    bool missing = !st && rc == DFLASH_ENOTFOUND;
+    if (st) {
+        rc = verify_weights(m, st, why, sizeof why);
+        safetensors_close(&st);
+        if (rc == 0) return 0;
+    } else if (!missing && rc != DFLASH_EFORMAT && rc != DFLASH_EUNSUPPORTED) {
+        if (err) snprintf(err, errlen, "%s", why); /* cannot be read: not ours to replace */
+        return rc;
+    }
+    bool f32 = false;
+    if ((rc = weights_dtype_f32(dir, &f32, err, errlen))) return rc;
+    if (missing)
+        LOG_WARN("checkpoint: %s is missing; writing it again from the training state's masters",
+                 p);
+    else
+        LOG_WARN("checkpoint: %s: the file is damaged; writing it again from the training "
+                 "state's masters", why); /* why names the file, and the tensor */
+    char werr[1024] = "";
+    if ((rc = write_weights(m, masters, f32, p, werr, sizeof werr))) {
+        if (err)
+            snprintf(err, errlen,
+                     "%s is %s and cannot be written again from the training state's masters: %s",
+                     p, missing ? "missing" : "damaged", werr);
+        return rc;
+    }
+    LOG_WARN("checkpoint: %s written again from the masters of %s/%s (%s): the checkpoint is "
+             "whole again", p, dir, STATE_FILE, f32 ? "fp32" : "bf16");
+    return 0;
+}
+
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
                        size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
@@ -659,7 +749,8 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
     if ((rc = read_train_meta(st, safetensors_path(st), &saved, &step, err, errlen)) ||
         (rc = load_all(m, st, "master.", host, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg.", host + n, err, errlen)) ||
-        (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)))
+        (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)) ||
+        (rc = check_weights_file(m, dir, host, err, errlen)))
         goto out;
     m->ops->sync(m->ctx); /* as in dflash_ckpt_load_weights */
     if ((rc = dflash_model_masters_upload(m, host)))

@@ -19,7 +19,9 @@
  * tensor (safetensors.h; docs/formats.md); other
  * loaders ignore these strings. dflash_ckpt_load_weights checks every tensor of model.safetensors
  * and dflash_ckpt_resume every tensor of training_state.safetensors before using any: a mismatch
- * is DFLASH_ECORRUPT naming the file and the tensor. Checkpoints written before the checksums load unverified (an info line says so).
+ * is DFLASH_ECORRUPT naming the file and the tensor. dflash_ckpt_resume checks model.safetensors
+ * too, which it does not load, and writes a missing or damaged one again from the masters.
+ * Checkpoints written before the checksums load unverified (an info line says so).
  * dflash_ckpt_train_settings reads only metadata. Failure kinds: a file that cannot be read is
  * DFLASH_EIO (DFLASH_ENOTFOUND when missing), never DFLASH_EFORMAT / DFLASH_ECORRUPT, which mean
  * its bytes are wrong (safetensors_open).
@@ -88,7 +90,11 @@ int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t
  * settings (tc may be NULL to keep the caller's). Every tensor of training_state.safetensors is
  * checked against its checksum first: DFLASH_ECORRUPT naming the file and the tensor
  * (DFLASH_EFORMAT: a damaged header; DFLASH_EIO: unreadable; DFLASH_ENOTFOUND: missing, which a
- * save never leaves: err says the directory is not a whole checkpoint). */
+ * save never leaves: err says the directory is not a whole checkpoint). Then model.safetensors
+ * (the exported weights, which the resume does not read): a file missing or damaged is written
+ * again from the masters, as the save writes it, with a warning; one that cannot be read is
+ * DFLASH_EIO and left alone; one that cannot be written again refuses the resume (its code, the
+ * file named). Nothing reaches the model before all this passed. */
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
                        size_t errlen);
 

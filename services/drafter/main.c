@@ -141,8 +141,9 @@ static const cfg_option drafter_options[] = {
     OPT("checkpoint-every", CFG_INT, "500", 0, 1e15, "train: steps between checkpoints (0 = "
         "only the final one)", checkpoint_every),
     OPT("keep-last", CFG_INT, "3", 1, 1000, "train: checkpoints kept", keep_last),
-    OPTS("resume", "", "train: resume exactly from this checkpoint (or the newest under it)",
-         resume),
+    OPTS("resume", "", "train: resume exactly from this checkpoint (or the newest under it); "
+         "a resume writes the checkpoint's model.safetensors again from its masters when that "
+         "is missing or damaged", resume),
     OPTS("init-weights", "", "train: warm start (weights only) from this checkpoint", init_weights),
     OPTS("metrics-dir", "", "train: metrics.jsonl and TensorBoard events go here", metrics_dir),
     OPT("max-steps", CFG_INT, "0", 0, 1e15, "train: stop at this optimizer step (0 = at the end "

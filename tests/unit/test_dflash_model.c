@@ -11,6 +11,8 @@
  *     a save that cannot write names the system's reason
  *   - checkpoint checksums: a bit flipped in a tensor's data of either file is refused by the
  *     loader that reads it, naming the file and the tensor; a checkpoint without them loads
+ *   - an exact resume checks model.safetensors and writes a damaged or missing one again from
+ *     the masters, byte for byte; one it cannot read refuses the resume (I/O, not damage)
  *   - a drafter that does not fit the target is refused with both values named
  *   - a slot's view: trains like the batch it holds; arrays that disagree with its header refused
  *   - DFLASH_LM_CHUNK and DFLASH_LAYER0_DEDUP: a value they do not take ("on", "4k") exits 2
@@ -1162,6 +1164,126 @@ static void test_checkpoint_checksums(world *w) {
     CHECK_EQ_INT(test_rmtree(root), 0);
 }
 
+/* dflash_ckpt_resume of the checkpoint at path into m (tb its settings) with its log captured:
+ * the return code; *log (malloc'd) what it logged. */
+static int resume_logged(dflash_model *m, dflash_train_cfg *tb, const char *path, char **log,
+                         char *err, size_t errlen) {
+    test_capture cap = test_capture_begin();
+    int rc = dflash_ckpt_resume(m, tb, path, err, errlen);
+    *log = test_capture_end(&cap);
+    return rc;
+}
+
+/* The file at path holds the n bytes of want. */
+static bool same_file(const char *path, const char *want, size_t n) {
+    size_t len = 0;
+    char *now = test_slurp(path, &len);
+    bool same = len == n && memcmp(now, want, n) == 0;
+    free(now);
+    return same;
+}
+
+/* An exact resume reads the training state, not model.safetensors, the weights the checkpoint
+ * is served from; it checks that file's checksums too. A flipped data bit, a truncated file or
+ * no file at all is written again from the training state's masters, with a warning naming the
+ * file (and the tensor), to the very bytes the save wrote (bf16 or fp32, as config.json says),
+ * and the resume goes on. A file it cannot read (a FIFO in its place) is an I/O failure, not
+ * damage: the resume is refused with the system's reason and the file left alone; one it cannot
+ * write again refuses the resume naming the file. */
+static void test_resume_checks_weights(world *w) {
+    char root[] = "/tmp/dflash_ckpt_weights_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    CHECK(a != NULL && b != NULL);
+    if (!a || !b) return;
+    dflash_train_cfg tc = w->tc, tb;
+    dflash_metrics ma;
+    dflash_train_step(a, &tc, &w->view, 0, 0, &ma);
+    char path[512], err[1024], file[600], tmp[700], *log = NULL;
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, NULL, path, sizeof path, err, sizeof err), 0);
+    snprintf(file, sizeof file, "%s/model.safetensors", path);
+    size_t n = 0;
+    char *orig = test_slurp(file, &n);
+    CHECK(n > 0);
+
+    /* a good file: nothing said, nothing written */
+    struct stat before, after;
+    CHECK_EQ_INT(stat(file, &before), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), 0);
+    CHECK(strstr(log, "model.safetensors") == NULL);
+    CHECK(stat(file, &after) == 0 && after.st_ino == before.st_ino);
+    free(log);
+
+    /* a flipped data bit */
+    const dflash_tensor *mid = &a->tensors[a->n_tensors / 2];
+    uint64_t off = tensor_file_offset(file, mid->name, mid->numel);
+    CHECK(off > 0);
+    CHECK_EQ_INT(test_flip_bit(file, off, 3), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), 0);
+    printf("resume with a flipped bit in model.safetensors: %s", log);
+    CHECK(strstr(log, file) && strstr(log, mid->name) && strstr(log, "checksum mismatch") &&
+          strstr(log, "written again"));
+    CHECK(same_file(file, orig, n));
+    CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+    CHECK_EQ_INT(b->step, 1);
+    free(log);
+
+    /* missing */
+    CHECK_EQ_INT(unlink(file), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), 0);
+    printf("resume without model.safetensors: %s", log);
+    CHECK(strstr(log, file) && strstr(log, "missing") && strstr(log, "written again"));
+    CHECK(same_file(file, orig, n));
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", file, (int)getpid());
+    CHECK(access(tmp, F_OK) != 0);
+    free(log);
+
+    /* truncated (a damaged header) */
+    CHECK_EQ_INT(truncate(file, 100), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), 0);
+    CHECK(strstr(log, file) && strstr(log, "damaged") && strstr(log, "written again"));
+    CHECK(same_file(file, orig, n));
+    free(log);
+
+    /* cannot be read: refused, not overwritten */
+    CHECK_EQ_INT(unlink(file), 0);
+    CHECK_EQ_INT(mkfifo(file, 0600), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), DFLASH_EIO);
+    printf("resume with a FIFO for model.safetensors: %s\n", err);
+    CHECK(strstr(err, file) && strstr(err, "FIFO") && !strstr(err, "damaged"));
+    CHECK(stat(file, &after) == 0 && S_ISFIFO(after.st_mode));
+    free(log);
+
+    /* cannot be written again (a directory in its place, which the rename cannot replace) */
+    CHECK_EQ_INT(unlink(file), 0);
+    CHECK_EQ_INT(mkdir(file, 0700), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), DFLASH_EIO);
+    printf("resume where model.safetensors cannot be written: %s\n", err);
+    CHECK(strstr(err, file) && strstr(err, "cannot be written again"));
+    CHECK_EQ_INT(rmdir(file), 0);
+    free(log);
+    free(orig);
+
+    /* an fp32 checkpoint is written again in fp32 */
+    dflash_ckpt_opts fo = {.weights_f32 = true};
+    a->step = 2;
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &fo, path, sizeof path, err, sizeof err), 0);
+    snprintf(file, sizeof file, "%s/model.safetensors", path);
+    orig = test_slurp(file, &n);
+    CHECK_EQ_INT(unlink(file), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), 0);
+    CHECK(strstr(log, "fp32") != NULL);
+    CHECK(same_file(file, orig, n));
+    free(log);
+    free(orig);
+
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+    CHECK_EQ_INT(test_rmtree(root), 0);
+}
+
+
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
 static void test_eval(world *w) {
     int32_t ids[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -1296,6 +1418,7 @@ int main(void) {
     test_no_alloc_in_steps(w);
     test_side_stream(w);
     test_checkpoint_checksums(w);
+    test_resume_checks_weights(w);
     test_checkpoint(w);
     test_eval(w);
     test_slot_view(w);

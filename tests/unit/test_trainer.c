@@ -19,7 +19,8 @@
  *   - a checkpoint that cannot be resumed (another drafter shape, a truncated file, a bit flipped
  *     in a tensor's data) is refused naming the checkpoint and what to do; one with a file it
  *     cannot read (a FIFO in its place) is refused as an I/O failure to fix, not as damaged;
- *     one without its training state as not a whole checkpoint; `eval` of a
+ *     one without its training state as not a whole checkpoint; a damaged model.safetensors is
+ *     written again from the masters, byte for byte, and the run resumes; `eval` of a
  *     checkpoint made for another target (a captured layer this one lacks) exits 2 (mismatch),
  *     not 1 (the target's load failing);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
@@ -470,7 +471,7 @@ static void test_resume_refused(void) {
 
     /* a file that cannot be read (a FIFO in its place: no read waits on it, root's neither) is
      * no damaged checkpoint, which the user would move away: the message says to fix the
-     * access */
+     * access, for the training state and for model.safetensors */
     char saved[700];
     snprintf(saved, sizeof saved, "%s.saved", path);
     CHECK_EQ_INT(rename(path, saved), 0);
@@ -490,6 +491,34 @@ static void test_resume_refused(void) {
     CHECK(strstr(err, step) && strstr(err, "not a whole checkpoint") && !strstr(err, "damaged"));
     worker_consumer_destroy(&c);
     CHECK_EQ_INT(rename(saved, path), 0);
+
+    char model[600];
+    snprintf(model, sizeof model, "%s/model.safetensors", step);
+    snprintf(saved, sizeof saved, "%s.saved", model);
+    CHECK_EQ_INT(rename(model, saved), 0);
+    CHECK_EQ_INT(mkfifo(model, 0600), 0);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume with an unreadable model.safetensors: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, model) && strstr(err, "FIFO") && strstr(err, "not a damaged checkpoint"));
+    worker_consumer_destroy(&c);
+    CHECK_EQ_INT(unlink(model), 0);
+
+    /* a damaged model.safetensors is written again from the masters and the run resumes */
+    size_t n = 0;
+    char *orig = test_slurp(saved, &n);
+    test_spill(model, orig, n);
+    CHECK_EQ_INT(test_flip_bit(model, n - 1, 2), 0);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume with a damaged model.safetensors: %s\n", c ? "started" : err);
+    CHECK(c != NULL);
+    worker_consumer_destroy(&c);
+    size_t m = 0;
+    char *now = test_slurp(model, &m);
+    CHECK(m == n && memcmp(now, orig, n) == 0);
+    free(now);
+    free(orig);
+    CHECK_EQ_INT(unlink(saved), 0);
 
     CHECK(truncate(path, 1000) == 0);
     c = fresh(0, 0, root, NULL, err, sizeof err);

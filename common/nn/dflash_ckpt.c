@@ -773,7 +773,9 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen) {
         char p[4200];
         struct stat sb;
         snprintf(p, sizeof p, "%s/%s/%s", root, names[i], STATE_FILE);
-        if (stat(p, &sb) == 0) {
+        /* one whose training state cannot be looked at (EACCES, EIO, ELOOP...) is taken: its
+         * loader reports why, where skipping it would resume from an older one in silence */
+        if (stat(p, &sb) == 0 || (errno != ENOENT && errno != ENOTDIR)) {
             snprintf(path, pathlen, "%s/%s", root, names[i]);
             rc = 0;
             break;

@@ -104,7 +104,9 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
 int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step, char *err,
                                size_t errlen);
 
-/* The newest complete checkpoint under root into path. 0, or DFLASH_ENOTFOUND when none. */
+/* The newest complete checkpoint under root into path: the newest step-N holding a training
+ * state, or whose training state cannot be looked at (permissions, an I/O error), so that the
+ * resume names that failure instead of taking an older one. 0, or DFLASH_ENOTFOUND when none. */
 int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
 
 /* Cleans up after saves whose writer died (SIGKILL, power loss) under root: removes

@@ -37,6 +37,7 @@
 #include "test_files.h"
 #include "trainer.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -483,6 +484,25 @@ static void test_resume_refused(void) {
           strstr(err, "fix the access") && !strstr(err, "move it out"));
     worker_consumer_destroy(&c);
     CHECK_EQ_INT(unlink(path), 0);
+
+    /* a newer step whose training state cannot even be looked at (a symbolic link loop: ELOOP,
+     * as root too) is the one resumed, and refused as unreadable: skipping it resumed the older
+     * one without a word */
+    CHECK_EQ_INT(rename(saved, path), 0);
+    char step2[500], loop[600];
+    snprintf(step2, sizeof step2, "%s/step-000000002", root);
+    snprintf(loop, sizeof loop, "%s/training_state.safetensors", step2);
+    CHECK_EQ_INT(mkdir(step2, 0700), 0);
+    CHECK_EQ_INT(symlink(loop, loop), 0);
+    c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume of a newer checkpoint that cannot be looked at: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, step2) && strstr(err, strerror(ELOOP)) &&
+          strstr(err, "not a damaged checkpoint"));
+    worker_consumer_destroy(&c);
+    CHECK_EQ_INT(unlink(loop), 0);
+    CHECK_EQ_INT(rmdir(step2), 0);
+    CHECK_EQ_INT(rename(path, saved), 0);
 
     /* missing beside config.json (a --resume of the step): not a whole checkpoint */
     c = start(0, 0, root, NULL, step, err, sizeof err);

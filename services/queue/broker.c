@@ -60,7 +60,8 @@
  * (apply_outcome): ledger acks of a step's units once for the group, or requeue/revoke on an
  * abort. A step's reservation is all or nothing (policy_claimable first). A dead drafter's copied
  * units of a step in flight, or orphaned (group.h), stay in flight until the step is resolved
- * (peer_remove skips them).
+ * (peer_remove skips them). Orphaned steps are journaled and restored at start-up, before the
+ * orphan grace could give their units back to to-do (broker_groups_restore).
  * A rank's StepClaim whose reservation names a pool incarnation that is no longer registered is
  * answered Stale (broker_on_step_claim): its grant would describe the new arena.
  */
@@ -1191,6 +1192,7 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
         *err = DFLASH_ENOMEM;
         goto fail;
     }
+    broker_groups_restore(b);
     broker_restore_steering(b);
     if (cfg->endpoint[0]) {
         b->zctx = zmq_ctx_new();

@@ -78,7 +78,8 @@ static const cfg_option queue_options[] = {
     OPT_I("group-hold-ms", "120000", 0, 3600000, false,
           "a drafter that would create a group at a step below the newest committed checkpoint "
           "waits this long for a member resuming from it, which becomes rank 0; a step whose "
-          "group's every rank left waits this long for the group to come back (0 = no wait)",
+          "group's every rank left waits this long for the group to come back, counted again "
+          "after a broker restart (0 = no wait)",
           group_hold_ms),
     {"fsync", CFG_BOOL, "true", 1, 0, false, "fsync the journal on commits and rewinds",
      offsetof(queue_config, fsync), 0},

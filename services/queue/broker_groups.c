@@ -5,6 +5,14 @@
  * reservation is all or nothing (policy_claimable first). A dead drafter's copied units of a
  * step in flight, or of a step orphaned by the group's last member, stay in flight until the
  * step is resolved (broker.c's peer_remove skips the units group_owns_batch names).
+ * Orphaned steps across a restart: every change of the set of orphaned steps (one orphaned,
+ * resolved by a join, expired) is journaled as the ledger's GROUP_ORPHANS record (the whole set,
+ * fsynced, after the records of the resolution's acks or requeues), and broker_new restores them
+ * (broker_groups_restore): each unit that the replayed ledger still has in flight is taken from
+ * the ledger's restart orphans (ledger_adopt), so the orphan grace does not give it back to to-do,
+ * and waits, as before the restart, for the join that creates the group again or for the hold
+ * (counted again from the restart). A unit the journal shows resolved (a crash between the
+ * resolution's records and the new set) is not restored.
  * Thread: the broker's loop thread. Callers: broker.c (dispatch, peer_remove).
  */
 #include "broker_state.h"
@@ -16,9 +24,23 @@
 #include <inttypes.h>
 #include <string.h>
 
+/* Journals the set of orphaned steps as it is now (the ledger's GROUP_ORPHANS record). A failed
+ * journal is said by journal_watch; the set is in memory and in the snapshot that heals it. */
+static void journal_orphans(broker *b)
+{
+    static uint8_t buf[GROUP_ORPHANS_MAX_BYTES]; /* loop thread only */
+    int n = group_orphans_encode(b->groups, buf, sizeof buf);
+    assert(n >= 0);
+    int rc = ledger_set_group_orphans(b->ledger, buf, (uint32_t)n);
+    if (rc && rc != DFLASH_EIO)
+        LOG_WARN("cannot keep the orphaned group steps for the journal: %s (a restart now "
+                 "would give their batches back to to-do)", err_str(rc));
+}
+
 /* Carries out what a group call decided (group.h, group_outcome): ACK records every unit of the
  * step as trained at the step (once for the whole group), ABORT gives unreleased leases back
- * (READY again) and returns released units to to-do. Returns the units recorded as trained. */
+ * (READY again) and returns released units to to-do; an outcome that orphaned or resolved an
+ * orphaned step journals the orphans after that. Returns the units recorded as trained. */
 static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *o)
 {
     if (o->orphan && o->verdict == GROUP_KEEP)
@@ -30,11 +52,15 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
         LOG_INFO("group %s: created again by a member at a model step %s %" PRIu64 ": the "
                  "orphaned step %s", name, o->verdict == GROUP_ACK ? ">=" : "<", o->step,
                  o->verdict == GROUP_ACK ? "happened" : "did not happen");
-    if (o->verdict == GROUP_KEEP) return 0;
+    if (o->verdict == GROUP_KEEP) {
+        if (o->orphan) journal_orphans(b);
+        return 0;
+    }
     uint32_t n = 0;
     for (uint32_t r = 0; r < o->n_slots; r++) {
         const group_slot *s = &o->slots[r];
-        bool revoked = b->policy && policy_lease_revoke(b->policy, s->lease_id) == 0;
+        /* a step restored after a restart has no leases (lease_id 0) */
+        bool revoked = b->policy && s->lease_id && policy_lease_revoke(b->policy, s->lease_id) == 0;
         if (o->verdict == GROUP_ACK && s->released) {
             int rc = ledger_ack(b->ledger, &s->batch, o->step);
             if (rc == DFLASH_EEXISTS) {
@@ -65,6 +91,7 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
     else
         LOG_INFO("group %s: step %" PRIu64 " aborted: its %u batches go back to to-do", name,
                  o->step, o->n_slots);
+    if (o->orphan) journal_orphans(b);
     return n;
 }
 
@@ -73,7 +100,9 @@ void broker_groups_tick(broker *b, uint64_t now)
     char name[GROUP_MAX_NAME];
     group_outcome o;
     uint64_t wait = b->cfg.group_hold_ms > 0 ? (uint64_t)b->cfg.group_hold_ms : 0;
+    bool expired = false;
     while (group_orphan_expire(b->groups, now, wait, name, &o)) {
+        expired = true;
         LOG_WARN("group %s: nobody created it again within %" PRIu64 " ms (--group-hold-ms) of "
                  "its last member leaving while step %" PRIu64 " was in flight: the step is "
                  "aborted (its ranks are taken for gone; one that comes back later holding the "
@@ -81,6 +110,41 @@ void broker_groups_tick(broker *b, uint64_t now)
         o.orphan = false; /* said above; apply_outcome's orphan lines are the join's */
         apply_outcome(b, name, &o);
     }
+    if (expired) journal_orphans(b);
+}
+
+/* group_orphans_restore's test of a unit: still in flight in the replayed ledger (the journal
+ * does not show it trained or requeued), then taken from the ledger's restart orphans. */
+static bool orphan_unit_stands(void *ctx, const batch_id *id)
+{
+    broker *b = ctx;
+    batch_state st;
+    if (ledger_get(b->ledger, id, &st, NULL) != 0 || st != BATCH_IN_FLIGHT) return false;
+    int rc = ledger_adopt(b->ledger, id);
+    return rc == 0 || rc == DFLASH_EEXISTS;
+}
+
+void broker_groups_restore(broker *b)
+{
+    uint32_t len;
+    const uint8_t *p = ledger_group_orphans(b->ledger, &len);
+    if (!p) return;
+    int n = group_orphans_restore(b->groups, p, len, orphan_unit_stands, b);
+    if (n < 0) {
+        LOG_WARN("the journal's orphaned group steps cannot be read (%s): their batches go back "
+                 "to to-do with the other batches in flight before the restart", err_str(n));
+        return;
+    }
+    uint64_t hold = b->cfg.group_hold_ms > 0 ? (uint64_t)b->cfg.group_hold_ms : 0;
+    group_orphan_info info;
+    for (uint32_t i = 0; group_orphan_get(b->groups, i, 0, &info); i++)
+        LOG_WARN("group %s: step %" PRIu64 " was orphaned before the restart (every rank expired "
+                 "while it trained); its %u batches stay in flight for the join that creates the "
+                 "group again (its model step says whether the step happened), %" PRIu64 " ms at "
+                 "most (--group-hold-ms)", info.name, info.step, info.n_units, hold);
+    static uint8_t restored[GROUP_ORPHANS_MAX_BYTES]; /* loop thread only */
+    int m = group_orphans_encode(b->groups, restored, sizeof restored);
+    if (m != (int)len || memcmp(restored, p, len) != 0) journal_orphans(b); /* some resolved */
 }
 
 static void log_epoch(const group *g)

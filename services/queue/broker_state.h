@@ -202,6 +202,9 @@ void broker_on_group_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 void broker_groups_peer_gone(broker *b, peer *p);
 /* From the broker's cron: aborts the orphaned steps (group.h) nobody came back for. */
 void broker_groups_tick(broker *b, uint64_t now);
+/* From broker_new, after the replay: the orphaned steps the journal holds back in the group
+ * table, their units kept in flight (not given back by the orphan grace) until resolved. */
+void broker_groups_restore(broker *b);
 
 /* broker_steering.c: Set and Pause/Resume/Drain (each fills *r); the steering journaled as the
  * ledger's settings record (0, or a code with why, optional, saying it is not durable); the

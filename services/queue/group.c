@@ -5,6 +5,10 @@
  * are a fixed array in join order (removal shifts), so "ranks in join order" is a plain scan.
  * Orphaned steps (group.h) are a second array of heap-allocated records, at most one per group
  * name and only while no group of that name exists: the join that creates it takes the record.
+ * Their bytes for the journal (group_orphans_encode), per step, little-endian: the group name
+ * NUL-terminated, u64 step, u32 units (1..GROUP_MAX_WORLD), then per unit u32 epoch, bucket,
+ * index. A restored step's slots have no peer and no lease (the broker that granted them is
+ * gone); every one is a copied unit (released), as orphan_keep requires.
  */
 #include "group.h"
 
@@ -433,4 +437,104 @@ int group_step_done(group_table *t, group *g, uint64_t peer, uint64_t epoch, uin
     }
     if (g->done_epoch == epoch && g->done_step == step) return 0; /* duplicate: KEEP */
     return DFLASH_ESTALE;
+}
+
+uint32_t group_orphan_count(const group_table *t) { return t->n_orphans; }
+
+bool group_orphan_get(const group_table *t, uint32_t i, uint64_t now_ms, group_orphan_info *out)
+{
+    if (i >= t->n_orphans) return false;
+    const group_orphan *o = t->orphans[i];
+    snprintf(out->name, sizeof out->name, "%s", o->name);
+    out->step = o->step;
+    out->n_units = o->n_slots;
+    out->waited_ms = o->stamped && now_ms > o->since_ms ? now_ms - o->since_ms : 0;
+    return true;
+}
+
+/* --- orphans across a restart: bytes (format in the header) ---------------------------------- */
+
+static void put_le(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+int group_orphans_encode(const group_table *t, uint8_t *buf, uint32_t cap)
+{
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < t->n_orphans; i++) {
+        const group_orphan *o = t->orphans[i];
+        uint32_t name_len = (uint32_t)strlen(o->name) + 1;
+        if (cap - at < name_len + 12 + 12 * o->n_slots) return DFLASH_ENOMEM;
+        memcpy(buf + at, o->name, name_len);
+        at += name_len;
+        put_le(buf + at, o->step, 8);
+        put_le(buf + at + 8, o->n_slots, 4);
+        at += 12;
+        for (uint32_t r = 0; r < o->n_slots; r++, at += 12) {
+            put_le(buf + at, o->slots[r].batch.epoch, 4);
+            put_le(buf + at + 4, o->slots[r].batch.bucket, 4);
+            put_le(buf + at + 8, o->slots[r].batch.index, 4);
+        }
+    }
+    return (int)at;
+}
+
+/* One step from the bytes at p + *at (len in all) into o; *at moves past it. False when
+ * malformed: no terminated name of 1..GROUP_MAX_NAME - 1 bytes, or a unit count out of range or
+ * past the end. */
+static bool decode_orphan(const uint8_t *p, uint32_t len, uint32_t *at, group_orphan *o)
+{
+    const uint8_t *nul = memchr(p + *at, 0, len - *at);
+    uint32_t name_len = nul ? (uint32_t)(nul - (p + *at)) : 0;
+    if (!nul || name_len == 0 || name_len >= GROUP_MAX_NAME) return false;
+    memset(o, 0, sizeof *o);
+    memcpy(o->name, p + *at, name_len);
+    uint32_t q = *at + name_len + 1;
+    if (len - q < 12) return false;
+    o->step = get_le(p + q, 8);
+    uint32_t n = (uint32_t)get_le(p + q + 8, 4);
+    q += 12;
+    if (n == 0 || n > GROUP_MAX_WORLD || (len - q) / 12 < n) return false;
+    for (uint32_t r = 0; r < n; r++, q += 12) {
+        o->slots[r].batch = (batch_id){(uint32_t)get_le(p + q, 4), (uint32_t)get_le(p + q + 4, 4),
+                                       (uint32_t)get_le(p + q + 8, 4)};
+        o->slots[r].released = true;
+    }
+    o->n_slots = n;
+    *at = q;
+    return true;
+}
+
+int group_orphans_restore(group_table *t, const uint8_t *p, uint32_t len,
+                          bool (*unit_stands)(void *ctx, const batch_id *id), void *ctx)
+{
+    assert(t->n_orphans == 0);
+    group_orphan *got[GROUP_MAX_GROUPS];
+    uint32_t n = 0, at = 0;
+    int rc = 0;
+    while (at < len && !rc) {
+        if (n == GROUP_MAX_GROUPS) rc = DFLASH_ECORRUPT;
+        else if (!(got[n] = malloc(sizeof *got[n]))) rc = DFLASH_ENOMEM;
+        else if (!decode_orphan(p, len, &at, got[n++])) rc = DFLASH_ECORRUPT;
+        for (uint32_t k = 0; k + 1 < n && !rc; k++)
+            if (strcmp(got[k]->name, got[n - 1]->name) == 0) rc = DFLASH_ECORRUPT;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        group_orphan *o = got[k];
+        uint32_t kept = 0;
+        for (uint32_t r = 0; r < o->n_slots && !rc; r++)
+            if (unit_stands(ctx, &o->slots[r].batch)) o->slots[kept++] = o->slots[r];
+        o->n_slots = kept;
+        if (!rc && kept) t->orphans[t->n_orphans++] = o;
+        else free(o);
+    }
+    return rc ? rc : (int)t->n_orphans;
 }

@@ -33,8 +33,11 @@
  * blip) and their models updated, so the step is *orphaned*, not aborted: its units stay in
  * flight (not produced again) and the join that creates the group again resolves it by the
  * creator's model step as above (ACK or ABORT); one nobody comes back for within the broker's
- * --group-hold-ms is aborted (group_orphan_expire). A step with a unit no rank copied cannot
- * have been trained: it is aborted at once. So the ledger always matches the model the group
+ * --group-hold-ms is aborted (group_orphan_expire). An orphaned step survives a broker restart:
+ * the broker journals the orphans (group_orphans_encode) and a broker started on that journal
+ * restores them (group_orphans_restore), to be resolved the same way; their units stay in flight
+ * meanwhile, not given back with the ledger's restart orphans. A step with a unit no rank copied
+ * cannot have been trained: it is aborted at once. So the ledger always matches the model the group
  * continues with: no batch is lost and none is trained twice.
  *
  * Thread: the broker's loop thread. Callers: broker_groups.c, broker.c, tests.
@@ -166,6 +169,33 @@ void group_step_begin(group *g, uint64_t step, const group_slot *slots);
  * name filled for one expired orphan (call again until false). */
 bool group_orphan_expire(group_table *t, uint64_t now_ms, uint64_t wait_ms,
                          char name[GROUP_MAX_NAME], group_outcome *out);
+/* The orphaned steps waiting for their group (group_orphan_expire has not aborted them). */
+uint32_t group_orphan_count(const group_table *t);
+/* The i-th orphaned step (i < group_orphan_count) as dflash-ctl status shows it: its group's name,
+ * its step, its units, and how long it has waited at now_ms (0 until group_orphan_expire first
+ * saw it: its wait counts from there). False when i is out of range. */
+typedef struct group_orphan_info {
+    char name[GROUP_MAX_NAME];
+    uint64_t step;
+    uint32_t n_units;
+    uint64_t waited_ms;
+} group_orphan_info;
+bool group_orphan_get(const group_table *t, uint32_t i, uint64_t now_ms, group_orphan_info *out);
+
+/* The orphaned steps survive a broker restart through its journal (broker_groups.c journals these
+ * bytes as the ledger's GROUP_ORPHANS record; format in docs/formats.md): each one's group name,
+ * step and units. group_orphans_encode writes them into buf: the length (0: none) or
+ * DFLASH_ENOMEM when cap is too small (GROUP_ORPHANS_MAX_BYTES always suffices). */
+#define GROUP_ORPHANS_MAX_BYTES (GROUP_MAX_GROUPS * (GROUP_MAX_NAME + 8 + 4 + 12 * GROUP_MAX_WORLD))
+int group_orphans_encode(const group_table *t, uint8_t *buf, uint32_t cap);
+/* Restores the steps group_orphans_encode wrote into t (no orphans yet: a broker starting on its
+ * journal), for the join that creates each group again to resolve as before the restart; their
+ * wait for group_orphan_expire starts again at its next call. unit_stands(ctx, id) says whether
+ * a unit is still in flight (the broker: in the ledger, and takes it from the ledger's restart
+ * orphans); a step keeps the units that stand, one with none is dropped. Returns the steps
+ * restored, or DFLASH_ECORRUPT (malformed bytes: nothing restored). */
+int group_orphans_restore(group_table *t, const uint8_t *p, uint32_t len,
+                          bool (*unit_stands)(void *ctx, const batch_id *id), void *ctx);
 /* True when id is a copied unit of a step in flight or orphaned: the step owns it until it is
  * resolved (a dead member's copy may be in the model the group continues with). */
 bool group_owns_batch(const group_table *t, const batch_id *id);

@@ -29,7 +29,10 @@
  * Broker settings: the operator's runtime steering (dflash-ctl set, pause, resume, drain) is an
  * opaque payload the broker encodes (steering.h); the ledger keeps the last one, journals it as
  * a SETTINGS record (fsynced, like COMMIT), hands the replayed one back and repeats it in every
- * snapshot, so a compaction or a heal keeps it.
+ * snapshot, so a compaction or a heal keeps it. The broker's orphaned group steps (group.h: a
+ * data-parallel step whose every rank the broker expired mid-step) are a second such payload,
+ * the GROUP_ORPHANS record (fsynced too; length 0: none left), so a restarted broker resolves
+ * them as it would have (broker_groups.c).
  *
  * Failed deliveries: each entry counts the deliveries of its batch that ended untrained (a lease
  * that expired, a drafter that died holding it), journaled as FAIL records, so the count
@@ -67,6 +70,7 @@ enum {
     REC_FAIL = 15,       /* a delivery of an in-flight batch ended untrained */
     REC_SNAP_FAILS = 16, /* compaction: a batch's failed deliveries (batch + u16 count) */
     REC_SETTINGS = 17,   /* the broker's runtime settings: an opaque payload, the last one wins */
+    REC_GROUP_ORPHANS = 18, /* the broker's orphaned group steps: opaque, the last one wins */
 };
 #define SNAP_ORPHAN 0x80 /* state byte flag in snapshot chunks */
 
@@ -79,6 +83,12 @@ typedef struct {
     uint8_t orphan;
     uint16_t fails; /* deliveries that ended untrained (saturates); kept across requeues */
 } entry;
+
+/* An opaque payload of the broker's that the ledger keeps, journals and repeats in snapshots. */
+typedef struct {
+    uint8_t *p; /* NULL: none kept */
+    uint32_t len;
+} kept_payload;
 
 typedef struct {
     entry *e[LEDGER_MAX_BUCKETS];
@@ -104,8 +114,8 @@ struct ledger {
     uint64_t double_acks, stale_acks, last_commit_step, replayed;
     uint64_t compact_at;
     uint64_t compactions_failed; /* journal_rewrite_failures when compact_at was last set */
-    uint8_t *settings;           /* the broker's last settings payload (NULL: none) */
-    uint32_t settings_len;
+    kept_payload settings;       /* the broker's last settings payload (p NULL: none) */
+    kept_payload group_orphans;  /* the broker's orphaned group steps (len 0: none) */
 };
 
 const char *batch_state_name(batch_state s)
@@ -447,15 +457,15 @@ static uint64_t apply_orphans(ledger *l)
     return n;
 }
 
-/* Replaces the kept settings payload with a copy of p. 0 or DFLASH_ENOMEM (the old one kept). */
-static int keep_settings(ledger *l, const void *p, uint32_t len)
+/* Replaces the payload kept in k with a copy of p. 0 or DFLASH_ENOMEM (the old one kept). */
+static int keep_payload(kept_payload *k, const void *p, uint32_t len)
 {
     uint8_t *copy = malloc(len ? len : 1);
     if (!copy) return DFLASH_ENOMEM;
     if (len) memcpy(copy, p, len);
-    free(l->settings);
-    l->settings = copy;
-    l->settings_len = len;
+    free(k->p);
+    k->p = copy;
+    k->len = len;
     return 0;
 }
 
@@ -611,7 +621,10 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
         l->ep[get32(p)].done_step = len == 12 ? get64(p + 4) : l->last_commit_step;
         break;
     case REC_SETTINGS:
-        if (keep_settings(l, p, len)) return DFLASH_ENOMEM;
+        if (keep_payload(&l->settings, p, len)) return DFLASH_ENOMEM;
+        break;
+    case REC_GROUP_ORPHANS:
+        if (keep_payload(&l->group_orphans, p, len)) return DFLASH_ENOMEM;
         break;
     default:
         LOG_ERROR("ledger: unknown journal record type %u", type);
@@ -662,7 +675,8 @@ void ledger_destroy(ledger **lp)
     for (uint32_t e = 0; e < l->n_epochs; e++)
         for (uint32_t b = 0; b < l->n_buckets; b++) free(l->ep[e].e[b]);
     free(l->ep);
-    free(l->settings);
+    free(l->settings.p);
+    free(l->group_orphans.p);
     journal_destroy(&l->j);
     free(l);
     *lp = NULL;
@@ -786,18 +800,35 @@ int64_t ledger_rewind(ledger *l, uint64_t step)
     return n;
 }
 
-int ledger_set_settings(ledger *l, const void *p, uint32_t len)
+/* Keeps a copy of p in k and journals it as a record of type (fsynced): the broker's payloads. */
+static int set_kept(ledger *l, kept_payload *k, uint16_t type, const void *p, uint32_t len)
 {
     if (len > JOURNAL_MAX_PAYLOAD) return DFLASH_EINVAL;
-    int rc = keep_settings(l, p, len);
+    int rc = keep_payload(k, p, len);
     if (rc) return rc;
-    return journal_rec(l, REC_SETTINGS, p, len, true) ? DFLASH_EIO : 0;
+    return journal_rec(l, type, p, len, true) ? DFLASH_EIO : 0;
+}
+
+int ledger_set_settings(ledger *l, const void *p, uint32_t len)
+{
+    return set_kept(l, &l->settings, REC_SETTINGS, p, len);
 }
 
 const void *ledger_settings(const ledger *l, uint32_t *len)
 {
-    *len = l->settings ? l->settings_len : 0;
-    return l->settings;
+    *len = l->settings.p ? l->settings.len : 0;
+    return l->settings.p;
+}
+
+int ledger_set_group_orphans(ledger *l, const void *p, uint32_t len)
+{
+    return set_kept(l, &l->group_orphans, REC_GROUP_ORPHANS, p, len);
+}
+
+const void *ledger_group_orphans(const ledger *l, uint32_t *len)
+{
+    *len = l->group_orphans.len;
+    return l->group_orphans.len ? l->group_orphans.p : NULL;
 }
 
 int ledger_get(const ledger *l, const batch_id *b, batch_state *state, uint64_t *step)
@@ -840,8 +871,11 @@ static int emit_snapshot(void *ctx, journal *t)
     put64(meta + 16, l->stale_acks);
     put32(meta + 24, l->n_epochs);
     if ((rc = journal_append(t, REC_SNAP_META, meta, sizeof meta, false))) return rc;
-    if (l->settings &&
-        (rc = journal_append(t, REC_SETTINGS, l->settings, l->settings_len, false)))
+    if (l->settings.p &&
+        (rc = journal_append(t, REC_SETTINGS, l->settings.p, l->settings.len, false)))
+        return rc;
+    if (l->group_orphans.len && (rc = journal_append(t, REC_GROUP_ORPHANS, l->group_orphans.p,
+                                                     l->group_orphans.len, false)))
         return rc;
     uint8_t *buf = malloc(16 + 9ull * SNAP_CHUNK);
     if (!buf) return DFLASH_ENOMEM;

@@ -31,12 +31,13 @@
  *
  * Journal records: PLAN, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE, FAIL,
  * COMMIT(step) and REWIND(step) (fsynced), SETTINGS (the broker's runtime settings, an opaque
- * payload; fsynced), SNAPSHOT (compaction). Replay reapplies them in order. A journal holding a
+ * payload; fsynced), GROUP_ORPHANS (the broker's orphaned group steps, an opaque payload;
+ * fsynced), SNAPSHOT (compaction). Replay reapplies them in order. A journal holding a
  * record type this build does not know (written by a newer one) does not open: DFLASH_ECORRUPT,
  * logged as "unknown journal record type".
  *
- * Durability: by default every record is written (COMMIT, REWIND, PLAN and SETTINGS also
- * fdatasynced)
+ * Durability: by default every record is written (COMMIT, REWIND, PLAN, SETTINGS and
+ * GROUP_ORPHANS also fdatasynced)
  * before the call returns. After ledger_writer_start the journal's disk I/O runs on its writer
  * thread (journal.h): calls return once the record is queued, ledger_journal_seq() names the
  * last record queued, and the done callback (loop thread) reports which are durable; a caller
@@ -76,7 +77,7 @@ typedef struct ledger ledger;
 typedef struct {
     const char *journal_path; /* NULL: in memory only (tests, bench) */
     uint32_t max_epochs;      /* 0 = unlimited */
-    bool fsync;               /* fsync COMMIT, REWIND, PLAN, SETTINGS (true in production) */
+    bool fsync;               /* fsync COMMIT, REWIND, PLAN, SETTINGS, GROUP_ORPHANS (true) */
     uint64_t compact_bytes;   /* rewrite the journal as a snapshot past this size; 0 = never */
 } ledger_params;
 
@@ -173,6 +174,13 @@ int ledger_set_settings(ledger *l, const void *p, uint32_t len);
 /* The last settings kept (set, or replayed from the journal at ledger_new), with their length in
  * *len; NULL (and 0) when none. Valid until the next ledger_set_settings or ledger_destroy. */
 const void *ledger_settings(const ledger *l, uint32_t *len);
+
+/* The broker's orphaned group steps (group.h, group_orphans_encode; opaque here), kept, journaled
+ * and repeated in snapshots like the settings (len 0: none left). Returns as ledger_set_settings.
+ * ledger_group_orphans: the last ones kept (set, or replayed at ledger_new), NULL (and 0) when
+ * none; valid until the next ledger_set_group_orphans or ledger_destroy. */
+int ledger_set_group_orphans(ledger *l, const void *p, uint32_t len);
+const void *ledger_group_orphans(const ledger *l, uint32_t *len);
 
 /* State (and training step, 0 unless TRAINED/COMMITTED) of b; either out pointer may be NULL.
  * A batch of an epoch not opened yet is TODO. DFLASH_ERANGE outside the plan (or no plan). */

@@ -20,6 +20,12 @@
  *     acked when the model the group is created again from has it (whichever rank creates it),
  *     its units to do again when that model lacks it; never produced and trained again while
  *     the models have it;
+ *   - the same across a broker restart between the orphaning and the group's return (a journal
+ *     in a temp dir, compacted or not): the orphaned step's units stay in flight past the
+ *     restart's orphan grace (they used to go back to to-do with the other batches in flight
+ *     before the restart, and were trained twice when the group came back holding the step),
+ *     the creating join acks or aborts them as without the restart, and nobody back within
+ *     the hold (counted from the restart) aborts the step;
  *   - a target that restarted between a step's reservation and a late rank's StepClaim: the
  *     grant named the old pool incarnation with the new arena's shm name and handles, the rank
  *     copied unrelated bytes and exited; the claim is refused Stale, the group re-forms, the
@@ -30,6 +36,7 @@
 #include "config.h"
 #include "err.h"
 #include "monotime.h"
+#include "test_files.h"
 #include "wire.h"
 
 #include <stdlib.h>
@@ -509,9 +516,148 @@ static void orphan_expires(void)
     stub_broker_free();
 }
 
+/* --- orphaned steps across a broker restart ------------------------------------------------- */
+
+static char journal_dir[256], journal_path[300];
+static int64_t restart_hold_ms, restart_compact_bytes;
+
+/* quick_expiry with the journal at journal_path, an orphan grace of 50 ms, the hold and
+ * compaction the test chose. */
+static void journaled(queue_config *cfg)
+{
+    quick_expiry(cfg);
+    snprintf(cfg->journal, sizeof cfg->journal, "%s", journal_path);
+    cfg->orphan_grace_ms = 50;
+    cfg->group_hold_ms = restart_hold_ms;
+    cfg->compact_bytes = restart_compact_bytes;
+}
+
+/* The broker restarted on its journal (a crash or a redeploy: the peers are gone with it). */
+static void restart_broker(void)
+{
+    stub_broker_free();
+    stub_broker_new(journaled);
+}
+
+/* Runs the broker's cron (nobody beats) for ms. */
+static void cron_for(int ms)
+{
+    for (uint64_t end = monotime_ms() + (uint64_t)ms; monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        usleep(5 * 1000);
+    }
+}
+
+/* Both ranks of group g expire while they train step 1 (its two units copied); the broker
+ * restarts (twice, so that a compacted journal is read back too) and runs past its orphan grace
+ * (50 ms); then a former rank creates the group again at model step creator_step. The units
+ * must stay in flight until then (defect: the restart took them for its own orphans and gave
+ * them back to to-do after the grace, so a group holding step 1 trained them again), and the
+ * join resolves the step as without the restart: trained at step 1 when the creator's model has
+ * it, to do again when it lacks it. */
+static void orphan_across_restart(uint64_t creator_step, int64_t compact_bytes)
+{
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    wire_group_view va, vb;
+    wire_step_grant ga, gb;
+    uint64_t todo;
+    unlink(journal_path);
+    restart_hold_ms = 60000;
+    restart_compact_bytes = compact_bytes;
+    group_expired_mid_step(journaled, &A, &B, &vb, &ga, &gb, &todo);
+    CHECK_EQ_INT(stub_status().batches_inflight, 2);
+    for (int k = 0; k < 2; k++) {
+        restart_broker();
+        cron_for(200); /* four orphan graces */
+    }
+    wire_status s = stub_status();
+    printf("orphaned step, broker restarted twice (compact-bytes %lld), past the orphan grace: "
+           "%llu in flight, %llu to do (%llu before)\n", (long long)compact_bytes,
+           (unsigned long long)s.batches_inflight, (unsigned long long)s.batches_todo,
+           (unsigned long long)todo);
+    CHECK_EQ_INT(s.batches_inflight, 2);
+    CHECK_EQ_INT(s.batches_todo, todo);
+    CHECK_EQ_INT(s.batches_trained, 0);
+
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    CHECK_EQ_INT(join(&A, creator_step, 0, &va), 0);
+    CHECK(va.rank == 0 && va.step == creator_step);
+    s = stub_status();
+    printf("... rank 0 creates the group again at step %llu: %llu trained, %llu in flight, %llu "
+           "to do\n", (unsigned long long)creator_step, (unsigned long long)s.batches_trained,
+           (unsigned long long)s.batches_inflight, (unsigned long long)s.batches_todo);
+    CHECK_EQ_INT(s.batches_trained, creator_step >= 1 ? 2 : 0);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_todo, creator_step >= 1 ? todo : todo + 2);
+    CHECK_EQ_INT(s.groups[0].steps_done, creator_step >= 1 ? 1 : 0);
+    CHECK_EQ_INT(s.groups[0].steps_aborted, creator_step >= 1 ? 0 : 1);
+    /* the resolution is journaled too: a broker restarted now neither resolves it again nor
+     * holds those units */
+    restart_broker();
+    cron_for(100);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, creator_step >= 1 ? 2 : 0);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_todo, creator_step >= 1 ? todo : todo + 2);
+    stub_broker_free();
+}
+
+/* The same orphaned step, the broker restarted, and nobody creates the group again: the step is
+ * aborted once the hold (300 ms, counted from the restart) is over, not at the orphan grace
+ * (50 ms) and not never. */
+static void orphan_expires_after_restart(void)
+{
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    wire_group_view vb;
+    wire_step_grant ga, gb;
+    uint64_t todo;
+    unlink(journal_path);
+    restart_hold_ms = 300;
+    restart_compact_bytes = 0;
+    group_expired_mid_step(journaled, &A, &B, &vb, &ga, &gb, &todo);
+    restart_broker();
+    uint64_t restarted = monotime_ms();
+    cron_for(150);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, 2); /* past the grace, within the hold */
+    while (monotime_ms() < restarted + 3000 && s.batches_inflight) {
+        cron_for(20);
+        s = stub_status();
+    }
+    uint64_t took = monotime_ms() - restarted;
+    printf("orphaned step, broker restarted, nobody back: aborted %llu ms after the restart "
+           "(hold 300 ms): %llu in flight, %llu to do (%llu before)\n",
+           (unsigned long long)took, (unsigned long long)s.batches_inflight,
+           (unsigned long long)s.batches_todo, (unsigned long long)todo);
+    CHECK(took >= 300);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_todo, todo + 2);
+    CHECK_EQ_INT(s.batches_trained, 0);
+    restart_broker(); /* the abort is journaled: nothing is held again */
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_todo, todo + 2);
+    stub_broker_free();
+}
+
+static void orphans_across_restart(void)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(journal_dir, sizeof journal_dir, "%s/test_group_broker.XXXXXX", t && *t ? t : "/tmp");
+    CHECK(mkdtemp(journal_dir) != NULL);
+    snprintf(journal_path, sizeof journal_path, "%s/queue.journal", journal_dir);
+    orphan_across_restart(1, 0);
+    orphan_across_restart(0, 0);
+    orphan_across_restart(1, 1); /* compacted at every chance: the snapshot keeps the orphans */
+    orphan_expires_after_restart();
+    test_rmtree(journal_dir);
+}
+
 int main(void)
 {
     test_wire_checks();
+    orphans_across_restart();
     orphan_expires();
     all_ranks_expired(0, 1);
     all_ranks_expired(1, 1);

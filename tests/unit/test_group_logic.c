@@ -8,7 +8,10 @@
  *     model step (aborted at once when a unit was never copied);
  *   - a pending joiner that dies changes nothing (no new epoch);
  *   - a step claim for the step after the one in flight waits (EAGAIN) instead of failing;
- *   - the max-world limit and "one group per peer". */
+ *   - the max-world limit and "one group per peer";
+ *   - orphaned steps as bytes for the journal (a broker restart): restored, a step resolves by
+ *     the creator's model step as before; units that no longer stand are left out (a step with
+ *     none is dropped); malformed bytes restore nothing. */
 #include "check.h"
 #include "err.h"
 #include "group.h"
@@ -48,8 +51,114 @@ static group *form_pair_in_step(group_table *t, uint64_t a, uint64_t b, group_sl
     return g;
 }
 
+static const batch_id *gone_unit; /* stands_but_one: the unit that does not stand */
+
+static bool stands_but_one(void *ctx, const batch_id *id)
+{
+    (void)ctx;
+    return !gone_unit || memcmp(id, gone_unit, sizeof *id) != 0;
+}
+
+/* Orphans of groups "g" (step 1, units 0 and 1) and "h" (step 4, units 2 and 3) as bytes. */
+static int orphan_bytes(uint8_t *buf, uint32_t cap)
+{
+    group_table *t = group_table_new();
+    group_outcome o;
+    group *g;
+    form_pair_in_step(t, 1, 2, NULL);
+    uint64_t hp[2] = {3, 4};
+    for (int i = 0; i < 2; i++) CHECK_EQ_INT(group_join(t, "h", hp[i], "p", 3, 0, 8, &g, &o), 0);
+    uint8_t id[4] = {1, 2, 3, 4};
+    CHECK_EQ_INT(group_set_id(g, 3, g->epoch, id, 4), 0);
+    group_slot s[2] = {slot_of(3, 2), slot_of(4, 3)};
+    s[0].released = s[1].released = true;
+    group_step_begin(g, 4, s);
+    for (uint64_t p = 1; p <= 4; p++) CHECK(group_leave(t, p, &o));
+    CHECK_EQ_INT(group_orphan_count(t), 2);
+    CHECK_EQ_INT(group_count(t), 0);
+    CHECK_EQ_INT(group_orphans_encode(t, buf, 10), DFLASH_ENOMEM);
+    int n = group_orphans_encode(t, buf, cap);
+    group_table_destroy(&t);
+    return n;
+}
+
+static void test_orphan_bytes(void)
+{
+    static uint8_t buf[GROUP_ORPHANS_MAX_BYTES];
+    int n = orphan_bytes(buf, sizeof buf);
+    CHECK_EQ_INT(n, 2 * (2 + 8 + 4 + 2 * 12));
+    group_table *empty = group_table_new();
+    CHECK_EQ_INT(group_orphans_encode(empty, buf + n, 1), 0); /* none: no bytes */
+    group_table_destroy(&empty);
+
+    /* restored: owned, listed, and resolved by the creator's model step as before */
+    group_table *t = group_table_new();
+    gone_unit = NULL;
+    CHECK_EQ_INT(group_orphans_restore(t, buf, (uint32_t)n, stands_but_one, NULL), 2);
+    group_orphan_info info;
+    CHECK(group_orphan_get(t, 0, 5000, &info) && strcmp(info.name, "g") == 0 &&
+          info.step == 1 && info.n_units == 2 && info.waited_ms == 0);
+    CHECK(group_orphan_get(t, 1, 5000, &info) && strcmp(info.name, "h") == 0 && info.step == 4);
+    CHECK(!group_orphan_get(t, 2, 5000, &info));
+    batch_id u3 = {0, 0, 3};
+    CHECK(group_owns_batch(t, &u3));
+    char oname[GROUP_MAX_NAME];
+    group_outcome o;
+    CHECK(!group_orphan_expire(t, 5000, 100, oname, &o)); /* the wait starts now */
+    CHECK(group_orphan_get(t, 0, 5060, &info) && info.waited_ms == 60);
+    group *g;
+    CHECK_EQ_INT(group_join(t, "h", 9, "p", 4, 0, 8, &g, &o), 0);
+    CHECK(o.created && o.orphan && o.verdict == GROUP_ACK && o.step == 4 && o.n_slots == 2);
+    CHECK(o.slots[0].released && o.slots[0].lease_id == 0 && o.slots[1].batch.index == 3);
+    CHECK_EQ_INT(group_orphan_count(t), 1);
+    CHECK_EQ_INT(group_join(t, "g", 8, "p", 0, 0, 8, &g, &o), 0);
+    CHECK(o.created && o.orphan && o.verdict == GROUP_ABORT && o.step == 1);
+    CHECK_EQ_INT(group_orphan_count(t), 0);
+    group_table_destroy(&t);
+
+    /* a unit that no longer stands (the journal shows it resolved) is left out; a step left
+     * with none is dropped */
+    t = group_table_new();
+    batch_id u0 = {0, 0, 0};
+    gone_unit = &u0;
+    CHECK_EQ_INT(group_orphans_restore(t, buf, (uint32_t)n, stands_but_one, NULL), 2);
+    CHECK(group_orphan_get(t, 0, 0, &info) && info.n_units == 1 && !group_owns_batch(t, &u0));
+    group_table_destroy(&t);
+    uint8_t one[2 + 8 + 4 + 12] = {'g', 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+    t = group_table_new();
+    CHECK_EQ_INT(group_orphans_restore(t, one, sizeof one, stands_but_one, NULL), 0);
+    CHECK_EQ_INT(group_orphan_count(t), 0);
+
+    /* malformed bytes restore nothing: every truncation, no name, a unit count of 0 or past
+     * the end, the same group twice */
+    gone_unit = NULL;
+    for (int k = 1; k < n; k++)
+        if (k != n / 2) /* the end of the first step: a whole one */
+            CHECK_EQ_INT(group_orphans_restore(t, buf, (uint32_t)k, stands_but_one, NULL),
+                         DFLASH_ECORRUPT);
+    CHECK_EQ_INT(group_orphan_count(t), 0);
+    uint8_t bad[sizeof one];
+    memcpy(bad, one, sizeof bad);
+    bad[0] = 0; /* empty name */
+    CHECK_EQ_INT(group_orphans_restore(t, bad, sizeof bad, stands_but_one, NULL), DFLASH_ECORRUPT);
+    memcpy(bad, one, sizeof bad);
+    bad[10] = 0; /* no units */
+    CHECK_EQ_INT(group_orphans_restore(t, bad, sizeof bad, stands_but_one, NULL), DFLASH_ECORRUPT);
+    bad[10] = 2; /* two units, one there */
+    CHECK_EQ_INT(group_orphans_restore(t, bad, sizeof bad, stands_but_one, NULL), DFLASH_ECORRUPT);
+    uint8_t twice[2 * sizeof one];
+    memcpy(twice, one, sizeof one);
+    memcpy(twice + sizeof one, one, sizeof one);
+    CHECK_EQ_INT(group_orphans_restore(t, twice, sizeof twice, stands_but_one, NULL),
+                 DFLASH_ECORRUPT);
+    CHECK_EQ_INT(group_orphan_count(t), 0);
+    CHECK_EQ_INT(group_orphans_restore(t, buf, (uint32_t)n / 2, stands_but_one, NULL), 1);
+    group_table_destroy(&t);
+}
+
 int main(void)
 {
+    test_orphan_bytes();
     group_table *t = group_table_new();
     group_outcome o;
     group *g = NULL;

@@ -3,7 +3,8 @@
  * once. Also: hand-out order and epochs, double acks rejected, commit and rewind, quarantine,
  * orphans after a broker restart, replay after a crash at every byte of the last record, a
  * failed journal healed from memory, a failed compaction not retried at every record, the
- * broker's settings payload kept across reopens, compactions and heals, an epoch limit set after
+ * broker's settings payload and its orphaned group steps kept across reopens, compactions and
+ * heals, an epoch limit set after
  * an epoch past it was opened. */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -632,12 +633,23 @@ static void test_journal_heals(void)
     unlink(path);
 }
 
-/* True when l's settings payload is the string want (with its NUL). */
-static bool settings_are(const ledger *l, const char *want)
+/* True when the payload get returns from l is the string want (with its NUL). */
+static bool payload_is(const void *(*get)(const ledger *, uint32_t *), const ledger *l,
+                       const char *want)
 {
     uint32_t len;
-    const void *p = ledger_settings(l, &len);
+    const void *p = get(l, &len);
     return p && len == strlen(want) + 1 && memcmp(p, want, len) == 0;
+}
+
+static bool settings_are(const ledger *l, const char *want)
+{
+    return payload_is(ledger_settings, l, want);
+}
+
+static bool group_orphans_are(const ledger *l, const char *want)
+{
+    return payload_is(ledger_group_orphans, l, want);
 }
 
 /* The broker's runtime settings (an opaque payload; the last one counts) survive a reopen, a
@@ -668,6 +680,49 @@ static void test_settings_kept(void)
     ledger_destroy(&l);
     l = open_ledger(path, 0, 0);
     CHECK(settings_are(l, "running"));
+    ledger_destroy(&l);
+    unlink(path);
+}
+
+/* The broker's orphaned group steps (an opaque payload beside the settings; the last one counts,
+ * length 0: none) survive a reopen, a compaction (defect: a snapshot dropped them, so a broker
+ * restarted after a compaction gave their batches back to to-do) and a healed journal, and do
+ * not disturb the settings. */
+static void test_group_orphans_kept(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 0);
+    uint32_t len = 1;
+    CHECK(ledger_group_orphans(l, &len) == NULL && len == 0);
+    CHECK_EQ_INT(ledger_set_settings(l, "paused", 7), 0);
+    CHECK_EQ_INT(ledger_set_group_orphans(l, "g1", 3), 0);
+    CHECK_EQ_INT(ledger_set_group_orphans(l, "g1g2", 5), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(group_orphans_are(l, "g1g2") && settings_are(l, "paused"));
+    CHECK_EQ_INT(ledger_compact(l), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(group_orphans_are(l, "g1g2") && settings_are(l, "paused")); /* from the snapshot */
+
+    bool full = true;
+    ledger_set_sync_hook(l, full_disk_sync, &full);
+    CHECK_EQ_INT(ledger_set_group_orphans(l, "g2", 3), DFLASH_EIO); /* fsynced: it breaks */
+    CHECK(group_orphans_are(l, "g2")); /* memory holds it */
+    full = false;
+    CHECK_EQ_INT(ledger_journal_heal(l), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(group_orphans_are(l, "g2"));
+    CHECK_EQ_INT(ledger_set_group_orphans(l, NULL, 0), 0); /* resolved: none left */
+    CHECK(ledger_group_orphans(l, &len) == NULL && len == 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(ledger_group_orphans(l, &len) == NULL && len == 0);
+    CHECK_EQ_INT(ledger_compact(l), 0);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(ledger_group_orphans(l, &len) == NULL && settings_are(l, "paused"));
     ledger_destroy(&l);
     unlink(path);
 }
@@ -790,6 +845,7 @@ int main(void)
     test_exactly_once();
     test_journal_heals();
     test_settings_kept();
+    test_group_orphans_kept();
     test_failed_compaction_backs_off();
     test_rmtree(dir); /* the journals' .lock files stay beside them */
     CHECK_DONE();

@@ -298,6 +298,11 @@ int wire_check(const wire_msg *m, char *why, size_t len)
                 if (!terminated(g->members[k], WIRE_MAX_NAME))
                     return fail(why, len, DFLASH_ERANGE, "group %u: member name", i);
         }
+        if (m->u.status.n_orphans > WIRE_MAX_STATUS_ORPHANS)
+            return fail(why, len, DFLASH_ERANGE, "%u orphaned steps", m->u.status.n_orphans);
+        for (uint32_t i = 0; i < m->u.status.n_orphans; i++)
+            if (!terminated(m->u.status.orphans[i].group, WIRE_MAX_NAME))
+                return fail(why, len, DFLASH_ERANGE, "orphaned step %u: group name", i);
         return 0;
     case WIRE_GROUP_JOIN:
     case WIRE_GROUP_VIEW:
@@ -423,6 +428,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     Dflash__GroupStat gs_pb[WIRE_MAX_GROUPS];
     Dflash__GroupStat *gs_ptr[WIRE_MAX_GROUPS];
     char *gs_members[WIRE_MAX_GROUPS][WIRE_MAX_STATUS_MEMBERS];
+    Dflash__OrphanStat os_pb[WIRE_MAX_STATUS_ORPHANS];
+    Dflash__OrphanStat *os_ptr[WIRE_MAX_STATUS_ORPHANS];
     Dflash__GroupJoin gjoin;
     Dflash__GroupView gview;
     Dflash__GroupSetId gsetid;
@@ -602,6 +609,17 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         }
         st.n_groups = s->n_groups;
         st.groups = gs_ptr;
+        for (uint32_t i = 0; i < s->n_orphans; i++) {
+            Dflash__OrphanStat *o = &os_pb[i];
+            dflash__orphan_stat__init(o);
+            o->group = (char *)s->orphans[i].group;
+#define OS(f) o->has_##f = 1, o->f = s->orphans[i].f
+            OS(step), OS(batches), OS(held_ms), OS(abort_in_ms);
+#undef OS
+            os_ptr[i] = o;
+        }
+        st.n_orphans = s->n_orphans;
+        st.orphans = os_ptr;
         if (s->journal_error[0]) st.journal_error = (char *)s->journal_error;
         env.status_reply = &st;
         break;
@@ -956,6 +974,18 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         }
         if (copy_str(w->journal_error, WIRE_MAX_TEXT, s->journal_error))
             return fail(why, len, DFLASH_ERANGE, "status: journal_error too long");
+        if (s->n_orphans > WIRE_MAX_STATUS_ORPHANS)
+            return fail(why, len, DFLASH_ERANGE, "status: %zu orphaned steps", s->n_orphans);
+        w->n_orphans = (uint32_t)s->n_orphans;
+        for (size_t i = 0; i < s->n_orphans; i++) {
+            const Dflash__OrphanStat *o = s->orphans[i];
+            wire_orphan_stat *x = &w->orphans[i];
+#define OS(f) x->f = o->f
+            OS(step), OS(batches), OS(held_ms), OS(abort_in_ms);
+#undef OS
+            if (copy_str(x->group, WIRE_MAX_NAME, o->group))
+                return fail(why, len, DFLASH_ERANGE, "status: orphaned step %zu group name", i);
+        }
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_JOIN: {

@@ -35,6 +35,7 @@
 #define WIRE_MAX_WORLD 64         /* ranks of one drafter group */
 #define WIRE_MAX_GROUPS 8         /* groups listed in a status reply */
 #define WIRE_MAX_STATUS_MEMBERS 32 /* member names listed per group in a status reply */
+#define WIRE_MAX_STATUS_ORPHANS 8  /* orphaned group steps listed in a status reply */
 
 typedef enum {
     WIRE_ROLE_NONE = 0,
@@ -192,6 +193,15 @@ typedef struct wire_group_stat {
     bool step_reserved;
 } wire_group_stat;
 
+/* An orphaned step of a data-parallel group (every rank expired mid-step), as status shows it. */
+typedef struct wire_orphan_stat {
+    char group[WIRE_MAX_NAME];
+    uint64_t step;
+    uint32_t batches;     /* its units, in flight until it is resolved */
+    uint64_t held_ms;     /* how long it has waited (counted again after a broker restart) */
+    uint64_t abort_in_ms; /* left before the broker's group-hold-ms aborts it */
+} wire_orphan_stat;
+
 typedef enum { WIRE_STATE_RUNNING = 0, WIRE_STATE_PAUSED = 1, WIRE_STATE_DRAINING = 2 } wire_run_state;
 
 typedef struct wire_status {
@@ -209,6 +219,8 @@ typedef struct wire_status {
     uint32_t n_groups; /* <= WIRE_MAX_GROUPS */
     wire_group_stat groups[WIRE_MAX_GROUPS];
     char journal_error[WIRE_MAX_TEXT]; /* "": the journal is healthy (or none); else why not */
+    uint32_t n_orphans; /* <= WIRE_MAX_STATUS_ORPHANS; 0 from an older broker */
+    wire_orphan_stat orphans[WIRE_MAX_STATUS_ORPHANS];
 } wire_status;
 
 typedef struct wire_kv {

@@ -767,6 +767,17 @@ void broker_status(broker *b, wire_status *s)
                 snprintf(o->members[o->n_members++], WIRE_MAX_NAME, "%s", g->members[k].name);
         }
     }
+    uint64_t hold = b->cfg.group_hold_ms > 0 ? (uint64_t)b->cfg.group_hold_ms : 0;
+    group_orphan_info oi;
+    for (uint32_t i = 0; s->n_orphans < WIRE_MAX_STATUS_ORPHANS &&
+                         group_orphan_get(b->groups, i, now, &oi); i++) {
+        wire_orphan_stat *o = &s->orphans[s->n_orphans++];
+        snprintf(o->group, sizeof o->group, "%s", oi.name);
+        o->step = oi.step;
+        o->batches = oi.n_units;
+        o->held_ms = oi.waited_ms;
+        o->abort_in_ms = hold > oi.waited_ms ? hold - oi.waited_ms : 0;
+    }
     if (!b->policy) return;
     policy_stats ps;
     policy_get_stats(b->policy, &ps);

@@ -115,6 +115,15 @@ static void fill_status(wire_status *st)
     gs->steps_aborted = v++;
     gs->step_reserved = true;
     strcpy(st->journal_error, "journal: write: no space left on device");
+    st->n_orphans = 2;
+    for (uint32_t i = 0; i < 2; i++) {
+        wire_orphan_stat *o = &st->orphans[i];
+        snprintf(o->group, sizeof o->group, "dp%u", i + 1);
+        o->step = v++;
+        o->batches = (uint32_t)v++;
+        o->held_ms = v++;
+        o->abort_in_ms = v++;
+    }
 }
 
 int main(void)
@@ -232,7 +241,11 @@ int main(void)
         CHECK(out.u.status.buckets[1].consumed_tokens > 1ull << 40);
         CHECK_NEAR(out.u.status.tv_distance, 0.125, 0);
         CHECK(strcmp(out.u.status.groups[0].members[1], "drafter-b") == 0);
+        CHECK(out.u.status.n_orphans == 2 && strcmp(out.u.status.orphans[1].group, "dp2") == 0);
     }
+    /* orphaned group steps: at most WIRE_MAX_STATUS_ORPHANS */
+    in.u.status.n_orphans = WIRE_MAX_STATUS_ORPHANS + 1;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
 
     /* settings */
     wire_msg_init(&in, WIRE_SET_CONFIG, WIRE_ROLE_CTL, 9, 9);

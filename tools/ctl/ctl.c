@@ -164,6 +164,16 @@ static cJSON *status_json(const wire_status *s)
             cJSON_AddItemToArray(mem, cJSON_CreateString(g->members[k]));
         cJSON_AddItemToArray(groups, x);
     }
+    cJSON *orphans = cJSON_AddArrayToObject(o, "orphans");
+    for (uint32_t i = 0; i < s->n_orphans; i++) {
+        const wire_orphan_stat *g = &s->orphans[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "group", g->group);
+#define N(f) cJSON_AddNumberToObject(x, #f, (double)g->f)
+        N(step), N(batches), N(held_ms), N(abort_in_ms);
+#undef N
+        cJSON_AddItemToArray(orphans, x);
+    }
     return o;
 }
 
@@ -178,6 +188,7 @@ static void print_json(cJSON *o)
 
 static void print_buckets(const wire_status *s);
 static void print_groups(const wire_status *s);
+static void print_orphans(const wire_status *s);
 
 static void print_status(const wire_status *s, uint64_t incarnation)
 {
@@ -200,6 +211,7 @@ static void print_status(const wire_status *s, uint64_t incarnation)
                "the disk has room (do not restart it before)\n", s->journal_error);
     print_buckets(s);
     print_groups(s);
+    print_orphans(s);
 }
 
 static void print_buckets(const wire_status *s)
@@ -235,6 +247,20 @@ static void print_groups(const wire_status *s)
                g->name, group_state_name(g->state), g->epoch, g->world, g->step,
                g->step_reserved ? "*" : " ", g->pending, g->steps_done, g->steps_aborted,
                members);
+    }
+}
+
+/* One line per orphaned group step: every rank of the group expired while it trained; its
+ * batches stay in flight until the group is created again or the broker's group-hold-ms ends. */
+static void print_orphans(const wire_status *s)
+{
+    if (!s->n_orphans) return;
+    printf("\n%-12s %8s %7s %9s %11s  %s\n", "orphaned", "step", "batches", "held s",
+           "abort in s", "(every rank expired mid-step: the group's creator resolves it)");
+    for (uint32_t i = 0; i < s->n_orphans; i++) {
+        const wire_orphan_stat *o = &s->orphans[i];
+        printf("%-12s %8" PRIu64 " %7u %9.1f %11.1f\n", o->group, o->step, o->batches,
+               (double)o->held_ms / 1000.0, (double)o->abort_in_ms / 1000.0);
     }
 }
 

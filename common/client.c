@@ -366,9 +366,17 @@ int client_checkpoint_committed(client *c, uint64_t step)
     LOCKED(c, do_u64(c, WIRE_CHECKPOINT_COMMITTED, step, NULL));
 }
 
-int client_resume_from(client *c, uint64_t step)
+static int do_resume_from(client *c, uint64_t step, uint64_t run_id)
 {
-    LOCKED(c, do_u64(c, WIRE_RESUME_FROM, step, NULL));
+    req_init(c, WIRE_RESUME_FROM);
+    c->req.u.step = step;
+    c->req.u.run_id = run_id;
+    return call(c, WIRE_OK);
+}
+
+int client_resume_from(client *c, uint64_t step, uint64_t run_id)
+{
+    LOCKED(c, do_resume_from(c, step, run_id));
 }
 
 static int do_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,

@@ -128,8 +128,11 @@ int client_release_unread(client *c, uint64_t lease_id);
 int client_ack(client *c, const wire_unit *unit, uint64_t step);
 /* Drafter: a durable checkpoint of step `step` exists; commits everything trained up to it. */
 int client_checkpoint_committed(client *c, uint64_t step);
-/* Drafter: restarted from checkpoint `step`; everything trained after it returns to to-do. */
-int client_resume_from(client *c, uint64_t step);
+/* Drafter: restarted from checkpoint `step`; everything trained after it returns to to-do.
+ * run_id names the trainer's run (0: not said). DFLASH_EAGAIN: another solo trainer or a group
+ * trains on this broker and may be a dying predecessor: ask again; DFLASH_EEXISTS: it is alive,
+ * the broker serves its model (client_last_error says which drafter; docs/protocol.md). */
+int client_resume_from(client *c, uint64_t step, uint64_t run_id);
 
 /* Data-parallel drafter groups (docs/protocol.md "Groups"). A group call answered DFLASH_ESTALE
  * means "re-form": the epoch is over (or, with client_broker_restarted(), the broker restarted:

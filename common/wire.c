@@ -559,6 +559,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         dflash__resume_from__init(&resume_from);
         resume_from.has_step = 1;
         resume_from.step = m->u.step;
+        resume_from.has_run_id = m->u.run_id != 0;
+        resume_from.run_id = m->u.run_id;
         env.resume_from = &resume_from;
         break;
     case WIRE_HEARTBEAT:
@@ -926,6 +928,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
     case DFLASH__ENVELOPE__BODY_RESUME_FROM:
         m->type = WIRE_RESUME_FROM;
         m->u.step = env->resume_from->step;
+        m->u.run_id = env->resume_from->run_id; /* 0 when absent */
         break;
     case DFLASH__ENVELOPE__BODY_HEARTBEAT:
         m->type = WIRE_HEARTBEAT;

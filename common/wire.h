@@ -295,7 +295,10 @@ typedef struct wire_msg {
             bool release_unread; /* SLOT_RELEASE: given back unread (protocol.md) */
         };
         wire_ack ack;
-        uint64_t step;      /* CHECKPOINT_COMMITTED, RESUME_FROM */
+        struct {
+            uint64_t step;   /* CHECKPOINT_COMMITTED, RESUME_FROM */
+            uint64_t run_id; /* RESUME_FROM: the trainer's run, 0 = not said (an old drafter) */
+        };
         uint64_t sent_ms;   /* HEARTBEAT */
         wire_status status; /* STATUS_REPLY */
         wire_settings settings; /* SET_CONFIG, SET_CONFIG_REPLY */

@@ -233,7 +233,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "ack: %s: %s\n", err_str(rc), client_last_error(d));
                 return 1;
             }
-        if ((rc = client_resume_from(d, 0))) return 1;
+        if ((rc = client_resume_from(d, 0, 0))) return 1;
     }
     long rss_last = rss_kb(bpid);
     /* pipelined phase: refill, then a window of 256 outstanding requests */

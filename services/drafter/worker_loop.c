@@ -108,7 +108,7 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
     int64_t s = w->cons->resume_step ? w->cons->resume_step(w->cons->ctx) : -1;
     if (s < 0) return 0;
     int rc = 0;
-    RETRY_CALL(w, stop, rc, client_resume_from(w->client, (uint64_t)s));
+    RETRY_CALL(w, stop, rc, client_resume_from(w->client, (uint64_t)s, 0));
     if (rc < 0 && !*stop) {
         LOG_ERROR("the broker refused resume_from(%lld): %s (%s)", (long long)s, err_str(rc),
                   client_last_error(w->client));

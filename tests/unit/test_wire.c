@@ -271,6 +271,16 @@ int main(void)
                        simple[i] == WIRE_OK;
         if (roundtrip(&in, &out) && carries) CHECK_EQ_INT(out.u.step, 55);
     }
+    /* a trainer's run id travels with its ResumeFrom; an older drafter's reads as 0 */
+    wire_msg_init(&in, WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, 3, 1);
+    in.u.step = 7;
+    in.u.run_id = 0x0123456789abcdefull;
+    if (roundtrip(&in, &out)) {
+        CHECK_EQ_INT(out.u.step, 7);
+        CHECK(out.u.run_id == 0x0123456789abcdefull);
+    }
+    in.u.run_id = 0;
+    if (roundtrip(&in, &out)) CHECK(out.u.run_id == 0);
     wire_msg_init(&in, WIRE_ERROR, WIRE_ROLE_BROKER, 3, 1);
     in.u.error.code = DFLASH_ESTALE;
     strcpy(in.u.error.message, "stale lease");

@@ -9,6 +9,15 @@
  * new entry remembers the incarnations it replaced (PEER_REPLACED, inherited from the one it
  * replaced), and a hello from one of those is refused EXISTS: it is a second live process with
  * the name (defect: two of them replaced each other on every request, for ever).
+ * One broker, one model (defect: a second solo trainer's resume rewound the ledger under the
+ * first, and each restart of either gave the other's batches back: two half-trained models,
+ * with only a warning). A trainer's ResumeFrom names its run (run_id, kept in its checkpoint
+ * root). A live solo trainer of the same run with another incarnation is its predecessor: ended
+ * at once as liveness would (replace_predecessors). A live trainer of another model (a solo
+ * trainer of another run, or a group member) refuses the resume, nothing rewound: Error AGAIN
+ * for the liveness window and half again since the first ask (that one may be dead and not yet
+ * expired), then Error EXISTS naming it; a GroupJoin beside a live solo trainer alike, ending in
+ * Error DENIED. A ResumeFrom without a run id (an older drafter) is only warned about.
  * Pool table: indexed by pool id, one per target name, kept across target incarnations so the
  * policy sees a restart as "same pool, new incarnation"; an entry no live target holds is given
  * to a new name when all MAX_POOLS are taken.
@@ -675,10 +684,8 @@ static void on_commit(broker *b, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, (uint64_t)n);
 }
 
-/* One broker serves one model: a second live solo trainer's rewind would return the batches the
- * first trained after the step to to-do (the ledger's steps are not per drafter). Said, not
- * refused: a restarted trainer under a new name (a container's new pid) meets its predecessor
- * here until the broker expires it. */
+/* An older drafter's resume (no run id): said, not refused, as before run ids existed (a
+ * restarted trainer under a new name meets its predecessor here until the broker expires it). */
 static void warn_other_trainers(broker *b, const peer *p, uint64_t step)
 {
     for (uint32_t i = 0; i < b->n_peers; i++) {
@@ -689,6 +696,80 @@ static void warn_other_trainers(broker *b, const peer *p, uint64_t step)
                  "serves one model; to train it on several GPUs give every drafter --group G",
                  p->name, step, q->name, q->name);
     }
+}
+
+/* The live drafter that trains another model than p would on this broker, or NULL. When p
+ * trains alone (solo, as run run_id): a solo trainer of another run or of none (an older
+ * drafter), or a group member. When p joins a group (!solo): any solo trainer. */
+static const peer *other_model_trainer(broker *b, const peer *p, uint64_t run_id, bool solo)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        const peer *q = b->peers[i];
+        if (q == p || q->state != PEER_LIVE || q->role != WIRE_ROLE_DRAFTER) continue;
+        if (q->trains && (!solo || !run_id || q->run_id != run_id)) return q;
+        if (solo && group_of_peer(b->groups, q->incarnation)) return q;
+    }
+    return NULL;
+}
+
+/* A restarted solo trainer (same run id, new incarnation) replaces its predecessor at once:
+ * ended as when liveness expires it (its leases end, its held batches go back to to-do), so
+ * the restart resumes without waiting for the broker to notice the old process is gone. */
+static void replace_predecessors(broker *b, const peer *p, uint64_t run_id)
+{
+    for (uint32_t i = 0; i < b->n_peers;) {
+        peer *q = b->peers[i];
+        if (q == p || !q->trains || q->run_id != run_id || q->state != PEER_LIVE) {
+            i++;
+            continue;
+        }
+        char why[160];
+        snprintf(why, sizeof why, "replaced by %s, a restart of its run %016" PRIx64, p->name,
+                 run_id);
+        peer_remove(b, i, why);
+    }
+}
+
+/* Whether p may train on this broker now (one broker serves one model). False when q, a live
+ * drafter that trains another model (other_model_trainer), is there: r then holds Error AGAIN
+ * while q may still be a dying process the broker has not expired (for the liveness window and
+ * half again since p first asked), Error `final` after that, both naming q and what to do. */
+static bool trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
+                             wire_msg *r)
+{
+    if (!q) {
+        p->trainer_wait_since_ms = 0;
+        return true;
+    }
+    uint64_t now = now_ms(b);
+    uint64_t dead_after = (uint64_t)(b->cfg.heartbeat_ms * b->cfg.liveness);
+    uint64_t window = dead_after + dead_after / 2;
+    group *g = group_of_peer(b->groups, q->incarnation);
+    char who[WIRE_MAX_NAME + 64];
+    if (g)
+        snprintf(who, sizeof who, "drafter %s of group %s", q->name, g->name);
+    else
+        snprintf(who, sizeof who, "drafter %s (run %016" PRIx64 ")", q->name, q->run_id);
+    const char *todo = "stop it, or give every drafter --group G to train one model on several "
+                       "GPUs";
+    if (!p->trainer_wait_since_ms) {
+        p->trainer_wait_since_ms = now;
+        LOG_WARN("drafter %s would train while %s trains on this broker (one broker serves one "
+                 "model): waiting up to %" PRIu64 " ms in case that one is gone and not yet "
+                 "expired", p->name, who, window);
+    }
+    uint64_t waited = now - p->trainer_wait_since_ms;
+    if (waited < window) {
+        reply_error(b, r, rid, DFLASH_EAGAIN, "%s trains on this broker (one broker serves one "
+                    "model): waiting %" PRIu64 " ms more in case it is gone and not yet expired",
+                    who, window - waited);
+        return false;
+    }
+    LOG_WARN("drafter %s refused: %s trains on this broker and is alive (one broker serves one "
+             "model): %s", p->name, who, todo);
+    reply_error(b, r, rid, final, "%s trains another model on this broker, which serves one "
+                "model (nothing was rewound): %s", who, todo);
+    return false;
 }
 
 int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
@@ -703,12 +784,20 @@ int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
     return n;
 }
 
+/* A trainer's resume. With a run id: its run's predecessor is replaced, another model's live
+ * trainer refuses it (trainer_admitted; nothing rewound). Without (an older drafter): warned. */
 static void on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
-    if (p) {
+    uint64_t run_id = m->u.run_id;
+    if (run_id) {
+        replace_predecessors(b, p, run_id);
+        const peer *q = other_model_trainer(b, p, run_id, true);
+        if (!trainer_admitted(b, p, q, m->request_id, DFLASH_EEXISTS, r)) return;
+    } else {
         warn_other_trainers(b, p, m->u.step);
-        p->trains = true;
     }
+    p->trains = true;
+    p->run_id = run_id;
     int64_t n = broker_rewind_to(b, m->u.step, r, m->request_id);
     if (n < 0) return;
     LOG_INFO("drafter resumes from step %" PRIu64 ": %" PRId64 " batches back to to-do",
@@ -911,7 +1000,12 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_ACK: on_ack(b, p, &m, &r); break;
     case WIRE_CHECKPOINT_COMMITTED: on_commit(b, &m, &r); break;
     case WIRE_RESUME_FROM: on_resume_from(b, p, &m, &r); break;
-    case WIRE_GROUP_JOIN: broker_on_group_join(b, p, &m, &r); break;
+    case WIRE_GROUP_JOIN:
+        /* a group member beside a solo trainer: the same conflict (one broker, one model) */
+        if (trainer_admitted(b, p, other_model_trainer(b, p, 0, false), m.request_id,
+                             DFLASH_EDENIED, &r))
+            broker_on_group_join(b, p, &m, &r);
+        break;
     case WIRE_GROUP_SET_ID: broker_on_group_set_id(b, p, &m, &r); break;
     case WIRE_STEP_CLAIM: broker_on_step_claim(b, p, &m, &r); break;
     case WIRE_STEP_DONE: broker_on_step_done(b, p, &m, &r); break;

@@ -46,6 +46,9 @@ typedef struct peer {
     uint64_t replaced[PEER_REPLACED]; /* incarnations of its name it replaced (ring) */
     uint32_t n_replaced;
     bool trains; /* drafter: it sent ResumeFrom (a trainer; verifiers and group ranks do not) */
+    uint64_t run_id; /* trainer: the run its ResumeFrom named (0: an older drafter said none) */
+    uint64_t trainer_wait_since_ms; /* drafter: when its resume or join first met another
+                                       model's trainer (0: not waiting; broker.c) */
     uint64_t group_hold_since_ms; /* drafter: when its creating a group was first held (0) */
 } peer;
 

@@ -1,0 +1,290 @@
+/* test_broker_trainers: one broker serves one model (broker.c, "One broker, one model";
+ * broker_dispatch without sockets, journal in memory, heartbeat 100 ms, liveness 3: a peer
+ * expires 300 ms after its last message, a refused trainer waits 450 ms before the final no).
+ *
+ * What a user would notice if it broke:
+ *   - a second solo drafter on the broker (compose scaled to 2 without --group, a second one
+ *     started by mistake) rewound the first one's batches at its resume, and each restart of
+ *     either gave the other's back: two half-trained models, with only a WARN. Its resume is
+ *     now held (AGAIN) while the first may be a dying process, then refused (EXISTS) naming the
+ *     first and what to do, and nothing is rewound; the first trains on;
+ *   - a restarted trainer (new process, new name, same checkpoint dir: the same run id) waited
+ *     for the broker to expire its dead predecessor, or was refused: it replaces it at once, and
+ *     the predecessor's lease and held batch go back to to-do as if it had expired;
+ *   - an older drafter (no run id) is not refused: warned, as before;
+ *   - a trainer beside a group (either way round) trains another model too: held, then refused;
+ *   - a trainer whose rival is dead but not yet expired gets in once the broker expires it.
+ */
+#include "check.h"
+#include "broker_stub.h"
+#include "err.h"
+#include "monotime.h"
+
+#include <time.h>
+
+enum { TARGET_INC = 11, POOL_INC = 111, BATCHES = 10 };
+enum { RUN_A = 0xa1, RUN_B = 0xb2 };
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void short_windows(queue_config *cfg)
+{
+    cfg->heartbeat_ms = 100;
+    cfg->liveness = 3;
+    cfg->lease_timeout_ms = 5000; /* leases end with their drafter here, not by timing out */
+}
+
+/* A drafter of the test: its routing id is its name. */
+typedef struct drafter {
+    const char *name;
+    uint64_t inc;
+} drafter;
+
+static int hello(const drafter *d)
+{
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", d->name);
+    return stub_send(d->name);
+}
+
+static int resume(const drafter *d, uint64_t step, uint64_t run_id)
+{
+    stub_init(WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.step = step;
+    stub_req.u.run_id = run_id;
+    return stub_send(d->name);
+}
+
+static void beat(const drafter *d)
+{
+    stub_init(WIRE_HEARTBEAT, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.sent_ms = monotime_ms();
+    CHECK_EQ_INT(stub_send(d->name), 0);
+}
+
+/* Claims a batch made ready for it; with release, releases it too (held); the grant. */
+static wire_grant claim(const drafter *d, bool release)
+{
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
+    CHECK_EQ_INT(stub_send(d->name), 0);
+    wire_grant g = stub_rep.u.grant;
+    if (release) {
+        stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, d->inc);
+        stub_req.u.lease_id = g.lease_id;
+        CHECK_EQ_INT(stub_send(d->name), 0);
+    }
+    return g;
+}
+
+static void train_one(const drafter *d, uint64_t step)
+{
+    wire_grant g = claim(d, true);
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.ack = (wire_ack){g.unit, step};
+    CHECK_EQ_INT(stub_send(d->name), 0);
+}
+
+/* A broker with a target of one bucket of BATCHES batches, one epoch. */
+static void broker_with_target(void)
+{
+    stub_broker_new(short_windows);
+    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, TARGET_INC);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "t");
+    CHECK_EQ_INT(stub_send("t"), 0);
+    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 8);
+    p->bucket_batches[0] = BATCHES;
+    CHECK_EQ_INT(stub_send("t"), 0);
+}
+
+static void beat_target(void)
+{
+    stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.sent_ms = monotime_ms();
+    CHECK_EQ_INT(stub_send("t"), 0);
+}
+
+/* Sends d's resume every 20 ms, running the cron and keeping the target and `alive` (may be
+ * NULL) beating, while the broker answers AGAIN, for at most ms; the last answer. */
+static int resume_while_held(const drafter *d, uint64_t run_id, const drafter *alive, int ms)
+{
+    int rc = DFLASH_EAGAIN;
+    for (uint64_t end = monotime_ms() + (uint64_t)ms; rc == DFLASH_EAGAIN && monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        beat_target();
+        if (alive) beat(alive);
+        rc = resume(d, 0, run_id);
+        if (rc == DFLASH_EAGAIN) sleep_ms(20);
+    }
+    return rc;
+}
+
+/* A second solo trainer of another run: held, then refused naming the first, nothing rewound;
+ * the first trains on. A verifier (it never resumes) is no trainer and does not count. */
+static void test_second_run_refused(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, b = {"trainer-b", 22}, v = {"verifier", 23};
+    CHECK_EQ_INT(hello(&v), 0);
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0); /* the verifier is no trainer */
+    train_one(&a, 1);
+    train_one(&v, 2);
+    train_one(&a, 2);
+    CHECK_EQ_INT(stub_status().batches_trained, 3);
+
+    CHECK_EQ_INT(hello(&b), 0);
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-a") != NULL);
+    CHECK_EQ_INT(stub_status().batches_trained, 3); /* nothing rewound while held */
+    int rc = resume_while_held(&b, RUN_B, &a, 3000);
+    CHECK_EQ_INT(rc, DFLASH_EEXISTS);
+    printf("refused: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "drafter trainer-a") != NULL);
+    CHECK(strstr(stub_rep.u.error.message, "--group G") != NULL);
+    CHECK(strstr(stub_rep.u.error.message, "nothing was rewound") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 3);
+    CHECK_EQ_INT(s.batches_todo, BATCHES - 3);
+    train_one(&a, 3); /* the first one trains on */
+    CHECK_EQ_INT(stub_status().batches_trained, 4);
+    stub_broker_free();
+}
+
+/* The run restarted (a new process and name, the same run id) while its predecessor is live to
+ * the broker: the predecessor is ended at once, its lease and its held batch back to to-do,
+ * and the resume rewinds as asked. */
+static void test_same_run_replaces(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, a2 = {"trainer-a-restarted", 31};
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
+    train_one(&a, 1);
+    claim(&a, true);  /* copied, training: held */
+    claim(&a, false); /* leased */
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.peers, 2);
+    CHECK_EQ_INT(s.batches_inflight, 2);
+    CHECK_EQ_INT(s.buckets[0].leased, 1);
+
+    CHECK_EQ_INT(hello(&a2), 0); /* a is SIGKILLed: no more messages from it */
+    CHECK_EQ_INT(resume(&a2, 1, RUN_A), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.peers, 2); /* the target and a2: a is gone */
+    CHECK_EQ_INT(s.buckets[0].leased, 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 1); /* the leased batch, in its slot for the next claim */
+    CHECK_EQ_INT(s.batches_inflight, 1);
+    CHECK_EQ_INT(s.batches_trained, 1); /* step 1 is in the checkpoint a2 resumed from */
+    CHECK_EQ_INT(s.batches_todo, BATCHES - 2); /* the held one is to do again */
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, a.inc);
+    CHECK_EQ_INT(stub_send(a.name), DFLASH_ESTALE); /* forgotten */
+    stub_broker_free();
+}
+
+static void old_drafter_resumes(void)
+{
+    log_set_level(LOG_WARN);
+    drafter old = {"trainer-old", 41};
+    CHECK_EQ_INT(resume(&old, 0, 0), 0);
+    log_set_level(LOG_ERROR);
+}
+
+/* A drafter from before run ids (its ResumeFrom has none) is not refused: warned, and its
+ * resume rewinds, as before. */
+static void test_old_drafter_warned(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, old = {"trainer-old", 41};
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
+    train_one(&a, 1);
+    CHECK_EQ_INT(hello(&old), 0);
+    static char said[8192];
+    stub_capture_log(old_drafter_resumes, said, sizeof said);
+    CHECK(strstr(said, "drafter trainer-old resumes from step 0 while drafter trainer-a also "
+                       "trains") != NULL);
+    CHECK_EQ_INT(stub_status().batches_trained, 0); /* rewound, as before */
+    stub_broker_free();
+}
+
+static int join(const drafter *d)
+{
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    return stub_send(d->name);
+}
+
+/* A group member beside a live solo trainer, and a solo trainer beside a live group member,
+ * train two models: held, then refused (the join DENIED, the resume EXISTS), naming the other. */
+static void test_group_and_solo_refused(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, g0 = {"rank-0", 51};
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
+    train_one(&a, 1);
+    CHECK_EQ_INT(hello(&g0), 0);
+    CHECK_EQ_INT(join(&g0), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-a") != NULL);
+    int rc = DFLASH_EAGAIN;
+    for (uint64_t end = monotime_ms() + 3000; rc == DFLASH_EAGAIN && monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        beat_target();
+        beat(&a);
+        if ((rc = join(&g0)) == DFLASH_EAGAIN) sleep_ms(20);
+    }
+    CHECK_EQ_INT(rc, DFLASH_EDENIED);
+    CHECK(strstr(stub_rep.u.error.message, "drafter trainer-a") != NULL);
+    CHECK_EQ_INT(stub_status().batches_trained, 1);
+    CHECK_EQ_INT(stub_status().n_groups, 0);
+    stub_broker_free();
+
+    broker_with_target();
+    if (!stub_b) return;
+    drafter b = {"trainer-b", 22};
+    CHECK_EQ_INT(hello(&g0), 0);
+    CHECK_EQ_INT(join(&g0), 0);
+    CHECK_EQ_INT(hello(&b), 0);
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "rank-0 of group g") != NULL);
+    CHECK_EQ_INT(resume_while_held(&b, RUN_B, &g0, 3000), DFLASH_EEXISTS);
+    CHECK(strstr(stub_rep.u.error.message, "rank-0 of group g") != NULL);
+    stub_broker_free();
+}
+
+/* The other run's trainer is dead but not yet expired (it was killed, and the new one has
+ * another run id: another --checkpoint-dir): the resume is held until the broker expires it,
+ * then taken. */
+static void test_dead_rival_expires(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, b = {"trainer-b", 22};
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
+    train_one(&a, 1);
+    CHECK_EQ_INT(hello(&b), 0); /* a sends nothing more */
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    CHECK_EQ_INT(resume_while_held(&b, RUN_B, NULL, 3000), 0);
+    CHECK_EQ_INT(stub_status().peers, 2); /* the target and b */
+    stub_broker_free();
+}
+
+int main(void)
+{
+    test_second_run_refused();
+    test_same_run_replaces();
+    test_old_drafter_warned();
+    test_group_and_solo_refused();
+    test_dead_rival_expires();
+    CHECK_DONE();
+}

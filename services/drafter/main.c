@@ -15,7 +15,8 @@
  * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards.
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
- * 4 another live drafter has our --name (the broker refused our hello).
+ * 4 another live drafter has our --name (the broker refused our hello), 5 hung (stall-exit-s),
+ * 6 another live drafter trains another model on the broker (it refused our resume).
  * The only global is the stop flag. */
 #include "batch_plan.h"
 #include "blas_env.h"
@@ -137,7 +138,8 @@ static const cfg_option drafter_options[] = {
         "algorithms per matmul shape of a full-size step and keep the fastest (0 = the "
         "heuristic's first)", tune_matmuls),
     OPTS("checkpoint-dir", "", "train: checkpoints go to DIR/step-N; a run restarted with the "
-         "same DIR resumes from its newest one", checkpoint_dir),
+         "same DIR resumes from its newest one (DIR/run-id tells the broker it is the same run)",
+         checkpoint_dir),
     OPT("checkpoint-every", CFG_INT, "500", 0, 1e15, "train: steps between checkpoints (0 = "
         "only the final one)", checkpoint_every),
     OPT("keep-last", CFG_INT, "3", 1, 1000, "train: checkpoints kept", keep_last),
@@ -611,6 +613,7 @@ int main(int argc, char **argv)
              (unsigned long long)st.stale_releases, (unsigned long long)st.registrations);
     worker_consumer_destroy(&cons);
     if (st.name_in_use) return 4;
+    if (st.other_model) return 6;
     if (rc == DFLASH_ECONFIG || (cfg.group[0] && rc == DFLASH_EFULL)) {
         LOG_ERROR("dflash-drafter: %s (see above)", err_str(rc));
         return 2;

@@ -18,12 +18,15 @@
 #include "metrics.h"
 #include "ops.h"
 #include "progress.h"
+#include "run_id.h"
 #include "shard.h"
 #include "target_model.h"
+#include "wire.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "ops_cuda.h"
 #endif
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +58,7 @@ typedef struct trainer {
     long allocs;      /* memory allocations inside steps (ops.h allocs; should be 0) */
     char ckpt_root[1024];
     int ckpt_lock; /* dflash_ckpt_lock_root's descriptor: we are ckpt_root's only writer; -1 */
+    uint64_t run_id; /* run_id.h: ckpt_root's, else this process's */
     int64_t ckpt_every;
     int keep_last;
     int64_t max_steps;
@@ -331,6 +335,10 @@ static int64_t train_resume_step(void *vctx) {
     return ((trainer *)vctx)->start_step;
 }
 
+static uint64_t train_run_id(void *vctx) {
+    return ((trainer *)vctx)->run_id;
+}
+
 /* The step the run stops at: --max-steps, else the end of the schedule (--total-steps; a
  * resumed run's from its checkpoint, a group's from rank 0 once it synced), past which the
  * learning rate stays at its floor (0 by default): --max-steps 0 does not mean training on at
@@ -601,6 +609,15 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
         snprintf(err, errlen, "--checkpoint-dir: %s", why);
         goto fail;
     }
+    /* the run the broker knows us by: the checkpoint root's, so a restart is the same run */
+    if (t->ckpt_root[0] && run_id_load_or_create(t->ckpt_root, &t->run_id, why, sizeof why) < 0) {
+        snprintf(err, errlen, "--checkpoint-dir: %s", why);
+        goto fail;
+    }
+    if (!t->ckpt_root[0]) t->run_id = wire_new_incarnation();
+    LOG_INFO("run %016" PRIx64 " (%s)", t->run_id,
+             t->ckpt_root[0] ? "the checkpoint dir's run-id: a restart is the same run"
+                             : "this process's: no --checkpoint-dir");
 
     dflash_config dc;
     if (trainer_drafter_config(o->model_dir, o->draft_layers, o->block_size, o->mask_token_id,
@@ -718,6 +735,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .committed = train_committed,
                            .destroy = train_destroy,
                            .resume_step = train_resume_step,
+                           .run_id = train_run_id,
                            .done = train_done,
                            .settled = train_settled,
                            .finish = train_finish,

@@ -100,16 +100,34 @@ static int do_register(worker_loop *w)
         }                                                                                          \
     } while (0)
 
-/* After the first hello: tells the broker the checkpoint step the consumer resumed from, so
- * batches trained after it return to to-do before we claim anything. 0 or a fatal code. */
+/* After the first hello: tells the broker the checkpoint step the consumer resumed from, and
+ * its run, so batches trained after it return to to-do before we claim anything. While the
+ * broker answers AGAIN (a live drafter trains another model there, maybe a dying one it has not
+ * expired yet) we ask again, saying why every 10 s, and claim nothing; the broker bounds that
+ * wait, then answers EXISTS: another model trains there (stats.other_model, exit 6). 0, a
+ * fatal code, or DFLASH_ESHUTDOWN when a stop signal came before the broker took it (the loop
+ * then ends without finish(): this process trained nothing, and must report no commit). */
 static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
 {
     w->resume_told = true;
     int64_t s = w->cons->resume_step ? w->cons->resume_step(w->cons->ctx) : -1;
     if (s < 0) return 0;
-    int rc = 0;
-    RETRY_CALL(w, stop, rc, client_resume_from(w->client, (uint64_t)s, 0));
-    if (rc < 0 && !*stop) {
+    uint64_t run_id = w->cons->run_id ? w->cons->run_id(w->cons->ctx) : 0;
+    int rc = DFLASH_ESHUTDOWN;
+    for (uint64_t said_ms = 0; !*stop;) {
+        RETRY_CALL(w, stop, rc, client_resume_from(w->client, (uint64_t)s, run_id));
+        if (rc != DFLASH_EAGAIN) break;
+        uint64_t now = monotime_ms();
+        if (!said_ms || now - said_ms >= 10000) {
+            LOG_WARN("the broker holds our resume: %s", client_last_error(w->client));
+            said_ms = now;
+        }
+        worker_session_alive(w->s);
+        monotime_sleep_ms(200);
+    }
+    if (rc < 0 && *stop) return DFLASH_ESHUTDOWN; /* nothing trained, nothing to report */
+    if (rc == DFLASH_EEXISTS) w->st.other_model = true;
+    if (rc < 0) {
         LOG_ERROR("the broker refused resume_from(%lld): %s (%s)", (long long)s, err_str(rc),
                   client_last_error(w->client));
         return rc;
@@ -354,6 +372,10 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             rc = do_register(&w);
             if (rc == 0 && !w.resume_told) {
                 rc = tell_resume(&w, stop);
+                if (rc == DFLASH_ESHUTDOWN) { /* stopped before the broker took it */
+                    rc = 0;
+                    goto out_session;
+                }
                 if (rc < 0) goto out_session;
             }
             if (rc == 0) {

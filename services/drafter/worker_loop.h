@@ -56,6 +56,7 @@ typedef struct worker_batch {
  *                  for "nothing to say"; told to the broker (client_resume_from) once, after the
  *                  first successful hello and before the first claim, so batches trained after
  *                  that step go back to to-do;
+ *   run_id()       the run the consumer trains (run_id.h), told with resume_step (0: none);
  *   done()         true when the consumer wants no more batches (e.g. --max-steps reached): the
  *                  loop ends as if drained;
  *   settled()      called before each claim while the loop holds no trained batch the broker
@@ -76,6 +77,7 @@ typedef struct worker_consumer {
     uint64_t (*committed)(void *ctx);
     void (*destroy)(void *ctx);
     int64_t (*resume_step)(void *ctx);
+    uint64_t (*run_id)(void *ctx);
     bool (*done)(void *ctx);
     int (*settled)(void *ctx);
     int (*finish)(void *ctx);
@@ -124,6 +126,7 @@ typedef struct worker_stats {
     double copy_p50_ms, copy_p99_ms; /* grant to copy done, over the last 4096 batches */
     uint64_t registrations;
     bool name_in_use; /* the broker refused our hello: another live drafter has our name */
+    bool other_model; /* the broker refused our resume: a live drafter trains another model */
 } worker_stats;
 
 /* Runs the loop (the group loop of group_worker.h when cfg->group is set). Returns 0 (drained

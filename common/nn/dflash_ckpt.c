@@ -21,6 +21,7 @@
 #include "dflash_hf_py.h" /* generated: dflash_hf_py[], the text of nn/dflash_hf.py */
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -726,8 +727,9 @@ static int check_weights_file(const dflash_model *m, const char *dir, const floa
     if ((rc = write_weights(m, masters, f32, p, werr, sizeof werr))) {
         if (err)
             snprintf(err, errlen,
-                     "%s is %s and cannot be written again from the training state's masters: %s",
-                     p, missing ? "missing" : "damaged", werr);
+                     "%s is %s and cannot be written again from the training state's masters "
+                     "(%s, which is whole: a start that can write the file repairs it): %s",
+                     p, missing ? "missing" : "damaged", STATE_FILE, werr);
         return rc;
     }
     LOG_WARN("checkpoint: %s written again from the masters of %s/%s (%s): the checkpoint is "
@@ -800,6 +802,30 @@ static bool leftover(const char *name, const char *prefix, char *step, size_t st
     return is_step_name(step);
 }
 
+/* Removes the temporary files of a file writer that died in step directory dir (NAME.tmp.PID,
+ * the safetensors writer's: a resume writing model.safetensors again). Returns how many. */
+static int remove_writer_leftovers(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    char p[4600];
+    while ((e = readdir(d))) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t || t == e->d_name) continue;
+        char *end;
+        long pid = strtol(t + 5, &end, 10);
+        if (*end || pid <= 0 || !isdigit((unsigned char)t[5])) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) == 0) {
+            LOG_WARN("checkpoint: removed %s, a file its writer did not finish", p);
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
 int dflash_ckpt_recover(const char *root) {
     DIR *d = opendir(root);
     if (!d) return 0;
@@ -807,7 +833,12 @@ int dflash_ckpt_recover(const char *root) {
     struct dirent *e;
     char step[256], p[4200], q[4200];
     while ((e = readdir(d))) {
-        if (leftover(e->d_name, ".tmp-step-", step, sizeof step)) {
+        if (is_step_name(e->d_name)) {
+            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+            int k = remove_writer_leftovers(p);
+            if (k) fsync_path(p);
+            n += k;
+        } else if (leftover(e->d_name, ".tmp-step-", step, sizeof step)) {
             snprintf(p, sizeof p, "%s/%s", root, e->d_name);
             remove_dir(p);
             LOG_WARN("checkpoint: removed %s, a save its writer did not finish", p);

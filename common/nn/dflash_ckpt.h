@@ -112,7 +112,8 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
 /* Cleans up after saves whose writer died (SIGKILL, power loss) under root: removes
  * ".tmp-step-*" directories (an unfinished save), and renames a ".old-step-N-*" back to step-N
  * where step-N is missing (the writer stopped between moving the old checkpoint aside and
- * publishing the new one), else removes it. Returns how many it handled. Call at start-up,
+ * publishing the new one), else removes it, and removes a file writer's NAME.tmp.PID inside a
+ * step-N (a resume stopped while writing model.safetensors again). Returns how many it handled. Call at start-up,
  * holding root's lock (dflash_ckpt_lock_root) and before dflash_ckpt_latest: no other live
  * process writes root then, so every leftover is a dead writer's, whatever process now has
  * the PID in its name (after a reboot, or in another container's PID namespace). */

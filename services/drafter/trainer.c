@@ -479,9 +479,9 @@ static int resume_refused(const char *dir, int rc, char *err, size_t errlen) {
         break;
     case DFLASH_EIO:
         snprintf(err, errlen,
-                 "cannot resume from %s: %s; a file of the checkpoint cannot be read or written "
-                 "(this is not a damaged checkpoint: keep it): fix the access to it (permissions, "
-                 "owner, the volume's mount, free space) and start again",
+                 "cannot resume from %s: %s; a file of the checkpoint cannot be read or written: "
+                 "keep the checkpoint (moving it away would lose it), fix the access to it "
+                 "(permissions, owner, the volume's mount, free space) and start again",
                  dir, why);
         break;
     case DFLASH_ENOTFOUND:

@@ -947,6 +947,17 @@ static void test_checkpoint(world *w) {
     CHECK_EQ_INT(dflash_ckpt_recover(root), 3);
     CHECK(!test_is_dir(tmp_ours) && !test_is_dir(tmp_live) && !test_is_dir(old_live));
     CHECK(test_is_dir(gone_step));
+    /* a resume that died writing model.safetensors again left its writer's temp file in the
+     * step directory: removed; a user's file that only looks alike is kept */
+    char writer_tmp[700], keep_name[700];
+    snprintf(writer_tmp, sizeof writer_tmp, "%s/model.safetensors.tmp.%d", gone_step,
+             (int)getppid());
+    snprintf(keep_name, sizeof keep_name, "%s/notes.tmp.txt", gone_step);
+    test_spill(writer_tmp, "partial", 7);
+    test_spill(keep_name, "user", 4);
+    CHECK_EQ_INT(dflash_ckpt_recover(root), 1);
+    CHECK(access(writer_tmp, F_OK) != 0 && access(keep_name, F_OK) == 0);
+    CHECK_EQ_INT(unlink(keep_name), 0);
     check_ckpt_files(a, gone_step);
 
     /* a model replaced by one at step 2 (a data-parallel group's rank 0's): step-3 (the only

@@ -170,6 +170,8 @@ static int joining(gw *g)
         rc == DFLASH_EPROTO) { /* PROTO: a broker from before groups existed */
         LOG_ERROR("the broker refused to let us join group %s: %s (%s)", c->group, err_str(rc),
                   client_last_error(g->cl));
+        /* DENIED to a drafter's join: a solo trainer of another model trains there (exit 6) */
+        if (rc == DFLASH_EDENIED) g->st.other_model = true;
         return rc;
     }
     if (rc < 0) {

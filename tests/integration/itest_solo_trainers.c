@@ -10,7 +10,8 @@
  * epochs. Phases, each waiting for a condition (never a fixed sleep):
  *   1. drafter da trains (>= 6 batches trained, a checkpoint committed);
  *   2. the broker is paused (nothing new goes out); drafter db (its own checkpoint dir,
- *      starting at step 0) exits 6, its log and the broker's naming da and --group; nothing
+ *      starting at step 0) exits 6, its log and the broker's naming da and --group, and so
+ *      does dc, which would join a group (--group g) while da trains alone; nothing
  *      went back to to-do and nothing trained was lost (under the old broker db's resume gave
  *      every batch back to to-do);
  *   3. da is SIGKILLed and started again as da2 on its checkpoint dir: the broker replaces da
@@ -70,7 +71,15 @@ static int wait_exit(pid_t pid, int ms)
 }
 
 /* A solo trainer named name, checkpointing into DIR/ckpt-<run>, logging to DIR/<name>.log. */
+static pid_t start_drafter_in(const char *name, const char *run, const char *group);
+
 static pid_t start_drafter(const char *name, const char *run)
+{
+    return start_drafter_in(name, run, NULL);
+}
+
+/* A drafter named name on checkpoint dir ckpt-RUN, in --group group when not NULL. */
+static pid_t start_drafter_in(const char *name, const char *run, const char *group)
 {
     char model[128], ckpt[128], log[128], nm[64];
     snprintf(model, sizeof model, "%s/target", dir);
@@ -81,7 +90,14 @@ static pid_t start_drafter(const char *name, const char *run)
                     "--block-size", "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every",
                     "3", "--checkpoint-dir", ckpt, "--progress-ms", "0", "--buckets", "32",
                     "--token-budget", "128", "--max-seqs", "4", "--layers", "3", "--runtime-dir",
-                    rt, "--threads", "1", "--backend", "host", "--timeout-ms", "1000", NULL};
+                    rt, "--threads", "1", "--backend", "host", "--timeout-ms", "1000", NULL,
+                    NULL, NULL};
+    if (group) {
+        size_t n = 0;
+        while (argv[n]) n++;
+        argv[n] = "--group";
+        argv[n + 1] = (char *)group;
+    }
     return spawn_logged(argv, log);
 }
 
@@ -157,8 +173,13 @@ int main(int argc, char **argv)
     wire_status before;
     CHECK_EQ_INT(client_status(c, &before), 0);
     pid_t db = start_drafter("db", "b");
+    pid_t dc = start_drafter_in("dc", "c", "g"); /* a group member beside a solo trainer */
     int db_rc = wait_exit(db, 60000);
     CHECK_EQ_INT(db_rc, 6);
+    CHECK_EQ_INT(wait_exit(dc, 60000), 6);
+    char dclog[128];
+    snprintf(dclog, sizeof dclog, "%s/dc.log", dir);
+    CHECK(wait_text(dclog, "the broker refused to let us join group g", 1000));
     char dblog[128];
     snprintf(dblog, sizeof dblog, "%s/db.log", dir);
     char *l = test_slurp(dblog, NULL);

@@ -37,7 +37,9 @@
     X(INTERNAL, 22, "internal error")                                                              \
     X(CORRUPT, 23, "data failed verification")                                                     \
     X(QUARANTINED, 24, "batch quarantined after too many redeliveries")                           \
-    X(SHUTDOWN, 25, "shutting down")
+    X(SHUTDOWN, 25, "shutting down")                                                               \
+    X(NONFINITE, 26, "non-finite value (NaN or infinity)")                                         \
+    X(NODATA, 27, "nothing to train on")
 
 enum {
 #define DFLASH_ERR_ENUM(name, num, msg) DFLASH_E##name = -(num),

@@ -13,6 +13,7 @@
 #include "dflash_ckpt.h"
 
 #include "err.h"
+#include "finite.h"
 #include "fsutil.h"
 #include "hf_config.h"
 #include "log.h"
@@ -537,7 +538,8 @@ out:
 /* Loads tensor prefix+name of every trainable tensor into dst (host layout of the masters),
  * each checked against its checksum first (one read of the file: the data is checked and
  * converted while in the cache). DFLASH_ECORRUPT names the file and the tensor of a damaged
- * one; nothing reaches the model before every tensor is loaded (the callers upload at the end). */
+ * one, DFLASH_ENONFINITE one holding a NaN or an infinity (finite.h); nothing reaches the
+ * model before every tensor is loaded (the callers upload at the end). */
 static int load_all(const dflash_model *m, const safetensors *st, const char *prefix, float *dst,
                     char *err, size_t errlen) {
     for (int i = 0; i < m->n_tensors; i++) {
@@ -550,6 +552,13 @@ static int load_all(const dflash_model *m, const safetensors *st, const char *pr
         if (!rc) rc = safetensors_verify_tensor(st_t, err, errlen);
         if (!rc) rc = safetensors_load_f32(st, name, t->ndim, shp, dst + t->offset, err, errlen);
         if (rc) return rc;
+        size_t bad = finite_first_bad(dst + t->offset, t->numel);
+        if (bad < t->numel) {
+            err_fmt(err, errlen, "%s: tensor %s holds a non-finite value (%g at element %zu): "
+                    "weights of a run that diverged, or a damaged file", safetensors_path(st),
+                    name, (double)dst[t->offset + bad], bad);
+            return DFLASH_ENONFINITE;
+        }
     }
     return 0;
 }

@@ -83,7 +83,8 @@ int dflash_ckpt_check_config(const dflash_config *model, const dflash_config *ck
 /* Warm start from DIR/model.safetensors: weights only; moments zeroed, m->step = 0. Every
  * tensor's checksum is checked first: DFLASH_ECORRUPT naming the file and the tensor;
  * DFLASH_EFORMAT for a damaged header, DFLASH_ENOTFOUND / DFLASH_EIO for a file missing or
- * unreadable (the system's reason in err). */
+ * unreadable (the system's reason in err); DFLASH_ENONFINITE naming a tensor that holds a NaN
+ * or an infinity. */
 int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t errlen);
 
 /* Exact resume from DIR: fp32 masters, moments, m->step, and tc's seed, schedule and optimizer
@@ -94,7 +95,8 @@ int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t
  * (the exported weights, which the resume does not read): a file missing or damaged is written
  * again from the masters, as the save writes it, with a warning; one that cannot be read is
  * DFLASH_EIO and left alone; one that cannot be written again refuses the resume (its code, the
- * file named). Nothing reaches the model before all this passed. */
+ * file named). A tensor holding a NaN or an infinity: DFLASH_ENONFINITE naming it. Nothing
+ * reaches the model before all this passed. */
 int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
                        size_t errlen);
 

@@ -18,11 +18,14 @@
  * embeds the newest token of every unfinished sequence, writes its k, v at base_s + pos and
  * attends through attention_block_fwd with B = 1 to rows [base_s, base_s + pos].
  * Invariants: capture_col[k] is the output column of layer k or -1; n_run = deepest id + 1 <=
- * n_loaded. Every forward reuses the same buffers, so one forward at a time per model.
+ * n_loaded. Every forward reuses the same buffers, so one forward at a time per model. Every
+ * loaded weight is finite: a tensor holding a NaN or an infinity is refused by name at the load
+ * (finite.h), as each is converted; it would make every captured hidden state NaN.
  */
 #include "target_model.h"
 
 #include "err.h"
+#include "finite.h"
 #include "hf_config.h"
 #include "log.h"
 #include "safetensors.h"
@@ -346,6 +349,15 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
         int rc = fetch(user, e->name, e->shape, e->ndim, staging);
         if (rc) {
             LOG_ERROR("target model: cannot load tensor %s: %s", e->name, err_str(rc));
+            goto fail;
+        }
+        size_t bad = finite_first_bad(staging, (size_t)numel(e));
+        if (bad < (size_t)numel(e)) {
+            LOG_ERROR("target model: tensor %s holds a non-finite value (%g at element %zu of "
+                      "%lld): the checkpoint is damaged or was converted with an overflow (e.g. "
+                      "to float16); every hidden state after it would be NaN. Use the original "
+                      "weights, or convert them again (bfloat16 or float32)",
+                      e->name, (double)staging[bad], bad, (long long)numel(e));
             goto fail;
         }
         ops->upload(ctx, *e->ptr, staging, (size_t)numel(e));

@@ -75,13 +75,15 @@ int target_default_layer_ids(int L, int n, int *ids);
 int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errlen);
 
 /* Builds a model for cfg on the backend, reading every parameter through fetch(user, ...).
- * Returns NULL after logging why (bad opts, shape mismatch, out of memory). */
+ * Returns NULL after logging why (bad opts, shape mismatch, a weight that is NaN or infinite,
+ * out of memory). */
 target_model *target_model_new(const model_config *cfg, const target_model_opts *opts,
                                const nn_ops *ops, nn_ctx *ctx, target_tensor_fn fetch, void *user);
 
 /* Loads a Hugging Face directory: config.json and model.safetensors or a sharded
  * model.safetensors.index.json. Tensors of any supported dtype are converted to fp32 and
- * uploaded as the backend's act type. Returns NULL after logging file, tensor and problem. */
+ * uploaded as the backend's act type. Returns NULL after logging file, tensor and problem (also
+ * a tensor holding a NaN or an infinity). */
 target_model *target_model_load(const char *dir, const target_model_opts *opts, const nn_ops *ops,
                                 nn_ctx *ctx);
 

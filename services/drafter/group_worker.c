@@ -317,7 +317,9 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
     }
     uint64_t step = 0;
     rc = worker_session_consume(g->s, g->cons, gr, &step);
-    if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) return rc;
+    /* a bad batch, or a step that diverged (every rank finds it: the group's loss and norm):
+     * fatal, without a StepDone; re-forming would go on from the non-finite weights */
+    if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ENONFINITE) return rc;
     if (rc < 0) {
         char why[200];
         snprintf(why, sizeof why, "step %llu failed in the group: %s", (unsigned long long)s,

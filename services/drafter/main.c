@@ -120,7 +120,8 @@ static const cfg_option drafter_options[] = {
     OPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "train: embedding row used as MASK (-1 = "
         "vocab_size - 1; real Qwen3 targets: the first unused row, e.g. 151669)", mask_token_id),
     OPT("anchors", CFG_INT, "512", 1, 1 << 20, "train: anchors per sequence", anchors),
-    OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate", lr),
+    OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate (--lr x --weight-decay "
+        "below 1)", lr),
     OPT("warmup-ratio", CFG_DOUBLE, "0.04", 0, 1, "train: warmup fraction of the schedule",
         warmup_ratio),
     OPT("total-steps", CFG_INT, "0", 0, 1e15, "train: cosine schedule length, at least "
@@ -128,7 +129,8 @@ static const cfg_option drafter_options[] = {
     OPT("min-lr-ratio", CFG_DOUBLE, "0", 0, 1, "train: cosine floor as a fraction of --lr",
         min_lr_ratio),
     OPT("clip", CFG_DOUBLE, "1.0", 0, 1e9, "train: gradient-norm clip (0 = none)", clip),
-    OPT("weight-decay", CFG_DOUBLE, "0", 0, 10, "train: AdamW weight decay (matrices)",
+    OPT("weight-decay", CFG_DOUBLE, "0", 0, 10, "train: AdamW decoupled weight decay "
+        "(matrices; each step scales them by 1 - lr x this, so --lr x this must be below 1)",
         weight_decay),
     OPT("gamma", CFG_DOUBLE, "0", 0, 1e6, "train: loss decay gamma (0 = 7 for block 16, 5 for "
         "10, 4 for 8)", gamma),
@@ -333,6 +335,21 @@ static const cfg_table eval_table = {
     "on held-out shards", "[options]", eval_options,
     sizeof eval_options / sizeof eval_options[0], NULL};
 
+/* AdamW's decoupled weight decay multiplies the weights by 1 - lr * wd each step, lr the
+ * scheduled rate (at most --lr, reached after the warmup): at lr * wd >= 1 that factor is 0 or
+ * negative and the weights flip sign and grow each step until they overflow. true (said on
+ * stderr) for such a pair. */
+static bool refuse_growing_decay(double lr, double wd)
+{
+    if (lr * wd < 1.0) return false;
+    fprintf(stderr, "dflash-drafter: --lr %g with --weight-decay %g: their product %g must stay "
+            "below 1: AdamW's decoupled decay multiplies the weights by 1 - lr * weight_decay "
+            "every step (lr up to --lr), which must stay positive, else the weights grow until "
+            "they overflow; lower one of them (the recipe: --lr 6e-4, --weight-decay 0)\n",
+            lr, wd, lr * wd);
+    return true;
+}
+
 /* eval's count was --max-seqs, the name of the slot layout's sequences per slot: a deployment's
  * DFLASH_MAX_SEQS changed how many sequences eval read. It is --eval-seqs now; the old flag (and
  * eval's own variable) are refused naming it, so an old command is not silently another count.
@@ -417,6 +434,7 @@ int main(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
+    if (refuse_growing_decay(cfg.lr, cfg.weight_decay)) return 2;
 
     worker_loop_config lc;
     memset(&lc, 0, sizeof lc);
@@ -617,6 +635,15 @@ int main(int argc, char **argv)
     if (rc == DFLASH_ECONFIG || (cfg.group[0] && rc == DFLASH_EFULL)) {
         LOG_ERROR("dflash-drafter: %s (see above)", err_str(rc));
         return 2;
+    }
+    if (rc == DFLASH_ENONFINITE) {
+        LOG_ERROR("dflash-drafter: training diverged (see above); nothing after the last finite "
+                  "step was checkpointed or committed");
+        return 7;
+    }
+    if (rc == DFLASH_ENODATA) {
+        LOG_ERROR("dflash-drafter: no step trained: the data has nothing to train on (see above)");
+        return 8;
     }
     if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) {
         LOG_ERROR("dflash-drafter: a batch failed verification or did not fit the drafter: %s",

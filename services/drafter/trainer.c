@@ -69,6 +69,8 @@ typedef struct trainer {
     dp_comm *comm;   /* data-parallel group (group_worker.h): NULL = alone */
     int dp_rank;     /* our rank in the last group joined; only rank 0 writes checkpoints */
     bool dp_member;  /* joined a group at least once */
+    long diverged_at; /* the first step whose loss or gradient norm was NaN or infinite; 0: none.
+                         From then on nothing is checkpointed or committed (stop_if_diverged) */
     /* summary */
     long steps_here, skipped;
     double loss_first, loss_last, tau_first, tau_last;
@@ -166,13 +168,28 @@ static target_model *load_frozen(const char *model_dir, const nn_ops *ops, nn_ct
     return target_model_load(model_dir, &to, ops, nn);
 }
 
+static void report_oldest(trainer *t);
+
+/* DFLASH_ENONFINITE once a step diverged (record_step said so), else 0: every hook that could
+ * write a checkpoint, report a commit or train on returns it, and the daemon exits 7. */
+static int stop_if_diverged(const trainer *t) {
+    return t->diverged_at ? DFLASH_ENONFINITE : 0;
+}
+
+/* Saves the model at its step. The metrics of every queued step are read first (the save waits
+ * for the device anyway): a checkpoint is written only when every step in it had a finite loss
+ * and gradient norm; else DFLASH_ENONFINITE and nothing is written. */
 static int save_checkpoint(trainer *t) {
+    while (dflash_train_pending(t->m) > 0)
+        report_oldest(t);
+    int rc = stop_if_diverged(t);
+    if (rc < 0) return rc;
     if (!t->ckpt_root[0] || t->m->step == t->saved_step) return 0;
     if (t->dp_member && t->dp_rank != 0) return 0; /* a group's rank 0 writes them */
     char path[1200], err[512] = "";
     dflash_ckpt_opts co = {.keep_last = t->keep_last};
     double t0 = monotime_s();
-    int rc = dflash_ckpt_save(t->m, &t->tc, t->ckpt_root, &co, path, sizeof path, err, sizeof err);
+    rc = dflash_ckpt_save(t->m, &t->tc, t->ckpt_root, &co, path, sizeof path, err, sizeof err);
     if (rc < 0) {
         LOG_ERROR("checkpoint of step %ld under %s failed: %s (%s)", t->m->step, t->ckpt_root,
                   err_str(rc), err);
@@ -182,6 +199,33 @@ static int save_checkpoint(trainer *t) {
     t->committed = t->m->step;
     LOG_INFO("checkpoint %s written in %.2f s", path, monotime_s() - t0);
     return 0;
+}
+
+/* The first step whose loss or gradient norm is NaN or infinite: its update made the weights
+ * non-finite (a NaN norm leaves the clipping factor at 1, an infinite one makes it 0 and
+ * inf * 0 NaN), and every step after it would train on them. Said once, with what to do; the
+ * hooks then stop the run (stop_if_diverged). On the cuda backend the metrics come a step
+ * late, so the step after it may be queued too: it is neither checkpointed nor committed. */
+static void note_divergence(trainer *t, const dflash_metrics *dm) {
+    bool loss_bad = !isfinite(dm->loss), norm_bad = !isfinite(dm->grad_norm);
+    if ((!loss_bad && !norm_bad) || t->diverged_at) return;
+    t->diverged_at = dm->step > 0 ? dm->step : 1;
+    char kept[160];
+    if (t->saved_step > 0)
+        snprintf(kept, sizeof kept, "the newest checkpoint, step %ld, is the last one kept",
+                 t->saved_step);
+    else
+        snprintf(kept, sizeof kept, "no checkpoint of this run is kept");
+    LOG_ERROR("training diverged at step %ld: its %s %s not finite (loss %g, gradient norm %g). "
+              "The run stops: %s and no batch trained since is reported as committed (the "
+              "broker hands them out again). Restarted with the same flags it resumes from "
+              "there and diverges again: lower --lr (now %g; weight decay %g, clip %g), or "
+              "look for non-finite weights in the target (--model) or non-finite hidden states "
+              "in its batches",
+              t->diverged_at,
+              loss_bad && norm_bad ? "loss and gradient norm" : loss_bad ? "loss" : "gradient norm",
+              loss_bad && norm_bad ? "are" : "is", dm->loss, dm->grad_norm, kept, t->tc.lr,
+              t->tc.weight_decay, t->tc.clip);
 }
 
 /* Reports the oldest queued step: collects its metrics (waiting for the device only if it has
@@ -203,6 +247,7 @@ static void record_step(trainer *t, const dflash_metrics *dm, const struct step_
     t->loss_last = dm->loss;
     t->tau_last = dm->accept_len;
     t->steps_here++;
+    note_divergence(t, dm);
     if (!t->met) return;
     metrics_scalar extra[] = {{"train/epoch", (double)n->epoch},
                               {"train/blocks", (double)dm->n_blocks},
@@ -252,6 +297,8 @@ static void count_allocs(trainer *t, long allocs0) {
 static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     trainer *t = vctx;
     const slot_layout *l = &t->layout;
+    int rc = stop_if_diverged(t); /* found while waiting (idle) */
+    if (rc < 0) return rc;
     long drains0 = t->ops->stream_drains(t->nn), allocs0 = t->ops->allocs(t->nn);
     const void *host = b->staged;
     const void *hidden = (const char *)b->staged + l->off_hidden;
@@ -259,13 +306,13 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
         /* the small arrays (~100 KB) to the host: a synchronous copy on the default stream,
          * which does not wait for the (non-blocking) compute stream still running the
          * previous step */
-        int rc = pool_staging_read(POOL_CUDA, t->host, b->staged, l->off_hidden);
+        rc = pool_staging_read(POOL_CUDA, t->host, b->staged, l->off_hidden);
         if (rc < 0) return rc;
         host = t->host;
     }
     char err[512] = "";
     dflash_batch_view v;
-    int rc = dflash_view_from_slot(t->m, host, l, hidden, &v, err, sizeof err);
+    rc = dflash_view_from_slot(t->m, host, l, hidden, &v, err, sizeof err);
     if (rc < 0) {
         LOG_ERROR("batch (%u, %u, %llu) does not fit the drafter: %s", b->wu.epoch, b->wu.bucket,
                   (unsigned long long)b->wu.batch, err);
@@ -315,7 +362,7 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
         report_oldest(t);
     t->drains += t->ops->stream_drains(t->nn) - drains0;
     count_allocs(t, allocs0);
-    return 0;
+    return stop_if_diverged(t); /* this batch is not acked: the broker hands it out again */
 }
 
 /* The loop holds no batch the broker has not taken (worker_loop.h): the periodic checkpoint,
@@ -323,6 +370,8 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
  * the queued steps). */
 static int train_settled(void *vctx) {
     trainer *t = vctx;
+    int rc = stop_if_diverged(t);
+    if (rc < 0) return rc;
     if (t->ckpt_every <= 0 || t->m->step / t->ckpt_every <= t->saved_step / t->ckpt_every) return 0;
     return save_checkpoint(t);
 }
@@ -361,19 +410,41 @@ static void train_idle(void *vctx) {
     if (t->met) metrics_flush(t->met);
 }
 
-static int train_finish(void *vctx) {
-    trainer *t = vctx;
-    while (dflash_train_pending(t->m) > 0)
-        report_oldest(t);
-    int rc = save_checkpoint(t);
-    if (t->met) metrics_flush(t->met);
+/* The exit summary: steps, time per step, first and last loss and training-block acceptance;
+ * a run that trained no step has no such figures and says so. */
+static void log_summary(const trainer *t) {
+    if (!t->steps_here) {
+        LOG_INFO("training: no step trained in this run (at step %ld), %ld skipped batches; "
+                 "memory allocations inside steps: %ld",
+                 t->m->step, t->skipped, t->allocs);
+        return;
+    }
     LOG_INFO("training: %ld steps in this run (%ld .. %ld), %ld skipped batches, %.3f s per step; "
              "loss first %.4f last %.4f; training-block acceptance first %.3f last %.3f; "
              "host waits for the whole compute stream inside steps: %ld; memory allocations "
              "inside steps: %ld",
-             t->steps_here, t->start_step, t->m->step, t->skipped,
-             t->steps_here ? t->step_s / t->steps_here : 0.0, t->loss_first, t->loss_last,
-             t->tau_first, t->tau_last, t->drains, t->allocs);
+             t->steps_here, t->start_step, t->m->step, t->skipped, t->step_s / t->steps_here,
+             t->loss_first, t->loss_last, t->tau_first, t->tau_last, t->drains, t->allocs);
+}
+
+/* The final checkpoint (none after a divergence: DFLASH_ENONFINITE), the summary, and why a run
+ * ended early: DFLASH_ENODATA when every batch it got was skipped (nothing to train on in the
+ * data: more epochs cannot help), else a warning when the step limit was not reached. */
+static int train_finish(void *vctx) {
+    trainer *t = vctx;
+    int rc = save_checkpoint(t); /* reads the queued steps' metrics first */
+    if (t->met) metrics_flush(t->met);
+    log_summary(t);
+    if (rc < 0) return rc;
+    if (!t->steps_here && t->skipped) {
+        LOG_ERROR("no step trained: every one of the %ld batches this run got had no weighted "
+                  "position (an anchor needs two loss-masked tokens in a row, and a prediction "
+                  "after it): the data's loss masks leave nothing to train on. Check how the "
+                  "data was made (dflash-data: the loss_mask of each sequence should mark its "
+                  "response tokens); more epochs would not help",
+                  t->skipped);
+        return DFLASH_ENODATA;
+    }
     /* the loop ended short of the step limit without a stop signal: the broker had no batch
      * left (the target's planned epochs all trained, or a drain) */
     long limit = step_limit(t);
@@ -386,7 +457,7 @@ static int train_finish(void *vctx) {
                  t->m->step, limit, dflash_train_lr(&t->tc, t->m->step),
                  t->ckpt_root[0] ? "its newest checkpoint under --checkpoint-dir"
                                  : "step 0 (no --checkpoint-dir: nothing was saved)");
-    return rc;
+    return 0;
 }
 
 /* --- data-parallel group hooks (group_worker.h) -------------------------------------------- */
@@ -412,7 +483,10 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
     *step = (uint64_t)t->m->step;
     struct step_note n = {.epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs};
     record_step(t, &dm, &n, dt);
-    return 0;
+    /* the loss is all-reduced and the gradient norm is that of the all-reduced gradient (rank
+     * 0's, broadcast, when clipping): every rank finds a divergence at the same step and stops
+     * alike (group_worker.c ends on DFLASH_ENONFINITE instead of re-forming) */
+    return stop_if_diverged(t);
 }
 
 static void train_set_group(void *vctx, dp_comm *comm, int rank, int world) {

@@ -30,6 +30,13 @@
  *   --max-batches; an error), it
  *   says so at WARN: the step reached of the limit, the learning rate still in force, and how
  *   to continue.
+ *   A run that ends having trained no step while every batch it got was skipped (no weighted
+ *   position: the data's loss masks) says so, and finish() returns DFLASH_ENODATA (exit 8).
+ * Divergence: the first step whose loss or gradient norm is NaN or infinite stops the run (an
+ *   error naming the step and what to do): from then on consume(), settled() and finish()
+ *   return DFLASH_ENONFINITE (exit 7), so no checkpoint is written after the last finite step
+ *   and no commit is reported for the batches trained since. A checkpoint reads the queued
+ *   steps' metrics before writing (on cuda they come back a step late).
  *   idle() (the loop waits for a batch) writes the last step's metrics and flushes them.
  *   resume_step() is the step the model started from: the loop tells the broker (resume_from)
  *   before the first claim, so batches trained after the last checkpoint are trained again.

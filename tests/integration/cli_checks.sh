@@ -71,6 +71,12 @@ expect target_capture_synthetic 2 "bad --capture-layers 'abc'" "$T" "${COMMON[@]
 # the drafter took an explicit --hidden 256 (the default's value) for "not given"
 expect drafter_hidden_256 2 "--hidden 256 does not match" "$D" "${COMMON[@]}" \
     --model "$WORK/target" --hidden 256 --buckets 64 --token-budget 64 --max-seqs 2
+# --lr 1 --weight-decay 10 (each in its range) made AdamW's decay factor 1 - lr * wd negative:
+# the weights grew until the loss was NaN; 0.5 x 2 is the edge (the factor 0)
+expect drafter_lr_decay 2 "--lr 1 with --weight-decay 10: .*must stay below 1.*1 - lr" \
+    "$D" "${COMMON[@]}" --model "$WORK/target" --lr 1 --weight-decay 10
+expect drafter_lr_decay_edge 2 "their product 1 must stay below 1" "$D" "${COMMON[@]}" \
+    --model "$WORK/target" --lr 0.5 --weight-decay 2
 # a token budget below the largest bucket failed in the batch plan, after the flags (exit 1)
 expect target_budget 2 "--token-budget 100, --buckets 32,128: .*smaller than the largest" \
     "$T" "${COMMON[@]}" "${MODEL[@]}" --buckets 32,128 --token-budget 100

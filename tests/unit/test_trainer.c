@@ -25,6 +25,10 @@
  *     not 1 (the target's load failing);
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said;
+ *   - a step whose loss is NaN (a NaN hidden state) stops the run: consume(), settled() and
+ *     finish() return DFLASH_ENONFINITE, no checkpoint is written after the last finite step
+ *     and committed() stays there; a run whose every batch was skipped (loss masks all 0)
+ *     ends with DFLASH_ENODATA from finish(), one that trained a step does not;
  *   - a drafter that trained a few steps and then waits for data (a slow or restarting target)
  *     left metrics.jsonl without those steps for as long as it waited: the last step's record
  *     is read a step later and the file was flushed only when a record came; waiting (idle())
@@ -38,6 +42,7 @@
 #include "trainer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -548,6 +553,65 @@ static void test_resume_refused(void) {
     worker_consumer_destroy(&c);
 }
 
+/* Consumes batch `batch`: a one-sequence slot (staged_slot) whose loss mask is all 0 when
+ * `masked`, whose first hidden value is NaN when `nan`. consume()'s result. */
+static int consume_batch(worker_consumer *c, uint32_t batch, bool masked, bool nan) {
+    slot_layout l = slots();
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = batch};
+    void *base = staged_slot(&l, &wu, 20);
+    CHECK(base != NULL);
+    if (!base) return DFLASH_ENOMEM;
+    if (masked) memset(slot_loss_mask(base, &l), 0, 20);
+    if (nan) ((float *)slot_hidden(base, &l))[0] = NAN;
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t step = 0;
+    int rc = c->consume(c->ctx, &b, &step);
+    free(base);
+    return rc;
+}
+
+/* A step whose loss is NaN stops the run: consume() refuses it, nothing is checkpointed after
+ * the last finite step and committed() stays there (it trained on and saved NaN weights). */
+static void test_divergence_stops(void) {
+    char err[512], root[400];
+    snprintf(root, sizeof root, "%s/ckpt-diverge", dir);
+    worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK_EQ_INT(consume_batch(c, 0, false, false), 0);
+    CHECK_EQ_INT(c->finish(c->ctx), 0); /* checkpoint step 1, committed */
+    CHECK_EQ_INT(c->committed(c->ctx), 1);
+    CHECK_EQ_INT(consume_batch(c, 1, false, true), DFLASH_ENONFINITE);
+    CHECK_EQ_INT(c->settled(c->ctx), DFLASH_ENONFINITE);
+    CHECK_EQ_INT(c->finish(c->ctx), DFLASH_ENONFINITE);
+    CHECK_EQ_INT(consume_batch(c, 2, false, false), DFLASH_ENONFINITE);
+    CHECK_EQ_INT(c->committed(c->ctx), 1);
+    char step2[500];
+    snprintf(step2, sizeof step2, "%s/step-000000002", root);
+    CHECK(access(step2, F_OK) != 0);
+    worker_consumer_destroy(&c);
+}
+
+/* Every batch skipped (no loss-masked position): finish() says DFLASH_ENODATA (exit 8), it
+ * returned 0 as if the run had trained. */
+static void test_nothing_trained(void) {
+    char err[512];
+    worker_consumer *c = fresh(0, 10, NULL, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK_EQ_INT(consume_batch(c, 0, true, false), 0);
+    CHECK_EQ_INT(consume_batch(c, 1, true, false), 0);
+    CHECK_EQ_INT(c->finish(c->ctx), DFLASH_ENODATA);
+    worker_consumer_destroy(&c);
+    c = fresh(0, 10, NULL, NULL, err, sizeof err); /* one step trained: a short run, not this */
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK_EQ_INT(consume_batch(c, 0, true, false), 0);
+    CHECK_EQ_INT(consume_batch(c, 1, false, false), 0);
+    CHECK_EQ_INT(c->finish(c->ctx), 0);
+    worker_consumer_destroy(&c);
+}
+
 /* Lines of DIR/metrics/metrics.jsonl on disk now. */
 static int jsonl_lines(void) {
     char path[400];
@@ -610,6 +674,8 @@ int main(void) {
     test_resume_refused();
     test_slot_against_grant();
     test_metrics_when_idle();
+    test_divergence_stops();
+    test_nothing_trained();
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -218,10 +218,11 @@ static void note_divergence(trainer *t, const dflash_metrics *dm) {
         snprintf(kept, sizeof kept, "no checkpoint of this run is kept");
     LOG_ERROR("training diverged at step %ld: its %s %s not finite (loss %g, gradient norm %g). "
               "The run stops: %s and no batch trained since is reported as committed (the "
-              "broker hands them out again). Restarted with the same flags it resumes from "
-              "there and diverges again: lower --lr (now %g; weight decay %g, clip %g), or "
-              "look for non-finite weights in the target (--model) or non-finite hidden states "
-              "in its batches",
+              "broker hands them out again). A restart resumes from there with the "
+              "checkpoint's settings and diverges again: start a new run with a lower --lr "
+              "(now %g; weight decay %g, clip %g) and another --checkpoint-dir, from that "
+              "checkpoint's weights (--init-weights) or from scratch, or look for non-finite "
+              "weights in the target (--model) or non-finite hidden states in its batches",
               t->diverged_at,
               loss_bad && norm_bad ? "loss and gradient norm" : loss_bad ? "loss" : "gradient norm",
               loss_bad && norm_bad ? "are" : "is", dm->loss, dm->grad_norm, kept, t->tc.lr,

@@ -182,7 +182,7 @@ def main():
         expect_exit(failures, "the drafter whose step 4 has a NaN loss", rc, text, 7,
                     [r"resumed exactly from \S+step-0*3\b",
                      r"training diverged at step 4: its loss (and gradient norm )?(is|are) not "
-                     r"finite", r"lower --lr"])
+                     r"finite", r"a lower --lr"])
         if re.search(r"reported the final checkpoint|checkpoint \S+ written",
                      text.split("resumed exactly")[-1]):
             failures.append("the diverged run reported a commit:\n" + text[-1500:])

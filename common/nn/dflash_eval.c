@@ -15,12 +15,12 @@ double dflash_tau_value(const dflash_tau *t) {
     return t->cycles ? (double)t->accepted / (double)t->cycles : 0.0;
 }
 
-void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int P, int S, int B,
+void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int b, int e, int B,
                      dflash_tau *acc) {
-    for (int p = P; p < S - 1;) {
-        const int32_t *d = pred + (size_t)(p - P) * (B - 1);
+    for (int p = b; p < e - 1;) {
+        const int32_t *d = pred + (size_t)(p - b) * (B - 1);
         int a = 0;
-        while (a < B - 1 && p + a + 1 < S && d[a] == ids[p + a + 1])
+        while (a < B - 1 && p + a + 1 < e && d[a] == ids[p + a + 1])
             a++;
         acc->cycles++;
         acc->accepted += a + 1;
@@ -29,25 +29,35 @@ void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int P, int S, int 
     }
 }
 
-static int resp_begin(const dflash_batch_view *b, const int32_t *resp_start, int s) {
-    int start = b->seq_off[s], S = b->seq_off[s + 1] - start;
-    if (resp_start) return resp_start[s];
-    for (int p = 0; p < S; p++)
-        if (b->loss_mask[start + p]) return p;
-    return S;
+int dflash_tau_walk_spans(const int32_t *pred, const int32_t *ids, const uint8_t *lm, int S, int B,
+                          dflash_tau *acc) {
+    int rows = 0;
+    for (int b = 0; b < S;) {
+        if (!lm[b]) {
+            b++;
+            continue;
+        }
+        int e = b + 1;
+        while (e < S && lm[e])
+            e++;
+        /* the span's candidate anchors are b..e-2, consecutive rows of pred */
+        dflash_tau_walk(pred + (size_t)rows * (B - 1), ids, b, e, B, acc);
+        rows += e - 1 - b;
+        b = e;
+    }
+    return rows;
 }
 
-int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, const int32_t *resp_start,
-                    dflash_tau *acc) {
+int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc) {
     int B = m->cfg.block_size;
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
-    /* anchors: sequence s, positions P..S-2; pred row k for the k-th anchor overall */
+    /* every candidate anchor of every sequence; pred row k for the k-th overall */
     int n = 0;
     for (int s = 0; s < b->n_seqs; s++) {
-        int S = b->seq_off[s + 1] - b->seq_off[s], P = resp_begin(b, resp_start, s);
-        if (P < 0) return DFLASH_EINVAL;
-        if (P < S - 1) n += S - 1 - P;
+        int start = b->seq_off[s], S = b->seq_off[s + 1] - start;
+        for (int p = 0; p < S; p++)
+            n += dflash_anchor_candidate(b->loss_mask + start, p, S);
     }
     if (n == 0) return 0;
     int32_t *pred = malloc((size_t)n * (B - 1) * sizeof(int32_t));
@@ -59,9 +69,9 @@ int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, const int32_t *
     }
     int k = 0;
     for (int s = 0; s < b->n_seqs; s++) {
-        int S = b->seq_off[s + 1] - b->seq_off[s], P = resp_begin(b, resp_start, s);
-        for (int p = P; p < S - 1; p++)
-            seq[k] = s, anc[k] = p, k++;
+        int start = b->seq_off[s], S = b->seq_off[s + 1] - start;
+        for (int p = 0; p < S; p++)
+            if (dflash_anchor_candidate(b->loss_mask + start, p, S)) seq[k] = s, anc[k] = p, k++;
     }
     for (int k0 = 0; k0 < n; k0 += m->max_blocks) {
         int nb = n - k0 < m->max_blocks ? n - k0 : m->max_blocks;
@@ -75,10 +85,9 @@ int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, const int32_t *
     }
     k = 0;
     for (int s = 0; s < b->n_seqs; s++) {
-        int start = b->seq_off[s], S = b->seq_off[s + 1] - start, P = resp_begin(b, resp_start, s);
-        if (P >= S - 1) continue;
-        dflash_tau_walk(pred + (size_t)k * (B - 1), b->ids + start, P, S, B, acc);
-        k += S - 1 - P;
+        int start = b->seq_off[s], S = b->seq_off[s + 1] - start;
+        k += dflash_tau_walk_spans(pred + (size_t)k * (B - 1), b->ids + start, b->loss_mask + start,
+                                   S, B, acc);
     }
 out:
     free(pred);

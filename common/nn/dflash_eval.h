@@ -1,16 +1,21 @@
 /* dflash_eval: offline acceptance length tau of a drafter (reference/dflash.md 4.2).
  *
- * Input: sequences whose response is the target's own greedy continuation, with the target's
- * captured features for every position (a slot's batch view, or the training capture).
- * For each sequence with response start P (first generated token) the greedy decode loop is
- * replayed without the target: p <- P; block [tok_p, MASK x (B-1)] at positions p..p+B-1 with
- * context rows 0..p-1; d_1..d_{B-1} = argmax of the target lm_head over the drafter's outputs;
- * a = leading run of d_i == tok_{p+i} (only positions inside the sequence can match); record
- * a + 1; p <- p + a + 1; stop when p has no token after it (p >= S - 1).
+ * Input: sequences whose responses (the maximal spans of loss_mask 1: one per assistant reply,
+ * its end-of-turn token included, scripts/chat_to_jsonl.py; one to the end in dflash-gen's
+ * data) are the target's own greedy continuation, with the target's captured features for every
+ * position (a slot's batch view, or the training capture).
+ * Each response span [b, e) is one greedy decode, replayed without the target: p <- b; block
+ * [tok_p, MASK x (B-1)] at positions p..p+B-1 with context rows 0..p-1 (the turns before
+ * included); d_1..d_{B-1} = argmax of the target lm_head over the drafter's outputs;
+ * a = leading run of d_i == tok_{p+i}, only positions inside the span can match (decoding ends
+ * at the span's end-of-turn token: nothing after it is accepted); record a + 1; p <- p + a + 1;
+ * stop when p has no token of its span after it (p >= e - 1). Prompts, user turns and any other
+ * loss_mask 0 position are never drafted.
  * tau = mean(a + 1) over all cycles, in [1, B].
  * The drafter's prediction at p depends only on features < p, tok_p and p, so all candidate
- * anchors P..S-2 are run in masked forwards of up to max_blocks blocks (the training mask), then
- * the trajectory is walked over the stored predictions. Exact for greedy decoding up to numerics.
+ * anchors (dflash_anchor_candidate: p and p + 1 in one span) are run in masked forwards of up
+ * to max_blocks blocks (the training mask), then the trajectories are walked over the stored
+ * predictions. Exact for greedy decoding up to numerics.
  *
  * Threads: the model's thread. Allocates host scratch per call (eval is not the hot loop).
  * Callers: `dflash-drafter eval`, the demo's before/after report, the tests.
@@ -32,14 +37,20 @@ typedef struct dflash_tau {
 /* mean(a + 1) so far; 0 when no cycle was walked. */
 double dflash_tau_value(const dflash_tau *t);
 
-/* Walks one trajectory: pred[(p - P) * (B - 1) + i - 1] is d_i of the block anchored at p,
- * for p in [P, S-2]; ids[0..S) the sequence. Adds its cycles to *acc. */
-void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int P, int S, int B, dflash_tau *acc);
+/* Walks one trajectory over the span [b, e) of a sequence: pred[(p - b) * (B - 1) + i - 1] is
+ * d_i of the block anchored at p, for p in [b, e-2]; ids the sequence (ids[b..e) read). Adds
+ * its cycles to *acc. */
+void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int b, int e, int B, dflash_tau *acc);
 
-/* Adds the trajectories of every sequence of the view to *acc (zero it first; sum many batches
- * into one). resp_start[s] is P of sequence s; NULL: its first position with loss_mask 1
- * (sequences without one are skipped). Returns 0 or a negative code. */
-int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, const int32_t *resp_start,
-                    dflash_tau *acc);
+/* Walks every response span of one sequence of S tokens (ids, loss mask lm): pred holds one
+ * row of B - 1 drafted tokens per candidate anchor (dflash_anchor_candidate) in position
+ * order. Adds the cycles to *acc; returns the number of rows read. */
+int dflash_tau_walk_spans(const int32_t *pred, const int32_t *ids, const uint8_t *lm, int S, int B,
+                          dflash_tau *acc);
+
+/* Adds the trajectories of every response span of every sequence of the view to *acc (zero it
+ * first; sum many batches into one). Sequences without a span of two tokens add no cycle.
+ * Returns 0 or a negative code. */
+int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc);
 
 #endif

@@ -136,7 +136,7 @@ int dflash_train_sample_anchors(dflash_model *m, const dflash_train_cfg *tc,
         int32_t *cand = m->h_cand;
         int nc = 0;
         for (int p = 0; p + 1 < S; p++)
-            if (lm[p] && lm[p + 1]) cand[nc++] = p;
+            if (dflash_anchor_candidate(lm, p, S)) cand[nc++] = p;
         int k = nc < tc->n_anchors ? nc : tc->n_anchors;
         if (nb + k > m->max_blocks) {
             LOG_ERROR("drafter batch: %d anchors exceed the planned %d blocks", nb + k,

@@ -59,6 +59,13 @@ typedef struct dflash_batch_view {
     size_t ld;                /* row stride in elements; must equal nF*D */
 } dflash_batch_view;
 
+/* Whether position p of a sequence of S tokens with loss mask lm is a candidate anchor: p and
+ * the token after it are both response tokens, so a block anchored at p drafts inside p's
+ * response span. The training samples its anchors among them; eval walks from them. */
+static inline bool dflash_anchor_candidate(const uint8_t *lm, int p, int S) {
+    return p + 1 < S && lm[p] && lm[p + 1];
+}
+
 typedef struct dflash_metrics {
     bool skipped;                     /* no weighted position in the batch: no update was made */
     double loss;                      /* sum w*CE / sum w */

@@ -313,7 +313,8 @@ static const cfg_option eval_options[] = {
     EOPTS("checkpoint", "", "drafter checkpoint directory, or a --checkpoint-dir (its newest)",
           checkpoint),
     EOPTS("model", "", "the target checkpoint directory", model),
-    EOPTS("data", "", "comma-separated held-out shards (the target's greedy continuations)", data),
+    EOPTS("data", "", "comma-separated held-out shards (the target's greedy continuations); "
+          "each reply, a run of loss_mask 1, is decoded on its own", data),
     EOPT("init-only", CFG_BOOL, "false", 1, 0, "evaluate the untrained drafter that training "
          "starts from (same --draft-layers, --block-size, --layers, --init-seed)", init_only),
     EOPT("threads", CFG_INT, "0", 0, 1024, "cpu threads (0 = all cores)", threads),

@@ -933,7 +933,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
                                .hidden = (const nn_buf *)hidden,
                                .ld = ld};
         long cycles0 = acc.cycles;
-        if ((rc = dflash_eval_tau(m, &v, NULL, &acc)) < 0) {
+        if ((rc = dflash_eval_tau(m, &v, &acc)) < 0) {
             snprintf(err, errlen, "tau of held-out sequence %llu: %s", (unsigned long long)i,
                      err_str(rc));
             goto out;
@@ -946,7 +946,7 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     if (acc.cycles == 0) { /* tau = mean(a + 1) over no cycle: undefined, not 0 */
         snprintf(err, errlen,
                  "no draft cycle in %llu held-out sequences of %s: none has a loss-masked "
-                 "(response) token with a token after it, so tau is undefined",
+                 "(response) token followed by another, so tau is undefined",
                  (unsigned long long)n, o->data);
         rc = DFLASH_EINVAL;
         goto out;

@@ -4,15 +4,17 @@
 The user's path: the target loaded with AutoModelForCausalLM, our drafter checkpoint with
 AutoModel.from_pretrained(trust_remote_code=True) (the checkpoint's dflash.py), one block drafted
 at a time as dflash.py's docstring shows. Over the held-out sequences (the target's own greedy
-continuations) it replays greedy speculative decoding: from the response start p, draft a block
-anchored at p with the context features of positions < p, accept the leading drafted tokens equal
-to the sequence's next tokens (a), go on at p + a + 1; tau = mean(a + 1). The same trajectory
-method as `dflash-drafter eval` (common/nn/dflash_eval.h), which this script runs on the same
-data and checkpoint; the two tau must agree within --tol (bf16 storage on our side, float32
+continuations) it replays greedy speculative decoding of each reply (a maximal span of
+loss_mask 1): from its start p, draft a block anchored at p with the context features of
+positions < p, accept the leading drafted tokens equal to the reply's next tokens (a; none past
+the reply's end), go on at p + a + 1; tau = mean(a + 1). The same trajectory method as
+`dflash-drafter eval` (common/nn/dflash_eval.h), which this script runs on the same data and
+checkpoint; the two tau must agree within --tol (bf16 storage on our side, float32
 here: a handful of near-tied argmax may differ).
 Then dflash.py's spec_generate (the target verifying each drafted block over its KV cache) on
 every held-out prompt must return exactly the target's own greedy decoding, and its
-mean accepted length must agree with the tau above within --tol.
+mean accepted length must agree with the tau above within --tol (the prompt: everything before
+the first reply, which runs to the end in the demo's dflash-gen data).
 
   hf_drafter_tau.py --build BUILD [--demo DIR] [--tol 0.05]
 BUILD: a build tree (its services/drafter/dflash-drafter runs the eval). DIR: a work directory
@@ -37,26 +39,43 @@ except ImportError:
     sys.exit(77)
 
 
-def walk(drafter, target, ids, P, dev):
-    """(cycles, accepted) of one sequence's greedy trajectory from response start P."""
+def replies(mask):
+    """The replies of a sequence: its maximal spans [b, e) of loss_mask 1 (one per assistant
+    reply with its end-of-turn token; one to the end in dflash-gen's data)."""
+    spans, b = [], None
+    for i, m in enumerate(mask + [0]):
+        if m and b is None:
+            b = i
+        elif not m and b is not None:
+            spans.append((b, i))
+            b = None
+    return spans
+
+
+def walk(drafter, target, ids, mask, dev):
+    """(cycles, accepted) of one sequence's greedy trajectories, one per reply [b, e): from
+    p = b, draft a block with the context features of positions < p (earlier turns included),
+    accept the leading drafted tokens equal to the reply's next tokens (none past e: decoding
+    ends at the reply's last token), go on at p + a + 1 while p < e - 1. The rule of
+    common/nn/dflash_eval.h."""
     B = drafter.block_size
-    S = len(ids)
     seq = torch.tensor(ids, device=dev)[None]
     with torch.no_grad():
         hs = target(seq, output_hidden_states=True).hidden_states
         feats = drafter.target_features(hs)
         embed = target.get_input_embeddings()
         cycles = accepted = 0
-        p = P
-        while p < S - 1:
-            block = embed(drafter.block_ids(seq[:, p]))
-            draft = target.lm_head(drafter(block, feats[:, :p])).argmax(-1)[0, 1:].tolist()
-            a = 0
-            while a < B - 1 and p + a + 1 < S and draft[a] == ids[p + a + 1]:
-                a += 1
-            cycles += 1
-            accepted += a + 1
-            p += a + 1
+        for b, e in replies(mask):
+            p = b
+            while p < e - 1:
+                block = embed(drafter.block_ids(seq[:, p]))
+                draft = target.lm_head(drafter(block, feats[:, :p])).argmax(-1)[0, 1:].tolist()
+                a = 0
+                while a < B - 1 and p + a + 1 < e and draft[a] == ids[p + a + 1]:
+                    a += 1
+                cycles += 1
+                accepted += a + 1
+                p += a + 1
     return cycles, accepted
 
 
@@ -93,13 +112,10 @@ def main():
     with open(os.path.join(a.demo, "eval.jsonl")) as f:
         for line in f:
             row = json.loads(line)
-            ids, mask = row["input_ids"], row["loss_mask"]
-            if 1 not in mask:
-                continue
-            c, acc = walk(drafter, target, ids, mask.index(1), dev)
+            c, acc = walk(drafter, target, row["input_ids"], row["loss_mask"], dev)
             cycles += c
             accepted += acc
-            seqs += 1
+            seqs += c > 0
     tau = accepted / max(cycles, 1)
     ok = abs(tau - ours["tau"]) <= a.tol and cycles > 0
     print("hf_drafter_tau: %s through transformers (AutoModel + the target's AutoModelForCausalLM"

@@ -6,6 +6,9 @@
  *   - anchor sampling: candidate rule, count, order, determinism by (seed, epoch, batch)
  *   - loss weights: decay, the anchor offset and positions past the sequence end never trained
  *   - AdamW steps reduce the loss on a fixed batch
+ *   - eval's tau: the trajectory walked reply by reply (each maximal span of loss mask 1 decoded
+ *     on its own, nothing accepted past its end, the turns between never drafted), batched
+ *     forwards giving what one block at a time gives
  *   - the optimizer on a side stream that lags as far as ops.h allows gives the same steps
  *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2);
  *     a save that cannot write names the system's reason
@@ -1295,6 +1298,36 @@ static void test_resume_checks_weights(world *w) {
 }
 
 
+/* tau by the real decode loop: one block at each trajectory point, nothing batched; each reply
+ * (a maximal span of loss mask 1: sequence 1 has two, 1..3 and 5..6, around its hole) is
+ * decoded on its own and ends at its last token */
+static dflash_tau decode_tau(dflash_model *s, world *w) {
+    dflash_tau t = {0};
+    int B = w->cfg.block_size;
+    for (int q = 0; q < 2; q++) {
+        int st = w->seq_off[q], S = w->seq_off[q + 1] - st;
+        const uint8_t *lm = w->loss_mask + st;
+        for (int b = 0, e; b < S; b = e) {
+            for (e = b + 1; lm[b] && e < S && lm[e];)
+                e++;
+            for (int p = b; lm[b] && p < e - 1;) {
+                int32_t bs = q, ba = p;
+                dflash_train_build(s, &w->tc, &w->view, 1, &bs, &ba, NULL);
+                dflash_model_forward(s, w->view.hidden);
+                dflash_model_predict(s);
+                int a = 0;
+                while (a < B - 1 && p + a + 1 < e &&
+                       s->out_argmax[a + 1] == w->ids[st + p + a + 1])
+                    a++;
+                t.cycles++;
+                t.accepted += a + 1;
+                p += a + 1;
+            }
+        }
+    }
+    return t;
+}
+
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
 static void test_eval(world *w) {
     int32_t ids[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -1317,47 +1350,48 @@ static void test_eval(world *w) {
     dflash_tau_walk(pred + 6 * 3, ids, 8, 10, 4, &t);
     CHECK_EQ_INT(t.cycles, 1);
     CHECK_EQ_INT(t.accepted, 2);
+    /* two replies, [2, 6) and [9, 12), around a turn of loss mask 0 that is never drafted;
+     * rows for the candidate anchors 2 3 4 | 9 10. p=2 predicts 3 9 9 (a=1); p=4 predicts 5 6 7,
+     * the sequence's next tokens, but 6 and 7 lie past the reply's end (a=1); p=9 predicts
+     * 10 11 12 (a=2, the sequence ends) */
+    int32_t ids2[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    uint8_t lm2[12] = {0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1};
+    int32_t pred2[5 * 3] = {3, 9, 9, 0, 0, 0, 5, 6, 7, 10, 11, 12, 0, 0, 0};
+    memset(&t, 0, sizeof t);
+    CHECK_EQ_INT(dflash_tau_walk_spans(pred2, ids2, lm2, 12, 4, &t), 5);
+    CHECK_EQ_INT(t.cycles, 3);
+    CHECK_EQ_INT(t.accepted, 2 + 2 + 3);
+    CHECK_EQ_INT(t.hist[2], 2);
+    CHECK_EQ_INT(t.hist[3], 1);
 
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 32, 3);
     dflash_model *s = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 3, 3);
     CHECK(m != NULL && s != NULL);
     if (!m || !s) return;
     dflash_tau before = {0}, after = {0}, small = {0}, naive = {0};
-    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, NULL, &before), 0);
+    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, &before), 0);
+    naive = decode_tau(s, w); /* the same initial weights (seed 3) */
+    printf("untrained: tau walked reply by reply: %ld cycles, %ld accepted; eval: %ld, %ld\n",
+           naive.cycles, naive.accepted, before.cycles, before.accepted);
+    CHECK(naive.cycles == before.cycles && naive.accepted == before.accepted);
     dflash_train_cfg tc = w->tc;
     tc.lr = 1e-2;
     tc.n_anchors = 8;
     dflash_metrics met;
     for (int i = 0; i < 60; i++)
         dflash_train_step(m, &tc, &w->view, 0, (uint64_t)i, &met);
-    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, NULL, &after), 0);
+    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, &after), 0);
     printf("tau before %.3f (%ld cycles), after %.3f (%ld cycles)\n", dflash_tau_value(&before),
            before.cycles, dflash_tau_value(&after), after.cycles);
     CHECK(dflash_tau_value(&after) > dflash_tau_value(&before) + 0.5);
     /* chunked by 3 blocks: the same */
     memcpy(s->master, m->master, m->n_params * sizeof(float));
     dflash_model_sync_params(s);
-    CHECK_EQ_INT(dflash_eval_tau(s, &w->view, NULL, &small), 0);
+    CHECK_EQ_INT(dflash_eval_tau(s, &w->view, &small), 0);
     CHECK(small.cycles == after.cycles && small.accepted == after.accepted);
-    /* the real decode loop: one block at each trajectory point, nothing batched */
-    int B = w->cfg.block_size;
-    for (int q = 0; q < 2; q++) {
-        int st = w->seq_off[q], S = w->seq_off[q + 1] - st, P = 0;
-        while (!w->loss_mask[st + P])
-            P++;
-        for (int p = P; p < S - 1;) {
-            int32_t bs = q, ba = p;
-            dflash_train_build(s, &tc, &w->view, 1, &bs, &ba, NULL);
-            dflash_model_forward(s, w->view.hidden);
-            dflash_model_predict(s);
-            int a = 0;
-            while (a < B - 1 && p + a + 1 < S && s->out_argmax[a + 1] == w->ids[st + p + a + 1])
-                a++;
-            naive.cycles++;
-            naive.accepted += a + 1;
-            p += a + 1;
-        }
-    }
+    naive = decode_tau(s, w);
+    printf("tau walked reply by reply: %ld cycles, %ld accepted; eval: %ld, %ld\n",
+           naive.cycles, naive.accepted, after.cycles, after.accepted);
     CHECK(naive.cycles == after.cycles && naive.accepted == after.accepted);
     dflash_model_destroy(&m);
     dflash_model_destroy(&s);

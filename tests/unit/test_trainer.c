@@ -2,7 +2,7 @@
  * target written by dflash-mkmodel (../tools/dflash-mkmodel from the ctest working directory, or
  * $DFLASH_MKMODEL_BIN), without a broker:
  *   - `eval` on held-out sets where no draft cycle can be walked (every loss mask 0, sequences
- *     too short, no sequence) is an error naming the cause, never a tau of 0 (tau lies in
+ *     too short, no sequence, replies of one token) is an error naming the cause, never a tau of 0 (tau lies in
  *     [1, block]); sequences without a cycle are counted as skipped, not as evaluated; and
  *     `dflash-drafter eval` (../services/drafter/dflash-drafter) refuses --checkpoint together
  *     with --init-only (exit 2) instead of evaluating the untrained drafter; a long `eval`
@@ -211,14 +211,21 @@ static void test_eval_without_cycles(void) {
     const uint32_t tl[2] = {1, 2};
     write_shard("tiny.shard", 2, mi, tm, tl);
     write_shard("empty.shard", 0, NULL, NULL, NULL);
+    /* response tokens, but never two in a row: every reply ends where it starts, nothing is
+     * drafted (the loss mask 0 tokens after them are not replies) */
+    uint8_t alt[L];
+    for (int t = 0; t < L; t++)
+        alt[t] = t % 2 == 0;
+    const uint8_t *am[1] = {alt};
+    write_shard("alternating.shard", 1, mi, am, ml);
     /* one evaluable sequence beside a masked one */
     const uint8_t *xm[2] = {resp, none};
     write_shard("mixed.shard", 2, mi, xm, ml);
 
     trainer_eval_result r;
     char err[512];
-    const char *bad[3] = {"masked.shard", "tiny.shard", "empty.shard"};
-    for (int i = 0; i < 3; i++) {
+    const char *bad[4] = {"masked.shard", "tiny.shard", "empty.shard", "alternating.shard"};
+    for (int i = 0; i < 4; i++) {
         int rc = eval(bad[i], &r, err, sizeof err);
         printf("eval on %s: %s, tau %.4f over %ld cycles: %s\n", bad[i], err_str(rc), r.tau,
                r.cycles, err);

@@ -111,6 +111,13 @@ int dflash_config_check_target(const dflash_config *c, const model_config *t, co
     if (c->mask_token_id < 0 || c->mask_token_id >= t->vocab_size)
         BAD("drafter mask_token_id %d is outside target vocab_size %d", c->mask_token_id,
             t->vocab_size);
+    /* not the tensors' shapes, but the drafter's function: dflash_config_default's copies */
+    if (c->rope_theta != t->rope_theta)
+        BAD("drafter rope_theta %g does not match target rope_theta %g (a drafter takes it from "
+            "the target it is trained on)", c->rope_theta, t->rope_theta);
+    if (c->rms_norm_eps != t->rms_norm_eps)
+        BAD("drafter rms_norm_eps %g does not match target rms_norm_eps %g (a drafter takes it "
+            "from the target it is trained on)", c->rms_norm_eps, t->rms_norm_eps);
     return 0;
 #undef BAD
 }

@@ -84,7 +84,8 @@ int dflash_default_layer_ids(int L, int n, int *ids);
 int dflash_config_validate(const dflash_config *c, char *msg, size_t msglen);
 /* Checks that a drafter fits a target whose captured layers are ids[0..n_ids): hidden size,
  * vocabulary, layer ids (count and values), ids below the target depth, mask token inside the
- * vocabulary. Returns 0 or DFLASH_EMISMATCH with a message naming both values, e.g.
+ * vocabulary, and the rope_theta and rms_norm_eps a drafter takes from the target it is trained
+ * on (a checkpoint trained on another target of the same shapes differs there). Returns 0 or DFLASH_EMISMATCH with a message naming both values, e.g.
  * "drafter hidden_size 64 does not match target hidden_size 128". */
 int dflash_config_check_target(const dflash_config *c, const model_config *t, const int *ids,
                                int n_ids, char *msg, size_t msglen);

@@ -417,6 +417,8 @@ static void test_mismatch(world *w) {
     t.hidden_size = D;
     t.vocab_size = V;
     t.num_layers = 6;
+    t.rope_theta = w->cfg.rope_theta;
+    t.rms_norm_eps = w->cfg.rms_norm_eps;
     char msg[256];
     int ids[2] = {1, 3};
     CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg), 0);
@@ -434,6 +436,20 @@ static void test_mismatch(world *w) {
     CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg),
                  DFLASH_EMISMATCH);
     CHECK(strstr(msg, "11") && strstr(msg, "50") && strstr(msg, "vocab"));
+    t.vocab_size = V;
+    /* another target of the same shapes: what the drafter took from its own target differs */
+    t.rope_theta = 500000;
+    CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg),
+                 DFLASH_EMISMATCH);
+    printf("another target's rope_theta: %s\n", msg);
+    CHECK(strstr(msg, "rope_theta 10000 ") && strstr(msg, "rope_theta 500000"));
+    t.rope_theta = w->cfg.rope_theta;
+    t.rms_norm_eps = 1e-5;
+    CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg),
+                 DFLASH_EMISMATCH);
+    CHECK(strstr(msg, "rms_norm_eps 1e-06 ") && strstr(msg, "rms_norm_eps 1e-05"));
+    t.rms_norm_eps = w->cfg.rms_norm_eps;
+    CHECK_EQ_INT(dflash_config_check_target(&w->cfg, &t, ids, 2, msg, sizeof msg), 0);
     int L = 36, z[5];
     dflash_default_layer_ids(L, 5, z);
     CHECK(z[0] == 1 && z[1] == 9 && z[2] == 17 && z[3] == 25 && z[4] == 33);

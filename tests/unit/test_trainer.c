@@ -22,7 +22,9 @@
  *     one without its training state as not a whole checkpoint; a damaged model.safetensors is
  *     written again from the masters, byte for byte, and the run resumes; `eval` of a
  *     checkpoint made for another target (a captured layer this one lacks) exits 2 (mismatch),
- *     not 1 (the target's load failing);
+ *     not 1 (the target's load failing); so does `eval` of a checkpoint trained on a target of
+ *     the same shapes but another rope_theta (a Llama one for the Qwen3's), which the warm
+ *     start refuses too;
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said;
  *   - a step whose loss is NaN (a NaN hidden state) stops the run: consume(), settled() and
@@ -651,6 +653,63 @@ static void test_metrics_when_idle(void) {
     worker_consumer_destroy(&c);
 }
 
+/* A checkpoint of another target of the same shapes (a Llama target, rope_theta 500000, for a
+ * drafter trained on the Qwen3 one, 1e6): eval refuses it (exit 2, mismatch) as the warm start
+ * and the resume do, naming rope_theta; it printed a tau. */
+static void test_other_target(const char *mkmodel) {
+    char err[1024], root[400], step[500], llama[400], cmd[1200], path[500];
+    snprintf(root, sizeof root, "%s/ckpt-other-target", dir);
+    worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (!c) return;
+    slot_layout l = slots();
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 1};
+    void *base = staged_slot(&l, &wu, 20);
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t s = 0;
+    CHECK(base && c->consume(c->ctx, &b, &s) == 0);
+    CHECK_EQ_INT(c->finish(c->ctx), 0); /* the final checkpoint, step 1 */
+    free(base);
+    worker_consumer_destroy(&c);
+    snprintf(step, sizeof step, "%s/step-000000001", root);
+
+    snprintf(llama, sizeof llama, "%s/llama", dir);
+    snprintf(cmd, sizeof cmd, "%s --family llama --layers 6 --seed 1 --threads 1 --out %s "
+             "--log-level warn", mkmodel, llama);
+    int st = system(cmd);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    snprintf(cmd, sizeof cmd, "--checkpoint %s --model %s --data %s/mixed.shard --threads 1",
+             step, target, dir);
+    CHECK_EQ_INT(run_eval(cmd), 0); /* its own target */
+    snprintf(cmd, sizeof cmd, "--checkpoint %s --model %s --data %s/mixed.shard --threads 1",
+             step, llama, dir);
+    CHECK_EQ_INT(run_eval(cmd), 2);
+    snprintf(path, sizeof path, "%s/eval.out", dir);
+    char *said = test_slurp(path, NULL);
+    printf("eval on another target of the same shapes: %s", said ? said : "(nothing)\n");
+    CHECK(said && strstr(said, "rope_theta 1e+06 does not match target rope_theta 500000"));
+    free(said);
+
+    /* the warm start from it on the Llama target: refused by the checkpoint's config check */
+    trainer_opts o = {.model_dir = llama,
+                      .backend = POOL_HOST,
+                      .threads = 1,
+                      .layout = &l,
+                      .draft_layers = 1,
+                      .block_size = 4,
+                      .mask_token_id = -1,
+                      .init_seed = 1,
+                      .init_weights = step};
+    dflash_train_cfg_default(&o.train);
+    o.train.n_anchors = 8;
+    err[0] = 0;
+    c = trainer_new(&o, err, sizeof err);
+    printf("warm start on another target of the same shapes: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, "rope_theta 500000 (the target's) does not match checkpoint rope_theta"));
+    worker_consumer_destroy(&c);
+}
+
 int main(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     char bin[512];
@@ -683,6 +742,7 @@ int main(void) {
     test_metrics_when_idle();
     test_divergence_stops();
     test_nothing_trained();
+    test_other_target(bin);
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -387,15 +387,6 @@ int config_parse_int_list(const char *s, int *out, int max, char *err, size_t er
     return n;
 }
 
-int config_parse_flag_int_list(const char *program, const char *flag, const char *s, int *out,
-                               int max)
-{
-    char why[128];
-    int n = config_parse_int_list(s, out, max, why, sizeof why);
-    if (n < 0) fprintf(stderr, "%s: bad --%s '%s': %s\n", program, flag, s, why);
-    return n;
-}
-
 void config_dump(const cfg_table *t, const void *cfg, FILE *out)
 {
     for (size_t i = 0; i < t->n_options; i++) {

@@ -84,10 +84,6 @@ bool config_given(const cfg_table *t, const char *name);
  * out[0..max). Returns the count or DFLASH_EINVAL with the reason in err (may be NULL): not a
  * number, negative, too many. */
 int config_parse_int_list(const char *s, int *out, int max, char *err, size_t errlen);
-/* config_parse_int_list of flag --FLAG's value s for program: on a refusal it prints
- * "PROGRAM: bad --FLAG 'S': reason" to stderr and returns the negative code. */
-int config_parse_flag_int_list(const char *program, const char *flag, const char *s, int *out,
-                               int max);
 
 /* `key value` lines of the effective config, loadable again as a config file. */
 void config_dump(const cfg_table *t, const void *cfg, FILE *out);

@@ -24,6 +24,7 @@
  */
 #include "target_model.h"
 
+#include "config.h"
 #include "err.h"
 #include "finite.h"
 #include "hf_config.h"
@@ -192,24 +193,48 @@ static int check_config(const model_config *c) {
     return 0;
 }
 
-int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errlen) {
-    if (n < 1 || n > TARGET_MAX_CAPTURE) {
-        err_fmt(err, errlen, "%d captured layers given, need 1..%d", n, TARGET_MAX_CAPTURE);
-        return DFLASH_ECONFIG;
-    }
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= L) {
-            err_fmt(err, errlen, "captured layer id %d outside [0, %d) (ids are 0-based decoder "
-                    "layer outputs of this %d-layer target)", ids[i], L, L);
-            return DFLASH_ECONFIG;
-        }
+int target_layer_ids_check_order(const int *ids, int n, char *err, size_t errlen) {
+    for (int i = 1; i < n; i++) {
         for (int j = 0; j < i; j++)
             if (ids[j] == ids[i]) {
                 err_fmt(err, errlen, "captured layer id %d given twice", ids[i]);
                 return DFLASH_ECONFIG;
             }
+        if (ids[i] < ids[i - 1]) {
+            err_fmt(err, errlen, "captured layer ids not in ascending order (%d after %d): give "
+                    "them in ascending order, the order SGLang and vLLM capture them in as the "
+                    "target's layers run", ids[i], ids[i - 1]);
+            return DFLASH_ECONFIG;
+        }
     }
     return 0;
+}
+
+int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errlen) {
+    if (n < 1 || n > TARGET_MAX_CAPTURE) {
+        err_fmt(err, errlen, "%d captured layers given, need 1..%d", n, TARGET_MAX_CAPTURE);
+        return DFLASH_ECONFIG;
+    }
+    int rc = target_layer_ids_check_order(ids, n, err, errlen);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= L) {
+            err_fmt(err, errlen, "captured layer id %d outside [0, %d) (ids are 0-based decoder "
+                    "layer outputs of this %d-layer target)", ids[i], L, L);
+            return DFLASH_ECONFIG;
+        }
+    return 0;
+}
+
+int target_capture_layers_parse(const char *program, const char *s, int *ids, int max) {
+    char why[256];
+    int n = config_parse_int_list(s, ids, max, why, sizeof why);
+    if (n >= 0) {
+        int rc = target_layer_ids_check_order(ids, n, why, sizeof why);
+        if (rc) n = rc;
+    }
+    if (n < 0) fprintf(stderr, "%s: bad --capture-layers '%s': %s\n", program, s, why);
+    return n;
 }
 
 static int pick_layers(target_model *m, const target_model_opts *o) {

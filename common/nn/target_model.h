@@ -68,11 +68,26 @@ typedef int (*target_tensor_fn)(void *user, const char *name, const int64_t *sha
  * and inside [0, L) (very shallow targets: give the ids explicitly). */
 int target_default_layer_ids(int L, int n, int *ids);
 
+/* Checks what captured ids given by hand need whatever the target: ascending, none twice. The
+ * features are the captured layers' outputs in list order, and SGLang and vLLM capture them as
+ * the target's layers run, i.e. in layer order: a drafter trained on another order would be
+ * served with its features permuted. Returns 0, or DFLASH_ECONFIG with the reason in err (may
+ * be NULL). */
+int target_layer_ids_check_order(const int *ids, int n, char *err, size_t errlen);
+
 /* Checks captured ids given by hand against an L-layer target: 1..TARGET_MAX_CAPTURE of them,
- * each in [0, L), none twice. Returns 0, or DFLASH_ECONFIG with the reason in err (may be
- * NULL). The daemons call it on the target's config.json before the load (a bad list is bad
- * configuration, found before minutes of loading); target_model_load applies it too. */
+ * target_layer_ids_check_order, each in [0, L). Returns 0, or DFLASH_ECONFIG with the reason in
+ * err (may be NULL). dflash-target calls it on the target's config.json before the load (a bad
+ * list is bad configuration, found before minutes of loading); target_model_load applies it
+ * too. */
 int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errlen);
+
+/* The --capture-layers value s of program (dflash-target, dflash-drafter, its eval): the ids,
+ * comma-separated ("" gives none: DFlash's rule applies), into ids[0..max), checked with
+ * target_layer_ids_check_order. Every program taking the flag calls it with its other options,
+ * before any model is read. Returns the count, or a negative code after printing
+ * "PROGRAM: bad --capture-layers 'S': reason" to stderr (the caller exits 2). */
+int target_capture_layers_parse(const char *program, const char *s, int *ids, int max);
 
 /* Builds a model for cfg on the backend, reading every parameter through fetch(user, ...).
  * Returns NULL after logging why (bad opts, shape mismatch, a weight that is NaN or infinite,

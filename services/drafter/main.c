@@ -28,6 +28,7 @@
 #include "log.h"
 #include "signals.h"
 #include "model_producer.h"
+#include "target_model.h"
 #include "trainer.h"
 #include "worker_loop.h"
 
@@ -111,8 +112,8 @@ static const cfg_option drafter_options[] = {
     OPTS("model", "", "target checkpoint directory (the one dflash-target runs)", model),
     OPTS("shards", "", "verify-model: the target's --shards", shards),
     OPT("seed", CFG_INT, "0", 0, 9e15, "verify-model: the target's batch plan --seed", seed),
-    OPTS("capture-layers", "", "target layer ids the target captures (as dflash-target; "
-         "default: DFlash's rule for --layers features)", capture),
+    OPTS("capture-layers", "", "target layer ids the target captures, ascending (as "
+         "dflash-target; default: DFlash's rule for --layers features)", capture),
     OPT("threads", CFG_INT, "0", 0, 1024, "cpu backend threads (0 = all cores)", threads),
     OPT("draft-layers", CFG_INT, "1", 1, 64, "train: drafter decoder layers", draft_layers),
     OPT("block-size", CFG_INT, "16", 2, 64, "train: block size (1 anchor + predicted tokens)",
@@ -326,7 +327,8 @@ static const cfg_option eval_options[] = {
     EOPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "init-only: MASK row (-1 = vocab - 1)",
          mask_token_id),
     EOPT("layers", CFG_INT, "3", 1, 64, "init-only: captured target layers", layers),
-    EOPTS("capture-layers", "", "init-only: target layer ids (default: DFlash's rule)", capture),
+    EOPTS("capture-layers", "", "init-only: target layer ids, ascending (default: DFlash's rule)",
+          capture),
     EOPT("init-seed", CFG_INT, "1", 0, 9e15, "init-only: seed of the fresh weights", init_seed),
     EOPT("json", CFG_BOOL, "false", 1, 0, "print one JSON object instead of a sentence", json),
     EOPTS("log-level", "warn", "debug, info, warn or error", log_level),
@@ -391,8 +393,7 @@ static int eval_main(int argc, char **argv)
         return 2;
     }
     int ids[64];
-    int n_ids = config_parse_flag_int_list("dflash-drafter eval", "capture-layers", ec.capture,
-                                           ids, 64);
+    int n_ids = target_capture_layers_parse("dflash-drafter eval", ec.capture, ids, 64);
     if (n_ids < 0) return 2;
     trainer_eval_opts eo = {.checkpoint = ec.init_only ? NULL : ec.checkpoint,
                             .model_dir = ec.model, .data = ec.data, .threads = (int)ec.threads,
@@ -503,8 +504,7 @@ int main(int argc, char **argv)
     }
 
     int ids[64];
-    int n_ids = config_parse_flag_int_list("dflash-drafter", "capture-layers", cfg.capture, ids,
-                                           64);
+    int n_ids = target_capture_layers_parse("dflash-drafter", cfg.capture, ids, 64);
     if (n_ids < 0) return 2;
     if (cfg.model[0] && !cfg.verify && !cfg.verify_model) cfg.train = true;
     if (cfg.verify + cfg.train + cfg.verify_model != 1) {

@@ -72,8 +72,8 @@ static const cfg_option target_options[] = {
          "test data", model),
     OPTS("shards", "", "model: comma-separated token shard files (dflash-data)", shards),
     OPT("seed", CFG_INT, "0", 0, 9e15, "model: batch plan seed", seed),
-    OPTS("capture-layers", "", "model: target layer ids to capture, e.g. 1,9,17,25,33 (default: "
-         "DFlash's rule for --layers features)", capture),
+    OPTS("capture-layers", "", "model: target layer ids to capture, ascending, e.g. 1,9,17,25,33 "
+         "(default: DFlash's rule for --layers features)", capture),
     OPT("threads", CFG_INT, "0", 0, 1024, "model on the host backend: cpu threads (0 = all)",
         threads),
     OPTS("backend", "auto", "slot pool backend: host (POSIX shm, f32), cuda (IPC, bf16) or "
@@ -238,7 +238,7 @@ int main(int argc, char **argv)
     const nn_ops *ops = NULL;
     nn_ctx *nn = NULL;
     int ids[64]; /* checked whatever the model: the synthetic one must not take "abc" either */
-    int n_ids = config_parse_flag_int_list("dflash-target", "capture-layers", cfg.capture, ids, 64);
+    int n_ids = target_capture_layers_parse("dflash-target", cfg.capture, ids, 64);
     if (n_ids < 0) return 2;
     if (strcmp(cfg.model, "synthetic") == 0) {
         prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size, cfg.rate);

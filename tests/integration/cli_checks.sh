@@ -68,6 +68,24 @@ expect target_layers 2 "--layers 5 disagrees" "$T" "${COMMON[@]}" "${MODEL[@]}" 
 # the synthetic target never parsed --capture-layers
 expect target_capture_synthetic 2 "bad --capture-layers 'abc'" "$T" "${COMMON[@]}" \
     --capture-layers abc
+# captured layers not in ascending order trained, and the checkpoint recorded them in that
+# column order, which SGLang and vLLM (capturing as the layers run) would serve permuted; a
+# repeated id was caught only by the target's load (eval: exit 1, "cannot load the target").
+# Every program refuses both with its options, exit 2.
+expect target_capture_order 2 "bad --capture-layers '3,1': .*ascending order" "$T" \
+    "${COMMON[@]}" "${MODEL[@]}" --capture-layers 3,1
+expect drafter_capture_order 2 "bad --capture-layers '2,1': .*ascending order" "$D" \
+    "${COMMON[@]}" --model "$WORK/target" --buckets 64 --token-budget 64 --max-seqs 2 \
+    --layers 2 --capture-layers 2,1
+expect drafter_capture_twice 2 "bad --capture-layers '1,1': captured layer id 1 given twice" \
+    "$D" "${COMMON[@]}" --model "$WORK/target" --buckets 64 --token-budget 64 --max-seqs 2 \
+    --layers 2 --capture-layers 1,1
+expect eval_capture_twice 2 "bad --capture-layers '1,1': captured layer id 1 given twice" \
+    "$D" eval --init-only --model "$WORK/target" --data "$WORK/data.shard" --layers 2 \
+    --capture-layers 1,1 --threads 1
+expect eval_capture_order 2 "bad --capture-layers '2,1': .*ascending order" "$D" eval \
+    --init-only --model "$WORK/target" --data "$WORK/data.shard" --layers 2 \
+    --capture-layers 2,1 --threads 1
 # the drafter took an explicit --hidden 256 (the default's value) for "not given"
 expect drafter_hidden_256 2 "--hidden 256 does not match" "$D" "${COMMON[@]}" \
     --model "$WORK/target" --hidden 256 --buckets 64 --token-budget 64 --max-seqs 2

@@ -2,7 +2,8 @@
  *
  * What a user would notice if it broke:
  *   - default captured layers differ from DFlash's (Qwen3-8B must give [1, 9, 17, 25, 33]; Python
- *     rounds halves to even);
+ *     rounds halves to even); ids given by hand out of layer order (the order SGLang and vLLM
+ *     capture in) or twice are accepted;
  *   - packing leaks between sequences (a sequence's hidden states change with its neighbours);
  *   - captured columns land in the wrong place of a slot row, or the padding of a wider row is
  *     overwritten;
@@ -116,6 +117,31 @@ static void test_default_ids(void) {
     CHECK_EQ_INT(target_default_layer_ids(36, 0, ids), DFLASH_EINVAL);
 }
 
+/* Ids given by hand: ascending and distinct whatever the target (SGLang and vLLM capture the
+ * layers as they run), then inside it; DFlash's rule always gives such ids. */
+static void test_given_ids(void) {
+    char why[256];
+    int up[3] = {1, 3, 5}, down[3] = {5, 3, 1}, twice[2] = {1, 1}, deep[2] = {1, 6}, ids[8];
+    CHECK_EQ_INT(target_layer_ids_check_order(up, 3, why, sizeof why), 0);
+    CHECK_EQ_INT(target_layer_ids_check(up, 3, 6, why, sizeof why), 0);
+    CHECK_EQ_INT(target_layer_ids_check_order(down, 3, why, sizeof why), DFLASH_ECONFIG);
+    printf("ids 5,3,1: %s\n", why);
+    CHECK(strstr(why, "give them in ascending order") != NULL);
+    CHECK_EQ_INT(target_layer_ids_check(down, 3, 6, why, sizeof why), DFLASH_ECONFIG);
+    CHECK_EQ_INT(target_layer_ids_check_order(twice, 2, why, sizeof why), DFLASH_ECONFIG);
+    CHECK(strstr(why, "id 1 given twice") != NULL);
+    CHECK_EQ_INT(target_layer_ids_check(deep, 2, 6, why, sizeof why), DFLASH_ECONFIG);
+    CHECK(strstr(why, "id 6 outside [0, 6)") != NULL);
+    CHECK_EQ_INT(target_capture_layers_parse("test", "1,3,5", ids, 8), 3);
+    CHECK_EQ_INT(target_capture_layers_parse("test", "", ids, 8), 0);
+    CHECK(target_capture_layers_parse("test", "5,3,1", ids, 8) < 0);
+    CHECK(target_capture_layers_parse("test", "1,x", ids, 8) < 0);
+    for (int L = 4; L <= 80; L++)
+        for (int n = 1; n <= 8; n++)
+            if (target_default_layer_ids(L, n, ids) == 0)
+                CHECK_EQ_INT(target_layer_ids_check(ids, n, L, NULL, 0), 0);
+}
+
 static double max_rel(const float *a, const float *b, size_t n) {
     double d = 0, r = 0;
     for (size_t i = 0; i < n; i++) {
@@ -136,10 +162,15 @@ static void test_capture(const nn_ops *ops, nn_ctx *ctx) {
         for (int t = off[s]; t < off[s + 1]; t++)
             pos[t] = t - off[s];
 
-    /* capture [2, 0] of 4 layers into rows of 2*D + PAD: only layers 0..2 are ever loaded */
+    /* capture [0, 2] of 4 layers into rows of 2*D + PAD: only layers 0..2 are ever loaded;
+     * [2, 0], out of layer order, is refused */
     fetch_log fl = {0, -1, false};
     int cap[2] = {2, 0};
     target_model_opts o = {.layer_ids = cap, .n_layer_ids = 2, .max_tokens = 32};
+    log_set_level(LOG_FATAL);
+    CHECK(target_model_new(&c, &o, ops, ctx, fetch_random, &fl) == NULL);
+    log_set_level(LOG_WARN);
+    cap[0] = 0, cap[1] = 2;
     target_model *m = target_model_new(&c, &o, ops, ctx, fetch_random, &fl);
     CHECK(m != NULL);
     if (!m) return;
@@ -156,7 +187,7 @@ static void test_capture(const nn_ops *ops, nn_ctx *ctx) {
     CHECK(pad_ok);
 
     /* same model, capturing [0] and [2] separately with contiguous rows: the columns of the
-     * strided run are exactly these, in list order */
+     * strided run are exactly these, in list (layer) order */
     int only0 = 0, only2 = 2;
     fetch_log fl0 = {0, -1, false};
     target_model_opts o0 = {
@@ -174,8 +205,8 @@ static void test_capture(const nn_ops *ops, nn_ctx *ctx) {
     CHECK_EQ_INT(target_forward_host(m2, ids, pos, off, S, T, h2, D), 0);
     bool cols_ok = true;
     for (int t = 0; t < T; t++) {
-        cols_ok &= memcmp(out + t * ld, h2 + t * D, sizeof(float) * D) == 0;
-        cols_ok &= memcmp(out + t * ld + D, h0 + t * D, sizeof(float) * D) == 0;
+        cols_ok &= memcmp(out + t * ld, h0 + t * D, sizeof(float) * D) == 0;
+        cols_ok &= memcmp(out + t * ld + D, h2 + t * D, sizeof(float) * D) == 0;
     }
     CHECK(cols_ok);
     /* layer 2 differs from layer 0 (the test would be blind otherwise) */
@@ -505,7 +536,7 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     CHECK_EQ_INT(write_shard(bad_path, lens, N, c.vocab_size, true), 0);
 
     const uint32_t bounds[2] = {8, 24};
-    int cap[2] = {2, 0};
+    int cap[2] = {0, 2};
     model_producer_opts po = {.model_dir = dir,
                               .shards = shard_path,
                               .bucket_bounds = bounds,
@@ -637,10 +668,10 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
         int T = model_producer_fill(p, slot, &l, &wu, 1, NULL);
         char verr[256] = "";
         float *hid = slot_hidden(slot, &l);
-        hid[(size_t)(T - 1) * 2 * D + D + 3] *= 1.01f; /* last token, second column (layer 0) */
+        hid[(size_t)(T - 1) * 2 * D + D + 3] *= 1.01f; /* last token, second column (layer 2) */
         CHECK_EQ_INT(model_producer_verify(p, slot, &l, 1e-4, NULL, verr, sizeof verr),
                      DFLASH_ECORRUPT);
-        CHECK(strstr(verr, "layer 0") != NULL);
+        CHECK(strstr(verr, "layer 2") != NULL);
         model_producer_fill(p, slot, &l, &wu, 1, NULL);
         int32_t *tok = slot_token_ids(slot, &l);
         tok[0] = (tok[0] + 1) % c.vocab_size;
@@ -824,7 +855,7 @@ static void test_daemon_dump(void) {
     CHECK_EQ_INT(write_shard(path, lens, 4, c.vocab_size, false), 0);
     snprintf(cmd, sizeof cmd,
              "'%s' --runtime-dir '%s' --model '%s' --shards '%s' --backend host --threads 1 "
-             "--buckets 16 --token-budget 32 --max-seqs 4 --capture-layers 2,0 "
+             "--buckets 16 --token-budget 32 --max-seqs 4 --capture-layers 0,2 "
              "--broker-wait-ms 100 --name dumptest >'%s/out' 2>&1",
              bin, dir, dir, path, dir);
     CHECK(system(cmd) != -1);
@@ -835,7 +866,7 @@ static void test_daemon_dump(void) {
     while (f && fgets(line, sizeof line, f)) {
         hidden |= strcmp(line, "hidden 32\n") == 0;
         layers |= strcmp(line, "layers 2\n") == 0;
-        ids |= strcmp(line, "capture-layers 2,0\n") == 0;
+        ids |= strcmp(line, "capture-layers 0,2\n") == 0;
         stale |= strcmp(line, "hidden 256\n") == 0 || strcmp(line, "layers 3\n") == 0;
     }
     if (f) fclose(f);
@@ -853,6 +884,7 @@ int main(void) {
     const nn_ops *ops = nn_cpu_ops();
     nn_ctx *ctx = nn_cpu_new(1);
     test_default_ids();
+    test_given_ids();
     test_capture(ops, ctx);
     test_load(ops, ctx);
     test_load_sharded_bf16(ops, ctx);

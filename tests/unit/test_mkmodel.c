@@ -4,7 +4,8 @@
  * exactly the HF tensor names with the right shapes, values look like the HF init, the same seed
  * gives the same bytes, a sharded checkpoint holds the same values as a single file, a stop
  * (SIGTERM) while writing leaves no temporary file and no shard behind and exits 1, a failed
- * write names the system's reason. */
+ * write names the system's reason, a --hidden that --heads does not divide is refused unless
+ * --head-dim is given. */
 #include "check.h"
 #include "hf_config.h"
 #include "safetensors.h"
@@ -229,6 +230,15 @@ int main(void) {
     snprintf(args, sizeof args, "--family qwen3 --llama3-rope-scaling --out %s/bad", dir);
     CHECK_EQ_INT(run(args), 2);
     CHECK_EQ_INT(run("--preset tiny"), 2);
+    /* --hidden 64 --heads 5 wrote head_dim 12 (60 != 64) without a word; --head-dim says it */
+    snprintf(args, sizeof args, "--family llama --hidden 64 --heads 5 --out %s/bad", dir);
+    CHECK_EQ_INT(run(args), 2);
+    out = test_slurp(outp, NULL);
+    CHECK(out && strstr(out, "hidden size 64 is not a multiple of 5 heads") != NULL);
+    free(out);
+    snprintf(args, sizeof args,
+             "--family llama --hidden 64 --heads 5 --kv-heads 5 --head-dim 12 --out %s/h5", dir);
+    CHECK_EQ_INT(run(args), 0);
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -75,7 +75,8 @@ static const cfg_option mk_options[] = {
     {"kv-heads", CFG_INT, "0", 0, 4096, false,
      "key/value heads (0: preset, or --heads when --heads is given)", INT_OPT(kv_heads)},
     {"head-dim", CFG_INT, "0", 0, 4096, false,
-     "head dimension (0: preset, or hidden/heads when --hidden or --heads is given)",
+     "head dimension (0: preset, or hidden/heads when --hidden or --heads is given, which "
+     "must then divide)",
      INT_OPT(head_dim)},
     {"intermediate", CFG_INT, "0", 0, 1 << 22, false, "MLP size (0: preset)",
      INT_OPT(intermediate)},
@@ -158,11 +159,18 @@ static int build_config(const mk_cfg *c, model_config *mc) {
     mc->num_layers = c->layers ? (int)c->layers : p->layers;
     mc->num_heads = c->heads ? (int)c->heads : p->heads;
     mc->num_kv_heads = c->kv_heads ? (int)c->kv_heads : (c->heads ? mc->num_heads : p->kv_heads);
-    if (c->head_dim)
+    if (c->head_dim) {
         mc->head_dim = (int)c->head_dim;
-    else if (c->hidden || c->heads || fam == MODEL_QWEN2)
+    } else if (c->hidden || c->heads || fam == MODEL_QWEN2) {
+        /* a truncated quotient would give heads * head_dim != hidden without a word */
+        if (mc->hidden_size % mc->num_heads) {
+            LOG_ERROR("hidden size %d is not a multiple of %d heads: choose sizes that divide, "
+                      "or give --head-dim",
+                      mc->hidden_size, mc->num_heads);
+            return DFLASH_EINVAL;
+        }
         mc->head_dim = mc->hidden_size / mc->num_heads;
-    else
+    } else
         mc->head_dim = p->head_dim;
     mc->intermediate_size = c->intermediate ? (int)c->intermediate : p->intermediate;
     mc->vocab_size = c->vocab ? (int)c->vocab : p->vocab;

@@ -6,7 +6,8 @@
  * SIGTERM leaves no temporary file, an --out that is no regular file is left alone, and a run
  * that keeps no line fails (exit 3) instead of writing an empty shard, and a failed write says
  * why (the errno, e.g. a full disk); reading a large input (40 MB) on a terminal shows a
- * progress line (it was silent until the histogram). */
+ * progress line (it was silent until the histogram); an --out that is the input file is refused
+ * (the shard replaced it). */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -287,6 +288,28 @@ int main(void) {
     } else {
         printf("progress: not checked (no `script` for a terminal)\n");
     }
+
+    /* --out naming the input (as ./in.jsonl, or stdin redirected from it) is refused (exit 2)
+     * and the JSONL left as it was: the shard used to be renamed over it, exit 0 */
+    fp = fopen(jsonl, "w");
+    put_seq(fp, 5, 1);
+    fclose(fp);
+    size_t jsonl_len = 0, now_len = 0;
+    char *before = test_slurp(jsonl, &jsonl_len);
+    char same[420];
+    snprintf(same, sizeof same, "%s/./in.jsonl", dir);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, same);
+    CHECK_EQ_INT(run(args), 2);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "is the input file") != NULL);
+    if (!strstr(err, "is the input file")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    snprintf(args, sizeof args, "--in - --out %s --vocab 1000 <%s", jsonl, jsonl);
+    CHECK_EQ_INT(run(args), 2);
+    char *after = test_slurp(jsonl, &now_len);
+    CHECK(before && after && now_len == jsonl_len && memcmp(before, after, jsonl_len) == 0);
+    free(before);
+    free(after);
 
     /* bad usage */
     CHECK_EQ_INT(run("--in x.jsonl"), 2);

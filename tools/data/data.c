@@ -12,8 +12,10 @@
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
  * the last bound. While it reads, a progress line on stderr (progress.h: every 10 s, 0.2 s on a
- * terminal) gives the lines and megabytes read so far. The shard is written under a temporary name and renamed when complete; an
- * error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of that name as it was.
+ * terminal) gives the lines and megabytes read so far. The shard is written under a temporary
+ * name and renamed when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an
+ * existing shard of that name as it was. An --out that is the input file itself is refused
+ * (exit 2).
  * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad or the input
  * empty: nothing written, the first bad line's reason is printed).
  * One thread; memory: one line at a time.
@@ -71,7 +73,8 @@ static const cfg_option data_options[] = {
 static const cfg_table data_table = {
     "dflash-data",
     "convert JSONL input_ids/loss_mask lines into a shard\n"
-    "exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (nothing written)",
+    "exit status: 0 written, 1 error, 2 bad usage (or --out is the input file), 3 no line kept\n"
+    "(every line bad or the input empty; nothing written)",
     "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL};
 
 typedef struct line_buf {
@@ -211,6 +214,18 @@ int main(int argc, char **argv) {
         LOG_ERROR("cannot open %s: %s", c.in, strerror(errno));
         return 1;
     }
+    struct stat in_st; /* the input's size, for the progress line (0: a pipe) */
+    bool in_known = fstat(fileno(in), &in_st) == 0;
+    /* nor onto the input itself (./x and x, a hard link, stdin redirected from it): the shard
+     * would replace the user's JSONL */
+    if (in_known && stat(c.out, &st) == 0 && st.st_dev == in_st.st_dev &&
+        st.st_ino == in_st.st_ino) {
+        LOG_ERROR("--out %s is the input file %s: the shard would replace it; give the shard "
+                  "another name",
+                  c.out, c.in);
+        if (in != stdin) fclose(in);
+        return 2;
+    }
     shard_writer *w = shard_writer_new(c.out, vocab);
     if (!w) {
         LOG_ERROR("cannot create %s: %s", c.out, strerror(errno));
@@ -224,9 +239,7 @@ int main(int argc, char **argv) {
     size_t cap = 0;
     ssize_t len;
     int status = 0;
-    struct stat in_st; /* the input's size, for the progress line (0: a pipe) */
-    double in_mb = fstat(fileno(in), &in_st) == 0 && S_ISREG(in_st.st_mode)
-                       ? (double)in_st.st_size / 1e6 : 0;
+    double in_mb = in_known && S_ISREG(in_st.st_mode) ? (double)in_st.st_size / 1e6 : 0;
     progress prog;
     progress_start(&prog, stderr);
     while (!*stop && (len = getline(&line, &cap, in)) >= 0) {

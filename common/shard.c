@@ -181,6 +181,18 @@ int shard_get(const shard *s, uint64_t i, shard_seq *out) {
     return 0;
 }
 
+int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t errlen) {
+    uint32_t v = s->vocab, larger = v > model_vocab ? v : model_vocab;
+    uint32_t apart = v > model_vocab ? v - model_vocab : model_vocab - v;
+    if (v == 0 || (uint64_t)apart * 128 <= larger) return 0;
+    snprintf(err, errlen,
+             "%s: made for a vocabulary of %u tokens, but the model's vocab_size is %u: another "
+             "tokenizer (one model's sizes differ by at most 1/128). Tokenize the data with "
+             "this model's tokenizer and convert it with dflash-data --model MODEL_DIR",
+             s->path, v, model_vocab);
+    return DFLASH_EMISMATCH;
+}
+
 int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen) {
     for (uint64_t i = 0; i < s->n_seqs; i++) {
         shard_seq q;
@@ -446,6 +458,14 @@ void shard_set_lengths(const shard_set *set, uint32_t *lens) {
     for (size_t i = 0; set && i < set->n; i++)
         for (uint64_t j = 0; j < shard_count(set->shards[i]); j++)
             lens[set->first[i] + j] = shard_len(set->shards[i], j);
+}
+
+int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err, size_t errlen) {
+    for (size_t i = 0; set && i < set->n; i++) {
+        int rc = shard_check_vocab(set->shards[i], model_vocab, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen) {

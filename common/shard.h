@@ -10,7 +10,9 @@
  *     {u64 record offset, u32 len, u32 reserved}
  * Invariants checked at open: magic, version, file size == index offset + 16 * n_seqs, records
  * in order, contiguous, inside [64, index offset), len > 0, the sum of lengths == n_tokens,
- * the longest == the header's. Token ids against a vocabulary: shard_verify_tokens (O(tokens)).
+ * the longest == the header's. Token ids against a vocabulary: shard_verify_tokens (O(tokens));
+ * the recorded vocabulary against a model's: shard_check_vocab (another tokenizer's data fits a
+ * model's ids as often as not).
  *
  * A shard_set is several shards seen as one with global sequence ids (shard order, then index
  * order); it is what the batch plan numbers. Readers are immutable after open: thread-safe.
@@ -56,6 +58,13 @@ int shard_get(const shard *s, uint64_t i, shard_seq *out);
  * "PATH: sequence N position P: token id X outside the vocabulary of V" in err. */
 int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen);
 
+/* Whether the vocabulary s records (when not 0) is that of a model with model_vocab tokens: the
+ * two may differ by at most 1/128 of the larger, the padding models put past their tokenizer
+ * (Qwen3: 151,669 tokens, vocab_size 151,936; Qwen2.5-7B's 152,064 rows against 0.5B's 151,936),
+ * while another tokenizer is further apart (Llama-3's 128,256). 0, or DFLASH_EMISMATCH with
+ * "PATH: made for a vocabulary of N ..., the model's is M ...; what to do" in err. */
+int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t errlen);
+
 /* Writer for path; vocab (0 = unknown) is recorded and enforced by shard_writer_add. */
 shard_writer *shard_writer_new(const char *path, uint32_t vocab);
 /* Appends one sequence (len > 0, mask bytes 0/1, ids in [0, vocab) when vocab > 0).
@@ -84,6 +93,8 @@ uint32_t shard_set_len(const shard_set *set, uint64_t global_id);
 int shard_set_get(const shard_set *set, uint64_t global_id, shard_seq *out);
 /* Fills lens[0..shard_set_count) (input of batch_plan_new). */
 void shard_set_lengths(const shard_set *set, uint32_t *lens);
+/* shard_check_vocab over every shard. */
+int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err, size_t errlen);
 /* shard_verify_tokens over every shard. */
 int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen);
 

@@ -873,6 +873,8 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         (rc = dflash_config_check_target(&dc, &tc, dc.target_layer_ids, dc.n_feat, err,
                                          errlen)) < 0)
         goto out;
+    /* held-out data of another tokenizer: its recorded vocabulary tells (a mismatch, exit 2) */
+    if ((rc = shard_set_check_vocab(set, (uint32_t)tc.vocab_size, err, errlen)) < 0) goto out;
     target_model_opts to = {.layer_ids = dc.target_layer_ids,
                             .n_layer_ids = dc.n_feat,
                             .max_tokens = (int)max_len,

@@ -121,8 +121,9 @@ typedef struct trainer_eval_result {
 /* Offline tau (dflash.md 4.2, trajectory method) of a checkpoint, or of the untrained seeded
  * drafter, on held-out shards: the target runs in-process on the cpu backend over each sequence
  * for the drafter's layer ids, the drafter replays the greedy trajectory of each reply (a
- * maximal span of loss_mask 1, dflash_eval.h). 0 or a negative code with the reason in err; DFLASH_EINVAL when no
- * sequence gives a draft cycle (tau is undefined). */
+ * maximal span of loss_mask 1, dflash_eval.h). 0 or a negative code with the reason in err;
+ * DFLASH_EINVAL when no sequence gives a draft cycle (tau is undefined); DFLASH_EMISMATCH for a
+ * checkpoint of another target, or a shard made for another vocabulary (shard_check_vocab). */
 int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen);
 
 #endif

@@ -145,7 +145,9 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
         goto fail;
     }
     const model_config *mc = target_model_config(p->model);
-    int rc = shard_set_verify_tokens(p->shards, (uint32_t)mc->vocab_size, err, errlen);
+    /* data of another tokenizer often fits the model's ids: its recorded vocabulary tells */
+    int rc = shard_set_check_vocab(p->shards, (uint32_t)mc->vocab_size, err, errlen);
+    if (!rc) rc = shard_set_verify_tokens(p->shards, (uint32_t)mc->vocab_size, err, errlen);
     if (rc) goto fail;
 
     int n_layers;

@@ -7,7 +7,8 @@
  * common/nn/target_model.h on an include path that holds both folders.)
  *
  * Data: the target_model (weights + activations planned for the slot's token budget), the shard
- * set (mmapped, token ids verified against the vocabulary once at creation), the batch plan, and
+ * set (mmapped; its recorded vocabulary checked against the model's, shard_check_vocab, and its
+ * token ids verified against it once at creation), the batch plan, and
  * host staging for one batch's seq offsets / positions / ids / loss mask (uploaded into the slot
  * with the backend's upload_raw, so the slot may be device memory).
  * Thread: one producer is driven by one thread (the target's compute thread); the batch plan's
@@ -42,7 +43,8 @@ typedef struct model_producer_opts {
 } model_producer_opts;
 
 /* Loads the model and the shards and builds the plan. NULL with the reason in err (bad
- * checkpoint, shard, token id outside the vocabulary, bounds, or *o->stop set while loading). */
+ * checkpoint, shard, a shard made for another vocabulary, token id outside the vocabulary,
+ * bounds, or *o->stop set while loading). */
 model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
                                    char *err, size_t errlen);
 void model_producer_destroy(model_producer **p);

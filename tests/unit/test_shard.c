@@ -1,11 +1,13 @@
 /* test_shard: sequences written to a shard read back exactly (alone and as a multi-shard set);
  * the writer refuses bad sequences; truncated, corrupted or inconsistent shards are refused at
- * open with a message naming the file and the problem; out-of-vocabulary ids are found. */
+ * open with a message naming the file and the problem; out-of-vocabulary ids are found; a shard
+ * made for another tokenizer's vocabulary is told from one of the same tokenizer. */
 #include "check.h"
 #include "err.h"
 #include "shard.h"
 #include "test_files.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -231,12 +233,65 @@ static void test_set(void) {
     CHECK(shard_set_open_list("", err, sizeof err) == NULL);
 }
 
+/* A shard's recorded vocabulary against a model's: the same tokenizer passes (vocab_size
+ * padded past the tokenizer, or another size of one family), another is refused naming both
+ * sizes, and a shard that recorded none (0) is not judged. Nothing compared them: shards made
+ * for Llama-3 (128,256) trained a Qwen3 target (151,936) without a word, every id fitting. */
+static void test_vocab(void) {
+    static const struct {
+        uint32_t shard, model;
+        bool ok;
+    } cases[] = {
+        {151936, 151936, true},  /* dflash-data --model of the same model */
+        {151669, 151936, true},  /* --vocab of Qwen3's tokenizer */
+        {152064, 151936, true},  /* Qwen2.5-7B's data on Qwen2.5-0.5B: one tokenizer */
+        {0, 151936, true},       /* unknown */
+        {128256, 151936, false}, /* Llama-3's data on Qwen3 */
+        {151936, 128256, false}, /* and the other way */
+        {32768, 32000, false},   /* Mistral v0.3's on Llama-2 */
+        {1024, 512, false},      /* the audit's: a tiny target's data, --vocab 1024 */
+        {500, 512, false},       /* 12 apart, more than 512 / 128 */
+    };
+    char path[300], err[512];
+    path_of(path, sizeof path, "v.shard");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_basic(path, cases[i].shard);
+        shard *s = shard_open(path, err, sizeof err);
+        CHECK(s != NULL);
+        if (!s) continue;
+        err[0] = 0;
+        int rc = shard_check_vocab(s, cases[i].model, err, sizeof err);
+        CHECK_EQ_INT(rc, cases[i].ok ? 0 : DFLASH_EMISMATCH);
+        if (!cases[i].ok) {
+            char want[128];
+            snprintf(want, sizeof want, "vocabulary of %u tokens, but the model's vocab_size is %u",
+                     cases[i].shard, cases[i].model);
+            CHECK(strstr(err, path) != NULL && strstr(err, want) != NULL);
+            CHECK(strstr(err, "dflash-data --model") != NULL);
+            if (!strstr(err, want)) fprintf(stderr, "  message was: %s\n", err);
+        }
+        shard_close(&s);
+    }
+    /* over a set: the shard of another vocabulary is the one named */
+    char a[300], list[700];
+    path_of(a, sizeof a, "va.shard");
+    write_basic(a, 151936);
+    write_basic(path, 128256);
+    snprintf(list, sizeof list, "%s,%s", a, path);
+    shard_set *set = shard_set_open_list(list, err, sizeof err);
+    CHECK(set != NULL);
+    CHECK_EQ_INT(shard_set_check_vocab(set, 151936, err, sizeof err), DFLASH_EMISMATCH);
+    CHECK(strstr(err, path) != NULL && strstr(err, "va.shard") == NULL);
+    shard_set_close(&set);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-shard-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_round_trip();
     test_corrupt();
     test_set();
+    test_vocab();
     test_rmtree(dir);
     CHECK_DONE();
 }

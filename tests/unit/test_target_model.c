@@ -14,6 +14,7 @@
  *   - bad token ids or oversize batches are accepted;
  *   - a stop requested during a long load is not looked at until the load is done;
  *   - data that fits no bucket is reported without naming the shard file;
+ *   - a shard made for another vocabulary (another tokenizer) trains the target's slots;
  *   - more captured layers than a slot records fail with "invalid argument";
  *   - dflash-target's effective configuration shows --hidden / --layers where the model decides;
  *   - an epoch that packs into another number of batches than the target registered makes the
@@ -501,10 +502,11 @@ static void test_generate(const nn_ops *ops, nn_ctx *ctx) {
     target_model_destroy(&m);
 }
 
-/* Writes a shard of n sequences of the given lengths; ids may exceed the model's vocabulary when
- * big_ids (the writer is told vocab 0 = unknown). */
-static int write_shard(const char *path, const uint32_t *lens, int n, int vocab, bool big_ids) {
-    shard_writer *w = shard_writer_new(path, 0);
+/* Writes a shard of n sequences of the given lengths, ids below vocab; the last one's last id is
+ * vocab + 3 when big_ids. The shard records the vocabulary recorded (0 = unknown). */
+static int write_shard(const char *path, const uint32_t *lens, int n, int vocab, bool big_ids,
+                       uint32_t recorded) {
+    shard_writer *w = shard_writer_new(path, recorded);
     int rc = w ? 0 : DFLASH_ENOMEM;
     for (int s = 0; s < n && !rc; s++) {
         int32_t ids[64];
@@ -525,6 +527,7 @@ static int write_shard(const char *path, const uint32_t *lens, int n, int vocab,
  * a direct forward of the same packed batch. */
 static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     char dir[] = "/tmp/test_target_producer.XXXXXX", shard_path[600], bad_path[600];
+    char other_path[600];
     CHECK(mkdtemp(dir) != NULL);
     model_config c = tiny_config();
     CHECK_EQ_INT(write_checkpoint(dir, &c), 0);
@@ -532,8 +535,12 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     const uint32_t lens[N] = {3, 9, 14, 5, 20, 2, 11, 24, 7};
     snprintf(shard_path, sizeof shard_path, "%s/data.shard", dir);
     snprintf(bad_path, sizeof bad_path, "%s/bad.shard", dir);
-    CHECK_EQ_INT(write_shard(shard_path, lens, N, c.vocab_size, false), 0);
-    CHECK_EQ_INT(write_shard(bad_path, lens, N, c.vocab_size, true), 0);
+    snprintf(other_path, sizeof other_path, "%s/other.shard", dir);
+    CHECK_EQ_INT(write_shard(shard_path, lens, N, c.vocab_size, false, (uint32_t)c.vocab_size), 0);
+    CHECK_EQ_INT(write_shard(bad_path, lens, N, c.vocab_size, true, 0), 0);
+    /* made for another tokenizer (every id fits this model's, as Llama-3 data on Qwen3) */
+    CHECK_EQ_INT(write_shard(other_path, lens, N, c.vocab_size, false, 2 * (uint32_t)c.vocab_size),
+                 0);
 
     const uint32_t bounds[2] = {8, 24};
     int cap[2] = {0, 2};
@@ -557,6 +564,16 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     model_producer *bad = model_producer_new(&bo, ops, ctx, berr, sizeof berr);
     CHECK(bad == NULL);
     CHECK(strstr(berr, "bad.shard") != NULL);
+    model_producer_destroy(&bad);
+    /* a shard recording another vocabulary is refused at start-up, naming both sizes; it trained
+     * the drafter on another tokenizer's text without a word */
+    bo.shards = other_path;
+    berr[0] = 0;
+    bad = model_producer_new(&bo, ops, ctx, berr, sizeof berr);
+    CHECK(bad == NULL);
+    CHECK(strstr(berr, "other.shard: made for a vocabulary of 100 tokens, but the model's "
+                       "vocab_size is 50") != NULL);
+    if (!strstr(berr, "vocabulary of 100")) fprintf(stderr, "model_producer_new: %s\n", berr);
     model_producer_destroy(&bad);
     /* a bucket no sequence falls in is refused at start-up, naming it (the broker would refuse
      * the pool with a less helpful message) */
@@ -767,7 +784,7 @@ static void test_producer_epochs(const nn_ops *ops, nn_ctx *ctx) {
     for (int i = 0; i < N; i++)
         lens[i] = 3 + (uint32_t)(i * 37) % 29; /* 3..31 tokens */
     snprintf(shard_path, sizeof shard_path, "%s/data.shard", dir);
-    CHECK_EQ_INT(write_shard(shard_path, lens, N, c.vocab_size, false), 0);
+    CHECK_EQ_INT(write_shard(shard_path, lens, N, c.vocab_size, false, 0), 0);
     const uint32_t bounds[1] = {32};
     int cap[1] = {1};
     model_producer_opts po = {.model_dir = dir,
@@ -852,7 +869,7 @@ static void test_daemon_dump(void) {
     CHECK_EQ_INT(write_checkpoint(dir, &c), 0);
     const uint32_t lens[4] = {5, 9, 12, 7};
     snprintf(path, sizeof path, "%s/data.shard", dir);
-    CHECK_EQ_INT(write_shard(path, lens, 4, c.vocab_size, false), 0);
+    CHECK_EQ_INT(write_shard(path, lens, 4, c.vocab_size, false, 0), 0);
     snprintf(cmd, sizeof cmd,
              "'%s' --runtime-dir '%s' --model '%s' --shards '%s' --backend host --threads 1 "
              "--buckets 16 --token-budget 32 --max-seqs 4 --capture-layers 0,2 "

@@ -7,6 +7,7 @@
  *     `dflash-drafter eval` (../services/drafter/dflash-drafter) refuses --checkpoint together
  *     with --init-only (exit 2) instead of evaluating the untrained drafter; a long `eval`
  *     reports its progress (on a terminal, `script`'s, every 0.2 s): it was silent until tau;
+ *     a held-out shard made for another vocabulary is a mismatch (exit 2), not evaluated;
  *   - a fresh run whose --max-steps is past its --total-steps is refused at start-up, as its
  *     resume would be (the same command must be able to resume it);
  *   - without --max-steps a run stops at the end of its schedule, fresh (--total-steps) or
@@ -241,6 +242,36 @@ static void test_eval_without_cycles(void) {
     CHECK(r.cycles > 0);
     CHECK_EQ_INT(r.sequences, 1);
     CHECK_EQ_INT(r.skipped, 1);
+}
+
+/* A held-out shard made for another vocabulary (another tokenizer: every id may still fit the
+ * target's) is a mismatch, exit 2, naming both sizes; eval measured tau on it without a word. */
+static void test_eval_other_vocab(void) {
+    char err[512], path[400], args[1024];
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
+    enum { L = 24 };
+    int32_t ids[L];
+    uint8_t resp[L];
+    for (int t = 0; t < L; t++)
+        ids[t] = (t * 37 + 5) % 200, resp[t] = t >= 6;
+    snprintf(path, sizeof path, "%s/other-vocab.shard", dir);
+    shard_writer *w = shard_writer_new(path, 2 * (uint32_t)mc.vocab_size);
+    CHECK(w != NULL && shard_writer_add(w, ids, resp, L) == 0 && shard_writer_commit(w) == 0);
+    shard_writer_destroy(&w);
+    trainer_eval_result r;
+    CHECK_EQ_INT(eval("other-vocab.shard", &r, err, sizeof err), DFLASH_EMISMATCH);
+    char want[160];
+    snprintf(want, sizeof want,
+             "made for a vocabulary of %d tokens, but the model's vocab_size is %d",
+             2 * mc.vocab_size, mc.vocab_size);
+    CHECK(strstr(err, want) != NULL);
+    if (!strstr(err, want)) fprintf(stderr, "eval: %s\n", err);
+    snprintf(args, sizeof args,
+             "--init-only --model %s --data %s --threads 1 --draft-layers 1 --block-size 4 "
+             "--layers 2",
+             target, path);
+    CHECK_EQ_INT(run_eval(args), 2);
 }
 
 /* The slots every trainer here takes: 128 tokens, 4 sequences, 2 captured layers of the
@@ -731,6 +762,7 @@ int main(void) {
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 
     test_eval_without_cycles();
+    test_eval_other_vocab();
     test_eval_two_drafters();
     test_eval_seqs_not_layout();
     test_eval_progress();

@@ -7,7 +7,8 @@
  * that keeps no line fails (exit 3) instead of writing an empty shard, and a failed write says
  * why (the errno, e.g. a full disk); reading a large input (40 MB) on a terminal shows a
  * progress line (it was silent until the histogram); an --out that is the input file is refused
- * (the shard replaced it). */
+ * (the shard replaced it); sequences with no anchor to train on (alternating masks, one token)
+ * are counted and warned about as all-zero masks are. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -91,7 +92,9 @@ int main(void) {
     }
     CHECK(strstr(err, ":1:") == NULL && strstr(err, ":3:") == NULL && strstr(err, ":7:") == NULL);
     CHECK(strstr(err, "7 of 10 lines skipped") != NULL);
-    CHECK(strstr(out, "3 sequences, 2103 tokens, 7 bad lines skipped") != NULL);
+    /* put_seq's alternating masks have no anchor: nothing to train on */
+    CHECK(strstr(out, "3 sequences, 2103 tokens, 7 bad lines skipped, 3 with nothing to train") !=
+          NULL);
     /* histogram rows: bucket, seqs, share, tokens, share */
     CHECK(strstr(out, "<=512                 1    33.3%            3     0.1%") != NULL);
     CHECK(strstr(out, "<=1024                1    33.3%          600    28.5%") != NULL);
@@ -288,6 +291,28 @@ int main(void) {
     } else {
         printf("progress: not checked (no `script` for a terminal)\n");
     }
+
+    /* sequences the drafter trains nothing on (anchors need loss_mask[p] and loss_mask[p+1]):
+     * all-zero masks were warned about, but alternating masks and single tokens passed in
+     * silence; both are counted in the summary and warned about */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,1,1,0]}\n"); /* trains */
+    fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,0,0,0]}\n"); /* no loss */
+    fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,1,0,1]}\n"); /* no anchor */
+    fprintf(fp, "{\"input_ids\": [7], \"loss_mask\": [1]}\n");             /* no anchor */
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    err = test_slurp(errp, NULL);
+    out = test_slurp(outp, NULL);
+    CHECK(strstr(err, "1 sequences have no loss tokens (loss_mask all 0)") != NULL);
+    CHECK(strstr(err, "2 sequences have loss tokens but no anchor") != NULL);
+    CHECK(strstr(out, "4 sequences, 13 tokens, 0 bad lines skipped, 3 with nothing to train on") !=
+          NULL);
+    if (!strstr(err, "but no anchor")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    free(out);
 
     /* --out naming the input (as ./in.jsonl, or stdin redirected from it) is refused (exit 2)
      * and the JSONL left as it was: the shard used to be renamed over it, exit 0 */

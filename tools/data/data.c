@@ -11,17 +11,19 @@
  * ignored.
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
- * the last bound. While it reads, a progress line on stderr (progress.h: every 10 s, 0.2 s on a
- * terminal) gives the lines and megabytes read so far. The shard is written under a temporary
- * name and renamed when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an
- * existing shard of that name as it was. An --out that is the input file itself is refused
- * (exit 2).
+ * the last bound, and counts (and warns about) the kept sequences the drafter trains nothing on:
+ * no anchor candidate (dflash_anchor_candidate), an all-zero loss mask among them.
+ * While it reads, a progress line on stderr (progress.h: every 10 s, 0.2 s on a terminal) gives
+ * the lines and megabytes read so far. The shard is written under a temporary name and renamed
+ * when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of
+ * that name as it was. An --out that is the input file itself is refused (exit 2).
  * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad or the input
  * empty: nothing written, the first bad line's reason is printed).
  * One thread; memory: one line at a time.
  */
 #include "batch_plan.h"
 #include "config.h"
+#include "dflash_train.h"
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
@@ -232,7 +234,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint64_t seqs[BATCH_PLAN_MAX_BUCKETS + 1] = {0}, toks[BATCH_PLAN_MAX_BUCKETS + 1] = {0};
-    uint64_t lineno = 0, bad = 0, kept = 0, kept_tokens = 0, no_loss = 0, first_bad = 0;
+    uint64_t lineno = 0, bad = 0, kept = 0, kept_tokens = 0, first_bad = 0;
+    uint64_t no_loss = 0, no_anchor = 0; /* kept sequences the drafter trains nothing on */
     char first_why[256] = "";
     line_buf lb = {0};
     char *line = NULL;
@@ -282,10 +285,16 @@ int main(int argc, char **argv) {
         }
         kept++;
         kept_tokens += (uint64_t)n;
-        bool any = false;
-        for (long i = 0; i < n && !any; i++)
-            any = lb.mask[i];
-        no_loss += !any;
+        bool has_anchor = false; /* the training's rule (dflash_train.h) */
+        for (long p = 0; p + 1 < n && !has_anchor; p++)
+            has_anchor = dflash_anchor_candidate(lb.mask, (int)p, (int)n);
+        if (!has_anchor) {
+            bool any = false;
+            for (long i = 0; i < n && !any; i++)
+                any = lb.mask[i];
+            no_loss += !any;
+            no_anchor += any;
+        }
         int b = 0;
         while (b < nb && (uint32_t)n > bounds[b])
             b++;
@@ -326,11 +335,16 @@ int main(int argc, char **argv) {
         LOG_WARN("%llu of %llu lines skipped as bad", (unsigned long long)bad,
                  (unsigned long long)(kept + bad));
     if (no_loss)
-        LOG_WARN("%llu sequences have no loss tokens (loss_mask all 0)",
+        LOG_WARN("%llu sequences have no loss tokens (loss_mask all 0): nothing to train on",
                  (unsigned long long)no_loss);
-    printf("%s: %llu sequences, %llu tokens, %llu bad lines skipped, vocab %u\n", c.out,
-           (unsigned long long)kept, (unsigned long long)kept_tokens, (unsigned long long)bad,
-           vocab);
+    if (no_anchor)
+        LOG_WARN("%llu sequences have loss tokens but no anchor (no two adjacent positions with "
+                 "loss_mask 1, e.g. alternating masks or a single token): nothing to train on",
+                 (unsigned long long)no_anchor);
+    printf("%s: %llu sequences, %llu tokens, %llu bad lines skipped, %llu with nothing to train "
+           "on, vocab %u\n",
+           c.out, (unsigned long long)kept, (unsigned long long)kept_tokens,
+           (unsigned long long)bad, (unsigned long long)(no_loss + no_anchor), vocab);
     printf("%-12s %10s %8s %12s %8s\n", "bucket", "seqs", "share", "tokens", "share");
     for (int b = 0; b <= nb; b++) {
         if (b == nb && !seqs[b]) break;

@@ -8,7 +8,8 @@
  * why (the errno, e.g. a full disk); reading a large input (40 MB) on a terminal shows a
  * progress line (it was silent until the histogram); an --out that is the input file is refused
  * (the shard replaced it); sequences with no anchor to train on (alternating masks, one token)
- * are counted and warned about as all-zero masks are. */
+ * are counted and warned about as all-zero masks are; an over-long line is skipped unparsed and
+ * a JSON array input refused at its first byte. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -313,6 +314,40 @@ int main(void) {
     if (!strstr(err, "but no anchor")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
     free(out);
+
+    /* a line longer than any --max-len record can be is skipped unparsed (cJSON holds ~28 times
+     * its size; it used to parse it whole), and a JSON array (a .json file given for JSONL) is
+     * refused at its first byte, exit 3 (a 64 MB one took 1.8 GB, then was rejected) */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "{\"x\": [");
+    for (int i = 0; i < (5 << 20) / 2; i++)
+        fputs("1,", fp);
+    fprintf(fp, "1]}\n");
+    fprintf(fp, "{\"input_ids\": [4,5], \"loss_mask\": [1,1]}\n");
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --max-len 4", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    err = test_slurp(errp, NULL);
+    snprintf(want, sizeof want,
+             "%s:1: line too long: 5242890 bytes, more than a record of --max-len 4 tokens takes "
+             "(4194560); not parsed",
+             jsonl);
+    CHECK(strstr(err, want) != NULL);
+    if (!strstr(err, want)) fprintf(stderr, "  missing '%s' in:\n%s\n", want, err);
+    free(err);
+    fp = fopen(jsonl, "w");
+    fprintf(fp, " \n [{\"input_ids\": [1,2], \"loss_mask\": [1,1]},\n");
+    fprintf(fp, "{\"input_ids\": [3,4], \"loss_mask\": [1,1]}]\n");
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 3);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "is a JSON array; dflash-data reads JSONL, one object per line") != NULL);
+    if (!strstr(err, "is a JSON array")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    CHECK(access(shardp, F_OK) != 0);
 
     /* --out naming the input (as ./in.jsonl, or stdin redirected from it) is refused (exit 2)
      * and the JSONL left as it was: the shard used to be renamed over it, exit 0 */

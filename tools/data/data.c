@@ -8,7 +8,9 @@
  * neither is given), loss_mask an array of 0/1 of the same length, at most --max-len tokens. A
  * bad line is reported with its line number and skipped (counted; the first --show-errors are
  * printed), or, with --strict, stops the conversion (exit 1, nothing written). Blank lines are
- * ignored.
+ * ignored. A line longer than any record of --max-len tokens can be (line_limit) is bad without
+ * being parsed, and an input whose first byte is '[' (a JSON array) is refused before it is read
+ * (exit 3): cJSON holds ~28 times a line's size.
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
  * the last bound, and counts (and warns about) the kept sequences the drafter trains nothing on:
@@ -17,9 +19,9 @@
  * the lines and megabytes read so far. The shard is written under a temporary name and renamed
  * when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of
  * that name as it was. An --out that is the input file itself is refused (exit 2).
- * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad or the input
- * empty: nothing written, the first bad line's reason is printed).
- * One thread; memory: one line at a time.
+ * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad, the input empty
+ * or a JSON array: nothing written, the first bad line's reason is printed).
+ * One thread; memory: one line at a time, at most line_limit bytes of it.
  */
 #include "batch_plan.h"
 #include "config.h"
@@ -61,7 +63,8 @@ static const cfg_option data_options[] = {
     {"vocab", CFG_INT, "0", 0, 1 << 30, false,
      "vocabulary size; ids must be below it (0: from --model, else unchecked)",
      offsetof(data_cfg, vocab), 0},
-    {"max-len", CFG_INT, "3072", 1, 1 << 24, false, "longest sequence kept (tokens)",
+    {"max-len", CFG_INT, "3072", 1, 1 << 24, false,
+     "longest sequence kept (tokens); a line over 64 bytes a token + 4 MiB is skipped unparsed",
      offsetof(data_cfg, max_len), 0},
     {"buckets", CFG_STRING, "512,1024,2048,3072", 1, 0, false,
      "bucket upper bounds for the length histogram (at most 16)", STR_OPT(buckets)},
@@ -76,7 +79,7 @@ static const cfg_table data_table = {
     "dflash-data",
     "convert JSONL input_ids/loss_mask lines into a shard\n"
     "exit status: 0 written, 1 error, 2 bad usage (or --out is the input file), 3 no line kept\n"
-    "(every line bad or the input empty; nothing written)",
+    "(every line bad, the input empty or a JSON array; nothing written)",
     "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL};
 
 typedef struct line_buf {
@@ -84,6 +87,50 @@ typedef struct line_buf {
     uint8_t *mask;
     size_t cap;
 } line_buf;
+
+/* The longest line worth parsing for --max-len tokens: 64 bytes a token (an id, its mask value,
+ * separators and spaces take under 20) plus 4 MiB for other keys. A longer line cannot hold an
+ * acceptable record, and cJSON needs ~28 times a line's size: it is skipped unparsed. */
+static size_t line_limit(const data_cfg *c) {
+    return (size_t)c->max_len * 64 + ((size_t)4 << 20);
+}
+
+/* Reads one line, without its newline, into *buf (grown as needed, at most limit + 1 bytes):
+ * a line longer than limit bytes is read to its end but not kept (*too_long set, *buf holds its
+ * first limit bytes). Returns the line's full length, or -1 at the end of the input. */
+static long long read_line(FILE *in, char **buf, size_t *cap, size_t limit, bool *too_long) {
+    long long n = 0;
+    int ch;
+    *too_long = false;
+    while ((ch = getc_unlocked(in)) != EOF && ch != '\n') {
+        if ((size_t)n >= limit) {
+            *too_long = true;
+            n++;
+            continue;
+        }
+        if ((size_t)n + 1 >= *cap) {
+            size_t nc = *cap ? *cap * 2 : 4096;
+            if (nc > limit + 1) nc = limit + 1;
+            char *b = realloc(*buf, nc);
+            if (!b) LOG_FATAL("out of memory");
+            *buf = b;
+            *cap = nc;
+        }
+        (*buf)[n++] = (char)ch;
+    }
+    if (ch == EOF && n == 0) return -1;
+    return n;
+}
+
+/* Skips the input's leading whitespace, counting its newlines into *lines, and returns its
+ * first other byte, left unread (EOF for a blank input). */
+static int first_byte(FILE *in, uint64_t *lines) {
+    int ch;
+    while ((ch = getc(in)) != EOF && isspace(ch))
+        *lines += ch == '\n';
+    if (ch != EOF) ungetc(ch, in);
+    return ch;
+}
 
 /* Parses one line into lb; returns its length, or -1 with the reason in why. */
 static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t vocab,
@@ -228,24 +275,34 @@ int main(int argc, char **argv) {
         if (in != stdin) fclose(in);
         return 2;
     }
+    /* a JSON array (a .json file given by mistake) is one huge line: refused before reading it */
+    uint64_t lineno = 0;
+    if (first_byte(in, &lineno) == '[') {
+        LOG_ERROR("%s is a JSON array; dflash-data reads JSONL, one object per line (convert it: "
+                  "jq -c '.[]' FILE.json > FILE.jsonl); nothing written",
+                  c.in);
+        if (in != stdin) fclose(in);
+        return 3;
+    }
     shard_writer *w = shard_writer_new(c.out, vocab);
     if (!w) {
         LOG_ERROR("cannot create %s: %s", c.out, strerror(errno));
         return 1;
     }
     uint64_t seqs[BATCH_PLAN_MAX_BUCKETS + 1] = {0}, toks[BATCH_PLAN_MAX_BUCKETS + 1] = {0};
-    uint64_t lineno = 0, bad = 0, kept = 0, kept_tokens = 0, first_bad = 0;
+    uint64_t bad = 0, kept = 0, kept_tokens = 0, first_bad = 0;
     uint64_t no_loss = 0, no_anchor = 0; /* kept sequences the drafter trains nothing on */
     char first_why[256] = "";
     line_buf lb = {0};
     char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
+    size_t cap = 0, limit = line_limit(&c);
+    long long len;
+    bool too_long;
     int status = 0;
     double in_mb = in_known && S_ISREG(in_st.st_mode) ? (double)in_st.st_size / 1e6 : 0;
     progress prog;
     progress_start(&prog, stderr);
-    while (!*stop && (len = getline(&line, &cap, in)) >= 0) {
+    while (!*stop && (len = read_line(in, &line, &cap, limit, &too_long)) >= 0) {
         lineno++;
         if (progress_due(&prog)) {
             char of[32] = "";
@@ -254,12 +311,20 @@ int main(int argc, char **argv) {
                             (unsigned long long)lineno, (double)ftello(in) / 1e6, of,
                             (unsigned long long)kept, (unsigned long long)bad);
         }
-        size_t l = (size_t)len;
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' '))
-            l--;
-        if (l == 0) continue;
         char why[256];
-        long n = parse_line(line, l, &c, vocab, &lb, why, sizeof why);
+        long n = -1;
+        if (too_long) {
+            snprintf(why, sizeof why,
+                     "line too long: %lld bytes, more than a record of --max-len %lld tokens "
+                     "takes (%zu); not parsed",
+                     len, (long long)c.max_len, limit);
+        } else {
+            size_t l = (size_t)len;
+            while (l && (line[l - 1] == '\r' || line[l - 1] == ' '))
+                l--;
+            if (l == 0) continue;
+            n = parse_line(line, l, &c, vocab, &lb, why, sizeof why);
+        }
         if (n < 0) {
             if (!bad++) {
                 first_bad = lineno;

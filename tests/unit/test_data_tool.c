@@ -9,7 +9,8 @@
  * progress line (it was silent until the histogram); an --out that is the input file is refused
  * (the shard replaced it); sequences with no anchor to train on (alternating masks, one token)
  * are counted and warned about as all-zero masks are; an over-long line is skipped unparsed and
- * a JSON array input refused at its first byte. */
+ * a JSON array input refused at its first byte; an id past int32, a negative id and a
+ * duplicated key each get their own message and a whitespace-only line is blank. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -314,6 +315,35 @@ int main(void) {
     if (!strstr(err, "but no anchor")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
     free(out);
+
+    /* messages that said the wrong thing: an id past int32 "is not an integer", a negative one
+     * without --vocab "outside the vocabulary of 0", a tab-only line "not a JSON object"
+     * (blank lines are ignored); a duplicated key was read as its first value (Python's json
+     * takes the last) and is now a bad line */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "{\"input_ids\": [1,3000000000], \"loss_mask\": [1,1]}\n");
+    fprintf(fp, "{\"input_ids\": [1,-2], \"loss_mask\": [1,1]}\n");
+    fprintf(fp, "\t \r\n");
+    fprintf(fp, "{\"input_ids\": [1,2], \"loss_mask\": [1,1], \"input_ids\": [7,8]}\n");
+    fprintf(fp, "{\"loss_mask\": [1,1], \"input_ids\": [1,2], \"loss_mask\": [0,0]}\n");
+    fprintf(fp, "{\"input_ids\": [4,5], \"loss_mask\": [1,1]}\n");
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    err = test_slurp(errp, NULL);
+    const char *msgs[] = {":1: input_ids[1] = 3000000000 is outside the int32 range",
+                          ":2: token id -2 at position 1 is negative",
+                          ":4: duplicate key \"input_ids\" (JSON readers differ",
+                          ":5: duplicate key \"loss_mask\" (JSON readers differ"};
+    for (size_t i = 0; i < sizeof msgs / sizeof msgs[0]; i++) {
+        snprintf(want, sizeof want, "%s%s", jsonl, msgs[i]);
+        CHECK(strstr(err, want) != NULL);
+        if (!strstr(err, want)) fprintf(stderr, "  missing '%s' in:\n%s\n", want, err);
+    }
+    CHECK(strstr(err, ":3:") == NULL && strstr(err, ":6:") == NULL);
+    CHECK(strstr(err, "4 of 5 lines skipped") != NULL);
+    free(err);
 
     /* a line longer than any --max-len record can be is skipped unparsed (cJSON holds ~28 times
      * its size; it used to parse it whole), and a JSON array (a .json file given for JSONL) is

@@ -5,12 +5,12 @@
  *
  * Each line is checked: one JSON object and nothing after it, input_ids a non-empty array of
  * integers inside the vocabulary (--vocab, or vocab_size of --model's config.json; unchecked when
- * neither is given), loss_mask an array of 0/1 of the same length, at most --max-len tokens. A
- * bad line is reported with its line number and skipped (counted; the first --show-errors are
- * printed), or, with --strict, stops the conversion (exit 1, nothing written). Blank lines are
- * ignored. A line longer than any record of --max-len tokens can be (line_limit) is bad without
- * being parsed, and an input whose first byte is '[' (a JSON array) is refused before it is read
- * (exit 3): cJSON holds ~28 times a line's size.
+ * neither is given), loss_mask an array of 0/1 of the same length, at most --max-len tokens,
+ * neither key given twice. A bad line is reported with its line number and skipped (counted;
+ * the first --show-errors are printed), or, with --strict, stops the conversion (exit 1, nothing
+ * written). Blank lines (only whitespace) are ignored. A line longer than any record of --max-len
+ * tokens can be (line_limit) is bad without being parsed, and an input whose first byte is '['
+ * (a JSON array) is refused before it is read (exit 3): cJSON holds ~28 times a line's size.
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
  * the last bound, and counts (and warns about) the kept sequences the drafter trains nothing on:
@@ -148,6 +148,17 @@ static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t
         snprintf(why, whylen, "text after the JSON object at column %ld", (long)(end - text) + 1);
         goto out;
     }
+    /* cJSON would take the first of two same-named keys, Python's json the last: neither */
+    int n_ids_keys = 0, n_mask_keys = 0;
+    for (const cJSON *e = j->child; e; e = e->next) {
+        n_ids_keys += e->string && strcmp(e->string, "input_ids") == 0;
+        n_mask_keys += e->string && strcmp(e->string, "loss_mask") == 0;
+    }
+    if (n_ids_keys > 1 || n_mask_keys > 1) {
+        snprintf(why, whylen, "duplicate key \"%s\" (JSON readers differ on which one counts)",
+                 n_ids_keys > 1 ? "input_ids" : "loss_mask");
+        goto out;
+    }
     cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
     cJSON *mask = cJSON_GetObjectItemCaseSensitive(j, "loss_mask");
     if (!cJSON_IsArray(ids)) {
@@ -183,11 +194,20 @@ static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t
     long k = 0;
     for (cJSON *e = ids->child; e; e = e->next, k++) {
         double v = cJSON_IsNumber(e) ? e->valuedouble : NAN;
-        if (!(v == floor(v)) || fabs(v) > 2147483647.0) {
+        if (!(v == floor(v))) {
             snprintf(why, whylen, "input_ids[%ld] is not an integer", k);
             goto out;
         }
-        if (v < 0 || (vocab && v >= vocab)) {
+        if (fabs(v) > 2147483647.0) {
+            snprintf(why, whylen, "input_ids[%ld] = %.0f is outside the int32 range of token ids",
+                     k, v);
+            goto out;
+        }
+        if (v < 0) {
+            snprintf(why, whylen, "token id %.0f at position %ld is negative", v, k);
+            goto out;
+        }
+        if (vocab && v >= vocab) {
             snprintf(why, whylen, "token id %.0f at position %ld is outside the vocabulary of %u",
                      v, k, vocab);
             goto out;
@@ -320,9 +340,9 @@ int main(int argc, char **argv) {
                      len, (long long)c.max_len, limit);
         } else {
             size_t l = (size_t)len;
-            while (l && (line[l - 1] == '\r' || line[l - 1] == ' '))
+            while (l && isspace((unsigned char)line[l - 1]))
                 l--;
-            if (l == 0) continue;
+            if (l == 0) continue; /* blank: only whitespace */
             n = parse_line(line, l, &c, vocab, &lb, why, sizeof why);
         }
         if (n < 0) {

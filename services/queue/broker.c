@@ -457,17 +457,32 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, (uint64_t)id);
 }
 
+/* True while some target has its pool registered (the plan's epochs are its word). */
+static bool pool_registered(const broker *b)
+{
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (b->pools[i].registered) return true;
+    return false;
+}
+
 /* True when the target's plan is finished: every batch of every planned epoch trained,
- * committed or quarantined, none to do, in flight or orphaned. A claim then ends the drafter's
- * run as a drain does (DFLASH_ESHUTDOWN, a drafter with --exit-when-drained exits and saves);
- * it is not a state of its own: a rewind (a drafter resuming from an older checkpoint) puts
- * batches back to do and claims are served again. */
+ * committed or quarantined, none to do, in flight or orphaned, and a target that declared the
+ * plan is registered. A claim then ends the drafter's run as a drain does (DFLASH_ESHUTDOWN, a
+ * drafter with --exit-when-drained exits and saves); it is not a state of its own: a rewind (a
+ * drafter resuming from an older checkpoint) puts batches back to do and claims are served
+ * again. A plan is only as live as the target that declared it (defect: the epochs of a target
+ * that had been stopped, or had expired, ended a drafter restarted to train the larger --epochs
+ * of the target starting next, exit 0 before that one had registered): while no pool is
+ * registered, claims wait for a target (on_claim), whose registration sets the plan again. A
+ * target stays registered at the plan's end (its work requests wait), so the normal end of a
+ * run is unchanged. */
 bool broker_plan_done(broker *b)
 {
     ledger_stats ls;
-    if (b->epochs) ledger_get_stats(b->ledger, &ls);
+    bool known = b->epochs && pool_registered(b);
+    if (known) ledger_get_stats(b->ledger, &ls);
     /* ls.todo counts the planned epochs only (ledger_set_max_epochs) */
-    bool done = b->epochs && ls.epochs_opened >= b->epochs && ls.todo == 0 && ls.in_flight == 0 &&
+    bool done = known && ls.epochs_opened >= b->epochs && ls.todo == 0 && ls.in_flight == 0 &&
                 ls.orphaned == 0;
     if (!done) b->plan_done_said = false;
     return done;
@@ -605,10 +620,13 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
     policy_grant g;
     int rc = policy_claim(b->policy, p->incarnation, now_ms(b), &g);
-    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE) /* the plan's end: only then nothing is ready */
-        return broker_plan_done(b) ? broker_reply_plan_done(b, r, m->request_id)
-                                   : reply_error(b, r, m->request_id, DFLASH_EAGAIN,
-                                                 "nothing eligible");
+    if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTATE) {
+        /* the plan's end: only then nothing is ready */
+        if (broker_plan_done(b)) return broker_reply_plan_done(b, r, m->request_id);
+        return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "%s",
+                           pool_registered(b) ? "nothing eligible"
+                                              : "no target registered: waiting for one");
+    }
     if (rc) return reply_error(b, r, m->request_id, rc, "claim refused");
     reply_init(b, r, WIRE_GRANT, m->request_id);
     broker_fill_grant(b, &g, &r->u.grant);

@@ -29,6 +29,9 @@
  *   - every batch of the target's epochs trained left the drafters waiting for ever on "nothing
  *     eligible" (and scripts/train with them): their claims are answered SHUTDOWN saying so,
  *     until a rewind puts batches back to do;
+ *   - the other way: a drafter restarted to train the larger --epochs of a target restarting
+ *     (stopped, its successor still loading) was told by the plan of the target that had gone
+ *     that the run was over, and exited 0 having trained nothing: claims wait for a target;
  *   - a drain given to a broker that knows no pool (restarted after the target had already
  *     exited at the first drain) left every drafter waiting for ever on "no pool yet": its
  *     claims and step claims are answered SHUTDOWN, so the drafters checkpoint and exit.
@@ -302,7 +305,8 @@ static void test_restart_plan_bounds(void)
 }
 
 /* Every batch of the target's one epoch trained: a claim ends the drafter's run (SHUTDOWN,
- * saying why) instead of waiting for ever; a rewind puts batches back and claims wait again. */
+ * saying why) instead of waiting for ever; a rewind puts batches back and claims wait again.
+ * Once that target is gone, its plan ends no run: claims wait for the next target. */
 static void test_plan_done(void)
 {
     stub_broker_new(NULL);
@@ -334,6 +338,25 @@ static void test_plan_done(void)
     CHECK_EQ_INT(train_one(2), 0);
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
     CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN);
+
+    /* The operator restarts the target with --epochs 2: the new one says hello (its old pool is
+     * dropped) and loads its model. The plan of the one that went ends nobody's run: a drafter
+     * restarted meanwhile waits; the new registration sets the plan, and epoch 1 is produced. */
+    CHECK_EQ_INT(hello_from("t2", WIRE_ROLE_TARGET, TARGET_INC + 1, "t"), 0);
+    CHECK_EQ_INT(hello_from("d2", WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "d2"), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    CHECK_EQ_INT(stub_send("d2"), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "no target registered: waiting for one"));
+    wire_pool *p2 = stub_pool_request(TARGET_INC + 1, POOL_INC + 1, 4);
+    p2->bucket_batches[0] = 2;
+    p2->epochs = 2;
+    CHECK_EQ_INT(stub_send("t2"), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    CHECK_EQ_INT(stub_send("d2"), DFLASH_EAGAIN); /* epoch 1 to do */
+    stub_make_ready("t2", TARGET_INC + 1, POOL_INC + 1, 1);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC + 1);
+    CHECK_EQ_INT(stub_send("d2"), 0);
+    CHECK_EQ_INT(stub_rep.u.grant.unit.epoch, 1);
     stub_broker_free();
 }
 

@@ -445,6 +445,7 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         d->desc.event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])d->events;
     }
     d->registered = true;
+    d->last_grant_ms = d->drain_hold_ms = 0;
     p->pool_id = id;
     memcpy(b->target_share, w->bucket_share, w->n_buckets * sizeof *w->bucket_share);
     if (!b->cfg.shares[0]) policy_set_shares(b->policy, w->n_buckets, w->bucket_share);
@@ -508,13 +509,63 @@ static pool_desc *peer_pool(broker *b, peer *p, uint64_t incarnation)
     return d;
 }
 
+/* True while a drafter is live (one may still claim). */
+static bool drafter_live(const broker *b)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++)
+        if (b->peers[i]->role == WIRE_ROLE_DRAFTER && b->peers[i]->state == PEER_LIVE)
+            return true;
+    return false;
+}
+
+/* A draining target's WorkRequest. Its ready slots live in its memory, so they can be trained
+ * only while it keeps its pool (defect: told SHUTDOWN at once, it exited and removed the pool,
+ * and the broker granted the pool's ready slots until it expired the target: the drafters
+ * could not map them, warned, and gave them back unread, untrained). It is answered AGAIN while
+ * a slot of its pool is leased (a drafter copies it; a lease ends within a lease timeout), or
+ * ready while a drafter is live and took a slot of the pool within lease_timeout_ms (of the
+ * last grant, or of the hold's start). Then SHUTDOWN; ready slots nobody took are given up
+ * first: the pool is dropped (their batches back to to-do), so none is granted from memory
+ * that is about to go. */
+static void drain_hold(broker *b, peer *p, pool_desc *d, wire_msg *r, uint64_t rid)
+{
+    uint32_t id = (uint32_t)p->pool_id, ready = 0, leased = 0;
+    for (uint32_t s = 0; s < d->desc.slot_count; s++) {
+        slot_state st;
+        if (policy_slot_get(b->policy, id, s, &st, NULL)) continue;
+        ready += st == SLOT_READY;
+        leased += st == SLOT_LEASED;
+    }
+    uint64_t now = now_ms(b), timeout = (uint64_t)b->cfg.lease_timeout_ms;
+    bool first = !d->drain_hold_ms;
+    if (first) d->drain_hold_ms = now;
+    uint64_t since = d->last_grant_ms > d->drain_hold_ms ? d->last_grant_ms : d->drain_hold_ms;
+    bool live = drafter_live(b);
+    if (leased || (ready && live && now - since < timeout)) {
+        if (first)
+            LOG_INFO("draining: target %s keeps its pool until the drafters have its %u ready "
+                     "and %u leased slots", p->name, ready, leased);
+        return reply_error(b, r, rid, DFLASH_EAGAIN, "draining: %u ready and %u leased slots "
+                           "of the pool left to the drafters", ready, leased);
+    }
+    if (ready) {
+        LOG_WARN("draining: %u ready slots of %s's pool %s: their batches go back to to-do", ready,
+                 p->name, live ? "not claimed within the lease timeout" : "and no drafter");
+        policy_pool_drop(b->policy, id);
+        d->registered = false;
+    } else if (!first) {
+        LOG_INFO("draining: the drafters have every ready slot of %s's pool: it may go", p->name);
+    }
+    reply_error(b, r, rid, DFLASH_ESHUTDOWN, "draining");
+}
+
 static void on_work_request(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
-    if (!peer_pool(b, p, m->u.pool_incarnation))
-        return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown pool: register it");
+    pool_desc *d = peer_pool(b, p, m->u.pool_incarnation);
+    if (!d) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown pool: register it");
     policy_mode mode = policy_get_mode(b->policy);
-    if (mode == POLICY_DRAINING)
-        return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "draining");
+    if (mode == POLICY_DRAINING) return drain_hold(b, p, d, r, m->request_id);
+    d->drain_hold_ms = 0;
     if (mode == POLICY_PAUSED) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "paused");
     uint32_t mask = ledger_todo_mask(b->ledger); /* 0 past the plan's epochs too */
     policy_set_flush(b->policy, mask == 0);
@@ -585,9 +636,10 @@ bool broker_drained(const broker *b)
  * are; a group step's reservation may be older: broker_on_step_claim). */
 void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w)
 {
-    const pool_desc *d = &b->pools[g->where.pool_id];
+    pool_desc *d = &b->pools[g->where.pool_id];
     memset(w, 0, sizeof *w);
     uint64_t now = now_ms(b);
+    d->last_grant_ms = now; /* a draining target waits while its slots are taken (drain_hold) */
     w->lease_id = g->lease_id;
     w->deadline_ms = g->deadline_ms > now ? g->deadline_ms - now : 0;
     w->pool_incarnation = g->where.incarnation;

@@ -58,6 +58,8 @@ typedef struct pool_desc {
     wire_pool desc;            /* event_handles points to events below */
     uint8_t (*events)[WIRE_HANDLE_BYTES];
     uint32_t *n_seqs;          /* per slot, from its last SLOT_READY (for the Grant) */
+    uint64_t last_grant_ms;    /* when a slot of it was last granted (0: never) */
+    uint64_t drain_hold_ms;    /* draining: when its target was first held (0: not held) */
 } pool_desc;
 
 #define MAX_POOLS 64

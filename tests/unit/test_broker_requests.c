@@ -34,7 +34,12 @@
  *     that the run was over, and exited 0 having trained nothing: claims wait for a target;
  *   - a drain given to a broker that knows no pool (restarted after the target had already
  *     exited at the first drain) left every drafter waiting for ever on "no pool yet": its
- *     claims and step claims are answered SHUTDOWN, so the drafters checkpoint and exit.
+ *     claims and step claims are answered SHUTDOWN, so the drafters checkpoint and exit;
+ *   - a drain told the target SHUTDOWN at once: it exited and removed its pool while slots of
+ *     it were ready, and the broker granted them until it expired the target (the drafters
+ *     warned they could not map the pool, the ready batches went untrained): the target is
+ *     kept while the drafters take them, and let go when none is left, no drafter is there, or
+ *     none took one for a lease timeout (then nothing more is granted from that pool).
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -479,6 +484,86 @@ static void test_drain_without_pool(void)
     stub_broker_free();
 }
 
+static void short_lease(queue_config *cfg)
+{
+    cfg->lease_timeout_ms = 50;
+}
+
+/* A draining target's work request. */
+static int target_asks(const char *rid, uint64_t inc, uint64_t pool_inc)
+{
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, inc);
+    stub_req.u.pool_incarnation = pool_inc;
+    return stub_send(rid);
+}
+
+/* A drain keeps the target (AGAIN to its work requests) while the drafters take its ready
+ * slots, and lets it go (SHUTDOWN) once none is ready or leased; the drafter trains them all
+ * and is then told the drain is over. Ready slots nobody takes do not hold it: with no drafter,
+ * or none claiming within a lease timeout, they are given up (their batches back to to-do, the
+ * pool dropped so none is granted from memory about to go) and the target goes. */
+static void test_drain_holds_ready(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 2);
+    stub_init(WIRE_DRAIN, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "draining: 2 ready and 0 leased") != NULL);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), 0);
+    wire_grant g = stub_rep.u.grant;
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_EAGAIN); /* 1 ready, 1 leased */
+    CHECK_EQ_INT(train_one(1), 0);
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_EAGAIN); /* the first: leased */
+    CHECK(strstr(stub_rep.u.error.message, "draining: 0 ready and 1 leased") != NULL);
+    CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.ack = (wire_ack){g.unit, 2};
+    CHECK_EQ_INT(stub_send("d"), 0);
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_ESHUTDOWN);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(stub_status().batches_trained, 2);
+    stub_broker_free();
+
+    /* no drafter: the target goes at once, the ready batches back to to-do */
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 2);
+    stub_init(WIRE_DRAIN, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_ESHUTDOWN);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_todo, 1000);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN); /* nothing granted from the gone pool */
+    stub_broker_free();
+
+    /* a live drafter that takes nothing for a lease timeout (50 ms) does not hold it */
+    stub_broker_new(short_lease);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    stub_init(WIRE_DRAIN, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_EAGAIN);
+    usleep(80 * 1000);
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(stub_status().batches_todo, 1000);
+    stub_broker_free();
+}
+
 static void resume_both(void)
 {
     log_set_level(LOG_WARN);
@@ -522,6 +607,7 @@ int main(void)
     test_ready_refused_after_adopt();
     test_duplicate_name();
     test_drain_without_pool();
+    test_drain_holds_ready();
     test_second_trainer_warned();
     CHECK_DONE();
 }

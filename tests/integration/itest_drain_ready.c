@@ -1,0 +1,136 @@
+/* itest_drain_ready: a drain trains what is ready. The ready slots live in the target's memory:
+ * told SHUTDOWN at once, the target exited and removed its pool while the broker still granted
+ * them, so a drafter that had not mapped the pool yet warned "cannot copy slot" for each and gave
+ * it back unread, untrained. Now the broker keeps the target while the drafters take them.
+ *
+ * The real dflash-queue and dflash-target (--model synthetic, host pool of 2 slots) run in a
+ * temp dir. A raw drafter client says hello and keeps heartbeating (a drafter is connected) but
+ * claims nothing, so both slots become ready. Then `drain`; the target is still up a second
+ * later, and only then a worker loop (this process, a thread) starts: it has never mapped the
+ * pool. Checks: it trains both ready batches and ends (drained); the target exits 0 within
+ * 10 s; the ledger has 2 trained, none in flight. */
+#include "check.h"
+#include "harness.h"
+#include "heartbeat.h"
+#include "slot.h"
+#include "worker_loop.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+typedef struct trainer {
+    worker_loop_config lc;
+    worker_consumer cons;
+    volatile sig_atomic_t stop;
+    int consumed, rc;
+    volatile int ended;
+} trainer;
+
+static int consume(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    trainer *k = ctx;
+    (void)b;
+    *step = (uint64_t)++k->consumed;
+    return 0;
+}
+
+static void *run_loop(void *arg)
+{
+    trainer *k = arg;
+    k->rc = worker_loop_run(&k->lc, &k->cons, &k->stop, NULL);
+    k->ended = 1;
+    return NULL;
+}
+
+static uint32_t ready_slots(const wire_status *s)
+{
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].ready;
+    return n;
+}
+
+/* Reaps pid within deadline_ms; its wait status, or -1 (then it is killed). */
+static int reap_within(pid_t pid, int deadline_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    int status = -1;
+    while (h_now_ms() < end) {
+        if (waitpid(pid, &status, WNOHANG) == pid) return status;
+        h_sleep_ms(20);
+    }
+    h_kill(pid, SIGKILL);
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) return 2;
+    char dir[64], ep[128];
+    h_tempdir(dir, sizeof dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
+    const char *more[] = {"--log-level=info", NULL};
+    pid_t q = h_start_small_queue(argv[1], dir, more);
+    CHECK(q > 0);
+    if (q <= 0) CHECK_DONE();
+    pid_t target = h_start_small_target(argv[3], dir, "t", 64, 500);
+    CHECK(target > 0);
+
+    client *idle = client_new(ep, WIRE_ROLE_DRAFTER, "idle");
+    client_set_timeout(idle, 1000);
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 50 && rc; a++) rc = client_hello(idle, NULL, 0);
+    CHECK_EQ_INT(rc, 0);
+    heartbeat *hb = heartbeat_start(idle, 0, "the idle drafter");
+
+    client *c = client_new(ep, WIRE_ROLE_CTL, "check");
+    client_set_timeout(c, 1000);
+    rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 20 && rc; a++) rc = client_hello(c, NULL, 0);
+    CHECK_EQ_INT(rc, 0);
+    wire_status s = {0};
+    uint64_t deadline = h_now_ms() + 30000;
+    do {
+        h_sleep_ms(20);
+        rc = client_status(c, &s);
+    } while ((rc || ready_slots(&s) < 2) && h_now_ms() < deadline);
+    CHECK_EQ_INT(ready_slots(&s), 2);
+    CHECK_EQ_INT(client_drain(c), 0);
+    /* A second of the drain for the target to go, as it did at once (its work requests come
+     * every 20 ms): a drafter slow to start (loading its model) then met a removed pool. */
+    int early = -1;
+    for (uint64_t end = h_now_ms() + 1000; h_now_ms() < end && early < 0;) {
+        if (waitpid(target, &early, WNOHANG) != target) early = -1;
+        h_sleep_ms(20);
+    }
+    CHECK_EQ_INT(early, -1); /* the target keeps its pool: its slots are ready */
+
+    trainer k = {.lc = {.endpoint = ep, .name = "late", .backend = POOL_HOST, .timeout_ms = 1000,
+                        .max_copy_failures = 1, .exit_when_drained = true}};
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &k.lc.layout), 0);
+    k.cons = (worker_consumer){.name = "late", .ctx = &k, .consume = consume};
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &k), 0);
+    deadline = h_now_ms() + 30000;
+    while (!k.ended && h_now_ms() < deadline) h_sleep_ms(20);
+    CHECK(k.ended);
+    k.stop = 1;
+    pthread_join(th, NULL);
+    CHECK_EQ_INT(k.rc, 0); /* a copy failure would end it with DFLASH_EPEER */
+    CHECK_EQ_INT(k.consumed, 2);
+
+    int status = early >= 0 ? early : reap_within(target, 10000);
+    CHECK(status == 0);
+    CHECK_EQ_INT(client_status(c, &s), 0);
+    printf("trained %d; ledger: %llu in flight, %llu trained, %llu committed, %llu to do\n",
+           k.consumed, (unsigned long long)s.batches_inflight,
+           (unsigned long long)s.batches_trained, (unsigned long long)s.batches_committed,
+           (unsigned long long)s.batches_todo);
+    CHECK_EQ_INT(s.batches_trained + s.batches_committed, 2);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    heartbeat_stop(&hb);
+    client_destroy(&c);
+    client_destroy(&idle);
+    CHECK_EQ_INT(h_stop(q), 0);
+    h_rmdir(dir);
+    CHECK_DONE();
+}

@@ -53,9 +53,22 @@ static int parse_bool(const char *s, bool *out)
     return DFLASH_EINVAL;
 }
 
+/* value without the blanks around it, into buf (cut to its size): how a config file's line
+ * gives it, so " 3" and "3 " are both 3 wherever a number or BOOL comes from. */
+static const char *trim_blanks(const char *value, char *buf, size_t size)
+{
+    while (isspace((unsigned char)*value)) value++;
+    size_t n = strlen(value);
+    while (n && isspace((unsigned char)value[n - 1])) n--;
+    snprintf(buf, size, "%.*s", (int)n, value);
+    return buf;
+}
+
 static int set_value(const cfg_option *o, void *cfg, const char *value, char *err, size_t len)
 {
     char *member = (char *)cfg + o->offset;
+    char trimmed[128]; /* a number or BOOL longer than this is not one either way */
+    if (o->type != CFG_STRING) value = trim_blanks(value, trimmed, sizeof trimmed);
     char *end = NULL;
     errno = 0;
     switch (o->type) {
@@ -156,6 +169,11 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
     char *line = NULL; /* any length: a value may be a long list of paths */
     size_t cap = 0;
     int lineno = 0, rc = 0;
+    int *key_line = calloc(t->n_options, sizeof *key_line); /* where each key was set, 0: not */
+    if (!key_line) {
+        fclose(f);
+        return DFLASH_ENOMEM;
+    }
     errno = 0;
     while (getline(&line, &cap, f) >= 0) {
         lineno++;
@@ -175,6 +193,16 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
         while (isspace((unsigned char)*val)) val++;
         char *end = val + strlen(val);
         while (end > val && isspace((unsigned char)end[-1])) *--end = 0;
+        const cfg_option *o = config_find(t, key);
+        if (o && key_line[o - t->options]) { /* min-ready and min_ready are one key */
+            char first[256];
+            config_get(t, cfg, o->name, first, sizeof first);
+            fprintf(stderr, "%s: %s:%d: %s is set again (line %d set it to '%s', this line to "
+                    "'%s'): give each key once\n", t->program, path, lineno, o->name,
+                    key_line[o - t->options], first, val);
+            rc = DFLASH_EINVAL;
+            break;
+        }
         char err[256];
         int r = config_set(t, cfg, key, val, false, err, sizeof err);
         if (r) {
@@ -182,9 +210,11 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
             rc = r;
             break;
         }
-        mark_given(t, config_find(t, key));
+        key_line[o - t->options] = lineno;
+        mark_given(t, o);
         errno = 0;
     }
+    free(key_line);
     /* a directory opens, then fails its first read (EISDIR): it is no empty config file */
     if (!rc && ferror(f)) {
         fprintf(stderr, "%s: cannot read config file %s: %s\n", t->program, path,
@@ -218,6 +248,38 @@ static void env_scope(const cfg_table *t, char *scope, size_t size)
     scope[n] = 0;
 }
 
+/* Warns about each DFLASH_<PROGRAM>_* variable in the environment that names no option of the
+ * program (nor CONFIG, nor one of its subcommands' scopes): a misspelling that would otherwise
+ * be ignored without a word. Plain DFLASH_* names are shared by every program and the compute
+ * backends, so an unknown one there may be meant for another: not said. */
+static void warn_unknown_env(const cfg_table *t, const char *scope)
+{
+    extern char **environ;
+    char prefix[80];
+    snprintf(prefix, sizeof prefix, "DFLASH_%s", scope);
+    size_t plen = strlen(prefix);
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, prefix, plen) != 0) continue;
+        const char *rest = *e + plen;
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(rest, "="), rest);
+        if (config_find(t, name) || name_eq(name, "config")) continue;
+        bool sub = false;
+        for (const char *const *w = t->subcommands; w && *w && !sub; w++) {
+            size_t n = strlen(*w);
+            sub = strncasecmp(name, *w, n) == 0 && name[n] == '_';
+        }
+        if (sub) continue;
+        char flag[128];
+        size_t n = 0;
+        for (const char *p = name; *p && n + 1 < sizeof flag; p++)
+            flag[n++] = *p == '_' ? '-' : (char)tolower((unsigned char)*p);
+        flag[n] = 0;
+        fprintf(stderr, "%s: warning: environment %s%s names no option of %s (there is no "
+                "--%s; see --help): ignored\n", t->program, prefix, name, t->program, flag);
+    }
+}
+
 /* DFLASH_<NAME> for every option, then DFLASH_<PROGRAM>_<NAME>, which wins: a shell that runs
  * several programs can give each its own value of an option they share by name (--layers is
  * the captured layers to the daemons, the decoder layers to dflash-mkmodel). */
@@ -225,6 +287,7 @@ static int load_env(const cfg_table *t, void *cfg)
 {
     char scope[64];
     env_scope(t, scope, sizeof scope);
+    warn_unknown_env(t, scope);
     const char *scopes[] = {"", scope};
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < t->n_options; i++) {
@@ -270,6 +333,80 @@ static void set_defaults(const cfg_table *t, void *cfg)
     }
 }
 
+/* The flags of argv, in order, over what the file and the environment gave; non-flags into
+ * positional. A flag given twice warns, naming both values; the last one counts. */
+static int load_flags(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
+                      int max_positional, int *n_positional)
+{
+    bool *flagged = calloc(t->n_options ? t->n_options : 1, sizeof *flagged);
+    if (!flagged) return DFLASH_ENOMEM;
+    int rc = 0;
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--config=", 9) == 0 || strcmp(a, "--dump-config") == 0) continue;
+        if (strncmp(a, "--", 2) != 0 || a[2] == 0) {
+            if (strcmp(a, "--") == 0) continue;
+            if (!positional || !n_positional || *n_positional >= max_positional) {
+                fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", t->program, a);
+                rc = DFLASH_EINVAL;
+                break;
+            }
+            positional[(*n_positional)++] = argv[i];
+            continue;
+        }
+        char name[128];
+        const char *value = NULL;
+        const char *eq = strchr(a + 2, '=');
+        size_t nl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (nl >= sizeof name) nl = sizeof name - 1;
+        memcpy(name, a + 2, nl);
+        name[nl] = 0;
+        const cfg_option *o = config_find(t, name);
+        bool negated = false;
+        if (!o && strncmp(name, "no-", 3) == 0) {
+            o = config_find(t, name + 3);
+            negated = o && o->type == CFG_BOOL;
+            if (!negated) o = NULL;
+        }
+        if (!o) {
+            fprintf(stderr, "%s: unknown option --%s (see --help)\n", t->program, name);
+            rc = DFLASH_EINVAL;
+            break;
+        }
+        if (eq && negated) { /* --no-fsync=true used to mean fsync true: refuse the riddle */
+            fprintf(stderr, "%s: --no-%s takes no value (write --%s=BOOL)\n", t->program, o->name,
+                    o->name);
+            rc = DFLASH_EINVAL;
+            break;
+        }
+        if (eq) value = eq + 1;
+        else if (o->type == CFG_BOOL) value = negated ? "false" : "true";
+        else if (i + 1 < argc) value = argv[++i];
+        else {
+            fprintf(stderr, "%s: --%s needs a value\n", t->program, o->name);
+            rc = DFLASH_EINVAL;
+            break;
+        }
+        char before[256], err[256];
+        config_get(t, cfg, o->name, before, sizeof before);
+        if ((rc = set_value(o, cfg, value, err, sizeof err))) {
+            fprintf(stderr, "%s: --%s\n", t->program, err);
+            break;
+        }
+        if (flagged[o - t->options])
+            fprintf(stderr, "%s: warning: --%s is given twice ('%s', then '%s'): the last one "
+                    "counts\n", t->program, o->name, before, value);
+        flagged[o - t->options] = true;
+        mark_given(t, o);
+    }
+    free(flagged);
+    return rc;
+}
+
 int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
                 int max_positional, int *n_positional)
 {
@@ -300,59 +437,12 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
     int rc;
     if (file && *file && (rc = load_file(t, cfg, file))) return rc;
     if ((rc = load_env(t, cfg))) return rc;
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--config") == 0) {
-            i++;
-            continue;
-        }
-        if (strncmp(a, "--config=", 9) == 0 || strcmp(a, "--dump-config") == 0) continue;
-        if (strncmp(a, "--", 2) != 0 || a[2] == 0) {
-            if (strcmp(a, "--") == 0) continue;
-            if (!positional || !n_positional || *n_positional >= max_positional) {
-                fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", t->program, a);
-                return DFLASH_EINVAL;
-            }
-            positional[(*n_positional)++] = argv[i];
-            continue;
-        }
-        char name[128];
-        const char *value = NULL;
-        const char *eq = strchr(a + 2, '=');
-        size_t nl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-        if (nl >= sizeof name) nl = sizeof name - 1;
-        memcpy(name, a + 2, nl);
-        name[nl] = 0;
-        const cfg_option *o = config_find(t, name);
-        bool negated = false;
-        if (!o && strncmp(name, "no-", 3) == 0) {
-            o = config_find(t, name + 3);
-            negated = o && o->type == CFG_BOOL;
-            if (!negated) o = NULL;
-        }
-        if (!o) {
-            fprintf(stderr, "%s: unknown option --%s (see --help)\n", t->program, name);
-            return DFLASH_EINVAL;
-        }
-        if (eq && negated) { /* --no-fsync=true used to mean fsync true: refuse the riddle */
-            fprintf(stderr, "%s: --no-%s takes no value (write --%s=BOOL)\n", t->program, o->name,
-                    o->name);
-            return DFLASH_EINVAL;
-        }
-        if (eq) value = eq + 1;
-        else if (o->type == CFG_BOOL) value = negated ? "false" : "true";
-        else if (i + 1 < argc) value = argv[++i];
-        else {
-            fprintf(stderr, "%s: --%s needs a value\n", t->program, o->name);
-            return DFLASH_EINVAL;
-        }
-        char err[256];
-        if ((rc = set_value(o, cfg, value, err, sizeof err))) {
-            fprintf(stderr, "%s: --%s\n", t->program, err);
-            return rc;
-        }
-        mark_given(t, o);
+    if ((rc = load_flags(t, cfg, argc, argv, positional, max_positional, n_positional)))
+        return rc;
+    char why[512];
+    if (t->check && t->check(cfg, why, sizeof why)) { /* before a dump: it must be usable */
+        fprintf(stderr, "%s: %s\n", t->program, why);
+        return DFLASH_ECONFIG;
     }
     if (dump) {
         config_dump(t, cfg, stdout);

@@ -12,6 +12,11 @@
  * DRAFTER_EVAL). Config files hold `key value` lines; '#' at the start or after a blank starts a
  * comment. Integers are decimal. A BOOL flag takes no separate value: --name, --no-name or
  * --name=BOOL (--help shows it as --[no-]name); --no-name=BOOL is an error.
+ * A key given twice in a config file is an error (both lines named); a flag given twice warns
+ * on stderr, naming both values, and the last one counts (a script may append an override). A
+ * DFLASH_<PROGRAM>_* variable that names no option of the program warns (a misspelling: it can
+ * only have been meant for this program). Blanks around a number or BOOL value are ignored
+ * wherever it comes from (flag, variable, file, dflash-ctl set), as a config file's line is.
  *
  * Strings are fixed char arrays inside the struct (size given in the table), so the struct can be
  * copied and needs no cleanup. Not thread-safe: a daemon owns its config on its loop thread.
@@ -54,13 +59,21 @@ typedef struct cfg_table {
     size_t n_options;
     bool *given; /* optional, n_options entries: which options config_load took from the config
                     file, the environment or a flag rather than the default (config_given) */
+    /* optional: the checks across options the program makes at start-up (min-ready against
+     * max-depth); config_load runs them after the flags, before --dump-config, so a dump is
+     * always a configuration the program takes. 0, or non-zero with the reason in why. */
+    int (*check)(const void *cfg, char *why, size_t why_len);
+    /* optional, NULL-terminated: the program's subcommands ("eval" of dflash-drafter), whose
+     * variables DFLASH_<PROGRAM>_<SUBCOMMAND>_* are theirs, not unknown names of the program */
+    const char *const *subcommands;
 } cfg_table;
 
-/* Fills cfg from defaults, then the config file, the environment, then argv.
- * Returns 0 when the program should run, 1 when it printed --help or --dump-config and should
- * exit 0, or a negative code after printing the problem (unknown flag, bad value, range) to
- * stderr. Arguments that are not flags are left, in order, in positional[0..*n_positional)
- * (pointers into argv); pass NULL to refuse positionals. */
+/* Fills cfg from defaults, then the config file, the environment, then argv, and runs the
+ * table's check. Returns 0 when the program should run, 1 when it printed --help or
+ * --dump-config and should exit 0, or a negative code after printing the problem (unknown flag,
+ * bad value, range; DFLASH_ECONFIG: the check refused it) to stderr. Arguments that are not
+ * flags are left, in order, in positional[0..*n_positional) (pointers into argv); pass NULL to
+ * refuse positionals. */
 int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
                 int max_positional, int *n_positional);
 

@@ -76,7 +76,8 @@ static const cfg_option options[] = {
 
 static const cfg_table table = {"bench-mix",
                                 "simulated length mix and target idle time: FIFO vs the policy",
-                                "[options]", options, sizeof options / sizeof options[0], NULL};
+                                "[options]", options, sizeof options / sizeof options[0], NULL,
+                                NULL, NULL};
 
 static const uint32_t bucket_len[NB] = {512, 1024, 2048, 3072};
 

@@ -72,7 +72,8 @@ static const cfg_option bench_options[] = {
 };
 static const cfg_table bench_table = {"bench-pipeline", "end-to-end slot rate vs the slower side",
                                       "[options]", bench_options,
-                                      sizeof bench_options / sizeof bench_options[0], NULL};
+                                      sizeof bench_options / sizeof bench_options[0], NULL, NULL,
+                                      NULL};
 
 static const uint32_t BUCKETS[] = {128, 256, 512, 1024};
 #define N_BUCKETS 4

@@ -205,7 +205,7 @@ static const cfg_table drafter_table = {
     "dflash-drafter", "copies slots from the DFlash broker and trains (or verifies) on them",
     "[options]\n       dflash-drafter eval [options]   offline tau of a checkpoint on held-out "
     "shards (eval --help)", drafter_options, sizeof drafter_options / sizeof drafter_options[0],
-    NULL};
+    NULL, NULL, (const char *const[]){"eval", NULL}};
 
 /* ------------------------------------------------------------ the --verify-model consumer */
 
@@ -336,7 +336,7 @@ static const cfg_option eval_options[] = {
 static const cfg_table eval_table = {
     "dflash-drafter eval", "offline acceptance length tau (docs/operating.md section 5) of a drafter checkpoint "
     "on held-out shards", "[options]", eval_options,
-    sizeof eval_options / sizeof eval_options[0], NULL};
+    sizeof eval_options / sizeof eval_options[0], NULL, NULL, NULL};
 
 /* AdamW's decoupled weight decay multiplies the weights by 1 - lr * wd each step, lr the
  * scheduled rate (at most --lr, reached after the warmup): at lr * wd >= 1 that factor is 0 or

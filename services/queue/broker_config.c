@@ -91,12 +91,20 @@ static const cfg_option queue_options[] = {
     OPT_S("log-level", "info", true, "debug, info, warn or error", log_level),
 };
 
+/* config_load's check: what broker_config_check refuses, --dump-config does not print. */
+static int check_table(const void *cfg, char *why, size_t why_len)
+{
+    return broker_config_check(cfg, why, why_len);
+}
+
 static const cfg_table queue_table = {
     "dflash-queue",
     "the DFlash broker: length buckets, ready reservoir, slot leases and the training ledger",
     "[options]",
     queue_options,
     sizeof queue_options / sizeof *queue_options,
+    NULL,
+    check_table,
     NULL,
 };
 

@@ -1,6 +1,7 @@
 /* dflash-queue: the broker daemon. main() is the table of contents: load the config table
- * (defaults < file < DFLASH_* < flags), resolve the runtime directory and endpoints, refuse a
- * tcp:// endpoint without CURVE (broker_config_check), log the effective config (and warn about
+ * (defaults < file < DFLASH_* < flags; config_load runs broker_config_check, which refuses e.g.
+ * a tcp:// endpoint without CURVE, before --dump-config too), resolve the runtime directory and
+ * endpoints, log the effective config (and warn about
  * a journal left at its default place, the runtime dir), open the broker (which replays the
  * journal, restores the operator's runtime steering over that config, saying so per value, and
  * binds), run the loop until SIGINT/SIGTERM, shut down in reverse. Everything else lives in
@@ -84,11 +85,6 @@ int main(int argc, char **argv)
 
     bool journal_default = !cfg.journal[0];
     resolve_paths(&cfg);
-    char why[400];
-    if (broker_config_check(&cfg, why, sizeof why)) { /* e.g. tcp:// without CURVE */
-        LOG_ERROR("%s", why);
-        return 2;
-    }
     rc = runtime_dir_prepare(cfg.runtime_dir);
     if (rc) return rc == DFLASH_EIO ? 1 : 2; /* a file there, or open to others: configuration */
 

@@ -108,7 +108,8 @@ static const cfg_option target_options[] = {
 };
 static const cfg_table target_table = {
     "dflash-target", "fills slot pools with target hidden states for the DFlash broker",
-    "[options]", target_options, sizeof target_options / sizeof target_options[0], NULL};
+    "[options]", target_options, sizeof target_options / sizeof target_options[0], NULL,
+    NULL, NULL};
 
 /* The default --name: target-<host> (the host name up to its first dot, other characters than
  * letters, digits, - and _ as -), at most 31 characters (POOL_NAME_MAX). Stable across restarts

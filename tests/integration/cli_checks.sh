@@ -7,6 +7,8 @@
 #   - the target reports its warm-up after loading the model;
 #   - with no broker, "no broker answered ... for T" states the time waited (a request timeout
 #     of 1 s is past a --broker-wait-ms of 100), not the configured wait;
+#   - dflash-queue --dump-config refuses (exit 2) what the start refuses (min-ready above
+#     max-depth: it printed it with exit 0);
 #   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
 #     (the percentiles' ranks used to cross with few samples).
 #   cli_checks.sh BUILD_DIR HAVE_CUDA (ON or OFF: the build's DFLASH_HAVE_CUDA)
@@ -119,6 +121,10 @@ expect target_waited 1 "$WAITED" "$T" "${COMMON[@]}" --broker-wait-ms 100 --time
 expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 100 \
     --timeout-ms 1000
 
+# --dump-config makes the start's checks first
+expect queue_dump_checked 2 "min-ready 100 needs 100 ready slots .* max-depth is 10" \
+    "$Q" --runtime-dir "$WORK/run" --min-ready 100 --max-depth 10 --dump-config
+expect queue_dump_ok 0 "^min-ready 5$" "$Q" --runtime-dir "$WORK/run" --min-ready 5 --dump-config
 # p50 and p99 of two copies: nearest rank; v[n/2] and v[(n-1)*0.99] gave p99 < p50
 "$Q" --runtime-dir "$WORK/run" --journal none --min-ready 1 --max-depth 4 \
     > "$WORK/queue.log" 2>&1 &

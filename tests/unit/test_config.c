@@ -1,6 +1,8 @@
 /* test_config: the config table gives flags, DFLASH_* variables, config files, precedence,
  * range checks, live-only sets, which options were given and the dump; a config file that cannot be read (a directory) is
- * an error, not an empty file; err_str covers the table. */
+ * an error, not an empty file; a key twice in a file is refused, a flag twice and a misspelled
+ * DFLASH_<PROGRAM>_* variable are warned about; the table's check refuses before --dump-config;
+ * blanks around numbers are ignored; err_str covers the table. */
 #include "check.h"
 #include "config.h"
 #include "err.h"
@@ -23,7 +25,7 @@ static const cfg_option demo_options[] = {
     {"endpoint", CFG_STRING, "ipc:///tmp/x", 1, 0, false, "where",
      offsetof(demo_cfg, endpoint), sizeof(((demo_cfg *)0)->endpoint)},
 };
-static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4, NULL};
+static const cfg_table demo = {"demo", "a demo", "[options]", demo_options, 4, NULL, NULL, NULL};
 
 typedef struct long_cfg {
     char shards[2048];
@@ -33,10 +35,137 @@ static const cfg_option long_options[] = {
     {"shards", CFG_STRING, "", 1, 0, false, "a long list", offsetof(long_cfg, shards),
      sizeof(((long_cfg *)0)->shards)},
 };
-static const cfg_table long_table = {"long", "long values", "[options]", long_options, 1, NULL};
+static const cfg_table long_table = {"long", "long values", "[options]", long_options, 1,
+                                     NULL, NULL, NULL};
+
+/* config_load(t, cfg, argv) with stderr and stdout caught: what it printed on each into err and
+ * out (NUL-terminated, cut to their sizes). Returns config_load's result. */
+static int load_caught(const cfg_table *t, void *cfg, char **argv, char *err, size_t err_len,
+                       char *out, size_t out_len)
+{
+    int argc = 0;
+    while (argv[argc]) argc++;
+    char epath[] = "/tmp/dflash-test-config-err-XXXXXX";
+    char opath[] = "/tmp/dflash-test-config-out-XXXXXX";
+    int efd = mkstemp(epath), ofd = mkstemp(opath);
+    fflush(stderr);
+    fflush(stdout);
+    int saved_err = dup(2), saved_out = dup(1);
+    dup2(efd, 2);
+    dup2(ofd, 1);
+    int rc = config_load(t, cfg, argc, argv, NULL, 0, NULL);
+    fflush(stderr);
+    fflush(stdout);
+    dup2(saved_err, 2);
+    dup2(saved_out, 1);
+    close(saved_err);
+    close(saved_out);
+    ssize_t n = pread(efd, err, err_len - 1, 0);
+    err[n > 0 ? n : 0] = 0;
+    n = pread(ofd, out, out_len - 1, 0);
+    out[n > 0 ? n : 0] = 0;
+    close(efd);
+    close(ofd);
+    unlink(epath);
+    unlink(opath);
+    return rc;
+}
+
+/* A check across options: min-ready at most 100 times ratio (any rule will do). */
+static int demo_check(const void *cfg, char *why, size_t why_len)
+{
+    const demo_cfg *c = cfg;
+    if (c->min_ready <= 100 * c->ratio) return 0;
+    snprintf(why, why_len, "min-ready %lld is more than 100 times ratio %g",
+             (long long)c->min_ready, c->ratio);
+    return DFLASH_ECONFIG;
+}
+
+/* What config_load says and refuses beyond single values: a key twice in a file, a flag twice,
+ * a misspelled DFLASH_<PROGRAM>_* variable, a configuration its check refuses (before
+ * --dump-config prints it), blanks around numbers. */
+static void test_said_and_refused(void)
+{
+    demo_cfg c;
+    char err[2048], out[2048];
+
+    /* a key twice in a config file (either spelling) is refused, naming both lines and values;
+     * the second used to win without a word */
+    char path[] = "/tmp/dflash-test-config-dup-XXXXXX";
+    int fd = mkstemp(path);
+    const char *text = "min-ready 3\nratio 0.5\nmin_ready 5\n";
+    CHECK(fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    char *argv_dup[] = {"demo", "--config", path, NULL};
+    CHECK_EQ_INT(load_caught(&demo, &c, argv_dup, err, sizeof err, out, sizeof out),
+                 DFLASH_EINVAL);
+    CHECK(strstr(err, ":3: min-ready is set again (line 1 set it to '3', this line to '5')"));
+    unlink(path);
+
+    /* a flag twice: the last counts, and a warning names both values */
+    char *argv_twice[] = {"demo", "--min-ready", "3", "--ratio", "0.5", "--min-ready=7", NULL};
+    CHECK_EQ_INT(load_caught(&demo, &c, argv_twice, err, sizeof err, out, sizeof out), 0);
+    CHECK_EQ_INT(c.min_ready, 7);
+    CHECK(strstr(err, "warning: --min-ready is given twice ('3', then '7')"));
+    char *argv_once[] = {"demo", "--min-ready", "3", "--ratio", "0.5", NULL};
+    CHECK_EQ_INT(load_caught(&demo, &c, argv_once, err, sizeof err, out, sizeof out), 0);
+    CHECK(err[0] == 0);
+
+    /* DFLASH_DEMO_* naming no option warns (a misspelling used to be ignored silently); a
+     * known one, CONFIG, another program's and a subcommand's variables do not */
+    setenv("DFLASH_DEMO_MIN_REDY", "3", 1);
+    setenv("DFLASH_DEMO_RATIO", "0.5", 1);
+    setenv("DFLASH_OTHER_BOGUS", "1", 1);
+    setenv("DFLASH_DEMO_SUB_THING", "1", 1);
+    const cfg_table demo_sub = {"demo", "a demo", "[options]", demo_options, 4, NULL, NULL,
+                                (const char *const[]){"sub", NULL}};
+    char *argv0[] = {"demo", NULL};
+    CHECK_EQ_INT(load_caught(&demo_sub, &c, argv0, err, sizeof err, out, sizeof out), 0);
+    CHECK(strstr(err, "warning: environment DFLASH_DEMO_MIN_REDY names no option of demo "
+                      "(there is no --min-redy"));
+    CHECK(!strstr(err, "DFLASH_DEMO_RATIO") && !strstr(err, "DFLASH_OTHER_BOGUS") &&
+          !strstr(err, "DFLASH_DEMO_SUB_THING"));
+    CHECK_EQ_INT(load_caught(&demo, &c, argv0, err, sizeof err, out, sizeof out), 0);
+    CHECK(strstr(err, "DFLASH_DEMO_SUB_THING")); /* no subcommand "sub" there */
+    unsetenv("DFLASH_DEMO_MIN_REDY");
+    unsetenv("DFLASH_DEMO_RATIO");
+    unsetenv("DFLASH_OTHER_BOGUS");
+    unsetenv("DFLASH_DEMO_SUB_THING");
+
+    /* the table's check runs before --dump-config: a configuration the program would refuse is
+     * not printed (it used to be, with exit 0) */
+    const cfg_table demo_checked = {"demo", "a demo", "[options]", demo_options, 4, NULL,
+                                    demo_check, NULL};
+    char *argv_bad[] = {"demo", "--min-ready", "90", "--ratio", "0.5", "--dump-config", NULL};
+    CHECK_EQ_INT(load_caught(&demo_checked, &c, argv_bad, err, sizeof err, out, sizeof out),
+                 DFLASH_ECONFIG);
+    CHECK(out[0] == 0 && strstr(err, "demo: min-ready 90 is more than 100 times ratio 0.5"));
+    argv_bad[5] = NULL; /* and without the dump */
+    CHECK_EQ_INT(load_caught(&demo_checked, &c, argv_bad, err, sizeof err, out, sizeof out),
+                 DFLASH_ECONFIG);
+    char *argv_good[] = {"demo", "--min-ready", "40", "--ratio", "0.5", "--dump-config", NULL};
+    CHECK_EQ_INT(load_caught(&demo_checked, &c, argv_good, err, sizeof err, out, sizeof out), 1);
+    CHECK(strstr(out, "min-ready 40\n") != NULL);
+
+    /* blanks around a number or BOOL are ignored on both sides, as on a config file's line
+     * (dflash-ctl set min_ready=' 3' was taken, '3 ' refused) */
+    CHECK_EQ_INT(config_set(&demo, &c, "min_ready", " 3", true, NULL, 0), 0);
+    CHECK_EQ_INT(c.min_ready, 3);
+    CHECK_EQ_INT(config_set(&demo, &c, "min_ready", "4 ", true, NULL, 0), 0);
+    CHECK_EQ_INT(c.min_ready, 4);
+    CHECK_EQ_INT(config_set(&demo, &c, "ratio", "\t0.25 ", false, NULL, 0), 0);
+    CHECK_NEAR(c.ratio, 0.25, 0);
+    CHECK_EQ_INT(config_set(&demo, &c, "verbose", " yes ", true, NULL, 0), 0);
+    CHECK(c.verbose);
+    CHECK_EQ_INT(config_set(&demo, &c, "min_ready", "3 4", true, NULL, 0), DFLASH_EINVAL);
+    CHECK_EQ_INT(config_set(&demo, &c, "min_ready", " ", true, NULL, 0), DFLASH_EINVAL);
+    CHECK_EQ_INT(config_set(&demo, &c, "endpoint", " a b ", false, NULL, 0), 0);
+    CHECK(strcmp(c.endpoint, " a b ") == 0); /* a string is taken as given */
+}
 
 int main(void)
 {
+    test_said_and_refused();
     demo_cfg c;
     char *argv0[] = {"demo", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
@@ -123,7 +252,8 @@ int main(void)
     /* which options were given, even at their default value (an explicit --hidden 256 is not
      * the default 256): flags, variables and the config file count, the default does not */
     bool given[4];
-    const cfg_table demo_given = {"demo", "a demo", "[options]", demo_options, 4, given};
+    const cfg_table demo_given = {"demo", "a demo", "[options]", demo_options, 4, given,
+                                  NULL, NULL};
     char *argv_given[] = {"demo", "--ratio", "0.5", NULL};
     setenv("DFLASH_VERBOSE", "false", 1);
     CHECK_EQ_INT(config_load(&demo_given, &c, 3, argv_given, NULL, 0, NULL), 0);

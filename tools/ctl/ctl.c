@@ -74,6 +74,8 @@ static const cfg_table ctl_table = {
     ctl_options,
     sizeof ctl_options / sizeof *ctl_options,
     NULL,
+    NULL,
+    NULL,
 };
 
 static volatile sig_atomic_t stop_flag;

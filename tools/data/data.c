@@ -80,7 +80,8 @@ static const cfg_table data_table = {
     "convert JSONL input_ids/loss_mask lines into a shard\n"
     "exit status: 0 written, 1 error, 2 bad usage (or --out is the input file), 3 no line kept\n"
     "(every line bad, the input empty or a JSON array; nothing written)",
-    "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL};
+    "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL, NULL,
+    NULL};
 
 typedef struct line_buf {
     int32_t *ids;

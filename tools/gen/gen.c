@@ -101,7 +101,7 @@ static const cfg_option gen_options[] = {
 };
 static const cfg_table gen_table = {
     "dflash-gen", "generate a training set with the target model's own continuations",
-    "[options]", gen_options, sizeof gen_options / sizeof gen_options[0], NULL};
+    "[options]", gen_options, sizeof gen_options / sizeof gen_options[0], NULL, NULL, NULL};
 
 /* One prompt: ids[len], owned. */
 typedef struct prompt {

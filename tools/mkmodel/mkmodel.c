@@ -118,7 +118,7 @@ static const cfg_option mk_options[] = {
 };
 static const cfg_table mk_table = {
     "dflash-mkmodel", "write a random seeded checkpoint in Hugging Face layout", "[options]",
-    mk_options, sizeof mk_options / sizeof mk_options[0], NULL};
+    mk_options, sizeof mk_options / sizeof mk_options[0], NULL, NULL, NULL};
 
 typedef struct preset {
     const char *name;

@@ -8,7 +8,8 @@
 #   - with no broker, "no broker answered ... for T" states the time waited (a request timeout
 #     of 1 s is past a --broker-wait-ms of 100), not the configured wait;
 #   - dflash-queue --dump-config refuses (exit 2) what the start refuses (min-ready above
-#     max-depth: it printed it with exit 0);
+#     max-depth: it printed it with exit 0); dflash-ctl --json keygen prints one JSON object on
+#     success and on failure (it printed text lines);
 #   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
 #     (the percentiles' ranks used to cross with few samples).
 #   cli_checks.sh BUILD_DIR HAVE_CUDA (ON or OFF: the build's DFLASH_HAVE_CUDA)
@@ -125,6 +126,16 @@ expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 
 expect queue_dump_checked 2 "min-ready 100 needs 100 ready slots .* max-depth is 10" \
     "$Q" --runtime-dir "$WORK/run" --min-ready 100 --max-depth 10 --dump-config
 expect queue_dump_ok 0 "^min-ready 5$" "$Q" --runtime-dir "$WORK/run" --min-ready 5 --dump-config
+# keygen under --json: JSON on stdout, success and failure alike
+mkdir "$WORK/keys"
+expect ctl_keygen_json 0 '^\{"ok":true,"verb":"keygen","secret_key_file":"[^"]*/keys/n.key",'\
+'"public_key_file":"[^"]*/keys/n.pub","public_key":"[^"]{40}"\}$' \
+    "$BUILD/tools/dflash-ctl" --json keygen "$WORK/keys" n
+expect ctl_keygen_json_exists 1 '^\{"ok":false,"verb":"keygen","error":"EXISTS","message":' \
+    "$BUILD/tools/dflash-ctl" --json keygen "$WORK/keys" n
+expect ctl_keygen_json_usage 1 '^\{"ok":false,"verb":"keygen","error":"INVAL",' \
+    "$BUILD/tools/dflash-ctl" --json keygen "$WORK/keys"
+
 # p50 and p99 of two copies: nearest rank; v[n/2] and v[(n-1)*0.99] gave p99 < p50
 "$Q" --runtime-dir "$WORK/run" --journal none --min-ready 1 --max-depth 4 \
     > "$WORK/queue.log" 2>&1 &

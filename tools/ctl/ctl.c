@@ -2,21 +2,22 @@
  *
  *   dflash-ctl [--endpoint E] [--timeout-ms N] [--json] status|watch|set K=V...|pause|resume|
  *              drain|ping
- *   dflash-ctl keygen DIR NAME      (writes DIR/NAME.key, mode 0600, and DIR/NAME.pub; curve.h)
+ *   dflash-ctl [--json] keygen DIR NAME   (writes DIR/NAME.key, mode 0600, and DIR/NAME.pub;
+ *                                          curve.h; asks no broker)
  *
  * Over tcp:// the broker wants CURVE: --curve-server-key (its .pub file) and --curve-key (our
  * .key file). set/pause/resume/drain then need a key in the broker's --admin-keys dir.
  *
- * Every verb says hello first (which also tells the broker's PUB endpoint and stats interval for
- * `watch`). Exit status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout (no broker
- * answering, or `watch` cannot hear its announcements): `dflash-ctl ping` is a healthcheck. A
- * broker that is not there costs one timeout and one line on stderr; `watch` asks the broker
- * after every --timeout-ms without an announcement and exits 2 when it does not answer (a
- * restarted broker is watched on). `watch` also exits 2, naming the PUB endpoint and the flag
- * that fixes it, when the broker announces where this ctl cannot subscribe: an ipc:// PUB (a
- * socket file on the broker's host) reached over tcp://, or nothing heard within three stats
- * intervals (plus a second) while the broker answers. Output: a readable table, or one JSON
- * object per line with --json.
+ * Every verb but keygen says hello first (which also tells the broker's PUB endpoint and stats
+ * interval for `watch`). Exit status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout
+ * (no broker answering, or `watch` cannot hear its announcements): `dflash-ctl ping` is a
+ * healthcheck. A broker that is not there costs one timeout and one line on stderr; `watch` asks
+ * the broker after every --timeout-ms without an announcement and exits 2 when it does not answer
+ * (a restarted broker is watched on). `watch` also exits 2, naming the PUB endpoint and the flag
+ * that fixes it, when the broker announces where this ctl cannot subscribe: an ipc:// PUB (a socket
+ * file on the broker's host) reached over tcp://, or nothing heard within three stats intervals
+ * (plus a second) while the broker answers. Output: a readable table, or one JSON
+ * object per line with --json (every verb, keygen included; failures too, besides stderr).
  * Single-threaded; the only global is the stop flag for `watch`.
  */
 #include "client.h"
@@ -468,22 +469,31 @@ static int cmd_set(const ctl_config *c, client *cl, const wire_settings *set)
     return 0;
 }
 
-/* keygen DIR NAME: a CURVE keypair for a broker, a daemon or an operator (curve.h). */
-static int cmd_keygen(int n, char **args)
+/* keygen DIR NAME: a CURVE keypair for a broker, a daemon or an operator (curve.h). Prints the
+ * two files and the public key (one JSON object with --json); a failure as fail_msg says. */
+static int cmd_keygen(const ctl_config *c, int n, char **args)
 {
-    if (n != 2) {
-        fprintf(stderr, "dflash-ctl keygen: give DIR NAME (writes DIR/NAME.key and DIR/NAME.pub)\n");
-        return 1;
-    }
+    if (n != 2)
+        return fail_msg(c, "keygen", DFLASH_EINVAL,
+                        "give DIR NAME (writes DIR/NAME.key and DIR/NAME.pub)");
     curve_key pub;
     char why[400] = "";
     int rc = curve_keygen(args[0], args[1], pub, why, sizeof why);
-    if (rc) {
-        fprintf(stderr, "dflash-ctl keygen: %s: %s\n", err_str(rc), why);
-        return 1;
+    if (rc) return fail_msg(c, "keygen", rc, why); /* exit 1: keygen asks no broker */
+    char secret_path[600], public_path[600];
+    snprintf(secret_path, sizeof secret_path, "%s/%s.key", args[0], args[1]);
+    snprintf(public_path, sizeof public_path, "%s/%s.pub", args[0], args[1]);
+    if (c->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 1);
+        cJSON_AddStringToObject(o, "verb", "keygen");
+        cJSON_AddStringToObject(o, "secret_key_file", secret_path);
+        cJSON_AddStringToObject(o, "public_key_file", public_path);
+        cJSON_AddStringToObject(o, "public_key", pub);
+        print_json(o);
+    } else {
+        printf("%s (secret, mode 0600)\n%s %s\n", secret_path, public_path, pub);
     }
-    printf("%s/%s.key (secret, mode 0600)\n%s/%s.pub %s\n", args[0], args[1], args[0], args[1],
-           pub);
     return 0;
 }
 
@@ -518,7 +528,7 @@ int main(int argc, char **argv)
         if (off < sizeof msg) snprintf(msg + off, sizeof msg - off, ")");
         return fail_msg(&c, verb, DFLASH_EINVAL, msg);
     }
-    if (strcmp(verb, "keygen") == 0) return cmd_keygen(npos - 1, pos + 1);
+    if (strcmp(verb, "keygen") == 0) return cmd_keygen(&c, npos - 1, pos + 1);
     if (strcmp(verb, "set") != 0 && npos > 1)
         return fail_msg(&c, verb, DFLASH_EINVAL, "takes no arguments");
     static wire_settings set;

@@ -199,9 +199,12 @@ static void print_status(const wire_status *s, uint64_t incarnation)
            state_name(s->state), (double)s->uptime_ms / 1000.0, s->peers, s->slot_count);
     printf("settings  min_ready %u  max_depth %u  lease %u ms\n", s->min_ready, s->max_depth,
            s->lease_timeout_ms);
-    printf("ledger    epoch %u  total %" PRIu64 "  todo %" PRIu64 "  in flight %" PRIu64
-           "  trained %" PRIu64 "  committed %" PRIu64 " (step %" PRIu64 ")  quarantined %" PRIu64
-           "\n",
+    /* epoch: the oldest with batches to do; the counts are sums over every epoch opened, and
+     * epochs overlap (the next opens before this one's last commit; a rewind gives earlier
+     * epochs to-do again): todo may exceed one epoch's batches, committed is the whole run's */
+    printf("ledger    epoch %u (%" PRIu64 " batches an epoch)  over all epochs: todo %" PRIu64
+           "  in flight %" PRIu64 "  trained %" PRIu64 "  committed %" PRIu64 " (step %" PRIu64
+           ")  quarantined %" PRIu64 "\n",
            s->epoch, s->batches_total, s->batches_todo, s->batches_inflight, s->batches_trained,
            s->batches_committed, s->committed_step, s->quarantined);
     printf("leases    grants %" PRIu64 "  releases %" PRIu64 "  expiries %" PRIu64

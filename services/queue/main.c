@@ -1,10 +1,11 @@
 /* dflash-queue: the broker daemon. main() is the table of contents: load the config table
  * (defaults < file < DFLASH_* < flags; config_load runs broker_config_check, which refuses e.g.
  * a tcp:// endpoint without CURVE, before --dump-config too), resolve the runtime directory and
- * endpoints, log the effective config (and warn about
- * a journal left at its default place, the runtime dir), open the broker (which replays the
- * journal, restores the operator's runtime steering over that config, saying so per value, and
- * binds), run the loop until SIGINT/SIGTERM, shut down in reverse. Everything else lives in
+ * endpoints, log the effective config (and warn about a journal left at its default place, the
+ * runtime dir), open the broker (which replays the journal, restores the operator's runtime
+ * steering over that config, saying so per value, and binds; a broker that cannot start, e.g.
+ * on the runtime dir of a running one, removes the journal and lock files it created), run the
+ * loop until SIGINT/SIGTERM, shut down in reverse. Everything else lives in
  * broker.c (server loop; its parts broker_config.c, broker_groups.c, broker_steering.c,
  * broker_security.c), policy.c (buckets, leases), steering.c (set/pause/drain kept across
  * restarts) and ledger.c/journal.c (the training ledger). */
@@ -66,6 +67,33 @@ static void warn_default_journal(const queue_config *c)
              c->journal);
 }
 
+/* The journal and its lock file that a broker about to open path would create: which of the
+ * two are missing now. A broker that then fails to start removes what it created
+ * (journal_forget_created), so a failed start leaves the disk as it found it. */
+typedef struct journal_files {
+    char path[sizeof(((queue_config *)0)->journal)];
+    char lock[sizeof(((queue_config *)0)->journal) + sizeof ".lock"];
+    bool journal_new, lock_new;
+} journal_files;
+
+static void journal_note_missing(const char *path, journal_files *f)
+{
+    memset(f, 0, sizeof *f);
+    if (!path[0] || strcmp(path, "none") == 0) return;
+    snprintf(f->path, sizeof f->path, "%s", path);
+    snprintf(f->lock, sizeof f->lock, "%s.lock", path);
+    struct stat st;
+    f->journal_new = stat(f->path, &st) != 0 && errno == ENOENT;
+    f->lock_new = stat(f->lock, &st) != 0 && errno == ENOENT;
+}
+
+static void journal_forget_created(const journal_files *f)
+{
+    if (f->journal_new && unlink(f->path) == 0)
+        LOG_INFO("removed %s, created by this failed start", f->path);
+    if (f->lock_new) unlink(f->lock);
+}
+
 static void on_signal(uv_signal_t *s, int signum)
 {
     LOG_INFO("signal %d: shutting down", signum);
@@ -93,9 +121,12 @@ int main(int argc, char **argv)
     if (journal_default) warn_default_journal(&cfg);
 
     uv_loop_t *loop = uv_default_loop();
+    journal_files created;
+    journal_note_missing(cfg.journal, &created);
     broker *b = broker_new(loop, &cfg, &rc);
     if (!b) {
         LOG_ERROR("cannot start: %s", err_str(rc));
+        journal_forget_created(&created);
         return rc == DFLASH_ECONFIG ? 2 : 1; /* e.g. a CURVE key file it cannot use */
     }
     uv_signal_t sigint, sigterm;

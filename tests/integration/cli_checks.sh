@@ -11,7 +11,9 @@
 #     max-depth: it printed it with exit 0); dflash-ctl --json keygen prints one JSON object on
 #     success and on failure (it printed text lines);
 #   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
-#     (the percentiles' ranks used to cross with few samples).
+#     (the percentiles' ranks used to cross with few samples);
+#   - a second dflash-queue on the runtime dir of a running one exits 1 and leaves no --journal
+#     file or .lock of its own behind (both stayed).
 #   cli_checks.sh BUILD_DIR HAVE_CUDA (ON or OFF: the build's DFLASH_HAVE_CUDA)
 set -uo pipefail
 BUILD=$1
@@ -153,5 +155,13 @@ if ! python3 -c 'import sys; sys.exit(not float(sys.argv[2]) >= float(sys.argv[1
     echo "FAIL drafter_percentiles: p99 ${P99:-?} ms is below p50 ${P50:-?} ms" >&2
     failed=1
 fi
+# a second broker on the busy runtime dir: refused, and its new journal files removed
+expect queue_second 1 "cannot start" "$Q" --runtime-dir "$WORK/run" --journal "$WORK/second.j"
+for f in "$WORK/second.j" "$WORK/second.j.lock"; do
+    if [ -e "$f" ]; then
+        echo "FAIL queue_second: $f was left behind by a broker that did not start" >&2
+        failed=1
+    fi
+done
 
 exit $failed

@@ -233,9 +233,11 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             rc = 0;
             if (first && cfg->register_fail_exit_ms > 0 &&
                 (monotime_s() - unreachable_since) * 1000 > cfg->register_fail_exit_ms) {
-                LOG_ERROR("no broker answered at %s for %.1f s (--broker-wait-ms %lld; is "
+                LOG_ERROR("no broker answered at %s for %.1f s (--broker-wait-ms %lld, checked "
+                          "after each request, which waits up to --timeout-ms %lld; is "
                           "dflash-queue running?)", cfg->endpoint,
-                          monotime_s() - unreachable_since, (long long)cfg->register_fail_exit_ms);
+                          monotime_s() - unreachable_since, (long long)cfg->register_fail_exit_ms,
+                          (long long)cfg->timeout_ms);
                 rc = DFLASH_EPEER;
                 goto out_client;
             }

@@ -6,7 +6,8 @@
 #     (short here) and exits 1, which fails the check;
 #   - the target reports its warm-up after loading the model;
 #   - with no broker, "no broker answered ... for T" states the time waited (a request timeout
-#     of 1 s is past a --broker-wait-ms of 100), not the configured wait;
+#     of 1 s is past a --broker-wait-ms of 100), not the configured wait, and why it is longer
+#     (each request waits up to --timeout-ms; "for 1.0 s (--broker-wait-ms 100)" read as a bug);
 #   - dflash-queue --dump-config refuses (exit 2) what the start refuses (min-ready above
 #     max-depth: it printed it with exit 0); dflash-ctl --json keygen prints one JSON object on
 #     success and on failure (it printed text lines);
@@ -119,7 +120,8 @@ expect drafter_help_eval 0 "dflash-drafter eval" "$D" --help
 expect target_warmup 1 "warm-up bucket 1/1 \(2 sequences of 40 tokens\)" "$T" "${COMMON[@]}" \
     "${MODEL[@]}" --buckets 40 --token-budget 80 --capture-layers 1,2
 # the time actually waited for the broker (a 1 s request timeout), not --broker-wait-ms 100
-WAITED="no broker answered at .* for [1-9][0-9]*\.[0-9] s \(--broker-wait-ms 100"
+WAITED="no broker answered at .* for [1-9][0-9]*\.[0-9] s \(--broker-wait-ms 100, checked"
+WAITED+=" after each request, which waits up to --timeout-ms 1000;"
 expect target_waited 1 "$WAITED" "$T" "${COMMON[@]}" --broker-wait-ms 100 --timeout-ms 1000
 expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 100 \
     --timeout-ms 1000

@@ -46,6 +46,15 @@ int batch_plan_bucket_of(const batch_plan *plan, uint32_t len) {
     return -1;
 }
 
+uint64_t batch_plan_identity(const batch_plan_params *p, uint64_t data_identity) {
+    uint64_t h = rng_hash64_fold(0x6466706c616e3100ull /* "dfplan1" */, p->seed);
+    h = rng_hash64_fold(h, (uint64_t)p->n_buckets);
+    for (int b = 0; b < p->n_buckets; b++) h = rng_hash64_fold(h, p->bucket_bounds[b]);
+    h = rng_hash64_fold(h, p->token_budget);
+    h = rng_hash64_fold(h, p->max_seqs);
+    return rng_hash64_fold(h, data_identity);
+}
+
 int batch_plan_params_check(const batch_plan_params *p, char *err, size_t errlen) {
     if (!p || p->n_buckets < 1 || p->n_buckets > BATCH_PLAN_MAX_BUCKETS || !p->bucket_bounds) {
         err_fmt(err, errlen, "batch plan: need 1..%d buckets", BATCH_PLAN_MAX_BUCKETS);

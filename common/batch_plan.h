@@ -37,6 +37,13 @@ typedef struct batch_plan_params {
  * DFLASH_EINVAL with the reason in err (bad bounds, budget < largest bound). */
 int batch_plan_params_check(const batch_plan_params *p, char *err, size_t errlen);
 
+/* The plan's identity: a 64-bit digest of everything that decides which sequences batch
+ * (epoch, bucket, index) holds, the parameters (seed, bounds, token budget, max seqs) and the
+ * data's identity (shard_set_identity). The target sends it when it registers and the broker
+ * refuses a target whose identity is not the journal's; the digest never changes between builds
+ * (docs/formats.md). p must pass batch_plan_params_check. */
+uint64_t batch_plan_identity(const batch_plan_params *p, uint64_t data_identity);
+
 /* Builds the plan; lens is copied. NULL with the reason in err (batch_plan_params_check's, no
  * sequences, too many sequences for 32-bit ids). */
 batch_plan *batch_plan_new(const uint32_t *lens, uint64_t n_seqs, const batch_plan_params *p,

@@ -20,6 +20,14 @@ static inline uint64_t rng_hash64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* h with the value v folded in: an order-sensitive 64-bit digest built one value at a time
+ * (start from any constant, h = rng_hash64_fold(h, v) per value). The plan identity that the
+ * broker journals (batch_plan_identity, shard_identity) is built with it: never change it. */
+static inline uint64_t rng_hash64_fold(uint64_t h, uint64_t v)
+{
+    return rng_hash64(h ^ rng_hash64(v));
+}
+
 /* The next value of the stream *state (advances it): splitmix64. */
 static inline uint64_t rng_next(uint64_t *state)
 {

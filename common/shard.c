@@ -11,6 +11,7 @@
 
 #include "err.h"
 #include "fsutil.h"
+#include "rng.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -179,6 +180,31 @@ int shard_get(const shard *s, uint64_t i, shard_seq *out) {
     out->ids = (const int32_t *)(const void *)(s->base + off); /* off % 4 == 0 by construction */
     out->mask = s->base + off + (uint64_t)out->len * 4;
     return 0;
+}
+
+/* shard_identity reads the leading tokens of this many evenly spaced sequences */
+#define IDENTITY_SAMPLES 1024u
+#define IDENTITY_TOKENS 64u
+
+uint64_t shard_identity(const shard *s) {
+    uint64_t h = rng_hash64_fold(0x6466736861726431ull /* "dfshard1" */, s->n_seqs);
+    h = rng_hash64_fold(h, s->n_tokens);
+    h = rng_hash64_fold(h, s->vocab);
+    h = rng_hash64_fold(h, s->max_len);
+    const unsigned char *ix = s->base + s->index_off;
+    for (uint64_t i = 0; i < s->n_seqs; i++, ix += INDEX_ENTRY) { /* every offset and length */
+        h = rng_hash64_fold(h, rd64(ix));
+        h = rng_hash64_fold(h, rd32(ix + 8));
+    }
+    uint64_t samples = s->n_seqs < IDENTITY_SAMPLES ? s->n_seqs : IDENTITY_SAMPLES;
+    for (uint64_t k = 0; k < samples; k++) {
+        uint64_t i = samples > 1 ? k * (s->n_seqs - 1) / (samples - 1) : 0; /* first to last */
+        shard_seq q = {0};
+        shard_get(s, i, &q); /* i < n_seqs: 0 */
+        for (uint32_t p = 0; p < q.len && p < IDENTITY_TOKENS; p++)
+            h = rng_hash64_fold(h, (uint64_t)(uint32_t)q.ids[p] | (uint64_t)q.mask[p] << 32);
+    }
+    return h;
 }
 
 int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t errlen) {
@@ -458,6 +484,12 @@ void shard_set_lengths(const shard_set *set, uint32_t *lens) {
     for (size_t i = 0; set && i < set->n; i++)
         for (uint64_t j = 0; j < shard_count(set->shards[i]); j++)
             lens[set->first[i] + j] = shard_len(set->shards[i], j);
+}
+
+uint64_t shard_set_identity(const shard_set *set) {
+    uint64_t h = rng_hash64_fold(0x6466736574310000ull /* "dfset1" */, set ? set->n : 0);
+    for (size_t i = 0; set && i < set->n; i++) h = rng_hash64_fold(h, shard_identity(set->shards[i]));
+    return h;
 }
 
 int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err, size_t errlen) {

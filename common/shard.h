@@ -65,6 +65,14 @@ int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen
  * "PATH: made for a vocabulary of N ..., the model's is M ...; what to do" in err. */
 int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t errlen);
 
+/* The shard's identity, a 64-bit digest of its header, its whole index (every sequence's
+ * offset and length) and the first 64 tokens (ids and mask) of 1024 evenly spaced sequences
+ * (all of them in a smaller shard): O(sequences), it does not read the whole file. Two shards
+ * differ in identity unless they hold the same number of sequences of the same lengths at the
+ * same offsets and agree on those sampled tokens. Part of the batch plan's identity
+ * (batch_plan_identity), which the broker journals: the digest never changes between builds. */
+uint64_t shard_identity(const shard *s);
+
 /* Writer for path; vocab (0 = unknown) is recorded and enforced by shard_writer_add. */
 shard_writer *shard_writer_new(const char *path, uint32_t vocab);
 /* Appends one sequence (len > 0, mask bytes 0/1, ids in [0, vocab) when vocab > 0).
@@ -93,6 +101,8 @@ uint32_t shard_set_len(const shard_set *set, uint64_t global_id);
 int shard_set_get(const shard_set *set, uint64_t global_id, shard_seq *out);
 /* Fills lens[0..shard_set_count) (input of batch_plan_new). */
 void shard_set_lengths(const shard_set *set, uint32_t *lens);
+/* The set's identity: the shards' identities (shard_identity) in order. */
+uint64_t shard_set_identity(const shard_set *set);
 /* shard_check_vocab over every shard. */
 int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err, size_t errlen);
 /* shard_verify_tokens over every shard. */

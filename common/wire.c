@@ -474,6 +474,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         pool.token_budget = p->token_budget;
         pool.has_epochs = 1;
         pool.epochs = p->epochs;
+        pool.has_plan_id = p->has_plan_id;
+        pool.plan_id = p->plan_id;
         if (p->backend == WIRE_BACKEND_CUDA) {
             pool.has_mem_handle = pool.has_device = 1;
             pool.mem_handle = bin(p->mem_handle, WIRE_HANDLE_BYTES);
@@ -852,6 +854,8 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         w->layout_version = p->layout_version;
         w->token_budget = p->token_budget;
         w->epochs = p->epochs;
+        w->has_plan_id = p->has_plan_id;
+        w->plan_id = p->plan_id;
         if (copy_str(w->shm_name, WIRE_MAX_NAME, p->shm_name) ||
             copy_handle(w->mem_handle, p->has_mem_handle, p->mem_handle))
             return fail(why, len, DFLASH_ERANGE, "pool: shm name or memory handle size");

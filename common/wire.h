@@ -114,6 +114,8 @@ typedef struct wire_pool {
     double bucket_share[WIRE_MAX_BUCKETS];          /* in [0,1], sum within 1e-3 of 1 */
     uint64_t bucket_batches[WIRE_MAX_BUCKETS];
     uint32_t epochs;                                /* >= 1 */
+    uint64_t plan_id; /* batch_plan_identity of the target's plan, when has_plan_id */
+    bool has_plan_id; /* false: an old target that does not send it */
     /* Bit s set: slot s was published and not handed back since (re-registration after a broker
      * restart); the broker fences those slots. Only bits < slot_count may be set. */
     uint64_t busy[WIRE_MAX_SLOTS / 64];

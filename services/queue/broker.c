@@ -22,6 +22,12 @@
  * policy sees a restart as "same pool, new incarnation"; an entry no live target holds is given
  * to a new name when all MAX_POOLS are taken.
  *
+ * Batch plan: every pool of every target must carry the ledger's plan, since any target may be
+ * handed any batch. A registration is refused (Error MISMATCH, nothing changed) when its batches
+ * per bucket or its plan identity (batch_plan_identity: seed, buckets, data) are not the
+ * journal's; a target that sends no identity (older) is accepted with a warning, and a journal
+ * whose plan has no identity (older) adopts the first one sent (check_plan).
+ *
  * Policy: created at the first pool registration, because the bucket count comes from the
  * target; settings made before then are kept in cfg and applied at creation.
  *
@@ -387,6 +393,55 @@ void broker_warn_reservoir(const broker *b)
                  (long long)b->cfg.min_ready, slots);
 }
 
+/* The target's batch plan against the ledger's: its counts (ledger_set_plan) and its identity
+ * (ledger_set_plan_id; a journal without one adopts the target's). 0, DFLASH_EMISMATCH (the
+ * counts or the identity differ: another seed or dataset) or another ledger code. */
+static int check_plan(broker *b, const peer *p, const wire_pool *w, const uint32_t *batches)
+{
+    uint64_t known;
+    bool had_id = ledger_plan_id(b->ledger, &known);
+    if (w->has_plan_id && had_id && known != w->plan_id) return DFLASH_EMISMATCH;
+    bool had_plan = ledger_has_plan(b->ledger);
+    int rc = ledger_set_plan(b->ledger, w->n_buckets, batches);
+    if (rc) return rc;
+    if (!w->has_plan_id) {
+        LOG_WARN("pool of %s: the target sends no plan identity (a dflash-target older than the "
+                 "broker): that its seed and data are the run's cannot be checked", p->name);
+        return 0;
+    }
+    if ((rc = ledger_set_plan_id(b->ledger, w->plan_id))) return rc;
+    if (had_plan && !had_id)
+        LOG_INFO("pool of %s: batch plan %016" PRIx64 " adopted as the journal's (its plan had "
+                 "no identity)", p->name, w->plan_id);
+    return 0;
+}
+
+/* The Error for a plan check_plan refused, logged too (a peer's bad input: warn, reject). */
+static void reply_plan_refusal(broker *b, wire_msg *r, uint64_t rid, const peer *p,
+                               const wire_pool *w, int rc)
+{
+    uint64_t known;
+    if (rc == DFLASH_EMISMATCH && w->has_plan_id && ledger_plan_id(b->ledger, &known) &&
+        known != w->plan_id) {
+        LOG_WARN("pool of %s refused: its batch plan %016" PRIx64 " is not the journal's %016" PRIx64,
+                 p->name, w->plan_id, known);
+        return reply_error(b, r, rid, rc,
+                           "batch plan %016" PRIx64 " differs from the journal's %016" PRIx64
+                           " (another --seed, --shards, --buckets, --token-budget or "
+                           "--max-seqs): restart the target with the run's, or start a new run "
+                           "on a new --journal",
+                           w->plan_id, known);
+    }
+    if (rc != DFLASH_EMISMATCH) {
+        LOG_WARN("pool of %s refused: batch plan: %s", p->name, err_str(rc));
+        return reply_error(b, r, rid, rc, "batch plan refused: %s", err_str(rc));
+    }
+    LOG_WARN("pool of %s refused: its batches per bucket are not the journal's", p->name);
+    reply_error(b, r, rid, rc,
+                "batch plan differs from the journal's (another dataset?): restart the target "
+                "with the run's --shards and --buckets, or start a new run on a new --journal");
+}
+
 static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_pool *w = &m->u.pool;
@@ -398,10 +453,8 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     for (uint32_t i = 0; i < w->n_buckets; i++) batches[i] = (uint32_t)w->bucket_batches[i];
     if (w->n_buckets > LEDGER_MAX_BUCKETS)
         return reply_error(b, r, m->request_id, DFLASH_ERANGE, "too many buckets");
-    int rc = ledger_set_plan(b->ledger, w->n_buckets, batches);
-    if (rc)
-        return reply_error(b, r, m->request_id, rc,
-                           "batch plan differs from the journal's (another dataset?)");
+    int rc = check_plan(b, p, w, batches);
+    if (rc) return reply_plan_refusal(b, r, m->request_id, p, w, rc);
     if (!b->policy) {
         if ((rc = policy_create(b, w->n_buckets, w->bucket_upper, w->bucket_share)))
             return reply_error(b, r, m->request_id, rc, "bucket policy refused the buckets");

@@ -20,8 +20,8 @@
  * record describes the operation, e.g. COMMIT(step), not its effects); replay at open runs the
  * same apply_* functions, so memory after replay equals memory before the crash minus at most the
  * torn final record. Each open appends a BOOT record, which on replay orphans what was in flight
- * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND, PLAN and SETTINGS are
- * fsynced: a power loss can forget recent hand-outs (a target's re-registration adopts them) and
+ * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND, PLAN (and PLAN_ID)
+ * and SETTINGS are fsynced: a power loss can forget recent hand-outs (a target's re-registration adopts them) and
  * acks after the last checkpoint (those batches are not committed and a drafter resuming from
  * that checkpoint retrains them anyway). A failed append leaves memory ahead of the journal; the
  * snapshot that ledger_journal_heal writes is taken from memory, so it holds those operations.
@@ -38,6 +38,10 @@
  * that expired, a drafter that died holding it), journaled as FAIL records, so the count
  * survives requeues (the batch is produced into a fresh slot) and broker restarts; the broker
  * quarantines a batch past max_redeliveries of them.
+ *
+ * Plan identity: a PLAN_ID record after the PLAN holds the target's digest of its plan (seed,
+ * buckets, data: batch_plan_identity). Journals written before it have a PLAN alone; the next
+ * target that sends an identity with the same counts has it adopted (journaled then).
  *
  * Thread: the broker's loop thread only. Callers: broker.c, tests, bench.
  */
@@ -71,6 +75,7 @@ enum {
     REC_SNAP_FAILS = 16, /* compaction: a batch's failed deliveries (batch + u16 count) */
     REC_SETTINGS = 17,   /* the broker's runtime settings: an opaque payload, the last one wins */
     REC_GROUP_ORPHANS = 18, /* the broker's orphaned group steps: opaque, the last one wins */
+    REC_PLAN_ID = 19,    /* the plan's identity (u64, batch_plan_identity); after its PLAN */
 };
 #define SNAP_ORPHAN 0x80 /* state byte flag in snapshot chunks */
 
@@ -108,6 +113,8 @@ struct ledger {
     uint32_t n_buckets;
     uint32_t per[LEDGER_MAX_BUCKETS];
     uint64_t batches_per_epoch;
+    bool has_plan_id; /* the plan's identity is known (journals before it have none) */
+    uint64_t plan_id;
     epoch_rec *ep;
     uint32_t n_epochs, cap_epochs;
     uint32_t epoch_limit; /* no hand-out, adopt or new epoch at or past it; 0 = none */
@@ -293,6 +300,16 @@ static int apply_plan(ledger *l, uint32_t n, const uint32_t *per)
         l->per[b] = per[b];
         l->batches_per_epoch += per[b];
     }
+    return 0;
+}
+
+/* 0 set, 1 the same identity again, DFLASH_EMISMATCH another one, DFLASH_ESTATE no plan. */
+static int apply_plan_id(ledger *l, uint64_t id)
+{
+    if (l->n_buckets == 0) return DFLASH_ESTATE;
+    if (l->has_plan_id) return l->plan_id == id ? 1 : DFLASH_EMISMATCH;
+    l->has_plan_id = true;
+    l->plan_id = id;
     return 0;
 }
 
@@ -511,6 +528,11 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
         if (rc == 1) rc = 0;
         break;
     }
+    case REC_PLAN_ID:
+        if (len != 8) return DFLASH_ECORRUPT;
+        rc = apply_plan_id(l, get64(p));
+        if (rc == 1) rc = 0;
+        break;
     case REC_HANDOUT:
         if (len != 12) return DFLASH_ECORRUPT;
         rc = apply_handout_exact(l, &b);
@@ -696,6 +718,23 @@ int ledger_set_plan(ledger *l, uint32_t n, const uint32_t *per)
 
 bool ledger_has_plan(const ledger *l) { return l->n_buckets > 0; }
 
+int ledger_set_plan_id(ledger *l, uint64_t id)
+{
+    int rc = apply_plan_id(l, id);
+    if (rc == 1) return 0;
+    if (rc) return rc;
+    uint8_t p[8];
+    put64(p, id);
+    journal_rec(l, REC_PLAN_ID, p, sizeof p, true);
+    return 0;
+}
+
+bool ledger_plan_id(const ledger *l, uint64_t *id)
+{
+    if (l->has_plan_id && id) *id = l->plan_id;
+    return l->has_plan_id;
+}
+
 void ledger_set_max_epochs(ledger *l, uint32_t max_epochs) { l->epoch_limit = max_epochs; }
 
 uint32_t ledger_todo_mask(ledger *l)
@@ -864,6 +903,8 @@ static int emit_snapshot(void *ctx, journal *t)
         put32(p, l->n_buckets);
         for (uint32_t b = 0; b < l->n_buckets; b++) put32(p + 4 + 4 * b, l->per[b]);
         if ((rc = journal_append(t, REC_PLAN, p, 4 + 4 * l->n_buckets, false))) return rc;
+        put64(p, l->plan_id);
+        if (l->has_plan_id && (rc = journal_append(t, REC_PLAN_ID, p, 8, false))) return rc;
     }
     uint8_t meta[28];
     put64(meta, l->last_commit_step);

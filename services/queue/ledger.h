@@ -29,7 +29,7 @@
  * ack trains them, and ledger_requeue_orphans() (called by the broker once peers had a grace
  * period, e.g. two lease timeouts) returns the rest to TODO.
  *
- * Journal records: PLAN, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE, FAIL,
+ * Journal records: PLAN, PLAN_ID, HANDOUT, ADOPT, REQUEUE, ACK(step), QUARANTINE, UNQUARANTINE, FAIL,
  * COMMIT(step) and REWIND(step) (fsynced), SETTINGS (the broker's runtime settings, an opaque
  * payload; fsynced), GROUP_ORPHANS (the broker's orphaned group steps, an opaque payload;
  * fsynced), SNAPSHOT (compaction). Replay reapplies them in order. A journal holding a
@@ -77,7 +77,7 @@ typedef struct ledger ledger;
 typedef struct {
     const char *journal_path; /* NULL: in memory only (tests, bench) */
     uint32_t max_epochs;      /* 0 = unlimited */
-    bool fsync;               /* fsync COMMIT, REWIND, PLAN, SETTINGS, GROUP_ORPHANS (true) */
+    bool fsync;               /* fsync COMMIT, REWIND, PLAN(_ID), SETTINGS, GROUP_ORPHANS (true) */
     uint64_t compact_bytes;   /* rewrite the journal as a snapshot past this size; 0 = never */
 } ledger_params;
 
@@ -107,6 +107,15 @@ void ledger_destroy(ledger **l);
  * DFLASH_EINVAL for n_buckets 0 or > LEDGER_MAX_BUCKETS or a bucket with 0 batches. */
 int ledger_set_plan(ledger *l, uint32_t n_buckets, const uint32_t *batches_per_bucket);
 bool ledger_has_plan(const ledger *l);
+
+/* The plan's identity (a target's batch_plan_identity: its seed, buckets and data), set after
+ * ledger_set_plan. The first call fixes it (journaled, fsynced); later calls with the same
+ * identity return 0, with another DFLASH_EMISMATCH (the target's seed or data is not the run's).
+ * DFLASH_ESTATE before a plan is set. A journal written before identities has a plan without
+ * one: the first identity set is adopted. */
+int ledger_set_plan_id(ledger *l, uint64_t id);
+/* Whether the plan's identity is known; if so it goes to *id (may be NULL). */
+bool ledger_plan_id(const ledger *l, uint64_t *id);
 
 /* Replaces max_epochs (0 = unlimited): from now on nothing is handed out or adopted, and no
  * epoch opened, at or past it (the broker passes the target's planned epochs, or --max-epochs,

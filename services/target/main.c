@@ -243,6 +243,8 @@ int main(int argc, char **argv)
     if (n_ids < 0) return 2;
     if (strcmp(cfg.model, "synthetic") == 0) {
         prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size, cfg.rate);
+        lc.plan_id = target_synthetic_plan_id(&lc, (uint32_t)cfg.vocab_size);
+        lc.has_plan_id = true;
     } else {
         /* the flags first, then the compute context (nothing to free on a refusal) */
         if (!cfg.shards[0]) {

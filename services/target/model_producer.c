@@ -40,6 +40,7 @@ struct model_producer {
     uint32_t bounds[BATCH_PLAN_MAX_BUCKETS];
     int n_buckets;
     uint64_t seed;
+    uint64_t plan_id; /* batch_plan_identity: sent to the broker at registration */
     uint32_t per_epoch[BATCH_PLAN_MAX_BUCKETS]; /* batches registered: epoch 0's count */
     uint32_t cnt_epoch[BATCH_PLAN_MAX_BUCKETS]; /* epoch whose own count is in cnt (cached) */
     uint32_t cnt[BATCH_PLAN_MAX_BUCKETS];
@@ -105,6 +106,7 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
                             .seed = o->seed};
     char perr[400] = "";
     p->plan = batch_plan_new(lens, n, &bp, perr, sizeof perr);
+    p->plan_id = batch_plan_identity(&bp, shard_set_identity(p->shards));
     if (!p->plan) snprintf(err, errlen, "%s: %s", o->shards, perr); /* name the data */
     if (p->plan && batch_plan_dropped(p->plan)) {
         uint32_t last = o->bucket_bounds[o->n_buckets - 1];
@@ -458,6 +460,8 @@ int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg
         cfg->bucket_share[b] = batch_plan_share(p->plan, b);
         cfg->bucket_batches[b] = batch_plan_count(p->plan, 0, b);
     }
+    cfg->plan_id = p->plan_id;
+    cfg->has_plan_id = true;
     return 0;
 }
 

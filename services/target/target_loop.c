@@ -13,6 +13,8 @@
 #include "heartbeat.h"
 #include "log.h"
 #include "synthetic.h"
+#include "batch_plan.h"
+#include "rng.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -79,11 +81,13 @@ static void fill_wire_pool(const target_loop *t, wire_pool *wp)
         wp->bucket_batches[b] = c->bucket_batches[b];
     }
     wp->epochs = c->epochs;
+    wp->plan_id = c->plan_id;
+    wp->has_plan_id = c->has_plan_id;
     memcpy(wp->busy, t->busy, sizeof wp->busy);
 }
 
-/* hello + pool registration. 0, or a fatal code (bad pool: the broker refused it). Transient
- * failures return DFLASH_EAGAIN. */
+/* hello + pool registration. 0, or a fatal code (bad pool: the broker refused it; DFLASH_ECONFIG
+ * when for its plan or buckets). Transient failures return DFLASH_EAGAIN. */
 static int do_register(target_loop *t)
 {
     int rc = client_hello(t->client, NULL, 0);
@@ -100,7 +104,8 @@ static int do_register(target_loop *t)
     if (rc < 0) {
         LOG_ERROR("the broker refused our pool: %s (%s)", err_str(rc),
                   client_last_error(t->client));
-        return rc;
+        /* a plan or buckets that are not the run's: our flags or data, exit 2 */
+        return rc == DFLASH_EMISMATCH || rc == DFLASH_ERANGE ? DFLASH_ECONFIG : rc;
     }
     t->st.registrations++;
     LOG_INFO("registered pool %016llx (%s, %u slots of %llu bytes) with broker %016llx",
@@ -338,6 +343,15 @@ static void synth_destroy(void *vctx)
     synth_ctx *s = vctx;
     free(s->scratch);
     free(s);
+}
+
+uint64_t target_synthetic_plan_id(const target_loop_config *cfg, uint32_t vocab_size)
+{
+    batch_plan_params bp = {.bucket_bounds = cfg->bucket_upper, .n_buckets = (int)cfg->n_buckets,
+                            .token_budget = cfg->layout.token_budget,
+                            .max_seqs = cfg->layout.max_seqs};
+    return batch_plan_identity(&bp, rng_hash64_fold(0x73796e7468657469ull /* "synthetic" */,
+                                                    vocab_size));
 }
 
 target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vocab_size,

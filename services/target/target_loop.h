@@ -58,6 +58,8 @@ typedef struct target_loop_config {
     uint32_t bucket_upper[TARGET_MAX_BUCKETS];
     double bucket_share[TARGET_MAX_BUCKETS];
     uint64_t bucket_batches[TARGET_MAX_BUCKETS]; /* batches per epoch */
+    uint64_t plan_id; /* the plan's identity (batch_plan_identity), sent when has_plan_id */
+    bool has_plan_id;
     uint32_t epochs;
     int64_t progress_ms;    /* progress line interval; 0 = none */
     int64_t timeout_ms;     /* per broker request */
@@ -77,7 +79,8 @@ typedef struct target_stats {
 
 /* Runs the loop until drained, stopped or a fatal error. The pool is created inside (and its
  * shm removed on return). Returns 0 (drained or stopped) or a negative code after logging the
- * reason (DFLASH_ECONFIG: the CURVE key files cannot be used); *stats (may be NULL) gets the
+ * reason (DFLASH_ECONFIG: the CURVE key files cannot be used, or the broker refused our pool for
+ * its plan or buckets); *stats (may be NULL) gets the
  * totals. Main thread. */
 int target_loop_run(const target_loop_config *cfg, target_producer *prod,
                     volatile sig_atomic_t *stop, target_stats *stats);
@@ -88,6 +91,9 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
  * a slower target (tests, bench/pipeline); 0 = as fast as it can. NULL on failure. */
 target_producer *target_synthetic_new(const target_loop_config *cfg, uint32_t vocab_size,
                                       double rate);
+/* The synthetic producer's plan identity (batch_plan_identity of its bounds, token budget and
+ * max seqs, over its vocabulary as the data): what decides the contents of its batches. */
+uint64_t target_synthetic_plan_id(const target_loop_config *cfg, uint32_t vocab_size);
 /* Calls prod->destroy and frees; accepts NULL. */
 void target_producer_destroy(target_producer **prod);
 

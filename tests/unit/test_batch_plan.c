@@ -1,7 +1,8 @@
 /* test_batch_plan: the batch plan is deterministic (same batches from two independently built
  * plans, pinned against known values so a change of generator is noticed), differs between seeds
  * and epochs, covers every kept sequence exactly once per epoch, never exceeds the token budget
- * or the sequence limit, routes sequences to the right bucket and reports token shares. */
+ * or the sequence limit, routes sequences to the right bucket and reports token shares; its
+ * identity changes with every parameter and the data. */
 #include "batch_plan.h"
 #include "check.h"
 #include "err.h"
@@ -159,6 +160,34 @@ static void test_determinism(void) {
     batch_plan_destroy(&t);
 }
 
+/* The plan identity the broker journals: every parameter and the data change it; it is part of
+ * the on-disk contract (a journal names it), so one value is pinned. */
+static void test_identity(void) {
+    uint32_t bounds[2] = {512, 1024}, other[2] = {512, 2048};
+    batch_plan_params p = {bounds, 2, 4096, 8, 7};
+    uint64_t id = batch_plan_identity(&p, 42);
+    printf("identity of (seed 7, 512/1024, 4096, 8) over data 42: %016llx\n",
+           (unsigned long long)id);
+    CHECK(id == 0x481504c9faa58f8cull);
+    CHECK(batch_plan_identity(&p, 42) == id);
+    CHECK(batch_plan_identity(&p, 43) != id); /* other data */
+    batch_plan_params q = p;
+    q.seed = 8;
+    CHECK(batch_plan_identity(&q, 42) != id);
+    q = p;
+    q.bucket_bounds = other;
+    CHECK(batch_plan_identity(&q, 42) != id);
+    q = p;
+    q.n_buckets = 1;
+    CHECK(batch_plan_identity(&q, 42) != id);
+    q = p;
+    q.token_budget = 8192;
+    CHECK(batch_plan_identity(&q, 42) != id);
+    q = p;
+    q.max_seqs = 0;
+    CHECK(batch_plan_identity(&q, 42) != id);
+}
+
 static void test_refusals(void) {
     char err[256];
     uint32_t bad_bounds[] = {512, 512};
@@ -203,6 +232,7 @@ int main(void) {
     make_lengths();
     test_invariants();
     test_determinism();
+    test_identity();
     test_refusals();
     CHECK_DONE();
 }

@@ -39,7 +39,9 @@
  *     it were ready, and the broker granted them until it expired the target (the drafters
  *     warned they could not map the pool, the ready batches went untrained): the target is
  *     kept while the drafters take them, and let go when none is left, no drafter is there, or
- *     none took one for a lease timeout (then nothing more is granted from that pool).
+ *     none took one for a lease timeout (then nothing more is granted from that pool);
+ *   - a target restarted with another --seed or other data of the same shape was accepted and
+ *     its batches trained against the ledger's marks of another plan: refused MISMATCH.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -595,6 +597,53 @@ static void test_second_trainer_warned(void)
     stub_broker_free();
 }
 
+/* Pool registrations of targets with plan identity id (has: sent at all) from target name. */
+static int pool_with_plan(const char *name, uint64_t inc, bool has, uint64_t id)
+{
+    CHECK_EQ_INT(hello_from(name, WIRE_ROLE_TARGET, inc, name), 0);
+    wire_pool *p = stub_pool_request(inc, inc + 0x1000, 4);
+    p->has_plan_id = has;
+    p->plan_id = id;
+    return stub_send(name);
+}
+
+static void register_old_target(void)
+{
+    log_set_level(LOG_WARN);
+    CHECK_EQ_INT(pool_with_plan("t-old", TARGET_INC + 3, false, 0), 0);
+    log_set_level(LOG_ERROR);
+}
+
+/* A target restarted with another --seed or other data of the same shape (the same batches per
+ * bucket) was accepted silently and its batches trained against the ledger's marks of another
+ * plan. The plan's identity now decides: any number of targets with the journal's are accepted,
+ * another one is refused MISMATCH naming both and what to do, an old target that sends none is
+ * accepted with a warning. */
+static void test_plan_identity(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(pool_with_plan("t-a", TARGET_INC, true, 0xa11ce5eedull), 0);
+    CHECK_EQ_INT(pool_with_plan("t-b", TARGET_INC + 1, true, 0xa11ce5eedull), 0); /* --targets 2 */
+    stub_make_ready("t-a", TARGET_INC, TARGET_INC + 0x1000, 2);
+    wire_status before = stub_status();
+    CHECK_EQ_INT(pool_with_plan("t-c", TARGET_INC + 2, true, 0xb0b5eedull), DFLASH_EMISMATCH);
+    printf("refusal: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "batch plan 000000000b0b5eed differs from the "
+                                           "journal's 0000000a11ce5eed") != NULL);
+    CHECK(strstr(stub_rep.u.error.message, "--seed") && strstr(stub_rep.u.error.message, "--shards"));
+    CHECK(strstr(stub_rep.u.error.message, "new --journal") != NULL);
+    wire_status after = stub_status();
+    CHECK_EQ_INT(after.batches_inflight, before.batches_inflight);
+    CHECK_EQ_INT(after.buckets[0].ready, before.buckets[0].ready);
+    CHECK_EQ_INT(after.buckets[0].ready, 2);
+    static char said[8192];
+    stub_capture_log(register_old_target, said, sizeof said);
+    printf("old target: %s", said);
+    CHECK(strstr(said, "t-old: the target sends no plan identity") != NULL);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_far_epochs();
@@ -610,5 +659,6 @@ int main(void)
     test_drain_without_pool();
     test_drain_holds_ready();
     test_second_trainer_warned();
+    test_plan_identity();
     CHECK_DONE();
 }

@@ -5,7 +5,7 @@
  * failed journal healed from memory, a failed compaction not retried at every record, the
  * broker's settings payload and its orphaned group steps kept across reopens, compactions and
  * heals, an epoch limit set after
- * an epoch past it was opened. */
+ * an epoch past it was opened, the plan's identity kept and another one refused. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,6 +407,47 @@ static void test_replay_and_orphans(void)
     ledger_get_stats(l, &st);
     CHECK_EQ_INT(st.last_commit_step, 1);
     CHECK_EQ_INT(ledger_set_plan(l, 2, (const uint32_t[]){4, 5}), DFLASH_EMISMATCH);
+    ledger_destroy(&l);
+    unlink(path);
+}
+
+/* The plan's identity (the target's digest of its seed, buckets and data): the first one is
+ * journaled, another is refused, and it survives a reopen and a compaction; a journal whose plan
+ * has none (written before identities) adopts the first one sent. */
+static void test_plan_identity(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 0);
+    uint64_t id = 1;
+    CHECK_EQ_INT(ledger_set_plan_id(l, 0x1234), DFLASH_ESTATE); /* no plan yet */
+    CHECK(!ledger_plan_id(l, &id));
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){4}), 0);
+    CHECK(!ledger_plan_id(l, NULL)); /* a plan without identity: an old target's, an old journal */
+    ledger_destroy(&l);
+
+    /* an old journal (PLAN alone) + a target that sends its identity: adopted and journaled */
+    l = open_ledger(path, 0, 0);
+    CHECK(ledger_has_plan(l) && !ledger_plan_id(l, NULL));
+    CHECK_EQ_INT(ledger_set_plan_id(l, 0xfeedbeef00c0ffeeull), 0);
+    CHECK_EQ_INT(ledger_set_plan_id(l, 0xfeedbeef00c0ffeeull), 0); /* the same target again */
+    CHECK_EQ_INT(ledger_set_plan_id(l, 0xfeedbeef00c0ffefull), DFLASH_EMISMATCH);
+    batch_id b;
+    CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+    CHECK_EQ_INT(ledger_ack(l, &b, 1), 0);
+    ledger_destroy(&l);
+
+    /* replayed: the identity is the journal's, another one is still refused */
+    l = open_ledger(path, 0, 0);
+    CHECK(ledger_plan_id(l, &id) && id == 0xfeedbeef00c0ffeeull);
+    CHECK_EQ_INT(ledger_set_plan_id(l, 5), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(state_of(l, 0, 0, 0, NULL), BATCH_TRAINED); /* the refusal changed nothing */
+    CHECK_EQ_INT(ledger_compact(l), 0); /* the snapshot keeps it */
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    id = 0;
+    CHECK(ledger_plan_id(l, &id) && id == 0xfeedbeef00c0ffeeull);
+    CHECK_EQ_INT(ledger_set_plan_id(l, 5), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(state_of(l, 0, 0, 0, NULL), BATCH_TRAINED);
     ledger_destroy(&l);
     unlink(path);
 }
@@ -841,6 +882,7 @@ int main(void)
     test_quarantine();
     test_fail_count_survives();
     test_replay_and_orphans();
+    test_plan_identity();
     test_truncation_every_byte();
     test_exactly_once();
     test_journal_heals();

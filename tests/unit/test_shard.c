@@ -1,7 +1,8 @@
 /* test_shard: sequences written to a shard read back exactly (alone and as a multi-shard set);
  * the writer refuses bad sequences; truncated, corrupted or inconsistent shards are refused at
  * open with a message naming the file and the problem; out-of-vocabulary ids are found; a shard
- * made for another tokenizer's vocabulary is told from one of the same tokenizer. */
+ * made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
+ * identity tells other data of the same shape from the same data. */
 #include "check.h"
 #include "err.h"
 #include "shard.h"
@@ -285,6 +286,50 @@ static void test_vocab(void) {
     shard_set_close(&set);
 }
 
+/* The identity that the plan identity is built from: the same file twice, a copy, the same
+ * lengths with other tokens, other lengths, a set's order. */
+static void test_identity(void) {
+    char a[300], b[300], c[300], d[300], err[512] = "";
+    path_of(a, sizeof a, "id-a.shard");
+    path_of(b, sizeof b, "id-b.shard");
+    path_of(c, sizeof c, "id-c.shard");
+    path_of(d, sizeof d, "id-d.shard");
+    write_basic(a, 100);
+    write_basic(b, 100);
+    static const int32_t other[] = {1, 2, 3, 4, 6}; /* ids0 with its last token changed */
+    shard_writer *w = shard_writer_new(c, 100);
+    CHECK_EQ_INT(shard_writer_add(w, other, mask0, 5), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids1, mask1, 3), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids2, mask2, 7), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    w = shard_writer_new(d, 100);
+    CHECK_EQ_INT(shard_writer_add(w, ids0, mask0, 5), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids1, mask1, 2), 0); /* one token shorter */
+    CHECK_EQ_INT(shard_writer_add(w, ids2, mask2, 7), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    shard *sa = shard_open(a, err, sizeof err), *sb = shard_open(b, err, sizeof err);
+    shard *sc = shard_open(c, err, sizeof err), *sd = shard_open(d, err, sizeof err);
+    CHECK(sa && sb && sc && sd);
+    if (sa && sb && sc && sd) {
+        CHECK(shard_identity(sa) == shard_identity(sa));
+        CHECK(shard_identity(sa) == shard_identity(sb)); /* same contents, another file */
+        CHECK(shard_identity(sa) != shard_identity(sc)); /* same lengths, another token */
+        CHECK(shard_identity(sa) != shard_identity(sd));
+    }
+    shard_close(&sa);
+    shard_close(&sb);
+    shard_close(&sc);
+    shard_close(&sd);
+    const char *ab[] = {a, c}, *ba[] = {c, a};
+    shard_set *s1 = shard_set_open(ab, 2, err, sizeof err), *s2 = shard_set_open(ba, 2, err, sizeof err);
+    CHECK(s1 && s2);
+    if (s1 && s2) CHECK(shard_set_identity(s1) != shard_set_identity(s2)); /* ids are numbered */
+    shard_set_close(&s1);
+    shard_set_close(&s2);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-shard-XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -292,6 +337,7 @@ int main(void) {
     test_corrupt();
     test_set();
     test_vocab();
+    test_identity();
     test_rmtree(dir);
     CHECK_DONE();
 }

@@ -158,6 +158,16 @@ int main(void)
         CHECK_NEAR(out.u.pool.bucket_share[2], 0.5, 0);
         CHECK_EQ_INT(out.u.pool.bucket_batches[1], 11);
         CHECK(strcmp(out.u.pool.shm_name, "/dflash-test") == 0);
+        CHECK(!out.u.pool.has_plan_id); /* an old target's: no plan identity */
+        wire_msg_clear(&out);
+    }
+    /* the plan identity (optional field): round trip, all 64 bits */
+    host_pool(&in);
+    in.u.pool.has_plan_id = true;
+    in.u.pool.plan_id = 0xfedcba9876543210ull;
+    if (roundtrip(&in, &out)) {
+        CHECK(same_payload(&in, &out));
+        CHECK(out.u.pool.has_plan_id && out.u.pool.plan_id == 0xfedcba9876543210ull);
         wire_msg_clear(&out);
     }
     /* busy slots of a re-registration (optional field): round trip, and none past slot_count */

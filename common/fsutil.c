@@ -68,3 +68,26 @@ int fs_write_atomic(const char *path, const void *buf, size_t len)
     }
     return fs_sync_parent_dir(path);
 }
+
+int fs_open_regular(const char *path, size_t *size, char *err, size_t errlen, int *rc) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        *rc = e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        err_fmt(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+    } else if (!S_ISREG(sb.st_mode)) {
+        err_fmt(err, errlen, "%s: cannot read: %s, not a regular file", path,
+                S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket");
+    } else {
+        *size = (size_t)sb.st_size;
+        return fd;
+    }
+    close(fd);
+    *rc = DFLASH_EIO;
+    return -1;
+}

@@ -23,4 +23,10 @@ int fs_make_dirs(const char *dir);
  * ENOSPC) and no temporary file left behind. */
 int fs_write_atomic(const char *path, const void *buf, size_t len);
 
+/* Opens path for reading, refusing anything but a regular file (a FIFO is not waited on: opened
+ * non-blocking): the descriptor (O_CLOEXEC) with its size in *size, or -1 with *rc
+ * (DFLASH_ENOTFOUND when it does not exist, else DFLASH_EIO: also a directory, device, FIFO or
+ * socket) and the reason, naming path, in err. */
+int fs_open_regular(const char *path, size_t *size, char *err, size_t errlen, int *rc);
+
 #endif

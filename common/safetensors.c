@@ -274,32 +274,6 @@ static int read_checksums(safetensors *st, size_t first, const cJSON *meta, cons
     return 0;
 }
 
-/* Opens path for reading, refusing anything but a regular file (a FIFO is not waited on): the
- * descriptor with its size in *size, or -1 with *rc (DFLASH_ENOTFOUND when it does not exist,
- * else DFLASH_EIO) and the reason in err. */
-static int open_regular(const char *path, size_t *size, char *err, size_t errlen, int *rc) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        int e = errno;
-        err_fmt(err, errlen, "%s: cannot open: %s", path, strerror(e));
-        *rc = e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
-        return -1;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        err_fmt(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
-    } else if (!S_ISREG(sb.st_mode)) {
-        err_fmt(err, errlen, "%s: cannot read: %s, not a regular file", path,
-                S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket");
-    } else {
-        *size = (size_t)sb.st_size;
-        return fd;
-    }
-    close(fd);
-    *rc = DFLASH_EIO;
-    return -1;
-}
-
 /* Maps one file, parses and validates its header and appends its tensors.
  * only: when non-NULL, the file must contain at least the names listed (checked by the caller). */
 static int load_file(safetensors *st, const char *path, char *err, size_t errlen) {
@@ -313,7 +287,7 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
         err_fmt(err, errlen, "%s: out of memory", path);
         return DFLASH_ENOMEM;
     }
-    fd = open_regular(path, &f.size, err, errlen, &rc);
+    fd = fs_open_regular(path, &f.size, err, errlen, &rc);
     if (fd < 0) goto fail;
     if (f.size < 8) {
         err_fmt(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path,
@@ -568,7 +542,7 @@ void safetensors_close(safetensors **pst) {
 
 static char *read_text(const char *path, size_t max, char *err, size_t errlen, int *rc) {
     size_t size;
-    int fd = open_regular(path, &size, err, errlen, rc);
+    int fd = fs_open_regular(path, &size, err, errlen, rc);
     if (fd < 0) return NULL;
     FILE *fp = fdopen(fd, "rb");
     if (!fp) {

@@ -205,26 +205,24 @@ static int read_config_json(const char *dir, char *path, size_t pathlen, cJSON *
     char *text = NULL;
     *out = NULL;
     snprintf(path, pathlen, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
+    size_t size = 0;
+    int fd = fs_open_regular(path, &size, err, errlen, &rc); /* a FIFO is not waited on */
+    if (fd < 0) return rc;
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
-        int e = errno;
-        FAIL(e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO, "%s: %s", path, strerror(e));
+        close(fd);
+        FAIL(DFLASH_ENOMEM, "%s: out of memory", path);
     }
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        FAIL(DFLASH_EIO, "%s: cannot read: not a regular file", path);
-    }
-    text = malloc((size_t)sb.st_size + 1);
+    text = malloc(size + 1);
     if (!text) {
         fclose(f);
         FAIL(DFLASH_ENOMEM, "%s: out of memory", path);
     }
     errno = 0;
-    size_t got = fread(text, 1, (size_t)sb.st_size, f);
+    size_t got = fread(text, 1, size, f);
     int e = errno;
     fclose(f);
-    if (got != (size_t)sb.st_size)
+    if (got != size)
         FAIL(DFLASH_EIO, "%s: cannot read: %s", path, e ? strerror(e) : "shorter than its size");
     text[got] = 0;
     *out = cJSON_Parse(text);
@@ -706,14 +704,22 @@ static int verify_weights(const dflash_model *m, const safetensors *st, char *er
  * which the resume itself does not read: every tensor's checksum (one read of the file). A file
  * missing or damaged (a bad header, a tensor missing, a checksum mismatch) is written again from
  * masters, the verified fp32 masters of the training state, as the save writes it (same bytes),
- * with a warning naming the file and the tensor; 0 then, or the write's failure naming the file.
- * A file that cannot be read (DFLASH_EIO: permissions, an I/O error) is not damaged: that error,
- * and nothing is written. */
+ * with a warning naming the file and the tensor; 0 then, or the write's failure naming the file;
+ * without repair (DIR not under the caller's locked root) only the warning, and 0. A file that
+ * cannot be read (DFLASH_EIO: permissions, an I/O error, not a regular file) is not damaged: that
+ * error, and nothing is written. */
 static int check_weights_file(const dflash_model *m, const char *dir, const float *masters,
-                              char *err, size_t errlen) {
+                              bool repair, char *err, size_t errlen) {
     char p[4200], why[1024] = "";
     int rc;
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    struct stat sb;
+    if (lstat(p, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode)) {
+        if (err) /* safetensors_open would take a directory for a model folder */
+            snprintf(err, errlen, "%s: cannot read: %s, not a regular file", p,
+                     S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket");
+        return DFLASH_EIO;
+    }
     safetensors *st = safetensors_open(p, &rc, why, sizeof why);
     bool missing = !st && rc == DFLASH_ENOTFOUND;
     if (st) {
@@ -723,6 +729,13 @@ static int check_weights_file(const dflash_model *m, const char *dir, const floa
     } else if (!missing && rc != DFLASH_EFORMAT && rc != DFLASH_EUNSUPPORTED) {
         if (err) snprintf(err, errlen, "%s", why); /* cannot be read: not ours to replace */
         return rc;
+    }
+    if (!repair) {
+        LOG_WARN("checkpoint: %s%s; it is not written again here (the checkpoint is outside "
+                 "this run's --checkpoint-dir): the resume reads only %s, and this run's own "
+                 "checkpoints will have whole weights; do not serve this one's",
+                 missing ? p : why, missing ? " is missing" : "", STATE_FILE);
+        return 0;
     }
     bool f32 = false;
     if ((rc = weights_dtype_f32(dir, &f32, err, errlen))) return rc;
@@ -746,8 +759,8 @@ static int check_weights_file(const dflash_model *m, const char *dir, const floa
     return 0;
 }
 
-int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
-                       size_t errlen) {
+int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, bool repair,
+                       char *err, size_t errlen) {
     int rc = check_dir_config(m, dir, err, errlen);
     if (rc) return rc;
     safetensors *st = open_checked(dir, STATE_FILE, &rc, err, errlen);
@@ -761,7 +774,7 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, c
         (rc = load_all(m, st, "master.", host, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg.", host + n, err, errlen)) ||
         (rc = load_all(m, st, "exp_avg_sq.", host + 2 * n, err, errlen)) ||
-        (rc = check_weights_file(m, dir, host, err, errlen)))
+        (rc = check_weights_file(m, dir, host, repair, err, errlen)))
         goto out;
     m->ops->sync(m->ctx); /* as in dflash_ckpt_load_weights */
     if ((rc = dflash_model_masters_upload(m, host)))

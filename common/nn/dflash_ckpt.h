@@ -93,12 +93,14 @@ int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t
  * (DFLASH_EFORMAT: a damaged header; DFLASH_EIO: unreadable; DFLASH_ENOTFOUND: missing, which a
  * save never leaves: err says the directory is not a whole checkpoint). Then model.safetensors
  * (the exported weights, which the resume does not read): a file missing or damaged is written
- * again from the masters, as the save writes it, with a warning; one that cannot be read is
- * DFLASH_EIO and left alone; one that cannot be written again refuses the resume (its code, the
- * file named). A tensor holding a NaN or an infinity: DFLASH_ENONFINITE naming it. Nothing
- * reaches the model before all this passed. */
-int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, char *err,
-                       size_t errlen);
+ * again from the masters, as the save writes it, with a warning, when repair is true (DIR is
+ * under the caller's locked root: a root has one writer); else it is only warned about (a
+ * checkpoint of another run's directory, or a read-only archive, is not ours to write). One that
+ * cannot be read, or is not a regular file, is DFLASH_EIO and left alone; one that cannot be
+ * written again refuses the resume (its code, the file named). A tensor holding a NaN or an
+ * infinity: DFLASH_ENONFINITE naming it. Nothing reaches the model before all this passed. */
+int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, bool repair,
+                       char *err, size_t errlen);
 
 /* The step and the training settings (seed, anchors, schedule, optimizer) of the checkpoint in
  * DIR, from its training state's metadata, without a model: what an exact resume would restore.

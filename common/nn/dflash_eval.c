@@ -8,6 +8,7 @@
 #include "err.h"
 #include "log.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,7 @@ int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc
         k += dflash_tau_walk_spans(pred + (size_t)k * (B - 1), b->ids + start, b->loss_mask + start,
                                    S, B, acc);
     }
+    assert(k == n); /* the walk's spans hold exactly the anchor candidates counted above */
 out:
     free(pred);
     free(seq);

@@ -16,8 +16,9 @@
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
  * 4 another live drafter has our --name (the broker refused our hello), 5 hung (stall-exit-s),
- * 6 another live drafter trains another model on the broker (it refused our resume).
- * The only global is the stop flag. */
+ * 6 another live drafter trains another model on the broker (it refused our resume), 7 training
+ * diverged (a NaN or infinite loss or gradient norm), 8 no step trained (every batch had no
+ * weighted position). The only global is the stop flag. */
 #include "batch_plan.h"
 #include "blas_env.h"
 #include "client.h"

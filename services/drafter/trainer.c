@@ -27,6 +27,7 @@
 #endif
 
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -437,12 +438,13 @@ static int train_finish(void *vctx) {
     if (t->met) metrics_flush(t->met);
     log_summary(t);
     if (rc < 0) return rc;
-    if (!t->steps_here && t->skipped) {
+    /* a stop signal ends a run early by request: the batches to come may well be trainable */
+    if (!t->steps_here && t->skipped && !(t->stop && *t->stop)) {
         LOG_ERROR("no step trained: every one of the %ld batches this run got had no weighted "
-                  "position (an anchor needs two loss-masked tokens in a row, and a prediction "
-                  "after it): the data's loss masks leave nothing to train on. Check how the "
-                  "data was made (dflash-data: the loss_mask of each sequence should mark its "
-                  "response tokens); more epochs would not help",
+                  "position (an anchor needs two loss-masked tokens in a row): the data's loss "
+                  "masks leave nothing to train on. Check how the data was made (dflash-data: "
+                  "the loss_mask of each sequence should mark its response tokens); more epochs "
+                  "would not help",
                   t->skipped);
         return DFLASH_ENODATA;
     }
@@ -568,6 +570,7 @@ static int resume_refused(const char *dir, int rc, char *err, size_t errlen) {
     case DFLASH_EFORMAT:
     case DFLASH_ECONFIG: /* config.json's values */
     case DFLASH_ECORRUPT:
+    case DFLASH_ENONFINITE: /* a NaN or infinity in its masters or moments */
     case DFLASH_EUNSUPPORTED:
         snprintf(err, errlen,
                  "cannot resume from %s: %s; the checkpoint is damaged: move it out of its "
@@ -619,14 +622,36 @@ static int resume_source(const trainer *t, const trainer_opts *o, char *dir, siz
     return 0;
 }
 
+/* Whether checkpoint dir lies under root (both resolved): this run's own, which the resume
+ * may write (a missing or damaged model.safetensors again), holding root's lock. */
+static bool under_root(const char *dir, const char *root) {
+    if (!root[0]) return false;
+    char d[PATH_MAX], r[PATH_MAX];
+    if (!realpath(dir, d) || !realpath(root, r)) return false;
+    size_t n = strlen(r);
+    return strncmp(d, r, n) == 0 && (d[n] == '/' || d[n] == 0);
+}
+
 /* Step 4 of the start-up: exact resume from dir (resume_source), warm start or fresh weights. */
 static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, char *err,
                    size_t errlen) {
     char dir[1200] = "";
     if (resume_dir[0]) {
         /* checks the checkpoint's config against the drafter's first */
-        int rc = dflash_ckpt_resume(t->m, &t->tc, resume_dir, err, errlen);
+        int rc = dflash_ckpt_resume(t->m, &t->tc, resume_dir, under_root(resume_dir, t->ckpt_root),
+                                    err, errlen);
         if (rc < 0) return resume_refused(resume_dir, rc, err, errlen);
+        if (t->tc.lr * t->tc.weight_decay >= 1.0) {
+            snprintf(err, errlen,
+                     "cannot resume from %s: its lr %g with weight decay %g (the checkpoint's "
+                     "settings win over the flags) make the decoupled decay 1 - lr * weight_decay "
+                     "%g, not positive: the weights would flip and grow each step; start a new "
+                     "run from its weights with a lower --lr (--init-weights %s and another "
+                     "--checkpoint-dir)",
+                     resume_dir, t->tc.lr, t->tc.weight_decay,
+                     1.0 - t->tc.lr * t->tc.weight_decay, resume_dir);
+            return DFLASH_ECONFIG;
+        }
         t->start_step = t->saved_step = t->committed = t->m->step;
         if (o->init_weights && o->init_weights[0])
             LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights,

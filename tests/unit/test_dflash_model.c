@@ -828,7 +828,7 @@ static void side_stream_resume(world *w, const nn_ops *lo, bool run_late) {
     }
     dflash_train_cfg tm;
     dflash_train_cfg_default(&tm);
-    CHECK_EQ_INT(dflash_ckpt_resume(m, &tm, path, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(m, &tm, path, true, err, sizeof err), 0);
     if (run_late) {
         memcpy(lag.q, held, sizeof held);
         lag.n = n_held;
@@ -921,7 +921,7 @@ static void test_checkpoint(world *w) {
     /* exact resume: b continues where a stands, the next step is bit-identical */
     dflash_train_cfg tb;
     dflash_train_cfg_default(&tb);
-    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, true, err, sizeof err), 0);
     CHECK_EQ_INT(b->step, 3);
     CHECK(tb.seed == tc.seed && tb.total_steps == 20 && tb.lr == tc.lr && tb.n_anchors == 3);
     CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
@@ -1016,14 +1016,14 @@ static void test_checkpoint(world *w) {
     dflash_config other = w->cfg;
     other.intermediate_size = 40;
     c = dflash_model_new(&other, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
-    CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, err, sizeof err), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, true, err, sizeof err), DFLASH_EMISMATCH);
     CHECK(strstr(err, "intermediate_size") && strstr(err, "40") && strstr(err, "24"));
     dflash_model_destroy(&c);
     /* the same shapes for a target of another rope_theta (its RoPE): refused too */
     other = w->cfg;
     other.rope_theta = w->cfg.rope_theta * 2;
     c = dflash_model_new(&other, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
-    CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, err, sizeof err), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, NULL, path, true, err, sizeof err), DFLASH_EMISMATCH);
     CHECK(strstr(err, "rope_theta") != NULL);
     dflash_model_destroy(&c);
     dflash_config back;
@@ -1167,11 +1167,11 @@ static void test_checkpoint_checksums(world *w) {
     off = tensor_file_offset(file, name, 2 * mid->numel); /* mid-tensor (fp32) */
     CHECK(off > 0);
     CHECK_EQ_INT(test_flip_bit(file, off, 1), 0);
-    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), DFLASH_ECORRUPT);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, true, err, sizeof err), DFLASH_ECORRUPT);
     printf("resume from a flipped bit: %s\n", err);
     CHECK(strstr(err, file) && strstr(err, name) && strstr(err, "checksum mismatch"));
     CHECK_EQ_INT(test_flip_bit(file, off, 1), 0);
-    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, true, err, sizeof err), 0);
 
     /* written before the checksums: loads, unverified, to the same values */
     strip_checksums(file);
@@ -1183,7 +1183,7 @@ static void test_checkpoint_checksums(world *w) {
     safetensors_close(&st);
     dflash_model_destroy(&b);
     b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
-    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, true, err, sizeof err), 0);
     CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
     CHECK(!memcmp(a->adam_v, b->adam_v, a->n_params * sizeof(float)));
     CHECK_EQ_INT(b->step, 1);
@@ -1196,12 +1196,18 @@ static void test_checkpoint_checksums(world *w) {
 
 /* dflash_ckpt_resume of the checkpoint at path into m (tb its settings) with its log captured:
  * the return code; *log (malloc'd) what it logged. */
-static int resume_logged(dflash_model *m, dflash_train_cfg *tb, const char *path, char **log,
-                         char *err, size_t errlen) {
+static int resume_logged_as(dflash_model *m, dflash_train_cfg *tb, const char *path, bool repair,
+                            char **log, char *err, size_t errlen) {
     test_capture cap = test_capture_begin();
-    int rc = dflash_ckpt_resume(m, tb, path, err, errlen);
+    int rc = dflash_ckpt_resume(m, tb, path, repair, err, errlen);
     *log = test_capture_end(&cap);
     return rc;
+}
+
+/* As the checkpoint's own run resumes it (under its locked root: it may repair the file). */
+static int resume_logged(dflash_model *m, dflash_train_cfg *tb, const char *path, char **log,
+                         char *err, size_t errlen) {
+    return resume_logged_as(m, tb, path, true, log, err, errlen);
 }
 
 /* The file at path holds the n bytes of want. */
@@ -1220,6 +1226,19 @@ static bool same_file(const char *path, const char *want, size_t n) {
  * and the resume goes on. A file it cannot read (a FIFO in its place) is an I/O failure, not
  * damage: the resume is refused with the system's reason and the file left alone; one it cannot
  * write again refuses the resume naming the file. */
+/* A FIFO where a checkpoint's config.json should be is refused as unreadable at once (the
+ * warm start, eval and resume read config.json first; a blocking open would wait forever). */
+static void test_config_fifo(void) {
+    char dir[] = "/tmp/dflash_ckpt_fifo_XXXXXX", file[128], err[512] = "";
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    CHECK_EQ_INT(mkfifo(file, 0600), 0);
+    dflash_config c;
+    CHECK_EQ_INT(dflash_ckpt_load_config(dir, &c, err, sizeof err), DFLASH_EIO);
+    CHECK(strstr(err, file) && strstr(err, "FIFO"));
+    CHECK_EQ_INT(test_rmtree(dir), 0);
+}
+
 static void test_resume_checks_weights(world *w) {
     char root[] = "/tmp/dflash_ckpt_weights_XXXXXX";
     CHECK(mkdtemp(root) != NULL);
@@ -1285,13 +1304,37 @@ static void test_resume_checks_weights(world *w) {
     CHECK(stat(file, &after) == 0 && S_ISFIFO(after.st_mode));
     free(log);
 
-    /* cannot be written again (a directory in its place, which the rename cannot replace) */
+    /* a directory in its place: not a regular file, an I/O failure like the FIFO (not taken
+     * for a missing file: safetensors_open would read a directory as a model folder) */
     CHECK_EQ_INT(unlink(file), 0);
     CHECK_EQ_INT(mkdir(file, 0700), 0);
     CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), DFLASH_EIO);
+    CHECK(strstr(err, file) && strstr(err, "not a regular file") && !strstr(err, "missing"));
+    CHECK(stat(file, &after) == 0 && S_ISDIR(after.st_mode));
+    CHECK_EQ_INT(rmdir(file), 0);
+    free(log);
+
+    /* cannot be written again (missing, and a directory where the writer's temp file goes) */
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", file, (int)getpid());
+    CHECK_EQ_INT(mkdir(tmp, 0700), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), DFLASH_EIO);
     printf("resume where model.safetensors cannot be written: %s\n", err);
     CHECK(strstr(err, file) && strstr(err, "cannot be written again"));
-    CHECK_EQ_INT(rmdir(file), 0);
+    CHECK_EQ_INT(rmdir(tmp), 0);
+    free(log);
+
+    /* not this run's checkpoint (outside its --checkpoint-dir): warned, never written */
+    test_spill(file, "not a safetensors file", 22);
+    CHECK_EQ_INT(resume_logged_as(b, &tb, path, false, &log, err, sizeof err), 0);
+    printf("resume of another run's checkpoint with a damaged model.safetensors: %s", log);
+    CHECK(strstr(log, file) && strstr(log, "not written again"));
+    CHECK(same_file(file, "not a safetensors file", 22));
+    CHECK_EQ_INT(b->step, 1);
+    free(log);
+    CHECK_EQ_INT(unlink(file), 0);
+    CHECK_EQ_INT(resume_logged_as(b, &tb, path, false, &log, err, sizeof err), 0);
+    CHECK(strstr(log, "is missing") && strstr(log, "not written again"));
+    CHECK(access(file, F_OK) != 0);
     free(log);
     free(orig);
 
@@ -1480,6 +1523,7 @@ int main(void) {
     test_side_stream(w);
     test_checkpoint_checksums(w);
     test_resume_checks_weights(w);
+    test_config_fifo();
     test_checkpoint(w);
     test_eval(w);
     test_slot_view(w);

@@ -44,6 +44,7 @@
 #include "test_files.h"
 #include "trainer.h"
 
+#include <signal.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -287,6 +288,11 @@ static slot_layout slots(void) {
 
 /* trainer_new with the given schedule, checkpoint dir, metrics dir and --resume (NULL: none);
  * NULL with err when refused. */
+/* The stop flag every trainer of these tests watches (a daemon's SIGTERM), and the optimizer
+ * settings of the next start when non-zero (the recipe's otherwise). */
+static volatile sig_atomic_t test_stop;
+static double next_lr, next_weight_decay;
+
 static worker_consumer *start(long total_steps, long max_steps, const char *ckpt,
                               const char *metrics_dir, const char *resume, char *err,
                               size_t errlen) {
@@ -302,8 +308,11 @@ static worker_consumer *start(long total_steps, long max_steps, const char *ckpt
                       .checkpoint_dir = ckpt,
                       .max_steps = max_steps,
                       .metrics_dir = metrics_dir,
-                      .resume = resume};
+                      .resume = resume,
+                      .stop = &test_stop};
     dflash_train_cfg_default(&o.train);
+    if (next_lr > 0) o.train.lr = next_lr;
+    if (next_weight_decay > 0) o.train.weight_decay = next_weight_decay;
     o.train.n_anchors = 8;
     o.train.total_steps = total_steps;
     err[0] = 0;
@@ -650,6 +659,36 @@ static void test_nothing_trained(void) {
     CHECK_EQ_INT(consume_batch(c, 1, false, false), 0);
     CHECK_EQ_INT(c->finish(c->ctx), 0);
     worker_consumer_destroy(&c);
+    c = fresh(0, 10, NULL, NULL, err, sizeof err); /* stopped by a signal: not a verdict */
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK_EQ_INT(consume_batch(c, 0, true, false), 0);
+    test_stop = 1;
+    CHECK_EQ_INT(c->finish(c->ctx), 0);
+    test_stop = 0;
+    worker_consumer_destroy(&c);
+}
+
+/* A checkpoint whose own lr x weight decay reaches 1 (written before the flags were checked, or
+ * by a build without the check) is not resumed: the resume takes the checkpoint's settings, and
+ * with them the decoupled decay would flip the weights every step. */
+static void test_resume_growing_decay(void) {
+    char err[1024], ckpt[400];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-decay", dir);
+    next_lr = 0.5;
+    next_weight_decay = 4;
+    worker_consumer *c = fresh(0, 10, ckpt, NULL, err, sizeof err);
+    next_lr = next_weight_decay = 0;
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK_EQ_INT(consume_batch(c, 0, false, false), 0);
+    CHECK_EQ_INT(c->finish(c->ctx), 0);
+    worker_consumer_destroy(&c);
+    c = fresh(0, 10, ckpt, NULL, err, sizeof err);
+    printf("resume of a checkpoint with lr 0.5, weight decay 4: %s\n", c ? "started" : err);
+    CHECK(c == NULL);
+    CHECK(strstr(err, "weight decay 4") && strstr(err, "--init-weights"));
+    worker_consumer_destroy(&c);
 }
 
 /* Lines of DIR/metrics/metrics.jsonl on disk now. */
@@ -774,6 +813,7 @@ int main(void) {
     test_metrics_when_idle();
     test_divergence_stops();
     test_nothing_trained();
+    test_resume_growing_decay();
     test_other_target(bin);
 
     test_rmtree(dir);

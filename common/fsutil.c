@@ -21,7 +21,9 @@ int fs_sync_parent_dir(const char *path)
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) return DFLASH_EIO;
     int rc = fsync(dfd) == 0 || errno == EINVAL ? 0 : DFLASH_EIO;
+    int why = errno;
     close(dfd);
+    errno = why; /* the caller reports fsync's reason, not close's */
     return rc;
 }
 

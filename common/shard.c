@@ -78,9 +78,10 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
         goto fail;
     }
     void *m = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int why = errno; /* mmap's reason, not close's */
     close(fd);
     if (m == MAP_FAILED) {
-        err_fmt(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        err_fmt(err, errlen, "%s: mmap failed: %s", path, strerror(why));
         goto fail;
     }
     s->base = m;

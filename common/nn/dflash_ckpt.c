@@ -403,9 +403,10 @@ int dflash_ckpt_check_root(const char *root, char *err, size_t errlen) {
     struct stat sb;
     char probe[4200];
     if (fs_make_dirs(root) != 0) {
+        int why = errno; /* fs_make_dirs's reason (a read-only file system), not stat's */
         if (stat(root, &sb) == 0 && !S_ISDIR(sb.st_mode))
             FAIL(DFLASH_EIO, "%s is not a directory", root);
-        FAIL(DFLASH_EIO, "cannot create %s: %s", root, strerror(errno));
+        FAIL(DFLASH_EIO, "cannot create %s: %s", root, strerror(why));
     }
     if (fs_sync_parent_dir(root) != 0) /* a root just made must outlive a crash too */
         FAIL(DFLASH_EIO, "cannot fsync the directory holding %s: %s", root, strerror(errno));

@@ -353,6 +353,22 @@ static void test_checkpoint_dir(void) {
         CHECK(strstr(err, bad[i]) && strstr(err, why[i]));
         worker_consumer_destroy(&c);
     }
+    /* a directory no one may create (sysfs: EPERM, like a read-only mount's EROFS): the error
+     * names mkdir's reason, not the ENOENT of a look at the path afterwards */
+    const char *denied = "/sys/dflash-test-ckpt/a/b";
+    errno = 0;
+    if (mkdir("/sys/dflash-test-ckpt", 0755) != 0 && errno != ENOENT) {
+        char want[200];
+        snprintf(want, sizeof want, "cannot create %s: %s", denied, strerror(errno));
+        worker_consumer *d = fresh(0, 0, denied, NULL, err, sizeof err);
+        printf("--checkpoint-dir %s: %s\n", denied, d ? "started" : err);
+        CHECK(d == NULL);
+        CHECK(strstr(err, want) != NULL);
+        worker_consumer_destroy(&d);
+    } else {
+        if (errno == 0) rmdir("/sys/dflash-test-ckpt");
+        printf("no /sys that refuses mkdir here: the denied --checkpoint-dir case is skipped\n");
+    }
     snprintf(fine, sizeof fine, "%s/new/parent/ckpt", dir); /* made with its parents */
     worker_consumer *c = fresh(0, 0, fine, NULL, err, sizeof err);
     CHECK(c != NULL);

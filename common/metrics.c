@@ -449,6 +449,15 @@ int metrics_flush(metrics *m)
     return rc;
 }
 
+int metrics_sync(metrics *m)
+{
+    int rc = metrics_flush(m);
+    if (rc) return rc;
+    if (m->jsonl && fsync(fileno(m->jsonl))) rc = io_failed(m, m->jsonl_path);
+    if (m->events && fsync(fileno(m->events))) rc = io_failed(m, m->event_path);
+    return rc;
+}
+
 const char *metrics_jsonl_path(const metrics *m)
 {
     return m && m->jsonl ? m->jsonl_path : NULL;

@@ -9,10 +9,12 @@
  *
  * Cost model (why it may sit next to a GPU hot loop): metrics arrive as plain host numbers, the
  * caller has already copied them off the device asynchronously (DESIGN.md section 6: read a step
- * later). A record is formatted into stdio's buffers (64 KiB per file) on the calling thread; no
- * fsync ever happens, and fflush runs at most once per flush interval (default 1 s) or when
- * metrics_flush() is called (dflash-drafter: whenever it waits for a batch) so a stalled run's
- * last records reach the disk. A record costs a few microseconds; nothing here waits on the device.
+ * later). A record is formatted into stdio's buffers (64 KiB per file) on the calling thread;
+ * fflush runs at most once per flush interval (default 1 s) or when metrics_flush() is called
+ * (dflash-drafter: whenever it waits for a batch) so a stalled run's last records reach the disk.
+ * The only fsync is metrics_sync's (dflash-drafter: before each checkpoint, so that the records
+ * of every checkpointed step outlive what the checkpoint outlives). A record costs a few
+ * microseconds; nothing here waits on the device.
  *
  * A metrics writer is owned by one thread (the drafter's training loop); it is not thread-safe.
  * Tags in the event file: train/loss, train/accuracy, train/acceptance_length, train/lr,
@@ -83,6 +85,10 @@ int metrics_write_scalar(metrics *m, int64_t step, const char *name, double valu
 
 /* Pushes buffered records to the kernel (fflush, no fsync). Returns 0 or DFLASH_EIO. */
 int metrics_flush(metrics *m);
+/* metrics_flush, then fsync of both files: every record written so far survives a crash of the
+ * process or of the machine. For the moment before a checkpoint is published (a resumed run
+ * then finds the records of every step its checkpoint holds). Returns 0 or DFLASH_EIO. */
+int metrics_sync(metrics *m);
 
 /* Paths of the files being written; NULL when that output is off. Borrowed. */
 const char *metrics_jsonl_path(const metrics *m);

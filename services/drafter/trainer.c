@@ -190,6 +190,10 @@ static int save_checkpoint(trainer *t) {
     char path[1200], err[512] = "";
     dflash_ckpt_opts co = {.keep_last = t->keep_last};
     double t0 = monotime_s();
+    /* the records of the steps it holds first: a run killed after the checkpoint and resumed
+     * from it trains only later steps, so a record lost now would be a gap for good. A failure
+     * is logged by metrics and does not hold the checkpoint back. */
+    if (t->met) metrics_sync(t->met);
     rc = dflash_ckpt_save(t->m, &t->tc, t->ckpt_root, &co, path, sizeof path, err, sizeof err);
     if (rc < 0) {
         LOG_ERROR("checkpoint of step %ld under %s failed: %s (%s)", t->m->step, t->ckpt_root,

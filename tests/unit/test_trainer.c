@@ -286,16 +286,16 @@ static slot_layout slots(void) {
     return l;
 }
 
-/* trainer_new with the given schedule, checkpoint dir, metrics dir and --resume (NULL: none);
- * NULL with err when refused. */
 /* The stop flag every trainer of these tests watches (a daemon's SIGTERM), and the optimizer
  * settings of the next start when non-zero (the recipe's otherwise). */
 static volatile sig_atomic_t test_stop;
 static double next_lr, next_weight_decay;
 
+/* trainer_new with the given schedule, checkpoint dir, metrics dir, --resume (NULL: none) and
+ * --checkpoint-every (0: none); NULL with err when refused. */
 static worker_consumer *start(long total_steps, long max_steps, const char *ckpt,
-                              const char *metrics_dir, const char *resume, char *err,
-                              size_t errlen) {
+                              const char *metrics_dir, const char *resume, long ckpt_every,
+                              char *err, size_t errlen) {
     slot_layout l = slots();
     trainer_opts o = {.model_dir = target,
                       .backend = POOL_HOST,
@@ -307,6 +307,7 @@ static worker_consumer *start(long total_steps, long max_steps, const char *ckpt
                       .init_seed = 1,
                       .checkpoint_dir = ckpt,
                       .max_steps = max_steps,
+                      .checkpoint_every = ckpt_every,
                       .metrics_dir = metrics_dir,
                       .resume = resume,
                       .stop = &test_stop};
@@ -322,7 +323,7 @@ static worker_consumer *start(long total_steps, long max_steps, const char *ckpt
 /* start() of a run without --resume: fresh, or resumed from the newest checkpoint in ckpt. */
 static worker_consumer *fresh(long total_steps, long max_steps, const char *ckpt,
                               const char *metrics_dir, char *err, size_t errlen) {
-    return start(total_steps, max_steps, ckpt, metrics_dir, NULL, err, errlen);
+    return start(total_steps, max_steps, ckpt, metrics_dir, NULL, 0, err, errlen);
 }
 
 static void test_schedule_past_max_steps(void) {
@@ -575,7 +576,7 @@ static void test_resume_refused(void) {
     CHECK_EQ_INT(rename(path, saved), 0);
 
     /* missing beside config.json (a --resume of the step): not a whole checkpoint */
-    c = start(0, 0, root, NULL, step, err, sizeof err);
+    c = start(0, 0, root, NULL, step, 0, err, sizeof err);
     printf("resume without a training state: %s\n", c ? "started" : err);
     CHECK(c == NULL);
     CHECK(strstr(err, step) && strstr(err, "not a whole checkpoint") && !strstr(err, "damaged"));
@@ -739,6 +740,35 @@ static void test_metrics_when_idle(void) {
     worker_consumer_destroy(&c);
 }
 
+/* --checkpoint-every 1: each periodic checkpoint (settled(), before the next claim) finds the
+ * records of the steps it holds in metrics.jsonl already, without an idle() or the 1 s flush: a
+ * process killed right after it, and resumed from it, would otherwise never log those steps. */
+static void test_metrics_before_checkpoint(void) {
+    char err[512], mdir[400], root[400];
+    snprintf(mdir, sizeof mdir, "%s/metrics", dir);
+    snprintf(root, sizeof root, "%s/ckpt-metrics", dir);
+    char path[450];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", mdir);
+    unlink(path);
+    worker_consumer *c = start(0, 0, root, mdir, NULL, 1, err, sizeof err);
+    CHECK(c != NULL && c->settled != NULL);
+    if (!c || !c->settled) return;
+    slot_layout l = slots();
+    for (uint32_t i = 0; i < 3; i++) {
+        slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = i};
+        void *base = staged_slot(&l, &wu, 20);
+        worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+        uint64_t step = 0;
+        CHECK(base && c->consume(c->ctx, &b, &step) == 0);
+        free(base);
+        CHECK_EQ_INT(c->settled(c->ctx), 0); /* checkpoint of step i + 1 */
+        CHECK_EQ_INT(c->committed(c->ctx), i + 1);
+        printf("checkpoint of step %u: %d metrics records on disk\n", i + 1, jsonl_lines());
+        CHECK_EQ_INT(jsonl_lines(), (int)i + 1);
+    }
+    worker_consumer_destroy(&c);
+}
+
 /* A checkpoint of another target of the same shapes (a Llama target, rope_theta 500000, for a
  * drafter trained on the Qwen3 one, 1e6): eval refuses it (exit 2, mismatch) as the warm start
  * and the resume do, naming rope_theta; it printed a tau. */
@@ -827,6 +857,7 @@ int main(void) {
     test_resume_refused();
     test_slot_against_grant();
     test_metrics_when_idle();
+    test_metrics_before_checkpoint();
     test_divergence_stops();
     test_nothing_trained();
     test_resume_growing_decay();

@@ -29,7 +29,7 @@ struct client {
     char pub_endpoint[WIRE_MAX_TEXT];
     char last_error[WIRE_MAX_TEXT];
     int timeout_ms;
-    uint64_t last_send_ms;
+    uint64_t last_send_ms; /* a request sent, or one that timed out (client_poll waits after it) */
     bool curve;                               /* CURVE on: the three keys below are set */
     curve_key server_public, public_, secret; /* Z85 */
     wire_msg req, rep;
@@ -220,6 +220,10 @@ timeout:
     snprintf(c->last_error, sizeof c->last_error, "no reply from %s within %d ms", c->endpoint,
              c->timeout_ms);
     sock_reset(c);
+    /* a silent broker: the heartbeat thread's client_poll does not queue behind this request
+     * for another timeout at once (it would hold the caller's next request, or a stopping
+     * daemon's exit, that long); it sends as after a request, half a heartbeat later */
+    c->last_send_ms = mono_ms();
     return DFLASH_ETIMEOUT;
 }
 

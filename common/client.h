@@ -163,7 +163,8 @@ int client_group_leave(client *c, const char *group);
 
 /* Sends a Heartbeat and waits for the echo. */
 int client_heartbeat(client *c);
-/* Sends a Heartbeat only if none was sent for heartbeat_ms/2; otherwise returns 0 at once. */
+/* Sends a Heartbeat only if no request was sent (or timed out) for heartbeat_ms/2; otherwise
+ * returns 0 at once. */
 int client_poll(client *c);
 
 /* Any role: full broker statistics. */

@@ -15,6 +15,7 @@ struct heartbeat {
     double stall_s;
     const char *what;
     atomic_bool run;
+    atomic_bool quiet; /* heartbeat_quiet: no more client_poll */
     _Atomic double alive_at; /* monotime_s of the main loop's last heartbeat_alive */
     pthread_t thread;
 };
@@ -24,7 +25,7 @@ static void *heartbeat_main(void *arg)
     heartbeat *h = arg;
     while (atomic_load(&h->run)) {
         monotime_sleep_ms(100);
-        if (client_broker_incarnation(h->c)) client_poll(h->c);
+        if (!atomic_load(&h->quiet) && client_broker_incarnation(h->c)) client_poll(h->c);
         double quiet = monotime_s() - atomic_load(&h->alive_at);
         if (h->stall_s > 0 && quiet > h->stall_s) {
             LOG_ERROR("%s made no progress for %.1f s (--stall-exit-s %g): hung (a GPU call "
@@ -58,6 +59,11 @@ heartbeat *heartbeat_start(client *c, double stall_s, const char *what)
 void heartbeat_alive(heartbeat *h)
 {
     if (h) atomic_store(&h->alive_at, monotime_s());
+}
+
+void heartbeat_quiet(heartbeat *h)
+{
+    if (h) atomic_store(&h->quiet, true);
 }
 
 void heartbeat_stop(heartbeat **hp)

@@ -26,6 +26,10 @@ typedef struct heartbeat heartbeat;
 heartbeat *heartbeat_start(client *c, double stall_s, const char *what);
 /* The main loop made progress (call it every iteration). NULL is ignored. */
 void heartbeat_alive(heartbeat *h);
+/* From now on the thread sends no more heartbeats (the watchdog stays): a stopping daemon whose
+ * broker is gone, so that no poll holds the client (or the join in heartbeat_stop) for a request
+ * timeout. NULL is ignored. */
+void heartbeat_quiet(heartbeat *h);
 /* Stops and joins the thread; *h NULL afterwards. NULL or *h NULL is ignored. */
 void heartbeat_stop(heartbeat **h);
 

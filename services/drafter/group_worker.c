@@ -12,6 +12,10 @@
  * come back first. A StepDone no broker answered keeps the step pending: it is sent again
  * before the next claim (and at the end); a GroupJoin answered by the same broker resolves it
  * instead (by our model step).
+ * A stop: finish() sends the pending StepDone, writes the final checkpoint (rank 0), reports it
+ * and leaves the group, in that order, while the broker answers; one that does not answer a
+ * request after the stop is lost for good (worker_session_heard) and gets no more requests, so
+ * the checkpoint is not held back by retries (the step goes into it without a StepDone).
  * The importer, the staging buffer, the client and its heartbeat thread are the session's
  * (worker_session.h), shared with the solo loop.
  */
@@ -81,6 +85,17 @@ static void reform(gw *g, const char *why)
     set_state(g, GW_JOINING);
 }
 
+/* Every request's result: a timeout after the stop marks the broker lost (worker_session.h). */
+static void heard(gw *g, int rc)
+{
+    worker_session_heard(g->s, rc);
+}
+
+static bool broker_lost(const gw *g)
+{
+    return worker_session_broker_lost(g->s);
+}
+
 /* hello (rank 0: with a pending step's units), then the late acks of that step. 0,
  * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name: fatal). */
 static int do_register(gw *g)
@@ -89,6 +104,7 @@ static int do_register(gw *g)
     snprintf(note, sizeof note, " for group %s", g->cfg->group);
     int rc = worker_session_hello(g->s, g->pending ? g->pending_units : NULL,
                                   g->pending ? g->n_pending : 0, note);
+    heard(g, rc);
     if (rc == DFLASH_EEXISTS) { /* another live drafter has our name: fatal */
         LOG_ERROR("the broker refused our hello: %s", client_last_error(g->cl));
         g->st.name_in_use = true;
@@ -98,8 +114,10 @@ static int do_register(gw *g)
     if (g->pending) {
         for (uint32_t i = 0; i < g->n_pending; i++) {
             int arc = DFLASH_ETIMEOUT;
-            for (int a = 0; a < 20 && arc == DFLASH_ETIMEOUT; a++)
+            for (int a = 0; a < 20 && arc == DFLASH_ETIMEOUT && !broker_lost(g); a++) {
                 arc = client_ack(g->cl, &g->pending_units[i], g->pending_step);
+                heard(g, arc);
+            }
             if (arc && arc != DFLASH_EEXISTS) return DFLASH_EAGAIN;
         }
         LOG_INFO("step %llu (whose StepDone the broker did not take): %u units acked",
@@ -120,8 +138,9 @@ static void report_refused_step(gw *g)
     wire_group_view v;
     uint64_t ms = g->cons->model_step(g->cons->ctx);
     int rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 20 && rc != 0; a++) {
+    for (int a = 0; a < 20 && rc != 0 && !broker_lost(g); a++) {
         rc = client_group_join(g->cl, g->cfg->group, ms, 0, 0, &v);
+        heard(g, rc);
         if (rc == DFLASH_ESTALE && do_register(g) < 0) break;
         if (rc != 0) monotime_sleep_ms(50);
     }
@@ -152,6 +171,7 @@ static int joining(gw *g)
     wire_group_view v;
     uint64_t ms = k->model_step(k->ctx);
     int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, 0, &v);
+    heard(g, rc);
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         uint64_t now = monotime_ms();
         if (rc == DFLASH_EAGAIN && now - g->wait_said_ms >= 10000) { /* the broker's reason */
@@ -237,14 +257,17 @@ static int joining(gw *g)
 }
 
 /* Rank 0: reports the pending step done. Keeps it pending while no broker answers (0 then:
- * sent again before the next claim); a restarted broker gets it through the hello (late acks).
+ * sent again before the next claim, or by finish()); a restarted broker gets it through the
+ * hello (late acks). After a stop, the tries end at the first the broker does not answer.
  * 0 or fatal. */
 static int step_done(gw *g)
 {
     uint64_t s = g->pending_step, acked = 0;
     int rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 50 && rc == DFLASH_ETIMEOUT && (!*g->stop || a < 3); a++)
+    for (int a = 0; a < 50 && rc == DFLASH_ETIMEOUT && !broker_lost(g); a++) {
         rc = client_step_done(g->cl, g->cfg->group, g->epoch, s, &acked);
+        heard(g, rc);
+    }
     if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {
         close_comm(g);
         set_state(g, GW_REGISTER); /* hello carries the units; they are acked then */
@@ -298,8 +321,10 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
     const wire_grant *gr = &sg->grant;
     int rc = worker_session_copy(g->s, gr, NULL);
     int rrc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 20 && rrc == DFLASH_ETIMEOUT && !*g->stop; a++)
+    for (int a = 0; a < 20 && rrc == DFLASH_ETIMEOUT && !*g->stop; a++) {
         rrc = client_release(g->cl, gr->lease_id);
+        heard(g, rrc);
+    }
     if (rc < 0) {
         if (worker_session_copy_hopeless(g->s, rc)) return DFLASH_EPEER;
         reform(g, "cannot copy our slot of the step");
@@ -366,6 +391,7 @@ static int stepping(gw *g, double *backoff)
     static wire_step_grant sg; /* main thread only; large */
     double t0 = monotime_s();
     rc = client_step_claim(g->cl, c->group, g->epoch, s, &sg);
+    heard(g, rc);
     if (rc == 0) {
         *backoff = 1;
         return run_step(g, &sg, s);
@@ -409,15 +435,17 @@ static void progress(gw *g)
 
 /* The loop ended without a fatal error: the pending step's StepDone (first, as before
  * settle()), the final checkpoint (rank 0; the consumer knows), its commit, goodbye to the
- * group. */
+ * group. A broker lost after a stop signal gets no request: the checkpoint comes at once. */
 static int finish(gw *g)
 {
     worker_consumer *k = g->cons;
     int src = 0;
     if (g->pending && client_broker_incarnation(g->cl)) { /* the final checkpoint has it */
         src = DFLASH_ETIMEOUT;
-        for (int a = 0; a < 3 && src == DFLASH_ETIMEOUT; a++)
+        for (int a = 0; a < 3 && src == DFLASH_ETIMEOUT && !broker_lost(g); a++) {
             src = client_step_done(g->cl, g->cfg->group, g->epoch, g->pending_step, NULL);
+            heard(g, src);
+        }
         if (src == DFLASH_ESTALE && client_broker_restarted(g->cl) && do_register(g) == 0)
             src = 0; /* the hello carried the units, acked at the step */
         if (src == DFLASH_ESTALE && !client_broker_restarted(g->cl)) {
@@ -429,10 +457,11 @@ static int finish(gw *g)
                      (unsigned long long)g->pending_step, err_str(src));
         g->pending = false;
     }
-    if (client_broker_incarnation(g->cl)) report_refused_step(g); /* a stop before the join */
+    if (client_broker_incarnation(g->cl) && !broker_lost(g))
+        report_refused_step(g); /* a stop before the join */
     int rc = k->finish ? k->finish(k->ctx) : 0;
     if (rc < 0) return rc;
-    if (src == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report, no goodbye */
+    if (src == DFLASH_ETIMEOUT || broker_lost(g)) return 0; /* no broker: no commit, no goodbye */
     if (k->state_hash)
         LOG_INFO("group %s: final state at step %llu has hash %016llx", g->cfg->group,
                  (unsigned long long)k->model_step(k->ctx),
@@ -456,7 +485,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
         rc = DFLASH_ECONFIG; /* the flags: exit 2 */
         goto out;
     }
-    g.s = worker_session_new(cfg, &g.st, &rc);
+    g.s = worker_session_new(cfg, &g.st, stop, &rc);
     if (!g.s) goto out;
     g.cl = worker_session_client(g.s);
 

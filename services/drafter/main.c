@@ -176,7 +176,8 @@ static const cfg_option drafter_options[] = {
         rate),
     OPT("progress-ms", CFG_INT, "10000", 0, 1 << 30, "progress line interval (0 = none)",
         progress_ms),
-    OPT("timeout-ms", CFG_INT, "2000", 10, 600000, "broker request timeout", timeout_ms),
+    OPT("timeout-ms", CFG_INT, "2000", 10, 600000, "broker request timeout (a stop with the "
+        "broker gone writes its final checkpoint at most twice this after the step)", timeout_ms),
     OPT("max-batches", CFG_INT, "0", 0, 1e15, "stop after this many batches (0 = until the "
         "broker drains)", max_batches),
     OPT("broker-wait-ms", CFG_INT, "120000", 0, 1e9, "at start-up: exit with an error when no "

@@ -11,6 +11,12 @@
  * A release answered ESTALE without a broker restart means our lease ended (it expired, or the
  * broker expired us and our leases with us) and the slot's batch is handed out again: the copy
  * is dropped. A hello holding it could not take the slot back, so it would be trained twice.
+ * A stop signal ends the loop with finish(): the ack of a held batch, the final checkpoint, the
+ * commit report, in that order (a checkpoint holding an unacked batch would have it trained
+ * twice if we died before the ack). A broker that answers gets them all; one that does not
+ * answer a request after the stop is lost for good (worker_session_heard): the batch goes
+ * unacked into the final checkpoint at once, the broker hands it out again, and no more requests
+ * delay the checkpoint (a supervisor's grace period is short).
  * The importer, the staging buffer, the client and its heartbeat thread (so a long consume()
  * does not get us expired) are the session's (worker_session.h), shared with the group loop. */
 #include "worker_loop.h"
@@ -65,10 +71,12 @@ static void set_state(worker_loop *w, wl_state to)
     w->state = to;
 }
 
-/* Every request's result, for the log lines about a silent broker (broker_silence.h). */
+/* Every request's result, for the log lines about a silent broker (broker_silence.h) and the
+ * session's "lost after a stop" (worker_session_heard). */
 static void broker_heard(worker_loop *w, int rc)
 {
     broker_silence_note(&w->silence, rc, w->st.registrations > 0, client_last_error(w->client));
+    worker_session_heard(w->s, rc);
 }
 
 /* hello with the held batch. 0, DFLASH_EAGAIN (transient) or a fatal code. */
@@ -142,14 +150,15 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
  * (never recorded) re-registers, the hello holding the batch, and is sent again: always after a
  * broker restart, once when the same broker had forgotten us (it expired us while we trained).
  * Returns 0 when the broker has the ack, DFLASH_ETIMEOUT when no broker answered (the batch
- * stays held, to be acked again), or the broker's refusal (logged; the batch is let go). A stop
- * signal still gets a few attempts out: the final checkpoint will hold this batch. */
+ * stays held, to be acked again), or the broker's refusal (logged; the batch is let go). After
+ * a stop signal the attempts go on while the broker answers, and end at the first one it does
+ * not (worker_session_broker_lost): the final checkpoint will hold this batch. */
 static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
 {
     const wire_unit *u = &w->held;
     int rc = DFLASH_ETIMEOUT;
     bool forgotten = false; /* re-registered because this broker no longer knew us */
-    for (int attempt = 0; attempt < 50 && (!*stop || attempt < 3); attempt++) {
+    for (int attempt = 0; attempt < 50 && !worker_session_broker_lost(w->s); attempt++) {
         rc = client_ack(w->client, u, w->held_step);
         broker_heard(w, rc);
         if (rc == DFLASH_ETIMEOUT) {
@@ -166,7 +175,11 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
                      client_last_error(w->client));
             forgotten = true;
         }
-        while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
+        if (*stop) { /* one hello: a broker that answers it takes the ack next */
+            if (do_register(w) != 0) break;
+        } else {
+            while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
+        }
     }
     if (rc == DFLASH_ETIMEOUT || (rc == DFLASH_ESTALE && client_broker_restarted(w->client))) {
         LOG_WARN("ack of batch (%u, %u, %llu): %s (%s); still held, acked again when the "
@@ -213,14 +226,14 @@ static int settle(worker_loop *w, volatile sig_atomic_t *stop)
 }
 
 /* The loop ended without a fatal error: the ack of a held batch, the consumer's finish() (final
- * checkpoint), then one last commit report. The ack goes first, as before settle(). Runs after
- * a stop signal too, so a few attempts ignore *stop. */
+ * checkpoint), then one last commit report. The ack goes first, as before settle(). After a stop
+ * signal, a broker lost (no answer since the stop) gets neither: the checkpoint comes at once. */
 static int finish(worker_loop *w, volatile sig_atomic_t *stop)
 {
     int ack = 0;
     if (w->holding && client_broker_incarnation(w->client)) {
         wire_unit u = w->held;
-        ack = ack_held(w, stop);
+        ack = worker_session_broker_lost(w->s) ? DFLASH_ETIMEOUT : ack_held(w, stop);
         if (ack < 0)
             LOG_WARN("batch (%u, %u, %llu) goes into the final checkpoint but is not acked: the "
                      "broker will hand it out again", u.epoch, u.bucket,
@@ -230,7 +243,8 @@ static int finish(worker_loop *w, volatile sig_atomic_t *stop)
         int rc = w->cons->finish(w->cons->ctx);
         if (rc < 0) return rc;
     }
-    if (ack == DFLASH_ETIMEOUT) return 0; /* no broker: no commit report either */
+    /* no broker: no commit report either */
+    if (ack == DFLASH_ETIMEOUT || worker_session_broker_lost(w->s)) return 0;
     if (!w->cons->committed || !client_broker_incarnation(w->client)) return 0;
     uint64_t cs = w->cons->committed(w->cons->ctx);
     if (cs == 0 || cs < w->committed_reported) return 0;
@@ -356,7 +370,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
     worker_loop w = {.cfg = cfg, .cons = cons, .state = WL_REGISTER, .copy_backoff_ms = 1};
     int rc = 0;
     double start = monotime_s();
-    w.s = worker_session_new(cfg, &w.st, &rc);
+    w.s = worker_session_new(cfg, &w.st, stop, &rc);
     if (!w.s) goto out;
     w.client = worker_session_client(w.s);
 

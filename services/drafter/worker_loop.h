@@ -69,7 +69,8 @@ typedef struct worker_batch {
  *                  refused the batch without using it), before the client closes, after the
  *                  ack of the last batch (for the same reason as settled()): e.g. save a
  *                  final checkpoint. The loop then reports committed() once more (also after a
- *                  stop signal). 0 or a negative code. */
+ *                  stop signal, unless no broker answered since: worker_session.h). 0 or a
+ *                  negative code. */
 typedef struct worker_consumer {
     const char *name; /* "verify", "train" */
     void *ctx;

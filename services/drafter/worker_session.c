@@ -28,6 +28,8 @@ struct worker_session {
     worker_stats last; /* progress window: the stats when it started ... */
     double last_t;     /* ... and when */
     int64_t copy_fail_run; /* slot copies failed since the last that succeeded */
+    volatile sig_atomic_t *stop; /* the daemon's, borrowed */
+    bool broker_lost;            /* a request after the stop went unanswered */
 };
 
 static bool has_curve_keys(const worker_loop_config *cfg)
@@ -71,7 +73,8 @@ static int open_parts(worker_session *s)
     return open_client(s);
 }
 
-worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *st, int *err)
+worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *st,
+                                   volatile sig_atomic_t *stop, int *err)
 {
     worker_session *s = calloc(1, sizeof *s);
     if (!s) {
@@ -81,6 +84,7 @@ worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *
     }
     s->cfg = cfg;
     s->st = st;
+    s->stop = stop;
     *err = open_parts(s);
     if (*err) {
         worker_session_destroy(&s);
@@ -218,11 +222,27 @@ int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_
     return rc;
 }
 
+void worker_session_heard(worker_session *s, int rc)
+{
+    if (rc != DFLASH_ETIMEOUT || !*s->stop || s->broker_lost) return;
+    s->broker_lost = true;
+    heartbeat_quiet(s->hb);
+    LOG_WARN("stopping, and the broker does not answer (%s): no more requests to it; the final "
+             "checkpoint goes first", client_last_error(s->client));
+}
+
+bool worker_session_broker_lost(const worker_session *s)
+{
+    return s->broker_lost;
+}
+
 int worker_session_commit(worker_session *s, uint64_t cs, int attempts)
 {
     int rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < attempts && rc == DFLASH_ETIMEOUT; a++)
+    for (int a = 0; a < attempts && rc == DFLASH_ETIMEOUT && !s->broker_lost; a++) {
         rc = client_checkpoint_committed(s->client, cs);
+        worker_session_heard(s, rc);
+    }
     return rc;
 }
 

@@ -15,6 +15,14 @@
  * answers" deadline and the timing of progress lines. It counts into the loop's worker_stats
  * (borrowed): registrations, copy_s, bytes_copied, consume_s. The other counters are the loop's.
  *
+ * A stop with the broker gone: the loops hand every request's result to worker_session_heard.
+ * Once a stop signal has come, the first request no broker answers (a timeout) marks the broker
+ * lost: from then on the loops make no more requests (no more ack or StepDone attempts, no
+ * commit report, no goodbye) and the heartbeat thread stops polling, so the final checkpoint is
+ * written at most two request timeouts after the step in progress ends (one request in flight,
+ * which may wait for a heartbeat's), not after rounds of retries (docs/operating.md). Before a
+ * stop, a silent broker is waited for, as ever.
+ *
  * Thread: the daemon's main thread calls every function; the heartbeat thread only polls the
  * client (the client serialises calls). Callers: worker_loop_run, group_worker_run.
  */
@@ -24,15 +32,18 @@
 #include "client.h"
 #include "worker_loop.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 typedef struct worker_session worker_session;
 
 /* Creates the importer, the staging buffer (cfg->layout.slot_bytes) and the client, and starts
- * the heartbeat thread. cfg and st are borrowed and must outlive the session. Returns the
- * session, or NULL after logging the reason with *err set to a negative code. Main thread. */
-worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *st, int *err);
+ * the heartbeat thread. cfg, st and stop (the daemon's stop flag) are borrowed and must outlive
+ * the session. Returns the session, or NULL after logging the reason with *err set to a negative
+ * code. Main thread. */
+worker_session *worker_session_new(const worker_loop_config *cfg, worker_stats *st,
+                                   volatile sig_atomic_t *stop, int *err);
 /* Stops and joins the heartbeat thread, then frees the client, the staging buffer and the
  * importer; accepts NULL and nulls the pointer. */
 void worker_session_destroy(worker_session **s);
@@ -74,11 +85,18 @@ void worker_session_alive(worker_session *s);
 int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_grant *g,
                            uint64_t *step);
 
+/* The result of a request to the broker: a DFLASH_ETIMEOUT after the stop signal marks the
+ * broker lost (see the top of this file). Main thread. */
+void worker_session_heard(worker_session *s, int rc);
+/* True once a request made after the stop signal went unanswered: make no more requests. */
+bool worker_session_broker_lost(const worker_session *s);
+
 /* Reports step cs as checkpointed (CheckpointCommitted): up to `attempts` tries while the broker
- * times out. 0 or the last negative code. */
+ * times out, fewer once it is lost. 0 or the last negative code (DFLASH_ETIMEOUT, without a
+ * request, when it is lost already). */
 int worker_session_commit(worker_session *s, uint64_t cs, int attempts);
-/* The loop's last report, from its finish(): worker_session_commit with 3 tries (they ignore the
- * stop flag, so a stopped loop still reports its final checkpoint); logs success. 0 or the code;
+/* The loop's last report, from its finish(): worker_session_commit with 3 tries (a stopped loop
+ * still reports its final checkpoint to a broker that answers); logs success. 0 or the code;
  * the caller says what a failure means for it. */
 int worker_session_commit_final(worker_session *s, uint64_t cs);
 

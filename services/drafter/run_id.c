@@ -6,8 +6,10 @@
 #include "fsutil.h"
 #include "wire.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,10 +24,12 @@ int run_id_load_or_create(const char *root, uint64_t *id, char *err, size_t errl
         size_t n = fread(text, 1, sizeof text - 1, f);
         fclose(f);
         text[n] = 0;
-        char *end = NULL;
-        errno = 0;
-        unsigned long long v = strtoull(text, &end, 16);
-        if (n == 0 || n > 17 || errno || v == 0 || end == text || (*end && strcmp(end, "\n"))) {
+        /* exactly 16 hex digits and an optional newline (strtoull alone took "-1", "+5",
+         * "0x..." and leading spaces) */
+        bool hex = n == 16 || (n == 17 && text[16] == '\n');
+        for (size_t i = 0; i < 16 && hex; i++) hex = isxdigit((unsigned char)text[i]) != 0;
+        uint64_t v = hex ? strtoull(text, NULL, 16) : 0;
+        if (v == 0) {
             err_fmt(err, errlen, "%s does not hold a run id (16 hex digits): remove it, and the "
                     "run gets a new one", path);
             return DFLASH_EFORMAT;

@@ -6,7 +6,8 @@
  *     replace its dead predecessor at once;
  *   - two checkpoint dirs (two runs) shared an id: the second run replaced the first one live;
  *   - a damaged run-id file was taken as some other id (or 0, "an older drafter"): it is
- *     refused, naming the file and saying to remove it.
+ *     refused, naming the file and saying to remove it. Exactly 16 hex digits (and a newline)
+ *     are an id: "-1", "+5", "0x..." or a leading space were taken as one.
  */
 #include "check.h"
 #include "err.h"
@@ -42,7 +43,9 @@ int main(void)
     CHECK(text && strcmp(text, want) == 0);
     free(text);
 
-    const char *bad[] = {"", "zz\n", "0000000000000000\n", "12 34\n", "1234567890abcdef0\n"};
+    /* strtoull alone took the last five: a sign, a 0x, a leading space, fewer digits */
+    const char *bad[] = {"", "zz\n", "0000000000000000\n", "12 34\n", "1234567890abcdef0\n",
+                         "-1\n", "+5\n", "0x1234567890abcd\n", " 123\n", "abc\n"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         test_spill(path, bad[i], strlen(bad[i]));
         uint64_t id = 7;

@@ -133,6 +133,9 @@ void broker_groups_restore(broker *b)
     if (n < 0) {
         LOG_WARN("the journal's orphaned group steps cannot be read (%s): their batches go back "
                  "to to-do with the other batches in flight before the restart", err_str(n));
+        /* said once: the set journaled now replaces the unreadable one (defect: it was kept in
+         * every snapshot and warned about at every restart) */
+        journal_orphans(b);
         return;
     }
     uint64_t hold = b->cfg.group_hold_ms > 0 ? (uint64_t)b->cfg.group_hold_ms : 0;

@@ -24,6 +24,7 @@ struct client {
     char name[WIRE_MAX_NAME];
     char rid[128];
     uint64_t incarnation, broker_incarnation, next_request;
+    uint64_t trainer_run_id; /* client_set_trainer_run: named in every hello (0: none) */
     bool restarted;
     uint32_t heartbeat_ms, lease_timeout_ms, stats_interval_ms;
     char pub_endpoint[WIRE_MAX_TEXT];
@@ -263,6 +264,7 @@ static int do_hello(client *c, const wire_unit *held, uint32_t n_held)
     req_init(c, WIRE_HELLO);
     snprintf(c->req.u.hello.name, sizeof c->req.u.hello.name, "%s", c->name);
     c->req.u.hello.n_held = n_held;
+    c->req.u.hello.run_id = c->trainer_run_id;
     if (n_held) memcpy(c->req.u.hello.held, held, n_held * sizeof *held);
     int rc = call(c, WIRE_HELLO);
     if (rc) return rc;
@@ -278,6 +280,13 @@ static int do_hello(client *c, const wire_unit *held, uint32_t n_held)
 int client_hello(client *c, const wire_unit *held, uint32_t n_held)
 {
     LOCKED(c, do_hello(c, held, n_held));
+}
+
+void client_set_trainer_run(client *c, uint64_t run_id)
+{
+    pthread_mutex_lock(&c->mu);
+    c->trainer_run_id = run_id;
+    pthread_mutex_unlock(&c->mu);
 }
 
 static int do_register(client *c, const wire_pool *pool)

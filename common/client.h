@@ -102,6 +102,11 @@ const char *client_last_error(const client *c);
  * A restarting drafter passes the units it copied but has not acked (held may be NULL). */
 int client_hello(client *c, const wire_unit *held, uint32_t n_held);
 
+/* A solo trainer whose resume the broker took: every later hello names run_id (Hello.run_id),
+ * so a broker that forgot us (it restarted, or expired us) knows us as that run's trainer
+ * again, without a second resume (which would rewind). 0: not a trainer (the default). */
+void client_set_trainer_run(client *c, uint64_t run_id);
+
 /* Target: registers (or re-registers) its slot pool. The broker drops every slot of an older
  * pool incarnation and returns its batches to to-do. Extra: DFLASH_EINVAL/ERANGE (bad pool). */
 int client_register_pool(client *c, const wire_pool *pool);

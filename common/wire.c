@@ -458,6 +458,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         if (h->pub_endpoint[0]) hello.pub_endpoint = (char *)h->pub_endpoint;
         if (h->stats_interval_ms)
             hello.has_stats_interval_ms = 1, hello.stats_interval_ms = h->stats_interval_ms;
+        if (h->run_id) hello.has_run_id = 1, hello.run_id = h->run_id;
         env.hello = &hello;
         break;
     }
@@ -835,6 +836,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         m->u.hello.heartbeat_ms = h->heartbeat_ms;
         m->u.hello.lease_timeout_ms = h->lease_timeout_ms;
         m->u.hello.stats_interval_ms = h->stats_interval_ms;
+        m->u.hello.run_id = h->run_id; /* 0 when absent */
         if (h->n_held > WIRE_MAX_HELD)
             return fail(why, len, DFLASH_ERANGE, "hello: %zu held units", h->n_held);
         m->u.hello.n_held = (uint32_t)h->n_held;

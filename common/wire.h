@@ -95,6 +95,7 @@ typedef struct wire_hello {
     wire_unit held[WIRE_MAX_HELD];
     char pub_endpoint[WIRE_MAX_TEXT]; /* broker's reply: its PUB endpoint */
     uint32_t stats_interval_ms;       /* broker's reply: stats on PUB every N ms (0 = never) */
+    uint64_t run_id; /* solo trainer registering again: the run whose resume was taken (0: none) */
 } wire_hello;
 
 typedef struct wire_pool {

@@ -15,10 +15,11 @@
  * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards.
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
- * 4 another live drafter has our --name (the broker refused our hello), 5 hung (stall-exit-s),
- * 6 another live drafter trains another model on the broker (it refused our resume), 7 training
- * diverged (a NaN or infinite loss or gradient norm), 8 no step trained (every batch had no
- * weighted position). The only global is the stop flag. */
+ * 4 another live drafter has our --name or replaced us as a restart of our run (the broker
+ * refused our hello), 5 hung (stall-exit-s), 6 another live drafter trains another model on the
+ * broker (it refused our resume, or our hello naming our run after it had forgotten us), 7
+ * training diverged (a NaN or infinite loss or gradient norm), 8 no step trained (every batch
+ * had no weighted position). The only global is the stop flag. */
 #include "batch_plan.h"
 #include "blas_env.h"
 #include "client.h"

@@ -79,7 +79,11 @@ static void broker_heard(worker_loop *w, int rc)
     worker_session_heard(w->s, rc);
 }
 
-/* hello with the held batch. 0, DFLASH_EAGAIN (transient) or a fatal code. */
+/* hello with the held batch (and, once our resume was taken, our run: Hello.run_id). 0,
+ * DFLASH_EAGAIN (transient, or held while another model's trainer may be a dying process) or a
+ * fatal code: EXISTS, our --name or our run is another live process's (stats.name_in_use, exit
+ * 4); DENIED, another model's trainer came in while the broker had forgotten us
+ * (stats.other_model, exit 6). */
 static int do_register(worker_loop *w)
 {
     int rc = worker_session_hello(w->s, w->holding ? &w->held : NULL, w->holding ? 1 : 0,
@@ -89,7 +93,14 @@ static int do_register(worker_loop *w)
         LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc),
                   client_last_error(w->client));
     if (rc == DFLASH_EEXISTS) w->st.name_in_use = true;
+    if (rc == DFLASH_EDENIED) w->st.other_model = true;
     return rc;
+}
+
+/* The broker refused our hello for good (EXISTS or DENIED above): the loop ends. */
+static bool refused_for_good(const worker_loop *w)
+{
+    return w->st.name_in_use || w->st.other_model;
 }
 
 /* Retries call while it times out or the broker restarted (re-registering in between), up to
@@ -101,7 +112,8 @@ static int do_register(worker_loop *w)
             broker_heard((w), rc);                                                                 \
             if (rc == DFLASH_ETIMEOUT) continue;                                                   \
             if (rc == DFLASH_ESTALE && client_broker_restarted((w)->client)) {                     \
-                while (!*(stop) && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);                 \
+                while (!*(stop) && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);        \
+                if (refused_for_good(w)) break;                                                    \
                 continue;                                                                          \
             }                                                                                      \
             break;                                                                                 \
@@ -142,6 +154,8 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
     }
     LOG_INFO("told the broker we resume from step %lld: batches trained after it are redone",
              (long long)s);
+    /* a broker that forgets us (restart, expiry) learns from our next hello that we train it */
+    client_set_trainer_run(w->client, run_id);
     return 0;
 }
 
@@ -180,6 +194,7 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
         } else {
             while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
         }
+        if (refused_for_good(w)) break;
     }
     if (rc == DFLASH_ETIMEOUT || (rc == DFLASH_ESTALE && client_broker_restarted(w->client))) {
         LOG_WARN("ack of batch (%u, %u, %llu): %s (%s); still held, acked again when the "
@@ -382,6 +397,10 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             break;
         }
         progress(&w);
+        if (refused_for_good(&w)) { /* by a hello sent while retrying a call */
+            rc = w.st.other_model ? DFLASH_EDENIED : DFLASH_EEXISTS;
+            goto out_session;
+        }
         if (w.state == WL_REGISTER) {
             rc = do_register(&w);
             if (rc == 0 && !w.resume_told) {

@@ -126,8 +126,10 @@ typedef struct worker_stats {
     double copy_s, consume_s, wait_grant_s, elapsed_s;
     double copy_p50_ms, copy_p99_ms; /* grant to copy done, over the last 4096 batches */
     uint64_t registrations;
-    bool name_in_use; /* the broker refused our hello: another live drafter has our name */
-    bool other_model; /* the broker refused our resume: a live drafter trains another model */
+    bool name_in_use; /* the broker refused our hello: another live drafter has our name or
+                         replaced us as a restart of our run */
+    bool other_model; /* the broker refused our resume (or our hello naming our run): a live
+                         drafter trains another model */
 } worker_stats;
 
 /* Runs the loop (the group loop of group_worker.h when cfg->group is set). Returns 0 (drained

@@ -17,7 +17,15 @@
  * trainer of another run, or a group member) refuses the resume, nothing rewound: Error AGAIN
  * for the liveness window and half again since the first ask (that one may be dead and not yet
  * expired), then Error EXISTS naming it; a GroupJoin beside a live solo trainer alike, ending in
- * Error DENIED. A ResumeFrom without a run id (an older drafter) is only warned about.
+ * Error DENIED; a GroupJoin creating a second group beside a live member of another alike
+ * (defect: its creation rewound the first group's batches). A ResumeFrom without a run id (an
+ * older drafter) is only warned about. A replaced predecessor is remembered as a name's is, and
+ * its hello refused EXISTS (defect: two processes sharing a run id both trained on). A solo
+ * trainer's later hellos name its run (Hello.run_id), and the broker takes one as its resume
+ * admitted again, without a rewind, or holds and then refuses it (DENIED) when another model's
+ * trainer came in meanwhile (defect: a trainer that registered again after an expiry or a
+ * broker restart was no trainer any more, and a second run's resume rewound its batches). A
+ * held hello keeps its peer entry (PEER_NEW) so the wait is timed.
  * Pool table: indexed by pool id, one per target name, kept across target incarnations so the
  * policy sees a restart as "same pool, new incarnation"; an entry no live target holds is given
  * to a new name when all MAX_POOLS are taken.
@@ -310,28 +318,52 @@ static void adopt_held(broker *b, peer *p, const wire_hello *h)
                  first_far, ls.epochs_opened);
 }
 
-/* False when the hello is refused (r holds the error; p must be forgotten by the caller). */
+/* An incarnation that a live peer replaced and that still says hello is a second live process
+ * (duplicates replaced each other for ever): refused EXISTS, the newer one keeps its place. It
+ * was replaced by name (a new incarnation of the same role+name) or as its run's predecessor (a
+ * restart of the same run, replace_predecessors: two live processes share one run id). */
+static bool refuse_replaced(broker *b, const peer *p, const wire_msg *m, wire_msg *r)
+{
+    const peer *o = NULL;
+    for (uint32_t i = 0; i < b->n_peers && !o; i++)
+        if (b->peers[i] != p && b->peers[i]->state == PEER_LIVE &&
+            b->peers[i]->role == m->role && peer_replaced(b->peers[i], m->incarnation))
+            o = b->peers[i];
+    if (!o) return false;
+    const char *role = wire_role_name(m->role);
+    LOG_WARN("hello from %s %s (incarnation %016" PRIx64 ") refused: %s %s (incarnation %016"
+             PRIx64 ") replaced it", role, m->u.hello.name, m->incarnation, role, o->name,
+             o->incarnation);
+    if (strcmp(o->name, m->u.hello.name) == 0)
+        reply_error(b, r, m->request_id, DFLASH_EEXISTS,
+                    "the %s name '%s' is in use by another live process (incarnation %016" PRIx64
+                    "): give each %s its own --name", role, m->u.hello.name, o->incarnation,
+                    role);
+    else
+        reply_error(b, r, m->request_id, DFLASH_EEXISTS,
+                    "drafter %s replaced this process as a restart of its run %016" PRIx64 ": "
+                    "two live processes have that run id (a copied checkpoint dir, or one "
+                    "shared by two hosts): give each its own --checkpoint-dir", o->name,
+                    o->run_id);
+    return true;
+}
+
+static void replace_predecessors(broker *b, peer *p, uint64_t run_id);
+static const peer *other_model_trainer(broker *b, const peer *p, uint64_t run_id,
+                                       const char *group_name);
+static bool trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
+                             wire_msg *r);
+
+/* False when the hello is refused (r holds the error). The caller forgets p, except when it
+ * is held (Error AGAIN, p stays PEER_NEW so that its wait is timed: trainer_admitted). */
 static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
-    /* A new incarnation of the same role+name replaces the old session (a restart); an
-     * incarnation that was replaced and still says hello is a second live process with that
-     * name (duplicates replaced each other for ever): refused, the newer one keeps the name. */
+    if (refuse_replaced(b, p, m, r)) return false;
+    /* A new incarnation of the same role+name replaces the old session (a restart). */
     for (uint32_t i = 0; i < b->n_peers; i++) {
         peer *o = b->peers[i];
         if (o != p && o->role == m->role && strcmp(o->name, m->u.hello.name) == 0 &&
             o->incarnation != m->incarnation) {
-            if (o->state == PEER_LIVE && peer_replaced(o, m->incarnation)) {
-                LOG_WARN("hello from %s %s (incarnation %016" PRIx64 ") refused: incarnation "
-                         "%016" PRIx64 " replaced it and holds the name",
-                         wire_role_name(m->role), m->u.hello.name, m->incarnation,
-                         o->incarnation);
-                reply_error(b, r, m->request_id, DFLASH_EEXISTS,
-                            "the %s name '%s' is in use by another live process (incarnation "
-                            "%016" PRIx64 "): give each %s its own --name",
-                            wire_role_name(m->role), m->u.hello.name, o->incarnation,
-                            wire_role_name(m->role));
-                return false;
-            }
             for (uint32_t k = 0; k < o->n_replaced && k < PEER_REPLACED; k++)
                 peer_note_replaced(p, o->replaced[k]);
             peer_note_replaced(p, o->incarnation);
@@ -340,6 +372,18 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         }
     }
     snprintf(p->name, sizeof p->name, "%s", m->u.hello.name);
+    /* A solo trainer registering again (the broker restarted, or expired it): a trainer of its
+     * run again, without a rewind, as its resume would be admitted now (one broker, one model);
+     * refused DENIED (the drafter exits 6) when another model's trainer came in meanwhile. */
+    uint64_t run_id = m->role == WIRE_ROLE_DRAFTER ? m->u.hello.run_id : 0;
+    if (run_id) {
+        replace_predecessors(b, p, run_id);
+        if (!trainer_admitted(b, p, other_model_trainer(b, p, run_id, NULL), m->request_id,
+                              DFLASH_EDENIED, r))
+            return false;
+        p->trains = true;
+        p->run_id = run_id;
+    }
     p->role = m->role;
     p->incarnation = m->incarnation;
     peer_set_state(p, PEER_LIVE);
@@ -822,23 +866,29 @@ static void warn_other_trainers(broker *b, const peer *p, uint64_t step)
 }
 
 /* The live drafter that trains another model than p would on this broker, or NULL. When p
- * trains alone (solo, as run run_id): a solo trainer of another run or of none (an older
- * drafter), or a group member. When p joins a group (!solo): any solo trainer. */
-static const peer *other_model_trainer(broker *b, const peer *p, uint64_t run_id, bool solo)
+ * trains alone (group_name NULL, as run run_id): a solo trainer of another run or of none (an
+ * older drafter), or a group member. When p joins group `group_name`: any solo trainer, or a
+ * member of another group (creating a group rewinds the ledger under the live one). */
+static const peer *other_model_trainer(broker *b, const peer *p, uint64_t run_id,
+                                       const char *group_name)
 {
     for (uint32_t i = 0; i < b->n_peers; i++) {
         const peer *q = b->peers[i];
         if (q == p || q->state != PEER_LIVE || q->role != WIRE_ROLE_DRAFTER) continue;
-        if (q->trains && (!solo || !run_id || q->run_id != run_id)) return q;
-        if (solo && group_of_peer(b->groups, q->incarnation)) return q;
+        if (q->trains && (group_name || !run_id || q->run_id != run_id)) return q;
+        const group *qg = group_of_peer(b->groups, q->incarnation);
+        if (qg && (!group_name || strcmp(qg->name, group_name) != 0)) return q;
     }
     return NULL;
 }
 
 /* A restarted solo trainer (same run id, new incarnation) replaces its predecessor at once:
  * ended as when liveness expires it (its leases end, its held batches go back to to-do), so
- * the restart resumes without waiting for the broker to notice the old process is gone. */
-static void replace_predecessors(broker *b, const peer *p, uint64_t run_id)
+ * the restart resumes without waiting for the broker to notice the old process is gone. p
+ * remembers the predecessor's incarnation (and those it had replaced): if that process is
+ * alive after all (two processes with one run id), its next hello is refused
+ * (refuse_replaced) instead of both training. */
+static void replace_predecessors(broker *b, peer *p, uint64_t run_id)
 {
     for (uint32_t i = 0; i < b->n_peers;) {
         peer *q = b->peers[i];
@@ -846,6 +896,9 @@ static void replace_predecessors(broker *b, const peer *p, uint64_t run_id)
             i++;
             continue;
         }
+        for (uint32_t k = 0; k < q->n_replaced && k < PEER_REPLACED; k++)
+            peer_note_replaced(p, q->replaced[k]);
+        peer_note_replaced(p, q->incarnation);
         char why[160];
         snprintf(why, sizeof why, "replaced by %s, a restart of its run %016" PRIx64, p->name,
                  run_id);
@@ -871,10 +924,13 @@ static bool trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, in
     char who[WIRE_MAX_NAME + 64];
     if (g)
         snprintf(who, sizeof who, "drafter %s of group %s", q->name, g->name);
-    else
+    else if (q->run_id)
         snprintf(who, sizeof who, "drafter %s (run %016" PRIx64 ")", q->name, q->run_id);
-    const char *todo = "stop it, or give every drafter --group G to train one model on several "
-                       "GPUs";
+    else
+        snprintf(who, sizeof who, "drafter %s (no run id: a drafter from before run ids)",
+                 q->name);
+    const char *todo = "stop it, or give every drafter the same --group G to train one model on "
+                       "several GPUs";
     if (!p->trainer_wait_since_ms) {
         p->trainer_wait_since_ms = now;
         LOG_WARN("drafter %s would train while %s trains on this broker (one broker serves one "
@@ -888,8 +944,8 @@ static bool trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, in
                     who, window - waited);
         return false;
     }
-    LOG_WARN("drafter %s refused: %s trains on this broker and is alive (one broker serves one "
-             "model): %s", p->name, who, todo);
+    LOG_WARN("drafter %s refused: %s trains on this broker and has not expired (one broker "
+             "serves one model): %s", p->name, who, todo);
     reply_error(b, r, rid, final, "%s trains another model on this broker, which serves one "
                 "model (nothing was rewound): %s", who, todo);
     return false;
@@ -914,7 +970,7 @@ static void on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     uint64_t run_id = m->u.run_id;
     if (run_id) {
         replace_predecessors(b, p, run_id);
-        const peer *q = other_model_trainer(b, p, run_id, true);
+        const peer *q = other_model_trainer(b, p, run_id, NULL);
         if (!trainer_admitted(b, p, q, m->request_id, DFLASH_EEXISTS, r)) return;
     } else {
         warn_other_trainers(b, p, m->u.step);
@@ -1104,7 +1160,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
             break;
         }
         p->last_seen_ms = now_ms(b);
-        if (!on_hello(b, p, &m, &r) && p->state == PEER_NEW) {
+        if (!on_hello(b, p, &m, &r) && p->state == PEER_NEW && r.u.error.code != DFLASH_EAGAIN) {
             for (uint32_t i = 0; i < b->n_peers; i++)
                 if (b->peers[i] == p) {
                     b->peers[i] = b->peers[--b->n_peers];
@@ -1124,8 +1180,9 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_CHECKPOINT_COMMITTED: on_commit(b, &m, &r); break;
     case WIRE_RESUME_FROM: on_resume_from(b, p, &m, &r); break;
     case WIRE_GROUP_JOIN:
-        /* a group member beside a solo trainer: the same conflict (one broker, one model) */
-        if (trainer_admitted(b, p, other_model_trainer(b, p, 0, false), m.request_id,
+        /* a group member beside a solo trainer or another group: the same conflict (one
+         * broker, one model) */
+        if (trainer_admitted(b, p, other_model_trainer(b, p, 0, m.u.join.group), m.request_id,
                              DFLASH_EDENIED, &r))
             broker_on_group_join(b, p, &m, &r);
         break;

@@ -13,7 +13,14 @@
  *     the predecessor's lease and held batch go back to to-do as if it had expired;
  *   - an older drafter (no run id) is not refused: warned, as before;
  *   - a trainer beside a group (either way round) trains another model too: held, then refused;
- *   - a trainer whose rival is dead but not yet expired gets in once the broker expires it.
+ *   - a trainer whose rival is dead but not yet expired gets in once the broker expires it;
+ *   - a trainer the broker expired (a network blip) or forgot (a restart) and that registered
+ *     again was no trainer any more: a second run's resume and a group were let in beside it,
+ *     rewinding its batches. Its hello names its run now: a trainer again, without a rewind; and
+ *     when another model's trainer came in meanwhile, its hello is held, then refused DENIED;
+ *   - a second group was let in beside a live one, its creation rewinding the first's batches;
+ *   - a replaced predecessor that was alive after all (two processes with one run id: a copied
+ *     checkpoint dir) registered again and trained on beside its replacement: refused EXISTS.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -44,11 +51,18 @@ typedef struct drafter {
     uint64_t inc;
 } drafter;
 
-static int hello(const drafter *d)
+/* d's hello; run_id: the run whose resume was taken (a solo trainer registering again), 0 none */
+static int hello_run(const drafter *d, uint64_t run_id)
 {
     stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, d->inc);
     snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", d->name);
+    stub_req.u.hello.run_id = run_id;
     return stub_send(d->name);
+}
+
+static int hello(const drafter *d)
+{
+    return hello_run(d, 0);
 }
 
 static int resume(const drafter *d, uint64_t step, uint64_t run_id)
@@ -213,13 +227,29 @@ static void test_old_drafter_warned(void)
                        "trains") != NULL);
     CHECK_EQ_INT(stub_status().batches_trained, 0); /* rewound, as before */
     stub_broker_free();
+
+    /* a new run beside it is held, the old one named as such (not as run 0000000000000000) */
+    broker_with_target();
+    if (!stub_b) return;
+    drafter b = {"trainer-b", 22};
+    CHECK_EQ_INT(hello(&old), 0);
+    stub_capture_log(old_drafter_resumes, said, sizeof said);
+    CHECK_EQ_INT(hello(&b), 0);
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "(no run id: a drafter from before run ids)") != NULL);
+    stub_broker_free();
+}
+
+static int join_group(const drafter *d, const char *group)
+{
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "%s", group);
+    return stub_send(d->name);
 }
 
 static int join(const drafter *d)
 {
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    return stub_send(d->name);
+    return join_group(d, "g");
 }
 
 /* A group member beside a live solo trainer, and a solo trainer beside a live group member,
@@ -279,6 +309,147 @@ static void test_dead_rival_expires(void)
     stub_broker_free();
 }
 
+/* Runs the cron for ms while the target (and `alive`, may be NULL) beat: the others expire. */
+static void silent_for(int ms, const drafter *alive)
+{
+    for (uint64_t end = monotime_ms() + (uint64_t)ms; monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        beat_target();
+        if (alive) beat(alive);
+        sleep_ms(20);
+    }
+}
+
+/* Sends d's hello naming run_id every 20 ms, as the drafter does, running the cron and keeping
+ * the target and `alive` beating, while the broker answers AGAIN, for at most ms; the last
+ * answer. */
+static int hello_while_held(const drafter *d, uint64_t run_id, const drafter *alive, int ms)
+{
+    int rc = DFLASH_EAGAIN;
+    for (uint64_t end = monotime_ms() + (uint64_t)ms; rc == DFLASH_EAGAIN && monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        beat_target();
+        if (alive) beat(alive);
+        if ((rc = hello_run(d, run_id)) == DFLASH_EAGAIN) sleep_ms(20);
+    }
+    return rc;
+}
+
+/* A trainer expired during a network blip registers again (its claim answered STALE), its
+ * hello naming its run: it is a trainer again, so a second run's resume and a group join are
+ * held, nothing rewound. The hello itself rewinds nothing. */
+static void test_registered_again_still_trains(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, b = {"trainer-b", 22}, g0 = {"rank-0", 51};
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
+    train_one(&a, 1);
+    train_one(&a, 2);
+    silent_for(600, NULL); /* a blip: a expires */
+    CHECK_EQ_INT(stub_status().peers, 1);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, a.inc);
+    CHECK_EQ_INT(stub_send(a.name), DFLASH_ESTALE);
+    CHECK_EQ_INT(hello_run(&a, RUN_A), 0); /* as worker_loop registers again */
+    CHECK_EQ_INT(stub_status().batches_trained, 2); /* no rewind */
+    train_one(&a, 3);
+    CHECK_EQ_INT(hello(&b), 0);
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-a") != NULL);
+    CHECK_EQ_INT(hello(&g0), 0);
+    CHECK_EQ_INT(join(&g0), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-a") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 3);
+    CHECK_EQ_INT(s.n_groups, 0);
+    stub_broker_free();
+}
+
+/* While a trainer was forgotten, another run's trainer came in (its resume taken: no trainer
+ * was there). The first one's hello naming its run is held while the other may be a dying
+ * process, then refused DENIED naming it (the drafter exits 6); the other trains on. */
+static void test_registered_again_beside_another_run(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, b = {"trainer-b", 22};
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
+    train_one(&a, 1);
+    silent_for(600, NULL);
+    CHECK_EQ_INT(hello(&b), 0);
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), 0);
+    train_one(&b, 1);
+    CHECK_EQ_INT(hello_run(&a, RUN_A), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-b") != NULL);
+    CHECK_EQ_INT(hello_while_held(&a, RUN_A, &b, 3000), DFLASH_EDENIED);
+    printf("refused at hello: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "drafter trainer-b") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.peers, 2); /* the target and b */
+    CHECK_EQ_INT(s.batches_trained, 1);
+    train_one(&b, 2);
+    CHECK_EQ_INT(stub_status().batches_trained, 2);
+    stub_broker_free();
+}
+
+/* A second group beside a live one: creating it would rewind the ledger under the first (its
+ * creator's step). Held, then refused DENIED naming a member of the first; nothing rewound. */
+static void test_second_group_refused(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter g0 = {"rank-0", 51}, c = {"other-0", 52}, v = {"verifier", 23};
+    CHECK_EQ_INT(hello(&g0), 0);
+    CHECK_EQ_INT(join(&g0), 0);
+    CHECK_EQ_INT(hello(&v), 0);
+    train_one(&v, 1); /* a trained batch, which a rewind to step 0 would give back */
+    CHECK_EQ_INT(hello(&c), 0);
+    CHECK_EQ_INT(join_group(&c, "h"), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "rank-0 of group g") != NULL);
+    int rc = DFLASH_EAGAIN;
+    for (uint64_t end = monotime_ms() + 3000; rc == DFLASH_EAGAIN && monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        beat_target();
+        beat(&g0);
+        beat(&v);
+        if ((rc = join_group(&c, "h")) == DFLASH_EAGAIN) sleep_ms(20);
+    }
+    CHECK_EQ_INT(rc, DFLASH_EDENIED);
+    CHECK(strstr(stub_rep.u.error.message, "rank-0 of group g") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.n_groups, 1);
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(join(&g0), 0); /* the first group's members join on */
+    stub_broker_free();
+}
+
+/* Two live processes with one run id (a copied checkpoint dir): the second's resume replaces
+ * the first; the first, alive after all, is refused EXISTS at its next hello (with or without
+ * its run), naming the one that replaced it and what to do, instead of training on. */
+static void test_replaced_predecessor_refused(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, a2 = {"trainer-a-copy", 31};
+    CHECK_EQ_INT(hello(&a), 0);
+    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
+    train_one(&a, 1);
+    CHECK_EQ_INT(hello(&a2), 0);
+    CHECK_EQ_INT(resume(&a2, 1, RUN_A), 0); /* a replaced */
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, a.inc);
+    CHECK_EQ_INT(stub_send(a.name), DFLASH_ESTALE);
+    CHECK_EQ_INT(hello_run(&a, RUN_A), DFLASH_EEXISTS);
+    printf("replaced predecessor: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-a-copy") != NULL);
+    CHECK(strstr(stub_rep.u.error.message, "--checkpoint-dir") != NULL);
+    CHECK_EQ_INT(hello(&a), DFLASH_EEXISTS);
+    CHECK_EQ_INT(stub_status().peers, 2); /* the target and a2 */
+    train_one(&a2, 2);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_second_run_refused();
@@ -286,5 +457,9 @@ int main(void)
     test_old_drafter_warned();
     test_group_and_solo_refused();
     test_dead_rival_expires();
+    test_registered_again_still_trains();
+    test_registered_again_beside_another_run();
+    test_second_group_refused();
+    test_replaced_predecessor_refused();
     CHECK_DONE();
 }

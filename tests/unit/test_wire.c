@@ -140,6 +140,7 @@ int main(void)
     in.u.hello.held[1] = (wire_unit){3, 2, 99};
     strcpy(in.u.hello.pub_endpoint, "ipc:///tmp/x/pub.sock");
     in.u.hello.stats_interval_ms = 1500;
+    in.u.hello.run_id = 0xfedcba9876543210ull; /* a solo trainer registering again */
     if (roundtrip(&in, &out)) {
         CHECK(same_payload(&in, &out));
         CHECK(strcmp(out.u.hello.name, "drafter-0") == 0);
@@ -148,7 +149,10 @@ int main(void)
         CHECK_EQ_INT(out.u.hello.held[1].epoch, 3);
         CHECK(strcmp(out.u.hello.pub_endpoint, "ipc:///tmp/x/pub.sock") == 0);
         CHECK_EQ_INT(out.u.hello.stats_interval_ms, 1500);
+        CHECK(out.u.hello.run_id == 0xfedcba9876543210ull);
     }
+    in.u.hello.run_id = 0; /* not a trainer: not packed, reads back as 0 */
+    if (roundtrip(&in, &out)) CHECK(out.u.hello.run_id == 0);
 
     /* host pool */
     host_pool(&in);

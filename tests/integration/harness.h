@@ -8,6 +8,7 @@
 #include "err.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,54 @@ static __attribute__((unused)) pid_t h_spawn_logged(char *const argv[], const ch
         _exit(127);
     }
     return pid;
+}
+
+/* Runs argv to completion with its output appended to log_path: its exit status, or -1 (it did
+ * not start, or was killed by a signal). */
+static __attribute__((unused)) int h_run_tool(char *const argv[], const char *log_path)
+{
+    pid_t pid = h_spawn_logged(argv, log_path);
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) < 0) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Waits up to ms for pid to exit: its exit status, or -1 (a signal ended it, or it was still
+ * running at the deadline: then it is SIGKILLed and reaped). */
+static __attribute__((unused)) int h_wait_exit(pid_t pid, int ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    int st = 0;
+    while (h_now_ms() < end) {
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        h_sleep_ms(20);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* Whether the file at path (a process's log) holds text, waiting up to ms for it to appear. */
+static __attribute__((unused)) bool h_wait_text(const char *path, const char *text, int ms)
+{
+    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(50)) {
+        bool found = false;
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            fseek(f, 0, SEEK_END);
+            long n = ftell(f);
+            char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+            if (buf) {
+                rewind(f);
+                size_t got = fread(buf, 1, (size_t)n, f);
+                buf[got] = 0;
+                found = strstr(buf, text) != NULL;
+                free(buf);
+            }
+            fclose(f);
+        }
+        if (found || h_now_ms() >= end) return found;
+    }
 }
 
 /* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point). */

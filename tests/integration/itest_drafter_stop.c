@@ -28,59 +28,6 @@
 static char dir[64], model[128], shard[128];
 static const char *queue_bin, *target_bin, *drafter_bin;
 
-/* fork+exec argv with stdout and stderr appended to log. */
-static pid_t spawn_logged(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(argv[0], argv);
-        perror("execv");
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Runs argv to completion; its exit status (or -1). */
-static int run_tool(char *const argv[], const char *log)
-{
-    pid_t pid = spawn_logged(argv, log);
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) < 0) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* Waits up to ms for pid to exit: its exit status, or -1 (killed then). */
-static int wait_exit(pid_t pid, int ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)ms;
-    int st = 0;
-    while (h_now_ms() < end) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        h_sleep_ms(10);
-    }
-    h_kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
-/* Whether the file at path holds text, waiting up to ms for it. */
-static bool wait_text(const char *path, const char *text, int ms)
-{
-    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(20)) {
-        char *l = test_slurp(path, NULL);
-        bool found = l && strstr(l, text);
-        free(l);
-        if (found || h_now_ms() >= end) return found;
-    }
-}
-
 /* The number of step-* checkpoints in root. */
 static int checkpoints_in(const char *root)
 {
@@ -107,13 +54,13 @@ static void stop_without_broker(const char *name, const char *group)
     snprintf(nm, sizeof nm, "%s", name);
 
     char *q[] = {(char *)queue_bin, rtflag, "--min-ready", "1", "--max-depth", "4", NULL};
-    pid_t qp = spawn_logged(q, qlog);
+    pid_t qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(ep, 10000) != 0);
     char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
                  "--slots", "4", "--epochs", "200", "--buckets", "32", "--token-budget", "128",
                  "--max-seqs", "4", "--layers", "3", rtflag, "--threads", "1", "--backend",
                  "host", "--timeout-ms", "1000", NULL};
-    pid_t tp = spawn_logged(t, tlog);
+    pid_t tp = h_spawn_logged(t, tlog);
     char *d[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--block-size",
                  "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every", "100000",
                  "--checkpoint-dir", ckpt, "--progress-ms", "0", "--buckets", "32",
@@ -128,7 +75,7 @@ static void stop_without_broker(const char *name, const char *group)
         d[n + 2] = "--comm";
         d[n + 3] = "shm";
     }
-    pid_t dp = spawn_logged(d, dlog);
+    pid_t dp = h_spawn_logged(d, dlog);
 
     /* it trains (acked or StepDone'd batches), with no checkpoint yet */
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
@@ -143,10 +90,10 @@ static void stop_without_broker(const char *name, const char *group)
 
     /* the broker dies; once the drafter has noticed, it is told to stop */
     h_kill(qp, SIGKILL); /* and reaped */
-    if (!group) CHECK(wait_text(dlog, "waiting for the broker to come back", 30000));
+    if (!group) CHECK(h_wait_text(dlog, "waiting for the broker to come back", 30000));
     uint64_t t0 = h_now_ms();
     kill(dp, SIGTERM);
-    int rc = wait_exit(dp, 60000);
+    int rc = h_wait_exit(dp, 60000);
     uint64_t took = h_now_ms() - t0;
     printf("%s: exit %d %llu ms after SIGTERM with the broker gone (bound %d ms), %d "
            "checkpoint(s)\n", name, rc, (unsigned long long)took, EXIT_BOUND_MS,
@@ -154,7 +101,7 @@ static void stop_without_broker(const char *name, const char *group)
     CHECK_EQ_INT(rc, 0);
     CHECK(took <= EXIT_BOUND_MS);
     CHECK_EQ_INT(checkpoints_in(ckpt), 1); /* the final one */
-    CHECK(wait_text(dlog, "the final checkpoint goes first", 0));
+    CHECK(h_wait_text(dlog, "the final checkpoint goes first", 0));
 
     h_kill(tp, SIGKILL);
 }
@@ -180,9 +127,9 @@ int main(int argc, char **argv)
                    "--greedy", "--prompt-max", "12", "--max-new", "20", "--threads", "1", NULL};
     char *data[] = {argv[7], "--in", jsonl, "--out", shard, "--model", model, "--buckets", "32",
                     "--strict", NULL};
-    CHECK_EQ_INT(run_tool(mk, tools_log), 0);
-    CHECK_EQ_INT(run_tool(gen, tools_log), 0);
-    CHECK_EQ_INT(run_tool(data, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(mk, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(gen, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(data, tools_log), 0);
     if (check_failed) CHECK_DONE();
 
     stop_without_broker("solo", NULL);

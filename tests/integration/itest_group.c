@@ -36,47 +36,6 @@
 static char dir[64], ep[128], rt[128];
 static const char *queue_bin, *target_bin, *drafter_bin;
 
-/* fork+exec argv with stdout and stderr appended to log. */
-static pid_t spawn_logged(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(argv[0], argv);
-        perror("execv");
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Runs argv to completion; its exit status (or -1). */
-static int run_tool(char *const argv[], const char *log)
-{
-    pid_t pid = spawn_logged(argv, log);
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) < 0) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* Waits up to ms for pid to exit: its exit status, or -1 (killed then). */
-static int wait_exit(pid_t pid, int ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)ms;
-    int st = 0;
-    while (h_now_ms() < end) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        h_sleep_ms(20);
-    }
-    h_kill(pid, SIGKILL);
-    return -1;
-}
-
 static pid_t start_drafter(const char *name)
 {
     static char model[128], ckpt[128], log[128], nm[64];
@@ -90,7 +49,7 @@ static pid_t start_drafter(const char *name)
                     "--progress-ms", "0", "--buckets", "32", "--token-budget", "128",
                     "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
                     "--backend", "host", "--timeout-ms", "1000", NULL};
-    return spawn_logged(argv, log);
+    return h_spawn_logged(argv, log);
 }
 
 static bool get_status(client *c, wire_status *s)
@@ -181,9 +140,9 @@ int main(int argc, char **argv)
                    "--greedy", "--prompt-max", "12", "--max-new", "20", "--threads", "1", NULL};
     char *data[] = {argv[7], "--in", jsonl, "--out", shard, "--model", model, "--buckets", "32",
                     "--strict", NULL};
-    CHECK_EQ_INT(run_tool(mk, tools_log), 0);
-    CHECK_EQ_INT(run_tool(gen, tools_log), 0);
-    CHECK_EQ_INT(run_tool(data, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(mk, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(gen, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(data, tools_log), 0);
     if (check_failed) CHECK_DONE();
 
     char rtflag[160];
@@ -191,7 +150,7 @@ int main(int argc, char **argv)
     char *q[] = {(char *)queue_bin, rtflag, "--journal", journal, "--min-ready", "1",
                  "--max-depth", "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300",
                  NULL};
-    pid_t qp = spawn_logged(q, qlog);
+    pid_t qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(ep, 10000) != 0);
     pid_t da = start_drafter("da"), db = start_drafter("db");
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
@@ -204,7 +163,7 @@ int main(int argc, char **argv)
     char ctllog[128];
     snprintf(ctllog, sizeof ctllog, "%s/ctl.log", dir);
     char *set1[] = {argv[2], rtflag, "set", "max_depth=1", NULL};
-    CHECK_EQ_INT(run_tool(set1, ctllog), 1);
+    CHECK_EQ_INT(h_run_tool(set1, ctllog), 1);
     char *cl = test_slurp(ctllog, NULL);
     CHECK(cl && strstr(cl, "max-depth 1 is smaller than one step"));
     free(cl);
@@ -214,7 +173,7 @@ int main(int argc, char **argv)
     snprintf(vlog, sizeof vlog, "%s/drafter-verify.log", dir);
     char *vg[] = {(char *)drafter_bin, "--verify", "--group", "g", "--name", "dv", rtflag,
                   "--backend", "host", NULL};
-    CHECK_EQ_INT(run_tool(vg, vlog), 2);
+    CHECK_EQ_INT(h_run_tool(vg, vlog), 2);
     char *vl = test_slurp(vlog, NULL);
     CHECK(vl && strstr(vl, "cannot train in a group"));
     free(vl);
@@ -222,7 +181,7 @@ int main(int argc, char **argv)
                  "--slots", "4", "--epochs", "8", "--buckets", "32", "--token-budget", "128",
                  "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
                  "--backend", "host", "--timeout-ms", "1000", NULL};
-    pid_t tp = spawn_logged(t, tlog);
+    pid_t tp = h_spawn_logged(t, tlog);
 
     /* 1. training in the group; each batch acked once */
     CHECK(wait_group(c, 2, 5, 60000, &s));
@@ -271,8 +230,8 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_pause(c), 0);
     h_kill(da, SIGKILL);
     h_kill(db, SIGKILL);
-    wait_exit(da, 5000);
-    wait_exit(db, 5000);
+    h_wait_exit(da, 5000);
+    h_wait_exit(db, 5000);
     end = h_now_ms() + 20000; /* the broker expires both: the group is gone */
     while (h_now_ms() < end && (!get_status(c, &s) || group_g(&s))) h_sleep_ms(50);
     CHECK(group_g(&s) == NULL);
@@ -329,7 +288,7 @@ int main(int argc, char **argv)
     }
     CHECK_EQ_INT(s.batches_todo, 0);
     CHECK_EQ_INT(client_drain(c), 0);
-    int rca = wait_exit(da, 60000), rcb = wait_exit(db, 60000), rct = wait_exit(tp, 30000);
+    int rca = h_wait_exit(da, 60000), rcb = h_wait_exit(db, 60000), rct = h_wait_exit(tp, 30000);
     CHECK_EQ_INT(rca, 0);
     CHECK_EQ_INT(rcb, 0);
     CHECK_EQ_INT(rct, 0);

@@ -51,31 +51,6 @@ static pid_t start_target(const char *shard, const char *seed)
     return h_spawn_logged(t, tlog);
 }
 
-/* Waits up to ms for pid to exit: its exit status, or -1 (killed then). */
-static int wait_exit(pid_t pid, int ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)ms;
-    int st = 0;
-    while (h_now_ms() < end) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        h_sleep_ms(20);
-    }
-    h_kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
-/* Whether the file at path holds text, waiting up to ms for it. */
-static bool wait_text(const char *path, const char *text, int ms)
-{
-    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(50)) {
-        char *l = test_slurp(path, NULL);
-        bool found = l && strstr(l, text);
-        free(l);
-        if (found || h_now_ms() >= end) return found;
-    }
-}
-
 /* Starts a target that must be refused: exit 2, its log naming the mismatch, the journal (the
  * ledger) byte for byte as it was. */
 static void expect_refused(const char *shard, const char *seed, const char *journal)
@@ -83,7 +58,7 @@ static void expect_refused(const char *shard, const char *seed, const char *jour
     size_t n0 = 0, n1 = 0;
     char *j0 = test_slurp(journal, &n0);
     truncate(tlog, 0);
-    int rc = wait_exit(start_target(shard, seed), 60000);
+    int rc = h_wait_exit(start_target(shard, seed), 60000);
     printf("target with %s, seed %s: exit %d\n", shard, seed, rc);
     CHECK_EQ_INT(rc, 2);
     char *l = test_slurp(tlog, NULL);
@@ -114,14 +89,14 @@ static void run_accepted(const char *shard, const char *qlog, int registrations)
 {
     truncate(tlog, 0);
     pid_t tp = start_target(shard, "0");
-    CHECK(wait_text(tlog, "registered pool", 60000));
+    CHECK(h_wait_text(tlog, "registered pool", 60000));
     wire_status s = {0};
     uint64_t end = h_now_ms() + 30000;
     while (h_now_ms() < end && (h_broker_status(ep, &s) != 0 || s.batches_inflight == 0))
         h_sleep_ms(50);
     CHECK(s.batches_inflight > 0);
     kill(tp, SIGTERM);
-    CHECK_EQ_INT(wait_exit(tp, 30000), 0);
+    CHECK_EQ_INT(h_wait_exit(tp, 30000), 0);
     end = h_now_ms() + 30000;
     while (h_now_ms() < end && (h_broker_status(ep, &s) != 0 || s.batches_inflight != 0))
         h_sleep_ms(50);
@@ -165,18 +140,18 @@ int main(int argc, char **argv)
     run_accepted(a, qlog, 1); /* the run: shards a, seed 0 */
     expect_refused(a, "5", journal); /* another --seed */
     expect_refused(b, "0", journal); /* other data of the same shape */
-    CHECK(wait_text(qlog, "pool of tgt refused: its batch plan", 1000));
+    CHECK(h_wait_text(qlog, "pool of tgt refused: its batch plan", 1000));
     run_accepted(a, qlog, 2); /* the run's own seed and shards: a restart works */
 
     /* the broker restarts: its journal kept the identity */
     kill(qp, SIGTERM);
-    CHECK_EQ_INT(wait_exit(qp, 30000), 0);
+    CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
     qp = start_queue(argv[1], journal, qlog);
     expect_refused(b, "0", journal);
     run_accepted(a, qlog, 3);
 
     kill(qp, SIGTERM);
-    CHECK_EQ_INT(wait_exit(qp, 30000), 0);
+    CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
     if (!check_failed) h_rmdir(dir);
     else fprintf(stderr, "logs kept in %s\n", dir);
     CHECK_DONE();

@@ -29,56 +29,8 @@
 static char dir[64], ep[128], rt[128];
 static const char *drafter_bin;
 
-/* fork+exec argv with stdout and stderr appended to log. */
-static pid_t spawn_logged(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(argv[0], argv);
-        perror("execv");
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Runs argv to completion; its exit status (or -1). */
-static int run_tool(char *const argv[], const char *log)
-{
-    pid_t pid = spawn_logged(argv, log);
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) < 0) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* Waits up to ms for pid to exit: its exit status, or -1 (killed then). */
-static int wait_exit(pid_t pid, int ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)ms;
-    int st = 0;
-    while (h_now_ms() < end) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        h_sleep_ms(20);
-    }
-    h_kill(pid, SIGKILL);
-    return -1;
-}
-
-/* A solo trainer named name, checkpointing into DIR/ckpt-<run>, logging to DIR/<name>.log. */
-static pid_t start_drafter_in(const char *name, const char *run, const char *group);
-
-static pid_t start_drafter(const char *name, const char *run)
-{
-    return start_drafter_in(name, run, NULL);
-}
-
-/* A drafter named name on checkpoint dir ckpt-RUN, in --group group when not NULL. */
+/* A drafter named name, checkpointing into DIR/ckpt-<run>, logging to DIR/<name>.log, in
+ * --group group when not NULL. */
 static pid_t start_drafter_in(const char *name, const char *run, const char *group)
 {
     char model[128], ckpt[128], log[128], nm[64];
@@ -98,18 +50,13 @@ static pid_t start_drafter_in(const char *name, const char *run, const char *gro
         argv[n] = "--group";
         argv[n + 1] = (char *)group;
     }
-    return spawn_logged(argv, log);
+    return h_spawn_logged(argv, log);
 }
 
-/* Whether the file at path holds text, waiting up to ms for it. */
-static bool wait_text(const char *path, const char *text, int ms)
+/* A solo trainer (no --group). */
+static pid_t start_drafter(const char *name, const char *run)
 {
-    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(50)) {
-        char *l = test_slurp(path, NULL);
-        bool found = l && strstr(l, text);
-        free(l);
-        if (found || h_now_ms() >= end) return found;
-    }
+    return start_drafter_in(name, run, NULL);
 }
 
 int main(int argc, char **argv)
@@ -137,9 +84,9 @@ int main(int argc, char **argv)
                    "--greedy", "--prompt-max", "12", "--max-new", "20", "--threads", "1", NULL};
     char *data[] = {argv[7], "--in", jsonl, "--out", shard, "--model", model, "--buckets", "32",
                     "--strict", NULL};
-    CHECK_EQ_INT(run_tool(mk, tools_log), 0);
-    CHECK_EQ_INT(run_tool(gen, tools_log), 0);
-    CHECK_EQ_INT(run_tool(data, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(mk, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(gen, tools_log), 0);
+    CHECK_EQ_INT(h_run_tool(data, tools_log), 0);
     if (check_failed) CHECK_DONE();
 
     char rtflag[160];
@@ -147,13 +94,13 @@ int main(int argc, char **argv)
     char *q[] = {argv[1], rtflag, "--journal", journal, "--min-ready", "1", "--max-depth", "4",
                  "--lease-timeout-ms", "1500", "--heartbeat-ms", "2000", "--liveness", "3",
                  NULL};
-    pid_t qp = spawn_logged(q, qlog);
+    pid_t qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(ep, 10000) != 0);
     char *t[] = {argv[3], "--name", "tgt", "--model", model, "--shards", shard, "--slots", "4",
                  "--epochs", "50", "--buckets", "32", "--token-budget", "128", "--max-seqs", "4",
                  "--layers", "3", "--runtime-dir", rt, "--threads", "1", "--backend", "host",
                  "--timeout-ms", "1000", NULL};
-    pid_t tp = spawn_logged(t, tlog);
+    pid_t tp = h_spawn_logged(t, tlog);
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
     client_set_timeout(c, 2000);
     CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
@@ -174,12 +121,12 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_status(c, &before), 0);
     pid_t db = start_drafter("db", "b");
     pid_t dc = start_drafter_in("dc", "c", "g"); /* a group member beside a solo trainer */
-    int db_rc = wait_exit(db, 60000);
+    int db_rc = h_wait_exit(db, 60000);
     CHECK_EQ_INT(db_rc, 6);
-    CHECK_EQ_INT(wait_exit(dc, 60000), 6);
+    CHECK_EQ_INT(h_wait_exit(dc, 60000), 6);
     char dclog[128];
     snprintf(dclog, sizeof dclog, "%s/dc.log", dir);
-    CHECK(wait_text(dclog, "the broker refused to let us join group g", 1000));
+    CHECK(h_wait_text(dclog, "the broker refused to let us join group g", 1000));
     char dblog[128];
     snprintf(dblog, sizeof dblog, "%s/db.log", dir);
     char *l = test_slurp(dblog, NULL);
@@ -187,7 +134,7 @@ int main(int argc, char **argv)
     CHECK(l && strstr(l, "trains another model on this broker"));
     CHECK(l && strstr(l, "--group G"));
     free(l);
-    CHECK(wait_text(qlog, "drafter db refused: drafter da (run ", 1000));
+    CHECK(h_wait_text(qlog, "drafter db refused: drafter da (run ", 1000));
     wire_status after;
     CHECK_EQ_INT(client_status(c, &after), 0);
     /* paused: nothing new goes out, but da may still ack a batch it had before the pause */
@@ -203,14 +150,14 @@ int main(int argc, char **argv)
 
     /* 3. da SIGKILLed, started again on its checkpoint dir: replaced at once, trains on */
     h_kill(da, SIGKILL);
-    wait_exit(da, 5000);
+    h_wait_exit(da, 5000);
     uint64_t killed_ms = h_now_ms();
     pid_t da2 = start_drafter("da2", "a");
     /* the broker ends da at da2's resume: had it expired da first, it would not say this */
-    CHECK(wait_text(qlog, "replaced by da2, a restart of its run", 60000));
+    CHECK(h_wait_text(qlog, "replaced by da2, a restart of its run", 60000));
     char da2log[128];
     snprintf(da2log, sizeof da2log, "%s/da2.log", dir);
-    CHECK(wait_text(da2log, "told the broker we resume from step", 60000));
+    CHECK(h_wait_text(da2log, "told the broker we resume from step", 60000));
     char *l2 = test_slurp(da2log, NULL);
     CHECK(l2 && !strstr(l2, "the broker holds our resume"));
     free(l2);
@@ -227,12 +174,12 @@ int main(int argc, char **argv)
 
     /* 4. drain: da2 checkpoints and exits 0 */
     CHECK_EQ_INT(client_drain(c), 0);
-    CHECK_EQ_INT(wait_exit(da2, 60000), 0);
+    CHECK_EQ_INT(h_wait_exit(da2, 60000), 0);
     client_destroy(&c);
     h_kill(tp, SIGTERM);
-    wait_exit(tp, 10000);
+    h_wait_exit(tp, 10000);
     h_kill(qp, SIGTERM);
-    wait_exit(qp, 10000);
+    h_wait_exit(qp, 10000);
     if (!check_failed) h_rmdir(dir);
     else fprintf(stderr, "logs kept in %s\n", dir);
     CHECK_DONE();

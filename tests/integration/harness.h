@@ -134,6 +134,32 @@ static __attribute__((unused)) bool h_wait_text(const char *path, const char *te
     }
 }
 
+/* A tiny training set in dir for tests that run the real daemons: a random 6-layer Qwen3 target
+ * (mkmodel: dflash-mkmodel) at DIR/target, 96 greedy continuations of it (gen: dflash-gen) at
+ * DIR/train.jsonl, packed into DIR/train.shard with one 32-token bucket (data: dflash-data);
+ * the tools' output goes to DIR/tools.log. model and shard (128 bytes each) receive the paths.
+ * 0, or the exit status of the first tool that failed (-1: it did not run). */
+static __attribute__((unused)) int h_make_training_set(const char *mkmodel, const char *gen,
+                                                       const char *data, const char *dir,
+                                                       char model[128], char shard[128])
+{
+    char log[128], jsonl[128];
+    snprintf(log, sizeof log, "%s/tools.log", dir);
+    snprintf(model, 128, "%s/target", dir);
+    snprintf(jsonl, sizeof jsonl, "%s/train.jsonl", dir);
+    snprintf(shard, 128, "%s/train.shard", dir);
+    char *mk[] = {(char *)mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
+                  model, NULL};
+    char *gn[] = {(char *)gen, "--model", model, "--out", jsonl, "--n", "96", "--seed", "5",
+                  "--greedy", "--prompt-max", "12", "--max-new", "20", "--threads", "1", NULL};
+    char *dt[] = {(char *)data, "--in", jsonl, "--out", shard, "--model", model, "--buckets", "32",
+                  "--strict", NULL};
+    int rc = h_run_tool(mk, log);
+    if (rc == 0) rc = h_run_tool(gn, log);
+    if (rc == 0) rc = h_run_tool(dt, log);
+    return rc;
+}
+
 /* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point). */
 static __attribute__((unused)) void h_kill(pid_t pid, int sig)
 {

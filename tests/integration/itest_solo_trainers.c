@@ -70,23 +70,11 @@ int main(int argc, char **argv)
     snprintf(rt, sizeof rt, "%s/run", dir);
     mkdir(rt, 0700);
     h_queue_endpoint(rt, ep, sizeof ep);
-    char tools_log[128], model[128], jsonl[128], shard[128], journal[128], qlog[128], tlog[128];
-    snprintf(tools_log, sizeof tools_log, "%s/tools.log", dir);
-    snprintf(model, sizeof model, "%s/target", dir);
-    snprintf(jsonl, sizeof jsonl, "%s/train.jsonl", dir);
-    snprintf(shard, sizeof shard, "%s/train.shard", dir);
+    char model[128], shard[128], journal[128], qlog[128], tlog[128];
     snprintf(journal, sizeof journal, "%s/queue.journal", dir);
     snprintf(qlog, sizeof qlog, "%s/queue.log", dir);
     snprintf(tlog, sizeof tlog, "%s/target.log", dir);
-    char *mk[] = {argv[5], "--family", "qwen3", "--layers", "6", "--seed", "3", "--out", model,
-                  NULL};
-    char *gen[] = {argv[6], "--model", model, "--out", jsonl, "--n", "96", "--seed", "5",
-                   "--greedy", "--prompt-max", "12", "--max-new", "20", "--threads", "1", NULL};
-    char *data[] = {argv[7], "--in", jsonl, "--out", shard, "--model", model, "--buckets", "32",
-                    "--strict", NULL};
-    CHECK_EQ_INT(h_run_tool(mk, tools_log), 0);
-    CHECK_EQ_INT(h_run_tool(gen, tools_log), 0);
-    CHECK_EQ_INT(h_run_tool(data, tools_log), 0);
+    CHECK_EQ_INT(h_make_training_set(argv[5], argv[6], argv[7], dir, model, shard), 0);
     if (check_failed) CHECK_DONE();
 
     char rtflag[160];

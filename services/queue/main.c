@@ -14,12 +14,15 @@
 #include "config.h"
 #include "err.h"
 #include "log.h"
+#include "journal.h" /* JOURNAL_HEADER_BYTES, JOURNAL_RECORD_OVERHEAD */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -87,11 +90,26 @@ static void journal_note_missing(const char *path, journal_files *f)
     f->lock_new = stat(f->lock, &st) != 0 && errno == ENOENT;
 }
 
+/* Another broker may have created the same files since journal_note_missing looked (two started
+ * at once on one --journal): nothing is removed unless this process can take the lock now (no
+ * broker uses the journal) and the journal holds nothing a broker wrote after its start (its
+ * header and at most the BOOT record every start appends, with no payload). The lock file goes
+ * last, still held, so no broker can have locked it in between. */
 static void journal_forget_created(const journal_files *f)
 {
-    if (f->journal_new && unlink(f->path) == 0)
+    if (!f->journal_new && !f->lock_new) return;
+    int fd = open(f->lock, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) { /* another broker holds it: its files */
+        close(fd);
+        return;
+    }
+    struct stat st;
+    bool recordless = stat(f->path, &st) != 0 || st.st_size <= JOURNAL_HEADER_BYTES + JOURNAL_RECORD_OVERHEAD;
+    if (f->journal_new && recordless && unlink(f->path) == 0)
         LOG_INFO("removed %s, created by this failed start", f->path);
-    if (f->lock_new) unlink(f->lock);
+    if (f->lock_new && recordless) unlink(f->lock);
+    close(fd);
 }
 
 static void on_signal(uv_signal_t *s, int signum)

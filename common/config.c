@@ -248,10 +248,25 @@ static void env_scope(const cfg_table *t, char *scope, size_t size)
     scope[n] = 0;
 }
 
+/* The DFLASH_<PROGRAM>_* names this project gives other meanings, which no program warns about:
+ * the tests' DFLASH_<TOOL>_BIN (a binary's path) and deploy/'s compose variables for the
+ * operator's shell or .env (the GPU each service uses, the data folder mounted). */
+static bool used_elsewhere(const char *var)
+{
+    static const char *const names[] = {"DFLASH_TARGET_GPU", "DFLASH_DRAFTER_GPU",
+                                        "DFLASH_DATA_DIR", NULL};
+    size_t n = strlen(var);
+    if (n > 4 && strcmp(var + n - 4, "_BIN") == 0) return true;
+    for (const char *const *p = names; *p; p++)
+        if (strcmp(var, *p) == 0) return true;
+    return false;
+}
+
 /* Warns about each DFLASH_<PROGRAM>_* variable in the environment that names no option of the
- * program (nor CONFIG, nor one of its subcommands' scopes): a misspelling that would otherwise
- * be ignored without a word. Plain DFLASH_* names are shared by every program and the compute
- * backends, so an unknown one there may be meant for another: not said. */
+ * program (nor CONFIG, nor one of its subcommands' scopes, nor one used_elsewhere): a
+ * misspelling that would otherwise be ignored without a word. Plain DFLASH_* names are shared by
+ * every program and the compute backends, so an unknown one there may be meant for another: not
+ * said. */
 static void warn_unknown_env(const cfg_table *t, const char *scope)
 {
     extern char **environ;
@@ -264,6 +279,9 @@ static void warn_unknown_env(const cfg_table *t, const char *scope)
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)strcspn(rest, "="), rest);
         if (config_find(t, name) || name_eq(name, "config")) continue;
+        char var[200];
+        snprintf(var, sizeof var, "%s%s", prefix, name);
+        if (used_elsewhere(var)) continue;
         bool sub = false;
         for (const char *const *w = t->subcommands; w && *w && !sub; w++) {
             size_t n = strlen(*w);

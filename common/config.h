@@ -15,7 +15,8 @@
  * A key given twice in a config file is an error (both lines named); a flag given twice warns
  * on stderr, naming both values, and the last one counts (a script may append an override). A
  * DFLASH_<PROGRAM>_* variable that names no option of the program warns (a misspelling: it can
- * only have been meant for this program). Blanks around a number or BOOL value are ignored
+ * only have been meant for this program; the project's own DFLASH_<TOOL>_BIN and deploy's
+ * DFLASH_TARGET_GPU, DFLASH_DRAFTER_GPU, DFLASH_DATA_DIR excepted). Blanks around a number or BOOL value are ignored
  * wherever it comes from (flag, variable, file, dflash-ctl set), as a config file's line is.
  *
  * Strings are fixed char arrays inside the struct (size given in the table), so the struct can be

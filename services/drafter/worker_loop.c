@@ -57,6 +57,8 @@ typedef struct worker_loop {
     bool resume_told; /* cons->resume_step went to the broker (once per process) */
     double copy_backoff_ms; /* pause after a failed copy; doubles up to 1 s, 1 after a success */
     broker_silence silence; /* the broker quiet since we registered (broker_silence.h) */
+    int hello_rc;           /* the last hello's own result: ETIMEOUT when no broker answered */
+    double hold_said_s;     /* when "the broker holds our hello" was last said */
 } worker_loop;
 
 static void set_state(worker_loop *w, wl_state to)
@@ -88,7 +90,16 @@ static int do_register(worker_loop *w)
 {
     int rc = worker_session_hello(w->s, w->holding ? &w->held : NULL, w->holding ? 1 : 0,
                                   w->holding ? " (holding one batch)" : "");
+    w->hello_rc = rc;
     if (rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE) return DFLASH_EAGAIN;
+    if (rc == DFLASH_EAGAIN) { /* answered: held while another model's trainer may be dying */
+        double now = monotime_s();
+        if (now - w->hold_said_s >= 10.0) {
+            LOG_INFO("the broker holds our hello: %s", client_last_error(w->client));
+            w->hold_said_s = now;
+        }
+        return rc;
+    }
     if (rc < 0)
         LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc),
                   client_last_error(w->client));
@@ -417,7 +428,8 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
                 continue;
             }
             if (rc != DFLASH_EAGAIN) goto out_session;
-            broker_heard(&w, DFLASH_ETIMEOUT);
+            /* a hello the broker answered AGAIN (held) is no silence: only a timeout is */
+            broker_heard(&w, w.hello_rc == DFLASH_EAGAIN ? 0 : DFLASH_ETIMEOUT);
             /* --broker-wait-ms covers the start-up only: a broker lost later is waited for */
             if (w.st.registrations) {
                 monotime_sleep_ms(100);

@@ -106,8 +106,10 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
                             .seed = o->seed};
     char perr[400] = "";
     p->plan = batch_plan_new(lens, n, &bp, perr, sizeof perr);
-    p->plan_id = batch_plan_identity(&bp, shard_set_identity(p->shards));
-    if (!p->plan) snprintf(err, errlen, "%s: %s", o->shards, perr); /* name the data */
+    if (p->plan) /* batch_plan_identity needs parameters batch_plan_new took */
+        p->plan_id = batch_plan_identity(&bp, shard_set_identity(p->shards));
+    else
+        snprintf(err, errlen, "%s: %s", o->shards, perr); /* name the data */
     if (p->plan && batch_plan_dropped(p->plan)) {
         uint32_t last = o->bucket_bounds[o->n_buckets - 1];
         uint64_t tokens = 0, dropped_tokens = 0;

@@ -6,6 +6,7 @@
 
 #include "client.h"
 #include "err.h"
+#include "test_files.h" /* test_slurp */
 
 #include <signal.h>
 #include <stdbool.h>
@@ -115,21 +116,9 @@ static __attribute__((unused)) int h_wait_exit(pid_t pid, int ms)
 static __attribute__((unused)) bool h_wait_text(const char *path, const char *text, int ms)
 {
     for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(50)) {
-        bool found = false;
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fseek(f, 0, SEEK_END);
-            long n = ftell(f);
-            char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-            if (buf) {
-                rewind(f);
-                size_t got = fread(buf, 1, (size_t)n, f);
-                buf[got] = 0;
-                found = strstr(buf, text) != NULL;
-                free(buf);
-            }
-            fclose(f);
-        }
+        char *log = test_slurp(path, NULL);
+        bool found = log && strstr(log, text) != NULL;
+        free(log);
         if (found || h_now_ms() >= end) return found;
     }
 }

@@ -13,53 +13,16 @@
 #include "harness.h"
 #include "heartbeat.h"
 #include "slot.h"
-#include "worker_loop.h"
+#include "counting_worker.h"
 
 #include <pthread.h>
 #include <signal.h>
-
-typedef struct trainer {
-    worker_loop_config lc;
-    worker_consumer cons;
-    volatile sig_atomic_t stop;
-    int consumed, rc;
-    volatile int ended;
-} trainer;
-
-static int consume(void *ctx, const worker_batch *b, uint64_t *step)
-{
-    trainer *k = ctx;
-    (void)b;
-    *step = (uint64_t)++k->consumed;
-    return 0;
-}
-
-static void *run_loop(void *arg)
-{
-    trainer *k = arg;
-    k->rc = worker_loop_run(&k->lc, &k->cons, &k->stop, NULL);
-    k->ended = 1;
-    return NULL;
-}
 
 static uint32_t ready_slots(const wire_status *s)
 {
     uint32_t n = 0;
     for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].ready;
     return n;
-}
-
-/* Reaps pid within deadline_ms; its wait status, or -1 (then it is killed). */
-static int reap_within(pid_t pid, int deadline_ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
-    int status = -1;
-    while (h_now_ms() < end) {
-        if (waitpid(pid, &status, WNOHANG) == pid) return status;
-        h_sleep_ms(20);
-    }
-    h_kill(pid, SIGKILL);
-    return -1;
 }
 
 int main(int argc, char **argv)
@@ -104,12 +67,11 @@ int main(int argc, char **argv)
     }
     CHECK_EQ_INT(early, -1); /* the target keeps its pool: its slots are ready */
 
-    trainer k = {.lc = {.endpoint = ep, .name = "late", .backend = POOL_HOST, .timeout_ms = 1000,
+    counting_worker k = {.lc = {.endpoint = ep, .name = "late", .backend = POOL_HOST, .timeout_ms = 1000,
                         .max_copy_failures = 1, .exit_when_drained = true}};
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &k.lc.layout), 0);
-    k.cons = (worker_consumer){.name = "late", .ctx = &k, .consume = consume};
     pthread_t th;
-    CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &k), 0);
+    CHECK_EQ_INT(counting_worker_start(&k, &th), 0);
     deadline = h_now_ms() + 30000;
     while (!k.ended && h_now_ms() < deadline) h_sleep_ms(20);
     CHECK(k.ended);
@@ -118,7 +80,7 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(k.rc, 0); /* a copy failure would end it with DFLASH_EPEER */
     CHECK_EQ_INT(k.consumed, 2);
 
-    int status = early >= 0 ? early : reap_within(target, 10000);
+    int status = early >= 0 ? early : h_wait_exit(target, 10000); /* 0: exited 0 */
     CHECK(status == 0);
     CHECK_EQ_INT(client_status(c, &s), 0);
     printf("trained %d; ledger: %llu in flight, %llu trained, %llu committed, %llu to do\n",

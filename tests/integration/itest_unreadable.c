@@ -12,35 +12,11 @@
 #include "check.h"
 #include "harness.h"
 #include "slot.h"
-#include "worker_loop.h"
+#include "counting_worker.h"
 
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
-
-typedef struct blind {
-    worker_loop_config lc;
-    worker_consumer cons;
-    volatile sig_atomic_t stop;
-    int consumed, rc;
-    volatile int ended;
-} blind;
-
-static int consume(void *ctx, const worker_batch *b, uint64_t *step)
-{
-    blind *k = ctx;
-    (void)b;
-    *step = (uint64_t)++k->consumed;
-    return 0;
-}
-
-static void *run_loop(void *arg)
-{
-    blind *k = arg;
-    k->rc = worker_loop_run(&k->lc, &k->cons, &k->stop, NULL);
-    k->ended = 1;
-    return NULL;
-}
 
 int main(int argc, char **argv)
 {
@@ -71,12 +47,11 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_release(peek, g.lease_id), 0);
     CHECK_EQ_INT(client_ack(peek, &g.unit, 1), 0);
 
-    blind k = {.lc = {.endpoint = ep, .name = "blind", .backend = POOL_HOST, .timeout_ms = 1000,
+    counting_worker k = {.lc = {.endpoint = ep, .name = "blind", .backend = POOL_HOST, .timeout_ms = 1000,
                       .max_copy_failures = 10}};
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &k.lc.layout), 0);
-    k.cons = (worker_consumer){.name = "blind", .ctx = &k, .consume = consume};
     pthread_t th;
-    CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &k), 0);
+    CHECK_EQ_INT(counting_worker_start(&k, &th), 0);
 
     client *c = client_new(ep, WIRE_ROLE_CTL, "check");
     client_set_timeout(c, 1000);

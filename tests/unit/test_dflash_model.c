@@ -1219,13 +1219,6 @@ static bool same_file(const char *path, const char *want, size_t n) {
     return same;
 }
 
-/* An exact resume reads the training state, not model.safetensors, the weights the checkpoint
- * is served from; it checks that file's checksums too. A flipped data bit, a truncated file or
- * no file at all is written again from the training state's masters, with a warning naming the
- * file (and the tensor), to the very bytes the save wrote (bf16 or fp32, as config.json says),
- * and the resume goes on. A file it cannot read (a FIFO in its place) is an I/O failure, not
- * damage: the resume is refused with the system's reason and the file left alone; one it cannot
- * write again refuses the resume naming the file. */
 /* A FIFO where a checkpoint's config.json should be is refused as unreadable at once (the
  * warm start, eval and resume read config.json first; a blocking open would wait forever). */
 static void test_config_fifo(void) {
@@ -1239,6 +1232,14 @@ static void test_config_fifo(void) {
     CHECK_EQ_INT(test_rmtree(dir), 0);
 }
 
+/* An exact resume reads the training state, not model.safetensors, the weights the checkpoint
+ * is served from; it checks that file's checksums too. A flipped data bit, a truncated file or
+ * no file at all is written again from the training state's masters, with a warning naming the
+ * file (and the tensor), to the very bytes the save wrote (bf16 or fp32, as config.json says),
+ * and the resume goes on. A file it cannot read (a FIFO in its place) is an I/O failure, not
+ * damage: the resume is refused with the system's reason and the file left alone; one it cannot
+ * write again refuses the resume naming the file; a checkpoint outside the resuming run's
+ * --checkpoint-dir (repair false) is only warned about. */
 static void test_resume_checks_weights(world *w) {
     char root[] = "/tmp/dflash_ckpt_weights_XXXXXX";
     CHECK(mkdtemp(root) != NULL);

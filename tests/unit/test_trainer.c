@@ -482,24 +482,44 @@ static void edit_file(const char *path, const char *from, const char *to) {
     free(text);
 }
 
+/* Consumes batch `batch`: a one-sequence slot (staged_slot) whose loss mask is all 0 when
+ * `masked`, whose first hidden value is NaN when `nan`. consume()'s result. */
+static int consume_batch(worker_consumer *c, uint32_t batch, bool masked, bool nan) {
+    slot_layout l = slots();
+    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = batch};
+    void *base = staged_slot(&l, &wu, 20);
+    CHECK(base != NULL);
+    if (!base) return DFLASH_ENOMEM;
+    if (masked) memset(slot_loss_mask(base, &l), 0, 20);
+    if (nan) ((float *)slot_hidden(base, &l))[0] = NAN;
+    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+    uint64_t step = 0;
+    int rc = c->consume(c->ctx, &b, &step);
+    free(base);
+    return rc;
+}
+
+/* A run checkpointing into root trains one batch and ends: its final checkpoint, step 1, whose
+ * directory goes to step. */
+static void checkpoint_one_step(const char *root, char *step, size_t steplen) {
+    char err[1024];
+    worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
+    CHECK(c != NULL);
+    if (c) {
+        CHECK_EQ_INT(consume_batch(c, 1, false, false), 0);
+        CHECK_EQ_INT(c->finish(c->ctx), 0);
+    }
+    worker_consumer_destroy(&c);
+    snprintf(step, steplen, "%s/step-000000001", root);
+}
+
 /* A checkpoint that cannot be resumed names itself and says what to do: the flags of its run
  * when its drafter differs, moving it away when it is damaged. */
 static void test_resume_refused(void) {
     char err[1024], root[400], step[500], path[600];
     snprintf(root, sizeof root, "%s/ckpt-resume", dir);
-    worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
-    CHECK(c != NULL);
-    if (!c) return;
-    slot_layout l = slots();
-    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 1};
-    void *base = staged_slot(&l, &wu, 20);
-    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
-    uint64_t s = 0;
-    CHECK(base && c->consume(c->ctx, &b, &s) == 0);
-    CHECK_EQ_INT(c->finish(c->ctx), 0); /* the final checkpoint, step 1 */
-    free(base);
-    worker_consumer_destroy(&c);
-    snprintf(step, sizeof step, "%s/step-000000001", root);
+    checkpoint_one_step(root, step, sizeof step);
+    worker_consumer *c = NULL;
 
     snprintf(path, sizeof path, "%s/config.json", step);
     edit_file(path, "\"block_size\":\t4", "\"block_size\":\t8");
@@ -617,23 +637,6 @@ static void test_resume_refused(void) {
     CHECK(c == NULL);
     CHECK(strstr(err, step) && strstr(err, "truncated") && strstr(err, "damaged"));
     worker_consumer_destroy(&c);
-}
-
-/* Consumes batch `batch`: a one-sequence slot (staged_slot) whose loss mask is all 0 when
- * `masked`, whose first hidden value is NaN when `nan`. consume()'s result. */
-static int consume_batch(worker_consumer *c, uint32_t batch, bool masked, bool nan) {
-    slot_layout l = slots();
-    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = batch};
-    void *base = staged_slot(&l, &wu, 20);
-    CHECK(base != NULL);
-    if (!base) return DFLASH_ENOMEM;
-    if (masked) memset(slot_loss_mask(base, &l), 0, 20);
-    if (nan) ((float *)slot_hidden(base, &l))[0] = NAN;
-    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
-    uint64_t step = 0;
-    int rc = c->consume(c->ctx, &b, &step);
-    free(base);
-    return rc;
 }
 
 /* A step whose loss is NaN stops the run: consume() refuses it, nothing is checkpointed after
@@ -775,19 +778,8 @@ static void test_metrics_before_checkpoint(void) {
 static void test_other_target(const char *mkmodel) {
     char err[1024], root[400], step[500], llama[400], cmd[1200], path[500];
     snprintf(root, sizeof root, "%s/ckpt-other-target", dir);
-    worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
-    CHECK(c != NULL);
-    if (!c) return;
-    slot_layout l = slots();
-    slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = 1};
-    void *base = staged_slot(&l, &wu, 20);
-    worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
-    uint64_t s = 0;
-    CHECK(base && c->consume(c->ctx, &b, &s) == 0);
-    CHECK_EQ_INT(c->finish(c->ctx), 0); /* the final checkpoint, step 1 */
-    free(base);
-    worker_consumer_destroy(&c);
-    snprintf(step, sizeof step, "%s/step-000000001", root);
+    checkpoint_one_step(root, step, sizeof step);
+    worker_consumer *c = NULL;
 
     snprintf(llama, sizeof llama, "%s/llama", dir);
     snprintf(cmd, sizeof cmd, "%s --family llama --layers 6 --seed 1 --threads 1 --out %s "
@@ -807,6 +799,7 @@ static void test_other_target(const char *mkmodel) {
     free(said);
 
     /* the warm start from it on the Llama target: refused by the checkpoint's config check */
+    slot_layout l = slots();
     trainer_opts o = {.model_dir = llama,
                       .backend = POOL_HOST,
                       .threads = 1,

@@ -1,0 +1,45 @@
+/* counting_worker: the drafter's worker loop run in a thread of the test process, with a
+ * consumer that only counts its batches (its step is the count): for integration tests of the
+ * loop against the real broker and target. The caller fills k->lc, then counting_worker_start;
+ * k->ended turns 1 when the loop returned (its result in k->rc); k->stop = 1 asks it to stop.
+ * Header-only, static functions. */
+#ifndef DFLASH_ITEST_COUNTING_WORKER_H
+#define DFLASH_ITEST_COUNTING_WORKER_H
+
+#include "worker_loop.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+typedef struct counting_worker {
+    worker_loop_config lc;
+    worker_consumer cons;
+    volatile sig_atomic_t stop;
+    int consumed, rc;
+    volatile int ended;
+} counting_worker;
+
+static int counting_consume(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    counting_worker *k = ctx;
+    (void)b;
+    *step = (uint64_t)++k->consumed;
+    return 0;
+}
+
+static void *counting_run(void *arg)
+{
+    counting_worker *k = arg;
+    k->rc = worker_loop_run(&k->lc, &k->cons, &k->stop, NULL);
+    k->ended = 1;
+    return NULL;
+}
+
+/* Starts k's loop in thread *th, its consumer named k->lc.name. 0 or pthread_create's error. */
+static __attribute__((unused)) int counting_worker_start(counting_worker *k, pthread_t *th)
+{
+    k->cons = (worker_consumer){.name = k->lc.name, .ctx = k, .consume = counting_consume};
+    return pthread_create(th, NULL, counting_run, k);
+}
+
+#endif

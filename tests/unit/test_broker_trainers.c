@@ -103,6 +103,14 @@ static void train_one(const drafter *d, uint64_t step)
     CHECK_EQ_INT(stub_send(d->name), 0);
 }
 
+/* d says hello, resumes from step 0 as run `run` (admitted) and trains its first step. */
+static void solo_trains(const drafter *d, uint64_t run)
+{
+    CHECK_EQ_INT(hello(d), 0);
+    CHECK_EQ_INT(resume(d, 0, run), 0);
+    train_one(d, 1);
+}
+
 /* A broker with a target of one bucket of BATCHES batches, one epoch. */
 static void broker_with_target(void)
 {
@@ -178,9 +186,7 @@ static void test_same_run_replaces(void)
     broker_with_target();
     if (!stub_b) return;
     drafter a = {"trainer-a", 21}, a2 = {"trainer-a-restarted", 31};
-    CHECK_EQ_INT(hello(&a), 0);
-    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
-    train_one(&a, 1);
+    solo_trains(&a, RUN_A);
     claim(&a, true);  /* copied, training: held */
     claim(&a, false); /* leased */
     wire_status s = stub_status();
@@ -217,9 +223,7 @@ static void test_old_drafter_warned(void)
     broker_with_target();
     if (!stub_b) return;
     drafter a = {"trainer-a", 21}, old = {"trainer-old", 41};
-    CHECK_EQ_INT(hello(&a), 0);
-    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
-    train_one(&a, 1);
+    solo_trains(&a, RUN_A);
     CHECK_EQ_INT(hello(&old), 0);
     static char said[8192];
     stub_capture_log(old_drafter_resumes, said, sizeof said);
@@ -259,9 +263,7 @@ static void test_group_and_solo_refused(void)
     broker_with_target();
     if (!stub_b) return;
     drafter a = {"trainer-a", 21}, g0 = {"rank-0", 51};
-    CHECK_EQ_INT(hello(&a), 0);
-    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
-    train_one(&a, 1);
+    solo_trains(&a, RUN_A);
     CHECK_EQ_INT(hello(&g0), 0);
     CHECK_EQ_INT(join(&g0), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "trainer-a") != NULL);
@@ -299,9 +301,7 @@ static void test_dead_rival_expires(void)
     broker_with_target();
     if (!stub_b) return;
     drafter a = {"trainer-a", 21}, b = {"trainer-b", 22};
-    CHECK_EQ_INT(hello(&a), 0);
-    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
-    train_one(&a, 1);
+    solo_trains(&a, RUN_A);
     CHECK_EQ_INT(hello(&b), 0); /* a sends nothing more */
     CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
     CHECK_EQ_INT(resume_while_held(&b, RUN_B, NULL, 3000), 0);
@@ -343,9 +343,7 @@ static void test_registered_again_still_trains(void)
     broker_with_target();
     if (!stub_b) return;
     drafter a = {"trainer-a", 21}, b = {"trainer-b", 22}, g0 = {"rank-0", 51};
-    CHECK_EQ_INT(hello(&a), 0);
-    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
-    train_one(&a, 1);
+    solo_trains(&a, RUN_A);
     train_one(&a, 2);
     silent_for(600, NULL); /* a blip: a expires */
     CHECK_EQ_INT(stub_status().peers, 1);
@@ -374,9 +372,7 @@ static void test_registered_again_beside_another_run(void)
     broker_with_target();
     if (!stub_b) return;
     drafter a = {"trainer-a", 21}, b = {"trainer-b", 22};
-    CHECK_EQ_INT(hello(&a), 0);
-    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
-    train_one(&a, 1);
+    solo_trains(&a, RUN_A);
     silent_for(600, NULL);
     CHECK_EQ_INT(hello(&b), 0);
     CHECK_EQ_INT(resume(&b, 0, RUN_B), 0);
@@ -433,9 +429,7 @@ static void test_replaced_predecessor_refused(void)
     broker_with_target();
     if (!stub_b) return;
     drafter a = {"trainer-a", 21}, a2 = {"trainer-a-copy", 31};
-    CHECK_EQ_INT(hello(&a), 0);
-    CHECK_EQ_INT(resume(&a, 0, RUN_A), 0);
-    train_one(&a, 1);
+    solo_trains(&a, RUN_A);
     CHECK_EQ_INT(hello(&a2), 0);
     CHECK_EQ_INT(resume(&a2, 1, RUN_A), 0); /* a replaced */
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, a.inc);

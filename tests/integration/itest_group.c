@@ -7,9 +7,10 @@
  * 300 ms); drafters da and db with --group g --comm-timeout-s 3, each with its own checkpoint dir;
  * then dflash-target for 8 epochs (192 batches).
  * Phases, each waiting for a condition (never a fixed sleep):
- *   1. the group forms with world 2 (`dflash-ctl set max_depth=1` is then refused, and so is a
- *      --verify drafter with --group: exit 2) and trains
- *      >= 5 steps; the ledger shows every batch acked once (acks == trained + committed);
+ *   1. da creates the group (so da is rank 0 throughout), then db joins: world 2
+ *      (`dflash-ctl set max_depth=1` is then refused, and so is a --verify drafter with
+ *      --group: exit 2); it trains >= 5 steps; the ledger shows every batch acked once
+ *      (acks == trained + committed);
  *   2. db is SIGKILLed; da re-forms alone (world 1: its collective times out or the broker tells
  *      it) and trains >= 3 more steps;
  *   3. the broker is paused; db is started again: it joins at a step boundary, the group
@@ -140,13 +141,19 @@ int main(int argc, char **argv)
                  NULL};
     pid_t qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(ep, 10000) != 0);
-    pid_t da = start_drafter("da"), db = start_drafter("db");
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
     client_set_timeout(c, 2000);
     CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
     wire_status s;
+    /* da creates the group before db starts, so da is rank 0, the only rank that writes
+     * checkpoints, in every phase (3b relies on db having none; started together, db was rank 0
+     * about half the time and, with phase 1 past step 10 on a loaded machine, held the commit) */
+    pid_t da = start_drafter("da");
+    CHECK(wait_group(c, 1, 0, 30000, &s));
+    pid_t db = start_drafter("db");
     /* both ranks in the group before any batch exists: every step is two wide */
     CHECK(wait_group(c, 2, 0, 30000, &s));
+    CHECK(group_g(&s)->n_members == 2 && strcmp(group_g(&s)->members[0], "da") == 0);
     /* max_depth below the group's step is refused, with the reason (dflash-ctl exits 1) */
     char ctllog[128];
     snprintf(ctllog, sizeof ctllog, "%s/ctl.log", dir);

@@ -37,6 +37,18 @@ static void journal_orphans(broker *b)
                  "would give their batches back to to-do)", err_str(rc));
 }
 
+/* Whether batch was trained at `step` by a plain ack: a rank 0 whose StepDone a restarted broker
+ * answered Stale says hello holding the step's units and acks each (group_worker's
+ * do_register); when the step was orphaned, the join that resolves it later finds them trained
+ * at that very step, once, not twice. */
+static bool acked_late(broker *b, const batch_id *batch, uint64_t step)
+{
+    batch_state st;
+    uint64_t at = 0;
+    return ledger_get(b->ledger, batch, &st, &at) == 0 &&
+           (st == BATCH_TRAINED || st == BATCH_COMMITTED) && at == step;
+}
+
 /* Carries out what a group call decided (group.h, group_outcome): ACK records every unit of the
  * step as trained at the step (once for the whole group), ABORT gives unreleased leases back
  * (READY again) and returns released units to to-do; an outcome that orphaned or resolved an
@@ -56,12 +68,14 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
         if (o->orphan) journal_orphans(b);
         return 0;
     }
-    uint32_t n = 0;
+    uint32_t n = 0, late = 0, back = 0;
     for (uint32_t r = 0; r < o->n_slots; r++) {
         const group_slot *s = &o->slots[r];
         /* a step restored after a restart has no leases (lease_id 0) */
         bool revoked = b->policy && s->lease_id && policy_lease_revoke(b->policy, s->lease_id) == 0;
-        if (o->verdict == GROUP_ACK && s->released) {
+        if (o->verdict == GROUP_ACK && s->released && acked_late(b, &s->batch, o->step)) {
+            late++; /* not acked again: the ledger would count a double ack */
+        } else if (o->verdict == GROUP_ACK && s->released) {
             int rc = ledger_ack(b->ledger, &s->batch, o->step);
             if (rc == DFLASH_EEXISTS) {
                 b->double_acks++;
@@ -80,17 +94,22 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
                      "%u/%u/%u not recorded", name, o->step, r, s->batch.epoch, s->batch.bucket,
                      s->batch.index);
             if (!revoked) ledger_requeue(b->ledger, &s->batch);
-        } else if (!revoked && s->released) {
-            ledger_requeue(b->ledger, &s->batch);
+        } else if (revoked || (s->released && ledger_requeue(b->ledger, &s->batch) == 0)) {
+            back++;
+        } else if (s->released && acked_late(b, &s->batch, o->step)) {
+            late++; /* rank 0 acked it; its model has the step although nobody joined since */
         }
         broker_held_remove_all(b, &s->batch);
     }
     b->acks += n;
+    char also[96] = "";
+    if (late)
+        snprintf(also, sizeof also, " (%u more acked by its rank 0 already)", late);
     if (o->verdict == GROUP_ACK)
-        LOG_INFO("group %s: step %" PRIu64 " done: %u batches trained", name, o->step, n);
+        LOG_INFO("group %s: step %" PRIu64 " done: %u batches trained%s", name, o->step, n, also);
     else
-        LOG_INFO("group %s: step %" PRIu64 " aborted: its %u batches go back to to-do", name,
-                 o->step, o->n_slots);
+        LOG_INFO("group %s: step %" PRIu64 " aborted: %u of its %u batches go back to to-do%s",
+                 name, o->step, back, o->n_slots, also);
     if (o->orphan) journal_orphans(b);
     return n;
 }

@@ -25,7 +25,9 @@
  *     restart's orphan grace (they used to go back to to-do with the other batches in flight
  *     before the restart, and were trained twice when the group came back holding the step),
  *     the creating join acks or aborts them as without the restart, and nobody back within
- *     the hold (counted from the restart) aborts the step;
+ *     the hold (counted from the restart) aborts the step; a rank 0 that acked the step's units
+ *     plainly after the restart (its StepDone answered Stale) has them counted once, whether
+ *     the group is created again or the hold aborts the step;
  *   - a target that restarted between a step's reservation and a late rank's StepClaim: the
  *     grant named the old pool incarnation with the new arena's shm name and handles, the rank
  *     copied unrelated bytes and exited; the claim is refused Stale, the group re-forms, the
@@ -36,6 +38,7 @@
 #include "config.h"
 #include "err.h"
 #include "ledger.h"
+#include "log.h"
 #include "monotime.h"
 #include "test_files.h"
 #include "wire.h"
@@ -660,6 +663,80 @@ static void orphan_expires_after_restart(void)
     stub_broker_free();
 }
 
+/* Rank 0 of the group (A) had step 1's StepDone pending when the broker, which had expired
+ * every rank, restarted: its StepDone is answered Stale by a restarted broker, so it says hello
+ * holding the step's units and acks them plainly at step 1 (group_worker's do_register). Then
+ * either it joins at model step 1 and creates the group again, resolving the restored orphaned
+ * step as happened, or nobody joins within the hold and the step is aborted. Either way the units
+ * are trained once, at step 1: the join's resolution neither counts them again nor warns
+ * "already trained" (defect: each was counted a double ack with that warning), and the abort
+ * does not say they go back to to-do. */
+static char late_ack_log[1 << 16];
+static wire_status late_ack_status;
+static uint64_t late_ack_todo;
+static bool late_ack_joins;
+
+static void late_ack_scenario(void)
+{
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    wire_group_view va = {0}, vb;
+    wire_step_grant ga, gb;
+    unlink(journal_path);
+    restart_hold_ms = late_ack_joins ? 60000 : 300;
+    restart_compact_bytes = 0;
+    group_expired_mid_step(journaled, &A, &B, &vb, &ga, &gb, &late_ack_todo);
+    restart_broker();
+    log_set_level(LOG_INFO); /* stub_broker_new set ERROR; what follows is said at INFO/WARN */
+    cron_for(100);           /* past the orphan grace */
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, A.inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", A.name);
+    stub_req.u.hello.n_held = ga.n_units;
+    memcpy(stub_req.u.hello.held, ga.units, ga.n_units * sizeof *ga.units);
+    CHECK_EQ_INT(stub_send(A.rid), 0);
+    for (uint32_t k = 0; k < ga.n_units; k++) {
+        stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, A.inc);
+        stub_req.u.ack.unit = ga.units[k];
+        stub_req.u.ack.step = 1;
+        CHECK_EQ_INT(stub_send(A.rid), 0);
+    }
+    if (late_ack_joins) {
+        CHECK_EQ_INT(join(&A, 1, 0, &va), 0);
+        CHECK(va.rank == 0 && va.step == 1);
+    } else {
+        for (uint64_t end = monotime_ms() + 3000; monotime_ms() < end && stub_status().n_orphans;)
+            cron_for(20);
+    }
+    late_ack_status = stub_status();
+    stub_broker_free();
+}
+
+static void orphan_late_plain_ack(bool joins)
+{
+    late_ack_joins = joins;
+    stub_capture_log(late_ack_scenario, late_ack_log, sizeof late_ack_log);
+    const wire_status *s = &late_ack_status;
+    printf("orphaned step, broker restarted, rank 0 acks its pending step plainly, then %s: "
+           "%llu trained, %llu acks, %llu in flight, %llu to do (%llu before), %u orphans\n",
+           joins ? "creates the group at step 1" : "nobody joins within the hold",
+           (unsigned long long)s->batches_trained, (unsigned long long)s->acks,
+           (unsigned long long)s->batches_inflight, (unsigned long long)s->batches_todo,
+           (unsigned long long)late_ack_todo, s->n_orphans);
+    CHECK_EQ_INT(s->batches_trained, 2);
+    CHECK_EQ_INT(s->acks, 2);
+    CHECK_EQ_INT(s->batches_inflight, 0);
+    CHECK_EQ_INT(s->batches_todo, late_ack_todo);
+    CHECK_EQ_INT(s->n_orphans, 0);
+    CHECK(strstr(late_ack_log, "already trained") == NULL);
+    if (joins) {
+        CHECK(s->n_groups == 1 && s->groups[0].steps_done == 1);
+        CHECK(strstr(late_ack_log, "step 1 done: 0 batches trained (2 more acked by its rank 0 "
+                                   "already)") != NULL);
+    } else {
+        CHECK(strstr(late_ack_log, "step 1 aborted: 0 of its 2 batches go back to to-do (2 more "
+                                   "acked by its rank 0 already)") != NULL);
+    }
+}
+
 /* The journal's orphaned steps as a ledger opened on it reads them (NULL: none). */
 static bool journal_has_orphans(void)
 {
@@ -704,6 +781,8 @@ static void orphans_across_restart(void)
     orphan_across_restart(0, 0);
     orphan_across_restart(1, 1); /* compacted at every chance: the snapshot keeps the orphans */
     orphan_expires_after_restart();
+    orphan_late_plain_ack(true);
+    orphan_late_plain_ack(false);
     unreadable_orphans_cleared();
     test_rmtree(journal_dir);
 }

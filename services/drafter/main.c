@@ -565,11 +565,12 @@ int main(int argc, char **argv)
                                   .max_seqs = (uint32_t)cfg.max_seqs, .seed = (uint64_t)cfg.seed,
                                   .layer_ids = n_ids ? ids : NULL, .n_layer_ids = n_ids,
                                   .drafter_layers = n_ids ? n_ids : (int)cfg.layers};
-        model_producer *mp = nn ? model_producer_new(&mo, ops, nn, err, sizeof err) : NULL;
+        int why = 0;
+        model_producer *mp = nn ? model_producer_new(&mo, ops, nn, &why, err, sizeof err) : NULL;
         if (!mp) {
             LOG_ERROR("cannot load the target model %s for verification: %s", cfg.model, err);
             nn_cpu_destroy(&nn);
-            return 1;
+            return why == DFLASH_ECONFIG ? 2 : 1;
         }
         slot_layout want;
         if (model_producer_layout(mp, &want) < 0 || want.slot_bytes != lc.layout.slot_bytes ||

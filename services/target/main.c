@@ -281,14 +281,15 @@ int main(int argc, char **argv)
                                   .drafter_layers = n_ids ? n_ids : (int)cfg.layers,
                                   .stop = stop};
         char err[512] = "";
-        model_producer *mp = model_producer_new(&mo, ops, nn, err, sizeof err);
+        int why = 0;
+        model_producer *mp = model_producer_new(&mo, ops, nn, &why, err, sizeof err);
         if (!mp) {
             if (*stop) LOG_INFO("stopped while loading the target model");
             else
                 LOG_ERROR("cannot start the target on model %s and shards %s: %s", cfg.model,
                           cfg.shards, err);
             close_nn(lc.backend, &nn);
-            return *stop ? 0 : 1;
+            return *stop ? 0 : why == DFLASH_ECONFIG ? 2 : 1;
         }
         rc = model_producer_loop_config(mp, &lc); /* layout and buckets come from the model */
         if (rc == 0) rc = model_producer_warmup(mp);

@@ -19,6 +19,7 @@
 #include "model_producer.h"
 
 #include "err.h"
+#include "hf_config.h"
 #include "log.h"
 #include "monotime.h"
 #include "rng.h"
@@ -63,11 +64,13 @@ static slot_dtype backend_dtype(const nn_ops *ops) {
 }
 
 model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
-                                   char *err, size_t errlen) {
+                                   int *code, char *err, size_t errlen) {
+    bool config = false; /* the options or the data do not fit: bad configuration */
     model_producer *p = calloc(1, sizeof *p);
     uint32_t *lens = NULL;
     if (!p) {
         snprintf(err, errlen, "out of memory");
+        if (code) *code = DFLASH_ENOMEM;
         return NULL;
     }
     p->ops = ops;
@@ -77,20 +80,20 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     p->max_seqs = o->max_seqs;
     if (o->n_buckets < 1 || o->n_buckets > BATCH_PLAN_MAX_BUCKETS || !o->bucket_bounds) {
         snprintf(err, errlen, "%d buckets: need 1..%d", o->n_buckets, BATCH_PLAN_MAX_BUCKETS);
-        goto fail;
+        goto fail_config;
     }
     p->n_buckets = o->n_buckets;
     memcpy(p->bounds, o->bucket_bounds, sizeof(uint32_t) * (size_t)o->n_buckets);
     if (o->token_budget < 1 || o->max_seqs < 1 || o->max_seqs > o->token_budget) {
         snprintf(err, errlen, "token budget %u and max seqs %u: need 1 <= max seqs <= budget",
                  o->token_budget, o->max_seqs);
-        goto fail;
+        goto fail_config;
     }
     int n_capture = o->layer_ids ? o->n_layer_ids : o->drafter_layers;
     if (n_capture > SLOT_MAX_LAYER_IDS) { /* before the load, not after it */
         snprintf(err, errlen, "%d captured layers: a slot holds at most %d", n_capture,
                  SLOT_MAX_LAYER_IDS);
-        goto fail;
+        goto fail_config;
     }
 
     p->shards = shard_set_open_list(o->shards, err, errlen);
@@ -125,7 +128,7 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     }
     free(lens);
     lens = NULL;
-    if (!p->plan) goto fail;
+    if (!p->plan) goto fail_config; /* the data fits no bucket, or the bounds are bad */
     p->seed = o->seed;
     for (int b = 0; b < o->n_buckets; b++) /* the broker mixes every bucket: none may be empty */
         if ((p->per_epoch[b] = batch_plan_count(p->plan, 0, b)) == 0) {
@@ -133,8 +136,17 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
                      "%s: no sequence falls in bucket %d (<= %u tokens): leave it out of "
                      "--buckets (dflash-data prints the data's length histogram)",
                      o->shards, b, o->bucket_bounds[b]);
-            goto fail;
+            goto fail_config;
         }
+
+    /* The data must be the model's tokenizer's: checked from config.json before the weights
+     * load (minutes for a large target), so a mismatch is said at once. Data of another
+     * tokenizer often fits the model's ids: its recorded vocabulary tells. */
+    model_config hc;
+    if (hf_config_load(o->model_dir, &hc, err, errlen)) goto fail;
+    if (shard_set_check_vocab(p->shards, (uint32_t)hc.vocab_size, err, errlen) ||
+        shard_set_verify_tokens(p->shards, (uint32_t)hc.vocab_size, err, errlen))
+        goto fail_config;
 
     target_model_opts mo = {.layer_ids = o->layer_ids,
                             .n_layer_ids = o->n_layer_ids,
@@ -149,14 +161,9 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
         goto fail;
     }
     const model_config *mc = target_model_config(p->model);
-    /* data of another tokenizer often fits the model's ids: its recorded vocabulary tells */
-    int rc = shard_set_check_vocab(p->shards, (uint32_t)mc->vocab_size, err, errlen);
-    if (!rc) rc = shard_set_verify_tokens(p->shards, (uint32_t)mc->vocab_size, err, errlen);
-    if (rc) goto fail;
-
     int n_layers;
     const int *layer_ids = target_model_layer_ids(p->model, &n_layers);
-    rc = slot_layout_compute(o->token_budget, o->max_seqs, (uint32_t)mc->hidden_size,
+    int rc = slot_layout_compute(o->token_budget, o->max_seqs, (uint32_t)mc->hidden_size,
                              (uint32_t)n_layers, backend_dtype(ops), &p->layout);
     if (!rc) rc = slot_layout_set_layer_ids(&p->layout, layer_ids, n_layers);
     if (rc) {
@@ -178,7 +185,11 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
 
 fail_nomem:
     snprintf(err, errlen, "out of memory");
+    goto fail;
+fail_config:
+    config = true;
 fail:
+    if (code) *code = config ? DFLASH_ECONFIG : DFLASH_EIO;
     free(lens);
     model_producer_destroy(&p);
     return NULL;

@@ -42,11 +42,13 @@ typedef struct model_producer_opts {
     volatile sig_atomic_t *stop; /* the daemon's stop flag (may be NULL): ends loading, warmup */
 } model_producer_opts;
 
-/* Loads the model and the shards and builds the plan. NULL with the reason in err (bad
- * checkpoint, shard, a shard made for another vocabulary, token id outside the vocabulary,
- * bounds, or *o->stop set while loading). */
+/* Loads the model and the shards and builds the plan. NULL with the reason in err and, when
+ * code is not NULL, *code DFLASH_ECONFIG for options or data that do not fit (bounds, a bucket
+ * no sequence falls in, a shard made for another vocabulary or with a token id outside the
+ * model's, found from config.json before the weights load), else another code (a checkpoint or
+ * shard that cannot be read, out of memory, or *o->stop set while loading). */
 model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
-                                   char *err, size_t errlen);
+                                   int *code, char *err, size_t errlen);
 void model_producer_destroy(model_producer **p);
 
 /* The slot layout this producer fills: token_budget, max_seqs, hidden, captured layers, and the

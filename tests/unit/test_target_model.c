@@ -554,27 +554,47 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
                               .layer_ids = cap,
                               .n_layer_ids = 2};
     char err[512] = "";
-    model_producer *p = model_producer_new(&po, ops, ctx, err, sizeof err);
+    model_producer *p = model_producer_new(&po, ops, ctx, NULL, err, sizeof err);
     if (!p) fprintf(stderr, "model_producer_new: %s\n", err);
     CHECK(p != NULL);
     /* a shard with a token id outside the vocabulary is refused at start-up, naming it */
     model_producer_opts bo = po;
     bo.shards = bad_path;
     char berr[512] = "";
-    model_producer *bad = model_producer_new(&bo, ops, ctx, berr, sizeof berr);
+    int code = 0;
+    model_producer *bad = model_producer_new(&bo, ops, ctx, &code, berr, sizeof berr);
     CHECK(bad == NULL);
     CHECK(strstr(berr, "bad.shard") != NULL);
+    CHECK_EQ_INT(code, DFLASH_ECONFIG); /* the data does not fit the model: dflash-target exits 2 */
     model_producer_destroy(&bad);
     /* a shard recording another vocabulary is refused at start-up, naming both sizes; it trained
      * the drafter on another tokenizer's text without a word */
     bo.shards = other_path;
     berr[0] = 0;
-    bad = model_producer_new(&bo, ops, ctx, berr, sizeof berr);
+    bad = model_producer_new(&bo, ops, ctx, &code, berr, sizeof berr);
     CHECK(bad == NULL);
     CHECK(strstr(berr, "other.shard: made for a vocabulary of 100 tokens, but the model's "
                        "vocab_size is 50") != NULL);
     if (!strstr(berr, "vocabulary of 100")) fprintf(stderr, "model_producer_new: %s\n", berr);
+    CHECK_EQ_INT(code, DFLASH_ECONFIG);
     model_producer_destroy(&bad);
+    /* ... said before the weights load (minutes for a large target; defect: after it): a model
+     * directory with its config.json and no weights gets the same answer */
+    char cfg_only[700];
+    snprintf(cfg_only, sizeof cfg_only, "%s/config-only", dir);
+    CHECK(mkdir(cfg_only, 0700) == 0);
+    CHECK_EQ_INT(hf_config_write(cfg_only, &c, "float32"), 0);
+    bo.model_dir = cfg_only;
+    berr[0] = 0;
+    bad = model_producer_new(&bo, ops, ctx, &code, berr, sizeof berr);
+    CHECK(bad == NULL);
+    CHECK(strstr(berr, "made for a vocabulary of 100 tokens") != NULL);
+    CHECK_EQ_INT(code, DFLASH_ECONFIG);
+    bo.shards = shard_path; /* matching data: the missing weights are the failure, not config */
+    bad = model_producer_new(&bo, ops, ctx, &code, berr, sizeof berr);
+    CHECK(bad == NULL);
+    CHECK(code != DFLASH_ECONFIG);
+    bo.model_dir = po.model_dir;
     /* a bucket no sequence falls in is refused at start-up, naming it (the broker would refuse
      * the pool with a less helpful message) */
     const uint32_t sparse[3] = {1, 8, 24}; /* the shortest sequence has 2 tokens */
@@ -582,9 +602,10 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     eo.bucket_bounds = sparse;
     eo.n_buckets = 3;
     char eerr[512] = "";
-    model_producer *empty = model_producer_new(&eo, ops, ctx, eerr, sizeof eerr);
+    model_producer *empty = model_producer_new(&eo, ops, ctx, &code, eerr, sizeof eerr);
     CHECK(empty == NULL);
     CHECK(strstr(eerr, "bucket 0 (<= 1 tokens)") != NULL);
+    CHECK_EQ_INT(code, DFLASH_ECONFIG);
     CHECK(strstr(eerr, "data.shard") != NULL);
     model_producer_destroy(&empty);
     /* data that fits no bucket at all: the error names the shard file, not only "batch plan" */
@@ -592,7 +613,7 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     eo.bucket_bounds = below;
     eo.n_buckets = 1;
     eerr[0] = 0;
-    empty = model_producer_new(&eo, ops, ctx, eerr, sizeof eerr);
+    empty = model_producer_new(&eo, ops, ctx, &code, eerr, sizeof eerr);
     CHECK(empty == NULL);
     CHECK(strstr(eerr, "data.shard") != NULL);
     model_producer_destroy(&empty);
@@ -605,7 +626,7 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     mo2.layer_ids = many;
     mo2.n_layer_ids = SLOT_MAX_LAYER_IDS + 1;
     eerr[0] = 0;
-    empty = model_producer_new(&mo2, ops, ctx, eerr, sizeof eerr);
+    empty = model_producer_new(&mo2, ops, ctx, &code, eerr, sizeof eerr);
     CHECK(empty == NULL);
     CHECK(strstr(eerr, "at most 24") != NULL);
     model_producer_destroy(&empty);
@@ -731,10 +752,11 @@ out2:
 out:
     model_producer_destroy(&p);
     char path[700];
-    const char *files[] = {"config.json", "model.safetensors", "data.shard", "bad.shard"};
-    for (int i = 0; i < 4; i++) {
+    const char *files[] = {"config.json", "model.safetensors", "data.shard", "bad.shard",
+                           "other.shard", "config-only/config.json", "config-only"};
+    for (int i = 0; i < 7; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        unlink(path);
+        remove(path);
     }
     rmdir(dir);
 }
@@ -797,7 +819,7 @@ static void test_producer_epochs(const nn_ops *ops, nn_ctx *ctx) {
                               .layer_ids = cap,
                               .n_layer_ids = 1};
     char err[512] = "";
-    model_producer *p = model_producer_new(&po, ops, ctx, err, sizeof err);
+    model_producer *p = model_producer_new(&po, ops, ctx, NULL, err, sizeof err);
     if (!p) fprintf(stderr, "model_producer_new: %s\n", err);
     CHECK(p != NULL);
     if (!p) goto out;

@@ -327,6 +327,20 @@ static int do_ready(client *c, const wire_slot_ready *r)
 
 int client_slot_ready(client *c, const wire_slot_ready *ready) { LOCKED(c, do_ready(c, ready)); }
 
+static int do_pool_leave(client *c, uint64_t inc, wire_pool_left *out)
+{
+    req_init(c, WIRE_POOL_LEAVE);
+    c->req.u.pool_incarnation = inc;
+    int rc = call(c, WIRE_POOL_LEFT);
+    if (!rc && out) *out = c->rep.u.left;
+    return rc;
+}
+
+int client_pool_leave(client *c, uint64_t pool_incarnation, wire_pool_left *out)
+{
+    LOCKED(c, do_pool_leave(c, pool_incarnation, out));
+}
+
 static int do_claim(client *c, wire_grant *out)
 {
     req_init(c, WIRE_CLAIM);

@@ -119,6 +119,12 @@ int client_request_work(client *c, uint64_t pool_incarnation, wire_work_unit *ou
 /* Target: the slot named in a work unit is written (its event recorded). */
 int client_slot_ready(client *c, const wire_slot_ready *ready);
 
+/* Target: it stops and gives up its pool (docs/protocol.md, "Stopping a target"). On 0 *out
+ * says which slots this call gave back and how many drafters still copy: while out->leased > 0
+ * keep the pool's memory and call again; at 0 the broker has ended our session. Extra:
+ * DFLASH_EPROTO (a broker that predates the message), DFLASH_ESTALE (it knows no such pool). */
+int client_pool_leave(client *c, uint64_t pool_incarnation, wire_pool_left *out);
+
 /* Drafter: claims a ready slot. Extra: DFLASH_EAGAIN (nothing eligible now, e.g. fewer than
  * min_ready ready), DFLASH_ESHUTDOWN (drained and empty). On 0 *out holds the lease. */
 int client_claim(client *c, wire_grant *out);

@@ -25,7 +25,7 @@ static const char *const type_names[WIRE_TYPE_COUNT] = {
     "slot_release", "ack", "checkpoint_committed", "resume_from", "heartbeat", "status_request",
     "status_reply", "set_config", "set_config_reply", "pause", "resume", "drain", "error", "ok",
     "group_join", "group_view", "group_set_id", "step_claim", "step_grant", "step_done",
-    "group_leave",
+    "group_leave", "pool_leave", "pool_left",
 };
 
 /* wire_type <-> body case; index is wire_type. */
@@ -59,6 +59,8 @@ static const Dflash__Envelope__BodyCase body_cases[WIRE_TYPE_COUNT] = {
     DFLASH__ENVELOPE__BODY_STEP_GRANT,
     DFLASH__ENVELOPE__BODY_STEP_DONE,
     DFLASH__ENVELOPE__BODY_GROUP_LEAVE,
+    DFLASH__ENVELOPE__BODY_POOL_LEAVE,
+    DFLASH__ENVELOPE__BODY_POOL_LEFT,
 };
 
 const char *wire_type_name(wire_type t)
@@ -281,6 +283,15 @@ int wire_check(const wire_msg *m, char *why, size_t len)
                         m->u.ready.n_seqs);
         return check_unit(&m->u.ready.unit, why, len);
     case WIRE_GRANT: return check_grant(&m->u.grant, why, len);
+    case WIRE_POOL_LEAVE:
+        if (!m->u.pool_incarnation) return fail(why, len, DFLASH_ERANGE, "incarnation 0");
+        return 0;
+    case WIRE_POOL_LEFT:
+        if (m->u.left.ready > WIRE_MAX_SLOTS || m->u.left.filling > WIRE_MAX_SLOTS ||
+            m->u.left.leased > WIRE_MAX_SLOTS)
+            return fail(why, len, DFLASH_ERANGE, "pool left: %u ready, %u filling, %u leased",
+                        m->u.left.ready, m->u.left.filling, m->u.left.leased);
+        return 0;
     case WIRE_SLOT_RELEASE:
         if (!m->u.lease_id) return fail(why, len, DFLASH_ERANGE, "lease id 0");
         return 0;
@@ -437,6 +448,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     Dflash__StepGrant sgrant;
     Dflash__StepDone sdone;
     Dflash__GroupLeave gleave;
+    Dflash__PoolLeave pleave;
+    Dflash__PoolLeft pleft;
     Dflash__Unit su_pb[WIRE_MAX_WORLD];
     Dflash__Unit *su_ptr[WIRE_MAX_WORLD];
     (void)batches;
@@ -679,6 +692,20 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         dflash__group_leave__init(&gleave);
         gleave.group = (char *)m->u.gstep.group;
         env.group_leave = &gleave;
+        break;
+    case WIRE_POOL_LEAVE:
+        dflash__pool_leave__init(&pleave);
+        pleave.has_pool_incarnation = 1;
+        pleave.pool_incarnation = m->u.pool_incarnation;
+        env.pool_leave = &pleave;
+        break;
+    case WIRE_POOL_LEFT:
+        dflash__pool_left__init(&pleft);
+        pleft.has_ready = pleft.has_filling = pleft.has_leased = 1;
+        pleft.ready = m->u.left.ready;
+        pleft.filling = m->u.left.filling;
+        pleft.leased = m->u.left.leased;
+        env.pool_left = &pleft;
         break;
     case WIRE_STEP_GRANT: {
         const wire_step_grant *g = &m->u.sgrant;
@@ -1044,6 +1071,16 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         m->type = WIRE_GROUP_LEAVE;
         if (copy_str(m->u.gstep.group, WIRE_MAX_NAME, env->group_leave->group))
             return fail(why, len, DFLASH_ERANGE, "group_leave: group name too long");
+        break;
+    case DFLASH__ENVELOPE__BODY_POOL_LEAVE:
+        m->type = WIRE_POOL_LEAVE;
+        m->u.pool_incarnation = env->pool_leave->pool_incarnation;
+        break;
+    case DFLASH__ENVELOPE__BODY_POOL_LEFT:
+        m->type = WIRE_POOL_LEFT;
+        m->u.left.ready = env->pool_left->ready;
+        m->u.left.filling = env->pool_left->filling;
+        m->u.left.leased = env->pool_left->leased;
         break;
     case DFLASH__ENVELOPE__BODY_STEP_GRANT: {
         const Dflash__StepGrant *g = env->step_grant;

@@ -77,6 +77,8 @@ typedef enum {
     WIRE_STEP_GRANT,
     WIRE_STEP_DONE,
     WIRE_GROUP_LEAVE,
+    WIRE_POOL_LEAVE,
+    WIRE_POOL_LEFT,
     WIRE_TYPE_COUNT
 } wire_type;
 
@@ -279,6 +281,14 @@ typedef struct wire_step_grant {
     wire_unit units[WIRE_MAX_WORLD]; /* the step's units in rank order */
 } wire_step_grant;
 
+/* The broker's answer to a target's leave (POOL_LEFT): slots of its pool given back by this
+ * leave (their batches back to to-do; 0 when it asks again) and slots drafters still copy. Each
+ * <= WIRE_MAX_SLOTS. */
+typedef struct wire_pool_left {
+    uint32_t ready, filling; /* given back now */
+    uint32_t leased;         /* still being copied: keep the memory and ask again */
+} wire_pool_left;
+
 /* One envelope. Only the member of `u` named by `type` is meaningful. */
 typedef struct wire_msg {
     uint32_t version;
@@ -289,7 +299,7 @@ typedef struct wire_msg {
     union {
         wire_hello hello;
         wire_pool pool;
-        uint64_t pool_incarnation; /* WORK_REQUEST */
+        uint64_t pool_incarnation; /* WORK_REQUEST, POOL_LEAVE */
         wire_work_unit work;
         wire_slot_ready ready;
         wire_grant grant;
@@ -312,6 +322,7 @@ typedef struct wire_msg {
         wire_group_set_id set_id; /* GROUP_SET_ID */
         wire_group_step gstep;    /* STEP_CLAIM, STEP_DONE, GROUP_LEAVE */
         wire_step_grant sgrant;   /* STEP_GRANT */
+        wire_pool_left left;      /* POOL_LEFT */
     } u;
     void *owned_; /* wire.c's allocation (pool.event_handles after unpack) */
 } wire_msg;

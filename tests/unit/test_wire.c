@@ -308,6 +308,17 @@ int main(void)
     wire_msg_init(&in, WIRE_ACK, WIRE_ROLE_DRAFTER, 3, 1);
     in.u.ack = (wire_ack){{0, 1, 2}, 1000};
     if (roundtrip(&in, &out)) CHECK_EQ_INT(out.u.ack.step, 1000);
+    /* a target's leave and the broker's answer; counts past WIRE_MAX_SLOTS are refused */
+    wire_msg_init(&in, WIRE_POOL_LEAVE, WIRE_ROLE_TARGET, 3, 1);
+    in.u.pool_incarnation = 0xfeedbeefcafeull;
+    if (roundtrip(&in, &out)) CHECK(out.u.pool_incarnation == 0xfeedbeefcafeull);
+    in.u.pool_incarnation = 0;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    wire_msg_init(&in, WIRE_POOL_LEFT, WIRE_ROLE_BROKER, 9, 1);
+    in.u.left = (wire_pool_left){.ready = 2, .filling = 1, .leased = WIRE_MAX_SLOTS};
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    in.u.left.leased = WIRE_MAX_SLOTS + 1;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
 
     /* --- rejections --- */
     char why[128];

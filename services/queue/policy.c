@@ -352,6 +352,15 @@ int policy_pool_drop(policy *p, uint32_t pool_id)
     return 0;
 }
 
+uint32_t policy_detached_leases(const policy *p, uint32_t pool_id, uint64_t incarnation)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < p->n_detached; i++)
+        n += p->detached[i].where.pool_id == pool_id &&
+             p->detached[i].where.incarnation == incarnation;
+    return n;
+}
+
 int policy_pool_add(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_t n_slots,
                     uint64_t slot_bytes)
 {

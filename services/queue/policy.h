@@ -156,6 +156,10 @@ int policy_pool_add(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_t 
  * a release ends it normally (where->incarnation is the old one: do not hand the slot to the new
  * target); expiry or drop_worker requeues its batch. DFLASH_ENOTFOUND unknown pool. */
 int policy_pool_drop(policy *p, uint32_t pool_id);
+/* Leases of pool (pool_id, incarnation) still out after it was dropped (detached: neither
+ * released nor expired): drafters may be copying its slots, so its target keeps the memory while
+ * this is > 0 (a target's leave, broker_leave.c). Pure. */
+uint32_t policy_detached_leases(const policy *p, uint32_t pool_id, uint64_t incarnation);
 /* Restart fence: a FREE slot of pool_id -> FENCED until until_ms (policy_tick lifts it). The
  * slot is not handed out for filling and refuses SLOT_READY meanwhile. DFLASH_ENOTFOUND unknown
  * pool, DFLASH_ERANGE slot out of range, DFLASH_ESTATE slot not FREE. */

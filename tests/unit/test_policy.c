@@ -369,6 +369,8 @@ static void test_incarnation_drop(void)
     policy_get_stats(p, &st);
     CHECK_EQ_INT(st.ready + st.filling + st.leased, 0);
     CHECK_EQ_INT(st.detached_leases, 1);
+    CHECK_EQ_INT(policy_detached_leases(p, POOL, INC), 1); /* the old incarnation's */
+    CHECK_EQ_INT(policy_detached_leases(p, POOL, 0x2222), 0);
     /* ...the old incarnation's messages are stale... */
     batch_id late = {0, 0, 9};
     CHECK_EQ_INT(policy_slot_ready(p, POOL, INC, 3, &late, TOK), DFLASH_ESTALE);
@@ -377,6 +379,7 @@ static void test_incarnation_drop(void)
     CHECK_EQ_INT(policy_release(p, g.lease_id, &where), 0);
     CHECK_EQ_INT(where.incarnation, INC);
     CHECK_EQ_INT(ev.n_requeued, 2);
+    CHECK_EQ_INT(policy_detached_leases(p, POOL, INC), 0);
     /* A detached lease whose worker never releases requeues its batch on expiry. */
     batch_id nb = {0, 0, 5};
     CHECK_EQ_INT(policy_work_start(p, POOL, &nb, &slot), 0);

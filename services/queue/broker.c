@@ -2,7 +2,9 @@
  * handler per request type), the socket plumbing (ROUTER + PUB through zloop) and the cron timer.
  * Its parts: broker_state.h (the state and the helpers they share), broker_config.c (the options
  * table and its checks), broker_groups.c (the group requests), broker_steering.c (set, pause,
- * resume, drain: applied, journaled, restored), broker_security.c (CURVE, ZAP, binding).
+ * resume, drain: applied, journaled, restored), broker_leave.c (a target's leave: its pool given
+ * up at once, its session ended once no slot of it is being copied), broker_security.c (CURVE,
+ * ZAP, binding).
  *
  * Peer table: a small array searched linearly by routing id (a node has a handful of peers).
  * A hello from a new incarnation of a live peer's role+name replaces that peer (a restart); the
@@ -28,7 +30,9 @@
  * held hello keeps its peer entry (PEER_NEW) so the wait is timed.
  * Pool table: indexed by pool id, one per target name, kept across target incarnations so the
  * policy sees a restart as "same pool, new incarnation"; an entry no live target holds is given
- * to a new name when all MAX_POOLS are taken.
+ * to a new name when all MAX_POOLS are taken. A pool stops being registered in one place,
+ * broker_pool_give_up: its target expired, was replaced or left, or a drain gave up its ready
+ * slots nobody took.
  *
  * Batch plan: every pool of every target must carry the ledger's plan, since any target may be
  * handed any batch. A registration is refused (Error MISMATCH, nothing changed) when its batches
@@ -195,13 +199,40 @@ static void peer_remove(broker *b, uint32_t i, const char *why)
         for (uint32_t k = 0; k < p->n_held; k++)
             if (!group_owns_batch(b->groups, &p->held[k])) batch_failed(b, &p->held[k], true);
     } else if (p->role == WIRE_ROLE_TARGET && p->pool_id >= 0) {
-        if (b->policy) policy_pool_drop(b->policy, (uint32_t)p->pool_id);
-        b->pools[p->pool_id].registered = false;
+        broker_pool_give_up(b, (uint32_t)p->pool_id);
     }
     peer_set_state(p, PEER_GONE);
     free(p->held);
     free(p);
     b->peers[i] = b->peers[--b->n_peers];
+}
+
+/* Ends p's session as peer_remove does, when p is still in the table (a target's leave). */
+static void peer_end(broker *b, peer *p, const char *why)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++)
+        if (b->peers[i] == p) return peer_remove(b, i, why);
+}
+
+/* --- pools ---------------------------------------------------------------------------------- */
+
+broker_slot_counts broker_pool_slots(const broker *b, uint32_t id)
+{
+    broker_slot_counts c = {0};
+    for (uint32_t s = 0; b->policy && s < b->pools[id].desc.slot_count; s++) {
+        slot_state st;
+        if (policy_slot_get(b->policy, id, s, &st, NULL)) continue;
+        c.filling += st == SLOT_FILLING;
+        c.ready += st == SLOT_READY;
+        c.leased += st == SLOT_LEASED;
+    }
+    return c;
+}
+
+void broker_pool_give_up(broker *b, uint32_t id)
+{
+    if (b->policy) (void)policy_pool_drop(b->policy, id); /* ENOTFOUND: dropped before */
+    b->pools[id].registered = false;
 }
 
 /* --- policy glue ---------------------------------------------------------------------------- */
@@ -626,13 +657,9 @@ static bool drafter_live(const broker *b)
  * that is about to go. */
 static void drain_hold(broker *b, peer *p, pool_desc *d, wire_msg *r, uint64_t rid)
 {
-    uint32_t id = (uint32_t)p->pool_id, ready = 0, leased = 0;
-    for (uint32_t s = 0; s < d->desc.slot_count; s++) {
-        slot_state st;
-        if (policy_slot_get(b->policy, id, s, &st, NULL)) continue;
-        ready += st == SLOT_READY;
-        leased += st == SLOT_LEASED;
-    }
+    uint32_t id = (uint32_t)p->pool_id;
+    broker_slot_counts slots = broker_pool_slots(b, id);
+    uint32_t ready = slots.ready, leased = slots.leased;
     uint64_t now = now_ms(b), timeout = (uint64_t)b->cfg.lease_timeout_ms;
     bool first = !d->drain_hold_ms;
     if (first) d->drain_hold_ms = now;
@@ -648,8 +675,7 @@ static void drain_hold(broker *b, peer *p, pool_desc *d, wire_msg *r, uint64_t r
     if (ready) {
         LOG_WARN("draining: %u ready slots of %s's pool %s: their batches go back to to-do", ready,
                  p->name, live ? "not claimed within the lease timeout" : "and no drafter");
-        policy_pool_drop(b->policy, id);
-        d->registered = false;
+        broker_pool_give_up(b, id);
     } else if (!first) {
         LOG_INFO("draining: the drafters have every ready slot of %s's pool: it may go", p->name);
     }
@@ -1125,7 +1151,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
         p = peer_add(b, rid, rid_len);
     if (m.type == WIRE_WORK_UNIT || m.type == WIRE_GRANT || m.type == WIRE_STATUS_REPLY ||
         m.type == WIRE_SET_CONFIG_REPLY || m.type == WIRE_ERROR || m.type == WIRE_OK ||
-        m.type == WIRE_GROUP_VIEW || m.type == WIRE_STEP_GRANT) {
+        m.type == WIRE_GROUP_VIEW || m.type == WIRE_STEP_GRANT || m.type == WIRE_POOL_LEFT) {
         b->malformed++;
         reply_error(b, &r, m.request_id, DFLASH_EPROTO, "%s is not a request",
                     wire_type_name(m.type));
@@ -1174,6 +1200,12 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_POOL_REGISTER: on_pool_register(b, p, &m, &r); break;
     case WIRE_WORK_REQUEST: on_work_request(b, p, &m, &r); break;
     case WIRE_SLOT_READY: on_slot_ready(b, p, &m, &r); break;
+    case WIRE_POOL_LEAVE:
+        if (broker_on_pool_leave(b, p, &m, &r)) {
+            peer_end(b, p, "left: its pool is dropped");
+            p = NULL;
+        }
+        break;
     case WIRE_CLAIM: on_claim(b, p, &m, &r); break;
     case WIRE_SLOT_RELEASE: on_release(b, p, &m, &r); break;
     case WIRE_ACK: on_ack(b, p, &m, &r); break;

@@ -1,8 +1,9 @@
 /* broker_state: the broker's state and the helpers its files share. Private to the broker:
  * broker.c (peers, pools, request dispatch, the socket loop and cron) and its parts,
  * broker_config.c (the options table and its checks), broker_groups.c (data-parallel drafter
- * groups), broker_steering.c (set, pause, resume, drain: applied, journaled, restored) and
- * broker_security.c (CURVE, the ZAP handler, binding endpoints). broker.h is the public face;
+ * groups), broker_steering.c (set, pause, resume, drain: applied, journaled, restored),
+ * broker_leave.c (a target's leave) and broker_security.c (CURVE, the ZAP handler, binding
+ * endpoints). broker.h is the public face;
  * broker.c's top comment has the model (peer table, pool table, journal and replies).
  *
  * Thread: the broker's loop thread, like everything of the broker.
@@ -191,6 +192,16 @@ int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid);
 void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w);
 /* Warns when the registered slots cannot hold min_ready ready ones. */
 void broker_warn_reservoir(const broker *b);
+/* Slots of pool id by state (none counted when the policy does not have the pool). */
+typedef struct broker_slot_counts {
+    uint32_t filling, ready, leased;
+} broker_slot_counts;
+broker_slot_counts broker_pool_slots(const broker *b, uint32_t id);
+/* Pool id is no longer registered: nothing more is granted from it, its FILLING and READY
+ * batches go back to to-do, its LEASED slots become detached leases (policy_pool_drop), and the
+ * plan no longer counts it. A drain's ready slots nobody took, a target's expiry, replacement
+ * or leave. Idempotent. */
+void broker_pool_give_up(broker *b, uint32_t id);
 
 /* broker_config.c: the reservoir against the depth cap for a step of world ranks (0 or
  * DFLASH_ERANGE with why, optional, set); bucket shares from text (0 or DFLASH_EINVAL). */
@@ -210,6 +221,10 @@ void broker_groups_tick(broker *b, uint64_t now);
 /* From broker_new, after the replay: the orphaned steps the journal holds back in the group
  * table, their units kept in flight (not given back by the orphan grace) until resolved. */
 void broker_groups_restore(broker *b);
+
+/* broker_leave.c: a target's PoolLeave (fills *r). True when its session has ended (nothing of
+ * its pool is being copied any more): the caller then ends it (the entry p is freed). */
+bool broker_on_pool_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 
 /* broker_steering.c: Set and Pause/Resume/Drain (each fills *r); the steering journaled as the
  * ledger's settings record (0, or a code with why, optional, saying it is not durable); the

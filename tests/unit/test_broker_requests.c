@@ -41,7 +41,11 @@
  *     kept while the drafters take them, and let go when none is left, no drafter is there, or
  *     none took one for a lease timeout (then nothing more is granted from that pool);
  *   - a target restarted with another --seed or other data of the same shape was accepted and
- *     its batches trained against the ledger's marks of another plan: refused MISMATCH.
+ *     its batches trained against the ledger's marks of another plan: refused MISMATCH;
+ *   - a target stopped by a signal vanished: its pool stayed registered until it expired, its
+ *     ready slots were granted from removed memory, and the plan still counted it. Its leave
+ *     drops the pool at once (ready and filling batches back to to-do), tells it how many slots
+ *     drafters still copy, and ends its session once none is.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -567,6 +571,95 @@ static void test_drain_holds_ready(void)
     stub_broker_free();
 }
 
+static wire_pool_left left_answer;
+
+/* The target's PoolLeave of pool_inc: 0 with the answer in left_answer, or the error code. */
+static int target_leaves(const char *rid, uint64_t inc, uint64_t pool_inc)
+{
+    stub_init(WIRE_POOL_LEAVE, WIRE_ROLE_TARGET, inc);
+    stub_req.u.pool_incarnation = pool_inc;
+    int rc = stub_send(rid);
+    if (rc == 0) {
+        CHECK_EQ_INT(stub_rep.type, WIRE_POOL_LEFT);
+        left_answer = stub_rep.u.left;
+    }
+    return rc;
+}
+
+static void first_leave(void)
+{
+    log_set_level(LOG_INFO);
+    CHECK_EQ_INT(target_leaves("t", TARGET_INC, POOL_INC), 0);
+    log_set_level(LOG_ERROR);
+}
+
+/* A target that stops leaves: its pool is dropped at once (nothing more granted from it, the
+ * ready and filling batches back to to-do, the plan no longer counts it), the answer counts the
+ * slots still being copied, polls count them down, and at none the target's session ends (not
+ * an expiry later). Only a target's own pool may be left; an answer sent back is no request. */
+static void test_target_leave(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 3);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), 0);
+    wire_grant g = stub_rep.u.grant; /* being copied */
+    CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), 0); /* one filling */
+
+    CHECK_EQ_INT(target_leaves("d", DRAFTER_INC, POOL_INC), DFLASH_EDENIED);
+    CHECK_EQ_INT(target_leaves("t", TARGET_INC, POOL_INC + 1), DFLASH_ESTALE);
+    stub_init(WIRE_POOL_LEFT, WIRE_ROLE_TARGET, TARGET_INC);
+    CHECK_EQ_INT(stub_send("t"), DFLASH_EPROTO);
+    static char said[4096];
+    stub_capture_log(first_leave, said, sizeof said);
+    printf("leave: %s", said);
+    CHECK(strstr(said, "target t leaving: 2 ready slots given back, 1 filling given back (their "
+                       "batches back to to-do), 1 being copied") != NULL);
+    CHECK(left_answer.ready == 2 && left_answer.filling == 1 && left_answer.leased == 1);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.slot_count, 0); /* gone at once */
+    CHECK_EQ_INT(s.pool_incarnation, 0);
+    CHECK_EQ_INT(s.batches_inflight, 1); /* the copied one */
+    CHECK_EQ_INT(s.batches_todo, 999);
+    CHECK_EQ_INT(s.peers, 2); /* the target waits for the copy */
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN); /* nothing granted from the left pool */
+    CHECK(strstr(stub_rep.u.error.message, "no target registered") != NULL);
+
+    CHECK_EQ_INT(target_leaves("t", TARGET_INC, POOL_INC), 0); /* a poll */
+    CHECK(left_answer.ready == 0 && left_answer.filling == 0 && left_answer.leased == 1);
+    CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.ack = (wire_ack){g.unit, 1};
+    CHECK_EQ_INT(stub_send("d"), 0);
+    CHECK_EQ_INT(target_leaves("t", TARGET_INC, POOL_INC), 0);
+    CHECK_EQ_INT(left_answer.leased, 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.peers, 1); /* its session ended with the leave */
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(target_leaves("t", TARGET_INC, POOL_INC), DFLASH_ESTALE); /* unknown peer */
+
+    /* started again: a new pool incarnation, handed the batches the leave gave back */
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC + 1, "t", NULL, 0), 0);
+    stub_pool("t", TARGET_INC + 1, POOL_INC + 1, 4);
+    s = stub_status();
+    CHECK_EQ_INT(s.slot_count, 4);
+    CHECK_EQ_INT(s.pool_incarnation, POOL_INC + 1);
+    CHECK_EQ_INT(target_asks("t", TARGET_INC + 1, POOL_INC + 1), 0);
+    CHECK(stub_rep.u.work.unit.index != g.unit.index && stub_rep.u.work.unit.index <= 3);
+
+    /* nothing leased: the first answer ends the session */
+    CHECK_EQ_INT(target_leaves("t", TARGET_INC + 1, POOL_INC + 1), 0);
+    CHECK(left_answer.filling == 1 && left_answer.leased == 0);
+    CHECK_EQ_INT(stub_status().peers, 1);
+    stub_broker_free();
+}
+
 static void resume_both(void)
 {
     log_set_level(LOG_WARN);
@@ -658,6 +751,7 @@ int main(void)
     test_duplicate_name();
     test_drain_without_pool();
     test_drain_holds_ready();
+    test_target_leave();
     test_second_trainer_warned();
     test_plan_identity();
     CHECK_DONE();

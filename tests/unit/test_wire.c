@@ -319,6 +319,23 @@ int main(void)
     if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
     in.u.left.leased = WIRE_MAX_SLOTS + 1;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    /* a body this side does not know (a newer peer's message: PoolLeave's field 38 renumbered
+     * 60) is Error PROTO, not a crash or a wrong message: how an older broker answers PoolLeave,
+     * which tells the target to exit as before */
+    wire_msg_init(&in, WIRE_POOL_LEAVE, WIRE_ROLE_TARGET, 3, 1);
+    in.u.pool_incarnation = 7;
+    int packed = wire_pack(&in, buf, sizeof buf);
+    bool renumbered = false;
+    for (int i = 0; i + 1 < packed && !renumbered; i++)
+        if (buf[i] == 0xb2 && buf[i + 1] == 0x02) { /* tag of field 38, length-delimited */
+            buf[i] = 0xe2, buf[i + 1] = 0x03;        /* field 60 */
+            renumbered = true;
+        }
+    CHECK(renumbered);
+    char unknown_why[128] = "";
+    CHECK_EQ_INT(wire_unpack(buf, (size_t)packed, &out, unknown_why, sizeof unknown_why),
+                 DFLASH_EPROTO);
+    CHECK(strstr(unknown_why, "without a known body") != NULL);
 
     /* --- rejections --- */
     char why[128];

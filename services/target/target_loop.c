@@ -4,7 +4,10 @@
  * whose loop stopped going round (--stall-exit-s).
  * Busy bitmap (busy[]): bit s is set once slot s is published and cleared when a work unit
  * names s again (the broker hands a slot out only once it is FREE); every registration sends it
- * as PoolRegister.busy_slots so that a restarted broker fences those slots (docs/protocol.md). */
+ * as PoolRegister.busy_slots so that a restarted broker fences those slots (docs/protocol.md).
+ * A stop (the stop flag, --max-batches) while the pool is registered and the broker answers
+ * leaves the broker before the pool is destroyed (target_leave.h): the broker grants nothing
+ * more from it, and the memory stays until no drafter copies it. */
 #include "target_loop.h"
 #include "monotime.h"
 #include "broker_silence.h"
@@ -13,6 +16,7 @@
 #include "heartbeat.h"
 #include "log.h"
 #include "synthetic.h"
+#include "target_leave.h"
 #include "batch_plan.h"
 #include "rng.h"
 
@@ -139,6 +143,14 @@ static void progress(target_loop *t, double *last_t, uint64_t *last_b, uint64_t 
     *last_wait = t->st.wait_slot_s;
 }
 
+/* Whether a stop now should leave the broker (target_leave): the pool is registered (as far as
+ * we know) and the broker answered our last request. After a timeout it is likely gone: the
+ * target exits at once rather than wait another --timeout-ms for a goodbye nobody reads. */
+static bool registered_and_heard(const target_loop *t)
+{
+    return (t->state == TL_WORKING || t->state == TL_WAITING) && t->silence.since == 0;
+}
+
 /* Fills and publishes one work unit. 0, DFLASH_ESTALE (re-register) or a fatal code. */
 static int produce(target_loop *t, const wire_work_unit *w)
 {
@@ -217,9 +229,11 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
     double backoff = 1, unreachable_since = monotime_s();
     double last_t = monotime_s(), last_wait = 0;
     uint64_t last_b = 0, last_tok = 0;
+    bool leave = false; /* the loop ends on a stop: leave the broker first */
     while (t.state != TL_DONE) {
         heartbeat_alive(t.hb);
         if (*stop) {
+            leave = registered_and_heard(&t);
             set_state(&t, TL_DONE);
             break;
         }
@@ -250,6 +264,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             continue;
         }
         if (cfg->max_batches > 0 && (int64_t)t.st.batches >= cfg->max_batches) {
+            leave = registered_and_heard(&t);
             set_state(&t, TL_DONE);
             break;
         }
@@ -286,6 +301,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             rc = 0;
         }
     }
+    if (leave) (void)target_leave(t.client, pool_descriptor(t.pool)->incarnation); /* logged */
 out_client:
     heartbeat_stop(&t.hb);
     client_destroy(&t.client);

@@ -6,7 +6,8 @@
  * retries when the broker has no work or max_depth is reached (counted as "waiting for a free
  * slot"), re-registers (hello + pool, naming the slots it published and was not handed back
  * since, which the broker fences) when the broker restarts, and returns when the broker
- * drains, when *stop becomes non-zero, or on a fatal error.
+ * drains, when *stop becomes non-zero, or on a fatal error. On a stop (or --max-batches) it
+ * leaves the broker first (target_leave.h: the pool given up, the copies in progress waited for).
  *
  * Loop states (one set_state, transitions asserted):
  *   REGISTER -> WORKING        hello and pool registration succeeded
@@ -78,7 +79,7 @@ typedef struct target_stats {
 } target_stats;
 
 /* Runs the loop until drained, stopped or a fatal error. The pool is created inside (and its
- * shm removed on return). Returns 0 (drained or stopped) or a negative code after logging the
+ * shm removed on return, after a stop's leave: target_leave.h). Returns 0 (drained or stopped) or a negative code after logging the
  * reason (DFLASH_ECONFIG: the CURVE key files cannot be used, or the broker refused our pool for
  * its plan or buckets); *stats (may be NULL) gets the
  * totals. Main thread. */

@@ -1,11 +1,13 @@
 /* counting_worker: the drafter's worker loop run in a thread of the test process, with a
  * consumer that only counts its batches (its step is the count): for integration tests of the
- * loop against the real broker and target. The caller fills k->lc, then counting_worker_start;
- * k->ended turns 1 when the loop returned (its result in k->rc); k->stop = 1 asks it to stop.
+ * loop against the real broker and target. The caller fills k->lc (and k->step_ms: how long each
+ * batch takes, as a training step would; 0 = at once), then counting_worker_start; k->ended
+ * turns 1 when the loop returned (its result in k->rc); k->stop = 1 asks it to stop.
  * Header-only, static functions. */
 #ifndef DFLASH_ITEST_COUNTING_WORKER_H
 #define DFLASH_ITEST_COUNTING_WORKER_H
 
+#include "monotime.h"
 #include "worker_loop.h"
 
 #include <pthread.h>
@@ -15,7 +17,9 @@ typedef struct counting_worker {
     worker_loop_config lc;
     worker_consumer cons;
     volatile sig_atomic_t stop;
-    int consumed, rc;
+    int step_ms; /* each batch takes this long (a slow drafter: the target's slots stay ready) */
+    volatile int consumed;
+    int rc;
     volatile int ended;
 } counting_worker;
 
@@ -23,6 +27,7 @@ static int counting_consume(void *ctx, const worker_batch *b, uint64_t *step)
 {
     counting_worker *k = ctx;
     (void)b;
+    if (k->step_ms > 0) monotime_sleep_ms(k->step_ms);
     *step = (uint64_t)++k->consumed;
     return 0;
 }

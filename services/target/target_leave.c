@@ -1,0 +1,58 @@
+/* target_leave: see target_leave.h. One PoolLeave, then polls while the answer counts slots being
+ * copied, until none is, the bound (the broker's lease timeout from the first answer) or an
+ * error. */
+#include "target_leave.h"
+
+#include "err.h"
+#include "log.h"
+#include "monotime.h"
+
+#include <inttypes.h>
+
+/* Why the leave ended without the broker's "none copied", said once. */
+static void say_leave_failed(client *c, int rc)
+{
+    if (rc == DFLASH_EPROTO)
+        LOG_INFO("the broker does not know PoolLeave (%s: it predates it): exiting without "
+                 "leaving, it expires us", client_last_error(c));
+    else if (rc == DFLASH_ETIMEOUT)
+        LOG_WARN("no answer to our leave (%s): exiting without it, the broker expires us",
+                 client_last_error(c));
+    else if (rc == DFLASH_ESTALE)
+        LOG_INFO("the broker does not know our pool any more (it restarted or expired us): "
+                 "nothing to wait for");
+    else
+        LOG_WARN("leaving the broker: %s (%s); exiting", err_str(rc), client_last_error(c));
+}
+
+int target_leave(client *c, uint64_t pool_incarnation)
+{
+    wire_pool_left left;
+    int rc = client_pool_leave(c, pool_incarnation, &left);
+    if (rc < 0) {
+        say_leave_failed(c, rc);
+        return rc;
+    }
+    uint32_t bound_ms = client_lease_timeout_ms(c);
+    LOG_INFO("leaving the broker: %u ready slots given back, %u filling given back (their batches "
+             "back to to-do), %u being copied%s", left.ready, left.filling, left.leased,
+             left.leased ? ": waiting for the copies" : "");
+    uint64_t start = monotime_ms(), waited = 0;
+    while (left.leased > 0 && waited < bound_ms) {
+        monotime_sleep_ms(TARGET_LEAVE_POLL_MS);
+        if ((rc = client_pool_leave(c, pool_incarnation, &left)) < 0) {
+            say_leave_failed(c, rc);
+            return rc;
+        }
+        waited = monotime_ms() - start;
+    }
+    if (left.leased > 0) {
+        LOG_WARN("leaving with %u slots still leased after the lease timeout (%u ms): their "
+                 "drafters have not released them; the broker hands those batches out again",
+                 left.leased, bound_ms);
+        return DFLASH_EAGAIN;
+    }
+    if (waited) LOG_INFO("left the broker: the drafters' copies ended within %" PRIu64 " ms", waited);
+    else LOG_INFO("left the broker");
+    return 0;
+}

@@ -5,8 +5,9 @@
  * over --shards, on the cpu ops for the host backend or the cuda ops for the cuda one, warmed up
  * for every bucket shape before registering; SIGINT/SIGTERM end the loading and warm-up early),
  * log the effective config, run target_loop until drained or SIGINT/SIGTERM (a stop leaves the
- * broker first: target_leave.h), shut down in reverse (the pool's shared memory is removed). Exit status: 0 done or stopped, 1 fatal error,
- * 2 bad configuration, 4 another live target has our --name (the broker refused our hello).
+ * broker first: target_leave.h), shut down in reverse (the pool's shared memory is removed).
+ * Exit status: 0 done or stopped, 1 fatal error, 2 bad configuration, 4 another live target has
+ * our --name (the broker refused our hello).
  * The only global is the stop flag. */
 #include "client.h"
 #include "config.h"

@@ -52,7 +52,9 @@ int target_leave(client *c, uint64_t pool_incarnation)
                  left.leased, bound_ms);
         return DFLASH_EAGAIN;
     }
-    if (waited) LOG_INFO("left the broker: the drafters' copies ended within %" PRIu64 " ms", waited);
-    else LOG_INFO("left the broker");
+    if (waited)
+        LOG_INFO("left the broker: the drafters' copies ended within %" PRIu64 " ms", waited);
+    else
+        LOG_INFO("left the broker");
     return 0;
 }

@@ -79,9 +79,9 @@ typedef struct target_stats {
 } target_stats;
 
 /* Runs the loop until drained, stopped or a fatal error. The pool is created inside (and its
- * shm removed on return, after a stop's leave: target_leave.h). Returns 0 (drained or stopped) or a negative code after logging the
- * reason (DFLASH_ECONFIG: the CURVE key files cannot be used, or the broker refused our pool for
- * its plan or buckets); *stats (may be NULL) gets the
+ * shm removed on return, after a stop's leave: target_leave.h). Returns 0 (drained or stopped)
+ * or a negative code after logging the reason (DFLASH_ECONFIG: the CURVE key files cannot be
+ * used, or the broker refused our pool for its plan or buckets); *stats (may be NULL) gets the
  * totals. Main thread. */
 int target_loop_run(const target_loop_config *cfg, target_producer *prod,
                     volatile sig_atomic_t *stop, target_stats *stats);

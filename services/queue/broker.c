@@ -352,7 +352,10 @@ static void adopt_held(broker *b, peer *p, const wire_hello *h)
 /* An incarnation that a live peer replaced and that still says hello is a second live process
  * (duplicates replaced each other for ever): refused EXISTS, the newer one keeps its place. It
  * was replaced by name (a new incarnation of the same role+name) or as its run's predecessor (a
- * restart of the same run, replace_predecessors: two live processes share one run id). */
+ * restart of the same run, replace_predecessors: two live processes share one run id). A hello
+ * naming the replacement's run is answered naming that run, even when the name is the same too:
+ * the drafter reads it as "a live process of my run may write my checkpoint dir" and writes no
+ * final checkpoint there (services/drafter/worker_session.c). */
 static bool refuse_replaced(broker *b, const peer *p, const wire_msg *m, wire_msg *r)
 {
     const peer *o = NULL;
@@ -365,7 +368,8 @@ static bool refuse_replaced(broker *b, const peer *p, const wire_msg *m, wire_ms
     LOG_WARN("hello from %s %s (incarnation %016" PRIx64 ") refused: %s %s (incarnation %016"
              PRIx64 ") replaced it", role, m->u.hello.name, m->incarnation, role, o->name,
              o->incarnation);
-    if (strcmp(o->name, m->u.hello.name) == 0)
+    bool same_run = m->u.hello.run_id && o->run_id == m->u.hello.run_id;
+    if (strcmp(o->name, m->u.hello.name) == 0 && !same_run)
         reply_error(b, r, m->request_id, DFLASH_EEXISTS,
                     "the %s name '%s' is in use by another live process (incarnation %016" PRIx64
                     "): give each %s its own --name", role, m->u.hello.name, o->incarnation,

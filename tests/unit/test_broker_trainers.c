@@ -20,7 +20,9 @@
  *     when another model's trainer came in meanwhile, its hello is held, then refused DENIED;
  *   - a second group was let in beside a live one, its creation rewinding the first's batches;
  *   - a replaced predecessor that was alive after all (two processes with one run id: a copied
- *     checkpoint dir) registered again and trained on beside its replacement: refused EXISTS.
+ *     checkpoint dir) registered again and trained on beside its replacement: refused EXISTS,
+ *     naming the run (also when the replacement took its name too), so that the drafter does
+ *     not write a final checkpoint into a dir its replacement may write.
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -444,6 +446,36 @@ static void test_replaced_predecessor_refused(void)
     stub_broker_free();
 }
 
+/* The same, where the second process took the first's name too (one checkpoint dir shared by two
+ * hosts, one --name): it replaced the first at its hello, by name. The first's hello naming its
+ * run is refused naming that run, which is what tells the drafter that a live process of its
+ * run may write its checkpoint dir (it writes no final checkpoint then: worker_session.c); the
+ * "name in use" answer named no run, and the drafter wrote into the dir beside its replacement. */
+static void test_replaced_by_name_and_run(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21};
+    solo_trains(&a, RUN_A);
+    /* the second process: a's name, its own routing id */
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, 31);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", a.name);
+    CHECK_EQ_INT(stub_send("second-host"), 0); /* a replaced by name */
+    stub_init(WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, 31);
+    stub_req.u.step = 1;
+    stub_req.u.run_id = RUN_A;
+    CHECK_EQ_INT(stub_send("second-host"), 0);
+    CHECK_EQ_INT(hello_run(&a, RUN_A), DFLASH_EEXISTS);
+    printf("replaced by name and run: %s\n", stub_rep.u.error.message);
+    char run[32];
+    snprintf(run, sizeof run, "run %016llx", (unsigned long long)RUN_A);
+    CHECK(strstr(stub_rep.u.error.message, run) != NULL);
+    CHECK_EQ_INT(hello(&a), DFLASH_EEXISTS); /* without its run: the name is in use */
+    CHECK(strstr(stub_rep.u.error.message, "--name") != NULL);
+    CHECK_EQ_INT(stub_status().peers, 2); /* the target and the second process */
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_second_run_refused();
@@ -455,5 +487,6 @@ int main(void)
     test_registered_again_beside_another_run();
     test_second_group_refused();
     test_replaced_predecessor_refused();
+    test_replaced_by_name_and_run();
     CHECK_DONE();
 }

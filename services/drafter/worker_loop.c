@@ -17,6 +17,8 @@
  * answer a request after the stop is lost for good (worker_session_heard): the batch goes
  * unacked into the final checkpoint at once, the broker hands it out again, and no more requests
  * delay the checkpoint (a supervisor's grace period is short).
+ * Every hello's answer goes to broker_heard: one the broker held (AGAIN: another model's trainer
+ * may be a dying process) is an answer, not silence, wherever the loop sent it.
  * The importer, the staging buffer, the client and its heartbeat thread (so a long consume()
  * does not get us expired) are the session's (worker_session.h), shared with the group loop. */
 #include "worker_loop.h"
@@ -57,7 +59,6 @@ typedef struct worker_loop {
     bool resume_told; /* cons->resume_step went to the broker (once per process) */
     double copy_backoff_ms; /* pause after a failed copy; doubles up to 1 s, 1 after a success */
     broker_silence silence; /* the broker quiet since we registered (broker_silence.h) */
-    int hello_rc;           /* the last hello's own result: ETIMEOUT when no broker answered */
     double hold_said_s;     /* when "the broker holds our hello" was last said */
 } worker_loop;
 
@@ -85,12 +86,12 @@ static void broker_heard(worker_loop *w, int rc)
  * DFLASH_EAGAIN (transient, or held while another model's trainer may be a dying process) or a
  * fatal code: EXISTS, our --name or our run is another live process's (stats.name_in_use, exit
  * 4); DENIED, another model's trainer came in while the broker had forgotten us
- * (stats.other_model, exit 6). */
+ * (stats.other_model, exit 6). Its answer goes to broker_heard: only a timeout is silence. */
 static int do_register(worker_loop *w)
 {
     int rc = worker_session_hello(w->s, w->holding ? &w->held : NULL, w->holding ? 1 : 0,
                                   w->holding ? " (holding one batch)" : "");
-    w->hello_rc = rc;
+    broker_heard(w, rc);
     if (rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE) return DFLASH_EAGAIN;
     if (rc == DFLASH_EAGAIN) { /* answered: held while another model's trainer may be dying */
         double now = monotime_s();
@@ -423,13 +424,10 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
                 if (rc < 0) goto out_session;
             }
             if (rc == 0) {
-                broker_heard(&w, 0);
                 set_state(&w, WL_CLAIMING);
                 continue;
             }
             if (rc != DFLASH_EAGAIN) goto out_session;
-            /* a hello the broker answered AGAIN (held) is no silence: only a timeout is */
-            broker_heard(&w, w.hello_rc == DFLASH_EAGAIN ? 0 : DFLASH_ETIMEOUT);
             /* --broker-wait-ms covers the start-up only: a broker lost later is waited for */
             if (w.st.registrations) {
                 monotime_sleep_ms(100);

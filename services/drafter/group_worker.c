@@ -16,6 +16,9 @@
  * and leaves the group, in that order, while the broker answers; one that does not answer a
  * request after the stop is lost for good (worker_session_heard) and gets no more requests, so
  * the checkpoint is not held back by retries (the step goes into it without a StepDone).
+ * A refusal for good (our hello answered EXISTS, our join refused: `refused`) ends the loop
+ * through end_refused() instead, with no more requests: the final checkpoint (rank 0), reported
+ * to no broker (worker_session_save_refused), a pending step in it without a StepDone.
  * The importer, the staging buffer, the client and its heartbeat thread are the session's
  * (worker_session.h), shared with the solo loop.
  */
@@ -52,6 +55,7 @@ typedef struct gw {
     uint64_t committed_reported;
     uint64_t wait_said_ms; /* when a join's wait was last logged */
     bool refused_step;     /* rank 0: a StepDone this broker answered STALE, no GroupJoin since */
+    bool refused;          /* the broker refused our hello or join for good: the loop ends */
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -97,7 +101,8 @@ static bool broker_lost(const gw *g)
 }
 
 /* hello (rank 0: with a pending step's units), then the late acks of that step. 0,
- * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name: fatal). */
+ * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name: refused for
+ * good, the loop ends). */
 static int do_register(gw *g)
 {
     char note[WIRE_MAX_NAME + 16];
@@ -108,6 +113,7 @@ static int do_register(gw *g)
     if (rc == DFLASH_EEXISTS) { /* another live drafter has our name: fatal */
         LOG_ERROR("the broker refused our hello: %s", client_last_error(g->cl));
         g->st.name_in_use = true;
+        g->refused = true;
         return rc;
     }
     if (rc < 0) return DFLASH_EAGAIN;
@@ -192,6 +198,8 @@ static int joining(gw *g)
                   client_last_error(g->cl));
         /* DENIED to a drafter's join: a solo trainer of another model trains there (exit 6) */
         if (rc == DFLASH_EDENIED) g->st.other_model = true;
+        worker_session_note_refusal(g->s);
+        g->refused = true;
         return rc;
     }
     if (rc < 0) {
@@ -433,6 +441,19 @@ static void progress(gw *g)
              100.0 * d.wait_grant_s / dt);
 }
 
+/* The broker refused our hello or join for good (`refused`): the loop ends (main.c: exit 4, 6,
+ * or as the join's code) with no more requests. The model keeps what it trained: rank 0's final
+ * checkpoint, reported to no broker (worker_session_save_refused; the consumer writes nothing on
+ * another rank), a pending step in it without a StepDone. Returns the refusal's code. */
+static int end_refused(gw *g, int rc)
+{
+    char step[48];
+    snprintf(step, sizeof step, "step %llu", (unsigned long long)g->pending_step);
+    worker_session_save_refused(g->s, g->cons, g->pending ? step : NULL);
+    g->pending = false;
+    return rc < 0 ? rc : DFLASH_EEXISTS;
+}
+
 /* The loop ended without a fatal error: the pending step's StepDone (first, as before
  * settle()), the final checkpoint (rank 0; the consumer knows), its commit, goodbye to the
  * group. A broker lost after a stop signal gets no request: the checkpoint comes at once. */
@@ -459,6 +480,7 @@ static int finish(gw *g)
     }
     if (client_broker_incarnation(g->cl) && !broker_lost(g))
         report_refused_step(g); /* a stop before the join */
+    if (g->refused) return end_refused(g, 0); /* a hello above */
     int rc = k->finish ? k->finish(k->ctx) : 0;
     if (rc < 0) return rc;
     if (src == DFLASH_ETIMEOUT || broker_lost(g)) return 0; /* no broker: no commit, no goodbye */
@@ -508,7 +530,10 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                 set_state(&g, GW_JOINING);
                 continue;
             }
-            if (rc == DFLASH_EEXISTS) goto out_comm;
+            if (g.refused) {
+                rc = end_refused(&g, rc);
+                goto out_comm;
+            }
             /* --broker-wait-ms covers the start-up only: a broker lost later is waited for */
             if (g.st.registrations) {
                 monotime_sleep_ms(100);
@@ -519,6 +544,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
             continue;
         }
         rc = g.state == GW_JOINING ? joining(&g) : stepping(&g, &backoff);
+        if (rc < 0 && g.refused) rc = end_refused(&g, rc);
         if (rc < 0) goto out_comm;
     }
     rc = finish(&g);

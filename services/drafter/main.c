@@ -17,7 +17,9 @@
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
  * 4 another live drafter has our --name or replaced us as a restart of our run (the broker
  * refused our hello), 5 hung (stall-exit-s), 6 another live drafter trains another model on the
- * broker (it refused our resume, or our hello naming our run after it had forgotten us), 7
+ * broker (it refused our resume, or our hello naming our run after it had forgotten us; a
+ * refused hello or group join, 4 or 6, first writes the final checkpoint, reported to no broker,
+ * unless a live process of our run replaced us: worker_session_save_refused), 7
  * training diverged (a NaN or infinite loss or gradient norm), 8 no step trained (every batch
  * had no weighted position). The only global is the stop flag. */
 #include "batch_plan.h"

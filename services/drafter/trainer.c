@@ -467,6 +467,24 @@ static int train_finish(void *vctx) {
     return 0;
 }
 
+/* The broker refused to take us back (worker_loop.h save_refused; the loop decided it is safe):
+ * the final checkpoint of the steps past the newest one, in our own --checkpoint-dir, which no
+ * broker hears of, and the summary. Nothing without a checkpoint dir, on a group rank other than
+ * 0, or after a divergence (DFLASH_ENONFINITE), as for any checkpoint. */
+static int train_save_refused(void *vctx) {
+    trainer *t = vctx;
+    long before = t->saved_step;
+    int rc = save_checkpoint(t); /* reads the queued steps' metrics first */
+    if (t->met) metrics_flush(t->met);
+    log_summary(t);
+    if (rc == 0 && t->saved_step != before)
+        LOG_WARN("the final checkpoint (step %ld) is in --checkpoint-dir %s although the broker "
+                 "refused to take us back: it is reported to no broker; a restart on this "
+                 "--checkpoint-dir resumes from it",
+                 t->saved_step, t->ckpt_root);
+    return rc;
+}
+
 /* --- data-parallel group hooks (group_worker.h) -------------------------------------------- */
 
 /* One rank's share of a group step: dflash_train_step_dp averages the gradients over the group
@@ -843,6 +861,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .done = train_done,
                            .settled = train_settled,
                            .finish = train_finish,
+                           .save_refused = train_save_refused,
                            .idle = train_idle,
                            .set_group = train_set_group,
                            .sync_state = train_sync_state,

@@ -30,6 +30,9 @@
  *   --max-batches; an error), it
  *   says so at WARN: the step reached of the limit, the learning rate still in force, and how
  *   to continue.
+ *   save_refused() (the broker refused to take us back: exit 4 or 6) saves the final checkpoint
+ *   too, reported to no broker; the loop does not call it when a live process of our run
+ *   replaced us (worker_session_save_refused).
  *   A run that ends having trained no step while every batch it got was skipped (no weighted
  *   position: the data's loss masks) says so, and finish() returns DFLASH_ENODATA (exit 8).
  * Divergence: the first step whose loss or gradient norm is NaN or infinite stops the run (an

@@ -17,6 +17,10 @@
  * answer a request after the stop is lost for good (worker_session_heard): the batch goes
  * unacked into the final checkpoint at once, the broker hands it out again, and no more requests
  * delay the checkpoint (a supervisor's grace period is short).
+ * A hello the broker refuses for good (do_register: EXISTS or DENIED, wherever it was sent) ends
+ * the loop at the top of its next iteration, before a stop is looked at, through end_refused():
+ * no finish(), no more requests; the final checkpoint, unreported, where it is safe
+ * (worker_session_save_refused), a held batch in it unacked.
  * Every hello's answer goes to broker_heard: one the broker held (AGAIN: another model's trainer
  * may be a dying process) is an answer, not silence, wherever the loop sent it.
  * The importer, the staging buffer, the client and its heartbeat thread (so a long consume()
@@ -176,7 +180,8 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
  * (never recorded) re-registers, the hello holding the batch, and is sent again: always after a
  * broker restart, once when the same broker had forgotten us (it expired us while we trained).
  * Returns 0 when the broker has the ack, DFLASH_ETIMEOUT when no broker answered (the batch
- * stays held, to be acked again), or the broker's refusal (logged; the batch is let go). After
+ * stays held, to be acked again), or the broker's refusal (logged; the batch is let go); when
+ * the broker refused the hello for good, the ack's code with the batch still held. After
  * a stop signal the attempts go on while the broker answers, and end at the first one it does
  * not (worker_session_broker_lost): the final checkpoint will hold this batch. */
 static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
@@ -202,11 +207,11 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
             forgotten = true;
         }
         if (*stop) { /* one hello: a broker that answers it takes the ack next */
-            if (do_register(w) != 0) break;
+            if (do_register(w) != 0 && !refused_for_good(w)) break;
         } else {
             while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
         }
-        if (refused_for_good(w)) break;
+        if (refused_for_good(w)) return rc; /* still held: into the final checkpoint, unacked */
     }
     if (rc == DFLASH_ETIMEOUT || (rc == DFLASH_ESTALE && client_broker_restarted(w->client))) {
         LOG_WARN("ack of batch (%u, %u, %llu): %s (%s); still held, acked again when the "
@@ -232,6 +237,19 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
     }
     w->holding = false;
     return rc;
+}
+
+/* The broker refused our hello for good (refused_for_good): the loop ends (main.c: exit 4 or 6)
+ * with no more requests. The model keeps what it trained: the final checkpoint, reported to no
+ * broker, where that is safe (worker_session_save_refused), a held batch in it unacked.
+ * Returns the refusal's code (a failed checkpoint is logged; the exit code stays the refusal's). */
+static int end_refused(worker_loop *w)
+{
+    char held[80];
+    snprintf(held, sizeof held, "batch (%u, %u, %llu)", w->held.epoch, w->held.bucket,
+             (unsigned long long)w->held.index);
+    worker_session_save_refused(w->s, w->cons, w->holding ? held : NULL);
+    return w->st.other_model ? DFLASH_EDENIED : DFLASH_EEXISTS;
 }
 
 /* Nothing held: the consumer's settled() (a periodic checkpoint), then the commit report of
@@ -261,6 +279,7 @@ static int finish(worker_loop *w, volatile sig_atomic_t *stop)
     if (w->holding && client_broker_incarnation(w->client)) {
         wire_unit u = w->held;
         ack = worker_session_broker_lost(w->s) ? DFLASH_ETIMEOUT : ack_held(w, stop);
+        if (refused_for_good(w)) return end_refused(w); /* the ack's hello, after a stop */
         if (ack < 0)
             LOG_WARN("batch (%u, %u, %llu) goes into the final checkpoint but is not acked: the "
                      "broker will hand it out again", u.epoch, u.bucket,
@@ -404,15 +423,15 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
     double backoff = 1, unreachable_since = monotime_s();
     while (w.state != WL_DONE) {
         worker_session_alive(w.s);
+        if (refused_for_good(&w)) { /* by a hello, here or while retrying a call or an ack */
+            rc = end_refused(&w);
+            goto out_session;
+        }
         if (*stop) {
             set_state(&w, WL_DONE);
             break;
         }
         progress(&w);
-        if (refused_for_good(&w)) { /* by a hello sent while retrying a call */
-            rc = w.st.other_model ? DFLASH_EDENIED : DFLASH_EEXISTS;
-            goto out_session;
-        }
         if (w.state == WL_REGISTER) {
             rc = do_register(&w);
             if (rc == 0 && !w.resume_told) {
@@ -427,6 +446,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
                 set_state(&w, WL_CLAIMING);
                 continue;
             }
+            if (refused_for_good(&w)) continue; /* ends at the top */
             if (rc != DFLASH_EAGAIN) goto out_session;
             /* --broker-wait-ms covers the start-up only: a broker lost later is waited for */
             if (w.st.registrations) {
@@ -452,6 +472,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             continue;
         }
         if ((rc = settle(&w, stop)) < 0) goto out_session;
+        if (refused_for_good(&w)) continue; /* the commit report's hello */
         wire_grant g;
         double t0 = monotime_s();
         rc = client_claim(w.client, &g);

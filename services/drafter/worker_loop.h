@@ -11,6 +11,9 @@
  * nothing is eligible (counted as "waiting for a grant"), re-registers (hello, with the batches
  * it holds) when the broker restarts or has expired it (an ack then goes again: a late ack),
  * and returns when the broker has drained, when *stop becomes non-zero, or on a fatal error.
+ * A hello the broker refuses for good (EXISTS: our name or our run is another live process's;
+ * DENIED: another model trains there) ends it too, after the consumer's save_refused() has kept
+ * what the model trained (worker_session_save_refused says when that is not safe).
  *
  * Loop states (one set_state, transitions asserted):
  *   REGISTER -> CLAIMING         hello succeeded
@@ -70,7 +73,12 @@ typedef struct worker_batch {
  *                  ack of the last batch (for the same reason as settled()): e.g. save a
  *                  final checkpoint. The loop then reports committed() once more (also after a
  *                  stop signal, unless no broker answered since: worker_session.h). 0 or a
- *                  negative code. */
+ *                  negative code;
+ *   save_refused() called once, instead of finish(), when the loop ends because the broker
+ *                  refused to take us back (a hello answered EXISTS or DENIED, a group join
+ *                  refused), unless the refusal says a live process of our run replaced us
+ *                  (worker_session_save_refused): write the model's final checkpoint, which the
+ *                  loop reports to no broker. 0 or a negative code. */
 typedef struct worker_consumer {
     const char *name; /* "verify", "train" */
     void *ctx;
@@ -82,6 +90,7 @@ typedef struct worker_consumer {
     bool (*done)(void *ctx);
     int (*settled)(void *ctx);
     int (*finish)(void *ctx);
+    int (*save_refused)(void *ctx);
     /* (optional) the loop waits for a grant or for the broker: write what is pending (e.g. the
      * last step's metrics) so that a stalled run's files are current. Called every few ms while
      * waiting; cheap when there is nothing to write. */
@@ -127,9 +136,9 @@ typedef struct worker_stats {
     double copy_p50_ms, copy_p99_ms; /* grant to copy done, over the last 4096 batches */
     uint64_t registrations;
     bool name_in_use; /* the broker refused our hello: another live drafter has our name or
-                         replaced us as a restart of our run */
-    bool other_model; /* the broker refused our resume (or our hello naming our run): a live
-                         drafter trains another model */
+                         replaced us as a restart of our run (main.c: exit 4) */
+    bool other_model; /* the broker refused our resume (or our hello naming our run, or our
+                         group join): a live drafter trains another model (exit 6) */
 } worker_stats;
 
 /* Runs the loop (the group loop of group_worker.h when cfg->group is set). Returns 0 (drained

@@ -14,6 +14,7 @@
 #include "monotime.h"
 #include "pool.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ struct worker_session {
     int64_t copy_fail_run; /* slot copies failed since the last that succeeded */
     volatile sig_atomic_t *stop; /* the daemon's, borrowed */
     bool broker_lost;            /* a request after the stop went unanswered */
+    char refusal[WIRE_MAX_TEXT]; /* the broker's words when it refused us for good; "" none */
 };
 
 static bool has_curve_keys(const worker_loop_config *cfg)
@@ -118,6 +120,7 @@ int worker_session_hello(worker_session *s, const wire_unit *held, uint32_t n_he
 {
     heartbeat_alive(s->hb); /* waiting for a broker (retried hellos) is no hang */
     int rc = client_hello(s->client, held, n_held);
+    if (rc == DFLASH_EEXISTS || rc == DFLASH_EDENIED) worker_session_note_refusal(s);
     if (rc < 0) return rc;
     s->st->registrations++;
     LOG_INFO("registered with broker %016llx%s",
@@ -234,6 +237,45 @@ void worker_session_heard(worker_session *s, int rc)
 bool worker_session_broker_lost(const worker_session *s)
 {
     return s->broker_lost;
+}
+
+void worker_session_note_refusal(worker_session *s)
+{
+    snprintf(s->refusal, sizeof s->refusal, "%s", client_last_error(s->client));
+}
+
+/* Whether the refusal names run run_id (non-zero). The broker names the run of the process
+ * that replaced us as a restart of its run (ours then) and that of another model's trainer
+ * (never ours); a name in use, or a group's refusal, names none. */
+static bool refusal_names_run(const worker_session *s, uint64_t run_id)
+{
+    char hex[24];
+    snprintf(hex, sizeof hex, "run %016" PRIx64, run_id);
+    return run_id && strstr(s->refusal, hex) != NULL;
+}
+
+int worker_session_save_refused(worker_session *s, worker_consumer *cons, const char *unacked)
+{
+    if (!cons->save_refused) return 0;
+    uint64_t run = cons->run_id ? cons->run_id(cons->ctx) : 0;
+    if (refusal_names_run(s, run)) {
+        /* Our run id is our --checkpoint-dir's (run_id.h), so the live process that replaced
+         * us at its resume got that directory (shared by two hosts, whose .lock did not keep it
+         * out) or a copy of its run-id: we cannot tell which. In the first case it resumed from
+         * our newest checkpoint and writes the directory now; a final checkpoint of ours there
+         * would race its saves and its retention, and the newest step in it, which the next
+         * restart resumes from, could be ours: a history the broker rewound at its resume (our
+         * batches past that checkpoint went back to to-do). So we write nothing. */
+        LOG_WARN("a live process of our run %016" PRIx64 " replaced us and may write our "
+                 "--checkpoint-dir: no final checkpoint is written there (what this process "
+                 "trained past its newest checkpoint is lost; the run goes on in that process)",
+                 run);
+        return 0;
+    }
+    if (unacked)
+        LOG_WARN("%s goes into the final checkpoint, though the broker never took it as trained: "
+                 "it is handed out again", unacked);
+    return cons->save_refused(cons->ctx);
 }
 
 int worker_session_commit(worker_session *s, uint64_t cs, int attempts)

@@ -23,6 +23,12 @@
  * which may wait for a heartbeat's), not after rounds of retries (docs/operating.md). Before a
  * stop, a silent broker is waited for, as ever.
  *
+ * A refusal for good (a hello answered EXISTS or DENIED, a group join refused): the session keeps
+ * the broker's words (worker_session_note_refusal), and the loop ends with the model's final
+ * checkpoint in our --checkpoint-dir, reported to no broker (worker_session_save_refused),
+ * except when those words name our own run: a live process of our run replaced us and may write
+ * that very directory.
+ *
  * Thread: the daemon's main thread calls every function; the heartbeat thread only polls the
  * client (the client serialises calls). Callers: worker_loop_run, group_worker_run.
  */
@@ -54,7 +60,8 @@ client *worker_session_client(const worker_session *s);
 
 /* hello, carrying the held units (NULL, 0: none). On success counts the registration and logs
  * "registered with broker <incarnation><note>" (note: "" or e.g. " for group g"); returns 0, or
- * client_hello's negative code (the loop decides what is transient). */
+ * client_hello's negative code (the loop decides what is transient; EXISTS and DENIED, refusals
+ * for good, are noted as worker_session_note_refusal does). */
 int worker_session_hello(worker_session *s, const wire_unit *held, uint32_t n_held,
                          const char *note);
 /* A hello failed while no broker has answered since `since` (monotime_s): past
@@ -90,6 +97,19 @@ int worker_session_consume(worker_session *s, worker_consumer *cons, const wire_
 void worker_session_heard(worker_session *s, int rc);
 /* True once a request made after the stop signal went unanswered: make no more requests. */
 bool worker_session_broker_lost(const worker_session *s);
+
+/* The broker's answer to the loop's last request refuses us for good (the loop ends): keeps its
+ * words (client_last_error) for worker_session_save_refused. Call right after that request, before
+ * the heartbeat thread's next one replaces them. Main thread. */
+void worker_session_note_refusal(worker_session *s);
+/* The loop ends because the broker refused us for good (noted above), and the model may hold
+ * steps past its newest checkpoint: cons->save_refused (if any) writes them into our
+ * --checkpoint-dir, reported to no broker, unless the refusal names our run (cons->run_id): then
+ * a live process of our run replaced us, and it may write that directory (logged, nothing
+ * written). unacked (NULL: none) names trained work the broker never took (a held batch, a
+ * pending step): logged as going into the checkpoint unacked. 0 or the save's negative code.
+ * Main thread, after the loop's last request. */
+int worker_session_save_refused(worker_session *s, worker_consumer *cons, const char *unacked);
 
 /* Reports step cs as checkpointed (CheckpointCommitted): up to `attempts` tries while the broker
  * times out, fewer once it is lost. 0 or the last negative code (DFLASH_ETIMEOUT, without a

@@ -24,7 +24,13 @@
  * A group of one whose stopped step is its last (its run ends at model step 1, as a trainer's
  * --max-steps): the loop joins once more before it ends, which resolves the orphaned step;
  * without that join the step stayed orphaned (0 in the ledger) until --group-hold-ms gave its
- * batch back to to-do, though the drafter's final model had it. */
+ * batch back to to-do, though the drafter's final model had it.
+ * A group of one refused on its return: while it is expired a solo trainer of another run
+ * registers (a rival that this process plays, beating while it waits). Back, the group's rank 0
+ * registers and joins again; the broker holds the join (the rival might be a dying process),
+ * then refuses it DENIED: the loop ends (exit 6 in the daemon) having called the consumer's
+ * save_refused() once, at the model step it trained, so the daemon's final checkpoint keeps that
+ * step (before, the loop ended without it: the step was lost although the model had it). */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
@@ -46,6 +52,8 @@ typedef struct child_report {
     uint64_t step; /* the model's optimizer steps */
     uint64_t limit; /* done() once step reaches it (0: never), as a trainer's --max-steps */
     dp_comm *comm; /* the child's own pointer: the epoch's communicator, or NULL */
+    int saves_refused;     /* save_refused() calls */
+    uint64_t saved_step;   /* the model step at the last one */
 } child_report;
 
 static int consume(void *ctx, const worker_batch *b, uint64_t *step)
@@ -66,6 +74,15 @@ static bool done(void *ctx)
 {
     const child_report *r = ctx;
     return r->limit && r->step >= r->limit;
+}
+
+/* The broker refused us for good: what the trainer's final checkpoint would hold. */
+static int save_refused(void *ctx)
+{
+    child_report *r = ctx;
+    r->saves_refused++;
+    r->saved_step = r->step;
+    return 0;
 }
 
 static void set_group(void *ctx, struct dp_comm *comm, int rank, int world)
@@ -92,7 +109,8 @@ static void run_drafter(const char *ep, const char *name, bool group, child_repo
         lc.comm_timeout_s = 10;
     }
     if (slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout) != 0) _exit(3);
-    worker_consumer cons = {.name = "expired", .ctx = r, .consume = consume, .done = done};
+    worker_consumer cons = {.name = "expired", .ctx = r, .consume = consume, .done = done,
+                            .save_refused = save_refused};
     if (group) {
         cons.set_group = set_group;
         cons.sync_state = sync_state;
@@ -139,15 +157,42 @@ static bool wait_peers(const char *ep, uint32_t peers)
     return false;
 }
 
+/* A solo trainer of another run on the broker at ep (it resumes from step 0 as run 0x5a),
+ * beating while it waits for drafter to exit, up to 30 s: drafter's exit status, or -1. */
+static int rival_until_exit(const char *ep, pid_t drafter)
+{
+    client *c = client_new(ep, WIRE_ROLE_DRAFTER, "rival");
+    client_set_timeout(c, 1000);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    CHECK_EQ_INT(client_resume_from(c, 0, 0x5a), 0);
+    kill(drafter, SIGCONT);
+    int status = 0;
+    pid_t got = 0;
+    for (uint64_t end = h_now_ms() + 30000; !got && h_now_ms() < end; h_sleep_ms(20)) {
+        client_poll(c);
+        got = waitpid(drafter, &status, WNOHANG);
+    }
+    client_destroy(&c);
+    if (got != drafter) {
+        h_kill(drafter, SIGKILL);
+        return -1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 /* n drafters (solo, or ranks of one group when group) stop in their first batch, are expired and
  * go on; every batch they trained must be in the ledger once. limit: their runs end at that
- * model step (0: after BATCHES batches); 1 makes the stopped step their last. */
+ * model step (0: after BATCHES batches); 1 makes the stopped step their last. rival (a group of
+ * one): a solo trainer of another run comes in while it is expired, and its return is refused;
+ * the step it trained goes to save_refused(). */
 static void scenario(const char *queue_bin, const char *target_bin, bool group, int n,
-                     uint64_t limit)
+                     uint64_t limit, bool rival)
 {
-    const char *mode = !group ? "solo" : limit == 1 ? "group of one, its last step"
-                                       : n == 1     ? "group of one"
-                                                    : "group of two";
+    const char *mode = rival        ? "group of one, refused on its return"
+                       : !group     ? "solo"
+                       : limit == 1 ? "group of one, its last step"
+                       : n == 1     ? "group of one"
+                                    : "group of two";
     int batches = limit ? (int)limit : BATCHES;
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
@@ -191,6 +236,17 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
     /* a group goes on only once all its ranks are back in it (paused till then): a rank that
      * trained on alone and stopped would take its steps with it, its peer left to start again
      * from its own model, and the batches would not add up */
+    if (rival) {
+        int rc = rival_until_exit(ep, drafter[0]);
+        printf("%s: exit %d, rc %s, save_refused() %d time(s) at model step %llu\n", mode, rc,
+               err_str(r[0].rc), r[0].saves_refused, (unsigned long long)r[0].saved_step);
+        CHECK_EQ_INT(rc, 1);
+        CHECK_EQ_INT(r[0].rc, DFLASH_EDENIED);
+        CHECK(r[0].st.other_model); /* the daemon's exit 6 */
+        CHECK_EQ_INT(r[0].saves_refused, 1);
+        CHECK_EQ_INT(r[0].saved_step, 1);
+        goto out;
+    }
     if (n > 1) CHECK_EQ_INT(steer(ep, true), 0);
     for (int i = 0; i < n; i++) kill(drafter[i], SIGCONT);
     if (n > 1) {
@@ -213,6 +269,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
     int rc = h_print_ledger(ep, mode, &s);
     CHECK_EQ_INT(rc, 0);
     if (rc == 0) CHECK_EQ_INT(s.batches_trained, consumed);
+out:
     munmap(r, 2 * sizeof *r);
     CHECK_EQ_INT(h_stop(target), 0);
     CHECK_EQ_INT(h_stop(queue), 0);
@@ -222,9 +279,10 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    scenario(argv[1], argv[3], false, 1, 0);
-    scenario(argv[1], argv[3], true, 1, 0);
-    scenario(argv[1], argv[3], true, 2, 0);
-    scenario(argv[1], argv[3], true, 1, 1);
+    scenario(argv[1], argv[3], false, 1, 0, false);
+    scenario(argv[1], argv[3], true, 1, 0, false);
+    scenario(argv[1], argv[3], true, 2, 0, false);
+    scenario(argv[1], argv[3], true, 1, 1, false);
+    scenario(argv[1], argv[3], true, 1, 0, true);
     CHECK_DONE();
 }

@@ -2,7 +2,8 @@
  * handler per request type), the socket plumbing (ROUTER + PUB through zloop) and the cron timer.
  * Its parts: broker_state.h (the state and the helpers they share), broker_config.c (the options
  * table and its checks), broker_groups.c (the group requests), broker_steering.c (set, pause,
- * resume, drain: applied, journaled, restored), broker_leave.c (a target's leave: its pool given
+ * resume, drain: applied, journaled, restored), broker_trainers.c (one broker, one model: run ids,
+ * trainer admission, ResumeFrom), broker_leave.c (a target's leave: its pool given
  * up at once, its session ended once no slot of it is being copied), broker_security.c (CURVE,
  * ZAP, binding).
  *
@@ -11,23 +12,10 @@
  * new entry remembers the incarnations it replaced (PEER_REPLACED, inherited from the one it
  * replaced), and a hello from one of those is refused EXISTS: it is a second live process with
  * the name (defect: two of them replaced each other on every request, for ever).
- * One broker, one model (defect: a second solo trainer's resume rewound the ledger under the
- * first, and each restart of either gave the other's batches back: two half-trained models,
- * with only a warning). A trainer's ResumeFrom names its run (run_id, kept in its checkpoint
- * root). A live solo trainer of the same run with another incarnation is its predecessor: ended
- * at once as liveness would (replace_predecessors). A live trainer of another model (a solo
- * trainer of another run, or a group member) refuses the resume, nothing rewound: Error AGAIN
- * for the liveness window and half again since the first ask (that one may be dead and not yet
- * expired), then Error EXISTS naming it; a GroupJoin beside a live solo trainer alike, ending in
- * Error DENIED; a GroupJoin creating a second group beside a live member of another alike
- * (defect: its creation rewound the first group's batches). A ResumeFrom without a run id (an
- * older drafter) is only warned about. A replaced predecessor is remembered as a name's is, and
- * its hello refused EXISTS (defect: two processes sharing a run id both trained on). A solo
- * trainer's later hellos name its run (Hello.run_id), and the broker takes one as its resume
- * admitted again, without a rewind, or holds and then refuses it (DENIED) when another model's
- * trainer came in meanwhile (defect: a trainer that registered again after an expiry or a
- * broker restart was no trainer any more, and a second run's resume rewound its batches). A
- * held hello keeps its peer entry (PEER_NEW) so the wait is timed.
+ * One broker, one model (broker_trainers.c): a trainer's run id, its predecessor replaced, a
+ * trainer of another model refused; a replaced predecessor's hello refused EXISTS
+ * (refuse_replaced), a solo trainer's later hello taken as its resume admitted again. A held
+ * hello keeps its peer entry (PEER_NEW) so the wait is timed.
  * Pool table: indexed by pool id, one per target name, kept across target incarnations so the
  * policy sees a restart as "same pool, new incarnation"; an entry no live target holds is given
  * to a new name when all MAX_POOLS are taken. A pool stops being registered in one place,
@@ -320,6 +308,15 @@ static void peer_note_replaced(peer *p, uint64_t incarnation)
     if (!peer_replaced(p, incarnation)) p->replaced[p->n_replaced++ % PEER_REPLACED] = incarnation;
 }
 
+void broker_peer_take_over(broker *b, peer *p, uint32_t i, const char *why)
+{
+    const peer *o = b->peers[i];
+    for (uint32_t k = 0; k < o->n_replaced && k < PEER_REPLACED; k++)
+        peer_note_replaced(p, o->replaced[k]);
+    peer_note_replaced(p, o->incarnation);
+    peer_remove(b, i, why);
+}
+
 /* A drafter re-registering after a broker restart: the batches it trains are not orphans. The
  * ledger adopts one unit at a time and each may open the epoch after the last one opened, so
  * the bound is taken once for the whole hello (defect: units of epochs 0..255 opened 256 epochs
@@ -383,12 +380,6 @@ static bool refuse_replaced(broker *b, const peer *p, const wire_msg *m, wire_ms
     return true;
 }
 
-static void replace_predecessors(broker *b, peer *p, uint64_t run_id);
-static const peer *other_model_trainer(broker *b, const peer *p, uint64_t run_id,
-                                       const char *group_name);
-static bool trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
-                             wire_msg *r);
-
 /* False when the hello is refused (r holds the error). The caller forgets p, except when it
  * is held (Error AGAIN, p stays PEER_NEW so that its wait is timed: trainer_admitted). */
 static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
@@ -399,10 +390,7 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         peer *o = b->peers[i];
         if (o != p && o->role == m->role && strcmp(o->name, m->u.hello.name) == 0 &&
             o->incarnation != m->incarnation) {
-            for (uint32_t k = 0; k < o->n_replaced && k < PEER_REPLACED; k++)
-                peer_note_replaced(p, o->replaced[k]);
-            peer_note_replaced(p, o->incarnation);
-            peer_remove(b, i, "replaced by a new incarnation");
+            broker_peer_take_over(b, p, i, "replaced by a new incarnation");
             break;
         }
     }
@@ -412,9 +400,9 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
      * refused DENIED (the drafter exits 6) when another model's trainer came in meanwhile. */
     uint64_t run_id = m->role == WIRE_ROLE_DRAFTER ? m->u.hello.run_id : 0;
     if (run_id) {
-        replace_predecessors(b, p, run_id);
-        if (!trainer_admitted(b, p, other_model_trainer(b, p, run_id, NULL), m->request_id,
-                              DFLASH_EDENIED, r))
+        broker_replace_predecessors(b, p, run_id);
+        if (!broker_trainer_admitted(b, p, broker_other_model_trainer(b, p, run_id, NULL),
+                                     m->request_id, DFLASH_EDENIED, r))
             return false;
         p->trains = true;
         p->run_id = run_id;
@@ -881,106 +869,6 @@ static void on_commit(broker *b, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, (uint64_t)n);
 }
 
-/* An older drafter's resume (no run id): said, not refused, as before run ids existed (a
- * restarted trainer under a new name meets its predecessor here until the broker expires it). */
-static void warn_other_trainers(broker *b, const peer *p, uint64_t step)
-{
-    for (uint32_t i = 0; i < b->n_peers; i++) {
-        const peer *q = b->peers[i];
-        if (q == p || !q->trains || q->state != PEER_LIVE) continue;
-        LOG_WARN("drafter %s resumes from step %" PRIu64 " while drafter %s also trains on this "
-                 "broker: the batches %s trained after that step go back to to-do. One broker "
-                 "serves one model; to train it on several GPUs give every drafter --group G",
-                 p->name, step, q->name, q->name);
-    }
-}
-
-/* The live drafter that trains another model than p would on this broker, or NULL. When p
- * trains alone (group_name NULL, as run run_id): a solo trainer of another run or of none (an
- * older drafter), or a group member. When p joins group `group_name`: any solo trainer, or a
- * member of another group (creating a group rewinds the ledger under the live one). */
-static const peer *other_model_trainer(broker *b, const peer *p, uint64_t run_id,
-                                       const char *group_name)
-{
-    for (uint32_t i = 0; i < b->n_peers; i++) {
-        const peer *q = b->peers[i];
-        if (q == p || q->state != PEER_LIVE || q->role != WIRE_ROLE_DRAFTER) continue;
-        if (q->trains && (group_name || !run_id || q->run_id != run_id)) return q;
-        const group *qg = group_of_peer(b->groups, q->incarnation);
-        if (qg && (!group_name || strcmp(qg->name, group_name) != 0)) return q;
-    }
-    return NULL;
-}
-
-/* A restarted solo trainer (same run id, new incarnation) replaces its predecessor at once:
- * ended as when liveness expires it (its leases end, its held batches go back to to-do), so
- * the restart resumes without waiting for the broker to notice the old process is gone. p
- * remembers the predecessor's incarnation (and those it had replaced): if that process is
- * alive after all (two processes with one run id), its next hello is refused
- * (refuse_replaced) instead of both training. */
-static void replace_predecessors(broker *b, peer *p, uint64_t run_id)
-{
-    for (uint32_t i = 0; i < b->n_peers;) {
-        peer *q = b->peers[i];
-        if (q == p || !q->trains || q->run_id != run_id || q->state != PEER_LIVE) {
-            i++;
-            continue;
-        }
-        for (uint32_t k = 0; k < q->n_replaced && k < PEER_REPLACED; k++)
-            peer_note_replaced(p, q->replaced[k]);
-        peer_note_replaced(p, q->incarnation);
-        char why[160];
-        snprintf(why, sizeof why, "replaced by %s, a restart of its run %016" PRIx64, p->name,
-                 run_id);
-        peer_remove(b, i, why);
-    }
-}
-
-/* Whether p may train on this broker now (one broker serves one model). False when q, a live
- * drafter that trains another model (other_model_trainer), is there: r then holds Error AGAIN
- * while q may still be a dying process the broker has not expired (for the liveness window and
- * half again since p first asked), Error `final` after that, both naming q and what to do. */
-static bool trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
-                             wire_msg *r)
-{
-    if (!q) {
-        p->trainer_wait_since_ms = 0;
-        return true;
-    }
-    uint64_t now = now_ms(b);
-    uint64_t dead_after = (uint64_t)(b->cfg.heartbeat_ms * b->cfg.liveness);
-    uint64_t window = dead_after + dead_after / 2;
-    group *g = group_of_peer(b->groups, q->incarnation);
-    char who[WIRE_MAX_NAME + 64];
-    if (g)
-        snprintf(who, sizeof who, "drafter %s of group %s", q->name, g->name);
-    else if (q->run_id)
-        snprintf(who, sizeof who, "drafter %s (run %016" PRIx64 ")", q->name, q->run_id);
-    else
-        snprintf(who, sizeof who, "drafter %s (no run id: a drafter from before run ids)",
-                 q->name);
-    const char *todo = "stop it, or give every drafter the same --group G to train one model on "
-                       "several GPUs";
-    if (!p->trainer_wait_since_ms) {
-        p->trainer_wait_since_ms = now;
-        LOG_WARN("drafter %s would train while %s trains on this broker (one broker serves one "
-                 "model): waiting up to %" PRIu64 " ms in case that one is gone and not yet "
-                 "expired", p->name, who, window);
-    }
-    uint64_t waited = now - p->trainer_wait_since_ms;
-    if (waited < window) {
-        reply_error(b, r, rid, DFLASH_EAGAIN, "%s trains on this broker (one broker serves one "
-                    "model): waiting %" PRIu64 " ms more in case it is gone and not yet expired",
-                    who, window - waited);
-        return false;
-    }
-    LOG_WARN("drafter %s refused: %s trains on this broker and has not expired (one broker "
-             "serves one model): %s", p->name, who, todo);
-    reply_error(b, r, rid, final, "%s trains another model on this broker, which serves one "
-                "model (nothing was rewound): %s", who, todo);
-    return false;
-}
-
 int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
 {
     int64_t n = ledger_rewind(b->ledger, step);
@@ -991,27 +879,6 @@ int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
     else if (n < 0)
         reply_error(b, r, rid, (int)n, "rewind failed");
     return n;
-}
-
-/* A trainer's resume. With a run id: its run's predecessor is replaced, another model's live
- * trainer refuses it (trainer_admitted; nothing rewound). Without (an older drafter): warned. */
-static void on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
-{
-    uint64_t run_id = m->u.run_id;
-    if (run_id) {
-        replace_predecessors(b, p, run_id);
-        const peer *q = other_model_trainer(b, p, run_id, NULL);
-        if (!trainer_admitted(b, p, q, m->request_id, DFLASH_EEXISTS, r)) return;
-    } else {
-        warn_other_trainers(b, p, m->u.step);
-    }
-    p->trains = true;
-    p->run_id = run_id;
-    int64_t n = broker_rewind_to(b, m->u.step, r, m->request_id);
-    if (n < 0) return;
-    LOG_INFO("drafter resumes from step %" PRIu64 ": %" PRId64 " batches back to to-do",
-             m->u.step, n);
-    reply_ok(b, r, m->request_id, (uint64_t)n);
 }
 
 void broker_status(broker *b, wire_status *s)
@@ -1214,12 +1081,12 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_SLOT_RELEASE: on_release(b, p, &m, &r); break;
     case WIRE_ACK: on_ack(b, p, &m, &r); break;
     case WIRE_CHECKPOINT_COMMITTED: on_commit(b, &m, &r); break;
-    case WIRE_RESUME_FROM: on_resume_from(b, p, &m, &r); break;
+    case WIRE_RESUME_FROM: broker_on_resume_from(b, p, &m, &r); break;
     case WIRE_GROUP_JOIN:
         /* a group member beside a solo trainer or another group: the same conflict (one
          * broker, one model) */
-        if (trainer_admitted(b, p, other_model_trainer(b, p, 0, m.u.join.group), m.request_id,
-                             DFLASH_EDENIED, &r))
+        if (broker_trainer_admitted(b, p, broker_other_model_trainer(b, p, 0, m.u.join.group),
+                                    m.request_id, DFLASH_EDENIED, &r))
             broker_on_group_join(b, p, &m, &r);
         break;
     case WIRE_GROUP_SET_ID: broker_on_group_set_id(b, p, &m, &r); break;

@@ -2,6 +2,7 @@
  * broker.c (peers, pools, request dispatch, the socket loop and cron) and its parts,
  * broker_config.c (the options table and its checks), broker_groups.c (data-parallel drafter
  * groups), broker_steering.c (set, pause, resume, drain: applied, journaled, restored),
+ * broker_trainers.c (one broker, one model: run ids and trainer admission),
  * broker_leave.c (a target's leave) and broker_security.c (CURVE, the ZAP handler, binding
  * endpoints). broker.h is the public face;
  * broker.c's top comment has the model (peer table, pool table, journal and replies).
@@ -175,6 +176,10 @@ static inline wire_unit to_unit(const batch_id *id)
 
 /* broker.c */
 void broker_publish(broker *b, const char *topic, const wire_msg *m);
+/* p takes over from peers[i] (a restart by name or of its run): p remembers i's incarnation and
+ * those i had replaced (a hello from one is refused EXISTS), and i's session ends as an expiry
+ * would end it (its leases, its held batches back to to-do). */
+void broker_peer_take_over(broker *b, peer *p, uint32_t i, const char *why);
 /* Removes batch id from every drafter's held list. */
 void broker_held_remove_all(broker *b, const batch_id *id);
 /* True when draining and nothing is left to hand out (claims are answered SHUTDOWN). */
@@ -221,6 +226,17 @@ void broker_groups_tick(broker *b, uint64_t now);
 /* From broker_new, after the replay: the orphaned steps the journal holds back in the group
  * table, their units kept in flight (not given back by the orphan grace) until resolved. */
 void broker_groups_restore(broker *b);
+
+/* broker_trainers.c: one broker, one model. The live drafter that trains another model than p
+ * would (p alone as run run_id: group_name NULL; or joining group group_name), or NULL; p's
+ * run's predecessors taken over; whether p may train now (false: r holds Error AGAIN while the
+ * other may be a dying process, then Error `final`); a trainer's ResumeFrom (fills *r). */
+const peer *broker_other_model_trainer(broker *b, const peer *p, uint64_t run_id,
+                                       const char *group_name);
+void broker_replace_predecessors(broker *b, peer *p, uint64_t run_id);
+bool broker_trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
+                             wire_msg *r);
+void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 
 /* broker_leave.c: a target's PoolLeave (fills *r). True when its session has ended (nothing of
  * its pool is being copied any more): the caller then ends it (the entry p is freed). */

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""chat_to_jsonl: chat conversations to the tokenized JSONL that dflash-data reads.
+r"""chat_to_jsonl: chat conversations to the tokenized JSONL that dflash-data reads.
 
     scripts/chat_to_jsonl.py --tokenizer /models/Qwen3-8B --in chats.jsonl --out train.jsonl
 
@@ -10,17 +10,22 @@ conversation, {"input_ids": [...], "loss_mask": [...]}, the conversation rendere
 tokenizer's own chat template (Hugging Face transformers, a fast tokenizer) and tokenized; the
 loss mask is 1 on the tokens of each assistant reply and the end-of-turn marker after it (what
 the target generates; the DFlash recipe trains only there), 0 on everything else (system and
-user turns, the template's markup, the generation prompt).
+user turns, the template's markup and the reasoning block it inserts, the generation prompt).
 
-How the replies are found: the template may rewrite a conversation's history (Qwen3's drops
-reasoning from earlier turns, Llama 3's trims each message), so rendering prefixes of the
-conversation need not give prefixes of its rendering. Instead every message's text (stripped)
-is looked up in the full rendering in order, each search starting where the last match ended,
-so a reply that repeats an earlier user message is not mistaken for it. The end-of-turn marker
-is learnt once from a probe conversation. A conversation whose messages cannot all be found,
-with an unknown role, or with no assistant text is skipped with its line number and the reason.
-Needs transformers only when run (the span logic is tested in CI with a stand-in tokenizer:
-tests/unit/test_chat_to_jsonl.py).
+How the replies are found: by construction, not by searching the rendering for their text (a
+reply "a" or "end" also occurs in the markup, "<|im_start|>", "<|im_end|>"), nor by rendering
+prefixes of the conversation (a template may render a turn differently once later turns follow:
+Qwen3 writes an empty <think> block before the last reply only and drops earlier replies'
+reasoning). For each reply the conversation is rendered again with that reply replaced by a
+sentinel that occurs nowhere else, which splits into B (before) and A (after); the real rendering
+must be B + the reply + A, the reply as given or with its surrounding whitespace trimmed (Llama 3
+trims), or B cut short + the reply as given + A (Qwen3's last reply "<think>\nR\n</think>\n\nA"
+takes the place of the empty <think> block). The span is the reply, plus the end-of-turn marker
+(learnt the same way from a probe) when A starts with it. A reply the template rewrites otherwise
+(Qwen3 drops earlier replies' reasoning) skips its line, with the reason; an empty reply masks
+nothing. Tokens whose character offsets overlap a span are masked. Lines that cannot be converted
+are reported with their line number and reason. Needs transformers only when run (the span logic
+is tested in CI with stand-in tokenizers: tests/unit/test_chat_to_jsonl.py).
 """
 import argparse
 import json
@@ -29,7 +34,7 @@ import sys
 
 ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
          "model": "assistant", "chatgpt": "assistant", "system": "system"}
-PROBE_USER, PROBE_REPLY = "probe question 1729", "probe reply 4104"
+PROBE_USER = "probe question 1729"
 
 
 class Skip(Exception):
@@ -59,35 +64,75 @@ def normalize(obj):
     return out
 
 
+def render(tok, msgs, template_kwargs):
+    """The template's rendering of msgs (text, no generation prompt)."""
+    try:
+        return tok.apply_chat_template(msgs, tokenize=False, **template_kwargs)
+    except Exception as e:  # the template's own refusal (e.g. roles out of order)
+        raise Skip(f"the chat template refused it: {e}")
+
+
+def around(tok, msgs, k, template_kwargs):
+    """(B, A): the rendering of msgs with message k's content replaced by a sentinel that occurs
+    nowhere else, split at the sentinel; None when the template does not write it exactly once."""
+    sentinel = "c2j4104sentinel"
+    while any(sentinel in m["content"] for m in msgs):
+        sentinel += "x"
+    probe = msgs[:k] + [dict(msgs[k], content=sentinel)] + msgs[k + 1:]
+    parts = render(tok, probe, template_kwargs).split(sentinel)
+    return tuple(parts) if len(parts) == 2 else None
+
+
 def end_of_turn(tok, template_kwargs):
     """What the template writes after an assistant reply (e.g. "<|im_end|>"), or "" if nothing."""
-    msgs = [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": PROBE_REPLY}]
-    text = tok.apply_chat_template(msgs, tokenize=False, **template_kwargs)
-    at = text.rfind(PROBE_REPLY)
-    if at < 0:
-        raise SystemExit("chat_to_jsonl: the chat template drops the assistant's reply from a "
-                         "probe conversation: cannot find replies in renderings")
-    return text[at + len(PROBE_REPLY):].strip()
+    msgs = [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": ""}]
+    try:
+        ba = around(tok, msgs, 1, template_kwargs)
+    except Skip as e:
+        raise SystemExit(f"chat_to_jsonl: a probe conversation: {e}")
+    if ba is None:
+        raise SystemExit("chat_to_jsonl: the chat template does not write an assistant reply's "
+                         "text once in a probe conversation: cannot locate replies")
+    return ba[1].strip()
 
 
-def reply_spans(text, msgs, eot):
-    """[start, end) character ranges of each assistant reply (plus eot when it follows) in text,
-    the rendering of msgs."""
-    spans, pos = [], 0
-    for i, m in enumerate(msgs):
-        body = m["content"].strip()
-        if not body:
+def locate(text, before, after, reply):
+    """[start, end) of the reply in text (the conversation's rendering) given the rendering of
+    the rest, before + sentinel + after; None when text is not of the forms the module's comment
+    allows (the template rewrote the reply, or rendered the rest differently because of it)."""
+    end = len(text) - len(after)
+    if end < 0 or text[end:] != after:
+        return None
+    if len(before) <= end and text.startswith(before):  # the reply in its slot, maybe trimmed
+        got = text[len(before):end]
+        if got.strip() == reply.strip() and got in reply:
+            return len(before), end
+    for got in (reply, reply.strip()):  # verbatim, in place of markup before an empty slot
+        start = end - len(got)
+        if 0 <= start <= len(before) and text[start:end] == got and text.startswith(before[:start]):
+            return start, end
+    return None
+
+
+def reply_spans(tok, text, msgs, eot, template_kwargs):
+    """[start, end) character ranges in text, the rendering of msgs, of each non-empty assistant
+    reply plus eot when it follows; raises Skip for a reply the template does not render as
+    given."""
+    spans = []
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant" or not m["content"].strip():
             continue
-        at = text.find(body, pos)
-        if at < 0:
-            raise Skip(f"message {i} ({m['role']}) is not in the template's rendering")
-        end = at + len(body)
-        if m["role"] == "assistant":
-            if eot and text.startswith(eot, end):
-                end += len(eot)
-            spans.append((at, end))
-        pos = end
-    return spans
+        ba = around(tok, msgs, k, template_kwargs)
+        span = ba and locate(text, ba[0], ba[1], m["content"])
+        if not span:
+            raise Skip(f"message {k} (assistant): the chat template does not render this reply "
+                       "as given (it rewrites it, e.g. drops or moves its reasoning), so its "
+                       "tokens cannot be located exactly")
+        start, end = span
+        if eot and ba[1].startswith(eot):
+            end += len(eot)
+        spans.append((start, end))
+    return sorted(spans)
 
 
 def mask_tokens(offsets, spans):
@@ -104,11 +149,8 @@ def mask_tokens(offsets, spans):
 def convert(tok, obj, eot, template_kwargs, max_len):
     """(input_ids, loss_mask) of one input object; raises Skip."""
     msgs = normalize(obj)
-    try:
-        text = tok.apply_chat_template(msgs, tokenize=False, **template_kwargs)
-    except Exception as e:  # the template's own refusal (e.g. roles out of order)
-        raise Skip(f"the chat template refused it: {e}")
-    spans = reply_spans(text, msgs, eot)
+    text = render(tok, msgs, template_kwargs)
+    spans = reply_spans(tok, text, msgs, eot, template_kwargs)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, mask = list(enc["input_ids"]), mask_tokens(enc["offset_mapping"], spans)
     if max_len:

@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""test_chat_to_jsonl: scripts/chat_to_jsonl.py's loss masks, with a stand-in tokenizer.
+"""test_chat_to_jsonl: scripts/chat_to_jsonl.py's loss masks, with stand-in tokenizers.
 
-The stand-in renders ChatML as Qwen3's template does in the ways that matter here: each message
-stripped, an empty reasoning block before the last assistant reply only (so the history of a
+StandIn renders ChatML as Qwen3's template does in the ways that matter here (each message
+stripped, an empty reasoning block before the last assistant reply only, so the history of a
 rendering is not the rendering of the history), the markers as single tokens, every other
-character one token, with offsets. Checks: the masked characters are exactly each reply and its
-<|im_end|> (not the reasoning block, not a user message that contains the reply's text, not the
-newline after the marker); ShareGPT and OpenAI styles and a JSON array; the skipped lines and
-their reasons; --max-len truncation, a negative one refused; a straddling token; the output written atomically and not
-at all when nothing is kept. Needs no transformers (the real tokenizer is checked on the GPU
-machine by tests/reference/chat_to_jsonl_hf.py)."""
+character one token, with offsets. Qwen3 is Qwen3's own template ported to Python (nothing
+stripped, reasoning split out of replies, dropped before the last user turn); Words is that with
+word and byte tokens. Each records where it wrote each reply (the oracle). Checks: the masked
+characters are exactly each reply and its <|im_end|> (not the reasoning block, not a user message
+that contains the reply's text, not the newline after the marker), also for replies whose text
+occurs in the markup ("a", "end", "assistant", "<think>": the audit of 2026-12-04) and in
+earlier turns; Qwen3's reasoning kept in the last reply and a reply it rewrites skipped; empty,
+whitespace and unicode replies; tokens straddling a reply's edge; ShareGPT and OpenAI styles and
+a JSON array; the skipped lines and their reasons; --max-len truncation, a negative one refused;
+the output written atomically and not at all when nothing is kept. Needs no transformers (real
+tokenizers are checked on the GPU machine by tests/reference/chat_to_jsonl_hf.py)."""
 import io
 import json
 import os
@@ -20,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import chat_to_jsonl as c2j  # noqa: E402
 
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+EOT = "<|im_end|>"
 failed = 0
 
 
@@ -36,12 +42,13 @@ class StandIn:
     def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False, **kw):
         assert not tokenize
         last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-        out = ""
+        out, self.wrote = "", []  # wrote: where each assistant reply's text went (the oracle)
         for i, m in enumerate(msgs):
             body = m["content"].strip()
-            if i == last:
-                body = "<think>\n\n</think>\n\n" + body
-            out += f"<|im_start|>{m['role']}\n{body}<|im_end|>\n"
+            out += f"<|im_start|>{m['role']}\n" + ("<think>\n\n</think>\n\n" if i == last else "")
+            if m["role"] == "assistant":
+                self.wrote.append((m["content"], len(out), len(out) + len(body)))
+            out += f"{body}<|im_end|>\n"
         return out
 
     def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
@@ -52,6 +59,77 @@ class StandIn:
             ids.append(SPECIAL.index(sp) + 1 if sp else 10 + ord(text[i]))
             offs.append((i, i + n))
             i += n
+        return {"input_ids": ids, "offset_mapping": offs}
+
+
+class Qwen3(StandIn):
+    """Qwen3's own chat template (tokenizer_config.json of Qwen3-8B, the path without tools) in
+    Python: nothing stripped; the replies after the last user turn get a <think> block (empty
+    when they carry no reasoning), the last one always; a reply's "<think>R</think>A" is split
+    into reasoning R and content A, and the reasoning of replies before the last user turn is
+    dropped; a user turn that is a <tool_response> does not count as the last user turn."""
+
+    def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False,
+                            enable_thinking=None, **kw):
+        assert not tokenize
+        out, self.wrote = "", []
+        if msgs[0]["role"] == "system":
+            out += "<|im_start|>system\n" + msgs[0]["content"] + "<|im_end|>\n"
+        last_query = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i]["role"] == "user"
+                           and not (msgs[i]["content"].startswith("<tool_response>") and
+                                    msgs[i]["content"].endswith("</tool_response>"))),
+                          len(msgs) - 1)
+        for i, m in enumerate(msgs):
+            content = m["content"]
+            if m["role"] == "user" or (m["role"] == "system" and i > 0):
+                out += f"<|im_start|>{m['role']}\n{content}<|im_end|>\n"
+            elif m["role"] == "assistant":
+                reasoning = ""
+                if "</think>" in content:
+                    reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1]
+                    reasoning = reasoning.lstrip("\n")
+                    content = content.split("</think>")[-1].lstrip("\n")
+                out += "<|im_start|>assistant\n"
+                if i > last_query and (i == len(msgs) - 1 or reasoning):
+                    out += "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n"
+                    content = content.lstrip("\n")
+                self.wrote.append((m["content"], len(out), len(out) + len(content)))
+                out += content + "<|im_end|>\n"
+        if add_generation_prompt:
+            out += "<|im_start|>assistant\n"
+            if enable_thinking is False:
+                out += "<think>\n\n</think>\n\n"
+        return out
+
+
+class Words(Qwen3):
+    """Qwen3's template with tokens closer to a byte-level BPE's: a run of whitespace and the word
+    after it is one token (so "\\nyes" straddles the edge between a header and its reply), each
+    UTF-8 byte of a non-ASCII character one token with that character's offsets."""
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        ids, offs, i = [], [], 0
+        while i < len(text):
+            sp = next((s for s in SPECIAL if text.startswith(s, i)), None)
+            if sp:
+                ids.append(SPECIAL.index(sp) + 1)
+                offs.append((i, i + len(sp)))
+                i += len(sp)
+            elif ord(text[i]) > 127:
+                for b in text[i].encode():
+                    ids.append(300 + b)
+                    offs.append((i, i + 1))
+                i += 1
+            else:
+                j = i
+                while j < len(text) and text[j].isspace():
+                    j += 1
+                while (j < len(text) and not text[j].isspace() and ord(text[j]) < 128 and
+                       not any(text.startswith(s, j) for s in SPECIAL)):
+                    j += 1
+                ids.append(10 + ord(text[i]))
+                offs.append((i, j))
+                i = j
         return {"input_ids": ids, "offset_mapping": offs}
 
 
@@ -81,6 +159,85 @@ openai = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant"
                        {"role": "assistant", "content": "6"}]}
 got, _, _ = masked_text(tok, openai)
 check(got == "4<|im_end|>6<|im_end|>", f"OpenAI replies masked: {got!r}")
+
+def chat(*turns, system=None):
+    """A conversation of alternating user / assistant turns (OpenAI style)."""
+    msgs = [{"role": "system", "content": system}] if system is not None else []
+    return {"messages": msgs + [{"role": "user" if i % 2 == 0 else "assistant", "content": t}
+                                for i, t in enumerate(turns)]}
+
+
+def masked_chars(tok, obj):
+    """(text, set of the character positions the mask covers, the masked characters in order)."""
+    eot = c2j.end_of_turn(tok, {})
+    ids, mask = c2j.convert(tok, obj, eot, {}, 0)
+    text = tok.apply_chat_template(c2j.normalize(obj))  # last: tok.wrote is this rendering's
+    offs = tok(text)["offset_mapping"]
+    covered = {p for (a, b), m in zip(offs, mask) if m for p in range(a, b)}
+    return text, covered, "".join(text[p] for p in sorted(covered))
+
+
+def check_replies(tok, obj, what, said=None):
+    """The mask covers exactly what the template wrote for each non-empty reply and the <|im_end|>
+    right after it (tok.wrote is the oracle); said: what that text must be, when given."""
+    text, covered, got = masked_chars(tok, obj)
+    want = {p for _, a, b in tok.wrote if text[a:b].strip() for p in range(a, b + len(EOT))}
+    wrote = "".join(text[a:b] + EOT for _, a, b in tok.wrote if text[a:b].strip())
+    check(covered == want and got == (wrote if said is None else said),
+          f"{what}: masked {got!r}, want {wrote if said is None else said!r}")
+
+
+def check_skipped(tok, obj, what):
+    try:
+        c2j.convert(tok, obj, c2j.end_of_turn(tok, {}), {}, 0)
+        check(False, f"{what}: skipped")
+    except c2j.Skip as e:
+        check("does not render this reply as given" in str(e), f"{what}: reason {e}")
+
+
+# a reply whose text also occurs in the template's markup is found where the template wrote it,
+# not in the markup (it used to be found by searching the rendering: "a" masked <|im_start|>,
+# "end" the user turn's <|im_end|>, "assistant" the header's role, "<think>" the reasoning block's)
+audit = [chat("pick one: a or b?", "a"), chat("Do we start or end?", "end"),
+         chat("Who is speaking?", "assistant"), chat("How does reasoning open?", "<think>"),
+         chat("Which marker ends a turn?", "<|im_end|>"),
+         chat("start or end?", "start", "Repeat my question.", "start or end?",
+              "And its last word?", "end", system="Answer in one word. start"),
+         chat("say: think", "think", "say: s", "s", "say: user", "user")]
+for t in (StandIn(), Qwen3()):
+    for obj in audit:
+        replies = [m["content"] for m in obj["messages"] if m["role"] == "assistant"]
+        check_replies(t, obj, f"{type(t).__name__} {replies!r}",
+                      said="".join(r + "<|im_end|>" for r in replies))
+
+# Qwen3's own template: nothing stripped, an empty reply masks nothing, reasoning written as the
+# template writes it stays in the last reply, reasoning the template drops or moves skips the line
+q3 = Qwen3()
+check_replies(q3, chat("hi?", " hi ", "again?", "\n\nhi\n"), "Qwen3 whitespace as rendered",
+              said=" hi <|im_end|>hi\n<|im_end|>")
+check_replies(q3, chat("q", "", "q2", "  ", "q3", "a"), "Qwen3 empty replies", said="a<|im_end|>")
+check_replies(q3, chat("¿qué?", "日本語です。", "and?", "e\u0301t\u00e9 😀"), "Qwen3 unicode",
+              said="日本語です。<|im_end|>e\u0301t\u00e9 😀<|im_end|>")
+_, _, got = masked_chars(q3, chat("why?", "<think>\nbecause\n</think>\n\nyes"))
+check(got == "<think>\nbecause\n</think>\n\nyes<|im_end|>", f"Qwen3 reasoning: {got!r}")
+check_skipped(q3, chat("why?", "<think>\nbecause\n</think>\n\nyes", "ok?", "ok"),
+              "Qwen3 drops an earlier reply's reasoning")
+check_skipped(q3, chat("why?", "<think>because</think>yes"), "Qwen3 reformats the reasoning")
+check_skipped(q3, chat("close it", "</think>"), "Qwen3 renders '</think>' as no reply")
+
+# token boundaries: a token that straddles a reply's edge ("\na" after the header, "\n\nyes"
+# after the reasoning block) is masked, multi-byte characters split into byte tokens are masked
+# whole, a token that overlaps no reply and no marker is not
+w = Words()
+for obj in (chat("a or b?", "a", "more?", "  spaced out  ", "and?", "日本 😀 ok"),
+            chat("yes?", "😀", "sure?", "yes")):
+    text, covered, got = masked_chars(w, obj)
+    want = {p for _, a, b in w.wrote for p in range(a, b + len(EOT))}
+    offs = w(text)["offset_mapping"]
+    check(any(a not in want and set(range(a, b)) & want for a, b in offs),
+          f"Words: a token straddles a header and a reply in {text!r}")
+    check(want <= covered and all(set(range(a, b)) & want for a, b in offs
+                                  if set(range(a, b)) & covered), f"Words: masked {got!r}")
 
 # truncation: the first reply survives a cut inside the second; a cut before it skips the line
 text = tok.apply_chat_template(c2j.normalize(openai))

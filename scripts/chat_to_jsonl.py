@@ -24,10 +24,12 @@ takes the place of the empty <think> block). The span is the reply, plus the end
 (learnt the same way from a probe) when A starts with it. A reply the template rewrites otherwise
 (Qwen3 drops earlier replies' reasoning) skips its line, with the reason; an empty reply masks
 nothing. Tokens whose character offsets overlap a span are masked. Lines that cannot be converted
-are reported with their line number and reason. Needs transformers only when run (the span logic
-is tested in CI with stand-in tokenizers: tests/unit/test_chat_to_jsonl.py).
+are reported with their line number and reason (the first 20) and tallied by kind of reason in
+the summary. Needs transformers only when run (the span logic is tested in CI with stand-in
+tokenizers: tests/unit/test_chat_to_jsonl.py).
 """
 import argparse
+import collections
 import json
 import os
 import sys
@@ -38,29 +40,35 @@ PROBE_USER = "probe question 1729"
 
 
 class Skip(Exception):
-    """A conversation that cannot be converted: the reason, for the FILE:LINE report."""
+    """A conversation that cannot be converted: the reason, for the FILE:LINE report, and its
+    kind, the summary's tally of skipped lines by reason."""
+
+    def __init__(self, reason, kind):
+        super().__init__(reason)
+        self.kind = kind
 
 
 def normalize(obj):
     """The conversation of one input object as [{"role", "content"}] with known roles."""
     if not isinstance(obj, dict):
-        raise Skip("not a JSON object")
+        raise Skip("not a JSON object", "not a conversation")
     turns = obj.get("messages", obj.get("conversations"))
     if not isinstance(turns, list) or not turns:
-        raise Skip('no "messages" or "conversations" list')
+        raise Skip('no "messages" or "conversations" list', "not a conversation")
     out = []
     for i, t in enumerate(turns):
         if not isinstance(t, dict):
-            raise Skip(f"message {i} is not an object")
+            raise Skip(f"message {i} is not an object", "not a conversation")
         role = t.get("role", t.get("from"))
         text = t.get("content", t.get("value"))
         if not isinstance(role, str) or role.lower() not in ROLES:
-            raise Skip(f"message {i}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})")
+            raise Skip(f"message {i}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})",
+                       "unknown role")
         if not isinstance(text, str):
-            raise Skip(f"message {i}: content is not a string")
+            raise Skip(f"message {i}: content is not a string", "not a conversation")
         out.append({"role": ROLES[role.lower()], "content": text})
     if not any(m["role"] == "assistant" and m["content"].strip() for m in out):
-        raise Skip("no assistant reply")
+        raise Skip("no assistant reply", "no assistant reply")
     return out
 
 
@@ -69,7 +77,7 @@ def render(tok, msgs, template_kwargs):
     try:
         return tok.apply_chat_template(msgs, tokenize=False, **template_kwargs)
     except Exception as e:  # the template's own refusal (e.g. roles out of order)
-        raise Skip(f"the chat template refused it: {e}")
+        raise Skip(f"the chat template refused it: {e}", "refused by the template")
 
 
 def around(tok, msgs, k, template_kwargs):
@@ -127,7 +135,7 @@ def reply_spans(tok, text, msgs, eot, template_kwargs):
         if not span:
             raise Skip(f"message {k} (assistant): the chat template does not render this reply "
                        "as given (it rewrites it, e.g. drops or moves its reasoning), so its "
-                       "tokens cannot be located exactly")
+                       "tokens cannot be located exactly", "reply rewritten by the template")
         start, end = span
         if eot and ba[1].startswith(eot):
             end += len(eot)
@@ -156,7 +164,8 @@ def convert(tok, obj, eot, template_kwargs, max_len):
     if max_len:
         ids, mask = ids[:max_len], mask[:max_len]
     if not any(mask):
-        raise Skip("no assistant token left" + (f" in the first {max_len}" if max_len else ""))
+        raise Skip("no assistant token left" + (f" in the first {max_len}" if max_len else ""),
+                   "no assistant token left")
     return ids, mask
 
 
@@ -173,14 +182,16 @@ def read_objects(path):
             try:
                 yield n, json.loads(line)
             except json.JSONDecodeError as e:
-                yield n, Skip(f"not JSON: {e}")
+                yield n, Skip(f"not JSON: {e}", "not JSON")
 
 
 def run(tok, src, dst, template_kwargs, max_len, log=sys.stderr, max_reports=20):
     """Converts src into dst (through dst.tmp, renamed at the end; nothing is left when no
-    conversation is kept); returns (written, skipped, tokens, trained tokens)."""
+    conversation is kept) and says the summary; returns (written, skipped: a Counter of their
+    kinds, tokens, trained tokens)."""
     eot = end_of_turn(tok, template_kwargs)
-    written = skipped = tokens = trained = 0
+    written = tokens = trained = 0
+    skipped = collections.Counter()
     tmp = dst + ".tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as out:
@@ -190,8 +201,8 @@ def run(tok, src, dst, template_kwargs, max_len, log=sys.stderr, max_reports=20)
                         raise obj
                     ids, mask = convert(tok, obj, eot, template_kwargs, max_len)
                 except Skip as e:
-                    skipped += 1
-                    if skipped <= max_reports:
+                    skipped[e.kind] += 1
+                    if sum(skipped.values()) <= max_reports:
                         print(f"{src}:{n}: skipped: {e}", file=log)
                     continue
                 out.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
@@ -203,6 +214,12 @@ def run(tok, src, dst, template_kwargs, max_len, log=sys.stderr, max_reports=20)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    kinds = ", ".join(f"{kind}: {n}" for kind, n in skipped.most_common())
+    if sum(skipped.values()) > max_reports:
+        kinds += f"; the first {max_reports} reported above"
+    print(f"{dst}: {written} conversations, {tokens} tokens ({trained} trained, "
+          f"{100.0 * trained / max(tokens, 1):.1f}%), {sum(skipped.values())} skipped"
+          + (f" ({kinds})" if kinds else ""), file=log)
     return written, skipped, tokens, trained
 
 
@@ -237,9 +254,7 @@ def main(argv=None):
                  "the token offsets")
     if not getattr(tok, "chat_template", None):
         sys.exit(f"chat_to_jsonl: {a.tokenizer} has no chat template")
-    written, skipped, tokens, trained = run(tok, a.src, a.out, kwargs, a.max_len)
-    print(f"{a.out}: {written} conversations, {tokens} tokens ({trained} trained, "
-          f"{100.0 * trained / max(tokens, 1):.1f}%), {skipped} skipped", file=sys.stderr)
+    written = run(tok, a.src, a.out, kwargs, a.max_len)[0]
     if written == 0:
         sys.exit(3)  # as dflash-data: nothing kept, nothing written
 

@@ -254,7 +254,7 @@ except c2j.Skip as e:
 check(c2j.mask_tokens([(0, 2), (2, 4), (4, 4), (4, 6), (6, 9)], [(3, 4), (7, 8)]) ==
       [0, 1, 0, 0, 1], "straddling and empty tokens")
 
-# a whole file: skipped lines with reasons, JSON array input, atomic output
+# a whole file: skipped lines with reasons and their tally, JSON array input, atomic output
 with tempfile.TemporaryDirectory() as d:
     src, dst = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
     lines = [json.dumps(sharegpt), "{not json", json.dumps({"messages": [
@@ -265,11 +265,14 @@ with tempfile.TemporaryDirectory() as d:
         f.write("\n".join(lines) + "\n")
     log = io.StringIO()
     written, skipped, tokens, trained = c2j.run(tok, src, dst, {}, 0, log=log)
-    check((written, skipped) == (2, 3), f"2 written, 3 skipped: {written}, {skipped}")
+    check((written, sum(skipped.values())) == (2, 3), f"2 written, 3 skipped: {written}, {skipped}")
     reasons = log.getvalue().splitlines()
     for n, why in ((2, "not JSON"), (3, "unknown role 'tool'"), (4, "no assistant reply")):
         said = [r for r in reasons if r.startswith(f"{src}:{n}: skipped: ")]
         check(len(said) == 1 and why in said[0], f"line {n}: {why}")
+    check(reasons[-1].startswith(f"{dst}: 2 conversations, {tokens} tokens ({trained} trained, ")
+          and reasons[-1].endswith(", 3 skipped (not JSON: 1, unknown role: 1, "
+                                   "no assistant reply: 1)"), f"summary: {reasons[-1]}")
     with open(dst) as f:
         out = [json.loads(x) for x in f]
     check(len(out) == 2 and all(set(o) == {"input_ids", "loss_mask"} for o in out),
@@ -280,8 +283,29 @@ with tempfile.TemporaryDirectory() as d:
 
     with open(src, "w") as f:
         json.dump([openai, sharegpt], f)
-    written, skipped, _, _ = c2j.run(tok, src, dst, {}, 0, log=io.StringIO())
-    check((written, skipped) == (2, 0), "a JSON array of conversations")
+    log = io.StringIO()
+    written, skipped, _, _ = c2j.run(tok, src, dst, {}, 0, log=log)
+    check((written, skipped) == (2, {}) and log.getvalue().endswith(", 0 skipped\n"),
+          f"a JSON array of conversations: {log.getvalue()}")
+
+    # replies Qwen3's template rewrites: each line reported, and tallied in the summary
+    with open(src, "w") as f:
+        for obj in (chat("pick one: a or b?", "a"), chat("why?", "<think>R</think>A", "ok?", "ok"),
+                    chat("close it", "</think>")):
+            f.write(json.dumps(obj) + "\n")
+    log = io.StringIO()
+    written, skipped, _, _ = c2j.run(Qwen3(), src, dst, {}, 0, log=log)
+    said = log.getvalue().splitlines()
+    check(written == 1 and skipped == {"reply rewritten by the template": 2} and
+          [r.split(": skipped: ")[0] for r in said[:-1]] == [f"{src}:2", f"{src}:3"] and
+          said[-1].endswith(", 2 skipped (reply rewritten by the template: 2)"),
+          f"rewritten replies reported and tallied: {said}")
+    log = io.StringIO()
+    c2j.run(Qwen3(), src, dst, {}, 0, log=log, max_reports=1)
+    said = log.getvalue().splitlines()
+    check(len(said) == 2 and said[-1].endswith(
+        ", 2 skipped (reply rewritten by the template: 2; the first 1 reported above)"),
+        f"reports past max_reports are only tallied: {said}")
 
     os.unlink(dst)
     with open(src, "w") as f:

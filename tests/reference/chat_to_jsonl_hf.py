@@ -41,6 +41,15 @@ CHATS = [
                   {"role": "assistant", "content": " hello, it is four "}]},
     {"conversations": [{"from": "human", "value": "the quick brown fox?"},
                        {"from": "gpt", "value": "jumps over the lazy dog"}]},
+    # replies whose text also occurs in the markup (they used to be found there)
+    {"messages": [{"role": "user", "content": "pick one: a or b?"},
+                  {"role": "assistant", "content": "a"}]},
+    {"messages": [{"role": "user", "content": "Do we start or end?"},
+                  {"role": "assistant", "content": "end"},
+                  {"role": "user", "content": "who is speaking?"},
+                  {"role": "assistant", "content": "assistant"},
+                  {"role": "user", "content": "and the header says?"},
+                  {"role": "assistant", "content": "start_header_id"}]},
 ]
 
 

@@ -5,6 +5,7 @@
 #include "err.h"
 #include "log.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -34,12 +35,14 @@ const cfg_option *config_find(const cfg_table *t, const char *name)
 bool config_given(const cfg_table *t, const char *name)
 {
     const cfg_option *o = config_find(t, name);
-    return o && t->given && t->given[o - t->options];
+    return o && t->sources && t->sources[o - t->options].from != CFG_FROM_DEFAULT;
 }
 
-static void mark_given(const cfg_table *t, const cfg_option *o)
+/* Records where option o's value came from (file and line: CFG_FROM_FILE only). */
+static void mark_source(const cfg_table *t, const cfg_option *o, cfg_from from, const char *file,
+                        int line)
 {
-    if (t->given && o) t->given[o - t->options] = true;
+    if (t->sources && o) t->sources[o - t->options] = (cfg_source){from, file, line};
 }
 
 static int parse_bool(const char *s, bool *out)
@@ -211,7 +214,7 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
             break;
         }
         key_line[o - t->options] = lineno;
-        mark_given(t, o);
+        mark_source(t, o, CFG_FROM_FILE, path, lineno);
         errno = 0;
     }
     free(key_line);
@@ -320,7 +323,7 @@ static int load_env(const cfg_table *t, void *cfg)
                 fprintf(stderr, "%s: environment %s: %s\n", t->program, var, err);
                 return r;
             }
-            mark_given(t, o);
+            mark_source(t, o, k ? CFG_FROM_PROGRAM_ENV : CFG_FROM_ENV, NULL, 0);
         }
     }
     return 0;
@@ -340,7 +343,7 @@ static const char *config_file_from_env(const cfg_table *t)
 static void set_defaults(const cfg_table *t, void *cfg)
 {
     for (size_t i = 0; i < t->n_options; i++) {
-        if (t->given) t->given[i] = false;
+        mark_source(t, &t->options[i], CFG_FROM_DEFAULT, NULL, 0);
         char err[256];
         int r = set_value(&t->options[i], cfg, t->options[i].def, err, sizeof err);
         /* A default outside its own range is a bug in the table. */
@@ -419,7 +422,7 @@ static int load_flags(const cfg_table *t, void *cfg, int argc, char **argv, char
             fprintf(stderr, "%s: warning: --%s is given twice ('%s', then '%s'): the last one "
                     "counts\n", t->program, o->name, before, value);
         flagged[o - t->options] = true;
-        mark_given(t, o);
+        mark_source(t, o, CFG_FROM_FLAG, NULL, 0);
     }
     free(flagged);
     return rc;
@@ -457,8 +460,9 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
     if ((rc = load_env(t, cfg))) return rc;
     if ((rc = load_flags(t, cfg, argc, argv, positional, max_positional, n_positional)))
         return rc;
-    char why[512];
-    if (t->check && t->check(cfg, why, sizeof why)) { /* before a dump: it must be usable */
+    char why[1024];
+    /* before a dump: it must be usable */
+    if (t->check && t->check(t, cfg, why, sizeof why)) {
         fprintf(stderr, "%s: %s\n", t->program, why);
         return DFLASH_ECONFIG;
     }
@@ -493,6 +497,59 @@ int config_parse_int_list(const char *s, int *out, int max, char *err, size_t er
         c = *end ? end + 1 : end;
     }
     return n;
+}
+
+/* The value of o in cfg for a message: numbers short (%g), a string quoted. */
+static void value_text(const cfg_option *o, const void *cfg, char *buf, size_t len)
+{
+    const char *member = (const char *)cfg + o->offset;
+    switch (o->type) {
+    case CFG_INT:
+        snprintf(buf, len, "%lld", (long long)*(const int64_t *)member);
+        break;
+    case CFG_DOUBLE:
+        snprintf(buf, len, "%g", *(const double *)member);
+        break;
+    case CFG_BOOL:
+        snprintf(buf, len, "%s", *(const bool *)member ? "true" : "false");
+        break;
+    case CFG_STRING:
+        snprintf(buf, len, "'%s'", member);
+        break;
+    }
+}
+
+const char *config_source(const cfg_table *t, const void *cfg, const char *name, char *buf,
+                          size_t len)
+{
+    const cfg_option *o = config_find(t, name);
+    assert(o); /* the caller names one of its own options */
+    cfg_source src = t->sources ? t->sources[o - t->options] : (cfg_source){CFG_FROM_FLAG, NULL, 0};
+    char value[300], var[160], scope[64] = "";
+    value_text(o, cfg, value, sizeof value);
+    switch (src.from) {
+    case CFG_FROM_ENV:
+    case CFG_FROM_PROGRAM_ENV:
+        if (src.from == CFG_FROM_PROGRAM_ENV) env_scope(t, scope, sizeof scope);
+        env_var_name(scope, o->name, var, sizeof var);
+        snprintf(buf, len, "%s=%s (environment)", var, value);
+        break;
+    case CFG_FROM_FILE:
+        snprintf(buf, len, "%s %s (config file %s, line %d)", o->name, value, src.file, src.line);
+        break;
+    case CFG_FROM_FLAG:
+    case CFG_FROM_DEFAULT:
+        if (o->type == CFG_BOOL)
+            snprintf(buf, len, "--%s%s", strcmp(value, "true") == 0 ? "" : "no-", o->name);
+        else
+            snprintf(buf, len, "--%s %s", o->name, value);
+        if (src.from == CFG_FROM_DEFAULT) {
+            size_t n = strlen(buf);
+            snprintf(buf + n, len > n ? len - n : 0, " (default)");
+        }
+        break;
+    }
+    return buf;
 }
 
 void config_dump(const cfg_table *t, const void *cfg, FILE *out)

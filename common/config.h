@@ -18,6 +18,8 @@
  * only have been meant for this program; the project's own DFLASH_<TOOL>_BIN and deploy's
  * DFLASH_TARGET_GPU, DFLASH_DRAFTER_GPU, DFLASH_DATA_DIR excepted). Blanks around a number or BOOL value are ignored
  * wherever it comes from (flag, variable, file, dflash-ctl set), as a config file's line is.
+ * config_load records where each value came from (the table's `sources`), so that a refusal
+ * names what the user actually set: an inherited DFLASH_HIDDEN is no "--hidden" (config_source).
  *
  * Strings are fixed char arrays inside the struct (size given in the table), so the struct can be
  * copied and needs no cleanup. Not thread-safe: a daemon owns its config on its loop thread.
@@ -52,18 +54,36 @@ typedef struct cfg_option {
     size_t size;      /* CFG_STRING: sizeof the char array */
 } cfg_option;
 
+/* Where config_load took an option's value from. */
+typedef enum {
+    CFG_FROM_DEFAULT,     /* the table's default */
+    CFG_FROM_FILE,        /* the config file */
+    CFG_FROM_ENV,         /* DFLASH_<NAME> */
+    CFG_FROM_PROGRAM_ENV, /* DFLASH_<PROGRAM>_<NAME> */
+    CFG_FROM_FLAG,        /* --name */
+} cfg_from;
+
+typedef struct cfg_source {
+    cfg_from from;
+    const char *file; /* CFG_FROM_FILE: the file's path, argv's or the environment's string (valid
+                         while they are) */
+    int line;         /* CFG_FROM_FILE: the line that set it */
+} cfg_source;
+
 typedef struct cfg_table {
     const char *program; /* e.g. "dflash-queue" */
     const char *summary; /* one line under the usage line of --help */
     const char *usage;   /* e.g. "[options]" or "[options] COMMAND" */
     const cfg_option *options;
     size_t n_options;
-    bool *given; /* optional, n_options entries: which options config_load took from the config
-                    file, the environment or a flag rather than the default (config_given) */
+    cfg_source *sources; /* optional, n_options entries: where config_load took each value from
+                            (config_given, config_source) */
     /* optional: the checks across options the program makes at start-up (min-ready against
      * max-depth); config_load runs them after the flags, before --dump-config, so a dump is
-     * always a configuration the program takes. 0, or non-zero with the reason in why. */
-    int (*check)(const void *cfg, char *why, size_t why_len);
+     * always a configuration the program takes. t is the table being loaded, so that the
+     * reason can say where a value came from (config_source: "DFLASH_HIDDEN=4096
+     * (environment)", not "--hidden 4096"). 0, or non-zero with the reason in why. */
+    int (*check)(const struct cfg_table *t, const void *cfg, char *why, size_t why_len);
     /* optional, NULL-terminated: the program's subcommands ("eval" of dflash-drafter), whose
      * variables DFLASH_<PROGRAM>_<SUBCOMMAND>_* are theirs, not unknown names of the program */
     const char *const *subcommands;
@@ -91,8 +111,16 @@ const cfg_option *config_find(const cfg_table *t, const char *name);
 
 /* True when the last config_load set option name from the config file, the environment or a
  * flag, even to its default value; false when it kept the default, and for a table without
- * `given`. For "an explicit --hidden disagrees with the model" checks. */
+ * `sources`. For "an explicit --hidden disagrees with the model" checks. */
 bool config_given(const cfg_table *t, const char *name);
+
+/* Option name's value in cfg as the user gave it, for a message that refuses it: "--hidden
+ * 4096" (a flag, or a table without `sources`), "DFLASH_HIDDEN=4096 (environment)",
+ * "hidden 4096 (config file run.conf, line 3)" or "--hidden 256 (default)". A string value is
+ * quoted ('1,9'), a BOOL flag is --name or --no-name. Writes into buf (cut to len) and returns
+ * it. name must be one of the table's options. */
+const char *config_source(const cfg_table *t, const void *cfg, const char *name, char *buf,
+                          size_t len);
 
 /* Parses a comma-separated list of non-negative integers ("1,9,17"; "" gives 0 entries) into
  * out[0..max). Returns the count or DFLASH_EINVAL with the reason in err (may be NULL): not a

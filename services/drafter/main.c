@@ -434,9 +434,9 @@ int main(int argc, char **argv)
     log_init("dflash-drafter", LOG_INFO);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     drafter_config cfg;
-    bool given[sizeof drafter_options / sizeof drafter_options[0]];
-    cfg_table table = drafter_table; /* with `given`: which flags were set, not defaulted */
-    table.given = given;
+    cfg_source sources[sizeof drafter_options / sizeof drafter_options[0]];
+    cfg_table table = drafter_table; /* with `sources`: where each value came from */
+    table.sources = sources;
     int rc = config_load(&table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;

@@ -92,8 +92,9 @@ static const cfg_option queue_options[] = {
 };
 
 /* config_load's check: what broker_config_check refuses, --dump-config does not print. */
-static int check_table(const void *cfg, char *why, size_t why_len)
+static int check_table(const cfg_table *t, const void *cfg, char *why, size_t why_len)
 {
+    (void)t;
     return broker_config_check(cfg, why, why_len);
 }
 

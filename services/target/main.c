@@ -223,9 +223,9 @@ int main(int argc, char **argv)
     volatile sig_atomic_t *stop = signals_install_stop_flag();
     log_init("dflash-target", LOG_INFO);
     target_config cfg;
-    bool given[sizeof target_options / sizeof target_options[0]];
-    cfg_table table = target_table; /* with `given`: which flags were set, not defaulted */
-    table.given = given;
+    cfg_source sources[sizeof target_options / sizeof target_options[0]];
+    cfg_table table = target_table; /* with `sources`: where each value came from */
+    table.sources = sources;
     int rc = config_load(&table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;

@@ -2,7 +2,9 @@
  * range checks, live-only sets, which options were given and the dump; a config file that cannot be read (a directory) is
  * an error, not an empty file; a key twice in a file is refused, a flag twice and a misspelled
  * DFLASH_<PROGRAM>_* variable are warned about; the table's check refuses before --dump-config;
- * blanks around numbers are ignored; err_str covers the table. */
+ * blanks around numbers are ignored; config_source names where a value came from (a variable, a
+ * file's line, a flag, the default) and the table's check uses it; err_str covers the
+ * table. */
 #include "check.h"
 #include "config.h"
 #include "err.h"
@@ -72,13 +74,74 @@ static int load_caught(const cfg_table *t, void *cfg, char **argv, char *err, si
 }
 
 /* A check across options: min-ready at most 100 times ratio (any rule will do). */
-static int demo_check(const void *cfg, char *why, size_t why_len)
+static int demo_check(const cfg_table *t, const void *cfg, char *why, size_t why_len)
 {
+    (void)t;
     const demo_cfg *c = cfg;
     if (c->min_ready <= 100 * c->ratio) return 0;
     snprintf(why, why_len, "min-ready %lld is more than 100 times ratio %g",
              (long long)c->min_ready, c->ratio);
     return DFLASH_ECONFIG;
+}
+
+/* A check that names where its values came from: ratio at most 0.5. */
+static int demo_check_sourced(const cfg_table *t, const void *cfg, char *why, size_t why_len)
+{
+    const demo_cfg *c = cfg;
+    if (c->ratio <= 0.5) return 0;
+    char src[200];
+    snprintf(why, why_len, "%s is above 0.5", config_source(t, cfg, "ratio", src, sizeof src));
+    return DFLASH_ECONFIG;
+}
+
+/* A value is named as the user gave it (config_source): an inherited DFLASH_RATIO, a config
+ * file's line or a flag, not always "--ratio" (a DFLASH_HIDDEN from a compose file was blamed on
+ * a --hidden nobody gave); the table's check says so before --dump-config too. */
+static void test_sources(void)
+{
+    demo_cfg c;
+    cfg_source src[4];
+    cfg_table t = {"demo-prog", "a demo", "[options]", demo_options, 4, src, demo_check_sourced,
+                   NULL};
+    char buf[300], err[2048], out[2048];
+    char path[] = "/tmp/dflash-test-config-src-XXXXXX";
+    int fd = mkstemp(path);
+    const char *text = "# comment\nendpoint tcp://h:1\nmin-ready 7\n";
+    CHECK(fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    setenv("DFLASH_RATIO", "0.25", 1);
+    setenv("DFLASH_DEMO_PROG_MIN_READY", "9", 1); /* over the file's 7 */
+    char *argv[] = {"demo-prog", "--config", path, "--no-verbose", NULL};
+    CHECK_EQ_INT(config_load(&t, &c, 4, argv, NULL, 0, NULL), 0);
+    printf("sources: %s; ", config_source(&t, &c, "ratio", buf, sizeof buf));
+    CHECK(strcmp(buf, "DFLASH_RATIO=0.25 (environment)") == 0);
+    printf("%s; ", config_source(&t, &c, "min-ready", buf, sizeof buf));
+    CHECK(strcmp(buf, "DFLASH_DEMO_PROG_MIN_READY=9 (environment)") == 0);
+    printf("%s; ", config_source(&t, &c, "verbose", buf, sizeof buf));
+    CHECK(strcmp(buf, "--no-verbose") == 0);
+    char want[200];
+    snprintf(want, sizeof want, "endpoint 'tcp://h:1' (config file %s, line 2)", path);
+    printf("%s\n", config_source(&t, &c, "endpoint", buf, sizeof buf));
+    CHECK(strcmp(buf, want) == 0);
+    unsetenv("DFLASH_DEMO_PROG_MIN_READY");
+    char *argv_flag[] = {"demo-prog", "--min-ready", "3", NULL};
+    CHECK_EQ_INT(config_load(&t, &c, 3, argv_flag, NULL, 0, NULL), 0);
+    CHECK(strcmp(config_source(&t, &c, "min-ready", buf, sizeof buf), "--min-ready 3") == 0);
+    unsetenv("DFLASH_RATIO");
+    CHECK_EQ_INT(config_load(&t, &c, 1, argv_flag, NULL, 0, NULL), 0);
+    CHECK(strcmp(config_source(&t, &c, "ratio", buf, sizeof buf), "--ratio 0.5 (default)") == 0);
+    /* the table's check refuses before --dump-config, naming the variable */
+    setenv("DFLASH_RATIO", "0.75", 1);
+    char *argv_dump[] = {"demo-prog", "--dump-config", NULL};
+    CHECK_EQ_INT(load_caught(&t, &c, argv_dump, err, sizeof err, out, sizeof out),
+                 DFLASH_ECONFIG);
+    printf("check: %s", err);
+    CHECK(out[0] == 0 && strstr(err, "demo-prog: DFLASH_RATIO=0.75 (environment) is above 0.5"));
+    unsetenv("DFLASH_RATIO");
+    char *argv_ok[] = {"demo-prog", "--ratio", "0.5", "--dump-config", NULL};
+    CHECK_EQ_INT(load_caught(&t, &c, argv_ok, err, sizeof err, out, sizeof out), 1);
+    CHECK(strstr(out, "ratio 0.5\n") != NULL);
+    unlink(path);
 }
 
 /* What config_load says and refuses beyond single values: a key twice in a file, a flag twice,
@@ -168,6 +231,7 @@ static void test_said_and_refused(void)
 int main(void)
 {
     test_said_and_refused();
+    test_sources();
     demo_cfg c;
     char *argv0[] = {"demo", NULL};
     CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
@@ -253,7 +317,7 @@ int main(void)
 
     /* which options were given, even at their default value (an explicit --hidden 256 is not
      * the default 256): flags, variables and the config file count, the default does not */
-    bool given[4];
+    cfg_source given[4];
     const cfg_table demo_given = {"demo", "a demo", "[options]", demo_options, 4, given,
                                   NULL, NULL};
     char *argv_given[] = {"demo", "--ratio", "0.5", NULL};
@@ -261,7 +325,7 @@ int main(void)
     CHECK_EQ_INT(config_load(&demo_given, &c, 3, argv_given, NULL, 0, NULL), 0);
     CHECK(config_given(&demo_given, "ratio") && config_given(&demo_given, "verbose"));
     CHECK(!config_given(&demo_given, "min-ready") && !config_given(&demo_given, "endpoint"));
-    CHECK(!config_given(&demo, "ratio")); /* a table without `given` */
+    CHECK(!config_given(&demo, "ratio")); /* a table without `sources` */
     unsetenv("DFLASH_VERBOSE");
     CHECK_EQ_INT(config_load(&demo_given, &c, 1, argv0, NULL, 0, NULL), 0);
     CHECK(!config_given(&demo_given, "ratio") && !config_given(&demo_given, "verbose"));

@@ -9,6 +9,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,6 +472,15 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
         return 1;
     }
     return 0;
+}
+
+int config_refuse(char *why, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (why && len) vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+    return DFLASH_ECONFIG;
 }
 
 int config_parse_int_list(const char *s, int *out, int max, char *err, size_t errlen)

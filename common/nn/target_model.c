@@ -226,14 +226,12 @@ int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errle
     return 0;
 }
 
-int target_capture_layers_parse(const char *program, const char *s, int *ids, int max) {
-    char why[256];
-    int n = config_parse_int_list(s, ids, max, why, sizeof why);
+int target_capture_layers_parse(const char *s, int *ids, int max, char *err, size_t errlen) {
+    int n = config_parse_int_list(s, ids, max, err, errlen);
     if (n >= 0) {
-        int rc = target_layer_ids_check_order(ids, n, why, sizeof why);
+        int rc = target_layer_ids_check_order(ids, n, err, errlen);
         if (rc) n = rc;
     }
-    if (n < 0) fprintf(stderr, "%s: bad --capture-layers '%s': %s\n", program, s, why);
     return n;
 }
 

@@ -82,12 +82,12 @@ int target_layer_ids_check_order(const int *ids, int n, char *err, size_t errlen
  * too. */
 int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errlen);
 
-/* The --capture-layers value s of program (dflash-target, dflash-drafter, its eval): the ids,
+/* A --capture-layers value s (dflash-target, dflash-drafter, its eval): the ids,
  * comma-separated ("" gives none: DFlash's rule applies), into ids[0..max), checked with
- * target_layer_ids_check_order. Every program taking the flag calls it with its other options,
- * before any model is read. Returns the count, or a negative code after printing
- * "PROGRAM: bad --capture-layers 'S': reason" to stderr (the caller exits 2). */
-int target_capture_layers_parse(const char *program, const char *s, int *ids, int max);
+ * target_layer_ids_check_order. Every program taking the flag calls it in its check of the
+ * options, before any model is read. Returns the count, or a negative code with the reason in
+ * err (which does not name the option: the caller says where s came from). */
+int target_capture_layers_parse(const char *s, int *ids, int max, char *err, size_t errlen);
 
 /* Builds a model for cfg on the backend, reading every parameter through fetch(user, ...).
  * Returns NULL after logging why (bad opts, shape mismatch, a weight that is NaN or infinite,

@@ -1,8 +1,9 @@
 /* dflash-drafter: claims slots from the broker, copies them, and trains the DFlash drafter on
  * them (DESIGN §2, steps 4-6). main() is the table of contents: config table (defaults < file <
- * DFLASH_* < flags), validate, build the slot layout and the consumer chosen by the mode, log the
- * effective config, run worker_loop until drained, --max-steps or SIGINT/SIGTERM, shut down in
- * reverse. Modes:
+ * DFLASH_* < flags), validate (setup_from: every check of the options, which config_load also
+ * runs for --dump-config; then those against the model), build the slot layout and the consumer
+ * chosen by the mode, log the effective config, run worker_loop until drained, --max-steps or
+ * SIGINT/SIGTERM, shut down in reverse. Modes:
  *   --train (default when --model is given)  the trainer (trainer.h): steps, metrics,
  *            checkpoints, exact resume;
  *   --verify         every byte of every batch against the synthetic target (synthetic.h);
@@ -206,11 +207,103 @@ static const cfg_option drafter_options[] = {
         comm_timeout_s),
     OPTS("log-level", "info", "debug, info, warn or error", log_level),
 };
+static int check_options(const cfg_table *t, const void *cfg, char *why, size_t len);
 static const cfg_table drafter_table = {
     "dflash-drafter", "copies slots from the DFlash broker and trains (or verifies) on them",
     "[options]\n       dflash-drafter eval [options]   offline tau of a checkpoint on held-out "
     "shards (eval --help)", drafter_options, sizeof drafter_options / sizeof drafter_options[0],
-    NULL, NULL, (const char *const[]){"eval", NULL}};
+    NULL, check_options, (const char *const[]){"eval", NULL}};
+
+/* What the options give once checked across each other. */
+typedef enum { MODE_TRAIN, MODE_VERIFY, MODE_VERIFY_MODEL } drafter_mode;
+typedef struct drafter_setup {
+    drafter_mode mode;
+    pool_backend backend;
+    slot_layout layout; /* with --hidden: the model's hidden size replaces it at start-up */
+    uint32_t upper[WORKER_MAX_BUCKETS];
+    uint32_t n_buckets;
+    int ids[64]; /* --capture-layers; n_ids 0: DFlash's rule */
+    int n_ids;
+    dp_comm_kind comm; /* --group only */
+} drafter_setup;
+
+/* Every start-up check of the options that needs neither the model nor the data (those are in
+ * main() and trainer_new), with what they give into *s: --lr x --weight-decay, the backend, the
+ * slot layout, the buckets, --comm, --capture-layers, one mode and what it needs; to train, the
+ * schedule (trainer_schedule_check) and --layers against --capture-layers
+ * (trainer_features_check). config_load runs it (check_options), so --dump-config refuses what
+ * the start refuses; main() runs it again for *s. 0 or DFLASH_ECONFIG with the reason, naming
+ * where each value came from, in why. */
+static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup *s, char *why,
+                      size_t len)
+{
+    char reason[256], src[300], src2[300];
+#define REFUSE(...) return config_refuse(why, len, __VA_ARGS__)
+#define SRC(name) config_source(t, c, name, src, sizeof src)
+#define SRC2(name) config_source(t, c, name, src2, sizeof src2)
+    memset(s, 0, sizeof *s);
+    /* AdamW's decoupled weight decay multiplies the weights by 1 - lr * wd each step, lr the
+     * scheduled rate (at most --lr, reached after the warmup): at lr * wd >= 1 that factor is 0
+     * or negative and the weights flip sign and grow each step until they overflow */
+    if (c->lr * c->weight_decay >= 1.0)
+        REFUSE("%s with %s: their product %g must stay below 1: AdamW's decoupled decay "
+               "multiplies the weights by 1 - lr * weight_decay every step (lr up to --lr), "
+               "which must stay positive, else the weights grow until they overflow; lower one "
+               "of them (the recipe: --lr 6e-4, --weight-decay 0)", SRC("lr"),
+               SRC2("weight-decay"), c->lr * c->weight_decay);
+    int rc = pool_backend_parse(c->backend, &s->backend);
+    if (rc < 0) REFUSE("%s: %s", SRC("backend"), pool_backend_refusal(rc));
+    slot_dtype dt = s->backend == POOL_CUDA ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32;
+    rc = slot_layout_compute((uint32_t)c->token_budget, (uint32_t)c->max_seqs,
+                             (uint32_t)c->hidden, (uint32_t)c->layers, dt, &s->layout);
+    if (rc < 0)
+        REFUSE("slot layout (token budget %lld, max seqs %lld, hidden %lld, layers %lld) is "
+               "invalid: %s", (long long)c->token_budget, (long long)c->max_seqs,
+               (long long)c->hidden, (long long)c->layers, err_str(rc));
+    int nb = batch_plan_parse_bounds(c->buckets, s->upper, WORKER_MAX_BUCKETS, reason,
+                                     sizeof reason);
+    if (nb <= 0) REFUSE("%s: %s", SRC("buckets"), reason);
+    s->n_buckets = (uint32_t)nb;
+    if (c->group[0]) {
+        if (strcmp(c->comm, "auto") == 0)
+            s->comm = s->backend == POOL_CUDA && dp_comm_have_nccl() ? DP_COMM_NCCL : DP_COMM_SHM;
+        else if (dp_comm_kind_parse(c->comm, &s->comm) < 0)
+            REFUSE("%s: give shm, nccl or auto", SRC("comm"));
+        if (s->comm == DP_COMM_NCCL && (s->backend != POOL_CUDA || !dp_comm_have_nccl()))
+            REFUSE("--comm nccl needs the cuda backend and a build with NCCL; use --comm shm");
+    }
+    s->n_ids = target_capture_layers_parse(c->capture, s->ids, 64, reason, sizeof reason);
+    if (s->n_ids < 0) REFUSE("bad %s: %s", SRC("capture-layers"), reason);
+    bool train = c->train || (c->model[0] && !c->verify && !c->verify_model);
+    if (c->verify + train + c->verify_model != 1)
+        REFUSE("choose one mode: --train (with --model), --verify or --verify-model");
+    s->mode = train ? MODE_TRAIN : c->verify ? MODE_VERIFY : MODE_VERIFY_MODEL;
+    if (s->mode != MODE_VERIFY && !c->model[0])
+        REFUSE("--%s needs --model TARGET_DIR", train ? "train" : "verify-model");
+    if (s->mode == MODE_VERIFY_MODEL && !c->shards[0])
+        REFUSE("--verify-model needs the target's --shards");
+    if (s->mode == MODE_VERIFY_MODEL && s->backend != POOL_HOST)
+        REFUSE("--verify-model runs its direct forward on the cpu; use --backend host");
+    if (!train) return 0;
+    dflash_train_cfg tc = {.lr = c->lr, .min_lr_ratio = c->min_lr_ratio,
+                           .total_steps = c->total_steps};
+    if (trainer_schedule_check(&tc, c->max_steps, SRC("total-steps"), SRC2("max-steps"), why,
+                               len) < 0 ||
+        trainer_features_check(s->n_ids, (int)c->layers, SRC("capture-layers"), SRC2("layers"),
+                               why, len) < 0)
+        return DFLASH_ECONFIG;
+    return 0;
+#undef SRC2
+#undef SRC
+#undef REFUSE
+}
+
+/* config_load's check (drafter_table): setup_from's, for --dump-config and the start alike. */
+static int check_options(const cfg_table *t, const void *cfg, char *why, size_t len)
+{
+    drafter_setup s;
+    return setup_from(t, cfg, &s, why, len);
+}
 
 /* ------------------------------------------------------------ the --verify-model consumer */
 
@@ -338,24 +431,38 @@ static const cfg_option eval_options[] = {
     EOPT("json", CFG_BOOL, "false", 1, 0, "print one JSON object instead of a sentence", json),
     EOPTS("log-level", "warn", "debug, info, warn or error", log_level),
 };
+static int eval_check(const cfg_table *t, const void *cfg, char *why, size_t len);
 static const cfg_table eval_table = {
     "dflash-drafter eval", "offline acceptance length tau (docs/operating.md section 5) of a drafter checkpoint "
     "on held-out shards", "[options]", eval_options,
-    sizeof eval_options / sizeof eval_options[0], NULL, NULL, NULL};
+    sizeof eval_options / sizeof eval_options[0], NULL, eval_check, NULL};
 
-/* AdamW's decoupled weight decay multiplies the weights by 1 - lr * wd each step, lr the
- * scheduled rate (at most --lr, reached after the warmup): at lr * wd >= 1 that factor is 0 or
- * negative and the weights flip sign and grow each step until they overflow. true (said on
- * stderr) for such a pair. */
-static bool refuse_growing_decay(double lr, double wd)
+/* Every check of eval's options (the model's and the data's are trainer_eval's), with the
+ * captured ids into ids[0..64) and their count into *n_ids: what to evaluate on, one drafter,
+ * --capture-layers. config_load runs it (eval_check), so --dump-config refuses what eval
+ * refuses; eval_main() runs it again for the ids. 0 or DFLASH_ECONFIG with the reason in why. */
+static int eval_setup_from(const cfg_table *t, const eval_config *c, int *ids, int *n_ids,
+                           char *why, size_t len)
 {
-    if (lr * wd < 1.0) return false;
-    fprintf(stderr, "dflash-drafter: --lr %g with --weight-decay %g: their product %g must stay "
-            "below 1: AdamW's decoupled decay multiplies the weights by 1 - lr * weight_decay "
-            "every step (lr up to --lr), which must stay positive, else the weights grow until "
-            "they overflow; lower one of them (the recipe: --lr 6e-4, --weight-decay 0)\n",
-            lr, wd, lr * wd);
-    return true;
+    char reason[256], src[300];
+    if (!c->model[0] || !c->data[0] || (!c->checkpoint[0] && !c->init_only))
+        return config_refuse(why, len, "needs --model TARGET_DIR, --data SHARD[,...] and "
+                             "--checkpoint DIR (or --init-only)");
+    if (c->checkpoint[0] && c->init_only)
+        return config_refuse(why, len, "%s and --init-only name two drafters: give one",
+                             config_source(t, c, "checkpoint", src, sizeof src));
+    *n_ids = target_capture_layers_parse(c->capture, ids, 64, reason, sizeof reason);
+    if (*n_ids < 0)
+        return config_refuse(why, len, "bad %s: %s",
+                             config_source(t, c, "capture-layers", src, sizeof src), reason);
+    return 0;
+}
+
+/* config_load's check (eval_table): eval_setup_from's. */
+static int eval_check(const cfg_table *t, const void *cfg, char *why, size_t len)
+{
+    int ids[64], n_ids = 0;
+    return eval_setup_from(t, cfg, ids, &n_ids, why, len);
 }
 
 /* eval's count was --max-seqs, the name of the slot layout's sequences per slot: a deployment's
@@ -383,23 +490,19 @@ static int eval_main(int argc, char **argv)
     eval_config ec;
     int rc = eval_refuse_max_seqs(argc, argv);
     if (rc) return rc;
-    rc = config_load(&eval_table, &ec, argc, argv, NULL, 0, NULL);
+    cfg_source sources[sizeof eval_options / sizeof eval_options[0]];
+    cfg_table table = eval_table; /* with `sources`: where each value came from */
+    table.sources = sources;
+    rc = config_load(&table, &ec, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, ec.log_level) != 0) return 2;
-    if (!ec.model[0] || !ec.data[0] || (!ec.checkpoint[0] && !ec.init_only)) {
-        fprintf(stderr, "dflash-drafter eval: needs --model TARGET_DIR, --data SHARD[,...] and "
-                "--checkpoint DIR (or --init-only)\n");
+    int ids[64], n_ids = 0;
+    char why[1024];
+    if (eval_setup_from(&table, &ec, ids, &n_ids, why, sizeof why) < 0) { /* config_load's */
+        fprintf(stderr, "dflash-drafter eval: %s\n", why);
         return 2;
     }
-    if (ec.checkpoint[0] && ec.init_only) {
-        fprintf(stderr, "dflash-drafter eval: --checkpoint %s and --init-only name two drafters: "
-                "give one\n", ec.checkpoint);
-        return 2;
-    }
-    int ids[64];
-    int n_ids = target_capture_layers_parse("dflash-drafter eval", ec.capture, ids, 64);
-    if (n_ids < 0) return 2;
     trainer_eval_opts eo = {.checkpoint = ec.init_only ? NULL : ec.checkpoint,
                             .model_dir = ec.model, .data = ec.data, .threads = (int)ec.threads,
                             .eval_seqs = ec.eval_seqs, .draft_layers = (int)ec.draft_layers,
@@ -441,7 +544,15 @@ int main(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
-    if (refuse_growing_decay(cfg.lr, cfg.weight_decay)) return 2;
+    drafter_setup setup;
+    char why[1024];
+    if (setup_from(&table, &cfg, &setup, why, sizeof why) < 0) { /* config_load's check passed */
+        fprintf(stderr, "dflash-drafter: %s\n", why);
+        return 2;
+    }
+    cfg.train = setup.mode == MODE_TRAIN; /* the default mode with --model: the dump shows it */
+    cfg.verify = setup.mode == MODE_VERIFY;
+    cfg.verify_model = setup.mode == MODE_VERIFY_MODEL;
 
     worker_loop_config lc;
     memset(&lc, 0, sizeof lc);
@@ -458,30 +569,12 @@ int main(int argc, char **argv)
     lc.curve_server_key = cfg.curve_server_key;
     lc.curve_key = cfg.curve_key;
     lc.name = name;
-    int brc = pool_backend_parse(cfg.backend, &lc.backend);
-    if (brc < 0) {
-        fprintf(stderr, "dflash-drafter: --backend %s: %s\n", cfg.backend,
-                pool_backend_refusal(brc));
-        return 2;
-    }
+    lc.backend = setup.backend;
     lc.device = (int)cfg.device;
-    slot_dtype dt = lc.backend == POOL_CUDA ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32;
-    rc = slot_layout_compute((uint32_t)cfg.token_budget, (uint32_t)cfg.max_seqs,
-                             (uint32_t)cfg.hidden, (uint32_t)cfg.layers, dt, &lc.layout);
-    if (rc < 0) {
-        fprintf(stderr, "dflash-drafter: slot layout (token budget %lld, max seqs %lld, hidden "
-                "%lld, layers %lld) is invalid: %s\n", (long long)cfg.token_budget,
-                (long long)cfg.max_seqs, (long long)cfg.hidden, (long long)cfg.layers, err_str(rc));
-        return 2;
-    }
-    uint32_t upper[WORKER_MAX_BUCKETS], n_buckets = 0;
-    char why[256];
-    int nb = batch_plan_parse_bounds(cfg.buckets, upper, WORKER_MAX_BUCKETS, why, sizeof why);
-    if (nb > 0) n_buckets = (uint32_t)nb;
-    else {
-        fprintf(stderr, "dflash-drafter: --buckets '%s': %s\n", cfg.buckets, why);
-        return 2;
-    }
+    lc.layout = setup.layout;
+    slot_dtype dt = setup.layout.dtype;
+    const uint32_t *upper = setup.upper;
+    uint32_t n_buckets = setup.n_buckets;
     lc.progress_ms = cfg.progress_ms;
     lc.timeout_ms = cfg.timeout_ms;
     lc.max_batches = cfg.max_batches;
@@ -490,38 +583,12 @@ int main(int argc, char **argv)
     lc.max_copy_failures = cfg.max_copy_failures;
     lc.exit_when_drained = cfg.exit_when_drained;
     if (cfg.group[0]) {
-        dp_comm_kind kind = DP_COMM_SHM;
-        if (strcmp(cfg.comm, "auto") == 0)
-            kind = lc.backend == POOL_CUDA && dp_comm_have_nccl() ? DP_COMM_NCCL : DP_COMM_SHM;
-        else if (dp_comm_kind_parse(cfg.comm, &kind) < 0) {
-            fprintf(stderr, "dflash-drafter: --comm must be shm, nccl or auto, not '%s'\n",
-                    cfg.comm);
-            return 2;
-        }
-        if (kind == DP_COMM_NCCL && (lc.backend != POOL_CUDA || !dp_comm_have_nccl())) {
-            fprintf(stderr, "dflash-drafter: --comm nccl needs the cuda backend and a build with "
-                    "NCCL; use --comm shm\n");
-            return 2;
-        }
         lc.group = cfg.group;
-        lc.comm_kind = (int)kind;
+        lc.comm_kind = (int)setup.comm;
         lc.comm_timeout_s = cfg.comm_timeout_s;
     }
-
-    int ids[64];
-    int n_ids = target_capture_layers_parse("dflash-drafter", cfg.capture, ids, 64);
-    if (n_ids < 0) return 2;
-    if (cfg.model[0] && !cfg.verify && !cfg.verify_model) cfg.train = true;
-    if (cfg.verify + cfg.train + cfg.verify_model != 1) {
-        fprintf(stderr, "dflash-drafter: choose one mode: --train (with --model), --verify or "
-                "--verify-model\n");
-        return 2;
-    }
-    if ((cfg.train || cfg.verify_model) && !cfg.model[0]) {
-        fprintf(stderr, "dflash-drafter: --%s needs --model TARGET_DIR\n",
-                cfg.train ? "train" : "verify-model");
-        return 2;
-    }
+    const int *ids = setup.ids;
+    int n_ids = setup.n_ids;
 
     worker_consumer *cons = NULL;
     char err[512] = "";
@@ -533,8 +600,11 @@ int main(int argc, char **argv)
         }
         if ((uint32_t)tcfg.hidden_size != lc.layout.hidden) {
             if (config_given(&table, "hidden")) {
-                fprintf(stderr, "dflash-drafter: --hidden %lld does not match the target's "
-                        "hidden_size %d\n", (long long)cfg.hidden, tcfg.hidden_size);
+                char src[300];
+                fprintf(stderr, "dflash-drafter: %s does not match the target's hidden_size %d "
+                        "(leave it out: the model decides)\n",
+                        config_source(&table, &cfg, "hidden", src, sizeof src),
+                        tcfg.hidden_size);
                 return 2;
             }
             rc = slot_layout_compute((uint32_t)cfg.token_budget, (uint32_t)cfg.max_seqs,
@@ -550,16 +620,7 @@ int main(int argc, char **argv)
     if (cfg.verify) {
         cons = worker_verify_new(&lc, upper, n_buckets, (uint32_t)cfg.vocab_size, cfg.rate);
     } else if (cfg.verify_model) {
-        if (!cfg.shards[0]) {
-            fprintf(stderr, "dflash-drafter: --verify-model needs the target's --shards\n");
-            return 2;
-        }
         const nn_ops *ops = nn_cpu_ops();
-        if (lc.backend != POOL_HOST) {
-            fprintf(stderr, "dflash-drafter: --verify-model runs its direct forward on the cpu; "
-                    "use --backend host\n");
-            return 2;
-        }
         nn_ctx *nn = nn_cpu_new((int)cfg.threads);
         model_producer_opts mo = {.model_dir = cfg.model, .shards = cfg.shards,
                                   .bucket_bounds = upper, .n_buckets = (int)n_buckets,

@@ -124,24 +124,34 @@ static void close_backend(pool_backend b, nn_ctx **nn) {
 #endif
 }
 
+int trainer_features_check(int n_capture_ids, int n_feat, const char *capture_src,
+                           const char *layers_src, char *err, size_t errlen) {
+    if (n_capture_ids > 0 && n_capture_ids != n_feat) {
+        snprintf(err, errlen,
+                 "%s names %d target layers but the slots hold %d captured layers (%s): give "
+                 "both daemons the same values",
+                 capture_src, n_capture_ids, n_feat, layers_src);
+        return DFLASH_EMISMATCH;
+    }
+    if (n_feat < 1 || n_feat > DFLASH_MAX_FEAT) {
+        snprintf(err, errlen, "%s: captured layers must be in [1, %d]", layers_src,
+                 DFLASH_MAX_FEAT);
+        return DFLASH_ECONFIG;
+    }
+    return 0;
+}
+
 int trainer_drafter_config(const char *model_dir, int draft_layers, int block_size,
                            int mask_token_id, int n_feat, const int *capture_ids, int n_capture_ids,
                            dflash_config *out, char *err, size_t errlen) {
     model_config t;
     int rc = hf_config_load(model_dir, &t, err, errlen);
     if (rc < 0) return rc;
-    if (capture_ids && n_capture_ids != n_feat) {
-        snprintf(err, errlen,
-                 "--capture-layers names %d target layers but the slots hold %d "
-                 "captured layers (--layers %d): give both daemons the same values",
-                 n_capture_ids, n_feat, n_feat);
-        return DFLASH_EMISMATCH;
-    }
-    if (n_feat < 1 || n_feat > DFLASH_MAX_FEAT) {
-        snprintf(err, errlen, "--layers %d: captured layers must be in [1, %d]", n_feat,
-                 DFLASH_MAX_FEAT);
-        return DFLASH_ECONFIG;
-    }
+    char layers_src[64];
+    snprintf(layers_src, sizeof layers_src, "--layers %d", n_feat);
+    rc = trainer_features_check(capture_ids ? n_capture_ids : 0, n_feat, "--capture-layers",
+                                layers_src, err, errlen);
+    if (rc < 0) return rc;
     int mask = mask_token_id >= 0 ? mask_token_id : t.vocab_size - 1;
     dflash_config_default(out, &t, draft_layers, block_size, mask);
     int ids[DFLASH_MAX_FEAT];
@@ -707,6 +717,17 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
     return 0;
 }
 
+int trainer_schedule_check(const dflash_train_cfg *tc, int64_t max_steps, const char *total_src,
+                           const char *max_src, char *err, size_t errlen) {
+    if (max_steps <= 0 || tc->total_steps <= 0 || max_steps <= tc->total_steps) return 0;
+    snprintf(err, errlen,
+             "%s is past %s: the last %ld steps would train at the schedule's floor (lr %g), and "
+             "the same command could not resume the run; give --total-steps >= --max-steps "
+             "(0 = --max-steps)",
+             max_src, total_src, (long)max_steps - tc->total_steps, tc->lr * tc->min_lr_ratio);
+    return DFLASH_ECONFIG;
+}
+
 worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     worker_consumer *c = calloc(1, sizeof *c);
     trainer *t = calloc(1, sizeof *t);
@@ -785,16 +806,12 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
         goto fail;
     }
     if (t->tc.total_steps == 0 && o->max_steps > 0) t->tc.total_steps = o->max_steps;
-    /* restore() refuses to resume such a run, so it must not start either */
-    if (!resume_dir[0] && t->max_steps > 0 && t->tc.total_steps > 0 &&
-        t->max_steps > t->tc.total_steps) {
-        snprintf(err, errlen,
-                 "--max-steps %ld is past --total-steps %ld: the last %ld steps would train at "
-                 "the schedule's floor (lr %g), and the same command could not resume the run; "
-                 "give --total-steps >= --max-steps (0 = --max-steps)",
-                 (long)t->max_steps, t->tc.total_steps, (long)t->max_steps - t->tc.total_steps,
-                 t->tc.lr * t->tc.min_lr_ratio);
-        goto fail;
+    if (!resume_dir[0]) {
+        char total_src[64], max_src[64];
+        snprintf(total_src, sizeof total_src, "--total-steps %ld", t->tc.total_steps);
+        snprintf(max_src, sizeof max_src, "--max-steps %ld", (long)t->max_steps);
+        if (trainer_schedule_check(&t->tc, t->max_steps, total_src, max_src, err, errlen) < 0)
+            goto fail;
     }
     if (restore(t, o, resume_dir, err, errlen) < 0) goto fail;
     if (t->tc.total_steps == 0)

@@ -91,8 +91,24 @@ typedef struct trainer_opts {
 } trainer_opts;
 
 /* Builds the training consumer (see top). NULL with the reason in err: unreadable target,
- * drafter/target mismatch (both values named), bad checkpoint, out of memory. */
+ * drafter/target mismatch (both values named), bad checkpoint, a fresh run's schedule that
+ * trainer_schedule_check refuses, out of memory. */
 worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen);
+
+/* A schedule the run can finish and resume: a --max-steps past a --total-steps above 0 would
+ * train its last steps at the floor learning rate, and the resume of such a run is refused, so
+ * it must not start either (dflash-drafter's check of its options; trainer_new for a fresh
+ * run). tc: lr, min_lr_ratio, total_steps; total_src and max_src say where the two values came
+ * from ("--total-steps 10", config_source). 0 or DFLASH_ECONFIG with the reason in err. */
+int trainer_schedule_check(const dflash_train_cfg *tc, int64_t max_steps, const char *total_src,
+                           const char *max_src, char *err, size_t errlen);
+
+/* The captured layers' count n_feat (the slot's n_layers) against n_capture_ids ids given by
+ * hand (0: none, DFlash's rule applies): equal, and in [1, DFLASH_MAX_FEAT]. capture_src and
+ * layers_src say where the values came from (config_source). dflash-drafter's check of its
+ * options and trainer_drafter_config. 0, DFLASH_EMISMATCH or DFLASH_ECONFIG with the reason. */
+int trainer_features_check(int n_capture_ids, int n_feat, const char *capture_src,
+                           const char *layers_src, char *err, size_t errlen);
 
 /* Drafter config for a target (step 2 above), shared by training and `eval --init-only`.
  * n_feat is the slot's n_layers. 0 or DFLASH_ECONFIG / DFLASH_EMISMATCH with the reason. */

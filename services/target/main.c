@@ -1,6 +1,8 @@
 /* dflash-target: fills slots with the target model's hidden states for the broker (DESIGN §2).
- * main() is the table of contents: config table (defaults < file < DFLASH_* < flags), validate,
- * build the slot layout and the producer chosen by --model ("synthetic" is the deterministic
+ * main() is the table of contents: config table (defaults < file < DFLASH_* < flags), validate
+ * (setup_from: every check of the options, which config_load also runs for --dump-config;
+ * check_shape_flags: those against the model), build the slot layout and the producer chosen by
+ * --model ("synthetic" is the deterministic
  * stand-in of synthetic.h; a checkpoint directory is the real target forward of model_producer.h
  * over --shards, on the cpu ops for the host backend or the cuda ops for the cuda one, warmed up
  * for every bucket shape before registering; SIGINT/SIGTERM end the loading and warm-up early),
@@ -107,10 +109,11 @@ static const cfg_option target_options[] = {
         "work to others and a supervisor restarts it (0 = never)", stall_exit_s),
     OPTS("log-level", "info", "debug, info, warn or error", log_level),
 };
+static int check_options(const cfg_table *t, const void *cfg, char *why, size_t len);
 static const cfg_table target_table = {
     "dflash-target", "fills slot pools with target hidden states for the DFlash broker",
     "[options]", target_options, sizeof target_options / sizeof target_options[0], NULL,
-    NULL, NULL};
+    check_options, NULL};
 
 /* The default --name: target-<host> (the host name up to its first dot, other characters than
  * letters, digits, - and _ as -), at most 31 characters (POOL_NAME_MAX). Stable across restarts
@@ -137,35 +140,94 @@ static void close_nn(pool_backend backend, nn_ctx **nn)
 #endif
 }
 
-/* The model decides the slots' hidden size, and --capture-layers the number of captured
- * layers: a --hidden or --layers given explicitly (not defaulted) that disagrees is refused
- * rather than silently replaced; so are layer ids the model lacks. 0 or DFLASH_ECONFIG after
- * printing why. */
+/* The model decides the slots' hidden size: a --hidden given explicitly (not defaulted) that
+ * disagrees is refused rather than silently replaced; so are --capture-layers ids the model
+ * lacks. The checks that need the model; the options' own are setup_from's. 0 or
+ * DFLASH_ECONFIG after printing why. */
 static int check_shape_flags(const cfg_table *t, const target_config *c, const model_config *mc,
                              const int *ids, int n_ids)
 {
-    char why[512];
+    char why[512], src[300];
     if (config_given(t, "hidden") && c->hidden != mc->hidden_size) {
-        fprintf(stderr, "dflash-target: --hidden %lld does not match %s's hidden_size %d (leave "
-                "it out: the model decides)\n", (long long)c->hidden, c->model, mc->hidden_size);
-        return DFLASH_ECONFIG;
-    }
-    if (n_ids > 0 && config_given(t, "layers") && c->layers != n_ids) {
-        fprintf(stderr, "dflash-target: --layers %lld disagrees with the %d ids of "
-                "--capture-layers '%s' (give one of them)\n", (long long)c->layers, n_ids,
-                c->capture);
+        fprintf(stderr, "dflash-target: %s does not match %s's hidden_size %d (leave it out: the "
+                "model decides)\n", config_source(t, c, "hidden", src, sizeof src), c->model,
+                mc->hidden_size);
         return DFLASH_ECONFIG;
     }
     if (n_ids > 0 && target_layer_ids_check(ids, n_ids, mc->num_layers, why, sizeof why) < 0) {
-        fprintf(stderr, "dflash-target: bad --capture-layers '%s' for %s: %s\n", c->capture,
-                c->model, why);
+        fprintf(stderr, "dflash-target: bad %s for %s: %s\n",
+                config_source(t, c, "capture-layers", src, sizeof src), c->model, why);
         return DFLASH_ECONFIG;
     }
     return 0;
 }
 
-static int build_loop_config(const target_config *c, target_loop_config *lc, char *endpoint,
-                             size_t ep_len)
+/* What the options give once checked across each other. */
+typedef struct target_setup {
+    pool_backend backend;
+    slot_layout layout;
+    uint32_t bucket_upper[TARGET_MAX_BUCKETS];
+    uint32_t n_buckets;
+    int ids[64]; /* --capture-layers; n_ids 0: DFlash's rule */
+    int n_ids;
+} target_setup;
+
+/* Every start-up check of the options that needs neither the model nor the data (those are
+ * check_shape_flags' and the producer's), with what they give into *s: the name, the backend,
+ * the slot layout, the buckets, --capture-layers (whatever the model: the synthetic one must not
+ * take "abc" either), and for a real model --shards, --layers against the --capture-layers
+ * count, the token budget against the largest bucket. config_load runs it (check_options), so
+ * --dump-config refuses what the start refuses; main() runs it again for *s. 0 or
+ * DFLASH_ECONFIG with the reason, naming where each value came from, in why. */
+static int setup_from(const cfg_table *t, const target_config *c, target_setup *s, char *why,
+                      size_t len)
+{
+    char reason[256], src[300], src2[300];
+#define REFUSE(...) return config_refuse(why, len, __VA_ARGS__)
+#define SRC(name) config_source(t, c, name, src, sizeof src)
+    memset(s, 0, sizeof *s);
+    if (c->name[0] && !pool_name_valid(c->name)) /* it names the slot pool: found here */
+        REFUSE("%s: give 1 to %u letters, digits, '-' or '_'", SRC("name"), POOL_NAME_MAX - 1);
+    int rc = pool_backend_parse(c->backend, &s->backend);
+    if (rc < 0) REFUSE("%s: %s", SRC("backend"), pool_backend_refusal(rc));
+    slot_dtype dt = s->backend == POOL_CUDA ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32;
+    rc = slot_layout_compute((uint32_t)c->token_budget, (uint32_t)c->max_seqs,
+                             (uint32_t)c->hidden, (uint32_t)c->layers, dt, &s->layout);
+    if (rc < 0)
+        REFUSE("slot layout (token budget %lld, max seqs %lld, hidden %lld, layers %lld) is "
+               "invalid: %s", (long long)c->token_budget, (long long)c->max_seqs,
+               (long long)c->hidden, (long long)c->layers, err_str(rc));
+    int nb = batch_plan_parse_bounds(c->buckets, s->bucket_upper, TARGET_MAX_BUCKETS, reason,
+                                     sizeof reason);
+    if (nb <= 0) REFUSE("%s: %s", SRC("buckets"), reason);
+    s->n_buckets = (uint32_t)nb;
+    s->n_ids = target_capture_layers_parse(c->capture, s->ids, 64, reason, sizeof reason);
+    if (s->n_ids < 0) REFUSE("bad %s: %s", SRC("capture-layers"), reason);
+    if (strcmp(c->model, "synthetic") == 0) return 0;
+    if (!c->shards[0]) REFUSE("--model %s needs --shards FILE[,FILE...]", c->model);
+    /* the model decides the captured layers' count from --capture-layers */
+    if (s->n_ids > 0 && config_given(t, "layers") && c->layers != s->n_ids)
+        REFUSE("%s disagrees with the %d ids of %s (give one of them)", SRC("layers"), s->n_ids,
+               config_source(t, c, "capture-layers", src2, sizeof src2));
+    batch_plan_params bp = {.bucket_bounds = s->bucket_upper, .n_buckets = (int)s->n_buckets,
+                            .token_budget = (uint64_t)c->token_budget};
+    if (batch_plan_params_check(&bp, reason, sizeof reason) < 0)
+        REFUSE("%s, %s: %s", SRC("token-budget"),
+               config_source(t, c, "buckets", src2, sizeof src2), reason);
+    return 0;
+#undef SRC
+#undef REFUSE
+}
+
+/* config_load's check (target_table): setup_from's, for --dump-config and the start alike. */
+static int check_options(const cfg_table *t, const void *cfg, char *why, size_t len)
+{
+    target_setup s;
+    return setup_from(t, cfg, &s, why, len);
+}
+
+static void build_loop_config(const target_config *c, const target_setup *s,
+                              target_loop_config *lc, char *endpoint, size_t ep_len)
 {
     memset(lc, 0, sizeof *lc);
     client_resolve_endpoint(c->endpoint, c->runtime_dir, endpoint, ep_len);
@@ -173,35 +235,12 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
     lc->curve_server_key = c->curve_server_key;
     lc->curve_key = c->curve_key;
     lc->name = c->name;
-    if (!pool_name_valid(c->name)) { /* it names the slot pool: found here, not at its creation */
-        fprintf(stderr, "dflash-target: --name '%s': give 1 to %u letters, digits, '-' or '_'\n",
-                c->name, POOL_NAME_MAX - 1);
-        return DFLASH_ECONFIG;
-    }
-    int brc = pool_backend_parse(c->backend, &lc->backend);
-    if (brc < 0) {
-        fprintf(stderr, "dflash-target: --backend %s: %s\n", c->backend, pool_backend_refusal(brc));
-        return DFLASH_ECONFIG;
-    }
+    lc->backend = s->backend;
     lc->device = (int)c->device;
     lc->n_slots = (uint32_t)c->slots;
-    slot_dtype dt = lc->backend == POOL_CUDA ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32;
-    int rc = slot_layout_compute((uint32_t)c->token_budget, (uint32_t)c->max_seqs,
-                                 (uint32_t)c->hidden, (uint32_t)c->layers, dt, &lc->layout);
-    if (rc < 0) {
-        fprintf(stderr, "dflash-target: slot layout (token budget %lld, max seqs %lld, hidden "
-                "%lld, layers %lld) is invalid: %s\n", (long long)c->token_budget,
-                (long long)c->max_seqs, (long long)c->hidden, (long long)c->layers, err_str(rc));
-        return DFLASH_ECONFIG;
-    }
-    char why[256];
-    int nb =
-        batch_plan_parse_bounds(c->buckets, lc->bucket_upper, TARGET_MAX_BUCKETS, why, sizeof why);
-    lc->n_buckets = nb > 0 ? (uint32_t)nb : 0;
-    if (nb <= 0) {
-        fprintf(stderr, "dflash-target: --buckets '%s': %s\n", c->buckets, why);
-        return DFLASH_ECONFIG;
-    }
+    lc->layout = s->layout;
+    lc->n_buckets = s->n_buckets;
+    memcpy(lc->bucket_upper, s->bucket_upper, sizeof s->bucket_upper);
     /* synthetic: every bucket has the same number of batches; its token share follows its
      * mean sequence length, roughly, so use equal batch shares (each batch ~ one budget) */
     for (uint32_t b = 0; b < lc->n_buckets; b++) {
@@ -214,7 +253,6 @@ static int build_loop_config(const target_config *c, target_loop_config *lc, cha
     lc->max_batches = c->max_batches;
     lc->register_fail_exit_ms = c->broker_wait_ms;
     lc->stall_exit_s = c->stall_exit_s;
-    return 0;
 }
 
 int main(int argc, char **argv)
@@ -230,40 +268,34 @@ int main(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
+    target_setup setup;
+    char why[1024];
+    if (setup_from(&table, &cfg, &setup, why, sizeof why) < 0) { /* config_load's check passed */
+        fprintf(stderr, "dflash-target: %s\n", why);
+        return 2;
+    }
     if (!cfg.name[0]) default_name(cfg.name, sizeof cfg.name);
 
     target_loop_config lc;
     char endpoint[300];
-    if (build_loop_config(&cfg, &lc, endpoint, sizeof endpoint) < 0) return 2;
+    build_loop_config(&cfg, &setup, &lc, endpoint, sizeof endpoint);
 
     target_producer *prod = NULL;
     const nn_ops *ops = NULL;
     nn_ctx *nn = NULL;
-    int ids[64]; /* checked whatever the model: the synthetic one must not take "abc" either */
-    int n_ids = target_capture_layers_parse("dflash-target", cfg.capture, ids, 64);
-    if (n_ids < 0) return 2;
+    const int *ids = setup.ids;
+    int n_ids = setup.n_ids;
     if (strcmp(cfg.model, "synthetic") == 0) {
         prod = target_synthetic_new(&lc, (uint32_t)cfg.vocab_size, cfg.rate);
         lc.plan_id = target_synthetic_plan_id(&lc, (uint32_t)cfg.vocab_size);
         lc.has_plan_id = true;
     } else {
-        /* the flags first, then the compute context (nothing to free on a refusal) */
-        if (!cfg.shards[0]) {
-            fprintf(stderr, "dflash-target: --model %s needs --shards FILE[,FILE...]\n", cfg.model);
-            return 2;
-        }
+        /* the model's checks first, then the compute context (nothing to free on a refusal) */
         model_config mc;
         char cerr[512];
         if (hf_config_load(cfg.model, &mc, cerr, sizeof cerr) == 0 &&
             check_shape_flags(&table, &cfg, &mc, ids, n_ids) < 0)
             return 2;
-        batch_plan_params bp = {.bucket_bounds = lc.bucket_upper, .n_buckets = (int)lc.n_buckets,
-                                .token_budget = (uint64_t)cfg.token_budget};
-        if (batch_plan_params_check(&bp, cerr, sizeof cerr) < 0) { /* before the load */
-            fprintf(stderr, "dflash-target: --token-budget %lld, --buckets %s: %s\n",
-                    (long long)cfg.token_budget, cfg.buckets, cerr);
-            return 2;
-        }
         if (lc.backend == POOL_HOST) {
             ops = nn_cpu_ops();
             nn = nn_cpu_new((int)cfg.threads);

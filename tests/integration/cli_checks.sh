@@ -8,9 +8,15 @@
 #   - with no broker, "no broker answered ... for T" states the time waited (a request timeout
 #     of 1 s is past a --broker-wait-ms of 100), not the configured wait, and why it is longer
 #     (each request waits up to --timeout-ms; "for 1.0 s (--broker-wait-ms 100)" read as a bug);
-#   - dflash-queue --dump-config refuses (exit 2) what the start refuses (min-ready above
-#     max-depth: it printed it with exit 0); dflash-ctl --json keygen prints one JSON object on
-#     success and on failure (it printed text lines);
+#   - --dump-config refuses (exit 2) what the start refuses (dflash-queue: min-ready above
+#     max-depth; the drafter: --lr x --weight-decay of 1, --max-steps past --total-steps,
+#     --capture-layers against --layers, no mode; eval: two drafters; the target: --capture-layers
+#     out of order or against --layers, a token budget below a bucket): each printed its dump
+#     with exit 0;
+#   - a bad value from a DFLASH_* variable or a config file is named so ("DFLASH_HIDDEN=4096
+#     (environment)", "layers 5 (config file F, line 2)"), not blamed on a flag nobody gave;
+#   - dflash-ctl --json keygen prints one JSON object on success and on failure (it printed
+#     text lines);
 #   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
 #     (the percentiles' ranks used to cross with few samples);
 #   - a second dflash-queue on the runtime dir of a running one exits 1 and leaves no --journal
@@ -102,7 +108,7 @@ expect drafter_lr_decay 2 "--lr 1 with --weight-decay 10: .*must stay below 1.*1
 expect drafter_lr_decay_edge 2 "their product 1 must stay below 1" "$D" "${COMMON[@]}" \
     --model "$WORK/target" --lr 0.5 --weight-decay 2
 # a token budget below the largest bucket failed in the batch plan, after the flags (exit 1)
-expect target_budget 2 "--token-budget 100, --buckets 32,128: .*smaller than the largest" \
+expect target_budget 2 "--token-budget 100, --buckets '32,128': .*smaller than the largest" \
     "$T" "${COMMON[@]}" "${MODEL[@]}" --buckets 32,128 --token-budget 100
 # --backend cuda in a build without CUDA failed when the pool was made (exit 1)
 if [ "$HAVE_CUDA" = OFF ]; then
@@ -130,6 +136,40 @@ expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 
 expect queue_dump_checked 2 "min-ready 100 needs 100 ready slots .* max-depth is 10" \
     "$Q" --runtime-dir "$WORK/run" --min-ready 100 --max-depth 10 --dump-config
 expect queue_dump_ok 0 "^min-ready 5$" "$Q" --runtime-dir "$WORK/run" --min-ready 5 --dump-config
+# ... in the drafter, its eval and the target too: each printed these with exit 0
+expect drafter_dump_lr_decay 2 "--lr 1 with --weight-decay 1: their product 1 must stay below 1" \
+    "$D" --model "$WORK/target" --lr 1 --weight-decay 1 --dump-config
+expect drafter_dump_schedule 2 "--max-steps 20 is past --total-steps 10" "$D" \
+    --model "$WORK/target" --total-steps 10 --max-steps 20 --dump-config
+expect drafter_dump_capture 2 "--capture-layers '1,2,3' names 3 target layers but the slots \
+hold 2 captured layers \(--layers 2\)" "$D" --model "$WORK/target" --layers 2 \
+    --capture-layers 1,2,3 --dump-config
+expect drafter_dump_mode 2 "choose one mode" "$D" --dump-config
+expect drafter_dump_ok 0 "^lr 0.00059999999999999995$" "$D" --model "$WORK/target" --dump-config
+expect eval_dump_two_drafters 2 "--checkpoint '/x' and --init-only name two drafters" "$D" \
+    eval --model "$WORK/target" --data "$WORK/data.shard" --checkpoint /x --init-only \
+    --dump-config
+expect target_dump_capture_order 2 "bad --capture-layers '3,1': .*ascending order" "$T" \
+    "${MODEL[@]}" --capture-layers 3,1 --dump-config
+expect target_dump_layers 2 "--layers 5 disagrees with the 2 ids of --capture-layers '1,2'" \
+    "$T" "${MODEL[@]}" --layers 5 --capture-layers 1,2 --dump-config
+expect target_dump_budget 2 "--token-budget 100, --buckets '32,128': .*smaller than the" "$T" \
+    "${MODEL[@]}" --buckets 32,128 --token-budget 100 --dump-config
+expect target_dump_ok 0 "^capture-layers 1,2$" "$T" "${MODEL[@]}" --capture-layers 1,2 \
+    --dump-config
+
+# a value from the environment or a config file is named so, not as a flag nobody gave
+expect drafter_hidden_env 2 "DFLASH_HIDDEN=4096 \(environment\) does not match the target's" \
+    env DFLASH_HIDDEN=4096 "$D" "${COMMON[@]}" --model "$WORK/target" --buckets 64 \
+    --token-budget 64 --max-seqs 2
+expect target_hidden_env 2 "DFLASH_TARGET_HIDDEN=4096 \(environment\) does not match" \
+    env DFLASH_TARGET_HIDDEN=4096 "$T" "${COMMON[@]}" "${MODEL[@]}"
+expect drafter_lr_env 2 "DFLASH_LR=2 \(environment\) with --weight-decay 0.5: their product" \
+    env DFLASH_LR=2 "$D" --model "$WORK/target" --weight-decay 0.5 --dump-config
+printf '# layers for the daemons\nlayers 5\n' > "$WORK/layers.conf"
+expect target_layers_file 2 "layers 5 \(config file $WORK/layers.conf, line 2\) disagrees \
+with the 2 ids of --capture-layers '1,2'" "$T" "${COMMON[@]}" "${MODEL[@]}" --config \
+    "$WORK/layers.conf" --capture-layers 1,2
 # keygen under --json: JSON on stdout, success and failure alike
 mkdir "$WORK/keys"
 expect ctl_keygen_json 0 '^\{"ok":true,"verb":"keygen","secret_key_file":"[^"]*/keys/n.key",'\

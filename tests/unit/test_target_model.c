@@ -133,10 +133,10 @@ static void test_given_ids(void) {
     CHECK(strstr(why, "id 1 given twice") != NULL);
     CHECK_EQ_INT(target_layer_ids_check(deep, 2, 6, why, sizeof why), DFLASH_ECONFIG);
     CHECK(strstr(why, "id 6 outside [0, 6)") != NULL);
-    CHECK_EQ_INT(target_capture_layers_parse("test", "1,3,5", ids, 8), 3);
-    CHECK_EQ_INT(target_capture_layers_parse("test", "", ids, 8), 0);
-    CHECK(target_capture_layers_parse("test", "5,3,1", ids, 8) < 0);
-    CHECK(target_capture_layers_parse("test", "1,x", ids, 8) < 0);
+    CHECK_EQ_INT(target_capture_layers_parse("1,3,5", ids, 8, NULL, 0), 3);
+    CHECK_EQ_INT(target_capture_layers_parse("", ids, 8, NULL, 0), 0);
+    CHECK(target_capture_layers_parse("5,3,1", ids, 8, NULL, 0) < 0);
+    CHECK(target_capture_layers_parse("1,x", ids, 8, NULL, 0) < 0);
     for (int L = 4; L <= 80; L++)
         for (int n = 1; n <= 8; n++)
             if (target_default_layer_ids(L, n, ids) == 0)

@@ -7,16 +7,21 @@
 
 void progress_start(progress *p, FILE *out)
 {
+    progress_start_every(p, out, 10.0);
+}
+
+void progress_start_every(progress *p, FILE *out, double seconds)
+{
     p->out = out ? out : stderr;
     p->tty = isatty(fileno(p->out));
-    p->interval = p->tty ? 0.2 : 10.0;
+    p->interval = seconds <= 0 ? -1 : p->tty ? 0.2 : seconds;
     p->t0 = p->last = monotime_s();
     p->open = false;
 }
 
 bool progress_due(const progress *p)
 {
-    return monotime_s() - p->last >= p->interval;
+    return p->interval > 0 && monotime_s() - p->last >= p->interval;
 }
 
 double progress_elapsed(const progress *p)

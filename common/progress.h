@@ -12,12 +12,15 @@
 
 typedef struct progress {
     FILE *out;
-    double t0, last, interval; /* monotime_s() seconds */
+    double t0, last, interval; /* monotime_s() seconds; interval < 0: no line */
     bool tty, open;            /* open: a '\r' line still waits for its newline */
 } progress;
 
 /* Starts the clock; the first line is due one interval later. out NULL: stderr. */
 void progress_start(progress *p, FILE *out);
+/* progress_start with another interval than 10 s when out is not a terminal (eval's
+ * --progress-ms); seconds <= 0: no line is ever due, on a terminal neither. */
+void progress_start_every(progress *p, FILE *out, double seconds);
 /* True when a line is due: an interval has passed since the last one (or the start). */
 bool progress_due(const progress *p);
 /* Seconds since progress_start. */

@@ -36,8 +36,7 @@ static volatile sig_atomic_t stop_flag;
 
 static void set_stop_flag(int sig)
 {
-    (void)sig;
-    stop_flag = 1;
+    stop_flag = sig;
 }
 
 volatile sig_atomic_t *signals_install_stop_flag(void)

@@ -14,7 +14,8 @@
 void signals_install_stop(void (*on_stop)(int));
 
 /* signals_install_stop with a handler that sets one process-wide flag; returns the flag, which
- * a daemon's loop polls (the target and the drafter). */
+ * a daemon's loop polls (the target and the drafter): 0 until a stop signal came, then its
+ * number (SIGINT or SIGTERM; `dflash-drafter eval` exits 128 + it, as a shell reports it). */
 volatile sig_atomic_t *signals_install_stop_flag(void);
 
 /* Blocks SIGINT and SIGTERM (kept across exec; pending signals stay pending). */

@@ -49,7 +49,8 @@ int dflash_tau_walk_spans(const int32_t *pred, const int32_t *ids, const uint8_t
     return rows;
 }
 
-int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc) {
+int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc,
+                    int (*after_chunk)(void *user, int done, int n_chunks), void *user) {
     int B = m->cfg.block_size;
     dflash_train_cfg tc;
     dflash_train_cfg_default(&tc);
@@ -74,6 +75,7 @@ int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc
         for (int p = 0; p < S; p++)
             if (dflash_anchor_candidate(b->loss_mask + start, p, S)) seq[k] = s, anc[k] = p, k++;
     }
+    int n_chunks = (n + m->max_blocks - 1) / m->max_blocks;
     for (int k0 = 0; k0 < n; k0 += m->max_blocks) {
         int nb = n - k0 < m->max_blocks ? n - k0 : m->max_blocks;
         if ((rc = dflash_train_build(m, &tc, b, nb, seq + k0, anc + k0, NULL))) goto out;
@@ -83,6 +85,10 @@ int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc
         for (int j = 0; j < nb; j++)
             memcpy(pred + (size_t)(k0 + j) * (B - 1), m->h_argmax + (size_t)j * B + 1,
                    (size_t)(B - 1) * sizeof(int32_t));
+        if (after_chunk && after_chunk(user, k0 / m->max_blocks + 1, n_chunks)) {
+            rc = DFLASH_ESHUTDOWN;
+            goto out;
+        }
     }
     k = 0;
     for (int s = 0; s < b->n_seqs; s++) {

@@ -50,7 +50,11 @@ int dflash_tau_walk_spans(const int32_t *pred, const int32_t *ids, const uint8_t
 
 /* Adds the trajectories of every response span of every sequence of the view to *acc (zero it
  * first; sum many batches into one). Sequences without a span of two tokens add no cycle.
- * Returns 0 or a negative code. */
-int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc);
+ * The candidate anchors are drafted in chunks of the model's max_blocks; after_chunk (may be
+ * NULL) is called with user after each (done of n_chunks), so that a long evaluation reports
+ * progress and honours a stop: non-zero abandons the view, adding nothing to *acc.
+ * Returns 0, DFLASH_ESHUTDOWN when after_chunk abandoned it, or a negative code. */
+int dflash_eval_tau(dflash_model *m, const dflash_batch_view *b, dflash_tau *acc,
+                    int (*after_chunk)(void *user, int done, int n_chunks), void *user);
 
 #endif

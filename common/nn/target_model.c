@@ -72,6 +72,8 @@ struct target_model {
     int n_run, n_loaded;
     int T_max, S_max, R_max;
     bool no_head; /* final norm and lm_head not loaded */
+    int (*after_layer)(void *user, int done, int n_layers); /* opts.after_layer; may be NULL */
+    void *after_layer_user;
 
     void *params;
     nn_buf *embed, *final_norm, *lm_head;
@@ -331,6 +333,8 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
     m->S_max = o->max_seqs ? o->max_seqs : o->max_tokens;
     m->R_max = o->max_logit_rows;
     m->no_head = o->no_head;
+    m->after_layer = o->after_layer;
+    m->after_layer_user = o->after_layer_user;
     if (o->no_head && o->max_logit_rows > 0) {
         LOG_ERROR("target model: no_head leaves nothing to compute logits with");
         goto fail;
@@ -586,14 +590,18 @@ static void capture(target_model *m, nn_buf *out, size_t ld, int col, int T) {
     m->ops->copy2d(m->ctx, dst, ld * ab, m->h, D * ab, D * ab, (size_t)T);
 }
 
-/* Embedding and layers [0, n_layers), capturing into out (when not NULL). */
-static void run(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
-                int n_seqs, int T, int n_layers, nn_buf *out, size_t out_ld) {
+/* Embedding and layers [0, n_layers), capturing into out (when not NULL), asking after_layer
+ * after each layer. 0, or DFLASH_ESHUTDOWN when after_layer abandoned the forward. */
+static int run(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
+               int n_seqs, int T, int n_layers, nn_buf *out, size_t out_ld) {
     embed_rows(m, ids, pos, T);
     for (int l = 0; l < n_layers; l++) {
         layer_fwd(m, &m->layers[l], seq_off, n_seqs, T);
         if (out && m->capture_col[l] >= 0) capture(m, out, out_ld, m->capture_col[l], T);
+        if (m->after_layer && m->after_layer(m->after_layer_user, l + 1, n_layers))
+            return DFLASH_ESHUTDOWN;
     }
+    return 0;
 }
 
 int target_forward(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
@@ -601,8 +609,7 @@ int target_forward(target_model *m, const int32_t *ids, const int32_t *pos, cons
     if (!m || T < 1 || T > m->T_max || n_seqs < 1 || n_seqs > T || !out_hidden ||
         out_ld < (size_t)m->n_capture * (size_t)m->cfg.hidden_size)
         return DFLASH_EINVAL;
-    run(m, ids, pos, seq_off, n_seqs, T, m->n_run, out_hidden, out_ld);
-    return 0;
+    return run(m, ids, pos, seq_off, n_seqs, T, m->n_run, out_hidden, out_ld);
 }
 
 /* Validates host index arrays and uploads them into the model's own buffers. */
@@ -665,7 +672,8 @@ int target_logits(target_model *m, const int32_t *ids, const int32_t *pos, const
         if (rows[r] < 0 || rows[r] >= T) return DFLASH_EINVAL;
     const nn_ops *ops = m->ops;
     size_t ab = ops->act_bytes, D = (size_t)m->cfg.hidden_size;
-    run(m, m->d_ids, m->d_pos, m->d_off, n_seqs, T, m->cfg.num_layers, NULL, 0);
+    if ((rc = run(m, m->d_ids, m->d_pos, m->d_off, n_seqs, T, m->cfg.num_layers, NULL, 0)))
+        return rc;
     for (int r = 0; r < n_rows; r++) /* gather the rows into x (free after the layers) */
         ops->copy(m->ctx, (char *)m->x + r * D * ab, (char *)m->h + (size_t)rows[r] * D * ab,
                   D * ab);

@@ -53,6 +53,13 @@ typedef struct target_model_opts {
     /* A daemon's stop flag (may be NULL): once it is set, loading gives up before the next
      * tensor and creation returns NULL, so SIGINT/SIGTERM do not wait for a large checkpoint. */
     volatile sig_atomic_t *stop;
+    /* Called after each decoder layer of target_forward and target_logits, on their thread
+     * (may be NULL): a caller whose forward takes long (eval of a real target on the cpu)
+     * reports progress there and checks its stop flag. done of n_layers layers have run (on the
+     * cuda backend their work may still be queued). Non-zero abandons the forward, which then
+     * returns DFLASH_ESHUTDOWN, its output incomplete. */
+    int (*after_layer)(void *user, int done, int n_layers);
+    void *after_layer_user;
 } target_model_opts;
 
 /* Fills dst[numel(shape)] (fp32, host) with tensor `name` after checking that it exists and has
@@ -120,8 +127,9 @@ const nn_buf *target_model_final_norm(const target_model *m);
  * out_hidden[t * out_ld + j * D + c] (act type, backend memory; out_ld >= n_capture * D).
  * ids[T], pos[T], seq_off[n_seqs + 1] are backend memory (e.g. the slot's own arrays):
  * sequence s is tokens [seq_off[s], seq_off[s+1]), seq_off[0] = 0, seq_off[n_seqs] = T.
- * Attention is causal within each sequence only. Returns 0, or DFLASH_EINVAL when T is not in
- * [1, max_tokens] or n_seqs < 1. Token ids must be < vocab (the caller validates them). */
+ * Attention is causal within each sequence only. Returns 0, DFLASH_EINVAL when T is not in
+ * [1, max_tokens] or n_seqs < 1, or DFLASH_ESHUTDOWN when opts.after_layer abandoned it. Token
+ * ids must be < vocab (the caller validates them). */
 int target_forward(target_model *m, const int32_t *ids, const int32_t *pos, const int32_t *seq_off,
                    int n_seqs, int T, nn_buf *out_hidden, size_t out_ld);
 

@@ -13,7 +13,9 @@
  * --group NAME (with --train) makes the process one rank of a data-parallel group
  * (group_worker.h): whole steps from the broker, gradients averaged with --comm shm|nccl.
  * Subcommand: `dflash-drafter eval --model TARGET --data SHARDS [--checkpoint DIR | --init-only]`
- * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards.
+ * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards;
+ * SIGINT/SIGTERM end it within a target layer or a chunk of drafted blocks, the tau of the
+ * sequences done printed marked partial, exit 128 + the signal (eval_main).
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
  * 4 another live drafter has our --name or replaced us as a restart of our run (the broker
@@ -399,6 +401,7 @@ typedef struct eval_config {
     bool init_only;
     int64_t threads;
     int64_t eval_seqs;
+    int64_t progress_ms;
     int64_t draft_layers, block_size, mask_token_id, layers, init_seed;
     char capture[256];
     bool json;
@@ -420,6 +423,9 @@ static const cfg_option eval_options[] = {
     /* not "max-seqs": that is the slot layout's, set in DFLASH_MAX_SEQS for every service */
     EOPT("eval-seqs", CFG_INT, "0", 0, 1e12, "evaluate the first N sequences (0 = all)",
          eval_seqs),
+    EOPT("progress-ms", CFG_INT, "10000", 0, 1 << 30, "progress line interval when stderr is not "
+         "a terminal, also inside one long sequence (0 = none; a terminal's line is rewritten "
+         "every 0.2 s)", progress_ms),
     EOPT("draft-layers", CFG_INT, "1", 1, 64, "init-only: drafter layers", draft_layers),
     EOPT("block-size", CFG_INT, "16", 2, 64, "init-only: block size", block_size),
     EOPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "init-only: MASK row (-1 = vocab - 1)",
@@ -485,7 +491,38 @@ static int eval_refuse_max_seqs(int argc, char **argv)
     return 2;
 }
 
-static int eval_main(int argc, char **argv)
+/* eval's result on stdout, a sentence or (--json) one object; a stopped eval's marked partial
+ * (r->total sequences were to be evaluated, sequences + skipped were). */
+static void eval_print(const eval_config *ec, const trainer_eval_result *r, bool partial)
+{
+    const char *what = ec->init_only ? "untrained" : ec->checkpoint;
+    long done = r->sequences + r->skipped;
+    char tau[32] = "null";
+    if (r->cycles) snprintf(tau, sizeof tau, "%.4f", r->tau);
+    if (ec->json)
+        printf("{\"tau\": %s, \"cycles\": %ld, \"sequences\": %ld, \"skipped\": %ld, "
+               "\"total\": %ld, \"partial\": %s, \"block_size\": %d, \"seconds\": %.2f}\n",
+               tau, r->cycles, r->sequences, r->skipped, r->total, partial ? "true" : "false",
+               r->block_size, r->seconds);
+    else if (!partial)
+        printf("tau %.4f (%ld draft cycles over %ld held-out sequences, %ld without a response "
+               "skipped, block %d, drafter %s) in %.1f s\n",
+               r->tau, r->cycles, r->sequences, r->skipped, r->block_size, what, r->seconds);
+    else if (r->cycles)
+        printf("stopped after %ld of %ld sequences: tau %.4f over the %ld sequences done (%ld "
+               "draft cycles, %ld without a response skipped, block %d, drafter %s) in %.1f s "
+               "(partial)\n", done, r->total, r->tau, done, r->cycles, r->skipped,
+               r->block_size, what, r->seconds);
+    else
+        printf("stopped after %ld of %ld sequences: no draft cycle yet, so no tau (partial)\n",
+               done, r->total);
+    fflush(stdout);
+}
+
+/* `dflash-drafter eval`: exit 0 with tau, 1 or 2 (docs/operating.md section 7), or 128 + the
+ * signal (130 SIGINT, 143 SIGTERM, as a shell reports a process the signal ended) when a stop
+ * ended it early, after printing the partial tau of the sequences done, marked so. */
+static int eval_main(int argc, char **argv, volatile sig_atomic_t *stop)
 {
     eval_config ec;
     int rc = eval_refuse_max_seqs(argc, argv);
@@ -510,23 +547,22 @@ static int eval_main(int argc, char **argv)
                             .mask_token_id = (int)ec.mask_token_id,
                             .n_feat = n_ids ? n_ids : (int)ec.layers,
                             .capture_ids = n_ids ? ids : NULL, .n_capture_ids = n_ids,
-                            .init_seed = (uint64_t)ec.init_seed};
+                            .init_seed = (uint64_t)ec.init_seed, .stop = stop,
+                            .progress_s = (double)ec.progress_ms / 1000.0};
     trainer_eval_result r;
     char err[512] = "";
     rc = trainer_eval(&eo, &r, err, sizeof err);
+    if (rc == DFLASH_ESHUTDOWN) {
+        fprintf(stderr, "dflash-drafter eval: %s: signal %d (the tau printed is partial)\n", err,
+                (int)*stop);
+        eval_print(&ec, &r, true);
+        return 128 + (*stop ? (int)*stop : SIGTERM);
+    }
     if (rc < 0) {
         fprintf(stderr, "dflash-drafter eval: %s (%s)\n", err, err_str(rc));
         return rc == DFLASH_EMISMATCH || rc == DFLASH_ECONFIG ? 2 : 1;
     }
-    const char *what = ec.init_only ? "untrained" : ec.checkpoint;
-    if (ec.json)
-        printf("{\"tau\": %.4f, \"cycles\": %ld, \"sequences\": %ld, \"skipped\": %ld, "
-               "\"block_size\": %d, \"seconds\": %.2f}\n",
-               r.tau, r.cycles, r.sequences, r.skipped, r.block_size, r.seconds);
-    else
-        printf("tau %.4f (%ld draft cycles over %ld held-out sequences, %ld without a response "
-               "skipped, block %d, drafter %s) in %.1f s\n",
-               r.tau, r.cycles, r.sequences, r.skipped, r.block_size, what, r.seconds);
+    eval_print(&ec, &r, false);
     return 0;
 }
 
@@ -535,7 +571,7 @@ int main(int argc, char **argv)
     blas_select_fast_kernels(argv);
     volatile sig_atomic_t *stop = signals_install_stop_flag();
     log_init("dflash-drafter", LOG_INFO);
-    if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1, stop);
     drafter_config cfg;
     cfg_source sources[sizeof drafter_options / sizeof drafter_options[0]];
     cfg_table table = drafter_table; /* with `sources`: where each value came from */

@@ -893,6 +893,90 @@ fail:
 
 /* ------------------------------------------------------------------------------ evaluation */
 
+/* One evaluation as its progress line and its stop see it: what is done, and where the sequence
+ * in hand is. Its forward ticks (eval_tick) after each target layer and each chunk of drafted
+ * blocks, so a line comes every interval and a stop is heard within a layer or a chunk, however
+ * long one sequence takes. */
+typedef struct eval_run {
+    progress prog;
+    volatile sig_atomic_t *stop; /* may be NULL */
+    uint64_t n, done;             /* sequences to evaluate; done (walked or skipped) */
+    uint64_t tokens, tokens_done; /* the n sequences' tokens; the done ones' */
+    uint32_t len;                 /* tokens of the sequence in hand (0: between sequences) */
+    const char *phase;            /* its forward: "target layer" or "drafting block chunk" */
+    bool drafting;                /* the second phase */
+    int step, steps;              /* of that phase */
+    double phase_t0;              /* monotime_s() at its start */
+    double cur_s[2];              /* seconds in each phase of the sequence in hand */
+    double phase_s[2];            /* seconds in each phase over the sequences done */
+    const dflash_tau *acc;
+} eval_run;
+
+static bool eval_stopped(const eval_run *r) {
+    return r->stop && *r->stop;
+}
+
+/* "37s", "12min", "3.5h": an ETA a reader takes in at a glance. */
+static void eta_text(double s, char *buf, size_t len) {
+    if (s < 120) snprintf(buf, len, "%.0fs", s);
+    else if (s < 7200) snprintf(buf, len, "%.0fmin", s / 60);
+    else snprintf(buf, len, "%.1fh", s / 3600);
+}
+
+/* The progress line, when one is due: sequences and tokens done, the sequence in hand and its
+ * phase, tau so far and the ETA by tokens: the done sequences', and the share of the one in
+ * hand that its phases have done, each phase weighed by its share of the time so far (half each
+ * until a sequence is done). */
+static void eval_progress(eval_run *r) {
+    if (!progress_due(&r->prog)) return;
+    double both = r->phase_s[0] + r->phase_s[1];
+    double w = both > 0 ? r->phase_s[0] / both : 0.5; /* the target's share of a sequence */
+    double part = !r->len || !r->steps ? 0
+                  : r->drafting        ? w + (1 - w) * r->step / r->steps
+                                       : w * r->step / r->steps;
+    double done = (double)r->tokens_done + part * r->len;
+    char eta[32] = "?", where[96] = "";
+    if (done > 0) eta_text(progress_elapsed(&r->prog) * ((double)r->tokens - done) / done, eta,
+                           sizeof eta);
+    if (r->len && r->steps)
+        snprintf(where, sizeof where, ", in sequence %llu (%u tokens): %s %d/%d",
+                 (unsigned long long)r->done + 1, r->len, r->phase, r->step, r->steps);
+    char tau[32] = "-";
+    if (r->acc->cycles) snprintf(tau, sizeof tau, "%.3f", dflash_tau_value(r->acc));
+    progress_printf(&r->prog, "eval %llu/%llu held-out sequences (%llu/%llu tokens)%s, %ld draft "
+                    "cycles, tau so far %s, ETA %s", (unsigned long long)r->done,
+                    (unsigned long long)r->n, (unsigned long long)r->tokens_done,
+                    (unsigned long long)r->tokens, where, r->acc->cycles, tau, eta);
+}
+
+/* target_model_opts.after_layer and dflash_eval_tau's after_chunk: a line when due; non-zero
+ * (abandon the forward) once a stop was asked for. */
+static int eval_tick(void *user, int step, int steps) {
+    eval_run *r = user;
+    r->step = step;
+    r->steps = steps;
+    eval_progress(r);
+    return eval_stopped(r);
+}
+
+/* Enters a phase of the sequence in hand of len tokens: its target forward, or (drafting) the
+ * drafting of its blocks; len 0: between sequences. The time of the phase left is counted, and
+ * a sequence's once it was drafted. */
+static void eval_phase(eval_run *r, uint32_t len, bool drafting) {
+    double now = monotime_s();
+    if (r->len) r->cur_s[r->drafting] += now - r->phase_t0;
+    if (!drafting && r->cur_s[1] > 0) { /* the sequence in hand was drafted: done */
+        r->phase_s[0] += r->cur_s[0];
+        r->phase_s[1] += r->cur_s[1];
+    }
+    if (!drafting) r->cur_s[0] = r->cur_s[1] = 0;
+    r->len = len;
+    r->drafting = drafting;
+    r->phase = drafting ? "drafting block chunk" : "target layer";
+    r->phase_t0 = now;
+    r->step = r->steps = 0;
+}
+
 int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     double t0 = monotime_s();
@@ -913,11 +997,17 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     }
     shard_set *set = shard_set_open_list(o->data, err, errlen);
     if (!set) return DFLASH_EIO;
-    uint64_t n = shard_set_count(set);
-    if (o->eval_seqs > 0 && (uint64_t)o->eval_seqs < n) n = (uint64_t)o->eval_seqs;
+    dflash_tau acc;
+    memset(&acc, 0, sizeof acc);
+    eval_run run = {.stop = o->stop, .n = shard_set_count(set), .acc = &acc};
+    if (o->eval_seqs > 0 && (uint64_t)o->eval_seqs < run.n) run.n = (uint64_t)o->eval_seqs;
+    out->total = (long)run.n;
     uint32_t max_len = 1;
-    for (uint64_t i = 0; i < n; i++)
-        if (shard_set_len(set, i) > max_len) max_len = shard_set_len(set, i);
+    for (uint64_t i = 0; i < run.n; i++) {
+        uint32_t len = shard_set_len(set, i);
+        run.tokens += len;
+        if (len > max_len) max_len = len;
+    }
 
     const nn_ops *ops = nn_cpu_ops();
     nn_ctx *nn = nn_cpu_new(o->threads);
@@ -925,7 +1015,6 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     dflash_model *m = NULL;
     float *hidden = NULL;
     int32_t *pos = NULL;
-    progress prog = {0}; /* a line every 10 s (0.2 s on a terminal), as the training's */
     if (!nn) {
         snprintf(err, errlen, "cannot create the cpu compute context");
         rc = DFLASH_ENOMEM;
@@ -943,11 +1032,15 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     target_model_opts to = {.layer_ids = dc.target_layer_ids,
                             .n_layer_ids = dc.n_feat,
                             .max_tokens = (int)max_len,
-                            .max_seqs = 1};
+                            .max_seqs = 1,
+                            .stop = o->stop, /* a large target loads for minutes */
+                            .after_layer = eval_tick,
+                            .after_layer_user = &run};
     tm = target_model_load(o->model_dir, &to, ops, nn);
     if (!tm) {
-        snprintf(err, errlen, "cannot load the target %s (see the log above)", o->model_dir);
-        rc = DFLASH_EIO;
+        rc = eval_stopped(&run) ? DFLASH_ESHUTDOWN : DFLASH_EIO;
+        snprintf(err, errlen, "%s the target %s%s", rc == DFLASH_ESHUTDOWN ? "stopped loading" :
+                 "cannot load", o->model_dir, rc == DFLASH_ESHUTDOWN ? "" : " (see the log above)");
         goto out;
     }
     m = dflash_model_new(&dc, ops, nn, target_model_embed_tokens(tm), target_model_lm_head(tm),
@@ -968,25 +1061,23 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
     }
     for (uint32_t i = 0; i < max_len; i++)
         pos[i] = (int32_t)i;
-    dflash_tau acc;
-    memset(&acc, 0, sizeof acc);
-    progress_start(&prog, stderr);
-    for (uint64_t i = 0; i < n; i++) {
-        if (progress_due(&prog)) {
-            double el = progress_elapsed(&prog);
-            progress_printf(&prog, "eval %llu/%llu held-out sequences, %ld draft cycles, tau so "
-                            "far %.3f, ETA %.0fs", (unsigned long long)i, (unsigned long long)n,
-                            acc.cycles, acc.cycles ? dflash_tau_value(&acc) : 0.0,
-                            i ? el * (double)(n - i) / (double)i : 0.0);
-        }
+    /* a line every 10 s (0.2 s on a terminal), as the training's, or every o->progress_s */
+    progress_start_every(&run.prog, stderr, o->progress_s);
+    for (; run.done < run.n && !eval_stopped(&run); run.done++) {
+        eval_phase(&run, 0, false);
+        eval_progress(&run);
+        uint64_t i = run.done;
         shard_seq s;
         if ((rc = shard_set_get(set, i, &s)) < 0) goto out;
         if (s.len < 2) {
             out->skipped++;
+            run.tokens_done += s.len;
             continue;
         }
         int32_t off[2] = {0, (int32_t)s.len};
+        eval_phase(&run, s.len, false);
         rc = target_forward_host(tm, s.ids, pos, off, 1, (int)s.len, (nn_buf *)hidden, ld);
+        if (rc == DFLASH_ESHUTDOWN) break;
         if (rc < 0) {
             snprintf(err, errlen, "target forward of held-out sequence %llu: %s",
                      (unsigned long long)i, err_str(rc));
@@ -1000,7 +1091,10 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
                                .hidden = (const nn_buf *)hidden,
                                .ld = ld};
         long cycles0 = acc.cycles;
-        if ((rc = dflash_eval_tau(m, &v, &acc)) < 0) {
+        eval_phase(&run, s.len, true);
+        rc = dflash_eval_tau(m, &v, &acc, eval_tick, &run);
+        if (rc == DFLASH_ESHUTDOWN) break;
+        if (rc < 0) {
             snprintf(err, errlen, "tau of held-out sequence %llu: %s", (unsigned long long)i,
                      err_str(rc));
             goto out;
@@ -1009,21 +1103,29 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
             out->sequences++;
         else
             out->skipped++;
-    }
-    if (acc.cycles == 0) { /* tau = mean(a + 1) over no cycle: undefined, not 0 */
-        snprintf(err, errlen,
-                 "no draft cycle in %llu held-out sequences of %s: none has a loss-masked "
-                 "(response) token followed by another, so tau is undefined",
-                 (unsigned long long)n, o->data);
-        rc = DFLASH_EINVAL;
-        goto out;
+        run.tokens_done += s.len;
     }
     out->tau = dflash_tau_value(&acc);
     out->cycles = acc.cycles;
     out->block_size = dc.block_size;
     out->seconds = monotime_s() - t0;
+    if (run.done < run.n) { /* stopped: what was measured so far, which the caller marks partial */
+        snprintf(err, errlen, "stopped after %llu of %llu held-out sequences",
+                 (unsigned long long)run.done, (unsigned long long)run.n);
+        rc = DFLASH_ESHUTDOWN;
+        goto out;
+    }
+    if (acc.cycles == 0) { /* tau = mean(a + 1) over no cycle: undefined, not 0 */
+        snprintf(err, errlen,
+                 "no draft cycle in %llu held-out sequences of %s: none has a loss-masked "
+                 "(response) token followed by another, so tau is undefined",
+                 (unsigned long long)run.n, o->data);
+        rc = DFLASH_EINVAL;
+        goto out;
+    }
+    rc = 0;
 out:
-    progress_end(&prog);
+    progress_end(&run.prog);
     free(pos);
     if (hidden) ops->free(nn, hidden);
     dflash_model_destroy(&m);

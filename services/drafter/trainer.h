@@ -127,12 +127,16 @@ typedef struct trainer_eval_opts {
     const int *capture_ids;
     int n_capture_ids;
     uint64_t init_seed;
+    volatile sig_atomic_t *stop; /* the process's stop flag (NULL: none): see trainer_eval */
+    double progress_s; /* seconds between progress lines on stderr when it is not a terminal
+                          (one is rewritten every 0.2 s); 0: none */
 } trainer_eval_opts;
 
 typedef struct trainer_eval_result {
-    double tau;
+    double tau;             /* over the cycles walked; 0 when none was */
     long cycles, sequences; /* draft cycles walked; sequences that had at least one */
     long skipped;           /* sequences without a cycle (no loss-masked token before the end) */
+    long total;             /* sequences to evaluate (--eval-seqs, or all) */
     int block_size;
     double seconds;
 } trainer_eval_result;
@@ -140,9 +144,14 @@ typedef struct trainer_eval_result {
 /* Offline tau (dflash.md 4.2, trajectory method) of a checkpoint, or of the untrained seeded
  * drafter, on held-out shards: the target runs in-process on the cpu backend over each sequence
  * for the drafter's layer ids, the drafter replays the greedy trajectory of each reply (a
- * maximal span of loss_mask 1, dflash_eval.h). 0 or a negative code with the reason in err;
- * DFLASH_EINVAL when no sequence gives a draft cycle (tau is undefined); DFLASH_EMISMATCH for a
- * checkpoint of another target, or a shard made for another vocabulary (shard_check_vocab). */
+ * maximal span of loss_mask 1, dflash_eval.h). A progress line (sequences and tokens done, the
+ * phase of the sequence in hand, tau so far, the ETA by tokens) comes every progress_s, also
+ * inside one long sequence: it is asked for after each target layer and each chunk of drafted
+ * blocks. 0 or a negative code with the reason in err; DFLASH_EINVAL when no sequence gives a
+ * draft cycle (tau is undefined); DFLASH_EMISMATCH for a checkpoint of another target, or a
+ * shard made for another vocabulary (shard_check_vocab); DFLASH_ESHUTDOWN once *stop is set
+ * (the load, a layer or a chunk of blocks ends first): out then holds what the sequences done
+ * before it gave (sequences + skipped of total; cycles 0 when none), which is partial. */
 int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err, size_t errlen);
 
 #endif

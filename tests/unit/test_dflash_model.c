@@ -1429,7 +1429,7 @@ static void test_eval(world *w) {
     CHECK(m != NULL && s != NULL);
     if (!m || !s) return;
     dflash_tau before = {0}, after = {0}, small = {0}, naive = {0};
-    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, &before), 0);
+    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, &before, NULL, NULL), 0);
     naive = decode_tau(s, w); /* the same initial weights (seed 3) */
     printf("untrained: tau walked reply by reply: %ld cycles, %ld accepted; eval: %ld, %ld\n",
            naive.cycles, naive.accepted, before.cycles, before.accepted);
@@ -1440,14 +1440,14 @@ static void test_eval(world *w) {
     dflash_metrics met;
     for (int i = 0; i < 60; i++)
         dflash_train_step(m, &tc, &w->view, 0, (uint64_t)i, &met);
-    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, &after), 0);
+    CHECK_EQ_INT(dflash_eval_tau(m, &w->view, &after, NULL, NULL), 0);
     printf("tau before %.3f (%ld cycles), after %.3f (%ld cycles)\n", dflash_tau_value(&before),
            before.cycles, dflash_tau_value(&after), after.cycles);
     CHECK(dflash_tau_value(&after) > dflash_tau_value(&before) + 0.5);
     /* chunked by 3 blocks: the same */
     memcpy(s->master, m->master, m->n_params * sizeof(float));
     dflash_model_sync_params(s);
-    CHECK_EQ_INT(dflash_eval_tau(s, &w->view, &small), 0);
+    CHECK_EQ_INT(dflash_eval_tau(s, &w->view, &small, NULL, NULL), 0);
     CHECK(small.cycles == after.cycles && small.accepted == after.accepted);
     naive = decode_tau(s, w);
     printf("tau walked reply by reply: %ld cycles, %ld accepted; eval: %ld, %ld\n",

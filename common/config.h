@@ -124,7 +124,8 @@ const char *config_source(const cfg_table *t, const void *cfg, const char *name,
 
 /* For a table's check: writes the reason (printf-style) into why and returns DFLASH_ECONFIG,
  * so that a refusal reads `return config_refuse(why, len, "...", ...)`. */
-int config_refuse(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int config_refuse(char *why, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Parses a comma-separated list of non-negative integers ("1,9,17"; "" gives 0 entries) into
  * out[0..max). Returns the count or DFLASH_EINVAL with the reason in err (may be NULL): not a

@@ -20,8 +20,10 @@ saves its final checkpoint, reports it, and exits 0. Three start-ups that must b
 refused follow (exit 2, before any
 training): a --resume of the older checkpoint into the same --checkpoint-dir, which holds a
 newer one (a restart would resume from that one and the retention would delete the new run's),
-a --max-steps past the resumed run's 24-step schedule (its learning rate is 0 there), and a
---checkpoint-dir that cannot be created (a file stands in its path).
+a --max-steps past the resumed run's 24-step schedule (its learning rate is 0 there; the flags
+raise --total-steps with it, as a user extending the run would: a --max-steps past the flags'
+own --total-steps is refused before any checkpoint is looked at), and a --checkpoint-dir that
+cannot be created (a file stands in its path).
 
 Pass conditions:
   * the last started drafter logs "resumed exactly from .../step-S" and "resume from step S";
@@ -235,7 +237,8 @@ def refused_startups(build, env, common, finals, failures):
               ["--resume", older, "--checkpoint-dir", env.path("ckpt")], "holds the newer"),
              ("a --max-steps past the resumed run's schedule",
               ["--resume", newest, "--checkpoint-dir", env.path("ckpt-extended"),
-               "--max-steps", "30"], "past the resumed run's schedule of 24 steps")]
+               "--total-steps", "30", "--max-steps", "30"],
+              "past the resumed run's schedule of 24 steps")]
     # a --checkpoint-dir that cannot be made is found at start-up, not at the first checkpoint
     # (which used to fail then, exit 1, losing every step trained before it)
     blocker = env.path("not-a-dir")

@@ -6,13 +6,15 @@
 # Then: a run whose data runs out before --steps fails and says why (the drafter's WARN that the
 # schedule is not finished among the lines shown); a resumed run asked for more steps fails
 # with the drafter's reason and the way to train longer; --init-from warm-starts a new run from
-# the finished one's weights.
+# the finished one's weights. Then a run stopped and started again on one --out (see there): a
+# second run on a running --out is refused without touching its logs; a re-run appends to them.
 #   train_script.sh BUILD_DIR SOURCE_ROOT
 set -euo pipefail
 BUILD=$1
 ROOT=$2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-train.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+BG="" # a scripts/train started in the background, in its own process group (setsid)
+trap '[ -z "$BG" ] || kill -TERM -- "-$BG" 2>/dev/null; wait; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 
 "$BUILD/tools/dflash-mkmodel" --family qwen3 --layers 8 --seed 1 --out "$WORK/target" \
     >"$WORK/mkmodel.log" 2>&1
@@ -75,3 +77,55 @@ fi
 grep -q "warm start: weights from $WORK/run/checkpoints/step-0*2" "$WORK/more/drafter.log" ||
     { echo "FAIL: the new run did not start from the old weights" >&2; exit 1; }
 echo "ok: converted again with the new token budget and trained; short runs, longer runs said"
+
+# A run stopped and started again on one --out, as a user does. Long enough never to finish
+# (100000 steps, 10000 epochs); each check is named by the defect it shows.
+#   wait_for FILE PATTERN: up to 60 s for a line of FILE matching PATTERN (extended)
+wait_for() {
+    for _ in $(seq 600); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    echo "FAIL: no line matching '$2' in $1 after 60 s:" >&2
+    tail -n 20 "$1" >&2
+    exit 1
+}
+S=$WORK/stop
+stoprun() {
+    train --token-budget 64 --buckets 64 --out "$S" --steps 100000 --epochs 10000 \
+        --checkpoint-every 10 "$@"
+}
+# bg_stoprun LOG: stoprun in the background, in its own session and process group (as a shell
+# runs a command in the foreground: a terminal's Ctrl-C reaches the whole group)
+bg_stoprun() {
+    setsid bash -c "$(declare -f train stoprun); BUILD='$BUILD' ROOT='$ROOT' WORK='$WORK' \
+        S='$S' stoprun" > "$1" 2>&1 &
+    BG=$!
+}
+bg_stoprun "$WORK/s1.log"
+wait_for "$S/drafter.log" "checkpoint .*step-[0-9]+ written"
+# a second run on the same --out is refused before it touches a log: it used to truncate the
+# running run's logs (which then began with its ERROR and NUL bytes) before the drafter's lock
+# refused it
+lines=$(wc -l < "$S/drafter.log")
+if stoprun > "$WORK/s1-twin.log" 2>&1; then
+    echo "FAIL: a second run on a running --out was not refused" >&2
+    exit 1
+fi
+grep -q "$S is in use by another scripts/train" "$WORK/s1-twin.log" ||
+    { echo "FAIL: the second run did not say the --out is in use:" >&2; cat "$WORK/s1-twin.log" >&2
+      exit 1; }
+if [ "$(wc -l < "$S/drafter.log")" -lt "$lines" ] || ! head -n 1 "$S/drafter.log" |
+    grep -q "^---- scripts/train started " || grep -q "ERROR" "$S/drafter.log"; then
+    echo "FAIL: the second run touched the running run's drafter.log:" >&2
+    head -n 5 "$S/drafter.log" >&2
+    exit 1
+fi
+kill -TERM -- "-$BG"
+wait "$BG" || true
+BG=""
+flock -w 30 "$S/train.lock" true # the daemons have exited too
+# a sequential re-run appends to the logs after its own separator line
+stoprun --steps 1 > "$WORK/s2.log" 2>&1 || true
+[ "$(grep -c "^---- scripts/train started " "$S/drafter.log")" = 2 ] &&
+    grep -q "checkpoint .*step-0*10 written" "$S/drafter.log" ||
+    { echo "FAIL: the re-run did not append to drafter.log after a separator:" >&2
+      head -n 5 "$S/drafter.log" >&2; exit 1; }
+echo "ok: a second run on a running --out refused, its logs untouched; a re-run appends"

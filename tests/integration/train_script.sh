@@ -93,9 +93,10 @@ stoprun() {
         --checkpoint-every 10 "$@"
 }
 # bg_stoprun LOG: stoprun in the background, in its own session and process group (as a shell
-# runs a command in the foreground: a terminal's Ctrl-C reaches the whole group)
+# runs a command in the foreground: a terminal's Ctrl-C reaches the whole group), with SIGINT
+# not ignored (a background job's is, and bash cannot trap a signal ignored at its start)
 bg_stoprun() {
-    setsid bash -c "$(declare -f train stoprun); BUILD='$BUILD' ROOT='$ROOT' WORK='$WORK' \
+    setsid env --default-signal=INT bash -c "$(declare -f train stoprun); BUILD='$BUILD' ROOT='$ROOT' WORK='$WORK' \
         S='$S' stoprun" > "$1" 2>&1 &
     BG=$!
 }
@@ -118,14 +119,35 @@ if [ "$(wc -l < "$S/drafter.log")" -lt "$lines" ] || ! head -n 1 "$S/drafter.log
     head -n 5 "$S/drafter.log" >&2
     exit 1
 fi
-kill -TERM -- "-$BG"
-wait "$BG" || true
+# Ctrl-C (SIGINT to the whole process group) is a deliberate stop: the drafter stops first and
+# acks its last batch, writes its final checkpoint and reports it while the broker still runs;
+# the script says so and exits 130. It got SIGINT with every daemon: the broker stopped at once,
+# the drafter's last batch went into its checkpoint unacked, and the script failed (exit 1,
+# "dflash-queue stopped").
+rc=0
+kill -INT -- "-$BG"
+wait "$BG" || rc=$?
 BG=""
 flock -w 30 "$S/train.lock" true # the daemons have exited too
-# a sequential re-run appends to the logs after its own separator line
+step=$(sed -n 's/.*reported the final checkpoint (step \([0-9]*\)) as committed.*/\1/p' \
+    "$S/drafter.log")
+if [ "$rc" != 130 ] || [ -z "$step" ] || grep -q "not acked" "$S/drafter.log" ||
+    grep -q "dflash-queue stopped" "$WORK/s1.log" ||
+    ! grep -q "interrupted (SIGINT) at step $step of 100000; final checkpoint: \
+$S/checkpoints/step-0*$step$" "$WORK/s1.log" ||
+    ! grep -q "run the same command again to resume" "$WORK/s1.log"; then
+    echo "FAIL: Ctrl-C: exit $rc (want 130), final checkpoint reported at step '$step':" >&2
+    tail -n 5 "$WORK/s1.log" >&2
+    grep -E "WARN|ERROR|final checkpoint" "$S/drafter.log" >&2
+    exit 1
+fi
+# a sequential re-run appends to the logs after its own separator line, and resumes
 stoprun --steps 1 > "$WORK/s2.log" 2>&1 || true
 [ "$(grep -c "^---- scripts/train started " "$S/drafter.log")" = 2 ] &&
     grep -q "checkpoint .*step-0*10 written" "$S/drafter.log" ||
     { echo "FAIL: the re-run did not append to drafter.log after a separator:" >&2
       head -n 5 "$S/drafter.log" >&2; exit 1; }
-echo "ok: a second run on a running --out refused, its logs untouched; a re-run appends"
+grep -q "resumed exactly from $S/checkpoints/step-0*$step at step $step" "$S/drafter.log" ||
+    { echo "FAIL: the re-run did not resume from step $step" >&2; exit 1; }
+echo "ok: a second run on a running --out refused, its logs untouched; Ctrl-C stops in order \
+(exit 130, the final checkpoint named); a re-run appends and resumes"

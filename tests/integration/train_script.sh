@@ -25,11 +25,10 @@ with open(sys.argv[1], "w") as f:
         ids = [(s * 7 + k * 13) % 500 for k in range(40)]
         f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * 32}) + "\n")
 EOF
-train() {
-    bash "$ROOT/scripts/train" --model "$WORK/target" --data "$WORK/data.jsonl" --out "$WORK/run" \
-        --build "$BUILD" --backend host --steps 2 --draft-layers 1 --features 3 --block-size 4 \
-        --anchors 8 --max-seqs 2 --slots 2 --checkpoint-every 2 "$@"
-}
+TRAIN=(--model "$WORK/target" --data "$WORK/data.jsonl" --out "$WORK/run" --build "$BUILD"
+    --backend host --steps 2 --draft-layers 1 --features 3 --block-size 4 --anchors 8
+    --max-seqs 2 --slots 2 --checkpoint-every 2)
+train() { bash "$ROOT/scripts/train" "${TRAIN[@]}" "$@"; }
 if train --token-budget 32 --buckets 32 >"$WORK/first.log" 2>&1; then
     echo "FAIL: the first run trained on samples longer than its token budget" >&2
     exit 1
@@ -88,16 +87,14 @@ wait_for() {
     exit 1
 }
 S=$WORK/stop
-stoprun() {
-    train --token-budget 64 --buckets 64 --out "$S" --steps 100000 --epochs 10000 \
-        --checkpoint-every 10 "$@"
-}
-# bg_stoprun LOG: stoprun in the background, in its own session and process group (as a shell
-# runs a command in the foreground: a terminal's Ctrl-C reaches the whole group), with SIGINT
-# not ignored (a background job's is, and bash cannot trap a signal ignored at its start)
+STOP=(--token-budget 64 --buckets 64 --out "$S" --steps 100000 --epochs 10000 --checkpoint-every 10)
+stoprun() { train "${STOP[@]}" "$@"; }
+# bg_stoprun LOG: stoprun in the background, its pid BG, in its own session and process group
+# (as a shell runs a command in the foreground: a terminal's Ctrl-C reaches the whole group),
+# with SIGINT not ignored (a background job's is, and bash cannot trap a signal ignored at start)
 bg_stoprun() {
-    setsid env --default-signal=INT bash -c "$(declare -f train stoprun); BUILD='$BUILD' ROOT='$ROOT' WORK='$WORK' \
-        S='$S' stoprun" > "$1" 2>&1 &
+    setsid env --default-signal=INT bash "$ROOT/scripts/train" "${TRAIN[@]}" "${STOP[@]}" \
+        > "$1" 2>&1 &
     BG=$!
 }
 bg_stoprun "$WORK/s1.log"
@@ -141,13 +138,39 @@ $S/checkpoints/step-0*$step$" "$WORK/s1.log" ||
     grep -E "WARN|ERROR|final checkpoint" "$S/drafter.log" >&2
     exit 1
 fi
-# a sequential re-run appends to the logs after its own separator line, and resumes
-stoprun --steps 1 > "$WORK/s2.log" 2>&1 || true
+# a sequential re-run appends to the logs after its own separator line, and resumes; it prints
+# the broker's runtime directory (it was only in queue.log), where dflash-ctl pauses it
+bg_stoprun "$WORK/s2.log"
+wait_for "$WORK/s2.log" "^train: the broker's runtime directory is "
+rd=$(sed -n "s/^train: the broker's runtime directory is \([^:]*\): .*/\1/p" "$WORK/s2.log")
+"$BUILD/tools/dflash-ctl" --runtime-dir "$rd" --timeout-ms 5000 pause > /dev/null
+wait_for "$WORK/s2.log" "policy: running -> paused"
 [ "$(grep -c "^---- scripts/train started " "$S/drafter.log")" = 2 ] &&
     grep -q "checkpoint .*step-0*10 written" "$S/drafter.log" ||
     { echo "FAIL: the re-run did not append to drafter.log after a separator:" >&2
       head -n 5 "$S/drafter.log" >&2; exit 1; }
 grep -q "resumed exactly from $S/checkpoints/step-0*$step at step $step" "$S/drafter.log" ||
     { echo "FAIL: the re-run did not resume from step $step" >&2; exit 1; }
-echo "ok: a second run on a running --out refused, its logs untouched; Ctrl-C stops in order \
-(exit 130, the final checkpoint named); a re-run appends and resumes"
+# SIGTERM to the script alone: the same deliberate stop, exit 143
+rc=0
+kill -TERM "$BG"
+wait "$BG" || rc=$?
+BG=""
+flock -w 30 "$S/train.lock" true
+[ "$rc" = 143 ] && grep -q "interrupted (SIGTERM) at step" "$WORK/s2.log" ||
+    { echo "FAIL: SIGTERM: exit $rc (want 143):" >&2; tail -n 5 "$WORK/s2.log" >&2; exit 1; }
+# the pause outlives the stop (documented): the next run says the broker is paused and how to
+# resume it, instead of waiting without a word for ever
+bg_stoprun "$WORK/s3.log"
+wait_for "$WORK/s3.log" "^train: the broker is paused: nothing trains until it is resumed: "
+resume=$(sed -n 's/^train: the broker is paused: nothing trains until it is resumed: //p' \
+    "$WORK/s3.log")
+$resume > /dev/null
+wait_for "$WORK/s3.log" "policy: paused -> running"
+kill -INT -- "-$BG"
+wait "$BG" || true
+BG=""
+flock -w 30 "$S/train.lock" true
+echo "ok: a second run on a running --out refused, its logs untouched; Ctrl-C and SIGTERM stop \
+in order (exit 130, 143; the final checkpoint named); a re-run appends and resumes; the \
+runtime directory is printed, a pause said with the command that resumes"

@@ -87,7 +87,9 @@ wait_for() {
     exit 1
 }
 S=$WORK/stop
-STOP=(--token-budget 64 --buckets 64 --out "$S" --steps 100000 --epochs 10000 --checkpoint-every 10)
+cp "$WORK/data.jsonl" "$WORK/stop.jsonl"
+STOP=(--token-budget 64 --buckets 64 --out "$S" --steps 100000 --epochs 10000 --checkpoint-every 10
+    --data "$WORK/stop.jsonl")
 stoprun() { train "${STOP[@]}" "$@"; }
 # bg_stoprun LOG: stoprun in the background, its pid BG, in its own session and process group
 # (as a shell runs a command in the foreground: a terminal's Ctrl-C reaches the whole group),
@@ -184,3 +186,36 @@ fi
 echo "ok: a second run on a running --out refused, its logs untouched; Ctrl-C and SIGTERM stop \
 in order (exit 130, 143; the final checkpoint named); a re-run appends and resumes; the \
 runtime directory is printed, a pause said with the command that resumes; a drain said"
+# A run trains one dataset: another --token-budget, or new lines in the JSONL, on an --out that
+# has trained are refused (exit 2) before the shard is touched, pointing to a new --out and
+# --init-from; the shard used to be overwritten, then the target refused the new batch plan
+# naming --journal (exit 1). A JSONL newer but the same converts nothing, and resumes.
+cp "$S/stop.shard" "$WORK/stop.shard.before"
+rc=0
+stoprun --token-budget 128 > "$WORK/s4.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "was made with .*--token-budget 64; this command gives .*--token-budget \
+128" "$WORK/s4.log" && grep -q "another --out (add --init-from $S " "$WORK/s4.log" ||
+    { echo "FAIL: another --token-budget on a trained --out: exit $rc (want 2):" >&2
+      cat "$WORK/s4.log" >&2; exit 1; }
+head -n 1 "$WORK/data.jsonl" >> "$WORK/stop.jsonl"
+rc=0
+stoprun > "$WORK/s5.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "$WORK/stop.jsonl changed since $S/stop.shard was made from it" \
+    "$WORK/s5.log" && cmp -s "$S/stop.shard" "$WORK/stop.shard.before" ||
+    { echo "FAIL: new data on a trained --out: exit $rc (want 2), or the shard changed:" >&2
+      cat "$WORK/s5.log" >&2; exit 1; }
+cp "$WORK/data.jsonl" "$WORK/stop.jsonl" # the same lines, a newer file
+rc=0
+stoprun --steps 1 > "$WORK/s6.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] && ! grep -q "converting" "$WORK/s6.log" ||
+    { echo "FAIL: the unchanged command did not resume without converting (exit $rc):" >&2
+      grep "^train: " "$WORK/s6.log" >&2; exit 1; }
+# another --max-seqs (not the shard's, the plan's): the target's refusal in the script's terms
+rc=0
+stoprun --max-seqs 1 > "$WORK/s7.log" 2>&1 || rc=$?
+[ "$rc" = 1 ] && grep -q "^train: the target's batch plan .* is not the one $S was trained with" \
+    "$WORK/s7.log" ||
+    { echo "FAIL: another --max-seqs: exit $rc (want 1), not explained:" >&2
+      grep "^train: " "$WORK/s7.log" >&2; exit 1; }
+echo "ok: a trained --out refuses new data and another --token-budget (shard untouched), and a \
+new --max-seqs is explained; the same data in a newer file resumes"

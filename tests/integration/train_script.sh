@@ -67,14 +67,22 @@ grep -q "exited with status 2: .*past the resumed run's schedule of 2 steps" "$W
     grep -q -- "--init-from $WORK/run --out NEW_DIR" "$WORK/fourth.log" ||
     { echo "FAIL: the refusal's reason or way out missing:" >&2; cat "$WORK/fourth.log" >&2
       exit 1; }
-if ! train --token-budget 64 --buckets 64 --out "$WORK/more" --init-from "$WORK/run" --steps 4 \
-    >"$WORK/fifth.log" 2>&1; then
+# (with DFLASH_* options in the environment, as deploy's compose sets them: not passed on, and
+# said; DFLASH_HIDDEN failed the run, DFLASH_TOTAL_STEPS gave it a 20000-step schedule. A cuda
+# backend switch is no option: kept, unsaid)
+if ! DFLASH_HIDDEN=4096 DFLASH_TOTAL_STEPS=20000 DFLASH_CUDA_VEC=1 train --token-budget 64 \
+    --buckets 64 --out "$WORK/more" --init-from "$WORK/run" --steps 4 >"$WORK/fifth.log" 2>&1; then
     echo "FAIL: --init-from did not train a new run:" >&2
     tail -n 20 "$WORK/fifth.log" >&2
     exit 1
 fi
 grep -q "warm start: weights from $WORK/run/checkpoints/step-0*2" "$WORK/more/drafter.log" ||
     { echo "FAIL: the new run did not start from the old weights" >&2; exit 1; }
+grep -q "schedule 4 steps, start step 0" "$WORK/more/drafter.log" &&
+    grep -q "^train: warning: DFLASH_HIDDEN=4096 DFLASH_TOTAL_STEPS=20000 from the environment \
+not passed on" "$WORK/fifth.log" ||
+    { echo "FAIL: the environment's DFLASH_* options not dropped and said:" >&2
+      grep -E "^train: |schedule" "$WORK/fifth.log" "$WORK/more/drafter.log" >&2; exit 1; }
 echo "ok: converted again with the new token budget and trained; short runs, longer runs said"
 
 # A run stopped and started again on one --out, as a user does. Long enough never to finish

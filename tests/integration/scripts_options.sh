@@ -4,7 +4,8 @@
 # before the script does anything; scripts/train refuses an option without its value ("$2:
 # unbound variable" under set -u) and a bad number (--steps 0 made its final check pass always)
 # before it builds or starts a daemon, and its help says which --data names are JSONL; its
-# --init-from is refused when it names --out or a path inside it.
+# --init-from is refused when it names --out or a path inside it; --slots, --buckets and
+# --features are checked against the broker's and the target's needs.
 # cmake, apt-get, dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch
 # working directory: a script that got past its arguments stops at once.
 # scripts/gpu-carry's OUT: with a cmake that "builds" (stand-in binaries) and a strip that does
@@ -74,6 +75,19 @@ for from in o o/checkpoints o/checkpoints/step-2 o/checkpoints/step-2/ link/step
         --init-from "$WORK/$from"
 done
 expect "train --init-from another run" 99 "stand-in cmake ran" "${T[@]}" --init-from "$WORK/old"
+# what the daemons refused after the conversion (exit 1), naming their options, is refused here
+# with this script's: fewer --slots than the broker's 2 ready ones, --buckets out of order, more
+# --features than DFlash's rule finds in the target's layers (unless --capture-layers names them)
+expect "train --slots 1" 2 "--slots 1: .* --slots must be at least 2" "${T[@]}" --slots 1
+expect "train --buckets 1024,512" 2 "--buckets must be ascending" "${T[@]}" --buckets 1024,512
+mkdir -p "$WORK/m4"
+echo '{"model_type": "qwen3", "num_hidden_layers": 4}' > "$WORK/m4/config.json"
+T4=("${T[@]}" --model "$WORK/m4")
+expect "train --features 5, 4 layers" 2 "has 4 layers, .* give --features 1 or less, or name the \
+layers: --extra-target and --extra-drafter" "${T4[@]}" --features 5
+expect "train --features 1, 4 layers" 99 "stand-in cmake ran" "${T4[@]}" --features 1
+expect "train --features 2, 4 layers, --capture-layers" 99 "stand-in cmake ran" "${T4[@]}" \
+    --features 2 --extra-target "--capture-layers 0,1" --extra-drafter "--capture-layers 0,1"
 expect "test -R (no value)" 2 "-R needs a value" test -R
 expect "gpu-parity (no binaries)" 2 "no bench-cuda_parity in build-gpu" gpu-parity
 expect "gpu-parity x" 2 "DRAFTER_LAYERS must be a whole number" gpu-parity bin x

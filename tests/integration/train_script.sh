@@ -39,6 +39,9 @@ if ! grep -q "converting" "$WORK/first.log" || ! grep -q "no line kept" "$WORK/f
     tail -n 20 "$WORK/first.log" >&2
     exit 1
 fi
+# ... each line "too long: 40 tokens, --max-len is 32": the script has no --max-len, and says so
+grep -q "^train: in scripts/train's options: --max-len is --token-budget" "$WORK/first.log" ||
+    { echo "FAIL: dflash-data's --max-len not named as --token-budget" >&2; exit 1; }
 if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
     echo "FAIL: the second run, with a token budget that fits, did not train:" >&2
     tail -n 20 "$WORK/second.log" >&2
@@ -46,13 +49,15 @@ if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
 fi
 grep -q "converting" "$WORK/second.log" || { echo "FAIL: not converted again" >&2; exit 1; }
 grep -q "24 sequences" "$WORK/second.log" || { echo "FAIL: sequences missing" >&2; exit 1; }
-# a run whose data runs out before --steps (one epoch of 12 batches, 1000 steps) is no success
-if train --token-budget 64 --buckets 64 --out "$WORK/short" --steps 1000 --epochs 1 \
+# a run whose data runs out before --steps (one epoch of 12 batches, 1000 steps) is no success;
+# its bucket bound 128 is cut at its --token-budget 64 (the target refused a bound past it)
+if train --token-budget 64 --buckets 128 --out "$WORK/short" --steps 1000 --epochs 1 \
     >"$WORK/third.log" 2>&1; then
     echo "FAIL: a run that stopped short of --steps exited 0" >&2
     exit 1
 fi
-grep -q "the data ran out" "$WORK/third.log" ||
+grep -q "^train: buckets 128 -> 64 (cut at --token-budget 64" "$WORK/third.log" &&
+    grep -q "the data ran out" "$WORK/third.log" ||
     { echo "FAIL: the short run did not say why:" >&2; tail -n 20 "$WORK/third.log" >&2; exit 1; }
 grep -q "WARN.*the schedule is not finished: training stopped at step [0-9]* of 1000 (lr still" \
     "$WORK/third.log" ||

@@ -5,7 +5,8 @@
 # unbound variable" under set -u) and a bad number (--steps 0 made its final check pass always)
 # before it builds or starts a daemon, and its help says which --data names are JSONL; its
 # --init-from is refused when it names --out or a path inside it; --slots, --buckets and
-# --features are checked against the broker's and the target's needs.
+# --features are checked against the broker's and the target's needs; chat data is refused with
+# the scripts/chat_to_jsonl.py command, and .JSONL is JSONL.
 # cmake, apt-get, dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch
 # working directory: a script that got past its arguments stops at once.
 # scripts/gpu-carry's OUT: with a cmake that "builds" (stand-in binaries) and a strip that does
@@ -88,6 +89,23 @@ layers: --extra-target and --extra-drafter" "${T4[@]}" --features 5
 expect "train --features 1, 4 layers" 99 "stand-in cmake ran" "${T4[@]}" --features 1
 expect "train --features 2, 4 layers, --capture-layers" 99 "stand-in cmake ran" "${T4[@]}" \
     --features 2 --extra-target "--capture-layers 0,1" --extra-drafter "--capture-layers 0,1"
+# chat data is refused with the command that tokenizes it (dflash-data skipped every line,
+# "input_ids missing", naming no way out); .JSONL in upper case is JSONL too (it was opened as a
+# shard: "bad magic"), and JSON lines under another name are refused saying so
+printf '%s\n' '{"messages": [{"role": "user", "content": "hi"}]}' > "$WORK/chat.jsonl"
+printf '%s\n' '{"conversations": [{"from": "human", "value": "hi"}]}' > "$WORK/share.jsonl"
+printf '%s\n' '{"prompt": "hi", "response": "yo"}' > "$WORK/pr.jsonl"
+printf '%s\n' '{"input_ids": [1, 2], "loss_mask": [0, 1]}' > "$WORK/tok.JSONL"
+cp "$WORK/tok.JSONL" "$WORK/tok.json"
+expect "train --data chat" 2 "^  python3 $SRC/scripts/chat_to_jsonl.py --tokenizer $WORK/m --in \
+$WORK/chat.jsonl --out $WORK/chat.tokens.jsonl$" "${T[@]}" --data "$WORK/chat.jsonl"
+expect "train --data sharegpt" 2 "share.jsonl holds chat conversations" "${T[@]}" \
+    --data "$WORK/share.jsonl"
+expect "train --data prompt/response" 2 "write each pair as a conversation" "${T[@]}" \
+    --data "$WORK/pr.jsonl"
+expect "train --data tok.JSONL" 99 "stand-in cmake ran" "${T[@]}" --data "$WORK/tok.JSONL"
+expect "train --data tok.json" 2 "looks like JSON, but only a name ending in .jsonl" "${T[@]}" \
+    --data "$WORK/tok.json"
 expect "test -R (no value)" 2 "-R needs a value" test -R
 expect "gpu-parity (no binaries)" 2 "no bench-cuda_parity in build-gpu" gpu-parity
 expect "gpu-parity x" 2 "DRAFTER_LAYERS must be a whole number" gpu-parity bin x

@@ -50,13 +50,16 @@ fi
 grep -q "converting" "$WORK/second.log" || { echo "FAIL: not converted again" >&2; exit 1; }
 grep -q "24 sequences" "$WORK/second.log" || { echo "FAIL: sequences missing" >&2; exit 1; }
 # a run whose data runs out before --steps (one epoch of 12 batches, 1000 steps) is no success;
-# its bucket bound 128 is cut at its --token-budget 64 (the target refused a bound past it)
+# its bucket bound 128 is cut at its --token-budget 64 (the target refused a bound past it); its
+# data is named .JSONL, JSONL too (it was taken for a shard: "bad magic")
+cp "$WORK/data.jsonl" "$WORK/upper.JSONL"
 if train --token-budget 64 --buckets 128 --out "$WORK/short" --steps 1000 --epochs 1 \
-    >"$WORK/third.log" 2>&1; then
+    --data "$WORK/upper.JSONL" >"$WORK/third.log" 2>&1; then
     echo "FAIL: a run that stopped short of --steps exited 0" >&2
     exit 1
 fi
-grep -q "^train: buckets 128 -> 64 (cut at --token-budget 64" "$WORK/third.log" &&
+grep -q "^train: converting $WORK/upper.JSONL" "$WORK/third.log" &&
+    grep -q "^train: buckets 128 -> 64 (cut at --token-budget 64" "$WORK/third.log" &&
     grep -q "the data ran out" "$WORK/third.log" ||
     { echo "FAIL: the short run did not say why:" >&2; tail -n 20 "$WORK/third.log" >&2; exit 1; }
 grep -q "WARN.*the schedule is not finished: training stopped at step [0-9]* of 1000 (lr still" \

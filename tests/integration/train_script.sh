@@ -14,7 +14,9 @@ BUILD=$1
 ROOT=$2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-train.XXXXXX")
 BG="" # a scripts/train started in the background, in its own process group (setsid)
-trap '[ -z "$BG" ] || kill -TERM -- "-$BG" 2>/dev/null; wait; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+# (KEEP=1 keeps WORK, for a look after a failure)
+trap 'if [ -n "$BG" ]; then kill -TERM -- "-$BG" 2>/dev/null; fi; wait
+    [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 
 "$BUILD/tools/dflash-mkmodel" --family qwen3 --layers 8 --seed 1 --out "$WORK/target" \
     >"$WORK/mkmodel.log" 2>&1

@@ -494,11 +494,18 @@ int client_group_leave(client *c, const char *group)
 
 int client_heartbeat(client *c) { LOCKED(c, do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL)); }
 
+/* The heartbeat thread's request: it leaves last_error as the main thread's last call left it
+ * (defect: a poll between a call and its caller's client_last_error cleared the broker's words,
+ * e.g. the refusal a drafter reads to tell whether a process of its own run replaced it). */
 static int do_poll(client *c)
 {
     uint32_t hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
     if (mono_ms() - c->last_send_ms < hb / 2) return 0;
-    return do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL);
+    char kept[sizeof c->last_error];
+    memcpy(kept, c->last_error, sizeof kept);
+    int rc = do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL);
+    memcpy(c->last_error, kept, sizeof kept);
+    return rc;
 }
 
 int client_poll(client *c) { LOCKED(c, do_poll(c)); }

@@ -95,7 +95,8 @@ const char *client_pub_endpoint(const client *c);
 /* How often the broker announces stats on PUB, from its hello reply (0: never, or before hello,
  * or a broker older than the field). */
 uint32_t client_stats_interval_ms(const client *c);
-/* Message of the last ERROR reply ("" if none). Valid until the next call. */
+/* Message of the last ERROR reply ("" if none) of the last call other than client_poll (a
+ * heartbeat thread's polls leave it as it was). Valid until the next such call. */
 const char *client_last_error(const client *c);
 
 /* Introduces this peer; records the broker incarnation and clears client_broker_restarted.

@@ -51,6 +51,14 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_request_work(t, 0xabc, &wu), 0);
     wire_slot_ready r = {0xabc, wu.slot, wu.unit, 100, 3};
     CHECK_EQ_INT(client_slot_ready(t, &r), 0);
+    /* a heartbeat (client_poll, the heartbeat thread's call) keeps the broker's words about the
+     * last call: a drafter reads them after a refusal (defect: the poll cleared them) */
+    CHECK_EQ_INT(client_request_work(t, 0xdead, &wu), DFLASH_ESTALE);
+    char said[WIRE_MAX_TEXT];
+    snprintf(said, sizeof said, "%s", client_last_error(t));
+    h_sleep_ms(60); /* past half the broker's 100 ms heartbeat: the poll sends one */
+    CHECK_EQ_INT(client_poll(t), 0);
+    CHECK(said[0] && strcmp(client_last_error(t), said) == 0);
 
     char *cargv[] = {"/proc/self/exe", "consumer", ep, NULL};
     int fd = -1;

@@ -188,9 +188,17 @@ resume=$(sed -n 's/^train: the broker is paused: nothing trains until it is resu
 $resume > /dev/null
 wait_for "$WORK/s3.log" "policy: paused -> running"
 # an operator's drain ends the run short of --steps: said as such (exit 1), with the way on; it
-# was reported as "the data ran out after --epochs" with the advice to raise them
+# was reported as "the data ran out after --epochs" with the advice to raise them. The target
+# leaves first (the drain ends it once the drafter has every ready slot), while the drafter
+# still trains and saves: the script waits for the drafter (it said "dflash-target stopped").
+# The drafter is held (SIGSTOP) until the target is gone, so the order does not depend on speed.
 rd=$(sed -n "s/^train: the broker's runtime directory is \([^:]*\): .*/\1/p" "$WORK/s3.log")
+dpid=$(sed -n 's/.*dflash-drafter \([0-9]*\);.*/\1/p' "$S/train.lock")
+tpid=$(sed -n 's/.*dflash-target \([0-9]*\),.*/\1/p' "$S/train.lock")
+kill -STOP "$dpid"
 "$BUILD/tools/dflash-ctl" --runtime-dir "$rd" --timeout-ms 5000 drain > /dev/null
+for _ in $(seq 300); do kill -0 "$tpid" 2> /dev/null || break; sleep 0.1; done
+kill -CONT "$dpid"
 rc=0
 wait "$BG" || rc=$?
 BG=""
@@ -228,6 +236,16 @@ stoprun --steps 1 > "$WORK/s6.log" 2>&1 || rc=$?
 [ "$rc" = 0 ] && ! grep -q "converting" "$WORK/s6.log" ||
     { echo "FAIL: the unchanged command did not resume without converting (exit $rc):" >&2
       grep "^train: " "$WORK/s6.log" >&2; exit 1; }
+# new lines in a file given an older time (cp -p, rsync -a, tar x keep one) are new data too:
+# the md5 is checked when the size or time is not the one hashed (only a newer file was)
+head -n 1 "$WORK/data.jsonl" >> "$WORK/stop.jsonl"
+touch -d '2001-01-01' "$WORK/stop.jsonl"
+rc=0
+stoprun > "$WORK/s6b.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "$WORK/stop.jsonl changed since" "$WORK/s6b.log" ||
+    { echo "FAIL: new data with an older time on a trained --out: exit $rc (want 2):" >&2
+      grep "^train: " "$WORK/s6b.log" >&2; exit 1; }
+cp "$WORK/data.jsonl" "$WORK/stop.jsonl"
 # another --max-seqs (not the shard's, the plan's): the target's refusal in the script's terms
 rc=0
 stoprun --max-seqs 1 > "$WORK/s7.log" 2>&1 || rc=$?
@@ -235,5 +253,19 @@ stoprun --max-seqs 1 > "$WORK/s7.log" 2>&1 || rc=$?
     "$WORK/s7.log" ||
     { echo "FAIL: another --max-seqs: exit $rc (want 1), not explained:" >&2
       grep "^train: " "$WORK/s7.log" >&2; exit 1; }
-echo "ok: a trained --out refuses new data and another --token-budget (shard untouched), and a \
-new --max-seqs is explained; the same data in a newer file resumes"
+# an --out with a journal and no checkpoint (its first run stopped before one: nothing to
+# resume) takes new data: the journal is moved aside and the run starts afresh (it was refused
+# as "has trained on that shard")
+cp -r "$S" "$WORK/nockpt"
+rm -rf "$WORK/nockpt/checkpoints"
+head -n 2 "$WORK/data.jsonl" >> "$WORK/stop.jsonl"
+rc=0
+stoprun --out "$WORK/nockpt" --steps 1 > "$WORK/s8.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] && grep -q "has no checkpoint: its journal (of the old shard) is moved to" \
+    "$WORK/s8.log" && compgen -G "$WORK/nockpt/queue.journal.before-*" > /dev/null ||
+    { echo "FAIL: new data on an --out without a checkpoint: exit $rc (want 0):" >&2
+      grep "^train: " "$WORK/s8.log" >&2; exit 1; }
+cp "$WORK/data.jsonl" "$WORK/stop.jsonl"
+echo "ok: a trained --out refuses new data (also in a file with an older time) and another \
+--token-budget (shard untouched), and a new --max-seqs is explained; the same data in a newer \
+file resumes; an --out without a checkpoint takes new data, its journal moved aside"

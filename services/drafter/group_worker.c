@@ -101,8 +101,8 @@ static bool broker_lost(const gw *g)
 }
 
 /* hello (rank 0: with a pending step's units), then the late acks of that step. 0,
- * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name: refused for
- * good, the loop ends). */
+ * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name, or a live
+ * process of our run replaced us: refused for good, the loop ends through end_refused). */
 static int do_register(gw *g)
 {
     char note[WIRE_MAX_NAME + 16];
@@ -110,7 +110,7 @@ static int do_register(gw *g)
     int rc = worker_session_hello(g->s, g->pending ? g->pending_units : NULL,
                                   g->pending ? g->n_pending : 0, note);
     heard(g, rc);
-    if (rc == DFLASH_EEXISTS) { /* another live drafter has our name: fatal */
+    if (rc == DFLASH_EEXISTS) { /* refused for good (above) */
         LOG_ERROR("the broker refused our hello: %s", client_last_error(g->cl));
         g->st.name_in_use = true;
         g->refused = true;

@@ -586,7 +586,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "dflash-drafter: %s\n", why);
         return 2;
     }
-    cfg.train = setup.mode == MODE_TRAIN; /* the default mode with --model: the dump shows it */
+    cfg.train = setup.mode == MODE_TRAIN; /* the default mode with --model: the effective
+                                            * configuration logged at start-up shows it */
     cfg.verify = setup.mode == MODE_VERIFY;
     cfg.verify_model = setup.mode == MODE_VERIFY_MODEL;
 

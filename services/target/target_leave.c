@@ -48,8 +48,9 @@ int target_leave(client *c, uint64_t pool_incarnation)
     }
     if (left.leased > 0) {
         LOG_WARN("leaving with %u slots still leased after the lease timeout (%u ms): their "
-                 "drafters have not released them; the broker hands those batches out again",
-                 left.leased, bound_ms);
+                 "drafters have not released them (a copy takes milliseconds: hung?); the "
+                 "memory is freed under them, and each lease ends with its release or its "
+                 "drafter's expiry", left.leased, bound_ms);
         return DFLASH_EAGAIN;
     }
     if (waited)

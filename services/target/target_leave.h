@@ -7,8 +7,10 @@
  * drafter's copy reads freed memory; at none the broker has ended the session and the target
  * exits. The wait is bounded by the lease timeout the broker announced (counted from the first
  * answer): every such lease was granted before the leave, and a copy ends within a lease timeout
- * of its grant (the premise of every lease, and of the restart fence); past it the broker would
- * hand the batch out again anyway. A broker that does not answer (--timeout-ms, one request) or
+ * of its grant (the premise of every lease, and of the restart fence: a copy takes micro- to
+ * milliseconds). The premise is not enforced: a live drafter's heartbeats extend its leases, so
+ * a copy hung past the bound keeps its lease while the target exits and frees the memory under
+ * it (the WARN says so). A broker that does not answer (--timeout-ms, one request) or
  * does not know the message (Error PROTO: older than it) ends the leave at once: the target
  * exits as before and the broker expires it.
  *

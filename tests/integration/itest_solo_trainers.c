@@ -8,8 +8,10 @@
  *
  * Setup (in a temp dir): a tiny random Qwen3 target (dflash-mkmodel), 96 generated sequences
  * (dflash-gen) packed into a shard (dflash-data); dflash-queue (journal, heartbeat 2 s, liveness
- * 3: a silent peer expires after 6 s, a refused trainer is held 9 s); dflash-target for 50
- * epochs. Phases, each waiting for a condition (never a fixed sleep):
+ * 3: a silent peer expires after 6 s, a refused trainer is held 9 s); dflash-target for 100000
+ * epochs, so that the data never runs out (with 50, an idle machine's db2 trained them all while
+ * da3 was held, exited, expired, and da3 was then admitted: exit 0, not 6). Phases, each waiting
+ * for a condition (never a fixed sleep):
  *   1. drafter da trains (>= 6 batches trained, a checkpoint committed);
  *   2. the broker is paused (nothing new goes out); drafter db (its own checkpoint dir,
  *      starting at step 0) exits 6, its log and the broker's naming da and --group, and so
@@ -140,9 +142,9 @@ int main(int argc, char **argv)
     pid_t qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(ep, 10000) != 0);
     char *t[] = {argv[3], "--name", "tgt", "--model", model, "--shards", shard, "--slots", "4",
-                 "--epochs", "50", "--buckets", "32", "--token-budget", "128", "--max-seqs", "4",
-                 "--layers", "3", "--runtime-dir", rt, "--threads", "1", "--backend", "host",
-                 "--timeout-ms", "1000", NULL};
+                 "--epochs", "100000", "--buckets", "32", "--token-budget", "128",
+                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
+                 "--backend", "host", "--timeout-ms", "1000", NULL};
     pid_t tp = h_spawn_logged(t, tlog);
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
     client_set_timeout(c, 2000);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -210,6 +211,29 @@ static __attribute__((unused)) int h_broker_status(const char *endpoint, wire_st
 static __attribute__((unused)) void h_queue_endpoint(const char *dir, char *ep, size_t len)
 {
     snprintf(ep, len, "ipc://%s/queue.sock", dir);
+}
+
+/* A temp dir (into dir, 64 bytes), its runtime dir DIR/run (mode 0700, into rt, 128 bytes) and
+ * the broker's endpoint there (into ep, 128 bytes): the layout of the tests that start the
+ * daemons with --runtime-dir. */
+static __attribute__((unused)) void h_run_dirs(char *dir, char *rt, char *ep)
+{
+    h_tempdir(dir, 64);
+    snprintf(rt, 128, "%s/run", dir);
+    mkdir(rt, 0700);
+    h_queue_endpoint(rt, ep, 128);
+}
+
+/* A client of the broker at ep (role, name; 1 s per request) that said hello, trying up to
+ * `tries` times while the broker starts; *rc: the last hello's result (0 when it answered). */
+static __attribute__((unused)) client *h_client(const char *ep, wire_role role, const char *name,
+                                                int tries, int *rc)
+{
+    client *c = client_new(ep, role, name);
+    client_set_timeout(c, 1000);
+    *rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < tries && *rc; a++) *rc = client_hello(c, NULL, 0);
+    return c;
 }
 
 /* Starts dflash-queue with runtime dir `dir` plus extra "--flag=value" args (NULL-terminated)

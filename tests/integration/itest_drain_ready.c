@@ -38,17 +38,12 @@ int main(int argc, char **argv)
     pid_t target = h_start_small_target(argv[3], dir, "t", 64, 500);
     CHECK(target > 0);
 
-    client *idle = client_new(ep, WIRE_ROLE_DRAFTER, "idle");
-    client_set_timeout(idle, 1000);
-    int rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 50 && rc; a++) rc = client_hello(idle, NULL, 0);
+    int rc;
+    client *idle = h_client(ep, WIRE_ROLE_DRAFTER, "idle", 50, &rc);
     CHECK_EQ_INT(rc, 0);
     heartbeat *hb = heartbeat_start(idle, 0, "the idle drafter");
 
-    client *c = client_new(ep, WIRE_ROLE_CTL, "check");
-    client_set_timeout(c, 1000);
-    rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 20 && rc; a++) rc = client_hello(c, NULL, 0);
+    client *c = h_client(ep, WIRE_ROLE_CTL, "check", 20, &rc);
     CHECK_EQ_INT(rc, 0);
     wire_status s = {0};
     uint64_t deadline = h_now_ms() + 30000;

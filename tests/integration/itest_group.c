@@ -123,10 +123,7 @@ int main(int argc, char **argv)
     queue_bin = argv[1];
     target_bin = argv[3];
     drafter_bin = argv[4];
-    h_tempdir(dir, sizeof dir);
-    snprintf(rt, sizeof rt, "%s/run", dir);
-    mkdir(rt, 0700);
-    h_queue_endpoint(rt, ep, sizeof ep);
+    h_run_dirs(dir, rt, ep);
     char model[128], shard[128], journal[128], qlog[128], tlog[128];
     snprintf(journal, sizeof journal, "%s/queue.journal", dir);
     snprintf(qlog, sizeof qlog, "%s/queue.log", dir);

@@ -115,10 +115,7 @@ int main(int argc, char **argv)
         return 2;
     }
     target_bin = argv[3];
-    h_tempdir(dir, sizeof dir);
-    snprintf(rt, sizeof rt, "%s/run", dir);
-    mkdir(rt, 0700);
-    h_queue_endpoint(rt, ep, sizeof ep);
+    h_run_dirs(dir, rt, ep);
     char tools_log[128], a[128], b[128], journal[128], qlog[128];
     snprintf(tools_log, sizeof tools_log, "%s/tools.log", dir);
     snprintf(model, sizeof model, "%s/target", dir);

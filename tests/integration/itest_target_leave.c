@@ -115,10 +115,8 @@ int main(int argc, char **argv)
     pid_t target = start_target(tlog);
     CHECK(target > 0);
 
-    client *c = client_new(ep, WIRE_ROLE_CTL, "check");
-    client_set_timeout(c, 1000);
-    int rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 20 && rc; a++) rc = client_hello(c, NULL, 0);
+    int rc;
+    client *c = h_client(ep, WIRE_ROLE_CTL, "check", 20, &rc);
     CHECK_EQ_INT(rc, 0);
     wire_status s = {0};
     CHECK(status_until(c, &s, ready_slot, 30000));

@@ -32,10 +32,8 @@ int main(int argc, char **argv)
     CHECK(target > 0);
 
     /* Learn the pool's segment from one grant, remove it, and train that batch. */
-    client *peek = client_new(ep, WIRE_ROLE_DRAFTER, "peek");
-    client_set_timeout(peek, 1000);
-    int rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 50 && rc; a++) rc = client_hello(peek, NULL, 0);
+    int rc;
+    client *peek = h_client(ep, WIRE_ROLE_DRAFTER, "peek", 50, &rc);
     CHECK_EQ_INT(rc, 0);
     wire_grant g;
     uint64_t deadline = h_now_ms() + 30000;
@@ -53,10 +51,7 @@ int main(int argc, char **argv)
     pthread_t th;
     CHECK_EQ_INT(counting_worker_start(&k, &th), 0);
 
-    client *c = client_new(ep, WIRE_ROLE_CTL, "check");
-    client_set_timeout(c, 1000);
-    rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 20 && rc; a++) rc = client_hello(c, NULL, 0);
+    client *c = h_client(ep, WIRE_ROLE_CTL, "check", 20, &rc);
     CHECK_EQ_INT(rc, 0);
     wire_status s = {0};
     deadline = h_now_ms() + 60000;

@@ -728,15 +728,8 @@ static void test_metrics_when_idle(void) {
     worker_consumer *c = fresh(0, 0, NULL, mdir, err, sizeof err);
     CHECK(c != NULL && c->idle != NULL);
     if (!c || !c->idle) return;
-    slot_layout l = slots();
-    for (uint32_t i = 0; i < 2; i++) {
-        slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = i};
-        void *base = staged_slot(&l, &wu, 20);
-        worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
-        uint64_t step = 0;
-        CHECK(base && c->consume(c->ctx, &b, &step) == 0);
-        free(base);
-    }
+    for (uint32_t i = 0; i < 2; i++)
+        CHECK_EQ_INT(consume_batch(c, i, false, false), 0);
     CHECK(jsonl_lines() < 2); /* the second step's record comes a step later */
     c->idle(c->ctx);
     CHECK_EQ_INT(jsonl_lines(), 2);
@@ -756,14 +749,8 @@ static void test_metrics_before_checkpoint(void) {
     worker_consumer *c = start(0, 0, root, mdir, NULL, 1, err, sizeof err);
     CHECK(c != NULL && c->settled != NULL);
     if (!c || !c->settled) return;
-    slot_layout l = slots();
     for (uint32_t i = 0; i < 3; i++) {
-        slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = i};
-        void *base = staged_slot(&l, &wu, 20);
-        worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
-        uint64_t step = 0;
-        CHECK(base && c->consume(c->ctx, &b, &step) == 0);
-        free(base);
+        CHECK_EQ_INT(consume_batch(c, i, false, false), 0);
         CHECK_EQ_INT(c->settled(c->ctx), 0); /* checkpoint of step i + 1 */
         CHECK_EQ_INT(c->committed(c->ctx), i + 1);
         printf("checkpoint of step %u: %d metrics records on disk\n", i + 1, jsonl_lines());

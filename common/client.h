@@ -98,6 +98,10 @@ uint32_t client_stats_interval_ms(const client *c);
 /* Message of the last ERROR reply ("" if none) of the last call other than client_poll (a
  * heartbeat thread's polls leave it as it was). Valid until the next such call. */
 const char *client_last_error(const client *c);
+/* The run id that last ERROR reply names as the live process of the caller's own run that
+ * replaced it (a hello refused EXISTS, docs/protocol.md "One broker, one model"); 0 for every
+ * other error, none, or a broker older than the field. Kept like client_last_error. */
+uint64_t client_last_error_replaced_by_run(const client *c);
 
 /* Introduces this peer; records the broker incarnation and clears client_broker_restarted.
  * A restarting drafter passes the units it copied but has not acked (held may be NULL). */

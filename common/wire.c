@@ -763,6 +763,10 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         error.has_code = 1;
         error.code = m->u.error.code;
         error.message = (char *)m->u.error.message;
+        if (m->u.error.replaced_by_run) {
+            error.has_replaced_by_run = 1;
+            error.replaced_by_run = m->u.error.replaced_by_run;
+        }
         env.error = &error;
         break;
     case WIRE_OK:
@@ -1125,6 +1129,8 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
             snprintf(m->u.error.message, WIRE_MAX_TEXT, "%.*s", WIRE_MAX_TEXT - 1,
                      env->error->message);
         }
+        m->u.error.replaced_by_run =
+            env->error->has_replaced_by_run ? env->error->replaced_by_run : 0;
         break;
     case DFLASH__ENVELOPE__BODY_OK:
         m->type = WIRE_OK;

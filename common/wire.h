@@ -241,6 +241,7 @@ typedef struct wire_settings {
 typedef struct wire_error {
     int32_t code; /* negative DFLASH_E* code */
     char message[WIRE_MAX_TEXT];
+    uint64_t replaced_by_run; /* non-zero: a live process of this run replaced the hello's sender */
 } wire_error;
 
 /* Data-parallel drafter groups (docs/protocol.md, "Groups"). Group names are non-empty. */

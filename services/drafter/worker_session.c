@@ -32,6 +32,7 @@ struct worker_session {
     volatile sig_atomic_t *stop; /* the daemon's, borrowed */
     bool broker_lost;            /* a request after the stop went unanswered */
     char refusal[WIRE_MAX_TEXT]; /* the broker's words when it refused us for good; "" none */
+    uint64_t refusal_run;        /* the run whose live process replaced us (0: none said) */
 };
 
 static bool has_curve_keys(const worker_loop_config *cfg)
@@ -242,16 +243,15 @@ bool worker_session_broker_lost(const worker_session *s)
 void worker_session_note_refusal(worker_session *s)
 {
     snprintf(s->refusal, sizeof s->refusal, "%s", client_last_error(s->client));
+    s->refusal_run = client_last_error_replaced_by_run(s->client);
 }
 
-/* Whether the refusal names run run_id (non-zero). The broker names the run of the process
- * that replaced us as a restart of its run (ours then) and that of another model's trainer
- * (never ours); a name in use, or a group's refusal, names none. */
+/* Whether the refusal says a live process of run run_id (non-zero) replaced us: the broker's
+ * Error carries that run's id in its own field (replaced_by_run) when it refuses our hello for
+ * that reason, and in no other refusal (a name in use, another model's trainer, a group's). */
 static bool refusal_names_run(const worker_session *s, uint64_t run_id)
 {
-    char hex[24];
-    snprintf(hex, sizeof hex, "run %016" PRIx64, run_id);
-    return run_id && strstr(s->refusal, hex) != NULL;
+    return run_id && s->refusal_run == run_id;
 }
 
 int worker_session_save_refused(worker_session *s, worker_consumer *cons, const char *unacked)

@@ -104,9 +104,9 @@ bool worker_session_broker_lost(const worker_session *s);
 void worker_session_note_refusal(worker_session *s);
 /* The loop ends because the broker refused us for good (noted above), and the model may hold
  * steps past its newest checkpoint: cons->save_refused (if any) writes them into our
- * --checkpoint-dir, reported to no broker, unless the refusal names our run (cons->run_id): then
- * a live process of our run replaced us, and it may write that directory (logged, nothing
- * written). unacked (NULL: none) names trained work the broker never took (a held batch, a
+ * --checkpoint-dir, reported to no broker, unless the refusal's replaced_by_run is our run
+ * (cons->run_id): then a live process of our run replaced us, and it may write that directory
+ * (logged, nothing written). unacked (NULL: none) names trained work the broker never took (a held batch, a
  * pending step): logged as going into the checkpoint unacked. 0 or the save's negative code.
  * Main thread, after the loop's last request. */
 int worker_session_save_refused(worker_session *s, worker_consumer *cons, const char *unacked);

@@ -371,12 +371,14 @@ static bool refuse_replaced(broker *b, const peer *p, const wire_msg *m, wire_ms
                     "the %s name '%s' is in use by another live process (incarnation %016" PRIx64
                     "): give each %s its own --name", role, m->u.hello.name, o->incarnation,
                     role);
-    else
+    else {
         reply_error(b, r, m->request_id, DFLASH_EEXISTS,
                     "drafter %s replaced this process as a restart of its run %016" PRIx64 ": "
                     "two live processes have that run id (a copied checkpoint dir, or one "
                     "shared by two hosts): give each its own --checkpoint-dir", o->name,
                     o->run_id);
+        r->u.error.replaced_by_run = o->run_id;
+    }
     return true;
 }
 

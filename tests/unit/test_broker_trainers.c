@@ -172,6 +172,7 @@ static void test_second_run_refused(void)
     CHECK(strstr(stub_rep.u.error.message, "drafter trainer-a") != NULL);
     CHECK(strstr(stub_rep.u.error.message, "--group G") != NULL);
     CHECK(strstr(stub_rep.u.error.message, "nothing was rewound") != NULL);
+    CHECK(stub_rep.u.error.replaced_by_run == 0); /* it names a run, not as our replacement */
     wire_status s = stub_status();
     CHECK_EQ_INT(s.batches_trained, 3);
     CHECK_EQ_INT(s.batches_todo, BATCHES - 3);
@@ -440,7 +441,9 @@ static void test_replaced_predecessor_refused(void)
     printf("replaced predecessor: %s\n", stub_rep.u.error.message);
     CHECK(strstr(stub_rep.u.error.message, "trainer-a-copy") != NULL);
     CHECK(strstr(stub_rep.u.error.message, "--checkpoint-dir") != NULL);
+    CHECK(stub_rep.u.error.replaced_by_run == RUN_A); /* the field the drafter reads */
     CHECK_EQ_INT(hello(&a), DFLASH_EEXISTS);
+    CHECK(stub_rep.u.error.replaced_by_run == RUN_A);
     CHECK_EQ_INT(stub_status().peers, 2); /* the target and a2 */
     train_one(&a2, 2);
     stub_broker_free();
@@ -470,8 +473,10 @@ static void test_replaced_by_name_and_run(void)
     char run[32];
     snprintf(run, sizeof run, "run %016llx", (unsigned long long)RUN_A);
     CHECK(strstr(stub_rep.u.error.message, run) != NULL);
+    CHECK(stub_rep.u.error.replaced_by_run == RUN_A);
     CHECK_EQ_INT(hello(&a), DFLASH_EEXISTS); /* without its run: the name is in use */
     CHECK(strstr(stub_rep.u.error.message, "--name") != NULL);
+    CHECK(stub_rep.u.error.replaced_by_run == 0); /* no run replaced it: none named */
     CHECK_EQ_INT(stub_status().peers, 2); /* the target and the second process */
     stub_broker_free();
 }

@@ -301,7 +301,11 @@ int main(void)
     if (roundtrip(&in, &out)) {
         CHECK_EQ_INT(out.u.error.code, DFLASH_ESTALE);
         CHECK(strcmp(out.u.error.message, "stale lease") == 0);
+        CHECK(out.u.error.replaced_by_run == 0); /* not set: not packed, reads back as 0 */
     }
+    in.u.error.code = DFLASH_EEXISTS;
+    in.u.error.replaced_by_run = 0x1122334455667788ull;
+    if (roundtrip(&in, &out)) CHECK(out.u.error.replaced_by_run == 0x1122334455667788ull);
     wire_msg_init(&in, WIRE_SLOT_READY, WIRE_ROLE_TARGET, 3, 1);
     in.u.ready = (wire_slot_ready){0xfeed, 5, {0, 1, 2}, 100, 3};
     if (roundtrip(&in, &out)) CHECK_EQ_INT(out.u.ready.n_tokens, 100);

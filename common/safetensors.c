@@ -22,6 +22,7 @@
 #include "crc.h"
 #include "err.h"
 #include "fsutil.h"
+#include "map_guard.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -303,6 +304,7 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
     }
     close(fd);
     fd = -1;
+    map_guard_add(f.base, f.size, path);
 
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
@@ -518,7 +520,10 @@ fail_after_root:
         free((char *)st->tensors[i].name);
     st->n_tensors = first;
     if (fd >= 0) close(fd);
-    if (f.base) munmap(f.base, f.size);
+    if (f.base) {
+        map_guard_remove(f.base);
+        munmap(f.base, f.size);
+    }
     free(f.path);
     return rc;
 }
@@ -529,7 +534,10 @@ void safetensors_close(safetensors **pst) {
     for (size_t i = 0; i < st->n_tensors; i++)
         free((char *)st->tensors[i].name);
     for (size_t i = 0; i < st->n_files; i++) {
-        if (st->files[i].base) munmap(st->files[i].base, st->files[i].size);
+        if (st->files[i].base) {
+            map_guard_remove(st->files[i].base);
+            munmap(st->files[i].base, st->files[i].size);
+        }
         cJSON_Delete(st->files[i].meta);
         free(st->files[i].path);
     }

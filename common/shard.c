@@ -11,6 +11,7 @@
 
 #include "err.h"
 #include "fsutil.h"
+#include "map_guard.h"
 #include "rng.h"
 
 #include <errno.h>
@@ -85,6 +86,7 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
         goto fail;
     }
     s->base = m;
+    map_guard_add(s->base, s->size, path);
     const unsigned char *h = s->base;
     if (memcmp(h, SHARD_MAGIC, 8) != 0) {
         err_fmt(err, errlen, "%s: bad magic: not a dflash shard", path);
@@ -146,7 +148,10 @@ fail:
 void shard_close(shard **ps) {
     if (!ps || !*ps) return;
     shard *s = *ps;
-    if (s->base) munmap((void *)s->base, s->size);
+    if (s->base) {
+        map_guard_remove(s->base);
+        munmap((void *)s->base, s->size);
+    }
     free(s->path);
     free(s);
     *ps = NULL;

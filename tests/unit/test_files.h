@@ -9,7 +9,8 @@
  * removes a test's temporary directory tree (files, links and folders, without following
  * links); 0, or -1 with a message. test_capture_begin sends stderr (what the code under test
  * logs) into a temporary file until test_capture_end, which puts it back and returns what was
- * written (malloc'd, NUL-terminated; "" where unreadable). */
+ * written (malloc'd, NUL-terminated; "" where unreadable). test_in_child runs a function in a
+ * forked child, its stderr into a file (for code that ends the process). */
 #ifndef DFLASH_TEST_FILES_H
 #define DFLASH_TEST_FILES_H
 
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static inline char *test_slurp(const char *path, size_t *len) {
@@ -108,6 +110,22 @@ static inline char *test_capture_end(test_capture *c) {
     close(c->fd);
     unlink(c->path);
     return log;
+}
+
+/* Runs body(arg) in a forked child whose stderr goes to file errpath (read it with
+ * test_slurp); the child exits 0 when body returns. Returns the child's wait status, -1 when
+ * it could not be forked or waited for. */
+static inline int test_in_child(void (*body)(const char *), const char *arg, const char *errpath) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(errpath, "w", stderr)) _exit(99);
+        body(arg);
+        _exit(0);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
+    return status;
 }
 
 #endif

@@ -2,12 +2,15 @@
  * the writer refuses bad sequences; truncated, corrupted or inconsistent shards are refused at
  * open with a message naming the file and the problem; out-of-vocabulary ids are found; a shard
  * made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
- * identity tells other data of the same shape from the same data. */
+ * identity tells other data of the same shape from the same data; a shard that shrinks while
+ * open ends the reader with a message naming it and exit 1 (map_guard), not "Bus error", while
+ * a SIGBUS sent from outside still kills by its default action. */
 #include "check.h"
 #include "err.h"
 #include "shard.h"
 #include "test_files.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,6 +333,57 @@ static void test_identity(void) {
     shard_set_close(&s2);
 }
 
+/* Opens the shard, cuts the file down to its first page, then reads its last sequence. */
+static void read_after_truncate(const char *path) {
+    char err[512];
+    shard *s = shard_open(path, err, sizeof err);
+    if (!s) _exit(98);
+    if (truncate(path, 4096) != 0) _exit(97);
+    shard_seq q;
+    int rc = shard_get(s, shard_count(s) - 1, &q);
+    long sum = 0;
+    for (uint32_t i = 0; rc == 0 && i < q.len; i++) sum += q.ids[i];
+    printf("read %ld without a fault\n", sum);
+    _exit(0);
+}
+
+static void killed_from_outside(const char *path) {
+    char err[512];
+    shard *s = shard_open(path, err, sizeof err); /* the handler is installed */
+    if (!s) _exit(98);
+    kill(getpid(), SIGBUS);
+    _exit(0);
+}
+
+static void test_truncated_while_mapped(void) {
+    char path[300], errpath[300];
+    path_of(path, sizeof path, "cut.shard");
+    path_of(errpath, sizeof errpath, "cut.err");
+    enum { N = 6000 };
+    static int32_t ids[N];
+    static uint8_t mask[N];
+    for (int i = 0; i < N; i++) ids[i] = i % 50, mask[i] = 1;
+    for (int round = 0; round < 2; round++) {
+        shard_writer *w = shard_writer_new(path, 100);
+        CHECK_EQ_INT(shard_writer_add(w, ids, mask, 5), 0);
+        CHECK_EQ_INT(shard_writer_add(w, ids, mask, N), 0); /* spans pages past the first */
+        CHECK_EQ_INT(shard_writer_commit(w), 0);
+        shard_writer_destroy(&w);
+        int st = test_in_child(round ? killed_from_outside : read_after_truncate, path, errpath);
+        if (round) {
+            CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS);
+            continue;
+        }
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+        char *msg = test_slurp(errpath, NULL);
+        printf("child: %s", msg);
+        CHECK(strstr(msg, path) != NULL);
+        CHECK(strstr(msg, "SIGBUS") != NULL);
+        CHECK(strstr(msg, "renaming") != NULL);
+        free(msg);
+    }
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-shard-XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -338,6 +392,7 @@ int main(void) {
     test_set();
     test_vocab();
     test_identity();
+    test_truncated_while_mapped();
     test_rmtree(dir);
     CHECK_DONE();
 }

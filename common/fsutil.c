@@ -5,7 +5,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -92,4 +94,53 @@ int fs_open_regular(const char *path, size_t *size, char *err, size_t errlen, in
     close(fd);
     *rc = DFLASH_EIO;
     return -1;
+}
+
+char *fs_read_text(const char *path, size_t max, char *err, size_t errlen, int *rc) {
+    size_t size;
+    int fd = fs_open_regular(path, &size, err, errlen, rc);
+    if (fd < 0) return NULL;
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        err_fmt(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        close(fd);
+        *rc = DFLASH_EIO;
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(fp);
+                *rc = DFLASH_ENOMEM;
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + len, 1, 4096, fp);
+        len += got;
+        if (got == 0) break;
+        if (len > max) {
+            err_fmt(err, errlen, "%s: larger than %zu bytes", path, max);
+            free(buf);
+            fclose(fp);
+            *rc = DFLASH_EFORMAT;
+            return NULL;
+        }
+    }
+    int read_errno = errno;
+    bool bad = ferror(fp);
+    fclose(fp);
+    if (bad) {
+        err_fmt(err, errlen, "%s: cannot read: %s", path, strerror(read_errno));
+        free(buf);
+        *rc = DFLASH_EIO;
+        return NULL;
+    }
+    buf[len] = 0;
+    return buf;
 }

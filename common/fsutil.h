@@ -3,6 +3,7 @@
  * fsync, rename`, the directory that holds the new name must be fsync'd too, or a crash can lose
  * the rename; fs_write_atomic does all of it for a small file. And `mkdir -p` for the output directories a daemon writes into (metrics,
  * checkpoints), created at start-up so that a bad path is an error then, not hours later.
+ * And the readers' first step: a regular file opened (never waiting on a FIFO) or read whole.
  * Thread-safe. */
 #ifndef DFLASH_FSUTIL_H
 #define DFLASH_FSUTIL_H
@@ -28,5 +29,10 @@ int fs_write_atomic(const char *path, const void *buf, size_t len);
  * (DFLASH_ENOTFOUND when it does not exist, else DFLASH_EIO: also a directory, device, FIFO or
  * socket) and the reason, naming path, in err. */
 int fs_open_regular(const char *path, size_t *size, char *err, size_t errlen, int *rc);
+
+/* A regular file's whole text (fs_open_regular's checks), NUL-terminated, malloc'd: free it.
+ * NULL with *rc and the reason in err: fs_open_regular's codes, DFLASH_EFORMAT for a file over
+ * max bytes, DFLASH_ENOMEM. */
+char *fs_read_text(const char *path, size_t max, char *err, size_t errlen, int *rc);
 
 #endif

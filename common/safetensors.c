@@ -548,55 +548,6 @@ void safetensors_close(safetensors **pst) {
     *pst = NULL;
 }
 
-static char *read_text(const char *path, size_t max, char *err, size_t errlen, int *rc) {
-    size_t size;
-    int fd = fs_open_regular(path, &size, err, errlen, rc);
-    if (fd < 0) return NULL;
-    FILE *fp = fdopen(fd, "rb");
-    if (!fp) {
-        err_fmt(err, errlen, "%s: cannot read: %s", path, strerror(errno));
-        close(fd);
-        *rc = DFLASH_EIO;
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(fp);
-                *rc = DFLASH_ENOMEM;
-                return NULL;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, 4096, fp);
-        len += got;
-        if (got == 0) break;
-        if (len > max) {
-            err_fmt(err, errlen, "%s: larger than %zu bytes", path, max);
-            free(buf);
-            fclose(fp);
-            *rc = DFLASH_EFORMAT;
-            return NULL;
-        }
-    }
-    int read_errno = errno;
-    bool bad = ferror(fp);
-    fclose(fp);
-    if (bad) {
-        err_fmt(err, errlen, "%s: cannot read: %s", path, strerror(read_errno));
-        free(buf);
-        *rc = DFLASH_EIO;
-        return NULL;
-    }
-    buf[len] = 0;
-    return buf;
-}
-
 static int cmp_cstr(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -616,7 +567,7 @@ static int check_dups(const safetensors *st, const char *where, char *err, size_
  * the shard the index says. */
 static int load_index(safetensors *st, const char *index_path, char *err, size_t errlen) {
     int rc = 0;
-    char *text = read_text(index_path, 64u << 20, err, errlen, &rc);
+    char *text = fs_read_text(index_path, 64u << 20, err, errlen, &rc);
     if (!text) return rc;
     cJSON *root = cJSON_Parse(text);
     free(text);

@@ -253,32 +253,10 @@ int hf_config_load(const char *path, model_config *out, char *err, size_t errlen
         snprintf(file, sizeof file, "%s/config.json", path);
     else
         snprintf(file, sizeof file, "%s", path);
-    FILE *fp = fopen(file, "rb");
-    if (!fp) {
-        int e = errno;
-        err_fmt(err, errlen, "%s: cannot open: %s", file, strerror(e));
-        return e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
-    }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4097 > cap) {
-            cap = cap ? cap * 2 : 16384;
-            char *nb = cap <= (16u << 20) ? realloc(buf, cap) : NULL;
-            if (!nb) {
-                free(buf);
-                fclose(fp);
-                err_fmt(err, errlen, "%s: too large or out of memory", file);
-                return DFLASH_EFORMAT;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, 4096, fp);
-        len += got;
-        if (!got) break;
-    }
-    fclose(fp);
-    buf[len] = 0;
+    int rc = 0;
+    char *buf = fs_read_text(file, 16u << 20, err, errlen, &rc);
+    if (!buf) return rc;
+    size_t len = strlen(buf);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(buf, len, &end, false);
     if (!j) {
@@ -288,7 +266,7 @@ int hf_config_load(const char *path, model_config *out, char *err, size_t errlen
         return DFLASH_EFORMAT;
     }
     free(buf);
-    int rc = hf_config_from_json(j, file, out, err, errlen);
+    rc = hf_config_from_json(j, file, out, err, errlen);
     cJSON_Delete(j);
     return rc;
 }
@@ -415,6 +393,69 @@ cJSON *hf_config_to_json(const model_config *c, const char *dtype) {
     cJSON_AddBoolToObject(j, "use_cache", true);
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     return j;
+}
+
+/* The largest token id tokenizer.json knows (model.vocab: {piece: id} for BPE/WordPiece, an
+ * array of [piece, score] for Unigram; added_tokens[].id), and the id of a "<|MASK|>" added
+ * token (-1: none). -1 when the file holds no id. */
+static long tokenizer_max_id(const cJSON *root, long *mask_id) {
+    long max = -1;
+    *mask_id = -1;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *e;
+    if (cJSON_IsArray(vocab)) {
+        max = (long)cJSON_GetArraySize(vocab) - 1;
+    } else {
+        cJSON_ArrayForEach(e, vocab) {
+            if (cJSON_IsNumber(e) && e->valuedouble > max) max = (long)e->valuedouble;
+        }
+    }
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "added_tokens")) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0) continue;
+        if (id->valuedouble > max) max = (long)id->valuedouble;
+        if (cJSON_IsString(content) && strcmp(content->valuestring, "<|MASK|>") == 0)
+            *mask_id = (long)id->valuedouble;
+    }
+    return max;
+}
+
+int hf_config_default_mask_row(const char *model_dir, int vocab_size, char *why, size_t whylen) {
+    char file[PATH_MAX], err[PATH_MAX + 128] = "";
+    snprintf(file, sizeof file, "%s/tokenizer.json", model_dir);
+    int rc = 0;
+    long max = -1, mask = -1;
+    char *text = fs_read_text(file, 256u << 20, err, sizeof err, &rc);
+    if (!text) {
+        if (rc == DFLASH_ENOTFOUND)
+            snprintf(why, whylen, "vocab_size - 1 (no tokenizer.json in %s)", model_dir);
+        else
+            snprintf(why, whylen, "vocab_size - 1 (%s)", err);
+        return vocab_size - 1;
+    }
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    bool parsed = root != NULL;
+    if (parsed) max = tokenizer_max_id(root, &mask);
+    cJSON_Delete(root);
+    if (mask >= 0 && mask < vocab_size) {
+        snprintf(why, whylen, "the tokenizer's <|MASK|> token (%s)", file);
+        return (int)mask;
+    }
+    if (max < 0) {
+        snprintf(why, whylen, "vocab_size - 1 (%s: %s)", file,
+                 parsed ? "no token ids in it" : "not valid JSON");
+        return vocab_size - 1;
+    }
+    if (max + 1 >= vocab_size) {
+        snprintf(why, whylen, "vocab_size - 1 (the tokenizer's %ld tokens fill every row: %s)",
+                 max + 1, file);
+        return vocab_size - 1;
+    }
+    snprintf(why, whylen, "the first row past the tokenizer's %ld tokens (%s)", max + 1, file);
+    return (int)(max + 1);
 }
 
 int hf_config_write_json(const char *path, const cJSON *json) {

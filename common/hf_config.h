@@ -19,6 +19,9 @@
  * post_attention_layernorm, mlp.{gate,up,down}_proj), model.norm.weight, lm_head.weight unless
  * tied. Linear weights are [out, in].
  *
+ * The MASK row DFlash's drafter uses by default comes from the target's tokenizer.json
+ * (hf_config_default_mask_row).
+ *
  * Callers: the target loader, dflash-mkmodel, the drafter checkpoint writer, tests. Pure
  * functions: thread-safe.
  */
@@ -73,6 +76,14 @@ int hf_config_family_parse(const char *model_type, model_family *out);
 /* The layers DFlash captures by default (reference/dflash.md 1.3): n == 1 gives [L/2], otherwise
  * round(1 + i * (L - 4) / (n - 1)) for i in 0..n-1. ids must hold n entries. 0 or DFLASH_EINVAL. */
 int hf_config_dflash_layers(int num_target_layers, int n, int *ids);
+
+/* The embedding row DFlash's MASK takes when none is given, for the target in model_dir with
+ * vocab_size rows (reference/dflash.md 1.8): the id of a "<|MASK|>" token its tokenizer.json
+ * has; else the first row past the tokenizer's (its largest token id + 1: 151669 for Qwen3, the
+ * row z-lab's drafters use and the one an SGLang that adds "<|MASK|>" to the tokenizer gives
+ * it); else (no tokenizer.json, an unreadable one, or one that fills every row) vocab_size - 1.
+ * Writes where the row came from into why, for the log. */
+int hf_config_default_mask_row(const char *model_dir, int vocab_size, char *why, size_t whylen);
 
 /* ---- target weight names ---- */
 

@@ -125,8 +125,9 @@ static const cfg_option drafter_options[] = {
     OPT("draft-layers", CFG_INT, "1", 1, 64, "train: drafter decoder layers", draft_layers),
     OPT("block-size", CFG_INT, "16", 2, 64, "train: block size (1 anchor + predicted tokens)",
         block_size),
-    OPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "train: embedding row used as MASK (-1 = "
-        "vocab_size - 1; real Qwen3 targets: the first unused row, e.g. 151669)", mask_token_id),
+    OPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "train: embedding row used as MASK (-1: "
+        "the target tokenizer's <|MASK|>, else the first row past its tokenizer.json, 151669 for "
+        "Qwen3, else vocab_size - 1; a resume keeps its checkpoint's)", mask_token_id),
     OPT("anchors", CFG_INT, "512", 1, 1 << 20, "train: anchors per sequence", anchors),
     OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate (--lr x --weight-decay "
         "below 1)", lr),
@@ -428,7 +429,7 @@ static const cfg_option eval_options[] = {
          "every 0.2 s)", progress_ms),
     EOPT("draft-layers", CFG_INT, "1", 1, 64, "init-only: drafter layers", draft_layers),
     EOPT("block-size", CFG_INT, "16", 2, 64, "init-only: block size", block_size),
-    EOPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "init-only: MASK row (-1 = vocab - 1)",
+    EOPT("mask-token-id", CFG_INT, "-1", -1, 1 << 24, "init-only: MASK row (-1: as training's default)",
          mask_token_id),
     EOPT("layers", CFG_INT, "3", 1, 64, "init-only: captured target layers", layers),
     EOPTS("capture-layers", "", "init-only: target layer ids, ascending (default: DFlash's rule)",

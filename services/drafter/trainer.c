@@ -152,7 +152,12 @@ int trainer_drafter_config(const char *model_dir, int draft_layers, int block_si
     rc = trainer_features_check(capture_ids ? n_capture_ids : 0, n_feat, "--capture-layers",
                                 layers_src, err, errlen);
     if (rc < 0) return rc;
-    int mask = mask_token_id >= 0 ? mask_token_id : t.vocab_size - 1;
+    int mask = mask_token_id;
+    if (mask < 0) {
+        char why[PATH_MAX + 256];
+        mask = hf_config_default_mask_row(model_dir, t.vocab_size, why, sizeof why);
+        LOG_INFO("mask token: row %d, %s (--mask-token-id sets another)", mask, why);
+    }
     dflash_config_default(out, &t, draft_layers, block_size, mask);
     int ids[DFLASH_MAX_FEAT];
     if (capture_ids) {
@@ -664,6 +669,27 @@ static bool under_root(const char *dir, const char *root) {
     return strncmp(d, r, n) == 0 && (d[n] == '/' || d[n] == 0);
 }
 
+/* The checkpoint --init-weights names: that directory, or the newest one under it. */
+static int init_weights_dir(const char *init, char *dir, size_t len) {
+    snprintf(dir, len, "%s", init);
+    return has_config(dir) || dflash_ckpt_latest(init, dir, len) == 0 ? 0 : -1;
+}
+
+/* Without --mask-token-id, a resume or a warm start keeps its checkpoint's MASK row: the
+ * default may have changed since that checkpoint's run began (vocab_size - 1 before
+ * tokenizer.json was read for it), and its weights were trained for that row. A checkpoint
+ * whose config cannot be read is left to the load, which says why. */
+static void keep_checkpoint_mask(const char *dir, const char *what, dflash_config *dc) {
+    dflash_config ck;
+    char why[512];
+    if (dflash_ckpt_load_config(dir, &ck, why, sizeof why) < 0 ||
+        ck.mask_token_id == dc->mask_token_id)
+        return;
+    LOG_INFO("mask token: row %d, the %s checkpoint's (the default for a new run: %d)",
+             ck.mask_token_id, what, dc->mask_token_id);
+    dc->mask_token_id = ck.mask_token_id;
+}
+
 /* Step 4 of the start-up: exact resume from dir (resume_source), warm start or fresh weights. */
 static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, char *err,
                    size_t errlen) {
@@ -703,8 +729,7 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
         return 0;
     }
     if (o->init_weights && o->init_weights[0]) {
-        snprintf(dir, sizeof dir, "%s", o->init_weights);
-        if (!has_config(dir) && dflash_ckpt_latest(o->init_weights, dir, sizeof dir) < 0) {
+        if (init_weights_dir(o->init_weights, dir, sizeof dir) < 0) {
             snprintf(err, errlen, "--init-weights %s: no checkpoint there", o->init_weights);
             return DFLASH_ENOTFOUND;
         }
@@ -795,6 +820,12 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     long saved_step = 0;
     if (resume_source(t, o, resume_dir, sizeof resume_dir, &saved, &saved_step, err, errlen) < 0)
         goto fail;
+    char init_dir[1200];
+    if (o->mask_token_id < 0 && resume_dir[0])
+        keep_checkpoint_mask(resume_dir, "resumed", &dc);
+    else if (o->mask_token_id < 0 && o->init_weights && o->init_weights[0] &&
+             init_weights_dir(o->init_weights, init_dir, sizeof init_dir) == 0)
+        keep_checkpoint_mask(init_dir, "--init-weights", &dc);
     int anchors = resume_dir[0] ? saved.n_anchors : o->train.n_anchors;
     long blocks = (long)anchors * o->layout->max_seqs;
     if (blocks > (long)o->layout->token_budget) blocks = o->layout->token_budget;

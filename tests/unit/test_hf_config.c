@@ -1,6 +1,7 @@
 /* test_hf_config: real-world config.json files of Qwen3, Qwen2 and Llama 3 load with the right
  * architecture flags; invalid or unsupported ones are refused naming the field; what
- * hf_config_write writes loads back identically; the weight-name table matches HF checkpoints. */
+ * hf_config_write writes loads back identically; the weight-name table matches HF checkpoints;
+ * the default MASK row follows the target's tokenizer.json. */
 #include "check.h"
 #include "err.h"
 #include "hf_config.h"
@@ -276,6 +277,42 @@ static void test_weights(void) {
     CHECK(ids[0] == 1 && ids[1] == 13 && ids[2] == 25);
 }
 
+/* hf_config_default_mask_row with tokenizer.json holding text (NULL: no file), vocab 100. */
+static int mask_row(const char *text, char *why, size_t whylen) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    unlink(path);
+    if (text) test_spill(path, text, strlen(text));
+    int row = hf_config_default_mask_row(dir, 100, why, whylen);
+    printf("mask row %d: %s\n", row, why);
+    return row;
+}
+
+static void test_mask_row(void) {
+    char why[600];
+    CHECK_EQ_INT(mask_row(NULL, why, sizeof why), 99);
+    CHECK(strstr(why, "no tokenizer.json") != NULL);
+    /* BPE: {piece: id} plus added tokens past it (Qwen3's shape: 151669 of 151936 rows) */
+    CHECK_EQ_INT(mask_row("{\"added_tokens\":[{\"id\":40,\"content\":\"<|im_end|>\"}],"
+                          "\"model\":{\"vocab\":{\"a\":0,\"b\":39}}}", why, sizeof why), 41);
+    CHECK(strstr(why, "41 tokens") != NULL);
+    /* Unigram: an array of [piece, score]; ids are positions */
+    CHECK_EQ_INT(mask_row("{\"model\":{\"vocab\":[[\"a\",0],[\"b\",-1],[\"c\",-2]]}}", why,
+                          sizeof why), 3);
+    /* a <|MASK|> token the tokenizer has wins */
+    CHECK_EQ_INT(mask_row("{\"added_tokens\":[{\"id\":7,\"content\":\"<|MASK|>\"}],"
+                          "\"model\":{\"vocab\":{\"a\":0,\"b\":50}}}", why, sizeof why), 7);
+    /* a tokenizer that fills every row (Llama 3's 128256), bad JSON, no ids: vocab_size - 1 */
+    CHECK_EQ_INT(mask_row("{\"added_tokens\":[{\"id\":99,\"content\":\"x\"}]}", why,
+                          sizeof why), 99);
+    CHECK(strstr(why, "fill every row") != NULL);
+    CHECK_EQ_INT(mask_row("{\"model\":", why, sizeof why), 99);
+    CHECK(strstr(why, "not valid JSON") != NULL);
+    CHECK_EQ_INT(mask_row("{}", why, sizeof why), 99);
+    CHECK(strstr(why, "no token ids") != NULL);
+    mask_row(NULL, why, sizeof why);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-hfc-XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -283,6 +320,7 @@ int main(void) {
     test_bad_configs();
     test_write_round_trip();
     test_weights();
+    test_mask_row();
     test_rmtree(dir);
     CHECK_DONE();
 }

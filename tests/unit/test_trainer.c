@@ -38,6 +38,7 @@
  *     writes and flushes them.
  */
 #include "check.h"
+#include "dflash_ckpt.h"
 #include "err.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -806,6 +807,50 @@ static void test_other_target(const char *mkmodel) {
     worker_consumer_destroy(&c);
 }
 
+/* The MASK row of the checkpoint at step. */
+static int mask_of(const char *step) {
+    dflash_config c;
+    char err[512];
+    int rc = dflash_ckpt_load_config(step, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    return rc ? -2 : c.mask_token_id;
+}
+
+/* Without --mask-token-id a new run takes the row past the target's tokenizer.json (Qwen3's
+ * 151669), or vocab_size - 1 without one; a resume and a warm start keep their checkpoint's row
+ * when the default has changed under them (a run begun before the default read the tokenizer,
+ * or on a target dir without one), instead of being refused as another drafter. */
+static void test_mask_default(void) {
+    char root[400], step[500], tok[400], path[600], err[1024];
+    model_config mc;
+    CHECK_EQ_INT(hf_config_load(target, &mc, err, sizeof err), 0);
+    snprintf(root, sizeof root, "%s/ckpt-mask", dir);
+    checkpoint_one_step(root, step, sizeof step);
+    CHECK_EQ_INT(mask_of(step), mc.vocab_size - 1); /* no tokenizer.json */
+
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", target);
+    const char *json = "{\"added_tokens\": [{\"id\": 10, \"content\": \"<|endoftext|>\"}],"
+                       " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 9}}}";
+    test_spill(tok, json, strlen(json));
+    /* the resume keeps 511, trains, and its next checkpoint says so */
+    worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
+    printf("resume after the default changed: %s\n", c ? "started" : err);
+    CHECK(c != NULL);
+    if (c) {
+        CHECK_EQ_INT(consume_batch(c, 2, false, false), 0);
+        CHECK_EQ_INT(c->finish(c->ctx), 0);
+    }
+    worker_consumer_destroy(&c);
+    snprintf(path, sizeof path, "%s/step-000000002", root);
+    CHECK_EQ_INT(mask_of(path), mc.vocab_size - 1);
+
+    /* a new run: the row past the tokenizer's 11 tokens */
+    snprintf(root, sizeof root, "%s/ckpt-mask-new", dir);
+    checkpoint_one_step(root, step, sizeof step);
+    CHECK_EQ_INT(mask_of(step), 11);
+    unlink(tok);
+}
+
 int main(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     char bin[512];
@@ -842,6 +887,7 @@ int main(void) {
     test_nothing_trained();
     test_resume_growing_decay();
     test_other_target(bin);
+    test_mask_default();
 
     test_rmtree(dir);
     CHECK_DONE();

@@ -169,6 +169,15 @@ int trainer_drafter_config(const char *model_dir, int draft_layers, int block_si
                  t.num_layers, n_feat);
         return DFLASH_ECONFIG;
     }
+    if (ids[n_feat - 1] == t.num_layers - 1) {
+        snprintf(err, errlen,
+                 "captured layer %d is the target's last (%d layers): SGLang and vLLM take a "
+                 "captured layer's output as the next layer's input, so they cannot feed it to "
+                 "the drafter (and transformers' hidden_states[%d] is after the final norm); "
+                 "capture layers below %d",
+                 ids[n_feat - 1], t.num_layers, t.num_layers, t.num_layers - 1);
+        return DFLASH_ECONFIG;
+    }
     out->n_feat = n_feat;
     memcpy(out->target_layer_ids, ids, (size_t)n_feat * sizeof *ids);
     rc = dflash_config_validate(out, err, errlen);

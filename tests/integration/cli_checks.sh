@@ -98,6 +98,13 @@ expect eval_capture_twice 2 "bad --capture-layers '1,1': captured layer id 1 giv
 expect eval_capture_order 2 "bad --capture-layers '2,1': .*ascending order" "$D" eval \
     --init-only --model "$WORK/target" --data "$WORK/data.shard" --layers 2 \
     --capture-layers 2,1 --threads 1
+# The target's last layer (3 of 4): no serving system can feed it to a drafter (SGLang and vLLM
+# capture a layer's output as the next one's input): refused at start-up, exit 2.
+expect drafter_capture_last 2 "captured layer 3 is the target's last .4 layers.*below 3" "$D" \
+    "${COMMON[@]}" --model "$WORK/target" --buckets 64 --token-budget 64 --max-seqs 2 \
+    --layers 2 --capture-layers 1,3
+expect eval_capture_last 2 "captured layer 3 is the target's last" "$D" eval --init-only \
+    --model "$WORK/target" --data "$WORK/data.shard" --layers 2 --capture-layers 2,3 --threads 1
 # the drafter took an explicit --hidden 256 (the default's value) for "not given"
 expect drafter_hidden_256 2 "--hidden 256 does not match" "$D" "${COMMON[@]}" \
     --model "$WORK/target" --hidden 256 --buckets 64 --token-budget 64 --max-seqs 2

@@ -95,9 +95,11 @@ class DFlashRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
+        # as transformers' Qwen3RMSNorm and our kernels: normalised in fp32, rounded to x's
+        # dtype, then multiplied by the weight in that dtype
         xw = _wide(x)
         y = xw * torch.rsqrt(xw.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (_wide(self.weight) * y).to(x.dtype)
+        return self.weight.to(x.dtype) * y.to(x.dtype)
 
 
 class DFlashMLP(nn.Module):

@@ -832,7 +832,7 @@ static void test_mask_default(void) {
     const char *json = "{\"added_tokens\": [{\"id\": 10, \"content\": \"<|endoftext|>\"}],"
                        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 9}}}";
     test_spill(tok, json, strlen(json));
-    /* the resume keeps 511, trains, and its next checkpoint says so */
+    /* the resume keeps vocab_size - 1, trains, and its next checkpoint says so */
     worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
     printf("resume after the default changed: %s\n", c ? "started" : err);
     CHECK(c != NULL);
@@ -842,6 +842,26 @@ static void test_mask_default(void) {
     }
     worker_consumer_destroy(&c);
     snprintf(path, sizeof path, "%s/step-000000002", root);
+    CHECK_EQ_INT(mask_of(path), mc.vocab_size - 1);
+
+    /* a warm start from it (scripts/train --init-from) keeps vocab_size - 1 too */
+    char warm[400];
+    snprintf(warm, sizeof warm, "%s/ckpt-mask-warm", dir);
+    slot_layout l = slots();
+    trainer_opts o = {.model_dir = target, .backend = POOL_HOST, .threads = 1, .layout = &l,
+                      .draft_layers = 1, .block_size = 4, .mask_token_id = -1, .init_seed = 1,
+                      .checkpoint_dir = warm, .init_weights = path, .stop = &test_stop};
+    dflash_train_cfg_default(&o.train);
+    o.train.n_anchors = 8;
+    c = trainer_new(&o, err, sizeof err);
+    printf("warm start after the default changed: %s\n", c ? "started" : err);
+    CHECK(c != NULL);
+    if (c) {
+        CHECK_EQ_INT(consume_batch(c, 1, false, false), 0);
+        CHECK_EQ_INT(c->finish(c->ctx), 0);
+    }
+    worker_consumer_destroy(&c);
+    snprintf(path, sizeof path, "%s/step-000000001", warm);
     CHECK_EQ_INT(mask_of(path), mc.vocab_size - 1);
 
     /* a new run: the row past the tokenizer's 11 tokens */

@@ -1120,7 +1120,8 @@ int safetensors_write_index(const char *dir, const char *const *names, const cha
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     size_t jl = strlen(json);
     json[jl] = '\n'; /* replace the terminator: written length is exact */
-    int rc = fs_write_atomic(path, json, jl + 1);
+    int rc = fs_write_atomic(path, json, jl + 1), e = errno;
     free(json);
+    errno = e; /* fs_write_atomic's reason, for the caller's message */
     return rc;
 }

@@ -151,7 +151,8 @@ int safetensors_writer_errno(const safetensors_writer *w);
 void safetensors_writer_destroy(safetensors_writer **w);
 
 /* Writes model.safetensors.index.json into dir: metadata.total_size and weight_map from the
- * names[i] -> files[i] pairs (files are base names). Atomic like the writer. */
+ * names[i] -> files[i] pairs (files are base names). Atomic like the writer. 0, DFLASH_ENOMEM,
+ * or DFLASH_EIO with errno the failing call's (fs_write_atomic). */
 int safetensors_write_index(const char *dir, const char *const *names, const char *const *files,
                             size_t n, uint64_t total_size);
 

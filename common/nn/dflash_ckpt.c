@@ -6,8 +6,9 @@
  * metadata as it writes). config.json is built with cJSON. dflash.py, which config.json's
  * auto_map names for transformers' AutoModel, is nn/dflash_hf.py, built in. The loaders check
  * every tensor's checksum as they convert it (load_all), before anything reaches the model.
- * model.safetensors is written by write_weights, from the save and from the resume when the
- * checkpoint's copy is missing or damaged (check_weights_file): one writer, so the same bytes.
+ * model.safetensors and its index are written by write_weights and write_index, from the save
+ * and from the resume when the checkpoint's copy is missing or damaged (check_weights_file):
+ * the same writers, so the same bytes.
  * A failure keeps its kind from safetensors_open (unreadable, missing, damaged) to the caller.
  */
 #include "dflash_ckpt.h"
@@ -336,16 +337,44 @@ out:
 /* ---------------------------------------------------------------------------------------------
  * save */
 
-/* Writes model.safetensors at path from masters (fp32, the masters' host layout): every
- * trainable tensor under its name, bf16 (round to nearest even) or, with f32, fp32, each with its
- * checksum. The safetensors writer replaces path atomically (path.tmp.PID, fsync, rename, fsync
- * of the directory): a reader sees the old file or the whole new one. The bytes depend on the
- * masters alone: the same masters write the same file. 0, or a negative code with the file and
- * the reason in err. */
-static int write_weights(const dflash_model *m, const float *masters, bool f32, const char *path,
+/* Writes dir/model.safetensors.index.json (safetensors_write_index): every trainable tensor
+ * mapped to model.safetensors, total_size the bytes of their data in that file (bf16, or fp32
+ * with f32). The file names exactly model.safetensors's tensors, so loaders that glob
+ * *.safetensors and keep only the files an index names (vLLM and SGLang) do not read
+ * training_state.safetensors. 0, or a negative code with the file and the reason in err. */
+static int write_index(const dflash_model *m, bool f32, const char *dir, char *err, size_t errlen) {
+    int rc = 0;
+    size_t n = (size_t)m->n_tensors;
+    uint64_t total = 0;
+    const char **names = malloc(n * sizeof *names), **files = malloc(n * sizeof *files);
+    if (!names || !files) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory for %s's index", dir);
+    for (size_t i = 0; i < n; i++) {
+        names[i] = m->tensors[i].name;
+        files[i] = "model.safetensors";
+        total += (uint64_t)m->tensors[i].numel * (f32 ? sizeof(float) : sizeof(uint16_t));
+    }
+    errno = 0;
+    if ((rc = safetensors_write_index(dir, names, files, n, total)))
+        FAIL(rc, "checkpoint: cannot write %s/model.safetensors.index.json: %s", dir,
+             rc == DFLASH_EIO && errno ? strerror(errno) : err_str(rc));
+out:
+    free(names);
+    free(files);
+    return rc;
+}
+
+/* Writes dir/model.safetensors from masters (fp32, the masters' host layout): every trainable
+ * tensor under its name, bf16 (round to nearest even) or, with f32, fp32, each with its
+ * checksum. The safetensors writer replaces the file atomically (model.safetensors.tmp.PID,
+ * fsync, rename, fsync of the directory): a reader sees the old file or the whole new one. The
+ * bytes depend on the masters alone: the same masters write the same file. 0, or a negative
+ * code with the file and the reason in err. Its index is write_index's. */
+static int write_weights(const dflash_model *m, const float *masters, bool f32, const char *dir,
                          char *err, size_t errlen) {
     int rc = 0;
     size_t n = m->n_params;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
     uint16_t *bf = f32 ? NULL : malloc(n * sizeof(uint16_t));
     safetensors_writer *w = safetensors_writer_new(path);
     if (!w || (!f32 && !bf)) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory for %s", path);
@@ -456,9 +485,10 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     snprintf(p, sizeof p, "%s/config.json", tmp);
     if ((rc = write_file(p, text))) FAIL(rc, "checkpoint: cannot write %s: %s", p, strerror(errno));
 
-    /* model.safetensors */
-    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
-    if ((rc = write_weights(m, hm, f32, p, err, errlen))) goto out;
+    /* model.safetensors and model.safetensors.index.json */
+    if ((rc = write_weights(m, hm, f32, tmp, err, errlen)) ||
+        (rc = write_index(m, f32, tmp, err, errlen)))
+        goto out;
 
     /* dflash.py: the drafter for AutoModel.from_pretrained(..., trust_remote_code=True) */
     snprintf(p, sizeof p, "%s/dflash.py", tmp);
@@ -747,7 +777,7 @@ static int check_weights_file(const dflash_model *m, const char *dir, const floa
         LOG_WARN("checkpoint: %s: the file is damaged; writing it again from the training "
                  "state's masters", why); /* why names the file, and the tensor */
     char werr[1024] = "";
-    if ((rc = write_weights(m, masters, f32, p, werr, sizeof werr))) {
+    if ((rc = write_weights(m, masters, f32, dir, werr, sizeof werr))) {
         if (err)
             snprintf(err, errlen,
                      "%s is %s and cannot be written again from the training state's masters "
@@ -755,8 +785,13 @@ static int check_weights_file(const dflash_model *m, const char *dir, const floa
                      p, missing ? "missing" : "damaged", STATE_FILE, werr);
         return rc;
     }
-    LOG_WARN("checkpoint: %s written again from the masters of %s/%s (%s): the checkpoint is "
-             "whole again", p, dir, STATE_FILE, f32 ? "fp32" : "bf16");
+    if ((rc = write_index(m, f32, dir, werr, sizeof werr))) {
+        if (err)
+            snprintf(err, errlen, "%s was written again, but its index cannot be: %s", p, werr);
+        return rc;
+    }
+    LOG_WARN("checkpoint: %s written again from the masters of %s/%s (%s), with its index: "
+             "the checkpoint is whole again", p, dir, STATE_FILE, f32 ? "fp32" : "bf16");
     return 0;
 }
 

@@ -10,6 +10,13 @@
  *                             trust_remote_code=True) loads the checkpoint
  *   model.safetensors         the trainable tensors under the names of 2.2 (no "model." prefix),
  *                             bf16 by default (fp32 on request); no embed_tokens / lm_head
+ *   model.safetensors.index.json  the Hugging Face index: weight_map maps every tensor of
+ *                             model.safetensors to it, metadata.total_size their data bytes.
+ *                             vLLM and SGLang glob *.safetensors and, when an index is there,
+ *                             keep only the files it names: without it they would read the
+ *                             training state too (vLLM then fails on the master.* names). Our
+ *                             loaders open model.safetensors by name and do not need it: a
+ *                             checkpoint written before it existed loads as before
  *   training_state.safetensors  fp32 master weights ("master.NAME"), AdamW moments ("exp_avg.NAME",
  *                             "exp_avg_sq.NAME") and, in its metadata, the step, the anchor seed
  *                             and every schedule / optimizer setting ("format":
@@ -20,7 +27,8 @@
  * loaders ignore these strings. dflash_ckpt_load_weights checks every tensor of model.safetensors
  * and dflash_ckpt_resume every tensor of training_state.safetensors before using any: a mismatch
  * is DFLASH_ECORRUPT naming the file and the tensor. dflash_ckpt_resume checks model.safetensors
- * too, which it does not load, and writes a missing or damaged one again from the masters.
+ * too, which it does not load, and writes a missing or damaged one again from the masters
+ * (and its index with it).
  * Checkpoints written before the checksums load unverified (an info line says so).
  * dflash_ckpt_train_settings reads only metadata. Failure kinds: a file that cannot be read is
  * DFLASH_EIO (DFLASH_ENOTFOUND when missing), never DFLASH_EFORMAT / DFLASH_ECORRUPT, which mean
@@ -93,9 +101,10 @@ int dflash_ckpt_load_weights(dflash_model *m, const char *dir, char *err, size_t
  * (DFLASH_EFORMAT: a damaged header; DFLASH_EIO: unreadable; DFLASH_ENOTFOUND: missing, which a
  * save never leaves: err says the directory is not a whole checkpoint). Then model.safetensors
  * (the exported weights, which the resume does not read): a file missing or damaged is written
- * again from the masters, as the save writes it, with a warning, when repair is true (DIR is
- * under the caller's locked root: a root has one writer); else it is only warned about (a
- * checkpoint of another run's directory, or a read-only archive, is not ours to write). One that
+ * again from the masters, as the save writes it (its index too), with a warning, when repair
+ * is true (DIR is under the caller's locked root: a root has one writer); else it is only
+ * warned about (a checkpoint of another run's directory, or a read-only archive, is not ours to
+ * write). The index is not checked (a checkpoint written before it has none). One that
  * cannot be read, or is not a regular file, is DFLASH_EIO and left alone; one that cannot be
  * written again refuses the resume (its code, the file named). A tensor holding a NaN or an
  * infinity: DFLASH_ENONFINITE naming it. Nothing reaches the model before all this passed. */
@@ -117,10 +126,11 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen);
  * ".tmp-step-*" directories (an unfinished save), and renames a ".old-step-N-*" back to step-N
  * where step-N is missing (the writer stopped between moving the old checkpoint aside and
  * publishing the new one), else removes it, and removes a file writer's NAME.tmp.PID inside a
- * step-N (a resume stopped while writing model.safetensors again). Returns how many it handled. Call at start-up,
- * holding root's lock (dflash_ckpt_lock_root) and before dflash_ckpt_latest: no other live
- * process writes root then, so every leftover is a dead writer's, whatever process now has
- * the PID in its name (after a reboot, or in another container's PID namespace). */
+ * step-N (a resume stopped while writing model.safetensors or its index again). Returns how
+ * many it handled. Call at start-up, holding root's lock (dflash_ckpt_lock_root) and before
+ * dflash_ckpt_latest: no other live process writes root then, so every leftover is a dead
+ * writer's, whatever process now has the PID in its name (after a reboot, or in another
+ * container's PID namespace). */
 int dflash_ckpt_recover(const char *root);
 
 /* Renames every step-N under root with N > step to superseded-step-N (superseded-step-N.2, ...

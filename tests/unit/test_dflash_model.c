@@ -12,10 +12,14 @@
  *   - the optimizer on a side stream that lags as far as ops.h allows gives the same steps
  *   - checkpoint round trip, config.json fields, tensor names and shapes (dflash.md 2.1/2.2);
  *     a save that cannot write names the system's reason
+ *   - every checkpoint has a model.safetensors.index.json naming exactly model.safetensors's
+ *     tensors with their data bytes (what SGLang and vLLM go by to leave the training state
+ *     unread); one written before the index still loads, resumes and is found
  *   - checkpoint checksums: a bit flipped in a tensor's data of either file is refused by the
  *     loader that reads it, naming the file and the tensor; a checkpoint without them loads
  *   - an exact resume checks model.safetensors and writes a damaged or missing one again from
- *     the masters, byte for byte; one it cannot read refuses the resume (I/O, not damage)
+ *     the masters, byte for byte, its index too; one it cannot read refuses the resume (I/O, not
+ *     damage)
  *   - a drafter that does not fit the target is refused with both values named
  *   - a slot's view: trains like the batch it holds; arrays that disagree with its header refused
  *   - DFLASH_LM_CHUNK and DFLASH_LAYER0_DEDUP: a value they do not take ("on", "4k") exits 2
@@ -491,6 +495,74 @@ static int count_steps(const char *root) {
     return n;
 }
 
+/* dir/model.safetensors.index.json: JSON in the Hugging Face layout whose weight_map maps
+ * exactly the tensors of model.safetensors, every one to "model.safetensors" (vLLM and SGLang
+ * then read no other *.safetensors file of the directory: not the training state), and whose
+ * metadata.total_size is their data bytes; safetensors_open of the directory (which takes the
+ * index, as those loaders do) sees the same tensors and none of the training state's. */
+static void check_ckpt_index(const char *dir) {
+    char p[512], err[256];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    cJSON *j = read_json(p);
+    CHECK(cJSON_IsObject(j));
+    if (!j) {
+        fprintf(stderr, "  %s: missing or not JSON\n", p);
+        return;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    safetensors *st = safetensors_open(p, NULL, err, sizeof err);
+    CHECK(st != NULL);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(j, "metadata");
+    const cJSON *total = meta ? cJSON_GetObjectItemCaseSensitive(meta, "total_size") : NULL;
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    CHECK(cJSON_IsNumber(total) && cJSON_IsObject(wm));
+    if (st && cJSON_IsNumber(total) && cJSON_IsObject(wm)) {
+        size_t n = safetensors_count(st);
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < n; i++) {
+            const safetensors_tensor *t = safetensors_at(st, i);
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(wm, t->name);
+            CHECK(cJSON_IsString(f) && !strcmp(f->valuestring, "model.safetensors"));
+            bytes += t->bytes;
+        }
+        CHECK_EQ_INT(cJSON_GetArraySize(wm), (int)n);
+        for (const cJSON *e = wm->child; e; e = e->next)
+            CHECK(safetensors_find(st, e->string) != NULL);
+        CHECK(bytes > 0 && total->valuedouble == (double)bytes);
+        safetensors *via = safetensors_open(dir, NULL, err, sizeof err);
+        CHECK(via && safetensors_count(via) == n && !safetensors_find(via, "master.fc.weight"));
+        safetensors_close(&via);
+    }
+    safetensors_close(&st);
+    cJSON_Delete(j);
+}
+
+/* The files of a checkpoint directory, and nothing else (no writer's temporary file). */
+static void check_ckpt_listing(const char *dir) {
+    const char *want[] = {"config.json", "dflash.py", "model.safetensors",
+                          "model.safetensors.index.json", "training_state.safetensors"};
+    int found[5] = {0}, other = 0;
+    DIR *d = opendir(dir);
+    CHECK(d != NULL);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        int k = 0;
+        while (k < 5 && strcmp(e->d_name, want[k]))
+            k++;
+        if (k < 5)
+            found[k]++;
+        else {
+            fprintf(stderr, "  %s: unexpected file %s\n", dir, e->d_name);
+            other++;
+        }
+    }
+    if (d) closedir(d);
+    for (int k = 0; k < 5; k++)
+        CHECK_EQ_INT(found[k], 1);
+    CHECK_EQ_INT(other, 0);
+}
+
 /* config.json fields (dflash.md 2.1) and tensor names / shapes / dtype (2.2) */
 static void check_ckpt_files(const dflash_model *m, const char *dir) {
     const dflash_config *c = &m->cfg;
@@ -596,6 +668,8 @@ static void check_ckpt_files(const dflash_model *m, const char *dir) {
         }
     }
     safetensors_close(&st);
+    check_ckpt_index(dir);
+    check_ckpt_listing(dir);
 }
 
 /* dflash_train_step_async + collect (the daemon's hot loop, one step behind) gives the same
@@ -968,14 +1042,18 @@ static void test_checkpoint(world *w) {
     CHECK(test_is_dir(gone_step));
     /* a resume that died writing model.safetensors again left its writer's temp file in the
      * step directory: removed; a user's file that only looks alike is kept */
-    char writer_tmp[700], keep_name[700];
+    char writer_tmp[700], index_tmp[700], keep_name[700];
     snprintf(writer_tmp, sizeof writer_tmp, "%s/model.safetensors.tmp.%d", gone_step,
+             (int)getppid());
+    snprintf(index_tmp, sizeof index_tmp, "%s/model.safetensors.index.json.tmp.%d", gone_step,
              (int)getppid());
     snprintf(keep_name, sizeof keep_name, "%s/notes.tmp.txt", gone_step);
     test_spill(writer_tmp, "partial", 7);
+    test_spill(index_tmp, "{", 1);
     test_spill(keep_name, "user", 4);
-    CHECK_EQ_INT(dflash_ckpt_recover(root), 1);
-    CHECK(access(writer_tmp, F_OK) != 0 && access(keep_name, F_OK) == 0);
+    CHECK_EQ_INT(dflash_ckpt_recover(root), 2);
+    CHECK(access(writer_tmp, F_OK) != 0 && access(index_tmp, F_OK) != 0 &&
+          access(keep_name, F_OK) == 0);
     CHECK_EQ_INT(unlink(keep_name), 0);
     check_ckpt_files(a, gone_step);
 
@@ -1031,18 +1109,20 @@ static void test_checkpoint(world *w) {
     CHECK_EQ_INT(dflash_ckpt_check_config(&w->cfg, &back, err, sizeof err), 0);
 
     /* a save that cannot write (past a file size limit here, a full disk alike) says why,
-     * failing in config.json, in model.safetensors and in dflash.py (written in that order; each
-     * limit above the files before); it used to say "input/output error" or nothing. Nothing is
-     * published. */
-    struct stat cj, py, ms;
+     * failing in config.json, in model.safetensors and in dflash.py (written in that order, the
+     * index between the last two; each limit above the files before); it used to say
+     * "input/output error" or nothing. Nothing is published. */
+    struct stat cj, py, ms, ix;
     char f[600];
     snprintf(f, sizeof f, "%s/config.json", path);
     CHECK(stat(f, &cj) == 0);
     snprintf(f, sizeof f, "%s/dflash.py", path);
     CHECK(stat(f, &py) == 0);
+    snprintf(f, sizeof f, "%s/model.safetensors.index.json", path);
+    CHECK(stat(f, &ix) == 0);
     snprintf(f, sizeof f, "%s/model.safetensors", path);
     CHECK(stat(f, &ms) == 0);
-    CHECK(ms.st_size > cj.st_size + 64 && py.st_size > ms.st_size + 64);
+    CHECK(ms.st_size > cj.st_size + 64 && py.st_size > ms.st_size + 64 && ix.st_size < ms.st_size);
     struct rlimit lim0, lim;
     CHECK(getrlimit(RLIMIT_FSIZE, &lim0) == 0);
     void (*xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
@@ -1063,6 +1143,26 @@ static void test_checkpoint(world *w) {
     }
     signal(SIGXFSZ, xfsz);
     a->step = a_step;
+
+    /* a checkpoint written before the index: found, warm-started from, resumed exactly (its
+     * model.safetensors whole, so nothing is written into it), eval's config read, and a
+     * directory open takes model.safetensors */
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", path);
+    CHECK_EQ_INT(unlink(idx), 0);
+    CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
+    CHECK(!strcmp(latest, path));
+    c = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
+    CHECK_EQ_INT(dflash_ckpt_load_weights(c, path, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, &tb, path, true, err, sizeof err), 0);
+    CHECK_EQ_INT(c->step, 3);
+    dflash_model_destroy(&c);
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
+    CHECK(access(idx, F_OK) != 0);
+    safetensors *old_st = safetensors_open(path, NULL, err, sizeof err);
+    CHECK(old_st && safetensors_count(old_st) == (size_t)a->n_tensors);
+    safetensors_close(&old_st);
 
     dflash_model_destroy(&a);
     dflash_model_destroy(&b);
@@ -1236,10 +1336,11 @@ static void test_config_fifo(void) {
  * is served from; it checks that file's checksums too. A flipped data bit, a truncated file or
  * no file at all is written again from the training state's masters, with a warning naming the
  * file (and the tensor), to the very bytes the save wrote (bf16 or fp32, as config.json says),
- * and the resume goes on. A file it cannot read (a FIFO in its place) is an I/O failure, not
- * damage: the resume is refused with the system's reason and the file left alone; one it cannot
- * write again refuses the resume naming the file; a checkpoint outside the resuming run's
- * --checkpoint-dir (repair false) is only warned about. */
+ * and the resume goes on, its index with it. A file it cannot read (a FIFO in its place) is an
+ * I/O failure, not damage: the resume is refused with the system's reason and the file left
+ * alone; one it cannot write again, or whose index it cannot, refuses the resume naming the
+ * file; a checkpoint outside the resuming run's --checkpoint-dir (repair false) is only warned
+ * about. */
 static void test_resume_checks_weights(world *w) {
     char root[] = "/tmp/dflash_ckpt_weights_XXXXXX";
     CHECK(mkdtemp(root) != NULL);
@@ -1253,9 +1354,11 @@ static void test_resume_checks_weights(world *w) {
     char path[512], err[1024], file[600], tmp[700], *log = NULL;
     CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, NULL, path, sizeof path, err, sizeof err), 0);
     snprintf(file, sizeof file, "%s/model.safetensors", path);
-    size_t n = 0;
-    char *orig = test_slurp(file, &n);
-    CHECK(n > 0);
+    size_t n = 0, idx_n = 0;
+    char *orig = test_slurp(file, &n), idx[700];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", path);
+    char *idx_orig = test_slurp(idx, &idx_n);
+    CHECK(n > 0 && idx_n > 0);
 
     /* a good file: nothing said, nothing written */
     struct stat before, after;
@@ -1279,12 +1382,14 @@ static void test_resume_checks_weights(world *w) {
     CHECK_EQ_INT(b->step, 1);
     free(log);
 
-    /* missing */
+    /* missing, its index too: both written again, the same bytes */
     CHECK_EQ_INT(unlink(file), 0);
+    CHECK_EQ_INT(unlink(idx), 0);
     CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), 0);
     printf("resume without model.safetensors: %s", log);
     CHECK(strstr(log, file) && strstr(log, "missing") && strstr(log, "written again"));
     CHECK(same_file(file, orig, n));
+    CHECK(same_file(idx, idx_orig, idx_n));
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", file, (int)getpid());
     CHECK(access(tmp, F_OK) != 0);
     free(log);
@@ -1324,6 +1429,18 @@ static void test_resume_checks_weights(world *w) {
     CHECK_EQ_INT(rmdir(tmp), 0);
     free(log);
 
+    /* its index cannot be written again (a directory in its place): refused naming the index
+     * and the system's reason */
+    CHECK_EQ_INT(unlink(idx), 0);
+    CHECK_EQ_INT(mkdir(idx, 0700), 0);
+    CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), DFLASH_EIO);
+    printf("resume where the index cannot be written: %s\n", err);
+    CHECK(strstr(err, idx) && strstr(err, strerror(EISDIR)) && strstr(err, "its index cannot be"));
+    CHECK(same_file(file, orig, n));
+    CHECK_EQ_INT(rmdir(idx), 0);
+    free(log);
+    test_spill(idx, idx_orig, idx_n);
+
     /* not this run's checkpoint (outside its --checkpoint-dir): warned, never written */
     test_spill(file, "not a safetensors file", 22);
     CHECK_EQ_INT(resume_logged_as(b, &tb, path, false, &log, err, sizeof err), 0);
@@ -1349,8 +1466,10 @@ static void test_resume_checks_weights(world *w) {
     CHECK_EQ_INT(resume_logged(b, &tb, path, &log, err, sizeof err), 0);
     CHECK(strstr(log, "fp32") != NULL);
     CHECK(same_file(file, orig, n));
+    check_ckpt_index(path); /* total_size of fp32 data */
     free(log);
     free(orig);
+    free(idx_orig);
 
     dflash_model_destroy(&a);
     dflash_model_destroy(&b);

@@ -382,6 +382,20 @@ static bool refuse_replaced(broker *b, const peer *p, const wire_msg *m, wire_ms
     return true;
 }
 
+/* Whether the hello m, from a new incarnation with o's role and name, takes o's session over
+ * now. Not when o is a live solo trainer of a run and m does not name that run: m may be a
+ * restart of o's run (its resume, naming the run, then replaces o: broker_replace_predecessors)
+ * or a drafter of another run given the same --name, whose resume must meet o as another model's
+ * trainer (broker_trainer_admitted) instead of ending o's session and rewinding o's committed
+ * batches (defect: a second run started with a live trainer's --name took its place, rewound its
+ * work, and the first run could never resume). */
+static bool takes_over_by_name(const peer *o, const wire_msg *m)
+{
+    if (m->role != WIRE_ROLE_DRAFTER || !o->trains || !o->run_id || o->state != PEER_LIVE)
+        return true;
+    return m->u.hello.run_id == o->run_id;
+}
+
 /* False when the hello is refused (r holds the error). The caller forgets p, except when it
  * is held (Error AGAIN, p stays PEER_NEW so that its wait is timed: trainer_admitted). */
 static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
@@ -392,7 +406,12 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         peer *o = b->peers[i];
         if (o != p && o->role == m->role && strcmp(o->name, m->u.hello.name) == 0 &&
             o->incarnation != m->incarnation) {
-            broker_peer_take_over(b, p, i, "replaced by a new incarnation");
+            if (takes_over_by_name(o, m))
+                broker_peer_take_over(b, p, i, "replaced by a new incarnation");
+            else
+                LOG_INFO("hello from drafter %s (incarnation %016" PRIx64 "): the name of a "
+                         "live trainer of run %016" PRIx64 ", which it replaces only if its "
+                         "resume names that run", m->u.hello.name, m->incarnation, o->run_id);
             break;
         }
     }

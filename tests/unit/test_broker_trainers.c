@@ -481,6 +481,48 @@ static void test_replaced_by_name_and_run(void)
     stub_broker_free();
 }
 
+/* A drafter of another run started with a live trainer's --name (a new --checkpoint-dir, the
+ * same container name): its hello does not take the trainer's session over; its resume is held
+ * and then refused as another model's (exit 6), nothing rewound, and the trainer trains on and
+ * is not refused at its next hello (defect: the name took the session over, the resume from 0
+ * rewound the trainer's committed batches, and the trainer exited 4 and could never resume). */
+static void test_other_run_same_name(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21};
+    solo_trains(&a, RUN_A);
+    train_one(&a, 2);
+    CHECK_EQ_INT(stub_status().batches_trained, 2);
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, 41); /* a's name, another process and run */
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", a.name);
+    CHECK_EQ_INT(stub_send("other-run"), 0);
+    CHECK_EQ_INT(stub_status().peers, 3); /* the target, a, and the newcomer */
+    int rc = DFLASH_EAGAIN;
+    for (uint64_t end = monotime_ms() + 3000; rc == DFLASH_EAGAIN && monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        beat_target();
+        beat(&a);
+        stub_init(WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, 41);
+        stub_req.u.step = 0;
+        stub_req.u.run_id = RUN_B;
+        rc = stub_send("other-run");
+        if (rc == DFLASH_EAGAIN) {
+            CHECK_EQ_INT(stub_status().batches_trained, 2); /* nothing rewound while held */
+            sleep_ms(20);
+        }
+    }
+    CHECK_EQ_INT(rc, DFLASH_EEXISTS);
+    printf("same name, other run: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-a") != NULL);
+    CHECK(strstr(stub_rep.u.error.message, "nothing was rewound") != NULL);
+    CHECK_EQ_INT(stub_status().batches_trained, 2);
+    train_one(&a, 3); /* a trains on, its session its own */
+    CHECK_EQ_INT(hello_run(&a, RUN_A), 0);
+    CHECK_EQ_INT(stub_status().batches_trained, 3);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_second_run_refused();
@@ -493,5 +535,6 @@ int main(void)
     test_second_group_refused();
     test_replaced_predecessor_refused();
     test_replaced_by_name_and_run();
+    test_other_run_same_name();
     CHECK_DONE();
 }

@@ -10,11 +10,18 @@
 void broker_silence_note(broker_silence *s, int rc, bool registered, const char *why)
 {
     if (rc != DFLASH_ETIMEOUT && s->since > 0) {
-        LOG_INFO("the broker answers again after %.1f s", monotime_s() - s->since);
+        LOG_INFO(s->never_answered ? "the broker answers after %.1f s"
+                                   : "the broker answers again after %.1f s",
+                 monotime_s() - s->since);
         s->since = 0;
-    } else if (rc == DFLASH_ETIMEOUT && s->since == 0 && registered) {
+    } else if (rc == DFLASH_ETIMEOUT && s->since == 0) {
         s->since = monotime_s();
-        LOG_WARN("%s: waiting for the broker to come back", why ? why : "no reply");
+        s->never_answered = !registered;
+        if (registered)
+            LOG_WARN("%s: waiting for the broker to come back", why ? why : "no reply");
+        else
+            LOG_INFO("%s: no broker has answered yet; waiting for one (--broker-wait-ms; check "
+                     "--runtime-dir or --broker if none is coming)", why ? why : "no reply");
     }
 }
 
@@ -23,5 +30,7 @@ void broker_silence_suffix(const broker_silence *s, char *buf, size_t len)
     if (!len) return;
     buf[0] = '\0';
     if (s->since > 0)
-        snprintf(buf, len, ", waiting for the broker (silent for %.0f s)", monotime_s() - s->since);
+        snprintf(buf, len, s->never_answered ? ", waiting for a broker (none answered for %.0f s)"
+                                             : ", waiting for the broker (silent for %.0f s)",
+                 monotime_s() - s->since);
 }

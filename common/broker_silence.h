@@ -1,12 +1,14 @@
-/* broker_silence: how a registered daemon (dflash-target, dflash-drafter) tells its log that the
- * broker went quiet and came back. By design a daemon that has registered waits for a lost broker
- * to return (DESIGN.md section 5); these lines say that it is waiting, and for whom, instead of
- * blaming its peers ("waiting for a free slot 100%").
+/* broker_silence: how a daemon (dflash-target, dflash-drafter) tells its log that the broker is
+ * quiet: gone after a registration (by design a daemon that has registered waits for a lost
+ * broker to return, DESIGN.md section 5), or not there yet at start-up (--broker-wait-ms; a
+ * mistyped --runtime-dir looks like this). These lines say that it is waiting, and for whom,
+ * instead of blaming its peers ("waiting for a free slot 100%", "waiting for a grant 0%").
  *
  * broker_silence_note takes the result of every request to the broker: the first
- * DFLASH_ETIMEOUT after a registration logs one warning, the next answer (any other result) logs
- * how long the silence lasted. broker_silence_suffix gives the progress line's ", waiting for the
- * broker (silent for N s)" while silent, else "". Thread: the daemon's main loop. */
+ * DFLASH_ETIMEOUT logs one line (a warning after a registration, info before one), the next
+ * answer (any other result) logs how long the silence lasted. broker_silence_suffix gives the
+ * progress line's ", waiting for the broker (silent for N s)" (", waiting for a broker (none
+ * answered for N s)" before any answer) while silent, else "". Thread: the daemon's main loop. */
 #ifndef DFLASH_BROKER_SILENCE_H
 #define DFLASH_BROKER_SILENCE_H
 
@@ -14,7 +16,8 @@
 #include <stddef.h>
 
 typedef struct broker_silence {
-    double since; /* monotime_s() of the first unanswered request; 0 while the broker answers */
+    double since;        /* monotime_s() of the first unanswered request; 0 while it answers */
+    bool never_answered; /* the silence began before the daemon's first registration */
 } broker_silence;
 
 /* rc: the request's result; registered: whether the daemon has registered at least once (before

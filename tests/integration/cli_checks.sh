@@ -138,6 +138,12 @@ WAITED+=" after each request, which waits up to --timeout-ms 1000;"
 expect target_waited 1 "$WAITED" "$T" "${COMMON[@]}" --broker-wait-ms 100 --timeout-ms 1000
 expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 100 \
     --timeout-ms 1000
+# while no broker has answered yet, the progress lines say so (they read "waiting for a grant
+# 0%" / "waiting for a free slot 0%", like an idle pipeline: a mistyped --runtime-dir)
+expect target_no_broker_yet 1 "free slot.*waiting for a broker \(none answered for" "$T" \
+    "${COMMON[@]}" --broker-wait-ms 1500 --progress-ms 300
+expect drafter_no_broker_yet 1 "grant.*waiting for a broker \(none answered for" "$D" \
+    "${COMMON[@]}" --verify --broker-wait-ms 1500 --progress-ms 300
 
 # --dump-config makes the start's checks first
 expect queue_dump_checked 2 "min-ready 100 needs 100 ready slots .* max-depth is 10" \

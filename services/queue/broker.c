@@ -633,13 +633,17 @@ bool broker_plan_done(broker *b)
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */
 void broker_reply_plan_done(broker *b, wire_msg *r, uint64_t rid)
 {
+    /* the epochs are the broker's --max-epochs when it caps the target's plan */
+    const char *whose = b->cfg.max_epochs ? "the broker's --max-epochs" : "the target's planned";
+    const char *more = b->cfg.max_epochs ? "a broker with a higher --max-epochs continues"
+                                         : "a target with more --epochs continues";
     if (!b->plan_done_said)
-        LOG_INFO("every batch of the target's planned epochs (%u) is trained: claims now end the "
-                 "drafters' runs (their checkpoints hold it all)", b->epochs);
+        LOG_INFO("every batch of %s epochs (%u) is trained: claims now end the drafters' runs "
+                 "(their checkpoints hold it all)", whose, b->epochs);
     b->plan_done_said = true;
     reply_error(b, r, rid, DFLASH_ESHUTDOWN,
-                "every batch of the target's planned epochs (%u) is trained: nothing left to "
-                "claim (a target with more --epochs continues)", b->epochs);
+                "every batch of %s epochs (%u) is trained: nothing left to claim (%s)", whose,
+                b->epochs, more);
 }
 
 static pool_desc *peer_pool(broker *b, peer *p, uint64_t incarnation)

@@ -106,11 +106,20 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len)
 {
     queue_config next = b->cfg;
     for (uint32_t i = 0; i < set->n; i++) {
+        const cfg_option *oi = config_find(broker_config_table(), set->kv[i].key);
+        for (uint32_t j = 0; oi && j < i; j++)
+            if (config_find(broker_config_table(), set->kv[j].key) == oi) {
+                if (err)
+                    snprintf(err, err_len, "%s given twice (%s and %s): give it once",
+                             set->kv[i].key, set->kv[j].value, set->kv[i].value);
+                return DFLASH_EINVAL;
+            }
         int rc = config_set(broker_config_table(), &next, set->kv[i].key, set->kv[i].value, true,
                             err, err_len);
         if (rc == DFLASH_ENOTFOUND && err) snprintf(err, err_len, "%s: no such option", set->kv[i].key);
         if (rc == DFLASH_EDENIED && err)
-            snprintf(err, err_len, "%s: not live (restart with the new value)", set->kv[i].key);
+            snprintf(err, err_len, "%s is a start-up setting, not a live one: restart "
+                     "dflash-queue with the new value", set->kv[i].key);
         if (rc) return rc;
     }
     int rc = live_check(b, &next, err, err_len);

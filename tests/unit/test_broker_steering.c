@@ -281,6 +281,26 @@ static void test_stop_ends_drain(void)
     CHECK_EQ_INT(stub_status().state, POLICY_PAUSED);
 }
 
+/* A key given twice in one set (min_ready and min-ready are one) is refused, nothing changed
+ * (defect: the last value counted and ctl printed "min_ready = 3" twice); a start-up setting is
+ * refused saying so (it read "permission denied: heartbeat_ms: not live"). */
+static void test_set_refusals(void)
+{
+    fresh_journal();
+    restart();
+    const char *const twice[][2] = {{"min_ready", "3"}, {"max_depth", "40"}, {"min-ready", "4"}};
+    CHECK_EQ_INT(set(3, twice), DFLASH_EINVAL);
+    printf("set twice: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "given twice (3 and 4)") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.min_ready, 2);
+    CHECK_EQ_INT(s.max_depth, 90);
+    const char *const startup[][2] = {{"heartbeat_ms", "500"}};
+    CHECK_EQ_INT(set(1, startup), DFLASH_EDENIED);
+    printf("start-up setting: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "heartbeat_ms is a start-up setting") != NULL);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -294,6 +314,7 @@ int main(void)
     test_compaction_keeps_steering();
     test_drain_survives();
     test_stop_ends_drain();
+    test_set_refusals();
     if (stub_b) stub_broker_free();
     test_rmtree(dir);
     CHECK_DONE();

@@ -125,6 +125,22 @@ bool broker_trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, in
     return false;
 }
 
+/* A resume from a trained checkpoint (step > 0) on a ledger that has recorded no training at
+ * all: the journal is new or was lost (--journal none after a crash, a runtime dir wiped at a
+ * reboot). Taken, as a deliberate new journal is, but said loudly (defect: silent): the plan is
+ * handed out from its start again, to a model that has seen part of it. */
+static void warn_empty_ledger(broker *b, const peer *p, uint64_t step)
+{
+    ledger_stats ls;
+    ledger_get_stats(b->ledger, &ls);
+    if (!step || ls.trained || ls.committed || ls.epochs_committed || ls.last_commit_step) return;
+    LOG_WARN("drafter %s resumes from step %" PRIu64 " but this broker's ledger has no record of "
+             "any training (a new or lost journal%s): the plan is handed out from its start "
+             "again, batches its model has seen among them; to continue the run where it was, "
+             "start the broker on that run's journal", p->name, step,
+             strcmp(b->cfg.journal, "none") == 0 ? ", --journal none" : "");
+}
+
 /* A trainer's resume. With a run id: its run's predecessor is replaced, another model's live
  * trainer refuses it (broker_trainer_admitted; nothing rewound). Without (an older drafter): warned. */
 void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
@@ -139,6 +155,7 @@ void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     }
     p->trains = true;
     p->run_id = run_id;
+    warn_empty_ledger(b, p, m->u.step);
     int64_t n = broker_rewind_to(b, m->u.step, r, m->request_id);
     if (n < 0) return;
     LOG_INFO("drafter resumes from step %" PRIu64 ": %" PRId64 " batches back to to-do",

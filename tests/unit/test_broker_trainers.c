@@ -523,6 +523,36 @@ static void test_other_run_same_name(void)
     stub_broker_free();
 }
 
+static drafter resumer = {"trainer-c", 51};
+static int resumed_rc;
+static void resume_from_64(void)
+{
+    log_set_level(LOG_WARN);
+    resumed_rc = resume(&resumer, 64, RUN_A);
+    log_set_level(LOG_ERROR);
+}
+
+/* A resume from a trained checkpoint on a ledger that never recorded any training (a new or lost
+ * journal): taken, and said (defect: silent, the plan trained again from its start); a resume
+ * from step 0 there, or from a later step on a ledger with training, is not warned about. */
+static void test_resume_on_empty_ledger(void)
+{
+    char said[4096];
+    broker_with_target();
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(&resumer), 0);
+    stub_capture_log(resume_from_64, said, sizeof said);
+    CHECK_EQ_INT(resumed_rc, 0);
+    printf("empty ledger: %s", said);
+    CHECK(strstr(said, "resumes from step 64 but this broker's ledger has no record of any "
+                       "training") != NULL);
+    train_one(&resumer, 65);
+    stub_capture_log(resume_from_64, said, sizeof said);
+    CHECK_EQ_INT(resumed_rc, 0);
+    CHECK(strstr(said, "no record") == NULL);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_second_run_refused();
@@ -536,5 +566,6 @@ int main(void)
     test_replaced_predecessor_refused();
     test_replaced_by_name_and_run();
     test_other_run_same_name();
+    test_resume_on_empty_ledger();
     CHECK_DONE();
 }

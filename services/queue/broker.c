@@ -90,6 +90,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 /* --- peers ---------------------------------------------------------------------------------- */
 
@@ -1478,6 +1479,11 @@ void broker_shutdown(broker *b)
     broker_stop(b);
 }
 
+static void unlink_ipc_path(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) == 0) unlink(endpoint + 6);
+}
+
 void broker_destroy(broker **bp)
 {
     if (!bp || !*bp) return;
@@ -1486,6 +1492,10 @@ void broker_destroy(broker **bp)
     broker_stop(b);
     /* Let the close callbacks run before the memory they point into goes away. */
     if (b->loop) uv_run(b->loop, UV_RUN_NOWAIT);
+    /* our ipc:// socket files go with us (they stayed behind a clean stop); removed while still
+     * bound, so no broker started since can have taken the path */
+    if (b->router) unlink_ipc_path(b->cfg.endpoint);
+    if (b->pub) unlink_ipc_path(b->cfg.pub_endpoint);
     if (b->router) zmq_close(b->router);
     if (b->pub) zmq_close(b->pub);
     if (b->zap) zmq_close(b->zap);

@@ -42,8 +42,17 @@ static int fill(client *t, uint64_t inc)
 static pid_t restart_queue(pid_t q, int sig, const char *bin, const char *dir,
                            const char *const *extra, const char *ep, wire_status *s)
 {
-    if (sig == SIGKILL) h_kill(q, SIGKILL);
-    else CHECK_EQ_INT(h_stop(q), 0);
+    if (sig == SIGKILL) {
+        h_kill(q, SIGKILL);
+    } else {
+        CHECK_EQ_INT(h_stop(q), 0);
+        /* a deliberate stop takes its socket files with it (they stayed behind) */
+        char sock[128];
+        snprintf(sock, sizeof sock, "%s/queue.sock", dir);
+        CHECK(access(sock, F_OK) != 0);
+        snprintf(sock, sizeof sock, "%s/queue-pub.sock", dir);
+        CHECK(access(sock, F_OK) != 0);
+    }
     q = h_start_queue(bin, dir, extra);
     CHECK(q > 0);
     CHECK_EQ_INT(h_broker_status(ep, s), 0);

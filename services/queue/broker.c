@@ -1400,6 +1400,12 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
         LOG_ERROR("%s", why);
         goto fail;
     }
+    if ((int64_t)cfg->heartbeat_ms * cfg->liveness < 500)
+        LOG_WARN("a peer silent for %lld ms (--heartbeat-ms %lld x --liveness %lld) is expired: "
+                 "a scheduling hiccup on a loaded host ends sessions, and peers drop and "
+                 "register again over and over; keep it at 1 s or more (the default is 3 s)",
+                 (long long)cfg->heartbeat_ms * cfg->liveness, (long long)cfg->heartbeat_ms,
+                 (long long)cfg->liveness);
     b->ledger = ledger_new(&lp, err);
     if (!b->ledger) goto fail;
     if (!(b->groups = group_table_new())) {

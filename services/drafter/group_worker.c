@@ -323,16 +323,21 @@ static int settle(gw *g)
     return 0;
 }
 
-/* Copies our slot of the step, releases it, trains, and (rank 0) reports the step done. */
+/* Copies our slot of the step, releases it, trains, and (rank 0) reports the step done. A slot
+ * written for another layout (the target's configuration, not the batch's fault) is given back
+ * unread and ends the loop with DFLASH_ECONFIG, as in the solo loop. */
 static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
 {
     const wire_grant *gr = &sg->grant;
     int rc = worker_session_copy(g->s, gr, NULL);
+    bool misfit = rc == 0 && worker_session_check_layout(g->s, g->cons, gr) < 0;
     int rrc = DFLASH_ETIMEOUT;
     for (int a = 0; a < 20 && rrc == DFLASH_ETIMEOUT && !*g->stop; a++) {
-        rrc = client_release(g->cl, gr->lease_id);
+        rrc = misfit ? client_release_unread(g->cl, gr->lease_id)
+                     : client_release(g->cl, gr->lease_id);
         heard(g, rrc);
     }
+    if (misfit) return DFLASH_ECONFIG;
     if (rc < 0) {
         if (worker_session_copy_hopeless(g->s, rc)) return DFLASH_EPEER;
         reform(g, "cannot copy our slot of the step");

@@ -34,8 +34,9 @@
 
 /* Runs the group loop (cfg->group set). Returns 0 (drained, stopped, done) or a negative code
  * after logging the reason (DFLASH_EFULL: the broker refused the join because the group would
- * be larger than its max-depth; DFLASH_ECONFIG: our drafter's shapes differ from rank 0's, or
- * cons has no group hooks: a mode that cannot train in a group). Main thread. */
+ * be larger than its max-depth; DFLASH_ECONFIG: our drafter's shapes differ from rank 0's, a
+ * slot of the target was written for another layout than ours (given back unread), or cons has
+ * no group hooks: a mode that cannot train in a group). Main thread. */
 int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats);
 

@@ -344,6 +344,9 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
     dflash_batch_view v;
     rc = dflash_view_from_slot(t->m, host, l, hidden, &v, err, sizeof err);
     if (rc < 0) {
+        /* the batch's own fault (over the planned tokens, damaged arrays or header): a slot of
+         * another layout, the target's configuration, was given back unread before its release
+         * (train_layout, worker_session_check_layout) and never gets here */
         LOG_ERROR("batch (%u, %u, %llu) does not fit the drafter: %s", b->wu.epoch, b->wu.bucket,
                   (unsigned long long)b->wu.batch, err);
         return rc == DFLASH_ERANGE ? DFLASH_EMISMATCH : rc; /* the daemon's exit 3 */
@@ -416,6 +419,12 @@ static int64_t train_resume_step(void *vctx) {
 
 static uint64_t train_run_id(void *vctx) {
     return ((trainer *)vctx)->run_id;
+}
+
+/* The layout every slot must have been written for, with the target layers our model reads
+ * (worker_loop.h, layout()): the loop gives a slot of another layout back unread. */
+static const slot_layout *train_layout(void *vctx) {
+    return &((trainer *)vctx)->layout;
 }
 
 /* The step the run stops at: --max-steps, else the end of the schedule (--total-steps; a
@@ -915,6 +924,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .destroy = train_destroy,
                            .resume_step = train_resume_step,
                            .run_id = train_run_id,
+                           .layout = train_layout,
                            .done = train_done,
                            .settled = train_settled,
                            .finish = train_finish,

@@ -18,6 +18,8 @@
  *   4. exact resume from the newest checkpoint under --checkpoint-dir (or --resume DIR), else a
  *      weights-only warm start (--init-weights DIR), else fresh weights from the init seed.
  *      A run restarted with the same flags therefore resumes.
+ * layout(): the slot layout with the target layer ids the model reads; the loop gives a slot
+ *   written for another layout back unread before consume() (worker_session_check_layout).
  * consume(): views the staged slot (dflash_view_from_slot; a cuda slot's small arrays are read
  *   to the host first), runs dflash_train_step with the batch identity (epoch, bucket, index) as
  *   the anchor seed, writes a metrics record (metrics.h: JSONL, TensorBoard, progress line) and

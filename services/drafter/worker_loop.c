@@ -305,7 +305,8 @@ static int finish(worker_loop *w, volatile sig_atomic_t *stop)
     return 0;
 }
 
-/* Copies, releases, consumes and acks one granted batch. 0 or a fatal code. */
+/* Copies, releases, consumes and acks one granted batch. 0 or a fatal code (DFLASH_ECONFIG: the
+ * slot was written for another layout, given back unread). */
 static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic_t *stop)
 {
     double copy_s = 0;
@@ -326,6 +327,13 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     }
     w->copy_backoff_ms = 1;
     w->lat[w->n_lat++ % LAT_RING] = copy_s;
+    if ((rc = worker_session_check_layout(w->s, w->cons, g)) < 0) {
+        /* the target's misconfiguration, not the batch's: it must not count against it */
+        int rrc = 0;
+        RETRY_CALL(w, stop, rrc, client_release_unread(w->client, g->lease_id));
+        (void)rrc;
+        return rc;
+    }
 
     rc = DFLASH_ESHUTDOWN; /* stays so when a stop signal prevents the release */
     RETRY_CALL(w, stop, rc, client_release(w->client, g->lease_id));
@@ -481,8 +489,9 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             backoff = 1;
             unreachable_since = monotime_s();
             rc = handle_grant(&w, &g, stop);
-            if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH) {
-                /* a bad batch, refused before use: keep what the model has trained */
+            if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ECONFIG) {
+                /* a bad batch, or a slot of another layout (the target's configuration),
+                 * refused before use: keep what the model has trained */
                 if (finish(&w, stop) < 0)
                     LOG_ERROR("the final checkpoint after the bad batch failed too");
                 goto out_session;

@@ -52,8 +52,10 @@ typedef struct worker_batch {
  * optimizer step that includes it; the loop then acks (wu, step). Returns 0, or a negative
  * DFLASH_E* code: DFLASH_ECORRUPT / DFLASH_EMISMATCH mean the data plane delivered a bad batch
  * (the loop calls finish(), logs it and exits with the code: it is a bug or a misconfiguration),
- * anything else is fatal too. committed() (optional) returns the newest step that is durable (checkpointed):
- * the loop reports it with client_checkpoint_committed. destroy() frees ctx.
+ * anything else is fatal too. A slot written for another layout never gets here (layout()
+ * below: the loop gives it back unread, calls finish() and ends with DFLASH_ECONFIG).
+ * committed() (optional) returns the newest step that is durable (checkpointed): the loop
+ * reports it with client_checkpoint_committed. destroy() frees ctx.
  * Optional hooks (NULL = none):
  *   resume_step()  the checkpoint step this consumer started from (0 for a fresh start), or -1
  *                  for "nothing to say"; told to the broker (client_resume_from) once, after the
@@ -95,6 +97,12 @@ typedef struct worker_consumer {
      * last step's metrics) so that a stalled run's files are current. Called every few ms while
      * waiting; cheap when there is nothing to write. */
     void (*idle)(void *ctx);
+    /* (optional) the slot layout every batch must have been written for, with the target layer
+     * ids this consumer reads (the trainer's come from its model); NULL hook: cfg->layout. The
+     * loops check each copied slot's header against it before the release
+     * (worker_session_check_layout): a slot of another layout is the target's misconfiguration,
+     * not the batch's fault, so it is given back unread and the loop ends with DFLASH_ECONFIG. */
+    const slot_layout *(*layout)(void *ctx);
     /* Data-parallel group hooks (group_worker.h); NULL: the consumer cannot train in a group.
      *   set_group(comm, rank, world) from now on each consume() is this rank's share of one
      *                  group step, trained with the collective comm (NULL: alone again); only
@@ -114,7 +122,8 @@ typedef struct worker_loop_config {
     const char *name; /* peer name, e.g. "drafter0" */
     pool_backend backend;
     int device;
-    slot_layout layout;   /* what every slot must hold (checked by the consumer) */
+    slot_layout layout;   /* what every slot must hold (the consumer's layout() may name its
+                             layer ids too; checked before the release and by the consumer) */
     int64_t progress_ms;  /* 0 = no progress lines */
     int64_t timeout_ms;   /* per broker request */
     int64_t max_batches;  /* stop after this many (tests, bench); 0 = until drained */

@@ -190,6 +190,26 @@ int worker_session_copy(worker_session *s, const wire_grant *g, double *secs)
     return 0;
 }
 
+int worker_session_check_layout(worker_session *s, const worker_consumer *cons,
+                                const wire_grant *g)
+{
+    const slot_layout *want = cons->layout ? cons->layout(cons->ctx) : &s->cfg->layout;
+    slot_header h;
+    if (pool_staging_read(s->cfg->backend, &h, s->staging, sizeof h) < 0)
+        return 0; /* the consumer reads it again, and says what fails */
+    char why[400] = "";
+    if (slot_header_check(&h, want, NULL, why, sizeof why) != DFLASH_EMISMATCH) return 0;
+    LOG_ERROR("slot %u of pool %s (%016llx), batch (%u, %u, %llu), was written for another slot "
+              "layout than this drafter reads: %s. The target and this drafter disagree (another "
+              "model, or other --layers, --capture-layers, --token-budget or --max-seqs): "
+              "restart the target with the run's model and options, or this drafter "
+              "with the target's. The slot goes back unread (the batch is not at fault: back to "
+              "to-do, not counted against it)", g->slot, g->pool_name,
+              (unsigned long long)g->pool_incarnation, g->unit.epoch, g->unit.bucket,
+              (unsigned long long)g->unit.index, why);
+    return DFLASH_ECONFIG;
+}
+
 void worker_session_alive(worker_session *s) { heartbeat_alive(s->hb); }
 
 void worker_session_close_stale_pools(worker_session *s)

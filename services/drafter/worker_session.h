@@ -11,7 +11,8 @@
  *   - a heartbeat thread that calls client_poll every 100 ms once the broker knows us, so that a
  *     long consume(), collective or checkpoint does not get the session (and its leases) expired.
  * And it does the operations both loops do the same way: hello, the slot copy of a grant, the
- * hand-over of the staged copy to the consumer, checkpoint-committed reports, the "no broker
+ * check that the copy was written for our slot layout, the hand-over of the staged copy to the
+ * consumer, checkpoint-committed reports, the "no broker
  * answers" deadline and the timing of progress lines. It counts into the loop's worker_stats
  * (borrowed): registrations, copy_s, bytes_copied, consume_s. The other counters are the loop's.
  *
@@ -85,6 +86,16 @@ void worker_session_close_stale_pools(worker_session *s);
  * check, when cfg->max_copy_failures (> 0) copies in a row have failed with none succeeding in
  * between: the drafter cannot map any slot it is granted and should exit. */
 bool worker_session_copy_hopeless(const worker_session *s, int last_rc);
+/* Whether the slot copied for g (worker_session_copy succeeded) was written for the layout cons
+ * reads (cons->layout(), else cfg->layout; slot_header_check): 0 when it was, and when its
+ * header is faulty in a way of its own (torn, corrupt, over capacity: the consumer refuses that
+ * batch). DFLASH_ECONFIG, after logging both layouts and what to do, when the target wrote
+ * another layout (another model, --layers, --capture-layers, --token-budget, --max-seqs or
+ * dtype): every slot of it would be refused alike, and the batch is not at fault. The caller
+ * then gives the lease back unread (client_release_unread: not counted against the batch) and
+ * ends its loop (the daemon's exit 2). Main thread, before the release. */
+int worker_session_check_layout(worker_session *s, const worker_consumer *cons,
+                                const wire_grant *g);
 /* The loop made progress: every iteration calls it, for the watchdog (heartbeat.h). */
 void worker_session_alive(worker_session *s);
 /* Hands the staged copy of g to cons->consume (timed into consume_s); returns its result, with

@@ -20,9 +20,10 @@
  * record describes the operation, e.g. COMMIT(step), not its effects); replay at open runs the
  * same apply_* functions, so memory after replay equals memory before the crash minus at most the
  * torn final record. Each open appends a BOOT record, which on replay orphans what was in flight
- * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND, PLAN (and PLAN_ID)
- * and SETTINGS are fsynced: a power loss can forget recent hand-outs (a target's re-registration adopts them) and
- * acks after the last checkpoint (those batches are not committed and a drafter resuming from
+ * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND, PLAN (and PLAN_ID),
+ * SETTINGS, GROUP_ORPHANS and UNQUARANTINE (an operator's release) are fsynced: a power loss
+ * can forget recent hand-outs (a target's re-registration adopts them) and acks after the last
+ * checkpoint (those batches are not committed and a drafter resuming from
  * that checkpoint retrains them anyway). A failed append leaves memory ahead of the journal; the
  * snapshot that ledger_journal_heal writes is taken from memory, so it holds those operations.
  *
@@ -794,14 +795,43 @@ int ledger_quarantine(ledger *l, const batch_id *b)
     return rc;
 }
 
-int ledger_release_quarantine(ledger *l, const batch_id *b)
+/* QUARANTINED -> TODO with a fresh set of tries, journaled as UNQUARANTINE (fsynced when sync).
+ * 0, apply_simple's code (nothing changed), or DFLASH_EIO: released, but the journal failed. */
+static int release_one(ledger *l, const batch_id *b, bool sync)
 {
     int rc = apply_simple(l, b, BATCH_QUARANTINED, BATCH_TODO);
-    if (rc == 0) {
-        l->ep[b->epoch].e[b->bucket][b->index].fails = 0; /* a fresh set of tries */
-        log_batch(l, REC_UNQUARANTINE, b);
+    if (rc) return rc;
+    l->ep[b->epoch].e[b->bucket][b->index].fails = 0;
+    uint8_t p[12];
+    pack_batch(p, b);
+    return journal_rec(l, REC_UNQUARANTINE, p, sizeof p, sync) ? DFLASH_EIO : 0;
+}
+
+int ledger_release_quarantine(ledger *l, const batch_id *b)
+{
+    return release_one(l, b, true);
+}
+
+int ledger_release_quarantined(ledger *l, uint64_t *released)
+{
+    uint64_t total = 0, n = 0;
+    for (uint32_t e = 0; e < l->n_epochs; e++) total += l->ep[e].count[BATCH_QUARANTINED];
+    bool failed = false;
+    for (uint32_t e = 0; e < l->n_epochs && n < total; e++) {
+        epoch_rec *E = &l->ep[e];
+        for (uint32_t b = 0; b < l->n_buckets && E->count[BATCH_QUARANTINED]; b++)
+            for (uint32_t i = 0; i < l->per[b]; i++) {
+                if (E->e[b][i].state != BATCH_QUARANTINED) continue;
+                batch_id id = {e, b, i};
+                n++;
+                /* one fsync, with the last record, makes them all durable (appended in order) */
+                int rc = release_one(l, &id, n == total);
+                assert(rc == 0 || rc == DFLASH_EIO);
+                failed |= rc == DFLASH_EIO;
+            }
     }
-    return rc;
+    if (released) *released = n;
+    return failed ? DFLASH_EIO : 0;
 }
 
 int ledger_fail(ledger *l, const batch_id *b)

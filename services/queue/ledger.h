@@ -12,7 +12,7 @@
  *   QUARANTINED  rewind(**) -        ack        -           -
  *   (*) a late ack of a batch that was requeued (its target died after the drafter copied it):
  *       the batch was trained, so it is recorded trained and not handed out again.
- *   (**) ledger_release_quarantine() only.
+ *   (**) ledger_release_quarantine() and ledger_release_quarantined() only (dflash-ctl release).
  *   (***) a drafter resumed from a checkpoint older than the commit; never in a finished epoch
  *       (all COMMITTED: its per-batch steps are freed), where such a rewind is refused.
  * Acking a TRAINED or COMMITTED batch is rejected (DFLASH_EEXISTS) and counted: nothing is
@@ -36,8 +36,8 @@
  * record type this build does not know (written by a newer one) does not open: DFLASH_ECORRUPT,
  * logged as "unknown journal record type".
  *
- * Durability: by default every record is written (COMMIT, REWIND, PLAN, SETTINGS and
- * GROUP_ORPHANS also fdatasynced)
+ * Durability: by default every record is written (COMMIT, REWIND, PLAN, SETTINGS,
+ * GROUP_ORPHANS and UNQUARANTINE also fdatasynced)
  * before the call returns. After ledger_writer_start the journal's disk I/O runs on its writer
  * thread (journal.h): calls return once the record is queued, ledger_journal_seq() names the
  * last record queued, and the done callback (loop thread) reports which are durable; a caller
@@ -77,7 +77,7 @@ typedef struct ledger ledger;
 typedef struct {
     const char *journal_path; /* NULL: in memory only (tests, bench) */
     uint32_t max_epochs;      /* 0 = unlimited */
-    bool fsync;               /* fsync COMMIT, REWIND, PLAN(_ID), SETTINGS, GROUP_ORPHANS (true) */
+    bool fsync; /* fsync COMMIT, REWIND, PLAN(_ID), SETTINGS, GROUP_ORPHANS, UNQUARANTINE (true) */
     uint64_t compact_bytes;   /* rewrite the journal as a snapshot past this size; 0 = never */
 } ledger_params;
 
@@ -151,9 +151,15 @@ int ledger_ack(ledger *l, const batch_id *b, uint64_t step);
 
 /* IN_FLIGHT -> QUARANTINED (redelivered too often). DFLASH_ESTATE otherwise. */
 int ledger_quarantine(ledger *l, const batch_id *b);
-/* QUARANTINED -> TODO (an operator lets it through again; its failure count restarts at 0).
- * DFLASH_ESTATE otherwise. */
+/* QUARANTINED -> TODO (an operator lets it through again; its failure count restarts at 0),
+ * journaled as UNQUARANTINE, fsynced like COMMIT. 0; DFLASH_ESTATE (not quarantined) or
+ * DFLASH_ERANGE (outside the plan or an epoch not opened), nothing changed; DFLASH_EIO: released
+ * in memory, but the journal is failing (durable once ledger_journal_heal succeeds). In writer
+ * mode 0 means queued, as for ledger_set_settings. */
 int ledger_release_quarantine(ledger *l, const batch_id *b);
+/* Every QUARANTINED batch -> TODO, as ledger_release_quarantine each (one fsync, with the last
+ * record). *released (may be NULL): how many. 0, or DFLASH_EIO as above. */
+int ledger_release_quarantined(ledger *l, uint64_t *released);
 
 /* A delivery of IN_FLIGHT batch b ended without training it (lease expired, its drafter died
  * holding it): counts it, journaled; the count survives requeues and restarts. Returns the

@@ -2,10 +2,10 @@
  * broker, target and drafter kills, every batch of every epoch ends in the final model exactly
  * once. Also: hand-out order and epochs, double acks rejected, commit and rewind, quarantine,
  * orphans after a broker restart, replay after a crash at every byte of the last record, a
- * failed journal healed from memory, a failed compaction not retried at every record, the
- * broker's settings payload and its orphaned group steps kept across reopens, compactions and
- * heals, an epoch limit set after
- * an epoch past it was opened, the plan's identity kept and another one refused. */
+ * failed journal healed from memory, the operator's release of quarantined batches (fsynced),
+ * a failed compaction not retried at every record, the broker's settings payload and its
+ * orphaned group steps kept across reopens, compactions and heals, an epoch limit set after an
+ * epoch past it was opened, the plan's identity kept and another one refused. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -323,6 +323,58 @@ static void test_fail_count_survives(void)
     l = open_ledger(path, 0, 0);
     CHECK_EQ_INT(ledger_failures(l, &c), 0);
     CHECK_EQ_INT(state_of(l, 0, 0, 0, NULL), BATCH_TODO);
+    ledger_destroy(&l);
+}
+
+static int syncs;
+
+static int count_sync(void *ctx, int fd)
+{
+    (void)ctx, (void)fd;
+    syncs++;
+    return 0;
+}
+
+/* The operator's release of every quarantined batch (dflash-ctl release): all of them, across
+ * epochs, back to to-do with a fresh count of tries, made durable by one fsync (each record
+ * fsynced: a release that a crash forgets would leave the batches lost to the run), and a
+ * restarted broker replays them released. A single release is fsynced too. */
+static void test_release_all_quarantined(void)
+{
+    unlink(path);
+    ledger *l = open_ledger(path, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){2}), 0);
+    batch_id b[4];
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(ledger_next_todo(l, 0, &b[i]), 0); /* 2 epochs */
+    CHECK_EQ_INT(b[3].epoch, 1);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(ledger_fail(l, &b[i]), 1);
+        CHECK_EQ_INT(ledger_quarantine(l, &b[i]), 0);
+    }
+    ledger_set_sync_hook(l, count_sync, NULL);
+    uint64_t n = 99;
+    CHECK_EQ_INT(ledger_release_quarantine(l, &b[3]), DFLASH_ESTATE); /* in flight */
+    CHECK_EQ_INT(ledger_release_quarantine(l, &(batch_id){0, 0, 2}), DFLASH_ERANGE);
+    CHECK_EQ_INT(syncs, 0);
+    CHECK_EQ_INT(ledger_release_quarantine(l, &b[1]), 0);
+    CHECK_EQ_INT(syncs, 1);
+    CHECK_EQ_INT(ledger_release_quarantined(l, &n), 0);
+    CHECK_EQ_INT(n, 2);
+    CHECK_EQ_INT(syncs, 2);
+    CHECK_EQ_INT(ledger_release_quarantined(l, &n), 0); /* none left: nothing written */
+    CHECK_EQ_INT(n, 0);
+    CHECK_EQ_INT(syncs, 2);
+    ledger_destroy(&l);
+    l = open_ledger(path, 0, 0);
+    CHECK(l != NULL);
+    if (!l) return;
+    ledger_stats st;
+    ledger_get_stats(l, &st);
+    CHECK_EQ_INT(st.quarantined, 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(state_of(l, b[i].epoch, 0, b[i].index, NULL), BATCH_TODO);
+        CHECK_EQ_INT(ledger_failures(l, &b[i]), 0);
+    }
     ledger_destroy(&l);
 }
 
@@ -881,6 +933,7 @@ int main(void)
     test_limit_set_later();
     test_quarantine();
     test_fail_count_survives();
+    test_release_all_quarantined();
     test_replay_and_orphans();
     test_plan_identity();
     test_truncation_every_byte();

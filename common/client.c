@@ -552,6 +552,21 @@ int client_pause(client *c) { LOCKED(c, do_simple(c, WIRE_PAUSE)); }
 int client_resume(client *c) { LOCKED(c, do_simple(c, WIRE_RESUME)); }
 int client_drain(client *c) { LOCKED(c, do_simple(c, WIRE_DRAIN)); }
 
+static int do_release_quarantine(client *c, const wire_unit *unit, uint64_t *released)
+{
+    req_init(c, WIRE_RELEASE_QUARANTINE);
+    c->req.u.release_q.all = unit == NULL;
+    if (unit) c->req.u.release_q.unit = *unit;
+    int rc = call(c, WIRE_OK);
+    if (!rc && released) *released = c->rep.u.value;
+    return rc;
+}
+
+int client_release_quarantine(client *c, const wire_unit *unit, uint64_t *released)
+{
+    LOCKED(c, do_release_quarantine(c, unit, released));
+}
+
 /* --- subscriber ----------------------------------------------------------------------------- */
 
 struct client_sub {

@@ -191,6 +191,12 @@ int client_set(client *c, const wire_settings *set, wire_settings *applied);
 int client_pause(client *c);
 int client_resume(client *c);
 int client_drain(client *c);
+/* Ctl (an admin over CURVE): quarantined batches back to to-do: the one unit names, or every one
+ * (unit NULL); *released (may be NULL) gets how many. Answered once the broker's journal holds
+ * it. Extra: DFLASH_ESTATE (unit is not quarantined), DFLASH_ERANGE (not in the plan),
+ * DFLASH_EDENIED (not an admin key), DFLASH_EIO (released, but not durable), DFLASH_EPROTO (a
+ * broker that predates the request). */
+int client_release_quarantine(client *c, const wire_unit *unit, uint64_t *released);
 
 /* Subscriber to the broker's PUB socket (dflash-ctl watch). Topics: "ready" (SLOT_READY body),
  * "config" (SET_CONFIG_REPLY body), "stats" (STATUS_REPLY body, every stats interval). */

@@ -25,7 +25,7 @@ static const char *const type_names[WIRE_TYPE_COUNT] = {
     "slot_release", "ack", "checkpoint_committed", "resume_from", "heartbeat", "status_request",
     "status_reply", "set_config", "set_config_reply", "pause", "resume", "drain", "error", "ok",
     "group_join", "group_view", "group_set_id", "step_claim", "step_grant", "step_done",
-    "group_leave", "pool_leave", "pool_left",
+    "group_leave", "pool_leave", "pool_left", "release_quarantine",
 };
 
 /* wire_type <-> body case; index is wire_type. */
@@ -61,6 +61,7 @@ static const Dflash__Envelope__BodyCase body_cases[WIRE_TYPE_COUNT] = {
     DFLASH__ENVELOPE__BODY_GROUP_LEAVE,
     DFLASH__ENVELOPE__BODY_POOL_LEAVE,
     DFLASH__ENVELOPE__BODY_POOL_LEFT,
+    DFLASH__ENVELOPE__BODY_RELEASE_QUARANTINE,
 };
 
 const char *wire_type_name(wire_type t)
@@ -296,6 +297,8 @@ int wire_check(const wire_msg *m, char *why, size_t len)
         if (!m->u.lease_id) return fail(why, len, DFLASH_ERANGE, "lease id 0");
         return 0;
     case WIRE_ACK: return check_unit(&m->u.ack.unit, why, len);
+    case WIRE_RELEASE_QUARANTINE:
+        return m->u.release_q.all ? 0 : check_unit(&m->u.release_q.unit, why, len);
     case WIRE_STATUS_REPLY:
         if (m->u.status.n_buckets > WIRE_MAX_BUCKETS)
             return fail(why, len, DFLASH_ERANGE, "%u buckets", m->u.status.n_buckets);
@@ -450,6 +453,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     Dflash__GroupLeave gleave;
     Dflash__PoolLeave pleave;
     Dflash__PoolLeft pleft;
+    Dflash__ReleaseQuarantine relq;
     Dflash__Unit su_pb[WIRE_MAX_WORLD];
     Dflash__Unit *su_ptr[WIRE_MAX_WORLD];
     (void)batches;
@@ -757,6 +761,16 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     case WIRE_DRAIN:
         dflash__drain__init(&drain);
         env.drain = &drain;
+        break;
+    case WIRE_RELEASE_QUARANTINE:
+        dflash__release_quarantine__init(&relq);
+        relq.has_all = m->u.release_q.all;
+        relq.all = m->u.release_q.all;
+        if (!m->u.release_q.all) {
+            unit_to_pb(&unit_pb, &m->u.release_q.unit);
+            relq.unit = &unit_pb;
+        }
+        env.release_quarantine = &relq;
         break;
     case WIRE_ERROR:
         dflash__error__init(&error);
@@ -1121,6 +1135,13 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
     case DFLASH__ENVELOPE__BODY_PAUSE: m->type = WIRE_PAUSE; break;
     case DFLASH__ENVELOPE__BODY_RESUME: m->type = WIRE_RESUME; break;
     case DFLASH__ENVELOPE__BODY_DRAIN: m->type = WIRE_DRAIN; break;
+    case DFLASH__ENVELOPE__BODY_RELEASE_QUARANTINE: {
+        const Dflash__ReleaseQuarantine *q = env->release_quarantine;
+        m->type = WIRE_RELEASE_QUARANTINE;
+        m->u.release_q.all = q->has_all && q->all;
+        if (!m->u.release_q.all) rc = unit_from_pb(&m->u.release_q.unit, q->unit);
+        break;
+    }
     case DFLASH__ENVELOPE__BODY_ERROR:
         m->type = WIRE_ERROR;
         m->u.error.code = env->error->code;

@@ -79,6 +79,7 @@ typedef enum {
     WIRE_GROUP_LEAVE,
     WIRE_POOL_LEAVE,
     WIRE_POOL_LEFT,
+    WIRE_RELEASE_QUARANTINE,
     WIRE_TYPE_COUNT
 } wire_type;
 
@@ -290,6 +291,12 @@ typedef struct wire_pool_left {
     uint32_t leased;         /* still being copied: keep the memory and ask again */
 } wire_pool_left;
 
+/* RELEASE_QUARANTINE (an operator's): every quarantined batch back to to-do, or the one named. */
+typedef struct wire_release_quarantine {
+    bool all;
+    wire_unit unit; /* when !all */
+} wire_release_quarantine;
+
 /* One envelope. Only the member of `u` named by `type` is meaningful. */
 typedef struct wire_msg {
     uint32_t version;
@@ -324,6 +331,7 @@ typedef struct wire_msg {
         wire_group_step gstep;    /* STEP_CLAIM, STEP_DONE, GROUP_LEAVE */
         wire_step_grant sgrant;   /* STEP_GRANT */
         wire_pool_left left;      /* POOL_LEFT */
+        wire_release_quarantine release_q; /* RELEASE_QUARANTINE */
     } u;
     void *owned_; /* wire.c's allocation (pool.event_handles after unpack) */
 } wire_msg;

@@ -2,7 +2,8 @@
  * handler per request type), the socket plumbing (ROUTER + PUB through zloop) and the cron timer.
  * Its parts: broker_state.h (the state and the helpers they share), broker_config.c (the options
  * table and its checks), broker_groups.c (the group requests), broker_steering.c (set, pause,
- * resume, drain: applied, journaled, restored), broker_trainers.c (one broker, one model: run ids,
+ * resume, drain: applied, journaled, restored; dflash-ctl release of quarantined batches),
+ * broker_trainers.c (one broker, one model: run ids,
  * trainer admission, ResumeFrom), broker_leave.c (a target's leave: its pool given
  * up at once, its session ended once no slot of it is being copied), broker_security.c (CURVE,
  * ZAP, binding).
@@ -997,15 +998,18 @@ void broker_status(broker *b, wire_status *s)
 
 /* --- dispatch ------------------------------------------------------------------------------- */
 
-static bool needs_hello(wire_type t)
-{
-    return t != WIRE_HELLO && t != WIRE_HEARTBEAT && t != WIRE_STATUS_REQUEST &&
-           t != WIRE_SET_CONFIG && t != WIRE_PAUSE && t != WIRE_RESUME && t != WIRE_DRAIN;
-}
-
+/* The operator's verbs (dflash-ctl set, pause, resume, drain, release): sent without a session,
+ * admin-only over CURVE (may_steer), answered once their journal record is durable (Error IO
+ * when it could not be). */
 static bool is_steering(wire_type t)
 {
-    return t == WIRE_SET_CONFIG || t == WIRE_PAUSE || t == WIRE_RESUME || t == WIRE_DRAIN;
+    return t == WIRE_SET_CONFIG || t == WIRE_PAUSE || t == WIRE_RESUME || t == WIRE_DRAIN ||
+           t == WIRE_RELEASE_QUARANTINE;
+}
+
+static bool needs_hello(wire_type t)
+{
+    return t != WIRE_HELLO && t != WIRE_HEARTBEAT && t != WIRE_STATUS_REQUEST && !is_steering(t);
 }
 
 /* A request that came in over CURVE may steer only with an admin key; one over ipc:// (no
@@ -1131,6 +1135,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_PAUSE: broker_on_mode(b, &m, &r, POLICY_PAUSED); break;
     case WIRE_RESUME: broker_on_mode(b, &m, &r, POLICY_RUNNING); break;
     case WIRE_DRAIN: broker_on_mode(b, &m, &r, POLICY_DRAINING); break;
+    case WIRE_RELEASE_QUARANTINE: broker_on_release_quarantine(b, &m, &r); break;
     default: /* reply types were refused above */
         reply_error(b, &r, m.request_id, DFLASH_EINTERNAL, "unhandled %s", wire_type_name(m.type));
         break;

@@ -1,7 +1,8 @@
 /* broker_state: the broker's state and the helpers its files share. Private to the broker:
  * broker.c (peers, pools, request dispatch, the socket loop and cron) and its parts,
  * broker_config.c (the options table and its checks), broker_groups.c (data-parallel drafter
- * groups), broker_steering.c (set, pause, resume, drain: applied, journaled, restored),
+ * groups), broker_steering.c (set, pause, resume, drain: applied, journaled, restored;
+ * release of quarantined batches),
  * broker_trainers.c (one broker, one model: run ids and trainer admission),
  * broker_leave.c (a target's leave) and broker_security.c (CURVE, the ZAP handler, binding
  * endpoints). broker.h is the public face;
@@ -242,11 +243,12 @@ void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r);
  * its pool is being copied any more): the caller then ends it (the entry p is freed). */
 bool broker_on_pool_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 
-/* broker_steering.c: Set and Pause/Resume/Drain (each fills *r); the steering journaled as the
- * ledger's settings record (0, or a code with why, optional, saying it is not durable); the
- * journaled steering back in force at start-up. */
+/* broker_steering.c: Set, Pause/Resume/Drain and ReleaseQuarantine (each fills *r); the
+ * steering journaled as the ledger's settings record (0, or a code with why, optional, saying it
+ * is not durable); the journaled steering back in force at start-up. */
 void broker_on_set(broker *b, const wire_msg *m, wire_msg *r);
 void broker_on_mode(broker *b, const wire_msg *m, wire_msg *r, policy_mode mode);
+void broker_on_release_quarantine(broker *b, const wire_msg *m, wire_msg *r);
 int broker_journal_steering(broker *b, char *why, size_t why_len);
 void broker_restore_steering(broker *b);
 

@@ -1,11 +1,12 @@
-/* broker_steering: the operator's steering verbs on the broker: set (live options, all or
- * nothing), pause, resume and drain. Each is applied, then journaled as the ledger's settings
- * record (steering.h: the payload and the restore rule) and answered once that record is durable
- * (broker.c, "Journal and replies"); Error IO when it could not be (the change is in force
- * anyway). broker_restore_steering puts a journaled steering back in force at start-up: a value
- * whose configuration is unchanged since it was set comes back, a changed configuration wins
- * (all configured values win when the restored ones do not fit together, live_check), the mode
- * comes back as it was.
+/* broker_steering: the operator's verbs on the broker: set (live options, all or nothing),
+ * pause, resume and drain, and release (quarantined batches back to to-do). Set, pause, resume
+ * and drain are applied, then journaled as the ledger's settings record (steering.h: the payload
+ * and the restore rule); a release as the ledger's UNQUARANTINE records. Each is answered once
+ * its records are durable (broker.c, "Journal and replies"); Error IO when they could not be
+ * (the change is in force anyway). broker_restore_steering puts a journaled steering back in
+ * force at start-up: a value whose configuration is unchanged since it was set comes back, a
+ * changed configuration wins (all configured values win when the restored ones do not fit
+ * together, live_check), the mode comes back as it was.
  * Thread: the broker's loop thread. Callers: broker.c (dispatch, broker_new, broker_shutdown),
  * tests through broker_set.
  */
@@ -15,6 +16,7 @@
 #include "log.h"
 #include "steering.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 /* Applies cfg's live values to the policy and the log; the shares (which restart the mix
@@ -168,6 +170,44 @@ void broker_on_mode(broker *b, const wire_msg *m, wire_msg *r, policy_mode mode)
     snprintf(a.u.settings.kv[0].key, WIRE_MAX_KEY, "mode");
     snprintf(a.u.settings.kv[0].value, WIRE_MAX_VALUE, "%s", policy_mode_name(mode));
     broker_publish(b, "config", &a);
+}
+
+/* dflash-ctl release: the named quarantined batch, or every one, back to to-do with a fresh set
+ * of max-redeliveries + 1 tries (a target fault, e.g. the wrong model, had quarantined good
+ * batches). Ok {released}; Error STATE naming the batch's state when it is not quarantined,
+ * RANGE when the ledger has no such batch, IO when released but not durable. */
+void broker_on_release_quarantine(broker *b, const wire_msg *m, wire_msg *r)
+{
+    const wire_release_quarantine *q = &m->u.release_q;
+    batch_id id = to_batch(&q->unit);
+    uint64_t n = 1;
+    int rc = q->all ? ledger_release_quarantined(b->ledger, &n)
+                    : ledger_release_quarantine(b->ledger, &id);
+    batch_state st;
+    if (rc == DFLASH_ESTATE && ledger_get(b->ledger, &id, &st, NULL) == 0)
+        return reply_error(b, r, m->request_id, rc, "batch %u/%u/%u is not quarantined (it is "
+                           "%s): nothing released", id.epoch, id.bucket, id.index,
+                           batch_state_name(st));
+    if (rc == DFLASH_ERANGE || rc == DFLASH_ESTATE) {
+        ledger_stats ls;
+        ledger_get_stats(b->ledger, &ls);
+        return reply_error(b, r, m->request_id, DFLASH_ERANGE, "batch %u/%u/%u is not in the "
+                           "ledger (%u buckets, %u epochs opened): nothing released", id.epoch,
+                           id.bucket, id.index, ls.n_buckets, ls.epochs_opened);
+    }
+    if (q->all)
+        LOG_INFO("release (dflash-ctl): %" PRIu64 " quarantined batches back to to-do", n);
+    else
+        LOG_INFO("release (dflash-ctl): batch %u/%u/%u back to to-do from quarantine", id.epoch,
+                 id.bucket, id.index);
+    if (rc == DFLASH_EIO) {
+        const char *jf = ledger_journal_failure(b->ledger);
+        return reply_error(b, r, m->request_id, rc, "released %" PRIu64 ", but the journal did "
+                           "not take it (%s): a broker restart would have them quarantined "
+                           "again until the journal heals (dflash-ctl status)", n,
+                           jf ? jf : err_str(rc));
+    }
+    reply_ok(b, r, m->request_id, n);
 }
 
 /* The steering a previous broker journaled (dflash-ctl set, pause, drain), back in force by the

@@ -323,6 +323,23 @@ int main(void)
     if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
     in.u.left.leased = WIRE_MAX_SLOTS + 1;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    /* the operator's release of quarantined batches: all of them, or one named unit (a bucket
+     * out of range refused; a release of one that names none is malformed) */
+    wire_msg_init(&in, WIRE_RELEASE_QUARANTINE, WIRE_ROLE_CTL, 3, 1);
+    in.u.release_q.all = true;
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    in.u.release_q = (wire_release_quarantine){.unit = {2, 3, 21}};
+    if (roundtrip(&in, &out)) {
+        CHECK(same_payload(&in, &out));
+        CHECK(!out.u.release_q.all && out.u.release_q.unit.index == 21);
+    }
+    in.u.release_q.unit.bucket = WIRE_MAX_BUCKETS;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    in.u.release_q = (wire_release_quarantine){.all = true};
+    int rq = wire_pack(&in, buf, sizeof buf);
+    CHECK(rq > 2 && buf[rq - 2] == 0x08 && buf[rq - 1] == 0x01); /* all = true, last */
+    if (rq > 2) buf[rq - 1] = 0x00; /* all = false, and no unit */
+    CHECK_EQ_INT(wire_unpack(buf, (size_t)rq, &out, NULL, 0), DFLASH_EPROTO);
     /* a body this side does not know (a newer peer's message: PoolLeave's field 38 renumbered
      * 60) is Error PROTO, not a crash or a wrong message: how an older broker answers PoolLeave,
      * which tells the target to exit as before */

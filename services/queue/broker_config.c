@@ -42,7 +42,7 @@ static const cfg_option queue_options[] = {
           "directory of client public keys (*.pub) allowed to connect over tcp://",
           curve_clients),
     OPT_S("admin-keys", "", false,
-          "directory of public keys (*.pub) allowed to set/pause/resume/drain over tcp://",
+          "directory of public keys (*.pub) allowed to set/pause/resume/drain/release over tcp://",
           admin_keys),
     {"insecure-tcp", CFG_BOOL, "false", 1, 0, false,
      "FOR TESTS ONLY: allow tcp:// endpoints without CURVE (anyone who reaches the port may "

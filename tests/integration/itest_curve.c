@@ -1,8 +1,9 @@
 /* itest_curve: the broker on tcp://127.0.0.1 with ZeroMQ CURVE (DESIGN.md section 5).
  *   (a) a client whose key is in --curve-clients gets hello, ping and status answered;
  *   (b) a client without CURVE, and one whose key is in no allowed dir, get no reply at all;
- *   (c) set/pause from a non-admin key get ERROR DENIED and change nothing; set with the admin
- *       key works and status shows it; the ipc:// endpoint (0700 dir) still steers;
+ *   (c) set/pause/drain/release from a non-admin key get ERROR DENIED and change nothing; set
+ *       and release with the admin key work and status shows it; the ipc:// endpoint (0700 dir)
+ *       still steers;
  *   (d) a tcp:// bind without CURVE options is refused at start-up (exit 2), and starts only
  *       with --insecure-tcp;
  *   (e) `dflash-ctl watch` where the broker announces: over tcp with the default ipc:// PUB it
@@ -227,6 +228,8 @@ int main(int argc, char **argv)
     CHECK(strstr(client_last_error(a), "admin key") != NULL);
     CHECK_EQ_INT(client_pause(a), DFLASH_EDENIED);
     CHECK_EQ_INT(client_drain(a), DFLASH_EDENIED);
+    CHECK_EQ_INT(client_release_quarantine(a, NULL, NULL), DFLASH_EDENIED);
+    CHECK(strstr(client_last_error(a), "admin key") != NULL);
     CHECK_EQ_INT(status_min_ready(a), 30);
     {
         wire_status s;
@@ -237,6 +240,9 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_hello(r, NULL, 0), 0);
     CHECK_EQ_INT(client_set(r, &set, &applied), 0);
     CHECK_EQ_INT(status_min_ready(a), 7);
+    uint64_t released = 99;
+    CHECK_EQ_INT(client_release_quarantine(r, NULL, &released), 0); /* none is quarantined */
+    CHECK_EQ_INT(released, 0);
     /* the same through dflash-ctl with key files */
     {
         char ep[80], sv[300], k1[300], k2[300];

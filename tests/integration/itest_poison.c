@@ -8,9 +8,14 @@
  * run holding the batch; the next run's hello replaces the session and the batch goes back to
  * to-do, is produced into a fresh slot and delivered again. Checks: the refused batch is
  * delivered exactly max-redeliveries + 1 = 2 times (the count survives re-production), later
- * runs train without it, and `status` counts it quarantined. */
+ * runs train without it, and `status` counts it quarantined. Then the operator gives it back
+ * (`dflash-ctl release E/B/I`, the id as the broker's log prints it): the ctl says so, status
+ * counts none quarantined, and the batch gets a fresh set of tries (2 more deliveries, then
+ * quarantined again); a release of a batch that is not quarantined is refused (exit 1), and
+ * `dflash-ctl release` of all reports what it released. */
 #include "check.h"
 #include "harness.h"
+#include "test_files.h"
 #include "slot.h"
 #include "worker_loop.h"
 
@@ -39,6 +44,37 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
     }
     *step = ++k->steps;
     return 0;
+}
+
+/* Runs dflash-ctl (bin) on the broker of runtime dir `dir` with verb and arg (may be NULL), its
+ * output into dir/ctl.out (replaced); its exit status. */
+static int ctl(const char *bin, const char *dir, const char *verb, const char *arg)
+{
+    char rt[300], out[300];
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    snprintf(out, sizeof out, "%s/ctl.out", dir);
+    unlink(out);
+    char *argv[] = {(char *)bin, rt, (char *)verb, (char *)arg, NULL};
+    return h_run_tool(argv, out);
+}
+
+static bool ctl_said(const char *dir, const char *text)
+{
+    char out[300];
+    snprintf(out, sizeof out, "%s/ctl.out", dir);
+    char *said = test_slurp(out, NULL);
+    bool found = said && strstr(said, text);
+    if (!found) fprintf(stderr, "dflash-ctl said:\n%s\n", said ? said : "(nothing)");
+    free(said);
+    return found;
+}
+
+static uint64_t quarantined(const char *ep)
+{
+    wire_status s;
+    int rc = h_broker_status(ep, &s);
+    CHECK_EQ_INT(rc, 0);
+    return rc ? UINT64_MAX : s.quarantined;
 }
 
 int main(int argc, char **argv)
@@ -84,6 +120,33 @@ int main(int argc, char **argv)
         CHECK_EQ_INT(s.quarantined, 1);
     }
     client_destroy(&c);
+
+    /* the operator releases it: a fresh set of max-redeliveries + 1 tries */
+    char id[64], other[64];
+    snprintf(id, sizeof id, "%u/%u/%llu", k.bad.epoch, k.bad.bucket,
+             (unsigned long long)k.bad.batch);
+    snprintf(other, sizeof other, "%u/%u/%llu", k.bad.epoch, k.bad.bucket,
+             (unsigned long long)k.bad.batch + 1000);
+    CHECK_EQ_INT(ctl(argv[2], dir, "release", other), 1); /* not in the plan */
+    CHECK(ctl_said(dir, "not in the ledger"));
+    CHECK_EQ_INT(ctl(argv[2], dir, "release", id), 0);
+    char line[128];
+    snprintf(line, sizeof line, "released batch %s: back to to-do", id);
+    CHECK(ctl_said(dir, line));
+    CHECK_EQ_INT(quarantined(ep), 0);
+    CHECK_EQ_INT(ctl(argv[2], dir, "release", id), 1); /* not quarantined any more */
+    CHECK(ctl_said(dir, "is not quarantined"));
+    for (int run = 0; run < RUNS; run++) {
+        int rc2 = worker_loop_run(&lc, &cons, &stop, NULL);
+        CHECK(rc2 == 0 || rc2 == DFLASH_ECORRUPT);
+    }
+    printf("after the release: refused batch delivered %d times in all\n", k.seen);
+    CHECK_EQ_INT(k.seen, 4);
+    CHECK_EQ_INT(quarantined(ep), 1);
+    CHECK_EQ_INT(ctl(argv[2], dir, "release", NULL), 0);
+    CHECK(ctl_said(dir, "released 1 quarantined batches"));
+    CHECK_EQ_INT(quarantined(ep), 0);
+
     CHECK_EQ_INT(h_stop(target), 0);
     CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);

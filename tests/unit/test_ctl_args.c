@@ -3,7 +3,8 @@
  * broker listens: bad arguments are exit 1 (the documented "bad arguments"), never exit 2 (no
  * broker answering), so a healthcheck or retry loop does not take a typo for a broker that is
  * down; with --json every failure is one JSON object on stdout (bad arguments, an unknown verb
- * or an unusable endpoint included); an unknown verb's message lists every verb. */
+ * or an unusable endpoint included); an unknown verb's message lists every verb; release takes
+ * a batch id as the logs print it, or none. */
 #include "check.h"
 #include "test_files.h"
 
@@ -58,10 +59,24 @@ int main(void) {
     /* an unknown verb is exit 1 and the message lists every verb, keygen included */
     CHECK_EQ_INT(run("bogus"), 1);
     err = test_slurp(errp, NULL);
-    CHECK(strstr(err, "unknown verb 'bogus' (status, watch, set, pause, resume, drain, ping, "
-                      "keygen)") != NULL);
+    CHECK(strstr(err, "unknown verb 'bogus' (status, watch, set, pause, resume, drain, release, "
+                      "ping, keygen)") != NULL);
     if (!strstr(err, "keygen")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
+
+    /* release: a batch id as the logs print it (the broker's E/B/I, the drafter's (E, B, I)) or
+     * none (all) asks the broker (no broker: 2); anything else is a bad argument (1) */
+    CHECK_EQ_INT(run("release 0/0/21"), 2);
+    CHECK_EQ_INT(run("release '(0, 1, 21)'"), 2);
+    CHECK_EQ_INT(run("release"), 2);
+    CHECK_EQ_INT(run("release all"), 2);
+    CHECK_EQ_INT(run("release 0/0"), 1);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "'0/0' is not a batch id: give EPOCH/BUCKET/INDEX") != NULL);
+    free(err);
+    CHECK_EQ_INT(run("release 0/0/-1"), 1);
+    CHECK_EQ_INT(run("release 0/99/1"), 1); /* no such bucket */
+    CHECK_EQ_INT(run("release 0/0/1 0/0/2"), 1);
 
     /* --json: every refused invocation a script can make prints its JSON failure (an unknown
      * verb, arguments to a verb that takes none, an endpoint that cannot be used printed

@@ -1,12 +1,14 @@
 /* dflash-ctl: inspects and steers dflash-queue over its ROUTER socket (client.h).
  *
  *   dflash-ctl [--endpoint E] [--timeout-ms N] [--json] status|watch|set K=V...|pause|resume|
- *              drain|ping
+ *              drain|release [E/B/I]|ping
  *   dflash-ctl [--json] keygen DIR NAME   (writes DIR/NAME.key, mode 0600, and DIR/NAME.pub;
  *                                          curve.h; asks no broker)
  *
+ * release: quarantined batches back to to-do, the one named (EPOCH/BUCKET/INDEX as the broker's
+ * log prints it, or the drafter's "(E, B, I)"), or every one; prints how many.
  * Over tcp:// the broker wants CURVE: --curve-server-key (its .pub file) and --curve-key (our
- * .key file). set/pause/resume/drain then need a key in the broker's --admin-keys dir.
+ * .key file). set/pause/resume/drain/release then need a key in the broker's --admin-keys dir.
  *
  * Every verb but keygen says hello first (which also tells the broker's PUB endpoint and stats
  * interval for `watch`). Exit status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout
@@ -70,8 +72,10 @@ static const cfg_option ctl_options[] = {
 static const cfg_table ctl_table = {
     "dflash-ctl",
     "inspect and steer dflash-queue. Verbs: status, watch, set KEY=VALUE..., pause, resume, "
-    "drain, ping, keygen DIR NAME (CURVE keypair). Exit 0 ok, 1 error, 2 timeout",
-    "[options] VERB [KEY=VALUE...]",
+    "drain, release [EPOCH/BUCKET/INDEX] (quarantined batches back to to-do: the one named, as "
+    "the logs print it, else all), ping, keygen DIR NAME (CURVE keypair). Exit 0 ok, 1 error, 2 "
+    "timeout",
+    "[options] VERB [KEY=VALUE... | EPOCH/BUCKET/INDEX]",
     ctl_options,
     sizeof ctl_options / sizeof *ctl_options,
     NULL,
@@ -472,6 +476,57 @@ static int cmd_set(const ctl_config *c, client *cl, const wire_settings *set)
     return 0;
 }
 
+/* release's argument: a batch id as the logs print it, E/B/I (the broker's) or (E, B, I) (the
+ * drafter's), into *u, before any broker is asked. 0, or fail_msg's exit status (1). */
+static int parse_batch(const ctl_config *c, const char *arg, wire_unit *u)
+{
+    unsigned long long v[3];
+    char norm[64], extra;
+    size_t n = strlen(arg);
+    bool ok = n < sizeof norm && strspn(arg, "0123456789/,() ") == n;
+    for (size_t i = 0; ok && i <= n; i++)
+        norm[i] = strchr("/,()", arg[i]) && arg[i] ? ' ' : arg[i];
+    ok = ok && sscanf(norm, "%llu %llu %llu %c", &v[0], &v[1], &v[2], &extra) == 3 &&
+         v[0] <= UINT32_MAX && v[1] < WIRE_MAX_BUCKETS && v[2] <= UINT32_MAX;
+    if (ok) {
+        *u = (wire_unit){(uint32_t)v[0], (uint32_t)v[1], v[2]};
+        return 0;
+    }
+    char msg[200];
+    snprintf(msg, sizeof msg, "'%.64s' is not a batch id: give EPOCH/BUCKET/INDEX as the logs "
+             "print it (e.g. 0/0/21), or nothing to release every quarantined batch", arg);
+    return fail_msg(c, "release", DFLASH_EINVAL, msg);
+}
+
+/* release [E/B/I]: the named quarantined batch, or every one (unit NULL), back to to-do. */
+static int cmd_release(const ctl_config *c, client *cl, const wire_unit *unit)
+{
+    uint64_t n = 0;
+    int rc = client_release_quarantine(cl, unit, &n);
+    if (rc == DFLASH_EPROTO) {
+        char msg[WIRE_MAX_TEXT + 128];
+        snprintf(msg, sizeof msg, "this broker predates release (it answered: %s); upgrade "
+                 "dflash-queue to release quarantined batches", client_last_error(cl));
+        return fail_msg(c, "release", rc, msg);
+    }
+    if (rc) return fail(c, cl, "release", rc);
+    if (c->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 1);
+        cJSON_AddStringToObject(o, "verb", "release");
+        cJSON_AddNumberToObject(o, "released", (double)n);
+        print_json(o);
+    } else if (unit) {
+        printf("released batch %u/%u/%" PRIu64 ": back to to-do\n", unit->epoch, unit->bucket,
+               unit->index);
+    } else if (n) {
+        printf("released %" PRIu64 " quarantined batches: back to to-do\n", n);
+    } else {
+        printf("released 0: no batch is quarantined\n");
+    }
+    return 0;
+}
+
 /* keygen DIR NAME: a CURVE keypair for a broker, a daemon or an operator (curve.h). Prints the
  * two files and the public key (one JSON object with --json); a failure as fail_msg says. */
 static int cmd_keygen(const ctl_config *c, int n, char **args)
@@ -519,8 +574,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *verb = pos[0];
-    static const char *const verbs[] = {"status", "watch",  "set",  "pause",
-                                        "resume", "drain", "ping", "keygen"};
+    static const char *const verbs[] = {"status", "watch", "set",  "pause",  "resume",
+                                        "drain",  "release", "ping", "keygen"};
     bool known = false;
     for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) known |= strcmp(verb, verbs[i]) == 0;
     char msg[400];
@@ -532,10 +587,16 @@ int main(int argc, char **argv)
         return fail_msg(&c, verb, DFLASH_EINVAL, msg);
     }
     if (strcmp(verb, "keygen") == 0) return cmd_keygen(&c, npos - 1, pos + 1);
-    if (strcmp(verb, "set") != 0 && npos > 1)
-        return fail_msg(&c, verb, DFLASH_EINVAL, "takes no arguments");
+    bool release = strcmp(verb, "release") == 0;
+    if (strcmp(verb, "set") != 0 && npos > (release ? 2 : 1))
+        return fail_msg(&c, verb, DFLASH_EINVAL,
+                        release ? "takes one batch id (EPOCH/BUCKET/INDEX) or none (all)"
+                                : "takes no arguments");
     static wire_settings set;
     if (strcmp(verb, "set") == 0 && (rc = parse_set(&c, npos - 1, pos + 1, &set))) return rc;
+    wire_unit unit;
+    bool one = release && npos == 2 && strcmp(pos[1], "all") != 0;
+    if (one && (rc = parse_batch(&c, pos[1], &unit))) return rc;
     resolve_endpoint(&c);
     char name[32];
     snprintf(name, sizeof name, "ctl-%d", (int)getpid());
@@ -591,6 +652,8 @@ int main(int argc, char **argv)
         out = cmd_set(&c, cl, &set);
     } else if (strcmp(verb, "watch") == 0) {
         out = cmd_watch(&c, cl);
+    } else if (release) {
+        out = cmd_release(&c, cl, one ? &unit : NULL);
     } else {
         rc = strcmp(verb, "pause") == 0    ? client_pause(cl)
              : strcmp(verb, "resume") == 0 ? client_resume(cl)

@@ -532,6 +532,31 @@ static void reply_plan_refusal(broker *b, wire_msg *r, uint64_t rid, const peer 
                 "with the run's --shards and --buckets, or start a new run on a new --journal");
 }
 
+/* Warns when pool id of target p registers slots of another size than its previous
+ * registration or another registered pool: a target restarted on another model or slot
+ * options (defect: taken silently, while every drafter refused its slots). The drafters read
+ * one layout: those of the old one give the slots back unread and exit 2. */
+static void warn_layout_change(const broker *b, const peer *p, int id, const wire_pool *w)
+{
+    const pool_desc *d = &b->pools[id];
+    char whose[WIRE_MAX_NAME + 32] = "";
+    uint64_t was = 0;
+    if (d->desc.slot_size && d->desc.slot_size != w->slot_size) {
+        snprintf(whose, sizeof whose, "its previous pool's");
+        was = d->desc.slot_size;
+    }
+    for (int k = 0; k < MAX_POOLS && !whose[0]; k++)
+        if (k != id && b->pools[k].registered && b->pools[k].desc.slot_size != w->slot_size) {
+            snprintf(whose, sizeof whose, "target %s's", b->pools[k].owner);
+            was = b->pools[k].desc.slot_size;
+        }
+    if (whose[0])
+        LOG_WARN("pool %d of %s: slots of %" PRIu64 " bytes, but %s were of %" PRIu64 ": "
+                 "another model or slot options (--model, --layers, --capture-layers, "
+                 "--token-budget, --max-seqs) than the run's; drafters of the other layout give "
+                 "its slots back unread and exit 2", id, p->name, w->slot_size, whose, was);
+}
+
 static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_pool *w = &m->u.pool;
@@ -576,6 +601,7 @@ static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         policy_pool_drop(b->policy, (uint32_t)id);
         return reply_error(b, r, m->request_id, DFLASH_ENOMEM, "no memory");
     }
+    warn_layout_change(b, p, id, w);
     d->desc = *w;
     d->desc.event_handles = NULL;
     if (w->n_events) {

@@ -10,6 +10,10 @@
  * and from the resume when the checkpoint's copy is missing or damaged (check_weights_file):
  * the same writers, so the same bytes.
  * A failure keeps its kind from safetensors_open (unreadable, missing, damaged) to the caller.
+ * The trained batches the broker has not acked (dflash_ckpt_opts.unacked) are one metadata
+ * string of the training state, "E/B/I@S,...", checked on both sides (count, steps within the
+ * checkpoint's): format_unacked writes it, parse_unacked reads it; a checkpoint without it has
+ * none. It is not in model.safetensors, so the serving systems never see it.
  */
 #include "dflash_ckpt.h"
 
@@ -37,6 +41,7 @@
 
 #define STATE_FORMAT "dflash-training-state-1"
 #define STATE_FILE "training_state.safetensors"
+#define UNACKED_KEY "unacked_batches" /* training state metadata: "E/B/I@S,..." */
 
 #define FAIL(code, ...)                                                                            \
     do {                                                                                           \
@@ -448,6 +453,76 @@ out:
     return rc;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * the unacked batches: "E/B/I@S" per batch, comma-separated, in the training state's metadata */
+
+#define UNACKED_TEXT_MAX (DFLASH_CKPT_MAX_UNACKED * 72)
+
+/* 0 when n batches (u) fit the record of a checkpoint at step: at most DFLASH_CKPT_MAX_UNACKED,
+ * each trained at a step in 1 .. step; else DFLASH_EINVAL with the reason in err. */
+static int check_unacked(const dflash_ckpt_unacked *u, int n, long step, char *err,
+                         size_t errlen) {
+    if (n < 0 || n > DFLASH_CKPT_MAX_UNACKED || (n && !u)) {
+        if (err) snprintf(err, errlen, "%d unacked batches (at most %d)", n,
+                          DFLASH_CKPT_MAX_UNACKED);
+        return DFLASH_EINVAL;
+    }
+    for (int i = 0; i < n; i++)
+        if (u[i].step < 1 || u[i].step > step) {
+            if (err)
+                snprintf(err, errlen, "unacked batch %u/%u/%" PRIu64 " trained at step %ld, "
+                         "not in 1 .. %ld (the checkpoint's step)", u[i].epoch, u[i].bucket,
+                         u[i].index, u[i].step, step);
+            return DFLASH_EINVAL;
+        }
+    return 0;
+}
+
+/* The record's text for n (checked) batches into text (UNACKED_TEXT_MAX bytes). */
+static void format_unacked(const dflash_ckpt_unacked *u, int n, char *text) {
+    size_t len = 0;
+    text[0] = 0;
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(text + len, UNACKED_TEXT_MAX - len, "%s%u/%u/%" PRIu64 "@%ld",
+                                i ? "," : "", u[i].epoch, u[i].bucket, u[i].index, u[i].step);
+}
+
+/* One decimal number at *p (no sign, no space), at most max; advances *p. */
+static bool parse_num(const char **p, uint64_t max, uint64_t *out) {
+    if (**p < '0' || **p > '9') return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(*p, &end, 10);
+    if (errno || v > max) return false;
+    *p = end;
+    *out = v;
+    return true;
+}
+
+/* Parses the record's text of a checkpoint at step: 0, or DFLASH_EFORMAT naming what is wrong. */
+static int parse_unacked(const char *text, long step, dflash_ckpt_unacked *out, int max, int *n,
+                         const char *path, char *err, size_t errlen) {
+    const char *p = text;
+    *n = 0;
+    while (*p) {
+        uint64_t e, b, i, s;
+        bool ok = *n < max && parse_num(&p, UINT32_MAX, &e) && *p++ == '/' &&
+                  parse_num(&p, UINT32_MAX, &b) && *p++ == '/' && parse_num(&p, UINT64_MAX, &i) &&
+                  *p++ == '@' && parse_num(&p, (uint64_t)step, &s) && s >= 1 &&
+                  (*p == 0 || (*p++ == ',' && *p));
+        if (!ok) {
+            if (err)
+                snprintf(err, errlen, "%s: metadata %s \"%.200s\" is malformed (expected at most "
+                         "%d of EPOCH/BUCKET/INDEX@STEP, comma-separated, STEP in 1 .. %ld)",
+                         path, UNACKED_KEY, text, max, step);
+            return DFLASH_EFORMAT;
+        }
+        out[*n] = (dflash_ckpt_unacked){(uint32_t)e, (uint32_t)b, i, (long)s};
+        (*n)++;
+    }
+    return 0;
+}
+
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
                      const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
                      size_t errlen) {
@@ -461,6 +536,11 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     cJSON *j = NULL;
     char *text = NULL;
     bool made_tmp = false;
+    const dflash_ckpt_unacked *unacked = opts ? opts->unacked : NULL;
+    int n_unacked = opts ? opts->n_unacked : 0;
+    char why[256];
+    if (check_unacked(unacked, n_unacked, m->step, why, sizeof why))
+        FAIL(DFLASH_EINVAL, "checkpoint: %s", why);
     if (!host) FAIL(DFLASH_ENOMEM, "checkpoint: out of memory");
     if (mkdir(root, 0755) && errno != EEXIST)
         FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", root, strerror(errno));
@@ -519,6 +599,12 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     META("eps", "%.17g", tc->eps);
     META("weight_decay", "%.17g", tc->weight_decay);
 #undef META
+    if (n_unacked) {
+        char unacked_text[UNACKED_TEXT_MAX];
+        format_unacked(unacked, n_unacked, unacked_text);
+        if ((rc = safetensors_writer_meta(w, UNACKED_KEY, unacked_text)))
+            FAIL(rc, "checkpoint: out of memory");
+    }
     const char *pre[3] = {"master.", "exp_avg.", "exp_avg_sq."};
     for (int k = 0; k < 3 && !rc; k++)
         for (int i = 0; i < m->n_tensors && !rc; i++) {
@@ -698,6 +784,24 @@ int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step
     safetensors *st = safetensors_open(p, &rc, err, errlen);
     if (!st) return rc == DFLASH_ENOTFOUND ? state_missing(dir, err, errlen) : rc;
     rc = read_train_meta(st, p, tc, step, err, errlen);
+    safetensors_close(&st);
+    return rc;
+}
+
+int dflash_ckpt_unacked_batches(const char *dir, dflash_ckpt_unacked *out, int max, int *n,
+                                char *err, size_t errlen) {
+    char p[4200];
+    int rc;
+    dflash_train_cfg tc;
+    long step = 0;
+    *n = 0;
+    snprintf(p, sizeof p, "%s/%s", dir, STATE_FILE);
+    safetensors *st = safetensors_open(p, &rc, err, errlen);
+    if (!st) return rc == DFLASH_ENOTFOUND ? state_missing(dir, err, errlen) : rc;
+    if ((rc = read_train_meta(st, p, &tc, &step, err, errlen)) == 0) {
+        const char *text = safetensors_metadata(st, UNACKED_KEY);
+        if (text) rc = parse_unacked(text, step, out, max, n, p, err, errlen);
+    }
     safetensors_close(&st);
     return rc;
 }

@@ -20,7 +20,11 @@
  *   training_state.safetensors  fp32 master weights ("master.NAME"), AdamW moments ("exp_avg.NAME",
  *                             "exp_avg_sq.NAME") and, in its metadata, the step, the anchor seed
  *                             and every schedule / optimizer setting ("format":
- *                             "dflash-training-state-1")
+ *                             "dflash-training-state-1"); and "unacked_batches" when the model
+ *                             holds trained batches whose acks the broker has not taken (a stop
+ *                             while no broker answered): "E/B/I@S,..." (epoch, bucket, index, the
+ *                             step that trained it), which the drafter resumed from the checkpoint
+ *                             acks. Absent: none (also every checkpoint written before it existed)
  * Both safetensors files carry, in their __metadata__, the marker "dflash.checksums": "crc32c"
  * and "crc32c.NAME": 8 lowercase hex digits, the CRC-32C of tensor NAME's data bytes, for every
  * tensor (safetensors.h; docs/formats.md); other
@@ -53,10 +57,25 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+/* A batch the checkpoint's model has trained whose ack the broker may not have taken: its
+ * identity and the optimizer step that trained it (1 .. the checkpoint's step). */
+typedef struct dflash_ckpt_unacked {
+    uint32_t epoch, bucket;
+    uint64_t index;
+    long step;
+} dflash_ckpt_unacked;
+
+#define DFLASH_CKPT_MAX_UNACKED 64 /* a data-parallel group step's batches, one per rank */
 
 typedef struct dflash_ckpt_opts {
     int keep_last;    /* step-* directories kept under root (>= 1; 0 means 3) */
     bool weights_f32; /* model.safetensors in fp32 instead of bf16 */
+    /* trained batches whose acks the broker has not taken (NULL, 0: none; at most
+     * DFLASH_CKPT_MAX_UNACKED): recorded as the training state's "unacked_batches" */
+    const dflash_ckpt_unacked *unacked;
+    int n_unacked;
 } dflash_ckpt_opts;
 
 /* Makes sure checkpoints can be written under root before any training: creates root when
@@ -72,8 +91,10 @@ int dflash_ckpt_check_root(const char *root, char *err, size_t errlen);
  * DFLASH_EEXISTS when another live process holds it (its pid named in err), or DFLASH_EIO. */
 int dflash_ckpt_lock_root(const char *root, int *fd, char *err, size_t errlen);
 
-/* Writes ROOT/step-<m->step> (see top). path (may be NULL) receives the final directory.
- * Returns 0 or a negative code with a message in err. */
+/* Writes ROOT/step-<m->step> (see top), opts->unacked recorded in it. path (may be NULL)
+ * receives the final directory. Returns 0 or a negative code with a message in err
+ * (DFLASH_EINVAL: more than DFLASH_CKPT_MAX_UNACKED unacked batches, or one whose step is not
+ * in 1 .. m->step). */
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
                      const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
                      size_t errlen);
@@ -116,6 +137,14 @@ int dflash_ckpt_resume(dflash_model *m, dflash_train_cfg *tc, const char *dir, b
  * 0, or a negative code with a message in err (the kinds of dflash_ckpt_resume). */
 int dflash_ckpt_train_settings(const char *dir, dflash_train_cfg *tc, long *step, char *err,
                                size_t errlen);
+
+/* The trained batches the checkpoint in DIR records as not acked (opts->unacked of its save),
+ * at most max into out, their count in *n: 0 for a checkpoint that records none, or was written
+ * before the record existed. 0, or a negative code with a message in err: the kinds of
+ * dflash_ckpt_train_settings, and DFLASH_EFORMAT for a malformed record (also more than max
+ * batches, or a step outside 1 .. the checkpoint's). Reads only metadata. */
+int dflash_ckpt_unacked_batches(const char *dir, dflash_ckpt_unacked *out, int max, int *n,
+                                char *err, size_t errlen);
 
 /* The newest complete checkpoint under root into path: the newest step-N holding a training
  * state, or whose training state cannot be looked at (permissions, an I/O error), so that the

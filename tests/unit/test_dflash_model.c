@@ -15,6 +15,8 @@
  *   - every checkpoint has a model.safetensors.index.json naming exactly model.safetensors's
  *     tensors with their data bytes (what SGLang and vLLM go by to leave the training state
  *     unread); one written before the index still loads, resumes and is found
+ *   - the trained batches a checkpoint records as not acked: round trip, absent in a checkpoint
+ *     without them (as before the record), not in model.safetensors, a damaged record named
  *   - checkpoint checksums: a bit flipped in a tensor's data of either file is refused by the
  *     loader that reads it, naming the file and the tensor; a checkpoint without them loads
  *   - an exact resume checks model.safetensors and writes a damaged or missing one again from
@@ -1321,6 +1323,106 @@ static bool same_file(const char *path, const char *want, size_t n) {
 
 /* A FIFO where a checkpoint's config.json should be is refused as unreadable at once (the
  * warm start, eval and resume read config.json first; a blocking open would wait forever). */
+/* Replaces the first `from` in the file at path by `to` (the same length: a header edited in
+ * place). true when it was there. */
+static bool edit_in_place(const char *path, const char *from, const char *to) {
+    size_t len = 0;
+    char *b = test_slurp(path, &len);
+    char *at = b ? memmem(b, len, from, strlen(from)) : NULL;
+    if (at) {
+        memcpy(at, to, strlen(to));
+        test_spill(path, b, len);
+    }
+    free(b);
+    return at != NULL;
+}
+
+/* The trained batches a checkpoint records as not acked (a drafter stopped while no broker
+ * answered its ack): they round-trip through a save, exactly, in the training state only (not in
+ * model.safetensors, which the serving systems read); a checkpoint without them (as every one
+ * written before the record existed) reads as none and resumes as before; a record the save
+ * cannot write (a step past the model's, too many) is refused, and a damaged one named. */
+static void test_checkpoint_unacked(world *w) {
+    char root[] = "/tmp/dflash_unacked_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    CHECK(a != NULL && b != NULL);
+    if (!a || !b) return;
+    dflash_train_cfg tc = w->tc;
+    dflash_metrics ma;
+    for (int s = 0; s < 3; s++) dflash_train_step(a, &tc, &w->view, 0, (uint64_t)s, &ma);
+    char path[512], err[512] = "", st_path[600];
+
+    /* none recorded: what every checkpoint written before the record looks like */
+    dflash_ckpt_opts plain = {.keep_last = 5};
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &plain, path, sizeof path, err, sizeof err), 0);
+    snprintf(st_path, sizeof st_path, "%s/training_state.safetensors", path);
+    char *text = test_slurp(st_path, NULL);
+    CHECK(text && !strstr(text, "unacked_batches"));
+    free(text);
+    dflash_ckpt_unacked got[DFLASH_CKPT_MAX_UNACKED];
+    int n = -1;
+    CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, DFLASH_CKPT_MAX_UNACKED, &n, err,
+                                             sizeof err), 0);
+    CHECK_EQ_INT(n, 0);
+    dflash_train_cfg tb;
+    dflash_train_cfg_default(&tb);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, true, err, sizeof err), 0);
+    CHECK_EQ_INT(b->step, 3);
+
+    /* two recorded (a group step's, or a batch and a large identity): read back exactly */
+    dflash_train_step(a, &tc, &w->view, 0, 3, &ma);
+    dflash_ckpt_unacked u[2] = {{0, 0, 23, 4}, {UINT32_MAX, 7, UINT64_MAX, 1}};
+    dflash_ckpt_opts rec = {.keep_last = 5, .unacked = u, .n_unacked = 2};
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &rec, path, sizeof path, err, sizeof err), 0);
+    n = -1;
+    CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, DFLASH_CKPT_MAX_UNACKED, &n, err,
+                                             sizeof err), 0);
+    CHECK_EQ_INT(n, 2);
+    for (int i = 0; i < 2 && n == 2; i++)
+        CHECK(got[i].epoch == u[i].epoch && got[i].bucket == u[i].bucket &&
+              got[i].index == u[i].index && got[i].step == u[i].step);
+    /* fewer room than recorded: refused, not cut */
+    CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, 1, &n, err, sizeof err), DFLASH_EFORMAT);
+    /* the record does not reach what the servers load, and the checkpoint resumes */
+    char model_path[600];
+    snprintf(model_path, sizeof model_path, "%s/model.safetensors", path);
+    text = test_slurp(model_path, NULL);
+    CHECK(text && !strstr(text, "unacked_batches"));
+    free(text);
+    check_ckpt_files(a, path);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, true, err, sizeof err), 0);
+    CHECK_EQ_INT(b->step, 4);
+    CHECK(!memcmp(a->master, b->master, a->n_params * sizeof(float)));
+
+    /* a damaged record is named, not read as none */
+    snprintf(st_path, sizeof st_path, "%s/training_state.safetensors", path);
+    CHECK(edit_in_place(st_path, "0/0/23@4", "0/0/2x@4"));
+    err[0] = 0;
+    CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, DFLASH_CKPT_MAX_UNACKED, &n, err,
+                                             sizeof err), DFLASH_EFORMAT);
+    CHECK(strstr(err, "unacked_batches") != NULL);
+    CHECK(edit_in_place(st_path, "0/0/2x@4", "0/0/23@5")); /* past the checkpoint's step */
+    CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, DFLASH_CKPT_MAX_UNACKED, &n, err,
+                                             sizeof err), DFLASH_EFORMAT);
+
+    /* what a save cannot record: a step past the model's or before the first, too many */
+    dflash_ckpt_unacked late = {0, 0, 1, 5};
+    dflash_ckpt_opts bad = {.keep_last = 5, .unacked = &late, .n_unacked = 1};
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &bad, path, sizeof path, err, sizeof err),
+                 DFLASH_EINVAL);
+    late.step = 0;
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &bad, path, sizeof path, err, sizeof err),
+                 DFLASH_EINVAL);
+    bad.n_unacked = DFLASH_CKPT_MAX_UNACKED + 1;
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &bad, path, sizeof path, err, sizeof err),
+                 DFLASH_EINVAL);
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+    CHECK_EQ_INT(test_rmtree(root), 0);
+}
+
 static void test_config_fifo(void) {
     char dir[] = "/tmp/dflash_ckpt_fifo_XXXXXX", file[128], err[512] = "";
     CHECK(mkdtemp(dir) != NULL);
@@ -1645,6 +1747,7 @@ int main(void) {
     test_resume_checks_weights(w);
     test_config_fifo();
     test_checkpoint(w);
+    test_checkpoint_unacked(w);
     test_eval(w);
     test_slot_view(w);
     nn_cpu_destroy(&w->ctx);

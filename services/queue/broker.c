@@ -901,14 +901,27 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, 0);
 }
 
+/* An ack of a batch not trained yet records it, wherever it is (to-do, in flight, orphaned by a
+ * restart, quarantined: the ledger's late ack). One already trained is refused EXISTS: at the
+ * ack's own step it is a repeat (the first one's reply was lost, or a resumed drafter acks what
+ * its checkpoint recorded as unacked), else the batch was trained twice, which is logged. */
 static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     batch_id id = to_batch(&m->u.ack.unit);
-    int rc = ledger_ack(b->ledger, &id, m->u.ack.step);
+    uint64_t step = m->u.ack.step, at = 0;
+    int rc = ledger_ack(b->ledger, &id, step);
     held_remove(p, &id);
     if (rc == DFLASH_EEXISTS) {
         b->double_acks++;
-        return reply_error(b, r, m->request_id, rc, "batch already trained");
+        ledger_get(b->ledger, &id, NULL, &at); /* 0 in a finished epoch: no longer known */
+        if (at == step)
+            return reply_error(b, r, m->request_id, rc,
+                               "a repeated ack: the batch is recorded at step %" PRIu64, step);
+        if (!at) return reply_error(b, r, m->request_id, rc, "batch already trained");
+        LOG_WARN("%s acked batch %u/%u/%u at step %" PRIu64 ", already trained at step %" PRIu64
+                 ": it is trained twice", p->name, id.epoch, id.bucket, id.index, step, at);
+        return reply_error(b, r, m->request_id, rc,
+                           "batch already trained at step %" PRIu64 ": trained twice", at);
     }
     if (rc) return reply_error(b, r, m->request_id, rc, "ack refused");
     b->acks++;

@@ -14,6 +14,9 @@
  *     never came: nothing is handed out past the plan, and claims end once it is trained;
  *   - min_ready above max_depth (the reservoir can never fill: every claim waits forever) is
  *     refused at start-up and by `set`;
+ *   - the ack of a batch the broker holds in to-do (a drafter resumed from a checkpoint that
+ *     records it unacked) is recorded; the same ack again is answered as a repeat, one at
+ *     another step is logged as trained twice;
  *   - a SlotRelease retried after its reply was lost gets Stale, the drafter drops its copy, and
  *     the batch stays in flight as held by that drafter until it exits: a retry from the same
  *     drafter of a release it made is answered Ok;
@@ -215,6 +218,62 @@ static int train_one(uint64_t step)
     stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, DRAFTER_INC);
     stub_req.u.ack = (wire_ack){g.unit, step};
     return stub_send("d");
+}
+
+/* Drafter d acks batch {0, 0, index} at step: 0 or the error code (stub_rep holds the reply). */
+static int ack_as_d(uint32_t index, uint64_t step)
+{
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.ack = (wire_ack){{0, 0, index}, step};
+    return stub_send("d");
+}
+
+static char ack_log[4096], ack_said[WIRE_MAX_TEXT];
+
+static void ack_repeated(void)
+{
+    CHECK_EQ_INT(ack_as_d(7, 5), DFLASH_EEXISTS);
+    snprintf(ack_said, sizeof ack_said, "%s", stub_rep.u.error.message);
+}
+
+static void ack_other_step(void)
+{
+    CHECK_EQ_INT(ack_as_d(7, 9), DFLASH_EEXISTS);
+    snprintf(ack_said, sizeof ack_said, "%s", stub_rep.u.error.message);
+}
+
+/* The acks of a drafter resumed from a checkpoint that records batches its last process trained
+ * without an ack (broker and drafter stopped together): one the broker holds in to-do (a
+ * restarted broker's orphan given back) is recorded trained at the ack's step, not handed out;
+ * the same ack again (our ack before the stop had landed, only its reply was lost) is EXISTS
+ * saying it repeats the recorded one, with no warning; an ack at another step (the batch was
+ * handed out again and trained twice) is EXISTS, logged as trained twice. */
+static void test_late_acks(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1); /* opens epoch 0, batch 0 in a slot */
+    CHECK_EQ_INT(ack_as_d(7, 5), 0);                /* batch 7: to do, never handed out */
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.batches_todo, 998);
+    log_set_level(LOG_WARN);
+    stub_capture_log(ack_repeated, ack_log, sizeof ack_log);
+    printf("repeated ack: \"%s\", log \"%s\"\n", ack_said, ack_log);
+    CHECK(strstr(ack_said, "a repeated ack: the batch is recorded at step 5") != NULL);
+    CHECK(ack_log[0] == 0);
+    stub_capture_log(ack_other_step, ack_log, sizeof ack_log);
+    log_set_level(LOG_ERROR);
+    printf("ack at another step: \"%s\", log %s", ack_said, ack_log);
+    CHECK(strstr(ack_said, "already trained at step 5: trained twice") != NULL);
+    CHECK(strstr(ack_log, "d acked batch 0/0/7 at step 9, already trained at step 5: it is "
+                          "trained twice") != NULL);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    stub_broker_free();
 }
 
 /* Held units {first + k, 0, index} for k < n (n <= WIRE_MAX_HELD), in one Hello. */
@@ -776,6 +835,7 @@ int main(void)
     test_restart_plan_bounds();
     test_reservoir_over_depth();
     test_release_retry();
+    test_late_acks();
     test_plan_done();
     test_bad_shares();
     test_shares_reset();

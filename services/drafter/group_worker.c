@@ -15,7 +15,15 @@
  * A stop: finish() sends the pending StepDone, writes the final checkpoint (rank 0), reports it
  * and leaves the group, in that order, while the broker answers; one that does not answer a
  * request after the stop is lost for good (worker_session_heard) and gets no more requests, so
- * the checkpoint is not held back by retries (the step goes into it without a StepDone).
+ * the checkpoint is not held back by retries (the step goes into it without a StepDone). The
+ * checkpoint then records the step's units as trained and unacked (the consumer's unacked(),
+ * note_unacked). A drafter resumed from it (resumed_unacked(): `resumed`) resolves them at its
+ * first GroupView (resolve_resumed), by the model the group goes on from, rank 0's at the
+ * view's step: at or past their step it holds them (ours when we are rank 0, the join that
+ * created the group having rewound the ledger to our step, which keeps them; another rank's
+ * only if it took that step with us, as every rank of a step does), and they are acked at their
+ * step as plain Acks; below it they are not in the group's model, and are let go (the broker
+ * trains them again). Nothing is claimed before they are resolved.
  * A refusal for good (our hello answered EXISTS, our join refused: `refused`) ends the loop
  * through end_refused() instead, with no more requests: the final checkpoint (rank 0), reported
  * to no broker (worker_session_save_refused), a pending step in it without a StepDone.
@@ -56,6 +64,8 @@ typedef struct gw {
     uint64_t wait_said_ms; /* when a join's wait was last logged */
     bool refused_step;     /* rank 0: a StepDone this broker answered STALE, no GroupJoin since */
     bool refused;          /* the broker refused our hello or join for good: the loop ends */
+    worker_unacked resumed[WORKER_MAX_UNACKED]; /* the checkpoint's unacked batches */
+    uint32_t n_resumed, next_resumed;           /* (consumer's resumed_unacked()), next one */
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -100,6 +110,18 @@ static bool broker_lost(const gw *g)
     return worker_session_broker_lost(g->s);
 }
 
+/* Acks *u at step: up to 20 tries while no broker answers (fewer once it is lost after a stop).
+ * The last answer's code. */
+static int ack_at(gw *g, const wire_unit *u, uint64_t step)
+{
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 20 && rc == DFLASH_ETIMEOUT && !broker_lost(g); a++) {
+        rc = client_ack(g->cl, u, step);
+        heard(g, rc);
+    }
+    return rc;
+}
+
 /* hello (rank 0: with a pending step's units), then the late acks of that step. 0,
  * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name, or a live
  * process of our run replaced us: refused for good, the loop ends through end_refused). */
@@ -119,11 +141,7 @@ static int do_register(gw *g)
     if (rc < 0) return DFLASH_EAGAIN;
     if (g->pending) {
         for (uint32_t i = 0; i < g->n_pending; i++) {
-            int arc = DFLASH_ETIMEOUT;
-            for (int a = 0; a < 20 && arc == DFLASH_ETIMEOUT && !broker_lost(g); a++) {
-                arc = client_ack(g->cl, &g->pending_units[i], g->pending_step);
-                heard(g, arc);
-            }
+            int arc = ack_at(g, &g->pending_units[i], g->pending_step);
             if (arc && arc != DFLASH_EEXISTS) return DFLASH_EAGAIN;
         }
         LOG_INFO("step %llu (whose StepDone the broker did not take): %u units acked",
@@ -161,6 +179,56 @@ static void report_refused_step(gw *g)
                  "although the final checkpoint has them", g->cfg->group, err_str(rc),
                  client_last_error(g->cl));
     }
+}
+
+/* The checkpoint's unacked batches, at a GroupView v (see the top: acked when v's step is at or
+ * past theirs, else let go). true once none is left; false when an ack found no broker (they
+ * are tried again at the next view) or a broker that does not know us (state REGISTER). */
+static bool resolve_resumed(gw *g, const wire_group_view *v)
+{
+    while (g->next_resumed < g->n_resumed) {
+        const worker_unacked *b = &g->resumed[g->next_resumed];
+        wire_unit u = {.epoch = b->wu.epoch, .bucket = b->wu.bucket, .index = b->wu.batch};
+        if (v->step < b->step) {
+            LOG_WARN("batch (%u, %u, %llu) of the checkpoint we resumed from, trained at step %llu "
+                     "without an ack before the stop, is not in the model group %s goes on from "
+                     "(rank 0's, at step %llu): the broker trains it again", u.epoch, u.bucket,
+                     (unsigned long long)u.index, (unsigned long long)b->step, g->cfg->group,
+                     (unsigned long long)v->step);
+            g->next_resumed++;
+            continue;
+        }
+        int rc = ack_at(g, &u, b->step);
+        if (rc == DFLASH_ETIMEOUT) return false;
+        if (rc == DFLASH_ESTALE) {
+            set_state(g, GW_REGISTER);
+            return false;
+        }
+        if (rc == 0 || rc == DFLASH_EEXISTS)
+            worker_session_resumed_acked(g->s, &u, b->step, rc);
+        else
+            LOG_WARN("ack of batch (%u, %u, %llu) of the checkpoint we resumed from: %s (%s)",
+                     u.epoch, u.bucket, (unsigned long long)u.index, err_str(rc),
+                     client_last_error(g->cl));
+        g->next_resumed++;
+    }
+    return true;
+}
+
+/* The trained batches our model holds whose acks no broker took, for the consumer's final
+ * checkpoint: a pending step's units (rank 0) and the checkpoint's not resolved yet. */
+static void note_unacked(gw *g)
+{
+    worker_consumer *k = g->cons;
+    if (!k->unacked) return;
+    worker_unacked b[2 * WORKER_MAX_UNACKED];
+    uint32_t n = 0;
+    for (uint32_t i = 0; g->pending && i < g->n_pending; i++) {
+        const wire_unit *u = &g->pending_units[i];
+        b[n++] = (worker_unacked){{u->epoch, u->bucket, u->index}, g->pending_step};
+    }
+    for (uint32_t i = g->next_resumed; i < g->n_resumed; i++) b[n++] = g->resumed[i];
+    k->unacked(k->ctx, b, n);
 }
 
 /* One JOINING iteration: poll the view; rank 0 posts the id; open and sync. 0 or fatal. */
@@ -209,6 +277,7 @@ static int joining(gw *g)
     }
     g->pending = false; /* the broker resolved a step in flight by the model step we reported */
     g->refused_step = false;
+    if (!resolve_resumed(g, &v)) return 0; /* before anything is trained: join again */
     uint8_t id[DP_COMM_ID_BYTES];
     memset(id, 0, sizeof id);
     char err[300] = "";
@@ -454,6 +523,7 @@ static int end_refused(gw *g, int rc)
 {
     char step[48];
     snprintf(step, sizeof step, "step %llu", (unsigned long long)g->pending_step);
+    note_unacked(g);
     worker_session_save_refused(g->s, g->cons, g->pending ? step : NULL);
     g->pending = false;
     return rc < 0 ? rc : DFLASH_EEXISTS;
@@ -478,14 +548,19 @@ static int finish(gw *g)
             g->refused_step = true; /* resolved below by a join */
             src = 0;
         }
-        if (src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE)
-            LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done: %s",
-                     (unsigned long long)g->pending_step, err_str(src));
-        g->pending = false;
+        /* untaken: no broker answered, or a restarted one that our hello did not reach */
+        bool untaken = src == DFLASH_ETIMEOUT || src == DFLASH_ESTALE;
+        if (untaken)
+            LOG_WARN("step %llu goes into the final checkpoint but no broker took it as done (%s): "
+                     "the checkpoint records its batches, and the drafter resumed from it acks "
+                     "them", (unsigned long long)g->pending_step, err_str(src));
+        g->pending = untaken; /* for note_unacked */
     }
     if (client_broker_incarnation(g->cl) && !broker_lost(g))
         report_refused_step(g); /* a stop before the join */
     if (g->refused) return end_refused(g, 0); /* a hello above */
+    note_unacked(g);
+    g->pending = false;
     int rc = k->finish ? k->finish(k->ctx) : 0;
     if (rc < 0) return rc;
     if (src == DFLASH_ETIMEOUT || broker_lost(g)) return 0; /* no broker: no commit, no goodbye */
@@ -515,6 +590,8 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     g.s = worker_session_new(cfg, &g.st, stop, &rc);
     if (!g.s) goto out;
     g.cl = worker_session_client(g.s);
+    if (cons->resumed_unacked)
+        g.n_resumed = cons->resumed_unacked(cons->ctx, g.resumed, WORKER_MAX_UNACKED);
 
     double backoff = 1, unreachable_since = monotime_s();
     gw_state was = g.state;

@@ -72,6 +72,10 @@ typedef struct trainer {
     bool dp_member;  /* joined a group at least once */
     long diverged_at; /* the first step whose loss or gradient norm was NaN or infinite; 0: none.
                          From then on nothing is checkpointed or committed (stop_if_diverged) */
+    /* trained batches whose acks the broker has not taken: the loop's word for the next
+     * checkpoint (unacked hook), and those of the checkpoint resumed from (resumed_unacked) */
+    dflash_ckpt_unacked unacked[DFLASH_CKPT_MAX_UNACKED], resumed[DFLASH_CKPT_MAX_UNACKED];
+    int n_unacked, n_resumed;
     /* summary */
     long steps_here, skipped;
     double loss_first, loss_last, tau_first, tau_last;
@@ -212,7 +216,8 @@ static int save_checkpoint(trainer *t) {
     if (!t->ckpt_root[0] || t->m->step == t->saved_step) return 0;
     if (t->dp_member && t->dp_rank != 0) return 0; /* a group's rank 0 writes them */
     char path[1200], err[512] = "";
-    dflash_ckpt_opts co = {.keep_last = t->keep_last};
+    dflash_ckpt_opts co = {.keep_last = t->keep_last, .unacked = t->unacked,
+                           .n_unacked = t->n_unacked};
     double t0 = monotime_s();
     /* the records of the steps it holds first: a run killed after the checkpoint and resumed
      * from it trains only later steps, so a record lost now would be a gap for good. A failure
@@ -425,6 +430,35 @@ static uint64_t train_run_id(void *vctx) {
  * (worker_loop.h, layout()): the loop gives a slot of another layout back unread. */
 static const slot_layout *train_layout(void *vctx) {
     return &((trainer *)vctx)->layout;
+}
+
+/* The loop's trained batches without an ack (worker_loop.h), for the checkpoint that follows.
+ * One trained at a step this model does not hold (it cannot be, but a checkpoint refuses it)
+ * is left out with a warning. */
+static void train_unacked(void *vctx, const worker_unacked *b, uint32_t n) {
+    trainer *t = vctx;
+    t->n_unacked = 0;
+    for (uint32_t i = 0; i < n && t->n_unacked < DFLASH_CKPT_MAX_UNACKED; i++) {
+        if (b[i].step < 1 || b[i].step > (uint64_t)t->m->step) {
+            LOG_WARN("batch (%u, %u, %llu) trained at step %llu is not in the model (at step "
+                     "%ld): not recorded as unacked", b[i].wu.epoch, b[i].wu.bucket,
+                     (unsigned long long)b[i].wu.batch, (unsigned long long)b[i].step,
+                     t->m->step);
+            continue;
+        }
+        t->unacked[t->n_unacked++] = (dflash_ckpt_unacked){b[i].wu.epoch, b[i].wu.bucket,
+                                                            b[i].wu.batch, (long)b[i].step};
+    }
+}
+
+static uint32_t train_resumed_unacked(void *vctx, worker_unacked *out, uint32_t max) {
+    trainer *t = vctx;
+    uint32_t n = 0;
+    for (; n < max && n < (uint32_t)t->n_resumed; n++) {
+        const dflash_ckpt_unacked *u = &t->resumed[n];
+        out[n] = (worker_unacked){{u->epoch, u->bucket, u->index}, (uint64_t)u->step};
+    }
+    return n;
 }
 
 /* The step the run stops at: --max-steps, else the end of the schedule (--total-steps; a
@@ -729,6 +763,14 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
             return DFLASH_ECONFIG;
         }
         t->start_step = t->saved_step = t->committed = t->m->step;
+        rc = dflash_ckpt_unacked_batches(resume_dir, t->resumed, DFLASH_CKPT_MAX_UNACKED,
+                                         &t->n_resumed, err, errlen);
+        if (rc < 0) return resume_refused(resume_dir, rc, err, errlen);
+        if (t->n_resumed)
+            LOG_INFO("%s holds %d trained batches whose acks no broker took before the stop "
+                     "(the first (%u, %u, %llu) of step %ld): acked once the broker takes our "
+                     "resume", resume_dir, t->n_resumed, t->resumed[0].epoch, t->resumed[0].bucket,
+                     (unsigned long long)t->resumed[0].index, t->resumed[0].step);
         if (o->init_weights && o->init_weights[0])
             LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights,
                      resume_dir);
@@ -929,6 +971,8 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .settled = train_settled,
                            .finish = train_finish,
                            .save_refused = train_save_refused,
+                           .unacked = train_unacked,
+                           .resumed_unacked = train_resumed_unacked,
                            .idle = train_idle,
                            .set_group = train_set_group,
                            .sync_state = train_sync_state,

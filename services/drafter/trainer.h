@@ -45,6 +45,9 @@
  *   idle() (the loop waits for a batch) writes the last step's metrics and flushes them.
  *   resume_step() is the step the model started from: the loop tells the broker (resume_from)
  *   before the first claim, so batches trained after the last checkpoint are trained again.
+ *   unacked() hands over the trained batches whose acks no broker took (a stop while none
+ *   answers): the checkpoint that follows records them, and resumed_unacked() gives those of
+ *   the checkpoint resumed from, which the loop acks at their steps (no batch trained twice).
  * In a data-parallel group (group_worker.h, the consumer's group hooks) consume() runs
  *   dflash_train_step_dp with the group's communicator instead (synchronous; the gradients are
  *   averaged over the ranks), sync_state() copies rank 0's state, and only rank 0 writes

@@ -15,8 +15,14 @@
  * commit report, in that order (a checkpoint holding an unacked batch would have it trained
  * twice if we died before the ack). A broker that answers gets them all; one that does not
  * answer a request after the stop is lost for good (worker_session_heard): the batch goes
- * unacked into the final checkpoint at once, the broker hands it out again, and no more requests
- * delay the checkpoint (a supervisor's grace period is short).
+ * unacked into the final checkpoint at once, and no more requests delay the checkpoint (a
+ * supervisor's grace period is short). The checkpoint records it (the consumer's unacked(),
+ * note_unacked): a drafter resumed from it gets it back (resumed_unacked()) and, once the
+ * broker took its resume (ResumeFrom: nothing trained at or before the checkpoint's step is
+ * rewound), acks it at its step before it claims anything (take_resumed makes it the held
+ * batch, ack_held acks it as a late ack), so the broker records it trained instead of handing it
+ * out again; EXISTS then means our ack before the stop had landed (its reply was lost), or, if
+ * the broker had handed it out again meanwhile, that it is trained twice (the broker says so).
  * A hello the broker refuses for good (do_register: EXISTS or DENIED, wherever it was sent) ends
  * the loop at the top of its next iteration, before a stop is looked at, through end_refused():
  * no finish(), no more requests; the final checkpoint, unreported, where it is safe
@@ -57,6 +63,10 @@ typedef struct worker_loop {
     uint64_t held_step;   /* the step that trained it (once consumed) */
     uint32_t held_tokens; /* its tokens, counted when acked */
     int held_acks_lost;   /* acks of it whose reply never came (the broker may have one) */
+    bool held_resumed;    /* it is one of the checkpoint's unacked batches (trained before us) */
+    worker_unacked resumed[WORKER_MAX_UNACKED]; /* the checkpoint's unacked batches (consumer's */
+    uint32_t n_resumed, next_resumed;           /* resumed_unacked()), the next one to ack */
+    bool resume_taken;    /* the broker took our ResumeFrom: the checkpoint's batches may be acked */
     uint64_t committed_reported;
     double lat[LAT_RING]; /* grant-to-copy-done seconds, last LAT_RING batches */
     uint64_t n_lat;
@@ -170,9 +180,43 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
     }
     LOG_INFO("told the broker we resume from step %lld: batches trained after it are redone",
              (long long)s);
+    w->resume_taken = true;
     /* a broker that forgets us (restart, expiry) learns from our next hello that we train it */
     client_set_trainer_run(w->client, run_id);
     return 0;
+}
+
+/* The held batch's identity, as the consumer hooks name batches. */
+static worker_unacked held_unacked(const worker_loop *w)
+{
+    return (worker_unacked){{w->held.epoch, w->held.bucket, w->held.index}, w->held_step};
+}
+
+/* Once the broker took our resume, and nothing else is held: the next of the checkpoint's unacked
+ * batches becomes the held batch, to be acked at its step by ack_held. true when one was taken. */
+static bool take_resumed(worker_loop *w)
+{
+    if (w->holding || !w->resume_taken || w->next_resumed >= w->n_resumed) return false;
+    const worker_unacked *r = &w->resumed[w->next_resumed++];
+    w->holding = true;
+    w->held = (wire_unit){.epoch = r->wu.epoch, .bucket = r->wu.bucket, .index = r->wu.batch};
+    w->held_step = r->step;
+    w->held_tokens = 0;
+    w->held_acks_lost = 0;
+    w->held_resumed = true;
+    return true;
+}
+
+/* Tells the consumer, before its final checkpoint, which trained batches the model holds whose
+ * acks the broker has not taken: the held one and the checkpoint's not acked yet. */
+static void note_unacked(worker_loop *w)
+{
+    if (!w->cons->unacked) return;
+    worker_unacked b[WORKER_MAX_UNACKED + 1];
+    uint32_t n = 0;
+    if (w->holding && w->held_step) b[n++] = held_unacked(w);
+    for (uint32_t i = w->next_resumed; i < w->n_resumed; i++) b[n++] = w->resumed[i];
+    w->cons->unacked(w->cons->ctx, b, n);
 }
 
 /* Acks the held (trained) batch at its step; a retry after a lost reply (timeout) may find an
@@ -181,7 +225,9 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
  * broker restart, once when the same broker had forgotten us (it expired us while we trained).
  * Returns 0 when the broker has the ack, DFLASH_ETIMEOUT when no broker answered (the batch
  * stays held, to be acked again), or the broker's refusal (logged; the batch is let go); when
- * the broker refused the hello for good, the ack's code with the batch still held. After
+ * the broker refused the hello for good, the ack's code with the batch still held. A batch of
+ * the checkpoint we resumed from (held_resumed) answered EXISTS is done too: our ack before the
+ * stop had landed (or it was trained again since, which the broker logs). After
  * a stop signal the attempts go on while the broker answers, and end at the first one it does
  * not (worker_session_broker_lost): the final checkpoint will hold this batch. */
 static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
@@ -219,6 +265,11 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
                  err_str(rc), client_last_error(w->client));
         return DFLASH_ETIMEOUT;
     }
+    if (w->held_resumed && (rc == 0 || rc == DFLASH_EEXISTS)) {
+        worker_session_resumed_acked(w->s, u, w->held_step, rc);
+        w->holding = w->held_resumed = false;
+        return 0; /* trained by the process before us: not counted as ours */
+    }
     if (rc == DFLASH_EEXISTS && w->held_acks_lost > 0) {
         LOG_INFO("batch (%u, %u, %llu): our earlier ack was recorded before its reply was lost",
                  u->epoch, u->bucket, (unsigned long long)u->index);
@@ -235,7 +286,7 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
         w->st.batches++;
         w->st.tokens += w->held_tokens;
     }
-    w->holding = false;
+    w->holding = w->held_resumed = false;
     return rc;
 }
 
@@ -248,6 +299,7 @@ static int end_refused(worker_loop *w)
     char held[80];
     snprintf(held, sizeof held, "batch (%u, %u, %llu)", w->held.epoch, w->held.bucket,
              (unsigned long long)w->held.index);
+    note_unacked(w);
     worker_session_save_refused(w->s, w->cons, w->holding ? held : NULL);
     return w->st.other_model ? DFLASH_EDENIED : DFLASH_EEXISTS;
 }
@@ -270,21 +322,25 @@ static int settle(worker_loop *w, volatile sig_atomic_t *stop)
     return 0;
 }
 
-/* The loop ended without a fatal error: the ack of a held batch, the consumer's finish() (final
- * checkpoint), then one last commit report. The ack goes first, as before settle(). After a stop
- * signal, a broker lost (no answer since the stop) gets neither: the checkpoint comes at once. */
+/* The loop ended without a fatal error: the ack of a held batch (and of the checkpoint's unacked
+ * batches not acked yet, once our resume was taken), the consumer's finish() (final checkpoint,
+ * recording what is still not acked: note_unacked), then one last commit report. The acks go
+ * first, as before settle(). After a stop signal, a broker lost (no answer since the stop) gets
+ * none of them: the checkpoint comes at once. */
 static int finish(worker_loop *w, volatile sig_atomic_t *stop)
 {
     int ack = 0;
-    if (w->holding && client_broker_incarnation(w->client)) {
+    while (ack != DFLASH_ETIMEOUT && client_broker_incarnation(w->client) &&
+           (w->holding || take_resumed(w))) {
         wire_unit u = w->held;
         ack = worker_session_broker_lost(w->s) ? DFLASH_ETIMEOUT : ack_held(w, stop);
         if (refused_for_good(w)) return end_refused(w); /* the ack's hello, after a stop */
-        if (ack < 0)
+        if (ack == DFLASH_ETIMEOUT)
             LOG_WARN("batch (%u, %u, %llu) goes into the final checkpoint but is not acked: the "
-                     "broker will hand it out again", u.epoch, u.bucket,
-                     (unsigned long long)u.index);
+                     "checkpoint records it, and the drafter resumed from it acks it", u.epoch,
+                     u.bucket, (unsigned long long)u.index);
     }
+    note_unacked(w);
     if (w->cons->finish) {
         int rc = w->cons->finish(w->cons->ctx);
         if (rc < 0) return rc;
@@ -357,6 +413,7 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     w->held_step = 0;
     w->held_tokens = g->n_tokens;
     w->held_acks_lost = 0;
+    w->held_resumed = false;
 
     uint64_t step = 0;
     rc = worker_session_consume(w->s, w->cons, g, &step);
@@ -427,6 +484,8 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
     w.s = worker_session_new(cfg, &w.st, stop, &rc);
     if (!w.s) goto out;
     w.client = worker_session_client(w.s);
+    if (cons->resumed_unacked)
+        w.n_resumed = cons->resumed_unacked(cons->ctx, w.resumed, WORKER_MAX_UNACKED);
 
     double backoff = 1, unreachable_since = monotime_s();
     while (w.state != WL_DONE) {
@@ -470,6 +529,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             set_state(&w, WL_DONE);
             break;
         }
+        take_resumed(&w); /* the checkpoint's unacked batches are acked before any claim */
         if (w.holding) { /* an earlier ack no broker answered: ack it before claiming more */
             double t0 = monotime_s();
             if (ack_held(&w, stop) == DFLASH_ETIMEOUT) {

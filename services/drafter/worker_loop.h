@@ -48,6 +48,15 @@ typedef struct worker_batch {
     uint64_t pool_incarnation;
 } worker_batch;
 
+/* A batch the model trained whose ack the broker has not taken (or may not have: the reply to it
+ * was lost): the batch and the optimizer step that trained it. */
+typedef struct worker_unacked {
+    slot_work_unit wu;
+    uint64_t step;
+} worker_unacked;
+
+#define WORKER_MAX_UNACKED 64 /* a group step's batches, one per rank (WIRE_MAX_WORLD) */
+
 /* What is done with a staged batch. consume() trains on (or checks) b and sets *step to the
  * optimizer step that includes it; the loop then acks (wu, step). Returns 0, or a negative
  * DFLASH_E* code: DFLASH_ECORRUPT / DFLASH_EMISMATCH mean the data plane delivered a bad batch
@@ -80,7 +89,18 @@ typedef struct worker_batch {
  *                  refused to take us back (a hello answered EXISTS or DENIED, a group join
  *                  refused), unless the refusal says a live process of our run replaced us
  *                  (worker_session_save_refused): write the model's final checkpoint, which the
- *                  loop reports to no broker. 0 or a negative code. */
+ *                  loop reports to no broker. 0 or a negative code;
+ *   unacked()      called right before finish() and save_refused() with the trained batches the
+ *                  model holds whose acks the broker has not taken (n 0: none; the solo loop's
+ *                  held batch, a group rank 0's pending step, resumed ones not acked yet): the
+ *                  checkpoint they write records them (dflash_ckpt.h "unacked_batches"), so that
+ *                  a stop while no broker answers does not leave the broker handing them out
+ *                  again (trained twice);
+ *   resumed_unacked() the batches the checkpoint this consumer resumed from records so (at most
+ *                  max into out; returns how many). The solo loop acks them at their steps once
+ *                  the broker took resume_step(), before its first claim; a group member once a
+ *                  GroupView shows that the group goes on from a model at or past their step
+ *                  (group_worker.c). */
 typedef struct worker_consumer {
     const char *name; /* "verify", "train" */
     void *ctx;
@@ -93,6 +113,8 @@ typedef struct worker_consumer {
     int (*settled)(void *ctx);
     int (*finish)(void *ctx);
     int (*save_refused)(void *ctx);
+    void (*unacked)(void *ctx, const worker_unacked *b, uint32_t n);
+    uint32_t (*resumed_unacked)(void *ctx, worker_unacked *out, uint32_t max);
     /* (optional) the loop waits for a grant or for the broker: write what is pending (e.g. the
      * last step's metrics) so that a stalled run's files are current. Called every few ms while
      * waiting; cheap when there is nothing to write. */

@@ -294,8 +294,22 @@ int worker_session_save_refused(worker_session *s, worker_consumer *cons, const 
     }
     if (unacked)
         LOG_WARN("%s goes into the final checkpoint, though the broker never took it as trained: "
-                 "it is handed out again", unacked);
+                 "the checkpoint records it, and a drafter resumed from it acks it", unacked);
     return cons->save_refused(cons->ctx);
+}
+
+void worker_session_resumed_acked(const worker_session *s, const wire_unit *u, uint64_t step,
+                                  int rc)
+{
+    if (rc == 0)
+        LOG_INFO("batch (%u, %u, %llu) of the checkpoint we resumed from, trained at step %llu "
+                 "without an ack before the stop: acked now", u->epoch, u->bucket,
+                 (unsigned long long)u->index, (unsigned long long)step);
+    else
+        LOG_INFO("batch (%u, %u, %llu) of the checkpoint we resumed from, trained at step %llu "
+                 "without an ack before the stop: the broker has it already (%s)", u->epoch,
+                 u->bucket, (unsigned long long)u->index, (unsigned long long)step,
+                 client_last_error(s->client));
 }
 
 int worker_session_commit(worker_session *s, uint64_t cs, int attempts)

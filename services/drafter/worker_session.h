@@ -122,6 +122,14 @@ void worker_session_note_refusal(worker_session *s);
  * Main thread, after the loop's last request. */
 int worker_session_save_refused(worker_session *s, worker_consumer *cons, const char *unacked);
 
+/* Logs the broker's answer rc (0 or DFLASH_EEXISTS) to our ack of *u at step, a batch of the
+ * checkpoint we resumed from that no broker acked before the stop (worker_loop.h
+ * resumed_unacked): acked now, or the broker had it already (our ack before the stop had landed,
+ * its reply lost; or, the broker's words say, it was trained again since). Right after the ack:
+ * the broker's words are the client's last error. Main thread. */
+void worker_session_resumed_acked(const worker_session *s, const wire_unit *u, uint64_t step,
+                                  int rc);
+
 /* Reports step cs as checkpointed (CheckpointCommitted): up to `attempts` tries while the broker
  * times out, fewer once it is lost. 0 or the last negative code (DFLASH_ETIMEOUT, without a
  * request, when it is lost already). */

@@ -1,0 +1,145 @@
+/* itest_resumed_unacked: a drafter resumed from a checkpoint that records a trained batch whose
+ * ack no broker took (broker and drafter stopped together) acks it, at its step, instead of
+ * training it again; a group member does so only when the group goes on from a model that took
+ * that step.
+ *
+ * The real dflash-queue (in-memory ledger) and the real dflash-target (--model synthetic: 2
+ * buckets of 4 batches, one epoch) run in a temp dir; this process runs the drafter's loop
+ * (worker_loop_run) with a consumer that resumed "from step 3" and whose checkpoint records batch
+ * (0, 0, 2) as trained at step 3 and unacked (resumed_unacked()). The loop runs until the broker
+ * has nothing left. Cases:
+ *   solo      the loop acks the batch after its ResumeFrom: the consumer trains the other 7;
+ *   group-on  a group of one whose model is at step 3: the group goes on from it (the view's
+ *             step 3), the batch is acked: the other 7 are trained;
+ *   group-off a group of one whose model is at step 0, below the batch's step (as when another
+ *             member, at a lower step, created the group and we are synced to its model): the
+ *             batch is not in the group's model, it is let go and trained: all 8.
+ * Checks: the batches trained (each once), the broker's ledger (8 trained, none to do or in
+ * flight), and that the loop reported no unacked batch at its end (unacked() called with none).
+ * Without the acks, (0, 0, 2) is trained again in the first two cases. */
+#include "check.h"
+#include "collective.h"
+#include "harness.h"
+#include "slot.h"
+#include "worker_loop.h"
+
+#define PER_BUCKET 4
+#define BATCHES (2 * PER_BUCKET)
+#define RESUMED_STEP 3
+
+typedef struct fake {
+    uint64_t base;               /* the model's step at the start */
+    int trained[2][PER_BUCKET];  /* times each batch of epoch 0 was consumed */
+    int consumed;
+    int unacked_calls;
+    uint32_t unacked_last;       /* n of the last unacked() call */
+} fake;
+
+static int consume(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    fake *f = ctx;
+    if (b->wu.epoch == 0 && b->wu.bucket < 2 && b->wu.batch < PER_BUCKET)
+        f->trained[b->wu.bucket][b->wu.batch]++;
+    *step = f->base + (uint64_t)++f->consumed;
+    return 0;
+}
+
+static int64_t resume_step(void *ctx)
+{
+    return (int64_t)((fake *)ctx)->base;
+}
+
+static uint32_t resumed_unacked(void *ctx, worker_unacked *out, uint32_t max)
+{
+    (void)ctx;
+    if (max < 1) return 0;
+    out[0] = (worker_unacked){{0, 0, 2}, RESUMED_STEP};
+    return 1;
+}
+
+static void unacked(void *ctx, const worker_unacked *b, uint32_t n)
+{
+    fake *f = ctx;
+    (void)b;
+    f->unacked_calls++;
+    f->unacked_last = n;
+}
+
+static uint64_t model_step(void *ctx)
+{
+    fake *f = ctx;
+    return f->base + (uint64_t)f->consumed;
+}
+
+/* One case on its own broker and target; group NULL: solo. base: the model's step at the start.
+ * want_resumed: how often (0, 0, 2) must be trained (0: acked from the checkpoint, 1: let go). */
+static void scenario(const char *queue_bin, const char *target_bin, const char *what,
+                     const char *group, uint64_t base, int want_resumed)
+{
+    char dir[64], ep[128];
+    h_tempdir(dir, sizeof dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
+    const char *extra[] = {"--journal=none", "--min-ready=1", "--max-depth=2",
+                           "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=warn",
+                           NULL};
+    pid_t q = h_start_queue(queue_bin, dir, extra);
+    CHECK(q > 0);
+    if (q <= 0) return;
+    pid_t target = h_start_small_target(target_bin, dir, what, PER_BUCKET, 500);
+    CHECK(target > 0);
+    /* the epoch is open (the target asked for work) before the loop acks into it */
+    wire_status s = {0};
+    uint64_t until = h_now_ms() + 20000;
+    while (h_now_ms() < until && (h_broker_status(ep, &s) != 0 || s.batches_inflight == 0))
+        h_sleep_ms(20);
+    CHECK(s.batches_inflight > 0);
+
+    worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
+                             .timeout_ms = 500, .exit_when_drained = true};
+    if (group) {
+        lc.group = group;
+        lc.comm_kind = DP_COMM_SHM;
+        lc.comm_timeout_s = 10;
+    }
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
+    fake f = {.base = base};
+    worker_consumer cons = {.name = "resumed", .ctx = &f, .consume = consume,
+                            .resume_step = resume_step, .resumed_unacked = resumed_unacked,
+                            .unacked = unacked};
+    if (group) {
+        cons.set_group = h_set_group_none;
+        cons.sync_state = h_sync_state_none;
+        cons.model_step = model_step;
+    }
+    volatile sig_atomic_t stop = 0;
+    worker_stats st;
+    CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &st), 0);
+
+    int twice = 0;
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < PER_BUCKET; i++)
+            if (f.trained[b][i] > 1) twice++;
+    printf("%s: trained %d batches, (0, 0, 2) %d times, %d twice\n", what, f.consumed,
+           f.trained[0][2], twice);
+    CHECK_EQ_INT(f.trained[0][2], want_resumed);
+    CHECK_EQ_INT(twice, 0);
+    CHECK_EQ_INT(f.consumed, BATCHES - 1 + want_resumed);
+    CHECK_EQ_INT(f.unacked_calls, 1); /* before the final checkpoint ... */
+    CHECK_EQ_INT(f.unacked_last, 0);  /* ... with nothing left unacked */
+    CHECK_EQ_INT(h_print_ledger(ep, what, &s), 0);
+    CHECK_EQ_INT(s.batches_trained + s.batches_committed, BATCHES);
+    CHECK_EQ_INT(s.batches_todo, 0);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(h_stop(target), 0);
+    CHECK_EQ_INT(h_stop(q), 0);
+    h_rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) return 2;
+    scenario(argv[1], argv[3], "solo", NULL, RESUMED_STEP, 0);
+    scenario(argv[1], argv[3], "group-on", "r", RESUMED_STEP, 0);
+    scenario(argv[1], argv[3], "group-off", "r", 0, 1);
+    CHECK_DONE();
+}

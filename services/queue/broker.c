@@ -902,9 +902,11 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 }
 
 /* An ack of a batch not trained yet records it, wherever it is (to-do, in flight, orphaned by a
- * restart, quarantined: the ledger's late ack). One already trained is refused EXISTS: at the
- * ack's own step it is a repeat (the first one's reply was lost, or a resumed drafter acks what
- * its checkpoint recorded as unacked), else the batch was trained twice, which is logged. */
+ * restart, quarantined: the ledger's late ack); a slot that holds it anew (handed out again after
+ * a restart, not granted yet) goes back to its target untrained. One already trained is refused
+ * EXISTS: at the ack's own step it is a repeat (the first one's reply was lost, or a resumed
+ * drafter acks what its checkpoint recorded as unacked), else the batch was trained twice, which
+ * is logged. */
 static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     batch_id id = to_batch(&m->u.ack.unit);
@@ -925,6 +927,11 @@ static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     }
     if (rc) return reply_error(b, r, m->request_id, rc, "ack refused");
     b->acks++;
+    policy_slot_ref where;
+    if (b->policy && policy_batch_trained(b->policy, &id, &where) == 0)
+        LOG_INFO("%s acked batch %u/%u/%u late, while slot %u of pool %u held it again: the slot "
+                 "goes back to its target, the batch is not trained twice", p->name, id.epoch,
+                 id.bucket, id.index, where.slot, where.pool_id);
     reply_ok(b, r, m->request_id, 0);
 }
 

@@ -641,6 +641,22 @@ int policy_lease_revoke(policy *p, uint64_t lease_id)
     return 0;
 }
 
+int policy_batch_trained(policy *p, const batch_id *b, policy_slot_ref *where)
+{
+    for (uint32_t i = 0; i < p->n_pools; i++) {
+        pool *pl = p->pools[i];
+        for (uint32_t k = 0; k < pl->n_slots; k++) {
+            slot *s = &pl->slots[k];
+            if ((s->state != SLOT_FILLING && s->state != SLOT_READY) || !same_batch(&s->batch, b))
+                continue;
+            if (where) *where = ref_of(s);
+            set_state(p, s, SLOT_FREE, false);
+            return 0;
+        }
+    }
+    return DFLASH_ENOTFOUND;
+}
+
 int policy_release(policy *p, uint64_t lease_id, policy_slot_ref *where)
 {
     slot *s = find_lease(p, lease_id);

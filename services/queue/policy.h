@@ -194,6 +194,14 @@ bool policy_is_filling(const policy *p, uint32_t pool_id, const batch_id *batch)
 int policy_slot_ready(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_t slot,
                       const batch_id *batch, uint32_t n_tokens);
 
+/* A late ack recorded batch b trained (its drafter trained it before a broker restart gave it
+ * back to to-do, and it was handed out again): the FILLING or READY slot holding it goes FREE,
+ * so it is neither granted nor trained again (a SLOT_READY for a slot freed while FILLING then
+ * counts as the target's report of a batch this policy did not hand out; the broker refuses the
+ * adopt of a trained batch). 0 with *where (optional) naming the slot, or DFLASH_ENOTFOUND when
+ * no FILLING or READY slot holds b. A LEASED slot is left alone: its drafter may be copying it. */
+int policy_batch_trained(policy *p, const batch_id *b, policy_slot_ref *where);
+
 /* --- consumer side ---------------------------------------------------------------------------- */
 
 /* A claim by worker_id at now_ms. 0 with *grant (slot READY -> LEASED); DFLASH_EAGAIN when the

@@ -18,7 +18,11 @@
  *   landed  let go on (SIGCONT) until its acks count the frozen ack, then SIGTERM: the ack
  *           reached it, only its reply was lost (the resumed drafter's ack is a repeat,
  *           answered EXISTS, which must change nothing);
- *   group   as lost, the drafter a group of one (--group g, its StepDone unanswered).
+ *   group   as lost, the drafter a group of one (--group g, its StepDone unanswered);
+ *   late    as lost, but the drafter comes back only after the broker gave the batches in flight
+ *           before its restart back to to-do and the target put the unacked one in a slot
+ *           again (a drafter slow to load): its late ack must keep that slot from being
+ *           granted.
  * All three are started again as before; the drafter runs until the broker has no batch left.
  * Checks: the restarted drafter says it acked the checkpoint's batch; the broker's ledger holds
  * every batch trained or committed, none to do or in flight; and the final checkpoint's step is
@@ -38,6 +42,7 @@ static char dir[64], model[128], shard[128];
 static const char *queue_bin, *target_bin, *drafter_bin;
 
 typedef enum { BROKER_LOST, BROKER_LANDED } broker_end;
+typedef enum { BACK_AT_ONCE, BACK_LATE } drafter_back;
 
 /* One case's processes and paths. */
 typedef struct run {
@@ -177,16 +182,28 @@ static bool first_run(run *r, broker_end end)
     return true;
 }
 
-/* The same commands again, until the broker has no batch left; then the checks. */
-static void second_run(run *r)
+/* The same commands again, until the broker has no batch left; then the checks. BACK_LATE: the
+ * target first, once the broker has given the batches in flight before its restart back to
+ * to-do, and the drafter once the target has filled its slots (the first of them with the
+ * unacked batch, the lowest to do): the late ack finds it in a ready slot, which must not be
+ * granted (trained twice). */
+static void second_run(run *r, drafter_back back)
 {
     start_queue(r);
+    if (back == BACK_LATE)
+        CHECK(h_wait_text(r->qlog, "batches in flight before the restart went back to to-do",
+                          30000));
     start_target(r);
+    wire_status s = {0};
+    uint64_t until = h_now_ms() + 30000;
+    while (back == BACK_LATE && h_now_ms() < until &&
+           (h_broker_status(r->ep, &s) != 0 || s.buckets[0].ready < 4))
+        h_sleep_ms(20);
     start_drafter(r);
     CHECK_EQ_INT(h_wait_exit(r->d, 120000), 0);
     r->d = -1;
     CHECK(h_wait_text(r->dlog, "of the checkpoint we resumed from", 0));
-    wire_status s = {0};
+    if (back == BACK_LATE) CHECK(h_wait_text(r->qlog, "held it again: the slot goes back", 0));
     CHECK_EQ_INT(h_print_ledger(r->ep, r->name, &s), 0);
     long final = newest_step(r->ckpt);
     uint64_t planned = EPOCHS * s.batches_total; /* batches_total: one epoch's */
@@ -202,7 +219,8 @@ static void second_run(run *r)
     CHECK_EQ_INT(s.committed_step, final);
 }
 
-static void stop_together(const char *name, const char *group, broker_end end)
+static void stop_together(const char *name, const char *group, broker_end end,
+                          drafter_back back)
 {
     run r = {.name = name, .group = group, .q = -1, .t = -1, .d = -1};
     char rt[160];
@@ -215,7 +233,7 @@ static void stop_together(const char *name, const char *group, broker_end end)
     path_in(r.qlog, sizeof r.qlog, name, "queue.log");
     path_in(r.tlog, sizeof r.tlog, name, "target.log");
     path_in(r.dlog, sizeof r.dlog, name, "drafter.log");
-    if (first_run(&r, end)) second_run(&r);
+    if (first_run(&r, end)) second_run(&r, back);
     /* pids already reaped are -1: h_kill skips them (kill(-1, ...) would signal everyone) */
     if (r.d > 0) kill(r.d, SIGCONT);
     h_kill(r.d, SIGKILL);
@@ -237,9 +255,10 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(h_make_training_set(argv[5], argv[6], argv[7], dir, model, shard), 0);
     if (check_failed) CHECK_DONE();
 
-    stop_together("lost", NULL, BROKER_LOST);
-    stop_together("landed", NULL, BROKER_LANDED);
-    stop_together("group", "g", BROKER_LOST);
+    stop_together("lost", NULL, BROKER_LOST, BACK_AT_ONCE);
+    stop_together("landed", NULL, BROKER_LANDED, BACK_AT_ONCE);
+    stop_together("group", "g", BROKER_LOST, BACK_AT_ONCE);
+    stop_together("late", NULL, BROKER_LOST, BACK_LATE);
 
     if (!check_failed) h_rmdir(dir);
     else fprintf(stderr, "logs kept in %s\n", dir);

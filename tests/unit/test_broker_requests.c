@@ -245,6 +245,7 @@ static void ack_other_step(void)
 /* The acks of a drafter resumed from a checkpoint that records batches its last process trained
  * without an ack (broker and drafter stopped together): one the broker holds in to-do (a
  * restarted broker's orphan given back) is recorded trained at the ack's step, not handed out;
+ * one a slot holds again (ready, or being filled) is recorded and its slot freed, not granted;
  * the same ack again (our ack before the stop had landed, only its reply was lost) is EXISTS
  * saying it repeats the recorded one, with no warning; an ack at another step (the batch was
  * handed out again and trained twice) is EXISTS, logged as trained twice. */
@@ -273,6 +274,29 @@ static void test_late_acks(void)
                           "trained twice") != NULL);
     s = stub_status();
     CHECK_EQ_INT(s.batches_trained, 1);
+    /* batch 0 sits in a ready slot (handed out again): the late ack frees the slot, which is
+     * not granted; one being filled is freed too, and its SlotReady refused (trained) */
+    CHECK_EQ_INT(s.buckets[0].ready, 1);
+    CHECK_EQ_INT(ack_as_d(0, 6), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 2);
+    CHECK_EQ_INT(s.buckets[0].ready, 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN);
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    CHECK_EQ_INT(stub_send("t"), 0);
+    wire_work_unit wu = stub_rep.u.work;
+    CHECK_EQ_INT(ack_as_d((uint32_t)wu.unit.index, 8), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].filling, 0);
+    stub_init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.ready = (wire_slot_ready){POOL_INC, wu.slot, wu.unit, 100, 2};
+    CHECK_EQ_INT(stub_send("t"), DFLASH_ESTALE);
+    s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].ready, 0);
+    CHECK_EQ_INT(s.batches_trained, 3);
+    CHECK_EQ_INT(s.batches_inflight, 0);
     stub_broker_free();
 }
 

@@ -1,7 +1,8 @@
 /* test_policy: the broker's bucket policy as a user of dflash-queue sees it: the drafter is not
  * served below min_ready, work goes where the reservoir lacks, max_depth stops the target, the
  * consumed length mix follows the dataset mix, settings change live, a dead drafter's slot is
- * redelivered and a poison batch quarantined, a restarted target's batches return to to-do. */
+ * redelivered and a poison batch quarantined, a restarted target's batches return to to-do, a
+ * batch a late ack recorded trained is not granted again from the slot that holds it anew. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -428,6 +429,43 @@ static void test_other_slot(void)
     policy_destroy(&p);
 }
 
+/* A batch recorded trained by a late ack while a slot holds it again (handed out anew after a
+ * broker restart): its READY slot is not granted, its FILLING slot is not counted as filling;
+ * both go FREE, and a leased one is left to its drafter. */
+static void test_batch_trained(void)
+{
+    policy *p = make(1, NULL, 0, 90);
+    batch_id a = {0, 0, 0}, b = {0, 0, 1}, c = {0, 0, 2};
+    uint32_t sa, sb, sc;
+    CHECK_EQ_INT(policy_work_start(p, POOL, &a, &sa), 0);
+    CHECK_EQ_INT(policy_slot_ready(p, POOL, INC, sa, &a, TOK), 0);
+    CHECK_EQ_INT(policy_work_start(p, POOL, &b, &sb), 0);
+    policy_slot_ref where;
+    CHECK_EQ_INT(policy_batch_trained(p, &a, &where), 0);
+    CHECK(where.slot == sa && where.pool_id == POOL && where.batch.index == 0);
+    CHECK_EQ_INT(policy_batch_trained(p, &b, NULL), 0);
+    slot_state st;
+    CHECK_EQ_INT(policy_slot_get(p, POOL, sa, &st, NULL), 0);
+    CHECK_EQ_INT(st, SLOT_FREE);
+    CHECK_EQ_INT(policy_slot_get(p, POOL, sb, &st, NULL), 0);
+    CHECK_EQ_INT(st, SLOT_FREE);
+    policy_stats ps;
+    policy_get_stats(p, &ps);
+    CHECK_EQ_INT(ps.ready, 0);
+    CHECK_EQ_INT(ps.filling, 0);
+    policy_grant g;
+    CHECK_EQ_INT(policy_claim(p, 7, 0, &g), DFLASH_EAGAIN); /* a is not granted */
+    CHECK_EQ_INT(policy_batch_trained(p, &a, NULL), DFLASH_ENOTFOUND);
+    /* leased: its drafter may be copying it */
+    CHECK_EQ_INT(policy_work_start(p, POOL, &c, &sc), 0);
+    CHECK_EQ_INT(policy_slot_ready(p, POOL, INC, sc, &c, TOK), 0);
+    CHECK_EQ_INT(policy_claim(p, 7, 0, &g), 0);
+    CHECK_EQ_INT(policy_batch_trained(p, &c, NULL), DFLASH_ENOTFOUND);
+    CHECK_EQ_INT(policy_release(p, g.lease_id, NULL), 0);
+    CHECK_EQ_INT(ev.n_requeued, 0);
+    policy_destroy(&p);
+}
+
 static void test_restart_fence(void)
 {
     /* A re-registered pool's busy slots are fenced: never handed out for filling, no SLOT_READY,
@@ -534,6 +572,7 @@ int main(void)
     test_quarantine();
     test_incarnation_drop();
     test_other_slot();
+    test_batch_trained();
     test_restart_fence();
     test_tv();
     CHECK_DONE();

@@ -208,29 +208,10 @@ static bool get_dbl(const cJSON *o, const char *k, double *out) {
 static int read_config_json(const char *dir, char *path, size_t pathlen, cJSON **out, char *err,
                             size_t errlen) {
     int rc = 0;
-    char *text = NULL;
     *out = NULL;
     snprintf(path, pathlen, "%s/config.json", dir);
-    size_t size = 0;
-    int fd = fs_open_regular(path, &size, err, errlen, &rc); /* a FIFO is not waited on */
-    if (fd < 0) return rc;
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        close(fd);
-        FAIL(DFLASH_ENOMEM, "%s: out of memory", path);
-    }
-    text = malloc(size + 1);
-    if (!text) {
-        fclose(f);
-        FAIL(DFLASH_ENOMEM, "%s: out of memory", path);
-    }
-    errno = 0;
-    size_t got = fread(text, 1, size, f);
-    int e = errno;
-    fclose(f);
-    if (got != size)
-        FAIL(DFLASH_EIO, "%s: cannot read: %s", path, e ? strerror(e) : "shorter than its size");
-    text[got] = 0;
+    char *text = fs_read_text(path, 16u << 20, err, errlen, &rc); /* a FIFO is not waited on */
+    if (!text) return rc;
     *out = cJSON_Parse(text);
     if (!cJSON_IsObject(*out)) {
         cJSON_Delete(*out);

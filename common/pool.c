@@ -38,6 +38,7 @@
 #include "log.h"
 #include "monotime.h"
 #include "pool_cuda.h"
+#include "process.h"
 
 #include <assert.h>
 #include <dirent.h>
@@ -45,7 +46,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -421,7 +421,7 @@ int pool_sweep_stale(const char *name)
         char owner[POOL_NAME_MAX];
         int pid = parse_shm_entry(e->d_name, owner, sizeof owner);
         if (pid < 0 || (name && strcmp(owner, name) != 0)) continue;
-        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to judge) */
+        if (!process_gone(pid)) continue; /* alive (or not ours to judge) */
         char path[POOL_SHM_NAME_MAX + 8];
         snprintf(path, sizeof path, "/%s", e->d_name);
         int fd = shm_open(path, O_RDONLY, 0);

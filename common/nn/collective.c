@@ -4,9 +4,11 @@
  * Shared segment (all offsets fixed at creation by rank 0, read by the others):
  *   [0, 256)                 shm_hdr: magic (stored last, so a joiner never sees a half-made
  *                            header), version, world, chunk bytes, data offset, segment bytes,
- *                            counters n_joined / n_closed and the `broken` flag
+ *                            counters n_joined / n_closed and `broken` (0, or 1 + the rank
+ *                            that broke the group first)
  *   [256, 256 + 64*world)    one shm_rank per rank, one cache line each: `arrived` (the number of
- *                            barriers this rank has entered), `joined`, `left`, pid
+ *                            barriers this rank has entered), `joined`, `left`, its pid and pid
+ *                            namespace (process.h; pid 0 until it has joined)
  *   [data_off, ...)          world + 1 regions of chunk bytes, 4 KiB aligned: input region of
  *                            rank r, then the result region
  * Region hazards: a reduction writes the input regions before its first barrier, the result
@@ -14,22 +16,30 @@
  * writes the root's input region before its first barrier and reads it between its two. So
  * every write happens after all ranks have passed the barrier that follows the last read of
  * the same region.
- * Invariants: a rank's own counters are written only by that rank; `broken` only goes 0 -> 1;
- * barrier k is passed when every rank's `arrived` is >= k. All atomics are sequentially
- * consistent, which orders the plain region reads and writes around each barrier.
+ * Invariants: a rank's own counters are written only by that rank; `broken` only goes from 0 to
+ * its final value; barrier k is passed when every rank's `arrived` is >= k (even if a rank broke
+ * the group after it arrived there: the next call fails). All atomics are
+ * sequentially consistent, which orders the plain region reads and writes around each barrier.
+ * Waits (shm_wait): spin, then short sleeps; every PEER_CHECK_S the peer waited for (while
+ * joining: every peer that has joined) is looked at with process_gone, when it shares our pid
+ * namespace, and the watch is given its turn (collective_wait.h). A peer found gone is checked
+ * once more for arrival (it may have arrived, then exited) before the group is broken.
  * Thread: the caller's; no thread of our own.
  */
 #include "collective.h"
 #include "collective_nccl.h"
+#include "collective_wait.h"
 
 #include "err.h"
 #include "log.h"
 #include "monotime.h"
+#include "process.h"
 #include "safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,12 +52,13 @@
 
 
 #define SHM_MAGIC 0x3150444c46444675ull /* "uFDFLDP1" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_HDR_BYTES 256u
 #define SHM_RANK_BYTES 64u
 #define SHM_MAX_WORLD 1024
 #define ID_MAGIC "DPC1"
 #define SPIN_POLLS 200 /* sched_yield polls before sleeping between polls */
+#define PEER_CHECK_S 0.1 /* how often a wait looks whether its peer's process still lives */
 
 typedef struct shm_hdr {
     _Atomic uint64_t magic;
@@ -60,7 +71,8 @@ typedef struct shm_hdr {
 typedef struct shm_rank {
     _Atomic uint64_t arrived;
     _Atomic uint32_t joined, left;
-    int32_t pid;
+    _Atomic int32_t pid; /* stored after pidns */
+    uint64_t pidns;
 } shm_rank;
 
 _Static_assert(sizeof(shm_hdr) <= SHM_HDR_BYTES, "shm header too large");
@@ -71,12 +83,15 @@ struct dp_comm {
     int rank, world;
     double timeout_s;
     bool broken;
+    dp_comm_watch watch;
+    char why[DP_WHY_BYTES]; /* why the group broke (dp_comm_error) */
     /* shm */
     char name[64];
     int fd;
     void *base;
     size_t seg_bytes;
     uint64_t epoch; /* barriers entered by this rank */
+    uint64_t pidns; /* process_pidns() */
     /* nccl */
     void *nccl;
 };
@@ -163,35 +178,87 @@ static char *region_of(const dp_comm *c, int r) { /* r == world: the result regi
 
 static void break_group(dp_comm *c) {
     c->broken = true;
-    if (c->base) atomic_store(&hdr_of(c)->broken, 1u);
+    uint32_t none = 0;
+    if (c->base) atomic_compare_exchange_strong(&hdr_of(c)->broken, &none, (uint32_t)c->rank + 1);
 }
 
-/* Polls cond(c, arg) until it holds, the group breaks, or the deadline (monotime_s) passes. */
+/* Breaks the group for reason fmt (logged, and kept for dp_comm_error); returns rc. */
+static int shm_fail(dp_comm *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int shm_fail(dp_comm *c, int rc, const char *fmt, ...) {
+    char why[DP_WHY_BYTES];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    break_group(c);
+    dp_why_set(c->why, "%s", why);
+    LOG_WARN("dp_comm shm rank %d: %s", c->rank, why);
+    return rc;
+}
+
+/* Peer r's pid when we can judge its process (it has joined, in our pid namespace), else 0. */
+static int peer_pid(const dp_comm *c, int r) {
+    shm_rank *p = rank_of(c, r);
+    int pid = atomic_load(&p->pid);
+    return pid > 0 && c->pidns && p->pidns == c->pidns ? pid : 0;
+}
+
+/* The first peer (r, or every peer when r < 0) whose process has ended; -1 when none. */
+static int gone_peer(const dp_comm *c, int r, int *pid) {
+    for (int q = r < 0 ? 0 : r; q < (r < 0 ? c->world : r + 1); q++) {
+        if (q == c->rank) continue;
+        *pid = peer_pid(c, q);
+        if (*pid && process_gone(*pid)) return q;
+    }
+    return -1;
+}
+
+/* Polls cond(c, arg) until it holds, the group breaks, or the deadline (monotime_s) passes.
+ * peer: the rank waited for (-1: any, while joining), looked at every PEER_CHECK_S. */
 typedef bool (*shm_cond)(const dp_comm *c, int arg, int *why);
 
-static int shm_wait(dp_comm *c, shm_cond cond, int arg, const char *what, double deadline) {
+static int shm_wait(dp_comm *c, shm_cond cond, int arg, int peer, const char *what,
+                    double deadline) {
+    dp_waiter wt;
+    dp_wait_begin(&wt, &c->watch, what, peer, peer >= 0 ? peer_pid(c, peer) : 0,
+                  deadline - c->timeout_s, c->timeout_s);
+    double next_check = 0;
     for (long i = 0;; i++) {
         int why = 0;
         if (cond(c, arg, &why)) return 0;
-        if (why) {
-            break_group(c);
-            LOG_WARN("dp_comm shm rank %d: %s: rank %d left the group", c->rank, what, arg);
-            return DFLASH_EPEER;
-        }
-        if (atomic_load(&hdr_of(c)->broken)) {
+        uint32_t by = atomic_load(&hdr_of(c)->broken);
+        if (by) {
             c->broken = true;
-            LOG_WARN("dp_comm shm rank %d: %s: another rank broke the group", c->rank, what);
+            int pid = 0, gone = gone_peer(c, -1, &pid); /* name the cause when we can see it */
+            if (gone >= 0)
+                dp_why_set(c->why, "rank %d broke the group: rank %d (pid %d) has exited",
+                           (int)by - 1, gone, pid);
+            else
+                dp_why_set(c->why, "rank %d broke the group", (int)by - 1);
+            LOG_WARN("dp_comm shm rank %d: %s: %s", c->rank, what, c->why);
             return DFLASH_EPEER;
         }
+        if (why) return shm_fail(c, DFLASH_EPEER, "%s: rank %d left the group", what, arg);
         if (i < SPIN_POLLS) {
             sched_yield();
             continue;
         }
-        if (monotime_s() > deadline) {
-            break_group(c);
-            LOG_WARN("dp_comm shm rank %d: %s: timed out after %.3g s", c->rank, what,
-                     c->timeout_s);
-            return DFLASH_ETIMEOUT;
+        double now = monotime_s();
+        if (now >= next_check) {
+            next_check = now + PEER_CHECK_S;
+            int pid = 0, gone = gone_peer(c, peer, &pid);
+            if (gone >= 0 && !cond(c, arg, &why)) /* not one that arrived, then exited */
+                return shm_fail(c, DFLASH_EPEER, "%s: rank %d (pid %d) has exited (killed or "
+                                "crashed) while this rank waited for it", what, gone, pid);
+            char over[DP_WHY_BYTES];
+            if (dp_wait_over(&wt, now, over, sizeof over) && !cond(c, arg, &why))
+                return shm_fail(c, DFLASH_EPEER, "%s: %s", what, over);
+        }
+        if (now > deadline) {
+            if (peer >= 0)
+                return shm_fail(c, DFLASH_ETIMEOUT, "%s: timed out after %.3g s waiting for "
+                                "rank %d", what, c->timeout_s, peer);
+            return shm_fail(c, DFLASH_ETIMEOUT, "%s: timed out after %.3g s", what, c->timeout_s);
         }
         monotime_sleep_ms(i < 2000 ? 0.02 : 0.2);
     }
@@ -217,7 +284,7 @@ static int shm_barrier(dp_comm *c) {
     double deadline = monotime_s() + c->timeout_s; /* for the whole barrier */
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank) continue;
-        int rc = shm_wait(c, cond_arrived, r, "barrier", deadline);
+        int rc = shm_wait(c, cond_arrived, r, r, "barrier", deadline);
         if (rc) return rc;
     }
     return 0;
@@ -322,16 +389,26 @@ static int shm_open_group(dp_comm *c, const uint8_t id[DP_COMM_ID_BYTES], char *
         err_fmt(err, errlen, "not an shm collective id (made by dp_comm_make_id(shm)?)");
         return rc;
     }
-    double deadline = monotime_s() + c->timeout_s;
+    double start = monotime_s(), deadline = start + c->timeout_s;
+    c->pidns = process_pidns();
     if (c->rank == 0) {
         rc = shm_create(c, err, errlen);
         if (rc) goto fail;
     } else {
+        dp_waiter wt;
+        dp_wait_begin(&wt, &c->watch, "join", 0, 0, start, c->timeout_s);
         for (;;) {
             rc = shm_try_attach(c, err, errlen);
             if (rc < 0) goto fail;
             if (rc == 1) break;
-            if (monotime_s() > deadline) {
+            double now = monotime_s();
+            if (dp_wait_over(&wt, now, c->why, sizeof c->why)) {
+                err_fmt(err, errlen, "rank %d: waiting for rank 0's segment %s: %s", c->rank,
+                        c->name, c->why);
+                rc = DFLASH_EPEER;
+                goto fail;
+            }
+            if (now > deadline) {
                 err_fmt(err, errlen, "rank %d: segment %s did not appear within %.3g s (is rank 0 "
                         "alive?)", c->rank, c->name, c->timeout_s);
                 rc = DFLASH_ETIMEOUT;
@@ -347,13 +424,20 @@ static int shm_open_group(dp_comm *c, const uint8_t id[DP_COMM_ID_BYTES], char *
         rc = DFLASH_EEXISTS;
         goto fail;
     }
-    me->pid = (int32_t)getpid();
+    me->pidns = c->pidns;
+    atomic_store(&me->pid, (int32_t)getpid());
     atomic_fetch_add(&h->n_joined, 1u);
-    rc = shm_wait(c, cond_all_joined, 0, "join", deadline);
-    if (rc) { /* timed out here or in a peer that then broke the group: the group did not form */
-        rc = DFLASH_ETIMEOUT;
-        err_fmt(err, errlen, "rank %d of %d: only %u ranks joined %s within %.3g s", c->rank,
-                c->world, atomic_load(&h->n_joined), c->name, c->timeout_s);
+    rc = shm_wait(c, cond_all_joined, 0, -1, "join", deadline);
+    if (rc) { /* the group did not form */
+        if (rc == DFLASH_EPEER && atomic_load(&h->broken) == (uint32_t)c->rank + 1) {
+            /* we saw why: a rank that had joined is gone, or the watch ended the join */
+            err_fmt(err, errlen, "rank %d of %d: group %s did not form: %s", c->rank, c->world,
+                    c->name, c->why);
+        } else { /* timed out here or in a peer that then broke the group */
+            rc = DFLASH_ETIMEOUT;
+            err_fmt(err, errlen, "rank %d of %d: only %u ranks joined %s within %.3g s", c->rank,
+                    c->world, atomic_load(&h->n_joined), c->name, c->timeout_s);
+        }
         goto fail;
     }
     /* everyone has it mapped: the name is no longer needed, and no crash can leave it behind */
@@ -486,6 +570,12 @@ static int shm_broadcast(dp_comm *c, void *buf, size_t bytes, int root, const dp
 
 int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank, int world,
                  int device, double timeout_s, dp_comm **out, char *err, size_t errlen) {
+    return dp_comm_open_watched(kind, id, rank, world, device, timeout_s, NULL, out, err, errlen);
+}
+
+int dp_comm_open_watched(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank,
+                         int world, int device, double timeout_s, const dp_comm_watch *watch,
+                         dp_comm **out, char *err, size_t errlen) {
     *out = NULL;
     if (world < 1 || world > SHM_MAX_WORLD || rank < 0 || rank >= world || !(timeout_s > 0)) {
         err_fmt(err, errlen, "bad group: rank %d of world %d, timeout %g s (world in [1, %d])",
@@ -511,10 +601,12 @@ int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank
     c->world = world;
     c->timeout_s = timeout_s;
     c->fd = -1;
+    if (watch) c->watch = *watch;
     int rc;
 #ifdef DFLASH_HAVE_NCCL
     if (kind == DP_COMM_NCCL)
-        rc = dp_nccl_open(id, rank, world, device, timeout_s, &c->nccl, err, errlen);
+        rc = dp_nccl_open(id, rank, world, device, timeout_s, &c->watch, c->why, &c->nccl, err,
+                          errlen);
     else
 #endif
         rc = shm_open_group(c, id, err, errlen);
@@ -527,12 +619,16 @@ int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank
 }
 
 int dp_comm_rank(const dp_comm *c) { return c->rank; }
+const char *dp_comm_error(const dp_comm *c) { return c->why; }
 int dp_comm_world(const dp_comm *c) { return c->world; }
 dp_comm_kind dp_comm_kind_of(const dp_comm *c) { return c->kind; }
 
 /* Records a failed call: every later call on the handle answers DFLASH_EPEER. */
 static int track(dp_comm *c, int rc) {
-    if (rc && rc != DFLASH_EINVAL) c->broken = true;
+    if (rc && rc != DFLASH_EINVAL) {
+        c->broken = true;
+        dp_why_set(c->why, "%s", err_str(rc)); /* when the backend said nothing more precise */
+    }
     return rc;
 }
 

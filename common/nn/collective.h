@@ -4,8 +4,11 @@
  *   shm   POSIX shared memory between processes of one machine; needs no GPU (CI runs it).
  *         The rendezvous id names a segment "/dflash-dp-<pid>-<random hex>"; rank 0 creates it,
  *         the others open it (retrying until it exists). The segment holds a header, one
- *         arrival counter per rank (a generation-counter barrier over C11 atomics, polled with
- *         short sleeps against a deadline: a dead peer gives DFLASH_ETIMEOUT, never a hang), and
+ *         arrival counter and the pid per rank (a generation-counter barrier over C11 atomics,
+ *         polled with short sleeps against a deadline; while it waits, a rank looks every
+ *         0.1 s whether the peer it waits for still lives: a peer process that has ended
+ *         fails the call at once with DFLASH_EPEER, naming its rank and pid, and a peer that
+ *         hangs gives DFLASH_ETIMEOUT, never a hang), and
  *         world + 1 regions of DP_SHM_CHUNK_BYTES: one input region per rank and one result
  *         region. A reduction goes chunk by chunk: every rank copies its chunk into its input
  *         region (bf16 data widened to fp32 there), barrier, rank r sums slice r of the chunk
@@ -26,7 +29,16 @@
  * Timeouts: timeout_s given at open bounds the join and every later wait on peers. A rank that
  * falls behind its peers by more than that (e.g. a slow batch) breaks the group, so choose it
  * well above the worst step-time skew. After any error other than DFLASH_EINVAL the group is
- * broken: every later call returns DFLASH_EPEER; close it and form a new one with a new id.
+ * broken: every later call returns DFLASH_EPEER (dp_comm_error says why it broke); close it
+ * and form a new one with a new id.
+ *
+ * Watch: a caller that knows more about the group than the collective (the drafter: the
+ * broker's view of its epoch) opens it with dp_comm_open_watched. Every wait on peers, join
+ * included, that lasts longer than DP_COMM_WATCH_S calls the watch about every DP_COMM_WATCH_S
+ * seconds from the waiting thread: it may say that the rank waits (a log line) and may end the
+ * wait at once (the group is over for this rank: DFLASH_EPEER, the group broken), so a rank
+ * need not sit out the timeout when its peers have moved on without it, or on another host
+ * (nccl) a peer died that no process check here can see.
  *
  * Threads: one thread uses a handle at a time; every rank must make the same sequence of calls
  * with the same sizes. Callers: dflash_dp (the data-parallel training step), the drafter
@@ -35,7 +47,7 @@
  * Additions to the agreed interface (nothing agreed was changed): dp_comm_kind_of,
  * dp_comm_barrier, dp_comm_set_timeout, dp_comm_allreduce_scaled_f32, _scaled_bf16 and
  * dp_comm_broadcast_io (a per-rank pre-scale, bf16 data, and copies through caller-supplied host
- * i/o, used by dflash_dp), dp_comm_have_nccl.
+ * i/o, used by dflash_dp), dp_comm_have_nccl, dp_comm_open_watched and dp_comm_error.
  */
 #ifndef DFLASH_NN_COLLECTIVE_H
 #define DFLASH_NN_COLLECTIVE_H
@@ -66,11 +78,40 @@ int dp_comm_make_id(dp_comm_kind kind, uint8_t id[DP_COMM_ID_BYTES], char *err, 
 
 /* Joins the group `id` as `rank` of `world`. device: cuda device for nccl (ignored by shm).
  * Blocks until every rank has joined or timeout_s passes (DFLASH_ETIMEOUT). Other errors:
+ * DFLASH_EPEER (shm: a rank that had joined has exited; or a watch ended the join),
  * DFLASH_EINVAL (rank/world/id), DFLASH_EMISMATCH (peers opened with another world),
  * DFLASH_EEXISTS (the rank joined twice, or the segment already exists), DFLASH_EUNSUPPORTED
  * (nccl in a build without NCCL), DFLASH_EIO / DFLASH_ECUDA. *out is NULL on failure. */
 int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank, int world,
                  int device, double timeout_s, dp_comm **out, char *err, size_t errlen);
+
+/* A wait on peers that has lasted a while, as the watch sees it. */
+typedef struct dp_comm_wait {
+    const char *what; /* "join", "barrier", "allreduce bf16", ... */
+    int peer;         /* the rank waited for; -1 when the backend cannot tell (nccl, a join) */
+    int peer_pid;     /* its process id when known (shm), else 0 */
+    double waited_s;  /* since the wait began */
+    double timeout_s; /* where it breaks the group */
+} dp_comm_wait;
+
+/* How often a lasting wait calls the watch, and how long a wait lasts before the first call. */
+#define DP_COMM_WATCH_S 1.0
+
+/* The caller's watch over lasting waits (see the top of this file). fn is called from the
+ * waiting thread with ctx and the wait; it returns false to go on waiting, or true, with the
+ * reason in why (len bytes), to end the wait: the call then returns DFLASH_EPEER, the group is
+ * broken and dp_comm_error gives why. It may block for a while (a request to a broker). */
+typedef struct dp_comm_watch {
+    bool (*fn)(void *ctx, const dp_comm_wait *w, char *why, size_t len);
+    void *ctx;
+} dp_comm_watch;
+
+/* dp_comm_open with a watch (copied; NULL or fn NULL: none, as dp_comm_open), which applies to
+ * the join and to every later call on the handle. ctx must outlive the handle. A join the watch
+ * ends returns DFLASH_EPEER with its words in err. */
+int dp_comm_open_watched(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank,
+                         int world, int device, double timeout_s, const dp_comm_watch *watch,
+                         dp_comm **out, char *err, size_t errlen);
 int dp_comm_rank(const dp_comm *c);
 int dp_comm_world(const dp_comm *c);
 dp_comm_kind dp_comm_kind_of(const dp_comm *c);
@@ -126,6 +167,11 @@ int dp_comm_broadcast_io(dp_comm *c, void *buf, size_t bytes, int root, const dp
                          void *stream);
 /* Same, host memory on both backends (small: step counters, config checks). */
 int dp_comm_broadcast_host(dp_comm *c, void *buf, size_t bytes, int root);
+
+/* Why the group broke, in words for a log line ("rank 1 (pid 4242) has exited", "timed out after
+ * 60 s in barrier waiting for rank 1", a watch's reason); "" while it is not broken. Valid until
+ * dp_comm_close. */
+const char *dp_comm_error(const dp_comm *c);
 
 /* Leaves the group; safe on a broken group (nccl: ncclCommAbort); NULLs *c. Accepts NULL. */
 void dp_comm_close(dp_comm **c);

@@ -9,7 +9,11 @@
  * recorded after it, checking the communicator's asynchronous error and the deadline
  * (timeout_s from open) on every poll. A timeout or an NCCL error aborts the communicator at
  * once (ncclCommAbort, which also ends a kernel stuck waiting for a dead peer) and marks the
- * state broken; close then only frees what is left.
+ * state broken; close then only frees what is left. A wait that lasts gives the caller's watch
+ * its turn (collective_wait.h): NCCL cannot tell a dead peer from a slow one before the timeout,
+ * but the watch may know (the drafter asks the broker, whose heartbeats see a dead rank within
+ * seconds), and when it ends the wait the communicator is aborted the same way (DFLASH_EPEER).
+ * Each failure's reason goes to the handle's why buffer (dp_comm_error).
  * The caller's current device is saved and restored around every call.
  * Threads: one thread uses a handle at a time. Caller: collective.c only.
  */
@@ -17,6 +21,7 @@
 
 #include "collective.h"
 #include "collective_nccl.h"
+#include "collective_wait.h"
 
 #include "err.h"
 #include "log.h"
@@ -39,6 +44,8 @@ typedef struct dp_nccl {
     int device, rank, world;
     double timeout_s;
     bool aborted;
+    const dp_comm_watch *watch; /* the handle's (collective.c), may have fn NULL */
+    char *why;                  /* the handle's reason buffer, DP_WHY_BYTES */
     cudaStream_t stream;
     cudaEvent_t done;
     void *staging;
@@ -51,13 +58,29 @@ static void nccl_abort(dp_nccl *n) {
 
 static int cuda_fail(dp_nccl *n, cudaError_t e, const char *what) {
     LOG_ERROR("dp_comm nccl rank %d: %s: %s", n->rank, what, cudaGetErrorString(e));
+    dp_why_set(n->why, "%s: %s", what, cudaGetErrorString(e));
     nccl_abort(n);
     return DFLASH_ECUDA;
+}
+
+/* The watch of a wait that started at deadline - timeout_s ended it: abort, DFLASH_EPEER. */
+static bool watch_ended(dp_nccl *n, dp_waiter *wt, int *rc) {
+    char over[DP_WHY_BYTES];
+    if (!dp_wait_over(wt, monotime_s(), over, sizeof over)) return false;
+    LOG_WARN("dp_comm nccl rank %d: %s: %s; aborting the communicator", n->rank, wt->w.what,
+             over);
+    dp_why_set(n->why, "%s: %s", wt->w.what, over);
+    nccl_abort(n);
+    *rc = DFLASH_EPEER;
+    return true;
 }
 
 /* Waits until the communicator has no operation in progress on the host side (non-blocking
  * enqueue or init). 0, DFLASH_EPEER (an NCCL error) or DFLASH_ETIMEOUT; aborts on failure. */
 static int wait_async(dp_nccl *n, ncclResult_t r, const char *what, double deadline) {
+    dp_waiter wt;
+    dp_wait_begin(&wt, n->watch, what, -1, 0, deadline - n->timeout_s, n->timeout_s);
+    int rc;
     for (long i = 0;; i++) {
         if (r == ncclInProgress) {
             if (ncclCommGetAsyncError(n->comm, &r) != ncclSuccess) r = ncclSystemError;
@@ -66,12 +89,15 @@ static int wait_async(dp_nccl *n, ncclResult_t r, const char *what, double deadl
         if (r != ncclInProgress) {
             LOG_ERROR("dp_comm nccl rank %d: %s: %s (%s)", n->rank, what, ncclGetErrorString(r),
                       n->comm ? ncclGetLastError(n->comm) : "");
+            dp_why_set(n->why, "%s: %s", what, ncclGetErrorString(r));
             nccl_abort(n);
             return DFLASH_EPEER;
         }
+        if (watch_ended(n, &wt, &rc)) return rc;
         if (monotime_s() > deadline) {
             LOG_ERROR("dp_comm nccl rank %d: %s: timed out after %.3g s; aborting the "
                       "communicator", n->rank, what, n->timeout_s);
+            dp_why_set(n->why, "%s: timed out after %.3g s", what, n->timeout_s);
             nccl_abort(n);
             return DFLASH_ETIMEOUT;
         }
@@ -86,6 +112,8 @@ static int wait_done(dp_nccl *n, ncclResult_t r, cudaStream_t st, const char *wh
     if (rc) return rc;
     cudaError_t e = cudaEventRecord(n->done, st);
     if (e != cudaSuccess) return cuda_fail(n, e, "cudaEventRecord");
+    dp_waiter wt;
+    dp_wait_begin(&wt, n->watch, what, -1, 0, deadline - n->timeout_s, n->timeout_s);
     for (long i = 0;; i++) {
         e = cudaEventQuery(n->done);
         if (e == cudaSuccess) return 0;
@@ -94,9 +122,11 @@ static int wait_done(dp_nccl *n, ncclResult_t r, cudaStream_t st, const char *wh
         if (ncclCommGetAsyncError(n->comm, &ae) != ncclSuccess ||
             (ae != ncclSuccess && ae != ncclInProgress))
             return wait_async(n, ae == ncclSuccess ? ncclSystemError : ae, what, deadline);
+        if (watch_ended(n, &wt, &rc)) return rc;
         if (monotime_s() > deadline) {
             LOG_ERROR("dp_comm nccl rank %d: %s: not done after %.3g s (a peer gone?); aborting "
                       "the communicator", n->rank, what, n->timeout_s);
+            dp_why_set(n->why, "%s: not done after %.3g s (a peer gone?)", what, n->timeout_s);
             nccl_abort(n);
             return DFLASH_ETIMEOUT;
         }
@@ -116,7 +146,8 @@ int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen) {
 }
 
 int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
-                 double timeout_s, void **impl, char *err, size_t errlen) {
+                 double timeout_s, const dp_comm_watch *watch, char *why, void **impl, char *err,
+                 size_t errlen) {
     *impl = NULL;
     int prev = 0;
     cudaGetDevice(&prev);
@@ -131,6 +162,8 @@ int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int de
     n->rank = rank;
     n->world = world;
     n->timeout_s = timeout_s;
+    n->watch = watch;
+    n->why = why;
     int rc = 0;
     if ((e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming)) != cudaSuccess ||
@@ -153,8 +186,8 @@ int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int de
     }
     rc = wait_async(n, r, "join", monotime_s() + timeout_s);
     if (rc) {
-        err_fmt(err, errlen, "rank %d of %d on device %d: the nccl group did not form within "
-                "%.3g s (%s)", rank, world, device, timeout_s, err_str(rc));
+        err_fmt(err, errlen, "rank %d of %d on device %d: the nccl group did not form (%s: %s)",
+                rank, world, device, err_str(rc), why);
         goto fail;
     }
     cudaSetDevice(prev);

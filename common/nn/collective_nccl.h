@@ -13,8 +13,11 @@
 #include <stdint.h>
 
 int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
+/* watch and why (DP_WHY_BYTES) are the handle's, borrowed for the backend's life: every wait
+ * gives the watch its turn, every failure writes its reason into why (collective_wait.h). */
 int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int device,
-                 double timeout_s, void **impl, char *err, size_t errlen);
+                 double timeout_s, const dp_comm_watch *watch, char *why, void **impl, char *err,
+                 size_t errlen);
 /* What dp_nccl_allreduce's buf holds: n host doubles, or n device fp32 / bf16 values. */
 typedef enum { DP_NCCL_F64_HOST, DP_NCCL_F32, DP_NCCL_BF16 } dp_nccl_elem;
 /* Host doubles: a plain sum. Device values: each pre-scaled by scale (PreMulSum; for bf16 the

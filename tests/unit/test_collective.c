@@ -13,8 +13,16 @@
  *   - allreduce_host_f64, broadcast (larger than a chunk, from the last rank), broadcast_host,
  *     barrier; 500 rounds of a reduction then a broadcast, back to back;
  *   - failures: a rank that never joins (the others' open times out within the timeout), a rank
- *     that dies after joining (the others' allreduce times out, later calls say EPEER), a rank
+ *     that dies after joining (the others' allreduce fails, later calls say EPEER), a rank
  *     that closes early (the others get EPEER without waiting), a world mismatch, bad ids;
+ *   - a rank SIGKILLed in a group with a 30 s timeout: every survivor's next call fails within
+ *     3 s (the dead process is seen, not waited out; a zombie its parent has not reaped yet
+ *     counts as dead) and dp_comm_error names the dead rank and its pid;
+ *   - a watch (dp_comm_open_watched): a barrier whose peer is alive but late, and a join whose
+ *     peer never comes, each under a 30 s timeout, end with EPEER as soon as the watch says so
+ *     (about 2 s), with the watch's words in dp_comm_error / the open's error; the watch sees
+ *     what is waited for, which rank (and its pid) and for how long, first after
+ *     DP_COMM_WATCH_S; the late peer then finds the group broken by rank 0;
  *   - no /dev/shm/dflash-dp-* segment of this test is left behind.
  */
 #include "check.h"
@@ -206,10 +214,11 @@ static void rank_main(const uint8_t *id, int rank, int world) {
     dp_comm_close(&c); /* NULL is fine */
 }
 
-/* Forks world ranks running fn; returns the number of ranks that failed. */
+/* Forks world ranks running fn; returns the number of ranks that failed (rank `killed`, when
+ * >= 0, must end by SIGKILL instead). */
 typedef void (*rank_fn)(const uint8_t *id, int rank, int world);
 
-static int run_group(const uint8_t *id, int world, rank_fn fn) {
+static int run_group(const uint8_t *id, int world, rank_fn fn, int killed) {
     pid_t pids[16];
     fflush(NULL);
     for (int r = 0; r < world; r++) {
@@ -226,7 +235,8 @@ static int run_group(const uint8_t *id, int world, rank_fn fn) {
     for (int r = 0; r < world; r++) {
         int st = 0;
         waitpid(pids[r], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        if (r == killed ? !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL
+                        : !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
             failed++;
             fprintf(stderr, "world %d rank %d: %s %d\n", world, r,
                     WIFEXITED(st) ? "exit" : "signal",
@@ -298,6 +308,114 @@ static void rank_leaves(const uint8_t *id, int rank, int world) {
     dp_comm_close(&c);
 }
 
+/* rank world-1 tells its pid, then is SIGKILLed (by itself) while the others wait for it
+ * under a 30 s timeout: they fail within 3 s, naming its rank and pid */
+static void rank_killed(const uint8_t *id, int rank, int world) {
+    dp_comm *c = NULL;
+    char err[256] = "";
+    int rc = dp_comm_open(DP_COMM_SHM, id, rank, world, -1, 30.0, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) return;
+    int32_t pid = (int32_t)getpid();
+    CHECK_EQ_INT(dp_comm_broadcast_host(c, &pid, sizeof pid, world - 1), 0);
+    CHECK_EQ_INT(dp_comm_barrier(c), 0);
+    CHECK_EQ_INT(strlen(dp_comm_error(c)), 0);
+    if (rank == world - 1) kill(getpid(), SIGKILL);
+    double t0 = monotime_s(), v = 1.0;
+    rc = dp_comm_allreduce_host_f64(c, &v, 1);
+    double dt = monotime_s() - t0;
+    CHECK_EQ_INT(rc, DFLASH_EPEER);
+    CHECK(dt < 3.0);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d (pid %d) has exited", world - 1, (int)pid);
+    CHECK(strstr(dp_comm_error(c), want) != NULL);
+    if (!strstr(dp_comm_error(c), want))
+        fprintf(stderr, "rank %d: error '%s' lacks '%s'\n", rank, dp_comm_error(c), want);
+    printf("rank %d: failed after %.2f s: %s\n", rank, dt, dp_comm_error(c));
+    CHECK_EQ_INT(dp_comm_barrier(c), DFLASH_EPEER);
+    dp_comm_close(&c);
+}
+
+/* A watch that ends the wait once it has lasted 2 s, and records what it was shown. */
+typedef struct watch_log {
+    int calls, peer, peer_pid;
+    double first_s, last_s;
+    char what[32];
+} watch_log;
+
+static bool watch_2s(void *ctx, const dp_comm_wait *w, char *why, size_t len) {
+    watch_log *l = ctx;
+    if (l->calls++ == 0) l->first_s = w->waited_s;
+    l->last_s = w->waited_s;
+    l->peer = w->peer;
+    l->peer_pid = w->peer_pid;
+    snprintf(l->what, sizeof l->what, "%s", w->what);
+    if (w->waited_s < 2.0) return false;
+    snprintf(why, len, "the broker moved the group on");
+    return true;
+}
+
+/* world 2: rank 1 reaches the second barrier 5 s late; rank 0's watch ends its wait at 2 s */
+static void rank_watched(const uint8_t *id, int rank, int world) {
+    (void)world;
+    watch_log l = {0};
+    dp_comm_watch w = {watch_2s, &l};
+    dp_comm *c = NULL;
+    char err[256] = "";
+    int rc = dp_comm_open_watched(DP_COMM_SHM, id, rank, 2, -1, 30.0, rank == 0 ? &w : NULL, &c,
+                                  err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) return;
+    int32_t pid = (int32_t)getpid();
+    CHECK_EQ_INT(dp_comm_broadcast_host(c, &pid, sizeof pid, 1), 0);
+    CHECK_EQ_INT(l.calls, 0); /* no wait lasted a second */
+    if (rank == 1) { /* rank 0 arrived at this barrier before it broke the group: it may pass */
+        monotime_sleep_ms(5000);
+        double t0 = monotime_s();
+        rc = dp_comm_barrier(c);
+        if (rc == 0) rc = dp_comm_barrier(c);
+        CHECK_EQ_INT(rc, DFLASH_EPEER);
+        CHECK(monotime_s() - t0 < 1.0);
+        CHECK(strstr(dp_comm_error(c), "rank 0 broke the group") != NULL);
+        dp_comm_close(&c);
+        return;
+    }
+    double t0 = monotime_s();
+    rc = dp_comm_barrier(c);
+    double dt = monotime_s() - t0;
+    CHECK_EQ_INT(rc, DFLASH_EPEER);
+    CHECK(dt >= 2.0 && dt < 4.0);
+    CHECK(l.calls >= 2);
+    CHECK(l.first_s >= DP_COMM_WATCH_S && l.first_s < DP_COMM_WATCH_S + 0.5);
+    CHECK(l.last_s >= 2.0);
+    CHECK(strcmp(l.what, "barrier") == 0);
+    CHECK_EQ_INT(l.peer, 1);
+    CHECK_EQ_INT(l.peer_pid, pid);
+    CHECK(strstr(dp_comm_error(c), "the broker moved the group on") != NULL);
+    printf("watched barrier: ended after %.2f s (%d calls): %s\n", dt, l.calls,
+           dp_comm_error(c));
+    dp_comm_close(&c);
+}
+
+/* world 2: rank 1 never comes; rank 0's watch ends its join at 2 s (timeout 30 s) */
+static void rank_watched_join(const uint8_t *id, int rank, int world) {
+    (void)world;
+    if (rank == 1) return;
+    watch_log l = {0};
+    dp_comm_watch w = {watch_2s, &l};
+    dp_comm *c = NULL;
+    char err[256] = "";
+    double t0 = monotime_s();
+    int rc = dp_comm_open_watched(DP_COMM_SHM, id, 0, 2, -1, 30.0, &w, &c, err, sizeof err);
+    double dt = monotime_s() - t0;
+    CHECK_EQ_INT(rc, DFLASH_EPEER);
+    CHECK(c == NULL);
+    CHECK(dt >= 2.0 && dt < 4.0);
+    CHECK(strcmp(l.what, "join") == 0);
+    CHECK(strstr(err, "the broker moved the group on") != NULL);
+    printf("watched join: ended after %.2f s: %s\n", dt, err);
+}
+
 /* rank 1 says world + 1 */
 static void rank_mismatch(const uint8_t *id, int rank, int world) {
     dp_comm *c = NULL;
@@ -362,7 +480,7 @@ int main(void) {
     for (int world = 2; world <= 4; world++) {
         CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, err, sizeof err), 0);
         double t0 = monotime_s();
-        CHECK_EQ_INT(run_group(id, world, rank_main), 0);
+        CHECK_EQ_INT(run_group(id, world, rank_main, -1), 0);
         printf("world %d: collectives ok in %.2f s (segment %s)\n", world, monotime_s() - t0,
                (shm_name_of(id, name, sizeof name), name));
     }
@@ -372,11 +490,16 @@ int main(void) {
     } fails[] = {{"absent rank", rank_absent},
                  {"dead rank", rank_dies},
                  {"early close", rank_leaves},
-                 {"world mismatch", rank_mismatch}};
+                 {"world mismatch", rank_mismatch},
+                 {"killed rank", rank_killed},
+                 {"watched barrier", rank_watched},
+                 {"watched join", rank_watched_join}};
     for (size_t i = 0; i < sizeof fails / sizeof fails[0]; i++) {
         CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, err, sizeof err), 0);
         double t0 = monotime_s();
-        CHECK_EQ_INT(run_group(id, 3, fails[i].fn), 0);
+        bool two = fails[i].fn == rank_watched || fails[i].fn == rank_watched_join;
+        CHECK_EQ_INT(run_group(id, two ? 2 : 3, fails[i].fn, fails[i].fn == rank_killed ? 2 : -1),
+                     0);
         printf("%s: handled in %.2f s\n", fails[i].what, monotime_s() - t0);
     }
     int left = shm_count(prefix);

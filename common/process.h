@@ -1,0 +1,23 @@
+/* process: questions about other processes of this machine, by pid (Linux: kill(2) and /proc).
+ * Used where a peer's death must be seen without its help: the shm collective's waits on its
+ * peers (common/nn/collective.c) and the sweep of stale pool segments (pool.c).
+ * Thread-safe: no state. */
+#ifndef DFLASH_PROCESS_H
+#define DFLASH_PROCESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* True when process pid has ended: it no longer exists (kill(pid, 0) says ESRCH) or it is a
+ * zombie waiting for its parent to reap it (/proc/PID/stat state Z or X). False when it runs,
+ * when it belongs to another user (EPERM: alive, not ours to judge), or when pid <= 0. A pid
+ * is reused only after the zombie is reaped, so a true answer is final; a false one may be a
+ * new process that took a dead one's pid (rare: the caller's timeout still applies). */
+bool process_gone(int pid);
+
+/* An id of this process's pid namespace (the inode of /proc/self/ns/pid), 0 when unknown. Two
+ * processes compare pids only when both ids are equal and not 0: in another namespace (another
+ * container sharing /dev/shm) the same number names another process. */
+uint64_t process_pidns(void);
+
+#endif

@@ -55,7 +55,6 @@
 #define SHM_VERSION 2u
 #define SHM_HDR_BYTES 256u
 #define SHM_RANK_BYTES 64u
-#define SHM_MAX_WORLD 1024
 #define ID_MAGIC "DPC1"
 #define SPIN_POLLS 200 /* sched_yield polls before sleeping between polls */
 #define PEER_CHECK_S 0.1 /* how often a wait looks whether its peer's process still lives */
@@ -577,9 +576,9 @@ int dp_comm_open_watched(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], 
                          int world, int device, double timeout_s, const dp_comm_watch *watch,
                          dp_comm **out, char *err, size_t errlen) {
     *out = NULL;
-    if (world < 1 || world > SHM_MAX_WORLD || rank < 0 || rank >= world || !(timeout_s > 0)) {
+    if (world < 1 || world > DP_COMM_MAX_WORLD || rank < 0 || rank >= world || !(timeout_s > 0)) {
         err_fmt(err, errlen, "bad group: rank %d of world %d, timeout %g s (world in [1, %d])",
-                rank, world, timeout_s, SHM_MAX_WORLD);
+                rank, world, timeout_s, DP_COMM_MAX_WORLD);
         return DFLASH_EINVAL;
     }
     if (kind != DP_COMM_SHM && kind != DP_COMM_NCCL) {

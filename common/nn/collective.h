@@ -57,6 +57,8 @@
 #include <stdint.h>
 
 #define DP_COMM_ID_BYTES 128
+/* The largest world dp_comm_open takes. */
+#define DP_COMM_MAX_WORLD 1024
 /* Bytes per region of the shm segment: the segment is (world + 1) regions plus a header. */
 #define DP_SHM_CHUNK_BYTES ((size_t)4 << 20)
 

@@ -18,6 +18,7 @@
 
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -242,6 +243,40 @@ static uint64_t layout_hash(const dflash_model *m) {
     return h;
 }
 
+/* The same model on every rank? Root's layout against each rank's; every rank learns which
+ * ranks differ (one flag per rank, summed). 0: all the same; DFLASH_EMISMATCH on a rank that
+ * differs from root, DFLASH_EAGAIN on the others when some rank does (root's model is the
+ * group's: it and the ranks that match it are not at fault); or a collective error. */
+static int check_layout(const dflash_model *m, dp_comm *comm, int root) {
+    int world = dp_comm_world(comm), me = dp_comm_rank(comm);
+    uint64_t mine[2] = {layout_hash(m), m->n_params}, theirs[2] = {mine[0], mine[1]};
+    int rc = dp_comm_broadcast_host(comm, theirs, sizeof theirs, root);
+    if (rc) return rc;
+    double bad[DP_COMM_MAX_WORLD] = {0};
+    bad[me] = memcmp(mine, theirs, sizeof mine) != 0 ? 1.0 : 0.0;
+    if (bad[me] > 0)
+        LOG_ERROR("dflash_dp rank %d: this drafter has %zu parameters (layout %016llx), rank %d's "
+                  "has %llu (layout %016llx)", me, m->n_params, (unsigned long long)mine[0], root,
+                  (unsigned long long)theirs[1], (unsigned long long)theirs[0]);
+    rc = dp_comm_allreduce_host_f64(comm, bad, world);
+    if (rc == 0 && bad[me] > 0) rc = DFLASH_EMISMATCH;
+    char list[160] = "";
+    int n_bad = 0;
+    for (int r = 0; rc == 0 && r < world; r++) {
+        if (!(bad[r] > 0)) continue;
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%d", n_bad++ ? ", " : "", r);
+    }
+    if (n_bad) {
+        LOG_WARN("dflash_dp rank %d: the drafter of rank%s %s differs from rank %d's (%llu "
+                 "parameters): nothing copied; the group goes on without %s", me,
+                 n_bad > 1 ? "s" : "", list, root, (unsigned long long)theirs[1],
+                 n_bad > 1 ? "them" : "it");
+        rc = DFLASH_EAGAIN;
+    }
+    return rc;
+}
+
 int dflash_dp_sync_state(dflash_model *m, dflash_train_cfg *tc, dp_comm *comm, int root) {
     if (!comm) return 0;
     if (root < 0 || root >= dp_comm_world(comm)) return DFLASH_EINVAL;
@@ -251,19 +286,8 @@ int dflash_dp_sync_state(dflash_model *m, dflash_train_cfg *tc, dp_comm *comm, i
     int rc = mem_path(m, comm, &io_store, &io, &stream);
     if (rc) return rc;
     m->ops->sync(m->ctx); /* a queued optimizer step has written the state it sends */
-    /* the same model on every rank? */
-    uint64_t mine[2] = {layout_hash(m), m->n_params}, theirs[2] = {mine[0], mine[1]};
-    rc = dp_comm_broadcast_host(comm, theirs, sizeof theirs, root);
+    rc = check_layout(m, comm, root);
     if (rc) return rc;
-    double bad = memcmp(mine, theirs, sizeof mine) != 0 ? 1.0 : 0.0;
-    if (bad)
-        LOG_ERROR("dflash_dp rank %d: this drafter has %zu parameters (layout %016llx), rank %d's "
-                  "has %llu (layout %016llx)", dp_comm_rank(comm), m->n_params,
-                  (unsigned long long)mine[0], root, (unsigned long long)theirs[1],
-                  (unsigned long long)theirs[0]);
-    rc = dp_comm_allreduce_host_f64(comm, &bad, 1);
-    if (rc) return rc;
-    if (bad > 0) return DFLASH_EMISMATCH;
 
     void *ranges[5];
     size_t bytes[5];

@@ -56,9 +56,12 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
  * m->step and, when tc is not NULL, the training settings *tc (schedule, optimizer, anchors,
  * seed: root's win, as a checkpoint's do on resume, so that every rank applies the same
  * update; a rank whose settings differed says so in its log). Used when a group forms or
- * re-forms: a joining rank takes rank 0's state. First checks that every rank has the same
- * parameter count and tensor layout (DFLASH_EMISMATCH on every rank otherwise, nothing copied).
- * comm NULL: nothing to do, 0. */
+ * re-forms: a joining rank takes rank 0's state. First checks that every rank has root's
+ * parameter count and tensor layout; when some rank has not, nothing is copied anywhere and the
+ * ranks that differ get DFLASH_EMISMATCH (logged), root and the ranks that match it
+ * DFLASH_EAGAIN (logged, naming the ranks that differ): root's model is the group's, so only the
+ * others are at fault, and the rest of the group re-forms without them. comm NULL: nothing to
+ * do, 0. */
 int dflash_dp_sync_state(dflash_model *m, dflash_train_cfg *tc, dp_comm *comm, int root);
 
 /* FNV-1a hash of the bytes of the trainable state (master, adam_m, adam_v and step), read from

@@ -10,8 +10,11 @@
  *       differ from the mean of the per-rank losses (the normalisation the test guards);
  *   (c) dflash_dp_sync_state: rank 1 starts from other weights, moments, step and training
  *       settings (lr, schedule, clip); afterwards it holds rank 0's state bit for bit and its
- *       settings, and a DP step keeps the two equal; a drafter of another
- *       shape is refused on both ranks (DFLASH_EMISMATCH) and the group still works;
+ *       settings, and a DP step keeps the two equal; a drafter of another shape than rank 0's
+ *       is refused: that rank gets DFLASH_EMISMATCH, rank 0 (the model of record) DFLASH_EAGAIN,
+ *       nothing is copied and the group still works; with three ranks, rank 1 of another shape
+ *       gets DFLASH_EMISMATCH and both rank 0 and rank 2 DFLASH_EAGAIN (no rank but the odd one
+ *       is told its drafter differs);
  *   (d) a rank whose batch has no anchors (stale gradients left in its buffer) joins with zero
  *       gradients: the group step equals dflash_train_step on the other rank's batch alone; when
  *       no rank has a weighted position every rank skips (no update, step unchanged); a rank
@@ -343,12 +346,14 @@ static void c_rank(int rank) {
     make_batch(&b, rank, 5, false);
     CHECK_EQ_INT(dflash_train_step_dp(m, &w.tc, &b.view, 0, key_of(rank, 5), c, &met), 0);
     R[rank].hash[1] = dflash_dp_state_hash(m);
-    /* another drafter shape: refused on both ranks, nothing copied, the group still works */
+    /* rank 1's drafter has another shape: it alone is at fault; nothing copied, the group still
+     * works */
     tiny w1;
     tiny_init(&w1, rank == 0 ? 2 : 1);
     dflash_model *other = tiny_model(&w1, 5);
     uint64_t before = dflash_dp_state_hash(other);
-    CHECK_EQ_INT(dflash_dp_sync_state(other, NULL, c, 0), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(dflash_dp_sync_state(other, NULL, c, 0),
+                 rank == 0 ? DFLASH_EAGAIN : DFLASH_EMISMATCH);
     CHECK(dflash_dp_state_hash(other) == before);
     CHECK_EQ_INT(dp_comm_barrier(c), 0);
     dflash_model_destroy(&other);
@@ -358,7 +363,24 @@ static void c_rank(int rank) {
     tiny_free(&w);
 }
 
+/* three ranks, rank 1 with one layer where ranks 0 and 2 have two */
+static void c3_rank(int rank) {
+    tiny w;
+    tiny_init(&w, rank == 1 ? 1 : 2);
+    dflash_model *m = tiny_model(&w, 7 + rank);
+    dp_comm *c = join(rank, 3);
+    if (!m || !c) return;
+    uint64_t before = dflash_dp_state_hash(m);
+    CHECK_EQ_INT(dflash_dp_sync_state(m, NULL, c, 0), rank == 1 ? DFLASH_EMISMATCH : DFLASH_EAGAIN);
+    CHECK(dflash_dp_state_hash(m) == before); /* rank 2 took nothing from rank 0 */
+    CHECK_EQ_INT(dp_comm_barrier(c), 0);
+    dp_comm_close(&c);
+    dflash_model_destroy(&m);
+    tiny_free(&w);
+}
+
 static void test_sync_state(void) {
+    CHECK_EQ_INT(run_procs(3, c3_rank), 0);
     CHECK_EQ_INT(run_procs(2, c_rank), 0);
     CHECK(R[0].pre_hash != R[1].pre_hash);
     CHECK(R[1].hash[0] == R[0].pre_hash);

@@ -29,6 +29,17 @@
  * to no broker (worker_session_save_refused), a pending step in it without a StepDone.
  * The importer, the staging buffer, the client and its heartbeat thread are the session's
  * (worker_session.h), shared with the solo loop.
+ *
+ * A collective that waits (comm_watch, the communicator's watch: collective.h): once a wait on
+ * peers has lasted WAIT_SAY_S it is logged (what, for which rank, since when, the timeout), and
+ * again every WAIT_SAY_EVERY_S; and about every second the broker is asked whether our epoch
+ * still stands, by the GroupJoin a member polls with (our model step, no failed epoch: for a
+ * member it changes nothing but what the broker knows of our model, the same step the join
+ * after a failed wait would report). Another epoch in the view, another id, Error AGAIN (the
+ * group re-forms, or we wait for a boundary) or STALE (the broker forgot us) end the wait: the
+ * epoch is over, and we re-form at once instead of after --comm-timeout-s. No answer (the broker
+ * is down: the request waits its timeout) keeps the wait, bounded by --comm-timeout-s as ever.
+ * With shm the collective itself also sees a peer process that has ended (collective.h).
  */
 #include "group_worker.h"
 
@@ -42,6 +53,10 @@
 #include <assert.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+
+#define WAIT_SAY_S 5.0        /* a collective's wait is logged once it lasts this long */
+#define WAIT_SAY_EVERY_S 10.0 /* and again this often while it lasts */
 
 typedef enum { GW_REGISTER = 0, GW_JOINING, GW_STEPPING, GW_DONE } gw_state;
 
@@ -55,6 +70,8 @@ typedef struct gw {
     worker_stats st;
     dp_comm *comm;
     uint64_t epoch, failed_epoch;
+    uint8_t id[DP_COMM_ID_BYTES]; /* the epoch's rendezvous id: the view's, or the one we posted */
+    double wait_say_at, wait_last; /* comm_watch: when the wait is logged next; its last call */
     int rank, world;
     bool pending; /* rank 0: a trained step whose StepDone was not answered */
     uint64_t pending_step;
@@ -89,11 +106,13 @@ static void close_comm(gw *g)
     g->cons->set_group(g->cons->ctx, NULL, 0, 1);
 }
 
-/* The epoch is over for us: close the communicator and join again, naming it. */
+/* The epoch is over for us: close the communicator and join again, naming it (and why the
+ * collective broke, when it did). */
 static void reform(gw *g, const char *why)
 {
-    LOG_WARN("group %s epoch %llu: %s; re-forming", g->cfg->group, (unsigned long long)g->epoch,
-             why);
+    const char *cause = g->comm ? dp_comm_error(g->comm) : "";
+    LOG_WARN("group %s epoch %llu: %s%s%s; re-forming", g->cfg->group,
+             (unsigned long long)g->epoch, why, cause[0] ? ": " : "", cause);
     close_comm(g);
     g->failed_epoch = g->epoch;
     set_state(g, GW_JOINING);
@@ -231,6 +250,62 @@ static void note_unacked(gw *g)
     k->unacked(k->ctx, b, n);
 }
 
+/* A collective's wait has lasted WAIT_SAY_S (then every WAIT_SAY_EVERY_S): one line saying
+ * what it waits for, since when, and when it gives up. */
+static void say_waiting(gw *g, const dp_comm_wait *w)
+{
+    if (w->waited_s < g->wait_last) g->wait_say_at = WAIT_SAY_S; /* a new wait */
+    g->wait_last = w->waited_s;
+    if (w->waited_s < g->wait_say_at) return;
+    g->wait_say_at = w->waited_s + WAIT_SAY_EVERY_S;
+    char whom[64] = "the other ranks", since[16] = "?";
+    if (w->peer >= 0 && w->peer_pid > 0)
+        snprintf(whom, sizeof whom, "rank %d (pid %d)", w->peer, w->peer_pid);
+    else if (w->peer >= 0)
+        snprintf(whom, sizeof whom, "rank %d", w->peer);
+    time_t t0 = time(NULL) - (time_t)w->waited_s;
+    struct tm tm;
+    if (gmtime_r(&t0, &tm)) strftime(since, sizeof since, "%H:%M:%SZ", &tm);
+    LOG_INFO("group %s epoch %llu rank %d of %d: step %llu: waiting for %s in the collective "
+             "(%s) since %s, %.0f s; the group breaks at %.0f s (--comm-timeout-s)",
+             g->cfg->group, (unsigned long long)g->epoch, g->rank, g->world,
+             (unsigned long long)g->cons->model_step(g->cons->ctx), whom, w->what, since,
+             w->waited_s, w->timeout_s);
+}
+
+/* Whether the broker has ended our epoch (see the top of this file); its words in why. Not
+ * asked once the loop is done (a closing communicator's wait): the join would take us back
+ * into the group we may have left. */
+static bool epoch_over(gw *g, char *why, size_t len)
+{
+    if (g->state == GW_DONE || broker_lost(g)) return false;
+    wire_group_view v;
+    uint64_t ms = g->cons->model_step(g->cons->ctx);
+    int rc = client_group_join(g->cl, g->cfg->group, ms, 0, 0, &v);
+    heard(g, rc);
+    if (rc == 0 && v.epoch == g->epoch && v.id_len == DP_COMM_ID_BYTES &&
+        memcmp(v.id, g->id, DP_COMM_ID_BYTES) == 0)
+        return false; /* our epoch stands: the peers are slow, not gone */
+    if (rc == 0)
+        snprintf(why, len, "the broker has moved group %s on to epoch %llu (rank %u of %u)",
+                 g->cfg->group, (unsigned long long)v.epoch, v.rank, v.world);
+    else if (rc == DFLASH_EAGAIN || rc == DFLASH_ESTALE)
+        snprintf(why, len, "the broker has ended epoch %llu of group %s: %s",
+                 (unsigned long long)g->epoch, g->cfg->group, client_last_error(g->cl));
+    else
+        return false; /* no answer, or one that says nothing of the epoch: wait on */
+    return true;
+}
+
+/* The communicator's watch (collective.h): called from inside a collective that has waited
+ * DP_COMM_WATCH_S, about every DP_COMM_WATCH_S while it waits. Main thread. */
+static bool comm_watch(void *ctx, const dp_comm_wait *w, char *why, size_t len)
+{
+    gw *g = ctx;
+    say_waiting(g, w);
+    return epoch_over(g, why, len);
+}
+
 /* One JOINING iteration: poll the view; rank 0 posts the id; open and sync. 0 or fatal. */
 static int joining(gw *g)
 {
@@ -303,8 +378,12 @@ static int joining(gw *g)
              "communicator", c->group, (unsigned long long)v.epoch, v.rank, v.world,
              (unsigned long long)v.step, dp_comm_kind_name(kind));
     g->epoch = v.epoch;
-    rc = dp_comm_open(kind, id, (int)v.rank, (int)v.world, c->device, c->comm_timeout_s,
-                      &g->comm, err, sizeof err);
+    memcpy(g->id, id, sizeof id);
+    g->rank = (int)v.rank;
+    g->world = (int)v.world;
+    dp_comm_watch watch = {comm_watch, g};
+    rc = dp_comm_open_watched(kind, id, (int)v.rank, (int)v.world, c->device, c->comm_timeout_s,
+                              &watch, &g->comm, err, sizeof err);
     if (rc < 0) {
         char why[400];
         snprintf(why, sizeof why, "cannot open the communicator: %s (%s)", err, err_str(rc));
@@ -313,17 +392,20 @@ static int joining(gw *g)
     }
     k->set_group(k->ctx, g->comm, (int)v.rank, (int)v.world);
     if ((rc = k->sync_state(k->ctx, 0)) < 0) {
-        if (rc == DFLASH_EMISMATCH) {
-            LOG_ERROR("group %s: our drafter differs from rank 0's (shapes or settings): give "
-                      "every rank the same model flags", c->group);
+        if (rc == DFLASH_EMISMATCH) { /* we differ from rank 0, whose model is the group's */
+            LOG_ERROR("group %s: our drafter's shape differs from rank 0's, the group's model: "
+                      "give every rank the same model flags (--draft-layers, --block-size, the "
+                      "target); leaving the group", c->group);
             close_comm(g);
+            client_group_leave(g->cl, c->group); /* the others re-form without us at once */
             return DFLASH_ECONFIG;
         }
-        reform(g, "syncing rank 0's state failed");
+        /* AGAIN: a rank of another shape was turned away (dflash_dp said which) */
+        reform(g, rc == DFLASH_EAGAIN ? "a rank whose drafter differs from rank 0's is not "
+                                        "taken; going on without it"
+                                      : "syncing rank 0's state failed");
         return 0;
     }
-    g->rank = (int)v.rank;
-    g->world = (int)v.world;
     g->failed_epoch = 0;
     LOG_INFO("group %s epoch %llu: rank %d of %d in sync at step %llu (state hash %016llx)",
              c->group, (unsigned long long)g->epoch, g->rank, g->world,
@@ -579,7 +661,8 @@ static int finish(gw *g)
 int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats)
 {
-    gw g = {.cfg = cfg, .cons = cons, .stop = stop, .state = GW_REGISTER, .world = 1};
+    gw g = {.cfg = cfg, .cons = cons, .stop = stop, .state = GW_REGISTER, .world = 1,
+            .wait_say_at = WAIT_SAY_S};
     int rc = 0;
     double start = monotime_s();
     if (!cons->set_group || !cons->sync_state || !cons->model_step) {

@@ -7,8 +7,11 @@
  * then per step s = model step + 1: StepClaim our slot of step s, copy it, release it, train it
  * with the collective (the consumer's consume(), which averages the gradients over the group),
  * and rank 0 sends StepDone (the broker acks the step's units once). A collective error (a peer
- * died: the collective times out), a "re-form" answer (Error STALE) or a refused release closes
- * the communicator and joins again, naming the failed epoch. Only rank 0 writes checkpoints and
+ * died: shm sees its process gone, or the collective times out; or, asked while a collective
+ * waits, the broker says the epoch is over), a "re-form" answer (Error STALE) or a refused
+ * release closes the communicator and joins again, naming the failed epoch. A sync that finds
+ * another rank's drafter of another shape than rank 0's re-forms too; our own differing is
+ * fatal (DFLASH_ECONFIG), after a GroupLeave. Only rank 0 writes checkpoints and
  * reports them (CheckpointCommitted). A broker restart: hello again (rank 0 with the units of a
  * step whose StepDone was not answered), plain Acks for those units, then join again. A
  * StepDone the same broker answers STALE (it expired us while we trained) is not acked late:
@@ -34,9 +37,10 @@
 
 /* Runs the group loop (cfg->group set). Returns 0 (drained, stopped, done) or a negative code
  * after logging the reason (DFLASH_EFULL: the broker refused the join because the group would
- * be larger than its max-depth; DFLASH_ECONFIG: our drafter's shapes differ from rank 0's, a
- * slot of the target was written for another layout than ours (given back unread), or cons has
- * no group hooks: a mode that cannot train in a group). Main thread. */
+ * be larger than its max-depth; DFLASH_ECONFIG: our drafter's shape differs from rank 0's, the
+ * group's model (only the differing rank ends; rank 0 and the matching ranks re-form without
+ * it), a slot of the target was written for another layout than ours (given back unread), or
+ * cons has no group hooks: a mode that cannot train in a group). Main thread. */
 int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats);
 

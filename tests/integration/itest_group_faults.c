@@ -1,0 +1,216 @@
+/* itest_group_faults: a data-parallel drafter group (--group g, cpu backend, shm collective,
+ * --comm-timeout-s 60) from the real broker, target and drafters, meeting the faults an operator
+ * meets, each of which must cost the healthy rank seconds, not the 60 s timeout, and never its
+ * run (audit-operator findings 5 and 6).
+ *
+ * Setup (in a temp dir): the tiny training set of harness.h; dflash-queue (heartbeat 1 s,
+ * liveness 10: a silent rank is expired after 10 s; lease timeout 30 s), dflash-target (epochs
+ * without end), drafters da and db with --group g; da creates the group, so it is rank 0.
+ * Phases, each waiting for a condition (never a fixed sleep):
+ *   1. da and db train >= 3 steps with world 2;
+ *   2. dc joins with another drafter shape (--draft-layers 2): dc exits 2 saying its drafter
+ *      differs from rank 0's; da names the odd rank, re-forms with db and trains >= 3 more steps
+ *      with world 2; da is still running and nowhere told that its own drafter differs;
+ *   3. db is SIGSTOPped: da, waiting for it inside a collective, says so after 5 s (whom, pid,
+ *      the timeout); db is then SIGKILLed: within 5 s da's log names rank 1 and db's pid as
+ *      gone, and within 20 s (the broker still lists the dead db for up to 10 s) da trains
+ *      >= 2 steps alone (world 1);
+ *   4. db is started again and rejoins (world 2, >= 2 steps); then SIGSTOPped and left
+ *      stopped: it is alive, so only the broker's view can end da's wait: when the broker
+ *      expires db (10 s), da learns it within seconds and trains alone (world 1, >= 2 steps)
+ *      within 25 s of the stop; SIGCONT: db finds its group broken, registers again and the
+ *      group is back to world 2;
+ *   5. SIGTERM: da and db exit 0.
+ * Checks at the end: acks == trained + committed (every acked batch once), no "already
+ * trained" in the broker's log.
+ * Usage: itest_group_faults QUEUE TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
+#include "check.h"
+#include "harness.h"
+#include "test_files.h"
+
+static char dir[64], ep[128], rt[128];
+static const char *drafter_bin;
+
+/* A drafter of group g named name, with --draft-layers layers. */
+static pid_t start_drafter(const char *name, const char *layers)
+{
+    static char model[128], ckpt[128], log[128], nm[64], dl[8];
+    snprintf(model, sizeof model, "%s/target", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
+    snprintf(log, sizeof log, "%s/drafter-%s.log", dir, name);
+    snprintf(nm, sizeof nm, "%s", name);
+    snprintf(dl, sizeof dl, "%s", layers);
+    char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--group", "g",
+                    "--comm", "shm", "--comm-timeout-s", "60", "--draft-layers", dl,
+                    "--block-size", "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every",
+                    "50", "--checkpoint-dir", ckpt, "--progress-ms", "0", "--buckets", "32",
+                    "--token-budget", "128", "--max-seqs", "4", "--layers", "3", "--runtime-dir",
+                    rt, "--threads", "1", "--backend", "host", "--timeout-ms", "1000", NULL};
+    return h_spawn_logged(argv, log);
+}
+
+static const wire_group_stat *group_g(const wire_status *s)
+{
+    for (uint32_t i = 0; i < s->n_groups; i++)
+        if (strcmp(s->groups[i].name, "g") == 0) return &s->groups[i];
+    return NULL;
+}
+
+/* Waits up to ms until group g is active with `world` ranks and done >= min_done steps. */
+static bool wait_group(client *c, uint32_t world, uint64_t min_done, int ms, wire_status *s)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    while (h_now_ms() < end) {
+        if (client_status(c, s) == 0) {
+            const wire_group_stat *g = group_g(s);
+            if (g && g->world == world && g->state == WIRE_GROUP_ACTIVE &&
+                g->steps_done >= min_done)
+                return true;
+        }
+        h_sleep_ms(20);
+    }
+    return false;
+}
+
+/* Waits up to ms (twice) until group g is active with `world` ranks, then until it has done n
+ * more steps (with that world: s shows it at the end). */
+static bool wait_steps(client *c, uint32_t world, uint64_t n, int ms, wire_status *s)
+{
+    if (!wait_group(c, world, 0, ms, s)) return false;
+    return wait_group(c, world, group_g(s)->steps_done + n, ms, s);
+}
+
+static uint64_t steps_done(client *c)
+{
+    wire_status s;
+    const wire_group_stat *g = client_status(c, &s) == 0 ? group_g(&s) : NULL;
+    return g ? g->steps_done : 0;
+}
+
+/* Whether the file at path holds text past byte `from`, waiting up to ms for it. */
+static bool wait_text_from(const char *path, size_t from, const char *text, int ms)
+{
+    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(50)) {
+        size_t len = 0;
+        char *log = test_slurp(path, &len);
+        bool found = log && from <= len && strstr(log + from, text) != NULL;
+        free(log);
+        if (found || h_now_ms() >= end) return found;
+    }
+}
+
+/* Whether pid is still running (not exited, not reaped). */
+static bool running(pid_t pid)
+{
+    return waitpid(pid, NULL, WNOHANG) == 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 7) {
+        fprintf(stderr, "usage: itest_group_faults QUEUE TARGET DRAFTER MKMODEL GEN DATA\n");
+        return 2;
+    }
+    drafter_bin = argv[3];
+    h_run_dirs(dir, rt, ep);
+    char model[128], shard[128], journal[128], qlog[128], tlog[128], dalog[128], dblog[128],
+        dclog[128];
+    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
+    snprintf(qlog, sizeof qlog, "%s/queue.log", dir);
+    snprintf(tlog, sizeof tlog, "%s/target.log", dir);
+    snprintf(dalog, sizeof dalog, "%s/drafter-da.log", dir);
+    snprintf(dblog, sizeof dblog, "%s/drafter-db.log", dir);
+    snprintf(dclog, sizeof dclog, "%s/drafter-dc.log", dir);
+    CHECK_EQ_INT(h_make_training_set(argv[4], argv[5], argv[6], dir, model, shard), 0);
+    if (check_failed) CHECK_DONE();
+
+    char rtflag[160];
+    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
+    char *q[] = {argv[1], rtflag, "--journal", journal, "--min-ready", "1", "--max-depth", "4",
+                 "--lease-timeout-ms", "30000", "--heartbeat-ms", "1000", "--liveness", "10",
+                 NULL};
+    pid_t qp = h_spawn_logged(q, qlog);
+    CHECK(h_wait_broker(ep, 10000) != 0);
+    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
+    client_set_timeout(c, 2000);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    wire_status s;
+    pid_t da = start_drafter("da", "1");
+    CHECK(wait_group(c, 1, 0, 30000, &s));
+    pid_t db = start_drafter("db", "1");
+    CHECK(wait_group(c, 2, 0, 30000, &s));
+    char *t[] = {argv[2], "--name", "tgt", "--model", model, "--shards", shard, "--slots", "4",
+                 "--epochs", "100000", "--buckets", "32", "--token-budget", "128", "--max-seqs",
+                 "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1", "--backend", "host",
+                 "--timeout-ms", "1000", NULL};
+    pid_t tp = h_spawn_logged(t, tlog);
+
+    /* 1. a group of two trains */
+    CHECK(wait_group(c, 2, 3, 60000, &s));
+    printf("phase 1: %llu steps with world 2\n", (unsigned long long)group_g(&s)->steps_done);
+
+    /* 2. a joiner of another shape: it alone exits 2; rank 0 goes on with db */
+    pid_t dc = start_drafter("dc", "2");
+    int rcc = h_wait_exit(dc, 60000);
+    CHECK_EQ_INT(rcc, 2);
+    CHECK(h_wait_text(dclog, "drafter's shape differs from rank 0's", 0));
+    CHECK(h_wait_text(dalog, "the drafter of rank 2 differs from rank 0's", 0));
+    CHECK(wait_steps(c, 2, 3, 60000, &s));
+    CHECK(running(da));
+    CHECK(running(db));
+    char *l = test_slurp(dalog, NULL);
+    CHECK(l && !strstr(l, "shape differs from rank 0's") && !strstr(l, "ERROR"));
+    free(l);
+    printf("phase 2: dc (--draft-layers 2) exited %d; da and db went on: %llu steps, epoch %llu\n",
+           rcc, (unsigned long long)group_g(&s)->steps_done,
+           (unsigned long long)group_g(&s)->epoch);
+
+    /* 3. db stops inside a step: da says it waits; db is killed: da sees it at once */
+    size_t from = (size_t)test_file_size(dalog);
+    kill(db, SIGSTOP);
+    char text[128];
+    snprintf(text, sizeof text, "waiting for rank 1 (pid %d) in the collective", (int)db);
+    CHECK(wait_text_from(dalog, from, text, 30000));
+    CHECK(wait_text_from(dalog, from, "the group breaks at 60 s", 0));
+    uint64_t done = steps_done(c);
+    uint64_t t0 = h_now_ms();
+    h_kill(db, SIGKILL);
+    snprintf(text, sizeof text, "rank 1 (pid %d) has exited", (int)db);
+    CHECK(wait_text_from(dalog, from, text, 5000));
+    uint64_t seen_ms = h_now_ms() - t0;
+    CHECK(wait_group(c, 1, done + 2, 20000, &s));
+    printf("phase 3: db SIGKILLed while da waited for it: da saw it in %.1f s, trained alone "
+           "%.1f s after the kill (comm timeout 60 s)\n", seen_ms / 1000.0,
+           (h_now_ms() - t0) / 1000.0);
+
+    /* 4. db back, then stopped for good: only the broker's expiry can tell da */
+    db = start_drafter("db", "1");
+    CHECK(wait_steps(c, 2, 2, 60000, &s));
+    from = (size_t)test_file_size(dalog);
+    done = steps_done(c);
+    t0 = h_now_ms();
+    kill(db, SIGSTOP);
+    CHECK(wait_group(c, 1, done + 2, 25000, &s));
+    CHECK(wait_text_from(dalog, from, "the broker has", 0));
+    printf("phase 4: db SIGSTOPped: da trained alone %.1f s after (broker expiry 10 s, comm "
+           "timeout 60 s)\n", (h_now_ms() - t0) / 1000.0);
+    kill(db, SIGCONT);
+    CHECK(wait_steps(c, 2, 2, 60000, &s));
+    printf("phase 4: db continued and rejoined: world 2, epoch %llu\n",
+           (unsigned long long)group_g(&s)->epoch);
+
+    /* 5. the end */
+    CHECK_EQ_INT(h_stop(da), 0);
+    CHECK_EQ_INT(h_stop(db), 0);
+    CHECK_EQ_INT(h_stop(tp), 0);
+    CHECK_EQ_INT(client_status(c, &s), 0);
+    CHECK_EQ_INT(s.acks, s.batches_trained + s.batches_committed);
+    char *ql = test_slurp(qlog, NULL);
+    CHECK(ql && !strstr(ql, "already trained"));
+    free(ql);
+    client_destroy(&c);
+    CHECK_EQ_INT(h_stop(qp), 0);
+    if (check_failed) fprintf(stderr, "logs kept in %s\n", dir);
+    else h_rmdir(dir);
+    CHECK_DONE();
+}

@@ -4,8 +4,9 @@
  * Shared segment (all offsets fixed at creation by rank 0, read by the others):
  *   [0, 256)                 shm_hdr: magic (stored last, so a joiner never sees a half-made
  *                            header), version, world, chunk bytes, data offset, segment bytes,
- *                            counters n_joined / n_closed and `broken` (0, or 1 + the rank
- *                            that broke the group first)
+ *                            counters n_joined / n_closed and `broken`: 0, or who broke the
+ *                            group first and why, packed (break_word): 1 + its rank, 1 + the
+ *                            rank whose process it found ended (0: another reason), that pid
  *   [256, 256 + 64*world)    one shm_rank per rank, one cache line each: `arrived` (the number of
  *                            barriers this rank has entered), `joined`, `left`, its pid and pid
  *                            namespace (process.h; pid 0 until it has joined)
@@ -64,7 +65,8 @@ typedef struct shm_hdr {
     uint32_t version;
     int32_t world;
     uint64_t chunk_bytes, data_off, seg_bytes;
-    _Atomic uint32_t n_joined, n_closed, broken;
+    _Atomic uint32_t n_joined, n_closed;
+    _Atomic uint64_t broken; /* break_word() */
 } shm_hdr;
 
 typedef struct shm_rank {
@@ -175,21 +177,32 @@ static char *region_of(const dp_comm *c, int r) { /* r == world: the result regi
     return (char *)c->base + h->data_off + (size_t)r * h->chunk_bytes;
 }
 
-static void break_group(dp_comm *c) {
-    c->broken = true;
-    uint32_t none = 0;
-    if (c->base) atomic_compare_exchange_strong(&hdr_of(c)->broken, &none, (uint32_t)c->rank + 1);
+/* The header's `broken` word: rank broke the group, having found rank gone's process (pid)
+ * ended, or gone -1 for another reason. Ranks are below DP_COMM_MAX_WORLD < 0xffff. */
+static uint64_t break_word(int rank, int gone, int pid) {
+    return (uint64_t)(rank + 1) | (uint64_t)(gone + 1) << 16 | (uint64_t)(uint32_t)pid << 32;
 }
 
-/* Breaks the group for reason fmt (logged, and kept for dp_comm_error); returns rc. */
-static int shm_fail(dp_comm *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int shm_fail(dp_comm *c, int rc, const char *fmt, ...) {
+/* Marks the group broken, here and (the first reason only) in the segment. */
+static void break_group(dp_comm *c, int gone, int pid) {
+    c->broken = true;
+    uint64_t none = 0;
+    if (c->base)
+        atomic_compare_exchange_strong(&hdr_of(c)->broken, &none,
+                                       break_word(c->rank, gone, gone >= 0 ? pid : 0));
+}
+
+/* Breaks the group (gone, pid: as break_word) for reason fmt, logged and kept for
+ * dp_comm_error; returns rc. */
+static int shm_fail(dp_comm *c, int rc, int gone, int pid, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int shm_fail(dp_comm *c, int rc, int gone, int pid, const char *fmt, ...) {
     char why[DP_WHY_BYTES];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    break_group(c);
+    break_group(c, gone, pid);
     dp_why_set(c->why, "%s", why);
     LOG_WARN("dp_comm shm rank %d: %s", c->rank, why);
     return rc;
@@ -225,19 +238,19 @@ static int shm_wait(dp_comm *c, shm_cond cond, int arg, int peer, const char *wh
     for (long i = 0;; i++) {
         int why = 0;
         if (cond(c, arg, &why)) return 0;
-        uint32_t by = atomic_load(&hdr_of(c)->broken);
+        uint64_t by = atomic_load(&hdr_of(c)->broken);
         if (by) {
             c->broken = true;
-            int pid = 0, gone = gone_peer(c, -1, &pid); /* name the cause when we can see it */
+            int breaker = (int)(by & 0xffff) - 1, gone = (int)(by >> 16 & 0xffff) - 1;
             if (gone >= 0)
                 dp_why_set(c->why, "rank %d broke the group: rank %d (pid %d) has exited",
-                           (int)by - 1, gone, pid);
+                           breaker, gone, (int)(by >> 32));
             else
-                dp_why_set(c->why, "rank %d broke the group", (int)by - 1);
+                dp_why_set(c->why, "rank %d broke the group", breaker);
             LOG_WARN("dp_comm shm rank %d: %s: %s", c->rank, what, c->why);
             return DFLASH_EPEER;
         }
-        if (why) return shm_fail(c, DFLASH_EPEER, "%s: rank %d left the group", what, arg);
+        if (why) return shm_fail(c, DFLASH_EPEER, -1, 0, "%s: rank %d left the group", what, arg);
         if (i < SPIN_POLLS) {
             sched_yield();
             continue;
@@ -247,17 +260,19 @@ static int shm_wait(dp_comm *c, shm_cond cond, int arg, int peer, const char *wh
             next_check = now + PEER_CHECK_S;
             int pid = 0, gone = gone_peer(c, peer, &pid);
             if (gone >= 0 && !cond(c, arg, &why)) /* not one that arrived, then exited */
-                return shm_fail(c, DFLASH_EPEER, "%s: rank %d (pid %d) has exited (killed or "
-                                "crashed) while this rank waited for it", what, gone, pid);
+                return shm_fail(c, DFLASH_EPEER, gone, pid, "%s: rank %d (pid %d) has exited "
+                                "(killed or crashed) while this rank waited for it", what, gone,
+                                pid);
             char over[DP_WHY_BYTES];
             if (dp_wait_over(&wt, now, over, sizeof over) && !cond(c, arg, &why))
-                return shm_fail(c, DFLASH_EPEER, "%s: %s", what, over);
+                return shm_fail(c, DFLASH_EPEER, -1, 0, "%s: %s", what, over);
         }
         if (now > deadline) {
             if (peer >= 0)
-                return shm_fail(c, DFLASH_ETIMEOUT, "%s: timed out after %.3g s waiting for "
+                return shm_fail(c, DFLASH_ETIMEOUT, -1, 0, "%s: timed out after %.3g s waiting for "
                                 "rank %d", what, c->timeout_s, peer);
-            return shm_fail(c, DFLASH_ETIMEOUT, "%s: timed out after %.3g s", what, c->timeout_s);
+            return shm_fail(c, DFLASH_ETIMEOUT, -1, 0, "%s: timed out after %.3g s", what,
+                            c->timeout_s);
         }
         monotime_sleep_ms(i < 2000 ? 0.02 : 0.2);
     }
@@ -428,7 +443,7 @@ static int shm_open_group(dp_comm *c, const uint8_t id[DP_COMM_ID_BYTES], char *
     atomic_fetch_add(&h->n_joined, 1u);
     rc = shm_wait(c, cond_all_joined, 0, -1, "join", deadline);
     if (rc) { /* the group did not form */
-        if (rc == DFLASH_EPEER && atomic_load(&h->broken) == (uint32_t)c->rank + 1) {
+        if (rc == DFLASH_EPEER && (atomic_load(&h->broken) & 0xffff) == (uint64_t)c->rank + 1) {
             /* we saw why: a rank that had joined is gone, or the watch ended the join */
             err_fmt(err, errlen, "rank %d of %d: group %s did not form: %s", c->rank, c->world,
                     c->name, c->why);
@@ -443,7 +458,7 @@ static int shm_open_group(dp_comm *c, const uint8_t id[DP_COMM_ID_BYTES], char *
     if (c->rank == 0) shm_unlink(c->name);
     return 0;
 fail:
-    if (c->base) break_group(c);
+    if (c->base) break_group(c, -1, 0);
     shm_detach(c);
     shm_unlink(c->name); /* a failed group is never re-joined; ENOENT is fine */
     return rc;

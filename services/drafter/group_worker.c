@@ -159,12 +159,25 @@ static int do_register(gw *g)
     }
     if (rc < 0) return DFLASH_EAGAIN;
     if (g->pending) {
+        uint32_t refused = 0;
         for (uint32_t i = 0; i < g->n_pending; i++) {
             int arc = ack_at(g, &g->pending_units[i], g->pending_step);
+            if (arc == DFLASH_ERANGE) { /* outside this ledger's plan: it can never take it */
+                if (!refused++)
+                    LOG_WARN("step %llu (whose StepDone the broker did not take): the ack of "
+                             "(%u, %u, %llu) is refused for good (%s): this broker's ledger "
+                             "does not hold that batch (a new or lost journal?); let go",
+                             (unsigned long long)g->pending_step, g->pending_units[i].epoch,
+                             g->pending_units[i].bucket,
+                             (unsigned long long)g->pending_units[i].index,
+                             client_last_error(g->cl));
+                continue;
+            }
             if (arc && arc != DFLASH_EEXISTS) return DFLASH_EAGAIN;
         }
-        LOG_INFO("step %llu (whose StepDone the broker did not take): %u units acked",
-                 (unsigned long long)g->pending_step, g->n_pending);
+        LOG_INFO("step %llu (whose StepDone the broker did not take): %u units acked, %u the "
+                 "broker's ledger does not hold", (unsigned long long)g->pending_step,
+                 g->n_pending - refused, refused);
         g->pending = false;
     }
     return 0;

@@ -10,7 +10,12 @@
  * loop re-registers (hello carries the batch) and goes on until 3 batches are trained. Checks:
  * every batch the consumer trained is acked (the loop's count), and the broker's ledger holds as
  * many trained batches. Without the re-ack, the first batch stays unacked (solo: held by the
- * drafter, and a fourth batch is trained; group: an orphan the broker hands out again). */
+ * drafter, and a fourth batch is trained; group: an orphan the broker hands out again).
+ *
+ * Last, the group of one where the broker comes back on a NEW journal (a lost one) while the
+ * pending step holds a batch of epoch 2 (one batch per bucket, so 2 per epoch; the broker is
+ * killed during the fifth): that ledger can never take its ack (an epoch it has not opened).
+ * The member lets it go, said, and trains on; it re-registered 10 times a second for ever. */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
@@ -23,7 +28,8 @@
 
 typedef struct outage {
     const char *queue_bin, *dir;
-    const char *const *extra;
+    const char *const *extra, *const *extra_after; /* the restart's flags (NULL: extra) */
+    int kill_at;                                     /* the batch during which it is killed */
     pid_t queue;
     int consumed;
     bool killed, restarted;
@@ -33,7 +39,7 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 {
     outage *o = ctx;
     (void)b;
-    if (++o->consumed == 1) {
+    if (++o->consumed == o->kill_at) {
         h_kill(o->queue, SIGKILL);
         o->queue = -1;
         o->killed = true;
@@ -46,7 +52,7 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 static void restart(outage *o)
 {
     if (o->killed && !o->restarted) {
-        o->queue = h_start_queue(o->queue_bin, o->dir, o->extra);
+        o->queue = h_start_queue(o->queue_bin, o->dir, o->extra_after ? o->extra_after : o->extra);
         o->restarted = true;
     }
 }
@@ -72,7 +78,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
     const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--lease-timeout-ms=2000",
                            "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=warn",
                            NULL};
-    outage o = {.queue_bin = queue_bin, .dir = dir, .extra = extra};
+    outage o = {.queue_bin = queue_bin, .dir = dir, .extra = extra, .kill_at = 1};
     o.queue = h_start_queue(queue_bin, dir, extra);
     CHECK(o.queue > 0);
     if (o.queue <= 0) return;
@@ -114,10 +120,59 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group)
     h_rmdir(dir);
 }
 
+/* The group of one, the broker back on a new journal with the pending step's batch in epoch 2. */
+static void new_journal(const char *queue_bin, const char *target_bin)
+{
+    char dir[64], ep[128], journal[128], journal2[128];
+    h_tempdir(dir, sizeof dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
+    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
+    snprintf(journal2, sizeof journal2, "--journal=%s/new.journal", dir);
+    const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--lease-timeout-ms=2000",
+                           "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=warn",
+                           NULL};
+    const char *extra2[] = {journal2, "--min-ready=1", "--max-depth=2",
+                            "--lease-timeout-ms=2000", "--heartbeat-ms=100",
+                            "--stats-interval-ms=0", "--log-level=warn", NULL};
+    outage o = {.queue_bin = queue_bin, .dir = dir, .extra = extra, .extra_after = extra2,
+                .kill_at = 5};
+    o.queue = h_start_queue(queue_bin, dir, extra);
+    CHECK(o.queue > 0);
+    if (o.queue <= 0) return;
+    char rt[300], to[64];
+    snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
+    snprintf(to, sizeof to, "--timeout-ms=%d", 200);
+    char *targv[] = {(char *)target_bin, rt, "--name=newj", "--model=synthetic", "--slots=2",
+                     "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
+                     "--buckets=64,256", "--batches-per-bucket=1", "--epochs=10",
+                     "--backend=host", to, "--progress-ms=0", "--log-level=warn", NULL};
+    pid_t target = h_spawn(targv, NULL);
+    CHECK(target > 0);
+    worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
+                             .timeout_ms = 50, .max_batches = 8, .exit_when_drained = true,
+                             .group = "newj", .comm_kind = DP_COMM_SHM, .comm_timeout_s = 10};
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
+    worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume, .done = done,
+                            .set_group = h_set_group_none, .sync_state = h_sync_state_none,
+                            .model_step = model_step};
+    volatile sig_atomic_t stop = 0;
+    worker_stats st;
+    CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &st), 0);
+    printf("new journal: trained %d batches, %llu registrations\n", o.consumed,
+           (unsigned long long)st.registrations);
+    CHECK(o.killed && o.restarted);
+    CHECK_EQ_INT(o.consumed, 8);
+    CHECK(st.registrations < 10); /* not one every 100 ms */
+    CHECK_EQ_INT(h_stop(target), 0);
+    CHECK_EQ_INT(h_stop(o.queue), 0);
+    h_rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
     scenario(argv[1], argv[3], false);
     scenario(argv[1], argv[3], true);
+    new_journal(argv[1], argv[3]);
     CHECK_DONE();
 }

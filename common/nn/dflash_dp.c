@@ -228,11 +228,16 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
-/* A hash of the tensor table (names, shapes, offsets) and the sizes: ranks must agree on it. */
+/* A hash of the tensor table (names, shapes, offsets), the sizes, and the settings that shape
+ * the drafter's function without its tensors (block size, captured layers): ranks must agree on
+ * it. The MASK row is not in it: a member takes rank 0's (dflash_dp_sync_state). */
 static uint64_t layout_hash(const dflash_model *m) {
     uint64_t h = 0xcbf29ce484222325ull;
     uint64_t sizes[3] = {m->n_params, m->n_decay, (uint64_t)m->n_tensors};
     h = fnv1a(h, sizes, sizeof sizes);
+    int shape[2 + DFLASH_MAX_FEAT] = {m->cfg.block_size, m->cfg.n_feat};
+    memcpy(shape + 2, m->cfg.target_layer_ids, (size_t)m->cfg.n_feat * sizeof(int));
+    h = fnv1a(h, shape, sizeof shape);
     for (int i = 0; i < m->n_tensors; i++) {
         const dflash_tensor *t = &m->tensors[i];
         h = fnv1a(h, t->name, strnlen(t->name, sizeof t->name));
@@ -300,6 +305,16 @@ int dflash_dp_sync_state(dflash_model *m, dflash_train_cfg *tc, dp_comm *comm, i
     rc = dp_comm_broadcast_host(comm, &step, sizeof step, root);
     if (rc) return rc;
     m->step = (long)step;
+    /* rank 0's MASK row: its model was trained for it (a member without a checkpoint of its own
+     * took the default, which may differ: the target's tokenizer.json, or an older default) */
+    int32_t mask = m->cfg.mask_token_id;
+    rc = dp_comm_broadcast_host(comm, &mask, sizeof mask, root);
+    if (rc) return rc;
+    if (mask != m->cfg.mask_token_id) {
+        LOG_WARN("dflash_dp rank %d: taking rank %d's MASK row %d over this rank's %d",
+                 dp_comm_rank(comm), root, (int)mask, m->cfg.mask_token_id);
+        m->cfg.mask_token_id = mask;
+    }
     dflash_model_sync_params(m);
     if (tc) {
         dflash_train_cfg root_tc = *tc; /* plain numbers: the same bytes on every rank */

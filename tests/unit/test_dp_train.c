@@ -339,8 +339,12 @@ static void c_rank(int rank) {
     if (!c) return;
     dflash_train_cfg tc = w.tc; /* rank 1's settings differ: it takes rank 0's */
     if (rank == 1) tc.lr *= 2, tc.total_steps += 7, tc.clip = 0.5;
+    /* and its MASK row (a member without a checkpoint took another default): rank 0's */
+    int mask0 = m->cfg.mask_token_id;
+    if (rank == 1) m->cfg.mask_token_id = mask0 - 1;
     CHECK_EQ_INT(dflash_dp_sync_state(m, &tc, c, 0), 0);
     CHECK(tc.lr == w.tc.lr && tc.total_steps == w.tc.total_steps && tc.clip == w.tc.clip);
+    CHECK_EQ_INT(m->cfg.mask_token_id, mask0);
     R[rank].hash[0] = dflash_dp_state_hash(m);
     R[rank].step = m->step;
     make_batch(&b, rank, 5, false);

@@ -19,11 +19,12 @@
  * checkpoint then records the step's units as trained and unacked (the consumer's unacked(),
  * note_unacked). A drafter resumed from it (resumed_unacked(): `resumed`) resolves them at its
  * first GroupView (resolve_resumed), by the model the group goes on from, rank 0's at the
- * view's step: at or past their step it holds them (ours when we are rank 0, the join that
- * created the group having rewound the ledger to our step, which keeps them; another rank's
- * only if it took that step with us, as every rank of a step does), and they are acked at their
- * step as plain Acks; below it they are not in the group's model, and are let go (the broker
- * trains them again). Nothing is claimed before they are resolved.
+ * view's step: when that model is ours (we are rank 0; the join that created the group rewound
+ * the ledger to our step, which keeps them) and at or past their step, it holds them, and they
+ * are acked at their step as plain Acks; otherwise they are let go (the broker trains them
+ * again): another member's model at that step may come from a group re-created from an older
+ * model without them, and a batch trained twice is the safe side of one never trained. Nothing
+ * is claimed before they are resolved.
  * A refusal for good (our hello answered EXISTS, our join refused: `refused`) ends the loop
  * through end_refused() instead, with no more requests: the final checkpoint (rank 0), reported
  * to no broker (worker_session_save_refused), a pending step in it without a StepDone.
@@ -213,20 +214,23 @@ static void report_refused_step(gw *g)
     }
 }
 
-/* The checkpoint's unacked batches, at a GroupView v (see the top: acked when v's step is at or
- * past theirs, else let go). true once none is left; false when an ack found no broker (they
- * are tried again at the next view) or a broker that does not know us (state REGISTER). */
+/* The checkpoint's unacked batches, at a GroupView v (see the top: acked when our model is the
+ * group's, rank 0, and v's step is at or past theirs, else let go: a model the group was
+ * re-created from elsewhere may have reached that step without them). true once none is left;
+ * false when an ack found no broker (they are tried again at the next view) or a broker that
+ * does not know us (state REGISTER). */
 static bool resolve_resumed(gw *g, const wire_group_view *v)
 {
     while (g->next_resumed < g->n_resumed) {
         const worker_unacked *b = &g->resumed[g->next_resumed];
         wire_unit u = {.epoch = b->wu.epoch, .bucket = b->wu.bucket, .index = b->wu.batch};
-        if (v->step < b->step) {
+        if (v->rank != 0 || v->step < b->step) {
             LOG_WARN("batch (%u, %u, %llu) of the checkpoint we resumed from, trained at step %llu "
-                     "without an ack before the stop, is not in the model group %s goes on from "
-                     "(rank 0's, at step %llu): the broker trains it again", u.epoch, u.bucket,
-                     (unsigned long long)u.index, (unsigned long long)b->step, g->cfg->group,
-                     (unsigned long long)v->step);
+                     "without an ack before the stop, is not known to be in the model group %s "
+                     "goes on from (rank 0's, at step %llu%s): the broker trains it again",
+                     u.epoch, u.bucket, (unsigned long long)u.index, (unsigned long long)b->step,
+                     g->cfg->group, (unsigned long long)v->step,
+                     v->rank != 0 ? ", another member's model" : "");
             g->next_resumed++;
             continue;
         }

@@ -268,10 +268,16 @@ void worker_session_note_refusal(worker_session *s)
 
 /* Whether the refusal says a live process of run run_id (non-zero) replaced us: the broker's
  * Error carries that run's id in its own field (replaced_by_run) when it refuses our hello for
- * that reason, and in no other refusal (a name in use, another model's trainer, a group's). */
+ * that reason, and in no other refusal (a name in use, another model's trainer, a group's). A
+ * broker older than the field says it in its text only ("... replaced this process as a restart
+ * of its run %016x"), which is read then. */
 static bool refusal_names_run(const worker_session *s, uint64_t run_id)
 {
-    return run_id && s->refusal_run == run_id;
+    if (!run_id) return false;
+    if (s->refusal_run) return s->refusal_run == run_id;
+    char said[64];
+    snprintf(said, sizeof said, "as a restart of its run %016" PRIx64, run_id);
+    return strstr(s->refusal, said) != NULL;
 }
 
 int worker_session_save_refused(worker_session *s, worker_consumer *cons, const char *unacked)

@@ -505,7 +505,11 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
                      : client_release(g->cl, gr->lease_id);
         heard(g, rrc);
     }
-    if (misfit) return DFLASH_ECONFIG;
+    if (misfit) {
+        close_comm(g);
+        client_group_leave(g->cl, g->cfg->group); /* the others re-form without us at once */
+        return DFLASH_ECONFIG;
+    }
     if (rc < 0) {
         if (worker_session_copy_hopeless(g->s, rc)) return DFLASH_EPEER;
         reform(g, "cannot copy our slot of the step");

@@ -4,7 +4,10 @@
  * uses only async-signal-safe calls (write, _exit, sigaction). */
 #include "map_guard.h"
 
+#include "log.h"
+
 #include <pthread.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -20,6 +23,8 @@ typedef struct guard_entry {
 static guard_entry table[MAP_GUARD_MAX];
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t installed = PTHREAD_ONCE_INIT;
+static struct sigaction previous; /* the SIGBUS action before ours: a fault not ours goes there */
+static bool full_said;
 
 static void put(const char *s)
 {
@@ -60,13 +65,10 @@ static void on_sigbus(int sig, siginfo_t *info, void *uctx)
             "the old one, never rewritten in place; restore it and start again\n");
         _exit(MAP_GUARD_EXIT);
     }
-    /* not ours: the default action, for a fault (made again on return) and a kill(2) alike
-     * (raised again here, pending while the handler runs, delivered on return) */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
+    /* not ours: the action that was there before ours (the default, or another library's
+     * handler), for a fault (made again on return) and a kill(2) alike (raised again here,
+     * pending while the handler runs, delivered on return) */
+    sigaction(sig, &previous, NULL);
     raise(sig);
 }
 
@@ -77,7 +79,7 @@ static void install(void)
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGBUS, &sa, &previous);
 }
 
 void map_guard_add(const void *base, size_t size, const char *path)
@@ -85,13 +87,18 @@ void map_guard_add(const void *base, size_t size, const char *path)
     if (!base || !size) return;
     pthread_once(&installed, install);
     pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < MAP_GUARD_MAX; i++) {
-        if (atomic_load_explicit(&table[i].base, memory_order_relaxed)) continue;
+    int i = 0;
+    while (i < MAP_GUARD_MAX && atomic_load_explicit(&table[i].base, memory_order_relaxed)) i++;
+    if (i < MAP_GUARD_MAX) {
         table[i].size = size;
         strncpy(table[i].path, path ? path : "?", sizeof table[i].path - 1);
         table[i].path[sizeof table[i].path - 1] = 0;
         atomic_store_explicit(&table[i].base, (uintptr_t)base, memory_order_release);
-        break;
+    } else if (!full_said) {
+        full_said = true;
+        LOG_INFO("map_guard: more than %d files mapped at once: %s and those after it are not "
+                 "named if they shrink while mapped (a plain \"Bus error\")", MAP_GUARD_MAX,
+                 path ? path : "?");
     }
     pthread_mutex_unlock(&table_lock);
 }

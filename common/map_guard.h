@@ -3,10 +3,10 @@
  * Reading such a page raises SIGBUS; the handler, installed at the first registration, looks the
  * faulting address up among the registered mappings and, when it is one of them, writes one line
  * naming the file, the offset and what to do to stderr and exits 1 (the daemons' "data or model
- * unreadable"). A SIGBUS elsewhere (or sent by kill) keeps its default action: the handler
- * steps aside and raises it again. A file replaced by a rename while mapped is not at fault: the
+ * unreadable"). A SIGBUS elsewhere (or sent by kill) goes to the action that was there before
+ * (the default, or another library's handler): the handler steps aside and raises it again. A file replaced by a rename while mapped is not at fault: the
  * mapping keeps the old inode. Thread-safe; the table holds MAP_GUARD_MAX mappings (beyond, a
- * mapping is simply not named: the default death).
+ * mapping is not named: the default death; said once in the log).
  */
 #ifndef DFLASH_MAP_GUARD_H
 #define DFLASH_MAP_GUARD_H

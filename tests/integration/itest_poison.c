@@ -12,7 +12,7 @@
  * (`dflash-ctl release E/B/I`, the id as the broker's log prints it): the ctl says so, status
  * counts none quarantined, and the batch gets a fresh set of tries (2 more deliveries, then
  * quarantined again); a release of a batch that is not quarantined is refused (exit 1), and
- * `dflash-ctl release` of all reports what it released. */
+ * `dflash-ctl release all` reports what it released. */
 #include "check.h"
 #include "harness.h"
 #include "test_files.h"
@@ -143,7 +143,7 @@ int main(int argc, char **argv)
     printf("after the release: refused batch delivered %d times in all\n", k.seen);
     CHECK_EQ_INT(k.seen, 4);
     CHECK_EQ_INT(quarantined(ep), 1);
-    CHECK_EQ_INT(ctl(argv[2], dir, "release", NULL), 0);
+    CHECK_EQ_INT(ctl(argv[2], dir, "release", "all"), 0);
     CHECK(ctl_said(dir, "released 1 quarantined batches"));
     CHECK_EQ_INT(quarantined(ep), 0);
 

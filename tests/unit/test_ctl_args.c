@@ -65,11 +65,17 @@ int main(void) {
     free(err);
 
     /* release: a batch id as the logs print it (the broker's E/B/I, the drafter's (E, B, I)) or
-     * none (all) asks the broker (no broker: 2); anything else is a bad argument (1) */
+     * 'all' asks the broker (no broker: 2); anything else is a bad argument (1), none too (a
+     * forgotten id must not release every quarantined batch), and so is a malformed id */
     CHECK_EQ_INT(run("release 0/0/21"), 2);
     CHECK_EQ_INT(run("release '(0, 1, 21)'"), 2);
-    CHECK_EQ_INT(run("release"), 2);
+    CHECK_EQ_INT(run("release '(0,1,21)'"), 2);
     CHECK_EQ_INT(run("release all"), 2);
+    CHECK_EQ_INT(run("release"), 1);
+    CHECK_EQ_INT(run("release 0//0/21"), 1);
+    CHECK_EQ_INT(run("release '0 0 21'"), 1);
+    CHECK_EQ_INT(run("release '(0/0/21)'"), 1);
+    CHECK_EQ_INT(run("release 0/0/21/"), 1);
     CHECK_EQ_INT(run("release 0/0"), 1);
     err = test_slurp(errp, NULL);
     CHECK(strstr(err, "'0/0' is not a batch id: give EPOCH/BUCKET/INDEX") != NULL);

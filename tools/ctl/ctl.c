@@ -1,7 +1,7 @@
 /* dflash-ctl: inspects and steers dflash-queue over its ROUTER socket (client.h).
  *
  *   dflash-ctl [--endpoint E] [--timeout-ms N] [--json] status|watch|set K=V...|pause|resume|
- *              drain|release [E/B/I]|ping
+ *              drain|release E/B/I|all|ping
  *   dflash-ctl [--json] keygen DIR NAME   (writes DIR/NAME.key, mode 0600, and DIR/NAME.pub;
  *                                          curve.h; asks no broker)
  *
@@ -28,6 +28,7 @@
 #include "err.h"
 
 #include <cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -72,8 +73,8 @@ static const cfg_option ctl_options[] = {
 static const cfg_table ctl_table = {
     "dflash-ctl",
     "inspect and steer dflash-queue. Verbs: status, watch, set KEY=VALUE..., pause, resume, "
-    "drain, release [EPOCH/BUCKET/INDEX] (quarantined batches back to to-do: the one named, as "
-    "the logs print it, else all), ping, keygen DIR NAME (CURVE keypair). Exit 0 ok, 1 error, 2 "
+    "drain, release EPOCH/BUCKET/INDEX|all (quarantined batches back to to-do: the one named, as "
+    "the logs print it, or all), ping, keygen DIR NAME (CURVE keypair). Exit 0 ok, 1 error, 2 "
     "timeout",
     "[options] VERB [KEY=VALUE... | EPOCH/BUCKET/INDEX]",
     ctl_options,
@@ -476,29 +477,53 @@ static int cmd_set(const ctl_config *c, client *cl, const wire_settings *set)
     return 0;
 }
 
+/* A decimal number at *p (digits only, no sign), past it; false when there is none or it
+ * overflows. */
+static bool read_number(const char **p, unsigned long long *v)
+{
+    if (**p < '0' || **p > '9') return false;
+    char *end;
+    errno = 0;
+    *v = strtoull(*p, &end, 10);
+    *p = end;
+    return errno == 0;
+}
+
+/* Whether s is exactly E/B/I (the broker's form) or (E, B, I) (the drafter's; blanks after the
+ * commas optional), the three numbers into v. */
+static bool batch_form(const char *s, unsigned long long v[3])
+{
+    bool paren = *s == '(';
+    if (paren) s++;
+    for (int i = 0; i < 3; i++) {
+        if (i) {
+            if (*s++ != (paren ? ',' : '/')) return false;
+            if (paren) s += strspn(s, " ");
+        }
+        if (!read_number(&s, &v[i])) return false;
+    }
+    if (paren && *s++ != ')') return false;
+    return *s == 0;
+}
+
 /* release's argument: a batch id as the logs print it, E/B/I (the broker's) or (E, B, I) (the
  * drafter's), into *u, before any broker is asked. 0, or fail_msg's exit status (1). */
 static int parse_batch(const ctl_config *c, const char *arg, wire_unit *u)
 {
     unsigned long long v[3];
-    char norm[64], extra;
-    size_t n = strlen(arg);
-    bool ok = n < sizeof norm && strspn(arg, "0123456789/,() ") == n;
-    for (size_t i = 0; ok && i <= n; i++)
-        norm[i] = strchr("/,()", arg[i]) && arg[i] ? ' ' : arg[i];
-    ok = ok && sscanf(norm, "%llu %llu %llu %c", &v[0], &v[1], &v[2], &extra) == 3 &&
-         v[0] <= UINT32_MAX && v[1] < WIRE_MAX_BUCKETS && v[2] <= UINT32_MAX;
+    bool ok = batch_form(arg, v) && v[0] <= UINT32_MAX && v[1] < WIRE_MAX_BUCKETS &&
+              v[2] <= UINT32_MAX;
     if (ok) {
         *u = (wire_unit){(uint32_t)v[0], (uint32_t)v[1], v[2]};
         return 0;
     }
     char msg[200];
     snprintf(msg, sizeof msg, "'%.64s' is not a batch id: give EPOCH/BUCKET/INDEX as the logs "
-             "print it (e.g. 0/0/21), or nothing to release every quarantined batch", arg);
+             "print it (e.g. 0/0/21), or 'all' to release every quarantined batch", arg);
     return fail_msg(c, "release", DFLASH_EINVAL, msg);
 }
 
-/* release [E/B/I]: the named quarantined batch, or every one (unit NULL), back to to-do. */
+/* release E/B/I or all: the named quarantined batch, or every one (unit NULL), back to to-do. */
 static int cmd_release(const ctl_config *c, client *cl, const wire_unit *unit)
 {
     uint64_t n = 0;
@@ -588,9 +613,10 @@ int main(int argc, char **argv)
     }
     if (strcmp(verb, "keygen") == 0) return cmd_keygen(&c, npos - 1, pos + 1);
     bool release = strcmp(verb, "release") == 0;
-    if (strcmp(verb, "set") != 0 && npos > (release ? 2 : 1))
+    if (strcmp(verb, "set") != 0 && (release ? npos != 2 : npos > 1))
         return fail_msg(&c, verb, DFLASH_EINVAL,
-                        release ? "takes one batch id (EPOCH/BUCKET/INDEX) or none (all)"
+                        release ? "takes one batch id (EPOCH/BUCKET/INDEX), or 'all' for every "
+                                  "quarantined batch"
                                 : "takes no arguments");
     static wire_settings set;
     if (strcmp(verb, "set") == 0 && (rc = parse_set(&c, npos - 1, pos + 1, &set))) return rc;

@@ -1552,6 +1552,7 @@ void broker_destroy(broker **bp)
     /* our ipc:// socket files go with us (they stayed behind a clean stop); removed while still
      * bound, so no broker started since can have taken the path */
     if (b->router) unlink_ipc_path(b->cfg.endpoint);
+    if (b->router) unlink_ipc_path(b->cfg.bind); /* "" or tcp:// usually: nothing to do */
     if (b->pub) unlink_ipc_path(b->cfg.pub_endpoint);
     if (b->router) zmq_close(b->router);
     if (b->pub) zmq_close(b->pub);

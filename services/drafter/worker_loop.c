@@ -572,6 +572,10 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             monotime_sleep_ms(100);
             w.st.wait_grant_s += monotime_s() - t0;
             rc = 0;
+        } else if (rc == DFLASH_EEXISTS) { /* our --name is a live trainer's: exit 4 */
+            LOG_ERROR("the broker refused our claim: %s", client_last_error(w.client));
+            w.st.name_in_use = true;
+            goto out_session;
         } else if (rc == DFLASH_ESTALE) {
             LOG_WARN("the broker does not know us (it restarted, expired us, or another "
                      "drafter with our --name replaced us): registering again");

@@ -829,10 +829,30 @@ void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w)
     if (!w->size) w->size = 1;
 }
 
+/* The live solo trainer other than p that has p's name, or NULL. A drafter that shares a live
+ * trainer's name keeps its own session at hello (takes_over_by_name); one that claims without
+ * having become a trainer itself (a --verify drafter, or an older one) is then a second process
+ * with that name. */
+static const peer *trainer_named_like(const broker *b, const peer *p)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        const peer *q = b->peers[i];
+        if (q != p && q->trains && q->state == PEER_LIVE && q->role == WIRE_ROLE_DRAFTER &&
+            strcmp(q->name, p->name) == 0)
+            return q;
+    }
+    return NULL;
+}
+
 static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     if (p->role != WIRE_ROLE_DRAFTER)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter claims");
+    const peer *named = p->trains ? NULL : trainer_named_like(b, p);
+    if (named)
+        return reply_error(b, r, m->request_id, DFLASH_EEXISTS,
+                           "the drafter name '%s' is in use by a live trainer (run %016" PRIx64
+                           "): give each drafter its own --name", p->name, named->run_id);
     if (group_of_peer(b->groups, p->incarnation))
         return reply_error(b, r, m->request_id, DFLASH_EDENIED,
                            "a group member claims whole steps (StepClaim), not single slots");

@@ -520,6 +520,19 @@ static void test_other_run_same_name(void)
     train_one(&a, 3); /* a trains on, its session its own */
     CHECK_EQ_INT(hello_run(&a, RUN_A), 0);
     CHECK_EQ_INT(stub_status().batches_trained, 3);
+
+    /* a --verify drafter (it never resumes) with a's name: its hello keeps a's session too; its
+     * claim is refused EXISTS, name in use (exit 4), instead of two live sessions of one name */
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, 61);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", a.name);
+    CHECK_EQ_INT(stub_send("verifier-host"), 0);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, 61);
+    CHECK_EQ_INT(stub_send("verifier-host"), DFLASH_EEXISTS);
+    printf("verifier with a trainer's name: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "in use by a live trainer") != NULL);
+    train_one(&a, 4);
+    CHECK_EQ_INT(stub_status().batches_trained, 4);
     stub_broker_free();
 }
 

@@ -824,6 +824,26 @@ static int verify_weights(const dflash_model *m, const safetensors *st, char *er
  * without repair (DIR not under the caller's locked root) only the warning, and 0. A file that
  * cannot be read (DFLASH_EIO: permissions, an I/O error, not a regular file) is not damaged: that
  * error, and nothing is written. */
+/* Whole weights without model.safetensors.index.json (a checkpoint from before the index, or a
+ * repair that stopped between its two files): the index is written, so the servers that glob
+ * *.safetensors read model.safetensors alone. Its failure is logged, not fatal: our loaders do
+ * not need it. Always 0. */
+static int add_missing_index(const dflash_model *m, const char *dir) {
+    char p[4200], werr[1024] = "";
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    struct stat sb;
+    if (lstat(p, &sb) == 0) return 0;
+    bool f32 = false;
+    if (weights_dtype_f32(dir, &f32, werr, sizeof werr) == 0 &&
+        write_index(m, f32, dir, werr, sizeof werr) == 0)
+        LOG_INFO("checkpoint: %s written (it had none: SGLang and vLLM now read "
+                 "model.safetensors alone)", p);
+    else
+        LOG_WARN("checkpoint: %s is missing and cannot be written: %s (serve a copy holding "
+                 "config.json, model.safetensors and dflash.py)", p, werr);
+    return 0;
+}
+
 static int check_weights_file(const dflash_model *m, const char *dir, const float *masters,
                               bool repair, char *err, size_t errlen) {
     char p[4200], why[1024] = "";
@@ -841,7 +861,7 @@ static int check_weights_file(const dflash_model *m, const char *dir, const floa
     if (st) {
         rc = verify_weights(m, st, why, sizeof why);
         safetensors_close(&st);
-        if (rc == 0) return 0;
+        if (rc == 0) return repair ? add_missing_index(m, dir) : 0;
     } else if (!missing && rc != DFLASH_EFORMAT && rc != DFLASH_EUNSUPPORTED) {
         if (err) snprintf(err, errlen, "%s", why); /* cannot be read: not ours to replace */
         return rc;

@@ -1146,25 +1146,28 @@ static void test_checkpoint(world *w) {
     signal(SIGXFSZ, xfsz);
     a->step = a_step;
 
-    /* a checkpoint written before the index: found, warm-started from, resumed exactly (its
-     * model.safetensors whole, so nothing is written into it), eval's config read, and a
-     * directory open takes model.safetensors */
+    /* a checkpoint written before the index: found, warm-started from, eval's config read, a
+     * directory open takes model.safetensors; resumed exactly, from outside the run's dir
+     * (no repair: nothing written) and from inside it (the index is added, the weights being
+     * whole) */
     char idx[600];
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", path);
     CHECK_EQ_INT(unlink(idx), 0);
     CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
     CHECK(!strcmp(latest, path));
-    c = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
-    CHECK_EQ_INT(dflash_ckpt_load_weights(c, path, err, sizeof err), 0);
-    CHECK_EQ_INT(dflash_ckpt_resume(c, &tb, path, true, err, sizeof err), 0);
-    CHECK_EQ_INT(c->step, 3);
-    dflash_model_destroy(&c);
-    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
-    CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
-    CHECK(access(idx, F_OK) != 0);
     safetensors *old_st = safetensors_open(path, NULL, err, sizeof err);
     CHECK(old_st && safetensors_count(old_st) == (size_t)a->n_tensors);
     safetensors_close(&old_st);
+    c = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 7);
+    CHECK_EQ_INT(dflash_ckpt_load_weights(c, path, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, &tb, path, false, err, sizeof err), 0);
+    CHECK(access(idx, F_OK) != 0);
+    CHECK_EQ_INT(dflash_ckpt_resume(c, &tb, path, true, err, sizeof err), 0);
+    CHECK_EQ_INT(c->step, 3);
+    CHECK(access(idx, F_OK) == 0);
+    dflash_model_destroy(&c);
 
     dflash_model_destroy(&a);
     dflash_model_destroy(&b);

@@ -224,6 +224,33 @@ static __attribute__((unused)) void h_run_dirs(char *dir, char *rt, char *ep)
     h_queue_endpoint(rt, ep, 128);
 }
 
+/* Group `name` in status s, or NULL. */
+static __attribute__((unused)) const wire_group_stat *h_group(const wire_status *s,
+                                                              const char *name)
+{
+    for (uint32_t i = 0; i < s->n_groups; i++)
+        if (strcmp(s->groups[i].name, name) == 0) return &s->groups[i];
+    return NULL;
+}
+
+/* Waits up to ms until group `name` is active with `world` ranks and done >= min_done steps,
+ * asking the broker through c every 20 ms; the last status in *s. */
+static __attribute__((unused)) bool h_wait_group(client *c, const char *name, uint32_t world,
+                                                 uint64_t min_done, int ms, wire_status *s)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    while (h_now_ms() < end) {
+        if (client_status(c, s) == 0) {
+            const wire_group_stat *g = h_group(s, name);
+            if (g && g->world == world && g->state == WIRE_GROUP_ACTIVE &&
+                g->steps_done >= min_done)
+                return true;
+        }
+        h_sleep_ms(20);
+    }
+    return false;
+}
+
 /* A client of the broker at ep (role, name; 1 s per request) that said hello, trying up to
  * `tries` times while the broker starts; *rc: the last hello's result (0 when it answered). */
 static __attribute__((unused)) client *h_client(const char *ep, wire_role role, const char *name,

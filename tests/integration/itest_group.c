@@ -60,28 +60,15 @@ static bool get_status(client *c, wire_status *s)
 
 static const wire_group_stat *group_g(const wire_status *s)
 {
-    for (uint32_t i = 0; i < s->n_groups; i++)
-        if (strcmp(s->groups[i].name, "g") == 0) return &s->groups[i];
-    return NULL;
+    return h_group(s, "g");
 }
 
 /* Waits up to ms until group g is active with `world` ranks and done >= min_done steps. */
 static bool wait_group(client *c, uint32_t world, uint64_t min_done, int ms, wire_status *s)
 {
-    uint64_t end = h_now_ms() + (uint64_t)ms;
-    while (h_now_ms() < end) {
-        if (get_status(c, s)) {
-            const wire_group_stat *g = group_g(s);
-            if (g && g->world == world && g->state == WIRE_GROUP_ACTIVE &&
-                g->steps_done >= min_done)
-                return true;
-        }
-        h_sleep_ms(20);
-    }
-    return false;
+    return h_wait_group(c, "g", world, min_done, ms, s);
 }
 
-/* The whole file (NUL-terminated, caller frees) or NULL. */
 /* The last "final state at step N has hash H" of a drafter log. */
 static bool final_hash(const char *log, unsigned long long *step, unsigned long long *hash)
 {

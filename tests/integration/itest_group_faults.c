@@ -51,25 +51,13 @@ static pid_t start_drafter(const char *name, const char *layers)
 
 static const wire_group_stat *group_g(const wire_status *s)
 {
-    for (uint32_t i = 0; i < s->n_groups; i++)
-        if (strcmp(s->groups[i].name, "g") == 0) return &s->groups[i];
-    return NULL;
+    return h_group(s, "g");
 }
 
 /* Waits up to ms until group g is active with `world` ranks and done >= min_done steps. */
 static bool wait_group(client *c, uint32_t world, uint64_t min_done, int ms, wire_status *s)
 {
-    uint64_t end = h_now_ms() + (uint64_t)ms;
-    while (h_now_ms() < end) {
-        if (client_status(c, s) == 0) {
-            const wire_group_stat *g = group_g(s);
-            if (g && g->world == world && g->state == WIRE_GROUP_ACTIVE &&
-                g->steps_done >= min_done)
-                return true;
-        }
-        h_sleep_ms(20);
-    }
-    return false;
+    return h_wait_group(c, "g", world, min_done, ms, s);
 }
 
 /* Waits up to ms (twice) until group g is active with `world` ranks, then until it has done n

@@ -35,6 +35,7 @@
 #include "log.h"
 #include "signals.h"
 #include "model_producer.h"
+#include "slot_options.h"
 #include "target_model.h"
 #include "trainer.h"
 #include "worker_loop.h"
@@ -240,7 +241,7 @@ typedef struct drafter_setup {
 static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup *s, char *why,
                       size_t len)
 {
-    char reason[256], src[300], src2[300];
+    char src[300], src2[300];
 #define REFUSE(...) return config_refuse(why, len, __VA_ARGS__)
 #define SRC(name) config_source(t, c, name, src, sizeof src)
 #define SRC2(name) config_source(t, c, name, src2, sizeof src2)
@@ -254,19 +255,15 @@ static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup
                "which must stay positive, else the weights grow until they overflow; lower one "
                "of them (the recipe: --lr 6e-4, --weight-decay 0)", SRC("lr"),
                SRC2("weight-decay"), c->lr * c->weight_decay);
-    int rc = pool_backend_parse(c->backend, &s->backend);
-    if (rc < 0) REFUSE("%s: %s", SRC("backend"), pool_backend_refusal(rc));
-    slot_dtype dt = s->backend == POOL_CUDA ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32;
-    rc = slot_layout_compute((uint32_t)c->token_budget, (uint32_t)c->max_seqs,
-                             (uint32_t)c->hidden, (uint32_t)c->layers, dt, &s->layout);
-    if (rc < 0)
-        REFUSE("slot layout (token budget %lld, max seqs %lld, hidden %lld, layers %lld) is "
-               "invalid: %s", (long long)c->token_budget, (long long)c->max_seqs,
-               (long long)c->hidden, (long long)c->layers, err_str(rc));
-    int nb = batch_plan_parse_bounds(c->buckets, s->upper, WORKER_MAX_BUCKETS, reason,
-                                     sizeof reason);
-    if (nb <= 0) REFUSE("%s: %s", SRC("buckets"), reason);
-    s->n_buckets = (uint32_t)nb;
+    slot_options so = {c->backend, c->buckets, c->capture, c->token_budget, c->max_seqs,
+                       c->hidden, c->layers};
+    slot_setup ss = {.bucket_upper = s->upper, .max_buckets = WORKER_MAX_BUCKETS, .ids = s->ids,
+                     .max_ids = 64};
+    if (slot_options_setup(t, c, &so, &ss, why, len) < 0) return DFLASH_ECONFIG;
+    s->backend = ss.backend;
+    s->layout = ss.layout;
+    s->n_buckets = ss.n_buckets;
+    s->n_ids = ss.n_ids;
     if (c->group[0]) {
         if (strcmp(c->comm, "auto") == 0)
             s->comm = s->backend == POOL_CUDA && dp_comm_have_nccl() ? DP_COMM_NCCL : DP_COMM_SHM;
@@ -275,8 +272,6 @@ static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup
         if (s->comm == DP_COMM_NCCL && (s->backend != POOL_CUDA || !dp_comm_have_nccl()))
             REFUSE("--comm nccl needs the cuda backend and a build with NCCL; use --comm shm");
     }
-    s->n_ids = target_capture_layers_parse(c->capture, s->ids, 64, reason, sizeof reason);
-    if (s->n_ids < 0) REFUSE("bad %s: %s", SRC("capture-layers"), reason);
     bool train = c->train || (c->model[0] && !c->verify && !c->verify_model);
     if (c->verify + train + c->verify_model != 1)
         REFUSE("choose one mode: --train (with --model), --verify or --verify-model");

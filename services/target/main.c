@@ -20,6 +20,7 @@
 #include "log.h"
 #include "signals.h"
 #include "model_producer.h"
+#include "slot_options.h"
 #include "target_model.h"
 #include "ops.h"
 #include "target_loop.h"
@@ -188,21 +189,15 @@ static int setup_from(const cfg_table *t, const target_config *c, target_setup *
     memset(s, 0, sizeof *s);
     if (c->name[0] && !pool_name_valid(c->name)) /* it names the slot pool: found here */
         REFUSE("%s: give 1 to %u letters, digits, '-' or '_'", SRC("name"), POOL_NAME_MAX - 1);
-    int rc = pool_backend_parse(c->backend, &s->backend);
-    if (rc < 0) REFUSE("%s: %s", SRC("backend"), pool_backend_refusal(rc));
-    slot_dtype dt = s->backend == POOL_CUDA ? SLOT_DTYPE_BF16 : SLOT_DTYPE_F32;
-    rc = slot_layout_compute((uint32_t)c->token_budget, (uint32_t)c->max_seqs,
-                             (uint32_t)c->hidden, (uint32_t)c->layers, dt, &s->layout);
-    if (rc < 0)
-        REFUSE("slot layout (token budget %lld, max seqs %lld, hidden %lld, layers %lld) is "
-               "invalid: %s", (long long)c->token_budget, (long long)c->max_seqs,
-               (long long)c->hidden, (long long)c->layers, err_str(rc));
-    int nb = batch_plan_parse_bounds(c->buckets, s->bucket_upper, TARGET_MAX_BUCKETS, reason,
-                                     sizeof reason);
-    if (nb <= 0) REFUSE("%s: %s", SRC("buckets"), reason);
-    s->n_buckets = (uint32_t)nb;
-    s->n_ids = target_capture_layers_parse(c->capture, s->ids, 64, reason, sizeof reason);
-    if (s->n_ids < 0) REFUSE("bad %s: %s", SRC("capture-layers"), reason);
+    slot_options so = {c->backend, c->buckets, c->capture, c->token_budget, c->max_seqs,
+                       c->hidden, c->layers};
+    slot_setup ss = {.bucket_upper = s->bucket_upper, .max_buckets = TARGET_MAX_BUCKETS,
+                     .ids = s->ids, .max_ids = 64};
+    if (slot_options_setup(t, c, &so, &ss, why, len) < 0) return DFLASH_ECONFIG;
+    s->backend = ss.backend;
+    s->layout = ss.layout;
+    s->n_buckets = ss.n_buckets;
+    s->n_ids = ss.n_ids;
     if (strcmp(c->model, "synthetic") == 0) return 0;
     if (!c->shards[0]) REFUSE("--model %s needs --shards FILE[,FILE...]", c->model);
     /* the model decides the captured layers' count from --capture-layers */

@@ -157,6 +157,20 @@ void broker_held_remove_all(broker *b, const batch_id *id)
     for (uint32_t i = 0; i < b->n_peers; i++) held_remove(b->peers[i], id);
 }
 
+void broker_granted(broker *b, const policy_grant *g)
+{
+    /* The policy's count is its slot's (expiries there); the ledger's follows the batch into
+     * every slot it is produced in again (its drafter died holding it, a slot given back
+     * unread, a rewind, a release from quarantine). */
+    bool again = ledger_note_delivery(b->ledger, &g->where.batch) || g->deliveries > 1;
+    if (!again) return;
+    b->redeliveries++;
+    /* Safety net: a redelivered batch is no longer held by whoever had it before. (A batch
+     * enters a held list only at release, which ends its lease, so a first delivery is in no
+     * held list; skipping the scan keeps a grant O(1) in the number of held batches.) */
+    broker_held_remove_all(b, &g->where.batch);
+}
+
 /* A delivery of in-flight batch id ended untrained (a lease expired, a drafter left holding it):
  * counted in the ledger, so re-producing the batch into a fresh slot or restarting the broker
  * does not reset it. Past max_redeliveries the batch is quarantined (a batch that makes every
@@ -870,11 +884,7 @@ static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc) return reply_error(b, r, m->request_id, rc, "claim refused");
     reply_init(b, r, WIRE_GRANT, m->request_id);
     broker_fill_grant(b, &g, &r->u.grant);
-    /* Safety net: a redelivered batch is no longer held by whoever had it before. (A batch
-     * enters a held list only at release, which ends its lease, so a first delivery is in no
-     * held list; skipping the scan keeps a grant O(1) in the number of held batches.) */
-    if (g.deliveries > 1)
-        for (uint32_t i = 0; i < b->n_peers; i++) held_remove(b->peers[i], &g.where.batch);
+    broker_granted(b, &g);
 }
 
 /* True when p released lease_id recently and still holds its batch: a retry whose first reply
@@ -986,6 +996,7 @@ void broker_status(broker *b, wire_status *s)
     s->claims_per_s = b->claims_per_s;
     s->malformed = b->malformed;
     s->acks = b->acks;
+    s->redeliveries = b->redeliveries;
     const char *jf = b->ledger ? ledger_journal_failure(b->ledger) : NULL;
     if (jf) snprintf(s->journal_error, sizeof s->journal_error, "%s: %s", b->cfg.journal, jf);
     uint32_t live = 0;
@@ -1044,7 +1055,6 @@ void broker_status(broker *b, wire_status *s)
     s->grants = ps.claims;
     s->releases = ps.releases;
     s->lease_expiries = ps.lease_expiries;
-    s->redeliveries = ps.redeliveries;
     s->n_buckets = ps.n_buckets < WIRE_MAX_BUCKETS ? ps.n_buckets : WIRE_MAX_BUCKETS;
     for (uint32_t i = 0; i < s->n_buckets; i++) {
         const policy_bucket_stats *pb = &ps.bucket[i];

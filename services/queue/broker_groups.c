@@ -365,7 +365,7 @@ void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
                                           .batch = pg.where.batch, .pool_id = pg.where.pool_id,
                                           .slot = pg.where.slot, .n_tokens = pg.where.n_tokens,
                                           .pool_incarnation = pg.where.incarnation};
-            if (pg.deliveries > 1) broker_held_remove_all(b, &pg.where.batch);
+            broker_granted(b, &pg);
         }
         group_step_begin(g, c->step, slots);
         rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);

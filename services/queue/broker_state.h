@@ -119,6 +119,7 @@ struct broker {
     pool_desc pools[MAX_POOLS];
 
     uint64_t malformed, acks, double_acks, unroutable, requests;
+    uint64_t redeliveries; /* grants of a batch granted before (broker_granted) */
     deferred_reply *dq_head, *dq_tail; /* in deferral order; each peer's tickets ascending */
     uint64_t dispatch_ticket;          /* of the last broker_dispatch */
     uint64_t dispatch_request_id;
@@ -183,6 +184,10 @@ void broker_publish(broker *b, const char *topic, const wire_msg *m);
 void broker_peer_take_over(broker *b, peer *p, uint32_t i, const char *why);
 /* Removes batch id from every drafter's held list. */
 void broker_held_remove_all(broker *b, const batch_id *id);
+/* A claim or a group step's reservation granted g (policy_claim): counts it in redeliveries when
+ * its batch was delivered before, for whatever reason (ledger_note_delivery), and takes the batch
+ * off the held list of whoever had it then. */
+void broker_granted(broker *b, const policy_grant *g);
 /* True when draining and nothing is left to hand out (claims are answered SHUTDOWN). */
 bool broker_drained(const broker *b);
 /* True when every batch of the target's planned epochs is trained (claims are answered

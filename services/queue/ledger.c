@@ -38,7 +38,9 @@
  * Failed deliveries: each entry counts the deliveries of its batch that ended untrained (a lease
  * that expired, a drafter that died holding it), journaled as FAIL records, so the count
  * survives requeues (the batch is produced into a fresh slot) and broker restarts; the broker
- * quarantines a batch past max_redeliveries of them.
+ * quarantines a batch past max_redeliveries of them. Each entry also remembers whether its batch
+ * was granted to a drafter since the ledger was opened (ledger_note_delivery: the broker's count
+ * of redeliveries); memory only, since that count starts again with the broker.
  *
  * Plan identity: a PLAN_ID record after the PLAN holds the target's digest of its plan (seed,
  * buckets, data: batch_plan_identity). Journals written before it have a PLAN alone; the next
@@ -88,6 +90,7 @@ typedef struct {
     uint8_t state; /* batch_state */
     uint8_t orphan;
     uint16_t fails; /* deliveries that ended untrained (saturates); kept across requeues */
+    uint8_t delivered; /* granted to a drafter since the ledger was opened (not journaled) */
 } entry;
 
 /* An opaque payload of the broker's that the ledger keeps, journals and repeats in snapshots. */
@@ -222,7 +225,7 @@ static int ensure_epoch(ledger *l, uint32_t epoch)
 
 /* What every batch of a done epoch reads as. Never written: callers check the state first and
  * COMMITTED allows no transition. */
-static entry committed_entry = {0, BATCH_COMMITTED, 0, 0};
+static entry committed_entry = {.state = BATCH_COMMITTED};
 
 /* Entry of b, or NULL when outside the plan or in an epoch not opened. */
 static entry *find(const ledger *l, const batch_id *b, epoch_rec **E)
@@ -839,6 +842,16 @@ int ledger_fail(ledger *l, const batch_id *b)
     int rc = apply_fail(l, b);
     if (rc > 0) log_batch(l, REC_FAIL, b);
     return rc;
+}
+
+bool ledger_note_delivery(ledger *l, const batch_id *b)
+{
+    epoch_rec *E;
+    entry *x = find(l, b, &E);
+    if (!x || E->done) return false;
+    bool before = x->delivered;
+    x->delivered = 1;
+    return before;
 }
 
 uint32_t ledger_failures(const ledger *l, const batch_id *b)

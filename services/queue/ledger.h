@@ -166,6 +166,12 @@ int ledger_release_quarantined(ledger *l, uint64_t *released);
  * count (>= 1, saturating at 65535), DFLASH_ESTATE (not IN_FLIGHT), DFLASH_ERANGE. The caller
  * decides on quarantine (broker: count > max_redeliveries). */
 int ledger_fail(ledger *l, const batch_id *b);
+/* A slot holding b was granted to a drafter (a delivery of b). True when b had been delivered
+ * before since this ledger was opened (whatever ended that delivery: a lease that expired, a
+ * drafter gone holding it, a slot given back unread, a group step aborted, a rewind after it was
+ * trained, a release from quarantine); false on its first delivery and outside the plan. Memory
+ * only, not journaled. */
+bool ledger_note_delivery(ledger *l, const batch_id *b);
 /* Failed deliveries of b so far (0 outside the plan or in a finished epoch). */
 uint32_t ledger_failures(const ledger *l, const batch_id *b);
 

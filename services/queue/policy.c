@@ -92,7 +92,7 @@ struct policy {
     uint32_t win_len, win_pos;
     uint64_t win_tokens[POLICY_MAX_BUCKETS];
     uint64_t next_lease;
-    uint64_t claims, releases, work_units, expiries, redeliveries, quarantined, stale;
+    uint64_t claims, releases, work_units, expiries, quarantined, stale;
 };
 
 const char *policy_mode_name(policy_mode m)
@@ -705,7 +705,6 @@ static void expire_detached(policy *p, uint32_t i)
 static void expire(policy *p, slot *s)
 {
     p->expiries++;
-    p->redeliveries++;
     s->redelivered++;
     uint32_t redelivered = s->redelivered;
     (void)set_state(p, s, SLOT_READY, true);
@@ -853,7 +852,6 @@ void policy_get_stats(const policy *p, policy_stats *o)
     o->releases = p->releases;
     o->work_units = p->work_units;
     o->lease_expiries = p->expiries;
-    o->redeliveries = p->redeliveries;
     o->quarantined = p->quarantined;
     o->stale_releases = p->stale;
     o->detached_leases = p->n_detached;

@@ -104,7 +104,8 @@ typedef struct {
     uint64_t lease_id;    /* unique for this policy object */
     uint64_t worker_id;
     uint64_t deadline_ms; /* now + lease_timeout at grant; heartbeats extend it */
-    uint32_t deliveries;  /* 1 on the first grant of this batch, 2 after one redelivery, ... */
+    uint32_t deliveries;  /* grants of this batch from this slot: 1, 2 after one expiry, ...
+                           * (produced again into a slot, a batch starts at 1 there) */
     policy_slot_ref where;
 } policy_grant;
 
@@ -114,7 +115,7 @@ typedef struct {
     uint32_t ready, leased, filling;
     double deficit;          /* share*min_ready - (ready+filling) */
     uint64_t produced_batches, produced_tokens; /* slots that became ready (first time) */
-    uint64_t consumed_batches, consumed_tokens; /* first grants (redeliveries not counted) */
+    uint64_t consumed_batches, consumed_tokens; /* first grants from a slot (not after expiry) */
     double window_share;     /* token share of this bucket in the last mix_window claims */
 } policy_bucket_stats;
 
@@ -127,7 +128,7 @@ typedef struct {
     uint32_t fenced;                 /* FENCED slots (restart fence, see above) */
     double mix_tv;                   /* TV(consumed mix over the window, dataset mix); 0 if empty */
     uint32_t window_claims;          /* claims in the window (<= mix_window) */
-    uint64_t claims, releases, work_units, lease_expiries, redeliveries, quarantined;
+    uint64_t claims, releases, work_units, lease_expiries, quarantined;
     uint64_t stale_releases;         /* releases of unknown or expired leases */
     uint32_t detached_leases;        /* leases outliving their dropped pool */
     policy_bucket_stats bucket[POLICY_MAX_BUCKETS];

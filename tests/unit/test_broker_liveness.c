@@ -12,7 +12,9 @@
  *     cron's period (heartbeat 1000 ms: a 250 ms period; lease timeout 200 ms);
  *   - after 64 targets of different names had come and gone, no other could register;
  *   - with the stats announcements off (--stats-interval-ms 0) status said claims/s 0.0 while
- *     the drafters claimed a thousand slots a second.
+ *     the drafters claimed a thousand slots a second;
+ *   - status counted a lease expiry as a redelivery at once, also when the batch was then
+ *     quarantined and never delivered again: a redelivery is counted at the batch's next grant.
  * Expiries are waited for (polled up to a deadline of several windows), never timed.
  */
 #include "check.h"
@@ -242,7 +244,14 @@ int main(void)
     run_for(600, 20, true); /* cron has run (twice): from now on it comes a period late */
     lease_one_batch();
     CHECK(wait_for(2, 0, 3000, 20));
-    CHECK(stub_status().lease_expiries >= 1);
+    wire_status e = stub_status();
+    CHECK(e.lease_expiries >= 1);
+    /* an expiry is no delivery yet: redeliveries counts the batch's next grant */
+    CHECK_EQ_INT(e.redeliveries, 0);
+    CHECK_EQ_INT(stub_send(from(WIRE_CLAIM, false)), 0);
+    CHECK_EQ_INT(stub_rep.type, WIRE_GRANT);
+    CHECK(stub_rep.u.grant.unit.index == 0);
+    CHECK_EQ_INT(stub_status().redeliveries, 1);
     stub_broker_free();
     test_many_target_names();
     test_claim_rate_without_stats();

@@ -14,6 +14,10 @@
  *   - ReleaseQuarantine of all releases every quarantined batch (Ok with the count; 0 when
  *     none is);
  *   - a broker restarted on the journal keeps them released (the records replay).
+ * And status counts every delivery of a batch after its first as a redelivery (the audit's
+ * finding 9: `redeliveries 0` while batches had two deliveries each and were quarantined, as
+ * it counted lease expiries only): a drafter restarted holding copied batches, a slot given back
+ * unread, a release from quarantine; a batch quarantined is not delivered again, not counted.
  * The admin-key check over CURVE is itest_curve's; the dflash-ctl verb is itest_poison's. */
 #include "check.h"
 #include "broker_stub.h"
@@ -86,6 +90,85 @@ static void release_one_logged(void)
     log_set_level(LOG_ERROR);
 }
 
+static void redeliver_once(queue_config *cfg)
+{
+    cfg->max_redeliveries = 1;
+}
+
+/* Drafter (rid, inc) claims a slot and releases it (unread: given back without reading it);
+ * the batch it got goes to *got. */
+static void claim_release(const char *rid, uint64_t inc, bool unread, wire_unit *got)
+{
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, inc);
+    CHECK_EQ_INT(stub_send(rid), 0);
+    *got = stub_rep.u.grant.unit;
+    uint64_t lease = stub_rep.u.grant.lease_id;
+    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, inc);
+    stub_req.u.lease_id = lease;
+    stub_req.u.release_unread = unread;
+    CHECK_EQ_INT(stub_send(rid), 0);
+}
+
+static void test_redeliveries_counted(void)
+{
+    stub_broker_new(redeliver_once); /* journal none, max-redeliveries 1 */
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello("t", WIRE_ROLE_TARGET, TARGET_INC, "t"), 0);
+    CHECK_EQ_INT(hello("d", WIRE_ROLE_DRAFTER, DRAFTER_INC, "d"), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    wire_unit u;
+
+    /* first deliveries: not counted */
+    stub_make_ready("t", TARGET_INC, POOL_INC, 2);
+    claim_release("d", DRAFTER_INC, false, &u);
+    claim_release("d", DRAFTER_INC, false, &u);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.grants, 2);
+    CHECK_EQ_INT(s.redeliveries, 0);
+
+    /* the drafter restarted holding both (a supervisor): produced again, delivered again */
+    CHECK_EQ_INT(hello("d2", WIRE_ROLE_DRAFTER, DRAFTER_INC + 1, "d"), 0);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 2);
+    claim_release("d2", DRAFTER_INC + 1, false, &u);
+    CHECK(u.epoch == 0 && u.index <= 1);
+    claim_release("d2", DRAFTER_INC + 1, false, &u);
+    CHECK(u.epoch == 0 && u.index <= 1);
+    s = stub_status();
+    CHECK_EQ_INT(s.redeliveries, 2);
+    CHECK_EQ_INT(s.lease_expiries, 0);
+
+    /* restarted again: the second failed delivery quarantines them, none is delivered again */
+    CHECK_EQ_INT(hello("d3", WIRE_ROLE_DRAFTER, DRAFTER_INC + 2, "d"), 0);
+    s = stub_status();
+    printf("two deliveries each, quarantined: quarantined %llu, redeliveries %llu\n",
+           (unsigned long long)s.quarantined, (unsigned long long)s.redeliveries);
+    CHECK_EQ_INT(s.quarantined, 2);
+    CHECK_EQ_INT(s.redeliveries, 2);
+
+    /* a slot given back unread: the batch is produced again and its next grant counted */
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    claim_release("d3", DRAFTER_INC + 2, true, &u);
+    CHECK(u.index == 2);
+    CHECK_EQ_INT(stub_status().redeliveries, 2);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    claim_release("d3", DRAFTER_INC + 2, false, &u);
+    CHECK(u.index == 2);
+    CHECK_EQ_INT(stub_status().redeliveries, 3);
+
+    /* released from quarantine and delivered again: counted */
+    CHECK_EQ_INT(release(&one), 0);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    claim_release("d3", DRAFTER_INC + 2, false, &u);
+    CHECK(u.index == 1);
+    CHECK_EQ_INT(stub_status().redeliveries, 4);
+    /* a new batch's first delivery still is not */
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    claim_release("d3", DRAFTER_INC + 2, false, &u);
+    CHECK(u.index == 3);
+    CHECK_EQ_INT(stub_status().redeliveries, 4);
+    stub_broker_free();
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -149,5 +232,6 @@ int main(void)
         stub_broker_free();
     }
     test_rmtree(dir);
+    test_redeliveries_counted();
     CHECK_DONE();
 }

@@ -12,7 +12,8 @@
  *   - StepDone acks all R units once (a duplicate is harmless, a non-rank-0 is refused);
  *   - a member that dies or leaves mid-step: the step is aborted when the surviving first rank
  *     says its model did not take it (every unit back to to-do or READY, none acked), or acked
- *     when its model did; nothing is lost or acked twice;
+ *     when its model did; nothing is lost or acked twice; the aborted step's batches, granted
+ *     again, count in status as redeliveries;
  *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields);
  *   - a group restarted whole waits for the member holding the newest committed checkpoint
  *     to be its rank 0 (a former rank 1 has none), for group-hold-ms at most;
@@ -938,9 +939,13 @@ int main(void)
     CHECK_EQ_INT(set_id(&A, e4, 0x55), 0);
     CHECK_EQ_INT(join(&Bd, 1, 0, &vb), 0);
     CHECK(vb.epoch == e4 && vb.rank == 1);
+    uint64_t redelivered = stub_status().redeliveries;
     make_ready(1);
     CHECK_EQ_INT(claim(&A, e4, 2, &ga), 0);
     CHECK_EQ_INT(claim(&Bd, e4, 2, &gb), 0);
+    /* the step's two slots hold batches of the aborted one: C's uncopied slot, READY again, and
+     * a copied unit produced again; both are deliveries after their first */
+    CHECK_EQ_INT(stub_status().redeliveries, redelivered + 2);
     CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
     CHECK_EQ_INT(release(&Bd, gb.grant.lease_id), 0);
     drafter A2 = {"drafter-a-9", "a", 0xa9}; /* A restarted: replaces the old session */

@@ -41,6 +41,11 @@
  * epoch is over, and we re-form at once instead of after --comm-timeout-s. No answer (the broker
  * is down: the request waits its timeout) keeps the wait, bounded by --comm-timeout-s as ever.
  * With shm the collective itself also sees a peer process that has ended (collective.h).
+ *
+ * Progress lines (progress()): in STEPPING the group's (epoch, rank, world, step, rates);
+ * outside it (REGISTER, JOINING) the rank trains nothing, and the line says so, with what it
+ * waits for (`waiting`, set where the loop learns it: set_state, set_waiting) and since when
+ * (it last left STEPPING, or started).
  */
 #include "group_worker.h"
 
@@ -52,6 +57,7 @@
 #include "worker_session.h"
 
 #include <assert.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -84,6 +90,9 @@ typedef struct gw {
     bool refused;          /* the broker refused our hello or join for good: the loop ends */
     worker_unacked resumed[WORKER_MAX_UNACKED]; /* the checkpoint's unacked batches */
     uint32_t n_resumed, next_resumed;           /* (consumer's resumed_unacked()), next one */
+    /* Outside STEPPING the rank trains nothing: what it waits for (set_waiting), since when. */
+    char waiting[WIRE_MAX_TEXT + 64];
+    double waiting_since;
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -96,7 +105,23 @@ static void set_state(gw *g, gw_state to)
         [GW_DONE] = {false, false, false, true},
     };
     assert(legal[g->state][to]);
+    if (g->state == GW_STEPPING && to != GW_STEPPING) g->waiting_since = monotime_s();
+    if (to == GW_REGISTER)
+        snprintf(g->waiting, sizeof g->waiting, "for the broker to take our hello");
+    else if (to == GW_JOINING && g->state != GW_JOINING)
+        snprintf(g->waiting, sizeof g->waiting, "for the broker's answer to our join of group %s",
+                 g->cfg->group);
     g->state = to;
+}
+
+/* What the rank waits for while it trains nothing (REGISTER, JOINING): the progress line's. */
+static void set_waiting(gw *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_waiting(gw *g, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->waiting, sizeof g->waiting, fmt, ap);
+    va_end(ap);
 }
 
 /* Leaves the epoch's communicator (if any) and trains alone until the next one. */
@@ -117,6 +142,8 @@ static void reform(gw *g, const char *why)
     close_comm(g);
     g->failed_epoch = g->epoch;
     set_state(g, GW_JOINING);
+    set_waiting(g, "for the broker's view of group %s after epoch %llu broke", g->cfg->group,
+                (unsigned long long)g->epoch);
 }
 
 /* Every request's result: a timeout after the stop marks the broker lost (worker_session.h). */
@@ -158,7 +185,11 @@ static int do_register(gw *g)
         g->refused = true;
         return rc;
     }
-    if (rc < 0) return DFLASH_EAGAIN;
+    if (rc < 0) {
+        set_waiting(g, "for the broker to take our hello (%s)",
+                    rc == DFLASH_ETIMEOUT ? "no answer" : client_last_error(g->cl));
+        return DFLASH_EAGAIN;
+    }
     if (g->pending) {
         uint32_t refused = 0;
         for (uint32_t i = 0; i < g->n_pending; i++) {
@@ -339,6 +370,10 @@ static int joining(gw *g)
     int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, 0, &v);
     heard(g, rc);
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
+        if (rc == DFLASH_EAGAIN) /* the broker's reason names the group */
+            set_waiting(g, "to join group %s (the broker: %s)", c->group, client_last_error(g->cl));
+        else
+            set_waiting(g, "for the broker's answer to our join of group %s", c->group);
         uint64_t now = monotime_ms();
         if (rc == DFLASH_EAGAIN && now - g->wait_said_ms >= 10000) { /* the broker's reason */
             LOG_INFO("joining: %s", client_last_error(g->cl)); /* it names the group */
@@ -364,6 +399,8 @@ static int joining(gw *g)
     }
     if (rc < 0) {
         LOG_WARN("group join: %s (%s)", err_str(rc), client_last_error(g->cl));
+        set_waiting(g, "for the broker to take our join of group %s (%s)", c->group,
+                    client_last_error(g->cl));
         monotime_sleep_ms(100);
         return 0;
     }
@@ -386,6 +423,8 @@ static int joining(gw *g)
             return 0;
         }
     } else if (v.id_len == 0) {
+        set_waiting(g, "for group %s epoch %llu to start: rank 0 has not posted its id (we are rank "
+                    "%u of %u)", c->group, (unsigned long long)v.epoch, v.rank, v.world);
         monotime_sleep_ms(20); /* rank 0 has not posted the id yet */
         return 0;
     } else {
@@ -604,13 +643,21 @@ static int stepping(gw *g, double *backoff)
     return 0;
 }
 
-/* A progress line every cfg->progress_ms: our rank, batches and tokens/s, time waiting for a
- * step's slots. */
+/* A progress line every cfg->progress_ms: in a group (STEPPING), our rank, batches and
+ * tokens/s, time waiting for a step's slots; outside one, that we train nothing, what we wait
+ * for and since when. */
 static void progress(gw *g)
 {
     worker_stats d;
     double dt;
     if (!worker_session_progress_due(g->s, &d, &dt)) return;
+    if (g->state != GW_STEPPING) {
+        LOG_INFO("group %s: not training for %.0f s, waiting %s (model step %llu, batches %llu)",
+                 g->cfg->group, monotime_s() - g->waiting_since, g->waiting,
+                 (unsigned long long)g->cons->model_step(g->cons->ctx),
+                 (unsigned long long)g->st.batches);
+        return;
+    }
     LOG_INFO("group %s epoch %llu rank %d of %d: step %llu, batches %llu, %.0f tokens/s, waiting "
              "for a step %.0f%%", g->cfg->group, (unsigned long long)g->epoch, g->rank, g->world,
              (unsigned long long)g->cons->model_step(g->cons->ctx),
@@ -698,6 +745,8 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
         g.n_resumed = cons->resumed_unacked(cons->ctx, g.resumed, WORKER_MAX_UNACKED);
 
     double backoff = 1, unreachable_since = monotime_s();
+    g.waiting_since = unreachable_since;
+    set_state(&g, GW_REGISTER); /* from REGISTER: only sets what the progress line waits for */
     gw_state was = g.state;
     while (g.state != GW_DONE) {
         worker_session_alive(g.s);

@@ -113,15 +113,24 @@ static __attribute__((unused)) int h_wait_exit(pid_t pid, int ms)
     return -1;
 }
 
-/* Whether the file at path (a process's log) holds text, waiting up to ms for it to appear. */
-static __attribute__((unused)) bool h_wait_text(const char *path, const char *text, int ms)
+/* Whether the file at path (a process's log) holds text past byte `from` (a size taken before
+ * what is looked for), waiting up to ms for it to appear. */
+static __attribute__((unused)) bool h_wait_text_from(const char *path, size_t from,
+                                                     const char *text, int ms)
 {
     for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(50)) {
-        char *log = test_slurp(path, NULL);
-        bool found = log && strstr(log, text) != NULL;
+        size_t len = 0;
+        char *log = test_slurp(path, &len);
+        bool found = log && from <= len && strstr(log + from, text) != NULL;
         free(log);
         if (found || h_now_ms() >= end) return found;
     }
+}
+
+/* Whether the file at path holds text anywhere, waiting up to ms for it to appear. */
+static __attribute__((unused)) bool h_wait_text(const char *path, const char *text, int ms)
+{
+    return h_wait_text_from(path, 0, text, ms);
 }
 
 /* A tiny training set in dir for tests that run the real daemons: a random 6-layer Qwen3 target

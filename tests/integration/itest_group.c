@@ -18,7 +18,8 @@
  *      epoch); resume; >= 3 more steps with world 2;
  *   3b. once rank 0 (da) has a committed checkpoint, both are SIGKILLed; the broker expires
  *      them; db (no checkpoints of its own) is started first and must wait (the broker holds a
- *      group's creation below the newest committed checkpoint); da resumes from its checkpoint,
+ *      group's creation below the newest committed checkpoint), its progress lines saying that
+ *      it trains nothing and what it waits for (the broker's reason); da resumes from its checkpoint,
  *      creates the group as rank 0 and db syncs from it; nothing committed is rewound;
  *   4. once no batch is left to do (at most world - 1 ready batches can be left over: a step
  *      needs one per rank), drain: both drafters exit 0.
@@ -37,9 +38,11 @@
 static char dir[64], ep[128], rt[128];
 static const char *queue_bin, *target_bin, *drafter_bin;
 
-static pid_t start_drafter(const char *name)
+/* A drafter of group g named name, a progress line every progress_ms ("0": none). */
+static pid_t start_drafter_progress(const char *name, const char *progress_ms)
 {
-    static char model[128], ckpt[128], log[128], nm[64];
+    static char model[128], ckpt[128], log[128], nm[64], pm[16];
+    snprintf(pm, sizeof pm, "%s", progress_ms);
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
     snprintf(log, sizeof log, "%s/drafter-%s.log", dir, name);
@@ -47,10 +50,15 @@ static pid_t start_drafter(const char *name)
     char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--group", "g",
                     "--comm", "shm", "--comm-timeout-s", "3", "--block-size", "4", "--anchors",
                     "8", "--lr", "3e-3", "--checkpoint-every", "10", "--checkpoint-dir", ckpt,
-                    "--progress-ms", "0", "--buckets", "32", "--token-budget", "128",
+                    "--progress-ms", pm, "--buckets", "32", "--token-budget", "128",
                     "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
                     "--backend", "host", "--timeout-ms", "1000", NULL};
     return h_spawn_logged(argv, log);
+}
+
+static pid_t start_drafter(const char *name)
+{
+    return start_drafter_progress(name, "0");
 }
 
 static bool get_status(client *c, wire_status *s)
@@ -216,7 +224,7 @@ int main(int argc, char **argv)
     CHECK(group_g(&s) == NULL);
     uint64_t commit_before = s.committed_step, committed_before = s.batches_committed;
     size_t da_from = (size_t)test_file_size(dalog), db_from = (size_t)test_file_size(dblog);
-    db = start_drafter("db");
+    db = start_drafter_progress("db", "200");
     bool held = false;
     end = h_now_ms() + 30000;
     while (h_now_ms() < end && !held) {
@@ -226,6 +234,16 @@ int main(int argc, char **argv)
         h_sleep_ms(50);
     }
     CHECK(held);
+    /* its progress lines say it trains nothing and why (it printed "group g epoch 0 rank 0 of
+     * 1: step 0, batches 0, 0 tokens/s, waiting for a step 0%", a rank of no group) */
+    CHECK(h_wait_text_from(dblog, db_from, "group g: not training for ", 5000));
+    CHECK(h_wait_text_from(dblog, db_from, "waiting to join group g (the broker: group g: the "
+                                           "newest committed checkpoint is at step", 5000));
+    char *dbl = test_slurp(dblog, NULL);
+    CHECK(dbl && !strstr(dbl + db_from, "tokens/s"));
+    char *line = dbl ? strstr(dbl + db_from, "group g: not training for ") : NULL;
+    if (line) printf("phase 3b: db while held: %.*s\n", (int)strcspn(line, "\n"), line);
+    free(dbl);
     CHECK(get_status(c, &s) && group_g(&s) == NULL); /* db did not create it */
     CHECK_EQ_INT(s.batches_committed, committed_before);
     da = start_drafter("da");

@@ -75,18 +75,6 @@ static uint64_t steps_done(client *c)
     return g ? g->steps_done : 0;
 }
 
-/* Whether the file at path holds text past byte `from`, waiting up to ms for it. */
-static bool wait_text_from(const char *path, size_t from, const char *text, int ms)
-{
-    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(50)) {
-        size_t len = 0;
-        char *log = test_slurp(path, &len);
-        bool found = log && from <= len && strstr(log + from, text) != NULL;
-        free(log);
-        if (found || h_now_ms() >= end) return found;
-    }
-}
-
 /* Whether pid is still running (not exited, not reaped). */
 static bool running(pid_t pid)
 {
@@ -158,13 +146,13 @@ int main(int argc, char **argv)
     kill(db, SIGSTOP);
     char text[128];
     snprintf(text, sizeof text, "waiting for rank 1 (pid %d) in the collective", (int)db);
-    CHECK(wait_text_from(dalog, from, text, 30000));
-    CHECK(wait_text_from(dalog, from, "the group breaks at 60 s", 0));
+    CHECK(h_wait_text_from(dalog, from, text, 30000));
+    CHECK(h_wait_text_from(dalog, from, "the group breaks at 60 s", 0));
     uint64_t done = steps_done(c);
     uint64_t t0 = h_now_ms();
     h_kill(db, SIGKILL);
     snprintf(text, sizeof text, "rank 1 (pid %d) has exited", (int)db);
-    CHECK(wait_text_from(dalog, from, text, 5000));
+    CHECK(h_wait_text_from(dalog, from, text, 5000));
     uint64_t seen_ms = h_now_ms() - t0;
     CHECK(wait_group(c, 1, done + 2, 20000, &s));
     printf("phase 3: db SIGKILLed while da waited for it: da saw it in %.1f s, trained alone "
@@ -179,7 +167,7 @@ int main(int argc, char **argv)
     t0 = h_now_ms();
     kill(db, SIGSTOP);
     CHECK(wait_group(c, 1, done + 2, 25000, &s));
-    CHECK(wait_text_from(dalog, from, "the broker has", 0));
+    CHECK(h_wait_text_from(dalog, from, "the broker has", 0));
     printf("phase 4: db SIGSTOPped: da trained alone %.1f s after (broker expiry 10 s, comm "
            "timeout 60 s)\n", (h_now_ms() - t0) / 1000.0);
     kill(db, SIGCONT);

@@ -412,12 +412,14 @@ int client_resume_from(client *c, uint64_t step, uint64_t run_id)
 }
 
 static int do_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,
-                         uint32_t world_hint, wire_group_view *out)
+                         int gone_rank, uint32_t world_hint, wire_group_view *out)
 {
     req_init(c, WIRE_GROUP_JOIN);
     snprintf(c->req.u.join.group, sizeof c->req.u.join.group, "%s", group);
     c->req.u.join.step = step;
     c->req.u.join.failed_epoch = failed_epoch;
+    c->req.u.join.has_gone_rank = failed_epoch && gone_rank >= 0;
+    c->req.u.join.gone_rank = c->req.u.join.has_gone_rank ? (uint32_t)gone_rank : 0;
     c->req.u.join.world_hint = world_hint;
     int rc = call(c, WIRE_GROUP_VIEW);
     if (!rc && out) *out = c->rep.u.view;
@@ -425,10 +427,11 @@ static int do_group_join(client *c, const char *group, uint64_t step, uint64_t f
 }
 
 int client_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,
-                      uint32_t world_hint, wire_group_view *out)
+                      int gone_rank, uint32_t world_hint, wire_group_view *out)
 {
     if (!group || !*group || strlen(group) >= WIRE_MAX_NAME) return DFLASH_EINVAL;
-    LOCKED(c, do_group_join(c, group, step, failed_epoch, world_hint, out));
+    if (gone_rank >= WIRE_MAX_WORLD) return DFLASH_EINVAL;
+    LOCKED(c, do_group_join(c, group, step, failed_epoch, gone_rank, world_hint, out));
 }
 
 static int do_group_set_id(client *c, const char *group, uint64_t epoch, const uint8_t *id,

@@ -154,12 +154,14 @@ int client_resume_from(client *c, uint64_t step, uint64_t run_id);
  * means "re-form": the epoch is over (or, with client_broker_restarted(), the broker restarted:
  * hello first). */
 /* Drafter: joins `group` (or polls for the view of its current epoch). step: optimizer steps our
- * model has taken; failed_epoch: the epoch whose collective failed here (0 = none). On 0 *out is
+ * model has taken; failed_epoch: the epoch whose collective failed here (0 = none); gone_rank:
+ * with failed_epoch, the rank of it whose process our collective saw end (-1 = none; an older
+ * broker ignores it). On 0 *out is
  * our rank in the current epoch (out->id_len 0: rank 0 has not posted the id yet). Extra:
  * DFLASH_EAGAIN (waiting for a step boundary or for the group to re-form: poll again),
  * DFLASH_EFULL (the group would be larger than the broker's max-depth), DFLASH_EEXISTS. */
 int client_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,
-                      uint32_t world_hint, wire_group_view *out);
+                      int gone_rank, uint32_t world_hint, wire_group_view *out);
 /* Rank 0: posts the rendezvous id of `epoch` (1..WIRE_GROUP_ID_BYTES bytes). */
 int client_group_set_id(client *c, const char *group, uint64_t epoch, const uint8_t *id,
                         uint32_t len);

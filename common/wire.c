@@ -164,6 +164,12 @@ static int check_group(const wire_msg *m, char *why, size_t len)
         if (m->u.join.world_hint > WIRE_MAX_WORLD)
             return fail(why, len, DFLASH_ERANGE, "world hint %u > %u", m->u.join.world_hint,
                         WIRE_MAX_WORLD);
+        if (m->u.join.has_gone_rank && m->u.join.gone_rank >= WIRE_MAX_WORLD)
+            return fail(why, len, DFLASH_ERANGE, "gone rank %u >= %u", m->u.join.gone_rank,
+                        WIRE_MAX_WORLD);
+        if (m->u.join.has_gone_rank && !m->u.join.failed_epoch)
+            return fail(why, len, DFLASH_ERANGE, "gone rank %u without a failed epoch",
+                        m->u.join.gone_rank);
         return check_group_name(m->u.join.group, why, len);
     case WIRE_GROUP_VIEW: {
         const wire_group_view *v = &m->u.view;
@@ -653,6 +659,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         gjoin.step = m->u.join.step;
         gjoin.failed_epoch = m->u.join.failed_epoch;
         gjoin.world_hint = m->u.join.world_hint;
+        gjoin.has_gone_rank = m->u.join.has_gone_rank;
+        gjoin.gone_rank = m->u.join.gone_rank;
         env.group_join = &gjoin;
         break;
     case WIRE_GROUP_VIEW: {
@@ -1050,6 +1058,8 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         m->u.join.step = j->step;
         m->u.join.failed_epoch = j->failed_epoch;
         m->u.join.world_hint = j->world_hint;
+        m->u.join.has_gone_rank = j->has_gone_rank;
+        m->u.join.gone_rank = j->has_gone_rank ? j->gone_rank : 0;
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_VIEW: {

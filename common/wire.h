@@ -251,6 +251,9 @@ typedef struct wire_group_join {
     uint64_t step;         /* optimizer steps the member's model has taken */
     uint64_t failed_epoch; /* epoch whose collective failed at this member; 0 = none */
     uint32_t world_hint;   /* informational, <= WIRE_MAX_WORLD */
+    bool has_gone_rank;    /* false: none seen (or an older drafter) */
+    uint32_t gone_rank;    /* with has_gone_rank: the rank of failed_epoch whose process this
+                            * member saw end; < WIRE_MAX_WORLD, failed_epoch set */
 } wire_group_join;
 
 typedef struct wire_group_view {

@@ -84,6 +84,7 @@ struct dp_comm {
     int rank, world;
     double timeout_s;
     bool broken;
+    int gone; /* the rank whose ended process broke the group (dp_comm_gone_rank), or -1 */
     dp_comm_watch watch;
     char why[DP_WHY_BYTES]; /* why the group broke (dp_comm_error) */
     /* shm */
@@ -186,6 +187,7 @@ static uint64_t break_word(int rank, int gone, int pid) {
 /* Marks the group broken, here and (the first reason only) in the segment. */
 static void break_group(dp_comm *c, int gone, int pid) {
     c->broken = true;
+    if (gone >= 0 && c->gone < 0) c->gone = gone;
     uint64_t none = 0;
     if (c->base)
         atomic_compare_exchange_strong(&hdr_of(c)->broken, &none,
@@ -242,6 +244,7 @@ static int shm_wait(dp_comm *c, shm_cond cond, int arg, int peer, const char *wh
         if (by) {
             c->broken = true;
             int breaker = (int)(by & 0xffff) - 1, gone = (int)(by >> 16 & 0xffff) - 1;
+            if (gone >= 0 && c->gone < 0) c->gone = gone;
             if (gone >= 0)
                 dp_why_set(c->why, "rank %d broke the group: rank %d (pid %d) has exited",
                            breaker, gone, (int)(by >> 32));
@@ -615,6 +618,7 @@ int dp_comm_open_watched(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], 
     c->world = world;
     c->timeout_s = timeout_s;
     c->fd = -1;
+    c->gone = -1;
     if (watch) c->watch = *watch;
     int rc;
 #ifdef DFLASH_HAVE_NCCL
@@ -634,6 +638,7 @@ int dp_comm_open_watched(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], 
 
 int dp_comm_rank(const dp_comm *c) { return c->rank; }
 const char *dp_comm_error(const dp_comm *c) { return c->why; }
+int dp_comm_gone_rank(const dp_comm *c) { return c->gone; }
 int dp_comm_world(const dp_comm *c) { return c->world; }
 dp_comm_kind dp_comm_kind_of(const dp_comm *c) { return c->kind; }
 

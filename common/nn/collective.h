@@ -47,7 +47,8 @@
  * Additions to the agreed interface (nothing agreed was changed): dp_comm_kind_of,
  * dp_comm_barrier, dp_comm_set_timeout, dp_comm_allreduce_scaled_f32, _scaled_bf16 and
  * dp_comm_broadcast_io (a per-rank pre-scale, bf16 data, and copies through caller-supplied host
- * i/o, used by dflash_dp), dp_comm_have_nccl, dp_comm_open_watched and dp_comm_error.
+ * i/o, used by dflash_dp), dp_comm_have_nccl, dp_comm_open_watched, dp_comm_error and
+ * dp_comm_gone_rank.
  */
 #ifndef DFLASH_NN_COLLECTIVE_H
 #define DFLASH_NN_COLLECTIVE_H
@@ -174,6 +175,12 @@ int dp_comm_broadcast_host(dp_comm *c, void *buf, size_t bytes, int root);
  * 60 s in barrier waiting for rank 1", a watch's reason); "" while it is not broken. Valid until
  * dp_comm_close. */
 const char *dp_comm_error(const dp_comm *c);
+
+/* The rank whose process was seen to have ended when the group broke, by this rank or (shm: the
+ * segment records it) by the rank that broke it; -1 when the group is not broken, broke for
+ * another reason (a timeout, a watch, a rank that closed), or on nccl (no process check). The
+ * drafter tells the broker (GroupJoin.gone_rank), which drops that member at once. */
+int dp_comm_gone_rank(const dp_comm *c);
 
 /* Leaves the group; safe on a broken group (nccl: ncclCommAbort); NULLs *c. Accepts NULL. */
 void dp_comm_close(dp_comm **c);

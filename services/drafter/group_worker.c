@@ -77,6 +77,7 @@ typedef struct gw {
     worker_stats st;
     dp_comm *comm;
     uint64_t epoch, failed_epoch;
+    int gone_rank; /* with failed_epoch: the rank whose process the collective saw end, or -1 */
     uint8_t id[DP_COMM_ID_BYTES]; /* the epoch's rendezvous id: the view's, or the one we posted */
     double wait_say_at, wait_last; /* comm_watch: when the wait is logged next; its last call */
     int rank, world;
@@ -137,6 +138,7 @@ static void close_comm(gw *g)
 static void reform(gw *g, const char *why)
 {
     const char *cause = g->comm ? dp_comm_error(g->comm) : "";
+    g->gone_rank = g->comm ? dp_comm_gone_rank(g->comm) : -1;
     LOG_WARN("group %s epoch %llu: %s%s%s; re-forming", g->cfg->group,
              (unsigned long long)g->epoch, why, cause[0] ? ": " : "", cause);
     close_comm(g);
@@ -227,7 +229,7 @@ static void report_refused_step(gw *g)
     uint64_t ms = g->cons->model_step(g->cons->ctx);
     int rc = DFLASH_ETIMEOUT;
     for (int a = 0; a < 20 && rc != 0 && !broker_lost(g); a++) {
-        rc = client_group_join(g->cl, g->cfg->group, ms, 0, 0, &v);
+        rc = client_group_join(g->cl, g->cfg->group, ms, 0, -1, 0, &v);
         heard(g, rc);
         if (rc == DFLASH_ESTALE && do_register(g) < 0) break;
         if (rc != 0) monotime_sleep_ms(50);
@@ -329,7 +331,7 @@ static bool epoch_over(gw *g, char *why, size_t len)
     if (g->state == GW_DONE || broker_lost(g)) return false;
     wire_group_view v;
     uint64_t ms = g->cons->model_step(g->cons->ctx);
-    int rc = client_group_join(g->cl, g->cfg->group, ms, 0, 0, &v);
+    int rc = client_group_join(g->cl, g->cfg->group, ms, 0, -1, 0, &v);
     heard(g, rc);
     if (rc == 0 && v.epoch == g->epoch && v.id_len == DP_COMM_ID_BYTES &&
         memcmp(v.id, g->id, DP_COMM_ID_BYTES) == 0)
@@ -367,7 +369,7 @@ static int joining(gw *g)
     }
     wire_group_view v;
     uint64_t ms = k->model_step(k->ctx);
-    int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, 0, &v);
+    int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, g->gone_rank, 0, &v);
     heard(g, rc);
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         if (rc == DFLASH_EAGAIN) /* the broker's reason names the group */
@@ -463,6 +465,7 @@ static int joining(gw *g)
         return 0;
     }
     g->failed_epoch = 0;
+    g->gone_rank = -1;
     LOG_INFO("group %s epoch %llu: rank %d of %d in sync at step %llu (state hash %016llx)",
              c->group, (unsigned long long)g->epoch, g->rank, g->world,
              (unsigned long long)k->model_step(k->ctx),
@@ -730,7 +733,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats)
 {
     gw g = {.cfg = cfg, .cons = cons, .stop = stop, .state = GW_REGISTER, .world = 1,
-            .wait_say_at = WAIT_SAY_S};
+            .gone_rank = -1, .wait_say_at = WAIT_SAY_S};
     int rc = 0;
     double start = monotime_s();
     if (!cons->set_group || !cons->sync_state || !cons->model_step) {

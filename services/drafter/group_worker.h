@@ -9,7 +9,8 @@
  * and rank 0 sends StepDone (the broker acks the step's units once). A collective error (a peer
  * died: shm sees its process gone, or the collective times out; or, asked while a collective
  * waits, the broker says the epoch is over), a "re-form" answer (Error STALE) or a refused
- * release closes the communicator and joins again, naming the failed epoch. A sync that finds
+ * release closes the communicator and joins again, naming the failed epoch (and, when shm saw
+ * a rank's process end, that rank: dp_comm_gone_rank; the broker drops that member at once). A sync that finds
  * another rank's drafter of another shape than rank 0's re-forms too; our own differing is
  * fatal (DFLASH_ECONFIG), after a GroupLeave. Only rank 0 writes checkpoints and
  * reports them (CheckpointCommitted). A broker restart: hello again (rank 0 with the units of a

@@ -13,6 +13,9 @@
  * and waits, as before the restart, for the join that creates the group again or for the hold
  * (counted again from the restart). A unit the journal shows resolved (a crash between the
  * resolution's records and the new set) is not restored.
+ * A member a survivor's GroupJoin names dead (gone_rank: its collective saw the process end)
+ * leaves the group at once, as on its GroupLeave (drop_gone_rank); its session stays until the
+ * heartbeat expires it.
  * Thread: the broker's loop thread. Callers: broker.c (dispatch, peer_remove).
  */
 #include "broker_state.h"
@@ -181,18 +184,47 @@ static void log_epoch(const group *g)
              g->epoch, g->world, g->base_step + 1, ranks);
 }
 
+/* Member `incarnation` (named who) leaves group g, which re-forms; how, in words. */
+static void member_leaves(broker *b, group *g, uint64_t incarnation, const char *who,
+                          const char *how)
+{
+    char name[GROUP_MAX_NAME];
+    snprintf(name, sizeof name, "%s", g->name);
+    group_outcome o;
+    group_leave(b->groups, incarnation, &o);
+    LOG_INFO("group %s: %s left%s", name, who, how);
+    apply_outcome(b, name, &o);
+    if (o.new_epoch && (g = group_find(b->groups, name))) log_epoch(g);
+}
+
 /* A drafter left (expired, replaced or said goodbye): its group re-forms. */
 void broker_groups_peer_gone(broker *b, peer *p)
 {
     group *g = group_of_peer(b->groups, p->incarnation);
-    if (!g) return;
-    char name[GROUP_MAX_NAME];
-    snprintf(name, sizeof name, "%s", g->name);
-    group_outcome o;
-    group_leave(b->groups, p->incarnation, &o);
-    LOG_INFO("group %s: %s left", name, p->name);
-    apply_outcome(b, name, &o);
-    if (o.new_epoch && (g = group_find(b->groups, name))) log_epoch(g);
+    if (g) member_leaves(b, g, p->incarnation, p->name, "");
+}
+
+/* A member's join reports the failed epoch's rank j->gone_rank dead (its collective saw that
+ * process end: GroupJoin.gone_rank). That member leaves the group now, as its expiry would later
+ * make it: the epoch the survivors form next is without it (it kept them waiting in the
+ * communicator's join until the broker expired it) and status stops listing it. Believed only
+ * from an admitted member of that epoch, still the group's current one, about another admitted
+ * member; else ignored (the epoch moved on: the first report, or the expiry, did it). Its
+ * session is not ended: it expires as before (its leases, its held batches). */
+static void drop_gone_rank(broker *b, peer *p, const wire_group_join *j)
+{
+    group *g = group_find(b->groups, j->group);
+    const group_entry *me = g ? group_entry_of(g, p->incarnation) : NULL;
+    if (!me || !me->admitted || j->failed_epoch != g->epoch) return;
+    for (uint32_t i = 0; i < g->n_members; i++) {
+        const group_entry *e = &g->members[i];
+        if (e == me || !e->admitted || e->rank != j->gone_rank) continue;
+        char who[GROUP_MAX_NAME], how[GROUP_MAX_NAME + 96];
+        snprintf(who, sizeof who, "%s", e->name);
+        snprintf(how, sizeof how, " (rank %u of epoch %" PRIu64 "): %s saw its process end",
+                 e->rank, g->epoch, p->name);
+        return member_leaves(b, g, e->peer, who, how);
+    }
 }
 
 static void reply_view(broker *b, const group *g, const group_entry *e, uint64_t rid, wire_msg *r)
@@ -261,6 +293,7 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained after "
                  "it back to to-do", j->group, p->name, j->step, n);
     }
+    if (j->has_gone_rank) drop_gone_rank(b, p, j);
     group *g;
     group_outcome o;
     /* A step of R ranks needs min_ready + R - 1 ready slots (depth_check) */

@@ -215,6 +215,11 @@ int main(int argc, char **argv)
     while (h_now_ms() < end && (!get_status(c, &s) || s.committed_step < 10)) h_sleep_ms(50);
     CHECK(s.committed_step >= 10);
     CHECK_EQ_INT(client_pause(c), 0);
+    /* both frozen first, so that neither outlives the other: a survivor of a few ms would see
+     * the other's process end, tell the broker, and go on as rank 0 of the group (db then
+     * writes a checkpoint of the group's model and is no longer the rank without one) */
+    kill(da, SIGSTOP);
+    kill(db, SIGSTOP);
     h_kill(da, SIGKILL);
     h_kill(db, SIGKILL);
     h_wait_exit(da, 5000);

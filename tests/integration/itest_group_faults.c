@@ -13,8 +13,9 @@
  *      with world 2; da is still running and nowhere told that its own drafter differs;
  *   3. db is SIGSTOPped: da, waiting for it inside a collective, says so after 5 s (whom, pid,
  *      the timeout); db is then SIGKILLed: within 5 s da's log names rank 1 and db's pid as
- *      gone, and within 20 s (the broker still lists the dead db for up to 10 s) da trains
- *      >= 2 steps alone (world 1);
+ *      gone, and da's next join names that rank, so the broker drops db from the group within
+ *      5 s, before its expiry (it used to list the dead db until then, up to 10 s, and da's
+ *      next epoch waited for it); within 20 s da trains >= 2 steps alone (world 1);
  *   4. db is started again and rejoins (world 2, >= 2 steps); then SIGSTOPped and left
  *      stopped: it is alive, so only the broker's view can end da's wait: when the broker
  *      expires db (10 s), da learns it within seconds and trains alone (world 1, >= 2 steps)
@@ -149,15 +150,28 @@ int main(int argc, char **argv)
     CHECK(h_wait_text_from(dalog, from, text, 30000));
     CHECK(h_wait_text_from(dalog, from, "the group breaks at 60 s", 0));
     uint64_t done = steps_done(c);
+    size_t qfrom = (size_t)test_file_size(qlog);
     uint64_t t0 = h_now_ms();
     h_kill(db, SIGKILL);
     snprintf(text, sizeof text, "rank 1 (pid %d) has exited", (int)db);
     CHECK(h_wait_text_from(dalog, from, text, 5000));
     uint64_t seen_ms = h_now_ms() - t0;
+    /* da's join names the rank it saw end: the broker drops db from the group then, not at its
+     * expiry (db has been silent since its SIGSTOP: that comes up to 10 s later) */
+    CHECK(h_wait_text_from(qlog, qfrom, "group g: db left (rank 1 of epoch ", 5000));
+    uint64_t dropped_ms = h_now_ms() - t0;
+    char *ql3 = test_slurp(qlog, NULL);
+    const char *drop = ql3 ? strstr(ql3 + qfrom, "group g: db left (rank 1 of epoch ") : NULL;
+    const char *expiry = ql3 ? strstr(ql3 + qfrom, "peer db (") : NULL;
+    const char *eol = drop ? strchr(drop, '\n') : NULL;
+    const char *said = drop ? strstr(drop, "da saw its process end") : NULL;
+    CHECK(said && (!eol || said < eol)); /* why, on the same line */
+    CHECK(drop && (!expiry || expiry > drop));
+    free(ql3);
     CHECK(wait_group(c, 1, done + 2, 20000, &s));
-    printf("phase 3: db SIGKILLed while da waited for it: da saw it in %.1f s, trained alone "
-           "%.1f s after the kill (comm timeout 60 s)\n", seen_ms / 1000.0,
-           (h_now_ms() - t0) / 1000.0);
+    printf("phase 3: db SIGKILLed while da waited for it: da saw it in %.1f s, the broker "
+           "dropped it in %.1f s, da trained alone %.1f s after the kill (comm timeout 60 s)\n",
+           seen_ms / 1000.0, dropped_ms / 1000.0, (h_now_ms() - t0) / 1000.0);
 
     /* 4. db back, then stopped for good: only the broker's expiry can tell da */
     db = start_drafter("db", "1");

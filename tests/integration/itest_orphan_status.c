@@ -120,8 +120,8 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(hello_retry(a), 0);
     CHECK_EQ_INT(hello_retry(b), 0);
     wire_group_view va, vb;
-    CHECK_EQ_INT(client_group_join(a, "g", 0, 0, 2, &va), 0);
-    CHECK_EQ_INT(client_group_join(b, "g", 0, 0, 2, &vb), 0);
+    CHECK_EQ_INT(client_group_join(a, "g", 0, 0, -1, 2, &va), 0);
+    CHECK_EQ_INT(client_group_join(b, "g", 0, 0, -1, 2, &vb), 0);
     uint8_t id[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     CHECK_EQ_INT(client_group_set_id(a, "g", vb.epoch, id, sizeof id), 0);
     wire_step_grant ga, gb;
@@ -153,7 +153,7 @@ int main(int argc, char **argv)
 
     /* da comes back holding step 1 and creates the group again: the step is acked once */
     CHECK_EQ_INT(hello_retry(a), 0);
-    CHECK_EQ_INT(client_group_join(a, "g", 1, 0, 2, &va), 0);
+    CHECK_EQ_INT(client_group_join(a, "g", 1, 0, -1, 2, &va), 0);
     CHECK_EQ_INT(h_broker_status(ep, &s), 0);
     CHECK_EQ_INT(s.batches_trained, 2);
     CHECK_EQ_INT(s.batches_inflight, 0);

@@ -17,7 +17,9 @@
  *     that closes early (the others get EPEER without waiting), a world mismatch, bad ids;
  *   - a rank SIGKILLed in a group with a 30 s timeout: every survivor's next call fails within
  *     3 s (the dead process is seen, not waited out; a zombie its parent has not reaped yet
- *     counts as dead) and dp_comm_error names the dead rank and its pid;
+ *     counts as dead), dp_comm_error names the dead rank and its pid and dp_comm_gone_rank
+ *     its rank, on every survivor (the ones that read it from the rank that broke the group
+ *     too); -1 while the group holds and when it broke for another reason (a watch);
  *   - a watch (dp_comm_open_watched): a barrier whose peer is alive but late, and a join whose
  *     peer never comes, each under a 30 s timeout, end with EPEER as soon as the watch says so
  *     (about 2 s), with the watch's words in dp_comm_error / the open's error; the watch sees
@@ -305,6 +307,7 @@ static void rank_leaves(const uint8_t *id, int rank, int world) {
     rc = dp_comm_allreduce_host_f64(c, &v, 1);
     CHECK_EQ_INT(rc, DFLASH_EPEER);
     CHECK(monotime_s() - t0 < 5.0);
+    CHECK_EQ_INT(dp_comm_gone_rank(c), -1); /* it left (closed) before its process ended */
     dp_comm_close(&c);
 }
 
@@ -320,6 +323,7 @@ static void rank_killed(const uint8_t *id, int rank, int world) {
     CHECK_EQ_INT(dp_comm_broadcast_host(c, &pid, sizeof pid, world - 1), 0);
     CHECK_EQ_INT(dp_comm_barrier(c), 0);
     CHECK_EQ_INT(strlen(dp_comm_error(c)), 0);
+    CHECK_EQ_INT(dp_comm_gone_rank(c), -1);
     if (rank == world - 1) kill(getpid(), SIGKILL);
     double t0 = monotime_s(), v = 1.0;
     rc = dp_comm_allreduce_host_f64(c, &v, 1);
@@ -332,7 +336,10 @@ static void rank_killed(const uint8_t *id, int rank, int world) {
     if (!strstr(dp_comm_error(c), want))
         fprintf(stderr, "rank %d: error '%s' lacks '%s'\n", rank, dp_comm_error(c), want);
     printf("rank %d: failed after %.2f s: %s\n", rank, dt, dp_comm_error(c));
+    /* whether this rank saw it or read it from the rank that broke the group */
+    CHECK_EQ_INT(dp_comm_gone_rank(c), world - 1);
     CHECK_EQ_INT(dp_comm_barrier(c), DFLASH_EPEER);
+    CHECK_EQ_INT(dp_comm_gone_rank(c), world - 1);
     dp_comm_close(&c);
 }
 
@@ -376,6 +383,7 @@ static void rank_watched(const uint8_t *id, int rank, int world) {
         CHECK_EQ_INT(rc, DFLASH_EPEER);
         CHECK(monotime_s() - t0 < 5.0);
         CHECK(strstr(dp_comm_error(c), "rank 0 broke the group") != NULL);
+        CHECK_EQ_INT(dp_comm_gone_rank(c), -1); /* no process ended */
         dp_comm_close(&c);
         return;
     }
@@ -391,6 +399,7 @@ static void rank_watched(const uint8_t *id, int rank, int world) {
     CHECK_EQ_INT(l.peer, 1);
     CHECK_EQ_INT(l.peer_pid, pid);
     CHECK(strstr(dp_comm_error(c), "the broker moved the group on") != NULL);
+    CHECK_EQ_INT(dp_comm_gone_rank(c), -1);
     printf("watched barrier: ended after %.2f s (%d calls): %s\n", dt, l.calls,
            dp_comm_error(c));
     dp_comm_close(&c);

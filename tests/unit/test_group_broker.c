@@ -14,7 +14,10 @@
  *     says its model did not take it (every unit back to to-do or READY, none acked), or acked
  *     when its model did; nothing is lost or acked twice; the aborted step's batches, granted
  *     again, count in status as redeliveries;
- *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields);
+ *   - a survivor whose collective saw a rank's process end names it in its join (gone_rank):
+ *     that member leaves the group at once (status, the next epoch), not at its expiry;
+ *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields), and a
+ *     field an older broker does not know (gone_rank) is skipped there;
  *   - a group restarted whole waits for the member holding the newest committed checkpoint
  *     to be its rank 0 (a former rank 1 has none), for group-hold-ms at most;
  *   - every rank of a group expired mid-step (a paused node) and back: the step is trained once,
@@ -69,6 +72,31 @@ static int join(const drafter *d, uint64_t step, uint64_t failed, wire_group_vie
     int rc = stub_send(d->rid);
     if (!rc && v) *v = stub_rep.u.view;
     return rc;
+}
+
+/* A join after a failed collective that saw rank `gone` of epoch `failed` end (gone_rank). */
+static int join_gone(const drafter *d, uint64_t step, uint64_t failed, uint32_t gone,
+                     wire_group_view *v)
+{
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    stub_req.u.join.step = step;
+    stub_req.u.join.failed_epoch = failed;
+    stub_req.u.join.has_gone_rank = true;
+    stub_req.u.join.gone_rank = gone;
+    int rc = stub_send(d->rid);
+    if (!rc && v) *v = stub_rep.u.view;
+    return rc;
+}
+
+/* Whether status lists member `name` in group g. */
+static bool listed(const char *name)
+{
+    wire_status s = stub_status();
+    const wire_group_stat *g = s.n_groups ? &s.groups[0] : NULL;
+    for (uint32_t i = 0; g && i < g->n_members; i++)
+        if (strcmp(g->members[i], name) == 0) return true;
+    return false;
 }
 
 static int set_id(const drafter *d, uint64_t epoch, uint8_t fill)
@@ -167,6 +195,25 @@ static void test_wire_checks(void)
     wire_msg u;
     CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
     CHECK(u.type == WIRE_GROUP_JOIN && u.u.join.step == 12 && strcmp(u.u.join.group, "g") == 0);
+    CHECK(!u.u.join.has_gone_rank); /* not sent: none (also what an older drafter sends) */
+    /* gone_rank: below WIRE_MAX_WORLD, only with a failed epoch; it travels */
+    m.u.join.has_gone_rank = true;
+    m.u.join.gone_rank = WIRE_MAX_WORLD;
+    m.u.join.failed_epoch = 4;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    m.u.join.gone_rank = 3;
+    m.u.join.failed_epoch = 0;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    m.u.join.failed_epoch = 4;
+    n = wire_pack(&m, b, sizeof b);
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(u.u.join.has_gone_rank && u.u.join.gone_rank == 3 && u.u.join.failed_epoch == 4);
+    /* an older broker does not know field 5: renamed to an unknown field 15, the join still
+     * unpacks, as a failed join without it (protobuf-c skips unknown fields) */
+    CHECK(n > 2 && b[n - 2] == 0x28 && b[n - 1] == 3); /* gone_rank = 3: the last field */
+    if (n > 2) b[n - 2] = 0x78;                          /* field 15, varint */
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(!u.u.join.has_gone_rank && u.u.join.failed_epoch == 4 && u.u.join.step == 12);
 
     wire_msg_init(&m, WIRE_GROUP_VIEW, WIRE_ROLE_BROKER, 1, 1);
     snprintf(m.u.view.group, sizeof m.u.view.group, "g");
@@ -367,6 +414,77 @@ static void test_step_after_target_restart(void)
     CHECK_EQ_INT(claim(&A, va.epoch, 1, &ga), 0);
     CHECK(ga.grant.pool_incarnation == 0x88 && gb.grant.pool_incarnation == 0x88);
     CHECK(strcmp(gb.grant.shm_name, "/dflash-test-stub-2") == 0);
+    stub_broker_free();
+}
+
+/* A rank dies mid-step (its process ended: the survivor's shm collective saw it). The survivor's
+ * join names the dead rank (gone_rank): the broker drops that member at once, not when its
+ * heartbeat expires (big_liveness: never here), so status stops listing it and the epoch formed
+ * next is without it (it used to include it: the survivor waited in the communicator's join
+ * for a dead rank until the broker's expiry); its session stays until it expires. The step in
+ * flight is resolved by the survivor's model step as on any leave. A report that is not
+ * credible (another epoch, the reporter itself, a reporter that is no rank of the epoch) drops
+ * nobody; a join without the field (an older drafter) keeps the member listed, as before. */
+static void test_gone_rank(void)
+{
+    setup();
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2},
+            C = {"drafter-c-3", "c", 0xc3};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    CHECK_EQ_INT(hello(&C), 0);
+    wire_group_view va, vb;
+    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    uint64_t e = vb.epoch;
+    CHECK(vb.rank == 1 && vb.world == 2);
+    CHECK_EQ_INT(set_id(&A, e, 0x11), 0);
+    uint32_t peers = stub_status().peers;
+
+    /* not credible: an old epoch's report; one by a member about itself (it still ends the
+     * epoch, as any failed collective does); one by a drafter that is no member */
+    CHECK_EQ_INT(join_gone(&A, 0, e - 1, 1, &va), 0);
+    CHECK(va.epoch == e && listed("b"));
+    CHECK_EQ_INT(join_gone(&B, 0, e, 1, &vb), 0);
+    CHECK(listed("b") && vb.epoch == e + 1 && vb.world == 2);
+    e = vb.epoch;
+    CHECK_EQ_INT(join_gone(&C, 0, e, 1, NULL), 0); /* C joins (pending): B stays */
+    CHECK(listed("b") && listed("c"));
+    CHECK_EQ_INT(gstep(&C, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(join(&A, 0, 0, &va), 0);
+    e = va.epoch;
+    CHECK(va.world == 2 && listed("b") && !listed("c"));
+    CHECK_EQ_INT(set_id(&A, e, 0x22), 0);
+
+    /* step 1: both copy their slot; B dies; A's model took the step (the all-reduce ended) */
+    make_ready(2);
+    wire_step_grant ga, gb;
+    CHECK_EQ_INT(claim(&A, e, 1, &ga), 0);
+    CHECK_EQ_INT(claim(&B, e, 1, &gb), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&B, gb.grant.lease_id), 0);
+    CHECK_EQ_INT(join_gone(&A, 1, e, 1, &va), 0);
+    wire_status s = stub_status();
+    CHECK(!listed("b") && listed("a"));
+    CHECK(va.epoch == e + 1 && va.rank == 0 && va.world == 1 && va.step == 1);
+    CHECK_EQ_INT(s.groups[0].world, 1);
+    CHECK_EQ_INT(s.groups[0].steps_done, 1);
+    CHECK_EQ_INT(s.batches_trained, 2);
+    CHECK_EQ_INT(s.peers, peers); /* B's session is the heartbeat's to end */
+    CHECK_EQ_INT(claim(&B, e, 1, NULL), DFLASH_ESTALE);
+    /* a second report of the same death (another survivor's) finds the epoch moved on */
+    CHECK_EQ_INT(join_gone(&A, 1, e, 1, &va), 0);
+    CHECK(va.epoch == e + 1 && va.world == 1);
+
+    /* without the field (an older drafter): the dead member stays until it expires */
+    e = va.epoch;
+    CHECK_EQ_INT(set_id(&A, e, 0x33), 0);
+    CHECK_EQ_INT(join(&B, 1, 0, &vb), 0); /* B (alive after all) joins again */
+    CHECK_EQ_INT(join(&A, 1, 0, &va), 0);
+    e = va.epoch;
+    CHECK(va.world == 2);
+    CHECK_EQ_INT(join(&A, 1, e, &va), 0); /* A's collective failed, B not named */
+    CHECK(listed("b") && va.epoch == e + 1 && va.world == 2);
     stub_broker_free();
 }
 
@@ -798,6 +916,7 @@ int main(void)
     all_ranks_expired(0, 0);
     test_restart_order();
     test_step_after_target_restart();
+    test_gone_rank();
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
             C = {"drafter-c-3", "c", 0xc3};

@@ -223,7 +223,8 @@ static void drop_gone_rank(broker *b, peer *p, const wire_group_join *j)
         snprintf(who, sizeof who, "%s", e->name);
         snprintf(how, sizeof how, " (rank %u of epoch %" PRIu64 "): %s saw its process end",
                  e->rank, g->epoch, p->name);
-        return member_leaves(b, g, e->peer, who, how);
+        member_leaves(b, g, e->peer, who, how);
+        return;
     }
 }
 

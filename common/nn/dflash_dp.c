@@ -231,7 +231,7 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 /* A hash of the tensor table (names, shapes, offsets), the sizes, and the settings that shape
  * the drafter's function without its tensors (block size, captured layers): ranks must agree on
  * it. The MASK row is not in it: a member takes rank 0's (dflash_dp_sync_state). */
-static uint64_t layout_hash(const dflash_model *m) {
+uint64_t dflash_dp_layout_hash(const dflash_model *m) {
     uint64_t h = 0xcbf29ce484222325ull;
     uint64_t sizes[3] = {m->n_params, m->n_decay, (uint64_t)m->n_tensors};
     h = fnv1a(h, sizes, sizeof sizes);
@@ -248,13 +248,25 @@ static uint64_t layout_hash(const dflash_model *m) {
     return h;
 }
 
+void dflash_dp_layout_text(const dflash_model *m, char *buf, size_t len) {
+    const dflash_config *c = &m->cfg;
+    char ids[DFLASH_MAX_FEAT * 4] = "";
+    for (int i = 0, at = 0; i < c->n_feat && at < (int)sizeof ids; i++)
+        at += snprintf(ids + at, sizeof ids - (size_t)at, "%s%d", i ? "," : "",
+                       c->target_layer_ids[i]);
+    int n = snprintf(buf, len, "%d layer%s, block %d, hidden %d, target layers %s of %d, %zu "
+                     "parameters", c->num_layers, c->num_layers == 1 ? "" : "s", c->block_size,
+                     c->hidden_size, ids, c->num_target_layers, m->n_params);
+    if (n >= (int)len && len > 4) memcpy(buf + len - 4, "...", 4); /* cut: say so */
+}
+
 /* The same model on every rank? Root's layout against each rank's; every rank learns which
  * ranks differ (one flag per rank, summed). 0: all the same; DFLASH_EMISMATCH on a rank that
  * differs from root, DFLASH_EAGAIN on the others when some rank does (root's model is the
  * group's: it and the ranks that match it are not at fault); or a collective error. */
 static int check_layout(const dflash_model *m, dp_comm *comm, int root) {
     int world = dp_comm_world(comm), me = dp_comm_rank(comm);
-    uint64_t mine[2] = {layout_hash(m), m->n_params}, theirs[2] = {mine[0], mine[1]};
+    uint64_t mine[2] = {dflash_dp_layout_hash(m), m->n_params}, theirs[2] = {mine[0], mine[1]};
     int rc = dp_comm_broadcast_host(comm, theirs, sizeof theirs, root);
     if (rc) return rc;
     double bad[DP_COMM_MAX_WORLD] = {0};

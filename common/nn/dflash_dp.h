@@ -64,6 +64,16 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
  * do, 0. */
 int dflash_dp_sync_state(dflash_model *m, dflash_train_cfg *tc, dp_comm *comm, int root);
 
+/* The drafter's layout: a hash of its tensor table (names, shapes, offsets), its sizes and the
+ * settings that shape its function without tensors (block size, captured target layers); the
+ * model of every rank of a group must have rank 0's (dflash_dp_sync_state compares them). A
+ * group joiner states it to the broker, which turns away one of another layout than the group's
+ * (docs/protocol.md, GroupJoin.shape). Any thread that may read m->cfg and the tensor table. */
+uint64_t dflash_dp_layout_hash(const dflash_model *m);
+/* The same layout in words for messages ("2 layers, block 16, hidden 4096, target layers
+ * 1,17,33 of 36, N parameters"), cut to len - 1 bytes (ending "...") when longer. */
+void dflash_dp_layout_text(const dflash_model *m, char *buf, size_t len);
+
 /* FNV-1a hash of the bytes of the trainable state (master, adam_m, adam_v and step), read from
  * the backend; for tests and logs that compare ranks. 0 when out of host memory. */
 uint64_t dflash_dp_state_hash(const dflash_model *m);

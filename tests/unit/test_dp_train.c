@@ -19,7 +19,9 @@
  *       gradients: the group step equals dflash_train_step on the other rank's batch alone; when
  *       no rank has a weighted position every rank skips (no update, step unchanged); a rank
  *       with a malformed batch gets its error, the others DFLASH_EAGAIN, and nothing changes;
- *   (e) a group of one equals dflash_train_step bit for bit, and comm NULL is dflash_train_step.
+ *   (e) a group of one equals dflash_train_step bit for bit, and comm NULL is dflash_train_step;
+ *   (f) the layout a group joiner states to the broker (dflash_dp_layout_hash, _text): the same
+ *       for two drafters of one shape with other weights, another for another shape.
  * Results travel to the parent through a MAP_SHARED page set up before fork. Every child runs
  * under alarm(); no /dev/shm segment is left behind.
  */
@@ -502,6 +504,36 @@ static void test_empty_rank(void) {
            "skips; a group of one and comm NULL equal dflash_train_step\n");
 }
 
+/* What a group joiner states to the broker (dflash_dp_layout_hash and _text): the same for two
+ * drafters of one shape whatever their weights, another for another shape (the one
+ * dflash_dp_sync_state turns away), and words that name it, cut with "..." when too long. */
+static void test_layout(void) {
+    tiny w2, w1;
+    tiny_init(&w2, 2);
+    tiny_init(&w1, 1);
+    dflash_model *a = tiny_model(&w2, 7), *b = tiny_model(&w2, 99), *c = tiny_model(&w1, 7);
+    if (a && b && c) {
+        CHECK(dflash_dp_state_hash(a) != dflash_dp_state_hash(b)); /* other weights */
+        CHECK(dflash_dp_layout_hash(a) == dflash_dp_layout_hash(b));
+        CHECK(dflash_dp_layout_hash(a) != dflash_dp_layout_hash(c));
+        char t[128], cut[24];
+        dflash_dp_layout_text(a, t, sizeof t);
+        char want[128];
+        snprintf(want, sizeof want, "2 layers, block 4, hidden %d, target layers 1,3 of 6, %zu "
+                 "parameters", D, a->n_params);
+        CHECK(strcmp(t, want) == 0);
+        dflash_dp_layout_text(c, t, sizeof t);
+        CHECK(strncmp(t, "1 layer, block 4", 16) == 0);
+        dflash_dp_layout_text(a, cut, sizeof cut);
+        CHECK(strlen(cut) == sizeof cut - 1 && strcmp(cut + sizeof cut - 4, "...") == 0);
+    }
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+    dflash_model_destroy(&c);
+    tiny_free(&w2);
+    tiny_free(&w1);
+}
+
 static int shm_left(const char *prefix) {
     DIR *d = opendir("/dev/shm");
     if (!d) return 0;
@@ -519,6 +551,7 @@ int main(void) {
     test_group_vs_reference();
     test_sync_state();
     test_empty_rank();
+    test_layout();
     char prefix[64]; /* the segments of the ids this process made */
     snprintf(prefix, sizeof prefix, "dflash-dp-%ld-", (long)getpid());
     CHECK_EQ_INT(shm_left(prefix), 0);

@@ -25,6 +25,8 @@ struct client {
     char rid[128];
     uint64_t incarnation, broker_incarnation, next_request;
     uint64_t trainer_run_id; /* client_set_trainer_run: named in every hello (0: none) */
+    uint64_t shape;          /* client_set_drafter_shape: stated in every GroupJoin (0: none) */
+    char shape_text[WIRE_MAX_SHAPE_TEXT];
     bool restarted;
     uint32_t heartbeat_ms, lease_timeout_ms, stats_interval_ms;
     char pub_endpoint[WIRE_MAX_TEXT];
@@ -294,6 +296,14 @@ void client_set_trainer_run(client *c, uint64_t run_id)
     pthread_mutex_unlock(&c->mu);
 }
 
+void client_set_drafter_shape(client *c, uint64_t shape, const char *text)
+{
+    pthread_mutex_lock(&c->mu);
+    c->shape = shape;
+    snprintf(c->shape_text, sizeof c->shape_text, "%s", shape && text ? text : "");
+    pthread_mutex_unlock(&c->mu);
+}
+
 static int do_register(client *c, const wire_pool *pool)
 {
     req_init(c, WIRE_POOL_REGISTER);
@@ -421,6 +431,8 @@ static int do_group_join(client *c, const char *group, uint64_t step, uint64_t f
     c->req.u.join.has_gone_rank = failed_epoch && gone_rank >= 0;
     c->req.u.join.gone_rank = c->req.u.join.has_gone_rank ? (uint32_t)gone_rank : 0;
     c->req.u.join.world_hint = world_hint;
+    c->req.u.join.shape = c->shape;
+    memcpy(c->req.u.join.shape_text, c->shape_text, sizeof c->shape_text);
     int rc = call(c, WIRE_GROUP_VIEW);
     if (!rc && out) *out = c->rep.u.view;
     return rc;

@@ -112,6 +112,12 @@ int client_hello(client *c, const wire_unit *held, uint32_t n_held);
  * again, without a second resume (which would rewind). 0: not a trainer (the default). */
 void client_set_trainer_run(client *c, uint64_t run_id);
 
+/* A group drafter: every later GroupJoin states its drafter's shape (GroupJoin.shape, the
+ * layout hash the state sync compares, and shape_text, the same in words, cut to
+ * WIRE_MAX_SHAPE_TEXT - 1 bytes), so that the broker turns away a joiner of another shape than
+ * its group's (Error MISMATCH) before the group re-forms for it. 0: none stated (the default). */
+void client_set_drafter_shape(client *c, uint64_t shape, const char *text);
+
 /* Target: registers (or re-registers) its slot pool. The broker drops every slot of an older
  * pool incarnation and returns its batches to to-do. Extra: DFLASH_EINVAL/ERANGE (bad pool). */
 int client_register_pool(client *c, const wire_pool *pool);
@@ -159,7 +165,8 @@ int client_resume_from(client *c, uint64_t step, uint64_t run_id);
  * broker ignores it). On 0 *out is
  * our rank in the current epoch (out->id_len 0: rank 0 has not posted the id yet). Extra:
  * DFLASH_EAGAIN (waiting for a step boundary or for the group to re-form: poll again),
- * DFLASH_EFULL (the group would be larger than the broker's max-depth), DFLASH_EEXISTS. */
+ * DFLASH_EFULL (the group would be larger than the broker's max-depth), DFLASH_EEXISTS,
+ * DFLASH_EMISMATCH (the shape of client_set_drafter_shape differs from the group's). */
 int client_group_join(client *c, const char *group, uint64_t step, uint64_t failed_epoch,
                       int gone_rank, uint32_t world_hint, wire_group_view *out);
 /* Rank 0: posts the rendezvous id of `epoch` (1..WIRE_GROUP_ID_BYTES bytes). */

@@ -170,6 +170,9 @@ static int check_group(const wire_msg *m, char *why, size_t len)
         if (m->u.join.has_gone_rank && !m->u.join.failed_epoch)
             return fail(why, len, DFLASH_ERANGE, "gone rank %u without a failed epoch",
                         m->u.join.gone_rank);
+        if (!terminated(m->u.join.shape_text, WIRE_MAX_SHAPE_TEXT))
+            return fail(why, len, DFLASH_ERANGE, "shape text longer than %d",
+                        WIRE_MAX_SHAPE_TEXT - 1);
         return check_group_name(m->u.join.group, why, len);
     case WIRE_GROUP_VIEW: {
         const wire_group_view *v = &m->u.view;
@@ -661,6 +664,9 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         gjoin.world_hint = m->u.join.world_hint;
         gjoin.has_gone_rank = m->u.join.has_gone_rank;
         gjoin.gone_rank = m->u.join.gone_rank;
+        gjoin.has_shape = m->u.join.shape != 0;
+        gjoin.shape = m->u.join.shape;
+        if (m->u.join.shape_text[0]) gjoin.shape_text = (char *)m->u.join.shape_text;
         env.group_join = &gjoin;
         break;
     case WIRE_GROUP_VIEW: {
@@ -1060,6 +1066,9 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         m->u.join.world_hint = j->world_hint;
         m->u.join.has_gone_rank = j->has_gone_rank;
         m->u.join.gone_rank = j->has_gone_rank ? j->gone_rank : 0;
+        m->u.join.shape = j->has_shape ? j->shape : 0;
+        if (copy_str(m->u.join.shape_text, WIRE_MAX_SHAPE_TEXT, j->shape_text))
+            return fail(why, len, DFLASH_ERANGE, "group_join: shape text too long");
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_VIEW: {

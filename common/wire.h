@@ -30,6 +30,7 @@
 #define WIRE_MAX_KEY 64
 #define WIRE_MAX_VALUE 128
 #define WIRE_MAX_TEXT 256         /* error messages */
+#define WIRE_MAX_SHAPE_TEXT 128   /* a drafter's shape in words (GroupJoin.shape_text) */
 #define WIRE_MAX_HELD 256         /* units a drafter may re-register */
 #define WIRE_GROUP_ID_BYTES 128   /* rendezvous id of a drafter group (DP_COMM_ID_BYTES) */
 #define WIRE_MAX_WORLD 64         /* ranks of one drafter group */
@@ -254,6 +255,9 @@ typedef struct wire_group_join {
     bool has_gone_rank;    /* false: none seen (or an older drafter) */
     uint32_t gone_rank;    /* with has_gone_rank: the rank of failed_epoch whose process this
                             * member saw end; < WIRE_MAX_WORLD, failed_epoch set */
+    uint64_t shape;        /* the drafter's layout hash (dflash_dp_layout_hash); 0 = not stated
+                            * (an older drafter) */
+    char shape_text[WIRE_MAX_SHAPE_TEXT]; /* the same in words; "" when not stated */
 } wire_group_join;
 
 typedef struct wire_group_view {

@@ -13,6 +13,9 @@
  * and waits, as before the restart, for the join that creates the group again or for the hold
  * (counted again from the restart). A unit the journal shows resolved (a crash between the
  * resolution's records and the new set) is not restored.
+ * A joiner whose GroupJoin states a drafter shape other than its group's (group_shape_of) is
+ * refused for good (Error MISMATCH, refuse_shape) before anything changes: the group does not
+ * re-form for a rank that its state sync would turn away.
  * A member a survivor's GroupJoin names dead (gone_rank: its collective saw the process end)
  * leaves the group at once, as on its GroupLeave (drop_gone_rank); its session stays until the
  * heartbeat expires it.
@@ -276,9 +279,36 @@ static bool hold_creation(broker *b, peer *p, const wire_group_join *j, uint64_t
     return true;
 }
 
+/* A drafter shape for messages: its words, else its layout hash. */
+static const char *shape_words(const group_shape *s, char *buf, size_t len)
+{
+    if (s->text[0]) return s->text;
+    snprintf(buf, len, "layout %016" PRIx64, s->hash);
+    return buf;
+}
+
+/* p's join stated shape *mine, another than group g's (group_shape_of): refused for good
+ * (Error MISMATCH) before the group re-forms for it; both shapes in the log and in r. */
+static void refuse_shape(broker *b, peer *p, const group *g, const group_shape *mine,
+                         uint64_t rid, wire_msg *r)
+{
+    const group_entry *owner = group_shape_of(g);
+    char a[32], c[32];
+    const char *theirs = shape_words(&owner->shape, a, sizeof a);
+    const char *ours = shape_words(mine, c, sizeof c);
+    LOG_WARN("group %s: %s refused: its drafter (%s; layout %016" PRIx64 ") differs from the "
+             "group's, that of %s, rank 0 (%s; layout %016" PRIx64 ")", g->name, p->name, ours,
+             mine->hash, owner->name, theirs, owner->shape.hash);
+    reply_error(b, r, rid, DFLASH_EMISMATCH, "group %s trains another drafter: its rank 0 %s has "
+                "%s; this one has %s", g->name, owner->name, theirs, ours);
+}
+
 void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_group_join *j = &m->u.join;
+    group_shape shape = {.hash = j->shape};
+    _Static_assert(sizeof shape.text == sizeof j->shape_text, "GROUP_SHAPE_TEXT");
+    memcpy(shape.text, j->shape_text, sizeof shape.text);
     if (p->role != WIRE_ROLE_DRAFTER)
         return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter joins a group");
     bool creates = !group_find(b->groups, j->group) && !group_of_peer(b->groups, p->incarnation);
@@ -291,16 +321,22 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
                      j->step, r->u.error.message);
             return;
         }
+        char w[32];
         LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained after "
-                 "it back to to-do", j->group, p->name, j->step, n);
+                 "it back to to-do; its drafter: %s", j->group, p->name, j->step, n,
+                 shape.hash ? shape_words(&shape, w, sizeof w) : "shape not stated");
     }
     if (j->has_gone_rank) drop_gone_rank(b, p, j);
     group *g;
     group_outcome o;
     /* A step of R ranks needs min_ready + R - 1 ready slots (depth_check) */
     int64_t max_world = b->cfg.max_depth - (b->cfg.min_ready ? b->cfg.min_ready - 1 : 0);
-    int rc = group_join(b->groups, j->group, p->incarnation, p->name, j->step, j->failed_epoch,
-                        (uint32_t)max_world, &g, &o);
+    int rc = group_join(b->groups, j->group, p->incarnation, p->name, &shape, j->step,
+                        j->failed_epoch, (uint32_t)max_world, &g, &o);
+    if (rc == DFLASH_EMISMATCH) {
+        refuse_shape(b, p, g, &shape, m->request_id, r);
+        return;
+    }
     if (rc == DFLASH_EFULL) {
         const group *cur = group_find(b->groups, j->group);
         return reply_error(b, r, m->request_id, rc,

@@ -245,15 +245,26 @@ static void table_remove(group_table *t, group *g)
         }
 }
 
+const group_entry *group_shape_of(const group *g)
+{
+    return g->n_members && g->members[0].shape.hash ? &g->members[0] : NULL;
+}
+
 int group_join(group_table *t, const char *name, uint64_t peer, const char *peer_name,
-               uint64_t model_step, uint64_t failed_epoch, uint32_t max_world, group **gp,
-               group_outcome *out)
+               const group_shape *shape, uint64_t model_step, uint64_t failed_epoch,
+               uint32_t max_world, group **gp, group_outcome *out)
 {
     memset(out, 0, sizeof *out);
     *gp = NULL;
     group *other = group_of_peer(t, peer);
     if (other && strcmp(other->name, name) != 0) return DFLASH_EEXISTS;
     group *g = group_find(t, name);
+    const group_entry *owner = g ? group_shape_of(g) : NULL;
+    if (owner && shape && shape->hash && shape->hash != owner->shape.hash &&
+        !group_entry_of(g, peer)) {
+        *gp = g;
+        return DFLASH_EMISMATCH;
+    }
     if (!g) {
         if (t->n == GROUP_MAX_GROUPS) return DFLASH_ENOMEM;
         g = calloc(1, sizeof *g);
@@ -277,6 +288,7 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
         snprintf(m->name, sizeof m->name, "%s", peer_name ? peer_name : "");
         m->join_seq = g->next_seq++;
         m->model_step = model_step;
+        if (shape) m->shape = *shape;
         if (out->created) resolve_orphan(t, g, model_step, out);
         try_form(g, out);
         *gp = g;

@@ -7,7 +7,11 @@
  * epoch, the ranks 0..world-1 of that epoch (join order of the admitted members), the rendezvous
  * id rank 0 posts (<= GROUP_ID_BYTES opaque bytes), the model step rank 0 reported (base_step:
  * the group's next optimizer step is base_step + 1), and at most one *step* in flight: world
- * reserved slots of step base_step + 1, one lease per rank.
+ * reserved slots of step base_step + 1, one lease per rank. Every rank trains the model of the
+ * group, so every member must have its drafter shape: that of its first member (rank 0, or the
+ * next epoch's rank 0; group_shape_of), as the members' joins state them; a newcomer stating
+ * another is refused before it joins (the ranks' state sync would turn it away only after the
+ * group had re-formed for it, and re-form again without it).
  *
  * Group states (one set_state in group.c asserts the transitions):
  *
@@ -54,8 +58,17 @@
 #define GROUP_MAX_WORLD 64
 #define GROUP_MAX_GROUPS 64
 #define GROUP_MAX_NAME 64
+#define GROUP_SHAPE_TEXT 128 /* WIRE_MAX_SHAPE_TEXT */
 
 typedef enum { GROUP_FORMING = 0, GROUP_ACTIVE, GROUP_REFORMING } group_state;
+
+/* A member's drafter shape as its join stated it (GroupJoin.shape, shape_text): the layout
+ * hash that the ranks' state sync compares, and the same in words. hash 0: not stated (an
+ * older drafter). */
+typedef struct group_shape {
+    uint64_t hash;
+    char text[GROUP_SHAPE_TEXT];
+} group_shape;
 
 typedef struct group_entry {
     uint64_t peer;  /* the drafter's incarnation (the policy's worker id) */
@@ -64,6 +77,7 @@ typedef struct group_entry {
     bool admitted;  /* a rank of the current epoch (false: waiting for a step boundary) */
     uint64_t model_step; /* the model step its last GroupJoin reported */
     uint32_t rank;  /* when admitted */
+    group_shape shape; /* stated by its first join */
 } group_entry;
 
 /* One rank's share of a step: its lease and where the batch lives (to answer a retried claim). */
@@ -127,17 +141,26 @@ group *group_of_peer(group_table *t, uint64_t peer);
 /* The size a join would give g (members incl. pending + 1); for the max_depth rule. */
 uint32_t group_largest(const group_table *t);
 
-/* GroupJoin from peer (model_step: its optimizer steps; failed_epoch: the epoch whose
- * collective failed there, 0 none). Creates the group (resolving a step orphaned under its name
- * by model_step), adds the peer (pending) or treats a member's join as a poll, a failure
- * (failed_epoch == epoch while FORMING/ACTIVE: the epoch ends) or the resolver's word on a step
- * in flight; forms a new epoch when it can. max_world: refuse growing past it. Returns 0 (*g
- * set; the peer's view is current when its member entry is admitted and the group is FORMING or
- * ACTIVE), DFLASH_EFULL (max_world), DFLASH_EEXISTS (peer is in another group), DFLASH_ENOMEM
- * (too many groups). out gets the outcome. */
+/* GroupJoin from peer (shape: its drafter's, NULL or hash 0 when not stated; model_step: its
+ * optimizer steps; failed_epoch: the epoch whose collective failed there, 0 none). Creates the
+ * group (resolving a step orphaned under its name by model_step), adds the peer (pending) or
+ * treats a member's join as a poll, a failure (failed_epoch == epoch while FORMING/ACTIVE: the
+ * epoch ends) or the resolver's word on a step in flight; forms a new epoch when it can.
+ * max_world: refuse growing past it. Returns 0 (*g set; the peer's view is current when its
+ * member entry is admitted and the group is FORMING or ACTIVE), DFLASH_EFULL (max_world),
+ * DFLASH_EEXISTS (peer is in another group), DFLASH_ENOMEM (too many groups),
+ * DFLASH_EMISMATCH (a new member whose stated shape differs from the group's,
+ * group_shape_of: it would be turned away at the state sync, after the group re-formed for
+ * it; nothing changed, *g set). out gets the outcome. */
 int group_join(group_table *t, const char *name, uint64_t peer, const char *peer_name,
-               uint64_t model_step, uint64_t failed_epoch, uint32_t max_world, group **g,
-               group_outcome *out);
+               const group_shape *shape, uint64_t model_step, uint64_t failed_epoch,
+               uint32_t max_world, group **g, group_outcome *out);
+
+/* The member whose drafter shape is g's: its first member, whose model the group goes on from
+ * (rank 0, or the next epoch's rank 0), or NULL when it has none or stated no shape (then any
+ * joiner is taken, as before shapes were stated). A group left empty is deleted, so the join
+ * that creates it again, of whatever shape, defines its shape anew. */
+const group_entry *group_shape_of(const group *g);
 
 /* Deletes g (no step in flight): its members are none, their next group request finds no group
  * (a join creates it anew). For a group whose every member lacks its model (broker_groups.c). */

@@ -16,8 +16,11 @@
  *     again, count in status as redeliveries;
  *   - a survivor whose collective saw a rank's process end names it in its join (gone_rank):
  *     that member leaves the group at once (status, the next epoch), not at its expiry;
+ *   - a joiner whose drafter shape differs from the group's is refused (MISMATCH, both shapes
+ *     named) and the group neither re-forms nor lists it; once the group empties, the next
+ *     creator's shape is the group's; a drafter stating no shape (older) is taken as before;
  *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields), and a
- *     field an older broker does not know (gone_rank) is skipped there;
+ *     field an older broker does not know (gone_rank, shape) is skipped there;
  *   - a group restarted whole waits for the member holding the newest committed checkpoint
  *     to be its rank 0 (a former rank 1 has none), for group-hold-ms at most;
  *   - every rank of a group expired mid-step (a paused node) and back: the step is trained once,
@@ -69,6 +72,20 @@ static int join(const drafter *d, uint64_t step, uint64_t failed, wire_group_vie
     snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
     stub_req.u.join.step = step;
     stub_req.u.join.failed_epoch = failed;
+    int rc = stub_send(d->rid);
+    if (!rc && v) *v = stub_rep.u.view;
+    return rc;
+}
+
+/* A join stating drafter shape `shape` (0: none, as an older drafter), in words `text`. */
+static int join_shaped(const drafter *d, uint64_t step, uint64_t shape, const char *text,
+                       wire_group_view *v)
+{
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    stub_req.u.join.step = step;
+    stub_req.u.join.shape = shape;
+    snprintf(stub_req.u.join.shape_text, sizeof stub_req.u.join.shape_text, "%s", text);
     int rc = stub_send(d->rid);
     if (!rc && v) *v = stub_rep.u.view;
     return rc;
@@ -214,6 +231,21 @@ static void test_wire_checks(void)
     if (n > 2) b[n - 2] = 0x78;                          /* field 15, varint */
     CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
     CHECK(!u.u.join.has_gone_rank && u.u.join.failed_epoch == 4 && u.u.join.step == 12);
+    /* the drafter's shape and its words travel; words not terminated are refused */
+    m.u.join.has_gone_rank = false;
+    m.u.join.shape = 0x0123456789abcdefull;
+    memset(m.u.join.shape_text, 'x', sizeof m.u.join.shape_text);
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    snprintf(m.u.join.shape_text, sizeof m.u.join.shape_text, "abc");
+    n = wire_pack(&m, b, sizeof b);
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(u.u.join.shape == 0x0123456789abcdefull && strcmp(u.u.join.shape_text, "abc") == 0);
+    /* an older broker knows neither field 6 (fixed64) nor 7 (string): renamed to unknown
+     * fields 14 and 15, the join unpacks as one stating no shape */
+    CHECK(n > 14 && b[n - 5] == 0x3a && b[n - 4] == 3 && b[n - 14] == 0x31);
+    if (n > 14) b[n - 5] = 0x7a, b[n - 14] = 0x71;
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(u.u.join.shape == 0 && u.u.join.shape_text[0] == 0 && u.u.join.step == 12);
 
     wire_msg_init(&m, WIRE_GROUP_VIEW, WIRE_ROLE_BROKER, 1, 1);
     snprintf(m.u.view.group, sizeof m.u.view.group, "g");
@@ -425,6 +457,73 @@ static void test_step_after_target_restart(void)
  * flight is resolved by the survivor's model step as on any leave. A report that is not
  * credible (another epoch, the reporter itself, a reporter that is no rank of the epoch) drops
  * nobody; a join without the field (an older drafter) keeps the member listed, as before. */
+/* A joiner whose drafter has another shape than the group's (its rank 0's) is refused for good
+ * (MISMATCH, naming both shapes) before anything changes: the group's epoch, its id and its
+ * members stay as they were (it used to take the joiner in, re-form for it, and re-form again
+ * when the state sync turned it away). The group's shape is its first member's: once it
+ * empties, the join that creates it again defines it, and a member of the old shape is
+ * refused then. A drafter that states no shape (older) is taken in as before, and a group whose
+ * first member stated none takes any shape. */
+static void test_shape(void)
+{
+    setup();
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2},
+            C = {"drafter-c-3", "c", 0xc3}, D = {"drafter-d-4", "d", 0xd4};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    CHECK_EQ_INT(hello(&C), 0);
+    CHECK_EQ_INT(hello(&D), 0);
+    const uint64_t X = 0x1111222233334444ull, Y = 0x5555666677778888ull;
+    const char *x = "1 layer, block 4, hidden 64", *y = "2 layers, block 4, hidden 64";
+    wire_group_view va, vb, vc, vd;
+    CHECK_EQ_INT(join_shaped(&A, 0, X, x, &va), 0);
+    CHECK_EQ_INT(join_shaped(&B, 0, X, x, &vb), 0); /* the same shape: taken */
+    CHECK_EQ_INT(join_shaped(&A, 0, X, x, &va), 0);
+    uint64_t e = va.epoch;
+    CHECK(va.rank == 0 && va.world == 2 && vb.rank == 1 && vb.epoch == e);
+    CHECK_EQ_INT(set_id(&A, e, 0x11), 0);
+
+    /* C, of another shape, is refused, twice; the group does not move */
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_INT(join_shaped(&C, 0, Y, y, NULL), DFLASH_EMISMATCH);
+        const char *msg = stub_rep.u.error.message;
+        CHECK(strstr(msg, "rank 0 a has 1 layer, block 4, hidden 64; this one has 2 layers") !=
+              NULL);
+        wire_status s = stub_status();
+        CHECK(s.n_groups == 1 && s.groups[0].epoch == e && s.groups[0].world == 2);
+        CHECK_EQ_INT(s.groups[0].state, WIRE_GROUP_ACTIVE);
+        CHECK_EQ_INT(s.groups[0].pending, 0);
+        CHECK(!listed("c"));
+    }
+    CHECK_EQ_INT(join_shaped(&A, 0, X, x, &va), 0); /* rank 0's epoch and id stand */
+    CHECK(va.epoch == e && va.world == 2 && va.id_len == WIRE_GROUP_ID_BYTES && va.id[0] == 0x11);
+    /* without words, the refusal names the layouts */
+    CHECK_EQ_INT(join_shaped(&C, 0, Y, "", NULL), DFLASH_EMISMATCH);
+    CHECK(strstr(stub_rep.u.error.message, "this one has layout 5555666677778888") != NULL);
+
+    /* an older drafter, stating no shape, is taken as before */
+    CHECK_EQ_INT(join_shaped(&D, 0, 0, "", NULL), 0);
+    CHECK(listed("d"));
+    CHECK_EQ_INT(gstep(&D, WIRE_GROUP_LEAVE, 0, 0), 0);
+
+    /* the group empties: C creates it again, of its shape; A, of the old one, is refused */
+    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(gstep(&B, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(stub_status().n_groups, 0);
+    CHECK_EQ_INT(join_shaped(&C, 0, Y, y, &vc), 0);
+    CHECK(vc.rank == 0 && vc.world == 1);
+    CHECK_EQ_INT(join_shaped(&A, 0, X, x, NULL), DFLASH_EMISMATCH);
+    CHECK(strstr(stub_rep.u.error.message, "rank 0 c has 2 layers") != NULL);
+    CHECK(!listed("a"));
+
+    /* a group whose first member stated no shape takes any */
+    CHECK_EQ_INT(gstep(&C, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(join_shaped(&D, 0, 0, "", &vd), 0);
+    CHECK_EQ_INT(join_shaped(&A, 0, X, x, &va), 0);
+    CHECK(va.rank == 1 && va.world == 2);
+    stub_broker_free();
+}
+
 static void test_gone_rank(void)
 {
     setup();
@@ -917,6 +1016,7 @@ int main(void)
     test_restart_order();
     test_step_after_target_restart();
     test_gone_rank();
+    test_shape();
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
             C = {"drafter-c-3", "c", 0xc3};

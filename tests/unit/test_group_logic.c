@@ -30,7 +30,7 @@ static group *form(group_table *t, const uint64_t *peers, int n)
     group *g = NULL;
     group_outcome o;
     for (int i = 0; i < n; i++)
-        CHECK_EQ_INT(group_join(t, "g", peers[i], "p", 0, 0, 8, &g, &o), 0);
+        CHECK_EQ_INT(group_join(t, "g", peers[i], "p", NULL, 0, 0, 8, &g, &o), 0);
     uint8_t id[4] = {1, 2, 3, 4};
     CHECK_EQ_INT(group_set_id(g, peers[0], g->epoch, id, 4), 0);
     CHECK_EQ_INT(g->state, GROUP_ACTIVE);
@@ -67,7 +67,8 @@ static int orphan_bytes(uint8_t *buf, uint32_t cap)
     group *g;
     form_pair_in_step(t, 1, 2, NULL);
     uint64_t hp[2] = {3, 4};
-    for (int i = 0; i < 2; i++) CHECK_EQ_INT(group_join(t, "h", hp[i], "p", 3, 0, 8, &g, &o), 0);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ_INT(group_join(t, "h", hp[i], "p", NULL, 3, 0, 8, &g, &o), 0);
     uint8_t id[4] = {1, 2, 3, 4};
     CHECK_EQ_INT(group_set_id(g, 3, g->epoch, id, 4), 0);
     group_slot s[2] = {slot_of(3, 2), slot_of(4, 3)};
@@ -107,11 +108,11 @@ static void test_orphan_bytes(void)
     CHECK(!group_orphan_expire(t, 5000, 100, oname, &o)); /* the wait starts now */
     CHECK(group_orphan_get(t, 0, 5060, &info) && info.waited_ms == 60);
     group *g;
-    CHECK_EQ_INT(group_join(t, "h", 9, "p", 4, 0, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t, "h", 9, "p", NULL, 4, 0, 8, &g, &o), 0);
     CHECK(o.created && o.orphan && o.verdict == GROUP_ACK && o.step == 4 && o.n_slots == 2);
     CHECK(o.slots[0].released && o.slots[0].lease_id == 0 && o.slots[1].batch.index == 3);
     CHECK_EQ_INT(group_orphan_count(t), 1);
-    CHECK_EQ_INT(group_join(t, "g", 8, "p", 0, 0, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t, "g", 8, "p", NULL, 0, 0, 8, &g, &o), 0);
     CHECK(o.created && o.orphan && o.verdict == GROUP_ABORT && o.step == 1);
     CHECK_EQ_INT(group_orphan_count(t), 0);
     group_table_destroy(&t);
@@ -164,19 +165,20 @@ int main(void)
     group *g = NULL;
 
     /* a failed open while FORMING: new epoch at once, same members */
-    CHECK_EQ_INT(group_join(t, "g", 1, "a", 0, 0, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t, "g", 1, "a", NULL, 0, 0, 8, &g, &o), 0);
     CHECK(o.created && o.new_epoch && g->epoch == 1);
-    CHECK_EQ_INT(group_join(t, "g", 2, "b", 0, 0, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t, "g", 2, "b", NULL, 0, 0, 8, &g, &o), 0);
     CHECK(!o.created && o.new_epoch && g->epoch == 2 && g->world == 2);
-    CHECK_EQ_INT(group_join(t, "g", 2, "b", 0, 2, 8, &g, &o), 0); /* b: open failed in epoch 2 */
+    /* b: open failed in epoch 2 */
+    CHECK_EQ_INT(group_join(t, "g", 2, "b", NULL, 0, 2, 8, &g, &o), 0);
     CHECK(o.new_epoch && g->epoch == 3 && g->world == 2 && g->state == GROUP_FORMING);
-    CHECK_EQ_INT(group_join(t, "g", 2, "b", 0, 2, 8, &g, &o), 0); /* a retry: old epoch */
+    CHECK_EQ_INT(group_join(t, "g", 2, "b", NULL, 0, 2, 8, &g, &o), 0); /* a retry: old epoch */
     CHECK(!o.new_epoch && g->epoch == 3);
 
     /* limits: one group per peer, max world */
     group *h = NULL;
-    CHECK_EQ_INT(group_join(t, "h", 1, "a", 0, 0, 8, &h, &o), DFLASH_EEXISTS);
-    CHECK_EQ_INT(group_join(t, "g", 3, "c", 0, 0, 2, &h, &o), DFLASH_EFULL);
+    CHECK_EQ_INT(group_join(t, "h", 1, "a", NULL, 0, 0, 8, &h, &o), DFLASH_EEXISTS);
+    CHECK_EQ_INT(group_join(t, "g", 3, "c", NULL, 0, 0, 2, &h, &o), DFLASH_EFULL);
     CHECK(h == NULL);
     CHECK(group_find(t, "h") == NULL);
     CHECK_EQ_INT(group_largest(t), 2);
@@ -196,14 +198,14 @@ int main(void)
     CHECK(group_slot_of_lease(t, 100) == &g->slots[0]);
 
     /* c joins (pending) and dies before the boundary: no new epoch */
-    CHECK_EQ_INT(group_join(t, "g", 3, "c", 0, 0, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t, "g", 3, "c", NULL, 0, 0, 8, &g, &o), 0);
     CHECK(!o.new_epoch && g->n_members == 3 && g->world == 2);
     CHECK(group_leave(t, 3, &o));
     CHECK(!o.new_epoch && o.verdict == GROUP_KEEP && g->epoch == 3 && g->state == GROUP_ACTIVE);
 
     /* d joins pending; a (rank 0, resolver-to-be) dies: b resolves; b dies too before saying
      * anything: nobody admitted is left, so the step is aborted; d alone forms epoch 4 */
-    CHECK_EQ_INT(group_join(t, "g", 4, "d", 0, 0, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t, "g", 4, "d", NULL, 0, 0, 8, &g, &o), 0);
     CHECK(group_leave(t, 1, &o));
     CHECK(g->state == GROUP_REFORMING && g->resolver == 2 && o.verdict == GROUP_KEEP);
     CHECK_EQ_INT(group_step_done(t, g, 1, 3, 1, &o), DFLASH_EDENIED); /* a is gone: not rank 0 */
@@ -225,7 +227,7 @@ int main(void)
     CHECK_EQ_INT(g->resolver, 11);
     CHECK(group_leave(t2, 11, &o));
     CHECK_EQ_INT(g->resolver, 12);
-    CHECK_EQ_INT(group_join(t2, "g", 12, "k", 1, g->epoch, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t2, "g", 12, "k", NULL, 1, g->epoch, 8, &g, &o), 0);
     CHECK_EQ_INT(o.verdict, GROUP_ACK);
     CHECK_EQ_INT(o.step, 1);
     CHECK(o.new_epoch && g->world == 1 && g->base_step == 1 && g->steps_done == 1);
@@ -261,10 +263,10 @@ int main(void)
         CHECK(o.orphan && o.verdict == GROUP_KEEP && o.step == 1);
         CHECK_EQ_INT(group_count(t4), 0);
         CHECK(group_owns_batch(t4, &s2[1].batch));
-        CHECK_EQ_INT(group_join(t4, "other", 32, "x", 5, 0, 8, &h, &o), 0);
+        CHECK_EQ_INT(group_join(t4, "other", 32, "x", NULL, 5, 0, 8, &h, &o), 0);
         CHECK(o.created && !o.orphan && o.verdict == GROUP_KEEP);
         CHECK(group_leave(t4, 32, &o));
-        CHECK_EQ_INT(group_join(t4, "g", 31, "b", (uint64_t)creator_step, 0, 8, &g, &o), 0);
+        CHECK_EQ_INT(group_join(t4, "g", 31, "b", NULL, (uint64_t)creator_step, 0, 8, &g, &o), 0);
         CHECK(o.created && o.orphan && o.step == 1 && o.n_slots == 2);
         CHECK_EQ_INT(o.verdict, creator_step == 1 ? GROUP_ACK : GROUP_ABORT);
         CHECK_EQ_INT(g->steps_done, creator_step == 1 ? 1 : 0);
@@ -272,7 +274,7 @@ int main(void)
         CHECK(!group_owns_batch(t4, &s2[1].batch));
         CHECK(group_leave(t4, 31, &o)); /* no step in flight: nothing orphaned */
         CHECK(!o.orphan && group_count(t4) == 0);
-        CHECK_EQ_INT(group_join(t4, "g", 31, "b", 1, 0, 8, &g, &o), 0);
+        CHECK_EQ_INT(group_join(t4, "g", 31, "b", NULL, 1, 0, 8, &g, &o), 0);
         CHECK(o.created && !o.orphan && o.verdict == GROUP_KEEP);
         CHECK(group_leave(t4, 31, &o));
     }
@@ -293,7 +295,7 @@ int main(void)
     CHECK(strcmp(oname, "g") == 0);
     CHECK(!group_owns_batch(t4, &s4[0].batch));
     CHECK(!group_orphan_expire(t4, 99999, 500, oname, &o));
-    CHECK_EQ_INT(group_join(t4, "g", 31, "b", 1, 0, 8, &g, &o), 0);
+    CHECK_EQ_INT(group_join(t4, "g", 31, "b", NULL, 1, 0, 8, &g, &o), 0);
     CHECK(o.created && !o.orphan && o.verdict == GROUP_KEEP); /* nothing left to resolve */
     CHECK(group_leave(t4, 31, &o));
 
@@ -307,7 +309,7 @@ int main(void)
         g = form_pair_in_step(t5, 40, 41, NULL);
         CHECK(group_leave(t5, 40, &o));
         CHECK(o.verdict == GROUP_KEEP && g->resolver == 41);
-        CHECK_EQ_INT(group_join(t5, "g", 40, "a", (uint64_t)back_step, 0, 8, &g, &o), 0);
+        CHECK_EQ_INT(group_join(t5, "g", 40, "a", NULL, (uint64_t)back_step, 0, 8, &g, &o), 0);
         CHECK(!o.created && o.verdict == GROUP_KEEP && g->state == GROUP_REFORMING);
         CHECK(group_leave(t5, 41, &o));
         CHECK(!o.orphan && o.new_epoch);
@@ -326,7 +328,7 @@ int main(void)
      * for good) */
     group_table *t6 = group_table_new();
     g = form_pair_in_step(t6, 50, 51, NULL);
-    CHECK_EQ_INT(group_join(t6, "g", 52, "c", 7, 0, 8, &h, &o), 0);
+    CHECK_EQ_INT(group_join(t6, "g", 52, "c", NULL, 7, 0, 8, &h, &o), 0);
     CHECK(group_leave(t6, 50, &o));
     CHECK(group_leave(t6, 51, &o));
     CHECK_EQ_INT(o.verdict, GROUP_ACK);

@@ -25,6 +25,11 @@
  * again): another member's model at that step may come from a group re-created from an older
  * model without them, and a batch trained twice is the safe side of one never trained. Nothing
  * is claimed before they are resolved.
+ * Our drafter's shape (the consumer's shape(): the layout the state sync compares) goes with
+ * every join (client_set_drafter_shape): a broker that knows the field refuses a joiner of
+ * another shape than the group's (Error MISMATCH) before the group re-forms for it, and we end
+ * (ECONFIG: exit 2). An older broker takes us in, and the state sync turns us away instead
+ * (joining(): EMISMATCH there; the others re-form without us).
  * A refusal for good (our hello answered EXISTS, our join refused: `refused`) ends the loop
  * through end_refused() instead, with no more requests: the final checkpoint (rank 0), reported
  * to no broker (worker_session_save_refused), a pending step in it without a StepDone.
@@ -94,6 +99,7 @@ typedef struct gw {
     /* Outside STEPPING the rank trains nothing: what it waits for (set_waiting), since when. */
     char waiting[WIRE_MAX_TEXT + 64];
     double waiting_since;
+    char shape_text[WIRE_MAX_SHAPE_TEXT]; /* our drafter's shape in words (consumer's shape()) */
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -387,6 +393,18 @@ static int joining(gw *g)
     if (rc == DFLASH_ESTALE) {
         set_state(g, GW_REGISTER);
         return 0;
+    }
+    if (rc == DFLASH_EMISMATCH) { /* our shape is not the group's: the group did not re-form */
+        const char *why = client_last_error(g->cl);
+        bool named = g->shape_text[0] && strstr(why, g->shape_text); /* the broker's words */
+        LOG_ERROR("the broker refused to let us join group %s: %s%s%s%s; every rank needs the "
+                  "group's drafter: start this one with its rank 0's model flags "
+                  "(--draft-layers, --block-size, --capture-layers, the target) or checkpoint",
+                  c->group, why, named ? "" : " (ours: ", named ? "" : g->shape_text,
+                  named ? "" : ")");
+        worker_session_note_refusal(g->s);
+        g->refused = true;
+        return DFLASH_ECONFIG; /* the flags: exit 2 */
     }
     if (rc == DFLASH_EFULL || rc == DFLASH_EEXISTS || rc == DFLASH_EDENIED ||
         rc == DFLASH_ESTATE || /* the ledger cannot go back to our step */
@@ -744,6 +762,10 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     g.s = worker_session_new(cfg, &g.st, stop, &rc);
     if (!g.s) goto out;
     g.cl = worker_session_client(g.s);
+    if (cons->shape) { /* stated in every join: the broker turns away another shape (joining) */
+        uint64_t shape = cons->shape(cons->ctx, g.shape_text, sizeof g.shape_text);
+        client_set_drafter_shape(g.cl, shape, g.shape_text);
+    }
     if (cons->resumed_unacked)
         g.n_resumed = cons->resumed_unacked(cons->ctx, g.resumed, WORKER_MAX_UNACKED);
 

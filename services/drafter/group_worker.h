@@ -10,9 +10,12 @@
  * died: shm sees its process gone, or the collective times out; or, asked while a collective
  * waits, the broker says the epoch is over), a "re-form" answer (Error STALE) or a refused
  * release closes the communicator and joins again, naming the failed epoch (and, when shm saw
- * a rank's process end, that rank: dp_comm_gone_rank; the broker drops that member at once). A sync that finds
- * another rank's drafter of another shape than rank 0's re-forms too; our own differing is
- * fatal (DFLASH_ECONFIG), after a GroupLeave. Only rank 0 writes checkpoints and
+ * a rank's process end, that rank: dp_comm_gone_rank; the broker drops that member at once).
+ * Every join states our drafter's shape (the consumer's shape()): the broker refuses a joiner
+ * of another shape than the group's (Error MISMATCH), which is fatal (DFLASH_ECONFIG), before
+ * the group re-forms for it. With an older broker a sync that finds another rank's drafter of
+ * another shape than rank 0's re-forms too; our own differing is fatal (DFLASH_ECONFIG), after
+ * a GroupLeave. Only rank 0 writes checkpoints and
  * reports them (CheckpointCommitted). A broker restart: hello again (rank 0 with the units of a
  * step whose StepDone was not answered), plain Acks for those units, then join again. A
  * StepDone the same broker answers STALE (it expired us while we trained) is not acked late:
@@ -39,8 +42,8 @@
 /* Runs the group loop (cfg->group set). Returns 0 (drained, stopped, done) or a negative code
  * after logging the reason (DFLASH_EFULL: the broker refused the join because the group would
  * be larger than its max-depth; DFLASH_ECONFIG: our drafter's shape differs from rank 0's, the
- * group's model (only the differing rank ends; rank 0 and the matching ranks re-form without
- * it), a slot of the target was written for another layout than ours (given back unread), or
+ * group's model (the broker refused our join; or, with an older broker, the sync found it:
+ * only the differing rank ends, rank 0 and the matching ranks re-form without it), a slot of the target was written for another layout than ours (given back unread), or
  * cons has no group hooks: a mode that cannot train in a group). Main thread. */
 int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats);

@@ -614,6 +614,12 @@ static uint64_t train_state_hash(void *vctx) {
     return dflash_dp_state_hash(((trainer *)vctx)->m);
 }
 
+static uint64_t train_shape(void *vctx, char *text, size_t len) {
+    const trainer *t = vctx;
+    dflash_dp_layout_text(t->m, text, len);
+    return dflash_dp_layout_hash(t->m);
+}
+
 static void train_destroy(void *vctx) {
     trainer *t = vctx;
     if (!t) return;
@@ -977,7 +983,8 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .set_group = train_set_group,
                            .sync_state = train_sync_state,
                            .model_step = train_model_step,
-                           .state_hash = train_state_hash};
+                           .state_hash = train_state_hash,
+                           .shape = train_shape};
     return c;
 fail:
     train_destroy(t);

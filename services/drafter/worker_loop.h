@@ -33,6 +33,7 @@
 
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define WORKER_MAX_BUCKETS 16
@@ -131,11 +132,16 @@ typedef struct worker_consumer {
      *                  rank 0 writes checkpoints (committed() stays put on the other ranks);
      *   sync_state(root) makes the model equal to rank root's over that comm (0 or a code);
      *   model_step()   optimizer steps the model has taken (the group's step numbers);
-     *   state_hash()   (optional) hash of the trainable state, logged to compare ranks. */
+     *   state_hash()   (optional) hash of the trainable state, logged to compare ranks;
+     *   shape(text, len) (optional) the model's layout, what sync_state checks first: its
+     *                  hash (0: none) and, in text, the same in words; stated in every
+     *                  GroupJoin, so that the broker turns away a joiner of another shape than
+     *                  the group's before the group re-forms for it (NULL: none stated). */
     void (*set_group)(void *ctx, struct dp_comm *comm, int rank, int world);
     int (*sync_state)(void *ctx, int root);
     uint64_t (*model_step)(void *ctx);
     uint64_t (*state_hash)(void *ctx);
+    uint64_t (*shape)(void *ctx, char *text, size_t len);
 } worker_consumer;
 
 typedef struct worker_loop_config {

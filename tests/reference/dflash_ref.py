@@ -7,7 +7,10 @@ C side need not reproduce torch's RNG), runs the forward with an explicit boolea
 the decayed cross-entropy normalised by the sum of weights over the whole batch, and backward.
 Each sequence is computed on its own (no packing), which checks the C side's packed layout.
 Then 10 AdamW steps (torch.optim.AdamW, weight decay on matrices only, global-norm clipping,
-warmup + cosine learning rate) on the same batch give the loss trajectory.
+warmup + cosine learning rate) on the same batch give the loss trajectory and the parameters
+after the steps, each tensor of which the C side compares: a decay dropped from the matrices, or
+given to the norm vectors too, moves them by wd x the sum of the 10 rates (6e-3 relative), far
+past the float32 noise (2e-6); the loss alone could not see it (audit-tests finding 2).
 
 Everything runs in float64; the dump stores float32. Usage: dflash_ref.py OUT.bin
 Also importable: DFlashRef (the model) and its loader, used by dflash_logits_check.py.
@@ -204,9 +207,11 @@ def main(out):
     for n in model.names():
         dump.add("g." + n, params[n].grad)
 
-    # 10 AdamW steps on the same batch
-    hp = dict(lr=1e-2, warmup_ratio=0.2, total=10, min_ratio=0.1, clip=1.0, wd=0.01,
-              b1=0.9, b2=0.999, eps=1e-8)
+    # 10 AdamW steps on the same batch. wd 0.1 makes the decay matter; eps 1e-5 (not 1e-8) keeps
+    # an element whose gradient is about 0 from turning float32 noise into a step of about lr
+    # (Adam divides by sqrt(v)), which made single parameters differ by 1e-4 with eps 1e-8
+    hp = dict(lr=1e-2, warmup_ratio=0.2, total=10, min_ratio=0.1, clip=1.0, wd=0.1,
+              b1=0.9, b2=0.999, eps=1e-5)
     names = model.names()
     mats = [params[n] for n in names if params[n].dim() == 2]
     vecs = [params[n] for n in names if params[n].dim() == 1]
@@ -230,6 +235,8 @@ def main(out):
     dump.add("traj.loss", torch.tensor(losses))
     dump.add("traj.grad_norm", torch.tensor(norms))
     dump.add("traj.lr", torch.tensor(lrs))
+    for n in names:  # the parameters after the steps: which tensors took the decay
+        dump.add("q." + n, params[n].detach())
     dump.write(out)
     print("dflash_ref: loss %.6f, 10-step trajectory %.4f -> %.4f" % (float(loss), losses[0],
                                                                        losses[-1]))

@@ -5,7 +5,9 @@
  * packed two-sequence batch and the anchors torch drew. Runs dflash_train_grads on the same
  * anchors and compares the loss and the gradient of every trainable tensor (max rel err
  * <= 1e-4 against torch's float64), then 10 dflash_train_apply steps (AdamW, clipping, warmup +
- * cosine) against torch.optim.AdamW's loss, gradient-norm and learning-rate trajectory.
+ * cosine) against torch.optim.AdamW's loss, gradient-norm and learning-rate trajectory, and the
+ * parameters after them tensor by tensor (<= 1e-5): the decoupled weight decay on the matrices
+ * and none on the norm vectors, which the loss trajectory barely sees.
  * Exits 1 on any mismatch, 2 on a malformed dump.
  */
 #include "dflash_model.h"
@@ -13,6 +15,7 @@
 #include "refdump.h"
 
 #define TOL 1e-4
+#define PTOL 1e-5 /* the parameters after the steps (float32 noise: 2e-6) */
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -114,6 +117,14 @@ int main(int argc, char **argv) {
     bad += refdump_check(d, "traj.loss", traj, (size_t)n, TOL);
     bad += refdump_check(d, "traj.grad_norm", traj + n, (size_t)n, TOL);
     bad += refdump_check(d, "traj.lr", traj + 2 * n, (size_t)n, 1e-6);
+    float *after = malloc(m->n_params * sizeof(float));
+    if (dflash_model_masters_download(m, after)) return 1;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const dflash_tensor *t = &m->tensors[i];
+        snprintf(name, sizeof name, "q.%s", t->name);
+        bad += refdump_check(d, name, after + t->offset, t->numel, PTOL);
+    }
+    free(after);
     printf("%s: %d mismatches\n", bad ? "FAIL" : "PASS", bad);
     free(traj);
     free(lm);

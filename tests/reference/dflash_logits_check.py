@@ -16,7 +16,9 @@ transformers' AutoModel.from_pretrained(trust_remote_code=True) where transforme
 else imported from the file with the weights of model.safetensors; each block is run alone, the
 way a server drafts (its context = the sequence's features before the anchor), and its logits
 must match the reference's rows of that block: in float64 to 1e-9, and in bfloat16 (on the GPU
-when there is one) to 5e-2.
+when there is one) to 5e-2. Its RMSNorms alone in bfloat16 on the CPU must round as transformers'
+Qwen3RMSNorm does, bit for bit (normalised in fp32, cast to bf16, then times the weight):
+the 5e-2 above cannot tell that order from multiplying first.
 Last, dflash.py's spec_generate (greedy speculative decoding, the target verifying each block)
 with a float64 stand-in target of transformers' calling convention (target_ref.py's Qwen3
 forward, the KV cache being the token prefix): its output must be exactly the target's greedy
@@ -43,7 +45,7 @@ except ImportError:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dflash_ref import DFlashRef  # noqa: E402
+from dflash_ref import DFlashRef, rmsnorm  # noqa: E402
 from refdump import RefDump  # noqa: E402
 import target_ref  # noqa: E402
 
@@ -166,6 +168,47 @@ def check_shipped_module(ckpt, params, embed, lm_head, X, ids, seq_off, anchors,
               % (how, str(dtype).replace("torch.", ""), where, rows // B, err, tol,
                  "PASS" if err <= tol else "FAIL"))
         ok = ok and err <= tol
+    return ok
+
+
+def check_norm_rounding(ckpt, params, tmp):
+    """The checkpoint's dflash.py RMSNorms in bfloat16 on the CPU, bit for bit against the
+    rounding points of reference/dflash.md 1.4 (transformers' Qwen3RMSNorm): normalised in fp32,
+    cast back to bf16, then multiplied by the weight in bf16. The normalised values come from
+    dflash_ref.rmsnorm in float64 (the oracle's, weight 1); the bf16 product of two bf16 values is
+    their exact product rounded once. The bf16 check of check_shipped_module cannot see the
+    order (one ulp at each norm, under bf16's noise through the layers: the order that rounds once
+    read 1.6e-2 there, this one 1.8e-2), so this one compares the norms alone. Elements whose
+    normalised value lies within 2^-20 of a bf16 rounding boundary (fp32 and float64 may round
+    it apart) are left out; the rest must be equal, and the inputs must tell the orders apart:
+    on >= 1% of them the multiply-then-round-once order gives another bf16 value."""
+    model, how = load_shipped_module(ckpt, params, tmp, torch.bfloat16)
+    bf = torch.bfloat16
+    g = torch.Generator().manual_seed(5)
+    n_norms = n_el = n_left_out = bad = apart = 0
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if not type(m).__name__.endswith("RMSNorm"):
+                continue
+            n = m.weight.shape[0]
+            x = (3.0 * torch.randn(512, n, generator=g, dtype=torch.float64)).to(bf)
+            got = m(x)
+            w = m.weight.detach().double()
+            y = rmsnorm(x.double(), torch.ones(n, dtype=torch.float64), m.eps)
+            want = (w * y.to(bf).double()).to(bf)
+            sure = ((y * (1 + 2.0 ** -20)).to(bf) == y.to(bf)) & \
+                ((y * (1 - 2.0 ** -20)).to(bf) == y.to(bf))
+            once = (w * y).to(bf)
+            n_norms += 1
+            n_el += int(sure.sum())
+            n_left_out += int((~sure).sum())
+            bad += int(((got != want) & sure).sum())
+            apart += int(((once != want) & sure).sum())
+    ok = n_norms > 0 and bad == 0 and apart >= 0.01 * n_el
+    print("dflash_logits_check: the checkpoint's dflash.py RMSNorm (%s), %d norms in bfloat16: "
+          "%d of %d elements differ from normalise, round to bf16, multiply by the weight (%d "
+          "left out at a rounding boundary; multiplying first would differ on %d): %s"
+          % (how, n_norms, bad, n_el, n_left_out, apart, "PASS" if ok else "FAIL"))
     return ok
 
 
@@ -352,6 +395,7 @@ def main():
              "PASS" if ok else "FAIL"))
     ok = check_shipped_module(ckpt, params, embed, lm_head, X32, ids, seq_off, anchors, ref,
                               tmp) and ok
+    ok = check_norm_rounding(ckpt, params, tmp) and ok
     ok = check_spec_generate(ckpt, params, tmp) and ok
     shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1

@@ -1,10 +1,14 @@
 /* itest_redelivery: a consumer SIGKILLed while it holds a lease gets its slot redelivered.
  *
- * The real dflash-queue runs in a temp runtime dir (lease 800 ms, heartbeat 100 ms). This
- * process registers a pool and makes one batch ready; a child consumer (this binary in
- * "consumer" mode) claims it, prints the granted unit and hangs. It is SIGKILLed; a second
- * consumer then claims and must get the very same batch, and the broker counts the redelivery;
- * `dflash-ctl watch` then shows no lease held (the expired one once counted as leased). */
+ * The real dflash-queue runs in a temp runtime dir (lease 800 ms, heartbeat 100 ms, liveness 10:
+ * a peer silent for 1 s is expired, which leaves this process room for a stall of most of a
+ * second between its heartbeats; with liveness 3, a 60 ms sleep stretched past 240 ms expired
+ * the target and its pool with the ready batch). This process registers a pool and makes one
+ * batch ready; a child consumer (this binary in "consumer" mode) claims it, prints the granted
+ * unit and hangs. It is SIGKILLed (its lease expires after 800 ms, its session after 1 s); a
+ * second consumer then claims and must get the very same batch, and the broker counts the
+ * redelivery; `dflash-ctl watch` then shows no lease held (the expired one once counted as
+ * leased). */
 #include "check.h"
 #include "harness.h"
 
@@ -37,7 +41,7 @@ int main(int argc, char **argv)
     h_tempdir(dir, sizeof dir);
     h_queue_endpoint(dir, ep, sizeof ep);
     const char *extra[] = {"--journal=none", "--min-ready=0", "--lease-timeout-ms=800",
-                           "--heartbeat-ms=100", "--liveness=3", NULL};
+                           "--heartbeat-ms=100", "--liveness=10", NULL};
     pid_t q = h_start_queue(argv[1], dir, extra);
     CHECK(q > 0);
     if (q <= 0) CHECK_DONE();
@@ -64,7 +68,7 @@ int main(int argc, char **argv)
     int fd = -1;
     pid_t victim = h_spawn(cargv, &fd);
     /* The target (this process) must keep its session alive while the victim starts: with a
-     * 100 ms heartbeat and liveness 3, a slow start (ASan, a loaded machine) would otherwise
+     * 100 ms heartbeat and liveness 10, a slow start (ASan, a loaded machine) would otherwise
      * expire the target, and its pool with the ready batch, before the victim claims. */
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     for (uint64_t until = h_now_ms() + 10000; h_now_ms() < until && poll(&pfd, 1, 50) == 0;)

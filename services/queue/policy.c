@@ -733,6 +733,14 @@ int policy_drop_worker(policy *p, uint64_t worker_id)
     return 0;
 }
 
+uint32_t policy_worker_leases(const policy *p, uint64_t worker_id)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < p->n_leased; i++) n += p->leased[i]->worker_id == worker_id;
+    for (uint32_t i = 0; i < p->n_detached; i++) n += p->detached[i].worker_id == worker_id;
+    return n;
+}
+
 int policy_tick(policy *p, uint64_t now_ms)
 {
     /* Backwards: expire() swap-removes, which only moves entries from the end. */

@@ -233,6 +233,9 @@ int policy_heartbeat(policy *p, uint64_t worker_id, uint64_t now_ms);
 /* The worker is gone: each of its leases ends as if expired (READY again, redelivery counted,
  * possibly quarantined). Returns 0. */
 int policy_drop_worker(policy *p, uint64_t worker_id);
+/* Leases worker_id holds now, detached ones included (granted, neither released nor expired):
+ * what a stopping broker waits for (broker_stop.c). Pure. */
+uint32_t policy_worker_leases(const policy *p, uint64_t worker_id);
 
 /* Expires leases with deadline <= now_ms (READY again + redelivery, or quarantine) and lifts
  * restart fences with deadline <= now_ms (FENCED -> FREE). Returns 0. */

@@ -353,6 +353,8 @@ static void test_incarnation_drop(void)
     CHECK_EQ_INT(produce(p, 0), 0); /* (0,0,1) ready */
     policy_grant g;
     CHECK_EQ_INT(policy_claim(p, 5, 0, &g), 0); /* (0,0,0) leased */
+    CHECK_EQ_INT(policy_worker_leases(p, 5), 1);
+    CHECK_EQ_INT(policy_worker_leases(p, 6), 0);
     /* The target restarts with a new incarnation and registers again. */
     CHECK_EQ_INT(policy_pool_add(p, POOL, INC, 256, 1 << 20), DFLASH_EEXISTS);
     CHECK_EQ_INT(policy_pool_add(p, POOL, 0x2222, 256, 1 << 20), 0);
@@ -371,6 +373,7 @@ static void test_incarnation_drop(void)
     CHECK_EQ_INT(st.detached_leases, 1);
     CHECK_EQ_INT(policy_detached_leases(p, POOL, INC), 1); /* the old incarnation's */
     CHECK_EQ_INT(policy_detached_leases(p, POOL, 0x2222), 0);
+    CHECK_EQ_INT(policy_worker_leases(p, 5), 1); /* still its worker's (a stop waits for it) */
     /* ...the old incarnation's messages are stale... */
     batch_id late = {0, 0, 9};
     CHECK_EQ_INT(policy_slot_ready(p, POOL, INC, 3, &late, TOK), DFLASH_ESTALE);
@@ -380,6 +383,7 @@ static void test_incarnation_drop(void)
     CHECK_EQ_INT(where.incarnation, INC);
     CHECK_EQ_INT(ev.n_requeued, 2);
     CHECK_EQ_INT(policy_detached_leases(p, POOL, INC), 0);
+    CHECK_EQ_INT(policy_worker_leases(p, 5), 0);
     /* A detached lease whose worker never releases requeues its batch on expiry. */
     batch_id nb = {0, 0, 5};
     CHECK_EQ_INT(policy_work_start(p, POOL, &nb, &slot), 0);

@@ -5,8 +5,9 @@
  * resume, drain: applied, journaled, restored; dflash-ctl release of quarantined batches),
  * broker_trainers.c (one broker, one model: run ids,
  * trainer admission, ResumeFrom), broker_leave.c (a target's leave: its pool given
- * up at once, its session ended once no slot of it is being copied), broker_security.c (CURVE,
- * ZAP, binding).
+ * up at once, its session ended once no slot of it is being copied), broker_stop.c (the graceful
+ * stop: no new leases, the acks and checkpoint reports in progress waited for, bounded),
+ * broker_security.c (CURVE, ZAP, binding).
  *
  * Peer table: a small array searched linearly by routing id (a node has a handful of peers).
  * A hello from a new incarnation of a live peer's role+name replaces that peer (a restart); the
@@ -41,8 +42,8 @@
  * win when the restored ones do not fit together, live_check), the mode comes back as it was. A
  * restored drain keeps today's semantics: pending_mode is DRAINING before any pool registers,
  * so claims end at once (broker_drained) and a target that registers gets SHUTDOWN. A
- * deliberate stop (broker_shutdown, SIGTERM) journals the end of a drain, so only a crash leaves
- * one for the next start.
+ * deliberate stop (broker_shutdown, SIGTERM: at the end of broker_stop_gracefully) journals the
+ * end of a drain, so only a crash leaves one for the next start.
  *
  * Restart fence (defect: a re-registering target's slots were all taken as FREE, so a slot a
  * drafter was still copying under the old broker's lease could be handed out for refilling):
@@ -1156,6 +1157,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
         if (p->role == WIRE_ROLE_DRAFTER && b->policy)
             policy_heartbeat(b->policy, p->incarnation, p->last_seen_ms);
     }
+    if (broker_stop_refuses(b, p, &m, &r)) goto out; /* stopping: nothing new handed out */
     switch (m.type) {
     case WIRE_HELLO:
         if (!p) {
@@ -1217,6 +1219,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
         break;
     }
 out:
+    broker_stop_note(b, p, &m, &r);
     if (ledger_journal_seq(b->ledger) != b->dispatch_ticket)
         b->dispatch_ticket = ledger_journal_seq(b->ledger); /* it queued records */
     else
@@ -1548,6 +1551,7 @@ void broker_stop(broker *b)
     }
     zloop_sock_destroy(&b->router_watch);
     zloop_sock_destroy(&b->zap_watch);
+    broker_stop_close(b);
     if (b->cron_started) {
         uv_timer_stop(&b->cron);
         uv_close((uv_handle_t *)&b->cron, NULL);

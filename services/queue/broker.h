@@ -83,6 +83,7 @@ typedef struct queue_config {
     bool fsync;
     int64_t compact_bytes;
     int64_t journal_retry_ms;            /* a failing journal is rewritten from memory this often */
+    int64_t stop_grace_ms;               /* the longest graceful stop (broker_stop_gracefully) */
     char log_level[16];                  /* live */
 } queue_config;
 
@@ -109,10 +110,26 @@ void broker_destroy(broker **b);
 /* Stops serving: closes the watchers and the timer so uv_run returns. Safe to call twice. */
 void broker_stop(broker *b);
 
-/* A deliberate stop (SIGTERM, SIGINT): a drain under way is over with it, journaled as running,
- * so a broker started again on this journal runs (a pause stays: it is still in force after the
- * restart); then broker_stop. A crash skips this: a broker restarted after one keeps draining. */
+/* A deliberate stop (SIGTERM, SIGINT; the end of broker_stop_gracefully): a drain under way is
+ * over with it, journaled as running, so a broker started again on this journal runs (a pause
+ * stays: it is still in force after the restart); then broker_stop. A crash skips this: a broker
+ * restarted after one keeps draining. */
 void broker_shutdown(broker *b);
+
+typedef void (*broker_stopped_fn)(void *ctx);
+
+/* The graceful stop (the first SIGTERM or SIGINT; broker_stop.c): from now on claims, step
+ * claims that would reserve a new step and work requests are answered Error AGAIN ("the broker
+ * is stopping"), everything else as before, until no live drafter holds a lease or a batch it has
+ * not acked and every one that stops has reported its final checkpoint, or cfg.stop_grace_ms has
+ * passed; then broker_shutdown and done(ctx) (main: stop the loop). Logged: what it waits for,
+ * and how it ended. A second call (a second signal) ends it at once, as does nothing to wait for
+ * or a grace of 0 (done runs inside the call then, else from the broker's stop timer). Loop
+ * thread. */
+void broker_stop_gracefully(broker *b, broker_stopped_fn done, void *ctx);
+
+/* True from broker_stop_gracefully until the broker has stopped. */
+bool broker_stopping(const broker *b);
 
 /* Handles one request from routing id (rid, rid_len) and writes the packed reply into out.
  * Returns the reply length (> 0; every request gets a reply, malformed ones an ERROR) or a

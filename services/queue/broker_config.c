@@ -88,6 +88,12 @@ static const cfg_option queue_options[] = {
     OPT_I("journal-retry-ms", "15000", 10, 3600000, false,
           "while the journal is failing (a full disk), rewrite it whole from memory this often "
           "until it takes it", journal_retry_ms),
+    OPT_I("stop-grace-ms", "8000", 0, 3600000, false,
+          "on SIGTERM/SIGINT, claims are refused and the broker exits once no lease is out, "
+          "every batch in training is acked and the drafters that stop have reported their "
+          "final checkpoints, or after this long (0 = at once; a second signal exits at once); "
+          "keep it below the supervisor's stop timeout (docker: 10 s)",
+          stop_grace_ms),
     OPT_S("log-level", "info", true, "debug, info, warn or error", log_level),
 };
 

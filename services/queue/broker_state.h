@@ -4,8 +4,8 @@
  * groups), broker_steering.c (set, pause, resume, drain: applied, journaled, restored;
  * release of quarantined batches),
  * broker_trainers.c (one broker, one model: run ids and trainer admission),
- * broker_leave.c (a target's leave) and broker_security.c (CURVE, the ZAP handler, binding
- * endpoints). broker.h is the public face;
+ * broker_leave.c (a target's leave), broker_stop.c (the graceful stop) and broker_security.c
+ * (CURVE, the ZAP handler, binding endpoints). broker.h is the public face;
  * broker.c's top comment has the model (peer table, pool table, journal and replies).
  *
  * Thread: the broker's loop thread, like everything of the broker.
@@ -53,6 +53,10 @@ typedef struct peer {
     uint64_t trainer_wait_since_ms; /* drafter: when its resume or join first met another
                                        model's trainer (0: not waiting; broker.c) */
     uint64_t group_hold_since_ms; /* drafter: when its creating a group was first held (0) */
+    /* drafter, for a graceful stop (broker_stop.c): the newest step it acked (a group's rank 0:
+     * StepDone) and the newest it reported committed; it claimed while the broker stopped */
+    uint64_t acked_step, committed_step;
+    bool claimed_in_stop;
 } peer;
 
 typedef struct pool_desc {
@@ -78,6 +82,9 @@ typedef struct deferred_reply {
     uint8_t msg[];    /* the packed reply */
 } deferred_reply;
 
+/* The broker's stop (broker_stop.c has the transitions). */
+typedef enum { BROKER_SERVING = 0, BROKER_STOPPING, BROKER_STOPPED } broker_stop_phase;
+
 struct broker {
     uv_loop_t *loop;
     queue_config cfg;
@@ -94,6 +101,12 @@ struct broker {
     uint64_t zap_denied, steer_denied;
     uv_timer_t cron;
     bool cron_started, stopped;
+    broker_stop_phase stop_phase;  /* a graceful stop (broker_stop.c) */
+    uv_timer_t stop_timer;         /* its checks while STOPPING */
+    bool stop_timer_started;
+    uint64_t stop_since_ms;        /* when it began */
+    broker_stopped_fn stop_done;   /* called once STOPPED (main: stops the loop) */
+    void *stop_done_ctx;
     uint64_t last_cron_ms;   /* when cron last ran (0: not yet) */
     uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
     uint64_t last_grace_ms;  /* when that grace was last given */
@@ -243,6 +256,14 @@ void broker_replace_predecessors(broker *b, peer *p, uint64_t run_id);
 bool broker_trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
                              wire_msg *r);
 void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r);
+
+/* broker_stop.c: while STOPPING, the answer to a request that would hand out a new lease or
+ * work unit (true: r holds Error AGAIN "the broker is stopping"); what a handled request tells
+ * the stop about its peer (its acks, commit reports and claims; after the handler, r its reply);
+ * the stop timer closed (broker_stop). */
+bool broker_stop_refuses(broker *b, peer *p, const wire_msg *m, wire_msg *r);
+void broker_stop_note(broker *b, peer *p, const wire_msg *m, const wire_msg *r);
+void broker_stop_close(broker *b);
 
 /* broker_leave.c: a target's PoolLeave (fills *r). True when its session has ended (nothing of
  * its pool is being copied any more): the caller then ends it (the entry p is freed). */

@@ -5,10 +5,12 @@
  * runtime dir), open the broker (which replays the journal, restores the operator's runtime
  * steering over that config, saying so per value, and binds; a broker that cannot start, e.g.
  * on the runtime dir of a running one, removes the journal and lock files it created), run the
- * loop until SIGINT/SIGTERM, shut down in reverse. Everything else lives in
+ * loop until SIGINT/SIGTERM has stopped the broker gracefully (broker_stop.c: no new leases, the
+ * acks and checkpoint reports in progress waited for up to --stop-grace-ms; a second signal ends
+ * it at once), shut down in reverse. Everything else lives in
  * broker.c (server loop; its parts broker_config.c, broker_groups.c, broker_steering.c,
- * broker_security.c), policy.c (buckets, leases), steering.c (set/pause/drain kept across
- * restarts) and ledger.c/journal.c (the training ledger). */
+ * broker_stop.c, broker_security.c), policy.c (buckets, leases), steering.c (set/pause/drain
+ * kept across restarts) and ledger.c/journal.c (the training ledger). */
 #include "broker.h"
 #include "client.h"
 #include "config.h"
@@ -112,11 +114,18 @@ static void journal_forget_created(const journal_files *f)
     close(fd);
 }
 
+/* The broker has stopped (broker_stop_gracefully's done): uv_run returns. */
+static void on_stopped(void *loop)
+{
+    uv_stop(loop);
+}
+
 static void on_signal(uv_signal_t *s, int signum)
 {
-    LOG_INFO("signal %d: shutting down", signum);
-    broker_shutdown(s->data);
-    uv_stop(s->loop);
+    broker *b = s->data;
+    LOG_INFO("signal %d: %s", signum, broker_stopping(b) ? "a second one, the stop ends now"
+                                                          : "stopping");
+    broker_stop_gracefully(b, on_stopped, s->loop);
 }
 
 int main(int argc, char **argv)

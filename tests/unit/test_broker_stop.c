@@ -1,0 +1,357 @@
+/* test_broker_stop: the broker's graceful stop (broker_stop.c), driven through broker_dispatch
+ * without sockets (journal in memory), the broker's timers on a libuv loop run by hand.
+ *
+ * What a user would notice if it broke:
+ *   - a broker stopped together with its drafters (a host shutdown: SIGTERM to all) exited
+ *     before the ack of the batch a drafter was training and before its final checkpoint's
+ *     report: the batch went into the checkpoint unacked and the journal said it was in flight.
+ *     Here the stop ends only once the lease is released, the batch acked and the checkpoint
+ *     reported, not one request earlier, and the reply to that last request is sent;
+ *   - while stopping, a claim got a lease, or a target new work (more in flight at the exit);
+ *     they get Error AGAIN "the broker is stopping", while releases, acks, commit reports,
+ *     heartbeats and status are served; a group's rank still gets its slot of the step already
+ *     reserved (its step could never end), but no new step is reserved;
+ *   - a drafter that is not stopping (it claims again) held the stop for its whole grace
+ *     waiting for a checkpoint report that only comes much later;
+ *   - a dead lease holder (no heartbeat) held the stop for the whole grace: it ends once the
+ *     holder is expired;
+ *   - a holder that never settles held it for ever: the grace ends it, naming what was left;
+ *   - a second stop request (a second signal) waited too: it ends the stop at once;
+ *   - nothing in progress, or --stop-grace-ms 0: the stop is at once, as before.
+ * Time is waited for (polled to a deadline), never assumed.
+ */
+#include "check.h"
+#include "broker_stub.h"
+#include "err.h"
+#include "monotime.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { TARGET_INC = 7, POOL_INC = 0x77 };
+
+typedef struct {
+    const char *rid, *name;
+    uint64_t inc;
+} drafter;
+
+static const drafter D = {"drafter-d-1", "d", 0xd1}, E = {"drafter-e-2", "e", 0xe2};
+
+static int stopped;      /* times the broker's done callback ran */
+static char said[16384]; /* the broker's log lines of the last captured call */
+
+static void on_stopped(void *ctx)
+{
+    (void)ctx;
+    stopped++;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int hello(const drafter *d)
+{
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", d->name);
+    return stub_send(d->rid);
+}
+
+static int heartbeat(const drafter *d)
+{
+    stub_init(WIRE_HEARTBEAT, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.sent_ms = monotime_ms();
+    return stub_send(d->rid);
+}
+
+static void target_heartbeat(void)
+{
+    stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.sent_ms = monotime_ms();
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+}
+
+static int claim(const drafter *d, wire_grant *g)
+{
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
+    int rc = stub_send(d->rid);
+    if (!rc && g) *g = stub_rep.u.grant;
+    return rc;
+}
+
+static int release(const drafter *d, uint64_t lease)
+{
+    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.lease_id = lease;
+    return stub_send(d->rid);
+}
+
+static int ack(const drafter *d, wire_unit u, uint64_t step)
+{
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.ack.unit = u;
+    stub_req.u.ack.step = step;
+    return stub_send(d->rid);
+}
+
+static int commit(const drafter *d, uint64_t step)
+{
+    stub_init(WIRE_CHECKPOINT_COMMITTED, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.step = step;
+    return stub_send(d->rid);
+}
+
+static int gstep(const drafter *d, wire_type t, uint64_t epoch, uint64_t step)
+{
+    stub_init(t, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
+    stub_req.u.gstep.epoch = epoch;
+    stub_req.u.gstep.step = step;
+    return stub_send(d->rid);
+}
+
+static int64_t grace_ms = 60000, heartbeat_ms = 1000;
+
+static void tweak(queue_config *cfg)
+{
+    cfg->stop_grace_ms = grace_ms;
+    cfg->heartbeat_ms = heartbeat_ms;
+    cfg->liveness = 3;
+    cfg->max_depth = 16;
+    snprintf(cfg->log_level, sizeof cfg->log_level, "info");
+}
+
+/* A broker with the target's pool of 16 slots and n ready batches; drafter D said hello. */
+static void setup(int64_t grace, int64_t hb, int ready)
+{
+    grace_ms = grace;
+    heartbeat_ms = hb;
+    stopped = 0;
+    stub_broker_new(tweak);
+    log_init_named(NULL, "info");
+    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, TARGET_INC);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    stub_pool("target-t-7", TARGET_INC, POOL_INC, 16);
+    if (ready) stub_make_ready("target-t-7", TARGET_INC, POOL_INC, ready);
+    CHECK_EQ_INT(hello(&D), 0);
+}
+
+static void begin_stop(void)
+{
+    broker_stop_gracefully(stub_b, on_stopped, NULL);
+}
+
+static void capture(void (*fn)(void))
+{
+    stub_capture_log(fn, said, sizeof said);
+    fputs(said, stdout);
+}
+
+/* Runs the broker's timers for ms (the stop's checks, the cron), with the heartbeats of the
+ * target and of `beating` (may be NULL) in between, or until it stopped; whether it did. The
+ * log lines it writes meanwhile go to said. */
+static int run_ms_arg;
+static const drafter *run_beating;
+static void run_loop(void)
+{
+    for (uint64_t end = monotime_ms() + (uint64_t)run_ms_arg; monotime_ms() < end && !stopped;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        if (stopped) break;
+        target_heartbeat();
+        if (run_beating) CHECK_EQ_INT(heartbeat(run_beating), 0);
+        sleep_ms(5);
+    }
+}
+
+static bool run_for(int ms, const drafter *beating)
+{
+    run_ms_arg = ms;
+    run_beating = beating;
+    capture(run_loop);
+    return stopped > 0;
+}
+
+/* A drafter in the middle of its stop: a lease (copying), then its batch in training, then its
+ * final checkpoint to report. The stop ends after the report, not before, and each request is
+ * served meanwhile. */
+static void test_waits_for_the_drafter(void)
+{
+    setup(60000, 1000, 2);
+    wire_grant g;
+    CHECK_EQ_INT(claim(&D, &g), 0);
+    capture(begin_stop);
+    CHECK_EQ_INT(stopped, 0);
+    CHECK(strstr(said, "waiting up to 60000 ms") != NULL);
+    CHECK(strstr(said, "1 lease, 0 batches in training, 0 checkpoint reports: drafter d "
+                       "(1 lease)") != NULL);
+    CHECK(broker_stopping(stub_b));
+
+    /* nothing new: a claim (another drafter's: one that claims is not stopping) and a work
+     * request are refused, retryably */
+    CHECK_EQ_INT(hello(&E), 0);
+    CHECK_EQ_INT(claim(&E, NULL), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "the broker is stopping") != NULL);
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    CHECK_EQ_INT(stub_send("target-t-7"), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "the broker is stopping: no new work") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].leased, 1);
+    CHECK_EQ_INT(s.buckets[0].ready, 1); /* the other ready slot was not granted */
+    CHECK(!run_for(100, &D));
+
+    CHECK_EQ_INT(release(&D, g.lease_id), 0);
+    CHECK(!run_for(100, &D)); /* its batch is in training */
+    CHECK_EQ_INT(ack(&D, g.unit, 1), 0);
+    CHECK(!run_for(100, &D)); /* acked, the checkpoint of step 1 is not reported yet */
+    CHECK_EQ_INT(commit(&D, 1), 0);
+    CHECK(run_for(2000, NULL));
+    CHECK(strstr(said, "stop: all settled after") != NULL);
+    CHECK_EQ_INT(stopped, 1);
+    CHECK(!broker_stopping(stub_b));
+    stub_broker_free();
+}
+
+/* A drafter that claims while the broker stops is not stopping: its checkpoint report comes to
+ * the next broker, the stop does not wait for it. */
+static void test_claiming_drafter_not_waited_for(void)
+{
+    setup(60000, 1000, 1);
+    wire_grant g;
+    CHECK_EQ_INT(claim(&D, &g), 0);
+    CHECK_EQ_INT(release(&D, g.lease_id), 0);
+    CHECK_EQ_INT(ack(&D, g.unit, 5), 0);
+    CHECK_EQ_INT(commit(&D, 3), 0); /* a periodic checkpoint before the ack's step */
+    capture(begin_stop);
+    CHECK(strstr(said, "drafter d (a checkpoint to report: acked step 5, reported 3)") != NULL);
+    CHECK(!run_for(100, &D));
+    CHECK_EQ_INT(claim(&D, NULL), DFLASH_EAGAIN);
+    CHECK(run_for(2000, &D));
+    CHECK(strstr(said, "all settled") != NULL);
+    stub_broker_free();
+}
+
+/* A group of two: rank 0 reserved step 1 before the stop. Rank 1 still gets its slot of it, the
+ * step ends with rank 0's StepDone; step 2 is not reserved. */
+static void test_group_step_in_flight(void)
+{
+    setup(60000, 1000, 4);
+    CHECK_EQ_INT(hello(&E), 0);
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, D.inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    CHECK_EQ_INT(stub_send(D.rid), 0);
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, E.inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    CHECK_EQ_INT(stub_send(E.rid), 0);
+    uint64_t epoch = stub_rep.u.view.epoch;
+    CHECK_EQ_INT(stub_rep.u.view.rank, 1);
+    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, D.inc);
+    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
+    stub_req.u.set_id.epoch = epoch;
+    stub_req.u.set_id.id_len = 4;
+    memcpy(stub_req.u.set_id.id, "rdv0", 4);
+    CHECK_EQ_INT(stub_send(D.rid), 0);
+
+    CHECK_EQ_INT(gstep(&D, WIRE_STEP_CLAIM, epoch, 1), 0); /* reserves both slots */
+    uint64_t lease_d = stub_rep.u.sgrant.grant.lease_id;
+    capture(begin_stop);
+    CHECK(strstr(said, "drafter d (1 lease)") != NULL);
+    CHECK(strstr(said, "drafter e (1 lease)") != NULL);
+    CHECK_EQ_INT(gstep(&E, WIRE_STEP_CLAIM, epoch, 1), 0); /* its reserved slot */
+    uint64_t lease_e = stub_rep.u.sgrant.grant.lease_id;
+    CHECK_EQ_INT(release(&D, lease_d), 0);
+    CHECK_EQ_INT(release(&E, lease_e), 0);
+    CHECK(!run_for(100, &D));
+    CHECK_EQ_INT(gstep(&D, WIRE_STEP_DONE, epoch, 1), 0);
+    CHECK_EQ_INT(stub_status().batches_trained, 2);
+    CHECK_EQ_INT(gstep(&D, WIRE_STEP_CLAIM, epoch, 2), DFLASH_EAGAIN); /* no new step */
+    CHECK(strstr(stub_rep.u.error.message, "the broker is stopping") != NULL);
+    CHECK_EQ_INT(gstep(&E, WIRE_STEP_CLAIM, epoch, 2), DFLASH_EAGAIN);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].leased, 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 2);
+    CHECK(run_for(2000, &D)); /* both claim on: neither is stopping */
+    CHECK(strstr(said, "all settled") != NULL);
+    stub_broker_free();
+}
+
+/* The lease holder is dead (no heartbeat): the stop ends once the cron has expired it (heartbeat
+ * 100 ms x liveness 3), long before the grace of 60 s. */
+static void test_dead_holder(void)
+{
+    setup(60000, 100, 1);
+    wire_grant g;
+    CHECK_EQ_INT(claim(&D, &g), 0);
+    uint64_t t0 = monotime_ms();
+    capture(begin_stop);
+    CHECK(!stopped);
+    CHECK(run_for(5000, NULL));
+    uint64_t took = monotime_ms() - t0;
+    printf("dead holder: stopped after %llu ms\n", (unsigned long long)took);
+    CHECK(took < 5000);
+    CHECK(strstr(said, "peer d (drafter") != NULL && strstr(said, "expired") != NULL);
+    CHECK(strstr(said, "all settled") != NULL);
+    stub_broker_free();
+}
+
+/* A live holder that never releases: the grace (300 ms) ends the stop, naming it. */
+static void test_grace_over(void)
+{
+    setup(300, 1000, 1);
+    CHECK_EQ_INT(claim(&D, NULL), 0);
+    uint64_t t0 = monotime_ms();
+    capture(begin_stop);
+    CHECK(run_for(5000, &D));
+    uint64_t took = monotime_ms() - t0;
+    printf("grace over: stopped after %llu ms\n", (unsigned long long)took);
+    CHECK(took >= 300 && took < 5000);
+    CHECK(strstr(said, "--stop-grace-ms 300 is over: exiting with 1 lease, 0 batches in training, "
+                       "0 checkpoint reports: drafter d (1 lease) unsettled") != NULL);
+    stub_broker_free();
+}
+
+/* A second stop request ends the stop at once. */
+static void test_second_request(void)
+{
+    setup(60000, 1000, 1);
+    CHECK_EQ_INT(claim(&D, NULL), 0);
+    capture(begin_stop);
+    CHECK(!run_for(50, &D));
+    capture(begin_stop);
+    CHECK_EQ_INT(stopped, 1);
+    CHECK(strstr(said, "a second stop request: exiting at once with 1 lease") != NULL);
+    stub_broker_free();
+}
+
+/* Nothing in progress, or no grace: the stop is at once (inside the call). */
+static void test_at_once(void)
+{
+    setup(60000, 1000, 1);
+    capture(begin_stop);
+    CHECK_EQ_INT(stopped, 1);
+    CHECK(strstr(said, "nothing in progress") != NULL);
+    stub_broker_free();
+
+    setup(0, 1000, 1);
+    CHECK_EQ_INT(claim(&D, NULL), 0);
+    capture(begin_stop);
+    CHECK_EQ_INT(stopped, 1);
+    CHECK(strstr(said, "--stop-grace-ms 0: exiting at once with 1 lease") != NULL);
+    stub_broker_free();
+}
+
+int main(void)
+{
+    test_waits_for_the_drafter();
+    test_claiming_drafter_not_waited_for();
+    test_group_step_in_flight();
+    test_dead_holder();
+    test_grace_over();
+    test_second_request();
+    test_at_once();
+    CHECK_DONE();
+}

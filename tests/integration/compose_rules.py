@@ -28,6 +28,12 @@ Training (docker-compose.yml with docker-compose.train.yml over it, given a mode
     drafter needs the synthetic target;
   * the override refuses to resolve without DFLASH_TARGET_MODEL or DFLASH_SHARDS.
 
+Stopping: the broker's graceful stop (DFLASH_STOP_GRACE_MS, set next to its stop_grace_period)
+ends at least a second before its service's stop_grace_period (docker's 10 s when unset) sends
+SIGKILL, else a stop cut short by it journals nothing of the stop (a drain it should end stays);
+the drafters' stop_grace_period is at least the broker's (they stop with it, and write their
+final checkpoint after the acks it waits for).
+
 Steering: the defaults and every `dflash-ctl set min_ready=M max_depth=D` in deploy/README.md
 keep min_ready <= max_depth <= the target's DFLASH_SLOTS (min_ready above the slots stalls).
 
@@ -223,6 +229,38 @@ def check_training(cfg):
     return errs
 
 
+def duration_ms(text, default_ms):
+    """A compose duration ("10s", "1m30s", "500ms", seconds as a number) in ms."""
+    if text is None:
+        return default_ms
+    if isinstance(text, (int, float)):
+        return int(text * 1000)
+    total = 0
+    for num, unit in re.findall(r"([\d.]+)(ms|us|h|m|s)", str(text)):
+        total += float(num) * {"h": 3600e3, "m": 60e3, "s": 1e3, "ms": 1, "us": 1e-3}[unit]
+    return int(total)
+
+
+def check_stop_grace(cfg):
+    errs = []
+    qname, queue = by_daemon(cfg, "dflash-queue")[0]
+    period = duration_ms(queue.get("stop_grace_period"), 10000)
+    grace = env_of(queue).get("DFLASH_STOP_GRACE_MS")
+    if not grace:
+        errs.append(f"{qname}: DFLASH_STOP_GRACE_MS unset: say how long the broker's stop waits, "
+                    f"next to its stop_grace_period ({period} ms)")
+        grace = "0"
+    grace = int(grace)
+    if grace + 1000 > period:
+        errs.append(f"{qname}: the broker's stop grace ({grace} ms) does not end a second before "
+                    f"its stop_grace_period ({period} ms): SIGKILL cuts the stop short")
+    for name, svc in by_daemon(cfg, "dflash-drafter"):
+        if duration_ms(svc.get("stop_grace_period"), 10000) < period:
+            errs.append(f"{name}: stop_grace_period shorter than the broker's ({period} ms): "
+                        f"its final checkpoint comes after the acks the broker waits for")
+    return errs
+
+
 def check_depth(cfg, readme_text):
     errs = []
     queue = by_daemon(cfg, "dflash-queue")[0][1]
@@ -278,6 +316,21 @@ def main():
     rc |= expect("every replica gets its own peer name", check_names(cfg))
     readme = open(os.path.join(deploy, "README.md")).read()
     rc |= expect("min_ready and max_depth fit the slots", check_depth(cfg, readme))
+    rc |= expect("the broker's stop grace fits its stop_grace_period", check_stop_grace(cfg))
+    qname = by_daemon(cfg, "dflash-queue")[0][0]
+    broken = copy.deepcopy(cfg)
+    broken["services"][qname]["environment"]["DFLASH_STOP_GRACE_MS"] = "9500"
+    rc |= expect("refused: a stop grace SIGKILL cuts short", check_stop_grace(broken),
+                 "SIGKILL cuts the stop short")
+    broken = copy.deepcopy(cfg)
+    for n, s in by_daemon(broken, "dflash-drafter"):
+        s["stop_grace_period"] = "5s"
+    rc |= expect("refused: drafters stopped sooner than the broker", check_stop_grace(broken),
+                 "shorter than the broker's")
+    broken = copy.deepcopy(cfg)
+    del broken["services"][qname]["environment"]["DFLASH_STOP_GRACE_MS"]
+    rc |= expect("refused: the broker's stop grace unsaid", check_stop_grace(broken),
+                 "DFLASH_STOP_GRACE_MS unset")
     rc |= expect("refused: min_ready above the slots",
                  check_depth(cfg, "dflash-ctl set min_ready=30 max_depth=90"), "min_ready 30")
 

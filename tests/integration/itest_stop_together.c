@@ -1,19 +1,34 @@
-/* itest_stop_together: broker and drafter stopped together (a host shutdown, `docker compose
- * stop`: SIGTERM to both) while the drafter trains a batch, then restarted: every batch of the
- * run is in the final model exactly once. The drafter's ack (a group's StepDone) of that batch
- * finds no broker, so the batch goes into its final checkpoint unacked; the checkpoint records
- * it, and the drafter resumed from it acks it at its step (defect: it was handed out again and
- * trained twice, and the run ended a step late; docs/operating.md section 6).
+/* itest_stop_together: broker and drafter stopped together (a host shutdown, a systemd stop:
+ * SIGTERM to both) while the drafter trains a batch, then restarted: every batch of the run is
+ * in the final model exactly once (docs/operating.md section 6).
+ *
+ * stops, group-stops: the broker stops gracefully (broker_stop.c): it waits for the drafter's
+ * ack (a group's StepDone) of that batch and its final checkpoint's report, so the batch is
+ * acked before the stop, the checkpoint records no unacked batch, and the ledger a broker
+ * started again on the journal reads has it committed, nothing in flight (defect: the broker
+ * exited at once, the ack went unanswered and the batch went into the checkpoint unacked).
+ * The other cases make the broker gone before it answers (killed, frozen: a crash, an OOM kill,
+ * or its --stop-grace-ms over): the drafter's ack finds no broker, so the batch goes into its
+ * final checkpoint unacked; the checkpoint records it, and the drafter resumed from it acks it
+ * at its step (defect: it was handed out again and trained twice, and the run ended a step
+ * late).
  *
  * Setup (in a temp dir): a tiny random Qwen3 target (dflash-mkmodel), 96 generated sequences
  * (dflash-gen) packed into a shard (dflash-data): 24 batches an epoch, 2 epochs. Per case, the
  * real broker (with a journal), target and drafter on their own runtime dir; never a fixed
  * sleep. Once the drafter has trained a few batches it is frozen (SIGSTOP) until the broker's
- * status shows it between a release and its ack (one batch held, the acks standing still), then
- * the broker is frozen, and the drafter gets SIGTERM (and SIGCONT): it finishes the step, its
- * ack goes unanswered, so that the stop is the broker's exit before it answers, made certain.
- * The drafter must exit 0 saying the batch goes into its final checkpoint unacked. The target is
- * stopped too. Then the broker:
+ * status shows it between a release and its ack (one batch held, the acks standing still).
+ *   stops   the target is stopped (it leaves the broker: nothing of its pool stays in flight),
+ *           then broker and drafter get SIGTERM at the same moment (and the drafter SIGCONT):
+ *           both must exit 0, the broker's log saying its stop settled, the drafter's saying no
+ *           batch goes unacked, its final checkpoint recording none; the broker started alone on
+ *           the journal must count every batch trained up to that checkpoint's step committed,
+ *           one per step, none trained uncommitted, none in flight;
+ *   group-stops  as stops, the drafter a group of one (--group g: its StepDone must land).
+ * Otherwise the broker is frozen, and the drafter gets SIGTERM (and SIGCONT): it finishes the
+ * step, its ack goes unanswered, so that the stop is the broker's exit before it answers, made
+ * certain. The drafter must exit 0 saying the batch goes into its final checkpoint unacked. The
+ * target is stopped too. Then the broker:
  *   lost    SIGKILLed while frozen: the ack never reached it;
  *   landed  let go on (SIGCONT) until its acks count the frozen ack, then SIGTERM: the ack
  *           reached it, only its reply was lost (the resumed drafter's ack is a repeat,
@@ -24,11 +39,13 @@
  *           again (a drafter slow to load): its late ack must keep that slot from being
  *           granted.
  * All three are started again as before; the drafter runs until the broker has no batch left.
- * Checks: the restarted drafter says it acked the checkpoint's batch; the broker's ledger holds
+ * Checks: the restarted drafter says it acked the checkpoint's batch (stops: that it had none to
+ * ack); the broker's ledger holds
  * every batch trained or committed, none to do or in flight; and the final checkpoint's step is
  * the number of batches (one batch per step: a batch trained twice makes a step too many).
  * Usage: itest_stop_together QUEUE CTL TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
 #include "check.h"
+#include "dflash_ckpt.h"
 #include "harness.h"
 #include "test_files.h"
 
@@ -41,12 +58,13 @@
 static char dir[64], model[128], shard[128];
 static const char *queue_bin, *target_bin, *drafter_bin;
 
-typedef enum { BROKER_LOST, BROKER_LANDED } broker_end;
+typedef enum { BROKER_LOST, BROKER_LANDED, BROKER_STOPS } broker_end;
 typedef enum { BACK_AT_ONCE, BACK_LATE } drafter_back;
 
 /* One case's processes and paths. */
 typedef struct run {
     const char *name, *group;
+    broker_end end;
     char rtflag[160], ep[160], journal[160], ckpt[160], qlog[160], tlog[160], dlog[160];
     pid_t q, t, d;
 } run;
@@ -64,10 +82,12 @@ static long newest_step(const char *root)
     return best;
 }
 
+/* BROKER_STOPS: the frozen drafter is not expired while its signals are sent (liveness 10). */
 static void start_queue(run *r)
 {
     char *q[] = {(char *)queue_bin, r->rtflag, r->journal, "--min-ready", "1", "--max-depth", "4",
-                 "--heartbeat-ms", "200", "--lease-timeout-ms", "1000", NULL};
+                 "--heartbeat-ms", "200", "--lease-timeout-ms", "1000", "--liveness",
+                 r->end == BROKER_STOPS ? "10" : "3", NULL};
     r->q = h_spawn_logged(q, r->qlog);
     CHECK(h_wait_broker(r->ep, 10000) != 0);
 }
@@ -138,8 +158,60 @@ static void path_in(char *out, size_t len, const char *name, const char *what)
     snprintf(out, len, "%s/%s-%s", dir, what, name);
 }
 
-/* The first run, stopped with the batch in training unacked. false when it could not be set up
- * (the processes are left for the caller to kill). */
+/* The unacked batches the newest checkpoint under r->ckpt records (-1: none readable). */
+static int checkpoint_unacked(const run *r)
+{
+    char path[512], err[256] = "";
+    dflash_ckpt_unacked u[DFLASH_CKPT_MAX_UNACKED];
+    int n = -1;
+    if (dflash_ckpt_latest(r->ckpt, path, sizeof path) != 0 ||
+        dflash_ckpt_unacked_batches(path, u, DFLASH_CKPT_MAX_UNACKED, &n, err, sizeof err) != 0) {
+        printf("%s: no checkpoint's unacked batches: %s\n", r->name, err);
+        return -1;
+    }
+    return n;
+}
+
+/* BROKER_STOPS: the target stopped first (it leaves: nothing of its pool in flight), then broker
+ * and drafter (frozen holding a batch) at the same moment. Both exit 0: the broker once its stop
+ * settled, the drafter with its ack and its final checkpoint's report answered, so no batch goes
+ * into the checkpoint unacked. The broker started alone on the journal then has every batch up to
+ * the checkpoint's step committed (one per step, the frozen one included), nothing in flight. */
+static void stop_gracefully(run *r)
+{
+    kill(r->t, SIGTERM);
+    CHECK_EQ_INT(h_wait_exit(r->t, 30000), 0);
+    r->t = -1;
+    kill(r->q, SIGTERM);
+    kill(r->d, SIGTERM);
+    kill(r->d, SIGCONT);
+    CHECK_EQ_INT(h_wait_exit(r->d, 30000), 0);
+    r->d = -1;
+    CHECK_EQ_INT(h_wait_exit(r->q, 30000), 0);
+    r->q = -1;
+    CHECK(h_wait_text(r->qlog, "stop: all settled", 0) ||
+          h_wait_text(r->qlog, "stop: nothing in progress", 0));
+    CHECK(!h_wait_text(r->dlog, "goes into the final checkpoint but", 0));
+    CHECK(h_wait_text(r->dlog, "reported the final checkpoint", 0));
+    CHECK_EQ_INT(checkpoint_unacked(r), 0);
+    long step = newest_step(r->ckpt);
+    start_queue(r);
+    wire_status s;
+    CHECK_EQ_INT(h_print_ledger(r->ep, r->name, &s), 0);
+    printf("%s: after the stop, checkpoint step %ld, ledger committed %llu at step %llu\n",
+           r->name, step, (unsigned long long)s.batches_committed,
+           (unsigned long long)s.committed_step);
+    CHECK(step > 0);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.batches_trained, 0);
+    CHECK_EQ_INT(s.batches_committed, step); /* one batch per step, each once */
+    CHECK_EQ_INT(s.committed_step, step);
+    CHECK_EQ_INT(h_stop(r->q), 0);
+    r->q = -1;
+}
+
+/* The first run, stopped with the batch in training unacked (BROKER_STOPS: acked). false when it
+ * could not be set up (the processes are left for the caller to kill). */
 static bool first_run(run *r, broker_end end)
 {
     start_queue(r);
@@ -157,6 +229,11 @@ static bool first_run(run *r, broker_end end)
     bool frozen = freeze_holding(r, &acks);
     CHECK(frozen);
     if (!frozen) return false;
+    if (end == BROKER_STOPS) {
+        stop_gracefully(r);
+        printf("%s: stopped at step %ld\n", r->name, newest_step(r->ckpt));
+        return true;
+    }
     kill(r->q, SIGSTOP);
     kill(r->d, SIGTERM);
     kill(r->d, SIGCONT);
@@ -202,7 +279,9 @@ static void second_run(run *r, drafter_back back)
     start_drafter(r);
     CHECK_EQ_INT(h_wait_exit(r->d, 120000), 0);
     r->d = -1;
-    CHECK(h_wait_text(r->dlog, "of the checkpoint we resumed from", 0));
+    /* the checkpoint's unacked batch acked (BROKER_STOPS: none recorded, none acked) */
+    CHECK_EQ_INT(h_wait_text(r->dlog, "of the checkpoint we resumed from", 0),
+                 r->end != BROKER_STOPS);
     if (back == BACK_LATE) CHECK(h_wait_text(r->qlog, "held it again: the slot goes back", 0));
     CHECK_EQ_INT(h_print_ledger(r->ep, r->name, &s), 0);
     long final = newest_step(r->ckpt);
@@ -222,7 +301,7 @@ static void second_run(run *r, drafter_back back)
 static void stop_together(const char *name, const char *group, broker_end end,
                           drafter_back back)
 {
-    run r = {.name = name, .group = group, .q = -1, .t = -1, .d = -1};
+    run r = {.name = name, .group = group, .end = end, .q = -1, .t = -1, .d = -1};
     char rt[160];
     path_in(rt, sizeof rt, name, "run");
     mkdir(rt, 0700);
@@ -255,6 +334,8 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(h_make_training_set(argv[5], argv[6], argv[7], dir, model, shard), 0);
     if (check_failed) CHECK_DONE();
 
+    stop_together("stops", NULL, BROKER_STOPS, BACK_AT_ONCE);
+    stop_together("group-stops", "g", BROKER_STOPS, BACK_AT_ONCE);
     stop_together("lost", NULL, BROKER_LOST, BACK_AT_ONCE);
     stop_together("landed", NULL, BROKER_LANDED, BACK_AT_ONCE);
     stop_together("group", "g", BROKER_LOST, BACK_AT_ONCE);

@@ -105,6 +105,7 @@ struct broker {
     uv_timer_t stop_timer;         /* its checks while STOPPING */
     bool stop_timer_started;
     uint64_t stop_since_ms;        /* when it began */
+    uint64_t stop_settled_ms;      /* since when nothing is left to wait for (0: something is) */
     broker_stopped_fn stop_done;   /* called once STOPPED (main: stops the loop) */
     void *stop_done_ctx;
     uint64_t last_cron_ms;   /* when cron last ran (0: not yet) */

@@ -35,7 +35,11 @@
  *
  * The checks run on a timer of their own (STOP_POLL_MS), never inside a request's handling: the
  * reply to the request that settles the stop is sent (or deferred for the journal) first, and
- * broker_shutdown then drains the journal and sends every deferred reply.
+ * broker_shutdown then drains the journal and sends every deferred reply. The stop ends once
+ * everything has been settled for STOP_SETTLE_MS, not at once (defect: a stopping drafter's final
+ * commit report was taken and answered, and the broker exited within a millisecond; the
+ * drafter's ZeroMQ socket (ZMQ_IMMEDIATE) drops a reply it has received but not read yet when
+ * the connection closes, so the drafter saw no answer and said the report failed).
  *
  * Thread: the broker's loop thread. Callers: main.c (broker_stop_gracefully), broker.c
  * (dispatch: broker_stop_refuses, broker_stop_note; broker_stop: broker_stop_close), tests.
@@ -50,6 +54,7 @@
 #include <string.h>
 
 #define STOP_POLL_MS 20
+#define STOP_SETTLE_MS 200 /* settled this long before the exit: the last replies are read */
 
 static void set_phase(broker *b, broker_stop_phase to)
 {
@@ -150,13 +155,17 @@ static void on_stop_timer(uv_timer_t *t)
     if (b->stop_phase != BROKER_STOPPING) return;
     unsettled u;
     tally(b, &u);
-    uint64_t waited = now_ms(b) - b->stop_since_ms;
-    if (!u.drafters) {
+    uint64_t now = now_ms(b), waited = now - b->stop_since_ms;
+    if (u.drafters) b->stop_settled_ms = 0;
+    else if (!b->stop_settled_ms) b->stop_settled_ms = now;
+    bool grace_over = waited >= (uint64_t)b->cfg.stop_grace_ms;
+    if (!u.drafters && (now - b->stop_settled_ms >= STOP_SETTLE_MS || grace_over)) {
         LOG_INFO("stop: all settled after %" PRIu64 " ms (no lease out, every batch in training "
-                 "acked, every checkpoint reported): exiting", waited);
+                 "acked, every checkpoint reported): exiting",
+                 b->stop_settled_ms - b->stop_since_ms);
         return finish(b);
     }
-    if (waited < (uint64_t)b->cfg.stop_grace_ms) return;
+    if (!grace_over) return;
     char what[900];
     describe(&u, what, sizeof what);
     LOG_WARN("stop: --stop-grace-ms %lld is over: exiting with %s unsettled (a later ack is "

@@ -135,21 +135,26 @@ static uint64_t held_by_drafters(const wire_status *s)
  * broker's acks count then. */
 static bool freeze_holding(run *r, uint64_t *acks)
 {
-    for (int attempt = 0; attempt < 500; attempt++) {
+    int rc;
+    client *c = h_client(r->ep, WIRE_ROLE_CTL, "freeze", 10, &rc); /* one: a fresh client per
+                                                                      look was slow under load */
+    for (int attempt = 0; rc == 0 && attempt < 500; attempt++) {
         kill(r->d, SIGSTOP);
         wire_status a, b;
-        bool held = h_broker_status(r->ep, &a) == 0 && held_by_drafters(&a) == 1;
+        bool held = client_status(c, &a) == 0 && held_by_drafters(&a) == 1;
         if (held) h_sleep_ms(50);
-        if (held && h_broker_status(r->ep, &b) == 0 && held_by_drafters(&b) == 1 &&
+        if (held && client_status(c, &b) == 0 && held_by_drafters(&b) == 1 &&
             b.acks == a.acks) {
             *acks = b.acks;
             printf("%s: drafter frozen holding a batch after %d attempts (%llu acks)\n", r->name,
                    attempt + 1, (unsigned long long)b.acks);
+            client_destroy(&c);
             return true;
         }
         kill(r->d, SIGCONT);
         h_sleep_ms(3 + attempt % 7);
     }
+    client_destroy(&c);
     return false;
 }
 

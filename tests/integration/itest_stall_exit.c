@@ -4,30 +4,37 @@
  * slots all wait for a drafter, a drafter with no data) goes on for longer than that.
  *
  * The hang is real and needs no hook in the daemons: this process, the daemon's parent, traces
- * the daemon's main thread alone (ptrace) and stops it for good at its loop's next call of
- * heartbeat_alive, a breakpoint at that function's entry (its address: nm's value plus the
- * executable's load address), as a GPU call that never returns would hold it; the other threads,
- * the heartbeat and watchdog among them, run on (SIGSTOP would stop them all). Stopped anywhere
- * else it could be inside a broker request, holding the client's lock the heartbeat thread needs
- * (requests time out, so a real loop never hangs there). Where ptrace is not permitted the test
- * says so and exits 77 (skipped; scripts/test under CI fails on it).
+ * the daemon's main thread alone (ptrace) and stops it for good at its next call of a function,
+ * as a GPU call that never returns would hold it; the other threads, the heartbeat and watchdog
+ * among them, run on (SIGSTOP would stop them all). The breakpoint is an execute breakpoint in
+ * the main thread's own debug registers (x86-64 DR0/DR7), not an int3 written into the code, so
+ * that it stops the main thread alone even in a function the other threads call as well. Its
+ * address: nm's value plus the executable's load address. The function: heartbeat_alive, between
+ * broker requests (the loop reports progress); stopped inside one, the main thread would hold
+ * the client's lock the heartbeat thread takes before its stall check.
+ * Where ptrace or debug registers are not available the test says so and exits 77 (skipped;
+ * scripts/test under CI fails on it).
  *
  * The real dflash-queue (heartbeat 100 ms), a synthetic dflash-target (2 slots) and dflash-drafter
  * --verify, both with --stall-exit-s 3, in a temp dir:
  *   1. the target alone: its slots fill and wait for a drafter; it runs on past 5 s;
- *   2. drafter d1 verifies batches; its main thread is stopped: it exits 5 within 15 s, its log
- *      names its loop and the limit;
- *   3. drafter d2 verifies batches; the target's main thread is stopped: it exits 5 likewise;
+ *   2. drafter d1 verifies batches; its main thread is stopped between requests: it exits 5
+ *      within 15 s, its log names its loop and the limit;
+ *   3. drafter d2 verifies batches; the target's main thread is stopped between requests: it
+ *      exits 5 likewise;
  *   4. d2, with no data now, runs on past 5 s, and exits 0 on SIGTERM.
- * Usage: itest_stall_exit QUEUE TARGET DRAFTER. Exit 0 pass, 1 fail, 77 skipped (no ptrace). */
+ * Usage: itest_stall_exit QUEUE TARGET DRAFTER. Exit 0 pass, 1 fail, 77 skipped (no ptrace or
+ * debug registers). */
 #include "check.h"
 #include "harness.h"
 #include "test_files.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <sys/ptrace.h>
+#include <sys/user.h>
 
 #define STALL_S "3"
 
@@ -74,6 +81,21 @@ static uintptr_t function_address(pid_t pid, const char *bin, const char *fn)
     return base ? base + value : 0;
 }
 
+/* Sets an execute breakpoint at `at` in the debug registers of thread tid (stopped, traced):
+ * DR0 = at, DR7 = DR0 enabled for this thread, break on execution. 0 or -errno. */
+static int set_hw_breakpoint(pid_t tid, uintptr_t at)
+{
+#if defined(__x86_64__)
+    if (ptrace(PTRACE_POKEUSER, tid, (void *)offsetof(struct user, u_debugreg[0]), (void *)at) ||
+        ptrace(PTRACE_POKEUSER, tid, (void *)offsetof(struct user, u_debugreg[7]), (void *)1L))
+        return -errno;
+    return 0;
+#else
+    (void)tid, (void)at;
+    return -ENOSYS;
+#endif
+}
+
 /* Stops pid's main thread for good at its next call of fn (a breakpoint), its other threads
  * running on: pid is traced from here on (its main thread only). 0 or -errno. */
 static int hang_main_thread(pid_t pid, const char *bin, const char *fn)
@@ -84,11 +106,8 @@ static int hang_main_thread(pid_t pid, const char *bin, const char *fn)
     int st = 0;
     if (ptrace(PTRACE_INTERRUPT, pid, NULL, NULL) != 0) return -errno;
     if (waitpid(pid, &st, __WALL) != pid || !WIFSTOPPED(st)) return -ECHILD;
-    errno = 0;
-    long word = ptrace(PTRACE_PEEKTEXT, pid, (void *)at, NULL);
-    if (errno) return -errno;
-    long trap = (long)(((unsigned long)word & ~0xffUL) | 0xccUL); /* int3 */
-    if (ptrace(PTRACE_POKETEXT, pid, (void *)at, (void *)trap) != 0) return -errno;
+    int rc = set_hw_breakpoint(pid, at);
+    if (rc) return rc;
     int sig = 0;
     for (uint64_t end = h_now_ms() + 10000; h_now_ms() < end;) {
         if (ptrace(PTRACE_CONT, pid, NULL, (void *)(long)sig) != 0) return -errno;
@@ -142,31 +161,36 @@ static pid_t start_drafter(const char *bin, const char *name, const char *log)
     return h_spawn_logged(argv, log);
 }
 
-/* Waits up to ms until the broker has n more acks (batches verified) than `from`; the count. */
-static uint64_t wait_trained(uint64_t from, uint64_t n, int ms)
+/* Waits up to ms until the broker has n more acks (batches verified) than when called: whether
+ * it has. Called while one drafter lives (the one before it has exited), they are that drafter's:
+ * it is past its hello, in its loop. */
+static bool trains(uint64_t n, int ms)
 {
     wire_status s;
-    uint64_t got = from;
+    if (h_broker_status(ep, &s) != 0) return false;
+    uint64_t from = s.acks;
     for (uint64_t end = h_now_ms() + (uint64_t)ms; h_now_ms() < end; h_sleep_ms(50))
-        if (h_broker_status(ep, &s) == 0 && (got = s.acks) >= from + n) break;
-    return got;
+        if (h_broker_status(ep, &s) == 0 && s.acks >= from + n) return true;
+    return false;
 }
 
-/* Stops the main thread of pid (running bin; its log is log) in its loop and checks that it
- * exits 5 within 15 s, saying so. False when ptrace is not permitted. */
-static bool check_hang(pid_t pid, const char *bin, const char *who, const char *loop,
-                       const char *log)
+/* Stops the main thread of pid (running bin; its log is log) at its next call of fn (where: what
+ * that point is, for the output) and checks that it exits 5 within 15 s, saying so. False when
+ * ptrace or debug registers are not available. */
+static bool check_hang(pid_t pid, const char *bin, const char *fn, const char *where,
+                       const char *who, const char *loop, const char *log)
 {
-    int rc = hang_main_thread(pid, bin, "heartbeat_alive");
+    int rc = hang_main_thread(pid, bin, fn);
     if (rc == -EPERM || rc == -ENOSYS) {
-        printf("SKIPPED: ptrace of our own child not permitted here (%s)\n", strerror(-rc));
+        printf("SKIPPED: cannot stop a thread of our own child at a breakpoint here (%s)\n",
+               strerror(-rc));
         return false;
     }
     CHECK_EQ_INT(rc, 0);
     uint64_t t0 = h_now_ms();
     int st = wait_exit_traced(pid, 15000);
-    printf("%s, its main thread stopped: exit %d after %.1f s (--stall-exit-s " STALL_S ")\n",
-           who, st, (h_now_ms() - t0) / 1000.0);
+    printf("%s, its main thread stopped %s (at %s): exit %d after %.1f s (--stall-exit-s " STALL_S
+           ")\n", who, where, fn, st, (h_now_ms() - t0) / 1000.0);
     CHECK_EQ_INT(st, 5);
     char want[160];
     snprintf(want, sizeof want, "%s made no progress for", loop);
@@ -199,12 +223,12 @@ int main(int argc, char **argv)
            alive ? "running" : "exited");
     CHECK(alive);
 
-    /* 2. a drafter that trains, then hangs */
+    /* 2. a drafter that trains, then hangs between requests */
     pid_t d1 = start_drafter(argv[3], "d1", d1log);
-    uint64_t done = wait_trained(0, 4, 30000);
-    CHECK(done >= 4);
+    CHECK(trains(4, 30000));
     int skipped = 0;
-    if (!check_hang(d1, argv[3], "drafter d1", "the drafter's loop", d1log)) {
+    if (!check_hang(d1, argv[3], "heartbeat_alive", "between requests", "drafter d1",
+                    "the drafter's loop", d1log)) {
         skipped = 1;
         kill(d1, SIGKILL);
         waitpid(d1, NULL, 0);
@@ -213,8 +237,9 @@ int main(int argc, char **argv)
 
     /* 3. another drafter takes over; the target hangs */
     pid_t d2 = start_drafter(argv[3], "d2", d2log);
-    CHECK(wait_trained(done, 4, 30000) >= done + 4);
-    check_hang(t, argv[2], "target", "the target's loop", tlog);
+    CHECK(trains(4, 30000));
+    check_hang(t, argv[2], "heartbeat_alive", "between requests", "target", "the target's loop",
+               tlog);
     t = -1;
 
     /* 4. a drafter with nothing to do is not hung */

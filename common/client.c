@@ -1,7 +1,8 @@
 /* client: see client.h. One DEALER socket per client; each call = pack, send, wait for the reply
  * with the same request id, unpack. A timeout closes and reopens the socket so that neither the
  * unanswered request nor its late reply can confuse a later call (Lazy Pirate). The struct holds
- * two large wire_msg buffers so calls need no big stack frames; the mutex serialises calls. */
+ * two large wire_msg buffers so calls need no big stack frames; the mutex serialises calls
+ * (client_poll only tries it: see there). */
 #include "client.h"
 #include "curve.h"
 #include "err.h"
@@ -228,9 +229,10 @@ timeout:
     snprintf(c->last_error, sizeof c->last_error, "no reply from %s within %d ms", c->endpoint,
              c->timeout_ms);
     sock_reset(c);
-    /* a silent broker: the heartbeat thread's client_poll does not queue behind this request
-     * for another timeout at once (it would hold the caller's next request, or a stopping
-     * daemon's exit, that long); it sends as after a request, half a heartbeat later */
+    /* a silent broker: the heartbeat thread's client_poll, which may take the client the
+     * moment this call returns, does not start another timeout at once (it would hold the
+     * caller's next request, or a stopping daemon's exit, that long); it sends as after a
+     * request, half a heartbeat later */
     c->last_send_ms = mono_ms();
     return DFLASH_ETIMEOUT;
 }
@@ -530,7 +532,16 @@ static int do_poll(client *c)
     return rc;
 }
 
-int client_poll(client *c) { LOCKED(c, do_poll(c)); }
+/* Never waits for another thread's call: the heartbeat thread's watchdog runs after its poll,
+ * and a main thread hung inside a call (holding the mutex) must not hold the watchdog too. While
+ * another call holds the client, that call's request is the heartbeat: nothing to send. */
+int client_poll(client *c)
+{
+    if (pthread_mutex_trylock(&c->mu) != 0) return 0;
+    int rc = do_poll(c);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
 
 static int do_status(client *c, wire_status *out)
 {

@@ -21,8 +21,11 @@
  *
  * Thread rules: all calls on one client are serialised by an internal mutex, so a heartbeat
  * thread may call client_poll while the main thread is between calls; a call blocks other
- * threads for at most its timeout. Never share the underlying socket otherwise. Different clients
- * are independent.
+ * threads' calls for at most its timeout. client_poll never waits for another thread's call: it
+ * returns at once while one is in progress (that call's request is the heartbeat), so a
+ * heartbeat thread is never held by a main thread hung inside a call (heartbeat.h's watchdog
+ * relies on it). Never share the underlying socket otherwise. Different clients are
+ * independent.
  *
  * CURVE (tcp:// endpoints, DESIGN.md section 5): client_set_curve[_files] gives the broker's
  * public key and this client's secret key; the socket then authenticates with CURVE and the
@@ -188,8 +191,8 @@ int client_group_leave(client *c, const char *group);
 
 /* Sends a Heartbeat and waits for the echo. */
 int client_heartbeat(client *c);
-/* Sends a Heartbeat only if no request was sent (or timed out) for heartbeat_ms/2; otherwise
- * returns 0 at once. */
+/* Sends a Heartbeat only if no request was sent (or timed out) for heartbeat_ms/2 and no other
+ * thread is in a call on c; otherwise returns 0 at once (never waits for the mutex). */
 int client_poll(client *c);
 
 /* Any role: full broker statistics. */

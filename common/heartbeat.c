@@ -1,5 +1,6 @@
 /* heartbeat: see heartbeat.h. One thread per daemon loop; the main thread's progress is a
- * monotime stamp in an atomic, read by the thread every 100 ms. */
+ * monotime stamp in an atomic, read by the thread every 100 ms. Nothing the thread does before
+ * the stall check waits for the main thread: client_poll only tries the client's mutex. */
 #include "heartbeat.h"
 
 #include "log.h"

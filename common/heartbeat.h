@@ -2,14 +2,18 @@
  * (a training step, a target forward, a checkpoint), and the watchdog beside it.
  *
  * Every 100 ms, once the broker knows the client (client_broker_incarnation), the thread calls
- * client_poll (the client serialises calls), which sends the heartbeats the broker expects. So a
- * peer is expired only when its process is gone or frozen, never for one long step. The flip
- * side: a main thread hung for good (a GPU call that never returns, a deadlock) would keep its
- * leases, slots and in-flight batches for ever. The watchdog ends that: the main loop calls
+ * client_poll, which sends the heartbeats the broker expects (and skips its turn while the main
+ * thread is in a call on the client: that call's request counts as one). So a peer is expired
+ * only when its process is gone or frozen, never for one long step. The flip side: a main
+ * thread hung for good (a GPU call that never returns, a deadlock) would keep its leases, slots
+ * and in-flight batches for ever. The watchdog ends that: the main loop calls
  * heartbeat_alive every iteration; when it has not for stall_s seconds, the thread logs what
  * and for how long and ends the process with exit status HEARTBEAT_STALL_EXIT, so the broker
  * expires the peer (its leases redelivered, its batches retrained) and the supervisor
- * (docker-compose's restart: on-failure) starts it again.
+ * (docker-compose's restart: on-failure) starts it again. The watchdog never waits on the main
+ * thread: client_poll does not wait for the client's mutex, so a main thread hung inside a broker
+ * request (holding that mutex) is caught too. It acts within stall_s plus 100 ms, plus at most
+ * one request timeout when the thread's own heartbeat is waiting for a silent broker.
  * Thread-safe: heartbeat_alive is one atomic store. */
 #ifndef DFLASH_HEARTBEAT_H
 #define DFLASH_HEARTBEAT_H

@@ -1,7 +1,8 @@
 /* itest_stall_exit: --stall-exit-s, the watchdog of dflash-target and dflash-drafter
  * (heartbeat.h; docs/operating.md's exit table: 5 = hung). A daemon whose main loop stops going
- * round exits 5 within about --stall-exit-s, saying so, while one that only waits (a target whose
- * slots all wait for a drafter, a drafter with no data) goes on for longer than that.
+ * round exits 5 within about --stall-exit-s, saying so, wherever it stopped (between broker
+ * requests or inside one, holding the client), while one that only waits (a target whose slots
+ * all wait for a drafter, a drafter with no data) goes on for longer than that.
  *
  * The hang is real and needs no hook in the daemons: this process, the daemon's parent, traces
  * the daemon's main thread alone (ptrace) and stops it for good at its next call of a function,
@@ -9,9 +10,12 @@
  * among them, run on (SIGSTOP would stop them all). The breakpoint is an execute breakpoint in
  * the main thread's own debug registers (x86-64 DR0/DR7), not an int3 written into the code, so
  * that it stops the main thread alone even in a function the other threads call as well. Its
- * address: nm's value plus the executable's load address. The function: heartbeat_alive, between
- * broker requests (the loop reports progress); stopped inside one, the main thread would hold
- * the client's lock the heartbeat thread takes before its stall check.
+ * address: nm's value plus the executable's load address. The functions:
+ *   heartbeat_alive  between broker requests (the loop reports progress);
+ *   wire_pack        inside a broker request, with the client's mutex held: in a daemon only the
+ *                    client's round trip calls it (the broker is another program). The heartbeat
+ *                    thread polls the broker through that client before its stall check: if the
+ *                    poll waited for the mutex, the watchdog would wait for ever with it.
  * Where ptrace or debug registers are not available the test says so and exits 77 (skipped;
  * scripts/test under CI fails on it).
  *
@@ -20,9 +24,11 @@
  *   1. the target alone: its slots fill and wait for a drafter; it runs on past 5 s;
  *   2. drafter d1 verifies batches; its main thread is stopped between requests: it exits 5
  *      within 15 s, its log names its loop and the limit;
- *   3. drafter d2 verifies batches; the target's main thread is stopped between requests: it
+ *   3. drafter d2 verifies batches; its main thread is stopped inside a request: it exits 5
+ *      likewise;
+ *   4. drafter d3 verifies batches; the target's main thread is stopped between requests: it
  *      exits 5 likewise;
- *   4. d2, with no data now, runs on past 5 s, and exits 0 on SIGTERM.
+ *   5. d3, with no data now, runs on past 5 s, and exits 0 on SIGTERM.
  * Usage: itest_stall_exit QUEUE TARGET DRAFTER. Exit 0 pass, 1 fail, 77 skipped (no ptrace or
  * debug registers). */
 #include "check.h"
@@ -208,10 +214,11 @@ int main(int argc, char **argv)
     h_tempdir(dir, sizeof dir);
     snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
     h_queue_endpoint(dir, ep, sizeof ep);
-    char tlog[128], d1log[128], d2log[128];
+    char tlog[128], d1log[128], d2log[128], d3log[128];
     snprintf(tlog, sizeof tlog, "%s/target.log", dir);
     snprintf(d1log, sizeof d1log, "%s/d1.log", dir);
     snprintf(d2log, sizeof d2log, "%s/d2.log", dir);
+    snprintf(d3log, sizeof d3log, "%s/d3.log", dir);
     pid_t q = h_start_small_queue(argv[1], dir, NULL);
     CHECK(q > 0);
     if (q <= 0) CHECK_DONE();
@@ -235,18 +242,24 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    /* 3. another drafter takes over; the target hangs */
+    /* 3. another drafter takes over, then hangs inside a request, holding its client */
     pid_t d2 = start_drafter(argv[3], "d2", d2log);
+    CHECK(trains(4, 30000));
+    check_hang(d2, argv[3], "wire_pack", "inside a request", "drafter d2", "the drafter's loop",
+               d2log);
+
+    /* 4. a third drafter takes over; the target hangs */
+    pid_t d3 = start_drafter(argv[3], "d3", d3log);
     CHECK(trains(4, 30000));
     check_hang(t, argv[2], "heartbeat_alive", "between requests", "target", "the target's loop",
                tlog);
     t = -1;
 
-    /* 4. a drafter with nothing to do is not hung */
-    alive = runs_for(d2, 5000);
-    printf("drafter d2 without data: %s after 5 s\n", alive ? "running" : "exited");
+    /* 5. a drafter with nothing to do is not hung */
+    alive = runs_for(d3, 5000);
+    printf("drafter d3 without data: %s after 5 s\n", alive ? "running" : "exited");
     CHECK(alive);
-    CHECK_EQ_INT(h_stop(d2), 0);
+    CHECK_EQ_INT(h_stop(d3), 0);
 out:
     if (t > 0) CHECK_EQ_INT(h_stop(t), 0);
     CHECK_EQ_INT(h_stop(q), 0);

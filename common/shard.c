@@ -225,7 +225,9 @@ int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t er
     return DFLASH_EMISMATCH;
 }
 
-int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen) {
+/* shard_verify_tokens, also setting *any_loss when a mask byte is 1 (any_loss may be NULL). */
+static int verify_tokens(const shard *s, uint32_t vocab, bool *any_loss, char *err,
+                         size_t errlen) {
     for (uint64_t i = 0; i < s->n_seqs; i++) {
         shard_seq q;
         shard_get(s, i, &q);
@@ -241,9 +243,14 @@ int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen
                      s->path, (unsigned long long)i, p, q.mask[p]);
                 return DFLASH_ERANGE;
             }
+            if (any_loss && q.mask[p]) *any_loss = true;
         }
     }
     return 0;
+}
+
+int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen) {
+    return verify_tokens(s, vocab, NULL, err, errlen);
 }
 
 /* ---- writer ---- */
@@ -507,9 +514,18 @@ int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err,
 }
 
 int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen) {
+    bool any_loss = false;
     for (size_t i = 0; set && i < set->n; i++) {
-        int rc = shard_verify_tokens(set->shards[i], vocab, err, errlen);
+        int rc = verify_tokens(set->shards[i], vocab, &any_loss, err, errlen);
         if (rc) return rc;
+    }
+    if (set && set->n && !any_loss) {
+        err_fmt(err, errlen,
+                "%s%s: no trainable token: every loss_mask of its %llu sequences is 0 (dflash-data "
+                "refuses such data; scripts/chat_to_jsonl.py marks each assistant reply 1)",
+                shard_path(set->shards[0]), set->n > 1 ? " and the other shards" : "",
+                (unsigned long long)shard_set_count(set));
+        return DFLASH_ENODATA;
     }
     return 0;
 }

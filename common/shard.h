@@ -105,7 +105,8 @@ void shard_set_lengths(const shard_set *set, uint32_t *lens);
 uint64_t shard_set_identity(const shard_set *set);
 /* shard_check_vocab over every shard. */
 int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err, size_t errlen);
-/* shard_verify_tokens over every shard. */
+/* shard_verify_tokens over every shard; DFLASH_ENODATA ("no trainable token" in err) when no
+ * loss_mask byte of the whole set is 1: nothing to train on. */
 int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen);
 
 #endif

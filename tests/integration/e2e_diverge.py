@@ -17,7 +17,7 @@ A tiny random Qwen3 target and 32 generated sequences (batches of 4), then:
      committed and exited 0;
   4. a checkpoint holding an infinity (a copy of step 3's with one weight patched) is refused by
      `dflash-drafter eval` (exit 1) and as --init-weights (exit 2), naming the tensor;
-  5. with data whose loss masks are all 0 (nothing can be an anchor), a fresh drafter with
+  5. with data whose loss masks alternate (nothing can be an anchor), a fresh drafter with
      --max-steps 10 exits 8 saying "no step trained" and naming the loss masks, without the
      fake "loss first 0.0000" summary or the advice to add epochs (it exited 0 with both).
 Usage: e2e_diverge.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
@@ -124,7 +124,9 @@ def main():
         with open(env.path("train.jsonl")) as f, open(env.path("masked.jsonl"), "w") as g:
             for line in f:
                 r = json.loads(line)
-                r["loss_mask"] = [0] * len(r["loss_mask"])
+                # alternating: loss tokens, but no two adjacent, so no anchor (all-zero masks
+                # are refused by dflash-data and the target before the drafter sees them)
+                r["loss_mask"] = [i & 1 for i in range(len(r["loss_mask"]))]
                 g.write(json.dumps(r) + "\n")
         run([build.data, "--in", env.path("masked.jsonl"), "--out", env.path("masked.shard"),
              "--model", tgt, "--buckets", "32"], tools_log)
@@ -215,7 +217,7 @@ def main():
         target.stop()
         queue.stop()
 
-        # 5. nothing to train on: every loss mask 0
+        # 5. nothing to train on: no two adjacent loss-mask ones
         target = Daemon("target-masked", [build.target, "--model", tgt, *target_args[:2],
                                           "--shards", env.path("masked.shard"),
                                           *target_args[4:]], env.tmp)

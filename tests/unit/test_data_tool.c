@@ -8,7 +8,8 @@
  * why (the errno, e.g. a full disk); reading a large input (40 MB) on a terminal shows a
  * progress line (it was silent until the histogram); an --out that is the input file is refused
  * (the shard replaced it); sequences with no anchor to train on (alternating masks, one token)
- * are counted and warned about as all-zero masks are; an over-long line is skipped unparsed and
+ * are counted and warned about as all-zero masks are, and data whose every kept mask is all 0
+ * is refused (exit 3, nothing written); an over-long line is skipped unparsed and
  * a JSON array input refused at its first byte; an id past int32, a negative id and a
  * duplicated key each get their own message and a whitespace-only line is blank. */
 #include "check.h"
@@ -315,6 +316,22 @@ int main(void) {
     if (!strstr(err, "but no anchor")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
     free(out);
+    /* every kept mask all 0 (and a bad line): nothing to train on at all is refused (exit 3,
+     * no shard), naming the cause and chat_to_jsonl. It was a warning and exit 0, and the
+     * target then read the data for every epoch before the drafter failed */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,0,0,0]}\n");
+    fprintf(fp, "{\"input_ids\": [5,6], \"loss_mask\": [1,2]}\n");
+    fprintf(fp, "{\"input_ids\": [7,8,9], \"loss_mask\": [0,0,0]}\n");
+    fclose(fp);
+    unlink(shardp);
+    CHECK_EQ_INT(run(args), 3);
+    CHECK(access(shardp, F_OK) != 0);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "no trainable token: every loss_mask is 0 (all 2 kept sequences") != NULL);
+    CHECK(strstr(err, "scripts/chat_to_jsonl.py") != NULL);
+    if (!strstr(err, "no trainable token")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
 
     /* messages that said the wrong thing: an id past int32 "is not an integer", a negative one
      * without --vocab "outside the vocabulary of 0", a tab-only line "not a JSON object"

@@ -2,7 +2,8 @@
  * the writer refuses bad sequences; truncated, corrupted or inconsistent shards are refused at
  * open with a message naming the file and the problem; out-of-vocabulary ids are found; a shard
  * made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
- * identity tells other data of the same shape from the same data; a shard that shrinks while
+ * identity tells other data of the same shape from the same data; a set whose every loss_mask
+ * byte is 0 is refused as nothing to train on; a shard that shrinks while
  * open ends the reader with a message naming it and exit 1 (map_guard), not "Bus error", while
  * a SIGBUS sent from outside still goes to the action that was there before (the default, or
  * a sanitizer's handler). */
@@ -236,6 +237,28 @@ static void test_set(void) {
     CHECK(set == NULL);
     CHECK(strstr(err, "missing.shard") != NULL);
     CHECK(shard_set_open_list("", err, sizeof err) == NULL);
+
+    /* a set whose every mask byte is 0 has nothing to train on: the target refuses it at its
+     * start (it read it for every epoch, and only the drafter's end said "no step trained") */
+    w = shard_writer_new(b, 0);
+    uint8_t zero[] = {0, 0};
+    int32_t ids[] = {3, 4};
+    CHECK_EQ_INT(shard_writer_add(w, ids, zero, 2), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids, zero, 1), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    set = shard_set_open_list(b, err, sizeof err);
+    CHECK(set != NULL);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), DFLASH_ENODATA);
+    CHECK(strstr(err, b) != NULL &&
+          strstr(err, "no trainable token: every loss_mask of its 2 sequences is 0") != NULL);
+    shard_set_close(&set);
+    /* with a (the round trip's shard, some masks 1) before it, the set trains */
+    snprintf(list, sizeof list, "%s,%s", a, b);
+    set = shard_set_open_list(list, err, sizeof err);
+    CHECK(set != NULL);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), 0);
+    shard_set_close(&set);
 }
 
 /* A shard's recorded vocabulary against a model's: the same tokenizer passes (vocab_size

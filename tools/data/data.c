@@ -20,7 +20,8 @@
  * when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of
  * that name as it was. An --out that is the input file itself is refused (exit 2).
  * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad, the input empty
- * or a JSON array: nothing written, the first bad line's reason is printed).
+ * or a JSON array: nothing written, the first bad line's reason is printed) or no trainable
+ * token (every kept sequence's loss_mask all 0: nothing written).
  * One thread; memory: one line at a time, at most line_limit bytes of it.
  */
 #include "batch_plan.h"
@@ -79,7 +80,8 @@ static const cfg_table data_table = {
     "dflash-data",
     "convert JSONL input_ids/loss_mask lines into a shard\n"
     "exit status: 0 written, 1 error, 2 bad usage (or --out is the input file), 3 no line kept\n"
-    "(every line bad, the input empty or a JSON array; nothing written)",
+    "(every line bad, the input empty or a JSON array) or no trainable token (every loss_mask\n"
+    "is 0); nothing written",
     "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL, NULL,
     NULL};
 
@@ -404,6 +406,16 @@ int main(int argc, char **argv) {
                       (unsigned long long)bad, c.in, (unsigned long long)first_bad, first_why);
         else
             LOG_ERROR("no line kept: %s holds no JSONL line; nothing written", c.in);
+        status = 3;
+    }
+    /* a shard of all-zero masks trains nothing: the target read it for every epoch, then the
+     * drafter failed ("no step trained") */
+    if (!status && kept && no_loss == kept) {
+        LOG_ERROR("no trainable token: every loss_mask is 0 (all %llu kept sequences of %s); "
+                  "nothing written. loss_mask is 1 on the tokens to learn, the replies: "
+                  "scripts/chat_to_jsonl.py --tokenizer MODEL --in CHATS.jsonl --out FILE.jsonl "
+                  "marks each assistant reply so",
+                  (unsigned long long)kept, c.in);
         status = 3;
     }
     if (in != stdin) fclose(in);

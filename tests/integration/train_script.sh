@@ -3,6 +3,7 @@
 # first run asks for a token budget the samples do not fit (dflash-data keeps none, the run
 # fails); the second, with a budget that fits, must convert the JSONL again and train. It used to
 # reuse the shard of the first run (the JSONL was not newer), and failed the same way forever.
+# A shard with sequences past the last bucket shows the target's warning that they are left out.
 # Then: a run whose data runs out before --steps fails and says why (the drafter's WARN that the
 # schedule is not finished among the lines shown); a resumed run asked for more steps fails
 # with the drafter's reason and the way to train longer; --init-from warm-starts a new run from
@@ -51,6 +52,24 @@ if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
 fi
 grep -q "converting" "$WORK/second.log" || { echo "FAIL: not converted again" >&2; exit 1; }
 grep -q "24 sequences" "$WORK/second.log" || { echo "FAIL: sequences missing" >&2; exit 1; }
+# a shard as --data with sequences longer than the last bucket: the target leaves them out and
+# warns; the warning reaches the console (it was in target.log alone, and the run said "done")
+python3 - "$WORK/long.jsonl" "$WORK/data.jsonl" <<'EOF2'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(open(sys.argv[2]).read())
+    for s in range(4):
+        f.write(json.dumps({"input_ids": [(s + k) % 500 for k in range(100)],
+                            "loss_mask": [0] * 8 + [1] * 92}) + "\n")
+EOF2
+"$BUILD/tools/dflash-data" --in "$WORK/long.jsonl" --out "$WORK/long.shard" --vocab 512 \
+    --max-len 128 --buckets 64,128 >"$WORK/long-data.log" 2>&1
+train --data "$WORK/long.shard" --out "$WORK/lshard" --token-budget 64 --buckets 64 \
+    >"$WORK/lshard.log" 2>&1 ||
+    { echo "FAIL: the run on long.shard failed:" >&2; tail -n 20 "$WORK/lshard.log" >&2; exit 1; }
+grep -q "dflash-target WARN .*4 of 28 sequences .* left out of training" "$WORK/lshard.log" ||
+    { echo "FAIL: the target's warning is not on the console:" >&2; cat "$WORK/lshard.log" >&2
+      exit 1; }
 # a run whose data runs out before --steps (one epoch of 12 batches, 1000 steps) is no success;
 # its bucket bound 128 is cut at its --token-budget 64 (the target refused a bound past it); its
 # data is named .JSONL, JSONL too (it was taken for a shard: "bad magic")

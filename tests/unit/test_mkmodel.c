@@ -5,7 +5,8 @@
  * gives the same bytes, a sharded checkpoint holds the same values as a single file, a stop
  * (SIGTERM) while writing leaves no temporary file and no shard behind and exits 1, a failed
  * write names the system's reason, a --hidden that --heads does not divide is refused unless
- * --head-dim is given. */
+ * --head-dim is given, a non-empty --out that mkmodel did not write is refused and left as it
+ * was unless --force (a model of its own is replaced: see "rewriting"). */
 #include "check.h"
 #include "hf_config.h"
 #include "safetensors.h"
@@ -212,8 +213,8 @@ int main(void) {
 
     /* config.json that cannot be written (here a directory stands at its name) says why too;
      * it used to be "input/output error" for config.json and the shards' index */
-    snprintf(cmd, sizeof cmd, "mkdir -p %s/dirconf/config.json/sub && %s --preset tiny --out "
-             "%s/dirconf >%s/out 2>&1", dir, bin, dir, dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/dirconf/config.json/sub && %s --preset tiny --force "
+             "--out %s/dirconf >%s/out 2>&1", dir, bin, dir, dir);
     ws = system(cmd);
     CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 1);
     out = test_slurp(outp, NULL);
@@ -221,6 +222,37 @@ int main(void) {
     CHECK(out && strstr(out, want) != NULL);
     if (out && !strstr(out, want)) fprintf(stderr, "output was:\n%s\n", out);
     free(out);
+
+    /* a non-empty --out mkmodel did not write (a real checkpoint typed as --out) is refused and
+     * left as it was; it used to lose its config.json and index to a random model, exit 0.
+     * --force replaces it; an empty directory is taken */
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/real && echo '{\"x\": 1}' > %s/real/config.json && "
+             "echo i > %s/real/model.safetensors.index.json",
+             dir, dir, dir);
+    CHECK(system(cmd) == 0);
+    snprintf(args, sizeof args, "--preset tiny --out %s/real", dir);
+    CHECK_EQ_INT(run(args), 2);
+    out = test_slurp(outp, NULL);
+    CHECK(out && strstr(out, "is not empty and not a model dflash-mkmodel wrote") != NULL &&
+          strstr(out, "--force") != NULL);
+    free(out);
+    snprintf(p, sizeof p, "%s/real/config.json", dir);
+    out = test_slurp(p, NULL);
+    CHECK(out && strcmp(out, "{\"x\": 1}\n") == 0);
+    free(out);
+    snprintf(p, sizeof p, "%s/real/model.safetensors.index.json", dir);
+    CHECK(access(p, F_OK) == 0);
+    snprintf(p, sizeof p, "%s/real/model.safetensors", dir);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(args, sizeof args, "--preset tiny --force --out %s/real", dir);
+    CHECK_EQ_INT(run(args), 0);
+    a = check_model("real", &mc);
+    safetensors_close(&a);
+    snprintf(p, sizeof p, "%s/empty", dir);
+    CHECK(mkdir(p, 0755) == 0);
+    snprintf(args, sizeof args, "--preset tiny --out %s/empty", dir);
+    CHECK_EQ_INT(run(args), 0);
 
     /* refusals */
     snprintf(args, sizeof args, "--family qwen3 --heads 5 --kv-heads 2 --out %s/bad", dir);

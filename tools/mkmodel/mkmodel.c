@@ -8,8 +8,10 @@
  * DIR/model-0000i-of-0000N.safetensors plus model.safetensors.index.json. Tensor names and
  * shapes come from hf_weight_nth (hf_config.h), in file order. config.json and any previous
  * checkpoint files in DIR are removed first and config.json is written last, so a directory
- * holding config.json is complete. (Old model-*-of-*.safetensors shards are left; the new
- * index or single file never names them.)
+ * holding config.json is complete. DIR must be new, empty or one mkmodel wrote (it writes
+ * DIR/.dflash-mkmodel first): another non-empty directory, likely a real checkpoint given as
+ * --out by mistake, is refused (exit 2) unless --force. (Old model-*-of-*.safetensors shards are
+ * left; the new index or single file never names them.)
  *
  * Initialisation follows Hugging Face post_init: linears and embeddings ~ normal(0, init-std),
  * RMSNorm weights = 1 (+ norm-jitter * normal, so tests notice a norm weight that is ignored);
@@ -33,6 +35,7 @@
 #include "safetensors.h"
 #include "signals.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -60,8 +63,12 @@ typedef struct mk_cfg {
     int64_t threads;
     int64_t bos, eos;
     char out[1024];
+    bool force;
     char log_level[16];
 } mk_cfg;
+
+/* in every directory mkmodel writes: a non-empty --out without it holds someone else's files */
+#define MARKER ".dflash-mkmodel"
 
 #define STR_OPT(field) offsetof(mk_cfg, field), sizeof(((mk_cfg *)0)->field)
 #define INT_OPT(field) offsetof(mk_cfg, field), 0
@@ -112,7 +119,12 @@ static const cfg_option mk_options[] = {
      INT_OPT(threads)},
     {"bos", CFG_INT, "-1", -1, 1 << 24, false, "bos_token_id (-1: none)", INT_OPT(bos)},
     {"eos", CFG_INT, "-1", -1, 1 << 24, false, "eos_token_id (-1: none)", INT_OPT(eos)},
-    {"out", CFG_STRING, "", 1, 0, false, "output directory (created)", STR_OPT(out)},
+    {"out", CFG_STRING, "", 1, 0, false,
+     "output directory: new, empty, or one dflash-mkmodel wrote (its " MARKER " file)",
+     STR_OPT(out)},
+    {"force", CFG_BOOL, "false", 1, 0, false,
+     "replace the model in any --out directory (its config.json and weights)",
+     offsetof(mk_cfg, force), 0},
     {"log-level", CFG_STRING, "info", 1, 0, false, "debug, info, warn or error",
      STR_OPT(log_level)},
 };
@@ -321,6 +333,41 @@ static const char *write_error(int rc) {
     return rc == DFLASH_EIO && errno ? strerror(errno) : err_str(rc);
 }
 
+/* Whether dir (which exists) may take a new model: empty, or holding MARKER, or force; else
+ * says why not. Then writes MARKER (before any weight, so an interrupted run's directory is
+ * recognised). 0, 1 (cannot read or write dir) or 2 (refused). */
+static int claim_out_dir(const char *dir, bool force) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        LOG_ERROR("cannot open %s: %s", dir, strerror(errno));
+        return 1;
+    }
+    bool empty = true;
+    for (struct dirent *e; empty && (e = readdir(d));)
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/" MARKER, dir);
+    if (!empty && !force && access(path, F_OK) != 0) {
+        LOG_ERROR("--out %s is not empty and not a model dflash-mkmodel wrote (no " MARKER
+                  "): it would replace its config.json and weights with random ones; give a new "
+                  "or empty directory, or --force to replace them",
+                  dir);
+        return 2;
+    }
+    FILE *fp = fopen(path, "w");
+    bool failed = !fp;
+    if (fp) {
+        failed = fputs("a random model written by dflash-mkmodel, which may replace it\n", fp) < 0;
+        failed |= fclose(fp) != 0;
+    }
+    if (failed) {
+        LOG_ERROR("cannot write %s: %s", path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 static const char *transformers_dtype(safetensors_dtype dt) {
     return dt == SAFETENSORS_BF16 ? "bfloat16" : dt == SAFETENSORS_F16 ? "float16" : "float32";
 }
@@ -348,6 +395,7 @@ int main(int argc, char **argv) {
         LOG_ERROR("cannot create %s: %s", cfg.out, strerror(errno));
         return 1;
     }
+    if ((rc = claim_out_dir(cfg.out, cfg.force))) return rc;
 
     m.n_tensors = hf_weight_count(&mc);
     m.w = calloc(m.n_tensors, sizeof *m.w);

@@ -27,6 +27,8 @@ with open(sys.argv[1], "w") as f:
     for s in range(24):
         ids = [(s * 7 + k * 13) % 500 for k in range(40)]
         f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * 32}) + "\n")
+    # last: one of 80 tokens, over every --token-budget below: left out, and said with its share
+    f.write(json.dumps({"input_ids": [k % 500 for k in range(80)], "loss_mask": [1] * 80}) + "\n")
 EOF
 TRAIN=(--model "$WORK/target" --data "$WORK/data.jsonl" --out "$WORK/run" --build "$BUILD"
     --backend host --steps 2 --draft-layers 1 --features 3 --block-size 4 --anchors 8
@@ -52,6 +54,13 @@ if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
 fi
 grep -q "converting" "$WORK/second.log" || { echo "FAIL: not converted again" >&2; exit 1; }
 grep -q "24 sequences" "$WORK/second.log" || { echo "FAIL: sequences missing" >&2; exit 1; }
+# the 80-token line is no bad line: counted apart with its share, 80 of 24 x 40 + 80 tokens (it
+# was one of "1 bad lines skipped", and the share of the data lost was nowhere)
+grep -q "24 sequences, 960 tokens, 1 longer than --max-len 64 left out (7.7% of all tokens), \
+0 bad lines skipped" "$WORK/second.log" &&
+    grep -q "1 sequences longer than --max-len 64 left out (80 tokens, 7.7% of all tokens" \
+        "$WORK/second.log" || { echo "FAIL: the sequence over the budget not counted:" >&2
+    grep -E "sequences|bad" "$WORK/second.log" >&2; exit 1; }
 # a shard as --data with sequences longer than the last bucket: the target leaves them out and
 # warns; the warning reaches the console (it was in target.log alone, and the run said "done")
 python3 - "$WORK/long.jsonl" "$WORK/data.jsonl" <<'EOF2'

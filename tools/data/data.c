@@ -5,12 +5,15 @@
  *
  * Each line is checked: one JSON object and nothing after it, input_ids a non-empty array of
  * integers inside the vocabulary (--vocab, or vocab_size of --model's config.json; unchecked when
- * neither is given), loss_mask an array of 0/1 of the same length, at most --max-len tokens,
- * neither key given twice. A bad line is reported with its line number and skipped (counted;
- * the first --show-errors are printed), or, with --strict, stops the conversion (exit 1, nothing
- * written). Blank lines (only whitespace) are ignored. A line longer than any record of --max-len
- * tokens can be (line_limit) is bad without being parsed, and an input whose first byte is '['
- * (a JSON array) is refused before it is read (exit 3): cJSON holds ~28 times a line's size.
+ * neither is given), loss_mask an array of 0/1 of the same length, neither key given twice. A bad
+ * line is reported with its line number and skipped (counted; the first --show-errors are
+ * printed), or, with --strict, stops the conversion (exit 1, nothing written). A valid line of
+ * more than --max-len tokens is left out whole (nothing here truncates: chat_to_jsonl.py --max-len
+ * cuts ids and mask together) and counted apart from the bad ones, with its tokens' share of all
+ * valid lines' tokens, in a WARN and the summary line; --strict stops at it too. Blank lines
+ * (only whitespace) are ignored. A line longer than any record of --max-len tokens can be
+ * (line_limit) is bad without being parsed, and an input whose first byte is '[' (a JSON array)
+ * is refused before it is read (exit 3): cJSON holds ~28 times a line's size.
  * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
  * token share per bucket (the shares the broker's deficits use) and the sequences longer than
  * the last bound, and counts (and warns about) the kept sequences the drafter trains nothing on:
@@ -19,9 +22,9 @@
  * the lines and megabytes read so far. The shard is written under a temporary name and renamed
  * when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of
  * that name as it was. An --out that is the input file itself is refused (exit 2).
- * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad, the input empty
- * or a JSON array: nothing written, the first bad line's reason is printed) or no trainable
- * token (every kept sequence's loss_mask all 0: nothing written).
+ * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad or too long, the
+ * input empty or a JSON array: nothing written, the first bad line's reason is printed) or no
+ * trainable token (every kept sequence's loss_mask all 0: nothing written).
  * One thread; memory: one line at a time, at most line_limit bytes of it.
  */
 #include "batch_plan.h"
@@ -65,7 +68,8 @@ static const cfg_option data_options[] = {
      "vocabulary size; ids must be below it (0: from --model, else unchecked)",
      offsetof(data_cfg, vocab), 0},
     {"max-len", CFG_INT, "3072", 1, 1 << 24, false,
-     "longest sequence kept (tokens); a line over 64 bytes a token + 4 MiB is skipped unparsed",
+     "longest sequence kept (tokens; a longer one is left out whole, counted in the summary); a "
+     "line over 64 bytes a token + 4 MiB is skipped unparsed",
      offsetof(data_cfg, max_len), 0},
     {"buckets", CFG_STRING, "512,1024,2048,3072", 1, 0, false,
      "bucket upper bounds for the length histogram (at most 16)", STR_OPT(buckets)},
@@ -80,8 +84,8 @@ static const cfg_table data_table = {
     "dflash-data",
     "convert JSONL input_ids/loss_mask lines into a shard\n"
     "exit status: 0 written, 1 error, 2 bad usage (or --out is the input file), 3 no line kept\n"
-    "(every line bad, the input empty or a JSON array) or no trainable token (every loss_mask\n"
-    "is 0); nothing written",
+    "(every line bad or longer than --max-len, the input empty or a JSON array) or no\n"
+    "trainable token (every loss_mask is 0); nothing written",
     "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL, NULL,
     NULL};
 
@@ -135,9 +139,10 @@ static int first_byte(FILE *in, uint64_t *lines) {
     return ch;
 }
 
-/* Parses one line into lb; returns its length, or -1 with the reason in why. */
-static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t vocab,
-                       line_buf *lb, char *why, size_t whylen) {
+/* Parses one line into lb; returns its length (any: the caller checks --max-len), or -1 with the
+ * reason in why. */
+static long parse_line(const char *text, size_t len, uint32_t vocab, line_buf *lb, char *why,
+                       size_t whylen) {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
     long n = -1;
@@ -179,10 +184,6 @@ static long parse_line(const char *text, size_t len, const data_cfg *c, uint32_t
     }
     if (ni != nm) {
         snprintf(why, whylen, "length mismatch: %ld input_ids but %ld loss_mask entries", ni, nm);
-        goto out;
-    }
-    if (ni > c->max_len) {
-        snprintf(why, whylen, "too long: %ld tokens, --max-len is %lld", ni, (long long)c->max_len);
         goto out;
     }
     if ((size_t)ni > lb->cap) {
@@ -313,7 +314,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint64_t seqs[BATCH_PLAN_MAX_BUCKETS + 1] = {0}, toks[BATCH_PLAN_MAX_BUCKETS + 1] = {0};
-    uint64_t bad = 0, kept = 0, kept_tokens = 0, first_bad = 0;
+    uint64_t bad = 0, kept = 0, kept_tokens = 0, first_bad = 0; /* first_bad: first line not kept */
+    uint64_t n_long = 0, long_tokens = 0, first_long = 0; /* valid, longer than --max-len */
     uint64_t no_loss = 0, no_anchor = 0; /* kept sequences the drafter trains nothing on */
     char first_why[256] = "";
     line_buf lb = {0};
@@ -346,10 +348,28 @@ int main(int argc, char **argv) {
             while (l && isspace((unsigned char)line[l - 1]))
                 l--;
             if (l == 0) continue; /* blank: only whitespace */
-            n = parse_line(line, l, &c, vocab, &lb, why, sizeof why);
+            n = parse_line(line, l, vocab, &lb, why, sizeof why);
+        }
+        if (n > c.max_len) { /* valid but longer than the budget: counted apart from bad lines */
+            snprintf(why, sizeof why, "too long: %ld tokens, --max-len is %lld", n,
+                     (long long)c.max_len);
+            if (!bad && !n_long) {
+                first_bad = lineno;
+                snprintf(first_why, sizeof first_why, "%s", why);
+            }
+            if (!n_long++) first_long = lineno;
+            long_tokens += (uint64_t)n;
+            if (c.strict) {
+                progress_end(&prog);
+                LOG_ERROR("%s:%llu: %s (--strict: stopping, nothing written)", c.in,
+                          (unsigned long long)lineno, why);
+                status = 1;
+                break;
+            }
+            continue;
         }
         if (n < 0) {
-            if (!bad++) {
+            if (!bad++ && !n_long) {
                 first_bad = lineno;
                 snprintf(first_why, sizeof first_why, "%s", why);
             }
@@ -400,10 +420,12 @@ int main(int argc, char **argv) {
     }
     /* an empty shard only fails later, in the target ("batch plan: 0 sequences") */
     if (!status && kept == 0) {
-        if (bad)
-            LOG_ERROR("no line kept: all %llu lines of %s are bad (the first, line %llu: %s); "
-                      "nothing written",
-                      (unsigned long long)bad, c.in, (unsigned long long)first_bad, first_why);
+        if (bad || n_long)
+            LOG_ERROR("no line kept: of the %llu lines of %s, %llu are bad and %llu longer than "
+                      "--max-len %lld (the first, line %llu: %s); nothing written",
+                      (unsigned long long)(bad + n_long), c.in, (unsigned long long)bad,
+                      (unsigned long long)n_long, (long long)c.max_len,
+                      (unsigned long long)first_bad, first_why);
         else
             LOG_ERROR("no line kept: %s holds no JSONL line; nothing written", c.in);
         status = 3;
@@ -431,7 +453,15 @@ int main(int argc, char **argv) {
 
     if (bad)
         LOG_WARN("%llu of %llu lines skipped as bad", (unsigned long long)bad,
-                 (unsigned long long)(kept + bad));
+                 (unsigned long long)(kept + bad + n_long));
+    if (n_long)
+        LOG_WARN("%llu sequences longer than --max-len %lld left out (%llu tokens, %.1f%% of all "
+                 "tokens; the first, line %llu): raise --max-len, or cut them when tokenizing "
+                 "(scripts/chat_to_jsonl.py --max-len N keeps each conversation's first N tokens "
+                 "and their loss mask)",
+                 (unsigned long long)n_long, (long long)c.max_len, (unsigned long long)long_tokens,
+                 100.0 * (double)long_tokens / (double)(long_tokens + kept_tokens),
+                 (unsigned long long)first_long);
     if (no_loss)
         LOG_WARN("%llu sequences have no loss tokens (loss_mask all 0): nothing to train on",
                  (unsigned long long)no_loss);
@@ -439,9 +469,11 @@ int main(int argc, char **argv) {
         LOG_WARN("%llu sequences have loss tokens but no anchor (no two adjacent positions with "
                  "loss_mask 1, e.g. alternating masks or a single token): nothing to train on",
                  (unsigned long long)no_anchor);
-    printf("%s: %llu sequences, %llu tokens, %llu bad lines skipped, %llu with nothing to train "
-           "on, vocab %u\n",
+    printf("%s: %llu sequences, %llu tokens, %llu longer than --max-len %lld left out (%.1f%% of "
+           "all tokens), %llu bad lines skipped, %llu with nothing to train on, vocab %u\n",
            c.out, (unsigned long long)kept, (unsigned long long)kept_tokens,
+           (unsigned long long)n_long, (long long)c.max_len,
+           100.0 * (double)long_tokens / (double)(long_tokens + kept_tokens),
            (unsigned long long)bad, (unsigned long long)(no_loss + no_anchor), vocab);
     printf("%-12s %10s %8s %12s %8s\n", "bucket", "seqs", "share", "tokens", "share");
     for (int b = 0; b <= nb; b++) {

@@ -97,8 +97,31 @@ printf '%s\n' '{"conversations": [{"from": "human", "value": "hi"}]}' > "$WORK/s
 printf '%s\n' '{"prompt": "hi", "response": "yo"}' > "$WORK/pr.jsonl"
 printf '%s\n' '{"input_ids": [1, 2], "loss_mask": [0, 1]}' > "$WORK/tok.JSONL"
 cp "$WORK/tok.JSONL" "$WORK/tok.json"
+# the command cuts at the token budget (chat_to_jsonl.py --max-len keeps a conversation's first
+# tokens and their mask; without it dflash-data left every longer one out whole)
 expect "train --data chat" 2 "^  python3 $SRC/scripts/chat_to_jsonl.py --tokenizer $WORK/m --in \
-$WORK/chat.jsonl --out $WORK/chat.tokens.jsonl$" "${T[@]}" --data "$WORK/chat.jsonl"
+$WORK/chat.jsonl --out $WORK/chat.tokens.jsonl --max-len 3072$" "${T[@]}" --data "$WORK/chat.jsonl"
+expect "train --data chat --token-budget 512" 2 "^  python3 .*chat_to_jsonl.py .* --max-len 512$" \
+    "${T[@]}" --data "$WORK/chat.jsonl" --token-budget 512
+# a JSON array: "rename it" (as .json) then "is a JSON array" (as .jsonl, from dflash-data) led
+# nowhere; the python3 command printed converts it, and its output is taken as JSONL
+printf '[\n  {"input_ids": [1, 2],\n   "loss_mask": [0, 1]},\n  {"input_ids": [3], "loss_mask": [1]}\n]\n' \
+    > "$WORK/arr.json"
+cp "$WORK/arr.json" "$WORK/arr2.jsonl"
+expect "train --data array.jsonl" 2 "is a JSON array, not JSONL" "${T[@]}" --data "$WORK/arr2.jsonl"
+expect "train --data array.json" 2 "^  python3 -c .* < $WORK/arr.json > $WORK/arr.lines.jsonl$" \
+    "${T[@]}" --data "$WORK/arr.json"
+(cd "$WORK/cwd" && bash -c "$(sed -n 's/^  python3 -c/python3 -c/p' "$WORK/out")")
+if [ "$(cat "$WORK/arr.lines.jsonl" 2>/dev/null)" != '{"input_ids": [1, 2], "loss_mask": [0, 1]}
+{"input_ids": [3], "loss_mask": [1]}' ]; then
+    echo "FAIL train --data array.json: the printed conversion did not write the JSONL" >&2
+    failed=1
+fi
+expect "train --data array.lines.jsonl" 99 "stand-in cmake ran" "${T[@]}" \
+    --data "$WORK/arr.lines.jsonl"
+printf '[{"messages": [{"role": "user", "content": "hi"}]}]\n' > "$WORK/chats.json"
+expect "train --data chat array" 2 "^  python3 .*chat_to_jsonl.py .* --in $WORK/chats.json --out \
+$WORK/chats.tokens.jsonl --max-len 3072$" "${T[@]}" --data "$WORK/chats.json"
 expect "train --data sharegpt" 2 "share.jsonl holds chat conversations" "${T[@]}" \
     --data "$WORK/share.jsonl"
 expect "train --data prompt/response" 2 "write each pair as a conversation" "${T[@]}" \

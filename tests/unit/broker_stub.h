@@ -71,6 +71,17 @@ static __attribute__((unused)) int stub_send(const char *rid)
     return stub_rep.type == WIRE_ERROR ? stub_rep.u.error.code : 0;
 }
 
+/* A drafter's group step request (StepClaim, StepDone, StepAbort...: type t) of group "g". */
+static __attribute__((unused)) int stub_group_step(const char *rid, uint64_t inc, wire_type t,
+                                                   uint64_t epoch, uint64_t step)
+{
+    stub_init(t, WIRE_ROLE_DRAFTER, inc);
+    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
+    stub_req.u.gstep.epoch = epoch;
+    stub_req.u.gstep.step = step;
+    return stub_send(rid);
+}
+
 static __attribute__((unused)) wire_status stub_status(void)
 {
     stub_init(WIRE_STATUS_REQUEST, WIRE_ROLE_CTL, 99);

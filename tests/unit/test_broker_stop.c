@@ -106,11 +106,7 @@ static int commit(const drafter *d, uint64_t step)
 
 static int gstep(const drafter *d, wire_type t, uint64_t epoch, uint64_t step)
 {
-    stub_init(t, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
-    stub_req.u.gstep.epoch = epoch;
-    stub_req.u.gstep.step = step;
-    return stub_send(d->rid);
+    return stub_group_step(d->rid, d->inc, t, epoch, step);
 }
 
 static int64_t grace_ms = 60000, heartbeat_ms = 1000;

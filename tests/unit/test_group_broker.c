@@ -128,11 +128,7 @@ static int set_id(const drafter *d, uint64_t epoch, uint8_t fill)
 
 static int gstep(const drafter *d, wire_type t, uint64_t epoch, uint64_t step)
 {
-    stub_init(t, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
-    stub_req.u.gstep.epoch = epoch;
-    stub_req.u.gstep.step = step;
-    return stub_send(d->rid);
+    return stub_group_step(d->rid, d->inc, t, epoch, step);
 }
 
 static int claim(const drafter *d, uint64_t epoch, uint64_t step, wire_step_grant *g)

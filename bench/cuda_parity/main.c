@@ -596,6 +596,32 @@ static void t_optim(void) {
     free(hg), free(hp), free(hm), free(hv);
 }
 
+/* Gradient accumulation: three batches into a NaN-poisoned accumulator (the first must not
+ * read it), then the step's gradient with the last batch's own (a != 0) and without (a == 0,
+ * into poisoned gradients: they must not be read). bf16-exact inputs, so both sides start from
+ * the same values. */
+static void t_grad_accum(void) {
+    size_t na = 999987, n = 4099; /* odd: the tails */
+    float *hga = hrand(na, 1e-2, 0), *hg = hrand(n, 1e-2, 0);
+    pair ga = pact(hga, na), g = praw(hg, n), acc = praw(NULL, na + n);
+    for (int k = 0; k < 3; k++) {
+        CO->grad_accumulate(CC, acc.c, ga.c, na, g.c, n, 1.5f + (float)k, k == 0);
+        GO->grad_accumulate(GC, acc.g, ga.g, na, g.g, n, 1.5f + (float)k, k == 0);
+    }
+    cmp("grad_accumulate", "acc", &acc, 1e-6);
+    CO->grad_average(CC, ga.c, na, g.c, n, acc.c, 2.0f, 1.0f / 9.5f);
+    GO->grad_average(GC, ga.g, na, g.g, n, acc.g, 2.0f, 1.0f / 9.5f);
+    cmp("grad_average", "ga (bf16)", &ga, 4e-3);
+    cmp("grad_average", "g", &g, 1e-6);
+    pair pa = pact(NULL, na), pg = praw(NULL, n);
+    CO->grad_average(CC, pa.c, na, pg.c, n, acc.c, 0.0f, 0.25f);
+    GO->grad_average(GC, pa.g, na, pg.g, n, acc.g, 0.0f, 0.25f);
+    cmp("grad_average a=0", "ga (bf16)", &pa, 4e-3);
+    cmp("grad_average a=0", "g", &pg, 1e-6);
+    pfree(&ga), pfree(&g), pfree(&acc), pfree(&pa), pfree(&pg);
+    free(hga), free(hg);
+}
+
 /* ---- a whole DFlash training step ---- */
 
 /* the same random weights in the cpu model and in each cuda one */
@@ -1013,6 +1039,7 @@ int main(int argc, char **argv) {
         rs = keep;
     }
     if (do_optim) t_optim(); /* sumsq, AdamW, scaling */
+    if (do_optim) t_grad_accum();
     if (all) t_train_step();
     if (do_learn && lk.D) {
         t_learn(&lk);

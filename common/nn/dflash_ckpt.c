@@ -579,6 +579,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     META("beta2", "%.17g", tc->beta2);
     META("eps", "%.17g", tc->eps);
     META("weight_decay", "%.17g", tc->weight_decay);
+    META("accumulate", "%d", tc->accumulate > 1 ? tc->accumulate : 1);
 #undef META
     if (n_unacked) {
         char unacked_text[UNACKED_TEXT_MAX];
@@ -753,6 +754,9 @@ static int read_train_meta(const safetensors *st, const char *p, dflash_train_cf
     tc->beta2 = v[9];
     tc->eps = v[10];
     tc->weight_decay = v[11];
+    /* batches per step: a checkpoint written before accumulation existed trained one */
+    double acc;
+    tc->accumulate = meta_double(st, "accumulate", &acc) == 0 && acc >= 1 ? (int)acc : 1;
 out:
     return rc;
 }

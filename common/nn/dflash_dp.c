@@ -3,12 +3,9 @@
  * (dflash_train_sample_anchors / dflash_train_grads / dflash_train_apply), the model's arrays
  * and the ops table, plus the collective.
  *
- * The host allreduce vector of one step (doubles, summed over ranks):
- *   [0] W_r   [1] loss_r * W_r   [2] failed_r   [3] weighted positions   [4] correct positions
- *   [5] blocks   [6] sum of acceptance lengths   [7] context tokens
- *   [8, 8 + MB) per-offset counts   [8 + MB, 8 + 2 MB) per-offset correct
- *   (MB = DFLASH_MAX_BLOCK)
- * Counts are integers far below 2^53, so their sums are exact.
+ * The host allreduce vector of one step (doubles, summed over ranks): the rank's metric counts
+ * (dflash_metrics_to_counts: W_r, loss_r * W_r, positions, blocks, ...; integers far below
+ * 2^53, so their sums are exact), then failed_r.
  * Threads: the model's thread.
  */
 #include "dflash_dp.h"
@@ -22,8 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { V_W, V_LW, V_FAILED, V_NW, V_RIGHT, V_NB, V_ACCLEN, V_NCTX, V_POS };
-enum { V_N = V_POS + 2 * DFLASH_MAX_BLOCK };
+enum { V_FAILED = DFLASH_METRIC_COUNTS, V_N };
 
 static bool on_host(const dflash_model *m) { return strcmp(m->ops->name, "cpu") == 0; }
 
@@ -60,37 +56,6 @@ static int mem_path(dflash_model *m, dp_comm *comm, dp_host_io *io_store, const 
         *io = io_store;
     }
     return 0;
-}
-
-static void fill_counts(double *v, const dflash_metrics *l) {
-    v[V_W] = l->weight_sum;
-    v[V_LW] = l->loss * l->weight_sum;
-    v[V_NW] = l->n_weighted;
-    v[V_RIGHT] = nearbyint(l->accuracy * l->n_weighted);
-    v[V_NB] = l->n_blocks;
-    v[V_ACCLEN] = nearbyint(l->accept_len * l->n_blocks);
-    v[V_NCTX] = l->n_ctx_tokens;
-    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) {
-        v[V_POS + o] = l->pos_count[o];
-        v[V_POS + DFLASH_MAX_BLOCK + o] = nearbyint(l->pos_acc[o] * l->pos_count[o]);
-    }
-}
-
-static void group_metrics(dflash_metrics *met, const double *v, long step) {
-    memset(met, 0, sizeof *met);
-    met->step = step;
-    met->weight_sum = v[V_W];
-    met->loss = v[V_W] > 0 ? v[V_LW] / v[V_W] : 0.0;
-    met->n_weighted = (int)v[V_NW];
-    met->accuracy = v[V_NW] > 0 ? v[V_RIGHT] / v[V_NW] : 0.0;
-    met->n_blocks = (int)v[V_NB];
-    met->accept_len = v[V_NB] > 0 ? v[V_ACCLEN] / v[V_NB] : 0.0;
-    met->n_ctx_tokens = (int)v[V_NCTX];
-    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) {
-        double n = v[V_POS + o];
-        met->pos_count[o] = (int)n;
-        met->pos_acc[o] = n > 0 ? v[V_POS + DFLASH_MAX_BLOCK + o] / n : 0.0;
-    }
 }
 
 /* The gradients' all-reduce, each rank's scaled by scale: the matrices' act-typed part (bf16
@@ -137,6 +102,11 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
         if (local) *local = *met;
         return rc;
     }
+    if (tc->accumulate > 1) { /* a group step trains one batch a rank (dflash_dp.h) */
+        LOG_ERROR("dflash_dp: gradient accumulation (%d batches a step) is not supported in a "
+                  "data-parallel group", tc->accumulate);
+        return DFLASH_EUNSUPPORTED;
+    }
     dp_host_io io_store;
     const dp_host_io *io;
     void *stream;
@@ -161,18 +131,25 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
     /* 2. the weight sums and metric counts of the group */
     double v[V_N];
     memset(v, 0, sizeof v);
-    if (lrc >= 0 && loc.weight_sum > 0) fill_counts(v, &loc);
-    else if (lrc >= 0) v[V_NB] = loc.n_blocks, v[V_NCTX] = loc.n_ctx_tokens;
+    if (lrc >= 0 && loc.weight_sum > 0) {
+        dflash_metrics_to_counts(&loc, v);
+    } else if (lrc >= 0) { /* no weight: its blocks and context tokens only */
+        dflash_metrics none = {.n_blocks = loc.n_blocks, .n_ctx_tokens = loc.n_ctx_tokens};
+        dflash_metrics_to_counts(&none, v);
+    }
     v[V_FAILED] = lrc < 0 ? 1.0 : 0.0;
     rc = dp_comm_allreduce_host_f64(comm, v, V_N);
     if (rc) return rc;
-    group_metrics(met, v, m->step);
+    memset(met, 0, sizeof *met);
+    met->step = m->step;
+    met->batches = 1;
+    dflash_metrics_from_counts(met, v);
+    double W = met->weight_sum;
     if (local) *local = loc;
     if (v[V_FAILED] > 0) {
         met->skipped = true;
         return lrc < 0 ? lrc : DFLASH_EAGAIN;
     }
-    double W = v[V_W];
     if (!(W > 0)) { /* nobody has a weighted position: every rank skips */
         met->skipped = true;
         return 0;

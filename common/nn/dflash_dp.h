@@ -23,6 +23,8 @@
  * If W == 0 every rank skips the update (met->skipped) consistently. If a rank fails locally
  * (a bad batch) it still joins the allreduces, nobody applies the step, the failing rank returns
  * its code and the others DFLASH_EAGAIN; the group stays usable.
+ * Gradient accumulation (tc->accumulate > 1) is refused (DFLASH_EUNSUPPORTED): a group step
+ * trains one batch on each rank; the group's size is its batch.
  * Memory: cpu model + shm: m->grads (host) are reduced in place. cuda model + nccl: m->grads are
  * reduced on the device, on the model's stream (ops->stream). cuda model + shm: the gradients
  * move through the shm segment chunk by chunk with the ops' download_raw / upload_raw

@@ -27,7 +27,39 @@ void dflash_train_cfg_default(dflash_train_cfg *tc) {
         .eps = 1e-8,
         .weight_decay = 0.0,
         .seed = 0,
+        .accumulate = 1,
     };
+}
+
+enum { C_W, C_LW, C_NW, C_RIGHT, C_NB, C_ACCLEN, C_NCTX, C_POS };
+
+void dflash_metrics_to_counts(const dflash_metrics *l, double *v) {
+    v[C_W] = l->weight_sum;
+    v[C_LW] = l->weight_sum > 0 ? l->loss * l->weight_sum : 0.0;
+    v[C_NW] = l->n_weighted;
+    v[C_RIGHT] = nearbyint(l->accuracy * l->n_weighted);
+    v[C_NB] = l->n_blocks;
+    v[C_ACCLEN] = nearbyint(l->accept_len * l->n_blocks);
+    v[C_NCTX] = l->n_ctx_tokens;
+    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) {
+        v[C_POS + o] = l->pos_count[o];
+        v[C_POS + DFLASH_MAX_BLOCK + o] = nearbyint(l->pos_acc[o] * l->pos_count[o]);
+    }
+}
+
+void dflash_metrics_from_counts(dflash_metrics *met, const double *v) {
+    met->weight_sum = v[C_W];
+    met->loss = v[C_W] > 0 ? v[C_LW] / v[C_W] : 0.0;
+    met->n_weighted = (int)v[C_NW];
+    met->accuracy = v[C_NW] > 0 ? v[C_RIGHT] / v[C_NW] : 0.0;
+    met->n_blocks = (int)v[C_NB];
+    met->accept_len = v[C_NB] > 0 ? v[C_ACCLEN] / v[C_NB] : 0.0;
+    met->n_ctx_tokens = (int)v[C_NCTX];
+    for (int o = 0; o < DFLASH_MAX_BLOCK; o++) {
+        double n = v[C_POS + o];
+        met->pos_count[o] = (int)n;
+        met->pos_acc[o] = n > 0 ? v[C_POS + DFLASH_MAX_BLOCK + o] / n : 0.0;
+    }
 }
 
 double dflash_train_gamma(const dflash_train_cfg *tc, int B) {
@@ -225,6 +257,9 @@ typedef struct pending_rec {
     dflash_metrics met; /* host-known part, filled while queuing */
     bool forward;       /* the loss (and correct flags) were queued */
     bool applied;       /* the optimizer step (and its sumsq) was queued */
+    bool open;          /* accumulation: a batch of a step that more batches will join */
+    bool closes;        /* accumulation: the record that ends a step of several batches */
+    bool flush;         /* that record is dflash_train_flush_async's, not a batch's */
     float *h_sums;      /* host_alloc: [0] loss sum, [1] weight sum, [2] gradient sum of squares */
     int32_t *h_correct; /* host_alloc [Qmax] */
     float *weights;     /* [Qmax] the step's weights: h_weights is rebuilt by the next step */
@@ -233,11 +268,18 @@ typedef struct pending_rec {
 struct dflash_pending {
     pending_rec rec[PENDING];
     int head, count; /* oldest record, records queued and not collected */
+    /* accumulation (dflash_train.h): the open step, as queued and as collected */
+    float *acc;      /* backend fp32 [n_params]: sum of W_i g_i over its weighted batches */
+    int acc_batches; /* batches queued into it */
+    double acc_w;    /* their weight sum (host-known when queued) */
+    int got_batches; /* batches of the open step collected, and their counts */
+    double got[DFLASH_METRIC_COUNTS];
 };
 
 static void pending_free(dflash_model *m) {
     dflash_pending *p = m->pending;
     if (!p) return;
+    m->ops->free(m->ctx, p->acc);
     for (int i = 0; i < PENDING; i++) {
         m->ops->host_free(m->ctx, p->rec[i].h_sums);
         m->ops->host_free(m->ctx, p->rec[i].h_correct);
@@ -267,6 +309,17 @@ int dflash_train_prepare(dflash_model *m) {
     return 0;
 }
 
+int dflash_train_plan(dflash_model *m, const dflash_train_cfg *tc) {
+    int rc = dflash_train_prepare(m);
+    if (rc || tc->accumulate <= 1 || m->pending->acc) return rc;
+    m->pending->acc = m->ops->alloc(m->ctx, m->n_params * sizeof(float));
+    return m->pending->acc ? 0 : DFLASH_ENOMEM;
+}
+
+int dflash_train_open(const dflash_model *m) {
+    return m->pending ? m->pending->acc_batches : 0;
+}
+
 /* The record the next step writes: DFLASH_ESTATE when every record is still pending. */
 static int pending_open(dflash_model *m, pending_rec **out) {
     int rc = dflash_train_prepare(m);
@@ -275,7 +328,8 @@ static int pending_open(dflash_model *m, pending_rec **out) {
     if (p->count == PENDING) return DFLASH_ESTATE;
     pending_rec *r = &p->rec[(p->head + p->count) % PENDING];
     memset(&r->met, 0, sizeof r->met);
-    r->forward = r->applied = false;
+    r->met.batches = 1;
+    r->forward = r->applied = r->open = r->closes = r->flush = false;
     *out = r;
     return 0;
 }
@@ -328,6 +382,25 @@ static void pending_pop(dflash_model *m, dflash_metrics *met) {
         block_metrics(m, r, met);
     }
     if (r->applied) met->grad_norm = sqrt((double)r->h_sums[2]);
+    if (r->open || r->closes) { /* accumulation: the step's figures over all its batches */
+        double v[DFLASH_METRIC_COUNTS];
+        if (p->got_batches == 0) memset(p->got, 0, sizeof p->got);
+        if (r->forward) {
+            dflash_metrics_to_counts(met, v);
+            for (int i = 0; i < DFLASH_METRIC_COUNTS; i++)
+                p->got[i] += v[i];
+        } else { /* blocks and context tokens of a batch without weight count all the same */
+            p->got[C_NB] += met->n_blocks, p->got[C_NCTX] += met->n_ctx_tokens;
+        }
+        p->got_batches += r->flush ? 0 : 1;
+        met->open = r->open;
+        if (r->closes) {
+            dflash_metrics_from_counts(met, p->got);
+            met->batches = p->got_batches;
+            met->skipped = !r->applied;
+            p->got_batches = 0;
+        }
+    }
     p->head = (p->head + 1) % PENDING;
     p->count--;
 }
@@ -472,6 +545,44 @@ void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metr
     met->step = am.step;
 }
 
+/* Ends the open step of accumulated batches in record r: the last batch's own weight w_last
+ * (0: none, or r is a flush's) joins the accumulator's into the gradients, then the update;
+ * a step whose batches had no weight at all is skipped. A step whose only weighted batch is
+ * the last has its gradients as they are (no accumulator pass: the one-batch step's bits). */
+static void close_step(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r,
+                       double w_last) {
+    dflash_pending *p = m->pending;
+    double W = p->acc_w + w_last;
+    if (p->acc_w > 0)
+        m->ops->grad_average(m->ctx, m->grads, m->n_decay, m->grads_vec, m->n_params - m->n_decay,
+                             p->acc, (float)w_last, (float)(1.0 / W));
+    if (W > 0) queue_apply(m, tc, r);
+    r->closes = true;
+    p->acc_batches = 0;
+    p->acc_w = 0.0;
+}
+
+/* Accumulation: batch r (queued by queue_grads) joins the open step; the step closes with the
+ * tc->accumulate-th batch. DFLASH_ENOMEM when the accumulator cannot be had. */
+static int accumulate_batch(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r) {
+    int rc = dflash_train_plan(m, tc);
+    if (rc) return rc;
+    dflash_pending *p = m->pending;
+    double w = r->met.skipped ? 0.0 : r->met.weight_sum;
+    if (++p->acc_batches >= tc->accumulate) {
+        close_step(m, tc, r, w);
+        return 0;
+    }
+    if (w > 0) { /* W_i g_i into the accumulator (the first weighted batch overwrites it) */
+        m->ops->grad_accumulate(m->ctx, p->acc, m->grads, m->n_decay, m->grads_vec,
+                                m->n_params - m->n_decay, (float)w, !(p->acc_w > 0));
+        p->acc_w += w;
+    }
+    r->open = true;
+    r->met.step = m->step;
+    return 0;
+}
+
 int dflash_train_step_async(dflash_model *m, const dflash_train_cfg *tc,
                             const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key) {
     pending_rec *r;
@@ -481,9 +592,26 @@ int dflash_train_step_async(dflash_model *m, const dflash_train_cfg *tc,
     if (nb < 0) return nb;
     rc = queue_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, r);
     if (rc) return rc;
-    if (!r->met.skipped) queue_apply(m, tc, r);
+    if (tc->accumulate > 1) {
+        rc = accumulate_batch(m, tc, r);
+        if (rc) return rc;
+    } else if (!r->met.skipped) {
+        queue_apply(m, tc, r);
+    }
     pending_push(m);
     return 0;
+}
+
+int dflash_train_flush_async(dflash_model *m, const dflash_train_cfg *tc) {
+    if (dflash_train_open(m) == 0) return 0;
+    pending_rec *r;
+    int rc = pending_open(m, &r);
+    if (rc) return rc;
+    r->flush = true;
+    r->met.step = m->step;
+    close_step(m, tc, r, 0.0);
+    pending_push(m);
+    return 1;
 }
 
 int dflash_train_collect(dflash_model *m, dflash_metrics *met) {

@@ -14,6 +14,17 @@
  *   4. grad norm over all trainable tensors, clipping to `clip`, AdamW (fp32 master and moments;
  *      the matrices' gradients act-typed, ops.h; weight decay on matrices only), learning rate
  *      from the warmup + cosine schedule.
+ * Gradient accumulation (tc->accumulate = N > 1): one optimizer step over N slots' batches,
+ * queued one at a time (dflash_train_step_async). The step's loss is sum w*CE / sum w over all
+ * N batches (the global weight sum, as a data-parallel group's, dflash_dp.h), so its gradient is
+ * sum_i (W_i / W) g_i with g_i a batch's gradient normalised by its own W_i: each batch but the
+ * last adds W_i g_i to an fp32 accumulator (ops grad_accumulate; fp32 whatever the gradients'
+ * act type, so 32 bf16 additions do not round 32 times); the last forms (acc + W_N g_N) / W
+ * into the gradients (grad_average) and steps 4 run once. N batches of one sequence each give
+ * the same update as one batch holding the N sequences with the same anchors (test_dflash_model
+ * checks it), up to fp32 rounding. A step whose batches have no weight at all is skipped;
+ * dflash_train_flush_async closes a step with fewer batches (the end of a run). The accumulator
+ * (4 bytes per parameter) is allocated by dflash_train_plan.
  * No step waits for the device: results come back asynchronously (see dflash_train_step_async).
  * Metrics (host, once the step has run): loss, accuracy over w > 0
  * (undecayed), per-offset accuracy, acceptance length of the training blocks (1 + leading correct
@@ -46,6 +57,7 @@ typedef struct dflash_train_cfg {
     double beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8) */
     double weight_decay;      /* decoupled, matrices only (0.0, SpecForge's default) */
     uint64_t seed;            /* anchor sampling seed (0) */
+    int accumulate;           /* slots' batches per optimizer step (1; <= 1: one) */
 } dflash_train_cfg;
 
 /* One slot's batch, as the slot holds it. Host memory except hidden. */
@@ -78,9 +90,25 @@ typedef struct dflash_metrics {
     double lr;        /* learning rate used by this step */
     double grad_norm; /* before clipping */
     long step;        /* optimizer steps taken after this one */
+    /* Gradient accumulation (tc->accumulate > 1): open: this batch's record, of a step that
+     * more batches will join (loss and the counts are this batch's alone; no lr, norm, step);
+     * batches: the batches the step trained (the record that closes a step holds the whole
+     * step's figures, over all its batches: loss = sum w*CE / sum w, counts summed). 1 without
+     * accumulation. */
+    bool open;
+    int batches;
 } dflash_metrics;
 
 void dflash_train_cfg_default(dflash_train_cfg *tc);
+
+/* A step's metrics as counts that add up over batches or ranks (integers far below 2^53 and the
+ * weight sums: exact or nearly so): [0] W  [1] loss * W  [2] weighted positions  [3] correct
+ * ones  [4] blocks  [5] sum of acceptance lengths  [6] context tokens  [7, 7 + MB) per-offset
+ * positions  [7 + MB, 7 + 2 MB) per-offset correct (MB = DFLASH_MAX_BLOCK). to_counts writes
+ * them; from_counts sets the loss and count metrics of met from them (the rest untouched). */
+#define DFLASH_METRIC_COUNTS (7 + 2 * DFLASH_MAX_BLOCK)
+void dflash_metrics_to_counts(const dflash_metrics *met, double *v);
+void dflash_metrics_from_counts(dflash_metrics *met, const double *v);
 
 /* A view of one slot for the drafter m. host_base is the slot (or a host copy of at least its
  * header and small arrays: seq offsets, positions, ids, loss mask); hidden is its hidden-state
@@ -133,8 +161,9 @@ int dflash_train_step(dflash_model *m, const dflash_train_cfg *tc, const dflash_
                       uint64_t epoch, uint64_t batch_key, dflash_metrics *met);
 
 /* The same step without any host wait (the daemon's hot loop): everything is queued on the
- * backend's stream, m->step advances at once, and the metrics come back later through
- * dflash_train_collect. At most two steps may be pending (DFLASH_ESTATE beyond); the caller
+ * backend's stream, m->step advances at once (with accumulation: once the step's last batch is
+ * queued), and the metrics come back later through dflash_train_collect, one record a batch
+ * (met->open: a batch of a step still open). At most two steps may be pending (DFLASH_ESTATE beyond); the caller
  * collects the older one after queuing the newer, so the device always has a step queued.
  * b's host arrays may be reused when this returns; b->hidden must stay valid until the step
  * has run on the device (order the next write to it after the step with ops->order_after). */
@@ -148,5 +177,16 @@ int dflash_train_pending(const dflash_model *m);
 /* Allocates the pending-metrics records (pinned host memory on cuda) so that no step
  * allocates; called by the first step otherwise. 0 or DFLASH_ENOMEM. */
 int dflash_train_prepare(dflash_model *m);
+/* dflash_train_prepare plus, for tc->accumulate > 1, the fp32 gradient accumulator (4 bytes a
+ * parameter; else allocated by the first step that needs it). 0 or DFLASH_ENOMEM. */
+int dflash_train_plan(dflash_model *m, const dflash_train_cfg *tc);
+/* Batches queued into the optimizer step still open (0: none; accumulation only). The step that
+ * includes a batch just queued is m->step + (dflash_train_open(m) > 0). */
+int dflash_train_open(const dflash_model *m);
+/* Closes the open step with the batches it has (the end of a run whose last step has fewer than
+ * tc->accumulate): queues its update, or a skipped record when none of them had weight. Returns
+ * 1 when a record was queued (collect it like a step's), 0 when no step was open, or
+ * DFLASH_ESTATE when two records are still pending (collect one first). */
+int dflash_train_flush_async(dflash_model *m, const dflash_train_cfg *tc);
 
 #endif

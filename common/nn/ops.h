@@ -279,6 +279,15 @@ typedef struct nn_ops {
     void (*scale_act)(nn_ctx *c, nn_buf *x, size_t n, float a);
     /* dst act[n] <- fp32 src[n] (weights to act copies). */
     void (*f32_to_act)(nn_ctx *c, nn_buf *dst, const float *src, size_t n);
+    /* Gradient accumulation over the batches of one optimizer step (dflash_train.h): the fp32
+     * accumulator acc[na + n] = (first ? 0 : acc) + a * [ga (act, na) | g (fp32, n)], each
+     * element in fp32 (first: acc is not read). */
+    void (*grad_accumulate)(nn_ctx *c, float *acc, const nn_buf *ga, size_t na, const float *g,
+                            size_t n, float a, int first);
+    /* The step's gradient from the accumulator: ga = act((acc + a * ga) * s) over the first na
+     * elements, g = (acc + a * g) * s over the next n; a == 0: ga and g are not read. */
+    void (*grad_average)(nn_ctx *c, nn_buf *ga, size_t na, float *g, size_t n, const float *acc,
+                         float a, float s);
 } nn_ops;
 
 /* The cpu backend. nn_cpu_new(threads) returns a context (threads <= 0: all cores). */

@@ -998,6 +998,32 @@ static void cpu_scale_act(nn_ctx *c, nn_buf *x, size_t n, float a) {
     cpu_scale_f32(c, x, n, a);
 }
 
+/* acc = (first ? 0 : acc) + a * g over one part (act is fp32 on cpu) */
+static void acc_part(float *acc, const float *g, size_t n, float a, int first) {
+    for (size_t i = 0; i < n; i++)
+        acc[i] = first ? a * g[i] : acc[i] + a * g[i];
+}
+
+static void cpu_grad_accumulate(nn_ctx *c, float *acc, const nn_buf *ga, size_t na,
+                                const float *g, size_t n, float a, int first) {
+    (void)c;
+    acc_part(acc, ga, na, a, first);
+    acc_part(acc + na, g, n, a, first);
+}
+
+/* g = (acc + a * g) * s over one part; a == 0 does not read g */
+static void avg_part(float *g, const float *acc, size_t n, float a, float s) {
+    for (size_t i = 0; i < n; i++)
+        g[i] = (a != 0.0f ? acc[i] + a * g[i] : acc[i]) * s;
+}
+
+static void cpu_grad_average(nn_ctx *c, nn_buf *ga, size_t na, float *g, size_t n,
+                             const float *acc, float a, float s) {
+    (void)c;
+    avg_part(ga, acc, na, a, s);
+    avg_part(g, acc + na, n, a, s);
+}
+
 /* torch.optim.AdamW: p *= 1 - lr*wd; g' = g*grad_scale; m = b1 m + (1-b1) g';
  * v = b2 v + (1-b2) g'^2; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
 static void cpu_adamw(nn_ctx *c, float *p, nn_buf *p_act, const float *g, float *m, float *v,
@@ -1124,6 +1150,8 @@ static const nn_ops cpu_ops = {
     .adamw_clip_act = cpu_adamw_clip_act,
     .scale_f32 = cpu_scale_f32,
     .scale_act = cpu_scale_act,
+    .grad_accumulate = cpu_grad_accumulate,
+    .grad_average = cpu_grad_average,
 };
 
 const nn_ops *nn_cpu_ops(void) {

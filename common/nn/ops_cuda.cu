@@ -492,6 +492,16 @@ static void cu_scale_act(nn_ctx *c, nn_buf *x, size_t n, float a) {
     cuda_scale(c->stream, NULL, (bf16 *)x, n, a);
 }
 
+static void cu_grad_accumulate(nn_ctx *c, float *acc, const nn_buf *ga, size_t na,
+                               const float *g, size_t n, float a, int first) {
+    cuda_grad_accumulate(c->stream, acc, (const bf16 *)ga, na, g, n, a, first);
+}
+
+static void cu_grad_average(nn_ctx *c, nn_buf *ga, size_t na, float *g, size_t n,
+                            const float *acc, float a, float s) {
+    cuda_grad_average(c->stream, (bf16 *)ga, na, g, n, acc, a, s);
+}
+
 static void cu_f32_to_act(nn_ctx *c, nn_buf *dst, const float *src, size_t n) {
     if (n == 0) return;
     k_f32_to_bf16<<<grid_for(n, 256), 256, 0, c->stream>>>((bf16 *)dst, src, n);
@@ -556,6 +566,8 @@ static nn_ops make_ops(void) {
     o.adamw_clip_act = cu_adamw_clip_act;
     o.scale_f32 = cu_scale_f32;
     o.scale_act = cu_scale_act;
+    o.grad_accumulate = cu_grad_accumulate;
+    o.grad_average = cu_grad_average;
     return o;
 }
 

@@ -107,6 +107,11 @@ void cuda_adamw_split(cudaStream_t st, __nv_bfloat16 *p_hi, uint16_t *p_lo,
                       const __nv_bfloat16 *g, float *m, float *v, size_t n, float lr, float beta1,
                       float beta2, float eps, float wd, const float *sumsq, float clip, int t);
 void cuda_scale(cudaStream_t st, float *x, __nv_bfloat16 *x_bf16, size_t n, float a);
+/* ops.h grad_accumulate / grad_average with the act part in bf16. */
+void cuda_grad_accumulate(cudaStream_t st, float *acc, const __nv_bfloat16 *ga, size_t na,
+                          const float *g, size_t n, float a, int first);
+void cuda_grad_average(cudaStream_t st, __nv_bfloat16 *ga, size_t na, float *g, size_t n,
+                       const float *acc, float a, float s);
 /* Aborts with file:line and the CUDA error string when e != cudaSuccess. */
 void cuda_check_at(cudaError_t e, const char *what, const char *file, int line);
 #define CUDA_CHECK(x) cuda_check_at((x), #x, __FILE__, __LINE__)

@@ -1,5 +1,5 @@
 /* ops_cuda_optim: the cuda backend's optimizer kernels (ops.h sumsq, adamw, adamw_clip,
- * adamw_clip_act, scale_f32, scale_act), launched by ops_cuda.cu's vtable on the stream it
+ * adamw_clip_act, scale_f32, scale_act, grad_accumulate, grad_average), launched by ops_cuda.cu's vtable on the stream it
  * passes (the main one, or the side one for AdamW: these kernels use no context scratch, except
  * sumsq's partials, which the caller provides).
  *
@@ -257,5 +257,40 @@ void cuda_scale(cudaStream_t st, float *x, bf16 *x_bf16, size_t n, float a) {
         k_scale<float><<<grid_for(n, 256), 256, 0, st>>>(x, n, a);
     else
         k_scale<bf16><<<grid_for(n, 256), 256, 0, st>>>(x_bf16, n, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Gradient accumulation (ops.h grad_accumulate / grad_average): elementwise over a bf16 or an
+ * fp32 part, in fp32, a bf16 rounded once when stored. Memory-bound like the scale above. */
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void narrow(float &d, float x) { d = x; }
+__device__ __forceinline__ void narrow(bf16 &d, float x) { d = __float2bfloat16(x); }
+
+template <typename T>
+__global__ void k_grad_acc(float *acc, const T *g, size_t n, float a, int first) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        acc[i] = first ? a * widen(g[i]) : acc[i] + a * widen(g[i]);
+}
+
+template <typename T>
+__global__ void k_grad_avg(T *g, const float *acc, size_t n, float a, float s) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        narrow(g[i], (a != 0.0f ? acc[i] + a * widen(g[i]) : acc[i]) * s);
+}
+
+void cuda_grad_accumulate(cudaStream_t st, float *acc, const bf16 *ga, size_t na, const float *g,
+                          size_t n, float a, int first) {
+    if (na) k_grad_acc<bf16><<<grid_for(na, 256), 256, 0, st>>>(acc, ga, na, a, first);
+    if (n) k_grad_acc<float><<<grid_for(n, 256), 256, 0, st>>>(acc + na, g, n, a, first);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_grad_average(cudaStream_t st, bf16 *ga, size_t na, float *g, size_t n,
+                       const float *acc, float a, float s) {
+    if (na) k_grad_avg<bf16><<<grid_for(na, 256), 256, 0, st>>>(ga, acc, na, a, s);
+    if (n) k_grad_avg<float><<<grid_for(n, 256), 256, 0, st>>>(g, acc + na, n, a, s);
     CUDA_CHECK_LAUNCH();
 }

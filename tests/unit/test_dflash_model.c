@@ -713,6 +713,102 @@ static void test_async_step(world *w) {
     dflash_model_destroy(&b);
 }
 
+/* The world's sequence s alone as a batch (off: its two offsets' storage). */
+static dflash_batch_view seq_view(const world *w, int s, int32_t off[2]) {
+    dflash_batch_view v = w->view;
+    int start = w->seq_off[s];
+    off[0] = 0, off[1] = w->seq_off[s + 1] - start;
+    v.n_seqs = 1, v.seq_off = off, v.ids = w->ids + start, v.loss_mask = w->loss_mask + start;
+    v.hidden = w->hidden + (size_t)start * NF * D;
+    return v;
+}
+
+/* max |a - b| / max |b| over n floats */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double d = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+        if (fabs((double)b[i]) > mb) mb = fabs((double)b[i]);
+    }
+    return mb > 0 ? d / mb : d;
+}
+
+/* Gradient accumulation (tc.accumulate): the world's two sequences as two batches of one step
+ * give the update of one batch holding both with the same anchors (model b: dflash_train_grads
+ * over the packed batch with each sequence's anchors, then dflash_train_apply): the same loss
+ * (the global weight sum), gradient norm and first moment (AdamW's m after step 1 is 0.1 times
+ * the clipped gradient: the gradient itself, which a wrong weighting of the two batches would
+ * change), up to fp32 rounding. The step counter moves when the step closes; the records say
+ * open / closing; three more steps stay together; a step closed early by
+ * dflash_train_flush_async (accumulate 3, two batches) is the same step. */
+static void test_accumulate(world *w) {
+    int32_t off[2][2];
+    dflash_batch_view one[2] = {seq_view(w, 0, off[0]), seq_view(w, 1, off[1])};
+    for (int variant = 0; variant < 2; variant++) {
+        dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+        dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+        CHECK(a != NULL && b != NULL);
+        if (!a || !b) return;
+        dflash_train_cfg tc = w->tc, tb = w->tc;
+        tc.lr = tb.lr = 3e-3;
+        tc.accumulate = variant ? 3 : 2;
+        CHECK_EQ_INT(dflash_train_plan(a, &tc), 0);
+        CHECK_EQ_INT(dflash_train_prepare(b), 0);
+        long allocs0 = w->ops->allocs(w->ctx);
+        for (int step = 0; step < 4; step++) {
+            /* b: both sequences packed, each with the anchors its own batch draws */
+            int32_t seq[16], anc[16];
+            int nb = 0;
+            for (int s = 0; s < 2; s++) {
+                int k = dflash_train_sample_anchors(b, &tb, &one[s], 0, (uint64_t)(10 * step + s));
+                CHECK(k > 0 && nb + k <= 16);
+                for (int j = 0; j < k; j++)
+                    seq[nb + j] = s, anc[nb + j] = b->h_blk_anchor[j];
+                nb += k;
+            }
+            dflash_metrics mb, ma[3];
+            CHECK_EQ_INT(dflash_train_grads(b, &tb, &w->view, nb, seq, anc, &mb), 0);
+            dflash_train_apply(b, &tb, &mb);
+            for (int s = 0; s < 2; s++) {
+                CHECK_EQ_INT(dflash_train_step_async(a, &tc, &one[s], 0, (uint64_t)(10 * step + s)),
+                             0);
+                CHECK_EQ_INT(dflash_train_collect(a, &ma[s]), 1);
+            }
+            CHECK_EQ_INT(a->step, variant ? step : step + 1);
+            CHECK(ma[0].open && ma[0].step == step);
+            if (variant) { /* the third batch never comes: the run ends */
+                CHECK(ma[1].open);
+                CHECK_EQ_INT(dflash_train_open(a), 2);
+                CHECK_EQ_INT(dflash_train_flush_async(a, &tc), 1);
+                CHECK_EQ_INT(dflash_train_collect(a, &ma[1]), 1);
+                CHECK_EQ_INT(dflash_train_flush_async(a, &tc), 0); /* nothing open now */
+            }
+            CHECK(!ma[1].open && !ma[1].skipped);
+            CHECK_EQ_INT(ma[1].batches, 2);
+            CHECK_EQ_INT(dflash_train_open(a), 0);
+            CHECK_EQ_INT(a->step, step + 1);
+            CHECK_EQ_INT(ma[1].step, step + 1);
+            CHECK_EQ_INT(ma[1].n_blocks, nb);
+            CHECK_EQ_INT(ma[1].n_weighted, mb.n_weighted);
+            CHECK(fabs(ma[1].loss - mb.loss) <= 1e-5 * fabs(mb.loss));
+            CHECK(fabs(ma[1].weight_sum - mb.weight_sum) <= 1e-9 * mb.weight_sum);
+            CHECK(fabs(ma[1].grad_norm - mb.grad_norm) <= 1e-5 * mb.grad_norm);
+            CHECK(fabs(ma[1].accuracy - mb.accuracy) <= 1e-12);
+            if (step == 0) {
+                /* the two batches' weights differ, so a plain mean would not pass this */
+                CHECK(fabs(ma[0].weight_sum - (mb.weight_sum - ma[0].weight_sum)) > 0.5);
+                double d = rel_diff(a->adam_m, b->adam_m, a->n_params);
+                if (d > 1e-5) printf("first moment after step 1: max rel diff %g\n", d);
+                CHECK(d <= 1e-5);
+            }
+        }
+        CHECK(rel_diff(a->master, b->master, a->n_params) <= 1e-5);
+        CHECK_EQ_INT(w->ops->allocs(w->ctx) - allocs0, 0); /* planned: no step allocates */
+        dflash_model_destroy(&a);
+        dflash_model_destroy(&b);
+    }
+}
+
 /* Memory is planned at creation (and dflash_train_prepare): steps of any batch shape within the
  * planned maximum, synchronous or queued, allocate nothing (ops.h allocs counts the backend's
  * allocations; the trainer and the target report the same count for their hot loops). */
@@ -1744,6 +1840,7 @@ int main(void) {
     test_training_reduces_loss(w);
     test_mismatch(w);
     test_async_step(w);
+    test_accumulate(w);
     test_no_alloc_in_steps(w);
     test_side_stream(w);
     test_checkpoint_checksums(w);

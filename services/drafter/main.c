@@ -64,6 +64,7 @@ typedef struct drafter_config {
     int64_t block_size;
     int64_t mask_token_id;
     int64_t anchors;
+    int64_t accumulate;
     double lr;
     double warmup_ratio;
     int64_t total_steps;
@@ -130,6 +131,9 @@ static const cfg_option drafter_options[] = {
         "the target tokenizer's <|MASK|>, else the first row past its tokenizer.json, 151669 for "
         "Qwen3, else vocab_size - 1; a resume keeps its checkpoint's)", mask_token_id),
     OPT("anchors", CFG_INT, "512", 1, 1 << 20, "train: anchors per sequence", anchors),
+    OPT("accumulate", CFG_INT, "1", 1, 4096, "train: slots (batches) per optimizer step: "
+        "their gradients are accumulated in fp32 and the step's loss is normalised over all of "
+        "them (not in a --group; a resume keeps its checkpoint's)", accumulate),
     OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate (--lr x --weight-decay "
         "below 1)", lr),
     OPT("warmup-ratio", CFG_DOUBLE, "0.04", 0, 1, "train: warmup fraction of the schedule",
@@ -283,6 +287,10 @@ static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup
     if (s->mode == MODE_VERIFY_MODEL && s->backend != POOL_HOST)
         REFUSE("--verify-model runs its direct forward on the cpu; use --backend host");
     if (!train) return 0;
+    if (c->group[0] && c->accumulate > 1)
+        REFUSE("%s with %s: a group step trains one slot on each rank (the group's size is its "
+               "batch); gradient accumulation is for a drafter alone", SRC("accumulate"),
+               SRC2("group"));
     dflash_train_cfg tc = {.lr = c->lr, .min_lr_ratio = c->min_lr_ratio,
                            .total_steps = c->total_steps};
     if (trainer_schedule_check(&tc, c->max_steps, SRC("total-steps"), SRC2("max-steps"), why,
@@ -700,6 +708,7 @@ int main(int argc, char **argv)
                            .max_steps = cfg.max_steps, .stop = stop};
         dflash_train_cfg_default(&to.train);
         to.train.n_anchors = (int)cfg.anchors;
+        to.train.accumulate = (int)cfg.accumulate;
         to.train.lr = cfg.lr;
         to.train.warmup_ratio = cfg.warmup_ratio;
         to.train.total_steps = cfg.total_steps;

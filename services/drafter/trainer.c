@@ -80,6 +80,10 @@ typedef struct trainer {
     long steps_here, skipped;
     double loss_first, loss_last, tau_first, tau_last;
     double step_s;
+    /* accumulation: the batches of the open step reported so far (record_step) */
+    uint32_t open_tokens, open_seqs;
+    double open_s;
+    uint32_t last_epoch; /* of the last batch queued */
 } trainer;
 
 static bool is_dir(const char *p) {
@@ -266,13 +270,29 @@ static void note_divergence(trainer *t, const dflash_metrics *dm) {
 /* Reports the oldest queued step: collects its metrics (waiting for the device only if it has
  * not finished) and writes them. The step time is the wall time since the previous step came
  * back (or since it was queued), i.e. the device's step time once the loop runs ahead. */
-static void record_step(trainer *t, const dflash_metrics *dm, const struct step_note *n,
+static void record_step(trainer *t, const dflash_metrics *dm, const struct step_note *note,
                         double dt) {
     t->step_s += dt;
+    if (dm->open) { /* a batch of a step still open: its tokens and time count with the step */
+        t->open_tokens += note->n_tokens;
+        t->open_seqs += note->n_seqs;
+        t->open_s += dt;
+        return;
+    }
+    struct step_note all = *note; /* the whole step's: every batch it trained */
+    const struct step_note *n = &all;
+    all.n_tokens += t->open_tokens, all.n_seqs += t->open_seqs;
+    dt += t->open_s;
+    t->open_tokens = t->open_seqs = 0;
+    t->open_s = 0.0;
     if (dm->skipped) {
         t->skipped++;
-        LOG_INFO("a batch of epoch %u had no weighted position: no update (step %ld)", n->epoch,
-                 dm->step);
+        if (dm->batches > 1)
+            LOG_INFO("the %d batches of a step (epoch %u) had no weighted position: no update "
+                     "(step %ld)", dm->batches, n->epoch, dm->step);
+        else
+            LOG_INFO("a batch of epoch %u had no weighted position: no update (step %ld)",
+                     n->epoch, dm->step);
         return;
     }
     if (!t->steps_here) {
@@ -286,7 +306,8 @@ static void record_step(trainer *t, const dflash_metrics *dm, const struct step_
     if (!t->met) return;
     metrics_scalar extra[] = {{"train/epoch", (double)n->epoch},
                               {"train/blocks", (double)dm->n_blocks},
-                              {"perf/step_s", dt}};
+                              {"perf/step_s", dt},
+                              {"train/batches", (double)dm->batches}};
     metrics_step ms = {.step = dm->step,
                        .loss = dm->loss,
                        .accuracy = dm->accuracy,
@@ -299,7 +320,7 @@ static void record_step(trainer *t, const dflash_metrics *dm, const struct step_
                        .tokens_per_s = dt > 0 ? n->n_tokens / dt : 0,
                        .samples_per_s = dt > 0 ? n->n_seqs / dt : 0,
                        .extra = extra,
-                       .n_extra = 3};
+                       .n_extra = t->tc.accumulate > 1 ? 4 : 3};
     metrics_write(t->met, &ms);
 }
 
@@ -317,6 +338,31 @@ static void report_oldest(trainer *t) {
 
 static int train_consume_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
                                uint64_t *step);
+
+/* The run ends inside an accumulated step (fewer batches than --accumulate came: the data ran
+ * out, a drain, a stop): the step is taken with the batches it has, so that every batch acked
+ * with its step is in the final checkpoint (dflash_train_flush_async). Not after a divergence:
+ * nothing is trained or saved then. Called by every end hook (unacked, finish, save_refused);
+ * a no-op once the step is closed. */
+static void close_open_step(trainer *t) {
+    int open = dflash_train_open(t->m);
+    if (open == 0 || t->diverged_at) return;
+    while (dflash_train_pending(t->m) > 0)
+        report_oldest(t);
+    if (t->diverged_at) return;
+    int rc = dflash_train_flush_async(t->m, &t->tc);
+    if (rc != 1) { /* two records pending cannot be: report_oldest collected them all */
+        LOG_ERROR("cannot close the last step of %d batches: %s", open, err_str(rc));
+        return;
+    }
+    t->notes[(t->note_head + t->note_count) % 2] = (struct step_note){
+        .epoch = t->last_epoch, .queued_at = monotime_s()};
+    t->note_count++;
+    LOG_INFO("the run ends inside step %ld: it is taken with the %d batch%s it has (of %d)",
+             t->m->step, open, open > 1 ? "es" : "", t->tc.accumulate);
+    while (dflash_train_pending(t->m) > 0)
+        report_oldest(t);
+}
 
 /* Adds the allocations made since allocs0 (ops.h allocs) to the step count, warning at the
  * first: memory planned at start-up should cover every batch the broker can send. */
@@ -393,7 +439,9 @@ static int train_consume(void *vctx, const worker_batch *b, uint64_t *step) {
         .epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs,
         .queued_at = queued_at};
     t->note_count++;
-    *step = (uint64_t)t->m->step; /* the step that includes this batch, counted when queued */
+    t->last_epoch = b->wu.epoch;
+    /* the step that includes this batch, counted when queued (accumulating: the next) */
+    *step = (uint64_t)t->m->step + (dflash_train_open(t->m) > 0 ? 1u : 0u);
     /* cpu: the step has run; cuda: report the previous step, the device works on this one */
     int keep = t->backend == POOL_CUDA ? 1 : 0;
     while (dflash_train_pending(t->m) > keep)
@@ -437,6 +485,7 @@ static const slot_layout *train_layout(void *vctx) {
  * is left out with a warning. */
 static void train_unacked(void *vctx, const worker_unacked *b, uint32_t n) {
     trainer *t = vctx;
+    close_open_step(t); /* its batches are acked (or held) with the step it becomes */
     t->n_unacked = 0;
     for (uint32_t i = 0; i < n && t->n_unacked < DFLASH_CKPT_MAX_UNACKED; i++) {
         if (b[i].step < 1 || b[i].step > (uint64_t)t->m->step) {
@@ -505,6 +554,7 @@ static void log_summary(const trainer *t) {
  * data: more epochs cannot help), else a warning when the step limit was not reached. */
 static int train_finish(void *vctx) {
     trainer *t = vctx;
+    close_open_step(t);
     int rc = save_checkpoint(t); /* reads the queued steps' metrics first */
     if (t->met) metrics_flush(t->met);
     log_summary(t);
@@ -541,6 +591,7 @@ static int train_finish(void *vctx) {
 static int train_save_refused(void *vctx) {
     trainer *t = vctx;
     long before = t->saved_step;
+    close_open_step(t);
     int rc = save_checkpoint(t); /* reads the queued steps' metrics first */
     if (t->met) metrics_flush(t->met);
     log_summary(t);
@@ -780,9 +831,16 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
         if (o->init_weights && o->init_weights[0])
             LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights,
                      resume_dir);
-        LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps, %d anchors; "
-                 "the checkpoint's training settings win over the flags)",
-                 resume_dir, t->m->step, t->tc.lr, t->tc.total_steps, t->tc.n_anchors);
+        LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps, %d anchors, "
+                 "%d batch%s a step; the checkpoint's training settings win over the flags)",
+                 resume_dir, t->m->step, t->tc.lr, t->tc.total_steps, t->tc.n_anchors,
+                 t->tc.accumulate, t->tc.accumulate > 1 ? "es" : "");
+        if (t->tc.accumulate != (o->train.accumulate > 1 ? o->train.accumulate : 1))
+            LOG_WARN("--accumulate %d ignored: the resumed run trains %d batch%s a step, as its "
+                     "checkpoint says (another batch size is a new run: --init-weights %s and "
+                     "another --checkpoint-dir)",
+                     o->train.accumulate, t->tc.accumulate, t->tc.accumulate > 1 ? "es" : "",
+                     resume_dir);
         if (t->max_steps > 0 && t->tc.total_steps > 0 && t->max_steps > t->tc.total_steps) {
             snprintf(err, errlen,
                      "--max-steps %ld is past the resumed run's schedule of %ld steps, after "
@@ -942,10 +1000,16 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
         LOG_INFO("drafter: matmuls of a %u-token, %ld-block step tuned (%d candidates each) in "
                  "%.1f s", o->layout->token_budget, blocks, o->tune_matmuls, monotime_s() - t0);
     }
-    if (dflash_train_prepare(t->m) < 0) {
-        snprintf(err, errlen, "out of host memory for the step metrics");
+    if (dflash_train_plan(t->m, &t->tc) < 0) {
+        snprintf(err, errlen, "out of memory for the step metrics or the gradient accumulator "
+                 "(%d batches a step: 4 bytes a parameter, %.1f MiB)", t->tc.accumulate,
+                 t->m->n_params * 4.0 / (1 << 20));
         goto fail;
     }
+    if (t->tc.accumulate > 1)
+        LOG_INFO("gradient accumulation: %d slots (batches) a step, their gradients summed in "
+                 "fp32 (%.1f MiB) and the loss normalised over all of them", t->tc.accumulate,
+                 t->m->n_params * 4.0 / (1 << 20));
     if ((o->metrics_dir && o->metrics_dir[0]) || o->progress) {
         metrics_opts mo = metrics_opts_default();
         mo.dir = o->metrics_dir && o->metrics_dir[0] ? o->metrics_dir : NULL;

@@ -32,7 +32,7 @@ with open(sys.argv[1], "w") as f:
 EOF
 TRAIN=(--model "$WORK/target" --data "$WORK/data.jsonl" --out "$WORK/run" --build "$BUILD"
     --backend host --steps 2 --draft-layers 1 --features 3 --block-size 4 --anchors 8
-    --max-seqs 2 --slots 2 --checkpoint-every 2)
+    --max-seqs 2 --slots 2 --checkpoint-every 2 --accumulate 2)
 train() { bash "$ROOT/scripts/train" "${TRAIN[@]}" "$@"; }
 if train --token-budget 32 --buckets 32 >"$WORK/first.log" 2>&1; then
     echo "FAIL: the first run trained on samples longer than its token budget" >&2
@@ -54,6 +54,12 @@ if ! train --token-budget 64 --buckets 64 >"$WORK/second.log" 2>&1; then
 fi
 grep -q "converting" "$WORK/second.log" || { echo "FAIL: not converted again" >&2; exit 1; }
 grep -q "24 sequences" "$WORK/second.log" || { echo "FAIL: sequences missing" >&2; exit 1; }
+# --accumulate reaches the drafter: two slots a step, in its log and in each step's metrics
+grep -q "training 2 steps of 2 slots each" "$WORK/second.log" &&
+    grep -q "gradient accumulation: 2 slots (batches) a step" "$WORK/run/drafter.log" &&
+    [ "$(grep -c '"train/batches":2[,}]' "$WORK/run/metrics/metrics.jsonl")" = 2 ] ||
+    { echo "FAIL: --accumulate 2 not used:" >&2; cat "$WORK/run/metrics/metrics.jsonl" >&2
+      exit 1; }
 # the 80-token line is no bad line: counted apart with its share, 80 of 24 x 40 + 80 tokens (it
 # was one of "1 bad lines skipped", and the share of the data lost was nowhere)
 grep -q "24 sequences, 960 tokens, 1 longer than --max-len 64 left out (7.7% of all tokens), \

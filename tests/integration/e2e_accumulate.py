@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""e2e_accumulate: gradient accumulation (dflash-drafter --accumulate 3) through the daemons:
+steps of three slots each, a SIGKILL inside an open step, and a last step with fewer batches.
+
+A tiny random Qwen3 target, 40 generated sequences (about 10 batches of 4 in one epoch), then
+dflash-queue, dflash-target --model and dflash-drafter --train --accumulate 3 --checkpoint-every
+1. A batch of a step still open is acked with the step that will include it, which no
+checkpoint holds yet. The drafter is SIGKILLed once a checkpoint is written and a batch of the
+next (open) step was acked after it: the broker must hold that batch as trained, not committed,
+and hand it out again when the restarted drafter resumes from the checkpoint. The restart trains
+the rest; the epoch's last step gets the batches that are left (fewer than three when the count
+is not a multiple of three) and is taken with them before the final checkpoint.
+
+Pass conditions:
+  * the restarted drafter resumes from a checkpoint of whole steps ("3 batches a step");
+  * the ledger ends with every batch committed, none to do, in flight, trained-uncommitted or
+    quarantined, and the broker's committed step equals the final checkpoint's;
+  * the final checkpoint's step is ceil(batches / 3): every batch was in exactly one optimizer
+    step of the final model, three to a step, the last one with the rest; its training state
+    records accumulate 3;
+  * metrics.jsonl's train/batches is 3 for every step but the last, which has the rest, and the
+    drafter says it took that last step with the batches it had;
+  * every daemon exits 0.
+Usage: e2e_accumulate.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
+"""
+import json
+import os
+import re
+import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
+
+N = 3  # --accumulate
+
+
+def state_metadata(ckpt_dir):
+    """The __metadata__ of a checkpoint's training_state.safetensors."""
+    with open(os.path.join(ckpt_dir, "training_state.safetensors"), "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
+def main():
+    build = Build(sys.argv[1])
+    keep = "--keep" in sys.argv
+    env = Env("accumulate")
+    failures = []
+    try:
+        tools_log = env.path("tools.log")
+        run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
+             env.path("target")], tools_log)
+        run([build.gen, "--model", env.path("target"), "--out", env.path("train.jsonl"), "--n",
+             "40", "--seed", "5", "--greedy", "--prompt-max", "12", "--max-new", "20",
+             "--threads", "1"], tools_log)
+        run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
+             "--model", env.path("target"), "--buckets", "32", "--strict"], tools_log)
+        slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
+                 "--runtime-dir", env.run, "--threads", "1", "--backend", "host",
+                 "--timeout-ms", "1000"]
+        queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal",
+                                 env.path("queue.journal"), "--min-ready", "1", "--max-depth",
+                                 "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300"],
+                       env.tmp)
+        target = Daemon("target", [build.target, "--name", f"e2eaccum{os.getpid()}", "--model",
+                                   env.path("target"), "--shards", env.path("train.shard"),
+                                   "--slots", "3", "--epochs", "1", *slots], env.tmp)
+        drafter = Daemon("drafter", [build.drafter, "--train", "--model", env.path("target"),
+                                     "--block-size", "4", "--lr", "3e-3", "--anchors", "8",
+                                     "--accumulate", str(N), "--total-steps", "100",
+                                     "--checkpoint-every", "1", "--keep-last", "2",
+                                     "--checkpoint-dir", env.path("ckpt"), "--metrics-dir",
+                                     env.path("metrics"), "--progress-ms", "0", "--log-level",
+                                     "debug", "--name", "trainer", *slots], env.tmp)
+        env.daemons = [queue, target, drafter]
+        queue.start()
+        if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
+            raise RuntimeError("the broker did not answer ping within 10 s:\n" +
+                               tail(queue.log_path))
+        target.start()
+        drafter.start()
+
+        # the moment to kill: a checkpoint is written and a batch of the next step acked after
+        # it (the checkpoint comes once the closing batch's ack is answered)
+        def open_step_acked():
+            if not drafter.alive():
+                raise RuntimeError(f"the drafter exited early:\n{tail(drafter.log_path)}")
+            text = drafter.text()
+            ck = list(re.finditer(r"checkpoint \S+step-0*(\d+) written", text))
+            if ck and text[ck[-1].end():].count("acked batch") >= 1:
+                return int(ck[-1].group(1))
+            return None
+
+        ck_step = wait_until(open_step_acked, 120, 0.002)
+        if not ck_step:
+            raise RuntimeError("no batch acked after a checkpoint within 120 s:\n"
+                               f"{tail(drafter.log_path)}")
+        drafter.kill9()
+        st = env.status(build)
+        total = int(st["batches_total"])
+        log("e2e", f"SIGKILL drafter after checkpoint step {ck_step}: the broker has committed "
+            f"step {st['committed_step']:.0f} and holds {st['batches_trained']:.0f} batches "
+            f"trained after it (epoch has {total})")
+        if st["batches_trained"] == 0:
+            failures.append("no batch of an open step was held as trained when the drafter was "
+                            "killed: the rewind was not exercised")
+        drafter.start()
+
+        def all_trained():
+            st = env.status(build)
+            if not drafter.alive() and drafter.wait(1) != 0:
+                raise RuntimeError(f"the restarted drafter failed:\n{tail(drafter.log_path)}")
+            if st and st["batches_todo"] == 0 and st["batches_inflight"] == 0 and \
+                    st["batches_committed"] == st["batches_total"]:
+                return st
+            return None
+
+        if not wait_until(all_trained, 120, 0.1):
+            raise RuntimeError(f"the epoch was not trained within 120 s: {env.status(build)}\n"
+                               f"{tail(drafter.log_path)}")
+        env.ctl(build, "drain")
+        for d in (drafter, target):
+            rc = d.wait(60)
+            if rc != 0:
+                failures.append(f"the {d.name} exited {rc}:\n{tail(d.log_path)}")
+        st = env.status(build)
+        log("e2e", f"ledger: {st}")
+        if not st or st["batches_committed"] != total or st["batches_todo"] or \
+                st["batches_inflight"] or st["batches_trained"] or st["quarantined"]:
+            failures.append(f"ledger not clean after the drain: {st}")
+        text = drafter.text()
+        second = text[text.rfind("==== start"):]
+        if not re.search(rf"resumed exactly from \S+step-0*{ck_step} at step {ck_step} .*"
+                         rf"{N} batches a step", second):
+            failures.append(f"the restarted drafter did not resume from step {ck_step} with "
+                            f"{N} batches a step:\n{tail(drafter.log_path, 40)}")
+        finals = sorted(d for d in os.listdir(env.path("ckpt")) if d.startswith("step-"))
+        final_step = int(finals[-1][5:]) if finals else -1
+        want = (total + N - 1) // N
+        if final_step != want:
+            failures.append(f"final checkpoint step {final_step} != ceil({total} batches / {N})")
+        else:
+            log("e2e", f"final checkpoint step-{final_step}: {total} batches, {N} a step")
+        if st and st["committed_step"] != final_step:
+            failures.append(f"broker committed step {st['committed_step']} != final checkpoint "
+                            f"{final_step}")
+        if finals:
+            meta = state_metadata(env.path("ckpt", finals[-1]))
+            if meta.get("accumulate") != str(N):
+                failures.append(f"the final checkpoint records accumulate "
+                                f"{meta.get('accumulate')!r}, not {N}")
+        # the newest record of each step (a step trained again after the rewind appears twice)
+        per_step = {}
+        with open(env.path("metrics", "metrics.jsonl")) as f:
+            for line in f:
+                rec = json.loads(line)
+                per_step[int(rec["step"])] = int(rec["train/batches"])
+        rest = total - N * (want - 1)
+        expect = {s: N for s in range(1, want)}
+        expect[want] = rest
+        if per_step != expect:
+            failures.append(f"train/batches per step {per_step}, want {expect}")
+        if rest < N and f"taken with the {rest} batch" not in text:
+            failures.append(f"the drafter did not say its last step took the {rest} batches "
+                            f"left:\n{tail(drafter.log_path, 30)}")
+        if "already trained" in text:
+            failures.append("an ack was refused as already trained")
+        qrc = queue.stop()
+        if qrc != 0:
+            failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")
+    except RuntimeError as e:
+        failures.append(str(e))
+    finally:
+        env.cleanup(keep or bool(failures))
+    return report(env, failures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -626,7 +626,7 @@ static void t_grad_accum(void) {
 
 /* the same random weights in the cpu model and in each cuda one */
 static void set_weights(dflash_model *mc, dflash_model *const *mg, int n_mg) {
-    float *h = malloc(mc->n_params * 4);
+    float *h = calloc(mc->n_params, 4); /* zeroed: the padding between tensors too */
     for (int i = 0; i < mc->n_tensors; i++) {
         const dflash_tensor *t = &mc->tensors[i];
         double s = t->ndim == 1 ? 0.2 : 1.7 / sqrt((double)t->shape[1]);
@@ -719,6 +719,61 @@ static void train_steps_queued(dflash_model *inorder, dflash_model *queued,
      * which a stale weight moves first, stay at 1e-3 */
     report("train steps", "queued losses", lq, li, STEPS, 1e-3);
     report("train steps", "queued norms", nq, ni, STEPS, 2e-2);
+}
+
+/* Gradient accumulation, cpu against cuda: fresh twins (set_weights) train the batch's two
+ * sequences as two slots of one step (tc.accumulate 2, dflash_train_step_async); the closing
+ * record's loss and gradient norm, and the gradients the step applied (grad_average leaves them
+ * in grads; AdamW only reads them), per tensor at the one-batch step's tolerances. */
+static void train_step_accumulated(const dflash_config *cfg, const pair *emb, const pair *lm,
+                                   const pair *hid, const dflash_batch_view *v,
+                                   const dflash_train_cfg *tc0, const char *const *names,
+                                   size_t n_names) {
+    dflash_train_cfg tc = *tc0;
+    tc.accumulate = 2;
+    int T = v->seq_off[2], T0 = v->seq_off[1];
+    dflash_model *mc = dflash_model_new(cfg, CO, CC, emb->c, lm->c, T, 64, 1);
+    dflash_model *mg = dflash_model_new(cfg, GO, GC, emb->g, lm->g, T, 64, 1);
+    if (!mc || !mg || dflash_train_plan(mc, &tc) || dflash_train_plan(mg, &tc)) {
+        printf("train step accumulated: model or plan failed\n");
+        n_fail++;
+        return;
+    }
+    set_weights(mc, &mg, 1);
+    dflash_metrics met[2][2];
+    for (int side = 0; side < 2; side++) {
+        dflash_model *m = side ? mg : mc;
+        const pair *h = hid;
+        size_t row = (size_t)v->ld * (side ? GO->act_bytes : CO->act_bytes);
+        for (int s = 0; s < 2; s++) {
+            int32_t off[2] = {0, s ? T - T0 : T0};
+            dflash_batch_view one = *v;
+            int at = s ? T0 : 0;
+            one.n_seqs = 1, one.seq_off = off, one.ids = v->ids + at;
+            one.loss_mask = v->loss_mask + at;
+            one.hidden = (const char *)(side ? h->g : h->c) + (size_t)at * row;
+            if (dflash_train_step_async(m, &tc, &one, 0, (uint64_t)(20 + s)) != 0 ||
+                dflash_train_collect(m, &met[side][s]) != 1) {
+                printf("train step accumulated: step failed\n");
+                n_fail++;
+                return;
+            }
+        }
+    }
+    bool shape_ok = met[0][0].open && met[1][0].open && !met[0][1].open && !met[1][1].open &&
+                    met[1][1].batches == 2 && mc->step == 1 && mg->step == 1;
+    n_fail += !shape_ok, n_rows++;
+    printf("train step accumulated: loss cpu %.6f cuda %.6f, grad_norm cpu %.4f cuda %.4f, "
+           "records %s\n", met[0][1].loss, met[1][1].loss, met[0][1].grad_norm,
+           met[1][1].grad_norm, shape_ok ? "open, closing" : "WRONG");
+    float lc = (float)met[0][1].loss, lg = (float)met[1][1].loss;
+    float gc = (float)met[0][1].grad_norm, gg = (float)met[1][1].grad_norm;
+    report("train step accum", "loss", &lg, &lc, 1, 1e-2);
+    report("train step accum", "grad_norm", &gg, &gc, 1, 2e-2);
+    for (size_t i = 0; i < n_names; i++)
+        cmp_grad(mc, mg, names[i], 5e-2);
+    dflash_model_destroy(&mc);
+    dflash_model_destroy(&mg);
 }
 
 static void t_train_step(void) {
@@ -828,6 +883,8 @@ static void t_train_step(void) {
         n_fail++;
     } else
         train_steps_queued(mg2, mg, &tc, &vg);
+    train_step_accumulated(&cfg, &emb, &lm, &hid, &vc, &tc, names,
+                           sizeof names / sizeof names[0]);
     dflash_model_destroy(&mc);
     dflash_model_destroy(&mg);
     dflash_model_destroy(&mg2);

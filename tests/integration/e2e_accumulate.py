@@ -21,7 +21,8 @@ Pass conditions:
   * metrics.jsonl's train/batches is 3 for every step but the last, which has the rest, and the
     drafter says it took that last step with the batches it had;
   * every daemon exits 0.
-Usage: e2e_accumulate.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
+Usage: e2e_accumulate.py BUILD_DIR [--keep] [--backend host|cuda] (host by default; cuda: both
+daemons on the GPU, slots through CUDA IPC: scripts/gpu-check's accum_cuda). Exit 0 pass, 1 fail.
 """
 import json
 import os
@@ -45,6 +46,7 @@ def state_metadata(ckpt_dir):
 def main():
     build = Build(sys.argv[1])
     keep = "--keep" in sys.argv
+    backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "host"
     env = Env("accumulate")
     failures = []
     try:
@@ -57,7 +59,7 @@ def main():
         run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
              "--model", env.path("target"), "--buckets", "32", "--strict"], tools_log)
         slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
-                 "--runtime-dir", env.run, "--threads", "1", "--backend", "host",
+                 "--runtime-dir", env.run, "--threads", "1", "--backend", backend,
                  "--timeout-ms", "1000"]
         queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal",
                                  env.path("queue.journal"), "--min-ready", "1", "--max-depth",

@@ -63,10 +63,12 @@ expect "train --steps 0" 2 "--steps must be a whole number >= 1" "${T[@]}" --ste
 expect "train --epochs x" 2 "--epochs must be a whole number" "${T[@]}" --epochs x
 expect "train --help on --data" 0 "ending in .jsonl is JSONL" train --help
 expect "train --help on training longer" 0 "--init-from OLD_OUT" train --help
-# the batch a step trains, against the recipe's 32 sequences (it called the defaults "the DFlash
-# paper's recipe", with no word of a 32x smaller batch)
-expect "train --help on the batch per step" 0 "There is no gradient accumulation. By default \
-\(--max-seqs 1\) a step is ONE sequence" train --help
+# the batch a step trains, the recipe's 32 sequences (it called the defaults "the DFlash paper's
+# recipe", with no word of a 32x smaller batch; then said so, before --accumulate existed)
+expect "train --help on the batch per step" 0 "^sequence of up to 3072 tokens, so a step is 32 \
+sequences" train --help
+expect "train --accumulate 0" 2 "--accumulate must be a whole number >= 1" "${T[@]}" \
+    --accumulate 0
 expect "train --init-from (no value)" 2 "--init-from needs a value" "${T[@]}" --init-from
 # --init-from OUT, OUT/checkpoints, a checkpoint in it or a link into it: refused (the drafter
 # would resume OUT's newest checkpoint and ignore the weights; only OUT/checkpoints was); a run

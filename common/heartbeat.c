@@ -21,6 +21,14 @@ struct heartbeat {
     pthread_t thread;
 };
 
+/* Ends the process HEARTBEAT_LOG_GRACE_MS from now, whatever the watchdog's message does. */
+static void *exit_after_grace(void *arg)
+{
+    (void)arg;
+    monotime_sleep_ms(HEARTBEAT_LOG_GRACE_MS);
+    _exit(HEARTBEAT_STALL_EXIT);
+}
+
 static void *heartbeat_main(void *arg)
 {
     heartbeat *h = arg;
@@ -29,6 +37,9 @@ static void *heartbeat_main(void *arg)
         if (!atomic_load(&h->quiet) && client_broker_incarnation(h->c)) client_poll(h->c);
         double quiet = monotime_s() - atomic_load(&h->alive_at);
         if (h->stall_s > 0 && quiet > h->stall_s) {
+            pthread_t bound;
+            if (pthread_create(&bound, NULL, exit_after_grace, NULL) != 0)
+                _exit(HEARTBEAT_STALL_EXIT); /* the message could block for good: unsaid */
             LOG_ERROR("%s made no progress for %.1f s (--stall-exit-s %g): hung (a GPU call "
                       "that does not return, a deadlock?); exiting with status %d so that the "
                       "broker gives its work to others and a supervisor restarts it",

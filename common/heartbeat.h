@@ -13,7 +13,8 @@
  * (docker-compose's restart: on-failure) starts it again. The watchdog never waits on the main
  * thread: client_poll does not wait for the client's mutex, so a main thread hung inside a broker
  * request (holding that mutex) is caught too. It acts within stall_s plus 100 ms, plus at most
- * one request timeout when the thread's own heartbeat is waiting for a silent broker.
+ * one request timeout when the thread's own heartbeat is waiting for a silent broker, plus at
+ * most HEARTBEAT_LOG_GRACE_MS when its message cannot be written.
  * Thread-safe: heartbeat_alive is one atomic store. */
 #ifndef DFLASH_HEARTBEAT_H
 #define DFLASH_HEARTBEAT_H
@@ -21,6 +22,9 @@
 #include "client.h"
 
 #define HEARTBEAT_STALL_EXIT 5
+/* The watchdog's message may block (a stderr nobody reads, or the hung thread holding stderr's
+ * lock mid-line): the process exits this long after the message began in any case. */
+#define HEARTBEAT_LOG_GRACE_MS 2000
 
 typedef struct heartbeat heartbeat;
 

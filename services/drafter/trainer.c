@@ -77,7 +77,7 @@ typedef struct trainer {
     dflash_ckpt_unacked unacked[DFLASH_CKPT_MAX_UNACKED], resumed[DFLASH_CKPT_MAX_UNACKED];
     int n_unacked, n_resumed;
     /* summary */
-    long steps_here, skipped;
+    long steps_here, skipped; /* skipped: batches with no weighted position, in steps not taken */
     double loss_first, loss_last, tau_first, tau_last;
     double step_s;
     /* accumulation: the batches of the open step reported so far (record_step) */
@@ -286,7 +286,7 @@ static void record_step(trainer *t, const dflash_metrics *dm, const struct step_
     t->open_tokens = t->open_seqs = 0;
     t->open_s = 0.0;
     if (dm->skipped) {
-        t->skipped++;
+        t->skipped += dm->batches > 1 ? dm->batches : 1; /* batches, whatever a step holds */
         if (dm->batches > 1)
             LOG_INFO("the %d batches of a step (epoch %u) had no weighted position: no update "
                      "(step %ld)", dm->batches, n->epoch, dm->step);

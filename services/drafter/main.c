@@ -705,6 +705,7 @@ int main(int argc, char **argv)
                            .keep_last = (int)cfg.keep_last,
                            .resume = cfg.resume, .init_weights = cfg.init_weights,
                            .metrics_dir = cfg.metrics_dir, .progress = cfg.progress_ms > 0,
+                           .group = cfg.group[0] != '\0',
                            .max_steps = cfg.max_steps, .stop = stop};
         dflash_train_cfg_default(&to.train);
         to.train.n_anchors = (int)cfg.anchors;

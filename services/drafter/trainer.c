@@ -819,6 +819,15 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
                      1.0 - t->tc.lr * t->tc.weight_decay, resume_dir);
             return DFLASH_ECONFIG;
         }
+        if (o->group && t->tc.accumulate > 1) {
+            snprintf(err, errlen,
+                     "cannot resume %s in a group: it trains %d slots a step (--accumulate; the "
+                     "checkpoint's settings win over the flags) and a group step trains one slot "
+                     "a rank; start the group from its weights (--init-weights %s and another "
+                     "--checkpoint-dir) or resume it alone",
+                     resume_dir, t->tc.accumulate, resume_dir);
+            return DFLASH_ECONFIG;
+        }
         t->start_step = t->saved_step = t->committed = t->m->step;
         rc = dflash_ckpt_unacked_batches(resume_dir, t->resumed, DFLASH_CKPT_MAX_UNACKED,
                                          &t->n_resumed, err, errlen);

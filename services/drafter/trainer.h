@@ -88,6 +88,8 @@ typedef struct trainer_opts {
     const char *init_weights; /* warm start; NULL/"" = none */
     const char *metrics_dir;  /* NULL/"" = no files */
     bool progress;            /* progress line on stderr */
+    bool group;               /* the daemon joins a data-parallel group (--group): a resumed
+                               * checkpoint trained with accumulation is refused (ECONFIG) */
     int64_t max_steps;        /* stop at this optimizer step; 0 = at the schedule's end
                                  (train.total_steps, or the resumed checkpoint's), with no
                                  schedule until drained */

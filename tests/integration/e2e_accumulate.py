@@ -20,7 +20,8 @@ Pass conditions:
     records accumulate 3;
   * metrics.jsonl's train/batches is 3 for every step but the last, which has the rest, and the
     drafter says it took that last step with the batches it had;
-  * every daemon exits 0.
+  * every daemon exits 0; the run's checkpoint resumed in a group (--group, which trains one
+    slot a rank) is refused at start-up, exit 2.
 Usage: e2e_accumulate.py BUILD_DIR [--keep] [--backend host|cuda] (host by default; cuda: both
 daemons on the GPU, slots through CUDA IPC: scripts/gpu-check's accum_cuda). Exit 0 pass, 1 fail.
 """
@@ -28,6 +29,7 @@ import json
 import os
 import re
 import struct
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -168,6 +170,18 @@ def main():
                             f"left:\n{tail(drafter.log_path, 30)}")
         if "already trained" in text:
             failures.append("an ack was refused as already trained")
+        # the run's checkpoint resumed in a group (no --accumulate flag: the checkpoint's 3 wins)
+        at = drafter.argv.index("--accumulate")
+        argv = drafter.argv[:at] + drafter.argv[at + 2:]
+        try:
+            group = subprocess.run([*argv, "--group", "g", "--broker-wait-ms", "2000"],
+                                   capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired as e:
+            group = subprocess.CompletedProcess(e.cmd, -1, "", str(e.stderr or ""))
+        if group.returncode != 2 or "cannot resume" not in group.stderr or \
+                "in a group: it trains 3 slots a step" not in group.stderr:
+            failures.append(f"the checkpoint resumed in a group: exit {group.returncode}, want 2 "
+                            f"refused:\n{group.stderr[-2000:]}")
         qrc = queue.stop()
         if qrc != 0:
             failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")

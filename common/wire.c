@@ -326,6 +326,8 @@ int wire_check(const wire_msg *m, char *why, size_t len)
         for (uint32_t i = 0; i < m->u.status.n_orphans; i++)
             if (!terminated(m->u.status.orphans[i].group, WIRE_MAX_NAME))
                 return fail(why, len, DFLASH_ERANGE, "orphaned step %u: group name", i);
+        if (m->u.status.stopping && !terminated(m->u.status.stop.waiting_for, WIRE_MAX_TEXT))
+            return fail(why, len, DFLASH_ERANGE, "stopping: waiting_for not terminated");
         return 0;
     case WIRE_GROUP_JOIN:
     case WIRE_GROUP_VIEW:
@@ -453,6 +455,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     char *gs_members[WIRE_MAX_GROUPS][WIRE_MAX_STATUS_MEMBERS];
     Dflash__OrphanStat os_pb[WIRE_MAX_STATUS_ORPHANS];
     Dflash__OrphanStat *os_ptr[WIRE_MAX_STATUS_ORPHANS];
+    Dflash__StopStat stop;
     Dflash__GroupJoin gjoin;
     Dflash__GroupView gview;
     Dflash__GroupSetId gsetid;
@@ -652,6 +655,14 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         st.n_orphans = s->n_orphans;
         st.orphans = os_ptr;
         if (s->journal_error[0]) st.journal_error = (char *)s->journal_error;
+        if (s->stopping) {
+            dflash__stop_stat__init(&stop);
+#define SS(f) stop.has_##f = 1, stop.f = s->stop.f
+            SS(grace_ms), SS(elapsed_ms), SS(drafters), SS(leases), SS(held), SS(reports);
+#undef SS
+            stop.waiting_for = (char *)s->stop.waiting_for;
+            st.stopping = &stop;
+        }
         env.status_reply = &st;
         break;
     }
@@ -1053,6 +1064,15 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
 #undef OS
             if (copy_str(x->group, WIRE_MAX_NAME, o->group))
                 return fail(why, len, DFLASH_ERANGE, "status: orphaned step %zu group name", i);
+        }
+        w->stopping = s->stopping != NULL;
+        if (s->stopping) {
+            const Dflash__StopStat *x = s->stopping;
+#define SS(f) w->stop.f = x->f
+            SS(grace_ms), SS(elapsed_ms), SS(drafters), SS(leases), SS(held), SS(reports);
+#undef SS
+            if (copy_str(w->stop.waiting_for, WIRE_MAX_TEXT, x->waiting_for))
+                return fail(why, len, DFLASH_ERANGE, "status: stopping.waiting_for too long");
         }
         break;
     }

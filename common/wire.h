@@ -211,6 +211,14 @@ typedef struct wire_orphan_stat {
 
 typedef enum { WIRE_STATE_RUNNING = 0, WIRE_STATE_PAUSED = 1, WIRE_STATE_DRAINING = 2 } wire_run_state;
 
+/* The broker's graceful stop as status shows it (wire_status.stopping): what it still waits for,
+ * summed over its live drafters, and the same per drafter in words. */
+typedef struct wire_stop_stat {
+    uint64_t grace_ms, elapsed_ms; /* --stop-grace-ms; since the stop began */
+    uint32_t drafters, leases, held, reports; /* all 0: settled, exiting */
+    char waiting_for[WIRE_MAX_TEXT]; /* "drafter d (1 lease), ..." (cut with "...") */
+} wire_stop_stat;
+
 typedef struct wire_status {
     uint64_t uptime_ms;
     uint32_t state; /* wire_run_state */
@@ -228,6 +236,8 @@ typedef struct wire_status {
     char journal_error[WIRE_MAX_TEXT]; /* "": the journal is healthy (or none); else why not */
     uint32_t n_orphans; /* <= WIRE_MAX_STATUS_ORPHANS; 0 from an older broker */
     wire_orphan_stat orphans[WIRE_MAX_STATUS_ORPHANS];
+    bool stopping;       /* stopping gracefully (false from an older broker): stop is set */
+    wire_stop_stat stop;
 } wire_status;
 
 typedef struct wire_kv {

@@ -1048,6 +1048,7 @@ void broker_status(broker *b, wire_status *s)
         o->held_ms = oi.waited_ms;
         o->abort_in_ms = hold > oi.waited_ms ? hold - oi.waited_ms : 0;
     }
+    broker_stop_status(b, s);
     if (!b->policy) return;
     policy_stats ps;
     policy_get_stats(b->policy, &ps);

@@ -261,10 +261,13 @@ void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 /* broker_stop.c: while STOPPING, the answer to a request that would hand out a new lease or
  * work unit (true: r holds Error AGAIN "the broker is stopping"); what a handled request tells
  * the stop about its peer (its acks, commit reports and claims; after the handler, r its reply);
- * the stop timer closed (broker_stop). */
+ * the stop timer closed (broker_stop); the stop in a status reply. */
 bool broker_stop_refuses(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 void broker_stop_note(broker *b, peer *p, const wire_msg *m, const wire_msg *r);
 void broker_stop_close(broker *b);
+/* The stop in a status reply: s->stopping, and while STOPPING s->stop (what it still waits for,
+ * the grace and the time since the signal). */
+void broker_stop_status(broker *b, wire_status *s);
 
 /* broker_leave.c: a target's PoolLeave (fills *r). True when its session has ended (nothing of
  * its pool is being copied any more): the caller then ends it (the entry p is freed). */

@@ -41,8 +41,13 @@
  * drafter's ZeroMQ socket (ZMQ_IMMEDIATE) drops a reply it has received but not read yet when
  * the connection closes, so the drafter saw no answer and said the report failed).
  *
+ * While STOPPING, a StatusReply carries the same tally as the log (broker_stop_status:
+ * StatusReply.stopping, docs/protocol.md), so `dflash-ctl status` and `ping` tell a stopping
+ * broker from a serving one.
+ *
  * Thread: the broker's loop thread. Callers: main.c (broker_stop_gracefully), broker.c
- * (dispatch: broker_stop_refuses, broker_stop_note; broker_stop: broker_stop_close), tests.
+ * (dispatch: broker_stop_refuses, broker_stop_note; broker_stop: broker_stop_close;
+ * broker_status: broker_stop_status), tests.
  */
 #include "broker_state.h"
 
@@ -138,6 +143,20 @@ static void describe(const unsettled *u, char *out, size_t len)
     snprintf(out, len, "%u %s, %u %s in training, %u checkpoint %s: %s", u->leases,
              plural(u->leases, "lease", "leases"), u->held, plural(u->held, "batch", "batches"),
              u->reports, plural(u->reports, "report", "reports"), u->who);
+}
+
+void broker_stop_status(broker *b, wire_status *s)
+{
+    s->stopping = b->stop_phase == BROKER_STOPPING;
+    if (!s->stopping) return;
+    unsettled u;
+    tally(b, &u);
+    wire_stop_stat *w = &s->stop;
+    w->grace_ms = (uint64_t)b->cfg.stop_grace_ms;
+    w->elapsed_ms = now_ms(b) - b->stop_since_ms;
+    w->drafters = u.drafters, w->leases = u.leases, w->held = u.held, w->reports = u.reports;
+    w->waiting_for[0] = '\0';
+    append(w->waiting_for, sizeof w->waiting_for, u.who);
 }
 
 /* STOPPING -> STOPPED: the deliberate stop's journal records and broker_stop (which closes the

@@ -10,18 +10,37 @@
  *           peer nobody will ever hear from again);
  *   second  a live holder (heartbeating), --stop-grace-ms 30000: a second SIGTERM, sent once
  *           the broker says it waits, must make it exit 0 at once, naming the lease left;
- *   grace   a live holder, --stop-grace-ms 1500: the broker exits 0 once the grace is over (not
- *           before), naming what was unsettled; meanwhile it answers the holder's heartbeats and
+ *   grace   a live holder, --stop-grace-ms 3000: the broker exits 0 once the grace is over (not
+ *           before), naming what was unsettled; meanwhile it answers the holder's heartbeats,
  *           another drafter's claim is refused with the retryable Error AGAIN "the broker is
- *           stopping" over the wire.
- * Usage: itest_stop_grace QUEUE TARGET. Exit 0 pass, 1 fail. */
+ *           stopping" over the wire, `dflash-ctl status` (text and --json) shows it stopping,
+ *           with its grace and the lease it waits for (defect: it looked like a serving broker),
+ *           and `dflash-ctl ping`, the compose healthcheck, still exits 0, saying it stops.
+ * Usage: itest_stop_grace QUEUE TARGET CTL. Exit 0 pass, 1 fail. */
 #include "check.h"
 #include "harness.h"
+#include "test_files.h"
 
 #include <poll.h>
 
 static char dir[64], rt[128], ep[128];
-static const char *queue_bin, *target_bin;
+static const char *queue_bin, *target_bin, *ctl_bin;
+
+/* Runs dflash-ctl with arguments a and b (may be NULL); its exit status, its output (stdout and
+ * stderr, malloc'ed) in *text. */
+static int ctl(const char *a, const char *b, char **text)
+{
+    char rtflag[160], out[128];
+    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
+    snprintf(out, sizeof out, "%s/ctl.out", dir);
+    char *argv[] = {(char *)ctl_bin, rtflag, "--timeout-ms=2000", (char *)a, (char *)b, NULL};
+    remove(out);
+    int rc = h_run_tool(argv, out);
+    *text = test_slurp(out, NULL);
+    if (!*text) *text = strdup("");
+    printf("dflash-ctl %s%s%s: exit %d: %s", a, b ? " " : "", b ? b : "", rc, *text);
+    return rc;
+}
 
 /* The broker (its log at DIR/NAME-queue.log into qlog) with --stop-grace-ms grace; the synthetic
  * target once it answers. */
@@ -136,7 +155,7 @@ static void test_second_signal(void)
 static void test_grace_over(void)
 {
     char qlog[160];
-    pid_t t, q = start_broker("grace", "1500", qlog, sizeof qlog, &t);
+    pid_t t, q = start_broker("grace", "3000", qlog, sizeof qlog, &t);
     client *c = holder("live");
     CHECK(c != NULL);
     int rc;
@@ -150,11 +169,27 @@ static void test_grace_over(void)
     printf("grace: a claim while stopping: %s\n", client_last_error(other));
     CHECK(strstr(client_last_error(other), "the broker is stopping") != NULL);
     CHECK_EQ_INT(client_heartbeat(c), 0);
+    /* the operator's view and the healthcheck's during the grace */
+    char *text;
+    CHECK_EQ_INT(ctl("status", NULL, &text), 0);
+    CHECK(strstr(text, "state     stopping (grace 3000 ms, ") != NULL);
+    CHECK(strstr(text, " s left; waiting for: drafter live (1 lease)): no new leases or work") !=
+          NULL);
+    free(text);
+    CHECK_EQ_INT(ctl("--json", "status", &text), 0);
+    CHECK(strstr(text, "\"stopping\":{\"grace_ms\":3000,") != NULL);
+    CHECK(strstr(text, "\"waiting_for\":\"drafter live (1 lease)\"") != NULL);
+    free(text);
+    CHECK_EQ_INT(ctl("ping", NULL, &text), 0);
+    CHECK(strstr(text, "ok: dflash-queue ") != NULL);
+    CHECK(strstr(text, "; stopping (grace 3000 ms, ") != NULL);
+    free(text);
+    CHECK_EQ_INT(client_heartbeat(c), 0);
     CHECK_EQ_INT(wait_beating(q, c, 10000, qlog, NULL, &took), 0);
     took = h_now_ms() - t0;
     printf("grace: the broker exited %llu ms after its SIGTERM\n", (unsigned long long)took);
-    CHECK(took >= 1500 && took < 6000);
-    CHECK(h_wait_text(qlog, "--stop-grace-ms 1500 is over: exiting with 1 lease", 0));
+    CHECK(took >= 3000 && took < 8000);
+    CHECK(h_wait_text(qlog, "--stop-grace-ms 3000 is over: exiting with 1 lease", 0));
     CHECK(h_wait_text(qlog, "drafter live (1 lease) unsettled", 0));
     client_destroy(&other);
     client_destroy(&c);
@@ -163,12 +198,13 @@ static void test_grace_over(void)
 
 int main(int argc, char **argv)
 {
-    if (argc < 3) {
-        fprintf(stderr, "usage: itest_stop_grace QUEUE TARGET\n");
+    if (argc < 4) {
+        fprintf(stderr, "usage: itest_stop_grace QUEUE TARGET CTL\n");
         return 2;
     }
     queue_bin = argv[1];
     target_bin = argv[2];
+    ctl_bin = argv[3];
     h_run_dirs(dir, rt, ep);
     test_dead_holder();
     test_second_signal();

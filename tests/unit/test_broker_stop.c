@@ -17,7 +17,9 @@
  *     holder is expired;
  *   - a holder that never settles held it for ever: the grace ends it, naming what was left;
  *   - a second stop request (a second signal) waited too: it ends the stop at once;
- *   - nothing in progress, or --stop-grace-ms 0: the stop is at once, as before.
+ *   - nothing in progress, or --stop-grace-ms 0: the stop is at once, as before;
+ *   - status looked like a serving broker's during the stop: it carries the stop (grace, time
+ *     since the signal, what is left, per drafter in words) from the signal to the exit.
  * Time is waited for (polled to a deadline), never assumed.
  */
 #include "check.h"
@@ -179,12 +181,20 @@ static void test_waits_for_the_drafter(void)
     setup(60000, 1000, 2);
     wire_grant g;
     CHECK_EQ_INT(claim(&D, &g), 0);
+    CHECK(!stub_status().stopping);
     capture(begin_stop);
     CHECK_EQ_INT(stopped, 0);
     CHECK(strstr(said, "waiting up to 60000 ms") != NULL);
     CHECK(strstr(said, "1 lease, 0 batches in training, 0 checkpoint reports: drafter d "
                        "(1 lease)") != NULL);
     CHECK(broker_stopping(stub_b));
+    /* status (over the wire) says it stops, the grace, and what it waits for */
+    wire_status s = stub_status();
+    CHECK(s.stopping);
+    CHECK_EQ_INT(s.stop.grace_ms, 60000);
+    CHECK(s.stop.elapsed_ms < 60000);
+    CHECK(s.stop.drafters == 1 && s.stop.leases == 1 && s.stop.held == 0 && s.stop.reports == 0);
+    CHECK(strcmp(s.stop.waiting_for, "drafter d (1 lease)") == 0);
 
     /* nothing new: a claim (another drafter's: one that claims is not stopping) and a work
      * request are refused, retryably */
@@ -195,16 +205,25 @@ static void test_waits_for_the_drafter(void)
     stub_req.u.pool_incarnation = POOL_INC;
     CHECK_EQ_INT(stub_send("target-t-7"), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "the broker is stopping: no new work") != NULL);
-    wire_status s = stub_status();
+    s = stub_status();
     CHECK_EQ_INT(s.buckets[0].leased, 1);
     CHECK_EQ_INT(s.buckets[0].ready, 1); /* the other ready slot was not granted */
     CHECK(!run_for(100, &D));
 
     CHECK_EQ_INT(release(&D, g.lease_id), 0);
     CHECK(!run_for(100, &D)); /* its batch is in training */
+    s = stub_status();
+    CHECK(s.stopping && s.stop.leases == 0 && s.stop.held == 1 && s.stop.elapsed_ms >= 100);
+    CHECK(strcmp(s.stop.waiting_for, "drafter d (1 batch in training)") == 0);
     CHECK_EQ_INT(ack(&D, g.unit, 1), 0);
     CHECK(!run_for(100, &D)); /* acked, the checkpoint of step 1 is not reported yet */
+    s = stub_status();
+    CHECK(s.stopping && s.stop.held == 0 && s.stop.reports == 1);
+    CHECK(strstr(s.stop.waiting_for, "drafter d (a checkpoint to report: acked step 1, "
+                                     "reported 0)") != NULL);
     CHECK_EQ_INT(commit(&D, 1), 0);
+    s = stub_status(); /* settled: nothing left, it exits after STOP_SETTLE_MS */
+    CHECK(s.stopping && s.stop.drafters == 0 && s.stop.waiting_for[0] == '\0');
     CHECK(run_for(2000, NULL));
     CHECK(strstr(said, "stop: all settled after") != NULL);
     CHECK_EQ_INT(stopped, 1);

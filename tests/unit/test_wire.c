@@ -124,6 +124,8 @@ static void fill_status(wire_status *st)
         o->held_ms = v++;
         o->abort_in_ms = v++;
     }
+    st->stopping = true;
+    st->stop = (wire_stop_stat){v, v + 1, 1, 2, 3, 4, "drafter d (2 leases, ...)"};
 }
 
 int main(void)
@@ -256,7 +258,13 @@ int main(void)
         CHECK_NEAR(out.u.status.tv_distance, 0.125, 0);
         CHECK(strcmp(out.u.status.groups[0].members[1], "drafter-b") == 0);
         CHECK(out.u.status.n_orphans == 2 && strcmp(out.u.status.orphans[1].group, "dp2") == 0);
+        CHECK(out.u.status.stopping && out.u.status.stop.reports == 4);
+        CHECK(strcmp(out.u.status.stop.waiting_for, "drafter d (2 leases, ...)") == 0);
     }
+    /* not stopping (and an older broker): no stop on the wire, none unpacked */
+    in.u.status.stopping = false;
+    if (roundtrip(&in, &out)) CHECK(!out.u.status.stopping && out.u.status.stop.grace_ms == 0);
+    in.u.status.stopping = true;
     /* orphaned group steps: at most WIRE_MAX_STATUS_ORPHANS */
     in.u.status.n_orphans = WIRE_MAX_STATUS_ORPHANS + 1;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);

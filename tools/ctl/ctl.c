@@ -15,7 +15,11 @@
  * (no broker answering, or `watch` cannot hear its announcements): `dflash-ctl ping` is a
  * healthcheck. A broker that is not there costs one timeout and one line on stderr; `watch` asks
  * the broker after every --timeout-ms without an announcement and exits 2 when it does not answer
- * (a restarted broker is watched on). `watch` also exits 2, naming the PUB endpoint and the flag
+ * (a restarted broker is watched on). A broker in its graceful stop (after a SIGTERM: no new
+ * leases or work, up to --stop-grace-ms for its drafters' acks and reports) is shown as
+ * stopping by status, watch and ping; ping still exits 0: the broker answers and exits by
+ * itself, and a healthcheck that failed it could only get it killed mid-grace, losing the acks
+ * the grace waits for. `watch` also exits 2, naming the PUB endpoint and the flag
  * that fixes it, when the broker announces where this ctl cannot subscribe: an ipc:// PUB (a socket
  * file on the broker's host) reached over tcp://, or nothing heard within three stats intervals
  * (plus a second) while the broker answers. Output: a readable table, or one JSON
@@ -136,10 +140,43 @@ static const char *group_state_name(uint32_t s)
                                        : "unknown";
 }
 
+/* A stopping broker (its graceful stop): "stopping (grace 8000 ms, 2.1 s left; waiting for:
+ * drafter d (1 lease))", or "...; settled: exiting)" once nothing is left to wait for. */
+static void stop_text(const wire_stop_stat *st, char *out, size_t len)
+{
+    uint64_t left = st->grace_ms > st->elapsed_ms ? st->grace_ms - st->elapsed_ms : 0;
+    if (st->drafters)
+        snprintf(out, len, "stopping (grace %" PRIu64 " ms, %.1f s left; waiting for: %s)",
+                 st->grace_ms, (double)left / 1000.0, st->waiting_for);
+    else
+        snprintf(out, len, "stopping (grace %" PRIu64 " ms, %.1f s left; settled: exiting)",
+                 st->grace_ms, (double)left / 1000.0);
+}
+
+/* "stopping": the stop as an object while the broker stops, else null (also from a broker older
+ * than the field). */
+static void stop_json(cJSON *o, const wire_status *s)
+{
+    if (!s->stopping) {
+        cJSON_AddNullToObject(o, "stopping");
+        return;
+    }
+    const wire_stop_stat *st = &s->stop;
+    cJSON *x = cJSON_AddObjectToObject(o, "stopping");
+#define N(f) cJSON_AddNumberToObject(x, #f, (double)st->f)
+    N(grace_ms), N(elapsed_ms), N(drafters), N(leases), N(held), N(reports);
+#undef N
+    cJSON_AddNumberToObject(x, "left_ms",
+                            st->grace_ms > st->elapsed_ms ? (double)(st->grace_ms - st->elapsed_ms)
+                                                          : 0.0);
+    cJSON_AddStringToObject(x, "waiting_for", st->waiting_for);
+}
+
 static cJSON *status_json(const wire_status *s)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "state", state_name(s->state));
+    stop_json(o, s);
 #define N(f) cJSON_AddNumberToObject(o, #f, (double)s->f)
     N(uptime_ms), N(min_ready), N(max_depth), N(lease_timeout_ms), N(tv_distance);
     N(claims_per_s), N(grants), N(releases), N(lease_expiries), N(redeliveries), N(quarantined);
@@ -202,6 +239,11 @@ static void print_status(const wire_status *s, uint64_t incarnation)
 {
     printf("broker    %016" PRIx64 "  %s  up %.1f s  %u peers  %u slots\n", incarnation,
            state_name(s->state), (double)s->uptime_ms / 1000.0, s->peers, s->slot_count);
+    if (s->stopping) {
+        char stop[WIRE_MAX_TEXT + 96];
+        stop_text(&s->stop, stop, sizeof stop);
+        printf("state     %s: no new leases or work\n", stop);
+    }
     printf("settings  min_ready %u  max_depth %u  lease %u ms\n", s->min_ready, s->max_depth,
            s->lease_timeout_ms);
     /* epoch: the oldest with batches to do; the counts are sums over every epoch opened, and
@@ -408,7 +450,7 @@ static int cmd_watch(const ctl_config *c, client *cl)
         } else if (m.type == WIRE_STATUS_REPLY) {
             const wire_status *s = &m.u.status;
             uint64_t leased = 0; /* held now (grants - releases also counts expired leases) */
-            printf("stats   %-8s ready", state_name(s->state));
+            printf("stats   %-8s ready", s->stopping ? "stopping" : state_name(s->state));
             for (uint32_t i = 0; i < s->n_buckets; i++) {
                 printf(" %u", s->buckets[i].ready);
                 leased += s->buckets[i].leased;
@@ -651,16 +693,22 @@ int main(int argc, char **argv)
             char msg[WIRE_MAX_TEXT + 64];
             snprintf(msg, sizeof msg, "the broker's journal failed: %s", s.journal_error);
             out = fail_msg(&c, verb, DFLASH_EIO, msg);
-        } else if (c.json) {
+        } else if (c.json) { /* a stopping broker is healthy: exit 0 (see the top comment) */
             cJSON *o = cJSON_CreateObject();
             cJSON_AddBoolToObject(o, "ok", 1);
             char inc[24];
             snprintf(inc, sizeof inc, "%016" PRIx64, client_broker_incarnation(cl));
             cJSON_AddStringToObject(o, "incarnation", inc);
+            stop_json(o, &s);
             print_json(o);
         } else {
-            printf("ok: dflash-queue %016" PRIx64 " at %s\n", client_broker_incarnation(cl),
-                   c.endpoint);
+            char stop[WIRE_MAX_TEXT + 96] = "";
+            if (s.stopping) {
+                strcpy(stop, "; ");
+                stop_text(&s.stop, stop + 2, sizeof stop - 2);
+            }
+            printf("ok: dflash-queue %016" PRIx64 " at %s%s\n", client_broker_incarnation(cl),
+                   c.endpoint, stop);
         }
     } else if (strcmp(verb, "status") == 0) {
         static wire_status s;

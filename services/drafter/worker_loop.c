@@ -9,7 +9,8 @@
  * a paused process) and gave the batch back to to-do: we say hello again, holding it, and ack
  * it once more (the ledger takes that as a late ack) instead of letting it be trained twice.
  * A release answered ESTALE without a broker restart means our lease ended (it expired, or the
- * broker expired us and our leases with us) and the slot's batch is handed out again: the copy
+ * broker expired us and our leases with us) and the slot's batch is handed out again, or that
+ * the batch was trained meanwhile (the late ack of the drafter it was handed to before): the copy
  * is dropped. A hello holding it could not take the slot back, so it would be trained twice.
  * A stop signal ends the loop with finish(): the ack of a held batch, the final checkpoint, the
  * commit report, in that order (a checkpoint holding an unacked batch would have it trained
@@ -395,8 +396,9 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     RETRY_CALL(w, stop, rc, client_release(w->client, g->lease_id));
     if (rc == DFLASH_ESTALE) {
         w->st.stale_releases++;
-        LOG_WARN("lease %llu on slot %u expired before release: batch (%u, %u, %llu) was "
-                 "redelivered, dropping our copy", (unsigned long long)g->lease_id, g->slot,
+        LOG_WARN("release of lease %llu on slot %u refused (%s): the lease expired and batch "
+                 "(%u, %u, %llu) was redelivered, or it was trained meanwhile; dropping our copy",
+                 (unsigned long long)g->lease_id, g->slot, client_last_error(w->client),
                  g->unit.epoch, g->unit.bucket, (unsigned long long)g->unit.index);
         return 0;
     }

@@ -921,33 +921,101 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         ledger_requeue(b->ledger, &where.batch);
         return reply_ok(b, r, m->request_id, 0);
     }
+    group_slot *gs = group_slot_of_lease(b->groups, m->u.lease_id);
+    batch_state st;
+    if (!gs && ledger_get(b->ledger, &where.batch, &st, NULL) == 0 &&
+        (st == BATCH_TRAINED || st == BATCH_COMMITTED)) {
+        /* A late ack recorded it trained while this lease was out (on_ack): the copy must not
+         * be trained again. The slot is FREE (policy_release). */
+        LOG_INFO("%s released lease %" PRIu64 " of batch %u/%u/%u, trained meanwhile (a late "
+                 "ack): its copy is refused, the batch is not trained twice", p->name,
+                 m->u.lease_id, where.batch.epoch, where.batch.bucket, where.batch.index);
+        return reply_error(b, r, m->request_id, DFLASH_ESTALE,
+                           "batch %u/%u/%u was trained meanwhile (the late ack of the drafter it "
+                           "was handed to before): drop the copy", where.batch.epoch,
+                           where.batch.bucket, where.batch.index);
+    }
     if (p->role == WIRE_ROLE_DRAFTER) {
         held_add(p, &where.batch);
         uint32_t k = p->n_released++ % PEER_RECENT_RELEASES;
         p->released[k].lease_id = m->u.lease_id;
         p->released[k].batch = where.batch;
     }
-    group_slot *gs = group_slot_of_lease(b->groups, m->u.lease_id);
     if (gs) gs->released = true;
     reply_ok(b, r, m->request_id, 0);
 }
 
+/* The live drafter whose leases carry worker id inc (its incarnation), or NULL. */
+static const peer *drafter_of_worker(const broker *b, uint64_t inc)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++)
+        if (b->peers[i]->role == WIRE_ROLE_DRAFTER && b->peers[i]->incarnation == inc)
+            return b->peers[i];
+    return NULL;
+}
+
+/* A drafter other than p that holds batch id (copied, not acked: it is training it), or NULL. */
+static const peer *other_holder(const broker *b, const peer *p, const batch_id *id)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        const peer *q = b->peers[i];
+        if (q == p) continue;
+        for (uint32_t k = 0; k < q->n_held; k++)
+            if (same_batch(&q->held[k], id)) return q;
+    }
+    return NULL;
+}
+
+/* p's late ack recorded batch id trained (at step) after it had been handed out again (p was
+ * expired holding it, or a restart gave it back): what becomes of the other delivery, said in
+ * the log. A slot that holds it and is not granted (filling or ready) goes back to its target
+ * untrained. A lease on it (another drafter may be copying it) is marked: its release is refused
+ * STALE (on_release: that drafter drops its copy) and its end frees the slot; either way the
+ * batch is not trained twice. A drafter that copied it already (it holds it) is training it:
+ * nothing can stop that, it is trained twice, and that drafter's ack will be refused EXISTS. */
+static void late_ack_overtakes(broker *b, const peer *p, const batch_id *id, uint64_t step)
+{
+    if (!b->policy) return;
+    policy_slot_ref where;
+    policy_grant g;
+    const peer *q;
+    if (policy_batch_trained(b->policy, id, &where) == 0) {
+        LOG_INFO("%s acked batch %u/%u/%u late, while slot %u of pool %u held it again: the slot "
+                 "goes back to its target, the batch is not trained twice", p->name, id->epoch,
+                 id->bucket, id->index, where.slot, where.pool_id);
+    } else if (policy_lease_trained(b->policy, id, &g) == 0) {
+        q = drafter_of_worker(b, g.worker_id);
+        LOG_INFO("%s acked batch %u/%u/%u late, while %s%s held it again (lease %" PRIu64
+                 " on slot %u of pool %u, not released): that release is refused and the "
+                 "copy dropped, the batch is not trained twice", p->name, id->epoch, id->bucket,
+                 id->index, q ? "drafter " : "a drafter", q ? q->name : "", g.lease_id,
+                 g.where.slot, g.where.pool_id);
+    } else if ((q = other_holder(b, p, id)) != NULL) {
+        LOG_WARN("%s acked batch %u/%u/%u late (trained at step %" PRIu64 "), while drafter %s "
+                 "trains it again (copied, not acked): it is trained twice; the ledger counts "
+                 "it once, %s's ack will be refused", p->name, id->epoch, id->bucket, id->index,
+                 step, q->name, q->name);
+    }
+}
+
 /* An ack of a batch not trained yet records it, wherever it is (to-do, in flight, orphaned by a
- * restart, quarantined: the ledger's late ack); a slot that holds it anew (handed out again after
- * a restart, not granted yet) goes back to its target untrained. One already trained is refused
- * EXISTS: at the ack's own step it is a repeat (the first one's reply was lost, or a resumed
- * drafter acks what its checkpoint recorded as unacked), else the batch was trained twice, which
- * is logged. */
+ * restart, quarantined: the ledger's late ack), and late_ack_overtakes deals with a delivery of
+ * it since. One already trained is refused EXISTS: at the ack's own step, from a drafter that
+ * does not hold it, a repeat (the first one's reply was lost, or a resumed drafter acks what its
+ * checkpoint recorded as unacked); else the batch was trained twice, which is logged: at another
+ * step, or by a drafter that holds it (it copied the batch after another's ack had recorded it,
+ * so it trained it again, whatever its step; defect: a coincidence of two drafters' steps was
+ * called a repeat). */
 static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     batch_id id = to_batch(&m->u.ack.unit);
     uint64_t step = m->u.ack.step, at = 0;
     int rc = ledger_ack(b->ledger, &id, step);
-    held_remove(p, &id);
+    bool held = held_remove(p, &id);
     if (rc == DFLASH_EEXISTS) {
         b->double_acks++;
         ledger_get(b->ledger, &id, NULL, &at); /* 0 in a finished epoch: no longer known */
-        if (at == step)
+        if (at == step && !held)
             return reply_error(b, r, m->request_id, rc,
                                "a repeated ack: the batch is recorded at step %" PRIu64, step);
         if (!at) return reply_error(b, r, m->request_id, rc, "batch already trained");
@@ -958,11 +1026,7 @@ static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     }
     if (rc) return reply_error(b, r, m->request_id, rc, "ack refused");
     b->acks++;
-    policy_slot_ref where;
-    if (b->policy && policy_batch_trained(b->policy, &id, &where) == 0)
-        LOG_INFO("%s acked batch %u/%u/%u late, while slot %u of pool %u held it again: the slot "
-                 "goes back to its target, the batch is not trained twice", p->name, id.epoch,
-                 id.bucket, id.index, where.slot, where.pool_id);
+    late_ack_overtakes(b, p, &id, step);
     reply_ok(b, r, m->request_id, 0);
 }
 

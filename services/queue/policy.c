@@ -19,6 +19,11 @@
  * before the target died, so its release just ends the lease; if it expires instead (or the
  * worker dies) the batch is requeued through the sink.
  *
+ * A LEASED slot whose batch a late ack recorded trained (policy_lease_trained: the batch had been
+ * handed out again to another worker) is marked `trained`: the lease ends as always, but in FREE
+ * whatever ends it (release, expiry, the worker's drop, a revoke), never READY: a trained batch
+ * is not granted again and its expiry is no failed delivery.
+ *
  * Thread: the broker's loop thread only. Callers: broker.c, tests, bench/mix.
  */
 #include "policy.h"
@@ -44,6 +49,8 @@ typedef struct slot {
     struct slot *prev, *next;  /* ready FIFO of its bucket */
     uint64_t lease_id, worker_id, deadline_ms;
     uint32_t lease_pos;        /* index in policy.leased while LEASED */
+    bool trained;              /* LEASED: its batch was trained meanwhile (policy_lease_trained):
+                                  the lease ends in FREE, never READY */
     uint64_t fence_until_ms;   /* while FENCED: when it may go FREE */
 } slot;
 
@@ -189,6 +196,7 @@ static int set_state(policy *p, slot *s, slot_state to, bool front)
         p->tot_ready--;
         break;
     case SLOT_LEASED: {
+        s->trained = false;
         slot *last = p->leased[--p->n_leased];
         p->leased[s->lease_pos] = last;
         last->lease_pos = s->lease_pos;
@@ -635,6 +643,10 @@ int policy_lease_revoke(policy *p, uint64_t lease_id)
             }
         return DFLASH_ESTALE;
     }
+    if (s->trained) {
+        (void)set_state(p, s, SLOT_FREE, false);
+        return 0;
+    }
     uint32_t redelivered = s->redelivered;
     (void)set_state(p, s, SLOT_READY, true);
     s->redelivered = redelivered;
@@ -653,6 +665,24 @@ int policy_batch_trained(policy *p, const batch_id *b, policy_slot_ref *where)
             set_state(p, s, SLOT_FREE, false);
             return 0;
         }
+    }
+    return DFLASH_ENOTFOUND;
+}
+
+int policy_lease_trained(policy *p, const batch_id *b, policy_grant *g)
+{
+    for (uint32_t i = 0; i < p->n_leased; i++) {
+        slot *s = p->leased[i];
+        if (!same_batch(&s->batch, b)) continue;
+        s->trained = true;
+        if (g) *g = (policy_grant){s->lease_id, s->worker_id, s->deadline_ms, 0, ref_of(s)};
+        return 0;
+    }
+    for (uint32_t i = 0; i < p->n_detached; i++) {
+        const detached_lease *d = &p->detached[i];
+        if (!same_batch(&d->where.batch, b)) continue;
+        if (g) *g = (policy_grant){d->lease_id, d->worker_id, d->deadline_ms, 0, d->where};
+        return 0;
     }
     return DFLASH_ENOTFOUND;
 }
@@ -701,10 +731,15 @@ static void expire_detached(policy *p, uint32_t i)
     if (p->sink.requeue) p->sink.requeue(p->sink.ctx, &b);
 }
 
-/* A lease ended without a release: READY again at the head of its FIFO, or quarantined. */
+/* A lease ended without a release: READY again at the head of its FIFO, or quarantined; FREE
+ * when its batch was trained meanwhile (a late ack: policy_lease_trained). */
 static void expire(policy *p, slot *s)
 {
     p->expiries++;
+    if (s->trained) {
+        (void)set_state(p, s, SLOT_FREE, false);
+        return;
+    }
     s->redelivered++;
     uint32_t redelivered = s->redelivered;
     (void)set_state(p, s, SLOT_READY, true);

@@ -7,11 +7,13 @@
  *   FREE         -     work_start   slot_ready(*)    -      slot_fence
  *   FILLING   drop(**)    -         slot_ready       -        -
  *   READY     quarantine  -            -           claim      -
- *   LEASED     release    -     expiry/drop_worker   -        -
+ *   LEASED     release(+)  -     expiry/drop_worker   -        -
  *   FENCED    tick(***)   -            -             -        -
  *   (*) the target filled a different FREE slot than suggested, or (after a broker restart) an
  *       adopted batch: the slot passes through FILLING. (**) work moved to another slot.
  *   (***) policy_tick at or after the slot's fence deadline.
+ *   (+) also expiry, drop_worker and revoke of a lease whose batch a late ack recorded trained
+ *       meanwhile (policy_lease_trained): FREE, never READY again.
  *
  * Restart fence: a target that re-registers its pool (the broker restarted, or dropped the pool
  * while leases on it were out) names the slots it published and has not been handed back since;
@@ -202,6 +204,15 @@ int policy_slot_ready(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_
  * adopt of a trained batch). 0 with *where (optional) naming the slot, or DFLASH_ENOTFOUND when
  * no FILLING or READY slot holds b. A LEASED slot is left alone: its drafter may be copying it. */
 int policy_batch_trained(policy *p, const batch_id *b, policy_slot_ref *where);
+
+/* The same while a lease on b is out (the batch was handed out again and granted to another
+ * worker, who may be copying it now): the slot stays LEASED, but the lease ends in FREE, not
+ * READY, whichever way it ends (release, expiry, drop_worker, revoke): b is not granted again,
+ * and its expiry counts no failed delivery. A detached lease needs nothing (its expiry's requeue
+ * of a trained batch is refused by the ledger). 0 with *g (optional) naming the lease (id,
+ * worker, slot), or DFLASH_ENOTFOUND when no lease holds b. The caller refuses that lease's
+ * release (broker.c: Error STALE, the worker drops its copy). */
+int policy_lease_trained(policy *p, const batch_id *b, policy_grant *g);
 
 /* --- consumer side ---------------------------------------------------------------------------- */
 

@@ -469,6 +469,56 @@ static void test_batch_trained(void)
     policy_destroy(&p);
 }
 
+/* A lease whose batch a late ack recorded trained (policy_lease_trained): whichever way it ends
+ * (expiry, the worker's drop, a revoke, a release) its slot goes FREE, never READY again: the
+ * trained batch is not granted again, and no failed delivery is counted (no quarantine, no
+ * requeue). Another lease is untouched. */
+static void test_lease_trained(void)
+{
+    policy *p = make(1, NULL, 0, 90);
+    for (int i = 0; i < 5; i++) CHECK_EQ_INT(produce(p, 0), 0);
+    policy_grant g[5], info;
+    for (int i = 0; i < 5; i++) CHECK_EQ_INT(policy_claim(p, 60 + (uint64_t)i, 1000, &g[i]), 0);
+    batch_id none = {0, 0, 99};
+    CHECK_EQ_INT(policy_lease_trained(p, &none, &info), DFLASH_ENOTFOUND);
+    for (int i = 0; i < 4; i++) { /* all but the last */
+        CHECK_EQ_INT(policy_lease_trained(p, &g[i].where.batch, &info), 0);
+        CHECK(info.lease_id == g[i].lease_id && info.worker_id == 60 + (uint64_t)i &&
+              info.where.slot == g[i].where.slot);
+    }
+    CHECK_EQ_INT(policy_tick(p, 1000 + 100), 0); /* every lease expires */
+    policy_stats st;
+    policy_get_stats(p, &st);
+    CHECK_EQ_INT(st.lease_expiries, 5);
+    CHECK_EQ_INT(st.ready, 1); /* only the unmarked lease's batch */
+    CHECK_EQ_INT(st.quarantined, 0);
+    policy_grant again;
+    CHECK_EQ_INT(policy_claim(p, 70, 2000, &again), 0);
+    CHECK(again.where.batch.index == g[4].where.batch.index);
+    /* the drop of a worker, a revoke, a release */
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(produce(p, 0), 0);
+    policy_grant h[3];
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(policy_claim(p, 80 + (uint64_t)i, 3000, &h[i]), 0);
+        CHECK_EQ_INT(policy_lease_trained(p, &h[i].where.batch, NULL), 0);
+    }
+    CHECK_EQ_INT(policy_drop_worker(p, 80), 0);
+    CHECK_EQ_INT(policy_lease_revoke(p, h[1].lease_id), 0);
+    CHECK_EQ_INT(policy_release(p, h[2].lease_id, NULL), 0);
+    policy_get_stats(p, &st);
+    CHECK_EQ_INT(st.ready, 0);
+    CHECK_EQ_INT(st.leased, 1); /* worker 70's */
+    CHECK_EQ_INT(ev.n_requeued + ev.n_quarantined, 0);
+    CHECK_EQ_INT(policy_claim(p, 90, 4000, &again), DFLASH_EAGAIN);
+    /* a slot freed so is filled again as any other, and its new lease ends as usual */
+    CHECK_EQ_INT(produce(p, 0), 0);
+    CHECK_EQ_INT(policy_claim(p, 91, 5000, &again), 0);
+    CHECK_EQ_INT(policy_tick(p, 5000 + 100), 0);
+    policy_get_stats(p, &st);
+    CHECK_EQ_INT(st.ready, 2); /* it and worker 70's, both expired */
+    policy_destroy(&p);
+}
+
 static void test_restart_fence(void)
 {
     /* A re-registered pool's busy slots are fenced: never handed out for filling, no SLOT_READY,
@@ -576,6 +626,7 @@ int main(void)
     test_incarnation_drop();
     test_other_slot();
     test_batch_trained();
+    test_lease_trained();
     test_restart_fence();
     test_tv();
     CHECK_DONE();

@@ -1,0 +1,232 @@
+/* test_broker_late_ack: a late ack of a batch that was handed out again meanwhile (broker_dispatch
+ * without sockets, journal in memory, the broker's cron on a libuv loop run by hand).
+ *
+ * The case: drafter a copies batch 0/0/0 and trains it, but is silent past the liveness window
+ * (a paused process, a network blip) and is expired: the batch goes back to to-do, is produced
+ * again and granted to drafter b. Then a comes back: its ack is answered STALE, it says hello
+ * holding the batch and acks it again (services/drafter/worker_loop.c, ack_held). a did train
+ * it, so its ack is recorded (the ledger counts the batch once, at a's step). What becomes of
+ * b's delivery, and what the broker says, is the truth of each case:
+ *   - b holds the lease and has not released it (it may be copying): its release is refused
+ *     STALE, so b drops its copy and the batch is not trained twice (defect: the release was
+ *     taken, b trained the batch again and its ack was refused as "trained twice");
+ *   - b's lease ends without a release (b expired too): the slot goes back to the target, not to
+ *     READY (defect: the trained batch was granted once more, to the next claim);
+ *   - b has released it already (it is training it): nothing can stop that; a's ack says it is
+ *     trained twice, and b's ack is refused EXISTS as "trained twice" even when b's step equals
+ *     a's (defect: a coincidence of steps was answered "a repeated ack", with no warning).
+ * Time is waited for (polled to a deadline), never assumed.
+ */
+#include "check.h"
+#include "broker_stub.h"
+#include "err.h"
+#include "monotime.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { TARGET_INC = 7, POOL_INC = 0x77 };
+
+typedef struct {
+    const char *rid, *name;
+    uint64_t inc;
+} drafter;
+
+static const drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2},
+                     C = {"drafter-c-3", "c", 0xc3};
+static const wire_unit X = {0, 0, 0};
+
+static char said[16384]; /* the broker's log lines of the last captured call */
+
+static void tweak(queue_config *cfg)
+{
+    cfg->heartbeat_ms = 50;
+    cfg->liveness = 3; /* a silent peer is expired after 150 ms */
+    cfg->lease_timeout_ms = 60000;
+    cfg->max_depth = 16;
+    snprintf(cfg->log_level, sizeof cfg->log_level, "info");
+}
+
+static int hello(const drafter *d, const wire_unit *held, uint32_t n_held)
+{
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", d->name);
+    stub_req.u.hello.n_held = n_held;
+    for (uint32_t i = 0; i < n_held; i++) stub_req.u.hello.held[i] = held[i];
+    return stub_send(d->rid);
+}
+
+static int claim(const drafter *d, wire_grant *g)
+{
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
+    int rc = stub_send(d->rid);
+    if (!rc && g) *g = stub_rep.u.grant;
+    return rc;
+}
+
+static int release(const drafter *d, uint64_t lease)
+{
+    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.lease_id = lease;
+    return stub_send(d->rid);
+}
+
+static int ack(const drafter *d, wire_unit u, uint64_t step)
+{
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.ack.unit = u;
+    stub_req.u.ack.step = step;
+    return stub_send(d->rid);
+}
+
+static void heartbeat(const char *rid, wire_role role, uint64_t inc)
+{
+    stub_init(WIRE_HEARTBEAT, role, inc);
+    stub_req.u.sent_ms = monotime_ms();
+    CHECK_EQ_INT(stub_send(rid), 0);
+}
+
+static bool same_unit(wire_unit a, wire_unit b)
+{
+    return a.epoch == b.epoch && a.bucket == b.bucket && a.index == b.index;
+}
+
+/* Runs the broker's cron, the target and the drafters `beating` (NULL-terminated) heartbeating,
+ * until the broker has expired drafter `silent` (the live peer count drops to the target and
+ * those beating); whether it did within 5 s. */
+static bool expire(const drafter *silent, const drafter *const *beating)
+{
+    struct timespec ts = {0, 5 * 1000000L};
+    uint32_t live = 1;
+    while (beating[live - 1]) live++;
+    for (uint64_t end = monotime_ms() + 5000; monotime_ms() < end;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        heartbeat("target-t-7", WIRE_ROLE_TARGET, TARGET_INC);
+        for (const drafter *const *d = beating; *d; d++)
+            heartbeat((*d)->rid, WIRE_ROLE_DRAFTER, (*d)->inc);
+        if (stub_status().peers == live) return true;
+        nanosleep(&ts, NULL);
+    }
+    printf("drafter %s was not expired\n", silent->name);
+    return false;
+}
+
+/* A broker with the target's pool of 4 slots; drafters a and b said hello. a copied batch X
+ * (released it), trained it and went silent; the broker expired it and X went back to to-do;
+ * X was produced again and granted to b (*gb: b's grant). */
+static void setup(wire_grant *gb)
+{
+    stub_broker_new(tweak);
+    log_init_named(NULL, "info");
+    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, TARGET_INC);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    stub_pool("target-t-7", TARGET_INC, POOL_INC, 4);
+    CHECK_EQ_INT(hello(&A, NULL, 0), 0);
+    CHECK_EQ_INT(hello(&B, NULL, 0), 0);
+    stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
+    wire_grant ga;
+    CHECK_EQ_INT(claim(&A, &ga), 0);
+    CHECK(same_unit(ga.unit, X));
+    CHECK_EQ_INT(release(&A, ga.lease_id), 0);
+    CHECK(expire(&A, (const drafter *const[]){&B, NULL}));
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, 0); /* X back to to-do */
+    stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
+    CHECK_EQ_INT(claim(&B, gb), 0);
+    CHECK(same_unit(gb->unit, X)); /* produced again, granted to b */
+}
+
+/* a comes back (worker_loop's ack_held): its ack is STALE (forgotten), its hello holds X, its
+ * ack again is recorded at step 5. The log of that last ack goes to said. */
+static void late_ack_of_a(void)
+{
+    CHECK_EQ_INT(ack(&A, X, 5), DFLASH_ESTALE);
+    CHECK_EQ_INT(hello(&A, &X, 1), 0);
+    CHECK_EQ_INT(ack(&A, X, 5), 0);
+}
+
+static void capture(void (*fn)(void))
+{
+    stub_capture_log(fn, said, sizeof said);
+    fputs(said, stdout);
+}
+
+/* b holds the lease (copying): its release is refused, the slot goes back to the target, the
+ * batch is trained once. */
+static void test_lease_out(void)
+{
+    wire_grant gb;
+    setup(&gb);
+    capture(late_ack_of_a);
+    CHECK(strstr(said, "a acked batch 0/0/0 late, while drafter b held it again (lease ") != NULL);
+    CHECK(strstr(said, "not released): that release is refused and the copy dropped, the batch "
+                       "is not trained twice") != NULL);
+    CHECK(strstr(said, "trained twice:") == NULL && strstr(said, "it is trained twice") == NULL);
+    CHECK_EQ_INT(release(&B, gb.lease_id), DFLASH_ESTALE);
+    printf("b's release: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "batch 0/0/0 was trained meanwhile") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.buckets[0].leased, 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 0);
+    CHECK_EQ_INT(claim(&B, NULL), DFLASH_EAGAIN); /* nothing ready: X is not granted again */
+    /* the slot went back to the target, which is asked for the next batch, not X */
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    CHECK_EQ_INT(stub_rep.u.work.unit.index, 1);
+    stub_broker_free();
+}
+
+/* b's lease ends without a release (b is expired too): the slot is not READY again with the
+ * trained batch, the next claim does not get it. */
+static void test_lease_expires(void)
+{
+    wire_grant gb;
+    setup(&gb);
+    capture(late_ack_of_a);
+    CHECK_EQ_INT(hello(&C, NULL, 0), 0);
+    CHECK(expire(&B, (const drafter *const[]){&A, &C, NULL}));
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.buckets[0].leased, 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 0);
+    wire_grant gc = {0};
+    int rc = claim(&C, &gc);
+    if (rc == 0) printf("c was granted batch %u/%u/%llu\n", gc.unit.epoch, gc.unit.bucket,
+                        (unsigned long long)gc.unit.index);
+    CHECK_EQ_INT(rc, DFLASH_EAGAIN);
+    stub_broker_free();
+}
+
+/* b released X before a's late ack (b is training it): trained twice, said at a's ack; b's ack
+ * at the same step as a's is refused as trained twice, not as a repeat; the ledger counts X
+ * once. */
+static void test_copied_already(void)
+{
+    wire_grant gb;
+    setup(&gb);
+    CHECK_EQ_INT(release(&B, gb.lease_id), 0);
+    capture(late_ack_of_a);
+    CHECK(strstr(said, "a acked batch 0/0/0 late (trained at step 5), while drafter b trains it "
+                       "again (copied, not acked): it is trained twice; the ledger counts it "
+                       "once, b's ack will be refused") != NULL);
+    CHECK_EQ_INT(ack(&B, X, 5), DFLASH_EEXISTS);
+    printf("b's ack: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "already trained at step 5: trained twice") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.acks, 1); /* a's; b's was refused */
+    stub_broker_free();
+}
+
+int main(void)
+{
+    test_lease_out();
+    test_lease_expires();
+    test_copied_already();
+    CHECK_DONE();
+}

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -754,9 +755,14 @@ static int read_train_meta(const safetensors *st, const char *p, dflash_train_cf
     tc->beta2 = v[9];
     tc->eps = v[10];
     tc->weight_decay = v[11];
-    /* batches per step: a checkpoint written before accumulation existed trained one */
-    double acc;
-    tc->accumulate = meta_double(st, "accumulate", &acc) == 0 && acc >= 1 ? (int)acc : 1;
+    /* batches per step: a checkpoint written before accumulation existed trained one; a value
+     * that is there must be one the drafter takes (--accumulate 1 .. 4096) */
+    double acc = 1.0;
+    if (safetensors_metadata(st, "accumulate") &&
+        (meta_double(st, "accumulate", &acc) || !(acc >= 1 && acc <= 4096) || acc != floor(acc)))
+        FAIL(DFLASH_EFORMAT, "%s: metadata accumulate '%s' is not a whole number in [1, 4096]",
+             p, safetensors_metadata(st, "accumulate"));
+    tc->accumulate = (int)acc;
 out:
     return rc;
 }

@@ -546,9 +546,12 @@ void dflash_train_apply(dflash_model *m, const dflash_train_cfg *tc, dflash_metr
 }
 
 /* Ends the open step of accumulated batches in record r: the last batch's own weight w_last
- * (0: none, or r is a flush's) joins the accumulator's into the gradients, then the update;
- * a step whose batches had no weight at all is skipped. A step whose only weighted batch is
- * the last has its gradients as they are (no accumulator pass: the one-batch step's bits). */
+ * (0: none, or r is a flush's) joins the accumulator's into the gradients, then the update.
+ * A step whose batches had no weight at all makes no update (skipped) but still counts: its
+ * batches were acked with it (the trainer acks an open step's batches with the step to come),
+ * so m->step moves as for a taken step, and the checkpoint of that step holds them. A step
+ * whose only weighted batch is the last has its gradients as they are (no accumulator pass:
+ * the one-batch step's bits). */
 static void close_step(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r,
                        double w_last) {
     dflash_pending *p = m->pending;
@@ -556,7 +559,12 @@ static void close_step(dflash_model *m, const dflash_train_cfg *tc, pending_rec 
     if (p->acc_w > 0)
         m->ops->grad_average(m->ctx, m->grads, m->n_decay, m->grads_vec, m->n_params - m->n_decay,
                              p->acc, (float)w_last, (float)(1.0 / W));
-    if (W > 0) queue_apply(m, tc, r);
+    if (W > 0) {
+        queue_apply(m, tc, r);
+    } else {
+        m->step++;
+        r->met.step = m->step;
+    }
     r->closes = true;
     p->acc_batches = 0;
     p->acc_w = 0.0;

@@ -22,7 +22,8 @@
  * act type, so 32 bf16 additions do not round 32 times); the last forms (acc + W_N g_N) / W
  * into the gradients (grad_average) and steps 4 run once. N batches of one sequence each give
  * the same update as one batch holding the N sequences with the same anchors (test_dflash_model
- * checks it), up to fp32 rounding. A step whose batches have no weight at all is skipped;
+ * checks it), up to fp32 rounding. A step whose batches have no weight at all makes no update
+ * (met->skipped) but counts as a step (m->step moves: its batches were acked with it);
  * dflash_train_flush_async closes a step with fewer batches (the end of a run). The accumulator
  * (4 bytes per parameter) is allocated by dflash_train_plan.
  * No step waits for the device: results come back asynchronously (see dflash_train_step_async).

@@ -588,8 +588,12 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
     uint64_t step = 0;
     rc = worker_session_consume(g->s, g->cons, gr, &step);
     /* a bad batch, or a step that diverged (every rank finds it: the group's loss and norm):
-     * fatal, without a StepDone; re-forming would go on from the non-finite weights */
-    if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ENONFINITE) return rc;
+     * fatal, without a StepDone; re-forming would go on from the non-finite weights; a step
+     * the group cannot take (EUNSUPPORTED: e.g. gradient accumulation, dflash_dp.h) would fail
+     * again after every re-form */
+    if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ENONFINITE ||
+        rc == DFLASH_EUNSUPPORTED)
+        return rc;
     if (rc < 0) {
         char why[200];
         snprintf(why, sizeof why, "step %llu failed in the group: %s", (unsigned long long)s,

@@ -4,7 +4,10 @@
  * target_model holding embed_tokens / lm_head), the drafter (dflash_model), the training config,
  * the metrics writer and, on the cuda backend, a host copy of each slot's small arrays.
  * Step numbers: m->step counts optimizer steps taken (1 after the first). A batch is acked with
- * the m->step that included it; a checkpoint of step s holds exactly the batches acked <= s.
+ * the m->step that includes it: the one it was trained in, or, with --accumulate, for a batch of
+ * a step still open, the step to come (m->step + 1; dflash_train.h); a checkpoint of step s
+ * holds exactly the batches acked <= s (a checkpoint is written between steps: an open step's
+ * batches are in none yet).
  * Thread: the drafter's main thread (worker_loop calls every hook from it).
  */
 #include "trainer.h"
@@ -358,7 +361,7 @@ static void close_open_step(trainer *t) {
     t->notes[(t->note_head + t->note_count) % 2] = (struct step_note){
         .epoch = t->last_epoch, .queued_at = monotime_s()};
     t->note_count++;
-    LOG_INFO("the run ends inside step %ld: it is taken with the %d batch%s it has (of %d)",
+    LOG_INFO("the run ends inside step %ld: it closes with the %d batch%s it has (of %d)",
              t->m->step, open, open > 1 ? "es" : "", t->tc.accumulate);
     while (dflash_train_pending(t->m) > 0)
         report_oldest(t);

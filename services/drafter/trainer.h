@@ -23,7 +23,11 @@
  * consume(): views the staged slot (dflash_view_from_slot; a cuda slot's small arrays are read
  *   to the host first), runs dflash_train_step with the batch identity (epoch, bucket, index) as
  *   the anchor seed, writes a metrics record (metrics.h: JSONL, TensorBoard, progress line) and
- *   reports the optimizer step that included the batch. Every checkpoint_every steps, once
+ *   reports the optimizer step that includes the batch: with --accumulate N (tc.accumulate) a
+ *   step trains N slots, and a batch of a step still open reports the step to come (no
+ *   checkpoint holds it before that step is taken). unacked(), finish() and save_refused() close
+ *   an open step first with the batches it has (the run's end), so that the final checkpoint
+ *   holds every batch acked. Every checkpoint_every steps, once
  *   the loop has that step's batch acked (settled()), it saves a checkpoint (dflash_ckpt_save:
  *   temporary name + rename, last K kept); committed() then returns that step and the loop
  *   tells the broker. finish() saves the final checkpoint; when the run ends before its step

@@ -165,7 +165,7 @@ def main():
         expect[want] = rest
         if per_step != expect:
             failures.append(f"train/batches per step {per_step}, want {expect}")
-        if rest < N and f"taken with the {rest} batch" not in text:
+        if rest < N and f"closes with the {rest} batch" not in text:
             failures.append(f"the drafter did not say its last step took the {rest} batches "
                             f"left:\n{tail(drafter.log_path, 30)}")
         if "already trained" in text:

@@ -99,6 +99,12 @@ grep -q "^train: converting $WORK/upper.JSONL" "$WORK/third.log" &&
     grep -q "^train: buckets 128 -> 64 (cut at --token-budget 64" "$WORK/third.log" &&
     grep -q "the data ran out" "$WORK/third.log" ||
     { echo "FAIL: the short run did not say why:" >&2; tail -n 20 "$WORK/third.log" >&2; exit 1; }
+# ... and said so (at its start, or once the drafter ends, here within a second), with the
+# --epochs that would do: 24 slots, 2000 needed
+grep -q "^train: warning: --epochs 1 of this data make 24 slots (24 an epoch), and 1000 \
+steps of 2 slots need 2000: the run will stop at about step 12 (the data runs out); --epochs 84 would do" \
+    "$WORK/third.log" ||
+    { echo "FAIL: the short run not foretold:" >&2; grep "^train" "$WORK/third.log" >&2; exit 1; }
 grep -q "WARN.*the schedule is not finished: training stopped at step [0-9]* of 1000 (lr still" \
     "$WORK/third.log" ||
     { echo "FAIL: no WARN that the schedule is unfinished:" >&2; tail -n 20 "$WORK/third.log" >&2

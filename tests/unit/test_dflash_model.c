@@ -974,6 +974,121 @@ static const nn_ops *lag_ops(const nn_ops *real) {
     return &lag.tab;
 }
 
+/* Accumulation with batches that have no weight (their loss masks all 0: skipped), as pattern
+ * pat of slots (0: the world's sequence 0, 1: sequence 1, 2: sequence 0 without a loss token):
+ * three steps of accumulate batches (with flush: closed by dflash_train_flush_async after pat)
+ * against model b's one packed batch of both sequences with the same anchors: loss, norm,
+ * blocks and final weights (rel 1e-5). A skipped first batch must not leave the previous step's
+ * accumulator in (the first weighted batch overwrites it), a skipped last one must not be read
+ * (grad_average a = 0). On ops (the lagging side stream too). */
+static void accumulate_pattern(world *w, const int *pat, int npat, int accumulate, bool flush,
+                               const nn_ops *ops, const char *name) {
+    int32_t off[3][2];
+    static uint8_t no_loss[T];
+    dflash_batch_view one[3] = {seq_view(w, 0, off[0]), seq_view(w, 1, off[1]),
+                                seq_view(w, 0, off[2])};
+    one[2].loss_mask = no_loss;
+    dflash_model *a = dflash_model_new(&w->cfg, ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+    CHECK(a != NULL && b != NULL);
+    if (!a || !b) return;
+    dflash_train_cfg tc = w->tc, tb = w->tc;
+    tc.lr = tb.lr = 3e-3;
+    tc.accumulate = accumulate;
+    CHECK_EQ_INT(dflash_train_plan(a, &tc), 0);
+    bool ok = true;
+    for (int step = 0; step < 3; step++) {
+        int32_t seq[16], anc[16];
+        int nb = 0;
+        for (int s = 0; s < 2; s++) {
+            int k = dflash_train_sample_anchors(b, &tb, &one[s], 0, (uint64_t)(10 * step + s));
+            for (int j = 0; j < k && nb + j < 16; j++)
+                seq[nb + j] = s, anc[nb + j] = b->h_blk_anchor[j];
+            nb += k;
+        }
+        dflash_metrics mb, ma, last = {0};
+        ok &= dflash_train_grads(b, &tb, &w->view, nb, seq, anc, &mb) == 0;
+        dflash_train_apply(b, &tb, &mb);
+        for (int i = 0; i < npat; i++) {
+            int s = pat[i];
+            ok &= dflash_train_step_async(a, &tc, &one[s], 0,
+                                          (uint64_t)(10 * step + (s == 2 ? 7 : s))) == 0;
+            while (dflash_train_collect(a, &ma) == 1)
+                last = ma;
+        }
+        if (flush) {
+            ok &= dflash_train_flush_async(a, &tc) == 1;
+            while (dflash_train_collect(a, &ma) == 1)
+                last = ma;
+        }
+        ok &= a->step == step + 1 && !last.open && !last.skipped && last.batches == npat;
+        ok &= fabs(last.loss - mb.loss) <= 1e-5 * fabs(mb.loss) && last.n_blocks == nb;
+        ok &= fabs(last.grad_norm - mb.grad_norm) <= 1e-5 * mb.grad_norm;
+    }
+    float *host = malloc(a->n_params * sizeof(float));
+    ops->download_raw(w->ctx, host, a->master, a->n_params * sizeof(float));
+    double d = rel_diff(host, b->master, a->n_params);
+    if (!ok || d > 1e-5) printf("accumulate %s: steps %s, weights rel diff %g\n", name,
+                                ok ? "agree" : "DIFFER", d);
+    CHECK(ok);
+    CHECK(d <= 1e-5);
+    free(host);
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+}
+
+/* A step whose batches all lack weight makes no update but counts: its records say skipped, the
+ * closing one with its batches, and m->step moves (its open batches were acked with it), also
+ * when a flush closes it; the weights stay as they were. */
+static void accumulate_all_skipped(world *w) {
+    int32_t off[2];
+    static uint8_t no_loss[T];
+    dflash_batch_view e = seq_view(w, 0, off);
+    e.loss_mask = no_loss;
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 11);
+    CHECK(a != NULL);
+    if (!a) return;
+    dflash_train_cfg tc = w->tc;
+    tc.accumulate = 2;
+    CHECK_EQ_INT(dflash_train_plan(a, &tc), 0);
+    float *before = malloc(a->n_params * sizeof(float));
+    memcpy(before, a->master, a->n_params * sizeof(float));
+    dflash_metrics m0, m1;
+    CHECK_EQ_INT(dflash_train_step_async(a, &tc, &e, 0, 1), 0);
+    CHECK_EQ_INT(dflash_train_collect(a, &m0), 1);
+    CHECK_EQ_INT(dflash_train_step_async(a, &tc, &e, 0, 2), 0);
+    CHECK_EQ_INT(dflash_train_collect(a, &m1), 1);
+    CHECK(m0.open && !m1.open && m1.skipped);
+    CHECK_EQ_INT(m1.batches, 2);
+    CHECK_EQ_INT(a->step, 1);
+    CHECK_EQ_INT(m1.step, 1);
+    CHECK_EQ_INT(dflash_train_open(a), 0);
+    CHECK_EQ_INT(dflash_train_step_async(a, &tc, &e, 0, 3), 0); /* open, then closed by a flush */
+    CHECK_EQ_INT(dflash_train_collect(a, &m0), 1);
+    CHECK_EQ_INT(dflash_train_flush_async(a, &tc), 1);
+    CHECK_EQ_INT(dflash_train_collect(a, &m1), 1);
+    CHECK(m1.skipped && !m1.open);
+    CHECK_EQ_INT(m1.batches, 1);
+    CHECK_EQ_INT(a->step, 2);
+    CHECK(!memcmp(before, a->master, a->n_params * sizeof(float)));
+    free(before);
+    dflash_model_destroy(&a);
+}
+
+static void test_accumulate_skipped(world *w) {
+    const int s01[] = {0, 1}, e01[] = {2, 0, 1}, s0e1[] = {0, 2, 1}, s01e[] = {0, 1, 2};
+    accumulate_pattern(w, s01, 2, 2, false, w->ops, "[s0 s1]");
+    accumulate_pattern(w, e01, 3, 3, false, w->ops, "[E s0 s1]");
+    accumulate_pattern(w, s0e1, 3, 3, false, w->ops, "[s0 E s1]");
+    accumulate_pattern(w, s01e, 3, 3, false, w->ops, "[s0 s1 E]");
+    accumulate_pattern(w, s01e, 3, 4, true, w->ops, "[s0 s1 E] + flush");
+    accumulate_pattern(w, e01, 3, 4, true, w->ops, "[E s0 s1] + flush");
+    const nn_ops *lo = lag_ops(w->ops);
+    accumulate_pattern(w, s0e1, 3, 3, false, lo, "[s0 E s1], lagging side stream");
+    accumulate_pattern(w, s01e, 3, 4, true, lo, "[s0 s1 E] + flush, lagging side stream");
+    accumulate_all_skipped(w);
+}
+
 /* A checkpoint resumed into a model whose last update still lags on the side stream holds the
  * file's weights (the lagging update runs before the upload, not over it); with the lag's host
  * waits bypassed for the resume (run_late: the update runs after it) it does not. */
@@ -1506,6 +1621,34 @@ static void test_checkpoint_unacked(world *w) {
     CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, DFLASH_CKPT_MAX_UNACKED, &n, err,
                                              sizeof err), DFLASH_EFORMAT);
 
+    /* the batches a step (accumulate): recorded; one the drafter would not take is refused,
+     * naming it, not read as 1 (a resumed run's batch changed without a word) */
+    dflash_train_cfg ts;
+    long ts_step;
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
+    CHECK_EQ_INT(ts.accumulate, 1);
+    CHECK(edit_in_place(st_path, "\"accumulate\":\"1\"", "\"accumulate\":\"7\""));
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
+    CHECK_EQ_INT(ts.accumulate, 7);
+    const char *bad_acc[] = {"x", "0", "9"};
+    const char *prev = "7";
+    for (int i = 0; i < 3; i++) {
+        char from[32], to[32];
+        snprintf(from, sizeof from, "\"accumulate\":\"%s\"", prev);
+        snprintf(to, sizeof to, "\"accumulate\":\"%s\"", bad_acc[i]);
+        CHECK(edit_in_place(st_path, from, to));
+        prev = bad_acc[i];
+        if (i == 2) { /* 9 is a value the drafter takes (the edit keeps the length: one digit) */
+            CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
+            continue;
+        }
+        err[0] = 0;
+        CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err),
+                     DFLASH_EFORMAT);
+        CHECK(strstr(err, "accumulate") != NULL);
+    }
+    CHECK(edit_in_place(st_path, "\"accumulate\":\"9\"", "\"accumulate\":\"1\""));
+
     /* what a save cannot record: a step past the model's or before the first, too many */
     dflash_ckpt_unacked late = {0, 0, 1, 5};
     dflash_ckpt_opts bad = {.keep_last = 5, .unacked = &late, .n_unacked = 1};
@@ -1841,6 +1984,7 @@ int main(void) {
     test_mismatch(w);
     test_async_step(w);
     test_accumulate(w);
+    test_accumulate_skipped(w);
     test_no_alloc_in_steps(w);
     test_side_stream(w);
     test_checkpoint_checksums(w);

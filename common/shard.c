@@ -9,6 +9,7 @@
  */
 #include "shard.h"
 
+#include "dflash_anchor.h"
 #include "err.h"
 #include "fsutil.h"
 #include "map_guard.h"
@@ -225,9 +226,15 @@ int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t er
     return DFLASH_EMISMATCH;
 }
 
-/* shard_verify_tokens, also setting *any_loss when a mask byte is 1 (any_loss may be NULL). */
-static int verify_tokens(const shard *s, uint32_t vocab, bool *any_loss, char *err,
-                         size_t errlen) {
+/* What a set holds to train on, gathered by verify_tokens: a loss token, an anchor candidate. */
+typedef struct trainable {
+    bool loss;   /* some mask byte is 1 */
+    bool anchor; /* some position is a candidate anchor (dflash_anchor_candidate) */
+} trainable;
+
+/* shard_verify_tokens, also noting in *t (may be NULL) what the shard holds to train on: in the
+ * same pass over the tokens, so a large set is read once. */
+static int verify_tokens(const shard *s, uint32_t vocab, trainable *t, char *err, size_t errlen) {
     for (uint64_t i = 0; i < s->n_seqs; i++) {
         shard_seq q;
         shard_get(s, i, &q);
@@ -243,7 +250,10 @@ static int verify_tokens(const shard *s, uint32_t vocab, bool *any_loss, char *e
                      s->path, (unsigned long long)i, p, q.mask[p]);
                 return DFLASH_ERANGE;
             }
-            if (any_loss && q.mask[p]) *any_loss = true;
+            if (t && q.mask[p]) {
+                t->loss = true;
+                if (dflash_anchor_candidate(q.mask, (int)p, (int)q.len)) t->anchor = true;
+            }
         }
     }
     return 0;
@@ -514,18 +524,27 @@ int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err,
 }
 
 int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen) {
-    bool any_loss = false;
+    trainable t = {false, false};
     for (size_t i = 0; set && i < set->n; i++) {
-        int rc = verify_tokens(set->shards[i], vocab, &any_loss, err, errlen);
+        int rc = verify_tokens(set->shards[i], vocab, &t, err, errlen);
         if (rc) return rc;
     }
-    if (set && set->n && !any_loss) {
+    if (!set || !set->n || t.anchor) return 0;
+    const char *first = shard_path(set->shards[0]);
+    const char *others = set->n > 1 ? " and the other shards" : "";
+    unsigned long long n = (unsigned long long)shard_set_count(set);
+    if (!t.loss)
         err_fmt(err, errlen,
                 "%s%s: no trainable token: every loss_mask of its %llu sequences is 0 (dflash-data "
                 "refuses such data; scripts/chat_to_jsonl.py marks each assistant reply 1)",
-                shard_path(set->shards[0]), set->n > 1 ? " and the other shards" : "",
-                (unsigned long long)shard_set_count(set));
-        return DFLASH_ENODATA;
-    }
-    return 0;
+                first, others, n);
+    else
+        err_fmt(err, errlen,
+                "%s%s: no anchor: in none of its %llu sequences do two loss tokens come in a row "
+                "(a block starts where loss_mask marks a token and the next one: alternating "
+                "masks and one-token replies give none; dflash-data refuses such data). Mark "
+                "every token of a reply, at least two in a row: scripts/chat_to_jsonl.py marks "
+                "each assistant reply 1",
+                first, others, n);
+    return DFLASH_ENODATA;
 }

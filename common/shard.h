@@ -105,8 +105,9 @@ void shard_set_lengths(const shard_set *set, uint32_t *lens);
 uint64_t shard_set_identity(const shard_set *set);
 /* shard_check_vocab over every shard. */
 int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err, size_t errlen);
-/* shard_verify_tokens over every shard; DFLASH_ENODATA ("no trainable token" in err) when no
- * loss_mask byte of the whole set is 1: nothing to train on. */
+/* shard_verify_tokens over every shard, in one pass; DFLASH_ENODATA when the whole set has
+ * nothing to train on: "no trainable token" in err when no loss_mask byte is 1, "no anchor" when
+ * no sequence has two loss tokens in a row (dflash_anchor_candidate, dflash_anchor.h). */
 int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen);
 
 #endif

@@ -37,6 +37,7 @@
 #ifndef DFLASH_NN_DFLASH_TRAIN_H
 #define DFLASH_NN_DFLASH_TRAIN_H
 
+#include "dflash_anchor.h" /* dflash_anchor_candidate: the anchors' rule */
 #include "dflash_model.h"
 #include "slot.h"
 
@@ -71,13 +72,6 @@ typedef struct dflash_batch_view {
     const nn_buf *hidden;     /* backend memory [T, ld] act type; features in the first nF*D */
     size_t ld;                /* row stride in elements; must equal nF*D */
 } dflash_batch_view;
-
-/* Whether position p of a sequence of S tokens with loss mask lm is a candidate anchor: p and
- * the token after it are both response tokens, so a block anchored at p drafts inside p's
- * response span. The training samples its anchors among them; eval walks from them. */
-static inline bool dflash_anchor_candidate(const uint8_t *lm, int p, int S) {
-    return p + 1 < S && lm[p] && lm[p + 1];
-}
 
 typedef struct dflash_metrics {
     bool skipped;                     /* no weighted position in the batch: no update was made */

@@ -2,12 +2,15 @@
 as child processes with their logs in a temp dir, a private runtime dir for the ipc:// sockets,
 dflash-ctl status as JSON, and waits for conditions with deadlines (never fixed sleeps).
 
-Used by e2e_verify_model.py (issue 4's end-to-end check) and e2e_resume.py (SIGKILL and resume).
+Used by e2e_verify_model.py (issue 4's end-to-end check) and e2e_resume.py (SIGKILL and resume);
+write_shard makes shards dflash-data refuses to make, for the checks behind it (e2e_nodata.py,
+e2e_diverge.py).
 """
 import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import time
@@ -23,6 +26,24 @@ class Build:
         self.mkmodel = os.path.join(b, "tools", "dflash-mkmodel")
         self.gen = os.path.join(b, "tools", "dflash-gen")
         self.data = os.path.join(b, "tools", "dflash-data")
+
+
+def write_shard(path, seqs, vocab=0):
+    """Writes seqs, a list of (ids, loss_mask) pairs, as a shard in docs/formats.md's layout: a
+    64-byte header, records (int32 ids, uint8 mask, zero padding to 4 bytes), the 8-aligned index
+    of {u64 offset, u32 len, u32 0} last. For data that dflash-data refuses to write (no anchor,
+    no trainable token); the target's reader checks every invariant of it at open."""
+    records, index = bytearray(), []
+    for ids, mask in seqs:
+        index.append((64 + len(records), len(ids)))
+        records += struct.pack(f"<{len(ids)}i", *ids) + bytes(mask)
+        records += bytes(-len(records) % 4)
+    records += bytes(-(64 + len(records)) % 8)
+    lens = [n for _, n in index]
+    header = struct.pack("<8sIIQQQII16x", b"DFSHARD\0", 1, 64, len(seqs), sum(lens),
+                         64 + len(records), vocab, max(lens, default=0))
+    with open(path, "wb") as f:
+        f.write(header + records + b"".join(struct.pack("<QII", o, n, 0) for o, n in index))
 
 
 def log(name, msg):

@@ -17,9 +17,12 @@ A tiny random Qwen3 target and 32 generated sequences (batches of 4), then:
      committed and exited 0;
   4. a checkpoint holding an infinity (a copy of step 3's with one weight patched) is refused by
      `dflash-drafter eval` (exit 1) and as --init-weights (exit 2), naming the tensor;
-  5. with data whose loss masks alternate (nothing can be an anchor), a fresh drafter with
-     --max-steps 10 exits 8 saying "no step trained" and naming the loss masks, without the
-     fake "loss first 0.0000" summary or the advice to add epochs (it exited 0 with both).
+  5. with data in which every batch has nothing to train on, a fresh drafter with --max-steps
+     10 exits 8 saying "no step trained" and naming the loss masks, without the fake "loss
+     first 0.0000" summary or the advice to add epochs (it exited 0 with both). dflash-data
+     and the target refuse data with no anchor at all, so the shard is written here: the
+     sequences' loss masks alternate (no anchor), and the one sequence with anchors is longer
+     than the target's last bucket, which leaves it out of every batch.
 Usage: e2e_diverge.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
 """
 import json
@@ -31,7 +34,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
+from e2e_common import (Build, Daemon, Env, log, report, run, tail,  # noqa: E402
+                        wait_until, write_shard)
 
 
 def read_safetensors(path):
@@ -121,15 +125,17 @@ def main():
             tools_log)
         run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
              "--model", tgt, "--buckets", "32"], tools_log)
-        with open(env.path("train.jsonl")) as f, open(env.path("masked.jsonl"), "w") as g:
+        masked = []
+        with open(env.path("train.jsonl")) as f:
             for line in f:
-                r = json.loads(line)
-                # alternating: loss tokens, but no two adjacent, so no anchor (all-zero masks
-                # are refused by dflash-data and the target before the drafter sees them)
-                r["loss_mask"] = [i & 1 for i in range(len(r["loss_mask"]))]
-                g.write(json.dumps(r) + "\n")
-        run([build.data, "--in", env.path("masked.jsonl"), "--out", env.path("masked.shard"),
-             "--model", tgt, "--buckets", "32"], tools_log)
+                ids = json.loads(line)["input_ids"]
+                # alternating: loss tokens, but no two adjacent, so no anchor
+                masked.append((ids, [i & 1 for i in range(len(ids))]))
+        # anchors only past the last bucket (32): the set passes the target's check for data
+        # with nothing to train on, and the batch plan leaves this sequence out
+        masked.append((list(range(40)), [1] * 40))
+        with open(os.path.join(tgt, "config.json")) as f:
+            write_shard(env.path("masked.shard"), masked, json.load(f)["vocab_size"])
         slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
                  "--runtime-dir", env.run, "--threads", "1", "--backend", "host",
                  "--timeout-ms", "1000", "--broker-wait-ms", "20000"]
@@ -217,7 +223,8 @@ def main():
         target.stop()
         queue.stop()
 
-        # 5. nothing to train on: no two adjacent loss-mask ones
+        # 5. nothing to train on in any batch: no two adjacent loss-mask ones in a sequence that
+        # fits the bucket
         target = Daemon("target-masked", [build.target, "--model", tgt, *target_args[:2],
                                           "--shards", env.path("masked.shard"),
                                           *target_args[4:]], env.tmp)

@@ -3,7 +3,8 @@
  * open with a message naming the file and the problem; out-of-vocabulary ids are found; a shard
  * made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
  * identity tells other data of the same shape from the same data; a set whose every loss_mask
- * byte is 0 is refused as nothing to train on; a shard that shrinks while
+ * byte is 0, or whose loss tokens never come two in a row (no anchor), is refused as nothing to
+ * train on, each named; a shard that shrinks while
  * open ends the reader with a message naming it and exit 1 (map_guard), not "Bus error", while
  * a SIGBUS sent from outside still goes to the action that was there before (the default, or
  * a sanitizer's handler). */
@@ -255,6 +256,39 @@ static void test_set(void) {
     shard_set_close(&set);
     /* with a (the round trip's shard, some masks 1) before it, the set trains */
     snprintf(list, sizeof list, "%s,%s", a, b);
+    set = shard_set_open_list(list, err, sizeof err);
+    CHECK(set != NULL);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), 0);
+    shard_set_close(&set);
+
+    /* loss tokens, but never two in a row (alternating, one token): no anchor candidate in the
+     * set, nothing to train on either; refused as such, alone and after b's all-zero masks. It
+     * passed, and the drafter failed at the end ("no step trained") */
+    char c[300];
+    path_of(c, sizeof c, "c.shard");
+    w = shard_writer_new(c, 0);
+    int32_t ids5[] = {3, 4, 5, 6, 7};
+    uint8_t alt[] = {1, 0, 1, 0, 1}, one[] = {1}, pair[] = {0, 0, 1, 1, 0};
+    CHECK_EQ_INT(shard_writer_add(w, ids5, alt, 5), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids5, one, 1), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    snprintf(list, sizeof list, "%s,%s", b, c);
+    set = shard_set_open_list(list, err, sizeof err);
+    CHECK(set != NULL);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), DFLASH_ENODATA);
+    const char *want = " and the other shards: no anchor: in none of its 4 sequences do two "
+                       "loss tokens come in a row";
+    CHECK(strstr(err, b) != NULL && strstr(err, want) != NULL);
+    CHECK(strstr(err, "at least two in a row") != NULL);
+    if (!strstr(err, "no anchor")) fprintf(stderr, "  %s\n", err);
+    shard_set_close(&set);
+    /* one pair of adjacent loss tokens anywhere (here the last sequence's last two) is enough */
+    w = shard_writer_new(c, 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids5, alt, 5), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids5, pair, 5), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
     set = shard_set_open_list(list, err, sizeof err);
     CHECK(set != NULL);
     CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), 0);

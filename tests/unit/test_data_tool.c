@@ -7,9 +7,10 @@
  * that keeps no line fails (exit 3) instead of writing an empty shard, and a failed write says
  * why (the errno, e.g. a full disk); reading a large input (40 MB) on a terminal shows a
  * progress line (it was silent until the histogram); an --out that is the input file is refused
- * (the shard replaced it); sequences with no anchor to train on (alternating masks, one token)
- * are counted and warned about as all-zero masks are, and data whose every kept mask is all 0
- * is refused (exit 3, nothing written); an over-long line is skipped unparsed and
+ * (the shard replaced it); sequences with no anchor to train on (all-zero or alternating masks,
+ * one token) are left out of the shard, counted with their token share and warned about, and
+ * data with no anchor at all is refused (exit 3, nothing written), named for what it lacks (no
+ * trainable token, or no two in a row); an over-long line is skipped unparsed and
  * a JSON array input refused at its first byte; an id past int32, a negative id and a
  * duplicated key each get their own message and a whitespace-only line is blank. */
 #include "check.h"
@@ -35,14 +36,15 @@ static int run(const char *args) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* A JSON line of n tokens: ids start, start+1, ... (mod 1000), mask alternating. */
+/* A JSON line of n tokens: ids start, start+1, ... (mod 1000), mask 0 on the first half (the
+ * prompt), 1 on the rest (the reply). */
 static void put_seq(FILE *fp, int n, int start) {
     fprintf(fp, "{\"input_ids\": [");
     for (int i = 0; i < n; i++)
         fprintf(fp, "%s%d", i ? "," : "", (start + i) % 1000);
     fprintf(fp, "], \"loss_mask\": [");
     for (int i = 0; i < n; i++)
-        fprintf(fp, "%s%d", i ? "," : "", i & 1);
+        fprintf(fp, "%s%d", i ? "," : "", i >= n / 2);
     fprintf(fp, "]}\n");
 }
 
@@ -101,9 +103,9 @@ int main(void) {
     CHECK(strstr(err, "1 sequences longer than --max-len 2000 left out (2500 tokens, 54.3% of all "
                       "tokens; the first, line 6): raise --max-len") != NULL);
     if (!strstr(err, "54.3%")) fprintf(stderr, "stderr was:\n%s\n", err);
-    /* put_seq's alternating masks have no anchor: nothing to train on */
     CHECK(strstr(out, "3 sequences, 2103 tokens, 1 longer than --max-len 2000 left out (54.3% of "
-                      "all tokens), 6 bad lines skipped, 3 with nothing to train") != NULL);
+                      "all tokens), 0 without an anchor left out (0.0% of all tokens), 6 bad lines "
+                      "skipped") != NULL);
     /* histogram rows: bucket, seqs, share, tokens, share */
     CHECK(strstr(out, "<=512                 1    33.3%            3     0.1%") != NULL);
     CHECK(strstr(out, "<=1024                1    33.3%          600    28.5%") != NULL);
@@ -164,7 +166,7 @@ int main(void) {
     fprintf(fp,
             "{\"input_ids\": [1], \"loss_mask\": [1]}{\"input_ids\": [2], \"loss_mask\": [1]}\n");
     fprintf(fp, "{\"input_ids\": [3], \"loss_mask\": [1]} junk\n");
-    fprintf(fp, "{\"input_ids\": [4], \"loss_mask\": [1]} \t\r\n");
+    fprintf(fp, "{\"input_ids\": [4,5], \"loss_mask\": [1,1]} \t\r\n");
     fclose(fp);
     snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
     CHECK_EQ_INT(run(args), 0);
@@ -302,27 +304,41 @@ int main(void) {
     }
 
     /* sequences the drafter trains nothing on (anchors need loss_mask[p] and loss_mask[p+1]):
-     * all-zero masks were warned about, but alternating masks and single tokens passed in
-     * silence; both are counted in the summary and warned about */
+     * left out of the shard (the target ran its forward over them every epoch for nothing),
+     * counted with their share of the tokens in a WARN and the summary. All-zero masks were
+     * warned about and written, alternating masks and single tokens written in silence */
     fp = fopen(jsonl, "w");
     fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,1,1,0]}\n"); /* trains */
     fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,0,0,0]}\n"); /* no loss */
     fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,1,0,1]}\n"); /* no anchor */
     fprintf(fp, "{\"input_ids\": [7], \"loss_mask\": [1]}\n");             /* no anchor */
+    fprintf(fp, "{\"input_ids\": [5,6,7,8,9], \"loss_mask\": [1,1,0,0,0]}\n"); /* trains */
     fclose(fp);
     unlink(shardp);
     snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
     CHECK_EQ_INT(run(args), 0);
     err = test_slurp(errp, NULL);
     out = test_slurp(outp, NULL);
-    CHECK(strstr(err, "1 sequences have no loss tokens (loss_mask all 0)") != NULL);
-    CHECK(strstr(err, "2 sequences have loss tokens but no anchor") != NULL);
-    CHECK(strstr(out, "4 sequences, 13 tokens, 0 longer than --max-len 3072 left out (0.0% of all "
-                      "tokens), 0 bad lines skipped, 3 with nothing to train on") != NULL);
-    if (!strstr(err, "but no anchor")) fprintf(stderr, "stderr was:\n%s\n", err);
+    CHECK(strstr(err, "3 sequences without an anchor left out (9 tokens, 50.0% of all tokens; the "
+                      "first, line 2): 1 with loss_mask all 0, 2 whose loss tokens never come two "
+                      "in a row") != NULL);
+    CHECK(strstr(out, "2 sequences, 9 tokens, 0 longer than --max-len 3072 left out (0.0% of all "
+                      "tokens), 3 without an anchor left out (50.0% of all tokens), 0 bad lines "
+                      "skipped") != NULL);
+    CHECK(strstr(out, "<=512                 2   100.0%            9   100.0%") != NULL);
+    if (!strstr(err, "without an anchor")) fprintf(stderr, "stderr was:\n%s\n", err);
+    if (!strstr(out, "2 sequences")) fprintf(stderr, "stdout was:\n%s\n", out);
     free(err);
     free(out);
-    /* every kept mask all 0 (and a bad line): nothing to train on at all is refused (exit 3,
+    s = shard_open(shardp, e, sizeof e);
+    CHECK(s != NULL && shard_count(s) == 2);
+    if (s) {
+        shard_seq q;
+        CHECK(shard_get(s, 0, &q) == 0 && q.len == 4 && q.mask[1] == 1 && q.mask[2] == 1);
+        CHECK(shard_get(s, 1, &q) == 0 && q.len == 5 && q.ids[0] == 5);
+        shard_close(&s);
+    }
+    /* every valid mask all 0 (and a bad line): nothing to train on at all is refused (exit 3,
      * no shard), naming the cause and chat_to_jsonl. It was a warning and exit 0, and the
      * target then read the data for every epoch before the drafter failed */
     fp = fopen(jsonl, "w");
@@ -334,9 +350,34 @@ int main(void) {
     CHECK_EQ_INT(run(args), 3);
     CHECK(access(shardp, F_OK) != 0);
     err = test_slurp(errp, NULL);
-    CHECK(strstr(err, "no trainable token: every loss_mask is 0 (all 2 kept sequences") != NULL);
+    CHECK(strstr(err, "no trainable token: every loss_mask is 0 (all 2 lines of") != NULL);
     CHECK(strstr(err, "scripts/chat_to_jsonl.py") != NULL);
     if (!strstr(err, "no trainable token")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    /* loss tokens, but never two in a row (and a line over --max-len that would have trained):
+     * no anchor anywhere is refused too (exit 3, no shard), saying what the masks lack. It
+     * passed with a warning, and the drafter failed at the end ("no step trained", exit 8),
+     * after the target had read the data for every epoch */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,1,0,1]}\n");
+    fprintf(fp, "{\"input_ids\": [7], \"loss_mask\": [1]}\n");
+    fprintf(fp, "{\"input_ids\": [7,8,9], \"loss_mask\": [0,0,0]}\n");
+    put_seq(fp, 40, 0);
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --max-len 32", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 3);
+    CHECK(access(shardp, F_OK) != 0);
+    err = test_slurp(errp, NULL);
+    snprintf(want, sizeof want,
+             "no anchor: in none of the 3 lines of %s that could be kept (valid, within --max-len) "
+             "do two loss tokens come in a row (1 with loss_mask all 0, 2 whose loss tokens are "
+             "never adjacent",
+             jsonl);
+    CHECK(strstr(err, want) != NULL);
+    CHECK(strstr(err, "at least two in a row") != NULL);
+    CHECK(strstr(err, "scripts/chat_to_jsonl.py") != NULL);
+    if (!strstr(err, "no anchor:")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
 
     /* messages that said the wrong thing: an id past int32 "is not an integer", a negative one

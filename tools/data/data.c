@@ -14,22 +14,26 @@
  * (only whitespace) are ignored. A line longer than any record of --max-len tokens can be
  * (line_limit) is bad without being parsed, and an input whose first byte is '[' (a JSON array)
  * is refused before it is read (exit 3): cJSON holds ~28 times a line's size.
- * At the end it prints the per-bucket length histogram for --buckets: sequences, tokens and
- * token share per bucket (the shares the broker's deficits use) and the sequences longer than
- * the last bound, and counts (and warns about) the kept sequences the drafter trains nothing on:
- * no anchor candidate (dflash_anchor_candidate), an all-zero loss mask among them.
+ * A valid line the drafter would train nothing on, with no anchor candidate (dflash_anchor.h:
+ * no two loss tokens in a row; an all-zero loss mask among them), is left out too: the target
+ * would run its forward over it every epoch for nothing. Such lines are counted, with their
+ * token share, in one WARN and the summary line; when no line has an anchor, nothing is written.
+ * At the end it prints the per-bucket length histogram for --buckets of the sequences written:
+ * sequences, tokens and token share per bucket (the shares the broker's deficits use) and the
+ * sequences longer than the last bound.
  * While it reads, a progress line on stderr (progress.h: every 10 s, 0.2 s on a terminal) gives
  * the lines and megabytes read so far. The shard is written under a temporary name and renamed
  * when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of
  * that name as it was. An --out that is the input file itself is refused (exit 2).
- * Exit status: 0 written, 1 error, 2 bad usage, 3 no line kept (every line bad or too long, the
- * input empty or a JSON array: nothing written, the first bad line's reason is printed) or no
- * trainable token (every kept sequence's loss_mask all 0: nothing written).
+ * Exit status: 0 written, 1 error, 2 bad usage, 3 nothing written: no valid line (every line bad
+ * or too long, the input empty or a JSON array; the first bad line's reason is printed), or no
+ * valid line with an anchor (every loss_mask all 0: "no trainable token"; loss tokens never two
+ * in a row: "no anchor").
  * One thread; memory: one line at a time, at most line_limit bytes of it.
  */
 #include "batch_plan.h"
 #include "config.h"
-#include "dflash_train.h"
+#include "dflash_anchor.h"
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
@@ -83,9 +87,11 @@ static const cfg_option data_options[] = {
 static const cfg_table data_table = {
     "dflash-data",
     "convert JSONL input_ids/loss_mask lines into a shard\n"
+    "a line whose loss_mask never marks two tokens in a row (all 0, alternating, one-token\n"
+    "replies) has no anchor, trains nothing, and is left out and counted\n"
     "exit status: 0 written, 1 error, 2 bad usage (or --out is the input file), 3 no line kept\n"
-    "(every line bad or longer than --max-len, the input empty or a JSON array) or no\n"
-    "trainable token (every loss_mask is 0); nothing written",
+    "(every line bad or longer than --max-len, the input empty or a JSON array) or no line\n"
+    "with an anchor (no trainable token, or no two in a row); nothing written",
     "[options]", data_options, sizeof data_options / sizeof data_options[0], NULL, NULL,
     NULL};
 
@@ -315,8 +321,10 @@ int main(int argc, char **argv) {
     }
     uint64_t seqs[BATCH_PLAN_MAX_BUCKETS + 1] = {0}, toks[BATCH_PLAN_MAX_BUCKETS + 1] = {0};
     uint64_t bad = 0, kept = 0, kept_tokens = 0, first_bad = 0; /* first_bad: first line not kept */
-    uint64_t n_long = 0, long_tokens = 0, first_long = 0; /* valid, longer than --max-len */
-    uint64_t no_loss = 0, no_anchor = 0; /* kept sequences the drafter trains nothing on */
+    uint64_t n_long = 0, long_tokens = 0, first_long = 0;       /* valid, longer than --max-len */
+    /* valid lines left out for having no anchor (dflash_anchor.h): loss_mask all 0 (no_loss) or
+     * loss tokens never two in a row (no_pair); their tokens, the first one's line */
+    uint64_t no_loss = 0, no_pair = 0, no_anchor_tokens = 0, first_no_anchor = 0;
     char first_why[256] = "";
     line_buf lb = {0};
     char *line = NULL;
@@ -384,6 +392,16 @@ int main(int argc, char **argv) {
                 LOG_WARN("%s:%llu: %s; line skipped", c.in, (unsigned long long)lineno, why);
             continue;
         }
+        if (!dflash_anchor_any(lb.mask, (int)n)) { /* trains nothing: not worth a forward */
+            bool any = false;
+            for (long i = 0; i < n && !any; i++)
+                any = lb.mask[i];
+            if (!no_loss && !no_pair) first_no_anchor = lineno;
+            no_loss += !any;
+            no_pair += any;
+            no_anchor_tokens += (uint64_t)n;
+            continue;
+        }
         rc = shard_writer_add(w, lb.ids, lb.mask, (uint32_t)n);
         if (rc) {
             progress_end(&prog);
@@ -393,16 +411,6 @@ int main(int argc, char **argv) {
         }
         kept++;
         kept_tokens += (uint64_t)n;
-        bool has_anchor = false; /* the training's rule (dflash_train.h) */
-        for (long p = 0; p + 1 < n && !has_anchor; p++)
-            has_anchor = dflash_anchor_candidate(lb.mask, (int)p, (int)n);
-        if (!has_anchor) {
-            bool any = false;
-            for (long i = 0; i < n && !any; i++)
-                any = lb.mask[i];
-            no_loss += !any;
-            no_anchor += any;
-        }
         int b = 0;
         while (b < nb && (uint32_t)n > bounds[b])
             b++;
@@ -418,8 +426,10 @@ int main(int argc, char **argv) {
         LOG_ERROR("read error on %s", c.in);
         status = 1;
     }
-    /* an empty shard only fails later, in the target ("batch plan: 0 sequences") */
-    if (!status && kept == 0) {
+    /* an empty shard only fails later, in the target ("batch plan: 0 sequences"); one of lines
+     * without an anchor, at the drafter's end ("no step trained"), after the target had read
+     * the data for every epoch */
+    if (!status && kept == 0 && no_loss + no_pair == 0) {
         if (bad || n_long)
             LOG_ERROR("no line kept: of the %llu lines of %s, %llu are bad and %llu longer than "
                       "--max-len %lld (the first, line %llu: %s); nothing written",
@@ -429,15 +439,24 @@ int main(int argc, char **argv) {
         else
             LOG_ERROR("no line kept: %s holds no JSONL line; nothing written", c.in);
         status = 3;
-    }
-    /* a shard of all-zero masks trains nothing: the target read it for every epoch, then the
-     * drafter failed ("no step trained") */
-    if (!status && kept && no_loss == kept) {
-        LOG_ERROR("no trainable token: every loss_mask is 0 (all %llu kept sequences of %s); "
-                  "nothing written. loss_mask is 1 on the tokens to learn, the replies: "
+    } else if (!status && kept == 0 && no_pair == 0) {
+        LOG_ERROR("no trainable token: every loss_mask is 0 (all %llu lines of %s that could "
+                  "be kept: valid, within --max-len); nothing written. loss_mask is 1 on the "
+                  "tokens to learn, the replies: "
                   "scripts/chat_to_jsonl.py --tokenizer MODEL --in CHATS.jsonl --out FILE.jsonl "
                   "marks each assistant reply so",
-                  (unsigned long long)kept, c.in);
+                  (unsigned long long)no_loss, c.in);
+        status = 3;
+    } else if (!status && kept == 0) {
+        LOG_ERROR("no anchor: in none of the %llu lines of %s that could be kept (valid, within "
+                  "--max-len) do two loss tokens come in a row (%llu with loss_mask all 0, %llu "
+                  "whose loss tokens are never adjacent: alternating masks, one-token replies); "
+                  "nothing written. A block starts where loss_mask marks a token and the next "
+                  "one: mark every token of a reply, at least two in a row "
+                  "(scripts/chat_to_jsonl.py --tokenizer MODEL --in CHATS.jsonl --out FILE.jsonl "
+                  "marks each assistant reply so)",
+                  (unsigned long long)(no_loss + no_pair), c.in, (unsigned long long)no_loss,
+                  (unsigned long long)no_pair);
         status = 3;
     }
     if (in != stdin) fclose(in);
@@ -451,30 +470,33 @@ int main(int argc, char **argv) {
     shard_writer_destroy(&w);
     if (status) return status;
 
+    /* shares of all valid lines' tokens, written or left out */
+    double all_tokens = (double)(kept_tokens + long_tokens + no_anchor_tokens);
     if (bad)
         LOG_WARN("%llu of %llu lines skipped as bad", (unsigned long long)bad,
-                 (unsigned long long)(kept + bad + n_long));
+                 (unsigned long long)(kept + bad + n_long + no_loss + no_pair));
     if (n_long)
         LOG_WARN("%llu sequences longer than --max-len %lld left out (%llu tokens, %.1f%% of all "
                  "tokens; the first, line %llu): raise --max-len, or cut them when tokenizing "
                  "(scripts/chat_to_jsonl.py --max-len N keeps each conversation's first N tokens "
                  "and their loss mask)",
                  (unsigned long long)n_long, (long long)c.max_len, (unsigned long long)long_tokens,
-                 100.0 * (double)long_tokens / (double)(long_tokens + kept_tokens),
-                 (unsigned long long)first_long);
-    if (no_loss)
-        LOG_WARN("%llu sequences have no loss tokens (loss_mask all 0): nothing to train on",
-                 (unsigned long long)no_loss);
-    if (no_anchor)
-        LOG_WARN("%llu sequences have loss tokens but no anchor (no two adjacent positions with "
-                 "loss_mask 1, e.g. alternating masks or a single token): nothing to train on",
-                 (unsigned long long)no_anchor);
+                 100.0 * (double)long_tokens / all_tokens, (unsigned long long)first_long);
+    if (no_loss + no_pair)
+        LOG_WARN("%llu sequences without an anchor left out (%llu tokens, %.1f%% of all tokens; "
+                 "the first, line %llu): %llu with loss_mask all 0, %llu whose loss tokens never "
+                 "come two in a row (alternating masks, one-token replies); the drafter trains "
+                 "nothing on them: a block starts where loss_mask marks a token and the next one",
+                 (unsigned long long)(no_loss + no_pair), (unsigned long long)no_anchor_tokens,
+                 100.0 * (double)no_anchor_tokens / all_tokens, (unsigned long long)first_no_anchor,
+                 (unsigned long long)no_loss, (unsigned long long)no_pair);
     printf("%s: %llu sequences, %llu tokens, %llu longer than --max-len %lld left out (%.1f%% of "
-           "all tokens), %llu bad lines skipped, %llu with nothing to train on, vocab %u\n",
+           "all tokens), %llu without an anchor left out (%.1f%% of all tokens), %llu bad lines "
+           "skipped, vocab %u\n",
            c.out, (unsigned long long)kept, (unsigned long long)kept_tokens,
            (unsigned long long)n_long, (long long)c.max_len,
-           100.0 * (double)long_tokens / (double)(long_tokens + kept_tokens),
-           (unsigned long long)bad, (unsigned long long)(no_loss + no_anchor), vocab);
+           100.0 * (double)long_tokens / all_tokens, (unsigned long long)(no_loss + no_pair),
+           100.0 * (double)no_anchor_tokens / all_tokens, (unsigned long long)bad, vocab);
     printf("%-12s %10s %8s %12s %8s\n", "bucket", "seqs", "share", "tokens", "share");
     for (int b = 0; b <= nb; b++) {
         if (b == nb && !seqs[b]) break;

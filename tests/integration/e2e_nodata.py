@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""e2e_nodata: dflash-target refuses, at its start, a shard set that has nothing to train on, and
+scripts/train shows why.
+
+dflash-data no longer writes such data (it leaves out every sequence without an anchor and
+refuses data with none), so these shards are written here directly (e2e_common.write_shard,
+docs/formats.md's layout), as a shard made by another tool or an older dflash-data would be.
+A tiny random Qwen3 target, then:
+  1. a shard whose every loss_mask is 0: the target exits 2 before loading the weights, its
+     ERROR naming the shard and "no trainable token";
+  2. a shard with loss tokens that never come two in a row (alternating masks, one-token
+     replies): the target exits 2, its ERROR naming the shard and "no anchor". Both used to
+     start: the target ran its forward over the data for every epoch, and only the drafter's
+     end said "no step trained" (exit 8);
+  3. the same shard plus one sequence with two adjacent loss tokens passes the check: the
+     target loads the model and goes on to look for a broker (there is none: exit 1);
+  4. scripts/train on the shard of case 2 fails (exit 1) with the target's ERROR on its console.
+Usage: e2e_nodata.py BUILD_DIR SOURCE_ROOT [--keep]. Exit 0 pass, 1 fail.
+"""
+import os
+import re
+import subprocess
+import sys
+
+from e2e_common import Build, Env, log, report, run, write_shard
+
+
+def exits(argv, logpath, timeout=120):
+    """Runs argv to completion: its exit status and its output (stdout and stderr)."""
+    with open(logpath, "w") as f:
+        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    with open(logpath, errors="replace") as f:
+        return rc, f.read()
+
+
+def expect(failures, what, rc, text, want, present, absent=()):
+    missing = [p for p in present if not re.search(p, text)]
+    wrong = [p for p in absent if re.search(p, text)]
+    if rc != want or missing or wrong:
+        failures.append(f"{what}: exit {rc} (want {want}), missing {missing}, unwanted {wrong}:"
+                        f"\n{text[-2000:]}")
+    else:
+        log("e2e", f"ok: {what} exits {rc}")
+
+
+def main():
+    build = Build(sys.argv[1])
+    root = sys.argv[2]
+    keep = "--keep" in sys.argv
+    env = Env("nodata")
+    failures = []
+    try:
+        tgt = env.path("target")
+        run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out", tgt],
+            env.path("tools.log"))
+        ids = [(7 * k + 3) % 500 for k in range(20)]
+        zero = [(ids, [0] * 20)] * 6
+        alternating = [(ids, [k & 1 for k in range(20)])] * 6 + [([5], [1])] * 2
+        one_pair = [(ids, [0] * 17 + [1, 1, 0])]
+        write_shard(env.path("zero.shard"), zero, 512)
+        write_shard(env.path("noanchor.shard"), alternating, 512)
+        write_shard(env.path("onepair.shard"), alternating + one_pair, 512)
+        target = [build.target, "--model", tgt, "--buckets", "32", "--token-budget", "32",
+                  "--max-seqs", "4", "--layers", "3", "--runtime-dir", env.run, "--threads", "1",
+                  "--backend", "host", "--broker-wait-ms", "1000", "--name"]
+
+        # 1. no trainable token
+        rc, text = exits([*target, "t-zero", "--shards", env.path("zero.shard")],
+                         env.path("target-zero.log"))
+        expect(failures, "the target on all-zero loss masks", rc, text, 2,
+               [r"dflash-target ERROR .*zero\.shard: no trainable token: every loss_mask of its 6 "
+                r"sequences is 0"], [r"effective configuration"])
+
+        # 2. loss tokens, no anchor
+        rc, text = exits([*target, "t-noanchor", "--shards", env.path("noanchor.shard")],
+                         env.path("target-noanchor.log"))
+        expect(failures, "the target on loss tokens never two in a row", rc, text, 2,
+               [r"dflash-target ERROR .*noanchor\.shard: no anchor: in none of its 8 sequences "
+                r"do two loss tokens come in a row", r"at least two in a row"],
+               [r"effective configuration"])
+
+        # 3. one anchor candidate in the whole set is enough to start (no broker: exit 1)
+        rc, text = exits([*target, "t-onepair", "--shards", env.path("onepair.shard")],
+                         env.path("target-onepair.log"))
+        expect(failures, "the target on a set with one anchor candidate", rc, text, 1,
+               [r"effective configuration"], [r"no anchor", r"no trainable token"])
+
+        # 4. scripts/train on the shard of case 2: the target's reason on the console
+        rc, text = exits(["bash", os.path.join(root, "scripts", "train"), "--model", tgt,
+                          "--data", env.path("noanchor.shard"), "--out", env.path("run"),
+                          "--build", os.path.abspath(sys.argv[1]), "--backend", "host",
+                          "--steps", "2", "--draft-layers", "1", "--features", "3",
+                          "--block-size", "4", "--anchors", "8", "--max-seqs", "2", "--slots",
+                          "2", "--token-budget", "32", "--buckets", "32"],
+                         env.path("train.log"), timeout=180)
+        expect(failures, "scripts/train on loss tokens never two in a row", rc, text, 1,
+               [r"(?m)^\S+ dflash-target ERROR .*noanchor\.shard: no anchor",
+                r"train: dflash-target stopped"], [r"train: done"])
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        failures.append(str(e))
+    finally:
+        env.cleanup(keep or bool(failures))
+    return report(env, failures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,9 +17,10 @@ A tiny random Qwen3 target and 32 generated sequences (batches of 4), then:
      committed and exited 0;
   4. a checkpoint holding an infinity (a copy of step 3's with one weight patched) is refused by
      `dflash-drafter eval` (exit 1) and as --init-weights (exit 2), naming the tensor;
-  5. with data in which every batch has nothing to train on, a fresh drafter with --max-steps
-     10 exits 8 saying "no step trained" and naming the loss masks, without the fake "loss
-     first 0.0000" summary or the advice to add epochs (it exited 0 with both). dflash-data
+  5. with data in which every batch has nothing to train on, a fresh drafter (--accumulate 3)
+     with --max-steps 10 exits 8 saying "no step trained" and naming the loss masks, without
+     the fake "loss first 0.0000" summary or the advice to add epochs (it exited 0 with both);
+     the batches it says it skipped are the batches it got (it counted steps of three). dflash-data
      and the target refuse data with no anchor at all, so the shard is written here: the
      sequences' loss masks alternate (no anchor), and the one sequence with anchors is longer
      than the target's last bucket, which leaves it out of every batch.
@@ -234,13 +235,20 @@ def main():
         if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
             raise RuntimeError("the second broker did not answer ping within 10 s")
         target.start()
+        # (with --accumulate 3: steps of three slots, each skipped; the count is of batches)
         rc, text = exits([build.drafter, "--name", "d-masked", "--model", tgt, "--block-size",
-                          "4", "--anchors", "8", "--max-steps", "10", "--checkpoint-dir",
-                          env.path("ckpt-masked"), "--progress-ms", "0", *slots],
-                         env.path("drafter-masked.log"))
+                          "4", "--anchors", "8", "--max-steps", "10", "--accumulate", "3",
+                          "--checkpoint-dir", env.path("ckpt-masked"), "--progress-ms", "0",
+                          *slots], env.path("drafter-masked.log"))
         expect_exit(failures, "the drafter with nothing to train on", rc, text, 8,
                     [r"training: no step trained in this run", r"no step trained: every one of "
                      r"the \d+ batches this run got had no weighted position", r"loss masks"])
+        said = re.search(r"every one of the (\d+) batches", text)
+        got = re.search(r"(?:done|failed): (\d+) batches", text)
+        if not said or not got or said.group(1) != got.group(1):
+            failures.append(f"the drafter with nothing to train on counts "
+                            f"{said and said.group(1)} batches skipped, but got "
+                            f"{got and got.group(1)}")
         for wrong in (r"loss first", r"larger --epochs"):
             if re.search(wrong, text):
                 failures.append(f"the drafter with nothing to train on says '{wrong}'")

@@ -33,7 +33,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
+from e2e_common import (Build, Daemon, Env, log, report, start_broker, tail,  # noqa: E402
+                        tiny_training, wait_until)
 
 N = 3  # --accumulate
 
@@ -52,24 +53,7 @@ def main():
     env = Env("accumulate")
     failures = []
     try:
-        tools_log = env.path("tools.log")
-        run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
-             env.path("target")], tools_log)
-        run([build.gen, "--model", env.path("target"), "--out", env.path("train.jsonl"), "--n",
-             "40", "--seed", "5", "--greedy", "--prompt-max", "12", "--max-new", "20",
-             "--threads", "1"], tools_log)
-        run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
-             "--model", env.path("target"), "--buckets", "32", "--strict"], tools_log)
-        slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
-                 "--runtime-dir", env.run, "--threads", "1", "--backend", backend,
-                 "--timeout-ms", "1000"]
-        queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal",
-                                 env.path("queue.journal"), "--min-ready", "1", "--max-depth",
-                                 "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300"],
-                       env.tmp)
-        target = Daemon("target", [build.target, "--name", f"e2eaccum{os.getpid()}", "--model",
-                                   env.path("target"), "--shards", env.path("train.shard"),
-                                   "--slots", "3", "--epochs", "1", *slots], env.tmp)
+        slots, queue, target = tiny_training(build, env, 40, "e2eaccum", backend)
         drafter = Daemon("drafter", [build.drafter, "--train", "--model", env.path("target"),
                                      "--block-size", "4", "--lr", "3e-3", "--anchors", "8",
                                      "--accumulate", str(N), "--total-steps", "100",
@@ -78,10 +62,7 @@ def main():
                                      env.path("metrics"), "--progress-ms", "0", "--log-level",
                                      "debug", "--name", "trainer", *slots], env.tmp)
         env.daemons = [queue, target, drafter]
-        queue.start()
-        if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-            raise RuntimeError("the broker did not answer ping within 10 s:\n" +
-                               tail(queue.log_path))
+        start_broker(build, env, queue)
         target.start()
         drafter.start()
 

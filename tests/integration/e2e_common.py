@@ -169,3 +169,38 @@ class Env:
         shutil.rmtree(self.run, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def tiny_training(build, env, n_seqs, name, backend="host"):
+    """The small real training setup of the resume-style tests: a random 6-layer Qwen3 target
+    (dflash-mkmodel), n_seqs generated sequences (dflash-gen) in one shard of bucket 32
+    (dflash-data), and a broker with a journal (min-ready 1, max-depth 4, lease timeout 1.5 s,
+    heartbeats every 300 ms) and a target (3 slots, 1 epoch) on env's runtime dir. Returns the
+    slot options the drafter must share, the queue and the target Daemon (not started)."""
+    tools_log = env.path("tools.log")
+    run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
+         env.path("target")], tools_log)
+    run([build.gen, "--model", env.path("target"), "--out", env.path("train.jsonl"), "--n",
+         str(n_seqs), "--seed", "5", "--greedy", "--prompt-max", "12", "--max-new", "20",
+         "--threads", "1"], tools_log)
+    run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
+         "--model", env.path("target"), "--buckets", "32", "--strict"], tools_log)
+    slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
+             "--runtime-dir", env.run, "--threads", "1", "--backend", backend,
+             "--timeout-ms", "1000"]
+    queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal",
+                             env.path("queue.journal"), "--min-ready", "1", "--max-depth",
+                             "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300"],
+                   env.tmp)
+    target = Daemon("target", [build.target, "--name", f"{name}{os.getpid()}", "--model",
+                               env.path("target"), "--shards", env.path("train.shard"),
+                               "--slots", "3", "--epochs", "1", *slots], env.tmp)
+    return slots, queue, target
+
+
+def start_broker(build, env, queue):
+    """Starts queue and waits for it to answer ping (RuntimeError after 10 s)."""
+    queue.start()
+    if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
+        raise RuntimeError("the broker did not answer ping within 10 s:\n" +
+                           tail(queue.log_path))

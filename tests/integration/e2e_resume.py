@@ -45,7 +45,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
+from e2e_common import (Build, Daemon, Env, log, report, start_broker, tail,  # noqa: E402
+                        tiny_training, wait_until)
 
 
 def main():
@@ -54,24 +55,7 @@ def main():
     env = Env("resume")
     failures = []
     try:
-        tools_log = env.path("tools.log")
-        run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
-             env.path("target")], tools_log)
-        run([build.gen, "--model", env.path("target"), "--out", env.path("train.jsonl"), "--n",
-             "96", "--seed", "5", "--greedy", "--prompt-max", "12", "--max-new", "20",
-             "--threads", "1"], tools_log)
-        run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
-             "--model", env.path("target"), "--buckets", "32", "--strict"], tools_log)
-        slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
-                 "--runtime-dir", env.run, "--threads", "1", "--backend", "host",
-                 "--timeout-ms", "1000"]
-        queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal",
-                                 env.path("queue.journal"), "--min-ready", "1", "--max-depth",
-                                 "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300"],
-                       env.tmp)
-        target = Daemon("target", [build.target, "--name", f"e2eresume{os.getpid()}", "--model",
-                                   env.path("target"), "--shards", env.path("train.shard"),
-                                   "--slots", "3", "--epochs", "1", *slots], env.tmp)
+        slots, queue, target = tiny_training(build, env, 96, "e2eresume")
         common = [build.drafter, "--train", "--model", env.path("target"), "--block-size", "4",
                   "--lr", "3e-3", "--total-steps", "24", *slots]
         ckpt_args = ["--checkpoint-every", "6", "--keep-last", "2", "--checkpoint-dir",
@@ -80,10 +64,7 @@ def main():
         drafter = Daemon("drafter", [*common, "--name", "trainer", "--anchors", "8",
                                      *ckpt_args], env.tmp)
         env.daemons = [queue, target, drafter]
-        queue.start()
-        if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-            raise RuntimeError("the broker did not answer ping within 10 s:\n" +
-                               tail(queue.log_path))
+        start_broker(build, env, queue)
         target.start()
         drafter.start()
 

@@ -82,6 +82,38 @@ static __attribute__((unused)) int stub_group_step(const char *rid, uint64_t inc
     return stub_send(rid);
 }
 
+/* A drafter peer of the stub broker: its routing id, name and incarnation. */
+typedef struct stub_drafter {
+    const char *rid, *name;
+    uint64_t inc;
+} stub_drafter;
+
+/* d's Claim; the grant (may be NULL) on 0. */
+static __attribute__((unused)) int stub_claim(const stub_drafter *d, wire_grant *g)
+{
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
+    int rc = stub_send(d->rid);
+    if (!rc && g) *g = stub_rep.u.grant;
+    return rc;
+}
+
+/* d's SlotRelease of lease. */
+static __attribute__((unused)) int stub_release(const stub_drafter *d, uint64_t lease)
+{
+    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.lease_id = lease;
+    return stub_send(d->rid);
+}
+
+/* d's Ack of unit u at step. */
+static __attribute__((unused)) int stub_ack(const stub_drafter *d, wire_unit u, uint64_t step)
+{
+    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.ack.unit = u;
+    stub_req.u.ack.step = step;
+    return stub_send(d->rid);
+}
+
 static __attribute__((unused)) wire_status stub_status(void)
 {
     stub_init(WIRE_STATUS_REQUEST, WIRE_ROLE_CTL, 99);

@@ -28,10 +28,7 @@
 
 enum { TARGET_INC = 7, POOL_INC = 0x77 };
 
-typedef struct {
-    const char *rid, *name;
-    uint64_t inc;
-} drafter;
+typedef stub_drafter drafter;
 
 static const drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2},
                      C = {"drafter-c-3", "c", 0xc3};
@@ -54,29 +51,6 @@ static int hello(const drafter *d, const wire_unit *held, uint32_t n_held)
     snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", d->name);
     stub_req.u.hello.n_held = n_held;
     for (uint32_t i = 0; i < n_held; i++) stub_req.u.hello.held[i] = held[i];
-    return stub_send(d->rid);
-}
-
-static int claim(const drafter *d, wire_grant *g)
-{
-    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
-    int rc = stub_send(d->rid);
-    if (!rc && g) *g = stub_rep.u.grant;
-    return rc;
-}
-
-static int release(const drafter *d, uint64_t lease)
-{
-    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, d->inc);
-    stub_req.u.lease_id = lease;
-    return stub_send(d->rid);
-}
-
-static int ack(const drafter *d, wire_unit u, uint64_t step)
-{
-    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, d->inc);
-    stub_req.u.ack.unit = u;
-    stub_req.u.ack.step = step;
     return stub_send(d->rid);
 }
 
@@ -127,14 +101,14 @@ static void setup(wire_grant *gb)
     CHECK_EQ_INT(hello(&B, NULL, 0), 0);
     stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
     wire_grant ga;
-    CHECK_EQ_INT(claim(&A, &ga), 0);
+    CHECK_EQ_INT(stub_claim(&A, &ga), 0);
     CHECK(same_unit(ga.unit, X));
-    CHECK_EQ_INT(release(&A, ga.lease_id), 0);
+    CHECK_EQ_INT(stub_release(&A, ga.lease_id), 0);
     CHECK(expire(&A, (const drafter *const[]){&B, NULL}));
     wire_status s = stub_status();
     CHECK_EQ_INT(s.batches_inflight, 0); /* X back to to-do */
     stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
-    CHECK_EQ_INT(claim(&B, gb), 0);
+    CHECK_EQ_INT(stub_claim(&B, gb), 0);
     CHECK(same_unit(gb->unit, X)); /* produced again, granted to b */
 }
 
@@ -142,9 +116,9 @@ static void setup(wire_grant *gb)
  * ack again is recorded at step 5. The log of that last ack goes to said. */
 static void late_ack_of_a(void)
 {
-    CHECK_EQ_INT(ack(&A, X, 5), DFLASH_ESTALE);
+    CHECK_EQ_INT(stub_ack(&A, X, 5), DFLASH_ESTALE);
     CHECK_EQ_INT(hello(&A, &X, 1), 0);
-    CHECK_EQ_INT(ack(&A, X, 5), 0);
+    CHECK_EQ_INT(stub_ack(&A, X, 5), 0);
 }
 
 static void capture(void (*fn)(void))
@@ -164,7 +138,7 @@ static void test_lease_out(void)
     CHECK(strstr(said, "not released): that release is refused and the copy dropped, the batch "
                        "is not trained twice") != NULL);
     CHECK(strstr(said, "trained twice:") == NULL && strstr(said, "it is trained twice") == NULL);
-    CHECK_EQ_INT(release(&B, gb.lease_id), DFLASH_ESTALE);
+    CHECK_EQ_INT(stub_release(&B, gb.lease_id), DFLASH_ESTALE);
     printf("b's release: %s\n", stub_rep.u.error.message);
     CHECK(strstr(stub_rep.u.error.message, "batch 0/0/0 was trained meanwhile") != NULL);
     wire_status s = stub_status();
@@ -172,7 +146,7 @@ static void test_lease_out(void)
     CHECK_EQ_INT(s.batches_inflight, 0);
     CHECK_EQ_INT(s.buckets[0].leased, 0);
     CHECK_EQ_INT(s.buckets[0].ready, 0);
-    CHECK_EQ_INT(claim(&B, NULL), DFLASH_EAGAIN); /* nothing ready: X is not granted again */
+    CHECK_EQ_INT(stub_claim(&B, NULL), DFLASH_EAGAIN); /* nothing ready: X is not granted again */
     /* the slot went back to the target, which is asked for the next batch, not X */
     stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
     stub_req.u.pool_incarnation = POOL_INC;
@@ -195,7 +169,7 @@ static void test_lease_expires(void)
     CHECK_EQ_INT(s.buckets[0].leased, 0);
     CHECK_EQ_INT(s.buckets[0].ready, 0);
     wire_grant gc = {0};
-    int rc = claim(&C, &gc);
+    int rc = stub_claim(&C, &gc);
     if (rc == 0) printf("c was granted batch %u/%u/%llu\n", gc.unit.epoch, gc.unit.bucket,
                         (unsigned long long)gc.unit.index);
     CHECK_EQ_INT(rc, DFLASH_EAGAIN);
@@ -209,12 +183,12 @@ static void test_copied_already(void)
 {
     wire_grant gb;
     setup(&gb);
-    CHECK_EQ_INT(release(&B, gb.lease_id), 0);
+    CHECK_EQ_INT(stub_release(&B, gb.lease_id), 0);
     capture(late_ack_of_a);
     CHECK(strstr(said, "a acked batch 0/0/0 late (trained at step 5), while drafter b trains it "
                        "again (copied, not acked): it is trained twice; the ledger counts it "
                        "once, b's ack will be refused") != NULL);
-    CHECK_EQ_INT(ack(&B, X, 5), DFLASH_EEXISTS);
+    CHECK_EQ_INT(stub_ack(&B, X, 5), DFLASH_EEXISTS);
     printf("b's ack: %s\n", stub_rep.u.error.message);
     CHECK(strstr(stub_rep.u.error.message, "already trained at step 5: trained twice") != NULL);
     wire_status s = stub_status();

@@ -33,10 +33,7 @@
 
 enum { TARGET_INC = 7, POOL_INC = 0x77 };
 
-typedef struct {
-    const char *rid, *name;
-    uint64_t inc;
-} drafter;
+typedef stub_drafter drafter;
 
 static const drafter D = {"drafter-d-1", "d", 0xd1}, E = {"drafter-e-2", "e", 0xe2};
 
@@ -74,29 +71,6 @@ static void target_heartbeat(void)
     stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, TARGET_INC);
     stub_req.u.sent_ms = monotime_ms();
     CHECK_EQ_INT(stub_send("target-t-7"), 0);
-}
-
-static int claim(const drafter *d, wire_grant *g)
-{
-    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
-    int rc = stub_send(d->rid);
-    if (!rc && g) *g = stub_rep.u.grant;
-    return rc;
-}
-
-static int release(const drafter *d, uint64_t lease)
-{
-    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, d->inc);
-    stub_req.u.lease_id = lease;
-    return stub_send(d->rid);
-}
-
-static int ack(const drafter *d, wire_unit u, uint64_t step)
-{
-    stub_init(WIRE_ACK, WIRE_ROLE_DRAFTER, d->inc);
-    stub_req.u.ack.unit = u;
-    stub_req.u.ack.step = step;
-    return stub_send(d->rid);
 }
 
 static int commit(const drafter *d, uint64_t step)
@@ -180,7 +154,7 @@ static void test_waits_for_the_drafter(void)
 {
     setup(60000, 1000, 2);
     wire_grant g;
-    CHECK_EQ_INT(claim(&D, &g), 0);
+    CHECK_EQ_INT(stub_claim(&D, &g), 0);
     CHECK(!stub_status().stopping);
     capture(begin_stop);
     CHECK_EQ_INT(stopped, 0);
@@ -199,7 +173,7 @@ static void test_waits_for_the_drafter(void)
     /* nothing new: a claim (another drafter's: one that claims is not stopping) and a work
      * request are refused, retryably */
     CHECK_EQ_INT(hello(&E), 0);
-    CHECK_EQ_INT(claim(&E, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_claim(&E, NULL), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "the broker is stopping") != NULL);
     stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
     stub_req.u.pool_incarnation = POOL_INC;
@@ -210,12 +184,12 @@ static void test_waits_for_the_drafter(void)
     CHECK_EQ_INT(s.buckets[0].ready, 1); /* the other ready slot was not granted */
     CHECK(!run_for(100, &D));
 
-    CHECK_EQ_INT(release(&D, g.lease_id), 0);
+    CHECK_EQ_INT(stub_release(&D, g.lease_id), 0);
     CHECK(!run_for(100, &D)); /* its batch is in training */
     s = stub_status();
     CHECK(s.stopping && s.stop.leases == 0 && s.stop.held == 1 && s.stop.elapsed_ms >= 100);
     CHECK(strcmp(s.stop.waiting_for, "drafter d (1 batch in training)") == 0);
-    CHECK_EQ_INT(ack(&D, g.unit, 1), 0);
+    CHECK_EQ_INT(stub_ack(&D, g.unit, 1), 0);
     CHECK(!run_for(100, &D)); /* acked, the checkpoint of step 1 is not reported yet */
     s = stub_status();
     CHECK(s.stopping && s.stop.held == 0 && s.stop.reports == 1);
@@ -237,14 +211,14 @@ static void test_claiming_drafter_not_waited_for(void)
 {
     setup(60000, 1000, 1);
     wire_grant g;
-    CHECK_EQ_INT(claim(&D, &g), 0);
-    CHECK_EQ_INT(release(&D, g.lease_id), 0);
-    CHECK_EQ_INT(ack(&D, g.unit, 5), 0);
+    CHECK_EQ_INT(stub_claim(&D, &g), 0);
+    CHECK_EQ_INT(stub_release(&D, g.lease_id), 0);
+    CHECK_EQ_INT(stub_ack(&D, g.unit, 5), 0);
     CHECK_EQ_INT(commit(&D, 3), 0); /* a periodic checkpoint before the ack's step */
     capture(begin_stop);
     CHECK(strstr(said, "drafter d (a checkpoint to report: acked step 5, reported 3)") != NULL);
     CHECK(!run_for(100, &D));
-    CHECK_EQ_INT(claim(&D, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_claim(&D, NULL), DFLASH_EAGAIN);
     CHECK(run_for(2000, &D));
     CHECK(strstr(said, "all settled") != NULL);
     stub_broker_free();
@@ -278,8 +252,8 @@ static void test_group_step_in_flight(void)
     CHECK(strstr(said, "drafter e (1 lease)") != NULL);
     CHECK_EQ_INT(gstep(&E, WIRE_STEP_CLAIM, epoch, 1), 0); /* its reserved slot */
     uint64_t lease_e = stub_rep.u.sgrant.grant.lease_id;
-    CHECK_EQ_INT(release(&D, lease_d), 0);
-    CHECK_EQ_INT(release(&E, lease_e), 0);
+    CHECK_EQ_INT(stub_release(&D, lease_d), 0);
+    CHECK_EQ_INT(stub_release(&E, lease_e), 0);
     CHECK(!run_for(100, &D));
     CHECK_EQ_INT(gstep(&D, WIRE_STEP_DONE, epoch, 1), 0);
     CHECK_EQ_INT(stub_status().batches_trained, 2);
@@ -300,7 +274,7 @@ static void test_dead_holder(void)
 {
     setup(60000, 100, 1);
     wire_grant g;
-    CHECK_EQ_INT(claim(&D, &g), 0);
+    CHECK_EQ_INT(stub_claim(&D, &g), 0);
     uint64_t t0 = monotime_ms();
     capture(begin_stop);
     CHECK(!stopped);
@@ -317,7 +291,7 @@ static void test_dead_holder(void)
 static void test_grace_over(void)
 {
     setup(300, 1000, 1);
-    CHECK_EQ_INT(claim(&D, NULL), 0);
+    CHECK_EQ_INT(stub_claim(&D, NULL), 0);
     uint64_t t0 = monotime_ms();
     capture(begin_stop);
     CHECK(run_for(5000, &D));
@@ -333,7 +307,7 @@ static void test_grace_over(void)
 static void test_second_request(void)
 {
     setup(60000, 1000, 1);
-    CHECK_EQ_INT(claim(&D, NULL), 0);
+    CHECK_EQ_INT(stub_claim(&D, NULL), 0);
     capture(begin_stop);
     CHECK(!run_for(50, &D));
     capture(begin_stop);
@@ -352,7 +326,7 @@ static void test_at_once(void)
     stub_broker_free();
 
     setup(0, 1000, 1);
-    CHECK_EQ_INT(claim(&D, NULL), 0);
+    CHECK_EQ_INT(stub_claim(&D, NULL), 0);
     capture(begin_stop);
     CHECK_EQ_INT(stopped, 1);
     CHECK(strstr(said, "--stop-grace-ms 0: exiting at once with 1 lease") != NULL);

@@ -971,7 +971,9 @@ static const peer *other_holder(const broker *b, const peer *p, const batch_id *
  * the log. A slot that holds it and is not granted (filling or ready) goes back to its target
  * untrained. A lease on it (another drafter may be copying it) is marked: its release is refused
  * STALE (on_release: that drafter drops its copy) and its end frees the slot; either way the
- * batch is not trained twice. A drafter that copied it already (it holds it) is training it:
+ * batch is not trained twice. A group step's lease is marked too (its end frees the slot), but
+ * its release is never refused (that would re-form the group): the group trains it again, which
+ * is logged as trained twice. A drafter that copied it already (it holds it) is training it:
  * nothing can stop that, it is trained twice, and that drafter's ack will be refused EXISTS. */
 static void late_ack_overtakes(broker *b, const peer *p, const batch_id *id, uint64_t step)
 {
@@ -984,6 +986,16 @@ static void late_ack_overtakes(broker *b, const peer *p, const batch_id *id, uin
                  "goes back to its target, the batch is not trained twice", p->name, id->epoch,
                  id->bucket, id->index, where.slot, where.pool_id);
     } else if (policy_lease_trained(b->policy, id, &g) == 0) {
+        if (group_slot_of_lease(b->groups, g.lease_id)) {
+            /* a group step's lease: its release is never refused (that would re-form the
+             * group), so the group trains the batch again; the lease's end frees the slot */
+            LOG_WARN("%s acked batch %u/%u/%u late (trained at step %" PRIu64 "), while a "
+                     "group step holds it again (lease %" PRIu64 " on slot %u of pool %u): the "
+                     "group trains it again, it is trained twice; the ledger counts it once",
+                     p->name, id->epoch, id->bucket, id->index, step, g.lease_id,
+                     g.where.slot, g.where.pool_id);
+            return;
+        }
         q = drafter_of_worker(b, g.worker_id);
         LOG_INFO("%s acked batch %u/%u/%u late, while %s%s held it again (lease %" PRIu64
                  " on slot %u of pool %u, not released): that release is refused and the "

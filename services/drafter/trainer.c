@@ -80,7 +80,7 @@ typedef struct trainer {
     dflash_ckpt_unacked unacked[DFLASH_CKPT_MAX_UNACKED], resumed[DFLASH_CKPT_MAX_UNACKED];
     int n_unacked, n_resumed;
     /* summary */
-    long steps_here, skipped; /* skipped: batches with no weighted position, in steps not taken */
+    long steps_here, skipped; /* skipped: batches with no weighted position, in no-update steps */
     double loss_first, loss_last, tau_first, tau_last;
     double step_s;
     /* accumulation: the batches of the open step reported so far (record_step) */

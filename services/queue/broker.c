@@ -930,6 +930,7 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         LOG_INFO("%s released lease %" PRIu64 " of batch %u/%u/%u, trained meanwhile (a late "
                  "ack): its copy is refused, the batch is not trained twice", p->name,
                  m->u.lease_id, where.batch.epoch, where.batch.bucket, where.batch.index);
+        policy_release_refused(b->policy);
         return reply_error(b, r, m->request_id, DFLASH_ESTALE,
                            "batch %u/%u/%u was trained meanwhile (the late ack of the drafter it "
                            "was handed to before): drop the copy", where.batch.epoch,

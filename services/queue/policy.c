@@ -707,6 +707,12 @@ int policy_release(policy *p, uint64_t lease_id, policy_slot_ref *where)
     return 0;
 }
 
+void policy_release_refused(policy *p)
+{
+    if (p->releases) p->releases--;
+    p->stale++;
+}
+
 int policy_heartbeat(policy *p, uint64_t worker_id, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < p->n_leased; i++)

@@ -214,6 +214,11 @@ int policy_batch_trained(policy *p, const batch_id *b, policy_slot_ref *where);
  * release (broker.c: Error STALE, the worker drops its copy). */
 int policy_lease_trained(policy *p, const batch_id *b, policy_grant *g);
 
+/* The broker refused a release that policy_release took (its batch was trained meanwhile: the
+ * drafter drops its copy): counted as a stale release, not as a release (status `releases` is
+ * the slots given back after a copy the drafter keeps). */
+void policy_release_refused(policy *p);
+
 /* --- consumer side ---------------------------------------------------------------------------- */
 
 /* A claim by worker_id at now_ms. 0 with *grant (slot READY -> LEASED); DFLASH_EAGAIN when the

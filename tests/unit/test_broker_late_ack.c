@@ -138,10 +138,12 @@ static void test_lease_out(void)
     CHECK(strstr(said, "not released): that release is refused and the copy dropped, the batch "
                        "is not trained twice") != NULL);
     CHECK(strstr(said, "trained twice:") == NULL && strstr(said, "it is trained twice") == NULL);
+    uint64_t releases = stub_status().releases;
     CHECK_EQ_INT(stub_release(&B, gb.lease_id), DFLASH_ESTALE);
     printf("b's release: %s\n", stub_rep.u.error.message);
     CHECK(strstr(stub_rep.u.error.message, "batch 0/0/0 was trained meanwhile") != NULL);
     wire_status s = stub_status();
+    CHECK_EQ_INT(s.releases, releases); /* refused: no slot given back after a kept copy */
     CHECK_EQ_INT(s.batches_trained, 1);
     CHECK_EQ_INT(s.batches_inflight, 0);
     CHECK_EQ_INT(s.buckets[0].leased, 0);

@@ -33,8 +33,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, log, report, start_broker, tail,  # noqa: E402
-                        tiny_training, wait_until)
+from e2e_common import (Build, Daemon, Env, acked_past_checkpoint, log,  # noqa: E402
+                        report, start_broker, tail, tiny_training, wait_until)
 
 N = 3  # --accumulate
 
@@ -68,16 +68,7 @@ def main():
 
         # the moment to kill: a checkpoint is written and a batch of the next step acked after
         # it (the checkpoint comes once the closing batch's ack is answered)
-        def open_step_acked():
-            if not drafter.alive():
-                raise RuntimeError(f"the drafter exited early:\n{tail(drafter.log_path)}")
-            text = drafter.text()
-            ck = list(re.finditer(r"checkpoint \S+step-0*(\d+) written", text))
-            if ck and text[ck[-1].end():].count("acked batch") >= 1:
-                return int(ck[-1].group(1))
-            return None
-
-        ck_step = wait_until(open_step_acked, 120, 0.002)
+        ck_step = wait_until(lambda: acked_past_checkpoint(drafter, 1, 1), 120, 0.002)
         if not ck_step:
             raise RuntimeError("no batch acked after a checkpoint within 120 s:\n"
                                f"{tail(drafter.log_path)}")

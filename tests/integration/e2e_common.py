@@ -8,6 +8,7 @@ e2e_diverge.py).
 """
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -204,3 +205,18 @@ def start_broker(build, env, queue):
     if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
         raise RuntimeError("the broker did not answer ping within 10 s:\n" +
                            tail(queue.log_path))
+
+
+def acked_past_checkpoint(drafter, min_step, min_acks):
+    """The step of the drafter's newest checkpoint once it is >= min_step and its debug log shows
+    min_acks batches acked after it (the moment a kill leaves trained batches no checkpoint
+    holds), else None; RuntimeError when the drafter exited. Reading its log is fast enough to
+    catch the moment (a dflash-ctl call per poll is not, under ASan)."""
+    if not drafter.alive():
+        raise RuntimeError(f"the drafter exited early:\n{tail(drafter.log_path)}")
+    text = drafter.text()
+    ck = list(re.finditer(r"checkpoint \S+step-0*(\d+) written", text))
+    if ck and int(ck[-1].group(1)) >= min_step and \
+            text[ck[-1].end():].count("acked batch") >= min_acks:
+        return int(ck[-1].group(1))
+    return None

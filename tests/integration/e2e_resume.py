@@ -45,8 +45,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, log, report, start_broker, tail,  # noqa: E402
-                        tiny_training, wait_until)
+from e2e_common import (Build, Daemon, Env, acked_past_checkpoint, log,  # noqa: E402
+                        report, start_broker, tail, tiny_training, wait_until)
 
 
 def main():
@@ -68,20 +68,9 @@ def main():
         target.start()
         drafter.start()
 
-        # The moment to kill: a checkpoint >= 6 is written and a batch was acked after it. The
-        # drafter's debug log says both as they happen (reading a file is fast enough to catch
-        # it; a dflash-ctl call per poll is not, under ASan).
-        def trained_past_checkpoint():
-            if not drafter.alive():
-                raise RuntimeError(f"the drafter exited early:\n{tail(drafter.log_path)}")
-            text = drafter.text()
-            ck = list(re.finditer(r"checkpoint \S+step-0*(\d+) written", text))
-            # the first ack after the checkpoint line is the checkpoint step's own batch
-            if ck and int(ck[-1].group(1)) >= 6 and text[ck[-1].end():].count("acked batch") >= 2:
-                return int(ck[-1].group(1))
-            return None
-
-        ck_step = wait_until(trained_past_checkpoint, 120, 0.002)
+        # The moment to kill: a checkpoint >= 6 is written and a batch was acked after it (the
+        # first ack after the checkpoint line is the checkpoint step's own batch: 2)
+        ck_step = wait_until(lambda: acked_past_checkpoint(drafter, 6, 2), 120, 0.002)
         if not ck_step:
             raise RuntimeError(f"no batch acked after a checkpoint >= 6 within 120 s:\n"
                                f"{tail(drafter.log_path)}")

@@ -33,8 +33,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, acked_past_checkpoint, log,  # noqa: E402
-                        report, start_broker, tail, tiny_training, wait_until)
+from e2e_common import (Build, Daemon, Env, acked_past_checkpoint,  # noqa: E402
+                        drain_clean, log, report, start_broker, tail, tiny_training,
+                        wait_until)
 
 N = 3  # --accumulate
 
@@ -95,16 +96,7 @@ def main():
         if not wait_until(all_trained, 120, 0.1):
             raise RuntimeError(f"the epoch was not trained within 120 s: {env.status(build)}\n"
                                f"{tail(drafter.log_path)}")
-        env.ctl(build, "drain")
-        for d in (drafter, target):
-            rc = d.wait(60)
-            if rc != 0:
-                failures.append(f"the {d.name} exited {rc}:\n{tail(d.log_path)}")
-        st = env.status(build)
-        log("e2e", f"ledger: {st}")
-        if not st or st["batches_committed"] != total or st["batches_todo"] or \
-                st["batches_inflight"] or st["batches_trained"] or st["quarantined"]:
-            failures.append(f"ledger not clean after the drain: {st}")
+        st = drain_clean(build, env, (drafter, target), total, failures)
         text = drafter.text()
         second = text[text.rfind("==== start"):]
         if not re.search(rf"resumed exactly from \S+step-0*{ck_step} at step {ck_step} .*"

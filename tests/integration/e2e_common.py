@@ -220,3 +220,20 @@ def acked_past_checkpoint(drafter, min_step, min_acks):
             text[ck[-1].end():].count("acked batch") >= min_acks:
         return int(ck[-1].group(1))
     return None
+
+
+def drain_clean(build, env, daemons, total, failures):
+    """Drains the broker, waits for each of daemons (the drafter, the target) to exit 0, and
+    checks the ledger is clean: all total batches committed, none to do, in flight, trained
+    uncommitted or quarantined. Appends to failures; returns the final status (or None)."""
+    env.ctl(build, "drain")
+    for d in daemons:
+        rc = d.wait(60)
+        if rc != 0:
+            failures.append(f"the {d.name} exited {rc} after the drain:\n{tail(d.log_path)}")
+    st = env.status(build)
+    log("e2e", f"ledger: {st}")
+    if not st or st["batches_committed"] != total or st["batches_todo"] or \
+            st["batches_inflight"] or st["batches_trained"] or st["quarantined"]:
+        failures.append(f"ledger not clean after the drain: {st}")
+    return st

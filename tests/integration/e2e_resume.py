@@ -45,8 +45,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, acked_past_checkpoint, log,  # noqa: E402
-                        report, start_broker, tail, tiny_training, wait_until)
+from e2e_common import (Build, Daemon, Env, acked_past_checkpoint,  # noqa: E402
+                        drain_clean, log, report, start_broker, tail, tiny_training,
+                        wait_until)
 
 
 def main():
@@ -109,18 +110,7 @@ def main():
 
         if not wait_until(all_trained, 120, 0.1):
             raise RuntimeError(f"the epoch was not trained within 120 s: {env.status(build)}")
-        env.ctl(build, "drain")
-        rc = drafter.wait(60)
-        if rc != 0:
-            failures.append(f"the drafter exited {rc} after the drain:\n{tail(drafter.log_path)}")
-        trc = target.wait(30)
-        if trc != 0:
-            failures.append(f"the target exited {trc} after the drain:\n{tail(target.log_path)}")
-        st = env.status(build)
-        log("e2e", f"ledger: {st}")
-        if not st or st["batches_committed"] != total or st["batches_todo"] or \
-                st["batches_inflight"] or st["batches_trained"] or st["quarantined"]:
-            failures.append(f"ledger not clean after the drain: {st}")
+        st = drain_clean(build, env, (drafter, target), total, failures)
         text = drafter.text()
         second = text[text.rfind("==== start"):]
         m = re.search(r"resumed exactly from (\S+step-0*(\d+)) at step (\d+) \(lr \S+, "

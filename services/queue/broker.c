@@ -915,10 +915,10 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
          * slot is unreadable to this drafter, e.g. its pool cannot be mapped. (A group step's
          * slot stays unreleased: the step cannot be acked with it, and its abort finds nothing
          * more to give back.) */
-        LOG_WARN("%s could not read slot %u of pool %u: batch %u/%u/%u back to to-do", p->name,
-                 where.slot, where.pool_id, where.batch.epoch, where.batch.bucket,
-                 where.batch.index);
-        ledger_requeue(b->ledger, &where.batch);
+        bool back = ledger_requeue(b->ledger, &where.batch) == 0;
+        LOG_WARN("%s could not read slot %u of pool %u: batch %u/%u/%u %s", p->name, where.slot,
+                 where.pool_id, where.batch.epoch, where.batch.bucket, where.batch.index,
+                 back ? "back to to-do" : "not in flight any more (trained meanwhile: a late ack)");
         return reply_ok(b, r, m->request_id, 0);
     }
     group_slot *gs = group_slot_of_lease(b->groups, m->u.lease_id);

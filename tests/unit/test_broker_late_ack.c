@@ -199,9 +199,35 @@ static void test_copied_already(void)
     stub_broker_free();
 }
 
+/* b gives its lease back unread (it cannot map the slot) after a's late ack: the slot is freed,
+ * and the log does not say the trained batch goes back to to-do (it is not in flight). */
+static wire_grant unread_grant;
+static void release_unread_of_b(void)
+{
+    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, B.inc);
+    stub_req.u.lease_id = unread_grant.lease_id;
+    stub_req.u.release_unread = true;
+    CHECK_EQ_INT(stub_send(B.rid), 0);
+}
+
+static void test_unread_after_late_ack(void)
+{
+    setup(&unread_grant);
+    capture(late_ack_of_a);
+    capture(release_unread_of_b);
+    CHECK(strstr(said, "b could not read slot") != NULL);
+    CHECK(strstr(said, "not in flight any more (trained meanwhile: a late ack)") != NULL);
+    CHECK(strstr(said, "back to to-do") == NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_lease_out();
+    test_unread_after_late_ack();
     test_lease_expires();
     test_copied_already();
     CHECK_DONE();

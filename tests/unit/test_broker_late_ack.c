@@ -88,8 +88,8 @@ static bool expire(const drafter *silent, const drafter *const *beating)
 
 /* A broker with the target's pool of 4 slots; drafters a and b said hello. a copied batch X
  * (released it), trained it and went silent; the broker expired it and X went back to to-do;
- * X was produced again and granted to b (*gb: b's grant). */
-static void setup(wire_grant *gb)
+ * X was produced again (ready). */
+static void setup_ready_again(void)
 {
     stub_broker_new(tweak);
     log_init_named(NULL, "info");
@@ -108,6 +108,12 @@ static void setup(wire_grant *gb)
     wire_status s = stub_status();
     CHECK_EQ_INT(s.batches_inflight, 0); /* X back to to-do */
     stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
+}
+
+/* setup_ready_again, and X granted to b (*gb: b's grant). */
+static void setup(wire_grant *gb)
+{
+    setup_ready_again();
     CHECK_EQ_INT(stub_claim(&B, gb), 0);
     CHECK(same_unit(gb->unit, X)); /* produced again, granted to b */
 }
@@ -224,9 +230,44 @@ static void test_unread_after_late_ack(void)
     stub_broker_free();
 }
 
+/* X granted to a group step (g, a group of one) when a's late ack lands: a group's release is
+ * never refused (the group would re-form), so the group trains X again, and the log says so
+ * (it said the release would be refused and X not trained twice); the group's StepDone then
+ * records nothing twice. */
+static const drafter G = {"drafter-g-5", "g0", 0xc5};
+static void test_group_step_holds_it(void)
+{
+    setup_ready_again();
+    CHECK_EQ_INT(hello(&G, NULL, 0), 0);
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, G.inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    CHECK_EQ_INT(stub_send(G.rid), 0);
+    wire_group_view v = stub_rep.u.view;
+    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, G.inc);
+    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
+    stub_req.u.set_id.epoch = v.epoch;
+    stub_req.u.set_id.id_len = WIRE_GROUP_ID_BYTES;
+    memset(stub_req.u.set_id.id, 0x11, WIRE_GROUP_ID_BYTES);
+    CHECK_EQ_INT(stub_send(G.rid), 0);
+    CHECK_EQ_INT(stub_group_step(G.rid, G.inc, WIRE_STEP_CLAIM, v.epoch, 1), 0);
+    wire_step_grant sg = stub_rep.u.sgrant;
+    CHECK(same_unit(sg.units[0], X));
+    capture(late_ack_of_a);
+    CHECK(strstr(said, "while a group step holds it again (lease ") != NULL);
+    CHECK(strstr(said, "the group trains it again, it is trained twice") != NULL);
+    CHECK(strstr(said, "that release is refused") == NULL);
+    CHECK_EQ_INT(stub_release(&G, sg.grant.lease_id), 0); /* not refused: no re-form */
+    CHECK_EQ_INT(stub_group_step(G.rid, G.inc, WIRE_STEP_DONE, v.epoch, 1), 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.acks, 1); /* a's; the group's is not recorded twice */
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_lease_out();
+    test_group_step_holds_it();
     test_unread_after_late_ack();
     test_lease_expires();
     test_copied_already();

@@ -55,9 +55,19 @@ static bool acked_late(broker *b, const batch_id *batch, uint64_t step)
            (st == BATCH_TRAINED || st == BATCH_COMMITTED) && at == step;
 }
 
+/* Whether a late ack recorded batch trained (at any step): its lease, marked by the ack
+ * (policy_lease_trained), ends in FREE, and the batch is not to do again. */
+static bool trained_meanwhile(broker *b, const batch_id *batch)
+{
+    batch_state st;
+    return ledger_get(b->ledger, batch, &st, NULL) == 0 &&
+           (st == BATCH_TRAINED || st == BATCH_COMMITTED);
+}
+
 /* Carries out what a group call decided (group.h, group_outcome): ACK records every unit of the
  * step as trained at the step (once for the whole group), ABORT gives unreleased leases back
- * (READY again) and returns released units to to-do; an outcome that orphaned or resolved an
+ * (READY again; FREE, and counted apart, where a late ack trained the batch meanwhile) and
+ * returns released units to to-do; an outcome that orphaned or resolved an
  * orphaned step journals the orphans after that. Returns the units recorded as trained. */
 static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *o)
 {
@@ -74,7 +84,7 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
         if (o->orphan) journal_orphans(b);
         return 0;
     }
-    uint32_t n = 0, late = 0, back = 0;
+    uint32_t n = 0, late = 0, back = 0, meanwhile = 0;
     for (uint32_t r = 0; r < o->n_slots; r++) {
         const group_slot *s = &o->slots[r];
         /* a step restored after a restart has no leases (lease_id 0) */
@@ -100,6 +110,8 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
                      "%u/%u/%u not recorded", name, o->step, r, s->batch.epoch, s->batch.bucket,
                      s->batch.index);
             if (!revoked) ledger_requeue(b->ledger, &s->batch);
+        } else if (revoked && trained_meanwhile(b, &s->batch)) {
+            meanwhile++; /* another drafter's late ack: its slot was freed, not made ready */
         } else if (revoked || (s->released && ledger_requeue(b->ledger, &s->batch) == 0)) {
             back++;
         } else if (s->released && acked_late(b, &s->batch, o->step)) {
@@ -108,9 +120,12 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
         broker_held_remove_all(b, &s->batch);
     }
     b->acks += n;
-    char also[96] = "";
+    char also[160] = "";
     if (late)
         snprintf(also, sizeof also, " (%u more acked by its rank 0 already)", late);
+    if (meanwhile)
+        snprintf(also + strlen(also), sizeof also - strlen(also),
+                 " (%u trained meanwhile: another drafter's late ack)", meanwhile);
     if (o->verdict == GROUP_ACK)
         LOG_INFO("group %s: step %" PRIu64 " done: %u batches trained%s", name, o->step, n, also);
     else

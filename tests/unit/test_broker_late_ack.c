@@ -264,10 +264,65 @@ static void test_group_step_holds_it(void)
     stub_broker_free();
 }
 
+/* A group of two (g0, h) holds X in step 1 (not released) when a's late ack lands; h leaves
+ * and g0 joins again reporting the epoch failed: the step is aborted, its leases revoked. X's
+ * slot is freed (not ready again) and the abort counts it apart, not as going back to to-do
+ * (it said "2 of its 2 batches go back to to-do"). */
+static const drafter H = {"drafter-h-6", "h", 0xd6};
+static int join(const drafter *d, uint64_t failed_epoch, wire_group_view *v)
+{
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    stub_req.u.join.failed_epoch = failed_epoch;
+    int rc = stub_send(d->rid);
+    if (!rc && v) *v = stub_rep.u.view;
+    return rc;
+}
+
+static wire_group_view abort_view;
+static void abort_step_of_g(void)
+{
+    stub_init(WIRE_GROUP_LEAVE, WIRE_ROLE_DRAFTER, H.inc);
+    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
+    CHECK_EQ_INT(stub_send(H.rid), 0);
+    CHECK_EQ_INT(join(&G, abort_view.epoch, NULL), 0);
+}
+
+static void test_group_abort(void)
+{
+    setup_ready_again();
+    stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1); /* the step's second batch */
+    CHECK_EQ_INT(hello(&G, NULL, 0), 0);
+    CHECK_EQ_INT(hello(&H, NULL, 0), 0);
+    CHECK_EQ_INT(join(&G, 0, NULL), 0);
+    CHECK_EQ_INT(join(&H, 0, NULL), 0);
+    CHECK_EQ_INT(join(&G, 0, &abort_view), 0);
+    CHECK_EQ_INT(abort_view.world, 2);
+    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, G.inc);
+    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
+    stub_req.u.set_id.epoch = abort_view.epoch;
+    stub_req.u.set_id.id_len = WIRE_GROUP_ID_BYTES;
+    memset(stub_req.u.set_id.id, 0x11, WIRE_GROUP_ID_BYTES);
+    CHECK_EQ_INT(stub_send(G.rid), 0);
+    CHECK_EQ_INT(stub_group_step(G.rid, G.inc, WIRE_STEP_CLAIM, abort_view.epoch, 1), 0);
+    wire_step_grant sg = stub_rep.u.sgrant;
+    CHECK_EQ_INT(sg.n_units, 2);
+    CHECK(same_unit(sg.units[0], X) || same_unit(sg.units[1], X));
+    capture(late_ack_of_a);
+    capture(abort_step_of_g);
+    CHECK(strstr(said, "step 1 aborted: 1 of its 2 batches go back to to-do (1 trained meanwhile: "
+                       "another drafter's late ack)") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.buckets[0].ready, 1); /* the other batch's slot; X's was freed */
+    stub_broker_free();
+}
+
 int main(void)
 {
     test_lease_out();
     test_group_step_holds_it();
+    test_group_abort();
     test_unread_after_late_ack();
     test_lease_expires();
     test_copied_already();

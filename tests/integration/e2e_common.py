@@ -237,3 +237,14 @@ def drain_clean(build, env, daemons, total, failures):
             st["batches_inflight"] or st["batches_trained"] or st["quarantined"]:
         failures.append(f"ledger not clean after the drain: {st}")
     return st
+
+
+def wait_acked_past_checkpoint(drafter, min_step, min_acks, deadline_s=120):
+    """acked_past_checkpoint's step, polled every 2 ms; RuntimeError with the drafter's log tail
+    when it does not come within deadline_s."""
+    step = wait_until(lambda: acked_past_checkpoint(drafter, min_step, min_acks), deadline_s,
+                      0.002)
+    if not step:
+        raise RuntimeError(f"no {min_acks} batch(es) acked after a checkpoint >= {min_step} "
+                           f"within {deadline_s} s:\n{tail(drafter.log_path)}")
+    return step

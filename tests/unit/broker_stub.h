@@ -105,6 +105,32 @@ static __attribute__((unused)) int stub_release(const stub_drafter *d, uint64_t 
     return stub_send(d->rid);
 }
 
+/* d's GroupJoin of group "g" reporting model step `step` and the failed epoch (0: none); the
+ * view (may be NULL) on 0. */
+static __attribute__((unused)) int stub_group_join(const stub_drafter *d, uint64_t step,
+                                                   uint64_t failed, wire_group_view *v)
+{
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    stub_req.u.join.step = step;
+    stub_req.u.join.failed_epoch = failed;
+    int rc = stub_send(d->rid);
+    if (!rc && v) *v = stub_rep.u.view;
+    return rc;
+}
+
+/* d (rank 0) posts group "g"'s rendezvous id for epoch: WIRE_GROUP_ID_BYTES bytes of fill. */
+static __attribute__((unused)) int stub_group_set_id(const stub_drafter *d, uint64_t epoch,
+                                                     uint8_t fill)
+{
+    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
+    stub_req.u.set_id.epoch = epoch;
+    stub_req.u.set_id.id_len = WIRE_GROUP_ID_BYTES;
+    memset(stub_req.u.set_id.id, fill, WIRE_GROUP_ID_BYTES);
+    return stub_send(d->rid);
+}
+
 /* d's Ack of unit u at step. */
 static __attribute__((unused)) int stub_ack(const stub_drafter *d, wire_unit u, uint64_t step)
 {

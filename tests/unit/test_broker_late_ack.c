@@ -239,16 +239,9 @@ static void test_group_step_holds_it(void)
 {
     setup_ready_again();
     CHECK_EQ_INT(hello(&G, NULL, 0), 0);
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, G.inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    CHECK_EQ_INT(stub_send(G.rid), 0);
-    wire_group_view v = stub_rep.u.view;
-    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, G.inc);
-    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
-    stub_req.u.set_id.epoch = v.epoch;
-    stub_req.u.set_id.id_len = WIRE_GROUP_ID_BYTES;
-    memset(stub_req.u.set_id.id, 0x11, WIRE_GROUP_ID_BYTES);
-    CHECK_EQ_INT(stub_send(G.rid), 0);
+    wire_group_view v;
+    CHECK_EQ_INT(stub_group_join(&G, 0, 0, &v), 0);
+    CHECK_EQ_INT(stub_group_set_id(&G, v.epoch, 0x11), 0);
     CHECK_EQ_INT(stub_group_step(G.rid, G.inc, WIRE_STEP_CLAIM, v.epoch, 1), 0);
     wire_step_grant sg = stub_rep.u.sgrant;
     CHECK(same_unit(sg.units[0], X));
@@ -269,23 +262,13 @@ static void test_group_step_holds_it(void)
  * slot is freed (not ready again) and the abort counts it apart, not as going back to to-do
  * (it said "2 of its 2 batches go back to to-do"). */
 static const drafter H = {"drafter-h-6", "h", 0xd6};
-static int join(const drafter *d, uint64_t failed_epoch, wire_group_view *v)
-{
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    stub_req.u.join.failed_epoch = failed_epoch;
-    int rc = stub_send(d->rid);
-    if (!rc && v) *v = stub_rep.u.view;
-    return rc;
-}
-
 static wire_group_view abort_view;
 static void abort_step_of_g(void)
 {
     stub_init(WIRE_GROUP_LEAVE, WIRE_ROLE_DRAFTER, H.inc);
     snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
     CHECK_EQ_INT(stub_send(H.rid), 0);
-    CHECK_EQ_INT(join(&G, abort_view.epoch, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(&G, 0, abort_view.epoch, NULL), 0);
 }
 
 static void test_group_abort(void)
@@ -294,16 +277,11 @@ static void test_group_abort(void)
     stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1); /* the step's second batch */
     CHECK_EQ_INT(hello(&G, NULL, 0), 0);
     CHECK_EQ_INT(hello(&H, NULL, 0), 0);
-    CHECK_EQ_INT(join(&G, 0, NULL), 0);
-    CHECK_EQ_INT(join(&H, 0, NULL), 0);
-    CHECK_EQ_INT(join(&G, 0, &abort_view), 0);
+    CHECK_EQ_INT(stub_group_join(&G, 0, 0, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(&H, 0, 0, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(&G, 0, 0, &abort_view), 0);
     CHECK_EQ_INT(abort_view.world, 2);
-    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, G.inc);
-    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
-    stub_req.u.set_id.epoch = abort_view.epoch;
-    stub_req.u.set_id.id_len = WIRE_GROUP_ID_BYTES;
-    memset(stub_req.u.set_id.id, 0x11, WIRE_GROUP_ID_BYTES);
-    CHECK_EQ_INT(stub_send(G.rid), 0);
+    CHECK_EQ_INT(stub_group_set_id(&G, abort_view.epoch, 0x11), 0);
     CHECK_EQ_INT(stub_group_step(G.rid, G.inc, WIRE_STEP_CLAIM, abort_view.epoch, 1), 0);
     wire_step_grant sg = stub_rep.u.sgrant;
     CHECK_EQ_INT(sg.n_units, 2);

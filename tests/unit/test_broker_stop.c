@@ -230,14 +230,11 @@ static void test_group_step_in_flight(void)
 {
     setup(60000, 1000, 4);
     CHECK_EQ_INT(hello(&E), 0);
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, D.inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    CHECK_EQ_INT(stub_send(D.rid), 0);
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, E.inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    CHECK_EQ_INT(stub_send(E.rid), 0);
-    uint64_t epoch = stub_rep.u.view.epoch;
-    CHECK_EQ_INT(stub_rep.u.view.rank, 1);
+    CHECK_EQ_INT(stub_group_join(&D, 0, 0, NULL), 0);
+    wire_group_view v;
+    CHECK_EQ_INT(stub_group_join(&E, 0, 0, &v), 0);
+    uint64_t epoch = v.epoch;
+    CHECK_EQ_INT(v.rank, 1);
     stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, D.inc);
     snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
     stub_req.u.set_id.epoch = epoch;

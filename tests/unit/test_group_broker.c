@@ -54,27 +54,13 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef struct {
-    const char *rid, *name;
-    uint64_t inc;
-} drafter;
+typedef stub_drafter drafter;
 
 static int hello(const drafter *d)
 {
     stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, d->inc);
     snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", d->name);
     return stub_send(d->rid);
-}
-
-static int join(const drafter *d, uint64_t step, uint64_t failed, wire_group_view *v)
-{
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    stub_req.u.join.step = step;
-    stub_req.u.join.failed_epoch = failed;
-    int rc = stub_send(d->rid);
-    if (!rc && v) *v = stub_rep.u.view;
-    return rc;
 }
 
 /* A join stating drafter shape `shape` (0: none, as an older drafter), in words `text`. */
@@ -114,16 +100,6 @@ static bool listed(const char *name)
     for (uint32_t i = 0; g && i < g->n_members; i++)
         if (strcmp(g->members[i], name) == 0) return true;
     return false;
-}
-
-static int set_id(const drafter *d, uint64_t epoch, uint8_t fill)
-{
-    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
-    stub_req.u.set_id.epoch = epoch;
-    stub_req.u.set_id.id_len = WIRE_GROUP_ID_BYTES;
-    memset(stub_req.u.set_id.id, fill, WIRE_GROUP_ID_BYTES);
-    return stub_send(d->rid);
 }
 
 static int gstep(const drafter *d, wire_type t, uint64_t epoch, uint64_t step)
@@ -319,11 +295,11 @@ static void test_restart_order(void)
     CHECK_EQ_INT(hello(&Bd), 0);
     wire_group_view va, vb;
     /* a first run: A (rank 0) and B train step 1, A checkpoints it */
-    CHECK_EQ_INT(join(&A, 0, 0, &va), 0);
-    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
-    CHECK_EQ_INT(join(&A, 0, va.epoch, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 0, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&Bd, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 0, va.epoch, &va), 0);
     CHECK(va.rank == 0 && va.world == 2);
-    CHECK_EQ_INT(set_id(&A, va.epoch, 0x11), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, va.epoch, 0x11), 0);
     make_ready(2);
     wire_step_grant ga, gb;
     CHECK_EQ_INT(claim(&A, va.epoch, 1, &ga), 0);
@@ -339,15 +315,15 @@ static void test_restart_order(void)
     CHECK_EQ_INT(stub_status().n_groups, 0);
 
     /* B, back at step 0, comes first: it waits, nothing is rewound */
-    CHECK_EQ_INT(join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_group_join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "committed checkpoint is at step 1") != NULL);
     s = stub_status();
     CHECK_EQ_INT(s.n_groups, 0);
     CHECK_EQ_INT(s.batches_committed, 2);
     /* A resumes from its checkpoint at step 1: it creates the group, rank 0; B joins as rank 1 */
-    CHECK_EQ_INT(join(&A, 1, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 1, 0, &va), 0);
     CHECK(va.rank == 0 && va.world == 1 && va.step == 1);
-    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&Bd, 0, 0, &vb), 0);
     CHECK(vb.rank == 1 && vb.world == 2 && vb.step == 1);
     s = stub_status();
     CHECK_EQ_INT(s.batches_committed, 2);
@@ -359,20 +335,20 @@ static void test_restart_order(void)
      * is created again as after a whole restart (B waits, A resumes and creates it) */
     drafter B2 = {"drafter-b-3", "b", 0xb3}, A2 = {"drafter-a-4", "a", 0xa4};
     CHECK_EQ_INT(hello(&B2), 0); /* replaces B's session, which leaves the group */
-    CHECK_EQ_INT(join(&B2, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&B2, 0, 0, &vb), 0);
     CHECK(vb.rank == 1 && vb.world == 2 && vb.step == 1);
     CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0); /* the broker expires A */
-    CHECK_EQ_INT(join(&B2, 0, vb.epoch, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_group_join(&B2, 0, vb.epoch, NULL), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "dissolved") != NULL);
     s = stub_status();
     CHECK_EQ_INT(s.n_groups, 0);
     CHECK_EQ_INT(s.batches_committed, 2);
-    CHECK_EQ_INT(join(&B2, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_group_join(&B2, 0, 0, NULL), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "committed checkpoint is at step 1") != NULL);
     CHECK_EQ_INT(hello(&A2), 0); /* A restarted, resuming from its checkpoint at step 1 */
-    CHECK_EQ_INT(join(&A2, 1, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A2, 1, 0, &va), 0);
     CHECK(va.rank == 0 && va.step == 1);
-    CHECK_EQ_INT(join(&B2, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&B2, 0, 0, &vb), 0);
     CHECK(vb.rank == 1 && vb.step == 1);
     s = stub_status();
     CHECK_EQ_INT(s.batches_committed, 2);
@@ -386,13 +362,13 @@ static void test_restart_order(void)
      * (timed from before it, whatever a loaded machine does to the polls), the ledger untouched
      * while it waits (a fixed sleep inside the hold failed on a stall of 150 ms) */
     uint64_t asked = monotime_ms();
-    int rc = join(&B2, 0, 0, NULL), held = 0;
+    int rc = stub_group_join(&B2, 0, 0, NULL), held = 0;
     CHECK_EQ_INT(rc, DFLASH_EAGAIN);
     for (uint64_t end = asked + 10000; rc == DFLASH_EAGAIN && monotime_ms() < end;) {
         held++;
         CHECK_EQ_INT(stub_status().batches_committed, 2);
         usleep(10 * 1000);
-        rc = join(&B2, 0, 0, &vb);
+        rc = stub_group_join(&B2, 0, 0, &vb);
     }
     uint64_t waited = monotime_ms() - asked;
     printf("whole group gone, nobody holds the checkpoint: a fresh member created it after %llu "
@@ -416,10 +392,10 @@ static void test_step_after_target_restart(void)
     CHECK_EQ_INT(hello(&A), 0);
     CHECK_EQ_INT(hello(&B), 0);
     wire_group_view va, vb;
-    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
-    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(&B, 0, 0, &vb), 0);
     uint64_t e = vb.epoch;
-    CHECK_EQ_INT(set_id(&A, e, 0x11), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x11), 0);
     make_ready(2);
     wire_step_grant ga, gb;
     CHECK_EQ_INT(claim(&A, e, 1, &ga), 0);
@@ -440,15 +416,15 @@ static void test_step_after_target_restart(void)
 
     /* B re-forms; A, the step's resolver, learns it from its collective: its model did not take
      * step 1, which is aborted: every unit is to do again, none leased, none trained */
-    CHECK_EQ_INT(join(&B, 0, e, NULL), DFLASH_EAGAIN);
-    CHECK_EQ_INT(join(&A, 0, e, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&B, 0, e, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_group_join(&A, 0, e, &va), 0);
     wire_status s = stub_status();
     CHECK_EQ_INT(s.groups[0].steps_aborted, 1);
     CHECK_EQ_INT(s.batches_trained, 0);
     CHECK_EQ_INT(s.batches_inflight, 0);
     CHECK_EQ_INT(leased_total(&s), 0);
-    CHECK_EQ_INT(set_id(&A, va.epoch, 0x22), 0);
-    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, va.epoch, 0x22), 0);
+    CHECK_EQ_INT(stub_group_join(&B, 0, 0, &vb), 0);
     CHECK(vb.epoch == va.epoch && vb.rank == 1);
     stub_make_ready("target-t-8", 8, 0x88, 2);
     CHECK_EQ_INT(claim(&B, vb.epoch, 1, &gb), 0);
@@ -490,7 +466,7 @@ static void test_shape(void)
     CHECK_EQ_INT(join_shaped(&A, 0, X, x, &va), 0);
     uint64_t e = va.epoch;
     CHECK(va.rank == 0 && va.world == 2 && vb.rank == 1 && vb.epoch == e);
-    CHECK_EQ_INT(set_id(&A, e, 0x11), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x11), 0);
 
     /* C, of another shape, is refused, twice; the group does not move */
     for (int k = 0; k < 2; k++) {
@@ -542,11 +518,11 @@ static void test_gone_rank(void)
     CHECK_EQ_INT(hello(&B), 0);
     CHECK_EQ_INT(hello(&C), 0);
     wire_group_view va, vb;
-    CHECK_EQ_INT(join(&A, 0, 0, NULL), 0);
-    CHECK_EQ_INT(join(&B, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(&B, 0, 0, &vb), 0);
     uint64_t e = vb.epoch;
     CHECK(vb.rank == 1 && vb.world == 2);
-    CHECK_EQ_INT(set_id(&A, e, 0x11), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x11), 0);
     uint32_t peers = stub_status().peers;
 
     /* not credible: an old epoch's report; one by a member about itself (it still ends the
@@ -559,10 +535,10 @@ static void test_gone_rank(void)
     CHECK_EQ_INT(join_gone(&C, 0, e, 1, NULL), 0); /* C joins (pending): B stays */
     CHECK(listed("b") && listed("c"));
     CHECK_EQ_INT(gstep(&C, WIRE_GROUP_LEAVE, 0, 0), 0);
-    CHECK_EQ_INT(join(&A, 0, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 0, 0, &va), 0);
     e = va.epoch;
     CHECK(va.world == 2 && listed("b") && !listed("c"));
-    CHECK_EQ_INT(set_id(&A, e, 0x22), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x22), 0);
 
     /* step 1: both copy their slot; B dies; A's model took the step (the all-reduce ended) */
     make_ready(2);
@@ -586,12 +562,12 @@ static void test_gone_rank(void)
 
     /* without the field (an older drafter): the dead member stays until it expires */
     e = va.epoch;
-    CHECK_EQ_INT(set_id(&A, e, 0x33), 0);
-    CHECK_EQ_INT(join(&B, 1, 0, &vb), 0); /* B (alive after all) joins again */
-    CHECK_EQ_INT(join(&A, 1, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x33), 0);
+    CHECK_EQ_INT(stub_group_join(&B, 1, 0, &vb), 0); /* B (alive after all) joins again */
+    CHECK_EQ_INT(stub_group_join(&A, 1, 0, &va), 0);
     e = va.epoch;
     CHECK(va.world == 2);
-    CHECK_EQ_INT(join(&A, 1, e, &va), 0); /* A's collective failed, B not named */
+    CHECK_EQ_INT(stub_group_join(&A, 1, e, &va), 0); /* A's collective failed, B not named */
     CHECK(listed("b") && va.epoch == e + 1 && va.world == 2);
     stub_broker_free();
 }
@@ -647,9 +623,9 @@ static void group_expired_mid_step(void (*cfg)(queue_config *), const drafter *A
     setup_with(cfg);
     CHECK_EQ_INT(hello(A), 0);
     CHECK_EQ_INT(hello(B), 0);
-    CHECK_EQ_INT(join(A, 0, 0, NULL), 0);
-    CHECK_EQ_INT(join(B, 0, 0, vb), 0);
-    CHECK_EQ_INT(set_id(A, vb->epoch, 0x11), 0);
+    CHECK_EQ_INT(stub_group_join(A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(B, 0, 0, vb), 0);
+    CHECK_EQ_INT(stub_group_set_id(A, vb->epoch, 0x11), 0);
     make_ready(2);
     CHECK_EQ_INT(claim(A, vb->epoch, 1, ga), 0);
     CHECK_EQ_INT(claim(B, vb->epoch, 1, gb), 0);
@@ -678,7 +654,7 @@ static void all_ranks_expired(int creator, uint64_t creator_step)
     CHECK_EQ_INT(hello(&A), 0);
     CHECK_EQ_INT(hello(&B), 0);
     const drafter *first = creator == 0 ? &A : &B, *second = creator == 0 ? &B : &A;
-    CHECK_EQ_INT(join(first, creator_step, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(first, creator_step, 0, &va), 0);
     CHECK(va.rank == 0 && va.step == creator_step);
     s = stub_status();
     printf("all ranks expired, rank %d creates the group again at step %llu: %llu trained, "
@@ -692,10 +668,10 @@ static void all_ranks_expired(int creator, uint64_t creator_step)
 
     /* the group goes on from the creator's model: step creator_step + 1, two new units unless
      * step 1 was aborted (then they are step 1's, to be trained for the first time) */
-    CHECK_EQ_INT(join(second, 0, 0, &vb), 0);
-    CHECK_EQ_INT(join(first, creator_step, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(second, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(first, creator_step, 0, &va), 0);
     CHECK(va.epoch == vb.epoch && va.world == 2 && vb.rank == 1 && vb.step == creator_step);
-    CHECK_EQ_INT(set_id(first, va.epoch, 0x22), 0);
+    CHECK_EQ_INT(stub_group_set_id(first, va.epoch, 0x22), 0);
     make_ready(2);
     wire_step_grant g1, g2;
     uint64_t next = creator_step + 1;
@@ -829,7 +805,7 @@ static void orphan_across_restart(uint64_t creator_step, int64_t compact_bytes)
 
     CHECK_EQ_INT(hello(&A), 0);
     CHECK_EQ_INT(hello(&B), 0);
-    CHECK_EQ_INT(join(&A, creator_step, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A, creator_step, 0, &va), 0);
     CHECK(va.rank == 0 && va.step == creator_step);
     s = stub_status();
     printf("... rank 0 creates the group again at step %llu: %llu trained, %llu in flight, %llu "
@@ -927,7 +903,7 @@ static void late_ack_scenario(void)
         CHECK_EQ_INT(stub_send(A.rid), 0);
     }
     if (late_ack_joins) {
-        CHECK_EQ_INT(join(&A, 1, 0, &va), 0);
+        CHECK_EQ_INT(stub_group_join(&A, 1, 0, &va), 0);
         CHECK(va.rank == 0 && va.step == 1);
     } else {
         for (uint64_t end = monotime_ms() + 3000; monotime_ms() < end && stub_status().n_orphans;)
@@ -1035,26 +1011,26 @@ int main(void)
     wire_group_view va, vb, vc;
 
     /* A founds the group: epoch 1, rank 0 of 1, no id yet */
-    CHECK_EQ_INT(join(&A, 0, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 0, 0, &va), 0);
     uint64_t e1 = va.epoch;
     CHECK(e1 >= 1 && va.rank == 0 && va.world == 1 && va.id_len == 0 && va.step == 0);
     /* only rank 0 posts the id; the step claim waits for it */
     CHECK_EQ_INT(claim(&A, e1, 1, NULL), DFLASH_EAGAIN);
-    CHECK_EQ_INT(set_id(&A, e1, 0x11), 0);
-    CHECK_EQ_INT(set_id(&A, e1, 0x11), 0);             /* a retry is fine */
-    CHECK_EQ_INT(set_id(&A, e1, 0x22), DFLASH_EEXISTS); /* another id is not */
+    CHECK_EQ_INT(stub_group_set_id(&A, e1, 0x11), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e1, 0x11), 0);             /* a retry is fine */
+    CHECK_EQ_INT(stub_group_set_id(&A, e1, 0x22), DFLASH_EEXISTS); /* another id is not */
 
     /* B joins with no step in flight: the group re-forms at once (epoch + 1, ranks by join) */
-    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&Bd, 0, 0, &vb), 0);
     uint64_t e2 = vb.epoch;
     CHECK(e2 == e1 + 1 && vb.rank == 1 && vb.world == 2 && vb.id_len == 0);
     CHECK_EQ_INT(claim(&A, e1, 1, NULL), DFLASH_ESTALE); /* A learns: re-form */
-    CHECK_EQ_INT(join(&A, 0, e1, &va), 0);               /* old epoch: no new re-form */
+    CHECK_EQ_INT(stub_group_join(&A, 0, e1, &va), 0);               /* old epoch: no new re-form */
     CHECK(va.epoch == e2 && va.rank == 0 && va.world == 2);
-    CHECK_EQ_INT(set_id(&Bd, e2, 0x33), DFLASH_EDENIED); /* not rank 0 */
-    CHECK_EQ_INT(set_id(&A, e1, 0x33), DFLASH_ESTALE);   /* old epoch */
-    CHECK_EQ_INT(set_id(&A, e2, 0x33), 0);
-    CHECK_EQ_INT(join(&Bd, 0, 0, &vb), 0); /* B polls and gets rank 0's id */
+    CHECK_EQ_INT(stub_group_set_id(&Bd, e2, 0x33), DFLASH_EDENIED); /* not rank 0 */
+    CHECK_EQ_INT(stub_group_set_id(&A, e1, 0x33), DFLASH_ESTALE);   /* old epoch */
+    CHECK_EQ_INT(stub_group_set_id(&A, e2, 0x33), 0);
+    CHECK_EQ_INT(stub_group_join(&Bd, 0, 0, &vb), 0); /* B polls and gets rank 0's id */
     CHECK(vb.epoch == e2 && vb.id_len == WIRE_GROUP_ID_BYTES && vb.id[0] == 0x33);
 
     /* a plain Claim from a group member is refused: groups claim whole steps */
@@ -1065,7 +1041,7 @@ int main(void)
     CHECK_EQ_INT(set_depth(1), DFLASH_ERANGE);
     CHECK(strstr(stub_rep.u.error.message, "max-depth 1") != NULL);
     CHECK_EQ_INT(set_depth(2), 0);
-    CHECK_EQ_INT(join(&C, 0, 0, NULL), DFLASH_EFULL);
+    CHECK_EQ_INT(stub_group_join(&C, 0, 0, NULL), DFLASH_EFULL);
     CHECK(strstr(stub_rep.u.error.message, "max-depth is 2") != NULL);
     CHECK_EQ_INT(set_depth(8), 0);
     /* ... and so is a reservoir that leaves no room for a step: a step of 2 ranks needs
@@ -1073,7 +1049,7 @@ int main(void)
     CHECK_EQ_INT(set_int("min-ready", 8), DFLASH_ERANGE);
     CHECK(strstr(stub_rep.u.error.message, "min-ready 8") != NULL);
     CHECK_EQ_INT(set_int("min-ready", 7), 0);
-    CHECK_EQ_INT(join(&C, 0, 0, NULL), DFLASH_EFULL); /* 3 ranks need 9 */
+    CHECK_EQ_INT(stub_group_join(&C, 0, 0, NULL), DFLASH_EFULL); /* 3 ranks need 9 */
     CHECK(strstr(stub_rep.u.error.message, "min-ready") != NULL);
     CHECK_EQ_INT(set_int("min-ready", 0), 0);
 
@@ -1099,7 +1075,7 @@ int main(void)
     CHECK_EQ_INT(ga2.grant.lease_id, ga.grant.lease_id);
 
     /* C joins while step 1 is in flight: it waits for the boundary */
-    CHECK_EQ_INT(join(&C, 0, 0, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(stub_group_join(&C, 0, 0, NULL), DFLASH_EAGAIN);
     s = stub_status();
     CHECK_EQ_INT(s.groups[0].pending, 1);
     CHECK_EQ_INT(s.groups[0].epoch, e2);
@@ -1127,11 +1103,11 @@ int main(void)
     /* epoch 3: A, B, C; rank 0 posts, step 2 */
     uint64_t e3 = e2 + 1;
     CHECK_EQ_INT(claim(&A, e2, 2, NULL), DFLASH_ESTALE);
-    CHECK_EQ_INT(join(&A, 1, e2, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 1, e2, &va), 0);
     CHECK(va.epoch == e3 && va.rank == 0 && va.world == 3 && va.step == 1);
-    CHECK_EQ_INT(join(&C, 0, 0, &vc), 0);
+    CHECK_EQ_INT(stub_group_join(&C, 0, 0, &vc), 0);
     CHECK(vc.rank == 2 && vc.step == 1);
-    CHECK_EQ_INT(set_id(&A, e3, 0x44), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e3, 0x44), 0);
     make_ready(2);
     CHECK_EQ_INT(claim(&C, e3, 2, NULL), DFLASH_EAGAIN); /* 2 ready, 3 ranks */
     make_ready(1);
@@ -1147,10 +1123,10 @@ int main(void)
     CHECK_EQ_INT(s.groups[0].state, WIRE_GROUP_REFORMING);
     CHECK_EQ_INT(ready_total(&s), 0);
     CHECK_EQ_INT(claim(&Bd, e3, 2, NULL), DFLASH_ESTALE);
-    CHECK_EQ_INT(join(&Bd, 1, e3, NULL), DFLASH_EAGAIN); /* B is not the resolver */
+    CHECK_EQ_INT(stub_group_join(&Bd, 1, e3, NULL), DFLASH_EAGAIN); /* B is not the resolver */
     /* A's model is still at step 1: the step is aborted, every unit comes back */
     uint64_t todo_before = s.batches_todo;
-    CHECK_EQ_INT(join(&A, 1, e3, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A, 1, e3, &va), 0);
     s = stub_status();
     CHECK_EQ_INT(s.batches_trained, 2); /* nothing acked */
     CHECK_EQ_INT(s.batches_todo, todo_before + 2); /* A's and B's copied units: to-do */
@@ -1164,8 +1140,8 @@ int main(void)
     /* epoch 4: A, B; step 2 again. A (rank 0) dies after both copied; B's model took the step
      * (the all-reduce finished before A died): B resolves it as done */
     uint64_t e4 = va.epoch;
-    CHECK_EQ_INT(set_id(&A, e4, 0x55), 0);
-    CHECK_EQ_INT(join(&Bd, 1, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_set_id(&A, e4, 0x55), 0);
+    CHECK_EQ_INT(stub_group_join(&Bd, 1, 0, &vb), 0);
     CHECK(vb.epoch == e4 && vb.rank == 1);
     uint64_t redelivered = stub_status().redeliveries;
     make_ready(1);
@@ -1181,13 +1157,13 @@ int main(void)
     s = stub_status();
     CHECK_EQ_INT(s.groups[0].state, WIRE_GROUP_REFORMING);
     CHECK_EQ_INT(s.batches_inflight, 2); /* the dead rank's copied unit waits for the verdict */
-    CHECK_EQ_INT(join(&Bd, 2, e4, &vb), 0);
+    CHECK_EQ_INT(stub_group_join(&Bd, 2, e4, &vb), 0);
     s = stub_status();
     CHECK_EQ_INT(s.batches_trained, 4);
     CHECK_EQ_INT(s.groups[0].steps_done, 2);
     CHECK(vb.epoch == e4 + 1 && vb.rank == 0 && vb.world == 1 && vb.step == 2);
     /* the restarted A rejoins: a new member at the end of the order, synced from rank 0 */
-    CHECK_EQ_INT(join(&A2, 0, 0, &va), 0);
+    CHECK_EQ_INT(stub_group_join(&A2, 0, 0, &va), 0);
     CHECK(va.epoch == e4 + 2 && va.rank == 1 && va.world == 2 && va.step == 2);
     s = stub_status();
     CHECK_EQ_INT(s.batches_trained, 4); /* a late joiner does not rewind the ledger */

@@ -131,25 +131,61 @@ static void read_eos_list(rd *r, model_config *c) {
     }
 }
 
-/* rope scaling from rope_scaling or rope_parameters; only "default"/null and "llama3". */
+/* The rope type an object names ("rope_type", or the older "type"); "default" when it names none
+ * or is not an object. */
+static const char *rope_type_of(const cJSON *o) {
+    if (!cJSON_IsObject(o)) return "default";
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
+    if (!cJSON_IsString(type)) type = cJSON_GetObjectItemCaseSensitive(o, "type");
+    return cJSON_IsString(type) ? type->valuestring : "default";
+}
+
+/* partial_rotary_factor (top level, or in rope_parameters as transformers 5 writes it): HF rotates
+ * only that share of each head; we rotate all of it, so anything but 1 is refused. */
+static void refuse_partial_rotary(rd *r, const cJSON *rp) {
+    const cJSON *in[2] = {r->j, rp};
+    for (int i = 0; i < 2 && !r->rc; i++) {
+        if (!cJSON_IsObject(in[i])) continue;
+        bool found;
+        double f = get_num(r, in[i], "partial_rotary_factor", 1.0, &found);
+        if (found && f != 1.0 && !r->rc) {
+            err_fmt(r->err, r->errlen,
+                    "%s: partial_rotary_factor %g is not supported (RoPE over the whole head only)",
+                    r->where, f);
+            r->rc = DFLASH_EUNSUPPORTED;
+        }
+    }
+}
+
+/* rope scaling from rope_scaling or rope_parameters (transformers 5's name); only "default"/null
+ * and "llama3". A file with both naming different types is refused rather than one silently
+ * preferred (which one transformers reads depends on its version). */
 static void read_rope(rd *r, model_config *c) {
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->j, "rope_parameters");
     bool found;
     double theta = get_num(r, r->j, "rope_theta", 10000.0, &found);
     if (!found && cJSON_IsObject(rp)) theta = get_num(r, rp, "rope_theta", 10000.0, &found);
     c->rope_theta = theta;
+    refuse_partial_rotary(r, rp);
 
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r->j, "rope_scaling");
+    if (cJSON_IsObject(rs) && cJSON_IsObject(rp) &&
+        strcmp(rope_type_of(rs), rope_type_of(rp)) != 0 && !r->rc) {
+        err_fmt(r->err, r->errlen,
+                "%s: rope_scaling (type \"%s\") and rope_parameters (type \"%s\") disagree: keep "
+                "one of them",
+                r->where, rope_type_of(rs), rope_type_of(rp));
+        r->rc = DFLASH_ECONFIG;
+    }
     if (!cJSON_IsObject(rs)) rs = rp;
     memset(&c->rope_scaling, 0, sizeof c->rope_scaling);
     if (!cJSON_IsObject(rs)) return;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (!cJSON_IsString(type)) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    if (!cJSON_IsString(type) || strcmp(type->valuestring, "default") == 0) return;
-    if (strcmp(type->valuestring, "llama3") != 0) {
+    const char *type = rope_type_of(rs);
+    if (strcmp(type, "default") == 0) return;
+    if (strcmp(type, "llama3") != 0) {
         if (!r->rc) {
             err_fmt(r->err, r->errlen, "%s: rope_scaling type \"%s\" is not supported (only llama3)",
-                 r->where, type->valuestring);
+                 r->where, type);
             r->rc = DFLASH_EUNSUPPORTED;
         }
         return;
@@ -223,6 +259,15 @@ int hf_config_from_json(const cJSON *json, const char *where, model_config *out,
     }
     if (get_bool(&r, "mlp_bias", false)) {
         err_fmt(err, errlen, "%s: mlp_bias true is not supported", r.where);
+        return DFLASH_EUNSUPPORTED;
+    }
+    const cJSON *quant = cJSON_GetObjectItemCaseSensitive(json, "quantization_config");
+    if (quant && !cJSON_IsNull(quant)) {
+        const cJSON *method = cJSON_GetObjectItemCaseSensitive(quant, "quant_method");
+        err_fmt(err, errlen,
+                "%s: a quantized checkpoint (quantization_config, quant_method \"%s\") is not "
+                "supported: use the model's original bf16, fp16 or fp32 weights",
+                r.where, cJSON_IsString(method) ? method->valuestring : "?");
         return DFLASH_EUNSUPPORTED;
     }
     if (get_bool(&r, "use_sliding_window", false)) {

@@ -6,6 +6,9 @@
  *   Llama: head_dim from the file or hidden / heads; rope_scaling {rope_type "llama3", ...};
  *          attention_bias true is refused (not supported by our forward).
  * rope_theta: top level, else rope_parameters.rope_theta (newer transformers), else 10000.
+ * Refused (EUNSUPPORTED, naming the field): other rope types, partial_rotary_factor != 1,
+ * use_sliding_window true, a quantization_config (AWQ, GPTQ, FP8, ...); rope_scaling and
+ * rope_parameters naming different types (ECONFIG).
  * num_key_value_heads defaults to num_attention_heads; tie_word_embeddings to false;
  * rms_norm_eps to 1e-6; max_position_embeddings to 32768 (qwen) or 2048 (llama).
  * Validation: positive sizes, heads % kv_heads == 0, head_dim even, eps > 0, theta > 0.

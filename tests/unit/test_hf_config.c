@@ -129,6 +129,21 @@ static void test_real_configs(void) {
                  0);
     CHECK_NEAR(c.rope_theta, 12345, 0);
     CHECK_EQ_INT(c.head_dim, 6);
+    /* transformers 5 saves llama3 scaling under rope_parameters alone, or beside a rope_scaling
+     * of the same type; partial_rotary_factor 1 and a null quantization_config are no-ops */
+    CHECK_EQ_INT(load_text("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,"
+                           "\"intermediate_size\":16,\"num_hidden_layers\":1,"
+                           "\"num_attention_heads\":2,\"partial_rotary_factor\":1.0,"
+                           "\"quantization_config\":null,\"rope_parameters\":{\"rope_type\":"
+                           "\"llama3\",\"rope_theta\":500000.0,\"factor\":32.0,"
+                           "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                           "\"original_max_position_embeddings\":8192},\"rope_scaling\":"
+                           "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,"
+                           "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}}",
+                           &c, err, sizeof err),
+                 0);
+    CHECK(c.rope_scaling.enabled && c.rope_scaling.factor == 32.0);
+    CHECK_NEAR(c.rope_theta, 500000, 0);
 }
 
 /* Replaces the first occurrence of from in base with to and expects rc and needle. */
@@ -168,6 +183,22 @@ static void test_bad_configs(void) {
                "gelu");
     expect_bad(qwen3_8b, "\"rope_scaling\":null", "\"rope_scaling\":{\"rope_type\":\"yarn\"}",
                DFLASH_EUNSUPPORTED, "yarn");
+    /* a quantized repo (Qwen/Qwen2.5-7B-Instruct-AWQ, Qwen/Qwen3-8B-FP8) keeps its model_type */
+    expect_bad(qwen25_05b, "\"use_cache\":true", "\"quantization_config\":{\"bits\":4,"
+               "\"group_size\":128,\"quant_method\":\"awq\",\"version\":\"gemm\"}",
+               DFLASH_EUNSUPPORTED, "quantized checkpoint (quantization_config, quant_method \"awq\")");
+    expect_bad(qwen3_8b, "\"use_cache\":true", "\"quantization_config\":{\"activation_scheme\":"
+               "\"dynamic\",\"fmt\":\"e4m3\",\"quant_method\":\"fp8\"}",
+               DFLASH_EUNSUPPORTED, "quant_method \"fp8\"");
+    expect_bad(qwen3_8b, "\"use_cache\":true", "\"partial_rotary_factor\":0.5",
+               DFLASH_EUNSUPPORTED, "partial_rotary_factor 0.5");
+    expect_bad(qwen3_8b, "\"rope_scaling\":null", "\"rope_parameters\":{\"rope_type\":\"default\","
+               "\"rope_theta\":1000000,\"partial_rotary_factor\":0.25}",
+               DFLASH_EUNSUPPORTED, "partial_rotary_factor 0.25");
+    expect_bad(llama31_8b, "\"rope_theta\":500000.0", "\"rope_theta\":500000.0,"
+               "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":500000.0}",
+               DFLASH_ECONFIG, "rope_scaling (type \"llama3\") and rope_parameters (type "
+               "\"default\") disagree");
     expect_bad(qwen3_8b, "\"vocab_size\":151936}", "\"vocab_size\":151936", DFLASH_EFORMAT,
                "not valid JSON");
     expect_bad(llama31_8b, "\"factor\":8.0,", "", DFLASH_ECONFIG, "factor");

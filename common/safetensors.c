@@ -49,8 +49,14 @@ static const struct {
 } dtype_table[] = {
     [SAFETENSORS_BF16] = {"BF16", 2}, [SAFETENSORS_F16] = {"F16", 2},
     [SAFETENSORS_F32] = {"F32", 4},   [SAFETENSORS_I32] = {"I32", 4},
-    [SAFETENSORS_I64] = {"I64", 8},
+    [SAFETENSORS_I64] = {"I64", 8},   [SAFETENSORS_F64] = {"F64", 8},
+    [SAFETENSORS_I8] = {"I8", 1},     [SAFETENSORS_I16] = {"I16", 2},
+    [SAFETENSORS_U8] = {"U8", 1},     [SAFETENSORS_U16] = {"U16", 2},
+    [SAFETENSORS_U32] = {"U32", 4},   [SAFETENSORS_U64] = {"U64", 8},
+    [SAFETENSORS_BOOL] = {"BOOL", 1}, [SAFETENSORS_F8_E4M3] = {"F8_E4M3", 1},
+    [SAFETENSORS_F8_E5M2] = {"F8_E5M2", 1},
 };
+#define N_WRITABLE_DTYPES (SAFETENSORS_I64 + 1) /* the writer's: BF16 .. I64 */
 #define N_DTYPES (sizeof dtype_table / sizeof dtype_table[0])
 
 size_t safetensors_dtype_size(safetensors_dtype dt) {
@@ -372,7 +378,7 @@ static int load_file(safetensors *st, const char *path, char *err, size_t errlen
                 known = true;
             }
         if (!known) {
-            err_fmt(err, errlen, "%s: tensor %s: unsupported dtype \"%s\" (BF16, F16, F32, I32, I64)",
+            err_fmt(err, errlen, "%s: tensor %s: unknown dtype \"%s\" (not one of the safetensors dtypes)",
                  path, name, jdt->valuestring);
             rc = DFLASH_EUNSUPPORTED;
             goto fail;
@@ -856,7 +862,7 @@ int safetensors_writer_meta(safetensors_writer *w, const char *key, const char *
 int safetensors_writer_add(safetensors_writer *w, const char *name, safetensors_dtype dtype,
                            int ndim, const int64_t *shape, const void *data) {
     if (!w || w->begun || !name || !name[0] || strcmp(name, "__metadata__") == 0 ||
-        (unsigned)dtype >= N_DTYPES || ndim < 0 || ndim > SAFETENSORS_MAX_DIMS || (ndim && !shape))
+        (unsigned)dtype >= N_WRITABLE_DTYPES || ndim < 0 || ndim > SAFETENSORS_MAX_DIMS || (ndim && !shape))
         return DFLASH_EINVAL;
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->t[i].name, name) == 0) return DFLASH_EEXISTS;

@@ -45,6 +45,19 @@ typedef enum {
     SAFETENSORS_F32,
     SAFETENSORS_I32,
     SAFETENSORS_I64,
+    /* The format's other dtypes: opened and checked (a checkpoint may carry such tensors, e.g.
+     * masks or FP8 scales, that we never read), never converted (safetensors_to_f32 refuses
+     * them, naming the tensor) nor written. */
+    SAFETENSORS_F64,
+    SAFETENSORS_I8,
+    SAFETENSORS_I16,
+    SAFETENSORS_U8,
+    SAFETENSORS_U16,
+    SAFETENSORS_U32,
+    SAFETENSORS_U64,
+    SAFETENSORS_BOOL,
+    SAFETENSORS_F8_E4M3,
+    SAFETENSORS_F8_E5M2,
 } safetensors_dtype;
 
 #define SAFETENSORS_MAX_DIMS 8
@@ -65,9 +78,9 @@ typedef struct safetensors_tensor {
 typedef struct safetensors safetensors;
 typedef struct safetensors_writer safetensors_writer;
 
-/* Bytes per element (2, 2, 4, 4, 8). */
+/* Bytes per element (2, 2, 4, 4, 8 for the first five; the others' sizes). */
 size_t safetensors_dtype_size(safetensors_dtype dt);
-/* "BF16", "F16", "F32", "I32", "I64". */
+/* "BF16", "F16", "F32", "I32", "I64", "F64", ..., "F8_E5M2": the header's spelling. */
 const char *safetensors_dtype_name(safetensors_dtype dt);
 /* Parses the header spelling (also accepts lower case "bf16", "f16", "f32", "fp16", "fp32").
  * Returns 0 or DFLASH_EINVAL. */
@@ -89,7 +102,8 @@ uint16_t safetensors_f32_to_f16(float f);
  *                     error, too many open files...; the system's reason in err), or the path is
  *                     a directory or a FIFO where a file should be;
  *   DFLASH_EFORMAT    its bytes are wrong: truncated, a bad header or index (a damaged file);
- *   DFLASH_EUNSUPPORTED a dtype we do not read;  DFLASH_ENOMEM, DFLASH_EINVAL (no path).
+ *   DFLASH_EUNSUPPORTED a dtype the format does not define (tensors of every defined dtype
+ *                     open; only a float one converts);  DFLASH_ENOMEM, DFLASH_EINVAL (no path).
  * *rc is 0 on success. */
 safetensors *safetensors_open(const char *path, int *rc, char *err, size_t errlen);
 /* Unmaps everything; accepts NULL and *st == NULL; sets *st = NULL. Tensor pointers die. */

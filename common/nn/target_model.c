@@ -505,9 +505,17 @@ const nn_buf *target_model_final_norm(const target_model *m) {
 static int fetch_safetensors(void *user, const char *name, const int64_t *shape, int ndim,
                              float *dst) {
     char err[512];
-    int rc =
-        safetensors_load_f32((const safetensors *)user, name, ndim, shape, dst, err, sizeof err);
-    if (rc) LOG_ERROR("%s", err);
+    const safetensors *st = user;
+    int rc = safetensors_load_f32(st, name, ndim, shape, dst, err, sizeof err);
+    if (!rc) return 0;
+    static const char prefix[] = "model.";
+    if (rc == DFLASH_ENOTFOUND && strncmp(name, prefix, sizeof prefix - 1) == 0 &&
+        safetensors_find(st, name + sizeof prefix - 1))
+        LOG_ERROR("%s (it holds %s: the weights of a bare base model, saved without the causal-LM "
+                  "wrapper's \"model.\" prefix; give the *ForCausalLM checkpoint)",
+                  err, name + sizeof prefix - 1);
+    else
+        LOG_ERROR("%s", err);
     return rc;
 }
 

@@ -80,7 +80,10 @@ static void test_conversions(void) {
     CHECK_EQ_INT(dt, SAFETENSORS_BF16);
     CHECK_EQ_INT(safetensors_dtype_parse("F32", &dt), 0);
     CHECK_EQ_INT(dt, SAFETENSORS_F32);
-    CHECK_EQ_INT(safetensors_dtype_parse("F8_E4M3", &dt), DFLASH_EINVAL);
+    CHECK_EQ_INT(safetensors_dtype_parse("F8_E4M3", &dt), 0);
+    CHECK_EQ_INT(dt, SAFETENSORS_F8_E4M3);
+    CHECK_EQ_INT(safetensors_dtype_size(dt), 1);
+    CHECK_EQ_INT(safetensors_dtype_parse("F4", &dt), DFLASH_EINVAL);
 }
 
 static void test_round_trip(void) {
@@ -236,7 +239,35 @@ static void test_corrupt(void) {
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, -1);
     expect_bad(path, DFLASH_EFORMAT, "not valid JSON", NULL);
     write_raw(path, "{\"a\":{\"dtype\":\"F8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, -1);
-    expect_bad(path, DFLASH_EUNSUPPORTED, "tensor a", "unsupported dtype");
+    expect_bad(path, DFLASH_EUNSUPPORTED, "tensor a", "unknown dtype \"F8\"");
+    /* the format's other dtypes open (a checkpoint may carry a mask or FP8 scales we never
+     * read; sizes checked as for the others); only reading one as floats is refused */
+    write_raw(path,
+              "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+              "\"mask\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[4,6]},"
+              "\"q\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[6,8]},"
+              "\"s\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[8,12]},"
+              "\"d\":{\"dtype\":\"F64\",\"shape\":[0],\"data_offsets\":[12,12]},"
+              "\"u\":{\"dtype\":\"U16\",\"shape\":[2],\"data_offsets\":[12,16]}}",
+              16, -1);
+    int orc = 0;
+    safetensors *st2 = safetensors_open(path, &orc, err, sizeof err);
+    CHECK(st2 != NULL);
+    if (!st2) fprintf(stderr, "  message was: %s\n", err);
+    if (st2) {
+        const safetensors_tensor *m = safetensors_find(st2, "mask");
+        CHECK(m && m->dtype == SAFETENSORS_BOOL && m->bytes == 2);
+        float f[4];
+        CHECK_EQ_INT(safetensors_load_f32(st2, "w", 1, (int64_t[]){1}, f, err, sizeof err), 0);
+        CHECK_EQ_INT(safetensors_load_f32(st2, "s", 1, (int64_t[]){4}, f, err, sizeof err),
+                     DFLASH_EUNSUPPORTED);
+        CHECK(strstr(err, "tensor s has dtype F8_E4M3, not a float type") != NULL);
+        safetensors_close(&st2);
+    }
+    /* a BOOL tensor's size is checked like any other's (2 elements, 1 byte each) */
+    write_raw(path, "{\"m\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
+              -1);
+    expect_bad(path, DFLASH_EFORMAT, "tensor m", "");
     write_raw(path, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, -1);
     expect_bad(path, DFLASH_EFORMAT, "tensor a", "needs 4");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,-1],\"data_offsets\":[0,8]}}", 8, -1);

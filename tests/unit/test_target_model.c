@@ -36,6 +36,7 @@
 #include "slot.h"
 #include "target_loop.h"
 #include "target_model.h"
+#include "test_files.h"
 
 #include <libgen.h>
 #include <limits.h>
@@ -152,7 +153,7 @@ static double max_rel(const float *a, const float *b, size_t n) {
     return r > 0 ? d / r : d;
 }
 
-static void test_capture(const nn_ops *ops, nn_ctx *ctx) {
+static void test_captured_layers(const nn_ops *ops, nn_ctx *ctx) {
     model_config c = tiny_config();
     int D = c.hidden_size;
     enum { T = 23, S = 3, PAD = 5 };
@@ -257,8 +258,10 @@ out:
 }
 
 /* Writes c's checkpoint with fill() weights: F32 or BF16, in one file or split over two shards
- * with a model.safetensors.index.json. */
-static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16, bool sharded) {
+ * with a model.safetensors.index.json; bare: the names without their "model." prefix (a base
+ * model saved without the causal-LM wrapper). */
+static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16, bool sharded,
+                               bool bare) {
     int rc = hf_config_write(dir, c, bf16 ? "bfloat16" : "float32");
     if (rc) return rc;
     size_t n = hf_weight_count(c), half = sharded ? n / 2 : n;
@@ -287,6 +290,8 @@ static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16
             } else {
                 data[i] = x;
             }
+            if (bare && strncmp(d->name, "model.", 6) == 0) memmove(d->name, d->name + 6,
+                                                                     strlen(d->name + 6) + 1);
             names[i] = d->name;
             files[i] = fname[f];
             total += ne * (bf16 ? 2 : 4);
@@ -307,7 +312,7 @@ static int write_checkpoint_ex(const char *dir, const model_config *c, bool bf16
 }
 
 static int write_checkpoint(const char *dir, const model_config *c) {
-    return write_checkpoint_ex(dir, c, false, false);
+    return write_checkpoint_ex(dir, c, false, false, false);
 }
 
 /* fetch_random rounded through bf16, what a bf16 checkpoint of the same weights holds */
@@ -327,7 +332,7 @@ static void test_load_sharded_bf16(const nn_ops *ops, nn_ctx *ctx) {
     char dir[] = "/tmp/test_target_bf16.XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     model_config c = tiny_config();
-    CHECK_EQ_INT(write_checkpoint_ex(dir, &c, true, true), 0);
+    CHECK_EQ_INT(write_checkpoint_ex(dir, &c, true, true, false), 0);
     enum { T = 9 };
     int32_t ids[T], pos[T], off[2] = {0, T};
     for (int t = 0; t < T; t++)
@@ -408,6 +413,14 @@ static void test_load(const nn_ops *ops, nn_ctx *ctx) {
     CHECK_EQ_INT(hf_config_write(dir, &q2, "float32"), 0);
     CHECK(target_model_load(dir, &o, ops, ctx) == NULL);
     log_set_level(LOG_WARN);
+    /* a bare base model's names (no "model." prefix): refused, and the error says why */
+    CHECK_EQ_INT(write_checkpoint_ex(dir, &c, false, false, true), 0);
+    test_capture cap_log = test_capture_begin();
+    CHECK(target_model_load(dir, &o, ops, ctx) == NULL);
+    char *said = test_capture_end(&cap_log);
+    CHECK(said && strstr(said, "it holds embed_tokens.weight: the weights of a bare base model"));
+    if (said && !strstr(said, "bare base model")) fprintf(stderr, "  log was: %s\n", said);
+    free(said);
 
     char p[600];
     snprintf(p, sizeof p, "%s/config.json", dir);
@@ -924,7 +937,7 @@ int main(void) {
     nn_ctx *ctx = nn_cpu_new(1);
     test_default_ids();
     test_given_ids();
-    test_capture(ops, ctx);
+    test_captured_layers(ops, ctx);
     test_load(ops, ctx);
     test_load_sharded_bf16(ops, ctx);
     test_generate(ops, ctx);

@@ -9,6 +9,7 @@ inputs, the captured layers and the last-token logits of every sequence. test_ta
 loads each checkpoint through our loader, runs the packed batch and compares.
 
   target_ref.py DUMP      writes DUMP (refdump.py format) and the checkpoints DUMP.models/<family>/
+                          (the three families in F32, then LAYOUTS: the same in real repos' layouts)
 Run by run_reference.sh (which skips the test when torch is absent). Tensors in DUMP, per family:
   <fam>.seq_off  i32 [n_seqs + 1]      <fam>.ids, <fam>.pos  i32 [T]
   <fam>.layer_ids i32 [n]              captured ids, in column order
@@ -53,16 +54,70 @@ FAMILIES = {
 }
 
 
+# The same architectures in the layouts real hub repos use, each read back through our loader:
+# name -> (family it copies, config changes, layout). Layout: dtype of the weights (the oracle
+# runs on the rounded values), shards (> 1: model-0000k-of-0000n.safetensors + index json),
+# extra tensors a real file may carry and the model never reads (a rotary inv_freq buffer, a
+# BOOL mask). Config changes: the fields real files carry (transformers 5's rope_parameters
+# spelling with no top-level rope_theta, dtype, layer_types, Qwen2.5's sliding_window fields with
+# use_sliding_window false, a tied file that holds lm_head.weight anyway, which HF ignores).
+LAYOUTS = {
+    "qwen3_bf16_shards": ("qwen3", dict(torch_dtype=None, dtype="bfloat16", sliding_window=None,
+                                        use_sliding_window=False, max_window_layers=4,
+                                        layer_types=["full_attention"] * 4),
+                          dict(dtype="BF16", shards=3, extra=False)),
+    "qwen2_f16_hub": ("qwen2", dict(torch_dtype="float16", sliding_window=32768,
+                                    max_window_layers=2, use_sliding_window=False,
+                                    tie_word_embeddings=True),
+                      dict(dtype="F16", shards=1, extra=True)),
+    "llama_v5": ("llama", dict(rope_theta=None, rope_scaling=None, torch_dtype=None,
+                               dtype="bfloat16", tie_word_embeddings=True,
+                               rope_parameters=dict(rope_type="llama3", rope_theta=500000.0,
+                                                    factor=8.0, low_freq_factor=1.0,
+                                                    high_freq_factor=4.0,
+                                                    original_max_position_embeddings=32)),
+                 dict(dtype="BF16", shards=2, extra=True, lm_head_anyway=True)),
+}
+
+
+def layout_config(base, changes):
+    cfg = dict(base)
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    return cfg
+
+
+def rope_params(cfg):
+    """theta and the scaling block, from either spelling (rope_parameters: transformers 5)."""
+    rp = cfg.get("rope_parameters") or {}
+    return cfg.get("rope_theta", rp.get("rope_theta", 10000.0)), cfg.get("rope_scaling") or rp
+
+
 def head_dim(cfg):
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
-def write_safetensors(path, tensors):
-    """tensors: list of (name, float32 numpy-compatible torch tensor). Writes F32 safetensors."""
+def tensor_bytes(torch, t, dtype):
+    """t's little-endian bytes in a safetensors dtype (F32, BF16, F16, BOOL)."""
+    t = t.detach().to("cpu").contiguous()
+    if dtype == "BF16":
+        return t.float().to(torch.bfloat16).view(torch.int16).numpy().astype("<i2").tobytes()
+    if dtype == "F16":
+        return t.float().numpy().astype("<f2").tobytes()
+    if dtype == "BOOL":
+        return t.to(torch.uint8).numpy().tobytes()
+    return t.float().numpy().astype("<f4").tobytes()
+
+
+def write_safetensors(torch, path, tensors):
+    """tensors: list of (name, torch tensor, safetensors dtype). Returns the data bytes."""
     header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in tensors:
-        data = t.detach().to("cpu").contiguous().float().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
+    for name, t, dtype in tensors:
+        data = tensor_bytes(torch, t, dtype)
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
         blobs.append(data)
         off += len(data)
     h = json.dumps(header, separators=(",", ":")).encode()
@@ -72,6 +127,38 @@ def write_safetensors(path, tensors):
         f.write(h)
         for b in blobs:
             f.write(b)
+    return off
+
+
+def write_checkpoint(torch, d, weights, layout):
+    """The weights (name, float tensor) in the layout's dtype, shards and extras."""
+    dtype, shards = layout.get("dtype", "F32"), layout.get("shards", 1)
+    tensors = [(n, t, dtype) for n, t in weights]
+    if layout.get("extra"):
+        tensors.append(("model.rotary_emb.inv_freq", 1.0 / torch.arange(1, 9).float(), "F32"))
+        tensors.append(("model.layers.0.self_attn.causal_mask", torch.ones(4, 4).tril(), "BOOL"))
+    if layout.get("lm_head_anyway"):  # tied, but the file holds one (HF ties it to the embedding)
+        tensors.append(("lm_head.weight", -weights[0][1], dtype))
+    if shards == 1:
+        write_safetensors(torch, os.path.join(d, "model.safetensors"), tensors)
+        return
+    weight_map, total = {}, 0
+    for k in range(shards):
+        fname = "model-%05d-of-%05d.safetensors" % (k + 1, shards)
+        part = tensors[k::shards]
+        total += write_safetensors(torch, os.path.join(d, fname), part)
+        weight_map.update({n: fname for n, _, _ in part})
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def rounded(torch, t, dtype):
+    """What the file holds of t, back in float64."""
+    if dtype == "BF16":
+        return t.float().to(torch.bfloat16).double()
+    if dtype == "F16":
+        return t.float().half().double()
+    return t.double()
 
 
 def random_weights(torch, cfg, seed):
@@ -117,8 +204,8 @@ def random_weights(torch, cfg, seed):
 def inv_freq(torch, cfg):
     """HF default RoPE frequencies, with the Llama-3 rule when rope_scaling says llama3."""
     d = head_dim(cfg)
-    f = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    rs = cfg.get("rope_scaling")
+    theta, rs = rope_params(cfg)
+    f = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     if rs and rs.get("rope_type", rs.get("type")) == "llama3":
         old = rs["original_max_position_embeddings"]
         low_wl, high_wl = old / rs["low_freq_factor"], old / rs["high_freq_factor"]
@@ -197,14 +284,18 @@ def main():
     from refdump import RefDump
     torch.set_num_threads(1)
     dump = RefDump()
-    for fi, (fam, (cfg, layer_ids, lengths)) in enumerate(FAMILIES.items()):
+    cases = [(fam, cfg, ids, lens, {}) for fam, (cfg, ids, lens) in FAMILIES.items()]
+    for name, (base, changes, layout) in LAYOUTS.items():
+        cfg, ids, lens = FAMILIES[base]
+        cases.append((name, layout_config(cfg, changes), ids, lens, layout))
+    for fi, (fam, cfg, layer_ids, lengths, layout) in enumerate(cases):
         d = os.path.join(args.dump + ".models", fam)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
         weights = random_weights(torch, cfg, args.seed + fi)
-        write_safetensors(os.path.join(d, "model.safetensors"), weights)
-        W = {n: t.double() for n, t in weights}
+        write_checkpoint(torch, d, weights, layout)
+        W = {n: rounded(torch, t, layout.get("dtype", "F32")) for n, t in weights}
         seq_off, ids, pos = packed_inputs(torch, cfg, lengths, args.seed + 100 + fi)
         hid, logits = [], []
         for s in range(len(lengths)):
@@ -218,8 +309,9 @@ def main():
         dump.add(fam + ".layer_ids", torch.tensor(layer_ids, dtype=torch.int32))
         dump.add(fam + ".hidden", torch.cat(hid).float())
         dump.add(fam + ".logits", torch.stack(logits).float())
-        print("%s: %d layers, %d tokens in %d sequences, captured %s" %
-              (fam, cfg["num_hidden_layers"], seq_off[-1], len(lengths), layer_ids))
+        print("%s: %d layers, %d tokens in %d sequences, captured %s%s" %
+              (fam, cfg["num_hidden_layers"], seq_off[-1], len(lengths), layer_ids,
+               " (%s, %d shard(s))" % (layout["dtype"], layout["shards"]) if layout else ""))
     dump.write(args.dump)
     return 0
 

@@ -192,8 +192,13 @@ int main(int argc, char **argv) {
     }
     refdump *d = refdump_load(argv[1]);
     if (!d) return 1;
-    int fails = compare_family(d, argv[1], "qwen3") + compare_family(d, argv[1], "qwen2") +
-                compare_family(d, argv[1], "llama");
+    /* target_ref.py's FAMILIES, then its LAYOUTS (bf16 / f16 weights, shards, real config
+     * spellings, tensors never read) */
+    static const char *const cases[] = {"qwen3", "qwen2", "llama", "qwen3_bf16_shards",
+                                        "qwen2_f16_hub", "llama_v5"};
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fails += compare_family(d, argv[1], cases[i]);
     refdump_free(&d);
     printf("%s\n", fails ? "FAILED" : "all captured layers and logits match the oracle");
     return fails ? 1 : 0;

@@ -13,20 +13,31 @@
 #include <string.h>
 
 double dflash_tau_value(const dflash_tau *t) {
+    return t->responses ? t->response_tau_sum / (double)t->responses : 0.0;
+}
+
+double dflash_tau_pooled(const dflash_tau *t) {
     return t->cycles ? (double)t->accepted / (double)t->cycles : 0.0;
 }
 
 void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int b, int e, int B,
                      dflash_tau *acc) {
+    long cycles = 0, accepted = 0;
     for (int p = b; p < e - 1;) {
         const int32_t *d = pred + (size_t)(p - b) * (B - 1);
         int a = 0;
         while (a < B - 1 && p + a + 1 < e && d[a] == ids[p + a + 1])
             a++;
-        acc->cycles++;
-        acc->accepted += a + 1;
+        cycles++;
+        accepted += a + 1;
         if (a + 1 <= DFLASH_MAX_BLOCK) acc->hist[a + 1]++;
         p += a + 1;
+    }
+    acc->cycles += cycles;
+    acc->accepted += accepted;
+    if (cycles) {
+        acc->responses++;
+        acc->response_tau_sum += (double)accepted / (double)cycles;
     }
 }
 

@@ -11,7 +11,9 @@
  * at the span's end-of-turn token: nothing after it is accepted); record a + 1; p <- p + a + 1;
  * stop when p has no token of its span after it (p >= e - 1). Prompts, user turns and any other
  * loss_mask 0 position are never drafted.
- * tau = mean(a + 1) over all cycles, in [1, B].
+ * tau (reference/dflash.md 4.1, z-lab's benchmark): each response's mean of a + 1 over its
+ * cycles, then the mean over responses, in [1, B]; the pooled mean over all cycles (long
+ * responses weigh more) is kept beside it, as is the pooled histogram.
  * The drafter's prediction at p depends only on features < p, tok_p and p, so all candidate
  * anchors (dflash_anchor_candidate: p and p + 1 in one span) are run in masked forwards of up
  * to max_blocks blocks (the training mask), then the trajectories are walked over the stored
@@ -32,14 +34,18 @@ typedef struct dflash_tau {
     long cycles;                     /* draft cycles walked */
     long accepted;                   /* sum of (a + 1) over cycles */
     long hist[DFLASH_MAX_BLOCK + 1]; /* hist[k]: cycles with a + 1 == k */
+    long responses;                  /* response spans with at least one cycle */
+    double response_tau_sum;         /* sum over them of their own mean(a + 1) */
 } dflash_tau;
 
-/* mean(a + 1) so far; 0 when no cycle was walked. */
+/* tau so far: the mean over responses of each one's mean(a + 1); 0 when no cycle was walked. */
 double dflash_tau_value(const dflash_tau *t);
+/* mean(a + 1) over all cycles pooled; 0 when no cycle was walked. */
+double dflash_tau_pooled(const dflash_tau *t);
 
-/* Walks one trajectory over the span [b, e) of a sequence: pred[(p - b) * (B - 1) + i - 1] is
- * d_i of the block anchored at p, for p in [b, e-2]; ids the sequence (ids[b..e) read). Adds
- * its cycles to *acc. */
+/* Walks one trajectory over the span [b, e) of a sequence (one response):
+ * pred[(p - b) * (B - 1) + i - 1] is d_i of the block anchored at p, for p in [b, e-2]; ids the
+ * sequence (ids[b..e) read). Adds its cycles, and the response when it has one, to *acc. */
 void dflash_tau_walk(const int32_t *pred, const int32_t *ids, int b, int e, int B, dflash_tau *acc);
 
 /* Walks every response span of one sequence of S tokens (ids, loss mask lm): pred holds one

@@ -501,22 +501,29 @@ static void eval_print(const eval_config *ec, const trainer_eval_result *r, bool
 {
     const char *what = ec->init_only ? "untrained" : ec->checkpoint;
     long done = r->sequences + r->skipped;
-    char tau[32] = "null";
-    if (r->cycles) snprintf(tau, sizeof tau, "%.4f", r->tau);
+    char tau[32] = "null", pooled[32] = "null";
+    if (r->cycles) {
+        snprintf(tau, sizeof tau, "%.4f", r->tau);
+        snprintf(pooled, sizeof pooled, "%.4f", r->tau_pooled);
+    }
     if (ec->json)
-        printf("{\"tau\": %s, \"cycles\": %ld, \"sequences\": %ld, \"skipped\": %ld, "
-               "\"total\": %ld, \"partial\": %s, \"block_size\": %d, \"seconds\": %.2f}\n",
-               tau, r->cycles, r->sequences, r->skipped, r->total, partial ? "true" : "false",
-               r->block_size, r->seconds);
+        printf("{\"tau\": %s, \"tau_pooled\": %s, \"responses\": %ld, \"cycles\": %ld, "
+               "\"sequences\": %ld, \"skipped\": %ld, \"total\": %ld, \"partial\": %s, "
+               "\"block_size\": %d, \"seconds\": %.2f}\n",
+               tau, pooled, r->responses, r->cycles, r->sequences, r->skipped, r->total,
+               partial ? "true" : "false", r->block_size, r->seconds);
     else if (!partial)
-        printf("tau %.4f (%ld draft cycles over %ld held-out sequences, %ld without a response "
-               "skipped, block %d, drafter %s) in %.1f s\n",
-               r->tau, r->cycles, r->sequences, r->skipped, r->block_size, what, r->seconds);
+        printf("tau %.4f (the mean over %ld responses of each one's mean acceptance length; "
+               "%.4f pooled over its %ld draft cycles; %ld held-out sequences, %ld without a "
+               "response skipped, block %d, drafter %s) in %.1f s\n",
+               r->tau, r->responses, r->tau_pooled, r->cycles, r->sequences, r->skipped,
+               r->block_size, what, r->seconds);
     else if (r->cycles)
         printf("stopped after %ld of %ld sequences: tau %.4f over the %ld sequences done (%ld "
-               "draft cycles, %ld without a response skipped, block %d, drafter %s) in %.1f s "
-               "(partial)\n", done, r->total, r->tau, done, r->cycles, r->skipped,
-               r->block_size, what, r->seconds);
+               "responses; %.4f pooled over %ld draft cycles, %ld without a response skipped, "
+               "block %d, drafter %s) in %.1f s (partial)\n", done, r->total, r->tau, done,
+               r->responses, r->tau_pooled, r->cycles, r->skipped, r->block_size, what,
+               r->seconds);
     else
         printf("stopped after %ld of %ld sequences: no draft cycle yet, so no tau (partial)\n",
                done, r->total);

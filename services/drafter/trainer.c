@@ -1283,6 +1283,8 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         run.tokens_done += s.len;
     }
     out->tau = dflash_tau_value(&acc);
+    out->tau_pooled = dflash_tau_pooled(&acc);
+    out->responses = acc.responses;
     out->cycles = acc.cycles;
     out->block_size = dc.block_size;
     out->seconds = monotime_s() - t0;

@@ -144,7 +144,10 @@ typedef struct trainer_eval_opts {
 } trainer_eval_opts;
 
 typedef struct trainer_eval_result {
-    double tau;             /* over the cycles walked; 0 when none was */
+    double tau;             /* mean over responses of each one's mean(a + 1) (dflash.md 4.1,
+                               z-lab's benchmark); 0 when no cycle was walked */
+    double tau_pooled;      /* mean(a + 1) over all cycles pooled (long responses weigh more) */
+    long responses;         /* response spans with at least one cycle */
     long cycles, sequences; /* draft cycles walked; sequences that had at least one */
     long skipped;           /* sequences without a cycle (no loss-masked token before the end) */
     long total;             /* sequences to evaluate (--eval-seqs, or all) */

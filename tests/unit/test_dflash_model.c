@@ -1833,6 +1833,7 @@ static dflash_tau decode_tau(dflash_model *s, world *w) {
         for (int b = 0, e; b < S; b = e) {
             for (e = b + 1; lm[b] && e < S && lm[e];)
                 e++;
+            long cycles = 0, accepted = 0; /* this reply's */
             for (int p = b; lm[b] && p < e - 1;) {
                 int32_t bs = q, ba = p;
                 dflash_train_build(s, &w->tc, &w->view, 1, &bs, &ba, NULL);
@@ -1842,10 +1843,13 @@ static dflash_tau decode_tau(dflash_model *s, world *w) {
                 while (a < B - 1 && p + a + 1 < e &&
                        s->out_argmax[a + 1] == w->ids[st + p + a + 1])
                     a++;
-                t.cycles++;
-                t.accepted += a + 1;
+                cycles++;
+                accepted += a + 1;
                 p += a + 1;
             }
+            t.cycles += cycles;
+            t.accepted += accepted;
+            if (cycles) t.responses++, t.response_tau_sum += (double)accepted / (double)cycles;
         }
     }
     return t;
@@ -1886,6 +1890,10 @@ static void test_eval(world *w) {
     CHECK_EQ_INT(t.accepted, 2 + 2 + 3);
     CHECK_EQ_INT(t.hist[2], 2);
     CHECK_EQ_INT(t.hist[3], 1);
+    /* tau: each reply's mean, then the mean over replies (2 and 3: 2.5), not the pooled 7 / 3 */
+    CHECK_EQ_INT(t.responses, 2);
+    CHECK_NEAR(dflash_tau_value(&t), 2.5, 1e-12);
+    CHECK_NEAR(dflash_tau_pooled(&t), 7.0 / 3.0, 1e-12);
 
     dflash_model *m = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 32, 3);
     dflash_model *s = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 3, 3);
@@ -1896,7 +1904,9 @@ static void test_eval(world *w) {
     naive = decode_tau(s, w); /* the same initial weights (seed 3) */
     printf("untrained: tau walked reply by reply: %ld cycles, %ld accepted; eval: %ld, %ld\n",
            naive.cycles, naive.accepted, before.cycles, before.accepted);
-    CHECK(naive.cycles == before.cycles && naive.accepted == before.accepted);
+    CHECK(naive.cycles == before.cycles && naive.accepted == before.accepted &&
+          naive.responses == before.responses);
+    CHECK_NEAR(dflash_tau_value(&naive), dflash_tau_value(&before), 1e-12);
     dflash_train_cfg tc = w->tc;
     tc.lr = 1e-2;
     tc.n_anchors = 8;
@@ -1915,7 +1925,9 @@ static void test_eval(world *w) {
     naive = decode_tau(s, w);
     printf("tau walked reply by reply: %ld cycles, %ld accepted; eval: %ld, %ld\n",
            naive.cycles, naive.accepted, after.cycles, after.accepted);
-    CHECK(naive.cycles == after.cycles && naive.accepted == after.accepted);
+    CHECK(naive.cycles == after.cycles && naive.accepted == after.accepted &&
+          naive.responses == after.responses);
+    CHECK_NEAR(dflash_tau_value(&naive), dflash_tau_value(&after), 1e-12);
     dflash_model_destroy(&m);
     dflash_model_destroy(&s);
 }

@@ -194,7 +194,7 @@ static void test_eval_progress(void) {
     char path[400];
     snprintf(path, sizeof path, "%s/progress.out", dir);
     char *out = test_slurp(path, NULL);
-    char *line = strstr(out, "\reval "), *tau = strstr(out, "draft cycles over");
+    char *line = strstr(out, "\reval "), *tau = strstr(out, "pooled over its");
     if (line) printf("eval progress: %.60s\n", line + 1);
     CHECK(line && strstr(line, "held-out sequences") && tau && line < tau);
     free(out);

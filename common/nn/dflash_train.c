@@ -71,8 +71,9 @@ double dflash_train_gamma(const dflash_train_cfg *tc, int B) {
 }
 
 double dflash_train_lr(const dflash_train_cfg *tc, long step) {
-    /* the 1e-6 keeps 0.2f * 10 (2.0000000298) at 2 warmup steps */
-    long W = (long)ceil(tc->warmup_ratio * (double)tc->total_steps - 1e-6);
+    /* SpecForge's int(warmup_ratio * total_steps): rounded down; the 1e-6 counts a product a
+     * rounding error below a whole number as that number */
+    long W = (long)floor(tc->warmup_ratio * (double)tc->total_steps + 1e-6);
     if (step < W) return tc->lr * (double)(step + 1) / (double)W;
     if (tc->total_steps <= 0) return tc->lr;
     long span = tc->total_steps - W;

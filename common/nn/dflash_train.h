@@ -121,7 +121,7 @@ uint64_t dflash_batch_key(const slot_work_unit *wu);
 /* The decay gamma actually used for block size B. */
 double dflash_train_gamma(const dflash_train_cfg *tc, int B);
 /* Learning rate of optimizer step `step` (0-based): linear warmup (step+1)/W over
- * W = ceil(warmup_ratio * total_steps) steps, then cosine from lr to min_lr_ratio*lr at
+ * W = floor(warmup_ratio * total_steps) steps (SpecForge's int()), then cosine from lr to min_lr_ratio*lr at
  * total_steps. */
 double dflash_train_lr(const dflash_train_cfg *tc, long step);
 

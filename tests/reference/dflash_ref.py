@@ -133,7 +133,7 @@ class DFlashRef:
 
 def lr_at(step, lr, warmup_ratio, total, min_ratio):
     """The schedule of dflash_train_lr: linear warmup (step+1)/W, then cosine to min_ratio*lr."""
-    W = math.ceil(warmup_ratio * total)
+    W = int(warmup_ratio * total + 1e-6)  # SpecForge: int(warmup_ratio * total_steps)
     if step < W:
         return lr * (step + 1) / W
     p = min(1.0, (step - W) / (total - W)) if total > W else 1.0

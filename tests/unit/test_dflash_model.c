@@ -410,11 +410,15 @@ static void test_training_reduces_loss(world *w) {
     /* [1, B] holds by construction; a model that learned the batch accepts well past 1 (this
      * run: accuracy ~0.92, accept length ~2.67 of 4) */
     CHECK(met.accept_len > 1.5 && met.accept_len <= 4.0);
-    /* schedule: warmup ceil(0.04*40)=2 steps, then cosine to 0 at step 40 */
-    CHECK_NEAR(dflash_train_lr(&tc, 0), 0.5e-2, 1e-12);
+    /* schedule: warmup int(0.04*40) = 1 step (SpecForge rounds down: 2 steps would start at
+     * lr / 2), then cosine over the other 39 to 0 at step 40 */
+    CHECK_NEAR(dflash_train_lr(&tc, 0), 1e-2, 1e-12);
     CHECK_NEAR(dflash_train_lr(&tc, 1), 1e-2, 1e-12);
-    CHECK_NEAR(dflash_train_lr(&tc, 21), 0.5e-2, 1e-9);
+    CHECK_NEAR(dflash_train_lr(&tc, 20), 1e-2 * 0.5 * (1 + cos(M_PI * 19.0 / 39.0)), 1e-12);
     CHECK_NEAR(dflash_train_lr(&tc, 40), 0.0, 1e-12);
+    dflash_train_cfg t75 = tc; /* 0.04 * 75 = 3 warmup steps: the first at lr / 3 */
+    t75.total_steps = 75;
+    CHECK_NEAR(dflash_train_lr(&t75, 0), 1e-2 / 3, 1e-12);
     dflash_model_destroy(&m);
 }
 

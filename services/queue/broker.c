@@ -1011,14 +1011,29 @@ static void late_ack_overtakes(broker *b, const peer *p, const batch_id *id, uin
     }
 }
 
+/* Whether p's ack of batch id at step, refused EXISTS (the ledger has it trained at step `at`),
+ * repeats the ack the ledger recorded: the same step, and the same acker (recent_acks: the same
+ * process or run) when that is known; when it is not (an ack older than the ring, or recorded
+ * before a restart, or by a group's StepDone), a drafter that does not hold the batch (holding
+ * it, it copied the batch after the recorded ack, so it trained it again). Defect: the step
+ * alone decided, so a late acker acking second at the redelivered copy's drafter's step was
+ * answered "a repeated ack", with no warning, for a batch trained twice. */
+static bool repeats_recorded_ack(const broker *b, const peer *p, const batch_id *id,
+                                 uint64_t step, uint64_t at, bool held)
+{
+    if (at != step) return false;
+    recent_acker was, is = {p->incarnation, p->run_id};
+    if (recent_acks_find(&b->acked_by, id, &was)) return recent_acker_same(&was, &is);
+    return !held;
+}
+
 /* An ack of a batch not trained yet records it, wherever it is (to-do, in flight, orphaned by a
- * restart, quarantined: the ledger's late ack), and late_ack_overtakes deals with a delivery of
- * it since. One already trained is refused EXISTS: at the ack's own step, from a drafter that
- * does not hold it, a repeat (the first one's reply was lost, or a resumed drafter acks what its
- * checkpoint recorded as unacked); else the batch was trained twice, which is logged: at another
- * step, or by a drafter that holds it (it copied the batch after another's ack had recorded it,
- * so it trained it again, whatever its step; defect: a coincidence of two drafters' steps was
- * called a repeat). */
+ * restart, quarantined: the ledger's late ack), notes who acked it (recent_acks), and
+ * late_ack_overtakes deals with a delivery of it since. One already trained is refused EXISTS:
+ * a repeat of the recorded ack (repeats_recorded_ack: the first one's reply was lost, or a
+ * resumed drafter acks what its checkpoint recorded as unacked); else the batch was trained
+ * twice, which is logged: at another step, or by another drafter at the same step (defect: a
+ * coincidence of two drafters' steps was called a repeat). */
 static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     batch_id id = to_batch(&m->u.ack.unit);
@@ -1028,7 +1043,7 @@ static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc == DFLASH_EEXISTS) {
         b->double_acks++;
         ledger_get(b->ledger, &id, NULL, &at); /* 0 in a finished epoch: no longer known */
-        if (at == step && !held)
+        if (repeats_recorded_ack(b, p, &id, step, at, held))
             return reply_error(b, r, m->request_id, rc,
                                "a repeated ack: the batch is recorded at step %" PRIu64, step);
         if (!at) return reply_error(b, r, m->request_id, rc, "batch already trained");
@@ -1039,6 +1054,7 @@ static void on_ack(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     }
     if (rc) return reply_error(b, r, m->request_id, rc, "ack refused");
     b->acks++;
+    recent_acks_note(&b->acked_by, &id, &(recent_acker){p->incarnation, p->run_id});
     late_ack_overtakes(b, p, &id, step);
     reply_ok(b, r, m->request_id, 0);
 }

@@ -19,6 +19,7 @@
 #include "group.h"
 #include "ledger.h"
 #include "policy.h"
+#include "recent_acks.h"
 #include "zloop.h"
 
 #include <stdarg.h>
@@ -133,6 +134,7 @@ struct broker {
     pool_desc pools[MAX_POOLS];
 
     uint64_t malformed, acks, double_acks, unroutable, requests;
+    recent_acks acked_by;  /* who made the recent plain acks (on_ack: a repeat or trained twice) */
     uint64_t redeliveries; /* grants of a batch granted before (broker_granted) */
     deferred_reply *dq_head, *dq_tail; /* in deferral order; each peer's tickets ascending */
     uint64_t dispatch_ticket;          /* of the last broker_dispatch */
@@ -146,11 +148,6 @@ static inline uint64_t now_ms(broker *b)
 {
     uv_update_time(b->loop);
     return uv_now(b->loop);
-}
-
-static inline bool same_batch(const batch_id *a, const batch_id *b)
-{
-    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
 }
 
 static inline void reply_init(broker *b, wire_msg *r, wire_type t, uint64_t rid)

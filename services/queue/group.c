@@ -382,11 +382,6 @@ void group_step_begin(group *g, uint64_t step, const group_slot *slots)
     memcpy(g->slots, slots, g->world * sizeof *slots);
 }
 
-static bool same_batch(const batch_id *a, const batch_id *b)
-{
-    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
-}
-
 static bool slots_hold(const group_slot *slots, uint32_t n, const batch_id *id)
 {
     for (uint32_t r = 0; r < n; r++)

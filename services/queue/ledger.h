@@ -64,6 +64,11 @@ typedef struct {
     uint32_t index;  /* < batches of that bucket per epoch */
 } batch_id;
 
+static inline bool same_batch(const batch_id *a, const batch_id *b)
+{
+    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
+}
+
 typedef enum {
     BATCH_TODO = 0,
     BATCH_IN_FLIGHT,

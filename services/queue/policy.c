@@ -246,11 +246,6 @@ static pool *find_pool(const policy *p, uint32_t pool_id, uint32_t *pos)
     return NULL;
 }
 
-static bool same_batch(const batch_id *a, const batch_id *b)
-{
-    return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
-}
-
 static slot *find_filling(pool *pl, const batch_id *b)
 {
     for (uint32_t i = 0; i < pl->n_slots; i++)

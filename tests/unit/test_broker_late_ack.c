@@ -14,7 +14,11 @@
  *     READY (defect: the trained batch was granted once more, to the next claim);
  *   - b has released it already (it is training it): nothing can stop that; a's ack says it is
  *     trained twice, and b's ack is refused EXISTS as "trained twice" even when b's step equals
- *     a's (defect: a coincidence of steps was answered "a repeated ack", with no warning).
+ *     a's (defect: a coincidence of steps was answered "a repeated ack", with no warning);
+ *   - b acked it first, a comes back and acks it at the same step: a's ack is refused as trained
+ *     twice (defect: a repeat, by the step alone); a repeat is decided by who acked (the same
+ *     process, or a restart of the same run), also when the broker recreated the acker's entry
+ *     after expiring it.
  * Time is waited for (polled to a deadline), never assumed.
  */
 #include "check.h"
@@ -45,13 +49,20 @@ static void tweak(queue_config *cfg)
     snprintf(cfg->log_level, sizeof cfg->log_level, "info");
 }
 
-static int hello(const drafter *d, const wire_unit *held, uint32_t n_held)
+/* d's hello, holding n_held units, as a trainer of run run_id (0: none said). */
+static int hello_run(const drafter *d, const wire_unit *held, uint32_t n_held, uint64_t run_id)
 {
     stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, d->inc);
     snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", d->name);
     stub_req.u.hello.n_held = n_held;
     for (uint32_t i = 0; i < n_held; i++) stub_req.u.hello.held[i] = held[i];
+    stub_req.u.hello.run_id = run_id;
     return stub_send(d->rid);
+}
+
+static int hello(const drafter *d, const wire_unit *held, uint32_t n_held)
+{
+    return hello_run(d, held, n_held, 0);
 }
 
 static void heartbeat(const char *rid, wire_role role, uint64_t inc)
@@ -86,10 +97,8 @@ static bool expire(const drafter *silent, const drafter *const *beating)
     return false;
 }
 
-/* A broker with the target's pool of 4 slots; drafters a and b said hello. a copied batch X
- * (released it), trained it and went silent; the broker expired it and X went back to to-do;
- * X was produced again (ready). */
-static void setup_ready_again(void)
+/* A broker with the target's pool of 4 slots, batch X ready. */
+static void setup_target(void)
 {
     stub_broker_new(tweak);
     log_init_named(NULL, "info");
@@ -97,6 +106,13 @@ static void setup_ready_again(void)
     snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
     CHECK_EQ_INT(stub_send("target-t-7"), 0);
     stub_pool("target-t-7", TARGET_INC, POOL_INC, 4);
+}
+
+/* setup_target; drafters a and b said hello. a copied batch X (released it), trained it and
+ * went silent; the broker expired it and X went back to to-do; X was produced again (ready). */
+static void setup_ready_again(void)
+{
+    setup_target();
     CHECK_EQ_INT(hello(&A, NULL, 0), 0);
     CHECK_EQ_INT(hello(&B, NULL, 0), 0);
     stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
@@ -205,6 +221,65 @@ static void test_copied_already(void)
     stub_broker_free();
 }
 
+/* The other order: b trains X and acks it at step 5 first, then a comes back and acks it at
+ * step 5 too. X was trained twice (a's model and b's): a's ack is refused as trained twice,
+ * with a warning (defect: the same step made it "a repeated ack", said of nothing). b's own
+ * retry is still a repeat, also after b was expired and came back (the broker's peer entry for
+ * b is a new one; b's process is the same). */
+static void late_ack_of_a_second(void)
+{
+    CHECK_EQ_INT(stub_ack(&A, X, 5), DFLASH_ESTALE);
+    CHECK_EQ_INT(hello(&A, &X, 1), 0);
+    CHECK_EQ_INT(stub_ack(&A, X, 5), DFLASH_EEXISTS);
+}
+
+static void test_acked_second(void)
+{
+    wire_grant gb;
+    setup(&gb);
+    CHECK_EQ_INT(stub_release(&B, gb.lease_id), 0);
+    CHECK_EQ_INT(stub_ack(&B, X, 5), 0);
+    capture(late_ack_of_a_second);
+    printf("a's ack: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "already trained at step 5: trained twice") != NULL);
+    CHECK(strstr(said, "WARN") != NULL);
+    CHECK(strstr(said, "a acked batch 0/0/0 at step 5, already trained at step 5: it is trained "
+                       "twice") != NULL);
+    CHECK_EQ_INT(stub_ack(&B, X, 5), DFLASH_EEXISTS); /* b's reply was lost: b retries */
+    printf("b's retry: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "a repeated ack") != NULL);
+    CHECK(expire(&B, (const drafter *const[]){&A, NULL}));
+    CHECK_EQ_INT(stub_ack(&B, X, 5), DFLASH_ESTALE); /* forgotten: b says hello again */
+    CHECK_EQ_INT(hello(&B, NULL, 0), 0);
+    CHECK_EQ_INT(stub_ack(&B, X, 5), DFLASH_EEXISTS);
+    printf("b's retry after its expiry: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "a repeated ack") != NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.acks, 1); /* b's */
+    stub_broker_free();
+}
+
+/* A trainer restarted from its checkpoint (a new process of the same run) acks again what the
+ * checkpoint had unacked, at the same step: a repeat (the same run), not trained twice. */
+static const drafter T = {"drafter-t-8", "t", 0xe8}, T2 = {"drafter-t-9", "t", 0xe9};
+static void test_resumed_run_repeats(void)
+{
+    setup_target();
+    CHECK_EQ_INT(hello_run(&T, NULL, 0, 0x5151), 0);
+    stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
+    wire_grant g;
+    CHECK_EQ_INT(stub_claim(&T, &g), 0);
+    CHECK(same_unit(g.unit, X));
+    CHECK_EQ_INT(stub_release(&T, g.lease_id), 0);
+    CHECK_EQ_INT(stub_ack(&T, X, 5), 0);
+    CHECK_EQ_INT(hello_run(&T2, NULL, 0, 0x5151), 0); /* t restarted: it replaces itself */
+    CHECK_EQ_INT(stub_ack(&T2, X, 5), DFLASH_EEXISTS);
+    printf("the restarted t's ack: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "a repeated ack") != NULL);
+    stub_broker_free();
+}
+
 /* b gives its lease back unread (it cannot map the slot) after a's late ack: the slot is freed,
  * and the log does not say the trained batch goes back to to-do (it is not in flight). */
 static wire_grant unread_grant;
@@ -304,5 +379,7 @@ int main(void)
     test_unread_after_late_ack();
     test_lease_expires();
     test_copied_already();
+    test_acked_second();
+    test_resumed_run_repeats();
     CHECK_DONE();
 }

@@ -91,13 +91,20 @@ static const char *plural(uint32_t n, const char *one, const char *many)
     return n == 1 ? one : many;
 }
 
-/* Appends text to buf (len bytes), marking a cut with "...". */
+/* Appends text to buf (len bytes), marking a cut with "...". The cut falls between UTF-8
+ * characters (names are not charset-checked; a character cut short made dflash-ctl's JSON
+ * invalid): back from the last byte that fits to the start of its character, 3 bytes at most
+ * (UTF-8's longest), so a later append still finds buf cut. */
 static void append(char *buf, size_t len, const char *text)
 {
     size_t used = strlen(buf);
     if (used + 4 >= len) return; /* already cut */
     int n = snprintf(buf + used, len - used, "%s", text);
-    if (n >= 0 && (size_t)n >= len - used) snprintf(buf + len - 4, 4, "...");
+    if (n < 0 || (size_t)n < len - used) return;
+    size_t cut = len - 4;
+    for (int k = 0; k < 3 && cut > used && ((unsigned char)buf[cut] & 0xc0) == 0x80; k++)
+        cut--; /* buf[cut] continues a character */
+    snprintf(buf + cut, 4, "...");
 }
 
 static void tally(broker *b, unsettled *u)

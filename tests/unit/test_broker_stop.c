@@ -20,6 +20,8 @@
  *   - nothing in progress, or --stop-grace-ms 0: the stop is at once, as before;
  *   - status looked like a serving broker's during the stop: it carries the stop (grace, time
  *     since the signal, what is left, per drafter in words) from the signal to the exit.
+ *     Who it waits for is cut to 255 bytes between characters (defect: inside a multi-byte
+ *     UTF-8 character of a drafter's name).
  * Time is waited for (polled to a deadline), never assumed.
  */
 #include "check.h"
@@ -205,6 +207,49 @@ static void test_waits_for_the_drafter(void)
     stub_broker_free();
 }
 
+/* Whether s is valid UTF-8 (no character cut short, no stray continuation byte). */
+static bool utf8_valid(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2
+                : (*p & 0xf8) == 0xf0 ? 3 : -1;
+        if (n < 0) return false;
+        for (p++; n > 0; n--, p++)
+            if ((*p & 0xc0) != 0x80) return false;
+    }
+    return true;
+}
+
+/* Who the stop waits for, cut to 255 bytes in the status, is cut between characters: four
+ * drafters named "N" and 25 "é" (2 bytes each) holding a lease each, after d, put byte 252 (where
+ * "..." goes) inside an "é" of the fourth one's name (defect: the cut split it, and dflash-ctl's
+ * JSON carried invalid UTF-8). */
+static void test_waiting_for_cut_in_utf8(void)
+{
+    setup(60000, 1000, 5);
+    CHECK_EQ_INT(stub_claim(&D, NULL), 0);
+    static drafter many[4];
+    static char rids[4][16], names[4][64];
+    for (int i = 0; i < 4; i++) {
+        snprintf(rids[i], sizeof rids[i], "drafter-u-%d", i);
+        int n = snprintf(names[i], sizeof names[i], "%d", i + 1);
+        for (int k = 0; k < 25; k++) n += snprintf(names[i] + n, sizeof names[i] - n, "\xc3\xa9");
+        many[i] = (drafter){rids[i], names[i], 0x100u + (uint64_t)i};
+        CHECK_EQ_INT(hello(&many[i]), 0);
+        CHECK_EQ_INT(stub_claim(&many[i], NULL), 0);
+    }
+    capture(begin_stop);
+    wire_status s = stub_status();
+    CHECK(s.stopping && s.stop.drafters == 5 && s.stop.leases == 5);
+    size_t len = strlen(s.stop.waiting_for);
+    printf("waiting_for (%zu bytes): %s\n", len, s.stop.waiting_for);
+    CHECK(len <= 255 && len >= 250);
+    CHECK(len >= 3 && strcmp(s.stop.waiting_for + len - 3, "...") == 0);
+    CHECK(utf8_valid(s.stop.waiting_for));
+    CHECK(strncmp(s.stop.waiting_for, "drafter d (1 lease), drafter 1\xc3\xa9", 32) == 0);
+    stub_broker_free();
+}
+
 /* A drafter that claims while the broker stops is not stopping: its checkpoint report comes to
  * the next broker, the stop does not wait for it. */
 static void test_claiming_drafter_not_waited_for(void)
@@ -339,5 +384,6 @@ int main(void)
     test_grace_over();
     test_second_request();
     test_at_once();
+    test_waiting_for_cut_in_utf8();
     CHECK_DONE();
 }

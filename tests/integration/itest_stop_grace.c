@@ -14,7 +14,9 @@
  *           before), naming what was unsettled; meanwhile it answers the holder's heartbeats,
  *           another drafter's claim is refused with the retryable Error AGAIN "the broker is
  *           stopping" over the wire, `dflash-ctl status` (text and --json) shows it stopping,
- *           with its grace and the lease it waits for (defect: it looked like a serving broker),
+ *           with its grace and the lease it waits for (defect: it looked like a serving broker;
+ *           then its first line and --json "state" still said "running": "stopping" now, the
+ *           mode in "mode"; before the SIGTERM "state" is the mode, "stopping" null),
  *           and `dflash-ctl ping`, the compose healthcheck, still exits 0, saying it stops.
  * Usage: itest_stop_grace QUEUE TARGET CTL. Exit 0 pass, 1 fail. */
 #include "check.h"
@@ -165,6 +167,10 @@ static void test_grace_over(void)
     int rc;
     client *other = h_client(ep, WIRE_ROLE_DRAFTER, "other", 10, &rc);
     CHECK_EQ_INT(rc, 0);
+    char *text;
+    CHECK_EQ_INT(ctl(c, "--json", "status", &text), 0); /* serving: its mode, not stopping */
+    CHECK(strstr(text, "\"state\":\"running\",\"mode\":\"running\",\"stopping\":null") != NULL);
+    free(text);
     uint64_t t0 = h_now_ms(), took;
     kill(q, SIGTERM);
     CHECK_EQ_INT(wait_beating(q, c, 10000, qlog, "stopping: no new leases", &took), -2);
@@ -173,15 +179,18 @@ static void test_grace_over(void)
     printf("grace: a claim while stopping: %s\n", client_last_error(other));
     CHECK(strstr(client_last_error(other), "the broker is stopping") != NULL);
     CHECK_EQ_INT(client_heartbeat(c), 0);
-    /* the operator's view and the healthcheck's during the grace */
-    char *text;
+    /* the operator's view and the healthcheck's during the grace: stopping from the first
+     * line and in --json "state" (its mode kept in "mode") */
     CHECK_EQ_INT(ctl(c, "status", NULL, &text), 0);
+    CHECK(strncmp(text, "broker    ", 10) == 0 && strstr(text, "  stopping  up ") != NULL &&
+          strstr(text, "  stopping  up ") < strchr(text, '\n'));
     CHECK(strstr(text, "state     stopping (grace 6000 ms, ") != NULL);
     CHECK(strstr(text, " s left; waiting for: drafter live (1 lease)): no new leases or work") !=
           NULL);
     free(text);
     CHECK_EQ_INT(ctl(c, "--json", "status", &text), 0);
-    CHECK(strstr(text, "\"stopping\":{\"grace_ms\":6000,") != NULL);
+    CHECK(strstr(text, "\"state\":\"stopping\",\"mode\":\"running\","
+                       "\"stopping\":{\"grace_ms\":6000,") != NULL);
     CHECK(strstr(text, "\"waiting_for\":\"drafter live (1 lease)\"") != NULL);
     free(text);
     CHECK_EQ_INT(ctl(c, "ping", NULL, &text), 0);

@@ -17,7 +17,8 @@
  * the broker after every --timeout-ms without an announcement and exits 2 when it does not answer
  * (a restarted broker is watched on). A broker in its graceful stop (after a SIGTERM: no new
  * leases or work, up to --stop-grace-ms for its drafters' acks and reports) is shown as
- * stopping by status, watch and ping; ping still exits 0: the broker answers and exits by
+ * stopping by status (its first line and --json "state"; the mode then in "mode"), watch and
+ * ping; ping still exits 0: the broker answers and exits by
  * itself, and a healthcheck that failed it could only get it killed mid-grace, losing the acks
  * the grace waits for. `watch` also exits 2, naming the PUB endpoint and the flag
  * that fixes it, when the broker announces where this ctl cannot subscribe: an ipc:// PUB (a socket
@@ -132,6 +133,15 @@ static const char *state_name(uint32_t s)
     return s == 0 ? "running" : s == 1 ? "paused" : s == 2 ? "draining" : "unknown";
 }
 
+/* What the broker is doing: "stopping" in its graceful stop (whatever its mode: no new leases
+ * or work either way), else its mode. status's first line and --json "state", watch's column
+ * (defect: status said "running" beside the stop, and a script reading "state" saw a serving
+ * broker). */
+static const char *shown_state(const wire_status *s)
+{
+    return s->stopping ? "stopping" : state_name(s->state);
+}
+
 static const char *group_state_name(uint32_t s)
 {
     return s == WIRE_GROUP_FORMING     ? "forming"
@@ -175,7 +185,8 @@ static void stop_json(cJSON *o, const wire_status *s)
 static cJSON *status_json(const wire_status *s)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "state", state_name(s->state));
+    cJSON_AddStringToObject(o, "state", shown_state(s));
+    cJSON_AddStringToObject(o, "mode", state_name(s->state));
     stop_json(o, s);
 #define N(f) cJSON_AddNumberToObject(o, #f, (double)s->f)
     N(uptime_ms), N(min_ready), N(max_depth), N(lease_timeout_ms), N(tv_distance);
@@ -238,7 +249,7 @@ static void print_orphans(const wire_status *s);
 static void print_status(const wire_status *s, uint64_t incarnation)
 {
     printf("broker    %016" PRIx64 "  %s  up %.1f s  %u peers  %u slots\n", incarnation,
-           state_name(s->state), (double)s->uptime_ms / 1000.0, s->peers, s->slot_count);
+           shown_state(s), (double)s->uptime_ms / 1000.0, s->peers, s->slot_count);
     if (s->stopping) {
         char stop[WIRE_MAX_TEXT + 96];
         stop_text(&s->stop, stop, sizeof stop);
@@ -450,7 +461,7 @@ static int cmd_watch(const ctl_config *c, client *cl)
         } else if (m.type == WIRE_STATUS_REPLY) {
             const wire_status *s = &m.u.status;
             uint64_t leased = 0; /* held now (grants - releases also counts expired leases) */
-            printf("stats   %-8s ready", s->stopping ? "stopping" : state_name(s->state));
+            printf("stats   %-8s ready", shown_state(s));
             for (uint32_t i = 0; i < s->n_buckets; i++) {
                 printf(" %u", s->buckets[i].ready);
                 leased += s->buckets[i].leased;

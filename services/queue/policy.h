@@ -131,7 +131,8 @@ typedef struct {
     double mix_tv;                   /* TV(consumed mix over the window, dataset mix); 0 if empty */
     uint32_t window_claims;          /* claims in the window (<= mix_window) */
     uint64_t claims, releases, work_units, lease_expiries, quarantined;
-    uint64_t stale_releases;         /* releases of unknown or expired leases */
+    uint64_t stale_releases;         /* releases of unknown or expired leases, and releases
+                                      * the broker refused (policy_release_refused) */
     uint32_t detached_leases;        /* leases outliving their dropped pool */
     policy_bucket_stats bucket[POLICY_MAX_BUCKETS];
 } policy_stats;

@@ -226,10 +226,15 @@ int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t er
     return DFLASH_EMISMATCH;
 }
 
-/* What a set holds to train on, gathered by verify_tokens: a loss token, an anchor candidate. */
+/* What a set holds to train on, gathered by verify_tokens: a loss token, the sequences with an
+ * anchor candidate, apart as they fit max_len or not (a longer one trains nothing: the batch
+ * plan leaves it out). */
 typedef struct trainable {
-    bool loss;   /* some mask byte is 1 */
-    bool anchor; /* some position is a candidate anchor (dflash_anchor_candidate) */
+    uint32_t max_len;            /* longest sequence that counts (0: any) */
+    bool loss;                   /* some mask byte is 1 */
+    uint64_t anchored;           /* sequences of at most max_len tokens with a candidate anchor */
+    uint64_t anchored_long;      /* sequences longer than max_len with one */
+    uint32_t long_min, long_max; /* the shortest and longest of those */
 } trainable;
 
 /* shard_verify_tokens, also noting in *t (may be NULL) what the shard holds to train on: in the
@@ -238,6 +243,7 @@ static int verify_tokens(const shard *s, uint32_t vocab, trainable *t, char *err
     for (uint64_t i = 0; i < s->n_seqs; i++) {
         shard_seq q;
         shard_get(s, i, &q);
+        bool anchor = false; /* the sequence has a candidate anchor (dflash_anchor_candidate) */
         for (uint32_t p = 0; p < q.len; p++) {
             if (q.ids[p] < 0 || (vocab && (uint32_t)q.ids[p] >= vocab)) {
                 err_fmt(err, errlen,
@@ -252,8 +258,15 @@ static int verify_tokens(const shard *s, uint32_t vocab, trainable *t, char *err
             }
             if (t && q.mask[p]) {
                 t->loss = true;
-                if (dflash_anchor_candidate(q.mask, (int)p, (int)q.len)) t->anchor = true;
+                if (dflash_anchor_candidate(q.mask, (int)p, (int)q.len)) anchor = true;
             }
+        }
+        if (!t || !anchor) continue;
+        if (!t->max_len || q.len <= t->max_len) {
+            t->anchored++;
+        } else {
+            if (!t->anchored_long++ || q.len < t->long_min) t->long_min = q.len;
+            if (q.len > t->long_max) t->long_max = q.len;
         }
     }
     return 0;
@@ -523,13 +536,14 @@ int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err,
     return 0;
 }
 
-int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen) {
-    trainable t = {false, false};
+int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, uint32_t max_len, char *err,
+                            size_t errlen) {
+    trainable t = {.max_len = max_len};
     for (size_t i = 0; set && i < set->n; i++) {
         int rc = verify_tokens(set->shards[i], vocab, &t, err, errlen);
         if (rc) return rc;
     }
-    if (!set || !set->n || t.anchor) return 0;
+    if (!set || !set->n || t.anchored) return 0;
     const char *first = shard_path(set->shards[0]);
     const char *others = set->n > 1 ? " and the other shards" : "";
     unsigned long long n = (unsigned long long)shard_set_count(set);
@@ -538,7 +552,7 @@ int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, siz
                 "%s%s: no trainable token: every loss_mask of its %llu sequences is 0 (dflash-data "
                 "refuses such data; scripts/chat_to_jsonl.py marks each assistant reply 1)",
                 first, others, n);
-    else
+    else if (!t.anchored_long)
         err_fmt(err, errlen,
                 "%s%s: no anchor: in none of its %llu sequences do two loss tokens come in a row "
                 "(a block starts where loss_mask marks a token and the next one: alternating "
@@ -546,5 +560,14 @@ int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, siz
                 "every token of a reply, at least two in a row: scripts/chat_to_jsonl.py marks "
                 "each assistant reply 1",
                 first, others, n);
+    else
+        err_fmt(err, errlen,
+                "%s%s: no anchor in a sequence the buckets keep: the %llu of its %llu sequences "
+                "that have one (two loss tokens in a row) are all longer than the last bucket's "
+                "%u tokens (%u to %u tokens), and the batch plan leaves them out. Give --buckets "
+                "a last bound of at least %u (and --token-budget at least that), or cut the "
+                "sequences to fit when tokenizing (scripts/chat_to_jsonl.py --max-len N)",
+                first, others, (unsigned long long)t.anchored_long, n, max_len, t.long_min,
+                t.long_max, t.long_min);
     return DFLASH_ENODATA;
 }

@@ -107,7 +107,10 @@ uint64_t shard_set_identity(const shard_set *set);
 int shard_set_check_vocab(const shard_set *set, uint32_t model_vocab, char *err, size_t errlen);
 /* shard_verify_tokens over every shard, in one pass; DFLASH_ENODATA when the whole set has
  * nothing to train on: "no trainable token" in err when no loss_mask byte is 1, "no anchor" when
- * no sequence has two loss tokens in a row (dflash_anchor_candidate, dflash_anchor.h). */
-int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, char *err, size_t errlen);
+ * no sequence has two loss tokens in a row (dflash_anchor_candidate, dflash_anchor.h), "no
+ * anchor in a sequence the buckets keep" when only sequences longer than max_len have one.
+ * max_len: the longest sequence the batch plan keeps (its last bucket bound; 0: any). */
+int shard_set_verify_tokens(const shard_set *set, uint32_t vocab, uint32_t max_len, char *err,
+                            size_t errlen);
 
 #endif

@@ -141,11 +141,13 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
 
     /* The data must be the model's tokenizer's: checked from config.json before the weights
      * load (minutes for a large target), so a mismatch is said at once. Data of another
-     * tokenizer often fits the model's ids: its recorded vocabulary tells. */
+     * tokenizer often fits the model's ids: its recorded vocabulary tells. In the same pass,
+     * something to train on: an anchor in a sequence the plan keeps (within the last bucket). */
     model_config hc;
     if (hf_config_load(o->model_dir, &hc, err, errlen)) goto fail;
     if (shard_set_check_vocab(p->shards, (uint32_t)hc.vocab_size, err, errlen) ||
-        shard_set_verify_tokens(p->shards, (uint32_t)hc.vocab_size, err, errlen))
+        shard_set_verify_tokens(p->shards, (uint32_t)hc.vocab_size,
+                                o->bucket_bounds[o->n_buckets - 1], err, errlen))
         goto fail_config;
 
     target_model_opts mo = {.layer_ids = o->layer_ids,

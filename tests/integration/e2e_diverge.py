@@ -20,10 +20,10 @@ A tiny random Qwen3 target and 32 generated sequences (batches of 4), then:
   5. with data in which every batch has nothing to train on, a fresh drafter (--accumulate 3)
      with --max-steps 10 exits 8 saying "no step trained" and naming the loss masks, without
      the fake "loss first 0.0000" summary or the advice to add epochs (it exited 0 with both);
-     the batches it says it skipped are the batches it got (it counted steps of three). dflash-data
-     and the target refuse data with no anchor at all, so the shard is written here: the
-     sequences' loss masks alternate (no anchor), and the one sequence with anchors is longer
-     than the target's last bucket, which leaves it out of every batch.
+     the batches it says it skipped are the batches it got (it counted steps of three).
+     dflash-data and the model target refuse data with no anchor in a sequence the buckets keep
+     (e2e_nodata.py), so these batches come from the synthetic target: one bucket of 1-token
+     sequences (a loss token each, never two in a row), hidden states as wide as the model's.
 Usage: e2e_diverge.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
 """
 import json
@@ -35,8 +35,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, log, report, run, tail,  # noqa: E402
-                        wait_until, write_shard)
+from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
 
 
 def read_safetensors(path):
@@ -126,17 +125,6 @@ def main():
             tools_log)
         run([build.data, "--in", env.path("train.jsonl"), "--out", env.path("train.shard"),
              "--model", tgt, "--buckets", "32"], tools_log)
-        masked = []
-        with open(env.path("train.jsonl")) as f:
-            for line in f:
-                ids = json.loads(line)["input_ids"]
-                # alternating: loss tokens, but no two adjacent, so no anchor
-                masked.append((ids, [i & 1 for i in range(len(ids))]))
-        # anchors only past the last bucket (32): the set passes the target's check for data
-        # with nothing to train on, and the batch plan leaves this sequence out
-        masked.append((list(range(40)), [1] * 40))
-        with open(os.path.join(tgt, "config.json")) as f:
-            write_shard(env.path("masked.shard"), masked, json.load(f)["vocab_size"])
         slots = ["--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
                  "--runtime-dir", env.run, "--threads", "1", "--backend", "host",
                  "--timeout-ms", "1000", "--broker-wait-ms", "20000"]
@@ -224,11 +212,16 @@ def main():
         target.stop()
         queue.stop()
 
-        # 5. nothing to train on in any batch: no two adjacent loss-mask ones in a sequence that
-        # fits the bucket
-        target = Daemon("target-masked", [build.target, "--model", tgt, *target_args[:2],
-                                          "--shards", env.path("masked.shard"),
-                                          *target_args[4:]], env.tmp)
+        # 5. nothing to train on in any batch: the synthetic target's sequences of one token
+        # (--buckets 1) have a loss token each, never two in a row
+        with open(os.path.join(tgt, "config.json")) as f:
+            mc = json.load(f)
+        one = ["--buckets", "1", *slots[2:]]
+        target = Daemon("target-masked", [build.target, "--model", "synthetic", "--name", "t1",
+                                          "--slots", "3", "--epochs", "1", "--progress-ms", "0",
+                                          "--batches-per-bucket", "8", "--hidden",
+                                          str(mc["hidden_size"]), "--vocab-size",
+                                          str(mc["vocab_size"]), *one], env.tmp)
         queue = Daemon("queue2", queue.argv, env.tmp)
         env.daemons = [queue, target]
         queue.start()
@@ -239,7 +232,7 @@ def main():
         rc, text = exits([build.drafter, "--name", "d-masked", "--model", tgt, "--block-size",
                           "4", "--anchors", "8", "--max-steps", "10", "--accumulate", "3",
                           "--checkpoint-dir", env.path("ckpt-masked"), "--progress-ms", "0",
-                          *slots], env.path("drafter-masked.log"))
+                          *one], env.path("drafter-masked.log"))
         expect_exit(failures, "the drafter with nothing to train on", rc, text, 8,
                     [r"training: no step trained in this run", r"no step trained: every one of "
                      r"the \d+ batches this run got had no weighted position", r"loss masks"])

@@ -14,7 +14,13 @@ A tiny random Qwen3 target, then:
      end said "no step trained" (exit 8);
   3. the same shard plus one sequence with two adjacent loss tokens passes the check: the
      target loads the model and goes on to look for a broker (there is none: exit 1);
-  4. scripts/train on the shard of case 2 fails (exit 1) with the target's ERROR on its console.
+  4. scripts/train on the shard of case 2 fails (exit 1) with the target's ERROR on its console;
+  5. a shard whose only anchors lie in sequences longer than the last bucket (32: the batch plan
+     leaves them out): the target exits 2 before loading the weights, its ERROR counting those
+     sequences, giving their lengths against the bound and naming --buckets. It used to start,
+     and the drafter's end said "no step trained" (exit 8);
+  6. the same shard with a last bucket that holds them (--buckets 32,64) passes the check (no
+     broker: exit 1).
 Usage: e2e_nodata.py BUILD_DIR SOURCE_ROOT [--keep]. Exit 0 pass, 1 fail.
 """
 import os
@@ -57,9 +63,13 @@ def main():
         zero = [(ids, [0] * 20)] * 6
         alternating = [(ids, [k & 1 for k in range(20)])] * 6 + [([5], [1])] * 2
         one_pair = [(ids, [0] * 17 + [1, 1, 0])]
+        # anchors only past the last bucket (32): replies of 40 and 50 tokens
+        long_only = alternating + [([(5 * k + 1) % 500 for k in range(n)], [0] * 8 + [1] * (n - 8))
+                                   for n in (50, 40)]
         write_shard(env.path("zero.shard"), zero, 512)
         write_shard(env.path("noanchor.shard"), alternating, 512)
         write_shard(env.path("onepair.shard"), alternating + one_pair, 512)
+        write_shard(env.path("longonly.shard"), long_only, 512)
         target = [build.target, "--model", tgt, "--buckets", "32", "--token-budget", "32",
                   "--max-seqs", "4", "--layers", "3", "--runtime-dir", env.run, "--threads", "1",
                   "--backend", "host", "--broker-wait-ms", "1000", "--name"]
@@ -96,6 +106,25 @@ def main():
         expect(failures, "scripts/train on loss tokens never two in a row", rc, text, 1,
                [r"(?m)^\S+ dflash-target ERROR .*noanchor\.shard: no anchor",
                 r"train: dflash-target stopped"], [r"train: done"])
+
+        # 5. anchors only in sequences longer than the last bucket: nothing the plan keeps trains
+        rc, text = exits([*target, "t-longonly", "--shards", env.path("longonly.shard")],
+                         env.path("target-longonly.log"))
+        expect(failures, "the target on anchors only past the last bucket", rc, text, 2,
+               [r"dflash-target ERROR .*longonly\.shard: no anchor in a sequence the buckets "
+                r"keep: the 2 of its 10 sequences that have one \(two loss tokens in a row\) are "
+                r"all longer than the last bucket's 32 tokens \(40 to 50 tokens\)",
+                r"Give --buckets a last bound of at least 40 \(and --token-budget at least "
+                r"that\)"], [r"effective configuration"])
+
+        # 6. a last bucket that holds them: the check passes (no broker: exit 1)
+        wide = list(target)
+        wide[wide.index("--buckets") + 1] = "32,64"
+        wide[wide.index("--token-budget") + 1] = "64"
+        rc, text = exits([*wide, "t-wide", "--shards", env.path("longonly.shard")],
+                         env.path("target-wide.log"))
+        expect(failures, "the target on the same shard with --buckets 32,64", rc, text, 1,
+               [r"effective configuration"], [r"no anchor", r"no trainable token"])
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         failures.append(str(e))
     finally:

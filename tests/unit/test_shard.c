@@ -3,11 +3,11 @@
  * open with a message naming the file and the problem; out-of-vocabulary ids are found; a shard
  * made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
  * identity tells other data of the same shape from the same data; a set whose every loss_mask
- * byte is 0, or whose loss tokens never come two in a row (no anchor), is refused as nothing to
- * train on, each named; a shard that shrinks while
- * open ends the reader with a message naming it and exit 1 (map_guard), not "Bus error", while
- * a SIGBUS sent from outside still goes to the action that was there before (the default, or
- * a sanitizer's handler). */
+ * byte is 0, or whose loss tokens never come two in a row (no anchor), or whose anchors all lie
+ * in sequences longer than the last bucket, is refused as nothing to train on, each named; a
+ * shard that shrinks while open ends the reader with a message naming it and exit 1
+ * (map_guard), not "Bus error", while a SIGBUS sent from outside still goes to the action that
+ * was there before (the default, or a sanitizer's handler). */
 #include "check.h"
 #include "err.h"
 #include "shard.h"
@@ -229,7 +229,7 @@ static void test_set(void) {
     CHECK(q.len == 7 && q.ids[6] == 13);
     CHECK_EQ_INT(shard_set_get(set, 4, &q), DFLASH_ERANGE);
     CHECK_EQ_INT(shard_set_len(set, 1), 3);
-    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), DFLASH_ERANGE);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 0, err, sizeof err), DFLASH_ERANGE);
     CHECK(strstr(err, b) != NULL && strstr(err, "token id 5000") != NULL);
     shard_set_close(&set);
     CHECK(set == NULL);
@@ -250,7 +250,7 @@ static void test_set(void) {
     shard_writer_destroy(&w);
     set = shard_set_open_list(b, err, sizeof err);
     CHECK(set != NULL);
-    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), DFLASH_ENODATA);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 0, err, sizeof err), DFLASH_ENODATA);
     CHECK(strstr(err, b) != NULL &&
           strstr(err, "no trainable token: every loss_mask of its 2 sequences is 0") != NULL);
     shard_set_close(&set);
@@ -258,7 +258,7 @@ static void test_set(void) {
     snprintf(list, sizeof list, "%s,%s", a, b);
     set = shard_set_open_list(list, err, sizeof err);
     CHECK(set != NULL);
-    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), 0);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 0, err, sizeof err), 0);
     shard_set_close(&set);
 
     /* loss tokens, but never two in a row (alternating, one token): no anchor candidate in the
@@ -276,7 +276,7 @@ static void test_set(void) {
     snprintf(list, sizeof list, "%s,%s", b, c);
     set = shard_set_open_list(list, err, sizeof err);
     CHECK(set != NULL);
-    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), DFLASH_ENODATA);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 0, err, sizeof err), DFLASH_ENODATA);
     const char *want = " and the other shards: no anchor: in none of its 4 sequences do two "
                        "loss tokens come in a row";
     CHECK(strstr(err, b) != NULL && strstr(err, want) != NULL);
@@ -291,7 +291,31 @@ static void test_set(void) {
     shard_writer_destroy(&w);
     set = shard_set_open_list(list, err, sizeof err);
     CHECK(set != NULL);
-    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, err, sizeof err), 0);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 0, err, sizeof err), 0);
+    shard_set_close(&set);
+    /* anchors only in sequences longer than max_len (the last bucket: the batch plan leaves them
+     * out) are none: refused, counting them and giving their lengths against the bound. It
+     * passed, the target ran, and the drafter failed at the end ("no step trained") */
+    w = shard_writer_new(c, 0);
+    int32_t ids7[] = {3, 4, 5, 6, 7, 8, 9};
+    uint8_t all7[] = {1, 1, 1, 1, 1, 1, 1};
+    CHECK_EQ_INT(shard_writer_add(w, ids5, alt, 5), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids7, all7, 7), 0);
+    CHECK_EQ_INT(shard_writer_add(w, ids5, pair, 5), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    set = shard_set_open_list(list, err, sizeof err);
+    CHECK(set != NULL);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 4, err, sizeof err), DFLASH_ENODATA);
+    want = " and the other shards: no anchor in a sequence the buckets keep: the 2 of its 5 "
+           "sequences that have one (two loss tokens in a row) are all longer than the last "
+           "bucket's 4 tokens (5 to 7 tokens)";
+    CHECK(strstr(err, b) != NULL && strstr(err, want) != NULL);
+    CHECK(strstr(err, "Give --buckets a last bound of at least 5") != NULL);
+    if (!strstr(err, want)) fprintf(stderr, "  %s\n", err);
+    /* the pair's 5 tokens fit a last bound of 5: the set trains */
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 5, err, sizeof err), 0);
+    CHECK_EQ_INT(shard_set_verify_tokens(set, 100, 0, err, sizeof err), 0);
     shard_set_close(&set);
 }
 

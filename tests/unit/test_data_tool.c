@@ -12,7 +12,9 @@
  * data with no anchor at all is refused (exit 3, nothing written), named for what it lacks (no
  * trainable token, or no two in a row); an over-long line is skipped unparsed and
  * a JSON array input refused at its first byte; an id past int32, a negative id and a
- * duplicated key each get their own message and a whitespace-only line is blank. */
+ * duplicated key each get their own message and a whitespace-only line is blank; a shard whose
+ * every sequence is longer than the last of --buckets is written with a WARN that a target with
+ * those buckets refuses it. */
 #include "check.h"
 #include "hf_config.h"
 #include "shard.h"
@@ -328,6 +330,7 @@ int main(void) {
     CHECK(strstr(out, "<=512                 2   100.0%            9   100.0%") != NULL);
     if (!strstr(err, "without an anchor")) fprintf(stderr, "stderr was:\n%s\n", err);
     if (!strstr(out, "2 sequences")) fprintf(stderr, "stdout was:\n%s\n", out);
+    CHECK(strstr(err, "longer than the last of --buckets") == NULL);
     free(err);
     free(out);
     s = shard_open(shardp, e, sizeof e);
@@ -338,6 +341,31 @@ int main(void) {
         CHECK(shard_get(s, 1, &q) == 0 && q.len == 5 && q.ids[0] == 5);
         shard_close(&s);
     }
+    /* every sequence written (each has an anchor) longer than the last bucket: written, with a
+     * WARN that a target with these --buckets leaves them all out and refuses the shard. It was
+     * said only by the histogram's ">32" row, and the target started on such data */
+    fp = fopen(jsonl, "w");
+    put_seq(fp, 50, 0);
+    fprintf(fp, "{\"input_ids\": [1,2,3,4], \"loss_mask\": [0,1,0,1]}\n"); /* no anchor */
+    put_seq(fp, 40, 0);
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --buckets 16,32", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "every one of the 2 sequences written is longer than the last of --buckets, "
+                      "32 tokens (40 to 50 tokens): a target with these buckets leaves them all "
+                      "out and refuses the shard. Give the target's --buckets a last bound of at "
+                      "least 40") != NULL);
+    if (!strstr(err, "every one of")) fprintf(stderr, "stderr was:\n%s\n", err);
+    free(err);
+    /* one of them within the last bucket: no such WARN */
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000 --buckets 16,40", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "longer than the last of --buckets") == NULL);
+    free(err);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
     /* every valid mask all 0 (and a bad line): nothing to train on at all is refused (exit 3,
      * no shard), naming the cause and chat_to_jsonl. It was a warning and exit 0, and the
      * target then read the data for every epoch before the drafter failed */

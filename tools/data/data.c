@@ -20,7 +20,8 @@
  * token share, in one WARN and the summary line; when no line has an anchor, nothing is written.
  * At the end it prints the per-bucket length histogram for --buckets of the sequences written:
  * sequences, tokens and token share per bucket (the shares the broker's deficits use) and the
- * sequences longer than the last bound.
+ * sequences longer than the last bound; when that is every sequence written, a WARN says so: a
+ * target with these buckets would leave them all out and refuse the shard (exit 2).
  * While it reads, a progress line on stderr (progress.h: every 10 s, 0.2 s on a terminal) gives
  * the lines and megabytes read so far. The shard is written under a temporary name and renamed
  * when complete; an error, SIGINT or SIGTERM removes it (exit 1) and leaves an existing shard of
@@ -76,7 +77,9 @@ static const cfg_option data_options[] = {
      "line over 64 bytes a token + 4 MiB is skipped unparsed",
      offsetof(data_cfg, max_len), 0},
     {"buckets", CFG_STRING, "512,1024,2048,3072", 1, 0, false,
-     "bucket upper bounds for the length histogram (at most 16)", STR_OPT(buckets)},
+     "bucket upper bounds for the length histogram, as the target's (at most 16; a warning "
+     "when every sequence written is longer than the last)",
+     STR_OPT(buckets)},
     {"strict", CFG_BOOL, "false", 1, 0, false, "stop at the first bad line instead of skipping it",
      offsetof(data_cfg, strict), 0},
     {"show-errors", CFG_INT, "20", 0, 1e9, false, "bad lines reported individually",
@@ -325,6 +328,7 @@ int main(int argc, char **argv) {
     /* valid lines left out for having no anchor (dflash_anchor.h): loss_mask all 0 (no_loss) or
      * loss tokens never two in a row (no_pair); their tokens, the first one's line */
     uint64_t no_loss = 0, no_pair = 0, no_anchor_tokens = 0, first_no_anchor = 0;
+    uint32_t over_min = 0, over_max = 0; /* lengths of those written past the last bound */
     char first_why[256] = "";
     line_buf lb = {0};
     char *line = NULL;
@@ -414,6 +418,8 @@ int main(int argc, char **argv) {
         int b = 0;
         while (b < nb && (uint32_t)n > bounds[b])
             b++;
+        if (b == nb && (!seqs[b] || (uint32_t)n < over_min)) over_min = (uint32_t)n;
+        if (b == nb && (uint32_t)n > over_max) over_max = (uint32_t)n;
         seqs[b]++;
         toks[b] += (uint64_t)n;
     }
@@ -490,6 +496,15 @@ int main(int argc, char **argv) {
                  (unsigned long long)(no_loss + no_pair), (unsigned long long)no_anchor_tokens,
                  100.0 * (double)no_anchor_tokens / all_tokens, (unsigned long long)first_no_anchor,
                  (unsigned long long)no_loss, (unsigned long long)no_pair);
+    /* every sequence written has an anchor: when none fits the last bucket, a target with these
+     * buckets has nothing to train on (it refuses the shard, exit 2) */
+    if (seqs[nb] == kept)
+        LOG_WARN("every one of the %llu sequences written is longer than the last of --buckets, "
+                 "%u tokens (%u to %u tokens): a target with these buckets leaves them all out "
+                 "and refuses the shard. Give the target's --buckets a last bound of at least %u "
+                 "(and --token-budget at least that), or cut the sequences to fit when "
+                 "tokenizing (scripts/chat_to_jsonl.py --max-len N)",
+                 (unsigned long long)kept, bounds[nb - 1], over_min, over_max, over_min);
     printf("%s: %llu sequences, %llu tokens, %llu longer than --max-len %lld left out (%.1f%% of "
            "all tokens), %llu without an anchor left out (%.1f%% of all tokens), %llu bad lines "
            "skipped, vocab %u\n",

@@ -403,6 +403,11 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
         LOG_ERROR("drafter config: %s", msg);
         return NULL;
     }
+    if (nn_ops_check_heads(ops, cfg->num_heads, cfg->num_kv_heads, cfg->head_dim, msg,
+                           sizeof msg)) {
+        LOG_ERROR("drafter: %s", msg);
+        return NULL;
+    }
     if (max_tokens < 1 || max_blocks < 1 || !embed || !lm_head) {
         LOG_ERROR("drafter: max_tokens %d and max_blocks %d must be >= 1, embed and lm_head set",
                   max_tokens, max_blocks);
@@ -420,10 +425,11 @@ dflash_model *dflash_model_new(const dflash_config *cfg, const nn_ops *ops, nn_c
     int Qmax = max_blocks * cfg->block_size;
     /* rows per lm_head chunk: as many as LM_SCRATCH_BYTES of logits hold (all 7680 loss rows of
      * a 512-anchor step at Qwen3's vocabulary in bf16: one product each way instead of four),
-     * or DFLASH_LM_CHUNK */
+     * or DFLASH_LM_CHUNK, at most INT_MAX logits a chunk (the products' int sizes) */
     size_t fit = LM_SCRATCH_BYTES / ((size_t)cfg->vocab_size * ops->act_bytes);
-    if (fit > INT_MAX) fit = INT_MAX;
-    m->lm_chunk = (int)config_env_int("DFLASH_LM_CHUNK", 2, INT_MAX, fit < 2 ? 2 : (int64_t)fit);
+    int max_chunk = INT_MAX / cfg->vocab_size < 2 ? 2 : INT_MAX / cfg->vocab_size;
+    if (fit > (size_t)max_chunk) fit = (size_t)max_chunk;
+    m->lm_chunk = (int)config_env_int("DFLASH_LM_CHUNK", 2, max_chunk, fit < 2 ? 2 : (int64_t)fit);
     if (m->lm_chunk > Qmax) m->lm_chunk = Qmax; /* >= 2: block_size >= 2 */
     /* layer 0 dedup: on unless DFLASH_LAYER0_DEDUP=0 or beyond 1024 blocks (sel grows as
      * Q x u_cap) */

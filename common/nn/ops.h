@@ -76,6 +76,11 @@ typedef struct nn_block_span {
 typedef struct nn_ops {
     const char *name; /* "cpu" or "cuda" */
     size_t act_bytes; /* sizeof one nn_buf element: 4 (cpu) or 2 (cuda) */
+    /* The attention ops' head shapes (0: no limit): head_dim at most max_head_dim, at most
+     * max_q_per_kv query heads per kv head. A model checks them when it is made
+     * (nn_ops_check_heads), so an unsupported target or drafter is refused by name at start-up
+     * instead of reaching a kernel that cannot take it. */
+    int max_head_dim, max_q_per_kv;
     /* How a matrix's fp32 master is stored (adamw_clip_act): false (cpu), as the fp32 weight
      * itself; true (cuda), split into the bf16 weight and a low half (master_split.h). */
     bool master_split;
@@ -289,6 +294,12 @@ typedef struct nn_ops {
     void (*grad_average)(nn_ctx *c, nn_buf *ga, size_t na, float *g, size_t n, const float *acc,
                          float a, float s);
 } nn_ops;
+
+/* 0 when ops' attention takes heads query heads over kv_heads kv heads of head_dim; else
+ * DFLASH_EUNSUPPORTED with "the cuda backend's attention takes head_dim up to 256 (this model:
+ * 512)"-like words in err (ops_limits.c). */
+int nn_ops_check_heads(const nn_ops *ops, int heads, int kv_heads, int head_dim, char *err,
+                       size_t errlen);
 
 /* The cpu backend. nn_cpu_new(threads) returns a context (threads <= 0: all cores). */
 const nn_ops *nn_cpu_ops(void);

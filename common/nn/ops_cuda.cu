@@ -515,6 +515,8 @@ static nn_ops make_ops(void) {
     memset(&o, 0, sizeof o);
     o.name = "cuda";
     o.act_bytes = sizeof(bf16);
+    o.max_head_dim = CUDA_ATTN_MAX_HEAD_DIM;
+    o.max_q_per_kv = CUDA_ATTN_MAX_Q_PER_KV;
     o.master_split = true;
     o.alloc = cu_alloc;
     o.free = cu_free;

@@ -53,6 +53,12 @@ void *nn_cuda_stream(nn_ctx *c);
 #endif
 
 #ifdef __CUDACC__
+/* The attention launchers' head shapes (nn_ops.max_head_dim / max_q_per_kv): the CUDA-core
+ * kernels every shape falls back to hold head_dim <= 256 and one group of query heads in a
+ * tile of 64 rows. */
+#define CUDA_ATTN_MAX_HEAD_DIM 256
+#define CUDA_ATTN_MAX_Q_PER_KV 64
+
 /* Internal: the attention launchers of ops_cuda_attn.cu, used by the vtable in ops_cuda.cu. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

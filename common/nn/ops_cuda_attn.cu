@@ -452,9 +452,12 @@ void cuda_attention_block_plan(int max_q, int max_tk, int H, int Hk, int d) {
                 max_q, max_tk);
 }
 
+static_assert(CUDA_ATTN_MAX_Q_PER_KV <= QROWS, "a group of query heads fits a tile");
+
+/* nn_ops_check_heads refused other shapes when the model was made */
 static void check_heads(int H, int Hk, int d) {
-    assert(Hk > 0 && H % Hk == 0 && H / Hk <= QROWS);
-    assert(d > 0 && d <= 256 && d % 2 == 0);
+    assert(Hk > 0 && H % Hk == 0 && H / Hk <= CUDA_ATTN_MAX_Q_PER_KV);
+    assert(d > 0 && d <= CUDA_ATTN_MAX_HEAD_DIM && d % 2 == 0);
     (void)H, (void)Hk, (void)d;
 }
 

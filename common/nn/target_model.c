@@ -315,6 +315,12 @@ target_model *target_model_new(const model_config *cfg, const target_model_opts 
                                const nn_ops *ops, nn_ctx *ctx, target_tensor_fn fetch, void *user) {
     if (!cfg || !o || !ops || !fetch) return NULL;
     if (check_config(cfg)) return NULL;
+    char why[256];
+    if (nn_ops_check_heads(ops, cfg->num_heads, cfg->num_kv_heads, cfg->head_dim, why,
+                           sizeof why)) {
+        LOG_ERROR("target model: %s", why);
+        return NULL;
+    }
     if (o->max_tokens < 1 || o->max_seqs < 0 || o->max_logit_rows < 0 ||
         o->max_logit_rows > o->max_tokens) {
         LOG_ERROR("target model: max_tokens %d, max_seqs %d, max_logit_rows %d: need "

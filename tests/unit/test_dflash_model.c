@@ -1859,6 +1859,23 @@ static dflash_tau decode_tau(dflash_model *s, world *w) {
     return t;
 }
 
+/* the backend's head limits refuse a drafter when it is made (nn_ops_check_heads) */
+static void test_head_limits(world *w) {
+    nn_ops limited = *w->ops;
+    limited.max_head_dim = w->cfg.head_dim - 2;
+    test_capture cap_log = test_capture_begin();
+    dflash_model *m = dflash_model_new(&w->cfg, &limited, w->ctx, w->embed, w->lm_head, T, 4, 3);
+    char *said = test_capture_end(&cap_log);
+    CHECK(m == NULL);
+    CHECK(said && strstr(said, "drafter: the cpu backend's attention takes head_dim up to"));
+    free(said);
+    dflash_model_destroy(&m);
+    limited.max_head_dim = w->cfg.head_dim;
+    m = dflash_model_new(&w->cfg, &limited, w->ctx, w->embed, w->lm_head, T, 4, 3);
+    CHECK(m != NULL);
+    dflash_model_destroy(&m);
+}
+
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
 static void test_eval(world *w) {
     int32_t ids[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -2008,6 +2025,7 @@ int main(void) {
     test_config_fifo();
     test_checkpoint(w);
     test_checkpoint_unacked(w);
+    test_head_limits(w);
     test_eval(w);
     test_slot_view(w);
     nn_cpu_destroy(&w->ctx);

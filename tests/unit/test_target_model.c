@@ -364,6 +364,41 @@ static void test_load_sharded_bf16(const nn_ops *ops, nn_ctx *ctx) {
     rmdir(dir);
 }
 
+/* A backend's head limits (nn_ops.max_head_dim, max_q_per_kv: the cuda backend's 256 and 64)
+ * refuse a target when it is made, naming the limit; within them it is made as before. */
+static void test_head_limits(const nn_ops *ops, nn_ctx *ctx) {
+    model_config c = tiny_config(); /* head_dim 8, 4 heads over 2 kv heads */
+    int cap[1] = {1};
+    target_model_opts o = {.layer_ids = cap, .n_layer_ids = 1, .max_tokens = 8};
+    nn_ops limited = *ops;
+    limited.name = "limited";
+    limited.max_head_dim = 8;
+    limited.max_q_per_kv = 2;
+    target_model *m = target_model_new(&c, &o, &limited, ctx, fetch_random, NULL);
+    CHECK(m != NULL);
+    target_model_destroy(&m);
+    const struct {
+        int head_dim, kv_heads;
+        const char *said;
+    } bad[2] = {{10, 2, "the limited backend's attention takes head_dim up to 8 (this model: 10)"},
+                {8, 1, "takes up to 2 query heads per kv head (this model: 4 heads over 1 kv"}};
+    for (int i = 0; i < 2; i++) {
+        model_config b = c;
+        b.head_dim = bad[i].head_dim;
+        b.num_kv_heads = bad[i].kv_heads;
+        test_capture cap_log = test_capture_begin();
+        m = target_model_new(&b, &o, &limited, ctx, fetch_random, NULL);
+        char *said = test_capture_end(&cap_log);
+        CHECK(m == NULL);
+        CHECK(said && strstr(said, bad[i].said));
+        if (said && !strstr(said, bad[i].said)) fprintf(stderr, "  log was: %s\n", said);
+        free(said);
+        target_model_destroy(&m);
+    }
+    /* the cpu backend has none */
+    CHECK(ops->max_head_dim == 0 && ops->max_q_per_kv == 0);
+}
+
 static void test_load(const nn_ops *ops, nn_ctx *ctx) {
     char dir[] = "/tmp/test_target_model.XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -938,6 +973,7 @@ int main(void) {
     test_default_ids();
     test_given_ids();
     test_captured_layers(ops, ctx);
+    test_head_limits(ops, ctx);
     test_load(ops, ctx);
     test_load_sharded_bf16(ops, ctx);
     test_generate(ops, ctx);

@@ -1060,6 +1060,13 @@ int main(int argc, char **argv) {
         t_qkv_norm_rope(4, 2, 40, 1);   /* d 40: the scalar path */
         t_swiglu(517);
         t_swiglu(1024);
+        /* real targets' shapes beyond the benchmark's (audit-cuda-shapes): Llama-3.3-70B's and
+         * Qwen2.5-7B's hidden sizes, groups of 5 (Qwen3-14B) and 7 (Qwen2.5-7B, RoPE only) */
+        t_rmsnorm(600, 8192);
+        t_rmsnorm(301, 3584);
+        t_qkv_norm_rope(40, 8, 128, 1);
+        t_qkv_norm_rope(28, 4, 128, 0);
+        t_linear(130, 3584, 1024, 1);
     }
     if (do_attn) {
         t_causal(8, 2, 64, 0);
@@ -1081,6 +1088,14 @@ int main(int argc, char **argv) {
         t_block_mixed(16, 8, 128, 16, 700); /* group 2: 32 rows per block */
         t_block_mixed(16, 8, 128, 16, 704);
         t_block_mixed(16, 2, 128, 16, 700); /* group 8: not for the wgmma forward */
+        /* groups the benchmark never takes: 5 (Qwen3-14B: 40 / 8), 7 (Qwen2.5-7B: 28 / 4), and
+         * Llama-3.2-1B's d 64 at group 4 */
+        t_causal(40, 8, 128, 0);
+        t_causal(28, 4, 128, 1);
+        t_causal(32, 8, 64, 0);
+        t_block(40, 8, 128, 16);
+        t_block(28, 4, 128, 16);
+        t_block_mixed(28, 4, 128, 16, 704);
     }
     if (do_loss) {
         t_lm_head(300, 5000, 64);
@@ -1093,6 +1108,8 @@ int main(int argc, char **argv) {
         t_lm_head_peak(40, 5000, 16, 100.0f);
         t_lm_head_peak(40, 5000, 16, 130.0f);
         t_lm_head_peak(40, 5001, 16, 130.0f);
+        t_lm_head(40, 152064, 16); /* Qwen2.5's and Llama-3's vocabularies */
+        t_lm_head(40, 128256, 16);
         rs = keep;
     }
     if (do_optim) t_optim(); /* sumsq, AdamW, scaling */

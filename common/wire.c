@@ -173,6 +173,9 @@ static int check_group(const wire_msg *m, char *why, size_t len)
         if (!terminated(m->u.join.shape_text, WIRE_MAX_SHAPE_TEXT))
             return fail(why, len, DFLASH_ERANGE, "shape text longer than %d",
                         WIRE_MAX_SHAPE_TEXT - 1);
+        if (m->u.join.accumulate > WIRE_MAX_WORLD)
+            return fail(why, len, DFLASH_ERANGE, "accumulate %u > %u", m->u.join.accumulate,
+                        WIRE_MAX_WORLD);
         return check_group_name(m->u.join.group, why, len);
     case WIRE_GROUP_VIEW: {
         const wire_group_view *v = &m->u.view;
@@ -196,12 +199,15 @@ static int check_group(const wire_msg *m, char *why, size_t len)
             return fail(why, len, DFLASH_ERANGE, "epoch %llu step %llu (both must be >= 1)",
                         (unsigned long long)m->u.gstep.epoch,
                         (unsigned long long)m->u.gstep.step);
+        if (m->u.gstep.micro >= WIRE_MAX_WORLD)
+            return fail(why, len, DFLASH_ERANGE, "micro-step %u >= %u", m->u.gstep.micro,
+                        WIRE_MAX_WORLD);
         return check_group_name(m->u.gstep.group, why, len);
     case WIRE_GROUP_LEAVE: return check_group_name(m->u.gstep.group, why, len);
     case WIRE_STEP_GRANT: {
         const wire_step_grant *g = &m->u.sgrant;
         if (!g->epoch || !g->step || !g->world || g->world > WIRE_MAX_WORLD ||
-            g->rank >= g->world || g->n_units != g->world)
+            g->rank >= g->world || g->n_units != g->world || g->micro >= WIRE_MAX_WORLD)
             return fail(why, len, DFLASH_ERANGE, "step grant epoch/step/rank %u/world %u/%u units",
                         g->rank, g->world, g->n_units);
         for (uint32_t i = 0; i < g->n_units; i++)
@@ -678,6 +684,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         gjoin.has_shape = m->u.join.shape != 0;
         gjoin.shape = m->u.join.shape;
         if (m->u.join.shape_text[0]) gjoin.shape_text = (char *)m->u.join.shape_text;
+        gjoin.has_accumulate = m->u.join.accumulate != 0;
+        gjoin.accumulate = m->u.join.accumulate;
         env.group_join = &gjoin;
         break;
     case WIRE_GROUP_VIEW: {
@@ -707,6 +715,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         sclaim.has_epoch = sclaim.has_step = 1;
         sclaim.epoch = m->u.gstep.epoch;
         sclaim.step = m->u.gstep.step;
+        sclaim.has_micro = m->u.gstep.micro != 0;
+        sclaim.micro = m->u.gstep.micro;
         env.step_claim = &sclaim;
         break;
     case WIRE_STEP_DONE:
@@ -744,6 +754,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         sgrant.step = g->step;
         sgrant.rank = g->rank;
         sgrant.world = g->world;
+        sgrant.has_micro = g->has_micro;
+        sgrant.micro = g->micro;
         grant_to_pb(&grant, &unit_pb, &g->grant);
         sgrant.grant = &grant;
         for (uint32_t i = 0; i < g->n_units; i++) {
@@ -1089,6 +1101,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         m->u.join.shape = j->has_shape ? j->shape : 0;
         if (copy_str(m->u.join.shape_text, WIRE_MAX_SHAPE_TEXT, j->shape_text))
             return fail(why, len, DFLASH_ERANGE, "group_join: shape text too long");
+        m->u.join.accumulate = j->has_accumulate ? j->accumulate : 0;
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_VIEW: {
@@ -1122,6 +1135,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
                         wire_type_name(m->type));
         m->u.gstep.epoch = claim ? env->step_claim->epoch : env->step_done->epoch;
         m->u.gstep.step = claim ? env->step_claim->step : env->step_done->step;
+        m->u.gstep.micro = claim && env->step_claim->has_micro ? env->step_claim->micro : 0;
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_LEAVE:
@@ -1147,6 +1161,8 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         w->step = g->step;
         w->rank = g->rank;
         w->world = g->world;
+        w->has_micro = g->has_micro;
+        w->micro = g->has_micro ? g->micro : 0;
         if ((rc = grant_from_pb(&w->grant, g->grant)) == DFLASH_ERANGE)
             return fail(why, len, rc, "step_grant: grant name or handle size");
         if (rc) break;

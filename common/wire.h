@@ -268,6 +268,8 @@ typedef struct wire_group_join {
     uint64_t shape;        /* the drafter's layout hash (dflash_dp_layout_hash); 0 = not stated
                             * (an older drafter) */
     char shape_text[WIRE_MAX_SHAPE_TEXT]; /* the same in words; "" when not stated */
+    uint32_t accumulate;   /* micro-steps per group step, 1..WIRE_MAX_WORLD; 0 = not stated
+                            * (an older drafter: 1) */
 } wire_group_join;
 
 typedef struct wire_group_view {
@@ -290,6 +292,7 @@ typedef struct wire_group_set_id {
 typedef struct wire_group_step {
     char group[WIRE_MAX_NAME];
     uint64_t epoch, step; /* both >= 1 (not for GROUP_LEAVE) */
+    uint32_t micro;       /* STEP_CLAIM: the micro-step, < WIRE_MAX_WORLD (0 when absent) */
 } wire_group_step;
 
 typedef struct wire_step_grant {
@@ -297,7 +300,9 @@ typedef struct wire_step_grant {
     uint32_t rank, world;
     wire_grant grant;   /* this rank's slot, with its own lease */
     uint32_t n_units;   /* == world */
-    wire_unit units[WIRE_MAX_WORLD]; /* the step's units in rank order */
+    wire_unit units[WIRE_MAX_WORLD]; /* the micro-step's units in rank order */
+    bool has_micro;     /* false: an older broker (no accumulation in groups) */
+    uint32_t micro;     /* the claim's micro-step, < WIRE_MAX_WORLD */
 } wire_step_grant;
 
 /* The broker's answer to a target's leave (POOL_LEFT): slots of its pool given back by this

@@ -663,14 +663,19 @@ static bool pool_registered(const broker *b)
  * run is unchanged. */
 bool broker_plan_done(broker *b)
 {
+    bool done = broker_plan_done_but(b, 0);
+    if (!done) b->plan_done_said = false;
+    return done;
+}
+
+bool broker_plan_done_but(broker *b, uint64_t own)
+{
     ledger_stats ls;
     bool known = b->epochs && pool_registered(b);
     if (known) ledger_get_stats(b->ledger, &ls);
     /* ls.todo counts the planned epochs only (ledger_set_max_epochs) */
-    bool done = known && ls.epochs_opened >= b->epochs && ls.todo == 0 && ls.in_flight == 0 &&
-                ls.orphaned == 0;
-    if (!done) b->plan_done_said = false;
-    return done;
+    return known && ls.epochs_opened >= b->epochs && ls.todo == 0 && ls.in_flight == own &&
+           ls.orphaned == 0;
 }
 
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */

@@ -16,6 +16,11 @@
  * A joiner whose GroupJoin states a drafter shape other than its group's (group_shape_of) is
  * refused for good (Error MISMATCH, refuse_shape) before anything changes: the group does not
  * re-form for a rank that its state sync would turn away.
+ * The group's gradient accumulation (GroupJoin.accumulate) is checked as its shape is. Micro-steps
+ * (group.h): StepClaim.micro k reserves micro-step k of the step, all or nothing; a claim of
+ * k > 0 that can never be served (the plan has nothing left but the step's own batches, a drain
+ * with nothing filling, the broker stopping) ends the step there (group_step_end, end_reason):
+ * every rank gets the same Error SHUTDOWN for it and closes the step with the micro-steps it has.
  * A member a survivor's GroupJoin names dead (gone_rank: its collective saw the process end)
  * leaves the group at once, as on its GroupLeave (drop_gone_rank); its session stays until the
  * heartbeat expires it.
@@ -307,6 +312,16 @@ static const char *shape_words(const group_shape *s, char *buf, size_t len)
 static void refuse_shape(broker *b, peer *p, const group *g, const group_shape *mine,
                          uint64_t rid, wire_msg *r)
 {
+    if (group_accumulate(g) != (mine->accumulate ? mine->accumulate : 1)) {
+        const group_entry *first = &g->members[0];
+        uint32_t ours = mine->accumulate ? mine->accumulate : 1;
+        LOG_WARN("group %s: %s refused: it accumulates %u micro-steps a step, the group (its "
+                 "rank 0 %s) %u", g->name, p->name, ours, first->name, group_accumulate(g));
+        return reply_error(b, r, rid, DFLASH_EMISMATCH, "group %s trains %u micro-steps a step "
+                           "(--accumulate of its rank 0 %s); this one has --accumulate %u: every "
+                           "member must have the same", g->name, group_accumulate(g), first->name,
+                           ours);
+    }
     const group_entry *owner = group_shape_of(g);
     char a[32], c[32];
     const char *theirs = shape_words(&owner->shape, a, sizeof a);
@@ -321,7 +336,7 @@ static void refuse_shape(broker *b, peer *p, const group *g, const group_shape *
 void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_group_join *j = &m->u.join;
-    group_shape shape = {.hash = j->shape};
+    group_shape shape = {.hash = j->shape, .accumulate = j->accumulate};
     _Static_assert(sizeof shape.text == sizeof j->shape_text, "GROUP_SHAPE_TEXT");
     memcpy(shape.text, j->shape_text, sizeof shape.text);
     if (p->role != WIRE_ROLE_DRAFTER)
@@ -354,12 +369,16 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     }
     if (rc == DFLASH_EFULL) {
         const group *cur = group_find(b->groups, j->group);
+        uint32_t n = (cur ? cur->n_members : 0) + 1, acc = j->accumulate ? j->accumulate : 1;
+        if (n <= max_world)
+            return reply_error(b, r, m->request_id, rc,
+                               "group %s would have %u ranks of %u micro-steps a step: more "
+                               "than %d batches a step", j->group, n, acc, GROUP_MAX_UNITS);
         return reply_error(b, r, m->request_id, rc,
                            "group %s would have %u ranks but max-depth is %lld and min-ready "
                            "%lld: one step needs min-ready - 1 + one slot per rank (raise "
                            "max-depth or lower min-ready first)",
-                           j->group, (cur ? cur->n_members : 0) + 1,
-                           (long long)b->cfg.max_depth, (long long)b->cfg.min_ready);
+                           j->group, n, (long long)b->cfg.max_depth, (long long)b->cfg.min_ready);
     }
     if (rc == DFLASH_EEXISTS)
         return reply_error(b, r, m->request_id, rc, "%s is in another group", p->name);
@@ -407,13 +426,87 @@ void broker_on_group_set_id(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, 0);
 }
 
+/* Why micro-step `micro` (> 0) of g's step in flight can never be reserved, or NULL when it
+ * may be later (AGAIN): the broker stops; a drain with nothing filling (no slot will be ready
+ * again); or the plan has no batch left but the step's own (in flight until it is acked). */
+static const char *end_reason(broker *b, group *g)
+{
+    if (b->stop_phase == BROKER_STOPPING) return "the broker is stopping";
+    policy_stats ps;
+    policy_get_stats(b->policy, &ps);
+    if (b->pending_mode == POLICY_DRAINING && ps.filling == 0) return "the broker drains";
+    uint32_t own = 0;
+    for (uint32_t i = 0; i < g->step_world * g->step_micros; i++) {
+        batch_state st;
+        own += ledger_get(b->ledger, &g->slots[i].batch, &st, NULL) == 0 &&
+               st == BATCH_IN_FLIGHT;
+    }
+    return broker_plan_done_but(b, own) ? "every batch of the planned epochs is trained or in "
+                                          "this step"
+                                        : NULL;
+}
+
+/* The slots of the step's next micro-step (micro 0 begins the step), one per admitted rank,
+ * all or nothing. 0, or a code with r holding the answer. */
+static int reserve_micro(broker *b, group *g, const wire_group_step *c, uint64_t rid,
+                         wire_msg *r)
+{
+    if (c->micro == 0 && broker_drained(b)) {
+        reply_error(b, r, rid, DFLASH_ESHUTDOWN, "drained");
+        return DFLASH_ESHUTDOWN;
+    }
+    if (!b->policy) {
+        reply_error(b, r, rid, DFLASH_EAGAIN, "no pool yet");
+        return DFLASH_EAGAIN;
+    }
+    if (policy_claimable(b->policy) < g->world) {
+        const char *why = c->micro ? end_reason(b, g) : NULL;
+        if (why) { /* sticky: every rank closes the step with the micro-steps reserved */
+            group_step_end(g);
+            LOG_INFO("group %s: step %" PRIu64 " ends with %u of its %u micro-steps (%u "
+                     "batches): %s", g->name, g->step, g->step_micros, g->step_accumulate,
+                     g->step_micros * g->step_world, why);
+            return DFLASH_ESHUTDOWN; /* answered by the caller, as every later claim */
+        }
+        if (!c->micro && broker_plan_done(b)) {
+            broker_reply_plan_done(b, r, rid);
+            return DFLASH_ESHUTDOWN;
+        }
+        reply_error(b, r, rid, DFLASH_EAGAIN, "fewer than %u slots eligible for a step", g->world);
+        return DFLASH_EAGAIN;
+    }
+    group_slot slots[GROUP_MAX_WORLD];
+    uint64_t now = now_ms(b), taken[GROUP_MAX_WORLD];
+    uint32_t n_taken = 0;
+    for (uint32_t i = 0; i < g->n_members; i++) {
+        const group_entry *e = &g->members[i];
+        if (!e->admitted) continue;
+        policy_grant pg;
+        int rc = policy_claim(b->policy, e->peer, now, &pg); /* policy_claimable said it would */
+        if (rc) { /* only out of memory: give back what was taken, reserve nothing */
+            while (n_taken) policy_lease_revoke(b->policy, taken[--n_taken]);
+            reply_error(b, r, rid, rc, "step reservation failed");
+            return rc;
+        }
+        taken[n_taken++] = pg.lease_id;
+        slots[e->rank] = (group_slot){.peer = e->peer, .lease_id = pg.lease_id,
+                                      .batch = pg.where.batch, .pool_id = pg.where.pool_id,
+                                      .slot = pg.where.slot, .n_tokens = pg.where.n_tokens,
+                                      .pool_incarnation = pg.where.incarnation};
+        broker_granted(b, &pg);
+    }
+    if (c->micro == 0) group_step_begin(g, c->step, slots);
+    else group_step_add(g, slots);
+    return 0;
+}
+
 void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_group_step *c = &m->u.gstep;
     group *g = group_find(b->groups, c->group);
     if (!g) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "no group %s: join", c->group);
     group_slot *mine;
-    int rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);
+    int rc = group_micro_check(g, p->incarnation, c->epoch, c->step, c->micro, &mine);
     if (rc == DFLASH_ESTALE)
         return reply_error(b, r, m->request_id, rc, "epoch %llu of group %s is over: re-form",
                            (unsigned long long)c->epoch, g->name);
@@ -421,41 +514,25 @@ void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         return reply_error(b, r, m->request_id, rc, "group %s: waiting for %s", g->name,
                            g->step_active ? "rank 0's StepDone" : "rank 0's id");
     if (rc == DFLASH_ESTATE)
-        return reply_error(b, r, m->request_id, rc, "group %s: the next step is %llu, not %llu",
-                           g->name, (unsigned long long)(g->step_active ? g->step : g->base_step + 1),
-                           (unsigned long long)c->step);
-    if (rc) return reply_error(b, r, m->request_id, rc, "step claim refused");
-    if (!mine) { /* reserve the whole step: one slot per rank, all or nothing */
-        if (broker_drained(b)) return reply_error(b, r, m->request_id, DFLASH_ESHUTDOWN, "drained");
-        if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_EAGAIN, "no pool yet");
-        if (policy_claimable(b->policy) < g->world)
-            return broker_plan_done(b) ? broker_reply_plan_done(b, r, m->request_id)
-                                       : reply_error(b, r, m->request_id, DFLASH_EAGAIN,
-                                                     "fewer than %u slots eligible for a step",
-                                                     g->world);
-        group_slot slots[GROUP_MAX_WORLD];
-        uint64_t now = now_ms(b), taken[GROUP_MAX_WORLD];
-        uint32_t n_taken = 0;
-        for (uint32_t i = 0; i < g->n_members; i++) {
-            const group_entry *e = &g->members[i];
-            if (!e->admitted) continue;
-            policy_grant pg;
-            rc = policy_claim(b->policy, e->peer, now, &pg); /* policy_claimable said it would */
-            if (rc) { /* only out of memory: give back what was taken, reserve nothing */
-                while (n_taken) policy_lease_revoke(b->policy, taken[--n_taken]);
-                return reply_error(b, r, m->request_id, rc, "step reservation failed");
-            }
-            taken[n_taken++] = pg.lease_id;
-            slots[e->rank] = (group_slot){.peer = e->peer, .lease_id = pg.lease_id,
-                                          .batch = pg.where.batch, .pool_id = pg.where.pool_id,
-                                          .slot = pg.where.slot, .n_tokens = pg.where.n_tokens,
-                                          .pool_incarnation = pg.where.incarnation};
-            broker_granted(b, &pg);
+        return reply_error(b, r, m->request_id, rc, "group %s: the next step is %llu, not %llu "
+                           "(micro-step %u of %u)", g->name,
+                           (unsigned long long)(g->step_active ? g->step : g->base_step + 1),
+                           (unsigned long long)c->step, c->micro, group_accumulate(g));
+    if (!rc && !mine) { /* reserve the micro-step: one slot per rank, all or nothing */
+        rc = reserve_micro(b, g, c, m->request_id, r);
+        if (rc == 0) {
+            rc = group_micro_check(g, p->incarnation, c->epoch, c->step, c->micro, &mine);
+            assert(rc == 0 && mine);
+        } else if (rc != DFLASH_ESHUTDOWN || c->micro == 0) {
+            return; /* r holds the answer */
         }
-        group_step_begin(g, c->step, slots);
-        rc = group_step_check(g, p->incarnation, c->epoch, c->step, &mine);
-        assert(rc == 0 && mine);
     }
+    if (rc == DFLASH_ESHUTDOWN)
+        return reply_error(b, r, m->request_id, rc, "group %s: step %llu ends with its %u "
+                           "micro-steps of %u (no more batches for it): close it with them",
+                           g->name, (unsigned long long)g->step, g->step_end,
+                           g->step_accumulate);
+    if (rc) return reply_error(b, r, m->request_id, rc, "step claim refused");
     /* A rank that claims late (or again) after the step's pool was dropped or re-registered by
      * its target would get a grant mixing the two arenas: the reservation's incarnation and
      * lease, the new arena's shm name and handles (it copied unrelated bytes and exited). Stale
@@ -478,9 +555,12 @@ void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     w->epoch = g->step_epoch;
     w->step = g->step;
     w->world = g->step_world;
-    w->rank = (uint32_t)(mine - g->slots);
+    uint32_t at = (uint32_t)(mine - g->slots), first = at - at % g->step_world;
+    w->rank = at % g->step_world;
+    w->has_micro = true;
+    w->micro = at / g->step_world;
     w->n_units = g->step_world;
-    for (uint32_t k = 0; k < g->step_world; k++) w->units[k] = to_unit(&g->slots[k].batch);
+    for (uint32_t k = 0; k < g->step_world; k++) w->units[k] = to_unit(&g->slots[first + k].batch);
     policy_grant pg = {.lease_id = mine->lease_id, .worker_id = mine->peer,
                        .deadline_ms = now_ms(b) + (uint64_t)b->cfg.lease_timeout_ms,
                        .where = {.pool_id = mine->pool_id, .incarnation = mine->pool_incarnation,

@@ -204,6 +204,9 @@ bool broker_drained(const broker *b);
 /* True when every batch of the target's planned epochs is trained (claims are answered
  * SHUTDOWN, broker_reply_plan_done); false again after a rewind. */
 bool broker_plan_done(broker *b);
+/* The same with `own` batches in flight that cannot come back (a group step's units: its end,
+ * broker_groups.c): every other batch of the planned epochs is trained. No log, no state. */
+bool broker_plan_done_but(broker *b, uint64_t own);
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */
 void broker_reply_plan_done(broker *b, wire_msg *r, uint64_t rid);
 /* The ledger back to a drafter's model step (ResumeFrom, a group's creation): the batches

@@ -6,8 +6,8 @@
  * Orphaned steps (group.h) are a second array of heap-allocated records, at most one per group
  * name and only while no group of that name exists: the join that creates it takes the record.
  * Their bytes for the journal (group_orphans_encode), per step, little-endian: the group name
- * NUL-terminated, u64 step, u32 units (1..GROUP_MAX_WORLD), then per unit u32 epoch, bucket,
- * index. A restored step's slots have no peer and no lease (the broker that granted them is
+ * NUL-terminated, u64 step, u32 units (1..GROUP_MAX_UNITS: all its micro-steps'), then per
+ * unit u32 epoch, bucket, index. A restored step's slots have no peer and no lease (the broker that granted them is
  * gone); every one is a copied unit (released), as orphan_keep requires.
  */
 #include "group.h"
@@ -26,7 +26,7 @@ typedef struct group_orphan {
     bool stamped;      /* since_ms is set (group_orphan_expire's first look at it) */
     uint64_t since_ms; /* the caller's clock when group_orphan_expire first saw it */
     uint32_t n_slots;
-    group_slot slots[GROUP_MAX_WORLD];
+    group_slot slots[GROUP_MAX_UNITS];
 } group_orphan;
 
 struct group_table {
@@ -114,11 +114,14 @@ static void set_verdict(group_outcome *out, group_verdict v, uint64_t step,
     memcpy(out->slots, slots, n * sizeof *slots);
 }
 
-/* The step in flight ends with verdict v; out gets what the broker must do. */
+/* The units of the step in flight: every reserved micro-step's. */
+static uint32_t step_units(const group *g) { return g->step_world * g->step_micros; }
+
+/* The step ends with verdict v; out gets what the broker must do. */
 static void resolve(group *g, group_verdict v, group_outcome *out)
 {
     assert(g->step_active);
-    set_verdict(out, v, g->step, g->slots, g->step_world);
+    set_verdict(out, v, g->step, g->slots, step_units(g));
     if (v == GROUP_ACK) {
         g->done_epoch = g->step_epoch;
         g->done_step = g->step;
@@ -152,18 +155,20 @@ static void new_epoch(group *g, group_outcome *out)
 }
 
 /* Keeps the step in flight of g, whose last member just left, as an orphan for the join that
- * creates the group again. False when it cannot be kept: a rank never copied its unit (so nobody
- * trained the step), or no room. */
+ * creates the group again. False when it cannot be kept: a rank never copied its unit, or a
+ * micro-step of it was never reserved (it neither has all its micro-steps nor ended early: so
+ * nobody trained the step), or no room. */
 static bool orphan_keep(group_table *t, group *g)
 {
-    for (uint32_t r = 0; r < g->step_world; r++)
+    if (g->step_micros < g->step_accumulate && !g->step_end) return false;
+    for (uint32_t r = 0; r < step_units(g); r++)
         if (!g->slots[r].released) return false;
     group_orphan *o = t->n_orphans < GROUP_MAX_GROUPS ? calloc(1, sizeof *o) : NULL;
     if (!o) return false;
     snprintf(o->name, sizeof o->name, "%s", g->name);
     o->step = g->step;
-    o->n_slots = g->step_world;
-    memcpy(o->slots, g->slots, g->step_world * sizeof *g->slots);
+    o->n_slots = step_units(g);
+    memcpy(o->slots, g->slots, o->n_slots * sizeof *g->slots);
     t->orphans[t->n_orphans++] = o;
     g->step_active = false;
     g->resolver = 0;
@@ -250,6 +255,17 @@ const group_entry *group_shape_of(const group *g)
     return g->n_members && g->members[0].shape.hash ? &g->members[0] : NULL;
 }
 
+/* A join's stated accumulation: 0 or no shape is 1. */
+static uint32_t accumulate_of(const group_shape *shape)
+{
+    return shape && shape->accumulate ? shape->accumulate : 1;
+}
+
+uint32_t group_accumulate(const group *g)
+{
+    return g->n_members ? accumulate_of(&g->members[0].shape) : 1;
+}
+
 int group_join(group_table *t, const char *name, uint64_t peer, const char *peer_name,
                const group_shape *shape, uint64_t model_step, uint64_t failed_epoch,
                uint32_t max_world, group **gp, group_outcome *out)
@@ -260,8 +276,9 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
     if (other && strcmp(other->name, name) != 0) return DFLASH_EEXISTS;
     group *g = group_find(t, name);
     const group_entry *owner = g ? group_shape_of(g) : NULL;
-    if (owner && shape && shape->hash && shape->hash != owner->shape.hash &&
-        !group_entry_of(g, peer)) {
+    bool newcomer = g && !group_entry_of(g, peer);
+    if (newcomer && ((owner && shape && shape->hash && shape->hash != owner->shape.hash) ||
+                     (g->n_members && accumulate_of(shape) != group_accumulate(g)))) {
         *gp = g;
         return DFLASH_EMISMATCH;
     }
@@ -277,7 +294,8 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
     }
     group_entry *m = group_entry_of(g, peer);
     if (!m) {
-        if (g->n_members + 1 > max_world || g->n_members + 1 > GROUP_MAX_WORLD) {
+        if (g->n_members + 1 > max_world || g->n_members + 1 > GROUP_MAX_WORLD ||
+            (g->n_members + 1) * accumulate_of(shape) > GROUP_MAX_UNITS) {
             if (out->created) table_remove(t, g);
             out->created = false;
             return DFLASH_EFULL;
@@ -358,6 +376,12 @@ int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uin
 
 int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, group_slot **slot)
 {
+    return group_micro_check(g, peer, epoch, step, 0, slot);
+}
+
+int group_micro_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, uint32_t micro,
+                      group_slot **slot)
+{
     *slot = NULL;
     group_entry *m = group_entry_of(g, peer);
     if (!m || !m->admitted || epoch != g->epoch || g->state == GROUP_REFORMING)
@@ -366,10 +390,14 @@ int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, gro
     if (g->step_active) {
         if (step == g->step + 1) return DFLASH_EAGAIN; /* rank 0's StepDone is on its way */
         if (step != g->step) return DFLASH_ESTATE;
-        *slot = &g->slots[m->rank];
-        return 0;
+        if (micro < g->step_micros) {
+            *slot = &g->slots[micro * g->step_world + m->rank];
+            return 0;
+        }
+        if (g->step_end) return DFLASH_ESHUTDOWN; /* the step ended: the same for every rank */
+        return micro == g->step_micros && micro < g->step_accumulate ? 0 : DFLASH_ESTATE;
     }
-    return step == g->base_step + 1 ? 0 : DFLASH_ESTATE;
+    return step == g->base_step + 1 && micro == 0 ? 0 : DFLASH_ESTATE;
 }
 
 void group_step_begin(group *g, uint64_t step, const group_slot *slots)
@@ -379,7 +407,25 @@ void group_step_begin(group *g, uint64_t step, const group_slot *slots)
     g->step = step;
     g->step_epoch = g->epoch;
     g->step_world = g->world;
+    g->step_micros = 1;
+    g->step_accumulate = group_accumulate(g);
+    g->step_end = 0;
+    assert(g->step_world * g->step_accumulate <= GROUP_MAX_UNITS); /* group_join's limit */
     memcpy(g->slots, slots, g->world * sizeof *slots);
+}
+
+void group_step_add(group *g, const group_slot *slots)
+{
+    assert(g->state == GROUP_ACTIVE && g->step_active && !g->step_end &&
+           g->step_micros < g->step_accumulate);
+    memcpy(&g->slots[step_units(g)], slots, g->step_world * sizeof *slots);
+    g->step_micros++;
+}
+
+void group_step_end(group *g)
+{
+    assert(g->step_active && g->step_micros >= 1);
+    if (!g->step_end) g->step_end = g->step_micros;
 }
 
 static bool slots_hold(const group_slot *slots, uint32_t n, const batch_id *id)
@@ -413,7 +459,7 @@ bool group_orphan_expire(group_table *t, uint64_t now_ms, uint64_t wait_ms,
 bool group_owns_batch(const group_table *t, const batch_id *id)
 {
     for (uint32_t i = 0; i < t->n; i++)
-        if (t->g[i]->step_active && slots_hold(t->g[i]->slots, t->g[i]->step_world, id))
+        if (t->g[i]->step_active && slots_hold(t->g[i]->slots, step_units(t->g[i]), id))
             return true;
     for (uint32_t i = 0; i < t->n_orphans; i++)
         if (slots_hold(t->orphans[i]->slots, t->orphans[i]->n_slots, id)) return true;
@@ -425,7 +471,7 @@ group_slot *group_slot_of_lease(group_table *t, uint64_t lease_id)
     for (uint32_t i = 0; i < t->n; i++) {
         group *g = t->g[i];
         if (!g->step_active) continue;
-        for (uint32_t r = 0; r < g->step_world; r++)
+        for (uint32_t r = 0; r < step_units(g); r++)
             if (g->slots[r].lease_id == lease_id) return &g->slots[r];
     }
     return NULL;
@@ -509,7 +555,7 @@ static bool decode_orphan(const uint8_t *p, uint32_t len, uint32_t *at, group_or
     o->step = get_le(p + q, 8);
     uint32_t n = (uint32_t)get_le(p + q + 8, 4);
     q += 12;
-    if (n == 0 || n > GROUP_MAX_WORLD || (len - q) / 12 < n) return false;
+    if (n == 0 || n > GROUP_MAX_UNITS || (len - q) / 12 < n) return false;
     for (uint32_t r = 0; r < n; r++, q += 12) {
         o->slots[r].batch = (batch_id){(uint32_t)get_le(p + q, 4), (uint32_t)get_le(p + q + 4, 4),
                                        (uint32_t)get_le(p + q + 8, 4)};

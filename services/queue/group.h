@@ -7,11 +7,22 @@
  * epoch, the ranks 0..world-1 of that epoch (join order of the admitted members), the rendezvous
  * id rank 0 posts (<= GROUP_ID_BYTES opaque bytes), the model step rank 0 reported (base_step:
  * the group's next optimizer step is base_step + 1), and at most one *step* in flight: world
- * reserved slots of step base_step + 1, one lease per rank. Every rank trains the model of the
+ * reserved slots of step base_step + 1 per micro-step, one lease per rank each. Every rank trains the model of the
  * group, so every member must have its drafter shape: that of its first member (rank 0, or the
  * next epoch's rank 0; group_shape_of), as the members' joins state them; a newcomer stating
  * another is refused before it joins (the ranks' state sync would turn it away only after the
- * group had re-formed for it, and re-form again without it).
+ * group had re-formed for it, and re-form again without it). The same holds for the group's
+ * gradient accumulation A (micro-steps per step, group_shape.accumulate; 1 when not stated).
+ *
+ * Micro-steps (A > 1): a step is trained as A micro-steps 0..A-1, each one slot per rank; the
+ * first claim of (step, k) reserves micro-step k's world slots at once (all or nothing, as a
+ * step's without accumulation), k only once k-1 is reserved (a rank claims k after its grant
+ * of k-1), so the slots are ordered micro-major: slots[k * step_world + rank]. The step's units
+ * are all its micro-steps' (world x micros <= GROUP_MAX_UNITS); its resolution (ACK, ABORT,
+ * orphan) covers all of them, as it covers one micro-step's. A step that can never get its
+ * next micro-step (the plan is done, a drain, the broker stops) *ends* there: group_step_end
+ * records the micro-steps it closes with, and every claim of a later micro-step of it gets the
+ * same answer (sticky), so every rank closes the step with the same batches.
  *
  * Group states (one set_state in group.c asserts the transitions):
  *
@@ -59,15 +70,18 @@
 #define GROUP_MAX_GROUPS 64
 #define GROUP_MAX_NAME 64
 #define GROUP_SHAPE_TEXT 128 /* WIRE_MAX_SHAPE_TEXT */
+#define GROUP_MAX_UNITS 64   /* units of one step: world x accumulate (WIRE_MAX_WORLD) */
 
 typedef enum { GROUP_FORMING = 0, GROUP_ACTIVE, GROUP_REFORMING } group_state;
 
 /* A member's drafter shape as its join stated it (GroupJoin.shape, shape_text): the layout
  * hash that the ranks' state sync compares, and the same in words. hash 0: not stated (an
- * older drafter). */
+ * older drafter). accumulate: its micro-steps per step (GroupJoin.accumulate; 0 = not stated,
+ * taken as 1), which every member must share, stated or not. */
 typedef struct group_shape {
     uint64_t hash;
     char text[GROUP_SHAPE_TEXT];
+    uint32_t accumulate;
 } group_shape;
 
 typedef struct group_entry {
@@ -103,8 +117,11 @@ typedef struct group_s {
     /* the step in flight */
     bool step_active;
     uint64_t step, step_epoch;
-    group_slot slots[GROUP_MAX_WORLD]; /* by rank, step_epoch's world entries */
+    group_slot slots[GROUP_MAX_UNITS]; /* [micro * step_world + rank] */
     uint32_t step_world;
+    uint32_t step_micros;     /* micro-steps reserved (>= 1) */
+    uint32_t step_accumulate; /* micro-steps the step has when it does not end early (A) */
+    uint32_t step_end;        /* 0, or the micro-steps it ended with (group_step_end; sticky) */
     uint64_t resolver;   /* REFORMING with a step in flight: whose word resolves it (0 none) */
     /* history */
     uint64_t done_epoch, done_step;       /* the last step acked */
@@ -121,7 +138,7 @@ typedef struct group_outcome {
     group_verdict verdict;
     uint64_t step;
     uint32_t n_slots;
-    group_slot slots[GROUP_MAX_WORLD];
+    group_slot slots[GROUP_MAX_UNITS];
     bool created;
     bool new_epoch; /* a new epoch formed */
     bool orphan;    /* step `step` was orphaned now (KEEP), or the verdict resolves an orphan */
@@ -141,7 +158,8 @@ group *group_of_peer(group_table *t, uint64_t peer);
 /* The size a join would give g (members incl. pending + 1); for the max_depth rule. */
 uint32_t group_largest(const group_table *t);
 
-/* GroupJoin from peer (shape: its drafter's, NULL or hash 0 when not stated; model_step: its
+/* GroupJoin from peer (shape: its drafter's, NULL or hash 0 when not stated, with its
+ * accumulation: NULL or 0 is 1; model_step: its
  * optimizer steps; failed_epoch: the epoch whose collective failed there, 0 none). Creates the
  * group (resolving a step orphaned under its name by model_step), adds the peer (pending) or
  * treats a member's join as a poll, a failure (failed_epoch == epoch while FORMING/ACTIVE: the
@@ -151,7 +169,9 @@ uint32_t group_largest(const group_table *t);
  * DFLASH_EEXISTS (peer is in another group), DFLASH_ENOMEM (too many groups),
  * DFLASH_EMISMATCH (a new member whose stated shape differs from the group's,
  * group_shape_of: it would be turned away at the state sync, after the group re-formed for
- * it; nothing changed, *g set). out gets the outcome. */
+ * it; or whose accumulation differs from the group's, group_accumulate; nothing changed, *g
+ * set), DFLASH_EFULL also when world x accumulation would exceed GROUP_MAX_UNITS. out gets
+ * the outcome. */
 int group_join(group_table *t, const char *name, uint64_t peer, const char *peer_name,
                const group_shape *shape, uint64_t model_step, uint64_t failed_epoch,
                uint32_t max_world, group **g, group_outcome *out);
@@ -161,6 +181,8 @@ int group_join(group_table *t, const char *name, uint64_t peer, const char *peer
  * joiner is taken, as before shapes were stated). A group left empty is deleted, so the join
  * that creates it again, of whatever shape, defines its shape anew. */
 const group_entry *group_shape_of(const group *g);
+/* The group's micro-steps per step: its first member's (1 when it stated none). */
+uint32_t group_accumulate(const group *g);
 
 /* Deletes g (no step in flight): its members are none, their next group request finds no group
  * (a join creates it anew). For a group whose every member lacks its model (broker_groups.c). */
@@ -182,8 +204,21 @@ int group_set_id(group *g, uint64_t peer, uint64_t epoch, const uint8_t *id, uin
  * DFLASH_EAGAIN forming (no id yet) or the step after the one in flight (its StepDone has not
  * arrived yet), DFLASH_ESTATE wrong step number. */
 int group_step_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, group_slot **slot);
-/* Records the reserved slots (by rank, world entries) as the step in flight. */
+/* The same for micro-step `micro` of the step (group_step_check is micro 0): *slot the peer's
+ * share of a reserved micro-step; *slot NULL for the next one to reserve (group_step_begin for
+ * micro 0, group_step_add for the others); DFLASH_ESHUTDOWN when the step ended before it
+ * (group_step_end: the caller answers every rank the same); DFLASH_ESTATE also for a micro-step
+ * past the next one or past the group's accumulation. */
+int group_micro_check(group *g, uint64_t peer, uint64_t epoch, uint64_t step, uint32_t micro,
+                      group_slot **slot);
+/* Records the reserved slots (by rank, world entries) as micro-step 0 of the step in flight. */
 void group_step_begin(group *g, uint64_t step, const group_slot *slots);
+/* Records the reserved slots (by rank, world entries) of the step's next micro-step. */
+void group_step_add(group *g, const group_slot *slots);
+/* The step in flight can never get its next micro-step (the plan is done, a drain, the broker
+ * stops): it ends with the micro-steps reserved (>= 1). Later claims of it get
+ * DFLASH_ESHUTDOWN from group_micro_check. */
+void group_step_end(group *g);
 /* An orphaned step whose group nobody created again within wait_ms is aborted (its units back
  * to to-do, trained by whoever trains next): the ranks are taken for gone (restarted from a
  * checkpoint, whose model lacks the step, or stopped for good), and the plan's epochs could not
@@ -209,7 +244,7 @@ bool group_orphan_get(const group_table *t, uint32_t i, uint64_t now_ms, group_o
  * bytes as the ledger's GROUP_ORPHANS record; format in docs/formats.md): each one's group name,
  * step and units. group_orphans_encode writes them into buf: the length (0: none) or
  * DFLASH_ENOMEM when cap is too small (GROUP_ORPHANS_MAX_BYTES always suffices). */
-#define GROUP_ORPHANS_MAX_BYTES (GROUP_MAX_GROUPS * (GROUP_MAX_NAME + 8 + 4 + 12 * GROUP_MAX_WORLD))
+#define GROUP_ORPHANS_MAX_BYTES (GROUP_MAX_GROUPS * (GROUP_MAX_NAME + 8 + 4 + 12 * GROUP_MAX_UNITS))
 int group_orphans_encode(const group_table *t, uint8_t *buf, uint32_t cap);
 /* Restores the steps group_orphans_encode wrote into t (no orphans yet: a broker starting on its
  * journal), for the join that creates each group again to resolve as before the restart; their

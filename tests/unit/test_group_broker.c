@@ -35,6 +35,15 @@
  *     the hold (counted from the restart) aborts the step; a rank 0 that acked the step's units
  *     plainly after the restart (its StepDone answered Stale) has them counted once, whether
  *     the group is created again or the hold aborts the step;
+ *   - gradient accumulation (GroupJoin.accumulate A, StepClaim.micro k): a joiner with another
+ *     A is refused (MISMATCH), as is a group of more than 64 units a step (FULL); each
+ *     micro-step is reserved whole (one slot per rank, at once, only when that many are
+ *     eligible), k only after k-1, and the grant echoes k with that micro-step's units; StepDone
+ *     acks every micro-step's units once; an abort gives them all back; a step with a micro-step
+ *     never reserved cannot have been trained: with every member gone it is aborted, not
+ *     orphaned (one with all of them is orphaned whole); a micro-step that can never be served
+ *     (the plan has nothing left but the step's own batches, a drain with nothing filling) ends
+ *     the step for every rank alike (SHUTDOWN), and stays ended when batches come again;
  *   - a target that restarted between a step's reservation and a late rank's StepClaim: the
  *     grant named the old pool incarnation with the new arena's shm name and handles, the rank
  *     copied unrelated bytes and exited; the claim is refused Stale, the group re-forms, the
@@ -77,6 +86,18 @@ static int join_shaped(const drafter *d, uint64_t step, uint64_t shape, const ch
     return rc;
 }
 
+/* A join of group "g" stating `acc` micro-steps a step (0: none, as an older drafter). */
+static int join_acc(const drafter *d, uint64_t step, uint32_t acc, wire_group_view *v)
+{
+    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
+    stub_req.u.join.step = step;
+    stub_req.u.join.accumulate = acc;
+    int rc = stub_send(d->rid);
+    if (!rc && v) *v = stub_rep.u.view;
+    return rc;
+}
+
 /* A join after a failed collective that saw rank `gone` of epoch `failed` end (gone_rank). */
 static int join_gone(const drafter *d, uint64_t step, uint64_t failed, uint32_t gone,
                      wire_group_view *v)
@@ -110,6 +131,20 @@ static int gstep(const drafter *d, wire_type t, uint64_t epoch, uint64_t step)
 static int claim(const drafter *d, uint64_t epoch, uint64_t step, wire_step_grant *g)
 {
     int rc = gstep(d, WIRE_STEP_CLAIM, epoch, step);
+    if (!rc && g) *g = stub_rep.u.sgrant;
+    return rc;
+}
+
+/* StepClaim of micro-step `micro`; the grant (may be NULL) on 0. */
+static int claim_micro(const drafter *d, uint64_t epoch, uint64_t step, uint32_t micro,
+                       wire_step_grant *g)
+{
+    stub_init(WIRE_STEP_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
+    stub_req.u.gstep.epoch = epoch;
+    stub_req.u.gstep.step = step;
+    stub_req.u.gstep.micro = micro;
+    int rc = stub_send(d->rid);
     if (!rc && g) *g = stub_rep.u.sgrant;
     return rc;
 }
@@ -218,6 +253,14 @@ static void test_wire_checks(void)
     if (n > 14) b[n - 5] = 0x7a, b[n - 14] = 0x71;
     CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
     CHECK(u.u.join.shape == 0 && u.u.join.shape_text[0] == 0 && u.u.join.step == 12);
+    /* accumulation: at most WIRE_MAX_WORLD micro-steps; it travels; absent is 0 */
+    CHECK_EQ_INT(u.u.join.accumulate, 0);
+    m.u.join.accumulate = WIRE_MAX_WORLD + 1;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    m.u.join.accumulate = 4;
+    n = wire_pack(&m, b, sizeof b);
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK_EQ_INT(u.u.join.accumulate, 4);
 
     wire_msg_init(&m, WIRE_GROUP_VIEW, WIRE_ROLE_BROKER, 1, 1);
     snprintf(m.u.view.group, sizeof m.u.view.group, "g");
@@ -245,6 +288,12 @@ static void test_wire_checks(void)
     CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE); /* step 0 */
     m.u.gstep.step = 1;
     CHECK(wire_pack(&m, b, sizeof b) > 0);
+    m.u.gstep.micro = WIRE_MAX_WORLD; /* micro-steps: below WIRE_MAX_WORLD */
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    m.u.gstep.micro = 3;
+    n = wire_pack(&m, b, sizeof b);
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK_EQ_INT(u.u.gstep.micro, 3);
 
     wire_msg_init(&m, WIRE_STEP_GRANT, WIRE_ROLE_BROKER, 1, 1);
     wire_step_grant *g = &m.u.sgrant;
@@ -264,6 +313,14 @@ static void test_wire_checks(void)
     CHECK(n > 0);
     CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
     CHECK(u.u.sgrant.n_units == 2 && u.u.sgrant.units[1].index == 9);
+    CHECK(!u.u.sgrant.has_micro); /* not sent: an older broker's grant */
+    g->has_micro = true;
+    g->micro = WIRE_MAX_WORLD;
+    CHECK_EQ_INT(wire_pack(&m, b, sizeof b), DFLASH_ERANGE);
+    g->micro = 0;
+    n = wire_pack(&m, b, sizeof b);
+    CHECK_EQ_INT(wire_unpack(b, (size_t)n, &u, NULL, 0), 0);
+    CHECK(u.u.sgrant.has_micro && u.u.sgrant.micro == 0); /* 0 echoed, told apart from none */
 }
 
 #define HOLD_MS 300
@@ -506,6 +563,197 @@ static void test_shape(void)
     CHECK_EQ_INT(join_shaped(&D, 0, 0, "", &vd), 0);
     CHECK_EQ_INT(join_shaped(&A, 0, X, x, &va), 0);
     CHECK(va.rank == 1 && va.world == 2);
+    stub_broker_free();
+}
+
+static void ctl_mode(wire_type t)
+{
+    stub_init(t, WIRE_ROLE_CTL, 99);
+    CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
+}
+
+/* A group of a and b accumulating 2 micro-steps a step (epoch *e, id posted). */
+static void form_acc(const drafter *A, const drafter *B, uint64_t *e)
+{
+    wire_group_view va, vb;
+    CHECK_EQ_INT(hello(A), 0);
+    CHECK_EQ_INT(hello(B), 0);
+    CHECK_EQ_INT(join_acc(A, 0, 2, &va), 0);
+    CHECK_EQ_INT(join_acc(B, 0, 2, &vb), 0);
+    CHECK_EQ_INT(join_acc(A, 0, 2, &va), 0);
+    CHECK(va.rank == 0 && va.world == 2 && vb.rank == 1);
+    *e = va.epoch;
+    CHECK_EQ_INT(stub_group_set_id(A, *e, 0x11), 0);
+}
+
+/* Micro-step reservations, StepDone of all of them, the end of the plan inside a step. */
+static void test_micro_steps(void)
+{
+    stub_broker_new(big_liveness);
+    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, 7);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    stub_pool_request(7, 0x77, 16)->bucket_batches[0] = 6; /* 6 batches: 1.5 steps of 2 x 2 */
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2},
+            C = {"drafter-c-3", "c", 0xc3};
+    uint64_t e;
+    form_acc(&A, &B, &e);
+    /* another accumulation is refused, stated or not (an older drafter: 1) */
+    CHECK_EQ_INT(hello(&C), 0);
+    CHECK_EQ_INT(join_acc(&C, 0, 3, NULL), DFLASH_EMISMATCH);
+    CHECK(strstr(stub_rep.u.error.message, "trains 2 micro-steps a step") != NULL);
+    CHECK(strstr(stub_rep.u.error.message, "--accumulate 3") != NULL);
+    CHECK_EQ_INT(join_acc(&C, 0, 0, NULL), DFLASH_EMISMATCH);
+    CHECK(!listed("c"));
+    CHECK_EQ_INT(stub_status().groups[0].epoch, e);
+
+    /* micro-step 0: whole or nothing */
+    make_ready(1);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 0, NULL), DFLASH_EAGAIN);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(leased_total(&s), 0);
+    make_ready(1);
+    wire_step_grant a0, b0, a1, b1, again;
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 0, &a0), 0);
+    CHECK(a0.has_micro && a0.micro == 0 && a0.rank == 0 && a0.n_units == 2);
+    s = stub_status();
+    CHECK_EQ_INT(leased_total(&s), 2);
+    /* micro-step 1 only once 0 is reserved, 2 never (A = 2); whole or nothing again */
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 2, NULL), DFLASH_ESTATE);
+    make_ready(1);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 1, NULL), DFLASH_EAGAIN);
+    s = stub_status();
+    CHECK_EQ_INT(leased_total(&s), 2);
+    CHECK_EQ_INT(ready_total(&s), 1);
+    make_ready(1);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 1, &b1), 0);
+    s = stub_status();
+    CHECK_EQ_INT(leased_total(&s), 4);
+    CHECK(b1.has_micro && b1.micro == 1 && b1.rank == 1 && b1.n_units == 2);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 1, &a1), 0);
+    CHECK(a1.micro == 1 && a1.rank == 0 && a1.grant.lease_id != b1.grant.lease_id);
+    CHECK(a1.units[0].index == b1.units[0].index && a1.units[1].index == b1.units[1].index);
+    CHECK(a1.grant.unit.index == a1.units[0].index && b1.grant.unit.index == b1.units[1].index);
+    CHECK(a1.units[0].index != a0.units[0].index && a1.units[0].index != a0.units[1].index &&
+          a1.units[1].index != a0.units[0].index && a1.units[1].index != a0.units[1].index);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 0, &b0), 0); /* late, and retried: the same leases */
+    CHECK(b0.micro == 0 && b0.rank == 1 && b0.grant.unit.index == a0.units[1].index);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 0, &again), 0);
+    CHECK_EQ_INT(again.grant.lease_id, b0.grant.lease_id);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&B, b0.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&A, a1.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&B, b1.grant.lease_id), 0);
+    /* StepDone acks the 4 units of both micro-steps, once */
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, 1), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 4);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, 1), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 4);
+    CHECK_EQ_INT(s.acks, 4);
+
+    /* step 2: the last 2 batches are micro-step 0; micro-step 1 can never be served: the step
+     * ends there, for both ranks alike */
+    make_ready(2);
+    CHECK_EQ_INT(claim_micro(&B, e, 2, 0, &b0), 0);
+    CHECK_EQ_INT(claim_micro(&A, e, 2, 0, &a0), 0);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    CHECK_EQ_INT(claim_micro(&A, e, 2, 1, NULL), DFLASH_ESHUTDOWN);
+    CHECK(strstr(stub_rep.u.error.message, "step 2 ends with its 1 micro-steps of 2") != NULL);
+    CHECK_EQ_INT(claim_micro(&B, e, 2, 1, NULL), DFLASH_ESHUTDOWN); /* B has not released yet */
+    CHECK(strstr(stub_rep.u.error.message, "step 2 ends with its 1 micro-steps of 2") != NULL);
+    CHECK_EQ_INT(claim_micro(&B, e, 2, 0, &again), 0); /* micro-step 0 stands */
+    CHECK_EQ_INT(again.grant.lease_id, b0.grant.lease_id);
+    CHECK_EQ_INT(release(&B, b0.grant.lease_id), 0);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, 2), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 2);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 6);
+    CHECK_EQ_INT(claim_micro(&A, e, 3, 0, NULL), DFLASH_ESHUTDOWN); /* the plan is done */
+    CHECK(strstr(stub_rep.u.error.message, "every batch") != NULL);
+
+    /* 64 units a step at most: 2 ranks of 64 micro-steps are refused */
+    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(gstep(&B, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(join_acc(&A, 2, 64, NULL), 0);
+    CHECK_EQ_INT(join_acc(&B, 2, 64, NULL), DFLASH_EFULL);
+    CHECK(strstr(stub_rep.u.error.message, "2 ranks of 64 micro-steps") != NULL);
+    stub_broker_free();
+}
+
+/* An abort gives back every micro-step's units; the end of a drain inside a step is sticky;
+ * a step missing a micro-step is aborted when its last member leaves, one with all of them is
+ * orphaned whole. */
+static void test_micro_abort(void)
+{
+    setup();
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    uint64_t e;
+    form_acc(&A, &B, &e);
+    wire_step_grant a0, b0, a1, b1;
+    make_ready(4);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 0, &a0), 0);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 1, &a1), 0);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 0, &b0), 0);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 1, &b1), 0);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&A, a1.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&B, b0.grant.lease_id), 0); /* b1 never copied */
+    wire_status s = stub_status();
+    uint64_t todo = s.batches_todo;
+    CHECK_EQ_INT(gstep(&B, WIRE_GROUP_LEAVE, 0, 0), 0);
+    wire_group_view va;
+    CHECK_EQ_INT(join_acc(&A, 0, 2, &va), 0); /* A's model lacks step 1: ABORT */
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 0);
+    CHECK_EQ_INT(s.batches_todo, todo + 3); /* the 3 copied units of both micro-steps */
+    CHECK_EQ_INT(ready_total(&s), 1);       /* b1's slot: READY again */
+    CHECK_EQ_INT(leased_total(&s), 0);
+    CHECK_EQ_INT(s.groups[0].steps_aborted, 1);
+    CHECK(va.world == 1 && va.rank == 0);
+    e = va.epoch;
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x22), 0);
+
+    /* a drain with nothing filling ends a step inside it; resumed, it stays ended */
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 0, &a0), 0);
+    ctl_mode(WIRE_DRAIN);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 1, NULL), DFLASH_ESHUTDOWN);
+    CHECK(strstr(stub_rep.u.error.message, "ends with its 1 micro-steps of 2") != NULL);
+    ctl_mode(WIRE_RESUME);
+    make_ready(2);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 1, NULL), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, 1), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 1);
+
+    /* step 2 with micro-step 1 never reserved: its last member leaves, the step is aborted */
+    CHECK_EQ_INT(claim_micro(&A, e, 2, 0, &a0), 0);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    todo = stub_status().batches_todo;
+    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.n_orphans, 0);
+    CHECK_EQ_INT(s.batches_todo, todo + 1);
+    /* created again at step 1: step 2 with both micro-steps copied is orphaned whole */
+    CHECK_EQ_INT(join_acc(&A, 1, 2, &va), 0);
+    e = va.epoch;
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x33), 0);
+    make_ready(2);
+    CHECK_EQ_INT(claim_micro(&A, e, 2, 0, &a0), 0);
+    CHECK_EQ_INT(claim_micro(&A, e, 2, 1, &a1), 0);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&A, a1.grant.lease_id), 0);
+    CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.n_orphans, 1);
+    CHECK_EQ_INT(s.orphans[0].batches, 2);
+    uint64_t trained = s.batches_trained;
+    CHECK_EQ_INT(join_acc(&A, 2, 2, &va), 0); /* back with the step: both acked */
+    s = stub_status();
+    CHECK_EQ_INT(s.n_orphans, 0);
+    CHECK_EQ_INT(s.batches_trained, trained + 2);
     stub_broker_free();
 }
 
@@ -1002,6 +1250,8 @@ int main(void)
     test_step_after_target_restart();
     test_gone_rank();
     test_shape();
+    test_micro_steps();
+    test_micro_abort();
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
             C = {"drafter-c-3", "c", 0xc3};

@@ -94,47 +94,24 @@ static int group_clip(dflash_model *m, const dflash_train_cfg *tc, dp_comm *comm
     return 0;
 }
 
-int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
-                            const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key,
-                            dp_comm *comm, dflash_metrics *met, dflash_metrics *local) {
-    if (!comm) {
-        int rc = dflash_train_step(m, tc, b, epoch, batch_key, met);
-        if (local) *local = *met;
-        return rc;
-    }
-    if (tc->accumulate > 1) { /* a group step trains one batch a rank (dflash_dp.h) */
-        LOG_ERROR("dflash_dp: gradient accumulation (%d batches a step) is not supported in a "
-                  "data-parallel group", tc->accumulate);
-        return DFLASH_EUNSUPPORTED;
-    }
+/* Steps 2-5 of the header with this rank's gradient, normalised by its own W_r, in m->grads
+ * (zero when it has none), loc its figures (weight_sum W_r) and lrc its batch's error (0 none). */
+static int group_update(dflash_model *m, const dflash_train_cfg *tc, dp_comm *comm,
+                        const dflash_metrics *loc, int lrc, dflash_metrics *met,
+                        dflash_metrics *local) {
     dp_host_io io_store;
     const dp_host_io *io;
     void *stream;
     int rc = mem_path(m, comm, &io_store, &io, &stream);
     if (rc) return rc;
 
-    /* 1. this rank's gradients, normalised by its own W_r */
-    dflash_metrics loc;
-    memset(&loc, 0, sizeof loc);
-    int lrc = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
-    if (lrc >= 0) lrc = dflash_train_grads(m, tc, b, lrc, m->h_blk_seq, m->h_blk_anchor, &loc);
-    if (lrc < 0) {
-        LOG_WARN("dflash_dp rank %d: this rank's batch failed (%s); the group skips the step",
-                 dp_comm_rank(comm), err_str(lrc));
-        memset(&loc, 0, sizeof loc);
-        loc.skipped = true;
-    }
-    /* grads_r is dL_r/dp with L_r = sum_r w*CE / W_r; no anchors (grads left as they were) or
-     * zero weight: zero, so this rank adds nothing to the sum */
-    if (loc.n_blocks == 0 || !(loc.weight_sum > 0)) dflash_train_zero_grads(m);
-
     /* 2. the weight sums and metric counts of the group */
     double v[V_N];
     memset(v, 0, sizeof v);
-    if (lrc >= 0 && loc.weight_sum > 0) {
-        dflash_metrics_to_counts(&loc, v);
+    if (lrc >= 0 && loc->weight_sum > 0) {
+        dflash_metrics_to_counts(loc, v);
     } else if (lrc >= 0) { /* no weight: its blocks and context tokens only */
-        dflash_metrics none = {.n_blocks = loc.n_blocks, .n_ctx_tokens = loc.n_ctx_tokens};
+        dflash_metrics none = {.n_blocks = loc->n_blocks, .n_ctx_tokens = loc->n_ctx_tokens};
         dflash_metrics_to_counts(&none, v);
     }
     v[V_FAILED] = lrc < 0 ? 1.0 : 0.0;
@@ -142,10 +119,10 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
     if (rc) return rc;
     memset(met, 0, sizeof *met);
     met->step = m->step;
-    met->batches = 1;
+    met->batches = loc->batches > 1 ? loc->batches : 1;
     dflash_metrics_from_counts(met, v);
     double W = met->weight_sum;
-    if (local) *local = loc;
+    if (local) *local = *loc;
     if (v[V_FAILED] > 0) {
         met->skipped = true;
         return lrc < 0 ? lrc : DFLASH_EAGAIN;
@@ -156,7 +133,7 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
     }
 
     /* 3. sum over ranks of (W_r / W) * grads_r = dL/dp for the global L */
-    float scale = loc.weight_sum > 0 ? (float)(loc.weight_sum / W) : 0.0f;
+    float scale = loc->weight_sum > 0 ? (float)(loc->weight_sum / W) : 0.0f;
     rc = allreduce_grads(m, comm, scale, io, stream);
     if (rc) return rc;
 
@@ -178,6 +155,59 @@ int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
         local->step = met->step;
     }
     return 0;
+}
+
+int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
+                            const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key,
+                            dp_comm *comm, dflash_metrics *met, dflash_metrics *local) {
+    if (!comm) {
+        int rc = dflash_train_step(m, tc, b, epoch, batch_key, met);
+        if (local) *local = *met;
+        return rc;
+    }
+    /* 1. this rank's gradients, normalised by its own W_r */
+    dflash_metrics loc;
+    memset(&loc, 0, sizeof loc);
+    int lrc = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
+    if (lrc >= 0) lrc = dflash_train_grads(m, tc, b, lrc, m->h_blk_seq, m->h_blk_anchor, &loc);
+    if (lrc < 0) {
+        LOG_WARN("dflash_dp rank %d: this rank's batch failed (%s); the group skips the step",
+                 dp_comm_rank(comm), err_str(lrc));
+        memset(&loc, 0, sizeof loc);
+        loc.skipped = true;
+    }
+    /* grads_r is dL_r/dp with L_r = sum_r w*CE / W_r; no anchors (grads left as they were) or
+     * zero weight: zero, so this rank adds nothing to the sum */
+    if (loc.n_blocks == 0 || !(loc.weight_sum > 0)) dflash_train_zero_grads(m);
+    return group_update(m, tc, comm, &loc, lrc < 0 ? lrc : 0, met, local);
+}
+
+int dflash_dp_micro(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                    uint64_t epoch, uint64_t batch_key, dflash_metrics *local) {
+    dflash_metrics scratch;
+    int rc = dflash_train_grads_accumulate(m, tc, b, epoch, batch_key, local ? local : &scratch);
+    if (rc < 0)
+        LOG_WARN("dflash_dp: this rank's batch of a micro-step failed (%s); the group skips the "
+                 "step", err_str(rc));
+    return rc;
+}
+
+int dflash_dp_close(dflash_model *m, const dflash_train_cfg *tc, dp_comm *comm, int local_rc,
+                    dflash_metrics *met, dflash_metrics *local) {
+    dflash_metrics loc;
+    int rc = dflash_train_grads_close(m, tc, &loc); /* G_r = sum_k W_rk g_rk / W_r */
+    if (rc < 0) local_rc = local_rc < 0 ? local_rc : rc;
+    if (local_rc < 0) {
+        int batches = loc.batches;
+        memset(&loc, 0, sizeof loc);
+        loc.skipped = true;
+        loc.batches = batches;
+    }
+    if (comm) return group_update(m, tc, comm, &loc, local_rc, met, local);
+    *met = loc; /* alone: the step as it is */
+    if (local_rc == 0 && loc.weight_sum > 0) dflash_train_apply(m, tc, met);
+    if (local) *local = *met;
+    return local_rc;
 }
 
 int dflash_train_step_dp(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,

@@ -23,8 +23,13 @@
  * If W == 0 every rank skips the update (met->skipped) consistently. If a rank fails locally
  * (a bad batch) it still joins the allreduces, nobody applies the step, the failing rank returns
  * its code and the others DFLASH_EAGAIN; the group stays usable.
- * Gradient accumulation (tc->accumulate > 1) is refused (DFLASH_EUNSUPPORTED): a group step
- * trains one batch on each rank; the group's size is its batch.
+ * Gradient accumulation (tc->accumulate = A > 1): a group step is up to A micro-steps of one
+ * batch per rank (dflash_dp_micro, no collective) closed by dflash_dp_close: step 1 becomes the
+ * rank's accumulated gradient G_r = sum_k W_rk g_rk / W_r over its micro-steps' batches, W_r =
+ * sum_k W_rk (dflash_train_grads_close), and steps 2-5 run once with it, so the group's gradient
+ * is sum over ranks and micro-steps of W g / W with W the weight sum of all of them: the update
+ * of one solo step accumulating the same batches, up to fp32 rounding. dflash_train_step_dp
+ * (with a comm) trains one batch a rank whatever tc->accumulate says.
  * Memory: cpu model + shm: m->grads (host) are reduced in place. cuda model + nccl: m->grads are
  * reduced on the device, on the model's stream (ops->stream). cuda model + shm: the gradients
  * move through the shm segment chunk by chunk with the ops' download_raw / upload_raw
@@ -53,6 +58,21 @@ int dflash_train_step_dp(dflash_model *m, const dflash_train_cfg *tc, const dfla
 int dflash_train_step_dp_ex(dflash_model *m, const dflash_train_cfg *tc,
                             const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key,
                             dp_comm *comm, dflash_metrics *met, dflash_metrics *local);
+
+/* Gradient accumulation in a group (see the header): this rank's batch b joins the open group
+ * step (its weighted gradient into the fp32 accumulator; no collective, synchronous). local:
+ * the batch's own figures. Returns 0 or the batch's error (it adds nothing; pass the code to
+ * dflash_dp_close, which then fails on every rank as a one-batch step does). */
+int dflash_dp_micro(dflash_model *m, const dflash_train_cfg *tc, const dflash_batch_view *b,
+                    uint64_t epoch, uint64_t batch_key, dflash_metrics *local);
+/* Takes the open group step with the micro-steps it has (every rank must close after the same
+ * number: the broker's word): steps 2-5 of the header with this rank's accumulated gradient.
+ * local_rc: a micro-step's error on this rank (0: none). met and local as for
+ * dflash_train_step_dp_ex (met->batches: this rank's micro-steps). Returns 0, DFLASH_EAGAIN (a
+ * peer's batch failed; nothing applied anywhere), local_rc, or a collective error. comm NULL:
+ * the step applied alone. */
+int dflash_dp_close(dflash_model *m, const dflash_train_cfg *tc, dp_comm *comm, int local_rc,
+                    dflash_metrics *met, dflash_metrics *local);
 
 /* Makes every rank's trainable state equal to root's: master weights, params, AdamW m and v,
  * m->step and, when tc is not NULL, the training settings *tc (schedule, optimizer, anchors,

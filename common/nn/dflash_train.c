@@ -571,6 +571,19 @@ static void close_step(dflash_model *m, const dflash_train_cfg *tc, pending_rec 
     p->acc_w = 0.0;
 }
 
+/* Batch r's gradient (weight w) joins the open step without closing it: W_i g_i into the
+ * accumulator (the first weighted batch overwrites it). */
+static void accumulate_open(dflash_model *m, pending_rec *r, double w) {
+    dflash_pending *p = m->pending;
+    if (w > 0) {
+        m->ops->grad_accumulate(m->ctx, p->acc, m->grads, m->n_decay, m->grads_vec,
+                                m->n_params - m->n_decay, (float)w, !(p->acc_w > 0));
+        p->acc_w += w;
+    }
+    r->open = true;
+    r->met.step = m->step;
+}
+
 /* Accumulation: batch r (queued by queue_grads) joins the open step; the step closes with the
  * tc->accumulate-th batch. DFLASH_ENOMEM when the accumulator cannot be had. */
 static int accumulate_batch(dflash_model *m, const dflash_train_cfg *tc, pending_rec *r) {
@@ -582,13 +595,62 @@ static int accumulate_batch(dflash_model *m, const dflash_train_cfg *tc, pending
         close_step(m, tc, r, w);
         return 0;
     }
-    if (w > 0) { /* W_i g_i into the accumulator (the first weighted batch overwrites it) */
-        m->ops->grad_accumulate(m->ctx, p->acc, m->grads, m->n_decay, m->grads_vec,
-                                m->n_params - m->n_decay, (float)w, !(p->acc_w > 0));
-        p->acc_w += w;
-    }
-    r->open = true;
+    accumulate_open(m, r, w);
+    return 0;
+}
+
+int dflash_train_grads_accumulate(dflash_model *m, const dflash_train_cfg *tc,
+                                  const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key,
+                                  dflash_metrics *met) {
+    memset(met, 0, sizeof *met);
+    pending_drain(m);
+    dflash_train_cfg two = *tc; /* the accumulator, whatever tc->accumulate says */
+    two.accumulate = tc->accumulate > 1 ? tc->accumulate : 2;
+    int rc = dflash_train_plan(m, &two);
+    pending_rec *r;
+    if (!rc) rc = pending_open(m, &r);
+    if (rc) return rc;
+    int nb = dflash_train_sample_anchors(m, tc, b, epoch, batch_key);
+    if (nb < 0) return nb;
+    rc = queue_grads(m, tc, b, nb, m->h_blk_seq, m->h_blk_anchor, r);
+    if (rc) return rc;
+    m->pending->acc_batches++;
+    accumulate_open(m, r, r->met.skipped ? 0.0 : r->met.weight_sum);
+    pending_push(m);
+    pending_pop(m, met);
+    return 0;
+}
+
+void dflash_train_discard(dflash_model *m) {
+    pending_drain(m);
+    if (!m->pending) return;
+    m->pending->acc_batches = 0;
+    m->pending->acc_w = 0.0;
+    m->pending->got_batches = 0;
+}
+
+int dflash_train_grads_close(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met) {
+    (void)tc;
+    memset(met, 0, sizeof *met);
+    pending_drain(m);
+    pending_rec *r;
+    int rc = pending_open(m, &r);
+    if (rc) return rc;
+    dflash_pending *p = m->pending;
+    double W = p->acc_w;
+    if (W > 0)
+        m->ops->grad_average(m->ctx, m->grads, m->n_decay, m->grads_vec,
+                             m->n_params - m->n_decay, p->acc, 0.0f, (float)(1.0 / W));
+    else
+        dflash_train_zero_grads(m);
+    r->flush = r->closes = true;
     r->met.step = m->step;
+    p->acc_batches = 0;
+    p->acc_w = 0.0;
+    pending_push(m);
+    pending_pop(m, met);
+    met->skipped = !(W > 0);
+    met->open = false;
     return 0;
 }
 

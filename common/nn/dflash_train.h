@@ -24,7 +24,9 @@
  * the same update as one batch holding the N sequences with the same anchors (test_dflash_model
  * checks it), up to fp32 rounding. A step whose batches have no weight at all makes no update
  * (met->skipped) but counts as a step (m->step moves: its batches were acked with it);
- * dflash_train_flush_async closes a step with fewer batches (the end of a run). The accumulator
+ * dflash_train_flush_async closes a step with fewer batches (the end of a run). A data-parallel
+ * group (dflash_dp.h) accumulates with dflash_train_grads_accumulate / _close instead: the same
+ * accumulator, but the step's gradient is left for the group's all-reduce. The accumulator
  * (4 bytes per parameter) is allocated by dflash_train_plan.
  * No step waits for the device: results come back asynchronously (see dflash_train_step_async).
  * Metrics (host, once the step has run): loss, accuracy over w > 0
@@ -183,5 +185,23 @@ int dflash_train_open(const dflash_model *m);
  * 1 when a record was queued (collect it like a step's), 0 when no step was open, or
  * DFLASH_ESTATE when two records are still pending (collect one first). */
 int dflash_train_flush_async(dflash_model *m, const dflash_train_cfg *tc);
+
+/* Accumulation for a data-parallel group (dflash_dp.h), synchronous: batch b (anchors from
+ * tc->seed, epoch, batch_key) joins the open step, its gradient weighted by its W into the
+ * accumulator, and the step is never closed here whatever tc->accumulate says (the group closes
+ * it when the broker says, dflash_train_grads_close). met: the batch's own figures (met->open).
+ * 0, or a code (the batch adds nothing to the step). */
+int dflash_train_grads_accumulate(dflash_model *m, const dflash_train_cfg *tc,
+                                  const dflash_batch_view *b, uint64_t epoch, uint64_t batch_key,
+                                  dflash_metrics *met);
+/* Closes the open step without an update: the gradients become sum_i W_i g_i / W over its
+ * batches (zero when none had weight), for the caller to apply (dflash_train_apply); m->step
+ * does not move. met: the step's figures over its batches (loss = sum w*CE / W, weight_sum W,
+ * counts summed, batches; skipped when W == 0). 0 or DFLASH_ESTATE (two records pending). */
+int dflash_train_grads_close(dflash_model *m, const dflash_train_cfg *tc, dflash_metrics *met);
+/* Drops the open step (its batches' gradients and figures) without an update: a group step
+ * abandoned between its micro-steps (the group re-forms; the broker gives its batches out
+ * again). No-op when none is open. */
+void dflash_train_discard(dflash_model *m);
 
 #endif

@@ -22,6 +22,13 @@
  *   (e) a group of one equals dflash_train_step bit for bit, and comm NULL is dflash_train_step;
  *   (f) the layout a group joiner states to the broker (dflash_dp_layout_hash, _text): the same
  *       for two drafters of one shape with other weights, another for another shape.
+ *   (g) gradient accumulation in a group (dflash_dp_micro / dflash_dp_close): 2 ranks x 2
+ *       micro-steps give the update of one solo step accumulating the same 4 batches
+ *       (dflash_train_step with accumulate 4): loss, gradient norm, weights and moments within
+ *       1e-5 relative, step after step; a last step closed after 1 micro-step (the broker's end
+ *       inside a step) equals a solo step flushed with the same 2 batches; the ranks stay bit
+ *       identical; a micro-step discarded before (dflash_train_discard: a step abandoned when the
+ *       group re-forms) leaves nothing in the update.
  * Results travel to the parent through a MAP_SHARED page set up before fork. Every child runs
  * under alarm(); no /dev/shm segment is left behind.
  */
@@ -323,6 +330,134 @@ static void test_group_vs_reference(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * (g) accumulation: 2 ranks x 2 micro-steps against one solo step of the same 4 batches */
+
+enum { GSTEP = 4, GMICRO = 2 };
+
+/* The batch of rank r's micro-step k in step s, and its key. */
+static void g_batch(batch *b, int r, int k, int s) { make_batch(b, r * GMICRO + k, 100 + s, false); }
+static uint64_t g_key(int r, int k, int s) { return key_of(r * GMICRO + k, 100 + s); }
+/* The last step closes after 1 micro-step. */
+static int g_micros(int s) { return s == GSTEP - 1 ? 1 : GMICRO; }
+
+static void g_rank(int rank) {
+    tiny w;
+    tiny_init(&w, 2);
+    w.tc.accumulate = GMICRO;
+    dflash_model *m = tiny_model(&w, 7);
+    dp_comm *c = join(rank, 2);
+    if (!m || !c) return;
+    CHECK_EQ_INT(dflash_train_plan(m, &w.tc), 0);
+    long allocs0 = w.ops->allocs(w.ctx);
+    batch b;
+    /* a step abandoned after a micro-step (the group re-forms) leaves nothing behind */
+    dflash_metrics loc0;
+    g_batch(&b, rank, 0, 50);
+    CHECK_EQ_INT(dflash_dp_micro(m, &w.tc, &b.view, 0, g_key(rank, 0, 50), &loc0), 0);
+    CHECK_EQ_INT(dflash_train_open(m), 1);
+    dflash_train_discard(m);
+    CHECK_EQ_INT(dflash_train_open(m), 0);
+    for (int s = 0; s < GSTEP; s++) {
+        dflash_metrics met, loc;
+        for (int k = 0; k < g_micros(s); k++) {
+            g_batch(&b, rank, k, s);
+            CHECK_EQ_INT(dflash_dp_micro(m, &w.tc, &b.view, 0, g_key(rank, k, s), &loc), 0);
+            CHECK(loc.open && loc.weight_sum > 0);
+        }
+        CHECK_EQ_INT(dflash_train_open(m), g_micros(s));
+        CHECK_EQ_INT(dflash_dp_close(m, &w.tc, c, 0, &met, &loc), 0);
+        CHECK_EQ_INT(dflash_train_open(m), 0);
+        CHECK(!met.skipped && met.batches == g_micros(s));
+        CHECK_EQ_INT(met.step, s + 1);
+        R[rank].loss[s] = met.loss;
+        R[rank].gnorm[s] = met.grad_norm;
+        R[rank].hash[s] = dflash_dp_state_hash(m);
+    }
+    CHECK_EQ_INT(w.ops->allocs(w.ctx) - allocs0, 0);
+    save_state(&R[rank], m);
+    dp_comm_close(&c);
+    dflash_model_destroy(&m);
+    tiny_free(&w);
+}
+
+/* One process, accumulate 4: the step's batches in the ranks' order; the last one flushed. */
+static void g_reference(int idx) {
+    tiny w;
+    tiny_init(&w, 2);
+    w.tc.accumulate = 2 * GMICRO;
+    dflash_model *m = tiny_model(&w, 7);
+    if (!m) return;
+    batch b;
+    for (int s = 0; s < GSTEP; s++) {
+        dflash_metrics met;
+        memset(&met, 0, sizeof met);
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < g_micros(s); k++) {
+                g_batch(&b, r, k, s);
+                CHECK_EQ_INT(dflash_train_step(m, &w.tc, &b.view, 0, g_key(r, k, s), &met), 0);
+            }
+        if (met.open) { /* fewer than 4 batches: closed as a run's last step */
+            CHECK_EQ_INT(dflash_train_flush_async(m, &w.tc), 1);
+            CHECK_EQ_INT(dflash_train_collect(m, &met), 1);
+        }
+        CHECK(!met.open && !met.skipped && met.batches == 2 * g_micros(s));
+        R[idx].loss[s] = met.loss;
+        R[idx].gnorm[s] = met.grad_norm;
+    }
+    save_state(&R[idx], m);
+    dflash_model_destroy(&m);
+    tiny_free(&w);
+}
+
+static void g_proc(int i) {
+    if (i < 2) g_rank(i);
+    else g_reference(i);
+}
+
+/* ||a - b|| / ||b||: the summation order of the gradients differs (per rank, then over ranks),
+ * so an element whose terms cancel may differ much relative to itself (AdamW then amplifies
+ * it: m / sqrt(v) of a tiny gradient), not relative to the whole tensor. */
+static double norm_rel(const float *a, const float *b, size_t n) {
+    double d = 0, r = 0;
+    for (size_t j = 0; j < n; j++) {
+        d += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
+        r += (double)b[j] * b[j];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+static void test_group_accumulate(void) {
+    CHECK_EQ_INT(run_procs(3, g_proc), 0);
+    const result *r0 = &R[0], *r1 = &R[1], *ref = &R[2];
+    size_t n = r0->n_params;
+    CHECK(n > 0 && n <= MAXP && r1->n_params == n && ref->n_params == n);
+    if (!(n > 0 && n <= MAXP)) return;
+    CHECK(memcmp(r0->master, r1->master, n * sizeof(float)) == 0);
+    CHECK(memcmp(r0->adam_v, r1->adam_v, n * sizeof(float)) == 0);
+    CHECK_EQ_INT(r0->step, GSTEP);
+    CHECK_EQ_INT(ref->step, GSTEP);
+    double worst_loss = 0, worst_norm = 0;
+    for (int s = 0; s < GSTEP; s++) {
+        CHECK(r0->hash[s] == r1->hash[s]);
+        worst_loss = fmax(worst_loss, fabs(r0->loss[s] - ref->loss[s]) / ref->loss[s]);
+        worst_norm = fmax(worst_norm, fabs(r0->gnorm[s] - ref->gnorm[s]) / ref->gnorm[s]);
+    }
+    double worst_w = norm_rel(r0->master, ref->master, n);
+    double worst_m = norm_rel(r0->adam_m, ref->adam_m, n);
+    double worst_v = norm_rel(r0->adam_v, ref->adam_v, n);
+    printf("(g) 2 ranks x 2 micro-steps x %d steps (the last 1 micro-step) vs one solo step of "
+           "the same batches: loss %.5f -> %.5f, max rel diff loss %.3g, grad norm %.3g; "
+           "||diff|| / ||ref|| weights %.3g, adam m %.3g, v %.3g (element-wise max: weights "
+           "%.3g)\n", GSTEP, ref->loss[0], ref->loss[GSTEP - 1], worst_loss, worst_norm,
+           worst_w, worst_m, worst_v, max_rel(r0->master, ref->master, n));
+    CHECK(worst_loss <= 1e-5);
+    CHECK(worst_norm <= 1e-5);
+    CHECK(worst_w <= 1e-5);
+    CHECK(worst_m <= 1e-5);
+    CHECK(worst_v <= 1e-5);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * (c) sync_state */
 
 static void c_rank(int rank) {
@@ -549,6 +684,7 @@ int main(void) {
     R = mmap(NULL, 4 * sizeof *R, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (R == MAP_FAILED) return 1;
     test_group_vs_reference();
+    test_group_accumulate();
     test_sync_state();
     test_empty_rank();
     test_layout();

@@ -28,6 +28,7 @@ struct client {
     uint64_t trainer_run_id; /* client_set_trainer_run: named in every hello (0: none) */
     uint64_t shape;          /* client_set_drafter_shape: stated in every GroupJoin (0: none) */
     char shape_text[WIRE_MAX_SHAPE_TEXT];
+    uint32_t accumulate; /* client_set_group_accumulate: stated in every GroupJoin (0/1: none) */
     bool restarted;
     uint32_t heartbeat_ms, lease_timeout_ms, stats_interval_ms;
     char pub_endpoint[WIRE_MAX_TEXT];
@@ -306,6 +307,13 @@ void client_set_drafter_shape(client *c, uint64_t shape, const char *text)
     pthread_mutex_unlock(&c->mu);
 }
 
+void client_set_group_accumulate(client *c, uint32_t accumulate)
+{
+    pthread_mutex_lock(&c->mu);
+    c->accumulate = accumulate > 1 ? accumulate : 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static int do_register(client *c, const wire_pool *pool)
 {
     req_init(c, WIRE_POOL_REGISTER);
@@ -435,6 +443,7 @@ static int do_group_join(client *c, const char *group, uint64_t step, uint64_t f
     c->req.u.join.world_hint = world_hint;
     c->req.u.join.shape = c->shape;
     memcpy(c->req.u.join.shape_text, c->shape_text, sizeof c->shape_text);
+    c->req.u.join.accumulate = c->accumulate;
     int rc = call(c, WIRE_GROUP_VIEW);
     if (!rc && out) *out = c->rep.u.view;
     return rc;
@@ -469,34 +478,37 @@ int client_group_set_id(client *c, const char *group, uint64_t epoch, const uint
 }
 
 /* StepClaim, StepDone and GroupLeave share the body. */
-static int do_gstep(client *c, wire_type t, const char *group, uint64_t epoch, uint64_t step)
+static int do_gstep(client *c, wire_type t, const char *group, uint64_t epoch, uint64_t step,
+                    uint32_t micro)
 {
     req_init(c, t);
     snprintf(c->req.u.gstep.group, sizeof c->req.u.gstep.group, "%s", group);
     c->req.u.gstep.epoch = epoch;
     c->req.u.gstep.step = step;
+    c->req.u.gstep.micro = micro;
     return call(c, t == WIRE_STEP_CLAIM ? WIRE_STEP_GRANT : WIRE_OK);
 }
 
 static int do_step_claim(client *c, const char *group, uint64_t epoch, uint64_t step,
-                         wire_step_grant *out)
+                         uint32_t micro, wire_step_grant *out)
 {
-    int rc = do_gstep(c, WIRE_STEP_CLAIM, group, epoch, step);
+    int rc = do_gstep(c, WIRE_STEP_CLAIM, group, epoch, step, micro);
     if (!rc && out) *out = c->rep.u.sgrant;
     return rc;
 }
 
 int client_step_claim(client *c, const char *group, uint64_t epoch, uint64_t step,
-                      wire_step_grant *out)
+                      uint32_t micro, wire_step_grant *out)
 {
-    if (!group || !*group || strlen(group) >= WIRE_MAX_NAME) return DFLASH_EINVAL;
-    LOCKED(c, do_step_claim(c, group, epoch, step, out));
+    if (!group || !*group || strlen(group) >= WIRE_MAX_NAME || micro >= WIRE_MAX_WORLD)
+        return DFLASH_EINVAL;
+    LOCKED(c, do_step_claim(c, group, epoch, step, micro, out));
 }
 
 static int do_step_done(client *c, const char *group, uint64_t epoch, uint64_t step,
                         uint64_t *n_acked)
 {
-    int rc = do_gstep(c, WIRE_STEP_DONE, group, epoch, step);
+    int rc = do_gstep(c, WIRE_STEP_DONE, group, epoch, step, 0);
     if (!rc && n_acked) *n_acked = c->rep.u.value;
     return rc;
 }
@@ -511,7 +523,7 @@ int client_step_done(client *c, const char *group, uint64_t epoch, uint64_t step
 int client_group_leave(client *c, const char *group)
 {
     if (!group || !*group || strlen(group) >= WIRE_MAX_NAME) return DFLASH_EINVAL;
-    LOCKED(c, do_gstep(c, WIRE_GROUP_LEAVE, group, 0, 0));
+    LOCKED(c, do_gstep(c, WIRE_GROUP_LEAVE, group, 0, 0, 0));
 }
 
 int client_heartbeat(client *c) { LOCKED(c, do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL)); }

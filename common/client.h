@@ -120,6 +120,10 @@ void client_set_trainer_run(client *c, uint64_t run_id);
  * WIRE_MAX_SHAPE_TEXT - 1 bytes), so that the broker turns away a joiner of another shape than
  * its group's (Error MISMATCH) before the group re-forms for it. 0: none stated (the default). */
 void client_set_drafter_shape(client *c, uint64_t shape, const char *text);
+/* Drafter: its gradient accumulation (micro-steps per group step, --accumulate), stated in
+ * every GroupJoin like the shape: the broker refuses a joiner with another than its group's
+ * (Error MISMATCH). 0 or 1: one micro-step (the default; 1 is not sent, as before). */
+void client_set_group_accumulate(client *c, uint32_t accumulate);
 
 /* Target: registers (or re-registers) its slot pool. The broker drops every slot of an older
  * pool incarnation and returns its batches to to-do. Extra: DFLASH_EINVAL/ERANGE (bad pool). */
@@ -175,12 +179,14 @@ int client_group_join(client *c, const char *group, uint64_t step, uint64_t fail
 /* Rank 0: posts the rendezvous id of `epoch` (1..WIRE_GROUP_ID_BYTES bytes). */
 int client_group_set_id(client *c, const char *group, uint64_t epoch, const uint8_t *id,
                         uint32_t len);
-/* A rank: its slot of optimizer step `step` of `epoch` (the broker reserves one slot per rank
- * at once, or none). On 0 *out holds its grant (own lease) and the step's units. Extra:
- * DFLASH_EAGAIN (fewer slots eligible than ranks, or no id yet), DFLASH_ESTALE (re-form),
- * DFLASH_ESTATE (wrong step number), DFLASH_ESHUTDOWN (drained). */
+/* A rank: its slot of micro-step `micro` (0 without accumulation) of optimizer step `step` of
+ * `epoch` (the broker reserves one slot per rank at once, or none). On 0 *out holds its grant
+ * (own lease), the micro-step's units and, from a broker that knows micro-steps, has_micro.
+ * Extra: DFLASH_EAGAIN (fewer slots eligible than ranks, or no id yet), DFLASH_ESTALE
+ * (re-form), DFLASH_ESTATE (wrong step number), DFLASH_ESHUTDOWN (drained; for micro > 0: the
+ * step ended before it, close it with the micro-steps it has). */
 int client_step_claim(client *c, const char *group, uint64_t epoch, uint64_t step,
-                      wire_step_grant *out);
+                      uint32_t micro, wire_step_grant *out);
 /* Rank 0: the update of `step` is done; the broker acks all its units once. *n_acked (may be
  * NULL): units recorded now (0 for a repeated StepDone). Extra: DFLASH_ESTALE (the step was
  * aborted: re-form), DFLASH_EDENIED (not rank 0). */

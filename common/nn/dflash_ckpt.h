@@ -67,7 +67,7 @@ typedef struct dflash_ckpt_unacked {
     long step;
 } dflash_ckpt_unacked;
 
-#define DFLASH_CKPT_MAX_UNACKED 64 /* a data-parallel group step's batches, one per rank */
+#define DFLASH_CKPT_MAX_UNACKED 64 /* a data-parallel group step's batches: ranks x micro-steps */
 
 typedef struct dflash_ckpt_opts {
     int keep_last;    /* step-* directories kept under root (>= 1; 0 means 3) */

@@ -1,7 +1,7 @@
 /* group_worker: see group_worker.h for the loop and its states.
  *
  * Pending step (rank 0 only): between a trained step and the answer to its StepDone, the step's
- * units (StepGrant.units, all ranks') live only here. If the broker restarts in that window, the
+ * units (StepGrant.units, all ranks', of every micro-step: step_units) live only here. If the broker restarts in that window, the
  * hello carries them (the new broker adopts them from its journal instead of handing them out
  * again) and plain Acks at the step record them, as a solo drafter's late ack would. A StepDone
  * the same broker answers STALE is never acked late: the step was resolved without us, by the
@@ -100,6 +100,10 @@ typedef struct gw {
     char waiting[WIRE_MAX_TEXT + 64];
     double waiting_since;
     char shape_text[WIRE_MAX_SHAPE_TEXT]; /* our drafter's shape in words (consumer's shape()) */
+    /* Gradient accumulation: a step of `accumulate` micro-steps (the consumer's accumulate());
+     * `micro` of the open step are trained, their units (every rank's) in step_units. */
+    uint32_t accumulate, micro, n_step_units;
+    wire_unit step_units[WIRE_MAX_WORLD];
 } gw;
 
 static void set_state(gw *g, gw_state to)
@@ -131,9 +135,12 @@ static void set_waiting(gw *g, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Leaves the epoch's communicator (if any) and trains alone until the next one. */
+/* Leaves the epoch's communicator (if any) and trains alone until the next one. An open step
+ * (some of its micro-steps trained) is abandoned with it: the consumer drops it (set_group
+ * NULL), the broker aborts it, its batches are trained again. */
 static void close_comm(gw *g)
 {
+    g->micro = g->n_step_units = 0;
     if (!g->comm) return;
     dp_comm_close(&g->comm);
     g->cons->set_group(g->cons->ctx, NULL, 0, 1);
@@ -394,6 +401,13 @@ static int joining(gw *g)
         set_state(g, GW_REGISTER);
         return 0;
     }
+    if (rc == DFLASH_EMISMATCH && strstr(client_last_error(g->cl), "--accumulate")) {
+        LOG_ERROR("the broker refused to let us join group %s: %s; every rank needs the group's "
+                  "--accumulate (ours: %u)", c->group, client_last_error(g->cl), g->accumulate);
+        worker_session_note_refusal(g->s);
+        g->refused = true;
+        return DFLASH_ECONFIG; /* the flags: exit 2 */
+    }
     if (rc == DFLASH_EMISMATCH) { /* our shape is not the group's: the group did not re-form */
         const char *why = client_last_error(g->cl);
         bool named = g->shape_text[0] && strstr(why, g->shape_text); /* the broker's words */
@@ -551,11 +565,75 @@ static int settle(gw *g)
     return 0;
 }
 
-/* Copies our slot of the step, releases it, trains, and (rank 0) reports the step done. A slot
- * written for another layout (the target's configuration, not the batch's fault) is given back
- * unread and ends the loop with DFLASH_ECONFIG, as in the solo loop. */
+/* The consumer's answer for step s (consume() of a one-batch step, or close_step() after the
+ * micro-steps; rc its code, step the model's): a bad batch, or a step that diverged (every
+ * rank finds it: the group's loss and norm), is fatal, without a StepDone; re-forming would go
+ * on from the non-finite weights; a step the group cannot take (EUNSUPPORTED) would fail again
+ * after every re-form. Any other failure re-forms. Else rank 0 reports the step done with all
+ * its units (every micro-step's, step_units). 0 or fatal. */
+static int step_taken(gw *g, int rc, uint64_t step, uint64_t s)
+{
+    if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ENONFINITE ||
+        rc == DFLASH_EUNSUPPORTED)
+        return rc;
+    if (rc < 0) {
+        char why[200];
+        snprintf(why, sizeof why, "step %llu failed in the group: %s", (unsigned long long)s,
+                 err_str(rc));
+        reform(g, why);
+        return 0;
+    }
+    if (step != s)
+        LOG_WARN("group step %llu: the model reports step %llu", (unsigned long long)s,
+                 (unsigned long long)step);
+    uint32_t n = g->n_step_units;
+    g->micro = g->n_step_units = 0;
+    if (g->rank != 0) return 0;
+    g->pending = true;
+    g->pending_step = s;
+    g->n_pending = n;
+    memcpy(g->pending_units, g->step_units, n * sizeof *g->step_units);
+    return step_done(g);
+}
+
+/* Closes the open step of micro-steps (the last one trained, or the broker ended the step
+ * before the next: ESHUTDOWN to its claim): the collective and the update (the consumer's
+ * close_step), then step_taken. 0 or fatal. */
+static int close_step(gw *g, uint64_t s)
+{
+    uint64_t step = 0;
+    int rc = g->cons->close_step(g->cons->ctx, &step);
+    return step_taken(g, rc, step, s);
+}
+
+/* A grant of micro-step k from a broker that knows micro-steps (has_micro), else our
+ * --accumulate cannot work there: the slot is given back unread and the loop ends
+ * (DFLASH_ECONFIG: exit 2). A grant of another micro-step than ours re-forms. 0 to go on. */
+static int check_micro(gw *g, const wire_step_grant *sg)
+{
+    if (g->accumulate <= 1 || (sg->has_micro && sg->micro == g->micro)) return 0;
+    if (sg->has_micro) {
+        reform(g, "the broker granted another micro-step than ours");
+        return 1;
+    }
+    LOG_ERROR("--accumulate %u in group %s: the broker predates gradient accumulation in groups "
+              "(its StepGrant names no micro-step); run the group without --accumulate, or "
+              "upgrade dflash-queue", g->accumulate, g->cfg->group);
+    int rc = client_release_unread(g->cl, sg->grant.lease_id);
+    heard(g, rc);
+    close_comm(g);
+    client_group_leave(g->cl, g->cfg->group); /* the others re-form at once */
+    return DFLASH_ECONFIG;
+}
+
+/* Copies our slot of the step (of micro-step `micro` with accumulation), releases it, trains,
+ * and after the step's last micro-step (rank 0) reports the step done. A slot written for
+ * another layout (the target's configuration, not the batch's fault) is given back unread and
+ * ends the loop with DFLASH_ECONFIG, as in the solo loop. */
 static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
 {
+    int crc = check_micro(g, sg);
+    if (crc) return crc < 0 ? crc : 0;
     const wire_grant *gr = &sg->grant;
     int rc = worker_session_copy(g->s, gr, NULL);
     bool misfit = rc == 0 && worker_session_check_layout(g->s, g->cons, gr) < 0;
@@ -587,31 +665,13 @@ static int run_step(gw *g, const wire_step_grant *sg, uint64_t s)
     }
     uint64_t step = 0;
     rc = worker_session_consume(g->s, g->cons, gr, &step);
-    /* a bad batch, or a step that diverged (every rank finds it: the group's loss and norm):
-     * fatal, without a StepDone; re-forming would go on from the non-finite weights; a step
-     * the group cannot take (EUNSUPPORTED: e.g. gradient accumulation, dflash_dp.h) would fail
-     * again after every re-form */
-    if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ENONFINITE ||
-        rc == DFLASH_EUNSUPPORTED)
-        return rc;
-    if (rc < 0) {
-        char why[200];
-        snprintf(why, sizeof why, "step %llu failed in the group: %s", (unsigned long long)s,
-                 err_str(rc));
-        reform(g, why);
-        return 0;
-    }
-    if (step != s)
-        LOG_WARN("group step %llu: the model reports step %llu", (unsigned long long)s,
-                 (unsigned long long)step);
+    if (rc < 0) return step_taken(g, rc, step, s);
     g->st.batches++;
     g->st.tokens += gr->n_tokens;
-    if (g->rank != 0) return 0;
-    g->pending = true;
-    g->pending_step = s;
-    g->n_pending = sg->n_units;
-    memcpy(g->pending_units, sg->units, sg->n_units * sizeof *sg->units);
-    return step_done(g);
+    for (uint32_t i = 0; i < sg->n_units && g->n_step_units < WIRE_MAX_WORLD; i++)
+        g->step_units[g->n_step_units++] = sg->units[i];
+    if (g->accumulate <= 1) return step_taken(g, 0, step, s);
+    return ++g->micro < g->accumulate ? 0 : close_step(g, s);
 }
 
 /* One STEPPING iteration. 0 or a fatal code. */
@@ -619,8 +679,8 @@ static int stepping(gw *g, double *backoff)
 {
     const worker_loop_config *c = g->cfg;
     worker_consumer *k = g->cons;
-    if ((c->max_batches > 0 && (int64_t)g->st.batches >= c->max_batches) ||
-        (k->done && k->done(k->ctx))) {
+    if (g->micro == 0 && ((c->max_batches > 0 && (int64_t)g->st.batches >= c->max_batches) ||
+                          (k->done && k->done(k->ctx)))) {
         set_state(g, GW_DONE);
         return 0;
     }
@@ -634,16 +694,21 @@ static int stepping(gw *g, double *backoff)
         }
         return rc;
     }
-    int rc = settle(g);
+    int rc = g->micro ? 0 : settle(g); /* checkpoints between steps only */
     if (rc < 0) return rc;
     uint64_t s = k->model_step(k->ctx) + 1;
     static wire_step_grant sg; /* main thread only; large */
     double t0 = monotime_s();
-    rc = client_step_claim(g->cl, c->group, g->epoch, s, &sg);
+    rc = client_step_claim(g->cl, c->group, g->epoch, s, g->micro, &sg);
     heard(g, rc);
     if (rc == 0) {
         *backoff = 1;
         return run_step(g, &sg, s);
+    }
+    if (rc == DFLASH_ESHUTDOWN && g->micro > 0) { /* the same answer reached every rank */
+        LOG_INFO("group step %llu closes with %u of its %u micro-steps: %s",
+                 (unsigned long long)s, g->micro, g->accumulate, client_last_error(g->cl));
+        return close_step(g, s);
     }
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         if (k->idle) k->idle(k->ctx);
@@ -770,6 +835,13 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
         uint64_t shape = cons->shape(cons->ctx, g.shape_text, sizeof g.shape_text);
         client_set_drafter_shape(g.cl, shape, g.shape_text);
     }
+    g.accumulate = cons->accumulate ? cons->accumulate(cons->ctx) : 1;
+    if (g.accumulate > 1 && !cons->close_step) {
+        LOG_ERROR("--group: the %s mode cannot accumulate micro-steps", cons->name);
+        rc = DFLASH_ECONFIG;
+        goto out_comm;
+    }
+    client_set_group_accumulate(g.cl, g.accumulate); /* stated in every join, as the shape */
     if (cons->resumed_unacked)
         g.n_resumed = cons->resumed_unacked(cons->ctx, g.resumed, WORKER_MAX_UNACKED);
 

@@ -6,7 +6,15 @@
  * open the communicator (dp_comm_open), copy rank 0's model state (the consumer's sync_state),
  * then per step s = model step + 1: StepClaim our slot of step s, copy it, release it, train it
  * with the collective (the consumer's consume(), which averages the gradients over the group),
- * and rank 0 sends StepDone (the broker acks the step's units once). A collective error (a peer
+ * and rank 0 sends StepDone (the broker acks the step's units once). With gradient
+ * accumulation (the consumer's accumulate() A > 1, stated in every join): micro-steps
+ * k = 0..A-1 of step s, each StepClaim(s, k), copy, release and consume() (the batch into the
+ * accumulator, no collective), then the consumer's close_step() (the collective and the
+ * update) and rank 0's StepDone with every micro-step's units; the broker's SHUTDOWN to a claim
+ * of k > 0 (the step ended: the data's end, a drain, its stop) closes the step with the k
+ * micro-steps trained, on every rank alike; a re-form or a stop between micro-steps abandons
+ * the step (the consumer drops it; the broker aborts it). A broker whose StepGrant names no
+ * micro-step predates accumulation: DFLASH_ECONFIG (exit 2). A collective error (a peer
  * died: shm sees its process gone, or the collective times out; or, asked while a collective
  * waits, the broker says the epoch is over), a "re-form" answer (Error STALE) or a refused
  * release closes the communicator and joins again, naming the failed epoch (and, when shm saw

@@ -133,7 +133,8 @@ static const cfg_option drafter_options[] = {
     OPT("anchors", CFG_INT, "512", 1, 1 << 20, "train: anchors per sequence", anchors),
     OPT("accumulate", CFG_INT, "1", 1, 4096, "train: slots (batches) per optimizer step: "
         "their gradients are accumulated in fp32 and the step's loss is normalised over all of "
-        "them (not in a --group; a resume keeps its checkpoint's)", accumulate),
+        "them; in a --group, micro-steps per group step, every rank the same (ranks x N <= 64; "
+        "a resume keeps its checkpoint's)", accumulate),
     OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate (--lr x --weight-decay "
         "below 1)", lr),
     OPT("warmup-ratio", CFG_DOUBLE, "0.04", 0, 1, "train: warmup fraction of the schedule",
@@ -287,10 +288,9 @@ static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup
     if (s->mode == MODE_VERIFY_MODEL && s->backend != POOL_HOST)
         REFUSE("--verify-model runs its direct forward on the cpu; use --backend host");
     if (!train) return 0;
-    if (c->group[0] && c->accumulate > 1)
-        REFUSE("%s with %s: a group step trains one slot on each rank (the group's size is its "
-               "batch); gradient accumulation is for a drafter alone", SRC("accumulate"),
-               SRC2("group"));
+    if (c->group[0] && c->accumulate > WIRE_MAX_WORLD)
+        REFUSE("%s with %s: a group step holds at most %d batches (ranks x --accumulate)",
+               SRC("accumulate"), SRC2("group"), WIRE_MAX_WORLD);
     dflash_train_cfg tc = {.lr = c->lr, .min_lr_ratio = c->min_lr_ratio,
                            .total_steps = c->total_steps};
     if (trainer_schedule_check(&tc, c->max_steps, SRC("total-steps"), SRC2("max-steps"), why,

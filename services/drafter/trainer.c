@@ -86,6 +86,7 @@ typedef struct trainer {
     /* accumulation: the batches of the open step reported so far (record_step) */
     uint32_t open_tokens, open_seqs;
     double open_s;
+    int micro_rc; /* a group step's micro-step that failed here (dflash_dp_close); 0: none */
     uint32_t last_epoch; /* of the last batch queued */
 } trainer;
 
@@ -342,6 +343,21 @@ static void report_oldest(trainer *t) {
 static int train_consume_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
                                uint64_t *step);
 
+/* A group step left open between its micro-steps (the group re-forms, the run stops): nothing
+ * of it is applied on any rank (the broker aborts it: its batches are trained again), so its
+ * gradients and figures are dropped here too. */
+static void abandon_group_step(trainer *t) {
+    int open = dflash_train_open(t->m);
+    if (open > 0)
+        LOG_INFO("group step %ld abandoned after %d of its %d micro-steps: nothing of it is "
+                 "applied (its batches are trained again)", t->m->step + 1, open,
+                 t->tc.accumulate);
+    dflash_train_discard(t->m);
+    t->micro_rc = 0;
+    t->open_tokens = t->open_seqs = 0;
+    t->open_s = 0.0;
+}
+
 /* The run ends inside an accumulated step (fewer batches than --accumulate came: the data ran
  * out, a drain, a stop): the step is taken with the batches it has, so that every batch acked
  * with its step is in the final checkpoint (dflash_train_flush_async). Not after a divergence:
@@ -350,6 +366,10 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
 static void close_open_step(trainer *t) {
     int open = dflash_train_open(t->m);
     if (open == 0 || t->diverged_at) return;
+    if (t->dp_member) { /* a group step: taken by every rank or none (train_set_group) */
+        abandon_group_step(t);
+        return;
+    }
     while (dflash_train_pending(t->m) > 0)
         report_oldest(t);
     if (t->diverged_at) return;
@@ -608,12 +628,60 @@ static int train_save_refused(void *vctx) {
 
 /* --- data-parallel group hooks (group_worker.h) -------------------------------------------- */
 
+/* One micro-step of a group step (--accumulate > 1): the batch's gradient into the accumulator,
+ * no collective (dflash_dp_micro); its tokens and time count with the step (record_step). A
+ * batch that fails here fails the step on every rank at its close, as a one-batch step's does
+ * in the collective. */
+static int train_micro_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
+                             uint64_t *step) {
+    double t0 = monotime_s();
+    long allocs0 = t->ops->allocs(t->nn);
+    dflash_metrics loc;
+    int rc = dflash_dp_micro(t->m, &t->tc, v, b->wu.epoch, dflash_batch_key(&b->wu), &loc);
+    count_allocs(t, allocs0);
+    if (rc < 0 && !t->micro_rc) t->micro_rc = rc;
+    if (rc < 0)
+        LOG_WARN("group training on batch (%u, %u, %llu) failed: %s (the group skips the step)",
+                 b->wu.epoch, b->wu.bucket, (unsigned long long)b->wu.batch, err_str(rc));
+    t->open_tokens += b->n_tokens;
+    t->open_seqs += b->n_seqs;
+    t->open_s += monotime_s() - t0;
+    t->last_epoch = b->wu.epoch;
+    *step = (uint64_t)t->m->step + 1;
+    return 0;
+}
+
+/* The group step of the micro-steps consumed since the last close (worker_loop.h close_step):
+ * dflash_dp_close all-reduces the accumulated gradients and applies the update on every rank;
+ * then the group's metrics, as for a one-batch group step. */
+static int train_close_group(void *vctx, uint64_t *step) {
+    trainer *t = vctx;
+    dflash_metrics dm;
+    double t0 = monotime_s();
+    long allocs0 = t->ops->allocs(t->nn);
+    int rc = dflash_dp_close(t->m, &t->tc, t->comm, t->micro_rc, &dm, NULL);
+    t->micro_rc = 0;
+    double dt = monotime_s() - t0;
+    count_allocs(t, allocs0);
+    if (rc < 0) {
+        LOG_WARN("group training step %ld failed: %s", t->m->step + 1, err_str(rc));
+        abandon_group_step(t);
+        return rc;
+    }
+    *step = (uint64_t)t->m->step;
+    struct step_note n = {.epoch = t->last_epoch};
+    record_step(t, &dm, &n, dt);
+    return stop_if_diverged(t); /* every rank alike: the group's loss and norm */
+}
+
 /* One rank's share of a group step: dflash_train_step_dp averages the gradients over the group
- * (synchronous: the collective needs the step's gradients), then the group's metrics. */
+ * (synchronous: the collective needs the step's gradients), then the group's metrics. With
+ * --accumulate, a micro-step of it (train_micro_group). */
 static int train_consume_group(trainer *t, const dflash_batch_view *v, const worker_batch *b,
                                uint64_t *step) {
     while (dflash_train_pending(t->m) > 0)
         report_oldest(t);
+    if (t->tc.accumulate > 1) return train_micro_group(t, v, b, step);
     dflash_metrics dm;
     double t0 = monotime_s();
     long allocs0 = t->ops->allocs(t->nn); /* the group step waits by design, allocates nothing */
@@ -638,6 +706,7 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
 static void train_set_group(void *vctx, dp_comm *comm, int rank, int world) {
     trainer *t = vctx;
     (void)world;
+    if (comm != t->comm) abandon_group_step(t); /* a step of the epoch left: not taken */
     t->comm = comm;
     if (comm) {
         t->dp_rank = rank;
@@ -666,6 +735,11 @@ static uint64_t train_model_step(void *vctx) {
 
 static uint64_t train_state_hash(void *vctx) {
     return dflash_dp_state_hash(((trainer *)vctx)->m);
+}
+
+static uint32_t train_accumulate(void *vctx) {
+    const trainer *t = vctx;
+    return t->tc.accumulate > 1 ? (uint32_t)t->tc.accumulate : 1;
 }
 
 static uint64_t train_shape(void *vctx, char *text, size_t len) {
@@ -822,13 +896,13 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
                      1.0 - t->tc.lr * t->tc.weight_decay, resume_dir);
             return DFLASH_ECONFIG;
         }
-        if (o->group && t->tc.accumulate > 1) {
+        if (o->group && t->tc.accumulate > WIRE_MAX_WORLD) {
             snprintf(err, errlen,
                      "cannot resume %s in a group: it trains %d slots a step (--accumulate; the "
-                     "checkpoint's settings win over the flags) and a group step trains one slot "
-                     "a rank; start the group from its weights (--init-weights %s and another "
-                     "--checkpoint-dir) or resume it alone",
-                     resume_dir, t->tc.accumulate, resume_dir);
+                     "checkpoint's settings win over the flags) and a group step holds at most "
+                     "%d (ranks x --accumulate); start the group from its weights "
+                     "(--init-weights %s and another --checkpoint-dir) or resume it alone",
+                     resume_dir, t->tc.accumulate, WIRE_MAX_WORLD, resume_dir);
             return DFLASH_ECONFIG;
         }
         t->start_step = t->saved_step = t->committed = t->m->step;
@@ -1060,7 +1134,9 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .sync_state = train_sync_state,
                            .model_step = train_model_step,
                            .state_hash = train_state_hash,
-                           .shape = train_shape};
+                           .shape = train_shape,
+                           .accumulate = train_accumulate,
+                           .close_step = train_close_group};
     return c;
 fail:
     train_destroy(t);

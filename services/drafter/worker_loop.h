@@ -56,7 +56,7 @@ typedef struct worker_unacked {
     uint64_t step;
 } worker_unacked;
 
-#define WORKER_MAX_UNACKED 64 /* a group step's batches, one per rank (WIRE_MAX_WORLD) */
+#define WORKER_MAX_UNACKED 64 /* a group step's batches: ranks x micro-steps (WIRE_MAX_WORLD) */
 
 /* What is done with a staged batch. consume() trains on (or checks) b and sets *step to the
  * optimizer step that includes it; the loop then acks (wu, step). Returns 0, or a negative
@@ -136,12 +136,21 @@ typedef struct worker_consumer {
      *   shape(text, len) (optional) the model's layout, what sync_state checks first: its
      *                  hash (0: none) and, in text, the same in words; stated in every
      *                  GroupJoin, so that the broker turns away a joiner of another shape than
-     *                  the group's before the group re-forms for it (NULL: none stated). */
+     *                  the group's before the group re-forms for it (NULL: none stated);
+     *   accumulate()   (optional) micro-steps per group step (--accumulate; NULL: 1), stated in
+     *                  every GroupJoin; with more than 1, consume() in a group adds its batch to
+     *                  the open group step (no collective; *step: the step it will be in) and
+     *                  close_step(step) takes that step with the micro-steps consumed since the
+     *                  last close (the collective, the update; *step: the model's step), with
+     *                  consume()'s codes; leaving the group (set_group NULL) abandons an open
+     *                  step (nothing of it is applied). */
     void (*set_group)(void *ctx, struct dp_comm *comm, int rank, int world);
     int (*sync_state)(void *ctx, int root);
     uint64_t (*model_step)(void *ctx);
     uint64_t (*state_hash)(void *ctx);
     uint64_t (*shape)(void *ctx, char *text, size_t len);
+    uint32_t (*accumulate)(void *ctx);
+    int (*close_step)(void *ctx, uint64_t *step);
 } worker_consumer;
 
 typedef struct worker_loop_config {

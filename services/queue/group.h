@@ -38,7 +38,7 @@
  * A step in flight when its epoch ends is *resolved* before the next epoch forms, by the member
  * whose model the next epoch starts from: the surviving admitted member that joined first (it
  * becomes rank 0; it is rank 0 of the ending epoch whenever that one is alive). Its StepDone
- * means the update happened (ACK: all world units trained at that step); its GroupJoin reports
+ * means the update happened (ACK: all its units trained at that step); its GroupJoin reports
  * its model step: >= the step's number means the update happened (ACK), else ABORT (every unit
  * back to to-do). If no admitted member survives, the group continues from the model of whoever
  * forms its next epoch: the first joiner waiting for the boundary (the step is resolved by the

@@ -114,9 +114,10 @@ expect drafter_lr_decay 2 "--lr 1 with --weight-decay 10: .*must stay below 1.*1
     "$D" "${COMMON[@]}" --model "$WORK/target" --lr 1 --weight-decay 10
 expect drafter_lr_decay_edge 2 "their product 1 must stay below 1" "$D" "${COMMON[@]}" \
     --model "$WORK/target" --lr 0.5 --weight-decay 2
-# gradient accumulation in a group: a group step trains one slot a rank; refused at start-up
-expect drafter_accumulate_group 2 "--accumulate 4 with --group 'g': a group step trains one slot" \
-    "$D" "${COMMON[@]}" --model "$WORK/target" --accumulate 4 --group g
+# gradient accumulation in a group: a group step holds at most 64 batches (ranks x micro-steps);
+# a larger --accumulate is refused at start-up (any --accumulate was, before groups accumulated)
+expect drafter_accumulate_group 2 "--accumulate 65 with --group 'g': a group step holds at most 64" \
+    "$D" "${COMMON[@]}" --model "$WORK/target" --accumulate 65 --group g
 # a token budget below the largest bucket failed in the batch plan, after the flags (exit 1)
 expect target_budget 2 "--token-budget 100, --buckets '32,128': .*smaller than the largest" \
     "$T" "${COMMON[@]}" "${MODEL[@]}" --buckets 32,128 --token-budget 100

@@ -20,8 +20,9 @@ Pass conditions:
     records accumulate 3;
   * metrics.jsonl's train/batches is 3 for every step but the last, which has the rest, and the
     drafter says it took that last step with the batches it had;
-  * every daemon exits 0; the run's checkpoint resumed in a group (--group, which trains one
-    slot a rank) is refused at start-up, exit 2.
+  * every daemon exits 0; the run's checkpoint resumed in a group (--group) is taken with its
+    accumulate 3 (3 micro-steps a group step; it was refused, exit 2, before groups accumulated):
+    it creates the group at the checkpoint's step, the broker has nothing left, it exits 0.
 Usage: e2e_accumulate.py BUILD_DIR [--keep] [--backend host|cuda] (host by default; cuda: both
 daemons on the GPU, slots through CUDA IPC: scripts/gpu-check's accum_cuda). Exit 0 pass, 1 fail.
 """
@@ -139,10 +140,14 @@ def main():
                                    capture_output=True, text=True, timeout=30)
         except subprocess.TimeoutExpired as e:
             group = subprocess.CompletedProcess(e.cmd, -1, "", str(e.stderr or ""))
-        if group.returncode != 2 or "cannot resume" not in group.stderr or \
-                "in a group: it trains 3 slots a step" not in group.stderr:
-            failures.append(f"the checkpoint resumed in a group: exit {group.returncode}, want 2 "
-                            f"refused:\n{group.stderr[-2000:]}")
+        if group.returncode != 0 or "3 batches a step" not in group.stderr or \
+                "group g epoch 1: rank 0 of 1 in sync at step" not in group.stderr:
+            failures.append(f"the checkpoint resumed in a group: exit {group.returncode}, want 0 "
+                            f"in group g with 3 batches a step:\n{group.stderr[-2000:]}")
+        elif "created by" not in tail(queue.log_path, 400) or \
+                "3 micro-steps a step" not in tail(queue.log_path, 400):
+            failures.append(f"the broker did not log group g's 3 micro-steps a step:\n"
+                            f"{tail(queue.log_path, 30)}")
         qrc = queue.stop()
         if qrc != 0:
             failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")

@@ -125,8 +125,8 @@ int main(int argc, char **argv)
     uint8_t id[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     CHECK_EQ_INT(client_group_set_id(a, "g", vb.epoch, id, sizeof id), 0);
     wire_step_grant ga, gb;
-    CHECK_EQ_INT(client_step_claim(a, "g", vb.epoch, 1, &ga), 0);
-    CHECK_EQ_INT(client_step_claim(b, "g", vb.epoch, 1, &gb), 0);
+    CHECK_EQ_INT(client_step_claim(a, "g", vb.epoch, 1, 0, &ga), 0);
+    CHECK_EQ_INT(client_step_claim(b, "g", vb.epoch, 1, 0, &gb), 0);
     CHECK_EQ_INT(client_release(a, ga.grant.lease_id), 0);
     CHECK_EQ_INT(client_release(b, gb.grant.lease_id), 0);
 

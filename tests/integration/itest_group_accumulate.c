@@ -1,0 +1,180 @@
+/* itest_group_accumulate: gradient accumulation inside a data-parallel group (--group g
+ * --accumulate 2 on two dflash-drafter processes, cpu backend, shm collective), from the real
+ * broker and a real dflash-target, to the end of a small data set.
+ *
+ * Setup (in a temp dir): the tiny training set of itest_group (96 sequences), planned with
+ * --token-budget 80 --max-seqs 4 into 42 batches for one epoch: 10 full group steps of
+ * 2 ranks x 2 micro-steps and a last step of 1 micro-step (2 batches: the plan ends inside it).
+ * dflash-queue (journal, lease 1.5 s, heartbeat 300 ms); drafters da then db.
+ *   1. da creates the group (rank 0), db joins: world 2; a third drafter with another
+ *      --accumulate (the default 1) is refused by the broker and exits 2, naming --accumulate,
+ *      and the group does not re-form for it;
+ *   2. the target plans one epoch; the group trains it to the end: the broker ends step 11
+ *      inside it (its micro-step 1 can never be served) and both ranks close it with the
+ *      micro-step they have;
+ *   3. the drafters end with the plan (the broker has nothing more for them) and exit 0; a
+ *      drain ends the target.
+ * Checks: every one of the 42 batches trained and acked exactly once (acks == 42, none
+ * "already trained" or "trained twice"), 11 group steps done and none aborted (= ceil(42 / 4)),
+ * both ranks' final state at step 11 with the same hash, rank 0's final checkpoint committed
+ * at step 11.
+ * Usage: itest_group_accumulate QUEUE TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
+#include "check.h"
+#include "harness.h"
+#include "test_files.h"
+
+static char dir[64], ep[128], rt[128];
+static const char *drafter_bin;
+
+/* A drafter of group g named name with --accumulate acc; its log in drafter-NAME.log. */
+static char *const *drafter_argv(const char *name, const char *acc)
+{
+    static char model[128], ckpt[128], nm[64], ac[16];
+    snprintf(model, sizeof model, "%s/target", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
+    snprintf(nm, sizeof nm, "%s", name);
+    snprintf(ac, sizeof ac, "%s", acc);
+    static char *argv[64];
+    char *a[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--group", "g",
+                 "--accumulate", ac, "--comm", "shm", "--comm-timeout-s", "5", "--block-size",
+                 "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every", "4",
+                 "--checkpoint-dir", ckpt, "--buckets", "32", "--token-budget", "80",
+                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
+                 "--backend", "host", "--timeout-ms", "1000", NULL};
+    memcpy(argv, a, sizeof a);
+    return argv;
+}
+
+static pid_t start_drafter(const char *name)
+{
+    char log[128];
+    snprintf(log, sizeof log, "%s/drafter-%s.log", dir, name);
+    return h_spawn_logged(drafter_argv(name, "2"), log);
+}
+
+/* The last "final state at step N has hash H" of a drafter log. */
+static bool final_hash(const char *log, unsigned long long *step, unsigned long long *hash)
+{
+    char *s = test_slurp(log, NULL);
+    if (!s) return false;
+    bool ok = false;
+    for (char *p = s; (p = strstr(p, "final state at step ")); p++)
+        ok = sscanf(p, "final state at step %llu has hash %llx", step, hash) == 2;
+    free(s);
+    return ok;
+}
+
+static bool log_has(const char *path, const char *text)
+{
+    char *s = test_slurp(path, NULL);
+    bool has = s && strstr(s, text);
+    free(s);
+    return has;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 7) {
+        fprintf(stderr, "usage: itest_group_accumulate QUEUE TARGET DRAFTER MKMODEL GEN DATA\n");
+        return 2;
+    }
+    const char *queue_bin = argv[1], *target_bin = argv[2];
+    drafter_bin = argv[3];
+    h_run_dirs(dir, rt, ep);
+    char model[128], shard[128], journal[128], qlog[128], tlog[128], dalog[128], dblog[128],
+        dclog[128];
+    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
+    snprintf(qlog, sizeof qlog, "%s/queue.log", dir);
+    snprintf(tlog, sizeof tlog, "%s/target.log", dir);
+    snprintf(dalog, sizeof dalog, "%s/drafter-da.log", dir);
+    snprintf(dblog, sizeof dblog, "%s/drafter-db.log", dir);
+    snprintf(dclog, sizeof dclog, "%s/drafter-dc.log", dir);
+    CHECK_EQ_INT(h_make_training_set(argv[4], argv[5], argv[6], dir, model, shard), 0);
+    if (check_failed) CHECK_DONE();
+
+    char rtflag[160];
+    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
+    char *q[] = {(char *)queue_bin, rtflag, "--journal", journal, "--min-ready", "1",
+                 "--max-depth", "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300",
+                 NULL};
+    pid_t qp = h_spawn_logged(q, qlog);
+    CHECK(h_wait_broker(ep, 10000) != 0);
+    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
+    client_set_timeout(c, 2000);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    wire_status s;
+
+    /* 1. da is rank 0; db joins; dc, of another --accumulate, is refused and exits 2 */
+    pid_t da = start_drafter("da");
+    CHECK(h_wait_group(c, "g", 1, 0, 30000, &s));
+    pid_t db = start_drafter("db");
+    CHECK(h_wait_group(c, "g", 2, 0, 30000, &s));
+    uint64_t epoch = h_group(&s, "g")->epoch;
+    CHECK_EQ_INT(h_run_tool(drafter_argv("dc", "1"), dclog), 2);
+    CHECK(log_has(dclog, "every rank needs the group's --accumulate (ours: 1)"));
+    CHECK(log_has(qlog, "dc refused: it accumulates 1 micro-steps a step, the group"));
+    CHECK(client_status(c, &s) == 0 && h_group(&s, "g") && h_group(&s, "g")->epoch == epoch &&
+          h_group(&s, "g")->world == 2);
+    printf("phase 1: group g of da and db, --accumulate 2; dc (--accumulate 1) refused, exit 2\n");
+
+    /* 2. one epoch of 42 batches: 10 steps of 4 and a last of 2 */
+    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
+                 "--slots", "4", "--epochs", "1", "--buckets", "32", "--token-budget", "80",
+                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
+                 "--backend", "host", "--timeout-ms", "1000", NULL};
+    pid_t tp = h_spawn_logged(t, tlog);
+    uint64_t end = h_now_ms() + 180000;
+    while (h_now_ms() < end &&
+           !(client_status(c, &s) == 0 && s.batches_total &&
+             s.batches_trained + s.batches_committed == s.batches_total))
+        h_sleep_ms(100);
+    CHECK_EQ_INT(s.batches_total, 42);
+    CHECK_EQ_INT(s.batches_trained + s.batches_committed, 42);
+    /* the group may be gone already (its ranks end with the plan): the broker's log says */
+    int steps = 0, full = 0;
+    char *ql = test_slurp(qlog, NULL);
+    for (char *p = ql; p && (p = strstr(p, "group g: step ")); p++) {
+        unsigned step = 0, n = 0;
+        if (sscanf(p, "group g: step %u done: %u batches trained", &step, &n) != 2) continue;
+        CHECK_EQ_INT(step, (unsigned)steps + 1); /* each step once, in order */
+        steps++;
+        full += n == 4;
+    }
+    CHECK(ql && !strstr(ql, "aborted"));
+    free(ql);
+    printf("phase 2: 42 batches trained in %d group steps (%d of 4 batches), %llu acks\n", steps,
+           full, (unsigned long long)s.acks);
+    CHECK_EQ_INT(steps, 11);
+    CHECK_EQ_INT(full, 10);
+    CHECK(h_wait_text(qlog, "group g: step 11 ends with 1 of its 2 micro-steps (2 batches)",
+                      10000));
+    CHECK(h_wait_text(dalog, "group step 11 closes with 1 of its 2 micro-steps", 10000));
+    CHECK(h_wait_text(dblog, "group step 11 closes with 1 of its 2 micro-steps", 10000));
+
+    /* 3. the ranks end with the plan; the drain ends the target; all exit 0 */
+    CHECK_EQ_INT(client_drain(c), 0);
+    int rca = h_wait_exit(da, 60000), rcb = h_wait_exit(db, 60000), rct = h_wait_exit(tp, 30000);
+    CHECK_EQ_INT(rca, 0);
+    CHECK_EQ_INT(rcb, 0);
+    CHECK_EQ_INT(rct, 0);
+    CHECK(client_status(c, &s) == 0);
+    CHECK_EQ_INT(s.batches_trained + s.batches_committed, 42);
+    CHECK_EQ_INT(s.acks, 42);
+    CHECK_EQ_INT(s.batches_todo + s.batches_inflight, 0);
+    CHECK_EQ_INT(s.quarantined, 0);
+    CHECK(!log_has(qlog, "already trained") && !log_has(qlog, "trained twice"));
+    unsigned long long sa = 0, fa = 0, sb = 0, fb = 0;
+    CHECK(final_hash(dalog, &sa, &fa));
+    CHECK(final_hash(dblog, &sb, &fb));
+    CHECK(sa == 11 && sb == 11 && fa == fb && fa != 0);
+    CHECK_EQ_INT(s.committed_step, 11);
+    CHECK_EQ_INT(s.batches_committed, 42);
+    printf("end: 42 batches committed once at step %llu; both ranks at step %llu with state "
+           "hash %016llx\n", (unsigned long long)s.committed_step, sa, fa);
+
+    client_destroy(&c);
+    CHECK_EQ_INT(h_stop(qp), 0);
+    if (check_failed) fprintf(stderr, "logs kept in %s\n", dir);
+    else h_rmdir(dir);
+    CHECK_DONE();
+}

@@ -640,7 +640,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
             o->name = (char *)g->name;
 #define GS(f) o->has_##f = 1, o->f = g->f
             GS(epoch), GS(world), GS(step), GS(state), GS(pending), GS(steps_done);
-            GS(steps_aborted), GS(step_reserved);
+            GS(steps_aborted), GS(step_reserved), GS(micros), GS(accumulate);
 #undef GS
             for (uint32_t k = 0; k < g->n_members; k++) gs_members[i][k] = (char *)g->members[k];
             o->n_members = g->n_members;
@@ -1053,7 +1053,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
             wire_group_stat *o = &w->groups[i];
 #define GS(f) o->f = g->f
             GS(epoch), GS(world), GS(step), GS(state), GS(pending), GS(steps_done);
-            GS(steps_aborted), GS(step_reserved);
+            GS(steps_aborted), GS(step_reserved), GS(micros), GS(accumulate);
 #undef GS
             if (copy_str(o->name, WIRE_MAX_NAME, g->name) ||
                 g->n_members > WIRE_MAX_STATUS_MEMBERS)

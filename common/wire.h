@@ -198,6 +198,8 @@ typedef struct wire_group_stat {
     uint32_t pending; /* joiners waiting for a step boundary */
     uint64_t steps_done, steps_aborted;
     bool step_reserved;
+    uint32_t micros;     /* micro-steps of the step in flight reserved (0: none in flight) */
+    uint32_t accumulate; /* the group's micro-steps a step (0: an older broker) */
 } wire_group_stat;
 
 /* An orphaned step of a data-parallel group (every rank expired mid-step), as status shows it. */

@@ -1127,6 +1127,8 @@ void broker_status(broker *b, wire_status *s)
                    : g->state == GROUP_ACTIVE ? WIRE_GROUP_ACTIVE
                                               : WIRE_GROUP_REFORMING;
         o->step_reserved = g->step_active;
+        o->micros = g->step_active ? g->step_micros : 0;
+        o->accumulate = group_accumulate(g);
         o->steps_done = g->steps_done;
         o->steps_aborted = g->steps_aborted;
         for (uint32_t k = 0; k < g->n_members; k++) {

@@ -13,11 +13,19 @@
  *      inside it (its micro-step 1 can never be served) and both ranks close it with the
  *      micro-step they have;
  *   3. the drafters end with the plan (the broker has nothing more for them) and exit 0; a
- *      drain ends the target.
- * Checks: every one of the 42 batches trained and acked exactly once (acks == 42, none
+ *      drain ends the target;
+ *   4. a rank killed between micro-steps: a target for 3 epochs continues the plan (84 batches
+ *      more), da resumes from its checkpoint and creates the group again, db joins; the broker
+ *      is paused (and resumed) until a step is in flight with micro-step 0 reserved and both
+ *      ranks' slots of it copied, then db is SIGKILLed: the step is aborted (its batches back
+ *      to to-do) once the broker expires db (still paused), db comes back and joins, the
+ *      broker resumes; drain at the end.
+ * Checks (1-3): every one of the 42 batches trained and acked exactly once (acks == 42, none
  * "already trained" or "trained twice"), 11 group steps done and none aborted (= ceil(42 / 4)),
  * both ranks' final state at step 11 with the same hash, rank 0's final checkpoint committed
- * at step 11.
+ * at step 11. (4): an aborted step in the broker's log; every batch of the 3 epochs trained
+ * and acked exactly once but for at most one left over (< one micro-step of 2 ranks), none
+ * trained twice; both ranks end with the same state hash.
  * Usage: itest_group_accumulate QUEUE TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
 #include "check.h"
 #include "harness.h"
@@ -43,6 +51,35 @@ static char *const *drafter_argv(const char *name, const char *acc)
                  "--backend", "host", "--timeout-ms", "1000", NULL};
     memcpy(argv, a, sizeof a);
     return argv;
+}
+
+static uint32_t leased_total(const wire_status *s)
+{
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].leased;
+    return n;
+}
+
+/* Pauses the broker at a moment when group g has a step in flight with only micro-step 0
+ * reserved and every slot of it copied (released): both ranks are between micro-steps (the
+ * pause holds off micro-step 1). Resumes and pauses again until then; false after ms. */
+static bool pause_between_micros(client *c, int ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    for (int i = 0; h_now_ms() < end; i++) {
+        if (client_resume(c) != 0) return false;
+        h_sleep_ms(1 + i % 7);
+        if (client_pause(c) != 0) return false;
+        wire_status s;
+        const wire_group_stat *g = NULL;
+        uint64_t until = h_now_ms() + 2000; /* the reserved slots get copied while paused */
+        while (h_now_ms() < until && client_status(c, &s) == 0 && (g = h_group(&s, "g")) &&
+               g->step_reserved && g->micros == 1 && leased_total(&s) > 0)
+            h_sleep_ms(5);
+        if (g && g->step_reserved && g->micros == 1 && g->world == 2 && leased_total(&s) == 0)
+            return true;
+    }
+    return false;
 }
 
 static pid_t start_drafter(const char *name)
@@ -171,6 +208,72 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(s.batches_committed, 42);
     printf("end: 42 batches committed once at step %llu; both ranks at step %llu with state "
            "hash %016llx\n", (unsigned long long)s.committed_step, sa, fa);
+
+    /* 4. 3 epochs: da resumes and creates the group, db joins; db killed between micro-steps */
+    char tlog2[128];
+    snprintf(tlog2, sizeof tlog2, "%s/target2.log", dir);
+    CHECK_EQ_INT(client_resume(c), 0); /* out of the drain of 3 */
+    t[10] = "3";
+    tp = h_spawn_logged(t, tlog2);
+    /* the plan goes on once the target has registered it (a drafter before that hears that
+     * the 1 epoch planned so far is trained, and ends) */
+    CHECK(h_wait_text(tlog2, "registered pool", 30000));
+    end = h_now_ms() + 30000;
+    while (h_now_ms() < end &&
+           !(client_status(c, &s) == 0 && s.batches_todo + s.batches_inflight > 0))
+        h_sleep_ms(20);
+    CHECK(s.batches_todo + s.batches_inflight > 0);
+    size_t q_from = (size_t)test_file_size(qlog);
+    CHECK_EQ_INT(client_pause(c), 0); /* da alone would train it all before db joins */
+    da = start_drafter("da");
+    CHECK(h_wait_group(c, "g", 1, 0, 30000, &s));
+    db = start_drafter("db");
+    CHECK(h_wait_group(c, "g", 2, 0, 60000, &s));
+    CHECK(pause_between_micros(c, 60000));
+    CHECK(client_status(c, &s) == 0 && h_group(&s, "g"));
+    uint64_t killed_in = h_group(&s, "g") ? h_group(&s, "g")->step : 0;
+    h_kill(db, SIGKILL); /* still paused: da waits for micro-step 1 until the broker expires db */
+    char aborted[96];
+    /* micro-step 0's 2 batches, copied by both ranks: back to to-do (micro-step 1 was never
+     * reserved: the pause) */
+    snprintf(aborted, sizeof aborted, "group g: step %llu aborted: 2 of its 2 batches go back",
+             (unsigned long long)killed_in);
+    CHECK(h_wait_text_from(qlog, q_from, aborted, 30000));
+    printf("phase 4: db killed between the micro-steps of step %llu: the step aborted\n",
+           (unsigned long long)killed_in);
+    /* still paused while db comes back, so that da alone does not train what is left first */
+    db = start_drafter("db");
+    CHECK(h_wait_group(c, "g", 2, 0, 30000, &s));
+    CHECK_EQ_INT(client_resume(c), 0);
+    end = h_now_ms() + 180000;
+    while (h_now_ms() < end) {
+        if (client_status(c, &s) == 0 && s.batches_total == 42 && s.batches_todo == 0 &&
+            s.batches_trained + s.batches_committed + 1 >= 3 * 42) {
+            const wire_group_stat *g = h_group(&s, "g");
+            if (s.batches_trained + s.batches_committed == 3 * 42 || (g && !g->step_reserved))
+                break;
+        }
+        h_sleep_ms(100);
+    }
+    CHECK_EQ_INT(client_drain(c), 0);
+    rca = h_wait_exit(da, 60000), rcb = h_wait_exit(db, 60000), rct = h_wait_exit(tp, 30000);
+    CHECK_EQ_INT(rca, 0);
+    CHECK_EQ_INT(rcb, 0);
+    CHECK_EQ_INT(rct, 0);
+    CHECK(client_status(c, &s) == 0);
+    uint64_t done = s.batches_trained + s.batches_committed;
+    printf("phase 4 end: %llu of %d batches trained, %llu left over, %llu acks\n",
+           (unsigned long long)done, 3 * 42,
+           (unsigned long long)(s.batches_todo + s.batches_inflight), (unsigned long long)s.acks);
+    CHECK_EQ_INT(done + s.batches_todo + s.batches_inflight, 3 * 42);
+    CHECK(s.batches_todo + s.batches_inflight <= 1);
+    CHECK_EQ_INT(s.acks, done);
+    CHECK_EQ_INT(s.quarantined, 0);
+    CHECK(!log_has(qlog, "already trained") && !log_has(qlog, "trained twice"));
+    CHECK(final_hash(dalog, &sa, &fa));
+    CHECK(final_hash(dblog, &sb, &fb));
+    CHECK(sa == sb && fa == fb && fa != 0);
+    CHECK_EQ_INT(s.committed_step, sa);
 
     client_destroy(&c);
     CHECK_EQ_INT(h_stop(qp), 0);

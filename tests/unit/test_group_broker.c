@@ -619,6 +619,7 @@ static void test_micro_steps(void)
     CHECK(a0.has_micro && a0.micro == 0 && a0.rank == 0 && a0.n_units == 2);
     s = stub_status();
     CHECK_EQ_INT(leased_total(&s), 2);
+    CHECK(s.groups[0].step_reserved && s.groups[0].micros == 1 && s.groups[0].accumulate == 2);
     /* micro-step 1 only once 0 is reserved, 2 never (A = 2); whole or nothing again */
     CHECK_EQ_INT(claim_micro(&A, e, 1, 2, NULL), DFLASH_ESTATE);
     make_ready(1);
@@ -630,6 +631,7 @@ static void test_micro_steps(void)
     CHECK_EQ_INT(claim_micro(&B, e, 1, 1, &b1), 0);
     s = stub_status();
     CHECK_EQ_INT(leased_total(&s), 4);
+    CHECK_EQ_INT(s.groups[0].micros, 2);
     CHECK(b1.has_micro && b1.micro == 1 && b1.rank == 1 && b1.n_units == 2);
     CHECK_EQ_INT(claim_micro(&A, e, 1, 1, &a1), 0);
     CHECK(a1.micro == 1 && a1.rank == 0 && a1.grant.lease_id != b1.grant.lease_id);
@@ -653,6 +655,7 @@ static void test_micro_steps(void)
     s = stub_status();
     CHECK_EQ_INT(s.batches_trained, 4);
     CHECK_EQ_INT(s.acks, 4);
+    CHECK(!s.groups[0].step_reserved && s.groups[0].micros == 0);
 
     /* step 2: the last 2 batches are micro-step 0; micro-step 1 can never be served: the step
      * ends there, for both ranks alike */

@@ -114,6 +114,8 @@ static void fill_status(wire_status *st)
     gs->steps_done = v++;
     gs->steps_aborted = v++;
     gs->step_reserved = true;
+    gs->micros = 1;
+    gs->accumulate = 4;
     strcpy(st->journal_error, "journal: write: no space left on device");
     st->n_orphans = 2;
     for (uint32_t i = 0; i < 2; i++) {

@@ -212,7 +212,8 @@ static cJSON *status_json(const wire_status *s)
         cJSON_AddStringToObject(x, "name", g->name);
         cJSON_AddStringToObject(x, "state", group_state_name(g->state));
 #define N(f) cJSON_AddNumberToObject(x, #f, (double)g->f)
-        N(epoch), N(world), N(step), N(pending), N(steps_done), N(steps_aborted);
+        N(epoch), N(world), N(step), N(pending), N(steps_done), N(steps_aborted), N(micros);
+        N(accumulate);
 #undef N
         cJSON_AddBoolToObject(x, "step_reserved", g->step_reserved);
         cJSON *mem = cJSON_AddArrayToObject(x, "members");

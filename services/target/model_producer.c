@@ -144,7 +144,9 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
      * tokenizer often fits the model's ids: its recorded vocabulary tells. In the same pass,
      * something to train on: an anchor in a sequence the plan keeps (within the last bucket). */
     model_config hc;
-    if (hf_config_load(o->model_dir, &hc, err, errlen)) goto fail;
+    int crc = hf_config_load(o->model_dir, &hc, err, errlen);
+    if (crc == DFLASH_ECONFIG || crc == DFLASH_EUNSUPPORTED) goto fail_config; /* the file's */
+    if (crc) goto fail; /* cannot be read */
     if (shard_set_check_vocab(p->shards, (uint32_t)hc.vocab_size, err, errlen) ||
         shard_set_verify_tokens(p->shards, (uint32_t)hc.vocab_size,
                                 o->bucket_bounds[o->n_buckets - 1], err, errlen))

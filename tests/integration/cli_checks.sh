@@ -73,6 +73,19 @@ COMMON=(--runtime-dir "$WORK/run" --broker-wait-ms 300 --timeout-ms 100 --thread
 MODEL=(--model "$WORK/target" --shards "$WORK/data.shard" --buckets 64 --token-budget 64
     --max-seqs 2)
 
+# a model the target does not run is a bad configuration (exit 2, as the drafter says it), not
+# an I/O failure: a quantized checkpoint keeps its model_type
+cp -r "$WORK/target" "$WORK/awq"
+python3 - "$WORK/awq/config.json" << 'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["quantization_config"] = {"bits": 4, "quant_method": "awq", "version": "gemm"}
+json.dump(c, open(sys.argv[1], "w"))
+EOF
+expect target_quantized 2 'quantized checkpoint \(quantization_config, quant_method "awq"\)' \
+    "$T" "${COMMON[@]}" --model "$WORK/awq" --shards "$WORK/data.shard" --buckets 64 \
+    --token-budget 64 --max-seqs 2
+
 # an explicit shape flag that disagrees with the model was replaced by the model's value
 expect target_hidden 2 "--hidden 999 does not match" "$T" "${COMMON[@]}" "${MODEL[@]}" --hidden 999
 expect target_layers 2 "--layers 5 disagrees" "$T" "${COMMON[@]}" "${MODEL[@]}" --layers 5 \

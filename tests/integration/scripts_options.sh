@@ -57,6 +57,12 @@ for s in train test install-deps gpu-carry gpu-check gpu-bench gpu-parity; do
     expect "$s --help" 0 "^(scripts/)?$s: " "$s" --help
     expect "$s --bogus" 2 "unknown option --bogus" "$s" --bogus
 done
+# scripts/demo: its help is its whole header (a fixed line range cut it mid-sentence); an --out
+# holding a run is refused before anything is built (a second demo in it resumed the first's
+# checkpoints, trained nothing and failed on an unrelated check)
+expect "demo --help" 0 "failing step and the tail of its daemon's log are printed" demo --help
+mkdir -p "$WORK/used" && touch "$WORK/used/journal"
+expect "demo --out used" 2 "--out .*/used is not empty" demo --out "$WORK/used"
 T=(train --model "$WORK/m" --data "$WORK/d.jsonl" --out "$WORK/o" --build "$WORK/b")
 expect "train --steps (no value)" 2 "--steps needs a value" "${T[@]}" --steps
 expect "train --steps 0" 2 "--steps must be a whole number >= 1" "${T[@]}" --steps 0

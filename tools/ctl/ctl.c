@@ -295,12 +295,13 @@ static void print_buckets(const wire_status *s)
     }
 }
 
-/* One line per data-parallel drafter group; '*' after the step: its slots are reserved now. */
+/* One line per data-parallel drafter group; '*' after the step: its slots are reserved now;
+ * "micro" k/A: the step's micro-steps reserved of the group's --accumulate A ("-" without). */
 static void print_groups(const wire_status *s)
 {
     if (!s->n_groups) return;
-    printf("\n%-12s %-10s %6s %5s %8s %7s %6s %7s  %s\n", "group", "state", "epoch", "world",
-           "step", "pending", "done", "aborted", "members (rank order)");
+    printf("\n%-12s %-10s %6s %5s %8s %5s %7s %6s %7s  %s\n", "group", "state", "epoch", "world",
+           "step", "micro", "pending", "done", "aborted", "members (rank order)");
     for (uint32_t i = 0; i < s->n_groups; i++) {
         const wire_group_stat *g = &s->groups[i];
         char members[WIRE_MAX_STATUS_MEMBERS * (WIRE_MAX_NAME + 1)] = "";
@@ -308,9 +309,12 @@ static void print_groups(const wire_status *s)
         for (uint32_t k = 0; k < g->n_members && off < sizeof members; k++)
             off += (size_t)snprintf(members + off, sizeof members - off, "%s%s", k ? " " : "",
                                     g->members[k]);
-        printf("%-12s %-10s %6" PRIu64 " %5u %7" PRIu64 "%s %7u %6" PRIu64 " %7" PRIu64 "  %s\n",
+        char micro[24] = "-";
+        if (g->accumulate > 1) snprintf(micro, sizeof micro, "%u/%u", g->micros, g->accumulate);
+        printf("%-12s %-10s %6" PRIu64 " %5u %7" PRIu64 "%s %5s %7u %6" PRIu64 " %7" PRIu64
+               "  %s\n",
                g->name, group_state_name(g->state), g->epoch, g->world, g->step,
-               g->step_reserved ? "*" : " ", g->pending, g->steps_done, g->steps_aborted,
+               g->step_reserved ? "*" : " ", micro, g->pending, g->steps_done, g->steps_aborted,
                members);
     }
 }

@@ -127,8 +127,14 @@ static int group_update(dflash_model *m, const dflash_train_cfg *tc, dp_comm *co
         met->skipped = true;
         return lrc < 0 ? lrc : DFLASH_EAGAIN;
     }
-    if (!(W > 0)) { /* nobody has a weighted position: every rank skips */
+    if (!(W > 0)) { /* nobody has a weighted position: every rank skips the update, and the
+                      * step counts, as an accumulated step's does: rank 0's StepDone names it
+                      * (defect: the model stayed a step behind the broker's group, whose next
+                      * claim it then made again: the group re-formed, dissolved, retrained) */
         met->skipped = true;
+        m->step++;
+        met->step = m->step;
+        if (local) local->step = m->step;
         return 0;
     }
 

@@ -20,7 +20,8 @@
  *      clip / (norm + 1e-6) (ops->scale_act and scale_f32);
  *   5. dflash_train_apply with clipping off: AdamW sees the same global gradient on every
  *      rank, so master weights, moments and step stay bit-identical.
- * If W == 0 every rank skips the update (met->skipped) consistently. If a rank fails locally
+ * If W == 0 every rank skips the update (met->skipped) consistently; the step counts (m->step
+ * moves, as for an accumulated step whose batches all lack weight): the group's step is done. If a rank fails locally
  * (a bad batch) it still joins the allreduces, nobody applies the step, the failing rank returns
  * its code and the others DFLASH_EAGAIN; the group stays usable.
  * Gradient accumulation (tc->accumulate = A > 1): a group step is up to A micro-steps of one

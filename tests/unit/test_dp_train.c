@@ -566,13 +566,29 @@ static void d_rank(int rank) {
                  rank == 1 ? DFLASH_EINVAL : DFLASH_EAGAIN);
     CHECK(met.skipped);
     CHECK(dflash_dp_state_hash(m) == before);
-    /* nobody has a weighted position: every rank skips */
+    /* nobody has a weighted position: every rank skips the update, and the step counts (the
+     * group's StepDone names it; the model stayed behind, and the group's next claim failed) */
     make_batch(&b, rank, 9, true);
     CHECK_EQ_INT(dflash_train_step_dp(m, &w.tc, &b.view, 0, key_of(rank, 9), c, &met), 0);
     CHECK(met.skipped);
-    CHECK_EQ_INT(met.step, D_STEPS);
-    CHECK_EQ_INT(m->step, D_STEPS);
-    CHECK(dflash_dp_state_hash(m) == before);
+    CHECK_EQ_INT(met.step, D_STEPS + 1);
+    CHECK_EQ_INT(m->step, D_STEPS + 1);
+    static result now; /* this process's: R[rank] holds the state before the skipped steps */
+    save_state(&now, m);
+    CHECK(memcmp(now.master, R[rank].master, m->n_params * sizeof(float)) == 0 &&
+          memcmp(now.adam_m, R[rank].adam_m, m->n_params * sizeof(float)) == 0); /* no update */
+    /* the same with micro-steps: two of them, none weighted, close as one counted step */
+    for (int k = 0; k < 2; k++) {
+        make_batch(&b, rank, 10 + k, true);
+        dflash_metrics loc;
+        CHECK_EQ_INT(dflash_dp_micro(m, &w.tc, &b.view, 0, key_of(rank, 10 + k), &loc), 0);
+    }
+    CHECK_EQ_INT(dflash_dp_close(m, &w.tc, c, 0, &met, NULL), 0);
+    CHECK(met.skipped);
+    CHECK_EQ_INT(m->step, D_STEPS + 2);
+    save_state(&now, m);
+    CHECK(memcmp(now.master, R[rank].master, m->n_params * sizeof(float)) == 0 &&
+          memcmp(now.adam_v, R[rank].adam_v, m->n_params * sizeof(float)) == 0);
     dp_comm_close(&c);
     dflash_model_destroy(&m);
     tiny_free(&w);

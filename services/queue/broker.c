@@ -668,14 +668,19 @@ bool broker_plan_done(broker *b)
     return done;
 }
 
-bool broker_plan_done_but(broker *b, uint64_t own)
+uint64_t broker_plan_left_but(broker *b, uint64_t own)
 {
     ledger_stats ls;
-    bool known = b->epochs && pool_registered(b);
-    if (known) ledger_get_stats(b->ledger, &ls);
+    if (!b->epochs || !pool_registered(b)) return UINT64_MAX;
+    ledger_get_stats(b->ledger, &ls);
     /* ls.todo counts the planned epochs only (ledger_set_max_epochs) */
-    return known && ls.epochs_opened >= b->epochs && ls.todo == 0 && ls.in_flight == own &&
-           ls.orphaned == 0;
+    if (ls.epochs_opened < b->epochs || ls.orphaned != 0 || ls.in_flight < own) return UINT64_MAX;
+    return ls.todo + (ls.in_flight - own);
+}
+
+bool broker_plan_done_but(broker *b, uint64_t own)
+{
+    return broker_plan_left_but(b, own) == 0;
 }
 
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */

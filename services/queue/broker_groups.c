@@ -429,7 +429,8 @@ void broker_on_group_set_id(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 
 /* Why micro-step `micro` (> 0) of g's step in flight can never be reserved, or NULL when it
  * may be later (AGAIN): the broker stops; a drain with nothing filling (no slot will be ready
- * again); or the plan has no batch left but the step's own (in flight until it is acked). */
+ * again); or the plan has no batch left but the step's own (in flight until it is acked), or
+ * fewer than one a rank (broker_plan_left_but). */
 static const char *end_reason(broker *b, group *g)
 {
     if (b->stop_phase == BROKER_STOPPING) return "the broker is stopping";
@@ -442,9 +443,11 @@ static const char *end_reason(broker *b, group *g)
         own += ledger_get(b->ledger, &g->slots[i].batch, &st, NULL) == 0 &&
                st == BATCH_IN_FLIGHT;
     }
-    return broker_plan_done_but(b, own) ? "every batch of the planned epochs is trained or in "
-                                          "this step"
-                                        : NULL;
+    uint64_t left = broker_plan_left_but(b, own);
+    if (left == 0) return "every batch of the planned epochs is trained or in this step";
+    /* fewer than one a rank: no micro-step can be reserved again (the step would wait for a
+     * drain with its trained micro-steps unapplied); they stay to do, as at a step's start */
+    return left < g->world ? "fewer batches than ranks are left in the planned epochs" : NULL;
 }
 
 /* The slots of the step's next micro-step (micro 0 begins the step), one per admitted rank,
@@ -460,15 +463,20 @@ static int reserve_micro(broker *b, group *g, const wire_group_step *c, uint64_t
         reply_error(b, r, rid, DFLASH_EAGAIN, "no pool yet");
         return DFLASH_EAGAIN;
     }
-    if (policy_claimable(b->policy) < g->world) {
-        const char *why = c->micro ? end_reason(b, g) : NULL;
-        if (why) { /* sticky: every rank closes the step with the micro-steps reserved */
-            group_step_end(g);
-            LOG_INFO("group %s: step %" PRIu64 " ends with %u of its %u micro-steps (%u "
-                     "batches): %s", g->name, g->step, g->step_micros, g->step_accumulate,
-                     g->step_micros * g->step_world, why);
-            return DFLASH_ESHUTDOWN; /* answered by the caller, as every later claim */
-        }
+    bool short_of = policy_claimable(b->policy) < g->world;
+    /* a stopping broker ends the step at once, slots or not: no new leases to wait for */
+    const char *why = !c->micro                          ? NULL
+                      : b->stop_phase == BROKER_STOPPING ? "the broker is stopping"
+                      : short_of                         ? end_reason(b, g)
+                                                         : NULL;
+    if (why) { /* sticky: every rank closes the step with the micro-steps reserved */
+        group_step_end(g);
+        LOG_INFO("group %s: step %" PRIu64 " ends with %u of its %u micro-steps (%u "
+                 "batches): %s", g->name, g->step, g->step_micros, g->step_accumulate,
+                 g->step_micros * g->step_world, why);
+        return DFLASH_ESHUTDOWN; /* answered by the caller, as every later claim */
+    }
+    if (short_of) {
         if (!c->micro && broker_plan_done(b)) {
             broker_reply_plan_done(b, r, rid);
             return DFLASH_ESHUTDOWN;

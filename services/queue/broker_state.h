@@ -207,6 +207,10 @@ bool broker_plan_done(broker *b);
 /* The same with `own` batches in flight that cannot come back (a group step's units: its end,
  * broker_groups.c): every other batch of the planned epochs is trained. No log, no state. */
 bool broker_plan_done_but(broker *b, uint64_t own);
+/* The batches of the planned epochs not trained yet besides `own` in flight (to do, being
+ * produced, ready, leased elsewhere), once every epoch is opened and no step is orphaned;
+ * UINT64_MAX while that is not known. broker_plan_done_but is this == 0. */
+uint64_t broker_plan_left_but(broker *b, uint64_t own);
 /* The answer to a claim once broker_plan_done: SHUTDOWN with the reason, said once in the log. */
 void broker_reply_plan_done(broker *b, wire_msg *r, uint64_t rid);
 /* The ledger back to a drafter's model step (ResumeFrom, a group's creation): the batches

@@ -686,6 +686,38 @@ static void test_micro_steps(void)
     stub_broker_free();
 }
 
+/* A plan that leaves fewer batches than ranks for a step's next micro-step ends the step there
+ * (it waited for a drain, its trained micro-steps unapplied); the batch left stays to do, as
+ * at a step's start. */
+static void test_micro_leftover(void)
+{
+    stub_broker_new(big_liveness);
+    stub_init(WIRE_HELLO, WIRE_ROLE_TARGET, 7);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "target");
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    stub_pool_request(7, 0x77, 16)->bucket_batches[0] = 3; /* one micro-step and one batch */
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    uint64_t e;
+    form_acc(&A, &B, &e);
+    wire_step_grant a0, b0;
+    make_ready(3);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 0, &a0), 0);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 0, &b0), 0);
+    CHECK_EQ_INT(claim_micro(&A, e, 1, 1, NULL), DFLASH_ESHUTDOWN);
+    CHECK(strstr(stub_rep.u.error.message, "step 1 ends with its 1 micro-steps of 2") != NULL);
+    CHECK_EQ_INT(claim_micro(&B, e, 1, 1, NULL), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    CHECK_EQ_INT(release(&B, b0.grant.lease_id), 0);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, 1), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 2);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 2);
+    CHECK_EQ_INT(ready_total(&s), 1); /* the one left: no step takes it */
+    CHECK_EQ_INT(claim_micro(&A, e, 2, 0, NULL), DFLASH_EAGAIN);
+    stub_broker_free();
+}
+
 /* An abort gives back every micro-step's units; the end of a drain inside a step is sticky;
  * a step missing a micro-step is aborted when its last member leaves, one with all of them is
  * orphaned whole. */
@@ -757,6 +789,19 @@ static void test_micro_abort(void)
     s = stub_status();
     CHECK_EQ_INT(s.n_orphans, 0);
     CHECK_EQ_INT(s.batches_trained, trained + 2);
+
+    /* a stopping broker ends a step at its next micro-step although slots are ready (it
+     * reserved micro-steps on, and the stop waited for their leases) */
+    e = va.epoch;
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x44), 0);
+    make_ready(4);
+    CHECK_EQ_INT(claim_micro(&A, e, 3, 0, &a0), 0);
+    broker_stop_gracefully(stub_b, NULL, NULL);
+    CHECK_EQ_INT(claim_micro(&A, e, 3, 1, NULL), DFLASH_ESHUTDOWN);
+    CHECK(strstr(stub_rep.u.error.message, "ends with its 1 micro-steps of 2") != NULL);
+    CHECK_EQ_INT(release(&A, a0.grant.lease_id), 0);
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, 3), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 1);
     stub_broker_free();
 }
 
@@ -1255,6 +1300,7 @@ int main(void)
     test_shape();
     test_micro_steps();
     test_micro_abort();
+    test_micro_leftover();
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
             C = {"drafter-c-3", "c", 0xc3};

@@ -510,7 +510,12 @@ static void train_unacked(void *vctx, const worker_unacked *b, uint32_t n) {
     trainer *t = vctx;
     close_open_step(t); /* its batches are acked (or held) with the step it becomes */
     t->n_unacked = 0;
-    for (uint32_t i = 0; i < n && t->n_unacked < DFLASH_CKPT_MAX_UNACKED; i++) {
+    for (uint32_t i = 0; i < n; i++) {
+        if (t->n_unacked == DFLASH_CKPT_MAX_UNACKED) { /* the broker trains the rest again */
+            LOG_WARN("%u trained batches without an ack: the checkpoint records %d of them, the "
+                     "others will be trained again", n, DFLASH_CKPT_MAX_UNACKED);
+            break;
+        }
         if (b[i].step < 1 || b[i].step > (uint64_t)t->m->step) {
             LOG_WARN("batch (%u, %u, %llu) trained at step %llu is not in the model (at step "
                      "%ld): not recorded as unacked", b[i].wu.epoch, b[i].wu.bucket,

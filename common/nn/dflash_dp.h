@@ -29,7 +29,8 @@
  * rank's accumulated gradient G_r = sum_k W_rk g_rk / W_r over its micro-steps' batches, W_r =
  * sum_k W_rk (dflash_train_grads_close), and steps 2-5 run once with it, so the group's gradient
  * is sum over ranks and micro-steps of W g / W with W the weight sum of all of them: the update
- * of one solo step accumulating the same batches, up to fp32 rounding. dflash_train_step_dp
+ * of one solo step accumulating the same batches, up to fp32 rounding on cpu (on cuda each rank's
+ * G_r is stored in bf16 before the all-reduce, as a one-batch step's gradient is). dflash_train_step_dp
  * (with a comm) trains one batch a rank whatever tc->accumulate says.
  * Memory: cpu model + shm: m->grads (host) are reduced in place. cuda model + nccl: m->grads are
  * reduced on the device, on the model's stream (ops->stream). cuda model + shm: the gradients

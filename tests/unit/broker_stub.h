@@ -72,13 +72,20 @@ static __attribute__((unused)) int stub_send(const char *rid)
 }
 
 /* A drafter's group step request (StepClaim, StepDone, StepAbort...: type t) of group "g". */
-static __attribute__((unused)) int stub_group_step(const char *rid, uint64_t inc, wire_type t,
-                                                   uint64_t epoch, uint64_t step)
+/* stub_req as a group step request t of group "g" (a caller may set more fields, then send). */
+static __attribute__((unused)) void stub_group_step_begin(uint64_t inc, wire_type t,
+                                                          uint64_t epoch, uint64_t step)
 {
     stub_init(t, WIRE_ROLE_DRAFTER, inc);
     snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
     stub_req.u.gstep.epoch = epoch;
     stub_req.u.gstep.step = step;
+}
+
+static __attribute__((unused)) int stub_group_step(const char *rid, uint64_t inc, wire_type t,
+                                                   uint64_t epoch, uint64_t step)
+{
+    stub_group_step_begin(inc, t, epoch, step);
     return stub_send(rid);
 }
 
@@ -105,18 +112,32 @@ static __attribute__((unused)) int stub_release(const stub_drafter *d, uint64_t 
     return stub_send(d->rid);
 }
 
-/* d's GroupJoin of group "g" reporting model step `step` and the failed epoch (0: none); the
- * view (may be NULL) on 0. */
-static __attribute__((unused)) int stub_group_join(const stub_drafter *d, uint64_t step,
-                                                   uint64_t failed, wire_group_view *v)
+/* stub_req as d's GroupJoin of group "g" reporting model step `step` and the failed epoch (0:
+ * none); a caller may set more fields, then stub_group_join_send. */
+static __attribute__((unused)) void stub_group_join_begin(const stub_drafter *d, uint64_t step,
+                                                          uint64_t failed)
 {
     stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
     snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
     stub_req.u.join.step = step;
     stub_req.u.join.failed_epoch = failed;
+}
+
+/* Sends the join stub_group_join_begin made (a caller may set more fields between): the view
+ * (may be NULL) on 0. */
+static __attribute__((unused)) int stub_group_join_send(const stub_drafter *d, wire_group_view *v)
+{
     int rc = stub_send(d->rid);
     if (!rc && v) *v = stub_rep.u.view;
     return rc;
+}
+
+/* That join sent as it is: the view (may be NULL) on 0. */
+static __attribute__((unused)) int stub_group_join(const stub_drafter *d, uint64_t step,
+                                                   uint64_t failed, wire_group_view *v)
+{
+    stub_group_join_begin(d, step, failed);
+    return stub_group_join_send(d, v);
 }
 
 /* d (rank 0) posts group "g"'s rendezvous id for epoch: WIRE_GROUP_ID_BYTES bytes of fill. */

@@ -76,41 +76,28 @@ static int hello(const drafter *d)
 static int join_shaped(const drafter *d, uint64_t step, uint64_t shape, const char *text,
                        wire_group_view *v)
 {
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    stub_req.u.join.step = step;
+    stub_group_join_begin(d, step, 0);
     stub_req.u.join.shape = shape;
     snprintf(stub_req.u.join.shape_text, sizeof stub_req.u.join.shape_text, "%s", text);
-    int rc = stub_send(d->rid);
-    if (!rc && v) *v = stub_rep.u.view;
-    return rc;
+    return stub_group_join_send(d, v);
 }
 
 /* A join of group "g" stating `acc` micro-steps a step (0: none, as an older drafter). */
 static int join_acc(const drafter *d, uint64_t step, uint32_t acc, wire_group_view *v)
 {
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    stub_req.u.join.step = step;
+    stub_group_join_begin(d, step, 0);
     stub_req.u.join.accumulate = acc;
-    int rc = stub_send(d->rid);
-    if (!rc && v) *v = stub_rep.u.view;
-    return rc;
+    return stub_group_join_send(d, v);
 }
 
 /* A join after a failed collective that saw rank `gone` of epoch `failed` end (gone_rank). */
 static int join_gone(const drafter *d, uint64_t step, uint64_t failed, uint32_t gone,
                      wire_group_view *v)
 {
-    stub_init(WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.join.group, sizeof stub_req.u.join.group, "g");
-    stub_req.u.join.step = step;
-    stub_req.u.join.failed_epoch = failed;
+    stub_group_join_begin(d, step, failed);
     stub_req.u.join.has_gone_rank = true;
     stub_req.u.join.gone_rank = gone;
-    int rc = stub_send(d->rid);
-    if (!rc && v) *v = stub_rep.u.view;
-    return rc;
+    return stub_group_join_send(d, v);
 }
 
 /* Whether status lists member `name` in group g. */
@@ -139,10 +126,7 @@ static int claim(const drafter *d, uint64_t epoch, uint64_t step, wire_step_gran
 static int claim_micro(const drafter *d, uint64_t epoch, uint64_t step, uint32_t micro,
                        wire_step_grant *g)
 {
-    stub_init(WIRE_STEP_CLAIM, WIRE_ROLE_DRAFTER, d->inc);
-    snprintf(stub_req.u.gstep.group, sizeof stub_req.u.gstep.group, "g");
-    stub_req.u.gstep.epoch = epoch;
-    stub_req.u.gstep.step = step;
+    stub_group_step_begin(d->inc, WIRE_STEP_CLAIM, epoch, step);
     stub_req.u.gstep.micro = micro;
     int rc = stub_send(d->rid);
     if (!rc && g) *g = stub_rep.u.sgrant;

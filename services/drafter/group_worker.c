@@ -99,6 +99,7 @@ typedef struct gw {
     /* Outside STEPPING the rank trains nothing: what it waits for (set_waiting), since when. */
     char waiting[WIRE_MAX_TEXT + 64];
     double waiting_since;
+    double size_wait_since; /* full_group: when this epoch began to wait for --group-size */
     char shape_text[WIRE_MAX_SHAPE_TEXT]; /* our drafter's shape in words (consumer's shape()) */
     /* Gradient accumulation: a step of `accumulate` micro-steps (the consumer's accumulate());
      * `micro` of the open step are trained, their units (every rank's) in step_units. */
@@ -369,6 +370,42 @@ static bool comm_watch(void *ctx, const dp_comm_wait *w, char *why, size_t len)
     return epoch_over(g, why, len);
 }
 
+/* --group-size: an epoch of fewer ranks does not start (its rank 0 posts no id) while the wait
+ * lasts, and the ranks poll the view: a member joining meanwhile forms a new epoch at once (a
+ * FORMING group re-forms for a joiner, group.h), so every step is the full group's, from the
+ * first (a group started by its first rank alone trained steps of one batch a micro-step until
+ * the others came). After --group-wait-s rank 0 goes on with the ranks it has, said once. An
+ * epoch whose id is posted has started (its rank 0 decided): the others take it as it is. True
+ * to go on with the view. */
+static bool full_group(gw *g, const wire_group_view *v)
+{
+    const worker_loop_config *c = g->cfg;
+    if (!c->group_size || v->world >= c->group_size || v->id_len) {
+        g->size_wait_since = 0;
+        return true;
+    }
+    double now = monotime_s();
+    if (!g->size_wait_since) {
+        g->size_wait_since = now;
+        LOG_INFO("group %s epoch %llu: %u of its %u ranks (--group-size) have joined: waiting up "
+                 "to %.0f s (--group-wait-s) for the others before training", c->group,
+                 (unsigned long long)v->epoch, v->world, c->group_size, c->group_wait_s);
+    }
+    double waited = now - g->size_wait_since;
+    if (waited >= c->group_wait_s) {
+        LOG_WARN("group %s epoch %llu: %u of its %u ranks (--group-size) after %.0f s "
+                 "(--group-wait-s): going on with them, %u batches a step instead of %u",
+                 c->group, (unsigned long long)v->epoch, v->world, c->group_size, waited,
+                 v->world * g->accumulate, c->group_size * g->accumulate);
+        g->size_wait_since = 0;
+        return true;
+    }
+    set_waiting(g, "for group %s's %u ranks (%u joined, --group-size; %.0f s more at most)",
+                c->group, c->group_size, v->world, c->group_wait_s - waited);
+    monotime_sleep_ms(50);
+    return false;
+}
+
 /* One JOINING iteration: poll the view; rank 0 posts the id; open and sync. 0 or fatal. */
 static int joining(gw *g)
 {
@@ -382,7 +419,8 @@ static int joining(gw *g)
     }
     wire_group_view v;
     uint64_t ms = k->model_step(k->ctx);
-    int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, g->gone_rank, 0, &v);
+    int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, g->gone_rank,
+                               c->group_size, &v);
     heard(g, rc);
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         if (rc == DFLASH_EAGAIN) /* the broker's reason names the group */
@@ -441,6 +479,7 @@ static int joining(gw *g)
     g->pending = false; /* the broker resolved a step in flight by the model step we reported */
     g->refused_step = false;
     if (!resolve_resumed(g, &v)) return 0; /* before anything is trained: join again */
+    if (!full_group(g, &v)) return 0;        /* fewer ranks than --group-size: join again */
     uint8_t id[DP_COMM_ID_BYTES];
     memset(id, 0, sizeof id);
     char err[300] = "";

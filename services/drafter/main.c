@@ -103,6 +103,8 @@ typedef struct drafter_config {
     char group[48];
     char comm[16];
     double comm_timeout_s;
+    int group_size;
+    double group_wait_s;
     char log_level[16];
 } drafter_config;
 
@@ -214,6 +216,13 @@ static const cfg_option drafter_options[] = {
     OPT("comm-timeout-s", CFG_DOUBLE, "60", 0.1, 86400, "group: a peer silent this long in a "
         "collective breaks the group (it re-forms); keep it above the step-time skew",
         comm_timeout_s),
+    OPT("group-size", CFG_INT, "0", 0, WIRE_MAX_WORLD, "group: ranks the group waits for before "
+        "it trains (a group step is a batch per rank, so a group started by its first rank "
+        "alone trains smaller steps until the others join); 0 = start with those that have "
+        "joined", group_size),
+    OPT("group-wait-s", CFG_DOUBLE, "600", 0, 86400, "group: how long a group of fewer than "
+        "--group-size ranks waits for the others (at start-up and after a rank is lost), then "
+        "goes on with those it has", group_wait_s),
     OPTS("log-level", "info", "debug, info, warn or error", log_level),
 };
 static int check_options(const cfg_table *t, const void *cfg, char *why, size_t len);
@@ -287,10 +296,16 @@ static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup
         REFUSE("--verify-model needs the target's --shards");
     if (s->mode == MODE_VERIFY_MODEL && s->backend != POOL_HOST)
         REFUSE("--verify-model runs its direct forward on the cpu; use --backend host");
+    if (c->group_size && !c->group[0])
+        REFUSE("%s is the size of a --group: give --group NAME, or leave it out",
+               SRC("group-size"));
     if (!train) return 0;
     if (c->group[0] && c->accumulate > WIRE_MAX_WORLD)
         REFUSE("%s with %s: a group step holds at most %d batches (ranks x --accumulate)",
                SRC("accumulate"), SRC2("group"), WIRE_MAX_WORLD);
+    if (c->group[0] && c->group_size * (c->accumulate > 1 ? c->accumulate : 1) > WIRE_MAX_WORLD)
+        REFUSE("%s with %s: a group step holds at most %d batches (ranks x --accumulate)",
+               SRC("group-size"), SRC2("accumulate"), WIRE_MAX_WORLD);
     dflash_train_cfg tc = {.lr = c->lr, .min_lr_ratio = c->min_lr_ratio,
                            .total_steps = c->total_steps};
     if (trainer_schedule_check(&tc, c->max_steps, SRC("total-steps"), SRC2("max-steps"), why,
@@ -634,6 +649,8 @@ int main(int argc, char **argv)
         lc.group = cfg.group;
         lc.comm_kind = (int)setup.comm;
         lc.comm_timeout_s = cfg.comm_timeout_s;
+        lc.group_size = (uint32_t)cfg.group_size;
+        lc.group_wait_s = cfg.group_wait_s;
     }
     const int *ids = setup.ids;
     int n_ids = setup.n_ids;

@@ -173,6 +173,8 @@ typedef struct worker_loop_config {
     const char *group;      /* data-parallel group name (group_worker.h); NULL/"" = solo */
     int comm_kind;          /* dp_comm_kind of the group's collective */
     double comm_timeout_s;  /* collective join and wait timeout */
+    uint32_t group_size;    /* ranks an epoch waits for before its first step (0: none) */
+    double group_wait_s;    /* and for at most this long, then goes on with those it has */
 } worker_loop_config;
 
 typedef struct worker_stats {

@@ -1,0 +1,136 @@
+/* itest_group_size: a data-parallel group waits for its --group-size ranks before it trains
+ * (real broker, target and drafters; cpu backend, shm collective).
+ *
+ * Without the wait, the first rank to start formed the group alone and trained steps of one
+ * batch until the others joined: a group's step is a batch per rank, so the first steps of a
+ * run were smaller than asked for (scripts/train --drafters N starts its drafters together, a
+ * few milliseconds apart).
+ *
+ * Setup (in a temp dir): the tiny training set of itest_group (96 sequences), planned with
+ * --token-budget 80 --max-seqs 4 into 42 batches for one epoch; dflash-queue (journal, lease
+ * 1.5 s, heartbeat 300 ms); the target, then drafters da and db with --group g --group-size 3
+ * --group-wait-s 4 (a third rank never comes).
+ *   1. da alone, with batches ready: it says it waits for the group's 3 ranks, and after a
+ *      second nothing is trained (no ack, no batch trained);
+ *   2. db joins (world 2): the two still wait, until --group-wait-s ends the wait: rank 0 says
+ *      it goes on with 2 of the 3 ranks;
+ *   3. the epoch is trained to its end: every group step of 2 batches (21 steps), none of 1;
+ *      a drain ends all three daemons with exit 0.
+ * A dflash-drafter with --group-size and no --group is refused (exit 2).
+ * Usage: itest_group_size QUEUE TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
+#include "check.h"
+#include "harness.h"
+#include "test_files.h"
+
+static char dir[64], ep[128], rt[128];
+static const char *drafter_bin;
+
+/* Drafter name of group g with --group-size 3 --group-wait-s 4; its log in drafter-NAME.log.
+ * group NULL: the same without --group. */
+static pid_t start_drafter(const char *name, const char *group, char *log, size_t log_len)
+{
+    static char model[128], ckpt[128], nm[64];
+    snprintf(model, sizeof model, "%s/target", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
+    snprintf(nm, sizeof nm, "%s", name);
+    snprintf(log, log_len, "%s/drafter-%s.log", dir, name);
+    char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm,
+                    "--group-size", "3", "--group-wait-s", "4", "--comm", "shm",
+                    "--comm-timeout-s", "5", "--block-size", "4", "--anchors", "8",
+                    "--checkpoint-dir", ckpt, "--buckets", "32", "--token-budget", "80",
+                    "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
+                    "--backend", "host", "--timeout-ms", "1000", "--progress-ms", "300",
+                    "--group", (char *)group, NULL};
+    if (!group) argv[sizeof argv / sizeof *argv - 3] = NULL; /* no --group */
+    return h_spawn_logged(argv, log);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 7) {
+        fprintf(stderr, "usage: itest_group_size QUEUE TARGET DRAFTER MKMODEL GEN DATA\n");
+        return 2;
+    }
+    const char *queue_bin = argv[1], *target_bin = argv[2];
+    drafter_bin = argv[3];
+    h_run_dirs(dir, rt, ep);
+    char model[128], shard[128], journal[128], qlog[128], tlog[128], dalog[128], dblog[128],
+        dclog[128];
+    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
+    snprintf(qlog, sizeof qlog, "%s/queue.log", dir);
+    snprintf(tlog, sizeof tlog, "%s/target.log", dir);
+    CHECK_EQ_INT(h_make_training_set(argv[4], argv[5], argv[6], dir, model, shard), 0);
+    if (check_failed) CHECK_DONE();
+
+    /* --group-size without --group: refused before anything starts */
+    CHECK_EQ_INT(h_wait_exit(start_drafter("dc", NULL, dclog, sizeof dclog), 30000), 2);
+    CHECK(h_wait_text(dclog, "--group-size 3 is the size of a --group", 0));
+
+    char rtflag[160];
+    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
+    char *q[] = {(char *)queue_bin, rtflag, "--journal", journal, "--min-ready", "1",
+                 "--max-depth", "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300",
+                 NULL};
+    pid_t qp = h_spawn_logged(q, qlog);
+    CHECK(h_wait_broker(ep, 10000) != 0);
+    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
+    client_set_timeout(c, 2000);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    wire_status s;
+    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
+                 "--slots", "4", "--epochs", "1", "--buckets", "32", "--token-budget", "80",
+                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
+                 "--backend", "host", "--timeout-ms", "1000", NULL};
+    pid_t tp = h_spawn_logged(t, tlog);
+    CHECK(h_wait_text(tlog, "registered pool", 30000));
+
+    /* 1. da alone waits for the group's 3 ranks: nothing trained while batches are ready */
+    pid_t da = start_drafter("da", "g", dalog, sizeof dalog);
+    CHECK(h_wait_text(dalog, "1 of its 3 ranks (--group-size) have joined: waiting up to 4 s",
+                      30000));
+    CHECK(h_wait_text(dalog, "waiting for group g's 3 ranks (1 joined", 5000)); /* progress */
+    h_sleep_ms(1000);
+    CHECK(client_status(c, &s) == 0);
+    uint32_t ready = 0;
+    for (uint32_t b = 0; b < s.n_buckets; b++) ready += s.buckets[b].ready;
+    CHECK(s.batches_total == 42 && ready > 0);
+    CHECK_EQ_INT(s.acks, 0);
+    CHECK_EQ_INT(s.batches_trained + s.batches_committed, 0);
+    printf("phase 1: da alone waits for the group's 3 ranks, %u batches ready, none trained\n",
+           ready);
+
+    /* 2. db joins: world 2, still short of 3 until the wait ends */
+    pid_t db = start_drafter("db", "g", dblog, sizeof dblog);
+    CHECK(h_wait_group(c, "g", 2, 0, 30000, &s));
+    CHECK(h_wait_text(dalog, "2 of its 3 ranks (--group-size) after", 30000));
+    CHECK(h_wait_text(dalog, "going on with them, 2 batches a step instead of 3", 0));
+    printf("phase 2: db joined; after --group-wait-s the group goes on with 2 of 3 ranks\n");
+
+    /* 3. the epoch to its end: every step of both ranks */
+    uint64_t end = h_now_ms() + 180000;
+    while (h_now_ms() < end &&
+           !(client_status(c, &s) == 0 && s.batches_trained + s.batches_committed == 42))
+        h_sleep_ms(100);
+    CHECK_EQ_INT(s.batches_trained + s.batches_committed, 42);
+    int steps = 0, of_two = 0;
+    char *ql = test_slurp(qlog, NULL);
+    for (char *p = ql; p && (p = strstr(p, "group g: step ")); p++) {
+        unsigned step = 0, n = 0;
+        if (sscanf(p, "group g: step %u done: %u batches trained", &step, &n) != 2) continue;
+        steps++;
+        of_two += n == 2;
+    }
+    free(ql);
+    printf("phase 3: 42 batches in %d group steps, %d of 2 batches\n", steps, of_two);
+    CHECK_EQ_INT(steps, 21);
+    CHECK_EQ_INT(of_two, 21);
+    CHECK_EQ_INT(client_drain(c), 0);
+    CHECK_EQ_INT(h_wait_exit(da, 60000), 0);
+    CHECK_EQ_INT(h_wait_exit(db, 60000), 0);
+    CHECK_EQ_INT(h_wait_exit(tp, 30000), 0);
+    client_destroy(&c);
+    CHECK_EQ_INT(h_stop(qp), 0);
+    if (check_failed) fprintf(stderr, "logs kept in %s\n", dir);
+    else h_rmdir(dir);
+    CHECK_DONE();
+}

@@ -6,7 +6,8 @@
 # before it builds or starts a daemon, and its help says which --data names are JSONL; its
 # --init-from is refused when it names --out or a path inside it; --slots, --buckets and
 # --features are checked against the broker's and the target's needs; chat data is refused with
-# the scripts/chat_to_jsonl.py command, and .JSONL is JSONL.
+# the scripts/chat_to_jsonl.py command, and .JSONL is JSONL; --drafters / --drafter-gpus /
+# --target-gpu are checked against a group's needs (a share of the step each, a slot each).
 # cmake, apt-get, dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch
 # working directory: a script that got past its arguments stops at once.
 # scripts/gpu-carry's OUT: with a cmake that "builds" (stand-in binaries) and a strip that does
@@ -93,6 +94,23 @@ expect "train --init-from another run" 99 "stand-in cmake ran" "${T[@]}" --init-
 # --features than DFlash's rule finds in the target's layers (unless --capture-layers names them)
 expect "train --slots 1" 2 "--slots 1: .* --slots must be at least 2" "${T[@]}" --slots 1
 expect "train --buckets 1024,512" 2 "--buckets must be ascending" "${T[@]}" --buckets 1024,512
+# several drafters (a group): each trains the same share of a step, a step takes a slot for each
+# at once, one GPU each when named; refused before anything starts
+expect "train --drafters 0" 2 "--drafters must be a whole number >= 1" "${T[@]}" --drafters 0
+expect "train --drafters 3 --accumulate 32" 2 "--accumulate 32 is not a multiple of --drafters \
+3 .*: give --accumulate 30 or 33" "${T[@]}" --drafters 3
+expect "train --drafters 2 --accumulate 66" 2 "a group's step holds at most 64 slots" "${T[@]}" \
+    --drafters 2 --accumulate 66
+expect "train --drafters 3 --slots 3" 2 "--slots 3: .* one for each of the 3 drafters at once, \
+so --slots must be at least 4" "${T[@]}" --drafters 3 --accumulate 3 --slots 3
+expect "train --drafters 2 --drafter-gpus 1,2,3" 2 "--drafters 2 and --drafter-gpus 1,2,3 \
+\(3 GPUs\) disagree" "${T[@]}" --drafters 2 --drafter-gpus 1,2,3
+expect "train --drafter-gpus 1,x" 2 "--drafter-gpus must be comma-separated GPU ordinals" \
+    "${T[@]}" --drafter-gpus 1,x
+expect "train --backend host --target-gpu 1" 2 "--backend host runs on no GPU" "${T[@]}" \
+    --backend host --target-gpu 1
+expect "train --drafter-gpus 1,2 --accumulate 4" 99 "stand-in cmake ran" "${T[@]}" \
+    --drafter-gpus 1,2 --accumulate 4
 mkdir -p "$WORK/m4"
 echo '{"model_type": "qwen3", "num_hidden_layers": 4}' > "$WORK/m4/config.json"
 T4=("${T[@]}" --model "$WORK/m4")

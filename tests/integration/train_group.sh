@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# train_group: scripts/train --drafters 2, a data-parallel group of two dflash-drafter processes
+# (cpu backend, shm collective) training one drafter, as a node of several GPUs runs it.
+#   1. a run of 4 steps of --accumulate 4: each drafter trains 2 slots of every step (the
+#      group's step is still 4 slots: 4 group steps of 4 batches in the broker's log, none of
+#      fewer: the drafters wait for each other before the first); both drafters' logs, the
+#      metrics of every step from step 1, the final checkpoint at step 4, the newest of the two
+#      drafters' checkpoint directories (whichever process the broker made rank 0 writes them);
+#   2. Ctrl-C: both drafters stop (exit 130, the final checkpoint named), and the same command
+#      resumes the group from it to its --steps;
+#   3. --init-from that run's directory warm-starts a new run from the newest of its
+#      checkpoints, wherever it lies;
+#   4. a scripts/train killed by SIGKILL leaves its daemons holding --out: the next run says so
+#      and prints the command that stops them in order; once it has run, the run resumes.
+#   train_group.sh BUILD_DIR SOURCE_ROOT
+set -euo pipefail
+BUILD=$1
+ROOT=$2
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-train-group.XXXXXX")
+BG=""
+trap 'if [ -n "$BG" ]; then kill -TERM -- "-$BG" 2>/dev/null; fi; wait
+    [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+fail() {
+    echo "FAIL: $1" >&2
+    [ -z "${2:-}" ] || tail -n 30 "$2" >&2
+    exit 1
+}
+wait_for() {
+    for _ in $(seq 600); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    fail "no line matching '$2' in $1 after 60 s" "$1"
+}
+
+"$BUILD/tools/dflash-mkmodel" --family qwen3 --layers 8 --seed 1 --out "$WORK/target" \
+    >"$WORK/mkmodel.log" 2>&1
+python3 - "$WORK/data.jsonl" <<'EOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for s in range(48):
+        ids = [(s * 7 + k * 13) % 500 for k in range(40)]
+        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * 32}) + "\n")
+EOF
+TRAIN=(--model "$WORK/target" --data "$WORK/data.jsonl" --build "$BUILD" --backend host
+    --draft-layers 1 --features 3 --block-size 4 --anchors 8 --max-seqs 2 --token-budget 64
+    --buckets 64 --accumulate 4 --drafters 2)
+train() { bash "$ROOT/scripts/train" "${TRAIN[@]}" "$@"; }
+
+# 1. four steps of 4 slots, 2 by each drafter
+R=$WORK/run
+train --out "$R" --steps 4 --checkpoint-every 2 >"$WORK/run.log" 2>&1 ||
+    fail "the group run failed" "$WORK/run.log"
+grep -q "^train: queue, target and 2 drafters started (logs in $R); training 4 steps of 4 \
+slots each (2 by each drafter)" "$WORK/run.log" || fail "the start line" "$WORK/run.log"
+for log in drafter drafter-1; do
+    grep -q "gradient accumulation: 2 slots (batches) a step" "$R/$log.log" &&
+        grep -q "group train epoch [0-9]*: rank [01] of 2 in sync at step 0" "$R/$log.log" &&
+        grep -q "group train: final state at step 4 has hash" "$R/$log.log" ||
+        fail "$log.log: not a rank of the group of 2 from step 0 to 4" "$R/$log.log"
+done
+# every group step trained both drafters' slots (a group its first drafter started alone
+# trained steps of 2)
+[ "$(grep -c "group train: step [0-9]* done: 4 batches trained" "$R/queue.log")" = 4 ] &&
+    ! grep -q "group train: step [0-9]* done: [123] batches trained" "$R/queue.log" ||
+    fail "not 4 group steps of 4 batches" "$R/queue.log"
+[ "$(grep -o '"step":[0-9]*' "$R/metrics/metrics.jsonl" | tr '\n' ' ')" = \
+    '"step":1 "step":2 "step":3 "step":4 ' ] || fail "metrics of steps 1-4" "$R/metrics/metrics.jsonl"
+ckpt=$(sed -n 's/^train: done; checkpoint \([^ ]*\) .*/\1/p' "$WORK/run.log")
+newest=$( (ls -d "$R"/checkpoints/step-* "$R"/ranks/1/checkpoints/step-* 2>/dev/null || true) |
+    awk -F/ '{ print $NF "\t" $0 }' | sort | tail -n 1 | cut -f 2)
+[ -n "$ckpt" ] && [ "$ckpt" = "$newest" ] && [ "$(basename "$ckpt")" = step-000000004 ] &&
+    [ -f "$ckpt/model.safetensors" ] ||
+    fail "final checkpoint '$ckpt', newest '$newest'" "$WORK/run.log"
+echo "ok: --drafters 2: 4 group steps of 4 batches (2 a drafter), metrics from step 1, final \
+checkpoint $ckpt"
+
+# 2. Ctrl-C stops both drafters in order; the same command resumes the group
+S=$WORK/stop
+STOP=(--out "$S" --steps 600 --checkpoint-every 20)
+setsid env --default-signal=INT bash "$ROOT/scripts/train" "${TRAIN[@]}" "${STOP[@]}" \
+    >"$WORK/s1.log" 2>&1 &
+BG=$!
+wait_for "$WORK/s1.log" "checkpoint .*step-0*20 written"
+kill -INT "$BG"
+rc=0
+wait "$BG" || rc=$?
+BG=""
+[ "$rc" = 130 ] && grep -q "^train: interrupted (SIGINT) at step [0-9]* of 600; final \
+checkpoint: $S/.*step-" "$WORK/s1.log" || fail "Ctrl-C: exit $rc (want 130)" "$WORK/s1.log"
+grep -q "reported the final checkpoint" "$S/drafter.log" "$S/drafter-1.log" ||
+    fail "no drafter reported its final checkpoint" "$S/drafter.log"
+stopped=$(sed -n 's/^train: interrupted (SIGINT) at step \([0-9]*\) of 600.*/\1/p' "$WORK/s1.log")
+[ "$stopped" -lt 600 ] || fail "the run ended before the Ctrl-C: make it longer" "$WORK/s1.log"
+train "${STOP[@]}" >"$WORK/s2.log" 2>&1 || fail "the resumed group run failed" "$WORK/s2.log"
+grep -q "resumed exactly from $S/.*step-0*$stopped at step $stopped" "$S/drafter.log" \
+    "$S/drafter-1.log" || fail "no drafter resumed from step $stopped" "$S/drafter.log"
+grep -q "^train: done; checkpoint $S/.*step-000000600 " "$WORK/s2.log" ||
+    fail "the resumed run did not end at step 600" "$WORK/s2.log"
+! grep -q "trained twice\|already trained" "$S/queue.log" || fail "a batch trained twice" \
+    "$S/queue.log"
+echo "ok: Ctrl-C stops the group at step $stopped (exit 130), the same command resumes it to 600"
+
+# 3. --init-from the group's run directory: its newest checkpoint, wherever it lies
+train --out "$WORK/warm" --steps 2 --init-from "$S" >"$WORK/warm.log" 2>&1 ||
+    fail "the --init-from run failed" "$WORK/warm.log"
+src=$( (ls -d "$S"/checkpoints/step-000000600 "$S"/ranks/1/checkpoints/step-000000600 \
+    2>/dev/null || true) | head -n 1)
+grep -q "warm start: weights from $src" "$WORK/warm/drafter.log" "$WORK/warm/drafter-1.log" ||
+    fail "not warm-started from $(dirname "$src")" \
+    "$WORK/warm/drafter.log"
+echo "ok: --init-from the group's run starts from its newest checkpoint ($src)"
+
+# 4. SIGKILL of the script: its daemons hold --out; the next run names them and the command
+K=$WORK/killed
+setsid bash "$ROOT/scripts/train" "${TRAIN[@]}" --out "$K" --steps 600 --checkpoint-every 20 \
+    >"$WORK/k1.log" 2>&1 &
+BG=$!
+wait_for "$WORK/k1.log" "checkpoint .*step-0*20 written"
+kill -KILL "$BG"
+wait "$BG" 2>/dev/null || true
+BG=""
+rc=0
+train --out "$K" --steps 600 --checkpoint-every 20 >"$WORK/k2.log" 2>&1 || rc=$?
+cmd=$(sed -n 's/^  \(kill -TERM .*\)$/\1/p' "$WORK/k2.log")
+[ "$rc" = 1 ] && grep -q "^train: $K is held by the daemons of a scripts/train that is gone" \
+    "$WORK/k2.log" && [ -n "$cmd" ] || fail "a run after the SIGKILL: exit $rc (want 1)" \
+    "$WORK/k2.log"
+bash -c "$cmd" 2>/dev/null || true
+flock -w 60 "$K/train.lock" true || fail "the printed command did not free $K" "$WORK/k2.log"
+train --out "$K" --steps 600 --checkpoint-every 20 >"$WORK/k3.log" 2>&1 ||
+    fail "the run after the printed command failed" "$WORK/k3.log"
+grep -q "^train: done; checkpoint $K/.*step-000000600 " "$WORK/k3.log" ||
+    fail "the run after the printed command did not end at step 600" "$WORK/k3.log"
+echo "ok: after a SIGKILL of scripts/train the next run names its daemons and the command that \
+stops them; after it the run resumes to its end"

@@ -12,10 +12,12 @@
 #      checkpoints, wherever it lies;
 #   4. a scripts/train killed by SIGKILL leaves its daemons holding --out: the next run says so
 #      and prints the command that stops them in order; once it has run, the run resumes.
-#   train_group.sh BUILD_DIR SOURCE_ROOT
+#   train_group.sh BUILD_DIR SOURCE_ROOT [BACKEND] (host, the default; scripts/gpu-check runs it
+#   with cuda: both drafters and the target on one GPU, the group over shm)
 set -euo pipefail
 BUILD=$1
 ROOT=$2
+BACKEND=${3:-host}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-train-group.XXXXXX")
 BG=""
 trap 'if [ -n "$BG" ]; then kill -TERM -- "-$BG" 2>/dev/null; fi; wait
@@ -39,7 +41,7 @@ with open(sys.argv[1], "w") as f:
         ids = [(s * 7 + k * 13) % 500 for k in range(40)]
         f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * 32}) + "\n")
 EOF
-TRAIN=(--model "$WORK/target" --data "$WORK/data.jsonl" --build "$BUILD" --backend host
+TRAIN=(--model "$WORK/target" --data "$WORK/data.jsonl" --build "$BUILD" --backend "$BACKEND"
     --draft-layers 1 --features 3 --block-size 4 --anchors 8 --max-seqs 2 --token-budget 64
     --buckets 64 --accumulate 4 --drafters 2)
 train() { bash "$ROOT/scripts/train" "${TRAIN[@]}" "$@"; }
@@ -74,7 +76,7 @@ checkpoint $ckpt"
 
 # 2. Ctrl-C stops both drafters in order; the same command resumes the group
 S=$WORK/stop
-STOP=(--out "$S" --steps 600 --checkpoint-every 20)
+STOP=(--out "$S" --steps 300 --checkpoint-every 20)
 setsid env --default-signal=INT bash "$ROOT/scripts/train" "${TRAIN[@]}" "${STOP[@]}" \
     >"$WORK/s1.log" 2>&1 &
 BG=$!
@@ -83,25 +85,25 @@ kill -INT "$BG"
 rc=0
 wait "$BG" || rc=$?
 BG=""
-[ "$rc" = 130 ] && grep -q "^train: interrupted (SIGINT) at step [0-9]* of 600; final \
+[ "$rc" = 130 ] && grep -q "^train: interrupted (SIGINT) at step [0-9]* of 300; final \
 checkpoint: $S/.*step-" "$WORK/s1.log" || fail "Ctrl-C: exit $rc (want 130)" "$WORK/s1.log"
 grep -q "reported the final checkpoint" "$S/drafter.log" "$S/drafter-1.log" ||
     fail "no drafter reported its final checkpoint" "$S/drafter.log"
-stopped=$(sed -n 's/^train: interrupted (SIGINT) at step \([0-9]*\) of 600.*/\1/p' "$WORK/s1.log")
-[ "$stopped" -lt 600 ] || fail "the run ended before the Ctrl-C: make it longer" "$WORK/s1.log"
+stopped=$(sed -n 's/^train: interrupted (SIGINT) at step \([0-9]*\) of 300.*/\1/p' "$WORK/s1.log")
+[ "$stopped" -lt 300 ] || fail "the run ended before the Ctrl-C: make it longer" "$WORK/s1.log"
 train "${STOP[@]}" >"$WORK/s2.log" 2>&1 || fail "the resumed group run failed" "$WORK/s2.log"
 grep -q "resumed exactly from $S/.*step-0*$stopped at step $stopped" "$S/drafter.log" \
     "$S/drafter-1.log" || fail "no drafter resumed from step $stopped" "$S/drafter.log"
-grep -q "^train: done; checkpoint $S/.*step-000000600 " "$WORK/s2.log" ||
-    fail "the resumed run did not end at step 600" "$WORK/s2.log"
+grep -q "^train: done; checkpoint $S/.*step-000000300 " "$WORK/s2.log" ||
+    fail "the resumed run did not end at step 300" "$WORK/s2.log"
 ! grep -q "trained twice\|already trained" "$S/queue.log" || fail "a batch trained twice" \
     "$S/queue.log"
-echo "ok: Ctrl-C stops the group at step $stopped (exit 130), the same command resumes it to 600"
+echo "ok: Ctrl-C stops the group at step $stopped (exit 130), the same command resumes it to 300"
 
 # 3. --init-from the group's run directory: its newest checkpoint, wherever it lies
 train --out "$WORK/warm" --steps 2 --init-from "$S" >"$WORK/warm.log" 2>&1 ||
     fail "the --init-from run failed" "$WORK/warm.log"
-src=$( (ls -d "$S"/checkpoints/step-000000600 "$S"/ranks/1/checkpoints/step-000000600 \
+src=$( (ls -d "$S"/checkpoints/step-000000300 "$S"/ranks/1/checkpoints/step-000000300 \
     2>/dev/null || true) | head -n 1)
 grep -q "warm start: weights from $src" "$WORK/warm/drafter.log" "$WORK/warm/drafter-1.log" ||
     fail "not warm-started from $(dirname "$src")" \
@@ -110,7 +112,7 @@ echo "ok: --init-from the group's run starts from its newest checkpoint ($src)"
 
 # 4. SIGKILL of the script: its daemons hold --out; the next run names them and the command
 K=$WORK/killed
-setsid bash "$ROOT/scripts/train" "${TRAIN[@]}" --out "$K" --steps 600 --checkpoint-every 20 \
+setsid bash "$ROOT/scripts/train" "${TRAIN[@]}" --out "$K" --steps 300 --checkpoint-every 20 \
     >"$WORK/k1.log" 2>&1 &
 BG=$!
 wait_for "$WORK/k1.log" "checkpoint .*step-0*20 written"
@@ -118,16 +120,16 @@ kill -KILL "$BG"
 wait "$BG" 2>/dev/null || true
 BG=""
 rc=0
-train --out "$K" --steps 600 --checkpoint-every 20 >"$WORK/k2.log" 2>&1 || rc=$?
+train --out "$K" --steps 300 --checkpoint-every 20 >"$WORK/k2.log" 2>&1 || rc=$?
 cmd=$(sed -n 's/^  \(kill -TERM .*\)$/\1/p' "$WORK/k2.log")
 [ "$rc" = 1 ] && grep -q "^train: $K is held by the daemons of a scripts/train that is gone" \
     "$WORK/k2.log" && [ -n "$cmd" ] || fail "a run after the SIGKILL: exit $rc (want 1)" \
     "$WORK/k2.log"
 bash -c "$cmd" 2>/dev/null || true
 flock -w 60 "$K/train.lock" true || fail "the printed command did not free $K" "$WORK/k2.log"
-train --out "$K" --steps 600 --checkpoint-every 20 >"$WORK/k3.log" 2>&1 ||
+train --out "$K" --steps 300 --checkpoint-every 20 >"$WORK/k3.log" 2>&1 ||
     fail "the run after the printed command failed" "$WORK/k3.log"
-grep -q "^train: done; checkpoint $K/.*step-000000600 " "$WORK/k3.log" ||
-    fail "the run after the printed command did not end at step 600" "$WORK/k3.log"
+grep -q "^train: done; checkpoint $K/.*step-000000300 " "$WORK/k3.log" ||
+    fail "the run after the printed command did not end at step 300" "$WORK/k3.log"
 echo "ok: after a SIGKILL of scripts/train the next run names its daemons and the command that \
 stops them; after it the run resumes to its end"

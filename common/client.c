@@ -34,6 +34,7 @@ struct client {
     char pub_endpoint[WIRE_MAX_TEXT];
     char last_error[WIRE_MAX_TEXT];
     uint64_t last_error_run; /* the last ERROR reply's replaced_by_run (0: none) */
+    uint32_t last_error_mismatch; /* its mismatch (a wire_mismatch; 0: none) */
     int timeout_ms;
     uint64_t last_send_ms; /* a request sent, or one that timed out (client_poll waits after it) */
     bool curve;                               /* CURVE on: the three keys below are set */
@@ -174,6 +175,7 @@ const char *client_pub_endpoint(const client *c) { return c->pub_endpoint; }
 uint32_t client_stats_interval_ms(const client *c) { return c->stats_interval_ms; }
 const char *client_last_error(const client *c) { return c->last_error; }
 uint64_t client_last_error_replaced_by_run(const client *c) { return c->last_error_run; }
+uint32_t client_last_error_mismatch(const client *c) { return c->last_error_mismatch; }
 
 /* Sends c->req and waits for the matching reply in c->rep. Caller holds the mutex and has
  * filled c->req's body and type. Returns 0 (c->rep valid, may be an ERROR), or a code. */
@@ -181,6 +183,7 @@ static int roundtrip(client *c)
 {
     c->last_error[0] = 0;
     c->last_error_run = 0;
+    c->last_error_mismatch = 0;
     if (!c->sock && sock_open(c) != 0) return DFLASH_EZMQ;
     c->req.version = WIRE_VERSION;
     c->req.role = c->role;
@@ -223,6 +226,7 @@ static int roundtrip(client *c)
         if (c->rep.type == WIRE_ERROR) {
             snprintf(c->last_error, sizeof c->last_error, "%s", c->rep.u.error.message);
             c->last_error_run = c->rep.u.error.replaced_by_run;
+            c->last_error_mismatch = c->rep.u.error.mismatch;
         }
         return 0;
     }
@@ -538,9 +542,11 @@ static int do_poll(client *c)
     char kept[sizeof c->last_error];
     memcpy(kept, c->last_error, sizeof kept);
     uint64_t kept_run = c->last_error_run;
+    uint32_t kept_mismatch = c->last_error_mismatch;
     int rc = do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL);
     memcpy(c->last_error, kept, sizeof kept);
     c->last_error_run = kept_run;
+    c->last_error_mismatch = kept_mismatch;
     return rc;
 }
 

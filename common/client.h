@@ -105,6 +105,10 @@ const char *client_last_error(const client *c);
  * replaced it (a hello refused EXISTS, docs/protocol.md "One broker, one model"); 0 for every
  * other error, none, or a broker older than the field. Kept like client_last_error. */
 uint64_t client_last_error_replaced_by_run(const client *c);
+/* What that last ERROR reply, a group join refused MISMATCH, says differs (a wire_mismatch:
+ * WIRE_MISMATCH_SHAPE or _ACCUMULATE); WIRE_MISMATCH_NONE for every other error, none, or a
+ * broker older than the field. Kept like client_last_error. */
+uint32_t client_last_error_mismatch(const client *c);
 
 /* Introduces this peer; records the broker incarnation and clears client_broker_restarted.
  * A restarting drafter passes the units it copied but has not acked (held may be NULL). */

@@ -358,6 +358,8 @@ int wire_check(const wire_msg *m, char *why, size_t len)
         if (m->u.error.code > 0 || m->u.error.code < -1000 ||
             !terminated(m->u.error.message, sizeof m->u.error.message))
             return fail(why, len, DFLASH_ERANGE, "error code %d", m->u.error.code);
+        if (m->u.error.mismatch > WIRE_MISMATCH_ACCUMULATE)
+            return fail(why, len, DFLASH_ERANGE, "error mismatch %u", m->u.error.mismatch);
         return 0;
     default: return 0;
     }
@@ -818,6 +820,10 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
             error.has_replaced_by_run = 1;
             error.replaced_by_run = m->u.error.replaced_by_run;
         }
+        if (m->u.error.mismatch) {
+            error.has_mismatch = 1;
+            error.mismatch = m->u.error.mismatch;
+        }
         env.error = &error;
         break;
     case WIRE_OK:
@@ -1207,6 +1213,9 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         }
         m->u.error.replaced_by_run =
             env->error->has_replaced_by_run ? env->error->replaced_by_run : 0;
+        /* a newer broker's kind of mismatch is one we cannot advise on: not stated */
+        if (env->error->has_mismatch && env->error->mismatch <= WIRE_MISMATCH_ACCUMULATE)
+            m->u.error.mismatch = env->error->mismatch;
         break;
     case DFLASH__ENVELOPE__BODY_OK:
         m->type = WIRE_OK;

@@ -252,10 +252,18 @@ typedef struct wire_settings {
     wire_kv kv[WIRE_MAX_SETTINGS];
 } wire_settings;
 
+/* What a group join refused MISMATCH differs in (Error.mismatch). */
+typedef enum wire_mismatch {
+    WIRE_MISMATCH_NONE = 0,       /* not stated: another error, or an older broker (shape) */
+    WIRE_MISMATCH_SHAPE = 1,      /* the joiner's drafter shape is not the group's */
+    WIRE_MISMATCH_ACCUMULATE = 2, /* its --accumulate is not the group's (also when both are) */
+} wire_mismatch;
+
 typedef struct wire_error {
     int32_t code; /* negative DFLASH_E* code */
     char message[WIRE_MAX_TEXT];
     uint64_t replaced_by_run; /* non-zero: a live process of this run replaced the hello's sender */
+    uint32_t mismatch; /* a wire_mismatch: a GroupJoin's MISMATCH; an unknown value reads as 0 */
 } wire_error;
 
 /* Data-parallel drafter groups (docs/protocol.md, "Groups"). Group names are non-empty. */

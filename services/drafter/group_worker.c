@@ -439,7 +439,13 @@ static int joining(gw *g)
         set_state(g, GW_REGISTER);
         return 0;
     }
-    if (rc == DFLASH_EMISMATCH && strstr(client_last_error(g->cl), "--accumulate")) {
+    /* The refusal says what differs (Error.mismatch). A broker older than the field says
+     * nothing: one that predates accumulation in groups refuses only a shape (it ignores our
+     * accumulate), so nothing stated is a shape refusal. (Brokers built between the two, never
+     * released, refused an accumulate without the field: we then give the shape advice after
+     * their words, which name --accumulate; exit 2 all the same.) */
+    if (rc == DFLASH_EMISMATCH &&
+        client_last_error_mismatch(g->cl) == WIRE_MISMATCH_ACCUMULATE) {
         LOG_ERROR("the broker refused to let us join group %s: %s; every rank needs the group's "
                   "--accumulate (ours: %u)", c->group, client_last_error(g->cl), g->accumulate);
         worker_session_note_refusal(g->s);

@@ -308,7 +308,8 @@ static const char *shape_words(const group_shape *s, char *buf, size_t len)
 }
 
 /* p's join stated shape *mine, another than group g's (group_shape_of): refused for good
- * (Error MISMATCH) before the group re-forms for it; both shapes in the log and in r. */
+ * (Error MISMATCH) before the group re-forms for it; both shapes in the log and in r, and
+ * what differs in r's mismatch (the accumulate when both do), which the drafter reads. */
 static void refuse_shape(broker *b, peer *p, const group *g, const group_shape *mine,
                          uint64_t rid, wire_msg *r)
 {
@@ -317,10 +318,11 @@ static void refuse_shape(broker *b, peer *p, const group *g, const group_shape *
         uint32_t ours = mine->accumulate ? mine->accumulate : 1;
         LOG_WARN("group %s: %s refused: it accumulates %u micro-steps a step, the group (its "
                  "rank 0 %s) %u", g->name, p->name, ours, first->name, group_accumulate(g));
-        return reply_error(b, r, rid, DFLASH_EMISMATCH, "group %s trains %u micro-steps a step "
-                           "(--accumulate of its rank 0 %s); this one has --accumulate %u: every "
-                           "member must have the same", g->name, group_accumulate(g), first->name,
-                           ours);
+        reply_error(b, r, rid, DFLASH_EMISMATCH, "group %s trains %u micro-steps a step "
+                    "(--accumulate of its rank 0 %s); this one has --accumulate %u: every "
+                    "member must have the same", g->name, group_accumulate(g), first->name, ours);
+        r->u.error.mismatch = WIRE_MISMATCH_ACCUMULATE;
+        return;
     }
     const group_entry *owner = group_shape_of(g);
     char a[32], c[32];
@@ -331,6 +333,7 @@ static void refuse_shape(broker *b, peer *p, const group *g, const group_shape *
              mine->hash, owner->name, theirs, owner->shape.hash);
     reply_error(b, r, rid, DFLASH_EMISMATCH, "group %s trains another drafter: its rank 0 %s has "
                 "%s; this one has %s", g->name, owner->name, theirs, ours);
+    r->u.error.mismatch = WIRE_MISMATCH_SHAPE;
 }
 
 void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)

@@ -149,6 +149,7 @@ int main(int argc, char **argv)
     uint64_t epoch = h_group(&s, "g")->epoch;
     CHECK_EQ_INT(h_run_tool(drafter_argv("dc", "1"), dclog), 2);
     CHECK(log_has(dclog, "every rank needs the group's --accumulate (ours: 1)"));
+    CHECK(!log_has(dclog, "every rank needs the group's drafter")); /* not the shape advice */
     CHECK(log_has(qlog, "dc refused: it accumulates 1 micro-steps a step, the group"));
     CHECK(client_status(c, &s) == 0 && h_group(&s, "g") && h_group(&s, "g")->epoch == epoch &&
           h_group(&s, "g")->world == 2);

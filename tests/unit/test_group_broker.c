@@ -512,6 +512,7 @@ static void test_shape(void)
     /* C, of another shape, is refused, twice; the group does not move */
     for (int k = 0; k < 2; k++) {
         CHECK_EQ_INT(join_shaped(&C, 0, Y, y, NULL), DFLASH_EMISMATCH);
+        CHECK_EQ_INT(stub_rep.u.error.mismatch, WIRE_MISMATCH_SHAPE); /* what the drafter reads */
         const char *msg = stub_rep.u.error.message;
         CHECK(strstr(msg, "rank 0 a has 1 layer, block 4, hidden 64; this one has 2 layers") !=
               NULL);
@@ -526,6 +527,14 @@ static void test_shape(void)
     /* without words, the refusal names the layouts */
     CHECK_EQ_INT(join_shaped(&C, 0, Y, "", NULL), DFLASH_EMISMATCH);
     CHECK(strstr(stub_rep.u.error.message, "this one has layout 5555666677778888") != NULL);
+    CHECK_EQ_INT(stub_rep.u.error.mismatch, WIRE_MISMATCH_SHAPE);
+    /* another shape and another --accumulate: the accumulate is named, in words and field */
+    stub_group_join_begin(&C, 0, 0);
+    stub_req.u.join.shape = Y;
+    stub_req.u.join.accumulate = 2;
+    CHECK_EQ_INT(stub_group_join_send(&C, NULL), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(stub_rep.u.error.mismatch, WIRE_MISMATCH_ACCUMULATE);
+    CHECK(strstr(stub_rep.u.error.message, "--accumulate 2") != NULL);
 
     /* an older drafter, stating no shape, is taken as before */
     CHECK_EQ_INT(join_shaped(&D, 0, 0, "", NULL), 0);
@@ -586,9 +595,11 @@ static void test_micro_steps(void)
     /* another accumulation is refused, stated or not (an older drafter: 1) */
     CHECK_EQ_INT(hello(&C), 0);
     CHECK_EQ_INT(join_acc(&C, 0, 3, NULL), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(stub_rep.u.error.mismatch, WIRE_MISMATCH_ACCUMULATE); /* what the drafter reads */
     CHECK(strstr(stub_rep.u.error.message, "trains 2 micro-steps a step") != NULL);
     CHECK(strstr(stub_rep.u.error.message, "--accumulate 3") != NULL);
     CHECK_EQ_INT(join_acc(&C, 0, 0, NULL), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(stub_rep.u.error.mismatch, WIRE_MISMATCH_ACCUMULATE);
     CHECK(!listed("c"));
     CHECK_EQ_INT(stub_status().groups[0].epoch, e);
 
@@ -666,6 +677,7 @@ static void test_micro_steps(void)
     CHECK_EQ_INT(gstep(&B, WIRE_GROUP_LEAVE, 0, 0), 0);
     CHECK_EQ_INT(join_acc(&A, 2, 64, NULL), 0);
     CHECK_EQ_INT(join_acc(&B, 2, 64, NULL), DFLASH_EFULL);
+    CHECK_EQ_INT(stub_rep.u.error.mismatch, WIRE_MISMATCH_NONE); /* only a MISMATCH says */
     CHECK(strstr(stub_rep.u.error.message, "2 ranks of 64 micro-steps") != NULL);
     stub_broker_free();
 }

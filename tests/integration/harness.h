@@ -272,6 +272,34 @@ static __attribute__((unused)) client *h_client(const char *ep, wire_role role, 
     return c;
 }
 
+/* The group tests' broker: dflash-queue on runtime dir rt (ep: its endpoint) with its journal
+ * and log in dir (queue.journal, queue.log), --min-ready 1 --max-depth 4, then `more`
+ * (NULL-terminated flags and values; NULL: --lease-timeout-ms 1500 --heartbeat-ms 300). Waits
+ * until it answers. *qp: its pid. Returns a ctl client ("itest", 2 s a request) that said hello,
+ * or NULL (the broker did not answer). */
+static __attribute__((unused)) client *h_start_group_broker(const char *bin, const char *dir,
+                                                            const char *rt, const char *ep,
+                                                            const char *const *more, pid_t *qp)
+{
+    static const char *const dflt[] = {"--lease-timeout-ms", "1500", "--heartbeat-ms", "300",
+                                       NULL};
+    char rtflag[160], journal[128], log[128];
+    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
+    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
+    snprintf(log, sizeof log, "%s/queue.log", dir);
+    char *argv[32] = {(char *)bin, rtflag, "--journal", journal, "--min-ready", "1",
+                      "--max-depth", "4"};
+    int n = 8;
+    for (const char *const *m = more ? more : dflt; *m && n < 31; m++) argv[n++] = (char *)*m;
+    argv[n] = NULL;
+    *qp = h_spawn_logged(argv, log);
+    if (!h_wait_broker(ep, 10000)) return NULL;
+    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
+    client_set_timeout(c, 2000);
+    if (client_hello(c, NULL, 0) != 0) client_destroy(&c);
+    return c;
+}
+
 /* Starts dflash-queue with runtime dir `dir` plus extra "--flag=value" args (NULL-terminated)
  * and waits until it answers. Returns its pid (or -1). */
 static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *dir, const char *const *extra)

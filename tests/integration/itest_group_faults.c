@@ -90,9 +90,8 @@ int main(int argc, char **argv)
     }
     drafter_bin = argv[3];
     h_run_dirs(dir, rt, ep);
-    char model[128], shard[128], journal[128], qlog[128], tlog[128], dalog[128], dblog[128],
+    char model[128], shard[128], qlog[128], tlog[128], dalog[128], dblog[128],
         dclog[128];
-    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
     snprintf(qlog, sizeof qlog, "%s/queue.log", dir);
     snprintf(tlog, sizeof tlog, "%s/target.log", dir);
     snprintf(dalog, sizeof dalog, "%s/drafter-da.log", dir);
@@ -101,16 +100,12 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(h_make_training_set(argv[4], argv[5], argv[6], dir, model, shard), 0);
     if (check_failed) CHECK_DONE();
 
-    char rtflag[160];
-    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
-    char *q[] = {argv[1], rtflag, "--journal", journal, "--min-ready", "1", "--max-depth", "4",
-                 "--lease-timeout-ms", "30000", "--heartbeat-ms", "1000", "--liveness", "10",
-                 NULL};
-    pid_t qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(ep, 10000) != 0);
-    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
-    client_set_timeout(c, 2000);
-    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    pid_t qp = -1;
+    static const char *const more[] = {"--lease-timeout-ms", "30000", "--heartbeat-ms",
+                                       "1000", "--liveness", "10", NULL};
+    client *c = h_start_group_broker(argv[1], dir, rt, ep, more, &qp);
+    CHECK(c != NULL);
+    if (!c) CHECK_DONE();
     wire_status s;
     pid_t da = start_drafter("da", "1");
     CHECK(wait_group(c, 1, 0, 30000, &s));

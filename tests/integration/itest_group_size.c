@@ -54,9 +54,8 @@ int main(int argc, char **argv)
     const char *queue_bin = argv[1], *target_bin = argv[2];
     drafter_bin = argv[3];
     h_run_dirs(dir, rt, ep);
-    char model[128], shard[128], journal[128], qlog[128], tlog[128], dalog[128], dblog[128],
+    char model[128], shard[128], qlog[128], tlog[128], dalog[128], dblog[128],
         dclog[128];
-    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
     snprintf(qlog, sizeof qlog, "%s/queue.log", dir);
     snprintf(tlog, sizeof tlog, "%s/target.log", dir);
     CHECK_EQ_INT(h_make_training_set(argv[4], argv[5], argv[6], dir, model, shard), 0);
@@ -66,16 +65,10 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(h_wait_exit(start_drafter("dc", NULL, dclog, sizeof dclog), 30000), 2);
     CHECK(h_wait_text(dclog, "--group-size 3 is the size of a --group", 0));
 
-    char rtflag[160];
-    snprintf(rtflag, sizeof rtflag, "--runtime-dir=%s", rt);
-    char *q[] = {(char *)queue_bin, rtflag, "--journal", journal, "--min-ready", "1",
-                 "--max-depth", "4", "--lease-timeout-ms", "1500", "--heartbeat-ms", "300",
-                 NULL};
-    pid_t qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(ep, 10000) != 0);
-    client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
-    client_set_timeout(c, 2000);
-    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    pid_t qp = -1;
+    client *c = h_start_group_broker(queue_bin, dir, rt, ep, NULL, &qp);
+    CHECK(c != NULL);
+    if (!c) CHECK_DONE();
     wire_status s;
     char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
                  "--slots", "4", "--epochs", "1", "--buckets", "32", "--token-budget", "80",

@@ -593,6 +593,7 @@ static int do_simple(client *c, wire_type t)
 }
 
 int client_pause(client *c) { LOCKED(c, do_simple(c, WIRE_PAUSE)); }
+int client_journal_sync(client *c) { LOCKED(c, do_simple(c, WIRE_JOURNAL_SYNC)); }
 int client_resume(client *c) { LOCKED(c, do_simple(c, WIRE_RESUME)); }
 int client_drain(client *c) { LOCKED(c, do_simple(c, WIRE_DRAIN)); }
 

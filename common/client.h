@@ -161,6 +161,11 @@ int client_release_unread(client *c, uint64_t lease_id);
 int client_ack(client *c, const wire_unit *unit, uint64_t step);
 /* Drafter: a durable checkpoint of step `step` exists; commits everything trained up to it. */
 int client_checkpoint_committed(client *c, uint64_t step);
+/* Drafter: a durability barrier before it publishes a checkpoint: answered once the broker's
+ * journal has fdatasynced every record written before the request (our acks included). Needs
+ * no hello. Extra: DFLASH_EIO (the journal cannot make them durable), DFLASH_EPROTO (a broker
+ * that predates the request). */
+int client_journal_sync(client *c);
 /* Drafter: restarted from checkpoint `step`; everything trained after it returns to to-do.
  * run_id names the trainer's run (0: not said). DFLASH_EAGAIN: another solo trainer or a group
  * trains on this broker and may be a dying predecessor: ask again; DFLASH_EEXISTS: it is alive,

@@ -25,7 +25,7 @@ static const char *const type_names[WIRE_TYPE_COUNT] = {
     "slot_release", "ack", "checkpoint_committed", "resume_from", "heartbeat", "status_request",
     "status_reply", "set_config", "set_config_reply", "pause", "resume", "drain", "error", "ok",
     "group_join", "group_view", "group_set_id", "step_claim", "step_grant", "step_done",
-    "group_leave", "pool_leave", "pool_left", "release_quarantine",
+    "group_leave", "pool_leave", "pool_left", "release_quarantine", "journal_sync",
 };
 
 /* wire_type <-> body case; index is wire_type. */
@@ -62,6 +62,7 @@ static const Dflash__Envelope__BodyCase body_cases[WIRE_TYPE_COUNT] = {
     DFLASH__ENVELOPE__BODY_POOL_LEAVE,
     DFLASH__ENVELOPE__BODY_POOL_LEFT,
     DFLASH__ENVELOPE__BODY_RELEASE_QUARANTINE,
+    DFLASH__ENVELOPE__BODY_JOURNAL_SYNC,
 };
 
 const char *wire_type_name(wire_type t)
@@ -474,6 +475,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     Dflash__PoolLeave pleave;
     Dflash__PoolLeft pleft;
     Dflash__ReleaseQuarantine relq;
+    Dflash__JournalSync jsync;
     Dflash__Unit su_pb[WIRE_MAX_WORLD];
     Dflash__Unit *su_ptr[WIRE_MAX_WORLD];
     (void)batches;
@@ -800,6 +802,10 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     case WIRE_DRAIN:
         dflash__drain__init(&drain);
         env.drain = &drain;
+        break;
+    case WIRE_JOURNAL_SYNC:
+        dflash__journal_sync__init(&jsync);
+        env.journal_sync = &jsync;
         break;
     case WIRE_RELEASE_QUARANTINE:
         dflash__release_quarantine__init(&relq);
@@ -1196,6 +1202,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
     case DFLASH__ENVELOPE__BODY_PAUSE: m->type = WIRE_PAUSE; break;
     case DFLASH__ENVELOPE__BODY_RESUME: m->type = WIRE_RESUME; break;
     case DFLASH__ENVELOPE__BODY_DRAIN: m->type = WIRE_DRAIN; break;
+    case DFLASH__ENVELOPE__BODY_JOURNAL_SYNC: m->type = WIRE_JOURNAL_SYNC; break;
     case DFLASH__ENVELOPE__BODY_RELEASE_QUARANTINE: {
         const Dflash__ReleaseQuarantine *q = env->release_quarantine;
         m->type = WIRE_RELEASE_QUARANTINE;

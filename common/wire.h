@@ -81,6 +81,7 @@ typedef enum {
     WIRE_POOL_LEAVE,
     WIRE_POOL_LEFT,
     WIRE_RELEASE_QUARANTINE,
+    WIRE_JOURNAL_SYNC, /* no body fields: the drafter's durability barrier */
     WIRE_TYPE_COUNT
 } wire_type;
 

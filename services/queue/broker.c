@@ -66,7 +66,9 @@
  * keep their order (its tickets never decrease), and other peers' claims, releases and
  * heartbeats are answered during an fsync. A reply thus never reports state less durable than
  * before the change (records written before the reply; COMMIT/REWIND/PLAN/SETTINGS fdatasynced).
- * If the record of a CheckpointCommitted, ResumeFrom or steering verb could not be written or
+ * JournalSync (a drafter's durability barrier before a checkpoint) queues a sync of every
+ * record so far (ledger_barrier) and is answered like a commit. If the record of a
+ * CheckpointCommitted, ResumeFrom, JournalSync or steering verb could not be written or
  * synced, its reply is Error IO, unless a healing rewrite made it durable before the failure was
  * reported (journal_watch: the reply is then the handler's). A journal that failed is rewritten
  * from memory every journal_retry_ms until that succeeds (journal_watch).
@@ -1076,6 +1078,19 @@ static void on_commit(broker *b, const wire_msg *m, wire_msg *r)
     reply_ok(b, r, m->request_id, (uint64_t)n);
 }
 
+/* JournalSync, a drafter's durability barrier before it publishes a checkpoint: the ledger queues
+ * a sync after every record so far (its acks included); the reply's ticket is that sync, so it
+ * is deferred until the writer has fdatasynced them (Error IO when it could not: fail_on_io). */
+static void on_journal_sync(broker *b, const wire_msg *m, wire_msg *r)
+{
+    int rc = ledger_barrier(b->ledger);
+    if (rc < 0)
+        return reply_error(b, r, m->request_id, rc, "journal sync failed: %s",
+                           ledger_journal_failure(b->ledger) ? ledger_journal_failure(b->ledger)
+                                                             : err_str(rc));
+    reply_ok(b, r, m->request_id, 0);
+}
+
 int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
 {
     int64_t n = ledger_rewind(b->ledger, step);
@@ -1190,9 +1205,13 @@ static bool is_steering(wire_type t)
            t == WIRE_RELEASE_QUARANTINE;
 }
 
+/* JournalSync needs none either: a drafter whose hello was refused, or a broker that restarted
+ * since it, still makes the acks of its final checkpoint durable first (any sync of the file
+ * covers every record written to it, by this process or the one before). */
 static bool needs_hello(wire_type t)
 {
-    return t != WIRE_HELLO && t != WIRE_HEARTBEAT && t != WIRE_STATUS_REQUEST && !is_steering(t);
+    return t != WIRE_HELLO && t != WIRE_HEARTBEAT && t != WIRE_STATUS_REQUEST &&
+           t != WIRE_JOURNAL_SYNC && !is_steering(t);
 }
 
 /* A request that came in over CURVE may steer only with an admin key; one over ipc:// (no
@@ -1296,6 +1315,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     case WIRE_ACK: on_ack(b, p, &m, &r); break;
     case WIRE_CHECKPOINT_COMMITTED: on_commit(b, &m, &r); break;
     case WIRE_RESUME_FROM: broker_on_resume_from(b, p, &m, &r); break;
+    case WIRE_JOURNAL_SYNC: on_journal_sync(b, &m, &r); break;
     case WIRE_GROUP_JOIN:
         /* a group member beside a solo trainer or another group: the same conflict (one
          * broker, one model) */
@@ -1333,7 +1353,7 @@ out:
     if (p) p->journal_ticket = b->dispatch_ticket;
     b->dispatch_request_id = m.request_id;
     b->dispatch_fail_on_io = m.type == WIRE_CHECKPOINT_COMMITTED || m.type == WIRE_RESUME_FROM ||
-                             is_steering(m.type);
+                             m.type == WIRE_JOURNAL_SYNC || is_steering(m.type);
     wire_msg_clear(&m);
     return wire_pack(&r, out, cap);
 }

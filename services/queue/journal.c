@@ -8,8 +8,8 @@
  * rather than writing after garbage (the next open cuts the torn tail). A rewrite that succeeds
  * clears it: the new file replaces the torn one and holds everything (journal.h, "Healing").
  *
- * Writer mode (journal.h): a FIFO of jobs (one encoded record, or a whole new file image for a
- * rewrite) guarded by `mu`; the writer thread owns `fd` and `path` from journal_writer_start to
+ * Writer mode (journal.h): a FIFO of jobs (one encoded record, a whole new file image for a
+ * rewrite, or a barrier: no bytes, only a sync of what came before it) guarded by `mu`; the writer thread owns `fd` and `path` from journal_writer_start to
  * journal_writer_stop and reports w_done/w_fail/w_broken under `mu`; the loop thread copies them
  * into done_seq/fail_seq/broken (and w_why, the reason, into why) in the uv_async callback.
  * The writer keeps w_size/w_records (the file in use, as written) and w_bytes/w_recs (appends
@@ -41,6 +41,7 @@ typedef struct jjob {
     uint64_t seq;
     bool sync;     /* fdatasync before it counts as done */
     bool rewrite;  /* buf is a whole new file (header + records) */
+    bool barrier;  /* journal_barrier: no bytes, only the sync (with sync set) */
     size_t len;
     uint64_t records; /* rewrite: records in the image */
     uint8_t *buf;  /* owned */
@@ -473,6 +474,16 @@ int journal_sync(journal *j)
     return sync_journal(j, j->sync_fn, j->sync_ctx, j->fd);
 }
 
+int journal_barrier(journal *j)
+{
+    if (j->is_mem) return 0;
+    if (!j->writer) return journal_sync(j);
+    jjob *job = calloc(1, sizeof *job);
+    if (!job) return DFLASH_ENOMEM;
+    job->barrier = job->sync = true;
+    return enqueue(j, job); /* counted in no size or record total */
+}
+
 /* Writer mode: emit into a memory image and queue it as one rewrite job. */
 static int rewrite_queued(journal *j, int (*emit)(void *ctx, journal *tmp), void *ctx)
 {
@@ -650,7 +661,7 @@ static void *writer_main(void *arg)
             jjob *x = batch;
             batch = x->next;
             last = x->seq;
-            if (!x->rewrite) {
+            if (!x->rewrite && !x->barrier) {
                 taken_bytes += x->len;
                 taken++;
             }
@@ -679,6 +690,8 @@ static void *writer_main(void *arg)
                 }
             } else if (broken) {
                 /* nothing after a failure is written, until a rewrite heals the journal */
+            } else if (x->barrier) {
+                need_sync = true; /* the batch's one fdatasync covers every byte written */
             } else if (write_all(j->fd, x->buf, x->len) != 0) {
                 snprintf(why, sizeof why, "append failed: %s", strerror(errno));
                 LOG_ERROR("journal %s: %s", j->path, why);

@@ -81,6 +81,14 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
 /* fdatasyncs the file (inline mode only; writer mode: DFLASH_ESTATE). Returns 0 or DFLASH_EIO. */
 int journal_sync(journal *j);
 
+/* A durability barrier: everything appended so far becomes durable, records appended without
+ * sync included. Inline mode: journal_sync (DFLASH_EIO when broken). Writer mode: queues a job
+ * that writes nothing and makes the writer fdatasync the file after every record before it
+ * (FIFO; grouped with the other syncs of its batch); it takes a sequence number like a record
+ * (journal_last_seq), so the caller waits for done_seq >= it, and a failed sync reports it
+ * failed. Returns 0, DFLASH_ENOMEM, or DFLASH_EIO (broken: refused at once, as an append). */
+int journal_barrier(journal *j);
+
 /* Compaction: creates "<path>.tmp", calls emit(ctx, tmp) which appends the records that replace
  * the whole journal (via journal_append on tmp), fsyncs and renames it over path, then continues
  * appending to the new file. On any failure the old journal stays in use. Returns 0 or code.

@@ -23,8 +23,10 @@
  * at that boot, so orphan flags replay exactly too. Only COMMIT, REWIND, PLAN (and PLAN_ID),
  * SETTINGS, GROUP_ORPHANS and UNQUARANTINE (an operator's release) are fsynced: a power loss
  * can forget recent hand-outs (a target's re-registration adopts them) and acks after the last
- * checkpoint (those batches are not committed and a drafter resuming from
- * that checkpoint retrains them anyway). A failed append leaves memory ahead of the journal; the
+ * checkpoint (those batches are not committed and a drafter resuming from that checkpoint
+ * retrains them anyway). Acks before a checkpoint are durable before it: the drafter asks for
+ * ledger_barrier (JournalSync) before it publishes one, so a power loss never leaves a
+ * checkpoint holding batches the journal still has to do. A failed append leaves memory ahead of the journal; the
  * snapshot that ledger_journal_heal writes is taken from memory, so it holds those operations.
  *
  * Broker settings: the operator's runtime steering (dflash-ctl set, pause, resume, drain) is an
@@ -1039,6 +1041,12 @@ int ledger_compact(ledger *l)
     }
     compacted(l);
     return 0;
+}
+
+int ledger_barrier(ledger *l)
+{
+    if (!l->j || !l->params.fsync) return 0;
+    return journal_barrier(l->j) ? DFLASH_EIO : 0;
 }
 
 int ledger_journal_heal(ledger *l)

@@ -214,6 +214,14 @@ int ledger_get(const ledger *l, const batch_id *b, batch_state *state, uint64_t 
 /* True when every batch of epoch is COMMITTED. */
 bool ledger_epoch_committed(const ledger *l, uint32_t epoch);
 
+/* A durability barrier (a drafter's JournalSync before it publishes a checkpoint): every record
+ * appended so far, ACK and HANDOUT records included (never fsynced on their own), becomes
+ * durable (journal_barrier). 0 at once for an in-memory ledger or with params.fsync off (nothing
+ * is synced then); in writer mode 0 means queued: durable when the writer reports
+ * ledger_journal_seq() done, failed when it reports it failed. DFLASH_EIO: the journal is
+ * failing (ledger_journal_failure). */
+int ledger_barrier(ledger *l);
+
 /* Rewrites the journal as one snapshot (also done automatically past compact_bytes).
  * Returns 0 or a code; a no-op for an in-memory ledger. */
 int ledger_compact(ledger *l);

@@ -13,7 +13,9 @@
  * (journal_error empty, commits answered Ok), and a broker restarted on it replays the commits
  * made after the failure. `dflash-ctl pause` (a steering record, steering.h) is answered like a
  * commit: Ok only once durable, Error IO when the journal failed (the resume sent then is in
- * force, and is in the journal once it is healed). */
+ * force, and is in the journal once it is healed). JournalSync, a drafter's durability barrier
+ * (no hello needed), makes the writer fdatasync and is answered Ok only after it, Error IO once
+ * the journal failed. */
 #include "broker.h"
 #include "check.h"
 #include "config.h"
@@ -234,6 +236,20 @@ int main(void)
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 30);
 
+    /* JournalSync (a drafter's durability barrier before a checkpoint), sent without a hello:
+     * the writer fdatasyncs for it though no record of its own asks to be synced, and the Ok
+     * comes only after that sync */
+    hold_syncs();
+    synced = syncs_entered();
+    void *d = dealer(zctx, cfg.endpoint, "drafter-d-4");
+    send_msg(d, WIRE_JOURNAL_SYNC, 0xd4, 40, 0);
+    CHECK(wait_entered(synced + 1));
+    CHECK_EQ_INT(recv_msg(d, 100, &r), -1);
+    release_syncs(false);
+    CHECK_EQ_INT(recv_msg(d, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_OK);
+    CHECK_EQ_INT(r.request_id, 40);
+
     /* a commit whose fsync fails is answered Error IO, not Ok */
     release_syncs(true);
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 12, 8);
@@ -249,6 +265,12 @@ int main(void)
     send_msg(b, WIRE_HEARTBEAT, 0xb2, 21, 0);
     CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
     CHECK_EQ_INT(r.request_id, 21);
+    /* so is a JournalSync: its records cannot be made durable */
+    send_msg(d, WIRE_JOURNAL_SYNC, 0xd4, 41, 0);
+    CHECK_EQ_INT(recv_msg(d, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_ERROR);
+    CHECK_EQ_INT(r.request_id, 41);
+    CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
     /* a resume takes effect but its record cannot be written: Error IO, not a false Ok */
     send_as(c, WIRE_ROLE_CTL, WIRE_RESUME, 0xc3, 31, 0);
     CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
@@ -284,6 +306,7 @@ int main(void)
     zmq_close(a);
     zmq_close(b);
     zmq_close(c);
+    zmq_close(d);
     zmq_ctx_term(zctx);
     uv_async_send(&stopper);
     pthread_join(th, NULL);

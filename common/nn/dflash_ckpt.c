@@ -505,6 +505,23 @@ static int parse_unacked(const char *text, long step, dflash_ckpt_unacked *out, 
     return 0;
 }
 
+uint64_t dflash_ckpt_bytes(const dflash_model *m, bool weights_f32) {
+    uint64_t n = m->n_params;
+    return n * (weights_f32 ? 4u : 2u) + 3u * 4u * n; /* weights; masters, exp_avg, exp_avg_sq */
+}
+
+/* A save writes the new checkpoint whole before the retention removes the oldest (pruning first
+ * would leave fewer checkpoints while it is not durable): keep_last + 1 must fit. */
+bool dflash_ckpt_space_hint(const char *err, int keep_last, uint64_t ckpt_bytes, char *out,
+                            size_t len) {
+    if (!err || (!strstr(err, strerror(ENOSPC)) && !strstr(err, strerror(EDQUOT)))) return false;
+    int keep = keep_last > 0 ? keep_last : 3;
+    snprintf(out, len, "a save needs room for --keep-last + 1 = %d checkpoints (%.1f MiB each: "
+             "the new one is written before the oldest is removed): free space, or lower "
+             "--keep-last", keep + 1, (double)ckpt_bytes / (1024.0 * 1024.0));
+    return true;
+}
+
 int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const char *root,
                      const dflash_ckpt_opts *opts, char *path, size_t pathlen, char *err,
                      size_t errlen) {

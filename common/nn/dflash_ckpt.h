@@ -78,6 +78,19 @@ typedef struct dflash_ckpt_opts {
     int n_unacked;
 } dflash_ckpt_opts;
 
+/* About how many bytes one checkpoint of m takes on disk: the weights (bf16, or fp32 with
+ * weights_f32) and the training state's fp32 masters and Adam moments (the small files are
+ * not counted). */
+uint64_t dflash_ckpt_bytes(const dflash_model *m, bool weights_f32);
+
+/* When err, a dflash_ckpt_save message, says the disk or quota is full (the system's text for
+ * ENOSPC or EDQUOT in it): writes into out (len bytes) what a save needs and what to do, e.g.
+ * "a save needs room for --keep-last + 1 = 4 checkpoints (0.7 MiB each: the new one is written
+ * before the oldest is removed): free space, or lower --keep-last", and returns true; else
+ * false and out is untouched. keep_last as dflash_ckpt_opts (0 means 3). */
+bool dflash_ckpt_space_hint(const char *err, int keep_last, uint64_t ckpt_bytes, char *out,
+                            size_t len);
+
 /* Makes sure checkpoints can be written under root before any training: creates root when
  * missing (not its parents) and writes and removes a probe file in it. 0, or DFLASH_EIO with
  * the path and the system's reason in err (a missing parent, not a directory, read-only,

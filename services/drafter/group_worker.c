@@ -595,8 +595,10 @@ static int step_done(gw *g)
 }
 
 /* No step pending: the consumer's settled() (rank 0: a periodic checkpoint, written only once
- * the broker has the step, worker_loop.h), then rank 0's commit report of a new checkpoint. 0
- * or the consumer's fatal code. */
+ * the broker has the step, worker_loop.h, and after the broker's durability barrier:
+ * worker_session_offer_barrier), then rank 0's commit report of a new checkpoint, unless one
+ * failed within WORKER_COMMIT_RETRY_MS (worker_session_commit_due). 0 or the consumer's fatal
+ * code. */
 static int settle(gw *g)
 {
     worker_consumer *k = g->cons;
@@ -605,8 +607,12 @@ static int settle(gw *g)
         if (rc < 0) return rc;
     }
     uint64_t cs = k->committed ? k->committed(k->ctx) : 0;
-    if (g->rank == 0 && cs > g->committed_reported && worker_session_commit(g->s, cs, 20) == 0)
-        g->committed_reported = cs;
+    if (g->rank == 0 && cs > g->committed_reported && worker_session_commit_due(g->s)) {
+        LOG_DEBUG("reporting checkpoint step %llu as committed", (unsigned long long)cs);
+        int crc = worker_session_commit(g->s, cs, 20);
+        worker_session_commit_noted(g->s, cs, crc); /* a failure: said, and backed off */
+        if (crc == 0) g->committed_reported = cs;
+    }
     return 0;
 }
 
@@ -876,6 +882,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     g.s = worker_session_new(cfg, &g.st, stop, &rc);
     if (!g.s) goto out;
     g.cl = worker_session_client(g.s);
+    worker_session_offer_barrier(g.s, cons);
     if (cons->shape) { /* stated in every join: the broker turns away another shape (joining) */
         uint64_t shape = cons->shape(cons->ctx, g.shape_text, sizeof g.shape_text);
         client_set_drafter_shape(g.cl, shape, g.shape_text);

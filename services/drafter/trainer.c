@@ -70,6 +70,8 @@ typedef struct trainer {
     long start_step; /* step resumed from (0: fresh or warm start) */
     long saved_step; /* newest checkpoint written by this process or resumed from */
     long committed;  /* newest durable step (the loop reports it) */
+    int (*barrier)(void *arg, uint64_t step); /* the loop's durability barrier (set_barrier) */
+    void *barrier_arg;
     dp_comm *comm;   /* data-parallel group (group_worker.h): NULL = alone */
     int dp_rank;     /* our rank in the last group joined; only rank 0 writes checkpoints */
     bool dp_member;  /* joined a group at least once */
@@ -231,10 +233,20 @@ static int save_checkpoint(trainer *t) {
      * from it trains only later steps, so a record lost now would be a gap for good. A failure
      * is logged by metrics and does not hold the checkpoint back. */
     if (t->met) metrics_sync(t->met);
+    /* The broker's durability barrier (worker_loop.h set_barrier): every ack of a batch in this
+     * checkpoint is durable in its journal before the checkpoint is. A power loss then leaves
+     * either the older checkpoint (the acks after it are rewound by our ResumeFrom to its step)
+     * or this one with all its acks; never this one with acks the journal lost, whose batches
+     * the broker would hand out again to the model that has trained them. Written whatever the
+     * barrier answers (the loop says why it could not be had). */
+    if (t->barrier) (void)t->barrier(t->barrier_arg, (uint64_t)t->m->step);
     rc = dflash_ckpt_save(t->m, &t->tc, t->ckpt_root, &co, path, sizeof path, err, sizeof err);
     if (rc < 0) {
-        LOG_ERROR("checkpoint of step %ld under %s failed: %s (%s)", t->m->step, t->ckpt_root,
-                  err_str(rc), err);
+        char hint[256];
+        bool full = dflash_ckpt_space_hint(err, t->keep_last, dflash_ckpt_bytes(t->m, false),
+                                           hint, sizeof hint);
+        LOG_ERROR("checkpoint of step %ld under %s failed: %s (%s)%s%s", t->m->step,
+                  t->ckpt_root, err_str(rc), err, full ? "; " : "", full ? hint : "");
         return rc;
     }
     t->saved_step = t->m->step;
@@ -483,6 +495,13 @@ static int train_settled(void *vctx) {
     if (rc < 0) return rc;
     if (t->ckpt_every <= 0 || t->m->step / t->ckpt_every <= t->saved_step / t->ckpt_every) return 0;
     return save_checkpoint(t);
+}
+
+/* The loop's durability barrier (worker_loop.h): save_checkpoint calls it first. */
+static void train_set_barrier(void *vctx, int (*barrier)(void *arg, uint64_t step), void *arg) {
+    trainer *t = vctx;
+    t->barrier = barrier;
+    t->barrier_arg = arg;
 }
 
 static uint64_t train_committed(void *vctx) {
@@ -1130,6 +1149,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .layout = train_layout,
                            .done = train_done,
                            .settled = train_settled,
+                           .set_barrier = train_set_barrier,
                            .finish = train_finish,
                            .save_refused = train_save_refused,
                            .unacked = train_unacked,

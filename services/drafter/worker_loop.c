@@ -305,8 +305,10 @@ static int end_refused(worker_loop *w)
     return w->st.other_model ? DFLASH_EDENIED : DFLASH_EEXISTS;
 }
 
-/* Nothing held: the consumer's settled() (a periodic checkpoint), then the commit report of
- * the newest checkpoint if it is new. 0 or the consumer's fatal code. */
+/* Nothing held: the consumer's settled() (a periodic checkpoint, after the broker's durability
+ * barrier: worker_session_offer_barrier), then the commit report of the newest checkpoint if it
+ * is new, unless one failed within WORKER_COMMIT_RETRY_MS (worker_session_commit_due). 0 or the
+ * consumer's fatal code. */
 static int settle(worker_loop *w, volatile sig_atomic_t *stop)
 {
     if (w->cons->settled) {
@@ -315,9 +317,11 @@ static int settle(worker_loop *w, volatile sig_atomic_t *stop)
     }
     if (!w->cons->committed) return 0;
     uint64_t cs = w->cons->committed(w->cons->ctx);
-    if (cs > w->committed_reported) {
+    if (cs > w->committed_reported && worker_session_commit_due(w->s)) {
         int crc = DFLASH_ETIMEOUT;
+        LOG_DEBUG("reporting checkpoint step %llu as committed", (unsigned long long)cs);
         RETRY_CALL(w, stop, crc, client_checkpoint_committed(w->client, cs));
+        worker_session_commit_noted(w->s, cs, crc); /* a failure: said, and backed off */
         if (crc == 0) w->committed_reported = cs;
     }
     return 0;
@@ -486,6 +490,7 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
     w.s = worker_session_new(cfg, &w.st, stop, &rc);
     if (!w.s) goto out;
     w.client = worker_session_client(w.s);
+    worker_session_offer_barrier(w.s, cons);
     if (cons->resumed_unacked)
         w.n_resumed = cons->resumed_unacked(cons->ctx, w.resumed, WORKER_MAX_UNACKED);
 

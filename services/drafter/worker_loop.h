@@ -126,6 +126,13 @@ typedef struct worker_consumer {
      * (worker_session_check_layout): a slot of another layout is the target's misconfiguration,
      * not the batch's fault, so it is given back unread and the loop ends with DFLASH_ECONFIG. */
     const slot_layout *(*layout)(void *ctx);
+    /* (optional) the loop gives the consumer its durability barrier before the first request
+     * (worker_session_offer_barrier), and takes it back (NULL) when it ends: the consumer calls
+     * barrier(arg, step) right before it publishes a checkpoint of step `step` (after the last
+     * ack of a batch in it: the places settled(), finish() and save_refused() above), and
+     * writes the checkpoint whatever it returns (0: the broker's journal holds every ack so far
+     * durably; a code: it could not be had, said by the loop). */
+    void (*set_barrier)(void *ctx, int (*barrier)(void *arg, uint64_t step), void *arg);
     /* Data-parallel group hooks (group_worker.h); NULL: the consumer cannot train in a group.
      *   set_group(comm, rank, world) from now on each consume() is this rank's share of one
      *                  group step, trained with the collective comm (NULL: alone again); only

@@ -33,7 +33,17 @@ struct worker_session {
     bool broker_lost;            /* a request after the stop went unanswered */
     char refusal[WIRE_MAX_TEXT]; /* the broker's words when it refused us for good; "" none */
     uint64_t refusal_run;        /* the run whose live process replaced us (0: none said) */
+    /* periodic commit reports (worker_session_commit_due / _noted) */
+    double commit_retry_at;   /* monotime_s before which no report is sent (after a failure) */
+    double commit_warned_at;  /* when a failed report was last said (0: not since the last ok) */
+    uint64_t commit_failures; /* reports failed since the last that succeeded */
+    /* the durability barrier (worker_session_offer_barrier) */
+    worker_consumer *barrier_cons; /* given the barrier; taken back at destroy */
+    bool barrier_unsupported;      /* the broker predates JournalSync: said once, not asked */
+    double barrier_warned_at;      /* when a failed barrier was last said (0: never) */
 };
+
+#define SAY_AGAIN_S 60.0 /* a repeated failure is said at most once a minute */
 
 static bool has_curve_keys(const worker_loop_config *cfg)
 {
@@ -103,6 +113,7 @@ void worker_session_destroy(worker_session **sp)
 {
     if (!sp || !*sp) return;
     worker_session *s = *sp;
+    if (s->barrier_cons) s->barrier_cons->set_barrier(s->barrier_cons->ctx, NULL, NULL);
     heartbeat_stop(&s->hb);
     client_destroy(&s->client);
     pool_staging_free(s->cfg->backend, s->cfg->device, &s->staging);
@@ -335,6 +346,83 @@ int worker_session_commit_final(worker_session *s, uint64_t cs)
         LOG_INFO("reported the final checkpoint (step %llu) as committed",
                  (unsigned long long)cs);
     return rc;
+}
+
+bool worker_session_commit_due(const worker_session *s)
+{
+    return monotime_s() >= s->commit_retry_at;
+}
+
+void worker_session_commit_noted(worker_session *s, uint64_t cs, int rc)
+{
+    double now = monotime_s();
+    if (rc == 0) {
+        if (s->commit_failures)
+            LOG_INFO("the broker took the commit report of checkpoint step %llu, after %llu "
+                     "refused or unanswered", (unsigned long long)cs,
+                     (unsigned long long)s->commit_failures);
+        s->commit_failures = 0;
+        s->commit_warned_at = 0;
+        s->commit_retry_at = 0;
+        return;
+    }
+    s->commit_failures++;
+    s->commit_retry_at = now + WORKER_COMMIT_RETRY_MS / 1000.0;
+    if (s->commit_warned_at && now - s->commit_warned_at < SAY_AGAIN_S) return;
+    s->commit_warned_at = now;
+    LOG_WARN("the broker did not take the commit report of checkpoint step %llu: %s (%s); %llu "
+             "report(s) failed since the last it took. The checkpoint is on disk; the broker's "
+             "ledger keeps its batches as trained, not committed, until a report is taken. "
+             "Reported again every %d s; said again in a minute if it still fails",
+             (unsigned long long)cs, err_str(rc), client_last_error(s->client),
+             (unsigned long long)s->commit_failures, WORKER_COMMIT_RETRY_MS / 1000);
+}
+
+/* The barrier given to the consumer (worker_session_offer_barrier): JournalSync, up to 3 tries
+ * while the broker times out. 0 when the broker says our acks are durable, else the code (the
+ * consumer writes its checkpoint anyway). */
+static int barrier(void *arg, uint64_t step)
+{
+    worker_session *s = arg;
+    if (!client_broker_incarnation(s->client)) return 0; /* never registered: nothing acked */
+    if (s->barrier_unsupported) return DFLASH_EPROTO;
+    int rc = DFLASH_ETIMEOUT;
+    for (int a = 0; a < 3 && rc == DFLASH_ETIMEOUT && !s->broker_lost; a++) {
+        rc = client_journal_sync(s->client);
+        worker_session_heard(s, rc);
+    }
+    if (rc == 0) {
+        LOG_DEBUG("the broker's journal holds our acks durably: checkpoint of step %llu next",
+                  (unsigned long long)step);
+        return 0;
+    }
+    if (rc == DFLASH_EPROTO) {
+        s->barrier_unsupported = true;
+        LOG_WARN("the broker does not know JournalSync (%s): it is older than this drafter. "
+                 "Checkpoints are written without its durability barrier; durability then rests "
+                 "on the commit report, as before: a power loss of the broker's host between a "
+                 "checkpoint and its commit report can have batches of that checkpoint trained "
+                 "again", client_last_error(s->client));
+        return rc;
+    }
+    double now = monotime_s();
+    if (!s->barrier_warned_at || now - s->barrier_warned_at >= SAY_AGAIN_S) {
+        s->barrier_warned_at = now;
+        LOG_WARN("checkpoint of step %llu: the broker could not make our acks durable first: "
+                 "%s (%s); writing it anyway (its durability then rests on the commit report: "
+                 "a power loss of the broker's host before that can have batches of it trained "
+                 "again)", (unsigned long long)step,
+                 s->broker_lost ? "no broker answers since the stop" : err_str(rc),
+                 client_last_error(s->client));
+    }
+    return rc;
+}
+
+void worker_session_offer_barrier(worker_session *s, worker_consumer *cons)
+{
+    if (!cons->set_barrier) return;
+    cons->set_barrier(cons->ctx, barrier, s);
+    s->barrier_cons = cons;
 }
 
 /* a - b for the counters of worker_stats (the timings and percentiles stay 0). */

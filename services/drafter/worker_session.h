@@ -12,7 +12,8 @@
  *     long consume(), collective or checkpoint does not get the session (and its leases) expired.
  * And it does the operations both loops do the same way: hello, the slot copy of a grant, the
  * check that the copy was written for our slot layout, the hand-over of the staged copy to the
- * consumer, checkpoint-committed reports, the "no broker
+ * consumer, checkpoint-committed reports (backed off and said when refused), the durability
+ * barrier a consumer calls before it publishes a checkpoint, the "no broker
  * answers" deadline and the timing of progress lines. It counts into the loop's worker_stats
  * (borrowed): registrations, copy_s, bytes_copied, consume_s. The other counters are the loop's.
  *
@@ -138,6 +139,32 @@ int worker_session_commit(worker_session *s, uint64_t cs, int attempts);
  * still reports its final checkpoint to a broker that answers); logs success. 0 or the code;
  * the caller says what a failure means for it. */
 int worker_session_commit_final(worker_session *s, uint64_t cs);
+
+/* Periodic commit reports (the loops' settle()): whether one may be sent now. After a report
+ * the broker refused or did not answer, the next waits WORKER_COMMIT_RETRY_MS (not one request
+ * per claim while e.g. its journal fails). Main thread. */
+#define WORKER_COMMIT_RETRY_MS 5000
+bool worker_session_commit_due(const worker_session *s);
+/* The result rc of a periodic report of checkpoint step cs: a failure is logged as a WARN the
+ * first time and then at most once a minute, naming the step and the broker's reason
+ * (client_last_error), and starts the wait above; the first success after failures is logged
+ * as INFO. Call right after the report. Main thread. */
+void worker_session_commit_noted(worker_session *s, uint64_t cs, int rc);
+
+/* The durability barrier (docs/protocol.md "JournalSync"): hands cons (if it has set_barrier)
+ * the function it calls right before it publishes a checkpoint of step `step`, which asks the
+ * broker to make every record it has journaled durable (our acks of the steps in the
+ * checkpoint included) and returns once it has, or once that cannot be had: the checkpoint is
+ * written either way. Why: with the acks durable before the checkpoint, a power loss of the
+ * broker's host leaves either the older checkpoint (the acks after it are rewound by our
+ * ResumeFrom to its step) or the new one with all its acks; without, the new checkpoint could
+ * survive with acks the journal lost, whose batches the broker would then hand out again
+ * (trained twice). No request when this process never registered (it acked nothing) or the
+ * broker is lost after a stop (the checkpoint goes first); a broker that predates the request
+ * (Error PROTO) is said once in a WARN and not asked again (durability then rests on the
+ * commit report, as before); other failures are a WARN at most once a minute.
+ * worker_session_destroy takes the function back (set_barrier(NULL)). Main thread. */
+void worker_session_offer_barrier(worker_session *s, worker_consumer *cons);
 
 /* True once every cfg->progress_ms (never when 0): *d gets how much each counter of the loop's
  * stats grew since the last window and *dt_s the window's length; the next window starts now. */

@@ -35,7 +35,11 @@
  *   - a drafter that trained a few steps and then waits for data (a slow or restarting target)
  *     left metrics.jsonl without those steps for as long as it waited: the last step's record
  *     is read a step later and the file was flushed only when a record came; waiting (idle())
- *     writes and flushes them.
+ *     writes and flushes them;
+ *   - a checkpoint is written after the loop's durability barrier (the broker's journal holds
+ *     its acks durably first), once per checkpoint, and written when the barrier fails too;
+ *   - a save that fails for want of space (ENOSPC, EDQUOT) says that keep-last + 1
+ *     checkpoints must fit, of what size, and what to do.
  */
 #include "check.h"
 #include "dflash_ckpt.h"
@@ -760,6 +764,78 @@ static void test_metrics_before_checkpoint(void) {
     worker_consumer_destroy(&c);
 }
 
+/* The loop's durability barrier (worker_loop.h set_barrier): called once per checkpoint, with
+ * its step, before the checkpoint's directory exists (the broker's journal must hold its acks
+ * durably first); a checkpoint whose barrier failed is written anyway. */
+typedef struct barrier_log {
+    const char *root;
+    int calls, early; /* calls, and those made while step-<step> did not exist yet */
+    uint64_t last_step;
+    int rc; /* what the barrier answers */
+} barrier_log;
+
+static int log_barrier(void *arg, uint64_t step) {
+    barrier_log *b = arg;
+    char p[600];
+    snprintf(p, sizeof p, "%s/step-%09llu", b->root, (unsigned long long)step);
+    b->calls++;
+    b->early += access(p, F_OK) != 0;
+    b->last_step = step;
+    return b->rc;
+}
+
+static void test_barrier_before_checkpoint(void) {
+    char err[512], root[400], p[600];
+    snprintf(root, sizeof root, "%s/ckpt-barrier", dir);
+    worker_consumer *c = start(0, 0, root, NULL, NULL, 2, err, sizeof err);
+    CHECK(c != NULL && c->set_barrier != NULL);
+    if (!c || !c->set_barrier) return;
+    barrier_log b = {.root = root};
+    c->set_barrier(c->ctx, log_barrier, &b);
+    CHECK_EQ_INT(consume_batch(c, 0, false, false), 0);
+    CHECK_EQ_INT(c->settled(c->ctx), 0); /* step 1: no checkpoint due, no barrier */
+    CHECK_EQ_INT(b.calls, 0);
+    CHECK_EQ_INT(consume_batch(c, 1, false, false), 0);
+    CHECK_EQ_INT(c->settled(c->ctx), 0); /* step 2: a checkpoint, after the barrier */
+    CHECK_EQ_INT(b.calls, 1);
+    CHECK_EQ_INT(b.early, 1);
+    CHECK_EQ_INT((int)b.last_step, 2);
+    CHECK_EQ_INT(c->settled(c->ctx), 0); /* nothing new: no second barrier */
+    CHECK_EQ_INT(b.calls, 1);
+    b.rc = DFLASH_EPROTO; /* an older broker: the checkpoint is written all the same */
+    CHECK_EQ_INT(consume_batch(c, 2, false, false), 0);
+    CHECK_EQ_INT(c->finish(c->ctx), 0); /* the final checkpoint (step 3) */
+    CHECK_EQ_INT(b.calls, 2);
+    CHECK_EQ_INT(b.early, 2);
+    CHECK_EQ_INT((int)b.last_step, 3);
+    snprintf(p, sizeof p, "%s/step-000000003", root);
+    CHECK(access(p, F_OK) == 0);
+    CHECK_EQ_INT((int)c->committed(c->ctx), 3);
+    c->set_barrier(c->ctx, NULL, NULL); /* the loop took it back: none called */
+    worker_consumer_destroy(&c);
+}
+
+/* A checkpoint save that fails for want of space says what a save needs (keep-last + 1
+ * checkpoints of the given size) and what to do; other failures get no such hint. */
+static void test_space_hint(void) {
+    char out[256] = "";
+    char err[256];
+    snprintf(err, sizeof err, "checkpoint: cannot write /x/.tmp-step-000000018-1/"
+             "training_state.safetensors: %s", strerror(ENOSPC));
+    CHECK(dflash_ckpt_space_hint(err, 2, 716 * 1024, out, sizeof out));
+    printf("ENOSPC hint: %s\n", out);
+    CHECK(strstr(out, "--keep-last + 1 = 3 checkpoints") != NULL);
+    CHECK(strstr(out, "0.7 MiB each") != NULL);
+    CHECK(strstr(out, "free space, or lower --keep-last") != NULL);
+    snprintf(err, sizeof err, "checkpoint: fsync /x: %s", strerror(EDQUOT));
+    CHECK(dflash_ckpt_space_hint(err, 0, 3u << 20, out, sizeof out)); /* 0: the default 3 */
+    CHECK(strstr(out, "= 4 checkpoints (3.0 MiB each") != NULL);
+    snprintf(out, sizeof out, "untouched");
+    snprintf(err, sizeof err, "checkpoint: cannot write /x: %s", strerror(EROFS));
+    CHECK(!dflash_ckpt_space_hint(err, 2, 1, out, sizeof out));
+    CHECK(strcmp(out, "untouched") == 0);
+}
+
 /* A checkpoint of another target of the same shapes (a Llama target, rope_theta 500000, for a
  * drafter trained on the Qwen3 one, 1e6): eval refuses it (exit 2, mismatch) as the warm start
  * and the resume do, naming rope_theta; it printed a tau. */
@@ -903,6 +979,8 @@ int main(void) {
     test_slot_against_grant();
     test_metrics_when_idle();
     test_metrics_before_checkpoint();
+    test_barrier_before_checkpoint();
+    test_space_hint();
     test_divergence_stops();
     test_nothing_trained();
     test_resume_growing_decay();

@@ -12,11 +12,14 @@
 #include "dflash_anchor.h"
 #include "err.h"
 #include "fsutil.h"
+#include "log.h"
 #include "map_guard.h"
 #include "rng.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -295,6 +298,49 @@ static int writer_failed(shard_writer *w) {
     if (!w->failed) w->sys_errno = errno ? errno : EIO;
     w->failed = true;
     return DFLASH_EIO;
+}
+
+/* The pid of a "<base>.tmp.<pid>" name (all digits after the prefix), else 0. */
+static long temp_pid(const char *name, const char *base) {
+    size_t n = strlen(base);
+    if (strncmp(name, base, n) != 0 || strncmp(name + n, ".tmp.", 5) != 0) return 0;
+    const char *d = name + n + 5;
+    char *end;
+    errno = 0;
+    long pid = *d >= '0' && *d <= '9' ? strtol(d, &end, 10) : 0;
+    return pid > 0 && !errno && !*end ? pid : 0;
+}
+
+int shard_remove_stale_temps(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    if (!*base) return 0;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = temp_pid(e->d_name, base);
+        if (!pid || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        long long size = stat(p, &st) == 0 ? (long long)st.st_size : -1;
+        if (unlink(p) != 0) {
+            LOG_WARN("cannot remove %s, a partial shard left by process %ld, which is gone: %s",
+                     p, pid, strerror(errno));
+            continue;
+        }
+        LOG_WARN("removed %s (%lld bytes): a partial shard left by process %ld, which is gone "
+                 "(killed while writing it)", p, size, pid);
+        removed++;
+    }
+    closedir(d);
+    return removed;
 }
 
 shard_writer *shard_writer_new(const char *path, uint32_t vocab) {

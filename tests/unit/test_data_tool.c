@@ -3,7 +3,8 @@
  * with their line number and reason and skipped, good ones land in the shard exactly, the
  * histogram counts each bucket, --strict stops with no output, --model supplies the vocabulary,
  * a line holding more than one object (files joined without a newline) is bad, not cut short,
- * SIGTERM leaves no temporary file, an --out that is no regular file is left alone, and a run
+ * SIGTERM leaves no temporary file, one a SIGKILLed run left is removed by the next run on
+ * that --out (only a gone pid's), an --out that is no regular file is left alone, and a run
  * that keeps no line fails (exit 3) instead of writing an empty shard, and a failed write says
  * why (the errno, e.g. a full disk); reading a large input (40 MB) on a terminal shows a
  * progress line (it was silent until the histogram); an --out that is the input file is refused
@@ -218,6 +219,54 @@ int main(void) {
     CHECK(access(tmp, F_OK) != 0);
     CHECK(access(shardp, F_OK) != 0);
     unlink(tmp);
+
+    /* SIGKILL mid-conversion leaves OUT.tmp.PID (nothing can remove it then); the next run on
+     * the same --out removes it, saying so, as it removes any OUT.tmp.PID of a pid that is gone.
+     * One of a live process (this one's pid), of another --out, or not named by a pid, stays. */
+    CHECK(pipe(in_pipe) == 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(in_pipe[0], 0);
+        close(in_pipe[0]);
+        close(in_pipe[1]);
+        if (!freopen("/dev/null", "w", stderr)) _exit(126);
+        execl(bin, bin, "--in", "-", "--out", shardp, (char *)NULL);
+        _exit(127);
+    }
+    close(in_pipe[0]);
+    CHECK(write(in_pipe[1], line, strlen(line)) == (ssize_t)strlen(line));
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", shardp, (int)pid);
+    for (int i = 0; i < 10000 && access(tmp, F_OK) != 0; i++)
+        usleep(1000);
+    CHECK(access(tmp, F_OK) == 0);
+    kill(pid, SIGKILL);
+    CHECK(waitpid(pid, &st, 0) == pid);
+    close(in_pipe[1]);
+    CHECK(access(tmp, F_OK) == 0); /* left behind */
+    char alive[450], other[450], odd[450];
+    snprintf(alive, sizeof alive, "%s.tmp.%d", shardp, (int)getpid());
+    snprintf(other, sizeof other, "%s/other.shard.tmp.%d", dir, (int)pid);
+    snprintf(odd, sizeof odd, "%s.tmp.12x", shardp);
+    const char *keep[] = {alive, other, odd};
+    for (int i = 0; i < 3; i++) {
+        FILE *k = fopen(keep[i], "w");
+        CHECK(k != NULL);
+        if (k) fclose(k);
+    }
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    CHECK(access(tmp, F_OK) != 0);
+    char *err_text = test_slurp(errp, NULL);
+    char said[480];
+    snprintf(said, sizeof said, "removed %s (", tmp);
+    CHECK(err_text && strstr(err_text, said) && strstr(err_text, "which is gone"));
+    if (err_text && !strstr(err_text, said)) printf("stderr: %s\n", err_text);
+    free(err_text);
+    for (int i = 0; i < 3; i++) {
+        CHECK(access(keep[i], F_OK) == 0);
+        unlink(keep[i]);
+    }
+    unlink(shardp);
 
     /* --out that is no regular file (a FIFO here; /dev/null for a dry run as root) is refused
      * and left alone: the finished shard used to be renamed over it */

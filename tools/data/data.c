@@ -317,6 +317,7 @@ int main(int argc, char **argv) {
         if (in != stdin) fclose(in);
         return 3;
     }
+    shard_remove_stale_temps(c.out); /* an earlier run's, killed outright (SIGKILL) */
     shard_writer *w = shard_writer_new(c.out, vocab);
     if (!w) {
         LOG_ERROR("cannot create %s: %s", c.out, strerror(errno));

@@ -84,7 +84,9 @@ int dp_comm_make_id(dp_comm_kind kind, uint8_t id[DP_COMM_ID_BYTES], char *err, 
  * DFLASH_EPEER (shm: a rank that had joined has exited; or a watch ended the join),
  * DFLASH_EINVAL (rank/world/id), DFLASH_EMISMATCH (peers opened with another world),
  * DFLASH_EEXISTS (the rank joined twice, or the segment already exists), DFLASH_EUNSUPPORTED
- * (nccl in a build without NCCL), DFLASH_EIO / DFLASH_ECUDA. *out is NULL on failure. */
+ * (nccl in a build without NCCL), DFLASH_ECONFIG (nccl: NCCL refused this rank's configuration,
+ * e.g. two ranks on one GPU, or the device cannot be set: joining again fails the same way; err
+ * says what to change), DFLASH_EIO / DFLASH_ECUDA. *out is NULL on failure. */
 int dp_comm_open(dp_comm_kind kind, const uint8_t id[DP_COMM_ID_BYTES], int rank, int world,
                  int device, double timeout_s, dp_comm **out, char *err, size_t errlen);
 

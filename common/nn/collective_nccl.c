@@ -13,7 +13,9 @@
  * its turn (collective_wait.h): NCCL cannot tell a dead peer from a slow one before the timeout,
  * but the watch may know (the drafter asks the broker, whose heartbeats see a dead rank within
  * seconds), and when it ends the wait the communicator is aborted the same way (DFLASH_EPEER).
- * Each failure's reason goes to the handle's why buffer (dp_comm_error).
+ * Each failure's reason goes to the handle's why buffer (dp_comm_error). An init that NCCL
+ * refuses for this rank's configuration (two ranks on one GPU), or a --device that cannot be
+ * set, is DFLASH_ECONFIG (dp_nccl_init_fault): no re-form mends it.
  * The caller's current device is saved and restored around every call.
  * Threads: one thread uses a handle at a time. Caller: collective.c only.
  */
@@ -32,10 +34,12 @@
 #include <nccl.h>
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 _Static_assert(sizeof(ncclUniqueId) == DP_COMM_ID_BYTES, "ncclUniqueId is not 128 bytes");
+_Static_assert(ncclInvalidUsage == DP_NCCL_INVALID_USAGE, "ncclInvalidUsage moved");
 
 #define STAGING_BYTES 4096u
 
@@ -49,6 +53,8 @@ typedef struct dp_nccl {
     cudaStream_t stream;
     cudaEvent_t done;
     void *staging;
+    ncclResult_t failed;  /* the NCCL error that failed the last wait (wait_async) */
+    char nccl_text[256]; /* ncclGetLastError's text then */
 } dp_nccl;
 
 static void nccl_abort(dp_nccl *n) {
@@ -87,8 +93,11 @@ static int wait_async(dp_nccl *n, ncclResult_t r, const char *what, double deadl
         }
         if (r == ncclSuccess) return 0;
         if (r != ncclInProgress) {
+            n->failed = r;
+            snprintf(n->nccl_text, sizeof n->nccl_text, "%s",
+                     n->comm ? ncclGetLastError(n->comm) : "");
             LOG_ERROR("dp_comm nccl rank %d: %s: %s (%s)", n->rank, what, ncclGetErrorString(r),
-                      n->comm ? ncclGetLastError(n->comm) : "");
+                      n->nccl_text);
             dp_why_set(n->why, "%s: %s", what, ncclGetErrorString(r));
             nccl_abort(n);
             return DFLASH_EPEER;
@@ -152,9 +161,10 @@ int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int de
     int prev = 0;
     cudaGetDevice(&prev);
     cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) {
-        err_fmt(err, errlen, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
-        return DFLASH_ECUDA;
+    if (e != cudaSuccess) { /* no such GPU here, or none usable: no re-form mends that */
+        err_fmt(err, errlen, "--device %d cannot be used: cudaSetDevice: %s (an ordinal among "
+                "the GPUs CUDA_VISIBLE_DEVICES leaves visible)", device, cudaGetErrorString(e));
+        return DFLASH_ECONFIG;
     }
     dp_nccl *n = calloc(1, sizeof *n);
     if (!n) return DFLASH_ENOMEM;
@@ -178,13 +188,21 @@ int dp_nccl_open(const uint8_t id[DP_COMM_ID_BYTES], int rank, int world, int de
     cfg.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&n->comm, world, u, rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
-        err_fmt(err, errlen, "ncclCommInitRankConfig rank %d of %d on device %d: %s", rank, world,
-                device, ncclGetErrorString(r));
+        snprintf(n->nccl_text, sizeof n->nccl_text, "%s", ncclGetLastError(n->comm));
+        rc = dp_nccl_init_fault(r, n->nccl_text, rank, device, err, errlen);
+        if (rc != DFLASH_ECONFIG)
+            err_fmt(err, errlen, "ncclCommInitRankConfig rank %d of %d on device %d: %s", rank,
+                    world, device, ncclGetErrorString(r));
         nccl_abort(n);
-        rc = DFLASH_EPEER;
         goto fail;
     }
     rc = wait_async(n, r, "join", monotime_s() + timeout_s);
+    if (rc == DFLASH_EPEER && n->failed != ncclSuccess && /* NCCL's answer, not the watch's */
+        dp_nccl_init_fault(n->failed, n->nccl_text, rank, device, err, errlen) ==
+            DFLASH_ECONFIG) {
+        rc = DFLASH_ECONFIG;
+        goto fail;
+    }
     if (rc) {
         err_fmt(err, errlen, "rank %d of %d on device %d: the nccl group did not form (%s: %s)",
                 rank, world, device, err_str(rc), why);

@@ -1,16 +1,30 @@
 /* collective_nccl.h: the internal interface between collective.c and its nccl backend
- * (collective_nccl.c), declared only when the build found NCCL (DFLASH_HAVE_NCCL). Same
- * contracts as the public calls of collective.h; `impl` is the backend's state.
+ * (collective_nccl.c), declared only when the build found NCCL (DFLASH_HAVE_NCCL), but for
+ * dp_nccl_init_fault (collective_fault.c), built always. Same contracts as the public calls of
+ * collective.h; `impl` is the backend's state.
  */
 #ifndef DFLASH_NN_COLLECTIVE_NCCL_H
 #define DFLASH_NN_COLLECTIVE_NCCL_H
 
-#ifdef DFLASH_HAVE_NCCL
-#include "collective.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* nccl.h's ncclInvalidUsage, for dp_nccl_init_fault in builds without nccl.h
+ * (collective_nccl.c asserts that they agree). */
+#define DP_NCCL_INVALID_USAGE 5
+
+/* What a failed communicator init means (collective_fault.c; built with or without NCCL):
+ * result is the ncclResult_t that ncclCommInitRankConfig or its asynchronous error gave,
+ * last_error ncclGetLastError's text (may be NULL). DFLASH_ECONFIG when NCCL refused this rank's
+ * configuration (ncclInvalidUsage, or the text names a GPU used by two ranks), which no re-form
+ * can mend, with the operator's message (naming --device and --comm shm) in msg; else
+ * DFLASH_EPEER (msg untouched). */
+int dp_nccl_init_fault(int result, const char *last_error, int rank, int device, char *msg,
+                       size_t len);
+
+#ifdef DFLASH_HAVE_NCCL
+#include "collective.h"
 
 int dp_nccl_make_id(uint8_t id[DP_COMM_ID_BYTES], char *err, size_t errlen);
 /* watch and why (DP_WHY_BYTES) are the handle's, borrowed for the backend's life: every wait

@@ -46,6 +46,12 @@
  * epoch is over, and we re-form at once instead of after --comm-timeout-s. No answer (the broker
  * is down: the request waits its timeout) keeps the wait, bounded by --comm-timeout-s as ever.
  * With shm the collective itself also sees a peer process that has ended (collective.h).
+ * A communicator that cannot open for our own setup (dp_comm_open's DFLASH_ECONFIG: NCCL refuses
+ * two ranks on one GPU, or our --device cannot be set) would fail the same way after every
+ * re-form, for ever: the rank ends instead (config_fault), through finish(), which writes the
+ * final checkpoint (rank 0 of the last group, or solo) and leaves the group, so the others
+ * re-form without it at once; the loop returns DFLASH_ECONFIG (exit 2). A rank on a GPU of its
+ * own sees only its peers give up, and re-forms without them.
  *
  * Progress lines (progress()): in STEPPING the group's (epoch, rank, world, step, rates);
  * outside it (REGISTER, JOINING) the rank trains nothing, and the line says so, with what it
@@ -94,6 +100,7 @@ typedef struct gw {
     uint64_t wait_said_ms; /* when a join's wait was last logged */
     bool refused_step;     /* rank 0: a StepDone this broker answered STALE, no GroupJoin since */
     bool refused;          /* the broker refused our hello or join for good: the loop ends */
+    bool config_fault; /* the communicator refused our setup (ECONFIG): finish, then exit 2 */
     worker_unacked resumed[WORKER_MAX_UNACKED]; /* the checkpoint's unacked batches */
     uint32_t n_resumed, next_resumed;           /* (consumer's resumed_unacked()), next one */
     /* Outside STEPPING the rank trains nothing: what it waits for (set_waiting), since when. */
@@ -488,7 +495,7 @@ static int joining(gw *g)
     if (!full_group(g, &v)) return 0;        /* fewer ranks than --group-size: join again */
     uint8_t id[DP_COMM_ID_BYTES];
     memset(id, 0, sizeof id);
-    char err[300] = "";
+    char err[600] = "";
     dp_comm_kind kind = (dp_comm_kind)c->comm_kind;
     if (v.rank == 0 && v.id_len == 0) {
         if ((rc = dp_comm_make_id(kind, id, err, sizeof err)) < 0) {
@@ -519,8 +526,16 @@ static int joining(gw *g)
     dp_comm_watch watch = {comm_watch, g};
     rc = dp_comm_open_watched(kind, id, (int)v.rank, (int)v.world, c->device, c->comm_timeout_s,
                               &watch, &g->comm, err, sizeof err);
+    if (rc == DFLASH_ECONFIG) { /* our own setup (two nccl ranks on one GPU): see the top */
+        LOG_ERROR("group %s epoch %llu rank %u of %u: cannot open the %s communicator: %s; this "
+                  "rank leaves the group (a re-form would fail the same way)", c->group,
+                  (unsigned long long)v.epoch, v.rank, v.world, dp_comm_kind_name(kind), err);
+        g->config_fault = true;
+        set_state(g, GW_DONE); /* finish(): the final checkpoint, then goodbye to the group */
+        return 0;
+    }
     if (rc < 0) {
-        char why[400];
+        char why[700];
         snprintf(why, sizeof why, "cannot open the communicator: %s (%s)", err, err_str(rc));
         reform(g, why);
         return 0;
@@ -936,6 +951,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
         if (rc < 0) goto out_comm;
     }
     rc = finish(&g);
+    if (rc == 0 && g.config_fault) rc = DFLASH_ECONFIG; /* the flags: exit 2 */
 out_comm:
     close_comm(&g);
     worker_session_destroy(&g.s);

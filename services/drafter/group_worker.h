@@ -23,7 +23,9 @@
  * of another shape than the group's (Error MISMATCH), which is fatal (DFLASH_ECONFIG), before
  * the group re-forms for it. With an older broker a sync that finds another rank's drafter of
  * another shape than rank 0's re-forms too; our own differing is fatal (DFLASH_ECONFIG), after
- * a GroupLeave. Only rank 0 writes checkpoints and
+ * a GroupLeave. A communicator that refuses our own setup (dp_comm_open's DFLASH_ECONFIG: two
+ * nccl ranks on one GPU) is fatal too (DFLASH_ECONFIG), after the final checkpoint and a
+ * GroupLeave: a re-form would fail the same way. Only rank 0 writes checkpoints and
  * reports them (CheckpointCommitted). A broker restart: hello again (rank 0 with the units of a
  * step whose StepDone was not answered), plain Acks for those units, then join again. A
  * StepDone the same broker answers STALE (it expired us while we trained) is not acked late:
@@ -51,7 +53,10 @@
  * after logging the reason (DFLASH_EFULL: the broker refused the join because the group would
  * be larger than its max-depth; DFLASH_ECONFIG: our drafter's shape differs from rank 0's, the
  * group's model (the broker refused our join; or, with an older broker, the sync found it:
- * only the differing rank ends, rank 0 and the matching ranks re-form without it), a slot of the target was written for another layout than ours (given back unread), or
+ * only the differing rank ends, rank 0 and the matching ranks re-form without it), the
+ * communicator refused our setup (two nccl ranks on one GPU, an unusable --device; after the
+ * final checkpoint), a slot of the target was written for another layout than ours (given back
+ * unread), or
  * cons has no group hooks: a mode that cannot train in a group). Main thread. */
 int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats);

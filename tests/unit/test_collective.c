@@ -25,10 +25,16 @@
  *     (about 2 s), with the watch's words in dp_comm_error / the open's error; the watch sees
  *     what is waited for, which rank (and its pid) and for how long, first after
  *     DP_COMM_WATCH_S; the late peer then finds the group broken by rank 0;
- *   - no /dev/shm/dflash-dp-* segment of this test is left behind.
+ *   - no /dev/shm/dflash-dp-* segment of this test is left behind;
+ *   - what a failed NCCL init means (dp_nccl_init_fault, built without NCCL too): NCCL's
+ *     "Duplicate GPU detected" refusal (ncclInvalidUsage, the text NCCL 2.28 gives) and any
+ *     other invalid usage are DFLASH_ECONFIG, whose message names --device and --comm shm;
+ *     a peer's failure (remote / system error) and a timeout stay DFLASH_EPEER, message
+ *     untouched.
  */
 #include "check.h"
 #include "collective.h"
+#include "collective_nccl.h"
 #include "err.h"
 #include "monotime.h"
 #include "safetensors.h"
@@ -479,10 +485,42 @@ static void test_args(void) {
     dp_comm_close(&c);
 }
 
+/* ncclResult_t numbers as nccl.h gives them (this test builds without nccl.h too). */
+enum { NCCL_SYSTEM_ERROR = 2, NCCL_REMOTE_ERROR = 6 };
+
+static void test_init_fault(void) {
+    char msg[600] = "untouched";
+    const char *dup = "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000";
+    CHECK_EQ_INT(dp_nccl_init_fault(DP_NCCL_INVALID_USAGE, dup, 1, 0, msg, sizeof msg),
+                 DFLASH_ECONFIG);
+    CHECK(strstr(msg, "one GPU per rank") != NULL);
+    CHECK(strstr(msg, "--device 0") != NULL);
+    CHECK(strstr(msg, "--comm shm") != NULL);
+    CHECK(strstr(msg, dup) != NULL); /* NCCL's own words, for the ranks and the bus id */
+    /* another invalid usage at init: still no re-form can mend it */
+    snprintf(msg, sizeof msg, "untouched");
+    CHECK_EQ_INT(dp_nccl_init_fault(DP_NCCL_INVALID_USAGE, "", 2, 3, msg, sizeof msg),
+                 DFLASH_ECONFIG);
+    CHECK(strstr(msg, "rank 2 on --device 3") != NULL);
+    CHECK(strstr(msg, "--comm shm") != NULL);
+    CHECK_EQ_INT(dp_nccl_init_fault(DP_NCCL_INVALID_USAGE, NULL, 0, 0, msg, sizeof msg),
+                 DFLASH_ECONFIG);
+    /* the text alone names the shared GPU, whatever number came with it */
+    CHECK_EQ_INT(dp_nccl_init_fault(NCCL_SYSTEM_ERROR, dup, 0, 1, msg, sizeof msg),
+                 DFLASH_ECONFIG);
+    /* a peer gave up, or another failure: the group re-forms without it */
+    snprintf(msg, sizeof msg, "untouched");
+    CHECK_EQ_INT(dp_nccl_init_fault(NCCL_REMOTE_ERROR, "", 0, 1, msg, sizeof msg), DFLASH_EPEER);
+    CHECK_EQ_INT(dp_nccl_init_fault(NCCL_SYSTEM_ERROR, "socket closed", 0, 1, msg, sizeof msg),
+                 DFLASH_EPEER);
+    CHECK(strcmp(msg, "untouched") == 0);
+}
+
 int main(void) {
     char prefix[64];
     snprintf(prefix, sizeof prefix, "dflash-dp-%ld-", (long)getpid());
     test_args();
+    test_init_fault();
     uint8_t id[DP_COMM_ID_BYTES];
     char err[256], name[128];
     for (int world = 2; world <= 4; world++) {

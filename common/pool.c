@@ -268,11 +268,21 @@ fail_unlink:
     return rc;
 }
 
+/* One line naming the board behind a cuda device ordinal (who: "pool", "importer"): an ordinal
+ * means nothing to another process with another CUDA_VISIBLE_DEVICES, the bus id does. */
+static void log_cuda_device(const char *who, int device)
+{
+    char bus[32];
+    if (pool_cuda_bus_id(device, bus, sizeof bus) == 0)
+        LOG_INFO("cuda %s on device %d: PCI bus id %s", who, device, bus);
+}
+
 static int cuda_create(pool *p)
 {
     pool_desc *d = &p->desc;
     int rc = pool_cuda_alloc(d->device, d->arena_bytes, &p->base, d->mem_handle);
     if (rc < 0) return rc;
+    log_cuda_device("pool", d->device);
     for (uint32_t i = 0; i < d->n_slots; i++) {
         rc = pool_cuda_event_new(d->device, &p->events[i], d->event_handles[i]);
         if (rc < 0) return rc; /* pool_destroy frees what exists */
@@ -557,6 +567,7 @@ pool_importer *pool_importer_new(pool_backend backend, int device, int *err)
             pool_importer_destroy(&imp);
             goto fail;
         }
+        log_cuda_device("importer", device);
     }
     if (err) *err = 0;
     return imp;

@@ -57,6 +57,7 @@ static struct {
     cuda_err (*Memcpy)(void *, const void *, size_t, int);
     cuda_err (*GetLastError)(void);
     const char *(*GetErrorString)(cuda_err);
+    cuda_err (*DeviceGetPCIBusId)(char *, int, int);
 } rt;
 
 static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
@@ -99,6 +100,7 @@ static void rt_load(void)
     RT_SYM(Memcpy);
     RT_SYM(GetLastError);
     RT_SYM(GetErrorString);
+    RT_SYM(DeviceGetPCIBusId);
 #undef RT_SYM
     rt.loaded = true;
 }
@@ -132,6 +134,13 @@ int pool_cuda_device_count(void)
         return 0;
     }
     return n;
+}
+
+int pool_cuda_bus_id(int device, char *buf, size_t len)
+{
+    if (len) buf[0] = '\0';
+    TRY(DeviceGetPCIBusId(buf, (int)(len < 64 ? len : 64), device));
+    return 0;
 }
 
 int pool_cuda_set_device(int device)

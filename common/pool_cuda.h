@@ -38,5 +38,8 @@ int pool_cuda_copy_async(void *dst, const void *src, size_t n, void *wait_event,
 /* Synchronous copies between host and device (kind: 0 = device to host, 1 = host to device). */
 int pool_cuda_memcpy(void *dst, const void *src, size_t n, int host_to_device);
 int pool_cuda_set_device(int device);
+/* The PCI bus id of device as this process sees it ("0000:1b:00.0"; 13 bytes and a NUL fit in
+ * 16): it names the board whatever CUDA_VISIBLE_DEVICES renumbers (nvidia-smi -i takes it). */
+int pool_cuda_bus_id(int device, char *buf, size_t len);
 
 #endif

@@ -2,15 +2,14 @@
 # energy_gpu.sh BIN [STEPS=40]: the drafter step's time and energy (bench-drafter's energy
 # line) against the PyTorch reference's in the same call, STEPS timed steps each (NVML's counter
 # is coarse over the default 10), 3072/512 (ours twice around PyTorch) and 768/256, with the
-# board's clock and power sampled every 100 ms into $OUT/power.csv; first, where it was carried,
+# board's clock and power sampled every 100 ms into $OUT/power.csv (the board of CUDA device 0
+# alone, each row labelled: gpu_run.sh's sample_board); first, where it was carried,
 # bench-cuda_ops's rows with their joules per call (BENCH_ENERGY_S: each op alone for 1.5 s).
 bin=${1:-build-gpu}
 steps=${2:-40}
 log=${OUT:-.}/energy.log
 source "$(dirname "$0")/gpu_run.sh"
-nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv -lms 100 \
-  >"${OUT:-.}/power.csv" 2>&1 &
-smi=$!
+sample_board "${OUT:-.}/power.csv" 100 timestamp,clocks.sm,power.draw
 [ -x "$B" ] && run ops_energy 200 BENCH_ENERGY_S=1.5 "$B" 0
 T="python3 bench/drafter/torch_drafter_bench.py --steps $steps"
 run ours_3072_1 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps

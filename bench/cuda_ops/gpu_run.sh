@@ -19,7 +19,15 @@
 # which runs `bench-cuda_parity attn` on each fallback of the block backward (wgmma_seq, mma,
 # cp.async and per-column copies, hits pieces built in list rounds, blocks pieces), one query
 # block per piece (SPLIT=1) where the default split would leave a path untaken.
+#   sample_board CSV MS FIELDS
+# which samples FIELDS (nvidia-smi --query-gpu names) every MS ms into CSV in the background (its
+# pid in smi) for the board the benches run on, CUDA device 0, each row labelled with its
+# nvidia-smi index and PCI bus id: with CUDA_DEVICE_ORDER=PCI_BUS_ID (set here unless given)
+# that board is nvidia-smi's first of CUDA_VISIBLE_DEVICES (an index or a UUID), GPU 0 when it
+# is unset; SMI_GPU names another.
 out=${out:-${OUT:-.}}
+export CUDA_DEVICE_ORDER=${CUDA_DEVICE_ORDER:-PCI_BUS_ID}
+SMI_GPU=${SMI_GPU:-$(v=${CUDA_VISIBLE_DEVICES:-0}; echo "${v%%,*}")}
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/gpu-lib.sh"
 gpu_env "$bin"
 export LD_LIBRARY_PATH="$GPU_DEVLIBS:$LD_LIBRARY_PATH"
@@ -51,6 +59,12 @@ ncu_one() {
   ncu --import "$out/$name.ncu-rep" --page details >>"$log" 2>&1
   ncu --import "$out/$name.ncu-rep" --page source --print-source sass --csv \
     >"$out/${name}_sass.csv" 2>&1
+}
+sample_board() {
+  local csv=$1 ms=$2 fields=$3
+  nvidia-smi -i "$SMI_GPU" --query-gpu="index,pci.bus_id,$fields" --format=csv -lms "$ms" \
+    >"$csv" 2>&1 &
+  smi=$!
 }
 bwd_fallback_parity() {
   local s1="DFLASH_CUDA_ATTN_SPLIT=1"

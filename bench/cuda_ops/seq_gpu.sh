@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # seq_gpu.sh BIN: the drafter step's products by their place in the step (DFLASH_PROF_SEQ),
 # default rows and DFLASH_LAST_LAYER_ROWS=all, with the board's clock and power sampled every
-# 50 ms beside each run.
+# 50 ms beside each run (the board of CUDA device 0 alone: gpu_run.sh's sample_board).
 bin=${1:-build-gpu}
 log=${OUT:-.}/seq.log
 source "$(dirname "$0")/gpu_run.sh"
 sampled() {
   local name=$1; shift
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 50 \
-    >"${OUT:-.}/power_$name.csv" 2>&1 &
-  local smi=$!
+  sample_board "${OUT:-.}/power_$name.csv" 50 timestamp,clocks.sm,power.draw,temperature.gpu
   run "$name" 150 "$@"
   kill $smi
 }

@@ -176,7 +176,9 @@ static const cfg_option drafter_options[] = {
     OPTS("backend", "auto", "slot pool and compute backend: host (POSIX shm, f32; cpu ops), "
          "cuda (IPC, bf16; cuda ops) or auto (cuda when built with it and a GPU is visible)",
          backend),
-    OPT("device", CFG_INT, "0", 0, 64, "GPU ordinal for the staging buffer and copies", device),
+    OPT("device", CFG_INT, "0", 0, 64, "GPU this daemon uses (training, the staging buffer and "
+        "slot copies, and its rank of an nccl --group: one GPU per rank): an ordinal among the "
+        "GPUs CUDA_VISIBLE_DEVICES leaves visible", device),
     OPT("token-budget", CFG_INT, "2048", 16, 1 << 20, "tokens per slot (as the target)",
         token_budget),
     OPT("max-seqs", CFG_INT, "64", 1, 65536, "sequences per slot (as the target)", max_seqs),

@@ -82,7 +82,9 @@ static const cfg_option target_options[] = {
         threads),
     OPTS("backend", "auto", "slot pool backend: host (POSIX shm, f32), cuda (IPC, bf16) or "
          "auto (cuda when built with it and a GPU is visible)", backend),
-    OPT("device", CFG_INT, "0", 0, 64, "GPU ordinal of the cuda pool", device),
+    OPT("device", CFG_INT, "0", 0, 64, "GPU this daemon uses (the target model's compute and "
+        "the cuda slot pool): an ordinal among the GPUs CUDA_VISIBLE_DEVICES leaves visible",
+        device),
     OPT("slots", CFG_INT, "8", 1, 256, "slots in the pool", slots),
     OPT("token-budget", CFG_INT, "2048", 16, 1 << 20, "tokens per slot", token_budget),
     OPT("max-seqs", CFG_INT, "64", 1, 65536, "sequences per slot", max_seqs),

@@ -4,7 +4,11 @@
  *   1. nccl, world 1, GPU 0: open, allreduce (plain and pre-scaled, fp32 and bf16, device
  *      memory on the context's stream), allreduce_host_f64, broadcast (device),
  *      broadcast_host, barrier, close;
- *      then a world of 2 whose rank 1 never joins: rank 0's open returns DFLASH_ETIMEOUT.
+ *      then a world of 2 whose rank 1 never joins: rank 0's open returns DFLASH_ETIMEOUT;
+ *      then a world of 2 with both ranks on GPU 0 (two forked ranks, the id through a pipe):
+ *      NCCL refuses two ranks on one GPU, and each rank's open returns DFLASH_ECONFIG, saying
+ *      one GPU per rank, within its 20 s timeout (the drafter then exits 2 instead of
+ *      re-forming the group for ever).
  *   2. shm, world 2, both ranks on GPU 0 with the cuda backend: a small drafter (D 128, 2
  *      layers, head dim 64, B 8) trains N steps on different batches per rank; the gradients
  *      go through the shm segment with the ops' download/upload. After every step both ranks'
@@ -31,7 +35,10 @@
 #include "rng.h"
 #include "safetensors.h"
 
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,8 +150,37 @@ static uint64_t buf_hash(gworld *w, const void *dev, size_t n) {
     return x;
 }
 
+/* Rank 1 of an nccl pair: rank 0's id from the pipe, waiting ID_WAIT_S at most. Rank 0 writes it
+ * once its world and model are made (seconds); a rank 0 that failed first has exited, which
+ * closes the pipe (rank 1 closed its own write end: EOF, said at once), and one that hangs is
+ * given up on after the wait, well within the child's alarm(240) and gpu-check's 180 s. */
+#define ID_WAIT_S 90
+static bool read_id(int pipe_rd, uint8_t id[DP_COMM_ID_BYTES]) {
+    struct pollfd pf = {.fd = pipe_rd, .events = POLLIN};
+    size_t got = 0;
+    double end = monotime_s() + ID_WAIT_S;
+    while (got < DP_COMM_ID_BYTES) {
+        int left_ms = (int)((end - monotime_s()) * 1000);
+        if (left_ms <= 0 || poll(&pf, 1, left_ms) == 0) {
+            fprintf(stderr, "rank 1: no nccl id from rank 0 within %d s (rank 0 hangs?)\n",
+                    ID_WAIT_S);
+            return false;
+        }
+        ssize_t n = read(pipe_rd, id + got, DP_COMM_ID_BYTES - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            fprintf(stderr, "rank 1: rank 0 ended before it sent the nccl id (its errors above)\n");
+            return false;
+        }
+        got += (size_t)n;
+    }
+    return true;
+}
+
 /* One rank: sync from rank 0 (rank 1 starts from other weights), then n_steps DP steps. */
 static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int pipe_wr) {
+    if (kind == DP_COMM_NCCL) /* each end in one process only: rank 0's exit is rank 1's EOF */
+        close(rank == 0 ? pipe_rd : pipe_wr);
     gworld w;
     if (gworld_init(&w, device)) {
         CHECK(!"cuda world");
@@ -160,7 +196,9 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
             CHECK_EQ_INT(dp_comm_make_id(kind, S->id, err, sizeof err), 0);
             CHECK(write(pipe_wr, S->id, DP_COMM_ID_BYTES) == DP_COMM_ID_BYTES);
         } else {
-            CHECK(read(pipe_rd, S->id, DP_COMM_ID_BYTES) == DP_COMM_ID_BYTES);
+            bool got = read_id(pipe_rd, S->id);
+            CHECK(got);
+            if (!got) return;
         }
     }
     dp_comm *c = NULL;
@@ -349,6 +387,31 @@ static int gpu_count(void) {
     return n;
 }
 
+/* Rank idx of an nccl world of 2 with both ranks on GPU 0: NCCL refuses it at init ("Duplicate
+ * GPU detected"), which dp_comm_open must answer DFLASH_ECONFIG (the drafter's exit 2), within
+ * the 20 s timeout, saying one GPU per rank. */
+static void shared_gpu_rank(int idx, int rd, int wr) {
+    close(idx == 0 ? rd : wr);
+    uint8_t id[DP_COMM_ID_BYTES];
+    char err[600] = "";
+    if (idx == 0) {
+        CHECK_EQ_INT(dp_comm_make_id(DP_COMM_NCCL, id, err, sizeof err), 0);
+        CHECK(write(wr, id, DP_COMM_ID_BYTES) == DP_COMM_ID_BYTES);
+    } else if (!read_id(rd, id)) {
+        CHECK(!"rank 0's id");
+        return;
+    }
+    dp_comm *c = NULL;
+    double t0 = monotime_s();
+    int rc = dp_comm_open(DP_COMM_NCCL, id, idx, 2, 0, 20.0, &c, err, sizeof err);
+    CHECK_EQ_INT(rc, DFLASH_ECONFIG);
+    CHECK(strstr(err, "one GPU per rank") != NULL);
+    CHECK(c == NULL);
+    dp_comm_close(&c);
+    printf("nccl world 2 on one GPU, rank %d: open gave %s after %.2f s: %s\n", idx, err_name(rc),
+           monotime_s() - t0, err);
+}
+
 static void child_nccl1(int idx, int rd, int wr) { (void)idx, (void)rd, (void)wr, nccl_world1(); }
 static void child_shm(int idx, int rd, int wr) { train_rank(DP_COMM_SHM, idx, 0, rd, wr); }
 static void child_nccl2(int idx, int rd, int wr) { train_rank(DP_COMM_NCCL, idx, idx, rd, wr); }
@@ -391,8 +454,12 @@ int main(int argc, char **argv) {
         printf("no GPU: skipped\n");
         return 77;
     }
-    if (dp_comm_have_nccl()) CHECK_EQ_INT(run_children(1, child_nccl1), 0);
-    else printf("nccl world 1: skipped (no NCCL in this build)\n");
+    if (dp_comm_have_nccl()) {
+        CHECK_EQ_INT(run_children(1, child_nccl1), 0);
+        CHECK_EQ_INT(run_children(2, shared_gpu_rank), 0);
+    } else {
+        printf("nccl world 1, and 2 on one GPU: skipped (no NCCL in this build)\n");
+    }
 
     memset(S, 0, sizeof *S);
     CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, S->id, NULL, 0), 0);

@@ -112,6 +112,13 @@ const char *dp_comm_kind_name(dp_comm_kind k) {
     return k == DP_COMM_SHM ? "shm" : k == DP_COMM_NCCL ? "nccl" : "unknown";
 }
 
+uint64_t dp_comm_shape(dp_comm_kind kind, uint64_t hash, char *text, size_t len) {
+    size_t n = strnlen(text, len);
+    if (n < len) snprintf(text + n, len - n, ", comm %s", dp_comm_kind_name(kind));
+    uint64_t h = (hash ^ ((uint64_t)kind + 1)) * 0x9e3779b97f4a7c15ull; /* one odd multiply */
+    return h ? h : 1;
+}
+
 bool dp_comm_have_nccl(void) {
 #ifdef DFLASH_HAVE_NCCL
     return true;

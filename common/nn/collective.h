@@ -69,6 +69,13 @@ typedef struct dp_comm dp_comm;
 /* "shm" / "nccl" <-> kind; returns 0 or DFLASH_EINVAL. */
 int dp_comm_kind_parse(const char *s, dp_comm_kind *out);
 const char *dp_comm_kind_name(dp_comm_kind k);
+/* A group member's drafter shape (the hash and words its joins state, GroupJoin.shape) with
+ * the collective kind added: ranks of two kinds cannot form one communicator (each misreads the
+ * other's rendezvous id, and the group re-formed for ever), so the broker refuses a joiner whose
+ * kind is not the group's as it refuses another drafter shape, naming both. ", comm KIND" is
+ * appended to text (len bytes, cut if it does not fit); returns the hash, never 0 (0 is "not
+ * stated"). */
+uint64_t dp_comm_shape(dp_comm_kind kind, uint64_t hash, char *text, size_t len);
 /* Whether this build has the nccl backend. */
 bool dp_comm_have_nccl(void);
 

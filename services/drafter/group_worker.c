@@ -463,8 +463,9 @@ static int joining(gw *g)
         const char *why = client_last_error(g->cl);
         bool named = g->shape_text[0] && strstr(why, g->shape_text); /* the broker's words */
         LOG_ERROR("the broker refused to let us join group %s: %s%s%s%s; every rank needs the "
-                  "group's drafter: start this one with its rank 0's model flags "
-                  "(--draft-layers, --block-size, --capture-layers, the target) or checkpoint",
+                  "group's drafter and collective: start this one with its rank 0's model "
+                  "flags (--draft-layers, --block-size, --capture-layers, the target) or "
+                  "checkpoint, and its --comm",
                   c->group, why, named ? "" : " (ours: ", named ? "" : g->shape_text,
                   named ? "" : ")");
         worker_session_note_refusal(g->s);
@@ -900,6 +901,9 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
     worker_session_offer_barrier(g.s, cons);
     if (cons->shape) { /* stated in every join: the broker turns away another shape (joining) */
         uint64_t shape = cons->shape(cons->ctx, g.shape_text, sizeof g.shape_text);
+        /* and the collective: a rank of another --comm is turned away the same way */
+        shape = dp_comm_shape((dp_comm_kind)cfg->comm_kind, shape, g.shape_text,
+                              sizeof g.shape_text);
         client_set_drafter_shape(g.cl, shape, g.shape_text);
     }
     g.accumulate = cons->accumulate ? cons->accumulate(cons->ctx) : 1;

@@ -138,6 +138,7 @@ int main(int argc, char **argv)
                              "drafter: its rank 0 da has 1 layer, ", 0));
     CHECK(h_wait_text(dclog, "this one has 2 layers, ", 0));
     CHECK(h_wait_text(dclog, "every rank needs the group's drafter", 0)); /* the shape advice */
+    CHECK(h_wait_text(dclog, " parameters, comm shm; this one has 2 layers, ", 0)); /* --comm */
     CHECK(!h_wait_text(dclog, "every rank needs the group's --accumulate", 0));
     CHECK(h_wait_text_from(qlog, q_from, "group g: dc refused: its drafter (2 layers, ", 0));
     CHECK(wait_steps(c, 2, 3, 60000, &s));

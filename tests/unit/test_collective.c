@@ -485,6 +485,24 @@ static void test_args(void) {
     dp_comm_close(&c);
 }
 
+/* The collective is part of a member's stated shape: the same drafter with another --comm
+ * states another hash and says which in words, so the broker turns it away (a rank of another
+ * kind misread the group's id, and the group re-formed for ever). */
+static void test_comm_shape(void) {
+    char shm[128] = "2 layers, block 4", nccl[128] = "2 layers, block 4";
+    uint64_t a = dp_comm_shape(DP_COMM_SHM, 42, shm, sizeof shm);
+    uint64_t b = dp_comm_shape(DP_COMM_NCCL, 42, nccl, sizeof nccl);
+    CHECK(a != b && a != 0 && b != 0 && a != 42);
+    CHECK(strcmp(shm, "2 layers, block 4, comm shm") == 0);
+    CHECK(strcmp(nccl, "2 layers, block 4, comm nccl") == 0);
+    char again[128] = "2 layers, block 4";
+    CHECK(dp_comm_shape(DP_COMM_SHM, 42, again, sizeof again) == a); /* the same every join */
+    CHECK(dp_comm_shape(DP_COMM_SHM, 43, again, sizeof again) != a); /* the drafter's part too */
+    char tight[20] = "2 layers, block 4";   /* no room for all of it: cut, terminated */
+    dp_comm_shape(DP_COMM_NCCL, 42, tight, sizeof tight);
+    CHECK(strlen(tight) == sizeof tight - 1);
+}
+
 /* ncclResult_t numbers as nccl.h gives them (this test builds without nccl.h too). */
 enum { NCCL_SYSTEM_ERROR = 2, NCCL_REMOTE_ERROR = 6 };
 
@@ -521,6 +539,7 @@ int main(void) {
     snprintf(prefix, sizeof prefix, "dflash-dp-%ld-", (long)getpid());
     test_args();
     test_init_fault();
+    test_comm_shape();
     uint8_t id[DP_COMM_ID_BYTES];
     char err[256], name[128];
     for (int world = 2; world <= 4; world++) {

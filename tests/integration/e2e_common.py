@@ -68,10 +68,11 @@ def tail(path, n=25):
 
 
 class Daemon:
-    """One daemon: argv, its log file, start/kill/terminate."""
+    """One daemon: argv, its log file, start/kill/terminate; env: its whole environment (None:
+    this process's)."""
 
-    def __init__(self, name, argv, logdir):
-        self.name, self.argv = name, argv
+    def __init__(self, name, argv, logdir, env=None):
+        self.name, self.argv, self.env = name, argv, env
         self.log_path = os.path.join(logdir, f"{name}.log")
         self.proc = None
 
@@ -79,7 +80,7 @@ class Daemon:
         with open(self.log_path, "a") as f:
             f.write(f"==== start: {' '.join(self.argv)}\n")
             f.flush()
-            env = dict(os.environ)
+            env = dict(os.environ) if self.env is None else self.env
             self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, env=env)
 
     def alive(self):

@@ -28,6 +28,14 @@ Training (docker-compose.yml with docker-compose.train.yml over it, given a mode
     drafter needs the synthetic target;
   * the override refuses to resolve without DFLASH_TARGET_MODEL or DFLASH_SHARDS.
 
+Several GPUs (docker-compose.group.yml over the training files, given DFLASH_DRAFTER_GPUS):
+  * the drafter service runs the group launcher, dflash-drafter-group (deploy/drafter-group),
+    which the Dockerfile installs under that name, executable; a service with
+    DFLASH_DRAFTER_GPUS runs it, and it has DFLASH_DRAFTER_GPUS (comma-separated ordinals);
+  * it counts as a drafter for every rule above (namespaces, restart on-failure, no fixed name,
+    checkpoint and metrics directories on volumes, the stop grace);
+  * the overlay refuses to resolve without DFLASH_DRAFTER_GPUS.
+
 Stopping: the broker's graceful stop (DFLASH_STOP_GRACE_MS, set next to its stop_grace_period)
 ends at least a second before its service's stop_grace_period (docker's 10 s when unset) sends
 SIGKILL, else a stop cut short by it journals nothing of the stop (a drain it should end stays);
@@ -46,7 +54,8 @@ import shutil
 import subprocess
 import sys
 
-DAEMONS = {"dflash-queue", "dflash-target", "dflash-drafter"}
+LAUNCHER = "dflash-drafter-group"  # runs a dflash-drafter per GPU: a drafter to every rule
+DAEMONS = {"dflash-queue", "dflash-target", "dflash-drafter", LAUNCHER}
 
 
 def resolve(files, env_vars):
@@ -97,8 +106,13 @@ def daemon_services(cfg):
     return {n: s for n, s in cfg["services"].items() if command0(s) in DAEMONS}
 
 
+def role(svc):
+    """The daemon a service runs: the group launcher's services are drafters."""
+    return "dflash-drafter" if command0(svc) == LAUNCHER else command0(svc)
+
+
 def by_daemon(cfg, daemon):
-    return [(n, s) for n, s in cfg["services"].items() if command0(s) == daemon]
+    return [(n, s) for n, s in cfg["services"].items() if role(s) == daemon]
 
 
 def joined(svc, key):
@@ -226,6 +240,28 @@ def check_training(cfg):
                 errs.append(f"{name}: trains without {key}: nothing of it is saved")
             elif not on_mount(path, svc):
                 errs.append(f"{name}: {key} {path} is on no volume: lost with the container")
+    return errs
+
+
+def check_group(cfg, dockerfile_text, launcher_path):
+    """The several-GPU drafter: the launcher, installed by the Dockerfile, with its GPUs."""
+    errs = []
+    runs = [n for n, s in cfg["services"].items() if command0(s) == LAUNCHER]
+    for name, svc in cfg["services"].items():
+        gpus = env_of(svc).get("DFLASH_DRAFTER_GPUS", "")
+        if name in runs and not re.fullmatch(r"\d+(,\d+)*", gpus):
+            errs.append(f"{name}: runs {LAUNCHER} with DFLASH_DRAFTER_GPUS '{gpus}': it needs "
+                        f"the drafters' GPU ordinals (1,2,3) and refuses to start without")
+        elif name not in runs and gpus:
+            errs.append(f"{name}: DFLASH_DRAFTER_GPUS {gpus} but the command is "
+                        f"{command0(svc) or 'none'}, not {LAUNCHER}: one drafter trains on one GPU")
+    if runs:
+        if not re.search(rf"^COPY\s+deploy/drafter-group\s+/usr/local/bin/{LAUNCHER}\s*$",
+                         dockerfile_text, re.M):
+            errs.append(f"the Dockerfile does not install deploy/drafter-group as "
+                        f"/usr/local/bin/{LAUNCHER}: {', '.join(runs)} would not start")
+        if not os.access(launcher_path, os.X_OK):
+            errs.append(f"{launcher_path} is not executable (COPY keeps the mode)")
     return errs
 
 
@@ -418,6 +454,62 @@ def main():
     broken["services"][dname]["volumes"] = [v for v in broken["services"][dname]["volumes"]
                                             if "checkpoints" not in str(v)]
     rc |= expect("refused: checkpoints on no volume", check_training(broken), "lost with")
+    rc |= check_group_files(deploy, train_files, train_env)
+    return rc
+
+
+def check_group_files(deploy, train_files, train_env):
+    """docker-compose.group.yml over the training files: the rules, and each broken once."""
+    group_file = os.path.join(deploy, "docker-compose.group.yml")
+    if not os.path.exists(group_file):
+        print("FAIL: deploy/docker-compose.group.yml is missing")
+        return 1
+    files = train_files + [group_file]
+    group_env = dict(train_env, DFLASH_DRAFTER_GPUS="1,2,3")
+    try:
+        cfg = resolve(files, group_env)
+    except ValueError as e:
+        print(f"FAIL: the several-GPU configuration does not resolve: {e}")
+        return 1
+    dockerfile = open(os.path.join(deploy, "Dockerfile")).read()
+    launcher = os.path.join(deploy, "drafter-group")
+    rc = expect("the several-GPU configuration (+ docker-compose.group.yml)",
+                check_group(cfg, dockerfile, launcher) + check_training(cfg) +
+                check_namespaces(cfg) + check_names(cfg) + check_stop_grace(cfg))
+    dname = [n for n, s in cfg["services"].items() if command0(s) == LAUNCHER]
+    if dname != ["drafter"]:
+        print(f"FAIL: the several-GPU configuration's drafter runs "
+              f"{command0(cfg['services']['drafter'])}, not {LAUNCHER}")
+        return 1
+    try:
+        resolve(files, train_env)
+        print("FAIL: the several-GPU configuration resolves without DFLASH_DRAFTER_GPUS")
+        rc = 1
+    except ValueError:
+        print("ok: refused: the several-GPU configuration without DFLASH_DRAFTER_GPUS")
+    broken = copy.deepcopy(cfg)
+    broken["services"]["drafter"]["command"] = ["dflash-drafter"]
+    rc |= expect("refused: DFLASH_DRAFTER_GPUS on a plain drafter",
+                 check_group(broken, dockerfile, launcher), "one drafter trains on one GPU")
+    broken = copy.deepcopy(cfg)
+    broken["services"]["drafter"]["environment"]["DFLASH_DRAFTER_GPUS"] = ""
+    rc |= expect("refused: the launcher without its GPUs", check_group(broken, dockerfile, launcher),
+                 "refuses to start without")
+    rc |= expect("refused: a Dockerfile without the launcher",
+                 check_group(cfg, dockerfile.replace("COPY deploy/drafter-group", "#"), launcher),
+                 "does not install deploy/drafter-group")
+    for key, want in (("DFLASH_CHECKPOINT_DIR", "without DFLASH_CHECKPOINT_DIR"),
+                      ("DFLASH_METRICS_DIR", "without DFLASH_METRICS_DIR")):
+        broken = copy.deepcopy(cfg)
+        broken["services"]["drafter"]["environment"].pop(key)
+        rc |= expect(f"refused: the group without {key}", check_training(broken), want)
+    broken = copy.deepcopy(cfg)
+    broken["services"]["drafter"]["volumes"] = [
+        v for v in broken["services"]["drafter"]["volumes"] if "metrics" not in str(v)]
+    rc |= expect("refused: the group's metrics on no volume", check_training(broken), "lost with")
+    broken = copy.deepcopy(cfg)
+    broken["services"]["drafter"]["restart"] = "always"
+    rc |= expect("refused: the group restarted always", check_namespaces(broken), "must stay down")
     return rc
 
 

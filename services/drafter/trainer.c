@@ -224,7 +224,12 @@ static int save_checkpoint(trainer *t) {
     int rc = stop_if_diverged(t);
     if (rc < 0) return rc;
     if (!t->ckpt_root[0] || t->m->step == t->saved_step) return 0;
-    if (t->dp_member && t->dp_rank != 0) return 0; /* a group's rank 0 writes them */
+    /* the records of the steps the group's checkpoint holds, on every rank that writes them
+     * (scripts/train gives the metrics to one process, which need not be rank 0) */
+    if (t->dp_member && t->dp_rank != 0) {
+        if (t->met) metrics_sync(t->met);
+        return 0; /* a group's rank 0 writes them */
+    }
     char path[1200], err[512] = "";
     dflash_ckpt_opts co = {.keep_last = t->keep_last, .unacked = t->unacked,
                            .n_unacked = t->n_unacked};

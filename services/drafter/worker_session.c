@@ -391,6 +391,16 @@ static int barrier(void *arg, uint64_t step)
         rc = client_journal_sync(s->client);
         worker_session_heard(s, rc);
     }
+    /* A broker that restarted since our hello answers for its own journal, not for the acks
+     * its predecessor may have lost with its host's power (a crash of its process alone loses
+     * none: they were written): said, not taken as durable; the loop registers again next. */
+    if (rc == 0 && client_broker_restarted(s->client)) {
+        LOG_WARN("checkpoint of step %llu: the broker restarted since our hello: its journal sync "
+                 "does not vouch for the acks we sent the broker before it (lost if its host "
+                 "lost power, then trained again); writing the checkpoint anyway",
+                 (unsigned long long)step);
+        return DFLASH_ESTALE;
+    }
     if (rc == 0) {
         LOG_DEBUG("the broker's journal holds our acks durably: checkpoint of step %llu next",
                   (unsigned long long)step);

@@ -9,7 +9,7 @@
  * Setup (in a temp dir): the tiny training set of itest_group (96 sequences), planned with
  * --token-budget 80 --max-seqs 4 into 42 batches for one epoch; dflash-queue (journal, lease
  * 1.5 s, heartbeat 300 ms); the target, then drafters da and db with --group g --group-size 3
- * --group-wait-s 4 (a third rank never comes).
+ * --group-wait-s 8 (a third rank never comes).
  *   1. da alone, with batches ready: it says it waits for the group's 3 ranks, and after a
  *      second nothing is trained (no ack, no batch trained);
  *   2. db joins (world 2): the two still wait, until --group-wait-s ends the wait: rank 0 says
@@ -25,7 +25,7 @@
 static char dir[64], ep[128], rt[128];
 static const char *drafter_bin;
 
-/* Drafter name of group g with --group-size 3 --group-wait-s 4; its log in drafter-NAME.log.
+/* Drafter name of group g with --group-size 3 --group-wait-s 8; its log in drafter-NAME.log.
  * group NULL: the same without --group. */
 static pid_t start_drafter(const char *name, const char *group, char *log, size_t log_len)
 {
@@ -35,7 +35,7 @@ static pid_t start_drafter(const char *name, const char *group, char *log, size_
     snprintf(nm, sizeof nm, "%s", name);
     snprintf(log, log_len, "%s/drafter-%s.log", dir, name);
     char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm,
-                    "--group-size", "3", "--group-wait-s", "4", "--comm", "shm",
+                    "--group-size", "3", "--group-wait-s", "8", "--comm", "shm",
                     "--comm-timeout-s", "5", "--block-size", "4", "--anchors", "8",
                     "--checkpoint-dir", ckpt, "--buckets", "32", "--token-budget", "80",
                     "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
@@ -79,7 +79,7 @@ int main(int argc, char **argv)
 
     /* 1. da alone waits for the group's 3 ranks: nothing trained while batches are ready */
     pid_t da = start_drafter("da", "g", dalog, sizeof dalog);
-    CHECK(h_wait_text(dalog, "1 of its 3 ranks (--group-size) have joined: waiting up to 4 s",
+    CHECK(h_wait_text(dalog, "1 of its 3 ranks (--group-size) have joined: waiting up to 8 s",
                       30000));
     CHECK(h_wait_text(dalog, "waiting for group g's 3 ranks (1 joined", 5000)); /* progress */
     h_sleep_ms(1000);

@@ -11,7 +11,11 @@
 #   3. --init-from that run's directory warm-starts a new run from the newest of its
 #      checkpoints, wherever it lies;
 #   4. a scripts/train killed by SIGKILL leaves its daemons holding --out: the next run says so
-#      and prints the command that stops them in order; once it has run, the run resumes.
+#      and prints the command that stops them in order (and removes their runtime directory);
+#      once it has run, the run resumes;
+#   5. a run with fewer --drafters than the one whose newest checkpoint lies in ranks/K (K past
+#      them: no drafter would resume from it) is refused with the move that fixes it; after the
+#      move, drafter 0 resumes from it.
 #   train_group.sh BUILD_DIR SOURCE_ROOT [BACKEND] (host, the default; scripts/gpu-check runs it
 #   with cuda: both drafters and the target on one GPU, the group over shm)
 set -euo pipefail
@@ -127,9 +131,30 @@ cmd=$(sed -n 's/^  \(kill -TERM .*\)$/\1/p' "$WORK/k2.log")
     "$WORK/k2.log"
 bash -c "$cmd" 2>/dev/null || true
 flock -w 60 "$K/train.lock" true || fail "the printed command did not free $K" "$WORK/k2.log"
+rd=$(sed -n "s/^train: the broker's runtime directory is \([^:]*\): .*/\1/p" "$WORK/k1.log")
+[ -n "$rd" ] && [ ! -e "$rd" ] || fail "the printed command left the runtime directory '$rd'" \
+    "$WORK/k2.log"
 train --out "$K" --steps 300 --checkpoint-every 20 >"$WORK/k3.log" 2>&1 ||
     fail "the run after the printed command failed" "$WORK/k3.log"
 grep -q "^train: done; checkpoint $K/.*step-000000300 " "$WORK/k3.log" ||
     fail "the run after the printed command did not end at step 300" "$WORK/k3.log"
 echo "ok: after a SIGKILL of scripts/train the next run names its daemons and the command that \
 stops them; after it the run resumes to its end"
+
+# 5. the newest checkpoint in ranks/1 and one drafter: refused, the printed move, then a resume
+mkdir -p "$R/ranks/1/checkpoints"
+for d in "$R"/checkpoints/step-*; do [ ! -e "$d" ] || mv "$d" "$R/ranks/1/checkpoints/"; done
+rc=0
+train --out "$R" --steps 4 --drafters 1 >"$WORK/f1.log" 2>&1 || rc=$?
+cmd=$(sed -n 's/^  \(mkdir -p .* && mv .*\)$/\1/p' "$WORK/f1.log")
+[ "$rc" = 2 ] && grep -q "^train: the newest checkpoint of $R, $R/ranks/1/checkpoints/\
+step-000000004, is drafter 1's .*with --drafters 1 no drafter resumes from it" "$WORK/f1.log" &&
+    [ -n "$cmd" ] || fail "--drafters 1 with the newest checkpoint in ranks/1: exit $rc (want 2)" \
+    "$WORK/f1.log"
+bash -c "$cmd" || fail "the printed move failed: $cmd" "$WORK/f1.log"
+train --out "$R" --steps 4 --drafters 1 >"$WORK/f2.log" 2>&1 ||
+    fail "the run after the printed move failed" "$WORK/f2.log"
+grep -q "resumed exactly from $R/checkpoints/step-000000004 at step 4" "$R/drafter.log" ||
+    fail "drafter 0 did not resume from the moved checkpoint" "$R/drafter.log"
+echo "ok: a newest checkpoint no drafter of the run reads is refused with the move; after it, \
+drafter 0 resumes from it"

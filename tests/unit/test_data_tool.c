@@ -22,9 +22,11 @@
 #include "test_files.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -243,16 +245,21 @@ int main(void) {
     CHECK(waitpid(pid, &st, 0) == pid);
     close(in_pipe[1]);
     CHECK(access(tmp, F_OK) == 0); /* left behind */
-    char alive[450], other[450], odd[450];
+    char alive[450], other[450], odd[450], locked[450];
     snprintf(alive, sizeof alive, "%s.tmp.%d", shardp, (int)getpid());
     snprintf(other, sizeof other, "%s/other.shard.tmp.%d", dir, (int)pid);
     snprintf(odd, sizeof odd, "%s.tmp.12x", shardp);
-    const char *keep[] = {alive, other, odd};
-    for (int i = 0; i < 3; i++) {
+    /* a pid gone here but the file locked: a writer in another container on a shared volume */
+    snprintf(locked, sizeof locked, "%s.tmp.%d", shardp, (int)pid + 1000000);
+    const char *keep[] = {alive, other, odd, locked};
+    int lock_fd = -1;
+    for (int i = 0; i < 4; i++) {
         FILE *k = fopen(keep[i], "w");
         CHECK(k != NULL);
         if (k) fclose(k);
     }
+    lock_fd = open(locked, O_RDONLY);
+    CHECK(lock_fd >= 0 && flock(lock_fd, LOCK_EX) == 0);
     snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
     CHECK_EQ_INT(run(args), 0);
     CHECK(access(tmp, F_OK) != 0);
@@ -262,10 +269,11 @@ int main(void) {
     CHECK(err_text && strstr(err_text, said) && strstr(err_text, "which is gone"));
     if (err_text && !strstr(err_text, said)) printf("stderr: %s\n", err_text);
     free(err_text);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         CHECK(access(keep[i], F_OK) == 0);
         unlink(keep[i]);
     }
+    if (lock_fd >= 0) close(lock_fd);
     unlink(shardp);
 
     /* --out that is no regular file (a FIFO here; /dev/null for a dry run as root) is refused

@@ -233,6 +233,16 @@ static int replay(journal *j, const uint8_t *buf, uint64_t len, journal_replay_f
             }
             LOG_ERROR("journal %s: the record at byte %llu (%u bytes) %s, and whole records "
                       "follow it", j->path, (unsigned long long)off, plen, bad);
+            /* Not a torn tail by this rule (a later sync made what came before it durable),
+             * but appends not yet synced are written page by page: a power loss may keep a
+             * later page of them and lose an earlier one. What to do, said where it is met. */
+            LOG_ERROR("journal %s: if the broker's host lost power, the bytes from %llu on may "
+                      "be appends that were never synced, with a page of them lost: keep a copy "
+                      "and cut the journal there (cp %s %s.before-cut && truncate -s %llu %s); "
+                      "the broker then starts from the records before it (a drafter's resume "
+                      "rewinds what they lack). Otherwise the file is damaged: restore it, or "
+                      "move it aside to start the plan over", j->path, (unsigned long long)off,
+                      j->path, j->path, (unsigned long long)off, j->path);
             return DFLASH_ECORRUPT;
         }
         if (fn) {

@@ -24,6 +24,7 @@ typedef struct { char reserved[64]; } ipc_handle; /* cudaIpcMemHandle_t / cudaIp
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERR_MEMORY_ALLOCATION = 2,
+    CUDA_ERR_INVALID_DEVICE = 101,
     CUDA_ERR_NOT_READY = 600,
     EVENT_DISABLE_TIMING = 0x02,
     EVENT_INTERPROCESS = 0x04,
@@ -58,6 +59,8 @@ static struct {
     cuda_err (*GetLastError)(void);
     const char *(*GetErrorString)(cuda_err);
     cuda_err (*DeviceGetPCIBusId)(char *, int, int);
+    cuda_err (*DeviceGetByPCIBusId)(int *, const char *);
+    cuda_err (*DeviceCanAccessPeer)(int *, int, int);
 } rt;
 
 static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
@@ -101,6 +104,8 @@ static void rt_load(void)
     RT_SYM(GetLastError);
     RT_SYM(GetErrorString);
     RT_SYM(DeviceGetPCIBusId);
+    RT_SYM(DeviceGetByPCIBusId);
+    RT_SYM(DeviceCanAccessPeer);
 #undef RT_SYM
     rt.loaded = true;
 }
@@ -140,6 +145,26 @@ int pool_cuda_bus_id(int device, char *buf, size_t len)
 {
     if (len) buf[0] = '\0';
     TRY(DeviceGetPCIBusId(buf, (int)(len < 64 ? len : 64), device));
+    return 0;
+}
+
+int pool_cuda_device_by_bus_id(const char *bus_id, int *device)
+{
+    if (!rt_ready()) return DFLASH_EUNSUPPORTED;
+    cuda_err e = rt.DeviceGetByPCIBusId(device, bus_id);
+    if (e == CUDA_ERR_INVALID_DEVICE) { /* no visible device has that bus id */
+        (void)rt.GetLastError();
+        return DFLASH_ENOTFOUND;
+    }
+    return check(e, "cudaDeviceGetByPCIBusId", __FILE__, __LINE__);
+}
+
+int pool_cuda_can_access_peer(int device, int peer, bool *can)
+{
+    int yes = 0;
+    *can = false;
+    TRY(DeviceCanAccessPeer(&yes, device, peer));
+    *can = yes != 0;
     return 0;
 }
 

@@ -9,6 +9,7 @@
 #ifndef DFLASH_POOL_CUDA_H
 #define DFLASH_POOL_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,5 +42,10 @@ int pool_cuda_set_device(int device);
 /* The PCI bus id of device as this process sees it ("0000:1b:00.0"; 13 bytes and a NUL fit in
  * 16): it names the board whatever CUDA_VISIBLE_DEVICES renumbers (nvidia-smi -i takes it). */
 int pool_cuda_bus_id(int device, char *buf, size_t len);
+/* The ordinal this process gives the GPU with that PCI bus id: 0, DFLASH_ENOTFOUND (no visible
+ * device has it, e.g. CUDA_VISIBLE_DEVICES hides it; not logged) or another code. */
+int pool_cuda_device_by_bus_id(const char *bus_id, int *device);
+/* cudaDeviceCanAccessPeer: whether device can map memory of peer (*can). 0 or a code. */
+int pool_cuda_can_access_peer(int device, int peer, bool *can);
 
 #endif

@@ -15,7 +15,10 @@
  *                  the importer's clock, bumped by attach and copy) is closed for room. Nothing
  *                  is closed while a copy is in flight (it is waited for first).
  *                  One copy in flight at a time (in_flight, reading copy_incarnation's pool),
- *                  tracked by done_event (cuda).
+ *                  tracked by done_event (cuda). reached: the GPUs (bus ids) of cuda pools
+ *                  whose reach from this importer's GPU was checked (pool_reach) before their
+ *                  first mapping, with the answer; a pool on a GPU without peer access is never
+ *                  opened.
  *
  * Gone pools: a mapping keeps its pool's memory alive after the exporter is gone (host: the
  * pages of an unlinked shm object stay in /dev/shm while mapped, and a restarted target may not
@@ -59,8 +62,9 @@
 
 #define SHM_PREFIX "dflash."
 #define DESC_MAGIC "DFLPOOL1"
-#define DESC_VERSION 1u
-#define DESC_FIXED_BYTES (56u + POOL_NAME_MAX + POOL_SHM_NAME_MAX + POOL_HANDLE_BYTES)
+#define DESC_VERSION 2u /* 2: the GPU's bus id after the shm name */
+#define DESC_FIXED_BYTES                                                                           \
+    (56u + POOL_NAME_MAX + POOL_SHM_NAME_MAX + POOL_BUS_ID_MAX + POOL_HANDLE_BYTES)
 
 struct pool {
     pool_desc desc;
@@ -96,6 +100,11 @@ struct pool_importer {
     uint64_t opens; /* arenas mapped (not local), pool_importer_opens */
     uint64_t clock; /* bumped at every attach and copy; orders mappings by last use */
     pool_mapping maps[POOL_IMPORT_MAX];
+    struct {                         /* pool GPUs already checked (pool_reach_check), */
+        char bus_id[POOL_BUS_ID_MAX]; /* round-robin: one line per GPU, not per mapping */
+        pool_reach reach;
+    } reached[POOL_IMPORT_MAX];
+    uint32_t n_reached;
 };
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -268,13 +277,15 @@ fail_unlink:
     return rc;
 }
 
-/* One line naming the board behind a cuda device ordinal (who: "pool", "importer"): an ordinal
- * means nothing to another process with another CUDA_VISIBLE_DEVICES, the bus id does. */
-static void log_cuda_device(const char *who, int device)
+/* The PCI bus id of a cuda device ordinal into bus ("" when unknown), and one line naming it
+ * (who: "pool", "importer"): an ordinal means nothing to another process with another
+ * CUDA_VISIBLE_DEVICES, the bus id does. */
+static void cuda_device_bus_id(const char *who, int device, char *bus, size_t len)
 {
-    char bus[32];
-    if (pool_cuda_bus_id(device, bus, sizeof bus) == 0)
+    if (pool_cuda_bus_id(device, bus, len) == 0)
         LOG_INFO("cuda %s on device %d: PCI bus id %s", who, device, bus);
+    else if (len)
+        bus[0] = '\0';
 }
 
 static int cuda_create(pool *p)
@@ -282,7 +293,7 @@ static int cuda_create(pool *p)
     pool_desc *d = &p->desc;
     int rc = pool_cuda_alloc(d->device, d->arena_bytes, &p->base, d->mem_handle);
     if (rc < 0) return rc;
-    log_cuda_device("pool", d->device);
+    cuda_device_bus_id("pool", d->device, d->gpu_bus_id, sizeof d->gpu_bus_id);
     for (uint32_t i = 0; i < d->n_slots; i++) {
         rc = pool_cuda_event_new(d->device, &p->events[i], d->event_handles[i]);
         if (rc < 0) return rc; /* pool_destroy frees what exists */
@@ -491,6 +502,8 @@ int pool_desc_encode(const pool_desc *d, uint8_t *buf, size_t cap)
     p += POOL_NAME_MAX;
     memcpy(p, d->shm_name, POOL_SHM_NAME_MAX);
     p += POOL_SHM_NAME_MAX;
+    memcpy(p, d->gpu_bus_id, POOL_BUS_ID_MAX);
+    p += POOL_BUS_ID_MAX;
     memcpy(p, d->mem_handle, POOL_HANDLE_BYTES);
     p += POOL_HANDLE_BYTES;
     for (uint32_t i = 0; i < n_ev; i++) {
@@ -520,6 +533,8 @@ int pool_desc_decode(const uint8_t *buf, size_t len, pool_desc *out)
     p += POOL_NAME_MAX;
     memcpy(d.shm_name, p, POOL_SHM_NAME_MAX);
     p += POOL_SHM_NAME_MAX;
+    memcpy(d.gpu_bus_id, p, POOL_BUS_ID_MAX);
+    p += POOL_BUS_ID_MAX;
     memcpy(d.mem_handle, p, POOL_HANDLE_BYTES);
     p += POOL_HANDLE_BYTES;
     if (d.backend != POOL_HOST && d.backend != POOL_CUDA) return DFLASH_ERANGE;
@@ -530,6 +545,7 @@ int pool_desc_decode(const uint8_t *buf, size_t len, pool_desc *out)
         return DFLASH_ERANGE;
     if (memchr(d.name, 0, POOL_NAME_MAX) == NULL || !pool_name_valid(d.name)) return DFLASH_ERANGE;
     if (memchr(d.shm_name, 0, POOL_SHM_NAME_MAX) == NULL) return DFLASH_ERANGE;
+    if (!pool_bus_id_valid(d.gpu_bus_id, POOL_BUS_ID_MAX)) return DFLASH_ERANGE;
     if (d.backend == POOL_HOST && strncmp(d.shm_name, "/" SHM_PREFIX, strlen(SHM_PREFIX) + 1))
         return DFLASH_ERANGE;
     uint32_t n_ev = d.backend == POOL_CUDA ? d.n_slots : 0;
@@ -567,7 +583,8 @@ pool_importer *pool_importer_new(pool_backend backend, int device, int *err)
             pool_importer_destroy(&imp);
             goto fail;
         }
-        log_cuda_device("importer", device);
+        char bus[POOL_BUS_ID_MAX];
+        cuda_device_bus_id("importer", device, bus, sizeof bus);
     }
     if (err) *err = 0;
     return imp;
@@ -724,6 +741,29 @@ static pool_mapping *mapping_insert(pool_importer *imp, const pool_mapping *nm)
     return free_m;
 }
 
+/* Before the first mapping of a cuda pool on GPU bus_id ("" or malformed: unknown, as before):
+ * can this importer's GPU reach it? Checked once per GPU (the answer and its log line do not
+ * change). 0, or DFLASH_EPEER when it cannot (pool_reach_check logged the ERROR). */
+static int reach_check(pool_importer *imp, const char *bus_id)
+{
+    if (imp->backend != POOL_CUDA || !pool_bus_id_valid(bus_id, POOL_BUS_ID_MAX) || !bus_id[0])
+        return 0;
+    pool_reach r = POOL_REACH_UNKNOWN;
+    bool known = false;
+    for (uint32_t i = 0; i < imp->n_reached && i < POOL_IMPORT_MAX && !known; i++)
+        if (strcmp(imp->reached[i].bus_id, bus_id) == 0) {
+            r = imp->reached[i].reach;
+            known = true;
+        }
+    if (!known) {
+        r = pool_reach_check(imp->device, bus_id);
+        uint32_t i = imp->n_reached++ % POOL_IMPORT_MAX;
+        snprintf(imp->reached[i].bus_id, sizeof imp->reached[i].bus_id, "%s", bus_id);
+        imp->reached[i].reach = r;
+    }
+    return r == POOL_REACH_NO_PEER ? DFLASH_EPEER : 0;
+}
+
 int pool_importer_attach(pool_importer *imp, const pool_desc *d)
 {
     if (d->backend != imp->backend) return DFLASH_EMISMATCH;
@@ -745,7 +785,7 @@ int pool_importer_attach(pool_importer *imp, const pool_desc *d)
         m.local = true;
     } else if (d->backend == POOL_HOST) {
         rc = host_map(&m, d->shm_name, d->arena_bytes);
-    } else {
+    } else if ((rc = reach_check(imp, d->gpu_bus_id)) == 0) {
         rc = pool_cuda_open_mem(imp->device, d->mem_handle, &m.base);
     }
     if (rc < 0) return rc;
@@ -774,7 +814,8 @@ int pool_importer_attach_slot(pool_importer *imp, const pool_slot_ref *ref)
         int rc = 0;
         if (registry_find(ref->incarnation, &nm)) nm.local = true;
         else if (ref->backend == POOL_HOST) rc = host_map(&nm, ref->shm_name, 0);
-        else rc = pool_cuda_open_mem(imp->device, ref->mem_handle, &nm.base);
+        else if ((rc = reach_check(imp, ref->gpu_bus_id)) == 0)
+            rc = pool_cuda_open_mem(imp->device, ref->mem_handle, &nm.base);
         if (rc < 0) return rc;
         if (!nm.local) imp->opens++;
         m = mapping_insert(imp, &nm);

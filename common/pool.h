@@ -18,7 +18,8 @@
  *   pool_destroy frees the arena and unlinks the shm object.
  * Importer (drafter, its main thread; one private copy stream per importer):
  *   pool_importer_new -> on a grant: pool_importer_attach(desc) or pool_importer_attach_slot
- *   (maps once per (incarnation, arena) and caches it; one importer keeps the mappings of up to
+ *   (a cuda pool on a GPU named by bus id is first checked for peer access: pool_reach.h;
+ *   maps once per (incarnation, arena) and caches it; one importer keeps the mappings of up to
  *   POOL_IMPORT_MAX pools at once, one per pool name, evicting the least recently used; a new
  *   incarnation of a pool name closes that name's old mapping) -> pool_copy_start (stream-waits
  *   on the slot event, async copy into staging) -> pool_copy_wait / pool_copy_poll -> release
@@ -35,6 +36,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "pool_reach.h"
 
 #define POOL_MAX_SLOTS 256u
 #define POOL_HANDLE_BYTES 64u /* sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t) */
@@ -56,6 +59,7 @@ typedef struct pool_desc {
     uint64_t arena_bytes; /* multiple of POOL_ARENA_ALIGN, >= n_slots * slot_bytes */
     int32_t device;       /* exporter's CUDA ordinal; -1 for host */
     int32_t owner_pid;
+    char gpu_bus_id[POOL_BUS_ID_MAX]; /* cuda: the arena's GPU by PCI bus id; "" unknown */
     char name[POOL_NAME_MAX];
     char shm_name[POOL_SHM_NAME_MAX]; /* host */
     uint8_t mem_handle[POOL_HANDLE_BYTES];                   /* cuda */
@@ -136,8 +140,11 @@ void pool_importer_destroy(pool_importer **imp);
  * (incarnation, arena)). A different incarnation with the same pool name closes the old
  * mapping first (that exporter is gone); mappings of other names stay, the least recently used
  * one is closed when POOL_IMPORT_MAX are held. A new mapping first closes those of gone or idle
- * pools (pool_importer_close_stale). Returns 0, DFLASH_EMISMATCH (backend),
- * DFLASH_ENOTFOUND (shm object gone: the exporter died), DFLASH_EIO, DFLASH_ECUDA. */
+ * pools (pool_importer_close_stale). A cuda pool whose GPU is named (gpu_bus_id) is first
+ * checked for reach (pool_reach_check, once per GPU; it logs which path copies take). Returns 0,
+ * DFLASH_EMISMATCH (backend), DFLASH_ENOTFOUND (shm object gone: the exporter died), DFLASH_EIO,
+ * DFLASH_ECUDA, DFLASH_EPEER (the pool's GPU is visible and this importer's GPU has no peer
+ * access to it: no grant of it can ever be copied, give up; the ERROR is logged). */
 int pool_importer_attach(pool_importer *imp, const pool_desc *d);
 /* What a broker grant says about one slot (DESIGN §2 step 4): enough to map the pool and wait
  * on that slot's event without the full descriptor. */
@@ -150,6 +157,7 @@ typedef struct pool_slot_ref {
     char pool_name[POOL_SHM_NAME_MAX];         /* the pool's identity (its target's name);
                                                   "" unknown (an older broker) */
     char shm_name[POOL_SHM_NAME_MAX];          /* host */
+    char gpu_bus_id[POOL_BUS_ID_MAX];          /* cuda: the pool's GPU; "" unknown */
     uint8_t mem_handle[POOL_HANDLE_BYTES];   /* cuda */
     uint8_t event_handle[POOL_HANDLE_BYTES]; /* cuda: this slot's event */
 } pool_slot_ref;

@@ -8,6 +8,7 @@
  */
 #include "wire.h"
 #include "err.h"
+#include "pool_reach.h"
 
 #include "dflash.pb-c.h"
 
@@ -18,6 +19,8 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+
+_Static_assert(WIRE_BUS_ID_MAX == POOL_BUS_ID_MAX, "a pool's GPU bus id travels in the protocol");
 #include <unistd.h>
 
 static const char *const type_names[WIRE_TYPE_COUNT] = {
@@ -145,6 +148,8 @@ static int check_grant(const wire_grant *g, char *why, size_t len)
         return fail(why, len, DFLASH_ERANGE, "shm name");
     if (!terminated(g->pool_name, sizeof g->pool_name))
         return fail(why, len, DFLASH_ERANGE, "pool name");
+    if (!pool_bus_id_valid(g->gpu_bus_id, sizeof g->gpu_bus_id))
+        return fail(why, len, DFLASH_ERANGE, "grant GPU bus id is not a PCI bus id");
     return check_unit(&g->unit, why, len);
 }
 
@@ -233,6 +238,8 @@ static int check_pool(const wire_pool *p, char *why, size_t len)
                         p->slot_count);
         if (p->device < 0 || p->device > 1024)
             return fail(why, len, DFLASH_ERANGE, "device %d", p->device);
+        if (!pool_bus_id_valid(p->gpu_bus_id, sizeof p->gpu_bus_id))
+            return fail(why, len, DFLASH_ERANGE, "pool GPU bus id is not a PCI bus id");
     } else if (p->backend == WIRE_BACKEND_HOST) {
         if (!terminated(p->shm_name, sizeof p->shm_name) || p->shm_name[0] != '/')
             return fail(why, len, DFLASH_ERANGE, "host pool needs an shm name starting with /");
@@ -406,6 +413,7 @@ static void grant_to_pb(Dflash__Grant *pb, Dflash__Unit *unit_pb, const wire_gra
         pb->mem_handle = bin(g->mem_handle, WIRE_HANDLE_BYTES);
         pb->event_handle = bin(g->event_handle, WIRE_HANDLE_BYTES);
         pb->device = g->device;
+        if (g->gpu_bus_id[0]) pb->gpu_bus_id = (char *)g->gpu_bus_id;
     } else {
         pb->shm_name = (char *)g->shm_name;
     }
@@ -520,6 +528,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
             pool.has_mem_handle = pool.has_device = 1;
             pool.mem_handle = bin(p->mem_handle, WIRE_HANDLE_BYTES);
             pool.device = p->device;
+            if (p->gpu_bus_id[0]) pool.gpu_bus_id = (char *)p->gpu_bus_id;
             events = malloc(sizeof *events * (p->n_events ? p->n_events : 1));
             if (!events) return DFLASH_ENOMEM;
             for (uint32_t i = 0; i < p->n_events; i++)
@@ -899,6 +908,7 @@ static int grant_from_pb(wire_grant *w, const Dflash__Grant *g)
     w->device = g->device;
     if (copy_str(w->shm_name, WIRE_MAX_NAME, g->shm_name) ||
         copy_str(w->pool_name, WIRE_MAX_NAME, g->pool_name) ||
+        copy_str(w->gpu_bus_id, WIRE_BUS_ID_MAX, g->gpu_bus_id) ||
         copy_handle(w->mem_handle, g->has_mem_handle, g->mem_handle) ||
         copy_handle(w->event_handle, g->has_event_handle, g->event_handle))
         return DFLASH_ERANGE;
@@ -953,8 +963,10 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         w->has_plan_id = p->has_plan_id;
         w->plan_id = p->plan_id;
         if (copy_str(w->shm_name, WIRE_MAX_NAME, p->shm_name) ||
+            copy_str(w->gpu_bus_id, WIRE_BUS_ID_MAX, p->gpu_bus_id) ||
             copy_handle(w->mem_handle, p->has_mem_handle, p->mem_handle))
-            return fail(why, len, DFLASH_ERANGE, "pool: shm name or memory handle size");
+            return fail(why, len, DFLASH_ERANGE,
+                        "pool: shm name, GPU bus id or memory handle size");
         if (p->n_bucket_upper != p->n_bucket_share || p->n_bucket_upper != p->n_bucket_batches ||
             p->n_bucket_upper > WIRE_MAX_BUCKETS)
             return fail(why, len, DFLASH_ERANGE, "pool: bucket arrays of %zu/%zu/%zu entries",

@@ -23,6 +23,7 @@
 #define WIRE_VERSION 1u
 #define WIRE_MAX_MSG (1u << 20)   /* bytes; ZMQ_MAXMSGSIZE and the pre-unpack check use it */
 #define WIRE_MAX_NAME 64          /* names, shm names, incl. NUL */
+#define WIRE_BUS_ID_MAX 32        /* a GPU's PCI bus id, incl. NUL (== POOL_BUS_ID_MAX) */
 #define WIRE_MAX_BUCKETS 16
 #define WIRE_MAX_SLOTS 4096
 #define WIRE_HANDLE_BYTES 64      /* cudaIpcMemHandle_t / cudaIpcEventHandle_t */
@@ -125,6 +126,8 @@ typedef struct wire_pool {
     /* Bit s set: slot s was published and not handed back since (re-registration after a broker
      * restart); the broker fences those slots. Only bits < slot_count may be set. */
     uint64_t busy[WIRE_MAX_SLOTS / 64];
+    /* cuda: the pool's GPU by PCI bus id ("0000:1b:00.0"); "" unknown (older targets, host) */
+    char gpu_bus_id[WIRE_BUS_ID_MAX];
 } wire_pool;
 
 /* Busy-slot bitmap helpers for wire_pool.busy. */
@@ -169,6 +172,7 @@ typedef struct wire_grant {
     int32_t device;
     char shm_name[WIRE_MAX_NAME];
     char pool_name[WIRE_MAX_NAME]; /* the pool's target name; "" from an older broker */
+    char gpu_bus_id[WIRE_BUS_ID_MAX]; /* cuda: the pool's GPU (PoolRegister's); "" unknown */
 } wire_grant;
 
 typedef struct wire_ack {

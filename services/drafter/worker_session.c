@@ -162,6 +162,7 @@ static pool_slot_ref grant_slot_ref(const wire_grant *g)
                          .bytes = g->size, .device = g->device};
     snprintf(ref.shm_name, sizeof ref.shm_name, "%s", g->shm_name);
     snprintf(ref.pool_name, sizeof ref.pool_name, "%s", g->pool_name);
+    snprintf(ref.gpu_bus_id, sizeof ref.gpu_bus_id, "%s", g->gpu_bus_id);
     memcpy(ref.mem_handle, g->mem_handle, POOL_HANDLE_BYTES);
     memcpy(ref.event_handle, g->event_handle, POOL_HANDLE_BYTES);
     return ref;
@@ -231,6 +232,7 @@ void worker_session_close_stale_pools(worker_session *s)
 bool worker_session_copy_hopeless(const worker_session *s, int last_rc)
 {
     int64_t limit = s->cfg->max_copy_failures;
+    if (limit > 0 && last_rc == DFLASH_EPEER) return true; /* no peer access: pool_reach said so */
     if (limit <= 0 || s->copy_fail_run < limit) return false;
     LOG_ERROR("no slot could be copied in %lld grants in a row (the last: %s); this drafter "
               "cannot map the target's slots: it must run on the target's host in its IPC "

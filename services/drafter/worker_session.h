@@ -85,7 +85,10 @@ int worker_session_copy(worker_session *s, const wire_grant *g, double *secs);
 void worker_session_close_stale_pools(worker_session *s);
 /* After a failed worker_session_copy (last_rc its code): true, after logging why and what to
  * check, when cfg->max_copy_failures (> 0) copies in a row have failed with none succeeding in
- * between: the drafter cannot map any slot it is granted and should exit. */
+ * between: the drafter cannot map any slot it is granted and should exit. With a limit, also true
+ * at once for DFLASH_EPEER: the importer found that this GPU has no peer access to the pool's
+ * (and logged it), so no later grant of that pool could be copied either. A limit of 0 retries
+ * for ever (grants of other pools may still be copied). */
 bool worker_session_copy_hopeless(const worker_session *s, int last_rc);
 /* Whether the slot copied for g (worker_session_copy succeeded) was written for the layout cons
  * reads (cons->layout(), else cfg->layout; slot_header_check): 0 when it was, and when its

@@ -853,6 +853,7 @@ void broker_fill_grant(broker *b, const policy_grant *g, wire_grant *w)
     w->device = d->desc.device;
     memcpy(w->shm_name, d->desc.shm_name, sizeof w->shm_name);
     memcpy(w->pool_name, d->owner, sizeof w->pool_name);
+    memcpy(w->gpu_bus_id, d->desc.gpu_bus_id, sizeof w->gpu_bus_id); /* "" unknown */
     if (!w->size) w->size = 1;
 }
 

@@ -71,6 +71,7 @@ static void fill_wire_pool(const target_loop *t, wire_pool *wp)
         memcpy(wp->mem_handle, d->mem_handle, WIRE_HANDLE_BYTES);
         wp->event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])d->event_handles;
         wp->n_events = d->n_slots;
+        snprintf(wp->gpu_bus_id, sizeof wp->gpu_bus_id, "%s", d->gpu_bus_id);
     }
     wp->device = d->device;
     snprintf(wp->shm_name, sizeof wp->shm_name, "%s", d->shm_name);

@@ -180,6 +180,38 @@ static int release(const char *rid, uint64_t inc, uint64_t lease)
     return stub_send(rid);
 }
 
+/* A cuda pool's GPU, named by PCI bus id in its registration, reaches the drafter in every grant
+ * (with the handles and the exporter's ordinal), so the importer can check peer access before
+ * mapping it (pool_reach). */
+static void test_cuda_pool_bus_id(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    static uint8_t ev[4][WIRE_HANDLE_BYTES];
+    for (int i = 0; i < 4; i++) memset(ev[i], 0x10 + i, WIRE_HANDLE_BYTES);
+    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 4);
+    p->backend = WIRE_BACKEND_CUDA;
+    memset(p->shm_name, 0, sizeof p->shm_name);
+    memset(p->mem_handle, 0x77, WIRE_HANDLE_BYTES);
+    p->event_handles = (const uint8_t(*)[WIRE_HANDLE_BYTES])ev;
+    p->n_events = 4;
+    p->device = 1;
+    snprintf(p->gpu_bus_id, sizeof p->gpu_bus_id, "0000:9a:00.0");
+    CHECK_EQ_INT(stub_send("t"), 0);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), 0);
+    wire_grant g = stub_rep.u.grant;
+    CHECK_EQ_INT(g.backend, WIRE_BACKEND_CUDA);
+    CHECK(strcmp(g.gpu_bus_id, "0000:9a:00.0") == 0);
+    CHECK_EQ_INT(g.device, 1);
+    CHECK_EQ_INT(g.mem_handle[5], 0x77);
+    CHECK(g.slot < 4 && g.event_handle[0] == 0x10 + g.slot);
+    stub_broker_free();
+}
+
 static void test_release_retry(void)
 {
     stub_broker_new(NULL);
@@ -193,6 +225,7 @@ static void test_release_retry(void)
     CHECK_EQ_INT(stub_send("d"), 0);
     wire_grant g = stub_rep.u.grant;
     CHECK(strcmp(g.pool_name, "t") == 0); /* the pool's identity: its target's name */
+    CHECK(!g.gpu_bus_id[0]);              /* a host pool: no GPU */
     CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);
     CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);         /* the reply was lost */
     CHECK_EQ_INT(release("e", DRAFTER_INC + 1, g.lease_id), DFLASH_ESTALE); /* not e's */
@@ -859,6 +892,7 @@ int main(void)
     test_restart_plan_bounds();
     test_reservoir_over_depth();
     test_release_retry();
+    test_cuda_pool_bus_id();
     test_late_acks();
     test_plan_done();
     test_bad_shares();

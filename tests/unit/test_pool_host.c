@@ -396,6 +396,19 @@ int main(void)
     bad[16] = 0xFF; /* n_slots low byte -> 255+: still valid count but arena too small */
     bad[17] = 0x01;
     CHECK_EQ_INT(pool_desc_decode(bad, (size_t)len, &back), DFLASH_ERANGE);
+    /* the GPU's bus id travels with the descriptor (a host pool's is empty); junk is refused */
+    CHECK(back.gpu_bus_id[0] == '\0');
+    {
+        pool_desc named = *d;
+        uint8_t nbuf[POOL_DESC_MAX_BYTES];
+        snprintf(named.gpu_bus_id, sizeof named.gpu_bus_id, "0000:1b:00.0");
+        int nlen = pool_desc_encode(&named, nbuf, sizeof nbuf);
+        CHECK(nlen == len && pool_desc_decode(nbuf, (size_t)nlen, &back) == 0 &&
+              strcmp(back.gpu_bus_id, "0000:1b:00.0") == 0);
+        snprintf(named.gpu_bus_id, sizeof named.gpu_bus_id, "0000:1b:00.0;");
+        nlen = pool_desc_encode(&named, nbuf, sizeof nbuf);
+        CHECK_EQ_INT(pool_desc_decode(nbuf, (size_t)nlen, &back), DFLASH_ERANGE);
+    }
 
     /* hand the consumer the descriptor bytes, as the broker would */
     uint32_t ulen = (uint32_t)len;

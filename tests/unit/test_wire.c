@@ -202,14 +202,27 @@ int main(void)
     in.u.pool.n_events = 3;
     memset(in.u.pool.mem_handle, 0x5a, WIRE_HANDLE_BYTES);
     in.u.pool.device = 3;
-    if (roundtrip(&in, &out)) {
+    if (roundtrip(&in, &out)) { /* an older target's: no GPU bus id, unknown */
         CHECK(same_payload(&in, &out));
         CHECK_EQ_INT(out.u.pool.n_events, 3);
         CHECK(out.u.pool.event_handles && out.u.pool.event_handles[2][63] == 0xa2);
         CHECK_EQ_INT(out.u.pool.mem_handle[10], 0x5a);
+        CHECK(out.u.pool.gpu_bus_id[0] == '\0');
         wire_msg_clear(&out);
         CHECK(out.u.pool.event_handles == NULL);
     }
+    /* the pool's GPU by PCI bus id (names the board in every process) */
+    strcpy(in.u.pool.gpu_bus_id, "00000000:1B:00.0");
+    if (roundtrip(&in, &out)) {
+        CHECK(same_payload(&in, &out));
+        CHECK(strcmp(out.u.pool.gpu_bus_id, "00000000:1B:00.0") == 0);
+        wire_msg_clear(&out);
+    }
+    strcpy(in.u.pool.gpu_bus_id, "0000:1b:00.0 x"); /* not a bus id: refused */
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    memset(in.u.pool.gpu_bus_id, 'a', sizeof in.u.pool.gpu_bus_id); /* no terminator */
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    memset(in.u.pool.gpu_bus_id, 0, sizeof in.u.pool.gpu_bus_id);
     /* event handle count must match slot count */
     in.u.pool.n_events = 2;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
@@ -248,7 +261,13 @@ int main(void)
     memset(g->mem_handle, 0x3c, WIRE_HANDLE_BYTES);
     memset(g->event_handle, 0xc3, WIRE_HANDLE_BYTES);
     g->device = 2;
-    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out) && !out.u.grant.gpu_bus_id[0]);
+    strcpy(g->gpu_bus_id, "0000:9a:00.0"); /* relayed from the pool's registration */
+    if (roundtrip(&in, &out))
+        CHECK(same_payload(&in, &out) && strcmp(out.u.grant.gpu_bus_id, "0000:9a:00.0") == 0);
+    strcpy(g->gpu_bus_id, "../../x");
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    g->gpu_bus_id[0] = '\0';
 
     /* status: every field a distinct value */
     wire_msg_init(&in, WIRE_STATUS_REPLY, WIRE_ROLE_BROKER, 9, 8);

@@ -28,6 +28,7 @@
 #include "check.h"
 #include "harness.h"
 #include "broker.h"
+#include "broker_thread.h"
 #include "config.h"
 #include "ledger.h"
 #include "log.h"
@@ -76,24 +77,9 @@ static uint64_t last_synced(void)
 
 /* --- the broker on a thread ---------------------------------------------------------------- */
 
-static uv_loop_t loop;
-static uv_async_t stopper;
-static broker *the_broker;
+static broker_thread bt;
 
-static void on_stop(uv_async_t *h)
-{
-    broker_stop(the_broker);
-    uv_close((uv_handle_t *)h, NULL);
-}
-
-static void *loop_main(void *arg)
-{
-    (void)arg;
-    uv_run(&loop, UV_RUN_DEFAULT);
-    return NULL;
-}
-
-static bool broker_start(const char *dir, const char *level, pthread_t *th)
+static bool broker_start(const char *dir, const char *level)
 {
     queue_config cfg;
     char *argv[] = {"itest", NULL};
@@ -108,24 +94,15 @@ static bool broker_start(const char *dir, const char *level, pthread_t *th)
     cfg.lease_timeout_ms = 2000;
     cfg.journal_retry_ms = 3600 * 1000; /* a failed journal stays failed (scenario 2) */
     snprintf(cfg.log_level, sizeof cfg.log_level, "%s", level);
-    uv_loop_init(&loop);
     int err = 0;
-    the_broker = broker_new(&loop, &cfg, &err);
-    CHECK(the_broker != NULL);
-    if (!the_broker) return false;
-    broker_set_sync_hook(the_broker, recording_sync, NULL);
-    uv_async_init(&loop, &stopper, on_stop);
-    pthread_create(th, NULL, loop_main, NULL);
-    return true;
+    bool up = broker_thread_start(&bt, &cfg, recording_sync, NULL, &err);
+    CHECK(up);
+    return up;
 }
 
-static void broker_end(pthread_t th)
+static void broker_end(void)
 {
-    uv_async_send(&stopper);
-    pthread_join(th, NULL);
-    broker_destroy(&the_broker);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    uv_loop_close(&loop);
+    broker_thread_stop(&bt);
 }
 
 /* --- the consumer: trains (counts), checkpoints every ckpt_every steps ------------------------ */
@@ -200,8 +177,7 @@ static void run(const char *target_bin, const char *dir, pl *p, const char *leve
 {
     char ep[128];
     h_queue_endpoint(dir, ep, sizeof ep);
-    pthread_t th;
-    if (!broker_start(dir, level, &th)) return;
+    if (!broker_start(dir, level)) return;
     pid_t target = h_start_small_target(target_bin, dir, "power", 64, 500);
     CHECK(target > 0);
     worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
@@ -214,7 +190,7 @@ static void run(const char *target_bin, const char *dir, pl *p, const char *leve
     CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, NULL), 0);
     CHECK(p->barrier == NULL); /* the loop took its barrier back */
     CHECK_EQ_INT(h_stop(target), 0);
-    broker_end(th);
+    broker_end();
 }
 
 /* Scenario 1: every checkpoint survives a power loss right after it with all its acks. */

@@ -17,6 +17,7 @@
  * (no hello needed), makes the writer fdatasync and is answered Ok only after it, Error IO once
  * the journal failed. */
 #include "broker.h"
+#include "broker_thread.h"
 #include "check.h"
 #include "config.h"
 #include "err.h"
@@ -82,22 +83,7 @@ static void release_syncs(bool fail)
     pthread_mutex_unlock(&mu);
 }
 
-static uv_loop_t loop;
-static uv_async_t stopper;
-static broker *the_broker;
-
-static void on_stop(uv_async_t *h)
-{
-    broker_stop(the_broker);
-    uv_close((uv_handle_t *)h, NULL);
-}
-
-static void *loop_main(void *arg)
-{
-    (void)arg;
-    uv_run(&loop, UV_RUN_DEFAULT);
-    return NULL;
-}
+static broker_thread bt;
 
 static void send_as(void *sock, wire_role role, wire_type t, uint64_t inc, uint64_t rid,
                     uint64_t step)
@@ -176,15 +162,9 @@ int main(void)
     cfg.liveness = 60;
     cfg.journal_retry_ms = 50;
     snprintf(cfg.log_level, sizeof cfg.log_level, "warn");
-    uv_loop_init(&loop);
     int err = 0;
-    the_broker = broker_new(&loop, &cfg, &err);
-    CHECK(the_broker != NULL);
-    if (!the_broker) CHECK_DONE();
-    broker_set_sync_hook(the_broker, held_sync, NULL);
-    uv_async_init(&loop, &stopper, on_stop);
-    pthread_t th;
-    pthread_create(&th, NULL, loop_main, NULL);
+    CHECK(broker_thread_start(&bt, &cfg, held_sync, NULL, &err));
+    if (!bt.b) CHECK_DONE();
 
     void *zctx = zmq_ctx_new();
     void *a = dealer(zctx, cfg.endpoint, "drafter-a-1");
@@ -308,25 +288,22 @@ int main(void)
     zmq_close(c);
     zmq_close(d);
     zmq_ctx_term(zctx);
-    uv_async_send(&stopper);
-    pthread_join(th, NULL);
-    broker_destroy(&the_broker);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    uv_loop_close(&loop);
+    broker_thread_stop(&bt);
 
     /* a broker restarted on the journal replays the state made during and after the failure */
     cfg.endpoint[0] = cfg.pub_endpoint[0] = '\0';
+    uv_loop_t loop;
     uv_loop_init(&loop);
-    the_broker = broker_new(&loop, &cfg, &err);
-    CHECK(the_broker != NULL);
-    if (the_broker) {
+    broker *again = broker_new(&loop, &cfg, &err);
+    CHECK(again != NULL);
+    if (again) {
         static wire_status st;
-        broker_status(the_broker, &st);
+        broker_status(again, &st);
         CHECK_EQ_INT(st.committed_step, 10);
         CHECK_EQ_INT(st.journal_error[0], 0);
         CHECK_EQ_INT(st.state, POLICY_RUNNING); /* the resume, healed into the journal */
     }
-    broker_destroy(&the_broker);
+    broker_destroy(&again);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     char cmd[128];

@@ -233,6 +233,19 @@ static __attribute__((unused)) void h_run_dirs(char *dir, char *rt, char *ep)
     h_queue_endpoint(rt, ep, 128);
 }
 
+/* The last "final state at step N has hash H" a group rank logged (dflash-drafter's end). */
+static __attribute__((unused)) bool h_final_hash(const char *log, unsigned long long *step,
+                                                 unsigned long long *hash)
+{
+    char *s = test_slurp(log, NULL);
+    if (!s) return false;
+    bool ok = false;
+    for (char *p = s; (p = strstr(p, "final state at step ")); p++)
+        ok = sscanf(p, "final state at step %llu has hash %llx", step, hash) == 2;
+    free(s);
+    return ok;
+}
+
 /* Group `name` in status s, or NULL. */
 static __attribute__((unused)) const wire_group_stat *h_group(const wire_status *s,
                                                               const char *name)

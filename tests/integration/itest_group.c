@@ -77,18 +77,6 @@ static bool wait_group(client *c, uint32_t world, uint64_t min_done, int ms, wir
     return h_wait_group(c, "g", world, min_done, ms, s);
 }
 
-/* The last "final state at step N has hash H" of a drafter log. */
-static bool final_hash(const char *log, unsigned long long *step, unsigned long long *hash)
-{
-    char *s = test_slurp(log, NULL);
-    if (!s) return false;
-    bool ok = false;
-    for (char *p = s; (p = strstr(p, "final state at step ")); p++)
-        ok = sscanf(p, "final state at step %llu has hash %llx", step, hash) == 2;
-    free(s);
-    return ok;
-}
-
 /* The hash a drafter logged when it synced into `epoch` (or 0), looked for from byte `from` of
  * its log on (a group created again counts its epochs from 1 again). */
 static unsigned long long sync_hash(const char *log, unsigned long long epoch, size_t from)
@@ -305,8 +293,8 @@ int main(int argc, char **argv)
     CHECK(ql && !strstr(ql, "already trained"));
     free(ql);
     unsigned long long sa = 0, fa = 0, sb = 0, fb = 0;
-    CHECK(final_hash(dalog, &sa, &fa));
-    CHECK(final_hash(dblog, &sb, &fb));
+    CHECK(h_final_hash(dalog, &sa, &fa));
+    CHECK(h_final_hash(dblog, &sb, &fb));
     CHECK(sa == sb && fa == fb && fa != 0);
     CHECK_EQ_INT(s.committed_step, sa);
     printf("final: both ranks at step %llu with state hash %016llx\n", sa, fa);

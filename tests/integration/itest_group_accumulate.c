@@ -89,26 +89,6 @@ static pid_t start_drafter(const char *name)
     return h_spawn_logged(drafter_argv(name, "2"), log);
 }
 
-/* The last "final state at step N has hash H" of a drafter log. */
-static bool final_hash(const char *log, unsigned long long *step, unsigned long long *hash)
-{
-    char *s = test_slurp(log, NULL);
-    if (!s) return false;
-    bool ok = false;
-    for (char *p = s; (p = strstr(p, "final state at step ")); p++)
-        ok = sscanf(p, "final state at step %llu has hash %llx", step, hash) == 2;
-    free(s);
-    return ok;
-}
-
-static bool log_has(const char *path, const char *text)
-{
-    char *s = test_slurp(path, NULL);
-    bool has = s && strstr(s, text);
-    free(s);
-    return has;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 7) {
@@ -141,9 +121,9 @@ int main(int argc, char **argv)
     CHECK(h_wait_group(c, "g", 2, 0, 30000, &s));
     uint64_t epoch = h_group(&s, "g")->epoch;
     CHECK_EQ_INT(h_run_tool(drafter_argv("dc", "1"), dclog), 2);
-    CHECK(log_has(dclog, "every rank needs the group's --accumulate (ours: 1)"));
-    CHECK(!log_has(dclog, "every rank needs the group's drafter")); /* not the shape advice */
-    CHECK(log_has(qlog, "dc refused: it accumulates 1 micro-steps a step, the group"));
+    CHECK(h_wait_text(dclog, "every rank needs the group's --accumulate (ours: 1)", 0));
+    CHECK(!h_wait_text(dclog, "every rank needs the group's drafter", 0)); /* not the shape advice */
+    CHECK(h_wait_text(qlog, "dc refused: it accumulates 1 micro-steps a step, the group", 0));
     CHECK(client_status(c, &s) == 0 && h_group(&s, "g") && h_group(&s, "g")->epoch == epoch &&
           h_group(&s, "g")->world == 2);
     printf("phase 1: group g of da and db, --accumulate 2; dc (--accumulate 1) refused, exit 2\n");
@@ -193,10 +173,10 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(s.acks, 42);
     CHECK_EQ_INT(s.batches_todo + s.batches_inflight, 0);
     CHECK_EQ_INT(s.quarantined, 0);
-    CHECK(!log_has(qlog, "already trained") && !log_has(qlog, "trained twice"));
+    CHECK(!h_wait_text(qlog, "already trained", 0) && !h_wait_text(qlog, "trained twice", 0));
     unsigned long long sa = 0, fa = 0, sb = 0, fb = 0;
-    CHECK(final_hash(dalog, &sa, &fa));
-    CHECK(final_hash(dblog, &sb, &fb));
+    CHECK(h_final_hash(dalog, &sa, &fa));
+    CHECK(h_final_hash(dblog, &sb, &fb));
     CHECK(sa == 11 && sb == 11 && fa == fb && fa != 0);
     CHECK_EQ_INT(s.committed_step, 11);
     CHECK_EQ_INT(s.batches_committed, 42);
@@ -263,9 +243,9 @@ int main(int argc, char **argv)
     CHECK(s.batches_todo + s.batches_inflight <= 1);
     CHECK_EQ_INT(s.acks, done);
     CHECK_EQ_INT(s.quarantined, 0);
-    CHECK(!log_has(qlog, "already trained") && !log_has(qlog, "trained twice"));
-    CHECK(final_hash(dalog, &sa, &fa));
-    CHECK(final_hash(dblog, &sb, &fb));
+    CHECK(!h_wait_text(qlog, "already trained", 0) && !h_wait_text(qlog, "trained twice", 0));
+    CHECK(h_final_hash(dalog, &sa, &fa));
+    CHECK(h_final_hash(dblog, &sb, &fb));
     CHECK(sa == sb && fa == fb && fa != 0);
     CHECK_EQ_INT(s.committed_step, sa);
 

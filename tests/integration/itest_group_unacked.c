@@ -144,14 +144,11 @@ static void scenario(const char *queue_bin, const char *target_bin, bool checkpo
     if (sh == MAP_FAILED) return;
     memset(sh, 0, sizeof *sh);
     sh->n_unacked = -1;
-    char dir[64], ep[128], journal[128];
+    char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
     h_queue_endpoint(dir, ep, sizeof ep);
-    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
-    const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--lease-timeout-ms=2000",
-                           "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=warn",
-                           NULL};
-    sh->queue = h_start_queue(queue_bin, dir, extra);
+    const char *more[] = {"--lease-timeout-ms=2000", "--log-level=warn", NULL};
+    sh->queue = h_start_small_queue(queue_bin, dir, more);
     CHECK(sh->queue > 0);
     pid_t target = h_start_small_target(target_bin, dir, "unacked", 4, 200);
     CHECK(target > 0);
@@ -162,7 +159,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool checkpo
     CHECK(sh->killed);
     h_kill(sh->queue, SIGKILL); /* reaps it */
     if (!checkpoint) {
-        sh->queue = h_start_queue(queue_bin, dir, extra);
+        sh->queue = h_start_small_queue(queue_bin, dir, more);
         CHECK(sh->queue > 0);
         sh->restarted = 1;
     }

@@ -53,6 +53,32 @@ static void put_seq(FILE *fp, int n, int start) {
     fprintf(fp, "]}\n");
 }
 
+/* dflash-data --in - --out shard, its stdin the write end returned in *feed (stderr to
+ * /dev/null), fed one line; returns its pid once it has begun its temporary shard, whose path
+ * goes to tmp (len bytes). */
+static pid_t start_mid_conversion(const char *shard, const char *line, int *feed, char *tmp,
+                                  size_t len) {
+    int in_pipe[2];
+    CHECK(pipe(in_pipe) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(in_pipe[0], 0);
+        close(in_pipe[0]);
+        close(in_pipe[1]);
+        if (!freopen("/dev/null", "w", stderr)) _exit(126);
+        execl(bin, bin, "--in", "-", "--out", shard, (char *)NULL);
+        _exit(127);
+    }
+    close(in_pipe[0]);
+    *feed = in_pipe[1];
+    CHECK(write(in_pipe[1], line, strlen(line)) == (ssize_t)strlen(line));
+    snprintf(tmp, len, "%s.tmp.%d", shard, (int)pid);
+    for (int i = 0; i < 10000 && access(tmp, F_OK) != 0; i++) /* until the writer has begun */
+        usleep(1000);
+    CHECK(access(tmp, F_OK) == 0);
+    return pid;
+}
+
 int main(void) {
     const char *env = getenv("DFLASH_DATA_BIN");
     snprintf(bin, sizeof bin, "%s", env ? env : "../tools/dflash-data");
@@ -194,27 +220,12 @@ int main(void) {
     /* SIGTERM (or ^C) mid-conversion: exit 1 and no temporary shard left behind. It used to die
      * of the signal and leave OUT.tmp.PID, as big as what it had converted, for good. The tool
      * reads stdin, which the test holds open, so it is waiting for a line when the signal comes. */
-    int in_pipe[2];
-    CHECK(pipe(in_pipe) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(in_pipe[0], 0);
-        close(in_pipe[0]);
-        close(in_pipe[1]);
-        if (!freopen("/dev/null", "w", stderr)) _exit(126);
-        execl(bin, bin, "--in", "-", "--out", shardp, (char *)NULL);
-        _exit(127);
-    }
-    close(in_pipe[0]);
     const char *line = "{\"input_ids\": [1, 2], \"loss_mask\": [0, 1]}\n";
-    CHECK(write(in_pipe[1], line, strlen(line)) == (ssize_t)strlen(line));
     char tmp[450];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", shardp, (int)pid);
-    for (int i = 0; i < 10000 && access(tmp, F_OK) != 0; i++) /* until the writer has begun */
-        usleep(1000);
-    CHECK(access(tmp, F_OK) == 0);
+    int feed = -1;
+    pid_t pid = start_mid_conversion(shardp, line, &feed, tmp, sizeof tmp);
     kill(pid, SIGTERM);
-    close(in_pipe[1]); /* EOF, should the signal land just before a read */
+    close(feed); /* EOF, should the signal land just before a read */
     int st = 0;
     CHECK(waitpid(pid, &st, 0) == pid);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
@@ -225,25 +236,10 @@ int main(void) {
     /* SIGKILL mid-conversion leaves OUT.tmp.PID (nothing can remove it then); the next run on
      * the same --out removes it, saying so, as it removes any OUT.tmp.PID of a pid that is gone.
      * One of a live process (this one's pid), of another --out, or not named by a pid, stays. */
-    CHECK(pipe(in_pipe) == 0);
-    pid = fork();
-    if (pid == 0) {
-        dup2(in_pipe[0], 0);
-        close(in_pipe[0]);
-        close(in_pipe[1]);
-        if (!freopen("/dev/null", "w", stderr)) _exit(126);
-        execl(bin, bin, "--in", "-", "--out", shardp, (char *)NULL);
-        _exit(127);
-    }
-    close(in_pipe[0]);
-    CHECK(write(in_pipe[1], line, strlen(line)) == (ssize_t)strlen(line));
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", shardp, (int)pid);
-    for (int i = 0; i < 10000 && access(tmp, F_OK) != 0; i++)
-        usleep(1000);
-    CHECK(access(tmp, F_OK) == 0);
+    pid = start_mid_conversion(shardp, line, &feed, tmp, sizeof tmp);
     kill(pid, SIGKILL);
     CHECK(waitpid(pid, &st, 0) == pid);
-    close(in_pipe[1]);
+    close(feed);
     CHECK(access(tmp, F_OK) == 0); /* left behind */
     char alive[450], other[450], odd[450], locked[450];
     snprintf(alive, sizeof alive, "%s.tmp.%d", shardp, (int)getpid());

@@ -17,6 +17,7 @@
  */
 #include "dflash_ckpt.h"
 
+#include "collective.h" /* DP_COMM_MAX_WORLD: the ranks a checkpoint's step can have */
 #include "err.h"
 #include "finite.h"
 #include "fsutil.h"
@@ -598,6 +599,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     META("eps", "%.17g", tc->eps);
     META("weight_decay", "%.17g", tc->weight_decay);
     META("accumulate", "%d", tc->accumulate > 1 ? tc->accumulate : 1);
+    if (tc->world > 0) META("world", "%d", tc->world); /* absent: unknown */
 #undef META
     if (n_unacked) {
         char unacked_text[UNACKED_TEXT_MAX];
@@ -780,6 +782,15 @@ static int read_train_meta(const safetensors *st, const char *p, dflash_train_cf
         FAIL(DFLASH_EFORMAT, "%s: metadata accumulate '%s' is not a whole number in [1, 4096]",
              p, safetensors_metadata(st, "accumulate"));
     tc->accumulate = (int)acc;
+    /* drafters that took the last step (a group's ranks): a checkpoint written before the
+     * record has none (0: unknown); a value that is there must be a group's size */
+    double world = 0.0;
+    if (safetensors_metadata(st, "world") &&
+        (meta_double(st, "world", &world) || !(world >= 1 && world <= DP_COMM_MAX_WORLD) ||
+         world != floor(world)))
+        FAIL(DFLASH_EFORMAT, "%s: metadata world '%s' is not a whole number in [1, %d]", p,
+             safetensors_metadata(st, "world"), DP_COMM_MAX_WORLD);
+    tc->world = (int)world;
 out:
     return rc;
 }

@@ -20,7 +20,11 @@
  *   training_state.safetensors  fp32 master weights ("master.NAME"), AdamW moments ("exp_avg.NAME",
  *                             "exp_avg_sq.NAME") and, in its metadata, the step, the anchor seed
  *                             and every schedule / optimizer setting ("format":
- *                             "dflash-training-state-1"); and "unacked_batches" when the model
+ *                             "dflash-training-state-1"), among them "accumulate" (the slots each
+ *                             drafter trained a step) and "world" (how many drafters took the
+ *                             last step: a data-parallel group's ranks, 1 alone; absent in a
+ *                             checkpoint written before it: unknown, tc->world 0; the step is
+ *                             world x accumulate slots); and "unacked_batches" when the model
  *                             holds trained batches whose acks the broker has not taken (a stop
  *                             while no broker answered): "E/B/I@S,..." (epoch, bucket, index, the
  *                             step that trained it), which the drafter resumed from the checkpoint

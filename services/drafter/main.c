@@ -135,8 +135,9 @@ static const cfg_option drafter_options[] = {
     OPT("anchors", CFG_INT, "512", 1, 1 << 20, "train: anchors per sequence", anchors),
     OPT("accumulate", CFG_INT, "1", 1, 4096, "train: slots (batches) per optimizer step: "
         "their gradients are accumulated in fp32 and the step's loss is normalised over all of "
-        "them; in a --group, micro-steps per group step, every rank the same (ranks x N <= 64; "
-        "a resume keeps its checkpoint's)", accumulate),
+        "them; in a --group, micro-steps per group step, every rank the same (ranks x N <= 64); "
+        "a resume keeps its checkpoint's step of T slots: alone or with --group-size R, each "
+        "rank trains T / R (refused when R does not divide T)", accumulate),
     OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate (--lr x --weight-decay "
         "below 1)", lr),
     OPT("warmup-ratio", CFG_DOUBLE, "0.04", 0, 1, "train: warmup fraction of the schedule",
@@ -220,8 +221,8 @@ static const cfg_option drafter_options[] = {
         comm_timeout_s),
     OPT("group-size", CFG_INT, "0", 0, WIRE_MAX_WORLD, "group: ranks the group waits for before "
         "it trains (a group step is a batch per rank, so a group started by its first rank "
-        "alone trains smaller steps until the others join); 0 = start with those that have "
-        "joined", group_size),
+        "alone trains smaller steps until the others join; a resume shares its checkpoint's "
+        "step over them, --accumulate); 0 = start with those that have joined", group_size),
     OPT("group-wait-s", CFG_DOUBLE, "600", 0, 86400, "group: how long a group of fewer than "
         "--group-size ranks waits for the others (at start-up and after a rank is lost), then "
         "goes on with those it has", group_wait_s),
@@ -732,6 +733,7 @@ int main(int argc, char **argv)
                            .resume = cfg.resume, .init_weights = cfg.init_weights,
                            .metrics_dir = cfg.metrics_dir, .progress = cfg.progress_ms > 0,
                            .group = cfg.group[0] != '\0',
+                           .group_size = (int)cfg.group_size,
                            .max_steps = cfg.max_steps, .stop = stop};
         dflash_train_cfg_default(&to.train);
         to.train.n_anchors = (int)cfg.anchors;

@@ -23,6 +23,7 @@
 #include "progress.h"
 #include "run_id.h"
 #include "shard.h"
+#include "step_rescale.h"
 #include "target_model.h"
 #include "wire.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -698,6 +699,7 @@ static int train_close_group(void *vctx, uint64_t *step) {
         return rc;
     }
     *step = (uint64_t)t->m->step;
+    t->tc.world = dp_comm_world(t->comm); /* the checkpoints' record of the step */
     struct step_note n = {.epoch = t->last_epoch};
     record_step(t, &dm, &n, dt);
     return stop_if_diverged(t); /* every rank alike: the group's loss and norm */
@@ -724,6 +726,7 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
         return rc;
     }
     *step = (uint64_t)t->m->step;
+    t->tc.world = dp_comm_world(t->comm); /* the checkpoints' record of the step */
     struct step_note n = {.epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs};
     record_step(t, &dm, &n, dt);
     /* the loss is all-reduced and the gradient norm is that of the all-reduced gradient (rank
@@ -925,15 +928,20 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
                      1.0 - t->tc.lr * t->tc.weight_decay, resume_dir);
             return DFLASH_ECONFIG;
         }
-        if (o->group && t->tc.accumulate > WIRE_MAX_WORLD) {
-            snprintf(err, errlen,
-                     "cannot resume %s in a group: it trains %d slots a step (--accumulate; the "
-                     "checkpoint's settings win over the flags) and a group step holds at most "
-                     "%d (ranks x --accumulate); start the group from its weights "
-                     "(--init-weights %s and another --checkpoint-dir) or resume it alone",
-                     resume_dir, t->tc.accumulate, WIRE_MAX_WORLD, resume_dir);
-            return DFLASH_ECONFIG;
+        /* the step keeps its slots whatever the number of drafters now (step_rescale.h) */
+        int ckpt_accumulate = t->tc.accumulate > 1 ? t->tc.accumulate : 1;
+        step_rescale sr;
+        char line[1400];
+        rc = step_rescale_decide(resume_dir, t->tc.world, ckpt_accumulate,
+                                 o->group ? o->group_size : 1, o->group, &sr, line, sizeof line);
+        if (rc < 0) {
+            snprintf(err, errlen, "%s", line);
+            return rc;
         }
+        t->tc.accumulate = sr.accumulate;
+        t->tc.world = sr.world;
+        if (sr.kind == STEP_RESCALE_ADAPT) LOG_INFO("%s", line);
+        if (sr.kind == STEP_RESCALE_FOLLOW) LOG_WARN("%s", line);
         t->start_step = t->saved_step = t->committed = t->m->step;
         rc = dflash_ckpt_unacked_batches(resume_dir, t->resumed, DFLASH_CKPT_MAX_UNACKED,
                                          &t->n_resumed, err, errlen);
@@ -947,15 +955,15 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
             LOG_WARN("--init-weights %s ignored: resuming the run from %s", o->init_weights,
                      resume_dir);
         LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps, %d anchors, "
-                 "%d batch%s a step; the checkpoint's training settings win over the flags)",
+                 "%d batch%s a step%s; the checkpoint's training settings win over the flags)",
                  resume_dir, t->m->step, t->tc.lr, t->tc.total_steps, t->tc.n_anchors,
-                 t->tc.accumulate, t->tc.accumulate > 1 ? "es" : "");
+                 t->tc.accumulate, t->tc.accumulate > 1 ? "es" : "", o->group ? " a rank" : "");
         if (t->tc.accumulate != (o->train.accumulate > 1 ? o->train.accumulate : 1))
-            LOG_WARN("--accumulate %d ignored: the resumed run trains %d batch%s a step, as its "
-                     "checkpoint says (another batch size is a new run: --init-weights %s and "
-                     "another --checkpoint-dir)",
+            LOG_WARN("--accumulate %d ignored: the resumed run trains %d batch%s a step%s, as its "
+                     "checkpoint's step says (another batch size is a new run: --init-weights %s "
+                     "and another --checkpoint-dir)",
                      o->train.accumulate, t->tc.accumulate, t->tc.accumulate > 1 ? "es" : "",
-                     resume_dir);
+                     o->group ? " on each rank" : "", resume_dir);
         if (t->max_steps > 0 && t->tc.total_steps > 0 && t->max_steps > t->tc.total_steps) {
             snprintf(err, errlen,
                      "--max-steps %ld is past the resumed run's schedule of %ld steps, after "
@@ -1003,6 +1011,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     t->backend = o->backend;
     t->layout = *o->layout;
     t->tc = o->train;
+    t->tc.world = o->group ? o->group_size : 1; /* a resume's: restore; a group's: its steps */
     t->ckpt_every = o->checkpoint_every;
     t->keep_last = o->keep_last > 0 ? o->keep_last : 3;
     t->max_steps = o->max_steps;

@@ -17,7 +17,10 @@
  *      blocks;
  *   4. exact resume from the newest checkpoint under --checkpoint-dir (or --resume DIR), else a
  *      weights-only warm start (--init-weights DIR), else fresh weights from the init seed.
- *      A run restarted with the same flags therefore resumes.
+ *      A run restarted with the same flags therefore resumes. An exact resume keeps the
+ *      checkpoint's step of world x accumulate slots: with another number of drafters (alone,
+ *      or --group-size N) each trains that total / N (step_rescale.h), else it is refused;
+ *      the checkpoints record the drafters that took the last step (tc.world).
  * layout(): the slot layout with the target layer ids the model reads; the loop gives a slot
  *   written for another layout back unread before consume() (worker_session_check_layout).
  * consume(): views the staged slot (dflash_view_from_slot; a cuda slot's small arrays are read
@@ -92,8 +95,10 @@ typedef struct trainer_opts {
     const char *init_weights; /* warm start; NULL/"" = none */
     const char *metrics_dir;  /* NULL/"" = no files */
     bool progress;            /* progress line on stderr */
-    bool group;               /* the daemon joins a data-parallel group (--group): a resumed
-                               * checkpoint trained with accumulation is refused (ECONFIG) */
+    bool group;               /* the daemon joins a data-parallel group (--group) */
+    int group_size;           /* its --group-size (0: not known before the group forms): a
+                               * resume keeps the checkpoint's step of world x accumulate slots
+                               * over these ranks, or is refused (step_rescale.h) */
     int64_t max_steps;        /* stop at this optimizer step; 0 = at the schedule's end
                                  (train.total_steps, or the resumed checkpoint's), with no
                                  schedule until drained */

@@ -1541,20 +1541,6 @@ static bool same_file(const char *path, const char *want, size_t n) {
 
 /* A FIFO where a checkpoint's config.json should be is refused as unreadable at once (the
  * warm start, eval and resume read config.json first; a blocking open would wait forever). */
-/* Replaces the first `from` in the file at path by `to` (the same length: a header edited in
- * place). true when it was there. */
-static bool edit_in_place(const char *path, const char *from, const char *to) {
-    size_t len = 0;
-    char *b = test_slurp(path, &len);
-    char *at = b ? memmem(b, len, from, strlen(from)) : NULL;
-    if (at) {
-        memcpy(at, to, strlen(to));
-        test_spill(path, b, len);
-    }
-    free(b);
-    return at != NULL;
-}
-
 /* The trained batches a checkpoint records as not acked (a drafter stopped while no broker
  * answered its ack): they round-trip through a save, exactly, in the training state only (not in
  * model.safetensors, which the serving systems read); a checkpoint without them (as every one
@@ -1616,12 +1602,12 @@ static void test_checkpoint_unacked(world *w) {
 
     /* a damaged record is named, not read as none */
     snprintf(st_path, sizeof st_path, "%s/training_state.safetensors", path);
-    CHECK(edit_in_place(st_path, "0/0/23@4", "0/0/2x@4"));
+    CHECK(test_edit_in_place(st_path, "0/0/23@4", "0/0/2x@4"));
     err[0] = 0;
     CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, DFLASH_CKPT_MAX_UNACKED, &n, err,
                                              sizeof err), DFLASH_EFORMAT);
     CHECK(strstr(err, "unacked_batches") != NULL);
-    CHECK(edit_in_place(st_path, "0/0/2x@4", "0/0/23@5")); /* past the checkpoint's step */
+    CHECK(test_edit_in_place(st_path, "0/0/2x@4", "0/0/23@5")); /* past the checkpoint's step */
     CHECK_EQ_INT(dflash_ckpt_unacked_batches(path, got, DFLASH_CKPT_MAX_UNACKED, &n, err,
                                              sizeof err), DFLASH_EFORMAT);
 
@@ -1631,7 +1617,7 @@ static void test_checkpoint_unacked(world *w) {
     long ts_step;
     CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
     CHECK_EQ_INT(ts.accumulate, 1);
-    CHECK(edit_in_place(st_path, "\"accumulate\":\"1\"", "\"accumulate\":\"7\""));
+    CHECK(test_edit_in_place(st_path, "\"accumulate\":\"1\"", "\"accumulate\":\"7\""));
     CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
     CHECK_EQ_INT(ts.accumulate, 7);
     const char *bad_acc[] = {"x", "0", "9"};
@@ -1640,7 +1626,7 @@ static void test_checkpoint_unacked(world *w) {
         char from[32], to[32];
         snprintf(from, sizeof from, "\"accumulate\":\"%s\"", prev);
         snprintf(to, sizeof to, "\"accumulate\":\"%s\"", bad_acc[i]);
-        CHECK(edit_in_place(st_path, from, to));
+        CHECK(test_edit_in_place(st_path, from, to));
         prev = bad_acc[i];
         if (i == 2) { /* 9 is a value the drafter takes (the edit keeps the length: one digit) */
             CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
@@ -1651,7 +1637,7 @@ static void test_checkpoint_unacked(world *w) {
                      DFLASH_EFORMAT);
         CHECK(strstr(err, "accumulate") != NULL);
     }
-    CHECK(edit_in_place(st_path, "\"accumulate\":\"9\"", "\"accumulate\":\"1\""));
+    CHECK(test_edit_in_place(st_path, "\"accumulate\":\"9\"", "\"accumulate\":\"1\""));
 
     /* what a save cannot record: a step past the model's or before the first, too many */
     dflash_ckpt_unacked late = {0, 0, 1, 5};
@@ -1664,6 +1650,72 @@ static void test_checkpoint_unacked(world *w) {
     bad.n_unacked = DFLASH_CKPT_MAX_UNACKED + 1;
     CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &bad, path, sizeof path, err, sizeof err),
                  DFLASH_EINVAL);
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
+    CHECK_EQ_INT(test_rmtree(root), 0);
+}
+
+/* How many drafters took a checkpoint's last step (tc.world: a group's ranks, 1 alone): recorded
+ * ("world") and read back by the resume and by the settings alone, so that a resume with
+ * another number of drafters keeps the step's world x accumulate slots (the drafter's
+ * step_rescale). A checkpoint without it (every one written before the record, or a save that
+ * does not know it) reads as 0, unknown: the resume then keeps the per-rank value as before. A
+ * value no group can have is refused naming it, not read as unknown. */
+static void test_checkpoint_world(world *w) {
+    char root[] = "/tmp/dflash_world_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    CHECK(a != NULL && b != NULL);
+    if (!a || !b) return;
+    dflash_train_cfg tc = w->tc, tb, ts;
+    dflash_metrics ma;
+    dflash_train_step(a, &w->tc, &w->view, 0, 0, &ma);
+    tc.accumulate = 2; /* what the save records */
+    char path[512], err[512] = "", st_path[600];
+    dflash_ckpt_opts opts = {.keep_last = 5};
+    long step = 0;
+
+    /* not known at the save: no record, read as unknown */
+    tc.world = 0;
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &opts, path, sizeof path, err, sizeof err), 0);
+    snprintf(st_path, sizeof st_path, "%s/training_state.safetensors", path);
+    char *text = test_slurp(st_path, NULL);
+    CHECK(text && !strstr(text, "\"world\""));
+    free(text);
+    ts.world = 5;
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &step, err, sizeof err), 0);
+    CHECK_EQ_INT(ts.world, 0);
+    CHECK_EQ_INT(ts.accumulate, 2);
+
+    /* a group of 1000 (the widest value that keeps the edits below one length) */
+    tc.world = 1000;
+    dflash_train_step(a, &w->tc, &w->view, 0, 1, &ma);
+    CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &opts, path, sizeof path, err, sizeof err), 0);
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &step, err, sizeof err), 0);
+    CHECK_EQ_INT(ts.world, 1000);
+    CHECK_EQ_INT(ts.accumulate, 2);
+    dflash_train_cfg_default(&tb);
+    CHECK_EQ_INT(dflash_ckpt_resume(b, &tb, path, true, err, sizeof err), 0);
+    CHECK_EQ_INT(tb.world, 1000);
+    CHECK_EQ_INT(tb.accumulate, 2);
+    CHECK_EQ_INT(b->step, 2);
+
+    /* what no group has: refused naming the key */
+    snprintf(st_path, sizeof st_path, "%s/training_state.safetensors", path);
+    const char *bad[] = {"0000", "2000", "10.5", "1e2x"};
+    const char *prev = "1000";
+    for (int i = 0; i < 4; i++) {
+        char from[32], to[32];
+        snprintf(from, sizeof from, "\"world\":\"%s\"", prev);
+        snprintf(to, sizeof to, "\"world\":\"%s\"", bad[i]);
+        CHECK(test_edit_in_place(st_path, from, to));
+        prev = bad[i];
+        err[0] = 0;
+        CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &step, err, sizeof err),
+                     DFLASH_EFORMAT);
+        CHECK(strstr(err, "world") != NULL);
+    }
     dflash_model_destroy(&a);
     dflash_model_destroy(&b);
     CHECK_EQ_INT(test_rmtree(root), 0);
@@ -2025,6 +2077,7 @@ int main(void) {
     test_config_fifo();
     test_checkpoint(w);
     test_checkpoint_unacked(w);
+    test_checkpoint_world(w);
     test_head_limits(w);
     test_eval(w);
     test_slot_view(w);

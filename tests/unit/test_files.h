@@ -4,7 +4,9 @@
  * checks on a missing log fail instead of crashing. Free the result with free().
  * test_spill writes len bytes of b to path, replacing the file. test_file_size: the size of
  * the file at path, 0 where it cannot be read. test_copy_prefix: dst becomes the first len bytes
- * of src (all of src where it is shorter). test_flip_bit inverts bit (0-7) of the byte at
+ * of src (all of src where it is shorter). test_edit_in_place overwrites the first occurrence
+ * of from in the file at path with to (binary files too: a safetensors header's metadata; same
+ * length, so offsets hold) and says whether there was one. test_flip_bit inverts bit (0-7) of the byte at
  * offset in path, in place (damage that keeps the size); 0, or -1 where it cannot. test_rmtree
  * removes a test's temporary directory tree (files, links and folders, without following
  * links); 0, or -1 with a message. test_capture_begin sends stderr (what the code under test
@@ -16,9 +18,11 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,6 +53,19 @@ static inline void test_spill(const char *path, const char *b, size_t len) {
 static inline uint64_t test_file_size(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static inline bool test_edit_in_place(const char *path, const char *from, const char *to) {
+    size_t len = 0, n = strlen(from);
+    if (strlen(to) != n) abort(); /* the test's own bug */
+    char *b = test_slurp(path, &len);
+    char *at = memmem(b, len, from, n);
+    if (at) {
+        memcpy(at, to, n);
+        test_spill(path, b, len);
+    }
+    free(b);
+    return at != NULL;
 }
 
 static inline void test_copy_prefix(const char *src, const char *dst, uint64_t len) {

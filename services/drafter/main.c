@@ -659,7 +659,7 @@ int main(int argc, char **argv)
     int n_ids = setup.n_ids;
 
     worker_consumer *cons = NULL;
-    char err[512] = "";
+    char err[2048] = ""; /* a resume refusal names its checkpoint twice */
     if (cfg.model[0]) { /* the slots carry the target's hidden size: take it from its config */
         model_config tcfg;
         if (hf_config_load(cfg.model, &tcfg, err, sizeof err) < 0) {

@@ -59,10 +59,9 @@ int step_rescale_decide(const char *dir, int ckpt_world, int ckpt_accumulate, in
             divisors_text(total, fits, sizeof fits);
             snprintf(msg, len,
                      "cannot resume %s with %d drafter%s: its step is %s, which %d drafter%s "
-                     "cannot share evenly (each trains as many of a step's slots; the batch of a "
-                     "step is the run's, its learning-rate schedule counts the steps); resume it "
-                     "with %s drafter%s (--group-size; scripts/train --drafters), or start a new "
-                     "run from its weights with the step you want (--init-weights %s and another "
+                     "cannot share evenly (each trains as many of its slots); resume it with %s "
+                     "drafter%s (--group-size; scripts/train --drafters), or start a new run from "
+                     "its weights with the step you want (--init-weights %s and another "
                      "--checkpoint-dir)",
                      dir, new_world, plural(new_world), was, new_world, plural(new_world), fits,
                      total == 1 ? "" : "s", dir);

@@ -16,6 +16,11 @@
 #   5. a run with fewer --drafters than the one whose newest checkpoint lies in ranks/K (K past
 #      them: no drafter would resume from it) is refused with the move that fixes it; after the
 #      move, drafter 0 resumes from it.
+#   6. another number of drafters keeps the step: a run of --drafters 2 --accumulate 4 stopped
+#      at step 2 (2 slots a drafter) resumes with --drafters 1 at 4 slots a step (the drafter
+#      says so; steps 3 and 4 each train 4 batches), without a word about --accumulate; resumed
+#      with --drafters 3 (4 slots cannot be shared by 3) it is refused at start-up: the drafter
+#      exits 2 and the run says why, naming the --drafters that can.
 #   train_group.sh BUILD_DIR SOURCE_ROOT [BACKEND] (host, the default; scripts/gpu-check runs it
 #   with cuda: both drafters and the target on one GPU, the group over shm)
 set -euo pipefail
@@ -158,3 +163,39 @@ grep -q "resumed exactly from $R/checkpoints/step-000000004 at step 4" "$R/draft
     fail "drafter 0 did not resume from the moved checkpoint" "$R/drafter.log"
 echo "ok: a newest checkpoint no drafter of the run reads is refused with the move; after it, \
 drafter 0 resumes from it"
+
+# 6. the step keeps its 4 slots when the run resumes with another number of drafters
+P=$WORK/rescale
+rc=0
+train --out "$P" --steps 4 --extra-drafter "--max-steps 2" >"$WORK/p1.log" 2>&1 || rc=$?
+[ "$rc" = 1 ] && grep -q "stopped at step 2 of 4" "$WORK/p1.log" ||
+    fail "a group run stopped at step 2: exit $rc (want 1)" "$WORK/p1.log"
+mkdir -p "$P/checkpoints" # the group's rank 0 may have been drafter 1 (see 5.)
+for d in "$P"/ranks/1/checkpoints/step-*; do [ ! -e "$d" ] || mv "$d" "$P/checkpoints/"; done
+train --out "$P" --steps 4 --drafters 1 >"$WORK/p2.log" 2>&1 ||
+    fail "the run resumed with --drafters 1 failed" "$WORK/p2.log"
+grep -q "^train: queue, target and drafter started (logs in $P); resuming, training to step 4 \
+with the checkpoint's 4 slots a step$" "$WORK/p2.log" || fail "the start line" "$WORK/p2.log"
+grep -q "resuming $P/checkpoints/step-000000002 with 1 drafter: its step stays 4 slots, now 1 \
+drafter x 4 (it was 2 x 2)" "$P/drafter.log" ||
+    fail "--drafters 1 did not keep the step of 4 slots" "$P/drafter.log"
+! grep -q "accumulate .* ignored" "$P/drafter.log" "$WORK/p2.log" ||
+    fail "--accumulate 4, the step kept, was said to be ignored" "$P/drafter.log"
+for s in 3 4; do
+    grep -q "\"step\":$s,.*\"train/batches\":4[,}]" "$P/metrics/metrics.jsonl" ||
+        fail "step $s did not train 4 batches" "$P/metrics/metrics.jsonl"
+done
+grep -q "^train: done; checkpoint $P/checkpoints/step-000000004 " "$WORK/p2.log" ||
+    fail "the resumed run did not end at step 4" "$WORK/p2.log"
+echo "ok: a --drafters 2 run of 4 slots a step resumed with --drafters 1 trains 4 slots a step"
+rc=0
+train --out "$P" --steps 4 --drafters 3 --accumulate 3 >"$WORK/p3.log" 2>&1 || rc=$?
+[ "$rc" = 1 ] && grep -q "^train: --accumulate 3 ignored: the run resumes with its checkpoint's \
+step of 4 slots" "$WORK/p3.log" && grep -q "^train: dflash-drafter 0 .* exited with status 2: \
+cannot start training: cannot resume $P/checkpoints/step-000000004 with 3 drafters: its step is \
+4 slots (1 drafter x 4), which 3 drafters cannot share evenly.* with 1, 2 or 4 drafters .*\
+(--init-weights $P/checkpoints/step-000000004 and another --checkpoint-dir)$" \
+    "$WORK/p3.log" || fail "--drafters 3 on a step of 4 slots: exit $rc (want 1, the drafter's \
+exit 2 and reason)" "$WORK/p3.log"
+echo "ok: a step of 4 slots resumed with --drafters 3 is refused: the drafter exits 2 naming the \
+--drafters that share it"

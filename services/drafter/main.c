@@ -15,7 +15,8 @@
  * Subcommand: `dflash-drafter eval --model TARGET --data SHARDS [--checkpoint DIR | --init-only]`
  * prints the offline tau of a checkpoint (or of the untrained seeded drafter) on held-out shards;
  * SIGINT/SIGTERM end it within a target layer or a chunk of drafted blocks, the tau of the
- * sequences done printed marked partial, exit 128 + the signal (eval_main).
+ * sequences done printed marked partial, exit 128 + the signal (eval_main). `dflash-drafter show
+ * CHECKPOINT [--drafters N]` prints a checkpoint's step and training settings (show.h).
  * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
  * 4 another live drafter has our --name or replaced us as a restart of our run (the broker
@@ -33,6 +34,7 @@
 #include "hf_config.h"
 #include "err.h"
 #include "log.h"
+#include "show.h"
 #include "signals.h"
 #include "model_producer.h"
 #include "slot_options.h"
@@ -232,8 +234,10 @@ static int check_options(const cfg_table *t, const void *cfg, char *why, size_t 
 static const cfg_table drafter_table = {
     "dflash-drafter", "copies slots from the DFlash broker and trains (or verifies) on them",
     "[options]\n       dflash-drafter eval [options]   offline tau of a checkpoint on held-out "
-    "shards (eval --help)", drafter_options, sizeof drafter_options / sizeof drafter_options[0],
-    NULL, check_options, (const char *const[]){"eval", NULL}};
+    "shards (eval --help)\n       dflash-drafter show CHECKPOINT [--drafters N]   a checkpoint's "
+    "step and training settings (show --help)", drafter_options,
+    sizeof drafter_options / sizeof drafter_options[0], NULL, check_options,
+    (const char *const[]){"eval", NULL}};
 
 /* What the options give once checked across each other. */
 typedef enum { MODE_TRAIN, MODE_VERIFY, MODE_VERIFY_MODEL } drafter_mode;
@@ -601,6 +605,7 @@ int main(int argc, char **argv)
     volatile sig_atomic_t *stop = signals_install_stop_flag();
     log_init("dflash-drafter", LOG_INFO);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1, stop);
+    if (argc > 1 && strcmp(argv[1], "show") == 0) return show_main(argc - 1, argv + 1);
     drafter_config cfg;
     cfg_source sources[sizeof drafter_options / sizeof drafter_options[0]];
     cfg_table table = drafter_table; /* with `sources`: where each value came from */

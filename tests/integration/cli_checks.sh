@@ -142,8 +142,13 @@ if [ "$HAVE_CUDA" = OFF ]; then
 else
     echo "skip --backend cuda in a build without CUDA: this build has CUDA"
 fi
-# --help names the eval subcommand
+# --help names the eval and show subcommands; show refuses what it cannot read or share
 expect drafter_help_eval 0 "dflash-drafter eval" "$D" --help
+expect drafter_help_show 0 "dflash-drafter show CHECKPOINT" "$D" --help
+expect drafter_show_none 1 "$WORK/run holds no checkpoint" "$D" show "$WORK/run"
+expect drafter_show_drafters 2 "--drafters '0' is not a number of drafters" "$D" show "$WORK/run" \
+    --drafters 0
+expect drafter_show_args 2 "--drafters needs a number" "$D" show "$WORK/run" --drafters
 
 # after loading, the target reports the warm-up of each bucket (it was silent for minutes on a
 # large model), then waits for the broker

@@ -21,8 +21,9 @@
  *                             "exp_avg_sq.NAME") and, in its metadata, the step, the anchor seed
  *                             and every schedule / optimizer setting ("format":
  *                             "dflash-training-state-1"), among them "accumulate" (the slots each
- *                             drafter trained a step) and "world" (how many drafters took the
- *                             last step: a data-parallel group's ranks, 1 alone; absent in a
+ *                             drafter trained a step) and "world" (how many drafters a step is
+ *                             for: a group's --group-size, else the ranks that took the last
+ *                             step, 1 alone; absent in a
  *                             checkpoint written before it: unknown, tc->world 0; the step is
  *                             world x accumulate slots); and "unacked_batches" when the model
  *                             holds trained batches whose acks the broker has not taken (a stop

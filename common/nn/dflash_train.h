@@ -62,8 +62,9 @@ typedef struct dflash_train_cfg {
     double weight_decay;      /* decoupled, matrices only (0.0, SpecForge's default) */
     uint64_t seed;            /* anchor sampling seed (0) */
     int accumulate;           /* slots' batches per optimizer step (1; <= 1: one) */
-    int world;                /* drafters whose batches made the last step (a data-parallel
-                               * group's ranks; 1 alone): the step is world x accumulate slots.
+    int world;                /* drafters a step is for (a data-parallel group's --group-size,
+                               * else the ranks of its last step; 1 alone): the step is world x
+                               * accumulate slots.
                                * Recorded in checkpoints ("world"); 0: unknown (0) */
 } dflash_train_cfg;
 

@@ -74,6 +74,7 @@ typedef struct trainer {
     int (*barrier)(void *arg, uint64_t step); /* the loop's durability barrier (set_barrier) */
     void *barrier_arg;
     dp_comm *comm;   /* data-parallel group (group_worker.h): NULL = alone */
+    int group_size;  /* --group-size (0: none or alone): the ranks a step means (record_world) */
     int dp_rank;     /* our rank in the last group joined; only rank 0 writes checkpoints */
     bool dp_member;  /* joined a group at least once */
     long diverged_at; /* the first step whose loss or gradient norm was NaN or infinite; 0: none.
@@ -684,6 +685,14 @@ static int train_micro_group(trainer *t, const dflash_batch_view *v, const worke
 /* The group step of the micro-steps consumed since the last close (worker_loop.h close_step):
  * dflash_dp_close all-reduces the accumulated gradients and applies the update on every rank;
  * then the group's metrics, as for a one-batch group step. */
+/* The ranks whose batches make a step, as the checkpoints record it (tc.world): the group's
+ * --group-size when given, which a group short of ranks (one lost, or not come by --group-wait-s)
+ * still means to have, so that a resume restores the run's step and not the shortfall's; else
+ * the live group's size. */
+static void record_world(trainer *t) {
+    t->tc.world = t->group_size ? t->group_size : dp_comm_world(t->comm);
+}
+
 static int train_close_group(void *vctx, uint64_t *step) {
     trainer *t = vctx;
     dflash_metrics dm;
@@ -699,7 +708,7 @@ static int train_close_group(void *vctx, uint64_t *step) {
         return rc;
     }
     *step = (uint64_t)t->m->step;
-    t->tc.world = dp_comm_world(t->comm); /* the checkpoints' record of the step */
+    record_world(t);
     struct step_note n = {.epoch = t->last_epoch};
     record_step(t, &dm, &n, dt);
     return stop_if_diverged(t); /* every rank alike: the group's loss and norm */
@@ -726,7 +735,7 @@ static int train_consume_group(trainer *t, const dflash_batch_view *v, const wor
         return rc;
     }
     *step = (uint64_t)t->m->step;
-    t->tc.world = dp_comm_world(t->comm); /* the checkpoints' record of the step */
+    record_world(t);
     struct step_note n = {.epoch = b->wu.epoch, .n_tokens = b->n_tokens, .n_seqs = b->n_seqs};
     record_step(t, &dm, &n, dt);
     /* the loss is all-reduced and the gradient norm is that of the all-reduced gradient (rank
@@ -1011,6 +1020,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
     t->backend = o->backend;
     t->layout = *o->layout;
     t->tc = o->train;
+    t->group_size = o->group ? o->group_size : 0;
     t->tc.world = o->group ? o->group_size : 1; /* a resume's: restore; a group's: its steps */
     t->ckpt_every = o->checkpoint_every;
     t->keep_last = o->keep_last > 0 ? o->keep_last : 3;

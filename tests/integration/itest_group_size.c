@@ -15,10 +15,13 @@
  *   2. db joins (world 2): the two still wait, until --group-wait-s ends the wait: rank 0 says
  *      it goes on with 2 of the 3 ranks;
  *   3. the epoch is trained to its end: every group step of 2 batches (21 steps), none of 1;
- *      a drain ends all three daemons with exit 0.
+ *      a drain ends all three daemons with exit 0; the final checkpoint records the step as
+ *      the group means it, of 3 ranks (--group-size), not the 2 it had (a resume with the 3
+ *      would otherwise share a step of 2 batches among them).
  * A dflash-drafter with --group-size and no --group is refused (exit 2).
  * Usage: itest_group_size QUEUE TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
 #include "check.h"
+#include "dflash_ckpt.h"
 #include "harness.h"
 #include "test_files.h"
 
@@ -120,6 +123,22 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_drain(c), 0);
     CHECK_EQ_INT(h_wait_exit(da, 60000), 0);
     CHECK_EQ_INT(h_wait_exit(db, 60000), 0);
+    /* the final checkpoint (rank 0's, in either directory) records the step the group means,
+     * 3 ranks (--group-size), not the 2 it had: a resume with the 3 restores steps of 3 */
+    int with_ckpt = 0;
+    for (const char *who = "a"; who; who = who[0] == 'a' ? "b" : NULL) {
+        char root[160], path[512], err[512];
+        snprintf(root, sizeof root, "%s/ckpt-d%s", dir, who);
+        if (dflash_ckpt_latest(root, path, sizeof path) < 0) continue;
+        dflash_train_cfg tc;
+        long step = 0;
+        CHECK_EQ_INT(dflash_ckpt_train_settings(path, &tc, &step, err, sizeof err), 0);
+        CHECK_EQ_INT(tc.world, 3);
+        CHECK_EQ_INT(step, 21);
+        with_ckpt++;
+    }
+    CHECK(with_ckpt >= 1);
+    printf("phase 3: the final checkpoint records world 3 (--group-size), its step 21\n");
     CHECK_EQ_INT(h_wait_exit(tp, 30000), 0);
     client_destroy(&c);
     CHECK_EQ_INT(h_stop(qp), 0);

@@ -139,7 +139,7 @@ static const cfg_option drafter_options[] = {
         "their gradients are accumulated in fp32 and the step's loss is normalised over all of "
         "them; in a --group, micro-steps per group step, every rank the same (ranks x N <= 64); "
         "a resume keeps its checkpoint's step of T slots: alone or with --group-size R, each "
-        "rank trains T / R (refused when R does not divide T)", accumulate),
+        "rank trains T / R (the nearest share, said, when R does not divide T)", accumulate),
     OPT("lr", CFG_DOUBLE, "6e-4", 0, 10, "train: peak learning rate (--lr x --weight-decay "
         "below 1)", lr),
     OPT("warmup-ratio", CFG_DOUBLE, "0.04", 0, 1, "train: warmup fraction of the schedule",

@@ -682,17 +682,18 @@ static int train_micro_group(trainer *t, const dflash_batch_view *v, const worke
     return 0;
 }
 
+/* The ranks whose batches make a step, as the checkpoints record it (tc.world): the group's
+ * --group-size when given, which a group short of ranks (one lost, or not come by --group-wait-s)
+ * still means to have, so that a resume restores the run's step and not the shortfall's; the
+ * live group's size when larger (a group of hand-started ranks past its --group-size) or none. */
+static void record_world(trainer *t) {
+    int live = dp_comm_world(t->comm);
+    t->tc.world = t->group_size > live ? t->group_size : live;
+}
+
 /* The group step of the micro-steps consumed since the last close (worker_loop.h close_step):
  * dflash_dp_close all-reduces the accumulated gradients and applies the update on every rank;
  * then the group's metrics, as for a one-batch group step. */
-/* The ranks whose batches make a step, as the checkpoints record it (tc.world): the group's
- * --group-size when given, which a group short of ranks (one lost, or not come by --group-wait-s)
- * still means to have, so that a resume restores the run's step and not the shortfall's; else
- * the live group's size. */
-static void record_world(trainer *t) {
-    t->tc.world = t->group_size ? t->group_size : dp_comm_world(t->comm);
-}
-
 static int train_close_group(void *vctx, uint64_t *step) {
     trainer *t = vctx;
     dflash_metrics dm;
@@ -940,17 +941,13 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
         /* the step keeps its slots whatever the number of drafters now (step_rescale.h) */
         int ckpt_accumulate = t->tc.accumulate > 1 ? t->tc.accumulate : 1;
         step_rescale sr;
-        char line[1400];
-        rc = step_rescale_decide(resume_dir, t->tc.world, ckpt_accumulate,
-                                 o->group ? o->group_size : 1, o->group, &sr, line, sizeof line);
-        if (rc < 0) {
-            snprintf(err, errlen, "%s", line);
-            return rc;
-        }
+        char line[3072]; /* names the checkpoint twice */
+        step_rescale_decide(resume_dir, t->tc.world, ckpt_accumulate,
+                            o->group ? o->group_size : 1, o->group, &sr, line, sizeof line);
         t->tc.accumulate = sr.accumulate;
         t->tc.world = sr.world;
         if (sr.kind == STEP_RESCALE_ADAPT) LOG_INFO("%s", line);
-        if (sr.kind == STEP_RESCALE_FOLLOW) LOG_WARN("%s", line);
+        if (sr.kind == STEP_RESCALE_CHANGE) LOG_WARN("%s", line);
         t->start_step = t->saved_step = t->committed = t->m->step;
         rc = dflash_ckpt_unacked_batches(resume_dir, t->resumed, DFLASH_CKPT_MAX_UNACKED,
                                          &t->n_resumed, err, errlen);
@@ -966,7 +963,8 @@ static int restore(trainer *t, const trainer_opts *o, const char *resume_dir, ch
         LOG_INFO("resumed exactly from %s at step %ld (lr %g, schedule %ld steps, %d anchors, "
                  "%d batch%s a step%s; the checkpoint's training settings win over the flags)",
                  resume_dir, t->m->step, t->tc.lr, t->tc.total_steps, t->tc.n_anchors,
-                 t->tc.accumulate, t->tc.accumulate > 1 ? "es" : "", o->group ? " a rank" : "");
+                 t->tc.accumulate, t->tc.accumulate > 1 ? "es" : "",
+                 o->group ? " on each rank" : "");
         if (t->tc.accumulate != (o->train.accumulate > 1 ? o->train.accumulate : 1))
             LOG_WARN("--accumulate %d ignored: the resumed run trains %d batch%s a step%s, as its "
                      "checkpoint's step says (another batch size is a new run: --init-weights %s "

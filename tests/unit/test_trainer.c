@@ -647,13 +647,11 @@ static void test_resume_refused(void) {
     worker_consumer_destroy(&c);
 }
 
-/* A step whose loss is NaN stops the run: consume() refuses it, nothing is checkpointed after
- * the last finite step and committed() stays there (it trained on and saved NaN weights). */
 /* A resume keeps the checkpoint's step of world x accumulate slots over the drafters it has now
  * (step_rescale.h): the final checkpoint of a drafter alone records world 1; edited to the
  * checkpoint of a group of 2 x 3, it resumes alone at 6 slots a step (what the group hooks
- * read), in a group of 3 at 2 each, and in a group of 4 (6 slots cannot be shared) it is refused
- * naming the sizes that can, exit 2's path (trainer_new returns NULL). */
+ * read), in a group of 3 at 2 each, and in a group of 4 (6 slots cannot be shared evenly) at
+ * the nearest share, 2 each (8 a step), with a warning: a rescale never stops the run. */
 static void test_resume_rescale(void) {
     char err[2048], root[400], step[500], path[600];
     snprintf(root, sizeof root, "%s/ckpt-rescale", dir);
@@ -661,21 +659,21 @@ static void test_resume_rescale(void) {
     snprintf(path, sizeof path, "%s/training_state.safetensors", step);
     CHECK(test_edit_in_place(path, "\"world\":\"1\"", "\"world\":\"2\""));
     CHECK(test_edit_in_place(path, "\"accumulate\":\"1\"", "\"accumulate\":\"3\""));
-    int want[3] = {6, 2, 0}, sizes[3] = {-1, 3, 4};
+    int want[3] = {6, 2, 2}, sizes[3] = {-1, 3, 4};
     for (int i = 0; i < 3; i++) {
         next_group_size = sizes[i];
         worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
         next_group_size = -1;
         printf("a checkpoint of 2 x 3 slots a step resumed by %d drafter%s: %s\n",
                sizes[i] < 0 ? 1 : sizes[i], sizes[i] < 0 ? " alone" : "s", c ? "started" : err);
-        CHECK(want[i] ? c != NULL : c == NULL);
+        CHECK(c != NULL);
         if (c) CHECK_EQ_INT(c->accumulate(c->ctx), want[i]);
-        if (!want[i])
-            CHECK(strstr(err, step) && strstr(err, "with 4 drafters") &&
-                  strstr(err, "6 slots (2 drafters x 3)") && strstr(err, "1, 2, 3 or 6"));
         worker_consumer_destroy(&c);
     }
 }
+
+/* A step whose loss is NaN stops the run: consume() refuses it, nothing is checkpointed after
+ * the last finite step and committed() stays there (it trained on and saved NaN weights). */
 
 static void test_divergence_stops(void) {
     char err[512], root[400];

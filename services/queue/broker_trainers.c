@@ -7,16 +7,17 @@
  * (broker_replace_predecessors). A live trainer of another model (a solo trainer of another run,
  * or a group member: broker_other_model_trainer) refuses the resume, nothing rewound: Error AGAIN
  * for the liveness window and half again since the first ask (that one may be dead and not yet
- * expired), then Error EXISTS naming it (broker_trainer_admitted); a GroupJoin beside a live solo
- * trainer alike, ending in Error DENIED; a GroupJoin creating a second group beside a live member
- * of another alike (defect: its creation rewound the first group's batches). A ResumeFrom
- * without a run id (an older drafter) is only warned about. A replaced predecessor is remembered
- * as a name's is (broker_peer_take_over), and its hello refused EXISTS (broker.c's
- * refuse_replaced; defect: two processes sharing a run id both trained on). A solo trainer's
- * later hellos name its run (Hello.run_id), and broker.c's on_hello takes one as its resume
- * admitted again, without a rewind, or holds and then refuses it (DENIED) when another model's
- * trainer came in meanwhile (defect: a trainer that registered again after an expiry or a broker
- * restart was no trainer any more, and a second run's resume rewound its batches).
+ * expired; longer while it has sent nothing since: until it expires), then Error EXISTS naming
+ * it (broker_trainer_admitted); a GroupJoin beside a live solo trainer alike, ending in Error
+ * DENIED; a GroupJoin creating a second group beside a live member of another alike (defect: its
+ * creation rewound the first group's batches). A ResumeFrom without a run id (an older drafter)
+ * is only warned about. A replaced predecessor is remembered as a name's is
+ * (broker_peer_take_over), and its hello refused EXISTS (broker.c's refuse_replaced; defect: two
+ * processes sharing a run id both trained on). A solo trainer's later hellos name its run
+ * (Hello.run_id), and broker.c's on_hello takes one as its resume admitted again, without a
+ * rewind, or holds and then refuses it (DENIED) when another model's trainer came in meanwhile
+ * (defect: a trainer that registered again after an expiry or a broker restart was no trainer
+ * any more, and a second run's resume rewound its batches).
  * Thread: the broker's loop thread. Callers: broker.c (hello, dispatch).
  */
 #include "broker_state.h"
@@ -83,7 +84,8 @@ void broker_replace_predecessors(broker *b, peer *p, uint64_t run_id)
 /* Whether p may train on this broker now (one broker serves one model). False when q, a live
  * drafter that trains another model (broker_other_model_trainer), is there: r then holds Error AGAIN
  * while q may still be a dying process the broker has not expired (for the liveness window and
- * half again since p first asked), Error `final` after that, both naming q and what to do. */
+ * half again since p first asked, and after that while q has sent nothing since: until the cron
+ * expires it), Error `final` after that, both naming q and what to do. */
 bool broker_trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
                              wire_msg *r)
 {
@@ -116,6 +118,17 @@ bool broker_trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, in
         reply_error(b, r, rid, DFLASH_EAGAIN, "%s trains on this broker (one broker serves one "
                     "model): waiting %" PRIu64 " ms more in case it is gone and not yet expired",
                     who, window - waited);
+        return false;
+    }
+    /* Silent since p first asked: it may be gone and the cron may not have judged it yet (it
+     * holds expiries for half a window after a stall of the broker, stall_hold, or has not run
+     * since): held on until it expires or is heard from (defect: after a stall of more than half
+     * a window the dead one expired past p's window, and p was refused naming a drafter that was
+     * gone; the drafter exited 6). */
+    if (q->last_seen_ms <= p->trainer_wait_since_ms) {
+        reply_error(b, r, rid, DFLASH_EAGAIN, "%s trains on this broker (one broker serves one "
+                    "model) and has been silent for %" PRIu64 " ms: waiting until it expires or "
+                    "is heard from", who, now - q->last_seen_ms);
         return false;
     }
     LOG_WARN("drafter %s refused: %s trains on this broker and has not expired (one broker "

@@ -312,6 +312,35 @@ static void test_dead_rival_expires(void)
     stub_broker_free();
 }
 
+/* The same when the broker itself stalled (descheduled on a loaded machine) just before b's
+ * window ended: its cron held the expiries for half a window more (stall_hold), past the end of
+ * b's window. b's resume is held on while a, silent since b first asked, is not judged yet, and
+ * taken once a expires (defect: refused EXISTS naming trainer-a, a process that was gone, and
+ * the drafter exited 6; test_dead_rival_expires failed so under load). */
+static void test_dead_rival_after_stall(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, b = {"trainer-b", 22};
+    solo_trains(&a, RUN_A); /* a sends nothing more */
+    sleep_ms(30);
+    uv_run(&stub_loop, UV_RUN_NOWAIT); /* the cron's first run (due 25 ms after the start) */
+    CHECK_EQ_INT(hello(&b), 0);
+    uint64_t asked = monotime_ms();
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    while (monotime_ms() < asked + 470) sleep_ms(5); /* the broker stalls past b's 450 ms */
+    beat_target();
+    uv_run(&stub_loop, UV_RUN_NOWAIT); /* late: it holds the expiries for 150 ms more */
+    CHECK_EQ_INT(stub_status().peers, 3); /* a not judged yet */
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    printf("held past the window: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "drafter trainer-a") != NULL);
+    CHECK(strstr(stub_rep.u.error.message, "silent") != NULL);
+    CHECK_EQ_INT(resume_while_held(&b, RUN_B, NULL, 3000), 0);
+    CHECK_EQ_INT(stub_status().peers, 2); /* the target and b */
+    stub_broker_free();
+}
+
 /* Runs the cron for ms while the target (and `alive`, may be NULL) beat: the others expire. */
 static void silent_for(int ms, const drafter *alive)
 {
@@ -573,6 +602,7 @@ int main(void)
     test_old_drafter_warned();
     test_group_and_solo_refused();
     test_dead_rival_expires();
+    test_dead_rival_after_stall();
     test_registered_again_still_trains();
     test_registered_again_beside_another_run();
     test_second_group_refused();

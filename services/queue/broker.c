@@ -1484,7 +1484,7 @@ static bool stall_hold(broker *b, uint64_t now)
     uint64_t two_periods = 2 * uv_timer_get_repeat(&b->cron);
     uint64_t late = window / 2 > two_periods ? window / 2 : two_periods;
     uint64_t every = window > two_periods ? window : two_periods;
-    uint64_t gap = b->last_cron_ms ? now - b->last_cron_ms : 0;
+    uint64_t gap = now - b->last_cron_ms;
     b->last_cron_ms = now;
     if (gap > late && (!b->last_grace_ms || now - b->last_grace_ms >= every)) {
         b->last_grace_ms = now;
@@ -1652,6 +1652,7 @@ broker *broker_new(uv_loop_t *loop, const queue_config *cfg, int *err)
     uint64_t period = (uint64_t)cfg->heartbeat_ms / 4;
     if (period < 10) period = 10;
     if (period > 250) period = 250;
+    b->last_cron_ms = now_ms(b); /* a stall before cron's first run is one too (stall_hold) */
     uv_timer_start(&b->cron, cron, period, period);
     b->cron_started = true;
     LOG_INFO("broker incarnation %016" PRIx64 " serving %s%s%s (pub %s), journal %s",

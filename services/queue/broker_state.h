@@ -109,7 +109,7 @@ struct broker {
     uint64_t stop_settled_ms;      /* since when nothing is left to wait for (0: something is) */
     broker_stopped_fn stop_done;   /* called once STOPPED (main: stops the loop) */
     void *stop_done_ctx;
-    uint64_t last_cron_ms;   /* when cron last ran (0: not yet) */
+    uint64_t last_cron_ms;   /* when cron last ran (before its first run: when it started) */
     uint64_t judge_from_ms;  /* nothing expires before this (stall_hold) */
     uint64_t last_grace_ms;  /* when that grace was last given */
     uint64_t last_stats_ms, grants_at_last; /* claims/s: when last measured, grants then */

@@ -876,8 +876,13 @@ static int finish(gw *g)
                  (unsigned long long)k->model_step(k->ctx),
                  (unsigned long long)k->state_hash(k->ctx));
     if (!client_broker_incarnation(g->cl)) return 0;
+    /* reported also when it is the periodic checkpoint reported already (a stop right after
+     * it, or inside the next step, whose micro-steps are abandoned), as the solo loop does: the
+     * line says which checkpoint the run ends on (defect: none, and scripts/train said the
+     * drafters reported no final checkpoint) */
     uint64_t cs = k->committed ? k->committed(k->ctx) : 0;
-    if (g->rank == 0 && cs > g->committed_reported && worker_session_commit_final(g->s, cs) == 0)
+    if (g->rank == 0 && cs && cs >= g->committed_reported &&
+        worker_session_commit_final(g->s, cs) == 0)
         g->committed_reported = cs;
     client_group_leave(g->cl, g->cfg->group);
     return 0;

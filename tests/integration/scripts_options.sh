@@ -97,6 +97,8 @@ expect "train --buckets 1024,512" 2 "--buckets must be ascending" "${T[@]}" --bu
 # several drafters (a group): each trains the same share of a step, a step takes a slot for each
 # at once, one GPU each when named; refused before anything starts
 expect "train --drafters 0" 2 "--drafters must be a whole number >= 1" "${T[@]}" --drafters 0
+expect "train --drafters 65" 2 "--drafters 65: a group holds at most 64 drafters" "${T[@]}" \
+    --drafters 65
 expect "train --drafters 3 --accumulate 32" 2 "--accumulate 32 is not a multiple of --drafters \
 3 .*: give --accumulate 30 or 33" "${T[@]}" --drafters 3
 expect "train --drafters 2 --accumulate 66" 2 "a group's step holds at most 64 slots" "${T[@]}" \

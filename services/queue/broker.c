@@ -918,6 +918,15 @@ static void on_release(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     if (!b->policy) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown lease");
     if (released_before(p, m->u.lease_id)) return reply_ok(b, r, m->request_id, 0);
+    uint64_t holder = 0;
+    if (policy_lease_worker(b->policy, m->u.lease_id, &holder) == 0 && holder != p->incarnation) {
+        /* a lease is its drafter's: another peer's release would free a slot it may still be
+         * copying (the target rewrites FREE slots) and, unread, requeue its batch */
+        LOG_WARN("%s released lease %" PRIu64 ", which is another drafter's: refused", p->name,
+                 m->u.lease_id);
+        return reply_error(b, r, m->request_id, DFLASH_EDENIED,
+                           "lease %" PRIu64 " was granted to another drafter", m->u.lease_id);
+    }
     policy_slot_ref where;
     int rc = policy_release(b->policy, m->u.lease_id, &where);
     if (rc) return reply_error(b, r, m->request_id, rc, "lease %" PRIu64 " unknown or expired",
@@ -1209,6 +1218,32 @@ static bool is_steering(wire_type t)
 /* JournalSync needs none either: a drafter whose hello was refused, or a broker that restarted
  * since it, still makes the acks of its final checkpoint durable first (any sync of the file
  * covers every record written to it, by this process or the one before). */
+/* The one role whose registered peers may send request t (a target's pool and slots, a drafter's
+ * claims, acks, commits, resumes and group steps); WIRE_ROLE_BROKER: any (hello, heartbeat,
+ * status, the journal barrier, steering). Checked for every registered peer before its handler
+ * (defect: a peer registered as a target acked every batch of the plan it never trained, and its
+ * ResumeFrom put them all back to do; the role was never looked at). */
+static wire_role role_of_request(wire_type t)
+{
+    switch (t) {
+    case WIRE_POOL_REGISTER:
+    case WIRE_WORK_REQUEST:
+    case WIRE_SLOT_READY:
+    case WIRE_POOL_LEAVE: return WIRE_ROLE_TARGET;
+    case WIRE_CLAIM:
+    case WIRE_SLOT_RELEASE:
+    case WIRE_ACK:
+    case WIRE_CHECKPOINT_COMMITTED:
+    case WIRE_RESUME_FROM:
+    case WIRE_GROUP_JOIN:
+    case WIRE_GROUP_SET_ID:
+    case WIRE_STEP_CLAIM:
+    case WIRE_STEP_DONE:
+    case WIRE_GROUP_LEAVE: return WIRE_ROLE_DRAFTER;
+    default: return WIRE_ROLE_BROKER;
+    }
+}
+
 static bool needs_hello(wire_type t)
 {
     return t != WIRE_HELLO && t != WIRE_HEARTBEAT && t != WIRE_STATUS_REQUEST &&
@@ -1276,6 +1311,15 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     }
     if (needs_hello(m.type) && (!p || p->state != PEER_LIVE || p->incarnation != m.incarnation)) {
         reply_error(b, &r, m.request_id, DFLASH_ESTALE, "unknown peer: send hello");
+        goto out;
+    }
+    wire_role needed = role_of_request(m.type);
+    if (p && needed != WIRE_ROLE_BROKER && p->role != needed) {
+        b->malformed++;
+        LOG_WARN("%s %s sent %s, a %s's request: refused", wire_role_name(p->role), p->name,
+                 wire_type_name(m.type), wire_role_name(needed));
+        reply_error(b, &r, m.request_id, DFLASH_EDENIED, "a %s may not send %s",
+                    wire_role_name(p->role), wire_type_name(m.type));
         goto out;
     }
     if (!is_ctl && m.type != WIRE_HELLO && p && p->state == PEER_LIVE) {

@@ -702,6 +702,21 @@ int policy_release(policy *p, uint64_t lease_id, policy_slot_ref *where)
     return 0;
 }
 
+int policy_lease_worker(const policy *p, uint64_t lease_id, uint64_t *worker_id)
+{
+    const slot *s = find_lease(p, lease_id);
+    if (s) {
+        *worker_id = s->worker_id;
+        return 0;
+    }
+    for (uint32_t i = 0; i < p->n_detached; i++)
+        if (p->detached[i].lease_id == lease_id) {
+            *worker_id = p->detached[i].worker_id;
+            return 0;
+        }
+    return DFLASH_ESTALE;
+}
+
 void policy_release_refused(policy *p)
 {
     if (p->releases) p->releases--;

@@ -244,6 +244,10 @@ int policy_lease_revoke(policy *p, uint64_t lease_id);
  * hand back to its target. DFLASH_ESTALE unknown or expired lease (counted in stale_releases). */
 int policy_release(policy *p, uint64_t lease_id, policy_slot_ref *where);
 
+/* The worker a live or detached lease was granted to, into *worker_id: 0, or DFLASH_ESTALE for an
+ * unknown or ended lease. The broker refuses a release from any other peer. */
+int policy_lease_worker(const policy *p, uint64_t lease_id, uint64_t *worker_id);
+
 /* Extends every lease of worker_id to now_ms + lease_timeout. Returns 0 (also with no leases). */
 int policy_heartbeat(policy *p, uint64_t worker_id, uint64_t now_ms);
 

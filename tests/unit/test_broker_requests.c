@@ -17,6 +17,9 @@
  *   - the ack of a batch the broker holds in to-do (a drafter resumed from a checkpoint that
  *     records it unacked) is recorded; the same ack again is answered as a repeat, one at
  *     another step is logged as trained twice;
+ *   - a peer registered as a target acked batches it never trained (and committed, and rewound
+ *     them by ResumeFrom), and any drafter released another's lease (its slot freed while being
+ *     copied): a peer may send only its role's requests, a lease is released by its drafter;
  *   - a SlotRelease retried after its reply was lost gets Stale, the drafter drops its copy, and
  *     the batch stays in flight as held by that drafter until it exits: a retry from the same
  *     drafter of a release it made is answered Ok;
@@ -226,6 +229,8 @@ static void test_release_retry(void)
     wire_grant g = stub_rep.u.grant;
     CHECK(strcmp(g.pool_name, "t") == 0); /* the pool's identity: its target's name */
     CHECK(!g.gpu_bus_id[0]);              /* a host pool: no GPU */
+    CHECK_EQ_INT(release("e", DRAFTER_INC + 1, g.lease_id), DFLASH_EDENIED); /* d's, not e's */
+    CHECK(strstr(stub_rep.u.error.message, "granted to another drafter") != NULL);
     CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);
     CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), 0);         /* the reply was lost */
     CHECK_EQ_INT(release("e", DRAFTER_INC + 1, g.lease_id), DFLASH_ESTALE); /* not e's */
@@ -237,6 +242,43 @@ static void test_release_retry(void)
     CHECK_EQ_INT(s.batches_trained, 1);
     CHECK_EQ_INT(s.batches_inflight, 0);
     CHECK_EQ_INT(release("d", DRAFTER_INC, g.lease_id), DFLASH_ESTALE); /* acked since */
+    stub_broker_free();
+}
+
+/* A registered peer may send only its role's requests: a target's ack, commit, resume or claim,
+ * and a drafter's WorkRequest (a target's ask for a slot to fill), are refused DENIED and change
+ * nothing (defect: a peer registered as a target acked batches it never trained, and its
+ * ResumeFrom put every trained batch back to do). */
+static void test_requests_of_another_role(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    wire_status before = stub_status();
+    wire_type as_target[] = {WIRE_ACK, WIRE_CHECKPOINT_COMMITTED, WIRE_RESUME_FROM, WIRE_CLAIM};
+    for (size_t i = 0; i < sizeof as_target / sizeof *as_target; i++) {
+        stub_init(as_target[i], WIRE_ROLE_TARGET, TARGET_INC);
+        if (as_target[i] == WIRE_ACK) stub_req.u.ack = (wire_ack){{0, 0, 0}, 1};
+        if (as_target[i] == WIRE_CHECKPOINT_COMMITTED) stub_req.u.step = 1u << 30;
+        CHECK_EQ_INT(stub_send("t"), DFLASH_EDENIED);
+        CHECK(strstr(stub_rep.u.error.message, "a target may not send") != NULL);
+    }
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EDENIED);
+    CHECK(strstr(stub_rep.u.error.message, "a drafter may not send") != NULL);
+    wire_status after = stub_status();
+    CHECK_EQ_INT(after.batches_trained, before.batches_trained);
+    CHECK_EQ_INT(after.batches_committed, before.batches_committed);
+    CHECK_EQ_INT(after.batches_todo, before.batches_todo);
+    CHECK_EQ_INT(after.batches_inflight, before.batches_inflight);
+    CHECK_EQ_INT(after.grants, before.grants);
+    /* the drafter's own requests still work */
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), 0);
     stub_broker_free();
 }
 
@@ -892,6 +934,7 @@ int main(void)
     test_restart_plan_bounds();
     test_reservoir_over_depth();
     test_release_retry();
+    test_requests_of_another_role();
     test_cuda_pool_bus_id();
     test_late_acks();
     test_plan_done();

@@ -64,6 +64,10 @@ static void vlog(log_level level, const char *file, int line, const char *fmt, v
 {
     char msg[2048];
     vsnprintf(msg, sizeof msg, fmt, ap);
+    /* a line is one record: control characters (a peer's name with a newline or a terminal
+     * escape, relayed into a message) are shown as '?' and cannot forge or hide lines */
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

@@ -215,6 +215,19 @@ static void test_cuda_pool_bus_id(void)
     stub_broker_free();
 }
 
+/* A broker with target t (a pool of 4 slots, n_ready of them ready) and drafter d registered;
+ * false when the broker could not be made. */
+static bool target_and_drafter(int n_ready)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return false;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, n_ready);
+    return true;
+}
+
 static void test_release_retry(void)
 {
     stub_broker_new(NULL);
@@ -251,12 +264,7 @@ static void test_release_retry(void)
  * ResumeFrom put every trained batch back to do). */
 static void test_requests_of_another_role(void)
 {
-    stub_broker_new(NULL);
-    if (!stub_b) return;
-    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
-    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
-    stub_pool("t", TARGET_INC, POOL_INC, 4);
-    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    if (!target_and_drafter(1)) return;
     wire_status before = stub_status();
     wire_type as_target[] = {WIRE_ACK, WIRE_CHECKPOINT_COMMITTED, WIRE_RESUME_FROM, WIRE_CLAIM};
     for (size_t i = 0; i < sizeof as_target / sizeof *as_target; i++) {
@@ -669,12 +677,7 @@ static int target_asks(const char *rid, uint64_t inc, uint64_t pool_inc)
  * pool dropped so none is granted from memory about to go) and the target goes. */
 static void test_drain_holds_ready(void)
 {
-    stub_broker_new(NULL);
-    if (!stub_b) return;
-    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
-    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
-    stub_pool("t", TARGET_INC, POOL_INC, 4);
-    stub_make_ready("t", TARGET_INC, POOL_INC, 2);
+    if (!target_and_drafter(2)) return;
     stub_init(WIRE_DRAIN, WIRE_ROLE_CTL, 99);
     CHECK_EQ_INT(stub_send("ctl-c-99"), 0);
     CHECK_EQ_INT(target_asks("t", TARGET_INC, POOL_INC), DFLASH_EAGAIN);

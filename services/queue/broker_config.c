@@ -45,8 +45,8 @@ static const cfg_option queue_options[] = {
           "directory of public keys (*.pub) allowed to set/pause/resume/drain/release over tcp://",
           admin_keys),
     {"insecure-tcp", CFG_BOOL, "false", 1, 0, false,
-     "FOR TESTS ONLY: allow tcp:// endpoints without CURVE (anyone who reaches the port may "
-     "steer)",
+     "FOR TESTS ONLY: allow tcp:// endpoints without CURVE, on loopback addresses only "
+     "(127.x.x.x, localhost, [::1]: anyone who reaches the port may steer)",
      offsetof(queue_config, insecure_tcp), 0},
     OPT_I("min-ready", "30", 0, 1 << 20, true,
           "mixing reservoir: claims are served while at least this many slots are ready "
@@ -155,6 +155,19 @@ int broker_parse_shares(const char *s, uint32_t n, double *out)
     return (n ? k == n : k > 0) ? 0 : DFLASH_EINVAL;
 }
 
+/* Whether endpoint ep is not tcp://, or is tcp:// on a loopback address (127.x.x.x, localhost,
+ * [::1]): where --insecure-tcp may serve. */
+static bool tcp_on_loopback(const char *ep)
+{
+    if (!curve_endpoint_is_tcp(ep)) return true;
+    const char *host = ep + strlen("tcp://");
+    const char *colon = strrchr(host, ':');
+    size_t n = colon ? (size_t)(colon - host) : strlen(host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') host++, n -= 2;
+    return (n == 9 && !strncmp(host, "localhost", 9)) || (n == 3 && !strncmp(host, "::1", 3)) ||
+           (n > 4 && !strncmp(host, "127.", 4));
+}
+
 int broker_config_check(const queue_config *c, char *why, size_t why_len)
 {
     bool curve = c->curve_secret_key[0] || c->curve_clients[0];
@@ -178,6 +191,16 @@ int broker_config_check(const queue_config *c, char *why, size_t why_len)
                  tcp);
         return DFLASH_ECONFIG;
     }
+    const char *eps[] = {c->endpoint, c->bind, c->pub_endpoint};
+    for (int i = 0; i < 3 && tcp && !curve; i++)
+        if (!tcp_on_loopback(eps[i])) {
+            snprintf(why, why_len,
+                     "--insecure-tcp serves loopback only (anyone who reaches the port may "
+                     "steer): %s is not on 127.0.0.1, localhost or [::1]; give other hosts CURVE "
+                     "(--curve-secret-key FILE and --curve-clients DIR)",
+                     eps[i]);
+            return DFLASH_ECONFIG;
+        }
     if (c->admin_keys[0] && !curve) {
         snprintf(why, why_len, "--admin-keys needs CURVE (--curve-secret-key, --curve-clients)");
         return DFLASH_ECONFIG;

@@ -171,6 +171,12 @@ expect drafter_no_broker_yet 1 "grant.*waiting for a broker \(none answered for"
 expect queue_dump_checked 2 "min-ready 100 needs 100 ready slots .* max-depth is 10" \
     "$Q" --runtime-dir "$WORK/run" --min-ready 100 --max-depth 10 --dump-config
 expect queue_dump_ok 0 "^min-ready 5$" "$Q" --runtime-dir "$WORK/run" --min-ready 5 --dump-config
+# --insecure-tcp (tcp without CURVE: anyone who reaches the port may steer) serves loopback only
+# (it took any address, its help's "loopback only" was advice)
+expect queue_insecure_any_host 2 "--insecure-tcp serves loopback only .*tcp://0.0.0.0:5599 is not" \
+    "$Q" --runtime-dir "$WORK/run" --insecure-tcp --bind tcp://0.0.0.0:5599 --dump-config
+expect queue_insecure_loopback 0 "insecure-tcp" "$Q" --runtime-dir "$WORK/run" --insecure-tcp \
+    --bind tcp://127.0.0.1:5599 --dump-config
 # ... in the drafter, its eval and the target too: each printed these with exit 0
 expect drafter_dump_lr_decay 2 "--lr 1 with --weight-decay 1: their product 1 must stay below 1" \
     "$D" --model "$WORK/target" --lr 1 --weight-decay 1 --dump-config

@@ -576,9 +576,7 @@ static void warn_layout_change(const broker *b, const peer *p, int id, const wir
 
 static void on_pool_register(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
-    const wire_pool *w = &m->u.pool;
-    if (p->role != WIRE_ROLE_TARGET)
-        return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a target registers pools");
+    const wire_pool *w = &m->u.pool; /* a target's (role_of_request) */
     int id = pool_slot_for(b, p->name);
     if (id < 0) return reply_error(b, r, m->request_id, DFLASH_EFULL, "too many pools");
     uint32_t batches[WIRE_MAX_BUCKETS];
@@ -874,8 +872,6 @@ static const peer *trainer_named_like(const broker *b, const peer *p)
 
 static void on_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
-    if (p->role != WIRE_ROLE_DRAFTER)
-        return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter claims");
     const peer *named = p->trains ? NULL : trainer_named_like(b, p);
     if (named)
         return reply_error(b, r, m->request_id, DFLASH_EEXISTS,

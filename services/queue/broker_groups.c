@@ -342,8 +342,6 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     group_shape shape = {.hash = j->shape, .accumulate = j->accumulate};
     _Static_assert(sizeof shape.text == sizeof j->shape_text, "GROUP_SHAPE_TEXT");
     memcpy(shape.text, j->shape_text, sizeof shape.text);
-    if (p->role != WIRE_ROLE_DRAFTER)
-        return reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a drafter joins a group");
     bool creates = !group_find(b->groups, j->group) && !group_of_peer(b->groups, p->incarnation);
     if (creates) {
         if (hold_creation(b, p, j, m->request_id, r)) return;

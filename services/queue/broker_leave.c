@@ -24,10 +24,6 @@
 
 bool broker_on_pool_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
-    if (p->role != WIRE_ROLE_TARGET) {
-        reply_error(b, r, m->request_id, DFLASH_EDENIED, "only a target leaves with its pool");
-        return false;
-    }
     uint64_t inc = m->u.pool_incarnation;
     if (p->pool_id < 0 || !b->policy || b->pools[p->pool_id].desc.pool_incarnation != inc) {
         reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown pool %016" PRIx64, inc);

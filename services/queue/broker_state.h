@@ -237,8 +237,8 @@ void broker_pool_give_up(broker *b, uint32_t id);
 int broker_depth_check(const queue_config *c, uint32_t world, char *why, size_t why_len);
 int broker_parse_shares(const char *s, uint32_t n, double *out);
 
-/* broker_groups.c: the group requests (each fills *r); a drafter gone; a released unit of a
- * step in flight. */
+/* broker_groups.c: the group requests (each fills *r; p a drafter: dispatch's role_of_request);
+ * a drafter gone; a released unit of a step in flight. */
 void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 void broker_on_group_set_id(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 void broker_on_step_claim(broker *b, peer *p, const wire_msg *m, wire_msg *r);
@@ -273,8 +273,9 @@ void broker_stop_close(broker *b);
  * the grace and the time since the signal). */
 void broker_stop_status(broker *b, wire_status *s);
 
-/* broker_leave.c: a target's PoolLeave (fills *r). True when its session has ended (nothing of
- * its pool is being copied any more): the caller then ends it (the entry p is freed). */
+/* broker_leave.c: a target's PoolLeave (fills *r; p a target: dispatch's role_of_request). True
+ * when its session has ended (nothing of its pool is being copied any more): the caller then
+ * ends it (the entry p is freed). */
 bool broker_on_pool_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r);
 
 /* broker_steering.c: Set, Pause/Resume/Drain and ReleaseQuarantine (each fills *r); the

@@ -1655,7 +1655,8 @@ static void test_checkpoint_unacked(world *w) {
     CHECK_EQ_INT(test_rmtree(root), 0);
 }
 
-/* How many drafters took a checkpoint's last step (tc.world: a group's ranks, 1 alone): recorded
+/* How many drafters a checkpoint's step is for (tc.world: a group's --group-size or ranks, 1
+ * alone): recorded
  * ("world") and read back by the resume and by the settings alone, so that a resume with
  * another number of drafters keeps the step's world x accumulate slots (the drafter's
  * step_rescale). A checkpoint without it (every one written before the record, or a save that

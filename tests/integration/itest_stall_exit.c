@@ -7,30 +7,33 @@
  * The hang is real and needs no hook in the daemons: this process, the daemon's parent, traces
  * the daemon's main thread alone (ptrace) and stops it for good at its next call of a function,
  * as a GPU call that never returns would hold it; the other threads, the heartbeat and watchdog
- * among them, run on (SIGSTOP would stop them all). The breakpoint is an execute breakpoint in
- * the main thread's own debug registers (x86-64 DR0/DR7), not an int3 written into the code, so
- * that it stops the main thread alone even in a function the other threads call as well. Its
- * address: nm's value plus the executable's load address. The functions:
- *   heartbeat_alive  between broker requests (the loop reports progress);
- *   wire_pack        inside a broker request, with the client's mutex held: in a daemon only the
- *                    client's round trip calls it (the broker is another program). The heartbeat
- *                    thread polls the broker through that client before its stall check: if the
- *                    poll waited for the mutex, the watchdog would wait for ever with it.
- * Where ptrace or debug registers are not available the test says so and exits 77 (skipped;
- * scripts/test under CI fails on it).
+ * among them, run on (SIGSTOP would stop them all). The breakpoint is an int3 written over the
+ * function's first byte (PTRACE_POKETEXT: the daemon's private copy of its code), so the
+ * functions are ones that only the main thread calls; another thread reaching one would die of
+ * the SIGTRAP, and the test would fail. Its address: nm's value plus the executable's load
+ * address. (Debug registers, which stop one thread in any function, are not used: some virtual
+ * machines take the registers' values and never fire them.) The functions:
+ *   heartbeat_alive        between broker requests (only the loop reports its progress);
+ *   dflash__claim__init    inside a broker request, with the client's mutex held: wire_pack
+ *                          calls it for a drafter's Claim, which only its loop sends (the
+ *                          heartbeat thread's requests are Heartbeats). The heartbeat thread
+ *                          polls the broker through that client before its stall check: if the
+ *                          poll waited for the mutex, the watchdog would wait for ever with it.
+ * Where ptrace is not available (or on another architecture than x86-64) the test says so and
+ * exits 77 (skipped; scripts/test under CI fails on it).
  *
  * The real dflash-queue (heartbeat 100 ms), a synthetic dflash-target (2 slots) and dflash-drafter
  * --verify, both with --stall-exit-s 3, in a temp dir:
  *   1. the target alone: its slots fill and wait for a drafter; it runs on past 5 s;
  *   2. drafter d1 verifies batches; its main thread is stopped between requests: it exits 5
  *      within 15 s, its log names its loop and the limit;
- *   3. drafter d2 verifies batches; its main thread is stopped inside a request: it exits 5
+ *   3. drafter d2 verifies batches; its main thread is stopped inside a request (a Claim): it exits 5
  *      likewise;
  *   4. drafter d3 verifies batches; the target's main thread is stopped between requests: it
  *      exits 5 likewise;
  *   5. d3, with no data now, runs on past 5 s, and exits 0 on SIGTERM.
- * Usage: itest_stall_exit QUEUE TARGET DRAFTER. Exit 0 pass, 1 fail, 77 skipped (no ptrace or
- * debug registers). */
+ * Usage: itest_stall_exit QUEUE TARGET DRAFTER. Exit 0 pass, 1 fail, 77 skipped (no ptrace, or
+ * not x86-64). */
 #include "check.h"
 #include "harness.h"
 #include "test_files.h"
@@ -87,19 +90,33 @@ static uintptr_t function_address(pid_t pid, const char *bin, const char *fn)
     return base ? base + value : 0;
 }
 
-/* Sets an execute breakpoint at `at` in the debug registers of thread tid (stopped, traced):
- * DR0 = at, DR7 = DR0 enabled for this thread, break on execution. 0 or -errno. */
-static int set_hw_breakpoint(pid_t tid, uintptr_t at)
+/* Writes an int3 (0xCC) over the byte at `at` in the code of thread tid (stopped, traced): the
+ * next thread to execute it gets SIGTRAP. 0 or -errno. */
+static int set_breakpoint(pid_t tid, uintptr_t at)
 {
 #if defined(__x86_64__)
-    if (ptrace(PTRACE_POKEUSER, tid, (void *)offsetof(struct user, u_debugreg[0]), (void *)at) ||
-        ptrace(PTRACE_POKEUSER, tid, (void *)offsetof(struct user, u_debugreg[7]), (void *)1L))
-        return -errno;
+    errno = 0;
+    long word = ptrace(PTRACE_PEEKTEXT, tid, (void *)at, NULL);
+    if (errno) return -errno;
+    word = (long)(((unsigned long)word & ~0xffUL) | 0xccUL); /* little-endian: the first byte */
+    if (ptrace(PTRACE_POKETEXT, tid, (void *)at, (void *)word)) return -errno;
     return 0;
 #else
     (void)tid, (void)at;
     return -ENOSYS;
 #endif
+}
+
+/* Waits up to ms for a stop or the end of traced pid: its waitpid status in *st, 0, or
+ * -ETIMEDOUT (nothing happened: pid runs on). */
+static int wait_traced(pid_t pid, int *st, int ms)
+{
+    for (uint64_t end = h_now_ms() + (uint64_t)ms; h_now_ms() < end; h_sleep_ms(5)) {
+        pid_t r = waitpid(pid, st, WNOHANG | __WALL);
+        if (r == pid) return 0;
+        if (r < 0) return -errno;
+    }
+    return -ETIMEDOUT;
 }
 
 /* Stops pid's main thread for good at its next call of fn (a breakpoint), its other threads
@@ -112,12 +129,12 @@ static int hang_main_thread(pid_t pid, const char *bin, const char *fn)
     int st = 0;
     if (ptrace(PTRACE_INTERRUPT, pid, NULL, NULL) != 0) return -errno;
     if (waitpid(pid, &st, __WALL) != pid || !WIFSTOPPED(st)) return -ECHILD;
-    int rc = set_hw_breakpoint(pid, at);
+    int rc = set_breakpoint(pid, at);
     if (rc) return rc;
     int sig = 0;
     for (uint64_t end = h_now_ms() + 10000; h_now_ms() < end;) {
         if (ptrace(PTRACE_CONT, pid, NULL, (void *)(long)sig) != 0) return -errno;
-        if (waitpid(pid, &st, __WALL) != pid) return -ECHILD;
+        if ((rc = wait_traced(pid, &st, (int)(end - h_now_ms()) + 1))) return rc;
         if (!WIFSTOPPED(st)) return -ESRCH; /* it ended */
         if (WSTOPSIG(st) == SIGTRAP) return 0; /* at the breakpoint: left there */
         sig = st >> 16 ? 0 : WSTOPSIG(st); /* a signal for the thread goes on to it */
@@ -182,7 +199,7 @@ static bool trains(uint64_t n, int ms)
 
 /* Stops the main thread of pid (running bin; its log is log) at its next call of fn (where: what
  * that point is, for the output) and checks that it exits 5 within 15 s, saying so. False when
- * ptrace or debug registers are not available. */
+ * ptrace or the breakpoint is not available. */
 static bool check_hang(pid_t pid, const char *bin, const char *fn, const char *where,
                        const char *who, const char *loop, const char *log)
 {
@@ -245,8 +262,8 @@ int main(int argc, char **argv)
     /* 3. another drafter takes over, then hangs inside a request, holding its client */
     pid_t d2 = start_drafter(argv[3], "d2", d2log);
     CHECK(trains(4, 30000));
-    check_hang(d2, argv[3], "wire_pack", "inside a request", "drafter d2", "the drafter's loop",
-               d2log);
+    check_hang(d2, argv[3], "dflash__claim__init", "inside a request", "drafter d2",
+               "the drafter's loop", d2log);
 
     /* 4. a third drafter takes over; the target hangs */
     pid_t d3 = start_drafter(argv[3], "d3", d3log);

@@ -68,7 +68,8 @@ typedef struct dflash_config {
     int max_position_embeddings;
     double rms_norm_eps;
     double rope_theta;
-    bool tie_word_embeddings;       /* the target's (informational, written to config.json) */
+    bool tie_word_embeddings;       /* the target's (informational); config.json always says
+                                       false: the drafter owns no embedding or lm_head */
     int bos_token_id, eos_token_id; /* -1 when unknown */
 } dflash_config;
 

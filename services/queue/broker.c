@@ -10,6 +10,9 @@
  * broker_security.c (CURVE, ZAP, binding).
  *
  * Peer table: a small array searched linearly by routing id (a node has a handful of peers).
+ * Each entry is bound to the CURVE key of its hello (broker_security.c, "Key binding"): a
+ * request on it with another key is refused DENIED before anything else, and so is a hello that
+ * would replace a peer of another key by name or run.
  * A hello from a new incarnation of a live peer's role+name replaces that peer (a restart); the
  * new entry remembers the incarnations it replaced (PEER_REPLACED, inherited from the one it
  * replaced), and a hello from one of those is refused EXISTS: it is a second live process with
@@ -114,6 +117,8 @@ static peer *peer_find(broker *b, const uint8_t *rid, size_t len)
     return NULL;
 }
 
+/* A new entry for routing id rid, bound to the key of the request being dispatched (its hello's
+ * User-Id: broker_key_differs). */
 static peer *peer_add(broker *b, const uint8_t *rid, size_t len)
 {
     if (b->n_peers == b->cap_peers) {
@@ -127,6 +132,7 @@ static peer *peer_add(broker *b, const uint8_t *rid, size_t len)
     if (!p) return NULL;
     memcpy(p->rid, rid, len);
     p->rid_len = len;
+    snprintf(p->key, sizeof p->key, "%s", b->dispatch_user);
     p->pool_id = -1;
     b->peers[b->n_peers++] = p;
     return p;
@@ -368,7 +374,7 @@ static void adopt_held(broker *b, peer *p, const wire_hello *h)
 /* An incarnation that a live peer replaced and that still says hello is a second live process
  * (duplicates replaced each other for ever): refused EXISTS, the newer one keeps its place. It
  * was replaced by name (a new incarnation of the same role+name) or as its run's predecessor (a
- * restart of the same run, replace_predecessors: two live processes share one run id). A hello
+ * restart of the same run, broker_take_over_run: two live processes share one run id). A hello
  * naming the replacement's run is answered naming that run, even when the name is the same too:
  * the drafter reads it as "a live process of my run may write my checkpoint dir" and writes no
  * final checkpoint there (services/drafter/worker_session.c). */
@@ -403,7 +409,7 @@ static bool refuse_replaced(broker *b, const peer *p, const wire_msg *m, wire_ms
 
 /* Whether the hello m, from a new incarnation with o's role and name, takes o's session over
  * now. Not when o is a live solo trainer of a run and m does not name that run: m may be a
- * restart of o's run (its resume, naming the run, then replaces o: broker_replace_predecessors)
+ * restart of o's run (its resume, naming the run, then replaces o: broker_take_over_run)
  * or a drafter of another run given the same --name, whose resume must meet o as another model's
  * trainer (broker_trainer_admitted) instead of ending o's session and rewinding o's committed
  * batches (defect: a second run started with a live trainer's --name took its place, rewound its
@@ -420,11 +426,23 @@ static bool takes_over_by_name(const peer *o, const wire_msg *m)
 static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     if (refuse_replaced(b, p, m, r)) return false;
-    /* A new incarnation of the same role+name replaces the old session (a restart). */
+    /* A new incarnation of the same role+name replaces the old session (a restart), from the key
+     * that one registered with only (broker_security.c, "Key binding"). */
     for (uint32_t i = 0; i < b->n_peers; i++) {
         peer *o = b->peers[i];
         if (o != p && o->role == m->role && strcmp(o->name, m->u.hello.name) == 0 &&
             o->incarnation != m->incarnation) {
+            if (broker_key_differs(o, p->key)) {
+                char why[WIRE_MAX_TEXT];
+                snprintf(why, sizeof why,
+                         "the %s name '%s' is held by a live %s registered with another CURVE "
+                         "key: it is free once that one leaves or is expired (%lld ms without a "
+                         "heartbeat); a restart of it must use the key it registered with",
+                         wire_role_name(m->role), m->u.hello.name, wire_role_name(m->role),
+                         (long long)(b->cfg.heartbeat_ms * b->cfg.liveness));
+                broker_key_refuse(b, m, o, why, r);
+                return false;
+            }
             if (takes_over_by_name(o, m))
                 broker_peer_take_over(b, p, i, "replaced by a new incarnation");
             else
@@ -440,7 +458,7 @@ static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
      * refused DENIED (the drafter exits 6) when another model's trainer came in meanwhile. */
     uint64_t run_id = m->role == WIRE_ROLE_DRAFTER ? m->u.hello.run_id : 0;
     if (run_id) {
-        broker_replace_predecessors(b, p, run_id);
+        if (!broker_take_over_run(b, p, m, run_id, r)) return false;
         if (!broker_trainer_admitted(b, p, broker_other_model_trainer(b, p, run_id, NULL),
                                      m->request_id, DFLASH_EDENIED, r))
             return false;
@@ -1272,6 +1290,17 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     }
     peer *p = rid_len ? peer_find(b, rid, rid_len) : NULL;
     bool is_ctl = m.role == WIRE_ROLE_CTL;
+    if (p && broker_key_differs(p, b->dispatch_user)) {
+        /* another key on a registered peer's routing id (a connection that took it over:
+         * broker_security.c, "Routing-id takeover"): nothing of p's is touched */
+        char why[WIRE_MAX_TEXT];
+        snprintf(why, sizeof why, "this routing id belongs to a %s registered with another "
+                 "CURVE key: a client uses its own routing id (common/client.c makes one per "
+                 "process)", wire_role_name(p->role));
+        broker_key_refuse(b, &m, p, why, &r);
+        p = NULL;
+        goto out;
+    }
     if (m.type == WIRE_HELLO && is_ctl) { /* ctl sessions are stateless: no peer entry */
         reply_init(b, &r, WIRE_HELLO, m.request_id);
         snprintf(r.u.hello.name, sizeof r.u.hello.name, "dflash-queue");

@@ -30,7 +30,10 @@
  * sets the key (Z85) as the connection's User-Id. A rejected key gets no reply at all. Each
  * request's User-Id is read from its message metadata: a CURVE peer whose key is not an admin
  * key gets ERROR DENIED for the steering verbs (set, pause, resume, drain); other verbs are
- * allowed. A tcp:// endpoint without CURVE is refused at start-up unless insecure-tcp (tests).
+ * allowed. A peer is bound to the key of its hello: a request on its routing id with another
+ * key, and a hello that would replace it (same role and name, or its run) from another key while
+ * it is registered, get ERROR DENIED (broker_security.c, "Key binding"). A tcp:// endpoint
+ * without CURVE is refused at start-up unless insecure-tcp (tests).
  *
  * Steering (set, pause, resume, drain) is journaled and restored by a broker started again on
  * the same journal (steering.h has the rule: an unchanged configuration lets the runtime value

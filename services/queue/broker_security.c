@@ -5,7 +5,26 @@
  * of the curve-clients and admin-keys dirs and sets the key as the connection's User-Id (which
  * broker.c's dispatch reads to refuse steering without an admin key). A bind refuses an ipc://
  * socket file a live process listens on.
- * Thread: the broker's loop thread. Callers: broker.c (broker_new).
+ *
+ * Key binding (defect: any accepted key could say hello as a live target's or drafter's name and
+ * so replace it, or send requests from its routing id): a peer entry records the User-Id of its
+ * first hello (peer.key; "" over ipc:// and NULL, which keeps ipc as it was). broker.c refuses
+ * (Error DENIED, broker_key_refuse) any later request on that entry with another key, a hello
+ * that would replace a peer of the same role and name registered with another key while it is
+ * in the table, and a hello or ResumeFrom that would replace a trainer of the same run
+ * registered with another key (broker_take_over_run). Once that peer has left or expired
+ * any accepted key may take the name; the same key takes over at once (a restart, as before).
+ *
+ * Routing-id takeover: the ROUTER has ZMQ_ROUTER_HANDOVER on (a client reconnecting with its
+ * routing id must take over its half-dead connection), so a connection with a live peer's
+ * routing id takes that peer's replies over, and it cannot be refused at the handshake: the
+ * "identity" frame of a ZAP request (RFC 27) is, in libzmq (zap_client.cpp: options.routing_id;
+ * checked with 4.3.4), the routing id of the *binding* socket, our ROUTER (empty), not the
+ * connecting peer's (that travels in the handshake's metadata, which ZAP is not shown). So
+ * the check is per request: every request of the taker is refused DENIED (above), and a
+ * peer's routing id names its incarnation, 64 random bits the broker tells no other peer, so
+ * the routing id of a live peer cannot be guessed (docs/protocol.md, "Security").
+ * Thread: the broker's loop thread. Callers: broker.c (broker_new, dispatch), broker_trainers.c.
  */
 #include "broker_state.h"
 
@@ -171,4 +190,21 @@ void *broker_bind_socket(broker *b, int type, const char *endpoint, int *err)
         return *err = rc, NULL;
     }
     return s;
+}
+
+/* A key as the log names it. */
+static const char *key_text(const char *key)
+{
+    return key[0] ? key : "(none: ipc:// or NULL)";
+}
+
+void broker_key_refuse(broker *b, const wire_msg *m, const peer *o, const char *why, wire_msg *r)
+{
+    uint64_t since;
+    if (warn_limit_due(&b->key_denied, now_ms(b), &since))
+        LOG_WARN("%s from CURVE key %s refused: %s %s registered with key %s (%" PRIu64
+                 " such refusals since the last report, %" PRIu64 " in all)",
+                 wire_type_name(m->type), key_text(b->dispatch_user), wire_role_name(o->role),
+                 o->name, key_text(o->key), since, b->key_denied.count);
+    reply_error(b, r, m->request_id, DFLASH_EDENIED, "%s", why);
 }

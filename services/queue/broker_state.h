@@ -24,8 +24,31 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef enum { PEER_NEW = 0, PEER_LIVE, PEER_GONE } peer_state;
+
+/* A warning a peer can trigger with every message (a flood must not flood the log): said at the
+ * first occurrence, then at most once per BROKER_WARN_EVERY_MS, with the count since the last
+ * one said. `count` is the total (the counter of the event). */
+#define BROKER_WARN_EVERY_MS 10000
+typedef struct warn_limit {
+    uint64_t count;      /* occurrences in all */
+    uint64_t said_count; /* count when it was last said */
+    uint64_t said_ms;    /* when it was last said (0: never) */
+} warn_limit;
+
+/* Counts one occurrence at now; true when it is to be said now, *since then holding the
+ * occurrences since the last one said (this one included). */
+static inline bool warn_limit_due(warn_limit *w, uint64_t now, uint64_t *since)
+{
+    w->count++;
+    if (w->said_ms && now - w->said_ms < BROKER_WARN_EVERY_MS) return false;
+    *since = w->count - w->said_count;
+    w->said_count = w->count;
+    w->said_ms = now ? now : 1;
+    return true;
+}
 
 #define PEER_RECENT_RELEASES 8 /* a retried release of one of these is answered Ok */
 #define PEER_REPLACED 8        /* replaced incarnations remembered per name (duplicates) */
@@ -37,6 +60,9 @@ typedef struct peer {
     wire_role role;
     uint64_t incarnation;
     char name[WIRE_MAX_NAME];
+    char key[CURVE_Z85_LEN + 1]; /* the CURVE key (User-Id) of its first hello; "" none (ipc://,
+                                    NULL): every later request on it must come with the same one
+                                    (broker_key_conflict) */
     uint64_t last_seen_ms;
     int32_t pool_id;   /* target: its pool, -1 none */
     batch_id *held;    /* drafter: released, not acked */
@@ -100,6 +126,7 @@ struct broker {
     curve_keyset admin_keys;       /* keys that may steer (also accepted by ZAP) */
     char dispatch_user[CURVE_Z85_LEN + 1]; /* CURVE key of the request being dispatched, or "" */
     uint64_t zap_denied, steer_denied;
+    warn_limit key_denied;         /* requests refused: another key's peer (broker_key_refuse) */
     uv_timer_t cron;
     bool cron_started, stopped;
     broker_stop_phase stop_phase;  /* a graceful stop (broker_stop.c) */
@@ -253,11 +280,13 @@ void broker_groups_restore(broker *b);
 
 /* broker_trainers.c: one broker, one model. The live drafter that trains another model than p
  * would (p alone as run run_id: group_name NULL; or joining group group_name), or NULL; p's
- * run's predecessors taken over; whether p may train now (false: r holds Error AGAIN while the
- * other may be a dying process, then Error `final`); a trainer's ResumeFrom (fills *r). */
+ * run's predecessors taken over by p's request m (true), or none when one of them registered
+ * with another CURVE key than p (false: r holds Error DENIED, broker_key_refuse); whether p may
+ * train now (false: r holds Error AGAIN while the other may be a dying process, then Error
+ * `final`); a trainer's ResumeFrom (fills *r). */
 const peer *broker_other_model_trainer(broker *b, const peer *p, uint64_t run_id,
                                        const char *group_name);
-void broker_replace_predecessors(broker *b, peer *p, uint64_t run_id);
+bool broker_take_over_run(broker *b, peer *p, const wire_msg *m, uint64_t run_id, wire_msg *r);
 bool broker_trainer_admitted(broker *b, peer *p, const peer *q, uint64_t rid, int final,
                              wire_msg *r);
 void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r);
@@ -292,5 +321,15 @@ void broker_restore_steering(broker *b);
  * ROUTER), NULL with *err set. */
 int broker_security_start(broker *b, const queue_config *cfg);
 void *broker_bind_socket(broker *b, int type, const char *endpoint, int *err);
+/* Key binding (broker_security.c's header): true when `key` (a request's User-Id, or a peer's
+ * key) is not the one peer o registered with. */
+static inline bool broker_key_differs(const peer *o, const char *key)
+{
+    return strcmp(o->key, key) != 0;
+}
+/* Refuses request m, whose key (b->dispatch_user) is not that of o, a peer in the table: r gets
+ * Error DENIED with `why` (for the requester: what it may not do and what would work), counted
+ * and logged with both keys (once per BROKER_WARN_EVERY_MS, with the count since). */
+void broker_key_refuse(broker *b, const wire_msg *m, const peer *o, const char *why, wire_msg *r);
 
 #endif

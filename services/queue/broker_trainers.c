@@ -4,7 +4,7 @@
  *
  * A trainer's ResumeFrom names its run (run_id, kept in its checkpoint root). A live solo trainer
  * of the same run with another incarnation is its predecessor: ended at once as liveness would
- * (broker_replace_predecessors). A live trainer of another model (a solo trainer of another run,
+ * (broker_take_over_run). A live trainer of another model (a solo trainer of another run,
  * or a group member: broker_other_model_trainer) refuses the resume, nothing rewound: Error AGAIN
  * for the liveness window and half again since the first ask (that one may be dead and not yet
  * expired; longer while it has sent nothing since: until it expires), then Error EXISTS naming
@@ -18,6 +18,8 @@
  * rewind, or holds and then refuses it (DENIED) when another model's trainer came in meanwhile
  * (defect: a trainer that registered again after an expiry or a broker restart was no trainer
  * any more, and a second run's resume rewound its batches).
+ * A predecessor is replaced only from the CURVE key it registered with (broker_security.c, "Key
+ * binding"): another key's resume or hello naming its run is refused DENIED.
  * Thread: the broker's loop thread. Callers: broker.c (hello, dispatch).
  */
 #include "broker_state.h"
@@ -65,9 +67,18 @@ const peer *broker_other_model_trainer(broker *b, const peer *p, uint64_t run_id
  * the restart resumes without waiting for the broker to notice the old process is gone. p
  * remembers the predecessor's incarnation (and those it had replaced): if that process is
  * alive after all (two processes with one run id), its next hello is refused
- * (broker.c's refuse_replaced) instead of both training. */
-void broker_replace_predecessors(broker *b, peer *p, uint64_t run_id)
+ * (broker.c's refuse_replaced) instead of both training. A predecessor registered with another
+ * CURVE key than p is no predecessor of p's (broker_security.c, "Key binding"; defect: any
+ * accepted key that learnt a run id, which refusals name, could end its trainer): nothing is
+ * replaced, and that peer is returned for the caller to refuse p. */
+static const peer *replace_predecessors(broker *b, peer *p, uint64_t run_id)
 {
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        const peer *q = b->peers[i];
+        if (q != p && q->trains && q->run_id == run_id && q->state == PEER_LIVE &&
+            broker_key_differs(q, p->key))
+            return q;
+    }
     for (uint32_t i = 0; i < b->n_peers;) {
         peer *q = b->peers[i];
         if (q == p || !q->trains || q->run_id != run_id || q->state != PEER_LIVE) {
@@ -79,6 +90,19 @@ void broker_replace_predecessors(broker *b, peer *p, uint64_t run_id)
                  run_id);
         broker_peer_take_over(b, p, i, why);
     }
+    return NULL;
+}
+
+bool broker_take_over_run(broker *b, peer *p, const wire_msg *m, uint64_t run_id, wire_msg *r)
+{
+    const peer *other_key = replace_predecessors(b, p, run_id);
+    if (!other_key) return true;
+    char why[WIRE_MAX_TEXT];
+    snprintf(why, sizeof why, "run %016" PRIx64 " is trained by a live drafter registered with "
+             "another CURVE key: nothing was replaced or rewound; a restart of the run must use "
+             "the key it registered with, or wait until that one leaves or is expired", run_id);
+    broker_key_refuse(b, m, other_key, why, r);
+    return false;
 }
 
 /* Whether p may train on this broker now (one broker serves one model). False when q, a live
@@ -160,7 +184,7 @@ void broker_on_resume_from(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     uint64_t run_id = m->u.run_id;
     if (run_id) {
-        broker_replace_predecessors(b, p, run_id);
+        if (!broker_take_over_run(b, p, m, run_id, r)) return;
         const peer *q = broker_other_model_trainer(b, p, run_id, NULL);
         if (!broker_trainer_admitted(b, p, q, m->request_id, DFLASH_EEXISTS, r)) return;
     } else {

@@ -101,6 +101,8 @@ static int do_register(target_loop *t)
         t->st.name_in_use = true;
         return rc;
     }
+    if (rc == DFLASH_EDENIED) /* our --name is a live target's of another CURVE key: exit 1 */
+        LOG_ERROR("the broker refused our hello: %s", client_last_error(t->client));
     if (rc < 0) return rc == DFLASH_ETIMEOUT || rc == DFLASH_ESTALE ? DFLASH_EAGAIN : rc;
     wire_pool wp;
     fill_wire_pool(t, &wp);

@@ -9,12 +9,21 @@
  *   (e) `dflash-ctl watch` where the broker announces: over tcp with the default ipc:// PUB it
  *       watches on the broker's host and exits 2 at once naming --pub-endpoint where the socket
  *       file is not there (another host); with --pub-endpoint tcp:// it watches over tcp, and a
- *       keyless ctl over ipc:// exits 2 within three stats intervals instead of hanging.
+ *       keyless ctl over ipc:// exits 2 within three stats intervals instead of hanging;
+ *   (f) a peer is bound to the key it registered with (the security audit's key-binding
+ *       finding): while drafter d1 of key alice is live, key bob's hello as d1 (a new
+ *       incarnation), its hello or ResumeFrom naming d1's run, and its requests sent from d1's
+ *       routing id (a connection that takes it over: ROUTER_HANDOVER) are all refused DENIED,
+ *       logged with bob's key, and d1 keeps its session; alice's restart of d1 (same key, new
+ *       incarnation) replaces it as before; once d1 is expired, bob may take the name.
  * Keys come from `dflash-ctl keygen` (the operator's path) into a temp dir. Loopback only; every
  * wait has a deadline (no fixed sleeps). */
 #include "check.h"
 #include "curve.h"
 #include "harness.h"
+
+#include <inttypes.h>
+#include <zmq.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -112,6 +121,75 @@ static bool wait_up(const char *ep, const char *server_pub, const char *key, int
     client_destroy(&c);
     return up;
 }
+
+/* A drafter client named name on ep with key (a .key file), timeout ms; NULL on failure. */
+static client *drafter_client(const char *ep, const char *server_pub, const char *key,
+                              const char *name, int timeout)
+{
+    client *c = client_new(ep, WIRE_ROLE_DRAFTER, name);
+    if (c && client_set_curve_files(c, server_pub, key) != 0) {
+        fprintf(stderr, "curve keys: %s\n", client_last_error(c));
+        client_destroy(&c);
+    }
+    if (c) client_set_timeout(c, timeout);
+    return c;
+}
+
+/* A raw DEALER on ep with routing id rid and CURVE keys (server public, own secret: Z85), as a
+ * client that copies a live peer's routing id would open it. */
+static void *raw_dealer(void *zctx, const char *ep, const char *rid, const char *server_pub,
+                        const char *secret)
+{
+    curve_key pub;
+    CHECK_EQ_INT(curve_public_of(secret, pub), 0);
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, strlen(rid));
+    zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_pub, CURVE_Z85_LEN);
+    zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, CURVE_Z85_LEN);
+    zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, secret, CURVE_Z85_LEN);
+    CHECK_EQ_INT(zmq_connect(s, ep), 0);
+    return s;
+}
+
+/* Sends request type t as drafter incarnation inc on raw socket s until a reply comes (the
+ * connection holding the routing id may change hands while the victim reconnects: a reply may
+ * go to it), within deadline_ms: the reply's error code (0: not an Error), or 1 (no reply). */
+static int raw_request(void *s, wire_type t, uint64_t inc, int deadline_ms)
+{
+    static uint8_t buf[WIRE_MAX_MSG];
+    wire_msg m;
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    for (uint64_t id = 1000; h_now_ms() < end; id++) {
+        wire_msg_init(&m, t, WIRE_ROLE_DRAFTER, inc, id);
+        if (t == WIRE_HEARTBEAT) m.u.sent_ms = 1;
+        int n = wire_pack(&m, buf, sizeof buf);
+        CHECK(n > 0);
+        if (n <= 0 || zmq_send(s, buf, (size_t)n, ZMQ_DONTWAIT) < 0) {
+            h_sleep_ms(20);
+            continue;
+        }
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        while (zmq_poll(&it, 1, 300) > 0) {
+            int got = zmq_recv(s, buf, sizeof buf, 0);
+            if (got <= 0 || wire_unpack(buf, (size_t)got, &m, NULL, 0) != 0) continue;
+            return m.type == WIRE_ERROR ? m.u.error.code : 0;
+        }
+    }
+    return 1;
+}
+
+/* Retries call(c) until it returns 0 within deadline_ms (a reconnect may cost a timeout). */
+static int until_ok(int (*call)(client *), client *c, int deadline_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    int rc;
+    while ((rc = call(c)) != 0 && h_now_ms() < end) h_sleep_ms(20);
+    return rc;
+}
+
+static int hello0(client *c) { return client_hello(c, NULL, 0); }
 
 static uint32_t status_min_ready(client *c)
 {
@@ -315,6 +393,86 @@ int main(int argc, char **argv)
     CHECK(h_now_ms() - t0 < 5000);
     CHECK(strstr(said, "no announcement came") != NULL && strstr(said, "--curve-key") != NULL);
     if (!strstr(said, "no announcement came")) fprintf(stderr, "watch said: %s\n", said);
+    CHECK_EQ_INT(h_stop(q), 0);
+
+    /* (f) key binding: alice's drafter d1 against bob's key, both in --curve-clients. A peer is
+     * expired 4 s after its last request (heartbeat 500 ms x liveness 8). A Claim tells whether
+     * d1's session is there (no pool: AGAIN) or not (STALE): a Heartbeat needs no session */
+    char bob[256], blog[300];
+    CHECK_EQ_INT(keygen(ctl, p[0], "bob"), 0);
+    snprintf(bob, sizeof bob, "%s/bob.key", p[0]);
+    snprintf(blog, sizeof blog, "%s/bind.log", dir);
+    port = free_port();
+    snprintf(bind, sizeof bind, "--bind=tcp://127.0.0.1:%d", port);
+    snprintf(tcp_ep, sizeof tcp_ep, "tcp://127.0.0.1:%d", port);
+    char *qc[] = {(char *)queue, rt, "--journal=none", bind, "--heartbeat-ms=500",
+                  "--liveness=8", sk, cl, NULL};
+    q = h_spawn_logged(qc, blog);
+    CHECK(wait_up(tcp_ep, broker_pub, alice, 10000));
+    curve_key bob_secret, bob_public, server;
+    CHECK_EQ_INT(curve_key_read(bob, true, bob_secret, NULL, 0), 0);
+    CHECK_EQ_INT(curve_public_of(bob_secret, bob_public), 0);
+    CHECK_EQ_INT(curve_key_read(broker_pub, false, server, NULL, 0), 0);
+    const uint64_t run = 0x5eed5eed5eed5eedull;
+
+    client *d1 = drafter_client(tcp_ep, broker_pub, alice, "d1", 500);
+    CHECK(d1 != NULL);
+    client_set_trainer_run(d1, run);
+    CHECK_EQ_INT(client_hello(d1, NULL, 0), 0);
+    char d1_inc[32];
+    snprintf(d1_inc, sizeof d1_inc, "%016" PRIx64, client_incarnation(d1));
+
+    /* bob's hello as d1 (a new incarnation of the name): DENIED, saying why without naming
+     * d1's incarnation (its routing id's secret part) */
+    client *b1 = drafter_client(tcp_ep, broker_pub, bob, "d1", 2000);
+    CHECK_EQ_INT(client_hello(b1, NULL, 0), DFLASH_EDENIED);
+    CHECK(strstr(client_last_error(b1), "another CURVE key") != NULL);
+    CHECK(strstr(client_last_error(b1), d1_inc) == NULL);
+    /* bob's hello naming d1's run under another name, and a resume of that run: DENIED */
+    client *b2 = drafter_client(tcp_ep, broker_pub, bob, "b2", 2000);
+    client_set_trainer_run(b2, run);
+    CHECK_EQ_INT(client_hello(b2, NULL, 0), DFLASH_EDENIED);
+    CHECK(strstr(client_last_error(b2), "another CURVE key") != NULL);
+    client *b3 = drafter_client(tcp_ep, broker_pub, bob, "b3", 2000);
+    CHECK_EQ_INT(client_hello(b3, NULL, 0), 0);
+    CHECK_EQ_INT(client_resume_from(b3, 0, run), DFLASH_EDENIED);
+    /* d1 keeps its session */
+    CHECK_EQ_INT(client_claim(d1, NULL), DFLASH_EAGAIN);
+
+    /* bob's connection with d1's routing id: it takes d1's connection over (handover), but
+     * every request on it is refused, a Heartbeat and a Claim as d1's incarnation alike */
+    char d1_rid[128];
+    snprintf(d1_rid, sizeof d1_rid, "drafter-d1-%s", d1_inc);
+    void *zctx = zmq_ctx_new();
+    void *raw = raw_dealer(zctx, tcp_ep, d1_rid, server, bob_secret);
+    CHECK_EQ_INT(raw_request(raw, WIRE_HEARTBEAT, client_incarnation(d1), 5000), DFLASH_EDENIED);
+    CHECK_EQ_INT(raw_request(raw, WIRE_CLAIM, client_incarnation(d1), 5000), DFLASH_EDENIED);
+    zmq_close(raw);
+    zmq_ctx_term(zctx);
+    /* d1's socket reconnects (a timeout gives it a fresh one) and takes its routing id back:
+     * its session is intact */
+    CHECK_EQ_INT(until_ok(client_heartbeat, d1, 3000), 0);
+    CHECK_EQ_INT(client_claim(d1, NULL), DFLASH_EAGAIN);
+    /* each refusal is logged with bob's key */
+    CHECK(h_wait_text(blog, bob_public, 5000));
+    CHECK(h_wait_text(blog, "refused", 100));
+
+    /* alice's restart of d1 (same key, a new incarnation, its run): replaces it as before */
+    client *d1b = drafter_client(tcp_ep, broker_pub, alice, "d1", 2000);
+    client_set_trainer_run(d1b, run);
+    CHECK_EQ_INT(client_hello(d1b, NULL, 0), 0);
+    CHECK_EQ_INT(client_claim(d1, NULL), DFLASH_ESTALE);
+    CHECK_EQ_INT(client_claim(d1b, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(client_hello(b1, NULL, 0), DFLASH_EDENIED);
+    /* once d1 is expired (nothing sent for 4 s), any accepted key may take the name */
+    uint64_t t1 = h_now_ms();
+    CHECK_EQ_INT(until_ok(hello0, b1, 10000), 0);
+    CHECK(h_now_ms() - t1 >= 1000); /* not before d1b's liveness window could end */
+    client_destroy(&d1);
+    client_destroy(&d1b);
+    client_destroy(&b1);
+    client_destroy(&b2);
+    client_destroy(&b3);
     CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();

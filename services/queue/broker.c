@@ -9,10 +9,11 @@
  * stop: no new leases, the acks and checkpoint reports in progress waited for, bounded),
  * broker_security.c (CURVE, ZAP, binding).
  *
- * Peer table: a small array searched linearly by routing id (a node has a handful of peers).
- * Each entry is bound to the CURVE key of its hello (broker_security.c, "Key binding"): a
- * request on it with another key is refused DENIED before anything else, and so is a hello that
- * would replace a peer of another key by name or run.
+ * Peer table: a small array searched linearly by routing id (a node has a handful of peers),
+ * at most cfg.max_peers entries (peer_table_full: a hello past it is answered AGAIN). Each entry
+ * is bound to the CURVE key of its hello (broker_security.c, "Key binding"): a request on it
+ * with another key is refused DENIED before anything else, and so is a hello that would replace
+ * a peer of another key by name or run.
  * A hello from a new incarnation of a live peer's role+name replaces that peer (a restart); the
  * new entry remembers the incarnations it replaced (PEER_REPLACED, inherited from the one it
  * replaced), and a hello from one of those is refused EXISTS: it is a second live process with
@@ -69,6 +70,8 @@
  * keep their order (its tickets never decrease), and other peers' claims, releases and
  * heartbeats are answered during an fsync. A reply thus never reports state less durable than
  * before the change (records written before the reply; COMMIT/REWIND/PLAN/SETTINGS fdatasynced).
+ * The list is capped (deferred_make_room): BROKER_DEFERRED_PER_PEER per routing id, the oldest
+ * dropped (a client has one request out; older ones it gave up on), max_peers times that in all.
  * JournalSync (a drafter's durability barrier before a checkpoint) queues a sync of every
  * record so far (ledger_barrier) and is answered like a commit. If the record of a
  * CheckpointCommitted, ResumeFrom, JournalSync or steering verb could not be written or
@@ -94,6 +97,7 @@
 
 #include <assert.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +119,31 @@ static peer *peer_find(broker *b, const uint8_t *rid, size_t len)
         if (b->peers[i]->rid_len == len && memcmp(b->peers[i]->rid, rid, len) == 0)
             return b->peers[i];
     return NULL;
+}
+
+/* True when a hello m from a new routing id finds the table at cfg.max_peers entries (live
+ * peers and held hellos; defect: no cap, so a flood of hellos from new routing ids grew it
+ * without bound): r gets Error AGAIN saying so (the target and drafter retry it, saying the
+ * broker's reason), counted and warned about once per BROKER_WARN_EVERY_MS. A hello naming the
+ * role and name of an entry is let through: it replaces that one (a restart), or is refused. */
+static bool peer_table_full(broker *b, const wire_msg *m, wire_msg *r)
+{
+    if (b->n_peers < (uint64_t)b->cfg.max_peers) return false;
+    for (uint32_t i = 0; i < b->n_peers; i++)
+        if (b->peers[i]->role == m->role && strcmp(b->peers[i]->name, m->u.hello.name) == 0)
+            return false;
+    uint64_t since;
+    if (warn_limit_due(&b->peers_full, now_ms(b), &since))
+        LOG_WARN("hello from %s %s refused: the peer table is full (%u targets and drafters, "
+                 "--max-peers %lld; %" PRIu64 " hellos refused since the last report, %" PRIu64
+                 " in all): more peers than --max-peers (raise it), or a flood of hellos from "
+                 "new routing ids (each entry lasts until it is expired)",
+                 wire_role_name(m->role), m->u.hello.name, b->n_peers,
+                 (long long)b->cfg.max_peers, since, b->peers_full.count);
+    reply_error(b, r, m->request_id, DFLASH_EAGAIN, "the broker's peer table is full (%u targets "
+                "and drafters, --max-peers %lld): try again once one leaves or is expired, or "
+                "raise the broker's --max-peers", b->n_peers, (long long)b->cfg.max_peers);
+    return true;
 }
 
 /* A new entry for routing id rid, bound to the key of the request being dispatched (its hello's
@@ -1311,8 +1340,10 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
         r.u.hello.stats_interval_ms = (uint32_t)b->cfg.stats_interval_ms; /* watch's deadline */
         goto out;
     }
-    if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid)
+    if (m.type == WIRE_HELLO && !p && rid_len && rid_len <= sizeof p->rid) {
+        if (peer_table_full(b, &m, &r)) goto out;
         p = peer_add(b, rid, rid_len);
+    }
     if (m.type == WIRE_WORK_UNIT || m.type == WIRE_GRANT || m.type == WIRE_STATUS_REPLY ||
         m.type == WIRE_SET_CONFIG_REPLY || m.type == WIRE_ERROR || m.type == WIRE_OK ||
         m.type == WIRE_GROUP_VIEW || m.type == WIRE_STEP_GRANT || m.type == WIRE_POOL_LEFT) {
@@ -1453,6 +1484,7 @@ static void flush_deferred(broker *b, uint64_t done_seq, uint64_t fail_seq)
         }
         *pp = d->next;
         if (b->dq_tail == d) b->dq_tail = prev;
+        b->n_deferred--;
         if (d->fail_on_io && fail_seq && fail_seq <= d->ticket) {
             static wire_msg e; /* loop thread only */
             reply_error(b, &e, d->request_id, DFLASH_EIO,
@@ -1474,9 +1506,57 @@ static void on_journal_done(void *ctx, uint64_t done_seq, uint64_t fail_seq)
     journal_note_recovery(ctx);
 }
 
-/* Queues the reply in b->outbuf until the journal reaches b->dispatch_ticket. */
+/* Unlinks and frees the deferred reply *pp (the link that points to it), counted as dropped. */
+static void deferred_drop(broker *b, deferred_reply **pp)
+{
+    deferred_reply *d = *pp;
+    *pp = d->next;
+    if (b->dq_tail == d) /* pp is the head pointer or the `next` member of its predecessor */
+        b->dq_tail = pp == &b->dq_head
+                         ? NULL
+                         : (deferred_reply *)((char *)pp - offsetof(deferred_reply, next));
+    b->n_deferred--;
+    free(d);
+}
+
+/* Room for one more reply deferred to rid (defect: no cap, so a peer pipelining requests while
+ * an fsync was pending, or a flood of JournalSyncs from new routing ids, grew the list without
+ * bound). Per routing id at most BROKER_DEFERRED_PER_PEER wait: its oldest goes, an answer its
+ * client gave up waiting for (it has one request out at a time; a timeout resets its socket and
+ * it goes on), so the request is still handled (its heartbeat still counts). In all at most
+ * that many per --max-peers: the oldest of all goes. Counted; warned about once per
+ * BROKER_WARN_EVERY_MS. */
+static void deferred_make_room(broker *b, const uint8_t *rid, size_t rid_len)
+{
+    deferred_reply **oldest = NULL;
+    uint32_t mine = 0;
+    for (deferred_reply **pp = &b->dq_head; *pp; pp = &(*pp)->next)
+        if ((*pp)->rid_len == rid_len && memcmp((*pp)->rid, rid, rid_len) == 0 && !mine++)
+            oldest = pp;
+    uint64_t total_cap = (uint64_t)b->cfg.max_peers * BROKER_DEFERRED_PER_PEER;
+    const char *which;
+    if (mine >= BROKER_DEFERRED_PER_PEER) {
+        deferred_drop(b, oldest);
+        which = "its routing id's oldest: more replies were waiting for it than a client asks";
+    } else if (b->n_deferred >= total_cap) {
+        deferred_drop(b, &b->dq_head);
+        which = "the oldest of all: as many replies were waiting as --max-peers allows";
+    } else {
+        return;
+    }
+    uint64_t since;
+    if (warn_limit_due(&b->deferred_dropped, now_ms(b), &since))
+        LOG_WARN("a reply waiting for the journal was dropped, %s (%" PRIu64 " dropped since the "
+                 "last report, %" PRIu64 " in all; %u waiting, the journal's disk is slow or a "
+                 "peer sends requests without waiting for their replies)", which, since,
+                 b->deferred_dropped.count, b->n_deferred);
+}
+
+/* Queues the reply in b->outbuf until the journal reaches b->dispatch_ticket (deferred_make_room
+ * first). */
 static void defer_reply(broker *b, const uint8_t *rid, size_t rid_len, size_t len)
 {
+    deferred_make_room(b, rid, rid_len);
     deferred_reply *d = malloc(sizeof *d + len);
     if (!d) { /* cannot wait: better late durability than a lost reply */
         LOG_WARN("no memory to defer a reply; sending it before its journal record is durable");
@@ -1494,6 +1574,7 @@ static void defer_reply(broker *b, const uint8_t *rid, size_t rid_len, size_t le
     if (b->dq_tail) b->dq_tail->next = d;
     else b->dq_head = d;
     b->dq_tail = d;
+    b->n_deferred++;
 }
 
 static void on_router(void *zsock, void *arg)

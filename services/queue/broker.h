@@ -11,6 +11,7 @@
  * incarnation with the same role and name replaces the old peer the same way.
  *
  * Peer session states: NEW (no hello) -> LIVE (hello) -> GONE (expired/replaced, entry freed).
+ * At most max_peers entries (a hello past it: ERROR AGAIN, "the peer table is full").
  * Requests from a target or drafter without hello get ERROR STALE ("send hello"); ctl requests
  * need no hello and keep no state, but a ctl may only send hello, heartbeat, status, set, pause,
  * resume and drain (else ERROR DENIED).
@@ -87,6 +88,7 @@ typedef struct queue_config {
     int64_t compact_bytes;
     int64_t journal_retry_ms;            /* a failing journal is rewritten from memory this often */
     int64_t stop_grace_ms;               /* the longest graceful stop (broker_stop_gracefully) */
+    int64_t max_peers;                   /* targets and drafters at once; a hello past it: AGAIN */
     char log_level[16];                  /* live */
 } queue_config;
 

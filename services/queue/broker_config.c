@@ -94,6 +94,10 @@ static const cfg_option queue_options[] = {
           "final checkpoints, or after this long (0 = at once; a second signal exits at once); "
           "keep it below the supervisor's stop timeout (docker: 10 s)",
           stop_grace_ms),
+    OPT_I("max-peers", "1024", 2, 65536, false,
+          "targets and drafters registered at once (a hello past it is answered 'try again' "
+          "and warned about); also caps the replies waiting for the journal at 8 per peer",
+          max_peers),
     OPT_S("log-level", "info", true, "debug, info, warn or error", log_level),
 };
 

@@ -50,6 +50,12 @@ static inline bool warn_limit_due(warn_limit *w, uint64_t now, uint64_t *since)
     return true;
 }
 
+/* Replies waiting for the journal (deferred_reply) per routing id: a client has one request
+ * out at a time (common/client.c), so more are answers to requests it gave up waiting for
+ * (each timeout resets its socket and moves on); the oldest beyond this is dropped. The broker
+ * keeps at most this many per --max-peers in all. */
+#define BROKER_DEFERRED_PER_PEER 8
+
 #define PEER_RECENT_RELEASES 8 /* a retried release of one of these is answered Ok */
 #define PEER_REPLACED 8        /* replaced incarnations remembered per name (duplicates) */
 
@@ -158,12 +164,15 @@ struct broker {
 
     peer **peers;
     uint32_t n_peers, cap_peers;
+    warn_limit peers_full;         /* hellos refused: the table held cfg.max_peers */
     pool_desc pools[MAX_POOLS];
 
     uint64_t malformed, acks, double_acks, unroutable, requests;
     recent_acks acked_by;  /* who made the recent plain acks (on_ack: a repeat or trained twice) */
     uint64_t redeliveries; /* grants of a batch granted before (broker_granted) */
     deferred_reply *dq_head, *dq_tail; /* in deferral order; each peer's tickets ascending */
+    uint32_t n_deferred;               /* entries in that list (capped: defer_reply) */
+    warn_limit deferred_dropped;       /* deferred replies dropped for the caps */
     uint64_t dispatch_ticket;          /* of the last broker_dispatch */
     uint64_t dispatch_request_id;
     bool dispatch_fail_on_io;

@@ -124,12 +124,15 @@ static peer *peer_find(broker *b, const uint8_t *rid, size_t len)
 /* True when a hello m from a new routing id finds the table at cfg.max_peers entries (live
  * peers and held hellos; defect: no cap, so a flood of hellos from new routing ids grew it
  * without bound): r gets Error AGAIN saying so (the target and drafter retry it, saying the
- * broker's reason), counted and warned about once per BROKER_WARN_EVERY_MS. A hello naming the
- * role and name of an entry is let through: it replaces that one (a restart), or is refused. */
+ * broker's reason), counted and warned about once per BROKER_WARN_EVERY_MS. At the cap, a hello
+ * naming the role and name of an entry is let through: it replaces that one (a restart), or is
+ * refused; one that does neither (a drafter of another run under a trainer's name: on_hello)
+ * stays, one over the cap, and then no hello is let through. */
 static bool peer_table_full(broker *b, const wire_msg *m, wire_msg *r)
 {
-    if (b->n_peers < (uint64_t)b->cfg.max_peers) return false;
-    for (uint32_t i = 0; i < b->n_peers; i++)
+    uint64_t max = (uint64_t)b->cfg.max_peers;
+    if (b->n_peers < max) return false;
+    for (uint32_t i = 0; i < b->n_peers && b->n_peers == max; i++)
         if (b->peers[i]->role == m->role && strcmp(b->peers[i]->name, m->u.hello.name) == 0)
             return false;
     uint64_t since;

@@ -9,7 +9,8 @@
  *     --max-peers, and warned about once however many come (not once per hello); a ctl's hello
  *     and status need no entry and are answered; a restart of a registered name (a new
  *     incarnation from a new routing id) still replaces it at the cap; once a peer leaves, a
- *     new one registers.
+ *     new one registers. A hello under a live trainer's name that replaces nothing (another
+ *     run: held) may take one entry over the cap, no more.
  *   - Deferred replies (a real broker on ipc:// in a thread, its journal's fdatasync held, raw
  *     DEALER sockets): a drafter sends a commit (its Ok waits for the fsync) and 20 heartbeats
  *     without waiting; once the fsync is let go it gets its 8 newest replies, in order, and
@@ -35,6 +36,15 @@ static int hello(const char *rid, wire_role role, uint64_t inc, const char *name
 {
     stub_init(WIRE_HELLO, role, inc);
     snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", name);
+    return stub_send(rid);
+}
+
+/* A solo trainer's hello (it names its run) from routing id rid: drafter "d1". */
+static int trainer_hello(const char *rid, uint64_t inc, uint64_t run)
+{
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "d1");
+    stub_req.u.hello.run_id = run;
     return stub_send(rid);
 }
 
@@ -79,6 +89,17 @@ static void peer_table(void)
     stub_req.u.pool_incarnation = 111;
     CHECK_EQ_INT(stub_send("t"), 0);
     CHECK_EQ_INT(hello("d2", WIRE_ROLE_DRAFTER, 22, "d2"), 0);
+    stub_broker_free();
+
+    /* at the cap, drafters of other runs under a live trainer's name: the first is let through
+     * (held: it may be the trainer's restart), its entry one over the cap; no more after it */
+    stub_broker_new(max_two_peers);
+    CHECK_EQ_INT(hello("t", WIRE_ROLE_TARGET, 11, "t"), 0);
+    CHECK_EQ_INT(trainer_hello("d1", 21, 0xaaa), 0);
+    CHECK_EQ_INT(trainer_hello("d1x", 24, 0xbbb), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "peer table is full") == NULL);
+    CHECK_EQ_INT(trainer_hello("d1y", 25, 0xccc), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "peer table is full") != NULL);
     stub_broker_free();
 }
 

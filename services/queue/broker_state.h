@@ -68,7 +68,7 @@ typedef struct peer {
     char name[WIRE_MAX_NAME];
     char key[CURVE_Z85_LEN + 1]; /* the CURVE key (User-Id) of its first hello; "" none (ipc://,
                                     NULL): every later request on it must come with the same one
-                                    (broker_key_conflict) */
+                                    (broker_key_differs) */
     uint64_t last_seen_ms;
     int32_t pool_id;   /* target: its pool, -1 none */
     batch_id *held;    /* drafter: released, not acked */

@@ -6,6 +6,7 @@
 #include "client.h"
 #include "curve.h"
 #include "err.h"
+#include "fsutil.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -695,4 +696,24 @@ void client_resolve_endpoint(const char *endpoint, const char *runtime_dir, char
     if (runtime_dir && *runtime_dir) snprintf(dir, sizeof dir, "%s", runtime_dir);
     else client_default_runtime_dir(dir, sizeof dir);
     snprintf(out, len, "ipc://%.240s/queue.sock", dir);
+}
+
+int client_check_endpoint(const char *endpoint, char *err, size_t errlen)
+{
+    if (strncmp(endpoint, "ipc://", 6) != 0) return 0;
+    const char *path = endpoint + 6;
+    if (path[0] == '@') {
+        err_fmt(err, errlen, "%s: an abstract socket, which any local user may serve: give "
+                "ipc://DIR/NAME with DIR a directory of ours, mode 0700", endpoint);
+        return DFLASH_ECONFIG;
+    }
+    char dir[256];
+    if (fs_parent_dir(path, dir, sizeof dir) != 0) {
+        err_fmt(err, errlen, "%s: the path is too long", endpoint);
+        return DFLASH_ECONFIG;
+    }
+    char why[768];
+    int rc = fs_make_private_dir(dir, why, sizeof why);
+    if (rc) err_fmt(err, errlen, "will not connect to %s: %s", endpoint, why);
+    return rc;
 }

@@ -51,8 +51,8 @@ typedef struct client client;
  * settings struct has char arrays runtime_dir, endpoint, curve_server_key and curve_key, and
  * OPTS(name, default, help, member) is its string-option macro. */
 #define CLIENT_CONNECTION_OPTIONS(OPTS)                                                            \
-    OPTS("runtime-dir", "", "0700 directory of the broker's ipc sockets (default "                \
-         "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),                              \
+    OPTS("runtime-dir", "", "0700 directory of the broker's ipc sockets, ours alone or refused; "  \
+         "made if missing (default $XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)", runtime_dir),     \
     OPTS("endpoint", "", "broker ROUTER endpoint (default ipc://<runtime-dir>/queue.sock)",       \
          endpoint),                                                                                \
     OPTS("curve-server-key", "", "CURVE for a tcp:// endpoint: the broker's public key file "     \
@@ -66,6 +66,17 @@ void client_default_runtime_dir(char *out, size_t len);
 /* The broker ROUTER endpoint a peer connects to: endpoint when non-empty, else
  * ipc://<runtime_dir or the default>/queue.sock. */
 void client_resolve_endpoint(const char *endpoint, const char *runtime_dir, char *out, size_t len);
+
+/* Before a client connects to endpoint: an ipc:// socket is only as trustworthy as its
+ * directory, as anybody who can write there can serve a fake broker (a predictable default like
+ * /tmp/dflash-UID can be made first by another user). So the socket's directory must be ours
+ * alone (fs_make_private_dir, the broker's own check of its runtime dir: created 0700 when
+ * missing, which also keeps it from anyone else while the broker is not up yet). An abstract
+ * socket (ipc://@NAME) has no directory, and anyone may bind it: refused. Other transports
+ * (tcp:// with CURVE) pass. Returns 0, DFLASH_ECONFIG or DFLASH_EDENIED (a configuration the
+ * program must refuse at start), DFLASH_EIO (the directory cannot be made or examined), with
+ * the reason, naming the endpoint and the fix, in err. */
+int client_check_endpoint(const char *endpoint, char *err, size_t errlen);
 
 /* Creates a client for endpoint ("ipc:///run/dflash/queue.sock", "tcp://host:port") in `role`
  * with a short human `name` (shown in broker stats). Connects lazily; never blocks. Returns NULL

@@ -12,14 +12,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+int fs_parent_dir(const char *path, char *out, size_t len)
+{
+    if (len < 2 || snprintf(out, len, "%s", path) >= (int)len) return DFLASH_EINVAL;
+    char *slash = strrchr(out, '/');
+    if (!slash) snprintf(out, len, ".");
+    else if (slash == out) slash[1] = 0;
+    else *slash = 0;
+    return 0;
+}
+
 int fs_sync_parent_dir(const char *path)
 {
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) slash[1] = 0;
-    else *slash = 0;
+    fs_parent_dir(path, dir, sizeof dir);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) return DFLASH_EIO;
     int rc = fsync(dfd) == 0 || errno == EINVAL ? 0 : DFLASH_EIO;
@@ -43,6 +49,43 @@ int fs_make_dirs(const char *dir)
     struct stat st;
     if (stat(path, &st)) return DFLASH_EIO;
     if (!S_ISDIR(st.st_mode)) return errno = ENOTDIR, DFLASH_EIO;
+    return 0;
+}
+
+int fs_make_private_dir(const char *dir, char *err, size_t errlen)
+{
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        err_fmt(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+        return DFLASH_EIO;
+    }
+    struct stat st;
+    if (lstat(dir, &st) != 0) {
+        err_fmt(err, errlen, "cannot examine %s: %s", dir, strerror(errno));
+        return DFLASH_EIO;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        err_fmt(err, errlen, "%s is a symbolic link (owner uid %u): give the directory itself, "
+                "or remove the link if nobody here made it", dir, (unsigned)st.st_uid);
+        return DFLASH_ECONFIG;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        err_fmt(err, errlen, "%s is not a directory (owner uid %u, mode %04o): remove it or give "
+                "another directory", dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+        return DFLASH_ECONFIG;
+    }
+    if (st.st_uid != geteuid()) {
+        err_fmt(err, errlen, "%s is owned by uid %u, not by us (uid %u; mode %04o), where it "
+                "must be ours with mode 0700: another user may have made it to pose as our peer; "
+                "remove it (or give another directory)", dir, (unsigned)st.st_uid,
+                (unsigned)geteuid(), (unsigned)(st.st_mode & 07777));
+        return DFLASH_EDENIED;
+    }
+    if (st.st_mode & 077) {
+        err_fmt(err, errlen, "%s has mode %04o (owner uid %u), open to group or others, where "
+                "it must be ours with mode 0700: chmod 700 %s", dir,
+                (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid, dir);
+        return DFLASH_EDENIED;
+    }
     return 0;
 }
 

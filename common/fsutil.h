@@ -4,11 +4,19 @@
  * the rename; fs_write_atomic does all of it for a small file. And `mkdir -p` for the output directories a daemon writes into (metrics,
  * checkpoints), created at start-up so that a bad path is an error then, not hours later.
  * And the readers' first step: a regular file opened (never waiting on a FIFO) or read whole.
+ *
+ * Local trust (docs/operating.md, "Across hosts"): another user of the host may plant things
+ * where we listen: the directory of ipc:// sockets must be ours and closed to everyone else
+ * (fs_make_private_dir, for the broker and every client alike).
  * Thread-safe. */
 #ifndef DFLASH_FSUTIL_H
 #define DFLASH_FSUTIL_H
 
 #include <stddef.h>
+
+/* The directory holding path into out: "." for a bare name, "/" for one at the root. Returns 0
+ * or DFLASH_EINVAL (path does not fit len). */
+int fs_parent_dir(const char *path, char *out, size_t len);
 
 /* fsyncs the directory containing path ("." for a bare name). Returns 0 or DFLASH_EIO (a file
  * system that cannot fsync directories, EINVAL, counts as success). */
@@ -18,6 +26,15 @@ int fs_sync_parent_dir(const char *path);
  * DFLASH_EIO with errno set when a component cannot be created (or is not a directory),
  * DFLASH_EINVAL for a path over PATH_MAX. */
 int fs_make_dirs(const char *dir);
+
+/* Makes sure dir is a directory only we can use, as the ipc:// sockets in it have no other
+ * access control: creates it (mode 0700) when missing, then refuses one that is a symbolic link,
+ * not a directory, not owned by our effective uid, or open to group or others (lstat: the link
+ * itself is judged, never where it points). Returns 0, DFLASH_EIO (it cannot be created or
+ * examined), DFLASH_ECONFIG (a symlink or not a directory) or DFLASH_EDENIED (not ours, or
+ * open), with a message naming dir, its owner and mode and the fix (chmod 700, or remove it) in
+ * err. */
+int fs_make_private_dir(const char *dir, char *err, size_t errlen);
 
 /* Writes len bytes of buf to path atomically: path.tmp.PID, fsync, rename, fsync of the
  * directory. Returns 0, or DFLASH_EIO with errno kept as the failing call left it (a full disk:

@@ -17,7 +17,8 @@
  * SIGINT/SIGTERM end it within a target layer or a chunk of drafted blocks, the tau of the
  * sequences done printed marked partial, exit 128 + the signal (eval_main). `dflash-drafter show
  * CHECKPOINT [--drafters N]` prints a checkpoint's step and training settings (show.h).
- * Exit status: 0 done, 1 fatal error, 2 bad configuration, 3 a batch failed verification or did
+ * Exit status: 0 done, 1 fatal error, 2 bad configuration (also an ipc:// endpoint whose
+ * directory is not ours alone: client_check_endpoint), 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
  * 4 another live drafter has our --name or replaced us as a restart of our run (the broker
  * refused our hello), 5 hung (stall-exit-s), 6 another live drafter trains another model on the
@@ -629,6 +630,10 @@ int main(int argc, char **argv)
     memset(&lc, 0, sizeof lc);
     char endpoint[300], name[64];
     client_resolve_endpoint(cfg.endpoint, cfg.runtime_dir, endpoint, sizeof endpoint);
+    if (client_check_endpoint(endpoint, why, sizeof why) != 0) { /* a runtime dir not ours */
+        fprintf(stderr, "dflash-drafter: %s\n", why);
+        return 2;
+    }
     if (cfg.name[0]) {
         snprintf(name, sizeof name, "%s", cfg.name);
     } else {

@@ -15,6 +15,7 @@
 #include "client.h"
 #include "config.h"
 #include "err.h"
+#include "fsutil.h"
 #include "log.h"
 #include "journal.h" /* JOURNAL_HEADER_BYTES, JOURNAL_RECORD_OVERHEAD */
 
@@ -29,24 +30,15 @@
 #include <unistd.h>
 #include <uv.h>
 
-/* Creates dir with mode 0700 if missing and refuses one that others can enter: ipc sockets in it
- * are the broker's only access control. */
+/* Creates dir with mode 0700 if missing and refuses one that is not ours alone (fsutil.h, the
+ * same check every client makes before it connects): ipc sockets in it are the broker's only
+ * access control. */
 static int runtime_dir_prepare(const char *dir)
 {
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        LOG_ERROR("cannot create runtime dir %s: %s", dir, strerror(errno));
-        return DFLASH_EIO;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        LOG_ERROR("runtime dir %s is not a directory", dir);
-        return DFLASH_ECONFIG;
-    }
-    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
-        LOG_ERROR("runtime dir %s must be owned by us with mode 0700 (chmod 700 %s)", dir, dir);
-        return DFLASH_EDENIED;
-    }
-    return 0;
+    char why[1024];
+    int rc = fs_make_private_dir(dir, why, sizeof why);
+    if (rc) LOG_ERROR("runtime dir: %s", why);
+    return rc;
 }
 
 static void resolve_paths(queue_config *c)

@@ -8,7 +8,8 @@
  * for every bucket shape before registering; SIGINT/SIGTERM end the loading and warm-up early),
  * log the effective config, run target_loop until drained or SIGINT/SIGTERM (a stop leaves the
  * broker first: target_leave.h), shut down in reverse (the pool's shared memory is removed).
- * Exit status: 0 done or stopped, 1 fatal error, 2 bad configuration, 4 another live target has
+ * Exit status: 0 done or stopped, 1 fatal error, 2 bad configuration (also an ipc:// endpoint
+ * whose directory is not ours alone: client_check_endpoint), 4 another live target has
  * our --name (the broker refused our hello).
  * The only global is the stop flag. */
 #include "client.h"
@@ -276,6 +277,10 @@ int main(int argc, char **argv)
     target_loop_config lc;
     char endpoint[300];
     build_loop_config(&cfg, &setup, &lc, endpoint, sizeof endpoint);
+    if (client_check_endpoint(endpoint, why, sizeof why) != 0) { /* a runtime dir not ours */
+        fprintf(stderr, "dflash-target: %s\n", why);
+        return 2;
+    }
 
     target_producer *prod = NULL;
     const nn_ops *ops = NULL;

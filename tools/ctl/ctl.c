@@ -10,6 +10,8 @@
  * Over tcp:// the broker wants CURVE: --curve-server-key (its .pub file) and --curve-key (our
  * .key file). set/pause/resume/drain/release then need a key in the broker's --admin-keys dir.
  *
+ * Before connecting to an ipc:// endpoint (and `watch` to an ipc:// PUB) it refuses one whose
+ * directory is not ours alone (client_check_endpoint: exit 1, naming the dir and the fix).
  * Every verb but keygen says hello first (which also tells the broker's PUB endpoint and stats
  * interval for `watch`). Exit status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout
  * (no broker answering, or `watch` cannot hear its announcements): `dflash-ctl ping` is a
@@ -57,7 +59,8 @@ static const cfg_option ctl_options[] = {
      "broker ROUTER endpoint (default ipc://RUNTIME_DIR/queue.sock)", offsetof(ctl_config, endpoint),
      sizeof(((ctl_config *)0)->endpoint)},
     {"runtime-dir", CFG_STRING, "", 1, 0, false,
-     "the broker's runtime dir (default $XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)",
+     "the broker's runtime dir, ours alone (mode 0700) or refused (default "
+     "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)",
      offsetof(ctl_config, runtime_dir), sizeof(((ctl_config *)0)->runtime_dir)},
     {"curve-server-key", CFG_STRING, "", 1, 0, false,
      "CURVE: the broker's public key file (NAME.pub), for a tcp:// endpoint",
@@ -412,6 +415,9 @@ static int cmd_watch(const ctl_config *c, client *cl)
     snprintf(pub, sizeof pub, "%s", client_pub_endpoint(cl));
     int out = watch_check_pub(c, pub);
     if (out) return out;
+    char why[1024];
+    int bad = client_check_endpoint(pub, why, sizeof why); /* a PUB socket in a dir not ours */
+    if (bad) return fail_msg(c, "watch", bad, why);
     client_sub *sub = client_sub_new_curve(pub, "", cl);
     if (!sub) {
         char msg[400];
@@ -682,6 +688,9 @@ int main(int argc, char **argv)
     bool one = release && npos == 2 && strcmp(pos[1], "all") != 0;
     if (one && (rc = parse_batch(&c, pos[1], &unit))) return rc;
     resolve_endpoint(&c);
+    char why[1024];
+    if ((rc = client_check_endpoint(c.endpoint, why, sizeof why))) /* a runtime dir not ours */
+        return fail_msg(&c, verb, rc, why);
     char name[32];
     snprintf(name, sizeof name, "ctl-%d", (int)getpid());
     client *cl = client_new(c.endpoint, WIRE_ROLE_CTL, name);

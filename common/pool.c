@@ -432,6 +432,41 @@ static int parse_shm_entry(const char *entry, char *name, size_t name_len)
     return (int)pid;
 }
 
+/* Whether shm_name has the form host_create gives its objects, "/dflash.<pool name>.<pid>.<16
+ * hex digits>": a grant or descriptor naming anything else in /dev/shm is never opened. */
+static bool shm_name_ours(const char *shm_name)
+{
+    char name[POOL_NAME_MAX];
+    if (shm_name[0] != '/' || parse_shm_entry(shm_name + 1, name, sizeof name) < 0 ||
+        !pool_name_valid(name))
+        return false;
+    const char *hex = strrchr(shm_name, '.') + 1;
+    if (strlen(hex) != 16) return false;
+    for (const char *c = hex; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'))) return false;
+    return true;
+}
+
+/* Whether the shm object open at fd is one our pools make: a regular object of our effective
+ * uid, closed to group and others (host_create's mode 0600). Another user's object, or one
+ * others may write, could hold anything: it is not ours to map or remove. Else the reason in
+ * why. */
+static bool shm_object_ours(int fd, char *why, size_t len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        err_fmt(why, len, "cannot stat it: %s", strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        err_fmt(why, len, "owner uid %u, mode %04o, where our pools are made by uid %u with "
+                "mode 0600", (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                (unsigned)geteuid());
+        return false;
+    }
+    return true;
+}
+
 int pool_sweep_stale(const char *name)
 {
     DIR *dir = opendir("/dev/shm");
@@ -447,6 +482,10 @@ int pool_sweep_stale(const char *name)
         snprintf(path, sizeof path, "/%s", e->d_name);
         int fd = shm_open(path, O_RDONLY, 0);
         if (fd < 0) continue;
+        if (!shm_object_ours(fd, NULL, 0)) { /* another user's: not ours to judge */
+            close(fd);
+            continue;
+        }
         bool owned = flock(fd, LOCK_EX | LOCK_NB) != 0; /* a live owner we cannot see */
         close(fd);
         if (!owned && shm_unlink(path) == 0) {
@@ -632,11 +671,23 @@ static pool_mapping *mapping_find(pool_importer *imp, uint64_t incarnation)
  * size". */
 static int host_map(pool_mapping *m, const char *shm_name, uint64_t arena_bytes)
 {
+    if (!shm_name_ours(shm_name)) {
+        LOG_WARN("shm %s: not the name of a pool (/" SHM_PREFIX "NAME.PID.INCARNATION): not "
+                 "mapped", shm_name);
+        return DFLASH_EDENIED;
+    }
     int fd = shm_open(shm_name, O_RDWR, 0600);
     if (fd < 0) {
         int e = errno;
         LOG_WARN("shm_open %s: %s", shm_name, strerror(e));
         return e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
+    }
+    char why[200];
+    if (!shm_object_ours(fd, why, sizeof why)) {
+        LOG_WARN("shm %s: %s; not mapped (another user's object, or one others may write, could "
+                 "hold anything)", shm_name, why);
+        close(fd);
+        return DFLASH_EDENIED;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0 || (uint64_t)st.st_size < arena_bytes) {

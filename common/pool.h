@@ -117,7 +117,8 @@ int pool_slot_sync(pool *p, uint32_t slot);
  * exporter cannot unlink its own): those whose pid is gone and whose owner lock (a shared flock
  * a live exporter holds on its object) nobody holds. name NULL sweeps every pool name. Returns
  * how many were removed (>= 0). Host exporters call it with NULL at start-up, so a target that
- * comes back under another name (target-<host> in a new container) still frees its old one. */
+ * comes back under another name (target-<host> in a new container) still frees its old one.
+ * Objects of another uid are left alone. */
 int pool_sweep_stale(const char *name);
 
 /* ---- descriptor wire format ---- */
@@ -141,10 +142,14 @@ void pool_importer_destroy(pool_importer **imp);
  * mapping first (that exporter is gone); mappings of other names stay, the least recently used
  * one is closed when POOL_IMPORT_MAX are held. A new mapping first closes those of gone or idle
  * pools (pool_importer_close_stale). A cuda pool whose GPU is named (gpu_bus_id) is first
- * checked for reach (pool_reach_check, once per GPU; it logs which path copies take). Returns 0,
- * DFLASH_EMISMATCH (backend), DFLASH_ENOTFOUND (shm object gone: the exporter died), DFLASH_EIO,
- * DFLASH_ECUDA, DFLASH_EPEER (the pool's GPU is visible and this importer's GPU has no peer
- * access to it: no grant of it can ever be copied, give up; the ERROR is logged). */
+ * checked for reach (pool_reach_check, once per GPU; it logs which path copies take). A host
+ * pool is mapped only when its shm name has our pools' form ("/dflash.<name>.<pid>.<16 hex>")
+ * and the object is ours alone (our effective uid, no group or other access): a broker's word
+ * cannot point the importer at another /dev/shm object. Returns 0, DFLASH_EMISMATCH (backend),
+ * DFLASH_ENOTFOUND (shm object gone: the exporter died), DFLASH_EDENIED (host: not such a name,
+ * or not our object; a warning says which), DFLASH_EIO, DFLASH_ECUDA, DFLASH_EPEER (the pool's
+ * GPU is visible and this importer's GPU has no peer access to it: no grant of it can ever be
+ * copied, give up; the ERROR is logged). */
 int pool_importer_attach(pool_importer *imp, const pool_desc *d);
 /* What a broker grant says about one slot (DESIGN §2 step 4): enough to map the pool and wait
  * on that slot's event without the full descriptor. */

@@ -9,7 +9,8 @@
  * new incarnation of one pool drops only that pool's old mapping, the least recently used pool
  * is evicted beyond POOL_IMPORT_MAX, and no mapping outlives the importer. A dead exporter's
  * pool is no longer mapped once its segment is swept (its pages go back to /dev/shm). A pool
- * larger than /dev/shm is refused at creation. */
+ * larger than /dev/shm is refused at creation. A grant or descriptor naming a shm object that
+ * is not our pools' (another name form, another owner, open to others) maps nothing. */
 #include "check.h"
 #include "err.h"
 #include "pool.h"
@@ -343,6 +344,124 @@ out:
     if (pc > 0) kill_and_sweep(pc, &c);
 }
 
+/* Makes shm object `name` of 64 KiB with mode `mode` (fchmod: the umask does not cut it) and
+ * returns its descriptor, or -1. */
+static int shm_make(const char *name, mode_t mode)
+{
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, 65536) != 0 || fchmod(fd, mode) != 0) {
+        close(fd);
+        shm_unlink(name);
+        return -1;
+    }
+    return fd;
+}
+
+/* pool_importer_attach_slot of a grant naming shm object `name` (incarnation inc), with what it
+ * logged in *log (malloc'ed). */
+static int attach_named(pool_importer *imp, const char *name, uint64_t inc, char **log)
+{
+    pool_slot_ref ref = {.backend = POOL_HOST, .incarnation = inc, .slot = 0, .offset = 0,
+                         .bytes = 4096, .device = -1};
+    snprintf(ref.shm_name, sizeof ref.shm_name, "%s", name);
+    test_capture cap = test_capture_begin();
+    int rc = pool_importer_attach_slot(imp, &ref);
+    *log = test_capture_end(&cap);
+    return rc;
+}
+
+/* A grant names the shm object the drafter maps; the broker's word alone must not point it at
+ * any object in /dev/shm (the security audit's local-trust finding): the importer maps only a
+ * name of our pools' form ("/dflash.<name>.<pid>.<16 hex>") whose object is ours alone (our
+ * uid, mode 0600). A refused grant maps nothing and the warning names the object and why. The
+ * sweep of stale segments leaves another user's alone (only as root: it could remove it). */
+static void test_foreign_shm(void)
+{
+    pool_importer *imp = pool_importer_new(POOL_HOST, 0, NULL);
+    CHECK(imp != NULL);
+    if (!imp) return;
+    int maps = shm_maps(); /* this process's own pools */
+    char name[POOL_SHM_NAME_MAX], *log = NULL;
+    snprintf(name, sizeof name, "/dflash.uforeign%d.%d.00000000000000aa", (int)getpid(),
+             (int)getpid());
+    int fd = shm_make(name, 0644);
+    CHECK(fd >= 0);
+    /* readable by others: refused */
+    CHECK_EQ_INT(attach_named(imp, name, 0xaa, &log), DFLASH_EDENIED);
+    CHECK(log && strstr(log, name) && strstr(log, "mode 0644") && strstr(log, "not mapped"));
+    free(log);
+    CHECK_EQ_INT(pool_importer_opens(imp), 0);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 0);
+    CHECK_EQ_INT(shm_maps(), maps);
+    /* another user's, mode 0600 */
+    if (geteuid() == 0 && fd >= 0) {
+        CHECK(fchmod(fd, 0600) == 0 && fchown(fd, 65534, (gid_t)-1) == 0);
+        CHECK_EQ_INT(attach_named(imp, name, 0xaa, &log), DFLASH_EDENIED);
+        CHECK(log && strstr(log, "owner uid 65534"));
+        free(log);
+        CHECK_EQ_INT(pool_importer_opens(imp), 0);
+        CHECK(fchown(fd, 0, (gid_t)-1) == 0);
+    }
+    /* ours, 0600: mapped (the check refuses what it should, not everything) */
+    CHECK(fd >= 0 && fchmod(fd, 0600) == 0);
+    CHECK_EQ_INT(attach_named(imp, name, 0xaa, &log), 0);
+    free(log);
+    CHECK_EQ_INT(pool_importer_opens(imp), 1);
+    pool_importer_forget(imp, 0xaa);
+    if (fd >= 0) close(fd);
+    shm_unlink(name);
+
+    /* objects of ours, mode 0600, whose names our pools never have */
+    char bad[4][POOL_SHM_NAME_MAX];
+    snprintf(bad[0], sizeof bad[0], "/dflash-utest-%d", (int)getpid());
+    snprintf(bad[1], sizeof bad[1], "/dflash.ubad%d.1.xyz", (int)getpid());
+    snprintf(bad[2], sizeof bad[2], "/other.ubad%d.1.00000000000000aa", (int)getpid());
+    snprintf(bad[3], sizeof bad[3], "/dflash.u.bad%d.1.00000000000000aa", (int)getpid());
+    for (int i = 0; i < 4; i++) {
+        fd = shm_make(bad[i], 0600);
+        CHECK(fd >= 0);
+        CHECK_EQ_INT(attach_named(imp, bad[i], 0xb0 + (uint64_t)i, &log), DFLASH_EDENIED);
+        CHECK(log && strstr(log, bad[i]) && strstr(log, "not the name of a pool"));
+        free(log);
+        if (fd >= 0) close(fd);
+        shm_unlink(bad[i]);
+    }
+    CHECK_EQ_INT(pool_importer_opens(imp), 1);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 0);
+    /* the descriptor path checks alike */
+    snprintf(name, sizeof name, "/dflash.uforeign%d.%d.00000000000000ab", (int)getpid(),
+             (int)getpid());
+    fd = shm_make(name, 0666);
+    pool_desc d = {.backend = POOL_HOST, .n_slots = 1, .slot_bytes = 4096, .arena_bytes = 65536,
+                   .incarnation = 0xab, .owner_pid = getpid()};
+    snprintf(d.name, sizeof d.name, "uforeign%d", (int)getpid());
+    snprintf(d.shm_name, sizeof d.shm_name, "%s", name);
+    test_capture cap = test_capture_begin();
+    int rc = pool_importer_attach(imp, &d);
+    log = test_capture_end(&cap);
+    CHECK_EQ_INT(rc, DFLASH_EDENIED);
+    CHECK(log && strstr(log, "mode 0666"));
+    free(log);
+    if (fd >= 0) close(fd);
+    shm_unlink(name);
+    pool_importer_destroy(&imp);
+
+    if (geteuid() == 0) {
+        pid_t dead = fork();
+        if (dead == 0) _exit(0);
+        waitpid(dead, NULL, 0);
+        snprintf(name, sizeof name, "/dflash.usweep%d.%d.0000000000000001", (int)getpid(),
+                 (int)dead);
+        fd = shm_make(name, 0600);
+        CHECK(fd >= 0 && fchown(fd, 65534, (gid_t)-1) == 0);
+        if (fd >= 0) close(fd);
+        pool_sweep_stale(NULL);
+        CHECK(shm_exists(name));
+        shm_unlink(name);
+    }
+}
+
 int main(void)
 {
     char name[32];
@@ -562,6 +681,7 @@ int main(void)
     free(msg);
 
     test_many_pools();
+    test_foreign_shm();
     test_gone_pools(&cfg);
 
     char last_shm[POOL_SHM_NAME_MAX];

@@ -89,12 +89,23 @@ int fs_make_private_dir(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+int fs_create_new(const char *path, int flags, mode_t mode)
+{
+    if (unlink(path) != 0 && errno != ENOENT) return -1;
+    return open(path, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+}
+
 int fs_write_atomic(const char *path, const void *buf, size_t len)
+{
+    return fs_write_atomic_mode(path, buf, len, 0644);
+}
+
+int fs_write_atomic_mode(const char *path, const void *buf, size_t len, mode_t mode)
 {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         return DFLASH_EINVAL;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = fs_create_new(tmp, O_WRONLY, mode);
     if (fd < 0) return DFLASH_EIO;
     const char *p = buf;
     int rc = 0;

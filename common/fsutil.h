@@ -6,13 +6,15 @@
  * And the readers' first step: a regular file opened (never waiting on a FIFO) or read whole.
  *
  * Local trust (docs/operating.md, "Across hosts"): another user of the host may plant things
- * where we listen: the directory of ipc:// sockets must be ours and closed to everyone else
- * (fs_make_private_dir, for the broker and every client alike).
+ * where we write or listen. A temporary file is created only new (fs_create_new: a symlink at
+ * its name is removed, never followed), and the directory of ipc:// sockets must be ours and
+ * closed to everyone else (fs_make_private_dir, for the broker and every client alike).
  * Thread-safe. */
 #ifndef DFLASH_FSUTIL_H
 #define DFLASH_FSUTIL_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* The directory holding path into out: "." for a bare name, "/" for one at the root. Returns 0
  * or DFLASH_EINVAL (path does not fit len). */
@@ -36,10 +38,19 @@ int fs_make_dirs(const char *dir);
  * err. */
 int fs_make_private_dir(const char *dir, char *err, size_t errlen);
 
-/* Writes len bytes of buf to path atomically: path.tmp.PID, fsync, rename, fsync of the
- * directory. Returns 0, or DFLASH_EIO with errno kept as the failing call left it (a full disk:
- * ENOSPC) and no temporary file left behind. */
+/* Creates path anew for writing (flags: O_WRONLY or O_RDWR, plus others) with mode, for a
+ * temporary name this process alone writes (NAME.tmp.PID, or one held under a lock): whatever
+ * is at the name (a stale temporary, a symlink another user planted) is unlinked first, and the
+ * create is exclusive and never follows a symlink, so it cannot write through one; one planted
+ * again in between makes it fail (EEXIST). Returns the descriptor (O_CLOEXEC) or -1 with errno. */
+int fs_create_new(const char *path, int flags, mode_t mode);
+
+/* Writes len bytes of buf to path atomically: path.tmp.PID (fs_create_new), fsync, rename, fsync
+ * of the directory; the file gets mode 0644. Returns 0, or DFLASH_EIO with errno kept as the
+ * failing call left it (a full disk: ENOSPC) and no temporary file left behind. */
 int fs_write_atomic(const char *path, const void *buf, size_t len);
+/* The same with the file's mode given (0600: for the owner alone). */
+int fs_write_atomic_mode(const char *path, const void *buf, size_t len, mode_t mode);
 
 /* Opens path for reading, refusing anything but a regular file (a FIFO is not waited on: opened
  * non-blocking): the descriptor (O_CLOEXEC) with its size in *size, or -1 with *rc

@@ -982,7 +982,7 @@ int safetensors_writer_begin(safetensors_writer *w) {
     if (!hdr) return DFLASH_ENOMEM;
 
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", w->path, (long)getpid());
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w->fd = fs_create_new(w->tmp, O_WRONLY, 0644); /* never through a symlink planted there */
     if (w->fd < 0) {
         keep_errno(w);
         free(hdr);

@@ -360,7 +360,10 @@ shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
     w->path = strdup(path);
     w->vocab = vocab;
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", path, (long)getpid());
-    w->fp = w->path ? fopen(w->tmp, "wb") : NULL;
+    /* fopen's mode, but never written through a symlink planted at the name */
+    int fd = w->path ? fs_create_new(w->tmp, O_WRONLY, 0666) : -1;
+    w->fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0 && !w->fp) close(fd);
     /* held until the file is closed: shard_remove_stale_temps leaves a locked one alone */
     if (w->fp) (void)flock(fileno(w->fp), LOCK_EX | LOCK_NB);
     if (!w->fp) {

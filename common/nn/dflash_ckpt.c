@@ -389,7 +389,7 @@ int dflash_ckpt_lock_root(const char *root, int *fd, char *err, size_t errlen) {
     int rc = 0;
     char p[4200], pid[32] = "";
     snprintf(p, sizeof p, "%s/.lock", root);
-    *fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    *fd = open(p, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644); /* a symlink: refused */
     if (*fd < 0) FAIL(DFLASH_EIO, "cannot open %s: %s", p, strerror(errno));
     if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
@@ -428,7 +428,7 @@ int dflash_ckpt_check_root(const char *root, char *err, size_t errlen) {
     if (fs_sync_parent_dir(root) != 0) /* a root just made must outlive a crash too */
         FAIL(DFLASH_EIO, "cannot fsync the directory holding %s: %s", root, strerror(errno));
     snprintf(probe, sizeof probe, "%s/.write-test-%d", root, (int)getpid());
-    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = fs_create_new(probe, O_WRONLY, 0644);
     if (fd < 0) FAIL(DFLASH_EIO, "cannot write in %s: %s", root, strerror(errno));
     close(fd);
     unlink(probe);

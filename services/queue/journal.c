@@ -263,7 +263,7 @@ static void save_torn_tail(const char *path, const uint8_t *tail, uint64_t n, ui
 {
     char keep[4096];
     snprintf(keep, sizeof keep, "%s.torn-%llu", path, (unsigned long long)at);
-    bool kept = fs_write_atomic(keep, tail, n) == 0;
+    bool kept = fs_write_atomic_mode(keep, tail, n, 0600) == 0; /* the journal's own mode */
     LOG_WARN("journal %s: cutting %llu bytes at byte %llu that hold no whole record (what a crash "
              "leaves of appends not yet fsynced); %s %s", path, (unsigned long long)n,
              (unsigned long long)at, kept ? "kept in" : "cannot keep them:",
@@ -540,7 +540,7 @@ static int write_new_file(journal *j, const uint8_t *buf, size_t len, journal_sy
     memcpy(tmp_path, j->path, plen);
     memcpy(tmp_path + plen, ".tmp", 5);
     int rc = DFLASH_EIO;
-    int fd = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd = fs_create_new(tmp_path, O_RDWR, 0600); /* ours under the journal lock */
     if (fd < 0) goto out;
     if (write_all(fd, buf, len) != 0 || do_sync(fn, fctx, fd) != 0 ||
         rename(tmp_path, j->path) != 0) {
@@ -583,7 +583,7 @@ static int rewrite_inline(journal *j, int (*emit)(void *ctx, journal *tmp), void
         goto out_path;
     }
     t->path = tmp_path;
-    t->fd = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    t->fd = fs_create_new(tmp_path, O_RDWR, 0600); /* ours under the journal lock */
     if (t->fd < 0) goto out_tmp;
     if (write_header(t->fd) != 0) goto out_unlink;
     t->size = JOURNAL_HEADER_BYTES;

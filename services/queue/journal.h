@@ -9,9 +9,9 @@
  * record (incomplete, over the maximum length or failing its CRC) with no whole valid record
  * starting anywhere after its first byte is a torn tail (the process died mid-append, or a crash
  * left zeros or stale blocks where appends not yet fsynced were): it is cut off with a warning
- * (a tail that is more than a short final write is first kept in "<path>.torn-<offset>") and
- * appending resumes at the last good record. A bad record followed by a whole valid record is
- * corruption, not a torn tail: open fails with DFLASH_ECORRUPT.
+ * (a tail that is more than a short final write is first kept in "<path>.torn-<offset>", mode
+ * 0600 like the journal) and appending resumes at the last good record. A bad record followed
+ * by a whole valid record is corruption, not a torn tail: open fails with DFLASH_ECORRUPT.
  * journal_rewrite() compacts: the caller emits a fresh set of records into a temporary file,
  * which is fsynced and renamed over the journal (atomic on POSIX).
  *

@@ -1,4 +1,10 @@
 /* test_fsutil: the local-trust steps of fsutil (the security audit's local-trust findings).
+ *   - A temporary file is created only new: a symlink another user planted at the predictable
+ *     temporary name (NAME.tmp.PID) used to be followed by open(O_CREAT|O_TRUNC), truncating
+ *     and overwriting whatever it pointed to. fs_write_atomic and the safetensors writer (the
+ *     common writers) now write a file of their own there: the link's target is untouched and
+ *     the result is right. fs_write_atomic_mode gives the mode asked for (0600: the journal's
+ *     torn-tail copy).
  *   - fs_make_private_dir, the check of the ipc:// socket directory shared by the broker and
  *     every client: a missing dir is made 0700; one open to group or others, a symlink (even to
  *     a good dir), a file, another user's dir (only as root, who can chown) are refused with a
@@ -6,11 +12,77 @@
 #include "check.h"
 #include "err.h"
 #include "fsutil.h"
+#include "safetensors.h"
 #include "test_files.h"
 
 #include <stdlib.h>
 
 static char dir[64];
+
+/* A victim file at DIR/victim holding "precious", and a symlink to it at link_path. */
+static void plant(const char *link_path, char *victim, size_t len)
+{
+    snprintf(victim, len, "%s/victim", dir);
+    test_spill(victim, "precious", 8);
+    unlink(link_path);
+    CHECK_EQ_INT(symlink(victim, link_path), 0);
+}
+
+static bool victim_untouched(const char *victim)
+{
+    size_t n = 0;
+    char *s = test_slurp(victim, &n);
+    bool same = n == 8 && memcmp(s, "precious", 8) == 0;
+    free(s);
+    return same;
+}
+
+static void test_write_atomic_symlink(void)
+{
+    char path[128], tmp[160], victim[128];
+    snprintf(path, sizeof path, "%s/out.json", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    plant(tmp, victim, sizeof victim);
+    CHECK_EQ_INT(fs_write_atomic(path, "{\"new\":1}", 9), 0);
+    CHECK(victim_untouched(victim));
+    size_t n = 0;
+    char *s = test_slurp(path, &n);
+    CHECK(n == 9 && memcmp(s, "{\"new\":1}", 9) == 0);
+    free(s);
+    struct stat st;
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+    CHECK(lstat(tmp, &st) != 0); /* nothing left at the temporary name */
+    /* a dangling link there: followed, it would have created a file where it points */
+    char nowhere[128];
+    snprintf(nowhere, sizeof nowhere, "%s/made-through-link", dir);
+    CHECK_EQ_INT(symlink(nowhere, tmp), 0);
+    CHECK_EQ_INT(fs_write_atomic(path, "x", 1), 0);
+    CHECK(lstat(nowhere, &st) != 0);
+    /* the mode asked for */
+    CHECK_EQ_INT(fs_write_atomic_mode(path, "y", 1, 0600), 0);
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+}
+
+static void test_safetensors_symlink(void)
+{
+    char path[128], tmp[160], victim[128];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    plant(tmp, victim, sizeof victim);
+    safetensors_writer *w = safetensors_writer_new(path);
+    CHECK(w != NULL);
+    if (!w) return;
+    float v[4] = {1, 2, 3, 4};
+    int64_t shape[1] = {4};
+    CHECK_EQ_INT(safetensors_writer_add(w, "w", SAFETENSORS_F32, 1, shape, v), 0);
+    CHECK_EQ_INT(safetensors_writer_commit(w), 0);
+    safetensors_writer_destroy(&w);
+    CHECK(victim_untouched(victim));
+    int rc = 0;
+    safetensors *f = safetensors_open(path, &rc, NULL, 0);
+    CHECK(f != NULL);
+    safetensors_close(&f);
+}
 
 /* fs_make_private_dir on p: its code, the message in why. */
 static int private_dir(const char *p, char *why, size_t len)
@@ -64,6 +136,8 @@ int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-fsutil-XXXXXX");
     if (!mkdtemp(dir)) return 1;
+    test_write_atomic_symlink();
+    test_safetensors_symlink();
     test_private_dir();
     test_rmtree(dir);
     CHECK_DONE();

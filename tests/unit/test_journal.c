@@ -192,6 +192,8 @@ static void test_garbled_tail(void)
         char keep[400];
         snprintf(keep, sizeof keep, "%s.torn-%llu", path, (unsigned long long)size);
         CHECK_EQ_INT(test_file_size(keep), sizeof tail);
+        struct stat kst; /* the journal's records, as private as the journal (was 0644) */
+        CHECK(stat(keep, &kst) == 0 && (kst.st_mode & 0777) == 0600);
         unlink(keep);
         memset(&s, 0, sizeof s);
         j = journal_open(path, collect, &s, NULL);
@@ -295,15 +297,22 @@ static void test_rewrite(void)
     journal *j = journal_open(path, NULL, NULL, NULL);
     for (int i = 0; i < 100; i++) CHECK_EQ_INT(journal_append(j, 1, "rec", 3, false), 0);
     uint64_t long_size = journal_size(j);
+    /* a symlink planted at the temporary name is not written through (it was: O_TRUNC) */
+    char tmp[320], victim[320];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(victim, sizeof victim, "%s.victim", path);
+    test_spill(victim, "precious", 8);
+    unlink(tmp);
+    CHECK_EQ_INT(symlink(victim, tmp), 0);
     CHECK_EQ_INT(journal_rewrite(j, emit_fail, NULL), DFLASH_EIO);
     CHECK_EQ_INT(journal_size(j), long_size); /* failure keeps the old journal */
     CHECK_EQ_INT(journal_rewrite(j, emit_two, NULL), 0);
     CHECK(journal_size(j) < long_size);
     CHECK_EQ_INT(journal_append(j, 9, "after", 5, true), 0);
     journal_destroy(&j);
-    char tmp[320];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     CHECK(access(tmp, F_OK) != 0); /* no temporary left behind */
+    CHECK_EQ_INT(test_file_size(victim), 8);
+    unlink(victim);
     seen s = {0};
     j = journal_open(path, collect, &s, NULL);
     CHECK_EQ_INT(s.n, 3);

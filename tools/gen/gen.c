@@ -42,6 +42,7 @@
 #include <cblas.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
@@ -474,7 +475,9 @@ int main(int argc, char **argv)
     if (!c->greedy) LOG_INFO("temperature %g", c->temperature);
 
     snprintf(g.tmp_path, sizeof g.tmp_path, "%s.tmp.%ld", c->out, (long)getpid());
-    g.out = fopen(g.tmp_path, "w");
+    /* fopen's mode, but never written through a symlink planted at the name */
+    int out_fd = fs_create_new(g.tmp_path, O_WRONLY, 0666);
+    g.out = out_fd >= 0 ? fdopen(out_fd, "w") : NULL;
     if (!g.out) LOG_FATAL("cannot create %s: %s", g.tmp_path, strerror(errno));
 
     rc = finish_output(&g, gen_run(&g));

@@ -41,6 +41,24 @@ static int runtime_dir_prepare(const char *dir)
     return rc;
 }
 
+/* The directories of the ipc:// sockets the broker binds, its runtime dir's or others given by
+ * --endpoint, --bind and --pub-endpoint: each must be ours alone too, the check each client
+ * makes before it connects (client_check_endpoint), so that a misplaced socket is refused here,
+ * at start, not by every client. tcp:// endpoints pass. */
+static int endpoint_dirs_prepare(const queue_config *c)
+{
+    const char *eps[] = {c->endpoint, c->bind, c->pub_endpoint};
+    for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
+        char why[1024];
+        int rc = eps[i][0] ? client_check_endpoint(eps[i], why, sizeof why) : 0;
+        if (rc) {
+            LOG_ERROR("%s", why);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 static void resolve_paths(queue_config *c)
 {
     if (!c->runtime_dir[0]) client_default_runtime_dir(c->runtime_dir, sizeof c->runtime_dir);
@@ -133,6 +151,7 @@ int main(int argc, char **argv)
     bool journal_default = !cfg.journal[0];
     resolve_paths(&cfg);
     rc = runtime_dir_prepare(cfg.runtime_dir);
+    if (!rc) rc = endpoint_dirs_prepare(&cfg);
     if (rc) return rc == DFLASH_EIO ? 1 : 2; /* a file there, or open to others: configuration */
 
     LOG_INFO("effective configuration:");

@@ -12,7 +12,8 @@
  *       naming the dir, "0755" and "chmod 700";
  *   (c) owned by another uid (only when run as root, who can chown): ctl exits 1 naming the uid;
  *   (d) a symlink to the good dir: ctl exits 1 ("symbolic link"), and so does dflash-queue
- *       (exit 2) on a symlink to an empty 0700 dir: it followed it before;
+ *       (exit 2) on a symlink to an empty 0700 dir: it followed it before; dflash-queue also
+ *       exits 2 on an explicit --endpoint or --pub-endpoint in a 0755 dir (not judged before);
  *   (e) an abstract socket (ipc://@NAME, no dir at all): ctl exits 1;
  *   (f) a runtime dir that does not exist yet (the client is up before the broker): ctl makes
  *       it, mode 0700, so nobody else can in between, and finds no broker there (exit 2). */
@@ -98,6 +99,25 @@ int main(int argc, char **argv)
     char *qv[] = {(char *)queue, link2flag, "--journal=none", NULL};
     CHECK_EQ_INT(h_wait_exit(h_spawn_logged(qv, log), 10000), 2);
     CHECK(log_says(log, (const char *const[]){link2, "symbolic link", NULL}));
+
+    /* ... and the directory of an ipc:// endpoint it is given elsewhere (--endpoint,
+     * --pub-endpoint), which it did not judge at all before */
+    char open_dir[128], epflag[200];
+    snprintf(open_dir, sizeof open_dir, "%s/open", dir);
+    CHECK_EQ_INT(mkdir(open_dir, 0700), 0);
+    CHECK_EQ_INT(chmod(open_dir, 0755), 0);
+    snprintf(epflag, sizeof epflag, "--endpoint=ipc://%s/q.sock", open_dir);
+    char goodrt[160];
+    snprintf(goodrt, sizeof goodrt, "--runtime-dir=%s", other);
+    remove(log);
+    char *qe[] = {(char *)queue, goodrt, epflag, "--journal=none", NULL};
+    CHECK_EQ_INT(h_wait_exit(h_spawn_logged(qe, log), 10000), 2);
+    CHECK(log_says(log, (const char *const[]){open_dir, "0755", "chmod 700", NULL}));
+    snprintf(epflag, sizeof epflag, "--pub-endpoint=ipc://%s/pub.sock", open_dir);
+    remove(log);
+    char *qp[] = {(char *)queue, goodrt, epflag, "--journal=none", NULL};
+    CHECK_EQ_INT(h_wait_exit(h_spawn_logged(qp, log), 10000), 2);
+    CHECK(log_says(log, (const char *const[]){open_dir, "0755", NULL}));
 
     /* (e) an abstract socket */
     CHECK_EQ_INT(ctl_ping(ctl, "--endpoint=ipc://@dflash-itest-abstract", log), 1);

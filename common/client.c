@@ -714,6 +714,6 @@ int client_check_endpoint(const char *endpoint, char *err, size_t errlen)
     }
     char why[768];
     int rc = fs_make_private_dir(dir, why, sizeof why);
-    if (rc) err_fmt(err, errlen, "will not connect to %s: %s", endpoint, why);
+    if (rc) err_fmt(err, errlen, "ipc endpoint %s refused: %s", endpoint, why);
     return rc;
 }

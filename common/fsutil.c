@@ -52,8 +52,16 @@ int fs_make_dirs(const char *dir)
     return 0;
 }
 
-int fs_make_private_dir(const char *dir, char *err, size_t errlen)
+int fs_make_private_dir(const char *dir_given, char *err, size_t errlen)
 {
+    char dir[PATH_MAX]; /* without trailing slashes: lstat("link/") would follow the link */
+    size_t n = strlen(dir_given);
+    if (n >= sizeof dir) {
+        err_fmt(err, errlen, "%.200s...: the path is too long", dir_given);
+        return DFLASH_ECONFIG;
+    }
+    memcpy(dir, dir_given, n + 1);
+    while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         err_fmt(err, errlen, "cannot create %s: %s", dir, strerror(errno));
         return DFLASH_EIO;
@@ -75,9 +83,11 @@ int fs_make_private_dir(const char *dir, char *err, size_t errlen)
     }
     if (st.st_uid != geteuid()) {
         err_fmt(err, errlen, "%s is owned by uid %u, not by us (uid %u; mode %04o), where it "
-                "must be ours with mode 0700: another user may have made it to pose as our peer; "
-                "remove it (or give another directory)", dir, (unsigned)st.st_uid,
-                (unsigned)geteuid(), (unsigned)(st.st_mode & 07777));
+                "must be ours with mode 0700: if the broker there is that user's, run this as "
+                "uid %u (sudo -u, docker exec -u); if nobody here made it, another user may have, "
+                "to pose as our broker: give another directory (and remove that one)", dir,
+                (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)(st.st_mode & 07777),
+                (unsigned)st.st_uid);
         return DFLASH_EDENIED;
     }
     if (st.st_mode & 077) {
@@ -87,6 +97,21 @@ int fs_make_private_dir(const char *dir, char *err, size_t errlen)
         return DFLASH_EDENIED;
     }
     return 0;
+}
+
+bool fs_fd_private(int fd, char *why, size_t len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        err_fmt(why, len, "cannot stat it: %s", strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        err_fmt(why, len, "owner uid %u, mode %04o, where ours are made by uid %u with mode 0600",
+                (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+        return false;
+    }
+    return true;
 }
 
 int fs_create_new(const char *path, int flags, mode_t mode)

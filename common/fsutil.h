@@ -13,6 +13,7 @@
 #ifndef DFLASH_FSUTIL_H
 #define DFLASH_FSUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -37,6 +38,12 @@ int fs_make_dirs(const char *dir);
  * open), with a message naming dir, its owner and mode and the fix (chmod 700, or remove it) in
  * err. */
 int fs_make_private_dir(const char *dir, char *err, size_t errlen);
+
+/* Whether the file open at fd (a shared-memory object we are about to map) is one of ours: a
+ * regular file of our effective uid, closed to group and others (we make them 0600). Another
+ * user's, or one others may write, could hold anything. Else false, the reason (its owner and
+ * mode) in why (may be NULL). */
+bool fs_fd_private(int fd, char *why, size_t len);
 
 /* Creates path anew for writing (flags: O_WRONLY or O_RDWR, plus others) with mode, for a
  * temporary name this process alone writes (NAME.tmp.PID, or one held under a lock): whatever

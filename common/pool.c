@@ -38,6 +38,7 @@
  */
 #include "pool.h"
 #include "err.h"
+#include "fsutil.h"
 #include "log.h"
 #include "monotime.h"
 #include "pool_cuda.h"
@@ -447,26 +448,6 @@ static bool shm_name_ours(const char *shm_name)
     return true;
 }
 
-/* Whether the shm object open at fd is one our pools make: a regular object of our effective
- * uid, closed to group and others (host_create's mode 0600). Another user's object, or one
- * others may write, could hold anything: it is not ours to map or remove. Else the reason in
- * why. */
-static bool shm_object_ours(int fd, char *why, size_t len)
-{
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        err_fmt(why, len, "cannot stat it: %s", strerror(errno));
-        return false;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
-        err_fmt(why, len, "owner uid %u, mode %04o, where our pools are made by uid %u with "
-                "mode 0600", (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
-                (unsigned)geteuid());
-        return false;
-    }
-    return true;
-}
-
 int pool_sweep_stale(const char *name)
 {
     DIR *dir = opendir("/dev/shm");
@@ -482,7 +463,7 @@ int pool_sweep_stale(const char *name)
         snprintf(path, sizeof path, "/%s", e->d_name);
         int fd = shm_open(path, O_RDONLY, 0);
         if (fd < 0) continue;
-        if (!shm_object_ours(fd, NULL, 0)) { /* another user's: not ours to judge */
+        if (!fs_fd_private(fd, NULL, 0)) { /* another user's: not ours to judge */
             close(fd);
             continue;
         }
@@ -683,7 +664,7 @@ static int host_map(pool_mapping *m, const char *shm_name, uint64_t arena_bytes)
         return e == ENOENT ? DFLASH_ENOTFOUND : DFLASH_EIO;
     }
     char why[200];
-    if (!shm_object_ours(fd, why, sizeof why)) {
+    if (!fs_fd_private(fd, why, sizeof why)) {
         LOG_WARN("shm %s: %s; not mapped (another user's object, or one others may write, could "
                  "hold anything)", shm_name, why);
         close(fd);

@@ -32,6 +32,7 @@
 #include "collective_wait.h"
 
 #include "err.h"
+#include "fsutil.h"
 #include "log.h"
 #include "monotime.h"
 #include "process.h"
@@ -363,6 +364,14 @@ static int shm_try_attach(dp_comm *c, char *err, size_t errlen) {
             if (errno == ENOENT) return 0;
             err_fmt(err, errlen, "shm_open %s: %s", c->name, strerror(errno));
             return DFLASH_EIO;
+        }
+        char why[160];
+        if (!fs_fd_private(c->fd, why, sizeof why)) { /* another user's object: not rank 0's */
+            err_fmt(err, errlen, "shm %s: %s; not attached (rank 0 makes it 0600 as our uid)",
+                    c->name, why);
+            close(c->fd);
+            c->fd = -1;
+            return DFLASH_EDENIED;
         }
     }
     struct stat st;

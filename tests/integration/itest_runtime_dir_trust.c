@@ -62,8 +62,12 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(ctl_ping(ctl, rtflag, log), 1);
     CHECK(log_says(log, (const char *const[]){rt, "0755", "chmod 700", NULL}));
     remove(log);
-    pid_t t = h_start_small_target(target, rt, "t", 2, 1000);
-    CHECK_EQ_INT(h_wait_exit(t, 10000), 2);
+    char *tv[] = {(char *)target, rtflag, "--name=t", "--model=synthetic", "--slots=2",
+                  "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
+                  "--buckets=64,256", "--backend=host", "--timeout-ms=1000", NULL};
+    CHECK_EQ_INT(h_wait_exit(h_spawn_logged(tv, log), 10000), 2);
+    CHECK(log_says(log, (const char *const[]){"dflash-target", rt, "0755", "chmod 700", NULL}));
+    remove(log);
     char *dr[] = {(char *)drafter, rtflag, "--verify", "--backend=host", "--name=d",
                   "--hidden=8", "--layers=2", "--token-budget=256", "--max-seqs=4",
                   "--buckets=64,256", "--progress-ms=0", "--timeout-ms=1000", NULL};
@@ -77,7 +81,8 @@ int main(int argc, char **argv)
     if (geteuid() == 0) {
         CHECK_EQ_INT(chown(rt, 65534, (gid_t)-1), 0);
         CHECK_EQ_INT(ctl_ping(ctl, rtflag, log), 1);
-        CHECK(log_says(log, (const char *const[]){rt, "owned by uid 65534", "remove it", NULL}));
+        CHECK(log_says(log, (const char *const[]){rt, "owned by uid 65534", "run this as uid 65534",
+                                                  NULL}));
         CHECK_EQ_INT(chown(rt, 0, (gid_t)-1), 0);
     }
 

@@ -40,11 +40,14 @@
 #include "safetensors.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -485,6 +488,30 @@ static void test_args(void) {
     dp_comm_close(&c);
 }
 
+/* A rank other than 0 attaches only a segment of its own uid with mode 0600, as rank 0 makes
+ * it: one planted at the group's name, open to others (or another user's), could hold anything
+ * (the local-trust check the host pools have too). Refused at once, not waited on. */
+static void test_foreign_segment(void) {
+    uint8_t id[DP_COMM_ID_BYTES];
+    char err[256] = "";
+    CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, err, sizeof err), 0);
+    const char *name = (const char *)id + 8;
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    CHECK_EQ_INT(fchmod(fd, 0644), 0);
+    CHECK_EQ_INT(ftruncate(fd, 1 << 20), 0);
+    close(fd);
+    dp_comm *c = NULL;
+    double t0 = monotime_s();
+    CHECK_EQ_INT(dp_comm_open(DP_COMM_SHM, id, 1, 2, -1, 5.0, &c, err, sizeof err),
+                 DFLASH_EDENIED);
+    CHECK(monotime_s() - t0 < 2.0);
+    CHECK(c == NULL);
+    CHECK(strstr(err, name) != NULL && strstr(err, "0644") != NULL);
+    shm_unlink(name);
+}
+
 /* The collective is part of a member's stated shape: the same drafter with another --comm
  * states another hash and says which in words, so the broker turns it away (a rank of another
  * kind misread the group's id, and the group re-formed for ever). */
@@ -540,6 +567,7 @@ int main(void) {
     test_args();
     test_init_fault();
     test_comm_shape();
+    test_foreign_segment();
     uint8_t id[DP_COMM_ID_BYTES];
     char err[256], name[128];
     for (int world = 2; world <= 4; world++) {

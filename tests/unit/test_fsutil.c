@@ -110,7 +110,7 @@ static void test_private_dir(void)
     if (geteuid() == 0) {
         CHECK_EQ_INT(chown(p, 65534, (gid_t)-1), 0);
         CHECK_EQ_INT(private_dir(p, why, sizeof why), DFLASH_EDENIED);
-        CHECK(strstr(why, "owned by uid 65534") && strstr(why, "remove it"));
+        CHECK(strstr(why, "owned by uid 65534") && strstr(why, "run this as uid 65534"));
         CHECK_EQ_INT(chown(p, 0, (gid_t)-1), 0);
     }
 
@@ -119,6 +119,10 @@ static void test_private_dir(void)
     CHECK_EQ_INT(symlink(p, link), 0);
     CHECK_EQ_INT(private_dir(link, why, sizeof why), DFLASH_ECONFIG);
     CHECK(strstr(why, link) && strstr(why, "symbolic link"));
+    char link_slash[160]; /* lstat("link/") would judge where it points */
+    snprintf(link_slash, sizeof link_slash, "%s//", link);
+    CHECK_EQ_INT(private_dir(link_slash, why, sizeof why), DFLASH_ECONFIG);
+    CHECK(strstr(why, "symbolic link") != NULL);
 
     char file[128];
     snprintf(file, sizeof file, "%s/a-file", dir);

@@ -34,3 +34,15 @@ void broker_silence_suffix(const broker_silence *s, char *buf, size_t len)
                                              : ", waiting for the broker (silent for %.0f s)",
                  monotime_s() - s->since);
 }
+
+void broker_silence_give_up(const char *endpoint, double waited_s, long long wait_ms,
+                            long long timeout_ms, bool answered, const char *why)
+{
+    if (answered)
+        LOG_ERROR("the broker at %s did not take our hello for %.1f s (--broker-wait-ms %lld): "
+                  "its last answer: %s", endpoint, waited_s, wait_ms, why && *why ? why : "?");
+    else
+        LOG_ERROR("no broker answered at %s for %.1f s (--broker-wait-ms %lld, checked after each "
+                  "request, which waits up to --timeout-ms %lld; is dflash-queue running?)",
+                  endpoint, waited_s, wait_ms, timeout_ms);
+}

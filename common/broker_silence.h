@@ -25,4 +25,11 @@ typedef struct broker_silence {
 void broker_silence_note(broker_silence *s, int rc, bool registered, const char *why);
 void broker_silence_suffix(const broker_silence *s, char *buf, size_t len);
 
+/* The error a daemon logs when its first registration has not been taken for --broker-wait-ms
+ * (wait_ms; waited_s so far; each request waits up to timeout_ms) at endpoint: "no broker
+ * answered" when the last request timed out, else (answered) the broker's reason, why (e.g.
+ * its peer table is full), instead of asking whether dflash-queue runs. */
+void broker_silence_give_up(const char *endpoint, double waited_s, long long wait_ms,
+                            long long timeout_ms, bool answered, const char *why);
+
 #endif

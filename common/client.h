@@ -120,6 +120,9 @@ uint64_t client_last_error_replaced_by_run(const client *c);
  * WIRE_MISMATCH_SHAPE or _ACCUMULATE); WIRE_MISMATCH_NONE for every other error, none, or a
  * broker older than the field. Kept like client_last_error. */
 uint32_t client_last_error_mismatch(const client *c);
+/* Whether the last request got the broker's reply (an ERROR too), not a timeout or a socket
+ * error: a broker that answers "try again" is there. Kept like client_last_error. */
+bool client_last_answered(const client *c);
 
 /* Introduces this peer; records the broker incarnation and clears client_broker_restarted.
  * A restarting drafter passes the units it copied but has not acked (held may be NULL). */

@@ -8,6 +8,7 @@
  */
 #include "worker_session.h"
 
+#include "broker_silence.h"
 #include "err.h"
 #include "heartbeat.h"
 #include "log.h"
@@ -144,10 +145,9 @@ int worker_session_await_broker(const worker_session *s, double since)
 {
     const worker_loop_config *cfg = s->cfg;
     if (cfg->broker_wait_ms > 0 && (monotime_s() - since) * 1000 > cfg->broker_wait_ms) {
-        LOG_ERROR("no broker answered at %s for %.1f s (--broker-wait-ms %lld, checked after "
-                  "each request, which waits up to --timeout-ms %lld; is dflash-queue running?)",
-                  cfg->endpoint, monotime_s() - since, (long long)cfg->broker_wait_ms,
-                  (long long)cfg->timeout_ms);
+        broker_silence_give_up(cfg->endpoint, monotime_s() - since, (long long)cfg->broker_wait_ms,
+                               (long long)cfg->timeout_ms, client_last_answered(s->client),
+                               client_last_error(s->client));
         return DFLASH_EPEER;
     }
     monotime_sleep_ms(100);

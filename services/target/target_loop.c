@@ -245,7 +245,8 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         if (t.state == TL_REGISTER) {
             bool first = t.st.registrations == 0;
             rc = do_register(&t);
-            broker_heard(&t, rc == DFLASH_EAGAIN ? DFLASH_ETIMEOUT : rc);
+            bool answered = client_last_answered(t.client); /* "try again" is an answer */
+            broker_heard(&t, rc == DFLASH_EAGAIN && !answered ? DFLASH_ETIMEOUT : rc);
             if (rc == 0) {
                 set_state(&t, TL_WORKING);
                 unreachable_since = monotime_s();
@@ -255,11 +256,10 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             rc = 0;
             if (first && cfg->register_fail_exit_ms > 0 &&
                 (monotime_s() - unreachable_since) * 1000 > cfg->register_fail_exit_ms) {
-                LOG_ERROR("no broker answered at %s for %.1f s (--broker-wait-ms %lld, checked "
-                          "after each request, which waits up to --timeout-ms %lld; is "
-                          "dflash-queue running?)", cfg->endpoint,
-                          monotime_s() - unreachable_since, (long long)cfg->register_fail_exit_ms,
-                          (long long)cfg->timeout_ms);
+                broker_silence_give_up(cfg->endpoint, monotime_s() - unreachable_since,
+                                       (long long)cfg->register_fail_exit_ms,
+                                       (long long)cfg->timeout_ms, answered,
+                                       client_last_error(t.client));
                 rc = DFLASH_EPEER;
                 goto out_client;
             }

@@ -21,6 +21,7 @@
 #include "broker_stub.h"
 #include "broker_thread.h"
 #include "err.h"
+#include "held_sync.h"
 #include "monotime.h"
 
 #include <pthread.h>
@@ -115,52 +116,6 @@ static void first_refusal_warned(void)
 
 /* --- deferred replies ----------------------------------------------------------------------- */
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int entered;   /* syncs begun */
-static bool released; /* held syncs may finish */
-
-static int held_sync(void *ctx, int fd)
-{
-    (void)ctx;
-    pthread_mutex_lock(&mu);
-    entered++;
-    pthread_cond_broadcast(&cv);
-    while (!released) pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
-    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
-}
-
-/* Waits until at least n syncs have begun; false after 10 s. */
-static bool wait_entered(int n)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 10;
-    pthread_mutex_lock(&mu);
-    int rc = 0;
-    while (entered < n && rc == 0) rc = pthread_cond_timedwait(&cv, &mu, &until);
-    bool ok = entered >= n;
-    pthread_mutex_unlock(&mu);
-    return ok;
-}
-
-static int syncs_entered(void)
-{
-    pthread_mutex_lock(&mu);
-    int n = entered;
-    pthread_mutex_unlock(&mu);
-    return n;
-}
-
-static void set_released(bool r)
-{
-    pthread_mutex_lock(&mu);
-    released = r;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
-}
-
 static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid)
 {
     wire_msg m;
@@ -215,7 +170,7 @@ static void deferred_replies(void)
     snprintf(cfg.log_level, sizeof cfg.log_level, "error");
     broker_thread bt;
     int err = 0;
-    set_released(true);
+    held_sync_release(false);
     CHECK(broker_thread_start(&bt, &cfg, held_sync, NULL, &err));
     if (!bt.b) return;
     void *zctx = zmq_ctx_new();
@@ -228,12 +183,12 @@ static void deferred_replies(void)
 
     /* a commit whose fsync is held, then heartbeats without waiting, and last a malformed
      * request (a reply type), whose count in status tells that the broker has read them all */
-    set_released(false);
-    int synced = syncs_entered();
+    held_sync_hold();
+    int synced = held_sync_entered();
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 10);
     for (int i = 0; i < N_PIPELINED; i++) send_msg(a, WIRE_HEARTBEAT, 0xa1, 100 + (uint64_t)i);
     send_msg(a, WIRE_OK, 0xa1, MALFORMED_ID);
-    CHECK(wait_entered(synced + 1));
+    CHECK(held_sync_wait_entered(synced + 1));
     uint64_t t_end = monotime_ms() + 10000;
     for (;;) {
         send_msg(c, WIRE_STATUS_REQUEST, 0xc2, 1);
@@ -243,7 +198,7 @@ static void deferred_replies(void)
     }
     CHECK_EQ_INT(r.u.status.malformed, 1);
     CHECK_EQ_INT(recv_msg(a, 50, &r), -1); /* all held back */
-    set_released(true);
+    held_sync_release(false);
     /* the 8 newest, in order: heartbeats 113..119, then the malformed request's Error */
     for (int i = N_PIPELINED - 7; i < N_PIPELINED; i++) {
         CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
@@ -261,8 +216,8 @@ static void deferred_replies(void)
 
     /* JournalSyncs from routing ids without a hello, one after another (each followed on its
      * socket by a status request, answered at once: its sync was read before) */
-    set_released(false);
-    synced = syncs_entered();
+    held_sync_hold();
+    synced = held_sync_entered();
     void *x[N_SYNCERS];
     for (int i = 0; i < N_SYNCERS; i++) {
         char id[32];
@@ -273,8 +228,8 @@ static void deferred_replies(void)
         CHECK_EQ_INT(recv_msg(x[i], 5000, &r), 0);
         CHECK_EQ_INT(r.request_id, 41);
     }
-    CHECK(wait_entered(synced + 1));
-    set_released(true);
+    CHECK(held_sync_wait_entered(synced + 1));
+    held_sync_release(false);
     int dropped = 4; /* 20 - 16: the oldest of all */
     for (int i = dropped; i < N_SYNCERS; i++) {
         CHECK_EQ_INT(recv_msg(x[i], 5000, &r), 0);

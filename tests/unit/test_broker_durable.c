@@ -24,6 +24,7 @@
 #include "log.h"
 #include "policy.h"
 #include "wire.h"
+#include "held_sync.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -32,56 +33,6 @@
 #include <unistd.h>
 #include <uv.h>
 #include <zmq.h>
-
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int entered;     /* syncs begun */
-static bool released;   /* held syncs may finish */
-static bool fail_syncs; /* syncs report failure */
-
-static int held_sync(void *ctx, int fd)
-{
-    (void)ctx;
-    pthread_mutex_lock(&mu);
-    entered++;
-    pthread_cond_broadcast(&cv);
-    while (!released) pthread_cond_wait(&cv, &mu);
-    bool fail = fail_syncs;
-    pthread_mutex_unlock(&mu);
-    if (fail) return DFLASH_EIO;
-    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
-}
-
-/* Waits until at least n syncs have begun; false after 10 s. */
-static bool wait_entered(int n)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 10;
-    pthread_mutex_lock(&mu);
-    int rc = 0;
-    while (entered < n && rc == 0) rc = pthread_cond_timedwait(&cv, &mu, &until);
-    bool ok = entered >= n;
-    pthread_mutex_unlock(&mu);
-    return ok;
-}
-
-/* Syncs from now on wait for the next release_syncs. */
-static void hold_syncs(void)
-{
-    pthread_mutex_lock(&mu);
-    released = false;
-    pthread_mutex_unlock(&mu);
-}
-
-static void release_syncs(bool fail)
-{
-    pthread_mutex_lock(&mu);
-    released = true;
-    fail_syncs = fail;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
-}
 
 static broker_thread bt;
 
@@ -116,14 +67,6 @@ static int recv_msg(void *sock, int timeout_ms, wire_msg *out)
     int rc = wire_unpack(buf, (size_t)n, out, NULL, 0);
     CHECK_EQ_INT(rc, 0);
     return rc ? -1 : 0;
-}
-
-static int syncs_entered(void)
-{
-    pthread_mutex_lock(&mu);
-    int n = entered;
-    pthread_mutex_unlock(&mu);
-    return n;
 }
 
 /* The broker's journal_error, asked as peer s (request id rid). */
@@ -187,7 +130,7 @@ int main(void)
     /* A: commit, then a heartbeat, pipelined; the commit's fsync is held */
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 10, 4);
     send_msg(a, WIRE_HEARTBEAT, 0xa1, 11, 0);
-    CHECK(wait_entered(1));
+    CHECK(held_sync_wait_entered(1));
     /* the loop still serves B while the fsync is held */
     send_msg(b, WIRE_HEARTBEAT, 0xb2, 20, 0);
     CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
@@ -197,7 +140,7 @@ int main(void)
     CHECK_EQ_INT(recv_msg(a, 100, &r), -1);
 
     /* the record is durable: A gets the commit's Ok, then its heartbeat, in order */
-    release_syncs(false);
+    held_sync_release(false);
     CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 10);
@@ -206,12 +149,12 @@ int main(void)
     CHECK_EQ_INT(r.request_id, 11);
 
     /* `dflash-ctl pause` is answered once its record is durable (a restart stays paused) */
-    hold_syncs();
-    int synced = syncs_entered();
+    held_sync_hold();
+    int synced = held_sync_entered();
     send_as(c, WIRE_ROLE_CTL, WIRE_PAUSE, 0xc3, 30, 0);
-    CHECK(wait_entered(synced + 1));
+    CHECK(held_sync_wait_entered(synced + 1));
     CHECK_EQ_INT(recv_msg(c, 100, &r), -1);
-    release_syncs(false);
+    held_sync_release(false);
     CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 30);
@@ -219,19 +162,19 @@ int main(void)
     /* JournalSync (a drafter's durability barrier before a checkpoint), sent without a hello:
      * the writer fdatasyncs for it though no record of its own asks to be synced, and the Ok
      * comes only after that sync */
-    hold_syncs();
-    synced = syncs_entered();
+    held_sync_hold();
+    synced = held_sync_entered();
     void *d = dealer(zctx, cfg.endpoint, "drafter-d-4");
     send_msg(d, WIRE_JOURNAL_SYNC, 0xd4, 40, 0);
-    CHECK(wait_entered(synced + 1));
+    CHECK(held_sync_wait_entered(synced + 1));
     CHECK_EQ_INT(recv_msg(d, 100, &r), -1);
-    release_syncs(false);
+    held_sync_release(false);
     CHECK_EQ_INT(recv_msg(d, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 40);
 
     /* a commit whose fsync fails is answered Error IO, not Ok */
-    release_syncs(true);
+    held_sync_release(true);
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 12, 8);
     CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_ERROR);
@@ -266,12 +209,12 @@ int main(void)
           strstr(r.u.status.journal_error, "fdatasync failed"));
 
     /* the broker retries a rewrite from memory; with the disk still full those fail */
-    CHECK(wait_entered(syncs_entered() + 2));
+    CHECK(held_sync_wait_entered(held_sync_entered() + 2));
     char jerr[WIRE_MAX_TEXT];
     journal_error_of(b, 23, jerr, sizeof jerr);
     CHECK(jerr[0] != 0);
     /* space returns: the next retry heals the journal, and status says so */
-    release_syncs(false);
+    held_sync_release(false);
     for (int i = 0; i < 100 && jerr[0]; i++) {
         usleep(50 * 1000);
         journal_error_of(b, 24 + (uint64_t)i, jerr, sizeof jerr);

@@ -32,11 +32,11 @@ int fs_make_dirs(const char *dir);
 
 /* Makes sure dir is a directory only we can use, as the ipc:// sockets in it have no other
  * access control: creates it (mode 0700) when missing, then refuses one that is a symbolic link,
- * not a directory, not owned by our effective uid, or open to group or others (lstat: the link
- * itself is judged, never where it points). Returns 0, DFLASH_EIO (it cannot be created or
- * examined), DFLASH_ECONFIG (a symlink or not a directory) or DFLASH_EDENIED (not ours, or
- * open), with a message naming dir, its owner and mode and the fix (chmod 700, or remove it) in
- * err. */
+ * not a directory, not owned by our effective uid, or open to group or others (lstat of dir
+ * without its trailing slashes: the link itself is judged, never where it points). Returns 0,
+ * DFLASH_EIO (it cannot be created or examined), DFLASH_ECONFIG (a symlink, not a directory, a
+ * path over PATH_MAX) or DFLASH_EDENIED (not ours, or open), with a message naming dir, its
+ * owner and mode and the fix (chmod 700; run as its owner's uid; another directory) in err. */
 int fs_make_private_dir(const char *dir, char *err, size_t errlen);
 
 /* Whether the file open at fd (a shared-memory object we are about to map) is one of ours: a

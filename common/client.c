@@ -704,7 +704,8 @@ void client_resolve_endpoint(const char *endpoint, const char *runtime_dir, char
     snprintf(out, len, "ipc://%.240s/queue.sock", dir);
 }
 
-int client_check_endpoint(const char *endpoint, char *err, size_t errlen)
+/* client_check_endpoint (create: a daemon's check) and client_check_endpoint_existing. */
+static int check_endpoint(const char *endpoint, bool create, char *err, size_t errlen)
 {
     if (strncmp(endpoint, "ipc://", 6) != 0) return 0;
     const char *path = endpoint + 6;
@@ -719,7 +720,23 @@ int client_check_endpoint(const char *endpoint, char *err, size_t errlen)
         return DFLASH_ECONFIG;
     }
     char why[768];
-    int rc = fs_make_private_dir(dir, why, sizeof why);
+    int rc = create ? fs_make_private_dir(dir, why, sizeof why)
+                    : fs_check_private_dir(dir, why, sizeof why);
+    if (rc == DFLASH_ENOTFOUND) {
+        err_fmt(err, errlen, "ipc endpoint %s: no broker runs there, as its directory %s does "
+                "not exist (a broker makes it when it starts)", endpoint, dir);
+        return DFLASH_EPEER;
+    }
     if (rc) err_fmt(err, errlen, "ipc endpoint %s refused: %s", endpoint, why);
     return rc;
+}
+
+int client_check_endpoint(const char *endpoint, char *err, size_t errlen)
+{
+    return check_endpoint(endpoint, true, err, errlen);
+}
+
+int client_check_endpoint_existing(const char *endpoint, char *err, size_t errlen)
+{
+    return check_endpoint(endpoint, false, err, errlen);
 }

@@ -75,8 +75,14 @@ void client_resolve_endpoint(const char *endpoint, const char *runtime_dir, char
  * socket (ipc://@NAME) has no directory, and anyone may bind it: refused. Other transports
  * (tcp:// with CURVE) pass. Returns 0, DFLASH_ECONFIG or DFLASH_EDENIED (a configuration the
  * program must refuse at start), DFLASH_EIO (the directory cannot be made or examined), with
- * the reason, naming the endpoint and the fix, in err. */
+ * the reason, naming the endpoint and the fix, in err. The daemons' check: they wait for the
+ * broker, and hold its directory meanwhile. */
 int client_check_endpoint(const char *endpoint, char *err, size_t errlen);
+/* The same checks for a program that only talks to a broker already running (dflash-ctl, a
+ * benchmark's client): nothing is made (fs_check_private_dir), so a mistyped --runtime-dir
+ * leaves no directory behind; a missing one is DFLASH_EPEER at once (no broker can serve
+ * there), err naming the endpoint and the directory. */
+int client_check_endpoint_existing(const char *endpoint, char *err, size_t errlen);
 
 /* Creates a client for endpoint ("ipc:///run/dflash/queue.sock", "tcp://host:port") in `role`
  * with a short human `name` (shown in broker stats). Connects lazily; never blocks. Returns NULL

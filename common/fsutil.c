@@ -52,7 +52,9 @@ int fs_make_dirs(const char *dir)
     return 0;
 }
 
-int fs_make_private_dir(const char *dir_given, char *err, size_t errlen)
+/* fs_make_private_dir (create: mkdir 0700 first) and fs_check_private_dir (never creates: a
+ * missing dir is DFLASH_ENOTFOUND): one set of checks for both. */
+static int private_dir(const char *dir_given, bool create, char *err, size_t errlen)
 {
     char dir[PATH_MAX]; /* without trailing slashes: lstat("link/") would follow the link */
     size_t n = strlen(dir_given);
@@ -62,12 +64,16 @@ int fs_make_private_dir(const char *dir_given, char *err, size_t errlen)
     }
     memcpy(dir, dir_given, n + 1);
     while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    if (create && mkdir(dir, 0700) != 0 && errno != EEXIST) {
         err_fmt(err, errlen, "cannot create %s: %s", dir, strerror(errno));
         return DFLASH_EIO;
     }
     struct stat st;
     if (lstat(dir, &st) != 0) {
+        if (!create && errno == ENOENT) {
+            err_fmt(err, errlen, "%s does not exist", dir);
+            return DFLASH_ENOTFOUND;
+        }
         err_fmt(err, errlen, "cannot examine %s: %s", dir, strerror(errno));
         return DFLASH_EIO;
     }
@@ -97,6 +103,16 @@ int fs_make_private_dir(const char *dir_given, char *err, size_t errlen)
         return DFLASH_EDENIED;
     }
     return 0;
+}
+
+int fs_make_private_dir(const char *dir, char *err, size_t errlen)
+{
+    return private_dir(dir, true, err, errlen);
+}
+
+int fs_check_private_dir(const char *dir, char *err, size_t errlen)
+{
+    return private_dir(dir, false, err, errlen);
 }
 
 bool fs_fd_private(int fd, char *why, size_t len)

@@ -8,7 +8,9 @@
  * Local trust (docs/operating.md, "Across hosts"): another user of the host may plant things
  * where we write or listen. A temporary file is created only new (fs_create_new: a symlink at
  * its name is removed, never followed), and the directory of ipc:// sockets must be ours and
- * closed to everyone else (fs_make_private_dir, for the broker and every client alike).
+ * closed to everyone else (fs_make_private_dir, for the broker and the daemons, which make it;
+ * fs_check_private_dir, the same checks for a program that only looks for a broker, and makes
+ * nothing).
  * Thread-safe. */
 #ifndef DFLASH_FSUTIL_H
 #define DFLASH_FSUTIL_H
@@ -38,6 +40,9 @@ int fs_make_dirs(const char *dir);
  * path over PATH_MAX) or DFLASH_EDENIED (not ours, or open), with a message naming dir, its
  * owner and mode and the fix (chmod 700; run as its owner's uid; another directory) in err. */
 int fs_make_private_dir(const char *dir, char *err, size_t errlen);
+/* fs_make_private_dir's checks of an existing dir, creating nothing: a missing dir (ENOENT; a
+ * missing parent too) is DFLASH_ENOTFOUND, "DIR does not exist" in err; else its returns. */
+int fs_check_private_dir(const char *dir, char *err, size_t errlen);
 
 /* Whether the file open at fd (a shared-memory object we are about to map) is one of ours: a
  * regular file of our effective uid, closed to group and others (we make them 0600). Another

@@ -15,12 +15,18 @@
  *       (exit 2) on a symlink to an empty 0700 dir: it followed it before; dflash-queue also
  *       exits 2 on an explicit --endpoint or --pub-endpoint in a 0755 dir (not judged before);
  *   (e) an abstract socket (ipc://@NAME, no dir at all): ctl exits 1;
- *   (f) a runtime dir that does not exist yet (the client is up before the broker): ctl makes
- *       it, mode 0700, so nobody else can in between, and finds no broker there (exit 2). */
+ *   (f) a runtime dir that does not exist (a mistyped --runtime-dir, or no broker started):
+ *       ctl exits 2 at once, as for a broker not answering, naming the dir and saying that no
+ *       broker runs there, and makes nothing (it made the dir, mode 0700, and waited its whole
+ *       --timeout-ms for a broker that could not be there);
+ *   (g) `watch` judges the PUB socket's dir the broker names the same way: open to 0755, exit 1
+ *       naming it; removed while the broker runs, exit 2 at once naming it, and not made again
+ *       (it made it, and waited three stats intervals for announcements that could not come). */
 #include "check.h"
 #include "harness.h"
 #include "test_files.h"
 
+#include <errno.h>
 #include <sys/stat.h>
 
 /* Runs `dflash-ctl --timeout-ms=1000 FLAG ping` with its output into log (emptied first); its
@@ -128,14 +134,47 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(ctl_ping(ctl, "--endpoint=ipc://@dflash-itest-abstract", log), 1);
     CHECK(log_says(log, (const char *const[]){"abstract socket", NULL}));
 
-    /* (f) not there yet: made ours, and no broker in it */
+    /* (f) not there: no broker in it, said at once (a --timeout-ms wait would show), none made */
     char fresh[128], freshflag[160];
     snprintf(fresh, sizeof fresh, "%s/fresh", dir);
     snprintf(freshflag, sizeof freshflag, "--runtime-dir=%s", fresh);
-    CHECK_EQ_INT(ctl_ping(ctl, freshflag, log), 2);
+    remove(log);
+    char *cf[] = {(char *)ctl, "--timeout-ms=10000", freshflag, "status", NULL};
+    uint64_t t0 = h_now_ms();
+    CHECK_EQ_INT(h_run_tool(cf, log), 2);
+    uint64_t took = h_now_ms() - t0;
+    CHECK(took < 5000);
+    CHECK(log_says(log, (const char *const[]){fresh, "does not exist", "no broker runs there",
+                                              "--runtime-dir", NULL}));
     struct stat st;
-    CHECK(stat(fresh, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700 &&
-          st.st_uid == geteuid());
+    CHECK(lstat(fresh, &st) != 0 && errno == ENOENT);
+
+    /* (g) watch: the PUB socket's dir, which the broker names in its hello reply */
+    char wrt[128], pubdir[128], pubflag[200], wflag[160];
+    snprintf(wrt, sizeof wrt, "%s/w", dir);
+    snprintf(pubdir, sizeof pubdir, "%s/pubdir", dir);
+    snprintf(pubflag, sizeof pubflag, "--pub-endpoint=ipc://%s/pub.sock", pubdir);
+    snprintf(wflag, sizeof wflag, "--runtime-dir=%s", wrt);
+    const char *wextra[] = {"--journal=none", pubflag, "--stats-interval-ms=200", NULL};
+    pid_t wq = h_start_queue(queue, wrt, wextra);
+    CHECK(wq > 0);
+    char *cw[] = {(char *)ctl, "--timeout-ms=10000", "--count=1", wflag, "watch", NULL};
+    CHECK_EQ_INT(chmod(pubdir, 0755), 0);
+    remove(log);
+    CHECK_EQ_INT(h_run_tool(cw, log), 1);
+    CHECK(log_says(log, (const char *const[]){pubdir, "0755", "chmod 700", NULL}));
+    char pubsock[160];
+    snprintf(pubsock, sizeof pubsock, "%s/pub.sock", pubdir);
+    CHECK_EQ_INT(unlink(pubsock), 0);
+    CHECK_EQ_INT(rmdir(pubdir), 0);
+    remove(log);
+    t0 = h_now_ms();
+    CHECK_EQ_INT(h_run_tool(cw, log), 2);
+    took = h_now_ms() - t0;
+    CHECK(took < 5000);
+    CHECK(log_says(log, (const char *const[]){pubdir, "does not exist", "PUB endpoint", NULL}));
+    CHECK(lstat(pubdir, &st) != 0 && errno == ENOENT);
+    CHECK_EQ_INT(h_stop(wq), 0);
 
     CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);

@@ -11,7 +11,10 @@
  * .key file). set/pause/resume/drain/release then need a key in the broker's --admin-keys dir.
  *
  * Before connecting to an ipc:// endpoint (and `watch` to an ipc:// PUB) it refuses one whose
- * directory is not ours alone (client_check_endpoint: exit 1, naming the dir and the fix).
+ * directory is not ours alone (client_check_endpoint_existing: exit 1, naming the dir and the
+ * fix), and makes none: a directory that does not exist has no broker in it (the broker makes it
+ * when it starts), said at once, with exit 2 like any broker not there, so that a mistyped
+ * --runtime-dir leaves nothing behind and costs no timeout.
  * Every verb but keygen says hello first (which also tells the broker's PUB endpoint and stats
  * interval for `watch`). Exit status: 0 ok, 1 error (the broker refused, bad arguments), 2 timeout
  * (no broker answering, or `watch` cannot hear its announcements): `dflash-ctl ping` is a
@@ -59,8 +62,9 @@ static const cfg_option ctl_options[] = {
      "broker ROUTER endpoint (default ipc://RUNTIME_DIR/queue.sock)", offsetof(ctl_config, endpoint),
      sizeof(((ctl_config *)0)->endpoint)},
     {"runtime-dir", CFG_STRING, "", 1, 0, false,
-     "the broker's runtime dir, ours alone (mode 0700) or refused (default "
-     "$XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID)",
+     "the broker's runtime dir, ours alone (mode 0700) or refused; never made here: a missing "
+     "one has no broker in it (exit 2 at once) (default $XDG_RUNTIME_DIR/dflash or "
+     "/tmp/dflash-UID)",
      offsetof(ctl_config, runtime_dir), sizeof(((ctl_config *)0)->runtime_dir)},
     {"curve-server-key", CFG_STRING, "", 1, 0, false,
      "CURVE: the broker's public key file (NAME.pub), for a tcp:// endpoint",
@@ -416,7 +420,10 @@ static int cmd_watch(const ctl_config *c, client *cl)
     int out = watch_check_pub(c, pub);
     if (out) return out;
     char why[1024];
-    int bad = client_check_endpoint(pub, why, sizeof why); /* a PUB socket in a dir not ours */
+    int bad = client_check_endpoint_existing(pub, why, sizeof why); /* a dir not ours, or none */
+    if (bad == DFLASH_EPEER) /* the broker answers, but its PUB socket's dir is gone */
+        snprintf(why + strlen(why), sizeof why - strlen(why), ": the broker names it as its "
+                 "PUB endpoint (--pub-endpoint); was the directory removed while it runs?");
     if (bad) return fail_msg(c, "watch", bad, why);
     client_sub *sub = client_sub_new_curve(pub, "", cl);
     if (!sub) {
@@ -689,8 +696,12 @@ int main(int argc, char **argv)
     if (one && (rc = parse_batch(&c, pos[1], &unit))) return rc;
     resolve_endpoint(&c);
     char why[1024];
-    if ((rc = client_check_endpoint(c.endpoint, why, sizeof why))) /* a runtime dir not ours */
+    if ((rc = client_check_endpoint_existing(c.endpoint, why, sizeof why))) { /* not ours, none */
+        if (rc == DFLASH_EPEER) /* exit 2 at once: no broker there, and no dir made for one */
+            snprintf(why + strlen(why), sizeof why - strlen(why), ": start the broker first, or "
+                     "give the --runtime-dir (or --endpoint) it was started with");
         return fail_msg(&c, verb, rc, why);
+    }
     char name[32];
     snprintf(name, sizeof name, "ctl-%d", (int)getpid());
     client *cl = client_new(c.endpoint, WIRE_ROLE_CTL, name);

@@ -10,6 +10,9 @@
  * release for each, acks and rewinds them (untimed, so the same batches are reused and the
  * ledger's size stays fixed), and repeats; then once more with a raw DEALER keeping 256 requests in
  * flight (the broker loop's own capacity). RSS is read from /proc/PID/status of the broker child.
+ * The sockets' directory (mkdtemp) must pass dflash-queue's own check of the ipc:// endpoints it
+ * binds (client_check_endpoint: ours, 0700, not a link) before either child binds: this program
+ * stands in for the broker. Exit 1, the reason on stderr, if not.
  * Prints one table; the last line is the ratio broker/echo. */
 #include "broker.h"
 #include "client.h"
@@ -158,9 +161,19 @@ int main(int argc, char **argv)
     }
     char dir[] = "/tmp/dflash-bench-XXXXXX";
     if (!mkdtemp(dir)) return 1;
+    int rc;
     char ep[128], echo_ep[128];
     snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
     snprintf(echo_ep, sizeof echo_ep, "ipc://%s/echo.sock", dir);
+    const char *eps[] = {ep, echo_ep};
+    for (int i = 0; i < 2; i++) {
+        char why[1024];
+        if ((rc = client_check_endpoint(eps[i], why, sizeof why))) {
+            fprintf(stderr, "bench-broker: %s\n", why);
+            rmdir(dir);
+            return 1;
+        }
+    }
     pid_t bpid = fork();
     if (bpid == 0) run_broker(dir);
     pid_t epid = fork();
@@ -168,7 +181,7 @@ int main(int argc, char **argv)
 
     client *t = client_new(ep, WIRE_ROLE_TARGET, "bench-target");
     client *d = client_new(ep, WIRE_ROLE_DRAFTER, "bench-drafter");
-    int rc = DFLASH_ETIMEOUT;
+    rc = DFLASH_ETIMEOUT;
     for (int i = 0; i < 100 && rc; i++) rc = client_hello(t, NULL, 0);
     if (rc || client_hello(d, NULL, 0)) {
         fprintf(stderr, "broker did not answer: %s\n", err_str(rc));

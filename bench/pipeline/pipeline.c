@@ -14,7 +14,10 @@
  *   bench-pipeline [--producer-rate 200] [--consumer-rate 120] [--drafters 2] [--seconds 10]
  *                  [--targets 1] [--backend host|cuda] [--drafter-device N]
  * The daemons are found next to this program's build tree (BUILD/bench/..), or via
- * --build-dir.
+ * --build-dir. Their runtime dir is a new mkdtemp one (dflash-queue checks it as its own). This
+ * program's own client only talks to that broker, so it checks the dir as dflash-ctl does, making
+ * nothing (client_check_endpoint_existing: ours, 0700, not a link), before it starts any daemon
+ * (exit 1 otherwise, the reason on stderr).
  */
 #include "client.h"
 #include "monotime.h"
@@ -191,6 +194,13 @@ int main(int argc, char **argv)
     char dir[] = "/tmp/bench-pipeline-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     chmod(dir, 0700);
+    char ep[128], why[1024];
+    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
+    if (client_check_endpoint_existing(ep, why, sizeof why) != 0) {
+        fprintf(stderr, "bench-pipeline: %s\n", why);
+        rmdir(dir);
+        return 1;
+    }
     char be[32], dev[32];
     snprintf(be, sizeof be, "--backend=%s", cuda ? "cuda" : "host");
     snprintf(dev, sizeof dev, "--device=%lld", (long long)cfg.drafter_device);
@@ -210,8 +220,6 @@ int main(int argc, char **argv)
     char *qa[] = {q, rt, "--journal=none", mr, md, NULL};
     snprintf(logf, sizeof logf, "%s/queue.log", dir);
     pids[np++] = spawn(q, qa, logf);
-    char ep[128];
-    snprintf(ep, sizeof ep, "ipc://%s/queue.sock", dir);
     client *c = client_new(ep, WIRE_ROLE_CTL, "bench");
     client_set_timeout(c, 500);
     double until = monotime_s() + 10;

@@ -245,6 +245,10 @@ typedef struct wire_status {
     wire_orphan_stat orphans[WIRE_MAX_STATUS_ORPHANS];
     bool stopping;       /* stopping gracefully (false from an older broker): stop is set */
     wire_stop_stat stop;
+    /* refused since the broker started (0 from an older broker): hellos at --max-peers, replies
+     * waiting for the journal dropped by its caps, requests naming another CURVE key's live
+     * peer (its name, run or routing id) */
+    uint64_t hellos_refused_full, replies_dropped, key_refusals;
 } wire_status;
 
 typedef struct wire_kv {

@@ -124,10 +124,11 @@ static peer *peer_find(broker *b, const uint8_t *rid, size_t len)
 /* True when a hello m from a new routing id finds the table at cfg.max_peers entries (live
  * peers and held hellos; defect: no cap, so a flood of hellos from new routing ids grew it
  * without bound): r gets Error AGAIN saying so (the target and drafter retry it, saying the
- * broker's reason), counted and warned about once per BROKER_WARN_EVERY_MS. At the cap, a hello
- * naming the role and name of an entry is let through: it replaces that one (a restart), or is
- * refused; one that does neither (a drafter of another run under a trainer's name: on_hello)
- * stays, one over the cap, and then no hello is let through. */
+ * broker's reason), counted (status: hellos_refused_full) and warned about once per
+ * BROKER_WARN_EVERY_MS. At the cap, a hello naming the role and name of an entry is let through:
+ * it replaces that one (a restart), or is refused; one that does neither (a drafter of another
+ * run under a trainer's name: on_hello) stays, one over the cap, and then no hello is let
+ * through. */
 static bool peer_table_full(broker *b, const wire_msg *m, wire_msg *r)
 {
     uint64_t max = (uint64_t)b->cfg.max_peers;
@@ -1172,6 +1173,9 @@ void broker_status(broker *b, wire_status *s)
     s->malformed = b->malformed;
     s->acks = b->acks;
     s->redeliveries = b->redeliveries;
+    s->hellos_refused_full = b->peers_full.count;
+    s->replies_dropped = b->deferred_dropped.count;
+    s->key_refusals = b->key_denied.count;
     const char *jf = b->ledger ? ledger_journal_failure(b->ledger) : NULL;
     if (jf) snprintf(s->journal_error, sizeof s->journal_error, "%s: %s", b->cfg.journal, jf);
     uint32_t live = 0;
@@ -1527,8 +1531,8 @@ static void deferred_drop(broker *b, deferred_reply **pp)
  * bound). Per routing id at most BROKER_DEFERRED_PER_PEER wait: its oldest goes, an answer its
  * client gave up waiting for (it has one request out at a time; a timeout resets its socket and
  * it goes on), so the request is still handled (its heartbeat still counts). In all at most
- * that many per --max-peers: the oldest of all goes. Counted; warned about once per
- * BROKER_WARN_EVERY_MS. */
+ * that many per --max-peers: the oldest of all goes. Counted (status: replies_dropped); warned
+ * about once per BROKER_WARN_EVERY_MS. */
 static void deferred_make_room(broker *b, const uint8_t *rid, size_t rid_len)
 {
     deferred_reply **oldest = NULL;

@@ -132,7 +132,8 @@ struct broker {
     curve_keyset admin_keys;       /* keys that may steer (also accepted by ZAP) */
     char dispatch_user[CURVE_Z85_LEN + 1]; /* CURVE key of the request being dispatched, or "" */
     uint64_t zap_denied, steer_denied;
-    warn_limit key_denied;         /* requests refused: another key's peer (broker_key_refuse) */
+    warn_limit key_denied;         /* requests refused: another key's peer (broker_key_refuse;
+                                      status: key_refusals) */
     uv_timer_t cron;
     bool cron_started, stopped;
     broker_stop_phase stop_phase;  /* a graceful stop (broker_stop.c) */
@@ -164,7 +165,8 @@ struct broker {
 
     peer **peers;
     uint32_t n_peers, cap_peers;
-    warn_limit peers_full;         /* hellos refused: the table held cfg.max_peers */
+    warn_limit peers_full;         /* hellos refused: the table held cfg.max_peers (status:
+                                      hellos_refused_full) */
     pool_desc pools[MAX_POOLS];
 
     uint64_t malformed, acks, double_acks, unroutable, requests;
@@ -172,7 +174,8 @@ struct broker {
     uint64_t redeliveries; /* grants of a batch granted before (broker_granted) */
     deferred_reply *dq_head, *dq_tail; /* in deferral order; each peer's tickets ascending */
     uint32_t n_deferred;               /* entries in that list (capped: defer_reply) */
-    warn_limit deferred_dropped;       /* deferred replies dropped for the caps */
+    warn_limit deferred_dropped;       /* deferred replies dropped for the caps (status:
+                                          replies_dropped) */
     uint64_t dispatch_ticket;          /* of the last broker_dispatch */
     uint64_t dispatch_request_id;
     bool dispatch_fail_on_io;
@@ -337,8 +340,9 @@ static inline bool broker_key_differs(const peer *o, const char *key)
     return strcmp(o->key, key) != 0;
 }
 /* Refuses request m, whose key (b->dispatch_user) is not that of o, a peer in the table: r gets
- * Error DENIED with `why` (for the requester: what it may not do and what would work), counted
- * and logged with both keys (once per BROKER_WARN_EVERY_MS, with the count since). */
+ * Error DENIED with `why` (for the requester: what it may not do and what would work),
+ * counted (status: key_refusals) and logged with both keys (once per
+ * BROKER_WARN_EVERY_MS, with the count since). */
 void broker_key_refuse(broker *b, const wire_msg *m, const peer *o, const char *why, wire_msg *r);
 
 #endif

@@ -16,7 +16,9 @@
  *     without waiting; once the fsync is let go it gets its 8 newest replies, in order, and
  *     nothing else (a client sends one request at a time: the older ones are answers it gave
  *     up on); with --max-peers 2 at most 16 replies wait in all: of 20 JournalSyncs from 20
- *     routing ids without a hello, the 4 oldest get no reply, the 16 newest their Ok. */
+ *     routing ids without a hello, the 4 oldest get no reply, the 16 newest their Ok.
+ *   - Both are counted in status (hellos_refused_full, replies_dropped: defect, they were in
+ *     the log only), so `dflash-ctl status` shows an operator what the caps refused. */
 #include "check.h"
 #include "broker_stub.h"
 #include "broker_thread.h"
@@ -76,10 +78,14 @@ static void peer_table(void)
     static char said[8192];
     stub_capture_log(three_refused, said, sizeof said);
     CHECK_EQ_INT(count(said, "peer table is full"), 0);
-    /* ctl sessions keep no entry: still answered, and the table still holds two */
+    /* ctl sessions keep no entry: still answered, and the table still holds two; status counts
+     * the four hellos refused (the log said one) */
     CHECK_EQ_INT(hello("ctl-c-99", WIRE_ROLE_CTL, 99, "ctl"), 0);
     wire_status s = stub_status();
     CHECK_EQ_INT(s.peers, 2);
+    CHECK_EQ_INT(s.hellos_refused_full, 4);
+    CHECK_EQ_INT(s.replies_dropped, 0);
+    CHECK_EQ_INT(s.key_refusals, 0);
     /* a restart of d1 (new incarnation, new routing id) takes its place at the cap */
     CHECK_EQ_INT(hello("d1b", WIRE_ROLE_DRAFTER, 23, "d1"), 0);
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, 21);
@@ -101,6 +107,7 @@ static void peer_table(void)
     CHECK(strstr(stub_rep.u.error.message, "peer table is full") == NULL);
     CHECK_EQ_INT(trainer_hello("d1y", 25, 0xccc), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "peer table is full") != NULL);
+    CHECK_EQ_INT(stub_status().hellos_refused_full, 1); /* d1y's: d1x's hold is no refusal */
     stub_broker_free();
 }
 
@@ -197,6 +204,10 @@ static void deferred_replies(void)
         if (monotime_ms() > t_end) break;
     }
     CHECK_EQ_INT(r.u.status.malformed, 1);
+    /* of its 22 replies waiting (the commit's, 20 heartbeats', the malformed one's) the 14
+     * oldest were dropped, which status counts */
+    CHECK_EQ_INT(r.u.status.replies_dropped, 14);
+    CHECK_EQ_INT(r.u.status.hellos_refused_full, 0);
     CHECK_EQ_INT(recv_msg(a, 50, &r), -1); /* all held back */
     held_sync_release(false);
     /* the 8 newest, in order: heartbeats 113..119, then the malformed request's Error */
@@ -237,6 +248,9 @@ static void deferred_replies(void)
         CHECK_EQ_INT(r.request_id, 40);
     }
     for (int i = 0; i < dropped; i++) CHECK_EQ_INT(recv_msg(x[i], 100, &r), -1);
+    send_msg(c, WIRE_STATUS_REQUEST, 0xc2, 2);
+    CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
+    CHECK_EQ_INT(r.u.status.replies_dropped, 14 + dropped);
     for (int i = 0; i < N_SYNCERS; i++) zmq_close(x[i]);
     zmq_close(a);
     zmq_close(c);

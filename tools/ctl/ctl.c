@@ -200,6 +200,7 @@ static cJSON *status_json(const wire_status *s)
     N(claims_per_s), N(grants), N(releases), N(lease_expiries), N(redeliveries), N(quarantined);
     N(malformed), N(acks), N(batches_todo), N(batches_inflight), N(batches_trained);
     N(batches_committed), N(batches_total), N(committed_step), N(peers), N(epoch), N(slot_count);
+    N(hellos_refused_full), N(replies_dropped), N(key_refusals); /* 0 from an older broker */
 #undef N
     cJSON *arr = cJSON_AddArrayToObject(o, "buckets");
     for (uint32_t i = 0; i < s->n_buckets; i++) {
@@ -250,6 +251,7 @@ static void print_json(cJSON *o)
     cJSON_Delete(o);
 }
 
+static void print_refusals(const wire_status *s);
 static void print_buckets(const wire_status *s);
 static void print_groups(const wire_status *s);
 static void print_orphans(const wire_status *s);
@@ -281,9 +283,21 @@ static void print_status(const wire_status *s, uint64_t incarnation)
     if (s->journal_error[0])
         printf("JOURNAL   %s: nothing since is durable; the broker retries and recovers once "
                "the disk has room (do not restart it before)\n", s->journal_error);
+    print_refusals(s);
     print_buckets(s);
     print_groups(s);
     print_orphans(s);
+}
+
+/* What the broker's caps and key binding refused since it started, when anything (its log says
+ * more, once per 10 s): hellos at --max-peers, replies waiting for the journal dropped,
+ * requests naming another CURVE key's live peer (docs/operating.md section 3). */
+static void print_refusals(const wire_status *s)
+{
+    if (!s->hellos_refused_full && !s->replies_dropped && !s->key_refusals) return;
+    printf("refused   hellos (peer table full) %" PRIu64 "  replies dropped (journal wait) "
+           "%" PRIu64 "  key refusals (another CURVE key) %" PRIu64 "\n",
+           s->hellos_refused_full, s->replies_dropped, s->key_refusals);
 }
 
 static void print_buckets(const wire_status *s)

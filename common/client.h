@@ -126,6 +126,11 @@ uint64_t client_last_error_replaced_by_run(const client *c);
  * WIRE_MISMATCH_SHAPE or _ACCUMULATE); WIRE_MISMATCH_NONE for every other error, none, or a
  * broker older than the field. Kept like client_last_error. */
 uint32_t client_last_error_mismatch(const client *c);
+/* Whether that last ERROR reply, a DENIED, says the request named what a live peer registered
+ * with another CURVE key holds (its name, its run, its routing id: docs/protocol.md, "Security");
+ * false for every other error, none, or a broker older than the field. Kept like
+ * client_last_error. */
+bool client_last_error_other_key(const client *c);
 /* Whether the last request got the broker's reply (an ERROR too), not a timeout or a socket
  * error: a broker that answers "try again" is there. Kept like client_last_error. */
 bool client_last_answered(const client *c);

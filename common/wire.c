@@ -840,6 +840,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
             error.has_mismatch = 1;
             error.mismatch = m->u.error.mismatch;
         }
+        error.has_other_key = m->u.error.other_key;
+        error.other_key = m->u.error.other_key;
         env.error = &error;
         break;
     case WIRE_OK:
@@ -1237,6 +1239,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         /* a newer broker's kind of mismatch is one we cannot advise on: not stated */
         if (env->error->has_mismatch && env->error->mismatch <= WIRE_MISMATCH_ACCUMULATE)
             m->u.error.mismatch = env->error->mismatch;
+        m->u.error.other_key = env->error->has_other_key && env->error->other_key;
         break;
     case DFLASH__ENVELOPE__BODY_OK:
         m->type = WIRE_OK;

@@ -273,6 +273,7 @@ typedef struct wire_error {
     char message[WIRE_MAX_TEXT];
     uint64_t replaced_by_run; /* non-zero: a live process of this run replaced the hello's sender */
     uint32_t mismatch; /* a wire_mismatch: a GroupJoin's MISMATCH; an unknown value reads as 0 */
+    bool other_key; /* DENIED: what the request names is a live peer's of another CURVE key */
 } wire_error;
 
 /* Data-parallel drafter groups (docs/protocol.md, "Groups"). Group names are non-empty. */

@@ -193,8 +193,10 @@ static int ack_at(gw *g, const wire_unit *u, uint64_t step)
 }
 
 /* hello (rank 0: with a pending step's units), then the late acks of that step. 0,
- * DFLASH_EAGAIN (try again) or DFLASH_EEXISTS (another live drafter has our name, or a live
- * process of our run replaced us: refused for good, the loop ends through end_refused). */
+ * DFLASH_EAGAIN (try again), DFLASH_EEXISTS (another live drafter has our name, or a live
+ * process of our run replaced us) or DFLASH_EDENIED saying so (worker_session_key_refused: a
+ * live drafter of another CURVE key has our name): refused for good, the loop ends through
+ * end_refused, exit 4 (defect: such a DENIED was retried until that drafter was gone). */
 static int do_register(gw *g)
 {
     char note[WIRE_MAX_NAME + 16];
@@ -202,7 +204,8 @@ static int do_register(gw *g)
     int rc = worker_session_hello(g->s, g->pending ? g->pending_units : NULL,
                                   g->pending ? g->n_pending : 0, note);
     heard(g, rc);
-    if (rc == DFLASH_EEXISTS) { /* refused for good (above) */
+    if (rc == DFLASH_EEXISTS ||
+        (rc == DFLASH_EDENIED && worker_session_key_refused(g->s, "hello"))) { /* for good */
         LOG_ERROR("the broker refused our hello: %s", client_last_error(g->cl));
         g->st.name_in_use = true;
         g->refused = true;

@@ -21,8 +21,10 @@
  * directory is not ours alone: client_check_endpoint), 3 a batch failed verification or did
  * not fit the drafter (corrupt or mismatched data: the data plane or the configuration is wrong),
  * 4 another live drafter has our --name or replaced us as a restart of our run (the broker
- * refused our hello), 5 hung (stall-exit-s), 6 another live drafter trains another model on the
- * broker (it refused our resume, or our hello naming our run after it had forgotten us; a
+ * refused our hello), or a live drafter registered with another CURVE key has our --name or our
+ * run (the broker refused our hello or resume DENIED, saying so: Error.other_key), 5 hung
+ * (stall-exit-s), 6 another live drafter trains another model on the broker (it refused our
+ * resume, or our hello naming our run after it had forgotten us; a
  * refused hello or group join, 4 or 6, first writes the final checkpoint, reported to no broker,
  * unless a live process of our run replaced us: worker_session_save_refused), 7
  * training diverged (a NaN or infinite loss or gradient norm), 8 no step trained (every batch

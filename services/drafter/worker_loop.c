@@ -101,7 +101,10 @@ static void broker_heard(worker_loop *w, int rc)
  * DFLASH_EAGAIN (transient, or held while another model's trainer may be a dying process) or a
  * fatal code: EXISTS, our --name or our run is another live process's (stats.name_in_use, exit
  * 4); DENIED, another model's trainer came in while the broker had forgotten us
- * (stats.other_model, exit 6). Its answer goes to broker_heard: only a timeout is silence. */
+ * (stats.other_model, exit 6), or, the Error saying so (worker_session_key_refused), our --name
+ * or our run is a live drafter's of another CURVE key (stats.name_in_use, exit 4; defect: exit
+ * 6, which sent the operator looking for another model). Its answer goes to broker_heard: only
+ * a timeout is silence. */
 static int do_register(worker_loop *w)
 {
     int rc = worker_session_hello(w->s, w->holding ? &w->held : NULL, w->holding ? 1 : 0,
@@ -119,8 +122,11 @@ static int do_register(worker_loop *w)
     if (rc < 0)
         LOG_ERROR("the broker refused our hello: %s (%s)", err_str(rc),
                   client_last_error(w->client));
-    if (rc == DFLASH_EEXISTS) w->st.name_in_use = true;
-    if (rc == DFLASH_EDENIED) w->st.other_model = true;
+    if (rc == DFLASH_EEXISTS ||
+        (rc == DFLASH_EDENIED && worker_session_key_refused(w->s, "hello")))
+        w->st.name_in_use = true;
+    else if (rc == DFLASH_EDENIED)
+        w->st.other_model = true;
     return rc;
 }
 
@@ -151,7 +157,9 @@ static bool refused_for_good(const worker_loop *w)
  * its run, so batches trained after it return to to-do before we claim anything. While the
  * broker answers AGAIN (a live drafter trains another model there, maybe a dying one it has not
  * expired yet) we ask again, saying why every 10 s, and claim nothing; the broker bounds that
- * wait, then answers EXISTS: another model trains there (stats.other_model, exit 6). 0, a
+ * wait, then answers EXISTS: another model trains there (stats.other_model, exit 6). DENIED
+ * saying so (worker_session_key_refused): our run is a live drafter's of another CURVE key
+ * (stats.name_in_use, exit 4; it exited 1). 0, a
  * fatal code, or DFLASH_ESHUTDOWN when a stop signal came before the broker took it (the loop
  * then ends without finish(): this process trained nothing, and must report no commit). */
 static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
@@ -173,10 +181,12 @@ static int tell_resume(worker_loop *w, volatile sig_atomic_t *stop)
         monotime_sleep_ms(200);
     }
     if (rc < 0 && *stop) return DFLASH_ESHUTDOWN; /* nothing trained, nothing to report */
-    if (rc == DFLASH_EEXISTS) w->st.other_model = true;
     if (rc < 0) {
         LOG_ERROR("the broker refused resume_from(%lld): %s (%s)", (long long)s, err_str(rc),
                   client_last_error(w->client));
+        if (rc == DFLASH_EEXISTS) w->st.other_model = true;
+        else if (rc == DFLASH_EDENIED && worker_session_key_refused(w->s, "resume"))
+            w->st.name_in_use = true;
         return rc;
     }
     LOG_INFO("told the broker we resume from step %lld: batches trained after it are redone",

@@ -12,7 +12,8 @@
  * it holds) when the broker restarts or has expired it (an ack then goes again: a late ack),
  * and returns when the broker has drained, when *stop becomes non-zero, or on a fatal error.
  * A hello the broker refuses for good (EXISTS: our name or our run is another live process's;
- * DENIED: another model trains there) ends it too, after the consumer's save_refused() has kept
+ * DENIED: another model trains there, or, Error.other_key set, our name or run is a live
+ * drafter's of another CURVE key) ends it too, after the consumer's save_refused() has kept
  * what the model trained (worker_session_save_refused says when that is not safe).
  *
  * Loop states (one set_state, transitions asserted):
@@ -192,7 +193,8 @@ typedef struct worker_stats {
     double copy_p50_ms, copy_p99_ms; /* grant to copy done, over the last 4096 batches */
     uint64_t registrations;
     bool name_in_use; /* the broker refused our hello: another live drafter has our name or
-                         replaced us as a restart of our run (main.c: exit 4) */
+                         replaced us as a restart of our run; or our hello or resume: a live
+                         drafter of another CURVE key has our name or run (main.c: exit 4) */
     bool other_model; /* the broker refused our resume (or our hello naming our run, or our
                          group join): a live drafter trains another model (exit 6) */
 } worker_stats;

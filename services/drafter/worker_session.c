@@ -279,6 +279,17 @@ void worker_session_note_refusal(worker_session *s)
     s->refusal_run = client_last_error_replaced_by_run(s->client);
 }
 
+bool worker_session_key_refused(const worker_session *s, const char *what)
+{
+    if (!client_last_error_other_key(s->client)) return false;
+    LOG_ERROR("the broker refused our %s for good: our --name '%s' or our run is a live "
+              "drafter's registered with another CURVE key (the broker's words: %s). Give this "
+              "drafter its own --name, start a restart of a run with the key the run registered "
+              "with, or wait until that drafter leaves or is expired", what, s->cfg->name,
+              client_last_error(s->client));
+    return true;
+}
+
 /* Whether the refusal says a live process of run run_id (non-zero) replaced us: the broker's
  * Error carries that run's id in its own field (replaced_by_run) when it refuses our hello for
  * that reason, and in no other refusal (a name in use, another model's trainer, a group's). A

@@ -25,7 +25,9 @@
  * which may wait for a heartbeat's), not after rounds of retries (docs/operating.md). Before a
  * stop, a silent broker is waited for, as ever.
  *
- * A refusal for good (a hello answered EXISTS or DENIED, a group join refused): the session keeps
+ * A refusal for good (a hello answered EXISTS or DENIED, a group join refused; a DENIED because
+ * another CURVE key's live drafter has our --name or run is told from another model's trainer by
+ * worker_session_key_refused): the session keeps
  * the broker's words (worker_session_note_refusal), and the loop ends with the model's final
  * checkpoint in our --checkpoint-dir, reported to no broker (worker_session_save_refused),
  * except when those words name our own run: a live process of our run replaced us and may write
@@ -117,6 +119,12 @@ bool worker_session_broker_lost(const worker_session *s);
  * words (client_last_error) for worker_session_save_refused. Call right after that request, before
  * the heartbeat thread's next one replaces them. Main thread. */
 void worker_session_note_refusal(worker_session *s);
+/* Whether the broker's answer to the loop's last request, a DENIED, refuses it because our
+ * --name or our run is a live drafter's registered with another CURVE key (Error.other_key,
+ * client_last_error_other_key): for good, as when another live drafter has them (exit 4), not
+ * another model's trainer (exit 6). When it does, logs the cause (`what`: the request refused,
+ * e.g. "hello") and what to do. Call right after that request. Main thread. */
+bool worker_session_key_refused(const worker_session *s, const char *what);
 /* The loop ends because the broker refused us for good (noted above), and the model may hold
  * steps past its newest checkpoint: cons->save_refused (if any) writes them into our
  * --checkpoint-dir, reported to no broker, unless the refusal's replaced_by_run is our run

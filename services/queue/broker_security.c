@@ -9,7 +9,8 @@
  * Key binding (defect: any accepted key could say hello as a live target's or drafter's name and
  * so replace it, or send requests from its routing id): a peer entry records the User-Id of its
  * first hello (peer.key; "" over ipc:// and NULL, which keeps ipc as it was). broker.c refuses
- * (Error DENIED, broker_key_refuse; counted in status' key_refusals) any later request on that entry with another key, a hello
+ * (Error DENIED with other_key set, broker_key_refuse; counted in status' key_refusals) any
+ * later request on that entry with another key, a hello
  * that would replace a peer of the same role and name registered with another key while it is
  * in the table, and a hello or ResumeFrom that would replace a trainer of the same run
  * registered with another key (broker_take_over_run). Once that peer has left or expired
@@ -207,4 +208,5 @@ void broker_key_refuse(broker *b, const wire_msg *m, const peer *o, const char *
                  wire_type_name(m->type), key_text(b->dispatch_user), wire_role_name(o->role),
                  o->name, key_text(o->key), since, b->key_denied.count);
     reply_error(b, r, m->request_id, DFLASH_EDENIED, "%s", why);
+    r->u.error.other_key = true; /* a drafter tells it from another model's DENIED (exit 4) */
 }

@@ -340,8 +340,8 @@ static inline bool broker_key_differs(const peer *o, const char *key)
     return strcmp(o->key, key) != 0;
 }
 /* Refuses request m, whose key (b->dispatch_user) is not that of o, a peer in the table: r gets
- * Error DENIED with `why` (for the requester: what it may not do and what would work),
- * counted (status: key_refusals) and logged with both keys (once per
+ * Error DENIED with `why` (for the requester: what it may not do and what would work) and
+ * Error.other_key set, counted (status: key_refusals) and logged with both keys (once per
  * BROKER_WARN_EVERY_MS, with the count since). */
 void broker_key_refuse(broker *b, const wire_msg *m, const peer *o, const char *why, wire_msg *r);
 

@@ -15,9 +15,18 @@
  *       incarnation), its hello or ResumeFrom naming d1's run, and its requests sent from d1's
  *       routing id (a connection that takes it over: ROUTER_HANDOVER) are all refused DENIED,
  *       logged with bob's key, and d1 keeps its session; alice's restart of d1 (same key, new
- *       incarnation) replaces it as before; once d1 is expired, bob may take the name.
+ *       incarnation) replaces it as before; once d1 is expired, bob may take the name. Each of
+ *       those refusals says so in the Error (other_key; a DENIED for the admin key does not),
+ *       and the broker counts them in status (key_refusals; `dflash-ctl status` prints a
+ *       "refused" line then, none before, and --json has the counters). Real dflash-drafter
+ *       processes under bob's key exit 4 (another live drafter has their --name or run), their
+ *       log naming the cause: a --verify drafter named d1 (its hello refused: it exited 6, the
+ *       code for another model), a trainer of d1's run (its --checkpoint-dir's run-id; its
+ *       resume refused: it exited 1) and a --group rank named d1 (its hello refused: it
+ *       retried it as a busy broker's, and exited 1 at --broker-wait-ms).
  * Keys come from `dflash-ctl keygen` (the operator's path) into a temp dir. Loopback only; every
- * wait has a deadline (no fixed sleeps). */
+ * wait has a deadline (no fixed sleeps).
+ * Usage: itest_curve QUEUE CTL DRAFTER MKMODEL. */
 #include "check.h"
 #include "curve.h"
 #include "harness.h"
@@ -191,6 +200,45 @@ static int until_ok(int (*call)(client *), client *c, int deadline_ms)
 
 static int hello0(client *c) { return client_hello(c, NULL, 0); }
 
+/* Runs the drafter argv (output to log, read back into out) to its exit within deadline_ms while
+ * the live peer `keep` sends heartbeats (not expired meanwhile): its exit status, or -1. */
+static int run_beside(char *const argv[], const char *log, client *keep, int deadline_ms,
+                      char *out, size_t len)
+{
+    unlink(log);
+    pid_t pid = h_spawn_logged(argv, log);
+    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
+    int st = 0, rc = -1;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            break;
+        }
+        if (r < 0 || h_now_ms() >= end) {
+            h_kill(pid, SIGKILL);
+            break;
+        }
+        client_heartbeat(keep);
+        h_sleep_ms(100);
+    }
+    char *said = test_slurp(log, NULL);
+    snprintf(out, len, "%s", said ? said : "");
+    free(said);
+    if (rc != 4) fprintf(stderr, "drafter exited %d:\n%s\n", rc, out);
+    return rc;
+}
+
+/* The broker's key_refusals, asked with key (a .key file); UINT64_MAX when it does not answer. */
+static uint64_t key_refusals(const char *ep, const char *server_pub, const char *key)
+{
+    static wire_status s;
+    client *c = ctl_client(ep, server_pub, key, 2000);
+    uint64_t n = c && client_status(c, &s) == 0 ? s.key_refusals : UINT64_MAX;
+    client_destroy(&c);
+    return n;
+}
+
 static uint32_t status_min_ready(client *c)
 {
     static wire_status s;
@@ -199,12 +247,15 @@ static uint32_t status_min_ready(client *c)
 
 int main(int argc, char **argv)
 {
-    if (argc < 3) return 2;
+    if (argc < 5) {
+        fprintf(stderr, "usage: itest_curve QUEUE CTL DRAFTER MKMODEL\n");
+        return 2;
+    }
     if (!curve_available()) { /* Debian's libzmq has it: a build without it is a failure */
         fprintf(stderr, "libzmq without CURVE: the broker's authentication cannot run\n");
         return 1;
     }
-    const char *queue = argv[1], *ctl = argv[2];
+    const char *queue = argv[1], *ctl = argv[2], *drafter = argv[3], *mkmodel = argv[4];
     char dir[64], p[20][256];
     h_tempdir(dir, sizeof dir);
     snprintf(p[0], sizeof p[0], "%s/clients", dir);
@@ -304,6 +355,7 @@ int main(int argc, char **argv)
     snprintf(set.kv[0].value, WIRE_MAX_VALUE, "7");
     CHECK_EQ_INT(client_set(a, &set, &applied), DFLASH_EDENIED);
     CHECK(strstr(client_last_error(a), "admin key") != NULL);
+    CHECK(!client_last_error_other_key(a)); /* no other key's peer: not that DENIED */
     CHECK_EQ_INT(client_pause(a), DFLASH_EDENIED);
     CHECK_EQ_INT(client_drain(a), DFLASH_EDENIED);
     CHECK_EQ_INT(client_release_quarantine(a, NULL, NULL), DFLASH_EDENIED);
@@ -335,7 +387,11 @@ int main(int argc, char **argv)
         CHECK_EQ_INT(run_wait(c2, 10000), 0);
         CHECK_EQ_INT(status_min_ready(a), 11);
         char *c3[] = {(char *)ctl, ep, sv, k1, "status", NULL};
-        CHECK_EQ_INT(run_wait(c3, 10000), 0);
+        char slog[300], said3[8192];
+        snprintf(slog, sizeof slog, "%s/status.log", dir);
+        CHECK_EQ_INT(run_logged(c3, 10000, slog, said3, sizeof said3), 0);
+        CHECK(strstr(said3, "leases    grants") != NULL);
+        CHECK(strstr(said3, "refused   ") == NULL); /* nothing refused yet: no such line */
     }
     /* the ipc:// endpoint in the 0700 runtime dir steers as before */
     client *local = ctl_client(ipc_ep, NULL, NULL, 2000);
@@ -398,8 +454,13 @@ int main(int argc, char **argv)
     /* (f) key binding: alice's drafter d1 against bob's key, both in --curve-clients. A peer is
      * expired 4 s after its last request (heartbeat 500 ms x liveness 8). A Claim tells whether
      * d1's session is there (no pool: AGAIN) or not (STALE): a Heartbeat needs no session */
-    char bob[256], blog[300];
+    char bob[256], blog[300], model[300], mlog[300];
     CHECK_EQ_INT(keygen(ctl, p[0], "bob"), 0);
+    snprintf(model, sizeof model, "%s/target", dir);
+    snprintf(mlog, sizeof mlog, "%s/mkmodel.log", dir);
+    char *mk[] = {(char *)mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
+                  model, NULL};
+    CHECK_EQ_INT(h_run_tool(mk, mlog), 0);
     snprintf(bob, sizeof bob, "%s/bob.key", p[0]);
     snprintf(blog, sizeof blog, "%s/bind.log", dir);
     port = free_port();
@@ -428,16 +489,59 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(client_hello(b1, NULL, 0), DFLASH_EDENIED);
     CHECK(strstr(client_last_error(b1), "another CURVE key") != NULL);
     CHECK(strstr(client_last_error(b1), d1_inc) == NULL);
+    CHECK(client_last_error_other_key(b1));
     /* bob's hello naming d1's run under another name, and a resume of that run: DENIED */
     client *b2 = drafter_client(tcp_ep, broker_pub, bob, "b2", 2000);
     client_set_trainer_run(b2, run);
     CHECK_EQ_INT(client_hello(b2, NULL, 0), DFLASH_EDENIED);
     CHECK(strstr(client_last_error(b2), "another CURVE key") != NULL);
+    CHECK(client_last_error_other_key(b2));
     client *b3 = drafter_client(tcp_ep, broker_pub, bob, "b3", 2000);
     CHECK_EQ_INT(client_hello(b3, NULL, 0), 0);
     CHECK_EQ_INT(client_resume_from(b3, 0, run), DFLASH_EDENIED);
-    /* d1 keeps its session */
+    CHECK(client_last_error_other_key(b3));
+    /* d1 keeps its session; status counts the three refusals */
     CHECK_EQ_INT(client_claim(d1, NULL), DFLASH_EAGAIN);
+    CHECK_EQ_INT(key_refusals(tcp_ep, broker_pub, alice), 3);
+
+    /* real drafters under bob's key: each exits 4, naming the cause, while d1 stays live. A
+     * --verify drafter with d1's --name (its hello refused); a trainer of d1's run (b4, its
+     * --checkpoint-dir's run-id d1's run: its resume refused); a --group rank with d1's name */
+    {
+        char epf[80], svf[300], bobf[300], said[16384], dlog[300], ck4[300], ckg[300], rid[320];
+        snprintf(epf, sizeof epf, "--endpoint=%s", tcp_ep);
+        snprintf(svf, sizeof svf, "--curve-server-key=%s", broker_pub);
+        snprintf(bobf, sizeof bobf, "--curve-key=%s", bob);
+        snprintf(dlog, sizeof dlog, "%s/drafter.log", dir);
+        char *dv[] = {(char *)drafter, "--verify", "--backend=host", "--name=d1", "--hidden=8",
+                      "--layers=2", "--token-budget=256", "--max-seqs=4", "--buckets=64,256",
+                      "--progress-ms=0", "--timeout-ms=2000", "--broker-wait-ms=10000", epf,
+                      svf, bobf, NULL};
+        CHECK_EQ_INT(run_beside(dv, dlog, d1, 30000, said, sizeof said), 4);
+        CHECK(strstr(said, "another CURVE key") != NULL);
+        CHECK(strstr(said, "refused our hello for good: our --name 'd1' or our run") != NULL);
+        snprintf(ck4, sizeof ck4, "%s/ckpt-b4", dir);
+        snprintf(ckg, sizeof ckg, "%s/ckpt-g", dir);
+        snprintf(rid, sizeof rid, "%s/run-id", ck4);
+        CHECK(mkdir(ck4, 0700) == 0 && mkdir(ckg, 0700) == 0);
+        test_spill(rid, "5eed5eed5eed5eed\n", 17); /* d1's run */
+        char *tv[] = {(char *)drafter, "--train", "--model", model, "--name", "b4",
+                      "--checkpoint-dir", ck4, "--block-size", "4", "--anchors", "8",
+                      "--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers",
+                      "3", "--threads", "1", "--backend", "host", "--progress-ms", "0",
+                      "--timeout-ms", "2000", "--broker-wait-ms", "10000", epf, svf, bobf, NULL};
+        CHECK_EQ_INT(run_beside(tv, dlog, d1, 60000, said, sizeof said), 4);
+        CHECK(strstr(said, "refused our resume for good: our --name 'b4' or our run") != NULL);
+        char *gv[] = {(char *)drafter, "--train", "--model", model, "--name", "d1", "--group",
+                      "g", "--checkpoint-dir", ckg, "--block-size", "4", "--anchors", "8",
+                      "--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers",
+                      "3", "--threads", "1", "--backend", "host", "--progress-ms", "0",
+                      "--timeout-ms", "2000", "--broker-wait-ms", "10000", epf, svf, bobf, NULL};
+        CHECK_EQ_INT(run_beside(gv, dlog, d1, 60000, said, sizeof said), 4);
+        CHECK(strstr(said, "refused our hello for good: our --name 'd1' or our run") != NULL);
+    }
+    CHECK(key_refusals(tcp_ep, broker_pub, alice) >= 6);
+    CHECK_EQ_INT(client_claim(d1, NULL), DFLASH_EAGAIN); /* d1 still has its session */
 
     /* bob's connection with d1's routing id: it takes d1's connection over (handover), but
      * every request on it is refused, a Heartbeat and a Claim as d1's incarnation alike */
@@ -468,6 +572,25 @@ int main(int argc, char **argv)
     uint64_t t1 = h_now_ms();
     CHECK_EQ_INT(until_ok(hello0, b1, 10000), 0);
     CHECK(h_now_ms() - t1 >= 1000); /* not before d1b's liveness window could end */
+    /* `dflash-ctl status` shows what was refused: a "refused" line, the counters in --json */
+    {
+        char epf[80], svf[300], alf[300], slog[300], said[8192];
+        snprintf(epf, sizeof epf, "--endpoint=%s", tcp_ep);
+        snprintf(svf, sizeof svf, "--curve-server-key=%s", broker_pub);
+        snprintf(alf, sizeof alf, "--curve-key=%s", alice);
+        snprintf(slog, sizeof slog, "%s/status.log", dir);
+        uint64_t n = key_refusals(tcp_ep, broker_pub, alice);
+        CHECK(n >= 7 && n != UINT64_MAX);
+        char *st[] = {(char *)ctl, epf, svf, alf, "status", NULL};
+        CHECK_EQ_INT(run_logged(st, 10000, slog, said, sizeof said), 0);
+        CHECK(strstr(said, "refused   hellos (peer table full) 0  replies dropped (journal "
+                           "wait) 0  key refusals (another CURVE key) ") != NULL);
+        char *sj[] = {(char *)ctl, epf, svf, alf, "--json", "status", NULL};
+        CHECK_EQ_INT(run_logged(sj, 10000, slog, said, sizeof said), 0);
+        CHECK(strstr(said, "\"hellos_refused_full\":0,\"replies_dropped\":0,\"key_refusals\":") !=
+              NULL);
+        if (check_failed) fprintf(stderr, "dflash-ctl status said:\n%s\n", said);
+    }
     client_destroy(&d1);
     client_destroy(&d1b);
     client_destroy(&b1);

@@ -351,6 +351,12 @@ int main(void)
         CHECK(out.u.error.replaced_by_run == 0); /* not set: not packed, reads back as 0 */
     }
     if (roundtrip(&in, &out)) CHECK_EQ_INT(out.u.error.mismatch, WIRE_MISMATCH_NONE);
+    if (roundtrip(&in, &out)) CHECK(!out.u.error.other_key); /* not set: not packed */
+    /* a DENIED for another CURVE key's live peer says so (Error.other_key) */
+    in.u.error.code = DFLASH_EDENIED;
+    in.u.error.other_key = true;
+    if (roundtrip(&in, &out)) CHECK(out.u.error.other_key && out.u.error.code == DFLASH_EDENIED);
+    in.u.error.other_key = false;
     in.u.error.code = DFLASH_EEXISTS;
     in.u.error.replaced_by_run = 0x1122334455667788ull;
     if (roundtrip(&in, &out)) CHECK(out.u.error.replaced_by_run == 0x1122334455667788ull);

@@ -271,7 +271,9 @@ typedef enum wire_mismatch {
 typedef struct wire_error {
     int32_t code; /* negative DFLASH_E* code */
     char message[WIRE_MAX_TEXT];
-    uint64_t replaced_by_run; /* non-zero: a live process of this run replaced the hello's sender */
+    /* non-zero: a live process of this run replaced the sender, or trains the run it named
+     * under another CURVE key */
+    uint64_t replaced_by_run;
     uint32_t mismatch; /* a wire_mismatch: a GroupJoin's MISMATCH; an unknown value reads as 0 */
     bool other_key; /* DENIED: what the request names is a live peer's of another CURVE key */
 } wire_error;

@@ -292,7 +292,9 @@ bool worker_session_key_refused(const worker_session *s, const char *what)
 
 /* Whether the refusal says a live process of run run_id (non-zero) replaced us: the broker's
  * Error carries that run's id in its own field (replaced_by_run) when it refuses our hello for
- * that reason, and in no other refusal (a name in use, another model's trainer, a group's). A
+ * that reason, or because a live drafter of another CURVE key trains our run (the same danger
+ * to our --checkpoint-dir), and in no other refusal (a name in use, another model's trainer, a
+ * group's). A
  * broker older than the field says it in its text only ("... replaced this process as a restart
  * of its run %016x"), which is read then. */
 static bool refusal_names_run(const worker_session *s, uint64_t run_id)
@@ -316,9 +318,10 @@ int worker_session_save_refused(worker_session *s, worker_consumer *cons, const 
          * would race its saves and its retention, and the newest step in it, which the next
          * restart resumes from, could be ours: a history the broker rewound at its resume (our
          * batches past that checkpoint went back to to-do). So we write nothing. */
-        LOG_WARN("a live process of our run %016" PRIx64 " replaced us and may write our "
-                 "--checkpoint-dir: no final checkpoint is written there (what this process "
-                 "trained past its newest checkpoint is lost; the run goes on in that process)",
+        LOG_WARN("a live process of our run %016" PRIx64 " replaced us (or trains it under "
+                 "another CURVE key) and may write our --checkpoint-dir: no final checkpoint is "
+                 "written there (what this process trained past its newest checkpoint is lost; "
+                 "the run goes on in that process)",
                  run);
         return 0;
     }

@@ -102,6 +102,10 @@ bool broker_take_over_run(broker *b, peer *p, const wire_msg *m, uint64_t run_id
              "another CURVE key: nothing was replaced or rewound; a restart of the run must use "
              "the key it registered with, or wait until that one leaves or is expired", run_id);
     broker_key_refuse(b, m, other_key, why, r);
+    /* the refused drafter's own run goes on in that process, which may write the same
+     * --checkpoint-dir: told as a replacement's run is, so it writes no final checkpoint there
+     * (worker_session_save_refused) */
+    r->u.error.replaced_by_run = run_id;
     return false;
 }
 

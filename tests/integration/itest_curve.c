@@ -490,16 +490,21 @@ int main(int argc, char **argv)
     CHECK(strstr(client_last_error(b1), "another CURVE key") != NULL);
     CHECK(strstr(client_last_error(b1), d1_inc) == NULL);
     CHECK(client_last_error_other_key(b1));
+    CHECK(client_last_error_replaced_by_run(b1) == 0); /* a name, no run: b1's dir is its own */
     /* bob's hello naming d1's run under another name, and a resume of that run: DENIED */
     client *b2 = drafter_client(tcp_ep, broker_pub, bob, "b2", 2000);
     client_set_trainer_run(b2, run);
     CHECK_EQ_INT(client_hello(b2, NULL, 0), DFLASH_EDENIED);
     CHECK(strstr(client_last_error(b2), "another CURVE key") != NULL);
     CHECK(client_last_error_other_key(b2));
+    /* the run named, so a drafter refused this way writes no final checkpoint into a dir that
+     * d1 may write (worker_session_save_refused) */
+    CHECK(client_last_error_replaced_by_run(b2) == run);
     client *b3 = drafter_client(tcp_ep, broker_pub, bob, "b3", 2000);
     CHECK_EQ_INT(client_hello(b3, NULL, 0), 0);
     CHECK_EQ_INT(client_resume_from(b3, 0, run), DFLASH_EDENIED);
     CHECK(client_last_error_other_key(b3));
+    CHECK(client_last_error_replaced_by_run(b3) == run);
     /* d1 keeps its session; status counts the three refusals */
     CHECK_EQ_INT(client_claim(d1, NULL), DFLASH_EAGAIN);
     CHECK_EQ_INT(key_refusals(tcp_ep, broker_pub, alice), 3);

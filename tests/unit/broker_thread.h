@@ -1,16 +1,23 @@
 /* broker_thread: a real broker (broker.h) on its libuv loop in a thread of the test process, for
  * tests that talk to it over its sockets while they hold its journal's sync hook
- * (test_broker_durable, itest_power_loss). Start it with a loaded queue_config; stop it with
- * broker_thread_stop, which stops the broker on its own loop, joins the thread and frees all.
- * Header-only (static functions), like the other test helpers. */
+ * (test_broker_caps, test_broker_durable, itest_power_loss). Start it with a loaded
+ * queue_config; stop it with broker_thread_stop, which stops the broker on its own loop, joins
+ * the thread and frees all. The test's side of the wire is raw DEALER sockets:
+ * broker_thread_dealer, broker_thread_send, broker_thread_recv (test_broker_caps,
+ * test_broker_durable). Header-only (static functions), like the other test helpers; the
+ * sockets' failures are CHECKs (check.h). Threads: all on the test's, but for the loop's. */
 #ifndef DFLASH_TEST_BROKER_THREAD_H
 #define DFLASH_TEST_BROKER_THREAD_H
 
 #include "broker.h"
+#include "check.h"
+#include "wire.h"
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <string.h>
 #include <uv.h>
+#include <zmq.h>
 
 typedef struct broker_thread {
     uv_loop_t loop;
@@ -57,6 +64,42 @@ static __attribute__((unused)) void broker_thread_stop(broker_thread *t)
     broker_destroy(&t->b);
     uv_run(&t->loop, UV_RUN_DEFAULT);
     uv_loop_close(&t->loop);
+}
+
+/* A DEALER socket of zmq context ctx with routing id id, connected to ep, lingering 0; the
+ * caller closes it. */
+static __attribute__((unused)) void *broker_thread_dealer(void *ctx, const char *ep,
+                                                          const char *id)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    CHECK_EQ_INT(zmq_connect(s, ep), 0);
+    return s;
+}
+
+/* Packs m and sends it on sock as one frame. */
+static __attribute__((unused)) void broker_thread_send(void *sock, const wire_msg *m)
+{
+    static uint8_t buf[WIRE_MAX_MSG];
+    int n = wire_pack(m, buf, sizeof buf);
+    CHECK(n > 0);
+    if (n > 0) CHECK_EQ_INT(zmq_send(sock, buf, (size_t)n, 0), n);
+}
+
+/* Receives one reply on sock within timeout_ms: 0 and *out, or -1 (nothing came, or it did not
+ * unpack: a CHECK failed). */
+static __attribute__((unused)) int broker_thread_recv(void *sock, int timeout_ms, wire_msg *out)
+{
+    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0) return -1;
+    static uint8_t buf[WIRE_MAX_MSG];
+    int n = zmq_recv(sock, buf, sizeof buf, 0);
+    if (n <= 0) return -1;
+    int rc = wire_unpack(buf, (size_t)n, out, NULL, 0);
+    CHECK_EQ_INT(rc, 0);
+    return rc ? -1 : 0;
 }
 
 #endif

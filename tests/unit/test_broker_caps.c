@@ -130,33 +130,7 @@ static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid)
     if (t == WIRE_HELLO) snprintf(m.u.hello.name, sizeof m.u.hello.name, "a");
     if (t == WIRE_CHECKPOINT_COMMITTED) m.u.step = 4;
     if (t == WIRE_HEARTBEAT) m.u.sent_ms = 1;
-    static uint8_t buf[WIRE_MAX_MSG];
-    int n = wire_pack(&m, buf, sizeof buf);
-    CHECK(n > 0);
-    if (n > 0) CHECK_EQ_INT(zmq_send(sock, buf, (size_t)n, 0), n);
-}
-
-/* One reply within timeout_ms: 0 and *out, or -1 (nothing came). */
-static int recv_msg(void *sock, int timeout_ms, wire_msg *out)
-{
-    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, timeout_ms) <= 0) return -1;
-    static uint8_t buf[WIRE_MAX_MSG];
-    int n = zmq_recv(sock, buf, sizeof buf, 0);
-    if (n <= 0) return -1;
-    int rc = wire_unpack(buf, (size_t)n, out, NULL, 0);
-    CHECK_EQ_INT(rc, 0);
-    return rc ? -1 : 0;
-}
-
-static void *dealer(void *ctx, const char *ep, const char *id)
-{
-    void *s = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
-    CHECK_EQ_INT(zmq_connect(s, ep), 0);
-    return s;
+    broker_thread_send(sock, &m);
 }
 
 enum { N_PIPELINED = 20, N_SYNCERS = 20, MALFORMED_ID = 500 };
@@ -181,11 +155,11 @@ static void deferred_replies(void)
     CHECK(broker_thread_start(&bt, &cfg, held_sync, NULL, &err));
     if (!bt.b) return;
     void *zctx = zmq_ctx_new();
-    void *a = dealer(zctx, cfg.endpoint, "drafter-a-1");
-    void *c = dealer(zctx, cfg.endpoint, "ctl-c-2");
+    void *a = broker_thread_dealer(zctx, cfg.endpoint, "drafter-a-1");
+    void *c = broker_thread_dealer(zctx, cfg.endpoint, "ctl-c-2");
     wire_msg r;
     send_msg(a, WIRE_HELLO, 0xa1, 1);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_HELLO);
 
     /* a commit whose fsync is held, then heartbeats without waiting, and last a malformed
@@ -199,7 +173,7 @@ static void deferred_replies(void)
     uint64_t t_end = monotime_ms() + 10000;
     for (;;) {
         send_msg(c, WIRE_STATUS_REQUEST, 0xc2, 1);
-        CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
+        CHECK_EQ_INT(broker_thread_recv(c, 5000, &r), 0);
         if (r.type != WIRE_STATUS_REPLY || r.u.status.malformed >= 1) break;
         if (monotime_ms() > t_end) break;
     }
@@ -208,21 +182,21 @@ static void deferred_replies(void)
      * oldest were dropped, which status counts */
     CHECK_EQ_INT(r.u.status.replies_dropped, 14);
     CHECK_EQ_INT(r.u.status.hellos_refused_full, 0);
-    CHECK_EQ_INT(recv_msg(a, 50, &r), -1); /* all held back */
+    CHECK_EQ_INT(broker_thread_recv(a, 50, &r), -1); /* all held back */
     held_sync_release(false);
     /* the 8 newest, in order: heartbeats 113..119, then the malformed request's Error */
     for (int i = N_PIPELINED - 7; i < N_PIPELINED; i++) {
-        CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+        CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
         CHECK_EQ_INT(r.type, WIRE_HEARTBEAT);
         CHECK_EQ_INT(r.request_id, 100 + (uint64_t)i);
     }
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_ERROR);
     CHECK_EQ_INT(r.request_id, MALFORMED_ID);
-    CHECK_EQ_INT(recv_msg(a, 200, &r), -1);
+    CHECK_EQ_INT(broker_thread_recv(a, 200, &r), -1);
     /* the session goes on: the next request is answered at once */
     send_msg(a, WIRE_HEARTBEAT, 0xa1, 11);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.request_id, 11);
 
     /* JournalSyncs from routing ids without a hello, one after another (each followed on its
@@ -233,23 +207,23 @@ static void deferred_replies(void)
     for (int i = 0; i < N_SYNCERS; i++) {
         char id[32];
         snprintf(id, sizeof id, "drafter-x-%d", i);
-        x[i] = dealer(zctx, cfg.endpoint, id);
+        x[i] = broker_thread_dealer(zctx, cfg.endpoint, id);
         send_msg(x[i], WIRE_JOURNAL_SYNC, 0x100 + (uint64_t)i, 40);
         send_msg(x[i], WIRE_STATUS_REQUEST, 0x100 + (uint64_t)i, 41);
-        CHECK_EQ_INT(recv_msg(x[i], 5000, &r), 0);
+        CHECK_EQ_INT(broker_thread_recv(x[i], 5000, &r), 0);
         CHECK_EQ_INT(r.request_id, 41);
     }
     CHECK(held_sync_wait_entered(synced + 1));
     held_sync_release(false);
     int dropped = 4; /* 20 - 16: the oldest of all */
     for (int i = dropped; i < N_SYNCERS; i++) {
-        CHECK_EQ_INT(recv_msg(x[i], 5000, &r), 0);
+        CHECK_EQ_INT(broker_thread_recv(x[i], 5000, &r), 0);
         CHECK_EQ_INT(r.type, WIRE_OK);
         CHECK_EQ_INT(r.request_id, 40);
     }
-    for (int i = 0; i < dropped; i++) CHECK_EQ_INT(recv_msg(x[i], 100, &r), -1);
+    for (int i = 0; i < dropped; i++) CHECK_EQ_INT(broker_thread_recv(x[i], 100, &r), -1);
     send_msg(c, WIRE_STATUS_REQUEST, 0xc2, 2);
-    CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(c, 5000, &r), 0);
     CHECK_EQ_INT(r.u.status.replies_dropped, 14 + dropped);
     for (int i = 0; i < N_SYNCERS; i++) zmq_close(x[i]);
     zmq_close(a);

@@ -45,10 +45,7 @@ static void send_as(void *sock, wire_role role, wire_type t, uint64_t inc, uint6
                                   (unsigned long long)inc);
     if (t == WIRE_CHECKPOINT_COMMITTED) m.u.step = step;
     if (t == WIRE_HEARTBEAT) m.u.sent_ms = 1;
-    static uint8_t buf[WIRE_MAX_MSG];
-    int n = wire_pack(&m, buf, sizeof buf);
-    CHECK(n > 0);
-    if (n > 0) CHECK_EQ_INT(zmq_send(sock, buf, (size_t)n, 0), n);
+    broker_thread_send(sock, &m);
 }
 
 static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid, uint64_t step)
@@ -56,37 +53,14 @@ static void send_msg(void *sock, wire_type t, uint64_t inc, uint64_t rid, uint64
     send_as(sock, WIRE_ROLE_DRAFTER, t, inc, rid, step);
 }
 
-/* Receives one reply within timeout_ms: 0 and *out, or -1 (nothing came). */
-static int recv_msg(void *sock, int timeout_ms, wire_msg *out)
-{
-    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, timeout_ms) <= 0) return -1;
-    static uint8_t buf[WIRE_MAX_MSG];
-    int n = zmq_recv(sock, buf, sizeof buf, 0);
-    if (n <= 0) return -1;
-    int rc = wire_unpack(buf, (size_t)n, out, NULL, 0);
-    CHECK_EQ_INT(rc, 0);
-    return rc ? -1 : 0;
-}
-
 /* The broker's journal_error, asked as peer s (request id rid). */
 static void journal_error_of(void *s, uint64_t rid, char *out, size_t len)
 {
     wire_msg r;
     send_msg(s, WIRE_STATUS_REQUEST, 0xb2, rid, 0);
-    CHECK_EQ_INT(recv_msg(s, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(s, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_STATUS_REPLY);
     snprintf(out, len, "%s", r.type == WIRE_STATUS_REPLY ? r.u.status.journal_error : "?");
-}
-
-static void *dealer(void *ctx, const char *ep, const char *id)
-{
-    void *s = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
-    CHECK_EQ_INT(zmq_connect(s, ep), 0);
-    return s;
 }
 
 int main(void)
@@ -110,20 +84,20 @@ int main(void)
     if (!bt.b) CHECK_DONE();
 
     void *zctx = zmq_ctx_new();
-    void *a = dealer(zctx, cfg.endpoint, "drafter-a-1");
-    void *b = dealer(zctx, cfg.endpoint, "drafter-b-2");
-    void *c = dealer(zctx, cfg.endpoint, "ctl-c-3");
+    void *a = broker_thread_dealer(zctx, cfg.endpoint, "drafter-a-1");
+    void *b = broker_thread_dealer(zctx, cfg.endpoint, "drafter-b-2");
+    void *c = broker_thread_dealer(zctx, cfg.endpoint, "ctl-c-3");
     wire_msg r;
     send_msg(a, WIRE_HELLO, 0xa1, 1, 0);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_HELLO);
     send_msg(b, WIRE_HELLO, 0xb2, 1, 0);
-    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(b, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_HELLO);
 
     /* a healthy journal: no journal_error */
     send_msg(b, WIRE_STATUS_REQUEST, 0xb2, 19, 0);
-    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(b, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_STATUS_REPLY);
     CHECK_EQ_INT(r.u.status.journal_error[0], 0);
 
@@ -133,18 +107,18 @@ int main(void)
     CHECK(held_sync_wait_entered(1));
     /* the loop still serves B while the fsync is held */
     send_msg(b, WIRE_HEARTBEAT, 0xb2, 20, 0);
-    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(b, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_HEARTBEAT);
     CHECK_EQ_INT(r.request_id, 20);
     /* B's answer left after A's commit was handled: A's reply must still be held back */
-    CHECK_EQ_INT(recv_msg(a, 100, &r), -1);
+    CHECK_EQ_INT(broker_thread_recv(a, 100, &r), -1);
 
     /* the record is durable: A gets the commit's Ok, then its heartbeat, in order */
     held_sync_release(false);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 10);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_HEARTBEAT);
     CHECK_EQ_INT(r.request_id, 11);
 
@@ -153,9 +127,9 @@ int main(void)
     int synced = held_sync_entered();
     send_as(c, WIRE_ROLE_CTL, WIRE_PAUSE, 0xc3, 30, 0);
     CHECK(held_sync_wait_entered(synced + 1));
-    CHECK_EQ_INT(recv_msg(c, 100, &r), -1);
+    CHECK_EQ_INT(broker_thread_recv(c, 100, &r), -1);
     held_sync_release(false);
-    CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(c, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 30);
 
@@ -164,45 +138,45 @@ int main(void)
      * comes only after that sync */
     held_sync_hold();
     synced = held_sync_entered();
-    void *d = dealer(zctx, cfg.endpoint, "drafter-d-4");
+    void *d = broker_thread_dealer(zctx, cfg.endpoint, "drafter-d-4");
     send_msg(d, WIRE_JOURNAL_SYNC, 0xd4, 40, 0);
     CHECK(held_sync_wait_entered(synced + 1));
-    CHECK_EQ_INT(recv_msg(d, 100, &r), -1);
+    CHECK_EQ_INT(broker_thread_recv(d, 100, &r), -1);
     held_sync_release(false);
-    CHECK_EQ_INT(recv_msg(d, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(d, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 40);
 
     /* a commit whose fsync fails is answered Error IO, not Ok */
     held_sync_release(true);
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 12, 8);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_ERROR);
     CHECK_EQ_INT(r.request_id, 12);
     CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
     /* later commits fail at once (the journal is broken), and the broker keeps serving */
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 13, 9);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_ERROR);
     CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
     send_msg(b, WIRE_HEARTBEAT, 0xb2, 21, 0);
-    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(b, 5000, &r), 0);
     CHECK_EQ_INT(r.request_id, 21);
     /* so is a JournalSync: its records cannot be made durable */
     send_msg(d, WIRE_JOURNAL_SYNC, 0xd4, 41, 0);
-    CHECK_EQ_INT(recv_msg(d, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(d, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_ERROR);
     CHECK_EQ_INT(r.request_id, 41);
     CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
     /* a resume takes effect but its record cannot be written: Error IO, not a false Ok */
     send_as(c, WIRE_ROLE_CTL, WIRE_RESUME, 0xc3, 31, 0);
-    CHECK_EQ_INT(recv_msg(c, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(c, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_ERROR);
     CHECK_EQ_INT(r.u.error.code, DFLASH_EIO);
     /* and says so in its status (journal_error: the reason), where it used to look healthy;
      * before the failure the field is empty (checked on a status taken first, below) */
     send_msg(b, WIRE_STATUS_REQUEST, 0xb2, 22, 0);
-    CHECK_EQ_INT(recv_msg(b, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(b, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_STATUS_REPLY);
     printf("status after the failed fsync: journal_error \"%s\"\n", r.u.status.journal_error);
     CHECK(strstr(r.u.status.journal_error, "q.journal") &&
@@ -222,7 +196,7 @@ int main(void)
     CHECK_EQ_INT(jerr[0], 0);
     /* records are durable again: a commit is answered Ok */
     send_msg(a, WIRE_CHECKPOINT_COMMITTED, 0xa1, 14, 10);
-    CHECK_EQ_INT(recv_msg(a, 5000, &r), 0);
+    CHECK_EQ_INT(broker_thread_recv(a, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_OK);
     CHECK_EQ_INT(r.request_id, 14);
 

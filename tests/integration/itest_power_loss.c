@@ -82,18 +82,12 @@ static broker_thread bt;
 static bool broker_start(const char *dir, const char *level)
 {
     queue_config cfg;
-    char *argv[] = {"itest", NULL};
-    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 1, argv, NULL, 0, NULL), 0);
-    snprintf(cfg.endpoint, sizeof cfg.endpoint, "ipc://%s/queue.sock", dir);
-    snprintf(cfg.pub_endpoint, sizeof cfg.pub_endpoint, "ipc://%s/pub.sock", dir);
-    snprintf(cfg.journal, sizeof cfg.journal, "%s/queue.journal", dir);
-    cfg.stats_interval_ms = 0;
+    broker_thread_config(&cfg, dir, level);
     cfg.heartbeat_ms = 100;
     cfg.min_ready = 1;
     cfg.max_depth = 2;
     cfg.lease_timeout_ms = 2000;
     cfg.journal_retry_ms = 3600 * 1000; /* a failed journal stays failed (scenario 2) */
-    snprintf(cfg.log_level, sizeof cfg.log_level, "%s", level);
     int err = 0;
     bool up = broker_thread_start(&bt, &cfg, recording_sync, NULL, &err);
     CHECK(up);

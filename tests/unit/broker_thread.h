@@ -1,8 +1,9 @@
 /* broker_thread: a real broker (broker.h) on its libuv loop in a thread of the test process, for
  * tests that talk to it over its sockets while they hold its journal's sync hook
- * (test_broker_caps, test_broker_durable, itest_power_loss). Start it with a loaded
- * queue_config; stop it with broker_thread_stop, which stops the broker on its own loop, joins
- * the thread and frees all. The test's side of the wire is raw DEALER sockets:
+ * (test_broker_caps, test_broker_durable, itest_power_loss). broker_thread_config loads the
+ * broker's defaults with its sockets and journal in a temp dir; start it with that queue_config
+ * (changed as the test needs); stop it with broker_thread_stop, which stops the broker on its
+ * own loop, joins the thread and frees all. The test's side of the wire is raw DEALER sockets:
  * broker_thread_dealer, broker_thread_send, broker_thread_recv (test_broker_caps,
  * test_broker_durable). Header-only (static functions), like the other test helpers; the
  * sockets' failures are CHECKs (check.h). Threads: all on the test's, but for the loop's. */
@@ -11,6 +12,7 @@
 
 #include "broker.h"
 #include "check.h"
+#include "config.h"
 #include "wire.h"
 
 #include <pthread.h>
@@ -25,6 +27,21 @@ typedef struct broker_thread {
     broker *b;
     pthread_t th;
 } broker_thread;
+
+/* Fills cfg with the broker's defaults (a CHECK fails when they do not load), its endpoints
+ * ipc://DIR/queue.sock and ipc://DIR/pub.sock, its journal DIR/queue.journal, no periodic
+ * stats lines and log level level. */
+static __attribute__((unused)) void broker_thread_config(queue_config *cfg, const char *dir,
+                                                         const char *level)
+{
+    char *argv[] = {"test", NULL};
+    CHECK_EQ_INT(config_load(broker_config_table(), cfg, 1, argv, NULL, 0, NULL), 0);
+    snprintf(cfg->endpoint, sizeof cfg->endpoint, "ipc://%s/queue.sock", dir);
+    snprintf(cfg->pub_endpoint, sizeof cfg->pub_endpoint, "ipc://%s/pub.sock", dir);
+    snprintf(cfg->journal, sizeof cfg->journal, "%s/queue.journal", dir);
+    cfg->stats_interval_ms = 0;
+    snprintf(cfg->log_level, sizeof cfg->log_level, "%s", level);
+}
 
 static void broker_thread_on_stop(uv_async_t *h)
 {

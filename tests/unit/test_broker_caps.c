@@ -140,15 +140,9 @@ static void deferred_replies(void)
     char dir[] = "/tmp/dflash-caps-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     queue_config cfg;
-    char *argv[] = {"test", NULL};
-    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 1, argv, NULL, 0, NULL), 0);
-    snprintf(cfg.endpoint, sizeof cfg.endpoint, "ipc://%s/q.sock", dir);
-    snprintf(cfg.pub_endpoint, sizeof cfg.pub_endpoint, "ipc://%s/p.sock", dir);
-    snprintf(cfg.journal, sizeof cfg.journal, "%s/q.journal", dir);
-    cfg.stats_interval_ms = 0;
+    broker_thread_config(&cfg, dir, "error");
     cfg.liveness = 60;
     cfg.max_peers = 2; /* 16 deferred replies in all */
-    snprintf(cfg.log_level, sizeof cfg.log_level, "error");
     broker_thread bt;
     int err = 0;
     held_sync_release(false);

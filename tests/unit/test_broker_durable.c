@@ -69,16 +69,10 @@ int main(void)
     char dir[] = "/tmp/dflash-durable-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     queue_config cfg;
-    char *argv[] = {"test", NULL};
-    CHECK_EQ_INT(config_load(broker_config_table(), &cfg, 1, argv, NULL, 0, NULL), 0);
-    snprintf(cfg.endpoint, sizeof cfg.endpoint, "ipc://%s/q.sock", dir);
-    snprintf(cfg.pub_endpoint, sizeof cfg.pub_endpoint, "ipc://%s/p.sock", dir);
-    snprintf(cfg.journal, sizeof cfg.journal, "%s/q.journal", dir);
-    cfg.stats_interval_ms = 0;
+    broker_thread_config(&cfg, dir, "warn");
     cfg.heartbeat_ms = 1000;
     cfg.liveness = 60;
     cfg.journal_retry_ms = 50;
-    snprintf(cfg.log_level, sizeof cfg.log_level, "warn");
     int err = 0;
     CHECK(broker_thread_start(&bt, &cfg, held_sync, NULL, &err));
     if (!bt.b) CHECK_DONE();
@@ -179,7 +173,7 @@ int main(void)
     CHECK_EQ_INT(broker_thread_recv(b, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_STATUS_REPLY);
     printf("status after the failed fsync: journal_error \"%s\"\n", r.u.status.journal_error);
-    CHECK(strstr(r.u.status.journal_error, "q.journal") &&
+    CHECK(strstr(r.u.status.journal_error, "queue.journal") &&
           strstr(r.u.status.journal_error, "fdatasync failed"));
 
     /* the broker retries a rewrite from memory; with the disk still full those fail */

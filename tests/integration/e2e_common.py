@@ -4,7 +4,8 @@ dflash-ctl status as JSON, and waits for conditions with deadlines (never fixed 
 
 Used by e2e_verify_model.py (issue 4's end-to-end check) and e2e_resume.py (SIGKILL and resume);
 write_shard makes shards dflash-data refuses to make, for the checks behind it (e2e_nodata.py,
-e2e_diverge.py).
+e2e_diverge.py); exits and expect run a program that must stop with a given status and output
+(e2e_nodata.py, e2e_diverge.py).
 """
 import json
 import os
@@ -171,6 +172,28 @@ class Env:
         shutil.rmtree(self.run, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def exits(argv, logpath, timeout=120):
+    """Runs argv to completion: its exit status and its output (stdout and stderr, also kept in
+    logpath)."""
+    with open(logpath, "w") as f:
+        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    with open(logpath, errors="replace") as f:
+        return rc, f.read()
+
+
+def expect(failures, what, rc, text, want, present, absent=()):
+    """A run (exits' rc and text) that must exit want with every regex of present in its output
+    and none of absent: appends to failures what differs (with the output's tail), else logs
+    it as ok."""
+    missing = [p for p in present if not re.search(p, text)]
+    wrong = [p for p in absent if re.search(p, text)]
+    if rc != want or missing or wrong:
+        failures.append(f"{what}: exit {rc} (want {want}), missing {missing}, unwanted {wrong}:"
+                        f"\n{text[-2000:]}")
+    else:
+        log("e2e", f"ok: {what} exits {rc}")
 
 
 def tiny_training(build, env, n_seqs, name, backend="host"):

@@ -35,7 +35,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
+from e2e_common import (Build, Daemon, Env, expect, exits, log, report, run,  # noqa: E402
+                        tail, wait_until)
 
 
 def read_safetensors(path):
@@ -95,21 +96,6 @@ def non_finite(path):
     return bad
 
 
-def exits(argv, logpath, timeout=120):
-    with open(logpath, "w") as f:
-        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
-    with open(logpath, errors="replace") as f:
-        return rc, f.read()
-
-
-def expect_exit(failures, what, rc, text, want, patterns):
-    missing = [p for p in patterns if not re.search(p, text)]
-    if rc != want or missing:
-        failures.append(f"{what}: exit {rc} (want {want}), missing {missing}:\n{text[-1500:]}")
-    else:
-        log("e2e", f"ok: {what} exits {rc}")
-
-
 def main():
     build = Build(sys.argv[1])
     keep = "--keep" in sys.argv
@@ -134,12 +120,12 @@ def main():
                    first_inf)
         rc, text = exits([build.target, "--name", "t-inf", "--model", env.path("target-inf"),
                           "--shards", env.path("train.shard"), *slots], env.path("t-inf.log"))
-        expect_exit(failures, "dflash-target on a target with an inf weight", rc, text, 1,
-                    [r"tensor model\.embed_tokens\.weight holds a non-finite value"])
+        expect(failures, "dflash-target on a target with an inf weight", rc, text, 1,
+               [r"tensor model\.embed_tokens\.weight holds a non-finite value"])
         rc, text = exits([build.drafter, "--name", "d-inf", "--model", env.path("target-inf"),
                           *slots], env.path("d-inf.log"))
-        expect_exit(failures, "dflash-drafter on a target with an inf weight", rc, text, 2,
-                    [r"tensor model\.embed_tokens\.weight holds a non-finite value"])
+        expect(failures, "dflash-drafter on a target with an inf weight", rc, text, 2,
+               [r"tensor model\.embed_tokens\.weight holds a non-finite value"])
 
         # 2. three good steps, committed
         queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--journal", "none",
@@ -176,10 +162,10 @@ def main():
         env.daemons = [queue, target]
         target.start()
         rc, text = exits([*train, "--max-steps", "8"], env.path("drafter2.log"))
-        expect_exit(failures, "the drafter whose step 4 has a NaN loss", rc, text, 7,
-                    [r"resumed exactly from \S+step-0*3\b",
-                     r"training diverged at step 4: its loss (and gradient norm )?(is|are) not "
-                     r"finite", r"a lower --lr"])
+        expect(failures, "the drafter whose step 4 has a NaN loss", rc, text, 7,
+               [r"resumed exactly from \S+step-0*3\b",
+                r"training diverged at step 4: its loss (and gradient norm )?(is|are) not "
+                r"finite", r"a lower --lr"])
         if re.search(r"reported the final checkpoint|checkpoint \S+ written",
                      text.split("resumed exactly")[-1]):
             failures.append("the diverged run reported a commit:\n" + text[-1500:])
@@ -203,12 +189,12 @@ def main():
         rc, text = exits([build.drafter, "eval", "--checkpoint", inf_ck, "--model", tgt,
                           "--data", env.path("train.shard"), "--threads", "1"],
                          env.path("eval-inf.log"))
-        expect_exit(failures, "eval of a checkpoint with an inf weight", rc, text, 1,
-                    [r"tensor fc\.weight holds a non-finite value"])
+        expect(failures, "eval of a checkpoint with an inf weight", rc, text, 1,
+               [r"tensor fc\.weight holds a non-finite value"])
         rc, text = exits([build.drafter, "--name", "d-warm", "--model", tgt, "--block-size", "4",
                           "--init-weights", inf_ck, *slots], env.path("warm-inf.log"))
-        expect_exit(failures, "a warm start from a checkpoint with an inf weight", rc, text, 2,
-                    [r"tensor fc\.weight holds a non-finite value"])
+        expect(failures, "a warm start from a checkpoint with an inf weight", rc, text, 2,
+               [r"tensor fc\.weight holds a non-finite value"])
         target.stop()
         queue.stop()
 
@@ -233,9 +219,9 @@ def main():
                           "4", "--anchors", "8", "--max-steps", "10", "--accumulate", "3",
                           "--checkpoint-dir", env.path("ckpt-masked"), "--progress-ms", "0",
                           *one], env.path("drafter-masked.log"))
-        expect_exit(failures, "the drafter with nothing to train on", rc, text, 8,
-                    [r"training: no step trained in this run", r"no step trained: every one of "
-                     r"the \d+ batches this run got had no weighted position", r"loss masks"])
+        expect(failures, "the drafter with nothing to train on", rc, text, 8,
+               [r"training: no step trained in this run", r"no step trained: every one of "
+                r"the \d+ batches this run got had no weighted position", r"loss masks"])
         said = re.search(r"every one of the (\d+) batches", text)
         got = re.search(r"(?:done|failed): (\d+) batches", text)
         if not said or not got or said.group(1) != got.group(1):

@@ -24,29 +24,10 @@ A tiny random Qwen3 target, then:
 Usage: e2e_nodata.py BUILD_DIR SOURCE_ROOT [--keep]. Exit 0 pass, 1 fail.
 """
 import os
-import re
 import subprocess
 import sys
 
-from e2e_common import Build, Env, log, report, run, write_shard
-
-
-def exits(argv, logpath, timeout=120):
-    """Runs argv to completion: its exit status and its output (stdout and stderr)."""
-    with open(logpath, "w") as f:
-        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
-    with open(logpath, errors="replace") as f:
-        return rc, f.read()
-
-
-def expect(failures, what, rc, text, want, present, absent=()):
-    missing = [p for p in present if not re.search(p, text)]
-    wrong = [p for p in absent if re.search(p, text)]
-    if rc != want or missing or wrong:
-        failures.append(f"{what}: exit {rc} (want {want}), missing {missing}, unwanted {wrong}:"
-                        f"\n{text[-2000:]}")
-    else:
-        log("e2e", f"ok: {what} exits {rc}")
+from e2e_common import Build, Env, expect, exits, report, run, write_shard
 
 
 def main():

@@ -42,7 +42,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
+from e2e_common import (Build, Daemon, Env, log, report, run, start_broker,  # noqa: E402
+                        tail, wait_until)
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DEPLOY = os.path.join(ROOT, "deploy")
@@ -183,9 +184,7 @@ def body(build, env, resolve, failures):
     ckpt = group.env["DFLASH_CHECKPOINT_DIR"]
     metrics = group.env["DFLASH_METRICS_DIR"]
     env.daemons = [queue, target, group]
-    queue.start()
-    if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-        raise RuntimeError(f"the broker did not answer ping within 10 s:\n{tail(queue.log_path)}")
+    start_broker(build, env, queue)
     target.start()
 
     def start_group():

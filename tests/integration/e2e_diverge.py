@@ -36,7 +36,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import (Build, Daemon, Env, expect, exits, log, report, run,  # noqa: E402
-                        tail, wait_until)
+                        start_broker)
 
 
 def read_safetensors(path):
@@ -138,10 +138,7 @@ def main():
                  "--anchors", "8", "--lr", "3e-3", "--total-steps", "8", "--checkpoint-every",
                  "1", "--keep-last", "5", "--checkpoint-dir", ckpt, "--progress-ms", "0", *slots]
         env.daemons = [queue, target]
-        queue.start()
-        if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-            raise RuntimeError("the broker did not answer ping within 10 s:\n" +
-                               tail(queue.log_path))
+        start_broker(build, env, queue)
         target.start()
         rc, text = exits([*train, "--max-steps", "3"], env.path("drafter1.log"))
         if rc != 0:
@@ -210,9 +207,7 @@ def main():
                                           str(mc["vocab_size"]), *one], env.tmp)
         queue = Daemon("queue2", queue.argv, env.tmp)
         env.daemons = [queue, target]
-        queue.start()
-        if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-            raise RuntimeError("the second broker did not answer ping within 10 s")
+        start_broker(build, env, queue)
         target.start()
         # (with --accumulate 3: steps of three slots, each skipped; the count is of batches)
         rc, text = exits([build.drafter, "--name", "d-masked", "--model", tgt, "--block-size",

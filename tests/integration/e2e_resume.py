@@ -181,10 +181,7 @@ def kill_waiting_for_ack(build, env, drafter, queue):
             drafter.kill9()
             queue.kill9()
             log("e2e", f"SIGKILL drafter waiting for an ack, and the broker (attempt {attempt})")
-            queue.start()
-            if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-                raise RuntimeError("the restarted broker did not answer ping within 10 s:\n" +
-                                   tail(queue.log_path))
+            start_broker(build, env, queue)
             return
         os.kill(queue.proc.pid, signal.SIGCONT)
     raise RuntimeError(f"never caught the drafter waiting for an ack in {attempt} attempts")

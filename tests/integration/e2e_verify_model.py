@@ -25,7 +25,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import Build, Daemon, Env, log, report, run, tail, wait_until  # noqa: E402
+from e2e_common import (Build, Daemon, Env, log, report, run, start_broker,  # noqa: E402
+                        tail)
 
 NAME = "e2e-verify"
 
@@ -81,10 +82,7 @@ def main():
                                      "--seed", "7", "--verify-slots", "2", "--name", "wrong",
                                      *slots], env.tmp)
         env.daemons = [queue, target, good, bad]
-        queue.start()
-        if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-            raise RuntimeError("the broker did not answer ping within 10 s:\n" +
-                               tail(queue.log_path))
+        start_broker(build, env, queue)
         target.start()
         good.start()
         rc = good.wait(120)

@@ -34,7 +34,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, wait_acked_past_checkpoint,  # noqa: E402
+from e2e_common import (Build, Daemon, Env, kill_after_checkpoint,  # noqa: E402
                         drain_clean, log, report, start_broker, tail, tiny_training,
                         wait_until)
 
@@ -70,16 +70,7 @@ def main():
 
         # the moment to kill: a checkpoint is written and a batch of the next step acked after
         # it (the checkpoint comes once the closing batch's ack is answered)
-        ck_step = wait_acked_past_checkpoint(drafter, 1, 1)
-        drafter.kill9()
-        st = env.status(build)
-        total = int(st["batches_total"])
-        log("e2e", f"SIGKILL drafter after checkpoint step {ck_step}: the broker has committed "
-            f"step {st['committed_step']:.0f} and holds {st['batches_trained']:.0f} batches "
-            f"trained after it (epoch has {total})")
-        if st["batches_trained"] == 0:
-            failures.append("no batch of an open step was held as trained when the drafter was "
-                            "killed: the rewind was not exercised")
+        ck_step, total = kill_after_checkpoint(build, env, drafter, 1, 1, failures)
         drafter.start()
 
         def all_trained():

@@ -272,3 +272,21 @@ def wait_acked_past_checkpoint(drafter, min_step, min_acks, deadline_s=120):
         raise RuntimeError(f"no {min_acks} batch(es) acked after a checkpoint >= {min_step} "
                            f"within {deadline_s} s:\n{tail(drafter.log_path)}")
     return step
+
+
+def kill_after_checkpoint(build, env, drafter, min_step, min_acks, failures):
+    """SIGKILLs the drafter at wait_acked_past_checkpoint's moment (a checkpoint >= min_step,
+    min_acks batches acked after it) and logs what the broker holds then; appends to failures
+    when it holds no batch trained after its committed step (the rewind a restart must do would
+    not be exercised). Returns the checkpoint's step and the epoch's batch count."""
+    ck_step = wait_acked_past_checkpoint(drafter, min_step, min_acks)
+    drafter.kill9()
+    st = env.status(build)
+    total = int(st["batches_total"])
+    log("e2e", f"SIGKILL drafter after checkpoint step {ck_step}: the broker has committed "
+        f"step {st['committed_step']:.0f} and holds {st['batches_trained']:.0f} batches "
+        f"trained after it (epoch has {total})")
+    if st["batches_trained"] == 0:
+        failures.append("no batch was held as trained after the last commit when the drafter "
+                        "was killed: the rewind was not exercised")
+    return ck_step, total

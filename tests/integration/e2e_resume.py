@@ -45,7 +45,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, wait_acked_past_checkpoint,  # noqa: E402
+from e2e_common import (Build, Daemon, Env, kill_after_checkpoint,  # noqa: E402
                         drain_clean, log, report, start_broker, tail, tiny_training,
                         wait_until)
 
@@ -71,16 +71,7 @@ def main():
 
         # The moment to kill: a checkpoint >= 6 is written and a batch was acked after it (the
         # first ack after the checkpoint line is the checkpoint step's own batch: 2)
-        ck_step = wait_acked_past_checkpoint(drafter, 6, 2)
-        drafter.kill9()
-        st = env.status(build)
-        total = int(st["batches_total"])
-        log("e2e", f"SIGKILL drafter after checkpoint step {ck_step}; the broker has committed "
-            f"step {st['committed_step']:.0f} and holds {st['batches_trained']:.0f} batches "
-            f"trained after it (epoch has {total})")
-        if st["batches_trained"] == 0:
-            failures.append("no batch was trained after the last commit when the drafter was "
-                            "killed: the rewind was not exercised")
+        ck_step, total = kill_after_checkpoint(build, env, drafter, 6, 2, failures)
         # the restart asks for fewer anchors: the checkpoint's 8 win and are planned for; it
         # checkpoints every step, so the kill below lands between a checkpoint and an ack if
         # the drafter writes one there

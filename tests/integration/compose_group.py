@@ -42,7 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e_common import (Build, Daemon, Env, log, report, run, start_broker,  # noqa: E402
+from e2e_common import (Daemon, log, main_frame, report, run, start_broker,  # noqa: E402
                         tail, wait_until)
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -131,22 +131,14 @@ def main():
     if len(sys.argv) < 2:
         print(__doc__)
         return 2
-    build = Build(sys.argv[1])
-    keep = "--keep" in sys.argv
     try:
         from compose_rules import resolve
         import yaml  # noqa: F401
     except ImportError:
         say("PyYAML is missing to read the compose files: skipped")
         return 77
-    env = Env("compose-group")
-    failures = []
-    try:
+    with main_frame("compose-group") as (build, env, failures):
         body(build, env, resolve, failures)
-    except RuntimeError as e:
-        failures.append(str(e))
-    finally:
-        env.cleanup(keep or bool(failures))
     return report(env, failures)
 
 

@@ -34,8 +34,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, kill_after_checkpoint,  # noqa: E402
-                        drain_clean, log, report, start_broker, tail, tiny_training,
+from e2e_common import (Daemon, drain_clean, kill_after_checkpoint, log,  # noqa: E402
+                        main_frame, report, start_broker, stop_broker, tail, tiny_training,
                         wait_until)
 
 N = 3  # --accumulate
@@ -49,12 +49,8 @@ def state_metadata(ckpt_dir):
 
 
 def main():
-    build = Build(sys.argv[1])
-    keep = "--keep" in sys.argv
     backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "host"
-    env = Env("accumulate")
-    failures = []
-    try:
+    with main_frame("accumulate") as (build, env, failures):
         slots, queue, target = tiny_training(build, env, 40, "e2eaccum", backend)
         drafter = Daemon("drafter", [build.drafter, "--train", "--model", env.path("target"),
                                      "--block-size", "4", "--lr", "3e-3", "--anchors", "8",
@@ -139,13 +135,7 @@ def main():
                 "3 micro-steps a step" not in tail(queue.log_path, 400):
             failures.append(f"the broker did not log group g's 3 micro-steps a step:\n"
                             f"{tail(queue.log_path, 30)}")
-        qrc = queue.stop()
-        if qrc != 0:
-            failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")
-    except RuntimeError as e:
-        failures.append(str(e))
-    finally:
-        env.cleanup(keep or bool(failures))
+        stop_broker(queue, failures)
     return report(env, failures)
 
 

@@ -2,11 +2,15 @@
 as child processes with their logs in a temp dir, a private runtime dir for the ipc:// sockets,
 dflash-ctl status as JSON, and waits for conditions with deadlines (never fixed sleeps).
 
-Used by e2e_verify_model.py (issue 4's end-to-end check) and e2e_resume.py (SIGKILL and resume);
-write_shard makes shards dflash-data refuses to make, for the checks behind it (e2e_nodata.py,
-e2e_diverge.py); exits and expect run a program that must stop with a given status and output
-(e2e_nodata.py, e2e_diverge.py).
+Used by the e2e_*.py tests and compose_group.py: main_frame is their main()'s frame (build, env,
+failures, cleanup); start_broker and stop_broker start the queue and want it to stop cleanly;
+tiny_training, kill_after_checkpoint and drain_clean are the resume tests' (e2e_resume.py,
+e2e_accumulate.py) real training setup, SIGKILL moment and end; write_shard makes shards
+dflash-data refuses to make, for the checks behind it (e2e_nodata.py, e2e_diverge.py); exits
+and expect run a program that must stop with a given status and output (e2e_nodata.py,
+e2e_diverge.py).
 """
+import contextlib
 import json
 import os
 import re
@@ -14,6 +18,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -196,6 +201,24 @@ def expect(failures, what, rc, text, want, present, absent=()):
         log("e2e", f"ok: {what} exits {rc}")
 
 
+@contextlib.contextmanager
+def main_frame(prefix, catch=(RuntimeError,)):
+    """The frame of an end-to-end test's main(): yields (build, env, failures) for the build
+    tree sys.argv[1], a new Env(prefix) and an empty list. An exception of a catch type ends
+    the body as one more failure; then the env is cleaned up (its temp dir kept after a failure
+    or with --keep). main() returns report(env, failures) after it."""
+    build = Build(sys.argv[1])
+    keep = "--keep" in sys.argv
+    env = Env(prefix)
+    failures = []
+    try:
+        yield build, env, failures
+    except catch as e:
+        failures.append(str(e))
+    finally:
+        env.cleanup(keep or bool(failures))
+
+
 def tiny_training(build, env, n_seqs, name, backend="host"):
     """The small real training setup of the resume-style tests: a random 6-layer Qwen3 target
     (dflash-mkmodel), n_seqs generated sequences (dflash-gen) in one shard of bucket 32
@@ -229,6 +252,13 @@ def start_broker(build, env, queue):
     if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
         raise RuntimeError("the broker did not answer ping within 10 s:\n" +
                            tail(queue.log_path))
+
+
+def stop_broker(queue, failures):
+    """SIGTERMs queue (start_broker's) and appends to failures unless it exits 0."""
+    qrc = queue.stop()
+    if qrc != 0:
+        failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")
 
 
 def acked_past_checkpoint(drafter, min_step, min_acks):

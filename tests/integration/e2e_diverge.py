@@ -35,7 +35,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, expect, exits, log, report, run,  # noqa: E402
+from e2e_common import (Daemon, expect, exits, log, main_frame, report, run,  # noqa: E402
                         start_broker)
 
 
@@ -97,11 +97,8 @@ def non_finite(path):
 
 
 def main():
-    build = Build(sys.argv[1])
-    keep = "--keep" in sys.argv
-    env = Env("diverge")
-    failures = []
-    try:
+    catch = (RuntimeError, OSError, KeyError, subprocess.TimeoutExpired)
+    with main_frame("diverge", catch) as (build, env, failures):
         tools_log = env.path("tools.log")
         tgt = env.path("target")
         run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out", tgt],
@@ -226,10 +223,6 @@ def main():
         for wrong in (r"loss first", r"larger --epochs"):
             if re.search(wrong, text):
                 failures.append(f"the drafter with nothing to train on says '{wrong}'")
-    except (RuntimeError, OSError, KeyError, subprocess.TimeoutExpired) as e:
-        failures.append(str(e))
-    finally:
-        env.cleanup(keep or bool(failures))
     return report(env, failures)
 
 

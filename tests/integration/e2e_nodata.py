@@ -27,16 +27,13 @@ import os
 import subprocess
 import sys
 
-from e2e_common import Build, Env, expect, exits, report, run, write_shard
+from e2e_common import expect, exits, main_frame, report, run, write_shard
 
 
 def main():
-    build = Build(sys.argv[1])
     root = sys.argv[2]
-    keep = "--keep" in sys.argv
-    env = Env("nodata")
-    failures = []
-    try:
+    catch = (RuntimeError, OSError, subprocess.TimeoutExpired)
+    with main_frame("nodata", catch) as (build, env, failures):
         tgt = env.path("target")
         run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out", tgt],
             env.path("tools.log"))
@@ -106,10 +103,6 @@ def main():
                          env.path("target-wide.log"))
         expect(failures, "the target on the same shard with --buckets 32,64", rc, text, 1,
                [r"effective configuration"], [r"no anchor", r"no trainable token"])
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-        failures.append(str(e))
-    finally:
-        env.cleanup(keep or bool(failures))
     return report(env, failures)
 
 

@@ -45,17 +45,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, kill_after_checkpoint,  # noqa: E402
-                        drain_clean, log, report, start_broker, tail, tiny_training,
+from e2e_common import (Daemon, drain_clean, kill_after_checkpoint, log,  # noqa: E402
+                        main_frame, report, start_broker, stop_broker, tail, tiny_training,
                         wait_until)
 
 
 def main():
-    build = Build(sys.argv[1])
-    keep = "--keep" in sys.argv
-    env = Env("resume")
-    failures = []
-    try:
+    with main_frame("resume") as (build, env, failures):
         slots, queue, target = tiny_training(build, env, 96, "e2eresume")
         common = [build.drafter, "--train", "--model", env.path("target"), "--block-size", "4",
                   "--lr", "3e-3", "--total-steps", "24", *slots]
@@ -122,13 +118,7 @@ def main():
         if "already trained" in text:
             failures.append("an ack was refused as already trained")
         refused_startups(build, env, common, finals, failures)
-        qrc = queue.stop()
-        if qrc != 0:
-            failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")
-    except RuntimeError as e:
-        failures.append(str(e))
-    finally:
-        env.cleanup(keep or bool(failures))
+        stop_broker(queue, failures)
     return report(env, failures)
 
 

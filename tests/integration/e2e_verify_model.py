@@ -25,18 +25,14 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (Build, Daemon, Env, log, report, run, start_broker,  # noqa: E402
-                        tail)
+from e2e_common import (Daemon, log, main_frame, report, run, start_broker,  # noqa: E402
+                        stop_broker, tail)
 
 NAME = "e2e-verify"
 
 
 def main():
-    build = Build(sys.argv[1])
-    keep = "--keep" in sys.argv
-    env = Env("verify")
-    failures = []
-    try:
+    with main_frame("verify") as (build, env, failures):
         tools_log = env.path("tools.log")
         run([build.mkmodel, "--family", "qwen3", "--layers", "6", "--seed", "3", "--out",
              env.path("target")], tools_log)
@@ -113,13 +109,7 @@ def main():
         trc = target.wait(30)
         if trc != 0:
             failures.append(f"the target exited {trc} after the drain:\n{tail(target.log_path)}")
-        qrc = queue.stop()
-        if qrc != 0:
-            failures.append(f"the broker exited {qrc} on SIGTERM:\n{tail(queue.log_path)}")
-    except RuntimeError as e:
-        failures.append(str(e))
-    finally:
-        env.cleanup(keep or bool(failures))
+        stop_broker(queue, failures)
     return report(env, failures)
 
 

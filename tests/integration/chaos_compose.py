@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+from e2e_common import wait_until
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE = os.path.join(ROOT, "deploy", "docker-compose.yml")
 
@@ -147,16 +149,6 @@ def status(build, runtime_dir):
         return json.loads(out) if rc == 0 else None
     except (subprocess.TimeoutExpired, json.JSONDecodeError):
         return None
-
-
-def wait_until(cond, deadline_s, step=0.2):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(step)
-    return None
 
 
 def gpu_visible():

@@ -216,6 +216,25 @@ static __attribute__((unused)) int h_broker_status(const char *endpoint, wire_st
     return rc;
 }
 
+/* The broker's status through c, polled every 20 ms until pred holds or ms pass (the first at
+ * once); whether it held. The last status in *s. */
+static __attribute__((unused)) bool h_status_until(client *c, wire_status *s,
+                                                   bool (*pred)(const wire_status *), int ms)
+{
+    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(20)) {
+        bool ok = client_status(c, s) == 0 && pred(s);
+        if (ok || h_now_ms() >= end) return ok;
+    }
+}
+
+/* The slots ready in status s, all buckets together. */
+static __attribute__((unused)) uint32_t h_ready_slots(const wire_status *s)
+{
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].ready;
+    return n;
+}
+
 /* The broker's endpoint in runtime dir `dir` (dflash-queue's default: ipc://DIR/queue.sock). */
 static __attribute__((unused)) void h_queue_endpoint(const char *dir, char *ep, size_t len)
 {

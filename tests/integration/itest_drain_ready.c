@@ -18,12 +18,7 @@
 #include <pthread.h>
 #include <signal.h>
 
-static uint32_t ready_slots(const wire_status *s)
-{
-    uint32_t n = 0;
-    for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].ready;
-    return n;
-}
+static bool two_ready(const wire_status *s) { return h_ready_slots(s) >= 2; }
 
 int main(int argc, char **argv)
 {
@@ -46,12 +41,8 @@ int main(int argc, char **argv)
     client *c = h_client(ep, WIRE_ROLE_CTL, "check", 20, &rc);
     CHECK_EQ_INT(rc, 0);
     wire_status s = {0};
-    uint64_t deadline = h_now_ms() + 30000;
-    do {
-        h_sleep_ms(20);
-        rc = client_status(c, &s);
-    } while ((rc || ready_slots(&s) < 2) && h_now_ms() < deadline);
-    CHECK_EQ_INT(ready_slots(&s), 2);
+    h_status_until(c, &s, two_ready, 30000);
+    CHECK_EQ_INT(h_ready_slots(&s), 2);
     CHECK_EQ_INT(client_drain(c), 0);
     /* A second of the drain for the target to go, as it did at once (its work requests come
      * every 20 ms): a drafter slow to start (loading its model) then met a removed pool. */
@@ -67,7 +58,7 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &k.lc.layout), 0);
     pthread_t th;
     CHECK_EQ_INT(counting_worker_start(&k, &th), 0);
-    deadline = h_now_ms() + 30000;
+    uint64_t deadline = h_now_ms() + 30000;
     while (!k.ended && h_now_ms() < deadline) h_sleep_ms(20);
     CHECK(k.ended);
     k.stop = 1;

@@ -87,8 +87,7 @@ int main(int argc, char **argv)
     CHECK(h_wait_text(dalog, "waiting for group g's 3 ranks (1 joined", 5000)); /* progress */
     h_sleep_ms(1000);
     CHECK(client_status(c, &s) == 0);
-    uint32_t ready = 0;
-    for (uint32_t b = 0; b < s.n_buckets; b++) ready += s.buckets[b].ready;
+    uint32_t ready = h_ready_slots(&s);
     CHECK(s.batches_total == 42 && ready > 0);
     CHECK_EQ_INT(s.acks, 0);
     CHECK_EQ_INT(s.batches_trained + s.batches_committed, 0);

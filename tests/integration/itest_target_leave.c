@@ -58,15 +58,6 @@ static pid_t start_target(const char *log)
     return h_spawn_logged(argv, log);
 }
 
-/* The broker's status, polled until pred holds or ms pass; whether it held. */
-static bool status_until(client *c, wire_status *s, bool (*pred)(const wire_status *), int ms)
-{
-    for (uint64_t end = h_now_ms() + (uint64_t)ms;; h_sleep_ms(20)) {
-        bool ok = client_status(c, s) == 0 && pred(s);
-        if (ok || h_now_ms() >= end) return ok;
-    }
-}
-
 /* Waits up to ms for text in the log at path while process pid runs: true when it appeared with
  * pid still running; false when pid exited first (reaped: its exit status in *status) or the
  * time ran out. */
@@ -88,12 +79,7 @@ static bool other_pool_registered(const wire_status *s)
 {
     return s->slot_count > 0 && s->pool_incarnation != first_pool;
 }
-static bool ready_slot(const wire_status *s)
-{
-    uint32_t n = 0;
-    for (uint32_t b = 0; b < s->n_buckets; b++) n += s->buckets[b].ready;
-    return n > 0;
-}
+static bool ready_slot(const wire_status *s) { return h_ready_slots(s) > 0; }
 
 int main(int argc, char **argv)
 {
@@ -119,7 +105,7 @@ int main(int argc, char **argv)
     client *c = h_client(ep, WIRE_ROLE_CTL, "check", 20, &rc);
     CHECK_EQ_INT(rc, 0);
     wire_status s = {0};
-    CHECK(status_until(c, &s, ready_slot, 30000));
+    CHECK(h_status_until(c, &s, ready_slot, 30000));
     first_pool = s.pool_incarnation;
 
     /* the holder: one lease kept, as a drafter's copy in progress */
@@ -176,7 +162,7 @@ int main(int argc, char **argv)
 
     /* a new target: a new pool incarnation; the rest is trained, each batch once */
     pid_t target2 = start_target(t2log);
-    CHECK(status_until(c, &s, other_pool_registered, 30000));
+    CHECK(h_status_until(c, &s, other_pool_registered, 30000));
     for (uint64_t end = h_now_ms() + 60000; !k.ended && h_now_ms() < end;) h_sleep_ms(20);
     CHECK(k.ended);
     k.stop = 1;

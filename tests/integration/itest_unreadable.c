@@ -18,6 +18,9 @@
 #include <signal.h>
 #include <sys/mman.h>
 
+/* peek's grant and 6 failed ones */
+static bool seven_grants(const wire_status *s) { return s->grants >= 7; }
+
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
@@ -54,11 +57,7 @@ int main(int argc, char **argv)
     client *c = h_client(ep, WIRE_ROLE_CTL, "check", 20, &rc);
     CHECK_EQ_INT(rc, 0);
     wire_status s = {0};
-    deadline = h_now_ms() + 60000;
-    do {
-        h_sleep_ms(20);
-        rc = client_status(c, &s);
-    } while ((rc || s.grants < 7) && h_now_ms() < deadline); /* peek's grant + 6 failed ones */
+    h_status_until(c, &s, seven_grants, 60000);
     printf("grants %llu, releases %llu, ledger: %llu in flight, %llu trained, %llu to do\n",
            (unsigned long long)s.grants, (unsigned long long)s.releases,
            (unsigned long long)s.batches_inflight, (unsigned long long)s.batches_trained,

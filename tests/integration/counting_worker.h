@@ -2,8 +2,10 @@
  * consumer that only counts its batches (its step is the count): for integration tests of the
  * loop against the real broker and target. The caller fills k->lc (and k->step_ms: how long each
  * batch takes, as a training step would; 0 = at once), then counting_worker_start; k->ended
- * turns 1 when the loop returned (its result in k->rc); k->stop = 1 asks it to stop.
- * Header-only, static functions. */
+ * turns 1 when the loop returned (its result in k->rc); k->stop = 1 asks it to stop;
+ * counting_worker_join waits for it to end and joins its thread.
+ * Header-only, static functions. Users: itest_drain_ready, itest_unreadable,
+ * itest_target_leave. */
 #ifndef DFLASH_ITEST_COUNTING_WORKER_H
 #define DFLASH_ITEST_COUNTING_WORKER_H
 
@@ -12,6 +14,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 
 typedef struct counting_worker {
     worker_loop_config lc;
@@ -45,6 +48,18 @@ static __attribute__((unused)) int counting_worker_start(counting_worker *k, pth
 {
     k->cons = (worker_consumer){.name = k->lc.name, .ctx = k, .consume = counting_consume};
     return pthread_create(th, NULL, counting_run, k);
+}
+
+/* Waits up to ms for k's loop to end by itself (polling every 20 ms), then asks it to stop and
+ * joins thread th. Whether it had ended by itself (k->rc: its result). */
+static __attribute__((unused)) bool counting_worker_join(counting_worker *k, pthread_t th, int ms)
+{
+    for (uint64_t end = monotime_ms() + (uint64_t)ms; !k->ended && monotime_ms() < end;)
+        monotime_sleep_ms(20);
+    bool ended = k->ended;
+    k->stop = 1;
+    pthread_join(th, NULL);
+    return ended;
 }
 
 #endif

@@ -58,11 +58,7 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &k.lc.layout), 0);
     pthread_t th;
     CHECK_EQ_INT(counting_worker_start(&k, &th), 0);
-    uint64_t deadline = h_now_ms() + 30000;
-    while (!k.ended && h_now_ms() < deadline) h_sleep_ms(20);
-    CHECK(k.ended);
-    k.stop = 1;
-    pthread_join(th, NULL);
+    CHECK(counting_worker_join(&k, th, 30000));
     CHECK_EQ_INT(k.rc, 0); /* a copy failure would end it with DFLASH_EPEER */
     CHECK_EQ_INT(k.consumed, 2);
 

@@ -163,10 +163,7 @@ int main(int argc, char **argv)
     /* a new target: a new pool incarnation; the rest is trained, each batch once */
     pid_t target2 = start_target(t2log);
     CHECK(h_status_until(c, &s, other_pool_registered, 30000));
-    for (uint64_t end = h_now_ms() + 60000; !k.ended && h_now_ms() < end;) h_sleep_ms(20);
-    CHECK(k.ended);
-    k.stop = 1;
-    pthread_join(th, NULL);
+    CHECK(counting_worker_join(&k, th, 60000));
     CHECK_EQ_INT(k.rc, 0); /* a copy failure would end it with DFLASH_EPEER */
     CHECK_EQ_INT(client_status(c, &s), 0);
     printf("drafter trained %d, holder 1; ledger: %llu trained, %llu committed, %llu in flight, "

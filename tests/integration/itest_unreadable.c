@@ -66,11 +66,7 @@ int main(int argc, char **argv)
     CHECK(s.batches_inflight <= 2);
     CHECK_EQ_INT(s.batches_trained, 1);
     /* failures 7 to 10 wait 64 ms to 512 ms after the one before: ~1 s more */
-    deadline = h_now_ms() + 30000;
-    while (!k.ended && h_now_ms() < deadline) h_sleep_ms(20);
-    CHECK(k.ended);
-    k.stop = 1;
-    pthread_join(th, NULL);
+    CHECK(counting_worker_join(&k, th, 30000));
     CHECK_EQ_INT(k.rc, DFLASH_EPEER);
     CHECK_EQ_INT(k.consumed, 0);
     client_destroy(&c);

@@ -159,6 +159,26 @@ static __attribute__((unused)) int h_make_training_set(const char *mkmodel, cons
     return rc;
 }
 
+/* dflash-target (bin) on h_make_training_set's model and shard, for the broker of runtime dir
+ * rt: name "tgt", 4 slots of the 32-token bucket (token_budget tokens, 4 sequences, 3 captured
+ * layers), `epochs` epochs, host backend, one thread, 1 s requests; its output appended to the
+ * file at log. Returns its pid (or -1). */
+static __attribute__((unused)) pid_t h_start_training_target(const char *bin, const char *model,
+                                                             const char *shard, const char *rt,
+                                                             int epochs, int token_budget,
+                                                             const char *log)
+{
+    char ep[24], tb[24];
+    snprintf(ep, sizeof ep, "%d", epochs);
+    snprintf(tb, sizeof tb, "%d", token_budget);
+    char *argv[] = {(char *)bin, "--name", "tgt", "--model", (char *)model, "--shards",
+                    (char *)shard, "--slots", "4", "--epochs", ep, "--buckets", "32",
+                    "--token-budget", tb, "--max-seqs", "4", "--layers", "3", "--runtime-dir",
+                    (char *)rt, "--threads", "1", "--backend", "host", "--timeout-ms", "1000",
+                    NULL};
+    return h_spawn_logged(argv, log);
+}
+
 /* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point). */
 static __attribute__((unused)) void h_kill(pid_t pid, int sig)
 {

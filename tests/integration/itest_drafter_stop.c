@@ -67,11 +67,7 @@ static void start_run(run *r, const char *name, const char *group, const char *c
     char *q[] = {(char *)queue_bin, rtflag, "--min-ready", "1", "--max-depth", "4", NULL};
     r->qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(r->ep, 10000) != 0);
-    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
-                 "--slots", "4", "--epochs", "200", "--buckets", "32", "--token-budget", "128",
-                 "--max-seqs", "4", "--layers", "3", rtflag, "--threads", "1", "--backend",
-                 "host", "--timeout-ms", "1000", NULL};
-    r->tp = h_spawn_logged(t, tlog);
+    r->tp = h_start_training_target(target_bin, model, shard, rt, 200, 128, tlog);
     char *d[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--block-size",
                  "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every", every,
                  "--checkpoint-dir", r->ckpt, "--progress-ms", "0", "--buckets", "32",

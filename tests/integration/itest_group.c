@@ -147,11 +147,7 @@ int main(int argc, char **argv)
     char *vl = test_slurp(vlog, NULL);
     CHECK(vl && strstr(vl, "cannot train in a group"));
     free(vl);
-    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
-                 "--slots", "4", "--epochs", "8", "--buckets", "32", "--token-budget", "128",
-                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
-                 "--backend", "host", "--timeout-ms", "1000", NULL};
-    pid_t tp = h_spawn_logged(t, tlog);
+    pid_t tp = h_start_training_target(target_bin, model, shard, rt, 8, 128, tlog);
 
     /* 1. training in the group; each batch acked once */
     CHECK(wait_group(c, 2, 5, 60000, &s));

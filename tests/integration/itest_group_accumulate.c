@@ -129,11 +129,7 @@ int main(int argc, char **argv)
     printf("phase 1: group g of da and db, --accumulate 2; dc (--accumulate 1) refused, exit 2\n");
 
     /* 2. one epoch of 42 batches: 10 steps of 4 and a last of 2 */
-    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
-                 "--slots", "4", "--epochs", "1", "--buckets", "32", "--token-budget", "80",
-                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
-                 "--backend", "host", "--timeout-ms", "1000", NULL};
-    pid_t tp = h_spawn_logged(t, tlog);
+    pid_t tp = h_start_training_target(target_bin, model, shard, rt, 1, 80, tlog);
     uint64_t end = h_now_ms() + 180000;
     while (h_now_ms() < end &&
            !(client_status(c, &s) == 0 && s.batches_total &&
@@ -187,8 +183,7 @@ int main(int argc, char **argv)
     char tlog2[128];
     snprintf(tlog2, sizeof tlog2, "%s/target2.log", dir);
     CHECK_EQ_INT(client_resume(c), 0); /* out of the drain of 3 */
-    t[10] = "3";
-    tp = h_spawn_logged(t, tlog2);
+    tp = h_start_training_target(target_bin, model, shard, rt, 3, 80, tlog2);
     /* the plan goes on once the target has registered it (a drafter before that hears that
      * the 1 epoch planned so far is trained, and ends) */
     CHECK(h_wait_text(tlog2, "registered pool", 30000));

@@ -111,11 +111,7 @@ int main(int argc, char **argv)
     CHECK(wait_group(c, 1, 0, 30000, &s));
     pid_t db = start_drafter("db", "1");
     CHECK(wait_group(c, 2, 0, 30000, &s));
-    char *t[] = {argv[2], "--name", "tgt", "--model", model, "--shards", shard, "--slots", "4",
-                 "--epochs", "100000", "--buckets", "32", "--token-budget", "128", "--max-seqs",
-                 "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1", "--backend", "host",
-                 "--timeout-ms", "1000", NULL};
-    pid_t tp = h_spawn_logged(t, tlog);
+    pid_t tp = h_start_training_target(argv[2], model, shard, rt, 100000, 128, tlog);
 
     /* 1. a group of two trains */
     CHECK(wait_group(c, 2, 3, 60000, &s));

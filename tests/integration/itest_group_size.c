@@ -73,11 +73,7 @@ int main(int argc, char **argv)
     CHECK(c != NULL);
     if (!c) CHECK_DONE();
     wire_status s;
-    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards", shard,
-                 "--slots", "4", "--epochs", "1", "--buckets", "32", "--token-budget", "80",
-                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
-                 "--backend", "host", "--timeout-ms", "1000", NULL};
-    pid_t tp = h_spawn_logged(t, tlog);
+    pid_t tp = h_start_training_target(target_bin, model, shard, rt, 1, 80, tlog);
     CHECK(h_wait_text(tlog, "registered pool", 30000));
 
     /* 1. da alone waits for the group's 3 ranks: nothing trained while batches are ready */

@@ -138,11 +138,7 @@ int main(int argc, char **argv)
                  NULL};
     pid_t qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(ep, 10000) != 0);
-    char *t[] = {argv[3], "--name", "tgt", "--model", model, "--shards", shard, "--slots", "4",
-                 "--epochs", "100000", "--buckets", "32", "--token-budget", "128",
-                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
-                 "--backend", "host", "--timeout-ms", "1000", NULL};
-    pid_t tp = h_spawn_logged(t, tlog);
+    pid_t tp = h_start_training_target(argv[3], model, shard, rt, 100000, 128, tlog);
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
     client_set_timeout(c, 2000);
     CHECK_EQ_INT(client_hello(c, NULL, 0), 0);

@@ -285,6 +285,23 @@ static __attribute__((unused)) bool h_final_hash(const char *log, unsigned long 
     return ok;
 }
 
+/* The steps group `name` finished, as the broker's log at path says them: for each line "group
+ * NAME: step S done: N batches trained", in order, S into step[i] and N into batches[i] (the
+ * first max of them). Returns how many were stored (none from a log that cannot be read). */
+static __attribute__((unused)) int h_group_steps(const char *path, const char *name,
+                                                 unsigned *step, unsigned *batches, int max)
+{
+    char *log = test_slurp(path, NULL);
+    char head[96], fmt[160];
+    snprintf(head, sizeof head, "group %s: step ", name);
+    snprintf(fmt, sizeof fmt, "%s%%u done: %%u batches trained", head);
+    int n = 0;
+    for (char *p = log; n < max && (p = strstr(p, head)); p++)
+        if (sscanf(p, fmt, &step[n], &batches[n]) == 2) n++;
+    free(log);
+    return n;
+}
+
 /* Group `name` in status s, or NULL. */
 static __attribute__((unused)) const wire_group_stat *h_group(const wire_status *s,
                                                               const char *name)

@@ -138,17 +138,13 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(s.batches_total, 42);
     CHECK_EQ_INT(s.batches_trained + s.batches_committed, 42);
     /* the group may be gone already (its ranks end with the plan): the broker's log says */
-    int steps = 0, full = 0;
-    char *ql = test_slurp(qlog, NULL);
-    for (char *p = ql; p && (p = strstr(p, "group g: step ")); p++) {
-        unsigned step = 0, n = 0;
-        if (sscanf(p, "group g: step %u done: %u batches trained", &step, &n) != 2) continue;
-        CHECK_EQ_INT(step, (unsigned)steps + 1); /* each step once, in order */
-        steps++;
-        full += n == 4;
+    unsigned step[256], n[256];
+    int steps = h_group_steps(qlog, "g", step, n, 256), full = 0;
+    for (int i = 0; i < steps; i++) {
+        CHECK_EQ_INT(step[i], (unsigned)i + 1); /* each step once, in order */
+        full += n[i] == 4;
     }
-    CHECK(ql && !strstr(ql, "aborted"));
-    free(ql);
+    CHECK(!h_wait_text(qlog, "aborted", 0));
     printf("phase 2: 42 batches trained in %d group steps (%d of 4 batches), %llu acks\n", steps,
            full, (unsigned long long)s.acks);
     CHECK_EQ_INT(steps, 11);

@@ -103,15 +103,9 @@ int main(int argc, char **argv)
            !(client_status(c, &s) == 0 && s.batches_trained + s.batches_committed == 42))
         h_sleep_ms(100);
     CHECK_EQ_INT(s.batches_trained + s.batches_committed, 42);
-    int steps = 0, of_two = 0;
-    char *ql = test_slurp(qlog, NULL);
-    for (char *p = ql; p && (p = strstr(p, "group g: step ")); p++) {
-        unsigned step = 0, n = 0;
-        if (sscanf(p, "group g: step %u done: %u batches trained", &step, &n) != 2) continue;
-        steps++;
-        of_two += n == 2;
-    }
-    free(ql);
+    unsigned step[256], n[256];
+    int steps = h_group_steps(qlog, "g", step, n, 256), of_two = 0;
+    for (int i = 0; i < steps; i++) of_two += n[i] == 2;
     printf("phase 3: 42 batches in %d group steps, %d of 2 batches\n", steps, of_two);
     CHECK_EQ_INT(steps, 21);
     CHECK_EQ_INT(of_two, 21);

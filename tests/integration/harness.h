@@ -179,6 +179,46 @@ static __attribute__((unused)) pid_t h_start_training_target(const char *bin, co
     return h_spawn_logged(argv, log);
 }
 
+/* A training dflash-drafter's command line on h_make_training_set's model, for the slots of
+ * h_start_training_target (bucket 32, token_budget tokens, 4 sequences, 3 layers), host
+ * backend, one thread, blocks of 4 and 8 anchors, for the broker of runtime dir rt: drafter
+ * `name` of bin, checkpoints in ckpt; then extra (NULL-terminated flags and values, up to 32; the
+ * test's: learning rate, cadences, timeouts, group; NULL: none). The strings are borrowed, the
+ * number kept in cmd, which owns the array. */
+typedef struct h_drafter_cmd {
+    char *argv[64];
+    char budget[16];
+} h_drafter_cmd;
+
+static __attribute__((unused)) char *const *h_training_drafter_argv(
+    h_drafter_cmd *cmd, const char *bin, const char *model, const char *rt, const char *name,
+    const char *ckpt, int token_budget, const char *const *extra)
+{
+    snprintf(cmd->budget, sizeof cmd->budget, "%d", token_budget);
+    char *base[] = {(char *)bin, "--train", "--model", (char *)model, "--name", (char *)name,
+                    "--checkpoint-dir", (char *)ckpt, "--block-size", "4", "--anchors", "8",
+                    "--buckets", "32", "--token-budget", cmd->budget, "--max-seqs", "4",
+                    "--layers", "3", "--runtime-dir", (char *)rt, "--threads", "1", "--backend",
+                    "host"};
+    size_t n = 0;
+    for (; n < sizeof base / sizeof *base; n++) cmd->argv[n] = base[n];
+    for (size_t i = 0; extra && extra[i] && i < 32; i++) cmd->argv[n++] = (char *)extra[i];
+    cmd->argv[n] = NULL;
+    return cmd->argv;
+}
+
+/* h_training_drafter_argv's drafter started, its output appended to the file at log: its pid. */
+static __attribute__((unused)) pid_t h_start_training_drafter(const char *bin, const char *model,
+                                                              const char *rt, const char *name,
+                                                              const char *ckpt, int token_budget,
+                                                              const char *const *extra,
+                                                              const char *log)
+{
+    h_drafter_cmd cmd;
+    return h_spawn_logged(
+        h_training_drafter_argv(&cmd, bin, model, rt, name, ckpt, token_budget, extra), log);
+}
+
 /* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point). */
 static __attribute__((unused)) void h_kill(pid_t pid, int sig)
 {

@@ -52,7 +52,7 @@ typedef struct run {
 
 static void start_run(run *r, const char *name, const char *group, const char *ckpt_every)
 {
-    char rt[128], rtflag[160], qlog[160], tlog[160], nm[64], every[16];
+    char rt[128], rtflag[160], qlog[160], tlog[160];
     snprintf(rt, sizeof rt, "%s/run-%s", dir, name);
     mkdir(rt, 0700);
     h_queue_endpoint(rt, r->ep, sizeof r->ep);
@@ -61,28 +61,15 @@ static void start_run(run *r, const char *name, const char *group, const char *c
     snprintf(tlog, sizeof tlog, "%s/target-%s.log", dir, name);
     snprintf(r->dlog, sizeof r->dlog, "%s/%s.log", dir, name);
     snprintf(r->ckpt, sizeof r->ckpt, "%s/ckpt-%s", dir, name);
-    snprintf(nm, sizeof nm, "%s", name);
-    snprintf(every, sizeof every, "%s", ckpt_every);
 
     char *q[] = {(char *)queue_bin, rtflag, "--min-ready", "1", "--max-depth", "4", NULL};
     r->qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(r->ep, 10000) != 0);
     r->tp = h_start_training_target(target_bin, model, shard, rt, 200, 128, tlog);
-    char *d[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--block-size",
-                 "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every", every,
-                 "--checkpoint-dir", r->ckpt, "--progress-ms", "0", "--buckets", "32",
-                 "--token-budget", "128", "--max-seqs", "4", "--layers", "3", rtflag,
-                 "--threads", "1", "--backend", "host", "--timeout-ms", "2000", NULL, NULL, NULL,
-                 NULL, NULL};
-    if (group) {
-        size_t n = 0;
-        while (d[n]) n++;
-        d[n] = "--group";
-        d[n + 1] = (char *)group;
-        d[n + 2] = "--comm";
-        d[n + 3] = "shm";
-    }
-    r->dp = h_spawn_logged(d, r->dlog);
+    const char *extra[] = {"--lr", "3e-3", "--checkpoint-every", ckpt_every, "--progress-ms", "0",
+                           "--timeout-ms", "2000", group ? "--group" : NULL, group, "--comm",
+                           "shm", NULL};
+    r->dp = h_start_training_drafter(drafter_bin, model, rt, name, r->ckpt, 128, extra, r->dlog);
 }
 
 /* Waits until the run's drafter has trained (acked, or StepDone) `acks` batches. */

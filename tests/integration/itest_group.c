@@ -41,19 +41,14 @@ static const char *queue_bin, *target_bin, *drafter_bin;
 /* A drafter of group g named name, a progress line every progress_ms ("0": none). */
 static pid_t start_drafter_progress(const char *name, const char *progress_ms)
 {
-    static char model[128], ckpt[128], log[128], nm[64], pm[16];
-    snprintf(pm, sizeof pm, "%s", progress_ms);
+    char model[128], ckpt[128], log[128];
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
     snprintf(log, sizeof log, "%s/drafter-%s.log", dir, name);
-    snprintf(nm, sizeof nm, "%s", name);
-    char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--group", "g",
-                    "--comm", "shm", "--comm-timeout-s", "3", "--block-size", "4", "--anchors",
-                    "8", "--lr", "3e-3", "--checkpoint-every", "10", "--checkpoint-dir", ckpt,
-                    "--progress-ms", pm, "--buckets", "32", "--token-budget", "128",
-                    "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
-                    "--backend", "host", "--timeout-ms", "1000", NULL};
-    return h_spawn_logged(argv, log);
+    const char *extra[] = {"--group", "g", "--comm", "shm", "--comm-timeout-s", "3", "--lr",
+                           "3e-3", "--checkpoint-every", "10", "--progress-ms", progress_ms,
+                           "--timeout-ms", "1000", NULL};
+    return h_start_training_drafter(drafter_bin, model, rt, name, ckpt, 128, extra, log);
 }
 
 static pid_t start_drafter(const char *name)

@@ -38,19 +38,15 @@ static const char *drafter_bin;
 static char *const *drafter_argv(const char *name, const char *acc)
 {
     static char model[128], ckpt[128], nm[64], ac[16];
+    static const char *extra[] = {"--group", "g", "--accumulate", ac, "--comm", "shm",
+                                  "--comm-timeout-s", "5", "--lr", "3e-3", "--checkpoint-every",
+                                  "4", "--timeout-ms", "1000", NULL};
+    static h_drafter_cmd cmd;
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
     snprintf(nm, sizeof nm, "%s", name);
     snprintf(ac, sizeof ac, "%s", acc);
-    static char *argv[64];
-    char *a[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--group", "g",
-                 "--accumulate", ac, "--comm", "shm", "--comm-timeout-s", "5", "--block-size",
-                 "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every", "4",
-                 "--checkpoint-dir", ckpt, "--buckets", "32", "--token-budget", "80",
-                 "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
-                 "--backend", "host", "--timeout-ms", "1000", NULL};
-    memcpy(argv, a, sizeof a);
-    return argv;
+    return h_training_drafter_argv(&cmd, drafter_bin, model, rt, nm, ckpt, 80, extra);
 }
 
 static uint32_t leased_total(const wire_status *s)

@@ -35,19 +35,14 @@ static const char *drafter_bin;
 /* A drafter of group g named name, with --draft-layers layers. */
 static pid_t start_drafter(const char *name, const char *layers)
 {
-    static char model[128], ckpt[128], log[128], nm[64], dl[8];
+    char model[128], ckpt[128], log[128];
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
     snprintf(log, sizeof log, "%s/drafter-%s.log", dir, name);
-    snprintf(nm, sizeof nm, "%s", name);
-    snprintf(dl, sizeof dl, "%s", layers);
-    char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm, "--group", "g",
-                    "--comm", "shm", "--comm-timeout-s", "60", "--draft-layers", dl,
-                    "--block-size", "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every",
-                    "50", "--checkpoint-dir", ckpt, "--progress-ms", "0", "--buckets", "32",
-                    "--token-budget", "128", "--max-seqs", "4", "--layers", "3", "--runtime-dir",
-                    rt, "--threads", "1", "--backend", "host", "--timeout-ms", "1000", NULL};
-    return h_spawn_logged(argv, log);
+    const char *extra[] = {"--group", "g", "--comm", "shm", "--comm-timeout-s", "60",
+                           "--draft-layers", layers, "--lr", "3e-3", "--checkpoint-every", "50",
+                           "--progress-ms", "0", "--timeout-ms", "1000", NULL};
+    return h_start_training_drafter(drafter_bin, model, rt, name, ckpt, 128, extra, log);
 }
 
 static const wire_group_stat *group_g(const wire_status *s)

@@ -32,20 +32,14 @@ static const char *drafter_bin;
  * group NULL: the same without --group. */
 static pid_t start_drafter(const char *name, const char *group, char *log, size_t log_len)
 {
-    static char model[128], ckpt[128], nm[64];
+    char model[128], ckpt[128];
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
-    snprintf(nm, sizeof nm, "%s", name);
     snprintf(log, log_len, "%s/drafter-%s.log", dir, name);
-    char *argv[] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm,
-                    "--group-size", "3", "--group-wait-s", "8", "--comm", "shm",
-                    "--comm-timeout-s", "5", "--block-size", "4", "--anchors", "8",
-                    "--checkpoint-dir", ckpt, "--buckets", "32", "--token-budget", "80",
-                    "--max-seqs", "4", "--layers", "3", "--runtime-dir", rt, "--threads", "1",
-                    "--backend", "host", "--timeout-ms", "1000", "--progress-ms", "300",
-                    "--group", (char *)group, NULL};
-    if (!group) argv[sizeof argv / sizeof *argv - 3] = NULL; /* no --group */
-    return h_spawn_logged(argv, log);
+    const char *extra[] = {"--group-size", "3", "--group-wait-s", "8", "--comm", "shm",
+                           "--comm-timeout-s", "5", "--timeout-ms", "1000", "--progress-ms", "300",
+                           group ? "--group" : NULL, group, NULL};
+    return h_start_training_drafter(drafter_bin, model, rt, name, ckpt, 80, extra, log);
 }
 
 int main(int argc, char **argv)

@@ -52,20 +52,15 @@ static const char *drafter_bin;
  * DIR/<name>.log, with the flags in extra (NULL-terminated, up to 8; NULL: none) after ours. */
 static pid_t start_drafter_with(const char *name, const char *run, const char *const *extra)
 {
-    char model[128], ckpt[128], log[128], nm[64];
+    char model[128], ckpt[128], log[128];
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, run);
     snprintf(log, sizeof log, "%s/%s.log", dir, name);
-    snprintf(nm, sizeof nm, "%s", name);
-    char *argv[48] = {(char *)drafter_bin, "--train", "--model", model, "--name", nm,
-                      "--block-size", "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every",
-                      "3", "--checkpoint-dir", ckpt, "--progress-ms", "0", "--buckets", "32",
-                      "--token-budget", "128", "--max-seqs", "4", "--layers", "3", "--runtime-dir",
-                      rt, "--threads", "1", "--backend", "host", "--timeout-ms", "1000", NULL};
-    size_t n = 0;
-    while (argv[n]) n++;
-    for (size_t i = 0; extra && extra[i] && i < 8; i++) argv[n++] = (char *)extra[i];
-    return h_spawn_logged(argv, log);
+    const char *flags[24] = {"--lr", "3e-3", "--checkpoint-every", "3", "--progress-ms", "0",
+                             "--timeout-ms", "1000"};
+    size_t n = 8;
+    for (size_t i = 0; extra && extra[i] && i < 8; i++) flags[n++] = extra[i];
+    return h_start_training_drafter(drafter_bin, model, rt, name, ckpt, 128, flags, log);
 }
 
 /* A solo trainer (no --group). */

@@ -65,7 +65,7 @@ typedef enum { BACK_AT_ONCE, BACK_LATE } drafter_back;
 typedef struct run {
     const char *name, *group;
     broker_end end;
-    char rtflag[160], ep[160], journal[160], ckpt[160], qlog[160], tlog[160], dlog[160];
+    char rt[160], rtflag[160], ep[160], journal[160], ckpt[160], qlog[160], tlog[160], dlog[160];
     pid_t q, t, d;
 } run;
 
@@ -103,21 +103,11 @@ static void start_target(run *r)
 
 static void start_drafter(run *r)
 {
-    char *d[] = {(char *)drafter_bin, "--train", "--model", model, "--name", (char *)r->name,
-                 "--block-size", "4", "--anchors", "8", "--lr", "3e-3", "--checkpoint-every",
-                 "8", "--checkpoint-dir", r->ckpt, "--progress-ms", "0", "--buckets", "32",
-                 "--token-budget", "128", "--max-seqs", "4", "--layers", "3", r->rtflag,
-                 "--threads", "1", "--backend", "host", "--timeout-ms", "500", NULL, NULL, NULL,
-                 NULL, NULL};
-    if (r->group) {
-        size_t n = 0;
-        while (d[n]) n++;
-        d[n] = "--group";
-        d[n + 1] = (char *)r->group;
-        d[n + 2] = "--comm";
-        d[n + 3] = "shm";
-    }
-    r->d = h_spawn_logged(d, r->dlog);
+    const char *extra[] = {"--lr", "3e-3", "--checkpoint-every", "8", "--progress-ms", "0",
+                           "--timeout-ms", "500", r->group ? "--group" : NULL, r->group, "--comm",
+                           "shm", NULL};
+    r->d = h_start_training_drafter(drafter_bin, model, r->rt, r->name, r->ckpt, 128, extra,
+                                    r->dlog);
 }
 
 /* Batches the broker's drafters hold: released (copied) and not acked. */
@@ -309,11 +299,10 @@ static void stop_together(const char *name, const char *group, broker_end end,
                           drafter_back back)
 {
     run r = {.name = name, .group = group, .end = end, .q = -1, .t = -1, .d = -1};
-    char rt[160];
-    path_in(rt, sizeof rt, name, "run");
-    mkdir(rt, 0700);
-    h_queue_endpoint(rt, r.ep, sizeof r.ep);
-    snprintf(r.rtflag, sizeof r.rtflag, "--runtime-dir=%s", rt);
+    path_in(r.rt, sizeof r.rt, name, "run");
+    mkdir(r.rt, 0700);
+    h_queue_endpoint(r.rt, r.ep, sizeof r.ep);
+    snprintf(r.rtflag, sizeof r.rtflag, "--runtime-dir=%s", r.rt);
     snprintf(r.journal, sizeof r.journal, "--journal=%s/%s.journal", dir, name);
     path_in(r.ckpt, sizeof r.ckpt, name, "ckpt");
     path_in(r.qlog, sizeof r.qlog, name, "queue.log");

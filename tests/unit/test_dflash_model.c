@@ -1185,13 +1185,28 @@ static void test_side_stream(world *w) {
     side_stream_resume(w, lo, true);
 }
 
+/* The checkpoint tests' fixture: a fresh temp dir from the template root (mkdtemp) and two
+ * models of w's shape, *a (seed 5: the one trained and saved) and *b (seed 6: the one resumed
+ * into). false (a CHECK failed; the caller returns) when either model could not be made. */
+static bool ckpt_models_new(world *w, char *root, dflash_model **a, dflash_model **b) {
+    CHECK(mkdtemp(root) != NULL);
+    *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
+    *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
+    CHECK(*a != NULL && *b != NULL);
+    return *a && *b;
+}
+
+/* ckpt_models_new's end: destroys both models and removes root with what is in it. */
+static void ckpt_models_end(const char *root, dflash_model **a, dflash_model **b) {
+    dflash_model_destroy(a);
+    dflash_model_destroy(b);
+    CHECK_EQ_INT(test_rmtree(root), 0);
+}
+
 static void test_checkpoint(world *w) {
     char root[] = "/tmp/dflash_ckpt_XXXXXX";
-    CHECK(mkdtemp(root) != NULL);
-    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
-    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
-    CHECK(a != NULL && b != NULL);
-    if (!a || !b) return;
+    dflash_model *a, *b;
+    if (!ckpt_models_new(w, root, &a, &b)) return;
     dflash_train_cfg tc = w->tc;
     tc.lr = 3e-3;
     tc.total_steps = 20;
@@ -1384,9 +1399,7 @@ static void test_checkpoint(world *w) {
     CHECK(access(idx, F_OK) == 0);
     dflash_model_destroy(&c);
 
-    dflash_model_destroy(&a);
-    dflash_model_destroy(&b);
-    CHECK_EQ_INT(test_rmtree(root), 0);
+    ckpt_models_end(root, &a, &b);
 }
 /* The header length of the safetensors file at path (its first 8 bytes, little-endian). */
 static uint64_t header_length(const char *path) {
@@ -1458,11 +1471,8 @@ static void strip_checksums(const char *path) {
  * sees. A checkpoint from before the checksums still loads, to the same values. */
 static void test_checkpoint_checksums(world *w) {
     char root[] = "/tmp/dflash_ckpt_crc_XXXXXX";
-    CHECK(mkdtemp(root) != NULL);
-    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
-    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
-    CHECK(a != NULL && b != NULL);
-    if (!a || !b) return;
+    dflash_model *a, *b;
+    if (!ckpt_models_new(w, root, &a, &b)) return;
     dflash_train_cfg tc = w->tc, tb;
     dflash_metrics ma;
     dflash_train_step(a, &tc, &w->view, 0, 0, &ma); /* moments not zero */
@@ -1509,9 +1519,7 @@ static void test_checkpoint_checksums(world *w) {
     CHECK_EQ_INT(b->step, 1);
     CHECK_EQ_INT(dflash_ckpt_load_weights(b, path, err, sizeof err), 0);
 
-    dflash_model_destroy(&a);
-    dflash_model_destroy(&b);
-    CHECK_EQ_INT(test_rmtree(root), 0);
+    ckpt_models_end(root, &a, &b);
 }
 
 /* dflash_ckpt_resume of the checkpoint at path into m (tb its settings) with its log captured:
@@ -1548,11 +1556,8 @@ static bool same_file(const char *path, const char *want, size_t n) {
  * cannot write (a step past the model's, too many) is refused, and a damaged one named. */
 static void test_checkpoint_unacked(world *w) {
     char root[] = "/tmp/dflash_unacked_XXXXXX";
-    CHECK(mkdtemp(root) != NULL);
-    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
-    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
-    CHECK(a != NULL && b != NULL);
-    if (!a || !b) return;
+    dflash_model *a, *b;
+    if (!ckpt_models_new(w, root, &a, &b)) return;
     dflash_train_cfg tc = w->tc;
     dflash_metrics ma;
     for (int s = 0; s < 3; s++) dflash_train_step(a, &tc, &w->view, 0, (uint64_t)s, &ma);
@@ -1650,9 +1655,7 @@ static void test_checkpoint_unacked(world *w) {
     bad.n_unacked = DFLASH_CKPT_MAX_UNACKED + 1;
     CHECK_EQ_INT(dflash_ckpt_save(a, &tc, root, &bad, path, sizeof path, err, sizeof err),
                  DFLASH_EINVAL);
-    dflash_model_destroy(&a);
-    dflash_model_destroy(&b);
-    CHECK_EQ_INT(test_rmtree(root), 0);
+    ckpt_models_end(root, &a, &b);
 }
 
 /* How many drafters a checkpoint's step is for (tc.world: a group's --group-size or ranks, 1
@@ -1664,11 +1667,8 @@ static void test_checkpoint_unacked(world *w) {
  * value no group can have is refused naming it, not read as unknown. */
 static void test_checkpoint_world(world *w) {
     char root[] = "/tmp/dflash_world_XXXXXX";
-    CHECK(mkdtemp(root) != NULL);
-    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
-    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
-    CHECK(a != NULL && b != NULL);
-    if (!a || !b) return;
+    dflash_model *a, *b;
+    if (!ckpt_models_new(w, root, &a, &b)) return;
     dflash_train_cfg tc = w->tc, tb, ts;
     dflash_metrics ma;
     dflash_train_step(a, &w->tc, &w->view, 0, 0, &ma);
@@ -1717,9 +1717,7 @@ static void test_checkpoint_world(world *w) {
                      DFLASH_EFORMAT);
         CHECK(strstr(err, "world") != NULL);
     }
-    dflash_model_destroy(&a);
-    dflash_model_destroy(&b);
-    CHECK_EQ_INT(test_rmtree(root), 0);
+    ckpt_models_end(root, &a, &b);
 }
 
 static void test_config_fifo(void) {
@@ -1744,11 +1742,8 @@ static void test_config_fifo(void) {
  * about. */
 static void test_resume_checks_weights(world *w) {
     char root[] = "/tmp/dflash_ckpt_weights_XXXXXX";
-    CHECK(mkdtemp(root) != NULL);
-    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 5);
-    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 6);
-    CHECK(a != NULL && b != NULL);
-    if (!a || !b) return;
+    dflash_model *a, *b;
+    if (!ckpt_models_new(w, root, &a, &b)) return;
     dflash_train_cfg tc = w->tc, tb;
     dflash_metrics ma;
     dflash_train_step(a, &tc, &w->view, 0, 0, &ma);
@@ -1872,9 +1867,7 @@ static void test_resume_checks_weights(world *w) {
     free(orig);
     free(idx_orig);
 
-    dflash_model_destroy(&a);
-    dflash_model_destroy(&b);
-    CHECK_EQ_INT(test_rmtree(root), 0);
+    ckpt_models_end(root, &a, &b);
 }
 
 

@@ -1185,6 +1185,25 @@ static void test_side_stream(world *w) {
     side_stream_resume(w, lo, true);
 }
 
+/* Edits the training state at st_path (checkpoint path's): key's value goes from `from` to each
+ * of bad[0..n) in turn (each as long as the one before: the header keeps its length), and
+ * the checkpoint's settings must be refused for each, a format error naming the key. The key
+ * is left at bad[n - 1]. */
+static void settings_refused(const char *path, const char *st_path, const char *key,
+                             const char *from, const char *const *bad, int n) {
+    for (int i = 0; i < n; i++) {
+        char was[64], now[64], err[512] = "";
+        snprintf(was, sizeof was, "\"%s\":\"%s\"", key, i ? bad[i - 1] : from);
+        snprintf(now, sizeof now, "\"%s\":\"%s\"", key, bad[i]);
+        CHECK(test_edit_in_place(st_path, was, now));
+        dflash_train_cfg ts;
+        long step;
+        CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &step, err, sizeof err),
+                     DFLASH_EFORMAT);
+        CHECK(strstr(err, key) != NULL);
+    }
+}
+
 /* The checkpoint tests' fixture: a fresh temp dir from the template root (mkdtemp) and two
  * models of w's shape, *a (seed 5: the one trained and saved) and *b (seed 6: the one resumed
  * into). false (a CHECK failed; the caller returns) when either model could not be made. */
@@ -1625,23 +1644,11 @@ static void test_checkpoint_unacked(world *w) {
     CHECK(test_edit_in_place(st_path, "\"accumulate\":\"1\"", "\"accumulate\":\"7\""));
     CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
     CHECK_EQ_INT(ts.accumulate, 7);
-    const char *bad_acc[] = {"x", "0", "9"};
-    const char *prev = "7";
-    for (int i = 0; i < 3; i++) {
-        char from[32], to[32];
-        snprintf(from, sizeof from, "\"accumulate\":\"%s\"", prev);
-        snprintf(to, sizeof to, "\"accumulate\":\"%s\"", bad_acc[i]);
-        CHECK(test_edit_in_place(st_path, from, to));
-        prev = bad_acc[i];
-        if (i == 2) { /* 9 is a value the drafter takes (the edit keeps the length: one digit) */
-            CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
-            continue;
-        }
-        err[0] = 0;
-        CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err),
-                     DFLASH_EFORMAT);
-        CHECK(strstr(err, "accumulate") != NULL);
-    }
+    const char *bad_acc[] = {"x", "0"};
+    settings_refused(path, st_path, "accumulate", "7", bad_acc, 2);
+    /* 9 is a value the drafter takes (the edit keeps the length: one digit) */
+    CHECK(test_edit_in_place(st_path, "\"accumulate\":\"0\"", "\"accumulate\":\"9\""));
+    CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &ts_step, err, sizeof err), 0);
     CHECK(test_edit_in_place(st_path, "\"accumulate\":\"9\"", "\"accumulate\":\"1\""));
 
     /* what a save cannot record: a step past the model's or before the first, too many */
@@ -1705,18 +1712,7 @@ static void test_checkpoint_world(world *w) {
     /* what no group has: refused naming the key */
     snprintf(st_path, sizeof st_path, "%s/training_state.safetensors", path);
     const char *bad[] = {"0000", "2000", "10.5", "1e2x"};
-    const char *prev = "1000";
-    for (int i = 0; i < 4; i++) {
-        char from[32], to[32];
-        snprintf(from, sizeof from, "\"world\":\"%s\"", prev);
-        snprintf(to, sizeof to, "\"world\":\"%s\"", bad[i]);
-        CHECK(test_edit_in_place(st_path, from, to));
-        prev = bad[i];
-        err[0] = 0;
-        CHECK_EQ_INT(dflash_ckpt_train_settings(path, &ts, &step, err, sizeof err),
-                     DFLASH_EFORMAT);
-        CHECK(strstr(err, "world") != NULL);
-    }
+    settings_refused(path, st_path, "world", "1000", bad, 4);
     ckpt_models_end(root, &a, &b);
 }
 

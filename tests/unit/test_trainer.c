@@ -291,6 +291,23 @@ static slot_layout slots(void) {
     return l;
 }
 
+/* The options every trainer here starts from: the target at model_dir, the host backend with one
+ * thread, the slots l (slots(), borrowed), one draft layer, blocks of 4, the default MASK row,
+ * fresh weights of seed 1, the recipe's training settings with 8 anchors. */
+static trainer_opts base_opts(const char *model_dir, const slot_layout *l) {
+    trainer_opts o = {.model_dir = model_dir,
+                      .backend = POOL_HOST,
+                      .threads = 1,
+                      .layout = l,
+                      .draft_layers = 1,
+                      .block_size = 4,
+                      .mask_token_id = -1,
+                      .init_seed = 1};
+    dflash_train_cfg_default(&o.train);
+    o.train.n_anchors = 8;
+    return o;
+}
+
 /* The stop flag every trainer of these tests watches (a daemon's SIGTERM), and the optimizer
  * settings of the next start when non-zero (the recipe's otherwise). */
 static volatile sig_atomic_t test_stop;
@@ -303,26 +320,17 @@ static worker_consumer *start(long total_steps, long max_steps, const char *ckpt
                               const char *metrics_dir, const char *resume, long ckpt_every,
                               char *err, size_t errlen) {
     slot_layout l = slots();
-    trainer_opts o = {.model_dir = target,
-                      .backend = POOL_HOST,
-                      .threads = 1,
-                      .layout = &l,
-                      .draft_layers = 1,
-                      .block_size = 4,
-                      .mask_token_id = -1,
-                      .init_seed = 1,
-                      .checkpoint_dir = ckpt,
-                      .max_steps = max_steps,
-                      .checkpoint_every = ckpt_every,
-                      .metrics_dir = metrics_dir,
-                      .resume = resume,
-                      .group = next_group_size >= 0,
-                      .group_size = next_group_size > 0 ? next_group_size : 0,
-                      .stop = &test_stop};
-    dflash_train_cfg_default(&o.train);
+    trainer_opts o = base_opts(target, &l);
+    o.checkpoint_dir = ckpt;
+    o.max_steps = max_steps;
+    o.checkpoint_every = ckpt_every;
+    o.metrics_dir = metrics_dir;
+    o.resume = resume;
+    o.group = next_group_size >= 0;
+    o.group_size = next_group_size > 0 ? next_group_size : 0;
+    o.stop = &test_stop;
     if (next_lr > 0) o.train.lr = next_lr;
     if (next_weight_decay > 0) o.train.weight_decay = next_weight_decay;
-    o.train.n_anchors = 8;
     o.train.total_steps = total_steps;
     err[0] = 0;
     return trainer_new(&o, err, errlen);
@@ -893,17 +901,8 @@ static void test_other_target(const char *mkmodel) {
 
     /* the warm start from it on the Llama target: refused by the checkpoint's config check */
     slot_layout l = slots();
-    trainer_opts o = {.model_dir = llama,
-                      .backend = POOL_HOST,
-                      .threads = 1,
-                      .layout = &l,
-                      .draft_layers = 1,
-                      .block_size = 4,
-                      .mask_token_id = -1,
-                      .init_seed = 1,
-                      .init_weights = step};
-    dflash_train_cfg_default(&o.train);
-    o.train.n_anchors = 8;
+    trainer_opts o = base_opts(llama, &l);
+    o.init_weights = step;
     err[0] = 0;
     c = trainer_new(&o, err, sizeof err);
     printf("warm start on another target of the same shapes: %s\n", c ? "started" : err);
@@ -953,11 +952,10 @@ static void test_mask_default(void) {
     char warm[400];
     snprintf(warm, sizeof warm, "%s/ckpt-mask-warm", dir);
     slot_layout l = slots();
-    trainer_opts o = {.model_dir = target, .backend = POOL_HOST, .threads = 1, .layout = &l,
-                      .draft_layers = 1, .block_size = 4, .mask_token_id = -1, .init_seed = 1,
-                      .checkpoint_dir = warm, .init_weights = path, .stop = &test_stop};
-    dflash_train_cfg_default(&o.train);
-    o.train.n_anchors = 8;
+    trainer_opts o = base_opts(target, &l);
+    o.checkpoint_dir = warm;
+    o.init_weights = path;
+    o.stop = &test_stop;
     c = trainer_new(&o, err, sizeof err);
     printf("warm start after the default changed: %s\n", c ? "started" : err);
     CHECK(c != NULL);

@@ -529,6 +529,15 @@ static void checkpoint_one_step(const char *root, char *step, size_t steplen) {
     snprintf(step, steplen, "%s/step-000000001", root);
 }
 
+/* A run started on root (fresh(): resuming its newest checkpoint) that must be refused: says
+ * what and the reason (into err), CHECKs the refusal and frees what started if it was not. */
+static void resume_refused(const char *what, const char *root, char *err, size_t errlen) {
+    worker_consumer *c = fresh(0, 0, root, NULL, err, errlen);
+    printf("%s: %s\n", what, c ? "started" : err);
+    CHECK(c == NULL);
+    worker_consumer_destroy(&c);
+}
+
 /* A checkpoint that cannot be resumed names itself and says what to do: the flags of its run
  * when its drafter differs, moving it away when it is damaged. */
 static void test_resume_refused(void) {
@@ -539,12 +548,9 @@ static void test_resume_refused(void) {
 
     snprintf(path, sizeof path, "%s/config.json", step);
     edit_file(path, "\"block_size\":\t4", "\"block_size\":\t8");
-    c = fresh(0, 0, root, NULL, err, sizeof err);
-    printf("resume of another block size: %s\n", c ? "started" : err);
-    CHECK(c == NULL);
+    resume_refused("resume of another block size", root, err, sizeof err);
     CHECK(strstr(err, step) && strstr(err, "block_size") &&
           strstr(err, "flags that run was trained with"));
-    worker_consumer_destroy(&c);
     edit_file(path, "\"block_size\":\t8", "\"block_size\":\t4");
 
     /* a checkpoint of another target (a captured layer this one lacks): eval says mismatch,
@@ -569,12 +575,9 @@ static void test_resume_refused(void) {
     snprintf(path, sizeof path, "%s/training_state.safetensors", step);
     uint64_t last = test_file_size(path) - 1;
     CHECK_EQ_INT(test_flip_bit(path, last, 4), 0);
-    c = fresh(0, 0, root, NULL, err, sizeof err);
-    printf("resume of a checkpoint with a flipped bit: %s\n", c ? "started" : err);
-    CHECK(c == NULL);
+    resume_refused("resume of a checkpoint with a flipped bit", root, err, sizeof err);
     CHECK(strstr(err, step) && strstr(err, "tensor exp_avg_sq.") &&
           strstr(err, "data checksum mismatch") && strstr(err, "the checkpoint is damaged"));
-    worker_consumer_destroy(&c);
     CHECK_EQ_INT(test_flip_bit(path, last, 4), 0);
 
     /* a file that cannot be read (a FIFO in its place: no read waits on it, root's neither) is
@@ -584,12 +587,9 @@ static void test_resume_refused(void) {
     snprintf(saved, sizeof saved, "%s.saved", path);
     CHECK_EQ_INT(rename(path, saved), 0);
     CHECK_EQ_INT(mkfifo(path, 0600), 0);
-    c = fresh(0, 0, root, NULL, err, sizeof err);
-    printf("resume of an unreadable training state: %s\n", c ? "started" : err);
-    CHECK(c == NULL);
+    resume_refused("resume of an unreadable training state", root, err, sizeof err);
     CHECK(strstr(err, path) && strstr(err, "FIFO") && strstr(err, "keep the checkpoint") &&
           strstr(err, "fix the access") && !strstr(err, "move it out"));
-    worker_consumer_destroy(&c);
     CHECK_EQ_INT(unlink(path), 0);
 
     /* a newer step whose training state cannot even be looked at (a symbolic link loop: ELOOP,
@@ -601,12 +601,9 @@ static void test_resume_refused(void) {
     snprintf(loop, sizeof loop, "%s/training_state.safetensors", step2);
     CHECK_EQ_INT(mkdir(step2, 0700), 0);
     CHECK_EQ_INT(symlink(loop, loop), 0);
-    c = fresh(0, 0, root, NULL, err, sizeof err);
-    printf("resume of a newer checkpoint that cannot be looked at: %s\n", c ? "started" : err);
-    CHECK(c == NULL);
+    resume_refused("resume of a newer checkpoint that cannot be looked at", root, err, sizeof err);
     CHECK(strstr(err, step2) && strstr(err, strerror(ELOOP)) &&
           strstr(err, "keep the checkpoint"));
-    worker_consumer_destroy(&c);
     CHECK_EQ_INT(unlink(loop), 0);
     CHECK_EQ_INT(rmdir(step2), 0);
     CHECK_EQ_INT(rename(path, saved), 0);
@@ -624,11 +621,8 @@ static void test_resume_refused(void) {
     snprintf(saved, sizeof saved, "%s.saved", model);
     CHECK_EQ_INT(rename(model, saved), 0);
     CHECK_EQ_INT(mkfifo(model, 0600), 0);
-    c = fresh(0, 0, root, NULL, err, sizeof err);
-    printf("resume with an unreadable model.safetensors: %s\n", c ? "started" : err);
-    CHECK(c == NULL);
+    resume_refused("resume with an unreadable model.safetensors", root, err, sizeof err);
     CHECK(strstr(err, model) && strstr(err, "FIFO") && strstr(err, "keep the checkpoint"));
-    worker_consumer_destroy(&c);
     CHECK_EQ_INT(unlink(model), 0);
 
     /* a damaged model.safetensors is written again from the masters and the run resumes */
@@ -648,11 +642,8 @@ static void test_resume_refused(void) {
     CHECK_EQ_INT(unlink(saved), 0);
 
     CHECK(truncate(path, 1000) == 0);
-    c = fresh(0, 0, root, NULL, err, sizeof err);
-    printf("resume of a truncated checkpoint: %s\n", c ? "started" : err);
-    CHECK(c == NULL);
+    resume_refused("resume of a truncated checkpoint", root, err, sizeof err);
     CHECK(strstr(err, step) && strstr(err, "truncated") && strstr(err, "damaged"));
-    worker_consumer_destroy(&c);
 }
 
 /* A resume keeps the checkpoint's step of world x accumulate slots over the drafters it has now

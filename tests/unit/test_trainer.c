@@ -100,6 +100,17 @@ static int run_eval_env(const char *env, const char *args) {
 
 static int run_eval(const char *args) { return run_eval_env("", args); }
 
+/* Whether the last eval's output (DIR/eval.out) holds text; prints it after what. */
+static bool eval_said(const char *what, const char *text) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/eval.out", dir);
+    char *out = test_slurp(path, NULL);
+    printf("%s: %s", what, out ? out : "(nothing)\n");
+    bool said = out && strstr(out, text);
+    free(out);
+    return said;
+}
+
 /* The "sequences" of eval's --json line in DIR/eval.out (-1: none). */
 static long eval_sequences(void) {
     char path[400];
@@ -141,12 +152,7 @@ static void test_eval_seqs_not_layout(void) {
     const char *old[2][2] = {{"", more}, {"DFLASH_DRAFTER_EVAL_MAX_SEQS=2", args}};
     for (int i = 0; i < 2; i++) {
         CHECK_EQ_INT(run_eval_env(old[i][0], old[i][1]), 2);
-        char path[400];
-        snprintf(path, sizeof path, "%s/eval.out", dir);
-        char *out = test_slurp(path, NULL);
-        printf("eval's old count option: %s", out ? out : "(nothing)\n");
-        CHECK(out && strstr(out, "--eval-seqs N") != NULL);
-        free(out);
+        CHECK(eval_said("eval's old count option", "--eval-seqs N"));
     }
 }
 
@@ -161,12 +167,7 @@ static void test_eval_two_drafters(void) {
     CHECK_EQ_INT(run_eval(one), 0); /* the untrained drafter */
     snprintf(both, sizeof both, "%s --checkpoint %s/no-such-checkpoint", one, dir);
     CHECK_EQ_INT(run_eval(both), 2);
-    char path[400];
-    snprintf(path, sizeof path, "%s/eval.out", dir);
-    char *out = test_slurp(path, NULL);
-    printf("--init-only with --checkpoint: %s", out);
-    CHECK(strstr(out, "--init-only") != NULL);
-    free(out);
+    CHECK(eval_said("--init-only with --checkpoint", "--init-only"));
 }
 
 /* `dflash-drafter eval` of 3000 held-out sequences (about a second) on a terminal shows its
@@ -561,11 +562,8 @@ static void test_resume_refused(void) {
     snprintf(args, sizeof args, "--checkpoint %s --model %s --data %s/mixed.shard --threads 1",
              step, target, dir);
     CHECK_EQ_INT(run_eval(args), 2);
-    snprintf(path, sizeof path, "%s/eval.out", dir);
-    char *said = test_slurp(path, NULL);
-    printf("eval of a checkpoint for another target: %s", said ? said : "(nothing)\n");
-    CHECK(said && strstr(said, "does not match target num_hidden_layers 6"));
-    free(said);
+    CHECK(eval_said("eval of a checkpoint for another target",
+                    "does not match target num_hidden_layers 6"));
     snprintf(path, sizeof path, "%s/config.json", step);
     edit_file(path, "[1, 33]", "[1, 3]");
     edit_file(path, "\"num_target_layers\":\t36", "\"num_target_layers\":\t6");
@@ -868,7 +866,7 @@ static void test_space_hint(void) {
  * drafter trained on the Qwen3 one, 1e6): eval refuses it (exit 2, mismatch) as the warm start
  * and the resume do, naming rope_theta; it printed a tau. */
 static void test_other_target(const char *mkmodel) {
-    char err[1024], root[400], step[500], llama[400], cmd[1200], path[500];
+    char err[1024], root[400], step[500], llama[400], cmd[1200];
     snprintf(root, sizeof root, "%s/ckpt-other-target", dir);
     checkpoint_one_step(root, step, sizeof step);
     worker_consumer *c = NULL;
@@ -884,11 +882,8 @@ static void test_other_target(const char *mkmodel) {
     snprintf(cmd, sizeof cmd, "--checkpoint %s --model %s --data %s/mixed.shard --threads 1",
              step, llama, dir);
     CHECK_EQ_INT(run_eval(cmd), 2);
-    snprintf(path, sizeof path, "%s/eval.out", dir);
-    char *said = test_slurp(path, NULL);
-    printf("eval on another target of the same shapes: %s", said ? said : "(nothing)\n");
-    CHECK(said && strstr(said, "rope_theta 1e+06 does not match target rope_theta 500000"));
-    free(said);
+    CHECK(eval_said("eval on another target of the same shapes",
+                    "rope_theta 1e+06 does not match target rope_theta 500000"));
 
     /* the warm start from it on the Llama target: refused by the checkpoint's config check */
     slot_layout l = slots();

@@ -516,17 +516,23 @@ static int consume_batch(worker_consumer *c, uint32_t batch, bool masked, bool n
     return rc;
 }
 
+/* The started trainer *c (CHECKed not NULL) trains batch and ends (its final checkpoint);
+ * then it is freed. */
+static void train_and_finish(worker_consumer **c, uint32_t batch) {
+    CHECK(*c != NULL);
+    if (*c) {
+        CHECK_EQ_INT(consume_batch(*c, batch, false, false), 0);
+        CHECK_EQ_INT((*c)->finish((*c)->ctx), 0);
+    }
+    worker_consumer_destroy(c);
+}
+
 /* A run checkpointing into root trains one batch and ends: its final checkpoint, step 1, whose
  * directory goes to step. */
 static void checkpoint_one_step(const char *root, char *step, size_t steplen) {
     char err[1024];
     worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
-    CHECK(c != NULL);
-    if (c) {
-        CHECK_EQ_INT(consume_batch(c, 1, false, false), 0);
-        CHECK_EQ_INT(c->finish(c->ctx), 0);
-    }
-    worker_consumer_destroy(&c);
+    train_and_finish(&c, 1);
     snprintf(step, steplen, "%s/step-000000001", root);
 }
 
@@ -925,12 +931,7 @@ static void test_mask_default(void) {
     /* the resume keeps vocab_size - 1, trains, and its next checkpoint says so */
     worker_consumer *c = fresh(0, 0, root, NULL, err, sizeof err);
     printf("resume after the default changed: %s\n", c ? "started" : err);
-    CHECK(c != NULL);
-    if (c) {
-        CHECK_EQ_INT(consume_batch(c, 2, false, false), 0);
-        CHECK_EQ_INT(c->finish(c->ctx), 0);
-    }
-    worker_consumer_destroy(&c);
+    train_and_finish(&c, 2);
     snprintf(path, sizeof path, "%s/step-000000002", root);
     CHECK_EQ_INT(mask_of(path), mc.vocab_size - 1);
 
@@ -944,12 +945,7 @@ static void test_mask_default(void) {
     o.stop = &test_stop;
     c = trainer_new(&o, err, sizeof err);
     printf("warm start after the default changed: %s\n", c ? "started" : err);
-    CHECK(c != NULL);
-    if (c) {
-        CHECK_EQ_INT(consume_batch(c, 1, false, false), 0);
-        CHECK_EQ_INT(c->finish(c->ctx), 0);
-    }
-    worker_consumer_destroy(&c);
+    train_and_finish(&c, 1);
     snprintf(path, sizeof path, "%s/step-000000001", warm);
     CHECK_EQ_INT(mask_of(path), mc.vocab_size - 1);
 

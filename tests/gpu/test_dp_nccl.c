@@ -34,6 +34,7 @@
 #include "ops_cuda.h"
 #include "rng.h"
 #include "safetensors.h"
+#include "test_ranks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -324,33 +325,25 @@ static void nccl_world1(void) {
 
 typedef void (*child_fn)(int idx, int pipe_rd, int pipe_wr);
 
-static int run_children(int n, child_fn fn) {
+/* n children of run_children, sharing one pipe (rank 0 sends rank 1 the nccl id). */
+typedef struct children {
+    child_fn fn;
     int p[2];
-    if (pipe(p) != 0) return n;
-    fflush(NULL);
+} children;
+
+/* Child idx of the children arg points to (test_ranks_fork's child). */
+static void child_main(int idx, void *arg) {
+    const children *c = arg;
+    c->fn(idx, c->p[0], c->p[1]);
+}
+
+static int run_children(int n, child_fn fn) {
+    children c = {.fn = fn};
+    if (pipe(c.p) != 0) return n;
     pid_t pids[4];
-    for (int i = 0; i < n; i++) {
-        pids[i] = fork();
-        if (pids[i] == 0) {
-            check_passed = check_failed = 0;
-            alarm(240);
-            fn(i, p[0], p[1]);
-            fflush(NULL);
-            _exit(check_failed ? 1 : 0);
-        }
-    }
-    close(p[0]), close(p[1]);
-    int failed = 0;
-    for (int i = 0; i < n; i++) {
-        int st = 0;
-        waitpid(pids[i], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            failed++;
-            fprintf(stderr, "child %d: %s %d\n", i, WIFEXITED(st) ? "exit" : "signal",
-                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-        }
-    }
-    return failed;
+    test_ranks_fork(n, child_main, &c, 240, pids);
+    close(c.p[0]), close(c.p[1]); /* a child whose peer ended sees the pipe's end */
+    return test_ranks_wait(n, pids, -1, "child");
 }
 
 /* in the probe child: the visible GPUs (at most 8), -1 when the driver or one of them cannot be

@@ -38,6 +38,7 @@
 #include "err.h"
 #include "monotime.h"
 #include "safetensors.h"
+#include "test_ranks.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -229,32 +230,25 @@ static void rank_main(const uint8_t *id, int rank, int world) {
  * >= 0, must end by SIGKILL instead). */
 typedef void (*rank_fn)(const uint8_t *id, int rank, int world);
 
+typedef struct group_run {
+    const uint8_t *id;
+    int world;
+    rank_fn fn;
+} group_run;
+
+/* Rank r of the group_run arg points to (test_ranks_fork's child). */
+static void group_rank(int r, void *arg) {
+    const group_run *g = arg;
+    g->fn(g->id, r, g->world);
+}
+
 static int run_group(const uint8_t *id, int world, rank_fn fn, int killed) {
-    pid_t pids[16];
-    fflush(NULL);
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            check_passed = check_failed = 0;
-            alarm(60);
-            fn(id, r, world);
-            fflush(NULL);
-            _exit(check_failed > 100 ? 100 : check_failed);
-        }
-    }
-    int failed = 0;
-    for (int r = 0; r < world; r++) {
-        int st = 0;
-        waitpid(pids[r], &st, 0);
-        if (r == killed ? !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL
-                        : !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            failed++;
-            fprintf(stderr, "world %d rank %d: %s %d\n", world, r,
-                    WIFEXITED(st) ? "exit" : "signal",
-                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-        }
-    }
-    return failed;
+    group_run g = {id, world, fn};
+    pid_t pids[TEST_RANKS_MAX];
+    test_ranks_fork(world, group_rank, &g, 60, pids);
+    char what[32];
+    snprintf(what, sizeof what, "world %d rank", world);
+    return test_ranks_wait(world, pids, killed, what);
 }
 
 /* ---------------------------------------------------------------------------------------------

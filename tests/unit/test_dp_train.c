@@ -40,6 +40,7 @@
 #include "err.h"
 #include "ops.h"
 #include "rng.h"
+#include "test_ranks.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -132,7 +133,6 @@ static uint64_t key_of(int rank, int step) { return (uint64_t)step << 8 | (uint6
  * processes and their results */
 
 typedef struct result {
-    int failed;
     double loss[NSTEP], local_loss[NSTEP], local_w[NSTEP], gnorm[NSTEP];
     uint64_t hash[NSTEP], pre_hash;
     int skipped[NSTEP];
@@ -164,35 +164,17 @@ static dp_comm *join(int rank, int world) {
 
 typedef void (*proc_fn)(int idx);
 
+/* Process idx of the proc_fn arg points to (test_ranks_fork's child). */
+static void proc_main(int idx, void *arg) { (*(proc_fn *)arg)(idx); }
+
 /* Forks n processes running fn(i) with R[i] cleared; returns how many failed. */
 static int run_procs(int n, proc_fn fn) {
     memset(R, 0, 4 * sizeof *R);
     CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, group_id, NULL, 0), 0);
     CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, solo_id, NULL, 0), 0);
     pid_t pids[4];
-    fflush(NULL);
-    for (int i = 0; i < n; i++) {
-        pids[i] = fork();
-        if (pids[i] == 0) {
-            check_passed = check_failed = 0;
-            alarm(60);
-            fn(i);
-            R[i].failed = check_failed;
-            fflush(NULL);
-            _exit(check_failed ? 1 : 0);
-        }
-    }
-    int failed = 0;
-    for (int i = 0; i < n; i++) {
-        int st = 0;
-        waitpid(pids[i], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            failed++;
-            fprintf(stderr, "process %d: %s %d\n", i, WIFEXITED(st) ? "exit" : "signal",
-                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-        }
-    }
-    return failed;
+    test_ranks_fork(n, proc_main, &fn, 60, pids);
+    return test_ranks_wait(n, pids, -1, "process");
 }
 
 /* ---------------------------------------------------------------------------------------------

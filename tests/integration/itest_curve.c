@@ -74,8 +74,11 @@ static int run_wait(char *const argv[], int deadline_ms)
     }
 }
 
-/* run_wait with stdout and stderr in the file at log (read back into out, NUL-terminated). */
-static int run_logged(char *const argv[], int deadline_ms, const char *log, char *out, size_t len)
+/* run_wait with stdout and stderr in the file at log (read back into out, NUL-terminated).
+ * keep, when not NULL, is a live peer that sends a heartbeat every 100 ms meanwhile (so that the
+ * broker does not expire it while the program runs beside it). */
+static int run_logged(char *const argv[], int deadline_ms, const char *log, char *out, size_t len,
+                      client *keep)
 {
     unlink(log);
     pid_t pid = h_spawn_logged(argv, log);
@@ -91,14 +94,12 @@ static int run_logged(char *const argv[], int deadline_ms, const char *log, char
             h_kill(pid, SIGKILL);
             break;
         }
-        h_sleep_ms(10);
+        if (keep) client_heartbeat(keep);
+        h_sleep_ms(keep ? 100 : 10);
     }
-    out[0] = 0;
-    FILE *f = fopen(log, "r");
-    if (f) {
-        out[fread(out, 1, len - 1, f)] = 0;
-        fclose(f);
-    }
+    char *said = test_slurp(log, NULL);
+    snprintf(out, len, "%s", said ? said : "");
+    free(said);
     return rc;
 }
 
@@ -201,30 +202,12 @@ static int until_ok(int (*call)(client *), client *c, int deadline_ms)
 static int hello0(client *c) { return client_hello(c, NULL, 0); }
 
 /* Runs the drafter argv (output to log, read back into out) to its exit within deadline_ms while
- * the live peer `keep` sends heartbeats (not expired meanwhile): its exit status, or -1. */
+ * the live peer `keep` sends heartbeats (not expired meanwhile): its exit status, or -1; its
+ * output on stderr unless it exited 4. */
 static int run_beside(char *const argv[], const char *log, client *keep, int deadline_ms,
                       char *out, size_t len)
 {
-    unlink(log);
-    pid_t pid = h_spawn_logged(argv, log);
-    uint64_t end = h_now_ms() + (uint64_t)deadline_ms;
-    int st = 0, rc = -1;
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-            break;
-        }
-        if (r < 0 || h_now_ms() >= end) {
-            h_kill(pid, SIGKILL);
-            break;
-        }
-        client_heartbeat(keep);
-        h_sleep_ms(100);
-    }
-    char *said = test_slurp(log, NULL);
-    snprintf(out, len, "%s", said ? said : "");
-    free(said);
+    int rc = run_logged(argv, deadline_ms, log, out, len, keep);
     if (rc != 4) fprintf(stderr, "drafter exited %d:\n%s\n", rc, out);
     return rc;
 }
@@ -389,7 +372,7 @@ int main(int argc, char **argv)
         char *c3[] = {(char *)ctl, ep, sv, k1, "status", NULL};
         char slog[300], said3[8192];
         snprintf(slog, sizeof slog, "%s/status.log", dir);
-        CHECK_EQ_INT(run_logged(c3, 10000, slog, said3, sizeof said3), 0);
+        CHECK_EQ_INT(run_logged(c3, 10000, slog, said3, sizeof said3, NULL), 0);
         CHECK(strstr(said3, "leases    grants") != NULL);
         CHECK(strstr(said3, "refused   ") == NULL); /* nothing refused yet: no such line */
     }
@@ -416,7 +399,7 @@ int main(int argc, char **argv)
     snprintf(sv, sizeof sv, "--curve-server-key=%s", broker_pub);
     snprintf(k1, sizeof k1, "--curve-key=%s", alice);
     char *w1[] = {(char *)ctl, ep, sv, k1, "--count=1", "watch", NULL};
-    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said), 0);
+    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said, NULL), 0);
     CHECK(strncmp(said, "stats ", 6) == 0);
     /* from another host the file is not there (hidden here): exit 2 at once, naming the flag
      * (it hung, the broker answering every heartbeat) */
@@ -424,7 +407,7 @@ int main(int argc, char **argv)
     snprintf(hidden, sizeof hidden, "%s.hidden", ipc_pub);
     CHECK(rename(ipc_pub, hidden) == 0);
     uint64_t t0 = h_now_ms();
-    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said), 2);
+    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said, NULL), 2);
     CHECK(h_now_ms() - t0 < 5000);
     CHECK(strstr(said, "--pub-endpoint tcp://") != NULL);
     if (!strstr(said, "--pub-endpoint")) fprintf(stderr, "watch said: %s\n", said);
@@ -441,11 +424,11 @@ int main(int argc, char **argv)
                   cl, ad, NULL};
     q = h_spawn(qb, NULL);
     CHECK(wait_up(tcp_ep, broker_pub, alice, 10000));
-    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said), 0);
+    CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said, NULL), 0);
     CHECK(strncmp(said, "stats ", 6) == 0);
     char *w2[] = {(char *)ctl, rt, "--count=1", "watch", NULL};
     t0 = h_now_ms();
-    CHECK_EQ_INT(run_logged(w2, 15000, log, said, sizeof said), 2);
+    CHECK_EQ_INT(run_logged(w2, 15000, log, said, sizeof said, NULL), 2);
     CHECK(h_now_ms() - t0 < 5000);
     CHECK(strstr(said, "no announcement came") != NULL && strstr(said, "--curve-key") != NULL);
     if (!strstr(said, "no announcement came")) fprintf(stderr, "watch said: %s\n", said);
@@ -587,11 +570,11 @@ int main(int argc, char **argv)
         uint64_t n = key_refusals(tcp_ep, broker_pub, alice);
         CHECK(n >= 7 && n != UINT64_MAX);
         char *st[] = {(char *)ctl, epf, svf, alf, "status", NULL};
-        CHECK_EQ_INT(run_logged(st, 10000, slog, said, sizeof said), 0);
+        CHECK_EQ_INT(run_logged(st, 10000, slog, said, sizeof said, NULL), 0);
         CHECK(strstr(said, "refused   hellos (peer table full) 0  replies dropped (journal "
                            "wait) 0  key refusals (another CURVE key) ") != NULL);
         char *sj[] = {(char *)ctl, epf, svf, alf, "--json", "status", NULL};
-        CHECK_EQ_INT(run_logged(sj, 10000, slog, said, sizeof said), 0);
+        CHECK_EQ_INT(run_logged(sj, 10000, slog, said, sizeof said, NULL), 0);
         CHECK(strstr(said, "\"hellos_refused_full\":0,\"replies_dropped\":0,\"key_refusals\":") !=
               NULL);
         if (check_failed) fprintf(stderr, "dflash-ctl status said:\n%s\n", said);

@@ -633,7 +633,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         ST(redeliveries), ST(quarantined), ST(malformed), ST(acks), ST(batches_todo);
         ST(batches_inflight), ST(batches_trained), ST(batches_committed), ST(committed_step);
         ST(peers), ST(epoch), ST(pool_incarnation), ST(slot_count), ST(batches_total);
-        ST(hellos_refused_full), ST(replies_dropped), ST(key_refusals);
+        ST(hellos_refused_full), ST(replies_dropped), ST(key_refusals), ST(connections_refused);
+        ST(steering_refused);
 #undef ST
         for (uint32_t i = 0; i < s->n_buckets; i++) {
             const wire_bucket_stat *b = &s->buckets[i];
@@ -1060,7 +1061,8 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         ST(redeliveries), ST(quarantined), ST(malformed), ST(acks), ST(batches_todo);
         ST(batches_inflight), ST(batches_trained), ST(batches_committed), ST(committed_step);
         ST(peers), ST(epoch), ST(pool_incarnation), ST(slot_count), ST(batches_total);
-        ST(hellos_refused_full), ST(replies_dropped), ST(key_refusals); /* 0: an older broker */
+        ST(hellos_refused_full), ST(replies_dropped), ST(key_refusals), ST(connections_refused);
+        ST(steering_refused); /* these five: 0 from an older broker */
 #undef ST
         if (s->n_buckets > WIRE_MAX_BUCKETS)
             return fail(why, len, DFLASH_ERANGE, "status: %zu buckets", s->n_buckets);

@@ -247,8 +247,10 @@ typedef struct wire_status {
     wire_stop_stat stop;
     /* refused since the broker started (0 from an older broker): hellos at --max-peers, replies
      * waiting for the journal dropped by its caps, requests naming another CURVE key's live
-     * peer (its name, run or routing id) */
-    uint64_t hellos_refused_full, replies_dropped, key_refusals;
+     * peer (its name, run or routing id), CURVE connections of a key not allowed (ZAP), steering
+     * without an admin key */
+    uint64_t hellos_refused_full, replies_dropped, key_refusals, connections_refused,
+        steering_refused;
 } wire_status;
 
 typedef struct wire_kv {

@@ -1176,6 +1176,8 @@ void broker_status(broker *b, wire_status *s)
     s->hellos_refused_full = b->peers_full.count;
     s->replies_dropped = b->deferred_dropped.count;
     s->key_refusals = b->key_denied.count;
+    s->connections_refused = b->zap_denied;
+    s->steering_refused = b->steer_denied;
     const char *jf = b->ledger ? ledger_journal_failure(b->ledger) : NULL;
     if (jf) snprintf(s->journal_error, sizeof s->journal_error, "%s: %s", b->cfg.journal, jf);
     uint32_t live = 0;

@@ -131,7 +131,7 @@ struct broker {
     curve_keyset curve_clients;    /* keys the ZAP handler accepts */
     curve_keyset admin_keys;       /* keys that may steer (also accepted by ZAP) */
     char dispatch_user[CURVE_Z85_LEN + 1]; /* CURVE key of the request being dispatched, or "" */
-    uint64_t zap_denied, steer_denied;
+    uint64_t zap_denied, steer_denied; /* status: connections_refused, steering_refused */
     warn_limit key_denied;         /* requests refused: another key's peer (broker_key_refuse;
                                       status: key_refusals) */
     uv_timer_t cron;

@@ -3,7 +3,8 @@
  *   (b) a client without CURVE, and one whose key is in no allowed dir, get no reply at all;
  *   (c) set/pause/drain/release from a non-admin key get ERROR DENIED and change nothing; set
  *       and release with the admin key work and status shows it; the ipc:// endpoint (0700 dir)
- *       still steers;
+ *       still steers; status counts (b)'s refused connections and (c)'s refused steering
+ *       (connections_refused, steering_refused; `dflash-ctl status`'s "refused" line);
  *   (d) a tcp:// bind without CURVE options is refused at start-up (exit 2), and starts only
  *       with --insecure-tcp;
  *   (e) `dflash-ctl watch` where the broker announces: over tcp with the default ipc:// PUB it
@@ -17,8 +18,8 @@
  *       logged with bob's key, and d1 keeps its session; alice's restart of d1 (same key, new
  *       incarnation) replaces it as before; once d1 is expired, bob may take the name. Each of
  *       those refusals says so in the Error (other_key; a DENIED for the admin key does not),
- *       and the broker counts them in status (key_refusals; `dflash-ctl status` prints a
- *       "refused" line then, none before, and --json has the counters). Real dflash-drafter
+ *       and the broker counts them in status (key_refusals; `dflash-ctl status`'s "refused"
+ *       line, and --json has the counters). Real dflash-drafter
  *       processes under bob's key exit 4 (another live drafter has their --name or run), their
  *       log naming the cause: a --verify drafter named d1 (its hello refused: it exited 6, the
  *       code for another model), a trainer of d1's run (its --checkpoint-dir's run-id; its
@@ -374,7 +375,17 @@ int main(int argc, char **argv)
         snprintf(slog, sizeof slog, "%s/status.log", dir);
         CHECK_EQ_INT(run_logged(c3, 10000, slog, said3, sizeof said3, NULL), 0);
         CHECK(strstr(said3, "leases    grants") != NULL);
-        CHECK(strstr(said3, "refused   ") == NULL); /* nothing refused yet: no such line */
+        /* refused so far, in status' line: (b)'s key in no allowed dir, at the handshake (each
+         * reconnection: at least one), and (c)'s steering without the admin key (four requests
+         * and c1's set); nothing by the caps or the key binding yet */
+        CHECK(strstr(said3, "refused   hellos (peer table full) 0  replies dropped (journal "
+                            "wait) 0  key refusals (another CURVE key) 0  connections (key not "
+                            "allowed) ") != NULL);
+        CHECK(strstr(said3, "  steering (not an admin key) 5\n") != NULL);
+        wire_status s;
+        CHECK_EQ_INT(client_status(a, &s), 0);
+        CHECK(s.connections_refused >= 1 && s.steering_refused == 5);
+        if (check_failed) fprintf(stderr, "dflash-ctl status said:\n%s\n", said3);
     }
     /* the ipc:// endpoint in the 0700 runtime dir steers as before */
     client *local = ctl_client(ipc_ep, NULL, NULL, 2000);

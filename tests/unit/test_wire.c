@@ -95,7 +95,8 @@ static void fill_status(wire_status *st)
                             &st->acks,             &st->batches_todo,     &st->batches_inflight,
                             &st->batches_trained,  &st->batches_committed, &st->batches_total,
                             &st->committed_step,   &st->pool_incarnation,
-                            &st->hellos_refused_full, &st->replies_dropped, &st->key_refusals};
+                            &st->hellos_refused_full, &st->replies_dropped, &st->key_refusals,
+                            &st->connections_refused, &st->steering_refused};
     for (size_t i = 0; i < sizeof counters / sizeof *counters; i++)
         *counters[i] = v++;
     st->peers = (uint32_t)v++;
@@ -287,22 +288,29 @@ int main(void)
     in.u.status.stopping = false;
     if (roundtrip(&in, &out)) CHECK(!out.u.status.stopping && out.u.status.stop.grace_ms == 0);
     in.u.status.stopping = true;
-    /* the refusal counters (StatusReply 30-32), packed last: a client that predates them (here:
-     * the same bytes with the three renumbered 62-64, fields this schema does not have) skips
+    /* the refusal counters (StatusReply 30-34), packed last: a client that predates them (here:
+     * the same bytes with the five renumbered 62-66, fields this schema does not have) skips
      * them, protobuf-c keeping them aside unread; the rest reads as before and they read 0 */
     in.u.status.hellos_refused_full = 5;
     in.u.status.replies_dropped = 6;
     in.u.status.key_refusals = 7;
+    in.u.status.connections_refused = 8;
+    in.u.status.steering_refused = 9;
     int sn = wire_pack(&in, buf, sizeof buf);
-    const uint8_t tail[] = {0xf0, 0x01, 5, 0xf8, 0x01, 6, 0x80, 0x02, 7}; /* fields 30, 31, 32 */
-    CHECK(sn > 9 && memcmp(buf + sn - 9, tail, 9) == 0);
-    if (sn > 9) buf[sn - 8] = 0x03, buf[sn - 5] = 0x03, buf[sn - 2] = 0x04; /* 62, 63, 64 */
+    const uint8_t tail[] = {0xf0, 0x01, 5, 0xf8, 0x01, 6, 0x80, 0x02, 7,
+                            0x88, 0x02, 8, 0x90, 0x02, 9}; /* fields 30-34 */
+    CHECK(sn > 15 && memcmp(buf + sn - 15, tail, 15) == 0);
+    for (int f = 0; sn > 15 && f < 5; f++)
+        buf[sn - 14 + 3 * f] += 2; /* each tag's second byte: field n -> n + 32 */
     CHECK_EQ_INT(wire_unpack(buf, (size_t)sn, &out, NULL, 0), 0);
     CHECK(out.u.status.hellos_refused_full == 0 && out.u.status.replies_dropped == 0 &&
-          out.u.status.key_refusals == 0);
+          out.u.status.key_refusals == 0 && out.u.status.connections_refused == 0 &&
+          out.u.status.steering_refused == 0);
     out.u.status.hellos_refused_full = 5;
     out.u.status.replies_dropped = 6;
     out.u.status.key_refusals = 7;
+    out.u.status.connections_refused = 8;
+    out.u.status.steering_refused = 9;
     CHECK(same_payload(&in, &out));
     /* orphaned group steps: at most WIRE_MAX_STATUS_ORPHANS */
     in.u.status.n_orphans = WIRE_MAX_STATUS_ORPHANS + 1;

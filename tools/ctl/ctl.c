@@ -200,7 +200,8 @@ static cJSON *status_json(const wire_status *s)
     N(claims_per_s), N(grants), N(releases), N(lease_expiries), N(redeliveries), N(quarantined);
     N(malformed), N(acks), N(batches_todo), N(batches_inflight), N(batches_trained);
     N(batches_committed), N(batches_total), N(committed_step), N(peers), N(epoch), N(slot_count);
-    N(hellos_refused_full), N(replies_dropped), N(key_refusals); /* 0 from an older broker */
+    N(hellos_refused_full), N(replies_dropped), N(key_refusals), N(connections_refused);
+    N(steering_refused); /* these five: 0 from an older broker */
 #undef N
     cJSON *arr = cJSON_AddArrayToObject(o, "buckets");
     for (uint32_t i = 0; i < s->n_buckets; i++) {
@@ -289,15 +290,20 @@ static void print_status(const wire_status *s, uint64_t incarnation)
     print_orphans(s);
 }
 
-/* What the broker's caps and key binding refused since it started, when anything (its log says
- * more, once per 10 s): hellos at --max-peers, replies waiting for the journal dropped,
- * requests naming another CURVE key's live peer (docs/operating.md section 3). */
+/* What the broker's caps, key binding and CURVE access refused since it started, when anything
+ * (its log says more): hellos at --max-peers, replies waiting for the journal dropped, requests
+ * naming another CURVE key's live peer, connections of a key not allowed, steering without an
+ * admin key (docs/operating.md section 3). */
 static void print_refusals(const wire_status *s)
 {
-    if (!s->hellos_refused_full && !s->replies_dropped && !s->key_refusals) return;
+    if (!s->hellos_refused_full && !s->replies_dropped && !s->key_refusals &&
+        !s->connections_refused && !s->steering_refused)
+        return;
     printf("refused   hellos (peer table full) %" PRIu64 "  replies dropped (journal wait) "
-           "%" PRIu64 "  key refusals (another CURVE key) %" PRIu64 "\n",
-           s->hellos_refused_full, s->replies_dropped, s->key_refusals);
+           "%" PRIu64 "  key refusals (another CURVE key) %" PRIu64 "  connections (key not "
+           "allowed) %" PRIu64 "  steering (not an admin key) %" PRIu64 "\n",
+           s->hellos_refused_full, s->replies_dropped, s->key_refusals, s->connections_refused,
+           s->steering_refused);
 }
 
 static void print_buckets(const wire_status *s)

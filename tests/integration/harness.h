@@ -8,6 +8,7 @@
 #include "err.h"
 #include "test_files.h" /* test_slurp */
 
+#include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -98,14 +99,19 @@ static __attribute__((unused)) int h_run_tool(char *const argv[], const char *lo
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* Waits up to ms for pid to exit: its exit status, or -1 (a signal ended it, or it was still
- * running at the deadline: then it is SIGKILLed and reaped). */
+/* Waits up to ms for pid to exit: its exit status, or -1 (a signal ended it, it was reaped
+ * before, or it was still running at the deadline: then it is SIGKILLed and reaped). A pid
+ * already reaped (h_kill) returns -1 at once: it is not ours to wait for or kill any more
+ * (defect: it was waited for the whole ms, then sent SIGKILL, a pid the system may have given
+ * to another process). */
 static __attribute__((unused)) int h_wait_exit(pid_t pid, int ms)
 {
     uint64_t end = h_now_ms() + (uint64_t)ms;
     int st = 0;
     while (h_now_ms() < end) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        if (r < 0 && errno == ECHILD) return -1;
         h_sleep_ms(20);
     }
     kill(pid, SIGKILL);

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # scripts_options: the command line of scripts/{train,test,install-deps,gpu-carry,gpu-check,
-# gpu-bench,gpu-parity}: -h and --help print the usage (exit 0), an unknown option is refused (exit 2)
-# before the script does anything; scripts/train refuses an option without its value ("$2:
-# unbound variable" under set -u) and a bad number (--steps 0 made its final check pass always)
-# before it builds or starts a daemon, and its help says which --data names are JSONL; its
-# --init-from is refused when it names --out or a path inside it; --slots, --buckets and
-# --features are checked against the broker's and the target's needs; chat data is refused with
-# the scripts/chat_to_jsonl.py command, and .JSONL is JSONL; --drafters / --drafter-gpus /
-# --target-gpu are checked against a group's needs (a share of the step each, a slot each).
-# cmake, apt-get, dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch
-# working directory: a script that got past its arguments stops at once.
+# gpu-bench,gpu-parity,docker-up}: -h and --help print the usage (exit 0), an unknown option is
+# refused (exit 2) before the script does anything; scripts/train refuses an option without its
+# value ("$2: unbound variable" under set -u) and a bad number (--steps 0 made its final check pass
+# always) before it builds or starts a daemon, and its help says which --data names are JSONL; its
+# --init-from is refused when it names --out or a path inside it; --slots, --buckets and --features
+# are checked against the broker's and the target's needs; chat data is refused with the
+# scripts/chat_to_jsonl.py command, and .JSONL is JSONL; --drafters / --drafter-gpus / --target-gpu
+# are checked against a group's needs (a share of the step each, a slot each). cmake, apt-get,
+# dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch working directory: a
+# script that got past its arguments stops at once.
 # scripts/gpu-carry's OUT: with a cmake that "builds" (stand-in binaries) and a strip that does
 # nothing, a failing DEVICE_LIBS tool or a missing one named by DEVICE_LIBS leaves an existing
 # OUT as it was; one that works replaces it; none at the default place (a copy of scripts/ with
@@ -53,7 +53,7 @@ expect() {
     verdict "$name" "$want" "$pattern" $?
 }
 
-for s in train test install-deps gpu-carry gpu-check gpu-bench gpu-parity; do
+for s in train test install-deps gpu-carry gpu-check gpu-bench gpu-parity docker-up; do
     expect "$s -h" 0 "^(scripts/)?$s: " "$s" -h
     expect "$s --help" 0 "^(scripts/)?$s: " "$s" --help
     expect "$s --bogus" 2 "unknown option --bogus" "$s" --bogus

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts_test_skips: scripts/test lists the tests ctest skipped (exit 77, counted as passed by
 # ctest) with their reasons, and under CI=true (or CI=1) fails the run when one outside its
-# allow-list (compose_docker) did not run: CI passed with every PyTorch oracle skipped.
+# allow-list (the docker tests, only while DFLASH_TEST_BASE_IMAGE is unset) did not run: CI
+# passed with every PyTorch oracle skipped.
 # scripts/test runs from a copy of scripts/ in a scratch tree, with a cmake stand-in that does
 # nothing and a ctest stand-in that writes the JUnit file given by $FAKE_JUNIT where
 # --output-junit says and exits $FAKE_RC: what is checked is scripts/test's verdict alone.
@@ -49,7 +50,8 @@ junit() {
 check() {
     local name=$1 ci=$2 rc=$3 want=$4 pattern=$5 absent=${6:-}
     local got=0
-    env -u SANITIZE CI=$ci FAKE_RC=$rc "$WORK/tree/scripts/test" > "$WORK/out" 2>&1 || got=$?
+    env -u SANITIZE -u DFLASH_TEST_BASE_IMAGE ${BASE_IMAGE:+DFLASH_TEST_BASE_IMAGE=$BASE_IMAGE} \
+        CI=$ci FAKE_RC=$rc "$WORK/tree/scripts/test" > "$WORK/out" 2>&1 || got=$?
     if [ "$got" != "$want" ] || ! grep -qE -- "$pattern" "$WORK/out" ||
         { [ -n "$absent" ] && grep -qE -- "$absent" "$WORK/out"; }; then
         echo "FAIL $name: exit $got (want $want), output should match '$pattern'" \
@@ -66,6 +68,9 @@ junit "$FAKE_JUNIT" "test_rng:run:50 passed" \
     "compose_docker:notrun:no Docker daemon answers (docker info): skipped"
 check "CI, only the allowed skip" true 0 0 \
     "compose_docker: no Docker daemon answers .*allowed under CI: no Docker daemon" FAIL
+# a base image made ready (scripts/docker-up, as .ci/run does): the docker tests must run
+BASE_IMAGE=dflash-base:test check "CI with a docker base image, compose_docker skipped" true 0 1 \
+    "FAIL: under CI every test must run, and 1 did not: compose_docker"
 
 junit "$FAKE_JUNIT" "test_rng:run:50 passed" \
     "dflash_reference:notrun:SKIPPED: torch not installed" \

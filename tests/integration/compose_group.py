@@ -90,6 +90,18 @@ def compose_vars(cfg):
             "DFLASH_TOTAL_STEPS": "100000", "DFLASH_LOG_LEVEL": "info"}
 
 
+def in_sync(text, min_step):
+    """The launcher's output text has both processes (rank-0 and rank-1) as the group ranks 0 and
+    1 of one epoch of the group of 2, at a step >= min_step."""
+    epochs = {}
+    for m in re.finditer(r"^\[rank-(\d)\] .*group train epoch (\d+): rank (\d) of 2 in "
+                         r"sync at step (\d+)", text, re.M):
+        k, epoch, rank, step = m.groups()
+        if int(step) >= min_step:
+            epochs.setdefault(epoch, {})[k] = rank
+    return any(set(v) == {"0", "1"} and set(v.values()) == {"0", "1"} for v in epochs.values())
+
+
 class Volumes:
     """Each volume of the resolved config as a local directory: a named volume by its name, a
     bind mount by its source's last component; the runtime volume is env's short run dir."""
@@ -198,19 +210,8 @@ def body(build, env, resolve, failures):
                                f"{tail(group.log_path, 40)}")
         return m
 
-    def in_sync(off, min_step):
-        """Both processes ranks of one epoch of the group of 2 at a step >= min_step."""
-        epochs = {}
-        for m in re.finditer(r"^\[rank-(\d)\] .*group train epoch (\d+): rank (\d) of 2 in "
-                             r"sync at step (\d+)", part(off), re.M):
-            k, epoch, rank, step = m.groups()
-            if int(step) >= min_step:
-                epochs.setdefault(epoch, {})[k] = rank
-        return any(set(v) == {"0", "1"} and set(v.values()) == {"0", "1"}
-                   for v in epochs.values())
-
     def wait_in_sync(off, min_step, what):
-        if not wait_until(lambda: in_sync(off, min_step), 120, 0.2):
+        if not wait_until(lambda: in_sync(part(off), min_step), 120, 0.2):
             raise RuntimeError(f"{what}: the two processes did not become ranks 0 and 1 of one "
                                f"epoch of the group of 2 at step >= {min_step}:\n"
                                f"{tail(group.log_path, 40)}")

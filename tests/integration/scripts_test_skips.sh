@@ -71,6 +71,14 @@ check "CI, only the allowed skip" true 0 0 \
 # a base image made ready (scripts/docker-up, as .ci/run does): the docker tests must run
 BASE_IMAGE=dflash-base:test check "CI with a docker base image, compose_docker skipped" true 0 1 \
     "FAIL: under CI every test must run, and 1 did not: compose_docker"
+# both docker tests (compose_docker_train too) skip as allowed without one, and fail with one
+junit "$FAKE_JUNIT" "test_rng:run:50 passed" \
+    "compose_docker:notrun:no Docker daemon answers (docker info): skipped" \
+    "compose_docker_train:notrun:no Docker daemon answers (docker info): skipped"
+check "CI, both docker tests skipped as allowed" true 0 0 \
+    "compose_docker_train: no Docker daemon answers .*allowed under CI: no Docker daemon" FAIL
+BASE_IMAGE=dflash-base:test check "CI with a docker base image, both skipped" true 0 1 \
+    "FAIL: under CI every test must run, and 2 did not: compose_docker, compose_docker_train"
 
 junit "$FAKE_JUNIT" "test_rng:run:50 passed" \
     "dflash_reference:notrun:SKIPPED: torch not installed" \

@@ -111,7 +111,8 @@ def main():
         if health != "healthy":
             failures.append(f"the broker's healthcheck is {health!r}")
         p("stop", "-t", "30", timeout=180)
-        for svc, n in (("queue", 1), ("target", 1), ("drafter", 1), ("drafter", 2)):
+        for svc, n in (("queue", 1), ("target", 1), ("drafter", 1), ("drafter", 2),
+                       ("namespaces", 1)):
             cid = p.container(svc, n)
             code = dl.inspect(cid, "{{.State.ExitCode}}") if cid else "missing"
             if code != "0":

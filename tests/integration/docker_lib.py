@@ -198,11 +198,18 @@ def lines(cid):
     return out
 
 
+def in_volume(image, volume, *argv):
+    """The stdout of argv run in a throwaway container of image with the named volume mounted
+    read-only at /c; None when it fails."""
+    r = run("docker", "run", "--rm", "-v", f"{volume}:/c:ro", image, *argv, timeout=60)
+    return r.stdout if r.returncode == 0 else None
+
+
 def ls(image, volume):
     """[(mtime in seconds since the epoch, path)] of what the named volume holds, mounted at /c,
-    two levels deep, from a throwaway container of image; None when it cannot be read."""
-    r = run("docker", "run", "--rm", "-v", f"{volume}:/c:ro", image, "find", "/c", "-mindepth",
-            "1", "-maxdepth", "2", "-printf", "%T@ %p\\n", timeout=60)
-    if r.returncode != 0:
+    two levels deep; None when it cannot be read."""
+    out = in_volume(image, volume, "find", "/c", "-mindepth", "1", "-maxdepth", "2", "-printf",
+                    "%T@ %p\\n")
+    if out is None:
         return None
-    return [(float(t), p) for t, p in (ln.split(" ", 1) for ln in r.stdout.splitlines())]
+    return [(float(t), p) for t, p in (ln.split(" ", 1) for ln in out.splitlines())]

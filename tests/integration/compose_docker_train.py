@@ -18,8 +18,8 @@ rate, and the GPU reservations removed (the cpu backend needs none).
      "step N loss L" in its log, checkpoints step-N written into the dflash-checkpoints volume,
      read from a throwaway container); its dflash-drafter is SIGKILLed from the host; the restart
      policy starts the container again and the drafter resumes exactly from the newest
-     checkpoint it wrote before (its log names it, at a step > 0, and it is the newest the
-     volume held when the container started again, by the volume's mtimes) and trains past it;
+     checkpoint the volume held when the container started again (by the volume's mtimes; at
+     a step > 0; its log names it) and trains past it;
      metrics.jsonl in the dflash-metrics volume (both runs, a line a step) goes past that step
      and the mean loss of its last 10 steps is 10% below its first 10's; `stop` ends every
      container (the namespaces holder too) with exit 0, and the stopped run's summary goes from
@@ -181,23 +181,27 @@ class Deployment:
         return started, dl.inspect(cid, "{{.State.StartedAt}}")
 
     def resumed(self, cid, prev_run, new_run, what, rank_dirs=False):
-        """The newest checkpoint the run before wrote (step S > 0, in the volume) and the new
-        run's line saying it resumed exactly from it; returns (S, its path in the volume)."""
-        before = written(self.run_text(cid, prev_run, new_run), rank_dirs)
-        if not before:
+        """The newest checkpoint the volume held when the container started again (step S > 0;
+        the run before wrote checkpoints) and the new run's line saying it resumed exactly from
+        it; returns (S, its path in the volume). Taken from the volume, not from the run
+        before's "written" lines: a SIGKILL between a checkpoint's rename and its log line (the
+        directory's fsync) leaves a newest checkpoint that no line names."""
+        if not written(self.run_text(cid, prev_run, new_run), rank_dirs):
             raise RuntimeError(f"{what}: the run before the restart wrote no checkpoint")
-        step, path = max(before)
-        self.wait(cid, new_run, rf"resumed exactly from {CKPT}/{re.escape(path)} at step "
-                                rf"{step}\b", f"{what}: resume from {path}", 60)
-        if step <= 0:
-            raise RuntimeError(f"{what}: resumed at step {step}")
-        # the newest in the volume when the container started again: written before, no newer
+        # the new run's checkpoints are newer than its start; a checkpoint's directory has the
+        # mtime of its last file, written before the rename that completed it
         restart = dl.timestamp(new_run)[0] + dl.timestamp(new_run)[1] / 1e9
         ckpts, listing = self.checkpoints()
-        older = [(s, p) for s, p, mtime in ckpts if mtime < restart]
-        if not older or max(older) != (step, path):
-            raise RuntimeError(f"{what}: {path} is not the newest checkpoint the volume held at "
-                               f"the restart: {older[-4:]}")
+        older = [(st, p) for st, p, mtime in ckpts if mtime < restart]
+        if not older:
+            raise RuntimeError(f"{what}: no checkpoint in the volume from before the restart: "
+                               f"{listing}")
+        step, path = max(older)
+        if step <= 0:
+            raise RuntimeError(f"{what}: the newest checkpoint before the restart is of step "
+                               f"{step}")
+        self.wait(cid, new_run, rf"resumed exactly from {CKPT}/{re.escape(path)} at step "
+                                rf"{step}\b", f"{what}: resume from {path}", 60)
         return step, path
 
     def stop(self, failures, what):

@@ -119,9 +119,9 @@ class Deployment:
         """([(step, path under the volume, mtime)] of the dflash-checkpoints volume by step, the
         volume's listing), read from a throwaway container."""
         vol = self.p.volume("dflash-checkpoints")
-        listing = dl.ls(self.image, vol) if vol else None
-        if listing is None:
-            raise RuntimeError(f"cannot list the checkpoint volume {vol!r}")
+        if not vol:
+            raise RuntimeError("no dflash-checkpoints volume in the project")
+        listing = dl.ls(self.image, vol)
         out = []
         for mtime, path in listing:
             m = re.fullmatch(r"/c/((?:rank-\d+/)?step-0*(\d+))", path)
@@ -132,10 +132,11 @@ class Deployment:
     def losses(self):
         """[(step, loss)] of every line of metrics.jsonl in the dflash-metrics volume."""
         vol = self.p.volume("dflash-metrics")
-        text = dl.in_volume(self.image, vol, "cat", "/c/metrics.jsonl") if vol else None
-        if text is None:
-            raise RuntimeError(f"cannot read metrics.jsonl in the metrics volume {vol!r}")
-        rows = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+        r = dl.in_volume(self.image, vol, "cat", "/c/metrics.jsonl") if vol else None
+        if not r or r.returncode != 0:
+            raise RuntimeError(f"cannot read metrics.jsonl in the metrics volume {vol!r}: "
+                               f"{r.stderr.strip() if r else 'no such volume'}")
+        rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.strip()]
         return [(r["step"], r["loss"]) for r in rows if "loss" in r]
 
     def wait(self, cid, since, cond, what, deadline_s=120):

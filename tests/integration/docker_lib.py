@@ -19,8 +19,8 @@
     the restart policy answers; `docker kill` is an operator's stop, which it does not).
   * lines(cid): its log as (timestamp, line), stdout and stderr together, so that a run of a
     restarted container (inspect's {{.State.StartedAt}}) can be told from the one before.
-  * ls(image, volume): what a named volume holds (paths and their mtimes), from a throwaway
-    container.
+  * in_volume(image, volume, *argv), ls(image, volume): a command over a named volume, and what
+    the volume holds (paths and their mtimes), from a throwaway container.
 """
 import argparse
 import calendar
@@ -199,17 +199,20 @@ def lines(cid):
 
 
 def in_volume(image, volume, *argv):
-    """The stdout of argv run in a throwaway container of image with the named volume mounted
-    read-only at /c; None when it fails."""
-    r = run("docker", "run", "--rm", "-v", f"{volume}:/c:ro", image, *argv, timeout=60)
-    return r.stdout if r.returncode == 0 else None
+    """argv run in a throwaway container of image with the named volume mounted read-only at /c:
+    the CompletedProcess (stdout, stderr, returncode)."""
+    return run("docker", "run", "--rm", "-v", f"{volume}:/c:ro", image, *argv, timeout=60)
 
 
 def ls(image, volume):
     """[(mtime in seconds since the epoch, path)] of what the named volume holds, mounted at /c,
-    two levels deep; None when it cannot be read."""
-    out = in_volume(image, volume, "find", "/c", "-mindepth", "1", "-maxdepth", "2", "-printf",
-                    "%T@ %p\\n")
-    if out is None:
-        return None
-    return [(float(t), p) for t, p in (ln.split(" ", 1) for ln in out.splitlines())]
+    two levels deep. A writer may rename an entry while find walks it (a checkpoint's temporary
+    directory): find then says "No such file or directory" for it and exits 1, and the rest of
+    its listing stands. RuntimeError for any other failure, with find's or docker's words."""
+    r = in_volume(image, volume, "find", "/c", "-mindepth", "1", "-maxdepth", "2", "-printf",
+                  "%T@ %p\\n")
+    vanished = all("No such file or directory" in ln for ln in r.stderr.splitlines())
+    if r.returncode != 0 and not (r.returncode == 1 and r.stderr and vanished):
+        raise RuntimeError(f"cannot list the volume {volume!r} (exit {r.returncode}): "
+                           f"{r.stderr.strip()[-500:]}")
+    return [(float(t), p) for t, p in (ln.split(" ", 1) for ln in r.stdout.splitlines())]

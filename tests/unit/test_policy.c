@@ -2,7 +2,8 @@
  * served below min_ready, work goes where the reservoir lacks, max_depth stops the target, the
  * consumed length mix follows the dataset mix, settings change live, a dead drafter's slot is
  * redelivered and a poison batch quarantined, a restarted target's batches return to to-do, a
- * batch a late ack recorded trained is not granted again from the slot that holds it anew. */
+ * batch a late ack recorded trained is not granted again from the slot that holds it anew, a
+ * group step is reserved whole exactly when that many claims keep min_ready. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -519,6 +520,31 @@ static void test_lease_trained(void)
     policy_destroy(&p);
 }
 
+/* A group step is reserved whole only when policy_claimable says that many claims will succeed
+ * (broker_groups.c): it must be exactly the claims that keep min_ready, so a step that fits is
+ * never refused and one that does not is never half reserved. */
+static void test_claimable(void)
+{
+    policy *p = make(1, NULL, 5, 90);
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(produce(p, 0), 0);
+    CHECK_EQ_INT(policy_claimable(p), 0); /* 4 ready < min_ready */
+    CHECK_EQ_INT(produce(p, 0), 0);
+    CHECK_EQ_INT(policy_claimable(p), 1); /* 5 ready: one claim, then 4 */
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(produce(p, 0), 0);
+    uint32_t n = policy_claimable(p);
+    CHECK_EQ_INT(n, 4); /* 8 ready: claims at 8, 7, 6 and 5 */
+    policy_grant g;
+    uint32_t served = 0;
+    while (policy_claim(p, 1, 0, &g) == 0) served++;
+    CHECK_EQ_INT(served, n);
+    CHECK_EQ_INT(policy_claimable(p), 0);
+    policy_set_flush(p, true); /* epoch end: every ready slot may go */
+    CHECK_EQ_INT(policy_claimable(p), 4);
+    CHECK_EQ_INT(policy_set_mode(p, POLICY_PAUSED), 0);
+    CHECK_EQ_INT(policy_claimable(p), 0);
+    policy_destroy(&p);
+}
+
 static void test_restart_fence(void)
 {
     /* A re-registered pool's busy slots are fenced: never handed out for filling, no SLOT_READY,
@@ -628,6 +654,7 @@ int main(void)
     test_batch_trained();
     test_lease_trained();
     test_restart_fence();
+    test_claimable();
     test_tv();
     CHECK_DONE();
 }

@@ -3,7 +3,8 @@
  * consumed length mix follows the dataset mix, settings change live, a dead drafter's slot is
  * redelivered and a poison batch quarantined, a restarted target's batches return to to-do, a
  * batch a late ack recorded trained is not granted again from the slot that holds it anew, a
- * group step is reserved whole exactly when that many claims keep min_ready. */
+ * group step is reserved whole exactly when that many claims keep min_ready, and an aborted
+ * step's batch is served again first. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -545,6 +546,37 @@ static void test_claimable(void)
     policy_destroy(&p);
 }
 
+/* An aborted group step gives its leases back (policy_lease_revoke): the batch is READY again at
+ * the head of its bucket's FIFO (the oldest batch, served next, before batches that became ready
+ * later), its deliveries unchanged (the step's abort is no failed delivery) and its tokens not
+ * counted twice in the mix; the revoked holder's release is stale. */
+static void test_revoke(void)
+{
+    policy *p = make(1, NULL, 0, 90);
+    for (int i = 0; i < 2; i++) CHECK_EQ_INT(produce(p, 0), 0);
+    policy_grant g[2], again;
+    for (int i = 0; i < 2; i++) CHECK_EQ_INT(policy_claim(p, 1, 0, &g[i]), 0);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(produce(p, 0), 0); /* indices 2, 3, 4 ready */
+    CHECK_EQ_INT(policy_lease_revoke(p, g[1].lease_id), 0);
+    CHECK_EQ_INT(policy_lease_revoke(p, g[1].lease_id), DFLASH_ESTALE);
+    CHECK_EQ_INT(policy_release(p, g[1].lease_id, NULL), DFLASH_ESTALE);
+    policy_stats st;
+    policy_get_stats(p, &st);
+    CHECK_EQ_INT(st.ready, 4);
+    CHECK_EQ_INT(st.leased, 1);
+    CHECK_EQ_INT(policy_claim(p, 2, 0, &again), 0);
+    CHECK_EQ_INT(again.where.batch.index, g[1].where.batch.index); /* not index 2 */
+    CHECK_EQ_INT(again.deliveries, 1);
+    CHECK_EQ_INT(policy_claim(p, 2, 0, &again), 0);
+    CHECK_EQ_INT(again.where.batch.index, 2); /* then the FIFO as before */
+    policy_get_stats(p, &st);
+    CHECK_EQ_INT(st.claims, 4);
+    CHECK_EQ_INT(st.bucket[0].consumed_batches, 3); /* the regrant is not consumed again */
+    CHECK_EQ_INT(st.lease_expiries, 0);
+    CHECK_EQ_INT(ev.n_requeued + ev.n_quarantined, 0);
+    policy_destroy(&p);
+}
+
 static void test_restart_fence(void)
 {
     /* A re-registered pool's busy slots are fenced: never handed out for filling, no SLOT_READY,
@@ -655,6 +687,7 @@ int main(void)
     test_lease_trained();
     test_restart_fence();
     test_claimable();
+    test_revoke();
     test_tv();
     CHECK_DONE();
 }

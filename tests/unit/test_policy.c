@@ -395,7 +395,14 @@ static void test_incarnation_drop(void)
     CHECK_EQ_INT(policy_pool_drop(p, POOL), DFLASH_ENOTFOUND);
     CHECK_EQ_INT(ev.n_requeued, 2);
     CHECK_EQ_INT(policy_next_deadline(p), 100);
+    /* Its worker's heartbeats keep it, as they keep any lease of that worker (it may still be
+     * copying the batch: an expiry would produce it again while the copy is trained). */
+    CHECK_EQ_INT(policy_heartbeat(p, 6, 60), 0);
+    CHECK_EQ_INT(policy_next_deadline(p), 160);
     CHECK_EQ_INT(policy_tick(p, 100), 0);
+    CHECK_EQ_INT(ev.n_requeued, 2);
+    CHECK_EQ_INT(policy_detached_leases(p, POOL, 0x2222), 1);
+    CHECK_EQ_INT(policy_tick(p, 160), 0);
     CHECK_EQ_INT(ev.n_requeued, 3);
     CHECK(ev.requeued[2].index == g.where.batch.index);
     policy_destroy(&p);

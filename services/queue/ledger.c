@@ -431,6 +431,16 @@ static int64_t apply_bulk(ledger *l, batch_state from, batch_state to, uint64_t 
     return n;
 }
 
+/* A durable checkpoint at step: every TRAINED batch trained at or before it -> COMMITTED. The last
+ * commit is the newest one: the report of an older checkpoint arriving late commits what it
+ * covers and leaves it (replay too, so a restart finds the same last commit). */
+static int64_t apply_commit(ledger *l, uint64_t step)
+{
+    int64_t n = apply_bulk(l, BATCH_TRAINED, BATCH_COMMITTED, step, false);
+    if (step > l->last_commit_step) l->last_commit_step = step;
+    return n;
+}
+
 /* A drafter resumed from checkpoint step: every TRAINED or COMMITTED batch trained after it ->
  * TODO, and the last commit is no later than step. DFLASH_ESTATE (nothing changed) when a done
  * epoch has a batch trained after step: which ones is no longer known. Replay applies what the
@@ -579,8 +589,7 @@ static int replay_one(void *ctx, uint16_t type, const void *payload, uint32_t le
     }
     case REC_COMMIT:
         if (len != 8) return DFLASH_ECORRUPT;
-        apply_bulk(l, BATCH_TRAINED, BATCH_COMMITTED, get64(p), false);
-        l->last_commit_step = get64(p);
+        apply_commit(l, get64(p));
         break;
     case REC_REWIND:
         if (len != 8) return DFLASH_ECORRUPT;
@@ -866,8 +875,7 @@ uint32_t ledger_failures(const ledger *l, const batch_id *b)
 
 int64_t ledger_commit(ledger *l, uint64_t step)
 {
-    int64_t n = apply_bulk(l, BATCH_TRAINED, BATCH_COMMITTED, step, false);
-    if (step > l->last_commit_step) l->last_commit_step = step;
+    int64_t n = apply_commit(l, step);
     uint8_t p[8];
     put64(p, step);
     if (l->j && journal_append(l->j, REC_COMMIT, p, 8, l->params.fsync) != 0) return DFLASH_EIO;

@@ -180,8 +180,9 @@ bool ledger_note_delivery(ledger *l, const batch_id *b);
 /* Failed deliveries of b so far (0 outside the plan or in a finished epoch). */
 uint32_t ledger_failures(const ledger *l, const batch_id *b);
 
-/* A durable checkpoint at step exists: every TRAINED batch with step <= step -> COMMITTED.
- * Journaled with fsync. Returns the number committed (>= 0) or a negative code (DFLASH_EIO). */
+/* A durable checkpoint at step exists: every TRAINED batch with step <= step -> COMMITTED; the
+ * last commit (stats) is the largest step committed, after a replay too. Journaled with fsync.
+ * Returns the number committed (>= 0) or a negative code (DFLASH_EIO). */
 int64_t ledger_commit(ledger *l, uint64_t step);
 
 /* A drafter resumed from checkpoint step: every TRAINED or COMMITTED batch with step > step ->

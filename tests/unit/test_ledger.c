@@ -204,6 +204,28 @@ static void test_rewind_below_commit(void)
         if (!l) return;
     }
     ledger_destroy(&l);
+
+    /* A finished epoch's bound is its own last batch's step, not the last commit, also from a
+     * snapshot: a resume between the two rewinds the later epoch and is not refused. */
+    unlink(jp);
+    l = open_ledger(jp, 0, 0);
+    CHECK_EQ_INT(ledger_set_plan(l, 1, (const uint32_t[]){2}), 0);
+    for (uint64_t s = 1; s <= 3; s++) { /* epoch 0 at steps 1 and 2, epoch 1's first at 5 */
+        CHECK_EQ_INT(ledger_next_todo(l, 0, &b), 0);
+        CHECK_EQ_INT(ledger_ack(l, &b, s == 3 ? 5 : s), 0);
+    }
+    CHECK_EQ_INT(ledger_commit(l, 5), 3);
+    CHECK(ledger_epoch_committed(l, 0));
+    CHECK_EQ_INT(ledger_compact(l), 0);
+    ledger_destroy(&l);
+    l = open_ledger(jp, 0, 0);
+    CHECK(l != NULL);
+    if (!l) return;
+    CHECK(ledger_epoch_committed(l, 0));
+    CHECK_EQ_INT(ledger_rewind(l, 1), DFLASH_ESTATE); /* epoch 0's step 2 is after it */
+    CHECK_EQ_INT(ledger_rewind(l, 3), 1);             /* after epoch 0, before step 5 */
+    CHECK_EQ_INT(state_of(l, 1, 0, 0, NULL), BATCH_TODO);
+    ledger_destroy(&l);
     unlink(jp);
 }
 

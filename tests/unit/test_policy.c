@@ -405,6 +405,20 @@ static void test_incarnation_drop(void)
     CHECK_EQ_INT(policy_tick(p, 160), 0);
     CHECK_EQ_INT(ev.n_requeued, 3);
     CHECK(ev.requeued[2].index == g.where.batch.index);
+    /* A detached lease whose worker is gone (its socket closed) ends at once, as its other
+     * leases do: its batch goes back to to-do without waiting for the lease timeout. */
+    CHECK_EQ_INT(policy_pool_add(p, POOL, 0x3333, 256, 1 << 20), 0);
+    batch_id nc = {0, 0, 6};
+    CHECK_EQ_INT(policy_work_start(p, POOL, &nc, &slot), 0);
+    CHECK_EQ_INT(policy_slot_ready(p, POOL, 0x3333, slot, &nc, TOK), 0);
+    CHECK_EQ_INT(policy_claim(p, 7, 200, &g), 0);
+    CHECK_EQ_INT(policy_pool_drop(p, POOL), 0);
+    CHECK_EQ_INT(policy_worker_leases(p, 7), 1);
+    CHECK_EQ_INT(policy_drop_worker(p, 7), 0);
+    CHECK_EQ_INT(ev.n_requeued, 4);
+    CHECK(ev.requeued[3].index == 6);
+    CHECK_EQ_INT(policy_worker_leases(p, 7), 0);
+    CHECK_EQ_INT(policy_next_deadline(p), UINT64_MAX);
     policy_destroy(&p);
 }
 

@@ -9,7 +9,8 @@
  * b's delivery, and what the broker says, is the truth of each case:
  *   - b holds the lease and has not released it (it may be copying): its release is refused
  *     STALE, so b drops its copy and the batch is not trained twice (defect: the release was
- *     taken, b trained the batch again and its ack was refused as "trained twice");
+ *     taken, b trained the batch again and its ack was refused as "trained twice"), also when
+ *     a checkpoint committed a's step before b's release;
  *   - b's lease ends without a release (b expired too): the slot goes back to the target, not to
  *     READY (defect: the trained batch was granted once more, to the next claim);
  *   - b has released it already (it is training it): nothing can stop that; a's ack says it is
@@ -176,6 +177,32 @@ static void test_lease_out(void)
     stub_req.u.pool_incarnation = POOL_INC;
     CHECK_EQ_INT(stub_send("target-t-7"), 0);
     CHECK_EQ_INT(stub_rep.u.work.unit.index, 1);
+    stub_broker_free();
+}
+
+/* As test_lease_out, with a checkpoint that covers a's step committed before b's release: the
+ * batch is committed, not only trained, and b's copy is still refused (the batch is not trained
+ * twice). */
+static void test_lease_out_committed(void)
+{
+    wire_grant gb;
+    setup(&gb);
+    capture(late_ack_of_a);
+    stub_init(WIRE_CHECKPOINT_COMMITTED, WIRE_ROLE_DRAFTER, A.inc);
+    stub_req.u.step = 5;
+    CHECK_EQ_INT(stub_send(A.rid), 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_committed, 1);
+    CHECK_EQ_INT(s.committed_step, 5);
+    CHECK_EQ_INT(stub_release(&B, gb.lease_id), DFLASH_ESTALE);
+    printf("b's release: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "batch 0/0/0 was trained meanwhile") != NULL);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_committed, 1);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    CHECK_EQ_INT(s.buckets[0].leased, 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 0);
+    CHECK_EQ_INT(stub_claim(&B, NULL), DFLASH_EAGAIN); /* X is not granted again */
     stub_broker_free();
 }
 
@@ -374,6 +401,7 @@ static void test_group_abort(void)
 int main(void)
 {
     test_lease_out();
+    test_lease_out_committed();
     test_group_step_holds_it();
     test_group_abort();
     test_unread_after_late_ack();

@@ -12,6 +12,8 @@
  *   - after a broker restart, a Hello before the target re-registered opened an epoch past the
  *     target's plan, and the target was then asked to produce batches of it, and the plan's end
  *     never came: nothing is handed out past the plan, and claims end once it is trained;
+ *   - the plan's last batches, fewer than min_ready, are served once the target finds nothing
+ *     left to do (the reservoir is flushed), so the plan ends;
  *   - min_ready above max_depth (the reservoir can never fill: every claim waits forever) is
  *     refused at start-up and by `set`;
  *   - the ack of a batch the broker holds in to-do (a drafter resumed from a checkpoint that
@@ -538,6 +540,35 @@ static void test_plan_done(void)
     stub_broker_free();
 }
 
+static void min_ready_three(queue_config *cfg) { cfg->min_ready = 3; }
+
+/* The plan's last batches are fewer than min_ready: once the target finds nothing left to do,
+ * the reservoir is flushed and they are served, so the plan ends (without the flush the drafter
+ * waited for ever for a reservoir that could not fill). */
+static void test_plan_end_below_min_ready(void)
+{
+    stub_broker_new(min_ready_three);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 4);
+    p->bucket_batches[0] = 2;
+    CHECK_EQ_INT(stub_send("t"), 0);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 2); /* the whole plan, 2 < min_ready ready */
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN); /* the target may still have more */
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    CHECK_EQ_INT(stub_send("t"), DFLASH_EAGAIN); /* nothing left to do */
+    CHECK_EQ_INT(train_one(1), 0);
+    CHECK_EQ_INT(train_one(2), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), DFLASH_ESHUTDOWN); /* the plan is done */
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 2);
+    stub_broker_free();
+}
+
 static void three_shares(queue_config *cfg)
 {
     snprintf(cfg->shares, sizeof cfg->shares, "1,1,1");
@@ -941,6 +972,7 @@ int main(void)
     test_cuda_pool_bus_id();
     test_late_acks();
     test_plan_done();
+    test_plan_end_below_min_ready();
     test_bad_shares();
     test_shares_reset();
     test_ready_refused_after_adopt();

@@ -110,11 +110,14 @@ static uint32_t apply_outcome(broker *b, const char *name, const group_outcome *
                 LOG_WARN("group %s: ack of %u/%u/%u at step %" PRIu64 ": %s", name,
                          s->batch.epoch, s->batch.bucket, s->batch.index, o->step, err_str(rc));
         } else if (o->verdict == GROUP_ACK) {
-            /* the rank never released its slot, so it cannot have trained it */
+            /* the rank never released its slot, so it cannot have trained it. Its live lease was
+             * revoked above (READY again); a lease that ended before had its batch dealt with
+             * then (expired: READY again or quarantined; given back unread or its pool gone:
+             * to do again, maybe produced since), so it is not requeued here, as on an abort:
+             * that would put it to do while a slot holds it, to be produced and trained twice */
             LOG_WARN("group %s: step %" PRIu64 " acked but rank %u never copied its slot: batch "
                      "%u/%u/%u not recorded", name, o->step, r, s->batch.epoch, s->batch.bucket,
                      s->batch.index);
-            if (!revoked) ledger_requeue(b->ledger, &s->batch);
         } else if (revoked && trained_meanwhile(b, &s->batch)) {
             meanwhile++; /* another drafter's late ack: its slot was freed, not made ready */
         } else if (revoked || (s->released && ledger_requeue(b->ledger, &s->batch) == 0)) {

@@ -896,6 +896,54 @@ static bool same_unit(const wire_unit *a, const wire_unit *b)
     return a->epoch == b->epoch && a->bucket == b->bucket && a->index == b->index;
 }
 
+/* Rank B cannot read its slot of step 1 and gives it back unread: its batch is to do again and
+ * is produced into another slot. Rank 0 then reports the step done: B's unit is not recorded
+ * (never copied), and its batch, which that other slot now holds, stays in flight there; it is
+ * not sent back to to-do a second time, to be produced and trained twice. */
+static void test_unread_unit_of_acked_step(void)
+{
+    setup();
+    drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
+    CHECK_EQ_INT(hello(&A), 0);
+    CHECK_EQ_INT(hello(&B), 0);
+    wire_group_view vb;
+    CHECK_EQ_INT(stub_group_join(&A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(&B, 0, 0, &vb), 0);
+    uint64_t e = vb.epoch;
+    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x11), 0);
+    make_ready(2);
+    wire_step_grant ga, gb;
+    CHECK_EQ_INT(claim(&A, e, 1, &ga), 0);
+    CHECK_EQ_INT(claim(&B, e, 1, &gb), 0);
+    CHECK_EQ_INT(release(&A, ga.grant.lease_id), 0);
+    stub_init(WIRE_SLOT_RELEASE, WIRE_ROLE_DRAFTER, B.inc);
+    stub_req.u.lease_id = gb.grant.lease_id;
+    stub_req.u.release_unread = true;
+    CHECK_EQ_INT(stub_send(B.rid), 0);
+    /* the target produces B's batch again (the lowest to do) */
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, 7);
+    stub_req.u.pool_incarnation = 0x77;
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    wire_work_unit wu = stub_rep.u.work;
+    CHECK(same_unit(&wu.unit, &gb.grant.unit));
+    stub_init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, 7);
+    stub_req.u.ready = (wire_slot_ready){0x77, wu.slot, wu.unit, 100, 2};
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    wire_status before = stub_status();
+    CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, 1), 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.batches_todo, before.batches_todo);
+    CHECK_EQ_INT(s.batches_inflight, before.batches_inflight - 1); /* A's unit, trained */
+    CHECK_EQ_INT(ready_total(&s), 1);                               /* B's batch, once */
+    /* the next work unit is a new batch, not B's again */
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, 7);
+    stub_req.u.pool_incarnation = 0x77;
+    CHECK_EQ_INT(stub_send("target-t-7"), 0);
+    CHECK(!same_unit(&stub_rep.u.work.unit, &gb.grant.unit));
+    stub_broker_free();
+}
+
 /* Both ranks of a group copied their slots of step 1 and train it; the broker expires both (all
  * SIGSTOPped, a paused node, a network blip of the whole node): nobody is left to resolve the
  * step. The ranks were alive and went on: their models took the update. They come back (same
@@ -1297,6 +1345,7 @@ int main(void)
     test_micro_steps();
     test_micro_abort();
     test_micro_leftover();
+    test_unread_unit_of_acked_step();
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, Bd = {"drafter-b-2", "b", 0xb2},
             C = {"drafter-c-3", "c", 0xc3};

@@ -201,6 +201,30 @@ static void test_garbled_tail(void)
         CHECK_EQ_INT(s.n, 3);
         journal_destroy(&j);
     }
+    /* A whole final record failing its checksum (a stale block where the last append was) is
+     * cut as well, and its bytes are kept too: it is no short write. */
+    unlink(path);
+    journal *j = journal_open(path, NULL, NULL, NULL);
+    CHECK_EQ_INT(journal_append(j, 1, "first", 5, false), 0);
+    uint64_t size = journal_size(j);
+    CHECK_EQ_INT(journal_append(j, 2, "second", 6, false), 0);
+    journal_destroy(&j);
+    int fd = open(path, O_RDWR);
+    uint8_t byte;
+    CHECK_EQ_INT(pread(fd, &byte, 1, (off_t)size + 9), 1);
+    byte ^= 0x01;
+    CHECK_EQ_INT(pwrite(fd, &byte, 1, (off_t)size + 9), 1);
+    close(fd);
+    seen s = {0};
+    j = journal_open(path, collect, &s, NULL);
+    CHECK(j != NULL);
+    CHECK_EQ_INT(s.n, 1);
+    CHECK_EQ_INT(test_file_size(path), size);
+    journal_destroy(&j);
+    char keep[400];
+    snprintf(keep, sizeof keep, "%s.torn-%llu", path, (unsigned long long)size);
+    CHECK_EQ_INT(test_file_size(keep), JOURNAL_RECORD_OVERHEAD + 6);
+    unlink(keep);
 }
 
 static void test_corrupt(void)

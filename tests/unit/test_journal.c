@@ -520,6 +520,49 @@ static void test_writer_heals(void)
     unlink(path);
 }
 
+/* Writer mode: a rewrite and then a failed sync in one batch of the writer's. The records before
+ * the rewrite are durable in its fsynced image, so only what follows it is reported failed (the
+ * broker answers Error IO to the replies of failed records: a commit before the rewrite must not
+ * be one). The sync hook holds the writer in its first sync so that the three are one batch. */
+static int gate_calls;
+static bool gate_open;
+static int gated_sync(void *ctx, int fd)
+{
+    (void)ctx;
+    int n = __atomic_add_fetch(&gate_calls, 1, __ATOMIC_SEQ_CST);
+    if (n == 1)
+        while (!__atomic_load_n(&gate_open, __ATOMIC_SEQ_CST)) usleep(1000);
+    if (n == 3) return DFLASH_EIO; /* the batch's sync, after the rewrite's own */
+    return fdatasync(fd) == 0 ? 0 : DFLASH_EIO;
+}
+
+static void test_writer_fail_after_rewrite(void)
+{
+    unlink(path);
+    journal *j = journal_open(path, NULL, NULL, NULL);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    writer_seen w = {.loop = &loop};
+    journal_set_sync_hook(j, gated_sync, NULL);
+    CHECK_EQ_INT(journal_writer_start(j, &loop, on_done_until, &w), 0);
+    CHECK_EQ_INT(journal_append(j, 1, "gate", 4, true), 0);
+    while (__atomic_load_n(&gate_calls, __ATOMIC_SEQ_CST) < 1) usleep(1000);
+    CHECK_EQ_INT(journal_append(j, 2, "before", 6, false), 0);
+    CHECK_EQ_INT(journal_rewrite(j, emit_two, NULL), 0);
+    uint64_t rewrite = journal_last_seq(j);
+    CHECK_EQ_INT(journal_append(j, 9, "after", 5, true), 0);
+    __atomic_store_n(&gate_open, true, __ATOMIC_SEQ_CST);
+    w.until = journal_last_seq(j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_EQ_INT(__atomic_load_n(&gate_calls, __ATOMIC_SEQ_CST), 3);
+    CHECK(journal_failure(j) != NULL);
+    CHECK_EQ_INT(journal_fail_seq(j), rewrite + 1);
+    journal_destroy(&j);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_EQ_INT(uv_loop_close(&loop), 0);
+    unlink(path);
+}
+
 /* Writer mode: a compaction that fails (its temporary file cannot be synced) keeps the long
  * journal, and journal_size says so: it used to report the snapshot's size, as if the rewrite
  * had succeeded, while the file in use kept growing from its old size. */
@@ -583,6 +626,7 @@ int main(void)
     test_rewrite();
     test_writer();
     test_writer_heals();
+    test_writer_fail_after_rewrite();
     test_writer_failed_compaction_size();
     unlink(path);
     test_single_owner();

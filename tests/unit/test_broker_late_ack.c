@@ -19,7 +19,9 @@
  *   - b acked it first, a comes back and acks it at the same step: a's ack is refused as trained
  *     twice (defect: a repeat, by the step alone); a repeat is decided by who acked (the same
  *     process, or a restart of the same run), also when the broker recreated the acker's entry
- *     after expiring it.
+ *     after expiring it;
+ *   - b had copied it, a resume sends it to to-do again and it is granted to c: b's death later
+ *     does not send it back to to-do while c holds it.
  * Time is waited for (polled to a deadline), never assumed.
  */
 #include "check.h"
@@ -248,6 +250,33 @@ static void test_copied_already(void)
     stub_broker_free();
 }
 
+/* b copied X (it holds it, training) when a's late ack records X trained; a then resumes from a
+ * checkpoint before that step, so X is to do again, is produced and granted to c. The grant
+ * takes X off b's held batches: when b dies, X (c's now) is neither counted as a failed
+ * delivery nor sent back to to-do while c holds its lease, to be produced a third time. */
+static void test_held_then_granted_again(void)
+{
+    wire_grant gb, gc;
+    setup(&gb);
+    CHECK_EQ_INT(stub_release(&B, gb.lease_id), 0);
+    capture(late_ack_of_a);
+    CHECK_EQ_INT(hello(&C, NULL, 0), 0);
+    stub_init(WIRE_RESUME_FROM, WIRE_ROLE_DRAFTER, A.inc);
+    stub_req.u.step = 4;
+    CHECK_EQ_INT(stub_send(A.rid), 0);
+    CHECK_EQ_INT(stub_status().batches_trained, 0);
+    stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
+    CHECK_EQ_INT(stub_claim(&C, &gc), 0);
+    CHECK(same_unit(gc.unit, X));
+    wire_status before = stub_status();
+    CHECK(expire(&B, (const drafter *const[]){&A, &C, NULL}));
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_inflight, before.batches_inflight);
+    CHECK_EQ_INT(s.batches_todo, before.batches_todo);
+    CHECK_EQ_INT(s.buckets[0].leased, 1); /* c's */
+    stub_broker_free();
+}
+
 /* The other order: b trains X and acks it at step 5 first, then a comes back and acks it at
  * step 5 too. X was trained twice (a's model and b's): a's ack is refused as trained twice,
  * with a warning (defect: the same step made it "a repeated ack", said of nothing). b's own
@@ -407,6 +436,7 @@ int main(void)
     test_unread_after_late_ack();
     test_lease_expires();
     test_copied_already();
+    test_held_then_granted_again();
     test_acked_second();
     test_resumed_run_repeats();
     CHECK_DONE();

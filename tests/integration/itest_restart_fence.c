@@ -6,10 +6,10 @@
  * grant, as if its copy were still running). The broker is SIGKILLed and restarted on the same
  * journal; the target re-registers naming both slots busy (PoolRegister.busy_slots). Checks:
  * every work request within the fence is refused (no slot may be refilled), a SLOT_READY for the
- * fenced slot is refused, the first work unit after the fence comes no earlier than one lease
- * timeout after the registration was sent, and both slots are then handed out again. Run against
- * a broker without the fence (it ignores the unknown field) the first work request succeeds at
- * once and the test fails. */
+ * fenced slot is refused (its batch stays in flight), the first work unit after the fence comes
+ * no earlier than one lease timeout after the registration was sent, and both slots are then
+ * handed out again. Run against a broker without the fence (it ignores the unknown field) the
+ * first work request succeeds at once and the test fails. */
 #include "check.h"
 #include "harness.h"
 
@@ -91,6 +91,11 @@ int main(int argc, char **argv)
     /* within the fence: the granted slot may not be re-announced either */
     wire_slot_ready again = {POOL_INC, g.slot, g.unit, 64, 1};
     CHECK_EQ_INT(client_slot_ready(t, &again), DFLASH_ESTATE);
+    /* ... and its batch stays in flight, orphaned (the drafter that may hold its copy can still
+     * adopt it), as the other one: not to do again, to be produced and trained a second time */
+    wire_status st;
+    CHECK_EQ_INT(client_status(t, &st), 0);
+    CHECK_EQ_INT(st.batches_inflight, SLOTS);
 
     /* poll for work: every answer inside the fence is a refusal, the first work unit comes no
      * earlier than registration + lease timeout */

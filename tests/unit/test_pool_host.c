@@ -512,8 +512,15 @@ int main(void)
     bad[0] = 'X';
     CHECK_EQ_INT(pool_desc_decode(bad, (size_t)len, &back), DFLASH_EFORMAT);
     memcpy(bad, buf, (size_t)len);
-    bad[16] = 0xFF; /* n_slots low byte -> 255+: still valid count but arena too small */
+    bad[16] = 0xFF; /* n_slots 511: over POOL_MAX_SLOTS */
     bad[17] = 0x01;
+    CHECK_EQ_INT(pool_desc_decode(bad, (size_t)len, &back), DFLASH_ERANGE);
+    /* a slot count within the limit whose slots do not fit the arena: an importer would read
+     * past its mapping */
+    uint32_t too_many = (uint32_t)(d->arena_bytes / d->slot_bytes) + 1;
+    CHECK(too_many <= POOL_MAX_SLOTS);
+    memcpy(bad, buf, (size_t)len);
+    for (int i = 0; i < 4; i++) bad[16 + i] = (uint8_t)(too_many >> (8 * i));
     CHECK_EQ_INT(pool_desc_decode(bad, (size_t)len, &back), DFLASH_ERANGE);
     /* the GPU's bus id travels with the descriptor (a host pool's is empty); junk is refused */
     CHECK(back.gpu_bus_id[0] == '\0');

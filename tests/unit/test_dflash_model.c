@@ -25,6 +25,8 @@
  *   - a drafter that does not fit the target is refused with both values named
  *   - a slot's view: trains like the batch it holds; arrays that disagree with its header refused
  *   - DFLASH_LM_CHUNK and DFLASH_LAYER0_DEDUP: a value they do not take ("on", "4k") exits 2
+ *   - layer 0's dedup stays off for a batch with more than Q / 2 distinct ids (its xln holds
+ *     2 U rows of Q), with the gradients of DFLASH_LAYER0_DEDUP=0
  */
 #include "check.h"
 #include "dflash_ckpt.h"
@@ -245,6 +247,43 @@ static void test_row_savings(world *w) {
     }
     free(ga), free(gb);
     for (int k = 0; k < 4; k++)
+        dflash_model_destroy(&m[k]);
+}
+
+/* Layer 0's dedup keeps the distinct rows and their inputs in the first 2 U rows of its xln
+ * ([Q, D]): a batch with more than Q / 2 distinct ids (block size 2, every anchor its own id:
+ * U = nb + 1 > Q / 2) must run without it (cur_u 0), with the gradients of DFLASH_LAYER0_DEDUP=0.
+ * With the guard gone the U inputs would be written past xln's Q rows, into the next
+ * activation, on a batch of max_blocks blocks. */
+static void test_dedup_over_half(world *w) {
+    dflash_config c2 = w->cfg;
+    c2.block_size = 2;
+    enum { NB = 4 };
+    int32_t bs[NB] = {0, 0, 0, 1}, ba[NB] = {2, 3, 4, 2}; /* ids 7, 4, 1, 8: all distinct */
+    dflash_model *m[2];
+    dflash_metrics met[2];
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("DFLASH_LAYER0_DEDUP", "0", 1);
+        m[k] = dflash_model_new(&c2, w->ops, w->ctx, w->embed, w->lm_head, T, NB, 1);
+        unsetenv("DFLASH_LAYER0_DEDUP");
+        CHECK(m[k] != NULL);
+        if (!m[k]) return;
+    }
+    CHECK(m[0]->u_cap > 0 && m[1]->u_cap == 0);
+    randomise(m[0]);
+    memcpy(m[1]->master, m[0]->master, m[0]->n_params * sizeof(float));
+    dflash_model_sync_params(m[1]);
+    for (int k = 0; k < 2; k++)
+        CHECK_EQ_INT(dflash_train_grads(m[k], &w->tc, &w->view, NB, bs, ba, &met[k]), 0);
+    CHECK_EQ_INT(m[0]->cur_u, 0); /* 2 U = 10 > Q = 8 */
+    CHECK(met[0].loss == met[1].loss);
+    size_t n = m[0]->n_params;
+    float *ga = calloc(n, sizeof(float)), *gb = calloc(n, sizeof(float));
+    grads_f32(m[0], ga);
+    grads_f32(m[1], gb);
+    CHECK(!memcmp(ga, gb, n * sizeof(float)));
+    free(ga), free(gb);
+    for (int k = 0; k < 2; k++)
         dflash_model_destroy(&m[k]);
 }
 
@@ -2052,6 +2091,7 @@ int main(void) {
     world_init(w);
     test_gradients(w);
     test_row_savings(w);
+    test_dedup_over_half(w);
     test_env_values(w);
     test_mask(w);
     test_anchors_and_weights(w);

@@ -28,6 +28,8 @@
  *     start refuses too;
  *   - a staged slot trains when it holds what its grant announced, and is refused (ECORRUPT)
  *     when its header holds more or fewer tokens or sequences than the grant said;
+ *   - with --accumulate, consume() names the optimizer step that includes the batch (the step
+ *     its ack names), not the one already taken;
  *   - a step whose loss is NaN (a NaN hidden state) stops the run: consume(), settled() and
  *     finish() return DFLASH_ENONFINITE, no checkpoint is written after the last finite step
  *     and committed() stays there; a run whose every batch was skipped (loss masks all 0)
@@ -314,6 +316,7 @@ static trainer_opts base_opts(const char *model_dir, const slot_layout *l) {
 static volatile sig_atomic_t test_stop;
 static double next_lr, next_weight_decay;
 static int next_group_size = -1; /* >= 0: the next start joins a --group of this --group-size */
+static int next_accumulate;      /* > 1: the next start's --accumulate */
 
 /* trainer_new with the given schedule, checkpoint dir, metrics dir, --resume (NULL: none) and
  * --checkpoint-every (0: none); NULL with err when refused. */
@@ -332,6 +335,7 @@ static worker_consumer *start(long total_steps, long max_steps, const char *ckpt
     o.stop = &test_stop;
     if (next_lr > 0) o.train.lr = next_lr;
     if (next_weight_decay > 0) o.train.weight_decay = next_weight_decay;
+    if (next_accumulate > 1) o.train.accumulate = next_accumulate;
     o.train.total_steps = total_steps;
     err[0] = 0;
     return trainer_new(&o, err, errlen);
@@ -448,6 +452,36 @@ static void test_slot_against_grant(void) {
         CHECK_EQ_INT(step, 0);
     }
     free(base);
+    worker_consumer_destroy(&c);
+}
+
+/* With --accumulate 3 the step consume() reports for a batch, the one its ack names (a
+ * checkpoint of step s holds exactly the batches acked <= s), is the optimizer step that
+ * includes it: 1 for each of the first three batches, though only the third takes the step,
+ * then 2. Naming the step already taken (0) would ack an open step's batches with a
+ * checkpoint that does not hold them: lost on a restart from it. */
+static void test_accumulate_ack_step(void) {
+    char err[512];
+    next_accumulate = 3;
+    worker_consumer *c = fresh(0, 0, NULL, NULL, err, sizeof err);
+    next_accumulate = 0;
+    CHECK(c != NULL);
+    if (!c) return;
+    slot_layout l = slots();
+    const uint64_t want[4] = {1, 1, 1, 2};
+    for (uint32_t i = 0; i < 4; i++) {
+        slot_work_unit wu = {.epoch = 0, .bucket = 0, .batch = i};
+        void *base = staged_slot(&l, &wu, 20);
+        CHECK(base != NULL);
+        if (!base) break;
+        worker_batch b = {.staged = base, .wu = wu, .n_tokens = 20, .n_seqs = 1};
+        uint64_t step = 0;
+        CHECK_EQ_INT(c->consume(c->ctx, &b, &step), 0);
+        if (step != want[i]) printf("--accumulate 3, batch %u: step %llu, want %llu\n", i,
+                                    (unsigned long long)step, (unsigned long long)want[i]);
+        CHECK(step == want[i]);
+        free(base);
+    }
     worker_consumer_destroy(&c);
 }
 
@@ -986,6 +1020,7 @@ int main(void) {
     test_stop_at_schedule_end();
     test_resume_refused();
     test_slot_against_grant();
+    test_accumulate_ack_step();
     test_metrics_when_idle();
     test_metrics_before_checkpoint();
     test_barrier_before_checkpoint();

@@ -5,7 +5,8 @@
  *     packing many blocks gives the same outputs as one block at a time
  *   - anchor sampling: candidate rule, count, order, determinism by (seed, epoch, batch)
  *   - loss weights: decay, the anchor offset and positions past the sequence end never trained
- *   - AdamW steps reduce the loss on a fixed batch
+ *   - AdamW steps reduce the loss on a fixed batch; a step's accuracy and acceptance length
+ *     are those of its correct flags and weights (1 + the leading run of correct offsets)
  *   - eval's tau: the trajectory walked reply by reply (each maximal span of loss mask 1 decoded
  *     on its own, nothing accepted past its end, the turns between never drafted), batched
  *     forwards giving what one block at a time gives
@@ -449,6 +450,29 @@ static void test_training_reduces_loss(world *w) {
     /* [1, B] holds by construction; a model that learned the batch accepts well past 1 (this
      * run: accuracy ~0.92, accept length ~2.67 of 4) */
     CHECK(met.accept_len > 1.5 && met.accept_len <= 4.0);
+    /* the last step's figures from its correct flags (out_correct, by row) and weights: the
+     * accuracy over the weighted rows, the acceptance length the mean over blocks of 1 + the
+     * leading run of weighted correct offsets (a row without weight ends the run) */
+    int B = w->cfg.block_size, nb = met.n_blocks, right = 0, total = 0;
+    double acc_len = 0.0;
+    for (int j = 0; j < nb; j++) {
+        int run = 0, live = 1;
+        for (int o = 1; o < B; o++) {
+            int q = j * B + o, weighted = m->h_weights[q] > 0.0f;
+            int ok = weighted && m->out_correct[q];
+            total += weighted, right += ok;
+            if (live && ok)
+                run++;
+            else
+                live = 0;
+        }
+        acc_len += 1 + run;
+    }
+    CHECK(nb > 0 && total > 0 && total == met.n_weighted);
+    if (nb > 0 && total > 0) {
+        CHECK_NEAR(met.accuracy, (double)right / total, 1e-12);
+        CHECK_NEAR(met.accept_len, acc_len / nb, 1e-12);
+    }
     /* schedule: warmup int(0.04*40) = 1 step (SpecForge rounds down: 2 steps would start at
      * lr / 2), then cosine over the other 39 to 0 at step 40 */
     CHECK_NEAR(dflash_train_lr(&tc, 0), 1e-2, 1e-12);

@@ -11,7 +11,7 @@
  *   - a checkpoint with a wrong shape or a missing tensor loads anyway;
  *   - a sharded bf16 checkpoint (how real targets ship) loads to other weights than it holds;
  *   - a loaded checkpoint computes something else than the same weights given directly;
- *   - bad token ids or oversize batches are accepted;
+ *   - bad token ids, negative positions or oversize batches are accepted;
  *   - a stop requested during a long load is not looked at until the load is done;
  *   - data that fits no bucket is reported without naming the shard file;
  *   - a shard made for another vocabulary (another tokenizer) trains the target's slots;
@@ -244,6 +244,12 @@ static void test_captured_layers(const nn_ops *ops, nn_ctx *ctx) {
     int32_t bad_off[S + 1] = {0, 9, 9, T};
     CHECK_EQ_INT(target_forward_host(m2, ids, pos, bad_off, S, T, h2, D), DFLASH_EINVAL);
     CHECK_EQ_INT(target_forward_host(m2, ids, pos, off, S, T, h2, D - 1), DFLASH_EINVAL);
+    /* a negative position (a corrupt slot or a caller's bug) is refused, not rotated by RoPE
+     * into some hidden state */
+    int32_t bad_pos[T];
+    memcpy(bad_pos, pos, sizeof bad_pos);
+    bad_pos[T - 1] = -1;
+    CHECK_EQ_INT(target_forward_host(m2, ids, bad_pos, off, S, T, h2, D), DFLASH_EINVAL);
     /* logits need every layer */
     int32_t row = 0;
     float lg[64];

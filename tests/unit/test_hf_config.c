@@ -115,6 +115,10 @@ static void test_real_configs(void) {
     CHECK_EQ_INT(c.head_dim, 4);
     CHECK_EQ_INT(c.max_position_embeddings, 2048);
     CHECK_NEAR(c.rms_norm_eps, 1e-6, 0);
+    /* no tie_word_embeddings: untied, as transformers' LlamaConfig / Qwen2Config / Qwen3Config
+     * default it (tied, the logits would come from the embedding and the file's lm_head.weight
+     * would be ignored) */
+    CHECK(!c.tie_word_embeddings);
     CHECK_EQ_INT(load_text("{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,"
                            "\"intermediate_size\":16,\"num_hidden_layers\":1,"
                            "\"num_attention_heads\":2}",

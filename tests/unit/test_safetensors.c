@@ -162,6 +162,14 @@ static void test_round_trip(void) {
     CHECK(strcmp(err, want) == 0);
     CHECK_EQ_INT(safetensors_expect(st, "x.a", 1, (int64_t[]){6}, NULL, err, sizeof err),
                  DFLASH_EMISMATCH);
+    /* every dimension counts, the last too, and so does the rank: the loader converts the
+     * file's element count into a buffer sized for the expected shape */
+    CHECK_EQ_INT(safetensors_expect(st, "x.a", 2, (int64_t[]){2, 2}, NULL, err, sizeof err),
+                 DFLASH_EMISMATCH);
+    CHECK_EQ_INT(safetensors_load_f32(st, "x.a", 2, (int64_t[]){2, 2}, out, err, sizeof err),
+                 DFLASH_EMISMATCH);
+    CHECK_EQ_INT(safetensors_expect(st, "x.a", 1, (int64_t[]){2}, NULL, err, sizeof err),
+                 DFLASH_EMISMATCH);
     CHECK_EQ_INT(safetensors_expect(st, "nope", 1, (int64_t[]){6}, NULL, err, sizeof err),
                  DFLASH_ENOTFOUND);
     CHECK(strstr(err, "tensor nope not found") != NULL);

@@ -287,6 +287,9 @@ static void test_corrupt(void) {
     expect_bad(path, DFLASH_EFORMAT, "tensor a", "absurdly large");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, -1);
     expect_bad(path, DFLASH_EFORMAT, "tensor a", "truncated");
+    /* one byte short is truncated too (not "bytes after the last tensor") */
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 15, -1);
+    expect_bad(path, DFLASH_EFORMAT, "tensor a", "truncated");
     write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, -1);
     expect_bad(path, DFLASH_EFORMAT, "tensor a", "before begin");
     write_raw(path,

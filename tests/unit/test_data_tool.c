@@ -11,7 +11,8 @@
  * (the shard replaced it); sequences with no anchor to train on (all-zero or alternating masks,
  * one token) are left out of the shard, counted with their token share and warned about, and
  * data with no anchor at all is refused (exit 3, nothing written), named for what it lacks (no
- * trainable token, or no two in a row); an over-long line is skipped unparsed and
+ * trainable token, or no two in a row); a loss_mask of JSON booleans is kept value for value
+ * (false stays 0); an over-long line is skipped unparsed and
  * a JSON array input refused at its first byte; an id past int32, a negative id and a
  * duplicated key each get their own message and a whitespace-only line is blank; a shard whose
  * every sequence is longer than the last of --buckets is written with a WARN that a target with
@@ -392,6 +393,22 @@ int main(void) {
         shard_seq q;
         CHECK(shard_get(s, 0, &q) == 0 && q.len == 4 && q.mask[1] == 1 && q.mask[2] == 1);
         CHECK(shard_get(s, 1, &q) == 0 && q.len == 5 && q.ids[0] == 5);
+        shard_close(&s);
+    }
+    /* a loss_mask of JSON booleans (as some exporters write it) is taken value for value:
+     * false is a prompt token, not trained on */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "{\"input_ids\": [1,2,3,4,5], \"loss_mask\": [false,true,true,false,0]}\n");
+    fclose(fp);
+    unlink(shardp);
+    snprintf(args, sizeof args, "--in %s --out %s --vocab 1000", jsonl, shardp);
+    CHECK_EQ_INT(run(args), 0);
+    s = shard_open(shardp, e, sizeof e);
+    CHECK(s != NULL && shard_count(s) == 1);
+    if (s) {
+        shard_seq q;
+        const uint8_t want_mask[5] = {0, 1, 1, 0, 0};
+        CHECK(shard_get(s, 0, &q) == 0 && q.len == 5 && memcmp(q.mask, want_mask, 5) == 0);
         shard_close(&s);
     }
     /* every sequence written (each has an anchor) longer than the last bucket: written, with a

@@ -892,9 +892,13 @@ static void test_producer_epochs(const nn_ops *ops, nn_ctx *ctx) {
     slot_layout l;
     model_producer_layout(p, &l);
     void *slot = ops->alloc(ctx, l.slot_bytes);
-    for (uint32_t e = 0; slot && e < EPOCHS; e++) {
+    uint64_t print0[64] = {0}; /* epoch 0's batches by index: a hash of their tokens */
+    bool rotated_seen = false;
+    CHECK(per_epoch <= 64);
+    for (uint32_t e = 0; slot && e < EPOCHS && per_epoch <= 64; e++) {
         int seen[N] = {0};
         bool filled = true;
+        uint64_t print[64] = {0};
         for (uint32_t i = 0; i < per_epoch; i++) {
             slot_work_unit wu = {.epoch = e, .bucket = 0, .batch = i};
             uint32_t n_seqs = 0;
@@ -902,6 +906,9 @@ static void test_producer_epochs(const nn_ops *ops, nn_ctx *ctx) {
             filled &= T > 0 && T <= 32 && n_seqs >= 1 && n_seqs <= 4;
             if (T <= 0) continue;
             const int32_t *off = slot_seq_offsets(slot, &l), *tok = slot_token_ids(slot, &l);
+            print[i] = 1469598103934665603ull ^ (uint64_t)T;
+            for (int t = 0; t < T; t++)
+                print[i] = (print[i] ^ (uint32_t)tok[t]) * 1099511628211ull;
             for (uint32_t s = 0; s < n_seqs; s++) /* which sequence: its length and first id */
                 for (int q = 0; q < N; q++)
                     if ((uint32_t)(off[s + 1] - off[s]) == lens[q] &&
@@ -913,10 +920,28 @@ static void test_producer_epochs(const nn_ops *ops, nn_ctx *ctx) {
         bool once = true;
         for (int q = 0; q < N; q++)
             once &= seen[q] == 1;
+        if (e == 0) memcpy(print0, print, sizeof print0);
+        /* an epoch that packs into more batches serves epoch 0's, rotated by a seeded offset
+         * r (batch i is epoch 0's (i + r) % count): not epoch 0's order again */
+        if (e > 0 && batch_plan_count(model_producer_plan(p), e, 0) > per_epoch) {
+            uint32_t r = 0;
+            for (; r < per_epoch; r++) {
+                bool match = true;
+                for (uint32_t i = 0; i < per_epoch; i++)
+                    match &= print[i] == print0[(i + r) % per_epoch];
+                if (match) break;
+            }
+            if (r == 0 || r == per_epoch)
+                fprintf(stderr, "epoch %u: epoch 0's batches rotated by %u of %u\n", e, r,
+                        per_epoch);
+            CHECK(r > 0 && r < per_epoch);
+            rotated_seen = true;
+        }
         if (!filled || !once) fprintf(stderr, "epoch %u: filled %d, once %d\n", e, filled, once);
         CHECK(filled);
         CHECK(once);
     }
+    CHECK(rotated_seen);
     ops->free(ctx, slot);
 out:
     model_producer_destroy(&p);

@@ -187,6 +187,15 @@ static void test_bad_configs(void) {
                "gelu");
     expect_bad(qwen3_8b, "\"rope_scaling\":null", "\"rope_scaling\":{\"rope_type\":\"yarn\"}",
                DFLASH_EUNSUPPORTED, "yarn");
+    /* llama3 scaling is Llama's: on a Qwen model it is refused, not applied to its RoPE */
+    expect_bad(qwen3_8b, "\"rope_scaling\":null", "\"rope_scaling\":{\"rope_type\":\"llama3\","
+               "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+               "\"original_max_position_embeddings\":8192}",
+               DFLASH_EUNSUPPORTED, "llama3 rope_scaling on a qwen3 model");
+    expect_bad(qwen25_05b, "\"use_cache\":true", "\"rope_scaling\":{\"rope_type\":\"llama3\","
+               "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+               "\"original_max_position_embeddings\":8192}",
+               DFLASH_EUNSUPPORTED, "llama3 rope_scaling on a qwen2 model");
     /* a quantized repo (Qwen/Qwen2.5-7B-Instruct-AWQ, Qwen/Qwen3-8B-FP8) keeps its model_type */
     expect_bad(qwen25_05b, "\"use_cache\":true", "\"quantization_config\":{\"bits\":4,"
                "\"group_size\":128,\"quant_method\":\"awq\",\"version\":\"gemm\"}",

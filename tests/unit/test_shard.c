@@ -337,6 +337,8 @@ static void test_vocab(void) {
         {32768, 32000, false},   /* Mistral v0.3's on Llama-2 */
         {1024, 512, false},      /* the audit's: a tiny target's data, --vocab 1024 */
         {500, 512, false},       /* 12 apart, more than 512 / 128 */
+        {500, 506, false},       /* 6 apart: more than 506 / 128, though less than 506 / 64 */
+        {1016, 1024, true},      /* 8 apart: exactly 1024 / 128, still "at most" */
     };
     char path[300], err[512];
     path_of(path, sizeof path, "v.shard");

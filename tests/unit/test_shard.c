@@ -98,6 +98,9 @@ static void test_round_trip(void) {
     CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), 0);
     CHECK_EQ_INT(shard_verify_tokens(s, 50, err, sizeof err), DFLASH_ERANGE);
     CHECK(strstr(err, "sequence 1 position 0: token id 99 outside the vocabulary of 50") != NULL);
+    /* the bound is exclusive: id 99 is outside a vocabulary of 99 (the target's embedding has
+     * rows 0..98), inside one of 100 */
+    CHECK_EQ_INT(shard_verify_tokens(s, 99, err, sizeof err), DFLASH_ERANGE);
     shard_close(&s);
     shard_close(&s);
 

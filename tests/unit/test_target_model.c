@@ -403,6 +403,18 @@ static void test_head_limits(const nn_ops *ops, nn_ctx *ctx) {
     }
     /* the cpu backend has none */
     CHECK(ops->max_head_dim == 0 && ops->max_q_per_kv == 0);
+    /* kv heads that do not divide the heads are refused by the model itself, whoever made the
+     * config (hf_config_validate guards only configs read from a file): GQA would map query
+     * heads 3 and up to kv heads past the last */
+    model_config g = c;
+    g.num_kv_heads = 3;
+    test_capture gqa_log = test_capture_begin();
+    m = target_model_new(&g, &o, ops, ctx, fetch_random, NULL);
+    char *gqa_said = test_capture_end(&gqa_log);
+    CHECK(m == NULL);
+    CHECK(gqa_said && strstr(gqa_said, "inconsistent config") && strstr(gqa_said, "kv_heads 3"));
+    free(gqa_said);
+    target_model_destroy(&m);
 }
 
 static void test_load(const nn_ops *ops, nn_ctx *ctx) {

@@ -140,6 +140,16 @@ int main(void)
     memcpy(s2, s, l.slot_bytes);
     slot_positions(s2, &l)[1] = 7;
     CHECK_EQ_INT(slot_arrays_check(s2, &l, 1000, err, sizeof err), DFLASH_ECORRUPT);
+    /* the vocabulary bound is exclusive, and a loss mask byte is 0 or 1 (the drafter weighs
+     * each token's loss by it) */
+    memcpy(s2, s, l.slot_bytes);
+    slot_token_ids(s2, &l)[3] = 1000;
+    CHECK_EQ_INT(slot_arrays_check(s2, &l, 1000, err, sizeof err), DFLASH_ECORRUPT);
+    CHECK(strstr(err, "token ids") != NULL);
+    memcpy(s2, s, l.slot_bytes);
+    slot_loss_mask(s2, &l)[2] = 2;
+    CHECK_EQ_INT(slot_arrays_check(s2, &l, 1000, err, sizeof err), DFLASH_ECORRUPT);
+    CHECK(strstr(err, "loss mask") != NULL);
 
     /* bf16 synthetic batches verify too */
     uint8_t *sb = aligned_alloc(256, lb.slot_bytes);

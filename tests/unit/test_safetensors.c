@@ -397,6 +397,11 @@ static void test_sharded(void) {
     char idx[300];
     path_of(idx, sizeof idx, "model.safetensors.index.json");
     expect_bad(idx, DFLASH_EFORMAT, "tensor model.a", "does not hold it");
+    /* the two swapped: both shards open and both tensors exist, each in the other file */
+    const char *swapped[] = {"model-00002-of-00002.safetensors",
+                             "model-00001-of-00002.safetensors"};
+    CHECK_EQ_INT(safetensors_write_index(dir, names, swapped, 2, 20), 0);
+    expect_bad(idx, DFLASH_EFORMAT, "tensor model.a", "does not hold it");
     /* index naming a missing shard */
     const char *missing[] = {"model-00001-of-00002.safetensors", "gone.safetensors"};
     CHECK_EQ_INT(safetensors_write_index(dir, names, missing, 2, 20), 0);

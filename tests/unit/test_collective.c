@@ -16,7 +16,7 @@
  *     that dies after joining (the others' allreduce fails, later calls say EPEER), a rank
  *     that closes early (the others get EPEER without waiting), a world mismatch, bad ids;
  *   - a rank SIGKILLed in a group with a 30 s timeout: every survivor's next call fails within
- *     3 s (the dead process is seen, not waited out; a zombie its parent has not reaped yet
+ *     half of it (the dead process is seen, not waited out: ~1 s unloaded; a zombie its parent has not reaped yet
  *     counts as dead), dp_comm_error names the dead rank and its pid and dp_comm_gone_rank
  *     its rank, on every survivor (the ones that read it from the rank that broke the group
  *     too); -1 while the group holds and when it broke for another reason (a watch);
@@ -255,6 +255,12 @@ static int run_group(const uint8_t *id, int world, rank_fn fn, int killed) {
  * failures */
 
 #define SHORT_TIMEOUT 1.0
+/* How late a bounded wait may end on a loaded runner: a 1 s timeout has ended in 3.3 s with
+ * 8 busy processes on 2 cores (every rank's work around the wait runs ~10x slower). The bounds
+ * below still tell "ended by the timeout or the watch" from "waited out the 30 s timeout" or
+ * a hang (alarm). */
+#define LOADED_SLACK_S 8.0
+#define LONG_TIMEOUT_BOUND 15.0 /* half of the 30 s timeouts: the end was seen, not waited out */
 
 /* rank world-1 never joins: the others' open must time out, not hang */
 static void rank_absent(const uint8_t *id, int rank, int world) {
@@ -266,7 +272,7 @@ static void rank_absent(const uint8_t *id, int rank, int world) {
     double dt = monotime_s() - t0;
     CHECK_EQ_INT(rc, DFLASH_ETIMEOUT);
     CHECK(c == NULL);
-    CHECK(dt < SHORT_TIMEOUT + 2.0);
+    CHECK(dt < SHORT_TIMEOUT + LOADED_SLACK_S);
     CHECK(strstr(err, "within") != NULL);
 }
 
@@ -288,7 +294,7 @@ static void rank_dies(const uint8_t *id, int rank, int world) {
     double dt = monotime_s() - t0;
     /* the first rank to time out breaks the group; the others may see that first */
     CHECK(rc == DFLASH_ETIMEOUT || rc == DFLASH_EPEER);
-    CHECK(dt < SHORT_TIMEOUT + 2.0);
+    CHECK(dt < SHORT_TIMEOUT + LOADED_SLACK_S);
     CHECK_EQ_INT(dp_comm_allreduce_f32(c, x, 4, NULL), DFLASH_EPEER);
     CHECK_EQ_INT(dp_comm_barrier(c), DFLASH_EPEER);
     dp_comm_close(&c);
@@ -332,7 +338,7 @@ static void rank_killed(const uint8_t *id, int rank, int world) {
     rc = dp_comm_allreduce_host_f64(c, &v, 1);
     double dt = monotime_s() - t0;
     CHECK_EQ_INT(rc, DFLASH_EPEER);
-    CHECK(dt < 8.0); /* well under the 30 s timeout, with room for a loaded runner */
+    CHECK(dt < LONG_TIMEOUT_BOUND);
     char want[64];
     snprintf(want, sizeof want, "rank %d (pid %d) has exited", world - 1, (int)pid);
     CHECK(strstr(dp_comm_error(c), want) != NULL);
@@ -394,9 +400,9 @@ static void rank_watched(const uint8_t *id, int rank, int world) {
     rc = dp_comm_barrier(c);
     double dt = monotime_s() - t0;
     CHECK_EQ_INT(rc, DFLASH_EPEER);
-    CHECK(dt >= 2.0 && dt < 8.0);
+    CHECK(dt >= 2.0 && dt < LONG_TIMEOUT_BOUND);
     CHECK(l.calls >= 2);
-    CHECK(l.first_s >= DP_COMM_WATCH_S && l.first_s < DP_COMM_WATCH_S + 3.0);
+    CHECK(l.first_s >= DP_COMM_WATCH_S && l.first_s < DP_COMM_WATCH_S + LOADED_SLACK_S);
     CHECK(l.last_s >= 2.0);
     CHECK(strcmp(l.what, "barrier") == 0);
     CHECK_EQ_INT(l.peer, 1);
@@ -421,7 +427,7 @@ static void rank_watched_join(const uint8_t *id, int rank, int world) {
     double dt = monotime_s() - t0;
     CHECK_EQ_INT(rc, DFLASH_EPEER);
     CHECK(c == NULL);
-    CHECK(dt >= 2.0 && dt < 8.0);
+    CHECK(dt >= 2.0 && dt < LONG_TIMEOUT_BOUND);
     CHECK(strcmp(l.what, "join") == 0);
     CHECK(strstr(err, "the broker moved the group on") != NULL);
     printf("watched join: ended after %.2f s: %s\n", dt, err);

@@ -293,6 +293,16 @@ static __attribute__((unused)) bool h_status_until(client *c, wire_status *s,
     }
 }
 
+/* client_hello through c, naming the batches it holds, retried every 20 ms for up to ms (a
+ * broker being restarted does not answer yet); 0 once one is answered, -1 if none was. */
+static __attribute__((unused)) int h_hello_retry(client *c, const wire_unit *held, uint32_t n,
+                                                 int ms)
+{
+    for (uint64_t end = h_now_ms() + (uint64_t)ms; h_now_ms() < end; h_sleep_ms(20))
+        if (client_hello(c, held, n) == 0) return 0;
+    return -1;
+}
+
 /* The slots ready in status s, all buckets together. */
 static __attribute__((unused)) uint32_t h_ready_slots(const wire_status *s)
 {

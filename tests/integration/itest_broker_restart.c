@@ -19,16 +19,7 @@
 #define BUCKETS 2
 #define TOTAL (BATCHES * BUCKETS)
 #define POOL_INC 0x7a11ull
-
-static int hello_retry(client *c, const wire_unit *held, uint32_t n)
-{
-    uint64_t end = h_now_ms() + 20000;
-    while (h_now_ms() < end) {
-        if (client_hello(c, held, n) == 0) return 0;
-        h_sleep_ms(20);
-    }
-    return -1;
-}
+#define HELLO_MS 20000 /* how long a hello is retried while the broker restarts */
 
 _Noreturn static void producer_main(const char *ep)
 {
@@ -39,7 +30,7 @@ _Noreturn static void producer_main(const char *ep)
     bool registered = false;
     for (;;) {
         if (!registered) {
-            if (hello_retry(c, NULL, 0) || client_register_pool(c, &pool)) continue;
+            if (h_hello_retry(c, NULL, 0, HELLO_MS) || client_register_pool(c, &pool)) continue;
             registered = true;
         }
         wire_work_unit wu;
@@ -50,8 +41,10 @@ _Noreturn static void producer_main(const char *ep)
             while (rc == DFLASH_ETIMEOUT);
             if (rc == DFLASH_ESTALE) {
                 /* new broker: re-register, then report the filled slot again (it is adopted) */
-                if (hello_retry(c, NULL, 0) || client_register_pool(c, &pool)) registered = false;
-                else client_slot_ready(c, &r);
+                if (h_hello_retry(c, NULL, 0, HELLO_MS) || client_register_pool(c, &pool))
+                    registered = false;
+                else
+                    client_slot_ready(c, &r);
             }
         } else if (rc == DFLASH_ESTALE) {
             registered = false;
@@ -69,12 +62,12 @@ _Noreturn static void consumer_main(const char *ep)
     wire_unit held[WIRE_MAX_HELD];
     uint32_t n_held = 0;
     uint64_t step = 0;
-    hello_retry(c, NULL, 0);
+    h_hello_retry(c, NULL, 0, HELLO_MS);
     for (;;) {
         wire_grant g;
         int rc = client_claim(c, &g);
         if (rc == DFLASH_ESTALE) {
-            hello_retry(c, held, n_held);
+            h_hello_retry(c, held, n_held, HELLO_MS);
             continue;
         }
         if (rc) {
@@ -86,12 +79,13 @@ _Noreturn static void consumer_main(const char *ep)
         printf("TRAIN %u %u %llu\n", g.unit.epoch, g.unit.bucket, (unsigned long long)g.unit.index);
         fflush(stdout);
         rc = client_release(c, g.lease_id);
-        if (rc == DFLASH_ESTALE && client_broker_restarted(c)) hello_retry(c, held, n_held);
+        if (rc == DFLASH_ESTALE && client_broker_restarted(c))
+            h_hello_retry(c, held, n_held, HELLO_MS);
         step++;
         for (;;) { /* the ack must land, whatever happens to the broker */
             rc = client_ack(c, &g.unit, step);
             if (rc == 0 || rc == DFLASH_EEXISTS) break; /* EEXISTS: our earlier ack landed */
-            if (rc == DFLASH_ESTALE) hello_retry(c, held, n_held);
+            if (rc == DFLASH_ESTALE) h_hello_retry(c, held, n_held, HELLO_MS);
             else if (rc != DFLASH_ETIMEOUT) {
                 fprintf(stderr, "consumer: ack %s: %s\n", err_name(rc), client_last_error(c));
                 break;
@@ -100,7 +94,7 @@ _Noreturn static void consumer_main(const char *ep)
         n_held--;
         if (step % 4 == 0) {
             while ((rc = client_checkpoint_committed(c, step)) != 0) {
-                if (rc == DFLASH_ESTALE) hello_retry(c, held, n_held);
+                if (rc == DFLASH_ESTALE) h_hello_retry(c, held, n_held, HELLO_MS);
                 else if (rc != DFLASH_ETIMEOUT) break;
             }
         }

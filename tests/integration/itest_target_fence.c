@@ -65,16 +65,6 @@ static const unsigned char *map_slot(const wire_grant *g, void **base, size_t *l
     return (const unsigned char *)*base + g->offset;
 }
 
-static int hello_retry(client *c, const wire_unit *held, uint32_t n)
-{
-    uint64_t end = h_now_ms() + 20000;
-    while (h_now_ms() < end) {
-        if (client_hello(c, held, n) == 0) return 0;
-        h_sleep_ms(20);
-    }
-    return -1;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
@@ -110,7 +100,7 @@ int main(int argc, char **argv)
     /* the drafter claims a slot and keeps it; the other slot is filled and ready */
     d = client_new(ep, WIRE_ROLE_DRAFTER, "drafter");
     client_set_timeout(d, 1000);
-    CHECK_EQ_INT(hello_retry(d, NULL, 0), 0);
+    CHECK_EQ_INT(h_hello_retry(d, NULL, 0, 20000), 0);
     wire_grant g;
     int rc = DFLASH_EAGAIN;
     for (uint64_t end = h_now_ms() + 20000; rc && h_now_ms() < end; h_sleep_ms(10))
@@ -134,7 +124,7 @@ int main(int argc, char **argv)
     if (q <= 0) goto out;
     uint64_t fence_min = t_kill + LEASE_MS;
     /* the drafter comes back holding its batch (its copy is still running) */
-    CHECK_EQ_INT(hello_retry(d, &g.unit, 1), 0);
+    CHECK_EQ_INT(h_hello_retry(d, &g.unit, 1, 20000), 0);
 
     /* the target re-registers by itself */
     CHECK(h_status_until(d, &st, registered, LEASE_MS / 2));

@@ -47,6 +47,17 @@ static int refuse(void *ctx, uint16_t type, const void *payload, uint32_t len)
     return type == 3 ? DFLASH_EMISMATCH : 0;
 }
 
+/* Flips the bits of mask in the byte at offset at of file (a damaged record). */
+static void flip_bits(const char *file, off_t at, uint8_t mask)
+{
+    int fd = open(file, O_RDWR);
+    uint8_t byte = 0;
+    CHECK_EQ_INT(pread(fd, &byte, 1, at), 1);
+    byte ^= mask;
+    CHECK_EQ_INT(pwrite(fd, &byte, 1, at), 1);
+    close(fd);
+}
+
 static void test_roundtrip(void)
 {
     int err = 1;
@@ -145,12 +156,7 @@ static void test_torn_tail(void)
     }
     /* A flipped bit in the last record's payload is a torn tail too. */
     test_copy_prefix(path, cut, after);
-    int fd = open(cut, O_RDWR);
-    uint8_t byte;
-    CHECK_EQ_INT(pread(fd, &byte, 1, (off_t)before + 9), 1);
-    byte ^= 1;
-    CHECK_EQ_INT(pwrite(fd, &byte, 1, (off_t)before + 9), 1);
-    close(fd);
+    flip_bits(cut, (off_t)before + 9, 0x01);
     seen s = {0};
     j = journal_open(cut, collect, &s, NULL);
     CHECK(j != NULL);
@@ -209,12 +215,7 @@ static void test_garbled_tail(void)
     uint64_t size = journal_size(j);
     CHECK_EQ_INT(journal_append(j, 2, "second", 6, false), 0);
     journal_destroy(&j);
-    int fd = open(path, O_RDWR);
-    uint8_t byte;
-    CHECK_EQ_INT(pread(fd, &byte, 1, (off_t)size + 9), 1);
-    byte ^= 0x01;
-    CHECK_EQ_INT(pwrite(fd, &byte, 1, (off_t)size + 9), 1);
-    close(fd);
+    flip_bits(path, (off_t)size + 9, 0x01);
     seen s = {0};
     j = journal_open(path, collect, &s, NULL);
     CHECK(j != NULL);
@@ -235,13 +236,8 @@ static void test_corrupt(void)
     CHECK_EQ_INT(journal_append(j, 2, "second", 6, false), 0);
     journal_destroy(&j);
     /* A flipped bit in a record that is followed by more records: refuse to start. */
-    int fd = open(path, O_RDWR);
-    uint8_t byte;
     off_t at = JOURNAL_HEADER_BYTES + 9;
-    CHECK_EQ_INT(pread(fd, &byte, 1, at), 1);
-    byte ^= 0x40;
-    CHECK_EQ_INT(pwrite(fd, &byte, 1, at), 1);
-    close(fd);
+    flip_bits(path, at, 0x40);
     int err = 0;
     j = journal_open(path, NULL, NULL, &err);
     CHECK(j == NULL);
@@ -255,11 +251,7 @@ static void test_corrupt(void)
     CHECK_EQ_INT(journal_append(j, 13, NULL, 0, false), 0);
     journal_destroy(&j);
     CHECK_EQ_INT(test_file_size(path), JOURNAL_HEADER_BYTES + 2 * JOURNAL_RECORD_OVERHEAD + 5);
-    fd = open(path, O_RDWR);
-    CHECK_EQ_INT(pread(fd, &byte, 1, at), 1);
-    byte ^= 0x40;
-    CHECK_EQ_INT(pwrite(fd, &byte, 1, at), 1);
-    close(fd);
+    flip_bits(path, at, 0x40);
     j = journal_open(path, NULL, NULL, &err);
     CHECK(j == NULL);
     CHECK_EQ_INT(err, DFLASH_ECORRUPT);
@@ -273,7 +265,7 @@ static void test_corrupt(void)
     CHECK_EQ_INT(journal_append(j, 3, "third", 5, false), 0);
     journal_destroy(&j);
     uint64_t size = test_file_size(path);
-    fd = open(path, O_RDWR);
+    int fd = open(path, O_RDWR);
     uint8_t big[4] = {0, 0x10, 0, 0}; /* 4096 bytes: < JOURNAL_MAX_PAYLOAD, past the end */
     CHECK_EQ_INT(pwrite(fd, big, 4, JOURNAL_HEADER_BYTES), 4);
     close(fd);

@@ -484,6 +484,17 @@ static void test_restart_plan_bounds(void)
     test_rmtree(dir);
 }
 
+/* Target "t" and drafter "d" said hello; t registered a pool of 4 slots whose plan is one epoch
+ * of 2 batches in bucket 0. */
+static void two_batch_plan(void)
+{
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 4);
+    p->bucket_batches[0] = 2;
+    CHECK_EQ_INT(stub_send("t"), 0);
+}
+
 /* Every batch of the target's one epoch trained: a claim ends the drafter's run (SHUTDOWN,
  * saying why) instead of waiting for ever; a rewind puts batches back and claims wait again.
  * Once that target is gone, its plan ends no run: claims wait for the next target. */
@@ -491,11 +502,7 @@ static void test_plan_done(void)
 {
     stub_broker_new(NULL);
     if (!stub_b) return;
-    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
-    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
-    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 4);
-    p->bucket_batches[0] = 2;
-    CHECK_EQ_INT(stub_send("t"), 0);
+    two_batch_plan();
     stub_make_ready("t", TARGET_INC, POOL_INC, 1);
     CHECK_EQ_INT(train_one(1), 0);
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
@@ -549,11 +556,7 @@ static void test_plan_end_below_min_ready(void)
 {
     stub_broker_new(min_ready_three);
     if (!stub_b) return;
-    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
-    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
-    wire_pool *p = stub_pool_request(TARGET_INC, POOL_INC, 4);
-    p->bucket_batches[0] = 2;
-    CHECK_EQ_INT(stub_send("t"), 0);
+    two_batch_plan();
     stub_make_ready("t", TARGET_INC, POOL_INC, 2); /* the whole plan, 2 < min_ready ready */
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
     CHECK_EQ_INT(stub_send("d"), DFLASH_EAGAIN); /* the target may still have more */

@@ -423,6 +423,18 @@ static void test_restart_order(void)
     stub_broker_free();
 }
 
+/* A group of a and b (hello, then each joins: a rank 0, b rank 1), a's id posted; its epoch. */
+static uint64_t form_pair(const drafter *A, const drafter *B)
+{
+    wire_group_view vb;
+    CHECK_EQ_INT(hello(A), 0);
+    CHECK_EQ_INT(hello(B), 0);
+    CHECK_EQ_INT(stub_group_join(A, 0, 0, NULL), 0);
+    CHECK_EQ_INT(stub_group_join(B, 0, 0, &vb), 0);
+    CHECK_EQ_INT(stub_group_set_id(A, vb.epoch, 0x11), 0);
+    return vb.epoch;
+}
+
 /* A and B form a group over the target's pool; A's claim reserves step 1 and A copies its
  * slot; then the target restarts (a new incarnation of its name, with a new arena) before B
  * claims. */
@@ -430,13 +442,8 @@ static void test_step_after_target_restart(void)
 {
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
-    CHECK_EQ_INT(hello(&A), 0);
-    CHECK_EQ_INT(hello(&B), 0);
+    uint64_t e = form_pair(&A, &B);
     wire_group_view va, vb;
-    CHECK_EQ_INT(stub_group_join(&A, 0, 0, NULL), 0);
-    CHECK_EQ_INT(stub_group_join(&B, 0, 0, &vb), 0);
-    uint64_t e = vb.epoch;
-    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x11), 0);
     make_ready(2);
     wire_step_grant ga, gb;
     CHECK_EQ_INT(claim(&A, e, 1, &ga), 0);
@@ -904,13 +911,7 @@ static void test_unread_unit_of_acked_step(void)
 {
     setup();
     drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2};
-    CHECK_EQ_INT(hello(&A), 0);
-    CHECK_EQ_INT(hello(&B), 0);
-    wire_group_view vb;
-    CHECK_EQ_INT(stub_group_join(&A, 0, 0, NULL), 0);
-    CHECK_EQ_INT(stub_group_join(&B, 0, 0, &vb), 0);
-    uint64_t e = vb.epoch;
-    CHECK_EQ_INT(stub_group_set_id(&A, e, 0x11), 0);
+    uint64_t e = form_pair(&A, &B);
     make_ready(2);
     wire_step_grant ga, gb;
     CHECK_EQ_INT(claim(&A, e, 1, &ga), 0);

@@ -7,6 +7,8 @@
  *   - loss weights: decay, the anchor offset and positions past the sequence end never trained
  *   - AdamW steps reduce the loss on a fixed batch; a step's accuracy and acceptance length
  *     are those of its correct flags and weights (1 + the leading run of correct offsets)
+ *   - a step's update in closed form from the moments it leaves (AdamW's t, eps outside the
+ *     root), weight decay on the matrices only; the cosine schedule with a floor
  *   - eval's tau: the trajectory walked reply by reply (each maximal span of loss mask 1 decoded
  *     on its own, nothing accepted past its end, the turns between never drafted), batched
  *     forwards giving what one block at a time gives
@@ -482,7 +484,87 @@ static void test_training_reduces_loss(world *w) {
     dflash_train_cfg t75 = tc; /* 0.04 * 75 = 3 warmup steps: the first at lr / 3 */
     t75.total_steps = 75;
     CHECK_NEAR(dflash_train_lr(&t75, 0), 1e-2 / 3, 1e-12);
+    dflash_train_cfg tf = tc; /* a cosine floor of 0.1: from lr down to 0.1 lr, past the end too */
+    tf.min_lr_ratio = 0.1;
+    CHECK_NEAR(dflash_train_lr(&tf, 1), 1e-2, 1e-12);
+    CHECK_NEAR(dflash_train_lr(&tf, 20), 1e-2 * (0.1 + 0.9 * 0.5 * (1 + cos(M_PI * 19.0 / 39.0))),
+               1e-12);
+    CHECK_NEAR(dflash_train_lr(&tf, 40), 1e-3, 1e-12);
+    CHECK_NEAR(dflash_train_lr(&tf, 55), 1e-3, 1e-12);
     dflash_model_destroy(&m);
+}
+
+/* Every trainable element's master as fp32 at its offset in p[n_params]. */
+static void masters_f32(const dflash_model *m, float *p) {
+    for (int i = 0; i < m->n_tensors; i++)
+        memcpy(p + m->tensors[i].offset, dflash_model_master(m, i),
+               m->tensors[i].numel * sizeof(float));
+}
+
+/* The update a training step applies, in closed form from the moments it leaves: AdamW's t is
+ * the step being taken (1 on the first, 2 on the second: the bias corrections), eps is added
+ * outside the square root, and weight decay applies to the matrices only. Two models from one
+ * state train one step on one batch, with and without decay: the norms' vectors come out bit
+ * for bit equal, each matrix element differs by lr * wd * its value before the step. */
+static void test_adamw_in_step(world *w) {
+    dflash_model *a = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 3);
+    dflash_model *b = dflash_model_new(&w->cfg, w->ops, w->ctx, w->embed, w->lm_head, T, 8, 3);
+    CHECK(a != NULL && b != NULL);
+    if (!a || !b) return;
+    randomise(a);
+    for (int i = 0; i < a->n_tensors; i++)
+        memcpy(dflash_model_master(b, i), dflash_model_master(a, i),
+               a->tensors[i].numel * sizeof(float));
+    dflash_model_sync_params(b);
+    dflash_train_cfg tc = w->tc, tcd;
+    tc.lr = 1e-3, tc.total_steps = 0, tc.clip = 0, tc.weight_decay = 0; /* constant lr, no clip */
+    tcd = tc, tcd.weight_decay = 0.1;
+    size_t n = a->n_params;
+    float *p0 = calloc(n, sizeof(float)), *p1 = calloc(n, sizeof(float));
+    float *pd = calloc(n, sizeof(float));
+    dflash_metrics met;
+    for (int t = 1; t <= 2; t++) {
+        masters_f32(a, p0);
+        CHECK_EQ_INT(dflash_train_step(a, &tc, &w->view, 0, 0, &met), 0);
+        masters_f32(a, p1);
+        double bc1 = 1.0 - pow(tc.beta1, t), bc2 = 1.0 - pow(tc.beta2, t), worst = 0.0;
+        size_t moved = 0;
+        for (int i = 0; i < a->n_tensors; i++) {
+            for (size_t j = a->tensors[i].offset; j < a->tensors[i].offset + a->tensors[i].numel;
+                 j++) {
+                double want = -tc.lr * (a->adam_m[j] / bc1) /
+                              (sqrt((double)a->adam_v[j]) / sqrt(bc2) + tc.eps);
+                worst = fmax(worst, fabs((double)(p1[j] - p0[j]) - want));
+                moved += p1[j] != p0[j];
+            }
+        }
+        printf("AdamW step %d: %zu of %zu elements moved, worst |update - closed form| %.3g "
+               "(lr %g)\n",
+               t, moved, n, worst, tc.lr);
+        CHECK(worst <= 1e-3 * tc.lr);
+        CHECK(moved > n / 2);
+        if (t == 2) break;
+        /* the same first step with decay, from the same state */
+        CHECK_EQ_INT(dflash_train_step(b, &tcd, &w->view, 0, 0, &met), 0);
+        masters_f32(b, pd);
+        double worst_mat = 0.0;
+        size_t vec_differ = 0;
+        for (int i = 0; i < a->n_tensors; i++) {
+            const dflash_tensor *te = &a->tensors[i];
+            for (size_t j = te->offset; j < te->offset + te->numel; j++) {
+                if (te->ndim == 1)
+                    vec_differ += pd[j] != p1[j];
+                else
+                    worst_mat = fmax(worst_mat, fabs((double)(pd[j] - p1[j]) +
+                                                     tcd.lr * tcd.weight_decay * p0[j]));
+            }
+        }
+        CHECK_EQ_INT((int)vec_differ, 0);
+        CHECK(worst_mat <= 1e-6);
+    }
+    free(p0), free(p1), free(pd);
+    dflash_model_destroy(&a);
+    dflash_model_destroy(&b);
 }
 
 static void test_mismatch(world *w) {
@@ -2120,6 +2202,7 @@ int main(void) {
     test_mask(w);
     test_anchors_and_weights(w);
     test_training_reduces_loss(w);
+    test_adamw_in_step(w);
     test_mismatch(w);
     test_async_step(w);
     test_accumulate(w);

@@ -697,6 +697,12 @@ static void test_adamw(void) {
     CHECK(act[0] == p[0] && act[1] == p[1]);
     ops->adamw(ctx, p, NULL, g, m, v, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2.0f, 2);
     CHECK_NEAR(p[0], 0.899 * 0.999 - 0.1, 1e-6);
+    /* eps is added to the bias-corrected root, outside the square root: a large eps (0.5) at
+     * step 2 tells that apart from sqrt(vhat + eps) and from (sqrt(v) + eps) / sqrt(1 - b2^t) */
+    float pe = 1.0f, ge = 0.5f, me = 0.1f, ve = 0.01f;
+    ops->adamw(ctx, &pe, NULL, &ge, &me, &ve, 1, 0.1f, 0.9f, 0.999f, 0.5f, 0.0f, 1.0f, 2);
+    double me2 = 0.9 * 0.1 + 0.1 * 0.5, ve2 = 0.999 * 0.01 + 0.001 * 0.25;
+    CHECK_NEAR(pe, 1.0 - 0.1 * (me2 / (1 - 0.81)) / (sqrt(ve2) / sqrt(1 - 0.998001) + 0.5), 1e-6);
 
     float s;
     ops->sumsq(ctx, &s, NULL, 0, (float[]){3, -4, 12}, 3);

@@ -10,7 +10,11 @@
  * is evicted beyond POOL_IMPORT_MAX, and no mapping outlives the importer. A dead exporter's
  * pool is no longer mapped once its segment is swept (its pages go back to /dev/shm). A pool
  * larger than /dev/shm is refused at creation. A grant or descriptor naming a shm object that
- * is not our pools' (another name form, another owner, open to others) maps nothing. */
+ * is not our pools' (another name form, another owner, open to others) maps nothing. And the
+ * limits one by one: each field the descriptor decoder range-checks, the exporter's name
+ * length, slot rounding, slot bounds and owner lock, the importer's copy bounds, every kind of
+ * use keeping a mapping in the LRU order, the sweep's pid and name filters, and no descriptor
+ * left open by a closed mapping. */
 #include "check.h"
 #include "err.h"
 #include "pool.h"
@@ -149,6 +153,17 @@ static int shm_maps(void)
     while (fgets(line, sizeof line, f))
         if (strstr(line, "/dev/shm/dflash.")) n++;
     fclose(f);
+    return n;
+}
+
+/* Open file descriptors of this process, from /proc/self/fd (the listing's own included). */
+static int open_fds(void)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    if (!dir) return -1;
+    int n = 0;
+    while (readdir(dir)) n++;
+    closedir(dir);
     return n;
 }
 
@@ -294,7 +309,7 @@ static void test_gone_pools(const pool_config *cfg)
     snprintf(an, sizeof an, "ugoneA%d", (int)getpid());
     snprintf(bn, sizeof bn, "ugoneB%d", (int)getpid());
     snprintf(cn, sizeof cn, "ugoneC%d", (int)getpid());
-    int inherited = shm_maps();
+    int inherited = shm_maps(), fds = open_fds();
     pool_importer *imp = pool_importer_new(POOL_HOST, 0, NULL);
     uint8_t *stage = pool_staging_alloc(POOL_HOST, 0, cfg->slot_bytes);
     pool_desc a, b, c;
@@ -338,6 +353,7 @@ static void test_gone_pools(const pool_config *cfg)
 out:
     pool_importer_destroy(&imp);
     CHECK_EQ_INT(shm_maps(), inherited);
+    CHECK_EQ_INT(open_fds(), fds); /* each mapping's shm descriptor closed with it */
     pool_staging_free(POOL_HOST, 0, (void **)&stage);
     if (pa > 0) kill_and_sweep(pa, &a);
     if (pb > 0) kill_and_sweep(pb, &b);
@@ -413,12 +429,18 @@ static void test_foreign_shm(void)
     shm_unlink(name);
 
     /* objects of ours, mode 0600, whose names our pools never have */
-    char bad[4][POOL_SHM_NAME_MAX];
+    char bad[8][POOL_SHM_NAME_MAX];
     snprintf(bad[0], sizeof bad[0], "/dflash-utest-%d", (int)getpid());
     snprintf(bad[1], sizeof bad[1], "/dflash.ubad%d.1.xyz", (int)getpid());
     snprintf(bad[2], sizeof bad[2], "/other.ubad%d.1.00000000000000aa", (int)getpid());
     snprintf(bad[3], sizeof bad[3], "/dflash.u.bad%d.1.00000000000000aa", (int)getpid());
-    for (int i = 0; i < 4; i++) {
+    snprintf(bad[4], sizeof bad[4], "/dflash.ubad%d.0.00000000000000aa", (int)getpid()); /* pid 0 */
+    snprintf(bad[5], sizeof bad[5], "/dflash.ubad%d.1.0000000000000aa", (int)getpid()); /* 15 */
+    snprintf(bad[6], sizeof bad[6], "/dflash.ubad%d.1.00000000000000ag", (int)getpid());
+    /* a pool name part of POOL_NAME_MAX characters: one more than a pool name holds */
+    snprintf(bad[7], sizeof bad[7], "/dflash.nnnnnnnnnnnnnnnnnnnnnnnnn%07d.1.00000000000000aa",
+             (int)getpid() % 10000000);
+    for (int i = 0; i < 8; i++) {
         fd = shm_make(bad[i], 0600);
         CHECK(fd >= 0);
         CHECK_EQ_INT(attach_named(imp, bad[i], 0xb0 + (uint64_t)i, &log), DFLASH_EDENIED);
@@ -443,9 +465,45 @@ static void test_foreign_shm(void)
     CHECK_EQ_INT(rc, DFLASH_EDENIED);
     CHECK(log && strstr(log, "mode 0666"));
     free(log);
+    /* ours, but smaller than the descriptor's arena: refused, not mapped short */
+    CHECK(fd >= 0 && fchmod(fd, 0600) == 0);
+    d.arena_bytes = 2 * POOL_ARENA_ALIGN;
+    cap = test_capture_begin();
+    rc = pool_importer_attach(imp, &d);
+    log = test_capture_end(&cap);
+    CHECK_EQ_INT(rc, DFLASH_EMISMATCH);
+    CHECK(log && strstr(log, "smaller than its descriptor says"));
+    free(log);
+    CHECK_EQ_INT(pool_importer_mappings(imp), 0);
     if (fd >= 0) close(fd);
     shm_unlink(name);
     pool_importer_destroy(&imp);
+
+    /* the sweep removes only what is stale: an object whose pid lives stays even without the
+     * owner lock (an exporter of a version before it), and a sweep of one pool name leaves a
+     * dead object of another name */
+    snprintf(name, sizeof name, "/dflash.ulive%d.%d.0000000000000001", (int)getpid(),
+             (int)getpid());
+    fd = shm_make(name, 0600);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    pool_sweep_stale(NULL);
+    CHECK(shm_exists(name));
+    shm_unlink(name);
+    pid_t gone_pid = fork();
+    if (gone_pid == 0) _exit(0);
+    waitpid(gone_pid, NULL, 0);
+    char filt[32];
+    snprintf(filt, sizeof filt, "ufilt%d", (int)getpid());
+    snprintf(name, sizeof name, "/dflash.%s.%d.0000000000000001", filt, (int)gone_pid);
+    fd = shm_make(name, 0600);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    /* (a test beside this one that starts a host pool sweeps every name: so the count of this
+     * call, not the object's presence after it, tells whether it reached another name) */
+    CHECK_EQ_INT(pool_sweep_stale("ufiltother"), 0);
+    CHECK(pool_sweep_stale(filt) <= 1);
+    CHECK(!shm_exists(name));
 
     if (geteuid() == 0) {
         pid_t dead = fork();
@@ -460,6 +518,186 @@ static void test_foreign_shm(void)
         CHECK(shm_exists(name));
         shm_unlink(name);
     }
+}
+
+/* decode(encode(d)) for a descriptor changed by hand. */
+static int recode(const pool_desc *d)
+{
+    uint8_t buf[POOL_DESC_MAX_BYTES];
+    int len = pool_desc_encode(d, buf, sizeof buf);
+    if (len < 0) return len;
+    pool_desc back;
+    return pool_desc_decode(buf, (size_t)len, &back);
+}
+
+/* Each field the decoder range-checks, refused alone (the rest of the descriptor valid), and
+ * the encoder's own limits. A descriptor comes from the broker, so each check is the importer's
+ * word against a wrong one: a slot size off the 256-byte grid, an arena off its alignment, a
+ * pool name or shm name no exporter gives, a version or length it does not know. */
+static void test_descriptor_checks(const pool_desc *d)
+{
+    pool_desc v = *d, x;
+    v.n_slots = 1, v.slot_bytes = 512, v.arena_bytes = POOL_ARENA_ALIGN;
+    CHECK_EQ_INT(recode(&v), 0); /* the base of the cases below is accepted */
+    x = v, x.incarnation = 0;
+    CHECK_EQ_INT(recode(&x), DFLASH_ERANGE);
+    x = v, x.slot_bytes = 384; /* fits the arena, off the grid */
+    CHECK_EQ_INT(recode(&x), DFLASH_ERANGE);
+    x = v, x.slot_bytes = (1ull << 40) + 256, x.arena_bytes = (1ull << 40) + POOL_ARENA_ALIGN;
+    CHECK_EQ_INT(recode(&x), DFLASH_ERANGE);
+    x = v, x.arena_bytes = POOL_ARENA_ALIGN + 256; /* holds the slot, off the alignment */
+    CHECK_EQ_INT(recode(&x), DFLASH_ERANGE);
+    x = v, snprintf(x.name, sizeof x.name, "a/b");
+    CHECK_EQ_INT(recode(&x), DFLASH_ERANGE);
+    x = v, snprintf(x.shm_name, sizeof x.shm_name, "/other.a.1.0000000000000001");
+    CHECK_EQ_INT(recode(&x), DFLASH_ERANGE);
+    x = v, x.backend = (pool_backend)7;
+    CHECK_EQ_INT(recode(&x), DFLASH_ERANGE);
+
+    uint8_t buf[POOL_DESC_MAX_BYTES + 1];
+    int len = pool_desc_encode(&v, buf, sizeof buf - 1);
+    CHECK(len > 0 && (size_t)len < sizeof buf);
+    pool_desc back;
+    buf[len] = 0;
+    CHECK_EQ_INT(pool_desc_decode(buf, (size_t)len + 1, &back), DFLASH_EFORMAT); /* a byte more */
+    buf[8]++; /* the version, little-endian after the 8-byte magic */
+    CHECK_EQ_INT(pool_desc_decode(buf, (size_t)len, &back), DFLASH_EVERSION);
+    buf[8]--;
+    CHECK_EQ_INT(pool_desc_decode(buf, (size_t)len, &back), 0);
+    CHECK_EQ_INT(pool_desc_encode(&v, buf, (size_t)len - 1), DFLASH_ERANGE); /* no room */
+    CHECK_EQ_INT(pool_desc_encode(&v, buf, (size_t)len), len);
+    x = v, x.n_slots = POOL_MAX_SLOTS + 1;
+    CHECK_EQ_INT(pool_desc_encode(&x, buf, sizeof buf), DFLASH_ERANGE);
+}
+
+/* The exporter's side of its limits: a pool name of POOL_NAME_MAX - 1 characters and no more
+ * (it travels NUL-terminated in POOL_NAME_MAX bytes), slots rounded up to 256 bytes (the
+ * descriptor's grid, so an odd size still makes a pool an importer accepts), slot numbers past
+ * the pool refused by publish and sync, and the shared owner lock the sweep goes by held for
+ * the pool's life. */
+static void test_exporter_limits(const pool_config *cfg)
+{
+    char name[POOL_NAME_MAX + 1];
+    memset(name, 'n', POOL_NAME_MAX);
+    name[POOL_NAME_MAX] = '\0';
+    CHECK(!pool_name_valid(name));
+    name[POOL_NAME_MAX - 1] = '\0';
+    CHECK(pool_name_valid(name));
+
+    pool_config oc = *cfg;
+    char on[32];
+    snprintf(on, sizeof on, "uodd%d", (int)getpid());
+    oc.name = on, oc.n_slots = 2, oc.slot_bytes = 1000;
+    pool *p = pool_new(&oc, NULL);
+    CHECK(p != NULL);
+    if (!p) return;
+    const pool_desc *d = pool_descriptor(p);
+    CHECK(d->slot_bytes == 1024 && pool_slot_offset(p, 1) == 1024);
+    CHECK_EQ_INT(recode(d), 0);
+    CHECK_EQ_INT(pool_slot_publish(p, 1, NULL), 0);
+    CHECK_EQ_INT(pool_slot_publish(p, 2, NULL), DFLASH_ERANGE);
+    CHECK_EQ_INT(pool_slot_sync(p, 1), 0);
+    CHECK_EQ_INT(pool_slot_sync(p, 2), DFLASH_ERANGE);
+    int fd = shm_open(d->shm_name, O_RDONLY, 0);
+    CHECK(fd >= 0);
+    CHECK(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0); /* the owner's shared lock holds */
+    if (fd >= 0) close(fd);
+    pool_destroy(&p);
+}
+
+/* The importer's bounds on one pool of this process: a descriptor of another backend, a grant's
+ * slot past the table, a copy of no bytes, past its slot or of a slot past the pool (the arena's
+ * alignment padding lies there), all refused; a pool of this process is used through raw
+ * pointers and never counted as opened. */
+static void test_importer_bounds(pool *p)
+{
+    const pool_desc *d = pool_descriptor(p);
+    pool_importer *imp = pool_importer_new(POOL_HOST, 0, NULL);
+    uint8_t *stage = pool_staging_alloc(POOL_HOST, 0, d->slot_bytes + 256);
+    CHECK(imp && stage);
+    if (!imp || !stage) goto out;
+    pool_desc other = *d;
+    other.backend = POOL_CUDA;
+    CHECK_EQ_INT(pool_importer_attach(imp, &other), DFLASH_EMISMATCH);
+    CHECK_EQ_INT(pool_importer_attach(imp, d), 0);
+    CHECK_EQ_INT(pool_importer_opens(imp), 0);
+    pool_slot_ref ref = grant_for(d, true);
+    ref.slot = POOL_MAX_SLOTS;
+    CHECK_EQ_INT(pool_importer_attach_slot(imp, &ref), DFLASH_ERANGE);
+    uint32_t n = d->n_slots;
+    CHECK(d->arena_bytes > (uint64_t)n * d->slot_bytes); /* padding past the last slot */
+    CHECK_EQ_INT(pool_copy_start(imp, d->incarnation, n, n * d->slot_bytes, 16, stage),
+                 DFLASH_ERANGE);
+    CHECK_EQ_INT(pool_copy_start(imp, d->incarnation, 0, 0, 0, stage), DFLASH_ERANGE);
+    CHECK_EQ_INT(pool_copy_start(imp, d->incarnation, 0, 0, d->slot_bytes + 1, stage),
+                 DFLASH_ERANGE);
+    CHECK_EQ_INT(pool_copy_start(imp, d->incarnation, 0, 0, d->slot_bytes, stage), 0);
+    CHECK_EQ_INT(pool_copy_wait(imp), 0);
+out:
+    pool_staging_free(POOL_HOST, 0, (void **)&stage);
+    pool_importer_destroy(&imp);
+}
+
+/* Which of pools[0..2] imp still maps (bit i: pools[i]); a copy of slot 0 tells. */
+static unsigned mapped_of(pool_importer *imp, pool **pools, int n, uint8_t *stage)
+{
+    unsigned bits = 0;
+    for (int i = 0; i < n; i++) {
+        const pool_desc *d = pool_descriptor(pools[i]);
+        if (pool_copy_start(imp, d->incarnation, 0, 0, 64, stage) == 0) bits |= 1u << i;
+        pool_copy_wait(imp);
+    }
+    return bits;
+}
+
+/* Each use of a mapping counts for the least-recently-used order: an attach by descriptor, an
+ * attach by grant, a copy. POOL_IMPORT_MAX pools of this process are mapped, pools[0] is used
+ * once more in one of those ways, then one more pool comes: pools[1] is closed for room, not
+ * pools[0]. */
+static void test_lru_uses(const pool_config *cfg)
+{
+    enum { N = POOL_IMPORT_MAX + 1 };
+    pool *pools[N] = {0};
+    pool_config c = *cfg;
+    c.n_slots = 1, c.slot_bytes = 4096;
+    for (int i = 0; i < N; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "ulru%d-%d", i, (int)getpid());
+        c.name = nm;
+        pools[i] = pool_new(&c, NULL);
+        CHECK(pools[i] != NULL);
+        if (!pools[i]) goto out;
+    }
+    uint8_t *stage = pool_staging_alloc(POOL_HOST, 0, 4096);
+    for (int how = 0; how < 3; how++) {
+        pool_importer *imp = pool_importer_new(POOL_HOST, 0, NULL);
+        CHECK(imp != NULL);
+        if (!imp) break;
+        for (int i = 0; i < N - 1; i++) {
+            pool_slot_ref ref = grant_for(pool_descriptor(pools[i]), true);
+            CHECK_EQ_INT(how == 1 ? pool_importer_attach_slot(imp, &ref)
+                                  : pool_importer_attach(imp, pool_descriptor(pools[i])),
+                         0);
+        }
+        const pool_desc *d0 = pool_descriptor(pools[0]);
+        pool_slot_ref ref0 = grant_for(d0, true);
+        if (how == 0) CHECK_EQ_INT(pool_importer_attach(imp, d0), 0);
+        if (how == 1) CHECK_EQ_INT(pool_importer_attach_slot(imp, &ref0), 0);
+        if (how == 2) {
+            CHECK_EQ_INT(pool_copy_start(imp, d0->incarnation, 0, 0, 64, stage), 0);
+            CHECK_EQ_INT(pool_copy_wait(imp), 0);
+        }
+        CHECK_EQ_INT(pool_importer_attach(imp, pool_descriptor(pools[N - 1])), 0);
+        CHECK_EQ_INT(pool_importer_mappings(imp), (int)POOL_IMPORT_MAX);
+        unsigned bits = mapped_of(imp, pools, 2, stage);
+        if (bits != 1u) printf("lru: use %d left mappings %#x of pools 0 and 1 (want 0x1)\n", how,
+                               bits);
+        CHECK(bits == 1u);
+        pool_importer_destroy(&imp);
+    }
+    pool_staging_free(POOL_HOST, 0, (void **)&stage);
+out:
+    for (int i = 0; i < N; i++) pool_destroy(&pools[i]);
 }
 
 int main(void)
@@ -690,6 +928,10 @@ int main(void)
     test_many_pools();
     test_foreign_shm();
     test_gone_pools(&cfg);
+    test_descriptor_checks(d);
+    test_exporter_limits(&cfg);
+    test_importer_bounds(p);
+    test_lru_uses(&cfg);
 
     char last_shm[POOL_SHM_NAME_MAX];
     snprintf(last_shm, sizeof last_shm, "%s", d->shm_name);

@@ -69,6 +69,14 @@ int main(void) {
     CHECK(r.accumulate == 2 && strstr(m, "with 1, 2, 3, 4, 6 or 12 drafters it would stay 12"));
     r = decide(1, 1, 2, true, m, sizeof m);
     CHECK(r.kind == STEP_RESCALE_CHANGE && r.accumulate == 1 && strstr(m, "with 1 drafter it"));
+    /* one slot over 3: the nearest share rounds to 0, and a drafter trains at least 1 */
+    r = decide(1, 1, 3, true, m, sizeof m);
+    CHECK(r.kind == STEP_RESCALE_CHANGE && r.accumulate == 1 && strstr(m, "becomes 3 slots"));
+    /* 63 over 2: 32 each, a step of exactly 64 (the cap allows it): the reason said is the
+     * uneven share, not the cap */
+    r = decide(1, 63, 2, true, m, sizeof m);
+    CHECK(r.kind == STEP_RESCALE_CHANGE && r.accumulate == 32 && strstr(m, "becomes 64 slots") &&
+          strstr(m, "2 drafters cannot share it evenly") && !strstr(m, "at most 64"));
 
     /* a group step holds at most 64 slots: a solo run of 128 goes to a group of 2 at 32 each
      * (said: alone it keeps 128), one of 64 to 8 drafters at 8 each */

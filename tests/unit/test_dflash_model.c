@@ -2063,6 +2063,13 @@ static void test_head_limits(world *w) {
     dflash_model_destroy(&m);
 }
 
+/* dflash_eval_tau's after_chunk: counts the calls and keeps the last (done, n_chunks). */
+static int count_chunks(void *user, int done, int n_chunks) {
+    int *c = user;
+    c[0]++, c[1] = done, c[2] = n_chunks;
+    return 0;
+}
+
 /* tau by the trajectory: hand-made predictions, then batched vs one block at a time */
 static void test_eval(world *w) {
     int32_t ids[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -2085,6 +2092,20 @@ static void test_eval(world *w) {
     dflash_tau_walk(pred + 6 * 3, ids, 8, 10, 4, &t);
     CHECK_EQ_INT(t.cycles, 1);
     CHECK_EQ_INT(t.accepted, 2);
+    /* a block drafts B - 1 tokens at most: p=0 predicts 1 2 3, all right, and the row after it
+     * (p=1's) starts with 4, the token after them, which is not this block's to accept */
+    int32_t full[2 * 3] = {1, 2, 3, 4, 5, 6};
+    memset(&t, 0, sizeof t);
+    dflash_tau_walk(full, ids, 0, 5, 4, &t);
+    CHECK_EQ_INT(t.cycles, 1);
+    CHECK_EQ_INT(t.accepted, 4);
+    CHECK_EQ_INT(t.hist[4], 1);
+    /* a reply of one token has no anchor to draft from: no cycle, and not a reply of tau 0 */
+    memset(&t, 0, sizeof t);
+    dflash_tau_walk(pred, ids, 9, 10, 4, &t);
+    CHECK_EQ_INT(t.cycles, 0);
+    CHECK_EQ_INT(t.responses, 0);
+    CHECK_NEAR(dflash_tau_value(&t), 0.0, 0);
     /* two replies, [2, 6) and [9, 12), around a turn of loss mask 0 that is never drafted;
      * rows for the candidate anchors 2 3 4 | 9 10. p=2 predicts 3 9 9 (a=1); p=4 predicts 5 6 7,
      * the sequence's next tokens, but 6 and 7 lie past the reply's end (a=1); p=9 predicts
@@ -2128,8 +2149,11 @@ static void test_eval(world *w) {
     /* chunked by 3 blocks: the same */
     memcpy(s->master, m->master, m->n_params * sizeof(float));
     dflash_model_sync_params(s);
-    CHECK_EQ_INT(dflash_eval_tau(s, &w->view, &small, NULL, NULL), 0);
+    int chunks[3] = {0, 0, 0}; /* calls, the last call's done and its n_chunks */
+    CHECK_EQ_INT(dflash_eval_tau(s, &w->view, &small, count_chunks, chunks), 0);
     CHECK(small.cycles == after.cycles && small.accepted == after.accepted);
+    /* progress: one call a chunk, the last saying all of them are done */
+    CHECK(chunks[0] > 1 && chunks[1] == chunks[0] && chunks[2] == chunks[0]);
     naive = decode_tau(s, w);
     printf("tau walked reply by reply: %ld cycles, %ld accepted; eval: %ld, %ld\n",
            naive.cycles, naive.accepted, after.cycles, after.accepted);

@@ -8,7 +8,8 @@
  *   - fs_make_private_dir, the check of the ipc:// socket directory shared by the broker and
  *     every client: a missing dir is made 0700; one open to group or others, a symlink (even to
  *     a good dir), a file, another user's dir (only as root, who can chown) are refused with a
- *     message naming the dir, its owner and mode and the fix. */
+ *     message naming the dir, its owner and mode and the fix.
+ *   - the small contracts the readers and writers stand on (test_small_contracts). */
 #include "check.h"
 #include "err.h"
 #include "fsutil.h"
@@ -136,6 +137,60 @@ static void test_private_dir(void)
     CHECK(strstr(why, "cannot create"));
 }
 
+/* The small contracts the daemons' readers and writers stand on: a path's parent ("/" for a
+ * file at the root, "." for a bare name), fs_write_atomic's mode 0644 (under umask 022; files
+ * others read, e.g. config.json) and no temporary file left when the rename fails, fs_fd_private
+ * refusing what is not a regular file of ours with mode 0600 (group or others' access), fs_read_text's
+ * limit (one byte over is refused) and its terminating NUL. */
+static void test_small_contracts(void)
+{
+    char out[64];
+    CHECK(fs_parent_dir("/x", out, sizeof out) == 0 && strcmp(out, "/") == 0);
+    CHECK(fs_parent_dir("x", out, sizeof out) == 0 && strcmp(out, ".") == 0);
+    CHECK(fs_parent_dir("a/b/c", out, sizeof out) == 0 && strcmp(out, "a/b") == 0);
+
+    char path[128], tmp[160];
+    struct stat st;
+    mode_t old = umask(022);
+    snprintf(path, sizeof path, "%s/plain.txt", dir);
+    CHECK_EQ_INT(fs_write_atomic(path, "abc", 3), 0);
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0644);
+    umask(old);
+    /* a rename onto a directory fails: EIO, and nothing at the temporary name */
+    snprintf(path, sizeof path, "%s/a-dir", dir);
+    CHECK_EQ_INT(mkdir(path, 0700), 0);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    CHECK_EQ_INT(fs_write_atomic(path, "abc", 3), DFLASH_EIO);
+    CHECK(lstat(tmp, &st) != 0);
+
+    char why[256];
+    int fd = open(path, O_RDONLY | O_DIRECTORY); /* ours, a directory */
+    CHECK(fd >= 0 && !fs_fd_private(fd, why, sizeof why));
+    if (fd >= 0) close(fd);
+    snprintf(path, sizeof path, "%s/group.txt", dir);
+    test_spill(path, "abc", 3);
+    CHECK_EQ_INT(chmod(path, 0640), 0);
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0 && !fs_fd_private(fd, why, sizeof why) && strstr(why, "mode 0640"));
+    CHECK_EQ_INT(fchmod(fd, 0604), 0); /* others alone */
+    CHECK(fd >= 0 && !fs_fd_private(fd, why, sizeof why) && strstr(why, "mode 0604"));
+    CHECK_EQ_INT(fchmod(fd, 0600), 0);
+    CHECK(fd >= 0 && fs_fd_private(fd, why, sizeof why));
+    if (fd >= 0) close(fd);
+
+    /* an earlier read leaves bytes that are not NUL where the next buffer comes from */
+    char *junk = malloc(8192);
+    if (junk) memset(junk, 'z', 8192);
+    free(junk);
+    int rc = 0;
+    char *text = fs_read_text(path, 3, why, sizeof why, &rc);
+    CHECK(text && strlen(text) == 3 && strcmp(text, "abc") == 0);
+    free(text);
+    text = fs_read_text(path, 2, why, sizeof why, &rc);
+    CHECK(text == NULL && rc == DFLASH_EFORMAT && strstr(why, "larger than 2 bytes"));
+    free(text);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dflash-test-fsutil-XXXXXX");
@@ -143,6 +198,7 @@ int main(void)
     test_write_atomic_symlink();
     test_safetensors_symlink();
     test_private_dir();
+    test_small_contracts();
     test_rmtree(dir);
     CHECK_DONE();
 }

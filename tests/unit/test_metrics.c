@@ -6,6 +6,8 @@
  *   - metrics.jsonl has one parseable object per step with the fields, pos_acc array, extras and
  *     null for NaN; records are on disk before the writer is closed when flushing every record;
  *   - the progress line is rate-limited on a non-tty but always shows the first and last step;
+ *     its rates read 5.0k and 2.50M, a resumed run's ETA counts the steps this run took;
+ *   - a line torn by a killed writer is cut off, also when it is the file's only line;
  *   - with a long flush interval records wait in the buffer until metrics_flush();
  *   - an unusable directory gives NULL, not a crash.
  */
@@ -297,7 +299,9 @@ static void test_buffered_until_flush(void)
 
 /* A writer killed mid-record leaves a line cut short at the end of metrics.jsonl; the next
  * writer cuts it off, so every line stays one JSON object. */
-static void test_torn_line_after_kill(void)
+/* metrics.jsonl holding `initial` (a writer killed mid-record), then one record appended by a new
+ * writer: every line parses, and there are want_lines of them. */
+static void torn_case(const char *initial, int want_lines)
 {
     char dir[] = "/tmp/dflash-test-metrics-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -306,7 +310,7 @@ static void test_torn_line_after_kill(void)
     FILE *f = fopen(jsonl, "w");
     CHECK(f != NULL);
     if (!f) return;
-    fputs("{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"lo", f); /* killed mid-record */
+    fputs(initial, f);
     fclose(f);
     metrics_opts o = metrics_opts_default();
     o.dir = dir;
@@ -328,10 +332,52 @@ static void test_torn_line_after_kill(void)
         parsed += j != NULL;
         cJSON_Delete(j);
     }
-    CHECK_EQ_INT(lines, 2);
-    CHECK_EQ_INT(parsed, 2);
+    CHECK_EQ_INT(lines, want_lines);
+    CHECK_EQ_INT(parsed, want_lines);
     free(text);
     CHECK_EQ_INT(test_rmtree(dir), 0);
+}
+
+static void test_torn_line_after_kill(void)
+{
+    torn_case("{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"lo", 2); /* killed mid-record */
+    torn_case("{\"step\":1,\"lo", 1); /* killed inside the first record: nothing kept */
+}
+
+/* The progress line's figures: rates as 5.0k and 2.50M, and a resumed run's ETA from the steps
+ * it took itself (from step 1000, one step in ~20 ms, 999999 to go: hours, not the ~20 s that
+ * dividing by the step number gives), written as hours and minutes under 60. */
+static void test_progress_figures(void)
+{
+    FILE *prog = tmpfile();
+    CHECK(prog != NULL);
+    if (!prog) return;
+    metrics_opts o = metrics_opts_default();
+    o.dir = NULL;
+    o.progress_out = prog;
+    o.progress_interval_s = 1e-9; /* every step */
+    o.total_steps = 1001000;
+    metrics *m = metrics_new(&o);
+    CHECK(m != NULL);
+    if (!m) return;
+    metrics_step st = {.step = 1000, .tokens_per_s = 5000.0};
+    CHECK_EQ_INT(metrics_write(m, &st), 0);
+    usleep(20000);
+    st = (metrics_step){.step = 1001, .tokens_per_s = 2.5e6};
+    CHECK_EQ_INT(metrics_write(m, &st), 0);
+    metrics_destroy(&m);
+    rewind(prog);
+    char l1[512] = "", l2[512] = "";
+    CHECK(fgets(l1, sizeof l1, prog) && fgets(l2, sizeof l2, prog));
+    fclose(prog);
+    CHECK(strstr(l1, "tok/s 5.0k ") != NULL);
+    CHECK(strstr(l2, "tok/s 2.50M ") != NULL);
+    const char *eta = strstr(l2, "ETA ");
+    unsigned h = 0, mins = 99;
+    char tail = 0;
+    CHECK(eta && sscanf(eta, "ETA %uh%2um%c", &h, &mins, &tail) == 3 && h >= 1 && mins < 60 &&
+          tail == '\n');
+    if (!eta || mins >= 60) printf("progress: %s", l2);
 }
 
 static void test_bad_dir(void)
@@ -356,6 +402,7 @@ int main(void)
     test_write_and_read_back();
     test_buffered_until_flush();
     test_torn_line_after_kill();
+    test_progress_figures();
     test_bad_dir();
     CHECK_DONE();
 }

@@ -4,9 +4,11 @@
  * broker answering), so a healthcheck or retry loop does not take a typo for a broker that is
  * down; with --json every failure is one JSON object on stdout (bad arguments, an unknown verb
  * or an unusable endpoint included); an unknown verb's message lists every verb; release takes
- * a batch id as the logs print it, or none. */
+ * a batch id as the logs print it, or none, within the wire's bounds; set's keys, values and
+ * pairs are bounded by the wire's sizes, not cut. */
 #include "check.h"
 #include "test_files.h"
+#include "wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +50,24 @@ int main(void) {
     free(err);
     CHECK_EQ_INT(run("set =5"), 1);
     CHECK_EQ_INT(run("set"), 1);
+    /* a key of WIRE_MAX_KEY - 1 characters and a value of WIRE_MAX_VALUE - 1 fit the request;
+     * one more does not (it was cut without a word), nor do more than WIRE_MAX_SETTINGS pairs */
+    char big[1024], many[4096];
+    snprintf(big, sizeof big, "set %0*d=1", WIRE_MAX_KEY - 1, 0);
+    CHECK_EQ_INT(run(big), 2);
+    snprintf(big, sizeof big, "set %0*d=1", WIRE_MAX_KEY, 0);
+    CHECK_EQ_INT(run(big), 1);
+    snprintf(big, sizeof big, "set k=%0*d", WIRE_MAX_VALUE - 1, 0);
+    CHECK_EQ_INT(run(big), 2);
+    snprintf(big, sizeof big, "set k=%0*d", WIRE_MAX_VALUE, 0);
+    CHECK_EQ_INT(run(big), 1);
+    size_t at = (size_t)snprintf(many, sizeof many, "set");
+    for (int i = 0; i <= WIRE_MAX_SETTINGS && at < sizeof many; i++)
+        at += (size_t)snprintf(many + at, sizeof many - at, " k%d=1", i);
+    CHECK_EQ_INT(run(many), 1);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "unexpected argument 'k32=1'") != NULL); /* the 33rd, named */
+    free(err);
 
     /* --json: the failure is a JSON object on stdout too */
     CHECK_EQ_INT(run("--json set min_ready"), 1);
@@ -82,6 +102,17 @@ int main(void) {
     free(err);
     CHECK_EQ_INT(run("release 0/0/-1"), 1);
     CHECK_EQ_INT(run("release 0/99/1"), 1); /* no such bucket */
+    /* the bounds, each side: buckets below WIRE_MAX_BUCKETS, epochs and indexes 32-bit */
+    char arg[256];
+    snprintf(arg, sizeof arg, "release 0/%d/1", WIRE_MAX_BUCKETS - 1);
+    CHECK_EQ_INT(run(arg), 2);
+    snprintf(arg, sizeof arg, "release 0/%d/1", WIRE_MAX_BUCKETS);
+    CHECK_EQ_INT(run(arg), 1);
+    CHECK_EQ_INT(run("release 4294967295/0/4294967295"), 2);
+    CHECK_EQ_INT(run("release 4294967296/0/1"), 1);
+    CHECK_EQ_INT(run("release 0/0/4294967296"), 1);
+    CHECK_EQ_INT(run("release 0/0/+1"), 1); /* digits only: no sign, no blank */
+    CHECK_EQ_INT(run("release '0/ 0/1'"), 1);
     CHECK_EQ_INT(run("release 0/0/1 0/0/2"), 1);
 
     /* --json: every refused invocation a script can make prints its JSON failure (an unknown

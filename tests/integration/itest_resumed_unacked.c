@@ -14,14 +14,24 @@
  *   group-off a group of one whose model is at step 0, below the batch's step (as when another
  *             member, at a lower step, created the group and we are synced to its model): the
  *             batch is not in the group's model, it is let go and trained: all 8.
- * Checks: the batches trained (each once), the broker's ledger (8 trained, none to do or in
- * flight), and that the loop reported no unacked batch at its end (unacked() called with none).
+ *   solo-late as solo, but the broker is paused (SIGSTOP) when the loop is about to send its
+ *             ResumeFrom, for three request timeouts: the request goes unanswered, and the loop
+ *             sends it again until the broker, let go on, answers (defect it guards: a retry
+ *             that gave up at the first timeout made the resume fail and the drafter exit
+ *             with it, at start-up).
+ * Checks: the batches trained (each once), the loop's count of them and of their tokens (the
+ * checkpoint's batch, trained by the run before, is not one: --max-batches counts this run's),
+ * the broker's ledger (8 trained, none to do or in flight), and that the loop reported no
+ * unacked batch at its end (unacked() called with none).
  * Without the acks, (0, 0, 2) is trained again in the first two cases. */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
 #include "slot.h"
 #include "worker_loop.h"
+
+#include <pthread.h>
+#include <signal.h>
 
 #define PER_BUCKET 4
 #define BATCHES (2 * PER_BUCKET)
@@ -31,22 +41,42 @@ typedef struct fake {
     uint64_t base;               /* the model's step at the start */
     int trained[2][PER_BUCKET];  /* times each batch of epoch 0 was consumed */
     int consumed;
+    uint64_t tokens;             /* of the batches consumed */
     int unacked_calls;
     uint32_t unacked_last;       /* n of the last unacked() call */
+    pid_t pause_queue;           /* solo-late: the broker to pause at the ResumeFrom, or 0 */
+    int pause_ms;                /* for how long */
+    bool paused;
+    pthread_t resumer;           /* lets the paused broker go on */
 } fake;
+
+static void *resume_broker_later(void *arg)
+{
+    fake *f = arg;
+    h_sleep_ms(f->pause_ms); /* the ResumeFrom sent meanwhile times out (timeout_ms) */
+    kill(f->pause_queue, SIGCONT);
+    return NULL;
+}
 
 static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 {
     fake *f = ctx;
     if (b->wu.epoch == 0 && b->wu.bucket < 2 && b->wu.batch < PER_BUCKET)
         f->trained[b->wu.bucket][b->wu.batch]++;
+    f->tokens += b->n_tokens;
     *step = f->base + (uint64_t)++f->consumed;
     return 0;
 }
 
+/* Called by the loop right before its ResumeFrom (solo-late: pauses the broker first). */
 static int64_t resume_step(void *ctx)
 {
-    return (int64_t)((fake *)ctx)->base;
+    fake *f = ctx;
+    if (f->pause_queue > 0 && !f->paused) {
+        f->paused = kill(f->pause_queue, SIGSTOP) == 0 &&
+                    pthread_create(&f->resumer, NULL, resume_broker_later, f) == 0;
+    }
+    return (int64_t)f->base;
 }
 
 static uint32_t resumed_unacked(void *ctx, worker_unacked *out, uint32_t max)
@@ -72,9 +102,10 @@ static uint64_t model_step(void *ctx)
 }
 
 /* One case on its own broker and target; group NULL: solo. base: the model's step at the start.
- * want_resumed: how often (0, 0, 2) must be trained (0: acked from the checkpoint, 1: let go). */
+ * want_resumed: how often (0, 0, 2) must be trained (0: acked from the checkpoint, 1: let go).
+ * late: the broker is paused for three request timeouts at the ResumeFrom. */
 static void scenario(const char *queue_bin, const char *target_bin, const char *what,
-                     const char *group, uint64_t base, int want_resumed)
+                     const char *group, uint64_t base, int want_resumed, bool late)
 {
     char dir[64], ep[128];
     h_tempdir(dir, sizeof dir);
@@ -102,7 +133,7 @@ static void scenario(const char *queue_bin, const char *target_bin, const char *
         lc.comm_timeout_s = 10;
     }
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
-    fake f = {.base = base};
+    fake f = {.base = base, .pause_queue = late ? q : 0, .pause_ms = 3 * lc.timeout_ms};
     worker_consumer cons = {.name = "resumed", .ctx = &f, .consume = consume,
                             .resume_step = resume_step, .resumed_unacked = resumed_unacked,
                             .unacked = unacked};
@@ -114,6 +145,8 @@ static void scenario(const char *queue_bin, const char *target_bin, const char *
     volatile sig_atomic_t stop = 0;
     worker_stats st;
     CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &st), 0);
+    if (f.paused) pthread_join(f.resumer, NULL);
+    CHECK(f.paused == late);
 
     int twice = 0;
     for (int b = 0; b < 2; b++)
@@ -124,6 +157,8 @@ static void scenario(const char *queue_bin, const char *target_bin, const char *
     CHECK_EQ_INT(f.trained[0][2], want_resumed);
     CHECK_EQ_INT(twice, 0);
     CHECK_EQ_INT(f.consumed, BATCHES - 1 + want_resumed);
+    CHECK_EQ_INT(st.batches, f.consumed); /* the checkpoint's batch is not this run's */
+    CHECK_EQ_INT(st.tokens, f.tokens);    /* nor are its tokens (the progress line's rate) */
     CHECK_EQ_INT(f.unacked_calls, 1); /* before the final checkpoint ... */
     CHECK_EQ_INT(f.unacked_last, 0);  /* ... with nothing left unacked */
     CHECK_EQ_INT(h_print_ledger(ep, what, &s), 0);
@@ -138,8 +173,9 @@ static void scenario(const char *queue_bin, const char *target_bin, const char *
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    scenario(argv[1], argv[3], "solo", NULL, RESUMED_STEP, 0);
-    scenario(argv[1], argv[3], "group-on", "r", RESUMED_STEP, 0);
-    scenario(argv[1], argv[3], "group-off", "r", 0, 1);
+    scenario(argv[1], argv[3], "solo", NULL, RESUMED_STEP, 0, false);
+    scenario(argv[1], argv[3], "solo-late", NULL, RESUMED_STEP, 0, true);
+    scenario(argv[1], argv[3], "group-on", "r", RESUMED_STEP, 0, false);
+    scenario(argv[1], argv[3], "group-off", "r", 0, 1, false);
     CHECK_DONE();
 }

@@ -15,13 +15,21 @@
  * Last, the group of one where the broker comes back on a NEW journal (a lost one) while the
  * pending step holds a batch of epoch 2 (one batch per bucket, so 2 per epoch; the broker is
  * killed during the fifth): that ledger can never take its ack (an epoch it has not opened).
- * The member lets it go, said, and trains on; it re-registered 10 times a second for ever. */
+ * The member lets it go, said, and trains on; it re-registered 10 times a second for ever.
+ *
+ * And the solo loop whose ack's replies are lost: the broker is paused (SIGSTOP) while the
+ * first batch "trains", and let go on after 10 request timeouts, while the loop still sends
+ * the ack again. The broker takes the first ack it reads; the one whose answer reaches the loop
+ * is a repeat, answered EXISTS: that is the loop's own ack, recorded before its reply was lost,
+ * and the batch counts as acked (defect it guards: taken for a batch trained twice, not counted,
+ * and a fourth batch trained for --max-batches 3). */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
 #include "slot.h"
 #include "worker_loop.h"
 
+#include <pthread.h>
 #include <signal.h>
 
 #define BATCHES 3
@@ -30,16 +38,30 @@ typedef struct outage {
     const char *queue_bin, *dir;
     const char *const *extra, *const *extra_after; /* the restart's flags (NULL: extra) */
     int kill_at;                                     /* the batch during which it is killed */
+    bool pause;                /* lost_reply: paused there instead, let go on after pause_ms */
+    int pause_ms;
+    pthread_t resumer;
     pid_t queue;
     int consumed;
-    bool killed, restarted;
+    bool killed, restarted, paused;
 } outage;
+
+static void *resume_broker_later(void *arg)
+{
+    outage *o = arg;
+    h_sleep_ms(o->pause_ms); /* the acks sent meanwhile time out, unanswered */
+    kill(o->queue, SIGCONT);
+    return NULL;
+}
 
 static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 {
     outage *o = ctx;
     (void)b;
-    if (++o->consumed == o->kill_at) {
+    if (++o->consumed == o->kill_at && o->pause) {
+        o->paused = kill(o->queue, SIGSTOP) == 0 &&
+                    pthread_create(&o->resumer, NULL, resume_broker_later, o) == 0;
+    } else if (o->consumed == o->kill_at) {
         h_kill(o->queue, SIGKILL);
         o->queue = -1;
         o->killed = true;
@@ -168,11 +190,51 @@ static void new_journal(const char *queue_bin, const char *target_bin)
     h_rmdir(dir);
 }
 
+/* The solo loop, the broker paused during the first batch: its ack's replies are lost. */
+static void lost_reply(const char *queue_bin, const char *target_bin)
+{
+    char dir[64], ep[128];
+    h_tempdir(dir, sizeof dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
+    const char *extra[] = {"--journal=none", "--min-ready=1", "--max-depth=2",
+                           "--lease-timeout-ms=2000", "--heartbeat-ms=100",
+                           "--stats-interval-ms=0", "--log-level=warn", NULL};
+    worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
+                             .timeout_ms = 50, .max_batches = BATCHES,
+                             .exit_when_drained = true};
+    /* 10 timeouts: well inside the ack's 50 attempts */
+    outage o = {.kill_at = 1, .pause = true, .pause_ms = 10 * lc.timeout_ms};
+    o.queue = h_start_queue(queue_bin, dir, extra);
+    CHECK(o.queue > 0);
+    if (o.queue <= 0) return;
+    pid_t target = h_start_small_target(target_bin, dir, "lost", 4, 200);
+    CHECK(target > 0);
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
+    worker_consumer cons = {.name = "outage", .ctx = &o, .consume = consume};
+    volatile sig_atomic_t stop = 0;
+    worker_stats st;
+    CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &st), 0);
+    if (o.paused) pthread_join(o.resumer, NULL);
+    CHECK(o.paused);
+    printf("lost reply: trained %d batches, %llu counted\n", o.consumed,
+           (unsigned long long)st.batches);
+    CHECK_EQ_INT(st.batches, o.consumed);
+    CHECK_EQ_INT(o.consumed, BATCHES);
+    wire_status s;
+    int rc = h_print_ledger(ep, "lost reply", &s);
+    CHECK_EQ_INT(rc, 0);
+    if (rc == 0) CHECK_EQ_INT(s.batches_trained, o.consumed);
+    CHECK_EQ_INT(h_stop(target), 0);
+    CHECK_EQ_INT(h_stop(o.queue), 0);
+    h_rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
     scenario(argv[1], argv[3], false);
     scenario(argv[1], argv[3], true);
     new_journal(argv[1], argv[3]);
+    lost_reply(argv[1], argv[3]);
     CHECK_DONE();
 }

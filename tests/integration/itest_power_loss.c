@@ -17,7 +17,8 @@
  * ResumeFrom), and every batch the consumer trained at or before that step must be trained or
  * committed there, not to do (which the broker would hand out again: trained twice). Without
  * the barrier the acks since the previous commit were past the synced size: the first
- * checkpoint's 4 batches came back to do.
+ * checkpoint's 4 batches came back to do. And each checkpoint is reported once (the loop's
+ * debug log): a loop that forgot what the broker took sent it again before every claim.
  *
  * Scenario 2 (refused reports): the sync hook fails from the first checkpoint on (a full disk;
  * the broker's rewrite retries are an hour apart), so every commit report is answered Error IO.
@@ -187,17 +188,49 @@ static void run(const char *target_bin, const char *dir, pl *p, const char *leve
     broker_end();
 }
 
+/* Counts the lines of path holding text. */
+static int count_lines(const char *path, const char *text)
+{
+    char *s = test_slurp(path, NULL);
+    int n = 0;
+    for (const char *q = s; q && (q = strstr(q, text)); q++) n++;
+    free(s);
+    return n;
+}
+
+/* run(), this process's log (the loop's, at debug level) going to the file logp meanwhile. */
+static void run_logged(const char *target_bin, const char *dir, pl *p, const char *level,
+                       const char *logp)
+{
+    int saved = dup(2), fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    log_init("itest", LOG_DEBUG);
+    run(target_bin, dir, p, level);
+    log_init("itest", LOG_WARN);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+}
+
 /* Scenario 1: every checkpoint survives a power loss right after it with all its acks. */
 static void power_loss(const char *target_bin)
 {
-    char dir[64], journal[128], cut[128];
+    char dir[64], journal[128], cut[128], logp[128];
     h_tempdir(dir, sizeof dir);
     snprintf(journal, sizeof journal, "%s/queue.journal", dir);
     snprintf(cut, sizeof cut, "%s/cut.journal", dir);
+    snprintf(logp, sizeof logp, "%s/drafter.log", dir);
     pl p = {.ckpt_every = 4, .steps = 12};
-    run(target_bin, dir, &p, "warn");
+    run_logged(target_bin, dir, &p, "warn", logp);
     CHECK_EQ_INT(p.consumed, 12);
     CHECK_EQ_INT(p.n_ckpt, 3);
+    /* each checkpoint is reported once, the broker taking every report (not again before
+     * every claim: the loop notes what the broker took) */
+    int reports = count_lines(logp, "reporting checkpoint step");
+    printf("%d checkpoints, %d commit reports before the final one\n", p.n_ckpt, reports);
+    CHECK(reports <= p.n_ckpt);
     size_t len = 0;
     char *whole = test_slurp(journal, &len);
     CHECK(whole != NULL);
@@ -234,15 +267,6 @@ static void power_loss(const char *target_bin)
     h_rmdir(dir);
 }
 
-/* Counts the lines of path holding text. */
-static int count_lines(const char *path, const char *text)
-{
-    char *s = test_slurp(path, NULL);
-    int n = 0;
-    for (const char *q = s; q && (q = strstr(q, text)); q++) n++;
-    free(s);
-    return n;
-}
 
 /* Scenario 2: commit reports refused (the journal failing) are said once and backed off. */
 static void refused_reports(const char *target_bin)
@@ -251,18 +275,9 @@ static void refused_reports(const char *target_bin)
     h_tempdir(dir, sizeof dir);
     snprintf(logp, sizeof logp, "%s/drafter.log", dir);
     pl p = {.ckpt_every = 1, .steps = 30, .fail_after_first = true};
-    int saved = dup(2), fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    CHECK(saved >= 0 && fd >= 0);
-    dup2(fd, 2);
-    log_init("itest", LOG_DEBUG);
     double t0 = monotime_s();
-    run(target_bin, dir, &p, "debug");
+    run_logged(target_bin, dir, &p, "debug", logp);
     double secs = monotime_s() - t0;
-    log_init("itest", LOG_WARN);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
     int reports = count_lines(logp, "reporting checkpoint step");
     int warned = count_lines(logp, "did not take the commit report of checkpoint step");
     int named = count_lines(logp, "did not take the commit report of checkpoint step 1: ");

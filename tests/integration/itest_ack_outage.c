@@ -22,7 +22,13 @@
  * the ack again. The broker takes the first ack it reads; the one whose answer reaches the loop
  * is a repeat, answered EXISTS: that is the loop's own ack, recorded before its reply was lost,
  * and the batch counts as acked (defect it guards: taken for a batch trained twice, not counted,
- * and a fourth batch trained for --max-batches 3). */
+ * and a fourth batch trained for --max-batches 3).
+ *
+ * And the other side of that EXISTS: a batch another drafter acked while the loop trained it
+ * (here a raw client acks it from inside the consumer: the broker records it trained) is not
+ * the loop's own ack, which was never sent before: the loop says the batch was trained twice
+ * and does not count it, so --max-batches 3 takes a fourth (defect it guards: any EXISTS taken
+ * for a lost reply, the batch counted). */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
@@ -229,6 +235,62 @@ static void lost_reply(const char *queue_bin, const char *target_bin)
     h_rmdir(dir);
 }
 
+/* acked_by_another's consumer: its first batch is acked by another drafter meanwhile. */
+typedef struct taken {
+    const char *ep;
+    int consumed, taken;
+} taken;
+
+static int consume_taken(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    taken *t = ctx;
+    if (t->consumed == 0) {
+        client *c = client_new(t->ep, WIRE_ROLE_DRAFTER, "other");
+        wire_unit u = {.epoch = b->wu.epoch, .bucket = b->wu.bucket, .index = b->wu.batch};
+        if (c && client_hello(c, NULL, 0) == 0 && client_ack(c, &u, 1) == 0) t->taken++;
+        client_destroy(&c);
+    }
+    *step = (uint64_t)++t->consumed;
+    return 0;
+}
+
+/* The solo loop, its first batch acked by another drafter while it trains it. */
+static void acked_by_another(const char *queue_bin, const char *target_bin)
+{
+    char dir[64], ep[128];
+    h_tempdir(dir, sizeof dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
+    const char *extra[] = {"--journal=none", "--min-ready=1", "--max-depth=2",
+                           "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=error",
+                           NULL};
+    pid_t q = h_start_queue(queue_bin, dir, extra);
+    CHECK(q > 0);
+    if (q <= 0) return;
+    pid_t target = h_start_small_target(target_bin, dir, "taken", 4, 200);
+    CHECK(target > 0);
+    worker_loop_config lc = {.endpoint = ep, .name = "drafter", .backend = POOL_HOST,
+                             .timeout_ms = 1000, .max_batches = BATCHES,
+                             .exit_when_drained = true};
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
+    taken t = {.ep = ep};
+    worker_consumer cons = {.name = "taken", .ctx = &t, .consume = consume_taken};
+    volatile sig_atomic_t stop = 0;
+    worker_stats st;
+    CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &st), 0);
+    printf("acked by another: trained %d batches, %llu counted\n", t.consumed,
+           (unsigned long long)st.batches);
+    CHECK_EQ_INT(t.taken, 1);
+    CHECK_EQ_INT(st.batches, BATCHES);
+    CHECK_EQ_INT(t.consumed, BATCHES + 1);
+    wire_status s;
+    int rc = h_print_ledger(ep, "acked by another", &s);
+    CHECK_EQ_INT(rc, 0);
+    if (rc == 0) CHECK_EQ_INT(s.batches_trained, t.consumed);
+    CHECK_EQ_INT(h_stop(target), 0);
+    CHECK_EQ_INT(h_stop(q), 0);
+    h_rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
@@ -236,5 +298,6 @@ int main(int argc, char **argv)
     scenario(argv[1], argv[3], true);
     new_journal(argv[1], argv[3]);
     lost_reply(argv[1], argv[3]);
+    acked_by_another(argv[1], argv[3]);
     CHECK_DONE();
 }

@@ -18,6 +18,13 @@
  *   - a holder that never settles held it for ever: the grace ends it, naming what was left;
  *   - a second stop request (a second signal) waited too: it ends the stop at once;
  *   - nothing in progress, or --stop-grace-ms 0: the stop is at once, as before;
+ *   - the broker exited the moment the last report was answered (the drafter had not read the
+ *     reply yet): it exits once settled for 200 ms, and again so when a drafter came back with
+ *     a batch in training after it had settled once; a grace shorter than that ends it saying
+ *     all settled, not naming nothing as unsettled;
+ *   - the report owed is taken from served requests only and only forward (a refused ack held
+ *     the stop for its grace; a late ack of an earlier step let it exit before the report);
+ *     a group's rank 0 owes one after its StepDone;
  *   - status looked like a serving broker's during the stop: it carries the stop (grace, time
  *     since the signal, what is left, per drafter in words) from the signal to the exit.
  *     Who it waits for is cut to 255 bytes between characters (defect: inside a multi-byte
@@ -197,10 +204,16 @@ static void test_waits_for_the_drafter(void)
     CHECK(s.stopping && s.stop.held == 0 && s.stop.reports == 1);
     CHECK(strstr(s.stop.waiting_for, "drafter d (a checkpoint to report: acked step 1, "
                                      "reported 0)") != NULL);
+    uint64_t settled_at = monotime_ms();
     CHECK_EQ_INT(commit(&D, 1), 0);
     s = stub_status(); /* settled: nothing left, it exits after STOP_SETTLE_MS */
     CHECK(s.stopping && s.stop.drafters == 0 && s.stop.waiting_for[0] == '\0');
     CHECK(run_for(2000, NULL));
+    /* not at once: settled for STOP_SETTLE_MS (200 ms) first, so that the drafter has read the
+     * reply to its report before the broker goes (less a few ms: libuv's clock is coarse) */
+    uint64_t settle = monotime_ms() - settled_at;
+    printf("settled: stopped after %llu ms\n", (unsigned long long)settle);
+    CHECK(settle >= 180);
     CHECK(strstr(said, "stop: all settled after") != NULL);
     CHECK_EQ_INT(stopped, 1);
     CHECK(!broker_stopping(stub_b));
@@ -299,14 +312,118 @@ static void test_group_step_in_flight(void)
     CHECK(!run_for(100, &D));
     CHECK_EQ_INT(gstep(&D, WIRE_STEP_DONE, epoch, 1), 0);
     CHECK_EQ_INT(stub_status().batches_trained, 2);
+    wire_status s = stub_status(); /* rank 0's StepDone is its ack: its checkpoint comes next */
+    CHECK(s.stopping && s.stop.drafters == 1 && s.stop.held == 0 && s.stop.reports == 1);
+    CHECK(strcmp(s.stop.waiting_for, "drafter d (a checkpoint to report: acked step 1, "
+                                     "reported 0)") == 0);
     CHECK_EQ_INT(gstep(&D, WIRE_STEP_CLAIM, epoch, 2), DFLASH_EAGAIN); /* no new step */
     CHECK(strstr(stub_rep.u.error.message, "the broker is stopping") != NULL);
     CHECK_EQ_INT(gstep(&E, WIRE_STEP_CLAIM, epoch, 2), DFLASH_EAGAIN);
-    wire_status s = stub_status();
+    s = stub_status();
     CHECK_EQ_INT(s.buckets[0].leased, 0);
     CHECK_EQ_INT(s.buckets[0].ready, 2);
     CHECK(run_for(2000, &D)); /* both claim on: neither is stopping */
     CHECK(strstr(said, "all settled") != NULL);
+    stub_broker_free();
+}
+
+/* What a drafter owes is taken from the requests it was served, and only forward: a late ack
+ * of an earlier step (a batch trained before its last checkpoint, acked now) leaves the report
+ * owed for step 5, and a refused ack (a batch past the plan) names no step trained: the stop
+ * waits for the report of step 5, and ends with it (defects they guard: the late ack let the
+ * broker exit before the final report; the refused one held it until the grace). */
+static void test_report_marks(void)
+{
+    setup(60000, 1000, 2);
+    wire_grant g1, g2;
+    CHECK_EQ_INT(stub_claim(&D, &g1), 0);
+    CHECK_EQ_INT(stub_release(&D, g1.lease_id), 0);
+    CHECK_EQ_INT(stub_claim(&D, &g2), 0);
+    CHECK_EQ_INT(stub_release(&D, g2.lease_id), 0);
+    CHECK_EQ_INT(stub_ack(&D, g1.unit, 5), 0);
+    CHECK_EQ_INT(commit(&D, 3), 0);
+    capture(begin_stop);
+    CHECK(strstr(said, "drafter d (1 batch in training, a checkpoint to report: acked step 5, "
+                       "reported 3)") != NULL);
+    CHECK_EQ_INT(stub_ack(&D, g2.unit, 2), 0); /* late: trained at step 2 */
+    wire_status s = stub_status();
+    CHECK(s.stopping && s.stop.held == 0 && s.stop.reports == 1);
+    CHECK(strcmp(s.stop.waiting_for, "drafter d (a checkpoint to report: acked step 5, "
+                                     "reported 3)") == 0);
+    wire_unit past = {0, 0, 100000};
+    CHECK(stub_ack(&D, past, 9) != 0); /* refused */
+    s = stub_status();
+    CHECK(strcmp(s.stop.waiting_for, "drafter d (a checkpoint to report: acked step 5, "
+                                     "reported 3)") == 0);
+    CHECK(!run_for(100, &D));
+    CHECK_EQ_INT(commit(&D, 5), 0);
+    CHECK(run_for(2000, &D));
+    CHECK(strstr(said, "all settled") != NULL);
+    stub_broker_free();
+}
+
+/* A grace shorter than the settling time (200 ms): the stop ends with the grace once everything
+ * is settled, and says so, not "exiting with 0 leases, ... unsettled". */
+static void test_settled_when_grace_ends(void)
+{
+    setup(150, 1000, 1);
+    wire_grant g;
+    CHECK_EQ_INT(stub_claim(&D, &g), 0);
+    capture(begin_stop);
+    CHECK_EQ_INT(stub_release(&D, g.lease_id), 0);
+    CHECK_EQ_INT(stub_ack(&D, g.unit, 1), 0);
+    CHECK_EQ_INT(commit(&D, 1), 0);
+    CHECK(run_for(5000, &D));
+    CHECK(strstr(said, "stop: all settled after") != NULL);
+    CHECK(strstr(said, "unsettled") == NULL);
+    stub_broker_free();
+}
+
+/* Runs the broker's timers with the target beating (D silent) until the stop waits for nothing
+ * (or it stopped, or 5 s passed). */
+static void run_until_settled(void)
+{
+    for (uint64_t end = monotime_ms() + 5000; monotime_ms() < end && !stopped;) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        if (stopped) break;
+        target_heartbeat();
+        if (stub_status().stop.drafters == 0) break;
+        sleep_ms(5);
+    }
+}
+
+/* Settled, then unsettled again before the exit: the drafter training a batch was expired (a
+ * network blip: heartbeat 100 ms x liveness 3), which settled the stop; it says hello again
+ * with that batch within STOP_SETTLE_MS. The stop waits for its ack again instead of exiting
+ * under it once the first settling time is over, and settles for STOP_SETTLE_MS again after
+ * the final report (the drafter reads its reply). */
+static void test_unsettled_again(void)
+{
+    setup(60000, 100, 1);
+    wire_grant g;
+    CHECK_EQ_INT(stub_claim(&D, &g), 0);
+    CHECK_EQ_INT(stub_release(&D, g.lease_id), 0);
+    capture(begin_stop);
+    capture(run_until_settled);
+    CHECK(!stopped);
+    CHECK(strstr(said, "peer d (drafter") != NULL && strstr(said, "expired") != NULL);
+    stub_init(WIRE_HELLO, WIRE_ROLE_DRAFTER, D.inc);
+    snprintf(stub_req.u.hello.name, sizeof stub_req.u.hello.name, "%s", D.name);
+    stub_req.u.hello.n_held = 1;
+    stub_req.u.hello.held[0] = g.unit;
+    CHECK_EQ_INT(stub_send(D.rid), 0);
+    wire_status s = stub_status();
+    CHECK(s.stopping && s.stop.drafters == 1 && s.stop.held == 1);
+    CHECK(!run_for(400, &D)); /* two settling times: it waits for the ack */
+    CHECK(strcmp(stub_status().stop.waiting_for, "drafter d (1 batch in training)") == 0);
+    CHECK_EQ_INT(stub_ack(&D, g.unit, 1), 0);
+    uint64_t settled_at = monotime_ms();
+    CHECK_EQ_INT(commit(&D, 1), 0);
+    CHECK(run_for(2000, &D));
+    CHECK(strstr(said, "all settled") != NULL);
+    uint64_t settle = monotime_ms() - settled_at; /* a settling time of its own again */
+    printf("settled again: stopped after %llu ms\n", (unsigned long long)settle);
+    CHECK(settle >= 180);
     stub_broker_free();
 }
 
@@ -385,5 +502,8 @@ int main(void)
     test_second_request();
     test_at_once();
     test_waiting_for_cut_in_utf8();
+    test_report_marks();
+    test_settled_when_grace_ends();
+    test_unsettled_again();
     CHECK_DONE();
 }

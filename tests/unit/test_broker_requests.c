@@ -59,6 +59,7 @@
 #include "broker_stub.h"
 #include "config.h"
 #include "err.h"
+#include "monotime.h"
 #include "test_files.h"
 
 #include <stdio.h>
@@ -618,6 +619,9 @@ static void test_bad_shares(void)
     CHECK_EQ_INT(set1("min-ready", "1"), 0);     /* the bad --shares does not block it */
     CHECK_EQ_INT(set1("shares", "nan,1"), DFLASH_EINVAL);
     CHECK_EQ_INT(set1("shares", "1,inf"), DFLASH_EINVAL);
+    CHECK_EQ_INT(set1("shares", "0,0"), DFLASH_EINVAL); /* nothing could be handed out */
+    CHECK(strstr(stub_rep.u.error.message, "not all 0") != NULL);
+    CHECK_NEAR(stub_status().buckets[0].share, 0.75, 1e-9);
     CHECK_EQ_INT(set1("shares", "1,1"), 0);
     s = stub_status();
     CHECK_NEAR(s.buckets[0].share, 0.5, 1e-9);
@@ -638,6 +642,44 @@ static void test_shares_reset(void)
     CHECK_NEAR(stub_status().buckets[0].share, 0.5, 1e-9);
     CHECK_EQ_INT(set1("shares", ""), 0);
     CHECK_NEAR(stub_status().buckets[0].share, 0.75, 1e-9);
+    stub_broker_free();
+}
+
+static void ten_s_leases(queue_config *cfg)
+{
+    cfg->heartbeat_ms = 1000;
+    cfg->liveness = 3;
+    cfg->lease_timeout_ms = 10000;
+}
+
+/* dflash-ctl set lease_timeout_ms acts on the leases granted after it, not only on status: a
+ * silent holder's lease ends after the new 100 ms, long before the start-up 10 s and before
+ * the holder's liveness expiry (3 s). */
+static void test_live_lease_timeout(void)
+{
+    stub_broker_new(ten_s_leases);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, DRAFTER_INC, "d", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    stub_make_ready("t", TARGET_INC, POOL_INC, 1);
+    CHECK_EQ_INT(set1("lease_timeout_ms", "100"), 0);
+    stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
+    CHECK_EQ_INT(stub_send("d"), 0);
+    uint64_t t0 = monotime_ms();
+    wire_status s = stub_status();
+    while (s.lease_expiries == 0 && s.peers == 2 && monotime_ms() - t0 < 2500) {
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        stub_init(WIRE_HEARTBEAT, WIRE_ROLE_TARGET, TARGET_INC);
+        stub_req.u.sent_ms = monotime_ms();
+        CHECK_EQ_INT(stub_send("t"), 0);
+        usleep(10 * 1000);
+        s = stub_status();
+    }
+    printf("live lease timeout: %llu lease expiries after %llu ms\n",
+           (unsigned long long)s.lease_expiries, (unsigned long long)(monotime_ms() - t0));
+    CHECK_EQ_INT(s.lease_expiries, 1);
+    CHECK_EQ_INT(s.peers, 2); /* the lease timed out; the drafter was not expired */
     stub_broker_free();
 }
 
@@ -966,6 +1008,7 @@ static void test_layout_change_warned(void)
 
 int main(void)
 {
+    test_live_lease_timeout();
     test_far_epochs();
     test_hello_opens_one_epoch();
     test_restart_plan_bounds();

@@ -133,6 +133,9 @@ static void test_set_and_pause_restored(void)
         CHECK_EQ_INT(set(1, &get[i]), 0);
         CHECK(strcmp(stub_rep.u.settings.kv[0].value, get[i][1]) == 0);
     }
+    const char *const padded[][2] = {{"max_redeliveries", "05"}}; /* as it is in force: 5 */
+    CHECK_EQ_INT(set(1, padded), 0);
+    CHECK(strcmp(stub_rep.u.settings.kv[0].value, "5") == 0);
 
     CHECK_EQ_INT(hello("t", WIRE_ROLE_TARGET, TARGET_INC), 0);
     stub_pool("t", TARGET_INC, POOL_INC, 8);
@@ -283,7 +286,8 @@ static void test_stop_ends_drain(void)
 
 /* A key given twice in one set (min_ready and min-ready are one) is refused, nothing changed
  * (defect: the last value counted and ctl printed "min_ready = 3" twice); a start-up setting is
- * refused saying so (it read "permission denied: heartbeat_ms: not live"). */
+ * refused saying so (it read "permission denied: heartbeat_ms: not live"). Also given twice in
+ * a row, and an unknown log level (nothing else checks it: it would be taken and shown). */
 static void test_set_refusals(void)
 {
     fresh_journal();
@@ -295,6 +299,15 @@ static void test_set_refusals(void)
     wire_status s = stub_status();
     CHECK_EQ_INT(s.min_ready, 2);
     CHECK_EQ_INT(s.max_depth, 90);
+    const char *const adjacent[][2] = {{"min_ready", "3"}, {"min-ready", "4"}};
+    CHECK_EQ_INT(set(2, adjacent), DFLASH_EINVAL);
+    CHECK(strstr(stub_rep.u.error.message, "given twice (3 and 4)") != NULL);
+    const char *const loud[][2] = {{"log_level", "loud"}};
+    CHECK_EQ_INT(set(1, loud), DFLASH_EINVAL);
+    printf("unknown log level: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "log-level: 'loud' unknown") != NULL);
+    s = stub_status();
+    CHECK_EQ_INT(s.min_ready, 2);
     const char *const startup[][2] = {{"heartbeat_ms", "500"}};
     CHECK_EQ_INT(set(1, startup), DFLASH_EDENIED);
     printf("start-up setting: %s\n", stub_rep.u.error.message);

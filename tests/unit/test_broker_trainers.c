@@ -22,7 +22,10 @@
  *   - a replaced predecessor that was alive after all (two processes with one run id: a copied
  *     checkpoint dir) registered again and trained on beside its replacement: refused EXISTS,
  *     naming the run (also when the replacement took its name too), so that the drafter does
- *     not write a final checkpoint into a dir its replacement may write.
+ *     not write a final checkpoint into a dir its replacement may write;
+ *   - a second trainer was refused before the window (liveness and half again) was over, or,
+ *     held once already, at once in a later conflict; a resume's answer did not count what it
+ *     gave back, or said Ok to a resume the ledger refused (before a finished epoch).
  */
 #include "check.h"
 #include "broker_stub.h"
@@ -163,11 +166,17 @@ static void test_second_run_refused(void)
     CHECK_EQ_INT(stub_status().batches_trained, 3);
 
     CHECK_EQ_INT(hello(&b), 0);
+    uint64_t asked = monotime_ms();
     CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "trainer-a") != NULL);
     CHECK_EQ_INT(stub_status().batches_trained, 3); /* nothing rewound while held */
     int rc = resume_while_held(&b, RUN_B, &a, 3000);
     CHECK_EQ_INT(rc, DFLASH_EEXISTS);
+    /* not before the liveness window and half again (450 ms; less a few ms: libuv's clock is
+     * coarse): a dying first trainer has that long to be expired */
+    uint64_t held_for = monotime_ms() - asked;
+    printf("held for %llu ms before the final no\n", (unsigned long long)held_for);
+    CHECK(held_for >= 440);
     printf("refused: %s\n", stub_rep.u.error.message);
     CHECK(strstr(stub_rep.u.error.message, "drafter trainer-a") != NULL);
     CHECK(strstr(stub_rep.u.error.message, "--group G") != NULL);
@@ -568,6 +577,69 @@ static void test_other_run_same_name(void)
     stub_broker_free();
 }
 
+/* A held trainer's wait counts from its first ask in each conflict: b, held while a (dead) was
+ * expired and then admitted, is held the whole window again when another model's trainer comes
+ * in later (an older drafter: only warned about) and b registers again, not refused at once on
+ * the account of its first wait. */
+static void test_wait_restarts_after_admission(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, b = {"trainer-b", 22}, old = {"trainer-old", 41};
+    solo_trains(&a, RUN_A); /* a sends nothing more */
+    CHECK_EQ_INT(hello(&b), 0);
+    uint64_t asked = monotime_ms();
+    CHECK_EQ_INT(resume(&b, 0, RUN_B), DFLASH_EAGAIN);
+    CHECK_EQ_INT(resume_while_held(&b, RUN_B, NULL, 3000), 0); /* a expired: b admitted */
+    while (monotime_ms() - asked < 700) { /* well past b's first window (450 ms) */
+        uv_run(&stub_loop, UV_RUN_NOWAIT);
+        beat_target();
+        beat(&b);
+        sleep_ms(20);
+    }
+    CHECK_EQ_INT(hello(&old), 0);
+    static char said[8192];
+    stub_capture_log(old_drafter_resumes, said, sizeof said);
+    CHECK_EQ_INT(hello_run(&b, RUN_B), DFLASH_EAGAIN); /* a wait of its own */
+    printf("registered again beside an older drafter: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "trainer-old") != NULL);
+    stub_broker_free();
+}
+
+static int commit(const drafter *d, uint64_t step)
+{
+    stub_init(WIRE_CHECKPOINT_COMMITTED, WIRE_ROLE_DRAFTER, d->inc);
+    stub_req.u.step = step;
+    return stub_send(d->name);
+}
+
+/* A resume's answer counts the batches it gave back to to-do (the drafter says how many); one
+ * from before the last batch of a finished epoch is refused STATE, saying what to do, and
+ * nothing is rewound (the drafter must not train on as if its resume had been taken). */
+static void test_resume_answer(void)
+{
+    broker_with_target();
+    if (!stub_b) return;
+    drafter a = {"trainer-a", 21}, a2 = {"trainer-a-restarted", 31};
+    solo_trains(&a, RUN_A);
+    train_one(&a, 2);
+    train_one(&a, 3);
+    CHECK_EQ_INT(hello(&a2), 0);
+    CHECK_EQ_INT(resume(&a2, 1, RUN_A), 0);
+    CHECK_EQ_INT(stub_rep.u.value, 2); /* steps 2 and 3 */
+    CHECK_EQ_INT(stub_status().batches_trained, 1);
+    for (uint64_t step = 2; step <= BATCHES; step++) train_one(&a2, step);
+    CHECK_EQ_INT(commit(&a2, BATCHES), 0);
+    wire_status s = stub_status();
+    printf("after the epoch: epoch %u, %llu committed, %llu trained\n",
+           (unsigned)s.epoch, (unsigned long long)s.batches_committed,
+           (unsigned long long)s.batches_trained);
+    CHECK_EQ_INT(resume(&a2, 5, RUN_A), DFLASH_ESTATE);
+    printf("resume before a finished epoch: %s\n", stub_rep.u.error.message);
+    CHECK(strstr(stub_rep.u.error.message, "older than a finished epoch") != NULL);
+    stub_broker_free();
+}
+
 static drafter resumer = {"trainer-c", 51};
 static int resumed_rc;
 static void resume_from_64(void)
@@ -613,5 +685,7 @@ int main(void)
     test_replaced_by_name_and_run();
     test_other_run_same_name();
     test_resume_on_empty_ledger();
+    test_resume_answer();
+    test_wait_restarts_after_admission();
     CHECK_DONE();
 }

@@ -282,6 +282,17 @@ static void test_claiming_drafter_not_waited_for(void)
     stub_broker_free();
 }
 
+/* Group g's rank 0 posts its rendezvous id for epoch. */
+static void set_id(const drafter *d, uint64_t epoch)
+{
+    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, d->inc);
+    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
+    stub_req.u.set_id.epoch = epoch;
+    stub_req.u.set_id.id_len = 4;
+    memcpy(stub_req.u.set_id.id, "rdv0", 4);
+    CHECK_EQ_INT(stub_send(d->rid), 0);
+}
+
 /* A group of two: rank 0 reserved step 1 before the stop. Rank 1 still gets its slot of it, the
  * step ends with rank 0's StepDone; step 2 is not reserved. */
 static void test_group_step_in_flight(void)
@@ -293,12 +304,7 @@ static void test_group_step_in_flight(void)
     CHECK_EQ_INT(stub_group_join(&E, 0, 0, &v), 0);
     uint64_t epoch = v.epoch;
     CHECK_EQ_INT(v.rank, 1);
-    stub_init(WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, D.inc);
-    snprintf(stub_req.u.set_id.group, sizeof stub_req.u.set_id.group, "g");
-    stub_req.u.set_id.epoch = epoch;
-    stub_req.u.set_id.id_len = 4;
-    memcpy(stub_req.u.set_id.id, "rdv0", 4);
-    CHECK_EQ_INT(stub_send(D.rid), 0);
+    set_id(&D, epoch);
 
     CHECK_EQ_INT(gstep(&D, WIRE_STEP_CLAIM, epoch, 1), 0); /* reserves both slots */
     uint64_t lease_d = stub_rep.u.sgrant.grant.lease_id;
@@ -427,6 +433,33 @@ static void test_unsettled_again(void)
     stub_broker_free();
 }
 
+/* A step aborted during the stop (rank 1 left; rank 0, back at model step 0, resolves step 1
+ * as not trained) is no step reserved any more: its number claimed again, in the group's next
+ * epoch, is a new step and is refused like any new one (no new leases while stopping), though
+ * it has the number of the step the group had reserved. */
+static void test_aborted_step_not_reserved(void)
+{
+    setup(60000, 1000, 4);
+    CHECK_EQ_INT(hello(&E), 0);
+    CHECK_EQ_INT(stub_group_join(&D, 0, 0, NULL), 0);
+    wire_group_view v;
+    CHECK_EQ_INT(stub_group_join(&E, 0, 0, &v), 0);
+    set_id(&D, v.epoch);
+    CHECK_EQ_INT(gstep(&D, WIRE_STEP_CLAIM, v.epoch, 1), 0); /* reserves both slots */
+    capture(begin_stop);
+    CHECK_EQ_INT(gstep(&E, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(stub_group_join(&D, 0, 0, &v), 0); /* at step 0: step 1 is aborted */
+    CHECK(v.rank == 0 && v.world == 1 && v.step == 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].leased, 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 4);
+    set_id(&D, v.epoch);
+    CHECK_EQ_INT(gstep(&D, WIRE_STEP_CLAIM, v.epoch, 1), DFLASH_EAGAIN);
+    CHECK(strstr(stub_rep.u.error.message, "the broker is stopping") != NULL);
+    CHECK_EQ_INT(stub_status().buckets[0].leased, 0);
+    stub_broker_free();
+}
+
 /* The lease holder is dead (no heartbeat): the stop ends once the cron has expired it (heartbeat
  * 100 ms x liveness 3), long before the grace of 60 s. */
 static void test_dead_holder(void)
@@ -505,5 +538,6 @@ int main(void)
     test_report_marks();
     test_settled_when_grace_ends();
     test_unsettled_again();
+    test_aborted_step_not_reserved();
     CHECK_DONE();
 }

@@ -13,7 +13,9 @@
  *     ledger does not have with Error RANGE, and nothing changes;
  *   - ReleaseQuarantine of all releases every quarantined batch (Ok with the count; 0 when
  *     none is);
- *   - a broker restarted on the journal keeps them released (the records replay).
+ *   - a broker restarted on the journal keeps them released (the records replay);
+ *   - a release the journal did not take is answered Error IO saying so (it is in force, but a
+ *     restart would have the batch quarantined again), not Ok.
  * And status counts every delivery of a batch after its first as a redelivery (the audit's
  * finding 9: `redeliveries 0` while batches had two deliveries each and were quarantined, as
  * it counted lease expiries only): a drafter restarted holding copied batches, a slot given back
@@ -43,6 +45,12 @@ static int count_sync(void *ctx, int fd)
     (void)ctx, (void)fd;
     syncs++;
     return 0;
+}
+
+static int fail_sync(void *ctx, int fd)
+{
+    (void)ctx, (void)fd;
+    return DFLASH_EIO;
 }
 
 static int hello(const char *rid, wire_role role, uint64_t inc, const char *name)
@@ -229,6 +237,21 @@ int main(void)
                (unsigned long long)r.batches_inflight);
         CHECK_EQ_INT(r.quarantined, 0);
         CHECK_EQ_INT(r.batches_todo + r.batches_inflight, s.batches_todo + s.batches_inflight);
+        stub_broker_free();
+    }
+
+    /* released while the journal fails (its fsync): in force, answered Error IO saying so (a
+     * restart would have the batch quarantined again), not a false Ok */
+    snprintf(journal_path, sizeof journal_path, "%s/failing.journal", dir);
+    stub_broker_new(tweak);
+    if (stub_b) {
+        quarantine_first(1);
+        broker_set_sync_hook(stub_b, fail_sync, NULL);
+        const wire_unit first = {0, 0, 0};
+        CHECK_EQ_INT(release(&first), DFLASH_EIO);
+        printf("release with a failing journal: %s\n", stub_rep.u.error.message);
+        CHECK(strstr(stub_rep.u.error.message, "released 1, but the journal did not take it"));
+        CHECK_EQ_INT(stub_status().quarantined, 0);
         stub_broker_free();
     }
     test_rmtree(dir);

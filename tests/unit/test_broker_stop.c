@@ -263,6 +263,35 @@ static void test_waiting_for_cut_in_utf8(void)
     stub_broker_free();
 }
 
+/* The log's list of who the stop waits for (640 bytes) is cut once, after a character, and stays
+ * so: eight drafters named with 15 four-byte characters each, after d, put the cut (byte 636)
+ * in the last byte of one, so that it backs off 3 bytes and leaves the list at 636 bytes, where
+ * a ninth one's part must not be appended (defect it guards: the appends after a cut tested for
+ * a cut by the length left, which a 4-byte back-off fooled: "......" and more). */
+static void test_waiting_for_cut_once(void)
+{
+    setup(60000, 1000, 10);
+    CHECK_EQ_INT(stub_claim(&D, NULL), 0);
+    static drafter many[9];
+    static char rids[9][16], names[9][64];
+    for (int i = 0; i < 9; i++) {
+        snprintf(rids[i], sizeof rids[i], "drafter-w-%d", i);
+        for (int k = 0; k < 15; k++) /* U+1F600 + i, fifteen times: 60 bytes */
+            memcpy(names[i] + 4 * k, (const char[]){'\xf0', '\x9f', '\x98', (char)(0x80 + i)}, 4);
+        names[i][60] = '\0';
+        many[i] = (drafter){rids[i], names[i], 0x200u + (uint64_t)i};
+        CHECK_EQ_INT(hello(&many[i]), 0);
+        CHECK_EQ_INT(stub_claim(&many[i], NULL), 0);
+    }
+    capture(begin_stop);
+    CHECK(strstr(said, "10 leases, 0 batches in training, 0 checkpoint reports: drafter d") != NULL);
+    const char *cut = strstr(said, "...");
+    CHECK(cut != NULL && strstr(cut + 3, "...") == NULL); /* one cut */
+    CHECK(strstr(said, "\xf0\x9f\x98\x87...\n") != NULL); /* after the 8th's 11th character */
+    CHECK(utf8_valid(said));
+    stub_broker_free();
+}
+
 /* A drafter that claims while the broker stops is not stopping: its checkpoint report comes to
  * the next broker, the stop does not wait for it. */
 static void test_claiming_drafter_not_waited_for(void)
@@ -539,5 +568,6 @@ int main(void)
     test_settled_when_grace_ends();
     test_unsettled_again();
     test_aborted_step_not_reserved();
+    test_waiting_for_cut_once();
     CHECK_DONE();
 }

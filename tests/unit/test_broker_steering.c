@@ -22,6 +22,7 @@
 #include "check.h"
 #include "broker_stub.h"
 #include "err.h"
+#include "ledger.h"
 #include "policy.h"
 #include "test_files.h"
 
@@ -314,6 +315,31 @@ static void test_set_refusals(void)
     CHECK(strstr(stub_rep.u.error.message, "heartbeat_ms is a start-up setting") != NULL);
 }
 
+/* A damaged settings record (the decoder stops inside it: a key without its configured value)
+ * is warned about and nothing of it is restored, not the mode or the values read before the
+ * damage: the configuration runs, not paused. */
+static void test_damaged_record(void)
+{
+    fresh_journal();
+    restart();
+    CHECK_EQ_INT(ctl(WIRE_PAUSE), 0);
+    stub_broker_free();
+    ledger_params prm = {journal_path, 0, true, 0};
+    int err = 0;
+    ledger *l = ledger_new(&prm, &err);
+    CHECK(l != NULL);
+    static const char bad[] = "mode\0paused\0min_ready\0" "7"; /* "7\0", no configured */
+    if (l) CHECK_EQ_INT(ledger_set_settings(l, bad, sizeof bad), 0);
+    ledger_destroy(&l);
+    restart();
+    printf("restart on a damaged settings record:\n%s", said);
+    CHECK(strstr(said, "the journal's runtime settings record is damaged"));
+    CHECK(strstr(said, "still paused") == NULL && strstr(said, "restored") == NULL);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.state, POLICY_RUNNING);
+    CHECK_EQ_INT(s.min_ready, 2);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -328,6 +354,7 @@ int main(void)
     test_drain_survives();
     test_stop_ends_drain();
     test_set_refusals();
+    test_damaged_record();
     if (stub_b) stub_broker_free();
     test_rmtree(dir);
     CHECK_DONE();

@@ -153,6 +153,13 @@ static void test_duplicate_name(void)
     stub_broker_free();
 }
 
+static void set_min_ready_20(void)
+{
+    log_set_level(LOG_WARN);
+    CHECK_EQ_INT(set1("min-ready", "20"), 0);
+    log_set_level(LOG_ERROR);
+}
+
 static void test_reservoir_over_depth(void)
 {
     queue_config cfg;
@@ -176,6 +183,13 @@ static void test_reservoir_over_depth(void)
     wire_status s = stub_status();
     CHECK_EQ_INT(s.min_ready, 4);
     CHECK_EQ_INT(s.max_depth, 4);
+    /* taken, but more than the target's 16 slots: no claim is served until that changes (said
+     * at the set, not only at a target's registration) */
+    CHECK_EQ_INT(set1("max-depth", "40"), 0);
+    static char said[4096];
+    stub_capture_log(set_min_ready_20, said, sizeof said);
+    printf("min-ready over the slots: %s", said);
+    CHECK(strstr(said, "min-ready 20 is more than the 16 slots the targets registered") != NULL);
     stub_broker_free();
 }
 

@@ -461,9 +461,18 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
         /* One write per record keeps a crash's damage to the final record. */
         rc = write_all(j->fd, rec, total);
         if (rec != small) free(rec);
-        if (rc == 0 && sync) rc = sync_journal(j, j->sync_fn, j->sync_ctx, j->fd);
-        if (rc) {
-            snprintf(j->why, sizeof j->why, "append failed: %s", strerror(errno));
+        bool synced = false;
+        if (rc == 0 && sync) {
+            errno = 0; /* a sync hook may fail without saying why */
+            rc = sync_journal(j, j->sync_fn, j->sync_ctx, j->fd);
+            synced = true;
+        }
+        if (rc) { /* worded as the writer thread words it */
+            if (synced)
+                snprintf(j->why, sizeof j->why, "fdatasync failed: %s",
+                         errno ? strerror(errno) : err_str(rc));
+            else
+                snprintf(j->why, sizeof j->why, "append failed: %s", strerror(errno));
             LOG_ERROR("journal %s: %s", j->path, j->why);
             j->broken = true;
             if (!j->fail_seq) j->fail_seq = j->seq;

@@ -488,6 +488,24 @@ static void start_writer_disk_full(journal *j, uv_loop_t *loop, writer_seen *w)
     __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
 }
 
+/* Without a writer thread a failing sync is said as one, with the hook's code when it sets no
+ * errno (defect: "append failed: Success", a sync failure named as a write's). */
+static void test_inline_sync_failure(void)
+{
+    unlink(path);
+    journal *j = journal_open(path, NULL, NULL, NULL);
+    CHECK(j != NULL);
+    if (!j) return;
+    journal_set_sync_hook(j, full_disk_sync, NULL);
+    __atomic_store_n(&disk_full, true, __ATOMIC_SEQ_CST);
+    CHECK_EQ_INT(journal_append(j, 1, "lost", 4, true), DFLASH_EIO);
+    __atomic_store_n(&disk_full, false, __ATOMIC_SEQ_CST);
+    const char *why = journal_failure(j);
+    printf("inline sync failure: %s\n", why ? why : "(none)");
+    CHECK(why && strstr(why, "fdatasync failed") && !strstr(why, "Success"));
+    journal_destroy(&j);
+}
+
 static void test_writer_heals(void)
 {
     unlink(path);
@@ -629,6 +647,7 @@ int main(void)
     test_rewrite();
     test_writer();
     test_writer_heals();
+    test_inline_sync_failure();
     test_writer_fail_after_rewrite();
     test_writer_failed_compaction_size();
     unlink(path);

@@ -1,0 +1,485 @@
+/* test_client: the broker client's own rules (client.h), against a scripted fake broker: a ZeroMQ
+ * ROUTER in a thread of this test that records every request it gets and answers as each case
+ * sets it up. It shows what each call puts on the wire (the fields a broker acts on: held units,
+ * a trainer's run, a group joiner's gone rank, shape and accumulation, an unread release, a
+ * quarantine release of one unit or all), which replies a call takes (its own request id, from
+ * the broker, of the type it asked for), what it returns from them (values, an ERROR's details,
+ * ESTALE after a broker restart until the next hello), client_poll's pacing (a heartbeat half
+ * a heartbeat interval after the last request, none right after a timeout) and its never waiting
+ * for another thread's call, and the endpoint checks of an ipc:// path. The real broker's side
+ * of the same calls is in the integration tests (itest_*). */
+#include "check.h"
+#include "client.h"
+#include "err.h"
+#include "monotime.h"
+#include "wire.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define FAKE_VALUE 333 /* what an OK reply carries (StepDone's n_acked, released batches) */
+
+/* The fake broker. The test sets the answer fields under mu before a call; the thread records
+ * each request (last, counts) under mu and answers it. */
+typedef struct fake {
+    pthread_mutex_t mu;
+    pthread_t th;
+    void *zctx, *sock;
+    char dir[64], endpoint[128];
+    bool stop;
+    /* how to answer */
+    uint64_t incarnation;  /* in every reply */
+    uint32_t heartbeat_ms; /* in a hello reply */
+    bool silent;           /* no answer at all */
+    int delay_ms;          /* before answering */
+    bool decoys;           /* first a reply with another request id and one from a target */
+    wire_type reply_type;  /* WIRE_NONE: the request's own reply type */
+    wire_error error;      /* code != 0: answer ERROR with this */
+    /* what came */
+    wire_msg last;
+    int n_requests, n_heartbeats;
+} fake;
+
+static fake fb;
+
+static void fake_send(const uint8_t *rid, size_t rid_len, const wire_msg *m)
+{
+    static uint8_t out[WIRE_MAX_MSG];
+    int n = wire_pack(m, out, sizeof out);
+    CHECK(n > 0);
+    if (n <= 0) return;
+    zmq_send(fb.sock, rid, rid_len, ZMQ_SNDMORE);
+    zmq_send(fb.sock, out, (size_t)n, 0);
+}
+
+/* The reply to req as the fake is set up now (caller holds mu). */
+static void fake_reply(const wire_msg *req, wire_msg *rep)
+{
+    wire_type t = fb.reply_type;
+    if (fb.error.code) t = WIRE_ERROR;
+    if (t == WIRE_NONE) {
+        switch (req->type) {
+        case WIRE_HELLO: t = WIRE_HELLO; break;
+        case WIRE_HEARTBEAT: t = WIRE_HEARTBEAT; break;
+        case WIRE_CLAIM: t = WIRE_GRANT; break;
+        case WIRE_GROUP_JOIN: t = WIRE_GROUP_VIEW; break;
+        case WIRE_STATUS_REQUEST: t = WIRE_STATUS_REPLY; break;
+        case WIRE_SET_CONFIG: t = WIRE_SET_CONFIG_REPLY; break;
+        default: t = WIRE_OK; break;
+        }
+    }
+    wire_msg_init(rep, t, WIRE_ROLE_BROKER, fb.incarnation, req->request_id);
+    switch (t) {
+    case WIRE_HELLO:
+        strcpy(rep->u.hello.name, "fake");
+        rep->u.hello.heartbeat_ms = fb.heartbeat_ms;
+        rep->u.hello.lease_timeout_ms = 7000;
+        strcpy(rep->u.hello.pub_endpoint, "ipc:///nonexistent/pub.sock");
+        rep->u.hello.stats_interval_ms = 1500;
+        break;
+    case WIRE_HEARTBEAT: rep->u.sent_ms = req->u.sent_ms; break;
+    case WIRE_GRANT: {
+        wire_grant *g = &rep->u.grant;
+        g->lease_id = 41;
+        g->slot = 2;
+        g->size = 4096;
+        g->unit = (wire_unit){1, 0, 9};
+        g->backend = WIRE_BACKEND_HOST;
+        strcpy(g->shm_name, "/dflash-fake");
+        break;
+    }
+    case WIRE_GROUP_VIEW:
+        strcpy(rep->u.view.group, req->u.join.group);
+        rep->u.view.epoch = 4;
+        rep->u.view.world = 1;
+        break;
+    case WIRE_SET_CONFIG_REPLY: /* the effective values: what the broker made of them */
+        rep->u.settings = req->u.settings;
+        for (uint32_t i = 0; i < rep->u.settings.n; i++)
+            strcpy(rep->u.settings.kv[i].value, "applied");
+        break;
+    case WIRE_ERROR: rep->u.error = fb.error; break;
+    case WIRE_OK: rep->u.value = FAKE_VALUE; break;
+    default: break;
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    (void)arg;
+    static uint8_t in[WIRE_MAX_MSG];
+    for (;;) {
+        pthread_mutex_lock(&fb.mu);
+        bool stop = fb.stop;
+        pthread_mutex_unlock(&fb.mu);
+        if (stop) break;
+        zmq_pollitem_t it = {fb.sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 20) <= 0) continue;
+        uint8_t rid[256];
+        int rid_len = zmq_recv(fb.sock, rid, sizeof rid, 0);
+        int n = zmq_recv(fb.sock, in, sizeof in, 0);
+        if (rid_len <= 0 || n <= 0) continue;
+        wire_msg req, rep;
+        if (wire_unpack(in, (size_t)n, &req, NULL, 0) != 0) continue;
+        pthread_mutex_lock(&fb.mu);
+        fb.last = req;
+        fb.n_requests++;
+        if (req.type == WIRE_HEARTBEAT) fb.n_heartbeats++;
+        bool silent = fb.silent, decoys = fb.decoys;
+        int delay = fb.delay_ms;
+        fake_reply(&req, &rep);
+        pthread_mutex_unlock(&fb.mu);
+        if (silent) continue;
+        if (delay) monotime_sleep_ms(delay);
+        if (decoys) {
+            /* the answer to another request (a late one), then one not from a broker: both
+             * well-formed, both to be dropped */
+            wire_msg other = rep;
+            other.request_id = req.request_id + 1;
+            if (other.type == WIRE_OK) other.u.value = FAKE_VALUE + 1;
+            fake_send(rid, (size_t)rid_len, &other);
+            other = rep;
+            other.role = WIRE_ROLE_TARGET;
+            if (other.type == WIRE_OK) other.u.value = FAKE_VALUE + 2;
+            fake_send(rid, (size_t)rid_len, &other);
+        }
+        fake_send(rid, (size_t)rid_len, &rep);
+    }
+    return NULL;
+}
+
+static void fake_start(void)
+{
+    pthread_mutex_init(&fb.mu, NULL);
+    snprintf(fb.dir, sizeof fb.dir, "/tmp/dflash-tclient-XXXXXX");
+    if (!mkdtemp(fb.dir)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    snprintf(fb.endpoint, sizeof fb.endpoint, "ipc://%s/queue.sock", fb.dir);
+    fb.zctx = zmq_ctx_new();
+    fb.sock = zmq_socket(fb.zctx, ZMQ_ROUTER);
+    int zero = 0, one = 1;
+    zmq_setsockopt(fb.sock, ZMQ_LINGER, &zero, sizeof zero);
+    /* as the broker: a client's socket reopened after a timeout keeps its routing id */
+    zmq_setsockopt(fb.sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    if (zmq_bind(fb.sock, fb.endpoint) != 0) {
+        fprintf(stderr, "cannot bind %s\n", fb.endpoint);
+        exit(1);
+    }
+    fb.incarnation = 0xb0b;
+    fb.heartbeat_ms = 1000;
+    pthread_create(&fb.th, NULL, fake_main, NULL);
+}
+
+static void fake_stop(void)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.stop = true;
+    pthread_mutex_unlock(&fb.mu);
+    pthread_join(fb.th, NULL);
+    zmq_close(fb.sock);
+    zmq_ctx_term(fb.zctx);
+    char sock[160];
+    snprintf(sock, sizeof sock, "%s/queue.sock", fb.dir);
+    unlink(sock);
+    rmdir(fb.dir);
+}
+
+/* The fake's answer settings back to plain answers. */
+static void fake_reset(void)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.silent = fb.decoys = false;
+    fb.delay_ms = 0;
+    fb.reply_type = WIRE_NONE;
+    memset(&fb.error, 0, sizeof fb.error);
+    pthread_mutex_unlock(&fb.mu);
+}
+
+/* The last request the fake got (a copy), and how many so far. */
+static wire_msg fake_last(void)
+{
+    pthread_mutex_lock(&fb.mu);
+    wire_msg m = fb.last;
+    pthread_mutex_unlock(&fb.mu);
+    return m;
+}
+
+static int fake_count(bool heartbeats)
+{
+    pthread_mutex_lock(&fb.mu);
+    int n = heartbeats ? fb.n_heartbeats : fb.n_requests;
+    pthread_mutex_unlock(&fb.mu);
+    return n;
+}
+
+static client *new_client(wire_role role)
+{
+    client *c = client_new(fb.endpoint, role, "t");
+    CHECK(c != NULL);
+    if (!c) exit(1);
+    client_set_timeout(c, 5000);
+    return c;
+}
+
+/* What the calls send: the fields the broker acts on. */
+static void test_requests(void)
+{
+    fake_reset();
+    client *c = new_client(WIRE_ROLE_DRAFTER);
+    /* a restarting drafter names all the units it holds, up to WIRE_MAX_HELD; a trainer its run */
+    static wire_unit held[WIRE_MAX_HELD];
+    for (uint32_t i = 0; i < WIRE_MAX_HELD; i++) held[i] = (wire_unit){1, i % 4, 1000 + i};
+    client_set_trainer_run(c, 0x5eed);
+    CHECK_EQ_INT(client_hello(c, held, WIRE_MAX_HELD), 0);
+    wire_msg m = fake_last();
+    CHECK_EQ_INT(m.type, WIRE_HELLO);
+    CHECK_EQ_INT(m.u.hello.n_held, WIRE_MAX_HELD);
+    CHECK(memcmp(m.u.hello.held, held, sizeof held) == 0);
+    CHECK(m.u.hello.run_id == 0x5eed);
+    CHECK_EQ_INT(client_hello(c, held, WIRE_MAX_HELD + 1), DFLASH_ERANGE);
+    /* what the hello reply says is kept */
+    CHECK_EQ_INT(client_heartbeat_ms(c), 1000);
+    CHECK_EQ_INT(client_lease_timeout_ms(c), 7000);
+    CHECK_EQ_INT(client_stats_interval_ms(c), 1500);
+    CHECK(strcmp(client_pub_endpoint(c), "ipc:///nonexistent/pub.sock") == 0);
+    CHECK(client_broker_incarnation(c) == 0xb0b);
+
+    /* a group joiner: its gone rank (rank 0 too) with the failed epoch, shape, accumulation */
+    client_set_drafter_shape(c, 0xabcdef, "4 layers");
+    client_set_group_accumulate(c, 2);
+    wire_group_view view;
+    CHECK_EQ_INT(client_group_join(c, "dp", 5, 3, 0, 2, &view), 0);
+    m = fake_last();
+    CHECK_EQ_INT(m.type, WIRE_GROUP_JOIN);
+    CHECK(strcmp(m.u.join.group, "dp") == 0);
+    CHECK(m.u.join.step == 5 && m.u.join.failed_epoch == 3 && m.u.join.world_hint == 2);
+    CHECK(m.u.join.has_gone_rank && m.u.join.gone_rank == 0);
+    CHECK(m.u.join.shape == 0xabcdef && strcmp(m.u.join.shape_text, "4 layers") == 0);
+    CHECK_EQ_INT(m.u.join.accumulate, 2);
+    CHECK(view.epoch == 4 && view.world == 1);
+    client_set_group_accumulate(c, 1); /* one micro-step: not stated, as an older drafter */
+    CHECK_EQ_INT(client_group_join(c, "dp", 5, 0, -1, 2, NULL), 0);
+    m = fake_last();
+    CHECK(!m.u.join.has_gone_rank && m.u.join.accumulate == 0);
+    CHECK_EQ_INT(client_group_join(c, "dp", 5, 0, WIRE_MAX_WORLD, 2, NULL), DFLASH_EINVAL);
+    /* the rendezvous id, all its bytes */
+    uint8_t id[5] = {1, 2, 3, 4, 5};
+    CHECK_EQ_INT(client_group_set_id(c, "dp", 4, id, sizeof id), 0);
+    m = fake_last();
+    CHECK(m.u.set_id.epoch == 4 && m.u.set_id.id_len == 5 && memcmp(m.u.set_id.id, id, 5) == 0);
+    /* StepDone's units recorded, from the broker's OK */
+    uint64_t acked = 0;
+    CHECK_EQ_INT(client_step_done(c, "dp", 4, 6, &acked), 0);
+    CHECK_EQ_INT(acked, FAKE_VALUE);
+    m = fake_last();
+    CHECK(m.type == WIRE_STEP_DONE && m.u.gstep.epoch == 4 && m.u.gstep.step == 6);
+    /* a release: read or unread (the broker returns an unread batch to to-do) */
+    CHECK_EQ_INT(client_release(c, 77), 0);
+    m = fake_last();
+    CHECK(m.type == WIRE_SLOT_RELEASE && m.u.lease_id == 77 && !m.u.release_unread);
+    CHECK_EQ_INT(client_release_unread(c, 78), 0);
+    m = fake_last();
+    CHECK(m.type == WIRE_SLOT_RELEASE && m.u.lease_id == 78 && m.u.release_unread);
+    /* a trainer's resume names its run */
+    CHECK_EQ_INT(client_resume_from(c, 12, 0x5eed), 0);
+    m = fake_last();
+    CHECK(m.type == WIRE_RESUME_FROM && m.u.step == 12 && m.u.run_id == 0x5eed);
+    client_destroy(&c);
+
+    /* an operator's quarantine release: one unit, or all of them */
+    c = new_client(WIRE_ROLE_CTL);
+    wire_unit u = {2, 1, 21};
+    uint64_t released = 0;
+    CHECK_EQ_INT(client_release_quarantine(c, &u, &released), 0);
+    m = fake_last();
+    CHECK(m.type == WIRE_RELEASE_QUARANTINE && !m.u.release_q.all);
+    CHECK(m.u.release_q.unit.bucket == 1 && m.u.release_q.unit.index == 21);
+    CHECK_EQ_INT(released, FAKE_VALUE);
+    CHECK_EQ_INT(client_release_quarantine(c, NULL, NULL), 0);
+    CHECK(fake_last().u.release_q.all);
+    /* live settings: *applied is the broker's answer, not the request */
+    wire_settings set = {.n = 1}, applied;
+    strcpy(set.kv[0].key, "min_ready");
+    strcpy(set.kv[0].value, "3");
+    CHECK_EQ_INT(client_set(c, &set, &applied), 0);
+    CHECK(applied.n == 1 && strcmp(applied.kv[0].value, "applied") == 0);
+    client_destroy(&c);
+}
+
+/* Which replies a call takes, and what it makes of them. */
+static void test_replies(void)
+{
+    fake_reset();
+    client *c = new_client(WIRE_ROLE_CTL);
+    /* a ctl that never says hello is not "restarted" by the first reply it sees */
+    CHECK_EQ_INT(client_journal_sync(c), 0);
+    CHECK(!client_broker_restarted(c));
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    /* a late answer to another request and an answer not from a broker are dropped */
+    pthread_mutex_lock(&fb.mu);
+    fb.decoys = true;
+    pthread_mutex_unlock(&fb.mu);
+    uint64_t released = 0;
+    CHECK_EQ_INT(client_release_quarantine(c, NULL, &released), 0);
+    CHECK_EQ_INT(released, FAKE_VALUE);
+    /* a reply of another type than the request's is a protocol error, not a success */
+    fake_reset();
+    pthread_mutex_lock(&fb.mu);
+    fb.reply_type = WIRE_OK;
+    pthread_mutex_unlock(&fb.mu);
+    wire_grant g;
+    CHECK_EQ_INT(client_claim(c, &g), DFLASH_EPROTO);
+    CHECK(strstr(client_last_error(c), "expected grant") != NULL);
+    fake_reset();
+    CHECK_EQ_INT(client_claim(c, &g), 0);
+    CHECK(g.lease_id == 41 && g.unit.index == 9);
+    /* an ERROR: its code, and its details through the accessors */
+    pthread_mutex_lock(&fb.mu);
+    fb.error.code = DFLASH_EMISMATCH;
+    strcpy(fb.error.message, "another shape");
+    fb.error.replaced_by_run = 0x77;
+    fb.error.mismatch = WIRE_MISMATCH_ACCUMULATE;
+    fb.error.other_key = true;
+    pthread_mutex_unlock(&fb.mu);
+    CHECK_EQ_INT(client_claim(c, &g), DFLASH_EMISMATCH);
+    CHECK(strcmp(client_last_error(c), "another shape") == 0);
+    CHECK(client_last_error_replaced_by_run(c) == 0x77);
+    CHECK_EQ_INT(client_last_error_mismatch(c), WIRE_MISMATCH_ACCUMULATE);
+    CHECK(client_last_error_other_key(c));
+    CHECK(client_last_answered(c));
+    /* ... cleared by the next call */
+    fake_reset();
+    CHECK_EQ_INT(client_claim(c, &g), 0);
+    CHECK(client_last_error(c)[0] == 0 && client_last_error_replaced_by_run(c) == 0);
+    CHECK(client_last_error_mismatch(c) == 0 && !client_last_error_other_key(c));
+    /* a broker of another incarnation (it restarted): ESTALE, whatever it answered, and
+     * client_broker_restarted until the next hello, which takes the new incarnation */
+    pthread_mutex_lock(&fb.mu);
+    fb.incarnation = 0xb0b2;
+    pthread_mutex_unlock(&fb.mu);
+    CHECK_EQ_INT(client_claim(c, &g), DFLASH_ESTALE);
+    CHECK(client_broker_restarted(c));
+    CHECK_EQ_INT(client_status(c, NULL), DFLASH_ESTALE);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    CHECK(!client_broker_restarted(c) && client_broker_incarnation(c) == 0xb0b2);
+    CHECK_EQ_INT(client_claim(c, &g), 0);
+    client_destroy(&c);
+}
+
+/* client_poll: a heartbeat half an interval after the last request, none at once after a
+ * timeout (the broker is silent: it would hold the caller another timeout), and the main
+ * thread's last call's error kept. */
+static void test_poll_pacing(void)
+{
+    fake_reset();
+    client *c = new_client(WIRE_ROLE_DRAFTER);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0); /* heartbeat_ms 1000 */
+    int hb0 = fake_count(true);
+    CHECK_EQ_INT(client_poll(c), 0); /* a request just went: nothing due */
+    CHECK_EQ_INT(fake_count(true), hb0);
+    /* a silent broker: the call times out after 800 ms, longer than half a heartbeat */
+    pthread_mutex_lock(&fb.mu);
+    fb.silent = true;
+    pthread_mutex_unlock(&fb.mu);
+    client_set_timeout(c, 800);
+    int n0 = fake_count(false);
+    wire_grant g;
+    double start = monotime_s();
+    CHECK_EQ_INT(client_claim(c, &g), DFLASH_ETIMEOUT);
+    CHECK(!client_last_answered(c));
+    double t0 = monotime_s();
+    CHECK_EQ_INT(client_poll(c), 0); /* not due yet: counted from the timeout */
+    CHECK(monotime_s() - t0 < 0.5);
+    CHECK_EQ_INT(fake_count(false), n0 + 1); /* the claim only */
+    /* the broker answers again: the heartbeat goes half an interval (500 ms) later, and the
+     * poll leaves the claim's outcome (unanswered) as it was */
+    fake_reset();
+    client_set_timeout(c, 5000);
+    while (fake_count(true) == hb0 && monotime_s() - t0 < 10) {
+        CHECK_EQ_INT(client_poll(c), 0);
+        monotime_sleep_ms(10);
+    }
+    double now = monotime_s();
+    CHECK(fake_count(true) == hb0 + 1);
+    /* due half an interval after the timeout, which came 0.8 s after the claim began: never
+     * before that (whatever the scheduler did), and not a whole interval late */
+    CHECK(now - start >= 0.8 + 0.5 - 0.01);
+    CHECK(now - t0 < 1.5);
+    CHECK(!client_last_answered(c));
+    CHECK(strstr(client_last_error(c), "no reply") != NULL);
+    client_destroy(&c);
+}
+
+/* A thread's client_poll while another thread waits in a call on the same client returns at
+ * once (heartbeat.h's watchdog runs after it): the call is the heartbeat. */
+typedef struct {
+    client *c;
+    int rc;
+} claim_arg;
+
+static void *claim_thread(void *p)
+{
+    claim_arg *a = p;
+    wire_grant g;
+    a->rc = client_claim(a->c, &g);
+    return NULL;
+}
+
+static void test_poll_never_waits(void)
+{
+    fake_reset();
+    client *c = new_client(WIRE_ROLE_DRAFTER);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    pthread_mutex_lock(&fb.mu);
+    fb.delay_ms = 2000; /* a slow broker */
+    pthread_mutex_unlock(&fb.mu);
+    int n0 = fake_count(false);
+    claim_arg a = {c, -1};
+    pthread_t th;
+    pthread_create(&th, NULL, claim_thread, &a);
+    double t0 = monotime_s();
+    while (fake_count(false) == n0 && monotime_s() - t0 < 10) monotime_sleep_ms(5);
+    double t1 = monotime_s();
+    CHECK_EQ_INT(client_poll(c), 0);
+    CHECK(monotime_s() - t1 < 1.0); /* the claim holds the client for 2 s */
+    pthread_join(th, NULL);
+    CHECK_EQ_INT(a.rc, 0);
+    client_destroy(&c);
+}
+
+/* ipc:// endpoints: an abstract socket is refused, a missing directory means no broker. */
+static void test_endpoints(void)
+{
+    char err[512] = "";
+    CHECK_EQ_INT(client_check_endpoint("ipc://@dflash", err, sizeof err), DFLASH_ECONFIG);
+    CHECK(strstr(err, "abstract") != NULL);
+    CHECK_EQ_INT(client_check_endpoint_existing("ipc://@dflash", err, sizeof err),
+                 DFLASH_ECONFIG);
+    char ep[160];
+    snprintf(ep, sizeof ep, "ipc://%s/missing/queue.sock", fb.dir);
+    err[0] = 0;
+    CHECK_EQ_INT(client_check_endpoint_existing(ep, err, sizeof err), DFLASH_EPEER);
+    CHECK(strstr(err, "does not exist") != NULL);
+    CHECK_EQ_INT(client_check_endpoint(fb.endpoint, err, sizeof err), 0);
+    CHECK_EQ_INT(client_check_endpoint("tcp://127.0.0.1:5555", err, sizeof err), 0);
+}
+
+int main(void)
+{
+    fake_start();
+    test_requests();
+    test_replies();
+    test_poll_pacing();
+    test_poll_never_waits();
+    test_endpoints();
+    fake_stop();
+    CHECK_DONE();
+}

@@ -6,8 +6,8 @@
  * the broker, of the type it asked for), what it returns from them (values, an ERROR's details,
  * ESTALE after a broker restart until the next hello), client_poll's pacing (a heartbeat half
  * a heartbeat interval after the last request, none right after a timeout) and its never waiting
- * for another thread's call, and the endpoint checks of an ipc:// path. The real broker's side
- * of the same calls is in the integration tests (itest_*). */
+ * for another thread's call, the PUB subscriber's framing, and the endpoint checks of an ipc://
+ * path. The real broker's side of the same calls is in the integration tests (itest_*). */
 #include "check.h"
 #include "client.h"
 #include "err.h"
@@ -188,6 +188,8 @@ static void fake_stop(void)
     zmq_ctx_term(fb.zctx);
     char sock[160];
     snprintf(sock, sizeof sock, "%s/queue.sock", fb.dir);
+    unlink(sock);
+    snprintf(sock, sizeof sock, "%s/pub.sock", fb.dir);
     unlink(sock);
     rmdir(fb.dir);
 }
@@ -455,6 +457,60 @@ static void test_poll_never_waits(void)
     client_destroy(&c);
 }
 
+/* One announcement on pub: topic, then the packed message (or the topic alone: a malformed one). */
+static void pub_send(void *pub, const char *topic, const wire_msg *m)
+{
+    static uint8_t out[WIRE_MAX_MSG];
+    int n = m ? wire_pack(m, out, sizeof out) : 0;
+    zmq_send(pub, topic, strlen(topic), m ? ZMQ_SNDMORE : 0);
+    if (m && n > 0) zmq_send(pub, out, (size_t)n, 0);
+}
+
+/* The PUB subscriber (dflash-ctl watch): an announcement is its topic and one message; one
+ * without the message is malformed and skipped alone, the next one reads whole. */
+static void test_subscriber(void)
+{
+    char ep[160];
+    snprintf(ep, sizeof ep, "ipc://%s/pub.sock", fb.dir);
+    void *pub = zmq_socket(fb.zctx, ZMQ_PUB);
+    int zero = 0;
+    zmq_setsockopt(pub, ZMQ_LINGER, &zero, sizeof zero);
+    CHECK_EQ_INT(zmq_bind(pub, ep), 0);
+    client_sub *s = client_sub_new(ep, "");
+    CHECK(s != NULL);
+    if (!s) return;
+    wire_msg ready, cfg, got;
+    wire_msg_init(&ready, WIRE_SLOT_READY, WIRE_ROLE_BROKER, 9, 0);
+    ready.u.ready = (wire_slot_ready){0xfeed, 5, {0, 1, 2}, 100, 3};
+    wire_msg_init(&cfg, WIRE_SET_CONFIG_REPLY, WIRE_ROLE_BROKER, 9, 0);
+    cfg.u.settings.n = 1;
+    strcpy(cfg.u.settings.kv[0].key, "min_ready");
+    strcpy(cfg.u.settings.kv[0].value, "4");
+    char topic[32] = "";
+    /* a subscription takes effect a while after the connect: announce until one comes */
+    int rc = DFLASH_ETIMEOUT;
+    double t0 = monotime_s();
+    while (rc != 0 && monotime_s() - t0 < 10) {
+        pub_send(pub, "ready", &ready);
+        rc = client_sub_recv(s, topic, sizeof topic, &got, 50);
+    }
+    CHECK_EQ_INT(rc, 0);
+    CHECK(strcmp(topic, "ready") == 0 && got.type == WIRE_SLOT_READY);
+    while (client_sub_recv(s, topic, sizeof topic, &got, 100) != DFLASH_ETIMEOUT) {
+    }
+    /* a topic alone, then a whole announcement; both queued before the first read (a reader
+     * that took the next message's topic as the body would lose that message too) */
+    pub_send(pub, "stats", NULL);
+    pub_send(pub, "config", &cfg);
+    monotime_sleep_ms(200);
+    CHECK_EQ_INT(client_sub_recv(s, topic, sizeof topic, &got, 2000), DFLASH_EPROTO);
+    CHECK_EQ_INT(client_sub_recv(s, topic, sizeof topic, &got, 2000), 0);
+    CHECK(strcmp(topic, "config") == 0 && got.type == WIRE_SET_CONFIG_REPLY &&
+          strcmp(got.u.settings.kv[0].value, "4") == 0);
+    client_sub_destroy(&s);
+    zmq_close(pub);
+}
+
 /* ipc:// endpoints: an abstract socket is refused, a missing directory means no broker. */
 static void test_endpoints(void)
 {
@@ -479,6 +535,7 @@ int main(void)
     test_replies();
     test_poll_pacing();
     test_poll_never_waits();
+    test_subscriber();
     test_endpoints();
     fake_stop();
     CHECK_DONE();

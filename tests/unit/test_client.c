@@ -508,6 +508,24 @@ static void test_subscriber(void)
     CHECK(strcmp(topic, "config") == 0 && got.type == WIRE_SET_CONFIG_REPLY &&
           strcmp(got.u.settings.kv[0].value, "4") == 0);
     client_sub_destroy(&s);
+    /* a client with CURVE keys (for a tcp:// broker) subscribes to an ipc:// PUB without them,
+     * as the broker binds it (a CURVE handshake with it would fail: nothing would come) */
+    char server_pub[41], server_sec[41], our_pub[41], our_sec[41];
+    CHECK_EQ_INT(zmq_curve_keypair(server_pub, server_sec), 0);
+    CHECK_EQ_INT(zmq_curve_keypair(our_pub, our_sec), 0);
+    client *c = new_client(WIRE_ROLE_CTL);
+    CHECK_EQ_INT(client_set_curve(c, server_pub, our_sec), 0);
+    s = client_sub_new_curve(ep, "", c);
+    CHECK(s != NULL);
+    rc = DFLASH_ETIMEOUT;
+    t0 = monotime_s();
+    while (s && rc != 0 && monotime_s() - t0 < 10) {
+        pub_send(pub, "ready", &ready);
+        rc = client_sub_recv(s, topic, sizeof topic, &got, 50);
+    }
+    CHECK_EQ_INT(rc, 0);
+    client_sub_destroy(&s);
+    client_destroy(&c);
     zmq_close(pub);
 }
 

@@ -5,6 +5,10 @@
 #include "err.h"
 #include "wire.h"
 
+/* Only for hostile_input: envelopes that another peer's encoder could send and wire_pack, which
+ * checks first, never would. */
+#include "dflash.pb-c.h"
+
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +134,318 @@ static void fill_status(wire_status *st)
     }
     st->stopping = true;
     st->stop = (wire_stop_stat){v, v + 1, 1, 2, 3, 4, "drafter d (2 leases, ...)"};
+}
+
+
+/* --- group messages, boundaries, hostile envelopes ----------------------------------------- */
+
+/* Every group message round-trips whole, the optional fields (gone rank, shape, accumulation,
+ * rendezvous id, micro-step) included. */
+static void group_roundtrips(void)
+{
+    wire_msg in, out;
+    wire_msg_init(&in, WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, 5, 1);
+    strcpy(in.u.join.group, "dp0");
+    in.u.join.step = 12;
+    in.u.join.failed_epoch = 3;
+    in.u.join.world_hint = WIRE_MAX_WORLD; /* the largest hint is a valid one */
+    in.u.join.has_gone_rank = true;
+    in.u.join.gone_rank = 1;
+    in.u.join.shape = 0xabcdef0123ull;
+    strcpy(in.u.join.shape_text, "4 layers, 1024 hidden");
+    in.u.join.accumulate = 4;
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    wire_msg_init(&in, WIRE_GROUP_VIEW, WIRE_ROLE_BROKER, 9, 2);
+    strcpy(in.u.view.group, "dp0");
+    in.u.view.epoch = 4;
+    in.u.view.rank = 1;
+    in.u.view.world = 2;
+    in.u.view.step = 11;
+    in.u.view.id_len = WIRE_GROUP_ID_BYTES;
+    for (uint32_t i = 0; i < WIRE_GROUP_ID_BYTES; i++) in.u.view.id[i] = (uint8_t)(i * 7 + 1);
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    wire_msg_init(&in, WIRE_GROUP_SET_ID, WIRE_ROLE_DRAFTER, 5, 3);
+    strcpy(in.u.set_id.group, "dp0");
+    in.u.set_id.epoch = 4;
+    in.u.set_id.id_len = 3;
+    memcpy(in.u.set_id.id, "abc", 3);
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    in.u.set_id.id_len = 0; /* an empty id is no id */
+    CHECK_EQ_INT(wire_check(&in, NULL, 0), DFLASH_ERANGE);
+    wire_type gsteps[] = {WIRE_STEP_CLAIM, WIRE_STEP_DONE, WIRE_GROUP_LEAVE};
+    for (int i = 0; i < 3; i++) {
+        wire_msg_init(&in, gsteps[i], WIRE_ROLE_DRAFTER, 5, 4);
+        strcpy(in.u.gstep.group, "dp0");
+        if (gsteps[i] != WIRE_GROUP_LEAVE) in.u.gstep.epoch = 4, in.u.gstep.step = 12;
+        if (gsteps[i] == WIRE_STEP_CLAIM) in.u.gstep.micro = WIRE_MAX_WORLD - 1;
+        if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    }
+    wire_msg_init(&in, WIRE_STEP_CLAIM, WIRE_ROLE_DRAFTER, 5, 4);
+    strcpy(in.u.gstep.group, "dp0");
+    in.u.gstep.epoch = 4, in.u.gstep.step = 12, in.u.gstep.micro = WIRE_MAX_WORLD;
+    CHECK_EQ_INT(wire_check(&in, NULL, 0), DFLASH_ERANGE);
+    wire_msg_init(&in, WIRE_STEP_GRANT, WIRE_ROLE_BROKER, 9, 5);
+    wire_step_grant *g = &in.u.sgrant;
+    g->epoch = 4, g->step = 12, g->rank = 1, g->world = 2, g->n_units = 2;
+    g->units[0] = (wire_unit){1, 0, 5};
+    g->units[1] = (wire_unit){1, 2, 6};
+    g->has_micro = true;
+    g->micro = 3;
+    g->grant = (wire_grant){.lease_id = 8, .slot = 1, .size = 4096, .unit = {1, 2, 6},
+                            .backend = WIRE_BACKEND_HOST, .shm_name = "/dflash-x"};
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    g->n_units = 1; /* one unit for each rank, not fewer */
+    CHECK_EQ_INT(wire_check(&in, NULL, 0), DFLASH_ERANGE);
+    g->n_units = 2;
+    g->rank = 2; /* a rank within the world */
+    CHECK_EQ_INT(wire_check(&in, NULL, 0), DFLASH_ERANGE);
+    wire_msg_init(&in, WIRE_GROUP_VIEW, WIRE_ROLE_BROKER, 9, 2);
+    strcpy(in.u.view.group, "dp0");
+    in.u.view.epoch = 4, in.u.view.rank = 2, in.u.view.world = 2;
+    CHECK_EQ_INT(wire_check(&in, NULL, 0), DFLASH_ERANGE);
+    wire_msg_init(&in, WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, 5, 1);
+    strcpy(in.u.join.group, "dp0");
+    in.u.join.has_gone_rank = true; /* a gone rank names a rank of a failed epoch */
+    CHECK_EQ_INT(wire_check(&in, NULL, 0), DFLASH_ERANGE);
+}
+
+/* The range checks at their bounds: the last valid value passes, the first invalid one not. */
+static void range_bounds(void)
+{
+    wire_msg m;
+    wire_msg_init(&m, WIRE_ACK, WIRE_ROLE_DRAFTER, 3, 1);
+    m.u.ack.unit.index = UINT32_MAX;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.ack.unit.index = (uint64_t)UINT32_MAX + 1;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    m.role = WIRE_ROLE_NONE; /* every envelope names its sender's role */
+    m.u.ack.unit.index = 1;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+
+    wire_msg_init(&m, WIRE_GRANT, WIRE_ROLE_BROKER, 9, 1);
+    m.u.grant = (wire_grant){.lease_id = 1, .slot = WIRE_MAX_SLOTS - 1, .size = 1,
+                             .backend = WIRE_BACKEND_HOST, .shm_name = "/x"};
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.grant.slot = WIRE_MAX_SLOTS;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    m.u.grant.slot = 0;
+    m.u.grant.backend = WIRE_BACKEND_NONE;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+
+    /* a pool: its device, slot size, shares summing to 1 (not less), batch counts, events */
+    host_pool(&m);
+    m.u.pool.slot_size = 1ull << 40;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.pool.slot_size = (1ull << 40) + 1;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    host_pool(&m);
+    m.u.pool.bucket_share[2] = 0.1; /* sum 0.6 */
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    host_pool(&m);
+    m.u.pool.bucket_batches[1] = UINT32_MAX;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.pool.bucket_batches[1] = (uint64_t)UINT32_MAX + 1;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    host_pool(&m);
+    static const uint8_t one_event[1][WIRE_HANDLE_BYTES];
+    m.u.pool.event_handles = one_event;
+    m.u.pool.n_events = 1; /* a host pool has no events */
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    host_pool(&m);
+    m.u.pool.backend = WIRE_BACKEND_CUDA;
+    m.u.pool.slot_count = 1;
+    m.u.pool.event_handles = one_event;
+    m.u.pool.n_events = 1;
+    m.u.pool.device = 0;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.pool.device = -1;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+
+    /* a drafter may name up to WIRE_MAX_HELD units; a batch may be one sequence of n tokens */
+    wire_msg_init(&m, WIRE_HELLO, WIRE_ROLE_DRAFTER, 3, 1);
+    strcpy(m.u.hello.name, "d");
+    m.u.hello.n_held = WIRE_MAX_HELD;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.hello.n_held = WIRE_MAX_HELD + 1;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    wire_msg_init(&m, WIRE_SLOT_READY, WIRE_ROLE_TARGET, 3, 1);
+    m.u.ready = (wire_slot_ready){0xfeed, 5, {0, 1, 2}, 7, 7};
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.ready.pool_incarnation = 0;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+
+    /* an ERROR's code is 0 or negative; a setting has a key; a status's stop text ends */
+    wire_msg_init(&m, WIRE_ERROR, WIRE_ROLE_BROKER, 9, 1);
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), 0);
+    m.u.error.code = 1;
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    wire_msg_init(&m, WIRE_SET_CONFIG, WIRE_ROLE_CTL, 3, 1);
+    m.u.settings.n = 1;
+    strcpy(m.u.settings.kv[0].value, "3");
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+    wire_msg_init(&m, WIRE_STATUS_REPLY, WIRE_ROLE_BROKER, 9, 1);
+    m.u.status.stopping = true;
+    memset(m.u.status.stop.waiting_for, 'x', WIRE_MAX_TEXT);
+    CHECK_EQ_INT(wire_check(&m, NULL, 0), DFLASH_ERANGE);
+
+    /* a buffer of exactly the packed size is enough; one byte less is not */
+    wire_msg_init(&m, WIRE_HEARTBEAT, WIRE_ROLE_CTL, 3, 1);
+    m.u.sent_ms = 12345;
+    int n = wire_pack(&m, buf, sizeof buf);
+    CHECK(n > 0);
+    CHECK_EQ_INT(wire_pack(&m, buf, (size_t)n), n);
+    CHECK_EQ_INT(wire_pack(&m, buf, (size_t)n - 1), DFLASH_EFULL);
+}
+
+static void env_init(Dflash__Envelope *e, Dflash__Envelope__BodyCase body)
+{
+    dflash__envelope__init(e);
+    e->has_version = e->has_role = e->has_incarnation = e->has_request_id = 1;
+    e->version = WIRE_VERSION;
+    e->role = DFLASH__ROLE__ROLE_BROKER;
+    e->incarnation = 3;
+    e->request_id = 1;
+    e->body_case = body;
+}
+
+/* wire_unpack of a crafted envelope; its code. */
+static int unpack_env(const Dflash__Envelope *e, wire_msg *out)
+{
+    size_t n = dflash__envelope__get_packed_size(e);
+    CHECK(n <= sizeof buf);
+    dflash__envelope__pack(e, buf);
+    return wire_unpack(buf, n, out, NULL, 0);
+}
+
+/* What another peer's encoder could send that ours never does: strings and blobs one byte too
+ * long (or a handle too short), out-of-range busy slots, an unread flag present but false, too
+ * many settings, a message past WIRE_MAX_MSG. */
+static void hostile_input(void)
+{
+    wire_msg out;
+    Dflash__Envelope e;
+    /* the status's journal error: up to WIRE_MAX_TEXT - 1 characters */
+    static char text[WIRE_MAX_TEXT + 1];
+    memset(text, 'j', WIRE_MAX_TEXT);
+    Dflash__StatusReply st;
+    dflash__status_reply__init(&st);
+    st.journal_error = text;
+    env_init(&e, DFLASH__ENVELOPE__BODY_STATUS_REPLY);
+    e.status_reply = &st;
+    CHECK_EQ_INT(unpack_env(&e, &out), DFLASH_ERANGE);
+    text[WIRE_MAX_TEXT - 1] = 0;
+    CHECK_EQ_INT(unpack_env(&e, &out), 0);
+    CHECK_EQ_INT(strlen(out.u.status.journal_error), WIRE_MAX_TEXT - 1);
+
+    /* a CUDA grant's handles are exactly WIRE_HANDLE_BYTES */
+    static uint8_t handle[WIRE_HANDLE_BYTES + 1];
+    Dflash__Unit unit;
+    dflash__unit__init(&unit);
+    Dflash__Grant g;
+    dflash__grant__init(&g);
+    g.has_lease_id = g.has_size = g.has_backend = 1;
+    g.lease_id = 1;
+    g.size = 4096;
+    g.backend = DFLASH__BACKEND__BACKEND_CUDA;
+    g.unit = &unit;
+    g.has_mem_handle = 1;
+    env_init(&e, DFLASH__ENVELOPE__BODY_GRANT);
+    e.grant = &g;
+    g.mem_handle = (ProtobufCBinaryData){WIRE_HANDLE_BYTES, handle};
+    CHECK_EQ_INT(unpack_env(&e, &out), 0);
+    g.mem_handle = (ProtobufCBinaryData){10, handle};
+    CHECK_EQ_INT(unpack_env(&e, &out), DFLASH_ERANGE);
+    g.mem_handle = (ProtobufCBinaryData){WIRE_HANDLE_BYTES + 1, handle};
+    CHECK_EQ_INT(unpack_env(&e, &out), DFLASH_ERANGE);
+
+    /* a rendezvous id of up to WIRE_GROUP_ID_BYTES */
+    static uint8_t id[WIRE_GROUP_ID_BYTES + 1];
+    Dflash__GroupSetId sid;
+    dflash__group_set_id__init(&sid);
+    sid.group = "dp0";
+    sid.has_epoch = sid.has_id = 1;
+    sid.epoch = 1;
+    sid.id = (ProtobufCBinaryData){WIRE_GROUP_ID_BYTES, id};
+    env_init(&e, DFLASH__ENVELOPE__BODY_GROUP_SET_ID);
+    e.role = DFLASH__ROLE__ROLE_DRAFTER;
+    e.group_set_id = &sid;
+    CHECK_EQ_INT(unpack_env(&e, &out), 0);
+    sid.id.len = WIRE_GROUP_ID_BYTES + 1;
+    CHECK_EQ_INT(unpack_env(&e, &out), DFLASH_ERANGE);
+
+    /* a busy slot past WIRE_MAX_SLOTS is refused, not dropped */
+    wire_msg in;
+    host_pool(&in);
+    int n = wire_pack(&in, buf, sizeof buf);
+    Dflash__Envelope *pe = n > 0 ? dflash__envelope__unpack(NULL, (size_t)n, buf) : NULL;
+    CHECK(pe != NULL);
+    if (pe) {
+        uint32_t busy[1] = {WIRE_MAX_SLOTS};
+        uint32_t *kept = pe->pool_register->busy_slots;
+        size_t kept_n = pe->pool_register->n_busy_slots;
+        pe->pool_register->busy_slots = busy;
+        pe->pool_register->n_busy_slots = 1;
+        CHECK_EQ_INT(unpack_env(pe, &out), DFLASH_ERANGE);
+        pe->pool_register->busy_slots = kept;
+        pe->pool_register->n_busy_slots = kept_n;
+        dflash__envelope__free_unpacked(pe, NULL);
+    }
+
+    /* SlotRelease.unread present and false: read, as when absent */
+    Dflash__SlotRelease rel;
+    dflash__slot_release__init(&rel);
+    rel.has_lease_id = rel.has_unread = 1;
+    rel.lease_id = 5;
+    rel.unread = 0;
+    env_init(&e, DFLASH__ENVELOPE__BODY_SLOT_RELEASE);
+    e.role = DFLASH__ROLE__ROLE_DRAFTER;
+    e.slot_release = &rel;
+    CHECK_EQ_INT(unpack_env(&e, &out), 0);
+    CHECK(!out.u.release_unread);
+    rel.unread = 1;
+    CHECK_EQ_INT(unpack_env(&e, &out), 0);
+    CHECK(out.u.release_unread);
+
+    /* far more settings than WIRE_MAX_SETTINGS: refused before any is copied */
+    enum { MANY = 1000 };
+    static Dflash__KeyValue kv;
+    static Dflash__KeyValue *kvs[MANY];
+    dflash__key_value__init(&kv);
+    kv.key = "min_ready";
+    kv.value = "1";
+    for (int i = 0; i < MANY; i++) kvs[i] = &kv;
+    Dflash__SetConfig sc;
+    dflash__set_config__init(&sc);
+    sc.n_settings = MANY;
+    sc.settings = kvs;
+    env_init(&e, DFLASH__ENVELOPE__BODY_SET_CONFIG);
+    e.role = DFLASH__ROLE__ROLE_CTL;
+    e.set_config = &sc;
+    CHECK_EQ_INT(unpack_env(&e, &out), DFLASH_ERANGE);
+    sc.n_settings = WIRE_MAX_SETTINGS;
+    CHECK_EQ_INT(unpack_env(&e, &out), 0);
+
+    /* a valid heartbeat padded with an unknown field to WIRE_MAX_MSG bytes reads; one byte more
+     * is refused by its size alone */
+    uint8_t *big = malloc(WIRE_MAX_MSG + 1);
+    CHECK(big != NULL);
+    if (!big) return;
+    wire_msg_init(&in, WIRE_HEARTBEAT, WIRE_ROLE_CTL, 3, 1);
+    int hn = wire_pack(&in, big, WIRE_MAX_MSG);
+    CHECK(hn > 0);
+    for (size_t total = WIRE_MAX_MSG; hn > 0 && total <= WIRE_MAX_MSG + 1; total++) {
+        /* field 1000, length-delimited (tag 0xc2 0x3e), a 3-byte length, then the padding */
+        size_t pad = total - (size_t)hn - 5;
+        uint8_t *p = big + hn;
+        *p++ = 0xc2, *p++ = 0x3e;
+        *p++ = (uint8_t)(0x80 | (pad & 0x7f));
+        *p++ = (uint8_t)(0x80 | ((pad >> 7) & 0x7f));
+        *p++ = (uint8_t)(pad >> 14);
+        memset(p, 0, pad);
+        int rc = wire_unpack(big, total, &out, NULL, 0);
+        CHECK_EQ_INT(rc, total <= WIRE_MAX_MSG ? 0 : DFLASH_EPROTO);
+    }
+    free(big);
 }
 
 int main(void)
@@ -503,5 +819,8 @@ int main(void)
     CHECK(a && b && a != b);
     CHECK(strcmp(wire_type_name(WIRE_GRANT), "grant") == 0);
     CHECK(strcmp(wire_type_name((wire_type)999), "unknown") == 0);
+    group_roundtrips();
+    range_bounds();
+    hostile_input();
     CHECK_DONE();
 }

@@ -324,6 +324,10 @@ static void test_replies(void)
     /* a ctl that never says hello is not "restarted" by the first reply it sees */
     CHECK_EQ_INT(client_journal_sync(c), 0);
     CHECK(!client_broker_restarted(c));
+    /* nor does its poll send a heartbeat at once: before a hello the interval is 1 s */
+    int n0 = fake_count(false);
+    CHECK_EQ_INT(client_poll(c), 0);
+    CHECK_EQ_INT(fake_count(false), n0);
     CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
     /* a late answer to another request and an answer not from a broker are dropped */
     pthread_mutex_lock(&fb.mu);
@@ -529,6 +533,25 @@ static void test_subscriber(void)
     zmq_close(pub);
 }
 
+/* What client_new and client_set_curve refuse: no client speaks as the broker (its replies'
+ * role), a name must fit the wire; a CURVE key is 40 Z85 characters. */
+static void test_arguments(void)
+{
+    CHECK(client_new(fb.endpoint, WIRE_ROLE_BROKER, "b") == NULL);
+    CHECK(client_new(fb.endpoint, WIRE_ROLE_NONE, "n") == NULL);
+    char name[WIRE_MAX_NAME + 1];
+    memset(name, 'n', WIRE_MAX_NAME);
+    name[WIRE_MAX_NAME] = 0;
+    CHECK(client_new(fb.endpoint, WIRE_ROLE_CTL, name) == NULL);
+    char pub[41], sec[41];
+    CHECK_EQ_INT(zmq_curve_keypair(pub, sec), 0);
+    client *c = new_client(WIRE_ROLE_CTL);
+    CHECK_EQ_INT(client_set_curve(c, "tooshort", sec), DFLASH_EINVAL);
+    CHECK_EQ_INT(client_set_curve(c, pub, "tooshort"), DFLASH_EINVAL);
+    CHECK_EQ_INT(client_set_curve(c, pub, sec), 0);
+    client_destroy(&c);
+}
+
 /* ipc:// endpoints: an abstract socket is refused, a missing directory means no broker. */
 static void test_endpoints(void)
 {
@@ -554,6 +577,7 @@ int main(void)
     test_poll_pacing();
     test_poll_never_waits();
     test_subscriber();
+    test_arguments();
     test_endpoints();
     fake_stop();
     CHECK_DONE();

@@ -1,13 +1,13 @@
 /* itest_resumed_unacked: a drafter resumed from a checkpoint that records a trained batch whose
  * ack no broker took (broker and drafter stopped together) acks it, at its step, instead of
  * training it again; a group member does so only when the group goes on from a model that took
- * that step.
+ * that step; a solo trainer tells its ResumeFrom once per process, not again to a restarted broker.
  *
- * The real dflash-queue (in-memory ledger) and the real dflash-target (--model synthetic: 2
- * buckets of 4 batches, one epoch) run in a temp dir; this process runs the drafter's loop
- * (worker_loop_run) with a consumer that resumed "from step 3" and whose checkpoint records batch
- * (0, 0, 2) as trained at step 3 and unacked (resumed_unacked()). The loop runs until the broker
- * has nothing left. Cases:
+ * The real dflash-queue (in-memory ledger; a journal in solo-restart) and the real dflash-target
+ * (--model synthetic: 2 buckets of 4 batches, one epoch) run in a temp dir; this process runs the
+ * drafter's loop (worker_loop_run) with a consumer that resumed "from step 3" and whose checkpoint
+ * records batch (0, 0, 2) as trained at step 3 and unacked (resumed_unacked()). The loop runs
+ * until the broker has nothing left. Cases:
  *   solo      the loop acks the batch after its ResumeFrom: the consumer trains the other 7;
  *   group-on  a group of one whose model is at step 3: the group goes on from it (the view's
  *             step 3), the batch is acked: the other 7 are trained;
@@ -19,10 +19,18 @@
  *             sends it again until the broker, let go on, answers (defect it guards: a retry
  *             that gave up at the first timeout made the resume fail and the drafter exit
  *             with it, at start-up).
+ *   solo-restart as solo, a trainer of a run (run_id()), the broker with a journal: once the loop
+ *             has trained and acked 3 batches (steps 4 to 6), between two claims (its settled()
+ *             hook, where a trainer checkpoints), the broker is SIGKILLed and started again on its
+ *             journal; the loop's next Claim is answered STALE and it registers again through its
+ *             main loop, its hello naming its run. Defect it guards: a loop that told the broker
+ *             its ResumeFrom again at that hello (not once per process) had the restarted broker
+ *             rewind to step 3 what this process trained since: steps 4 to 6 trained twice.
  * Checks: the batches trained (each once), the loop's count of them and of their tokens (the
  * checkpoint's batch, trained by the run before, is not one: --max-batches counts this run's),
- * the broker's ledger (8 trained, none to do or in flight), and that the loop reported no
- * unacked batch at its end (unacked() called with none).
+ * the broker's ledger (8 trained, none to do or in flight; solo-restart: the restarted broker took
+ * 4 acks, those of the batches left then), and that the loop reported no unacked batch at its end
+ * (unacked() called with none).
  * Without the acks, (0, 0, 2) is trained again in the first two cases. */
 #include "check.h"
 #include "collective.h"
@@ -48,6 +56,12 @@ typedef struct fake {
     int pause_ms;                /* for how long */
     bool paused;
     pthread_t resumer;           /* lets the paused broker go on */
+    uint64_t run_id;             /* solo-restart: the run we train (0: none, as older drafters) */
+    int restart_after;           /* solo-restart: the broker restarts after this many batches */
+    pid_t queue;                 /* the broker (restarted: its new pid) */
+    const char *queue_bin, *queue_dir;
+    const char *const *queue_args;
+    bool restarted;
 } fake;
 
 static void *resume_broker_later(void *arg)
@@ -95,6 +109,22 @@ static void unacked(void *ctx, const worker_unacked *b, uint32_t n)
     f->unacked_last = n;
 }
 
+static uint64_t run_id(void *ctx) { return ((fake *)ctx)->run_id; }
+
+/* Before each claim with every ack taken (a trainer's checkpoint place); solo-restart: SIGKILLs
+ * the broker once restart_after batches are trained and starts it again on its journal. */
+static int settled(void *ctx)
+{
+    fake *f = ctx;
+    if (f->restart_after > 0 && f->consumed == f->restart_after && !f->restarted) {
+        h_kill(f->queue, SIGKILL);
+        f->queue = h_start_queue(f->queue_bin, f->queue_dir, f->queue_args);
+        f->restarted = true;
+        if (f->queue <= 0) return DFLASH_EIO;
+    }
+    return 0;
+}
+
 static uint64_t model_step(void *ctx)
 {
     fake *f = ctx;
@@ -103,16 +133,19 @@ static uint64_t model_step(void *ctx)
 
 /* One case on its own broker and target; group NULL: solo. base: the model's step at the start.
  * want_resumed: how often (0, 0, 2) must be trained (0: acked from the checkpoint, 1: let go).
- * late: the broker is paused for three request timeouts at the ResumeFrom. */
+ * late: the broker is paused for three request timeouts at the ResumeFrom. restart_after > 0: the
+ * broker keeps a journal, and is SIGKILLed and restarted on it after that many batches. */
 static void scenario(const char *queue_bin, const char *target_bin, const char *what,
-                     const char *group, uint64_t base, int want_resumed, bool late)
+                     const char *group, uint64_t base, int want_resumed, bool late,
+                     int restart_after)
 {
-    char dir[64], ep[128];
+    char dir[64], ep[128], journal[128];
     h_tempdir(dir, sizeof dir);
     h_queue_endpoint(dir, ep, sizeof ep);
-    const char *extra[] = {"--journal=none", "--min-ready=1", "--max-depth=2",
-                           "--heartbeat-ms=100", "--stats-interval-ms=0", "--log-level=warn",
-                           NULL};
+    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
+    const char *extra[] = {restart_after > 0 ? journal : "--journal=none", "--min-ready=1",
+                           "--max-depth=2", "--heartbeat-ms=100", "--stats-interval-ms=0",
+                           "--log-level=warn", NULL};
     pid_t q = h_start_queue(queue_bin, dir, extra);
     CHECK(q > 0);
     if (q <= 0) return;
@@ -133,10 +166,12 @@ static void scenario(const char *queue_bin, const char *target_bin, const char *
         lc.comm_timeout_s = 10;
     }
     CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout), 0);
-    fake f = {.base = base, .pause_queue = late ? q : 0, .pause_ms = 3 * lc.timeout_ms};
+    fake f = {.base = base, .pause_queue = late ? q : 0, .pause_ms = 3 * lc.timeout_ms,
+              .run_id = restart_after > 0 ? 0x5eed0f7e57ull : 0, .restart_after = restart_after,
+              .queue = q, .queue_bin = queue_bin, .queue_dir = dir, .queue_args = extra};
     worker_consumer cons = {.name = "resumed", .ctx = &f, .consume = consume,
-                            .resume_step = resume_step, .resumed_unacked = resumed_unacked,
-                            .unacked = unacked};
+                            .resume_step = resume_step, .run_id = run_id, .settled = settled,
+                            .resumed_unacked = resumed_unacked, .unacked = unacked};
     if (group) {
         cons.set_group = h_set_group_none;
         cons.sync_state = h_sync_state_none;
@@ -147,6 +182,9 @@ static void scenario(const char *queue_bin, const char *target_bin, const char *
     CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &st), 0);
     if (f.paused) pthread_join(f.resumer, NULL);
     CHECK(f.paused == late);
+    CHECK(f.restarted == (restart_after > 0));
+    if (restart_after > 0) CHECK(st.registrations >= 2); /* the restart was registered with */
+    q = f.queue;
 
     int twice = 0;
     for (int b = 0; b < 2; b++)
@@ -165,17 +203,21 @@ static void scenario(const char *queue_bin, const char *target_bin, const char *
     CHECK_EQ_INT(s.batches_trained + s.batches_committed, BATCHES);
     CHECK_EQ_INT(s.batches_todo, 0);
     CHECK_EQ_INT(s.batches_inflight, 0);
+    /* the restarted broker's acks (its counter starts at its start): one per batch left to
+     * train then, none of a batch it handed out again */
+    if (restart_after > 0) CHECK_EQ_INT(s.acks, BATCHES - 1 - restart_after);
     CHECK_EQ_INT(h_stop(target), 0);
-    CHECK_EQ_INT(h_stop(q), 0);
+    if (q > 0) CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    scenario(argv[1], argv[3], "solo", NULL, RESUMED_STEP, 0, false);
-    scenario(argv[1], argv[3], "solo-late", NULL, RESUMED_STEP, 0, true);
-    scenario(argv[1], argv[3], "group-on", "r", RESUMED_STEP, 0, false);
-    scenario(argv[1], argv[3], "group-off", "r", 0, 1, false);
+    scenario(argv[1], argv[3], "solo", NULL, RESUMED_STEP, 0, false, 0);
+    scenario(argv[1], argv[3], "solo-late", NULL, RESUMED_STEP, 0, true, 0);
+    scenario(argv[1], argv[3], "solo-restart", NULL, RESUMED_STEP, 0, false, 3);
+    scenario(argv[1], argv[3], "group-on", "r", RESUMED_STEP, 0, false, 0);
+    scenario(argv[1], argv[3], "group-off", "r", 0, 1, false, 0);
     CHECK_DONE();
 }

@@ -147,6 +147,13 @@ static void encode(uint8_t *rec, uint16_t type, const void *payload, uint32_t le
     put_u32(rec + 8 + len, crc32_ieee(0, rec, 8 + (uint64_t)len));
 }
 
+/* The reason a failed sync_journal (code rc) gives, into why: errno's text, or rc's when the
+ * sync hook set no errno (the caller zeroes errno before the sync). */
+static void sync_failure(char *why, size_t len, int rc)
+{
+    snprintf(why, len, "fdatasync failed: %s", errno ? strerror(errno) : err_str(rc));
+}
+
 /* Syncs the journal's file (fd): the data, and once after a compaction whose directory fsync
  * failed, the directory too, so that the rename is durable before any record that follows it
  * counts as durable. Called by whichever thread owns fd. */
@@ -469,8 +476,7 @@ int journal_append(journal *j, uint16_t type, const void *payload, uint32_t len,
         }
         if (rc) { /* worded as the writer thread words it */
             if (synced)
-                snprintf(j->why, sizeof j->why, "fdatasync failed: %s",
-                         errno ? strerror(errno) : err_str(rc));
+                sync_failure(j->why, sizeof j->why, rc);
             else
                 snprintf(j->why, sizeof j->why, "append failed: %s", strerror(errno));
             LOG_ERROR("journal %s: %s", j->path, j->why);
@@ -727,7 +733,7 @@ static void *writer_main(void *arg)
         errno = 0; /* a sync hook may fail without saying why */
         int src = !broken && need_sync ? sync_journal(j, sync_fn, sync_ctx, j->fd) : 0;
         if (src) {
-            snprintf(why, sizeof why, "fdatasync failed: %s", errno ? strerror(errno) : err_str(src));
+            sync_failure(why, sizeof why, src);
             LOG_ERROR("journal %s: %s", j->path, why);
             broken = true;
             fail = unsynced; /* nothing of this batch since its last rewrite is durable */

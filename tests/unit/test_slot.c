@@ -1,6 +1,7 @@
 /* test_slot: the slot layout is aligned and sized as documented, a reader rejects a corrupt,
  * foreign or mismatched header with the right code, and the synthetic batch verifies byte for
- * byte while a single flipped bit anywhere is caught. */
+ * byte while a single flipped bit anywhere is caught, and keeps synthetic.h's contract (lengths,
+ * mask, value grid), which fill and verify, sharing one generator, cannot check alone. */
 #include "check.h"
 #include "crc.h"
 #include "err.h"
@@ -39,9 +40,118 @@ static void test_layer_ids(void)
     free(s);
 }
 
+/* synthetic.h's contract, beyond "fill and verify agree" (they share one generator, so a wrong
+ * generator passes that check): the bucket's length range, sequences within it and within
+ * max_seqs, a first sequence longer than the budget truncated to it, the loss mask's first
+ * quarter, hidden values exact on their grid in [-1, 1), bad params refused, and the verifier
+ * refusing another bucket, a header whose counts differ, and naming the first bad token. */
+static void test_synthetic_contract(void)
+{
+    uint32_t upper[] = {64, 128, 512};
+    synthetic_params p = synthetic_bucket_params(upper, 3, 0, 1000, 512);
+    CHECK(p.min_seq_len == 1 && p.max_seq_len == 64 && p.vocab_size == 1000);
+    p = synthetic_bucket_params(upper, 3, 1, 1000, 512);
+    CHECK(p.min_seq_len == 65 && p.max_seq_len == 128);
+    p = synthetic_bucket_params(upper, 3, 2, 1000, 100); /* capped at the budget */
+    CHECK(p.min_seq_len == 100 && p.max_seq_len == 100);
+    p = synthetic_bucket_params(upper, 3, 1, 1000, 1);
+    CHECK(p.min_seq_len == 1 && p.max_seq_len == 1);
+    p = synthetic_bucket_params(upper, 3, 3, 1000, 300); /* no such bucket: any length */
+    CHECK(p.min_seq_len == 1 && p.max_seq_len == 300);
+
+    slot_layout l, lb;
+    CHECK_EQ_INT(slot_layout_compute(512, 8, 16, 2, SLOT_DTYPE_F32, &l), 0);
+    CHECK_EQ_INT(slot_layout_compute(512, 8, 16, 2, SLOT_DTYPE_BF16, &lb), 0);
+    uint8_t *s = aligned_alloc(SLOT_ALIGN, l.slot_bytes), *sb = aligned_alloc(SLOT_ALIGN, lb.slot_bytes);
+    synthetic_params sp = {.vocab_size = 50, .min_seq_len = 10, .max_seq_len = 30};
+    uint32_t full = 0, short_len = 0, bad_len = 0, bad_mask = 0, bad_f32 = 0, bad_bf16 = 0;
+    char err[256] = "";
+    for (uint64_t batch = 0; batch < 200; batch++) {
+        slot_work_unit wu = {.epoch = 1, .bucket = 0, .batch = batch};
+        int n = synthetic_fill(s, &l, &wu, &sp, 9);
+        slot_header h;
+        if (n <= 0 || slot_header_check(s, &l, &h, err, sizeof err) != 0 ||
+            slot_arrays_check(s, &l, sp.vocab_size, err, sizeof err) != 0) {
+            CHECK(!"a synthetic batch fills and passes the slot's checks");
+            break;
+        }
+        if (h.n_seqs == l.max_seqs) full++;
+        const int32_t *so = slot_seq_offsets(s, &l);
+        const uint8_t *mask = slot_loss_mask(s, &l);
+        for (uint32_t q = 0; q < h.n_seqs; q++) {
+            uint32_t len = (uint32_t)(so[q + 1] - so[q]);
+            if (len < sp.min_seq_len) short_len++;
+            if (len < sp.min_seq_len || len > sp.max_seq_len) bad_len++;
+            for (uint32_t t = 0; t < len; t++)
+                if (mask[so[q] + t] != (t >= len / 4)) bad_mask++;
+        }
+        const float *hf = slot_hidden(s, &l);
+        for (size_t i = 0; i < (size_t)n * 2 * 16; i++) {
+            double scaled = (double)hf[i] * (1 << 23);
+            if (!(hf[i] >= -1.0f && hf[i] < 1.0f) || scaled != (double)(int64_t)scaled) bad_f32++;
+        }
+        CHECK_EQ_INT(synthetic_fill(sb, &lb, &wu, &sp, 9), n);
+        const uint16_t *hb = slot_hidden(sb, &lb);
+        for (size_t i = 0; i < (size_t)n * 2 * 16; i++) {
+            uint32_t bits = (uint32_t)hb[i] << 16;
+            float v;
+            memcpy(&v, &bits, 4);
+            double scaled = (double)v * 128;
+            if (!(v >= -1.0f && v < 1.0f) || scaled != (double)(int64_t)scaled) bad_bf16++;
+        }
+    }
+    CHECK(full > 0); /* 8 sequences of 10..30 tokens fit 512: max_seqs is what stops them */
+    CHECK_EQ_INT(short_len, 0);
+    CHECK_EQ_INT(bad_len, 0);
+    CHECK_EQ_INT(bad_mask, 0);
+    CHECK_EQ_INT(bad_f32, 0);
+    CHECK_EQ_INT(bad_bf16, 0);
+
+    /* a first sequence longer than the budget is cut to it: every batch has tokens */
+    synthetic_params lng = {.vocab_size = 50, .min_seq_len = 600, .max_seq_len = 700};
+    slot_work_unit wu = {.epoch = 1, .bucket = 2, .batch = 5};
+    CHECK_EQ_INT(synthetic_fill(s, &l, &wu, &lng, 9), 512);
+    CHECK_EQ_INT(slot_seq_offsets(s, &l)[1], 512);
+    CHECK_EQ_INT(slot_positions(s, &l)[511], 511);
+    CHECK_EQ_INT(slot_arrays_check(s, &l, 50, err, sizeof err), 0);
+    CHECK_EQ_INT(synthetic_verify(s, &l, &wu, &lng, NULL, err, sizeof err), 0);
+
+    /* bad params: refused by both sides */
+    synthetic_params bad[] = {{0, 10, 30}, {50, 0, 30}, {50, 31, 30}};
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(synthetic_fill(s, &l, &wu, &bad[i], 9), DFLASH_EINVAL);
+        CHECK_EQ_INT(synthetic_verify(s, &l, &wu, &bad[i], NULL, err, sizeof err), DFLASH_EINVAL);
+    }
+
+    /* the verifier: another bucket is another batch; a header whose token count differs (crc
+     * right) is refused; the first bad token is the one reported */
+    int n = synthetic_fill(s, &l, &wu, &sp, 9);
+    slot_work_unit other_bucket = wu;
+    other_bucket.bucket = 1;
+    CHECK_EQ_INT(synthetic_verify(s, &l, &other_bucket, &sp, NULL, err, sizeof err),
+                 DFLASH_EMISMATCH);
+    CHECK(strstr(err, "bucket 2") && strstr(err, "bucket 1"));
+    slot_header h;
+    CHECK_EQ_INT(slot_header_check(s, &l, &h, NULL, 0), 0);
+    slot_header_write(s, &l, &wu, h.n_seqs, (uint32_t)n - 1, 9);
+    CHECK_EQ_INT(synthetic_verify(s, &l, &wu, &sp, NULL, err, sizeof err), DFLASH_ECORRUPT);
+    CHECK(strstr(err, "slot header says") != NULL);
+    synthetic_fill(s, &l, &wu, &sp, 9);
+    ((uint8_t *)slot_hidden(s, &l))[3 * l.row_bytes + 1] ^= 1;
+    ((uint8_t *)slot_hidden(s, &l))[9 * l.row_bytes + 1] ^= 1;
+    synthetic_report rep;
+    CHECK_EQ_INT(synthetic_verify(s, &l, &wu, &sp, &rep, err, sizeof err), DFLASH_ECORRUPT);
+    CHECK_EQ_INT(rep.bad_bytes, 2);
+    CHECK_EQ_INT(rep.bad_token, 3);
+    CHECK(strstr(err, "token 3 ") != NULL);
+    free(s);
+    free(sb);
+}
+
 int main(void)
 {
     test_layer_ids();
+    test_synthetic_contract();
     slot_layout l;
     CHECK_EQ_INT(slot_layout_compute(512, 8, 64, 3, SLOT_DTYPE_F32, &l), 0);
     size_t offs[] = {l.off_seq_offsets, l.off_positions, l.off_token_ids, l.off_loss_mask,

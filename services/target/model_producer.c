@@ -151,6 +151,11 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
         shard_set_verify_tokens(p->shards, (uint32_t)hc.vocab_size,
                                 o->bucket_bounds[o->n_buckets - 1], err, errlen))
         goto fail_config;
+    /* captured layers the model lacks: a bad flag, said before the load (which would refuse
+     * them too, as a failed load: exit 1 where a bad configuration is 2) */
+    if (o->layer_ids &&
+        target_layer_ids_check(o->layer_ids, o->n_layer_ids, hc.num_layers, err, errlen) < 0)
+        goto fail_config;
 
     target_model_opts mo = {.layer_ids = o->layer_ids,
                             .n_layer_ids = o->n_layer_ids,

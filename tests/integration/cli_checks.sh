@@ -85,6 +85,10 @@ EOF
 expect target_quantized 2 'quantized checkpoint \(quantization_config, quant_method "awq"\)' \
     "$T" "${COMMON[@]}" --model "$WORK/awq" --shards "$WORK/data.shard" --buckets 64 \
     --token-budget 64 --max-seqs 2
+# a captured layer the model lacks: --verify-model said it as a failed load (exit 1)
+expect drafter_verify_model_layer 2 "captured layer id 99 outside \[0, 4\)" "$D" "${COMMON[@]}" \
+    --verify-model --model "$WORK/target" --shards "$WORK/data.shard" --buckets 64 \
+    --token-budget 64 --max-seqs 2 --capture-layers 1,99 --layers 2
 
 # an explicit shape flag that disagrees with the model was replaced by the model's value
 expect target_hidden 2 "--hidden 999 does not match" "$T" "${COMMON[@]}" "${MODEL[@]}" --hidden 999

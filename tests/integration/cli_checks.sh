@@ -190,6 +190,21 @@ expect drafter_dump_capture 2 "--capture-layers '1,2,3' names 3 target layers bu
 hold 2 captured layers \(--layers 2\)" "$D" --model "$WORK/target" --layers 2 \
     --capture-layers 1,2,3 --dump-config
 expect drafter_dump_mode 2 "choose one mode" "$D" --dump-config
+expect drafter_dump_train_model 2 "--train needs --model TARGET_DIR" "$D" --train --dump-config
+expect drafter_dump_verify_model_shards 2 "--verify-model needs the target's --shards" "$D" \
+    --verify-model --model "$WORK/target" --dump-config
+expect drafter_dump_verify_model_cuda 2 \
+    "--verify-model runs its direct forward on the cpu|this build has no CUDA" "$D" \
+    --verify-model --model "$WORK/target" --shards "$WORK/data.shard" --backend cuda --dump-config
+expect drafter_dump_comm_nccl 2 "--comm nccl needs the cuda backend" "$D" --model "$WORK/target" \
+    --group g --comm nccl --backend host --dump-config
+# a group step holds at most 64 batches: ranks x --accumulate, each bound at its last value
+expect drafter_dump_group_acc64 0 "^accumulate 64$" "$D" --model "$WORK/target" --group g \
+    --accumulate 64 --dump-config
+expect drafter_dump_group_8x8 0 "^group-size 8$" "$D" --model "$WORK/target" --group g \
+    --group-size 8 --accumulate 8 --dump-config
+expect drafter_dump_group_8x9 2 "--group-size 8 with --accumulate 9: a group step holds at most 64" \
+    "$D" --model "$WORK/target" --group g --group-size 8 --accumulate 9 --dump-config
 expect drafter_dump_ok 0 "^lr 0.00059999999999999995$" "$D" --model "$WORK/target" --dump-config
 expect eval_dump_two_drafters 2 "--checkpoint '/x' and --init-only name two drafters" "$D" \
     eval --model "$WORK/target" --data "$WORK/data.shard" --checkpoint /x --init-only \
@@ -242,6 +257,10 @@ if ! python3 -c 'import sys; sys.exit(not float(sys.argv[2]) >= float(sys.argv[1
     echo "FAIL drafter_percentiles: p99 ${P99:-?} ms is below p50 ${P50:-?} ms" >&2
     failed=1
 fi
+# a batch that fails --verify (the drafter expects another vocabulary than the target's) ends
+# the drafter with exit 3, the documented "a batch failed verification"
+expect drafter_verify_failed 3 "VERIFY FAILED|failed verification" "$D" --runtime-dir "$WORK/run" \
+    --backend host "${SLOTS[@]}" --verify --vocab-size 999 --max-batches 1 --progress-ms 0
 # a second broker on the busy runtime dir: refused, and its new journal files removed
 expect queue_second 1 "cannot start" "$Q" --runtime-dir "$WORK/run" --journal "$WORK/second.j"
 for f in "$WORK/second.j" "$WORK/second.j.lock"; do

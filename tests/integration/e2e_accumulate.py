@@ -17,7 +17,10 @@ Pass conditions:
     quarantined, and the broker's committed step equals the final checkpoint's;
   * the final checkpoint's step is ceil(batches / 3): every batch was in exactly one optimizer
     step of the final model, three to a step, the last one with the rest; its training state
-    records accumulate 3;
+    records accumulate 3, and each recipe flag given (--gamma, --clip, --warmup-ratio,
+    --min-lr-ratio, --weight-decay, --anchor-seed, --lr, --total-steps, --anchors: each off its
+    default), its config.json the --mask-token-id given, and the drafter says it started fresh
+    from the --init-seed given;
   * metrics.jsonl's train/batches is 3 for every step but the last, which has the rest, and the
     drafter says it took that last step with the batches it had;
   * every daemon exits 0; the run's checkpoint resumed in a group (--group) is taken with its
@@ -39,6 +42,15 @@ from e2e_common import (Daemon, drain_clean, kill_after_checkpoint, log,  # noqa
                         wait_until)
 
 N = 3  # --accumulate
+# the recipe's other flags, each off its default: the training state must record each one (an
+# option the drafter read but did not hand to the trainer would otherwise pass every test)
+RECIPE = {"--gamma": "3.5", "--clip": "0.75", "--warmup-ratio": "0.125",
+          "--min-lr-ratio": "0.25", "--weight-decay": "0.01", "--anchor-seed": "77",
+          "--mask-token-id": "7", "--init-seed": "9"}
+STATE_KEYS = {"--gamma": "gamma", "--clip": "clip", "--warmup-ratio": "warmup_ratio",
+              "--min-lr-ratio": "min_lr_ratio", "--weight-decay": "weight_decay",
+              "--anchor-seed": "seed", "--lr": "lr", "--total-steps": "total_steps",
+              "--anchors": "n_anchors"}
 
 
 def state_metadata(ckpt_dir):
@@ -55,6 +67,7 @@ def main():
         drafter = Daemon("drafter", [build.drafter, "--train", "--model", env.path("target"),
                                      "--block-size", "4", "--lr", "3e-3", "--anchors", "8",
                                      "--accumulate", str(N), "--total-steps", "100",
+                                     *(x for k, v in RECIPE.items() for x in (k, v)),
                                      "--checkpoint-every", "1", "--keep-last", "2",
                                      "--checkpoint-dir", env.path("ckpt"), "--metrics-dir",
                                      env.path("metrics"), "--progress-ms", "0", "--log-level",
@@ -103,6 +116,19 @@ def main():
             if meta.get("accumulate") != str(N):
                 failures.append(f"the final checkpoint records accumulate "
                                 f"{meta.get('accumulate')!r}, not {N}")
+            for flag, key in STATE_KEYS.items():
+                given = float(drafter.argv[drafter.argv.index(flag) + 1])
+                if key not in meta or float(meta[key]) != given:
+                    failures.append(f"the final checkpoint records {key} {meta.get(key)!r}, "
+                                    f"not {flag} {given:g}")
+            with open(env.path("ckpt", finals[-1], "config.json")) as f:
+                mask = json.load(f).get("dflash_config", {}).get("mask_token_id")
+            if mask != int(RECIPE["--mask-token-id"]):
+                failures.append(f"the final checkpoint's config.json has mask_token_id {mask!r}, "
+                                f"not --mask-token-id {RECIPE['--mask-token-id']}")
+        if f"fresh drafter (init seed {RECIPE['--init-seed']})" not in text:
+            failures.append(f"the drafter did not start fresh from --init-seed "
+                            f"{RECIPE['--init-seed']}:\n{tail(drafter.log_path, 30)}")
         # the newest record of each step (a step trained again after the rewind appears twice)
         per_step = {}
         with open(env.path("metrics", "metrics.jsonl")) as f:

@@ -31,7 +31,8 @@ Pass conditions:
     do, in flight, trained-uncommitted or quarantined;
   * the final checkpoint's step equals the number of batches in the epoch: each batch was in
     exactly one optimizer step of the final model (the ones trained after S were rewound and
-    trained again, not counted twice), and no ack was refused as "already trained";
+    trained again, not counted twice), and no ack was refused as "already trained"; the
+    checkpoint dir keeps exactly 2 of the 3 or more checkpoints written (--keep-last 2);
   * every daemon exits 0; the three refused start-ups exit 2 naming their reason, and so does
     a dflash-target given a captured layer its model lacks (--capture-layers 1,99).
 Usage: e2e_resume.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail.
@@ -106,6 +107,10 @@ def main():
             log("e2e", f"restarted drafter resumed from {m.group(1)}")
         finals = sorted(d for d in os.listdir(env.path("ckpt")) if d.startswith("step-"))
         final_step = int(finals[-1][5:]) if finals else -1
+        written = set(re.findall(r"checkpoint \S+step-0*(\d+) written", text))
+        if len(written) < 3 or len(finals) != 2:
+            failures.append(f"{len(finals)} checkpoints kept of {len(written)} written (3 or more "
+                            f"needed to show it): not --keep-last 2: {finals}")
         skipped = len(re.findall(r"has no weighted position", text))
         if final_step + skipped != total:
             failures.append(f"final checkpoint step {final_step} (+{skipped} skipped batches) != "

@@ -10,15 +10,17 @@
 #     (each request waits up to --timeout-ms; "for 1.0 s (--broker-wait-ms 100)" read as a bug);
 #   - --dump-config refuses (exit 2) what the start refuses (dflash-queue: min-ready above
 #     max-depth; the drafter: --lr x --weight-decay of 1, --max-steps past --total-steps,
-#     --capture-layers against --layers, no mode; eval: two drafters; the target: --capture-layers
-#     out of order or against --layers, a token budget below a bucket): each printed its dump
-#     with exit 0;
+#     --capture-layers against --layers, no mode, a mode without what it needs, --comm nccl on
+#     the host, a group step past 64 batches; eval: two drafters; the target: --capture-layers
+#     out of order or against --layers, a token budget below a bucket, a bad --name, a model
+#     without --shards): each printed its dump with exit 0;
 #   - a bad value from a DFLASH_* variable or a config file is named so ("DFLASH_HIDDEN=4096
 #     (environment)", "layers 5 (config file F, line 2)"), not blamed on a flag nobody gave;
 #   - dflash-ctl --json keygen prints one JSON object on success and on failure (it printed
 #     text lines);
 #   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
-#     (the percentiles' ranks used to cross with few samples);
+#     (the percentiles' ranks used to cross with few samples); a batch failing --verify is
+#     exit 3, a target replaced by another of its --name exit 4;
 #   - a second dflash-queue on the runtime dir of a running one exits 1 and leaves no --journal
 #     file or .lock of its own behind (both stayed).
 #   cli_checks.sh BUILD_DIR HAVE_CUDA (ON or OFF: the build's DFLASH_HAVE_CUDA)
@@ -209,6 +211,10 @@ expect drafter_dump_ok 0 "^lr 0.00059999999999999995$" "$D" --model "$WORK/targe
 expect eval_dump_two_drafters 2 "--checkpoint '/x' and --init-only name two drafters" "$D" \
     eval --model "$WORK/target" --data "$WORK/data.shard" --checkpoint /x --init-only \
     --dump-config
+expect target_dump_bad_name 2 "--name 'a b': give 1 to .* letters, digits" "$T" --name "a b" \
+    --dump-config
+expect target_dump_no_shards 2 "--model .*/target needs --shards" "$T" --model "$WORK/target" \
+    --dump-config
 expect target_dump_capture_order 2 "bad --capture-layers '3,1': .*ascending order" "$T" \
     "${MODEL[@]}" --capture-layers 3,1 --dump-config
 expect target_dump_layers 2 "--layers 5 disagrees with the 2 ids of --capture-layers '1,2'" \
@@ -261,6 +267,23 @@ fi
 # the drafter with exit 3, the documented "a batch failed verification"
 expect drafter_verify_failed 3 "VERIFY FAILED|failed verification" "$D" --runtime-dir "$WORK/run" \
     --backend host "${SLOTS[@]}" --verify --vocab-size 999 --max-batches 1 --progress-ms 0
+# a target replaced by another of its --name exits 4, the documented "name in use"
+"$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 2 --name clitgt \
+    > "$WORK/target_a.log" 2>&1 &
+TA=$!
+for _ in $(seq 300); do grep -q "registered pool" "$WORK/target_a.log" && break; sleep 0.1; done
+"$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 2 --name clitgt \
+    > "$WORK/target_b.log" 2>&1 &
+PIDS+=($!)
+wait $TA
+GOT=$?
+if [ "$GOT" != 4 ] || ! grep -q "name 'clitgt' is in use" "$WORK/target_a.log"; then
+    echo "FAIL target_name_in_use: exit $GOT (want 4) naming the name in use:" >&2
+    tail -n 8 "$WORK/target_a.log" >&2
+    failed=1
+else
+    echo "ok   target_name_in_use: the replaced target exits 4"
+fi
 # a second broker on the busy runtime dir: refused, and its new journal files removed
 expect queue_second 1 "cannot start" "$Q" --runtime-dir "$WORK/run" --journal "$WORK/second.j"
 for f in "$WORK/second.j" "$WORK/second.j.lock"; do

@@ -5,7 +5,8 @@
  * another plan, trained twice or never. Now the broker compares the plan's identity (seed,
  * buckets, data: batch_plan_identity) with the journal's: such a target exits 2 naming both,
  * the journal untouched; the run's own seed and shards are accepted (a restart works as before),
- * also after a broker restart, whose journal kept the identity.
+ * also after a broker restart, whose journal kept the identity. The synthetic target's plan
+ * (its layout, buckets and --vocab-size: the batches it makes) is checked the same way.
  *
  * Setup (in a temp dir): a tiny random Qwen3 target (dflash-mkmodel); two shards written here of
  * 64 sequences with the same lengths (16 batches of 4 per epoch) and other tokens; dflash-queue
@@ -41,25 +42,37 @@ static int write_shard(const char *path, int mul)
     return rc;
 }
 
-static pid_t start_target(const char *shard, const char *seed)
+/* The run's target on shard with --seed seed, or (shard NULL) the synthetic target making
+ * token ids below vocab (--vocab-size: the data it makes, so part of its plan). */
+static pid_t start_target(const char *shard, const char *seed, const char *vocab)
 {
-    char *t[] = {(char *)target_bin, "--name", "tgt", "--model", model, "--shards",
-                 (char *)shard, "--seed", (char *)seed, "--slots", "2", "--epochs", "5",
+    char *t[] = {(char *)target_bin, "--name", "tgt", "--slots", "2", "--epochs", "5",
                  "--buckets", "32", "--token-budget", "128", "--max-seqs", "4", "--layers", "3",
                  "--runtime-dir", rt, "--threads", "1", "--backend", "host", "--timeout-ms",
-                 "1000", "--broker-wait-ms", "10000", "--progress-ms", "0", NULL};
+                 "1000", "--broker-wait-ms", "10000", "--progress-ms", "0", "--model", model,
+                 "--shards", (char *)shard, "--seed", (char *)seed, NULL};
+    if (!shard) { /* the same slots, the synthetic model */
+        int at = 0;
+        while (strcmp(t[at], "--model") != 0) at++;
+        t[at + 1] = "synthetic";
+        t[at + 2] = "--vocab-size";
+        t[at + 3] = (char *)vocab;
+        t[at + 4] = NULL;
+    }
     return h_spawn_logged(t, tlog);
 }
 
 /* Starts a target that must be refused: exit 2, its log naming the mismatch, the journal (the
  * ledger) byte for byte as it was. */
-static void expect_refused(const char *shard, const char *seed, const char *journal)
+static void expect_refused(const char *shard, const char *seed, const char *vocab,
+                           const char *journal)
 {
     size_t n0 = 0, n1 = 0;
     char *j0 = test_slurp(journal, &n0);
     truncate(tlog, 0);
-    int rc = h_wait_exit(start_target(shard, seed), 60000);
-    printf("target with %s, seed %s: exit %d\n", shard, seed, rc);
+    int rc = h_wait_exit(start_target(shard, seed, vocab), 60000);
+    printf("target with %s, seed %s, vocab %s: exit %d\n", shard ? shard : "synthetic",
+           seed ? seed : "-", vocab ? vocab : "-", rc);
     CHECK_EQ_INT(rc, 2);
     char *l = test_slurp(tlog, NULL);
     CHECK(l && strstr(l, "differs from the journal's"));
@@ -85,10 +98,11 @@ static pid_t start_queue(const char *qbin, const char *journal, const char *qlog
 
 /* Starts the run's target and waits until the broker registered its pool and handed it work,
  * then stops it (SIGTERM: exit 0) and waits until the broker has no batch in flight. */
-static void run_accepted(const char *shard, const char *qlog, int registrations)
+static void run_accepted(const char *shard, const char *vocab, const char *qlog,
+                         int registrations)
 {
     truncate(tlog, 0);
-    pid_t tp = start_target(shard, "0");
+    pid_t tp = start_target(shard, "0", vocab);
     CHECK(h_wait_text(tlog, "registered pool", 60000));
     wire_status s = {0};
     uint64_t end = h_now_ms() + 30000;
@@ -134,19 +148,29 @@ int main(int argc, char **argv)
     if (check_failed) CHECK_DONE();
 
     pid_t qp = start_queue(argv[1], journal, qlog);
-    run_accepted(a, qlog, 1); /* the run: shards a, seed 0 */
-    expect_refused(a, "5", journal); /* another --seed */
-    expect_refused(b, "0", journal); /* other data of the same shape */
+    run_accepted(a, NULL, qlog, 1); /* the run: shards a, seed 0 */
+    expect_refused(a, "5", NULL, journal); /* another --seed */
+    expect_refused(b, "0", NULL, journal); /* other data of the same shape */
     CHECK(h_wait_text(qlog, "pool of tgt refused: its batch plan", 1000));
-    run_accepted(a, qlog, 2); /* the run's own seed and shards: a restart works */
+    run_accepted(a, NULL, qlog, 2); /* the run's own seed and shards: a restart works */
 
     /* the broker restarts: its journal kept the identity */
     kill(qp, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
     qp = start_queue(argv[1], journal, qlog);
-    expect_refused(b, "0", journal);
-    run_accepted(a, qlog, 3);
+    expect_refused(b, "0", NULL, journal);
+    run_accepted(a, NULL, qlog, 3);
+    kill(qp, SIGTERM);
+    CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
 
+    /* the synthetic target has a plan too: another --vocab-size makes other batches */
+    char journal2[128], qlog2[128];
+    snprintf(journal2, sizeof journal2, "%s/synthetic.journal", dir);
+    snprintf(qlog2, sizeof qlog2, "%s/queue-synthetic.log", dir);
+    qp = start_queue(argv[1], journal2, qlog2);
+    run_accepted(NULL, "1000", qlog2, 1);
+    expect_refused(NULL, NULL, "2000", journal2);
+    run_accepted(NULL, "1000", qlog2, 2);
     kill(qp, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
     if (!check_failed) h_rmdir(dir);

@@ -11,17 +11,34 @@
  *     or the consumer's layout() passes; one written for another layout is the target's
  *     misconfiguration (DFLASH_ECONFIG: given back unread, exit 2); a torn header (its crc
  *     fails) passes, because it is the batch's fault: the consumer refuses that batch, which
- *     then counts against it (quarantine), instead of the drafter exiting. */
+ *     then counts against it (quarantine), instead of the drafter exiting;
+ *   - the request timeout of the config (not the client's default), and --broker-wait-ms 0 as
+ *     "wait for ever";
+ *   - against the scripted fake broker (fake_broker.h, counting what it gets): a stop with the broker silent marks it lost at the
+ *     first unanswered request (one CheckpointCommitted of 20 allowed), after which neither the
+ *     commit report nor the durability barrier sends anything and the heartbeat thread sends
+ *     no more heartbeats (each would hold the client, and the exit, for a timeout); before a
+ *     stop the final report is tried again after a timeout; the barrier asks nothing of a
+ *     broker never registered with, and asks a broker that predates JournalSync (Error PROTO)
+ *     once only; destroy takes the barrier back;
+ *   - a refused periodic commit report is said once (not once per report) and backed off for
+ *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
+ *     again. */
 #include "check.h"
 #include "err.h"
+#include "fake_broker.h"
 #include "log.h"
+#include "monotime.h"
 #include "pool.h"
 #include "slot.h"
+#include "wire.h"
 #include "worker_session.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static volatile sig_atomic_t stop;
 
@@ -157,11 +174,246 @@ out:
     worker_session_destroy(&s);
 }
 
+/* The session's requests wait the config's timeout_ms, not the client's default (2 s): a
+ * stopping drafter's bound is counted in --timeout-ms. And --broker-wait-ms 0 waits for ever. */
+static void test_timeouts(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_session *s = session(&lc, &st, 0); /* timeout_ms 100, nothing at the endpoint */
+    if (!s) return;
+    double t0 = monotime_s();
+    CHECK_EQ_INT(worker_session_hello(s, NULL, 0, ""), DFLASH_ETIMEOUT);
+    CHECK(monotime_s() - t0 < 1.5);
+    CHECK_EQ_INT(st.registrations, 0);
+    CHECK_EQ_INT(worker_session_await_broker(s, monotime_s() - 3600), 0); /* 0: never gives up */
+    lc.broker_wait_ms = 50;
+    CHECK_EQ_INT(worker_session_await_broker(s, monotime_s()), 0);
+    CHECK_EQ_INT(worker_session_await_broker(s, monotime_s() - 1), DFLASH_EPEER);
+    worker_session_destroy(&s);
+}
+
+/* --- against the fake broker (fake_broker.h) */
+
+/* Requests other than heartbeats the fake got so far. */
+static int fake_requests(void)
+{
+    return fake_count(false) - fake_count(true);
+}
+
+static void fake_set_heartbeat_ms(uint32_t ms)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.heartbeat_ms = ms;
+    pthread_mutex_unlock(&fb.mu);
+}
+
+static void fake_set_silent(bool silent)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.silent = silent;
+    pthread_mutex_unlock(&fb.mu);
+}
+
+/* A session with the fake broker (request timeout 200 ms), registered when `hello`. */
+static worker_session *fake_session(worker_loop_config *lc, worker_stats *st, bool hello)
+{
+    worker_session *s = session(lc, st, 0);
+    if (!s) return NULL;
+    worker_session_destroy(&s);
+    lc->endpoint = fb.endpoint;
+    lc->timeout_ms = 200;
+    int err = 0;
+    s = worker_session_new(lc, st, &stop, &err);
+    CHECK(s != NULL);
+    if (s && hello) CHECK_EQ_INT(worker_session_hello(s, NULL, 0, ""), 0);
+    return s;
+}
+
+/* A consumer that keeps the barrier the session hands it. */
+typedef struct {
+    int (*fn)(void *arg, uint64_t step);
+    void *arg;
+} barrier_keeper;
+
+static void keep_barrier(void *ctx, int (*fn)(void *arg, uint64_t step), void *arg)
+{
+    barrier_keeper *k = ctx;
+    k->fn = fn;
+    k->arg = arg;
+}
+
+/* A stop, then the broker falls silent: the first unanswered request marks it lost, and nothing
+ * is sent to it afterwards, heartbeats included. */
+static void test_stop_with_broker_lost(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    barrier_keeper k = {0};
+    worker_consumer cons = {.ctx = &k, .set_barrier = keep_barrier};
+    fake_set_heartbeat_ms(200); /* the heartbeat thread sends one ~100 ms after a request */
+    worker_session *s = fake_session(&lc, &st, true);
+    if (!s) goto out;
+    worker_session_offer_barrier(s, &cons);
+    CHECK(k.fn != NULL);
+    CHECK_EQ_INT(st.registrations, 1);
+    fake_set_silent(true);
+    stop = 1;
+    int asked = fake_requests();
+    CHECK(!worker_session_broker_lost(s));
+    CHECK_EQ_INT(worker_session_commit(s, 7, 20), DFLASH_ETIMEOUT);
+    CHECK(worker_session_broker_lost(s));
+    CHECK_EQ_INT(fake_requests(), asked + 1); /* one CheckpointCommitted, not 20 */
+    CHECK_EQ_INT(fake_last().type, WIRE_CHECKPOINT_COMMITTED);
+    int beats = fake_count(true);
+    /* no request from here on: the report, the barrier, nor the heartbeat thread (which would
+     * send one every ~300 ms: 100 ms after each timeout of 200 ms) */
+    CHECK_EQ_INT(worker_session_commit_final(s, 8), DFLASH_ETIMEOUT);
+    if (k.fn) CHECK(k.fn(k.arg, 8) < 0);
+    monotime_sleep_ms(1500);
+    CHECK_EQ_INT(fake_requests(), asked + 1);
+    CHECK_EQ_INT(fake_count(true), beats);
+    worker_session_destroy(&s);
+    CHECK(k.fn == NULL); /* taken back */
+out:
+    stop = 0;
+    fake_reset();
+    fake_set_heartbeat_ms(60000);
+}
+
+/* Ends the fake's silence once it got the request after `after` (requests but heartbeats). */
+static void *answer_the_second(void *arg)
+{
+    int after = *(int *)arg;
+    for (int i = 0; i < 2000 && fake_requests() <= after; i++) monotime_sleep_ms(5);
+    fake_set_silent(false);
+    return NULL;
+}
+
+/* Before a stop a silent broker is no lost one: the final report is tried again after a
+ * timeout, and taken. */
+static void test_final_report_retried(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_session *s = fake_session(&lc, &st, true);
+    if (!s) return;
+    int asked = fake_requests();
+    fake_set_silent(true); /* the first report gets no answer, the second does */
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, answer_the_second, &asked), 0);
+    CHECK_EQ_INT(worker_session_commit_final(s, 9), 0);
+    pthread_join(th, NULL);
+    CHECK_EQ_INT(fake_requests(), asked + 2);
+    CHECK_EQ_INT(fake_last().type, WIRE_CHECKPOINT_COMMITTED);
+    CHECK(!worker_session_broker_lost(s));
+    worker_session_destroy(&s);
+    fake_reset();
+}
+
+/* The barrier: nothing asked before a hello (nothing acked); asked after it; a broker that
+ * predates JournalSync (Error PROTO) is asked once, not at every checkpoint. */
+static void test_barrier(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    barrier_keeper k = {0};
+    worker_consumer cons = {.ctx = &k, .set_barrier = keep_barrier};
+    worker_session *s = fake_session(&lc, &st, false);
+    if (!s) return;
+    worker_session_offer_barrier(s, &cons);
+    if (!k.fn) goto out;
+    int asked = fake_requests();
+    CHECK_EQ_INT(k.fn(k.arg, 1), 0);
+    CHECK_EQ_INT(fake_requests(), asked); /* never registered: no request */
+    CHECK_EQ_INT(worker_session_hello(s, NULL, 0, ""), 0);
+    CHECK_EQ_INT(k.fn(k.arg, 2), 0);
+    CHECK_EQ_INT(fake_requests(), asked + 2); /* the hello, the JournalSync */
+    CHECK_EQ_INT(fake_last().type, WIRE_JOURNAL_SYNC);
+    pthread_mutex_lock(&fb.mu);
+    fb.error = (wire_error){.code = DFLASH_EPROTO, .message = "unknown request type"};
+    fb.error_for = WIRE_JOURNAL_SYNC;
+    pthread_mutex_unlock(&fb.mu);
+    CHECK_EQ_INT(k.fn(k.arg, 3), DFLASH_EPROTO);
+    CHECK_EQ_INT(k.fn(k.arg, 4), DFLASH_EPROTO);
+    CHECK_EQ_INT(fake_requests(), asked + 3); /* the old broker asked once */
+out:
+    worker_session_destroy(&s);
+    fake_reset();
+}
+
+/* --- periodic commit reports refused: said once, backed off, recovery said. Log lines are
+ * captured from stderr. */
+static worker_session *noted_s;
+static worker_stats noted_st;
+static worker_loop_config noted_lc;
+static bool due_after_failure, due_after_success;
+
+static void refused_reports(void)
+{
+    worker_session_commit_noted(noted_s, 5, DFLASH_EIO);
+    due_after_failure = worker_session_commit_due(noted_s);
+    worker_session_commit_noted(noted_s, 5, DFLASH_EIO); /* within the minute: not said */
+    worker_session_commit_noted(noted_s, 6, 0);
+    due_after_success = worker_session_commit_due(noted_s);
+    worker_session_commit_noted(noted_s, 7, DFLASH_EIO); /* a new run of failures: said */
+}
+
+static void capture_log(void (*fn)(void), char *out, size_t cap)
+{
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    CHECK(tmp && saved >= 0);
+    if (!tmp || saved < 0) return;
+    dup2(fileno(tmp), 2);
+    fn();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, cap - 1, tmp);
+    out[n] = 0;
+    fclose(tmp);
+}
+
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
+}
+
+static void test_commit_noted(void)
+{
+    noted_s = session(&noted_lc, &noted_st, 0);
+    if (!noted_s) return;
+    static char said[8192];
+    log_set_level(LOG_INFO);
+    capture_log(refused_reports, said, sizeof said);
+    log_set_level(LOG_ERROR);
+    CHECK(!due_after_failure); /* backed off WORKER_COMMIT_RETRY_MS */
+    CHECK(due_after_success);
+    CHECK_EQ_INT(count_of(said, "did not take the commit report"), 2);
+    CHECK_EQ_INT(count_of(said, "did not take the commit report of checkpoint step 5"), 1);
+    CHECK_EQ_INT(count_of(said, "did not take the commit report of checkpoint step 7"), 1);
+    CHECK_EQ_INT(count_of(said, "took the commit report of checkpoint step 6, after 2"), 1);
+    worker_session_destroy(&noted_s);
+}
+
 int main(void)
 {
     log_init("test_worker_session", LOG_ERROR);
     test_hopeless();
     test_copy_failures_in_a_row();
     test_check_layout();
+    test_timeouts();
+    test_commit_noted();
+    fake_start();
+    fake_set_heartbeat_ms(60000); /* no heartbeats but where a case wants them */
+    test_stop_with_broker_lost();
+    test_final_report_retried();
+    test_barrier();
+    fake_stop();
     CHECK_DONE();
 }

@@ -20,7 +20,11 @@
  *     no more heartbeats (each would hold the client, and the exit, for a timeout); before a
  *     stop the final report is tried again after a timeout; the barrier asks nothing of a
  *     broker never registered with, and asks a broker that predates JournalSync (Error PROTO)
- *     once only; destroy takes the barrier back;
+ *     once only; destroy takes the barrier back; a hello refused for good writes the final
+ *     checkpoint (save_refused) unless the refusal names our run (replaced_by_run, or an older
+ *     broker's words), as for a live process of our run or one of another CURVE key;
+ *   - progress windows: none before progress_ms (never at 0), then each counter's growth since
+ *     the last window;
  *   - a refused periodic commit report is said once (not once per report) and backed off for
  *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
  *     again. */
@@ -342,6 +346,95 @@ out:
     fake_reset();
 }
 
+/* A consumer that counts its save_refused() calls, of run 0x5eed. */
+static int saves_refused;
+static int count_save(void *ctx)
+{
+    (void)ctx;
+    saves_refused++;
+    return 0;
+}
+static uint64_t run_5eed(void *ctx)
+{
+    (void)ctx;
+    return 0x5eed;
+}
+
+/* A hello refused for good (refused as the broker says, with its words noted): whether the final
+ * checkpoint is written (save_refused called) into our --checkpoint-dir. */
+static int saves_after_refusal(int code, uint64_t replaced_by_run, bool other_key,
+                               const char *words)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_consumer cons = {.run_id = run_5eed, .save_refused = count_save};
+    pthread_mutex_lock(&fb.mu);
+    fb.error = (wire_error){.code = code, .replaced_by_run = replaced_by_run,
+                            .other_key = other_key};
+    snprintf(fb.error.message, sizeof fb.error.message, "%s", words);
+    fb.error_for = WIRE_HELLO;
+    pthread_mutex_unlock(&fb.mu);
+    worker_session *s = fake_session(&lc, &st, false);
+    int before = saves_refused;
+    if (s) {
+        CHECK_EQ_INT(worker_session_hello(s, NULL, 0, ""), code);
+        CHECK_EQ_INT(st.registrations, 0);
+        CHECK(worker_session_key_refused(s, "hello") == other_key);
+        CHECK_EQ_INT(worker_session_save_refused(s, &cons, NULL), 0);
+    }
+    worker_session_destroy(&s);
+    fake_reset();
+    return saves_refused - before;
+}
+
+/* Our run's live process replaced us, or trains it under another CURVE key (the broker names our
+ * run in replaced_by_run; an older broker in its words only): it may write our --checkpoint-dir,
+ * so nothing is written there. Refused for anything else (our name in use, another run's
+ * process, another model): the final checkpoint is written. */
+static void test_save_refused(void)
+{
+    CHECK_EQ_INT(saves_after_refusal(DFLASH_EEXISTS, 0x5eed, false, "replaced"), 0);
+    CHECK_EQ_INT(saves_after_refusal(DFLASH_EDENIED, 0x5eed, true,
+                                     "run 0000000000005eed is trained by a live drafter "
+                                     "registered with another CURVE key"),
+                 0);
+    CHECK_EQ_INT(saves_after_refusal(DFLASH_EEXISTS, 0, false,
+                                     "drafter d replaced this process as a restart of its run "
+                                     "0000000000005eed: two live processes"),
+                 0);
+    CHECK_EQ_INT(saves_after_refusal(DFLASH_EEXISTS, 0x7777, false, "replaced"), 1);
+    CHECK_EQ_INT(saves_after_refusal(DFLASH_EEXISTS, 0, false, "the drafter name is in use"), 1);
+    CHECK_EQ_INT(saves_after_refusal(DFLASH_EDENIED, 0, false, "another model trains here"), 1);
+}
+
+/* Progress windows: none before progress_ms; then the growth since the last window. */
+static void test_progress(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_session *s = session(&lc, &st, 0);
+    if (!s) return;
+    lc.progress_ms = 1000; /* the checks right after a window start have a second */
+    worker_stats d;
+    double dt = 0;
+    st.batches = 5;
+    st.tokens = 40;
+    CHECK(!worker_session_progress_due(s, &d, &dt)); /* the first window is not over */
+    while (!worker_session_progress_due(s, &d, &dt)) monotime_sleep_ms(10);
+    CHECK_EQ_INT(d.batches, 5);
+    CHECK(dt >= 1.0);
+    st.batches = 8;
+    st.tokens = 100;
+    CHECK(!worker_session_progress_due(s, &d, &dt));
+    while (!worker_session_progress_due(s, &d, &dt)) monotime_sleep_ms(10);
+    CHECK_EQ_INT(d.batches, 3); /* since the last window, not since the start */
+    CHECK_EQ_INT(d.tokens, 60);
+    lc.progress_ms = 0; /* never */
+    monotime_sleep_ms(20);
+    CHECK(!worker_session_progress_due(s, &d, &dt));
+    worker_session_destroy(&s);
+}
+
 /* --- periodic commit reports refused: said once, backed off, recovery said. Log lines are
  * captured from stderr. */
 static worker_session *noted_s;
@@ -409,11 +502,13 @@ int main(void)
     test_check_layout();
     test_timeouts();
     test_commit_noted();
+    test_progress();
     fake_start();
     fake_set_heartbeat_ms(60000); /* no heartbeats but where a case wants them */
     test_stop_with_broker_lost();
     test_final_report_retried();
     test_barrier();
+    test_save_refused();
     fake_stop();
     CHECK_DONE();
 }

@@ -42,6 +42,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stop;
@@ -175,6 +176,94 @@ static void test_check_layout(void)
     CHECK_EQ_INT(worker_session_check_layout(s, &plain, &g), 0); /* the batch's fault */
 out:
     pool_destroy(&p);
+    worker_session_destroy(&s);
+}
+
+/* Whether this process maps the shm object `name` ("/dflash...."), per /proc/self/maps. */
+static bool mapped(const char *name)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    CHECK(f != NULL);
+    if (!f) return false;
+    char line[512];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = strstr(line, name) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* A pool of another process whose target is gone (its shm object unlinked) is no longer mapped
+ * after the next copy, though grants of other pools keep coming and no claim finds nothing: its
+ * pages would stay in /dev/shm, where the target's successor needs the room. A grant of a live
+ * pool that cannot be copied forgets its mapping (a later grant maps it afresh). */
+static void test_gone_pool_unmapped(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    CHECK_EQ_INT(slot_layout_compute(16, 2, 8, 1, SLOT_DTYPE_F32, &lc.layout), 0);
+    int up[2], down[2];
+    CHECK(pipe(up) == 0 && pipe(down) == 0);
+    pid_t child = fork();
+    if (child == 0) { /* the other target: a pool with a written slot 0, until told to go */
+        int err = 0;
+        pool *p = pool_new(&(pool_config){.backend = POOL_HOST, .name = "wsgone", .n_slots = 1,
+                                          .slot_bytes = lc.layout.slot_bytes},
+                           &err);
+        pool_desc d = {0};
+        if (p) {
+            slot_header_write(pool_slot_ptr(p, 0), &lc.layout, &(slot_work_unit){0, 0, 0}, 1,
+                              4, 1);
+            d = *pool_descriptor(p);
+        }
+        char go;
+        if (write(up[1], &d, sizeof d) != sizeof d || read(down[0], &go, 1) != 1) _exit(1);
+        pool_destroy(&p); /* unlinks its shm object */
+        _exit(0);
+    }
+    CHECK(child > 0);
+    pool_desc d = {0};
+    CHECK(child > 0 && read(up[0], &d, sizeof d) == sizeof d);
+    CHECK(d.incarnation != 0);
+    worker_session *s = session(&lc, &st, 0);
+    int err = 0;
+    pool *mine = pool_new(&(pool_config){.backend = POOL_HOST, .name = "wsmine", .n_slots = 1,
+                                         .slot_bytes = lc.layout.slot_bytes},
+                          &err);
+    CHECK(mine != NULL);
+    if (s && mine && d.incarnation) {
+        slot_header_write(pool_slot_ptr(mine, 0), &lc.layout, &(slot_work_unit){0, 0, 1}, 1, 4,
+                          1);
+        wire_grant theirs = {.lease_id = 1, .pool_incarnation = d.incarnation, .size = d.slot_bytes,
+                             .n_tokens = 4, .n_seqs = 1, .backend = WIRE_BACKEND_HOST,
+                             .device = -1};
+        snprintf(theirs.shm_name, sizeof theirs.shm_name, "%s", d.shm_name);
+        snprintf(theirs.pool_name, sizeof theirs.pool_name, "%s", d.name);
+        wire_grant ours = grant_of(mine, 0, 4);
+        CHECK_EQ_INT(worker_session_copy(s, &ours, NULL), 0); /* ours known: no new mapping */
+        CHECK_EQ_INT(worker_session_copy(s, &theirs, NULL), 0);
+        CHECK(mapped(d.shm_name));
+        wire_grant bad = theirs; /* a grant of theirs that cannot be copied: forgotten */
+        bad.offset = d.arena_bytes; /* past its arena */
+        CHECK(worker_session_copy(s, &bad, NULL) < 0);
+        CHECK(!mapped(d.shm_name));
+        CHECK_EQ_INT(worker_session_copy(s, &theirs, NULL), 0); /* mapped again */
+        CHECK(mapped(d.shm_name));
+        char go = 1;
+        CHECK(write(down[1], &go, 1) == 1);
+        int status = -1;
+        CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+              WEXITSTATUS(status) == 0);
+        child = -1;
+        CHECK(mapped(d.shm_name)); /* unlinked, still mapped here */
+        CHECK_EQ_INT(worker_session_copy(s, &ours, NULL), 0);
+        CHECK(!mapped(d.shm_name));
+    }
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    close(up[0]), close(up[1]), close(down[0]), close(down[1]);
+    pool_destroy(&mine);
     worker_session_destroy(&s);
 }
 
@@ -500,6 +589,7 @@ int main(void)
     test_hopeless();
     test_copy_failures_in_a_row();
     test_check_layout();
+    test_gone_pool_unmapped();
     test_timeouts();
     test_commit_noted();
     test_progress();

@@ -18,13 +18,15 @@
  *     first unanswered request (one CheckpointCommitted of 20 allowed), after which neither the
  *     commit report nor the durability barrier sends anything and the heartbeat thread sends
  *     no more heartbeats (each would hold the client, and the exit, for a timeout); before a
- *     stop the final report is tried again after a timeout; the barrier asks nothing of a
+ *     stop the final report is tried again after a timeout, a refused one is not; the barrier
+ *     is asked again after a timeout; it asks nothing of a
  *     broker never registered with, and asks a broker that predates JournalSync (Error PROTO)
  *     once only; destroy takes the barrier back; a hello refused for good writes the final
  *     checkpoint (save_refused) unless the refusal names our run (replaced_by_run, or an older
  *     broker's words), as for a live process of our run or one of another CURVE key;
  *   - progress windows: none before progress_ms (never at 0), then each counter's growth since
  *     the last window;
+ *   - the ack of a resumed checkpoint's batch is said as acked now, or as had already;
  *   - a refused periodic commit report is said once (not once per report) and backed off for
  *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
  *     again. */
@@ -400,6 +402,14 @@ static void test_final_report_retried(void)
     CHECK_EQ_INT(fake_requests(), asked + 2);
     CHECK_EQ_INT(fake_last().type, WIRE_CHECKPOINT_COMMITTED);
     CHECK(!worker_session_broker_lost(s));
+    /* a refusal is an answer: not tried again (a group's rank 0 allows 20 tries) */
+    pthread_mutex_lock(&fb.mu);
+    fb.error = (wire_error){.code = DFLASH_EIO, .message = "journal: disk full"};
+    fb.error_for = WIRE_CHECKPOINT_COMMITTED;
+    pthread_mutex_unlock(&fb.mu);
+    asked = fake_requests();
+    CHECK_EQ_INT(worker_session_commit(s, 10, 20), DFLASH_EIO);
+    CHECK_EQ_INT(fake_requests(), asked + 1);
     worker_session_destroy(&s);
     fake_reset();
 }
@@ -423,13 +433,21 @@ static void test_barrier(void)
     CHECK_EQ_INT(k.fn(k.arg, 2), 0);
     CHECK_EQ_INT(fake_requests(), asked + 2); /* the hello, the JournalSync */
     CHECK_EQ_INT(fake_last().type, WIRE_JOURNAL_SYNC);
+    asked = fake_requests(); /* a JournalSync with no answer is asked again */
+    fake_set_silent(true);
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, answer_the_second, &asked), 0);
+    CHECK_EQ_INT(k.fn(k.arg, 3), 0);
+    pthread_join(th, NULL);
+    CHECK_EQ_INT(fake_requests(), asked + 2);
+    asked -= 2; /* as before the silence, for the counts below */
     pthread_mutex_lock(&fb.mu);
     fb.error = (wire_error){.code = DFLASH_EPROTO, .message = "unknown request type"};
     fb.error_for = WIRE_JOURNAL_SYNC;
     pthread_mutex_unlock(&fb.mu);
-    CHECK_EQ_INT(k.fn(k.arg, 3), DFLASH_EPROTO);
     CHECK_EQ_INT(k.fn(k.arg, 4), DFLASH_EPROTO);
-    CHECK_EQ_INT(fake_requests(), asked + 3); /* the old broker asked once */
+    CHECK_EQ_INT(k.fn(k.arg, 5), DFLASH_EPROTO);
+    CHECK_EQ_INT(fake_requests(), asked + 5); /* the old broker asked once */
 out:
     worker_session_destroy(&s);
     fake_reset();
@@ -566,6 +584,33 @@ static int count_of(const char *text, const char *what)
     return n;
 }
 
+/* The ack of a batch of the checkpoint we resumed from: acked now, or the broker had it. */
+static void resumed_acks(void)
+{
+    wire_unit u = {.epoch = 1, .bucket = 2, .index = 33};
+    worker_session_resumed_acked(noted_s, &u, 12, 0);
+    worker_session_resumed_acked(noted_s, &u, 12, DFLASH_EEXISTS);
+}
+
+static void test_resumed_acked(void)
+{
+    noted_s = session(&noted_lc, &noted_st, 0);
+    if (!noted_s) return;
+    static char said[4096];
+    log_set_level(LOG_INFO);
+    capture_log(resumed_acks, said, sizeof said);
+    log_set_level(LOG_ERROR);
+    CHECK_EQ_INT(count_of(said, "batch (1, 2, 33) of the checkpoint we resumed from, trained at "
+                                "step 12 without an ack before the stop: acked now"),
+                 1);
+    CHECK_EQ_INT(count_of(said, "step 12 without an ack before the stop: the broker has it "
+                                "already"),
+                 1);
+    const char *now = strstr(said, "acked now"), *had = strstr(said, "has it already");
+    CHECK(now && had && now < had); /* rc 0 first, then EXISTS */
+    worker_session_destroy(&noted_s);
+}
+
 static void test_commit_noted(void)
 {
     noted_s = session(&noted_lc, &noted_st, 0);
@@ -592,6 +637,7 @@ int main(void)
     test_gone_pool_unmapped();
     test_timeouts();
     test_commit_noted();
+    test_resumed_acked();
     test_progress();
     fake_start();
     fake_set_heartbeat_ms(60000); /* no heartbeats but where a case wants them */

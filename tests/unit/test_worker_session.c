@@ -12,6 +12,7 @@
  *     misconfiguration (DFLASH_ECONFIG: given back unread, exit 2); a torn header (its crc
  *     fails) passes, because it is the batch's fault: the consumer refuses that batch, which
  *     then counts against it (quarantine), instead of the drafter exiting;
+ *   - CURVE keys it cannot use, one without the other included: DFLASH_ECONFIG (exit 2);
  *   - the request timeout of the config (not the client's default), and --broker-wait-ms 0 as
  *     "wait for ever";
  *   - against the scripted fake broker (fake_broker.h, counting what it gets): a stop with the broker silent marks it lost at the
@@ -267,6 +268,28 @@ static void test_gone_pool_unmapped(void)
     close(up[0]), close(up[1]), close(down[0]), close(down[1]);
     pool_destroy(&mine);
     worker_session_destroy(&s);
+}
+
+/* CURVE keys the session cannot use are bad configuration (DFLASH_ECONFIG: exit 2), one key
+ * without the other included: never a drafter that goes on without CURVE. */
+static void test_curve_config(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_session *s = session(&lc, &st, 0);
+    worker_session_destroy(&s);
+    const char *half[][2] = {{"/nonexistent/server.key", NULL}, {NULL, "/nonexistent/my.key"},
+                             {"", "/nonexistent/my.key"},
+                             {"/nonexistent/server.key", "/nonexistent/my.key"}};
+    for (size_t i = 0; i < sizeof half / sizeof half[0]; i++) {
+        lc.curve_server_key = half[i][0];
+        lc.curve_key = half[i][1];
+        int err = 0;
+        s = worker_session_new(&lc, &st, &stop, &err);
+        CHECK(s == NULL);
+        CHECK_EQ_INT(err, DFLASH_ECONFIG);
+        worker_session_destroy(&s);
+    }
 }
 
 /* The session's requests wait the config's timeout_ms, not the client's default (2 s): a
@@ -624,6 +647,7 @@ static void test_commit_noted(void)
     CHECK_EQ_INT(count_of(said, "did not take the commit report"), 2);
     CHECK_EQ_INT(count_of(said, "did not take the commit report of checkpoint step 5"), 1);
     CHECK_EQ_INT(count_of(said, "did not take the commit report of checkpoint step 7"), 1);
+    CHECK_EQ_INT(count_of(said, "1 report(s) failed since the last it took"), 2); /* 5, 7 */
     CHECK_EQ_INT(count_of(said, "took the commit report of checkpoint step 6, after 2"), 1);
     worker_session_destroy(&noted_s);
 }
@@ -635,6 +659,7 @@ int main(void)
     test_copy_failures_in_a_row();
     test_check_layout();
     test_gone_pool_unmapped();
+    test_curve_config();
     test_timeouts();
     test_commit_noted();
     test_resumed_acked();

@@ -11,7 +11,8 @@
  *     or the consumer's layout() passes; one written for another layout is the target's
  *     misconfiguration (DFLASH_ECONFIG: given back unread, exit 2); a torn header (its crc
  *     fails) passes, because it is the batch's fault: the consumer refuses that batch, which
- *     then counts against it (quarantine), instead of the drafter exiting;
+ *     then counts against it (quarantine), instead of the drafter exiting; the consumer is
+ *     handed the staged copy with the grant's batch, tokens, sequences and pool;
  *   - CURVE keys it cannot use, one without the other included: DFLASH_ECONFIG (exit 2);
  *   - the request timeout of the config (not the client's default), and --broker-wait-ms 0 as
  *     "wait for ever";
@@ -142,6 +143,18 @@ out:
     worker_session_destroy(&s);
 }
 
+/* A consumer that keeps what it was handed, and says it trained step 42. */
+static worker_batch consumed;
+static slot_header consumed_header;
+static int keep_batch(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    (void)ctx;
+    consumed = *b;
+    memcpy(&consumed_header, b->staged, sizeof consumed_header);
+    *step = 42;
+    return 0;
+}
+
 static const slot_layout *other_layout_of(void *ctx) { return ctx; }
 
 /* The header check after a copy: our layout, the consumer's, another one, a torn header. */
@@ -168,6 +181,21 @@ static void test_check_layout(void)
     CHECK_EQ_INT(worker_session_copy(s, &g, NULL), 0);
     CHECK_EQ_INT(worker_session_check_layout(s, &plain, &g), 0);
     CHECK_EQ_INT(worker_session_check_layout(s, &wide_reader, &g), DFLASH_ECONFIG);
+    /* the consumer gets the staged copy and the grant's batch */
+    worker_consumer trainer = {.consume = keep_batch};
+    g.unit = (wire_unit){.epoch = 3, .bucket = 1, .index = 77};
+    g.n_seqs = 2;
+    uint64_t step = 0;
+    CHECK_EQ_INT(worker_session_consume(s, &trainer, &g, &step), 0);
+    CHECK_EQ_INT(step, 42);
+    CHECK_EQ_INT(consumed.wu.epoch, 3);
+    CHECK_EQ_INT(consumed.wu.bucket, 1);
+    CHECK_EQ_INT(consumed.wu.batch, 77);
+    CHECK_EQ_INT(consumed.n_tokens, 4);
+    CHECK_EQ_INT(consumed.n_seqs, 2);
+    CHECK_EQ_INT(consumed.pool_incarnation, pool_descriptor(p)->incarnation);
+    CHECK_EQ_INT(consumed_header.wu.batch, 0); /* slot 0's bytes, as written */
+    CHECK_EQ_INT(consumed_header.n_tokens, 4);
 
     g = grant_of(p, 1, 4);
     CHECK_EQ_INT(worker_session_copy(s, &g, NULL), 0);

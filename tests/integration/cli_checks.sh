@@ -183,6 +183,11 @@ expect queue_insecure_any_host 2 "--insecure-tcp serves loopback only .*tcp://0.
     "$Q" --runtime-dir "$WORK/run" --insecure-tcp --bind tcp://0.0.0.0:5599 --dump-config
 expect queue_insecure_loopback 0 "insecure-tcp" "$Q" --runtime-dir "$WORK/run" --insecure-tcp \
     --bind tcp://127.0.0.1:5599 --dump-config
+# a CURVE key file the broker cannot read: a bad configuration (exit 2), not a failure (1)
+mkdir -m 700 "$WORK/qkeys"
+expect queue_missing_key 2 "cannot open key file $WORK/qkeys/none.key" "$Q" --runtime-dir \
+    "$WORK/run" --journal none --bind tcp://127.0.0.1:5597 --curve-secret-key \
+    "$WORK/qkeys/none.key" --curve-clients "$WORK/qkeys"
 # ... in the drafter, its eval and the target too: each printed these with exit 0
 expect drafter_dump_lr_decay 2 "--lr 1 with --weight-decay 1: their product 1 must stay below 1" \
     "$D" --model "$WORK/target" --lr 1 --weight-decay 1 --dump-config

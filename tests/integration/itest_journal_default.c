@@ -2,8 +2,8 @@
  * ($XDG_RUNTIME_DIR/dflash or /tmp/dflash-UID), on most systems a tmpfs emptied at logout or
  * reboot: a broker restarted after that starts a fresh ledger, and every batch the drafter had
  * trained is trained again. It started without a word about it; now it warns at start-up and
- * says what to do. A --journal given explicitly (even inside the runtime dir) is not warned
- * about. */
+ * says what to do (and the journal is there, queue.journal). A --journal given explicitly
+ * (even inside the runtime dir) is not warned about. */
 #include "check.h"
 #include "harness.h"
 #include "test_files.h"
@@ -34,6 +34,9 @@ int main(int argc, char **argv)
     CHECK(log && strstr(log, "give --journal a file on persistent storage") != NULL);
     if (log && !strstr(log, "persistent storage")) fprintf(stderr, "log was:\n%s\n", log);
     free(log);
+    /* ... and it did keep its ledger there */
+    snprintf(journal, sizeof journal, "%s/queue.journal", dir);
+    CHECK(access(journal, F_OK) == 0);
 
     snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
     log = start_stop(argv[1], dir, journal);

@@ -46,8 +46,8 @@ typedef struct model_producer_opts {
  * code is not NULL, *code DFLASH_ECONFIG for options or data that do not fit (bounds, a bucket
  * no sequence falls in, a shard made for another vocabulary or with a token id outside the
  * model's, a captured layer id the model lacks, found from config.json before the weights
- * load), else another code (a checkpoint or
- * shard that cannot be read, out of memory, or *o->stop set while loading). */
+ * load), else another code (a checkpoint or shard that cannot be read, out of memory, or
+ * *o->stop set while loading). */
 model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *ops, nn_ctx *ctx,
                                    int *code, char *err, size_t errlen);
 void model_producer_destroy(model_producer **p);

@@ -25,7 +25,9 @@
  *     batch (what was ready in the first pool went back to to-do) and ends when all 16 are
  *     trained: 15 consumed + the holder's 1, 16 acks, none to do or in flight;
  *   - with the broker gone (SIGKILL), a SIGTERMed target exits 0 within 2 x --timeout-ms and
- *     a second (it does not wait for an answer that cannot come).
+ *     a second (it does not wait for an answer that cannot come); one that has already seen
+ *     the broker silent (its "waiting for the broker to come back") exits 0 without sending a
+ *     leave at all.
  * Usage: itest_target_leave QUEUE CTL TARGET. Exit 0 pass, 1 fail. */
 #include "check.h"
 #include "harness.h"
@@ -189,6 +191,24 @@ int main(int argc, char **argv)
            (unsigned long long)took);
     CHECK_EQ_INT(status, 0);
     CHECK(took <= 2 * TARGET_TIMEOUT_MS + 1000);
+
+    /* a target that already knows the broker silent does not try to leave at all (no request
+     * that can only time out): a third target, the broker killed under it once registered */
+    char t3log[128], q3log[128], journal3[128];
+    snprintf(t3log, sizeof t3log, "%s/target3.log", dir);
+    snprintf(q3log, sizeof q3log, "%s/queue3.log", dir);
+    snprintf(journal3, sizeof journal3, "--journal=%s/queue3.journal", dir); /* a new run */
+    q[2] = journal3;
+    qp = h_spawn_logged(q, q3log);
+    CHECK(h_wait_broker(ep, 10000) != 0);
+    pid_t target3 = start_target(t3log);
+    CHECK(h_wait_text(t3log, "registered pool", 30000));
+    h_kill(qp, SIGKILL);
+    CHECK(h_wait_text(t3log, "waiting for the broker to come back", 10000));
+    kill(target3, SIGTERM);
+    status = h_wait_exit(target3, 10000);
+    CHECK_EQ_INT(status, 0);
+    CHECK(!h_wait_text(t3log, "our leave", 0)); /* no "no answer to our leave" */
 
     if (!check_failed) h_rmdir(dir);
     else fprintf(stderr, "logs kept in %s\n", dir);

@@ -610,6 +610,7 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
 
     const uint32_t bounds[2] = {8, 24};
     int cap[2] = {0, 2};
+    volatile sig_atomic_t stop = 0; /* the daemon's stop flag */
     model_producer_opts po = {.model_dir = dir,
                               .shards = shard_path,
                               .bucket_bounds = bounds,
@@ -618,7 +619,8 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
                               .max_seqs = 4,
                               .seed = 7,
                               .layer_ids = cap,
-                              .n_layer_ids = 2};
+                              .n_layer_ids = 2,
+                              .stop = &stop};
     char err[512] = "";
     model_producer *p = model_producer_new(&po, ops, ctx, NULL, err, sizeof err);
     if (!p) fprintf(stderr, "model_producer_new: %s\n", err);
@@ -712,6 +714,10 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     CHECK(slot && direct && want);
     if (!slot || !direct || !want) goto out2;
     CHECK_EQ_INT(model_producer_warmup(p), 0);
+    /* a stop (SIGTERM) ends the warm-up (minutes on a large model) before its next bucket */
+    stop = 1;
+    CHECK_EQ_INT(model_producer_warmup(p), DFLASH_ESHUTDOWN);
+    stop = 0;
 
     batch_plan *plan = model_producer_plan(p);
     int seen[N] = {0}, batches = 0;
@@ -766,7 +772,8 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
         once &= seen[s] == 1;
     CHECK(once); /* every sequence (all fit a bucket) is produced exactly once per epoch */
 
-    /* the verifier catches a changed hidden value and a token that is not the plan's */
+    /* the verifier catches a changed hidden value, a token and a loss mask that are not the
+     * plan's */
     {
         slot_work_unit wu = {.epoch = 1, .bucket = 1, .batch = 0};
         int T = model_producer_fill(p, slot, &l, &wu, 1, NULL);
@@ -779,6 +786,13 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
         model_producer_fill(p, slot, &l, &wu, 1, NULL);
         int32_t *tok = slot_token_ids(slot, &l);
         tok[0] = (tok[0] + 1) % c.vocab_size;
+        CHECK_EQ_INT(model_producer_verify(p, slot, &l, 1e-4, NULL, verr, sizeof verr),
+                     DFLASH_ECORRUPT);
+        CHECK(strstr(verr, "arrays differ") != NULL);
+        /* and a loss mask that is not the plan's (which tokens train: the rows do not tell) */
+        model_producer_fill(p, slot, &l, &wu, 1, NULL);
+        slot_loss_mask(slot, &l)[T - 1] ^= 1;
+        verr[0] = 0;
         CHECK_EQ_INT(model_producer_verify(p, slot, &l, 1e-4, NULL, verr, sizeof verr),
                      DFLASH_ECORRUPT);
         CHECK(strstr(verr, "arrays differ") != NULL);

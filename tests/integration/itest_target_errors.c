@@ -12,6 +12,10 @@
  *   3. target_leave waiting for a copy that hangs (the drafter heartbeats, never releases)
  *      gives up at the lease timeout the broker announced, DFLASH_EAGAIN, instead of waiting
  *      as long as the drafter lives.
+ *   4. The broker restarted (SIGKILL, then on its journal) while the target fills a batch: the
+ *      SlotReady gets Error STALE, and the loop registers again and goes on (--max-batches 2
+ *      reached), instead of ending with DFLASH_ESTALE (the daemon exiting 1 at a broker
+ *      restart).
  *
  * Usage: itest_target_errors QUEUE. Exit 0 pass, 1 fail. */
 #include "check.h"
@@ -230,11 +234,76 @@ static void hung_copy_during_leave(const char *queue_bin)
     leave_end(&r);
 }
 
+/* ---- 4. the broker restarted while a batch is being filled */
+
+typedef struct restarting {
+    target_producer *inner;
+    const char *queue_bin, *dir;
+    const char *const *extra;
+    pid_t *q;
+    int calls;
+} restarting;
+
+/* The first fill restarts the broker (SIGKILL, then a new one on the same journal) before it
+ * fills: the SlotReady that follows reaches a broker that does not know the target. */
+static int restarting_fill(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
+                           void *stream, uint32_t *n_seqs)
+{
+    restarting *x = ctx;
+    if (++x->calls == 1) {
+        h_kill(*x->q, SIGKILL);
+        *x->q = h_start_queue(x->queue_bin, x->dir, x->extra);
+    }
+    return x->inner->fill(x->inner->ctx, wu, slot, l, stream, n_seqs);
+}
+
+static void broker_restart_during_fill(const char *queue_bin)
+{
+    char dir[64], ep[128], journal[128];
+    h_tempdir(dir, sizeof dir);
+    h_queue_endpoint(dir, ep, sizeof ep);
+    snprintf(journal, sizeof journal, "--journal=%s/queue.journal", dir);
+    const char *extra[] = {journal, "--min-ready=1", "--max-depth=2", "--heartbeat-ms=1000",
+                           "--stats-interval-ms=0", "--log-level=warn", NULL};
+    pid_t q = h_start_queue(queue_bin, dir, extra);
+    CHECK(q > 0);
+    if (q <= 0) return;
+    target_loop_config cfg = {.endpoint = ep, .name = "t", .backend = POOL_HOST, .n_slots = 2,
+                              .n_buckets = 2, .bucket_upper = {64, 256},
+                              .bucket_share = {0.5, 0.5}, .bucket_batches = {4, 4},
+                              .epochs = 1, .timeout_ms = 1000, .max_batches = 2};
+    CHECK_EQ_INT(slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &cfg.layout), 0);
+    restarting x = {.inner = target_synthetic_new(&cfg, 1000, 0), .queue_bin = queue_bin,
+                    .dir = dir, .extra = extra, .q = &q};
+    CHECK(x.inner != NULL);
+    if (!x.inner) return;
+    target_producer prod = {.name = "restarting", .ctx = &x, .fill = restarting_fill};
+    pthread_t th;
+    stop_flag = 0;
+    CHECK_EQ_INT(pthread_create(&th, NULL, watchdog, NULL), 0);
+    target_stats st = {0};
+    int rc = target_loop_run(&cfg, &prod, &stop_flag, &st);
+    bool stopped = stop_flag; /* by the watchdog */
+    stop_flag = 1;
+    pthread_join(th, NULL);
+    printf("broker restarted during a fill: target_loop_run %d (%s), %llu batches, %llu "
+           "registrations, %d fills%s\n", rc, err_str(rc), (unsigned long long)st.batches,
+           (unsigned long long)st.registrations, x.calls, stopped ? ", stopped by the watchdog" : "");
+    CHECK_EQ_INT(rc, 0);
+    CHECK(!stopped);
+    CHECK_EQ_INT(st.registrations, 2); /* registered again with the new broker */
+    CHECK_EQ_INT(st.batches, 2);
+    target_producer_destroy(&x.inner);
+    if (q > 0) h_kill(q, SIGKILL);
+    if (!check_failed) h_rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) return 2;
     producer_failure(argv[1]);
     broker_gone_during_leave(argv[1]);
     hung_copy_during_leave(argv[1]);
+    broker_restart_during_fill(argv[1]);
     CHECK_DONE();
 }

@@ -39,6 +39,7 @@
 #include "monotime.h"
 #include "pool.h"
 #include "slot.h"
+#include "test_files.h"
 #include "wire.h"
 #include "worker_session.h"
 
@@ -610,24 +611,6 @@ static void refused_reports(void)
     worker_session_commit_noted(noted_s, 7, DFLASH_EIO); /* a new run of failures: said */
 }
 
-static void capture_log(void (*fn)(void), char *out, size_t cap)
-{
-    fflush(stderr);
-    FILE *tmp = tmpfile();
-    int saved = dup(2);
-    CHECK(tmp && saved >= 0);
-    if (!tmp || saved < 0) return;
-    dup2(fileno(tmp), 2);
-    fn();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(tmp);
-    size_t n = fread(out, 1, cap - 1, tmp);
-    out[n] = 0;
-    fclose(tmp);
-}
-
 static int count_of(const char *text, const char *what)
 {
     int n = 0;
@@ -647,9 +630,10 @@ static void test_resumed_acked(void)
 {
     noted_s = session(&noted_lc, &noted_st, 0);
     if (!noted_s) return;
-    static char said[4096];
     log_set_level(LOG_INFO);
-    capture_log(resumed_acks, said, sizeof said);
+    test_capture cap = test_capture_begin();
+    resumed_acks();
+    char *said = test_capture_end(&cap);
     log_set_level(LOG_ERROR);
     CHECK_EQ_INT(count_of(said, "batch (1, 2, 33) of the checkpoint we resumed from, trained at "
                                 "step 12 without an ack before the stop: acked now"),
@@ -659,6 +643,7 @@ static void test_resumed_acked(void)
                  1);
     const char *now = strstr(said, "acked now"), *had = strstr(said, "has it already");
     CHECK(now && had && now < had); /* rc 0 first, then EXISTS */
+    free(said);
     worker_session_destroy(&noted_s);
 }
 
@@ -666,9 +651,10 @@ static void test_commit_noted(void)
 {
     noted_s = session(&noted_lc, &noted_st, 0);
     if (!noted_s) return;
-    static char said[8192];
     log_set_level(LOG_INFO);
-    capture_log(refused_reports, said, sizeof said);
+    test_capture cap = test_capture_begin();
+    refused_reports();
+    char *said = test_capture_end(&cap);
     log_set_level(LOG_ERROR);
     CHECK(!due_after_failure); /* backed off WORKER_COMMIT_RETRY_MS */
     CHECK(due_after_success);
@@ -677,6 +663,7 @@ static void test_commit_noted(void)
     CHECK_EQ_INT(count_of(said, "did not take the commit report of checkpoint step 7"), 1);
     CHECK_EQ_INT(count_of(said, "1 report(s) failed since the last it took"), 2); /* 5, 7 */
     CHECK_EQ_INT(count_of(said, "took the commit report of checkpoint step 6, after 2"), 1);
+    free(said);
     worker_session_destroy(&noted_s);
 }
 

@@ -176,6 +176,15 @@ static __attribute__((unused)) void fake_reset(void)
     pthread_mutex_unlock(&fb.mu);
 }
 
+/* From now on the fake answers requests of type FOR (WIRE_NONE: every request) with ERROR E. */
+static __attribute__((unused)) void fake_answer_error(wire_error e, wire_type for_type)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.error = e;
+    fb.error_for = for_type;
+    pthread_mutex_unlock(&fb.mu);
+}
+
 static void fake_start(void)
 {
     pthread_mutex_init(&fb.mu, NULL);

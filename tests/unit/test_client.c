@@ -150,13 +150,10 @@ static void test_replies(void)
     CHECK_EQ_INT(client_claim(c, &g), 0);
     CHECK(g.lease_id == 41 && g.unit.index == 9);
     /* an ERROR: its code, and its details through the accessors */
-    pthread_mutex_lock(&fb.mu);
-    fb.error.code = DFLASH_EMISMATCH;
-    strcpy(fb.error.message, "another shape");
-    fb.error.replaced_by_run = 0x77;
-    fb.error.mismatch = WIRE_MISMATCH_ACCUMULATE;
-    fb.error.other_key = true;
-    pthread_mutex_unlock(&fb.mu);
+    fake_answer_error((wire_error){.code = DFLASH_EMISMATCH, .message = "another shape",
+                                   .replaced_by_run = 0x77, .mismatch = WIRE_MISMATCH_ACCUMULATE,
+                                   .other_key = true},
+                      WIRE_NONE);
     CHECK_EQ_INT(client_claim(c, &g), DFLASH_EMISMATCH);
     CHECK(strcmp(client_last_error(c), "another shape") == 0);
     CHECK(client_last_error_replaced_by_run(c) == 0x77);

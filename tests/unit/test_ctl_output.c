@@ -272,26 +272,18 @@ static void test_verbs(void)
     free(o);
     /* an error answer: exit 1, its code and message (to the hello as to the verb); an old
      * broker's PROTO to release: said as such */
-    pthread_mutex_lock(&fb.mu);
-    fb.error.code = DFLASH_EDENIED;
-    snprintf(fb.error.message, sizeof fb.error.message, "not an admin key");
-    fb.error_for = WIRE_PAUSE;
-    pthread_mutex_unlock(&fb.mu);
+    wire_error denied = {.code = DFLASH_EDENIED, .message = "not an admin key"};
+    fake_answer_error(denied, WIRE_PAUSE);
     CHECK_EQ_INT(ctl("--json pause", &o), 1);
     HAS(o, "{\"ok\":false,\"verb\":\"pause\",\"error\":\"DENIED\",\"message\":\"not an admin key\"}");
     free(o);
     CHECK_EQ_INT(fake_last().type, WIRE_PAUSE);
-    pthread_mutex_lock(&fb.mu);
-    fb.error_for = WIRE_NONE;
-    pthread_mutex_unlock(&fb.mu);
+    fake_answer_error(denied, WIRE_NONE);
     CHECK_EQ_INT(ctl("--json status", &o), 1);
     HAS(o, "\"verb\":\"status\",\"error\":\"DENIED\"");
     free(o);
     CHECK_EQ_INT(fake_last().type, WIRE_HELLO);
-    pthread_mutex_lock(&fb.mu);
-    fb.error.code = DFLASH_EPROTO;
-    fb.error_for = WIRE_RELEASE_QUARANTINE;
-    pthread_mutex_unlock(&fb.mu);
+    fake_answer_error((wire_error){.code = DFLASH_EPROTO}, WIRE_RELEASE_QUARANTINE);
     CHECK_EQ_INT(ctl("--json release all", &o), 1);
     HAS(o, "\"error\":\"PROTO\",\"message\":\"this broker predates release");
     free(o);

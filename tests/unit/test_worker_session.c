@@ -455,10 +455,7 @@ static void test_final_report_retried(void)
     CHECK_EQ_INT(fake_last().type, WIRE_CHECKPOINT_COMMITTED);
     CHECK(!worker_session_broker_lost(s));
     /* a refusal is an answer: not tried again (a group's rank 0 allows 20 tries) */
-    pthread_mutex_lock(&fb.mu);
-    fb.error = (wire_error){.code = DFLASH_EIO, .message = "journal: disk full"};
-    fb.error_for = WIRE_CHECKPOINT_COMMITTED;
-    pthread_mutex_unlock(&fb.mu);
+    fake_answer_error((wire_error){.code = DFLASH_EIO, .message = "journal: disk full"}, WIRE_CHECKPOINT_COMMITTED);
     asked = fake_requests();
     CHECK_EQ_INT(worker_session_commit(s, 10, 20), DFLASH_EIO);
     CHECK_EQ_INT(fake_requests(), asked + 1);
@@ -493,10 +490,7 @@ static void test_barrier(void)
     pthread_join(th, NULL);
     CHECK_EQ_INT(fake_requests(), asked + 2);
     asked -= 2; /* as before the silence, for the counts below */
-    pthread_mutex_lock(&fb.mu);
-    fb.error = (wire_error){.code = DFLASH_EPROTO, .message = "unknown request type"};
-    fb.error_for = WIRE_JOURNAL_SYNC;
-    pthread_mutex_unlock(&fb.mu);
+    fake_answer_error((wire_error){.code = DFLASH_EPROTO, .message = "unknown request type"}, WIRE_JOURNAL_SYNC);
     CHECK_EQ_INT(k.fn(k.arg, 4), DFLASH_EPROTO);
     CHECK_EQ_INT(k.fn(k.arg, 5), DFLASH_EPROTO);
     CHECK_EQ_INT(fake_requests(), asked + 5); /* the old broker asked once */
@@ -527,12 +521,9 @@ static int saves_after_refusal(int code, uint64_t replaced_by_run, bool other_ke
     worker_loop_config lc;
     worker_stats st = {0};
     worker_consumer cons = {.run_id = run_5eed, .save_refused = count_save};
-    pthread_mutex_lock(&fb.mu);
-    fb.error = (wire_error){.code = code, .replaced_by_run = replaced_by_run,
-                            .other_key = other_key};
-    snprintf(fb.error.message, sizeof fb.error.message, "%s", words);
-    fb.error_for = WIRE_HELLO;
-    pthread_mutex_unlock(&fb.mu);
+    wire_error refusal = {.code = code, .replaced_by_run = replaced_by_run, .other_key = other_key};
+    snprintf(refusal.message, sizeof refusal.message, "%s", words);
+    fake_answer_error(refusal, WIRE_HELLO);
     worker_session *s = fake_session(&lc, &st, false);
     int before = saves_refused;
     if (s) {

@@ -19,7 +19,8 @@
  * per row; integer outputs (argmax, correct) by the share of rows that agree (near-ties may flip
  * under bf16 logits).
  * The training step: a tiny but not trivial drafter (D 256, 2 layers, H 4 / Hk 2, d 64, F 512,
- * B 8, V 2000, two packed sequences) with identical bf16-representable weights on both sides;
+ * B 8, V 2000, two packed sequences; again at D 512, H 4 / Hk 1, d 128, F 1024, B 16: the
+ * drafter's attention kernels) with identical bf16-representable weights on both sides;
  * loss, accuracy (absolute, within 0.02), gradient norm and several gradient tensors are
  * compared (tolerance 5e-2 on l2: the cuda side rounds every activation to bf16 through 2
  * layers forward and backward; the matrices' gradients are stored in bf16 besides, which adds
@@ -472,6 +473,25 @@ static void t_block_mixed(int H, int Hk, int d, int B, int Tc) {
     t_block_run(name, H, Hk, d, B, nb, Tc + nb * B, sp);
 }
 
+/* The drafter's own layout at a size where the kernels' large-call paths run: nb blocks of B
+ * anchored in ascending order over one sequence of Tc context tokens, each seeing the context
+ * before its anchor (the training step's spans). At 96 blocks and Tc 1024 (H32/8 d128) the
+ * wgmma forward's persistent CTAs take several items each (32 x 8 items against one CTA per
+ * SM) and the wgmma backward cuts each key tile's blocks into pieces whose dk, dv meet in the
+ * split scratch (bwd_piece_len: about 19 blocks a piece); the 12-13 blocks of the cases above
+ * reach neither. */
+static void t_block_drafter(int H, int Hk, int d, int B, int nb, int Tc) {
+    char name[64];
+    snprintf(name, sizeof name, "attn_block H%d/%d d%d B%d nb%d Tc%d", H, Hk, d, B, nb, Tc);
+    nn_block_span *sp = malloc((size_t)nb * sizeof *sp);
+    for (int j = 0; j < nb; j++) {
+        int anchor = 1 + (int)((long long)j * (Tc - 2) / nb) + (j * 7) % 3;
+        sp[j] = (nn_block_span){0, anchor, Tc + j * B, j % 29 != 28}; /* a few padding blocks */
+    }
+    t_block_run(name, H, Hk, d, B, nb, Tc + nb * B, sp);
+    free(sp);
+}
+
 /* V 5000, 24 (rows of three 8-wide loads) and 151936 (the drafter's vocabulary): the softmax
  * pass's 8-wide loads; V 5001 and 151937 (V % 8 != 0): its scalar path. peak > 0: every row's
  * last logit is exactly peak (h[r][0] = 1, W[V - 1] = (peak, 0, ...)), past the first segment
@@ -588,6 +608,23 @@ static void t_optim(void) {
     cmp("adamw n1000003", "m", &m, 1e-6);
     cmp("adamw n1000003", "v", &v, 1e-6);
     cmp("adamw n1000003", "p act (bf16)", &pa, 4e-3);
+    /* adamw_clip (the vectors' update: fp32 gradient, the clip factor read from sumsq on the
+     * device): fresh state, sumsq 50 at clip 1 */
+    pair pc = praw(hp, n), mc = praw(hm, n), vc = praw(hv, n), sqc = praw(&sq50, 1);
+    pair pca = pact(NULL, n);
+    CO->adamw_clip(CC, pc.c, NULL, g.c, mc.c, vc.c, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, sqc.c,
+                   1.0f, 5);
+    GO->adamw_clip(GC, pc.g, pca.g, g.g, mc.g, vc.g, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, sqc.g,
+                   1.0f, 5);
+    CO->copy(CC, pca.c, pc.c, n * 4);
+    cmp("adamw_clip n1000003", "p (fp32)", &pc, 1e-6);
+    cmp("adamw_clip n1000003", "m", &mc, 1e-6);
+    cmp("adamw_clip n1000003", "v", &vc, 1e-6);
+    cmp("adamw_clip n1000003", "p act (bf16)", &pca, 4e-3);
+    CO->scale_f32(CC, pc.c, n, -0.37f);
+    GO->scale_f32(GC, pc.g, n, -0.37f);
+    cmp("scale_f32", "x", &pc, 1e-6);
+    pfree(&pc), pfree(&mc), pfree(&vc), pfree(&sqc), pfree(&pca);
     pair fa = pact(NULL, n);
     CO->f32_to_act(CC, fa.c, p.c, n);
     GO->f32_to_act(GC, fa.g, p.g, n);
@@ -776,11 +813,14 @@ static void train_step_accumulated(const dflash_config *cfg, const pair *emb, co
     dflash_model_destroy(&mg);
 }
 
-static void t_train_step(void) {
-    enum { D = 256, NF = 3, V = 2000, T0 = 150, T1 = 110, T = T0 + T1 };
+/* A whole training step of a 2-layer drafter of hidden size D (H / HK heads of d, blocks of B),
+ * cpu against cuda; with more, then the queued steps and gradient accumulation (see those). */
+static void t_train_step(int D, int H, int HK, int d, int B, bool more) {
+    enum { NF = 3, V = 2000, T0 = 150, T1 = 110, T = T0 + T1 };
+    printf("train step: D %d, heads %d / %d of d %d, blocks of %d\n", D, H, HK, d, B);
     dflash_config cfg = {0};
-    cfg.hidden_size = D, cfg.num_layers = 2, cfg.num_heads = 4, cfg.num_kv_heads = 2;
-    cfg.head_dim = 64, cfg.intermediate_size = 512, cfg.block_size = 8, cfg.n_feat = NF;
+    cfg.hidden_size = D, cfg.num_layers = 2, cfg.num_heads = H, cfg.num_kv_heads = HK;
+    cfg.head_dim = d, cfg.intermediate_size = 2 * D, cfg.block_size = B, cfg.n_feat = NF;
     cfg.target_layer_ids[0] = 1, cfg.target_layer_ids[1] = 4, cfg.target_layer_ids[2] = 7;
     cfg.num_target_layers = 9, cfg.mask_token_id = V - 1, cfg.vocab_size = V;
     cfg.max_position_embeddings = 4096, cfg.rms_norm_eps = 1e-6, cfg.rope_theta = 1e6;
@@ -876,6 +916,7 @@ static void t_train_step(void) {
     printf("train step: a second full cuda step rc %d loss %.6f grad_norm %.4f\n", rg, m2.loss,
            m2.grad_norm);
     if (rg || !isfinite(m2.loss)) n_fail++;
+    if (!more) goto done;
     /* the twin takes the same two steps (the tuned matmuls are the context's, shared) */
     if (dflash_train_grads(mg2, &tc, &vg, nb, mc->h_blk_seq, mc->h_blk_anchor, &metg) ||
         (dflash_train_apply(mg2, &tc, &metg), dflash_train_step(mg2, &tc, &vg, 0, 8, &m2))) {
@@ -885,6 +926,7 @@ static void t_train_step(void) {
         train_steps_queued(mg2, mg, &tc, &vg);
     train_step_accumulated(&cfg, &emb, &lm, &hid, &vc, &tc, names,
                            sizeof names / sizeof names[0]);
+done:
     dflash_model_destroy(&mc);
     dflash_model_destroy(&mg);
     dflash_model_destroy(&mg2);
@@ -1096,6 +1138,7 @@ int main(int argc, char **argv) {
         t_block(40, 8, 128, 16);
         t_block(28, 4, 128, 16);
         t_block_mixed(28, 4, 128, 16, 704);
+        t_block_drafter(32, 8, 128, 16, 96, 1024);
     }
     if (do_loss) {
         t_lm_head(300, 5000, 64);
@@ -1114,7 +1157,11 @@ int main(int argc, char **argv) {
     }
     if (do_optim) t_optim(); /* sumsq, AdamW, scaling */
     if (do_optim) t_grad_accum();
-    if (all) t_train_step();
+    if (all) {
+        t_train_step(256, 4, 2, 64, 8, true);
+        /* the drafter's attention kernels (d 128, group 4, blocks of 16) end to end */
+        t_train_step(512, 4, 1, 128, 16, false);
+    }
     if (do_learn && lk.D) {
         t_learn(&lk);
     } else if (do_learn) {

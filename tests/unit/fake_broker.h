@@ -3,14 +3,18 @@
  * 0700 temp dir) in a thread of the test, which records every request it gets and answers it
  * as the test set it up under fb.mu: the request's own reply type with plain contents (a
  * hello naming fb.pub_endpoint (one in no directory unless set), a grant of slot 2, a view of epoch 4, the
- * settings "applied", OK with fb.ok_value, fb.status for a status request), or fb.reply_type,
- * fb.error (to fb.error_for's requests only, unless that is WIRE_NONE), silence, a delay, or
+ * settings "applied", OK with fb.ok_value, fb.status for a status request, a target's work unit:
+ * slot 1, batch (0, 0, n) for its n-th work request, a PoolLeft with nothing left), or fb.reply_type,
+ * fb.error (to fb.error_for's requests only, unless that is WIRE_NONE), silence (to
+ * fb.silent_for's only, likewise), a delay, or
  * decoys first (a reply to another request id, one not from a broker).
  *   fake_start() / fake_stop()  bind and serve / stop and remove the dir
  *   fake_reset()                plain answers again
  *   fake_last(), fake_count(h)  the last request (a copy), how many (heartbeats only when h)
+ *   fake_count_type(t)          how many requests of type t
  *   fake_pub_send(pub, t, m)    one announcement on a PUB socket, framed as the broker's
- * Used by test_client (the client library's rules) and test_ctl_output (dflash-ctl's output). */
+ * Used by test_client (the client library's rules), test_ctl_output (dflash-ctl's output),
+ * test_worker_session (the drafter's session) and test_target_loop (the target's loop). */
 #ifndef DFLASH_TEST_FAKE_BROKER_H
 #define DFLASH_TEST_FAKE_BROKER_H
 
@@ -38,7 +42,8 @@ typedef struct fake {
     /* how to answer */
     uint64_t incarnation;  /* in every reply */
     uint32_t heartbeat_ms; /* in a hello reply */
-    bool silent;           /* no answer at all */
+    bool silent;           /* no answer at all ... */
+    wire_type silent_for;  /* ... to requests of this type only (WIRE_NONE: to every one) */
     int delay_ms;          /* before answering */
     bool decoys;           /* first a reply with another request id and one from a target */
     wire_type reply_type;  /* WIRE_NONE: the request's own reply type */
@@ -50,6 +55,7 @@ typedef struct fake {
     /* what came */
     wire_msg last;
     int n_requests, n_heartbeats;
+    int n_type[WIRE_TYPE_COUNT]; /* per request type */
 } fake;
 
 static fake fb;
@@ -77,6 +83,8 @@ static void fake_reply(const wire_msg *req, wire_msg *rep)
         case WIRE_GROUP_JOIN: t = WIRE_GROUP_VIEW; break;
         case WIRE_STATUS_REQUEST: t = WIRE_STATUS_REPLY; break;
         case WIRE_SET_CONFIG: t = WIRE_SET_CONFIG_REPLY; break;
+        case WIRE_WORK_REQUEST: t = WIRE_WORK_UNIT; break;
+        case WIRE_POOL_LEAVE: t = WIRE_POOL_LEFT; break;
         default: t = WIRE_OK; break;
         }
     }
@@ -112,6 +120,10 @@ static void fake_reply(const wire_msg *req, wire_msg *rep)
             strcpy(rep->u.settings.kv[i].value, "applied");
         break;
     case WIRE_STATUS_REPLY: rep->u.status = fb.status; break;
+    case WIRE_WORK_UNIT: /* the one being answered is counted already */
+        rep->u.work = (wire_work_unit){.unit = {0, 0, (uint64_t)fb.n_type[WIRE_WORK_REQUEST] - 1},
+                                       .slot = 1};
+        break;
     case WIRE_ERROR: rep->u.error = fb.error; break;
     case WIRE_OK: rep->u.value = fb.ok_value; break;
     default: break;
@@ -139,7 +151,9 @@ static void *fake_main(void *arg)
         fb.last = req;
         fb.n_requests++;
         if (req.type == WIRE_HEARTBEAT) fb.n_heartbeats++;
-        bool silent = fb.silent, decoys = fb.decoys;
+        if (req.type < WIRE_TYPE_COUNT) fb.n_type[req.type]++;
+        bool silent = fb.silent && (fb.silent_for == WIRE_NONE || fb.silent_for == req.type);
+        bool decoys = fb.decoys;
         uint64_t ok_value = fb.ok_value;
         int delay = fb.delay_ms;
         fake_reply(&req, &rep);
@@ -169,7 +183,7 @@ static __attribute__((unused)) void fake_reset(void)
     pthread_mutex_lock(&fb.mu);
     fb.silent = fb.decoys = false;
     fb.delay_ms = 0;
-    fb.reply_type = fb.error_for = WIRE_NONE;
+    fb.reply_type = fb.error_for = fb.silent_for = WIRE_NONE;
     fb.ok_value = FAKE_VALUE;
     snprintf(fb.pub_endpoint, sizeof fb.pub_endpoint, "ipc:///nonexistent/pub.sock");
     memset(&fb.error, 0, sizeof fb.error);
@@ -249,6 +263,15 @@ static __attribute__((unused)) int fake_count(bool heartbeats)
 {
     pthread_mutex_lock(&fb.mu);
     int n = heartbeats ? fb.n_heartbeats : fb.n_requests;
+    pthread_mutex_unlock(&fb.mu);
+    return n;
+}
+
+/* How many requests of type t the fake got so far. */
+static __attribute__((unused)) int fake_count_type(wire_type t)
+{
+    pthread_mutex_lock(&fb.mu);
+    int n = fb.n_type[t];
     pthread_mutex_unlock(&fb.mu);
     return n;
 }

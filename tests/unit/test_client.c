@@ -4,7 +4,8 @@
  * a trainer's run, a group joiner's gone rank, shape and accumulation, an unread release, a
  * quarantine release of one unit or all), which replies a call takes (its own request id, from
  * the broker, of the type it asked for), what it returns from them (values, an ERROR's details,
- * ESTALE after a broker restart until the next hello), client_poll's pacing (a heartbeat half
+ * ESTALE after a broker restart until the next hello; a timed-out request's late answer is not
+ * the next request's), client_poll's pacing (a heartbeat half
  * a heartbeat interval after the last request, none right after a timeout) and its never waiting
  * for another thread's call, the PUB subscriber's framing, and the endpoint checks of an ipc://
  * path. The real broker's side of the same calls is in the integration tests (itest_*). */
@@ -176,6 +177,36 @@ static void test_replies(void)
     CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
     CHECK(!client_broker_restarted(c) && client_broker_incarnation(c) == 0xb0b2);
     CHECK_EQ_INT(client_claim(c, &g), 0);
+    client_destroy(&c);
+}
+
+/* A request that timed out is answered late, while the next request waits: that late answer
+ * (well-formed, from the broker, of the right type) is not the next request's answer, and the
+ * next request gets its own. */
+static void test_late_reply(void)
+{
+    fake_reset();
+    client *c = new_client(WIRE_ROLE_CTL);
+    CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
+    pthread_mutex_lock(&fb.mu);
+    fb.delay_ms = 1500; /* the first release's answer (111) comes 1.5 s late */
+    fb.ok_value = 111;
+    pthread_mutex_unlock(&fb.mu);
+    client_set_timeout(c, 300);
+    int n0 = fake_count(false);
+    uint64_t released = 0;
+    CHECK_EQ_INT(client_release_quarantine(c, NULL, &released), DFLASH_ETIMEOUT);
+    CHECK_EQ_INT(fake_count(false), n0 + 1); /* the fake has it: its answer is on the way */
+    pthread_mutex_lock(&fb.mu);
+    fb.delay_ms = 0; /* the next one is answered at once (after the late one), with 222 */
+    fb.ok_value = 222;
+    pthread_mutex_unlock(&fb.mu);
+    client_set_timeout(c, 5000);
+    double t0 = monotime_s();
+    CHECK_EQ_INT(client_release_quarantine(c, NULL, &released), 0);
+    CHECK_EQ_INT(released, 222);
+    CHECK(monotime_s() - t0 >= 1.0); /* it did wait past the late answer (1.5 s - 0.3 s) */
+    CHECK_EQ_INT(fake_count(false), n0 + 2);
     client_destroy(&c);
 }
 
@@ -365,6 +396,7 @@ int main(void)
     fake_start();
     test_requests();
     test_replies();
+    test_late_reply();
     test_poll_pacing();
     test_poll_never_waits();
     test_subscriber();

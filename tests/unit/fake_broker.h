@@ -12,6 +12,7 @@
  *   fake_reset()                plain answers again
  *   fake_last(), fake_count(h)  the last request (a copy), how many (heartbeats only when h)
  *   fake_count_type(t)          how many requests of type t
+ *   fake_bind(ep)               the fake serves ep too from now on (a broker that comes back)
  *   fake_pub_send(pub, t, m)    one announcement on a PUB socket, framed as the broker's
  * Used by test_client (the client library's rules), test_ctl_output (dflash-ctl's output),
  * test_worker_session (the drafter's session) and test_target_loop (the target's loop). */
@@ -56,6 +57,7 @@ typedef struct fake {
     wire_msg last;
     int n_requests, n_heartbeats;
     int n_type[WIRE_TYPE_COUNT]; /* per request type */
+    char bind_more[160], bound_more[160]; /* fake_bind: to bind at the next turn, bound */
 } fake;
 
 static fake fb;
@@ -137,6 +139,14 @@ static void *fake_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&fb.mu);
         bool stop = fb.stop;
+        if (fb.bind_more[0]) { /* the socket is this thread's: fake_bind asks it to bind */
+            if (zmq_bind(fb.sock, fb.bind_more) != 0) {
+                fprintf(stderr, "cannot bind %s\n", fb.bind_more);
+                exit(1);
+            }
+            memcpy(fb.bound_more, fb.bind_more, sizeof fb.bound_more);
+            fb.bind_more[0] = 0;
+        }
         pthread_mutex_unlock(&fb.mu);
         if (stop) break;
         zmq_pollitem_t it = {fb.sock, 0, ZMQ_POLLIN, 0};
@@ -237,6 +247,7 @@ static void fake_stop(void)
     unlink(sock);
     snprintf(sock, sizeof sock, "%s/pub.sock", fb.dir);
     unlink(sock);
+    if (strncmp(fb.bound_more, "ipc://", 6) == 0) unlink(fb.bound_more + 6);
     rmdir(fb.dir);
 }
 
@@ -248,6 +259,21 @@ static __attribute__((unused)) void fake_pub_send(void *pub, const char *topic, 
     int n = m ? wire_pack(m, out, sizeof out) : 0;
     zmq_send(pub, topic, strlen(topic), m ? ZMQ_SNDMORE : 0);
     if (m && n > 0) zmq_send(pub, out, (size_t)n, 0);
+}
+
+/* The fake serves endpoint ep as well as its own from now on (its thread binds it within a
+ * turn, 20 ms; this waits for that): a broker that was not there, or gone, and comes back. */
+static __attribute__((unused)) void fake_bind(const char *ep)
+{
+    pthread_mutex_lock(&fb.mu);
+    snprintf(fb.bind_more, sizeof fb.bind_more, "%s", ep);
+    pthread_mutex_unlock(&fb.mu);
+    for (bool pending = true; pending;) {
+        monotime_sleep_ms(2);
+        pthread_mutex_lock(&fb.mu);
+        pending = fb.bind_more[0] != 0;
+        pthread_mutex_unlock(&fb.mu);
+    }
 }
 
 /* The last request the fake got (a copy), and how many so far. */

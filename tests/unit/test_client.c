@@ -5,7 +5,8 @@
  * quarantine release of one unit or all), which replies a call takes (its own request id, from
  * the broker, of the type it asked for), what it returns from them (values, an ERROR's details,
  * ESTALE after a broker restart until the next hello; a timed-out request's late answer is not
- * the next request's), client_poll's pacing (a heartbeat half
+ * the next request's), a broker back after an outage reached at the next request (not after
+ * ZeroMQ's reconnect back-off), client_poll's pacing (a heartbeat half
  * a heartbeat interval after the last request, none right after a timeout) and its never waiting
  * for another thread's call, the PUB subscriber's framing, and the endpoint checks of an ipc://
  * path. The real broker's side of the same calls is in the integration tests (itest_*). */
@@ -210,6 +211,40 @@ static void test_late_reply(void)
     client_destroy(&c);
 }
 
+/* A broker back after an outage is reached by the request after it comes back, at once: each
+ * timeout reopens the socket, whose first connect is immediate, rather than leaving one socket
+ * to ZeroMQ's reconnect back-off (100 ms doubling per failed attempt, plus up to 100 ms of
+ * jitter, to 2 s: its attempts come about 3.1-3.6 s and 5.1-5.7 s after the socket was made, so
+ * a broker back at 3.7 s would be reached 1.4 s or more later). */
+static void test_reconnect_after_outage(void)
+{
+    fake_reset();
+    char ep[160];
+    snprintf(ep, sizeof ep, "ipc://%s/later.sock", fb.dir);
+    client *c = client_new(ep, WIRE_ROLE_CTL, "t");
+    CHECK(c != NULL);
+    if (!c) return;
+    double t0 = monotime_s(), left;
+    int timeouts = 0, calls = 0;
+    while ((left = 3.7 - (monotime_s() - t0)) > 0.01) { /* nothing serves ep for 3.7 s */
+        client_set_timeout(c, left > 0.3 ? 300 : (int)(left * 1000));
+        calls++;
+        timeouts += client_journal_sync(c) == DFLASH_ETIMEOUT;
+    }
+    CHECK_EQ_INT(timeouts, calls);
+    fake_bind(ep); /* the broker is back */
+    double back = monotime_s();
+    client_set_timeout(c, 300);
+    int rc;
+    while ((rc = client_journal_sync(c)) == DFLASH_ETIMEOUT && monotime_s() - back < 10) {
+    }
+    double took = monotime_s() - back;
+    CHECK_EQ_INT(rc, 0);
+    CHECK(took < 1.0); /* ~0.1-0.2 s: the reopened socket's next attempt; generous */
+    if (took >= 1.0) fprintf(stderr, "reached %.2f s after the broker came back\n", took);
+    client_destroy(&c);
+}
+
 /* client_poll: a heartbeat half an interval after the last request, none at once after a
  * timeout (the broker is silent: it would hold the caller another timeout), and the main
  * thread's last call's error kept. */
@@ -397,6 +432,7 @@ int main(void)
     test_requests();
     test_replies();
     test_late_reply();
+    test_reconnect_after_outage();
     test_poll_pacing();
     test_poll_never_waits();
     test_subscriber();

@@ -1,6 +1,8 @@
 /* client: see client.h. One DEALER socket per client; each call = pack, send, wait for the reply
- * with the same request id, unpack. A timeout closes and reopens the socket so that neither the
- * unanswered request nor its late reply can confuse a later call (Lazy Pirate). The struct holds
+ * with the same request id, unpack. A late reply to an earlier request is dropped by its request
+ * id. A timeout closes and reopens the socket (Lazy Pirate): nothing of the unanswered request
+ * stays queued, and the next call connects at once instead of after ZeroMQ's reconnect back-off
+ * (up to RECONNECT_IVL_MAX, 2 s, once a broker has been away a few seconds). The struct holds
  * two large wire_msg buffers so calls need no big stack frames; the mutex serialises calls
  * (client_poll only tries it: see there). */
 #include "client.h"

@@ -907,10 +907,20 @@ static void test_target_leave(void)
     CHECK_EQ_INT(target_asks("t", TARGET_INC + 1, POOL_INC + 1), 0);
     CHECK(stub_rep.u.work.unit.index != g.unit.index && stub_rep.u.work.unit.index <= 3);
 
+    /* a second target that said hello but registered no pool leaves while t's pool is there
+     * (the broker has a policy now): unknown pool, t's pool untouched, t2 stays (not the
+     * pool of index -1; the "no pool yet" case above had no policy) */
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC + 2, "t2", NULL, 0), 0);
+    CHECK_EQ_INT(target_leaves("t2", TARGET_INC + 2, POOL_INC + 1), DFLASH_ESTALE);
+    s = stub_status();
+    CHECK_EQ_INT(s.slot_count, 4);
+    CHECK_EQ_INT(s.pool_incarnation, POOL_INC + 1);
+    CHECK_EQ_INT(s.peers, 3);
+
     /* nothing leased: the first answer ends the session */
     CHECK_EQ_INT(target_leaves("t", TARGET_INC + 1, POOL_INC + 1), 0);
     CHECK(left_answer.filling == 1 && left_answer.leased == 0);
-    CHECK_EQ_INT(stub_status().peers, 1);
+    CHECK_EQ_INT(stub_status().peers, 2); /* d and t2 */
     stub_broker_free();
 }
 

@@ -13,7 +13,10 @@
  *     waiting for a free slot, not said as a failure;
  *   - STALE (the broker forgot our pool): hello and the pool registered again, then work;
  *   - no answer (the broker silent): asked again, the timeouts not counted as waiting for a
- *     free slot (they are the broker's, not the pipeline's). */
+ *     free slot (they are the broker's, not the pipeline's).
+ * And the registration before it: unanswered or STALE, tried again (hello first); refused for
+ * the plan or buckets (MISMATCH, RANGE), DFLASH_ECONFIG at once (exit 2), for another reason
+ * that code (exit 1); a hello refused for our --name, DFLASH_EEXISTS and name_in_use (exit 4). */
 #include "check.h"
 #include "err.h"
 #include "fake_broker.h"
@@ -97,10 +100,11 @@ static bool wait_done(const run *r)
 }
 
 /* The counts of the fake now, to compare with after a case. */
-static int work_requests0, hellos0, readies0, leaves0;
+static int work_requests0, hellos0, registers0, readies0, leaves0;
 static void counts_mark(void)
 {
     work_requests0 = fake_count_type(WIRE_WORK_REQUEST);
+    registers0 = fake_count_type(WIRE_POOL_REGISTER);
     hellos0 = fake_count_type(WIRE_HELLO);
     readies0 = fake_count_type(WIRE_SLOT_READY);
     leaves0 = fake_count_type(WIRE_POOL_LEAVE);
@@ -221,6 +225,63 @@ static void test_silent(void)
     free(log);
 }
 
+/* The pool's registration unanswered (silent) or answered STALE (the broker restarted between
+ * our hello and it): hello and registration again, then work; not the end of the target. */
+static void test_register_again(bool silent)
+{
+    fake_reset();
+    counts_mark();
+    if (silent) {
+        pthread_mutex_lock(&fb.mu);
+        fb.silent = true;
+        fb.silent_for = WIRE_POOL_REGISTER;
+        pthread_mutex_unlock(&fb.mu);
+    } else {
+        fake_answer_error((wire_error){.code = DFLASH_ESTALE, .message = "unknown peer: send hello"},
+                          WIRE_POOL_REGISTER);
+    }
+    run r;
+    run_start(&r, 2, 300);
+    CHECK(wait_requests(&r, WIRE_POOL_REGISTER, registers0 + 2)); /* one failed, asked again */
+    CHECK(!r.done);
+    fake_reset();
+    CHECK(wait_done(&r));
+    char *log = run_end(&r);
+    CHECK_EQ_INT(r.rc, 0);
+    CHECK_EQ_INT(r.st.batches, 2);
+    CHECK_EQ_INT(r.st.registrations, 1);
+    CHECK(fake_count_type(WIRE_HELLO) - hellos0 >= 2); /* each try starts with a hello */
+    if (check_failed) fprintf(stderr, "(the case of a registration %s)\n",
+                              silent ? "unanswered" : "answered STALE");
+    free(log);
+}
+
+/* A registration refused for good ends the loop at once, after one try: for the run's plan or
+ * buckets (MISMATCH, RANGE) with DFLASH_ECONFIG (the daemon's exit 2: our flags or data), for
+ * anything else with the broker's code (exit 1); a hello refused because a live target has our
+ * --name with DFLASH_EEXISTS and name_in_use (exit 4). */
+static void test_refused(wire_type what, int code, int want_rc, const char *said)
+{
+    fake_reset();
+    counts_mark();
+    fake_answer_error((wire_error){.code = code, .message = "refused here"}, what);
+    int tries0 = fake_count_type(what);
+    run r;
+    run_start(&r, 0, 5000);
+    bool ended = wait_done(&r); /* by itself */
+    char *log = run_end(&r);
+    CHECK(ended);
+    CHECK_EQ_INT(r.rc, want_rc);
+    CHECK_EQ_INT(fake_count_type(what) - tries0, 1);
+    CHECK_EQ_INT(fake_count_type(WIRE_WORK_REQUEST) - work_requests0, 0);
+    CHECK_EQ_INT(r.st.registrations, 0);
+    CHECK(r.st.name_in_use == (code == DFLASH_EEXISTS));
+    CHECK(strstr(log, said) != NULL && strstr(log, "refused here") != NULL);
+    if (check_failed) fprintf(stderr, "(the case of %s refused with %s)\n", wire_type_name(what),
+                              err_str(code));
+    free(log);
+}
+
 int main(void)
 {
     log_init("test_target_loop", LOG_INFO);
@@ -231,6 +292,12 @@ int main(void)
     test_full_again(DFLASH_EAGAIN);
     test_stale();
     test_silent();
+    test_register_again(true);
+    test_register_again(false);
+    test_refused(WIRE_POOL_REGISTER, DFLASH_EMISMATCH, DFLASH_ECONFIG, "the broker refused our pool");
+    test_refused(WIRE_POOL_REGISTER, DFLASH_ERANGE, DFLASH_ECONFIG, "the broker refused our pool");
+    test_refused(WIRE_POOL_REGISTER, DFLASH_EINVAL, DFLASH_EINVAL, "the broker refused our pool");
+    test_refused(WIRE_HELLO, DFLASH_EEXISTS, DFLASH_EEXISTS, "the broker refused our hello");
     fake_stop();
     CHECK_DONE();
 }

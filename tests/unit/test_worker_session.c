@@ -29,6 +29,8 @@
  *   - progress windows: none before progress_ms (never at 0), then each counter's growth since
  *     the last window;
  *   - the ack of a resumed checkpoint's batch is said as acked now, or as had already;
+ *   - the solo loop whose claim the fake refuses EXISTS (our --name is a live trainer's) ends
+ *     at once with name_in_use (exit 4), after one claim;
  *   - a refused periodic commit report is said once (not once per report) and backed off for
  *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
  *     again. */
@@ -658,6 +660,45 @@ static void test_commit_noted(void)
     worker_session_destroy(&noted_s);
 }
 
+/* A consume() that must not run: the claim is refused before any grant. */
+static int consume_nothing(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    (void)ctx, (void)b, (void)step;
+    CHECK(!"consume() called");
+    return DFLASH_EINTERNAL;
+}
+
+/* The solo loop (worker_loop_run) whose claim the broker refuses EXISTS: our --name is a live
+ * solo trainer's (a --verify drafter, which never resumes, given a trainer's name; the broker's
+ * on_claim). The loop ends at once with DFLASH_EEXISTS and stats.name_in_use, which dflash-drafter
+ * turns into exit 4 as docs/operating.md's exit code table says ("another live drafter has its
+ * --name"), not exit 1 (kills the mutant W38 of the drafter-loop audit: worker_loop.c's claim
+ * answered EXISTS without `name_in_use = true`, exit 1 then). One claim, no second one. */
+static void test_claim_name_in_use(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_session *s = fake_session(&lc, &st, false); /* only for the config */
+    if (!s) return;
+    worker_session_destroy(&s);
+    fake_answer_error((wire_error){.code = DFLASH_EEXISTS,
+                                   .message = "the drafter name 'hopeless' is in use by a live "
+                                              "trainer (run 000000000000005a): give each "
+                                              "drafter its own --name"},
+                      WIRE_CLAIM);
+    worker_consumer cons = {.name = "verify-like", .consume = consume_nothing};
+    int before = fake_requests();
+    memset(&st, 0, sizeof st);
+    int rc = worker_loop_run(&lc, &cons, &stop, &st);
+    CHECK_EQ_INT(rc, DFLASH_EEXISTS);
+    CHECK(st.name_in_use); /* main.c: exit 4 */
+    CHECK(!st.other_model);
+    CHECK_EQ_INT(st.registrations, 1);
+    CHECK_EQ_INT(fake_requests(), before + 2); /* the hello and the one claim */
+    CHECK_EQ_INT(fake_last().type, WIRE_CLAIM);
+    fake_reset();
+}
+
 int main(void)
 {
     log_init("test_worker_session", LOG_ERROR);
@@ -676,6 +717,7 @@ int main(void)
     test_final_report_retried();
     test_barrier();
     test_save_refused();
+    test_claim_name_in_use();
     fake_stop();
     CHECK_DONE();
 }

@@ -240,12 +240,14 @@ static void note_unacked(worker_loop *w)
  * the checkpoint we resumed from (held_resumed) answered EXISTS is done too: our ack before the
  * stop had landed (or it was trained again since, which the broker logs). After
  * a stop signal the attempts go on while the broker answers, and end at the first one it does
- * not (worker_session_broker_lost): the final checkpoint will hold this batch. */
+ * not (worker_session_broker_lost), or at a hello again that no broker took (no answer, or held
+ * AGAIN): DFLASH_ETIMEOUT, the final checkpoint will hold this batch. */
 static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
 {
     const wire_unit *u = &w->held;
     int rc = DFLASH_ETIMEOUT;
     bool forgotten = false; /* re-registered because this broker no longer knew us */
+    bool unheard = false;   /* stopped before a broker took our hello again: kept */
     for (int attempt = 0; attempt < 50 && !worker_session_broker_lost(w->s); attempt++) {
         rc = client_ack(w->client, u, w->held_step);
         broker_heard(w, rc);
@@ -263,14 +265,24 @@ static int ack_held(worker_loop *w, volatile sig_atomic_t *stop)
                      client_last_error(w->client));
             forgotten = true;
         }
-        if (*stop) { /* one hello: a broker that answers it takes the ack next */
-            if (do_register(w) != 0 && !refused_for_good(w)) break;
-        } else {
-            while (!*stop && do_register(w) == DFLASH_EAGAIN) monotime_sleep_ms(100);
-        }
+        int hrc = DFLASH_EAGAIN;
+        if (*stop) /* one hello: a broker that answers it takes the ack next */
+            hrc = do_register(w);
+        else
+            while (!*stop && (hrc = do_register(w)) == DFLASH_EAGAIN) monotime_sleep_ms(100);
         if (refused_for_good(w)) return rc; /* still held: into the final checkpoint, unacked */
+        /* stopped while the hello found no broker or was held (AGAIN): the ack was never
+         * recorded, and the batch stays held, into the final checkpoint unacked (defect: when
+         * the same broker had forgotten us, the batch was let go, so the checkpoint did not
+         * record it and the broker, which gave it back to to-do, had it trained twice) */
+        if (hrc == DFLASH_EAGAIN) {
+            unheard = true;
+            break;
+        }
+        if (*stop && hrc != 0) break;
     }
-    if (rc == DFLASH_ETIMEOUT || (rc == DFLASH_ESTALE && client_broker_restarted(w->client))) {
+    if (rc == DFLASH_ETIMEOUT || unheard ||
+        (rc == DFLASH_ESTALE && client_broker_restarted(w->client))) {
         LOG_WARN("ack of batch (%u, %u, %llu): %s (%s); still held, acked again when the "
                  "broker answers", u->epoch, u->bucket, (unsigned long long)u->index,
                  err_str(rc), client_last_error(w->client));

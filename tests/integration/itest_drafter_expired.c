@@ -30,7 +30,13 @@
  * registers and joins again; the broker holds the join (the rival might be a dying process),
  * then refuses it DENIED: the loop ends (exit 6 in the daemon) having called the consumer's
  * save_refused() once, at the model step it trained, so the daemon's final checkpoint keeps that
- * step (before, the loop ended without it: the step was lost although the model had it). */
+ * step (before, the loop ended without it: the step was lost although the model had it).
+ * A solo trainer (run 0x77: its hellos name its run) stopped (its stop flag, as a SIGTERM) while
+ * it is expired, the rival registered meanwhile: back, its ack is answered STALE and its one
+ * hello after the stop is held (AGAIN: the rival might be dying), so no broker took the ack;
+ * the batch stays held and its final checkpoint records it unacked at its step, for the drafter
+ * resumed from it to ack (W12 of the drafter-loop audit: the batch was let go, the checkpoint
+ * recorded nothing, and the broker, which had given it back to to-do, had it trained twice). */
 #include "check.h"
 #include "collective.h"
 #include "harness.h"
@@ -54,6 +60,11 @@ typedef struct child_report {
     dp_comm *comm; /* the child's own pointer: the epoch's communicator, or NULL */
     int saves_refused;     /* save_refused() calls */
     uint64_t saved_step;   /* the model step at the last one */
+    bool trainer;          /* solo: a trainer of run 0x77 (resume_step 0, run_id) */
+    volatile sig_atomic_t stop; /* the loop's stop flag (the parent sets it: a SIGTERM) */
+    int unacked_calls;     /* unacked() calls: what the final checkpoint records as unacked */
+    uint32_t n_unacked;
+    worker_unacked unacked[WORKER_MAX_UNACKED];
 } child_report;
 
 static int consume(void *ctx, const worker_batch *b, uint64_t *step)
@@ -85,6 +96,28 @@ static int save_refused(void *ctx)
     return 0;
 }
 
+/* A trainer resumed "from step 0" as run 0x77: its hellos name the run (client_set_trainer_run). */
+static int64_t resume_step(void *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+static uint64_t run_id(void *ctx)
+{
+    (void)ctx;
+    return 0x77;
+}
+
+/* The final checkpoint's unacked batches. */
+static void unacked(void *ctx, const worker_unacked *b, uint32_t n)
+{
+    child_report *r = ctx;
+    r->unacked_calls++;
+    r->n_unacked = n < WORKER_MAX_UNACKED ? n : WORKER_MAX_UNACKED;
+    memcpy(r->unacked, b, r->n_unacked * sizeof *b);
+}
+
 static void set_group(void *ctx, struct dp_comm *comm, int rank, int world)
 {
     (void)rank, (void)world;
@@ -110,14 +143,17 @@ static void run_drafter(const char *ep, const char *name, bool group, child_repo
     }
     if (slot_layout_compute(H_SMALL_LAYOUT, SLOT_DTYPE_F32, &lc.layout) != 0) _exit(3);
     worker_consumer cons = {.name = "expired", .ctx = r, .consume = consume, .done = done,
-                            .save_refused = save_refused};
+                            .save_refused = save_refused, .unacked = unacked};
     if (group) {
         cons.set_group = set_group;
         cons.sync_state = sync_state;
         cons.model_step = model_step;
     }
-    volatile sig_atomic_t stop = 0;
-    r->rc = worker_loop_run(&lc, &cons, &stop, &r->st);
+    if (r->trainer) {
+        cons.resume_step = resume_step;
+        cons.run_id = run_id;
+    }
+    r->rc = worker_loop_run(&lc, &cons, &r->stop, &r->st);
     _exit(r->rc == 0 ? 0 : 1);
 }
 
@@ -186,9 +222,10 @@ static int rival_until_exit(const char *ep, pid_t drafter)
  * one): a solo trainer of another run comes in while it is expired, and its return is refused;
  * the step it trained goes to save_refused(). */
 static void scenario(const char *queue_bin, const char *target_bin, bool group, int n,
-                     uint64_t limit, bool rival)
+                     uint64_t limit, bool rival, bool stopped)
 {
-    const char *mode = rival        ? "group of one, refused on its return"
+    const char *mode = stopped      ? "solo trainer, stopped while expired"
+                       : rival      ? "group of one, refused on its return"
                        : !group     ? "solo"
                        : limit == 1 ? "group of one, its last step"
                        : n == 1     ? "group of one"
@@ -211,6 +248,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
     if (r == MAP_FAILED) return;
     memset(r, 0, 2 * sizeof *r);
     r[0].limit = r[1].limit = limit;
+    r[0].trainer = stopped;
     pid_t drafter[2];
     for (int i = 0; i < n; i++) {
         char name[32];
@@ -236,6 +274,20 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
     /* a group goes on only once all its ranks are back in it (paused till then): a rank that
      * trained on alone and stopped would take its steps with it, its peer left to start again
      * from its own model, and the batches would not add up */
+    if (stopped) {
+        r[0].stop = 1; /* a SIGTERM while it was stopped: seen once it goes on */
+        int rc = rival_until_exit(ep, drafter[0]);
+        printf("%s: exit %d, rc %s, trained %d, its final checkpoint records %u unacked "
+               "(%d unacked() calls)\n", mode, rc, err_str(r[0].rc), r[0].consumed,
+               r[0].n_unacked, r[0].unacked_calls);
+        CHECK_EQ_INT(rc, 0);
+        CHECK_EQ_INT(r[0].consumed, 1);
+        CHECK_EQ_INT(r[0].st.batches, 0); /* never acked */
+        CHECK_EQ_INT(r[0].unacked_calls, 1);
+        CHECK_EQ_INT(r[0].n_unacked, 1); /* the batch it trained, at its step */
+        if (r[0].n_unacked == 1) CHECK_EQ_INT(r[0].unacked[0].step, 1);
+        goto out;
+    }
     if (rival) {
         int rc = rival_until_exit(ep, drafter[0]);
         printf("%s: exit %d, rc %s, save_refused() %d time(s) at model step %llu\n", mode, rc,
@@ -279,10 +331,11 @@ out:
 int main(int argc, char **argv)
 {
     if (argc < 4) return 2;
-    scenario(argv[1], argv[3], false, 1, 0, false);
-    scenario(argv[1], argv[3], true, 1, 0, false);
-    scenario(argv[1], argv[3], true, 2, 0, false);
-    scenario(argv[1], argv[3], true, 1, 1, false);
-    scenario(argv[1], argv[3], true, 1, 0, true);
+    scenario(argv[1], argv[3], false, 1, 0, false, false);
+    scenario(argv[1], argv[3], true, 1, 0, false, false);
+    scenario(argv[1], argv[3], true, 2, 0, false, false);
+    scenario(argv[1], argv[3], true, 1, 1, false, false);
+    scenario(argv[1], argv[3], true, 1, 0, true, false);
+    scenario(argv[1], argv[3], false, 1, 0, true, true);
     CHECK_DONE();
 }

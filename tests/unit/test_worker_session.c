@@ -30,7 +30,8 @@
  *     the last window;
  *   - the ack of a resumed checkpoint's batch is said as acked now, or as had already;
  *   - the solo loop whose claim the fake refuses EXISTS (our --name is a live trainer's) ends
- *     at once with name_in_use (exit 4), after one claim;
+ *     at once with name_in_use (exit 4), after one claim; a group rank whose hello it refuses
+ *     EXISTS ends at once too, name_in_use, its final checkpoint written;
  *   - a refused periodic commit report is said once (not once per report) and backed off for
  *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
  *     again. */
@@ -699,6 +700,55 @@ static void test_claim_name_in_use(void)
     fake_reset();
 }
 
+/* The group hooks group_worker_run needs, of a consumer without a model. */
+static void group_none(void *ctx, struct dp_comm *comm, int rank, int world)
+{
+    (void)ctx, (void)comm, (void)rank, (void)world;
+}
+
+static int sync_none(void *ctx, int root)
+{
+    (void)ctx, (void)root;
+    return 0;
+}
+
+static uint64_t step_none(void *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+/* A group rank (--group) whose hello the broker refuses EXISTS (a live drafter has our --name,
+ * or we are a replaced incarnation saying hello again): refused for good, the group loop ends
+ * at once with DFLASH_EEXISTS and name_in_use (exit 4), its final checkpoint written
+ * (save_refused once), after that one hello: no join, no hello again (kills the mutant of
+ * group_worker.c's do_register without `rc == DFLASH_EEXISTS ||`: it said hello every 100 ms
+ * for ever). */
+static void test_group_hello_name_in_use(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_session *s = fake_session(&lc, &st, false); /* only for the config */
+    if (!s) return;
+    worker_session_destroy(&s);
+    lc.group = "g";
+    lc.broker_wait_ms = 5000; /* a loop that takes the refusal for "try again" ends in 5 s */
+    fake_answer_error((wire_error){.code = DFLASH_EEXISTS, .message = "name in use"}, WIRE_HELLO);
+    saves_refused = 0;
+    worker_consumer cons = {.name = "group", .consume = consume_nothing, .set_group = group_none,
+                            .sync_state = sync_none, .model_step = step_none,
+                            .save_refused = count_save};
+    int before = fake_requests();
+    memset(&st, 0, sizeof st);
+    int rc = worker_loop_run(&lc, &cons, &stop, &st);
+    CHECK_EQ_INT(rc, DFLASH_EEXISTS);
+    CHECK(st.name_in_use); /* main.c: exit 4 */
+    CHECK_EQ_INT(saves_refused, 1);
+    CHECK_EQ_INT(fake_requests(), before + 1); /* the hello only */
+    CHECK_EQ_INT(fake_last().type, WIRE_HELLO);
+    fake_reset();
+}
+
 int main(void)
 {
     log_init("test_worker_session", LOG_ERROR);
@@ -718,6 +768,7 @@ int main(void)
     test_barrier();
     test_save_refused();
     test_claim_name_in_use();
+    test_group_hello_name_in_use();
     fake_stop();
     CHECK_DONE();
 }

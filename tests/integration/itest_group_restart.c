@@ -34,7 +34,7 @@
  *             audit: no test resumed a group of two; a rank 1 that acked its batch too left it
  *             recorded trained and never trained in the group's model; a rank 0 that let its
  *             batches go had them trained twice.)
- * Checks: every rank exits 0 within 60 s, every batch of the epoch was trained exactly once (the
+ * Checks: every rank exits 0 within 60 s having logged no ERROR, every batch of the epoch was trained exactly once (the
  * processes' counts; resumed: d0's two batches never, the others once), the broker's ledger has
  * them all trained, none to do or in flight, and each rank registered at least twice (resumed:
  * once).
@@ -43,6 +43,7 @@
 #include "collective.h"
 #include "harness.h"
 #include "slot.h"
+#include "test_files.h"
 #include "worker_loop.h"
 
 #include <signal.h>
@@ -144,11 +145,16 @@ static uint32_t resumed_unacked(void *ctx, worker_unacked *out, uint32_t max)
     return n;
 }
 
-static pid_t start_rank(shared *sh, int me, const char *ep, uint32_t group_size)
+/* Rank process `me`, logging to DIR/d<me>.log. */
+static pid_t start_rank(shared *sh, int me, const char *dir, const char *ep, uint32_t group_size)
 {
     fflush(NULL);
     pid_t pid = fork();
     if (pid != 0) return pid;
+    char log[128];
+    snprintf(log, sizeof log, "%s/d%d.log", dir, me);
+    if (!freopen(log, "w", stderr)) _exit(3);
+    setvbuf(stderr, NULL, _IOLBF, 0);
     member m = {.sh = sh, .r = &sh->r[me]};
     m.r->rank = -1;
     volatile sig_atomic_t stop = 0;
@@ -259,11 +265,11 @@ static void scenario(const char *queue_bin, const char *target_bin, mode md)
         target = h_start_small_target(target_bin, dir, what, PER_BUCKET, 200);
         CHECK(target > 0);
         CHECK(wait_plan(ep, 20000));
-        d[0] = start_rank(sh, 0, ep, 2);
+        d[0] = start_rank(sh, 0, dir, ep, 2);
         CHECK(wait_group(ep, 1, 20000));
-        d[1] = start_rank(sh, 1, ep, 2);
+        d[1] = start_rank(sh, 1, dir, ep, 2);
     } else {
-        for (int i = 0; i < n; i++) d[i] = start_rank(sh, i, ep, 0);
+        for (int i = 0; i < n; i++) d[i] = start_rank(sh, i, dir, ep, 0);
         /* the group's first step is every rank's: slots come once it has formed */
         CHECK(wait_group(ep, (uint32_t)n, 20000));
         target = h_start_small_target(target_bin, dir, what, PER_BUCKET, 200);
@@ -294,6 +300,16 @@ static void scenario(const char *queue_bin, const char *target_bin, mode md)
         CHECK_EQ_INT(rc, 0);
         /* a second hello, to the restarted broker */
         CHECK(sh->r[i].st.registrations >= (md == RESUMED ? 1u : 2u));
+        /* nothing went wrong that a user is told of as an error (e.g. rank 1 sending StepDone,
+         * which the broker refuses: only rank 0 reports a step done) */
+        char log[128];
+        snprintf(log, sizeof log, "%s/d%d.log", dir, i);
+        char *text = test_slurp(log, NULL);
+        CHECK(text != NULL);
+        const char *err = text ? strstr(text, " ERROR ") : NULL;
+        if (err) printf("%s: d%d logged an error: %.200s\n", what, i, err);
+        CHECK(err == NULL);
+        free(text);
     }
     if (md == RESUMED) CHECK_EQ_INT(sh->r[0].rank, 0); /* d0's model is the group's */
     int right = 0;

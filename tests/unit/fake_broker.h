@@ -2,9 +2,10 @@
  * static; include once, after check.h): a ZeroMQ ROUTER at ipc://DIR/queue.sock (DIR a fresh
  * 0700 temp dir) in a thread of the test, which records every request it gets and answers it
  * as the test set it up under fb.mu: the request's own reply type with plain contents (a
- * hello naming fb.pub_endpoint (one in no directory unless set), a grant of slot 2, a view of epoch 4, the
- * settings "applied", OK with fb.ok_value, fb.status for a status request, a target's work unit:
- * slot 1, batch (0, 0, n) for its n-th work request, a PoolLeft with nothing left), or fb.reply_type,
+ * hello naming fb.pub_endpoint (one in no directory unless set), a grant of slot 2, a view of epoch 4
+ * (the joiner rank 0 of 1, at the step it reported), the settings "applied", OK with
+ * fb.ok_value, fb.status for a status request, a target's work unit: slot 1, batch (0, 0, n)
+ * for its n-th work request, a PoolLeft with nothing left), or fb.reply_type,
  * fb.error (to fb.error_for's requests only, unless that is WIRE_NONE), silence (to
  * fb.silent_for's only, likewise), a delay, or
  * decoys first (a reply to another request id, one not from a broker).
@@ -115,6 +116,7 @@ static void fake_reply(const wire_msg *req, wire_msg *rep)
         strcpy(rep->u.view.group, req->u.join.group);
         rep->u.view.epoch = 4;
         rep->u.view.world = 1;
+        rep->u.view.step = req->u.join.step; /* the joiner alone: rank 0, its model the group's */
         break;
     case WIRE_SET_CONFIG_REPLY: /* the effective values: what the broker made of them */
         rep->u.settings = req->u.settings;

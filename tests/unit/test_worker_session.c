@@ -31,7 +31,8 @@
  *   - the ack of a resumed checkpoint's batch is said as acked now, or as had already;
  *   - the solo loop whose claim the fake refuses EXISTS (our --name is a live trainer's) ends
  *     at once with name_in_use (exit 4), after one claim; a group rank whose hello it refuses
- *     EXISTS ends at once too, name_in_use, its final checkpoint written;
+ *     EXISTS ends at once too, name_in_use, its final checkpoint written; a group rank 0
+ *     resumed with an unacked batch whose acks go unanswered keeps it for the final checkpoint;
  *   - a refused periodic commit report is said once (not once per report) and backed off for
  *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
  *     again. */
@@ -749,6 +750,83 @@ static void test_group_hello_name_in_use(void)
     fake_reset();
 }
 
+/* A group rank resumed from a checkpoint that records batch (0, 1, 7) trained at step 5 and
+ * unacked; its model_step() calls counted (one per join: one per view). */
+static volatile int step_asked;
+static uint64_t step_five(void *ctx)
+{
+    (void)ctx;
+    step_asked++;
+    return 5;
+}
+
+static uint32_t one_unacked(void *ctx, worker_unacked *out, uint32_t max)
+{
+    (void)ctx;
+    if (max < 1) return 0;
+    out[0] = (worker_unacked){{0, 1, 7}, 5};
+    return 1;
+}
+
+static worker_unacked final_unacked[WORKER_MAX_UNACKED];
+static int n_final_unacked = -1;
+static void note_final_unacked(void *ctx, const worker_unacked *b, uint32_t n)
+{
+    (void)ctx;
+    n_final_unacked = (int)n;
+    memcpy(final_unacked, b, (n < WORKER_MAX_UNACKED ? n : WORKER_MAX_UNACKED) * sizeof *b);
+}
+
+typedef struct {
+    worker_loop_config *lc;
+    worker_consumer *cons;
+    worker_stats st;
+    int rc;
+} loop_run;
+
+static void *run_loop(void *arg)
+{
+    loop_run *r = arg;
+    r->rc = worker_loop_run(r->lc, r->cons, &stop, &r->st);
+    return NULL;
+}
+
+/* A group rank 0 (its model the group's: the fake's view) resumed with an unacked batch, whose
+ * acks no broker answers (the fake's Error with code TIMEOUT: a silent broker, without the
+ * waits): the batch is not let go. resolve_resumed tries again at every view, and a stop then
+ * puts it in the final checkpoint's unacked list, at its step (kills the mutant of
+ * resolve_resumed without `if (rc == DFLASH_ETIMEOUT) return false;`: after 20 unanswered acks
+ * the batch was let go, trained again by the broker though our model had it). */
+static void test_group_resumed_ack_unanswered(void)
+{
+    worker_loop_config lc;
+    worker_stats st = {0};
+    worker_session *s = fake_session(&lc, &st, false); /* only for the config */
+    if (!s) return;
+    worker_session_destroy(&s);
+    lc.group = "g";
+    fake_answer_error((wire_error){.code = DFLASH_ETIMEOUT, .message = "no reply"}, WIRE_ACK);
+    worker_consumer cons = {.name = "group", .consume = consume_nothing, .set_group = group_none,
+                            .sync_state = sync_none, .model_step = step_five,
+                            .resumed_unacked = one_unacked, .unacked = note_final_unacked};
+    loop_run r = {.lc = &lc, .cons = &cons};
+    step_asked = 0;
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &r), 0);
+    /* four joins: three views' rounds of 20 unanswered acks before the fourth */
+    for (int i = 0; i < 1000 && step_asked < 4; i++) monotime_sleep_ms(10);
+    stop = 1;
+    pthread_join(th, NULL);
+    stop = 0;
+    CHECK_EQ_INT(r.rc, 0);
+    CHECK_EQ_INT(n_final_unacked, 1);
+    if (n_final_unacked == 1) {
+        CHECK(final_unacked[0].wu.bucket == 1 && final_unacked[0].wu.batch == 7);
+        CHECK_EQ_INT(final_unacked[0].step, 5);
+    }
+    fake_reset();
+}
+
 int main(void)
 {
     log_init("test_worker_session", LOG_ERROR);
@@ -769,6 +847,7 @@ int main(void)
     test_save_refused();
     test_claim_name_in_use();
     test_group_hello_name_in_use();
+    test_group_resumed_ack_unanswered();
     fake_stop();
     CHECK_DONE();
 }

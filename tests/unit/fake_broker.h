@@ -11,6 +11,7 @@
  * decoys first (a reply to another request id, one not from a broker).
  *   fake_start() / fake_stop()  bind and serve / stop and remove the dir
  *   fake_reset()                plain answers again
+ *   fake_answer_error(e, t)     ERROR e to requests of type t; fake_silence(t): none to them
  *   fake_last(), fake_count(h)  the last request (a copy), how many (heartbeats only when h)
  *   fake_count_type(t)          how many requests of type t
  *   fake_bind(ep)               the fake serves ep too from now on (a broker that comes back)
@@ -208,6 +209,15 @@ static __attribute__((unused)) void fake_answer_error(wire_error e, wire_type fo
     pthread_mutex_lock(&fb.mu);
     fb.error = e;
     fb.error_for = for_type;
+    pthread_mutex_unlock(&fb.mu);
+}
+
+/* From now on the fake answers no request of type FOR (WIRE_NONE: none at all). */
+static __attribute__((unused)) void fake_silence(wire_type for_type)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.silent = true;
+    fb.silent_for = for_type;
     pthread_mutex_unlock(&fb.mu);
 }
 

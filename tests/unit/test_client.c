@@ -258,9 +258,7 @@ static void test_poll_pacing(void)
     CHECK_EQ_INT(client_poll(c), 0); /* a request just went: nothing due */
     CHECK_EQ_INT(fake_count(true), hb0);
     /* a silent broker: the call times out after 800 ms, longer than half a heartbeat */
-    pthread_mutex_lock(&fb.mu);
-    fb.silent = true;
-    pthread_mutex_unlock(&fb.mu);
+    fake_silence(WIRE_NONE);
     client_set_timeout(c, 800);
     int n0 = fake_count(false);
     wire_grant g;

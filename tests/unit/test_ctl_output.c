@@ -297,9 +297,7 @@ static void test_verbs(void)
     free(o);
     fake_reset();
     /* no answer: exit 2 */
-    pthread_mutex_lock(&fb.mu);
-    fb.silent = true;
-    pthread_mutex_unlock(&fb.mu);
+    fake_silence(WIRE_NONE);
     char cmd[768];
     snprintf(cmd, sizeof cmd, "%s --endpoint %s --timeout-ms 200 status >/dev/null 2>&1", bin,
              fb.endpoint);

@@ -110,6 +110,18 @@ static void counts_mark(void)
     leaves0 = fake_count_type(WIRE_POOL_LEAVE);
 }
 
+/* The fake's answers plain again: the loop trains its batches and ends with 0, n of them. Its
+ * log (free it). */
+static char *run_finish_plain(run *r, int64_t n)
+{
+    fake_reset();
+    CHECK(wait_done(r));
+    char *log = run_end(r);
+    CHECK_EQ_INT(r->rc, 0);
+    CHECK_EQ_INT(r->st.batches, n);
+    return log;
+}
+
 /* An Error with no rule of its own: said, asked again; work that comes after it is done. */
 static void test_unexpected_error(void)
 {
@@ -122,11 +134,7 @@ static void test_unexpected_error(void)
     /* three refusals in a row: the loop is still there, asking */
     CHECK(wait_requests(&r, WIRE_WORK_REQUEST, work_requests0 + 3));
     CHECK(!r.done);
-    fake_reset(); /* the broker hands out work again */
-    CHECK(wait_done(&r));
-    char *log = run_end(&r);
-    CHECK_EQ_INT(r.rc, 0);
-    CHECK_EQ_INT(r.st.batches, 3); /* --max-batches reached, not given up before */
+    char *log = run_finish_plain(&r, 3); /* --max-batches reached, not given up before */
     CHECK_EQ_INT(fake_count_type(WIRE_SLOT_READY) - readies0, 3);
     CHECK_EQ_INT(r.st.registrations, 1); /* an unknown error is not a lost registration */
     CHECK_EQ_INT(fake_count_type(WIRE_HELLO) - hellos0, 1);
@@ -167,11 +175,7 @@ static void test_full_again(int code)
     run_start(&r, 2, 5000);
     CHECK(wait_requests(&r, WIRE_WORK_REQUEST, work_requests0 + 4));
     CHECK(!r.done);
-    fake_reset();
-    CHECK(wait_done(&r));
-    char *log = run_end(&r);
-    CHECK_EQ_INT(r.rc, 0);
-    CHECK_EQ_INT(r.st.batches, 2);
+    char *log = run_finish_plain(&r, 2);
     CHECK_EQ_INT(r.st.registrations, 1);
     CHECK(r.st.wait_slot_s > 0);
     CHECK(strstr(log, "work request failed") == NULL);
@@ -190,11 +194,7 @@ static void test_stale(void)
     run_start(&r, 2, 5000);
     CHECK(wait_requests(&r, WIRE_HELLO, hellos0 + 2)); /* the first hello and one again */
     CHECK(!r.done);
-    fake_reset();
-    CHECK(wait_done(&r));
-    char *log = run_end(&r);
-    CHECK_EQ_INT(r.rc, 0);
-    CHECK_EQ_INT(r.st.batches, 2);
+    char *log = run_finish_plain(&r, 2);
     CHECK(r.st.registrations >= 2);
     CHECK(strstr(log, "registering again") != NULL);
     CHECK(strstr(log, "work request failed") == NULL);
@@ -207,19 +207,12 @@ static void test_silent(void)
 {
     fake_reset();
     counts_mark();
-    pthread_mutex_lock(&fb.mu);
-    fb.silent = true;
-    fb.silent_for = WIRE_WORK_REQUEST;
-    pthread_mutex_unlock(&fb.mu);
+    fake_silence(WIRE_WORK_REQUEST);
     run r;
     run_start(&r, 2, 300);
     CHECK(wait_requests(&r, WIRE_WORK_REQUEST, work_requests0 + 3)); /* two timed out */
     CHECK(!r.done);
-    fake_reset();
-    CHECK(wait_done(&r));
-    char *log = run_end(&r);
-    CHECK_EQ_INT(r.rc, 0);
-    CHECK(r.st.batches == 2);
+    char *log = run_finish_plain(&r, 2);
     CHECK(r.st.wait_slot_s < 0.3); /* two timeouts of 0.3 s would be 0.6 s */
     CHECK(strstr(log, "work request failed") == NULL);
     free(log);
@@ -231,24 +224,16 @@ static void test_register_again(bool silent)
 {
     fake_reset();
     counts_mark();
-    if (silent) {
-        pthread_mutex_lock(&fb.mu);
-        fb.silent = true;
-        fb.silent_for = WIRE_POOL_REGISTER;
-        pthread_mutex_unlock(&fb.mu);
-    } else {
+    if (silent)
+        fake_silence(WIRE_POOL_REGISTER);
+    else
         fake_answer_error((wire_error){.code = DFLASH_ESTALE, .message = "unknown peer: send hello"},
                           WIRE_POOL_REGISTER);
-    }
     run r;
     run_start(&r, 2, 300);
     CHECK(wait_requests(&r, WIRE_POOL_REGISTER, registers0 + 2)); /* one failed, asked again */
     CHECK(!r.done);
-    fake_reset();
-    CHECK(wait_done(&r));
-    char *log = run_end(&r);
-    CHECK_EQ_INT(r.rc, 0);
-    CHECK_EQ_INT(r.st.batches, 2);
+    char *log = run_finish_plain(&r, 2);
     CHECK_EQ_INT(r.st.registrations, 1);
     CHECK(fake_count_type(WIRE_HELLO) - hellos0 >= 2); /* each try starts with a hello */
     if (check_failed) fprintf(stderr, "(the case of a registration %s)\n",

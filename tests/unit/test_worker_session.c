@@ -381,6 +381,17 @@ static worker_session *fake_session(worker_loop_config *lc, worker_stats *st, bo
     return s;
 }
 
+/* The config of a worker loop against the fake broker (a session made for it and dropped);
+ * false when none could be made. */
+static bool fake_loop_config(worker_loop_config *lc)
+{
+    worker_stats st = {0};
+    worker_session *s = fake_session(lc, &st, false);
+    if (!s) return false;
+    worker_session_destroy(&s);
+    return true;
+}
+
 /* A consumer that keeps the barrier the session hands it. */
 typedef struct {
     int (*fn)(void *arg, uint64_t step);
@@ -680,9 +691,7 @@ static void test_claim_name_in_use(void)
 {
     worker_loop_config lc;
     worker_stats st = {0};
-    worker_session *s = fake_session(&lc, &st, false); /* only for the config */
-    if (!s) return;
-    worker_session_destroy(&s);
+    if (!fake_loop_config(&lc)) return;
     fake_answer_error((wire_error){.code = DFLASH_EEXISTS,
                                    .message = "the drafter name 'hopeless' is in use by a live "
                                               "trainer (run 000000000000005a): give each "
@@ -729,9 +738,7 @@ static void test_group_hello_name_in_use(void)
 {
     worker_loop_config lc;
     worker_stats st = {0};
-    worker_session *s = fake_session(&lc, &st, false); /* only for the config */
-    if (!s) return;
-    worker_session_destroy(&s);
+    if (!fake_loop_config(&lc)) return;
     lc.group = "g";
     lc.broker_wait_ms = 5000; /* a loop that takes the refusal for "try again" ends in 5 s */
     fake_answer_error((wire_error){.code = DFLASH_EEXISTS, .message = "name in use"}, WIRE_HELLO);
@@ -800,10 +807,7 @@ static void *run_loop(void *arg)
 static void test_group_resumed_ack_unanswered(void)
 {
     worker_loop_config lc;
-    worker_stats st = {0};
-    worker_session *s = fake_session(&lc, &st, false); /* only for the config */
-    if (!s) return;
-    worker_session_destroy(&s);
+    if (!fake_loop_config(&lc)) return;
     lc.group = "g";
     fake_answer_error((wire_error){.code = DFLASH_ETIMEOUT, .message = "no reply"}, WIRE_ACK);
     worker_consumer cons = {.name = "group", .consume = consume_nothing, .set_group = group_none,

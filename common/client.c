@@ -32,6 +32,7 @@ struct client {
     uint64_t shape;          /* client_set_drafter_shape: stated in every GroupJoin (0: none) */
     char shape_text[WIRE_MAX_SHAPE_TEXT];
     uint32_t accumulate; /* client_set_group_accumulate: stated in every GroupJoin (0/1: none) */
+    bool ends_when_drained; /* client_set_group_ends_when_drained: stated in every GroupJoin */
     bool restarted;
     uint32_t heartbeat_ms, lease_timeout_ms, stats_interval_ms;
     char pub_endpoint[WIRE_MAX_TEXT];
@@ -329,6 +330,13 @@ void client_set_group_accumulate(client *c, uint32_t accumulate)
     pthread_mutex_unlock(&c->mu);
 }
 
+void client_set_group_ends_when_drained(client *c, bool ends)
+{
+    pthread_mutex_lock(&c->mu);
+    c->ends_when_drained = ends;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static int do_register(client *c, const wire_pool *pool)
 {
     req_init(c, WIRE_POOL_REGISTER);
@@ -459,6 +467,7 @@ static int do_group_join(client *c, const char *group, uint64_t step, uint64_t f
     c->req.u.join.shape = c->shape;
     memcpy(c->req.u.join.shape_text, c->shape_text, sizeof c->shape_text);
     c->req.u.join.accumulate = c->accumulate;
+    c->req.u.join.ends_when_drained = c->ends_when_drained;
     int rc = call(c, WIRE_GROUP_VIEW);
     if (!rc && out) *out = c->rep.u.view;
     return rc;

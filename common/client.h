@@ -153,6 +153,10 @@ void client_set_drafter_shape(client *c, uint64_t shape, const char *text);
  * every GroupJoin like the shape: the broker refuses a joiner with another than its group's
  * (Error MISMATCH). 0 or 1: one micro-step (the default; 1 is not sent, as before). */
 void client_set_group_accumulate(client *c, uint32_t accumulate);
+/* Drafter: whether it ends its run when the broker has nothing more (--exit-when-drained),
+ * stated in every GroupJoin: a broker with nothing left to hand out then answers the join Error
+ * SHUTDOWN, as it answers a claim, instead of a view. False: a view (the default). */
+void client_set_group_ends_when_drained(client *c, bool ends);
 
 /* Target: registers (or re-registers) its slot pool. The broker drops every slot of an older
  * pool incarnation and returns its batches to to-do. Extra: DFLASH_EINVAL/ERANGE (bad pool). */

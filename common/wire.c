@@ -701,6 +701,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         if (m->u.join.shape_text[0]) gjoin.shape_text = (char *)m->u.join.shape_text;
         gjoin.has_accumulate = m->u.join.accumulate != 0;
         gjoin.accumulate = m->u.join.accumulate;
+        gjoin.has_ends_when_drained = m->u.join.ends_when_drained;
+        gjoin.ends_when_drained = m->u.join.ends_when_drained;
         env.group_join = &gjoin;
         break;
     case WIRE_GROUP_VIEW: {
@@ -1132,6 +1134,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         if (copy_str(m->u.join.shape_text, WIRE_MAX_SHAPE_TEXT, j->shape_text))
             return fail(why, len, DFLASH_ERANGE, "group_join: shape text too long");
         m->u.join.accumulate = j->has_accumulate ? j->accumulate : 0;
+        m->u.join.ends_when_drained = j->has_ends_when_drained && j->ends_when_drained;
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_VIEW: {

@@ -294,6 +294,8 @@ typedef struct wire_group_join {
     char shape_text[WIRE_MAX_SHAPE_TEXT]; /* the same in words; "" when not stated */
     uint32_t accumulate;   /* micro-steps per group step, 1..WIRE_MAX_WORLD; 0 = not stated
                             * (an older drafter: 1) */
+    bool ends_when_drained; /* --exit-when-drained: a join with nothing left is answered
+                             * SHUTDOWN (broker_on_group_join); false: a view (an older one) */
 } wire_group_join;
 
 typedef struct wire_group_view {

@@ -252,13 +252,17 @@ static void report_refused_step(gw *g)
     wire_group_view v;
     uint64_t ms = g->cons->model_step(g->cons->ctx);
     int rc = DFLASH_ETIMEOUT;
-    for (int a = 0; a < 20 && rc != 0 && !broker_lost(g); a++) {
+    for (int a = 0; a < 20 && rc != 0 && rc != DFLASH_ESHUTDOWN && !broker_lost(g); a++) {
         rc = client_group_join(g->cl, g->cfg->group, ms, 0, -1, 0, &v);
         heard(g, rc);
         if (rc == DFLASH_ESTALE && do_register(g) < 0) break;
-        if (rc != 0) monotime_sleep_ms(50);
+        if (rc != 0 && rc != DFLASH_ESHUTDOWN) monotime_sleep_ms(50);
     }
-    if (rc == 0) {
+    if (rc == DFLASH_ESHUTDOWN) { /* nothing left and no step of ours in flight: resolved */
+        g->refused_step = false;
+        LOG_INFO("group %s: the broker holds no step of ours to resolve (%s)", g->cfg->group,
+                 client_last_error(g->cl));
+    } else if (rc == 0) {
         g->refused_step = false;
         LOG_INFO("group %s: joined once more before the end, at model step %llu, so the broker "
                  "can resolve the step it did not take as done", g->cfg->group,
@@ -443,6 +447,20 @@ static int joining(gw *g)
             g->wait_said_ms = now;
         }
         monotime_sleep_ms(20);
+        return 0;
+    }
+    if (rc == DFLASH_ESHUTDOWN && c->exit_when_drained) {
+        /* we state --exit-when-drained in the join (client_set_group_ends_when_drained): the
+         * broker has nothing left and no step of our group in flight; without the answer a
+         * rank whose partner left at the data's end waited --group-wait-s for another */
+        LOG_INFO("the broker has nothing more for us (%s): done", client_last_error(g->cl));
+        set_state(g, GW_DONE);
+        return 0;
+    }
+    if (rc == DFLASH_ESHUTDOWN) { /* not asked for: as a claim's without --exit-when-drained */
+        set_waiting(g, "for work: the broker has nothing to hand out (%s)",
+                    client_last_error(g->cl));
+        monotime_sleep_ms(100);
         return 0;
     }
     if (rc == DFLASH_ESTALE) {
@@ -921,6 +939,7 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
         goto out_comm;
     }
     client_set_group_accumulate(g.cl, g.accumulate); /* stated in every join, as the shape */
+    client_set_group_ends_when_drained(g.cl, cfg->exit_when_drained);
     if (cons->resumed_unacked)
         g.n_resumed = cons->resumed_unacked(cons->ctx, g.resumed, WORKER_MAX_UNACKED);
 

@@ -15,9 +15,13 @@
  *   2. db joins (world 2): the two still wait, until --group-wait-s ends the wait: rank 0 says
  *      it goes on with 2 of the 3 ranks;
  *   3. the epoch is trained to its end: every group step of 2 batches (21 steps), none of 1;
- *      a drain ends all three daemons with exit 0; the final checkpoint records the step as
- *      the group means it, of 3 ranks (--group-size), not the 2 it had (a resume with the 3
- *      would otherwise share a step of 2 batches among them).
+ *      the plan's end ends both drafters with exit 0 (--exit-when-drained); the final
+ *      checkpoint records the step as the group means it, of 3 ranks (--group-size), not the 2
+ *      it had (a resume with the 3 would otherwise share a step of 2 batches among them);
+ *   4. the rank holding that checkpoint, started again alone with --group-wait-s 600, exits 0
+ *      at once: its join is answered as a claim is at the plan's end (it used to wait the
+ *      600 s for the others: so did the last rank of a group whose partner heard the end
+ *      first and left); a drain then ends the target.
  * A dflash-drafter with --group-size and no --group is refused (exit 2).
  * Usage: itest_group_size QUEUE TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
 #include "check.h"
@@ -28,18 +32,24 @@
 static char dir[64], ep[128], rt[128];
 static const char *drafter_bin;
 
-/* Drafter name of group g with --group-size 3 --group-wait-s 8; its log in drafter-NAME.log.
- * group NULL: the same without --group. */
-static pid_t start_drafter(const char *name, const char *group, char *log, size_t log_len)
+/* Drafter name of group g with --group-size 3 --group-wait-s wait_s; its log in
+ * drafter-NAME.log. group NULL: the same without --group. */
+static pid_t start_drafter_waiting(const char *name, const char *group, const char *wait_s,
+                                   char *log, size_t log_len)
 {
     char model[128], ckpt[128];
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", dir, name);
     snprintf(log, log_len, "%s/drafter-%s.log", dir, name);
-    const char *extra[] = {"--group-size", "3", "--group-wait-s", "8", "--comm", "shm",
+    const char *extra[] = {"--group-size", "3", "--group-wait-s", wait_s, "--comm", "shm",
                            "--comm-timeout-s", "5", "--timeout-ms", "1000", "--progress-ms", "300",
                            group ? "--group" : NULL, group, NULL};
     return h_start_training_drafter(drafter_bin, model, rt, name, ckpt, 80, extra, log);
+}
+
+static pid_t start_drafter(const char *name, const char *group, char *log, size_t log_len)
+{
+    return start_drafter_waiting(name, group, "8", log, log_len);
 }
 
 int main(int argc, char **argv)
@@ -103,16 +113,18 @@ int main(int argc, char **argv)
     printf("phase 3: 42 batches in %d group steps, %d of 2 batches\n", steps, of_two);
     CHECK_EQ_INT(steps, 21);
     CHECK_EQ_INT(of_two, 21);
-    CHECK_EQ_INT(client_drain(c), 0);
+    /* the end of the plan ends both ranks (--exit-when-drained, the default), no drain */
     CHECK_EQ_INT(h_wait_exit(da, 60000), 0);
     CHECK_EQ_INT(h_wait_exit(db, 60000), 0);
     /* the final checkpoint (rank 0's, in either directory) records the step the group means,
      * 3 ranks (--group-size), not the 2 it had: a resume with the 3 restores steps of 3 */
     int with_ckpt = 0;
+    const char *rank0 = NULL;
     for (const char *who = "a"; who; who = who[0] == 'a' ? "b" : NULL) {
         char root[160], path[512], err[512];
         snprintf(root, sizeof root, "%s/ckpt-d%s", dir, who);
         if (dflash_ckpt_latest(root, path, sizeof path) < 0) continue;
+        rank0 = who;
         dflash_train_cfg tc;
         long step = 0;
         CHECK_EQ_INT(dflash_ckpt_train_settings(path, &tc, &step, err, sizeof err), 0);
@@ -122,6 +134,26 @@ int main(int argc, char **argv)
     }
     CHECK(with_ckpt >= 1);
     printf("phase 3: the final checkpoint records world 3 (--group-size), its step 21\n");
+
+    /* 4. a rank that joins with nothing left ends at once: the broker answers its join as it
+     * answers a claim (it used to join, alone, and wait --group-wait-s, here 600 s, for the
+     * others before it claimed and heard the end: so did the last rank of a group whose
+     * partner had heard it first and left) */
+    if (rank0) {
+        char name[8], relog[160];
+        snprintf(name, sizeof name, "d%s", rank0);
+        snprintf(relog, sizeof relog, "%s/drafter-%s.log", dir, name); /* appended to */
+        size_t from = (size_t)test_file_size(relog);
+        uint64_t t0 = h_now_ms();
+        pid_t again = start_drafter_waiting(name, "g", "600", relog, sizeof relog);
+        CHECK_EQ_INT(h_wait_exit(again, 60000), 0);
+        CHECK(h_wait_text_from(relog, from, "the broker has nothing more for us (every batch "
+                                            "of the target's planned epochs (1) is trained", 0));
+        CHECK(!h_wait_text_from(relog, from, "waiting up to 600 s (--group-wait-s)", 0));
+        printf("phase 4: %s resumed alone at the plan's end exits 0 after %.1f s\n", name,
+               (h_now_ms() - t0) / 1000.0);
+    }
+    CHECK_EQ_INT(client_drain(c), 0);
     CHECK_EQ_INT(h_wait_exit(tp, 30000), 0);
     client_destroy(&c);
     CHECK_EQ_INT(h_stop(qp), 0);

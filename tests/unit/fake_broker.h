@@ -13,7 +13,7 @@
  *   fake_reset()                plain answers again
  *   fake_answer_error(e, t)     ERROR e to requests of type t; fake_silence(t): none to them
  *   fake_last(), fake_count(h)  the last request (a copy), how many (heartbeats only when h)
- *   fake_count_type(t)          how many requests of type t
+ *   fake_count_type(t)          how many requests of type t; fake_last_join() the last GroupJoin
  *   fake_bind(ep)               the fake serves ep too from now on (a broker that comes back)
  *   fake_pub_send(pub, t, m)    one announcement on a PUB socket, framed as the broker's
  * Used by test_client (the client library's rules), test_ctl_output (dflash-ctl's output),
@@ -59,6 +59,7 @@ typedef struct fake {
     wire_msg last;
     int n_requests, n_heartbeats;
     int n_type[WIRE_TYPE_COUNT]; /* per request type */
+    wire_msg last_join; /* the last GroupJoin (fake_last_join) */
     char bind_more[160], bound_more[160]; /* fake_bind: to bind at the next turn, bound */
 } fake;
 
@@ -165,6 +166,7 @@ static void *fake_main(void *arg)
         fb.n_requests++;
         if (req.type == WIRE_HEARTBEAT) fb.n_heartbeats++;
         if (req.type < WIRE_TYPE_COUNT) fb.n_type[req.type]++;
+        if (req.type == WIRE_GROUP_JOIN) fb.last_join = req;
         bool silent = fb.silent && (fb.silent_for == WIRE_NONE || fb.silent_for == req.type);
         bool decoys = fb.decoys;
         uint64_t ok_value = fb.ok_value;
@@ -303,6 +305,15 @@ static __attribute__((unused)) int fake_count(bool heartbeats)
     int n = heartbeats ? fb.n_heartbeats : fb.n_requests;
     pthread_mutex_unlock(&fb.mu);
     return n;
+}
+
+/* The last GroupJoin the fake got (a copy; zeroed before the first). */
+static __attribute__((unused)) wire_group_join fake_last_join(void)
+{
+    pthread_mutex_lock(&fb.mu);
+    wire_group_join j = fb.last_join.u.join;
+    pthread_mutex_unlock(&fb.mu);
+    return j;
 }
 
 /* How many requests of type t the fake got so far. */

@@ -70,11 +70,13 @@ static void test_requests(void)
     CHECK(m.u.join.has_gone_rank && m.u.join.gone_rank == 0);
     CHECK(m.u.join.shape == 0xabcdef && strcmp(m.u.join.shape_text, "4 layers") == 0);
     CHECK_EQ_INT(m.u.join.accumulate, 2);
+    CHECK(!m.u.join.ends_when_drained); /* not set: a view whatever is left */
     CHECK(view.epoch == 4 && view.world == 1);
     client_set_group_accumulate(c, 1); /* one micro-step: not stated, as an older drafter */
+    client_set_group_ends_when_drained(c, true); /* --exit-when-drained: stated in every join */
     CHECK_EQ_INT(client_group_join(c, "dp", 5, 0, -1, 2, NULL), 0);
     m = fake_last();
-    CHECK(!m.u.join.has_gone_rank && m.u.join.accumulate == 0);
+    CHECK(!m.u.join.has_gone_rank && m.u.join.accumulate == 0 && m.u.join.ends_when_drained);
     CHECK_EQ_INT(client_group_join(c, "dp", 5, 0, WIRE_MAX_WORLD, 2, NULL), DFLASH_EINVAL);
     /* the rendezvous id, all its bytes */
     uint8_t id[5] = {1, 2, 3, 4, 5};

@@ -140,7 +140,7 @@ static void fill_status(wire_status *st)
 /* --- group messages, boundaries, hostile envelopes ----------------------------------------- */
 
 /* Every group message round-trips whole, the optional fields (gone rank, shape, accumulation,
- * rendezvous id, micro-step) included. */
+ * ends when drained, rendezvous id, micro-step) included. */
 static void group_roundtrips(void)
 {
     wire_msg in, out;
@@ -154,7 +154,10 @@ static void group_roundtrips(void)
     in.u.join.shape = 0xabcdef0123ull;
     strcpy(in.u.join.shape_text, "4 layers, 1024 hidden");
     in.u.join.accumulate = 4;
+    in.u.join.ends_when_drained = true;
     if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
+    in.u.join.ends_when_drained = false; /* not set: not sent, read as false */
+    if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out) && !out.u.join.ends_when_drained);
     wire_msg_init(&in, WIRE_GROUP_VIEW, WIRE_ROLE_BROKER, 9, 2);
     strcpy(in.u.view.group, "dp0");
     in.u.view.epoch = 4;

@@ -831,6 +831,43 @@ static void test_group_resumed_ack_unanswered(void)
     fake_reset();
 }
 
+/* A group rank whose join the broker answers SHUTDOWN: nothing left and no step of its group
+ * in flight (broker_groups.c answers so only a join that states --exit-when-drained). With the
+ * flag the loop states it in its join and ends (exit 0) at that answer, as at a claim's; the
+ * last rank at the data's end used to join, be given a view and wait --group-wait-s for the
+ * others. Without it the loop states nothing and waits on (joining again) until stopped. */
+static void test_group_join_drained(void)
+{
+    worker_loop_config lc;
+    if (!fake_loop_config(&lc)) return;
+    lc.group = "g";
+    lc.group_size = 2;
+    lc.exit_when_drained = true;
+    fake_answer_error((wire_error){.code = DFLASH_ESHUTDOWN, .message = "drained"},
+                      WIRE_GROUP_JOIN);
+    worker_consumer cons = {.name = "group", .consume = consume_nothing, .set_group = group_none,
+                            .sync_state = sync_none, .model_step = step_none};
+    int before = fake_count_type(WIRE_GROUP_JOIN);
+    loop_run r = {.lc = &lc, .cons = &cons};
+    CHECK_EQ_INT(worker_loop_run(&lc, &cons, &stop, &r.st), 0);
+    CHECK_EQ_INT(fake_count_type(WIRE_GROUP_JOIN), before + 1);
+    CHECK(fake_last_join().ends_when_drained);
+
+    lc.exit_when_drained = false;
+    before = fake_count_type(WIRE_GROUP_JOIN);
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &r), 0);
+    for (int i = 0; i < 500 && fake_count_type(WIRE_GROUP_JOIN) < before + 3; i++)
+        monotime_sleep_ms(10);
+    CHECK(fake_count_type(WIRE_GROUP_JOIN) >= before + 3); /* it waits on, joining again */
+    CHECK(!fake_last_join().ends_when_drained);
+    stop = 1;
+    pthread_join(th, NULL);
+    stop = 0;
+    CHECK_EQ_INT(r.rc, 0);
+    fake_reset();
+}
+
 int main(void)
 {
     log_init("test_worker_session", LOG_ERROR);
@@ -852,6 +889,7 @@ int main(void)
     test_claim_name_in_use();
     test_group_hello_name_in_use();
     test_group_resumed_ack_unanswered();
+    test_group_join_drained();
     fake_stop();
     CHECK_DONE();
 }

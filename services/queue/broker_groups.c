@@ -384,7 +384,8 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
         char w[32];
         LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained after "
                  "it back to to-do; its drafter: %s; %u micro-step%s a step", j->group, p->name,
-                 j->step, rewound, shape.hash ? shape_words(&shape, w, sizeof w) : "shape not stated",
+                 j->step, rewound,
+                 shape.hash ? shape_words(&shape, w, sizeof w) : "shape not stated",
                  j->accumulate > 1 ? j->accumulate : 1, j->accumulate > 1 ? "s" : "");
     }
     group *g;

@@ -342,12 +342,18 @@ static void refuse_shape(broker *b, peer *p, const group *g, const group_shape *
 /* A join that ends its member's run when the broker has nothing more (GroupJoin's
  * ends_when_drained) is answered SHUTDOWN, as a claim is, when nothing is left to hand out
  * (drained, or the plan done), no group step is orphaned (its units wait for a join to resolve
- * them) and group g (NULL: none yet) has no step in flight (the join may resolve it). A rank
- * whose partner left at the data's end otherwise waited --group-wait-s for another rank before
- * it claimed and heard it. True when r holds that answer. */
-static bool answer_nothing_left(broker *b, const group *g, uint64_t rid, wire_msg *r)
+ * them) and group g has no step in flight (the join may resolve it); a rank whose partner left
+ * at the data's end otherwise waited --group-wait-s for another before it claimed and heard
+ * it. Only in a group that exists (a creating join is answered as before) and has trained a
+ * step since the broker started, or has had an epoch of the joiner's --group-size (world_hint):
+ * a group created by a resumed member at the data's end waits for its ranks as at any start,
+ * so the member holding the newest checkpoint does not leave before one with an older model,
+ * whose creation of the group would rewind the trained batches. True when r holds the answer. */
+static bool answer_nothing_left(broker *b, const group *g, uint32_t world_hint, uint64_t rid,
+                                wire_msg *r)
 {
-    if ((g && g->step_active) || group_orphan_count(b->groups)) return false;
+    if (!g || g->step_active || group_orphan_count(b->groups)) return false;
+    if (!g->steps_done && g->widest < world_hint) return false;
     if (broker_drained(b)) {
         reply_error(b, r, rid, DFLASH_ESHUTDOWN, "drained");
         return true;
@@ -364,30 +370,25 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     _Static_assert(sizeof shape.text == sizeof j->shape_text, "GROUP_SHAPE_TEXT");
     memcpy(shape.text, j->shape_text, sizeof shape.text);
     bool creates = !group_find(b->groups, j->group) && !group_of_peer(b->groups, p->incarnation);
-    int64_t rewound = 0;
     if (creates) {
         if (hold_creation(b, p, j, m->request_id, r)) return;
         /* the group continues from its creator's model: batches trained after it are redone */
-        rewound = broker_rewind_to(b, j->step, r, m->request_id);
-        if (rewound < 0) {
+        int64_t n = broker_rewind_to(b, j->step, r, m->request_id);
+        if (n < 0) {
             LOG_WARN("group %s: %s cannot create it at step %" PRIu64 ": %s", j->group, p->name,
                      j->step, r->u.error.message);
             return;
         }
-    }
-    if (j->has_gone_rank) drop_gone_rank(b, p, j);
-    /* after the creator's rewind, which may give work back */
-    if (j->ends_when_drained &&
-        answer_nothing_left(b, group_find(b->groups, j->group), m->request_id, r))
-        return;
-    if (creates) {
         char w[32];
         LOG_INFO("group %s created by %s at step %" PRIu64 ": %" PRId64 " batches trained after "
                  "it back to to-do; its drafter: %s; %u micro-step%s a step", j->group, p->name,
-                 j->step, rewound,
-                 shape.hash ? shape_words(&shape, w, sizeof w) : "shape not stated",
+                 j->step, n, shape.hash ? shape_words(&shape, w, sizeof w) : "shape not stated",
                  j->accumulate > 1 ? j->accumulate : 1, j->accumulate > 1 ? "s" : "");
     }
+    if (j->has_gone_rank) drop_gone_rank(b, p, j);
+    if (j->ends_when_drained &&
+        answer_nothing_left(b, group_find(b->groups, j->group), j->world_hint, m->request_id, r))
+        return;
     group *g;
     group_outcome o;
     /* A step of R ranks needs min_ready + R - 1 ready slots (depth_check) */

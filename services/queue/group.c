@@ -149,6 +149,7 @@ static void new_epoch(group *g, group_outcome *out)
         g->members[i].admitted = true;
         g->members[i].rank = g->world++;
     }
+    if (g->world > g->widest) g->widest = g->world;
     g->id_len = 0;
     set_state(g, GROUP_FORMING);
     out->new_epoch = true;

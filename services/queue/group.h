@@ -126,6 +126,7 @@ typedef struct group_s {
     /* history */
     uint64_t done_epoch, done_step;       /* the last step acked */
     uint64_t steps_done, steps_aborted;
+    uint32_t widest;     /* the most ranks an epoch of it had */
     uint64_t next_seq;
 } group;
 

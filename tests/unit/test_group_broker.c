@@ -20,8 +20,9 @@
  *     named) and the group neither re-forms nor lists it; once the group empties, the next
  *     creator's shape is the group's; a drafter stating no shape (older) is taken as before;
  *   - a join stating --exit-when-drained is answered SHUTDOWN once nothing is left to hand out
- *     (the plan done, or drained) and no step of a group waits for it, so the last rank at the
- *     data's end exits with its partners instead of waiting --group-wait-s for them;
+ *     (the plan done, or drained) and no step of a group waits for it, in a group that trained
+ *     or had all its ranks, so the last rank at the data's end exits with its partners instead
+ *     of waiting --group-wait-s for them; a group created at the data's end waits for its ranks;
  *   - the new messages are range-checked (wire_unpack/wire_pack refuse bad fields), and a
  *     field an older broker does not know (gone_rank, shape) is skipped there;
  *   - a group restarted whole waits for the member holding the newest committed checkpoint
@@ -692,20 +693,24 @@ static void test_micro_steps(void)
     stub_broker_free();
 }
 
-/* A join of group g stating --exit-when-drained (ends_when_drained). */
-static int join_ending(const drafter *d, uint64_t step, wire_group_view *v)
+/* A join of group g stating --exit-when-drained (ends_when_drained) and --group-size `size`
+ * (world_hint). */
+static int join_ending(const drafter *d, uint64_t step, uint32_t size, wire_group_view *v)
 {
     stub_group_join_begin(d, step, 0);
     stub_req.u.join.ends_when_drained = true;
+    stub_req.u.join.world_hint = size;
     return stub_group_join_send(d, v);
 }
 
 /* A join that states --exit-when-drained is answered SHUTDOWN, as a claim is, once nothing is
- * left to hand out (the plan done, or drained) and nothing of a group step waits for it; so a
- * rank whose partner left at the data's end ends too (it used to join again and wait
- * --group-wait-s for a second rank). A join that does not state it gets its view; a step in
- * flight or an orphaned step is resolved first; a creator's rewind that gives work back is
- * served. */
+ * left to hand out (the plan done, or drained) and nothing of a group step waits for it, in a
+ * group that has trained a step or had an epoch of the joiner's --group-size: so a rank whose
+ * partner left at the data's end ends too (it used to join again and wait --group-wait-s for a
+ * second rank). A join that does not state it gets its view; so do a creating join and a group
+ * still waiting for its ranks (its first member, holding the newest checkpoint, must not leave
+ * the group to one with an older model, whose creation would rewind the trained batches); a
+ * step in flight or an orphaned step is resolved first. */
 static void test_join_nothing_left(void)
 {
     stub_broker_new(big_liveness);
@@ -715,10 +720,11 @@ static void test_join_nothing_left(void)
     stub_pool_request(7, 0x77, 16)->bucket_batches[0] = 4; /* two steps of two ranks */
     CHECK_EQ_INT(stub_send("target-t-7"), 0);
     drafter A = {"drafter-a-1", "a", 0xa1}, B = {"drafter-b-2", "b", 0xb2},
-            C = {"drafter-c-3", "c", 0xc3};
+            C = {"drafter-c-3", "c", 0xc3}, D = {"drafter-d-4", "d", 0xd4},
+            E = {"drafter-e-5", "e", 0xe5};
     uint64_t e = form_pair(&A, &B);
     wire_group_view v;
-    CHECK_EQ_INT(join_ending(&B, 0, &v), 0); /* work left: the view */
+    CHECK_EQ_INT(join_ending(&B, 0, 2, &v), 0); /* work left: the view */
     CHECK(v.epoch == e && v.rank == 1);
     wire_step_grant a, b;
     for (uint64_t step = 1; step <= 2; step++) {
@@ -728,26 +734,43 @@ static void test_join_nothing_left(void)
         CHECK_EQ_INT(release(&A, a.grant.lease_id), 0);
         CHECK_EQ_INT(release(&B, b.grant.lease_id), 0);
         if (step == 2) { /* step 2 in flight, the plan's last batches in it: B's view */
-            CHECK_EQ_INT(join_ending(&B, 1, &v), 0);
+            CHECK_EQ_INT(join_ending(&B, 1, 2, &v), 0);
             CHECK(v.epoch == e && v.rank == 1);
         }
         CHECK_EQ_INT(gstep(&A, WIRE_STEP_DONE, e, step), 0);
     }
     CHECK_EQ_INT(stub_status().batches_trained, 4);
-    /* A's claim heard the end first and A left; B, joining again, hears it too */
+    /* A's claim heard the end first and A left; B, joining again, hears it too: the group
+     * trained, though never of 3 ranks (B's --group-size) */
     CHECK_EQ_INT(claim(&A, e, 3, NULL), DFLASH_ESHUTDOWN);
     CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0);
-    CHECK_EQ_INT(join_ending(&B, 2, NULL), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(join_ending(&B, 2, 3, NULL), DFLASH_ESHUTDOWN);
     CHECK(strstr(stub_rep.u.error.message, "every batch of the target's planned epochs (1) is "
                                             "trained") != NULL);
     CHECK_EQ_INT(stub_group_join(&B, 2, 0, &v), 0); /* not stated: the view, alone */
     CHECK(v.world == 1 && v.rank == 0);
-    /* a creator whose model is older: its rewind gives step 2's batches back, and it trains */
-    CHECK_EQ_INT(gstep(&B, WIRE_GROUP_LEAVE, 0, 0), 0);
-    CHECK_EQ_INT(hello(&C), 0);
-    CHECK_EQ_INT(join_ending(&C, 1, &v), 0);
-    CHECK(v.world == 1 && v.rank == 0 && v.step == 1);
+    CHECK_EQ_INT(gstep(&B, WIRE_GROUP_LEAVE, 0, 0), 0); /* the group is gone */
+
+    /* the group created again at the data's end by D, resumed from the newest model: D waits
+     * for its 2 ranks (a view, twice), E comes, and then both hear the end */
+    CHECK_EQ_INT(hello(&D), 0);
+    CHECK_EQ_INT(hello(&E), 0);
+    CHECK_EQ_INT(join_ending(&D, 2, 2, &v), 0);
+    CHECK(v.world == 1 && v.rank == 0);
+    CHECK_EQ_INT(join_ending(&D, 2, 2, &v), 0);
+    CHECK_EQ_INT(join_ending(&E, 0, 2, &v), 0);
+    CHECK(v.world == 2 && v.rank == 1);
+    CHECK_EQ_INT(join_ending(&D, 2, 2, NULL), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(gstep(&D, WIRE_GROUP_LEAVE, 0, 0), 0);
+    CHECK_EQ_INT(join_ending(&E, 0, 2, NULL), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(gstep(&E, WIRE_GROUP_LEAVE, 0, 0), 0);
     wire_status s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 4); /* nothing rewound */
+    /* a creator whose model is older: its rewind gives step 2's batches back, and it trains */
+    CHECK_EQ_INT(hello(&C), 0);
+    CHECK_EQ_INT(join_ending(&C, 1, 0, &v), 0);
+    CHECK(v.world == 1 && v.rank == 0 && v.step == 1);
+    s = stub_status();
     CHECK_EQ_INT(s.batches_trained, 2);
     CHECK_EQ_INT(s.batches_todo, 2);
     stub_broker_free();
@@ -762,17 +785,17 @@ static void test_join_nothing_left(void)
     CHECK_EQ_INT(release(&A, a.grant.lease_id), 0);
     CHECK_EQ_INT(release(&B, b.grant.lease_id), 0);
     ctl_mode(WIRE_DRAIN);
-    CHECK_EQ_INT(join_ending(&B, 0, &v), 0); /* step 1 in flight: the view */
+    CHECK_EQ_INT(join_ending(&B, 0, 0, &v), 0); /* step 1 in flight: the view */
     CHECK_EQ_INT(gstep(&B, WIRE_GROUP_LEAVE, 0, 0), 0);
     CHECK_EQ_INT(gstep(&A, WIRE_GROUP_LEAVE, 0, 0), 0); /* the last member: step 1 orphaned */
     s = stub_status();
     CHECK_EQ_INT(s.n_orphans, 1);
     /* the join that creates the group again resolves it (A's model has step 1: acked) */
-    CHECK_EQ_INT(join_ending(&A, 1, &v), 0);
+    CHECK_EQ_INT(join_ending(&A, 1, 0, &v), 0);
     s = stub_status();
     CHECK_EQ_INT(s.n_orphans, 0);
     CHECK_EQ_INT(s.batches_trained, 2);
-    CHECK_EQ_INT(join_ending(&A, 1, NULL), DFLASH_ESHUTDOWN);
+    CHECK_EQ_INT(join_ending(&A, 1, 0, NULL), DFLASH_ESHUTDOWN);
     CHECK(strcmp(stub_rep.u.error.message, "drained") == 0);
     stub_broker_free();
 }

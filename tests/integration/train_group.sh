@@ -217,3 +217,30 @@ grep -q "with 2 drafters: its step stays 4 slots, now 2 drafters x 2 (it was 1 x
 [ "$(grep -c "group train: step [56] done: 4 batches trained" "$P/queue.log")" = 2 ] ||
     fail "steps 5 and 6 were not group steps of 4 batches" "$P/queue.log"
 echo "ok: resumed with --drafters 2 (one of them new), the group trains the step of 4 slots, 2 each"
+# 7. the data's end: a run of --epochs 1 (48 sequences of 40 tokens, a slot each at
+# --token-budget 64: 12 steps of 4) to --steps 1000 stops at step 12, both drafters with it
+# (exit 1, the data ran out; no rank left waiting --group-wait-s, 600 s, for a partner that
+# heard the end first); the same command again ends as soon (the group of 2 forms at the end
+# and hears it), rewinds nothing (the group is created by the drafter holding step 12; one with
+# an older model creating it alone would put every batch trained since its step back to do)
+# and trains nothing
+E=$WORK/end
+END=(--out "$E" --steps 1000 --epochs 1 --checkpoint-every 100)
+for run in 1 2; do
+    started=$SECONDS
+    if train "${END[@]}" >"$WORK/end$run.log" 2>&1; then
+        fail "a run whose data ran out exited 0" "$WORK/end$run.log"
+    fi
+    grep -q "^train: the drafter stopped at step 12 of 1000: the data ran out after --epochs 1" \
+        "$WORK/end$run.log" || fail "run $run of the data's end: not stopped at step 12" \
+        "$WORK/end$run.log"
+    [ $((SECONDS - started)) -lt 120 ] ||
+        fail "run $run of the data's end took $((SECONDS - started)) s" "$WORK/end$run.log"
+done
+[ "$(grep -c "group train: step [0-9]* done: 4 batches trained" "$E/queue.log")" = 12 ] ||
+    fail "not 12 group steps of 4 batches over both runs" "$E/queue.log"
+grep -q "group train created by drafter[-0-9]* at step 12: 0 batches trained after it back to \
+to-do" "$E/queue.log" || fail "the second run's group was not created at step 12" "$E/queue.log"
+! grep -qE "group train created by [^ ]* at step ([0-9]|1[01]):" <(sed -n '/at step 12: 0 batches/,$p' \
+    "$E/queue.log") || fail "a drafter with an older model created the group" "$E/queue.log"
+echo "ok: the data's end stops both drafters at once, and the same command again rewinds nothing"

@@ -191,7 +191,7 @@ static bool wait_plan(const char *ep, int ms)
 /* lost-reply: the frozen broker let go on until it recorded the step's StepDone, that made
  * durable, then the broker SIGKILLed and started again on its journal, holding that step. */
 static pid_t restart_after_lost_reply(shared *sh, const char *queue_bin, const char *dir,
-                                      const char *ep, const char *const *more)
+                                      const char *ep, const char *const *more, bool *landed_out)
 {
     for (uint64_t end = h_now_ms() + 60000; !sh->gave_up && h_now_ms() < end;) h_sleep_ms(10);
     CHECK(sh->gave_up); /* the loop gave up on the StepDone, its step pending */
@@ -201,8 +201,8 @@ static pid_t restart_after_lost_reply(shared *sh, const char *queue_bin, const c
     for (uint64_t end = h_now_ms() + 20000; !landed && h_now_ms() < end; h_sleep_ms(20))
         landed = h_broker_status(ep, &s) == 0 && s.batches_trained == 1;
     printf("lost-reply: the StepDone sent to the frozen broker %s\n",
-           landed ? "landed (its reply lost)" : "did not land");
-    CHECK(landed);
+           landed ? "landed (its reply lost)" : "did not land (run again)");
+    *landed_out = landed;
     client *c = client_new(ep, WIRE_ROLE_CTL, "sync");
     CHECK(c != NULL);
     if (c) {
@@ -214,7 +214,7 @@ static pid_t restart_after_lost_reply(shared *sh, const char *queue_bin, const c
     pid_t q = h_start_small_queue(queue_bin, dir, more);
     CHECK(q > 0);
     CHECK_EQ_INT(h_broker_status(ep, &s), 0);
-    CHECK_EQ_INT(s.batches_trained, 1); /* so the late ack of the step's unit is EXISTS */
+    if (landed) CHECK_EQ_INT(s.batches_trained, 1); /* so the late ack of the unit is EXISTS */
     return q;
 }
 
@@ -236,14 +236,16 @@ static int times_wanted(mode md, int b, int i)
     return md == RESUMED && i == 0 ? 0 : 1;
 }
 
-static void scenario(const char *queue_bin, const char *target_bin, mode md)
+/* One run of mode md, every check made. False only for a lost-reply run whose StepDone did not
+ * reach the frozen broker (the scenario's premise, not the loop's doing: run it again). */
+static bool scenario(const char *queue_bin, const char *target_bin, mode md)
 {
     const char *what = mode_name[md];
     bool lost_reply = md == LOST_REPLY;
     int n = lost_reply ? 1 : 2;
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(sh != MAP_FAILED);
-    if (sh == MAP_FAILED) return;
+    if (sh == MAP_FAILED) return true;
     memset(sh, 0, sizeof *sh);
     sh->lost_reply = lost_reply;
     if (md == RESUMED) resume(sh);
@@ -253,7 +255,7 @@ static void scenario(const char *queue_bin, const char *target_bin, mode md)
     const char *more[] = {"--liveness=30", "--lease-timeout-ms=2000", "--log-level=warn", NULL};
     sh->queue = h_start_small_queue(queue_bin, dir, more);
     CHECK(sh->queue > 0);
-    if (sh->queue <= 0) return;
+    if (sh->queue <= 0) return true;
     pid_t d[2] = {0, 0}, target = 0;
     if (md == RESUMED) {
         /* the plan first (the acks name its batches), then d0 alone: rank 0; then d1. Their
@@ -273,10 +275,11 @@ static void scenario(const char *queue_bin, const char *target_bin, mode md)
     }
 
     pid_t q = 0;
+    bool landed = true;
     if (md == RESUMED) {
         q = sh->queue; /* not restarted */
     } else if (lost_reply) {
-        q = restart_after_lost_reply(sh, queue_bin, dir, ep, more);
+        q = restart_after_lost_reply(sh, queue_bin, dir, ep, more, &landed);
     } else {
         bool at2 = false; /* rank 0's model at step 2: the broker goes */
         for (uint64_t end = h_now_ms() + 60000; !at2 && h_now_ms() < end; h_sleep_ms(1))
@@ -331,6 +334,7 @@ static void scenario(const char *queue_bin, const char *target_bin, mode md)
     CHECK_EQ_INT(h_stop(q), 0);
     munmap(sh, sizeof *sh);
     if (!check_failed) h_rmdir(dir);
+    return landed;
 }
 
 int main(int argc, char **argv)
@@ -339,7 +343,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: itest_group_restart QUEUE TARGET\n");
         return 2;
     }
-    scenario(argv[1], argv[2], LOST_REPLY);
+    /* lost-reply's premise, a StepDone in the frozen broker's socket, failed twice in ~120 runs
+     * (one log kept: 8 tests at once on 16 cores): the StepDone never reached the broker, and
+     * the loop, correctly, had it acked by the restarted one. Likely cause: another request of
+     * the loop's client (its heartbeat) in flight at the freeze times out first and resets the
+     * socket, and the StepDone waits on the new one for a handshake the frozen broker cannot
+     * answer, dropped at the loop's give-up. Every run still checks that nothing is lost or
+     * trained twice; up to 3 runs, until one lands */
+    bool landed = false;
+    for (int a = 0; a < 3 && !landed; a++) landed = scenario(argv[1], argv[2], LOST_REPLY);
+    CHECK(landed);
     scenario(argv[1], argv[2], TRAINING);
     scenario(argv[1], argv[2], RESUMED);
     CHECK_DONE();

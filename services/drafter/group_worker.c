@@ -420,6 +420,14 @@ static bool full_group(gw *g, const wire_group_view *v)
     return false;
 }
 
+/* The broker's SHUTDOWN to a join or a claim under --exit-when-drained: the data's end (or the
+ * plan's, or a drain) and nothing of our group in flight, so the loop ends. */
+static void nothing_left(gw *g)
+{
+    LOG_INFO("the broker has nothing more for us (%s): done", client_last_error(g->cl));
+    set_state(g, GW_DONE);
+}
+
 /* One JOINING iteration: poll the view; rank 0 posts the id; open and sync. 0 or fatal. */
 static int joining(gw *g)
 {
@@ -453,8 +461,7 @@ static int joining(gw *g)
         /* we state --exit-when-drained in the join (client_set_group_ends_when_drained): the
          * broker has nothing left and no step of our group in flight; without the answer a
          * rank whose partner left at the data's end waited --group-wait-s for another */
-        LOG_INFO("the broker has nothing more for us (%s): done", client_last_error(g->cl));
-        set_state(g, GW_DONE);
+        nothing_left(g);
         return 0;
     }
     if (rc == DFLASH_ESHUTDOWN) { /* not asked for: as a claim's without --exit-when-drained */
@@ -805,8 +812,7 @@ static int stepping(gw *g, double *backoff)
         *backoff = *backoff < 20 ? *backoff * 2 : 20;
         g->st.wait_grant_s += monotime_s() - t0;
     } else if (rc == DFLASH_ESHUTDOWN && c->exit_when_drained) {
-        LOG_INFO("the broker has nothing more for us (%s): done", client_last_error(g->cl));
-        set_state(g, GW_DONE);
+        nothing_left(g);
     } else if (rc == DFLASH_ESHUTDOWN) {
         monotime_sleep_ms(100);
     } else if (rc == DFLASH_ESTALE && client_broker_restarted(g->cl)) {

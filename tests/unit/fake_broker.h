@@ -5,7 +5,8 @@
  * hello naming fb.pub_endpoint (one in no directory unless set), a grant of slot 2, a view of epoch 4
  * (the joiner rank 0 of 1, at the step it reported), the settings "applied", OK with
  * fb.ok_value, fb.status for a status request, a target's work unit: slot 1, batch (0, 0, n)
- * for its n-th work request, a PoolLeft with nothing left), or fb.reply_type,
+ * for its n-th work request, a PoolLeft with nothing left, fb.step_grant to a StepClaim), or
+ * fb.reply_type,
  * fb.error (to fb.error_for's requests only, unless that is WIRE_NONE), silence (to
  * fb.silent_for's only, likewise), a delay, or
  * decoys first (a reply to another request id, one not from a broker).
@@ -15,6 +16,8 @@
  *   fake_last(), fake_count(h)  the last request (a copy), how many (heartbeats only when h)
  *   fake_count_type(t)          how many requests of type t; fake_last_join() the last GroupJoin
  *   fake_bind(ep)               the fake serves ep too from now on (a broker that comes back)
+ *   fake_set_step_grant(sg)     what a StepClaim is answered with from now on
+ *   fake_set_incarnation(i)     the incarnation every reply carries (another: a restart)
  *   fake_pub_send(pub, t, m)    one announcement on a PUB socket, framed as the broker's
  * Used by test_client (the client library's rules), test_ctl_output (dflash-ctl's output),
  * test_worker_session (the drafter's session) and test_target_loop (the target's loop). */
@@ -55,6 +58,7 @@ typedef struct fake {
     wire_status status;    /* a status reply's contents */
     uint64_t ok_value;     /* what an OK reply carries (FAKE_VALUE after fake_reset) */
     char pub_endpoint[160]; /* a hello reply's (one in no directory after fake_reset) */
+    wire_step_grant step_grant; /* a StepClaim's answer (fake_set_step_grant) */
     /* what came */
     wire_msg last;
     int n_requests, n_heartbeats;
@@ -90,6 +94,7 @@ static void fake_reply(const wire_msg *req, wire_msg *rep)
         case WIRE_SET_CONFIG: t = WIRE_SET_CONFIG_REPLY; break;
         case WIRE_WORK_REQUEST: t = WIRE_WORK_UNIT; break;
         case WIRE_POOL_LEAVE: t = WIRE_POOL_LEFT; break;
+        case WIRE_STEP_CLAIM: t = WIRE_STEP_GRANT; break;
         default: t = WIRE_OK; break;
         }
     }
@@ -130,6 +135,7 @@ static void fake_reply(const wire_msg *req, wire_msg *rep)
         rep->u.work = (wire_work_unit){.unit = {0, 0, (uint64_t)fb.n_type[WIRE_WORK_REQUEST] - 1},
                                        .slot = 1};
         break;
+    case WIRE_STEP_GRANT: rep->u.sgrant = fb.step_grant; break;
     case WIRE_ERROR: rep->u.error = fb.error; break;
     case WIRE_OK: rep->u.value = fb.ok_value; break;
     default: break;
@@ -211,6 +217,22 @@ static __attribute__((unused)) void fake_answer_error(wire_error e, wire_type fo
     pthread_mutex_lock(&fb.mu);
     fb.error = e;
     fb.error_for = for_type;
+    pthread_mutex_unlock(&fb.mu);
+}
+
+/* From now on a StepClaim is answered with *sg. */
+static __attribute__((unused)) void fake_set_step_grant(const wire_step_grant *sg)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.step_grant = *sg;
+    pthread_mutex_unlock(&fb.mu);
+}
+
+/* From now on every reply carries incarnation inc (another than the hello's: a restart). */
+static __attribute__((unused)) void fake_set_incarnation(uint64_t inc)
+{
+    pthread_mutex_lock(&fb.mu);
+    fb.incarnation = inc;
     pthread_mutex_unlock(&fb.mu);
 }
 

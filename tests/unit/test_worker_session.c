@@ -33,6 +33,10 @@
  *     at once with name_in_use (exit 4), after one claim; a group rank whose hello it refuses
  *     EXISTS ends at once too, name_in_use, its final checkpoint written; a group rank 0
  *     resumed with an unacked batch whose acks go unanswered keeps it for the final checkpoint;
+ *     a group rank whose join the fake answers SHUTDOWN ends there only with
+ *     --exit-when-drained; a group rank 0 stopped inside a step (a real slot, the fake's
+ *     StepGrant) that a restarted broker does not take and whose hello then fails keeps the
+ *     step's batch for the final checkpoint;
  *   - a refused periodic commit report is said once (not once per report) and backed off for
  *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
  *     again. */
@@ -868,6 +872,63 @@ static void test_group_join_drained(void)
     fake_reset();
 }
 
+/* A group rank 0 stopped inside a step whose StepDone a restarted broker answers (its reply's
+ * incarnation is another: ESTALE) and whose hello to it then fails (no answer): no broker took
+ * the step, so its unit goes into the final checkpoint's unacked list at its step, and the
+ * drafter resumed from it acks it (kills the mutant of group_worker.c's finish() whose
+ * `untaken` left out DFLASH_ESTALE: the list was empty, and the broker, which never had the
+ * step, trained the batch again though our model held it). The step: a real slot of a host
+ * pool of ours, granted by the fake's StepGrant; the consumer, as it trains it, restarts the
+ * fake (a new incarnation, hellos unanswered) and stops the loop. */
+static int consume_then_restart(void *ctx, const worker_batch *b, uint64_t *step)
+{
+    (void)ctx, (void)b;
+    fake_set_incarnation(0xb0c);
+    fake_silence(WIRE_HELLO);
+    stop = 1;
+    *step = 1;
+    return 0;
+}
+
+static void test_group_step_untaken_after_restart(void)
+{
+    worker_loop_config lc;
+    if (!fake_loop_config(&lc)) return;
+    lc.group = "g";
+    lc.comm_timeout_s = 10; /* the collective of one rank */
+    int err = 0;
+    pool *p = pool_new(&(pool_config){.backend = POOL_HOST, .name = "wsgrp", .n_slots = 1,
+                                      .slot_bytes = lc.layout.slot_bytes},
+                       &err);
+    CHECK(p != NULL);
+    if (!p) return;
+    slot_header_write(pool_slot_ptr(p, 0), &lc.layout, &(slot_work_unit){0, 0, 0}, 1, 4, 1);
+    static wire_step_grant sg;
+    sg = (wire_step_grant){.epoch = 4, .step = 1, .rank = 0, .world = 1, .n_units = 1,
+                           .has_micro = true, .grant = grant_of(p, 0, 4)};
+    sg.units[0] = sg.grant.unit;
+    fake_set_step_grant(&sg);
+    worker_consumer cons = {.name = "group", .consume = consume_then_restart,
+                            .set_group = group_none, .sync_state = sync_none,
+                            .model_step = step_none, .unacked = note_final_unacked};
+    n_final_unacked = -1;
+    worker_stats st = {0};
+    int rc = worker_loop_run(&lc, &cons, &stop, &st);
+    stop = 0;
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(st.batches, 1);
+    CHECK(fake_count_type(WIRE_STEP_DONE) >= 2); /* step_done()'s and finish()'s */
+    CHECK_EQ_INT(n_final_unacked, 1);
+    if (n_final_unacked == 1) {
+        CHECK(final_unacked[0].wu.epoch == 0 && final_unacked[0].wu.bucket == 0 &&
+              final_unacked[0].wu.batch == 0);
+        CHECK_EQ_INT(final_unacked[0].step, 1);
+    }
+    fake_set_incarnation(0xb0b);
+    fake_reset();
+    pool_destroy(&p);
+}
+
 int main(void)
 {
     log_init("test_worker_session", LOG_ERROR);
@@ -890,6 +951,7 @@ int main(void)
     test_group_hello_name_in_use();
     test_group_resumed_ack_unanswered();
     test_group_join_drained();
+    test_group_step_untaken_after_restart();
     fake_stop();
     CHECK_DONE();
 }

@@ -9,7 +9,8 @@
  * Phases, each waiting for a condition (never a fixed sleep):
  *   1. da creates the group (so da is rank 0 throughout), then db joins: world 2
  *      (`dflash-ctl set max_depth=1` is then refused, and so is a --verify drafter with
- *      --group: exit 2); it trains >= 5 steps; the ledger shows every batch acked once
+ *      --group: exit 2; with max_depth 2 a third rank's join is refused, Error FULL: exit 2,
+ *      main.c's mapping); it trains >= 5 steps; the ledger shows every batch acked once
  *      (acks == trained + committed);
  *   2. db is SIGKILLed; da re-forms alone (world 1: its collective times out or the broker tells
  *      it) and trains >= 3 more steps;
@@ -142,6 +143,20 @@ int main(int argc, char **argv)
     char *vl = test_slurp(vlog, NULL);
     CHECK(vl && strstr(vl, "cannot train in a group"));
     free(vl);
+    /* a third rank that max-depth cannot hold (a step of 3 needs min-ready 1 - 1 + 3 slots) is
+     * refused its join (Error FULL): exit 2, with the broker's reason; the group goes on */
+    char *set2[] = {argv[2], rtflag, "set", "max_depth=2", NULL};
+    CHECK_EQ_INT(h_run_tool(set2, ctllog), 0);
+    pid_t dc = start_drafter("dc");
+    CHECK_EQ_INT(h_wait_exit(dc, 30000), 2);
+    char dclog[128];
+    snprintf(dclog, sizeof dclog, "%s/drafter-dc.log", dir);
+    char *dl = test_slurp(dclog, NULL);
+    CHECK(dl && strstr(dl, "group g would have 3 ranks but max-depth is 2"));
+    free(dl);
+    char *set4[] = {argv[2], rtflag, "set", "max_depth=4", NULL};
+    CHECK_EQ_INT(h_run_tool(set4, ctllog), 0);
+    CHECK(wait_group(c, 2, 0, 5000, &s));
     pid_t tp = h_start_training_target(target_bin, model, shard, rt, 8, 128, tlog);
 
     /* 1. training in the group; each batch acked once */

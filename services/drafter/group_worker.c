@@ -75,6 +75,8 @@
 
 #define WAIT_SAY_S 5.0        /* a collective's wait is logged once it lasts this long */
 #define WAIT_SAY_EVERY_S 10.0 /* and again this often while it lasts */
+#define OPEN_RETRY_FIRST_MS 100 /* after a communicator that failed to open: the first wait */
+#define OPEN_RETRY_MAX_MS 5000  /* doubling up to this while it keeps failing */
 
 typedef enum { GW_REGISTER = 0, GW_JOINING, GW_STEPPING, GW_DONE } gw_state;
 
@@ -101,6 +103,7 @@ typedef struct gw {
     bool refused_step;     /* rank 0: a StepDone this broker answered STALE, no GroupJoin since */
     bool refused;          /* the broker refused our hello or join for good: the loop ends */
     bool config_fault; /* the communicator refused our setup (ECONFIG): finish, then exit 2 */
+    int open_retry_ms; /* the wait before joining again after a failed open (0: none failed) */
     worker_unacked resumed[WORKER_MAX_UNACKED]; /* the checkpoint's unacked batches */
     uint32_t n_resumed, next_resumed;           /* (consumer's resumed_unacked()), next one */
     /* Outside STEPPING the rank trains nothing: what it waits for (set_waiting), since when. */
@@ -420,6 +423,15 @@ static bool full_group(gw *g, const wire_group_view *v)
     return false;
 }
 
+/* Sleeps ms, in short slices, returning early at a stop. joining() waits so after a
+ * communicator that failed to open at once (no GPU memory for NCCL's staging, /dev/shm full):
+ * it fails again at once, and without a wait the rank joined, re-formed and logged it
+ * thousands of times a second (test_worker_session's fake broker showed it). */
+static void wait_unless_stopped(gw *g, int ms)
+{
+    for (int waited = 0; waited < ms && !*g->stop; waited += 50) monotime_sleep_ms(50);
+}
+
 /* The broker's SHUTDOWN to a join or a claim under --exit-when-drained: the data's end (or the
  * plan's, or a drain) and nothing of our group in flight, so the loop ends. */
 static void nothing_left(gw *g)
@@ -553,6 +565,7 @@ static int joining(gw *g)
     g->rank = (int)v.rank;
     g->world = (int)v.world;
     dp_comm_watch watch = {comm_watch, g};
+    double opened_at = monotime_s();
     rc = dp_comm_open_watched(kind, id, (int)v.rank, (int)v.world, c->device, c->comm_timeout_s,
                               &watch, &g->comm, err, sizeof err);
     if (rc == DFLASH_ECONFIG) { /* our own setup (two nccl ranks on one GPU): see the top */
@@ -565,10 +578,20 @@ static int joining(gw *g)
     }
     if (rc < 0) {
         char why[700];
-        snprintf(why, sizeof why, "cannot open the communicator: %s (%s)", err, err_str(rc));
+        if (monotime_s() - opened_at >= 1.0) { /* a wait for the others: they join again */
+            g->open_retry_ms = 0;
+            snprintf(why, sizeof why, "cannot open the communicator: %s (%s)", err, err_str(rc));
+        } else { /* it failed at once and will again: wait longer each time */
+            g->open_retry_ms = g->open_retry_ms ? g->open_retry_ms * 2 : OPEN_RETRY_FIRST_MS;
+            if (g->open_retry_ms > OPEN_RETRY_MAX_MS) g->open_retry_ms = OPEN_RETRY_MAX_MS;
+            snprintf(why, sizeof why, "cannot open the communicator: %s (%s); joining again in "
+                     "%.1f s", err, err_str(rc), g->open_retry_ms / 1000.0);
+        }
         reform(g, why);
+        wait_unless_stopped(g, g->open_retry_ms);
         return 0;
     }
+    g->open_retry_ms = 0;
     k->set_group(k->ctx, g->comm, (int)v.rank, (int)v.world);
     if ((rc = k->sync_state(k->ctx, 0)) < 0) {
         if (rc == DFLASH_EMISMATCH) { /* we differ from rank 0, whose model is the group's */

@@ -36,7 +36,8 @@
  *     a group rank whose join the fake answers SHUTDOWN ends there only with
  *     --exit-when-drained; a group rank 0 stopped inside a step (a real slot, the fake's
  *     StepGrant) that a restarted broker does not take and whose hello then fails keeps the
- *     step's batch for the final checkpoint;
+ *     step's batch for the final checkpoint; one whose communicator fails to open at once
+ *     joins again after a growing wait, not in a busy loop;
  *   - a refused periodic commit report is said once (not once per report) and backed off for
  *     WORKER_COMMIT_RETRY_MS; the report taken after it is said, and the next failure is said
  *     again. */
@@ -929,6 +930,36 @@ static void test_group_step_untaken_after_restart(void)
     pool_destroy(&p);
 }
 
+/* A group rank whose communicator fails to open at once, every time (here a --comm-timeout-s
+ * of 0: EINVAL; in use, no GPU memory for NCCL's staging or a full /dev/shm) joins again after
+ * a wait that doubles from 100 ms: a few joins a second, not thousands (defect: it joined,
+ * re-formed and logged in a busy loop), and a stop still ends it at once. */
+static void test_group_open_fails_at_once(void)
+{
+    worker_loop_config lc;
+    if (!fake_loop_config(&lc)) return;
+    lc.group = "g";
+    lc.comm_timeout_s = 0;
+    worker_consumer cons = {.name = "group", .consume = consume_nothing, .set_group = group_none,
+                            .sync_state = sync_none, .model_step = step_none};
+    int before = fake_count_type(WIRE_GROUP_JOIN);
+    loop_run r = {.lc = &lc, .cons = &cons};
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, run_loop, &r), 0);
+    monotime_sleep_ms(1500); /* joins at about 0, 0.1, 0.3, 0.7 and 1.5 s */
+    int joins = fake_count_type(WIRE_GROUP_JOIN) - before;
+    double t0 = monotime_s();
+    stop = 1;
+    pthread_join(th, NULL);
+    stop = 0;
+    CHECK(monotime_s() - t0 < 1.0);
+    CHECK_EQ_INT(r.rc, 0);
+    CHECK(joins >= 2);
+    CHECK(joins <= 8);
+    if (joins > 8) fprintf(stderr, "%d joins in 1.5 s\n", joins);
+    fake_reset();
+}
+
 int main(void)
 {
     log_init("test_worker_session", LOG_ERROR);
@@ -952,6 +983,7 @@ int main(void)
     test_group_resumed_ack_unanswered();
     test_group_join_drained();
     test_group_step_untaken_after_restart();
+    test_group_open_fails_at_once();
     fake_stop();
     CHECK_DONE();
 }

@@ -292,11 +292,15 @@ int main(int argc, char **argv)
     /* --max-new 1e6 with max_position_embeddings 256: buffers for 256 positions a sequence
      * (they were sized for 1e6 tokens each, gigabytes, refused under this address-space limit;
      * not under ASan, whose shadow memory alone reserves terabytes of address space: the
-     * Release pass checks the limit, this one the output) */
+     * Release pass checks the limit, this one the output). OpenBLAS starts a thread per core
+     * when it loads, whatever --threads says, each with its stack, malloc arena and buffer
+     * (~100 MB of address space): on a 16-core machine that alone took the limit, an
+     * allocation failed, and dflash-gen spun, deaf to SIGTERM, until ctest's timeout (seen on
+     * the GPU machine; 2 cores here never reach it). One OpenBLAS thread: the limit is ours. */
 #if defined(__SANITIZE_ADDRESS__)
     const char *address_space_limit = ":";
 #else
-    const char *address_space_limit = "ulimit -v 2000000";
+    const char *address_space_limit = "export OPENBLAS_NUM_THREADS=1; ulimit -v 2000000";
 #endif
     char huge[PATH_MAX], huge_log[PATH_MAX];
     snprintf(huge, sizeof huge, "%s/huge.jsonl", dir);

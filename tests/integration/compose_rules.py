@@ -3,9 +3,9 @@
 
 compose_schema checks that the file is valid compose; this checks that what it describes works,
 without docker. The file is resolved as an operator would run it (`docker-compose config`, or
-PyYAML with ${VAR:-default} interpolation when docker-compose is missing) and each rule below is
-checked; then each rule is broken on purpose in a copy, which must be refused (so no rule is a
-check that cannot fail).
+PyYAML with ${VAR:-default} interpolation and `VAR:` passed through from the environment when
+docker-compose is missing) and each rule below is checked; then each rule is broken on purpose
+in a copy, which must be refused (so no rule is a check that cannot fail).
 
 Namespaces and restarts (a daemon's exit must not kill the others):
   * a service that joins another's PID or IPC namespace (`pid`/`ipc: "service:X"`) joins a
@@ -92,6 +92,15 @@ def resolve(files, env_vars):
                     base[k] = v
         for k in ("volumes",):
             cfg.setdefault(k, {}).update(doc.get(k) or {})
+    # `VAR:` without a value passes VAR through from compose's environment, as docker-compose
+    # config resolves it (left out, these fell back to the daemons' defaults where no
+    # docker-compose is installed: compose_group then checkpointed every 500 steps, not 2, and
+    # timed out on a loaded 16-core machine)
+    for svc in cfg.get("services", {}).values():
+        environment = svc.get("environment") or {}
+        for k, v in environment.items():
+            if v is None and k in env:
+                environment[k] = env[k]
     return cfg
 
 

@@ -6,10 +6,9 @@
  * (the joiner rank 0 of 1, at the step it reported), the settings "applied", OK with
  * fb.ok_value, fb.status for a status request, a target's work unit: slot 1, batch (0, 0, n)
  * for its n-th work request, a PoolLeft with nothing left, fb.step_grant to a StepClaim), or
- * fb.reply_type,
- * fb.error (to fb.error_for's requests only, unless that is WIRE_NONE), silence (to
- * fb.silent_for's only, likewise), a delay, or
- * decoys first (a reply to another request id, one not from a broker).
+ * fb.reply_type, fb.error (to fb.error_for's requests only, unless that is WIRE_NONE), silence
+ * (to fb.silent_for's only, likewise), a delay, or decoys first (a reply to another request
+ * id, one not from a broker).
  *   fake_start() / fake_stop()  bind and serve / stop and remove the dir
  *   fake_reset()                plain answers again
  *   fake_answer_error(e, t)     ERROR e to requests of type t; fake_silence(t): none to them

@@ -228,10 +228,12 @@ def body(build, env, resolve, failures):
                         if s.startswith("step-")]
         return sorted(out)
 
+    # a rank's "checkpoint DIR written" line; group 1 its step
+    written = rf"^\[rank-\d\] .*checkpoint {re.escape(ckpt)}/rank-\d/step-0*(\d+) written"
+
     def wait_checkpoint_past(off, step, what):
-        pat = rf"^\[rank-\d\] .*checkpoint {re.escape(ckpt)}/rank-\d/step-0*(\d+) written"
         ok = wait_until(lambda: any(int(m.group(1)) > step
-                                    for m in re.finditer(pat, part(off), re.M)), 120, 0.2)
+                                    for m in re.finditer(written, part(off), re.M)), 120, 0.2)
         if not ok:
             raise RuntimeError(f"{what}: no checkpoint past step {step} in {ckpt}/rank-K:\n"
                                f"{tail(group.log_path, 40)}")
@@ -291,8 +293,7 @@ def body(build, env, resolve, failures):
     text = part(off)
     # the compose variables reach the ranks: DFLASH_CHECKPOINT_EVERY 2, not the default 500
     # (where docker-compose is missing, resolve() used to drop the pass-through ones)
-    first = re.search(rf"^\[rank-\d\] .*checkpoint {re.escape(ckpt)}/rank-\d/step-0*(\d+) written",
-                      text, re.M)
+    first = re.search(written, text, re.M)
     if not first or int(first.group(1)) > 4:
         failures.append("the first checkpoint is not at step 2 or 4 (DFLASH_CHECKPOINT_EVERY 2): "
                         f"{first.group(0) if first else 'none'}")

@@ -21,9 +21,16 @@
  *      expires db (10 s), da learns it within seconds and trains alone (world 1, >= 2 steps)
  *      within 25 s of the stop; SIGCONT: db finds its group broken, registers again and the
  *      group is back to world 2;
- *   5. SIGTERM: da and db exit 0.
- * Checks at the end: acks == trained + committed (every acked batch once), no "already
- * trained" in the broker's log.
+ *   5. db is SIGSTOPped again and, once da says it waits for it in the collective, the broker
+ *      is SIGKILLed and started again on its journal: the new broker knows no da, so da's next
+ *      poll of its epoch is answered STALE, which ends the wait: within 5 s of the restart da
+ *      has registered again and formed group g alone (a wait that took STALE for "no answer"
+ *      lasted the 60 s comm timeout); SIGCONT: db, answered STALE too, registers again and the
+ *      group trains >= 2 steps with world 2 (once the new broker's fence on the target's slots,
+ *      the 30 s lease timeout, has passed);
+ *   6. SIGTERM: da and db exit 0.
+ * Checks at the end: acks (both brokers') == trained + committed (every acked batch once), no
+ * "already trained" in the broker's log.
  * Usage: itest_group_faults QUEUE TARGET DRAFTER MKMODEL GEN DATA. Exit 0 pass, 1 fail. */
 #include "check.h"
 #include "harness.h"
@@ -192,12 +199,42 @@ int main(int argc, char **argv)
     printf("phase 4: db continued and rejoined: world 2, epoch %llu\n",
            (unsigned long long)group_g(&s)->epoch);
 
-    /* 5. the end */
+    /* 5. the broker restarted while da waits for db in a collective: STALE ends the wait */
+    from = (size_t)test_file_size(dalog);
+    kill(db, SIGSTOP);
+    snprintf(text, sizeof text, "waiting for rank 1 (pid %d) in the collective", (int)db);
+    CHECK(h_wait_text_from(dalog, from, text, 30000));
+    /* the acks so far: the new broker counts its own (da waits in the collective: none now) */
+    CHECK_EQ_INT(client_status(c, &s), 0);
+    uint64_t acks_before = s.acks;
+    client_destroy(&c);
+    h_kill(qp, SIGKILL);
+    t0 = h_now_ms();
+    c = h_start_group_broker(argv[1], dir, rt, ep, more, &qp);
+    CHECK(c != NULL);
+    if (!c) {
+        h_kill(da, SIGKILL);
+        h_kill(db, SIGKILL);
+        h_kill(tp, SIGKILL);
+        CHECK_DONE();
+    }
+    CHECK(h_wait_text_from(dalog, from, "the broker has ended epoch ", 5000));
+    CHECK(wait_group(c, 1, 0, 5000, &s));
+    uint64_t alone_ms = h_now_ms() - t0;
+    CHECK(alone_ms < 5000);
+    printf("phase 5: broker restarted while da waited for a stopped db: da formed the group "
+           "alone %.1f s after the restart (comm timeout 60 s)\n", alone_ms / 1000.0);
+    kill(db, SIGCONT);
+    CHECK(wait_steps(c, 2, 2, 60000, &s));
+    printf("phase 5: db continued and rejoined the new broker's group: world 2, epoch %llu\n",
+           (unsigned long long)group_g(&s)->epoch);
+
+    /* 6. the end */
     CHECK_EQ_INT(h_stop(da), 0);
     CHECK_EQ_INT(h_stop(db), 0);
     CHECK_EQ_INT(h_stop(tp), 0);
     CHECK_EQ_INT(client_status(c, &s), 0);
-    CHECK_EQ_INT(s.acks, s.batches_trained + s.batches_committed);
+    CHECK_EQ_INT(acks_before + s.acks, s.batches_trained + s.batches_committed);
     char *ql = test_slurp(qlog, NULL);
     CHECK(ql && !strstr(ql, "already trained"));
     free(ql);

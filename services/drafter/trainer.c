@@ -619,7 +619,8 @@ static int train_finish(void *vctx) {
                   "position (an anchor needs two loss-masked tokens in a row): the data's loss "
                   "masks leave nothing to train on. Check how the data was made (dflash-data: "
                   "the loss_mask of each sequence should mark its response tokens); more epochs "
-                  "would not help",
+                  "would not help. (A run cut short by --max-batches may only have missed the "
+                  "batches that have one.)",
                   t->skipped);
         return DFLASH_ENODATA;
     }

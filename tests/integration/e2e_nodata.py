@@ -20,14 +20,21 @@ A tiny random Qwen3 target, then:
      sequences, giving their lengths against the bound and naming --buckets. It used to start,
      and the drafter's end said "no step trained" (exit 8);
   6. the same shard with a last bucket that holds them (--buckets 32,64) passes the check (no
-     broker: exit 1).
+     broker: exit 1);
+  7. the shard of case 3 trained for real (broker, target, drafter), one sequence a batch, the
+     drafter stopping after its first batch (--max-batches 1), which is not the one sequence
+     with an anchor: the drafter trains no step and exits 8, saying the batches it got had no
+     weighted position, that the data's loss masks leave nothing to train on unless
+     --max-batches cut the run short (with a model target the way left to reach that exit: its
+     check refuses a set with no anchor at all).
 Usage: e2e_nodata.py BUILD_DIR SOURCE_ROOT [--keep]. Exit 0 pass, 1 fail.
 """
 import os
 import subprocess
 import sys
 
-from e2e_common import expect, exits, main_frame, report, run, write_shard
+from e2e_common import (Daemon, expect, exits, main_frame, report, run, start_broker,
+                        stop_broker, tail, write_shard)
 
 
 def main():
@@ -103,6 +110,33 @@ def main():
                          env.path("target-wide.log"))
         expect(failures, "the target on the same shard with --buckets 32,64", rc, text, 1,
                [r"effective configuration"], [r"no anchor", r"no trainable token"])
+
+        # 7. a drafter whose only batch has no anchor: no step trained, exit 8
+        one_a_batch = list(target)
+        one_a_batch[one_a_batch.index("--max-seqs") + 1] = "1"
+        one_a_batch[one_a_batch.index("--broker-wait-ms") + 1] = "10000"
+        queue = Daemon("queue", [build.queue, "--runtime-dir", env.run, "--min-ready", "1",
+                                 "--max-depth", "4"], env.tmp)
+        producer = Daemon("target-run", [*one_a_batch, "t-run", "--shards",
+                                         env.path("onepair.shard"), "--slots", "1"], env.tmp)
+        env.daemons = [queue, producer]
+        start_broker(build, env, queue)
+        producer.start()
+        rc, text = exits([build.drafter, "--train", "--model", tgt, "--name", "d-run",
+                          "--runtime-dir", env.run, "--backend", "host", "--threads", "1",
+                          "--buckets", "32", "--token-budget", "32", "--max-seqs", "1",
+                          "--layers", "3", "--draft-layers", "1", "--block-size", "4",
+                          "--anchors", "8", "--max-batches", "1", "--progress-ms", "0"],
+                         env.path("drafter-run.log"))
+        expect(failures, "a drafter whose one batch has no anchor", rc, text, 8,
+               [r"ERROR .*no step trained: every one of the 1 batches this run got had no "
+                r"weighted position", r"A run cut short by --max-batches may only have missed",
+                r"dflash-drafter: no step trained: the data has nothing to train on"],
+               [r"checkpoint: wrote"])
+        prc = producer.stop()
+        if prc != 0:
+            failures.append(f"the target exited {prc} on SIGTERM:\n{tail(producer.log_path)}")
+        stop_broker(queue, failures)
     return report(env, failures)
 
 

@@ -90,6 +90,18 @@ pipe_stop_target() {
   wait $tpid || pipe_die "dflash-target exit status $? after the drain"
 }
 
+# pipe_copies_ok LOG...: each drafter log's summary line (written as it exits) counts the slot
+# copies that failed (the slot given back unread); prints them and dies unless every count is 0
+# (a run without faults copies every slot; a failing copy path would only lower the rates).
+pipe_copies_ok() {
+  local f n
+  for f in "$@"; do
+    n=$(grep -ao "[0-9]* copies failed" "$f" | tail -n 1 | grep -o "^[0-9]*" || true)
+    echo "${f##*/}: ${n:-no summary of the} copies failed"
+    [ "$n" = 0 ] || pipe_die "${f##*/}: slot copies failed, or no summary line: must be 0"
+  done
+}
+
 # pipe_hot_loops LOG...: each daemon log's summary line counts host waits for the whole compute
 # stream and memory allocations inside its hot loop (the target's fills, the drafter's steps);
 # prints them and dies unless every count is 0.

@@ -10,7 +10,8 @@
  * Prints one table; the last line is end-to-end / slower side alone (goal >= 97%).
  * --targets N runs N targets (pools of their own, named bench-t0..): the drafters' grants then
  * alternate between pools, which their importers keep mapped side by side. Exit 1 when a daemon
- * does not exit 0 on SIGTERM or a drafter found a batch that failed verification.
+ * does not exit 0 on SIGTERM, a drafter found a batch that failed verification, or a drafter's
+ * summary counts a slot copy that failed (or is missing).
  *   bench-pipeline [--producer-rate 200] [--consumer-rate 120] [--drafters 2] [--seconds 10]
  *                  [--targets 1] [--backend host|cuda] [--drafter-device N]
  * The daemons are found next to this program's build tree (BUILD/bench/..), or via
@@ -142,6 +143,25 @@ static pid_t spawn(const char *path, char *const argv[], const char *logfile)
     return pid;
 }
 
+/* The slot copies a drafter's log says failed (its last "N copies failed" line, written as it
+ * exits), or -1 when the log has none. In a run without faults every copy succeeds: a failure
+ * is a defect of the copy path the end-to-end rate would only show as a lower figure. */
+static long copies_failed(const char *logfile)
+{
+    FILE *f = fopen(logfile, "r");
+    if (!f) return -1;
+    long n = -1;
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, " copies failed");
+        if (!p) continue;
+        while (p > line && p[-1] >= '0' && p[-1] <= '9') p--;
+        n = strtol(p, NULL, 10);
+    }
+    fclose(f);
+    return n;
+}
+
 /* Committed batches from the broker's ledger into *n, retrying a few times; false (said) if it
  * never answers. */
 static bool committed(client *c, uint64_t *n)
@@ -268,6 +288,15 @@ int main(int argc, char **argv)
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
             fprintf(stderr, "bench-pipeline: daemon %d of %d (pid %d) ended with status 0x%x "
                     "(logs in %s)\n", i, np, (int)pids[i], status, dir);
+            bad++;
+        }
+    }
+    for (int i = 0; i < cfg.drafters; i++) {
+        snprintf(logf, sizeof logf, "%s/drafter%d.log", dir, i);
+        long failed = copies_failed(logf);
+        if (failed != 0) {
+            fprintf(stderr, "bench-pipeline: drafter %d %s (log %s)\n", i,
+                    failed < 0 ? "wrote no summary of its copies" : "had slot copies fail", logf);
             bad++;
         }
     }

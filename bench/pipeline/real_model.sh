@@ -12,8 +12,9 @@
 #   3. end to end: the target continues (SIGCONT) and both run together for E2E_STEPS steps.
 # Then the drafter exits at its --max-steps, the broker drains, and the logs' "host waits for the
 # whole compute stream" lines are printed for both hot loops: each count must be 0 inside steps
-# and fills (checkpoints outside steps wait by design), or the script exits 1, as it does when
-# the drain fails or a daemon exits with an error.
+# and fills (checkpoints outside steps wait by design), and so must the drafter's failed slot
+# copies, or the script exits 1, as it does when the drain fails or a daemon exits with an
+# error.
 #
 # Usage (GPU machine, repository root): bench/pipeline/real_model.sh BIN_DIR [MODEL_DIR]
 #   BIN_DIR holds dflash-queue, dflash-target, dflash-drafter, dflash-ctl, dflash-data and
@@ -116,3 +117,4 @@ if lo != hi:
 print("loss first %.3f last %.3f" % (recs[0]["loss"], recs[-1]["loss"]))
 EOF
 pipe_hot_loops "$out/target.log" "$out/drafter.log"
+pipe_copies_ok "$out/drafter.log"

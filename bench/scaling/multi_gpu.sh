@@ -126,6 +126,7 @@ if [ "$backend" = cuda ]; then
 fi
 for p in "${gpids[@]}"; do wait "$p" || pipe_die "a group drafter failed"; done
 [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+pipe_copies_ok "$out/solo.log" "$out"/rank*.log
 tv=$(pipe_status | python3 -c "import json,sys; print(json.load(sys.stdin)['tv_distance'])")
 pipe_ctl drain > /dev/null || pipe_die "dflash-ctl drain failed"
 pipe_stop_target

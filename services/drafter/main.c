@@ -774,12 +774,14 @@ int main(int argc, char **argv)
     rc = worker_loop_run(&lc, cons, stop, &st);
     LOG_INFO("%s: %llu batches, %llu tokens in %.1f s (%.0f tokens/s), copied %.1f MB in %.2f s "
              "(grant to copy done p50 %.2f ms, p99 %.2f ms), consume %.1f s, waiting for a grant "
-             "%.1f s, %llu copies dropped (release refused), %llu registrations",
+             "%.1f s, %llu copies failed (slot given back unread), %llu copies dropped (release "
+             "refused), %llu registrations",
              rc ? "failed" : "done", (unsigned long long)st.batches, (unsigned long long)st.tokens,
              st.elapsed_s, st.elapsed_s > 0 ? st.tokens / st.elapsed_s : 0.0,
              st.bytes_copied / 1e6, st.copy_s, st.copy_p50_ms, st.copy_p99_ms, st.consume_s,
              st.wait_grant_s,
-             (unsigned long long)st.stale_releases, (unsigned long long)st.registrations);
+             (unsigned long long)st.copy_failures, (unsigned long long)st.stale_releases,
+             (unsigned long long)st.registrations);
     worker_consumer_destroy(&cons);
     if (st.name_in_use) return 4;
     if (st.other_model) return 6;

@@ -189,6 +189,7 @@ typedef struct worker_stats {
     uint64_t batches, tokens, bytes_copied;
     uint64_t stale_releases; /* release refused (the lease expired, or the batch was trained
                               * meanwhile by a late ack): copy dropped */
+    uint64_t copy_failures;  /* slot copies that failed (the slot given back unread) */
     double copy_s, consume_s, wait_grant_s, elapsed_s;
     double copy_p50_ms, copy_p99_ms; /* grant to copy done, over the last 4096 batches */
     uint64_t registrations;

@@ -191,6 +191,7 @@ int worker_session_copy(worker_session *s, const wire_grant *g, double *secs)
         /* the exporter is gone (shm removed) or the grant is bad */
         pool_importer_forget(s->imp, ref.incarnation);
         s->copy_fail_run++;
+        s->st->copy_failures++;
         return rc;
     }
     s->copy_fail_run = 0;
@@ -458,6 +459,7 @@ static worker_stats stats_growth(const worker_stats *a, const worker_stats *b)
                           .tokens = a->tokens - b->tokens,
                           .bytes_copied = a->bytes_copied - b->bytes_copied,
                           .stale_releases = a->stale_releases - b->stale_releases,
+                          .copy_failures = a->copy_failures - b->copy_failures,
                           .copy_s = a->copy_s - b->copy_s,
                           .consume_s = a->consume_s - b->consume_s,
                           .wait_grant_s = a->wait_grant_s - b->wait_grant_s,

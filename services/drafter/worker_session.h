@@ -15,7 +15,8 @@
  * consumer, checkpoint-committed reports (backed off and said when refused), the durability
  * barrier a consumer calls before it publishes a checkpoint, the "no broker
  * answers" deadline and the timing of progress lines. It counts into the loop's worker_stats
- * (borrowed): registrations, copy_s, bytes_copied, consume_s. The other counters are the loop's.
+ * (borrowed): registrations, copy_s, bytes_copied, copy_failures, consume_s. The other counters
+ * are the loop's.
  *
  * A stop with the broker gone: the loops hand every request's result to worker_session_heard.
  * Once a stop signal has come, the first request no broker answers (a timeout) marks the broker

@@ -116,7 +116,7 @@ static void test_hopeless(void)
 }
 
 /* --max-copy-failures 2 with real copies: the second failure in a row ends it, a success in
- * between starts the count again. */
+ * between starts the count again; the stats count every failure. */
 static void test_copy_failures_in_a_row(void)
 {
     worker_loop_config lc;
@@ -148,6 +148,7 @@ static void test_copy_failures_in_a_row(void)
     rc = worker_session_copy(s, &bad, NULL);
     CHECK(rc < 0);
     CHECK(worker_session_copy_hopeless(s, rc)); /* 2 of 2 in a row: give up now */
+    CHECK_EQ_INT(st.copy_failures, 3); /* every failure, in a row or not (the summary's count) */
 out:
     pool_destroy(&p);
     worker_session_destroy(&s);

@@ -32,7 +32,14 @@
  *   lost    SIGKILLed while frozen: the ack never reached it;
  *   landed  let go on (SIGCONT) until its acks count the frozen ack, then SIGTERM: the ack
  *           reached it, only its reply was lost (the resumed drafter's ack is a repeat,
- *           answered EXISTS, which must change nothing);
+ *           answered EXISTS, which must change nothing). The ack must be the drafter's first
+ *           request to the frozen broker: a heartbeat sent first times out and resets the
+ *           connection, and the ack then waits on a new one the frozen broker never accepts,
+ *           and is dropped at the drafter's exit (it failed so in CI once the freeze took more
+ *           than half a 200 ms heartbeat). So this broker's heartbeat is 2000 ms: the drafter's
+ *           heartbeat thread sends only after 1000 ms without a request, and the ack follows
+ *           the release by a step and the freeze. Its stop does not wait (--stop-grace-ms 0)
+ *           for the frozen drafter's checkpoint report, which never comes, until it expires;
  *   group   as lost, the drafter a group of one (--group g, its StepDone unanswered);
  *   late    as lost, but the drafter comes back only after the broker gave the batches in flight
  *           before its restart back to to-do and the target put the unacked one in a slot
@@ -82,12 +89,15 @@ static long newest_step(const char *root)
     return best;
 }
 
-/* BROKER_STOPS: the frozen drafter is not expired while its signals are sent (liveness 10). */
+/* BROKER_STOPS: the frozen drafter is not expired while its signals are sent (liveness 10).
+ * BROKER_LANDED: heartbeats of 2000 ms and no stop grace (see the header). */
 static void start_queue(run *r)
 {
+    bool landed = r->end == BROKER_LANDED;
     char *q[] = {(char *)queue_bin, r->rtflag, r->journal, "--min-ready", "1", "--max-depth", "4",
-                 "--heartbeat-ms", "200", "--lease-timeout-ms", "1000", "--liveness",
-                 r->end == BROKER_STOPS ? "10" : "3", NULL};
+                 "--heartbeat-ms", landed ? "2000" : "200", "--lease-timeout-ms", "1000",
+                 "--liveness", r->end == BROKER_STOPS ? "10" : "3", "--stop-grace-ms",
+                 landed ? "0" : "8000", NULL};
     r->q = h_spawn_logged(q, r->qlog);
     CHECK(h_wait_broker(r->ep, 10000) != 0);
 }

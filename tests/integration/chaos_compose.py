@@ -231,8 +231,8 @@ def main():
     failures = []
     try:
         queue.start()
-        if not wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 10):
-            failures.append("the broker did not answer ping within 10 s")
+        if not wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 30):
+            failures.append("the broker did not answer ping within 30 s")
             raise RuntimeError
         for s in svcs[1:]:
             s.start()

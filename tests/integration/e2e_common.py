@@ -247,10 +247,12 @@ def tiny_training(build, env, n_seqs, name, backend="host"):
 
 
 def start_broker(build, env, queue):
-    """Starts queue and waits for it to answer ping (RuntimeError after 10 s)."""
+    """Starts queue and waits for it to answer ping (RuntimeError after 30 s: under ASan on a
+    loaded machine the broker once took 4 s to log its first line, and each ping is a process
+    of its own)."""
     queue.start()
-    if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 10):
-        raise RuntimeError("the broker did not answer ping within 10 s:\n" +
+    if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 30):
+        raise RuntimeError("the broker did not answer ping within 30 s:\n" +
                            tail(queue.log_path))
 
 

@@ -90,7 +90,8 @@ int main(int argc, char **argv)
     uint64_t t0 = h_now_ms();
     waitpid(h_spawn(pargv, NULL), &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 2);
-    CHECK(h_now_ms() - t0 < 5000);
+    CHECK(h_now_ms() - t0 < 15000); /* a hang, not a slow start (5 s was outlasted under ASan,
+                                     * 4 tests at once on 2 cores) */
     h_rmdir(dir);
     CHECK_DONE();
 }

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from e2e_common import wait_until
+from e2e_common import run_ctl, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE = os.path.join(ROOT, "deploy", "docker-compose.yml")
@@ -137,10 +137,7 @@ class Service:
 
 
 def ctl(build, runtime_dir, *args, timeout=5):
-    r = subprocess.run([os.path.join(build, "tools", "dflash-ctl"), "--runtime-dir", runtime_dir,
-                        "--timeout-ms", "1000", *args], capture_output=True, text=True,
-                       timeout=timeout)
-    return r.returncode, r.stdout
+    return run_ctl(os.path.join(build, "tools", "dflash-ctl"), runtime_dir, *args, timeout=timeout)
 
 
 def status(build, runtime_dir):
@@ -263,7 +260,7 @@ def main():
             time.sleep(pause)
             victim.start()
             if victim is queue:
-                wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 10)
+                wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 30)
         log("kills: " + ", ".join(f"{s.name} {s.kills}" for s in svcs))
 
         # let the epoch finish

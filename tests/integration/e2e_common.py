@@ -141,6 +141,17 @@ def wait_until(cond, deadline_s, step=0.1):
     return None
 
 
+def run_ctl(ctl_path, runtime_dir, *args, timeout=5):
+    """dflash-ctl ARGS on runtime_dir, each request waiting up to 1 s: (exit status, stdout);
+    (2, "") when the process itself outlasted timeout seconds (a slow start under load)."""
+    try:
+        r = subprocess.run([ctl_path, "--runtime-dir", runtime_dir, "--timeout-ms", "1000", *args],
+                           capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout
+    except subprocess.TimeoutExpired:
+        return 2, ""
+
+
 class Env:
     """A temp dir (logs, data, checkpoints) and a short private runtime dir (sockets)."""
 
@@ -154,12 +165,7 @@ class Env:
         return os.path.join(self.tmp, *p)
 
     def ctl(self, build, *args, timeout=5):
-        try:
-            r = subprocess.run([build.ctl, "--runtime-dir", self.run, "--timeout-ms", "1000",
-                                *args], capture_output=True, text=True, timeout=timeout)
-            return r.returncode, r.stdout
-        except subprocess.TimeoutExpired:
-            return 2, ""
+        return run_ctl(build.ctl, self.run, *args, timeout=timeout)
 
     def status(self, build):
         rc, out = self.ctl(build, "status", "--json")

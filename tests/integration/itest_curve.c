@@ -419,7 +419,8 @@ int main(int argc, char **argv)
     CHECK(rename(ipc_pub, hidden) == 0);
     uint64_t t0 = h_now_ms();
     CHECK_EQ_INT(run_logged(w1, 15000, log, said, sizeof said, NULL), 2);
-    CHECK(h_now_ms() - t0 < 5000);
+    CHECK(h_now_ms() - t0 < 10000); /* at once, not a hang; 5 s were outlasted under ASan, 4
+                                     * tests at once on 2 cores */
     CHECK(strstr(said, "--pub-endpoint tcp://") != NULL);
     if (!strstr(said, "--pub-endpoint")) fprintf(stderr, "watch said: %s\n", said);
     CHECK(rename(hidden, ipc_pub) == 0);
@@ -440,7 +441,7 @@ int main(int argc, char **argv)
     char *w2[] = {(char *)ctl, rt, "--count=1", "watch", NULL};
     t0 = h_now_ms();
     CHECK_EQ_INT(run_logged(w2, 15000, log, said, sizeof said, NULL), 2);
-    CHECK(h_now_ms() - t0 < 5000);
+    CHECK(h_now_ms() - t0 < 10000); /* about 1.3 s; slack for a loaded machine, as above */
     CHECK(strstr(said, "no announcement came") != NULL && strstr(said, "--curve-key") != NULL);
     if (!strstr(said, "no announcement came")) fprintf(stderr, "watch said: %s\n", said);
     CHECK_EQ_INT(h_stop(q), 0);

@@ -249,6 +249,11 @@ static __attribute__((unused)) int h_stop(pid_t pid)
     return status;
 }
 
+/* How long a test waits for a broker it started to answer its first hello: a bound on a
+ * broker that never comes up, not a timing (an ASan broker took over 10 s under ctest -j6 on 2
+ * cores; e2e_common.py waits as long). */
+#define H_BROKER_UP_MS 30000
+
 /* Waits until a ctl client gets a hello answer from endpoint, up to deadline_ms. Returns the
  * broker's incarnation or 0. */
 static __attribute__((unused)) uint64_t h_wait_broker(const char *endpoint, int deadline_ms)
@@ -418,7 +423,7 @@ static __attribute__((unused)) client *h_start_group_broker(const char *bin, con
     for (const char *const *m = more ? more : dflt; *m && n < 31; m++) argv[n++] = (char *)*m;
     argv[n] = NULL;
     *qp = h_spawn_logged(argv, log);
-    if (!h_wait_broker(ep, 10000)) return NULL;
+    if (!h_wait_broker(ep, H_BROKER_UP_MS)) return NULL;
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
     client_set_timeout(c, 2000);
     if (client_hello(c, NULL, 0) != 0) client_destroy(&c);
@@ -440,7 +445,7 @@ static __attribute__((unused)) pid_t h_start_queue(const char *bin, const char *
     pid_t pid = h_spawn(argv, NULL);
     char ep[300];
     h_queue_endpoint(dir, ep, sizeof ep);
-    if (!h_wait_broker(ep, 10000)) {
+    if (!h_wait_broker(ep, H_BROKER_UP_MS)) {
         fprintf(stderr, "dflash-queue did not come up\n");
         h_kill(pid, SIGKILL);
         return -1;

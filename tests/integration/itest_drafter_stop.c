@@ -64,7 +64,7 @@ static void start_run(run *r, const char *name, const char *group, const char *c
 
     char *q[] = {(char *)queue_bin, rtflag, "--min-ready", "1", "--max-depth", "4", NULL};
     r->qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(r->ep, 10000) != 0);
+    CHECK(h_wait_broker(r->ep, H_BROKER_UP_MS) != 0);
     r->tp = h_start_training_target(target_bin, model, shard, rt, 200, 128, tlog);
     const char *extra[] = {"--lr", "3e-3", "--checkpoint-every", ckpt_every, "--progress-ms", "0",
                            "--timeout-ms", "2000", group ? "--group" : NULL, group, "--comm",

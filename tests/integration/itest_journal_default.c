@@ -19,7 +19,7 @@ static char *start_stop(const char *bin, const char *dir, const char *extra)
     remove(log);
     char *argv[] = {(char *)bin, rt, (char *)extra, NULL};
     pid_t q = h_spawn_logged(argv, log);
-    CHECK(h_wait_broker(ep, 10000) != 0);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     CHECK_EQ_INT(h_stop(q), 0);
     return test_slurp(log, NULL);
 }

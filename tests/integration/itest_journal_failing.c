@@ -36,7 +36,7 @@ static pid_t start_broker(void)
     }
     char ep[128];
     h_queue_endpoint(dir, ep, sizeof ep);
-    if (pid < 0 || !h_wait_broker(ep, 10000)) return -1;
+    if (pid < 0 || !h_wait_broker(ep, H_BROKER_UP_MS)) return -1;
     return pid;
 }
 

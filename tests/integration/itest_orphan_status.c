@@ -100,7 +100,7 @@ int main(int argc, char **argv)
     client_set_timeout(b, 1000);
     wire_pool pool;
     h_pool(&pool, POOL_INC, 4, 1, 8, 1);
-    CHECK_EQ_INT(h_hello_retry(t, NULL, 0, 10000), 0);
+    CHECK_EQ_INT(h_hello_retry(t, NULL, 0, H_BROKER_UP_MS), 0);
     CHECK_EQ_INT(client_register_pool(t, &pool), 0);
     for (int k = 0; k < 2; k++) {
         wire_work_unit wu;
@@ -110,8 +110,8 @@ int main(int argc, char **argv)
     }
 
     /* group g of da (rank 0) and db; step 1 claimed and copied by both */
-    CHECK_EQ_INT(h_hello_retry(a, NULL, 0, 10000), 0);
-    CHECK_EQ_INT(h_hello_retry(b, NULL, 0, 10000), 0);
+    CHECK_EQ_INT(h_hello_retry(a, NULL, 0, H_BROKER_UP_MS), 0);
+    CHECK_EQ_INT(h_hello_retry(b, NULL, 0, H_BROKER_UP_MS), 0);
     wire_group_view va, vb;
     CHECK_EQ_INT(client_group_join(a, "g", 0, 0, -1, 2, &va), 0);
     CHECK_EQ_INT(client_group_join(b, "g", 0, 0, -1, 2, &vb), 0);
@@ -145,7 +145,7 @@ int main(int argc, char **argv)
     check_ctl_lists_orphan(argv[2], "after the broker's restart");
 
     /* da comes back holding step 1 and creates the group again: the step is acked once */
-    CHECK_EQ_INT(h_hello_retry(a, NULL, 0, 10000), 0);
+    CHECK_EQ_INT(h_hello_retry(a, NULL, 0, H_BROKER_UP_MS), 0);
     CHECK_EQ_INT(client_group_join(a, "g", 1, 0, -1, 2, &va), 0);
     CHECK_EQ_INT(h_broker_status(ep, &s), 0);
     CHECK_EQ_INT(s.batches_trained, 2);

@@ -92,7 +92,7 @@ static pid_t start_queue(const char *qbin, const char *journal, const char *qlog
     char *q[] = {(char *)qbin, rtflag, "--journal", (char *)journal, "--min-ready", "1",
                  "--max-depth", "2", "--heartbeat-ms", "200", "--liveness", "2", NULL};
     pid_t qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(ep, 10000) != 0);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     return qp;
 }
 

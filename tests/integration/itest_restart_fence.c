@@ -37,7 +37,7 @@ int main(int argc, char **argv)
     client_set_timeout(d, 1000);
     wire_pool pool;
     h_pool(&pool, POOL_INC, SLOTS, 1, 8, 1);
-    CHECK_EQ_INT(h_hello_retry(t, NULL, 0, 10000), 0);
+    CHECK_EQ_INT(h_hello_retry(t, NULL, 0, H_BROKER_UP_MS), 0);
     CHECK_EQ_INT(client_register_pool(t, &pool), 0);
 
     /* fill and announce both slots; the target now considers both busy */
@@ -54,7 +54,7 @@ int main(int argc, char **argv)
     CHECK(busy[0] && busy[1]);
 
     /* the drafter takes a grant and keeps it: its copy is "still running" */
-    CHECK_EQ_INT(h_hello_retry(d, NULL, 0, 10000), 0);
+    CHECK_EQ_INT(h_hello_retry(d, NULL, 0, H_BROKER_UP_MS), 0);
     wire_grant g;
     int rc = client_claim(d, &g);
     CHECK_EQ_INT(rc, 0);
@@ -73,7 +73,7 @@ int main(int argc, char **argv)
     for (int a = 0; a < 10 && wrc == DFLASH_ETIMEOUT; a++)
         wrc = client_request_work(t, POOL_INC, &wu);
     CHECK_EQ_INT(wrc, DFLASH_ESTALE);
-    CHECK_EQ_INT(h_hello_retry(t, NULL, 0, 10000), 0);
+    CHECK_EQ_INT(h_hello_retry(t, NULL, 0, H_BROKER_UP_MS), 0);
     for (uint32_t s = 0; s < SLOTS; s++) wire_pool_set_busy(&pool, s, busy[s]);
     uint64_t t_reg = h_now_ms();
     CHECK_EQ_INT(client_register_pool(t, &pool), 0);

@@ -17,7 +17,7 @@ int main(int argc, char **argv)
     pid_t first = h_start_queue(argv[1], dir, extra);
     CHECK(first > 0);
     if (first <= 0) CHECK_DONE();
-    uint64_t inc = h_wait_broker(ep, 10000);
+    uint64_t inc = h_wait_broker(ep, H_BROKER_UP_MS);
     CHECK(inc != 0);
 
     char *argv2[] = {argv[1], rt, "--journal=none", NULL};
@@ -35,13 +35,13 @@ int main(int argc, char **argv)
     CHECK(!other);
     CHECK(exited && WIFEXITED(status) && WEXITSTATUS(status) == 1);
     if (!exited) h_kill(second, SIGKILL);
-    CHECK(h_wait_broker(ep, 10000) == inc);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) == inc);
 
     /* the first broker dies by SIGKILL: its socket file stays, and a new broker starts on it */
     h_kill(first, SIGKILL);
     pid_t third = h_start_queue(argv[1], dir, extra);
     CHECK(third > 0);
-    uint64_t inc3 = h_wait_broker(ep, 10000);
+    uint64_t inc3 = h_wait_broker(ep, H_BROKER_UP_MS);
     CHECK(inc3 != 0 && inc3 != inc);
     CHECK_EQ_INT(h_stop(third), 0);
     h_rmdir(dir);

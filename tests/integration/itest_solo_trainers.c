@@ -132,7 +132,7 @@ int main(int argc, char **argv)
                  "--lease-timeout-ms", "1500", "--heartbeat-ms", "2000", "--liveness", "3",
                  NULL};
     pid_t qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(ep, 10000) != 0);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     pid_t tp = h_start_training_target(argv[3], model, shard, rt, 100000, 128, tlog);
     client *c = client_new(ep, WIRE_ROLE_CTL, "itest");
     client_set_timeout(c, 2000);
@@ -236,7 +236,7 @@ int main(int argc, char **argv)
     h_kill(qp, SIGKILL);
     client_destroy(&c);
     qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(ep, 10000) != 0);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     c = client_new(ep, WIRE_ROLE_CTL, "itest");
     client_set_timeout(c, 2000);
     CHECK_EQ_INT(client_hello(c, NULL, 0), 0);

@@ -46,7 +46,7 @@ static pid_t start_broker(const char *name, const char *grace, char *qlog, size_
                  "--heartbeat-ms=200", "--liveness=3", "--lease-timeout-ms=10000",
                  "--stats-interval-ms=0", graceflag, NULL};
     pid_t pid = h_spawn_logged(q, qlog);
-    CHECK(pid > 0 && h_wait_broker(ep, 10000) != 0);
+    CHECK(pid > 0 && h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     *target = h_start_small_target(target_bin, rt, name, 50, 500);
     CHECK(*target > 0);
     return pid;

@@ -99,7 +99,7 @@ static void start_queue(run *r)
                  "--liveness", r->end == BROKER_STOPS ? "10" : "3", "--stop-grace-ms",
                  landed ? "0" : "8000", NULL};
     r->q = h_spawn_logged(q, r->qlog);
-    CHECK(h_wait_broker(r->ep, 10000) != 0);
+    CHECK(h_wait_broker(r->ep, H_BROKER_UP_MS) != 0);
 }
 
 /* The daemons' --timeout-ms. BROKER_STOPS: 2000, the stopping broker's replies must be waited for

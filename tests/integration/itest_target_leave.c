@@ -99,7 +99,7 @@ int main(int argc, char **argv)
                  "--liveness=3", "--lease-timeout-ms=10000", "--stats-interval-ms=0",
                  "--log-level=info", NULL};
     pid_t qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(ep, 10000) != 0);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     pid_t target = start_target(tlog);
     CHECK(target > 0);
 
@@ -200,7 +200,7 @@ int main(int argc, char **argv)
     snprintf(journal3, sizeof journal3, "--journal=%s/queue3.journal", dir); /* a new run */
     q[2] = journal3;
     qp = h_spawn_logged(q, q3log);
-    CHECK(h_wait_broker(ep, 10000) != 0);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     pid_t target3 = start_target(t3log);
     CHECK(h_wait_text(t3log, "registered pool", 30000));
     h_kill(qp, SIGKILL);

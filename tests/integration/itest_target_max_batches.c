@@ -34,7 +34,7 @@ int main(int argc, char **argv)
                  "--liveness=3", "--lease-timeout-ms=10000", "--stats-interval-ms=0",
                  "--log-level=info", NULL};
     pid_t qp = h_spawn_logged(q, qlog);
-    CHECK(h_wait_broker(ep, 10000) != 0);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
     char *t[] = {argv[3], rt, "--name=t", "--model=synthetic", "--slots=4", "--token-budget=256",
                  "--max-seqs=4", "--hidden=8", "--layers=2", "--buckets=64,256", bpb,
                  "--backend=host", "--timeout-ms=1000", "--progress-ms=0", mb,

@@ -57,12 +57,12 @@ static int free_port(void)
     return port;
 }
 
-/* Runs argv to completion within deadline_ms; returns its exit status, or -1 (killed at the
- * deadline / not exited normally). */
 /* The bound on a program run that must end (keygen, a refused start-up, a ctl command): not a
  * timing; `dflash-ctl keygen` outlasted 10 s under ctest -j6 on 2 cores (ASan). */
 #define RUN_MS 30000
 
+/* Runs argv to completion within deadline_ms; returns its exit status, or -1 (killed at the
+ * deadline / not exited normally). */
 static int run_wait(char *const argv[], int deadline_ms)
 {
     pid_t pid = h_spawn(argv, NULL);

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from e2e_common import run_ctl, wait_until
+from e2e_common import BROKER_UP_S, broker_answers, run_ctl, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE = os.path.join(ROOT, "deploy", "docker-compose.yml")
@@ -228,8 +228,8 @@ def main():
     failures = []
     try:
         queue.start()
-        if not wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 30):
-            failures.append("the broker did not answer ping within 30 s")
+        if not broker_answers(lambda *a: ctl(build, run_dir, *a)):
+            failures.append(f"the broker did not answer ping within {BROKER_UP_S} s")
             raise RuntimeError
         for s in svcs[1:]:
             s.start()
@@ -262,7 +262,7 @@ def main():
             time.sleep(pause)
             victim.start()
             if victim is queue:
-                wait_until(lambda: ctl(build, run_dir, "ping")[0] == 0, 30)
+                broker_answers(lambda *a: ctl(build, run_dir, *a))
         log("kills: " + ", ".join(f"{s.name} {s.kills}" for s in svcs))
 
         # let the epoch finish

@@ -252,13 +252,23 @@ def tiny_training(build, env, n_seqs, name, backend="host"):
     return slots, queue, target
 
 
+# How long a started broker may take to answer its first ping: a bound, not a timing (under
+# ASan on a loaded machine a broker took 4 s to log its first line, up to 15 s under ctest -j6
+# on 2 cores, and each ping is a process of its own). harness.h's H_BROKER_UP_MS is the same.
+BROKER_UP_S = 30
+
+
+def broker_answers(ctl):
+    """True once ctl("ping") (a run_ctl-like call: (status, stdout)) exits 0, within
+    BROKER_UP_S."""
+    return bool(wait_until(lambda: ctl("ping")[0] == 0, BROKER_UP_S))
+
+
 def start_broker(build, env, queue):
-    """Starts queue and waits for it to answer ping (RuntimeError after 30 s: under ASan on a
-    loaded machine the broker once took 4 s to log its first line, and each ping is a process
-    of its own)."""
+    """Starts queue and waits for it to answer ping (RuntimeError after BROKER_UP_S)."""
     queue.start()
-    if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 30):
-        raise RuntimeError("the broker did not answer ping within 30 s:\n" +
+    if not broker_answers(lambda *a: env.ctl(build, *a)):
+        raise RuntimeError(f"the broker did not answer ping within {BROKER_UP_S} s:\n" +
                            tail(queue.log_path))
 
 

@@ -27,7 +27,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import Build, Daemon, Env, log, report, tail, wait_until  # noqa: E402
+from e2e_common import (Build, Daemon, Env, log, report, start_broker, tail,  # noqa: E402
+                        wait_until)
 
 NAME = "e2e-peers"
 
@@ -39,10 +40,10 @@ def start(env, d):
 
 
 def queue(build, env, tag="queue"):
-    q = start(env, Daemon(tag, [build.queue, "--runtime-dir", env.run, "--journal", "none",
-                                "--min-ready", "0", "--stats-interval-ms", "200"], env.tmp))
-    if not wait_until(lambda: env.ctl(build, "ping")[0] == 0, 30):
-        raise RuntimeError(f"the broker did not answer:\n{tail(q.log_path)}")
+    q = Daemon(tag, [build.queue, "--runtime-dir", env.run, "--journal", "none",
+                     "--min-ready", "0", "--stats-interval-ms", "200"], env.tmp)
+    env.daemons.append(q)
+    start_broker(build, env, q)
     return q
 
 

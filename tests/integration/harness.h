@@ -251,7 +251,7 @@ static __attribute__((unused)) int h_stop(pid_t pid)
 
 /* How long a test waits for a broker it started to answer its first hello: a bound on a
  * broker that never comes up, not a timing (an ASan broker took over 10 s under ctest -j6 on 2
- * cores; e2e_common.py waits as long). */
+ * cores; e2e_common.py BROKER_UP_S is the same). */
 #define H_BROKER_UP_MS 30000
 
 /* Waits until a ctl client gets a hello answer from endpoint, up to deadline_ms. Returns the

@@ -6,14 +6,15 @@
  * cblas_sgemm; everything else is plain C loops written for clarity first.
  *
  * Threads: ops run synchronously on the caller's thread. nn_cpu_new(threads) sets OpenBLAS's
- * thread count and keeps `threads` for our own loops: the attention ops split their tiles (or, in
- * the block-attention backward, their kv heads, so that dk/dv rows have one writer) and the loss
- * its rows over short-lived pthreads that grab work from an atomic counter. No op allocates:
- * attention is flash style (tiles of ATT_ROWS query rows x ATT_KEYS keys, sgemm for the scores
- * and the products, an online softmax whose scores live on the stack), so no [T,T] or [Tk] score
- * buffer exists; the lm_head logits live in the caller's scratch. Results do not depend on our
- * thread count (bit for bit): every tile and row is computed the same way whoever computes it,
- * and sums over rows are taken in row order.
+ * thread count (the process's first context also ends the workers beyond it that OpenBLAS
+ * started at load) and keeps `threads` for our own loops: the attention ops split their tiles
+ * (or, in the block-attention backward, their kv heads, so that dk/dv rows have one writer) and
+ * the loss its rows over short-lived pthreads that grab work from an atomic counter. No op
+ * allocates: attention is flash style (tiles of ATT_ROWS query rows x ATT_KEYS keys, sgemm for
+ * the scores and the products, an online softmax whose scores live on the stack), so no [T,T] or
+ * [Tk] score buffer exists; the lm_head logits live in the caller's scratch. Results do not depend
+ * on our thread count (bit for bit): every tile and row is computed the same way whoever computes
+ * it, and sums over rows are taken in row order.
  *
  * Speed: OpenBLAS 0.3.21 runs its slow generic kernels on cpus it does not know (recent Xeons);
  * nn_cpu_new warns when that happens; OPENBLAS_CORETYPE=Haswell in the environment fixes it.
@@ -1171,12 +1172,29 @@ static void warn_slow_openblas(void) {
                  "run ~3x slower; start with OPENBLAS_CORETYPE=Haswell (or SkylakeX) set");
 }
 
+/* OpenBLAS (pthread build) starts one worker per core when the library loads, before main(),
+ * and openblas_set_num_threads only lowers how many a call uses: the others sleep on for the
+ * process's life. Shutting its server down makes the next call start exactly the count set, so
+ * a --threads 4 process on a 128-core host holds 3 workers, not 127. Safe only while no BLAS call
+ * runs on another thread, hence only in the process's first nn_cpu_new: every BLAS call of ours
+ * goes through a context, and none exists before it. Weak: a BLAS build without the function
+ * (another threading variant) keeps its pool as it is. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
+static void limit_openblas_threads(int threads, bool first_context) {
+    int started = openblas_get_num_threads(); /* the workers it runs, the caller included */
+    openblas_set_num_threads(threads);
+    if (first_context && threads < started && blas_thread_shutdown_) blas_thread_shutdown_();
+}
+
 nn_ctx *nn_cpu_new(int threads) {
+    static atomic_int contexts_made;
+    bool first_context = atomic_exchange(&contexts_made, 1) == 0;
     nn_ctx *c = calloc(1, sizeof(*c));
     if (!c) return NULL;
     warn_slow_openblas();
     if (threads > 0)
-        openblas_set_num_threads(threads);
+        limit_openblas_threads(threads, first_context);
     else {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;

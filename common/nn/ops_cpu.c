@@ -1175,7 +1175,7 @@ static void warn_slow_openblas(void) {
 /* OpenBLAS (pthread build) starts one worker per core when the library loads, before main(),
  * and openblas_set_num_threads only lowers how many a call uses: the others sleep on for the
  * process's life. Shutting its server down makes the next call start exactly the count set, so
- * a --threads 4 process on a 128-core host holds 3 workers, not 127. Safe only while no BLAS call
+ * a --threads 4 process on a 64-core host holds 3 workers, not 63. Safe only while no BLAS call
  * runs on another thread, hence only in the process's first nn_cpu_new: every BLAS call of ours
  * goes through a context, and none exists before it. Weak: a BLAS build without the function
  * (another threading variant) keeps its pool as it is. */

@@ -232,8 +232,31 @@ static bool batch_failed(broker *b, const batch_id *id, bool requeue)
     return false;
 }
 
-/* Ends a peer's session: drafter leases end and its held batches return to to-do; a target's
- * pool is dropped. Frees the entry (index i). */
+/* A drafter other than p that holds batch id (copied, not acked: it is training it), or NULL. */
+static const peer *other_holder(const broker *b, const peer *p, const batch_id *id)
+{
+    for (uint32_t i = 0; i < b->n_peers; i++) {
+        const peer *q = b->peers[i];
+        if (q == p) continue;
+        for (uint32_t k = 0; k < q->n_held; k++)
+            if (same_batch(&q->held[k], id)) return q;
+    }
+    return NULL;
+}
+
+/* Whether batch id, held by drafter p, has another live delivery: a slot or lease holds it, or
+ * another drafter copied it. So it is when p was expired holding it, it went back to to-do and
+ * was handed out again, and p said hello holding it (adopt_held keeps it in p's held batches
+ * for p's late ack). */
+static bool delivered_elsewhere(const broker *b, const peer *p, const batch_id *id)
+{
+    return (b->policy && policy_holds_batch(b->policy, id)) || other_holder(b, p, id) != NULL;
+}
+
+/* Ends a peer's session: drafter leases end and its held batches return to to-do, except those
+ * another delivery holds (defect: they went to to-do too, so the batch was produced and trained
+ * once more, and the delivery it still had was counted as failed); a target's pool is dropped.
+ * Frees the entry (index i). */
 static void peer_remove(broker *b, uint32_t i, const char *why)
 {
     peer *p = b->peers[i];
@@ -242,8 +265,16 @@ static void peer_remove(broker *b, uint32_t i, const char *why)
     if (p->role == WIRE_ROLE_DRAFTER) {
         broker_groups_peer_gone(b, p);
         if (b->policy) policy_drop_worker(b->policy, p->incarnation);
-        for (uint32_t k = 0; k < p->n_held; k++)
-            if (!group_owns_batch(b->groups, &p->held[k])) batch_failed(b, &p->held[k], true);
+        for (uint32_t k = 0; k < p->n_held; k++) {
+            const batch_id *id = &p->held[k];
+            if (group_owns_batch(b->groups, id)) continue;
+            if (delivered_elsewhere(b, p, id)) {
+                LOG_INFO("%s held batch %u/%u/%u, which is handed out again: it stays with that "
+                         "delivery", p->name, id->epoch, id->bucket, id->index);
+                continue;
+            }
+            batch_failed(b, id, true);
+        }
     } else if (p->role == WIRE_ROLE_TARGET && p->pool_id >= 0) {
         broker_pool_give_up(b, (uint32_t)p->pool_id);
     }
@@ -1021,18 +1052,6 @@ static const peer *drafter_of_worker(const broker *b, uint64_t inc)
     for (uint32_t i = 0; i < b->n_peers; i++)
         if (b->peers[i]->role == WIRE_ROLE_DRAFTER && b->peers[i]->incarnation == inc)
             return b->peers[i];
-    return NULL;
-}
-
-/* A drafter other than p that holds batch id (copied, not acked: it is training it), or NULL. */
-static const peer *other_holder(const broker *b, const peer *p, const batch_id *id)
-{
-    for (uint32_t i = 0; i < b->n_peers; i++) {
-        const peer *q = b->peers[i];
-        if (q == p) continue;
-        for (uint32_t k = 0; k < q->n_held; k++)
-            if (same_batch(&q->held[k], id)) return q;
-    }
     return NULL;
 }
 

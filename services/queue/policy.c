@@ -664,6 +664,22 @@ int policy_batch_trained(policy *p, const batch_id *b, policy_slot_ref *where)
     return DFLASH_ENOTFOUND;
 }
 
+bool policy_holds_batch(const policy *p, const batch_id *b)
+{
+    for (uint32_t i = 0; i < p->n_pools; i++) {
+        const pool *pl = p->pools[i];
+        for (uint32_t k = 0; k < pl->n_slots; k++) {
+            const slot *s = &pl->slots[k];
+            if ((s->state == SLOT_FILLING || s->state == SLOT_READY || s->state == SLOT_LEASED) &&
+                same_batch(&s->batch, b))
+                return true;
+        }
+    }
+    for (uint32_t i = 0; i < p->n_detached; i++)
+        if (same_batch(&p->detached[i].where.batch, b)) return true;
+    return false;
+}
+
 int policy_lease_trained(policy *p, const batch_id *b, policy_grant *g)
 {
     for (uint32_t i = 0; i < p->n_leased; i++) {

@@ -206,6 +206,10 @@ int policy_slot_ready(policy *p, uint32_t pool_id, uint64_t incarnation, uint32_
  * no FILLING or READY slot holds b. A LEASED slot is left alone: its drafter may be copying it. */
 int policy_batch_trained(policy *p, const batch_id *b, policy_slot_ref *where);
 
+/* Whether a delivery of b is live in the policy: a FILLING, READY or LEASED slot, or a detached
+ * lease, holds it. No state change. */
+bool policy_holds_batch(const policy *p, const batch_id *b);
+
 /* The same while a lease on b is out (the batch was handed out again and granted to another
  * worker, who may be copying it now): the slot stays LEASED, but the lease ends in FREE, not
  * READY, whichever way it ends (release, expiry, drop_worker, revoke): b is not granted again,

@@ -21,7 +21,11 @@
  *     process, or a restart of the same run), also when the broker recreated the acker's entry
  *     after expiring it;
  *   - b had copied it, a resume sends it to to-do again and it is granted to c: b's death later
- *     does not send it back to to-do while c holds it.
+ *     does not send it back to to-do while c holds it;
+ *   - a says hello holding it and is expired again before its ack, while a slot holds it ready
+ *     again or b has copied it: it stays with that delivery, neither sent to to-do (defect: the
+ *     next work request produced it into a second slot, and it was trained twice) nor counted
+ *     as a failed delivery.
  * Time is waited for (polled to a deadline), never assumed.
  */
 #include "check.h"
@@ -427,6 +431,48 @@ static void test_group_abort(void)
     stub_broker_free();
 }
 
+/* X ready again in a slot (and, with copied, granted to b and copied) when a says hello holding
+ * it and is expired again before acking: X stays with that delivery. The next work request
+ * produces another batch, X is granted once and trained once. */
+static void rehello_then_expired(bool copied)
+{
+    setup_ready_again();
+    wire_grant gb = {0};
+    if (copied) {
+        CHECK_EQ_INT(stub_claim(&B, &gb), 0);
+        CHECK(same_unit(gb.unit, X));
+        CHECK_EQ_INT(stub_release(&B, gb.lease_id), 0);
+    }
+    wire_status before = stub_status();
+    CHECK_EQ_INT(hello(&A, &X, 1), 0);
+    CHECK(expire(&A, (const drafter *const[]){&B, NULL}));
+    wire_status s = stub_status();
+    printf("%s: in flight %llu -> %llu, to do %llu -> %llu, quarantined %llu\n",
+           copied ? "b copied X" : "X ready", (unsigned long long)before.batches_inflight,
+           (unsigned long long)s.batches_inflight, (unsigned long long)before.batches_todo,
+           (unsigned long long)s.batches_todo, (unsigned long long)s.quarantined);
+    CHECK_EQ_INT(s.batches_inflight, before.batches_inflight);
+    CHECK_EQ_INT(s.batches_todo, before.batches_todo);
+    CHECK_EQ_INT(s.buckets[0].ready, copied ? 0 : 1);
+    stub_make_ready("target-t-7", TARGET_INC, POOL_INC, 1);
+    if (!copied) {
+        CHECK_EQ_INT(stub_claim(&B, &gb), 0);
+        CHECK(same_unit(gb.unit, X)); /* the older ready slot first */
+        CHECK_EQ_INT(stub_release(&B, gb.lease_id), 0);
+    }
+    wire_grant other;
+    CHECK_EQ_INT(stub_claim(&B, &other), 0);
+    CHECK(!same_unit(other.unit, X)); /* X was not produced again */
+    CHECK_EQ_INT(stub_ack(&B, X, 7), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.batches_trained, 1);
+    CHECK_EQ_INT(s.quarantined, 0);
+    stub_broker_free();
+}
+
+static void test_rehello_then_expired_ready(void) { rehello_then_expired(false); }
+static void test_rehello_then_expired_copied(void) { rehello_then_expired(true); }
+
 int main(void)
 {
     test_lease_out();
@@ -439,5 +485,7 @@ int main(void)
     test_held_then_granted_again();
     test_acked_second();
     test_resumed_run_repeats();
+    test_rehello_then_expired_ready();
+    test_rehello_then_expired_copied();
     CHECK_DONE();
 }

@@ -156,6 +156,13 @@ model_producer *model_producer_new(const model_producer_opts *o, const nn_ops *o
     if (o->layer_ids &&
         target_layer_ids_check(o->layer_ids, o->n_layer_ids, hc.num_layers, err, errlen) < 0)
         goto fail_config;
+    int rule_ids[TARGET_MAX_CAPTURE];
+    if (!o->layer_ids && target_default_layer_ids(hc.num_layers, o->drafter_layers, rule_ids)) {
+        snprintf(err, errlen, "--layers %d: DFlash's default rule gives no %d distinct layer ids "
+                 "for this %d-layer target; give fewer, or the ids with --capture-layers",
+                 o->drafter_layers, o->drafter_layers, hc.num_layers);
+        goto fail_config;
+    }
 
     target_model_opts mo = {.layer_ids = o->layer_ids,
                             .n_layer_ids = o->n_layer_ids,

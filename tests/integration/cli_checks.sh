@@ -96,6 +96,12 @@ expect drafter_verify_model_layer 2 "captured layer id 99 outside \[0, 4\)" "$D"
 expect target_hidden 2 "--hidden 999 does not match" "$T" "${COMMON[@]}" "${MODEL[@]}" --hidden 999
 expect target_layers 2 "--layers 5 disagrees" "$T" "${COMMON[@]}" "${MODEL[@]}" --layers 5 \
     --capture-layers 1,2
+# a --layers count DFlash's rule cannot place in the model (3 distinct ids in 1..1 of a 4-layer
+# target): the load refused it, exit 1 as a failed load
+expect target_layers_rule 2 "--layers 3: DFlash's default rule gives no 3 distinct layer ids" \
+    "$T" "${COMMON[@]}" "${MODEL[@]}" --layers 3
+expect drafter_verify_model_rule 2 "--layers 3: DFlash's default rule gives no 3 distinct" "$D" \
+    "${COMMON[@]}" --verify-model "${MODEL[@]}" --layers 3
 # the synthetic target never parsed --capture-layers
 expect target_capture_synthetic 2 "bad --capture-layers 'abc'" "$T" "${COMMON[@]}" \
     --capture-layers abc

@@ -36,6 +36,7 @@
 #include "config.h"
 #include "hf_config.h"
 #include "err.h"
+#include "host_name.h"
 #include "log.h"
 #include "show.h"
 #include "signals.h"
@@ -639,8 +640,8 @@ int main(int argc, char **argv)
     if (cfg.name[0]) {
         snprintf(name, sizeof name, "%s", cfg.name);
     } else {
-        char host[32] = "";
-        gethostname(host, sizeof host - 1);
+        char host[sizeof name - 16]; /* "drafter-", "-" and a pid of up to 7 digits */
+        host_name_local(host, sizeof host);
         snprintf(name, sizeof name, "drafter-%s-%d", host, (int)getpid());
     }
     lc.endpoint = endpoint;

@@ -16,6 +16,7 @@
 #include "config.h"
 #include "hf_config.h"
 #include "err.h"
+#include "host_name.h"
 #include "batch_plan.h"
 #include "blas_env.h"
 #include "log.h"
@@ -72,7 +73,8 @@ typedef struct target_config {
 static const cfg_option target_options[] = {
     CLIENT_CONNECTION_OPTIONS(OPTS),
     OPTS("name", "", "peer and pool name, unique per broker: letters, digits, - and _ (default "
-         "target-<host>; give each target on one host its own)", name),
+         "target-<host>, a host name past 24 characters cut to its head and a hash of the whole; "
+         "give each target on one host its own)", name),
     OPTS("model", "synthetic", "target checkpoint directory, or 'synthetic' for deterministic "
          "test data", model),
     OPTS("shards", "", "model: comma-separated token shard files (dflash-data)", shards),
@@ -119,20 +121,16 @@ static const cfg_table target_table = {
     "[options]", target_options, sizeof target_options / sizeof target_options[0], NULL,
     check_options, NULL};
 
-/* The default --name: target-<host> (the host name up to its first dot, other characters than
- * letters, digits, - and _ as -), at most 31 characters (POOL_NAME_MAX). Stable across restarts
- * on one host, so a restart takes over its session and pool; unique per container, so
- * `docker compose --scale target=N` gives each replica its own pool. */
+/* The default --name: target-<host> (host_name_local: the host name up to its first dot, other
+ * characters than letters, digits, - and _ as -; a longer one than fits in POOL_NAME_MAX keeps
+ * its head and a hash of the whole). Stable across restarts on one host, so a restart takes over
+ * its session and pool; unique per container, so `docker compose --scale target=N` gives each
+ * replica its own pool. */
 static void default_name(char *name, size_t len)
 {
-    char host[64] = "";
-    gethostname(host, sizeof host - 1);
-    host[strcspn(host, ".")] = '\0';
-    for (char *h = host; *h; h++)
-        if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || (*h >= '0' && *h <= '9') ||
-              *h == '_' || *h == '-'))
-            *h = '-';
-    snprintf(name, len < POOL_NAME_MAX ? len : POOL_NAME_MAX, "target-%s", host[0] ? host : "0");
+    char host[POOL_NAME_MAX - 7]; /* "target-" and this: at most POOL_NAME_MAX - 1 characters */
+    host_name_local(host, sizeof host);
+    snprintf(name, len < POOL_NAME_MAX ? len : POOL_NAME_MAX, "target-%s", host);
 }
 
 /* Frees the model's compute context (NULL for the synthetic target); nulls it. */

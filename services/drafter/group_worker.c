@@ -594,10 +594,13 @@ static int joining(gw *g)
     g->open_retry_ms = 0;
     k->set_group(k->ctx, g->comm, (int)v.rank, (int)v.world);
     if ((rc = k->sync_state(k->ctx, 0)) < 0) {
-        if (rc == DFLASH_EMISMATCH) { /* we differ from rank 0, whose model is the group's */
-            LOG_ERROR("group %s: our drafter's shape differs from rank 0's, the group's model: "
-                      "give every rank the same model flags (--draft-layers, --block-size, the "
-                      "target); leaving the group", c->group);
+        /* MISMATCH: we differ from rank 0, whose model is the group's; CONFIG: we cannot train
+         * with its settings (the consumer said why) */
+        if (rc == DFLASH_EMISMATCH || rc == DFLASH_ECONFIG) {
+            if (rc == DFLASH_EMISMATCH)
+                LOG_ERROR("group %s: our drafter's shape differs from rank 0's, the group's "
+                          "model: give every rank the same model flags (--draft-layers, "
+                          "--block-size, the target); leaving the group", c->group);
             close_comm(g);
             client_group_leave(g->cl, c->group); /* the others re-form without us at once */
             return DFLASH_ECONFIG;

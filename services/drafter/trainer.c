@@ -48,6 +48,7 @@ typedef struct trainer {
     target_model *target; /* frozen embed_tokens / lm_head only */
     dflash_model *m;
     dflash_train_cfg tc;
+    int planned_anchors; /* the anchor count the drafter's blocks are planned for */
     metrics *met;
     void *host; /* cuda: host copy of a slot's header and small arrays */
     void *feat; /* cuda: the step's copy of the slot's hidden states (device) */
@@ -757,13 +758,33 @@ static void train_set_group(void *vctx, dp_comm *comm, int rank, int world) {
     }
 }
 
+/* Blocks the drafter is planned for when a sequence takes up to `anchors`: one per anchor of
+ * each of --max-seqs sequences, at most one per context token. */
+static long planned_blocks(const slot_layout *l, int anchors) {
+    long blocks = (long)anchors * l->max_seqs;
+    return blocks > (long)l->token_budget ? (long)l->token_budget : blocks;
+}
+
 /* Takes rank root's model and training state; our checkpoints past its step then belong to a
- * history we no longer have, and are set aside (dflash_ckpt_set_aside_after). */
+ * history we no longer have, and are set aside (dflash_ckpt_set_aside_after). Rank root's
+ * anchor count is taken too: one past what our blocks were planned for (our --anchors, or our
+ * checkpoint's, was smaller) is DFLASH_ECONFIG, said with the flag that mends it (defect: every
+ * batch with more anchors failed on this rank, and the group skipped the step and re-formed
+ * for ever). */
 static int train_sync_state(void *vctx, int root) {
     trainer *t = vctx;
     while (dflash_train_pending(t->m) > 0)
         report_oldest(t);
     int rc = dflash_dp_sync_state(t->m, &t->tc, t->comm, root);
+    if (rc == 0 && planned_blocks(&t->layout, t->tc.n_anchors) > t->m->max_blocks) {
+        LOG_ERROR("rank %d of the group trains with %d anchors a sequence (--anchors, or its "
+                  "checkpoint's), and this drafter's memory is planned for %d blocks a batch "
+                  "(%d anchors x --max-seqs %u, at most --token-budget %u): restart it with "
+                  "--anchors %d; leaving the group", root, t->tc.n_anchors, t->m->max_blocks,
+                  t->planned_anchors, t->layout.max_seqs, t->layout.token_budget,
+                  t->tc.n_anchors);
+        return DFLASH_ECONFIG;
+    }
     if (rc < 0 || !t->ckpt_root[0] || !is_dir(t->ckpt_root)) return rc;
     char err[4600];
     if (dflash_ckpt_set_aside_after(t->ckpt_root, t->m->step, err, sizeof err) < 0)
@@ -1084,8 +1105,8 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
              init_weights_dir(o->init_weights, init_dir, sizeof init_dir) == 0)
         keep_checkpoint_mask(init_dir, "--init-weights", &dc);
     int anchors = resume_dir[0] ? saved.n_anchors : o->train.n_anchors;
-    long blocks = (long)anchors * o->layout->max_seqs;
-    if (blocks > (long)o->layout->token_budget) blocks = o->layout->token_budget;
+    long blocks = planned_blocks(o->layout, anchors);
+    t->planned_anchors = anchors;
     t->m = dflash_model_new(&dc, t->ops, t->nn, target_model_embed_tokens(t->target),
                             target_model_lm_head(t->target), (int)o->layout->token_budget,
                             (int)blocks, o->init_seed);

@@ -580,11 +580,14 @@ int worker_loop_run(const worker_loop_config *cfg, worker_consumer *cons,
             backoff = 1;
             unreachable_since = monotime_s();
             rc = handle_grant(&w, &g, stop);
-            if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ECONFIG) {
-                /* a bad batch, or a slot of another layout (the target's configuration),
-                 * refused before use: keep what the model has trained */
+            if (rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH || rc == DFLASH_ECONFIG ||
+                rc == DFLASH_EPEER) {
+                /* a bad batch, a slot of another layout (the target's configuration), refused
+                 * before use, or slots we cannot map (--max-copy-failures, no peer access):
+                 * keep what the model has trained (defect: the last one lost the steps since
+                 * the last periodic checkpoint) */
                 if (finish(&w, stop) < 0)
-                    LOG_ERROR("the final checkpoint after the bad batch failed too");
+                    LOG_ERROR("the final checkpoint before this exit failed too");
                 goto out_session;
             }
             if (rc < 0) goto out_session;

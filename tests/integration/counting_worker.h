@@ -2,7 +2,8 @@
  * consumer that only counts its batches (its step is the count): for integration tests of the
  * loop against the real broker and target. The caller fills k->lc (and k->step_ms: how long each
  * batch takes, as a training step would; 0 = at once), then counting_worker_start; k->ended
- * turns 1 when the loop returned (its result in k->rc); k->stop = 1 asks it to stop;
+ * turns 1 when the loop returned (its result in k->rc), k->finished counts its finish() calls
+ * (where a drafter writes its final checkpoint); k->stop = 1 asks it to stop;
  * counting_worker_join waits for it to end and joins its thread.
  * Header-only, static functions. Users: itest_drain_ready, itest_unreadable,
  * itest_target_leave. */
@@ -22,6 +23,7 @@ typedef struct counting_worker {
     volatile sig_atomic_t stop;
     int step_ms; /* each batch takes this long (a slow drafter: the target's slots stay ready) */
     volatile int consumed;
+    volatile int finished; /* times the loop called finish() (a drafter's final checkpoint) */
     int rc;
     volatile int ended;
 } counting_worker;
@@ -32,6 +34,12 @@ static int counting_consume(void *ctx, const worker_batch *b, uint64_t *step)
     (void)b;
     if (k->step_ms > 0) monotime_sleep_ms(k->step_ms);
     *step = (uint64_t)++k->consumed;
+    return 0;
+}
+
+static int counting_finish(void *ctx)
+{
+    ((counting_worker *)ctx)->finished++;
     return 0;
 }
 
@@ -46,7 +54,8 @@ static void *counting_run(void *arg)
 /* Starts k's loop in thread *th, its consumer named k->lc.name. 0 or pthread_create's error. */
 static __attribute__((unused)) int counting_worker_start(counting_worker *k, pthread_t *th)
 {
-    k->cons = (worker_consumer){.name = k->lc.name, .ctx = k, .consume = counting_consume};
+    k->cons = (worker_consumer){.name = k->lc.name, .ctx = k, .consume = counting_consume,
+                                .finish = counting_finish};
     return pthread_create(th, NULL, counting_run, k);
 }
 

@@ -8,7 +8,9 @@
  * so every grant fails to copy. Checks, from one status reply once 6 grants failed: the ledger
  * has at most max-depth (2) batches in flight (the ones in slots), not one per failed grant, and
  * the consumer never ran. Then the loop, whose max_copy_failures is 10, ends by itself with
- * DFLASH_EPEER (a drafter that cannot map any slot gives up instead of retrying for ever). */
+ * DFLASH_EPEER (a drafter that cannot map any slot gives up instead of retrying for ever), after
+ * finish(), where a drafter writes its final checkpoint (it wrote none: the steps since its last
+ * periodic checkpoint were lost). */
 #include "check.h"
 #include "harness.h"
 #include "slot.h"
@@ -69,6 +71,7 @@ int main(int argc, char **argv)
     CHECK(counting_worker_join(&k, th, 30000));
     CHECK_EQ_INT(k.rc, DFLASH_EPEER);
     CHECK_EQ_INT(k.consumed, 0);
+    CHECK_EQ_INT(k.finished, 1); /* the final checkpoint before that exit (it had none) */
     client_destroy(&c);
     client_destroy(&peek);
     CHECK_EQ_INT(h_stop(target), 0);

@@ -64,6 +64,11 @@ done
 expect "demo --help" 0 "failing step and the tail of its daemon's log are printed" demo --help
 mkdir -p "$WORK/used" && touch "$WORK/used/journal"
 expect "demo --out used" 2 "--out .*/used is not empty" demo --out "$WORK/used"
+# its options' values: a missing one said so (bash's "unbound variable" under set -u), and an
+# unknown argument, exit 2 as its header says
+expect "demo --out (no value)" 2 "demo: --out needs a directory" demo --out
+expect "demo --build (no value)" 2 "demo: --build needs a directory" demo --build
+expect "demo --bogus" 2 "demo: unknown argument --bogus" demo --bogus
 T=(train --model "$WORK/m" --data "$WORK/d.jsonl" --out "$WORK/o" --build "$WORK/b")
 expect "train --steps (no value)" 2 "--steps needs a value" "${T[@]}" --steps
 expect "train --steps 0" 2 "--steps must be a whole number >= 1" "${T[@]}" --steps 0

@@ -1390,7 +1390,11 @@ int trainer_eval(const trainer_eval_opts *o, trainer_eval_result *out, char *err
         eval_progress(&run);
         uint64_t i = run.done;
         shard_seq s;
-        if ((rc = shard_set_get(set, i, &s)) < 0) goto out;
+        if ((rc = shard_set_get(set, i, &s)) < 0) {
+            snprintf(err, errlen, "cannot read held-out sequence %llu of %s: %s",
+                     (unsigned long long)i, o->data, err_str(rc));
+            goto out;
+        }
         if (s.len < 2) {
             out->skipped++;
             run.tokens_done += s.len;

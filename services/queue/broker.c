@@ -489,6 +489,17 @@ static bool takes_over_by_name(const peer *o, const wire_msg *m)
  * is held (Error AGAIN, p stays PEER_NEW so that its wait is timed: trainer_admitted). */
 static bool on_hello(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
+    /* A live peer's role is its session's (defect: a hello of another role on its connection
+     * changed it, so a target's pool was never given up when that peer went) */
+    if (p->state == PEER_LIVE && p->role != m->role) {
+        b->malformed++;
+        LOG_WARN("%s %s said hello as a %s on its connection: refused", wire_role_name(p->role),
+                 p->name, wire_role_name(m->role));
+        reply_error(b, r, m->request_id, DFLASH_EDENIED,
+                    "this connection is a %s's: a %s connects on its own",
+                    wire_role_name(p->role), wire_role_name(m->role));
+        return false;
+    }
     if (refuse_replaced(b, p, m, r)) return false;
     /* A new incarnation of the same role+name replaces the old session (a restart), from the key
      * that one registered with only (broker_security.c, "Key binding"). */

@@ -301,6 +301,14 @@ static void test_requests_of_another_role(void)
     CHECK_EQ_INT(after.batches_todo, before.batches_todo);
     CHECK_EQ_INT(after.batches_inflight, before.batches_inflight);
     CHECK_EQ_INT(after.grants, before.grants);
+    /* nor does a hello of another role on a live peer's connection change its role (it made
+     * the target a drafter, whose end never gave the pool up) */
+    CHECK_EQ_INT(hello(WIRE_ROLE_DRAFTER, TARGET_INC, "t", NULL, 0), DFLASH_EDENIED);
+    CHECK(strstr(stub_rep.u.error.message, "this connection is a target's") != NULL);
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    int wrc = stub_send("t");
+    CHECK(wrc != DFLASH_EDENIED && wrc != DFLASH_ESTALE); /* still the target */
     /* the drafter's own requests still work */
     stub_init(WIRE_CLAIM, WIRE_ROLE_DRAFTER, DRAFTER_INC);
     CHECK_EQ_INT(stub_send("d"), 0);

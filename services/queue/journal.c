@@ -155,8 +155,9 @@ static void sync_failure(char *why, size_t len, int rc)
 }
 
 /* Syncs the journal's file (fd): the data, and once after a compaction whose directory fsync
- * failed, the directory too, so that the rename is durable before any record that follows it
- * counts as durable. Called by whichever thread owns fd. */
+ * failed, the directory too, so that the rename is durable before any record the new file holds
+ * counts as durable (those that follow it, and in writer mode those queued before it in its
+ * batch). Called by whichever thread owns fd. */
 static int sync_journal(journal *j, journal_sync_fn fn, void *ctx, int fd)
 {
     int rc = do_sync(fn, ctx, fd);
@@ -695,11 +696,15 @@ static void *writer_main(void *arg)
                 int rc = write_new_file(j, x->buf, x->len, sync_fn, sync_ctx);
                 if (rc == 0) {
                     /* the fsynced image holds every record before it, the failed ones too (it
-                     * was taken from memory after they were applied): the journal is whole */
+                     * was taken from memory after they were applied): the journal is whole,
+                     * once its rename is durable. A directory fsync that failed is the batch's
+                     * sync to retry, and what the image holds counts as unsynced until it
+                     * succeeds (defect: a sync record before the rewrite was reported durable
+                     * while the old, unsynced file could still be the one a power loss left) */
                     size = x->len;
                     records = x->records;
-                    need_sync = false;
-                    unsynced = x->seq + 1;
+                    need_sync = j->dir_unsynced;
+                    if (!j->dir_unsynced) unsynced = x->seq + 1;
                     healed |= broken;
                     broken = false;
                     fail = 0;
@@ -722,6 +727,12 @@ static void *writer_main(void *arg)
                 LOG_ERROR("journal %s: %s", j->path, why);
                 broken = true;
                 fail = x->seq;
+                /* the records before it that asked for a sync get it now (defect: the batch's
+                 * sync was skipped, and they were reported durable); if it fails, nothing of
+                 * the batch since its last rewrite is */
+                errno = 0;
+                if (need_sync && sync_journal(j, sync_fn, sync_ctx, j->fd) != 0) fail = unsynced;
+                need_sync = false;
             } else {
                 size += x->len;
                 records++;

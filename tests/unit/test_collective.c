@@ -24,7 +24,8 @@
  *     peer never comes, each under a 30 s timeout, end with EPEER as soon as the watch says so
  *     (about 2 s), with the watch's words in dp_comm_error / the open's error; the watch sees
  *     what is waited for, which rank (and its pid) and for how long, first after
- *     DP_COMM_WATCH_S; the late peer then finds the group broken by rank 0;
+ *     DP_COMM_WATCH_S; the late peer then finds the group broken by rank 0; a peer that arrives
+ *     while the watch is being asked does not turn its "over" into a passed barrier;
  *   - no /dev/shm/dflash-dp-* segment of this test is left behind;
  *   - what a failed NCCL init means (dp_nccl_init_fault, built without NCCL too): NCCL's
  *     "Duplicate GPU detected" refusal (ncclInvalidUsage, the text NCCL 2.28 gives) and any
@@ -43,6 +44,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,6 +416,56 @@ static void rank_watched(const uint8_t *id, int rank, int world) {
     dp_comm_close(&c);
 }
 
+/* A page shared by the forked ranks of rank_watched_arrival: rank 0's watch is being asked
+ * (in_watch), rank 1 has entered its barrier (arrived). */
+static struct arrival_flags {
+    atomic_int in_watch, arrived;
+} *arrival;
+
+/* The watch of a broker that moves the group on while rank 1 arrives: it waits for rank 1 to
+ * enter the barrier, then says the wait is over. */
+static bool watch_while_arriving(void *ctx, const dp_comm_wait *w, char *why, size_t len) {
+    (void)ctx, (void)w;
+    atomic_store(&arrival->in_watch, 1);
+    for (double end = monotime_s() + 20; !atomic_load(&arrival->arrived) && monotime_s() < end;)
+        monotime_sleep_ms(1);
+    monotime_sleep_ms(100); /* rank 1's arrival is stored right after its flag */
+    snprintf(why, len, "the broker moved the group on");
+    return true;
+}
+
+/* world 2: rank 1 enters the barrier while rank 0's watch is being asked, and the watch says
+ * the wait is over: rank 0's barrier fails (defect: the peer was there by then, so it passed,
+ * and a step the broker had aborted on rank 0's word was applied); rank 1, which found rank 0
+ * there, may pass, and its next call finds the group broken. */
+static void rank_watched_arrival(const uint8_t *id, int rank, int world) {
+    (void)world;
+    dp_comm_watch w = {watch_while_arriving, NULL};
+    dp_comm *c = NULL;
+    char err[256] = "";
+    int rc = dp_comm_open_watched(DP_COMM_SHM, id, rank, 2, -1, 30.0, rank == 0 ? &w : NULL, &c,
+                                  err, sizeof err);
+    CHECK_EQ_INT(rc, 0);
+    if (rc) return;
+    if (rank == 1) {
+        for (double end = monotime_s() + 20;
+             !atomic_load(&arrival->in_watch) && monotime_s() < end;)
+            monotime_sleep_ms(1);
+        atomic_store(&arrival->arrived, 1);
+        rc = dp_comm_barrier(c);
+        if (rc == 0) rc = dp_comm_barrier(c);
+        CHECK_EQ_INT(rc, DFLASH_EPEER);
+        dp_comm_close(&c);
+        return;
+    }
+    rc = dp_comm_barrier(c);
+    CHECK_EQ_INT(rc, DFLASH_EPEER);
+    CHECK(strstr(dp_comm_error(c), "the broker moved the group on") != NULL);
+    printf("watched barrier, the peer arriving meanwhile: %s (%s)\n", err_str(rc),
+           dp_comm_error(c));
+    dp_comm_close(&c);
+}
+
 /* world 2: rank 1 never comes; rank 0's watch ends its join at 2 s (timeout 30 s) */
 static void rank_watched_join(const uint8_t *id, int rank, int world) {
     (void)world;
@@ -577,6 +629,10 @@ int main(void) {
         printf("world %d: collectives ok in %.2f s (segment %s)\n", world, monotime_s() - t0,
                (shm_name_of(id, name, sizeof name), name));
     }
+    arrival = mmap(NULL, sizeof *arrival, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    CHECK(arrival != MAP_FAILED);
+    if (arrival == MAP_FAILED) CHECK_DONE();
     struct {
         const char *what;
         rank_fn fn;
@@ -586,11 +642,13 @@ int main(void) {
                  {"world mismatch", rank_mismatch},
                  {"killed rank", rank_killed},
                  {"watched barrier", rank_watched},
+                 {"watched barrier, the peer arriving meanwhile", rank_watched_arrival},
                  {"watched join", rank_watched_join}};
     for (size_t i = 0; i < sizeof fails / sizeof fails[0]; i++) {
         CHECK_EQ_INT(dp_comm_make_id(DP_COMM_SHM, id, err, sizeof err), 0);
         double t0 = monotime_s();
-        bool two = fails[i].fn == rank_watched || fails[i].fn == rank_watched_join;
+        bool two = fails[i].fn == rank_watched || fails[i].fn == rank_watched_join ||
+                   fails[i].fn == rank_watched_arrival;
         CHECK_EQ_INT(run_group(id, two ? 2 : 3, fails[i].fn, fails[i].fn == rank_killed ? 2 : -1),
                      0);
         printf("%s: handled in %.2f s\n", fails[i].what, monotime_s() - t0);

@@ -4,7 +4,7 @@
  * without nvcc; without the runtime or a GPU every call returns DFLASH_EUNSUPPORTED. pool.c is the
  * only caller. Streams and events are opaque pointers (cudaStream_t / cudaEvent_t). Every call
  * that takes a device sets it first; calls return 0, DFLASH_ECUDA or DFLASH_ENOMEM and log the
- * CUDA error string with the call. Thread: the pool's or importer's owning thread.
+ * CUDA error string with the call, whose error they clear (cudaGetLastError). Thread: the pool's or importer's owning thread.
  */
 #ifndef DFLASH_POOL_CUDA_H
 #define DFLASH_POOL_CUDA_H
@@ -47,5 +47,9 @@ int pool_cuda_bus_id(int device, char *buf, size_t len);
 int pool_cuda_device_by_bus_id(const char *bus_id, int *device);
 /* cudaDeviceCanAccessPeer: whether device can map memory of peer (*can). 0 or a code. */
 int pool_cuda_can_access_peer(int device, int peer, bool *can);
+/* cudaPeekAtLastError: the calling thread's last CUDA error, left unread (0 when none or no
+ * runtime). Every call here clears the error of a call that failed, so that the compute code's
+ * launch checks of that record do not find it: tests check this. */
+int pool_cuda_pending_error(void);
 
 #endif

@@ -5,7 +5,9 @@
  * records each slot's interprocess event, and an importer on GPU 0 (and, when a second GPU is
  * visible, another on GPU 1), which maps the arena from the encoded descriptor, stream-waits on
  * each slot's event, copies the slot device-to-device into a staging buffer, reads it back and
- * verifies every byte. The importer also uses the grant path (pool_importer_attach_slot), and the
+ * verifies every byte. The importer also uses the grant path (pool_importer_attach_slot), also
+ * with a damaged handle (it fails and leaves no CUDA error pending for the next kernel launch's
+ * check; a copy after it works), and the
  * exporter checks single-process mode (its own pool through raw pointers). Then it times copies:
  * bandwidth and copy latency p50/p99, printed as one table per importer device.
  * Exit 0 all good, 1 failures, 77 no GPU (ctest SKIP_RETURN_CODE).
@@ -157,6 +159,26 @@ static int importer(const slot_layout *l, int in_fd, int done_fd, int device, in
         failures++;
     }
     pool_importer_destroy(&g);
+    /* a grant whose memory cannot be opened (a damaged handle, a crashed target's pool): the
+     * attach fails and leaves no CUDA error behind for the compute code's next launch check to
+     * find (it aborted the drafter), and a good copy still works after it */
+    pool_importer *bad = pool_importer_new(POOL_CUDA, device, &err);
+    pool_slot_ref broken = ref;
+    for (size_t k = 0; k < POOL_HANDLE_BYTES; k++) broken.mem_handle[k] ^= 0x5a;
+    broken.incarnation = d.incarnation + 1;
+    int brc = bad ? pool_importer_attach_slot(bad, &broken) : -1;
+    int pending = pool_cuda_pending_error();
+    if (brc == 0 || pending != 0) {
+        fprintf(stderr, "importer %d: a damaged handle: attach %d, CUDA error left %d\n", device,
+                brc, pending);
+        failures++;
+    }
+    pool_importer_destroy(&bad);
+    if (pool_copy_start(imp, d.incarnation, 1, d.slot_bytes, l->slot_bytes, stage) != 0 ||
+        pool_copy_wait(imp) != 0) {
+        fprintf(stderr, "importer %d: a copy after the failed attach failed\n", device);
+        failures++;
+    }
     /* timing: copy start to done, whole slot */
     double *lat = calloc((size_t)copies, sizeof *lat);
     double t0 = now_s();

@@ -239,17 +239,34 @@ static int host_create(pool *p)
         LOG_ERROR("pool name '%s' is too long for a shared memory name", d->name);
         return DFLASH_EINVAL;
     }
-    int fd = shm_open(d->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-        LOG_ERROR("shm_open %s: %s (is /dev/shm mounted and writable?)", d->shm_name,
-                  strerror(errno));
-        return DFLASH_EIO;
-    }
-    int rc = 0;
-    if (flock(fd, LOCK_SH) != 0) { /* "owned by a live process" for pool_sweep_stale */
-        LOG_ERROR("flock %s: %s", d->shm_name, strerror(errno));
-        rc = DFLASH_EIO;
-        goto fail_unlink;
+    /* Between the create and the lock the segment is unlocked under its final name: a target
+     * starting in another pid namespace (our pid means nothing there) sweeping it then takes
+     * it for a dead process's and unlinks it (defect: we went on with a segment no drafter
+     * could open). Once locked, one still linked is ours; an unlinked one is created again. */
+    int fd = -1, rc = 0;
+    for (int tries = 0; fd < 0; tries++) {
+        fd = shm_open(d->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0) {
+            LOG_ERROR("shm_open %s: %s (is /dev/shm mounted and writable?)", d->shm_name,
+                      strerror(errno));
+            return DFLASH_EIO;
+        }
+        struct stat st;
+        if (flock(fd, LOCK_SH) != 0) { /* "owned by a live process" for pool_sweep_stale */
+            LOG_ERROR("flock %s: %s", d->shm_name, strerror(errno));
+            rc = DFLASH_EIO;
+            goto fail_unlink;
+        }
+        if (fstat(fd, &st) == 0 && st.st_nlink > 0) break;
+        close(fd);
+        fd = -1;
+        if (tries == 2) {
+            LOG_ERROR("shared memory %s was removed as it was created, three times (another "
+                      "process sweeping /dev/shm)", d->shm_name);
+            return DFLASH_EIO;
+        }
+        LOG_WARN("shared memory %s was removed as it was created (another process sweeping "
+                 "/dev/shm); creating it again", d->shm_name);
     }
     /* Reserve the pages now: a sparse ftruncate succeeds beyond what /dev/shm holds (64 MiB
      * in a container by default) and the first slot write past it dies of SIGBUS. */

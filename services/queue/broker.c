@@ -849,6 +849,9 @@ static void on_work_request(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     pool_desc *d = peer_pool(b, p, m->u.pool_incarnation);
     if (!d) return reply_error(b, r, m->request_id, DFLASH_ESTALE, "unknown pool: register it");
+    /* the target fills one unit at a time: one still filling was lost (defect: its slot and
+     * batch stayed so for ever, and the epoch never ended) */
+    policy_pool_drop_filling(b->policy, (uint32_t)p->pool_id);
     policy_mode mode = policy_get_mode(b->policy);
     if (mode == POLICY_DRAINING) return drain_hold(b, p, d, r, m->request_id);
     d->drain_hold_ms = 0;

@@ -355,6 +355,24 @@ int policy_pool_drop(policy *p, uint32_t pool_id)
     return 0;
 }
 
+uint32_t policy_pool_drop_filling(policy *p, uint32_t pool_id)
+{
+    pool *pl = find_pool(p, pool_id, NULL);
+    uint32_t n = 0;
+    for (uint32_t i = 0; pl && i < pl->n_slots; i++) {
+        slot *s = &pl->slots[i];
+        if (s->state != SLOT_FILLING) continue;
+        batch_id b = s->batch;
+        LOG_WARN("policy: slot %u of pool %u still filling batch %u/%u/%u when its target asked "
+                 "for more work (the work unit's reply or its slot ready was lost): the batch "
+                 "goes back to to-do", s->index, pool_id, b.epoch, b.bucket, b.index);
+        (void)set_state(p, s, SLOT_FREE, false);
+        if (p->sink.requeue) p->sink.requeue(p->sink.ctx, &b);
+        n++;
+    }
+    return n;
+}
+
 uint32_t policy_detached_leases(const policy *p, uint32_t pool_id, uint64_t incarnation)
 {
     uint32_t n = 0;

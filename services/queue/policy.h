@@ -168,6 +168,11 @@ uint32_t policy_detached_leases(const policy *p, uint32_t pool_id, uint64_t inca
  * slot is not handed out for filling and refuses SLOT_READY meanwhile. DFLASH_ENOTFOUND unknown
  * pool, DFLASH_ERANGE slot out of range, DFLASH_ESTATE slot not FREE. */
 int policy_slot_fence(policy *p, uint32_t pool_id, uint32_t slot, uint64_t until_ms);
+/* A work request of pool_id's target, which fills one work unit at a time and asks for the next
+ * only once the last is reported (or given up): a slot of that pool still FILLING will never be
+ * reported (the work unit's reply or the slot ready was lost to a timeout). Each goes FREE and
+ * its batch is reported via sink->requeue. Returns how many (0 unknown pool). */
+uint32_t policy_pool_drop_filling(policy *p, uint32_t pool_id);
 /* Incarnation of a registered pool, 0 if unknown. */
 uint64_t policy_pool_incarnation(const policy *p, uint32_t pool_id);
 

@@ -245,6 +245,56 @@ static bool target_and_drafter(int n_ready)
     return true;
 }
 
+/* The target's work request: 0 with *w, or the error code. */
+static int work_request(wire_work_unit *w)
+{
+    stub_init(WIRE_WORK_REQUEST, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.pool_incarnation = POOL_INC;
+    int rc = stub_send("t");
+    if (rc == 0 && w) *w = stub_rep.u.work;
+    return rc;
+}
+
+/* A work unit whose reply the target never got (its request timed out), and one filled whose
+ * slot ready never reached the broker: the target asks for more work, and each such slot goes
+ * back to free, its batch to to-do, handed out again (defect: the slot stayed filling and its
+ * batch in flight for ever: max_depth shrank and the epoch never ended). */
+static void test_lost_work_units(void)
+{
+    stub_broker_new(NULL);
+    if (!stub_b) return;
+    CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
+    stub_pool("t", TARGET_INC, POOL_INC, 4);
+    wire_work_unit lost, again;
+    CHECK_EQ_INT(work_request(&lost), 0); /* its reply "lost": the target asks again */
+    CHECK_EQ_INT(work_request(&again), 0);
+    wire_status s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].filling, 1);
+    CHECK_EQ_INT(s.batches_inflight, 1);
+    printf("lost work unit %u/%u/%llu in slot %u; the next request got %u/%u/%llu in slot %u\n",
+           lost.unit.epoch, lost.unit.bucket, (unsigned long long)lost.unit.index, lost.slot,
+           again.unit.epoch, again.unit.bucket, (unsigned long long)again.unit.index,
+           again.slot);
+    CHECK(again.unit.index == lost.unit.index); /* the lowest to-do batch: the lost one again */
+    /* filled, its slot ready lost; the next request frees it too */
+    wire_work_unit next;
+    CHECK_EQ_INT(work_request(&next), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].filling, 1);
+    CHECK_EQ_INT(s.batches_inflight, 1);
+    CHECK(next.unit.index == again.unit.index);
+    /* the one reported is ready, and the plan's to-do count is whole */
+    stub_init(WIRE_SLOT_READY, WIRE_ROLE_TARGET, TARGET_INC);
+    stub_req.u.ready = (wire_slot_ready){POOL_INC, next.slot, next.unit, 100, 2};
+    CHECK_EQ_INT(stub_send("t"), 0);
+    s = stub_status();
+    CHECK_EQ_INT(s.buckets[0].filling, 0);
+    CHECK_EQ_INT(s.buckets[0].ready, 1);
+    CHECK_EQ_INT(s.batches_inflight, 1);
+    CHECK_EQ_INT(s.batches_todo + s.batches_inflight, s.batches_total);
+    stub_broker_free();
+}
+
 static void test_release_retry(void)
 {
     stub_broker_new(NULL);
@@ -1050,6 +1100,7 @@ int main(void)
     test_reservoir_over_depth();
     test_release_retry();
     test_requests_of_another_role();
+    test_lost_work_units();
     test_cuda_pool_bus_id();
     test_late_acks();
     test_plan_done();

@@ -20,11 +20,12 @@ int main(int argc, char **argv)
     wire_pool pool;
     h_pool(&pool, 0x111, 4, 1, 10, 1);
     CHECK_EQ_INT(client_register_pool(t1, &pool), 0);
+    /* one unit at a time, as a target fills them: a reported, b still filling */
     wire_work_unit a, b;
     CHECK_EQ_INT(client_request_work(t1, 0x111, &a), 0);
-    CHECK_EQ_INT(client_request_work(t1, 0x111, &b), 0);
     wire_slot_ready r = {0x111, a.slot, a.unit, 10, 1};
     CHECK_EQ_INT(client_slot_ready(t1, &r), 0);
+    CHECK_EQ_INT(client_request_work(t1, 0x111, &b), 0);
     wire_status s;
     CHECK_EQ_INT(client_status(t1, &s), 0);
     CHECK_EQ_INT(s.buckets[0].ready, 1);
@@ -47,6 +48,8 @@ int main(int argc, char **argv)
     /* the dropped batches are handed out again, lowest index first */
     wire_work_unit c, d;
     CHECK_EQ_INT(client_request_work(t2, 0x222, &c), 0);
+    wire_slot_ready rc_ready = {0x222, c.slot, c.unit, 10, 1};
+    CHECK_EQ_INT(client_slot_ready(t2, &rc_ready), 0);
     CHECK_EQ_INT(client_request_work(t2, 0x222, &d), 0);
     CHECK(c.unit.index == a.unit.index && d.unit.index == b.unit.index);
     /* a SLOT_READY with the old pool incarnation is refused */

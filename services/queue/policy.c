@@ -57,7 +57,7 @@ typedef struct slot {
 struct pool {
     uint32_t id;
     uint64_t incarnation;
-    uint32_t n_slots, n_free;
+    uint32_t n_slots, n_free, n_filling;
     uint64_t slot_bytes;
     slot *slots;
 };
@@ -189,6 +189,7 @@ static int set_state(policy *p, slot *s, slot_state to, bool front)
     case SLOT_FILLING:
         p->filling[b]--;
         p->tot_filling--;
+        s->pool->n_filling--;
         break;
     case SLOT_READY:
         ready_unlink(p, s);
@@ -216,6 +217,7 @@ static int set_state(policy *p, slot *s, slot_state to, bool front)
     case SLOT_FILLING:
         p->filling[b]++;
         p->tot_filling++;
+        s->pool->n_filling++;
         break;
     case SLOT_READY:
         ready_link(p, s, front);
@@ -359,7 +361,7 @@ uint32_t policy_pool_drop_filling(policy *p, uint32_t pool_id)
 {
     pool *pl = find_pool(p, pool_id, NULL);
     uint32_t n = 0;
-    for (uint32_t i = 0; pl && i < pl->n_slots; i++) {
+    for (uint32_t i = 0; pl && pl->n_filling && i < pl->n_slots; i++) {
         slot *s = &pl->slots[i];
         if (s->state != SLOT_FILLING) continue;
         batch_id b = s->batch;

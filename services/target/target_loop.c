@@ -5,9 +5,9 @@
  * Busy bitmap (busy[]): bit s is set once slot s is published and cleared when a work unit
  * names s again (the broker hands a slot out only once it is FREE); every registration sends it
  * as PoolRegister.busy_slots so that a restarted broker fences those slots (docs/protocol.md).
- * A stop (the stop flag, --max-batches) while the pool is registered and the broker answers
- * leaves the broker before the pool is destroyed (target_leave.h): the broker grants nothing
- * more from it, and the memory stays until no drafter copies it. */
+ * A stop (the stop flag, --max-batches) or a producer's fatal error while the pool is registered
+ * and the broker answers leaves the broker before the pool is destroyed (target_leave.h): the
+ * broker grants nothing more from it, and the memory stays until no drafter copies it. */
 #include "target_loop.h"
 #include "monotime.h"
 #include "broker_silence.h"
@@ -279,8 +279,14 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
             set_state(&t, TL_WORKING);
             backoff = 1;
             rc = produce(&t, &w);
-            if (rc == DFLASH_ESTALE) set_state(&t, TL_REGISTER);
-            else if (rc < 0) goto out_client;
+            if (rc == DFLASH_ESTALE) {
+                set_state(&t, TL_REGISTER);
+            } else if (rc < 0) { /* fatal: leave as a stop does (defect: the broker granted
+                                  * the pool's ready slots from freed memory until it
+                                  * expired us, and copies under way read it) */
+                leave = registered_and_heard(&t);
+                break;
+            }
             rc = 0;
         } else if (rc == DFLASH_EAGAIN || rc == DFLASH_EFULL || rc == DFLASH_ETIMEOUT) {
             set_state(&t, TL_WAITING);

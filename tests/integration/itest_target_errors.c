@@ -5,7 +5,9 @@
  *      target_loop_run with that code, promptly, with one batch counted: the daemon exits 1
  *      saying which batch failed, rather than going on with a slot left FILLING at the broker
  *      for ever (a watchdog sets the stop flag after WATCHDOG_MS, so a loop that ignores the
- *      failure returns 0 instead and the test fails rather than hangs).
+ *      failure returns 0 instead and the test fails rather than hangs); it leaves the broker
+ *      first, as a stop does: the broker then holds no slot of it and no batch in flight
+ *      (defect: its pool stayed granted, from freed memory, until the broker expired it).
  *   2. target_leave waiting for a copy in progress (a raw drafter holds a lease) returns the
  *      request's error as soon as the broker stops answering (SIGKILL), within a request
  *      timeout, instead of asking again until the lease-timeout bound.
@@ -90,6 +92,18 @@ static void producer_failure(const char *queue_bin)
     CHECK(took < WATCHDOG_MS);
     CHECK_EQ_INT(st.batches, 1);
     CHECK_EQ_INT(f.calls, 2); /* nothing filled after the failure */
+    /* it left the broker before freeing the pool: nothing more is granted from it, its ready
+     * batch is back to to-do at once (not when the broker expires the target) */
+    int crc = 0;
+    client *c = h_client(ep, WIRE_ROLE_CTL, "check", 20, &crc);
+    CHECK_EQ_INT(crc, 0);
+    wire_status s = {0};
+    if (c) CHECK_EQ_INT(client_status(c, &s), 0);
+    printf("failing producer: the broker then has %u slots, %u peers, %llu batches in flight\n",
+           s.slot_count, s.peers, (unsigned long long)s.batches_inflight);
+    CHECK_EQ_INT(s.slot_count, 0);
+    CHECK_EQ_INT(s.batches_inflight, 0);
+    client_destroy(&c);
     target_producer_destroy(&f.inner);
     h_kill(q, SIGKILL);
     if (!check_failed) h_rmdir(dir);

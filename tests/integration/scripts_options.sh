@@ -69,6 +69,23 @@ expect "demo --out used" 2 "--out .*/used is not empty" demo --out "$WORK/used"
 expect "demo --out (no value)" 2 "demo: --out needs a directory" demo --out
 expect "demo --build (no value)" 2 "demo: --build needs a directory" demo --build
 expect "demo --bogus" 2 "demo: unknown argument --bogus" demo --bogus
+# scripts/test's -LE joins the script's own gpu in one pattern: ctest excludes a test only when
+# it matches every -LE given ("-LE docker" beside "-LE gpu" excluded nothing); a copy of the
+# script whose cmake makes the build folder and whose ctest prints its arguments
+TT=$WORK/testrun
+mkdir -p "$TT/scripts" "$TT/bin"
+cp "$SRC/scripts/test" "$SRC/scripts/cli-lib.sh" "$SRC/scripts/build-lib.sh" "$TT/scripts/"
+echo 'import sys; sys.exit(0)' > "$TT/scripts/ctest_skips.py"
+cat > "$TT/bin/cmake" << 'EOF'
+#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = -B ] && mkdir -p "$2"; shift; done
+exit 0
+EOF
+printf '#!/bin/sh\necho "ctest args: $*"\n' > "$TT/bin/ctest"
+chmod +x "$TT/bin/cmake" "$TT/bin/ctest"
+(cd "$WORK/cwd" && PATH="$TT/bin:$PATH" timeout 60 bash "$TT/scripts/test" -LE docker -L unit) \
+    > "$WORK/out" 2>&1
+verdict "test -LE docker -L unit" 0 "ctest args: .*-LE gpu\|docker .*-L unit" $?
 T=(train --model "$WORK/m" --data "$WORK/d.jsonl" --out "$WORK/o" --build "$WORK/b")
 expect "train --steps (no value)" 2 "--steps needs a value" "${T[@]}" --steps
 expect "train --steps 0" 2 "--steps must be a whole number >= 1" "${T[@]}" --steps 0

@@ -69,6 +69,22 @@ expect "demo --out used" 2 "--out .*/used is not empty" demo --out "$WORK/used"
 expect "demo --out (no value)" 2 "demo: --out needs a directory" demo --out
 expect "demo --build (no value)" 2 "demo: --build needs a directory" demo --build
 expect "demo --bogus" 2 "demo: unknown argument --bogus" demo --bogus
+# a failing build says why: scripts/demo with a cmake whose build fails, writing its errors to
+# stdout as Ninja does (the build's output went to /dev/null, and the script exited unsaid)
+mkdir -p "$WORK/failbuild"
+cat > "$WORK/failbuild/cmake" << 'EOF'
+#!/bin/sh
+case " $* " in
+*" --build "*) echo "FAILED: common/x.c.o"; echo "x.c:1:1: error: stand-in compiler error"; exit 1 ;;
+esac
+exit 0
+EOF
+chmod +x "$WORK/failbuild/cmake"
+(cd "$WORK/cwd" && PATH="$WORK/failbuild:$PATH" timeout 60 bash "$SRC/scripts/demo" --build \
+    "$WORK/demo-build" --out "$WORK/demo-out") > "$WORK/out" 2>&1
+verdict "demo build failing" 1 "stand-in compiler error" $?
+grep -q "the build in .*demo-build failed (exit 1)" "$WORK/out" ||
+    { echo "FAIL demo build failing: no line naming the failed build" >&2; failed=1; }
 # scripts/test's -LE joins the script's own gpu in one pattern: ctest excludes a test only when
 # it matches every -LE given ("-LE docker" beside "-LE gpu" excluded nothing); a copy of the
 # script whose cmake makes the build folder and whose ctest prints its arguments

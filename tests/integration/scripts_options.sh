@@ -127,6 +127,11 @@ for from in o o/checkpoints o/checkpoints/step-2 o/checkpoints/step-2/ link/step
         --init-from "$WORK/$from"
 done
 expect "train --init-from another run" 99 "stand-in cmake ran" "${T[@]}" --init-from "$WORK/old"
+# a comma in the shard's path (the daemons' --shards is a comma-separated list: the target
+# failed on half of it after the conversion), refused before --out is made
+expect "train --out with a comma" 2 "would have a comma in its path" train --model "$WORK/m" \
+    --data "$WORK/d.jsonl" --out "$WORK/a,b" --build "$WORK/b"
+[ ! -e "$WORK/a,b" ] || { echo "FAIL train --out with a comma: --out was made" >&2; failed=1; }
 # what the daemons refused after the conversion (exit 1), naming their options, is refused here
 # with this script's: fewer --slots than the broker's 2 ready ones, --buckets out of order, more
 # --features than DFlash's rule finds in the target's layers (unless --capture-layers names them)

@@ -309,3 +309,42 @@ cp "$WORK/data.jsonl" "$WORK/stop.jsonl"
 echo "ok: a trained --out refuses new data (also in a file with an older time) and another \
 --token-budget (shard untouched), and a new --max-seqs is explained; the same data in a newer \
 file resumes; an --out without a checkpoint takes new data, its journal moved aside"
+# SIGTERM while the JSONL is converted: the conversion stops with the script (exit 143, said):
+# the script died with its default action and left dflash-data running, holding --out's lock,
+# and a re-run was refused with a recovery command of empty pids. Then the re-run converts and
+# trains. (A conversion of ~150k lines takes seconds; the signal goes once dflash-data runs.)
+python3 - "$WORK/big.jsonl" <<'EOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for s in range(150000):
+        n = 20 + s % 40
+        f.write(json.dumps({"input_ids": [(s * 7 + k * 13) % 500 for k in range(n)],
+                            "loss_mask": [0] * 8 + [1] * (n - 8)}) + "\n")
+EOF
+C=$WORK/conv
+setsid bash "$ROOT/scripts/train" "${TRAIN[@]}" --token-budget 64 --buckets 64 --out "$C" \
+    --data "$WORK/big.jsonl" --steps 1 > "$WORK/c1.log" 2>&1 &
+BG=$!
+for _ in $(seq 600); do
+    pgrep -f "dflash-data .*--out $C/big.shard" > /dev/null && break
+    sleep 0.05
+done
+rc=0
+kill -TERM "$BG"
+wait "$BG" || rc=$?
+BG=""
+sleep 0.5
+left=$(pgrep -f "dflash-data .*--out $C/big.shard" || true)
+[ "$rc" = 143 ] && grep -q "^train: SIGTERM: the conversion was stopped" "$WORK/c1.log" &&
+    [ -z "$left" ] ||
+    { echo "FAIL: SIGTERM during the conversion: exit $rc (want 143), dflash-data left: \
+'${left}':" >&2; tail -n 5 "$WORK/c1.log" >&2; exit 1; }
+rc=0
+train --token-budget 64 --buckets 64 --out "$C" --data "$WORK/big.jsonl" --steps 1 \
+    > "$WORK/c2.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] && grep -q "converting" "$WORK/c2.log" ||
+    { echo "FAIL: the run after a stopped conversion: exit $rc (want 0):" >&2
+      grep "^train: " "$WORK/c2.log" >&2; exit 1; }
+echo "ok: SIGTERM during the conversion stops it with the script (exit 143); the next run converts \
+and trains"
+

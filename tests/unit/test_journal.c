@@ -464,6 +464,16 @@ static void test_writer(void)
     unlink(path);
 }
 
+/* The end of a writer-mode test: the journal closed (its writer stopped), the loop run until its
+ * async handle is freed and closed, the file removed. */
+static void end_writer_test(journal **j, uv_loop_t *loop)
+{
+    journal_destroy(j);
+    uv_run(loop, UV_RUN_DEFAULT);
+    CHECK_EQ_INT(uv_loop_close(loop), 0);
+    unlink(path);
+}
+
 /* Writer mode, a disk that fails and comes back: a failed sync breaks the journal (later appends
  * fail at once); a rewrite queued then heals it once the disk takes it, and the record queued
  * behind that rewrite is written too (it used to be refused, and the journal stayed broken). */
@@ -583,10 +593,7 @@ static void test_writer_fail_after_rewrite(void)
     CHECK_EQ_INT(__atomic_load_n(&gate_calls, __ATOMIC_SEQ_CST), 3);
     CHECK(journal_failure(j) != NULL);
     CHECK_EQ_INT(journal_fail_seq(j), rewrite + 1);
-    journal_destroy(&j);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    CHECK_EQ_INT(uv_loop_close(&loop), 0);
-    unlink(path);
+    end_writer_test(&j, &loop);
 }
 
 /* The writer held in its first sync (gate_ok_sync) so that what is queued meanwhile is one batch;
@@ -647,10 +654,7 @@ static void test_writer_write_fail_syncs_before(void)
     CHECK(journal_failure(j) != NULL);
     CHECK_EQ_INT(journal_fail_seq(j), failed);
     CHECK_EQ_INT(__atomic_load_n(&gate_ok_calls, __ATOMIC_SEQ_CST), 2); /* the batch's sync ran */
-    journal_destroy(&j);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    CHECK_EQ_INT(uv_loop_close(&loop), 0);
-    unlink(path);
+    end_writer_test(&j, &loop);
 }
 
 /* fsync of a directory fails (EIO) while fail_dir_fsync is set; every other fsync is libc's. */
@@ -695,10 +699,7 @@ static void test_writer_rewrite_dir_unsynced(void)
     CHECK(__atomic_load_n(&dir_fsyncs_failed, __ATOMIC_SEQ_CST) >= 1);
     CHECK(journal_failure(j) != NULL);
     CHECK(journal_fail_seq(j) != 0 && journal_fail_seq(j) <= commit);
-    journal_destroy(&j);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    CHECK_EQ_INT(uv_loop_close(&loop), 0);
-    unlink(path);
+    end_writer_test(&j, &loop);
 }
 
 /* Writer mode: a compaction that fails (its temporary file cannot be synced) keeps the long
@@ -724,10 +725,7 @@ static void test_writer_failed_compaction_size(void)
            (unsigned long long)journal_size(j), (unsigned long long)st.st_size);
     CHECK_EQ_INT(journal_size(j), (uint64_t)st.st_size);
     CHECK_EQ_INT(journal_records(j), 101);
-    journal_destroy(&j);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    CHECK_EQ_INT(uv_loop_close(&loop), 0);
-    unlink(path);
+    end_writer_test(&j, &loop);
 }
 
 /* One owner at a time: a second open of a journal in use (a second dflash-queue started on the

@@ -312,14 +312,14 @@ file resumes; an --out without a checkpoint takes new data, its journal moved as
 # SIGTERM while the JSONL is converted: the conversion stops with the script (exit 143, said):
 # the script died with its default action and left dflash-data running, holding --out's lock,
 # and a re-run was refused with a recovery command of empty pids. Then the re-run converts and
-# trains. (A conversion of ~150k lines takes seconds; the signal goes once dflash-data runs.)
+# trains. (A conversion of 600k lines takes seconds; the signal goes once dflash-data runs, and
+# the script's trap is set before it starts.)
 python3 - "$WORK/big.jsonl" <<'EOF'
 import json, sys
+lines = [json.dumps({"input_ids": [(s * 7 + k * 13) % 500 for k in range(20 + s % 40)],
+                     "loss_mask": [0] * 8 + [1] * (12 + s % 40)}) + "\n" for s in range(40)]
 with open(sys.argv[1], "w") as f:
-    for s in range(150000):
-        n = 20 + s % 40
-        f.write(json.dumps({"input_ids": [(s * 7 + k * 13) % 500 for k in range(n)],
-                            "loss_mask": [0] * 8 + [1] * (n - 8)}) + "\n")
+    f.writelines(lines * 15000)
 EOF
 C=$WORK/conv
 setsid bash "$ROOT/scripts/train" "${TRAIN[@]}" --token-budget 64 --buckets 64 --out "$C" \

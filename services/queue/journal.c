@@ -308,6 +308,13 @@ static int lock_owner(journal *j)
     return rc;
 }
 
+static bool all_zero(const uint8_t *buf, uint64_t len)
+{
+    for (uint64_t i = 0; i < len; i++)
+        if (buf[i]) return false;
+    return true;
+}
+
 journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *err)
 {
     int rc = DFLASH_ENOMEM;
@@ -329,6 +336,15 @@ journal *journal_open(const char *path, journal_replay_fn fn, void *ctx, int *er
     rc = read_file(j->fd, &buf, &len);
     if (rc) goto fail;
     uint64_t good = JOURNAL_HEADER_BYTES;
+    if (len <= JOURNAL_HEADER_BYTES && all_zero(buf, len)) {
+        /* A power loss while the file was created can leave its size without its bytes: no
+         * record follows a header that was never synced, so it starts anew. */
+        if (len > 0)
+            LOG_WARN("journal %s: %llu zero bytes where the header belongs (a power loss "
+                     "while it was created): starting it anew",
+                     path, (unsigned long long)len);
+        len = 0;
+    }
     if (len < JOURNAL_HEADER_BYTES) {
         /* New file, or a crash while writing the header: no record can exist yet. */
         if (len > 0 && memcmp(buf, JOURNAL_MAGIC, len < 8 ? len : 8) != 0) {

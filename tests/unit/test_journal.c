@@ -159,6 +159,24 @@ static void test_torn_tail(void)
         if (j) CHECK_EQ_INT(journal_size(j), JOURNAL_HEADER_BYTES);
         journal_destroy(&j);
     }
+    /* A power loss while a new journal was created can leave its size with zeros for bytes:
+     * started anew, and a record appended then is read back. */
+    for (uint64_t len = 1; len <= JOURNAL_HEADER_BYTES; len++) {
+        uint8_t zeros[JOURNAL_HEADER_BYTES] = {0};
+        test_spill(cut, (const char *)zeros, len);
+        int err = -1;
+        j = journal_open(cut, NULL, NULL, &err);
+        CHECK(j != NULL);
+        CHECK_EQ_INT(err, 0);
+        if (!j) continue;
+        CHECK_EQ_INT(journal_size(j), JOURNAL_HEADER_BYTES);
+        CHECK_EQ_INT(journal_append(j, 9, "x", 1, true), 0);
+        journal_destroy(&j);
+        seen z = {0};
+        j = journal_open(cut, collect, &z, NULL);
+        CHECK(j != NULL && z.n == 1 && z.type[0] == 9);
+        journal_destroy(&j);
+    }
     /* A flipped bit in the last record's payload is a torn tail too. */
     test_copy_prefix(path, cut, after);
     flip_bits(cut, (off_t)before + 9, 0x01);
@@ -312,6 +330,15 @@ static void test_corrupt(void)
     CHECK(j == NULL);
     CHECK_EQ_INT(err, DFLASH_EFORMAT);
     CHECK_EQ_INT(test_file_size(path), 6);
+    journal_destroy(&j);
+    /* Zeros past a header's length are not a header lost at creation (records are appended
+     * only after the header is synced): refused and left as they are. */
+    uint8_t zeros[JOURNAL_HEADER_BYTES + 1] = {0};
+    test_spill(path, (const char *)zeros, sizeof zeros);
+    j = journal_open(path, NULL, NULL, &err);
+    CHECK(j == NULL);
+    CHECK_EQ_INT(err, DFLASH_EFORMAT);
+    CHECK_EQ_INT(test_file_size(path), sizeof zeros);
     journal_destroy(&j);
     /* A journal from a future version. */
     fd = open(path, O_WRONLY | O_TRUNC);

@@ -1688,6 +1688,22 @@ static bool stall_hold(broker *b, uint64_t now)
     return now < b->judge_from_ms;
 }
 
+/* A live peer whose reply waits for the journal (a JournalSync or a commit behind a slow
+ * fsync) is heard now, as by a heartbeat: its request holds its client, which cannot beat
+ * meanwhile (client.h), so it is not silent but waiting on us, and neither it nor its leases
+ * expire for the disk's slowness (defect: with a --timeout-ms past the liveness window, a
+ * drafter waiting on a 5 s fsync was expired and its batches redelivered). */
+static void hear_peers_awaiting_journal(broker *b, uint64_t now)
+{
+    for (const deferred_reply *d = b->dq_head; d; d = d->next) {
+        peer *p = peer_find(b, d->rid, d->rid_len);
+        if (!p || p->state != PEER_LIVE || p->last_seen_ms == now) continue;
+        p->last_seen_ms = now;
+        if (p->role == WIRE_ROLE_DRAFTER && b->policy)
+            policy_heartbeat(b->policy, p->incarnation, now);
+    }
+}
+
 static void expire_peers(broker *b, uint64_t now)
 {
     uint64_t dead_after = (uint64_t)(b->cfg.heartbeat_ms * b->cfg.liveness);
@@ -1743,6 +1759,7 @@ static void cron(uv_timer_t *t)
     broker *b = t->data;
     uint64_t now = now_ms(b);
     bool hold = stall_hold(b, now);
+    hear_peers_awaiting_journal(b, now);
     if (!hold) expire_peers(b, now);
     if (!hold) broker_groups_tick(b, now);
     if (b->policy && !hold) policy_tick(b->policy, now);

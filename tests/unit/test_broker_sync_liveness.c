@@ -16,6 +16,7 @@
 #include "check.h"
 #include "err.h"
 #include "held_sync.h"
+#include "test_files.h"
 #include "log.h"
 #include "wire.h"
 
@@ -113,8 +114,6 @@ int main(void)
     zmq_close(b);
     zmq_ctx_term(zctx);
     broker_thread_stop(&bt);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ_INT(system(cmd), 0);
+    CHECK_EQ_INT(test_rmtree(dir), 0);
     CHECK_DONE();
 }

@@ -24,7 +24,8 @@ Namespaces and restarts (a daemon's exit must not kill the others):
 Training (docker-compose.yml with docker-compose.train.yml over it, given a model and shards):
   * a target that runs a model has DFLASH_SHARDS, and its model and shards lie on its mounts;
   * a drafter that does not verify has DFLASH_MODEL (the target's), DFLASH_CHECKPOINT_DIR and
-    DFLASH_METRICS_DIR, each on a mount (else nothing survives the container); a verifying
+    DFLASH_METRICS_DIR, each on a mount (else nothing survives the container), and
+    DFLASH_DRAFT_LAYERS (the daemon's default, 1 layer, is not the recipe's 5); a verifying
     drafter needs the synthetic target;
   * the override refuses to resolve without DFLASH_TARGET_MODEL or DFLASH_SHARDS.
 
@@ -243,6 +244,9 @@ def check_training(cfg):
                         f"({sorted(target_models)})")
         elif not on_mount(model, svc):
             errs.append(f"{name}: {model} is on no volume of the service")
+        if not e.get("DFLASH_DRAFT_LAYERS"):
+            errs.append(f"{name}: trains without DFLASH_DRAFT_LAYERS: the daemon's default is 1 "
+                        f"layer, the recipe's drafter has 5")
         for key in ("DFLASH_CHECKPOINT_DIR", "DFLASH_METRICS_DIR"):
             path = e.get(key, "")
             if not path:
@@ -455,7 +459,8 @@ def main():
     for svc, var, want in ((tname, "DFLASH_SHARDS", "without DFLASH_SHARDS"),
                            (dname, "DFLASH_MODEL", "without DFLASH_MODEL"),
                            (dname, "DFLASH_CHECKPOINT_DIR", "without DFLASH_CHECKPOINT_DIR"),
-                           (dname, "DFLASH_METRICS_DIR", "without DFLASH_METRICS_DIR")):
+                           (dname, "DFLASH_METRICS_DIR", "without DFLASH_METRICS_DIR"),
+                           (dname, "DFLASH_DRAFT_LAYERS", "without DFLASH_DRAFT_LAYERS")):
         broken = copy.deepcopy(train)
         broken["services"][svc]["environment"].pop(var, None)
         rc |= expect(f"refused: training without the {svc}'s {var}", check_training(broken), want)

@@ -1,6 +1,7 @@
 /* metrics: see metrics.h.
  *
- * State: two stdio streams with 64 KiB buffers (JSONL, event file), a reusable pack buffer and
+ * State: two record files (record_file.h: JSONL, event file; a full disk never cuts a record in
+ * two, and records wait in memory until it takes them again), a reusable pack buffer and
  * a reusable array of Summary.Value structs (grown when a record has more scalars than any
  * before, so steady state allocates nothing for the event file; cJSON allocates a small tree per
  * record). Clocks: CLOCK_MONOTONIC for flush and progress intervals and the ETA, CLOCK_REALTIME
@@ -15,6 +16,7 @@
 #include "err.h"
 #include "fsutil.h"
 #include "log.h"
+#include "record_file.h"
 
 #include "tensorboard.pb-c.h"
 
@@ -28,12 +30,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define METRICS_STDIO_BUF (64 * 1024)
 #define METRICS_TAG_LEN 32
 
 struct metrics {
-    FILE *jsonl, *events;
-    char *jsonl_buf, *events_buf; /* setvbuf buffers, freed after fclose */
+    record_file *jsonl, *events;
     char jsonl_path[4096], event_path[4096];
     FILE *progress_out;
     bool progress, progress_tty, progress_open; /* open: a '\r' line awaits its newline */
@@ -43,7 +43,6 @@ struct metrics {
     bool have_first;
     double first_time;
     int64_t first_step;
-    bool io_error_logged;
 
     uint8_t *pack; /* packed Event */
     size_t pack_cap;
@@ -98,25 +97,6 @@ static long trim_torn_line(const char *path)
     return cut;
 }
 
-static FILE *open_buffered(const char *path, const char *mode, char **buf)
-{
-    FILE *f = fopen(path, mode);
-    if (!f) return NULL;
-    *buf = malloc(METRICS_STDIO_BUF);
-    if (*buf) setvbuf(f, *buf, _IOFBF, METRICS_STDIO_BUF);
-    return f;
-}
-
-static int io_failed(metrics *m, const char *what)
-{
-    if (!m->io_error_logged) {
-        LOG_ERROR("metrics: writing %s failed: %s (further errors not logged)", what,
-                  strerror(errno));
-        m->io_error_logged = true;
-    }
-    return DFLASH_EIO;
-}
-
 static void put_le32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -130,10 +110,9 @@ static int tfrecord_write(metrics *m, const uint8_t *data, size_t n)
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)(len >> (8 * i));
     put_le32(head + 8, metrics_crc_mask(crc32c(0, head, 8)));
     put_le32(tail, metrics_crc_mask(crc32c(0, data, n)));
-    if (fwrite(head, 1, 12, m->events) != 12 || fwrite(data, 1, n, m->events) != n ||
-        fwrite(tail, 1, 4, m->events) != 4)
-        return io_failed(m, m->event_path);
-    return 0;
+    const void *parts[] = {head, data, tail};
+    const size_t lens[] = {12, n, 4};
+    return record_file_add(m->events, parts, lens, 3);
 }
 
 static int pack_event(metrics *m, const Tensorboard__Event *ev)
@@ -207,10 +186,9 @@ static int jsonl_write_obj(metrics *m, cJSON *o)
 {
     char *text = cJSON_PrintUnformatted(o);
     if (!text) return DFLASH_ENOMEM;
-    size_t n = strlen(text);
-    int rc = 0;
-    if (fwrite(text, 1, n, m->jsonl) != n || fputc('\n', m->jsonl) == EOF)
-        rc = io_failed(m, m->jsonl_path);
+    const void *parts[] = {text, "\n"};
+    const size_t lens[] = {strlen(text), 1};
+    int rc = record_file_add(m->jsonl, parts, lens, 2);
     cJSON_free(text);
     return rc;
 }
@@ -313,7 +291,7 @@ metrics *metrics_new(const metrics_opts *o)
             LOG_WARN("metrics: cut %ld bytes of a line left unfinished at the end of %s (its "
                      "writer was killed)",
                      cut, m->jsonl_path);
-        m->jsonl = open_buffered(m->jsonl_path, "a", &m->jsonl_buf);
+        m->jsonl = record_file_open(m->jsonl_path, false);
         if (!m->jsonl) {
             LOG_ERROR("metrics: cannot open %s: %s", m->jsonl_path, strerror(errno));
             goto fail;
@@ -325,11 +303,11 @@ metrics *metrics_new(const metrics_opts *o)
         host[sizeof host - 1] = 0;
         snprintf(m->event_path, sizeof m->event_path, "%s/events.out.tfevents.%lld.%s", o->dir,
                  (long long)time(NULL), host);
-        m->events = open_buffered(m->event_path, "wbx", &m->events_buf);
+        m->events = record_file_open(m->event_path, true);
         if (!m->events && errno == EEXIST) { /* a writer started in the same second */
             size_t len = strlen(m->event_path);
             snprintf(m->event_path + len, sizeof m->event_path - len, ".%ld", (long)getpid());
-            m->events = open_buffered(m->event_path, "wbx", &m->events_buf);
+            m->events = record_file_open(m->event_path, true);
         }
         if (!m->events) {
             LOG_ERROR("metrics: cannot create %s: %s", m->event_path, strerror(errno));
@@ -339,7 +317,7 @@ metrics *metrics_new(const metrics_opts *o)
         ev.has_wall_time = true;
         ev.wall_time = now_wall();
         ev.file_version = "brain.Event:2";
-        if (pack_event(m, &ev) || fflush(m->events)) {
+        if (pack_event(m, &ev) || record_file_flush(m->events)) {
             LOG_ERROR("metrics: cannot write %s: %s", m->event_path, strerror(errno));
             goto fail;
         }
@@ -444,17 +422,17 @@ int metrics_flush(metrics *m)
 {
     if (!m) return DFLASH_EINVAL;
     int rc = 0;
-    if (m->jsonl && fflush(m->jsonl)) rc = io_failed(m, m->jsonl_path);
-    if (m->events && fflush(m->events)) rc = io_failed(m, m->event_path);
+    if (m->jsonl && record_file_flush(m->jsonl)) rc = DFLASH_EIO;
+    if (m->events && record_file_flush(m->events)) rc = DFLASH_EIO;
     return rc;
 }
 
 int metrics_sync(metrics *m)
 {
-    int rc = metrics_flush(m);
-    if (rc) return rc;
-    if (m->jsonl && fsync(fileno(m->jsonl))) rc = io_failed(m, m->jsonl_path);
-    if (m->events && fsync(fileno(m->events))) rc = io_failed(m, m->event_path);
+    if (!m) return DFLASH_EINVAL;
+    int rc = 0;
+    if (m->jsonl && record_file_sync(m->jsonl)) rc = DFLASH_EIO;
+    if (m->events && record_file_sync(m->events)) rc = DFLASH_EIO;
     return rc;
 }
 
@@ -476,10 +454,8 @@ void metrics_destroy(metrics **mp)
         fputc('\n', m->progress_out);
         fflush(m->progress_out);
     }
-    if (m->jsonl && fclose(m->jsonl)) io_failed(m, m->jsonl_path);
-    if (m->events && fclose(m->events)) io_failed(m, m->event_path);
-    free(m->jsonl_buf);
-    free(m->events_buf);
+    record_file_close(&m->jsonl);
+    record_file_close(&m->events);
     free(m->pack);
     free(m->values);
     free(m->value_ptrs);

@@ -9,9 +9,11 @@
  *
  * Cost model (why it may sit next to a GPU hot loop): metrics arrive as plain host numbers, the
  * caller has already copied them off the device asynchronously (DESIGN.md section 6: read a step
- * later). A record is formatted into stdio's buffers (64 KiB per file) on the calling thread;
- * fflush runs at most once per flush interval (default 1 s) or when metrics_flush() is called
- * (dflash-drafter: whenever it waits for a batch) so a stalled run's last records reach the disk.
+ * later). A record is formatted into a buffer per file (record_file.h) on the calling thread,
+ * written when it passes 64 KiB, at most once per flush interval (default 1 s) or when
+ * metrics_flush() is called (dflash-drafter: whenever it waits for a batch) so a stalled run's
+ * last records reach the disk. A full disk never leaves a record cut in two: the records wait
+ * in memory (up to 16 MiB a file) and are written once it takes them again.
  * The only fsync is metrics_sync's (dflash-drafter: before each checkpoint, so that the records
  * of every checkpointed step outlive what the checkpoint outlives). A record costs a few
  * microseconds; nothing here waits on the device.
@@ -83,7 +85,7 @@ int metrics_write(metrics *m, const metrics_step *s);
  * {"step":..., "<name>": value}. Returns 0, DFLASH_EINVAL or DFLASH_EIO. */
 int metrics_write_scalar(metrics *m, int64_t step, const char *name, double value);
 
-/* Pushes buffered records to the kernel (fflush, no fsync). Returns 0 or DFLASH_EIO. */
+/* Pushes buffered records to the kernel (no fsync). Returns 0 or DFLASH_EIO. */
 int metrics_flush(metrics *m);
 /* metrics_flush, then fsync of both files: every record written so far survives a crash of the
  * process or of the machine. For the moment before a checkpoint is published (a resumed run

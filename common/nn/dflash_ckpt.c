@@ -511,6 +511,23 @@ uint64_t dflash_ckpt_bytes(const dflash_model *m, bool weights_f32) {
     return n * (weights_f32 ? 4u : 2u) + 3u * 4u * n; /* weights; masters, exp_avg, exp_avg_sq */
 }
 
+/* The retention: removes the checkpoints under root older than its newest `keep`, never `spare`
+ * (the one a save just wrote). A save runs it before writing too, so that a --keep-last lowered
+ * after a full disk frees room for the next save (defect: the surplus went only after a
+ * successful save, which the full disk never allowed); the `keep` newest stay while the new one
+ * is not durable. */
+static void keep_newest(const char *root, int keep, const char *spare) {
+    char **names, p[4200];
+    int cnt = list_steps(root, &names);
+    for (int i = 0; i < cnt - keep; i++) {
+        snprintf(p, sizeof p, "%s/%s", root, names[i]);
+        if (strcmp(p, spare) == 0) continue;
+        LOG_DEBUG("checkpoint: removing %s (--keep-last %d)", p, keep);
+        remove_dir(p);
+    }
+    free_names(names, cnt);
+}
+
 /* A save writes the new checkpoint whole before the retention removes the oldest (pruning first
  * would leave fewer checkpoints while it is not durable): keep_last + 1 must fit. */
 bool dflash_ckpt_space_hint(const char *err, int keep_last, uint64_t ckpt_bytes, char *out,
@@ -519,7 +536,8 @@ bool dflash_ckpt_space_hint(const char *err, int keep_last, uint64_t ckpt_bytes,
     int keep = keep_last > 0 ? keep_last : 3;
     snprintf(out, len, "a save needs room for --keep-last + 1 = %d checkpoints (%.1f MiB each: "
              "the new one is written before the oldest is removed): free space, or lower "
-             "--keep-last", keep + 1, (double)ckpt_bytes / (1024.0 * 1024.0));
+             "--keep-last (the next save removes the checkpoints past it first)", keep + 1,
+             (double)ckpt_bytes / (1024.0 * 1024.0));
     return true;
 }
 
@@ -546,6 +564,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
         FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", root, strerror(errno));
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%09ld-%d", root, m->step, (int)getpid());
     snprintf(fin, sizeof fin, "%s/step-%09ld", root, m->step);
+    keep_newest(root, keep, fin);
     remove_dir(tmp);
     if (mkdir(tmp, 0755))
         FAIL(DFLASH_EIO, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
@@ -630,15 +649,7 @@ int dflash_ckpt_save(const dflash_model *m, const dflash_train_cfg *tc, const ch
     if (fsync_path(root)) FAIL(DFLASH_EIO, "checkpoint: fsync %s: %s", root, strerror(errno));
     if (path) snprintf(path, pathlen, "%s", fin);
 
-    /* keep the newest `keep` */
-    char **names;
-    int cnt = list_steps(root, &names);
-    for (int i = 0; i < cnt - keep; i++) {
-        snprintf(p, sizeof p, "%s/%s", root, names[i]);
-        if (strcmp(p, fin) == 0) continue; /* never the one just written */
-        remove_dir(p);
-    }
-    free_names(names, cnt);
+    keep_newest(root, keep, fin);
     LOG_INFO("checkpoint: wrote %s (%zu parameters, %s)", fin, n, f32 ? "fp32" : "bf16");
 out:
     safetensors_writer_destroy(&w);

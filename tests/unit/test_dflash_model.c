@@ -1367,6 +1367,46 @@ static void ckpt_models_end(const char *root, dflash_model **a, dflash_model **b
     CHECK_EQ_INT(test_rmtree(root), 0);
 }
 
+/* A --keep-last lowered after a full disk: the save removes the checkpoints past it before it
+ * writes (defect: only after a successful save, which the full disk never allowed, so the
+ * restarted drafter failed at the same save again, however low --keep-last). The save here
+ * fails (past RLIMIT_FSIZE, as on a full disk) and leaves the newest checkpoint, the two older
+ * ones removed, and no temporary directory. */
+static void test_checkpoint_keep_lowered(world *w) {
+    char root[] = "/tmp/dflash_ckpt_XXXXXX";
+    dflash_model *a, *b;
+    if (!ckpt_models_new(w, root, &a, &b)) return;
+    dflash_ckpt_opts keep3 = {.keep_last = 3}, keep1 = {.keep_last = 1};
+    char path[512], err[512] = "";
+    for (long s = 1; s <= 3; s++) {
+        a->step = s;
+        CHECK_EQ_INT(dflash_ckpt_save(a, &w->tc, root, &keep3, path, sizeof path, err,
+                                      sizeof err), 0);
+    }
+    CHECK_EQ_INT(count_steps(root), 3);
+    a->step = 4;
+    struct rlimit was, small;
+    CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &was), 0);
+    small = (struct rlimit){4096, was.rlim_max};
+    signal(SIGXFSZ, SIG_IGN);
+    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &small), 0);
+    int rc = dflash_ckpt_save(a, &w->tc, root, &keep1, path, sizeof path, err, sizeof err);
+    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &was), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    printf("a save past the file size limit with --keep-last 1: %s\n", err);
+    CHECK(rc != 0);
+    CHECK_EQ_INT(count_steps(root), 1);
+    char latest[512] = "";
+    CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
+    CHECK(strstr(latest, "step-000000003") != NULL);
+    DIR *d = opendir(root);
+    int tmps = 0;
+    for (struct dirent *e; d && (e = readdir(d));) tmps += strncmp(e->d_name, ".tmp", 4) == 0;
+    if (d) closedir(d);
+    CHECK_EQ_INT(tmps, 0);
+    ckpt_models_end(root, &a, &b);
+}
+
 static void test_checkpoint(world *w) {
     char root[] = "/tmp/dflash_ckpt_XXXXXX";
     dflash_model *a, *b;
@@ -2237,6 +2277,7 @@ int main(void) {
     test_resume_checks_weights(w);
     test_config_fifo();
     test_checkpoint(w);
+    test_checkpoint_keep_lowered(w);
     test_checkpoint_unacked(w);
     test_checkpoint_world(w);
     test_head_limits(w);

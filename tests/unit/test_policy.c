@@ -184,6 +184,33 @@ static void test_max_depth(void)
     policy_destroy(&p);
 }
 
+/* Two targets' pools: a batch ready in either is granted, each from its own pool (defect
+ * guarded: a policy serving one pool alone deadlocks the other target once its slots are full,
+ * which no test with one pool sees). */
+static void test_two_pools(void)
+{
+    enum { POOL2 = POOL + 1, INC2 = 0x55 };
+    policy *p = make(1, NULL, 0, 8);
+    CHECK_EQ_INT(policy_pool_add(p, POOL2, INC2, 4, 1 << 20), 0);
+    batch_id second = {0, 0, 1000};
+    uint32_t slot;
+    CHECK_EQ_INT(policy_work_start(p, POOL2, &second, &slot), 0);
+    CHECK_EQ_INT(policy_slot_ready(p, POOL2, INC2, slot, &second, TOK), 0);
+    CHECK_EQ_INT(produce(p, 0), 0);
+    int from[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        policy_grant g;
+        CHECK_EQ_INT(policy_claim(p, 7, 0, &g), 0);
+        if (g.where.pool_id == POOL2) {
+            CHECK_EQ_INT(g.where.incarnation, INC2);
+            CHECK_EQ_INT(g.where.batch.index, 1000);
+        }
+        from[g.where.pool_id == POOL2]++;
+    }
+    CHECK(from[0] == 1 && from[1] == 1);
+    policy_destroy(&p);
+}
+
 static void test_choice(void)
 {
     const double shares[2] = {0.7, 0.3};
@@ -698,6 +725,7 @@ int main(void)
     test_deficit();
     test_max_depth();
     test_choice();
+    test_two_pools();
     test_starved_bucket_no_burst();
     test_live_min_ready();
     test_lease_expiry();

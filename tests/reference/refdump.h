@@ -151,6 +151,21 @@ static inline int refdump_check(const refdump *d, const char *name, const float 
     return e <= tol ? 0 : 1;
 }
 
+/* Compares ours[n] with reference tensor `name` element by element, each against its own size
+ * (a table whose entries span orders of magnitude, like RoPE's frequencies: the largest one's
+ * scale would hide a wrong small one); prints one line; returns 1 on mismatch. */
+static inline int refdump_check_each(const refdump *d, const char *name, const float *ours,
+                                     size_t n, double tol) {
+    const float *ref = refdump_f32(d, name, n);
+    double e = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double r = refdump_rel_err(ours + i, ref + i, 1);
+        if (!(r <= e)) e = r; /* NaN too */
+    }
+    printf("  %-32s n=%-8zu max rel err %.2e each  %s\n", name, n, e, e <= tol ? "ok" : "MISMATCH");
+    return e <= tol ? 0 : 1;
+}
+
 /* Same for int32 tensors: exact equality; returns 1 on any difference. */
 static inline int refdump_check_i32(const refdump *d, const char *name, const int32_t *ours,
                                     size_t n) {

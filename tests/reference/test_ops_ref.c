@@ -68,7 +68,7 @@ static int check_rope(const refdump *d) {
      * on Hugging Face's table, so that a last-bit difference of the table (which grows with the
      * position: ~3e-5 at 4096) does not hide or fake an error of the op */
     rope_inv_freq(inv, hd, refdump_scalar(d, "rope.theta"), NULL);
-    int bad = refdump_check(d, "rope.inv_freq", inv, hd / 2, TOL);
+    int bad = refdump_check_each(d, "rope.inv_freq", inv, hd / 2, TOL);
     memcpy(inv, refdump_f32(d, "rope.inv_freq", hd / 2), hd / 2 * sizeof(float));
     const float *x = refdump_f32(d, "rope.x", n), *w = refdump_f32(d, "rope.w", hd),
                 *dout = refdump_f32(d, "rope.dout", n);
@@ -93,7 +93,7 @@ static int check_rope_llama3(const refdump *d) {
                               .original_max_position_embeddings = (int)p[5]};
     float *inv = buf(hd / 2);
     rope_inv_freq(inv, hd, p[1], &sc);
-    int bad = refdump_check(d, "rope_llama3.inv_freq", inv, hd / 2, TOL);
+    int bad = refdump_check_each(d, "rope_llama3.inv_freq", inv, hd / 2, TOL);
     free(inv);
     return bad;
 }

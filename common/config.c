@@ -462,6 +462,14 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
     if ((rc = load_flags(t, cfg, argc, argv, positional, max_positional, n_positional)))
         return rc;
     char why[1024];
+    /* every program's --log-level, checked here so that a dump refuses it as the start does */
+    const cfg_option *lo = config_find(t, "log-level");
+    log_level level;
+    if (lo && lo->type == CFG_STRING && log_level_parse((const char *)cfg + lo->offset, &level)) {
+        fprintf(stderr, "%s: bad %s: use debug, info, warn or error\n", t->program,
+                config_source(t, cfg, "log-level", why, sizeof why));
+        return DFLASH_EINVAL;
+    }
     /* before a dump: it must be usable */
     if (t->check && t->check(t, cfg, why, sizeof why)) {
         fprintf(stderr, "%s: %s\n", t->program, why);

@@ -13,7 +13,8 @@
 #     --capture-layers against --layers, no mode, a mode without what it needs, --comm nccl on
 #     the host, a group step past 64 batches; eval: two drafters; the target: --capture-layers
 #     out of order or against --layers, a token budget below a bucket, a bad --name, a model
-#     without --shards): each printed its dump with exit 0;
+#     without --shards; every program: a --log-level that is not a level): each printed its
+#     dump with exit 0;
 #   - a bad value from a DFLASH_* variable or a config file is named so ("DFLASH_HIDDEN=4096
 #     (environment)", "layers 5 (config file F, line 2)"), not blamed on a flag nobody gave;
 #   - dflash-ctl --json keygen prints one JSON object on success and on failure (it printed
@@ -183,6 +184,10 @@ expect drafter_no_broker_yet 1 "grant.*waiting for a broker \(none answered for"
 expect queue_dump_checked 2 "min-ready 100 needs 100 ready slots .* max-depth is 10" \
     "$Q" --runtime-dir "$WORK/run" --min-ready 100 --max-depth 10 --dump-config
 expect queue_dump_ok 0 "^min-ready 5$" "$Q" --runtime-dir "$WORK/run" --min-ready 5 --dump-config
+expect queue_dump_log_level 2 "bad --log-level 'loud': use debug, info, warn or error" "$Q" \
+    --runtime-dir "$WORK/run" --log-level loud --dump-config
+DFLASH_LOG_LEVEL=x expect data_dump_log_level 2 "dflash-data: bad --log-level 'x'" \
+    "$BUILD/tools/dflash-data" --dump-config
 # --insecure-tcp (tcp without CURVE: anyone who reaches the port may steer) serves loopback only
 # (it took any address, its help's "loopback only" was advice)
 expect queue_insecure_any_host 2 "--insecure-tcp serves loopback only .*tcp://0.0.0.0:5599 is not" \

@@ -99,7 +99,7 @@ static int set_value(const cfg_option *o, void *cfg, const char *value, char *er
         }
         if (o->min <= o->max && (v < o->min || v > o->max)) {
             if (err)
-                snprintf(err, len, "%s: %g is outside [%.17g, %.17g]", o->name, v, o->min, o->max);
+                snprintf(err, len, "%s: %g is outside [%.15g, %.15g]", o->name, v, o->min, o->max);
             return DFLASH_ERANGE;
         }
         *(double *)member = v;

@@ -239,3 +239,12 @@ char *fs_read_text(const char *path, size_t max, char *err, size_t errlen, int *
     buf[len] = 0;
     return buf;
 }
+
+bool fs_stdout_written(const char *program)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return true;
+    fprintf(stderr, "%s: cannot write the result to standard output: %s\n", program,
+            errno ? strerror(errno) : "write error");
+    return false;
+}

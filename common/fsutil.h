@@ -57,6 +57,11 @@ bool fs_fd_private(int fd, char *why, size_t len);
  * again in between makes it fail (EEXIST). Returns the descriptor (O_CLOEXEC) or -1 with errno. */
 int fs_create_new(const char *path, int flags, mode_t mode);
 
+/* Flushes stdout and says whether everything printed to it was written: false (with
+ * "PROGRAM: cannot write the result to standard output: REASON" on stderr) on a full disk or
+ * a closed pipe behind it, so that a command's result lost on the way exits non-zero. */
+bool fs_stdout_written(const char *program);
+
 /* Writes len bytes of buf to path atomically: path.tmp.PID (fs_create_new), fsync, rename, fsync
  * of the directory; the file gets mode 0644. Returns 0, or DFLASH_EIO with errno kept as the
  * failing call left it (a full disk: ENOSPC) and no temporary file left behind. */

@@ -36,6 +36,7 @@
 #include "config.h"
 #include "hf_config.h"
 #include "err.h"
+#include "fsutil.h"
 #include "host_name.h"
 #include "log.h"
 #include "show.h"
@@ -522,8 +523,9 @@ static int eval_refuse_max_seqs(int argc, char **argv)
 }
 
 /* eval's result on stdout, a sentence or (--json) one object; a stopped eval's marked partial
- * (r->total sequences were to be evaluated, sequences + skipped were). */
-static void eval_print(const eval_config *ec, const trainer_eval_result *r, bool partial)
+ * (r->total sequences were to be evaluated, sequences + skipped were). False (said) when stdout
+ * did not take it. */
+static bool eval_print(const eval_config *ec, const trainer_eval_result *r, bool partial)
 {
     const char *what = ec->init_only ? "untrained" : ec->checkpoint;
     long done = r->sequences + r->skipped;
@@ -553,7 +555,7 @@ static void eval_print(const eval_config *ec, const trainer_eval_result *r, bool
     else
         printf("stopped after %ld of %ld sequences: no draft cycle yet, so no tau (partial)\n",
                done, r->total);
-    fflush(stdout);
+    return fs_stdout_written("dflash-drafter eval");
 }
 
 /* `dflash-drafter eval`: exit 0 with tau, 1 or 2 (docs/operating.md section 7), or 128 + the
@@ -592,15 +594,14 @@ static int eval_main(int argc, char **argv, volatile sig_atomic_t *stop)
     if (rc == DFLASH_ESHUTDOWN) {
         fprintf(stderr, "dflash-drafter eval: %s: signal %d (the tau printed is partial)\n", err,
                 (int)*stop);
-        eval_print(&ec, &r, true);
+        (void)eval_print(&ec, &r, true); /* the signal's status either way */
         return 128 + (*stop ? (int)*stop : SIGTERM);
     }
     if (rc < 0) {
         fprintf(stderr, "dflash-drafter eval: %s (%s)\n", err, err_str(rc));
         return rc == DFLASH_EMISMATCH || rc == DFLASH_ECONFIG ? 2 : 1;
     }
-    eval_print(&ec, &r, false);
-    return 0;
+    return eval_print(&ec, &r, false) ? 0 : 1;
 }
 
 int main(int argc, char **argv)

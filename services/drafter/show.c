@@ -3,6 +3,7 @@
 
 #include "dflash_ckpt.h"
 #include "err.h"
+#include "fsutil.h"
 #include "step_rescale.h"
 #include "wire.h" /* WIRE_MAX_WORLD: the ranks of a group */
 
@@ -113,5 +114,5 @@ int show_main(int argc, char **argv) {
            tc.clip, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, (unsigned long long)tc.seed);
     if (drafters) printf("drafter_accumulate %d\n", share.accumulate);
     if (note[0]) printf("note %s\n", note);
-    return 0;
+    return fs_stdout_written("dflash-drafter show") ? 0 : 1;
 }

@@ -18,7 +18,7 @@
 #   - a bad value from a DFLASH_* variable or a config file is named so ("DFLASH_HIDDEN=4096
 #     (environment)", "layers 5 (config file F, line 2)"), not blamed on a flag nobody gave;
 #   - dflash-ctl --json keygen prints one JSON object on success and on failure (it printed
-#     text lines);
+#     text lines); an eval whose result standard output does not take exits 1 (it was 0);
 #   - with a broker, a drafter's grant-to-copy latency p99 is not below its p50 after 2 batches
 #     (the percentiles' ranks used to cross with few samples); a batch failing --verify is
 #     exit 3, a target replaced by another of its --name exit 4;
@@ -131,6 +131,10 @@ expect drafter_capture_last 2 "captured layer 3 is the target's last .4 layers.*
     --layers 2 --capture-layers 1,3
 expect eval_capture_last 2 "captured layer 3 is the target's last" "$D" eval --init-only \
     --model "$WORK/target" --data "$WORK/data.shard" --layers 2 --capture-layers 2,3 --threads 1
+# a result that standard output does not take (a full disk, a closed pipe) is exit 1, not 0
+expect eval_stdout_full 1 "dflash-drafter eval: cannot write the result to standard output" \
+    bash -c '"$0" "$@" > /dev/full' "$D" eval --init-only --model "$WORK/target" \
+    --data "$WORK/data.shard" --layers 2 --capture-layers 1,2 --threads 1 --json
 # the drafter took an explicit --hidden 256 (the default's value) for "not given"
 expect drafter_hidden_256 2 "--hidden 256 does not match" "$D" "${COMMON[@]}" \
     --model "$WORK/target" --hidden 256 --buckets 64 --token-budget 64 --max-seqs 2

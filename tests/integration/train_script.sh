@@ -286,13 +286,22 @@ stoprun > "$WORK/s6b.log" 2>&1 || rc=$?
     { echo "FAIL: new data with an older time on a trained --out: exit $rc (want 2):" >&2
       grep "^train: " "$WORK/s6b.log" >&2; exit 1; }
 cp "$WORK/data.jsonl" "$WORK/stop.jsonl"
-# another --max-seqs (not the shard's, the plan's): the target's refusal in the script's terms
+# another --max-seqs (not the shard's, the plan's), and other data under another file name (a
+# shard of its own): refused up front from OUT/plan.args, nothing converted or started (both
+# got as far as the target, which refused the plan: exit 1, or 0 when the drafter ended first)
 rc=0
 stoprun --max-seqs 1 > "$WORK/s7.log" 2>&1 || rc=$?
-[ "$rc" = 1 ] && grep -q "^train: the target's batch plan .* is not the one $S was trained with" \
-    "$WORK/s7.log" ||
-    { echo "FAIL: another --max-seqs: exit $rc (want 1), not explained:" >&2
+[ "$rc" = 2 ] && grep -q "^train: $S was trained with .*max-seqs 2; this command gives .*\
+max-seqs 1" "$WORK/s7.log" && grep -q "nothing was converted or started" "$WORK/s7.log" ||
+    { echo "FAIL: another --max-seqs: exit $rc (want 2), not explained:" >&2
       grep "^train: " "$WORK/s7.log" >&2; exit 1; }
+head -n 3 "$WORK/data.jsonl" > "$WORK/other.jsonl"
+rc=0
+stoprun --data "$WORK/other.jsonl" > "$WORK/s7b.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "this command gives shards $WORK/[^ ]*/other.shard" "$WORK/s7b.log" &&
+    [ ! -e "$S/other.shard" ] && ! grep -q "converting" "$WORK/s7b.log" ||
+    { echo "FAIL: other data under another name on a trained --out: exit $rc (want 2), or it \
+was converted:" >&2; grep "^train: " "$WORK/s7b.log" >&2; exit 1; }
 # an --out with a journal and no checkpoint (its first run stopped before one: nothing to
 # resume) takes new data: the journal is moved aside and the run starts afresh (it was refused
 # as "has trained on that shard")
@@ -306,8 +315,8 @@ stoprun --out "$WORK/nockpt" --steps 1 > "$WORK/s8.log" 2>&1 || rc=$?
     { echo "FAIL: new data on an --out without a checkpoint: exit $rc (want 0):" >&2
       grep "^train: " "$WORK/s8.log" >&2; exit 1; }
 cp "$WORK/data.jsonl" "$WORK/stop.jsonl"
-echo "ok: a trained --out refuses new data (also in a file with an older time) and another \
---token-budget (shard untouched), and a new --max-seqs is explained; the same data in a newer \
+echo "ok: a trained --out refuses new data (also in a file with an older time, or under another \
+name), another --token-budget (shard untouched) and another --max-seqs; the same data in a newer \
 file resumes; an --out without a checkpoint takes new data, its journal moved aside"
 # SIGTERM while the JSONL is converted: the conversion stops with the script (exit 143, said):
 # the script died with its default action and left dflash-data running, holding --out's lock,

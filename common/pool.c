@@ -128,6 +128,7 @@ int pool_backend_parse(const char *s, pool_backend *out)
     }
     if (strcmp(s, "host") == 0 || strcmp(s, "cpu") == 0) *out = POOL_HOST;
 #ifdef DFLASH_HAVE_CUDA
+    else if (strcmp(s, "cuda") == 0 && !pool_cuda_available()) return DFLASH_ENOTFOUND;
     else if (strcmp(s, "cuda") == 0) *out = POOL_CUDA;
 #else
     else if (strcmp(s, "cuda") == 0) return DFLASH_EUNSUPPORTED;
@@ -140,6 +141,9 @@ const char *pool_backend_refusal(int rc)
 {
     return rc == DFLASH_EUNSUPPORTED ? "this build has no CUDA (built without nvcc): use "
                                        "--backend host (or auto)"
+           : rc == DFLASH_ENOTFOUND  ? "no CUDA device is visible (the driver, "
+                                       "CUDA_VISIBLE_DEVICES, a container's GPU reservation): "
+                                       "use --backend host (or auto)"
                                      : "give host, cuda or auto";
 }
 

@@ -80,9 +80,10 @@ typedef struct pool_importer pool_importer;
 
 /* "host" / "cuda" <-> enum. Parse also takes "cpu" (= host) and "auto" (cuda when this build has
  * the cuda compute backend and a GPU is visible, else host); returns 0, DFLASH_EINVAL (no such
- * backend) or DFLASH_EUNSUPPORTED ("cuda" in a build without CUDA: bad configuration, found
- * at start-up rather than when the pool is made). pool_backend_refusal: what to tell the user
- * for parse's code. */
+ * backend), DFLASH_EUNSUPPORTED ("cuda" in a build without CUDA) or DFLASH_ENOTFOUND ("cuda"
+ * with no GPU visible): bad configuration, found at start-up rather than when the pool or the
+ * compute context is made (the target exited 1, the drafter 2). pool_backend_refusal: what to
+ * tell the user for parse's code. */
 const char *pool_backend_name(pool_backend b);
 int pool_backend_parse(const char *s, pool_backend *out);
 const char *pool_backend_refusal(int rc);

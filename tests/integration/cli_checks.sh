@@ -159,6 +159,13 @@ if [ "$HAVE_CUDA" = OFF ]; then
 else
     echo "skip --backend cuda in a build without CUDA: this build has CUDA"
 fi
+# --backend cuda with no GPU visible (hidden here): exit 2 with the reason, in both daemons (the
+# target exited 1 after "no cuda compute backend", the drafter 2 after "cannot create the cuda
+# compute context")
+CUDA_VISIBLE_DEVICES= expect target_cuda_no_gpu 2 "no CUDA device is visible|this build has no" \
+    "$T" "${COMMON[@]}" "${MODEL[@]}" --backend cuda
+CUDA_VISIBLE_DEVICES= expect drafter_cuda_no_gpu 2 "no CUDA device is visible|this build has no" \
+    "$D" "${COMMON[@]}" --model "$WORK/target" --train --backend cuda
 # --help names the eval and show subcommands; show refuses what it cannot read or share
 expect drafter_help_eval 0 "dflash-drafter eval" "$D" --help
 expect drafter_help_show 0 "dflash-drafter show CHECKPOINT" "$D" --help
@@ -216,7 +223,8 @@ expect drafter_dump_train_model 2 "--train needs --model TARGET_DIR" "$D" --trai
 expect drafter_dump_verify_model_shards 2 "--verify-model needs the target's --shards" "$D" \
     --verify-model --model "$WORK/target" --dump-config
 expect drafter_dump_verify_model_cuda 2 \
-    "--verify-model runs its direct forward on the cpu|this build has no CUDA" "$D" \
+    "--verify-model runs its direct forward on the cpu|this build has no CUDA|no CUDA device" \
+    "$D" \
     --verify-model --model "$WORK/target" --shards "$WORK/data.shard" --backend cuda --dump-config
 expect drafter_dump_comm_nccl 2 "--comm nccl needs the cuda backend" "$D" --model "$WORK/target" \
     --group g --comm nccl --backend host --dump-config

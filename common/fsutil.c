@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -132,6 +133,15 @@ bool fs_fd_private(int fd, char *why, size_t len)
 
 int fs_create_new(const char *path, int flags, mode_t mode)
 {
+    int held = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (held >= 0) {
+        bool busy = flock(held, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+        close(held);
+        if (busy) {
+            errno = EBUSY;
+            return -1;
+        }
+    }
     if (unlink(path) != 0 && errno != ENOENT) return -1;
     return open(path, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
 }

@@ -16,7 +16,10 @@
 #include "safetensors.h"
 #include "test_files.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/file.h>
 
 static char dir[64];
 
@@ -62,6 +65,30 @@ static void test_write_atomic_symlink(void)
     /* the mode asked for */
     CHECK_EQ_INT(fs_write_atomic_mode(path, "y", 1, 0600), 0);
     CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+}
+
+/* A temporary name a live writer holds an flock on (dflash-data's shard: two processes of one
+ * PID, in two containers writing one shared volume) is left alone: EBUSY, its bytes kept
+ * (defect: it was unlinked, and both runs ended with the other's shard, one said done). Once
+ * the lock is gone, the name is taken as before. */
+static void test_create_new_locked(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/x.shard.tmp.1", dir);
+    test_spill(path, "live", 4);
+    int holder = open(path, O_RDONLY);
+    CHECK(holder >= 0 && flock(holder, LOCK_EX | LOCK_NB) == 0);
+    errno = 0;
+    int fd = fs_create_new(path, O_WRONLY, 0644);
+    CHECK_EQ_INT(fd, -1);
+    CHECK_EQ_INT(errno, EBUSY);
+    CHECK_EQ_INT(test_file_size(path), 4);
+    close(holder);
+    fd = fs_create_new(path, O_WRONLY, 0644);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    CHECK_EQ_INT(test_file_size(path), 0);
+    unlink(path);
 }
 
 static void test_safetensors_symlink(void)
@@ -196,6 +223,7 @@ int main(void)
     snprintf(dir, sizeof dir, "/tmp/dflash-test-fsutil-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_write_atomic_symlink();
+    test_create_new_locked();
     test_safetensors_symlink();
     test_private_dir();
     test_small_contracts();

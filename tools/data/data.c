@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct data_cfg {
     char in[1024];
@@ -320,7 +321,12 @@ int main(int argc, char **argv) {
     shard_remove_stale_temps(c.out); /* an earlier run's, killed outright (SIGKILL) */
     shard_writer *w = shard_writer_new(c.out, vocab);
     if (!w) {
-        LOG_ERROR("cannot create %s: %s", c.out, strerror(errno));
+        if (errno == EBUSY)
+            LOG_ERROR("cannot create %s: another dflash-data is writing it now (its temporary "
+                      "%s.tmp.%ld is locked): wait for it, or write elsewhere", c.out, c.out,
+                      (long)getpid());
+        else
+            LOG_ERROR("cannot create %s: %s", c.out, strerror(errno));
         return 1;
     }
     uint64_t seqs[BATCH_PLAN_MAX_BUCKETS + 1] = {0}, toks[BATCH_PLAN_MAX_BUCKETS + 1] = {0};

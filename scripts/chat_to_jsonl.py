@@ -192,7 +192,7 @@ def run(tok, src, dst, template_kwargs, max_len, log=sys.stderr, max_reports=20)
     eot = end_of_turn(tok, template_kwargs)
     written = tokens = trained = 0
     skipped = collections.Counter()
-    tmp = dst + ".tmp"
+    tmp = f"{dst}.tmp.{os.getpid()}"  # two conversions to one output do not share it
     try:
         with open(tmp, "w", encoding="utf-8") as out:
             for n, obj in read_objects(src):
@@ -209,8 +209,15 @@ def run(tok, src, dst, template_kwargs, max_len, log=sys.stderr, max_reports=20)
                 written, tokens, trained = written + 1, tokens + len(ids), trained + sum(mask)
                 if written % 10000 == 0:
                     print(f"  {written} conversations, {tokens} tokens", file=log)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the rename: a power loss keeps old or new
         if written:
             os.replace(tmp, dst)
+            dir_fd = os.open(os.path.dirname(os.path.abspath(dst)), os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the rename itself
+            finally:
+                os.close(dir_fd)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -162,7 +162,11 @@ int config_get(const cfg_table *t, const void *cfg, const char *name, char *out,
     return 0;
 }
 
-static int load_file(const cfg_table *t, void *cfg, const char *path)
+/* Loads config file path. shared: it came from DFLASH_CONFIG, which every program reads, so a
+ * key that names none of this program's options is another program's: skipped (as a plain
+ * DFLASH_* variable is), not refused as in a file of its own (--config, DFLASH_<PROGRAM>_CONFIG:
+ * a shared file made every program that lacked one of its keys refuse to start). */
+static int load_file(const cfg_table *t, void *cfg, const char *path, bool shared)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -198,6 +202,7 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
         char *end = val + strlen(val);
         while (end > val && isspace((unsigned char)end[-1])) *--end = 0;
         const cfg_option *o = config_find(t, key);
+        if (!o && shared) continue;
         if (o && key_line[o - t->options]) { /* min-ready and min_ready are one key */
             char first[256];
             config_get(t, cfg, o->name, first, sizeof first);
@@ -210,7 +215,8 @@ static int load_file(const cfg_table *t, void *cfg, const char *path)
         char err[256];
         int r = config_set(t, cfg, key, val, false, err, sizeof err);
         if (r) {
-            fprintf(stderr, "%s: %s:%d: %s\n", t->program, path, lineno, err);
+            fprintf(stderr, "%s: %s:%d%s: %s\n", t->program, path, lineno,
+                    shared ? " (DFLASH_CONFIG)" : "", err);
             rc = r;
             break;
         }
@@ -332,12 +338,15 @@ static int load_env(const cfg_table *t, void *cfg)
 
 /* The config file named by the environment: DFLASH_<PROGRAM>_CONFIG, else DFLASH_CONFIG, as for
  * every option (a shell that runs several programs can give each its own file). NULL if neither. */
-static const char *config_file_from_env(const cfg_table *t)
+/* The config file the environment names: DFLASH_<PROGRAM>_CONFIG, else DFLASH_CONFIG (*shared
+ * set: every program's, load_file). */
+static const char *config_file_from_env(const cfg_table *t, bool *shared)
 {
     char scope[64], var[160];
     env_scope(t, scope, sizeof scope);
     env_var_name(scope, "config", var, sizeof var);
     const char *file = getenv(var);
+    *shared = !file && getenv("DFLASH_CONFIG");
     return file ? file : getenv("DFLASH_CONFIG");
 }
 
@@ -436,11 +445,13 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
     if (n_positional) *n_positional = 0;
 
     /* The config file comes first whatever its place on the command line. */
-    const char *file = config_file_from_env(t);
+    bool shared = false;
+    const char *file = config_file_from_env(t, &shared);
     bool help = false, dump = false, no_file = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
             file = argv[i][8] == '=' ? argv[i] + 9 : i + 1 < argc ? argv[++i] : "";
+            shared = false;
             no_file = !*file; /* `--config "$UNSET"` must not quietly mean the defaults */
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             help = true;
@@ -457,7 +468,7 @@ int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **pos
         return DFLASH_EINVAL;
     }
     int rc;
-    if (file && *file && (rc = load_file(t, cfg, file))) return rc;
+    if (file && *file && (rc = load_file(t, cfg, file, shared))) return rc;
     if ((rc = load_env(t, cfg))) return rc;
     if ((rc = load_flags(t, cfg, argc, argv, positional, max_positional, n_positional)))
         return rc;

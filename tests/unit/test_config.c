@@ -7,6 +7,7 @@
  * table. */
 #include "check.h"
 #include "config.h"
+#include "test_files.h"
 #include "err.h"
 
 #include <stdlib.h>
@@ -300,6 +301,18 @@ int main(void)
     CHECK_EQ_INT(c.min_ready, 22);
     unsetenv("DFLASH_DEMO_CONFIG");
     unsetenv("DFLASH_OTHER_CONFIG");
+    /* DFLASH_CONFIG is every program's: a key of another program's there is skipped (it was
+     * refused: "unknown option", and every program lacking one of its keys would not start);
+     * the same file given by --config (ours alone) still refuses it, and a bad value of one of
+     * our keys from the shared file is refused, naming the variable */
+    test_spill(shared, "max-depth 7\nmin-ready 23\n", 24);
+    CHECK_EQ_INT(config_load(&demo, &c, 1, argv0, NULL, 0, NULL), 0);
+    CHECK_EQ_INT(c.min_ready, 23);
+    CHECK(config_load(&demo, &c, 3, argv_cf, NULL, 0, NULL) < 0);
+    test_spill(shared, "min-ready x\n", 12);
+    char said[512], out[64];
+    CHECK(load_caught(&demo, &c, argv0, said, sizeof said, out, sizeof out) < 0);
+    CHECK(strstr(said, ":1 (DFLASH_CONFIG): ") != NULL);
     unsetenv("DFLASH_CONFIG");
     unlink(ours);
     unlink(shared);

@@ -12,6 +12,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "target_model.h"
 
 
 #include <math.h>
@@ -263,10 +264,8 @@ uint64_t dflash_dp_layout_hash(const dflash_model *m) {
 
 void dflash_dp_layout_text(const dflash_model *m, char *buf, size_t len) {
     const dflash_config *c = &m->cfg;
-    char ids[DFLASH_MAX_FEAT * 4] = "";
-    for (int i = 0, at = 0; i < c->n_feat && at < (int)sizeof ids; i++)
-        at += snprintf(ids + at, sizeof ids - (size_t)at, "%s%d", i ? "," : "",
-                       c->target_layer_ids[i]);
+    char ids[DFLASH_MAX_FEAT * 4];
+    target_layer_ids_text(c->target_layer_ids, c->n_feat, ids, sizeof ids);
     int n = snprintf(buf, len, "%d layer%s, block %d, hidden %d, target layers %s of %d, %zu "
                      "parameters", c->num_layers, c->num_layers == 1 ? "" : "s", c->block_size,
                      c->hidden_size, ids, c->num_target_layers, m->n_params);

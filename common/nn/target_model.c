@@ -228,6 +228,13 @@ int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errle
     return 0;
 }
 
+char *target_layer_ids_text(const int *ids, int n, char *buf, size_t len) {
+    if (len) buf[0] = 0;
+    for (int i = 0, at = 0; i < n && at < (int)len; i++)
+        at += snprintf(buf + at, len - (size_t)at, "%s%d", i ? "," : "", ids[i]);
+    return buf;
+}
+
 int target_capture_layers_parse(const char *s, int *ids, int max, char *err, size_t errlen) {
     int n = config_parse_int_list(s, ids, max, err, errlen);
     if (n >= 0) {
@@ -541,10 +548,15 @@ target_model *target_model_load(const char *dir, const target_model_opts *opts, 
     }
     target_model *m = target_model_new(&cfg, opts, ops, ctx, fetch_safetensors, st);
     safetensors_close(&st);
-    if (m)
-        LOG_INFO("target model: %s %s, %d layers (running %d), hidden %d, captures %d layers",
+    if (m && opts->lends) {
+        LOG_INFO("target model: %s %s, %d layers, hidden %d: %s", hf_config_family_name(cfg.family),
+                 dir, cfg.num_layers, cfg.hidden_size, opts->lends);
+    } else if (m) {
+        char ids[TARGET_MAX_CAPTURE * 6];
+        LOG_INFO("target model: %s %s, %d layers (running %d), hidden %d, captures layers %s",
                  hf_config_family_name(cfg.family), dir, cfg.num_layers, m->n_run, cfg.hidden_size,
-                 m->n_capture);
+                 target_layer_ids_text(m->layer_ids, m->n_capture, ids, sizeof ids));
+    }
     return m;
 }
 

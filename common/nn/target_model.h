@@ -50,6 +50,9 @@ typedef struct target_model_opts {
     int max_logit_rows; /* rows per target_logits call; 0: no logits (lm_head still loaded) */
     bool all_layers;    /* keep every decoder layer (needed by target_logits / generate) */
     bool no_head;       /* skip model.norm and lm_head (a capture-only target daemon saves V*D) */
+    /* What the load is for, said by its log line instead of the layers it runs and captures
+     * (NULL: those): "the drafter's embeddings and lm_head" of a load that only lends them. */
+    const char *lends;
     /* A daemon's stop flag (may be NULL): once it is set, loading gives up before the next
      * tensor and creation returns NULL, so SIGINT/SIGTERM do not wait for a large checkpoint. */
     volatile sig_atomic_t *stop;
@@ -95,6 +98,10 @@ int target_layer_ids_check(const int *ids, int n, int L, char *err, size_t errle
  * options, before any model is read. Returns the count, or a negative code with the reason in
  * err (which does not name the option: the caller says where s came from). */
 int target_capture_layers_parse(const char *s, int *ids, int max, char *err, size_t errlen);
+
+/* The inverse: ids[0..n) as a --capture-layers value ("1,9,17") into buf (cut to len); returns
+ * buf. For logs, dumps and shape texts. */
+char *target_layer_ids_text(const int *ids, int n, char *buf, size_t len);
 
 /* Builds a model for cfg on the backend, reading every parameter through fetch(user, ...).
  * Returns NULL after logging why (bad opts, shape mismatch, a weight that is NaN or infinite,

@@ -206,7 +206,8 @@ int trainer_drafter_config(const char *model_dir, int draft_layers, int block_si
  * borrows. max_tokens 1 keeps its activation plan tiny. */
 static target_model *load_frozen(const char *model_dir, const nn_ops *ops, nn_ctx *nn) {
     int layer0 = 0;
-    target_model_opts to = {.layer_ids = &layer0, .n_layer_ids = 1, .max_tokens = 1, .max_seqs = 1};
+    target_model_opts to = {.layer_ids = &layer0, .n_layer_ids = 1, .max_tokens = 1, .max_seqs = 1,
+                            .lends = "the drafter's embeddings and lm_head"};
     return target_model_load(model_dir, &to, ops, nn);
 }
 
@@ -1176,11 +1177,12 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
             goto fail;
         }
     }
-    LOG_INFO("drafter: %d layers, block %d, %d features from target layers [%d%s], mask token "
+    char ids[DFLASH_MAX_FEAT * 6];
+    target_layer_ids_text(dc.target_layer_ids, dc.n_feat, ids, sizeof ids);
+    LOG_INFO("drafter: %d layers, block %d, %d features from target layers %s, mask token "
              "%d, %zu parameters, planned for %u tokens and %ld blocks; anchors %d, lr %g, "
              "schedule %ld steps, start step %ld",
-             dc.num_layers, dc.block_size, dc.n_feat, dc.target_layer_ids[0],
-             dc.n_feat > 1 ? ", ..." : "", dc.mask_token_id, t->m->n_params,
+             dc.num_layers, dc.block_size, dc.n_feat, ids, dc.mask_token_id, t->m->n_params,
              o->layout->token_budget, blocks, t->tc.n_anchors, t->tc.lr, t->tc.total_steps,
              t->m->step);
     *c = (worker_consumer){.name = "train",

@@ -343,10 +343,7 @@ int main(int argc, char **argv)
         cfg.layers = lc.layout.n_layers;
         int n_cap;
         const int *cap = target_model_layer_ids(model_producer_model(mp), &n_cap);
-        size_t used = 0;
-        for (int i = 0; i < n_cap && used < sizeof cfg.capture; i++)
-            used += (size_t)snprintf(cfg.capture + used, sizeof cfg.capture - used, "%s%d",
-                                     i ? "," : "", cap[i]);
+        target_layer_ids_text(cap, n_cap, cfg.capture, sizeof cfg.capture);
         prod = model_producer_as_target(&mp, 0);
         model_producer_destroy(&mp); /* NULL after a successful hand-over */
     }

@@ -632,9 +632,11 @@ static int train_finish(void *vctx) {
     if (limit > 0 && t->m->step < limit && !(t->stop && *t->stop))
         LOG_WARN("the schedule is not finished: training stopped at step %ld of %ld (lr still "
                  "%g), before the step limit (the reason is above: the broker had no batch "
-                 "left, --max-batches, an error). If every batch of the target's planned epochs "
-                 "is trained, continue with more epochs: restart dflash-target with a larger "
-                 "--epochs and this drafter with the same flags; it resumes from %s",
+                 "left, --max-batches, a drain, an error). Only if the broker said every batch "
+                 "of the target's planned epochs is trained, continue with more epochs: restart "
+                 "dflash-target with a larger --epochs and this drafter with the same flags; "
+                 "after a drain, or once an error is mended, start it again as it was. It "
+                 "resumes from %s",
                  t->m->step, limit, dflash_train_lr(&t->tc, t->m->step),
                  t->ckpt_root[0] ? "its newest checkpoint under --checkpoint-dir"
                                  : "step 0 (no --checkpoint-dir: nothing was saved)");

@@ -101,10 +101,19 @@ static const cfg_option queue_options[] = {
     OPT_S("log-level", "info", true, "debug, info, warn or error", log_level),
 };
 
-/* config_load's check: what broker_config_check refuses, --dump-config does not print. */
+/* config_load's check: what broker_config_check refuses, --dump-config does not print. With
+ * the table's sources (dflash-queue's main), the depth refusal names where both values came
+ * from ("DFLASH_MAX_DEPTH=4 (environment)", "--min-ready 30 (default)"). */
 static int check_table(const cfg_table *t, const void *cfg, char *why, size_t why_len)
 {
-    (void)t;
+    if (t->sources && broker_depth_check(cfg, 1, NULL, 0)) {
+        char mr[300], md[300];
+        return config_refuse(why, why_len, "%s needs that many ready slots, but %s caps the "
+                             "slots ever filled: every claim would wait forever (lower min-ready "
+                             "or raise max-depth)",
+                             config_source(t, cfg, "min-ready", mr, sizeof mr),
+                             config_source(t, cfg, "max-depth", md, sizeof md));
+    }
     return broker_config_check(cfg, why, why_len);
 }
 

@@ -142,7 +142,10 @@ int main(int argc, char **argv)
 {
     log_init("dflash-queue", LOG_INFO);
     queue_config cfg;
-    const cfg_table *table = broker_config_table();
+    cfg_table with_sources = *broker_config_table(); /* refusals say where a value came from */
+    cfg_source sources[with_sources.n_options];
+    with_sources.sources = sources;
+    const cfg_table *table = &with_sources;
     int rc = config_load(table, &cfg, argc, argv, NULL, 0, NULL);
     if (rc == 1) return 0;
     if (rc < 0) return 2;

@@ -191,9 +191,13 @@ expect target_no_broker_yet 1 "free slot.*waiting for a broker \(none answered f
 expect drafter_no_broker_yet 1 "grant.*waiting for a broker \(none answered for" "$D" \
     "${COMMON[@]}" --verify --broker-wait-ms 1500 --progress-ms 300
 
-# --dump-config makes the start's checks first
-expect queue_dump_checked 2 "min-ready 100 needs 100 ready slots .* max-depth is 10" \
+# --dump-config makes the start's checks first; the depth refusal names where each value came
+# from (it said neither a default nor an environment variable)
+expect queue_dump_checked 2 "--min-ready 100 needs that many ready slots, but --max-depth 10 caps" \
     "$Q" --runtime-dir "$WORK/run" --min-ready 100 --max-depth 10 --dump-config
+DFLASH_MAX_DEPTH=4 expect queue_dump_sources 2 "--min-ready 30 \(default\) needs that many \
+ready slots, but DFLASH_MAX_DEPTH=4 \(environment\) caps" "$Q" --runtime-dir "$WORK/run" \
+    --dump-config
 expect queue_dump_ok 0 "^min-ready 5$" "$Q" --runtime-dir "$WORK/run" --min-ready 5 --dump-config
 expect queue_dump_log_level 2 "bad --log-level 'loud': use debug, info, warn or error" "$Q" \
     --runtime-dir "$WORK/run" --log-level loud --dump-config

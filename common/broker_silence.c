@@ -6,6 +6,7 @@
 #include "monotime.h"
 
 #include <stdio.h>
+#include <string.h>
 
 void broker_silence_note(broker_silence *s, int rc, bool registered, const char *why)
 {
@@ -43,6 +44,10 @@ void broker_silence_give_up(const char *endpoint, double waited_s, long long wai
                   "its last answer: %s", endpoint, waited_s, wait_ms, why && *why ? why : "?");
     else
         LOG_ERROR("no broker answered at %s for %.1f s (--broker-wait-ms %lld, checked after each "
-                  "request, which waits up to --timeout-ms %lld; is dflash-queue running?)",
-                  endpoint, waited_s, wait_ms, timeout_ms);
+                  "request, which waits up to --timeout-ms %lld; is dflash-queue running?%s)",
+                  endpoint, waited_s, wait_ms, timeout_ms,
+                  strncmp(endpoint, "tcp://", 6) == 0
+                      ? " A tcp:// broker answers only the CURVE keys it knows, unless it "
+                        "runs with --insecure-tcp: check --curve-server-key and --curve-key"
+                      : "");
 }

@@ -184,6 +184,10 @@ WAITED+=" after each request, which waits up to --timeout-ms 1000;"
 expect target_waited 1 "$WAITED" "$T" "${COMMON[@]}" --broker-wait-ms 100 --timeout-ms 1000
 expect drafter_waited 1 "$WAITED" "$D" "${COMMON[@]}" --verify --broker-wait-ms 100 \
     --timeout-ms 1000
+# on tcp:// without an answer: the CURVE keys are named (a keyless client only heard "is
+# dflash-queue running?")
+expect target_waited_tcp 1 "answers only the CURVE keys it knows.*--curve-server-key" "$T" \
+    "${COMMON[@]}" --endpoint tcp://127.0.0.1:9 --broker-wait-ms 100 --timeout-ms 200
 # while no broker has answered yet, the progress lines say so (they read "waiting for a grant
 # 0%" / "waiting for a free slot 0%", like an idle pipeline: a mistyped --runtime-dir)
 expect target_no_broker_yet 1 "free slot.*waiting for a broker \(none answered for" "$T" \

@@ -2,7 +2,10 @@
  *
  * The parent never touches CUDA (a forked child cannot use a parent's CUDA context); it forks an
  * exporter, which creates a cuda pool on GPU 0, uploads synthetic batches into its slots and
- * records each slot's interprocess event, and an importer on GPU 0 (and, when a second GPU is
+ * records each slot's interprocess event (slot 0 late: zeros first, then its batch copied behind
+ * a 4 s host function on a stream, its event recorded behind that copy, and the descriptor sent
+ * at once, so that an importer that did not wait on the event would read the zeros), and an
+ * importer on GPU 0 (and, when a second GPU is
  * visible, another on GPU 1), which maps the arena from the encoded descriptor, stream-waits on
  * each slot's event, copies the slot device-to-device into a staging buffer, reads it back and
  * verifies every byte. The importer also uses the grant path (pool_importer_attach_slot), also
@@ -19,6 +22,7 @@
 #include "pool_cuda.h"
 #include "synthetic.h"
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +64,33 @@ static slot_work_unit unit_of(uint32_t i)
     return (slot_work_unit){.epoch = 0, .bucket = i % 3, .batch = 100 + i};
 }
 
+/* The CUDA runtime calls the late write of slot 0 needs beyond pool_cuda.h's, from the libcudart
+ * pool_cuda loaded (RTLD_GLOBAL) once a pool exists. */
+typedef struct late_rt {
+    int (*launch_host_func)(void *stream, void (*fn)(void *), void *arg);
+    int (*malloc_host)(void **ptr, size_t n);
+    int (*free_host)(void *ptr);
+    int (*memcpy_async)(void *dst, const void *src, size_t n, int kind, void *stream);
+    int (*stream_sync)(void *stream);
+} late_rt;
+
+static bool late_rt_load(late_rt *rt)
+{
+    *(void **)&rt->launch_host_func = dlsym(RTLD_DEFAULT, "cudaLaunchHostFunc");
+    *(void **)&rt->malloc_host = dlsym(RTLD_DEFAULT, "cudaMallocHost");
+    *(void **)&rt->free_host = dlsym(RTLD_DEFAULT, "cudaFreeHost");
+    *(void **)&rt->memcpy_async = dlsym(RTLD_DEFAULT, "cudaMemcpyAsync");
+    *(void **)&rt->stream_sync = dlsym(RTLD_DEFAULT, "cudaStreamSynchronize");
+    return rt->launch_host_func && rt->malloc_host && rt->free_host && rt->memcpy_async &&
+           rt->stream_sync;
+}
+
+static void hold_stream(void *arg)
+{
+    (void)arg;
+    sleep(4);
+}
+
 /* Exporter: pool on GPU 0, fills, sends the descriptor on out_fd, waits for one byte per
  * importer on in_fd, then destroys the pool. */
 static int exporter(const slot_layout *l, int out_fd, int in_fd, int n_importers)
@@ -75,10 +106,11 @@ static int exporter(const slot_layout *l, int out_fd, int in_fd, int n_importers
     void *host = malloc(l->slot_bytes);
     for (uint32_t i = 0; i < N_SLOTS; i++) {
         slot_work_unit wu = unit_of(i);
-        synthetic_fill(host, l, &wu, &sp, pool_descriptor(p)->incarnation);
+        if (i == 0) memset(host, 0, l->slot_bytes); /* its batch comes late, below */
+        else synthetic_fill(host, l, &wu, &sp, pool_descriptor(p)->incarnation);
         if (pool_staging_write(POOL_CUDA, pool_slot_ptr(p, i), host, l->slot_bytes) != 0)
             failures++;
-        if (pool_slot_publish(p, i, NULL) != 0) failures++;
+        if (i && pool_slot_publish(p, i, NULL) != 0) failures++;
     }
     /* single-process mode: our own importer uses raw pointers */
     pool_importer *self = pool_importer_new(POOL_CUDA, 0, &err);
@@ -100,6 +132,23 @@ static int exporter(const slot_layout *l, int out_fd, int in_fd, int n_importers
     }
     pool_staging_free(POOL_CUDA, 0, &stage);
     pool_importer_destroy(&self);
+    /* slot 0's batch behind a 4 s host function, its event recorded behind the copy */
+    late_rt rt;
+    void *stream = NULL, *pinned = NULL;
+    slot_work_unit wu0 = unit_of(0);
+    if (!late_rt_load(&rt) || pool_cuda_stream_new(0, &stream) != 0 ||
+        rt.malloc_host(&pinned, l->slot_bytes) != 0) {
+        fprintf(stderr, "exporter: no stream, pinned memory or runtime calls for slot 0\n");
+        failures++;
+    } else {
+        synthetic_fill(pinned, l, &wu0, &sp, pool_descriptor(p)->incarnation);
+        if (rt.launch_host_func(stream, hold_stream, NULL) != 0 ||
+            rt.memcpy_async(pool_slot_ptr(p, 0), pinned, l->slot_bytes, 1, stream) != 0 ||
+            pool_slot_publish(p, 0, stream) != 0) {
+            fprintf(stderr, "exporter: the late write of slot 0 failed\n");
+            failures++;
+        }
+    }
     uint8_t buf[POOL_DESC_MAX_BYTES];
     int len = pool_desc_encode(pool_descriptor(p), buf, sizeof buf);
     for (int k = 0; k < n_importers; k++) {
@@ -110,6 +159,9 @@ static int exporter(const slot_layout *l, int out_fd, int in_fd, int n_importers
         char c;
         if (!rw_full(in_fd, &c, 1, false)) failures++;
     }
+    if (stream && rt.stream_sync(stream) != 0) failures++;
+    if (pinned) rt.free_host(pinned);
+    if (stream) pool_cuda_stream_destroy(stream);
     free(host);
     pool_destroy(&p);
     return failures ? 1 : 0;
@@ -136,6 +188,7 @@ static int importer(const slot_layout *l, int in_fd, int done_fd, int device, in
     for (uint32_t i = 0; i < N_SLOTS; i++) {
         char msg[256] = "";
         slot_work_unit wu = unit_of(i);
+        double t0 = now_s();
         if (pool_copy_start(imp, d.incarnation, i, i * d.slot_bytes, l->slot_bytes, stage) != 0 ||
             pool_copy_wait(imp) != 0 ||
             pool_staging_read(POOL_CUDA, host, stage, l->slot_bytes) != 0 ||
@@ -143,6 +196,9 @@ static int importer(const slot_layout *l, int in_fd, int done_fd, int device, in
             fprintf(stderr, "importer %d: slot %u: %s\n", device, i, msg);
             failures++;
         }
+        if (i == 0) /* the exporter's stream held its batch for 4 s from the descriptor on */
+            printf("importer GPU %d: slot 0's copy waited %.2f s for its event\n", device,
+                   now_s() - t0);
     }
     /* the grant path, in a second importer */
     pool_importer *g = pool_importer_new(POOL_CUDA, device, &err);

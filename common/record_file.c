@@ -123,7 +123,10 @@ int record_file_sync(record_file *f)
 {
     int rc = record_file_flush(f);
     if (rc) return rc;
-    return fsync(f->fd) == 0 ? 0 : DFLASH_EIO;
+    if (fsync(f->fd) == 0) return 0;
+    LOG_ERROR("%s: fsync failed: %s (its records may not outlive a power loss)", f->path,
+              strerror(errno));
+    return DFLASH_EIO;
 }
 
 size_t record_file_pending(const record_file *f) { return f ? f->len : 0; }

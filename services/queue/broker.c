@@ -1692,7 +1692,8 @@ static bool stall_hold(broker *b, uint64_t now)
  * fsync) is heard now, as by a heartbeat: its request holds its client, which cannot beat
  * meanwhile (client.h), so it is not silent but waiting on us, and neither it nor its leases
  * expire for the disk's slowness (defect: with a --timeout-ms past the liveness window, a
- * drafter waiting on a 5 s fsync was expired and its batches redelivered). */
+ * drafter waiting on a 5 s fsync was expired and its batches redelivered). One that died while
+ * it waited expires a window after the journal answers (or fails). */
 static void hear_peers_awaiting_journal(broker *b, uint64_t now)
 {
     for (const deferred_reply *d = b->dq_head; d; d = d->next) {

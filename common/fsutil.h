@@ -60,6 +60,15 @@ bool fs_fd_private(int fd, char *why, size_t len);
  * -1 with errno. */
 int fs_create_new(const char *path, int flags, mode_t mode);
 
+/* A writer's temporary file "<path>.tmp.<pid>" (dflash-data's shard, dflash-gen's output,
+ * dflash-mkmodel's safetensors) stays behind when its writer is killed outright (SIGKILL, a
+ * crash). This removes those of path whose pid is no live process (kill(pid, 0) fails with
+ * ESRCH) and that no process holds an flock on (a writer of the same pid number in another
+ * container, on a shared volume, holds one), each with a WARN naming it, its size and what
+ * (e.g. "a partial shard"); a live pid's (another writer, or one we may not signal) is kept.
+ * Returns how many it removed. Call before creating this run's temporary file. */
+int fs_remove_stale_temps(const char *path, const char *what);
+
 /* Flushes stdout and says whether everything printed to it was written: false (with
  * "PROGRAM: cannot write the result to standard output: REASON" on stderr) on a full disk or
  * a closed pipe behind it, so that a command's result lost on the way exits non-zero. */

@@ -301,59 +301,6 @@ static int writer_failed(shard_writer *w) {
     return DFLASH_EIO;
 }
 
-/* The pid of a "<base>.tmp.<pid>" name (all digits after the prefix), else 0. */
-static long temp_pid(const char *name, const char *base) {
-    size_t n = strlen(base);
-    if (strncmp(name, base, n) != 0 || strncmp(name + n, ".tmp.", 5) != 0) return 0;
-    const char *d = name + n + 5;
-    char *end;
-    errno = 0;
-    long pid = *d >= '0' && *d <= '9' ? strtol(d, &end, 10) : 0;
-    return pid > 0 && !errno && !*end ? pid : 0;
-}
-
-int shard_remove_stale_temps(const char *path) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-    else snprintf(dir, sizeof dir, ".");
-    if (!*base) return 0;
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long pid = temp_pid(e->d_name, base);
-        if (!pid || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        char p[8192];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        /* its writer holds an flock for its lifetime: a pid that is not ours to see (another
-         * container or host writing the same --out on a shared volume) still holds it */
-        int fd = open(p, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
-        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-            close(fd);
-            continue;
-        }
-        struct stat st;
-        long long size = fstat(fd, &st) == 0 ? (long long)st.st_size : -1;
-        int gone = unlink(p);
-        close(fd);
-        if (gone != 0) {
-            LOG_WARN("cannot remove %s, a partial shard left by process %ld, which is gone: %s",
-                     p, pid, strerror(errno));
-            continue;
-        }
-        LOG_WARN("removed %s (%lld bytes): a partial shard left by process %ld, which is gone "
-                 "(killed while writing it)", p, size, pid);
-        removed++;
-    }
-    closedir(d);
-    return removed;
-}
-
 shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
     shard_writer *w = calloc(1, sizeof *w);
     if (!w) return NULL;
@@ -364,7 +311,7 @@ shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
     int fd = w->path ? fs_create_new(w->tmp, O_WRONLY, 0666) : -1;
     w->fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (fd >= 0 && !w->fp) close(fd);
-    /* held until the file is closed: shard_remove_stale_temps leaves a locked one alone */
+    /* held until the file is closed: fs_remove_stale_temps leaves a locked one alone */
     if (w->fp) (void)flock(fileno(w->fp), LOCK_EX | LOCK_NB);
     if (!w->fp) {
         free(w->path);

@@ -74,11 +74,8 @@ int shard_check_vocab(const shard *s, uint32_t model_vocab, char *err, size_t er
 uint64_t shard_identity(const shard *s);
 
 /* A writer's temporary file is "<path>.tmp.<pid>" (removed on an error, at destroy and, in
- * dflash-data, on SIGINT/SIGTERM); a writer killed outright (SIGKILL, a crash) leaves it. This
- * removes those of path whose pid is no live process (kill(pid, 0) fails with ESRCH), each with a
- * WARN naming it and its size; a live pid's (another writer, or one we may not signal) is kept.
- * Returns how many it removed. Call before shard_writer_new. */
-int shard_remove_stale_temps(const char *path);
+ * dflash-data, on SIGINT/SIGTERM), held under an flock while it is written; one killed outright
+ * leaves it: fs_remove_stale_temps(path, "a partial shard") before shard_writer_new. */
 
 /* Writer for path; vocab (0 = unknown) is recorded and enforced by shard_writer_add. */
 shard_writer *shard_writer_new(const char *path, uint32_t vocab);

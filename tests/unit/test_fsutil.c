@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/wait.h>
 
 static char dir[64];
 
@@ -89,6 +90,33 @@ static void test_create_new_locked(void)
     if (fd >= 0) close(fd);
     CHECK_EQ_INT(test_file_size(path), 0);
     unlink(path);
+}
+
+/* The temporary files of writers killed outright (dflash-data's, dflash-gen's, dflash-mkmodel's
+ * "PATH.tmp.PID"): a dead pid's is removed, a live pid's, one under an flock, another name's
+ * and a name that is no pid are kept. */
+static void test_remove_stale_temps(void)
+{
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    CHECK(child > 0 && waitpid(child, NULL, 0) == child); /* its pid is gone now */
+    char path[128], dead[160], live[160], locked[160], other[160], odd[160];
+    snprintf(path, sizeof path, "%s/gen.jsonl", dir);
+    snprintf(dead, sizeof dead, "%s.tmp.%d", path, (int)child);
+    snprintf(live, sizeof live, "%s.tmp.%d", path, (int)getppid());
+    snprintf(locked, sizeof locked, "%s.tmp.%d", path, (int)child + 4000000);
+    snprintf(other, sizeof other, "%s/other.jsonl.tmp.%d", dir, (int)child);
+    snprintf(odd, sizeof odd, "%s.tmp.12x", path);
+    const char *all[] = {dead, live, locked, other, odd};
+    for (int i = 0; i < 5; i++) test_spill(all[i], "part", 4);
+    int holder = open(locked, O_RDONLY);
+    CHECK(holder >= 0 && flock(holder, LOCK_EX | LOCK_NB) == 0);
+    CHECK_EQ_INT(fs_remove_stale_temps(path, "a partial output"), 1);
+    struct stat st;
+    CHECK(stat(dead, &st) != 0);
+    for (int i = 1; i < 5; i++) CHECK(stat(all[i], &st) == 0);
+    close(holder);
+    for (int i = 1; i < 5; i++) unlink(all[i]);
 }
 
 static void test_safetensors_symlink(void)
@@ -224,6 +252,7 @@ int main(void)
     if (!mkdtemp(dir)) return 1;
     test_write_atomic_symlink();
     test_create_new_locked();
+    test_remove_stale_temps();
     test_safetensors_symlink();
     test_private_dir();
     test_small_contracts();

@@ -35,6 +35,7 @@
 #include "batch_plan.h"
 #include "config.h"
 #include "dflash_anchor.h"
+#include "fsutil.h"
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
@@ -318,7 +319,7 @@ int main(int argc, char **argv) {
         if (in != stdin) fclose(in);
         return 3;
     }
-    shard_remove_stale_temps(c.out); /* an earlier run's, killed outright (SIGKILL) */
+    fs_remove_stale_temps(c.out, "a partial shard"); /* an earlier run's, killed outright */
     shard_writer *w = shard_writer_new(c.out, vocab);
     if (!w) {
         if (errno == EBUSY)

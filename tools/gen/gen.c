@@ -475,6 +475,7 @@ int main(int argc, char **argv)
              c->greedy ? "greedy" : "sampling", (long long)c->max_new, B, (long long)c->seed);
     if (!c->greedy) LOG_INFO("temperature %g", c->temperature);
 
+    fs_remove_stale_temps(c->out, "a partial output"); /* an earlier run's, killed outright */
     snprintf(g.tmp_path, sizeof g.tmp_path, "%s.tmp.%ld", c->out, (long)getpid());
     /* fopen's mode, but never written through a symlink planted at the name */
     int out_fd = fs_create_new(g.tmp_path, O_WRONLY, 0666);

@@ -32,6 +32,7 @@
 #include "err.h"
 #include "hf_config.h"
 #include "log.h"
+#include "fsutil.h"
 #include "safetensors.h"
 #include "signals.h"
 
@@ -439,6 +440,7 @@ int main(int argc, char **argv) {
     }
     if (m.n_shards == 1 && !limit) {
         snprintf(path, sizeof path, "%s/model.safetensors", cfg.out);
+        fs_remove_stale_temps(path, "a partial model file"); /* an earlier run's, killed */
         rc = write_shard(&m, 0, path);
         if (rc == DFLASH_ESHUTDOWN)
             LOG_ERROR("stopped: %s not written", path);
@@ -453,6 +455,7 @@ int main(int argc, char **argv) {
             snprintf(names[s], sizeof names[s], "model-%05d-of-%05d.safetensors", s + 1,
                      m.n_shards);
             snprintf(path, sizeof path, "%s/%s", cfg.out, names[s]);
+            fs_remove_stale_temps(path, "a partial model file"); /* an earlier run's, killed */
             rc = write_shard(&m, s, path);
             if (rc == DFLASH_ESHUTDOWN) { /* this run's shards are no checkpoint: remove them */
                 for (int k = 0; k < s; k++) {

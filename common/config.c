@@ -438,8 +438,25 @@ static int load_flags(const cfg_table *t, void *cfg, int argc, char **argv, char
     return rc;
 }
 
+static int load_sourced(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
+                        int max_positional, int *n_positional);
+
 int config_load(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
                 int max_positional, int *n_positional)
+{
+    if (t->sources)
+        return load_sourced(t, cfg, argc, argv, positional, max_positional, n_positional);
+    /* a table without its own: sources for this load alone, so that a refusal (and the table's
+     * check) says where a value came from, not "--log-level" of a DFLASH_LOG_LEVEL */
+    cfg_table with_sources = *t;
+    cfg_source sources[t->n_options ? t->n_options : 1];
+    with_sources.sources = sources;
+    return load_sourced(&with_sources, cfg, argc, argv, positional, max_positional,
+                        n_positional);
+}
+
+static int load_sourced(const cfg_table *t, void *cfg, int argc, char **argv, char **positional,
+                        int max_positional, int *n_positional)
 {
     set_defaults(t, cfg);
     if (n_positional) *n_positional = 0;

@@ -134,19 +134,37 @@ bool fs_fd_private(int fd, char *why, size_t len)
     return true;
 }
 
+/* Whether a live writer holds path's flock. A shared lock, which a read-only descriptor can take
+ * on NFS too (its exclusive emulation needs one opened for writing), conflicts with the writer's
+ * exclusive one. */
+static bool held_by_writer(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool busy = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd);
+    return busy;
+}
+
 int fs_create_new(const char *path, int flags, mode_t mode)
 {
-    int held = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (held >= 0) {
-        bool busy = flock(held, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-        close(held);
-        if (busy) {
-            errno = EBUSY;
-            return -1;
-        }
+    if (held_by_writer(path)) {
+        errno = EBUSY;
+        return -1;
     }
     if (unlink(path) != 0 && errno != ENOENT) return -1;
-    return open(path, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    int fd = open(path, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) return -1;
+    /* held for the descriptor's life; then the name must still be ours: another writer of the
+     * name that probed it before the lock was taken has replaced it (it goes on, we stop) */
+    struct stat mine, named;
+    if (flock(fd, LOCK_EX) != 0 || fstat(fd, &mine) != 0 || stat(path, &named) != 0 ||
+        mine.st_ino != named.st_ino || mine.st_dev != named.st_dev) {
+        close(fd);
+        errno = EBUSY;
+        return -1;
+    }
+    return fd;
 }
 
 int fs_write_atomic(const char *path, const void *buf, size_t len)
@@ -296,7 +314,7 @@ int fs_remove_stale_temps(const char *path, const char *what)
          * container or host writing the same --out on a shared volume) still holds it */
         int fd = open(p, O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
-        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (flock(fd, LOCK_SH | LOCK_NB) != 0) { /* a live writer's, or no lock to be had */
             close(fd);
             continue;
         }

@@ -54,10 +54,11 @@ bool fs_fd_private(int fd, char *why, size_t len);
  * temporary name this process alone writes (NAME.tmp.PID, or one held under a lock): whatever
  * is at the name (a stale temporary, a symlink another user planted) is unlinked first, and the
  * create is exclusive and never follows a symlink, so it cannot write through one; one planted
- * again in between makes it fail (EEXIST). A file there that another process holds an flock on
- * (a live writer of the same name: processes of one PID in two containers writing one shared
- * volume) is left alone, and the call fails with EBUSY. Returns the descriptor (O_CLOEXEC) or
- * -1 with errno. */
+ * again in between makes it fail (EEXIST). The new file is flock'ed (exclusive) for the
+ * descriptor's life, so a file there that another process holds such a lock on (a live writer of
+ * the same name: processes of one PID in two containers writing one shared volume) is left
+ * alone, and the call fails with EBUSY; so it does when such a writer replaced the name between
+ * our create and our lock. Returns the descriptor (O_CLOEXEC) or -1 with errno. */
 int fs_create_new(const char *path, int flags, mode_t mode);
 
 /* A writer's temporary file "<path>.tmp.<pid>" (dflash-data's shard, dflash-gen's output,

@@ -1,7 +1,9 @@
 /* record_file: see record_file.h.
  *
  * State: the file descriptor (O_APPEND), `whole`, the file's size at the end of its last whole
- * record (what a failed write is cut back to), and the buffer of records not yet written.
+ * record (what a failed write is cut back to; taken from the file before each write, so that a
+ * file cut or rotated from outside is not grown back with zeros), and the buffer of records not
+ * yet written.
  * `failing` is set by a failed write and cleared by the next write that succeeds; while it is
  * set, adding records does not write (only record_file_flush retries), so a full disk costs one
  * failed write per flush, not one per record.
@@ -52,6 +54,8 @@ record_file *record_file_open(const char *path, bool create_new)
 /* Writes the buffer; on a failure cuts the file back to `whole` (a later flush retries). */
 static int write_out(record_file *f)
 {
+    struct stat st; /* the file's end as it is now (cut or rotated from outside, it moved) */
+    if (!f->failing && fstat(f->fd, &st) == 0) f->whole = st.st_size;
     size_t done = 0;
     while (done < f->len) {
         ssize_t w = write(f->fd, f->buf + done, f->len - done);

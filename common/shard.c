@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -311,8 +310,8 @@ shard_writer *shard_writer_new(const char *path, uint32_t vocab) {
     int fd = w->path ? fs_create_new(w->tmp, O_WRONLY, 0666) : -1;
     w->fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (fd >= 0 && !w->fp) close(fd);
-    /* held until the file is closed: fs_remove_stale_temps leaves a locked one alone */
-    if (w->fp) (void)flock(fileno(w->fp), LOCK_EX | LOCK_NB);
+    /* fs_create_new's flock holds it until the file is closed: fs_remove_stale_temps leaves a
+     * locked one alone */
     if (!w->fp) {
         free(w->path);
         free(w);

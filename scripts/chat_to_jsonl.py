@@ -185,6 +185,25 @@ def read_objects(path):
                 yield n, Skip(f"not JSON: {e}", "not JSON")
 
 
+def remove_stale_temps(dst, log):
+    """Removes dst.tmp.PID files whose process is gone (a conversion killed outright)."""
+    folder, base = os.path.split(os.path.abspath(dst))
+    for name in os.listdir(folder):
+        pid = name[len(base) + 5:] if name.startswith(base + ".tmp.") else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or not ours to signal): its conversion, left alone
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        os.unlink(os.path.join(folder, name))
+        print(f"removed {os.path.join(folder, name)}: a partial conversion left by process "
+              f"{pid}, which is gone", file=log)
+
+
 def run(tok, src, dst, template_kwargs, max_len, log=sys.stderr, max_reports=20):
     """Converts src into dst (through dst.tmp, renamed at the end; nothing is left when no
     conversation is kept) and says the summary; returns (written, skipped: a Counter of their
@@ -192,6 +211,7 @@ def run(tok, src, dst, template_kwargs, max_len, log=sys.stderr, max_reports=20)
     eot = end_of_turn(tok, template_kwargs)
     written = tokens = trained = 0
     skipped = collections.Counter()
+    remove_stale_temps(dst, log)
     tmp = f"{dst}.tmp.{os.getpid()}"  # two conversions to one output do not share it
     try:
         with open(tmp, "w", encoding="utf-8") as out:

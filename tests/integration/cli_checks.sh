@@ -205,8 +205,8 @@ ready slots, but DFLASH_MAX_DEPTH=4 \(environment\) caps" "$Q" --runtime-dir "$W
 expect queue_dump_ok 0 "^min-ready 5$" "$Q" --runtime-dir "$WORK/run" --min-ready 5 --dump-config
 expect queue_dump_log_level 2 "bad --log-level 'loud': use debug, info, warn or error" "$Q" \
     --runtime-dir "$WORK/run" --log-level loud --dump-config
-DFLASH_LOG_LEVEL=x expect data_dump_log_level 2 "dflash-data: bad --log-level 'x'" \
-    "$BUILD/tools/dflash-data" --dump-config
+DFLASH_LOG_LEVEL=x expect data_dump_log_level 2 \
+    "dflash-data: bad DFLASH_LOG_LEVEL='x' \(environment\)" "$BUILD/tools/dflash-data" --dump-config
 # --insecure-tcp (tcp without CURVE: anyone who reaches the port may steer) serves loopback only
 # (it took any address, its help's "loopback only" was advice)
 expect queue_insecure_any_host 2 "--insecure-tcp serves loopback only .*tcp://0.0.0.0:5599 is not" \

@@ -298,10 +298,18 @@ max-seqs 1" "$WORK/s7.log" && grep -q "nothing was converted or started" "$WORK/
 head -n 3 "$WORK/data.jsonl" > "$WORK/other.jsonl"
 rc=0
 stoprun --data "$WORK/other.jsonl" > "$WORK/s7b.log" 2>&1 || rc=$?
-[ "$rc" = 2 ] && grep -q "this command gives shards $WORK/[^ ]*/other.shard" "$WORK/s7b.log" &&
+[ "$rc" = 2 ] && grep -q "this command gives shards OUT/other.shard" "$WORK/s7b.log" &&
     [ ! -e "$S/other.shard" ] && ! grep -q "converting" "$WORK/s7b.log" ||
     { echo "FAIL: other data under another name on a trained --out: exit $rc (want 2), or it \
 was converted:" >&2; grep "^train: " "$WORK/s7b.log" >&2; exit 1; }
+# the run moved elsewhere keeps its plan (its shard is named from OUT), and resumes
+cp -r "$S" "$WORK/moved"
+rc=0
+stoprun --out "$WORK/moved" --steps 1 > "$WORK/s7c.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] && ! grep -q "was trained with" "$WORK/s7c.log" ||
+    { echo "FAIL: a moved run did not resume (exit $rc):" >&2; grep "^train: " "$WORK/s7c.log" >&2
+      exit 1; }
+rm -rf "$WORK/moved"
 # an --out with a journal and no checkpoint (its first run stopped before one: nothing to
 # resume) takes new data: the journal is moved aside and the run starts afresh (it was refused
 # as "has trained on that shard")

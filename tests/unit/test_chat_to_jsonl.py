@@ -18,6 +18,7 @@ tokenizers are checked on the GPU machine by tests/reference/chat_to_jsonl_hf.py
 import io
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -279,7 +280,22 @@ with tempfile.TemporaryDirectory() as d:
           "output lines are {input_ids, loss_mask}")
     check(tokens == sum(len(o["input_ids"]) for o in out) and
           trained == sum(sum(o["loss_mask"]) for o in out), "counts match the output")
-    check(not os.path.exists(dst + ".tmp"), "no temp file left")
+    check(not [n for n in os.listdir(d) if n.startswith("out.jsonl.tmp")], "no temp file left")
+
+    # a conversion killed outright left its temporary file: the next one removes it (a live
+    # process's is kept)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale, live = f"{dst}.tmp.{gone.pid}", f"{dst}.tmp.{os.getppid()}"
+    for path in (stale, live):
+        with open(path, "w") as f:
+            f.write("part")
+    log = io.StringIO()
+    c2j.run(tok, src, dst, {}, 0, log=log)
+    check(not os.path.exists(stale) and os.path.exists(live) and
+          f"removed {stale}: a partial conversion left by process {gone.pid}" in log.getvalue(),
+          f"a dead conversion's temporary file removed, a live one's kept: {log.getvalue()}")
+    os.unlink(live)
 
     with open(src, "w") as f:
         json.dump([openai, sharegpt], f)

@@ -34,6 +34,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,38 +147,39 @@ static pid_t spawn(const char *path, char *const argv[], const char *logfile)
     return pid;
 }
 
-/* The slot copies a drafter's log says failed (its last "N copies failed" line, written as it
- * exits), or -1 when the log has none. In a run without faults every copy succeeds: a failure
- * is a defect of the copy path the end-to-end rate would only show as a lower figure. */
-static long copies_failed(const char *logfile)
+/* The number next to marker in the last line of logfile that has it: the digits right before it
+ * (before), else right after it; -1 when no line has it or the log cannot be read. */
+static long log_number(const char *logfile, const char *marker, bool before)
 {
     FILE *f = fopen(logfile, "r");
     if (!f) return -1;
     long n = -1;
     char line[2048];
     while (fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, " copies failed");
+        const char *p = strstr(line, marker);
         if (!p) continue;
-        while (p > line && p[-1] >= '0' && p[-1] <= '9') p--;
+        if (before)
+            while (p > line && p[-1] >= '0' && p[-1] <= '9') p--;
+        else
+            p += strlen(marker);
         n = strtol(p, NULL, 10);
     }
     fclose(f);
     return n;
 }
 
-/* The batches a target's log says it wrote in its last "done: N batches" line; -1 none. */
+/* The slot copies a drafter's log says failed (its last "N copies failed" line, written as it
+ * exits), or -1 when the log has none. In a run without faults every copy succeeds: a failure
+ * is a defect of the copy path the end-to-end rate would only show as a lower figure. */
+static long copies_failed(const char *logfile)
+{
+    return log_number(logfile, " copies failed", true);
+}
+
+/* The batches a target's log says it wrote (its last "done: N batches" line); -1 none. */
 static long target_batches(const char *logfile)
 {
-    FILE *f = fopen(logfile, "r");
-    if (!f) return -1;
-    long n = -1;
-    char line[2048];
-    while (fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, "done: ");
-        if (p && strstr(p, " batches,")) n = strtol(p + 6, NULL, 10);
-    }
-    fclose(f);
-    return n;
+    return log_number(logfile, "done: ", false);
 }
 
 /* Committed batches from the broker's ledger into *n, retrying a few times; false (said) if it

@@ -337,9 +337,8 @@ static int load_env(const cfg_table *t, void *cfg)
 }
 
 /* The config file named by the environment: DFLASH_<PROGRAM>_CONFIG, else DFLASH_CONFIG, as for
- * every option (a shell that runs several programs can give each its own file). NULL if neither. */
-/* The config file the environment names: DFLASH_<PROGRAM>_CONFIG, else DFLASH_CONFIG (*shared
- * set: every program's, load_file). */
+ * every option (a shell that runs several programs can give each its own file); *shared when it
+ * is DFLASH_CONFIG's, every program's (load_file). NULL if neither. */
 static const char *config_file_from_env(const cfg_table *t, bool *shared)
 {
     char scope[64], var[160];

@@ -275,11 +275,10 @@ static void test_write_and_read_back(void)
     CHECK_EQ_INT(test_rmtree(dir), 0);
 }
 
-/* With a long flush interval records stay in the writer's buffer (no write(2) per record) until
- * metrics_flush(), which a daemon calls from its timer. */
-static void test_buffered_until_flush(void)
+/* A writer into a new temporary dir (its template filled in) that flushes only when told
+ * (metrics_flush, metrics_sync), without a progress line; NULL after a failed CHECK. */
+static metrics *held_writer(char *dir)
 {
-    char dir[] = "/tmp/dflash-test-metrics-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     metrics_opts o = metrics_opts_default();
     o.dir = dir;
@@ -287,6 +286,15 @@ static void test_buffered_until_flush(void)
     o.flush_interval_s = 1000;
     metrics *m = metrics_new(&o);
     CHECK(m != NULL);
+    return m;
+}
+
+/* With a long flush interval records stay in the writer's buffer (no write(2) per record) until
+ * metrics_flush(), which a daemon calls from its timer. */
+static void test_buffered_until_flush(void)
+{
+    char dir[] = "/tmp/dflash-test-metrics-XXXXXX";
+    metrics *m = held_writer(dir);
     if (!m) return;
     char jsonl[4096];
     snprintf(jsonl, sizeof jsonl, "%s", metrics_jsonl_path(m));
@@ -391,13 +399,7 @@ static void test_progress_figures(void)
 static void test_full_disk_for_a_while(void)
 {
     char dir[] = "/tmp/dflash-test-metrics-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    metrics_opts o = metrics_opts_default();
-    o.dir = dir;
-    o.progress = false;
-    o.flush_interval_s = 1000; /* flushed here only */
-    metrics *m = metrics_new(&o);
-    CHECK(m != NULL);
+    metrics *m = held_writer(dir);
     if (!m) return;
     char jsonl[4096], events[4096];
     snprintf(jsonl, sizeof jsonl, "%s", metrics_jsonl_path(m));

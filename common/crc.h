@@ -10,7 +10,7 @@
  * under pthread_once). crc32c uses the SSE4.2 crc32 instruction when the CPU has it (checked at
  * run time: the build runs on any x86-64 and compiles on other machines), slicing-by-8 tables
  * otherwise; crc32_ieee is always slicing-by-8. Callers: slot.c, journal.c, metrics.c,
- * safetensors.c, tests/unit/test_crc.c, bench/crc.
+ * safetensors.c, shard.c, tests/unit/test_crc.c, bench/crc.
  */
 #ifndef DFLASH_CRC_H
 #define DFLASH_CRC_H

@@ -9,6 +9,7 @@
  */
 #include "shard.h"
 
+#include "crc.h"
 #include "dflash_anchor.h"
 #include "err.h"
 #include "fsutil.h"
@@ -36,7 +37,7 @@ struct shard {
     const unsigned char *base;
     size_t size;
     uint64_t n_seqs, n_tokens, index_off;
-    uint32_t vocab, max_len;
+    uint32_t version, vocab, max_len;
 };
 
 static uint32_t rd32(const unsigned char *p) {
@@ -97,11 +98,13 @@ shard *shard_open(const char *path, char *err, size_t errlen) {
         goto fail;
     }
     uint32_t version = rd32(h + 8), hbytes = rd32(h + 12);
-    if (version != SHARD_VERSION || hbytes != SHARD_HEADER_BYTES) {
-        err_fmt(err, errlen, "%s: unsupported shard version %u (header %u bytes); this build reads %u",
-             path, version, hbytes, SHARD_VERSION);
+    if ((version != 1 && version != SHARD_VERSION) || hbytes != SHARD_HEADER_BYTES) {
+        err_fmt(err, errlen,
+                "%s: unsupported shard version %u (header %u bytes); this build reads 1 to %u",
+                path, version, hbytes, SHARD_VERSION);
         goto fail;
     }
+    s->version = version;
     s->n_seqs = rd64(h + 16);
     s->n_tokens = rd64(h + 24);
     s->index_off = rd64(h + 32);
@@ -240,6 +243,21 @@ typedef struct trainable {
     uint32_t long_min, long_max; /* the shortest and longest of those */
 } trainable;
 
+/* Whether sequence i's record matches the checksum its index entry holds (version 2; a version 1
+ * shard has none: true). DFLASH_ECORRUPT with the reason in err when not. */
+static int check_record(const shard *s, uint64_t i, const shard_seq *q, char *err, size_t errlen) {
+    if (s->version < 2) return 0;
+    uint32_t recorded = rd32(s->base + s->index_off + i * INDEX_ENTRY + 12);
+    uint32_t got = crc32c(0, q->ids, (size_t)q->len * 5); /* ids then mask, back to back */
+    if (got == recorded) return 0;
+    err_fmt(err, errlen,
+            "%s: sequence %llu (%u tokens) does not match the checksum dflash-data recorded "
+            "(CRC-32C %08x, recorded %08x): the file changed after it was written (a disk or "
+            "copy error); make the shard again from its JSONL",
+            s->path, (unsigned long long)i, q->len, got, recorded);
+    return DFLASH_ECORRUPT;
+}
+
 /* shard_verify_tokens, also noting in *t (may be NULL) what the shard holds to train on: in the
  * same pass over the tokens, so a large set is read once. */
 static int verify_tokens(const shard *s, uint32_t vocab, trainable *t, char *err, size_t errlen) {
@@ -264,6 +282,8 @@ static int verify_tokens(const shard *s, uint32_t vocab, trainable *t, char *err
                 if (dflash_anchor_candidate(q.mask, (int)p, (int)q.len)) anchor = true;
             }
         }
+        int rc = check_record(s, i, &q, err, errlen);
+        if (rc) return rc;
         if (!t || !anchor) continue;
         if (!t->max_len || q.len <= t->max_len) {
             t->anchored++;
@@ -359,13 +379,16 @@ int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, u
         w->cap = nc;
     }
     unsigned char buf[4096];
+    uint32_t crc = 0; /* the record's checksum, over the bytes as written */
     errno = 0;
     for (uint32_t i = 0; i < len;) { /* ids, little-endian */
         uint32_t k = 0;
         for (; i < len && k + 4 <= sizeof buf; i++, k += 4)
             wr32(buf + k, (uint32_t)ids[i]);
+        crc = crc32c(crc, buf, k);
         if (fwrite(buf, 1, k, w->fp) != k) goto io;
     }
+    crc = crc32c(crc, mask, len);
     if (fwrite(mask, 1, len, w->fp) != len) goto io;
     uint64_t pad = record_bytes(len) - (uint64_t)len * 5;
     static const unsigned char zero[4];
@@ -373,7 +396,7 @@ int shard_writer_add(shard_writer *w, const int32_t *ids, const uint8_t *mask, u
     unsigned char *e = w->index + w->n * INDEX_ENTRY;
     wr64(e, w->offset);
     wr32(e + 8, len);
-    wr32(e + 12, 0);
+    wr32(e + 12, crc);
     w->n++;
     w->offset += record_bytes(len);
     w->n_tokens += len;

@@ -7,10 +7,13 @@
  *   records, one per sequence, back to back from byte 64: int32 ids[len], uint8 mask[len],
  *     zero padding to a multiple of 4 bytes
  *   index at the index offset (8-aligned), the last thing in the file: n_seqs entries of
- *     {u64 record offset, u32 len, u32 reserved}
+ *     {u64 record offset, u32 len, u32 checksum}: the checksum is the CRC-32C of the record's
+ *     5 * len bytes of ids and mask (version 2; version 1, still read, left it 0, unchecked)
  * Invariants checked at open: magic, version, file size == index offset + 16 * n_seqs, records
  * in order, contiguous, inside [64, index offset), len > 0, the sum of lengths == n_tokens,
- * the longest == the header's. Token ids against a vocabulary: shard_verify_tokens (O(tokens));
+ * the longest == the header's. Token ids against a vocabulary and the records against their
+ * checksums: shard_verify_tokens (O(tokens); a bit flipped on disk after the writer, an id
+ * still inside the vocabulary, would otherwise train silently);
  * the recorded vocabulary against a model's: shard_check_vocab (another tokenizer's data fits a
  * model's ids as often as not).
  *
@@ -27,7 +30,7 @@
 #include <stdint.h>
 
 #define SHARD_MAGIC "DFSHARD"
-#define SHARD_VERSION 1u
+#define SHARD_VERSION 2u /* written; 1 is read too */
 #define SHARD_HEADER_BYTES 64u
 
 typedef struct shard shard;
@@ -54,8 +57,10 @@ const char *shard_path(const shard *s);
 uint32_t shard_len(const shard *s, uint64_t i);
 /* Sequence i. 0 or DFLASH_ERANGE. */
 int shard_get(const shard *s, uint64_t i, shard_seq *out);
-/* Checks every id is in [0, vocab) and every mask byte is 0 or 1. 0 or DFLASH_ERANGE with
- * "PATH: sequence N position P: token id X outside the vocabulary of V" in err. */
+/* Checks every id is in [0, vocab) and every mask byte is 0 or 1 (DFLASH_ERANGE with "PATH:
+ * sequence N position P: token id X outside the vocabulary of V" in err), then each record
+ * against its checksum (version 2: DFLASH_ECORRUPT with "PATH: sequence N ... checksum" in err).
+ * 0 when all hold. */
 int shard_verify_tokens(const shard *s, uint32_t vocab, char *err, size_t errlen);
 
 /* Whether the vocabulary s records (when not 0) is that of a model with model_vocab tokens: the

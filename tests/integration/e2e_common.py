@@ -38,8 +38,9 @@ class Build:
 def write_shard(path, seqs, vocab=0):
     """Writes seqs, a list of (ids, loss_mask) pairs, as a shard in docs/formats.md's layout: a
     64-byte header, records (int32 ids, uint8 mask, zero padding to 4 bytes), the 8-aligned index
-    of {u64 offset, u32 len, u32 0} last. For data that dflash-data refuses to write (no anchor,
-    no trainable token); the target's reader checks every invariant of it at open."""
+    of {u64 offset, u32 len, u32 0} last: version 1, without the records' checksums, which the
+    reader still reads. For data that dflash-data refuses to write (no anchor, no trainable
+    token); the target's reader checks every invariant of it at open."""
     records, index = bytearray(), []
     for ids, mask in seqs:
         index.append((64 + len(records), len(ids)))

@@ -21,7 +21,10 @@ A tiny random Qwen3 target, then:
      and the drafter's end said "no step trained" (exit 8);
   6. the same shard with a last bucket that holds them (--buckets 32,64) passes the check (no
      broker: exit 1);
-  7. the shard of case 3 trained for real (broker, target, drafter), one sequence a batch, the
+  7. a shard dflash-data wrote passes; with one id changed afterwards (a bit
+     flipped on disk, the id still inside the vocabulary) the target exits 2 before loading the
+     weights, its ERROR naming the shard and the sequence that fails its checksum;
+  8. the shard of case 3 trained for real (broker, target, drafter), one sequence a batch, the
      drafter stopping after its first batch (--max-batches 1), which is not the one sequence
      with an anchor: the drafter trains no step and exits 8, saying the batches it got had no
      weighted position, that the data's loss masks leave nothing to train on unless
@@ -29,6 +32,7 @@ A tiny random Qwen3 target, then:
      check refuses a set with no anchor at all).
 Usage: e2e_nodata.py BUILD_DIR SOURCE_ROOT [--keep]. Exit 0 pass, 1 fail.
 """
+import json
 import os
 import subprocess
 import sys
@@ -111,7 +115,29 @@ def main():
         expect(failures, "the target on the same shard with --buckets 32,64", rc, text, 1,
                [r"effective configuration"], [r"no anchor", r"no trainable token"])
 
-        # 7. a drafter whose only batch has no anchor: no step trained, exit 8
+        # 7. a shard dflash-data made, one of its ids changed afterwards (a bit flipped on disk,
+        #    still inside the vocabulary): its checksum refuses it before the weights load
+        with open(env.path("flip.jsonl"), "w") as f:
+            for _ in range(4):
+                f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 10 + [1] * 10}) + "\n")
+        run([build.data, "--in", env.path("flip.jsonl"), "--out", env.path("flip.shard"),
+             "--model", tgt], env.path("tools.log"))
+        rc, text = exits([*target, "t-intact", "--shards", env.path("flip.shard")],
+                         env.path("target-intact.log"))
+        expect(failures, "the target on the shard as dflash-data wrote it", rc, text, 1,
+               [r"effective configuration"], [r"checksum"])
+        with open(env.path("flip.shard"), "r+b") as f:
+            f.seek(64 + 2 * 100)  # sequence 2's first id (records of 20 tokens: 100 bytes)
+            first = f.read(1)[0]
+            f.seek(64 + 2 * 100)
+            f.write(bytes([first ^ 1]))
+        rc, text = exits([*target, "t-flip", "--shards", env.path("flip.shard")],
+                         env.path("target-flip.log"))
+        expect(failures, "the target on the shard with one id changed", rc, text, 2,
+               [r"dflash-target ERROR .*flip\.shard: sequence 2 \(20 tokens\) does not match "
+                r"the checksum dflash-data recorded"], [r"effective configuration"])
+
+        # 8. a drafter whose only batch has no anchor: no step trained, exit 8
         one_a_batch = list(target)
         one_a_batch[one_a_batch.index("--max-seqs") + 1] = "1"
         one_a_batch[one_a_batch.index("--broker-wait-ms") + 1] = "10000"

@@ -1,6 +1,7 @@
 /* test_shard: sequences written to a shard read back exactly (alone and as a multi-shard set);
  * the writer refuses bad sequences; truncated, corrupted or inconsistent shards are refused at
- * open with a message naming the file and the problem; out-of-vocabulary ids are found; a shard
+ * open with a message naming the file and the problem; out-of-vocabulary ids are found, and a
+ * record changed after the writer by its checksum (version 1 shards, without one, still read); a shard
  * made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
  * identity tells other data of the same shape from the same data; a set whose every loss_mask
  * byte is 0, or whose loss tokens never come two in a row (no anchor), or whose anchors all lie
@@ -153,10 +154,11 @@ static void test_corrupt(void) {
     test_spill(path, raw, len);
     expect_bad(path, "bad magic");
     raw[0] ^= 1;
-    raw[8] = 2; /* version */
+    CHECK_EQ_INT(raw[8], 2); /* the version written */
+    raw[8] = 3;
     test_spill(path, raw, len);
-    expect_bad(path, "unsupported shard version 2");
-    raw[8] = 1;
+    expect_bad(path, "unsupported shard version 3");
+    raw[8] = 2;
     raw[24] ^= 1; /* n_tokens */
     test_spill(path, raw, len);
     expect_bad(path, "header disagrees");
@@ -199,6 +201,53 @@ static void test_corrupt(void) {
     shard_close(&s);
     free(raw);
     expect_bad("/nonexistent/x.shard", "cannot open");
+}
+
+/* A record whose bytes changed after the writer, its ids still inside the vocabulary and its
+ * mask bytes 0/1, fails verification by its checksum, naming the sequence; the same file as
+ * version 1 (no checksums, zeros in their place) still opens and verifies, as such shards did. */
+static void test_checksum(void) {
+    char good[300], path[300], err[512];
+    path_of(good, sizeof good, "a.shard");
+    path_of(path, sizeof path, "flipped.shard");
+    size_t len;
+    char *raw = test_slurp(good, &len);
+    uint64_t index_off = 0;
+    for (int i = 7; i >= 0; i--)
+        index_off = (index_off << 8) | (unsigned char)raw[32 + i];
+    const size_t rec1 = 64 + 28, rec2 = rec1 + 16; /* records of 5 and 3 tokens, padded to 4 */
+    struct { size_t at; unsigned char xor; const char *seq; } flips[] = {
+        {64 + 4 * 2, 0x01, "sequence 0 "},  /* id 3 -> 2 */
+        {rec1 + 4 * 1, 0x04, "sequence 1 "}, /* id 0 -> 4 */
+        {rec2 + 4 * 7 + 6, 0x01, "sequence 2 "}, /* the last mask byte 1 -> 0 */
+    };
+    for (size_t f = 0; f < sizeof flips / sizeof flips[0]; f++) {
+        raw[flips[f].at] ^= flips[f].xor;
+        test_spill(path, raw, len);
+        shard *s = shard_open(path, err, sizeof err);
+        CHECK(s != NULL);
+        CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), DFLASH_ECORRUPT);
+        CHECK(strstr(err, path) && strstr(err, flips[f].seq) && strstr(err, "checksum"));
+        shard_close(&s);
+        raw[flips[f].at] ^= flips[f].xor;
+    }
+    test_spill(path, raw, len);
+    shard *s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL);
+    CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), 0); /* restored */
+    shard_close(&s);
+
+    /* version 1: zero checksums, unchecked; a changed id is not seen (the format had none) */
+    raw[8] = 1;
+    for (uint64_t e = index_off; e < len; e += 16)
+        memset(raw + e + 12, 0, 4);
+    raw[64 + 4 * 2] ^= 1;
+    test_spill(path, raw, len);
+    s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL);
+    CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), 0);
+    shard_close(&s);
+    free(raw);
 }
 
 static void test_set(void) {
@@ -481,6 +530,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     test_round_trip();
     test_corrupt();
+    test_checksum();
     test_set();
     test_vocab();
     test_identity();

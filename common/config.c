@@ -2,6 +2,7 @@
  * few dozen options at most). Parsing is strict: trailing garbage, out-of-range numbers and
  * unknown names are errors with a message naming the option and where the value came from. */
 #include "config.h"
+#include "config_keys.h"
 #include "err.h"
 #include "log.h"
 
@@ -165,7 +166,8 @@ int config_get(const cfg_table *t, const void *cfg, const char *name, char *out,
 /* Loads config file path. shared: it came from DFLASH_CONFIG, which every program reads, so a
  * key that names none of this program's options is another program's: skipped (as a plain
  * DFLASH_* variable is), not refused as in a file of its own (--config, DFLASH_<PROGRAM>_CONFIG:
- * a shared file made every program that lacked one of its keys refuse to start). */
+ * a shared file made every program that lacked one of its keys refuse to start); one that no
+ * program has (config_keys) is warned about, by each program that reads the file. */
 static int load_file(const cfg_table *t, void *cfg, const char *path, bool shared)
 {
     FILE *f = fopen(path, "r");
@@ -202,7 +204,13 @@ static int load_file(const cfg_table *t, void *cfg, const char *path, bool share
         char *end = val + strlen(val);
         while (end > val && isspace((unsigned char)end[-1])) *--end = 0;
         const cfg_option *o = config_find(t, key);
-        if (!o && shared) continue;
+        if (!o && shared) { /* another program's key, or one no program has: a misspelling */
+            if (!config_key_of_any_program(key))
+                fprintf(stderr, "%s: warning: %s:%d (DFLASH_CONFIG): '%s' is an option of no "
+                        "dflash program (a misspelling? see each program's --help): ignored\n",
+                        t->program, path, lineno, key);
+            continue;
+        }
         if (o && key_line[o - t->options]) { /* min-ready and min_ready are one key */
             char first[256];
             config_get(t, cfg, o->name, first, sizeof first);

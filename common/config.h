@@ -16,7 +16,9 @@
  * on stderr, naming both values, and the last one counts (a script may append an override). A
  * DFLASH_<PROGRAM>_* variable that names no option of the program warns (a misspelling: it can
  * only have been meant for this program; the project's own DFLASH_<TOOL>_BIN and deploy's
- * DFLASH_TARGET_GPU, DFLASH_DRAFTER_GPU, DFLASH_DATA_DIR excepted). Blanks around a number or BOOL value are ignored
+ * DFLASH_TARGET_GPU, DFLASH_DRAFTER_GPU, DFLASH_DATA_DIR excepted). DFLASH_CONFIG's file is
+ * every program's: a key of another program's there is skipped, one of no program's warned about
+ * (config_keys.h) and skipped. Blanks around a number or BOOL value are ignored
  * wherever it comes from (flag, variable, file, dflash-ctl set), as a config file's line is.
  * config_load records where each value came from (the table's `sources`), so that a refusal
  * names what the user actually set: an inherited DFLASH_HIDDEN is no "--hidden" (config_source).

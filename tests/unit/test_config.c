@@ -313,6 +313,15 @@ int main(void)
     char said[512], out[64];
     CHECK(load_caught(&demo, &c, argv0, said, sizeof said, out, sizeof out) < 0);
     CHECK(strstr(said, ":1 (DFLASH_CONFIG): ") != NULL);
+    /* a key no program has (a misspelling) is warned about, naming its line, and skipped;
+     * another program's (max-depth: dflash-queue's, not demo's) is skipped without a word */
+    const char *typo = "max-depth 7\nmin_redy 24\nmin-ready 25\n";
+    test_spill(shared, typo, strlen(typo));
+    CHECK_EQ_INT(load_caught(&demo, &c, argv0, said, sizeof said, out, sizeof out), 0);
+    CHECK_EQ_INT(c.min_ready, 25);
+    CHECK(strstr(said, ":2 (DFLASH_CONFIG): 'min_redy' is an option of no dflash program") != NULL);
+    CHECK(strstr(said, "max-depth") == NULL);
+    if (!strstr(said, "'min_redy'")) fprintf(stderr, "  said: %s\n", said);
     unsetenv("DFLASH_CONFIG");
     unlink(ours);
     unlink(shared);

@@ -1,8 +1,8 @@
 /* test_shard: sequences written to a shard read back exactly (alone and as a multi-shard set);
  * the writer refuses bad sequences; truncated, corrupted or inconsistent shards are refused at
  * open with a message naming the file and the problem; out-of-vocabulary ids are found, and a
- * record changed after the writer by its checksum (version 1 shards, without one, still read); a shard
- * made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
+ * record changed after the writer by its checksum (version 1 shards, without one, still read);
+ * a shard made for another tokenizer's vocabulary is told from one of the same tokenizer; a shard's
  * identity tells other data of the same shape from the same data; a set whose every loss_mask
  * byte is 0, or whose loss tokens never come two in a row (no anchor), or whose anchors all lie
  * in sequences longer than the last bucket, is refused as nothing to train on, each named; a

@@ -10,8 +10,9 @@
  *   - --max-new far past max_position_embeddings (1e6) sizes its buffers for the model's
  *     positions, not for 1e6 tokens a sequence (gigabytes; the product overflowed an int): it
  *     runs within 2 GB of address space and each sequence stops at max_position_embeddings;
- *   - --out that is a directory, or in a directory that does not exist, is refused (exit 2)
- *     before the model loads; a --prompts that is a directory is reported as unreadable (not as
+ *   - --out that is a directory, in a directory that does not exist, or an existing file that
+ *     is no earlier output (the model's config.json) is refused (exit 2) before the model loads
+ *     (an earlier output is replaced); a --prompts that is a directory is reported as unreadable (not as
  *     "no usable prompts"); a write that fails (a file size limit) names the file and reason;
  *   - a stop (SIGTERM) while generating exits 1 and leaves neither output nor temporary file.
  * The tiny checkpoint is written here with the safetensors writer and hf_config_write (the same
@@ -22,6 +23,7 @@
 #include "err.h"
 #include "hf_config.h"
 #include "safetensors.h"
+#include "test_files.h"
 #include "test_stop.h"
 
 #include <cjson/cJSON.h>
@@ -332,6 +334,21 @@ int main(int argc, char **argv)
     snprintf(args, sizeof args, "--model '%s' --out '%s/none/x.jsonl' --n 2", model, dir);
     CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2);
     CHECK(log_has(out_log, "cannot write into") && log_has(out_log, "No such file"));
+    /* an existing file that is no earlier output (a mistyped --out naming the model's
+     * config.json) is kept, exit 2; an earlier output (huge.jsonl, above) is replaced */
+    char cfg_path[PATH_MAX + 16];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
+    size_t cfg_len = 0;
+    char *cfg_before = test_slurp(cfg_path, &cfg_len);
+    snprintf(args, sizeof args, "--model '%s' --out '%s' --n 2", model, cfg_path);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2);
+    CHECK(log_has(out_log, "exists and is not an earlier dflash-gen output"));
+    size_t cfg_after_len = 0;
+    char *cfg_after = test_slurp(cfg_path, &cfg_after_len);
+    CHECK(cfg_after && cfg_after_len == cfg_len && memcmp(cfg_before, cfg_after, cfg_len) == 0);
+    free(cfg_before), free(cfg_after);
+    snprintf(args, sizeof args, "--model '%s' --out '%s' --n 2", model, huge);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 0);
     /* a --prompts that cannot be read is said so, not "no usable prompts" */
     snprintf(args, sizeof args, "--model '%s' --out '%s' --prompts '%s' --n 0", model, c, dir);
     CHECK_EQ_INT(run_gen_limited(":", args, out_log), 1);

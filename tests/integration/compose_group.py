@@ -27,7 +27,8 @@ metrics volumes, the runtime dir) point into a temp dir, one directory per volum
   5. refused before any rank starts (exit 2): a newer checkpoint in no rank's directory (rank-5
      of a longer DFLASH_DRAFTER_GPUS), DFLASH_COMM=nccl with a GPU repeated, no
      DFLASH_DRAFTER_GPUS; one GPU for the checkpoint's step of 2 slots (2 ranks x 1) starts its
-     rank with --accumulate 2 (the step kept); --help prints the header.
+     rank with --accumulate 2 (the step kept) and the DFLASH_COMM given as --comm; --help
+     prints the header.
 
 Usage: compose_group.py BUILD_DIR [--keep]. Exit 0 pass, 1 fail, 77 skipped (neither
 docker-compose nor PyYAML to read the compose files).
@@ -404,15 +405,20 @@ def body(build, env, resolve, failures):
         os.rename(r1, r0)
         os.rename(r0 + ".swap", r1)
         path = os.path.join(r0, os.path.basename(path))
-    solo = subprocess.Popen([LAUNCHER], env=dict(group.env, DFLASH_DRAFTER_GPUS="0"),
+    # (with DFLASH_COMM given: on distinct GPUs the launcher passes it on as --comm; it was
+    # dropped, and the ranks ran auto)
+    solo = subprocess.Popen([LAUNCHER], env=dict(group.env, DFLASH_DRAFTER_GPUS="0",
+                                                 DFLASH_COMM="shm"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started = wait_until(lambda: [a for a in ranks_running().values()
-                                      if "--accumulate 2" in " ".join(a)], 30)
+                                  if "--accumulate 2" in " ".join(a)
+                                  and "--comm shm" in " ".join(a)], 30)
     solo.send_signal(signal.SIGTERM)
     out, err = solo.communicate(timeout=60)
     if not started or not re.search(rf"resuming {re.escape(path)}: 2 slots a step by its one rank, "
                                     r"from its checkpoint$", err, re.M):
-        failures.append(f"1 rank on a step of 2 slots: started with --accumulate 2: {bool(started)}"
+        failures.append(f"1 rank on a step of 2 slots: started with --accumulate 2 and the "
+                        f"given --comm shm: {bool(started)}"
                         f"; the launcher said:\n{err}{out[-1000:]}")
     say("a step of 2 slots resumed by 1 rank: --accumulate 2")
     r = subprocess.run([LAUNCHER, "--help"], capture_output=True, text=True, timeout=30)

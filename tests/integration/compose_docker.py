@@ -16,7 +16,10 @@ container and in one drafter's (from the host, as a crash), and checks:
   * the epoch completes: every batch committed, none to do, in flight or quarantined, and no
     drafter reports a failed verification,
   * two drafters with distinct names and the target as target-<container hostname>,
-  * the broker's healthcheck is healthy, and `stop` ends every container with exit 0.
+  * the broker's healthcheck is healthy;
+  * the namespace holder stopped alone (`docker stop`, as a host shutdown or `compose restart`
+    stops it beside the others) passes the stop on: target and drafters exit 0, not 137;
+  * `stop` ends every container with exit 0.
 
 Usage: compose_docker.py [--image dflash:cpu-test] [--base-image IMAGE [--libuv-package P]]
        [--batches-per-bucket N] [--keep]
@@ -110,6 +113,17 @@ def main():
         health = dl.inspect(p.container("queue"), "{{.State.Health.Status}}")
         if health != "healthy":
             failures.append(f"the broker's healthcheck is {health!r}")
+        # the namespace holder stopped first, as a host shutdown or `compose restart` may (docker
+        # stops them all at once): its exit SIGKILLs every process of its PID namespace, so it
+        # passes the stop on and waits; target and drafters end as their own stop ends them
+        # (exit 0; 137 was the holder's SIGKILL)
+        dl.run("docker", "stop", "-t", "60", p.container("namespaces"), timeout=120)
+        for svc, n in (("target", 1), ("drafter", 1), ("drafter", 2)):
+            cid = p.container(svc, n)
+            code = dl.inspect(cid, "{{.State.ExitCode}}") if cid else "missing"
+            if code != "0":
+                failures.append(f"{svc} {n} ended with exit {code} when the namespace holder "
+                                f"alone was stopped (137: SIGKILLed with it)")
         p("stop", "-t", "30", timeout=180)
         for svc, n in (("queue", 1), ("target", 1), ("drafter", 1), ("drafter", 2),
                        ("namespaces", 1)):

@@ -31,6 +31,8 @@ rate, and the GPU reservations removed (the cpu backend needs none).
      `restart: on-failure`, and the group resumes exactly from the newest checkpoint of either
      directory (as in 1), comes back in sync and checkpoints past it; `stop`: exit 0 of every
      container, both ranks end in one final state, the newest checkpoint in the volume.
+Before both, the image's dflash-data (deploy/README.md's recipe for a host without a build)
+makes the same shard, byte for byte, as the build's.
 Waits are for log lines and container states, with deadlines; one that sees the drafter's
 container restart unexpectedly (a refused configuration, exit 2) fails at once.
 
@@ -320,6 +322,22 @@ def main():
         say(f"FAIL: the tiny target and its shard: {e}")
         env.cleanup(True)
         return 1
+    # the image's own dflash-data (deploy/README.md's recipe for a host without a build) makes
+    # the shard the build's made, byte for byte
+    image_shard = env.path("vol", "data", "image.shard")
+    r = dl.run("docker", "run", "--rm", "-u", f"{os.getuid()}:{os.getgid()}", "-v",
+               f"{env.path('vol')}:/work", "-v", f"{env.tmp}:/in:ro", a.image, "dflash-data",
+               "--in", "/in/train.jsonl", "--out", "/work/data/image.shard", "--model",
+               "/work/models/target", "--buckets", "64", "--max-len", "64", timeout=300)
+    same = r.returncode == 0 and os.path.exists(image_shard) and \
+        open(image_shard, "rb").read() == open(env.path("vol", "data", "train.shard"), "rb").read()
+    if not same:
+        failures.append(f"the image's dflash-data (exit {r.returncode}) did not make the build's "
+                        f"shard:\n{r.stderr[-1500:]}")
+    else:
+        say("the image's dflash-data makes the build's shard")
+    if os.path.exists(image_shard):
+        os.unlink(image_shard)
     tmp = tempfile.mkdtemp(prefix="dflash-compose-train-", dir=env.tmp)
     # a checkpoint every 10 steps, the last 1000 kept: the one resumed from is still in the volume
     # when it is listed (a step takes milliseconds here: keeping 4 of every 2nd step, it was

@@ -41,7 +41,10 @@ Stopping: the broker's graceful stop (DFLASH_STOP_GRACE_MS, set next to its stop
 ends at least a second before its service's stop_grace_period (docker's 10 s when unset) sends
 SIGKILL, else a stop cut short by it journals nothing of the stop (a drain it should end stays);
 the drafters' stop_grace_period is at least the broker's (they stop with it, and write their
-final checkpoint after the acks it waits for).
+final checkpoint after the acks it waits for). The namespace holder, whose exit SIGKILLs every
+target and drafter and which docker stops with them in no order (a host shutdown, `compose
+restart`, a recreated image), passes a stop on to the namespace's processes and waits for them
+(kill -TERM -1, kill -0 -1), and its stop_grace_period is above each of theirs.
 
 Steering: the defaults and every `dflash-ctl set min_ready=M max_depth=D` in deploy/README.md
 keep min_ready <= max_depth <= the target's DFLASH_SLOTS (min_ready above the slots stalls).
@@ -307,6 +310,20 @@ def check_stop_grace(cfg):
         if duration_ms(svc.get("stop_grace_period"), 10000) < period:
             errs.append(f"{name}: stop_grace_period shorter than the broker's ({period} ms): "
                         f"its final checkpoint comes after the acks the broker waits for")
+    gpu_side = by_daemon(cfg, "dflash-target") + by_daemon(cfg, "dflash-drafter")
+    holder = joined(gpu_side[0][1], "pid") if gpu_side else None
+    if holder in cfg["services"] and holder not in daemon_services(cfg):
+        h = cfg["services"][holder]
+        text = " ".join(map(str, h.get("command") or []))
+        if "kill -TERM -1" not in text or "kill -0 -1" not in text:
+            errs.append(f"{holder}: the PID namespace holder exits on a stop without passing it "
+                        f"on (kill -TERM -1) and waiting for the namespace's processes (kill -0 "
+                        f"-1): its exit SIGKILLs every target and drafter, mid-checkpoint")
+        hp = duration_ms(h.get("stop_grace_period"), 10000)
+        for name, svc in gpu_side:
+            if duration_ms(svc.get("stop_grace_period"), 10000) >= hp:
+                errs.append(f"{holder}: stop_grace_period ({hp} ms) not above {name}'s: the "
+                            f"holder's SIGKILL ends {name} before its own stop does")
     return errs
 
 
@@ -376,6 +393,17 @@ def main():
         s["stop_grace_period"] = "5s"
     rc |= expect("refused: drafters stopped sooner than the broker", check_stop_grace(broken),
                  "shorter than the broker's")
+    holder = joined(by_daemon(cfg, "dflash-target")[0][1], "pid")
+    broken = copy.deepcopy(cfg)
+    broken["services"][holder]["command"] = ["sh", "-c",
+                                             "trap 'exit 0' TERM INT; sleep infinity & wait"]
+    rc |= expect("refused: a holder that exits at once on a stop", check_stop_grace(broken),
+                 "without passing it on")
+    broken = copy.deepcopy(cfg)
+    for n, s in by_daemon(broken, "dflash-drafter"):
+        s["stop_grace_period"] = "20m"
+    rc |= expect("refused: drafters stopping longer than the holder", check_stop_grace(broken),
+                 "not above")
     broken = copy.deepcopy(cfg)
     del broken["services"][qname]["environment"]["DFLASH_STOP_GRACE_MS"]
     rc |= expect("refused: the broker's stop grace unsaid", check_stop_grace(broken),

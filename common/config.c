@@ -15,17 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Names compare with '-' and '_' treated alike, case-insensitively, so DFLASH_MIN_READY,
- * min_ready and min-ready all find "min-ready". */
-static bool name_eq(const char *a, const char *b)
+int config_name_cmp(const char *a, const char *b)
 {
     for (;; a++, b++) {
-        char ca = *a == '_' ? '-' : (char)tolower((unsigned char)*a);
-        char cb = *b == '_' ? '-' : (char)tolower((unsigned char)*b);
-        if (ca != cb) return false;
-        if (!ca) return true;
+        unsigned char ca = *a == '_' ? '-' : (unsigned char)tolower((unsigned char)*a);
+        unsigned char cb = *b == '_' ? '-' : (unsigned char)tolower((unsigned char)*b);
+        if (ca != cb) return ca - cb;
+        if (!ca) return 0;
     }
 }
+
+static bool name_eq(const char *a, const char *b) { return config_name_cmp(a, b) == 0; }
 
 const cfg_option *config_find(const cfg_table *t, const char *name)
 {

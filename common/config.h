@@ -110,6 +110,9 @@ int config_set(const cfg_table *t, void *cfg, const char *name, const char *valu
 int config_get(const cfg_table *t, const void *cfg, const char *name, char *out, size_t len);
 
 const cfg_option *config_find(const cfg_table *t, const char *name);
+/* Orders two option names as flags spell them: '-' and '_' alike, case-insensitively (so
+ * DFLASH_MIN_READY, min_ready and min-ready are one name); 0 when they are one. */
+int config_name_cmp(const char *a, const char *b);
 
 /* True when the last config_load set option name from the config file, the environment or a
  * flag, even to its default value; false when it kept the default, and for a table without

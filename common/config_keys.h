@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Whether some dflash program has an option of this name ('_' matches '-'). */
+/* Whether some dflash program has an option of this name (compared as config_name_cmp does). */
 bool config_key_of_any_program(const char *name);
 /* The sorted list itself (for the test): its length, *keys set to it. */
 size_t config_every_key(const char *const **keys);

@@ -1,10 +1,11 @@
 /* test_config_keys: common/config_keys.c's list of every program's option names is the union of
  * the options the programs have, as each one's --help lists them (dflash-queue, -target,
- * -drafter and its eval, -ctl, -data, -gen, -mkmodel, found beside this test's build folder):
+ * -drafter and its eval, -ctl, -data, -gen, -mkmodel, and bench-pipeline and bench-mix, which
+ * read config files too; found beside this test's build folder):
  * a name a program has that the list lacks would be warned about as a misspelling in a shared
  * DFLASH_CONFIG file, and a name the list keeps that no program has would hide one. The list is
- * sorted without repeats (config_key_of_any_program searches it by halves), and '_' in a key
- * reads as '-'. */
+ * sorted without repeats (config_key_of_any_program searches it by halves), and a key is read
+ * as config_find reads it ('_' as '-', any case). */
 #include "check.h"
 #include "config_keys.h"
 
@@ -66,7 +67,8 @@ int main(int argc, char **argv)
     static const char *const progs[] = {
         "services/queue/dflash-queue", "services/target/dflash-target",
         "services/drafter/dflash-drafter", "services/drafter/dflash-drafter eval",
-        "tools/dflash-ctl", "tools/dflash-data", "tools/dflash-gen", "tools/dflash-mkmodel"};
+        "tools/dflash-ctl", "tools/dflash-data", "tools/dflash-gen", "tools/dflash-mkmodel",
+        "bench/bench-pipeline", "bench/bench-mix"};
     for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
         int got = read_help(build, progs[i]);
         CHECK(got > 0);
@@ -86,6 +88,7 @@ int main(int argc, char **argv)
     }
     CHECK_EQ_INT((long)nk, n_seen);
     CHECK(config_key_of_any_program("min_ready") && config_key_of_any_program("min-ready"));
+    CHECK(config_key_of_any_program("MAX_DEPTH") && config_key_of_any_program("Min-Ready"));
     CHECK(!config_key_of_any_program("min_redy") && !config_key_of_any_program(""));
     CHECK(config_key_of_any_program(keys[0]) && config_key_of_any_program(keys[nk - 1]));
     printf("%zu option names, every program's and no other\n", nk);

@@ -10,9 +10,9 @@
  *   - --max-new far past max_position_embeddings (1e6) sizes its buffers for the model's
  *     positions, not for 1e6 tokens a sequence (gigabytes; the product overflowed an int): it
  *     runs within 2 GB of address space and each sequence stops at max_position_embeddings;
- *   - --out that is a directory, in a directory that does not exist, or an existing file that
- *     is no earlier output (the model's config.json) is refused (exit 2) before the model loads
- *     (an earlier output is replaced); a --prompts that is a directory is reported as unreadable (not as
+ *   - --out that is a directory, in a directory that does not exist, the --prompts file, or an
+ *     existing file that is no earlier output (the model's config.json, a FIFO) is refused
+ *     (exit 2) before the model loads (an earlier output is replaced); a --prompts that is a directory is reported as unreadable (not as
  *     "no usable prompts"); a write that fails (a file size limit) names the file and reason;
  *   - a stop (SIGTERM) while generating exits 1 and leaves neither output nor temporary file.
  * The tiny checkpoint is written here with the safetensors writer and hf_config_write (the same
@@ -349,6 +349,18 @@ int main(int argc, char **argv)
     free(cfg_before), free(cfg_after);
     snprintf(args, sizeof args, "--model '%s' --out '%s' --n 2", model, huge);
     CHECK_EQ_INT(run_gen_limited(":", args, out_log), 0);
+    /* the --prompts file itself (an earlier output read as prompts: it looks like one), and a
+     * FIFO (opened to look at it, it hung the run before the model loaded): kept, exit 2 */
+    snprintf(args, sizeof args, "--model '%s' --prompts '%s' --out '%s' --n 0", model, huge, huge);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2);
+    CHECK(log_has(out_log, "is the --prompts file"));
+    char fifo[PATH_MAX + 16];
+    snprintf(fifo, sizeof fifo, "%s/fifo.jsonl", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    snprintf(args, sizeof args, "--model '%s' --out '%s' --n 2", model, fifo);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2); /* it hung: ctest times it out */
+    CHECK(log_has(out_log, "exists and is not an earlier dflash-gen output"));
+    unlink(fifo);
     /* a --prompts that cannot be read is said so, not "no usable prompts" */
     snprintf(args, sizeof args, "--model '%s' --out '%s' --prompts '%s' --n 0", model, c, dir);
     CHECK_EQ_INT(run_gen_limited(":", args, out_log), 1);

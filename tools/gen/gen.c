@@ -13,8 +13,9 @@
  * several (kept), unless --no-stop-at-eos.
  * Output: one line per sample, {"input_ids":[prompt..., generated...],"loss_mask":[0..., 1...]}
  * (loss on generated tokens only), which dflash-data turns into shards. --out is checked before
- * the model loads (not a directory, in a writable directory, not an existing file other than an
- * earlier output of dflash-gen, which it replaces); the file is written under a
+ * the model loads (not a directory, in a writable directory, not the --prompts file, not an
+ * existing file other than an earlier output of dflash-gen, which it replaces); the file is
+ * written under a
  * temporary name, fsynced, renamed when complete and its directory fsynced.
  *
  * Determinism: the same model, options and seed give the same file. Greedy output does not
@@ -348,35 +349,44 @@ static int gen_run(gen_ctx *g)
     return rc;
 }
 
-/* Whether the existing file out may be replaced: empty, or an earlier output of ours (its first
- * line starts as write_sample's do). Anything else (a mistyped --out naming a model's file or
- * the prompts) is kept: the rename would have replaced it without a word. */
-static bool replaceable(const char *out)
+/* Whether the existing file out may be replaced: a regular file we can read that is empty, or an
+ * earlier output of ours (its first line starts as write_sample's do). Anything else (a mistyped
+ * --out naming a model's file, a FIFO, a file we may not read) is kept: the rename would have
+ * replaced it without a word. */
+static bool replaceable(const char *out, const struct stat *st)
 {
     static const char ours[] = "{\"input_ids\":[";
     char head[sizeof ours - 1];
+    if (!S_ISREG(st->st_mode)) return false;
     FILE *f = fopen(out, "rb");
-    if (!f) return true; /* unreadable: the rename's own error, if any, says it */
+    if (!f) return false;
     size_t n = fread(head, 1, sizeof head, f);
     fclose(f);
     return n == 0 || (n == sizeof head && memcmp(head, ours, sizeof head) == 0);
 }
 
 /* --out before the model loads and the generation runs (it was found out at the end): not a
- * directory, no other file than an earlier output (replaceable), and in a directory that exists
- * and that we may write (the temporary file and the rename go there). 0 or DFLASH_ECONFIG after
- * saying why. */
-static int check_out(const char *out)
+ * directory, not --prompts itself, no other file than an earlier output (replaceable), and in a
+ * directory that exists and that we may write (the temporary file and the rename go there). 0 or
+ * DFLASH_ECONFIG after saying why. */
+static int check_out(const char *out, const char *prompts)
 {
-    struct stat st;
+    struct stat st, ps;
     if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
         fprintf(stderr, "dflash-gen: --out %s is a directory: give a file name\n", out);
         return DFLASH_ECONFIG;
     }
-    if (stat(out, &st) == 0 && !replaceable(out)) {
-        fprintf(stderr, "dflash-gen: --out %s exists and is not an earlier dflash-gen output (it "
-                "does not start with {\"input_ids\":[): not replaced; remove it or give another "
+    bool exists = stat(out, &st) == 0;
+    if (exists && prompts[0] && stat(prompts, &ps) == 0 && ps.st_dev == st.st_dev &&
+        ps.st_ino == st.st_ino) {
+        fprintf(stderr, "dflash-gen: --out %s is the --prompts file: not replaced; give another "
                 "name\n", out);
+        return DFLASH_ECONFIG;
+    }
+    if (exists && !replaceable(out, &st)) {
+        fprintf(stderr, "dflash-gen: --out %s exists and is not an earlier dflash-gen output (a "
+                "readable file starting with {\"input_ids\":[): not replaced; remove it or give "
+                "another name\n", out);
         return DFLASH_ECONFIG;
     }
     char copy[sizeof ((gen_cfg *)0)->out];
@@ -439,7 +449,7 @@ static int gen_validate(const gen_cfg *c)
         fprintf(stderr, "dflash-gen: --n 0 (all lines) needs --prompts\n");
         return DFLASH_ECONFIG;
     }
-    return check_out(c->out);
+    return check_out(c->out, c->prompts);
 }
 
 int main(int argc, char **argv)

@@ -1,9 +1,9 @@
 /* shard: the binary file of tokenised training data (docs/formats.md), mmapped read-only.
  *
  * Layout, little-endian:
- *   header (64 bytes): magic "DFSHARD\0", u32 version (1), u32 header size (64), u64 n_seqs,
- *     u64 n_tokens, u64 index offset, u32 vocab size (0 = unknown), u32 longest sequence,
- *     16 reserved bytes (0)
+ *   header (64 bytes): magic "DFSHARD\0", u32 version (2; 1 is read too), u32 header size (64),
+ *     u64 n_seqs, u64 n_tokens, u64 index offset, u32 vocab size (0 = unknown), u32 longest
+ *     sequence, 16 reserved bytes (0)
  *   records, one per sequence, back to back from byte 64: int32 ids[len], uint8 mask[len],
  *     zero padding to a multiple of 4 bytes
  *   index at the index offset (8-aligned), the last thing in the file: n_seqs entries of

@@ -235,17 +235,50 @@ static void test_checksum(void) {
     shard *s = shard_open(path, err, sizeof err);
     CHECK(s != NULL);
     CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), 0); /* restored */
+    uint64_t id2 = s ? shard_identity(s) : 0;
     shard_close(&s);
 
-    /* version 1: zero checksums, unchecked; a changed id is not seen (the format had none) */
+    /* version 1: zero checksums, unchecked; the same data keeps its identity (a run's batch
+     * plan survives a remade shard); a changed id is not seen (the format had none) */
     raw[8] = 1;
     for (uint64_t e = index_off; e < len; e += 16)
         memset(raw + e + 12, 0, 4);
+    test_spill(path, raw, len);
+    s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL && shard_identity(s) == id2);
+    shard_close(&s);
     raw[64 + 4 * 2] ^= 1;
     test_spill(path, raw, len);
     s = shard_open(path, err, sizeof err);
     CHECK(s != NULL);
     CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), 0);
+    shard_close(&s);
+    free(raw);
+
+    /* a record longer than the writer's 4 KiB chunk of ids (1024): its checksum chains across
+     * chunks, and a change past the first chunk is found */
+    enum { LONG = 3000 };
+    static int32_t lids[LONG];
+    static uint8_t lmask[LONG];
+    for (int i = 0; i < LONG; i++) {
+        lids[i] = (i * 37) % 100;
+        lmask[i] = i % 3 != 0;
+    }
+    path_of(path, sizeof path, "long.shard");
+    shard_writer *w = shard_writer_new(path, 100);
+    CHECK_EQ_INT(shard_writer_add(w, lids, lmask, LONG), 0);
+    CHECK_EQ_INT(shard_writer_commit(w), 0);
+    shard_writer_destroy(&w);
+    s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL);
+    CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), 0);
+    shard_close(&s);
+    raw = test_slurp(path, &len);
+    raw[64 + 4 * 2500] ^= 2; /* id 2500 * 37 % 100 = 0 -> 2 */
+    test_spill(path, raw, len);
+    s = shard_open(path, err, sizeof err);
+    CHECK(s != NULL);
+    CHECK_EQ_INT(shard_verify_tokens(s, 100, err, sizeof err), DFLASH_ECORRUPT);
     shard_close(&s);
     free(raw);
 }

@@ -11,12 +11,13 @@
  *      re-forming the group for ever).
  *   2. shm, world 2, both ranks on GPU 0 with the cuda backend: a small drafter (D 128, 2
  *      layers, head dim 64, B 8) trains N steps on different batches per rank; the gradients
- *      go through the shm segment with the ops' download/upload. After every step both ranks'
- *      state hashes (master, AdamW m and v, step) are equal; dflash_dp_sync_state makes a rank
- *      that started from other weights equal to rank 0.
+ *      go through the shm segment with the ops' download/upload. First, a pre-scaled (mean)
+ *      allreduce of fp32 and bf16 device buffers gives each rank the mean of both ranks' known
+ *      values. After every step both ranks' state hashes (master, AdamW m and v, step) are
+ *      equal; dflash_dp_sync_state makes a rank that started from other weights equal to rank 0.
  *   3. with >= 2 GPUs: the same training with nccl, rank r on GPU r (rank 0 makes the id and
- *      hands it to rank 1 through a pipe), gradients reduced on the device; hashes equal after
- *      every step.
+ *      hands it to rank 1 through a pipe), gradients reduced on the device; the same mean
+ *      check first; hashes equal after every step.
  * Exit 0 all good, 1 failures (also a GPU that is visible but cannot be used), 77 no GPU (ctest
  * SKIP_RETURN_CODE). Without NCCL in the build the nccl parts are reported as skipped and the
  * shm part still runs.
@@ -178,7 +179,67 @@ static bool read_id(int pipe_rd, uint8_t id[DP_COMM_ID_BYTES]) {
     return true;
 }
 
-/* One rank: sync from rank 0 (rank 1 starts from other weights), then n_steps DP steps. */
+/* dp_host_io over the world's ops (the shm backend reduces on the host), as dflash_dp.c's over
+ * a model's */
+static void io_down(void *ctx, void *host_dst, const void *src, size_t bytes) {
+    gworld *w = ctx;
+    w->ops->download_raw(w->ctx, host_dst, src, bytes);
+}
+static void io_up(void *ctx, void *dst, const void *host_src, size_t bytes) {
+    gworld *w = ctx;
+    w->ops->upload_raw(w->ctx, dst, host_src, bytes);
+    w->ops->sync(w->ctx); /* the shm region is rewritten by the peers as soon as we return */
+}
+
+/* Rank r's value i of the reduction check: fp32 values of every magnitude, and bf16 values
+ * (integers) whose halves' sum is exact in bf16, so any order of the two terms gives one result. */
+static float red_f32(int r, int i) {
+    uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(r * 1000003 + i + 1);
+    return (float)(unif(&s) * ldexp(1.0, (int)(rng_next(&s) % 40) - 20));
+}
+static float red_bf16(int r, int i) { return r == 0 ? (float)(i % 64) : (float)(2 * (i % 31) - 7); }
+
+/* The values a pre-scaled (0.5: the mean) allreduce of fp32 and bf16 device buffers gives every
+ * rank, checked against the mean of both ranks' values computed here: each rank's check fails
+ * on a reduction that returns zeros, its own values, or its peer's alone (the training below
+ * checks that both ranks agree, which those would pass). */
+static void check_reduction(gworld *w, dp_comm *c, dp_comm_kind kind, int rank) {
+    enum { N = 1 << 16 };
+    float *h = malloc(N * sizeof(float));
+    uint16_t *hb = malloc(N * sizeof(uint16_t));
+    void *dev = w->ops->alloc(w->ctx, N * sizeof(float));
+    dp_host_io io = {.to_host = io_down, .from_host = io_up, .ctx = w};
+    const dp_host_io *iop = kind == DP_COMM_SHM ? &io : NULL;
+    void *st = nn_cuda_stream(w->ctx);
+    for (int i = 0; i < N; i++)
+        h[i] = red_f32(rank, i);
+    w->ops->upload_raw(w->ctx, dev, h, N * sizeof(float));
+    CHECK_EQ_INT(dp_comm_allreduce_scaled_f32(c, dev, N, 0.5f, iop, st), 0);
+    w->ops->download_raw(w->ctx, h, dev, N * sizeof(float));
+    int bad = 0, first = -1;
+    for (int i = 0; i < N; i++)
+        if (h[i] != 0.5f * red_f32(0, i) + 0.5f * red_f32(1, i) && !bad++) first = i;
+    CHECK_EQ_INT(bad, 0);
+    if (bad)
+        printf("  rank %d: fp32 mean wrong at %d of %d values, first [%d] = %.9g (want %.9g)\n",
+               rank, bad, N, first, h[first], 0.5f * red_f32(0, first) + 0.5f * red_f32(1, first));
+    for (int i = 0; i < N; i++)
+        hb[i] = safetensors_f32_to_bf16(red_bf16(rank, i));
+    w->ops->upload_raw(w->ctx, dev, hb, N * sizeof(uint16_t));
+    CHECK_EQ_INT(dp_comm_allreduce_scaled_bf16(c, dev, N, 0.5f, iop, st), 0);
+    w->ops->download_raw(w->ctx, hb, dev, N * sizeof(uint16_t));
+    int bad16 = 0;
+    for (int i = 0; i < N; i++)
+        bad16 += safetensors_bf16_to_f32(hb[i]) != 0.5f * (red_bf16(0, i) + red_bf16(1, i));
+    CHECK_EQ_INT(bad16, 0);
+    printf("rank %d: allreduce of %d fp32 and %d bf16 values = the ranks' mean: %s\n", rank, N, N,
+           bad || bad16 ? "NO" : "yes");
+    w->ops->free(w->ctx, dev);
+    free(h), free(hb);
+}
+
+/* One rank: the reduction's values checked, sync from rank 0 (rank 1 starts from other
+ * weights), then n_steps DP steps. */
 static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int pipe_wr) {
     if (kind == DP_COMM_NCCL) /* each end in one process only: rank 0's exit is rank 1's EOF */
         close(rank == 0 ? pipe_rd : pipe_wr);
@@ -209,6 +270,7 @@ static void train_rank(dp_comm_kind kind, int rank, int device, int pipe_rd, int
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return;
     }
+    check_reduction(&w, c, kind, rank);
     CHECK_EQ_INT(dflash_dp_sync_state(m, NULL, c, 0), 0);
     S->synced[rank] = dflash_dp_state_hash(m);
     gbatch b;

@@ -119,8 +119,8 @@ def main():
         # (exit 0; 137 was the holder's SIGKILL)
         dl.run("docker", "stop", "-t", "60", p.container("namespaces"), timeout=120)
         for svc, n in (("target", 1), ("drafter", 1), ("drafter", 2)):
-            cid = p.container(svc, n)
-            code = dl.inspect(cid, "{{.State.ExitCode}}") if cid else "missing"
+            cid = p.container(svc, n)  # its exit, waited for (a running one reads ExitCode 0)
+            code = dl.run("docker", "wait", cid, timeout=60).stdout.strip() if cid else "missing"
             if code != "0":
                 failures.append(f"{svc} {n} ended with exit {code} when the namespace holder "
                                 f"alone was stopped (137: SIGKILLed with it)")

@@ -44,7 +44,8 @@ the drafters' stop_grace_period is at least the broker's (they stop with it, and
 final checkpoint after the acks it waits for). The namespace holder, whose exit SIGKILLs every
 target and drafter and which docker stops with them in no order (a host shutdown, `compose
 restart`, a recreated image), passes a stop on to the namespace's processes and waits for them
-(kill -TERM -1, kill -0 -1), and its stop_grace_period is above each of theirs.
+(kill -TERM -1, kill -0 -1) as root (a process of any uid), and its stop_grace_period is above
+each of theirs.
 
 Steering: the defaults and every `dflash-ctl set min_ready=M max_depth=D` in deploy/README.md
 keep min_ready <= max_depth <= the target's DFLASH_SLOTS (min_ready above the slots stalls).
@@ -319,6 +320,11 @@ def check_stop_grace(cfg):
             errs.append(f"{holder}: the PID namespace holder exits on a stop without passing it "
                         f"on (kill -TERM -1) and waiting for the namespace's processes (kill -0 "
                         f"-1): its exit SIGKILLs every target and drafter, mid-checkpoint")
+        if str(h.get("user", "")) not in ("0", "root"):
+            errs.append(f"{holder}: the PID namespace holder runs as user "
+                        f"{h.get('user', 'of the image')}: it may not signal a process of "
+                        f"another uid (an exec -u 0), which then holds its stop until SIGKILL "
+                        f"(user: \"0\")")
         hp = duration_ms(h.get("stop_grace_period"), 10000)
         for name, svc in gpu_side:
             if duration_ms(svc.get("stop_grace_period"), 10000) >= hp:
@@ -399,6 +405,10 @@ def main():
                                              "trap 'exit 0' TERM INT; sleep infinity & wait"]
     rc |= expect("refused: a holder that exits at once on a stop", check_stop_grace(broken),
                  "without passing it on")
+    broken = copy.deepcopy(cfg)
+    del broken["services"][holder]["user"]
+    rc |= expect("refused: a holder of the image's user", check_stop_grace(broken),
+                 "may not signal a process of another uid")
     broken = copy.deepcopy(cfg)
     for n, s in by_daemon(broken, "dflash-drafter"):
         s["stop_grace_period"] = "20m"

@@ -309,6 +309,10 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
     for (int i = 0; i < n; i++) {
         CHECK(waitpid(drafter[i], &status, 0) == drafter[i]);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            printf("%s: drafter-%d %s %d (loop rc %s)\n", mode, i,
+                   WIFEXITED(status) ? "exited" : "killed by signal",
+                   WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), err_str(r[i].rc));
         printf("%s: drafter-%d trained %d batches, %llu counted, %llu registrations\n", mode, i,
                r[i].consumed, (unsigned long long)r[i].st.batches,
                (unsigned long long)r[i].st.registrations);

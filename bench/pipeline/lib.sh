@@ -1,13 +1,20 @@
 # bench/pipeline/lib.sh: shared shell pieces of the GPU pipeline benches (real_model.sh,
 # ../scaling/multi_gpu.sh): a Qwen3-8B-shaped checkpoint, random token data in shards, a private
 # runtime directory, and the broker and target daemons. Source it after setting `bin` (the folder
-# of carried binaries) and `here`; every daemon started goes into `pids` and is stopped on exit.
+# of carried binaries) and `here`; every daemon started goes into `pids` (pipe_own) and is
+# stopped on exit, while its pid still names it (scripts/proc-lib.sh).
 # Environment: SEQS (400), LEN_MIN / LEN_MAX (64 / 3072, log-uniform lengths; equal values give
 # uniform lengths), BUCKETS (512,1024,2048,3072; only buckets the data fills).
 
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/proc-lib.sh"
 pids=()
+# pipe_own PID: a daemon this bench started (after `cmd &`: pipe_own $!)
+pipe_own() {
+  pids+=("$1")
+  proc_track "$1"
+}
 pipe_cleanup() {
-  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do proc_signal CONT "$p"; proc_signal TERM "$p"; done
   wait 2>/dev/null
   rm -rf "$work"
 }
@@ -67,9 +74,9 @@ pipe_queue() {
   "$bin/dflash-queue" --runtime-dir "$run" --journal "$work/queue.journal" --liveness 100 \
     --lease-timeout-ms 60000 "$@" > "$out/queue.log" 2>&1 &
   qpid=$!
-  pids+=($qpid)
+  pipe_own $qpid
   for _ in $(seq 50); do
-    kill -0 $qpid 2>/dev/null || pipe_die "dflash-queue exited"
+    proc_alive $qpid || pipe_die "dflash-queue exited"
     pipe_ctl ping > /dev/null 2>&1 && return 0
     sleep 0.2
   done
@@ -81,12 +88,12 @@ pipe_target() {
   "$bin/dflash-target" --runtime-dir "$run" --name tgt --model "$model" \
     --shards "$work/train.shard" "${SLOT_ARGS[@]}" --progress-ms 10000 "$@" > "$out/target.log" 2>&1 &
   tpid=$!
-  pids+=($tpid)
+  pipe_own $tpid
 }
 
 # After a drain: waits up to 30 s for the target to exit.
 pipe_stop_target() {
-  for _ in $(seq 150); do kill -0 $tpid 2>/dev/null || break; sleep 0.2; done
+  for _ in $(seq 150); do proc_alive $tpid || break; sleep 0.2; done
   wait $tpid || pipe_die "dflash-target exit status $? after the drain"
 }
 

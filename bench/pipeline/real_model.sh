@@ -42,7 +42,7 @@ pipe_queue --min-ready 0 --max-depth "$slots"
 pipe_target --slots "$slots" --epochs 100
 t_first=""
 for _ in $(seq 4800); do # up to 240 s: checkpoint load and warm-up of every bucket shape first
-  kill -0 $tpid 2>/dev/null || pipe_die "dflash-target exited"
+  proc_alive $tpid || pipe_die "dflash-target exited"
   read -r n tok < <(pipe_bsum produced produced_tokens 2>/dev/null || echo "0 0")
   if [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ]; then
     t_first=$(date +%s.%N) n_first=$n tok_first=$tok # batch and token counts of one reply
@@ -62,9 +62,9 @@ total=$((slots + e2e_steps))
   --draft-layers "${DRAFT_LAYERS:-5}" --block-size 16 --anchors "${ANCHORS:-512}" --max-steps "$total" \
   --metrics-dir "$out/metrics" --progress-ms 10000 > "$out/drafter.log" 2>&1 &
 dpid=$!
-pids+=($dpid)
+pipe_own $dpid
 for _ in $(seq 1800); do # up to 360 s
-  kill -0 $dpid 2>/dev/null || pipe_die "dflash-drafter exited before consuming the ready slots"
+  proc_alive $dpid || pipe_die "dflash-drafter exited before consuming the ready slots"
   c=$(pipe_bsum consumed 2>/dev/null || echo 0)
   [ "${c:-0}" -ge "$slots" ] && break
   sleep 0.2

@@ -98,7 +98,7 @@ drafter() { # drafter NAME DEVICE STEPS [ARGS...]: one dflash-drafter in the bac
     --device "$dev" --draft-layers "${DRAFT_LAYERS:-5}" --block-size 16 --anchors "${ANCHORS:-512}" \
     --max-steps "$n" --metrics-dir "$out/metrics-$name" --progress-ms 10000 "$@" \
     > "$out/$name.log" 2>&1 &
-  pids+=($!)
+  pipe_own $!
 }
 
 # ---- 1. one drafter
@@ -121,11 +121,11 @@ if [ "$backend" = cuda ]; then
   echo "target GPU: PCI bus id $tbus"
   nvidia-smi -i "$(smi_bus "$tbus")" --query-gpu=timestamp,utilization.gpu \
     --format=csv,noheader,nounits -lms 500 > "$util" &
-  pids+=($!)
   smi=$!
+  pipe_own $smi
 fi
 for p in "${gpids[@]}"; do wait "$p" || pipe_die "a group drafter failed"; done
-[ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+[ -z "${smi:-}" ] || proc_signal TERM "$smi" || true
 pipe_copies_ok "$out/solo.log" "$out"/rank*.log
 tv=$(pipe_status | python3 -c "import json,sys; print(json.load(sys.stdin)['tv_distance'])")
 pipe_ctl drain > /dev/null || pipe_die "dflash-ctl drain failed"

@@ -32,9 +32,10 @@ Q=$BUILD/services/queue/dflash-queue
 T=$BUILD/services/target/dflash-target
 D=$BUILD/services/drafter/dflash-drafter
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-cli.XXXXXX")
+source "$(dirname "$0")/../../scripts/proc-lib.sh"
 PIDS=()
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null; done
+    [ ${#PIDS[@]} -eq 0 ] || proc_signal TERM "${PIDS[@]}"
     wait 2> /dev/null
     rm -rf "$WORK"
 }
@@ -286,10 +287,12 @@ expect ctl_keygen_json_usage 1 '^\{"ok":false,"verb":"keygen","error":"INVAL",' 
 "$Q" --runtime-dir "$WORK/run" --journal none --min-ready 1 --max-depth 4 \
     > "$WORK/queue.log" 2>&1 &
 PIDS+=($!)
+proc_track $!
 SLOTS=(--buckets 64 --token-budget 64 --max-seqs 2 --hidden 16 --layers 2)
 "$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 4 --epochs 1 \
     > "$WORK/target.log" 2>&1 &
 PIDS+=($!)
+proc_track $!
 expect drafter_percentiles 0 "grant to copy done p50" "$D" --runtime-dir "$WORK/run" \
     --backend host "${SLOTS[@]}" --verify --max-batches 2 --progress-ms 0
 read -r P50 P99 < <(sed -nE 's/.*grant to copy done p50 ([0-9.]+) ms, p99 ([0-9.]+) ms.*/\1 \2/p' \
@@ -311,6 +314,7 @@ for _ in $(seq 300); do grep -q "registered pool" "$WORK/target_a.log" && break;
 "$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 2 --name clitgt \
     > "$WORK/target_b.log" 2>&1 &
 PIDS+=($!)
+proc_track $!
 wait $TA
 GOT=$?
 if [ "$GOT" != 4 ] || ! grep -q "name 'clitgt' is in use" "$WORK/target_a.log"; then

@@ -225,21 +225,33 @@ static __attribute__((unused)) pid_t h_start_training_drafter(const char *bin, c
         h_training_drafter_argv(&cmd, bin, model, rt, name, ckpt, token_budget, extra), log);
 }
 
-/* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point). */
+/* Whether pid is a child of this process not reaped yet (running, stopped, or ended and not
+ * waited for): only then is the pid still the process it was, ours to signal. A pid reaped
+ * before may be any process's now (the kernel reuses pids; a full test run wraps them), and a
+ * kill would reach that one (h_kill and h_stop sent their signal regardless). Reaps nothing. */
+static __attribute__((unused)) bool h_is_child(pid_t pid)
+{
+    siginfo_t info;
+    if (pid <= 0) return false;
+    return waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+/* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point);
+ * nothing when pid is not an unreaped child (h_is_child). */
 static __attribute__((unused)) void h_kill(pid_t pid, int sig)
 {
-    if (pid <= 0) return;
+    if (!h_is_child(pid)) return;
     kill(pid, sig);
     waitpid(pid, NULL, 0);
 }
 
 /* Stops pid with SIGTERM and reaps it. Returns its wait status: 0 when it exited 0 (a daemon's
- * clean shutdown; a sanitizer's report or a crash gives non-zero), -1 when pid <= 0 or the wait
- * fails. */
+ * clean shutdown; a sanitizer's report or a crash gives non-zero), -1 when pid is not an
+ * unreaped child (h_is_child: nothing is sent) or the wait fails. */
 static __attribute__((unused)) int h_stop(pid_t pid)
 {
     int status = -1;
-    if (pid <= 0) return -1;
+    if (!h_is_child(pid)) return -1;
     kill(pid, SIGTERM);
     if (waitpid(pid, &status, 0) != pid) return -1;
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0)

@@ -18,8 +18,7 @@ mkdir -p "$ROOT/scripts" "$WORK/bin" "$WORK/model"
 for f in "$SRC"/*; do
     case $(basename "$f") in build* | scripts) ;; *) ln -s "$f" "$ROOT/" ;; esac
 done
-cp "$SRC/scripts/train" "$SRC/scripts/test" "$SRC/scripts/build-lib.sh" "$SRC/scripts/cli-lib.sh" \
-    "$ROOT/scripts/"
+cp "$SRC"/scripts/* "$ROOT/scripts/" # every script and the libraries they source
 cat > "$WORK/bin/cmake" << EOF
 #!/usr/bin/env bash
 if [ "\$1" = --build ]; then echo "build \$2" >> "$WORK/builds"; exit 3; fi

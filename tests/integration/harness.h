@@ -108,6 +108,7 @@ static __attribute__((unused)) int h_wait_exit(pid_t pid, int ms)
 {
     uint64_t end = h_now_ms() + (uint64_t)ms;
     int st = 0;
+    if (pid <= 0) return -1; /* a failed spawn: waitpid(-1) would reap any child, kill(-1) all */
     while (h_now_ms() < end) {
         pid_t r = waitpid(pid, &st, WNOHANG);
         if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -234,6 +235,15 @@ static __attribute__((unused)) bool h_is_child(pid_t pid)
     siginfo_t info;
     if (pid <= 0) return false;
     return waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+/* kill(pid, sig) when pid is an unreaped child (h_is_child), else -1 and nothing sent: how a
+ * test signals its own children (a stop, a pause, a resume); a pid reaped on an earlier failure
+ * path, or -1 from a failed spawn (kill(-1) signals every process of the user), is skipped. A
+ * process signalling its sibling (a forked rank, the broker) cannot use it. */
+static __attribute__((unused)) int h_signal(pid_t pid, int sig)
+{
+    return h_is_child(pid) ? kill(pid, sig) : -1;
 }
 
 /* Sends sig to pid and reaps it, ignoring how it ended (a kill whose outcome is not the point);

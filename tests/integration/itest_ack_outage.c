@@ -56,7 +56,7 @@ static void *resume_broker_later(void *arg)
 {
     outage *o = arg;
     h_sleep_ms(o->pause_ms); /* the acks sent meanwhile time out, unanswered */
-    kill(o->queue, SIGCONT);
+    h_signal(o->queue, SIGCONT);
     return NULL;
 }
 
@@ -65,7 +65,7 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
     outage *o = ctx;
     (void)b;
     if (++o->consumed == o->kill_at && o->pause) {
-        o->paused = kill(o->queue, SIGSTOP) == 0 &&
+        o->paused = h_signal(o->queue, SIGSTOP) == 0 &&
                     pthread_create(&o->resumer, NULL, resume_broker_later, o) == 0;
     } else if (o->consumed == o->kill_at) {
         h_kill(o->queue, SIGKILL);

@@ -201,7 +201,7 @@ static int rival_until_exit(const char *ep, pid_t drafter)
     client_set_timeout(c, 1000);
     CHECK_EQ_INT(client_hello(c, NULL, 0), 0);
     CHECK_EQ_INT(client_resume_from(c, 0, 0x5a), 0);
-    kill(drafter, SIGCONT);
+    h_signal(drafter, SIGCONT);
     int status = 0;
     pid_t got = 0;
     for (uint64_t end = h_now_ms() + 30000; !got && h_now_ms() < end; h_sleep_ms(20)) {
@@ -300,7 +300,7 @@ static void scenario(const char *queue_bin, const char *target_bin, bool group, 
         goto out;
     }
     if (n > 1) CHECK_EQ_INT(steer(ep, true), 0);
-    for (int i = 0; i < n; i++) kill(drafter[i], SIGCONT);
+    for (int i = 0; i < n; i++) h_signal(drafter[i], SIGCONT);
     if (n > 1) {
         CHECK(wait_group(ep, (uint32_t)n));
         CHECK_EQ_INT(steer(ep, false), 0);

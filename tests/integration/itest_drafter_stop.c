@@ -97,7 +97,7 @@ static void stop_without_broker(const char *name, const char *group)
     h_kill(r.qp, SIGKILL); /* and reaped */
     if (!group) CHECK(h_wait_text(r.dlog, "waiting for the broker to come back", 30000));
     uint64_t t0 = h_now_ms();
-    kill(r.dp, SIGTERM);
+    h_signal(r.dp, SIGTERM);
     int rc = h_wait_exit(r.dp, 60000);
     uint64_t took = h_now_ms() - t0;
     printf("%s: exit %d %llu ms after SIGTERM with the broker gone (bound %d ms), %d "
@@ -144,7 +144,7 @@ static void stop_on_committed(const char *name, const char *group)
     while (h_now_ms() < end && (client_status(c, &s) != 0 || !settled(&s))) h_sleep_ms(20);
     CHECK(settled(&s));
     client_destroy(&c);
-    kill(r.dp, SIGTERM);
+    h_signal(r.dp, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(r.dp, 60000), 0);
     char said[96];
     snprintf(said, sizeof said, "reported the final checkpoint (step %llu) as committed",

@@ -58,7 +58,7 @@ static int eval_until_signal(int sig, const char *extra, uint64_t *ms)
         return -1;
     }
     uint64_t t0 = h_now_ms();
-    kill(pid, sig);
+    h_signal(pid, sig);
     int rc = h_wait_exit(pid, 10000);
     *ms = h_now_ms() - t0;
     return rc;

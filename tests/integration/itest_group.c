@@ -207,8 +207,8 @@ int main(int argc, char **argv)
     /* both frozen first, so that neither outlives the other: a survivor of a few ms would see
      * the other's process end, tell the broker, and go on as rank 0 of the group (db then
      * writes a checkpoint of the group's model and is no longer the rank without one) */
-    kill(da, SIGSTOP);
-    kill(db, SIGSTOP);
+    h_signal(da, SIGSTOP);
+    h_signal(db, SIGSTOP);
     h_kill(da, SIGKILL);
     h_kill(db, SIGKILL);
     end = h_now_ms() + 20000; /* the broker expires both: the group is gone */

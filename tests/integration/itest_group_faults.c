@@ -154,7 +154,7 @@ int main(int argc, char **argv)
 
     /* 3. db stops inside a step: da says it waits; db is killed: da sees it at once */
     size_t from = (size_t)test_file_size(dalog);
-    kill(db, SIGSTOP);
+    h_signal(db, SIGSTOP);
     char text[128];
     snprintf(text, sizeof text, "waiting for rank 1 (pid %d) in the collective", (int)db);
     CHECK(h_wait_text_from(dalog, from, text, 30000));
@@ -189,19 +189,19 @@ int main(int argc, char **argv)
     from = (size_t)test_file_size(dalog);
     done = steps_done(c);
     t0 = h_now_ms();
-    kill(db, SIGSTOP);
+    h_signal(db, SIGSTOP);
     CHECK(wait_group(c, 1, done + 2, 25000, &s));
     CHECK(h_wait_text_from(dalog, from, "the broker has", 0));
     printf("phase 4: db SIGSTOPped: da trained alone %.1f s after (broker expiry 10 s, comm "
            "timeout 60 s)\n", (h_now_ms() - t0) / 1000.0);
-    kill(db, SIGCONT);
+    h_signal(db, SIGCONT);
     CHECK(wait_steps(c, 2, 2, 60000, &s));
     printf("phase 4: db continued and rejoined: world 2, epoch %llu\n",
            (unsigned long long)group_g(&s)->epoch);
 
     /* 5. the broker restarted while da waits for db in a collective: STALE ends the wait */
     from = (size_t)test_file_size(dalog);
-    kill(db, SIGSTOP);
+    h_signal(db, SIGSTOP);
     snprintf(text, sizeof text, "waiting for rank 1 (pid %d) in the collective", (int)db);
     CHECK(h_wait_text_from(dalog, from, text, 30000));
     /* the acks so far: the new broker counts its own (da waits in the collective: none now) */
@@ -225,7 +225,7 @@ int main(int argc, char **argv)
     printf("phase 5: broker restarted while da waited for a stopped db: da formed the group "
            "alone %.1f s after the new broker answered (comm timeout 60 s)\n",
            alone_ms / 1000.0);
-    kill(db, SIGCONT);
+    h_signal(db, SIGCONT);
     CHECK(wait_steps(c, 2, 2, 60000, &s));
     printf("phase 5: db continued and rejoined the new broker's group: world 2, epoch %llu\n",
            (unsigned long long)group_g(&s)->epoch);

@@ -89,8 +89,9 @@ static int consume(void *ctx, const worker_batch *b, uint64_t *step)
 {
     member *m = ctx;
     shared *sh = m->sh;
-    if (sh->lost_reply && !sh->frozen) { /* the StepDone after this step finds it frozen */
-        kill(sh->queue, SIGSTOP);
+    pid_t q = sh->queue; /* 0 once the parent reaped it: the pid may be another's by then */
+    if (sh->lost_reply && !sh->frozen && q > 0) { /* the StepDone after this step finds it frozen */
+        kill(q, SIGSTOP);
         sh->frozen = 1;
     }
     int rc = m->r->comm ? dp_comm_barrier(m->r->comm) : 0; /* the step's all-reduce */
@@ -195,7 +196,7 @@ static pid_t restart_after_lost_reply(shared *sh, const char *queue_bin, const c
 {
     for (uint64_t end = h_now_ms() + 60000; !sh->gave_up && h_now_ms() < end;) h_sleep_ms(10);
     CHECK(sh->gave_up); /* the loop gave up on the StepDone, its step pending */
-    kill(sh->queue, SIGCONT);
+    h_signal(sh->queue, SIGCONT);
     wire_status s = {0};
     bool landed = false;
     for (uint64_t end = h_now_ms() + 20000; !landed && h_now_ms() < end; h_sleep_ms(20))
@@ -210,7 +211,9 @@ static pid_t restart_after_lost_reply(shared *sh, const char *queue_bin, const c
         CHECK_EQ_INT(client_journal_sync(c), 0); /* the step's acks durable: the restart has them */
         client_destroy(&c);
     }
-    h_kill(sh->queue, SIGKILL);
+    pid_t old = sh->queue;
+    sh->queue = 0; /* the ranks freeze it no more: reaped below */
+    h_kill(old, SIGKILL);
     pid_t q = h_start_small_queue(queue_bin, dir, more);
     CHECK(q > 0);
     CHECK_EQ_INT(h_broker_status(ep, &s), 0);

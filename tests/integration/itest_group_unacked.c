@@ -70,7 +70,8 @@ static int close_step(void *ctx, uint64_t *step)
         uint64_t end = h_now_ms() + 20000; /* both processes have both micro-steps */
         while (h_now_ms() < end && (m->sh->n_seen[0] < 2 || m->sh->n_seen[1] < 2))
             h_sleep_ms(5);
-        kill(m->sh->queue, SIGKILL);
+        pid_t q = m->sh->queue; /* 0 once the parent reaped it: the pid may be another's */
+        if (q > 0) kill(q, SIGKILL);
         m->sh->killed = 1;
         if (m->stop_at_kill) *m->stop = 1;
     }
@@ -157,7 +158,9 @@ static void scenario(const char *queue_bin, const char *target_bin, bool checkpo
     uint64_t end = h_now_ms() + 60000;
     while (!sh->killed && h_now_ms() < end) h_sleep_ms(10);
     CHECK(sh->killed);
-    h_kill(sh->queue, SIGKILL); /* reaps it */
+    pid_t old = sh->queue;
+    sh->queue = 0; /* rank 0 kills it no more (a wait that timed out above): reaped here */
+    h_kill(old, SIGKILL);
     if (!checkpoint) {
         sh->queue = h_start_small_queue(queue_bin, dir, more);
         CHECK(sh->queue > 0);

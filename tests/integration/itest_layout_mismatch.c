@@ -166,7 +166,7 @@ static void group_member_leaves(const char *queue, const char *target_bin, const
     printf("rank-b trained alone %llu ms after rank-a's loop ended (the broker's expiry 10 s, "
            "comm timeout 60 s)\n", (unsigned long long)(h_now_ms() - t0));
     CHECK(waitpid(a, NULL, WNOHANG) == 0); /* all that while, a's process was there */
-    kill(a, SIGTERM);
+    h_signal(a, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(a, 10000), 2);
     char *text = test_slurp(alog, NULL);
     CHECK(text && strstr(text, "rank 1 of 2")); /* it was in the group */

@@ -76,7 +76,7 @@ int main(int argc, char **argv)
     pid_t t5 = h_spawn_logged(t5v, t5log);
     CHECK(h_wait_text(t5log, "registered pool", 20000));
     uint64_t registered = h_now_ms();
-    kill(t5, SIGSTOP);
+    h_signal(t5, SIGSTOP);
     char *t6v[] = {argv[2], rt, "--name=t6", "--model=synthetic", "--slots=2",
                    "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
                    "--buckets=64,256", "--batches-per-bucket=20000", "--backend=host",
@@ -86,7 +86,7 @@ int main(int argc, char **argv)
     while (h_now_ms() < registered + 1500) h_sleep_ms(20); /* past t5's --broker-wait-ms */
     CHECK_EQ_INT(h_broker_status(ep, &s), 0);
     uint64_t refused = s.hellos_refused_full;
-    kill(t5, SIGCONT);
+    h_signal(t5, SIGCONT);
     CHECK(h_wait_text(t5log, "registering again", 10000));
     bool kept_asking = false, exited = false;
     for (uint64_t end = h_now_ms() + 20000; !kept_asking && !exited && h_now_ms() < end;

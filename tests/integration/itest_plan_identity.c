@@ -109,7 +109,7 @@ static void run_accepted(const char *shard, const char *vocab, const char *qlog,
     while (h_now_ms() < end && (h_broker_status(ep, &s) != 0 || s.batches_inflight == 0))
         h_sleep_ms(50);
     CHECK(s.batches_inflight > 0);
-    kill(tp, SIGTERM);
+    h_signal(tp, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(tp, 30000), 0);
     end = h_now_ms() + 30000;
     while (h_now_ms() < end && (h_broker_status(ep, &s) != 0 || s.batches_inflight != 0))
@@ -155,12 +155,12 @@ int main(int argc, char **argv)
     run_accepted(a, NULL, qlog, 2); /* the run's own seed and shards: a restart works */
 
     /* the broker restarts: its journal kept the identity */
-    kill(qp, SIGTERM);
+    h_signal(qp, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
     qp = start_queue(argv[1], journal, qlog);
     expect_refused(b, "0", NULL, journal);
     run_accepted(a, NULL, qlog, 3);
-    kill(qp, SIGTERM);
+    h_signal(qp, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
 
     /* the synthetic target has a plan too: another --vocab-size makes other batches */
@@ -171,7 +171,7 @@ int main(int argc, char **argv)
     run_accepted(NULL, "1000", qlog2, 1);
     expect_refused(NULL, NULL, "2000", journal2);
     run_accepted(NULL, "1000", qlog2, 2);
-    kill(qp, SIGTERM);
+    h_signal(qp, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(qp, 30000), 0);
     if (!check_failed) h_rmdir(dir);
     else fprintf(stderr, "logs kept in %s\n", dir);

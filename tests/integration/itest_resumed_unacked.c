@@ -68,7 +68,7 @@ static void *resume_broker_later(void *arg)
 {
     fake *f = arg;
     h_sleep_ms(f->pause_ms); /* the ResumeFrom sent meanwhile times out (timeout_ms) */
-    kill(f->pause_queue, SIGCONT);
+    h_signal(f->pause_queue, SIGCONT);
     return NULL;
 }
 
@@ -87,7 +87,7 @@ static int64_t resume_step(void *ctx)
 {
     fake *f = ctx;
     if (f->pause_queue > 0 && !f->paused) {
-        f->paused = kill(f->pause_queue, SIGSTOP) == 0 &&
+        f->paused = h_signal(f->pause_queue, SIGSTOP) == 0 &&
                     pthread_create(&f->resumer, NULL, resume_broker_later, f) == 0;
     }
     return (int64_t)f->base;

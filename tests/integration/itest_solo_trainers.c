@@ -232,7 +232,7 @@ int main(int argc, char **argv)
     CHECK(h_wait_text(da3log, "told the broker we resume from step", 60000));
     CHECK_EQ_INT(client_status(c, &before), 0);
     CHECK(wait_acks(c, before.acks, 2, &s)); /* da3's (da2 is gone): steps x+1, x+2 */
-    kill(da3, SIGSTOP);
+    h_signal(da3, SIGSTOP);
     h_kill(qp, SIGKILL);
     client_destroy(&c);
     qp = h_spawn_logged(q, qlog);
@@ -243,7 +243,7 @@ int main(int argc, char **argv)
     pid_t db2 = start_final_only("db2", "b2", xdir);
     CHECK(h_wait_text(db2log, "told the broker we resume from step", 60000));
     uint64_t held_ms = h_now_ms();
-    kill(da3, SIGCONT);
+    h_signal(da3, SIGCONT);
     CHECK(h_wait_text(da3log, "the broker holds our hello", 30000));
     CHECK_EQ_INT(h_wait_exit(da3, 60000), 6);
     held_ms = h_now_ms() - held_ms;

@@ -129,7 +129,7 @@ static void test_dead_holder(void)
     CHECK(poll(&pf, 1, 30000) == 1 && read(fds[0], &got, 1) == 1 && got == 'L');
     close(fds[0]);
     h_kill(d, SIGKILL);
-    kill(q, SIGTERM);
+    h_signal(q, SIGTERM);
     uint64_t took;
     CHECK_EQ_INT(wait_beating(q, NULL, 20000, qlog, NULL, &took), 0);
     printf("dead: the broker exited %llu ms after its SIGTERM\n", (unsigned long long)took);
@@ -151,7 +151,7 @@ static void test_second_signal(void)
     CHECK_EQ_INT(ctl(c, "--json", "status", &text), 0); /* serving: its mode, not stopping */
     CHECK(strstr(text, "\"state\":\"running\",\"mode\":\"running\",\"stopping\":null") != NULL);
     free(text);
-    kill(q, SIGTERM);
+    h_signal(q, SIGTERM);
     uint64_t took;
     CHECK_EQ_INT(wait_beating(q, c, 10000, qlog, "stopping: no new leases", &took), -2);
     /* the operator's view and the healthcheck's during the grace: stopping from the first
@@ -173,7 +173,7 @@ static void test_second_signal(void)
     CHECK(strstr(text, "; stopping (grace 30000 ms, ") != NULL);
     free(text);
     CHECK_EQ_INT(client_heartbeat(c), 0);
-    kill(q, SIGTERM); /* no more heartbeats: one to a broker gone waits for its time-out */
+    h_signal(q, SIGTERM); /* no more heartbeats: one to a broker gone waits for its time-out */
     CHECK_EQ_INT(wait_beating(q, NULL, 10000, qlog, NULL, &took), 0);
     printf("second: the broker exited %llu ms after the second SIGTERM\n",
            (unsigned long long)took);
@@ -191,7 +191,7 @@ static void test_grace_over(void)
     client *c = holder("live");
     CHECK(c != NULL);
     uint64_t t0 = h_now_ms(), took;
-    kill(q, SIGTERM);
+    h_signal(q, SIGTERM);
     CHECK_EQ_INT(wait_beating(q, c, 10000, qlog, "stopping: no new leases", &took), -2);
     /* another drafter says hello now, while the broker stops (one made before the SIGTERM sent
      * nothing during the status call and the wait: on a loaded machine, under ASan, it was

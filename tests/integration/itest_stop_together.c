@@ -152,7 +152,7 @@ static bool freeze_holding(run *r, uint64_t *acks)
     client *c = h_client(r->ep, WIRE_ROLE_CTL, "freeze", 10, &rc); /* one: a fresh client per
                                                                       look was slow under load */
     for (int attempt = 0; rc == 0 && attempt < 500; attempt++) {
-        kill(r->d, SIGSTOP);
+        h_signal(r->d, SIGSTOP);
         wire_status a, b;
         bool held = client_status(c, &a) == 0 && held_by_drafters(&a) == 1;
         if (held) h_sleep_ms(50);
@@ -164,7 +164,7 @@ static bool freeze_holding(run *r, uint64_t *acks)
             client_destroy(&c);
             return true;
         }
-        kill(r->d, SIGCONT);
+        h_signal(r->d, SIGCONT);
         h_sleep_ms(1 + attempt % 4);
     }
     client_destroy(&c);
@@ -197,12 +197,12 @@ static int checkpoint_unacked(const run *r)
  * the checkpoint's step committed (one per step, the frozen one included), nothing in flight. */
 static void stop_gracefully(run *r)
 {
-    kill(r->t, SIGTERM);
+    h_signal(r->t, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(r->t, 30000), 0);
     r->t = -1;
-    kill(r->q, SIGTERM);
-    kill(r->d, SIGTERM);
-    kill(r->d, SIGCONT);
+    h_signal(r->q, SIGTERM);
+    h_signal(r->d, SIGTERM);
+    h_signal(r->d, SIGCONT);
     CHECK_EQ_INT(h_wait_exit(r->d, 30000), 0);
     r->d = -1;
     CHECK_EQ_INT(h_wait_exit(r->q, 60000), 0);
@@ -254,20 +254,20 @@ static bool first_run(run *r, broker_end end)
         printf("%s: stopped at step %ld\n", r->name, newest_step(r->ckpt));
         return true;
     }
-    kill(r->q, SIGSTOP);
-    kill(r->d, SIGTERM);
-    kill(r->d, SIGCONT);
+    h_signal(r->q, SIGSTOP);
+    h_signal(r->d, SIGTERM);
+    h_signal(r->d, SIGCONT);
     CHECK_EQ_INT(h_wait_exit(r->d, 30000), 0);
     r->d = -1;
     CHECK(h_wait_text(r->dlog, r->group ? "goes into the final checkpoint but no broker took it"
                                         : "goes into the final checkpoint but is not acked", 0));
-    kill(r->t, SIGTERM);
+    h_signal(r->t, SIGTERM);
     CHECK_EQ_INT(h_wait_exit(r->t, 30000), 0);
     r->t = -1;
     if (end == BROKER_LOST) {
         h_kill(r->q, SIGKILL);
     } else {
-        kill(r->q, SIGCONT);
+        h_signal(r->q, SIGCONT);
         until = h_now_ms() + 10000;
         while (h_now_ms() < until && (h_broker_status(r->ep, &s) != 0 || s.acks != acks + 1))
             h_sleep_ms(20);
@@ -333,10 +333,10 @@ static void stop_together(const char *name, const char *group, broker_end end,
     path_in(r.dlog, sizeof r.dlog, name, "drafter.log");
     if (first_run(&r, end)) second_run(&r, back);
     /* pids already reaped are -1: h_kill skips them (kill(-1, ...) would signal everyone) */
-    if (r.d > 0) kill(r.d, SIGCONT);
+    if (r.d > 0) h_signal(r.d, SIGCONT);
     h_kill(r.d, SIGKILL);
     h_kill(r.t, SIGKILL);
-    if (r.q > 0) kill(r.q, SIGCONT);
+    if (r.q > 0) h_signal(r.q, SIGCONT);
     if (r.q > 0) CHECK_EQ_INT(h_stop(r.q), 0);
 }
 

@@ -133,7 +133,7 @@ int main(int argc, char **argv)
     CHECK(k.consumed >= 3);
 
     /* SIGTERM: the target leaves, waiting for the holder's copy */
-    kill(target, SIGTERM);
+    h_signal(target, SIGTERM);
     int status = -1;
     bool waits = wait_text_or_exit(tlog, "being copied: waiting for the copies", target, 5000,
                                    &status);
@@ -184,7 +184,7 @@ int main(int argc, char **argv)
     client_destroy(&c);
     h_kill(qp, SIGKILL);
     t0 = h_now_ms();
-    kill(target2, SIGTERM);
+    h_signal(target2, SIGTERM);
     status = h_wait_exit(target2, 10000);
     took = h_now_ms() - t0;
     printf("target with the broker gone: exit %d after %llu ms\n", status,
@@ -205,7 +205,7 @@ int main(int argc, char **argv)
     CHECK(h_wait_text(t3log, "registered pool", 30000));
     h_kill(qp, SIGKILL);
     CHECK(h_wait_text(t3log, "waiting for the broker to come back", 10000));
-    kill(target3, SIGTERM);
+    h_signal(target3, SIGTERM);
     status = h_wait_exit(target3, 10000);
     CHECK_EQ_INT(status, 0);
     CHECK(!h_wait_text(t3log, "our leave", 0)); /* no "no answer to our leave" */

@@ -7,7 +7,8 @@
 # --init-from is refused when it names --out or a path inside it; --slots, --buckets and --features
 # are checked against the broker's and the target's needs; chat data is refused with the
 # scripts/chat_to_jsonl.py command, and .JSONL is JSONL; --drafters / --drafter-gpus / --target-gpu
-# are checked against a group's needs (a share of the step each, a slot each). cmake, apt-get,
+# are checked against a group's needs (a share of the step each, a slot each); an --out whose lock
+# names a gone scripts/train by a pid another process has now is said to be held by a gone one. cmake, apt-get,
 # dpkg-query, nvidia-smi and nvcc are stand-ins that exit 99, in a scratch working directory: a
 # script that got past its arguments stops at once.
 # scripts/gpu-carry's OUT: with a cmake that "builds" (stand-in binaries) and a strip that does
@@ -127,6 +128,29 @@ for from in o o/checkpoints o/checkpoints/step-2 o/checkpoints/step-2/ link/step
         --init-from "$WORK/$from"
 done
 expect "train --init-from another run" 99 "stand-in cmake ran" "${T[@]}" --init-from "$WORK/old"
+# an --out held by the daemons of a scripts/train that is gone, its pid now another process's
+# (the lock names the script by pid and start time): said as gone, with the command that stops
+# the daemons in order (it said "in use by another scripts/train": the pid ran); the same lock
+# naming that process's own start time is a live scripts/train's
+mkdir -p "$WORK/held"
+sleep 120 &
+other=$!
+held_lock() {
+    printf 'scripts/train pid %s (started %s); dflash-queue 11, dflash-target 12, dflash-drafter 13; ctl --runtime-dir /tmp/dflash-train.x status\n' \
+        "$other" "$1" > "$WORK/held/train.lock"
+}
+held_lock 1
+flock "$WORK/held/train.lock" sleep 120 &
+holder=$!
+for _ in $(seq 100); do flock -n "$WORK/held/train.lock" true || break; sleep 0.05; done
+expect "train --out held, its script's pid another's" 1 "is held by the daemons of a \
+scripts/train that is gone \(pid $other, killed\?\)" train --model "$WORK/m" --data \
+    "$WORK/d.jsonl" --out "$WORK/held" --build "$WORK/b"
+held_lock "$(sed 's/.*) //' "/proc/$other/stat" | cut -d' ' -f20)"
+expect "train --out held by a live scripts/train" 1 "is in use by another scripts/train" train \
+    --model "$WORK/m" --data "$WORK/d.jsonl" --out "$WORK/held" --build "$WORK/b"
+kill "$other" "$holder" 2> /dev/null
+wait "$other" "$holder" 2> /dev/null
 # a comma in the shard's path (the daemons' --shards is a comma-separated list: the target
 # failed on half of it after the conversion), refused before --out is made
 expect "train --out with a comma" 2 "would have a comma in its path" train --model "$WORK/m" \

@@ -15,7 +15,7 @@
 #                           status 0 when it signalled any
 declare -gA PROC_START=()
 PROC_HAVE_PROCFS=0
-[ -r /proc/self/stat ] && PROC_HAVE_PROCFS=1
+if [ -r /proc/self/stat ]; then PROC_HAVE_PROCFS=1; fi # (a last command failing: source fails)
 
 # _proc_start_of PID VAR: VAR <- PID's start time ("" when no process has PID or it has ended)
 _proc_start_of() {

@@ -17,5 +17,5 @@ run torch_3072 240 $T --cases s3072_a512
 run ours_3072_2 150 "$bin/bench-drafter" 5 s3072_a512 8 $steps
 run ours_768 150 "$bin/bench-drafter" 5 s768_a256 8 $steps
 run torch_768 240 $T --cases s768_a256
-kill $smi
+stop_board
 grep -E "^===|^rc |ms/step|energy|FAILED|J/call|^linear|^attention|^lm_head|^peak" "$log"

@@ -19,7 +19,7 @@
 # which runs `bench-cuda_parity attn` on each fallback of the block backward (wgmma_seq, mma,
 # cp.async and per-column copies, hits pieces built in list rounds, blocks pieces), one query
 # block per piece (SPLIT=1) where the default split would leave a path untaken.
-#   sample_board CSV MS FIELDS
+#   sample_board CSV MS FIELDS / stop_board
 # which samples FIELDS (nvidia-smi --query-gpu names) every MS ms into CSV in the background (its
 # pid in smi) for the board the benches run on, CUDA device 0, each row labelled with its
 # nvidia-smi index and PCI bus id: with CUDA_DEVICE_ORDER=PCI_BUS_ID (set here unless given)
@@ -29,6 +29,7 @@ out=${out:-${OUT:-.}}
 export CUDA_DEVICE_ORDER=${CUDA_DEVICE_ORDER:-PCI_BUS_ID}
 SMI_GPU=${SMI_GPU:-$(v=${CUDA_VISIBLE_DEVICES:-0}; echo "${v%%,*}")}
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/gpu-lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/proc-lib.sh" # sample_board's sampler
 gpu_env "$bin"
 export LD_LIBRARY_PATH="$GPU_DEVLIBS:$LD_LIBRARY_PATH"
 : >"$log"
@@ -65,6 +66,12 @@ sample_board() {
   nvidia-smi -i "$SMI_GPU" --query-gpu="index,pci.bus_id,$fields" --format=csv -lms "$ms" \
     >"$csv" 2>&1 &
   smi=$!
+  proc_track "$smi"
+}
+# stop_board: ends sample_board's sampler, if it still runs (scripts/proc-lib.sh: its pid may be
+# another process's by then, one that failed at once minutes before)
+stop_board() {
+  proc_signal TERM "$smi" || true
 }
 bwd_fallback_parity() {
   local s1="DFLASH_CUDA_ATTN_SPLIT=1"

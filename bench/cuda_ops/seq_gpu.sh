@@ -9,7 +9,7 @@ sampled() {
   local name=$1; shift
   sample_board "${OUT:-.}/power_$name.csv" 50 timestamp,clocks.sm,power.draw,temperature.gpu
   run "$name" 150 "$@"
-  kill $smi
+  stop_board
 }
 sampled seq_default DFLASH_PROF_SEQ=1 "$bin/bench-drafter" 5 s3072_a512 8
 sampled seq_allrows DFLASH_PROF_SEQ=1 DFLASH_LAST_LAYER_ROWS=all "$bin/bench-drafter" 5 s3072_a512 8

@@ -53,7 +53,7 @@ done
 t_full=$(date +%s.%N)
 read -r n_full tok_full < <(pipe_bsum produced produced_tokens)
 [ "$n_full" -ge "$slots" ] || pipe_die "the target filled only $n_full of $slots slots"
-kill -STOP $tpid
+proc_signal STOP "$tpid" || pipe_die "dflash-target exited"
 
 # ---- 2. drafter alone, then 3. end to end
 total=$((slots + e2e_steps))
@@ -70,7 +70,7 @@ for _ in $(seq 1800); do # up to 360 s
   sleep 0.2
 done
 sleep 1 # the last ready batch's step runs
-kill -CONT $tpid
+proc_signal CONT "$tpid" || true
 wait $dpid || pipe_die "dflash-drafter failed"
 pipe_ctl drain > /dev/null || pipe_die "dflash-ctl drain failed"
 pipe_stop_target

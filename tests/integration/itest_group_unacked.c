@@ -159,7 +159,8 @@ static void scenario(const char *queue_bin, const char *target_bin, bool checkpo
     while (!sh->killed && h_now_ms() < end) h_sleep_ms(10);
     CHECK(sh->killed);
     pid_t old = sh->queue;
-    sh->queue = 0; /* rank 0 kills it no more (a wait that timed out above): reaped here */
+    sh->queue = 0; /* narrows, not closes, rank 0's window to kill it after the reap (the wait
+                    * above timed out); in hello mode a late rank 0 kills the new broker */
     h_kill(old, SIGKILL);
     if (!checkpoint) {
         sh->queue = h_start_small_queue(queue_bin, dir, more);

@@ -130,27 +130,33 @@ done
 expect "train --init-from another run" 99 "stand-in cmake ran" "${T[@]}" --init-from "$WORK/old"
 # an --out held by the daemons of a scripts/train that is gone, its pid now another process's
 # (the lock names the script by pid and start time): said as gone, with the command that stops
-# the daemons in order (it said "in use by another scripts/train": the pid ran); the same lock
-# naming that process's own start time is a live scripts/train's
+# the daemons in order (it said "in use by another scripts/train": the pid ran), naming only
+# those of its daemons' pids that still hold the lock (here this shell as the "target"; the
+# "drafter", a process that does not hold it, and the "broker", no process, are left out: a
+# daemon's pid may be another process's too); the same lock naming that process's own start
+# time is a live scripts/train's
 mkdir -p "$WORK/held"
 sleep 120 &
 other=$!
 held_lock() {
-    printf 'scripts/train pid %s (started %s); dflash-queue 11, dflash-target 12, dflash-drafter 13; ctl --runtime-dir /tmp/dflash-train.x status\n' \
-        "$other" "$1" > "$WORK/held/train.lock"
+    printf 'scripts/train pid %s (started %s); dflash-queue %s, dflash-target %s, dflash-drafter %s; ctl --runtime-dir /tmp/dflash-train.x status\n' \
+        "$other" "$1" 4194304 "$$" "$other" > "$WORK/held/train.lock"
 }
 held_lock 1
-flock "$WORK/held/train.lock" sleep 120 &
-holder=$!
-for _ in $(seq 100); do flock -n "$WORK/held/train.lock" true || break; sleep 0.05; done
+exec {held_fd}>> "$WORK/held/train.lock" # held by this shell: no process left behind
+flock -n "$held_fd"
 expect "train --out held, its script's pid another's" 1 "is held by the daemons of a \
 scripts/train that is gone \(pid $other, killed\?\)" train --model "$WORK/m" --data \
     "$WORK/d.jsonl" --out "$WORK/held" --build "$WORK/b"
+want="  kill -TERM $$; while kill -0 $$ 2>/dev/null; do sleep 1; done; rm -rf /tmp/dflash-train.x"
+grep -qxF -- "$want" "$WORK/out" || { echo "FAIL train --out held: the stop command is not \
+'$want':" >&2; grep "^  " "$WORK/out" >&2; failed=1; }
 held_lock "$(sed 's/.*) //' "/proc/$other/stat" | cut -d' ' -f20)"
 expect "train --out held by a live scripts/train" 1 "is in use by another scripts/train" train \
     --model "$WORK/m" --data "$WORK/d.jsonl" --out "$WORK/held" --build "$WORK/b"
-kill "$other" "$holder" 2> /dev/null
-wait "$other" "$holder" 2> /dev/null
+exec {held_fd}>&-
+kill "$other" 2> /dev/null
+wait "$other" 2> /dev/null
 # a comma in the shard's path (the daemons' --shards is a comma-separated list: the target
 # failed on half of it after the conversion), refused before --out is made
 expect "train --out with a comma" 2 "would have a comma in its path" train --model "$WORK/m" \

@@ -235,6 +235,8 @@ wait_for "$WORK/s3.log" "policy: paused -> running"
 rd=$(sed -n "s/^train: the broker's runtime directory is \([^:]*\): .*/\1/p" "$WORK/s3.log")
 dpid=$(sed -n 's/.*dflash-drafter \([0-9]*\);.*/\1/p' "$S/train.lock")
 tpid=$(sed -n 's/.*dflash-target \([0-9]*\),.*/\1/p' "$S/train.lock")
+# (children of scripts/train, not of this test: their bare pids are used while they run; a tpid
+# reused after the target's end only lets the wait below run to its 30 s)
 kill -STOP "$dpid"
 "$BUILD/tools/dflash-ctl" --runtime-dir "$rd" --timeout-ms 5000 drain > /dev/null
 for _ in $(seq 300); do kill -0 "$tpid" 2> /dev/null || break; sleep 0.1; done

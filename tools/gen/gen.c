@@ -372,11 +372,11 @@ static bool replaceable(const char *out, const struct stat *st)
 static int check_out(const char *out, const char *prompts)
 {
     struct stat st, ps;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
+    bool exists = stat(out, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
         fprintf(stderr, "dflash-gen: --out %s is a directory: give a file name\n", out);
         return DFLASH_ECONFIG;
     }
-    bool exists = stat(out, &st) == 0;
     if (exists && prompts[0] && stat(prompts, &ps) == 0 && ps.st_dev == st.st_dev &&
         ps.st_ino == st.st_ino) {
         fprintf(stderr, "dflash-gen: --out %s is the --prompts file: not replaced; give another "

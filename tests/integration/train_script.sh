@@ -248,7 +248,7 @@ if [ "$rc" != 1 ] || grep -q "the data ran out" "$WORK/s3.log" ||
     ! grep -q "the broker was drained (dflash-ctl drain), with data left; .*Run the same command \
 again to continue" "$WORK/s3.log"; then
     echo "FAIL: a drained run: exit $rc (want 1) or the wrong reason:" >&2
-    grep "^train: " "$WORK/s3.log" >&2
+    tail -n 40 "$WORK/s3.log" >&2 # the script's lines, and a failing daemon's log tail
     exit 1
 fi
 echo "ok: a second run on a running --out refused, its logs untouched; Ctrl-C and SIGTERM stop \

@@ -1,29 +1,69 @@
-/* process: see process.h. Linux only: the zombie test reads the state field of /proc/PID/stat
- * (after the last ')' of the command name, which may itself hold parentheses). */
+/* process: see process.h. Linux only: the state and the start time are fields 3 and 22 of
+ * /proc/PID/stat, counted after the last ')' of the command name (which may itself hold
+ * parentheses and spaces). */
 #include "process.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-bool process_gone(int pid) {
-    if (pid <= 0) return false;
-    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
-    char path[64], buf[512];
+/* pid's state letter and start time from /proc/PID/stat: 0, -ENOENT (no such entry: no such
+ * process, or one hidden from us), or -EIO (unreadable, or not the expected form). */
+static int read_stat(int pid, char *state, uint64_t *start) {
+    char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT; /* reaped between the two looks */
+    if (fd < 0) return errno == ENOENT || errno == ESRCH ? -ENOENT : -EIO;
     ssize_t n = read(fd, buf, sizeof buf - 1);
+    int err = n < 0 ? errno : 0;
     close(fd);
-    if (n <= 0) return false;
+    if (n < 0) return err == ESRCH ? -ENOENT : -EIO; /* reaped while we read */
     buf[n] = '\0';
     const char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+    if (!p || p[1] != ' ' || !p[2]) return -EIO;
+    *state = p[2];
+    /* fields 3 (state) to 22 (starttime): 19 separators after the state */
+    p += 2;
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p) return -EIO;
+        p++;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno || end == p) return -EIO;
+    *start = (uint64_t)v;
+    return 0;
 }
+
+uint64_t process_start_time(int pid) {
+    char state;
+    uint64_t start;
+    return pid > 0 && read_stat(pid, &state, &start) == 0 ? start : 0;
+}
+
+bool process_gone_since(int pid, uint64_t start) {
+    if (pid <= 0) return false;
+    bool signallable = kill((pid_t)pid, 0) == 0;
+    if (!signallable && errno == ESRCH) return true;
+    char state;
+    uint64_t started;
+    int rc = read_stat(pid, &state, &started);
+    if (rc == -ENOENT) return signallable; /* ours: reaped between the two looks; another's:
+                                             * hidden from us (hidepid), not ours to judge */
+    if (rc < 0) return false;
+    if (state == 'Z' || state == 'X') return true;
+    return start != 0 && started != start; /* the pid now names another process */
+}
+
+bool process_gone(int pid) { return process_gone_since(pid, 0); }
 
 uint64_t process_pidns(void) {
     struct stat st;

@@ -22,8 +22,9 @@
  * the group after it arrived there: the next call fails). All atomics are
  * sequentially consistent, which orders the plain region reads and writes around each barrier.
  * Waits (shm_wait): spin, then short sleeps; every PEER_CHECK_S the peer waited for (while
- * joining: every peer that has joined) is looked at with process_gone, when it shares our pid
- * namespace, and the watch is given its turn (collective_wait.h). A peer found gone is checked
+ * joining: every peer that has joined) is looked at with process_gone_since (its pid and start
+ * time: a dead peer's pid reused by a new process is not taken for the peer), when it shares our
+ * pid namespace, and the watch is given its turn (collective_wait.h). A peer found gone is checked
  * once more for arrival (it may have arrived, then exited) before the group is broken.
  * Thread: the caller's; no thread of our own.
  */
@@ -73,8 +74,9 @@ typedef struct shm_hdr {
 typedef struct shm_rank {
     _Atomic uint64_t arrived;
     _Atomic uint32_t joined, left;
-    _Atomic int32_t pid; /* stored after pidns */
+    _Atomic int32_t pid; /* stored after pidns and start */
     uint64_t pidns;
+    uint64_t start; /* the process's start time (process_start_time), 0: unknown */
 } shm_rank;
 
 _Static_assert(sizeof(shm_hdr) <= SHM_HDR_BYTES, "shm header too large");
@@ -218,19 +220,23 @@ static int shm_fail(dp_comm *c, int rc, int gone, int pid, const char *fmt, ...)
     return rc;
 }
 
-/* Peer r's pid when we can judge its process (it has joined, in our pid namespace), else 0. */
-static int peer_pid(const dp_comm *c, int r) {
+/* Peer r's pid when we can judge its process (it has joined, in our pid namespace), else 0;
+ * its start time in *start (0: not recorded) when start is not NULL. */
+static int peer_pid(const dp_comm *c, int r, uint64_t *start) {
     shm_rank *p = rank_of(c, r);
-    int pid = atomic_load(&p->pid);
+    int pid = atomic_load(&p->pid); /* after it: pidns and start, stored before it */
+    if (start) *start = p->start;
     return pid > 0 && c->pidns && p->pidns == c->pidns ? pid : 0;
 }
 
-/* The first peer (r, or every peer when r < 0) whose process has ended; -1 when none. */
+/* The first peer (r, or every peer when r < 0) whose process has ended; -1 when none. Its pid
+ * taken by a new process since is seen as the end it is (by the start time). */
 static int gone_peer(const dp_comm *c, int r, int *pid) {
     for (int q = r < 0 ? 0 : r; q < (r < 0 ? c->world : r + 1); q++) {
         if (q == c->rank) continue;
-        *pid = peer_pid(c, q);
-        if (*pid && process_gone(*pid)) return q;
+        uint64_t start;
+        *pid = peer_pid(c, q, &start);
+        if (*pid && process_gone_since(*pid, start)) return q;
     }
     return -1;
 }
@@ -242,7 +248,7 @@ typedef bool (*shm_cond)(const dp_comm *c, int arg, int *why);
 static int shm_wait(dp_comm *c, shm_cond cond, int arg, int peer, const char *what,
                     double deadline) {
     dp_waiter wt;
-    dp_wait_begin(&wt, &c->watch, what, peer, peer >= 0 ? peer_pid(c, peer) : 0,
+    dp_wait_begin(&wt, &c->watch, what, peer, peer >= 0 ? peer_pid(c, peer, NULL) : 0,
                   deadline - c->timeout_s, c->timeout_s);
     double next_check = 0;
     for (long i = 0;; i++) {
@@ -462,6 +468,7 @@ static int shm_open_group(dp_comm *c, const uint8_t id[DP_COMM_ID_BYTES], char *
         goto fail;
     }
     me->pidns = c->pidns;
+    me->start = process_start_time((int)getpid());
     atomic_store(&me->pid, (int32_t)getpid());
     atomic_fetch_add(&h->n_joined, 1u);
     rc = shm_wait(c, cond_all_joined, 0, -1, "join", deadline);

@@ -42,3 +42,17 @@ void host_name_local(char *out, size_t cap)
     host[sizeof host - 1] = '\0';
     host_name_part(host, out, cap);
 }
+
+void host_name_target(char *out, size_t cap)
+{
+    char host[HOST_NAME_TARGET_MAX - 7]; /* "target-" and this: HOST_NAME_TARGET_MAX - 1 */
+    host_name_local(host, sizeof host);
+    snprintf(out, cap < HOST_NAME_TARGET_MAX ? cap : HOST_NAME_TARGET_MAX, "target-%s", host);
+}
+
+void host_name_drafter_prefix(char *out, size_t cap)
+{
+    char host[HOST_NAME_DRAFTER_MAX - 16]; /* "drafter-", "-" and a pid of up to 7 digits */
+    host_name_local(host, sizeof host);
+    snprintf(out, cap, "drafter-%s-", host);
+}

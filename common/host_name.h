@@ -1,4 +1,5 @@
-/* host_name: the host part of a daemon's default --name (target-<host>, drafter-<host>-<pid>).
+/* host_name: a daemon's default --name (target-<host>, drafter-<host>-<pid>) and its host part;
+ * dflash-ctl peer @target / @drafter names the daemons of its own host by them.
  * A name field is short (a target's names its slot pool: 31 characters), and host names are
  * often longer and share a long prefix (Kubernetes pods: <deployment>-<hash>-<suffix>, numbered
  * cluster nodes), so cutting the end off made two hosts one name: the broker took the second
@@ -18,5 +19,17 @@ void host_name_part(const char *host, char *out, size_t cap);
 
 /* host_name_part of this machine's gethostname(). */
 void host_name_local(char *out, size_t cap);
+
+/* The default --name of a target on this host, "target-<host part>" (a pool name: at most
+ * HOST_NAME_TARGET_MAX - 1 characters), into out[cap]. Stable across restarts on one host, so a
+ * restart takes over its session and pool; unique per container. */
+#define HOST_NAME_TARGET_MAX 32
+void host_name_target(char *out, size_t cap);
+
+/* The default --name of a drafter on this host without its pid, "drafter-<host part>-" (a
+ * drafter's name is this and its pid: at most HOST_NAME_DRAFTER_MAX - 1 characters), into
+ * out[cap]. */
+#define HOST_NAME_DRAFTER_MAX 48
+void host_name_drafter_prefix(char *out, size_t cap);
 
 #endif

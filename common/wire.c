@@ -342,6 +342,11 @@ int wire_check(const wire_msg *m, char *why, size_t len)
                 return fail(why, len, DFLASH_ERANGE, "orphaned step %u: group name", i);
         if (m->u.status.stopping && !terminated(m->u.status.stop.waiting_for, WIRE_MAX_TEXT))
             return fail(why, len, DFLASH_ERANGE, "stopping: waiting_for not terminated");
+        if (m->u.status.n_peer_list > WIRE_MAX_STATUS_PEERS)
+            return fail(why, len, DFLASH_ERANGE, "%u peers listed", m->u.status.n_peer_list);
+        for (uint32_t i = 0; i < m->u.status.n_peer_list; i++)
+            if (!terminated(m->u.status.peer_list[i].name, WIRE_MAX_NAME))
+                return fail(why, len, DFLASH_ERANGE, "listed peer %u: name", i);
         return 0;
     case WIRE_GROUP_JOIN:
     case WIRE_GROUP_VIEW:
@@ -472,6 +477,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
     char *gs_members[WIRE_MAX_GROUPS][WIRE_MAX_STATUS_MEMBERS];
     Dflash__OrphanStat os_pb[WIRE_MAX_STATUS_ORPHANS];
     Dflash__OrphanStat *os_ptr[WIRE_MAX_STATUS_ORPHANS];
+    Dflash__PeerStat ps_pb[WIRE_MAX_STATUS_PEERS];
+    Dflash__PeerStat *ps_ptr[WIRE_MAX_STATUS_PEERS];
     Dflash__StopStat stop;
     Dflash__GroupJoin gjoin;
     Dflash__GroupView gview;
@@ -675,6 +682,19 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         }
         st.n_orphans = s->n_orphans;
         st.orphans = os_ptr;
+        for (uint32_t i = 0; i < s->n_peer_list; i++) {
+            Dflash__PeerStat *o = &ps_pb[i];
+            dflash__peer_stat__init(o);
+            o->name = (char *)s->peer_list[i].name;
+#define PS(f) o->has_##f = 1, o->f = s->peer_list[i].f
+            PS(role), PS(heard_ms_ago), PS(leases), PS(held), PS(slots), PS(trains);
+#undef PS
+            ps_ptr[i] = o;
+        }
+        st.n_peer_list = s->n_peer_list;
+        st.peer_list = ps_ptr;
+        st.has_peers_unlisted = s->peers_unlisted != 0;
+        st.peers_unlisted = s->peers_unlisted;
         if (s->journal_error[0]) st.journal_error = (char *)s->journal_error;
         if (s->stopping) {
             dflash__stop_stat__init(&stop);
@@ -1118,6 +1138,19 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
             if (copy_str(w->stop.waiting_for, WIRE_MAX_TEXT, x->waiting_for))
                 return fail(why, len, DFLASH_ERANGE, "status: stopping.waiting_for too long");
         }
+        if (s->n_peer_list > WIRE_MAX_STATUS_PEERS)
+            return fail(why, len, DFLASH_ERANGE, "status: %zu peers listed", s->n_peer_list);
+        w->n_peer_list = (uint32_t)s->n_peer_list;
+        for (size_t i = 0; i < s->n_peer_list; i++) {
+            const Dflash__PeerStat *o = s->peer_list[i];
+            wire_peer_stat *x = &w->peer_list[i];
+#define PS(f) x->f = o->f
+            PS(role), PS(heard_ms_ago), PS(leases), PS(held), PS(slots), PS(trains);
+#undef PS
+            if (copy_str(x->name, WIRE_MAX_NAME, o->name))
+                return fail(why, len, DFLASH_ERANGE, "status: listed peer %zu name", i);
+        }
+        w->peers_unlisted = s->peers_unlisted;
         break;
     }
     case DFLASH__ENVELOPE__BODY_GROUP_JOIN: {

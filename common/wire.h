@@ -38,6 +38,7 @@
 #define WIRE_MAX_GROUPS 8         /* groups listed in a status reply */
 #define WIRE_MAX_STATUS_MEMBERS 32 /* member names listed per group in a status reply */
 #define WIRE_MAX_STATUS_ORPHANS 8  /* orphaned group steps listed in a status reply */
+#define WIRE_MAX_STATUS_PEERS 64   /* live targets and drafters listed in a status reply */
 
 typedef enum {
     WIRE_ROLE_NONE = 0,
@@ -216,6 +217,16 @@ typedef struct wire_orphan_stat {
     uint64_t abort_in_ms; /* left before the broker's group-hold-ms aborts it */
 } wire_orphan_stat;
 
+/* A live target or drafter as status lists it. */
+typedef struct wire_peer_stat {
+    char name[WIRE_MAX_NAME];
+    uint32_t role;         /* wire_role: WIRE_ROLE_TARGET or WIRE_ROLE_DRAFTER */
+    uint64_t heard_ms_ago; /* since its last message (heartbeats included) */
+    uint32_t leases, held; /* drafter: slots granted, not released; batches in training */
+    uint32_t slots;        /* target: its registered pool's slots (0: none yet) */
+    bool trains;           /* drafter: a trainer (it said ResumeFrom) */
+} wire_peer_stat;
+
 typedef enum { WIRE_STATE_RUNNING = 0, WIRE_STATE_PAUSED = 1, WIRE_STATE_DRAINING = 2 } wire_run_state;
 
 /* The broker's graceful stop as status shows it (wire_status.stopping): what it still waits for,
@@ -251,6 +262,10 @@ typedef struct wire_status {
      * without an admin key */
     uint64_t hellos_refused_full, replies_dropped, key_refusals, connections_refused,
         steering_refused;
+    /* live targets, then live drafters (0 listed from an older broker); beyond the list: */
+    uint32_t n_peer_list; /* <= WIRE_MAX_STATUS_PEERS */
+    wire_peer_stat peer_list[WIRE_MAX_STATUS_PEERS];
+    uint32_t peers_unlisted;
 } wire_status;
 
 typedef struct wire_kv {

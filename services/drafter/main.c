@@ -641,9 +641,9 @@ int main(int argc, char **argv)
     if (cfg.name[0]) {
         snprintf(name, sizeof name, "%s", cfg.name);
     } else {
-        char host[sizeof name - 16]; /* "drafter-", "-" and a pid of up to 7 digits */
-        host_name_local(host, sizeof host);
-        snprintf(name, sizeof name, "drafter-%s-%d", host, (int)getpid());
+        char prefix[HOST_NAME_DRAFTER_MAX];
+        host_name_drafter_prefix(prefix, sizeof prefix);
+        snprintf(name, sizeof name, "%s%d", prefix, (int)getpid());
     }
     lc.endpoint = endpoint;
     lc.curve_server_key = cfg.curve_server_key;

@@ -1193,6 +1193,34 @@ int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
     return n;
 }
 
+/* The live targets, then the live drafters, into s's peer list (WIRE_MAX_STATUS_PEERS at most;
+ * the rest counted in peers_unlisted): who is connected, heard when, holding what. */
+static void status_peers(broker *b, uint64_t now, wire_status *s)
+{
+    static const wire_role roles[] = {WIRE_ROLE_TARGET, WIRE_ROLE_DRAFTER};
+    for (size_t k = 0; k < sizeof roles / sizeof *roles; k++)
+        for (uint32_t i = 0; i < b->n_peers; i++) {
+            const peer *p = b->peers[i];
+            if (p->state != PEER_LIVE || p->role != roles[k]) continue;
+            if (s->n_peer_list == WIRE_MAX_STATUS_PEERS) {
+                s->peers_unlisted++;
+                continue;
+            }
+            wire_peer_stat *o = &s->peer_list[s->n_peer_list++];
+            snprintf(o->name, sizeof o->name, "%s", p->name);
+            o->role = (uint32_t)p->role;
+            o->heard_ms_ago = now > p->last_seen_ms ? now - p->last_seen_ms : 0;
+            if (p->role == WIRE_ROLE_DRAFTER) {
+                o->leases = b->policy ? policy_worker_leases(b->policy, p->incarnation) : 0;
+                o->held = p->n_held;
+                o->trains = p->trains;
+            } else if (p->pool_id >= 0 && p->pool_id < MAX_POOLS &&
+                       b->pools[p->pool_id].registered) {
+                o->slots = b->pools[p->pool_id].desc.slot_count;
+            }
+        }
+}
+
 void broker_status(broker *b, wire_status *s)
 {
     memset(s, 0, sizeof *s);
@@ -1264,6 +1292,7 @@ void broker_status(broker *b, wire_status *s)
         o->abort_in_ms = hold > oi.waited_ms ? hold - oi.waited_ms : 0;
     }
     broker_stop_status(b, s);
+    status_peers(b, now, s);
     if (!b->policy) return;
     policy_stats ps;
     policy_get_stats(b->policy, &ps);

@@ -121,17 +121,7 @@ static const cfg_table target_table = {
     "[options]", target_options, sizeof target_options / sizeof target_options[0], NULL,
     check_options, NULL};
 
-/* The default --name: target-<host> (host_name_local: the host name up to its first dot, other
- * characters than letters, digits, - and _ as -; a longer one than fits in POOL_NAME_MAX keeps
- * its head and a hash of the whole). Stable across restarts on one host, so a restart takes over
- * its session and pool; unique per container, so `docker compose --scale target=N` gives each
- * replica its own pool. */
-static void default_name(char *name, size_t len)
-{
-    char host[POOL_NAME_MAX - 7]; /* "target-" and this: at most POOL_NAME_MAX - 1 characters */
-    host_name_local(host, sizeof host);
-    snprintf(name, len < POOL_NAME_MAX ? len : POOL_NAME_MAX, "target-%s", host);
-}
+_Static_assert(HOST_NAME_TARGET_MAX <= POOL_NAME_MAX, "a target's name is its pool's");
 
 /* Frees the model's compute context (NULL for the synthetic target); nulls it. */
 static void close_nn(pool_backend backend, nn_ctx **nn)
@@ -270,7 +260,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "dflash-target: %s\n", why);
         return 2;
     }
-    if (!cfg.name[0]) default_name(cfg.name, sizeof cfg.name);
+    if (!cfg.name[0]) host_name_target(cfg.name, sizeof cfg.name); /* target-<host> */
 
     target_loop_config lc;
     char endpoint[300];

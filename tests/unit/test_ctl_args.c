@@ -80,7 +80,7 @@ int main(void) {
     CHECK_EQ_INT(run("bogus"), 1);
     err = test_slurp(errp, NULL);
     CHECK(strstr(err, "unknown verb 'bogus' (status, watch, set, pause, resume, drain, release, "
-                      "ping, keygen)") != NULL);
+                      "ping, peer, keygen)") != NULL);
     if (!strstr(err, "keygen")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
 

@@ -2,9 +2,9 @@
  * status reply gives every field its own value: each one must land under its own name in
  * --json and in its own place in the table (a swapped or dropped field would otherwise pass
  * every test that reads only a few of them), the optional lines (the stop, the journal's
- * failure, the refusals, buckets, groups, orphans) show exactly when their fields say so, and
- * each verb sends its own request and prints its answer: ping (healthy, stopping, a failing
- * journal: exit 1), set, pause / resume / drain, release (one, all, none, an old broker), an
+ * failure, the refusals, buckets, groups, orphans, peers) show exactly when their fields say so,
+ * and each verb sends its own request and prints its answer: ping (healthy, stopping, a failing
+ * journal: exit 1), peer (by name, PREFIX*, @target and @drafter; none: exit 1), set, pause / resume / drain, release (one, all, none, an old broker), an
  * error answer (exit 1) and a broker that does not answer (exit 2); watch prints each
  * announcement (stats, a ready slot, a config change), and exits 2 at once when the PUB
  * endpoint the broker names lies in no directory. Runs the dflash-ctl binary
@@ -12,6 +12,7 @@
 #include "check.h"
 #include "err.h"
 #include "fake_broker.h"
+#include "host_name.h"
 #include "test_files.h"
 
 #include <signal.h>
@@ -82,6 +83,11 @@ static void full_status(wire_status *s)
     s->orphans[0] = (wire_orphan_stat){"g0", 51, 52, 5300, 5400};
     s->stopping = true;
     s->stop = (wire_stop_stat){8000, 2500, 1, 2, 3, 4, "drafter d0 (1 lease)"};
+    s->n_peer_list = 3;
+    s->peer_list[0] = (wire_peer_stat){"target-h1", WIRE_ROLE_TARGET, 1500, 0, 0, 61, false};
+    s->peer_list[1] = (wire_peer_stat){"drafter-h2-7", WIRE_ROLE_DRAFTER, 250, 62, 63, 0, true};
+    s->peer_list[2] = (wire_peer_stat){"drafter-h3-8", WIRE_ROLE_DRAFTER, 64000, 65, 66, 0, false};
+    s->peers_unlisted = 67;
 }
 
 static void test_status_json(void)
@@ -115,6 +121,11 @@ static void test_status_json(void)
            "\"step_reserved\":true,\"members\":[\"d0\",\"d1\"]}]");
     HAS(o, "\"orphans\":[{\"group\":\"g0\",\"step\":51,\"batches\":52,\"held_ms\":5300,"
            "\"abort_in_ms\":5400}]");
+    HAS(o, "\"peer_list\":[{\"name\":\"target-h1\",\"role\":\"target\",\"heard_ms_ago\":1500,"
+           "\"leases\":0,\"held\":0,\"slots\":61,\"trains\":false},{\"name\":\"drafter-h2-7\","
+           "\"role\":\"drafter\",\"heard_ms_ago\":250,\"leases\":62,\"held\":63,\"slots\":0,"
+           "\"trains\":true},{\"name\":\"drafter-h3-8\",\"role\":\"drafter\",\"heard_ms_ago\":"
+           "64000,\"leases\":65,\"held\":66,\"slots\":0,\"trains\":false}],\"peers_unlisted\":67");
     CHECK(strchr(o, '\n') == strrchr(o, '\n')); /* one line */
     free(o);
 
@@ -158,6 +169,11 @@ static void test_status_table(void)
            "g1 active 41 2 42* 3/4 43 44 45 d0 d1\n");
     HAS(o, "\norphaned step batches held s abort in s (every rank expired mid-step: the group's "
            "creator resolves it)\ng0 51 52 5.3 5.4\n");
+    HAS(o, "\n\npeer role heard s leases held slots trains\n"
+           "target-h1 target 1.5 - - 61 -\n"
+           "drafter-h2-7 drafter 0.2 62 63 - yes\n"
+           "drafter-h3-8 drafter 64.0 65 66 - no\n"
+           "(and 67 more live targets and drafters, not listed)\n");
     free(o);
 
     /* nothing optional: no stop line, journal ok, no refusals, no tables; a group step not
@@ -167,7 +183,7 @@ static void test_status_table(void)
     s.journal_error[0] = 0;
     s.hellos_refused_full = s.replies_dropped = s.key_refusals = 0;
     s.connections_refused = s.steering_refused = 0;
-    s.n_buckets = s.n_orphans = 0;
+    s.n_buckets = s.n_orphans = s.n_peer_list = 0;
     s.groups[0].step_reserved = false;
     s.groups[0].accumulate = 1;
     s.groups[0].state = WIRE_GROUP_FORMING;
@@ -177,7 +193,7 @@ static void test_status_table(void)
     HAS(o, "journal ok\n");
     HAS(o, "\ng1 forming 41 2 42 - 43 44 45 d0 d1\n");
     CHECK(!strstr(o, "\nstate ") && !strstr(o, "JOURNAL") && !strstr(o, "refused") &&
-          !strstr(o, "bucket") && !strstr(o, "orphaned"));
+          !strstr(o, "bucket") && !strstr(o, "orphaned") && !strstr(o, "\npeer "));
     free(o);
     /* each refusal count alone shows the line */
     uint64_t *counts[] = {&s.hellos_refused_full, &s.replies_dropped, &s.key_refusals,
@@ -392,6 +408,62 @@ static void test_watch(void)
     free(o);
 }
 
+/* peer NAME / PREFIX*: the rows of the live targets and drafters so named, exit 0; none, exit
+ * 1 saying so; no name, or two: refused before asking (exit 1). */
+static void test_peer(void)
+{
+    wire_status s;
+    full_status(&s);
+    set_status(&s);
+    char *o;
+    CHECK_EQ_INT(ctl("peer target-h1", &o), 0);
+    HAS(o, "peer role heard s leases held slots trains\ntarget-h1 target 1.5 - - 61 -\n");
+    CHECK(!strstr(o, "drafter"));
+    free(o);
+    CHECK_EQ_INT(ctl("peer 'drafter-*'", &o), 0);
+    HAS(o, "\ndrafter-h2-7 drafter 0.2 62 63 - yes\ndrafter-h3-8 drafter 64.0 65 66 - no\n");
+    CHECK(!strstr(o, "target-h1"));
+    free(o);
+    CHECK_EQ_INT(ctl("--json peer 'drafter-h3*'", &o), 0);
+    HAS(o, "{\"ok\":true,\"peers\":[{\"name\":\"drafter-h3-8\",\"role\":\"drafter\"");
+    CHECK(!strstr(o, "drafter-h2-7"));
+    free(o);
+    /* a name that is only a prefix of a listed one is not it; nor is a missing one */
+    CHECK_EQ_INT(ctl("peer target-h", &o), 1);
+    free(o);
+    CHECK_EQ_INT(ctl("--json peer drafter-h9", &o), 1);
+    HAS(o, "\"ok\":false,\"verb\":\"peer\",\"error\":\"NOTFOUND\"");
+    HAS(o, "no live target or drafter named drafter-h9 (3 listed, more not listed)");
+    free(o);
+    CHECK_EQ_INT(ctl("peer", &o), 1);
+    free(o);
+    CHECK_EQ_INT(ctl("peer a b", &o), 1);
+    free(o);
+    /* @target and @drafter: this host's daemons by their default names (host_name.h) */
+    CHECK_EQ_INT(ctl("peer @target", &o), 1);
+    free(o);
+    CHECK_EQ_INT(ctl("peer @drafter", &o), 1);
+    free(o);
+    host_name_target(s.peer_list[0].name, sizeof s.peer_list[0].name);
+    char prefix[HOST_NAME_DRAFTER_MAX];
+    host_name_drafter_prefix(prefix, sizeof prefix);
+    snprintf(s.peer_list[2].name, sizeof s.peer_list[2].name, "%s4242", prefix);
+    set_status(&s);
+    CHECK_EQ_INT(ctl("peer @target", &o), 0);
+    HAS(o, s.peer_list[0].name);
+    CHECK(!strstr(o, "drafter"));
+    free(o);
+    CHECK_EQ_INT(ctl("--json peer @drafter", &o), 0);
+    HAS(o, s.peer_list[2].name);
+    CHECK(!strstr(o, "drafter-h2-7"));
+    free(o);
+    /* an older broker lists nobody: not found */
+    s.n_peer_list = s.peers_unlisted = 0;
+    set_status(&s);
+    CHECK_EQ_INT(ctl("peer 'target-*'", &o), 1);
+    free(o);
+}
+
 int main(void)
 {
     const char *env = getenv("DFLASH_CTL_BIN");
@@ -405,6 +477,7 @@ int main(void)
     test_status_json();
     test_status_table();
     test_ping();
+    test_peer();
     test_verbs();
     test_watch();
     unlink(outp);

@@ -134,6 +134,11 @@ static void fill_status(wire_status *st)
     }
     st->stopping = true;
     st->stop = (wire_stop_stat){v, v + 1, 1, 2, 3, 4, "drafter d (2 leases, ...)"};
+    v += 2;
+    st->n_peer_list = 2;
+    st->peer_list[0] = (wire_peer_stat){"target-a", WIRE_ROLE_TARGET, v, 0, 0, 8, false};
+    st->peer_list[1] = (wire_peer_stat){"drafter-b", WIRE_ROLE_DRAFTER, v + 1, 3, 2, 0, true};
+    st->peers_unlisted = 5;
 }
 
 
@@ -602,11 +607,20 @@ int main(void)
         CHECK(out.u.status.n_orphans == 2 && strcmp(out.u.status.orphans[1].group, "dp2") == 0);
         CHECK(out.u.status.stopping && out.u.status.stop.reports == 4);
         CHECK(strcmp(out.u.status.stop.waiting_for, "drafter d (2 leases, ...)") == 0);
+        CHECK(out.u.status.n_peer_list == 2 && out.u.status.peers_unlisted == 5);
+        const wire_peer_stat *pd = &out.u.status.peer_list[1];
+        CHECK(strcmp(pd->name, "drafter-b") == 0 && pd->role == WIRE_ROLE_DRAFTER &&
+              pd->leases == 3 && pd->held == 2 && pd->trains);
+        CHECK(out.u.status.peer_list[0].slots == 8);
     }
     /* not stopping (and an older broker): no stop on the wire, none unpacked */
     in.u.status.stopping = false;
     if (roundtrip(&in, &out)) CHECK(!out.u.status.stopping && out.u.status.stop.grace_ms == 0);
     in.u.status.stopping = true;
+    /* an older broker lists no peers (StatusReply 35-36 absent) */
+    in.u.status.n_peer_list = in.u.status.peers_unlisted = 0;
+    memset(in.u.status.peer_list, 0, sizeof in.u.status.peer_list);
+    if (roundtrip(&in, &out)) CHECK(out.u.status.n_peer_list == 0 && !out.u.status.peers_unlisted);
     /* the refusal counters (StatusReply 30-34), packed last: a client that predates them (here:
      * the same bytes with the five renumbered 62-66, fields this schema does not have) skips
      * them, protobuf-c keeping them aside unread; the rest reads as before and they read 0 */
@@ -633,6 +647,13 @@ int main(void)
     CHECK(same_payload(&in, &out));
     /* orphaned group steps: at most WIRE_MAX_STATUS_ORPHANS */
     in.u.status.n_orphans = WIRE_MAX_STATUS_ORPHANS + 1;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    in.u.status.n_orphans = 0;
+    /* listed peers: at most WIRE_MAX_STATUS_PEERS, each name terminated */
+    in.u.status.n_peer_list = WIRE_MAX_STATUS_PEERS + 1;
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    in.u.status.n_peer_list = 1;
+    memset(in.u.status.peer_list[0].name, 'x', WIRE_MAX_NAME);
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
 
     /* settings */

@@ -1,12 +1,16 @@
 /* dflash-ctl: inspects and steers dflash-queue over its ROUTER socket (client.h).
  *
  *   dflash-ctl [--endpoint E] [--timeout-ms N] [--json] status|watch|set K=V...|pause|resume|
- *              drain|release E/B/I|all|ping
+ *              drain|release E/B/I|all|ping|peer NAME
  *   dflash-ctl [--json] keygen DIR NAME   (writes DIR/NAME.key, mode 0600, and DIR/NAME.pub;
  *                                          curve.h; asks no broker)
  *
  * release: quarantined batches back to to-do, the one named (EPOCH/BUCKET/INDEX as the broker's
  * log prints it, or the drafter's "(E, B, I)"), or every one; prints how many.
+ * status lists the live targets and drafters (name, role, heard how long ago, leases and batches
+ * in training, pool slots); peer NAME (or PREFIX*; @target and @drafter: this host's daemons
+ * by their default names, host_name.h) prints those so named and exits 1 when there is none:
+ * the healthcheck of a target or drafter container (deploy/docker-compose.yml).
  * Over tcp:// the broker wants CURVE: --curve-server-key (its .pub file) and --curve-key (our
  * .key file). set/pause/resume/drain/release then need a key in the broker's --admin-keys dir.
  *
@@ -36,6 +40,7 @@
 #include "config.h"
 #include "curve.h"
 #include "err.h"
+#include "host_name.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -86,9 +91,10 @@ static const cfg_table ctl_table = {
     "dflash-ctl",
     "inspect and steer dflash-queue. Verbs: status, watch, set KEY=VALUE..., pause, resume, "
     "drain, release EPOCH/BUCKET/INDEX|all (quarantined batches back to to-do: the one named, as "
-    "the logs print it, or all), ping, keygen DIR NAME (CURVE keypair). Exit 0 ok, 1 error, 2 "
-    "timeout",
-    "[options] VERB [KEY=VALUE... | EPOCH/BUCKET/INDEX]",
+    "the logs print it, or all), ping, peer NAME|PREFIX*|@target|@drafter (the live target or "
+    "drafter so named, @target and @drafter: this host's by their default names: exit 0, none: "
+    "exit 1), keygen DIR NAME (CURVE keypair). Exit 0 ok, 1 error, 2 timeout",
+    "[options] VERB [KEY=VALUE... | EPOCH/BUCKET/INDEX | NAME]",
     ctl_options,
     sizeof ctl_options / sizeof *ctl_options,
     NULL,
@@ -189,6 +195,24 @@ static void stop_json(cJSON *o, const wire_status *s)
     cJSON_AddStringToObject(x, "waiting_for", st->waiting_for);
 }
 
+static const char *role_name(uint32_t r)
+{
+    return r == WIRE_ROLE_TARGET ? "target" : r == WIRE_ROLE_DRAFTER ? "drafter" : "unknown";
+}
+
+/* A listed peer as JSON: its name, role and what status says of it. */
+static cJSON *peer_json(const wire_peer_stat *p)
+{
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "name", p->name);
+    cJSON_AddStringToObject(x, "role", role_name(p->role));
+#define N(f) cJSON_AddNumberToObject(x, #f, (double)p->f)
+    N(heard_ms_ago), N(leases), N(held), N(slots);
+#undef N
+    cJSON_AddBoolToObject(x, "trains", p->trains);
+    return x;
+}
+
 static cJSON *status_json(const wire_status *s)
 {
     cJSON *o = cJSON_CreateObject();
@@ -230,6 +254,10 @@ static cJSON *status_json(const wire_status *s)
             cJSON_AddItemToArray(mem, cJSON_CreateString(g->members[k]));
         cJSON_AddItemToArray(groups, x);
     }
+    cJSON *peers = cJSON_AddArrayToObject(o, "peer_list");
+    for (uint32_t i = 0; i < s->n_peer_list; i++)
+        cJSON_AddItemToArray(peers, peer_json(&s->peer_list[i]));
+    cJSON_AddNumberToObject(o, "peers_unlisted", (double)s->peers_unlisted);
     cJSON *orphans = cJSON_AddArrayToObject(o, "orphans");
     for (uint32_t i = 0; i < s->n_orphans; i++) {
         const wire_orphan_stat *g = &s->orphans[i];
@@ -256,6 +284,7 @@ static void print_refusals(const wire_status *s);
 static void print_buckets(const wire_status *s);
 static void print_groups(const wire_status *s);
 static void print_orphans(const wire_status *s);
+static void print_peers(const wire_status *s);
 
 static void print_status(const wire_status *s, uint64_t incarnation)
 {
@@ -285,6 +314,7 @@ static void print_status(const wire_status *s, uint64_t incarnation)
         printf("JOURNAL   %s: nothing since is durable; the broker retries and recovers once "
                "the disk has room (do not restart it before)\n", s->journal_error);
     print_refusals(s);
+    print_peers(s);
     print_buckets(s);
     print_groups(s);
     print_orphans(s);
@@ -348,6 +378,39 @@ static void print_groups(const wire_status *s)
 
 /* One line per orphaned group step: every rank of the group expired while it trained; its
  * batches stay in flight until the group is created again or the broker's group-hold-ms ends. */
+static void print_peer_header(void)
+{
+    printf("%-40s %-8s %8s %7s %5s %6s %7s\n", "peer", "role", "heard s", "leases", "held",
+           "slots", "trains");
+}
+
+/* One listed peer: "-" where a field is not its role's. */
+static void print_peer_row(const wire_peer_stat *p)
+{
+    bool d = p->role == WIRE_ROLE_DRAFTER;
+    char leases[16] = "-", held[16] = "-", slots[16] = "-";
+    if (d) {
+        snprintf(leases, sizeof leases, "%u", p->leases);
+        snprintf(held, sizeof held, "%u", p->held);
+    } else {
+        snprintf(slots, sizeof slots, "%u", p->slots);
+    }
+    printf("%-40s %-8s %8.1f %7s %5s %6s %7s\n", p->name, role_name(p->role),
+           (double)p->heard_ms_ago / 1000.0, leases, held, slots, d ? (p->trains ? "yes" : "no")
+                                                                      : "-");
+}
+
+/* The live targets and drafters (none listed by an older broker: nothing printed). */
+static void print_peers(const wire_status *s)
+{
+    if (!s->n_peer_list) return;
+    printf("\n");
+    print_peer_header();
+    for (uint32_t i = 0; i < s->n_peer_list; i++) print_peer_row(&s->peer_list[i]);
+    if (s->peers_unlisted)
+        printf("(and %u more live targets and drafters, not listed)\n", s->peers_unlisted);
+}
+
 static void print_orphans(const wire_status *s)
 {
     if (!s->n_orphans) return;
@@ -677,6 +740,57 @@ static void resolve_endpoint(ctl_config *c)
     client_resolve_endpoint(NULL, c->runtime_dir, c->endpoint, sizeof c->endpoint);
 }
 
+/* peer NAME: the live target or drafter NAME as status lists it (NAME ending in '*': every one
+ * whose name starts with the rest; @target: this host's target by its default name, @drafter:
+ * this host's drafters by theirs), exit 0; none, exit 1 (a container's healthcheck: its daemon
+ * is connected and heard by the broker, not only the broker up). */
+static int cmd_peer(const ctl_config *c, client *cl, const char *arg)
+{
+    char pattern[WIRE_MAX_NAME + 2];
+    if (strcmp(arg, "@target") == 0) { /* this host's target by its default name */
+        host_name_target(pattern, sizeof pattern);
+    } else if (strcmp(arg, "@drafter") == 0) { /* any drafter of this host by default name */
+        host_name_drafter_prefix(pattern, sizeof pattern - 1);
+        strcat(pattern, "*");
+    } else {
+        snprintf(pattern, sizeof pattern, "%s", arg);
+    }
+    static wire_status s;
+    int rc = client_status(cl, &s);
+    if (rc) return fail(c, cl, "peer", rc);
+    size_t n = strlen(pattern);
+    bool prefix = n > 0 && pattern[n - 1] == '*';
+    if (prefix) n--;
+    cJSON *arr = c->json ? cJSON_CreateArray() : NULL;
+    uint32_t found = 0;
+    for (uint32_t i = 0; i < s.n_peer_list; i++) {
+        const wire_peer_stat *p = &s.peer_list[i];
+        if (prefix ? strncmp(p->name, pattern, n) != 0 : strcmp(p->name, pattern) != 0) continue;
+        if (arr) {
+            cJSON_AddItemToArray(arr, peer_json(p));
+        } else {
+            if (!found) print_peer_header();
+            print_peer_row(p);
+        }
+        found++;
+    }
+    if (!found) {
+        cJSON_Delete(arr);
+        char msg[WIRE_MAX_NAME + 200];
+        snprintf(msg, sizeof msg, "the broker lists no live target or drafter %s %.64s (%u "
+                 "listed%s)", prefix ? "whose name starts with" : "named", pattern,
+                 s.n_peer_list, s.peers_unlisted ? ", more not listed" : "");
+        return fail_msg(c, "peer", DFLASH_ENOTFOUND, msg);
+    }
+    if (arr) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 1);
+        cJSON_AddItemToObject(o, "peers", arr);
+        print_json(o);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     ctl_config c;
@@ -690,8 +804,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *verb = pos[0];
-    static const char *const verbs[] = {"status", "watch", "set",  "pause",  "resume",
-                                        "drain",  "release", "ping", "keygen"};
+    static const char *const verbs[] = {"status", "watch", "set",  "pause",  "resume", "drain",
+                                        "release", "ping", "peer", "keygen"};
     bool known = false;
     for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) known |= strcmp(verb, verbs[i]) == 0;
     char msg[400];
@@ -703,11 +817,13 @@ int main(int argc, char **argv)
         return fail_msg(&c, verb, DFLASH_EINVAL, msg);
     }
     if (strcmp(verb, "keygen") == 0) return cmd_keygen(&c, npos - 1, pos + 1);
-    bool release = strcmp(verb, "release") == 0;
-    if (strcmp(verb, "set") != 0 && (release ? npos != 2 : npos > 1))
+    bool release = strcmp(verb, "release") == 0, peer = strcmp(verb, "peer") == 0;
+    if (strcmp(verb, "set") != 0 && (release || peer ? npos != 2 : npos > 1))
         return fail_msg(&c, verb, DFLASH_EINVAL,
                         release ? "takes one batch id (EPOCH/BUCKET/INDEX), or 'all' for every "
                                   "quarantined batch"
+                        : peer  ? "takes one peer name (NAME, PREFIX* for any name starting so, "
+                                  "@target or @drafter)"
                                 : "takes no arguments");
     static wire_settings set;
     if (strcmp(verb, "set") == 0 && (rc = parse_set(&c, npos - 1, pos + 1, &set))) return rc;
@@ -784,6 +900,8 @@ int main(int argc, char **argv)
         out = cmd_watch(&c, cl);
     } else if (release) {
         out = cmd_release(&c, cl, one ? &unit : NULL);
+    } else if (peer) {
+        out = cmd_peer(&c, cl, pos[1]);
     } else {
         rc = strcmp(verb, "pause") == 0    ? client_pause(cl)
              : strcmp(verb, "resume") == 0 ? client_resume(cl)

@@ -310,13 +310,18 @@ expect drafter_verify_failed 3 "VERIFY FAILED|failed verification" "$D" --runtim
 "$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 2 --name clitgt \
     > "$WORK/target_a.log" 2>&1 &
 TA=$!
+proc_track $TA
 for _ in $(seq 300); do grep -q "registered pool" "$WORK/target_a.log" && break; sleep 0.1; done
 "$T" --runtime-dir "$WORK/run" --backend host "${SLOTS[@]}" --slots 2 --name clitgt \
     > "$WORK/target_b.log" 2>&1 &
 PIDS+=($!)
 proc_track $!
-wait $TA
-GOT=$?
+# A exits once B took its name over: waited for 60 s at most (A registering after B would
+# replace B instead, and run on)
+for _ in $(seq 600); do proc_alive $TA || break; sleep 0.1; done
+proc_signal KILL $TA || true
+GOT=0
+wait $TA || GOT=$?
 if [ "$GOT" != 4 ] || ! grep -q "name 'clitgt' is in use" "$WORK/target_a.log"; then
     echo "FAIL target_name_in_use: exit $GOT (want 4) naming the name in use:" >&2
     tail -n 8 "$WORK/target_a.log" >&2

@@ -74,8 +74,14 @@ odd=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-proc.XXXXXX")
 cp "$(command -v sleep)" "$odd/x) y (z"
 "$odd/x) y (z" 30 &
 q=$!
+# (tracked once it runs the program: right after the fork the stat line still names bash)
+for _ in $(seq 100); do
+    [ "$(cat "/proc/$q/comm" 2>/dev/null)" != "x) y (z" ] || break
+    sleep 0.05
+done
 proc_track "$q"
 comm=$(cat "/proc/$q/comm")
+check "it runs as 'x) y (z' (comm '$comm')" test "$comm" = "x) y (z"
 want=$(sed 's/.*) //' "/proc/$q/stat" | cut -d' ' -f20)
 check "the start time of '$comm' (${PROC_START[$q]}, want $want)" \
     test -n "$want" -a "${PROC_START[$q]}" = "$want"

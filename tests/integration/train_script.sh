@@ -15,8 +15,11 @@ BUILD=$1
 ROOT=$2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-test-train.XXXXXX")
 BG="" # a scripts/train started in the background, in its own process group (setsid)
+HELD="" # a drafter this test stopped (SIGSTOP): continued on exit, or the script's stop of it
+        # would wait for ever (a stopped process keeps a SIGTERM pending)
 # (KEEP=1 keeps WORK, for a look after a failure)
-trap 'if [ -n "$BG" ]; then kill -TERM -- "-$BG" 2>/dev/null; fi; wait
+trap 'if [ -n "$HELD" ]; then kill -CONT "$HELD" 2>/dev/null; fi
+    if [ -n "$BG" ]; then kill -TERM -- "-$BG" 2>/dev/null; fi; wait
     [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 
 "$BUILD/tools/dflash-mkmodel" --family qwen3 --layers 8 --seed 1 --out "$WORK/target" \
@@ -204,7 +207,8 @@ fi
 bg_stoprun "$WORK/s2.log"
 wait_for "$WORK/s2.log" "^train: the broker's runtime directory is "
 rd=$(sed -n "s/^train: the broker's runtime directory is \([^:]*\): .*/\1/p" "$WORK/s2.log")
-"$BUILD/tools/dflash-ctl" --runtime-dir "$rd" --timeout-ms 5000 pause > /dev/null
+"$BUILD/tools/dflash-ctl" --runtime-dir "$rd" --timeout-ms 5000 pause > /dev/null ||
+    { echo "FAIL: dflash-ctl pause of the re-run's broker" >&2; exit 1; }
 wait_for "$WORK/s2.log" "policy: running -> paused"
 [ "$(grep -c "^---- scripts/train started " "$S/drafter.log")" = 2 ] &&
     grep -q "checkpoint .*step-0*10 written" "$S/drafter.log" ||
@@ -225,7 +229,7 @@ bg_stoprun "$WORK/s3.log"
 wait_for "$WORK/s3.log" "^train: the broker is paused: nothing trains until it is resumed: "
 resume=$(sed -n 's/^train: the broker is paused: nothing trains until it is resumed: //p' \
     "$WORK/s3.log")
-$resume > /dev/null
+$resume > /dev/null || { echo "FAIL: the printed resume command failed: $resume" >&2; exit 1; }
 wait_for "$WORK/s3.log" "policy: paused -> running"
 # an operator's drain ends the run short of --steps: said as such (exit 1), with the way on; it
 # was reported as "the data ran out after --epochs" with the advice to raise them. The target
@@ -237,10 +241,13 @@ dpid=$(sed -n 's/.*dflash-drafter \([0-9]*\);.*/\1/p' "$S/train.lock")
 tpid=$(sed -n 's/.*dflash-target \([0-9]*\),.*/\1/p' "$S/train.lock")
 # (children of scripts/train, not of this test: their bare pids are used while they run; a tpid
 # reused after the target's end only lets the wait below run to its 30 s)
+HELD=$dpid
 kill -STOP "$dpid"
-"$BUILD/tools/dflash-ctl" --runtime-dir "$rd" --timeout-ms 5000 drain > /dev/null
+"$BUILD/tools/dflash-ctl" --runtime-dir "$rd" --timeout-ms 5000 drain > /dev/null ||
+    { echo "FAIL: dflash-ctl drain" >&2; exit 1; }
 for _ in $(seq 300); do kill -0 "$tpid" 2> /dev/null || break; sleep 0.1; done
 kill -CONT "$dpid"
+HELD=""
 rc=0
 wait "$BG" || rc=$?
 BG=""

@@ -16,7 +16,9 @@ container and in one drafter's (from the host, as a crash), and checks:
   * the epoch completes: every batch committed, none to do, in flight or quarantined, and no
     drafter reports a failed verification,
   * two drafters with distinct names and the target as target-<container hostname>,
-  * the broker's healthcheck is healthy;
+  * the broker's healthcheck is healthy; the target's and each drafter's (dflash-ctl peer
+    @target / @drafter) pass in their own containers while the epoch trains (a restarted one
+    once it registered again), and the target's fails in the broker's container;
   * the namespace holder stopped alone (`docker stop`, as a host shutdown or `compose restart`
     stops it beside the others) passes the stop on: target and drafters exit 0, not 137;
   * `stop` ends every container with exit 0.
@@ -29,6 +31,7 @@ without it an existing image is used as it is. Exit 0 pass, 1 fail, 77 skipped
 (no Docker daemon, no compose, or no image and no base to build it from).
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -44,7 +47,7 @@ import docker_lib as dl  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     dl.add_image_args(ap)
-    ap.add_argument("--batches-per-bucket", type=int, default=150)
+    ap.add_argument("--batches-per-bucket", type=int, default=250)
     a = ap.parse_args()
     log = cc.log
     compose, rc = dl.ready(a, log)
@@ -83,6 +86,36 @@ def main():
             if not back:
                 failures.append(f"{k}'s container was not restarted after SIGKILL")
         log("both restarted by compose's policy")
+        # each service's own healthcheck command, run in its containers while the epoch trains:
+        # the target's and the drafters' pass once the broker lists their own daemon (a restarted
+        # one once it registered again); the target's in the broker's container names a target
+        # that is not there (another hostname) and fails: it asks for its own daemon, not only
+        # whether the broker answers
+        def health_test(cid):
+            test = json.loads(dl.inspect(cid, "{{json .Config.Healthcheck.Test}}") or "null")
+            return test[1:] if test and test[0] == "CMD" else None
+
+        checks = [("target", 1, 0), ("drafter", 1, 0), ("drafter", 2, 0)]
+        for svc, n, want in checks:
+            cid = p.container(svc, n)
+            argv = health_test(cid) if cid else None
+            if not argv or "peer" not in argv:
+                failures.append(f"{svc} {n}'s healthcheck is not dflash-ctl peer: {argv}")
+                continue
+            ok = cc.wait_until(lambda: dl.run("docker", "exec", cid, *argv,
+                                              timeout=30).returncode == 0, 30, 1.0)
+            if not ok:
+                r = dl.run("docker", "exec", cid, *argv, timeout=30)
+                failures.append(f"{svc} {n}'s healthcheck {argv} failed: exit {r.returncode}: "
+                                f"{r.stderr.strip()[-300:]}")
+        target_test = health_test(p.container("target"))
+        if target_test:
+            r = dl.run("docker", "exec", p.container("queue"), *target_test, timeout=30)
+            if r.returncode != 1:
+                failures.append(f"the target's healthcheck in the broker's container exited "
+                                f"{r.returncode}, not 1 (no target of that host)")
+        log("the target's and the drafters' healthchecks pass in their own containers, the "
+            "target's fails in the broker's")
 
         def finished():
             s = p.status()

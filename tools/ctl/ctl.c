@@ -376,8 +376,7 @@ static void print_groups(const wire_status *s)
     }
 }
 
-/* One line per orphaned group step: every rank of the group expired while it trained; its
- * batches stay in flight until the group is created again or the broker's group-hold-ms ends. */
+/* The peer table's header (status and peer print it). */
 static void print_peer_header(void)
 {
     printf("%-40s %-8s %8s %7s %5s %6s %7s\n", "peer", "role", "heard s", "leases", "held",
@@ -411,6 +410,8 @@ static void print_peers(const wire_status *s)
         printf("(and %u more live targets and drafters, not listed)\n", s->peers_unlisted);
 }
 
+/* One line per orphaned group step: every rank of the group expired while it trained; its
+ * batches stay in flight until the group is created again or the broker's group-hold-ms ends. */
 static void print_orphans(const wire_status *s)
 {
     if (!s->n_orphans) return;
@@ -777,8 +778,8 @@ static int cmd_peer(const ctl_config *c, client *cl, const char *arg)
     if (!found) {
         cJSON_Delete(arr);
         char msg[WIRE_MAX_NAME + 200];
-        snprintf(msg, sizeof msg, "the broker lists no live target or drafter %s %.64s (%u "
-                 "listed%s)", prefix ? "whose name starts with" : "named", pattern,
+        snprintf(msg, sizeof msg, "the broker lists no live target or drafter %s %.*s (%u "
+                 "listed%s)", prefix ? "whose name starts with" : "named", (int)n, pattern,
                  s.n_peer_list, s.peers_unlisted ? ", more not listed" : "");
         return fail_msg(c, "peer", DFLASH_ENOTFOUND, msg);
     }

@@ -585,15 +585,22 @@ int client_poll(client *c)
     return rc;
 }
 
-static int do_status(client *c, wire_status *out)
+static int do_status(client *c, const char *peer_prefix, wire_status *out)
 {
+    if (peer_prefix && strlen(peer_prefix) >= WIRE_MAX_NAME) return DFLASH_ERANGE;
     req_init(c, WIRE_STATUS_REQUEST);
+    if (peer_prefix) snprintf(c->req.u.peer_prefix, WIRE_MAX_NAME, "%s", peer_prefix);
     int rc = call(c, WIRE_STATUS_REPLY);
     if (!rc && out) *out = c->rep.u.status;
     return rc;
 }
 
-int client_status(client *c, wire_status *out) { LOCKED(c, do_status(c, out)); }
+int client_status(client *c, wire_status *out) { LOCKED(c, do_status(c, NULL, out)); }
+
+int client_status_peers(client *c, const char *peer_prefix, wire_status *out)
+{
+    LOCKED(c, do_status(c, peer_prefix, out));
+}
 
 static int do_set(client *c, const wire_settings *set, wire_settings *applied)
 {

@@ -241,6 +241,9 @@ int client_poll(client *c);
 
 /* Any role: full broker statistics. */
 int client_status(client *c, wire_status *out);
+/* The same, its peer list only the live peers whose name starts with peer_prefix (< 64
+ * characters; "" or NULL: every one). An older broker lists every one (at most 64). */
+int client_status_peers(client *c, const char *peer_prefix, wire_status *out);
 /* Any role: changes live settings (key=value), all or nothing; *applied (may be NULL) gets the
  * effective values. Extra: DFLASH_ENOTFOUND/EINVAL/ERANGE/EDENIED (not live) for a bad key. */
 int client_set(client *c, const wire_settings *set, wire_settings *applied);

@@ -26,10 +26,10 @@ void host_name_local(char *out, size_t cap);
 #define HOST_NAME_TARGET_MAX 32
 void host_name_target(char *out, size_t cap);
 
-/* The default --name of a drafter on this host without its pid, "drafter-<host part>-" (a
- * drafter's name is this and its pid: at most HOST_NAME_DRAFTER_MAX - 1 characters), into
- * out[cap]. */
-#define HOST_NAME_DRAFTER_MAX 48
+/* The default --name of a drafter on this host without its pid, "drafter-<host part>-" (the
+ * host part at most HOST_NAME_DRAFTER_MAX - 17 characters: a drafter's name is this and a pid of
+ * up to 7 digits, at most HOST_NAME_DRAFTER_MAX - 1 characters), into out[cap]. */
+#define HOST_NAME_DRAFTER_MAX 64
 void host_name_drafter_prefix(char *out, size_t cap);
 
 #endif

@@ -322,6 +322,10 @@ int wire_check(const wire_msg *m, char *why, size_t len)
     case WIRE_ACK: return check_unit(&m->u.ack.unit, why, len);
     case WIRE_RELEASE_QUARANTINE:
         return m->u.release_q.all ? 0 : check_unit(&m->u.release_q.unit, why, len);
+    case WIRE_STATUS_REQUEST:
+        if (!terminated(m->u.peer_prefix, WIRE_MAX_NAME))
+            return fail(why, len, DFLASH_ERANGE, "status request: peer_prefix not terminated");
+        return 0;
     case WIRE_STATUS_REPLY:
         if (m->u.status.n_buckets > WIRE_MAX_BUCKETS)
             return fail(why, len, DFLASH_ERANGE, "%u buckets", m->u.status.n_buckets);
@@ -629,6 +633,7 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         break;
     case WIRE_STATUS_REQUEST:
         dflash__status_request__init(&sreq);
+        if (m->u.peer_prefix[0]) sreq.peer_prefix = (char *)m->u.peer_prefix;
         env.status_request = &sreq;
         break;
     case WIRE_STATUS_REPLY: {
@@ -1072,7 +1077,12 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         m->type = WIRE_HEARTBEAT;
         m->u.sent_ms = env->heartbeat->sent_ms;
         break;
-    case DFLASH__ENVELOPE__BODY_STATUS_REQUEST: m->type = WIRE_STATUS_REQUEST; break;
+    case DFLASH__ENVELOPE__BODY_STATUS_REQUEST:
+        m->type = WIRE_STATUS_REQUEST;
+        if (env->status_request &&
+            copy_str(m->u.peer_prefix, WIRE_MAX_NAME, env->status_request->peer_prefix))
+            return fail(why, len, DFLASH_ERANGE, "status request: peer_prefix too long");
+        break;
     case DFLASH__ENVELOPE__BODY_STATUS_REPLY: {
         const Dflash__StatusReply *s = env->status_reply;
         wire_status *w = &m->u.status;

@@ -262,7 +262,8 @@ typedef struct wire_status {
      * without an admin key */
     uint64_t hellos_refused_full, replies_dropped, key_refusals, connections_refused,
         steering_refused;
-    /* live targets, then live drafters (0 listed from an older broker); beyond the list: */
+    /* live targets, then live drafters, of the request's peer_prefix (0 listed from an older
+     * broker); beyond the list: */
     uint32_t n_peer_list; /* <= WIRE_MAX_STATUS_PEERS */
     wire_peer_stat peer_list[WIRE_MAX_STATUS_PEERS];
     uint32_t peers_unlisted;
@@ -384,6 +385,7 @@ typedef struct wire_msg {
             uint64_t run_id; /* RESUME_FROM: the trainer's run, 0 = not said (an old drafter) */
         };
         uint64_t sent_ms;   /* HEARTBEAT */
+        char peer_prefix[WIRE_MAX_NAME]; /* STATUS_REQUEST: list only these peers ("": all) */
         wire_status status; /* STATUS_REPLY */
         wire_settings settings; /* SET_CONFIG, SET_CONFIG_REPLY */
         wire_error error;

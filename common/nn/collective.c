@@ -225,7 +225,7 @@ static int shm_fail(dp_comm *c, int rc, int gone, int pid, const char *fmt, ...)
 static int peer_pid(const dp_comm *c, int r, uint64_t *start) {
     shm_rank *p = rank_of(c, r);
     int pid = atomic_load(&p->pid); /* after it: pidns and start, stored before it */
-    if (start) *start = p->start;
+    if (start) *start = pid > 0 ? p->start : 0;
     return pid > 0 && c->pidns && p->pidns == c->pidns ? pid : 0;
 }
 

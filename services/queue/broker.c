@@ -1193,15 +1193,19 @@ int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
     return n;
 }
 
-/* The live targets, then the live drafters, into s's peer list (WIRE_MAX_STATUS_PEERS at most;
- * the rest counted in peers_unlisted): who is connected, heard when, holding what. */
-static void status_peers(broker *b, uint64_t now, wire_status *s)
+/* The live targets, then the live drafters, whose names start with prefix ("" every one), into
+ * s's peer list (WIRE_MAX_STATUS_PEERS at most; the rest counted in peers_unlisted): who is
+ * connected, heard when, holding what. */
+static void status_peers(broker *b, uint64_t now, const char *prefix, wire_status *s)
 {
+    size_t n = strlen(prefix);
+    s->n_peer_list = s->peers_unlisted = 0;
     static const wire_role roles[] = {WIRE_ROLE_TARGET, WIRE_ROLE_DRAFTER};
     for (size_t k = 0; k < sizeof roles / sizeof *roles; k++)
         for (uint32_t i = 0; i < b->n_peers; i++) {
             const peer *p = b->peers[i];
-            if (p->state != PEER_LIVE || p->role != roles[k]) continue;
+            if (p->state != PEER_LIVE || p->role != roles[k] || strncmp(p->name, prefix, n) != 0)
+                continue;
             if (s->n_peer_list == WIRE_MAX_STATUS_PEERS) {
                 s->peers_unlisted++;
                 continue;
@@ -1221,7 +1225,9 @@ static void status_peers(broker *b, uint64_t now, wire_status *s)
         }
 }
 
-void broker_status(broker *b, wire_status *s)
+void broker_status(broker *b, wire_status *s) { broker_status_of(b, "", s); }
+
+void broker_status_of(broker *b, const char *peer_prefix, wire_status *s)
 {
     memset(s, 0, sizeof *s);
     uint64_t now = now_ms(b);
@@ -1292,7 +1298,7 @@ void broker_status(broker *b, wire_status *s)
         o->abort_in_ms = hold > oi.waited_ms ? hold - oi.waited_ms : 0;
     }
     broker_stop_status(b, s);
-    status_peers(b, now, s);
+    status_peers(b, now, peer_prefix, s);
     if (!b->policy) return;
     policy_stats ps;
     policy_get_stats(b->policy, &ps);
@@ -1505,7 +1511,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
         break;
     case WIRE_STATUS_REQUEST:
         reply_init(b, &r, WIRE_STATUS_REPLY, m.request_id);
-        broker_status(b, &r.u.status);
+        broker_status_of(b, m.u.peer_prefix, &r.u.status);
         break;
     case WIRE_SET_CONFIG: broker_on_set(b, &m, &r); break;
     case WIRE_PAUSE: broker_on_mode(b, &m, &r, POLICY_PAUSED); break;

@@ -150,6 +150,8 @@ int broker_set(broker *b, const wire_settings *set, char *err, size_t err_len);
 
 /* Fills the status (same as the STATUS reply). */
 void broker_status(broker *b, wire_status *out);
+/* The same, its peer list only the live peers whose name starts with peer_prefix ("": all). */
+void broker_status_of(broker *b, const char *peer_prefix, wire_status *out);
 
 /* The broker's incarnation (random per start). */
 uint64_t broker_incarnation(const broker *b);

@@ -4,8 +4,9 @@
  * every test that reads only a few of them), the optional lines (the stop, the journal's
  * failure, the refusals, buckets, groups, orphans, peers) show exactly when their fields say so,
  * and each verb sends its own request and prints its answer: ping (healthy, stopping, a failing
- * journal: exit 1), peer (by name, PREFIX*, @target and @drafter; none: exit 1), set, pause / resume / drain, release (one, all, none, an old broker), an
- * error answer (exit 1) and a broker that does not answer (exit 2); watch prints each
+ * journal: exit 1), peer (by name, PREFIX*, @target and @drafter, the prefix asked of the
+ * broker; none: exit 1), set, pause / resume / drain, release (one, all, none, an old broker),
+ * an error answer (exit 1) and a broker that does not answer (exit 2); watch prints each
  * announcement (stats, a ready slot, a config change), and exits 2 at once when the PUB
  * endpoint the broker names lies in no directory. Runs the dflash-ctl binary
  * (../tools/dflash-ctl from the ctest working directory, or $DFLASH_CTL_BIN). */
@@ -84,9 +85,9 @@ static void full_status(wire_status *s)
     s->stopping = true;
     s->stop = (wire_stop_stat){8000, 2500, 1, 2, 3, 4, "drafter d0 (1 lease)"};
     s->n_peer_list = 3;
-    s->peer_list[0] = (wire_peer_stat){"target-h1", WIRE_ROLE_TARGET, 1500, 0, 0, 61, false};
-    s->peer_list[1] = (wire_peer_stat){"drafter-h2-7", WIRE_ROLE_DRAFTER, 250, 62, 63, 0, true};
-    s->peer_list[2] = (wire_peer_stat){"drafter-h3-8", WIRE_ROLE_DRAFTER, 64000, 65, 66, 0, false};
+    s->peer_list[0] = (wire_peer_stat){"target-h.1", WIRE_ROLE_TARGET, 1500, 0, 0, 61, false};
+    s->peer_list[1] = (wire_peer_stat){"drafter-h.2-7", WIRE_ROLE_DRAFTER, 250, 62, 63, 0, true};
+    s->peer_list[2] = (wire_peer_stat){"drafter-h.3-8", WIRE_ROLE_DRAFTER, 64000, 65, 66, 0, false};
     s->peers_unlisted = 67;
 }
 
@@ -121,10 +122,10 @@ static void test_status_json(void)
            "\"step_reserved\":true,\"members\":[\"d0\",\"d1\"]}]");
     HAS(o, "\"orphans\":[{\"group\":\"g0\",\"step\":51,\"batches\":52,\"held_ms\":5300,"
            "\"abort_in_ms\":5400}]");
-    HAS(o, "\"peer_list\":[{\"name\":\"target-h1\",\"role\":\"target\",\"heard_ms_ago\":1500,"
-           "\"leases\":0,\"held\":0,\"slots\":61,\"trains\":false},{\"name\":\"drafter-h2-7\","
+    HAS(o, "\"peer_list\":[{\"name\":\"target-h.1\",\"role\":\"target\",\"heard_ms_ago\":1500,"
+           "\"leases\":0,\"held\":0,\"slots\":61,\"trains\":false},{\"name\":\"drafter-h.2-7\","
            "\"role\":\"drafter\",\"heard_ms_ago\":250,\"leases\":62,\"held\":63,\"slots\":0,"
-           "\"trains\":true},{\"name\":\"drafter-h3-8\",\"role\":\"drafter\",\"heard_ms_ago\":"
+           "\"trains\":true},{\"name\":\"drafter-h.3-8\",\"role\":\"drafter\",\"heard_ms_ago\":"
            "64000,\"leases\":65,\"held\":66,\"slots\":0,\"trains\":false}],\"peers_unlisted\":67");
     CHECK(strchr(o, '\n') == strrchr(o, '\n')); /* one line */
     free(o);
@@ -170,9 +171,9 @@ static void test_status_table(void)
     HAS(o, "\norphaned step batches held s abort in s (every rank expired mid-step: the group's "
            "creator resolves it)\ng0 51 52 5.3 5.4\n");
     HAS(o, "\n\npeer role heard s leases held slots trains\n"
-           "target-h1 target 1.5 - - 61 -\n"
-           "drafter-h2-7 drafter 0.2 62 63 - yes\n"
-           "drafter-h3-8 drafter 64.0 65 66 - no\n"
+           "target-h.1 target 1.5 - - 61 -\n"
+           "drafter-h.2-7 drafter 0.2 62 63 - yes\n"
+           "drafter-h.3-8 drafter 64.0 65 66 - no\n"
            "(and 67 more live targets and drafters, not listed)\n");
     free(o);
 
@@ -408,54 +409,75 @@ static void test_watch(void)
     free(o);
 }
 
-/* peer NAME / PREFIX*: the rows of the live targets and drafters so named, exit 0; none, exit
- * 1 saying so; no name, or two: refused before asking (exit 1). */
+/* The peer prefix the last request asked the broker to list. */
+static void asked_prefix(const char *want)
+{
+    wire_msg m = fake_last();
+    CHECK(m.type == WIRE_STATUS_REQUEST && strcmp(m.u.peer_prefix, want) == 0);
+    if (strcmp(m.u.peer_prefix, want) != 0)
+        fprintf(stderr, "  asked for '%s', want '%s'\n", m.u.peer_prefix, want);
+}
+
+/* peer NAME / PREFIX* / @target / @drafter: the broker is asked to list the names that start
+ * so, and the rows of those that are it are printed, exit 0; none, exit 1 saying so; no name,
+ * or two: refused before asking (exit 1). (The fake lists every peer whatever it is asked: the
+ * names' '.' is in no host part, so no host's defaults match them.) */
 static void test_peer(void)
 {
     wire_status s;
     full_status(&s);
     set_status(&s);
     char *o;
-    CHECK_EQ_INT(ctl("peer target-h1", &o), 0);
-    HAS(o, "peer role heard s leases held slots trains\ntarget-h1 target 1.5 - - 61 -\n");
+    CHECK_EQ_INT(ctl("peer target-h.1", &o), 0);
+    HAS(o, "peer role heard s leases held slots trains\ntarget-h.1 target 1.5 - - 61 -\n");
     CHECK(!strstr(o, "drafter"));
+    asked_prefix("target-h.1");
     free(o);
     CHECK_EQ_INT(ctl("peer 'drafter-*'", &o), 0);
-    HAS(o, "\ndrafter-h2-7 drafter 0.2 62 63 - yes\ndrafter-h3-8 drafter 64.0 65 66 - no\n");
-    CHECK(!strstr(o, "target-h1"));
+    HAS(o, "\ndrafter-h.2-7 drafter 0.2 62 63 - yes\ndrafter-h.3-8 drafter 64.0 65 66 - no\n");
+    CHECK(!strstr(o, "target-h.1"));
+    asked_prefix("drafter-");
     free(o);
-    CHECK_EQ_INT(ctl("--json peer 'drafter-h3*'", &o), 0);
-    HAS(o, "{\"ok\":true,\"peers\":[{\"name\":\"drafter-h3-8\",\"role\":\"drafter\"");
-    CHECK(!strstr(o, "drafter-h2-7"));
+    CHECK_EQ_INT(ctl("--json peer 'drafter-h.3*'", &o), 0);
+    HAS(o, "{\"ok\":true,\"peers\":[{\"name\":\"drafter-h.3-8\",\"role\":\"drafter\"");
+    CHECK(!strstr(o, "drafter-h.2-7"));
     free(o);
     /* a name that is only a prefix of a listed one is not it; nor is a missing one */
     CHECK_EQ_INT(ctl("peer target-h", &o), 1);
     free(o);
-    CHECK_EQ_INT(ctl("--json peer drafter-h9", &o), 1);
+    CHECK_EQ_INT(ctl("--json peer drafter-h.9", &o), 1);
     HAS(o, "\"ok\":false,\"verb\":\"peer\",\"error\":\"NOTFOUND\"");
-    HAS(o, "no live target or drafter named drafter-h9 (3 listed, more not listed)");
+    HAS(o, "the broker lists no live target or drafter named drafter-h.9");
     free(o);
     CHECK_EQ_INT(ctl("peer", &o), 1);
     free(o);
     CHECK_EQ_INT(ctl("peer a b", &o), 1);
     free(o);
-    /* @target and @drafter: this host's daemons by their default names (host_name.h) */
+    /* @target and @drafter: this host's daemons by their default names (host_name.h); a
+     * drafter's is its prefix and digits (another host's "<host>-2" shares the prefix) */
     CHECK_EQ_INT(ctl("peer @target", &o), 1);
     free(o);
     CHECK_EQ_INT(ctl("peer @drafter", &o), 1);
     free(o);
-    host_name_target(s.peer_list[0].name, sizeof s.peer_list[0].name);
-    char prefix[HOST_NAME_DRAFTER_MAX];
+    char target[HOST_NAME_TARGET_MAX], prefix[HOST_NAME_DRAFTER_MAX];
+    host_name_target(target, sizeof target);
     host_name_drafter_prefix(prefix, sizeof prefix);
+    snprintf(s.peer_list[0].name, sizeof s.peer_list[0].name, "%s", target);
+    snprintf(s.peer_list[1].name, sizeof s.peer_list[1].name, "%s2-77", prefix);
+    set_status(&s);
+    CHECK_EQ_INT(ctl("peer @drafter", &o), 1); /* "<prefix>2-77": another host's */
+    asked_prefix(prefix);
+    free(o);
     snprintf(s.peer_list[2].name, sizeof s.peer_list[2].name, "%s4242", prefix);
     set_status(&s);
     CHECK_EQ_INT(ctl("peer @target", &o), 0);
-    HAS(o, s.peer_list[0].name);
+    HAS(o, target);
     CHECK(!strstr(o, "drafter"));
+    asked_prefix(target);
     free(o);
     CHECK_EQ_INT(ctl("--json peer @drafter", &o), 0);
     HAS(o, s.peer_list[2].name);
-    CHECK(!strstr(o, "drafter-h2-7"));
+    CHECK(!strstr(o, s.peer_list[1].name));
     free(o);
     /* an older broker lists nobody: not found */
     s.n_peer_list = s.peers_unlisted = 0;

@@ -741,32 +741,50 @@ static void resolve_endpoint(ctl_config *c)
     client_resolve_endpoint(NULL, c->runtime_dir, c->endpoint, sizeof c->endpoint);
 }
 
+/* Whether name is one peer asks for: pattern itself, or with prefix any name starting with it,
+ * and with pid_rest only one followed by digits (a drafter's default name: prefix and pid). */
+static bool peer_matches(const char *name, const char *pattern, bool prefix, bool pid_rest)
+{
+    size_t n = strlen(pattern);
+    if (!prefix) return strcmp(name, pattern) == 0;
+    if (strncmp(name, pattern, n) != 0) return false;
+    if (!pid_rest) return true;
+    const char *r = name + n;
+    if (!*r) return false;
+    for (; *r; r++)
+        if (*r < '0' || *r > '9') return false;
+    return true;
+}
+
 /* peer NAME: the live target or drafter NAME as status lists it (NAME ending in '*': every one
  * whose name starts with the rest; @target: this host's target by its default name, @drafter:
- * this host's drafters by theirs), exit 0; none, exit 1 (a container's healthcheck: its daemon
- * is connected and heard by the broker, not only the broker up). */
+ * this host's drafters by theirs, its prefix and a pid), exit 0; none, exit 1 (a container's
+ * healthcheck: its daemon is connected and heard by the broker, not only the broker up). The
+ * broker lists only the names that start so (an older one: the first 64 live peers). */
 static int cmd_peer(const ctl_config *c, client *cl, const char *arg)
 {
-    char pattern[WIRE_MAX_NAME + 2];
+    char pattern[WIRE_MAX_NAME + 1];
+    bool prefix = false, pid_rest = false;
     if (strcmp(arg, "@target") == 0) { /* this host's target by its default name */
         host_name_target(pattern, sizeof pattern);
-    } else if (strcmp(arg, "@drafter") == 0) { /* any drafter of this host by default name */
-        host_name_drafter_prefix(pattern, sizeof pattern - 1);
-        strcat(pattern, "*");
+    } else if (strcmp(arg, "@drafter") == 0) { /* this host's drafters: the prefix and a pid */
+        host_name_drafter_prefix(pattern, sizeof pattern);
+        prefix = pid_rest = true;
     } else {
-        snprintf(pattern, sizeof pattern, "%s", arg);
+        size_t n = strlen(arg);
+        prefix = n > 0 && arg[n - 1] == '*';
+        if (n - prefix >= WIRE_MAX_NAME)
+            return fail_msg(c, "peer", DFLASH_EINVAL, "a peer name has at most 63 characters");
+        snprintf(pattern, sizeof pattern, "%.*s", (int)(n - prefix), arg);
     }
     static wire_status s;
-    int rc = client_status(cl, &s);
+    int rc = client_status_peers(cl, pattern, &s);
     if (rc) return fail(c, cl, "peer", rc);
-    size_t n = strlen(pattern);
-    bool prefix = n > 0 && pattern[n - 1] == '*';
-    if (prefix) n--;
     cJSON *arr = c->json ? cJSON_CreateArray() : NULL;
     uint32_t found = 0;
     for (uint32_t i = 0; i < s.n_peer_list; i++) {
         const wire_peer_stat *p = &s.peer_list[i];
-        if (prefix ? strncmp(p->name, pattern, n) != 0 : strcmp(p->name, pattern) != 0) continue;
+        if (!peer_matches(p->name, pattern, prefix, pid_rest)) continue;
         if (arr) {
             cJSON_AddItemToArray(arr, peer_json(p));
         } else {
@@ -778,9 +796,9 @@ static int cmd_peer(const ctl_config *c, client *cl, const char *arg)
     if (!found) {
         cJSON_Delete(arr);
         char msg[WIRE_MAX_NAME + 200];
-        snprintf(msg, sizeof msg, "the broker lists no live target or drafter %s %.*s (%u "
-                 "listed%s)", prefix ? "whose name starts with" : "named", (int)n, pattern,
-                 s.n_peer_list, s.peers_unlisted ? ", more not listed" : "");
+        snprintf(msg, sizeof msg, "the broker lists no live target or drafter %s %s%s",
+                 !prefix ? "named" : pid_rest ? "named by this host's default: " :
+                 "whose name starts with", pattern, pid_rest ? "PID" : "");
         return fail_msg(c, "peer", DFLASH_ENOTFOUND, msg);
     }
     if (arr) {

@@ -649,6 +649,16 @@ int main(void)
     in.u.status.n_orphans = WIRE_MAX_STATUS_ORPHANS + 1;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
     in.u.status.n_orphans = 0;
+    /* a status request naming the peers to list: the prefix crosses; one not terminated is
+     * refused */
+    wire_msg_init(&in, WIRE_STATUS_REQUEST, WIRE_ROLE_CTL, 9, 10);
+    snprintf(in.u.peer_prefix, sizeof in.u.peer_prefix, "drafter-node7-");
+    if (roundtrip(&in, &out)) CHECK(strcmp(out.u.peer_prefix, "drafter-node7-") == 0);
+    memset(in.u.peer_prefix, 'x', sizeof in.u.peer_prefix);
+    CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
+    wire_msg_init(&in, WIRE_STATUS_REPLY, WIRE_ROLE_BROKER, 9, 8);
+    fill_status(&in.u.status);
+    in.u.status.n_orphans = 0;
     /* listed peers: at most WIRE_MAX_STATUS_PEERS, each name terminated */
     in.u.status.n_peer_list = WIRE_MAX_STATUS_PEERS + 1;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);

@@ -33,6 +33,7 @@
  * Stale segments: a SIGKILLed host exporter cannot unlink its shm object. Its owner holds a
  * shared flock on the object for the pool's life (owner_fd), so an exporter starting later
  * (pool_sweep_stale, every pool name) removes an object only when the pid in its name is gone
+ * (or now names a process started after the object last changed: a dead owner's pid reused)
  * and nobody holds that lock: the lock protects a live owner whose pid this process cannot see
  * (another PID namespace sharing /dev/shm), the pid check an owner of a version without it.
  */
@@ -469,6 +470,20 @@ static bool shm_name_ours(const char *shm_name)
     return true;
 }
 
+/* Whether the process under pid started more than POOL_SWEEP_REUSE_MARGIN_MS after shm object
+ * fd last changed. The margin covers the two clocks' grain: the file system stamps its change
+ * with a coarse clock (up to a scheduler tick early) and the start is read in clock ticks. */
+static bool started_after_change(int fd, int pid)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) return false;
+    struct timespec t = st.st_ctim;
+    t.tv_nsec += POOL_SWEEP_REUSE_MARGIN_MS * 1000000L;
+    t.tv_sec += t.tv_nsec / 1000000000L;
+    t.tv_nsec %= 1000000000L;
+    return process_started_after(pid, &t);
+}
+
 int pool_sweep_stale(const char *name)
 {
     DIR *dir = opendir("/dev/shm");
@@ -479,19 +494,23 @@ int pool_sweep_stale(const char *name)
         char owner[POOL_NAME_MAX];
         int pid = parse_shm_entry(e->d_name, owner, sizeof owner);
         if (pid < 0 || (name && strcmp(owner, name) != 0)) continue;
-        if (!process_gone(pid)) continue; /* alive (or not ours to judge) */
         char path[POOL_SHM_NAME_MAX + 8];
         snprintf(path, sizeof path, "/%s", e->d_name);
         int fd = shm_open(path, O_RDONLY, 0);
         if (fd < 0) continue;
-        if (!fs_fd_private(fd, NULL, 0)) { /* another user's: not ours to judge */
+        /* another user's is not ours to judge; a pid that lives is the owner's unless the
+         * process now under it started well after the object last changed (a dead owner's pid
+         * taken by a new process) */
+        bool gone = process_gone(pid), taken = false;
+        if (!fs_fd_private(fd, NULL, 0) || (!gone && !(taken = started_after_change(fd, pid)))) {
             close(fd);
             continue;
         }
         bool owned = flock(fd, LOCK_EX | LOCK_NB) != 0; /* a live owner we cannot see */
         close(fd);
         if (!owned && shm_unlink(path) == 0) {
-            LOG_INFO("removed stale shared memory %s of dead process %d", path, pid);
+            LOG_INFO("removed stale shared memory %s of dead process %d%s", path, pid,
+                     taken ? " (its pid now names a process started later)" : "");
             removed++;
         }
     }

@@ -46,6 +46,7 @@
 #define POOL_ARENA_ALIGN (2u << 20)
 #define POOL_DESC_MAX_BYTES (256u + POOL_MAX_SLOTS * POOL_HANDLE_BYTES)
 #define POOL_IMPORT_MAX 8u     /* pools one importer keeps mapped at once (LRU beyond) */
+#define POOL_SWEEP_REUSE_MARGIN_MS 100 /* pool_sweep_stale: a later start, by more than this */
 #define POOL_IMPORT_IDLE_MS 60000u /* a mapping unused this long is closed (close_stale) */
 
 typedef enum { POOL_HOST = 1, POOL_CUDA = 2 } pool_backend;
@@ -115,11 +116,12 @@ int pool_slot_publish(pool *p, uint32_t slot, void *stream);
 int pool_slot_sync(pool *p, uint32_t slot);
 
 /* Removes shm objects "/dev/shm/dflash.<name>.<pid>.*" left by dead processes (a SIGKILLed
- * exporter cannot unlink its own): those whose pid is gone and whose owner lock (a shared flock
- * a live exporter holds on its object) nobody holds. name NULL sweeps every pool name. Returns
- * how many were removed (>= 0). Host exporters call it with NULL at start-up, so a target that
- * comes back under another name (target-<host> in a new container) still frees its old one.
- * Objects of another uid are left alone. */
+ * exporter cannot unlink its own): those whose pid is gone (or names a process started over
+ * POOL_SWEEP_REUSE_MARGIN_MS after the object last changed: the dead owner's pid reused) and
+ * whose owner lock (a shared flock a live exporter holds on its object) nobody holds. name NULL
+ * sweeps every pool name. Returns how many were removed (>= 0). Host exporters call it with
+ * NULL at start-up, so a target that comes back under another name (target-<host> in a new
+ * container) still frees its old one. Objects of another uid are left alone. */
 int pool_sweep_stale(const char *name);
 
 /* ---- descriptor wire format ---- */

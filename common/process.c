@@ -65,6 +65,25 @@ bool process_gone_since(int pid, uint64_t start) {
 
 bool process_gone(int pid) { return process_gone_since(pid, 0); }
 
+static int64_t timespec_ns(const struct timespec *t) {
+    return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+bool process_started_after(int pid, const struct timespec *t) {
+    uint64_t ticks = process_start_time(pid);
+    long hz = sysconf(_SC_CLK_TCK);
+    struct timespec real, boot;
+    if (!ticks || hz <= 0 || clock_gettime(CLOCK_REALTIME, &real) != 0 ||
+        clock_gettime(CLOCK_BOOTTIME, &boot) != 0)
+        return false;
+    /* the start is counted in ticks since boot (truncated: earlier); boot is read after real,
+     * so the boot's wall-clock time comes out a little early too */
+    int64_t started = timespec_ns(&real) - timespec_ns(&boot) +
+                      (int64_t)(ticks / (uint64_t)hz) * 1000000000 +
+                      (int64_t)(ticks % (uint64_t)hz) * 1000000000 / hz;
+    return started > timespec_ns(t);
+}
+
 uint64_t process_pidns(void) {
     struct stat st;
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 /* True when process pid has ended: it no longer exists (kill(pid, 0) says ESRCH) or it is a
  * zombie waiting for its parent to reap it (/proc/PID/stat state Z or X). False when it runs,
@@ -25,6 +26,12 @@ uint64_t process_start_time(int pid);
 /* process_gone, and also true when pid now names a process other than the one started at start
  * (a dead process's pid taken by a new one). start 0 (not recorded): as process_gone. */
 bool process_gone_since(int pid, uint64_t start);
+
+/* True when process pid exists and started after t (CLOCK_REALTIME, e.g. a file's st_ctim): then
+ * it cannot be whoever made that file before t. The start is read to within a clock tick and
+ * always rounded earlier, so a process that started before t is never said to start after it
+ * (short of the wall clock being set forward in between). False when unknown. */
+bool process_started_after(int pid, const struct timespec *t);
 
 /* An id of this process's pid namespace (the inode of /proc/self/ns/pid), 0 when unknown. Two
  * processes compare pids only when both ids are equal and not 0: in another namespace (another

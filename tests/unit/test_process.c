@@ -4,6 +4,9 @@
  *   - a live child is not gone, by pid or by pid and start time; a forged start time (what a
  *     dead process's pid taken by a new one looks like) is gone; a zombie is gone before it is
  *     reaped, and a reaped child is gone with no start time left;
+ *   - a process started after a time t (t taken 50 ms before its fork) is said to start after
+ *     it; one started before t (t taken after it) is not, nor is this process, a reaped child,
+ *     or pid <= 0;
  *   - pid <= 0 is never judged gone, and has no start time. */
 #include "check.h"
 #include "process.h"
@@ -12,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,8 +66,16 @@ int main(void)
     CHECK(process_gone_since((int)getpid(), self + 1)); /* another process had our pid */
     CHECK(!process_gone_since((int)getpid(), 0));       /* not recorded: the pid alone */
 
+    struct timespec before_child, after_child, far_past = {.tv_sec = 1};
+    clock_gettime(CLOCK_REALTIME, &before_child);
+    usleep(50000); /* the start is read in clock ticks (10 ms), rounded earlier */
     uint64_t before;
     pid_t child = start_child(NULL, &before);
+    clock_gettime(CLOCK_REALTIME, &after_child);
+    CHECK(process_started_after((int)child, &before_child));
+    CHECK(process_started_after((int)child, &far_past));
+    CHECK(!process_started_after((int)child, &after_child));
+    CHECK(!process_started_after((int)getpid(), &before_child));
     CHECK(child > 0);
     uint64_t started = process_start_time((int)child);
     CHECK(started > 0);
@@ -97,6 +109,7 @@ int main(void)
     CHECK(process_gone((int)child));
     CHECK(process_gone_since((int)child, started));
     CHECK(process_start_time((int)child) == 0);
+    CHECK(!process_started_after((int)child, &far_past)); /* no such process: unknown */
 
     kill(renamed, SIGKILL);
     CHECK(waitpid(renamed, NULL, 0) == renamed);
@@ -107,5 +120,6 @@ int main(void)
     CHECK(!process_gone_since(0, 5));
     CHECK(process_start_time(0) == 0);
     CHECK(process_start_time(-3) == 0);
+    CHECK(!process_started_after(0, &far_past));
     CHECK_DONE();
 }

@@ -511,15 +511,29 @@ uint64_t dflash_ckpt_bytes(const dflash_model *m, bool weights_f32) {
     return n * (weights_f32 ? 4u : 2u) + 3u * 4u * n; /* weights; masters, exp_avg, exp_avg_sq */
 }
 
-/* The retention: removes the checkpoints under root older than its newest `keep`, never `spare`
- * (the one a save just wrote). A save runs it before writing too, so that a --keep-last lowered
- * after a full disk frees room for the next save (defect: the surplus went only after a
- * successful save, which the full disk never allowed); the `keep` newest stay while the new one
- * is not durable. */
+/* Whether step directory root/name holds a training state, i.e. a resume would take it: also
+ * when the state cannot be looked at (EACCES, EIO, ELOOP...): its loader reports why, where
+ * skipping it would resume from an older one in silence. */
+static bool holds_state(const char *root, const char *name) {
+    char p[4200];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s/%s", root, name, STATE_FILE);
+    return stat(p, &sb) == 0 || (errno != ENOENT && errno != ENOTDIR);
+}
+
+/* The retention: removes the checkpoints under root older than its newest `keep` that hold a
+ * training state, never `spare` (the one a save just wrote). A step directory without one
+ * (copied in part, weights only) is not counted: a resume skips it (defect: counted, a newer one
+ * left the resumable ones fewer than --keep-last, and with --keep-last 1 a save removed the only
+ * one before the new one was durable); one newer than the kept ones is left as it is. A save
+ * runs it before writing too, so that a --keep-last lowered after a full disk frees room for the
+ * next save (defect: the surplus went only after a successful save, which the full disk never
+ * allowed); the `keep` newest stay while the new one is not durable. */
 static void keep_newest(const char *root, int keep, const char *spare) {
     char **names, p[4200];
-    int cnt = list_steps(root, &names);
-    for (int i = 0; i < cnt - keep; i++) {
+    int cnt = list_steps(root, &names), kept = 0, i = cnt - 1;
+    for (; i >= 0 && kept < keep; i--) kept += holds_state(root, names[i]);
+    for (; i >= 0; i--) {
         snprintf(p, sizeof p, "%s/%s", root, names[i]);
         if (strcmp(p, spare) == 0) continue;
         LOG_DEBUG("checkpoint: removing %s (--keep-last %d)", p, keep);
@@ -984,16 +998,13 @@ int dflash_ckpt_latest(const char *root, char *path, size_t pathlen) {
     char **names;
     int n = list_steps(root, &names), rc = DFLASH_ENOTFOUND;
     for (int i = n - 1; i >= 0; i--) {
-        char p[4200];
-        struct stat sb;
-        snprintf(p, sizeof p, "%s/%s/%s", root, names[i], STATE_FILE);
-        /* one whose training state cannot be looked at (EACCES, EIO, ELOOP...) is taken: its
-         * loader reports why, where skipping it would resume from an older one in silence */
-        if (stat(p, &sb) == 0 || (errno != ENOENT && errno != ENOTDIR)) {
+        if (holds_state(root, names[i])) {
             snprintf(path, pathlen, "%s/%s", root, names[i]);
             rc = 0;
             break;
         }
+        LOG_WARN("checkpoint: %s/%s holds no %s (copied in part, or weights only): skipped "
+                 "for an older one (and not counted by --keep-last)", root, names[i], STATE_FILE);
     }
     free_names(names, n);
     return rc;

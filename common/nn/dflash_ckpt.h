@@ -44,7 +44,7 @@
  * its bytes are wrong (safetensors_open).
  * It is written into ROOT/.tmp-step-N-PID, every file fsync'd, then renamed to its final name and
  * ROOT fsync'd: a reader sees a complete checkpoint or none. Afterwards only the newest
- * keep_last step-* directories are kept. A root has one writer (dflash_ckpt_lock_root).
+ * keep_last step-* directories holding a training state are kept (and none older). A root has one writer (dflash_ckpt_lock_root).
  *
  * Two ways back, kept separate:
  *   dflash_ckpt_resume       exact resume: master weights, moments, step, seed and schedule, so

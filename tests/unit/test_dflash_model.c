@@ -1407,6 +1407,49 @@ static void test_checkpoint_keep_lowered(world *w) {
     ckpt_models_end(root, &a, &b);
 }
 
+/* A newer step directory without a training state (copied in part, weights only) is skipped by
+ * the resume and not counted by the retention (defect: counted, with --keep-last 1 a save
+ * removed the only resumable checkpoint before its own was durable, and a save failing then
+ * left nothing to resume from). Left as it is; the older resumable ones past --keep-last go. */
+static void test_checkpoint_keep_incomplete(world *w) {
+    char root[] = "/tmp/dflash_ckpt_XXXXXX";
+    dflash_model *a, *b;
+    if (!ckpt_models_new(w, root, &a, &b)) return;
+    dflash_ckpt_opts keep1 = {.keep_last = 1};
+    char path[512], err[512] = "", partial[600], latest[512] = "";
+    for (long s = 1; s <= 2; s++) {
+        a->step = s;
+        CHECK_EQ_INT(dflash_ckpt_save(a, &w->tc, root, &keep1, path, sizeof path, err,
+                                      sizeof err), 0);
+    }
+    snprintf(partial, sizeof partial, "%s/step-000000009", root);
+    CHECK_EQ_INT(mkdir(partial, 0755), 0);
+    CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
+    CHECK(strstr(latest, "step-000000002") != NULL);
+    a->step = 4;
+    struct rlimit was, small;
+    CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &was), 0);
+    small = (struct rlimit){4096, was.rlim_max};
+    signal(SIGXFSZ, SIG_IGN);
+    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &small), 0);
+    int rc = dflash_ckpt_save(a, &w->tc, root, &keep1, path, sizeof path, err, sizeof err);
+    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &was), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    CHECK(rc != 0);
+    CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
+    CHECK(strstr(latest, "step-000000002") != NULL);
+    CHECK(test_is_dir(partial));
+    CHECK_EQ_INT(count_steps(root), 2);
+    CHECK_EQ_INT(dflash_ckpt_save(a, &w->tc, root, &keep1, path, sizeof path, err, sizeof err),
+                 0);
+    CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
+    CHECK(strstr(latest, "step-000000004") != NULL);
+    CHECK(test_is_dir(partial)); /* newer than the kept one: left */
+    CHECK_EQ_INT(count_steps(root), 2);
+    CHECK_EQ_INT(rmdir(partial), 0);
+    ckpt_models_end(root, &a, &b);
+}
+
 static void test_checkpoint(world *w) {
     char root[] = "/tmp/dflash_ckpt_XXXXXX";
     dflash_model *a, *b;
@@ -2278,6 +2321,7 @@ int main(void) {
     test_config_fifo();
     test_checkpoint(w);
     test_checkpoint_keep_lowered(w);
+    test_checkpoint_keep_incomplete(w);
     test_checkpoint_unacked(w);
     test_checkpoint_world(w);
     test_head_limits(w);

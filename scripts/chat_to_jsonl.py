@@ -169,20 +169,47 @@ def convert(tok, obj, eot, template_kwargs, max_len):
     return ids, mask
 
 
+class InputError(Exception):
+    """An input that cannot be read as conversations at all (said, exit 2)."""
+
+
+BOM = b"\xef\xbb\xbf"
+
+
 def read_objects(path):
-    """(line number, parsed object or the parse error) of each conversation in path."""
-    with open(path, encoding="utf-8") as f:
-        data = f.read()
-    if data.lstrip().startswith("["):
-        for i, obj in enumerate(json.loads(data)):
-            yield i + 1, obj
-        return
-    for n, line in enumerate(data.splitlines(), 1):
-        if line.strip():
+    """(line number, parsed object or a Skip with the reason) of each conversation in path: a
+    JSONL file line by line (one line in memory at a time; lines end at "\n" only, as JSON
+    strings may hold U+2028 raw), or one JSON array, read whole. A UTF-8 byte-order mark is
+    dropped. A line that is not UTF-8 or not JSON is skipped with its reason; a file that starts
+    with "[" and is not one JSON array raises InputError."""
+    with open(path, "rb") as f:
+        if f.read(64 * 1024).removeprefix(BOM).lstrip().startswith(b"["):
+            f.seek(0)
             try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield n, Skip(f"not JSON: {e}", "not JSON")
+                objs = json.loads(f.read().removeprefix(BOM).decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise InputError(f"{path} starts with '[' but is not one JSON array ({e}): give "
+                                 "a JSON array of conversations, or one conversation object "
+                                 "per line (JSONL)") from None
+            if not isinstance(objs, list):
+                raise InputError(f"{path} is not a JSON array of conversations")
+            for i, obj in enumerate(objs):
+                yield i + 1, obj
+            return
+        f.seek(0)
+        for n, raw in enumerate(f, 1):
+            if n == 1:
+                raw = raw.removeprefix(BOM)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield n, Skip(f"not UTF-8 ({e})", "not UTF-8")
+                continue
+            if line.strip():
+                try:
+                    yield n, json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield n, Skip(f"not JSON: {e}", "not JSON")
 
 
 def remove_stale_temps(dst, log):
@@ -271,6 +298,14 @@ def main(argv=None):
         assert isinstance(kwargs, dict)
     except (ValueError, AssertionError):
         ap.error("--template-kwargs must be a JSON object")
+    if not os.path.isfile(a.src) or not os.access(a.src, os.R_OK):
+        ap.error(f"--in {a.src}: no readable file there")
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    if not os.path.isdir(out_dir):
+        ap.error(f"--out {a.out}: its folder {out_dir} does not exist")
+    if os.path.exists(a.out) and os.path.samefile(a.src, a.out):
+        ap.error(f"--out {a.out} is --in: the conversations would be replaced by their tokens; "
+                 "give another --out")
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -281,7 +316,10 @@ def main(argv=None):
                  "the token offsets")
     if not getattr(tok, "chat_template", None):
         sys.exit(f"chat_to_jsonl: {a.tokenizer} has no chat template")
-    written = run(tok, a.src, a.out, kwargs, a.max_len)[0]
+    try:
+        written = run(tok, a.src, a.out, kwargs, a.max_len)[0]
+    except InputError as e:
+        sys.exit(f"chat_to_jsonl: {e}")
     if written == 0:
         sys.exit(3)  # as dflash-data: nothing kept, nothing written
 

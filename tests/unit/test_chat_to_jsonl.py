@@ -330,6 +330,59 @@ with tempfile.TemporaryDirectory() as d:
     check(written == 0 and not os.path.exists(dst) and not os.path.exists(dst + ".tmp"),
           "nothing kept: no output file")
 
+# inputs as exports write them: a raw U+2028 inside a reply (JSON allows it; splitlines() cut the
+# line there), a byte-order mark before JSONL and before a JSON array, a line that is not UTF-8
+# (skipped with its line number; it stopped the whole run with a traceback), and a file of bare
+# message lists, which starts with "[" and is no JSON array (said, no traceback)
+with tempfile.TemporaryDirectory() as d:
+    src, dst = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
+    sep = chat("first\u2028second?", "one\u2028two")
+    with open(src, "wb") as f:
+        f.write(c2j.BOM + json.dumps(sep, ensure_ascii=False).encode() + b"\n" +
+                b'{"messages": "\xff"}\n' + json.dumps(openai).encode() + b"\r\n")
+    log = io.StringIO()
+    written, skipped, _, _ = c2j.run(tok, src, dst, {}, 0, log=log)
+    said = log.getvalue().splitlines()
+    check(written == 2 and skipped == {"not UTF-8": 1} and said[0].startswith(f"{src}:2: skipped: "
+          "not UTF-8"), f"BOM, raw U+2028, a line not UTF-8, CRLF: {said}")
+    with open(dst) as f:
+        first = json.loads(f.readline())
+    check(first == dict(zip(("input_ids", "loss_mask"), c2j.convert(tok, sep, c2j.end_of_turn(
+        tok, {}), {}, 0))), "the U+2028 conversation converted whole")
+    with open(src, "wb") as f:
+        f.write(c2j.BOM + json.dumps([openai, sharegpt]).encode())
+    written, skipped, _, _ = c2j.run(tok, src, dst, {}, 0, log=io.StringIO())
+    check((written, skipped) == (2, {}), "a JSON array after a byte-order mark")
+    with open(src, "w") as f:
+        f.write(json.dumps(openai["messages"]) + "\n" + json.dumps(openai["messages"]) + "\n")
+    try:
+        c2j.run(tok, src, dst, {}, 0, log=io.StringIO())
+        check(False, "a file of bare message lists is refused")
+    except c2j.InputError as e:
+        check("is not one JSON array" in str(e) and "per line" in str(e), f"said: {e}")
+
+    # the files checked before any tokenizer is loaded (usage errors, exit 2)
+    def usage_error(args, what):
+        err = io.StringIO()
+        stderr, sys.stderr = sys.stderr, err
+        try:
+            c2j.main(["--tokenizer", "none"] + args)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        except Exception as e:  # noqa: BLE001 (got past the checks: the tokenizer's load failed)
+            code = repr(e)
+        finally:
+            sys.stderr = stderr
+        check(code == 2 and what in err.getvalue(), f"refused, exit 2, {what!r}: {code!r} "
+              f"{err.getvalue()!r}")
+    usage_error(["--in", src, "--out", src], "is --in")
+    usage_error(["--in", src, "--out", os.path.join(d, ".", "in.jsonl")], "is --in")
+    usage_error(["--in", src, "--out", os.path.join(d, "no", "out.jsonl")], "does not exist")
+    usage_error(["--in", os.path.join(d, "none.jsonl"), "--out", dst], "no readable file")
+    with open(src) as f:
+        check(f.read().startswith("[{"), "--in left as it was")
+
 # a negative --max-len is refused (usage error, exit 2) before any tokenizer is loaded: it used
 # to cut that many tokens off the end of every conversation (ids[:-5])
 err = io.StringIO()

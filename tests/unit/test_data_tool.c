@@ -540,6 +540,34 @@ int main(void) {
     if (!strstr(err, "is a JSON array")) fprintf(stderr, "stderr was:\n%s\n", err);
     free(err);
     CHECK(access(shardp, F_OK) != 0);
+    /* the same after a UTF-8 byte-order mark (each line was refused instead, exit 3 all the
+     * same, without the hint) */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "\xef\xbb\xbf[{\"input_ids\": [1,2], \"loss_mask\": [1,1]},\n");
+    fprintf(fp, "{\"input_ids\": [3,4], \"loss_mask\": [1,1]}]\n");
+    fclose(fp);
+    CHECK_EQ_INT(run(args), 3);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "is a JSON array; dflash-data reads JSONL, one object per line") != NULL);
+    free(err);
+    CHECK(access(shardp, F_OK) != 0);
+    /* a BOM before JSONL is read past: both lines kept */
+    fp = fopen(jsonl, "w");
+    fprintf(fp, "\xef\xbb\xbf{\"input_ids\": [1,2], \"loss_mask\": [1,1]}\n");
+    fprintf(fp, "{\"input_ids\": [3,4], \"loss_mask\": [1,1]}\n");
+    fclose(fp);
+    CHECK_EQ_INT(run(args), 0);
+    out = test_slurp(outp, NULL);
+    CHECK(out && strstr(out, ": 2 sequences") != NULL);
+    free(out);
+    unlink(shardp);
+    /* a directory as --in: said (it was "read error" without a reason, exit 1) */
+    snprintf(args, sizeof args, "--in %s --out %s", dir, shardp);
+    CHECK_EQ_INT(run(args), 2);
+    err = test_slurp(errp, NULL);
+    CHECK(strstr(err, "is a directory") != NULL);
+    free(err);
+    CHECK(access(shardp, F_OK) != 0);
 
     /* --out naming the input (as ./in.jsonl, or stdin redirected from it) is refused (exit 2)
      * and the JSONL left as it was: the shard used to be renamed over it, exit 0 */

@@ -140,11 +140,21 @@ static long long read_line(FILE *in, char **buf, size_t *cap, size_t limit, bool
     return n;
 }
 
-/* Skips the input's leading whitespace, counting its newlines into *lines, and returns its
- * first other byte, left unread (EOF for a blank input). */
+/* Skips the input's UTF-8 byte-order mark and leading whitespace, counting its newlines into
+ * *lines, and returns its first other byte, left unread (EOF for a blank input). A first byte
+ * 0xEF that starts no mark is returned with at most one byte after it left unread: that line is
+ * no JSON object either way. */
 static int first_byte(FILE *in, uint64_t *lines) {
-    int ch;
-    while ((ch = getc(in)) != EOF && isspace(ch))
+    int ch = getc(in);
+    if (ch == 0xEF) {
+        int b2 = getc(in), b3 = b2 == 0xBB ? getc(in) : b2;
+        if (b2 != 0xBB || b3 != 0xBF) {
+            if (b3 != EOF) ungetc(b3, in);
+            return 0xEF;
+        }
+        ch = getc(in);
+    }
+    for (; ch != EOF && isspace(ch); ch = getc(in))
         *lines += ch == '\n';
     if (ch != EOF) ungetc(ch, in);
     return ch;
@@ -300,6 +310,11 @@ int main(int argc, char **argv) {
     }
     struct stat in_st; /* the input's size, for the progress line (0: a pipe) */
     bool in_known = fstat(fileno(in), &in_st) == 0;
+    if (in_known && S_ISDIR(in_st.st_mode)) {
+        LOG_ERROR("--in %s is a directory: give the JSONL file", c.in);
+        fclose(in);
+        return 2;
+    }
     /* nor onto the input itself (./x and x, a hard link, stdin redirected from it): the shard
      * would replace the user's JSONL */
     if (in_known && stat(c.out, &st) == 0 && st.st_dev == in_st.st_dev &&
@@ -350,11 +365,15 @@ int main(int argc, char **argv) {
     while (!*stop && (len = read_line(in, &line, &cap, limit, &too_long)) >= 0) {
         lineno++;
         if (progress_due(&prog)) {
-            char of[32] = "";
-            if (in_mb > 0) snprintf(of, sizeof of, " of %.0f", in_mb);
-            progress_printf(&prog, "data: %llu lines read (%.0f%s MB), %llu kept, %llu bad",
-                            (unsigned long long)lineno, (double)ftello(in) / 1e6, of,
-                            (unsigned long long)kept, (unsigned long long)bad);
+            char mb[64] = ""; /* how far into the input: not known of a pipe */
+            off_t at = ftello(in);
+            if (at >= 0 && in_mb > 0)
+                snprintf(mb, sizeof mb, " (%.0f of %.0f MB)", (double)at / 1e6, in_mb);
+            else if (at >= 0)
+                snprintf(mb, sizeof mb, " (%.0f MB)", (double)at / 1e6);
+            progress_printf(&prog, "data: %llu lines read%s, %llu kept, %llu bad",
+                            (unsigned long long)lineno, mb, (unsigned long long)kept,
+                            (unsigned long long)bad);
         }
         char why[256];
         long n = -1;
@@ -431,13 +450,14 @@ int main(int argc, char **argv) {
         seqs[b]++;
         toks[b] += (uint64_t)n;
     }
+    int read_errno = errno; /* of the read that ended the loop, if one failed */
     progress_end(&prog);
     if (!status && *stop) {
         LOG_ERROR("interrupted at %s:%llu: nothing written", c.in, (unsigned long long)lineno);
         status = 1;
     }
     if (!status && ferror(in)) {
-        LOG_ERROR("read error on %s", c.in);
+        LOG_ERROR("read error on %s: %s", c.in, strerror(read_errno));
         status = 1;
     }
     /* an empty shard only fails later, in the target ("batch plan: 0 sequences"); one of lines

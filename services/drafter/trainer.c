@@ -788,6 +788,14 @@ static int train_sync_state(void *vctx, int root) {
                   t->tc.n_anchors);
         return DFLASH_ECONFIG;
     }
+    if (rc == 0 && t->dp_rank != root && (t->saved_step || t->committed)) {
+        /* rank root's history is ours now, and no checkpoint of it is (defect: a rank that had
+         * resumed past root's step and later became rank 0 reported that step as committed,
+         * and wrote no checkpoint until past it) */
+        LOG_INFO("took rank %d's model at step %ld: our checkpoint of step %ld is of another "
+                 "history, none of this one is ours yet", root, t->m->step, t->saved_step);
+        t->saved_step = t->committed = 0;
+    }
     if (rc < 0 || !t->ckpt_root[0] || !is_dir(t->ckpt_root)) return rc;
     char err[4600];
     if (dflash_ckpt_set_aside_after(t->ckpt_root, t->m->step, err, sizeof err) < 0)
@@ -867,7 +875,15 @@ static int resume_refused(const char *dir, int rc, char *err, size_t errlen) {
                  "directory to resume from the one before it",
                  dir, why);
         break;
-    default: /* DFLASH_EVERSION, DFLASH_ENOMEM, ...: the message says it all */
+    case DFLASH_EVERSION: /* another training-state format: another version of ours wrote it */
+        snprintf(err, errlen,
+                 "cannot resume from %s: %s; it was written by another version of dflash-drafter: "
+                 "resume it with that version, or start a new run from its weights with "
+                 "--init-weights %s and another --checkpoint-dir (or move it out of its "
+                 "directory to resume from the one before it)",
+                 dir, why, dir);
+        break;
+    default: /* DFLASH_ENOMEM, ...: the message says it all */
         snprintf(err, errlen, "cannot resume from %s: %s", dir, why);
     }
     return rc;

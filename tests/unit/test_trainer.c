@@ -594,6 +594,16 @@ static void test_resume_refused(void) {
           strstr(err, "flags that run was trained with"));
     edit_file(path, "\"block_size\":\t8", "\"block_size\":\t4");
 
+    /* a training state of another format (another version wrote it): the message says how to
+     * go on (that version, or a new run from its weights) */
+    snprintf(path, sizeof path, "%s/training_state.safetensors", step);
+    CHECK(test_edit_in_place(path, "dflash-training-state-1", "dflash-training-state-9"));
+    resume_refused("resume of another training-state format", root, err, sizeof err);
+    CHECK(strstr(err, step) && strstr(err, "dflash-training-state-9") &&
+          strstr(err, "another version") && strstr(err, "--init-weights"));
+    CHECK(test_edit_in_place(path, "dflash-training-state-9", "dflash-training-state-1"));
+    snprintf(path, sizeof path, "%s/config.json", step);
+
     /* a checkpoint of another target (a captured layer this one lacks): eval says mismatch,
      * exit 2, instead of failing the target's load (exit 1) */
     edit_file(path, "[1, 3]", "[1, 33]");

@@ -470,14 +470,11 @@ static bool shm_name_ours(const char *shm_name)
     return true;
 }
 
-/* Whether the process under pid started more than POOL_SWEEP_REUSE_MARGIN_MS after shm object
- * fd last changed. The margin covers the two clocks' grain: the file system stamps its change
- * with a coarse clock (up to a scheduler tick early) and the start is read in clock ticks. */
-static bool started_after_change(int fd, int pid)
+/* The margin covers the two clocks' grain: the file system stamps a change with a coarse clock
+ * (up to a scheduler tick early) and the start is read in clock ticks. */
+bool pool_owner_pid_reused(int pid, const struct timespec *changed)
 {
-    struct stat st;
-    if (fstat(fd, &st) != 0) return false;
-    struct timespec t = st.st_ctim;
+    struct timespec t = *changed;
     t.tv_nsec += POOL_SWEEP_REUSE_MARGIN_MS * 1000000L;
     t.tv_sec += t.tv_nsec / 1000000000L;
     t.tv_nsec %= 1000000000L;
@@ -502,7 +499,9 @@ int pool_sweep_stale(const char *name)
          * process now under it started well after the object last changed (a dead owner's pid
          * taken by a new process) */
         bool gone = process_gone(pid), taken = false;
-        if (!fs_fd_private(fd, NULL, 0) || (!gone && !(taken = started_after_change(fd, pid)))) {
+        struct stat st;
+        if (!fs_fd_private(fd, NULL, 0) ||
+            (!gone && !(taken = fstat(fd, &st) == 0 && pool_owner_pid_reused(pid, &st.st_ctim)))) {
             close(fd);
             continue;
         }

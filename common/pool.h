@@ -36,6 +36,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "pool_reach.h"
 
@@ -123,6 +124,10 @@ int pool_slot_sync(pool *p, uint32_t slot);
  * NULL at start-up, so a target that comes back under another name (target-<host> in a new
  * container) still frees its old one. Objects of another uid are left alone. */
 int pool_sweep_stale(const char *name);
+/* The sweep's judgement of a live pid: true when the process under it started more than
+ * POOL_SWEEP_REUSE_MARGIN_MS after `changed` (the object's last change, st_ctim), so it is not
+ * the object's maker. */
+bool pool_owner_pid_reused(int pid, const struct timespec *changed);
 
 /* ---- descriptor wire format ---- */
 

@@ -40,6 +40,7 @@ struct client {
     uint64_t last_error_run; /* the last ERROR reply's replaced_by_run (0: none) */
     uint32_t last_error_mismatch; /* its mismatch (a wire_mismatch; 0: none) */
     bool last_error_other_key;    /* its other_key (DENIED: another CURVE key's live peer) */
+    uint64_t last_error_committed; /* its committed_step (a held GroupJoin; 0: none) */
     bool last_answered;           /* the last request got the broker's reply (not a timeout) */
     int timeout_ms;
     uint64_t last_send_ms; /* a request sent, or one that timed out (client_poll waits after it) */
@@ -183,6 +184,7 @@ const char *client_last_error(const client *c) { return c->last_error; }
 uint64_t client_last_error_replaced_by_run(const client *c) { return c->last_error_run; }
 uint32_t client_last_error_mismatch(const client *c) { return c->last_error_mismatch; }
 bool client_last_error_other_key(const client *c) { return c->last_error_other_key; }
+uint64_t client_last_error_committed_step(const client *c) { return c->last_error_committed; }
 bool client_last_answered(const client *c) { return c->last_answered; }
 
 /* Sends c->req and waits for the matching reply in c->rep. Caller holds the mutex and has
@@ -193,6 +195,7 @@ static int roundtrip(client *c)
     c->last_error_run = 0;
     c->last_error_mismatch = 0;
     c->last_error_other_key = false;
+    c->last_error_committed = 0;
     c->last_answered = false;
     if (!c->sock && sock_open(c) != 0) return DFLASH_EZMQ;
     c->req.version = WIRE_VERSION;
@@ -239,6 +242,7 @@ static int roundtrip(client *c)
             c->last_error_run = c->rep.u.error.replaced_by_run;
             c->last_error_mismatch = c->rep.u.error.mismatch;
             c->last_error_other_key = c->rep.u.error.other_key;
+            c->last_error_committed = c->rep.u.error.committed_step;
         }
         return 0;
     }
@@ -564,12 +568,14 @@ static int do_poll(client *c)
     uint64_t kept_run = c->last_error_run;
     uint32_t kept_mismatch = c->last_error_mismatch;
     bool kept_other_key = c->last_error_other_key;
+    uint64_t kept_committed = c->last_error_committed;
     bool kept_answered = c->last_answered;
     int rc = do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL);
     memcpy(c->last_error, kept, sizeof kept);
     c->last_error_run = kept_run;
     c->last_error_mismatch = kept_mismatch;
     c->last_error_other_key = kept_other_key;
+    c->last_error_committed = kept_committed;
     c->last_answered = kept_answered;
     return rc;
 }

@@ -131,6 +131,10 @@ uint32_t client_last_error_mismatch(const client *c);
  * false for every other error, none, or a broker older than the field. Kept like
  * client_last_error. */
 bool client_last_error_other_key(const client *c);
+/* That last ERROR reply's committed_step: a GroupJoin held (AGAIN) because its member would
+ * create the group below the newest committed checkpoint, that checkpoint's step; 0 for every
+ * other error, none, or a broker older than the field. Kept like client_last_error. */
+uint64_t client_last_error_committed_step(const client *c);
 /* Whether the last request got the broker's reply (an ERROR too), not a timeout or a socket
  * error: a broker that answers "try again" is there. Kept like client_last_error. */
 bool client_last_answered(const client *c);

@@ -870,6 +870,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         }
         error.has_other_key = m->u.error.other_key;
         error.other_key = m->u.error.other_key;
+        error.has_committed_step = m->u.error.committed_step != 0;
+        error.committed_step = m->u.error.committed_step;
         env.error = &error;
         break;
     case WIRE_OK:
@@ -1288,6 +1290,8 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         if (env->error->has_mismatch && env->error->mismatch <= WIRE_MISMATCH_ACCUMULATE)
             m->u.error.mismatch = env->error->mismatch;
         m->u.error.other_key = env->error->has_other_key && env->error->other_key;
+        m->u.error.committed_step =
+            env->error->has_committed_step ? env->error->committed_step : 0;
         break;
     case DFLASH__ENVELOPE__BODY_OK:
         m->type = WIRE_OK;

@@ -294,6 +294,8 @@ typedef struct wire_error {
     uint64_t replaced_by_run;
     uint32_t mismatch; /* a wire_mismatch: a GroupJoin's MISMATCH; an unknown value reads as 0 */
     bool other_key; /* DENIED: what the request names is a live peer's of another CURVE key */
+    uint64_t committed_step; /* a GroupJoin held (AGAIN): the newest committed checkpoint's step;
+                              * 0 = not stated */
 } wire_error;
 
 /* Data-parallel drafter groups (docs/protocol.md, "Groups"). Group names are non-empty. */

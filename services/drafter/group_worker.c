@@ -456,6 +456,18 @@ static int joining(gw *g)
     int rc = client_group_join(g->cl, c->group, ms, g->failed_epoch, g->gone_rank,
                                c->group_size, &v);
     heard(g, rc);
+    uint64_t committed = rc == DFLASH_EAGAIN ? client_last_error_committed_step(g->cl) : 0;
+    if (committed && k->done_at && k->done_at(k->ctx, committed)) {
+        /* held for a member resuming from the group's newest checkpoint, which is at our step
+         * limit: that member's run ended there (or will), and we have nothing to add (defect:
+         * we waited the broker's hold out, created the group at our step, were refused the
+         * rewind and exited 1, the run finished all the same) */
+        LOG_INFO("group %s: its newest committed checkpoint is at step %llu, where our run "
+                 "stops (--max-steps, or the schedule's end): nothing to train; done",
+                 c->group, (unsigned long long)committed);
+        set_state(g, GW_DONE);
+        return 0;
+    }
     if (rc == DFLASH_EAGAIN || rc == DFLASH_ETIMEOUT) {
         if (rc == DFLASH_EAGAIN) /* the broker's reason names the group */
             set_waiting(g, "to join group %s (the broker: %s)", c->group, client_last_error(g->cl));

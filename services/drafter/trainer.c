@@ -574,9 +574,13 @@ static long step_limit(const trainer *t) {
     return t->max_steps > 0 ? (long)t->max_steps : t->tc.total_steps;
 }
 
-static bool train_done(void *vctx) {
+static bool train_done_at(void *vctx, uint64_t step) {
     trainer *t = vctx;
-    return step_limit(t) > 0 && t->m->step >= step_limit(t);
+    return step_limit(t) > 0 && step >= (uint64_t)step_limit(t);
+}
+
+static bool train_done(void *vctx) {
+    return train_done_at(vctx, (uint64_t)((trainer *)vctx)->m->step);
 }
 
 /* The loop waits for data: the last step's metrics (read a step later while steps come) are
@@ -1212,6 +1216,7 @@ worker_consumer *trainer_new(const trainer_opts *o, char *err, size_t errlen) {
                            .run_id = train_run_id,
                            .layout = train_layout,
                            .done = train_done,
+                           .done_at = train_done_at,
                            .settled = train_settled,
                            .set_barrier = train_set_barrier,
                            .finish = train_finish,

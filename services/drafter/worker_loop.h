@@ -75,6 +75,9 @@ typedef struct worker_unacked {
  *   run_id()       the run the consumer trains (run_id.h), told with resume_step (0: none);
  *   done()         true when the consumer wants no more batches (e.g. --max-steps reached): the
  *                  loop ends as if drained;
+ *   done_at(s)     optional: true when a model at step s would be done() (a group member told
+ *                  that the group's newest committed checkpoint is at s ends rather than wait
+ *                  for the member holding it, whose run may have ended there);
  *   settled()      called before each claim while the loop holds no trained batch the broker
  *                  has not taken (solo: every ack answered; group: rank 0's StepDone answered):
  *                  the place for a periodic checkpoint. A checkpoint written earlier, between
@@ -112,6 +115,7 @@ typedef struct worker_consumer {
     int64_t (*resume_step)(void *ctx);
     uint64_t (*run_id)(void *ctx);
     bool (*done)(void *ctx);
+    bool (*done_at)(void *ctx, uint64_t step);
     int (*settled)(void *ctx);
     int (*finish)(void *ctx);
     int (*save_refused)(void *ctx);

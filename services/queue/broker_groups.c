@@ -299,6 +299,9 @@ static bool hold_creation(broker *b, peer *p, const wire_group_join *j, uint64_t
                 "%" PRIu64 " and this drafter is at step %" PRIu64 ": waiting %" PRIu64 " s more "
                 "for a member resuming from it (it becomes rank 0)", j->group,
                 ls.last_commit_step, j->step, (hold - waited + 999) / 1000);
+    /* a member whose run stops at or before that step ends on it (the member holding the
+     * checkpoint may have ended already, its run done) */
+    r->u.error.committed_step = ls.last_commit_step;
     return true;
 }
 

@@ -83,6 +83,20 @@ newest=$( (ls -d "$R"/checkpoints/step-* "$R"/ranks/1/checkpoints/step-* 2>/dev/
     fail "final checkpoint '$ckpt', newest '$newest'" "$WORK/run.log"
 echo "ok: --drafters 2: 4 group steps of 4 batches (2 a drafter), metrics from step 1, final \
 checkpoint $ckpt"
+# the same command on the finished run: the drafter holding the checkpoint ends at once, and the
+# other (no checkpoint of its own: step 0), held for it by the broker, is told the group's
+# newest committed checkpoint is at its --max-steps and ends too (it waited out the broker's
+# 2-minute hold, was refused the rewind and the run failed)
+t0=$SECONDS
+train --out "$R" --steps 4 --checkpoint-every 2 >"$WORK/again.log" 2>&1 ||
+    fail "the same command on the finished run failed" "$WORK/again.log"
+grep -q "^train: done; checkpoint $ckpt " "$WORK/again.log" &&
+    [ $((SECONDS - t0)) -lt 100 ] || fail "the finished run again: not done at once with \
+$ckpt ($((SECONDS - t0)) s)" "$WORK/again.log"
+grep -q "group train: its newest committed checkpoint is at step 4, where our run stops" \
+    "$R/drafter.log" "$R/drafter-1.log" ||
+    fail "no drafter told the run ends at the group's checkpoint" "$R/drafter.log"
+echo "ok: the same command on the finished group run is done at once ($((SECONDS - t0)) s)"
 
 # 2. Ctrl-C stops both drafters in order; the same command resumes the group
 S=$WORK/stop
@@ -158,14 +172,12 @@ step-000000004, is drafter 1's .*with --drafters 1 no drafter resumes from it" "
     [ -n "$cmd" ] || fail "--drafters 1 with the newest checkpoint in ranks/1: exit $rc (want 2)" \
     "$WORK/f1.log"
 bash -c "$cmd" || fail "the printed move failed: $cmd" "$WORK/f1.log"
-# (the run is at its --steps: the script names the checkpoint it would resume from and starts
-# nothing)
 train --out "$R" --steps 4 --drafters 1 >"$WORK/f2.log" 2>&1 ||
     fail "the run after the printed move failed" "$WORK/f2.log"
-grep -q "^train: done; checkpoint $R/checkpoints/step-000000004 (trained to step 4 already" \
-    "$WORK/f2.log" || fail "drafter 0's moved checkpoint not taken" "$WORK/f2.log"
+grep -q "resumed exactly from $R/checkpoints/step-000000004 at step 4" "$R/drafter.log" ||
+    fail "drafter 0 did not resume from the moved checkpoint" "$R/drafter.log"
 echo "ok: a newest checkpoint no drafter of the run reads is refused with the move; after it, \
-the run takes it from drafter 0's directory"
+drafter 0 resumes from it"
 
 # 6. the step keeps its 4 slots when the run resumes with another number of drafters
 P=$WORK/rescale

@@ -362,6 +362,7 @@ static void test_restart_order(void)
     /* B, back at step 0, comes first: it waits, nothing is rewound */
     CHECK_EQ_INT(stub_group_join(&Bd, 0, 0, NULL), DFLASH_EAGAIN);
     CHECK(strstr(stub_rep.u.error.message, "committed checkpoint is at step 1") != NULL);
+    CHECK(stub_rep.u.error.committed_step == 1); /* a B whose run stops there ends on it */
     s = stub_status();
     CHECK_EQ_INT(s.n_groups, 0);
     CHECK_EQ_INT(s.batches_committed, 2);

@@ -710,6 +710,12 @@ int main(void)
     }
     if (roundtrip(&in, &out)) CHECK_EQ_INT(out.u.error.mismatch, WIRE_MISMATCH_NONE);
     if (roundtrip(&in, &out)) CHECK(!out.u.error.other_key); /* not set: not packed */
+    if (roundtrip(&in, &out)) CHECK(out.u.error.committed_step == 0); /* not set: not packed */
+    /* a held GroupJoin names the newest committed checkpoint's step (Error.committed_step) */
+    in.u.error.code = DFLASH_EAGAIN;
+    in.u.error.committed_step = 0x0102030405060708ull;
+    if (roundtrip(&in, &out)) CHECK(out.u.error.committed_step == 0x0102030405060708ull);
+    in.u.error.committed_step = 0;
     /* a DENIED for another CURVE key's live peer says so (Error.other_key) */
     in.u.error.code = DFLASH_EDENIED;
     in.u.error.other_key = true;

@@ -182,9 +182,8 @@ def read_objects(path):
     strings may hold U+2028 raw), or one JSON array, read whole. A UTF-8 byte-order mark is
     dropped. A line that is not UTF-8 or not JSON is skipped with its reason; a file that starts
     with "[" and is not one JSON array raises InputError."""
-    with open(path, "rb") as f:
-        if f.read(64 * 1024).removeprefix(BOM).lstrip().startswith(b"["):
-            f.seek(0)
+    with open(path, "rb", buffering=64 * 1024) as f:  # a pipe too: looked at, never seeked
+        if f.peek(64 * 1024)[:64 * 1024].removeprefix(BOM).lstrip().startswith(b"["):
             try:
                 objs = json.loads(f.read().removeprefix(BOM).decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -196,7 +195,6 @@ def read_objects(path):
             for i, obj in enumerate(objs):
                 yield i + 1, obj
             return
-        f.seek(0)
         for n, raw in enumerate(f, 1):
             if n == 1:
                 raw = raw.removeprefix(BOM)
@@ -298,8 +296,8 @@ def main(argv=None):
         assert isinstance(kwargs, dict)
     except (ValueError, AssertionError):
         ap.error("--template-kwargs must be a JSON object")
-    if not os.path.isfile(a.src) or not os.access(a.src, os.R_OK):
-        ap.error(f"--in {a.src}: no readable file there")
+    if not os.path.exists(a.src) or os.path.isdir(a.src) or not os.access(a.src, os.R_OK):
+        ap.error(f"--in {a.src}: no readable file there")  # (a pipe is read: <(zcat ...))
     out_dir = os.path.dirname(os.path.abspath(a.out))
     if not os.path.isdir(out_dir):
         ap.error(f"--out {a.out}: its folder {out_dir} does not exist")

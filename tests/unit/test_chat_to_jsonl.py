@@ -361,6 +361,16 @@ with tempfile.TemporaryDirectory() as d:
     except c2j.InputError as e:
         check("is not one JSON array" in str(e) and "per line" in str(e), f"said: {e}")
 
+    # a pipe (--in <(zcat chats.jsonl.gz)) is read too: looked at, never seeked
+    for data, want in ((json.dumps(openai).encode() + b"\n", [openai]),
+                       (c2j.BOM + json.dumps([openai, sharegpt]).encode(), [openai, sharegpt])):
+        r, w = os.pipe()
+        os.write(w, data)
+        os.close(w)
+        got = [obj for _, obj in c2j.read_objects(f"/dev/fd/{r}")]
+        os.close(r)
+        check(got == want, f"read from a pipe: {got}")
+
     # the files checked before any tokenizer is loaded (usage errors, exit 2)
     def usage_error(args, what):
         err = io.StringIO()

@@ -276,7 +276,11 @@ int dflash_ckpt_load_config(const char *dir, dflash_config *c, char *err, size_t
     if (!get_int(j, "max_position_embeddings", &c->max_position_embeddings))
         c->max_position_embeddings = 40960;
     if (!get_dbl(j, "rms_norm_eps", &c->rms_norm_eps)) c->rms_norm_eps = 1e-6;
-    if (!get_dbl(j, "rope_theta", &c->rope_theta)) c->rope_theta = 1e6;
+    /* transformers 5 writes it in rope_parameters only (a config saved through it) */
+    if (!get_dbl(j, "rope_theta", &c->rope_theta) &&
+        !get_dbl(cJSON_GetObjectItemCaseSensitive(j, "rope_parameters"), "rope_theta",
+                 &c->rope_theta))
+        c->rope_theta = 1e6;
     c->tie_word_embeddings =
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
     if (!get_int(j, "bos_token_id", &c->bos_token_id)) c->bos_token_id = -1;

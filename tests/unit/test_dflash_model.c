@@ -1586,6 +1586,28 @@ static void test_checkpoint(world *w) {
     dflash_config back;
     CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
     CHECK_EQ_INT(dflash_ckpt_check_config(&w->cfg, &back, err, sizeof err), 0);
+    /* the config as transformers 5 saves it, rope_theta inside rope_parameters only: the same
+     * theta (it read as the default 1e6, and a target of another theta was refused) */
+    char cfgp[600];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", path);
+    size_t cfg_len = 0;
+    char *cfg_text = test_slurp(cfgp, &cfg_len);
+    cJSON *cj5 = cfg_text ? cJSON_Parse(cfg_text) : NULL;
+    CHECK(cj5 && cJSON_GetObjectItemCaseSensitive(cj5, "rope_theta"));
+    if (cj5) {
+        cJSON_DeleteItemFromObjectCaseSensitive(cj5, "rope_theta");
+        cJSON *rp = cJSON_AddObjectToObject(cj5, "rope_parameters");
+        cJSON_AddNumberToObject(rp, "rope_theta", w->cfg.rope_theta);
+        cJSON_AddStringToObject(rp, "rope_type", "default");
+        char *t5 = cJSON_Print(cj5);
+        test_spill(cfgp, t5, strlen(t5));
+        free(t5);
+        cJSON_Delete(cj5);
+        CHECK_EQ_INT(dflash_ckpt_load_config(path, &back, err, sizeof err), 0);
+        CHECK(back.rope_theta == w->cfg.rope_theta && back.rope_theta != 1e6);
+        test_spill(cfgp, cfg_text, cfg_len);
+    }
+    free(cfg_text);
 
     /* a save that cannot write (past a file size limit here, a full disk alike) says why,
      * failing in config.json, in model.safetensors and in dflash.py (written in that order, the

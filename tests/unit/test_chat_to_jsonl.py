@@ -330,6 +330,24 @@ with tempfile.TemporaryDirectory() as d:
     check(written == 0 and not os.path.exists(dst) and not os.path.exists(dst + ".tmp"),
           "nothing kept: no output file")
 
+def usage_error(args, what):
+    """main(--tokenizer none + args) must refuse them as a usage error (exit 2) naming `what`,
+    before any tokenizer is loaded."""
+    err = io.StringIO()
+    stderr, sys.stderr = sys.stderr, err
+    try:
+        c2j.main(["--tokenizer", "none"] + args)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    except Exception as e:  # noqa: BLE001 (got past the checks: the tokenizer's load failed)
+        code = repr(e)
+    finally:
+        sys.stderr = stderr
+    check(code == 2 and what in err.getvalue(), f"refused, exit 2, {what!r}: {code!r} "
+          f"{err.getvalue()!r}")
+
+
 # inputs as exports write them: a raw U+2028 inside a reply (JSON allows it; splitlines() cut the
 # line there), a byte-order mark before JSONL and before a JSON array, a line that is not UTF-8
 # (skipped with its line number; it stopped the whole run with a traceback), and a file of bare
@@ -372,20 +390,6 @@ with tempfile.TemporaryDirectory() as d:
         check(got == want, f"read from a pipe: {got}")
 
     # the files checked before any tokenizer is loaded (usage errors, exit 2)
-    def usage_error(args, what):
-        err = io.StringIO()
-        stderr, sys.stderr = sys.stderr, err
-        try:
-            c2j.main(["--tokenizer", "none"] + args)
-            code = 0
-        except SystemExit as e:
-            code = e.code
-        except Exception as e:  # noqa: BLE001 (got past the checks: the tokenizer's load failed)
-            code = repr(e)
-        finally:
-            sys.stderr = stderr
-        check(code == 2 and what in err.getvalue(), f"refused, exit 2, {what!r}: {code!r} "
-              f"{err.getvalue()!r}")
     usage_error(["--in", src, "--out", src], "is --in")
     usage_error(["--in", src, "--out", os.path.join(d, ".", "in.jsonl")], "is --in")
     usage_error(["--in", src, "--out", os.path.join(d, "no", "out.jsonl")], "does not exist")
@@ -395,18 +399,7 @@ with tempfile.TemporaryDirectory() as d:
 
 # a negative --max-len is refused (usage error, exit 2) before any tokenizer is loaded: it used
 # to cut that many tokens off the end of every conversation (ids[:-5])
-err = io.StringIO()
-stderr, sys.stderr = sys.stderr, err
-try:
-    c2j.main(["--tokenizer", "none", "--in", src, "--out", dst, "--max-len", "-5"])
-    code = 0
-except SystemExit as e:
-    code = e.code
-except Exception as e:  # noqa: BLE001 (got past the options: the tokenizer's load failed)
-    code = repr(e)
-finally:
-    sys.stderr = stderr
-check(code == 2 and "--max-len" in err.getvalue(), f"--max-len -5 refused, exit 2: {code!r}")
+usage_error(["--in", src, "--out", dst, "--max-len", "-5"], "--max-len")
 
 print("ok" if not failed else f"{failed} failed")
 sys.exit(1 if failed else 0)

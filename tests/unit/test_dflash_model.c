@@ -1367,6 +1367,22 @@ static void ckpt_models_end(const char *root, dflash_model **a, dflash_model **b
     CHECK_EQ_INT(test_rmtree(root), 0);
 }
 
+/* dflash_ckpt_save under a 4 KiB file size limit (RLIMIT_FSIZE, SIGXFSZ ignored): a save that
+ * fails as on a full disk. Its return code. */
+static int save_past_fsize(dflash_model *a, const dflash_train_cfg *tc, const char *root,
+                           const dflash_ckpt_opts *o, char *path, size_t plen, char *err,
+                           size_t elen) {
+    struct rlimit was, small;
+    CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &was), 0);
+    small = (struct rlimit){4096, was.rlim_max};
+    signal(SIGXFSZ, SIG_IGN);
+    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &small), 0);
+    int rc = dflash_ckpt_save(a, tc, root, o, path, plen, err, elen);
+    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &was), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    return rc;
+}
+
 /* A --keep-last lowered after a full disk: the save removes the checkpoints past it before it
  * writes (defect: only after a successful save, which the full disk never allowed, so the
  * restarted drafter failed at the same save again, however low --keep-last). The save here
@@ -1385,14 +1401,7 @@ static void test_checkpoint_keep_lowered(world *w) {
     }
     CHECK_EQ_INT(count_steps(root), 3);
     a->step = 4;
-    struct rlimit was, small;
-    CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &was), 0);
-    small = (struct rlimit){4096, was.rlim_max};
-    signal(SIGXFSZ, SIG_IGN);
-    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &small), 0);
-    int rc = dflash_ckpt_save(a, &w->tc, root, &keep1, path, sizeof path, err, sizeof err);
-    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &was), 0);
-    signal(SIGXFSZ, SIG_DFL);
+    int rc = save_past_fsize(a, &w->tc, root, &keep1, path, sizeof path, err, sizeof err);
     printf("a save past the file size limit with --keep-last 1: %s\n", err);
     CHECK(rc != 0);
     CHECK_EQ_INT(count_steps(root), 1);
@@ -1427,14 +1436,7 @@ static void test_checkpoint_keep_incomplete(world *w) {
     CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
     CHECK(strstr(latest, "step-000000002") != NULL);
     a->step = 4;
-    struct rlimit was, small;
-    CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &was), 0);
-    small = (struct rlimit){4096, was.rlim_max};
-    signal(SIGXFSZ, SIG_IGN);
-    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &small), 0);
-    int rc = dflash_ckpt_save(a, &w->tc, root, &keep1, path, sizeof path, err, sizeof err);
-    CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &was), 0);
-    signal(SIGXFSZ, SIG_DFL);
+    int rc = save_past_fsize(a, &w->tc, root, &keep1, path, sizeof path, err, sizeof err);
     CHECK(rc != 0);
     CHECK_EQ_INT(dflash_ckpt_latest(root, latest, sizeof latest), 0);
     CHECK(strstr(latest, "step-000000002") != NULL);

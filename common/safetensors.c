@@ -25,6 +25,7 @@
 #include "map_guard.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -647,6 +648,36 @@ out:
     return rc;
 }
 
+/* A directory without model.safetensors nor its index: what it holds instead, said in err (a
+ * user's checkpoint of PyTorch .bin weights, or shards whose index was not copied), else
+ * nothing. Returns DFLASH_EUNSUPPORTED or DFLASH_ENOTFOUND when said, 0 when not. */
+static int say_no_weights(const char *dir, char *err, size_t errlen) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    bool bin = false, shard = false;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        bin |= n > 4 && strcmp(e->d_name + n - 4, ".bin") == 0 &&
+               strncmp(e->d_name, "pytorch_model", 13) == 0;
+        shard |= n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0 &&
+                 strstr(e->d_name, "-of-") != NULL;
+    }
+    closedir(d);
+    if (shard) {
+        err_fmt(err, errlen, "%s: sharded *.safetensors files without their "
+                "model.safetensors.index.json: copy the index from where the checkpoint came",
+                dir);
+        return DFLASH_ENOTFOUND;
+    }
+    if (bin) {
+        err_fmt(err, errlen, "%s: PyTorch pytorch_model*.bin weights, no model.safetensors: "
+                "only safetensors are read; convert them (e.g. transformers' "
+                "save_pretrained(..., safe_serialization=True))", dir);
+        return DFLASH_EUNSUPPORTED;
+    }
+    return 0;
+}
+
 safetensors *safetensors_open(const char *path, int *rcp, char *err, size_t errlen) {
     int rc_ignored, *out_rc = rcp ? rcp : &rc_ignored;
     *out_rc = 0;
@@ -673,7 +704,8 @@ safetensors *safetensors_open(const char *path, int *rcp, char *err, size_t errl
             rc = load_index(st, p, err, errlen);
         else {
             snprintf(p, sizeof p, "%s/model.safetensors", path);
-            rc = load_file(st, p, err, errlen);
+            rc = access(p, F_OK) != 0 ? say_no_weights(path, err, errlen) : 0;
+            if (!rc) rc = load_file(st, p, err, errlen);
         }
     } else if (plen >= 5 && strcmp(path + plen - 5, ".json") == 0) {
         rc = load_index(st, path, err, errlen);

@@ -423,8 +423,24 @@ static void test_sharded(void) {
     CHECK_EQ_INT(safetensors_write_index(dir, dup_names, dup_files, 2, 20), 0);
     expect_bad(idx, DFLASH_EFORMAT, "model.a", "defined twice");
     unlink(idx);
+    /* the shards without their index: said so (it was "model.safetensors: cannot open") */
+    int rc = 0;
+    safetensors *none = safetensors_open(dir, &rc, err, sizeof err);
+    CHECK(none == NULL && rc == DFLASH_ENOTFOUND && strstr(err, "without their") &&
+          strstr(err, "model.safetensors.index.json"));
     unlink(p1);
     unlink(p2);
+    /* PyTorch .bin weights alone: said so */
+    char bin[300];
+    path_of(bin, sizeof bin, "pytorch_model.bin");
+    test_spill(bin, "x", 1);
+    none = safetensors_open(dir, &rc, err, sizeof err);
+    CHECK(none == NULL && rc == DFLASH_EUNSUPPORTED && strstr(err, "pytorch_model*.bin") &&
+          strstr(err, "only safetensors are read"));
+    unlink(bin);
+    /* neither: the plain "cannot open" of model.safetensors */
+    none = safetensors_open(dir, &rc, err, sizeof err);
+    CHECK(none == NULL && strstr(err, "model.safetensors") && !strstr(err, "only safetensors"));
 }
 
 /* safetensors_verify_tensor over every tensor of st: 0 with *checked = how many had a checksum,

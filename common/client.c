@@ -36,12 +36,14 @@ struct client {
     bool restarted;
     uint32_t heartbeat_ms, lease_timeout_ms, stats_interval_ms;
     char pub_endpoint[WIRE_MAX_TEXT];
-    char last_error[WIRE_MAX_TEXT];
-    uint64_t last_error_run; /* the last ERROR reply's replaced_by_run (0: none) */
-    uint32_t last_error_mismatch; /* its mismatch (a wire_mismatch; 0: none) */
-    bool last_error_other_key;    /* its other_key (DENIED: another CURVE key's live peer) */
-    uint64_t last_error_committed; /* its committed_step (a held GroupJoin; 0: none) */
-    bool last_answered;           /* the last request got the broker's reply (not a timeout) */
+    struct last_outcome {     /* what the last request left, for client_last_* */
+        char error[WIRE_MAX_TEXT];
+        uint64_t run;         /* the last ERROR reply's replaced_by_run (0: none) */
+        uint32_t mismatch;    /* its mismatch (a wire_mismatch; 0: none) */
+        bool other_key;       /* its other_key (DENIED: another CURVE key's live peer) */
+        uint64_t committed;   /* its committed_step (a held GroupJoin; 0: none) */
+        bool answered;        /* the request got the broker's reply (not a timeout) */
+    } last;
     int timeout_ms;
     uint64_t last_send_ms; /* a request sent, or one that timed out (client_poll waits after it) */
     bool curve;                               /* CURVE on: the three keys below are set */
@@ -73,14 +75,14 @@ static int sock_open(client *c)
         (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->server_public, CURVE_Z85_LEN) != 0 ||
          zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->public_, CURVE_Z85_LEN) != 0 ||
          zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->secret, CURVE_Z85_LEN) != 0)) {
-        snprintf(c->last_error, sizeof c->last_error, "cannot set CURVE keys: %s",
+        snprintf(c->last.error, sizeof c->last.error, "cannot set CURVE keys: %s",
                  zmq_strerror(errno));
         zmq_close(c->sock);
         c->sock = NULL;
         return DFLASH_EZMQ;
     }
     if (zmq_connect(c->sock, c->endpoint) != 0) {
-        snprintf(c->last_error, sizeof c->last_error, "cannot connect to %s: %s", c->endpoint,
+        snprintf(c->last.error, sizeof c->last.error, "cannot connect to %s: %s", c->endpoint,
                  zmq_strerror(errno));
         zmq_close(c->sock);
         c->sock = NULL;
@@ -137,7 +139,7 @@ int client_set_curve(client *c, const char *server_public, const char *secret)
     curve_key pub;
     if (!server_public || strlen(server_public) != CURVE_Z85_LEN || !secret ||
         curve_public_of(secret, pub) != 0) {
-        snprintf(c->last_error, sizeof c->last_error, "bad CURVE key (want 40 Z85 characters)");
+        snprintf(c->last.error, sizeof c->last.error, "bad CURVE key (want 40 Z85 characters)");
         return DFLASH_EINVAL;
     }
     pthread_mutex_lock(&c->mu);
@@ -155,7 +157,7 @@ int client_set_curve(client *c, const char *server_public, const char *secret)
 int client_set_curve_files(client *c, const char *server_key_file, const char *key_file)
 {
     if (!server_key_file || !*server_key_file || !key_file || !*key_file) {
-        snprintf(c->last_error, sizeof c->last_error,
+        snprintf(c->last.error, sizeof c->last.error,
                  "CURVE needs both --curve-server-key and --curve-key");
         return DFLASH_EINVAL;
     }
@@ -164,7 +166,7 @@ int client_set_curve_files(client *c, const char *server_key_file, const char *k
     int rc = curve_key_read(server_key_file, false, server, why, sizeof why);
     if (!rc) rc = curve_key_read(key_file, true, secret, why, sizeof why);
     if (rc) {
-        snprintf(c->last_error, sizeof c->last_error, "%s", why);
+        snprintf(c->last.error, sizeof c->last.error, "%s", why);
         return rc;
     }
     rc = client_set_curve(c, server, secret);
@@ -180,23 +182,18 @@ uint32_t client_heartbeat_ms(const client *c) { return c->heartbeat_ms; }
 uint32_t client_lease_timeout_ms(const client *c) { return c->lease_timeout_ms; }
 const char *client_pub_endpoint(const client *c) { return c->pub_endpoint; }
 uint32_t client_stats_interval_ms(const client *c) { return c->stats_interval_ms; }
-const char *client_last_error(const client *c) { return c->last_error; }
-uint64_t client_last_error_replaced_by_run(const client *c) { return c->last_error_run; }
-uint32_t client_last_error_mismatch(const client *c) { return c->last_error_mismatch; }
-bool client_last_error_other_key(const client *c) { return c->last_error_other_key; }
-uint64_t client_last_error_committed_step(const client *c) { return c->last_error_committed; }
-bool client_last_answered(const client *c) { return c->last_answered; }
+const char *client_last_error(const client *c) { return c->last.error; }
+uint64_t client_last_error_replaced_by_run(const client *c) { return c->last.run; }
+uint32_t client_last_error_mismatch(const client *c) { return c->last.mismatch; }
+bool client_last_error_other_key(const client *c) { return c->last.other_key; }
+uint64_t client_last_error_committed_step(const client *c) { return c->last.committed; }
+bool client_last_answered(const client *c) { return c->last.answered; }
 
 /* Sends c->req and waits for the matching reply in c->rep. Caller holds the mutex and has
  * filled c->req's body and type. Returns 0 (c->rep valid, may be an ERROR), or a code. */
 static int roundtrip(client *c)
 {
-    c->last_error[0] = 0;
-    c->last_error_run = 0;
-    c->last_error_mismatch = 0;
-    c->last_error_other_key = false;
-    c->last_error_committed = 0;
-    c->last_answered = false;
+    c->last = (struct last_outcome){0};
     if (!c->sock && sock_open(c) != 0) return DFLASH_EZMQ;
     c->req.version = WIRE_VERSION;
     c->req.role = c->role;
@@ -204,7 +201,7 @@ static int roundtrip(client *c)
     c->req.request_id = c->next_request++;
     int n = wire_pack(&c->req, c->buf, sizeof c->buf);
     if (n < 0) {
-        snprintf(c->last_error, sizeof c->last_error, "cannot pack %s: %s",
+        snprintf(c->last.error, sizeof c->last.error, "cannot pack %s: %s",
                  wire_type_name(c->req.type), err_str(n));
         return n;
     }
@@ -236,18 +233,18 @@ static int roundtrip(client *c)
         if (c->rep.request_id != c->req.request_id || c->rep.role != WIRE_ROLE_BROKER) continue;
         if (c->broker_incarnation && c->rep.incarnation != c->broker_incarnation)
             c->restarted = true;
-        c->last_answered = true;
+        c->last.answered = true;
         if (c->rep.type == WIRE_ERROR) {
-            snprintf(c->last_error, sizeof c->last_error, "%s", c->rep.u.error.message);
-            c->last_error_run = c->rep.u.error.replaced_by_run;
-            c->last_error_mismatch = c->rep.u.error.mismatch;
-            c->last_error_other_key = c->rep.u.error.other_key;
-            c->last_error_committed = c->rep.u.error.committed_step;
+            snprintf(c->last.error, sizeof c->last.error, "%s", c->rep.u.error.message);
+            c->last.run = c->rep.u.error.replaced_by_run;
+            c->last.mismatch = c->rep.u.error.mismatch;
+            c->last.other_key = c->rep.u.error.other_key;
+            c->last.committed = c->rep.u.error.committed_step;
         }
         return 0;
     }
 timeout:
-    snprintf(c->last_error, sizeof c->last_error, "no reply from %s within %d ms", c->endpoint,
+    snprintf(c->last.error, sizeof c->last.error, "no reply from %s within %d ms", c->endpoint,
              c->timeout_ms);
     sock_reset(c);
     /* a silent broker: the heartbeat thread's client_poll, which may take the client the
@@ -265,13 +262,13 @@ static int call(client *c, wire_type want)
     int rc = roundtrip(c);
     if (rc) return rc;
     if (c->restarted && c->req.type != WIRE_HELLO) {
-        if (!c->last_error[0])
-            snprintf(c->last_error, sizeof c->last_error, "broker restarted: re-register");
+        if (!c->last.error[0])
+            snprintf(c->last.error, sizeof c->last.error, "broker restarted: re-register");
         return DFLASH_ESTALE;
     }
     if (c->rep.type == WIRE_ERROR) return c->rep.u.error.code < 0 ? c->rep.u.error.code : DFLASH_EPROTO;
     if (c->rep.type != want) {
-        snprintf(c->last_error, sizeof c->last_error, "expected %s, got %s", wire_type_name(want),
+        snprintf(c->last.error, sizeof c->last.error, "expected %s, got %s", wire_type_name(want),
                  wire_type_name(c->rep.type));
         return DFLASH_EPROTO;
     }
@@ -348,7 +345,7 @@ static int do_register(client *c, const wire_pool *pool)
     char why[128];
     int rc = wire_check(&c->req, why, sizeof why);
     if (rc) {
-        snprintf(c->last_error, sizeof c->last_error, "bad pool: %s", why);
+        snprintf(c->last.error, sizeof c->last.error, "bad pool: %s", why);
         return rc;
     }
     return call(c, WIRE_OK);
@@ -563,20 +560,9 @@ static int do_poll(client *c)
 {
     uint32_t hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
     if (mono_ms() - c->last_send_ms < hb / 2) return 0;
-    char kept[sizeof c->last_error];
-    memcpy(kept, c->last_error, sizeof kept);
-    uint64_t kept_run = c->last_error_run;
-    uint32_t kept_mismatch = c->last_error_mismatch;
-    bool kept_other_key = c->last_error_other_key;
-    uint64_t kept_committed = c->last_error_committed;
-    bool kept_answered = c->last_answered;
+    struct last_outcome kept = c->last;
     int rc = do_u64(c, WIRE_HEARTBEAT, mono_ms(), NULL);
-    memcpy(c->last_error, kept, sizeof kept);
-    c->last_error_run = kept_run;
-    c->last_error_mismatch = kept_mismatch;
-    c->last_error_other_key = kept_other_key;
-    c->last_error_committed = kept_committed;
-    c->last_answered = kept_answered;
+    c->last = kept;
     return rc;
 }
 

@@ -1189,7 +1189,11 @@ int64_t broker_rewind_to(broker *b, uint64_t step, wire_msg *r, uint64_t rid)
                     "batch: resume from a later checkpoint (a new run starts the broker on a "
                     "new --journal)", step);
     else if (n < 0)
-        reply_error(b, r, rid, (int)n, "rewind failed");
+        reply_error(b, r, rid, (int)n, "rewind failed: %s",
+                    ledger_journal_failure(b->ledger) ? ledger_journal_failure(b->ledger)
+                                                      : err_str((int)n));
+    else
+        b->dispatch_rewound = true;
     return n;
 }
 
@@ -1385,7 +1389,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     char why[160] = "";
     b->requests++;
     b->dispatch_ticket = ledger_journal_seq(b->ledger);
-    b->dispatch_fail_on_io = false;
+    b->dispatch_fail_on_io = b->dispatch_rewound = false;
     int rc = wire_unpack(msg, len, &m, why, sizeof why);
     if (rc) {
         b->malformed++;
@@ -1530,8 +1534,12 @@ out:
         b->dispatch_ticket = p ? p->journal_ticket : 0;
     if (p) p->journal_ticket = b->dispatch_ticket;
     b->dispatch_request_id = m.request_id;
+    /* a rewind (ResumeFrom, a GroupJoin that creates its group) is answered Error IO when its
+     * REWIND record fails: a creating join got its view (defect: the group trained on while a
+     * broker restarted before the journal healed replayed no rewind) */
     b->dispatch_fail_on_io = m.type == WIRE_CHECKPOINT_COMMITTED || m.type == WIRE_RESUME_FROM ||
-                             m.type == WIRE_JOURNAL_SYNC || is_steering(m.type);
+                             m.type == WIRE_JOURNAL_SYNC || is_steering(m.type) ||
+                             b->dispatch_rewound;
     wire_msg_clear(&m);
     return wire_pack(&r, out, cap);
 }
@@ -1911,6 +1919,32 @@ fail:
     return NULL;
 }
 
+/* The journal's last words at a stop (its writer stopped: inline). A failing one is rewritten
+ * from memory once more: the disk may take it again since the last retry (defect: a stop while
+ * it was failing lost every change made since the failure, a drafter's rewind too, whose
+ * batches a broker started again took for trained). A healthy one is fdatasynced: ACK and
+ * HANDOUT records are not synced on their own, and a power loss right after a stop lost them. */
+static void journal_at_stop(broker *b)
+{
+    const char *jf = ledger_journal_failure(b->ledger);
+    if (!jf) {
+        if (ledger_barrier(b->ledger) < 0)
+            LOG_ERROR("journal %s: the last records may not be on disk: %s", b->cfg.journal,
+                      ledger_journal_failure(b->ledger) ? ledger_journal_failure(b->ledger)
+                                                        : "fdatasync failed");
+        return;
+    }
+    if (ledger_journal_heal(b->ledger) == 0 && !ledger_journal_failure(b->ledger)) {
+        LOG_INFO("journal %s recovered at the stop: rewritten whole from memory, it holds every "
+                 "change made while it was failing", b->cfg.journal);
+        return;
+    }
+    jf = ledger_journal_failure(b->ledger);
+    LOG_ERROR("journal %s is still failing at the stop (%s): what changed since the failure is "
+              "lost (a broker started on it hands out again the batches trained since, and "
+              "forgets the commits and rewinds since)", b->cfg.journal, jf ? jf : "?");
+}
+
 void broker_stop(broker *b)
 {
     if (!b || b->stopped) return;
@@ -1921,6 +1955,7 @@ void broker_stop(broker *b)
         uint64_t done_seq, fail_seq;
         ledger_journal_progress(b->ledger, &done_seq, &fail_seq);
         flush_deferred(b, done_seq, fail_seq);
+        journal_at_stop(b);
     }
     zloop_sock_destroy(&b->router_watch);
     zloop_sock_destroy(&b->zap_watch);

@@ -15,7 +15,9 @@
  * commit: Ok only once durable, Error IO when the journal failed (the resume sent then is in
  * force, and is in the journal once it is healed). JournalSync, a drafter's durability barrier
  * (no hello needed), makes the writer fdatasync and is answered Ok only after it, Error IO once
- * the journal failed. */
+ * the journal failed. A GroupJoin that creates its group (a REWIND record) is answered Error IO
+ * when the record fails, and a broker stopped while its journal fails rewrites it from memory
+ * at the stop: one started on it then has the commit made during the failure. */
 #include "broker.h"
 #include "broker_thread.h"
 #include "check.h"
@@ -213,6 +215,52 @@ int main(void)
         CHECK_EQ_INT(st.committed_step, 10);
         CHECK_EQ_INT(st.journal_error[0], 0);
         CHECK_EQ_INT(st.state, POLICY_RUNNING); /* the resume, healed into the journal */
+    }
+    broker_destroy(&again);
+    uv_run(&loop, UV_RUN_DEFAULT);
+
+    /* The journal fails again, with no retry of the rewrite before the stop */
+    broker_thread_config(&cfg, dir, "warn");
+    cfg.heartbeat_ms = 1000;
+    cfg.liveness = 60;
+    cfg.journal_retry_ms = 3600000;
+    CHECK(broker_thread_start(&bt, &cfg, held_sync, NULL, &err));
+    if (!bt.b) CHECK_DONE();
+    zctx = zmq_ctx_new();
+    void *e = broker_thread_dealer(zctx, cfg.endpoint, "drafter-e-5");
+    send_msg(e, WIRE_HELLO, 0xe5, 50, 0);
+    CHECK_EQ_INT(broker_thread_recv(e, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_HELLO);
+    held_sync_release(true);
+    /* a join that creates its group rewinds to its step (a REWIND record, fsynced): when that
+     * fails, Error IO as for ResumeFrom (it was answered with a view) */
+    wire_msg m;
+    wire_msg_init(&m, WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, 0xe5, 51);
+    snprintf(m.u.join.group, sizeof m.u.join.group, "g");
+    m.u.join.step = 10;
+    broker_thread_send(e, &m);
+    CHECK_EQ_INT(broker_thread_recv(e, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_ERROR);
+    CHECK_EQ_INT(r.request_id, 51);
+    CHECK_EQ_INT(r.type == WIRE_ERROR ? r.u.error.code : 0, DFLASH_EIO);
+    /* a commit made while it fails is in memory only */
+    send_msg(e, WIRE_CHECKPOINT_COMMITTED, 0xe5, 52, 11);
+    CHECK_EQ_INT(broker_thread_recv(e, 5000, &r), 0);
+    CHECK_EQ_INT(r.type == WIRE_ERROR ? r.u.error.code : 0, DFLASH_EIO);
+    /* the disk takes writes again; the stop rewrites the journal from memory (a stop lost the
+     * commit: committed_step 10 below) */
+    held_sync_release(false);
+    zmq_close(e);
+    zmq_ctx_term(zctx);
+    broker_thread_stop(&bt);
+    cfg.endpoint[0] = cfg.pub_endpoint[0] = '\0';
+    again = broker_new(&loop, &cfg, &err);
+    CHECK(again != NULL);
+    if (again) {
+        static wire_status st;
+        broker_status(again, &st);
+        CHECK_EQ_INT(st.committed_step, 11);
+        CHECK_EQ_INT(st.journal_error[0], 0);
     }
     broker_destroy(&again);
     uv_run(&loop, UV_RUN_DEFAULT);

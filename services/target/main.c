@@ -334,7 +334,7 @@ int main(int argc, char **argv)
         int n_cap;
         const int *cap = target_model_layer_ids(model_producer_model(mp), &n_cap);
         target_layer_ids_text(cap, n_cap, cfg.capture, sizeof cfg.capture);
-        prod = model_producer_as_target(&mp, 0);
+        prod = model_producer_as_target(&mp);
         model_producer_destroy(&mp); /* NULL after a successful hand-over */
     }
     if (!prod) LOG_FATAL("cannot create the %s producer", cfg.model);

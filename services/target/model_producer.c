@@ -496,14 +496,13 @@ int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg
 
 typedef struct producer_ctx {
     model_producer *p;
-    uint64_t producer_id;
 } producer_ctx;
 
 static int tp_fill(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
-                   void *stream, uint32_t *n_seqs) {
+                   void *stream, uint64_t producer, uint32_t *n_seqs) {
     (void)stream; /* == tp_stream: the model's nn_ctx owns the compute stream */
     producer_ctx *c = ctx;
-    return model_producer_fill(c->p, slot, l, wu, c->producer_id, n_seqs);
+    return model_producer_fill(c->p, slot, l, wu, producer, n_seqs);
 }
 
 /* The stream the forward runs on: the slot's ready event is recorded there, so a drafter's copy
@@ -520,7 +519,7 @@ static void tp_destroy(void *ctx) {
     free(c);
 }
 
-target_producer *model_producer_as_target(model_producer **pp, uint64_t producer_id) {
+target_producer *model_producer_as_target(model_producer **pp) {
     target_producer *tp = calloc(1, sizeof *tp);
     producer_ctx *c = calloc(1, sizeof *c);
     if (!tp || !c || !pp || !*pp) {
@@ -529,7 +528,6 @@ target_producer *model_producer_as_target(model_producer **pp, uint64_t producer
         return NULL;
     }
     c->p = *pp;
-    c->producer_id = producer_id;
     *pp = NULL;
     tp->name = "model";
     tp->ctx = c;

@@ -91,10 +91,10 @@ int model_producer_warmup(model_producer *p);
 struct target_loop_config;
 int model_producer_loop_config(model_producer *p, struct target_loop_config *cfg);
 
-/* Wraps *p as the target loop's producer (target_loop.h), taking ownership (*p = NULL);
- * producer_id goes into every slot header (the pool's incarnation). Free with
+/* Wraps *p as the target loop's producer (target_loop.h), taking ownership (*p = NULL); the
+ * loop's producer id (its pool's incarnation) goes into every slot header. Free with
  * target_producer_destroy. NULL on out of memory (then *p is left as is). */
 struct target_producer;
-struct target_producer *model_producer_as_target(model_producer **p, uint64_t producer_id);
+struct target_producer *model_producer_as_target(model_producer **p);
 
 #endif

@@ -154,8 +154,12 @@ static bool registered_and_heard(const target_loop *t)
     return (t->state == TL_WORKING || t->state == TL_WAITING) && t->silence.since == 0;
 }
 
-/* Fills and publishes one work unit. 0, DFLASH_ESTALE (re-register) or a fatal code. */
-static int produce(target_loop *t, const wire_work_unit *w)
+/* Fills and publishes one work unit. 0, DFLASH_ESTALE (re-register) or a fatal code. Its
+ * SlotReady is tried up to 3 times while the broker does not answer, each try a loop pass: heard
+ * or not (broker_heard), the loop alive (heartbeat_alive), and none after a stop (defect: a
+ * SIGTERM while the broker was silent waited out every try and then a leave, 4 x --timeout-ms,
+ * and the tries counted as a hung loop: exit 5 during a broker outage). */
+static int produce(target_loop *t, const wire_work_unit *w, volatile sig_atomic_t *stop)
 {
     const target_loop_config *c = t->cfg;
     uint64_t inc = pool_descriptor(t->pool)->incarnation;
@@ -170,7 +174,7 @@ static int produce(target_loop *t, const wire_work_unit *w)
     double t0 = monotime_s();
     uint32_t n_seqs = 0;
     int n = t->prod->fill(t->prod->ctx, &wu, pool_slot_ptr(t->pool, w->slot), &c->layout, stream,
-                          &n_seqs);
+                          inc, &n_seqs);
     if (n < 0) {
         LOG_ERROR("producer %s failed on batch (%u, %u, %llu): %s", t->prod->name, wu.epoch,
                   wu.bucket, (unsigned long long)wu.batch, err_str(n));
@@ -182,8 +186,10 @@ static int produce(target_loop *t, const wire_work_unit *w)
     t->st.fill_s += monotime_s() - t0;
     wire_slot_ready r = {.pool_incarnation = inc, .slot = w->slot, .unit = w->unit,
                          .n_tokens = (uint32_t)n, .n_seqs = n_seqs};
-    for (int attempt = 0; attempt < 3; attempt++) {
+    for (int attempt = 0; attempt < 3 && (attempt == 0 || !*stop); attempt++) {
+        heartbeat_alive(t->hb);
         rc = client_slot_ready(t->client, &r);
+        broker_heard(t, rc);
         if (rc != DFLASH_ETIMEOUT) break;
     }
     if (rc == DFLASH_ESTALE) return rc;
@@ -278,7 +284,7 @@ int target_loop_run(const target_loop_config *cfg, target_producer *prod,
         if (rc == 0) {
             set_state(&t, TL_WORKING);
             backoff = 1;
-            rc = produce(&t, &w);
+            rc = produce(&t, &w, stop);
             if (rc == DFLASH_ESTALE) {
                 set_state(&t, TL_REGISTER);
             } else if (rc < 0) { /* fatal: leave as a stop does (defect: the broker granted
@@ -343,7 +349,7 @@ static void pace(double period_s, double *next_s)
 }
 
 static int synth_fill(void *vctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
-                      void *stream, uint32_t *n_seqs)
+                      void *stream, uint64_t producer, uint32_t *n_seqs)
 {
     (void)stream;
     synth_ctx *s = vctx;
@@ -351,7 +357,7 @@ static int synth_fill(void *vctx, const slot_work_unit *wu, void *slot, const sl
     synthetic_params sp = synthetic_bucket_params(s->upper, s->n_buckets, wu->bucket, s->vocab,
                                                   s->budget);
     void *dst = s->backend == POOL_HOST ? slot : s->scratch;
-    int n = synthetic_fill(dst, l, wu, &sp, 0);
+    int n = synthetic_fill(dst, l, wu, &sp, producer);
     if (n < 0) return n;
     slot_header h;
     slot_header_check(dst, l, &h, NULL, 0);

@@ -32,7 +32,8 @@
 
 #define TARGET_MAX_BUCKETS 16
 
-/* What fills a slot. fill() writes the whole batch of wu (header, arrays, hidden states in
+/* What fills a slot. fill() writes the whole batch of wu (header, naming producer: the pool's
+ * incarnation; arrays, hidden states in
  * l->dtype) into slot, which is a host pointer (host pools) or a device pointer on the pool's
  * GPU (cuda pools); GPU work goes on stream (the producer's compute stream, returned by
  * stream(); NULL for host producers), after which the loop records the slot's event on it.
@@ -42,7 +43,7 @@ typedef struct target_producer {
     const char *name; /* "synthetic", "model" */
     void *ctx;
     int (*fill)(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
-                void *stream, uint32_t *n_seqs);
+                void *stream, uint64_t producer, uint32_t *n_seqs);
     void *(*stream)(void *ctx);
     void (*destroy)(void *ctx);
 } target_producer;

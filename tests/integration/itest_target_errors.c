@@ -1,7 +1,8 @@
 /* itest_target_errors: the target loop's and the target's leave's error paths, in this process
  * against the real dflash-queue (the daemons' own tests cannot make them happen).
  *
- *   1. A producer that fails (its fill returns DFLASH_EIO on the second batch) ends
+ *   1. A producer that fails (its fill returns DFLASH_EIO on the second batch; the first
+ *      batch's slot header names the pool's incarnation as its producer) ends
  *      target_loop_run with that code, promptly, with one batch counted: the daemon exits 1
  *      saying which batch failed, rather than going on with a slot left FILLING at the broker
  *      for ever (a watchdog sets the stop flag after WATCHDOG_MS, so a loop that ignores the
@@ -38,14 +39,21 @@
 typedef struct failing {
     target_producer *inner; /* the synthetic producer */
     int calls;
+    uint64_t producer, header_producer; /* the loop's id for the first fill, and its header's */
 } failing;
 
 static int failing_fill(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
-                        void *stream, uint32_t *n_seqs)
+                        void *stream, uint64_t producer, uint32_t *n_seqs)
 {
     failing *f = ctx;
     if (++f->calls == 2) return DFLASH_EIO;
-    return f->inner->fill(f->inner->ctx, wu, slot, l, stream, n_seqs);
+    int n = f->inner->fill(f->inner->ctx, wu, slot, l, stream, producer, n_seqs);
+    slot_header h;
+    char err[256];
+    f->producer = producer;
+    if (n > 0 && slot_header_check(slot, l, &h, err, sizeof err) == 0)
+        f->header_producer = h.producer;
+    return n;
 }
 
 static volatile sig_atomic_t stop_flag;
@@ -92,6 +100,9 @@ static void producer_failure(const char *queue_bin)
     CHECK(took < WATCHDOG_MS);
     CHECK_EQ_INT(st.batches, 1);
     CHECK_EQ_INT(f.calls, 2); /* nothing filled after the failure */
+    /* the slot header names the pool (its incarnation; it was 0 in every slot) */
+    CHECK(f.producer != 0);
+    CHECK(f.header_producer == f.producer);
     /* it left the broker before freeing the pool: nothing more is granted from it, its ready
      * batch is back to to-do at once (not when the broker expires the target) */
     int crc = 0;
@@ -261,14 +272,14 @@ typedef struct restarting {
 /* The first fill restarts the broker (SIGKILL, then a new one on the same journal) before it
  * fills: the SlotReady that follows reaches a broker that does not know the target. */
 static int restarting_fill(void *ctx, const slot_work_unit *wu, void *slot, const slot_layout *l,
-                           void *stream, uint32_t *n_seqs)
+                           void *stream, uint64_t producer, uint32_t *n_seqs)
 {
     restarting *x = ctx;
     if (++x->calls == 1) {
         h_kill(*x->q, SIGKILL);
         *x->q = h_start_queue(x->queue_bin, x->dir, x->extra);
     }
-    return x->inner->fill(x->inner->ctx, wu, slot, l, stream, n_seqs);
+    return x->inner->fill(x->inner->ctx, wu, slot, l, stream, producer, n_seqs);
 }
 
 static void broker_restart_during_fill(const char *queue_bin)

@@ -27,7 +27,9 @@
  *   - with the broker gone (SIGKILL), a SIGTERMed target exits 0 within 2 x --timeout-ms and
  *     a second (it does not wait for an answer that cannot come); one that has already seen
  *     the broker silent (its "waiting for the broker to come back") exits 0 without sending a
- *     leave at all.
+ *     leave at all; one whose broker hangs (SIGSTOP) while it fills a slot (--rate 0.5) exits 0
+ *     after the fill and one unanswered SlotReady, without a leave (it tried three times and
+ *     then left: 4 x --timeout-ms).
  * Usage: itest_target_leave QUEUE CTL TARGET. Exit 0 pass, 1 fail. */
 #include "check.h"
 #include "harness.h"
@@ -46,17 +48,19 @@ static char dir[64], ep[128];
 static const char *target_bin;
 
 /* A synthetic host-backend target "t" (3 slots of H_SMALL_LAYOUT, buckets 64 and 256) logging at
- * info to log. */
-static pid_t start_target(const char *log)
+ * info to log, filling rate batches a second (0: at once). */
+static pid_t start_target(const char *log, double rate)
 {
     char rt[128], bpb[64], to[64];
     snprintf(rt, sizeof rt, "--runtime-dir=%s", dir);
     snprintf(bpb, sizeof bpb, "--batches-per-bucket=%d", BATCHES_PER_BUCKET);
     snprintf(to, sizeof to, "--timeout-ms=%d", TARGET_TIMEOUT_MS);
+    char pace[64];
+    snprintf(pace, sizeof pace, "--rate=%g", rate);
     char *argv[] = {(char *)target_bin, rt, "--name=t", "--model=synthetic", "--slots=3",
                     "--token-budget=256", "--max-seqs=4", "--hidden=8", "--layers=2",
                     "--buckets=64,256", bpb, "--backend=host", to, "--progress-ms=0",
-                    "--log-level=info", NULL};
+                    "--log-level=info", pace, NULL};
     return h_spawn_logged(argv, log);
 }
 
@@ -100,7 +104,7 @@ int main(int argc, char **argv)
                  "--log-level=info", NULL};
     pid_t qp = h_spawn_logged(q, qlog);
     CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
-    pid_t target = start_target(tlog);
+    pid_t target = start_target(tlog, 0);
     CHECK(target > 0);
 
     int rc;
@@ -163,7 +167,7 @@ int main(int argc, char **argv)
            (unsigned long long)s.batches_inflight, (unsigned long long)s.batches_trained);
 
     /* a new target: a new pool incarnation; the rest is trained, each batch once */
-    pid_t target2 = start_target(t2log);
+    pid_t target2 = start_target(t2log, 0);
     CHECK(h_status_until(c, &s, other_pool_registered, 30000));
     CHECK(counting_worker_join(&k, th, 60000));
     CHECK_EQ_INT(k.rc, 0); /* a copy failure would end it with DFLASH_EPEER */
@@ -201,7 +205,7 @@ int main(int argc, char **argv)
     q[2] = journal3;
     qp = h_spawn_logged(q, q3log);
     CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
-    pid_t target3 = start_target(t3log);
+    pid_t target3 = start_target(t3log, 0);
     CHECK(h_wait_text(t3log, "registered pool", 30000));
     h_kill(qp, SIGKILL);
     CHECK(h_wait_text(t3log, "waiting for the broker to come back", 10000));
@@ -209,6 +213,32 @@ int main(int argc, char **argv)
     status = h_wait_exit(target3, 10000);
     CHECK_EQ_INT(status, 0);
     CHECK(!h_wait_text(t3log, "our leave", 0)); /* no "no answer to our leave" */
+
+    /* a broker that stops answering while the target fills a slot (SIGSTOP: a hung host): a
+     * SIGTERM then costs one unanswered SlotReady, not three and a leave (4 s here), and no
+     * leave is sent to a broker that did not answer. A fourth target, one fill every 2 s (the
+     * first at once): the broker is stopped 1 s into the second fill. */
+    char t4log[128], q4log[128], journal4[128];
+    snprintf(t4log, sizeof t4log, "%s/target4.log", dir);
+    snprintf(q4log, sizeof q4log, "%s/queue4.log", dir);
+    snprintf(journal4, sizeof journal4, "--journal=%s/queue4.journal", dir);
+    q[2] = journal4;
+    qp = h_spawn_logged(q, q4log);
+    CHECK(h_wait_broker(ep, H_BROKER_UP_MS) != 0);
+    pid_t target4 = start_target(t4log, 0.5);
+    CHECK(h_wait_text(t4log, "registered pool", 30000));
+    h_sleep_ms(1000);
+    h_signal(qp, SIGSTOP);
+    t0 = h_now_ms();
+    h_signal(target4, SIGTERM);
+    status = h_wait_exit(target4, 15000);
+    took = h_now_ms() - t0;
+    printf("target stopped while its broker hangs: exit %d after %llu ms\n", status,
+           (unsigned long long)took);
+    CHECK_EQ_INT(status, 0);
+    CHECK(took <= 1000 + TARGET_TIMEOUT_MS + 1500); /* the fill's rest, one try, slack */
+    CHECK(!h_wait_text(t4log, "our leave", 0));
+    h_kill(qp, SIGKILL);
 
     if (!check_failed) h_rmdir(dir);
     else fprintf(stderr, "logs kept in %s\n", dir);

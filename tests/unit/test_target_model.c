@@ -815,11 +815,11 @@ static void test_producer(const nn_ops *ops, nn_ctx *ctx) {
     CHECK(lc.bucket_share[0] > 0 && lc.bucket_batches[0] >= 1 && lc.bucket_batches[1] >= 1);
 
     /* the same through the target loop's producer interface */
-    target_producer *tp = model_producer_as_target(&p, 0xdef);
+    target_producer *tp = model_producer_as_target(&p);
     CHECK(tp != NULL && p == NULL);
     if (tp) {
         uint32_t n_seqs = 0;
-        int T = tp->fill(tp->ctx, &first, slot, &l, tp->stream(tp->ctx), &n_seqs);
+        int T = tp->fill(tp->ctx, &first, slot, &l, tp->stream(tp->ctx), 0xdef, &n_seqs);
         CHECK(T > 0 && n_seqs > 0);
         CHECK(((slot_header *)slot)->producer == 0xdef);
         tp->destroy(tp->ctx);

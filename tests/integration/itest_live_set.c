@@ -5,7 +5,8 @@
  * `dflash-ctl pause`, and the broker is killed (SIGKILL) and started again with the same
  * command line, as docker-compose restarts it: it is still paused with min_ready 30 and
  * max_depth 90 (journaled), and runs again after `dflash-ctl resume`. A drain outlives a
- * SIGKILL too, but a SIGTERM (a deliberate stop) ends it: the broker started next runs. */
+ * SIGKILL too, but a SIGTERM (a deliberate stop) ends it: the broker started next runs. A
+ * `dflash-ctl watch` goes on across a broker restarted with another --pub-endpoint. */
 #include "check.h"
 #include "harness.h"
 
@@ -149,6 +150,26 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(s.state, WIRE_STATE_DRAINING);
     q = restart_queue(q, SIGTERM, argv[1], dir, extra, ep, &s);
     CHECK_EQ_INT(s.state, WIRE_STATE_RUNNING);
+
+    /* a watch goes on across a restart that moves the broker's PUB socket (--pub-endpoint): it
+     * subscribes to the new one (defect: it said the restart and then heard nothing, for ever) */
+    char wlog[128], pub2[160];
+    snprintf(wlog, sizeof wlog, "%s/watch.log", dir);
+    snprintf(pub2, sizeof pub2, "--pub-endpoint=ipc://%s/queue-pub2.sock", dir);
+    char *w2argv[] = {argv[2], rt, "--timeout-ms=500", "watch", NULL};
+    pid_t watcher2 = h_spawn_logged(w2argv, wlog);
+    CHECK(h_wait_text(wlog, "stats ", 10000));
+    const char *moved[] = {journal, "--min-ready=2", "--max-depth=4", "--liveness=100", pub2,
+                           NULL};
+    h_kill(q, SIGKILL);
+    q = h_start_queue(argv[1], dir, moved);
+    CHECK(q > 0);
+    CHECK(h_wait_text(wlog, "queue-pub2.sock now", 15000));
+    size_t from = 0;
+    char *wtext = test_slurp(wlog, &from);
+    free(wtext);
+    CHECK(h_wait_text_from(wlog, from, "stats ", 10000));
+    CHECK_EQ_INT(h_stop(watcher2), 0);
     CHECK_EQ_INT(h_stop(q), 0);
     h_rmdir(dir);
     CHECK_DONE();

@@ -426,15 +426,17 @@ static void print_orphans(const wire_status *s)
 
 /* Asks the broker whether it is still there after `watch` heard nothing for timeout-ms (its PUB
  * socket cannot tell "quiet" from "gone"). 0 while it answers (a restarted broker: said once on
- * stderr, then watched on), or fail()'s exit status. */
-static int watch_check_broker(const ctl_config *c, client *cl)
+ * stderr, *restarted set, then watched on), or fail()'s exit status. */
+static int watch_check_broker(const ctl_config *c, client *cl, bool *restarted)
 {
     int rc = client_heartbeat(cl);
     if (rc == DFLASH_ESTALE && client_broker_restarted(cl)) {
         rc = client_hello(cl, NULL, 0);
-        if (!rc)
+        if (!rc) {
             fprintf(stderr, "dflash-ctl watch: the broker restarted (now %016" PRIx64 ")\n",
                     client_broker_incarnation(cl));
+            *restarted = true;
+        }
     }
     if (!rc) return 0;
     fprintf(stderr, "dflash-ctl watch: the broker at %s stopped answering\n", c->endpoint);
@@ -497,10 +499,14 @@ static int watch_nothing_heard(const ctl_config *c, client *cl, const char *pub,
     return fail_msg(c, "watch", DFLASH_EPEER, msg);
 }
 
-static int cmd_watch(const ctl_config *c, client *cl)
+/* Subscribes *sub (destroying one it holds) to the PUB endpoint the broker's hello named, kept
+ * in pub: 0, or the exit status (checked first: an ipc:// socket out of reach, its directory
+ * not ours or gone). */
+static int watch_subscribe(const ctl_config *c, client *cl, char *pub, size_t len,
+                           client_sub **sub)
 {
-    char pub[WIRE_MAX_TEXT];
-    snprintf(pub, sizeof pub, "%s", client_pub_endpoint(cl));
+    client_sub_destroy(sub);
+    snprintf(pub, len, "%s", client_pub_endpoint(cl));
     int out = watch_check_pub(c, pub);
     if (out) return out;
     char why[1024];
@@ -509,43 +515,67 @@ static int cmd_watch(const ctl_config *c, client *cl)
         snprintf(why + strlen(why), sizeof why - strlen(why), ": the broker names it as its "
                  "PUB endpoint (--pub-endpoint); was the directory removed while it runs?");
     if (bad) return fail_msg(c, "watch", bad, why);
-    client_sub *sub = client_sub_new_curve(pub, "", cl);
-    if (!sub) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "cannot subscribe to the broker's announcements at '%.300s'",
-                 pub);
-        return fail_msg(c, "watch", DFLASH_EIO, msg);
-    }
+    *sub = client_sub_new_curve(pub, "", cl);
+    if (*sub) return 0;
+    char msg[400];
+    snprintf(msg, sizeof msg, "cannot subscribe to the broker's announcements at '%.300s'", pub);
+    return fail_msg(c, "watch", DFLASH_EIO, msg);
+}
+
+/* The first announcement proves a subscription: stats are due within an interval, the second
+ * is margin for the connection (a CURVE handshake). 0: no deadline (no stats announced). */
+static uint64_t watch_first_deadline_ms(const client *cl)
+{
+    uint32_t stats_ms = client_stats_interval_ms(cl);
+    return stats_ms ? 3 * (uint64_t)stats_ms + 1000 : 0;
+}
+
+static int cmd_watch(const ctl_config *c, client *cl)
+{
+    char pub[WIRE_MAX_TEXT];
+    client_sub *sub = NULL;
+    int out = watch_subscribe(c, cl, pub, sizeof pub, &sub);
+    if (out) return out;
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
-    uint32_t stats_ms = client_stats_interval_ms(cl);
-    /* the first announcement proves the subscription: stats are due within an interval, the
-     * second is margin for the connection (a CURVE handshake) */
-    uint64_t first_deadline_ms = stats_ms ? 3 * (uint64_t)stats_ms + 1000 : 0;
-    if (!stats_ms)
+    uint64_t first_deadline_ms = watch_first_deadline_ms(cl);
+    if (!first_deadline_ms)
         fprintf(stderr, "dflash-ctl watch: the broker did not say it announces stats (its "
                 "stats_interval_ms is 0, or it is older than this ctl): only what it announces "
                 "will show, and a silence is not taken for a fault\n");
     static wire_msg m;
     int64_t seen = 0;
+    bool heard = false;      /* an announcement came on this subscription */
     uint64_t quiet_ms = 0;   /* since the last announcement or broker answer */
     uint64_t unheard_ms = 0; /* since subscribing, until the first announcement */
     while (!stop_flag && (!c->count || seen < c->count)) {
         char topic[32];
         int rc = client_sub_recv(sub, topic, sizeof topic, &m, 200);
+        bool restarted = false;
         if (rc == DFLASH_ETIMEOUT && (quiet_ms += 200) >= (uint64_t)c->timeout_ms) {
             quiet_ms = 0;
-            if ((out = watch_check_broker(c, cl))) break;
+            if ((out = watch_check_broker(c, cl, &restarted))) break;
         }
-        if (rc == DFLASH_ETIMEOUT && !seen && first_deadline_ms &&
+        if (rc == DFLASH_ETIMEOUT && !heard && first_deadline_ms &&
             (unheard_ms += 200) >= first_deadline_ms) {
-            if ((out = watch_check_broker(c, cl))) break; /* gone: said as such */
-            if ((out = watch_nothing_heard(c, cl, pub, &first_deadline_ms))) break;
+            if ((out = watch_check_broker(c, cl, &restarted))) break; /* gone: said as such */
+            if (!restarted &&
+                (out = watch_nothing_heard(c, cl, pub, &first_deadline_ms)))
+                break;
+            unheard_ms = 0;
+        }
+        if (restarted && strcmp(pub, client_pub_endpoint(cl)) != 0) {
+            /* it announces elsewhere now (defect: watch heard nothing more, for ever) */
+            fprintf(stderr, "dflash-ctl watch: it announces on %s now\n", client_pub_endpoint(cl));
+            if ((out = watch_subscribe(c, cl, pub, sizeof pub, &sub))) break;
+            first_deadline_ms = watch_first_deadline_ms(cl);
+            heard = false;
             unheard_ms = 0;
         }
         if (rc) continue;
         quiet_ms = 0;
         seen++;
+        heard = true;
         if (c->json) {
             cJSON *o = m.type == WIRE_STATUS_REPLY ? status_json(&m.u.status) : cJSON_CreateObject();
             cJSON_AddStringToObject(o, "topic", topic);

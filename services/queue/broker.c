@@ -358,8 +358,8 @@ static int policy_create(broker *b, uint32_t n_buckets, const uint32_t *upper, c
     if (b->cfg.shares[0] && (broker_parse_shares(b->cfg.shares, n_buckets, sh) ||
                              policy_set_shares(b->policy, n_buckets, sh))) {
         /* Known only now: drop it, so the config and later sets show and check what is used. */
-        LOG_WARN("shares '%s' do not fit the target's %u buckets: using the target's shares",
-                 b->cfg.shares, n_buckets);
+        LOG_WARN("shares '%s' do not fit the target's %u buckets (one finite non-negative "
+                 "number each, not all 0): using the target's shares", b->cfg.shares, n_buckets);
         /* the configured ones too: dropped, they are no runtime change to journal */
         if (strcmp(b->configured.shares, b->cfg.shares) == 0) b->configured.shares[0] = '\0';
         b->cfg.shares[0] = '\0';

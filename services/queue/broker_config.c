@@ -60,7 +60,7 @@ static const cfg_option queue_options[] = {
           "holding it) is quarantined",
           max_redeliveries),
     OPT_S("shares", "", true,
-          "bucket token shares, comma separated, finite and >= 0, one per bucket (default, or "
+          "bucket token shares, comma separated, finite and >= 0 (not all 0), one per bucket (default, or "
           "when the count does not fit: as the target reports)",
           shares),
     OPT_I("mix-window", "1000", 1, 65536, false, "claims in the TV-distance window", mix_window),
@@ -145,18 +145,21 @@ int broker_depth_check(const queue_config *c, uint32_t world, char *why, size_t 
     return DFLASH_ERANGE;
 }
 
-/* n finite non-negative numbers into out, one per comma-separated entry (blanks around them
- * allowed, an empty entry is not: "1,,2" is no pair); n 0: any count up to WIRE_MAX_BUCKETS
- * (the bucket count is not known yet; out has room for that many). 0 or DFLASH_EINVAL. */
+/* n finite non-negative numbers, not all 0, into out, one per comma-separated entry (blanks
+ * around them allowed, an empty entry is not: "1,,2" is no pair); n 0: any count up to
+ * WIRE_MAX_BUCKETS (the bucket count is not known yet; out has room for that many). 0 or
+ * DFLASH_EINVAL. */
 int broker_parse_shares(const char *s, uint32_t n, double *out)
 {
     uint32_t k = 0, max = n ? n : WIRE_MAX_BUCKETS;
+    double sum = 0;
     const char *p = s;
     while (*p) {
         char *end;
         double v = strtod(p, &end); /* skips the blanks before the number */
         if (end == p || k >= max || !(v >= 0) || !isfinite(v)) return DFLASH_EINVAL;
         out[k++] = v;
+        sum += v;
         p = end + strspn(end, " ");
         if (*p == ',') {
             p++;
@@ -165,7 +168,9 @@ int broker_parse_shares(const char *s, uint32_t n, double *out)
             return DFLASH_EINVAL; /* "1 2" or "1x" */
         }
     }
-    return (n ? k == n : k > 0) ? 0 : DFLASH_EINVAL;
+    /* all 0 with the bucket count unknown too (defect: `set shares=0,0` before the target
+     * registered was taken and journaled, and dropped at its registration as not fitting) */
+    return (n ? k == n : k > 0) && sum > 0 ? 0 : DFLASH_EINVAL;
 }
 
 /* Whether endpoint ep is not tcp://, or is tcp:// on a loopback address (127.x.x.x, localhost,
@@ -221,8 +226,8 @@ int broker_config_check(const queue_config *c, char *why, size_t why_len)
     if (broker_depth_check(c, 1, why, why_len)) return DFLASH_ECONFIG;
     double sh[WIRE_MAX_BUCKETS];
     if (c->shares[0] && broker_parse_shares(c->shares, 0, sh)) {
-        snprintf(why, why_len, "--shares '%s': need finite non-negative numbers, comma separated",
-                 c->shares);
+        snprintf(why, why_len, "--shares '%s': need finite non-negative numbers, comma "
+                 "separated, not all 0", c->shares);
         return DFLASH_ECONFIG;
     }
     return 0;

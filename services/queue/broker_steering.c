@@ -53,15 +53,13 @@ static int live_check(broker *b, const queue_config *next, char *err, size_t err
     if (next->shares[0]) {
         double sh[WIRE_MAX_BUCKETS];
         uint32_t n = b->policy ? b->n_buckets : 0;
-        double sum = 0;
-        int rc = broker_parse_shares(next->shares, n, sh);
-        for (uint32_t i = 0; i < n && !rc; i++) sum += sh[i];
-        if (rc || (n && sum <= 0)) {
+        if (broker_parse_shares(next->shares, n, sh)) {
             if (err && n)
                 snprintf(err, err_len, "shares: need %u finite non-negative numbers, not all 0",
                          n);
             else if (err)
-                snprintf(err, err_len, "shares: need finite non-negative numbers, comma separated");
+                snprintf(err, err_len, "shares: need finite non-negative numbers, comma "
+                         "separated, not all 0");
             return DFLASH_EINVAL;
         }
     }

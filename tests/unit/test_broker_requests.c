@@ -681,9 +681,16 @@ static void test_bad_shares(void)
     }
     snprintf(cfg.shares, sizeof cfg.shares, " 3 , 1 "); /* blanks around entries are fine */
     CHECK_EQ_INT(broker_config_check(&cfg, why, sizeof why), 0);
+    snprintf(cfg.shares, sizeof cfg.shares, "0,0"); /* nothing could ever be handed out */
+    CHECK(broker_config_check(&cfg, why, sizeof why) != 0);
+    CHECK(strstr(why, "not all 0") != NULL);
 
     stub_broker_new(three_shares); /* the target will have two buckets */
     if (!stub_b) return;
+    /* before the target registers (the bucket count unknown): all 0 is refused as after (it
+     * was taken and journaled, then dropped at the registration as not fitting) */
+    CHECK_EQ_INT(set1("shares", "0,0"), DFLASH_EINVAL);
+    CHECK(strstr(stub_rep.u.error.message, "not all 0") != NULL);
     CHECK_EQ_INT(hello(WIRE_ROLE_TARGET, TARGET_INC, "t", NULL, 0), 0);
     pool_two_buckets();
     wire_status s = stub_status();

@@ -60,14 +60,51 @@ static const char *basename_of(const char *path)
     return slash ? slash + 1 : path;
 }
 
+/* The length of the well-formed UTF-8 sequence at p (1 to 4), 0 when p starts none (a stray
+ * continuation byte, an overlong form, a surrogate, past U+10FFFF, a sequence cut short). */
+static size_t utf8_sequence(const unsigned char *p)
+{
+    if (p[0] < 0x80) return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+        n = 2;
+    } else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+        n = 3;
+        if (p[0] == 0xe0) lo = 0xa0; /* overlong */
+        if (p[0] == 0xed) hi = 0x9f; /* surrogates */
+    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+        n = 4;
+        if (p[0] == 0xf0) lo = 0x90; /* overlong */
+        if (p[0] == 0xf4) hi = 0x8f; /* past U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (p[1] < lo || p[1] > hi) return 0; /* a NUL ends the check here */
+    for (size_t i = 2; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80) return 0;
+    return n;
+}
+
+void log_printable(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        size_t n = utf8_sequence(p);
+        bool control = n == 1 ? *p < 0x20 || *p == 0x7f : n == 2 && p[0] == 0xc2 && p[1] < 0xa0;
+        if (n == 0 || control)
+            for (size_t i = 0; i < (n ? n : 1); i++) p[i] = '?';
+        p += n ? n : 1;
+    }
+}
+
 static void vlog(log_level level, const char *file, int line, const char *fmt, va_list ap)
 {
     char msg[2048];
     vsnprintf(msg, sizeof msg, fmt, ap);
     /* a line is one record: control characters (a peer's name with a newline or a terminal
      * escape, relayed into a message) are shown as '?' and cannot forge or hide lines */
-    for (char *c = msg; *c; c++)
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    log_printable(msg);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

@@ -11,6 +11,12 @@
 
 typedef enum { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_FATAL } log_level;
 
+/* Makes text s printable in place, as every log line is: control characters (C0, DEL, and C1
+ * as UTF-8) and bytes that are not part of well-formed UTF-8 become '?'. Text that came from a
+ * peer (a name, a message) then can neither forge or hide lines nor send a terminal escape,
+ * and is valid in JSON. */
+void log_printable(char *s);
+
 /* Sets the program tag printed on every line and the minimum level. Not thread-safe. */
 void log_init(const char *program, log_level level);
 /* Parses "debug", "info", "warn", "error". Returns 0 or DFLASH_EINVAL. */

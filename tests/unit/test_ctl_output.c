@@ -8,7 +8,8 @@
  * broker; none: exit 1), set, pause / resume / drain, release (one, all, none, an old broker),
  * an error answer (exit 1) and a broker that does not answer (exit 2); watch prints each
  * announcement (stats, a ready slot, a config change), and exits 2 at once when the PUB
- * endpoint the broker names lies in no directory. Runs the dflash-ctl binary
+ * endpoint the broker names lies in no directory; names with bytes that are not printable
+ * UTF-8 print as '?'. Runs the dflash-ctl binary
  * (../tools/dflash-ctl from the ctest working directory, or $DFLASH_CTL_BIN). */
 #include "check.h"
 #include "err.h"
@@ -206,6 +207,39 @@ static void test_status_table(void)
         CHECK(strstr(o, "\nrefused hellos") != NULL);
         free(o);
         *counts[i] = 0;
+    }
+}
+
+/* Names are a peer's to choose, any bytes: what ctl prints of them is printable (log_printable:
+ * '?' for a control character or a byte that is not UTF-8), so --json stays valid JSON and the
+ * table carries no terminal escape (defect: both printed the bytes raw). */
+static void test_untrusted_names(void)
+{
+    wire_status s;
+    full_status(&s);
+    snprintf(s.peer_list[1].name, sizeof s.peer_list[1].name, "d\xff\"q");
+    snprintf(s.groups[0].name, sizeof s.groups[0].name, "g\xfe");
+    snprintf(s.groups[0].members[0], sizeof s.groups[0].members[0], "m\x1b[31m");
+    snprintf(s.orphans[0].group, sizeof s.orphans[0].group, "o\x01");
+    snprintf(s.stop.waiting_for, sizeof s.stop.waiting_for, "drafter \xc2\x9b (1 lease)");
+    set_status(&s);
+    const char *cmds[] = {"--json status", "status", "--json peer d*", "peer d*"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char *o;
+        CHECK_EQ_INT(ctl(cmds[i], &o), 0);
+        bool clean = true;
+        for (const unsigned char *p = (const unsigned char *)o; *p; p++)
+            if (*p >= 0x80 || (*p < 0x20 && *p != '\n')) clean = false;
+        CHECK(clean);
+        if (!clean) fprintf(stderr, "  %s printed: %s\n", cmds[i], o);
+        HAS(o, strstr(cmds[i], "json") ? "d?\\\"q" : "d?\"q");
+        if (strstr(cmds[i], "status")) {
+            HAS(o, "g?");
+            HAS(o, "m?[31m");
+            HAS(o, "o?");
+            HAS(o, "drafter ?? (1 lease)");
+        }
+        free(o);
     }
 }
 
@@ -498,6 +532,7 @@ int main(void)
     snprintf(outp, sizeof outp, "%s/out", fb.dir);
     test_status_json();
     test_status_table();
+    test_untrusted_names();
     test_ping();
     test_peer();
     test_verbs();

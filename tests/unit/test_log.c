@@ -1,7 +1,7 @@
 /* test_log: log_init_named, the --log-level option's parser: every name sets its level, a bad
  * name is refused with DFLASH_EINVAL and leaves the level as it was; a message is one line,
  * whatever it relays (defect: a peer's name "x\nZ dflash-queue INFO forged" forged a second line
- * in the broker's log). */
+ * in the broker's log); log_printable's cases. */
 #include "check.h"
 #include "err.h"
 #include "log.h"
@@ -36,7 +36,34 @@ static void test_one_line(void) {
     CHECK(strchr(buf, 0x1b) == NULL && strchr(buf, '\r') == NULL);
 }
 
+/* log_printable keeps UTF-8 text and turns each control character and each byte that is not
+ * well-formed UTF-8 into '?' (a name with such bytes made dflash-ctl --json print invalid
+ * JSON, and its terminal output carried escapes). */
+static void test_printable(void) {
+    struct {
+        const char *in, *out;
+    } cases[] = {
+        {"drafter-gpu0_a.b", "drafter-gpu0_a.b"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"d\xff\"q", "d?\"q"},                       /* not UTF-8 */
+        {"x\x1b[31m\x7f", "x?[31m?"},                   /* C0, DEL */
+        {"a\xc2\x9b" "1m", "a??1m"},                     /* C1 (CSI) */
+        {"\xc0\xaf \xe0\x80\xaf", "?? ???"},             /* overlong */
+        {"\xed\xa0\x80", "???"},                       /* a surrogate */
+        {"\xf4\x90\x80\x80", "????"},                   /* past U+10FFFF */
+        {"cut \xe2\x82", "cut ??"},                     /* a sequence cut short */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", cases[i].in);
+        log_printable(buf);
+        if (strcmp(buf, cases[i].out) != 0) fprintf(stderr, "case %zu: '%s'\n", i, buf);
+        CHECK(strcmp(buf, cases[i].out) == 0);
+    }
+}
+
 int main(void) {
+    test_printable();
     CHECK_EQ_INT(log_init_named("test_log", "debug"), 0);
     CHECK(log_enabled(LOG_DEBUG));
     CHECK_EQ_INT(log_init_named(NULL, "warn"), 0);

@@ -34,6 +34,8 @@
  * file on the broker's host) reached over tcp://, or nothing heard within three stats intervals
  * (plus a second) while the broker answers. Output: a readable table, or one JSON
  * object per line with --json (every verb, keygen included; failures too, besides stderr).
+ * What the broker relays of its peers (names, messages) is printed through log_printable: a
+ * control character or a byte that is not UTF-8 shows as '?' (a peer may name itself anything).
  * Single-threaded; the only global is the stop flag for `watch`.
  */
 #include "client.h"
@@ -41,6 +43,7 @@
 #include "curve.h"
 #include "err.h"
 #include "host_name.h"
+#include "log.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -118,21 +121,23 @@ static int exit_code(int rc)
 }
 
 /* Reports a failure (JSON on stdout with --json, a line on stderr); returns the exit status. */
-static int fail_msg(const ctl_config *c, const char *verb, int rc, const char *msg)
+static int fail_msg(const ctl_config *c, const char *verb, int rc, const char *text)
 {
+    char msg[WIRE_MAX_TEXT + 1024]; /* the broker's words may name a peer */
+    snprintf(msg, sizeof msg, "%s", text ? text : "");
+    log_printable(msg);
     if (c->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "ok", 0);
         cJSON_AddStringToObject(o, "verb", verb);
         cJSON_AddStringToObject(o, "error", err_name(rc));
-        cJSON_AddStringToObject(o, "message", msg && *msg ? msg : err_str(rc));
+        cJSON_AddStringToObject(o, "message", *msg ? msg : err_str(rc));
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         free(s);
         cJSON_Delete(o);
     }
-    fprintf(stderr, "dflash-ctl %s: %s%s%s\n", verb, err_str(rc), msg && *msg ? ": " : "",
-            msg ? msg : "");
+    fprintf(stderr, "dflash-ctl %s: %s%s%s\n", verb, err_str(rc), *msg ? ": " : "", msg);
     return exit_code(rc);
 }
 
@@ -200,11 +205,44 @@ static const char *role_name(uint32_t r)
     return r == WIRE_ROLE_TARGET ? "target" : r == WIRE_ROLE_DRAFTER ? "drafter" : "unknown";
 }
 
+/* p's name, printable (log_printable), into name. */
+static const char *peer_name(const wire_peer_stat *p, char name[WIRE_MAX_NAME])
+{
+    snprintf(name, WIRE_MAX_NAME, "%s", p->name);
+    log_printable(name);
+    return name;
+}
+
+/* The text a status holds of its peers (group and member names, the journal's failure, the
+ * stop's words: the listed peers' names go through peer_name) made printable, in place. */
+static void status_printable(wire_status *s)
+{
+    log_printable(s->journal_error);
+    log_printable(s->stop.waiting_for);
+    for (uint32_t i = 0; i < s->n_groups && i < WIRE_MAX_GROUPS; i++) {
+        log_printable(s->groups[i].name);
+        for (uint32_t k = 0; k < s->groups[i].n_members && k < WIRE_MAX_STATUS_MEMBERS; k++)
+            log_printable(s->groups[i].members[k]);
+    }
+    for (uint32_t i = 0; i < s->n_orphans && i < WIRE_MAX_STATUS_ORPHANS; i++)
+        log_printable(s->orphans[i].group);
+}
+
+/* Settings as the broker echoes them (keys as their setter spelled them) made printable. */
+static void settings_printable(wire_settings *set)
+{
+    for (uint32_t i = 0; i < set->n && i < WIRE_MAX_SETTINGS; i++) {
+        log_printable(set->kv[i].key);
+        log_printable(set->kv[i].value);
+    }
+}
+
 /* A listed peer as JSON: its name, role and what status says of it. */
 static cJSON *peer_json(const wire_peer_stat *p)
 {
     cJSON *x = cJSON_CreateObject();
-    cJSON_AddStringToObject(x, "name", p->name);
+    char name[WIRE_MAX_NAME];
+    cJSON_AddStringToObject(x, "name", peer_name(p, name));
     cJSON_AddStringToObject(x, "role", role_name(p->role));
 #define N(f) cJSON_AddNumberToObject(x, #f, (double)p->f)
     N(heard_ms_ago), N(leases), N(held), N(slots);
@@ -394,7 +432,8 @@ static void print_peer_row(const wire_peer_stat *p)
     } else {
         snprintf(slots, sizeof slots, "%u", p->slots);
     }
-    printf("%-40s %-8s %8.1f %7s %5s %6s %7s\n", p->name, role_name(p->role),
+    char name[WIRE_MAX_NAME];
+    printf("%-40s %-8s %8.1f %7s %5s %6s %7s\n", peer_name(p, name), role_name(p->role),
            (double)p->heard_ms_ago / 1000.0, leases, held, slots, d ? (p->trains ? "yes" : "no")
                                                                       : "-");
 }
@@ -576,6 +615,8 @@ static int cmd_watch(const ctl_config *c, client *cl)
         quiet_ms = 0;
         seen++;
         heard = true;
+        if (m.type == WIRE_STATUS_REPLY) status_printable(&m.u.status);
+        if (m.type == WIRE_SET_CONFIG_REPLY) settings_printable(&m.u.settings);
         if (c->json) {
             cJSON *o = m.type == WIRE_STATUS_REPLY ? status_json(&m.u.status) : cJSON_CreateObject();
             cJSON_AddStringToObject(o, "topic", topic);
@@ -649,6 +690,7 @@ static int cmd_set(const ctl_config *c, client *cl, const wire_settings *set)
     static wire_settings applied;
     int rc = client_set(cl, set, &applied);
     if (rc) return fail(c, cl, "set", rc);
+    settings_printable(&applied);
     if (c->json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "ok", 1);
@@ -910,7 +952,7 @@ int main(int argc, char **argv)
         static wire_status s;
         if ((rc = client_heartbeat(cl)) || (rc = client_status(cl, &s))) {
             out = fail(&c, cl, verb, rc);
-        } else if (s.journal_error[0]) { /* answering, but what it records is not durable */
+        } else if (status_printable(&s), s.journal_error[0]) { /* answering, but what it records is not durable */
             char msg[WIRE_MAX_TEXT + 64];
             snprintf(msg, sizeof msg, "the broker's journal failed: %s", s.journal_error);
             out = fail_msg(&c, verb, DFLASH_EIO, msg);
@@ -934,7 +976,7 @@ int main(int argc, char **argv)
     } else if (strcmp(verb, "status") == 0) {
         static wire_status s;
         if ((rc = client_status(cl, &s))) out = fail(&c, cl, verb, rc);
-        else if (c.json) {
+        else if (status_printable(&s), c.json) {
             cJSON *o = status_json(&s);
             char inc[24];
             snprintf(inc, sizeof inc, "%016" PRIx64, client_broker_incarnation(cl));

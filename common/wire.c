@@ -786,6 +786,8 @@ int wire_pack(const wire_msg *m, uint8_t *buf, size_t cap)
         pleft.ready = m->u.left.ready;
         pleft.filling = m->u.left.filling;
         pleft.leased = m->u.left.leased;
+        pleft.has_lease_timeout_ms = m->u.left.lease_timeout_ms != 0;
+        pleft.lease_timeout_ms = m->u.left.lease_timeout_ms;
         env.pool_left = &pleft;
         break;
     case WIRE_STEP_GRANT: {
@@ -1230,6 +1232,7 @@ static int from_pb(const Dflash__Envelope *env, wire_msg *m, char *why, size_t l
         m->u.left.ready = env->pool_left->ready;
         m->u.left.filling = env->pool_left->filling;
         m->u.left.leased = env->pool_left->leased;
+        m->u.left.lease_timeout_ms = env->pool_left->lease_timeout_ms;
         break;
     case DFLASH__ENVELOPE__BODY_STEP_GRANT: {
         const Dflash__StepGrant *g = env->step_grant;

@@ -353,8 +353,9 @@ typedef struct wire_step_grant {
  * leave (their batches back to to-do; 0 when it asks again) and slots drafters still copy. Each
  * <= WIRE_MAX_SLOTS. */
 typedef struct wire_pool_left {
-    uint32_t ready, filling; /* given back now */
-    uint32_t leased;         /* still being copied: keep the memory and ask again */
+    uint32_t ready, filling;   /* given back now */
+    uint32_t leased;           /* still being copied: keep the memory and ask again */
+    uint32_t lease_timeout_ms; /* the broker's lease timeout now (0: an older broker) */
 } wire_pool_left;
 
 /* RELEASE_QUARANTINE (an operator's): every quarantined batch back to to-do, or the one named. */

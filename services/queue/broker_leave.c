@@ -42,5 +42,6 @@ bool broker_on_pool_leave(broker *b, peer *p, const wire_msg *m, wire_msg *r)
                  slots.leased);
     }
     left->leased = policy_detached_leases(b->policy, id, inc);
+    left->lease_timeout_ms = (uint32_t)b->cfg.lease_timeout_ms; /* live: the hello's may be old */
     return left->leased == 0;
 }

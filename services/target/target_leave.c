@@ -1,6 +1,6 @@
 /* target_leave: see target_leave.h. One PoolLeave, then polls while the answer counts slots being
- * copied, until none is, the bound (the broker's lease timeout from the first answer) or an
- * error. */
+ * copied, until none is, the bound (the broker's lease timeout as its last answer states it, a
+ * live `set` included; from its hello when the broker predates the field) or an error. */
 #include "target_leave.h"
 
 #include "err.h"
@@ -33,7 +33,10 @@ int target_leave(client *c, uint64_t pool_incarnation)
         say_leave_failed(c, rc);
         return rc;
     }
-    uint32_t bound_ms = client_lease_timeout_ms(c);
+    /* defect: the hello's value was used, and after a live raise the memory was freed under
+     * leases the broker still held valid */
+    uint32_t hello_ms = client_lease_timeout_ms(c);
+    uint32_t bound_ms = left.lease_timeout_ms ? left.lease_timeout_ms : hello_ms;
     LOG_INFO("leaving the broker: %u ready slots given back, %u filling given back (their batches "
              "back to to-do), %u being copied%s", left.ready, left.filling, left.leased,
              left.leased ? ": waiting for the copies" : "");
@@ -44,6 +47,7 @@ int target_leave(client *c, uint64_t pool_incarnation)
             say_leave_failed(c, rc);
             return rc;
         }
+        bound_ms = left.lease_timeout_ms ? left.lease_timeout_ms : hello_ms;
         waited = monotime_ms() - start;
     }
     if (left.leased > 0) {

@@ -5,8 +5,8 @@
  * and filling batches to to-do, and answers how many of its slots drafters are still copying.
  * While some are, the target keeps the memory and asks again every TARGET_LEAVE_POLL_MS, so no
  * drafter's copy reads freed memory; at none the broker has ended the session and the target
- * exits. The wait is bounded by the lease timeout the broker announced (counted from the first
- * answer): every such lease was granted before the leave, and a copy ends within a lease timeout
+ * exits. The wait is bounded by the broker's lease timeout (as its latest answer states it: a
+ * live `dflash-ctl set` changes it; counted from the first answer): every such lease was granted before the leave, and a copy ends within a lease timeout
  * of its grant (the premise of every lease, and of the restart fence: a copy takes micro- to
  * milliseconds). The premise is not enforced: a live drafter's heartbeats extend its leases, so
  * a copy hung past the bound keeps its lease while the target exits and frees the memory under

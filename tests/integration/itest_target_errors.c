@@ -13,8 +13,8 @@
  *      request's error as soon as the broker stops answering (SIGKILL), within a request
  *      timeout, instead of asking again until the lease-timeout bound.
  *   3. target_leave waiting for a copy that hangs (the drafter heartbeats, never releases)
- *      gives up at the lease timeout the broker announced, DFLASH_EAGAIN, instead of waiting
- *      as long as the drafter lives.
+ *      gives up at the broker's lease timeout, DFLASH_EAGAIN, instead of waiting as long as
+ *      the drafter lives; a lease timeout raised live after the target's hello is the bound.
  *   4. The broker restarted (SIGKILL, then on its journal) while the target fills a batch: the
  *      SlotReady gets Error STALE, and the loop registers again and goes on (--max-batches 2
  *      reached), instead of ending with DFLASH_ESTALE (the daemon exiting 1 at a broker
@@ -142,16 +142,18 @@ typedef struct leave_run {
     char dir[64], ep[128];
     pid_t q;
     client *t, *d, *c; /* the target, the drafter holding a lease, a ctl */
+    uint64_t leave_ms;  /* when the leave began */
     wire_grant g;
     leaver l;
     pthread_t th;
 } leave_run;
 
 /* A broker with lease timeout lease_ms; a raw target with a pool of 2 slots, one published;
- * a raw drafter that claims it and keeps the lease (its copy "in progress"); target_leave in a
- * thread, until the broker took it (the pool gone) and it waits for the copy. false when the
- * set-up failed (checked). */
-static bool leave_start(leave_run *r, const char *queue_bin, int lease_ms)
+ * a raw drafter that claims it and keeps the lease (its copy "in progress"); the lease timeout
+ * set to raised_ms live (dflash-ctl set) when it is not 0, after the target's hello;
+ * target_leave in a thread, until the broker took it (the pool gone) and it waits for the copy.
+ * false when the set-up failed (checked). */
+static bool leave_start(leave_run *r, const char *queue_bin, int lease_ms, int raised_ms)
 {
     h_tempdir(r->dir, sizeof r->dir);
     h_queue_endpoint(r->dir, r->ep, sizeof r->ep);
@@ -177,9 +179,17 @@ static bool leave_start(leave_run *r, const char *queue_bin, int lease_ms)
     CHECK_EQ_INT(rc, 0);
     CHECK_EQ_INT(rc = client_claim(r->d, &r->g), 0);
     if (rc) return false;
-    r->l = (leaver){.c = r->t};
-    CHECK_EQ_INT(pthread_create(&r->th, NULL, leave_thread, &r->l), 0);
     r->c = h_client(r->ep, WIRE_ROLE_CTL, "check", 10, &rc);
+    if (raised_ms) {
+        static wire_settings set, applied;
+        set.n = 1;
+        snprintf(set.kv[0].key, WIRE_MAX_KEY, "lease_timeout_ms");
+        snprintf(set.kv[0].value, WIRE_MAX_VALUE, "%d", raised_ms);
+        CHECK_EQ_INT(client_set(r->c, &set, &applied), 0);
+    }
+    r->l = (leaver){.c = r->t};
+    r->leave_ms = h_now_ms();
+    CHECK_EQ_INT(pthread_create(&r->th, NULL, leave_thread, &r->l), 0);
     wire_status s = {0};
     CHECK(h_status_until(r->c, &s, pool_gone, 10000)); /* the leave was taken */
     CHECK(!r->l.done);                                 /* and waits for the copy */
@@ -201,7 +211,7 @@ static void leave_end(leave_run *r)
 static void broker_gone_during_leave(const char *queue_bin)
 {
     leave_run r = {0};
-    if (!leave_start(&r, queue_bin, BROKER_GONE_LEASE_MS)) return;
+    if (!leave_start(&r, queue_bin, BROKER_GONE_LEASE_MS, 0)) return;
     h_kill(r.q, SIGKILL);
     uint64_t t0 = h_now_ms();
     while (!r.l.done && h_now_ms() < t0 + BROKER_GONE_LEASE_MS / 2) h_sleep_ms(10);
@@ -220,9 +230,11 @@ static void broker_gone_during_leave(const char *queue_bin)
 }
 
 /* 3: a copy that hangs (its drafter alive, heartbeating, never releasing): the leave gives up at
- * the lease timeout the broker announced (HUNG_LEASE_MS) with DFLASH_EAGAIN, and the target
- * exits (its WARN says so). A releaser thread gives the lease back after HUNG_RELEASE_MS, so a
- * leave that never gives up returns 0 then instead of hanging the test. */
+ * the broker's lease timeout (HUNG_LEASE_MS) with DFLASH_EAGAIN, and the target exits (its WARN
+ * says so); with the timeout raised live to raised_ms after the target's hello, at that (defect:
+ * at the hello's, freeing the memory under a lease the broker still held valid). A releaser
+ * thread gives the lease back after HUNG_RELEASE_MS, so a leave that never gives up returns 0
+ * then instead of hanging the test. */
 #define HUNG_LEASE_MS 1500
 #define HUNG_RELEASE_MS 15000
 typedef struct releaser {
@@ -238,11 +250,11 @@ static void *release_late(void *arg)
     return NULL;
 }
 
-static void hung_copy_during_leave(const char *queue_bin)
+static void hung_copy_during_leave(const char *queue_bin, int raised_ms)
 {
     leave_run r = {0};
     uint64_t t0 = h_now_ms();
-    if (!leave_start(&r, queue_bin, HUNG_LEASE_MS)) return;
+    if (!leave_start(&r, queue_bin, HUNG_LEASE_MS, raised_ms)) return;
     heartbeat *hb = heartbeat_start(r.d, 0, "the holder"); /* its lease stays */
     releaser x = {.r = &r};
     pthread_t rt;
@@ -252,10 +264,13 @@ static void hung_copy_during_leave(const char *queue_bin)
     x.stop = 1;
     pthread_join(rt, NULL);
     heartbeat_stop(&hb);
-    printf("leave with a hung copy: %d (%s) after %llu ms\n", r.l.rc, err_str(r.l.rc),
-           (unsigned long long)took);
+    uint64_t waited = h_now_ms() - r.leave_ms;
+    printf("leave with a hung copy (lease timeout %d ms, raised to %d): %d (%s) after %llu ms, "
+           "%llu of them leaving\n", HUNG_LEASE_MS, raised_ms, r.l.rc, err_str(r.l.rc),
+           (unsigned long long)took, (unsigned long long)waited);
     CHECK_EQ_INT(r.l.rc, DFLASH_EAGAIN);
     CHECK(took < HUNG_RELEASE_MS);
+    if (raised_ms) CHECK(waited >= (uint64_t)raised_ms);
     leave_end(&r);
 }
 
@@ -328,7 +343,8 @@ int main(int argc, char **argv)
     if (argc < 2) return 2;
     producer_failure(argv[1]);
     broker_gone_during_leave(argv[1]);
-    hung_copy_during_leave(argv[1]);
+    hung_copy_during_leave(argv[1], 0);
+    hung_copy_during_leave(argv[1], 4000);
     broker_restart_during_fill(argv[1]);
     CHECK_DONE();
 }

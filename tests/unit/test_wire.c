@@ -755,7 +755,8 @@ int main(void)
     in.u.pool_incarnation = 0;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);
     wire_msg_init(&in, WIRE_POOL_LEFT, WIRE_ROLE_BROKER, 9, 1);
-    in.u.left = (wire_pool_left){.ready = 2, .filling = 1, .leased = WIRE_MAX_SLOTS};
+    in.u.left = (wire_pool_left){.ready = 2, .filling = 1, .leased = WIRE_MAX_SLOTS,
+                                 .lease_timeout_ms = 60000};
     if (roundtrip(&in, &out)) CHECK(same_payload(&in, &out));
     in.u.left.leased = WIRE_MAX_SLOTS + 1;
     CHECK_EQ_INT(wire_pack(&in, buf, sizeof buf), DFLASH_ERANGE);

@@ -18,6 +18,15 @@ void signals_block_stop(void)
     sigprocmask(SIG_BLOCK, &s, NULL);
 }
 
+void signals_ignore_write_faults(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    /* a file size limit (ulimit -f, systemd's LimitFSIZE) is a write error, EFBIG, which every
+     * writer reports as it does a full disk (defect: the process was killed, a broker amid a
+     * journal write included) */
+    signal(SIGXFSZ, SIG_IGN);
+}
+
 void signals_install_stop(void (*on_stop)(int))
 {
     if (on_stop) {
@@ -26,7 +35,7 @@ void signals_install_stop(void (*on_stop)(int))
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
     }
-    signal(SIGPIPE, SIG_IGN);
+    signals_ignore_write_faults();
     sigset_t s;
     stop_set(&s);
     sigprocmask(SIG_UNBLOCK, &s, NULL);

@@ -18,6 +18,7 @@
 #include "fsutil.h"
 #include "log.h"
 #include "journal.h" /* JOURNAL_HEADER_BYTES, JOURNAL_RECORD_OVERHEAD */
+#include "signals.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -150,6 +151,7 @@ int main(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (log_init_named(NULL, cfg.log_level) != 0) return 2;
+    signals_ignore_write_faults(); /* the journal's write past a size limit: a failing journal */
 
     bool journal_default = !cfg.journal[0];
     resolve_paths(&cfg);
@@ -176,7 +178,6 @@ int main(int argc, char **argv)
     sigint.data = sigterm.data = b;
     uv_signal_start(&sigint, on_signal, SIGINT);
     uv_signal_start(&sigterm, on_signal, SIGTERM);
-    signal(SIGPIPE, SIG_IGN);
 
     uv_run(loop, UV_RUN_DEFAULT);
 

@@ -6,8 +6,8 @@
  * setting changed meanwhile (in force, though answered with an I/O error).
  *
  * The full disk is a file size limit of 0 (RLIMIT_FSIZE) that this process sets on the running
- * broker with prlimit, SIGXFSZ being ignored by the broker (set before its exec): no file of
- * its may grow, a write fails with EFBIG as it does with ENOSPC on a full disk, the journal's
+ * broker with prlimit (the broker ignores SIGXFSZ itself, signals.h: it was killed by it, a
+ * limit being no full disk to it, before this test set SIG_IGN for it): no file of its may grow, a write fails with EFBIG as it does with ENOSPC on a full disk, the journal's
  * appends and its rewrites alike (a limit just above the journal's size let the rewrite, which
  * is smaller than the appended records, succeed at once). A `dflash-ctl set` appends a settings
  * record. Lifting the limit is the disk that has room again. The broker logs to this process's
@@ -22,14 +22,14 @@
 static char dir[64], rt[128], journal[128], out[128];
 static const char *queue_bin, *ctl_bin;
 
-/* Starts the broker on dir's journal, SIGXFSZ ignored (inherited through exec). */
+/* Starts the broker on dir's journal, SIGXFSZ at its default action (the broker's to ignore). */
 static pid_t start_broker(void)
 {
     char *argv[] = {(char *)queue_bin, rt, journal, "--journal-retry-ms=200", "--log-level=info",
                     NULL};
     pid_t pid = fork();
     if (pid == 0) {
-        signal(SIGXFSZ, SIG_IGN);
+        signal(SIGXFSZ, SIG_DFL);
         execv(argv[0], argv);
         perror("execv");
         _exit(127);

@@ -473,6 +473,10 @@ fail:
     return NULL;
 }
 
+bool shard_list_names_none(const char *list) {
+    return !list || strspn(list, ", ") == strlen(list);
+}
+
 shard_set *shard_set_open_list(const char *list, char *err, size_t errlen) {
     char *copy = strdup(list ? list : "");
     if (!copy) return NULL;

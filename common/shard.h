@@ -100,6 +100,9 @@ void shard_writer_destroy(shard_writer **w);
 shard_set *shard_set_open(const char *const *paths, size_t n, char *err, size_t errlen);
 /* Same from a comma-separated list of paths. */
 shard_set *shard_set_open_list(const char *comma_list, char *err, size_t errlen);
+/* Whether comma_list names no file (empty, or only commas and blanks): shard_set_open_list
+ * would fail on it, which a program's option check says first (a bad configuration). */
+bool shard_list_names_none(const char *comma_list);
 void shard_set_close(shard_set **set);
 uint64_t shard_set_count(const shard_set *set);
 uint64_t shard_set_tokens(const shard_set *set);

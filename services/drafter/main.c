@@ -42,6 +42,7 @@
 #include "show.h"
 #include "signals.h"
 #include "model_producer.h"
+#include "shard.h"
 #include "slot_options.h"
 #include "target_model.h"
 #include "trainer.h"
@@ -304,7 +305,7 @@ static int setup_from(const cfg_table *t, const drafter_config *c, drafter_setup
     s->mode = train ? MODE_TRAIN : c->verify ? MODE_VERIFY : MODE_VERIFY_MODEL;
     if (s->mode != MODE_VERIFY && !c->model[0])
         REFUSE("--%s needs --model TARGET_DIR", train ? "train" : "verify-model");
-    if (s->mode == MODE_VERIFY_MODEL && !c->shards[0])
+    if (s->mode == MODE_VERIFY_MODEL && shard_list_names_none(c->shards))
         REFUSE("--verify-model needs the target's --shards");
     if (s->mode == MODE_VERIFY_MODEL && s->backend != POOL_HOST)
         REFUSE("--verify-model runs its direct forward on the cpu; use --backend host");
@@ -482,7 +483,7 @@ static int eval_setup_from(const cfg_table *t, const eval_config *c, int *ids, i
                            char *why, size_t len)
 {
     char reason[256], src[300];
-    if (!c->model[0] || !c->data[0] || (!c->checkpoint[0] && !c->init_only))
+    if (!c->model[0] || shard_list_names_none(c->data) || (!c->checkpoint[0] && !c->init_only))
         return config_refuse(why, len, "needs --model TARGET_DIR, --data SHARD[,...] and "
                              "--checkpoint DIR (or --init-only)");
     if (c->checkpoint[0] && c->init_only)

@@ -22,6 +22,7 @@
 #include "log.h"
 #include "signals.h"
 #include "model_producer.h"
+#include "shard.h"
 #include "slot_options.h"
 #include "target_model.h"
 #include "ops.h"
@@ -190,7 +191,8 @@ static int setup_from(const cfg_table *t, const target_config *c, target_setup *
     s->n_buckets = ss.n_buckets;
     s->n_ids = ss.n_ids;
     if (strcmp(c->model, "synthetic") == 0) return 0;
-    if (!c->shards[0]) REFUSE("--model %s needs --shards FILE[,FILE...]", c->model);
+    if (shard_list_names_none(c->shards)) /* "," too: it failed later, exit 1 (defect) */
+        REFUSE("--model %s needs --shards FILE[,FILE...]", c->model);
     /* the model decides the captured layers' count from --capture-layers */
     if (s->n_ids > 0 && config_given(t, "layers") && c->layers != s->n_ids)
         REFUSE("%s disagrees with the %d ids of %s (give one of them)", SRC("layers"), s->n_ids,

@@ -252,6 +252,11 @@ expect target_dump_bad_name 2 "--name 'a b': give 1 to .* letters, digits" "$T" 
     --dump-config
 expect target_dump_no_shards 2 "--model .*/target needs --shards" "$T" --model "$WORK/target" \
     --dump-config
+# a list of no file is no list (it was taken, and the open failed later: exit 1)
+expect target_dump_comma_shards 2 "--model .*/target needs --shards" "$T" --model \
+    "$WORK/target" --shards " , " --dump-config
+expect eval_dump_comma_data 2 "needs --model TARGET_DIR, --data SHARD" "$D" eval --model \
+    "$WORK/target" --data "," --init-only --dump-config
 expect target_dump_capture_order 2 "bad --capture-layers '3,1': .*ascending order" "$T" \
     "${MODEL[@]}" --capture-layers 3,1 --dump-config
 expect target_dump_layers 2 "--layers 5 disagrees with the 2 ids of --capture-layers '1,2'" \

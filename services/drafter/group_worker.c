@@ -128,8 +128,14 @@ static void set_state(gw *g, gw_state to)
     };
     assert(legal[g->state][to]);
     if (g->state == GW_STEPPING && to != GW_STEPPING) g->waiting_since = monotime_s();
-    if (to == GW_REGISTER)
+    if (to == GW_REGISTER) {
         snprintf(g->waiting, sizeof g->waiting, "for the broker to take our hello");
+        /* an epoch number is one broker's (and one instance of the group's): a failed one
+         * named to the broker we say hello to next ended its healthy epoch of the same number,
+         * or dropped a live member of it for our gone rank (defect) */
+        g->failed_epoch = 0;
+        g->gone_rank = -1;
+    }
     else if (to == GW_JOINING && g->state != GW_JOINING)
         snprintf(g->waiting, sizeof g->waiting, "for the broker's answer to our join of group %s",
                  g->cfg->group);
@@ -544,6 +550,8 @@ static int joining(gw *g)
     }
     g->pending = false; /* the broker resolved a step in flight by the model step we reported */
     g->refused_step = false;
+    g->failed_epoch = 0; /* reported: the view is of the epoch after it (or one past it) */
+    g->gone_rank = -1;
     if (!resolve_resumed(g, &v)) return 0; /* before anything is trained: join again */
     if (!full_group(g, &v)) return 0;        /* fewer ranks than --group-size: join again */
     uint8_t id[DP_COMM_ID_BYTES];
@@ -1023,6 +1031,15 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
         }
         rc = g.state == GW_JOINING ? joining(&g) : stepping(&g, &backoff);
         if (rc < 0 && g.refused) rc = end_refused(&g, rc);
+        if (was == GW_STEPPING && !g.refused &&
+            (rc == DFLASH_ECONFIG || rc == DFLASH_ECORRUPT || rc == DFLASH_EMISMATCH)) {
+            /* a slot of another layout (the target's configuration), a broker without our
+             * --accumulate, or a bad batch, refused before use: the model is whole, keep it,
+             * as the solo loop does (defect: rank 0 exited without its final checkpoint, the
+             * steps since its last periodic one trained again) */
+            if (finish(&g) < 0) LOG_ERROR("the final checkpoint before this exit failed too");
+            goto out_comm;
+        }
         if (rc < 0) goto out_comm;
     }
     rc = finish(&g);

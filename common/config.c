@@ -272,7 +272,7 @@ static void env_scope(const cfg_table *t, char *scope, size_t size)
 static bool used_elsewhere(const char *var)
 {
     static const char *const names[] = {"DFLASH_TARGET_GPU", "DFLASH_DRAFTER_GPU",
-                                        "DFLASH_DATA_DIR", NULL};
+                                        "DFLASH_DRAFTER_GPUS", "DFLASH_DATA_DIR", NULL};
     size_t n = strlen(var);
     if (n > 4 && strcmp(var + n - 4, "_BIN") == 0) return true;
     for (const char *const *p = names; *p; p++)

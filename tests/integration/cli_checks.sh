@@ -252,6 +252,15 @@ expect target_dump_bad_name 2 "--name 'a b': give 1 to .* letters, digits" "$T" 
     --dump-config
 expect target_dump_no_shards 2 "--model .*/target needs --shards" "$T" --model "$WORK/target" \
     --dump-config
+# deploy's compose variables are no options, and not warned about as misspelt ones
+# (DFLASH_DRAFTER_GPUS, the group overlay's drafter GPUs, was)
+DFLASH_DRAFTER_GPUS=1,2 DFLASH_TARGET_GPU=0 "$D" --verify --dump-config > "$WORK/gpus.log" 2>&1
+if grep -q "names no option" "$WORK/gpus.log"; then
+    echo "FAIL compose_variables_quiet: $(grep "names no option" "$WORK/gpus.log")" >&2
+    failed=1
+else
+    echo "ok   compose_variables_quiet"
+fi
 # a list of no file is no list (it was taken, and the open failed later: exit 1)
 expect target_dump_comma_shards 2 "--model .*/target needs --shards" "$T" --model \
     "$WORK/target" --shards " , " --dump-config

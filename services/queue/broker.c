@@ -1390,6 +1390,7 @@ int broker_dispatch(broker *b, const uint8_t *rid, size_t rid_len, const uint8_t
     b->requests++;
     b->dispatch_ticket = ledger_journal_seq(b->ledger);
     b->dispatch_fail_on_io = b->dispatch_rewound = false;
+    b->dispatch_wait_seq = 0;
     int rc = wire_unpack(msg, len, &m, why, sizeof why);
     if (rc) {
         b->malformed++;
@@ -1532,14 +1533,16 @@ out:
         b->dispatch_ticket = ledger_journal_seq(b->ledger); /* it queued records */
     else
         b->dispatch_ticket = p ? p->journal_ticket : 0;
+    if (b->dispatch_ticket < b->dispatch_wait_seq) b->dispatch_ticket = b->dispatch_wait_seq;
     if (p) p->journal_ticket = b->dispatch_ticket;
     b->dispatch_request_id = m.request_id;
-    /* a rewind (ResumeFrom, a GroupJoin that creates its group) is answered Error IO when its
-     * REWIND record fails: a creating join got its view (defect: the group trained on while a
-     * broker restarted before the journal healed replayed no rewind) */
+    /* a rewind (ResumeFrom, a GroupJoin that creates its group, a join of a group whose
+     * creating rewind is being written) is answered Error IO when its REWIND record fails (a
+     * creating join got its view: the group trained on while a broker restarted before the
+     * journal healed replayed no rewind) */
     b->dispatch_fail_on_io = m.type == WIRE_CHECKPOINT_COMMITTED || m.type == WIRE_RESUME_FROM ||
                              m.type == WIRE_JOURNAL_SYNC || is_steering(m.type) ||
-                             b->dispatch_rewound;
+                             b->dispatch_rewound || b->dispatch_wait_seq;
     wire_msg_clear(&m);
     return wire_pack(&r, out, cap);
 }

@@ -366,6 +366,29 @@ static bool answer_nothing_left(broker *b, const group *g, uint32_t world_hint, 
     return true;
 }
 
+/* A group created by a join rewound the ledger to its creator's step (a REWIND record, fsynced).
+ * Until that record is on disk nobody trains in the group: a broker started again before it
+ * was would replay no rewind and take the batches trained after that step for trained, though
+ * the group's model lacks them (defect: only the creating join was answered Error IO, and its
+ * next join, or a second member's, got a view). While it is being written a join's reply waits
+ * for it (Error IO if it fails: dispatch); once it failed (the journal is failing, not rewritten
+ * whole since), joins are answered AGAIN until the journal heals. True when r holds that. */
+static bool rewind_not_durable(broker *b, const group *g, uint64_t rid, wire_msg *r)
+{
+    if (!g || !g->rewind_seq) return false;
+    uint64_t done, fail;
+    ledger_journal_progress(b->ledger, &done, &fail);
+    if (fail && fail <= g->rewind_seq) {
+        const char *why = ledger_journal_failure(b->ledger);
+        reply_error(b, r, rid, DFLASH_EAGAIN, "group %s: its rewind to step %" PRIu64 " is not "
+                    "on disk, the broker's journal is failing (%s): waiting for it to heal",
+                    g->name, g->base_step, why ? why : "a write failed");
+        return true;
+    }
+    if (done < g->rewind_seq) b->dispatch_wait_seq = g->rewind_seq;
+    return false;
+}
+
 void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
 {
     const wire_group_join *j = &m->u.join;
@@ -373,6 +396,8 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     _Static_assert(sizeof shape.text == sizeof j->shape_text, "GROUP_SHAPE_TEXT");
     memcpy(shape.text, j->shape_text, sizeof shape.text);
     bool creates = !group_find(b->groups, j->group) && !group_of_peer(b->groups, p->incarnation);
+    if (!creates && rewind_not_durable(b, group_find(b->groups, j->group), m->request_id, r))
+        return;
     if (creates) {
         if (hold_creation(b, p, j, m->request_id, r)) return;
         /* the group continues from its creator's model: batches trained after it are redone */
@@ -418,6 +443,7 @@ void broker_on_group_join(broker *b, peer *p, const wire_msg *m, wire_msg *r)
     if (rc == DFLASH_EEXISTS)
         return reply_error(b, r, m->request_id, rc, "%s is in another group", p->name);
     if (rc) return reply_error(b, r, m->request_id, rc, "join refused");
+    if (creates) g->rewind_seq = ledger_journal_seq(b->ledger); /* its REWIND's (0: no journal) */
     p->group_hold_since_ms = 0;
     apply_outcome(b, j->group, &o);
     if (o.new_epoch) log_epoch(g);

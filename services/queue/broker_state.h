@@ -180,6 +180,7 @@ struct broker {
     uint64_t dispatch_request_id;
     bool dispatch_fail_on_io;
     bool dispatch_rewound; /* the request journaled a REWIND (broker_rewind_to): fail_on_io */
+    uint64_t dispatch_wait_seq; /* its reply waits for this journal record too: fail_on_io */
     uint8_t *inbuf, *outbuf;
     char cfg_applied_log[16]; /* log level last applied by a live set */
 };

@@ -128,6 +128,7 @@ typedef struct group_s {
     uint64_t steps_done, steps_aborted;
     uint32_t widest;     /* the most ranks an epoch of it had */
     uint64_t next_seq;
+    uint64_t rewind_seq; /* the broker's journal record of the rewind that created it (0: none) */
 } group;
 
 typedef enum { GROUP_KEEP = 0, GROUP_ACK, GROUP_ABORT } group_verdict;

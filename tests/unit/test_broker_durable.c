@@ -16,8 +16,9 @@
  * force, and is in the journal once it is healed). JournalSync, a drafter's durability barrier
  * (no hello needed), makes the writer fdatasync and is answered Ok only after it, Error IO once
  * the journal failed. A GroupJoin that creates its group (a REWIND record) is answered Error IO
- * when the record fails, and a broker stopped while its journal fails rewrites it from memory
- * at the stop: one started on it then has the commit made during the failure. */
+ * when the record fails, and the group's next joins AGAIN until the journal heals; a broker
+ * stopped while its journal fails rewrites it from memory at the stop: one started on it then
+ * has the commit made during the failure. */
 #include "broker.h"
 #include "broker_thread.h"
 #include "check.h"
@@ -243,6 +244,13 @@ int main(void)
     CHECK_EQ_INT(r.type, WIRE_ERROR);
     CHECK_EQ_INT(r.request_id, 51);
     CHECK_EQ_INT(r.type == WIRE_ERROR ? r.u.error.code : 0, DFLASH_EIO);
+    /* the group exists in memory: the drafter's next join, as a second member's, waits for the
+     * journal to heal (it got a view, and the group trained on the rewind in memory only) */
+    m.request_id = 53;
+    broker_thread_send(e, &m);
+    CHECK_EQ_INT(broker_thread_recv(e, 5000, &r), 0);
+    CHECK_EQ_INT(r.type == WIRE_ERROR ? r.u.error.code : 0, DFLASH_EAGAIN);
+    CHECK(r.type == WIRE_ERROR && strstr(r.u.error.message, "not on disk"));
     /* a commit made while it fails is in memory only */
     send_msg(e, WIRE_CHECKPOINT_COMMITTED, 0xe5, 52, 11);
     CHECK_EQ_INT(broker_thread_recv(e, 5000, &r), 0);

@@ -135,10 +135,10 @@ static void set_state(gw *g, gw_state to)
          * or dropped a live member of it for our gone rank (defect) */
         g->failed_epoch = 0;
         g->gone_rank = -1;
-    }
-    else if (to == GW_JOINING && g->state != GW_JOINING)
+    } else if (to == GW_JOINING && g->state != GW_JOINING) {
         snprintf(g->waiting, sizeof g->waiting, "for the broker's answer to our join of group %s",
                  g->cfg->group);
+    }
     g->state = to;
 }
 
@@ -1036,7 +1036,11 @@ int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
             /* a slot of another layout (the target's configuration), a broker without our
              * --accumulate, or a bad batch, refused before use: the model is whole, keep it,
              * as the solo loop does (defect: rank 0 exited without its final checkpoint, the
-             * steps since its last periodic one trained again) */
+             * steps since its last periodic one trained again). The communicator first: the
+             * others, blocked in a step's collective, re-form meanwhile. (Slots that cannot be
+             * copied, DFLASH_EPEER, end a rank without one: the group's last periodic
+             * checkpoint stands, docs/operating.md.) */
+            close_comm(&g);
             if (finish(&g) < 0) LOG_ERROR("the final checkpoint before this exit failed too");
             goto out_comm;
         }

@@ -54,10 +54,11 @@
  * be larger than its max-depth; DFLASH_ECONFIG: our drafter's shape differs from rank 0's, the
  * group's model (the broker refused our join; or, with an older broker, the sync found it:
  * only the differing rank ends, rank 0 and the matching ranks re-form without it), the
- * communicator refused our setup (two nccl ranks on one GPU, an unusable --device; after the
- * final checkpoint), a slot of the target was written for another layout than ours (given back
- * unread), or
- * cons has no group hooks: a mode that cannot train in a group). Main thread. */
+ * communicator refused our setup (two nccl ranks on one GPU, an unusable --device), a slot of
+ * the target was written for another layout than ours (given back unread), a broker without
+ * our --accumulate (each of these three after the final checkpoint), or cons has no group
+ * hooks: a mode that cannot train in a group; DFLASH_ECORRUPT / DFLASH_EMISMATCH: a bad batch,
+ * after the final checkpoint too). Main thread. */
 int group_worker_run(const worker_loop_config *cfg, worker_consumer *cons,
                      volatile sig_atomic_t *stop, worker_stats *stats);
 

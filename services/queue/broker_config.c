@@ -60,8 +60,8 @@ static const cfg_option queue_options[] = {
           "holding it) is quarantined",
           max_redeliveries),
     OPT_S("shares", "", true,
-          "bucket token shares, comma separated, finite and >= 0 (not all 0), one per bucket (default, or "
-          "when the count does not fit: as the target reports)",
+          "bucket token shares, comma separated, finite and >= 0 (not all 0), one per bucket "
+          "(default, or when the count does not fit: as the target reports)",
           shares),
     OPT_I("mix-window", "1000", 1, 65536, false, "claims in the TV-distance window", mix_window),
     OPT_I("heartbeat-ms", "1000", 10, 60000, false, "heartbeat interval peers are told",

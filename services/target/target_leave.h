@@ -6,9 +6,9 @@
  * While some are, the target keeps the memory and asks again every TARGET_LEAVE_POLL_MS, so no
  * drafter's copy reads freed memory; at none the broker has ended the session and the target
  * exits. The wait is bounded by the broker's lease timeout (as its latest answer states it: a
- * live `dflash-ctl set` changes it; counted from the first answer): every such lease was granted before the leave, and a copy ends within a lease timeout
- * of its grant (the premise of every lease, and of the restart fence: a copy takes micro- to
- * milliseconds). The premise is not enforced: a live drafter's heartbeats extend its leases, so
+ * live `dflash-ctl set` changes it; counted from the first answer): every such lease was
+ * granted before the leave, and a copy ends within a lease timeout of its grant (the premise
+ * of every lease, and of the restart fence: a copy takes micro- to milliseconds). The premise is not enforced: a live drafter's heartbeats extend its leases, so
  * a copy hung past the bound keeps its lease while the target exits and frees the memory under
  * it (the WARN says so). A broker that does not answer (--timeout-ms, one request) or
  * does not know the message (Error PROTO: older than it) ends the leave at once: the target

@@ -7,8 +7,9 @@
  *
  * The full disk is a file size limit of 0 (RLIMIT_FSIZE) that this process sets on the running
  * broker with prlimit (the broker ignores SIGXFSZ itself, signals.h: it was killed by it, a
- * limit being no full disk to it, before this test set SIG_IGN for it): no file of its may grow, a write fails with EFBIG as it does with ENOSPC on a full disk, the journal's
- * appends and its rewrites alike (a limit just above the journal's size let the rewrite, which
+ * limit being no full disk to it, before this test set SIG_IGN for it): no file of its may
+ * grow, a write fails with EFBIG as it does with ENOSPC on a full disk, the journal's appends
+ * and its rewrites alike (a limit just above the journal's size let the rewrite, which
  * is smaller than the appended records, succeed at once). A `dflash-ctl set` appends a settings
  * record. Lifting the limit is the disk that has room again. The broker logs to this process's
  * stderr (a pipe or terminal: no limit).

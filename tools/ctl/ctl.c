@@ -44,6 +44,7 @@
 #include "err.h"
 #include "host_name.h"
 #include "log.h"
+#include "signals.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -226,6 +227,14 @@ static void status_printable(wire_status *s)
     }
     for (uint32_t i = 0; i < s->n_orphans && i < WIRE_MAX_STATUS_ORPHANS; i++)
         log_printable(s->orphans[i].group);
+}
+
+/* The broker's status, made printable (status_printable); client_status's code. */
+static int printable_status(client *cl, wire_status *s)
+{
+    int rc = client_status(cl, s);
+    if (rc == 0) status_printable(s);
+    return rc;
 }
 
 /* Settings as the broker echoes them (keys as their setter spelled them) made printable. */
@@ -884,6 +893,7 @@ static int cmd_peer(const ctl_config *c, client *cl, const char *arg)
 
 int main(int argc, char **argv)
 {
+    signals_ignore_write_faults(); /* stdout or keygen's files past a size limit: an error */
     ctl_config c;
     char *pos[1 + WIRE_MAX_SETTINGS];
     int npos = 0;
@@ -950,9 +960,9 @@ int main(int argc, char **argv)
         out = fail(&c, cl, verb, rc);
     } else if (strcmp(verb, "ping") == 0) {
         static wire_status s;
-        if ((rc = client_heartbeat(cl)) || (rc = client_status(cl, &s))) {
+        if ((rc = client_heartbeat(cl)) || (rc = printable_status(cl, &s))) {
             out = fail(&c, cl, verb, rc);
-        } else if (status_printable(&s), s.journal_error[0]) { /* answering, but what it records is not durable */
+        } else if (s.journal_error[0]) { /* answering, but what it records is not durable */
             char msg[WIRE_MAX_TEXT + 64];
             snprintf(msg, sizeof msg, "the broker's journal failed: %s", s.journal_error);
             out = fail_msg(&c, verb, DFLASH_EIO, msg);
@@ -975,8 +985,8 @@ int main(int argc, char **argv)
         }
     } else if (strcmp(verb, "status") == 0) {
         static wire_status s;
-        if ((rc = client_status(cl, &s))) out = fail(&c, cl, verb, rc);
-        else if (status_printable(&s), c.json) {
+        if ((rc = printable_status(cl, &s))) out = fail(&c, cl, verb, rc);
+        else if (c.json) {
             cJSON *o = status_json(&s);
             char inc[24];
             snprintf(inc, sizeof inc, "%016" PRIx64, client_broker_incarnation(cl));

@@ -10,10 +10,12 @@
  *   - --max-new far past max_position_embeddings (1e6) sizes its buffers for the model's
  *     positions, not for 1e6 tokens a sequence (gigabytes; the product overflowed an int): it
  *     runs within 2 GB of address space and each sequence stops at max_position_embeddings;
- *   - --out that is a directory, in a directory that does not exist, the --prompts file, or an
- *     existing file that is no earlier output (the model's config.json, a FIFO) is refused
- *     (exit 2) before the model loads (an earlier output is replaced); a --prompts that is a directory is reported as unreadable (not as
- *     "no usable prompts"); a write that fails (a file size limit) names the file and reason;
+ *   - --out that is a directory (or ends in '/'), in a directory that does not exist, the
+ *     --prompts file, or an existing file that is no earlier output (the model's config.json,
+ *     a FIFO) is refused (exit 2) before the model loads (an earlier output is replaced, but
+ *     not by a run that writes no sample: exit 1); a --prompts that is a directory is reported
+ *     as unreadable (not as "no usable prompts"); a write that fails (a file size limit) names
+ *     the file and reason;
  *   - a stop (SIGTERM) while generating exits 1 and leaves neither output nor temporary file.
  * The tiny checkpoint is written here with the safetensors writer and hf_config_write (the same
  * pieces dflash-mkmodel uses). dflash-gen is found beside this test's build folder
@@ -334,6 +336,11 @@ int main(int argc, char **argv)
     snprintf(args, sizeof args, "--model '%s' --out '%s/none/x.jsonl' --n 2", model, dir);
     CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2);
     CHECK(log_has(out_log, "cannot write into") && log_has(out_log, "No such file"));
+    /* a directory's name that does not exist ("none/": it was taken for "none" in ".", and the
+     * run failed once the model had loaded, exit 1) */
+    snprintf(args, sizeof args, "--model '%s' --out '%s/none/' --n 2", model, dir);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 2);
+    CHECK(log_has(out_log, "is a directory"));
     /* an existing file that is no earlier output (a mistyped --out naming the model's
      * config.json) is kept, exit 2; an earlier output (huge.jsonl, above) is replaced */
     char cfg_path[PATH_MAX + 16];
@@ -347,6 +354,19 @@ int main(int argc, char **argv)
     char *cfg_after = test_slurp(cfg_path, &cfg_after_len);
     CHECK(cfg_after && cfg_after_len == cfg_len && memcmp(cfg_before, cfg_after, cfg_len) == 0);
     free(cfg_before), free(cfg_after);
+    /* prompts that all leave no room below max_position_embeddings (256): nothing written,
+     * exit 1, the earlier output kept (it was replaced by an empty file, exit 0) */
+    size_t huge_len = 0;
+    char *huge_before = test_slurp(huge, &huge_len);
+    snprintf(args, sizeof args, "--model '%s' --out '%s' --n 2 --prompt-min 256 "
+             "--prompt-max 260", model, huge);
+    CHECK_EQ_INT(run_gen_limited(":", args, out_log), 1);
+    CHECK(log_has(out_log, "no sample written"));
+    size_t huge_after_len = 0;
+    char *huge_after = test_slurp(huge, &huge_after_len);
+    CHECK(huge_before && huge_after && huge_len > 0 && huge_after_len == huge_len &&
+          memcmp(huge_before, huge_after, huge_len) == 0);
+    free(huge_before), free(huge_after);
     snprintf(args, sizeof args, "--model '%s' --out '%s' --n 2", model, huge);
     CHECK_EQ_INT(run_gen_limited(":", args, out_log), 0);
     /* the --prompts file itself (an earlier output read as prompts: it looks like one), and a

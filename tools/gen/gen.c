@@ -373,7 +373,9 @@ static int check_out(const char *out, const char *prompts)
 {
     struct stat st, ps;
     bool exists = stat(out, &st) == 0;
-    if (exists && S_ISDIR(st.st_mode)) {
+    size_t len = strlen(out);
+    if ((exists && S_ISDIR(st.st_mode)) || (len && out[len - 1] == '/')) {
+        /* "dir/" that does not exist: found only once the model had loaded (exit 1) */
         fprintf(stderr, "dflash-gen: --out %s is a directory: give a file name\n", out);
         return DFLASH_ECONFIG;
     }
@@ -488,9 +490,13 @@ int main(int argc, char **argv)
     int layer0 = 0; /* nothing is captured; generation runs every layer */
     int64_t max_tokens =
         (int64_t)B * seq_cap(g.prompts.max_len, c->max_new, g.mc.max_position_embeddings);
-    if (max_tokens > INT_MAX)
-        LOG_FATAL("--batch %d sequences of up to %lld tokens are too many for one forward: "
+    if (max_tokens > INT_MAX) { /* the flags, as the model's config sizes them: exit 2 */
+        LOG_ERROR("--batch %d sequences of up to %lld tokens are too many for one forward: "
                   "lower --batch", B, (long long)(max_tokens / B));
+        prompts_free(&g.prompts);
+        nn_cpu_destroy(&g.nn);
+        return 2;
+    }
     target_model_opts mo = {.layer_ids = &layer0,
                             .n_layer_ids = 1,
                             .max_tokens = (int)max_tokens,
@@ -514,7 +520,14 @@ int main(int argc, char **argv)
     g.out = out_fd >= 0 ? fdopen(out_fd, "w") : NULL;
     if (!g.out) LOG_FATAL("cannot create %s: %s", g.tmp_path, strerror(errno));
 
-    rc = finish_output(&g, gen_run(&g));
+    rc = gen_run(&g);
+    if (!rc && g.written == 0) { /* every prompt left out: keep what --out holds (it was
+                                  * replaced by an empty file, exit 0) */
+        LOG_ERROR("no sample written (every prompt was left out, see above): %s is left as it "
+                  "was", c->out);
+        rc = DFLASH_ENODATA;
+    }
+    rc = finish_output(&g, rc);
     if (!rc) LOG_INFO("wrote %d samples to %s", g.written, c->out);
 
     target_model_destroy(&g.model);

@@ -4,7 +4,9 @@
  * exactly the HF tensor names with the right shapes, values look like the HF init, the same seed
  * gives the same bytes, a sharded checkpoint holds the same values as a single file, a stop
  * (SIGTERM) while writing leaves no temporary file and no shard behind and exits 1, a failed
- * write names the system's reason, a --hidden that --heads does not divide is refused unless
+ * write names the system's reason (and leaves no shard of the run), an old model's shards do
+ * not outlive its replacement, --out naming a file is refused (exit 2), a --hidden that
+ * --heads does not divide is refused unless
  * --head-dim is given, a non-empty --out that mkmodel did not write is refused and left as it
  * was unless --force (a model of its own is replaced: see "rewriting"). */
 #include "check.h"
@@ -171,6 +173,9 @@ int main(void) {
     CHECK_EQ_INT(run(args), 0);
     snprintf(p, sizeof p, "%s/ll1/model.safetensors.index.json", dir);
     CHECK(access(p, F_OK) != 0);
+    /* and the old shards: without an index a loader reads every *.safetensors (they stayed) */
+    snprintf(p, sizeof p, "%s/ll1", dir);
+    CHECK(!test_dir_has(p, "-of-"));
     a = check_model("ll1", &mc);
     CHECK(mc.family == MODEL_QWEN3);
     safetensors_close(&a);
@@ -210,6 +215,20 @@ int main(void) {
     CHECK(out && strstr(out, want) != NULL);
     if (out && !strstr(out, want)) fprintf(stderr, "output was:\n%s\n", out);
     free(out);
+    /* sharded, a later shard's failure takes this run's earlier shards with it (a full disk
+     * kept them: GBs of no checkpoint) */
+    snprintf(cmd, sizeof cmd,
+             "trap '' XFSZ; ulimit -f 1600 && %s --hidden 256 --vocab 512 --intermediate 1024 "
+             "--shard-size-mb 1 --out %s/fullsh >%s/out 2>&1", bin, dir, dir);
+    ws = system(cmd);
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 1);
+    snprintf(p, sizeof p, "%s/fullsh", dir);
+    CHECK(!test_dir_has(p, "safetensors"));
+    /* --out an existing file: the flags, exit 2 (it was 1) */
+    snprintf(cmd, sizeof cmd, "touch %s/afile", dir);
+    CHECK(system(cmd) == 0);
+    snprintf(args, sizeof args, "--preset tiny --out %s/afile", dir);
+    CHECK_EQ_INT(run(args), 2);
 
     /* config.json that cannot be written (here a directory stands at its name) says why too;
      * it used to be "input/output error" for config.json and the shards' index */

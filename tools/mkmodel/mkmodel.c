@@ -341,7 +341,7 @@ static int claim_out_dir(const char *dir, bool force) {
     DIR *d = opendir(dir);
     if (!d) {
         LOG_ERROR("cannot open %s: %s", dir, strerror(errno));
-        return 1;
+        return errno == ENOTDIR ? 2 : 1; /* --out names a file: the flags */
     }
     bool empty = true;
     for (struct dirent *e; empty && (e = readdir(d));)
@@ -367,6 +367,34 @@ static int claim_out_dir(const char *dir, bool force) {
         return 1;
     }
     return 0;
+}
+
+/* Removes dir's shards of an earlier model (model-NNNNN-of-NNNNN.safetensors): without an
+ * index a loader (vLLM, SGLang) reads every *.safetensors file, so shards left beside a new
+ * single file (or beside fewer new shards) would load with it (defect: they stayed). */
+static void remove_old_shards(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char path[PATH_MAX];
+    for (struct dirent *e; (e = readdir(d));) {
+        unsigned a, b;
+        char end[2];
+        if (sscanf(e->d_name, "model-%5u-of-%5u.safetensor%1[s]", &a, &b, end) != 3 ||
+            strlen(e->d_name) != strlen("model-00001-of-00001.safetensors"))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0) LOG_INFO("removing %s, a shard of the model replaced", path);
+    }
+    closedir(d);
+}
+
+/* Removes the first n of this run's shards (names): no checkpoint without the others. */
+static void remove_run_shards(const char *dir, char (*names)[64], int n) {
+    char path[PATH_MAX];
+    for (int k = 0; k < n; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        unlink(path);
+    }
 }
 
 static const char *transformers_dtype(safetensors_dtype dt) {
@@ -438,6 +466,7 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/%s", cfg.out, stale[i]);
         if (unlink(path) == 0) LOG_INFO("replacing %s", path);
     }
+    remove_old_shards(cfg.out);
     if (m.n_shards == 1 && !limit) {
         snprintf(path, sizeof path, "%s/model.safetensors", cfg.out);
         fs_remove_stale_temps(path, "a partial model file"); /* an earlier run's, killed */
@@ -457,15 +486,13 @@ int main(int argc, char **argv) {
             snprintf(path, sizeof path, "%s/%s", cfg.out, names[s]);
             fs_remove_stale_temps(path, "a partial model file"); /* an earlier run's, killed */
             rc = write_shard(&m, s, path);
-            if (rc == DFLASH_ESHUTDOWN) { /* this run's shards are no checkpoint: remove them */
-                for (int k = 0; k < s; k++) {
-                    snprintf(path, sizeof path, "%s/%s", cfg.out, names[k]);
-                    unlink(path);
-                }
+            const char *why = rc ? write_error(rc) : ""; /* before the unlinks touch errno */
+            if (rc) /* this run's shards are no checkpoint: remove them (a full disk kept GBs) */
+                remove_run_shards(cfg.out, names, s);
+            if (rc == DFLASH_ESHUTDOWN)
                 LOG_ERROR("stopped: no checkpoint written in %s", cfg.out);
-            } else if (rc) {
-                LOG_FATAL("cannot write %s: %s", path, write_error(rc));
-            }
+            else if (rc)
+                LOG_FATAL("cannot write %s: %s", path, why);
         }
         for (size_t i = 0; i < m.n_tensors; i++) {
             tnames[i] = m.w[i].name;
@@ -473,8 +500,11 @@ int main(int argc, char **argv) {
         }
         if (rc != DFLASH_ESHUTDOWN)
             rc = safetensors_write_index(cfg.out, tnames, files, m.n_tensors, m.total_bytes);
-        if (rc && rc != DFLASH_ESHUTDOWN)
-            LOG_FATAL("cannot write the index in %s: %s", cfg.out, write_error(rc));
+        if (rc && rc != DFLASH_ESHUTDOWN) {
+            const char *why = write_error(rc);
+            remove_run_shards(cfg.out, names, m.n_shards);
+            LOG_FATAL("cannot write the index in %s: %s", cfg.out, why);
+        }
         free(names);
         free(files);
         free(tnames);

@@ -826,6 +826,8 @@ static int generate_cached(target_model *m, int32_t **seqs, int *len, const int 
     int rc = upload_host(m, m->g_ids, m->g_pos, m->g_off, n, T);
     if (rc) return rc;
     prefill_cached(m, n, T);
+    int L = m->cfg.num_layers;
+    if (m->after_layer && m->after_layer(m->after_layer_user, L, L)) return DFLASH_ESHUTDOWN;
     for (int r = 0; r < n; r++)
         take(m, r, seqs, len, cap, added, done, max_new, eos, n_eos, temperature, rng);
     /* decode: the newest token of every unfinished sequence, at position len - 1 */
@@ -851,6 +853,7 @@ static int generate_cached(target_model *m, int32_t **seqs, int *len, const int 
         ops->upload_raw(m->ctx, m->d_pos, m->g_pos, sizeof(int32_t) * (size_t)n);
         ops->upload_raw(m->ctx, m->d_spans, m->g_spans, sizeof(nn_block_span) * (size_t)n);
         decode_cached(m, n, Tk);
+        if (m->after_layer && m->after_layer(m->after_layer_user, L, L)) return DFLASH_ESHUTDOWN;
         for (int r = 0; r < n; r++)
             take(m, r, seqs, len, cap, added, done, max_new, eos, n_eos, temperature, rng);
     }

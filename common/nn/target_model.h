@@ -56,11 +56,13 @@ typedef struct target_model_opts {
     /* A daemon's stop flag (may be NULL): once it is set, loading gives up before the next
      * tensor and creation returns NULL, so SIGINT/SIGTERM do not wait for a large checkpoint. */
     volatile sig_atomic_t *stop;
-    /* Called after each decoder layer of target_forward and target_logits, on their thread
-     * (may be NULL): a caller whose forward takes long (eval of a real target on the cpu)
-     * reports progress there and checks its stop flag. done of n_layers layers have run (on the
-     * cuda backend their work may still be queued). Non-zero abandons the forward, which then
-     * returns DFLASH_ESHUTDOWN, its output incomplete. */
+    /* Called after each decoder layer of target_forward and target_logits, and after each step
+     * of target_generate with a KV cache (its prefill, each token: done == n_layers), on their
+     * thread (may be NULL): a caller whose forward takes long (eval of a real target on the
+     * cpu, dflash-gen) reports progress there and checks its stop flag. done of n_layers
+     * layers have run (on the cuda backend their work may still be queued). Non-zero abandons
+     * the forward (or the generation), which then returns DFLASH_ESHUTDOWN, its output
+     * incomplete. */
     int (*after_layer)(void *user, int done, int n_layers);
     void *after_layer_user;
 } target_model_opts;

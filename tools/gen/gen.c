@@ -21,8 +21,9 @@
  * Determinism: the same model, options and seed give the same file. Greedy output does not
  * depend on --batch; sampled output does (one random stream is shared by a packed batch).
  *
- * Compute: the cpu backend; --batch prompts are packed into one forward (target_generate
- * recomputes the whole prefix each step, fine for the small targets this tool is for). Buffers
+ * Compute: the cpu backend; --batch prompts are packed into one forward (target_generate: a
+ * prefill, then one token a sequence a step through a KV cache; a stop is seen and the progress
+ * line printed between its steps, gen_tick). Buffers
  * are sized for --batch sequences of min(prompt + max-new, max_position_embeddings) tokens.
  * One thread apart from the backend's own; no globals. A prompt that already reaches the
  * model's max_position_embeddings has no room for a response and is left out (counted).
@@ -130,6 +131,10 @@ typedef struct gen_ctx {
     volatile sig_atomic_t *stop; /* set by SIGINT/SIGTERM */
     char tmp_path[1100];
     int written; /* samples in the output */
+    /* gen_run's progress, for the line a long batch prints between layers (gen_tick) */
+    progress *prog;
+    int done;
+    long new_tokens;
 } gen_ctx;
 
 static int prompts_push(prompt_set *ps, int32_t *ids, int len)
@@ -270,6 +275,18 @@ static void report(progress *p, int done, int total, long tokens, bool final)
     if (final) progress_end(p);
 }
 
+/* target_model_opts.after_layer: a batch of a large model on the cpu runs for minutes, so a
+ * stop abandons it here and the progress line comes when due (defect: a SIGINT waited for the
+ * whole batch, and no line came for it). Non-zero: stopped. */
+static int gen_tick(void *user, int done_layers, int n_layers)
+{
+    (void)done_layers, (void)n_layers;
+    gen_ctx *g = user;
+    if (*g->stop) return 1;
+    if (g->prog) report(g->prog, g->done, g->prompts.n, g->new_tokens, false);
+    return 0;
+}
+
 /* Generates every prompt in batches and writes the samples in prompt order. */
 static int gen_run(gen_ctx *g)
 {
@@ -287,7 +304,10 @@ static int gen_run(gen_ctx *g)
     double t0 = monotime_s();
     progress prog;
     progress_start(&prog, stderr);
+    g->prog = &prog;
     for (int first = 0; !rc && first < N; first += B) {
+        g->done = first;
+        g->new_tokens = new_tokens;
         if (*g->stop) {
             progress_end(&prog);
             LOG_ERROR("stopped after %d of %d samples: %s not written", first, N, c->out);
@@ -310,6 +330,11 @@ static int gen_run(gen_ctx *g)
         if (rc) break;
         rc = target_generate(g->model, seqs, len, cap, nb, (int)c->max_new, eos, n_eos, temperature,
                              &rng);
+        if (rc == DFLASH_ESHUTDOWN) { /* gen_tick saw the stop */
+            progress_end(&prog);
+            LOG_ERROR("stopped after %d of %d samples: %s not written", first, N, c->out);
+            break;
+        }
         if (rc) {
             progress_end(&prog);
             LOG_ERROR("generation of samples %d..%d failed: %s", first, first + nb - 1,
@@ -335,6 +360,7 @@ static int gen_run(gen_ctx *g)
         }
         report(&prog, first + nb, N, new_tokens, first + nb >= N);
     }
+    g->prog = NULL;
     for (int s = 0; seqs && s < B; s++) free(seqs[s]);
     free(seqs);
     free(len);
@@ -502,8 +528,16 @@ int main(int argc, char **argv)
                             .max_tokens = (int)max_tokens,
                             .max_seqs = B,
                             .max_logit_rows = B,
-                            .all_layers = true};
+                            .all_layers = true,
+                            .lends = "every layer runs, for generation", /* "running 1" misled */
+                            .stop = g.stop,
+                            .after_layer = gen_tick,
+                            .after_layer_user = &g};
     g.model = target_model_load(c->model, &mo, nn_cpu_ops(), g.nn);
+    if (!g.model && *g.stop) {
+        LOG_ERROR("stopped while loading the model: %s not written", c->out);
+        return 1;
+    }
     if (!g.model) LOG_FATAL("cannot load the target model from %s (see above)", c->model);
     g.mc = *target_model_config(g.model);
 

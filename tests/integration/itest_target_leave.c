@@ -80,6 +80,18 @@ static bool wait_text_or_exit(const char *path, const char *text, pid_t pid, int
     }
 }
 
+/* SIGTERM to target pid; its exit status into *status (15 s at most), said with what; returns
+ * the milliseconds it took. */
+static uint64_t term_and_time(pid_t pid, int *status, const char *what)
+{
+    uint64_t t0 = h_now_ms();
+    h_signal(pid, SIGTERM);
+    *status = h_wait_exit(pid, 15000);
+    uint64_t took = h_now_ms() - t0;
+    printf("target %s: exit %d after %llu ms\n", what, *status, (unsigned long long)took);
+    return took;
+}
+
 static uint64_t first_pool; /* the first target's pool incarnation */
 static bool other_pool_registered(const wire_status *s)
 {
@@ -187,12 +199,7 @@ int main(int argc, char **argv)
     client_destroy(&holder);
     client_destroy(&c);
     h_kill(qp, SIGKILL);
-    t0 = h_now_ms();
-    h_signal(target2, SIGTERM);
-    status = h_wait_exit(target2, 10000);
-    took = h_now_ms() - t0;
-    printf("target with the broker gone: exit %d after %llu ms\n", status,
-           (unsigned long long)took);
+    took = term_and_time(target2, &status, "with the broker gone");
     CHECK_EQ_INT(status, 0);
     CHECK(took <= 2 * TARGET_TIMEOUT_MS + 1000);
 
@@ -229,12 +236,7 @@ int main(int argc, char **argv)
     CHECK(h_wait_text(t4log, "registered pool", 30000));
     h_sleep_ms(1000);
     h_signal(qp, SIGSTOP);
-    t0 = h_now_ms();
-    h_signal(target4, SIGTERM);
-    status = h_wait_exit(target4, 15000);
-    took = h_now_ms() - t0;
-    printf("target stopped while its broker hangs: exit %d after %llu ms\n", status,
-           (unsigned long long)took);
+    took = term_and_time(target4, &status, "stopped while its broker hangs");
     CHECK_EQ_INT(status, 0);
     CHECK(took <= 1000 + TARGET_TIMEOUT_MS + 1500); /* the fill's rest, one try, slack */
     CHECK(!h_wait_text(t4log, "our leave", 0));

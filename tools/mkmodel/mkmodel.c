@@ -340,8 +340,9 @@ static const char *write_error(int rc) {
 static int claim_out_dir(const char *dir, bool force) {
     DIR *d = opendir(dir);
     if (!d) {
-        LOG_ERROR("cannot open %s: %s", dir, strerror(errno));
-        return errno == ENOTDIR ? 2 : 1; /* --out names a file: the flags */
+        int e = errno;
+        LOG_ERROR("cannot open %s: %s", dir, strerror(e));
+        return e == ENOTDIR ? 2 : 1; /* --out names a file: the flags */
     }
     bool empty = true;
     for (struct dirent *e; empty && (e = readdir(d));)
@@ -377,11 +378,9 @@ static void remove_old_shards(const char *dir) {
     if (!d) return;
     char path[PATH_MAX];
     for (struct dirent *e; (e = readdir(d));) {
-        unsigned a, b;
-        char end[2];
-        if (sscanf(e->d_name, "model-%5u-of-%5u.safetensor%1[s]", &a, &b, end) != 3 ||
-            strlen(e->d_name) != strlen("model-00001-of-00001.safetensors"))
-            continue;
+        int n = 0; /* five digits each, and nothing after the name's end */
+        sscanf(e->d_name, "model-%*5[0-9]-of-%*5[0-9].safetensors%n", &n);
+        if (n != (int)strlen("model-00001-of-00001.safetensors") || e->d_name[n]) continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (unlink(path) == 0) LOG_INFO("removing %s, a shard of the model replaced", path);
     }

@@ -16,9 +16,10 @@
  * force, and is in the journal once it is healed). JournalSync, a drafter's durability barrier
  * (no hello needed), makes the writer fdatasync and is answered Ok only after it, Error IO once
  * the journal failed. A GroupJoin that creates its group (a REWIND record) is answered Error IO
- * when the record fails, and the group's next joins AGAIN until the journal heals; a broker
- * stopped while its journal fails rewrites it from memory at the stop: one started on it then
- * has the commit made during the failure. */
+ * when the record fails (so is a second member's join while it is being written), and the
+ * group's next joins AGAIN until the journal heals; a broker stopped while its journal fails
+ * rewrites it from memory at the stop: one started on it then has the commit made during the
+ * failure. */
 #include "broker.h"
 #include "broker_thread.h"
 #include "check.h"
@@ -232,17 +233,34 @@ int main(void)
     send_msg(e, WIRE_HELLO, 0xe5, 50, 0);
     CHECK_EQ_INT(broker_thread_recv(e, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_HELLO);
-    held_sync_release(true);
-    /* a join that creates its group rewinds to its step (a REWIND record, fsynced): when that
-     * fails, Error IO as for ResumeFrom (it was answered with a view) */
-    wire_msg m;
+    void *f = broker_thread_dealer(zctx, cfg.endpoint, "drafter-f-6");
+    send_msg(f, WIRE_HELLO, 0xf6, 60, 0);
+    CHECK_EQ_INT(broker_thread_recv(f, 5000, &r), 0);
+    CHECK_EQ_INT(r.type, WIRE_HELLO);
+    /* a join that creates its group rewinds to its step (a REWIND record, fsynced): while its
+     * fsync is held, neither it nor a second member's join is answered; when it fails, both
+     * get Error IO, as ResumeFrom does (they were answered with views) */
+    held_sync_hold();
+    synced = held_sync_entered();
+    wire_msg m, mf;
     wire_msg_init(&m, WIRE_GROUP_JOIN, WIRE_ROLE_DRAFTER, 0xe5, 51);
     snprintf(m.u.join.group, sizeof m.u.join.group, "g");
     m.u.join.step = 10;
     broker_thread_send(e, &m);
+    CHECK(held_sync_wait_entered(synced + 1));
+    mf = m;
+    mf.incarnation = 0xf6;
+    mf.request_id = 61;
+    broker_thread_send(f, &mf);
+    CHECK_EQ_INT(broker_thread_recv(e, 100, &r), -1);
+    CHECK_EQ_INT(broker_thread_recv(f, 100, &r), -1);
+    held_sync_release(true);
     CHECK_EQ_INT(broker_thread_recv(e, 5000, &r), 0);
     CHECK_EQ_INT(r.type, WIRE_ERROR);
     CHECK_EQ_INT(r.request_id, 51);
+    CHECK_EQ_INT(r.type == WIRE_ERROR ? r.u.error.code : 0, DFLASH_EIO);
+    CHECK_EQ_INT(broker_thread_recv(f, 5000, &r), 0);
+    CHECK_EQ_INT(r.request_id, 61);
     CHECK_EQ_INT(r.type == WIRE_ERROR ? r.u.error.code : 0, DFLASH_EIO);
     /* the group exists in memory: the drafter's next join, as a second member's, waits for the
      * journal to heal (it got a view, and the group trained on the rewind in memory only) */
@@ -259,6 +277,7 @@ int main(void)
      * commit: committed_step 10 below) */
     held_sync_release(false);
     zmq_close(e);
+    zmq_close(f);
     zmq_ctx_term(zctx);
     broker_thread_stop(&bt);
     cfg.endpoint[0] = cfg.pub_endpoint[0] = '\0';
